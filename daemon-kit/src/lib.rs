@@ -1,0 +1,2 @@
+//! Plumbing shared by the Flyt daemons.
+#![forbid(unsafe_code)]

@@ -1,0 +1,78 @@
+//! Session set-up: the first frame a client sends and the server's answer.
+
+use serde::{Deserialize, Serialize};
+
+use crate::device::DeviceInfo;
+
+/// Bytes that open every `Hello`, so a stray connection is refused at once.
+pub const MAGIC: [u8; 4] = *b"FLYT";
+/// Bumped whenever a message or the op table changes incompatibly.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The CUDA runtime ABI the shim implements.
+pub const CUDA_ABI_MAJOR: u32 = 13;
+/// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
+pub const RUNTIME_VERSION: i32 = 13000;
+
+/// Who is asking: for logs, placement and same-host detection.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientIdentity {
+    pub hostname: String,
+    pub pid: u32,
+    pub program: String,
+    /// `/proc/sys/kernel/random/boot_id`: equal on both ends means the same kernel, so memory
+    /// can be shared.
+    pub boot_id: String,
+}
+
+/// A shared-memory segment the client offers for bulk data (same host only).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShmOffer {
+    /// A path both sides can open (`/dev/shm/...` or a configured shared file), or empty when the
+    /// segment travels as a file descriptor over the Unix socket.
+    pub path: String,
+    pub size: u64,
+}
+
+/// The client's first frame.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub magic: [u8; 4],
+    pub protocol_version: u32,
+    pub cuda_abi_major: u32,
+    /// Session token from the cluster manager; `None` in direct mode without a cluster key.
+    pub token: Option<String>,
+    pub client: ClientIdentity,
+    pub shm: Option<ShmOffer>,
+}
+
+impl Hello {
+    /// A hello for this build's protocol.
+    pub fn new(token: Option<String>, client: ClientIdentity, shm: Option<ShmOffer>) -> Self {
+        Self { magic: MAGIC, protocol_version: PROTOCOL_VERSION, cuda_abi_major: CUDA_ABI_MAJOR, token, client, shm }
+    }
+}
+
+/// What the client may rely on for the whole session.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub session_id: u64,
+    pub server_version: String,
+    /// `cudaDriverGetVersion` on the server.
+    pub driver_version: i32,
+    /// The devices of this session (an rpc-server serves one GPU slice, so one device).
+    pub devices: Vec<DeviceInfo>,
+    /// Largest bulk payload per frame the server accepts for copies; bigger copies are chunked.
+    pub copy_chunk: u64,
+    /// Whether the offered shared-memory segment was accepted.
+    pub shm_accepted: bool,
+    /// `true` when the device cannot run kernels (the emulated device).
+    pub emulated: bool,
+}
+
+/// The server's answer to `Hello`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum HelloReply {
+    Accepted(SessionInfo),
+    /// The session is refused; `error` is the `cudaError_t` the app should see.
+    Refused { error: u32, reason: String },
+}

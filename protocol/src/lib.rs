@@ -1,0 +1,25 @@
+//! `flyt-protocol`: every type that crosses a Flyt process boundary.
+//!
+//! - [`ops`]: the data-plane op table (`for_each_op!`), expanded here into request/reply types and
+//!   their codec, and in the rpc-server into the handler trait every device backend implements.
+//! - [`frame`]: the lean length-prefixed framing shared by shim, rpc-server and client manager.
+//! - [`handshake`], [`device`], [`token`], [`locate`]: session set-up.
+//! - [`error`]: `cudaError_t` as data, with the runtime's own names and messages.
+//! - [`control`]: control-plane services (tarpc traits) between the daemons and `flytctl`.
+//!
+//! No I/O policy lives here: framing works over any `Read`/`Write`, and nothing touches CUDA.
+#![forbid(unsafe_code)]
+
+pub mod control;
+pub mod device;
+pub mod error;
+pub mod frame;
+pub mod handshake;
+pub mod locate;
+pub mod ops;
+pub mod token;
+mod generated {
+    pub(crate) mod cuda_errors;
+}
+
+pub use error::CudaError;

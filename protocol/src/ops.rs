@@ -1,0 +1,432 @@
+//! The data-plane op table: every message the shim sends to an rpc-server, declared once.
+//!
+//! A row is `id Name method [class bulk] { request fields } -> { reply fields };`
+//! - `id`: the wire id, explicit and never reused (retired ids stay as comments).
+//! - `class`: `noreply` (asynchronous: nothing comes back; a failure becomes the session's
+//!   deferred error), `reply` (a reply comes back; the shim may collect it later), `sync_point`
+//!   (a reply that also delivers any deferred error, as CUDA reports asynchronous errors at the
+//!   next synchronizing call).
+//! - `bulk`: `bulk_in` (raw bytes follow the request), `bulk_out` (raw bytes follow the reply), `-`.
+//!
+//! Many C exports map to one op (`cudaMemcpy`, `cudaMemcpyAsync` and the symbol copies all become
+//! `MemcpyHtoD`/`MemcpyDtoH`/`MemcpyDtoD`); which export maps to which op is the shim's business
+//! (`cudart-shim/src/exports.rs`). The table is expanded here into request/reply types and their
+//! codec, and in the rpc-server into the handler trait every device backend implements, so a new op
+//! is a row plus one server method, and a missing method is a compile error.
+//!
+//! Streams and events are named by client-chosen ids (`0` is the legacy default stream), so
+//! creating them needs no round trip. Device pointers are real device addresses.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::CudaError;
+use crate::frame::{FrameError, decode_exact, encode_into};
+
+/// Calls the given macro with the op table.
+#[macro_export]
+macro_rules! for_each_op {
+    ($callback:ident) => {
+        $callback! {
+            // --- memory ---
+            /// `cudaMalloc`.
+            1 Malloc malloc [reply -] { size: u64 } -> { ptr: u64 };
+            /// `cudaFree`.
+            2 Free free [reply -] { ptr: u64 } -> {};
+            /// `cudaMemGetInfo`, as the session's slice sees it.
+            3 MemGetInfo mem_get_info [reply -] {} -> { free: u64, total: u64 };
+            /// Host to device; the bytes follow as bulk. Large copies arrive as several chunks.
+            4 MemcpyHtoD memcpy_htod [noreply bulk_in] { dst: u64, stream: u64 } -> {};
+            /// Device to host; the bytes come back as bulk.
+            5 MemcpyDtoH memcpy_dtoh [sync_point bulk_out] { src: u64, len: u64, stream: u64 } -> {};
+            /// Device to device.
+            6 MemcpyDtoD memcpy_dtod [noreply -] { dst: u64, src: u64, len: u64, stream: u64 } -> {};
+            /// `cudaMemset*`: `len` bytes of `value`.
+            7 Memset memset [noreply -] { dst: u64, value: u8, len: u64, stream: u64 } -> {};
+            // --- modules and kernels ---
+            /// One fatbinary (as bulk) with the kernels and variables the app registered in it.
+            8 RegisterModule register_module [reply bulk_in] {
+                module: u32, functions: Vec<String>, variables: Vec<String>
+            } -> { functions: Vec<Result<FunctionInfo, CudaError>>, variables: Vec<Result<VariableInfo, CudaError>> };
+            /// `__cudaUnregisterFatBinary`.
+            9 UnregisterModule unregister_module [noreply -] { module: u32 } -> {};
+            /// A kernel launch; `args` is packed by the kernel's parameter layout.
+            10 Launch launch [noreply -] {
+                function: FunctionRef, grid: Dim3, block: Dim3, shared_mem: u32, stream: u64, args: Vec<u8>
+            } -> {};
+            /// `cudaFuncGetAttributes`.
+            11 FuncGetAttributes func_get_attributes [reply -] { function: FunctionRef } -> { attributes: FuncAttributes };
+            /// `cudaFuncSetAttribute` (`cudaFuncAttribute` numbering).
+            12 FuncSetAttribute func_set_attribute [reply -] { function: FunctionRef, attribute: u32, value: i32 } -> {};
+            /// `cudaOccupancyMaxActiveBlocksPerMultiprocessor[WithFlags]`.
+            13 OccupancyMaxActiveBlocks occupancy_max_active_blocks [reply -] {
+                function: FunctionRef, block_size: i32, dynamic_shared_mem: u64, flags: u32
+            } -> { blocks: i32 };
+            // --- streams and events ---
+            /// `cudaStreamCreate*` under a client-chosen id.
+            14 StreamCreate stream_create [noreply -] { stream: u64, flags: u32, priority: i32 } -> {};
+            /// `cudaStreamDestroy`.
+            15 StreamDestroy stream_destroy [noreply -] { stream: u64 } -> {};
+            /// `cudaStreamSynchronize`.
+            16 StreamSynchronize stream_synchronize [sync_point -] { stream: u64 } -> {};
+            /// `cudaStreamQuery`: `cudaErrorNotReady` while work is pending.
+            17 StreamQuery stream_query [sync_point -] { stream: u64 } -> {};
+            /// `cudaStreamWaitEvent`.
+            18 StreamWaitEvent stream_wait_event [noreply -] { stream: u64, event: u64, flags: u32 } -> {};
+            /// `cudaEventCreate*` under a client-chosen id.
+            19 EventCreate event_create [noreply -] { event: u64, flags: u32 } -> {};
+            /// `cudaEventRecord[WithFlags]`.
+            20 EventRecord event_record [noreply -] { event: u64, stream: u64, flags: u32 } -> {};
+            /// `cudaEventSynchronize`.
+            21 EventSynchronize event_synchronize [sync_point -] { event: u64 } -> {};
+            /// `cudaEventQuery`: `cudaErrorNotReady` while the event is pending.
+            22 EventQuery event_query [sync_point -] { event: u64 } -> {};
+            /// `cudaEventElapsedTime`.
+            23 EventElapsedTime event_elapsed_time [reply -] { start: u64, end: u64 } -> { milliseconds: f32 };
+            /// `cudaEventDestroy`.
+            24 EventDestroy event_destroy [noreply -] { event: u64 } -> {};
+            // --- device ---
+            /// `cudaDeviceSynchronize`.
+            25 DeviceSynchronize device_synchronize [sync_point -] {} -> {};
+            /// `cudaDeviceReset`: frees everything the session holds except its modules.
+            26 DeviceReset device_reset [reply -] {} -> {};
+            /// `cudaDeviceSetLimit` (`cudaLimit` numbering).
+            27 DeviceSetLimit device_set_limit [reply -] { limit: u32, value: u64 } -> {};
+            /// `cudaDeviceGetLimit`.
+            28 DeviceGetLimit device_get_limit [reply -] { limit: u32 } -> { value: u64 };
+        }
+    };
+}
+
+/// Launch geometry, as `dim3`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Dim3 {
+    pub x: u32,
+    pub y: u32,
+    pub z: u32,
+}
+
+impl Dim3 {
+    /// Threads or blocks in all three dimensions together.
+    pub fn volume(&self) -> u64 {
+        u64::from(self.x) * u64::from(self.y) * u64::from(self.z)
+    }
+}
+
+/// A kernel: the client-chosen module id and its index among the module's registered functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FunctionRef {
+    pub module: u32,
+    pub index: u32,
+}
+
+/// One kernel parameter as the driver lays it out (`cuFuncGetParamInfo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamInfo {
+    pub offset: u32,
+    pub size: u32,
+}
+
+/// A registered kernel: its parameter layout, so launches need no further round trip.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionInfo {
+    pub params: Vec<ParamInfo>,
+}
+
+/// A registered `__device__`/`__constant__` variable: where it lives on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VariableInfo {
+    pub address: u64,
+    pub size: u64,
+}
+
+/// `cudaFuncAttributes`, field by field.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FuncAttributes {
+    pub shared_size_bytes: u64,
+    pub const_size_bytes: u64,
+    pub local_size_bytes: u64,
+    pub max_threads_per_block: i32,
+    pub num_regs: i32,
+    pub ptx_version: i32,
+    pub binary_version: i32,
+    pub cache_mode_ca: i32,
+    pub max_dynamic_shared_size_bytes: i32,
+    pub preferred_shmem_carveout: i32,
+    pub cluster_dim_must_be_set: i32,
+    pub required_cluster_width: i32,
+    pub required_cluster_height: i32,
+    pub required_cluster_depth: i32,
+    pub cluster_scheduling_policy_preference: i32,
+    pub non_portable_cluster_size_allowed: i32,
+}
+
+/// How the shim treats an op's reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpClass {
+    /// Nothing comes back; a failure becomes the session's deferred error.
+    NoReply,
+    /// A reply comes back.
+    Reply,
+    /// A reply comes back and delivers any deferred error.
+    SyncPoint,
+}
+
+/// Where an op's raw bulk bytes travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BulkDirection {
+    None,
+    /// With the request.
+    In,
+    /// With the reply.
+    Out,
+}
+
+/// What the table says about one op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpInfo {
+    pub id: u16,
+    pub name: &'static str,
+    pub class: OpClass,
+    pub bulk: BulkDirection,
+}
+
+/// A request type and what its op is.
+pub trait Op: Serialize + serde::de::DeserializeOwned + Into<Request> {
+    /// The reply's fields.
+    type Reply: Serialize + serde::de::DeserializeOwned;
+    /// The table row.
+    const INFO: OpInfo;
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! op_class {
+    (noreply) => { $crate::ops::OpClass::NoReply };
+    (reply) => { $crate::ops::OpClass::Reply };
+    (sync_point) => { $crate::ops::OpClass::SyncPoint };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! op_bulk {
+    (-) => { $crate::ops::BulkDirection::None };
+    (bulk_in) => { $crate::ops::BulkDirection::In };
+    (bulk_out) => { $crate::ops::BulkDirection::Out };
+}
+
+macro_rules! define_ops {
+    ($(
+        $(#[$doc:meta])*
+        $id:literal $name:ident $method:ident [$class:ident $bulk:tt]
+        { $($req_field:ident : $req_ty:ty),* $(,)? } -> { $($rep_field:ident : $rep_ty:ty),* $(,)? };
+    )*) => {
+        /// Request fields, one struct per op.
+        pub mod req {
+            #[allow(unused_imports, reason = "not every row uses every type")]
+            use super::*;
+            $(
+                $(#[$doc])*
+                #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+                pub struct $name { $(pub $req_field: $req_ty),* }
+
+                impl Op for $name {
+                    type Reply = super::rep::$name;
+                    const INFO: OpInfo = OpInfo {
+                        id: $id,
+                        name: stringify!($name),
+                        class: $crate::op_class!($class),
+                        bulk: $crate::op_bulk!($bulk),
+                    };
+                }
+
+                impl From<$name> for Request {
+                    fn from(request: $name) -> Request {
+                        Request::$name(request)
+                    }
+                }
+            )*
+        }
+
+        /// Reply fields, one struct per op.
+        pub mod rep {
+            #[allow(unused_imports, reason = "not every row uses every type")]
+            use super::*;
+            $(
+                #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+                pub struct $name { $(pub $rep_field: $rep_ty),* }
+            )*
+        }
+
+        /// Every request, as it travels.
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum Request {
+            $($name(req::$name),)*
+        }
+
+        /// The whole table, in id order.
+        pub const OPS: &[OpInfo] = &[$(<req::$name as Op>::INFO,)*];
+
+        impl Request {
+            /// The op's table row.
+            pub fn info(&self) -> OpInfo {
+                match self {
+                    $(Request::$name(_) => <req::$name as Op>::INFO,)*
+                }
+            }
+
+            /// Appends `u16 id` then the postcard fields.
+            pub fn encode(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.info().id.to_le_bytes());
+                match self {
+                    $(Request::$name(fields) => encode_into(fields, out),)*
+                }
+            }
+
+            /// Decodes a whole request message; an unknown id or any leftover byte is an error.
+            pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
+                let (id, fields) = match bytes {
+                    [low, high, fields @ ..] => (u16::from_le_bytes([*low, *high]), fields),
+                    _ => return Err(FrameError::Decode("message shorter than an op id".into())),
+                };
+                match id {
+                    $($id => Ok(Request::$name(decode_exact(fields)?)),)*
+                    unknown => Err(FrameError::Decode(format!("unknown op id {unknown}"))),
+                }
+            }
+        }
+    };
+}
+
+for_each_op!(define_ops);
+
+/// Encodes a reply message: `u32 status | u32 deferred error | fields (only when status is 0)`.
+pub fn encode_reply<T: Serialize>(result: Result<&T, CudaError>, deferred: Option<CudaError>, out: &mut Vec<u8>) {
+    let status = result.err().map_or(0, CudaError::code);
+    out.extend_from_slice(&status.to_le_bytes());
+    out.extend_from_slice(&deferred.map_or(0, CudaError::code).to_le_bytes());
+    if let Ok(fields) = result {
+        encode_into(fields, out);
+    }
+}
+
+/// A decoded reply: the op's own result and any deferred error it delivers.
+#[derive(Debug, PartialEq)]
+pub struct Reply<T> {
+    pub result: Result<T, CudaError>,
+    pub deferred: Option<CudaError>,
+}
+
+/// Decodes a reply message for a known op.
+pub fn decode_reply<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<Reply<T>, FrameError> {
+    let (status, deferred, fields) = split_reply(bytes)?;
+    let result = match status {
+        0 => Ok(decode_exact(fields)?),
+        code => Err(CudaError::from_code(code)),
+    };
+    Ok(Reply { result, deferred })
+}
+
+/// Splits a reply message into status, deferred error and encoded fields.
+pub fn split_reply(bytes: &[u8]) -> Result<(u32, Option<CudaError>, &[u8]), FrameError> {
+    if bytes.len() < 8 {
+        return Err(FrameError::Decode("reply shorter than its status words".into()));
+    }
+    let (words, fields) = bytes.split_at(8);
+    let status = u32::from_le_bytes([words[0], words[1], words[2], words[3]]);
+    let deferred = u32::from_le_bytes([words[4], words[5], words[6], words[7]]);
+    Ok((status, CudaError::check(deferred).err(), fields))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_ascending() {
+        assert!(OPS.windows(2).all(|pair| pair[0].id < pair[1].id), "{OPS:?}");
+    }
+
+    #[test]
+    fn every_bulk_in_op_is_a_request_with_bulk() {
+        let bulk_in: Vec<_> = OPS.iter().filter(|op| op.bulk == BulkDirection::In).map(|op| op.name).collect();
+        assert_eq!(bulk_in, ["MemcpyHtoD", "RegisterModule"]);
+    }
+
+    fn sample_requests() -> Vec<Request> {
+        vec![
+            req::Malloc { size: 1 << 20 }.into(),
+            req::MemcpyDtoH { src: 0x7f00_0000_1000, len: 4096, stream: 17 }.into(),
+            req::RegisterModule { module: 3, functions: vec!["_Z3addPfS_".into()], variables: vec![] }.into(),
+            req::Launch {
+                function: FunctionRef { module: 3, index: 0 },
+                grid: Dim3 { x: 4, y: 1, z: 1 },
+                block: Dim3 { x: 256, y: 1, z: 1 },
+                shared_mem: 0,
+                stream: 0,
+                args: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            }
+            .into(),
+            req::DeviceSynchronize {}.into(),
+        ]
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        for request in sample_requests() {
+            let mut bytes = Vec::new();
+            request.encode(&mut bytes);
+            assert_eq!(Request::decode(&bytes).unwrap(), request);
+        }
+    }
+
+    #[test]
+    fn unknown_ids_and_short_messages_are_errors() {
+        assert!(Request::decode(&[]).is_err());
+        assert!(Request::decode(&[0xff, 0xff]).is_err());
+        let mut bytes = Vec::new();
+        Request::from(req::Free { ptr: 5 }).encode(&mut bytes);
+        bytes.push(9);
+        assert!(Request::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn replies_round_trip_with_deferred_errors() {
+        let mut bytes = Vec::new();
+        encode_reply(Ok(&rep::Malloc { ptr: 0x1000 }), Some(CudaError::LAUNCH_FAILURE), &mut bytes);
+        let reply: Reply<rep::Malloc> = decode_reply(&bytes).unwrap();
+        assert_eq!(reply.result, Ok(rep::Malloc { ptr: 0x1000 }));
+        assert_eq!(reply.deferred, Some(CudaError::LAUNCH_FAILURE));
+
+        bytes.clear();
+        encode_reply::<rep::Malloc>(Err(CudaError::MEMORY_ALLOCATION), None, &mut bytes);
+        let reply: Reply<rep::Malloc> = decode_reply(&bytes).unwrap();
+        assert_eq!(reply.result, Err(CudaError::MEMORY_ALLOCATION));
+        assert_eq!(reply.deferred, None);
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = Request::decode(&bytes);
+            let _ = decode_reply::<rep::RegisterModule>(&bytes);
+        }
+
+        #[test]
+        fn launches_round_trip(module in any::<u32>(), index in any::<u32>(), grid in any::<[u32; 3]>(),
+                               args in proptest::collection::vec(any::<u8>(), 0..512), stream in any::<u64>()) {
+            let request: Request = req::Launch {
+                function: FunctionRef { module, index },
+                grid: Dim3 { x: grid[0], y: grid[1], z: grid[2] },
+                block: Dim3 { x: 1, y: 1, z: 1 },
+                shared_mem: 0,
+                stream,
+                args,
+            }.into();
+            let mut bytes = Vec::new();
+            request.encode(&mut bytes);
+            prop_assert_eq!(Request::decode(&bytes).unwrap(), request);
+        }
+    }
+}
