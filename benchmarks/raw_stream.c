@@ -1,0 +1,308 @@
+/* raw_stream: the floor for Flyt's socket transports. Streams BYTES over a TCP loopback or Unix stream
+ * socket in 1 MiB writes and reports GB/s (1e9 B/s), median of RUNS timed runs after one warm-up run.
+ *   c2s  client -> server, timed at the client from the first write until the server's 1-byte ack
+ *        (the shape of a synchronous H2D cudaMemcpy)
+ *   s2c  the client asks for BYTES and reads them (the shape of a synchronous D2H cudaMemcpy)
+ * The client side (the app) sends from / receives into a buffer of the full size, touched beforehand; the
+ * server side reuses one 1 MiB buffer (as a server would stage into pinned chunks). TCP_NODELAY is set.
+ *
+ *   raw_stream server tcp HOST:PORT | unix PATH      listen; prints "raw_stream listening on ..." and serves
+ *   raw_stream client tcp HOST:PORT | unix PATH BYTES[,BYTES...] RUNS
+ *   raw_stream pair tcp|unix BYTES[,BYTES...] RUNS   both in one command (forks the server)
+ * BYTES accepts K/M/G suffixes (powers of 1024). Results: one JSON object per line on stdout. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNK (1u << 20)
+
+struct req {
+    uint32_t op; /* 0 bye, 1 c2s, 2 s2c */
+    uint32_t pad;
+    uint64_t bytes;
+};
+
+static void die(const char *what) {
+    fprintf(stderr, "raw_stream: %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void write_all(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) die("write");
+        c += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Returns 0 on a clean EOF before any byte, 1 when n bytes were read. */
+static int read_all(int fd, void *p, size_t n) {
+    char *c = p;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, c + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0 && got == 0) return 0;
+        if (r <= 0) die("read");
+        got += (size_t)r;
+    }
+    return 1;
+}
+
+static void nodelay(int fd, int is_tcp) {
+    int one = 1;
+    if (is_tcp && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) die("TCP_NODELAY");
+}
+
+/* addr: "HOST:PORT" for tcp, a path for unix. */
+static int listen_on(int is_tcp, const char *addr, char *bound, size_t bound_len) {
+    int fd = socket(is_tcp ? AF_INET : AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) die("socket");
+    if (is_tcp) {
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        char host[64];
+        const char *colon = strrchr(addr, ':');
+        if (!colon || (size_t)(colon - addr) >= sizeof host) {
+            fprintf(stderr, "raw_stream: bad address %s\n", addr);
+            exit(2);
+        }
+        memcpy(host, addr, (size_t)(colon - addr));
+        host[colon - addr] = 0;
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+        if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) die("inet_pton");
+        if (bind(fd, (struct sockaddr *)&sa, sizeof sa)) die("bind");
+        socklen_t l = sizeof sa;
+        getsockname(fd, (struct sockaddr *)&sa, &l);
+        snprintf(bound, bound_len, "%s:%d", host, ntohs(sa.sin_port));
+    } else {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        if (strlen(addr) >= sizeof sa.sun_path) {
+            fprintf(stderr, "raw_stream: path too long\n");
+            exit(2);
+        }
+        strcpy(sa.sun_path, addr);
+        unlink(addr);
+        if (bind(fd, (struct sockaddr *)&sa, sizeof sa)) die("bind");
+        snprintf(bound, bound_len, "%s", addr);
+    }
+    if (listen(fd, 4)) die("listen");
+    return fd;
+}
+
+static int connect_to(int is_tcp, const char *addr) {
+    int fd = socket(is_tcp ? AF_INET : AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) die("socket");
+    if (is_tcp) {
+        char host[64];
+        const char *colon = strrchr(addr, ':');
+        if (!colon || (size_t)(colon - addr) >= sizeof host) {
+            fprintf(stderr, "raw_stream: bad address %s\n", addr);
+            exit(2);
+        }
+        memcpy(host, addr, (size_t)(colon - addr));
+        host[colon - addr] = 0;
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+        if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) die("inet_pton");
+        if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) die("connect");
+    } else {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", addr);
+        if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) die("connect");
+    }
+    nodelay(fd, is_tcp);
+    return fd;
+}
+
+static void serve(int lfd, int is_tcp, int once) {
+    char *buf = malloc(CHUNK);
+    if (!buf) die("malloc");
+    memset(buf, 0x5a, CHUNK);
+    for (;;) {
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0) {
+            if (errno == EINTR) continue;
+            die("accept");
+        }
+        nodelay(fd, is_tcp);
+        struct req q;
+        while (read_all(fd, &q, sizeof q) && q.op != 0) {
+            uint64_t left = q.bytes;
+            if (q.op == 1) {
+                while (left) {
+                    size_t n = left < CHUNK ? (size_t)left : CHUNK;
+                    ssize_t r = read(fd, buf, n);
+                    if (r < 0 && errno == EINTR) continue;
+                    if (r <= 0) die("read");
+                    left -= (uint64_t)r;
+                }
+                char ack = 1;
+                write_all(fd, &ack, 1);
+            } else {
+                while (left) {
+                    size_t n = left < CHUNK ? (size_t)left : CHUNK;
+                    write_all(fd, buf, n);
+                    left -= n;
+                }
+            }
+        }
+        close(fd);
+        if (once) break;
+    }
+    free(buf);
+}
+
+static double run_once(int fd, int op, char *buf, uint64_t bytes) {
+    struct req q = {.op = (uint32_t)op, .bytes = bytes};
+    double t0 = now();
+    write_all(fd, &q, sizeof q);
+    if (op == 1) {
+        for (uint64_t off = 0; off < bytes; off += CHUNK) {
+            uint64_t n = bytes - off < CHUNK ? bytes - off : CHUNK;
+            write_all(fd, buf + off, (size_t)n);
+        }
+        char ack;
+        if (!read_all(fd, &ack, 1)) die("ack");
+    } else {
+        uint64_t off = 0;
+        while (off < bytes) {
+            uint64_t n = bytes - off < CHUNK ? bytes - off : CHUNK;
+            ssize_t r = read(fd, buf + off, (size_t)n);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) die("read");
+            off += (uint64_t)r;
+        }
+    }
+    return now() - t0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static uint64_t parse_bytes(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    switch (*end) {
+    case 'k': case 'K': v *= 1024; break;
+    case 'm': case 'M': v *= 1048576; break;
+    case 'g': case 'G': v *= 1073741824.0; break;
+    default: break;
+    }
+    return (uint64_t)v;
+}
+
+static void client(int is_tcp, const char *addr, const char *sizes, int runs) {
+    uint64_t list[32];
+    int nsizes = 0;
+    uint64_t max = 0;
+    char *copy = strdup(sizes), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t && nsizes < 32; t = strtok_r(NULL, ",", &save)) {
+        list[nsizes] = parse_bytes(t);
+        if (list[nsizes] > max) max = list[nsizes];
+        nsizes++;
+    }
+    free(copy);
+    if (runs < 1) runs = 1;
+    if (runs > 64) runs = 64;
+    char *buf = malloc(max ? (size_t)max : 1);
+    if (!buf) die("malloc");
+    memset(buf, 0x33, (size_t)max);
+    int fd = connect_to(is_tcp, addr);
+    for (int s = 0; s < nsizes; s++) {
+        for (int op = 1; op <= 2; op++) {
+            double t[64];
+            run_once(fd, op, buf, list[s]); /* warm-up */
+            for (int r = 0; r < runs; r++) t[r] = run_once(fd, op, buf, list[s]);
+            qsort(t, (size_t)runs, sizeof t[0], cmp_double);
+            double med = runs % 2 ? t[runs / 2] : 0.5 * (t[runs / 2 - 1] + t[runs / 2]);
+            printf("{\"bench\":\"raw_stream\",\"socket\":\"%s\",\"dir\":\"%s\",\"bytes\":%llu,\"runs\":%d,"
+                   "\"chunk\":%u,\"gbps\":%.4f,\"best_gbps\":%.4f,\"worst_gbps\":%.4f}\n",
+                   is_tcp ? "tcp" : "unix", op == 1 ? "c2s" : "s2c", (unsigned long long)list[s], runs, CHUNK,
+                   (double)list[s] / med / 1e9, (double)list[s] / t[0] / 1e9, (double)list[s] / t[runs - 1] / 1e9);
+            fflush(stdout);
+            fprintf(stderr, "raw %s %s %llu bytes: %.2f GB/s (median of %d)\n", is_tcp ? "tcp" : "unix",
+                    op == 1 ? "client->server" : "server->client", (unsigned long long)list[s],
+                    (double)list[s] / med / 1e9, runs);
+        }
+    }
+    struct req bye = {0};
+    write_all(fd, &bye, sizeof bye);
+    close(fd);
+    free(buf);
+}
+
+static int is_tcp_arg(const char *s) {
+    if (!strcmp(s, "tcp")) return 1;
+    if (!strcmp(s, "unix")) return 0;
+    fprintf(stderr, "raw_stream: transport must be tcp or unix, not %s\n", s);
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN);
+    char bound[256];
+    if (argc == 4 && !strcmp(argv[1], "server")) {
+        int tcp = is_tcp_arg(argv[2]);
+        int lfd = listen_on(tcp, argv[3], bound, sizeof bound);
+        printf("raw_stream listening on %s:%s\n", tcp ? "tcp" : "unix", bound);
+        fflush(stdout);
+        serve(lfd, tcp, 0);
+        return 0;
+    }
+    if (argc == 6 && !strcmp(argv[1], "client")) {
+        client(is_tcp_arg(argv[2]), argv[3], argv[4], atoi(argv[5]));
+        return 0;
+    }
+    if (argc == 5 && !strcmp(argv[1], "pair")) {
+        int tcp = is_tcp_arg(argv[2]);
+        char dir[] = "/tmp/raw_stream.XXXXXX", path[128];
+        if (!tcp) {
+            if (!mkdtemp(dir)) die("mkdtemp");
+            snprintf(path, sizeof path, "%s/sock", dir);
+        }
+        int lfd = listen_on(tcp, tcp ? "127.0.0.1:0" : path, bound, sizeof bound);
+        pid_t pid = fork();
+        if (pid < 0) die("fork");
+        if (pid == 0) {
+            serve(lfd, tcp, 1);
+            _exit(0);
+        }
+        close(lfd);
+        client(tcp, bound, argv[3], atoi(argv[4]));
+        int st = 0;
+        waitpid(pid, &st, 0);
+        if (!tcp) {
+            unlink(path);
+            rmdir(dir);
+        }
+        return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+    }
+    fprintf(stderr,
+            "usage: raw_stream server tcp HOST:PORT | server unix PATH\n"
+            "       raw_stream client tcp HOST:PORT|unix PATH BYTES[,BYTES...] RUNS\n"
+            "       raw_stream pair tcp|unix BYTES[,BYTES...] RUNS\n");
+    return 2;
+}
