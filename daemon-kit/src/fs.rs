@@ -1,0 +1,52 @@
+//! Crash-safe state files: a reader sees the old contents or the new, never a torn write.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{self, Write},
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::Path,
+};
+
+/// Writes `bytes` to `path` through a temporary file in the same folder: write, fsync, rename,
+/// fsync the folder. `mode` sets the file's permissions (state may hold addresses and pids, not
+/// secrets, but there is no reason for others to write it).
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let folder = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let file_name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "state path has no file name"))?;
+    let mut temporary_name = file_name.to_os_string();
+    temporary_name.push(format!(".tmp{}", std::process::id()));
+    let temporary = folder.join(temporary_name);
+    let result = (|| {
+        let mut file = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&temporary, path)?;
+        File::open(folder)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temporary);
+    }
+    result
+}
+
+/// Creates `path` and its parents with `mode` on the last one (e.g. 0o700 for a state folder).
+pub fn create_dir_with_mode(path: &Path, mode: u32) -> io::Result<()> {
+    fs::create_dir_all(path)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_contents_and_leaves_no_temporary() {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("state.json");
+        write_atomic(&path, b"one", 0o600).unwrap();
+        write_atomic(&path, b"two", 0o600).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        assert_eq!(fs::read_dir(folder.path()).unwrap().count(), 1);
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+}

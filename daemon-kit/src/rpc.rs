@@ -1,0 +1,297 @@
+//! The control-plane transport: TCP or Unix sockets, authenticated with the cluster key
+//! ([`crate::auth`]), then tarpc over length-delimited postcard frames of bounded length.
+
+use std::{
+    fmt, io,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    pin::Pin,
+    task::{Context as TaskContext, Poll},
+    time::{Duration, Instant},
+};
+
+use flyt_protocol::control::auth::ServiceName;
+use futures::{Future, StreamExt};
+use serde::{Serialize, de::DeserializeOwned};
+use tarpc::{
+    ClientMessage, Response,
+    server::{BaseChannel, Channel, Serve},
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream, UnixListener, UnixStream},
+};
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+use crate::{
+    auth::{self, AuthError, ClusterKey},
+    codec::PostcardCodec,
+};
+
+/// Largest control frame either side accepts; control messages are small (a node's report is
+/// a few KiB), so a bigger length is a broken or hostile peer.
+pub const MAX_FRAME_BYTES: usize = 4 << 20;
+/// Requests one connection may have in flight; more wait (per-peer back-pressure).
+pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 16;
+/// How long a connection attempt may take, handshake included.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a control connection failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum RpcError {
+    /// cannot reach {0}: {1}
+    Connect(Endpoint, io::Error),
+    /// connecting to {0} timed out
+    ConnectTimeout(Endpoint),
+    /// {0} refused the connection: {1}
+    Auth(Endpoint, AuthError),
+    /// cannot listen on {0}: {1}
+    Bind(Endpoint, io::Error),
+    /// `{0}` is not an address: use `host:port` or `unix:/path`
+    BadEndpoint(String),
+}
+
+/// Where a control service listens: `host:port` or `unix:/path`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+impl Endpoint {
+    /// Parses `host:port` or `unix:/path`.
+    pub fn parse(text: &str) -> Result<Self, RpcError> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(RpcError::BadEndpoint(text.to_string()));
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        match text.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(Self::Tcp(text.to_string())),
+            _ => Err(RpcError::BadEndpoint(text.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tcp(address) => formatter.write_str(address),
+            Self::Unix(path) => write!(formatter, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// A connected TCP or Unix stream.
+pub enum ControlStream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl AsyncRead for ControlStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(stream) => Pin::new(stream).poll_read(cx, buf),
+            Self::Unix(stream) => Pin::new(stream).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ControlStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(stream) => Pin::new(stream).poll_write(cx, buf),
+            Self::Unix(stream) => Pin::new(stream).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(stream) => Pin::new(stream).poll_flush(cx),
+            Self::Unix(stream) => Pin::new(stream).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(stream) => Pin::new(stream).poll_shutdown(cx),
+            Self::Unix(stream) => Pin::new(stream).poll_shutdown(cx),
+        }
+    }
+}
+
+/// The tarpc transport over a stream: length-delimited frames of at most [`MAX_FRAME_BYTES`],
+/// postcard inside.
+pub type PostcardTransport<S, Item, SinkItem> =
+    tarpc::serde_transport::Transport<S, Item, SinkItem, PostcardCodec<Item, SinkItem>>;
+
+/// Wraps an authenticated stream for tarpc.
+pub fn transport<S, Item, SinkItem>(stream: S) -> PostcardTransport<S, Item, SinkItem>
+where
+    S: AsyncRead + AsyncWrite,
+    Item: DeserializeOwned,
+    SinkItem: Serialize,
+{
+    let framing = LengthDelimitedCodec::builder().max_frame_length(MAX_FRAME_BYTES).new_codec();
+    tarpc::serde_transport::new(Framed::new(stream, framing), PostcardCodec::default())
+}
+
+/// Connects to `endpoint` and proves the cluster key for `service`; the stream is ready for
+/// [`transport`].
+pub async fn connect(endpoint: &Endpoint, key: &ClusterKey, service: ServiceName) -> Result<ControlStream, RpcError> {
+    let attempt = async {
+        let mut stream = match endpoint {
+            Endpoint::Tcp(address) => {
+                let stream = TcpStream::connect(address).await.map_err(|error| RpcError::Connect(endpoint.clone(), error))?;
+                let _ = stream.set_nodelay(true);
+                ControlStream::Tcp(stream)
+            }
+            Endpoint::Unix(path) => {
+                ControlStream::Unix(UnixStream::connect(path).await.map_err(|error| RpcError::Connect(endpoint.clone(), error))?)
+            }
+        };
+        auth::connect(&mut stream, key, service).await.map_err(|error| RpcError::Auth(endpoint.clone(), error))?;
+        Ok(stream)
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, attempt).await.map_err(|_| RpcError::ConnectTimeout(endpoint.clone()))?
+}
+
+/// A tarpc context whose deadline is `timeout` from now. Every control call passes one: spawns
+/// and resizes outlive tarpc's 10 s default, heartbeats must fail well before the next one.
+pub fn deadline(timeout: Duration) -> tarpc::context::Context {
+    let mut context = tarpc::context::current();
+    context.deadline = Instant::now() + timeout;
+    context
+}
+
+/// Runs `work` as a task of its own and waits for it, so a handler whose request is cancelled
+/// (deadline passed, connection closed) does not stop a state change half way.
+pub async fn detached<T: Send + 'static>(work: impl Future<Output = T> + Send + 'static) -> Option<T> {
+    tokio::spawn(work).await.ok()
+}
+
+/// A listening TCP or Unix socket.
+pub enum ControlListener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl ControlListener {
+    /// Listens on `endpoint`. A Unix socket replaces a stale file and gets `unix_mode`
+    /// (0o600 for owner-only admin sockets).
+    pub async fn bind(endpoint: &Endpoint, unix_mode: u32) -> Result<Self, RpcError> {
+        let bind_error = |error| RpcError::Bind(endpoint.clone(), error);
+        match endpoint {
+            Endpoint::Tcp(address) => Ok(Self::Tcp(TcpListener::bind(address).await.map_err(bind_error)?)),
+            Endpoint::Unix(path) => Ok(Self::Unix(bind_unix(path, unix_mode).map_err(bind_error)?, path.clone())),
+        }
+    }
+
+    /// The bound address (TCP ports resolved).
+    pub fn local_endpoint(&self) -> Endpoint {
+        match self {
+            Self::Tcp(listener) => {
+                Endpoint::Tcp(listener.local_addr().map(|address| address.to_string()).unwrap_or_else(|_| "?".into()))
+            }
+            Self::Unix(_, path) => Endpoint::Unix(path.clone()),
+        }
+    }
+
+    /// Accepts one connection; returns it with a peer description for logs.
+    pub async fn accept(&self) -> io::Result<(ControlStream, String)> {
+        match self {
+            Self::Tcp(listener) => {
+                let (stream, peer) = listener.accept().await?;
+                let _ = stream.set_nodelay(true);
+                Ok((ControlStream::Tcp(stream), peer.to_string()))
+            }
+            Self::Unix(listener, path) => {
+                let (stream, _) = listener.accept().await?;
+                let peer = match stream.peer_cred() {
+                    Ok(credentials) => format!("{} (uid {}, pid {:?})", path.display(), credentials.uid(), credentials.pid()),
+                    Err(_) => path.display().to_string(),
+                };
+                Ok((ControlStream::Unix(stream), peer))
+            }
+        }
+    }
+}
+
+/// Binds a Unix socket at `path` with `mode`, creating its folder and replacing a stale socket.
+pub fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    if let Some(folder) = path.parent()
+        && !folder.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(folder)?;
+    }
+    if std::fs::symlink_metadata(path).is_ok() {
+        // A socket left by a previous run: nobody can be listening on it if binding would fail.
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    Ok(listener)
+}
+
+/// Serves one authenticated connection with `serve` until the peer goes away, at most
+/// [`MAX_IN_FLIGHT_PER_CONNECTION`] requests at a time.
+pub async fn serve_connection<S, Req, Resp>(stream: ControlStream, serve: S)
+where
+    S: Serve<Req = Req, Resp = Resp> + Clone + Send + 'static,
+    Req: tarpc::RequestName + DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+{
+    let transport: PostcardTransport<ControlStream, ClientMessage<Req>, Response<Resp>> = transport(stream);
+    BaseChannel::with_defaults(transport)
+        .execute(serve)
+        .for_each_concurrent(MAX_IN_FLIGHT_PER_CONNECTION, |request| request)
+        .await;
+}
+
+/// Accepts connections forever; each one is authenticated (failures are logged and closed)
+/// and handed to `dispatch` with the service it proved, on a task of its own.
+pub async fn accept_loop<D, F>(listener: ControlListener, key: ClusterKey, served: Vec<ServiceName>, dispatch: D)
+where
+    D: Fn(ServiceName, ControlStream) -> F + Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let dispatch = std::sync::Arc::new(dispatch);
+    loop {
+        let (mut stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let key = key.clone();
+        let served = served.clone();
+        let dispatch = dispatch.clone();
+        tokio::spawn(async move {
+            match auth::accept(&mut stream, &key, &served).await {
+                Ok(service) => {
+                    tracing::debug!(%peer, service = service.as_str(), "control connection authenticated");
+                    dispatch(service, stream).await;
+                }
+                Err(error) => tracing::warn!(%peer, %error, "control connection refused"),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse() {
+        assert_eq!(Endpoint::parse("127.0.0.1:80").unwrap(), Endpoint::Tcp("127.0.0.1:80".into()));
+        assert_eq!(Endpoint::parse("[::1]:0").unwrap(), Endpoint::Tcp("[::1]:0".into()));
+        assert_eq!(Endpoint::parse("unix:/run/x.sock").unwrap(), Endpoint::Unix("/run/x.sock".into()));
+        for bad in ["", "unix:", "host", "host:port", ":80"] {
+            assert!(Endpoint::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

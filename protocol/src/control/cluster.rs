@@ -1,0 +1,314 @@
+//! The cluster manager's services: one per kind of caller, all on the same listener (the auth
+//! handshake names the service). Node managers call [`ClusterNode`], client managers call
+//! [`ClusterClient`], `flytctl` calls [`ClusterAdmin`] on the owner-only admin socket.
+//!
+//! Units: compute units are SMs; memory in the control plane is in MiB (as in Flyt's
+//! `vm_required_resources`); GPU totals are in bytes as the driver reports them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::handshake::ClientIdentity;
+
+/// Flyt's per-VM requirement (`vm_required_resources`): what a client VM gets when it asks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmRequirement {
+    /// The VM's (client host's) address; the key.
+    pub vm_ip: String,
+    /// The physical host the VM runs on: placement prefers a GPU node with this `host_ip`.
+    pub host_ip: String,
+    /// SMs.
+    pub compute_units: u32,
+    /// Device memory in MiB.
+    pub memory: u64,
+}
+
+/// One GPU as its node manager discovered it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// CUDA ordinal on its node (what `flyt-rpc-server --gpu` takes).
+    pub index: u32,
+    /// Driver UUID, or a made-up one for emulated GPUs.
+    pub uuid: String,
+    pub name: String,
+    /// Total device memory in bytes.
+    pub memory_bytes: u64,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Served by `flyt-rpc-server --device emulated` (no real GPU).
+    pub emulated: bool,
+}
+
+/// A GPU as the cluster manager stores it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRecord {
+    pub node_id: String,
+    pub gpu: GpuInfo,
+}
+
+/// An rpc-server as its node manager sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerReport {
+    pub allocation_id: String,
+    pub gpu: u32,
+    pub pid: u32,
+    /// Where clients connect (`host:port` first, then `unix:/path` when offered).
+    pub addresses: Vec<String>,
+    pub memory_quota_bytes: u64,
+    pub sm_percentage: u32,
+    /// Live sessions, from the server's control socket (0 when it did not answer).
+    pub sessions: u32,
+    /// Device memory its sessions hold, in bytes.
+    pub memory_used_bytes: u64,
+}
+
+/// What a node manager sends when it (re)connects.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRegistration {
+    pub node_id: String,
+    /// The address clients and VMs know this host by (matched against `VmRequirement::host_ip`).
+    pub host_ip: String,
+    /// `/proc/sys/kernel/random/boot_id`: a client with the same one shares this kernel.
+    pub boot_id: String,
+    /// Where the node manager serves [`super::node::NodeManagerControl`] (`host:port`).
+    pub control_address: String,
+    pub gpus: Vec<GpuInfo>,
+    /// rpc-servers it runs now (after a restart of either side).
+    pub servers: Vec<ServerReport>,
+}
+
+/// The cluster manager's answer to a registration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterReply {
+    /// Reported servers whose allocation the cluster does not know: stop them.
+    pub stop: Vec<String>,
+    /// How often to send heartbeats, in milliseconds.
+    pub heartbeat_interval_ms: u64,
+}
+
+/// A node manager's periodic report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeHeartbeat {
+    pub node_id: String,
+    pub boot_id: String,
+    pub servers: Vec<ServerReport>,
+}
+
+/// The cluster manager's answer to a node heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeHeartbeatReply {
+    /// Carry on; stop these servers, whose allocations the cluster no longer holds.
+    Ok { stop: Vec<String> },
+    /// The cluster manager does not know this node (or its boot changed): register again.
+    RegisterAgain,
+}
+
+/// Where an allocation is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocationState {
+    /// Placed; its node manager is starting the rpc-server.
+    Starting,
+    /// Its rpc-server is listening.
+    Running,
+}
+
+/// One GPU slice given to one VM, served by one rpc-server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationRecord {
+    pub id: String,
+    pub vm_ip: String,
+    pub node_id: String,
+    pub gpu: u32,
+    /// SMs of the slice.
+    pub compute_units: u32,
+    /// Device memory of the slice, in MiB (the rpc-server's exact quota).
+    pub memory: u64,
+    /// MPS active-thread percentage derived from `compute_units`.
+    pub sm_percentage: u32,
+    pub state: AllocationState,
+    pub addresses: Vec<String>,
+    pub pid: u32,
+    /// Clients the VM's client manager reports.
+    pub clients: Vec<ClientIdentity>,
+    /// rpc-server sessions at the last node heartbeat.
+    pub sessions: u32,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// Unix seconds since when it has had no client and no session; `None` while in use.
+    pub idle_since: Option<u64>,
+}
+
+/// The client manager asks for the VM's GPU slice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocateRequest {
+    pub vm_ip: String,
+    /// The app asking (its pid as the kernel reports it, not as it claims).
+    pub client: ClientIdentity,
+}
+
+/// Where the client goes, with which token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub allocation_id: String,
+    /// The address to connect to (a Unix socket when on the same host and offered).
+    pub address: String,
+    pub token: String,
+    /// Unix seconds when the token stops opening sessions.
+    pub token_expires_at: u64,
+    /// Client and server share a kernel: the shared-memory channel may be offered.
+    pub same_host: bool,
+}
+
+/// The clients of one allocation, as a client manager sees them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationClients {
+    pub allocation_id: String,
+    pub clients: Vec<ClientIdentity>,
+}
+
+/// A client manager's periodic report: its lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientManagerReport {
+    pub vm_ip: String,
+    pub allocations: Vec<AllocationClients>,
+}
+
+/// The cluster manager's answer to a client manager's heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientHeartbeatReply {
+    /// Reported allocations that no longer exist: forget them (the next request gets a new one).
+    pub gone: Vec<String>,
+    /// How often to send heartbeats, in milliseconds.
+    pub heartbeat_interval_ms: u64,
+}
+
+/// Whether a node answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeHealth {
+    Up,
+    /// Its lease ran out; its allocations were released.
+    Down,
+}
+
+/// A node as the cluster manager stores it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub node_id: String,
+    pub host_ip: String,
+    pub boot_id: String,
+    pub control_address: String,
+    pub health: NodeHealth,
+    /// Drained nodes get no new allocations; running ones stay.
+    pub drained: bool,
+    /// Unix seconds of the last registration.
+    pub registered_at: u64,
+}
+
+/// One GPU with what is given out of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuUsage {
+    pub gpu: GpuInfo,
+    pub allocated_compute_units: u32,
+    /// MiB.
+    pub allocated_memory: u64,
+    pub allocations: u32,
+}
+
+/// A node for `flytctl list-servernodes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub node: NodeRecord,
+    pub gpus: Vec<GpuUsage>,
+    /// Milliseconds since its last heartbeat, as this cluster manager saw it.
+    pub last_heartbeat_ms: u64,
+}
+
+/// A VM for `flytctl list-vms`: its requirement and the allocation serving it, if any.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmView {
+    pub requirement: VmRequirement,
+    pub allocation: Option<AllocationRecord>,
+    /// Its client manager heartbeats now.
+    pub client_manager_connected: bool,
+}
+
+/// `flytctl status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub version: String,
+    /// `embedded:<path>` or `mongodb`.
+    pub store: String,
+    pub uptime_seconds: u64,
+    pub nodes_up: u32,
+    pub nodes_down: u32,
+    pub nodes_drained: u32,
+    pub gpus: u32,
+    pub total_compute_units: u64,
+    pub free_compute_units: u64,
+    /// MiB.
+    pub total_memory: u64,
+    /// MiB.
+    pub free_memory: u64,
+    pub vms: u32,
+    pub allocations: u32,
+    pub client_managers: u32,
+}
+
+/// Why a control call failed. Each message says what to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error, displaydoc::Display)]
+pub enum ControlError {
+    /// unknown VM {0}: add its requirement with `flytctl vm add {0} --host-ip ... --compute-units ... --memory-mib ...`
+    UnknownVm(String),
+    /// unknown node {0}: `flytctl list-servernodes` shows the registered nodes
+    UnknownNode(String),
+    /// unknown allocation or VM {0}: `flytctl list-virt-servers` shows the running ones
+    UnknownAllocation(String),
+    /// no GPU can hold this slice: {0}
+    NoCapacity(String),
+    /// node {node} did not answer: {reason}
+    NodeUnreachable { node: String, reason: String },
+    /// the rpc-server could not be started: {0}
+    Spawn(String),
+    /// the rpc-server refused: {0}
+    Server(String),
+    /// the cluster store failed: {0}
+    Store(String),
+    /// invalid request: {0}
+    Invalid(String),
+}
+
+/// Calls node managers make.
+#[tarpc::service]
+pub trait ClusterNode {
+    /// Announces the node, its GPUs and the rpc-servers it runs; the reply says which to stop.
+    async fn register(registration: NodeRegistration) -> Result<RegisterReply, ControlError>;
+    /// Renews the node's lease and reports its servers' usage.
+    async fn heartbeat(heartbeat: NodeHeartbeat) -> Result<NodeHeartbeatReply, ControlError>;
+}
+
+/// Calls client managers make.
+#[tarpc::service]
+pub trait ClusterClient {
+    /// The VM's slice (placed and started when it has none), with a fresh token.
+    async fn allocate(request: AllocateRequest) -> Result<Grant, ControlError>;
+    /// Renews the client manager's lease and reports the clients of its allocations.
+    async fn heartbeat(report: ClientManagerReport) -> Result<ClientHeartbeatReply, ControlError>;
+    /// Gives an allocation back now.
+    async fn release(vm_ip: String, allocation_id: String) -> Result<(), ControlError>;
+}
+
+/// Calls `flytctl` makes.
+#[tarpc::service]
+pub trait ClusterAdmin {
+    async fn status() -> ClusterStatus;
+    async fn list_vms() -> Vec<VmView>;
+    /// Adds or replaces a VM's requirement (a running allocation keeps its size until changed).
+    async fn add_vm(requirement: VmRequirement) -> Result<(), ControlError>;
+    /// Removes a VM's requirement and releases its allocation.
+    async fn remove_vm(vm_ip: String) -> Result<(), ControlError>;
+    async fn list_nodes() -> Vec<NodeView>;
+    async fn list_allocations() -> Vec<AllocationRecord>;
+    /// Resizes a running allocation (by allocation id or VM ip) on its GPU.
+    async fn change_config(target: String, compute_units: Option<u32>, memory: Option<u64>) -> Result<AllocationRecord, ControlError>;
+    /// Drains (no new allocations) or undrains a node.
+    async fn set_drained(node_id: String, drained: bool) -> Result<NodeRecord, ControlError>;
+}
