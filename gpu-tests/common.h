@@ -78,6 +78,12 @@ static inline bool expect_some_err(const char *what, cudaError_t got) {
     return true;
 }
 
+// Prints `<what>: <name>` without judging it: the native run is the reference.
+static inline cudaError_t report(const char *what, cudaError_t got) {
+    printf("%s: %s\n", what, cudaGetErrorName(got));
+    return got;
+}
+
 static inline int test_finish() {
     if (g_failures == 0) {
         printf("%s: PASS\n", g_test_name);
