@@ -18,6 +18,7 @@ pub mod handshake;
 pub mod locate;
 pub mod ops;
 pub mod token;
+pub mod worker;
 mod generated {
     pub(crate) mod cuda_errors;
 }

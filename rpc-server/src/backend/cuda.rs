@@ -1,0 +1,534 @@
+//! The CUDA backend: the driver API through cudarc, loaded at run time, so the server builds and
+//! starts on machines without CUDA and says clearly when no driver is there.
+//!
+//! All `unsafe` in the server lives here, at the driver's FFI edge.
+
+use std::ffi::{CString, c_int, c_uint, c_void};
+use std::sync::{Arc, Condvar, Mutex};
+
+use cudarc::driver::{result, sys};
+use flyt_protocol::CudaError;
+use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE};
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::{Dim3, FuncAttributes, ParamInfo};
+
+use super::Device;
+
+/// A driver handle that may cross threads. CUDA driver handles are opaque pointers into the
+/// driver, which documents its API as thread-safe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handle<T>(T);
+// SAFETY: the wrapped values are CUDA driver handles (CUstream, CUevent, CUfunction, CUmodule);
+// the driver API is thread-safe and the handles carry no thread affinity once a context is
+// current on the calling thread (every thread that uses them calls `bind_thread` first).
+unsafe impl<T> Send for Handle<T> {}
+// SAFETY: as above; sharing a handle only shares the pointer value.
+unsafe impl<T> Sync for Handle<T> {}
+
+fn check(result: Result<(), result::DriverError>) -> CudaResult<()> {
+    result.map_err(driver_error)
+}
+
+fn driver_error(error: result::DriverError) -> CudaError {
+    CudaError::from_driver(error.0 as u32)
+}
+
+/// Driver entry points taken with integer parameters and an integer result, so a value this
+/// build does not know (a new attribute, a new error code) stays a number instead of an invalid
+/// Rust enum.
+struct RawDriver {
+    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> u32,
+    func_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, sys::CUfunction) -> u32,
+    func_set_attribute: unsafe extern "C" fn(sys::CUfunction, c_int, c_int) -> u32,
+    ctx_get_limit: unsafe extern "C" fn(*mut usize, c_int) -> u32,
+    ctx_set_limit: unsafe extern "C" fn(c_int, usize) -> u32,
+    func_get_param_info: unsafe extern "C" fn(sys::CUfunction, usize, *mut usize, *mut usize) -> u32,
+}
+
+fn raw_check(code: u32) -> CudaResult<()> {
+    if code == 0 { Ok(()) } else { Err(CudaError::from_driver(code)) }
+}
+
+impl RawDriver {
+    fn load() -> Result<Self, String> {
+        // SAFETY: `culib` was probed by `is_culib_present` before (in `CudaDevice::open`); each
+        // symbol is looked up by its documented name and given its documented C signature, with
+        // enums as `int` and `CUresult` as `unsigned`, which share their ABI.
+        unsafe {
+            let lib = sys::culib();
+            macro_rules! symbol {
+                ($name:literal) => {
+                    *lib.get(concat!($name, "\0").as_bytes()).map_err(|error| format!("{}: {error}", $name))?
+                };
+            }
+            Ok(Self {
+                device_get_attribute: symbol!("cuDeviceGetAttribute"),
+                func_get_attribute: symbol!("cuFuncGetAttribute"),
+                func_set_attribute: symbol!("cuFuncSetAttribute"),
+                ctx_get_limit: symbol!("cuCtxGetLimit"),
+                ctx_set_limit: symbol!("cuCtxSetLimit"),
+                func_get_param_info: symbol!("cuFuncGetParamInfo"),
+            })
+        }
+    }
+}
+
+/// Pinned staging buffers: host-to-device chunks are read from the socket straight into one,
+/// device-to-host chunks are copied into one and sent from it. A slot is reusable once its
+/// event has fired and nobody holds it.
+struct StagingPool {
+    slots: Vec<Slot>,
+    state: Mutex<Vec<bool>>,
+    freed: Condvar,
+}
+
+struct Slot {
+    ptr: *mut u8,
+    capacity: usize,
+    event: Handle<sys::CUevent>,
+}
+
+// SAFETY: `ptr` is pinned host memory owned by the pool for the process's life; a slot's bytes
+// are touched only by the holder of its `held` flag (see `StagingPool::take`).
+unsafe impl Send for Slot {}
+// SAFETY: as above.
+unsafe impl Sync for Slot {}
+
+/// A staging slot taken from the pool.
+pub struct Staging {
+    pool: Arc<StagingPool>,
+    index: usize,
+    len: usize,
+}
+
+impl Staging {
+    fn slot(&self) -> &Slot {
+        &self.pool.slots[self.index]
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        let slot = &self.pool.slots[self.index];
+        // SAFETY: the slot's memory is `capacity` bytes of pinned host memory allocated in
+        // `StagingPool::new`, `len <= capacity` (checked in `take`), and this `Staging` holds the
+        // slot exclusively until it is dropped; the device copy that may still read or write it
+        // was waited for in `take` (its event) before the slot was handed out.
+        unsafe { std::slice::from_raw_parts_mut(slot.ptr, self.len) }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let mut held = self.pool.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        held[self.index] = false;
+        self.pool.freed.notify_one();
+    }
+}
+
+impl StagingPool {
+    fn new(slots: usize, capacity: usize) -> CudaResult<Self> {
+        let mut made = Vec::with_capacity(slots);
+        for _ in 0..slots {
+            // SAFETY: a context is current (made so in `CudaDevice::open`); the returned pointer
+            // is owned by the pool and never freed while the process runs.
+            let ptr = unsafe { result::malloc_host(capacity, 0) }.map_err(driver_error)?;
+            let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(driver_error)?;
+            made.push(Slot { ptr: ptr.cast(), capacity, event: Handle(event) });
+        }
+        Ok(Self { state: Mutex::new(vec![false; made.len()]), slots: made, freed: Condvar::new() })
+    }
+
+    /// Takes a free slot whose last copy is done, waiting if every slot is busy.
+    fn take(self: &Arc<Self>, len: usize) -> CudaResult<Staging> {
+        if self.slots.is_empty() || len > self.slots[0].capacity {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let mut held = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            let free: Vec<usize> = (0..held.len()).filter(|index| !held[*index]).collect();
+            // Prefer a slot whose copy already finished; otherwise wait on one.
+            let ready = free.iter().copied().find(|index| {
+                // SAFETY: the event was created in `new` and is never destroyed.
+                unsafe { result::event::query(self.slots[*index].event.0) }.is_ok()
+            });
+            if let Some(index) = ready.or(free.first().copied()) {
+                held[index] = true;
+                drop(held);
+                // SAFETY: as above; waiting for the slot's last copy before its bytes are reused.
+                check(unsafe { result::event::synchronize(self.slots[index].event.0) })?;
+                return Ok(Staging { pool: self.clone(), index, len });
+            }
+            held = self.freed.wait(held).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+/// A device-to-host copy in flight into a staging slot.
+pub struct PendingCopy {
+    staging: Staging,
+}
+
+/// One GPU, through its primary context.
+pub struct CudaDevice {
+    ordinal: c_int,
+    device: sys::CUdevice,
+    context: Handle<sys::CUcontext>,
+    raw: RawDriver,
+    staging: Arc<StagingPool>,
+}
+
+// SAFETY: `context` is the device's primary context, which any thread may make current; the
+// other fields are plain data or `Send + Sync` already.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above; the driver API is thread-safe.
+unsafe impl Sync for CudaDevice {}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`; `Err` says in words why not (no driver, no such GPU...).
+    pub fn open(ordinal: u32, staging_slots: usize, copy_chunk: usize) -> Result<Self, String> {
+        // SAFETY: probing only tries to dlopen libcuda; cudarc's other entry points panic when the
+        // library is missing, so nothing else is called before this check passes.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("no CUDA driver (libcuda.so.1 not found): use --device emulated on machines without a GPU".into());
+        }
+        let raw = RawDriver::load()?;
+        result::init().map_err(|error| format!("cuInit failed: {error}"))?;
+        let count = result::device::get_count().map_err(|error| format!("cuDeviceGetCount: {error}"))?;
+        let ordinal = c_int::try_from(ordinal).map_err(|_| "GPU ordinal too large".to_string())?;
+        if ordinal >= count {
+            return Err(format!("GPU {ordinal} does not exist ({count} visible)"));
+        }
+        let device = result::device::get(ordinal).map_err(|error| format!("cuDeviceGet: {error}"))?;
+        // SAFETY: `device` was returned by cuDeviceGet above.
+        let context = unsafe { result::primary_ctx::retain(device) }.map_err(|error| format!("cuDevicePrimaryCtxRetain: {error}"))?;
+        // SAFETY: `context` is the primary context just retained.
+        unsafe { result::ctx::set_current(context) }.map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
+        let staging = StagingPool::new(staging_slots, copy_chunk).map_err(|error| format!("pinned staging: {error}"))?;
+        Ok(Self { ordinal, device, context: Handle(context), raw, staging: Arc::new(staging) })
+    }
+
+    fn attribute(&self, attribute: u32) -> Option<i32> {
+        let mut value: c_int = 0;
+        let attribute = c_int::try_from(attribute).ok()?;
+        // SAFETY: `value` is a valid out-pointer; an unknown attribute is an error code, not UB.
+        let code = unsafe { (self.raw.device_get_attribute)(&mut value, attribute, self.device) };
+        (code == 0).then_some(value)
+    }
+}
+
+fn stream_ptr(stream: Handle<sys::CUstream>) -> sys::CUstream {
+    stream.0
+}
+
+impl Device for CudaDevice {
+    type Stream = Handle<sys::CUstream>;
+    type Event = Handle<sys::CUevent>;
+    type Module = Handle<sys::CUmodule>;
+    type Function = Handle<sys::CUfunction>;
+    type Staging = Staging;
+    type PendingCopy = PendingCopy;
+
+    fn info(&self) -> DeviceInfo {
+        let name = result::device::get_name(self.device).unwrap_or_else(|_| format!("GPU {}", self.ordinal));
+        let uuid = result::device::get_uuid(self.device).map(|uuid| uuid.bytes.map(|b| b as u8)).unwrap_or([0; 16]);
+        let mut luid = [0 as std::ffi::c_char; 8];
+        let mut luid_device_node_mask: c_uint = 0;
+        // SAFETY: valid out-pointers of the documented sizes; failure (no LUID on Linux) leaves
+        // them zeroed, as the runtime reports.
+        let _ = unsafe { sys::cuDeviceGetLuid(luid.as_mut_ptr(), &mut luid_device_node_mask, self.device) };
+        // SAFETY: `self.device` came from cuDeviceGet.
+        let total_mem = unsafe { result::device::total_mem(self.device) }.unwrap_or(0) as u64;
+        let attributes = (1..=LAST_ATTRIBUTE).filter_map(|id| Some((id, self.attribute(id)?))).collect();
+        DeviceInfo { name, uuid, luid: luid.map(|b| b as u8), luid_device_node_mask, total_mem, attributes }
+    }
+
+    fn driver_version(&self) -> i32 {
+        let mut version: c_int = 0;
+        // SAFETY: valid out-pointer.
+        let _ = unsafe { sys::cuDriverGetVersion(&mut version) };
+        version
+    }
+
+    fn emulated(&self) -> bool {
+        false
+    }
+
+    fn bind_thread(&self) -> CudaResult<()> {
+        // SAFETY: the primary context retained in `open` lives as long as the process.
+        check(unsafe { result::ctx::set_current(self.context.0) })
+    }
+
+    fn null_stream(&self) -> Self::Stream {
+        Handle(std::ptr::null_mut())
+    }
+
+    fn malloc(&self, size: u64) -> CudaResult<u64> {
+        let size = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        // SAFETY: a context is current on this thread (bound at start).
+        unsafe { result::malloc_sync(size) }.map_err(driver_error)
+    }
+
+    fn free(&self, ptr: u64) -> CudaResult<()> {
+        // SAFETY: `ptr` is the start of an allocation of this session (checked in the range map).
+        check(unsafe { result::free_sync(ptr) })
+    }
+
+    fn mem_get_info(&self) -> CudaResult<(u64, u64)> {
+        result::mem_get_info().map(|(free, total)| (free as u64, total as u64)).map_err(driver_error)
+    }
+
+    fn staging(&self, len: usize) -> CudaResult<Staging> {
+        self.staging.take(len)
+    }
+
+    fn staging_bytes(staging: &mut Staging) -> &mut [u8] {
+        staging.bytes()
+    }
+
+    fn copy_htod(&self, dst: u64, src: Staging, stream: Self::Stream) -> CudaResult<()> {
+        let slot = src.slot();
+        // SAFETY: `dst..dst+len` was validated against the session's allocations; the source is
+        // the held staging slot of `len` bytes; recording the slot's event after the copy keeps
+        // the slot from being reused (`StagingPool::take` waits on it) before the DMA is done.
+        unsafe {
+            check(sys::cuMemcpyHtoDAsync_v2(dst, slot.ptr as *const c_void, src.len, stream_ptr(stream)).result())?;
+            check(result::event::record(slot.event.0, stream_ptr(stream)))
+        }
+    }
+
+    fn start_dtoh(&self, src: u64, dst: Staging, stream: Self::Stream) -> CudaResult<PendingCopy> {
+        let slot = dst.slot();
+        // SAFETY: `src..src+len` was validated against the session's ranges; the destination is
+        // the held staging slot, which stays held until `finish_dtoh` has waited for the event.
+        unsafe {
+            check(sys::cuMemcpyDtoHAsync_v2(slot.ptr as *mut c_void, src, dst.len, stream_ptr(stream)).result())?;
+            check(result::event::record(slot.event.0, stream_ptr(stream)))?;
+        }
+        Ok(PendingCopy { staging: dst })
+    }
+
+    fn finish_dtoh(&self, mut pending: PendingCopy, consume: &mut dyn FnMut(CudaResult<&[u8]>)) {
+        // SAFETY: the event was recorded after the copy in `start_dtoh`.
+        match check(unsafe { result::event::synchronize(pending.staging.slot().event.0) }) {
+            Ok(()) => consume(Ok(pending.staging.bytes())),
+            Err(error) => consume(Err(error)),
+        }
+    }
+
+    fn copy_dtod(&self, dst: u64, src: u64, len: u64, stream: Self::Stream) -> CudaResult<()> {
+        let len = usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?;
+        // SAFETY: both ranges were validated against the session's ranges.
+        check(unsafe { result::memcpy_dtod_async(dst, src, len, stream_ptr(stream)) })
+    }
+
+    fn memset(&self, dst: u64, value: u8, len: u64, stream: Self::Stream) -> CudaResult<()> {
+        let len = usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?;
+        // SAFETY: the range was validated against the session's ranges.
+        check(unsafe { result::memset_d8_async(dst, value, len, stream_ptr(stream)) })
+    }
+
+    fn load_module(&self, image: &[u8]) -> CudaResult<Self::Module> {
+        // The driver parses the fatbinary in place: give it 8-byte alignment.
+        let mut aligned = vec![0u64; image.len().div_ceil(8)];
+        for (word, chunk) in aligned.iter_mut().zip(image.chunks(8)) {
+            let mut bytes = [0u8; 8];
+            bytes[..chunk.len()].copy_from_slice(chunk);
+            *word = u64::from_ne_bytes(bytes);
+        }
+        // SAFETY: `aligned` holds the whole image; the driver copies what it keeps.
+        unsafe { result::module::load_data(aligned.as_ptr().cast()) }.map(Handle).map_err(driver_error)
+    }
+
+    fn function(&self, module: &Self::Module, name: &str) -> CudaResult<(Self::Function, Vec<ParamInfo>)> {
+        let name = CString::new(name).map_err(|_| CudaError::INVALID_DEVICE_FUNCTION)?;
+        // SAFETY: `module` is a loaded module of this session.
+        let function = unsafe { result::module::get_function(module.0, name) }.map_err(driver_error)?;
+        let mut params = Vec::new();
+        // cuFuncGetParamCount is newer than driver 580's API level: ask by index until it fails.
+        for index in 0.. {
+            let (mut offset, mut size) = (0usize, 0usize);
+            // SAFETY: valid out-pointers; an index past the last parameter is an error code.
+            let code = unsafe { (self.raw.func_get_param_info)(function, index, &mut offset, &mut size) };
+            if code != 0 {
+                break;
+            }
+            let offset = u32::try_from(offset).map_err(|_| CudaError::INVALID_VALUE)?;
+            let size = u32::try_from(size).map_err(|_| CudaError::INVALID_VALUE)?;
+            params.push(ParamInfo { offset, size });
+        }
+        Ok((Handle(function), params))
+    }
+
+    fn variable(&self, module: &Self::Module, name: &str) -> CudaResult<(u64, u64)> {
+        let name = CString::new(name).map_err(|_| CudaError::INVALID_SYMBOL)?;
+        let (mut address, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: `module` is loaded; valid out-pointers.
+        check(unsafe { sys::cuModuleGetGlobal_v2(&mut address, &mut size, module.0, name.as_ptr()).result() })?;
+        Ok((address, size as u64))
+    }
+
+    fn unload_module(&self, module: Self::Module) -> CudaResult<()> {
+        // SAFETY: the session removed the module from its map, so nothing launches from it again.
+        check(unsafe { result::module::unload(module.0) })
+    }
+
+    fn launch(
+        &self,
+        function: Self::Function,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: Self::Stream,
+        args: &mut [u8],
+    ) -> CudaResult<()> {
+        let mut size = args.len();
+        // CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE / _END: the driver takes the packed argument
+        // buffer as it is, laid out by cuFuncGetParamInfo.
+        let mut extra: [*mut c_void; 5] = [
+            1 as *mut c_void,
+            args.as_mut_ptr().cast(),
+            2 as *mut c_void,
+            (&raw mut size).cast(),
+            std::ptr::null_mut(),
+        ];
+        let extra_ptr = if args.is_empty() { std::ptr::null_mut() } else { extra.as_mut_ptr() };
+        // SAFETY: `function` belongs to a loaded module; `args` has exactly the layout's size
+        // (checked by the session), and `extra` and `size` outlive the call, which copies them.
+        check(unsafe {
+            sys::cuLaunchKernel(
+                function.0,
+                grid.x,
+                grid.y,
+                grid.z,
+                block.x,
+                block.y,
+                block.z,
+                shared_mem,
+                stream_ptr(stream),
+                std::ptr::null_mut(),
+                extra_ptr,
+            )
+            .result()
+        })
+    }
+
+    fn func_attributes(&self, function: Self::Function) -> CudaResult<FuncAttributes> {
+        let get = |attribute: c_int| -> CudaResult<i32> {
+            let mut value = 0;
+            // SAFETY: valid out-pointer; `function` belongs to a loaded module.
+            raw_check(unsafe { (self.raw.func_get_attribute)(&mut value, attribute, function.0) })?;
+            Ok(value)
+        };
+        let size = |attribute| get(attribute).map(|value| u64::try_from(value).unwrap_or(0));
+        Ok(FuncAttributes {
+            max_threads_per_block: get(0)?,
+            shared_size_bytes: size(1)?,
+            const_size_bytes: size(2)?,
+            local_size_bytes: size(3)?,
+            num_regs: get(4)?,
+            ptx_version: get(5)?,
+            binary_version: get(6)?,
+            cache_mode_ca: get(7)?,
+            max_dynamic_shared_size_bytes: get(8)?,
+            preferred_shmem_carveout: get(9)?,
+            cluster_dim_must_be_set: get(10).unwrap_or(0),
+            required_cluster_width: get(11).unwrap_or(0),
+            required_cluster_height: get(12).unwrap_or(0),
+            required_cluster_depth: get(13).unwrap_or(0),
+            non_portable_cluster_size_allowed: get(14).unwrap_or(0),
+            cluster_scheduling_policy_preference: get(15).unwrap_or(0),
+        })
+    }
+
+    fn func_set_attribute(&self, function: Self::Function, attribute: u32, value: i32) -> CudaResult<()> {
+        let attribute = c_int::try_from(attribute).map_err(|_| CudaError::INVALID_VALUE)?;
+        // SAFETY: `function` belongs to a loaded module; the runtime's cudaFuncAttribute numbers
+        // are the driver's CUfunction_attribute numbers, and unknown ones are an error code.
+        raw_check(unsafe { (self.raw.func_set_attribute)(function.0, attribute, value) })
+    }
+
+    fn occupancy(&self, function: Self::Function, block_size: i32, dynamic_shared_mem: u64, flags: u32) -> CudaResult<i32> {
+        let dynamic_shared_mem = usize::try_from(dynamic_shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
+        let mut blocks = 0;
+        // SAFETY: valid out-pointer; `function` belongs to a loaded module.
+        check(unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&mut blocks, function.0, block_size, dynamic_shared_mem, flags)
+                .result()
+        })?;
+        Ok(blocks)
+    }
+
+    fn stream_create(&self, flags: u32, priority: i32) -> CudaResult<Self::Stream> {
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; cudaStreamNonBlocking equals CU_STREAM_NON_BLOCKING.
+        check(unsafe { sys::cuStreamCreateWithPriority(&mut stream, flags, priority).result() })?;
+        Ok(Handle(stream))
+    }
+
+    fn stream_destroy(&self, stream: Self::Stream) -> CudaResult<()> {
+        // SAFETY: the session removed the stream from its map before destroying it.
+        check(unsafe { result::stream::destroy(stream.0) })
+    }
+
+    fn stream_query(&self, stream: Self::Stream) -> CudaResult<()> {
+        // SAFETY: the stream is the null stream or one of the session's streams.
+        check(unsafe { sys::cuStreamQuery(stream.0).result() })
+    }
+
+    fn stream_wait_event(&self, stream: Self::Stream, event: Self::Event, flags: u32) -> CudaResult<()> {
+        // SAFETY: both handles belong to the session.
+        check(unsafe { sys::cuStreamWaitEvent(stream.0, event.0, flags).result() })
+    }
+
+    fn event_create(&self, flags: u32) -> CudaResult<Self::Event> {
+        let mut event = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the runtime's event flags equal the driver's.
+        check(unsafe { sys::cuEventCreate(&mut event, flags).result() })?;
+        Ok(Handle(event))
+    }
+
+    fn event_record(&self, event: Self::Event, stream: Self::Stream, flags: u32) -> CudaResult<()> {
+        // SAFETY: both handles belong to the session.
+        check(unsafe { sys::cuEventRecordWithFlags(event.0, stream.0, flags).result() })
+    }
+
+    fn event_query(&self, event: Self::Event) -> CudaResult<()> {
+        // SAFETY: the event belongs to the session.
+        check(unsafe { sys::cuEventQuery(event.0).result() })
+    }
+
+    fn event_synchronize(&self, event: Self::Event) -> CudaResult<()> {
+        // SAFETY: the event belongs to the session.
+        check(unsafe { result::event::synchronize(event.0) })
+    }
+
+    fn event_elapsed(&self, start: Self::Event, end: Self::Event) -> CudaResult<f32> {
+        let mut milliseconds = 0.0;
+        // SAFETY: valid out-pointer; both events belong to the session.
+        check(unsafe { sys::cuEventElapsedTime_v2(&mut milliseconds, start.0, end.0).result() })?;
+        Ok(milliseconds)
+    }
+
+    fn event_destroy(&self, event: Self::Event) -> CudaResult<()> {
+        // SAFETY: the session removed the event from its map before destroying it.
+        check(unsafe { result::event::destroy(event.0) })
+    }
+
+    fn synchronize(&self) -> CudaResult<()> {
+        check(result::ctx::synchronize())
+    }
+
+    fn set_limit(&self, limit: u32, value: u64) -> CudaResult<()> {
+        let limit = c_int::try_from(limit).map_err(|_| CudaError::INVALID_VALUE)?;
+        let value = usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE)?;
+        // SAFETY: cudaLimit numbers equal CUlimit numbers; unknown ones are an error code.
+        raw_check(unsafe { (self.raw.ctx_set_limit)(limit, value) })
+    }
+
+    fn get_limit(&self, limit: u32) -> CudaResult<u64> {
+        let limit = c_int::try_from(limit).map_err(|_| CudaError::INVALID_VALUE)?;
+        let mut value = 0usize;
+        // SAFETY: valid out-pointer; unknown limits are an error code.
+        raw_check(unsafe { (self.raw.ctx_get_limit)(&mut value, limit) })?;
+        Ok(value as u64)
+    }
+}

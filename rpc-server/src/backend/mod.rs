@@ -1,0 +1,97 @@
+//! Device backends: the CUDA driver (cudarc, loaded at run time) and the emulated host-memory
+//! device for machines without a GPU. The session layer (`session.rs`) implements the op table
+//! once, with validation, quotas and handle maps; a backend only provides these primitives.
+
+pub mod cuda;
+pub mod emulated;
+
+use flyt_protocol::device::DeviceInfo;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::{Dim3, FuncAttributes, ParamInfo};
+
+/// Which backend serves the sessions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// The CUDA driver API on a real GPU.
+    Cuda,
+    /// Host memory only; kernels cannot run.
+    Emulated,
+    /// CUDA when a driver and a GPU are present, else emulated.
+    Auto,
+}
+
+/// What a device backend does for a session. Every method is called from the session's reader
+/// thread except the blocking waits (`event_synchronize`, `synchronize`, `finish_dtoh`), which run
+/// on waiter threads that called `bind_thread` first.
+pub trait Device: Send + Sync + 'static {
+    type Stream: Copy + Send + Sync + 'static;
+    type Event: Copy + Send + Sync + 'static;
+    type Module: Send + 'static;
+    type Function: Copy + Send + Sync + 'static;
+    /// A host buffer the device copies from or into asynchronously (pinned memory on CUDA).
+    type Staging: Send + 'static;
+    /// A device-to-host copy in flight.
+    type PendingCopy: Send + 'static;
+
+    /// The device as the hardware reports it (the session applies its slice on top).
+    fn info(&self) -> DeviceInfo;
+    fn driver_version(&self) -> i32;
+    fn emulated(&self) -> bool;
+    /// Makes the device current on the calling thread.
+    fn bind_thread(&self) -> CudaResult<()>;
+
+    fn null_stream(&self) -> Self::Stream;
+
+    fn malloc(&self, size: u64) -> CudaResult<u64>;
+    fn free(&self, ptr: u64) -> CudaResult<()>;
+    fn mem_get_info(&self) -> CudaResult<(u64, u64)>;
+
+    /// A staging buffer of `len` bytes (at most the copy chunk); may wait for one to free up.
+    fn staging(&self, len: usize) -> CudaResult<Self::Staging>;
+    fn staging_bytes(staging: &mut Self::Staging) -> &mut [u8];
+    /// Queues a copy from a filled staging buffer; the buffer is reused once the copy is done.
+    fn copy_htod(&self, dst: u64, src: Self::Staging, stream: Self::Stream) -> CudaResult<()>;
+    /// Queues a copy into a staging buffer.
+    fn start_dtoh(&self, src: u64, dst: Self::Staging, stream: Self::Stream) -> CudaResult<Self::PendingCopy>;
+    /// Waits for a device-to-host copy and gives its bytes to `consume`.
+    fn finish_dtoh(&self, pending: Self::PendingCopy, consume: &mut dyn FnMut(CudaResult<&[u8]>));
+    fn copy_dtod(&self, dst: u64, src: u64, len: u64, stream: Self::Stream) -> CudaResult<()>;
+    fn memset(&self, dst: u64, value: u8, len: u64, stream: Self::Stream) -> CudaResult<()>;
+
+    fn load_module(&self, image: &[u8]) -> CudaResult<Self::Module>;
+    /// A kernel and its parameter layout, from the driver.
+    fn function(&self, module: &Self::Module, name: &str) -> CudaResult<(Self::Function, Vec<ParamInfo>)>;
+    /// A module variable's device address and size.
+    fn variable(&self, module: &Self::Module, name: &str) -> CudaResult<(u64, u64)>;
+    fn unload_module(&self, module: Self::Module) -> CudaResult<()>;
+    /// Launches with arguments packed by the kernel's parameter layout.
+    fn launch(
+        &self,
+        function: Self::Function,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        stream: Self::Stream,
+        args: &mut [u8],
+    ) -> CudaResult<()>;
+    fn func_attributes(&self, function: Self::Function) -> CudaResult<FuncAttributes>;
+    fn func_set_attribute(&self, function: Self::Function, attribute: u32, value: i32) -> CudaResult<()>;
+    fn occupancy(&self, function: Self::Function, block_size: i32, dynamic_shared_mem: u64, flags: u32) -> CudaResult<i32>;
+
+    fn stream_create(&self, flags: u32, priority: i32) -> CudaResult<Self::Stream>;
+    fn stream_destroy(&self, stream: Self::Stream) -> CudaResult<()>;
+    /// `Err(NOT_READY)` while work is pending.
+    fn stream_query(&self, stream: Self::Stream) -> CudaResult<()>;
+    fn stream_wait_event(&self, stream: Self::Stream, event: Self::Event, flags: u32) -> CudaResult<()>;
+
+    fn event_create(&self, flags: u32) -> CudaResult<Self::Event>;
+    fn event_record(&self, event: Self::Event, stream: Self::Stream, flags: u32) -> CudaResult<()>;
+    fn event_query(&self, event: Self::Event) -> CudaResult<()>;
+    fn event_synchronize(&self, event: Self::Event) -> CudaResult<()>;
+    fn event_elapsed(&self, start: Self::Event, end: Self::Event) -> CudaResult<f32>;
+    fn event_destroy(&self, event: Self::Event) -> CudaResult<()>;
+
+    fn synchronize(&self) -> CudaResult<()>;
+    fn set_limit(&self, limit: u32, value: u64) -> CudaResult<()>;
+    fn get_limit(&self, limit: u32) -> CudaResult<u64>;
+}

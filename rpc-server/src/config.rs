@@ -1,0 +1,111 @@
+//! Command-line settings; every flag can also come from the environment (`FLYT_RPC_*`).
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use anyhow::{Context, bail};
+
+use crate::backend::BackendKind;
+
+/// A byte count: a plain number or one with a unit (`512MiB`, `16GiB`, `4M`, `1G`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let number: u64 = number.parse().map_err(|_| format!("'{text}' is not a byte count (try 4096, 512MiB or 16GiB)"))?;
+        let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            "t" | "tb" | "tib" => 1 << 40,
+            other => return Err(format!("unknown unit '{other}' in '{text}' (use KiB, MiB, GiB or TiB)")),
+        };
+        number.checked_mul(scale).map(ByteSize).ok_or_else(|| format!("'{text}' is too large"))
+    }
+}
+
+/// `flyt-rpc-server` settings.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServerArgs {
+    /// Where to listen: `host:port` (TCP; port 0 picks one) or `unix:/path`. Repeatable.
+    #[arg(long, env = "FLYT_RPC_LISTEN", value_delimiter = ',')]
+    pub listen: Vec<String>,
+    /// Which device serves sessions.
+    #[arg(long, env = "FLYT_RPC_DEVICE", value_enum, default_value = "auto")]
+    pub device: BackendKind,
+    /// CUDA ordinal of the GPU this server serves.
+    #[arg(long, env = "FLYT_RPC_GPU", default_value_t = 0)]
+    pub gpu: u32,
+    /// Device memory all sessions together may hold (default: the whole GPU).
+    #[arg(long, env = "FLYT_RPC_MEMORY_QUOTA")]
+    pub memory_quota: Option<ByteSize>,
+    /// SM share in percent; workers run with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set to it.
+    #[arg(long, env = "FLYT_RPC_SM_PERCENTAGE", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub sm_percentage: u32,
+    /// File holding the cluster key; when set, every session must present a valid token.
+    #[arg(long, env = "FLYT_CLUSTER_KEY_FILE")]
+    pub cluster_key_file: Option<PathBuf>,
+    /// The allocation this server serves; tokens must name it.
+    #[arg(long, env = "FLYT_RPC_ALLOCATION")]
+    pub allocation: Option<String>,
+    /// Workers kept ready (device open) for new sessions.
+    #[arg(long, env = "FLYT_RPC_WARM_WORKERS", default_value_t = 2)]
+    pub warm_workers: usize,
+    /// Largest copy chunk per frame.
+    #[arg(long, env = "FLYT_RPC_COPY_CHUNK", default_value = "4MiB")]
+    pub copy_chunk: ByteSize,
+    /// Pinned staging buffers per session (each one copy chunk).
+    #[arg(long, env = "FLYT_RPC_STAGING_SLOTS", default_value_t = 8)]
+    pub staging_slots: usize,
+    /// Microseconds a session polls a short wait itself before handing it to a waiter thread.
+    #[arg(long, env = "FLYT_RPC_INLINE_WAIT_US", default_value_t = 20)]
+    pub inline_wait_us: u64,
+    /// Seconds a new connection has to send its hello.
+    #[arg(long, env = "FLYT_RPC_HANDSHAKE_TIMEOUT", default_value_t = 10)]
+    pub handshake_timeout_secs: u64,
+    /// Memory of the emulated device.
+    #[arg(long, env = "FLYT_RPC_EMULATED_MEMORY", default_value = "16GiB")]
+    pub emulated_memory: ByteSize,
+    /// SMs the emulated device reports.
+    #[arg(long, env = "FLYT_RPC_EMULATED_SMS", default_value_t = 132)]
+    pub emulated_sms: u32,
+}
+
+/// Reads the cluster key: the file's bytes without surrounding whitespace; refuses a key that
+/// others can read or one too short to be a secret.
+pub fn read_cluster_key(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use std::os::unix::fs::PermissionsExt;
+    let metadata = std::fs::metadata(path).with_context(|| format!("cluster key {}", path.display()))?;
+    if metadata.permissions().mode() & 0o077 != 0 {
+        bail!("cluster key {} is readable by others: chmod 600 it", path.display());
+    }
+    let key = std::fs::read(path).with_context(|| format!("reading cluster key {}", path.display()))?;
+    let key = key.trim_ascii().to_vec();
+    if key.len() < 16 {
+        bail!("cluster key {} is shorter than 16 bytes", path.display());
+    }
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_parse_with_units_and_refuse_junk() {
+        assert_eq!("4096".parse(), Ok(ByteSize(4096)));
+        assert_eq!("512MiB".parse(), Ok(ByteSize(512 << 20)));
+        assert_eq!("16 GiB".parse(), Ok(ByteSize(16 << 30)));
+        assert_eq!("4m".parse(), Ok(ByteSize(4 << 20)));
+        assert!("12 parsecs".parse::<ByteSize>().is_err());
+        assert!("GiB".parse::<ByteSize>().is_err());
+        assert!("99999999999TiB".parse::<ByteSize>().is_err());
+    }
+}

@@ -1,0 +1,13 @@
+//! `flyt-rpc-server`: one listening server per GPU slice. Each session's GPU work runs in a
+//! worker process of its own (a fatal kernel fault poisons every CUDA context of its process),
+//! against a `Device` backend: the CUDA driver, or the emulated host-memory device.
+
+pub mod backend;
+pub mod budget;
+pub mod config;
+pub mod listener;
+pub mod memory;
+pub mod session;
+pub mod transport;
+pub mod waiters;
+pub mod worker;

@@ -1,0 +1,496 @@
+//! The listening server: accepts sessions on TCP and Unix sockets, checks each client's hello
+//! (protocol, ABI, token) and hands the connection to a warm worker process, which talks to the
+//! client directly from then on. It never touches the GPU itself.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use flyt_protocol::CudaError;
+use flyt_protocol::frame::{FrameLimits, encode_into, read_value, write_value};
+use flyt_protocol::handshake::{CUDA_ABI_MAJOR, Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
+use flyt_protocol::worker::{FromWorker, ToWorker};
+use nix::sys::socket::{AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, recv, sendmsg, socketpair};
+
+use crate::backend::BackendKind;
+use crate::budget::{BUDGET_SLOTS, MemoryBudget, SharedBudget};
+use crate::config::ServerArgs;
+use crate::transport::Connection;
+
+/// Handshakes in progress at once; more connections are closed at once (a flood of idle
+/// connections must not pin threads).
+const MAX_PENDING_HANDSHAKES: usize = 128;
+
+struct WarmWorker {
+    pid: u32,
+    channel: Arc<OwnedFd>,
+}
+
+struct SessionRecord {
+    hello: Hello,
+    worker_pid: u32,
+    slot: usize,
+    started_at: u64,
+}
+
+/// Shared state of the listening server.
+pub struct Server {
+    args: ServerArgs,
+    backend: Mutex<BackendKind>,
+    budget_fd: OwnedFd,
+    budget: SharedBudget,
+    free_slots: Mutex<Vec<usize>>,
+    warm: Mutex<VecDeque<WarmWorker>>,
+    warm_changed: Condvar,
+    last_worker_failure: Mutex<Option<String>>,
+    starting: AtomicUsize,
+    sessions: Mutex<HashMap<u64, SessionRecord>>,
+    workers: Mutex<HashMap<u32, usize>>,
+    next_session: AtomicU64,
+    pending_handshakes: AtomicUsize,
+    shutting_down: AtomicBool,
+    cluster_key: Option<Vec<u8>>,
+    unix_paths: Mutex<Vec<PathBuf>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
+}
+
+impl Server {
+    fn take_slot(&self) -> Option<usize> {
+        lock(&self.free_slots).pop()
+    }
+
+    /// Starts one warm worker; its monitor thread adds it to the pool once its device is open.
+    fn spawn_worker(self: &Arc<Self>) -> anyhow::Result<()> {
+        let slot = self.take_slot().context("too many workers alive")?;
+        let (listener_end, worker_end) =
+            socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).context("socketpair")?;
+        let backend = *lock(&self.backend);
+        let args = &self.args;
+        let mut command = Command::new(std::env::current_exe().context("own executable")?);
+        command
+            .arg("worker")
+            .args(["--backend", if backend == BackendKind::Emulated { "emulated" } else { "cuda" }])
+            .args(["--gpu", &args.gpu.to_string()])
+            .args(["--budget-slot", &slot.to_string()])
+            .args(["--copy-chunk", &args.copy_chunk.0.to_string()])
+            .args(["--staging-slots", &args.staging_slots.to_string()])
+            .args(["--emulated-memory", &args.emulated_memory.0.to_string()])
+            .args(["--emulated-sms", &args.emulated_sms.to_string()])
+            .args(["--sm-percentage", &args.sm_percentage.to_string()])
+            .args(["--inline-wait-us", &args.inline_wait_us.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        if args.sm_percentage < 100 {
+            command.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", args.sm_percentage.to_string());
+        }
+        let (channel_raw, budget_raw) = (worker_end.as_raw_fd(), self.budget_fd.as_raw_fd());
+        // SAFETY: between fork and exec only async-signal-safe calls run (fcntl, dup2, prctl,
+        // sigprocmask), on descriptors this process owns. The descriptors are first copied above
+        // 10 so that placing them at 3 and 4 cannot overwrite one with the other, and dup2 clears
+        // close-on-exec on the copies the worker keeps.
+        unsafe {
+            command.pre_exec(move || {
+                let channel = libc::fcntl(channel_raw, libc::F_DUPFD_CLOEXEC, 10);
+                let budget = libc::fcntl(budget_raw, libc::F_DUPFD_CLOEXEC, 10);
+                if channel < 0
+                    || budget < 0
+                    || libc::dup2(channel, crate::worker::CHANNEL_FD) < 0
+                    || libc::dup2(budget, crate::worker::BUDGET_FD) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // A worker must not outlive its listener.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                // The listener blocks termination signals to take them on one thread; the worker
+                // must receive them.
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        self.starting.fetch_add(1, Ordering::AcqRel);
+        let child = match command.spawn() {
+            Ok(child) => child,
+            Err(error) => {
+                self.starting.fetch_sub(1, Ordering::AcqRel);
+                lock(&self.free_slots).push(slot);
+                return Err(error).context("spawning a worker");
+            }
+        };
+        drop(worker_end);
+        let pid = child.id();
+        lock(&self.workers).insert(pid, slot);
+        let server = self.clone();
+        std::thread::Builder::new()
+            .name(format!("flyt-worker-{pid}"))
+            .spawn(move || server.monitor_worker(child, Arc::new(listener_end), slot))
+            .context("worker monitor thread")?;
+        Ok(())
+    }
+
+    /// Follows one worker from start to exit, then cleans up after it.
+    fn monitor_worker(self: Arc<Self>, mut child: std::process::Child, channel: Arc<OwnedFd>, slot: usize) {
+        let pid = child.id();
+        let mut buf = vec![0u8; 64 << 10];
+        let first = recv(channel.as_raw_fd(), &mut buf, MsgFlags::empty())
+            .ok()
+            .filter(|len| *len > 0)
+            .and_then(|len| flyt_protocol::frame::decode_exact::<FromWorker>(&buf[..len]).ok());
+        self.starting.fetch_sub(1, Ordering::AcqRel);
+        match first {
+            Some(FromWorker::Ready { .. }) => {
+                lock(&self.warm).push_back(WarmWorker { pid, channel: channel.clone() });
+            }
+            Some(FromWorker::Failed { reason }) => {
+                tracing::error!(worker = pid, %reason, "worker could not open the device");
+                *lock(&self.last_worker_failure) = Some(reason);
+            }
+            None => {
+                *lock(&self.last_worker_failure) = Some("worker exited during start-up".into());
+            }
+        }
+        self.warm_changed.notify_all();
+        // Block until the worker exits (its end of the channel closes).
+        while matches!(recv(channel.as_raw_fd(), &mut buf, MsgFlags::empty()), Ok(len) if len > 0) {}
+        let status = child.wait().map(|status| status.to_string()).unwrap_or_else(|error| error.to_string());
+        lock(&self.warm).retain(|worker| worker.pid != pid);
+        lock(&self.workers).remove(&pid);
+        let ended: Vec<u64> =
+            lock(&self.sessions).iter().filter(|(_, record)| record.worker_pid == pid).map(|(id, _)| *id).collect();
+        for session_id in ended {
+            if let Some(record) = lock(&self.sessions).remove(&session_id) {
+                let held = self.budget.slot_used(record.slot);
+                tracing::info!(
+                    session_id,
+                    worker = pid,
+                    %status,
+                    program = %record.hello.client.program,
+                    leaked_bytes_reclaimed = held,
+                    "session {session_id} closed"
+                );
+            }
+        }
+        self.budget.reclaim(slot);
+        lock(&self.free_slots).push(slot);
+    }
+
+    /// Takes a warm worker, starting more as needed; `Err` explains why none is available.
+    fn take_warm(self: &Arc<Self>, timeout: Duration) -> Result<WarmWorker, String> {
+        let deadline = Instant::now() + timeout;
+        let mut warm = lock(&self.warm);
+        loop {
+            if let Some(worker) = warm.pop_front() {
+                drop(warm);
+                self.refill();
+                return Ok(worker);
+            }
+            if self.starting.load(Ordering::Acquire) == 0 {
+                drop(warm);
+                if let Err(error) = self.spawn_worker() {
+                    return Err(format!("{error:#}"));
+                }
+                warm = lock(&self.warm);
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let failure = lock(&self.last_worker_failure).clone();
+                return Err(failure.unwrap_or_else(|| "no worker became ready in time".into()));
+            }
+            warm = self.warm_changed.wait_timeout(warm, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            if let Some(failure) = lock(&self.last_worker_failure).take()
+                && warm.is_empty()
+                && self.starting.load(Ordering::Acquire) == 0
+            {
+                return Err(failure);
+            }
+        }
+    }
+
+    /// Keeps the configured number of workers warm.
+    fn refill(self: &Arc<Self>) {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return;
+        }
+        let have = lock(&self.warm).len() + self.starting.load(Ordering::Acquire);
+        for _ in have..self.args.warm_workers {
+            if let Err(error) = self.spawn_worker() {
+                tracing::warn!("{error:#}");
+                break;
+            }
+        }
+    }
+
+    fn refuse(connection: &mut Connection, peer: &str, error: CudaError, reason: String) {
+        tracing::warn!(%peer, %reason, "session refused");
+        let _ = write_value(connection, 0, &HelloReply::Refused { error: error.code(), reason });
+    }
+
+    /// Checks a hello; `Err` is the error and reason the client is given.
+    fn check_hello(&self, hello: &Hello) -> Result<(), (CudaError, String)> {
+        if hello.magic != MAGIC {
+            return Err((CudaError::DEVICES_UNAVAILABLE, "not a Flyt client".into()));
+        }
+        if hello.protocol_version != PROTOCOL_VERSION {
+            return Err((
+                CudaError::INSUFFICIENT_DRIVER,
+                format!("protocol version {} is not this server's ({PROTOCOL_VERSION}): upgrade the older side", hello.protocol_version),
+            ));
+        }
+        if hello.cuda_abi_major != CUDA_ABI_MAJOR {
+            return Err((
+                CudaError::INSUFFICIENT_DRIVER,
+                format!("the app uses CUDA {}, this server serves CUDA {CUDA_ABI_MAJOR}", hello.cuda_abi_major),
+            ));
+        }
+        if let Some(key) = &self.cluster_key {
+            let token = hello.token.as_deref().ok_or((CudaError::NOT_PERMITTED, "this server needs a session token".into()))?;
+            flyt_protocol::token::verify(key, token, unix_now(), self.args.allocation.as_deref())
+                .map_err(|error| (CudaError::NOT_PERMITTED, format!("session token refused: {error}")))?;
+        }
+        Ok(())
+    }
+
+    /// Runs one client's handshake and hands the connection to a worker.
+    fn admit(self: &Arc<Self>, mut connection: Connection, peer: String) {
+        let _ = connection.set_read_timeout(Some(Duration::from_secs(self.args.handshake_timeout_secs)));
+        let limits = FrameLimits { max_message: 64 << 10, max_bulk: 0 };
+        let hello: Hello = match read_value(&mut connection, &limits) {
+            Ok((_, hello)) => hello,
+            Err(error) => {
+                tracing::warn!(%peer, %error, "connection closed before a valid hello");
+                return;
+            }
+        };
+        if let Err((error, reason)) = self.check_hello(&hello) {
+            return Self::refuse(&mut connection, &peer, error, reason);
+        }
+        let worker = match self.take_warm(Duration::from_secs(60)) {
+            Ok(worker) => worker,
+            Err(reason) => {
+                return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, format!("no GPU worker: {reason}"));
+            }
+        };
+        let _ = connection.set_read_timeout(None);
+        let session_id = self.next_session.fetch_add(1, Ordering::AcqRel);
+        let tcp = connection.is_tcp();
+        let client = hello.client.clone();
+        let command = ToWorker::Serve { session_id, hello: hello.clone(), tcp, peer: peer.clone() };
+        let mut bytes = Vec::new();
+        encode_into(&command, &mut bytes);
+        let fds = [std::os::fd::AsFd::as_fd(&connection).as_raw_fd()];
+        let sent = sendmsg::<()>(
+            worker.channel.as_raw_fd(),
+            &[std::io::IoSlice::new(&bytes)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        );
+        if let Err(error) = sent {
+            return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, format!("worker unavailable: {error}"));
+        }
+        let slot = lock(&self.workers).get(&worker.pid).copied().unwrap_or(0);
+        lock(&self.sessions).insert(session_id, SessionRecord { hello, worker_pid: worker.pid, slot, started_at: unix_now() });
+        tracing::info!(
+            "session {session_id} opened: program={} pid={} host={} transport={} peer={peer} worker={}",
+            client.program,
+            client.pid,
+            client.hostname,
+            if tcp { "tcp" } else { "unix" },
+            worker.pid
+        );
+    }
+
+    fn accept_connection(self: &Arc<Self>, connection: Connection, peer: String) {
+        if self.pending_handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_HANDSHAKES {
+            self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(%peer, "too many pending handshakes: connection dropped");
+            return;
+        }
+        let server = self.clone();
+        let spawned = std::thread::Builder::new().name("flyt-handshake".into()).spawn(move || {
+            server.admit(connection, peer);
+            server.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
+        });
+        if spawned.is_err() {
+            self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Kills every worker and removes socket files.
+    fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        for pid in lock(&self.workers).keys() {
+            if let Ok(pid) = i32::try_from(*pid) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+            }
+        }
+        for path in lock(&self.unix_paths).iter() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Live sessions, for status reports.
+    pub fn session_count(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// Bytes all sessions hold.
+    pub fn memory_used(&self) -> u64 {
+        self.budget.used()
+    }
+}
+
+enum Bound {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+fn bind(address: &str, server: &Server) -> anyhow::Result<(Bound, String)> {
+    if let Some(path) = address.strip_prefix("unix:") {
+        let path = PathBuf::from(path);
+        if path.exists() {
+            // A socket file left by a dead server: reuse the path only if nobody answers there.
+            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+                bail!("{} is in use by a running server", path.display());
+            }
+            std::fs::remove_file(&path).with_context(|| format!("removing stale socket {}", path.display()))?;
+        }
+        let listener = UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+        lock(&server.unix_paths).push(path);
+        Ok((Bound::Unix(listener), address.to_string()))
+    } else {
+        let address = address.strip_prefix("tcp:").unwrap_or(address);
+        let listener = TcpListener::bind(address).with_context(|| format!("binding {address}"))?;
+        let local = listener.local_addr()?.to_string();
+        Ok((Bound::Tcp(listener), local))
+    }
+}
+
+fn tune_tcp(stream: &std::net::TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let socket = socket2_keepalive(stream);
+    if let Err(error) = socket {
+        tracing::debug!(%error, "keepalive not set");
+    }
+}
+
+/// Detects dead peers within seconds: 5 s idle, then 3 probes a second apart.
+fn socket2_keepalive(stream: &std::net::TcpStream) -> nix::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    setsockopt(stream, sockopt::KeepAlive, &true)?;
+    setsockopt(stream, sockopt::TcpKeepIdle, &5)?;
+    setsockopt(stream, sockopt::TcpKeepInterval, &1)?;
+    setsockopt(stream, sockopt::TcpKeepCount, &3)
+}
+
+fn serve_listener(server: Arc<Server>, bound: Bound) {
+    match bound {
+        Bound::Tcp(listener) => {
+            for stream in listener.incoming() {
+                match stream {
+                    Ok(stream) => {
+                        tune_tcp(&stream);
+                        let peer = stream.peer_addr().map_or_else(|_| "tcp:?".into(), |addr| addr.to_string());
+                        server.accept_connection(Connection::Tcp(stream), peer);
+                    }
+                    Err(error) => tracing::warn!(%error, "accept failed"),
+                }
+            }
+        }
+        Bound::Unix(listener) => {
+            for stream in listener.incoming() {
+                match stream {
+                    Ok(stream) => server.accept_connection(Connection::Unix(stream), "unix".into()),
+                    Err(error) => tracing::warn!(%error, "accept failed"),
+                }
+            }
+        }
+    }
+}
+
+/// Runs the listening server until SIGTERM or SIGINT.
+pub fn run(args: ServerArgs) -> anyhow::Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    // Take termination signals on one thread (blocked everywhere else, inherited by threads).
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals.thread_block().context("blocking signals")?;
+
+    let cluster_key = match &args.cluster_key_file {
+        Some(path) => Some(crate::config::read_cluster_key(path)?),
+        None => None,
+    };
+    if args.listen.is_empty() {
+        bail!("nothing to listen on: give --listen host:port or --listen unix:/path");
+    }
+    let (budget_fd, budget) = SharedBudget::create(args.memory_quota.map(|quota| quota.0)).context("budget page")?;
+    let server = Arc::new(Server {
+        backend: Mutex::new(if args.device == BackendKind::Emulated { BackendKind::Emulated } else { BackendKind::Cuda }),
+        budget_fd,
+        budget,
+        free_slots: Mutex::new((0..BUDGET_SLOTS).rev().collect()),
+        warm: Mutex::new(VecDeque::new()),
+        warm_changed: Condvar::new(),
+        last_worker_failure: Mutex::new(None),
+        starting: AtomicUsize::new(0),
+        sessions: Mutex::new(HashMap::new()),
+        workers: Mutex::new(HashMap::new()),
+        next_session: AtomicU64::new(1),
+        pending_handshakes: AtomicUsize::new(0),
+        shutting_down: AtomicBool::new(false),
+        cluster_key,
+        unix_paths: Mutex::new(Vec::new()),
+        args,
+    });
+
+    // Open the device once before announcing readiness, so a bad GPU or a missing driver is a
+    // start-up error rather than a refused first session.
+    let first = server.take_warm(Duration::from_secs(120));
+    let first = match first {
+        Ok(worker) => worker,
+        Err(reason) if server.args.device == BackendKind::Auto => {
+            tracing::warn!(%reason, "no usable GPU: serving the emulated device (host memory, no kernels)");
+            *lock(&server.backend) = BackendKind::Emulated;
+            *lock(&server.last_worker_failure) = None;
+            server.take_warm(Duration::from_secs(60)).map_err(|reason| anyhow::anyhow!(reason))?
+        }
+        Err(reason) => bail!("cannot open the device: {reason}"),
+    };
+    lock(&server.warm).push_front(first);
+
+    let mut announced = Vec::new();
+    for address in &server.args.listen {
+        let (bound, shown) = bind(address, &server)?;
+        announced.push(shown);
+        let server = server.clone();
+        std::thread::Builder::new().name("flyt-accept".into()).spawn(move || serve_listener(server, bound))?;
+    }
+    tracing::info!(backend = ?*lock(&server.backend), gpu = server.args.gpu, "serving");
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "flyt-rpc-server listening on {}", announced.join(" "))?;
+    stdout.flush()?;
+
+    let signal = signals.wait().context("waiting for signals")?;
+    tracing::info!(?signal, "shutting down");
+    server.shutdown();
+    Ok(())
+}

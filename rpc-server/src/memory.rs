@@ -1,0 +1,141 @@
+//! Each session's device memory: a range map that validates every copy and memset range (a bad
+//! pointer is `cudaErrorInvalidValue`, never a device fault) and counts usage against the quota.
+
+use std::collections::BTreeMap;
+
+use flyt_protocol::{CudaError, error::CudaResult};
+
+/// What a range is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RangeKind {
+    /// From `cudaMalloc`: freeable, counted against the quota.
+    Allocation,
+    /// A module's `__device__`/`__constant__` variable: copyable, never freed by the app.
+    Variable,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Range {
+    len: u64,
+    kind: RangeKind,
+}
+
+/// The device ranges a session may touch.
+#[derive(Debug, Default)]
+pub struct RangeMap {
+    ranges: BTreeMap<u64, Range>,
+    allocated: u64,
+}
+
+impl RangeMap {
+    /// Records a new range. Overlaps would mean the driver handed out the same memory twice.
+    pub fn insert(&mut self, start: u64, len: u64, kind: RangeKind) {
+        if kind == RangeKind::Allocation {
+            self.allocated += len;
+        }
+        self.ranges.insert(start, Range { len, kind });
+    }
+
+    /// Removes an allocation that starts exactly at `start`; anything else is
+    /// `cudaErrorInvalidValue`, as `cudaFree` of a pointer into the middle of a block is.
+    pub fn remove_allocation(&mut self, start: u64) -> CudaResult<u64> {
+        match self.ranges.get(&start) {
+            Some(range) if range.kind == RangeKind::Allocation => {
+                let len = range.len;
+                self.ranges.remove(&start);
+                self.allocated -= len;
+                Ok(len)
+            }
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    /// Removes every range of `kind` starting in `[start, start + len)` (a module's variables).
+    pub fn remove_within(&mut self, start: u64, len: u64, kind: RangeKind) {
+        let doomed: Vec<u64> = self
+            .ranges
+            .range(start..start.saturating_add(len))
+            .filter(|(_, range)| range.kind == kind)
+            .map(|(begin, _)| *begin)
+            .collect();
+        for begin in doomed {
+            self.remove_exact(begin);
+        }
+    }
+
+    fn remove_exact(&mut self, start: u64) {
+        if let Some(range) = self.ranges.remove(&start)
+            && range.kind == RangeKind::Allocation
+        {
+            self.allocated -= range.len;
+        }
+    }
+
+    /// Checks that `[ptr, ptr + len)` lies inside one known range. A zero-length range is valid
+    /// anywhere, as CUDA treats zero-byte copies as no-ops.
+    pub fn check(&self, ptr: u64, len: u64) -> CudaResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let Some((start, range)) = self.ranges.range(..=ptr).next_back() else {
+            return Err(CudaError::INVALID_VALUE);
+        };
+        let end = start.checked_add(range.len).ok_or(CudaError::INVALID_VALUE)?;
+        match ptr.checked_add(len) {
+            Some(last) if last <= end => Ok(()),
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    /// Bytes held by allocations.
+    pub fn allocated(&self) -> u64 {
+        self.allocated
+    }
+
+    /// Every allocation's start, for freeing them all.
+    pub fn allocations(&self) -> Vec<u64> {
+        self.ranges.iter().filter(|(_, range)| range.kind == RangeKind::Allocation).map(|(start, _)| *start).collect()
+    }
+
+    /// Forgets all allocations (after the device freed them).
+    pub fn clear_allocations(&mut self) {
+        self.ranges.retain(|_, range| range.kind != RangeKind::Allocation);
+        self.allocated = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_checked_inside_one_block() {
+        let mut map = RangeMap::default();
+        map.insert(0x1000, 0x100, RangeKind::Allocation);
+        map.insert(0x1100, 0x100, RangeKind::Allocation);
+        assert_eq!(map.check(0x1000, 0x100), Ok(()));
+        assert_eq!(map.check(0x10ff, 1), Ok(()));
+        // Adjacent blocks are still two blocks: a copy may not span them.
+        assert_eq!(map.check(0x10ff, 2), Err(CudaError::INVALID_VALUE));
+        assert_eq!(map.check(0xfff, 1), Err(CudaError::INVALID_VALUE));
+        assert_eq!(map.check(0x1100, 0x101), Err(CudaError::INVALID_VALUE));
+        assert_eq!(map.check(u64::MAX, 2), Err(CudaError::INVALID_VALUE));
+        assert_eq!(map.check(0xdead, 0), Ok(()));
+    }
+
+    #[test]
+    fn only_exact_allocation_starts_are_freed() {
+        let mut map = RangeMap::default();
+        map.insert(0x1000, 0x100, RangeKind::Allocation);
+        map.insert(0x9000, 0x10, RangeKind::Variable);
+        assert_eq!(map.allocated(), 0x100);
+        assert_eq!(map.remove_allocation(0x1001), Err(CudaError::INVALID_VALUE));
+        assert_eq!(map.remove_allocation(0x9000), Err(CudaError::INVALID_VALUE));
+        assert_eq!(map.remove_allocation(0x1000), Ok(0x100));
+        assert_eq!(map.allocated(), 0);
+        assert_eq!(map.check(0x1000, 1), Err(CudaError::INVALID_VALUE));
+        assert_eq!(map.check(0x9000, 0x10), Ok(()));
+        map.remove_within(0x9000, 0x100, RangeKind::Variable);
+        assert_eq!(map.check(0x9000, 1), Err(CudaError::INVALID_VALUE));
+    }
+}

@@ -1,0 +1,682 @@
+//! One session: the op table implemented once over any `Device`, with every check the server
+//! owes its tenants. Device ranges are validated before any copy or memset reaches the device;
+//! stream, event, module and kernel ids are the session's own; memory counts against the
+//! allocation's quota; blocking waits run on waiter threads; everything is released when the
+//! session ends, however it ends.
+
+use std::collections::HashMap;
+use std::io::{BufReader, Read};
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::frame::{FrameError, FrameLimits, read_full, read_message};
+use flyt_protocol::ops::{BulkDirection, FunctionInfo, Op, OpClass, ParamInfo, Request, VariableInfo, rep, req};
+use serde::Serialize;
+
+use crate::backend::Device;
+use crate::budget::MemoryBudget;
+use crate::memory::{RangeKind, RangeMap};
+use crate::transport::{Connection, Outbox};
+use crate::waiters::Waiters;
+
+/// Answers one request. Dropping it unanswered is a server bug, reported to the client as
+/// `cudaErrorUnknown` rather than leaving the client waiting.
+pub struct Responder<T: Serialize> {
+    seq: u32,
+    class: OpClass,
+    outbox: Arc<Outbox>,
+    answered: bool,
+    _reply: PhantomData<fn(T)>,
+}
+
+impl<T: Serialize> Responder<T> {
+    fn new(seq: u32, class: OpClass, outbox: Arc<Outbox>) -> Self {
+        Self { seq, class, outbox, answered: false, _reply: PhantomData }
+    }
+
+    pub fn send(self, result: CudaResult<T>) {
+        self.send_with_bulk(result, &[]);
+    }
+
+    pub fn send_with_bulk(mut self, result: CudaResult<T>, bulk: &[u8]) {
+        self.answered = true;
+        self.outbox.reply(self.seq, self.class, result.as_ref().map_err(|error| *error), bulk);
+    }
+}
+
+impl<T: Serialize> Drop for Responder<T> {
+    fn drop(&mut self) {
+        if !self.answered {
+            tracing::error!(seq = self.seq, "request dropped without a reply");
+            self.outbox.reply::<()>(self.seq, self.class, Err(CudaError::UNKNOWN), &[]);
+        }
+    }
+}
+
+/// The raw bytes that follow a request. Whatever the handler leaves unread is discarded, so the
+/// stream stays in step.
+pub struct BulkIn<'a> {
+    reader: &'a mut dyn Read,
+    remaining: u64,
+    failure: Option<FrameError>,
+}
+
+impl<'a> BulkIn<'a> {
+    fn new(reader: &'a mut dyn Read, len: u64) -> Self {
+        Self { reader, remaining: len, failure: None }
+    }
+
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Fills `buf` from the bulk bytes; `false` when the connection failed (the session ends).
+    pub fn read_into(&mut self, buf: &mut [u8]) -> bool {
+        if self.failure.is_some() || buf.len() as u64 > self.remaining {
+            return false;
+        }
+        match read_full(&mut self.reader, buf, false) {
+            Ok(()) => {
+                self.remaining -= buf.len() as u64;
+                true
+            }
+            Err(error) => {
+                self.failure = Some(error);
+                false
+            }
+        }
+    }
+
+    fn finish(mut self) -> Result<(), FrameError> {
+        if let Some(failure) = self.failure.take() {
+            return Err(failure);
+        }
+        flyt_protocol::frame::discard(&mut self.reader, self.remaining)
+    }
+}
+
+macro_rules! handler_method {
+    (-, $method:ident, $name:ident) => {
+        fn $method(&mut self, request: req::$name, reply: Responder<rep::$name>);
+    };
+    (bulk_in, $method:ident, $name:ident) => {
+        fn $method(&mut self, request: req::$name, bulk: &mut BulkIn<'_>, reply: Responder<rep::$name>);
+    };
+    (bulk_out, $method:ident, $name:ident) => {
+        fn $method(&mut self, request: req::$name, reply: Responder<rep::$name>);
+    };
+}
+
+macro_rules! handler_call {
+    (bulk_in, $handler:ident, $method:ident, $fields:ident, $bulk:ident, $reply:ident) => {
+        $handler.$method($fields, $bulk, $reply)
+    };
+    ($other:tt, $handler:ident, $method:ident, $fields:ident, $bulk:ident, $reply:ident) => {
+        $handler.$method($fields, $reply)
+    };
+}
+
+macro_rules! define_handler {
+    ($(
+        $(#[$doc:meta])*
+        $id:literal $name:ident $method:ident [$class:ident $bulk:tt]
+        { $($req_field:ident : $req_ty:ty),* $(,)? } -> { $($rep_field:ident : $rep_ty:ty),* $(,)? };
+    )*) => {
+        /// One method per row of the op table: a new op that the server does not handle is a
+        /// compile error here.
+        pub trait OpHandler {
+            $(handler_method!($bulk, $method, $name);)*
+        }
+
+        /// Routes a decoded request to its handler method with a typed responder.
+        pub fn dispatch<H: OpHandler>(handler: &mut H, request: Request, seq: u32, bulk: &mut BulkIn<'_>, outbox: &Arc<Outbox>) {
+            match request {
+                $(Request::$name(fields) => {
+                    let reply = Responder::new(seq, <req::$name as Op>::INFO.class, outbox.clone());
+                    handler_call!($bulk, handler, $method, fields, bulk, reply)
+                })*
+            }
+        }
+    };
+}
+
+flyt_protocol::for_each_op!(define_handler);
+
+/// Most streams or events one session may hold: a runaway client exhausts its own quota, not
+/// the worker's memory.
+const MAX_HANDLES: usize = 1 << 16;
+
+struct LoadedModule<D: Device> {
+    module: Option<D::Module>,
+    functions: Vec<CudaResult<(D::Function, u64)>>,
+    variables: Vec<(u64, u64)>,
+}
+
+/// Tunables of a session.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionConfig {
+    /// Largest bulk payload per copy frame (the client chunks bigger copies).
+    pub copy_chunk: u64,
+    /// How long the reader polls a wait itself before handing it to a waiter thread: short
+    /// waits (an empty kernel) then cost no thread hand-off.
+    pub inline_wait: Duration,
+    pub limits: FrameLimits,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self { copy_chunk: 4 << 20, inline_wait: Duration::from_micros(20), limits: FrameLimits::default() }
+    }
+}
+
+/// The state of one session.
+pub struct Session<D: Device> {
+    device: Arc<D>,
+    budget: Arc<dyn MemoryBudget>,
+    outbox: Arc<Outbox>,
+    waiters: Waiters,
+    config: SessionConfig,
+    ranges: RangeMap,
+    streams: HashMap<u64, D::Stream>,
+    events: HashMap<u64, D::Event>,
+    modules: HashMap<u32, LoadedModule<D>>,
+    /// Private events for waiting on streams, reused.
+    spare_events: Arc<Mutex<Vec<D::Event>>>,
+}
+
+impl<D: Device> Session<D> {
+    pub fn new(device: Arc<D>, budget: Arc<dyn MemoryBudget>, writer: Connection, config: SessionConfig) -> Self {
+        let bind_device = device.clone();
+        let bind = Arc::new(move || {
+            if let Err(error) = bind_device.bind_thread() {
+                tracing::error!(%error, "waiter could not bind the device");
+            }
+        });
+        Self {
+            device,
+            budget,
+            outbox: Arc::new(Outbox::new(writer)),
+            waiters: Waiters::new(bind),
+            config,
+            ranges: RangeMap::default(),
+            streams: HashMap::new(),
+            events: HashMap::new(),
+            modules: HashMap::new(),
+            spare_events: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Reads and handles requests until the client leaves (`Ok`) or breaks the protocol
+    /// (`Err`, with the reason to log).
+    pub fn serve(&mut self, reader: Connection) -> Result<(), FrameError> {
+        let mut reader = BufReader::with_capacity(256 << 10, reader);
+        let mut message = Vec::with_capacity(4096);
+        let outbox = self.outbox.clone();
+        loop {
+            let header = match read_message(&mut reader, &self.config.limits, &mut message) {
+                Ok(header) => header,
+                Err(FrameError::Closed) => return Ok(()),
+                Err(error) => return Err(error),
+            };
+            let request = Request::decode(&message)?;
+            let info = request.info();
+            if header.bulk_len != 0 && info.bulk != BulkDirection::In {
+                return Err(FrameError::Decode(format!("{} carries {} unexpected bulk bytes", info.name, header.bulk_len)));
+            }
+            let mut bulk = BulkIn::new(&mut reader, header.bulk_len);
+            dispatch(self, request, header.seq, &mut bulk, &outbox);
+            bulk.finish()?;
+        }
+    }
+
+    fn stream(&self, id: u64) -> CudaResult<D::Stream> {
+        if id == 0 {
+            return Ok(self.device.null_stream());
+        }
+        self.streams.get(&id).copied().ok_or(CudaError::INVALID_RESOURCE_HANDLE)
+    }
+
+    fn event(&self, id: u64) -> CudaResult<D::Event> {
+        self.events.get(&id).copied().ok_or(CudaError::INVALID_RESOURCE_HANDLE)
+    }
+
+    fn function(&self, function: flyt_protocol::ops::FunctionRef) -> CudaResult<(D::Function, u64)> {
+        let module = self.modules.get(&function.module).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+        let index = usize::try_from(function.index).map_err(|_| CudaError::INVALID_DEVICE_FUNCTION)?;
+        module.functions.get(index).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?.clone()
+    }
+
+    /// Polls `ready` for up to the inline-wait budget; `true` if it became ready.
+    fn ready_soon(&self, mut ready: impl FnMut() -> bool) -> bool {
+        let started = Instant::now();
+        loop {
+            if ready() {
+                return true;
+            }
+            if started.elapsed() >= self.config.inline_wait {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Answers `reply` once `event` (already recorded) completes, then recycles the event.
+    fn reply_when_done(&self, event: D::Event, reply: Responder<rep::StreamSynchronize>) {
+        let device = self.device.clone();
+        if self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
+            reply.send(device.event_synchronize(event).map(|()| rep::StreamSynchronize {}));
+            self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
+            return;
+        }
+        let spare = self.spare_events.clone();
+        self.waiters.run(move || {
+            reply.send(device.event_synchronize(event).map(|()| rep::StreamSynchronize {}));
+            spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
+        });
+    }
+
+    fn private_event(&self) -> CudaResult<D::Event> {
+        let recycled = self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+        match recycled {
+            Some(event) => Ok(event),
+            // cudaEventDisableTiming: waits need no timestamps, and untimed events are cheaper.
+            None => self.device.event_create(0x2),
+        }
+    }
+
+    fn release_everything(&mut self) {
+        for ptr in self.ranges.allocations() {
+            if let Ok(len) = self.ranges.remove_allocation(ptr) {
+                let _ = self.device.free(ptr);
+                self.budget.release(len);
+            }
+        }
+        for (_, stream) in self.streams.drain() {
+            let _ = self.device.stream_destroy(stream);
+        }
+        for (_, event) in self.events.drain() {
+            let _ = self.device.event_destroy(event);
+        }
+    }
+
+    /// Bytes of device memory the session holds.
+    pub fn memory_used(&self) -> u64 {
+        self.ranges.allocated()
+    }
+}
+
+impl<D: Device> Drop for Session<D> {
+    fn drop(&mut self) {
+        self.release_everything();
+        for (_, module) in self.modules.drain() {
+            if let Some(module) = module.module {
+                let _ = self.device.unload_module(module);
+            }
+        }
+        for event in self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain(..) {
+            let _ = self.device.event_destroy(event);
+        }
+    }
+}
+
+fn chunk_len(len: u64, chunk: u64) -> CudaResult<usize> {
+    usize::try_from(len.min(chunk)).map_err(|_| CudaError::INVALID_VALUE)
+}
+
+impl<D: Device> OpHandler for Session<D> {
+    fn malloc(&mut self, request: req::Malloc, reply: Responder<rep::Malloc>) {
+        if request.size == 0 {
+            // cudaMalloc(0) succeeds with a null pointer.
+            return reply.send(Ok(rep::Malloc { ptr: 0 }));
+        }
+        if !self.budget.try_reserve(request.size) {
+            return reply.send(Err(CudaError::MEMORY_ALLOCATION));
+        }
+        match self.device.malloc(request.size) {
+            Ok(ptr) => {
+                self.ranges.insert(ptr, request.size, RangeKind::Allocation);
+                reply.send(Ok(rep::Malloc { ptr }));
+            }
+            Err(error) => {
+                self.budget.release(request.size);
+                reply.send(Err(error));
+            }
+        }
+    }
+
+    fn free(&mut self, request: req::Free, reply: Responder<rep::Free>) {
+        if request.ptr == 0 {
+            return reply.send(Ok(rep::Free {}));
+        }
+        let result = self.ranges.remove_allocation(request.ptr).and_then(|len| {
+            self.budget.release(len);
+            self.device.free(request.ptr)
+        });
+        reply.send(result.map(|()| rep::Free {}));
+    }
+
+    fn mem_get_info(&mut self, _request: req::MemGetInfo, reply: Responder<rep::MemGetInfo>) {
+        let result = self.device.mem_get_info().map(|(free, total)| match self.budget.limit() {
+            Some(limit) => rep::MemGetInfo {
+                free: free.min(limit.saturating_sub(self.budget.used())),
+                total: limit.min(total),
+            },
+            None => rep::MemGetInfo { free, total },
+        });
+        reply.send(result);
+    }
+
+    fn memcpy_htod(&mut self, request: req::MemcpyHtoD, bulk: &mut BulkIn<'_>, reply: Responder<rep::MemcpyHtoD>) {
+        let len = bulk.remaining();
+        let result = (|| {
+            self.ranges.check(request.dst, len)?;
+            let stream = self.stream(request.stream)?;
+            let mut offset = 0;
+            while offset < len {
+                let mut staging = self.device.staging(chunk_len(len - offset, self.config.copy_chunk)?)?;
+                let bytes = D::staging_bytes(&mut staging);
+                let piece = bytes.len() as u64;
+                if !bulk.read_into(bytes) {
+                    // The connection broke; the session ends after this op.
+                    return Ok(());
+                }
+                self.device.copy_htod(request.dst + offset, staging, stream)?;
+                offset += piece;
+            }
+            Ok(())
+        })();
+        reply.send(result.map(|()| rep::MemcpyHtoD {}));
+    }
+
+    fn memcpy_dtoh(&mut self, request: req::MemcpyDtoH, reply: Responder<rep::MemcpyDtoH>) {
+        let started = (|| {
+            if request.len > self.config.copy_chunk {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            self.ranges.check(request.src, request.len)?;
+            let stream = self.stream(request.stream)?;
+            let staging = self.device.staging(chunk_len(request.len, self.config.copy_chunk)?)?;
+            self.device.start_dtoh(request.src, staging, stream)
+        })();
+        let pending = match started {
+            Ok(pending) => pending,
+            Err(error) => return reply.send(Err(error)),
+        };
+        let device = self.device.clone();
+        let finish = move || {
+            let mut reply = Some(reply);
+            device.finish_dtoh(pending, &mut |bytes| {
+                if let Some(reply) = reply.take() {
+                    match bytes {
+                        Ok(bytes) => reply.send_with_bulk(Ok(rep::MemcpyDtoH {}), bytes),
+                        Err(error) => reply.send(Err(error)),
+                    }
+                }
+            });
+        };
+        if self.device.emulated() {
+            finish();
+        } else {
+            self.waiters.run(finish);
+        }
+    }
+
+    fn memcpy_dtod(&mut self, request: req::MemcpyDtoD, reply: Responder<rep::MemcpyDtoD>) {
+        let result = self
+            .ranges
+            .check(request.src, request.len)
+            .and_then(|()| self.ranges.check(request.dst, request.len))
+            .and_then(|()| self.stream(request.stream))
+            .and_then(|stream| self.device.copy_dtod(request.dst, request.src, request.len, stream));
+        reply.send(result.map(|()| rep::MemcpyDtoD {}));
+    }
+
+    fn memset(&mut self, request: req::Memset, reply: Responder<rep::Memset>) {
+        let result = self
+            .ranges
+            .check(request.dst, request.len)
+            .and_then(|()| self.stream(request.stream))
+            .and_then(|stream| self.device.memset(request.dst, request.value, request.len, stream));
+        reply.send(result.map(|()| rep::Memset {}));
+    }
+
+    fn register_module(&mut self, request: req::RegisterModule, bulk: &mut BulkIn<'_>, reply: Responder<rep::RegisterModule>) {
+        let mut image = match usize::try_from(bulk.remaining()) {
+            Ok(len) => vec![0u8; len],
+            Err(_) => return reply.send(Err(CudaError::INVALID_VALUE)),
+        };
+        if !bulk.read_into(&mut image) {
+            return reply.send(Err(CudaError::INVALID_VALUE));
+        }
+        if self.modules.contains_key(&request.module) {
+            return reply.send(Err(CudaError::INVALID_VALUE));
+        }
+        let module = match self.device.load_module(&image) {
+            Ok(module) => module,
+            Err(error) => {
+                tracing::info!(module = request.module, %error, "module not loaded");
+                return reply.send(Err(error));
+            }
+        };
+        let mut loaded = LoadedModule::<D> { module: None, functions: Vec::new(), variables: Vec::new() };
+        let mut functions = Vec::with_capacity(request.functions.len());
+        for name in &request.functions {
+            match self.device.function(&module, name) {
+                Ok((function, params)) => {
+                    let args_len = params.iter().map(|p: &ParamInfo| u64::from(p.offset) + u64::from(p.size)).max().unwrap_or(0);
+                    loaded.functions.push(Ok((function, args_len)));
+                    functions.push(Ok(FunctionInfo { params }));
+                }
+                Err(error) => {
+                    loaded.functions.push(Err(error));
+                    functions.push(Err(error));
+                }
+            }
+        }
+        let mut variables = Vec::with_capacity(request.variables.len());
+        for name in &request.variables {
+            match self.device.variable(&module, name) {
+                Ok((address, size)) => {
+                    self.ranges.insert(address, size, RangeKind::Variable);
+                    loaded.variables.push((address, size));
+                    variables.push(Ok(VariableInfo { address, size }));
+                }
+                Err(error) => variables.push(Err(error)),
+            }
+        }
+        loaded.module = Some(module);
+        self.modules.insert(request.module, loaded);
+        reply.send(Ok(rep::RegisterModule { functions, variables }));
+    }
+
+    fn unregister_module(&mut self, request: req::UnregisterModule, reply: Responder<rep::UnregisterModule>) {
+        let result = match self.modules.remove(&request.module) {
+            Some(module) => {
+                for (address, size) in &module.variables {
+                    self.ranges.remove_within(*address, *size, RangeKind::Variable);
+                }
+                module.module.map_or(Ok(()), |module| self.device.unload_module(module))
+            }
+            None => Err(CudaError::INVALID_VALUE),
+        };
+        reply.send(result.map(|()| rep::UnregisterModule {}));
+    }
+
+    fn launch(&mut self, mut request: req::Launch, reply: Responder<rep::Launch>) {
+        let result = self.function(request.function).and_then(|(function, args_len)| {
+            // The driver reads exactly the layout's bytes: a short buffer must never reach it.
+            if request.args.len() as u64 != args_len {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let stream = self.stream(request.stream)?;
+            self.device.launch(function, request.grid, request.block, request.shared_mem, stream, &mut request.args)
+        });
+        reply.send(result.map(|()| rep::Launch {}));
+    }
+
+    fn func_get_attributes(&mut self, request: req::FuncGetAttributes, reply: Responder<rep::FuncGetAttributes>) {
+        let result = self
+            .function(request.function)
+            .and_then(|(function, _)| self.device.func_attributes(function))
+            .map(|attributes| rep::FuncGetAttributes { attributes });
+        reply.send(result);
+    }
+
+    fn func_set_attribute(&mut self, request: req::FuncSetAttribute, reply: Responder<rep::FuncSetAttribute>) {
+        let result = self
+            .function(request.function)
+            .and_then(|(function, _)| self.device.func_set_attribute(function, request.attribute, request.value));
+        reply.send(result.map(|()| rep::FuncSetAttribute {}));
+    }
+
+    fn occupancy_max_active_blocks(
+        &mut self,
+        request: req::OccupancyMaxActiveBlocks,
+        reply: Responder<rep::OccupancyMaxActiveBlocks>,
+    ) {
+        let result = self.function(request.function).and_then(|(function, _)| {
+            self.device.occupancy(function, request.block_size, request.dynamic_shared_mem, request.flags)
+        });
+        reply.send(result.map(|blocks| rep::OccupancyMaxActiveBlocks { blocks }));
+    }
+
+    fn stream_create(&mut self, request: req::StreamCreate, reply: Responder<rep::StreamCreate>) {
+        let result = if request.stream == 0 || self.streams.contains_key(&request.stream) {
+            Err(CudaError::INVALID_VALUE)
+        } else if self.streams.len() >= MAX_HANDLES {
+            Err(CudaError::MEMORY_ALLOCATION)
+        } else {
+            self.device.stream_create(request.flags, request.priority).map(|stream| {
+                self.streams.insert(request.stream, stream);
+            })
+        };
+        reply.send(result.map(|()| rep::StreamCreate {}));
+    }
+
+    fn stream_destroy(&mut self, request: req::StreamDestroy, reply: Responder<rep::StreamDestroy>) {
+        let result = match self.streams.remove(&request.stream) {
+            Some(stream) => self.device.stream_destroy(stream),
+            None => Err(CudaError::INVALID_RESOURCE_HANDLE),
+        };
+        reply.send(result.map(|()| rep::StreamDestroy {}));
+    }
+
+    fn stream_synchronize(&mut self, request: req::StreamSynchronize, reply: Responder<rep::StreamSynchronize>) {
+        let stream = match self.stream(request.stream) {
+            Ok(stream) => stream,
+            Err(error) => return reply.send(Err(error)),
+        };
+        match self.device.stream_query(stream) {
+            Err(CudaError::NOT_READY) => {}
+            done => return reply.send(done.map(|()| rep::StreamSynchronize {})),
+        }
+        // Wait on a private event recorded now, so a later destroy of the stream cannot pull the
+        // handle from under the waiter.
+        let event = match self.private_event() {
+            Ok(event) => event,
+            Err(error) => return reply.send(Err(error)),
+        };
+        if let Err(error) = self.device.event_record(event, stream, 0) {
+            self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
+            return reply.send(Err(error));
+        }
+        self.reply_when_done(event, reply);
+    }
+
+    fn stream_query(&mut self, request: req::StreamQuery, reply: Responder<rep::StreamQuery>) {
+        let result = self.stream(request.stream).and_then(|stream| self.device.stream_query(stream));
+        reply.send(result.map(|()| rep::StreamQuery {}));
+    }
+
+    fn stream_wait_event(&mut self, request: req::StreamWaitEvent, reply: Responder<rep::StreamWaitEvent>) {
+        let result = self
+            .stream(request.stream)
+            .and_then(|stream| Ok((stream, self.event(request.event)?)))
+            .and_then(|(stream, event)| self.device.stream_wait_event(stream, event, request.flags));
+        reply.send(result.map(|()| rep::StreamWaitEvent {}));
+    }
+
+    fn event_create(&mut self, request: req::EventCreate, reply: Responder<rep::EventCreate>) {
+        let result = if request.event == 0 || self.events.contains_key(&request.event) {
+            Err(CudaError::INVALID_VALUE)
+        } else if self.events.len() >= MAX_HANDLES {
+            Err(CudaError::MEMORY_ALLOCATION)
+        } else {
+            self.device.event_create(request.flags).map(|event| {
+                self.events.insert(request.event, event);
+            })
+        };
+        reply.send(result.map(|()| rep::EventCreate {}));
+    }
+
+    fn event_record(&mut self, request: req::EventRecord, reply: Responder<rep::EventRecord>) {
+        let result = self
+            .event(request.event)
+            .and_then(|event| Ok((event, self.stream(request.stream)?)))
+            .and_then(|(event, stream)| self.device.event_record(event, stream, request.flags));
+        reply.send(result.map(|()| rep::EventRecord {}));
+    }
+
+    fn event_synchronize(&mut self, request: req::EventSynchronize, reply: Responder<rep::EventSynchronize>) {
+        let event = match self.event(request.event) {
+            Ok(event) => event,
+            Err(error) => return reply.send(Err(error)),
+        };
+        let device = self.device.clone();
+        if self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
+            return reply.send(device.event_synchronize(event).map(|()| rep::EventSynchronize {}));
+        }
+        self.waiters.run(move || reply.send(device.event_synchronize(event).map(|()| rep::EventSynchronize {})));
+    }
+
+    fn event_query(&mut self, request: req::EventQuery, reply: Responder<rep::EventQuery>) {
+        let result = self.event(request.event).and_then(|event| self.device.event_query(event));
+        reply.send(result.map(|()| rep::EventQuery {}));
+    }
+
+    fn event_elapsed_time(&mut self, request: req::EventElapsedTime, reply: Responder<rep::EventElapsedTime>) {
+        let result = self
+            .event(request.start)
+            .and_then(|start| Ok((start, self.event(request.end)?)))
+            .and_then(|(start, end)| self.device.event_elapsed(start, end));
+        reply.send(result.map(|milliseconds| rep::EventElapsedTime { milliseconds }));
+    }
+
+    fn event_destroy(&mut self, request: req::EventDestroy, reply: Responder<rep::EventDestroy>) {
+        let result = match self.events.remove(&request.event) {
+            Some(event) => self.device.event_destroy(event),
+            None => Err(CudaError::INVALID_RESOURCE_HANDLE),
+        };
+        reply.send(result.map(|()| rep::EventDestroy {}));
+    }
+
+    fn device_synchronize(&mut self, _request: req::DeviceSynchronize, reply: Responder<rep::DeviceSynchronize>) {
+        let device = self.device.clone();
+        let streams: Vec<D::Stream> =
+            std::iter::once(device.null_stream()).chain(self.streams.values().copied()).collect();
+        let idle = || streams.iter().all(|stream| device.stream_query(*stream) != Err(CudaError::NOT_READY));
+        if self.ready_soon(idle) {
+            return reply.send(device.synchronize().map(|()| rep::DeviceSynchronize {}));
+        }
+        self.waiters.run(move || reply.send(device.synchronize().map(|()| rep::DeviceSynchronize {})));
+    }
+
+    fn device_reset(&mut self, _request: req::DeviceReset, reply: Responder<rep::DeviceReset>) {
+        let synchronized = self.device.synchronize();
+        self.release_everything();
+        // Reset clears the sticky state the app could see; a fatal device error stays, as the
+        // driver keeps reporting it.
+        reply.send(synchronized.map(|()| rep::DeviceReset {}));
+    }
+
+    fn device_set_limit(&mut self, request: req::DeviceSetLimit, reply: Responder<rep::DeviceSetLimit>) {
+        reply.send(self.device.set_limit(request.limit, request.value).map(|()| rep::DeviceSetLimit {}));
+    }
+
+    fn device_get_limit(&mut self, request: req::DeviceGetLimit, reply: Responder<rep::DeviceGetLimit>) {
+        reply.send(self.device.get_limit(request.limit).map(|value| rep::DeviceGetLimit { value }));
+    }
+}

@@ -1,0 +1,145 @@
+//! Connections: TCP or Unix sockets behind one type, and the outbox that serializes replies.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::frame::write_all_vectored;
+use flyt_protocol::ops::{OpClass, encode_reply};
+use serde::Serialize;
+
+/// One client connection.
+pub enum Connection {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Connection {
+    /// A second handle on the same socket (one reads, the other writes).
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(match self {
+            Self::Tcp(stream) => Self::Tcp(stream.try_clone()?),
+            Self::Unix(stream) => Self::Unix(stream.try_clone()?),
+        })
+    }
+
+    /// Rebuilds a connection from a descriptor passed by the listener.
+    pub fn from_fd(fd: OwnedFd, tcp: bool) -> Self {
+        if tcp { Self::Tcp(TcpStream::from(fd)) } else { Self::Unix(UnixStream::from(fd)) }
+    }
+
+    pub fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(stream) => stream.set_read_timeout(timeout),
+            Self::Unix(stream) => stream.set_read_timeout(timeout),
+        }
+    }
+
+    pub fn is_tcp(&self) -> bool {
+        matches!(self, Self::Tcp(_))
+    }
+
+    pub fn shutdown(&self) {
+        let _ = match self {
+            Self::Tcp(stream) => stream.shutdown(std::net::Shutdown::Both),
+            Self::Unix(stream) => stream.shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
+impl AsFd for Connection {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Self::Tcp(stream) => stream.as_fd(),
+            Self::Unix(stream) => stream.as_fd(),
+        }
+    }
+}
+
+impl Read for Connection {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(stream) => stream.read(buf),
+            Self::Unix(stream) => stream.read(buf),
+        }
+    }
+}
+
+impl Write for Connection {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(stream) => stream.write(buf),
+            Self::Unix(stream) => stream.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(stream) => stream.write_vectored(bufs),
+            Self::Unix(stream) => stream.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Everything that answers the client: the write half of the connection and the session's
+/// deferred error (the first failure of an asynchronous op, delivered at the next sync point).
+pub struct Outbox {
+    writer: Mutex<Connection>,
+    deferred: Mutex<Option<CudaError>>,
+}
+
+impl Outbox {
+    pub fn new(writer: Connection) -> Self {
+        Self { writer: Mutex::new(writer), deferred: Mutex::new(None) }
+    }
+
+    /// Records an asynchronous op's failure; like CUDA, the first one is the one reported.
+    pub fn defer(&self, error: CudaError) {
+        let mut deferred = self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        deferred.get_or_insert(error);
+    }
+
+    fn take_deferred(&self) -> Option<CudaError> {
+        self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+
+    /// Sends one reply. For `NoReply` ops nothing is sent: an error is deferred instead.
+    pub fn reply<T: Serialize>(&self, seq: u32, class: OpClass, result: Result<&T, CudaError>, bulk: &[u8]) {
+        let deferred = match class {
+            OpClass::NoReply => {
+                if let Err(error) = result {
+                    self.defer(error);
+                }
+                return;
+            }
+            OpClass::Reply => None,
+            OpClass::SyncPoint => self.take_deferred(),
+        };
+        let mut message = Vec::with_capacity(64);
+        encode_reply(result, deferred, &mut message);
+        self.send_frame(seq, &message, bulk);
+    }
+
+    /// Writes a whole frame; a dead client is noticed by the reader, so a failed write is
+    /// only logged here.
+    pub fn send_frame(&self, seq: u32, message: &[u8], bulk: &[u8]) {
+        let header = flyt_protocol::frame::FrameHeader {
+            message_len: u32::try_from(message.len()).unwrap_or(u32::MAX),
+            seq,
+            bulk_len: bulk.len() as u64,
+        }
+        .encode();
+        let mut writer = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slices = [io::IoSlice::new(&header), io::IoSlice::new(message), io::IoSlice::new(bulk)];
+        if let Err(error) = write_all_vectored(&mut *writer, &mut slices) {
+            tracing::debug!(%error, "reply not delivered");
+        }
+    }
+}

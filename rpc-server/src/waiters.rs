@@ -1,0 +1,109 @@
+//! Threads that wait on the GPU so the session's reader never does: a blocking wait
+//! (stream/event/device synchronize, a device-to-host copy) is handed to an idle waiter, or a new
+//! one, so a synchronizing call from one app thread never stalls another thread's calls.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Beyond this many waiting threads a wait runs on the reader itself (it still completes).
+const MAX_WAITERS: usize = 256;
+/// An idle waiter exits after this long.
+const IDLE_EXIT: Duration = Duration::from_secs(30);
+
+/// A pool of waiter threads.
+pub struct Waiters {
+    sender: mpsc::Sender<Job>,
+    receiver: Arc<Mutex<mpsc::Receiver<Job>>>,
+    /// Waiters blocked in `recv` and not yet promised a job.
+    idle: Arc<AtomicUsize>,
+    live: Arc<AtomicUsize>,
+    bind: Arc<dyn Fn() + Send + Sync>,
+}
+
+fn take_one(counter: &AtomicUsize) -> bool {
+    counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+}
+
+impl Waiters {
+    /// `bind` runs first on every new waiter thread (it makes the device current there).
+    pub fn new(bind: Arc<dyn Fn() + Send + Sync>) -> Self {
+        let (sender, receiver) = mpsc::channel();
+        Self {
+            sender,
+            receiver: Arc::new(Mutex::new(receiver)),
+            idle: Arc::new(AtomicUsize::new(0)),
+            live: Arc::new(AtomicUsize::new(0)),
+            bind,
+        }
+    }
+
+    /// Runs `job` on a waiter that is free now: an idle one, or a new one, so a job never queues
+    /// behind another job's wait.
+    pub fn run(&self, job: impl FnOnce() + Send + 'static) {
+        if !take_one(&self.idle) {
+            if self.live.load(Ordering::Acquire) >= MAX_WAITERS {
+                job();
+                return;
+            }
+            self.spawn();
+        }
+        if let Err(mpsc::SendError(job)) = self.sender.send(Box::new(job)) {
+            job();
+        }
+    }
+
+    fn spawn(&self) {
+        let (receiver, idle, live, bind) =
+            (self.receiver.clone(), self.idle.clone(), self.live.clone(), self.bind.clone());
+        live.fetch_add(1, Ordering::AcqRel);
+        let spawned = std::thread::Builder::new().name("flyt-waiter".into()).spawn(move || {
+            bind();
+            loop {
+                let next = receiver.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv_timeout(IDLE_EXIT);
+                match next {
+                    Ok(job) => {
+                        job();
+                        idle.fetch_add(1, Ordering::AcqRel);
+                    }
+                    // Leave only if no job was promised to this idle thread meanwhile.
+                    Err(RecvTimeoutError::Timeout) if take_one(&idle) => break,
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            live.fetch_sub(1, Ordering::AcqRel);
+        });
+        if spawned.is_err() {
+            // No thread: the job will be picked by an existing waiter when one frees up.
+            self.live.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("could not start a waiter thread");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn a_blocked_job_never_delays_the_next() {
+        let waiters = Waiters::new(Arc::new(|| {}));
+        let (release, blocked) = mpsc::channel::<()>();
+        let (done, finished) = mpsc::channel();
+        waiters.run(move || {
+            let _ = blocked.recv();
+        });
+        let started = Instant::now();
+        waiters.run(move || done.send(()).unwrap());
+        finished.recv_timeout(Duration::from_secs(5)).expect("second job ran while the first was blocked");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        release.send(()).unwrap();
+    }
+}

@@ -1,0 +1,165 @@
+//! A worker process: opens the device before any session arrives (a warm worker), then serves
+//! exactly one session and exits, so a fatal kernel fault ends only that session and process exit
+//! frees everything the session held on the GPU.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use flyt_protocol::device::{DeviceInfo, attr};
+use flyt_protocol::frame::{encode_into, write_value};
+use flyt_protocol::handshake::{HelloReply, SessionInfo};
+use flyt_protocol::worker::{FromWorker, ToWorker};
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, send};
+
+use crate::backend::cuda::CudaDevice;
+use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
+use crate::backend::{BackendKind, Device};
+use crate::budget::{MemoryBudget, SharedBudget};
+use crate::session::{Session, SessionConfig};
+use crate::transport::Connection;
+
+/// Descriptor numbers a worker inherits from the listener.
+pub const CHANNEL_FD: i32 = 3;
+pub const BUDGET_FD: i32 = 4;
+
+/// What a worker needs to know (passed on its command line).
+#[derive(Clone, Debug, clap::Args)]
+pub struct WorkerArgs {
+    #[arg(long, value_enum)]
+    pub backend: BackendKind,
+    #[arg(long, default_value_t = 0)]
+    pub gpu: u32,
+    #[arg(long)]
+    pub budget_slot: usize,
+    #[arg(long)]
+    pub copy_chunk: u64,
+    #[arg(long)]
+    pub staging_slots: usize,
+    #[arg(long)]
+    pub emulated_memory: u64,
+    #[arg(long)]
+    pub emulated_sms: u32,
+    #[arg(long)]
+    pub sm_percentage: u32,
+    #[arg(long)]
+    pub inline_wait_us: u64,
+}
+
+fn send_to_listener(channel: &OwnedFd, message: &FromWorker) {
+    let mut bytes = Vec::new();
+    encode_into(message, &mut bytes);
+    if let Err(error) = send(channel.as_raw_fd(), &bytes, MsgFlags::empty()) {
+        tracing::error!(%error, "cannot reach the listener");
+    }
+}
+
+/// Receives the next command and the descriptor that comes with it.
+fn receive_command(channel: &OwnedFd) -> Option<(ToWorker, OwnedFd)> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let message = recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC).ok()?;
+    let mut fd = None;
+    for cmsg in message.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            for raw in fds {
+                // SAFETY: SCM_RIGHTS just installed `raw` in this process; nothing else owns it.
+                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                fd.get_or_insert(owned);
+            }
+        }
+    }
+    let len = message.bytes;
+    let command = flyt_protocol::frame::decode_exact(&buf[..len]).ok()?;
+    Some((command, fd?))
+}
+
+/// The session's view of the device: its slice, not the whole card.
+fn sliced_info<D: Device>(device: &D, budget: &dyn MemoryBudget, sm_percentage: u32) -> DeviceInfo {
+    let mut info = device.info();
+    if let Some(limit) = budget.limit() {
+        info.total_mem = info.total_mem.min(limit);
+    }
+    // On a GPU, MPS itself reports the SM share to the context (the worker runs with
+    // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): the driver's count is the truth. The emulated device
+    // has no MPS, so it scales its own count.
+    if device.emulated() && sm_percentage < 100 {
+        let full = info.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(1);
+        let share = i32::try_from(u64::from(sm_percentage) * u64::try_from(full).unwrap_or(1) / 100).unwrap_or(1);
+        info.set_attribute(attr::MULTIPROCESSOR_COUNT, share.max(1));
+    }
+    info
+}
+
+fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<SharedBudget>) -> i32 {
+    if let Err(error) = device.bind_thread() {
+        send_to_listener(&channel, &FromWorker::Failed { reason: error.to_string() });
+        return 1;
+    }
+    let device = Arc::new(device);
+    let info = sliced_info(&*device, &*budget, args.sm_percentage);
+    send_to_listener(&channel, &FromWorker::Ready { pid: std::process::id() });
+    let Some((ToWorker::Serve { session_id, hello, tcp, peer }, fd)) = receive_command(&channel) else {
+        // The listener went away or shut the pool down: nothing to serve.
+        return 0;
+    };
+    let connection = Connection::from_fd(fd, tcp);
+    let session_info = SessionInfo {
+        session_id,
+        server_version: env!("CARGO_PKG_VERSION").into(),
+        driver_version: device.driver_version(),
+        devices: vec![info],
+        copy_chunk: args.copy_chunk,
+        shm_accepted: false,
+        emulated: device.emulated(),
+    };
+    let Ok(mut writer) = connection.try_clone() else { return 1 };
+    if let Err(error) = write_value(&mut writer, 0, &HelloReply::Accepted(session_info)) {
+        tracing::info!(session_id, %error, "client left during the handshake");
+        return 0;
+    }
+    let config = SessionConfig {
+        copy_chunk: args.copy_chunk,
+        inline_wait: std::time::Duration::from_micros(args.inline_wait_us),
+        ..SessionConfig::default()
+    };
+    let mut session = Session::new(device, budget, writer, config);
+    let outcome = session.serve(connection);
+    let program = hello.client.program;
+    match outcome {
+        Ok(()) => tracing::info!(session_id, %program, %peer, "session ended by the client"),
+        Err(error) => tracing::warn!(session_id, %program, %peer, %error, "session closed: protocol error"),
+    }
+    drop(session);
+    0
+}
+
+/// Runs a worker process to its end; returns the exit code.
+pub fn run(args: &WorkerArgs) -> i32 {
+    // SAFETY: the listener placed the channel and the budget page at these descriptors before
+    // exec (`listener::spawn_worker`), and nothing else in this process owns them.
+    let (channel, budget_file) = unsafe { (OwnedFd::from_raw_fd(CHANNEL_FD), std::fs::File::from_raw_fd(BUDGET_FD)) };
+    let budget = match SharedBudget::map(&budget_file, args.budget_slot) {
+        Ok(budget) => Arc::new(budget),
+        Err(error) => {
+            send_to_listener(&channel, &FromWorker::Failed { reason: format!("budget page: {error}") });
+            return 1;
+        }
+    };
+    match args.backend {
+        BackendKind::Emulated => {
+            let config = EmulatedConfig { memory: args.emulated_memory, sms: args.emulated_sms };
+            serve(EmulatedDevice::new(config), args, channel, budget)
+        }
+        BackendKind::Cuda | BackendKind::Auto => {
+            let chunk = usize::try_from(args.copy_chunk).unwrap_or(4 << 20);
+            match CudaDevice::open(args.gpu, args.staging_slots, chunk) {
+                Ok(device) => serve(device, args, channel, budget),
+                Err(reason) => {
+                    send_to_listener(&channel, &FromWorker::Failed { reason });
+                    1
+                }
+            }
+        }
+    }
+}
