@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,7 @@ namespace bench {
 
 using Clock = std::chrono::steady_clock;
 
-inline double now_s() {
-    return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
+inline double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 inline double us_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::micro>(b - a).count();
@@ -53,16 +52,23 @@ inline void note(const char *fmt, ...) {
     fputc('\n', stderr);
 }
 
-// Abort the program on a CUDA error: the harness records the exit status and the stderr tail.
-#define CK(call)                                                                                    \
-    do {                                                                                            \
-        cudaError_t ck_err_ = (call);                                                               \
-        if (ck_err_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #call,               \
-                    cudaGetErrorString(ck_err_), int(ck_err_));                                     \
-            fflush(stdout);                                                                         \
-            exit(1);                                                                                \
-        }                                                                                           \
+// A failed CUDA call throws; `section` catches it, reports {"bench":NAME,"error":...} and lets the program go
+// on with its next benchmark, and `guarded_main` turns an uncaught failure into exit status 1. The harness
+// records the exit status and the stderr tail.
+struct CudaFailure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+inline std::string fail_msg(const char *call, const char *file, int line, cudaError_t e) {
+    char b[512];
+    snprintf(b, sizeof b, "%s:%d: %s failed: %s (%d)", file, line, call, cudaGetErrorString(e), int(e));
+    return b;
+}
+
+#define CK(call)                                                                                                   \
+    do {                                                                                                           \
+        cudaError_t ck_err_ = (call);                                                                              \
+        if (ck_err_ != cudaSuccess) throw bench::CudaFailure(bench::fail_msg(#call, __FILE__, __LINE__, ck_err_)); \
     } while (0)
 
 // --- statistics over per-iteration samples ---------------------------------------------------------
@@ -236,12 +242,40 @@ inline void emit_meta(const char *program) {
     j.emit();
 }
 
+// Runs one benchmark; a CUDA failure in it is reported as {"bench":name,"error":...} and returns false.
+template <class F>
+bool section(const char *name, F f) {
+    try {
+        f();
+        return true;
+    } catch (const CudaFailure &e) {
+        note("%s: %s", name, e.what());
+        Json(name).str("error", e.what()).emit();
+        cudaGetLastError();
+        return false;
+    }
+}
+
+inline int guarded_main(int argc, char **argv, int (*run)(const Args &)) {
+    try {
+        return run(Args{argc, argv});
+    } catch (const std::exception &e) {
+        note("%s: %s", argv[0], e.what());
+        fflush(stdout);
+        return 1;
+    }
+}
+
 inline std::string human_bytes(size_t b) {
     char s[32];
-    if (b >= (1ull << 30) && b % (1ull << 30) == 0) snprintf(s, sizeof s, "%zu GiB", b >> 30);
-    else if (b >= (1ull << 20) && b % (1ull << 20) == 0) snprintf(s, sizeof s, "%zu MiB", b >> 20);
-    else if (b >= 1024 && b % 1024 == 0) snprintf(s, sizeof s, "%zu KiB", b >> 10);
-    else snprintf(s, sizeof s, "%zu B", b);
+    if (b >= (1ull << 30) && b % (1ull << 30) == 0)
+        snprintf(s, sizeof s, "%zu GiB", b >> 30);
+    else if (b >= (1ull << 20) && b % (1ull << 20) == 0)
+        snprintf(s, sizeof s, "%zu MiB", b >> 20);
+    else if (b >= 1024 && b % 1024 == 0)
+        snprintf(s, sizeof s, "%zu KiB", b >> 10);
+    else
+        snprintf(s, sizeof s, "%zu B", b);
     return s;
 }
 

@@ -62,8 +62,7 @@ static void copy_once(Buffers &b, const Series &s, size_t n) {
     }
 }
 
-int main(int argc, char **argv) {
-    bench::Args args{argc, argv};
+static int run(const bench::Args &args) {
     const bool quick = args.has("--quick");
     Buffers b;
     b.max = size_t(args.num("--max-bytes", 256.0 * 1024 * 1024));
@@ -94,7 +93,8 @@ int main(int argc, char **argv) {
         bench::note("cudaMallocHost failed for every size from %zu bytes down to 1 MiB", b.max);
         return 1;
     }
-    if (b.pinned_max < b.max) bench::note("cudaMallocHost(%zu) failed; pinned sweep stops at %zu bytes", b.max, b.pinned_max);
+    if (b.pinned_max < b.max)
+        bench::note("cudaMallocHost(%zu) failed; pinned sweep stops at %zu bytes", b.max, b.pinned_max);
     memset(b.pinned, 3, b.pinned_max);
     CK(cudaMalloc(&b.dev_a, b.max));
     CK(cudaMalloc(&b.dev_b, b.max));
@@ -106,26 +106,28 @@ int main(int argc, char **argv) {
     bench::Json("copy_verify").boolean("ok", ok).integer("max_bytes", (long long)b.max).emit();
     if (!ok) return 2;
 
-    const Series series[] = {{"pinned", "H2D"}, {"pinned", "D2H"}, {"pageable", "H2D"}, {"pageable", "D2H"},
-                             {"device", "D2D"}};
+    const Series series[] = {
+        {"pinned", "H2D"}, {"pinned", "D2H"}, {"pageable", "H2D"}, {"pageable", "D2H"}, {"device", "D2D"}};
 
     // --- 4 KiB latency ---
     {
         const int iters = quick ? 1000 : 5000;
         for (const Series &s : series) {
             if (!strcmp(s.dir, "D2D")) continue;
-            for (int i = 0; i < 100; i++) copy_once(b, s, 4096);
-            std::vector<double> us;
-            double end = bench::now_s() + (quick ? 1.5 : 3.0);
-            for (int i = 0; i < iters; i++) {
-                auto t0 = Clock::now();
-                copy_once(b, s, 4096);
-                us.push_back(bench::us_between(t0, Clock::now()));
-                if ((i & 63) == 63 && bench::now_s() > end) break;
-            }
-            auto st = bench::stats(us);
-            bench::Json("copy_4k").str("mem", s.mem).str("dir", s.dir).integer("bytes", 4096).lat(st).emit();
-            bench::note("4 KiB %s %s: p50 %.2f us, p99 %.2f us", s.mem, s.dir, st.p50, st.p99);
+            bench::section("copy_4k", [&] {
+                for (int i = 0; i < 100; i++) copy_once(b, s, 4096);
+                std::vector<double> us;
+                double end = bench::now_s() + (quick ? 1.5 : 3.0);
+                for (int i = 0; i < iters; i++) {
+                    auto t0 = Clock::now();
+                    copy_once(b, s, 4096);
+                    us.push_back(bench::us_between(t0, Clock::now()));
+                    if ((i & 63) == 63 && bench::now_s() > end) break;
+                }
+                auto st = bench::stats(us);
+                bench::Json("copy_4k").str("mem", s.mem).str("dir", s.dir).integer("bytes", 4096).lat(st).emit();
+                bench::note("4 KiB %s %s: p50 %.2f us, p99 %.2f us", s.mem, s.dir, st.p50, st.p99);
+            });
         }
     }
 
@@ -138,34 +140,37 @@ int main(int argc, char **argv) {
     const double cap_s = quick ? 1.0 : 3.0;
     for (const Series &s : series) {
         bench::note("%s %s:", s.mem, s.dir);
-        for (size_t n : sizes) {
-            if (!strcmp(s.mem, "pinned") && n > b.pinned_max) continue;
-            int reps = int(std::min<double>(max_reps, std::max<double>(min_reps, budget / double(n))));
-            int warm = n >= (16u << 20) ? 1 : 3;
-            for (int i = 0; i < warm; i++) copy_once(b, s, n);
-            std::vector<double> us;
-            double end = bench::now_s() + cap_s;
-            for (int i = 0; i < reps; i++) {
-                auto t0 = Clock::now();
-                copy_once(b, s, n);
-                us.push_back(bench::us_between(t0, Clock::now()));
-                if (i + 1 >= 2 && bench::now_s() > end) break;
+        bench::section("copy", [&] {
+            for (size_t n : sizes) {
+                if (!strcmp(s.mem, "pinned") && n > b.pinned_max) continue;
+                int reps = int(std::min<double>(max_reps, std::max<double>(min_reps, budget / double(n))));
+                int warm = n >= (16u << 20) ? 1 : 3;
+                for (int i = 0; i < warm; i++) copy_once(b, s, n);
+                std::vector<double> us;
+                double end = bench::now_s() + cap_s;
+                for (int i = 0; i < reps; i++) {
+                    auto t0 = Clock::now();
+                    copy_once(b, s, n);
+                    us.push_back(bench::us_between(t0, Clock::now()));
+                    if (i + 1 >= 2 && bench::now_s() > end) break;
+                }
+                auto st = bench::stats(us);
+                double gbps = double(n) / (st.p50 * 1e-6) / 1e9;
+                bench::Json("copy")
+                    .str("mem", s.mem)
+                    .str("dir", s.dir)
+                    .integer("bytes", (long long)n)
+                    .integer("reps", (long long)st.n)
+                    .num("median_us", st.p50)
+                    .num("min_us", st.min)
+                    .num("max_us", st.max)
+                    .num("gbps", gbps)
+                    .num("best_gbps", double(n) / (st.min * 1e-6) / 1e9)
+                    .emit();
+                bench::note("  %10s  %9.2f us  %8.3f GB/s  (%zu reps)", bench::human_bytes(n).c_str(), st.p50, gbps,
+                            st.n);
             }
-            auto st = bench::stats(us);
-            double gbps = double(n) / (st.p50 * 1e-6) / 1e9;
-            bench::Json("copy")
-                .str("mem", s.mem)
-                .str("dir", s.dir)
-                .integer("bytes", (long long)n)
-                .integer("reps", (long long)st.n)
-                .num("median_us", st.p50)
-                .num("min_us", st.min)
-                .num("max_us", st.max)
-                .num("gbps", gbps)
-                .num("best_gbps", double(n) / (st.min * 1e-6) / 1e9)
-                .emit();
-            bench::note("  %10s  %9.2f us  %8.3f GB/s  (%zu reps)", bench::human_bytes(n).c_str(), st.p50, gbps, st.n);
-        }
+        });
     }
 
     CK(cudaFree(b.dev_a));
@@ -175,3 +180,5 @@ int main(int argc, char **argv) {
     free(b.pageable_b);
     return 0;
 }
+
+int main(int argc, char **argv) { return bench::guarded_main(argc, argv, run); }

@@ -8,8 +8,7 @@ __global__ void tiny(int *counter, int add) {
     if (threadIdx.x == 0) counter[0] += add;
 }
 
-int main(int argc, char **argv) {
-    bench::Args args{argc, argv};
+static int run(const bench::Args &args) {
     const bool quick = args.has("--quick");
     const int rounds = int(args.num("--rounds", quick ? 5 : 20));
     const int launches = int(args.num("--launches", 10000));
@@ -58,7 +57,11 @@ int main(int argc, char **argv) {
         .num("per_launch_us", st.mean * 1e3 / launches)
         .boolean("ok", ok)
         .emit();
-    bench::note("launch_heavy: %zu rounds of %d launches + sync: median %.2f ms, mean %.2f ms per round (%.2f us per "
-                "launch)", ms.size(), launches, st.p50, st.mean, st.mean * 1e3 / launches);
+    bench::note(
+        "launch_heavy: %zu rounds of %d launches + sync: median %.2f ms, mean %.2f ms per round (%.2f us per "
+        "launch)",
+        ms.size(), launches, st.p50, st.mean, st.mean * 1e3 / launches);
     return ok ? 0 : 2;
 }
+
+int main(int argc, char **argv) { return bench::guarded_main(argc, argv, run); }

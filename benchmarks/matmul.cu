@@ -76,8 +76,7 @@ static int check(int n, const std::vector<float> &A, const std::vector<float> &B
     return bad;
 }
 
-int main(int argc, char **argv) {
-    bench::Args args{argc, argv};
+static int run(const bench::Args &args) {
     const bool quick = args.has("--quick");
     const int n = int(args.num("--n", 4096));
     int reps = int(args.num("--reps", 0));
@@ -112,8 +111,13 @@ int main(int argc, char **argv) {
         at.push_back({m - 1, m - 1});
         double max_rel = 0;
         int bad = check(m, A, B, C, at, &max_rel);
-        bench::Json("matmul_check").integer("n", m).integer("checked", (long long)at.size()).integer("bad", bad)
-            .num("max_rel_err", max_rel).boolean("ok", bad == 0).emit();
+        bench::Json("matmul_check")
+            .integer("n", m)
+            .integer("checked", (long long)at.size())
+            .integer("bad", bad)
+            .num("max_rel_err", max_rel)
+            .boolean("ok", bad == 0)
+            .emit();
         if (bad) return 2;
     }
 
@@ -197,3 +201,5 @@ int main(int argc, char **argv) {
                 tflops, bad ? "FAILED" : "ok");
     return bad ? 2 : 0;
 }
+
+int main(int argc, char **argv) { return bench::guarded_main(argc, argv, run); }

@@ -31,8 +31,7 @@ static bench::Stats time_each(int warm, int iters, double cap_s, F body) {
     return bench::stats(std::move(us));
 }
 
-int main(int argc, char **argv) {
-    bench::Args args{argc, argv};
+static int run(const bench::Args &args) {
     const bool quick = args.has("--quick");
     const int iters = int(args.num("--iters", quick ? 5000 : 20000));
     const int warm = quick ? 200 : 1000;
@@ -45,8 +44,8 @@ int main(int argc, char **argv) {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
     CK(cudaStreamSynchronize(s));
-    CK(cudaStreamQuery(s));
-    {
+    bench::section("null_call", [&] {
+        CK(cudaStreamQuery(s));
         cudaError_t last = cudaSuccess;
         auto st = time_each(warm, iters, cap, [&] {
             cudaError_t e = cudaStreamQuery(s);
@@ -54,12 +53,12 @@ int main(int argc, char **argv) {
         });
         CK(last);
         bench::Json("null_call").str("call", "cudaStreamQuery(idle stream)").lat(st).cdf(st).emit();
-        bench::note("null call (cudaStreamQuery): p50 %.2f us, p99 %.2f us, p99.9 %.2f us (%zu iters)", st.p50,
-                    st.p99, st.p999, st.n);
-    }
+        bench::note("null call (cudaStreamQuery): p50 %.2f us, p99 %.2f us, p99.9 %.2f us (%zu iters)", st.p50, st.p99,
+                    st.p999, st.n);
+    });
 
     // --- empty launch + device synchronize ---
-    {
+    bench::section("launch_sync", [&] {
         cudaError_t last = cudaSuccess;
         auto st = time_each(warm, iters, cap, [&] {
             empty_kernel<<<1, 1>>>();
@@ -70,10 +69,10 @@ int main(int argc, char **argv) {
         CK(cudaGetLastError());
         bench::Json("launch_sync").lat(st).cdf(st).emit();
         bench::note("empty launch + sync: p50 %.2f us, p99 %.2f us, p99.9 %.2f us", st.p50, st.p99, st.p999);
-    }
+    });
 
     // --- caller's time per asynchronous launch ---
-    {
+    bench::section("cpu_per_launch", [&] {
         const int batch = 10000;
         const int batches = quick ? 4 : 10;
         for (int i = 0; i < 1000; i++) empty_kernel<<<1, 1>>>();
@@ -116,14 +115,15 @@ int main(int argc, char **argv) {
             .num("each_p99_us", st.p99)
             .num("each_p999_us", st.p999)
             .emit();
-        bench::note("async launch, caller's time: %.3f us per launch (batch mean), thread CPU %.3f us, process "
-                    "CPU %.3f us; single launch p50 %.3f p99 %.3f us; final sync %.0f us",
-                    bench::median(per_launch), bench::median(thread_cpu), bench::median(proc_cpu), st.p50, st.p99,
-                    bench::median(drain));
-    }
+        bench::note(
+            "async launch, caller's time: %.3f us per launch (batch mean), thread CPU %.3f us, process "
+            "CPU %.3f us; single launch p50 %.3f p99 %.3f us; final sync %.0f us",
+            bench::median(per_launch), bench::median(thread_cpu), bench::median(proc_cpu), st.p50, st.p99,
+            bench::median(drain));
+    });
 
     // --- launches per second: 100k launches, one sync ---
-    {
+    bench::section("launch_rate", [&] {
         const int n = 100000;
         const int reps = quick ? 2 : 3;
         std::vector<double> rate;
@@ -145,10 +145,10 @@ int main(int argc, char **argv) {
             .num("max_per_s", st.max)
             .emit();
         bench::note("launch rate: %.0f launches/s (median of %zu x %d)", st.p50, rate.size(), n);
-    }
+    });
 
     // --- cudaMalloc + cudaFree, 1 MiB ---
-    {
+    bench::section("malloc_free", [&] {
         const size_t sz = 1 << 20;
         cudaError_t last = cudaSuccess;
         auto st = time_each(quick ? 20 : 50, quick ? 500 : 2000, cap, [&] {
@@ -160,8 +160,10 @@ int main(int argc, char **argv) {
         CK(last);
         bench::Json("malloc_free").integer("bytes", sz).lat(st).emit();
         bench::note("cudaMalloc+cudaFree 1 MiB: p50 %.1f us, p99 %.1f us", st.p50, st.p99);
-    }
+    });
 
     CK(cudaStreamDestroy(s));
     return 0;
 }
+
+int main(int argc, char **argv) { return bench::guarded_main(argc, argv, run); }

@@ -40,8 +40,7 @@ static void parallel_for(size_t count, F f) {
 static float va(size_t i) { return float(i % 1000); }
 static float vb(size_t i) { return float(i % 777) * 0.5f; }
 
-int main(int argc, char **argv) {
-    bench::Args args{argc, argv};
+static int run(const bench::Args &args) {
     const bool quick = args.has("--quick");
     const size_t max_bytes = size_t(args.num("--max-bytes", quick ? 64.0 * 1048576 : 2048.0 * 1048576));
 
@@ -62,8 +61,10 @@ int main(int argc, char **argv) {
     std::vector<size_t> fit;
     for (size_t n : sizes) {
         const char *why = nullptr;
-        if (dev_free != SIZE_MAX && 3 * n + (512u << 20) > dev_free) why = "device memory";
-        else if (host_avail != SIZE_MAX && 5 * n + (4ull << 30) > host_avail) why = "host memory";
+        if (dev_free != SIZE_MAX && 3 * n + (512u << 20) > dev_free)
+            why = "device memory";
+        else if (host_avail != SIZE_MAX && 5 * n + (4ull << 30) > host_avail)
+            why = "host memory";
         if (why) {
             bench::Json("pipeline").integer("bytes", (long long)n).str("skipped", why).emit();
             bench::note("pipeline %s: skipped (%s)", bench::human_bytes(n).c_str(), why);
@@ -126,8 +127,9 @@ int main(int argc, char **argv) {
                 for (size_t k = 0; k < 4097; k++) {
                     size_t i = k == 4096 ? count - 1 : (k * 2654435761ull) % count;
                     if (out_c[i] != va(i) + vb(i) || out_a[i] != va(i) || out_b[i] != vb(i)) {
-                        if (ok) bench::note("pipeline %s: element %zu is %g, want %g", bench::human_bytes(n).c_str(), i,
-                                            out_c[i], va(i) + vb(i));
+                        if (ok)
+                            bench::note("pipeline %s: element %zu is %g, want %g", bench::human_bytes(n).c_str(), i,
+                                        out_c[i], va(i) + vb(i));
                         ok = false;
                     }
                 }
@@ -159,3 +161,5 @@ int main(int argc, char **argv) {
     free(out_c);
     return 0;
 }
+
+int main(int argc, char **argv) { return bench::guarded_main(argc, argv, run); }

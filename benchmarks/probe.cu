@@ -7,9 +7,7 @@ __global__ void fill_index(int *out, int n, int add) {
     if (i < n) out[i] = out[i] + i + add;
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
+static int run(const bench::Args &) {
     auto t0 = bench::Clock::now();
     CK(cudaFree(nullptr));  // context / session ready
     auto t1 = bench::Clock::now();
@@ -32,3 +30,5 @@ int main(int argc, char **argv) {
     bench::Json("probe").boolean("ok", bad == 0).num("first_call_ms", bench::us_between(t0, t1) / 1e3).emit();
     return bad ? 2 : 0;
 }
+
+int main(int argc, char **argv) { return bench::guarded_main(argc, argv, run); }

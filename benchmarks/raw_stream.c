@@ -206,10 +206,20 @@ static uint64_t parse_bytes(const char *s) {
     char *end;
     double v = strtod(s, &end);
     switch (*end) {
-    case 'k': case 'K': v *= 1024; break;
-    case 'm': case 'M': v *= 1048576; break;
-    case 'g': case 'G': v *= 1073741824.0; break;
-    default: break;
+        case 'k':
+        case 'K':
+            v *= 1024;
+            break;
+        case 'm':
+        case 'M':
+            v *= 1048576;
+            break;
+        case 'g':
+        case 'G':
+            v *= 1073741824.0;
+            break;
+        default:
+            break;
     }
     return (uint64_t)v;
 }
@@ -238,10 +248,11 @@ static void client(int is_tcp, const char *addr, const char *sizes, int runs) {
             for (int r = 0; r < runs; r++) t[r] = run_once(fd, op, buf, list[s]);
             qsort(t, (size_t)runs, sizeof t[0], cmp_double);
             double med = runs % 2 ? t[runs / 2] : 0.5 * (t[runs / 2 - 1] + t[runs / 2]);
-            printf("{\"bench\":\"raw_stream\",\"socket\":\"%s\",\"dir\":\"%s\",\"bytes\":%llu,\"runs\":%d,"
-                   "\"chunk\":%u,\"gbps\":%.4f,\"best_gbps\":%.4f,\"worst_gbps\":%.4f}\n",
-                   is_tcp ? "tcp" : "unix", op == 1 ? "c2s" : "s2c", (unsigned long long)list[s], runs, CHUNK,
-                   (double)list[s] / med / 1e9, (double)list[s] / t[0] / 1e9, (double)list[s] / t[runs - 1] / 1e9);
+            printf(
+                "{\"bench\":\"raw_stream\",\"socket\":\"%s\",\"dir\":\"%s\",\"bytes\":%llu,\"runs\":%d,"
+                "\"chunk\":%u,\"gbps\":%.4f,\"best_gbps\":%.4f,\"worst_gbps\":%.4f}\n",
+                is_tcp ? "tcp" : "unix", op == 1 ? "c2s" : "s2c", (unsigned long long)list[s], runs, CHUNK,
+                (double)list[s] / med / 1e9, (double)list[s] / t[0] / 1e9, (double)list[s] / t[runs - 1] / 1e9);
             fflush(stdout);
             fprintf(stderr, "raw %s %s %llu bytes: %.2f GB/s (median of %d)\n", is_tcp ? "tcp" : "unix",
                     op == 1 ? "client->server" : "server->client", (unsigned long long)list[s],

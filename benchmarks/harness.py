@@ -1,0 +1,792 @@
+#!/usr/bin/env python3
+"""Flyt benchmark harness: runs the benchmark programs natively and through Flyt over each transport,
+collects their JSON lines, and writes results.md, results.json, PNG plots, flyt_stats.txt and log.txt.
+
+  harness.py run    --build DIR --out DIR [--transports native,unix,tcp,shm] [--quick] ...   (run.sh calls this)
+  harness.py report --from results.json --out DIR        re-render the report from a saved results.json
+  harness.py report --lines-dir DIR --out DIR            render from JSON-lines files: DIR/<transport>/<program>.jsonl
+                                                         and DIR/raw_stream.jsonl (used to test the report code)
+
+Only the Python standard library and matplotlib (for the plots; skipped with a note if missing) are used.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+
+TRANSPORTS = ["native", "unix", "tcp", "shm"]
+FLYT = ["unix", "tcp", "shm"]
+SOCKETS = ["unix", "tcp"]
+COLORS = {"native": "black", "unix": "tab:blue", "tcp": "tab:orange", "shm": "tab:green"}
+
+# program -> (timeout default, timeout quick). The harness also keeps a global time budget.
+PROGRAMS = {
+    "probe": (30, 20),
+    "micro": (60, 30),
+    "copy": (120, 45),
+    "matmul": (60, 30),
+    "launch_heavy": (60, 25),
+    "pipeline": (150, 40),
+}
+ORDER = ["micro", "copy", "matmul", "launch_heavy", "pipeline"]
+LOG_TAIL_CHARS = 20000
+MiB = 1 << 20
+
+
+# ----------------------------------------------------------------------------------------------------------
+# running
+
+
+class Runner:
+    def __init__(self, a):
+        self.a = a
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + a.budget_s
+        self.log = []  # text blocks for log.txt
+        self.runs = {t: {} for t in TRANSPORTS}
+        self.status = {}  # transport -> "ok" | "n/a: reason" | "not requested"
+        self.stats_runs = {}
+        self.raw = []
+
+    def remaining(self):
+        return self.deadline - time.monotonic()
+
+    def env_for(self, transport, extra=None):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLYT_")}
+        # Prepend, never replace: the machine's own LD_LIBRARY_PATH may be how libcuda.so.1 is found.
+        inherited = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+        if transport == "native":
+            first = [p for p in self.a.cuda_lib.split(":") if p]
+        else:
+            first = [os.path.join(os.path.abspath(self.a.dist), "lib")]
+        env["LD_LIBRARY_PATH"] = ":".join(first + [p for p in inherited if p not in first])
+        if transport != "native":
+            if transport == "tcp":
+                env["FLYT_SERVER"] = self.a.tcp_addr
+            else:
+                env["FLYT_SERVER"] = self.a.unix_addr
+            # Same-host detection is automatic in Flyt: the socket transports must turn the channel off.
+            env["FLYT_SHM"] = "on" if transport == "shm" else "off"
+        if extra:
+            env.update(extra)
+        return env
+
+    def server_alive(self):
+        if not self.a.server_pid:
+            return True
+        try:
+            os.kill(self.a.server_pid, 0)
+            return True
+        except OSError:
+            return False
+
+    def execute(self, label, cmd, env, timeout):
+        """Runs one command; returns a dict with rc, wall_s, timed_out, records, stderr."""
+        timeout = min(timeout, self.remaining())
+        if timeout < 3:
+            self.note(f"[{label}] skipped: the time budget ({self.a.budget_s:.0f} s) is spent")
+            return {"rc": None, "skipped": "time budget", "records": [], "stderr": "", "wall_s": 0.0}
+        flyt_env = " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("FLYT_") or k == "LD_LIBRARY_PATH")
+        t = time.monotonic()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                             errors="replace", start_new_session=True)
+        timed_out = False
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            out, err = p.communicate()
+        wall = time.monotonic() - t
+        records, junk = [], 0
+        for line in out.splitlines():
+            line = line.strip()
+            if not line.startswith("{"):
+                junk += 1
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                junk += 1
+        rc = p.returncode
+        state = "TIMEOUT" if timed_out else f"rc={rc}"
+        self.log.append(f"=== [{label}] {' '.join(cmd)}\n    env: {flyt_env}\n    {state}, {wall:.1f} s, "
+                        f"{len(records)} result lines, {junk} other stdout lines\n" + tail(err, LOG_TAIL_CHARS))
+        print(f"  [{label}] {state} in {wall:.1f} s, {len(records)} results", file=sys.stderr, flush=True)
+        return {"rc": rc, "timed_out": timed_out, "wall_s": round(wall, 3), "cmd": cmd, "records": records,
+                "stderr": err}
+
+    def note(self, text):
+        print(text, file=sys.stderr, flush=True)
+        self.log.append(text + "\n")
+
+    def program_cmd(self, prog, transport, quick):
+        cmd = [os.path.join(self.a.build, prog)]
+        if quick:
+            cmd.append("--quick")
+        if prog == "matmul" and transport != "native":
+            reps = native_matmul_reps(self.runs)
+            if reps:
+                cmd += ["--reps", str(reps)]
+        return cmd
+
+    def run_program(self, prog, transport):
+        if not self.a.dist_ok and transport != "native":
+            return
+        if transport != "native" and not self.server_alive():
+            self.note(f"[{transport}/{prog}] skipped: flyt-rpc-server is no longer running")
+            self.runs[transport][prog] = {"rc": None, "skipped": "server not running", "records": [], "stderr": ""}
+            return
+        timeout = PROGRAMS[prog][1 if self.a.quick else 0]
+        res = self.execute(f"{transport}/{prog}", self.program_cmd(prog, transport, self.a.quick),
+                           self.env_for(transport), timeout)
+        res["stderr_tail"] = tail(res.pop("stderr"), 4000)
+        self.runs[transport][prog] = res
+
+    def run_all(self):
+        a = self.a
+        wanted = [t for t in TRANSPORTS if t in a.transports]
+        for t in TRANSPORTS:
+            if t not in wanted:
+                self.status[t] = "not requested"
+        # 1. raw socket streams: the floor for the socket transports
+        if a.raw_stream and any(t in wanted for t in SOCKETS):
+            sizes = "64M,256M"
+            for sock in SOCKETS:
+                if sock not in wanted:
+                    continue
+                res = self.execute(f"raw_stream/{sock}", [a.raw_stream, "pair", sock, sizes, "3" if a.quick else "5"],
+                                   dict(os.environ), 30)
+                self.raw += [r for r in res["records"] if r.get("bench") == "raw_stream"]
+        # 2. probe: a transport whose first run fails is absent ("n/a")
+        live = []
+        for t in wanted:
+            if t != "native" and not a.dist_ok:
+                self.status[t] = f"n/a: {a.dist_problem}"
+                continue
+            self.run_program("probe", t)
+            r = self.runs[t].get("probe", {})
+            probe_ok = any(x.get("bench") == "probe" and x.get("ok") for x in r.get("records", []))
+            if r.get("rc") == 0 and probe_ok:
+                self.status[t] = "ok"
+                live.append(t)
+            else:
+                why = r.get("skipped") or ("timed out" if r.get("timed_out") else f"exit status {r.get('rc')}")
+                last = last_line(r.get("stderr_tail", ""))
+                self.status[t] = f"n/a: probe failed ({why}{': ' + last if last else ''})"
+                self.note(f"transport {t}: {self.status[t]}")
+        # 3. the benchmarks, program by program, each over every live transport (native first). A transport
+        #    whose runs fail twice in a row with no results (a hang, a crash) is not run any further.
+        failures = {t: 0 for t in live}
+        for prog in ORDER:
+            if a.programs and prog not in a.programs:
+                continue
+            for t in live:
+                if failures[t] >= 2:
+                    self.runs[t][prog] = {"rc": None, "skipped": f"{t} failed twice in a row", "records": [],
+                                          "stderr_tail": ""}
+                    continue
+                self.run_program(prog, t)
+                r = self.runs[t][prog]
+                bad = r.get("timed_out") or (r.get("rc") not in (0, None) and not r.get("records"))
+                failures[t] = failures[t] + 1 if bad else 0
+            # FLYT_STATS=1: the launch-heavy app once more per Flyt transport, its stderr kept
+            if prog == "launch_heavy":
+                for t in live:
+                    if t != "native" and failures[t] < 2:
+                        self.run_stats(t)
+
+    def run_stats(self, t):
+        cmd = [os.path.join(self.a.build, "launch_heavy"), "--rounds", "2", "--cap-s", "10"]
+        res = self.execute(f"{t}/launch_heavy FLYT_STATS=1", cmd, self.env_for(t, {"FLYT_STATS": "1"}), 40)
+        self.stats_runs[t] = {"rc": res.get("rc"), "timed_out": res.get("timed_out"), "wall_s": res.get("wall_s"),
+                              "cmd": cmd, "stderr": res.get("stderr", ""), "skipped": res.get("skipped")}
+
+    def results(self):
+        return {
+            "meta": {
+                "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "mode": "quick" if self.a.quick else "default",
+                "host": platform.node(),
+                "kernel": platform.release(),
+                "cpus": os.cpu_count(),
+                "dist": os.path.abspath(self.a.dist),
+                "transports": self.status,
+                "harness_s": round(time.monotonic() - self.t0, 1),
+                "budget_s": self.a.budget_s,
+                "tcp_addr": self.a.tcp_addr,
+                "unix_addr": self.a.unix_addr,
+            },
+            "raw_stream": self.raw,
+            "runs": self.runs,
+            "stats_runs": {t: {k: v for k, v in r.items() if k != "stderr"} for t, r in self.stats_runs.items()},
+        }
+
+
+def native_matmul_reps(runs):
+    for r in runs.get("native", {}).get("matmul", {}).get("records", []):
+        if r.get("bench") == "matmul" and r.get("reps"):
+            return int(r["reps"])
+    return None
+
+
+def tail(text, n):
+    if not text:
+        return ""
+    if len(text) <= n:
+        return text if text.endswith("\n") else text + "\n"
+    return "[... " + str(len(text) - n) + " characters cut ...]\n" + text[-n:] + ("" if text.endswith("\n") else "\n")
+
+
+def last_line(text):
+    lines = [x for x in (text or "").splitlines() if x.strip()]
+    return lines[-1].strip()[:200] if lines else ""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# extracting numbers
+
+
+class Data:
+    def __init__(self, results):
+        self.res = results
+        self.runs = results.get("runs", {})
+        self.status = results.get("meta", {}).get("transports", {})
+
+    def records(self, transport, prog):
+        return self.runs.get(transport, {}).get(prog, {}).get("records", [])
+
+    def find(self, transport, prog, bench, **match):
+        for r in self.records(transport, prog):
+            if r.get("bench") == bench and all(r.get(k) == v for k, v in match.items()):
+                return r
+        return None
+
+    def value(self, transport, prog, bench, field, **match):
+        r = self.find(transport, prog, bench, **match)
+        v = r.get(field) if r else None
+        return float(v) if isinstance(v, (int, float)) else None
+
+    def raw(self, socket, direction, nbytes):
+        for r in self.res.get("raw_stream", []):
+            if r.get("socket") == socket and r.get("dir") == direction and r.get("bytes") == nbytes:
+                return float(r["gbps"])
+        return None
+
+    def meta(self):
+        for t in TRANSPORTS:
+            for prog in ["probe", "micro"]:
+                r = self.find(t, prog, "meta")
+                if r and r.get("gpu"):
+                    return r
+        return {}
+
+    def transports(self):
+        """Transports with any result."""
+        return [t for t in TRANSPORTS if any(self.records(t, p) for p in self.runs.get(t, {}))]
+
+
+def spec_text(spec, unit):
+    def one(s):
+        kind, v = s[0], s[1]
+        num = f"{v:,}" if isinstance(v, int) else f"{v:g}"
+        if kind == "max":
+            return f"<= {num} {unit}".strip()
+        if kind == "min":
+            return f">= {num} {unit}".strip()
+        if kind == "ratio_max":
+            return f"<= {v:g}x native"
+        if kind == "raw_min":
+            return f">= {v * 100:.0f}% of raw stream"
+        return "?"
+
+    if not spec:
+        return "-"
+    so, sh = spec.get("sockets"), spec.get("shm")
+    if so and sh and so == sh:
+        return one(so)
+    parts = []
+    if so:
+        parts.append(one(so) + " (sockets)")
+    if sh:
+        parts.append(one(sh) + " (shm)")
+    return "; ".join(parts)
+
+
+def build_rows(d):
+    """The metrics of the table: each row has values per transport, ratios, target and verdicts."""
+    rows = []
+
+    def row(metric, unit, getter, spec=None, raw_key=None, higher=False, section=None):
+        vals = {t: getter(t) for t in TRANSPORTS}
+        rows.append({"metric": metric, "unit": unit, "values": vals, "spec": spec, "raw_key": raw_key,
+                     "higher_is_better": higher, "section": section})
+
+    v = d.value
+    row("null call (cudaStreamQuery) p50", "us", lambda t: v(t, "micro", "null_call", "p50_us"),
+        {"sockets": ("max", 25), "shm": ("max", 3)}, section="Latency")
+    row("null call p99", "us", lambda t: v(t, "micro", "null_call", "p99_us"), {"sockets": ("max", 60), "shm": ("max", 10)})
+    row("null call p99.9", "us", lambda t: v(t, "micro", "null_call", "p999_us"))
+    row("empty launch + sync p50", "us", lambda t: v(t, "micro", "launch_sync", "p50_us"),
+        {"sockets": ("max", 40), "shm": ("max", 12)})
+    row("empty launch + sync p99", "us", lambda t: v(t, "micro", "launch_sync", "p99_us"))
+    row("empty launch + sync p99.9", "us", lambda t: v(t, "micro", "launch_sync", "p999_us"))
+    row("client CPU per async launch (10k batch mean)", "us", lambda t: v(t, "micro", "cpu_per_launch", "mean_us"),
+        {"sockets": ("max", 1.5), "shm": ("max", 1.5)})
+    row("async launch, single call p99", "us", lambda t: v(t, "micro", "cpu_per_launch", "each_p99_us"))
+    row("async launch, process CPU per launch", "us", lambda t: v(t, "micro", "cpu_per_launch", "process_cpu_us"))
+    row("launches per second (100k, one sync)", "/s", lambda t: v(t, "micro", "launch_rate", "per_s"),
+        {"sockets": ("min", 250000), "shm": ("min", 320000)}, higher=True)
+    row("cudaMalloc + cudaFree 1 MiB p50", "us", lambda t: v(t, "micro", "malloc_free", "p50_us"))
+    for mem in ["pageable", "pinned"]:
+        for dr in ["H2D", "D2H"]:
+            row(f"4 KiB sync copy {mem} {dr} p50", "us",
+                lambda t, mem=mem, dr=dr: v(t, "copy", "copy_4k", "p50_us", mem=mem, dir=dr),
+                {"sockets": ("max", 45), "shm": ("max", 12)})
+    for nbytes in [64 * MiB, 256 * MiB]:
+        for mem in ["pinned", "pageable"]:
+            for dr in ["H2D", "D2H"]:
+                shm_min = 50 if mem == "pinned" else 20
+                row(f"copy {nbytes // MiB} MiB {mem} {dr}", "GB/s",
+                    lambda t, mem=mem, dr=dr, n=nbytes: v(t, "copy", "copy", "gbps", mem=mem, dir=dr, bytes=n),
+                    {"sockets": ("raw_min", 0.8), "shm": ("min", shm_min)},
+                    raw_key=("c2s" if dr == "H2D" else "s2c", nbytes), higher=True,
+                    section="Bandwidth" if (nbytes == 64 * MiB and mem == "pinned" and dr == "H2D") else None)
+        row(f"copy {nbytes // MiB} MiB D2D", "GB/s",
+            lambda t, n=nbytes: v(t, "copy", "copy", "gbps", mem="device", dir="D2D", bytes=n), higher=True)
+    for nbytes in [64 * MiB, 256 * MiB]:
+        for dr, name in [("c2s", "client->server"), ("s2c", "server->client")]:
+            row(f"raw socket stream {nbytes // MiB} MiB {name}", "GB/s",
+                lambda t, dr=dr, n=nbytes: d.raw(t, dr, n) if t in SOCKETS else None, higher=True)
+    row("compute-bound app (matmul), total", "s", lambda t: v(t, "matmul", "matmul", "total_s"),
+        {"sockets": ("ratio_max", 1.02), "shm": ("ratio_max", 1.01)}, section="Applications")
+    row("launch-heavy app, per 10k launches + sync (mean)", "ms", lambda t: v(t, "launch_heavy", "launch_heavy", "round_mean_ms"),
+        {"sockets": ("ratio_max", 2.0), "shm": ("ratio_max", 1.3)})
+    sizes = sorted({r["bytes"] for t in TRANSPORTS for r in d.records(t, "pipeline")
+                    if r.get("bench") == "pipeline" and "bytes" in r and "median_ms" in r})
+    for n in sizes:
+        row(f"pipeline {human_bytes(n)} (3 malloc, memset, 2 H2D, kernel, sync, 3 D2H)", "ms",
+            lambda t, n=n: v(t, "pipeline", "pipeline", "median_ms", bytes=n))
+
+    # ratios and verdicts
+    matmul_reps = {t: v(t, "matmul", "matmul", "reps") for t in TRANSPORTS}
+    for r in rows:
+        vals, spec = r["values"], r["spec"] or {}
+        nat = vals.get("native")
+        r["ratios"], r["verdicts"], r["notes"] = {}, {}, {}
+        for t in FLYT:
+            x = vals.get(t)
+            if x is not None and nat:
+                if r["metric"].startswith("compute-bound") and matmul_reps.get(t) != matmul_reps.get("native"):
+                    r["notes"][t] = "repetitions differ from native"
+                else:
+                    r["ratios"][t] = x / nat
+            s = spec.get("shm" if t == "shm" else "sockets")
+            if not s:
+                continue
+            if x is None:
+                r["verdicts"][t] = "n/a"
+                continue
+            kind, lim = s
+            if kind == "max":
+                ok = x <= lim
+            elif kind == "min":
+                ok = x >= lim
+            elif kind == "ratio_max":
+                ratio = r["ratios"].get(t)
+                ok = None if ratio is None else ratio <= lim
+            elif kind == "raw_min":
+                raw = d.raw(t, *r["raw_key"]) if r["raw_key"] else None
+                if raw:
+                    r["notes"][t] = f"{100 * x / raw:.0f}% of raw"
+                ok = None if not raw else x >= lim * raw
+            else:
+                ok = None
+            r["verdicts"][t] = "n/a" if ok is None else ("PASS" if ok else "FAIL")
+    return rows
+
+
+def fmt_num(x):
+    if x is None:
+        return "n/a"
+    a = abs(x)
+    if a >= 10000:
+        return f"{x:,.0f}"
+    if a >= 100:
+        return f"{x:.1f}"
+    if a >= 10:
+        return f"{x:.2f}"
+    if a >= 0.01:
+        return f"{x:.3f}"
+    return f"{x:.3g}"
+
+
+def short_bytes(x):
+    n = int(round(x))
+    for unit, s in [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")]:
+        if n >= unit:
+            return f"{n / unit:g}{s}"
+    return f"{n}B"
+
+
+def human_bytes(n):
+    for unit, s in [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")]:
+        if n >= unit and n % unit == 0:
+            return f"{n // unit} {s}"
+    return f"{n} B"
+
+
+def render_md(d, rows):
+    meta = d.res.get("meta", {})
+    gm = d.meta()
+    lines = ["# Flyt benchmarks: native vs Flyt", ""]
+    gpu = gm.get("gpu", "unknown GPU")
+    extra = []
+    if gm.get("sms"):
+        extra.append(f"{gm['sms']} SMs")
+    if gm.get("mem_mib"):
+        extra.append(f"{gm['mem_mib'] / 1024:.0f} GiB")
+    if gm.get("driver_version"):
+        extra.append(f"driver API {gm['driver_version']}")
+    if gm.get("runtime_version"):
+        extra.append(f"runtime {gm['runtime_version']}")
+    lines.append(f"- date: {meta.get('date_utc', '?')}; mode: {meta.get('mode', '?')}; "
+                 f"harness time {meta.get('harness_s', '?')} s")
+    lines.append(f"- GPU: {gpu}" + (f" ({', '.join(extra)})" if extra else "") +
+                 f"; host: {meta.get('cpus', '?')} CPUs, kernel {meta.get('kernel', '?')}")
+    st = meta.get("transports", {})
+    lines.append("- transports: " + ", ".join(f"{t} {st.get(t, 'n/a')}" for t in TRANSPORTS))
+    problems = []
+    for t in TRANSPORTS:
+        for prog, r in d.runs.get(t, {}).items():
+            if prog == "probe" and not st.get(t, "ok").startswith("ok"):
+                continue  # already said in the transports line
+            if r.get("skipped"):
+                problems.append(f"{t}/{prog} skipped ({r['skipped']})")
+            elif r.get("timed_out"):
+                problems.append(f"{t}/{prog} timed out")
+            elif r.get("rc") not in (0, None):
+                problems.append(f"{t}/{prog} exit {r['rc']}: {last_line(r.get('stderr_tail', ''))}")
+            for rec in r.get("records", []):
+                if rec.get("ok") is False:
+                    problems.append(f"{t}/{prog}: WRONG RESULT in {rec.get('bench')}")
+                if rec.get("error"):
+                    problems.append(f"{t}/{prog}: {rec.get('bench')} failed: {rec['error']}")
+    if problems:
+        lines.append("- problems: " + "; ".join(problems))
+    reps = d.value("native", "matmul", "matmul", "reps")
+    if reps:
+        n = d.value("native", "matmul", "matmul", "n")
+        tf = d.value("native", "matmul", "matmul", "tflops")
+        lines.append(f"- compute-bound app: {int(n or 0)}x{int(n or 0)} SGEMM x {int(reps)} "
+                     f"({fmt_num(tf)} TFLOP/s native)")
+    lines.append("- sockets = the Unix-socket and TCP-loopback columns; shm = Unix socket + shared-memory channel. "
+                 "Ratio = Flyt / native. Raw stream = `raw_stream.c` over the same kind of socket, 1 MiB writes "
+                 "(H2D compared with client->server, D2H with server->client).")
+    lines.append("")
+    lines.append("| metric | native | unix | tcp | shm | ratio vs native | target | pass/fail |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
+    for r in rows:
+        if r.get("section"):
+            lines.append(f"| **{r['section']}** | | | | | | | |")
+        cells = []
+        for t in TRANSPORTS:
+            x = r["values"].get(t)
+            c = fmt_num(x) if x is not None else ("-" if st.get(t, "").startswith("not requested") else "n/a")
+            if x is not None and t in r["notes"] and "raw" in r["notes"][t]:
+                c += f" ({r['notes'][t]})"
+            cells.append(c)
+        ratio = ", ".join(f"{t} {r['ratios'][t]:.2f}x" for t in FLYT if t in r["ratios"]) or "-"
+        notes = [f"{t}: {r['notes'][t]}" for t in FLYT if t in r["notes"] and "raw" not in r["notes"][t]]
+        if notes:
+            ratio += " (" + "; ".join(notes) + ")"
+        verdict = ", ".join(f"{t} {r['verdicts'][t]}" for t in FLYT if t in r["verdicts"]
+                            and not st.get(t, "").startswith("not requested")) or "-"
+        unit = f" ({r['unit']})" if r["unit"] else ""
+        lines.append(f"| {r['metric']}{unit} | " + " | ".join(cells) +
+                     f" | {ratio} | {spec_text(r['spec'], r['unit'])} | {verdict} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# plots
+
+
+def plots(d, out, log):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FixedLocator, FuncFormatter
+    except Exception as e:  # noqa: BLE001 -- plots are optional
+        log.append(f"plots skipped: matplotlib unavailable ({e})\n")
+        return []
+    written = []
+    import math
+
+    def tx(p):
+        return -math.log10(max(1e-5, 1 - p / 100.0))
+
+    # latency distributions
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, bench, title in [(axes[0], "null_call", "synchronizing null call (cudaStreamQuery, idle stream)"),
+                             (axes[1], "launch_sync", "empty kernel launch + cudaDeviceSynchronize")]:
+        any_ = False
+        for t in TRANSPORTS:
+            r = d.find(t, "micro", bench)
+            if not r or not r.get("cdf_p"):
+                continue
+            pts = [(tx(p), u) for p, u in zip(r["cdf_p"], r["cdf_us"]) if p < 100 and u is not None and u > 0]
+            if not pts:
+                continue
+            ax.plot([a for a, _ in pts], [b for _, b in pts], color=COLORS[t],
+                    label=f"{t} (p50 {fmt_num(r.get('p50_us'))}, p99 {fmt_num(r.get('p99_us'))} us)")
+            any_ = True
+        ticks = [0, 50, 90, 99, 99.9, 99.99]
+        ax.xaxis.set_major_locator(FixedLocator([tx(p) for p in ticks]))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{100 * (1 - 10 ** -x):.4g}"))
+        ax.set_yscale("log")
+        ax.set_xlabel("percentile")
+        ax.set_ylabel("latency (us)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if any_:
+            ax.legend(fontsize=8)
+    fig.suptitle("Latency distribution per transport")
+    fig.tight_layout()
+    p = os.path.join(out, "latency.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    written.append(p)
+
+    # copy bandwidth
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    panels = [("pinned", "H2D", axes[0][0]), ("pinned", "D2H", axes[0][1]), ("device", "D2D", axes[0][2]),
+              ("pageable", "H2D", axes[1][0]), ("pageable", "D2H", axes[1][1])]
+    for mem, dr, ax in panels:
+        for t in TRANSPORTS:
+            pts = sorted((r["bytes"], r["gbps"]) for r in d.records(t, "copy")
+                         if r.get("bench") == "copy" and r.get("mem") == mem and r.get("dir") == dr
+                         and r.get("gbps"))
+            if pts:
+                ax.plot([a for a, _ in pts], [b for _, b in pts], marker="o", ms=3, color=COLORS[t], label=t)
+        if dr in ("H2D", "D2H"):
+            rd = "c2s" if dr == "H2D" else "s2c"
+            for sock in SOCKETS:
+                g = d.raw(sock, rd, 256 * MiB) or d.raw(sock, rd, 64 * MiB)
+                if g:
+                    ax.axhline(g, color=COLORS[sock], ls="--", lw=0.8, label=f"raw {sock} stream")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator([4 ** k for k in range(1, 15, 2)]))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: short_bytes(x)))
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes per cudaMemcpy")
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{mem} {dr}" if mem != "device" else "device to device", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    ax = axes[1][2]
+    series = [("pageable", "H2D"), ("pageable", "D2H"), ("pinned", "H2D"), ("pinned", "D2H")]
+    width = 0.2
+    for i, t in enumerate(TRANSPORTS):
+        ys = [d.value(t, "copy", "copy_4k", "p50_us", mem=m, dir=dr) for m, dr in series]
+        if any(y is not None for y in ys):
+            ax.bar([k + (i - 1.5) * width for k in range(len(series))], [y or 0 for y in ys], width,
+                   color=COLORS[t], label=t)
+    ax.set_xticks(range(len(series)))
+    ax.set_xticklabels([f"{m}\n{dr}" for m, dr in series], fontsize=8)
+    ax.set_ylabel("p50 latency (us)")
+    ax.set_title("4 KiB synchronous cudaMemcpy", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    if ax.patches:
+        ax.legend(fontsize=7)
+    fig.suptitle("cudaMemcpy bandwidth against size (median of repetitions)")
+    fig.tight_layout()
+    p = os.path.join(out, "bandwidth.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    written.append(p)
+
+    # applications
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    nat = {r["bytes"]: r["median_ms"] for r in d.records("native", "pipeline")
+           if r.get("bench") == "pipeline" and r.get("median_ms")}
+    for t in TRANSPORTS:
+        pts = sorted((r["bytes"], r["median_ms"]) for r in d.records(t, "pipeline")
+                     if r.get("bench") == "pipeline" and r.get("median_ms"))
+        if not pts:
+            continue
+        axes[0].plot([a for a, _ in pts], [b for _, b in pts], marker="o", ms=3, color=COLORS[t], label=t)
+        if t != "native":
+            rp = [(a, b / nat[a]) for a, b in pts if a in nat and nat[a]]
+            if rp:
+                axes[1].plot([a for a, _ in rp], [b for _, b in rp], marker="o", ms=3, color=COLORS[t], label=t)
+    for ax, yl, title in [(axes[0], "wall time (ms)", "pipeline: wall time per size"),
+                          (axes[1], "Flyt / native", "pipeline: ratio vs native")]:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: short_bytes(x)))
+        if ax is axes[0]:
+            ax.set_yscale("log")
+        ax.set_xlabel("bytes per buffer")
+        ax.set_ylabel(yl)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    axes[1].axhline(1.0, color="black", lw=0.8)
+    ax = axes[2]
+    apps = [("matmul", "matmul", "total_s", "compute-bound", (1.02, 1.01)),
+            ("launch_heavy", "launch_heavy", "round_mean_ms", "launch-heavy", (2.0, 1.3))]
+    for i, t in enumerate(FLYT):
+        ys = []
+        for prog, bench, field, _, _ in apps:
+            a_, b_ = d.value(t, prog, bench, field), d.value("native", prog, bench, field)
+            ys.append(a_ / b_ if a_ and b_ else 0)
+        if any(ys):
+            bars = ax.bar([k + (i - 1) * 0.25 for k in range(len(apps))], ys, 0.25, color=COLORS[t], label=t)
+            ax.bar_label(bars, labels=[f"{y:.3f}" if y else "" for y in ys], fontsize=7)
+    for k, (_, _, _, _, (sock_t, shm_t)) in enumerate(apps):
+        ax.hlines(sock_t, k - 0.4, k + 0.4, colors="red", linestyles="--", lw=1)
+        ax.hlines(shm_t, k - 0.4, k + 0.4, colors="green", linestyles=":", lw=1)
+    ax.set_xticks(range(len(apps)))
+    ax.set_xticklabels([x[3] for x in apps])
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel("Flyt / native (lower is better)")
+    ax.set_title("applications vs native (red: socket target, green: shm target)", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    if ax.patches:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = os.path.join(out, "apps.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    written.append(p)
+    return written
+
+
+# ----------------------------------------------------------------------------------------------------------
+# writing the results folder
+
+
+def write_report(results, out, log_blocks=None, stats_text=None):
+    os.makedirs(out, exist_ok=True)
+    d = Data(results)
+    rows = build_rows(d)
+    results["table"] = [{k: r[k] for k in ("metric", "unit", "values", "ratios", "verdicts", "notes")} |
+                        {"target": spec_text(r["spec"], r["unit"])} for r in rows]
+    md = render_md(d, rows)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(md)
+    log = list(log_blocks or [])
+    plots(d, out, log)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, sort_keys=False)
+        f.write("\n")
+    if stats_text is not None:
+        with open(os.path.join(out, "flyt_stats.txt"), "w") as f:
+            f.write(stats_text)
+    if log_blocks is not None:
+        with open(os.path.join(out, "log.txt"), "w") as f:
+            f.write("".join(log))
+    return md
+
+
+def stats_file_text(runner):
+    parts = []
+    for t, r in runner.stats_runs.items():
+        state = r.get("skipped") or ("timed out" if r.get("timed_out") else f"exit status {r.get('rc')}")
+        parts.append(f"===== {t}: FLYT_STATS=1 {' '.join(r.get('cmd', []))} ({state}, {r.get('wall_s')} s)\n")
+        parts.append(tail(r.get("stderr", ""), 2_000_000))
+        parts.append("\n")
+    if not parts:
+        parts.append("No Flyt transport ran, so there are no FLYT_STATS reports.\n")
+    return "".join(parts)
+
+
+def cmd_run(a):
+    a.transports = [t.strip() for t in a.transports.split(",") if t.strip()]
+    bad = [t for t in a.transports if t not in TRANSPORTS]
+    if bad:
+        sys.exit(f"harness: unknown transport(s) {bad}; choose from {TRANSPORTS}")
+    a.programs = [p.strip() for p in a.programs.split(",") if p.strip()] if a.programs else []
+    a.dist_ok, a.dist_problem = True, ""
+    if any(t != "native" for t in a.transports):
+        if not a.unix_addr or not a.tcp_addr:
+            a.dist_ok, a.dist_problem = False, "flyt-rpc-server did not start"
+        elif not os.path.exists(os.path.join(a.dist, "lib", "libcudart.so.13")):
+            a.dist_ok, a.dist_problem = False, f"{a.dist}/lib/libcudart.so.13 missing"
+    r = Runner(a)
+    r.run_all()
+    results = r.results()
+    md = write_report(results, a.out, r.log, stats_file_text(r))
+    print(f"harness: wrote {a.out} in {time.monotonic() - r.t0:.0f} s", file=sys.stderr)
+    return md
+
+
+def load_lines_dir(path):
+    """DIR/<transport>/<program>.jsonl (+ DIR/raw_stream.jsonl) -> a results dict."""
+    res = {"meta": {"date_utc": "synthetic", "mode": "test", "transports": {}}, "raw_stream": [], "runs": {}}
+    raw = os.path.join(path, "raw_stream.jsonl")
+    if os.path.exists(raw):
+        res["raw_stream"] = [json.loads(x) for x in open(raw) if x.strip().startswith("{")]
+    for t in TRANSPORTS:
+        td = os.path.join(path, t)
+        if not os.path.isdir(td):
+            res["meta"]["transports"][t] = "n/a: no data"
+            continue
+        res["meta"]["transports"][t] = "ok"
+        res["runs"][t] = {}
+        for fn in sorted(os.listdir(td)):
+            if fn.endswith(".jsonl"):
+                recs = [json.loads(x) for x in open(os.path.join(td, fn)) if x.strip().startswith("{")]
+                res["runs"][t][fn[:-6]] = {"rc": 0, "records": recs}
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the benchmarks and write the results folder")
+    r.add_argument("--build", required=True, help="folder with the compiled benchmark programs")
+    r.add_argument("--out", required=True)
+    r.add_argument("--dist", default="dist")
+    r.add_argument("--transports", default="native,unix,tcp,shm")
+    r.add_argument("--programs", default="", help="comma list (default: all) of " + ",".join(ORDER))
+    r.add_argument("--quick", action="store_true")
+    r.add_argument("--unix-addr", default="", help="FLYT_SERVER value for the Unix socket, e.g. unix:/tmp/x/flyt.sock")
+    r.add_argument("--tcp-addr", default="", help="FLYT_SERVER value for TCP, e.g. 127.0.0.1:40000")
+    r.add_argument("--server-pid", type=int, default=0)
+    r.add_argument("--cuda-lib", default="/usr/local/cuda/lib64", help="LD_LIBRARY_PATH for native runs")
+    r.add_argument("--raw-stream", default="", help="the compiled raw_stream program")
+    r.add_argument("--budget-s", type=float, default=400.0, help="stop starting runs after this many seconds")
+    p = sub.add_parser("report", help="render the results folder from saved data")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--from", dest="src", help="a results.json")
+    g.add_argument("--lines-dir", help="DIR/<transport>/<program>.jsonl files")
+    p.add_argument("--out", required=True)
+    a = ap.parse_args()
+    if a.cmd == "run":
+        md = cmd_run(a)
+    else:
+        if a.src:
+            with open(a.src) as f:
+                results = json.load(f)
+        else:
+            results = load_lines_dir(a.lines_dir)
+        md = write_report(results, a.out)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Flyt benchmarks on the GPU machine: native CUDA vs Flyt over each transport, in one run.
+#
+#   benchmarks/run.sh [--dist DIR] [--out DIR] [--quick] [--transports native,unix,tcp,shm]
+#                     [--programs micro,copy,matmul,launch_heavy,pipeline] [--budget SECONDS] [--build-only]
+#
+#   --dist DIR        prebuilt Flyt: DIR/lib/libcudart.so.13 and DIR/bin/flyt-rpc-server (default: dist,
+#                     relative to the repository root)
+#   --out DIR         results folder (default: benchmarks/results); gets results.md, results.json,
+#                     latency.png, bandwidth.png, apps.png, flyt_stats.txt, log.txt (7 files, flat)
+#   --quick           fewer iterations and smaller sweeps (under 2 minutes)
+#   --transports L    which columns to run (default: all four); a Flyt transport whose first run fails is n/a
+#   --programs L      only these benchmark programs (default: all)
+#   --budget S        stop starting new runs S seconds after this script started (default 420, quick 110)
+#   --build-only      compile the programs into benchmarks/.build and stop (no GPU needed)
+# Environment: NVCC (default: nvcc on PATH, /usr/local/cuda/bin/nvcc, or .cuda/bin/nvcc), CC (default gcc).
+# The markdown table is printed last on stdout; progress goes to stderr.
+set -euo pipefail
+
+start=$SECONDS
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+dist=$root/dist
+out=$here/results
+quick=0
+transports=native,unix,tcp,shm
+programs=
+budget=
+build_only=0
+
+usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+while [ $# -gt 0 ]; do
+    case $1 in
+        --dist) dist=${2:?--dist needs a folder}; shift 2 ;;
+        --out) out=${2:?--out needs a folder}; shift 2 ;;
+        --quick) quick=1; shift ;;
+        --transports) transports=${2:?--transports needs a list}; shift 2 ;;
+        --programs) programs=${2:?--programs needs a list}; shift 2 ;;
+        --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
+        --build-only) build_only=1; shift ;;
+        -h|--help) usage 0 ;;
+        *) echo "run.sh: unknown argument $1" >&2; usage ;;
+    esac
+done
+[ -n "$budget" ] || { if [ "$quick" = 1 ]; then budget=110; else budget=420; fi; }
+dist=$(cd "$dist" 2>/dev/null && pwd || echo "$dist")
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+log() { echo "run.sh: $*" >&2; }
+
+# --- build ----------------------------------------------------------------------------------------------
+nvcc=${NVCC:-}
+if [ -z "$nvcc" ]; then
+    for c in "$(command -v nvcc || true)" /usr/local/cuda/bin/nvcc "$root/.cuda/bin/nvcc"; do
+        if [ -n "$c" ] && [ -x "$c" ]; then nvcc=$c; break; fi
+    done
+fi
+[ -n "$nvcc" ] || { log "no nvcc found (set NVCC)"; exit 1; }
+cuda_home=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+ldflags=()
+cuda_lib=
+for d in "$cuda_home/lib64" "$cuda_home/targets/x86_64-linux/lib" "$cuda_home/lib"; do
+    if [ -e "$d/libcudart.so.13" ] || [ -e "$d/libcudart.so" ]; then
+        ldflags+=("-L$d")
+        cuda_lib=${cuda_lib:+$cuda_lib:}$d
+    fi
+done
+build=$here/.build
+mkdir -p "$build"
+progs=(probe micro copy matmul launch_heavy pipeline)
+log "building with $nvcc into $build"
+pids=()
+names=()
+for p in "${progs[@]}"; do
+    if [ "$build/$p" -nt "$here/$p.cu" ] && [ "$build/$p" -nt "$here/common.h" ]; then continue; fi
+    "$nvcc" -cudart=shared -O3 -arch=sm_90 -std=c++17 "${ldflags[@]}" -o "$build/$p" "$here/$p.cu" \
+        >"$build/$p.build.log" 2>&1 &
+    pids+=($!)
+    names+=("$p")
+done
+"${CC:-gcc}" -O2 -Wall -o "$build/raw_stream" "$here/raw_stream.c" >"$build/raw_stream.build.log" 2>&1 &
+pids+=($!)
+names+=(raw_stream)
+failed=0
+for i in "${!pids[@]}"; do
+    if ! wait "${pids[$i]}"; then
+        log "building ${names[$i]} failed:"
+        cat "$build/${names[$i]}.build.log" >&2
+        failed=1
+    fi
+done
+[ "$failed" = 0 ] || exit 1
+log "built in $((SECONDS - start)) s"
+[ "$build_only" = 0 ] || exit 0
+
+# --- the Flyt server ------------------------------------------------------------------------------------
+tmp=$(mktemp -d /tmp/flyt-bench.XXXXXX)
+server_pid=
+unix_addr=
+tcp_addr=
+cleanup() {
+    local rc=$?
+    if [ -n "$server_pid" ]; then
+        # The server was started in a session of its own (setsid): stop its whole process group, workers too.
+        kill -TERM -- "-$server_pid" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL -- "-$server_pid" 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
+        if [ -d "$out" ]; then
+            {
+                echo "=== flyt-rpc-server stdout (last 200 lines)"
+                tail -n 200 "$tmp/server.out" 2>/dev/null || true
+                echo "=== flyt-rpc-server stderr (last 400 lines)"
+                tail -n 400 "$tmp/server.err" 2>/dev/null || true
+            } >>"$out/log.txt"
+        fi
+    fi
+    rm -rf "$tmp"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ "$transports" != native ]; then
+    if [ -x "$dist/bin/flyt-rpc-server" ]; then
+        log "starting $dist/bin/flyt-rpc-server"
+        setsid "$dist/bin/flyt-rpc-server" --device cuda --listen 127.0.0.1:0 --listen "unix:$tmp/flyt.sock" \
+            >"$tmp/server.out" 2>"$tmp/server.err" </dev/null &
+        server_pid=$!
+        ready=
+        for _ in $(seq 600); do
+            ready=$(grep -m1 '^flyt-rpc-server listening on ' "$tmp/server.out" 2>/dev/null || true)
+            [ -z "$ready" ] || break
+            kill -0 "$server_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if [ -n "$ready" ]; then
+            for tok in ${ready#flyt-rpc-server listening on }; do
+                case $tok in
+                    unix:*) unix_addr=$tok ;;
+                    *:*) tcp_addr=$tok ;;
+                esac
+            done
+            log "server ready: tcp $tcp_addr, $unix_addr"
+        else
+            log "flyt-rpc-server gave no ready line within 60 s (or exited); Flyt transports will be n/a"
+            tail -n 20 "$tmp/server.err" >&2 || true
+        fi
+    else
+        log "no $dist/bin/flyt-rpc-server; Flyt transports will be n/a"
+    fi
+fi
+
+# --- run ------------------------------------------------------------------------------------------------
+left=$((budget - (SECONDS - start) - 5))
+[ "$left" -gt 10 ] || left=10
+args=(run --build "$build" --out "$out" --dist "$dist" --transports "$transports" --cuda-lib "$cuda_lib"
+      --raw-stream "$build/raw_stream" --budget-s "$left" --unix-addr "$unix_addr" --tcp-addr "$tcp_addr"
+      --server-pid "${server_pid:-0}")
+[ "$quick" = 0 ] || args+=(--quick)
+[ -z "$programs" ] || args+=(--programs "$programs")
+python3 "$here/harness.py" "${args[@]}"
+log "done in $((SECONDS - start)) s; results in $out"
