@@ -57,25 +57,29 @@ static void worker(int t, int rounds, Result &r) {
         TCHECK(r, cudaStreamCreate(&s));
     const int n = (1 << 18) + t * 1000;
     const size_t bytes = (size_t)n * sizeof(unsigned int);
-    unsigned int *d, *h_pinned;
-    std::vector<unsigned int> h_page(n), mirror(n);
+    unsigned int *d, *h_pinned_in, *h_pinned_out;
+    std::vector<unsigned int> h_page_in(n), h_page_out(n), mirror(n);
     TCHECK(r, cudaMalloc(&d, bytes));
-    TCHECK(r, cudaMallocHost((void **)&h_pinned, bytes));
+    TCHECK(r, cudaMallocHost((void **)&h_pinned_in, bytes));
+    TCHECK(r, cudaMallocHost((void **)&h_pinned_out, bytes));
     for (int i = 0; i < n; i++) mirror[i] = (unsigned int)(i * 7 + t);
     for (int round = 0; round < rounds; round++) {
         const unsigned int mul = 3 + 2 * t, add = (unsigned int)(round * 101 + t);
-        // Alternate pageable and pinned host buffers, and a short-lived allocation every round.
-        unsigned int *h = (round % 2) ? h_pinned : h_page.data();
-        memcpy(h, mirror.data(), bytes);
+        // Alternate pageable and pinned host buffers, and a short-lived allocation every round. The
+        // input buffer is not touched again before the stream is synchronized (an async copy from
+        // pinned memory may still be reading it).
+        unsigned int *h_in = (round % 2) ? h_pinned_in : h_page_in.data();
+        unsigned int *h = (round % 2) ? h_pinned_out : h_page_out.data();
+        memcpy(h_in, mirror.data(), bytes);
+        memset(h, 0, bytes);
         unsigned int *d_tmp;
         TCHECK(r, cudaMalloc(&d_tmp, 4096));
         TCHECK(r, cudaMemsetAsync(d_tmp, t, 4096, s));
-        TCHECK(r, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, s));
+        TCHECK(r, cudaMemcpyAsync(d, h_in, bytes, cudaMemcpyHostToDevice, s));
         step<<<(n + 255) / 256, 256, 0, s>>>(d, n, mul, add);
         TCHECK(r, cudaGetLastError());
         step<<<(n + 255) / 256, 256, 0, s>>>(d, n, mul, add);
         TCHECK(r, cudaGetLastError());
-        memset(h, 0, bytes);
         TCHECK(r, cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, s));
         TCHECK(r, cudaStreamSynchronize(s));
         unsigned char tmp_back[4096];
@@ -102,7 +106,8 @@ static void worker(int t, int rounds, Result &r) {
     }
     TCHECK(r, cudaStreamDestroy(s));
     TCHECK(r, cudaFree(d));
-    TCHECK(r, cudaFreeHost(h_pinned));
+    TCHECK(r, cudaFreeHost(h_pinned_in));
+    TCHECK(r, cudaFreeHost(h_pinned_out));
     r.msg = "ok";
 }
 
@@ -171,9 +176,10 @@ int main() {
         tb.join();
         expect_err("thread B cudaPeekAtLastError after thread A's bad launch", b_peek, cudaSuccess);
         expect_err("thread B cudaGetLastError after thread A's bad launch", b_get, cudaSuccess);
-        expect_err("thread A cudaPeekAtLastError", a_peek1, cudaErrorInvalidConfiguration);
-        expect_err("thread A cudaPeekAtLastError again", a_peek2, cudaErrorInvalidConfiguration);
-        expect_err("thread A cudaGetLastError", a_get1, cudaErrorInvalidConfiguration);
+        // (CUDA 13.0 natively reports cudaErrorInvalidValue for this launch; the runner compares names.)
+        expect_some_err("thread A cudaPeekAtLastError", a_peek1);
+        expect_err("thread A cudaPeekAtLastError again", a_peek2, a_peek1);
+        expect_err("thread A cudaGetLastError", a_get1, a_peek1);
         expect_err("thread A cudaGetLastError again", a_get2, cudaSuccess);
         expect_err("main thread cudaGetLastError", cudaGetLastError(), cudaSuccess);
     }
