@@ -152,6 +152,8 @@ static int run(const bench::Args &args) {
         CK(cudaMalloc(&dA, bytes));
         CK(cudaMalloc(&dB, bytes));
         CK(cudaMalloc(&dC, bytes));
+        CK(cudaMemset(dA, 0, bytes));
+        CK(cudaMemset(dB, 0, bytes));
         launch(n, dA, dB, dC);
         CK(cudaDeviceSynchronize());
         CK(cudaFree(dA));

@@ -114,6 +114,7 @@ static int run(const bench::Args &args) {
             CK(cudaMemcpy(a, in_a, n, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(b, in_b, n, cudaMemcpyHostToDevice));
             add<<<grid, 256>>>(a, b, c, count);
+            CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(out_a, a, n, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(out_b, b, n, cudaMemcpyDeviceToHost));
