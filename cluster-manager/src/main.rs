@@ -1,7 +1,120 @@
-//! flyt-cluster-manager (skeleton).
+//! flyt-cluster-manager: inventory, placement, allocations, leases and the admin API.
+//!
+//! `flyt-cluster-manager [--config FILE]`; every setting also comes from the environment
+//! (`FLYT_CLUSTER_MANAGER_*`, see `configs/cluster-manager.toml`). When ready it prints one line
+//! on stdout: `flyt-cluster-manager listening on <tcp address> unix:<admin socket>`.
 #![forbid(unsafe_code)]
 
-fn main() {
-    eprintln!("flyt-cluster-manager: not built yet");
-    std::process::exit(2);
+mod config;
+mod model;
+mod service;
+mod store;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use clap::Parser;
+use flyt_daemon_kit::{
+    auth::ClusterKey,
+    rpc::{self, ControlListener, Endpoint},
+};
+use flyt_protocol::control::{
+    auth::ServiceName,
+    cluster::{ClusterAdmin, ClusterClient, ClusterNode},
+};
+
+use crate::{
+    config::{ClusterManagerConfig, ENV_PREFIX},
+    service::{Cluster, ClusterService},
+    store::{Store, embedded::EmbeddedStore, mongo::MongoStore},
+};
+
+/// How often leases and idle allocations are checked.
+const REAP_PERIOD: Duration = Duration::from_millis(250);
+
+#[derive(Parser)]
+#[command(version, about = "Flyt cluster manager: places GPU slices and keeps the cluster's state")]
+struct Args {
+    /// TOML config file; settings missing from it take their defaults, and FLYT_CLUSTER_MANAGER_* variables override both.
+    #[arg(long, env = "FLYT_CLUSTER_MANAGER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Print the effective config (defaults, file and environment merged) and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    flyt_daemon_kit::logging::init("info");
+    let config: ClusterManagerConfig = flyt_daemon_kit::config::load(args.config.as_deref(), ENV_PREFIX, std::env::vars())?;
+    if args.print_config {
+        print!("{}", toml::to_string(&config)?);
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async {
+        let key = ClusterKey::load(config.cluster_key_file.as_ref())?;
+        if config.store.uri.is_empty() {
+            let path = PathBuf::from(&config.state_dir).join("cluster-state.json");
+            serve(EmbeddedStore::open(&path)?, key, config).await
+        } else {
+            let store = MongoStore::connect(&config.store.uri, &config.store.database).await?;
+            serve(store, key, config).await
+        }
+    })
+}
+
+async fn serve<S: Store>(store: S, key: ClusterKey, config: ClusterManagerConfig) -> anyhow::Result<()> {
+    let tcp_endpoint = Endpoint::parse(&config.listen).context("setting `listen`")?;
+    let admin_endpoint = Endpoint::Unix(PathBuf::from(&config.admin_socket));
+    let tcp = ControlListener::bind(&tcp_endpoint, 0o600).await?;
+    let admin = ControlListener::bind(&admin_endpoint, 0o600).await?;
+    let ready_line = format!("flyt-cluster-manager listening on {} {}", tcp.local_endpoint(), admin.local_endpoint());
+    let cluster: Arc<Cluster<S>> = Cluster::open(store, key.clone(), config.clone()).await?;
+    let service = ClusterService(cluster.clone());
+
+    let shared = service.clone();
+    let tcp_task = tokio::spawn(rpc::accept_loop(
+        tcp,
+        key.clone(),
+        vec![ServiceName::ClusterNode, ServiceName::ClusterClient],
+        move |name, stream| {
+            let service = shared.clone();
+            async move {
+                match name {
+                    ServiceName::ClusterNode => rpc::serve_connection(stream, ClusterNode::serve(service)).await,
+                    ServiceName::ClusterClient => rpc::serve_connection(stream, ClusterClient::serve(service)).await,
+                    _ => {}
+                }
+            }
+        },
+    ));
+    let shared = service.clone();
+    let admin_task = tokio::spawn(rpc::accept_loop(admin, key, vec![ServiceName::ClusterAdmin], move |_, stream| {
+        let service = shared.clone();
+        async move { rpc::serve_connection(stream, ClusterAdmin::serve(service)).await }
+    }));
+    tokio::spawn(service::reap_forever(cluster, REAP_PERIOD));
+
+    // Scripts and tests wait for this line (ports resolved) before they connect.
+    println!("{ready_line}");
+    Ok(wait_for_signal(tcp_task, admin_task, &admin_endpoint).await?)
+}
+
+async fn wait_for_signal(
+    tcp_task: tokio::task::JoinHandle<()>,
+    admin_task: tokio::task::JoinHandle<()>,
+    admin_endpoint: &Endpoint,
+) -> std::io::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+    }
+    tcp_task.abort();
+    admin_task.abort();
+    if let Endpoint::Unix(path) = admin_endpoint {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
 }

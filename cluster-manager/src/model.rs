@@ -1,0 +1,358 @@
+//! The cluster as the cluster manager sees it, and placement. Pure data: no I/O here, so the
+//! rules are unit-tested directly.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use flyt_protocol::{
+    control::cluster::{
+        AllocationRecord, ControlError, GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeView, VmRequirement,
+    },
+    handshake::ClientIdentity,
+};
+
+use crate::store::StoredState;
+
+const MIB: u64 = 1 << 20;
+
+/// A registered node.
+#[derive(Clone, Debug)]
+pub struct NodeEntry {
+    pub record: NodeRecord,
+    pub gpus: Vec<GpuInfo>,
+    pub last_heartbeat: Instant,
+}
+
+/// Everything the cluster manager knows.
+#[derive(Debug, Default)]
+pub struct Model {
+    pub vms: BTreeMap<String, VmRequirement>,
+    pub nodes: BTreeMap<String, NodeEntry>,
+    pub allocations: BTreeMap<String, AllocationRecord>,
+    /// Client managers (by VM ip) and their last heartbeat.
+    pub client_managers: BTreeMap<String, Instant>,
+}
+
+/// The MPS active-thread percentage that gives `compute_units` of `sm_count` SMs (rounded up,
+/// so the slice never gets fewer SMs than asked).
+pub fn sm_percentage(compute_units: u32, sm_count: u32) -> u32 {
+    if sm_count == 0 {
+        return 100;
+    }
+    (u64::from(compute_units) * 100).div_ceil(u64::from(sm_count)).clamp(1, 100) as u32
+}
+
+/// Marks an allocation idle from `now` when it has no client and no session, busy otherwise.
+pub fn refresh_idle(allocation: &mut AllocationRecord, now: u64) {
+    if allocation.clients.is_empty() && allocation.sessions == 0 {
+        allocation.idle_since.get_or_insert(now);
+    } else {
+        allocation.idle_since = None;
+    }
+}
+
+/// Adds `client` to an allocation (one entry per pid and host).
+pub fn add_client(allocation: &mut AllocationRecord, client: &ClientIdentity, now: u64) {
+    if !allocation.clients.iter().any(|known| known.pid == client.pid && known.hostname == client.hostname) {
+        allocation.clients.push(client.clone());
+    }
+    refresh_idle(allocation, now);
+}
+
+impl Model {
+    /// The model a restarted cluster manager starts from: nodes get a fresh lease (they have a
+    /// node timeout to report in before they are declared down).
+    pub fn from_stored(state: StoredState, now: Instant) -> Self {
+        let mut model = Self::default();
+        for vm in state.vm_required_resources {
+            model.vms.insert(vm.vm_ip.clone(), vm);
+        }
+        for record in state.nodes {
+            model.nodes.insert(record.node_id.clone(), NodeEntry { record, gpus: Vec::new(), last_heartbeat: now });
+        }
+        for gpu in state.gpus {
+            if let Some(node) = model.nodes.get_mut(&gpu.node_id) {
+                node.gpus.push(gpu.gpu);
+            }
+        }
+        for allocation in state.allocations {
+            model.allocations.insert(allocation.id.clone(), allocation);
+        }
+        model
+    }
+
+    /// SMs, MiB and allocation count given out of one GPU, leaving out `except` (an allocation
+    /// being resized).
+    pub fn gpu_used(&self, node_id: &str, gpu: u32, except: Option<&str>) -> (u32, u64, u32) {
+        self.allocations
+            .values()
+            .filter(|allocation| allocation.node_id == node_id && allocation.gpu == gpu && Some(allocation.id.as_str()) != except)
+            .fold((0, 0, 0), |(units, memory, count), allocation| {
+                (units + allocation.compute_units, memory + allocation.memory, count + 1)
+            })
+    }
+
+    /// The allocation serving `vm_ip`, if any.
+    pub fn allocation_for_vm(&self, vm_ip: &str) -> Option<&AllocationRecord> {
+        self.allocations.values().find(|allocation| allocation.vm_ip == vm_ip)
+    }
+
+    /// An allocation by id, or the one serving a VM ip.
+    pub fn find_allocation(&self, target: &str) -> Option<&AllocationRecord> {
+        self.allocations.get(target).or_else(|| self.allocation_for_vm(target))
+    }
+
+    /// Picks a GPU for `vm`: an up, undrained node on the VM's own host first, then any; on
+    /// each, the GPU with the least free SMs that still fits (so big slices stay possible).
+    /// The error names what is missing.
+    pub fn place(&self, vm: &VmRequirement) -> Result<(String, u32), ControlError> {
+        let wanted_bytes = vm.memory.saturating_mul(MIB);
+        let mut best: Option<(bool, u32, &str, u32)> = None;
+        let mut closest: Option<(u64, String)> = None;
+        let (mut up, mut drained, mut gpus) = (0, 0, 0);
+        for (node_id, node) in &self.nodes {
+            if node.record.health != NodeHealth::Up {
+                continue;
+            }
+            up += 1;
+            if node.record.drained {
+                drained += 1;
+                continue;
+            }
+            let other_host = node.record.host_ip != vm.host_ip;
+            for gpu in &node.gpus {
+                gpus += 1;
+                let (used_units, used_memory, _) = self.gpu_used(node_id, gpu.index, None);
+                let free_units = gpu.sm_count.saturating_sub(used_units);
+                let free_bytes = gpu.memory_bytes.saturating_sub(used_memory.saturating_mul(MIB));
+                if free_units >= vm.compute_units && free_bytes >= wanted_bytes {
+                    let candidate = (other_host, free_units, node_id.as_str(), gpu.index);
+                    if best.is_none_or(|current| candidate < current) {
+                        best = Some(candidate);
+                    }
+                } else {
+                    let units_short = vm.compute_units.saturating_sub(free_units);
+                    let bytes_short = wanted_bytes.saturating_sub(free_bytes);
+                    // Permille of the request missing: the closest miss is the most useful hint.
+                    let shortfall = u64::from(units_short) * 1000 / u64::from(vm.compute_units.max(1))
+                        + bytes_short.div_ceil(MIB) * 1000 / vm.memory.max(1);
+                    if closest.as_ref().is_none_or(|(best_shortfall, _)| shortfall < *best_shortfall) {
+                        let mut short = Vec::new();
+                        if units_short > 0 {
+                            short.push(format!("{units_short} SMs"));
+                        }
+                        if bytes_short > 0 {
+                            short.push(format!("{} MiB", bytes_short.div_ceil(MIB)));
+                        }
+                        let hint = format!(
+                            "{node_id} GPU {} has {free_units} SMs and {} MiB free (short by {})",
+                            gpu.index,
+                            free_bytes / MIB,
+                            short.join(" and ")
+                        );
+                        closest = Some((shortfall, hint));
+                    }
+                }
+            }
+        }
+        if let Some((_, _, node_id, gpu)) = best {
+            return Ok((node_id.to_string(), gpu));
+        }
+        let need = format!("VM {} needs {} SMs and {} MiB on one GPU", vm.vm_ip, vm.compute_units, vm.memory);
+        let why = if up == 0 {
+            "no node manager is up: start flyt-node-manager on a GPU host".to_string()
+        } else if up == drained {
+            "every node is drained: `flytctl undrain NODE`".to_string()
+        } else if gpus == 0 {
+            "the up nodes report no GPU".to_string()
+        } else {
+            format!("closest: {}", closest.map(|(_, hint)| hint).unwrap_or_default())
+        };
+        Err(ControlError::NoCapacity(format!("{need}; {why}")))
+    }
+
+    /// Checks that `allocation` can grow or shrink to `compute_units` SMs and `memory` MiB on
+    /// its GPU.
+    pub fn check_resize(&self, allocation: &AllocationRecord, compute_units: u32, memory: u64) -> Result<(), ControlError> {
+        let gpu = self
+            .nodes
+            .get(&allocation.node_id)
+            .and_then(|node| node.gpus.iter().find(|gpu| gpu.index == allocation.gpu))
+            .ok_or_else(|| ControlError::UnknownNode(allocation.node_id.clone()))?;
+        if compute_units == 0 || memory == 0 {
+            return Err(ControlError::Invalid("compute units and memory must be above 0".into()));
+        }
+        let (used_units, used_memory, _) = self.gpu_used(&allocation.node_id, allocation.gpu, Some(&allocation.id));
+        let free_units = gpu.sm_count.saturating_sub(used_units);
+        let free_memory = (gpu.memory_bytes / MIB).saturating_sub(used_memory);
+        if compute_units > free_units || memory > free_memory {
+            return Err(ControlError::NoCapacity(format!(
+                "{} GPU {} has {free_units} SMs and {free_memory} MiB available for allocation {} (asked {compute_units} SMs and {memory} MiB)",
+                allocation.node_id, allocation.gpu, allocation.id
+            )));
+        }
+        Ok(())
+    }
+
+    /// A node with what is given out of each GPU.
+    pub fn node_view(&self, node: &NodeEntry, now: Instant) -> NodeView {
+        let gpus = node
+            .gpus
+            .iter()
+            .map(|gpu| {
+                let (allocated_compute_units, allocated_memory, allocations) = self.gpu_used(&node.record.node_id, gpu.index, None);
+                GpuUsage { gpu: gpu.clone(), allocated_compute_units, allocated_memory, allocations }
+            })
+            .collect();
+        let last_heartbeat_ms = u64::try_from(now.saturating_duration_since(node.last_heartbeat).as_millis()).unwrap_or(u64::MAX);
+        NodeView { node: node.record.clone(), gpus, last_heartbeat_ms }
+    }
+
+    /// Client managers silent for longer than `timeout`, removed from the lease table.
+    pub fn expire_client_managers(&mut self, now: Instant, timeout: Duration) -> Vec<String> {
+        let expired: Vec<String> = self
+            .client_managers
+            .iter()
+            .filter(|(_, last)| now.saturating_duration_since(**last) > timeout)
+            .map(|(vm_ip, _)| vm_ip.clone())
+            .collect();
+        for vm_ip in &expired {
+            self.client_managers.remove(vm_ip);
+        }
+        expired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flyt_protocol::control::cluster::AllocationState;
+
+    use super::*;
+
+    fn node(id: &str, host_ip: &str, gpus: &[(u32, u64)]) -> NodeEntry {
+        NodeEntry {
+            record: NodeRecord {
+                node_id: id.into(),
+                host_ip: host_ip.into(),
+                boot_id: format!("boot-{id}"),
+                control_address: "127.0.0.1:1".into(),
+                health: NodeHealth::Up,
+                drained: false,
+                registered_at: 0,
+            },
+            gpus: gpus
+                .iter()
+                .enumerate()
+                .map(|(index, (sms, mib))| GpuInfo {
+                    index: u32::try_from(index).unwrap(),
+                    uuid: format!("{id}-{index}"),
+                    name: "Emulated".into(),
+                    memory_bytes: mib * MIB,
+                    sm_count: *sms,
+                    emulated: true,
+                })
+                .collect(),
+            last_heartbeat: Instant::now(),
+        }
+    }
+
+    fn vm(ip: &str, host_ip: &str, units: u32, memory: u64) -> VmRequirement {
+        VmRequirement { vm_ip: ip.into(), host_ip: host_ip.into(), compute_units: units, memory }
+    }
+
+    fn allocate(model: &mut Model, id: &str, vm: &VmRequirement) -> (String, u32) {
+        let (node_id, gpu) = model.place(vm).unwrap();
+        model.allocations.insert(
+            id.into(),
+            AllocationRecord {
+                id: id.into(),
+                vm_ip: vm.vm_ip.clone(),
+                node_id: node_id.clone(),
+                gpu,
+                compute_units: vm.compute_units,
+                memory: vm.memory,
+                sm_percentage: 0,
+                state: AllocationState::Running,
+                addresses: vec![],
+                pid: 0,
+                clients: vec![],
+                sessions: 0,
+                created_at: 0,
+                idle_since: None,
+            },
+        );
+        (node_id, gpu)
+    }
+
+    fn model() -> Model {
+        let mut model = Model::default();
+        model.nodes.insert("a".into(), node("a", "192.0.2.1", &[(80, 16_384)]));
+        model.nodes.insert("b".into(), node("b", "192.0.2.2", &[(80, 16_384), (40, 8_192)]));
+        model
+    }
+
+    #[test]
+    fn own_host_first_then_best_fit() {
+        let mut model = model();
+        assert_eq!(allocate(&mut model, "x1", &vm("10.0.0.1", "192.0.2.2", 30, 1024)), ("b".into(), 1));
+        assert_eq!(allocate(&mut model, "x2", &vm("10.0.0.2", "192.0.2.1", 30, 1024)), ("a".into(), 0));
+        // 'a' has 50 SMs left, 'b' GPU 1 has 10 and GPU 0 has 80: a 40-SM slice from a third host
+        // goes to the fullest GPU that fits.
+        assert_eq!(allocate(&mut model, "x3", &vm("10.0.0.3", "192.0.2.9", 40, 1024)), ("a".into(), 0));
+        assert_eq!(model.gpu_used("a", 0, None), (70, 2048, 2));
+    }
+
+    #[test]
+    fn what_is_missing_is_named() {
+        let mut model = model();
+        let error = model.place(&vm("10.0.0.9", "192.0.2.1", 81, 1024)).unwrap_err().to_string();
+        assert!(error.contains("needs 81 SMs") && error.contains("short by 1 SMs"), "{error}");
+        let error = model.place(&vm("10.0.0.9", "192.0.2.1", 10, 20_000)).unwrap_err().to_string();
+        assert!(error.contains("MiB"), "{error}");
+        for node in model.nodes.values_mut() {
+            node.record.drained = true;
+        }
+        let error = model.place(&vm("10.0.0.9", "192.0.2.1", 1, 1)).unwrap_err().to_string();
+        assert!(error.contains("drained"), "{error}");
+        for node in model.nodes.values_mut() {
+            node.record.health = NodeHealth::Down;
+        }
+        let error = model.place(&vm("10.0.0.9", "192.0.2.1", 1, 1)).unwrap_err().to_string();
+        assert!(error.contains("no node manager is up"), "{error}");
+    }
+
+    #[test]
+    fn resizes_are_checked_against_the_rest_of_the_gpu() {
+        let mut model = model();
+        allocate(&mut model, "x1", &vm("10.0.0.1", "192.0.2.1", 40, 4096));
+        allocate(&mut model, "x2", &vm("10.0.0.2", "192.0.2.1", 20, 4096));
+        let x1 = model.allocations["x1"].clone();
+        assert!(model.check_resize(&x1, 60, 12_288).is_ok());
+        assert!(model.check_resize(&x1, 61, 1024).is_err());
+        assert!(model.check_resize(&x1, 10, 12_289).is_err());
+    }
+
+    #[test]
+    fn sm_percentages_round_up() {
+        assert_eq!(sm_percentage(33, 132), 25);
+        assert_eq!(sm_percentage(34, 132), 26);
+        assert_eq!(sm_percentage(200, 132), 100);
+        assert_eq!(sm_percentage(0, 132), 1);
+    }
+
+    #[test]
+    fn idleness_follows_clients_and_sessions() {
+        let mut model = model();
+        allocate(&mut model, "x1", &vm("10.0.0.1", "192.0.2.1", 1, 1));
+        let allocation = model.allocations.get_mut("x1").unwrap();
+        refresh_idle(allocation, 10);
+        assert_eq!(allocation.idle_since, Some(10));
+        refresh_idle(allocation, 20);
+        assert_eq!(allocation.idle_since, Some(10), "idle since the first time it was seen idle");
+        add_client(allocation, &ClientIdentity { pid: 5, ..Default::default() }, 30);
+        add_client(allocation, &ClientIdentity { pid: 5, ..Default::default() }, 30);
+        assert_eq!((allocation.clients.len(), allocation.idle_since), (1, None));
+    }
+}

@@ -1,0 +1,695 @@
+//! The cluster manager's services: [`ClusterNode`], [`ClusterClient`] and [`ClusterAdmin`],
+//! all on one [`Cluster`], plus the lease reaper.
+//!
+//! Every state change is written to the store while the model lock is held, so the store sees
+//! changes in the model's order. Node manager calls (seconds long) happen outside the lock.
+//! Handlers that change state run detached ([`flyt_daemon_kit::rpc::detached`]): a caller that
+//! gives up does not leave a change half made.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{Arc, Mutex as StdMutex},
+    time::{Duration, Instant},
+};
+
+use flyt_daemon_kit::{
+    auth::{ClusterKey, random_nonce},
+    host::unix_now,
+    rpc::{self, Endpoint, detached},
+};
+use flyt_protocol::{
+    control::{
+        auth::ServiceName,
+        cluster::{
+            AllocateRequest, AllocationRecord, AllocationState, ClientHeartbeatReply, ClientManagerReport, ClusterAdmin,
+            ClusterClient, ClusterNode, ClusterStatus, ControlError, Grant, NodeHealth, NodeHeartbeat, NodeHeartbeatReply,
+            NodeRecord, NodeRegistration, NodeView, RegisterReply, ServerReport, VmRequirement, VmView,
+        },
+        node::{NodeManagerControlClient, ServerSpec},
+    },
+    token::{self, SessionClaims},
+};
+use tarpc::context::Context;
+use tokio::sync::Mutex;
+
+use crate::{
+    config::ClusterManagerConfig,
+    model::{Model, NodeEntry, add_client, refresh_idle, sm_percentage},
+    store::Store,
+};
+
+/// Deadline of calls to node managers other than starting a server.
+const NODE_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The cluster manager: model, store and connections to node managers.
+pub struct Cluster<S> {
+    model: Mutex<Model>,
+    store: S,
+    key: ClusterKey,
+    config: ClusterManagerConfig,
+    started: Instant,
+    /// One lock per VM, so two requests from one VM never start two servers.
+    vm_locks: StdMutex<HashMap<String, Arc<Mutex<()>>>>,
+    node_clients: Mutex<HashMap<String, (String, NodeManagerControlClient)>>,
+}
+
+/// A handle that serves the three services.
+pub struct ClusterService<S>(pub Arc<Cluster<S>>);
+
+impl<S> Clone for ClusterService<S> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+fn store_error(error: crate::store::StoreError) -> ControlError {
+    ControlError::Store(error.to_string())
+}
+
+fn new_allocation_id() -> String {
+    let nonce = random_nonce().unwrap_or_else(|_| {
+        let mut fallback = [0u8; 32];
+        fallback[..8].copy_from_slice(&unix_now().to_le_bytes());
+        fallback
+    });
+    let suffix: String = nonce[..5].iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("alloc-{suffix}")
+}
+
+impl<S: Store> Cluster<S> {
+    /// Starts from what the store holds.
+    pub async fn open(store: S, key: ClusterKey, config: ClusterManagerConfig) -> Result<Arc<Self>, crate::store::StoreError> {
+        let state = store.load().await?;
+        let model = Model::from_stored(state, Instant::now());
+        tracing::info!(
+            store = %store.describe(),
+            vms = model.vms.len(),
+            nodes = model.nodes.len(),
+            allocations = model.allocations.len(),
+            "state loaded"
+        );
+        Ok(Arc::new(Self {
+            model: Mutex::new(model),
+            store,
+            key,
+            config,
+            started: Instant::now(),
+            vm_locks: StdMutex::new(HashMap::new()),
+            node_clients: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    fn vm_lock(&self, vm_ip: &str) -> Arc<Mutex<()>> {
+        let mut locks = self.vm_locks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks.entry(vm_ip.to_string()).or_default().clone()
+    }
+
+    fn heartbeat_interval_ms(&self) -> u64 {
+        self.config.leases.heartbeat_interval_ms
+    }
+
+    /// A connected client for node `node_id` (reused; dropped on failure by [`Self::node_call_failed`]).
+    async fn node_client(&self, node_id: &str, address: &str) -> Result<NodeManagerControlClient, ControlError> {
+        let mut clients = self.node_clients.lock().await;
+        if let Some((known_address, client)) = clients.get(node_id)
+            && known_address == address
+        {
+            return Ok(client.clone());
+        }
+        let endpoint = Endpoint::parse(address)
+            .map_err(|error| ControlError::NodeUnreachable { node: node_id.to_string(), reason: error.to_string() })?;
+        let stream = rpc::connect(&endpoint, &self.key, ServiceName::NodeManager)
+            .await
+            .map_err(|error| ControlError::NodeUnreachable { node: node_id.to_string(), reason: error.to_string() })?;
+        let client = NodeManagerControlClient::new(tarpc::client::Config::default(), rpc::transport(stream)).spawn();
+        clients.insert(node_id.to_string(), (address.to_string(), client.clone()));
+        Ok(client)
+    }
+
+    async fn node_call_failed(&self, node_id: &str, error: &tarpc::client::RpcError) -> ControlError {
+        self.node_clients.lock().await.remove(node_id);
+        ControlError::NodeUnreachable { node: node_id.to_string(), reason: error.to_string() }
+    }
+
+    async fn node_address(&self, node_id: &str) -> Result<String, ControlError> {
+        let model = self.model.lock().await;
+        model
+            .nodes
+            .get(node_id)
+            .map(|node| node.record.control_address.clone())
+            .ok_or_else(|| ControlError::UnknownNode(node_id.to_string()))
+    }
+
+    async fn start_on_node(&self, node_id: &str, spec: ServerSpec) -> Result<ServerReport, ControlError> {
+        let address = self.node_address(node_id).await?;
+        let client = self.node_client(node_id, &address).await?;
+        let timeout = Duration::from_secs(self.config.allocations.start_timeout_seconds);
+        match client.start_server(rpc::deadline(timeout), spec).await {
+            Ok(result) => result,
+            Err(error) => Err(self.node_call_failed(node_id, &error).await),
+        }
+    }
+
+    /// Asks a node manager to stop an allocation's server; failures are logged (the node's next
+    /// heartbeat reconciles).
+    async fn stop_on_node(&self, node_id: &str, allocation_id: &str) {
+        let result = async {
+            let address = self.node_address(node_id).await?;
+            let client = self.node_client(node_id, &address).await?;
+            match client.stop_server(rpc::deadline(NODE_CALL_TIMEOUT), allocation_id.to_string()).await {
+                Ok(result) => result,
+                Err(error) => Err(self.node_call_failed(node_id, &error).await),
+            }
+        }
+        .await;
+        if let Err(error) = result {
+            tracing::warn!(node = node_id, allocation = allocation_id, %error, "could not stop the rpc-server now; the node's next report will");
+        }
+    }
+
+    /// Removes an allocation from model and store, and stops its server in the background.
+    async fn release_locked(self: &Arc<Self>, model: &mut Model, allocation_id: &str, reason: &str) -> Result<(), ControlError> {
+        let Some(allocation) = model.allocations.remove(allocation_id) else { return Ok(()) };
+        self.store.remove_allocation(allocation_id).await.map_err(store_error)?;
+        tracing::info!(allocation = allocation_id, vm = %allocation.vm_ip, node = %allocation.node_id, reason, "allocation released");
+        let cluster = self.clone();
+        let node_id = allocation.node_id.clone();
+        let down = model.nodes.get(&node_id).is_none_or(|node| node.record.health == NodeHealth::Down);
+        if !down {
+            let id = allocation_id.to_string();
+            tokio::spawn(async move { cluster.stop_on_node(&node_id, &id).await });
+        }
+        Ok(())
+    }
+
+    fn grant(&self, model: &Model, allocation: &AllocationRecord, client_boot_id: &str) -> Result<Grant, ControlError> {
+        let node_boot_id = model.nodes.get(&allocation.node_id).map(|node| node.record.boot_id.as_str()).unwrap_or("");
+        let same_host = !client_boot_id.is_empty() && node_boot_id == client_boot_id;
+        let unix = allocation.addresses.iter().find(|address| address.starts_with("unix:"));
+        let tcp = allocation.addresses.iter().find(|address| !address.starts_with("unix:"));
+        let address = match (same_host, unix, tcp) {
+            (true, Some(unix), _) => unix.clone(),
+            (_, _, Some(tcp)) => tcp.clone(),
+            (_, Some(unix), None) => unix.clone(),
+            (_, None, None) => return Err(ControlError::Spawn(format!("allocation {} has no address", allocation.id))),
+        };
+        let expires_at = unix_now() + self.config.allocations.token_ttl_seconds;
+        let token = token::issue(self.key.as_bytes(), &SessionClaims { allocation: allocation.id.clone(), expires_at })
+            .map_err(|error| ControlError::Invalid(error.to_string()))?;
+        Ok(Grant { allocation_id: allocation.id.clone(), address, token, token_expires_at: expires_at, same_host })
+    }
+
+    async fn allocate(self: Arc<Self>, request: AllocateRequest) -> Result<Grant, ControlError> {
+        let vm_lock = self.vm_lock(&request.vm_ip);
+        let _one_at_a_time = vm_lock.lock().await;
+        let now = unix_now();
+        let (allocation_id, node_id, spec) = {
+            let mut model = self.model.lock().await;
+            model.client_managers.insert(request.vm_ip.clone(), Instant::now());
+            let vm = model.vms.get(&request.vm_ip).cloned().ok_or_else(|| ControlError::UnknownVm(request.vm_ip.clone()))?;
+            if let Some(existing) = model.allocation_for_vm(&vm.vm_ip).map(|allocation| allocation.id.clone()) {
+                let mut allocation = model.allocations[&existing].clone();
+                add_client(&mut allocation, &request.client, now);
+                self.store.put_allocation(&allocation).await.map_err(store_error)?;
+                let grant = self.grant(&model, &allocation, &request.client.boot_id);
+                model.allocations.insert(existing, allocation);
+                return grant;
+            }
+            let (node_id, gpu_index) = model.place(&vm)?;
+            let sm_count = model.nodes[&node_id].gpus.iter().find(|gpu| gpu.index == gpu_index).map_or(0, |gpu| gpu.sm_count);
+            let allocation = AllocationRecord {
+                id: new_allocation_id(),
+                vm_ip: vm.vm_ip.clone(),
+                node_id: node_id.clone(),
+                gpu: gpu_index,
+                compute_units: vm.compute_units,
+                memory: vm.memory,
+                sm_percentage: sm_percentage(vm.compute_units, sm_count),
+                state: AllocationState::Starting,
+                addresses: Vec::new(),
+                pid: 0,
+                clients: vec![request.client.clone()],
+                sessions: 0,
+                created_at: now,
+                idle_since: None,
+            };
+            self.store.put_allocation(&allocation).await.map_err(store_error)?;
+            let spec = ServerSpec {
+                allocation_id: allocation.id.clone(),
+                gpu: gpu_index,
+                memory: allocation.memory,
+                sm_percentage: allocation.sm_percentage,
+            };
+            tracing::info!(allocation = %allocation.id, vm = %vm.vm_ip, node = %node_id, gpu = gpu_index, compute_units = vm.compute_units, memory_mib = vm.memory, "placing");
+            model.allocations.insert(allocation.id.clone(), allocation.clone());
+            (allocation.id, node_id, spec)
+        };
+        let started = self.start_on_node(&node_id, spec).await;
+        let mut model = self.model.lock().await;
+        match started {
+            Ok(report) => {
+                let Some(mut allocation) = model.allocations.get(&allocation_id).cloned() else {
+                    return Err(ControlError::Spawn(format!("allocation {allocation_id} was released while its server started")));
+                };
+                allocation.state = AllocationState::Running;
+                allocation.addresses = report.addresses;
+                allocation.pid = report.pid;
+                refresh_idle(&mut allocation, unix_now());
+                self.store.put_allocation(&allocation).await.map_err(store_error)?;
+                let grant = self.grant(&model, &allocation, &request.client.boot_id);
+                model.allocations.insert(allocation_id, allocation);
+                grant
+            }
+            Err(error) => {
+                tracing::warn!(allocation = %allocation_id, node = %node_id, %error, "server start failed");
+                self.release_locked(&mut model, &allocation_id, "its server did not start").await?;
+                Err(error)
+            }
+        }
+    }
+
+    /// Applies a node's server list: updates usage, releases allocations whose server is gone,
+    /// and returns servers to stop (no allocation, or one placed elsewhere).
+    async fn reconcile_servers(
+        self: &Arc<Self>,
+        model: &mut Model,
+        node_id: &str,
+        servers: &[ServerReport],
+    ) -> Result<Vec<String>, ControlError> {
+        let now = unix_now();
+        let reported: BTreeSet<&str> = servers.iter().map(|server| server.allocation_id.as_str()).collect();
+        let mut stop = Vec::new();
+        for server in servers {
+            let Some(allocation) = model.allocations.get(&server.allocation_id) else {
+                stop.push(server.allocation_id.clone());
+                continue;
+            };
+            if allocation.node_id != node_id {
+                stop.push(server.allocation_id.clone());
+                continue;
+            }
+            let mut updated = allocation.clone();
+            if updated.state == AllocationState::Running {
+                updated.pid = server.pid;
+                updated.addresses = server.addresses.clone();
+            }
+            updated.sessions = server.sessions;
+            refresh_idle(&mut updated, now);
+            if &updated != allocation {
+                self.store.put_allocation(&updated).await.map_err(store_error)?;
+                model.allocations.insert(updated.id.clone(), updated);
+            }
+        }
+        let vanished: Vec<String> = model
+            .allocations
+            .values()
+            .filter(|allocation| {
+                allocation.node_id == node_id
+                    && allocation.state == AllocationState::Running
+                    && !reported.contains(allocation.id.as_str())
+            })
+            .map(|allocation| allocation.id.clone())
+            .collect();
+        for id in vanished {
+            tracing::warn!(allocation = %id, node = node_id, "the node no longer runs this allocation's rpc-server");
+            self.release_locked(model, &id, "its rpc-server exited").await?;
+        }
+        Ok(stop)
+    }
+
+    async fn register(self: Arc<Self>, registration: NodeRegistration) -> Result<RegisterReply, ControlError> {
+        if registration.node_id.is_empty() {
+            return Err(ControlError::Invalid("node_id is empty".into()));
+        }
+        let mut model = self.model.lock().await;
+        let drained = model.nodes.get(&registration.node_id).is_some_and(|node| node.record.drained);
+        let record = NodeRecord {
+            node_id: registration.node_id.clone(),
+            host_ip: registration.host_ip.clone(),
+            boot_id: registration.boot_id.clone(),
+            control_address: registration.control_address.clone(),
+            health: NodeHealth::Up,
+            drained,
+            registered_at: unix_now(),
+        };
+        self.store.put_node(&record).await.map_err(store_error)?;
+        self.store.put_gpus(&record.node_id, &registration.gpus).await.map_err(store_error)?;
+        tracing::info!(node = %record.node_id, host_ip = %record.host_ip, control = %record.control_address, gpus = registration.gpus.len(), servers = registration.servers.len(), "node registered");
+        model.nodes.insert(
+            record.node_id.clone(),
+            NodeEntry { record, gpus: registration.gpus.clone(), last_heartbeat: Instant::now() },
+        );
+        // A (re)registered node manager may have a new control connection: reconnect lazily.
+        self.node_clients.lock().await.remove(&registration.node_id);
+        let stop = self.reconcile_servers(&mut model, &registration.node_id, &registration.servers).await?;
+        if !stop.is_empty() {
+            tracing::info!(node = %registration.node_id, ?stop, "asking the node to stop servers the cluster does not know");
+        }
+        Ok(RegisterReply { stop, heartbeat_interval_ms: self.heartbeat_interval_ms() })
+    }
+
+    async fn node_heartbeat(self: Arc<Self>, heartbeat: NodeHeartbeat) -> Result<NodeHeartbeatReply, ControlError> {
+        let mut model = self.model.lock().await;
+        let Some(node) = model.nodes.get_mut(&heartbeat.node_id) else { return Ok(NodeHeartbeatReply::RegisterAgain) };
+        if node.record.boot_id != heartbeat.boot_id || node.record.health == NodeHealth::Down {
+            return Ok(NodeHeartbeatReply::RegisterAgain);
+        }
+        node.last_heartbeat = Instant::now();
+        let stop = self.reconcile_servers(&mut model, &heartbeat.node_id, &heartbeat.servers).await?;
+        Ok(NodeHeartbeatReply::Ok { stop })
+    }
+
+    async fn client_heartbeat(self: Arc<Self>, report: ClientManagerReport) -> Result<ClientHeartbeatReply, ControlError> {
+        let now = unix_now();
+        let mut model = self.model.lock().await;
+        model.client_managers.insert(report.vm_ip.clone(), Instant::now());
+        let mut gone = Vec::new();
+        let mut reported = BTreeSet::new();
+        for entry in &report.allocations {
+            match model.allocations.get(&entry.allocation_id) {
+                Some(allocation) if allocation.vm_ip == report.vm_ip => {
+                    reported.insert(entry.allocation_id.clone());
+                    let mut updated = allocation.clone();
+                    updated.clients = entry.clients.clone();
+                    refresh_idle(&mut updated, now);
+                    if &updated != allocation {
+                        self.store.put_allocation(&updated).await.map_err(store_error)?;
+                        model.allocations.insert(updated.id.clone(), updated);
+                    }
+                }
+                _ => gone.push(entry.allocation_id.clone()),
+            }
+        }
+        // Allocations of this VM its client manager does not mention have no client it knows of.
+        let unmentioned: Vec<String> = model
+            .allocations
+            .values()
+            .filter(|allocation| {
+                allocation.vm_ip == report.vm_ip
+                    && allocation.state == AllocationState::Running
+                    && !reported.contains(&allocation.id)
+                    && !allocation.clients.is_empty()
+            })
+            .map(|allocation| allocation.id.clone())
+            .collect();
+        for id in unmentioned {
+            if let Some(mut updated) = model.allocations.get(&id).cloned() {
+                updated.clients.clear();
+                refresh_idle(&mut updated, now);
+                self.store.put_allocation(&updated).await.map_err(store_error)?;
+                model.allocations.insert(id, updated);
+            }
+        }
+        Ok(ClientHeartbeatReply { gone, heartbeat_interval_ms: self.heartbeat_interval_ms() })
+    }
+
+    async fn release(self: Arc<Self>, vm_ip: String, allocation_id: String) -> Result<(), ControlError> {
+        let mut model = self.model.lock().await;
+        match model.allocations.get(&allocation_id) {
+            Some(allocation) if allocation.vm_ip == vm_ip => self.release_locked(&mut model, &allocation_id, "released by its client manager").await,
+            _ => Err(ControlError::UnknownAllocation(allocation_id)),
+        }
+    }
+
+    /// One pass of lease and idle checks.
+    pub async fn reap(self: &Arc<Self>) {
+        let now = Instant::now();
+        let node_timeout = Duration::from_millis(self.config.leases.node_timeout_ms);
+        let client_timeout = Duration::from_millis(self.config.leases.client_timeout_ms);
+        let mut model = self.model.lock().await;
+        let silent: Vec<String> = model
+            .nodes
+            .values()
+            .filter(|node| node.record.health == NodeHealth::Up && now.saturating_duration_since(node.last_heartbeat) > node_timeout)
+            .map(|node| node.record.node_id.clone())
+            .collect();
+        for node_id in silent {
+            let Some(node) = model.nodes.get_mut(&node_id) else { continue };
+            node.record.health = NodeHealth::Down;
+            let record = node.record.clone();
+            if let Err(error) = self.store.put_node(&record).await {
+                tracing::error!(%error, "cannot record a node as down");
+            }
+            let lost: Vec<String> =
+                model.allocations.values().filter(|allocation| allocation.node_id == node_id).map(|allocation| allocation.id.clone()).collect();
+            tracing::warn!(node = %node_id, timeout_ms = self.config.leases.node_timeout_ms, allocations = ?lost, "node missed its heartbeats: marked down");
+            for id in lost {
+                if let Err(error) = self.release_locked(&mut model, &id, "its node is down").await {
+                    tracing::error!(%error, "cannot release an allocation");
+                }
+            }
+        }
+        let unix = unix_now();
+        for vm_ip in model.expire_client_managers(now, client_timeout) {
+            tracing::warn!(vm = %vm_ip, "client manager missed its heartbeats: its clients are forgotten");
+            let ids: Vec<String> =
+                model.allocations.values().filter(|allocation| allocation.vm_ip == vm_ip).map(|allocation| allocation.id.clone()).collect();
+            for id in ids {
+                if let Some(mut allocation) = model.allocations.get(&id).cloned() {
+                    allocation.clients.clear();
+                    refresh_idle(&mut allocation, unix);
+                    if let Err(error) = self.store.put_allocation(&allocation).await {
+                        tracing::error!(%error, "cannot record an allocation's clients");
+                    }
+                    model.allocations.insert(id, allocation);
+                }
+            }
+        }
+        let grace = self.config.allocations.idle_grace_seconds;
+        let idle: Vec<String> = model
+            .allocations
+            .values()
+            .filter(|allocation| allocation.idle_since.is_some_and(|since| unix.saturating_sub(since) >= grace))
+            .map(|allocation| allocation.id.clone())
+            .collect();
+        for id in idle {
+            if let Err(error) = self.release_locked(&mut model, &id, "idle past the grace period").await {
+                tracing::error!(%error, "cannot release an idle allocation");
+            }
+        }
+    }
+
+    async fn change_config(
+        self: Arc<Self>,
+        target: String,
+        compute_units: Option<u32>,
+        memory: Option<u64>,
+    ) -> Result<AllocationRecord, ControlError> {
+        if compute_units.is_none() && memory.is_none() {
+            return Err(ControlError::Invalid("give --compute-units and/or --memory-mib".into()));
+        }
+        let (allocation, units, memory_mib, percentage) = {
+            let model = self.model.lock().await;
+            let allocation = model.find_allocation(&target).cloned().ok_or_else(|| ControlError::UnknownAllocation(target.clone()))?;
+            if allocation.state != AllocationState::Running {
+                return Err(ControlError::Invalid(format!("allocation {} is still starting; try again", allocation.id)));
+            }
+            let units = compute_units.unwrap_or(allocation.compute_units);
+            let memory_mib = memory.unwrap_or(allocation.memory);
+            model.check_resize(&allocation, units, memory_mib)?;
+            let sm_count = model
+                .nodes
+                .get(&allocation.node_id)
+                .and_then(|node| node.gpus.iter().find(|gpu| gpu.index == allocation.gpu))
+                .map_or(0, |gpu| gpu.sm_count);
+            (allocation, units, memory_mib, sm_percentage(units, sm_count))
+        };
+        let address = self.node_address(&allocation.node_id).await?;
+        let client = self.node_client(&allocation.node_id, &address).await?;
+        let memory_change = (memory_mib != allocation.memory).then_some(memory_mib);
+        let share_change = (percentage != allocation.sm_percentage).then_some(percentage);
+        if memory_change.is_some() || share_change.is_some() {
+            match client.resize_server(rpc::deadline(NODE_CALL_TIMEOUT), allocation.id.clone(), memory_change, share_change).await {
+                Ok(result) => {
+                    result?;
+                }
+                Err(error) => return Err(self.node_call_failed(&allocation.node_id, &error).await),
+            }
+        }
+        let mut model = self.model.lock().await;
+        let mut updated = model.allocations.get(&allocation.id).cloned().ok_or_else(|| ControlError::UnknownAllocation(allocation.id.clone()))?;
+        updated.compute_units = units;
+        updated.memory = memory_mib;
+        updated.sm_percentage = percentage;
+        self.store.put_allocation(&updated).await.map_err(store_error)?;
+        model.allocations.insert(updated.id.clone(), updated.clone());
+        // The VM keeps its new size for its next allocation too.
+        if let Some(mut vm) = model.vms.get(&updated.vm_ip).cloned() {
+            vm.compute_units = units;
+            vm.memory = memory_mib;
+            self.store.put_vm(&vm).await.map_err(store_error)?;
+            model.vms.insert(vm.vm_ip.clone(), vm);
+        }
+        tracing::info!(allocation = %updated.id, compute_units = units, memory_mib, sm_percentage = percentage, "allocation resized");
+        Ok(updated)
+    }
+
+    async fn status(&self) -> ClusterStatus {
+        let model = self.model.lock().await;
+        let mut status = ClusterStatus {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            store: self.store.describe(),
+            uptime_seconds: self.started.elapsed().as_secs(),
+            nodes_up: 0,
+            nodes_down: 0,
+            nodes_drained: 0,
+            gpus: 0,
+            total_compute_units: 0,
+            free_compute_units: 0,
+            total_memory: 0,
+            free_memory: 0,
+            vms: u32::try_from(model.vms.len()).unwrap_or(u32::MAX),
+            allocations: u32::try_from(model.allocations.len()).unwrap_or(u32::MAX),
+            client_managers: u32::try_from(model.client_managers.len()).unwrap_or(u32::MAX),
+        };
+        for node in model.nodes.values() {
+            match node.record.health {
+                NodeHealth::Up => status.nodes_up += 1,
+                NodeHealth::Down => status.nodes_down += 1,
+            }
+            if node.record.drained {
+                status.nodes_drained += 1;
+            }
+            if node.record.health != NodeHealth::Up {
+                continue;
+            }
+            for gpu in &node.gpus {
+                let (units, memory, _) = model.gpu_used(&node.record.node_id, gpu.index, None);
+                status.gpus += 1;
+                status.total_compute_units += u64::from(gpu.sm_count);
+                status.free_compute_units += u64::from(gpu.sm_count.saturating_sub(units));
+                status.total_memory += gpu.memory_bytes >> 20;
+                status.free_memory += (gpu.memory_bytes >> 20).saturating_sub(memory);
+            }
+        }
+        status
+    }
+}
+
+/// Runs the reaper every `period` until the process ends.
+pub async fn reap_forever<S: Store>(cluster: Arc<Cluster<S>>, period: Duration) {
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        cluster.reap().await;
+    }
+}
+
+fn cancelled() -> ControlError {
+    ControlError::Invalid("the cluster manager is shutting down".into())
+}
+
+impl<S: Store> ClusterNode for ClusterService<S> {
+    async fn register(self, _: Context, registration: NodeRegistration) -> Result<RegisterReply, ControlError> {
+        detached(self.0.register(registration)).await.unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn heartbeat(self, _: Context, heartbeat: NodeHeartbeat) -> Result<NodeHeartbeatReply, ControlError> {
+        detached(self.0.node_heartbeat(heartbeat)).await.unwrap_or_else(|| Err(cancelled()))
+    }
+}
+
+impl<S: Store> ClusterClient for ClusterService<S> {
+    async fn allocate(self, _: Context, request: AllocateRequest) -> Result<Grant, ControlError> {
+        detached(self.0.allocate(request)).await.unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn heartbeat(self, _: Context, report: ClientManagerReport) -> Result<ClientHeartbeatReply, ControlError> {
+        detached(self.0.client_heartbeat(report)).await.unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn release(self, _: Context, vm_ip: String, allocation_id: String) -> Result<(), ControlError> {
+        detached(self.0.release(vm_ip, allocation_id)).await.unwrap_or_else(|| Err(cancelled()))
+    }
+}
+
+impl<S: Store> ClusterAdmin for ClusterService<S> {
+    async fn status(self, _: Context) -> ClusterStatus {
+        self.0.status().await
+    }
+
+    async fn list_vms(self, _: Context) -> Vec<VmView> {
+        let model = self.0.model.lock().await;
+        model
+            .vms
+            .values()
+            .map(|vm| VmView {
+                requirement: vm.clone(),
+                allocation: model.allocation_for_vm(&vm.vm_ip).cloned(),
+                client_manager_connected: model.client_managers.contains_key(&vm.vm_ip),
+            })
+            .collect()
+    }
+
+    async fn add_vm(self, _: Context, requirement: VmRequirement) -> Result<(), ControlError> {
+        if requirement.vm_ip.is_empty() || requirement.compute_units == 0 || requirement.memory == 0 {
+            return Err(ControlError::Invalid("a VM needs an ip, compute units above 0 and memory above 0".into()));
+        }
+        let cluster = self.0.clone();
+        detached(async move {
+            let mut model = cluster.model.lock().await;
+            cluster.store.put_vm(&requirement).await.map_err(store_error)?;
+            tracing::info!(vm = %requirement.vm_ip, host_ip = %requirement.host_ip, compute_units = requirement.compute_units, memory_mib = requirement.memory, "VM requirement set");
+            model.vms.insert(requirement.vm_ip.clone(), requirement);
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn remove_vm(self, _: Context, vm_ip: String) -> Result<(), ControlError> {
+        let cluster = self.0.clone();
+        detached(async move {
+            let mut model = cluster.model.lock().await;
+            if !model.vms.contains_key(&vm_ip) {
+                return Err(ControlError::UnknownVm(vm_ip));
+            }
+            if let Some(id) = model.allocation_for_vm(&vm_ip).map(|allocation| allocation.id.clone()) {
+                cluster.release_locked(&mut model, &id, "its VM was removed").await?;
+            }
+            cluster.store.remove_vm(&vm_ip).await.map_err(store_error)?;
+            model.vms.remove(&vm_ip);
+            tracing::info!(vm = %vm_ip, "VM requirement removed");
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn list_nodes(self, _: Context) -> Vec<NodeView> {
+        let model = self.0.model.lock().await;
+        let now = Instant::now();
+        model.nodes.values().map(|node| model.node_view(node, now)).collect()
+    }
+
+    async fn list_allocations(self, _: Context) -> Vec<AllocationRecord> {
+        self.0.model.lock().await.allocations.values().cloned().collect()
+    }
+
+    async fn change_config(
+        self,
+        _: Context,
+        target: String,
+        compute_units: Option<u32>,
+        memory: Option<u64>,
+    ) -> Result<AllocationRecord, ControlError> {
+        detached(self.0.clone().change_config(target, compute_units, memory)).await.unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn set_drained(self, _: Context, node_id: String, drained: bool) -> Result<NodeRecord, ControlError> {
+        let cluster = self.0.clone();
+        detached(async move {
+            let mut model = cluster.model.lock().await;
+            let node = model.nodes.get_mut(&node_id).ok_or_else(|| ControlError::UnknownNode(node_id.clone()))?;
+            let mut record = node.record.clone();
+            record.drained = drained;
+            cluster.store.put_node(&record).await.map_err(store_error)?;
+            node.record = record.clone();
+            tracing::info!(node = %node_id, drained, "node drain state changed");
+            Ok(record)
+        })
+        .await
+        .unwrap_or_else(|| Err(cancelled()))
+    }
+}

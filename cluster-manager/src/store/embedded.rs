@@ -1,0 +1,144 @@
+//! The default store: one JSON file under the state directory, rewritten whole on every change
+//! through a temporary file, fsync and rename, so a crash leaves the old state or the new.
+//! Control-plane state is small (a few records per node and VM), so whole rewrites are cheap.
+
+use std::path::{Path, PathBuf};
+
+use flyt_daemon_kit::fs::write_atomic;
+use flyt_protocol::control::cluster::{AllocationRecord, GpuInfo, GpuRecord, NodeRecord, VmRequirement};
+use tokio::sync::Mutex;
+
+use super::{Store, StoreError, StoredState};
+
+/// A store in one file.
+pub struct EmbeddedStore {
+    path: PathBuf,
+    state: Mutex<StoredState>,
+}
+
+impl EmbeddedStore {
+    /// Opens (or starts) the state file at `path`; its folder is created.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let name = path.display().to_string();
+        if let Some(folder) = path.parent() {
+            std::fs::create_dir_all(folder).map_err(|error| StoreError::Write(name.clone(), error))?;
+        }
+        let state = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| StoreError::Corrupt(name, error.to_string()))?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => StoredState::default(),
+            Err(error) => return Err(StoreError::Read(name, error)),
+        };
+        Ok(Self { path: path.to_path_buf(), state: Mutex::new(state) })
+    }
+
+    async fn change<T>(&self, edit: impl FnOnce(&mut StoredState) -> T) -> Result<T, StoreError> {
+        let mut state = self.state.lock().await;
+        let mut next = state.clone();
+        let result = edit(&mut next);
+        sort(&mut next);
+        let bytes = serde_json::to_vec_pretty(&next).map_err(|error| StoreError::Corrupt(self.describe(), error.to_string()))?;
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || write_atomic(&path, &bytes, 0o600))
+            .await
+            .map_err(|error| StoreError::Write(self.path.display().to_string(), std::io::Error::other(error)))?
+            .map_err(|error| StoreError::Write(self.path.display().to_string(), error))?;
+        // Memory follows the file only once the file holds the change.
+        *state = next;
+        Ok(result)
+    }
+}
+
+fn sort(state: &mut StoredState) {
+    state.vm_required_resources.sort_by(|a, b| a.vm_ip.cmp(&b.vm_ip));
+    state.nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    state.gpus.sort_by(|a, b| (&a.node_id, a.gpu.index).cmp(&(&b.node_id, b.gpu.index)));
+    state.allocations.sort_by(|a, b| a.id.cmp(&b.id));
+}
+
+impl Store for EmbeddedStore {
+    fn describe(&self) -> String {
+        format!("embedded:{}", self.path.display())
+    }
+
+    async fn load(&self) -> Result<StoredState, StoreError> {
+        let mut state = self.state.lock().await.clone();
+        sort(&mut state);
+        Ok(state)
+    }
+
+    async fn put_vm(&self, vm: &VmRequirement) -> Result<(), StoreError> {
+        self.change(|state| {
+            state.vm_required_resources.retain(|existing| existing.vm_ip != vm.vm_ip);
+            state.vm_required_resources.push(vm.clone());
+        })
+        .await
+    }
+
+    async fn remove_vm(&self, vm_ip: &str) -> Result<bool, StoreError> {
+        self.change(|state| {
+            let before = state.vm_required_resources.len();
+            state.vm_required_resources.retain(|existing| existing.vm_ip != vm_ip);
+            before != state.vm_required_resources.len()
+        })
+        .await
+    }
+
+    async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError> {
+        self.change(|state| {
+            state.nodes.retain(|existing| existing.node_id != node.node_id);
+            state.nodes.push(node.clone());
+        })
+        .await
+    }
+
+    async fn put_gpus(&self, node_id: &str, gpus: &[GpuInfo]) -> Result<(), StoreError> {
+        self.change(|state| {
+            state.gpus.retain(|existing| existing.node_id != node_id);
+            state.gpus.extend(gpus.iter().map(|gpu| GpuRecord { node_id: node_id.to_string(), gpu: gpu.clone() }));
+        })
+        .await
+    }
+
+    async fn put_allocation(&self, allocation: &AllocationRecord) -> Result<(), StoreError> {
+        self.change(|state| {
+            state.allocations.retain(|existing| existing.id != allocation.id);
+            state.allocations.push(allocation.clone());
+        })
+        .await
+    }
+
+    async fn remove_allocation(&self, id: &str) -> Result<bool, StoreError> {
+        self.change(|state| {
+            let before = state.allocations.len();
+            state.allocations.retain(|existing| existing.id != id);
+            before != state.allocations.len()
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn shared_suite_passes() {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("state").join("cluster.json");
+        let reopen_path = path.clone();
+        crate::store::suite::run(EmbeddedStore::open(&path).unwrap(), move || {
+            let path = reopen_path.clone();
+            async move { EmbeddedStore::open(&path).unwrap() }
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_file_is_named() {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("cluster.json");
+        std::fs::write(&path, "{ not json").unwrap();
+        let error = EmbeddedStore::open(&path).err().unwrap().to_string();
+        assert!(error.contains("cluster.json") && error.contains("corrupt"), "{error}");
+    }
+}
