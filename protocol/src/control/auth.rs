@@ -41,6 +41,12 @@ pub enum ServiceName {
     ClusterAdmin = 3,
     /// [`super::node::NodeManagerControl`]: the cluster manager calling a node manager.
     NodeManager = 4,
+    /// [`super::rpc_server::RpcServerControl`]: a node manager calling the rpc-server it spawned,
+    /// on the server's `--control unix:/path` socket (owner-only). The rpc-server serves it with
+    /// `flyt_daemon_kit::rpc` (`ControlListener::bind(.., 0o600)`, `accept_loop` with this
+    /// service, `serve_connection`), the same handshake and postcard framing as every other
+    /// control connection.
+    RpcServerControl = 5,
 }
 
 impl ServiceName {
@@ -51,6 +57,7 @@ impl ServiceName {
             2 => Some(Self::ClusterClient),
             3 => Some(Self::ClusterAdmin),
             4 => Some(Self::NodeManager),
+            5 => Some(Self::RpcServerControl),
             _ => None,
         }
     }
@@ -62,6 +69,7 @@ impl ServiceName {
             Self::ClusterClient => "cluster-client",
             Self::ClusterAdmin => "cluster-admin",
             Self::NodeManager => "node-manager",
+            Self::RpcServerControl => "rpc-server-control",
         }
     }
 }
