@@ -53,6 +53,20 @@ class Runner:
         self.status = {}  # transport -> "ok" | "n/a: reason" | "not requested"
         self.stats_runs = {}
         self.raw = []
+        self.current = None  # the benchmark process running now
+        signal.signal(signal.SIGTERM, self.on_signal)
+
+    def on_signal(self, signum, _frame):
+        if self.current and self.current.poll() is None:
+            self.current.kill()
+        print(f"harness: stopped by signal {signum}; writing what was measured", file=sys.stderr, flush=True)
+        try:
+            self.note(f"harness: interrupted by signal {signum}")
+            res = self.results()
+            res["meta"]["interrupted"] = True
+            write_report(res, self.a.out, self.log, stats_file_text(self))
+        finally:
+            os._exit(128 + signum)
 
     def remaining(self):
         return self.deadline - time.monotonic()
@@ -95,17 +109,16 @@ class Runner:
         flyt_env = " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("FLYT_") or k == "LD_LIBRARY_PATH")
         t = time.monotonic()
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-                             errors="replace", start_new_session=True)
+                             errors="replace")
+        self.current = p
         timed_out = False
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            p.kill()
             out, err = p.communicate()
+        self.current = None
         wall = time.monotonic() - t
         records, junk = [], 0
         for line in out.splitlines():
@@ -460,7 +473,8 @@ def render_md(d, rows):
     if gm.get("runtime_version"):
         extra.append(f"runtime {gm['runtime_version']}")
     lines.append(f"- date: {meta.get('date_utc', '?')}; mode: {meta.get('mode', '?')}; "
-                 f"harness time {meta.get('harness_s', '?')} s")
+                 f"harness time {meta.get('harness_s', '?')} s" +
+                 ("; INTERRUPTED (incomplete)" if meta.get("interrupted") else ""))
     lines.append(f"- GPU: {gpu}" + (f" ({', '.join(extra)})" if extra else "") +
                  f"; host: {meta.get('cpus', '?')} CPUs, kernel {meta.get('kernel', '?')}")
     st = meta.get("transports", {})
@@ -710,7 +724,7 @@ def stats_file_text(runner):
         parts.append(tail(r.get("stderr", ""), 2_000_000))
         parts.append("\n")
     if not parts:
-        parts.append("No Flyt transport ran, so there are no FLYT_STATS reports.\n")
+        parts.append("No FLYT_STATS run: no Flyt transport worked, or launch_heavy was not among the programs.\n")
     return "".join(parts)
 
 

@@ -96,15 +96,26 @@ log "built in $((SECONDS - start)) s"
 # --- the Flyt server ------------------------------------------------------------------------------------
 tmp=$(mktemp -d /tmp/flyt-bench.XXXXXX)
 server_pid=
+harness_pid=
 unix_addr=
 tcp_addr=
 cleanup() {
     local rc=$?
+    if [ -n "$harness_pid" ] && kill -0 "$harness_pid" 2>/dev/null; then
+        kill -TERM "$harness_pid" 2>/dev/null || true
+        wait "$harness_pid" 2>/dev/null || true
+    fi
     if [ -n "$server_pid" ]; then
-        # The server was started in a session of its own (setsid): stop its whole process group, workers too.
-        kill -TERM -- "-$server_pid" 2>/dev/null || true
+        kill -TERM "$server_pid" 2>/dev/null || true
         for _ in $(seq 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL -- "-$server_pid" 2>/dev/null || true
+        if kill -0 "$server_pid" 2>/dev/null; then
+            # It did not stop within 5 s: end it and the worker processes it started, by their ids.
+            local kids
+            kids=$(pgrep -P "$server_pid" 2>/dev/null || true)
+            log "flyt-rpc-server did not stop on SIGTERM; killing it${kids:+ and its workers $kids}"
+            # shellcheck disable=SC2086 # kids is a list of pids
+            kill -KILL "$server_pid" $kids 2>/dev/null || true
+        fi
         wait "$server_pid" 2>/dev/null || true
         if [ -d "$out" ]; then
             {
@@ -124,12 +135,13 @@ trap 'exit 130' INT TERM
 if [ "$transports" != native ]; then
     if [ -x "$dist/bin/flyt-rpc-server" ]; then
         log "starting $dist/bin/flyt-rpc-server"
-        setsid "$dist/bin/flyt-rpc-server" --device cuda --listen 127.0.0.1:0 --listen "unix:$tmp/flyt.sock" \
+        "$dist/bin/flyt-rpc-server" --device cuda --listen 127.0.0.1:0 --listen "unix:$tmp/flyt.sock" \
             >"$tmp/server.out" 2>"$tmp/server.err" </dev/null &
         server_pid=$!
         ready=
         for _ in $(seq 600); do
-            ready=$(grep -m1 '^flyt-rpc-server listening on ' "$tmp/server.out" 2>/dev/null || true)
+            ready=$(grep -h -m1 '^flyt-rpc-server listening on ' "$tmp/server.out" "$tmp/server.err" 2>/dev/null |
+                head -n1 || true)
             [ -z "$ready" ] || break
             kill -0 "$server_pid" 2>/dev/null || break
             sleep 0.1
@@ -159,5 +171,9 @@ args=(run --build "$build" --out "$out" --dist "$dist" --transports "$transports
       --server-pid "${server_pid:-0}")
 [ "$quick" = 0 ] || args+=(--quick)
 [ -z "$programs" ] || args+=(--programs "$programs")
-python3 "$here/harness.py" "${args[@]}"
+# In the background with `wait`, so that a signal to this script runs the cleanup at once.
+python3 "$here/harness.py" "${args[@]}" &
+harness_pid=$!
+wait "$harness_pid"
+harness_pid=
 log "done in $((SECONDS - start)) s; results in $out"
