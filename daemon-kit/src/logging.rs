@@ -11,5 +11,6 @@ pub fn init(default_filter: &str) {
         .or_else(|| std::env::var("RUST_LOG").ok())
         .and_then(|spec| EnvFilter::try_new(spec).ok())
         .unwrap_or_else(|| EnvFilter::new(default_filter));
-    let _ = fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour).with_target(false).try_init();
 }

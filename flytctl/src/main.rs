@@ -1,7 +1,345 @@
-//! flytctl (skeleton).
+//! flytctl: administers a Flyt cluster through the cluster manager's admin socket.
+//!
+//! Exit codes: 0 done; 1 the cluster manager refused (the message says why and what to do);
+//! 2 bad usage; 3 the cluster manager cannot be reached or did not answer in time.
 #![forbid(unsafe_code)]
 
-fn main() {
-    eprintln!("flytctl: not built yet");
-    std::process::exit(2);
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use flyt_daemon_kit::{
+    auth::{AuthError, ClusterKey},
+    rpc::{self, Endpoint, RpcError},
+};
+use flyt_protocol::control::{
+    auth::ServiceName,
+    cluster::{AllocationRecord, ClusterAdminClient, ControlError, NodeHealth, NodeView, VmRequirement, VmView},
+};
+use serde::Serialize;
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Parser)]
+#[command(version, about = "Administer a Flyt cluster (talks to flyt-cluster-manager's admin socket)")]
+struct Args {
+    /// The cluster manager's admin socket.
+    #[arg(long, env = "FLYTCTL_ADMIN_SOCKET", default_value = "/run/flyt/admin.sock", global = true)]
+    socket: PathBuf,
+    /// File holding the cluster key.
+    #[arg(long, env = "FLYTCTL_CLUSTER_KEY_FILE", default_value = "/etc/flyt/cluster.key", global = true)]
+    cluster_key_file: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Give up on the cluster manager after this many seconds.
+    #[arg(long, env = "FLYTCTL_TIMEOUT_SECONDS", default_value_t = 30, global = true)]
+    timeout_seconds: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Cluster summary: nodes, GPUs, free capacity, allocations.
+    Status,
+    /// VMs with their requirement, allocation and clients.
+    ListVms,
+    /// GPU nodes with each GPU's capacity and what is allocated on it.
+    ListServernodes,
+    /// Running allocations (one rpc-server each).
+    ListVirtServers,
+    /// Resize a running allocation (by allocation id or VM ip); the VM keeps the new size.
+    ChangeConfig {
+        /// Allocation id or VM ip.
+        target: String,
+        /// New number of SMs.
+        #[arg(long)]
+        compute_units: Option<u32>,
+        /// New device memory in MiB.
+        #[arg(long)]
+        memory_mib: Option<u64>,
+    },
+    /// Per-VM requirements (Flyt's vm_required_resources).
+    Vm {
+        #[command(subcommand)]
+        command: VmCommand,
+    },
+    /// Stop placing new allocations on a node (running ones stay).
+    Drain { node: String },
+    /// Place allocations on a node again.
+    Undrain { node: String },
+}
+
+#[derive(Subcommand)]
+enum VmCommand {
+    /// Add or replace a VM's requirement.
+    Add {
+        vm_ip: String,
+        /// The physical host the VM runs on (placement prefers a GPU node with this host_ip).
+        #[arg(long)]
+        host_ip: String,
+        /// SMs.
+        #[arg(long)]
+        compute_units: u32,
+        /// Device memory in MiB.
+        #[arg(long)]
+        memory_mib: u64,
+    },
+    /// List VM requirements.
+    List,
+    /// Remove a VM's requirement (its allocation is released).
+    Remove { vm_ip: String },
+}
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+enum CtlError {
+    /// cannot reach the cluster manager at {socket}: {reason}. Is flyt-cluster-manager running? (set --socket or FLYTCTL_ADMIN_SOCKET if it listens elsewhere)
+    Unreachable { socket: String, reason: String },
+    /// the cluster manager at {0} refused the cluster key: use the key file of the cluster (--cluster-key-file or FLYTCTL_CLUSTER_KEY_FILE)
+    WrongKey(String),
+    /// {0}
+    Key(AuthError),
+    /// the cluster manager did not answer: {0}
+    Call(tarpc::client::RpcError),
+    /// {0}
+    Refused(ControlError),
+    /// cannot print JSON: {0}
+    Json(serde_json::Error),
+}
+
+impl CtlError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Self::Refused(_) => 1,
+            Self::Key(_) | Self::WrongKey(_) | Self::Json(_) => 2,
+            Self::Unreachable { .. } | Self::Call(_) => 3,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("flytctl: cannot start: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("flytctl: {error}");
+            ExitCode::from(error.exit_code())
+        }
+    }
+}
+
+async fn connect(args: &Args) -> Result<ClusterAdminClient, CtlError> {
+    let key = ClusterKey::load(&args.cluster_key_file).map_err(CtlError::Key)?;
+    let endpoint = Endpoint::Unix(args.socket.clone());
+    let socket = args.socket.display().to_string();
+    let stream = rpc::connect(&endpoint, &key, ServiceName::ClusterAdmin).await.map_err(|error| match error {
+        RpcError::Auth(_, AuthError::Refused | AuthError::Protocol(_)) => CtlError::WrongKey(socket.clone()),
+        other => CtlError::Unreachable { socket: socket.clone(), reason: other.to_string() },
+    })?;
+    Ok(ClusterAdminClient::new(tarpc::client::Config::default(), rpc::transport(stream)).spawn())
+}
+
+fn print_json<T: Serialize>(value: &T) -> Result<(), CtlError> {
+    println!("{}", serde_json::to_string_pretty(value).map_err(CtlError::Json)?);
+    Ok(())
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header(header.to_vec());
+    table
+}
+
+async fn run(args: Args) -> Result<(), CtlError> {
+    let client = connect(&args).await?;
+    let context = || rpc::deadline(Duration::from_secs(args.timeout_seconds));
+    match &args.command {
+        Command::Status => {
+            let status = client.status(context()).await.map_err(CtlError::Call)?;
+            if args.json {
+                return print_json(&status);
+            }
+            let mut out = Table::new();
+            out.load_preset(UTF8_FULL_CONDENSED);
+            out.add_row(vec!["version".to_string(), status.version]);
+            out.add_row(vec!["store".to_string(), status.store]);
+            out.add_row(vec!["uptime".to_string(), format!("{} s", status.uptime_seconds)]);
+            out.add_row(vec![
+                "nodes".to_string(),
+                format!("{} up, {} down, {} drained", status.nodes_up, status.nodes_down, status.nodes_drained),
+            ]);
+            out.add_row(vec!["GPUs (up nodes)".to_string(), status.gpus.to_string()]);
+            out.add_row(vec!["SMs free / total".to_string(), format!("{} / {}", status.free_compute_units, status.total_compute_units)]);
+            out.add_row(vec!["memory free / total".to_string(), format!("{} / {} MiB", status.free_memory, status.total_memory)]);
+            out.add_row(vec!["VMs".to_string(), status.vms.to_string()]);
+            out.add_row(vec!["allocations".to_string(), status.allocations.to_string()]);
+            out.add_row(vec!["client managers".to_string(), status.client_managers.to_string()]);
+            println!("{out}");
+        }
+        Command::ListVms => {
+            let vms = client.list_vms(context()).await.map_err(CtlError::Call)?;
+            if args.json {
+                return print_json(&vms);
+            }
+            println!("{}", vm_table(&vms));
+        }
+        Command::ListServernodes => {
+            let nodes = client.list_nodes(context()).await.map_err(CtlError::Call)?;
+            if args.json {
+                return print_json(&nodes);
+            }
+            println!("{}", node_table(&nodes));
+        }
+        Command::ListVirtServers => {
+            let allocations = client.list_allocations(context()).await.map_err(CtlError::Call)?;
+            if args.json {
+                return print_json(&allocations);
+            }
+            println!("{}", allocation_table(&allocations));
+        }
+        Command::ChangeConfig { target, compute_units, memory_mib } => {
+            let allocation = client
+                .change_config(context(), target.clone(), *compute_units, *memory_mib)
+                .await
+                .map_err(CtlError::Call)?
+                .map_err(CtlError::Refused)?;
+            if args.json {
+                return print_json(&allocation);
+            }
+            println!("{}", allocation_table(std::slice::from_ref(&allocation)));
+        }
+        Command::Vm { command: VmCommand::Add { vm_ip, host_ip, compute_units, memory_mib } } => {
+            let requirement =
+                VmRequirement { vm_ip: vm_ip.clone(), host_ip: host_ip.clone(), compute_units: *compute_units, memory: *memory_mib };
+            client.add_vm(context(), requirement.clone()).await.map_err(CtlError::Call)?.map_err(CtlError::Refused)?;
+            if args.json {
+                return print_json(&requirement);
+            }
+            println!("VM {vm_ip} added: {compute_units} SMs, {memory_mib} MiB, host {host_ip}");
+        }
+        Command::Vm { command: VmCommand::List } => {
+            let vms: Vec<VmRequirement> =
+                client.list_vms(context()).await.map_err(CtlError::Call)?.into_iter().map(|vm| vm.requirement).collect();
+            if args.json {
+                return print_json(&vms);
+            }
+            let mut out = table(&["VM", "HOST", "SMs", "MEMORY (MiB)"]);
+            for vm in &vms {
+                out.add_row(vec![vm.vm_ip.clone(), vm.host_ip.clone(), vm.compute_units.to_string(), vm.memory.to_string()]);
+            }
+            println!("{out}");
+        }
+        Command::Vm { command: VmCommand::Remove { vm_ip } } => {
+            client.remove_vm(context(), vm_ip.clone()).await.map_err(CtlError::Call)?.map_err(CtlError::Refused)?;
+            if args.json {
+                return print_json(&serde_json::json!({ "removed": vm_ip }));
+            }
+            println!("VM {vm_ip} removed");
+        }
+        Command::Drain { node } | Command::Undrain { node } => {
+            let drained = matches!(args.command, Command::Drain { .. });
+            let record =
+                client.set_drained(context(), node.clone(), drained).await.map_err(CtlError::Call)?.map_err(CtlError::Refused)?;
+            if args.json {
+                return print_json(&record);
+            }
+            println!("node {} {}", record.node_id, if record.drained { "drained" } else { "undrained" });
+        }
+    }
+    Ok(())
+}
+
+fn health(health: NodeHealth, drained: bool) -> String {
+    match (health, drained) {
+        (NodeHealth::Up, false) => "up".into(),
+        (NodeHealth::Up, true) => "up, drained".into(),
+        (NodeHealth::Down, false) => "DOWN".into(),
+        (NodeHealth::Down, true) => "DOWN, drained".into(),
+    }
+}
+
+fn clients(allocation: &AllocationRecord) -> String {
+    if allocation.clients.is_empty() {
+        return match allocation.idle_since {
+            Some(since) => format!("none (idle since {since})"),
+            None => "none".into(),
+        };
+    }
+    allocation.clients.iter().map(|client| format!("{}[{}]", client.program, client.pid)).collect::<Vec<_>>().join(", ")
+}
+
+fn vm_table(vms: &[VmView]) -> Table {
+    let mut out = table(&["VM", "HOST", "SMs", "MEMORY (MiB)", "ALLOCATION", "NODE/GPU", "CLIENTS", "CLIENT MANAGER"]);
+    for vm in vms {
+        let (allocation, place, users) = match &vm.allocation {
+            Some(allocation) => {
+                (allocation.id.clone(), format!("{}/{}", allocation.node_id, allocation.gpu), clients(allocation))
+            }
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        out.add_row(vec![
+            vm.requirement.vm_ip.clone(),
+            vm.requirement.host_ip.clone(),
+            vm.requirement.compute_units.to_string(),
+            vm.requirement.memory.to_string(),
+            allocation,
+            place,
+            users,
+            if vm.client_manager_connected { "connected" } else { "-" }.to_string(),
+        ]);
+    }
+    out
+}
+
+fn node_table(nodes: &[NodeView]) -> Table {
+    let mut out = table(&["NODE", "STATE", "HOST", "GPU", "NAME", "SMs used/total", "MEMORY used/total (MiB)", "ALLOCATIONS"]);
+    for view in nodes {
+        let state = health(view.node.health, view.node.drained);
+        if view.gpus.is_empty() {
+            out.add_row(vec![view.node.node_id.clone(), state.clone(), view.node.host_ip.clone(), "-".into()]);
+        }
+        for usage in &view.gpus {
+            let name = if usage.gpu.emulated { format!("{} (emulated)", usage.gpu.name) } else { usage.gpu.name.clone() };
+            out.add_row(vec![
+                view.node.node_id.clone(),
+                state.clone(),
+                view.node.host_ip.clone(),
+                usage.gpu.index.to_string(),
+                name,
+                format!("{}/{}", usage.allocated_compute_units, usage.gpu.sm_count),
+                format!("{}/{}", usage.allocated_memory, usage.gpu.memory_bytes / MIB),
+                usage.allocations.to_string(),
+            ]);
+        }
+    }
+    out
+}
+
+fn allocation_table(allocations: &[AllocationRecord]) -> Table {
+    let mut out = table(&["ALLOCATION", "VM", "NODE/GPU", "SMs", "SM %", "MEMORY (MiB)", "STATE", "ADDRESS", "PID", "SESSIONS", "CLIENTS"]);
+    for allocation in allocations {
+        out.add_row(vec![
+            allocation.id.clone(),
+            allocation.vm_ip.clone(),
+            format!("{}/{}", allocation.node_id, allocation.gpu),
+            allocation.compute_units.to_string(),
+            allocation.sm_percentage.to_string(),
+            allocation.memory.to_string(),
+            format!("{:?}", allocation.state).to_lowercase(),
+            allocation.addresses.join(" "),
+            allocation.pid.to_string(),
+            allocation.sessions.to_string(),
+            clients(allocation),
+        ]);
+    }
+    out
 }
