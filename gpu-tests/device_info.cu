@@ -4,7 +4,8 @@
 // cudaDeviceGetAttribute (compared with the properties, invalid device), cudaMemGetInfo,
 // cudaDriverGetVersion, cudaRuntimeGetVersion, cudaFuncGetAttributes, cudaFuncSetAttribute
 // (MaxDynamicSharedMemorySize, PreferredSharedMemoryCarveout, a too-large value),
-// cudaOccupancyMaxActiveBlocksPerMultiprocessor, cudaPointerGetAttributes (device, interior, pinned,
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor (the C function and the C++ template, which calls
+// cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags), cudaPointerGetAttributes (device, interior, pinned,
 // cudaHostAlloc, pageable, stack), cudaDeviceReset followed by new work (kernels, symbols) that succeeds.
 #include "common.h"
 
@@ -211,10 +212,16 @@ int main() {
         EXPECT(fa.sharedSizeBytes == 4096, "smem_kernel static shared memory %zu", fa.sharedSizeBytes);
         EXPECT(fa.binaryVersion == p.major * 10 + p.minor, "binaryVersion %d", fa.binaryVersion);
 
-        int blocks = -1;
-        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, smem_kernel, 256, 0));
-        printf("occupancy of smem_kernel with 256 threads: %d blocks per SM\n", blocks);
-        EXPECT(blocks >= 1, "occupancy %d", blocks);
+        // The C function (a const void * argument picks it) and the C++ template (which calls
+        // cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) must agree.
+        int blocks = -1, blocks_tpl = -2;
+        CHECK(::cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)smem_kernel, 256, 0));
+        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_tpl, smem_kernel, 256, 0));
+        printf("occupancy of smem_kernel with 256 threads: %d blocks per SM (template form agrees: %s)\n", blocks,
+               yes(blocks == blocks_tpl));
+        EXPECT(blocks >= 1 && blocks == blocks_tpl, "occupancy %d / %d", blocks, blocks_tpl);
+        CHECK(::cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)smem_kernel, 1024, 0));
+        printf("occupancy of smem_kernel with 1024 threads: %d blocks per SM\n", blocks);
 
         const int big = 100 * 1024;
         memset(&fa, 0, sizeof(fa));

@@ -81,16 +81,6 @@ DIST=$(abspath "$DIST")
 OUT=$(abspath "$OUT")
 BUILD=$(abspath "$BUILD")
 
-if [ -z "$NVCC" ]; then
-    if command -v nvcc >/dev/null 2>&1; then
-        NVCC=nvcc
-    elif [ -x /usr/local/cuda/bin/nvcc ]; then
-        NVCC=/usr/local/cuda/bin/nvcc
-    else
-        die "nvcc not found (use --nvcc)"
-    fi
-fi
-
 IFS=, read -r -a TRANSPORT_LIST <<<"$TRANSPORTS"
 for t in "${TRANSPORT_LIST[@]}"; do
     case $t in tcp | unix) ;; *) die "unknown transport '$t' (tcp, unix)" ;; esac
@@ -153,6 +143,16 @@ for n in "${ALL[@]}"; do
 done
 if [ $RUN_PAIR = 1 ]; then
     if [ ! -f "$here/$PAIR_VICTIM.cu" ] || [ ! -f "$here/$PAIR_FAULTER.cu" ]; then die "fault pair incomplete"; fi
+fi
+
+if [ -z "$NVCC" ]; then
+    if command -v nvcc >/dev/null 2>&1; then
+        NVCC=nvcc
+    elif [ -x /usr/local/cuda/bin/nvcc ]; then
+        NVCC=/usr/local/cuda/bin/nvcc
+    else
+        die "nvcc not found (use --nvcc)"
+    fi
 fi
 
 # ---- state and cleanup -------------------------------------------------------------------------
@@ -541,5 +541,7 @@ fi
     echo "total: $((N_PASS + N_FAIL)) rows, $N_PASS passed, $N_FAIL failed"
 } >"$TABLE"
 cat "$TABLE"
-echo "results: $OUT (table.md, log.txt, server.log, build.log)"
+kept=""
+for f in table.md log.txt server.log build.log; do [ -e "$OUT/$f" ] && kept+="${kept:+, }$f"; done
+echo "results: $OUT ($kept)"
 [ $N_FAIL -eq 0 ] && [ $((N_PASS + N_FAIL)) -gt 0 ]
