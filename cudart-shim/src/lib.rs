@@ -1,1 +1,26 @@
+//! `flyt-cudart`: the Flyt client, loaded into unmodified CUDA apps as `libcudart.so.13`.
+//!
+//! Every export of the CUDA 13 runtime is declared once in [`exports`]; implemented ones turn
+//! into messages to a `flyt-rpc-server` (see `flyt_protocol::ops`), answered locally where CUDA
+//! allows (properties, last error, launch configuration), asynchronously where CUDA is
+//! asynchronous (launches, memsets, host-to-device copies, stream and event creation), and
+//! unsupported ones fail with `cudaErrorNotSupported` and a one-line message. Nothing here panics
+//! across the C ABI.
+//!
+//! The logic lives in this rlib so it can be tested as Rust; the `cdylib/` crate only re-exports
+//! it as `libcudart.so.13`.
 
+pub mod api;
+pub mod client;
+pub mod conn;
+pub mod diagnostics;
+pub mod exports;
+pub mod ffi;
+pub mod props;
+pub mod registry;
+pub mod stats;
+
+/// Keeps the exports alive in the cdylib (referenced from there).
+pub fn link_exports() -> usize {
+    exports::EXPORTS.len()
+}

@@ -1,0 +1,89 @@
+//! Kernel attributes and occupancy: asked of the server, which holds the loaded kernels.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::req;
+
+use super::call;
+use crate::client::client;
+use crate::ffi::write_out;
+use crate::props::cudaFuncAttributes;
+use crate::registry::{Function, function_by_host};
+
+fn function(func: *const c_void) -> CudaResult<std::sync::Arc<Function>> {
+    function_by_host(func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)
+}
+
+pub unsafe fn cudaFuncGetAttributes(attributes: *mut cudaFuncAttributes, func: *const c_void) -> CudaResult<()> {
+    let function = function(func)?;
+    let client = client()?;
+    // The module must be loaded before the server can answer for its kernel.
+    function.layout()?;
+    let a = call(client, req::FuncGetAttributes { function: function.reference() })?.attributes;
+    let size = |bytes: u64| usize::try_from(bytes).unwrap_or(usize::MAX);
+    let value = cudaFuncAttributes {
+        sharedSizeBytes: size(a.shared_size_bytes),
+        constSizeBytes: size(a.const_size_bytes),
+        localSizeBytes: size(a.local_size_bytes),
+        maxThreadsPerBlock: a.max_threads_per_block,
+        numRegs: a.num_regs,
+        ptxVersion: a.ptx_version,
+        binaryVersion: a.binary_version,
+        cacheModeCA: a.cache_mode_ca,
+        maxDynamicSharedSizeBytes: a.max_dynamic_shared_size_bytes,
+        preferredShmemCarveout: a.preferred_shmem_carveout,
+        clusterDimMustBeSet: a.cluster_dim_must_be_set,
+        requiredClusterWidth: a.required_cluster_width,
+        requiredClusterHeight: a.required_cluster_height,
+        requiredClusterDepth: a.required_cluster_depth,
+        clusterSchedulingPolicyPreference: a.cluster_scheduling_policy_preference,
+        nonPortableClusterSizeAllowed: a.non_portable_cluster_size_allowed,
+        reserved: [0; 16],
+    };
+    // SAFETY: the app's out-pointer to a CUDA 13 `cudaFuncAttributes`.
+    unsafe { write_out(attributes, value) }
+}
+
+pub unsafe fn cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_int) -> CudaResult<()> {
+    let function = function(func)?;
+    let client = client()?;
+    function.layout()?;
+    let attribute = u32::try_from(attr).map_err(|_| CudaError::INVALID_VALUE)?;
+    call(client, req::FuncSetAttribute { function: function.reference(), attribute, value }).map(|_| ())
+}
+
+pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+    blocks: *mut c_int,
+    func: *const c_void,
+    block_size: c_int,
+    dynamic_smem: usize,
+) -> CudaResult<()> {
+    // SAFETY: same contract, default flags.
+    unsafe { cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, func, block_size, dynamic_smem, 0) }
+}
+
+pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    blocks: *mut c_int,
+    func: *const c_void,
+    block_size: c_int,
+    dynamic_smem: usize,
+    flags: c_uint,
+) -> CudaResult<()> {
+    if blocks.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let function = function(func)?;
+    let client = client()?;
+    function.layout()?;
+    let request = req::OccupancyMaxActiveBlocks {
+        function: function.reference(),
+        block_size,
+        dynamic_shared_mem: dynamic_smem as u64,
+        flags,
+    };
+    let reply = call(client, request)?;
+    // SAFETY: checked non-NULL above; the app's out-pointer.
+    unsafe { write_out(blocks, reply.blocks) }
+}

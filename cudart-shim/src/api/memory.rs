@@ -1,0 +1,389 @@
+//! Memory: allocations, copies in every direction, memsets, symbols and pointer attributes.
+//!
+//! Device pointers are the server's real device addresses; the shim keeps the app's ranges so
+//! it can refuse a bad pointer at once (`cudaErrorInvalidValue`, never a device fault), tell
+//! host from device pointers for `cudaMemcpyDefault`, and answer `cudaPointerGetAttributes`.
+//! Copies larger than the server's chunk travel as several frames, so a large copy never holds
+//! up another thread's small calls for more than a chunk.
+
+use std::alloc::Layout;
+use std::ffi::{c_int, c_uint, c_void};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::{decode_reply, rep, req};
+
+use super::streams::stream_id;
+use super::{call, post};
+use crate::client::{Client, HostAllocation, client, existing_client};
+use crate::conn::HostDestination;
+use crate::ffi::{cudaMemcpyKind, cudaStream_t, host_slice, write_out};
+use crate::props::{cudaPointerAttributes, memory_type};
+use crate::registry::variable_by_host;
+
+const HOST_TO_HOST: cudaMemcpyKind = 0;
+const HOST_TO_DEVICE: cudaMemcpyKind = 1;
+const DEVICE_TO_HOST: cudaMemcpyKind = 2;
+const DEVICE_TO_DEVICE: cudaMemcpyKind = 3;
+const DEFAULT: cudaMemcpyKind = 4;
+/// Pinned host memory is page aligned, like the driver's.
+const HOST_ALIGNMENT: usize = 4096;
+/// `cudaHostAllocPortable | Mapped | WriteCombined`.
+const HOST_ALLOC_FLAGS: c_uint = 0x7;
+
+pub unsafe fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> CudaResult<()> {
+    if dev_ptr.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let client = client()?;
+    let ptr = call(client, req::Malloc { size: size as u64 })?.ptr;
+    if ptr != 0 {
+        client.add_device_range(ptr, size as u64, true);
+    }
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(dev_ptr, ptr as usize as *mut c_void) }
+}
+
+pub unsafe fn cudaFree(dev_ptr: *mut c_void) -> CudaResult<()> {
+    let client = client()?;
+    if dev_ptr.is_null() {
+        return Ok(());
+    }
+    let ptr = dev_ptr as u64;
+    client.remove_allocation(ptr)?;
+    call(client, req::Free { ptr }).map(|_| ())
+}
+
+fn host_layout(size: usize) -> CudaResult<Layout> {
+    Layout::from_size_align(size.max(1), HOST_ALIGNMENT).map_err(|_| CudaError::MEMORY_ALLOCATION)
+}
+
+fn host_alloc(out: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
+    if out.is_null() || flags & !HOST_ALLOC_FLAGS != 0 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let client = client()?;
+    let layout = host_layout(size)?;
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc(layout) };
+    if ptr.is_null() {
+        return Err(CudaError::MEMORY_ALLOCATION);
+    }
+    client
+        .host_allocations
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(ptr as usize, HostAllocation { len: size.max(1), flags });
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(out, ptr.cast()) }
+}
+
+pub unsafe fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> CudaResult<()> {
+    host_alloc(ptr, size, 0)
+}
+
+pub unsafe fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
+    host_alloc(ptr, size, flags)
+}
+
+pub unsafe fn cudaFreeHost(ptr: *mut c_void) -> CudaResult<()> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    let client = client()?;
+    let allocation =
+        client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(ptr as usize));
+    let allocation = allocation.ok_or(CudaError::INVALID_VALUE)?;
+    // SAFETY: `ptr` was returned by `std::alloc::alloc` with this very layout in `host_alloc`
+    // (the map holds exactly the pointers it gave out) and is removed from the map, so it is
+    // freed once.
+    unsafe { std::alloc::dealloc(ptr.cast(), host_layout(allocation.len)?) };
+    Ok(())
+}
+
+/// Where a copy happens, once the pointers are classified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Direction {
+    HostToHost,
+    HostToDevice,
+    DeviceToHost,
+    DeviceToDevice,
+}
+
+/// Classifies a copy. Pointers the session knows as device memory are device memory whatever
+/// the declared kind says (as with unified addressing), so a device address is never read or
+/// written as host memory.
+fn direction(client: &Client, dst: u64, src: u64, kind: cudaMemcpyKind) -> CudaResult<Direction> {
+    let (dst_device, src_device) = (client.is_device_pointer(dst), client.is_device_pointer(src));
+    let direction = match (dst_device, src_device) {
+        (false, false) => Direction::HostToHost,
+        (true, false) => Direction::HostToDevice,
+        (false, true) => Direction::DeviceToHost,
+        (true, true) => Direction::DeviceToDevice,
+    };
+    match kind {
+        DEFAULT | HOST_TO_HOST => Ok(direction),
+        // A declared device side that is not device memory is a bad pointer.
+        HOST_TO_DEVICE | DEVICE_TO_DEVICE if !dst_device => Err(CudaError::INVALID_VALUE),
+        DEVICE_TO_HOST | DEVICE_TO_DEVICE if !src_device => Err(CudaError::INVALID_VALUE),
+        HOST_TO_DEVICE | DEVICE_TO_HOST | DEVICE_TO_DEVICE => Ok(direction),
+        _ => Err(CudaError::INVALID_MEMCPY_DIRECTION),
+    }
+}
+
+/// How a copy relates to the host.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `cudaMemcpy`: returns when the copy is done (host-to-device: once the device has it).
+    Synchronous,
+    /// `cudaMemcpyAsync`: returns at once; device-to-host bytes land by the next sync point.
+    Asynchronous,
+}
+
+/// Any copy, once the stream is resolved.
+///
+/// # Safety
+/// The host side (`dst` or `src`, per the direction) is valid for `count` bytes, as the CUDA
+/// contract requires; for an asynchronous device-to-host copy it stays valid until the app
+/// synchronizes.
+unsafe fn copy(client: &Client, dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: u64, mode: Mode) -> CudaResult<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    if dst.is_null() || src.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let (dst_address, src_address, len) = (dst as u64, src as u64, count as u64);
+    let chunk = client.info.copy_chunk.max(4096);
+    match direction(client, dst_address, src_address, kind)? {
+        Direction::HostToHost => {
+            // Ordered after every device-to-host copy the app issued before it.
+            client.settle_in_flight()?;
+            // SAFETY: both are host buffers of `count` bytes per this function's contract;
+            // `copy` allows overlap.
+            unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };
+            Ok(())
+        }
+        Direction::HostToDevice => {
+            client.check_device_range(dst_address, len)?;
+            // SAFETY: the source is a host buffer of `count` bytes per this function's contract.
+            let bytes = unsafe { host_slice(src, count)? };
+            for (index, piece) in bytes.chunks(usize::try_from(chunk).unwrap_or(usize::MAX)).enumerate() {
+                let request = req::MemcpyHtoD { dst: dst_address + index as u64 * chunk, stream };
+                client.conn.send_async(&request.into(), piece)?;
+            }
+            if mode == Mode::Synchronous {
+                // cudaMemcpy reports errors of earlier work, and the copy is done when it returns.
+                call(client, req::StreamSynchronize { stream })?;
+            }
+            Ok(())
+        }
+        Direction::DeviceToHost => {
+            client.check_device_range(src_address, len)?;
+            let mut slots = Vec::new();
+            let mut offset = 0u64;
+            while offset < len {
+                let piece = chunk.min(len - offset);
+                let piece_len = usize::try_from(piece).map_err(|_| CudaError::INVALID_VALUE)?;
+                // SAFETY: `dst + offset .. + piece` lies inside the app's `count`-byte host buffer,
+                // which stays valid until this copy completes (we wait below, or the app syncs).
+                let destination = unsafe { HostDestination::new(dst.cast::<u8>().add(offset as usize), piece_len) };
+                let request = req::MemcpyDtoH { src: src_address + offset, len: piece, stream };
+                slots.push(client.conn.send_for_reply(&request.into(), Some(destination))?);
+                offset += piece;
+            }
+            client.conn.flush()?;
+            match mode {
+                Mode::Asynchronous => {
+                    slots.into_iter().for_each(|slot| client.track_in_flight(slot));
+                    Ok(())
+                }
+                Mode::Synchronous => {
+                    let mut outcome = Ok(());
+                    let mut deferred = None;
+                    for slot in slots {
+                        let reply = slot.wait().and_then(|message| {
+                            decode_reply::<rep::MemcpyDtoH>(&message).map_err(|_| CudaError::UNKNOWN)
+                        });
+                        match reply {
+                            Ok(reply) => {
+                                deferred = deferred.or(reply.deferred);
+                                if let Err(error) = reply.result {
+                                    outcome = outcome.and(Err(error));
+                                }
+                            }
+                            Err(error) => outcome = outcome.and(Err(error)),
+                        }
+                    }
+                    outcome?;
+                    if let Some(error) = deferred {
+                        return Err(error);
+                    }
+                    client.settle_in_flight()
+                }
+            }
+        }
+        Direction::DeviceToDevice => {
+            client.check_device_range(src_address, len)?;
+            client.check_device_range(dst_address, len)?;
+            post(client, req::MemcpyDtoD { dst: dst_address, src: src_address, len, stream })
+        }
+    }
+}
+
+fn memcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
+    let client = client()?;
+    let stream = stream_id(client, stream, per_thread)?;
+    // SAFETY: the caller's buffers, per the CUDA contract of the export that called us.
+    unsafe { copy(client, dst, src, count, kind, stream, mode) }
+}
+
+pub unsafe fn cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+    memcpy(dst, src, count, kind, std::ptr::null_mut(), Mode::Synchronous, false)
+}
+
+pub unsafe fn cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+    memcpy(dst, src, count, kind, std::ptr::null_mut(), Mode::Synchronous, true)
+}
+
+pub unsafe fn cudaMemcpyAsync(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+    memcpy(dst, src, count, kind, stream, Mode::Asynchronous, false)
+}
+
+pub unsafe fn cudaMemcpyAsync_ptsz(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+    memcpy(dst, src, count, kind, stream, Mode::Asynchronous, true)
+}
+
+fn memset(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t, per_thread: bool) -> CudaResult<()> {
+    let client = client()?;
+    let stream = stream_id(client, stream, per_thread)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let dst = dev_ptr as u64;
+    client.check_device_range(dst, count as u64)?;
+    // cudaMemset writes the low byte of `value`, as CUDA does.
+    post(client, req::Memset { dst, value: value as u8, len: count as u64, stream })
+}
+
+pub unsafe fn cudaMemset(dev_ptr: *mut c_void, value: c_int, count: usize) -> CudaResult<()> {
+    memset(dev_ptr, value, count, std::ptr::null_mut(), false)
+}
+
+pub unsafe fn cudaMemset_ptds(dev_ptr: *mut c_void, value: c_int, count: usize) -> CudaResult<()> {
+    memset(dev_ptr, value, count, std::ptr::null_mut(), true)
+}
+
+pub unsafe fn cudaMemsetAsync(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> CudaResult<()> {
+    memset(dev_ptr, value, count, stream, false)
+}
+
+pub unsafe fn cudaMemsetAsync_ptsz(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> CudaResult<()> {
+    memset(dev_ptr, value, count, stream, true)
+}
+
+/// A symbol's device address plus `offset`, with `count` bytes checked against its size.
+fn symbol_address(symbol: *const c_void, count: usize, offset: usize) -> CudaResult<u64> {
+    let variable = variable_by_host(symbol as usize).ok_or(CudaError::INVALID_SYMBOL)?;
+    let end = offset.checked_add(count).ok_or(CudaError::INVALID_VALUE)?;
+    if end > variable.size {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    Ok(variable.address()? + offset as u64)
+}
+
+#[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
+fn to_symbol(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
+    if !matches!(kind, HOST_TO_DEVICE | DEVICE_TO_DEVICE | DEFAULT) {
+        return Err(CudaError::INVALID_MEMCPY_DIRECTION);
+    }
+    let client = client()?;
+    let address = symbol_address(symbol, count, offset)?;
+    memcpy(address as usize as *mut c_void, src, count, kind, stream, mode, per_thread).inspect_err(|_| {
+        let _ = client;
+    })
+}
+
+#[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
+fn from_symbol(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
+    if !matches!(kind, DEVICE_TO_HOST | DEVICE_TO_DEVICE | DEFAULT) {
+        return Err(CudaError::INVALID_MEMCPY_DIRECTION);
+    }
+    let address = symbol_address(symbol, count, offset)?;
+    memcpy(dst, address as usize as *const c_void, count, kind, stream, mode, per_thread)
+}
+
+pub unsafe fn cudaMemcpyToSymbol(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+    to_symbol(symbol, src, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, false)
+}
+
+pub unsafe fn cudaMemcpyToSymbol_ptds(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+    to_symbol(symbol, src, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, true)
+}
+
+pub unsafe fn cudaMemcpyToSymbolAsync(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+    to_symbol(symbol, src, count, offset, kind, stream, Mode::Asynchronous, false)
+}
+
+pub unsafe fn cudaMemcpyToSymbolAsync_ptsz(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+    to_symbol(symbol, src, count, offset, kind, stream, Mode::Asynchronous, true)
+}
+
+pub unsafe fn cudaMemcpyFromSymbol(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+    from_symbol(dst, symbol, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, false)
+}
+
+pub unsafe fn cudaMemcpyFromSymbol_ptds(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+    from_symbol(dst, symbol, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, true)
+}
+
+pub unsafe fn cudaMemcpyFromSymbolAsync(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+    from_symbol(dst, symbol, count, offset, kind, stream, Mode::Asynchronous, false)
+}
+
+pub unsafe fn cudaMemcpyFromSymbolAsync_ptsz(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+    from_symbol(dst, symbol, count, offset, kind, stream, Mode::Asynchronous, true)
+}
+
+pub unsafe fn cudaGetSymbolAddress(dev_ptr: *mut *mut c_void, symbol: *const c_void) -> CudaResult<()> {
+    let address = symbol_address(symbol, 0, 0)?;
+    // SAFETY: the app's out-pointer.
+    unsafe { write_out(dev_ptr, address as usize as *mut c_void) }
+}
+
+pub unsafe fn cudaGetSymbolSize(size: *mut usize, symbol: *const c_void) -> CudaResult<()> {
+    let variable = variable_by_host(symbol as usize).ok_or(CudaError::INVALID_SYMBOL)?;
+    // SAFETY: the app's out-pointer.
+    unsafe { write_out(size, variable.size) }
+}
+
+pub unsafe fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, ptr: *const c_void) -> CudaResult<()> {
+    if attributes.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let address = ptr as usize;
+    let mut value = cudaPointerAttributes {
+        memory_type: memory_type::UNREGISTERED,
+        device: -2,
+        devicePointer: std::ptr::null_mut(),
+        hostPointer: std::ptr::null_mut(),
+        reserved: [0; 8],
+    };
+    if let Some(client) = existing_client().or_else(|| client().ok()) {
+        if client.is_device_pointer(address as u64) {
+            value.memory_type = memory_type::DEVICE;
+            value.device = 0;
+            value.devicePointer = ptr.cast_mut();
+        } else if client.host_allocation(address).is_some() {
+            // Pinned memory on the app's side: the GPU reaches it only through copies.
+            value.memory_type = memory_type::HOST;
+            value.device = 0;
+            value.hostPointer = ptr.cast_mut();
+        } else {
+            // Unregistered host memory: success with type unregistered, as CUDA 11+ answers.
+            value.hostPointer = ptr.cast_mut();
+        }
+    }
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(attributes, value) }
+}

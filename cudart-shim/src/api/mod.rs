@@ -1,0 +1,58 @@
+//! The bodies of the implemented exports, one module per area. Each `unsafe fn` here is an FFI
+//! edge: it checks what the app passed (NULL, lengths, handles), then does the work in safe
+//! Rust through the session (`client`), the registry and the connection.
+
+#![allow(non_snake_case, reason = "bodies carry the names of the CUDA exports they implement")]
+#![allow(clippy::missing_safety_doc, reason = "each body's contract is the CUDA runtime's for its export")]
+
+mod device;
+mod errors;
+mod functions;
+mod launch;
+mod memory;
+mod register;
+mod streams;
+
+pub use device::*;
+pub use errors::*;
+pub use functions::*;
+pub use launch::*;
+pub use memory::*;
+pub use register::*;
+pub use streams::*;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::{Op, OpClass, decode_reply};
+
+use crate::client::Client;
+use crate::ffi::cudaError_t;
+
+/// Sends a request and waits for its reply. At a sync point, a deferred error of an earlier
+/// asynchronous call is returned, and every in-flight device-to-host copy has landed.
+pub(crate) fn call<O: Op>(client: &Client, request: O) -> CudaResult<O::Reply> {
+    let message = client.conn.call(&request.into())?;
+    let reply = decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?;
+    if O::INFO.class == OpClass::SyncPoint {
+        let fields = reply.result?;
+        if let Some(deferred) = reply.deferred {
+            return Err(deferred);
+        }
+        client.settle_in_flight()?;
+        Ok(fields)
+    } else {
+        reply.result
+    }
+}
+
+/// Queues an asynchronous request.
+pub(crate) fn post<O: Op>(client: &Client, request: O) -> CudaResult<()> {
+    client.conn.send_async(&request.into(), &[])
+}
+
+/// Every unsupported export: a clear error and one line naming the function.
+pub fn unsupported(symbol: &str) -> cudaError_t {
+    crate::diagnostics::once(symbol, &format!("flyt: {symbol} is not supported through Flyt (returning cudaErrorNotSupported)"));
+    crate::ffi::set_last_error(CudaError::NOT_SUPPORTED);
+    CudaError::NOT_SUPPORTED.code()
+}

@@ -1,0 +1,252 @@
+//! Streams and events. Their handles are ids the shim chooses, so creating one costs no round
+//! trip; the server learns of it from an asynchronous request.
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_uint};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::req;
+
+use super::{call, post};
+use crate::client::{Client, StreamInfo, client, existing_client};
+use crate::ffi::{cudaEvent_t, cudaStream_t, write_out};
+
+/// `cudaStreamLegacy` and `cudaStreamPerThread`.
+const STREAM_LEGACY: usize = 1;
+const STREAM_PER_THREAD: usize = 2;
+/// `cudaStreamNonBlocking` is the only stream flag.
+const STREAM_FLAGS: c_uint = 0x1;
+/// `cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess`.
+const EVENT_FLAGS: c_uint = 0x7;
+/// `cudaEventRecordExternal` is for graph capture, which Flyt does not do.
+const EVENT_RECORD_FLAGS: c_uint = 0x0;
+
+/// This thread's per-thread default stream: `(reset generation, id)`, destroyed with the thread.
+struct PerThreadStream(Cell<(u64, u64)>);
+
+impl Drop for PerThreadStream {
+    fn drop(&mut self) {
+        let (generation, id) = self.0.get();
+        if let Some(client) = existing_client()
+            && id != 0
+            && generation == client.reset_generation.load(std::sync::atomic::Ordering::Acquire)
+        {
+            client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
+            let _ = post(client, req::StreamDestroy { stream: id });
+        }
+    }
+}
+
+thread_local! {
+    static PER_THREAD_STREAM: PerThreadStream = const { PerThreadStream(Cell::new((0, 0))) };
+}
+
+/// The calling thread's per-thread default stream, created on first use. It is a blocking
+/// stream, so it synchronizes with the legacy default stream as CUDA's does.
+fn per_thread_stream(client: &Client) -> CudaResult<u64> {
+    let generation = client.reset_generation.load(std::sync::atomic::Ordering::Acquire);
+    let existing = PER_THREAD_STREAM.try_with(|stream| stream.0.get()).map_err(|_| CudaError::INVALID_RESOURCE_HANDLE)?;
+    if existing.0 == generation && existing.1 != 0 {
+        return Ok(existing.1);
+    }
+    let id = client.new_stream_id();
+    post(client, req::StreamCreate { stream: id, flags: 0, priority: 0 })?;
+    client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, StreamInfo { flags: 0, priority: 0 });
+    let _ = PER_THREAD_STREAM.try_with(|stream| stream.0.set((generation, id)));
+    Ok(id)
+}
+
+/// The wire id of a stream handle. `per_thread_default` says what the null handle means: the
+/// legacy stream, or (`_ptsz`/`_ptds` entry points) the thread's own default stream.
+pub(crate) fn stream_id(client: &Client, stream: cudaStream_t, per_thread_default: bool) -> CudaResult<u64> {
+    match stream as usize {
+        0 if per_thread_default => per_thread_stream(client),
+        0 | STREAM_LEGACY => Ok(0),
+        STREAM_PER_THREAD => per_thread_stream(client),
+        handle => {
+            let id = handle as u64;
+            if client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(&id) {
+                Ok(id)
+            } else {
+                Err(CudaError::INVALID_RESOURCE_HANDLE)
+            }
+        }
+    }
+}
+
+fn event_id(client: &Client, event: cudaEvent_t) -> CudaResult<u64> {
+    let id = event as u64;
+    if client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(&id) {
+        Ok(id)
+    } else {
+        Err(CudaError::INVALID_RESOURCE_HANDLE)
+    }
+}
+
+fn create_stream(out: *mut cudaStream_t, flags: c_uint, priority: c_int) -> CudaResult<()> {
+    if out.is_null() || flags & !STREAM_FLAGS != 0 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let client = client()?;
+    let id = client.new_stream_id();
+    post(client, req::StreamCreate { stream: id, flags, priority })?;
+    client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, StreamInfo { flags, priority });
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(out, id as usize as cudaStream_t) }
+}
+
+pub unsafe fn cudaStreamCreate(stream: *mut cudaStream_t) -> CudaResult<()> {
+    create_stream(stream, 0, 0)
+}
+
+pub unsafe fn cudaStreamCreateWithFlags(stream: *mut cudaStream_t, flags: c_uint) -> CudaResult<()> {
+    create_stream(stream, flags, 0)
+}
+
+pub unsafe fn cudaStreamCreateWithPriority(stream: *mut cudaStream_t, flags: c_uint, priority: c_int) -> CudaResult<()> {
+    create_stream(stream, flags, priority)
+}
+
+pub unsafe fn cudaStreamDestroy(stream: cudaStream_t) -> CudaResult<()> {
+    let client = client()?;
+    let id = stream as u64;
+    if client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id).is_none() {
+        return Err(CudaError::INVALID_RESOURCE_HANDLE);
+    }
+    post(client, req::StreamDestroy { stream: id })
+}
+
+fn synchronize(stream: cudaStream_t, per_thread_default: bool) -> CudaResult<()> {
+    let client = client()?;
+    let id = stream_id(client, stream, per_thread_default)?;
+    call(client, req::StreamSynchronize { stream: id }).map(|_| ())
+}
+
+pub unsafe fn cudaStreamSynchronize(stream: cudaStream_t) -> CudaResult<()> {
+    synchronize(stream, false)
+}
+
+pub unsafe fn cudaStreamSynchronize_ptsz(stream: cudaStream_t) -> CudaResult<()> {
+    synchronize(stream, true)
+}
+
+fn query(stream: cudaStream_t, per_thread_default: bool) -> CudaResult<()> {
+    let client = client()?;
+    let id = stream_id(client, stream, per_thread_default)?;
+    call(client, req::StreamQuery { stream: id }).map(|_| ())
+}
+
+pub unsafe fn cudaStreamQuery(stream: cudaStream_t) -> CudaResult<()> {
+    query(stream, false)
+}
+
+pub unsafe fn cudaStreamQuery_ptsz(stream: cudaStream_t) -> CudaResult<()> {
+    query(stream, true)
+}
+
+fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_thread_default: bool) -> CudaResult<()> {
+    let client = client()?;
+    let stream = stream_id(client, stream, per_thread_default)?;
+    let event = event_id(client, event)?;
+    post(client, req::StreamWaitEvent { stream, event, flags })
+}
+
+pub unsafe fn cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> CudaResult<()> {
+    wait_event(stream, event, flags, false)
+}
+
+pub unsafe fn cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> CudaResult<()> {
+    wait_event(stream, event, flags, true)
+}
+
+pub unsafe fn cudaStreamGetFlags(stream: cudaStream_t, flags: *mut c_uint) -> CudaResult<()> {
+    let client = client()?;
+    let value = match stream as usize {
+        0 | STREAM_LEGACY | STREAM_PER_THREAD => 0,
+        handle => {
+            let streams = client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            streams.get(&(handle as u64)).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?.flags
+        }
+    };
+    // SAFETY: the app's out-pointer.
+    unsafe { write_out(flags, value) }
+}
+
+fn create_event(out: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {
+    if out.is_null() || flags & !EVENT_FLAGS != 0 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let client = client()?;
+    let id = client.new_event_id();
+    post(client, req::EventCreate { event: id, flags })?;
+    client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, flags);
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(out, id as usize as cudaEvent_t) }
+}
+
+pub unsafe fn cudaEventCreate(event: *mut cudaEvent_t) -> CudaResult<()> {
+    create_event(event, 0)
+}
+
+pub unsafe fn cudaEventCreateWithFlags(event: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {
+    create_event(event, flags)
+}
+
+fn record(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint, per_thread_default: bool) -> CudaResult<()> {
+    if flags & !EVENT_RECORD_FLAGS != 0 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let client = client()?;
+    let event = event_id(client, event)?;
+    let stream = stream_id(client, stream, per_thread_default)?;
+    post(client, req::EventRecord { event, stream, flags })
+}
+
+pub unsafe fn cudaEventRecord(event: cudaEvent_t, stream: cudaStream_t) -> CudaResult<()> {
+    record(event, stream, 0, false)
+}
+
+pub unsafe fn cudaEventRecord_ptsz(event: cudaEvent_t, stream: cudaStream_t) -> CudaResult<()> {
+    record(event, stream, 0, true)
+}
+
+pub unsafe fn cudaEventRecordWithFlags(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint) -> CudaResult<()> {
+    record(event, stream, flags, false)
+}
+
+pub unsafe fn cudaEventRecordWithFlags_ptsz(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint) -> CudaResult<()> {
+    record(event, stream, flags, true)
+}
+
+pub unsafe fn cudaEventSynchronize(event: cudaEvent_t) -> CudaResult<()> {
+    let client = client()?;
+    let event = event_id(client, event)?;
+    call(client, req::EventSynchronize { event }).map(|_| ())
+}
+
+pub unsafe fn cudaEventQuery(event: cudaEvent_t) -> CudaResult<()> {
+    let client = client()?;
+    let event = event_id(client, event)?;
+    call(client, req::EventQuery { event }).map(|_| ())
+}
+
+pub unsafe fn cudaEventElapsedTime(ms: *mut f32, start: cudaEvent_t, end: cudaEvent_t) -> CudaResult<()> {
+    if ms.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let client = client()?;
+    let (start, end) = (event_id(client, start)?, event_id(client, end)?);
+    let reply = call(client, req::EventElapsedTime { start, end })?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(ms, reply.milliseconds) }
+}
+
+pub unsafe fn cudaEventDestroy(event: cudaEvent_t) -> CudaResult<()> {
+    let client = client()?;
+    let id = event as u64;
+    if client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id).is_none() {
+        return Err(CudaError::INVALID_RESOURCE_HANDLE);
+    }
+    post(client, req::EventDestroy { event: id })
+}

@@ -1,0 +1,319 @@
+//! The session: opened on the first CUDA call that needs the server, then shared by every thread
+//! of the app. Holds what the shim answers locally: device properties, the app's device
+//! allocations (to validate pointers and infer copy directions), pinned host allocations, and
+//! stream and event handles.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::frame::{FrameLimits, read_value, write_value};
+use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo};
+use flyt_protocol::locate::{LocateReply, LocateRequest};
+
+use crate::conn::{Conn, ReplySlot, Wire};
+use crate::props::{cudaDeviceProp, device_prop};
+
+/// Where the shim asks for its server when `FLYT_SERVER` is not set.
+pub const DEFAULT_CLIENT_MANAGER_SOCKET: &str = "/run/flyt/client-manager.sock";
+/// How long connecting and the handshake may take before the app gets an error.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Stream ids the shim hands out (as `cudaStream_t` values), far from the special handles
+/// `cudaStreamLegacy` (1) and `cudaStreamPerThread` (2).
+pub const STREAM_ID_BASE: u64 = 0x5_0000_0000;
+/// Event ids, in a range of their own so a stream passed as an event is caught.
+pub const EVENT_ID_BASE: u64 = 0xE_0000_0000;
+
+/// A `cudaMallocHost`/`cudaHostAlloc` allocation.
+pub struct HostAllocation {
+    pub len: usize,
+    pub flags: u32,
+}
+
+/// A stream the app created.
+#[derive(Clone, Copy)]
+pub struct StreamInfo {
+    pub flags: u32,
+    pub priority: i32,
+}
+
+/// The live session.
+pub struct Client {
+    pub conn: Arc<Conn>,
+    pub info: SessionInfo,
+    pub props: Vec<cudaDeviceProp>,
+    /// Device ranges the app may copy to or from: allocations and module variables.
+    device_ranges: RwLock<BTreeMap<u64, (u64, bool)>>,
+    pub host_allocations: Mutex<BTreeMap<usize, HostAllocation>>,
+    pub streams: Mutex<HashMap<u64, StreamInfo>>,
+    pub events: Mutex<HashMap<u64, u32>>,
+    next_stream: AtomicU64,
+    next_event: AtomicU64,
+    /// Device-to-host copies whose bytes are still on their way (from `cudaMemcpyAsync`).
+    in_flight: Mutex<Vec<Arc<ReplySlot>>>,
+    /// The first failure of an asynchronous copy, reported at the next synchronizing call.
+    deferred: Mutex<Option<CudaError>>,
+    /// Bumped by `cudaDeviceReset`, which destroys every per-thread default stream.
+    pub reset_generation: AtomicU64,
+    pub device_flags: Mutex<u32>,
+}
+
+static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
+
+/// The session, opened on first use. A failure is permanent for the process, as CUDA's own
+/// initialization errors are, and its one-line reason was printed when it happened.
+pub fn client() -> CudaResult<&'static Client> {
+    let mut opened_now = false;
+    let client = CLIENT.get_or_init(|| {
+        opened_now = true;
+        open()
+    });
+    match client {
+        Ok(client) => {
+            if opened_now {
+                crate::registry::send_unsent(&client.conn);
+                let _ = client.conn.flush();
+            }
+            Ok(client)
+        }
+        Err(error) => Err(*error),
+    }
+}
+
+/// The session if one is open; never opens one.
+pub fn existing_client() -> Option<&'static Client> {
+    CLIENT.get().and_then(|client| client.as_ref().ok())
+}
+
+fn identity() -> ClientIdentity {
+    let read = |path: &str| std::fs::read_to_string(path).map(|text| text.trim().to_string()).unwrap_or_default();
+    let program = std::env::current_exe()
+        .ok()
+        .and_then(|path| path.file_name().map(|name| name.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| read("/proc/self/comm"));
+    ClientIdentity {
+        hostname: read("/proc/sys/kernel/hostname"),
+        pid: std::process::id(),
+        program,
+        boot_id: read("/proc/sys/kernel/random/boot_id"),
+    }
+}
+
+fn connect_wire(address: &str) -> Result<Wire, String> {
+    if let Some(path) = address.strip_prefix("unix:") {
+        return UnixStream::connect(path).map(Wire::Unix).map_err(|error| format!("cannot connect to {path}: {error}"));
+    }
+    let address = address.strip_prefix("tcp:").unwrap_or(address);
+    let targets = address.to_socket_addrs().map_err(|error| format!("bad server address '{address}': {error}"))?;
+    let mut last = format!("'{address}' resolves to no address");
+    for target in targets {
+        match TcpStream::connect_timeout(&target, CONNECT_TIMEOUT) {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                set_keepalive(&stream);
+                return Ok(Wire::Tcp(stream));
+            }
+            Err(error) => last = format!("cannot connect to {target}: {error}"),
+        }
+    }
+    Err(last)
+}
+
+/// A dead server is noticed within seconds, even with no request in flight.
+fn set_keepalive(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
+    for (level, option, value) in [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 5),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+    ] {
+        let value: libc::c_int = value;
+        // SAFETY: `fd` is an open socket owned by `stream`; the option value is a live c_int of
+        // the size passed.
+        unsafe {
+            libc::setsockopt(fd, level, option, (&raw const value).cast(), size_of::<libc::c_int>() as libc::socklen_t);
+        }
+    }
+}
+
+/// Asks the local client manager which server to use.
+fn locate(identity: &ClientIdentity) -> Result<(String, Option<String>), String> {
+    let socket = std::env::var("FLYT_CLIENT_MANAGER_SOCKET").unwrap_or_else(|_| DEFAULT_CLIENT_MANAGER_SOCKET.into());
+    let mut stream = UnixStream::connect(&socket).map_err(|error| {
+        format!("no FLYT_SERVER set and no client manager at {socket} ({error}): set FLYT_SERVER=host:port or start flyt-client-manager")
+    })?;
+    let _ = stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+    write_value(&mut stream, 1, &LocateRequest { client: identity.clone() }).map_err(|error| format!("client manager: {error}"))?;
+    let limits = FrameLimits { max_message: 64 << 10, max_bulk: 0 };
+    match read_value::<LocateReply>(&mut stream, &limits) {
+        Ok((_, LocateReply::Server { address, token, .. })) => Ok((address, Some(token))),
+        Ok((_, LocateReply::Refused { reason })) => Err(format!("no GPU for this client: {reason}")),
+        Err(error) => Err(format!("client manager at {socket}: {error}")),
+    }
+}
+
+fn open() -> Result<Client, CudaError> {
+    open_session().map_err(|(error, reason)| {
+        crate::diagnostics::once("session", &format!("flyt: {reason}"));
+        error
+    })
+}
+
+fn open_session() -> Result<Client, (CudaError, String)> {
+    let unavailable = |reason: String| (CudaError::DEVICES_UNAVAILABLE, reason);
+    let identity = identity();
+    let (address, token) = match std::env::var("FLYT_SERVER") {
+        Ok(address) if !address.is_empty() => (address, std::env::var("FLYT_TOKEN").ok()),
+        _ => locate(&identity).map_err(unavailable)?,
+    };
+    let mut wire = connect_wire(&address).map_err(unavailable)?;
+    wire.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|error| unavailable(error.to_string()))?;
+    write_value(&mut wire, 0, &Hello::new(token, identity, None))
+        .map_err(|error| unavailable(format!("server {address}: {error}")))?;
+    let limits = FrameLimits { max_message: 16 << 20, max_bulk: 0 };
+    let reply: HelloReply = read_value(&mut wire, &limits)
+        .map(|(_, reply)| reply)
+        .map_err(|error| unavailable(format!("server {address} did not complete the handshake: {error}")))?;
+    let info = match reply {
+        HelloReply::Accepted(info) => info,
+        HelloReply::Refused { error, reason } => {
+            return Err((CudaError::from_code(error), format!("the GPU server {address} refused the session: {reason}")));
+        }
+    };
+    wire.set_read_timeout(None).map_err(|error| unavailable(error.to_string()))?;
+    let conn = Conn::start(wire, address).map_err(|error| unavailable(format!("cannot start the session threads: {error}")))?;
+    let props = info.devices.iter().map(device_prop).collect();
+    Ok(Client {
+        conn,
+        info,
+        props,
+        device_ranges: RwLock::new(BTreeMap::new()),
+        host_allocations: Mutex::new(BTreeMap::new()),
+        streams: Mutex::new(HashMap::new()),
+        events: Mutex::new(HashMap::new()),
+        next_stream: AtomicU64::new(STREAM_ID_BASE),
+        next_event: AtomicU64::new(EVENT_ID_BASE),
+        in_flight: Mutex::new(Vec::new()),
+        deferred: Mutex::new(None),
+        reset_generation: AtomicU64::new(0),
+        device_flags: Mutex::new(0),
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Client {
+    pub fn device_count(&self) -> usize {
+        self.info.devices.len()
+    }
+
+    /// Records a device allocation (or a module variable when `!freeable`).
+    pub fn add_device_range(&self, start: u64, len: u64, freeable: bool) {
+        self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(start, (len, freeable));
+    }
+
+    pub fn note_module_variables(&self, variables: impl Iterator<Item = (u64, u64)>) {
+        let mut ranges = self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (start, len) in variables {
+            ranges.insert(start, (len, false));
+        }
+    }
+
+    /// Forgets an allocation that starts exactly at `start`.
+    pub fn remove_allocation(&self, start: u64) -> CudaResult<()> {
+        let mut ranges = self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match ranges.get(&start) {
+            Some((_, true)) => {
+                ranges.remove(&start);
+                Ok(())
+            }
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    pub fn forget_allocations(&self) {
+        self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|_, (_, freeable)| !*freeable);
+    }
+
+    /// The device range holding `ptr`, as `(start, len)`.
+    pub fn device_range(&self, ptr: u64) -> Option<(u64, u64)> {
+        let ranges = self.device_ranges.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (start, (len, _)) = ranges.range(..=ptr).next_back()?;
+        (ptr - start < *len).then_some((*start, *len))
+    }
+
+    pub fn is_device_pointer(&self, ptr: u64) -> bool {
+        self.device_range(ptr).is_some()
+    }
+
+    /// Checks that `[ptr, ptr + len)` lies inside one device range.
+    pub fn check_device_range(&self, ptr: u64, len: u64) -> CudaResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        match self.device_range(ptr) {
+            Some((start, range_len)) if ptr.checked_add(len).is_some_and(|end| end <= start + range_len) => Ok(()),
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    /// The pinned host allocation holding `ptr`, as `(start, len, flags)`.
+    pub fn host_allocation(&self, ptr: usize) -> Option<(usize, usize, u32)> {
+        let allocations = lock(&self.host_allocations);
+        let (start, allocation) = allocations.range(..=ptr).next_back()?;
+        (ptr - start < allocation.len).then_some((*start, allocation.len, allocation.flags))
+    }
+
+    pub fn new_stream_id(&self) -> u64 {
+        self.next_stream.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn new_event_id(&self) -> u64 {
+        self.next_event.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Remembers a device-to-host copy that completes later.
+    pub fn track_in_flight(&self, slot: Arc<ReplySlot>) {
+        let mut in_flight = lock(&self.in_flight);
+        in_flight.retain(|slot| !slot.is_done() || self.absorb(slot));
+        in_flight.push(slot);
+    }
+
+    /// Takes a finished copy's outcome into the deferred error; `false` so `retain` drops it.
+    fn absorb(&self, slot: &ReplySlot) -> bool {
+        if let Err(error) = slot.wait().and_then(|message| {
+            flyt_protocol::ops::decode_reply::<flyt_protocol::ops::rep::MemcpyDtoH>(&message)
+                .map_err(|_| CudaError::UNKNOWN)?
+                .result
+                .map(|_| ())
+        }) {
+            lock(&self.deferred).get_or_insert(error);
+        }
+        false
+    }
+
+    /// Waits until every asynchronous device-to-host copy issued so far has landed, and returns
+    /// the first failure among them (or an earlier deferred one): the app may read its buffers
+    /// after a synchronizing call returns.
+    pub fn settle_in_flight(&self) -> CudaResult<()> {
+        let slots: Vec<_> = std::mem::take(&mut *lock(&self.in_flight));
+        for slot in slots {
+            self.absorb(&slot);
+        }
+        match lock(&self.deferred).take() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Every symbol `libcudart.so.13` exports, declared once. Expanded here into the C exports, each
+//! bound to the ELF version node `libcudart.so.13` with `.symver` and wrapped in the panic
+//! boundary; the `exports_match_the_cuda_runtime` test checks the table against the real
+//! library's export list.
+//!
+//! - `checked`: implemented; the body (`crate::api::<name>`) returns `CudaResult<()>`, and a
+//!   failure becomes the thread's last error, as in CUDA.
+//! - `raw`: implemented; the body returns the C return type itself (registration hooks, error
+//!   queries, struct-returning helpers).
+//! - `unsupported`: exported so apps load and link, and answer `cudaErrorNotSupported` with a
+//!   one-line message naming the function: never a silent success, never a missing symbol.
+
+#![allow(non_snake_case, reason = "the exports carry the CUDA runtime's names")]
+#![allow(clippy::missing_safety_doc, reason = "each export's contract is the CUDA runtime's")]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use crate::ffi::*;
+use crate::props::{cudaDeviceProp, cudaFuncAttributes, cudaPointerAttributes};
+
+macro_rules! cudart_exports {
+    ($callback:ident) => {
+        $callback! {
+            checked {
+                // --- registration and launch ---
+                __cudaGetKernel(kernel: *mut cudaKernel_t, host_fun: *const c_void);
+                __cudaPopCallConfiguration(grid: *mut dim3, block: *mut dim3, shared_mem: *mut usize, stream: *mut c_void);
+                __cudaLaunchKernel(kernel: cudaKernel_t, grid: dim3, block: dim3, args: *mut *mut c_void, shared_mem: usize, stream: cudaStream_t);
+                __cudaLaunchKernel_ptsz(kernel: cudaKernel_t, grid: dim3, block: dim3, args: *mut *mut c_void, shared_mem: usize, stream: cudaStream_t);
+                cudaLaunchKernel(func: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared_mem: usize, stream: cudaStream_t);
+                cudaLaunchKernel_ptsz(func: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared_mem: usize, stream: cudaStream_t);
+                // --- device ---
+                cudaGetDeviceCount(count: *mut c_int);
+                cudaGetDevice(device: *mut c_int);
+                cudaSetDevice(device: c_int);
+                cudaSetDeviceFlags(flags: c_uint);
+                cudaGetDeviceFlags(flags: *mut c_uint);
+                cudaGetDeviceProperties(prop: *mut cudaDeviceProp, device: c_int);
+                cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int);
+                cudaDeviceSynchronize();
+                cudaDeviceReset();
+                cudaDeviceSetLimit(limit: c_int, value: usize);
+                cudaDeviceGetLimit(value: *mut usize, limit: c_int);
+                cudaMemGetInfo(free: *mut usize, total: *mut usize);
+                cudaDriverGetVersion(version: *mut c_int);
+                cudaRuntimeGetVersion(version: *mut c_int);
+                // --- memory ---
+                cudaMalloc(dev_ptr: *mut *mut c_void, size: usize);
+                cudaFree(dev_ptr: *mut c_void);
+                cudaMallocHost(ptr: *mut *mut c_void, size: usize);
+                cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint);
+                cudaFreeHost(ptr: *mut c_void);
+                cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind);
+                cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind);
+                cudaMemcpyAsync(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpyAsync_ptsz(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemset(dev_ptr: *mut c_void, value: c_int, count: usize);
+                cudaMemset_ptds(dev_ptr: *mut c_void, value: c_int, count: usize);
+                cudaMemsetAsync(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t);
+                cudaMemsetAsync_ptsz(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t);
+                cudaMemcpyToSymbol(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind);
+                cudaMemcpyToSymbol_ptds(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind);
+                cudaMemcpyFromSymbol(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind);
+                cudaMemcpyFromSymbol_ptds(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind);
+                cudaMemcpyToSymbolAsync(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpyToSymbolAsync_ptsz(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpyFromSymbolAsync(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpyFromSymbolAsync_ptsz(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaGetSymbolAddress(dev_ptr: *mut *mut c_void, symbol: *const c_void);
+                cudaGetSymbolSize(size: *mut usize, symbol: *const c_void);
+                cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, ptr: *const c_void);
+                // --- streams and events ---
+                cudaStreamCreate(stream: *mut cudaStream_t);
+                cudaStreamCreateWithFlags(stream: *mut cudaStream_t, flags: c_uint);
+                cudaStreamCreateWithPriority(stream: *mut cudaStream_t, flags: c_uint, priority: c_int);
+                cudaStreamDestroy(stream: cudaStream_t);
+                cudaStreamSynchronize(stream: cudaStream_t);
+                cudaStreamSynchronize_ptsz(stream: cudaStream_t);
+                cudaStreamQuery(stream: cudaStream_t);
+                cudaStreamQuery_ptsz(stream: cudaStream_t);
+                cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint);
+                cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint);
+                cudaStreamGetFlags(stream: cudaStream_t, flags: *mut c_uint);
+                cudaEventCreate(event: *mut cudaEvent_t);
+                cudaEventCreateWithFlags(event: *mut cudaEvent_t, flags: c_uint);
+                cudaEventRecord(event: cudaEvent_t, stream: cudaStream_t);
+                cudaEventRecord_ptsz(event: cudaEvent_t, stream: cudaStream_t);
+                cudaEventRecordWithFlags(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint);
+                cudaEventRecordWithFlags_ptsz(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint);
+                cudaEventSynchronize(event: cudaEvent_t);
+                cudaEventQuery(event: cudaEvent_t);
+                cudaEventElapsedTime(ms: *mut f32, start: cudaEvent_t, end: cudaEvent_t);
+                cudaEventDestroy(event: cudaEvent_t);
+                // --- functions ---
+                cudaFuncGetAttributes(attributes: *mut cudaFuncAttributes, func: *const c_void);
+                cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_int);
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize);
+                cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize, flags: c_uint);
+            }
+            raw {
+                __cudaRegisterFatBinary(fat_cubin: *mut c_void) -> *mut *mut c_void;
+                __cudaRegisterFatBinaryEnd(handle: *mut *mut c_void) -> ();
+                __cudaUnregisterFatBinary(handle: *mut *mut c_void) -> ();
+                __cudaRegisterFunction(handle: *mut *mut c_void, host_fun: *const c_char, device_fun: *mut c_char, device_name: *const c_char, thread_limit: c_int, tid: *mut dim3, bid: *mut dim3, block: *mut dim3, grid: *mut dim3, warp_size: *mut c_int) -> ();
+                __cudaRegisterVar(handle: *mut *mut c_void, host_var: *mut c_char, device_address: *mut c_char, device_name: *const c_char, ext: c_int, size: usize, constant: c_int, global: c_int) -> ();
+                __cudaInitModule(handle: *mut *mut c_void) -> c_char;
+                __cudaPushCallConfiguration(grid: dim3, block: dim3, shared_mem: usize, stream: cudaStream_t) -> c_uint;
+                cudaGetLastError() -> cudaError_t;
+                cudaPeekAtLastError() -> cudaError_t;
+                cudaGetErrorString(error: cudaError_t) -> *const c_char;
+                cudaGetErrorName(error: cudaError_t) -> *const c_char;
+                cudaCreateChannelDesc(x: c_int, y: c_int, z: c_int, w: c_int, f: c_int) -> cudaChannelFormatDesc;
+            }
+            unsupported {
+        __cudaGetProcAddress, cudaDeviceGetStreamPriorityRange, cudaStreamGetPriority, __cudaRegisterHostVar, __cudaRegisterManagedVar, __cudaRegisterUnifiedTable,
+        cudaArrayGetInfo, cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
+        cudaChooseDevice, cudaCreateSurfaceObject, cudaCreateTextureObject, cudaCtxResetPersistingL2Cache,
+        cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDestroySurfaceObject,
+        cudaDestroyTextureObject, cudaDeviceCanAccessPeer, cudaDeviceDisablePeerAccess,
+        cudaDeviceEnablePeerAccess, cudaDeviceFlushGPUDirectRDMAWrites, cudaDeviceGetByPCIBusId,
+        cudaDeviceGetCacheConfig, cudaDeviceGetDefaultMemPool, cudaDeviceGetGraphMemAttribute,
+        cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetMemPool, cudaDeviceGetNvSciSyncAttributes,
+        cudaDeviceGetP2PAtomicCapabilities, cudaDeviceGetP2PAttribute, cudaDeviceGetPCIBusId,
+        cudaDeviceGetSharedMemConfig, cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceGraphMemTrim,
+        cudaDeviceRegisterAsyncNotification, cudaDeviceSetCacheConfig, cudaDeviceSetGraphMemAttribute,
+        cudaDeviceSetMemPool, cudaDeviceSetSharedMemConfig, cudaDeviceUnregisterAsyncNotification,
+        cudaEGLStreamConsumerAcquireFrame, cudaEGLStreamConsumerConnect,
+        cudaEGLStreamConsumerConnectWithFlags, cudaEGLStreamConsumerDisconnect,
+        cudaEGLStreamConsumerReleaseFrame, cudaEGLStreamProducerConnect, cudaEGLStreamProducerDisconnect,
+        cudaEGLStreamProducerPresentFrame, cudaEGLStreamProducerReturnFrame, cudaEventCreateFromEGLSync,
+        cudaExternalMemoryGetMappedBuffer, cudaExternalMemoryGetMappedMipmappedArray, cudaFreeArray,
+        cudaFreeAsync, cudaFreeAsync_ptsz, cudaFreeMipmappedArray, cudaFuncGetName, cudaFuncGetParamInfo,
+        cudaFuncSetCacheConfig, cudaFuncSetSharedMemConfig, cudaGetChannelDesc, cudaGetDriverEntryPoint,
+        cudaGetDriverEntryPoint_ptsz, cudaGetDriverEntryPointByVersion,
+        cudaGetDriverEntryPointByVersion_ptsz, cudaGetExportTable, cudaGetFuncBySymbol, cudaGetKernel,
+        cudaGetMipmappedArrayLevel, cudaGetSurfaceObjectResourceDesc, cudaGetTextureObjectResourceDesc,
+        cudaGetTextureObjectResourceViewDesc, cudaGetTextureObjectTextureDesc, cudaGLGetDevices,
+        cudaGLMapBufferObject, cudaGLMapBufferObjectAsync, cudaGLRegisterBufferObject,
+        cudaGLSetBufferObjectMapFlags, cudaGLSetGLDevice, cudaGLUnmapBufferObject,
+        cudaGLUnmapBufferObjectAsync, cudaGLUnregisterBufferObject, cudaGraphAddChildGraphNode,
+        cudaGraphAddDependencies, cudaGraphAddEmptyNode, cudaGraphAddEventRecordNode,
+        cudaGraphAddEventWaitNode, cudaGraphAddExternalSemaphoresSignalNode,
+        cudaGraphAddExternalSemaphoresWaitNode, cudaGraphAddHostNode, cudaGraphAddKernelNode,
+        cudaGraphAddMemAllocNode, cudaGraphAddMemcpyNode, cudaGraphAddMemcpyNode1D,
+        cudaGraphAddMemcpyNodeFromSymbol, cudaGraphAddMemcpyNodeToSymbol, cudaGraphAddMemFreeNode,
+        cudaGraphAddMemsetNode, cudaGraphAddNode, cudaGraphChildGraphNodeGetGraph, cudaGraphClone,
+        cudaGraphConditionalHandleCreate, cudaGraphCreate, cudaGraphDebugDotPrint, cudaGraphDestroy,
+        cudaGraphDestroyNode, cudaGraphEventRecordNodeGetEvent, cudaGraphEventRecordNodeSetEvent,
+        cudaGraphEventWaitNodeGetEvent, cudaGraphEventWaitNodeSetEvent, cudaGraphExecChildGraphNodeSetParams,
+        cudaGraphExecDestroy, cudaGraphExecEventRecordNodeSetEvent, cudaGraphExecEventWaitNodeSetEvent,
+        cudaGraphExecExternalSemaphoresSignalNodeSetParams, cudaGraphExecExternalSemaphoresWaitNodeSetParams,
+        cudaGraphExecGetFlags, cudaGraphExecHostNodeSetParams, cudaGraphExecKernelNodeSetParams,
+        cudaGraphExecMemcpyNodeSetParams, cudaGraphExecMemcpyNodeSetParams1D,
+        cudaGraphExecMemcpyNodeSetParamsFromSymbol, cudaGraphExecMemcpyNodeSetParamsToSymbol,
+        cudaGraphExecMemsetNodeSetParams, cudaGraphExecNodeSetParams, cudaGraphExecUpdate,
+        cudaGraphExternalSemaphoresSignalNodeGetParams, cudaGraphExternalSemaphoresSignalNodeSetParams,
+        cudaGraphExternalSemaphoresWaitNodeGetParams, cudaGraphExternalSemaphoresWaitNodeSetParams,
+        cudaGraphGetEdges, cudaGraphGetNodes, cudaGraphGetRootNodes, cudaGraphHostNodeGetParams,
+        cudaGraphHostNodeSetParams, cudaGraphicsEGLRegisterImage, cudaGraphicsGLRegisterBuffer,
+        cudaGraphicsGLRegisterImage, cudaGraphicsMapResources, cudaGraphicsResourceGetMappedEglFrame,
+        cudaGraphicsResourceGetMappedMipmappedArray, cudaGraphicsResourceGetMappedPointer,
+        cudaGraphicsResourceSetMapFlags, cudaGraphicsSubResourceGetMappedArray, cudaGraphicsUnmapResources,
+        cudaGraphicsUnregisterResource, cudaGraphicsVDPAURegisterOutputSurface,
+        cudaGraphicsVDPAURegisterVideoSurface, cudaGraphInstantiate, cudaGraphInstantiateWithFlags,
+        cudaGraphInstantiateWithParams, cudaGraphInstantiateWithParams_ptsz,
+        cudaGraphKernelNodeCopyAttributes, cudaGraphKernelNodeGetAttribute, cudaGraphKernelNodeGetParams,
+        cudaGraphKernelNodeSetAttribute, cudaGraphKernelNodeSetParams, cudaGraphLaunch, cudaGraphLaunch_ptsz,
+        cudaGraphMemAllocNodeGetParams, cudaGraphMemcpyNodeGetParams, cudaGraphMemcpyNodeSetParams,
+        cudaGraphMemcpyNodeSetParams1D, cudaGraphMemcpyNodeSetParamsFromSymbol,
+        cudaGraphMemcpyNodeSetParamsToSymbol, cudaGraphMemFreeNodeGetParams, cudaGraphMemsetNodeGetParams,
+        cudaGraphMemsetNodeSetParams, cudaGraphNodeFindInClone, cudaGraphNodeGetDependencies,
+        cudaGraphNodeGetDependentNodes, cudaGraphNodeGetEnabled, cudaGraphNodeGetType,
+        cudaGraphNodeSetEnabled, cudaGraphNodeSetParams, cudaGraphReleaseUserObject,
+        cudaGraphRemoveDependencies, cudaGraphRetainUserObject, cudaGraphUpload, cudaGraphUpload_ptsz,
+        cudaHostGetDevicePointer, cudaHostGetFlags, cudaHostRegister, cudaHostUnregister,
+        cudaImportExternalMemory, cudaImportExternalSemaphore, cudaInitDevice, cudaIpcCloseMemHandle,
+        cudaIpcGetEventHandle, cudaIpcGetMemHandle, cudaIpcOpenEventHandle, cudaIpcOpenMemHandle,
+        cudaKernelSetAttributeForDevice, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz,
+        cudaLaunchHostFunc, cudaLaunchHostFunc_ptsz, cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz,
+        cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
+        cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
+        cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
+        cudaLogsRegisterCallback, cudaLogsUnregisterCallback, cudaMalloc3D, cudaMalloc3DArray,
+        cudaMallocArray, cudaMallocAsync, cudaMallocAsync_ptsz, cudaMallocFromPoolAsync,
+        cudaMallocFromPoolAsync_ptsz, cudaMallocManaged, cudaMallocMipmappedArray, cudaMallocPitch,
+        cudaMemAdvise, cudaMemcpy2D, cudaMemcpy2D_ptds, cudaMemcpy2DArrayToArray,
+        cudaMemcpy2DArrayToArray_ptds, cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz, cudaMemcpy2DFromArray,
+        cudaMemcpy2DFromArray_ptds, cudaMemcpy2DFromArrayAsync, cudaMemcpy2DFromArrayAsync_ptsz,
+        cudaMemcpy2DToArray, cudaMemcpy2DToArray_ptds, cudaMemcpy2DToArrayAsync,
+        cudaMemcpy2DToArrayAsync_ptsz, cudaMemcpy3D, cudaMemcpy3D_ptds, cudaMemcpy3DAsync,
+        cudaMemcpy3DAsync_ptsz, cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz, cudaMemcpy3DPeer,
+        cudaMemcpy3DPeer_ptds, cudaMemcpy3DPeerAsync, cudaMemcpy3DPeerAsync_ptsz, cudaMemcpyArrayToArray,
+        cudaMemcpyArrayToArray_ptds, cudaMemcpyBatchAsync, cudaMemcpyBatchAsync_ptsz, cudaMemcpyFromArray,
+        cudaMemcpyFromArray_ptds, cudaMemcpyFromArrayAsync, cudaMemcpyFromArrayAsync_ptsz, cudaMemcpyPeer,
+        cudaMemcpyPeerAsync, cudaMemcpyToArray, cudaMemcpyToArray_ptds, cudaMemcpyToArrayAsync,
+        cudaMemcpyToArrayAsync_ptsz, cudaMemDiscardAndPrefetchBatchAsync,
+        cudaMemDiscardAndPrefetchBatchAsync_ptsz, cudaMemDiscardBatchAsync, cudaMemDiscardBatchAsync_ptsz,
+        cudaMemGetDefaultMemPool, cudaMemGetMemPool, cudaMemPoolCreate, cudaMemPoolDestroy,
+        cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle, cudaMemPoolGetAccess,
+        cudaMemPoolGetAttribute, cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
+        cudaMemPoolSetAccess, cudaMemPoolSetAttribute, cudaMemPoolTrimTo, cudaMemPrefetchAsync,
+        cudaMemPrefetchAsync_ptsz, cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz,
+        cudaMemRangeGetAttribute, cudaMemRangeGetAttributes, cudaMemset2D, cudaMemset2D_ptds,
+        cudaMemset2DAsync, cudaMemset2DAsync_ptsz, cudaMemset3D, cudaMemset3D_ptds, cudaMemset3DAsync,
+        cudaMemset3DAsync_ptsz, cudaMemSetMemPool, cudaMipmappedArrayGetMemoryRequirements,
+        cudaMipmappedArrayGetSparseProperties, cudaOccupancyAvailableDynamicSMemPerBlock,
+        cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialClusterSize, cudaProfilerStart,
+        cudaProfilerStop, cudaSetValidDevices, cudaSignalExternalSemaphoresAsync,
+        cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamAddCallback, cudaStreamAddCallback_ptsz,
+        cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamBeginCapture,
+        cudaStreamBeginCapture_ptsz, cudaStreamBeginCaptureToGraph, cudaStreamBeginCaptureToGraph_ptsz,
+        cudaStreamCopyAttributes, cudaStreamCopyAttributes_ptsz, cudaStreamEndCapture,
+        cudaStreamEndCapture_ptsz, cudaStreamGetAttribute, cudaStreamGetAttribute_ptsz,
+        cudaStreamGetCaptureInfo, cudaStreamGetCaptureInfo_ptsz, cudaStreamGetDevice,
+        cudaStreamGetDevice_ptsz, cudaStreamGetFlags_ptsz, cudaStreamGetId, cudaStreamGetId_ptsz,
+        cudaStreamGetPriority_ptsz, cudaStreamIsCapturing, cudaStreamIsCapturing_ptsz,
+        cudaStreamSetAttribute, cudaStreamSetAttribute_ptsz, cudaStreamUpdateCaptureDependencies,
+        cudaStreamUpdateCaptureDependencies_ptsz, cudaThreadExchangeStreamCaptureMode, cudaUserObjectCreate,
+        cudaUserObjectRelease, cudaUserObjectRetain, cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,
+        cudaWaitExternalSemaphoresAsync, cudaWaitExternalSemaphoresAsync_ptsz,
+            }
+        }
+    };
+}
+
+/// Binds an internal export to the public name at version `libcudart.so.13` (rustc's own
+/// version script would otherwise leave the symbol unversioned, and an app built against the
+/// real runtime asks for `name@libcudart.so.13`).
+macro_rules! symver {
+    ($name:ident) => {
+        std::arch::global_asm!(concat!(".symver __flyt_", stringify!($name), ", ", stringify!($name), "@@libcudart.so.13"));
+    };
+}
+
+macro_rules! define_exports {
+    (
+        checked { $( $name:ident ( $($arg:ident : $ty:ty),* $(,)? ); )* }
+        raw { $( $raw_name:ident ( $($raw_arg:ident : $raw_ty:ty),* $(,)? ) -> $ret:ty; )* }
+        unsupported { $($unsupported:ident),* $(,)? }
+    ) => {
+        $(
+            #[unsafe(export_name = concat!("__flyt_", stringify!($name)))]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> cudaError_t {
+                // SAFETY: the app calls this with the CUDA runtime's contract for the function,
+                // which the body's own SAFETY comments rely on.
+                boundary(stringify!($name), || finish(unsafe { crate::api::$name($($arg),*) }))
+            }
+            symver!($name);
+        )*
+        $(
+            #[unsafe(export_name = concat!("__flyt_", stringify!($raw_name)))]
+            pub unsafe extern "C" fn $raw_name($($raw_arg: $raw_ty),*) -> $ret {
+                // SAFETY: as above.
+                boundary(stringify!($raw_name), || unsafe { crate::api::$raw_name($($raw_arg),*) })
+            }
+            symver!($raw_name);
+        )*
+        $(
+            #[unsafe(export_name = concat!("__flyt_", stringify!($unsupported)))]
+            pub extern "C" fn $unsupported() -> cudaError_t {
+                boundary(stringify!($unsupported), || crate::api::unsupported(stringify!($unsupported)))
+            }
+            symver!($unsupported);
+        )*
+
+        /// Every exported name and whether it is implemented, for the export tests.
+        pub const EXPORTS: &[(&str, bool)] = &[
+            $((stringify!($name), true),)*
+            $((stringify!($raw_name), true),)*
+            $((stringify!($unsupported), false),)*
+        ];
+    };
+}
+
+cudart_exports!(define_exports);

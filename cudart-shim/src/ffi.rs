@@ -1,0 +1,170 @@
+//! The C ABI edge: C types, the panic boundary every export goes through, the per-thread last
+//! error, and pointer checks.
+
+#![allow(non_camel_case_types, reason = "C type names, as the CUDA headers spell them")]
+
+use std::cell::Cell;
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+
+/// `cudaError_t` as it crosses the C ABI.
+pub type cudaError_t = u32;
+pub type cudaStream_t = *mut c_void;
+pub type cudaEvent_t = *mut c_void;
+pub type cudaKernel_t = *mut c_void;
+pub type cudaMemcpyKind = c_int;
+
+/// `dim3` / `uint3`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct dim3 {
+    pub x: c_uint,
+    pub y: c_uint,
+    pub z: c_uint,
+}
+
+/// `cudaChannelFormatDesc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct cudaChannelFormatDesc {
+    pub x: c_int,
+    pub y: c_int,
+    pub z: c_int,
+    pub w: c_int,
+    pub f: c_int,
+}
+
+thread_local! {
+    static LAST_ERROR: Cell<cudaError_t> = const { Cell::new(0) };
+}
+
+/// Records `error` as the calling thread's last error. Reached through `try_with`, so a call
+/// from a thread-exit destructor degrades instead of panicking.
+pub fn set_last_error(error: CudaError) {
+    let _ = LAST_ERROR.try_with(|last| last.set(error.code()));
+}
+
+/// `cudaGetLastError`: returns and clears.
+pub fn take_last_error() -> cudaError_t {
+    LAST_ERROR.try_with(|last| last.replace(0)).unwrap_or(0)
+}
+
+/// `cudaPeekAtLastError`: returns without clearing.
+pub fn peek_last_error() -> cudaError_t {
+    LAST_ERROR.try_with(Cell::get).unwrap_or(0)
+}
+
+/// What an export returns if its body panicked: a defined, failing value.
+pub trait PanicValue {
+    fn on_panic() -> Self;
+}
+
+impl PanicValue for u32 {
+    fn on_panic() -> Self {
+        CudaError::UNKNOWN.code()
+    }
+}
+
+impl PanicValue for () {
+    fn on_panic() -> Self {}
+}
+
+impl PanicValue for c_char {
+    fn on_panic() -> Self {
+        0
+    }
+}
+
+impl<T> PanicValue for *mut T {
+    fn on_panic() -> Self {
+        std::ptr::null_mut()
+    }
+}
+
+impl<T> PanicValue for *const T {
+    fn on_panic() -> Self {
+        std::ptr::null()
+    }
+}
+
+impl PanicValue for cudaChannelFormatDesc {
+    fn on_panic() -> Self {
+        Self::default()
+    }
+}
+
+/// Runs an export's body; a panic never crosses into the app: it is reported once on stderr and
+/// becomes `cudaErrorUnknown` (or the return type's failing value).
+pub fn boundary<R: PanicValue>(symbol: &'static str, body: impl FnOnce() -> R) -> R {
+    let started = crate::stats::start();
+    let result = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(value) => value,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|text| text.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            crate::diagnostics::once(symbol, &format!("flyt: internal error in {symbol}: {message}"));
+            set_last_error(CudaError::UNKNOWN);
+            R::on_panic()
+        }
+    };
+    crate::stats::finish(symbol, started);
+    result
+}
+
+/// Converts a checked export's result to `cudaError_t`, recording failures as the last error.
+pub fn finish(result: CudaResult<()>) -> cudaError_t {
+    match result {
+        Ok(()) => 0,
+        Err(error) => {
+            set_last_error(error);
+            error.code()
+        }
+    }
+}
+
+/// Writes an out-parameter; NULL is `cudaErrorInvalidValue`. Out-parameters are written only on
+/// success, so callers compute first and write last.
+///
+/// # Safety
+/// `out` is NULL or valid for a write of `T`, as the CUDA API contract requires of the caller.
+pub unsafe fn write_out<T>(out: *mut T, value: T) -> CudaResult<()> {
+    if out.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: non-null, and valid for writes per this function's contract.
+    unsafe { out.write_unaligned(value) };
+    Ok(())
+}
+
+/// A host buffer the app passed, as a byte slice (`len == 0` with NULL is an empty slice).
+///
+/// # Safety
+/// `ptr` is NULL or valid for reads of `len` bytes for the returned lifetime.
+pub unsafe fn host_slice<'a>(ptr: *const c_void, len: usize) -> CudaResult<&'a [u8]> {
+    match (ptr.is_null(), len) {
+        (_, 0) => Ok(&[]),
+        (true, _) => Err(CudaError::INVALID_VALUE),
+        // SAFETY: non-null and valid for `len` bytes per this function's contract.
+        (false, _) => Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }),
+    }
+}
+
+/// A host buffer the app passed for writing.
+///
+/// # Safety
+/// `ptr` is NULL or valid for writes of `len` bytes for the returned lifetime, and nothing else
+/// accesses it meanwhile.
+pub unsafe fn host_slice_mut<'a>(ptr: *mut c_void, len: usize) -> CudaResult<&'a mut [u8]> {
+    match (ptr.is_null(), len) {
+        (_, 0) => Ok(&mut []),
+        (true, _) => Err(CudaError::INVALID_VALUE),
+        // SAFETY: non-null and valid for `len` bytes per this function's contract.
+        (false, _) => Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), len) }),
+    }
+}

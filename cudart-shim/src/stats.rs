@@ -1,0 +1,95 @@
+//! `FLYT_STATS=1`: per-call statistics printed to stderr when the app exits: how often each
+//! function was called, how many calls blocked on the server, and how long they blocked.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+struct CallStats {
+    calls: u64,
+    blocked: Vec<u32>,
+    total: Duration,
+}
+
+static ENABLED: OnceLock<bool> = OnceLock::new();
+static TABLE: Mutex<BTreeMap<&'static str, CallStats>> = Mutex::new(BTreeMap::new());
+
+thread_local! {
+    static BLOCKED_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Whether statistics are being kept (read once).
+pub fn enabled() -> bool {
+    *ENABLED.get_or_init(|| {
+        let on = std::env::var("FLYT_STATS").is_ok_and(|value| value != "0" && !value.is_empty());
+        if on {
+            extern "C" fn report_at_exit() {
+                report();
+            }
+            // SAFETY: registering a plain `extern "C" fn()` with atexit is always sound.
+            unsafe { libc::atexit(report_at_exit) };
+        }
+        on
+    })
+}
+
+/// Called by a waiting call: time spent blocked on the server.
+pub fn add_blocked(elapsed: Duration) {
+    let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+    let _ = BLOCKED_NS.try_with(|blocked| blocked.set(blocked.get().saturating_add(nanos)));
+}
+
+/// Starts timing an export's call; `None` when statistics are off.
+pub fn start() -> Option<Instant> {
+    if !enabled() {
+        return None;
+    }
+    let _ = BLOCKED_NS.try_with(|blocked| blocked.set(0));
+    Some(Instant::now())
+}
+
+/// Records a finished call.
+pub fn finish(symbol: &'static str, started: Option<Instant>) {
+    let Some(started) = started else { return };
+    let blocked = BLOCKED_NS.try_with(Cell::take).unwrap_or(0);
+    let mut table = TABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let entry = table.entry(symbol).or_default();
+    entry.calls += 1;
+    entry.total += started.elapsed();
+    if blocked > 0 {
+        entry.blocked.push(u32::try_from(blocked / 1000).unwrap_or(u32::MAX));
+    }
+}
+
+fn percentile(sorted: &[u32], fraction: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((sorted.len() - 1) as f64 * fraction).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Prints the table.
+pub fn report() {
+    let table = TABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    eprintln!("flyt stats: {:<48} {:>10} {:>9} {:>13} {:>9} {:>9} {:>11}", "call", "calls", "blocked", "blocked_ms", "p50_us", "p99_us", "cpu_us/call");
+    for (symbol, stats) in table.iter() {
+        let mut blocked = stats.blocked.clone();
+        blocked.sort_unstable();
+        let blocked_ms: f64 = blocked.iter().map(|us| f64::from(*us)).sum::<f64>() / 1000.0;
+        let per_call = stats.total.as_secs_f64() * 1e6 / stats.calls.max(1) as f64;
+        eprintln!(
+            "flyt stats: {:<48} {:>10} {:>9} {:>13.3} {:>9} {:>9} {:>11.3}",
+            symbol,
+            stats.calls,
+            blocked.len(),
+            blocked_ms,
+            percentile(&blocked, 0.5),
+            percentile(&blocked, 0.99),
+            per_call
+        );
+    }
+}
