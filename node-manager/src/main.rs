@@ -1,7 +1,166 @@
-//! flyt-node-manager (skeleton).
-#![forbid(unsafe_code)]
+//! flyt-node-manager: runs on each GPU host. Discovers its GPUs, starts MPS when configured,
+//! registers with the cluster manager and keeps its lease, and spawns, resizes and stops one
+//! rpc-server per allocation.
+//!
+//! `flyt-node-manager [--config FILE]`; every setting also comes from the environment
+//! (`FLYT_NODE_MANAGER_*`, see `configs/node-manager.toml`). When ready it prints one line on
+//! stdout: `flyt-node-manager listening on <control address>`.
+// The CUDA driver probe is FFI; `cuda_probe` alone may use unsafe, with SAFETY comments.
+#![deny(unsafe_code)]
 
-fn main() {
-    eprintln!("flyt-node-manager: not built yet");
-    std::process::exit(2);
+mod cluster_link;
+mod config;
+#[allow(unsafe_code, reason = "the CUDA driver is C: loading it and calling its queries is FFI")]
+mod cuda_probe;
+mod discovery;
+mod mps;
+mod servers;
+mod service;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use clap::Parser;
+use flyt_daemon_kit::{
+    auth::ClusterKey,
+    host,
+    rpc::{self, ControlListener, Endpoint},
+};
+use flyt_protocol::control::{auth::ServiceName, node::NodeManagerControl};
+
+use crate::{
+    cluster_link::NodeIdentity,
+    config::{ENV_PREFIX, NodeManagerConfig},
+    servers::{LaunchSettings, ServerManager},
+    service::NodeService,
+};
+
+#[derive(Parser)]
+#[command(version, about = "Flyt node manager: offers this host's GPUs to the cluster")]
+struct Args {
+    /// TOML config file; settings missing from it take their defaults, and FLYT_NODE_MANAGER_* variables override both.
+    #[arg(long, env = "FLYT_NODE_MANAGER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Print the effective config (defaults, file and environment merged) and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+/// The local address of the route to `cluster_manager`: what this host is to its peers.
+fn route_address(cluster_manager: &str) -> Option<String> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect(cluster_manager).ok()?;
+    Some(socket.local_addr().ok()?.ip().to_string())
+}
+
+fn absolute(path: &str) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| PathBuf::from(path))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    flyt_daemon_kit::logging::init("info");
+    let mut config: NodeManagerConfig = flyt_daemon_kit::config::load(args.config.as_deref(), ENV_PREFIX, std::env::vars())?;
+    if config.node_id.is_empty() {
+        config.node_id = host::hostname();
+    }
+    if config.host_ip.is_empty() {
+        config.host_ip = route_address(&config.cluster_manager).unwrap_or_else(|| "127.0.0.1".into());
+    }
+    if config.advertise_host.is_empty() {
+        config.advertise_host = config.host_ip.clone();
+    }
+    if args.print_config {
+        print!("{}", toml::to_string(&config)?);
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(run(config))
+}
+
+async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
+    let key_file = absolute(&config.cluster_key_file);
+    let key = ClusterKey::load(&key_file)?;
+    let cluster = Endpoint::parse(&config.cluster_manager).context("setting `cluster_manager`")?;
+    let (device, gpus) = discovery::discover(&config)?;
+    for gpu in &gpus {
+        tracing::info!(index = gpu.index, name = %gpu.name, memory_mib = gpu.memory_bytes >> 20, sm_count = gpu.sm_count, emulated = gpu.emulated, "GPU");
+    }
+    let mut env = Vec::new();
+    if config.mps.enabled {
+        mps::start(&config.mps)?;
+        tracing::info!(pipe_directory = %config.mps.pipe_directory, "MPS control daemon running");
+        env.extend(mps::environment(&config.mps));
+    }
+    let state_dir = absolute(&config.state_dir);
+    let settings = LaunchSettings {
+        binary: config.rpc_server.binary.clone(),
+        listen_host: config.rpc_server.listen_host.clone(),
+        socket_dir: (!config.rpc_server.socket_dir.is_empty()).then(|| absolute(&config.rpc_server.socket_dir)),
+        advertise_host: config.advertise_host.clone(),
+        key_file,
+        servers_dir: state_dir.join("servers"),
+        device,
+        gpus: gpus.clone(),
+        env,
+        start_timeout: Duration::from_secs(config.rpc_server.start_timeout_seconds),
+        stop_grace_seconds: config.rpc_server.stop_grace_seconds,
+    };
+    let servers = Arc::new(
+        ServerManager::new(settings, key.clone()).with_context(|| format!("state directory {}", state_dir.display()))?,
+    );
+
+    let control_endpoint = Endpoint::parse(&config.control_listen).context("setting `control_listen`")?;
+    let listener = ControlListener::bind(&control_endpoint, 0o600).await?;
+    let control_address = match listener.local_endpoint() {
+        Endpoint::Tcp(address) => match address.rsplit_once(':') {
+            Some((_, port)) => format!("{}:{port}", bracket(&config.advertise_host)),
+            None => address,
+        },
+        unix => unix.to_string(),
+    };
+    let service = NodeService(servers.clone());
+    let accept = tokio::spawn(rpc::accept_loop(listener, key.clone(), vec![ServiceName::NodeManager], move |_, stream| {
+        let service = service.clone();
+        async move { rpc::serve_connection(stream, service.serve()).await }
+    }));
+    let identity =
+        NodeIdentity { node_id: config.node_id.clone(), host_ip: config.host_ip.clone(), boot_id: host::boot_id(), control_address: control_address.clone(), gpus };
+    let link = tokio::spawn(cluster_link::run(cluster, key, identity, servers.clone()));
+    // Scripts and tests wait for this line.
+    println!("flyt-node-manager listening on {control_address}");
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+    }
+    link.abort();
+    accept.abort();
+    if config.rpc_server.stop_on_exit {
+        servers.stop_all().await;
+    } else {
+        tracing::info!(servers = ?servers.allocation_ids().await, "leaving rpc-servers running for the next node manager to adopt");
+    }
+    if config.mps.enabled && config.mps.stop_on_exit {
+        if let Err(error) = mps::stop(&config.mps) {
+            tracing::warn!(%error, "could not stop the MPS control daemon");
+        }
+    }
+    remove_socket(&control_endpoint);
+    Ok(())
+}
+
+fn bracket(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() }
+}
+
+fn remove_socket(endpoint: &Endpoint) {
+    if let Endpoint::Unix(path) = endpoint {
+        let _ = std::fs::remove_file(Path::new(path));
+    }
 }

@@ -1,0 +1,118 @@
+//! GPU discovery through the CUDA driver API (`libcuda.so.1`, loaded at run time), the one FFI
+//! edge of the node manager. The driver rather than NVML: it reports the SM count (NVML has no
+//! call for it outside MIG) and numbers GPUs by CUDA ordinal, which is what
+//! `flyt-rpc-server --gpu` takes. Only `cuInit` and `cuDeviceGet*` queries are used: no context
+//! is created, so MPS started afterwards is unaffected.
+
+use std::ffi::{c_char, c_int, c_uint};
+
+use flyt_protocol::control::cluster::GpuInfo;
+use libloading::Library;
+
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT` in `cuda.h`.
+const ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+/// `CUDA_SUCCESS`.
+const SUCCESS: c_int = 0;
+
+type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
+type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
+type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
+type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
+type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+type CuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
+
+/// Why the driver could not be asked.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum ProbeError {
+    /// cannot load {0}: {1}
+    Load(String, String),
+    /// the driver lacks {0}
+    MissingSymbol(&'static str),
+    /// {call} failed with CUDA error {code}
+    Call { call: &'static str, code: i32 },
+}
+
+fn check(call: &'static str, code: c_int) -> Result<(), ProbeError> {
+    if code == SUCCESS { Ok(()) } else { Err(ProbeError::Call { call, code }) }
+}
+
+/// Lists the GPUs the driver sees (an empty list when it sees none).
+pub fn probe(library_name: &str) -> Result<Vec<GpuInfo>, ProbeError> {
+    // SAFETY: loading libcuda runs its initialisers, which have no preconditions on the caller;
+    // the library is kept alive (`library`) for as long as any symbol taken from it is called.
+    let library = unsafe { Library::new(library_name) }.map_err(|error| ProbeError::Load(library_name.to_string(), error.to_string()))?;
+    macro_rules! symbol {
+        ($name:literal, $type:ty) => {
+            // SAFETY: the type is the function's prototype in CUDA's `cuda.h` (driver API, stable
+            // since CUDA 4 for these entry points); `library` outlives every use below.
+            *unsafe { library.get::<$type>(concat!($name, "\0").as_bytes()) }.map_err(|_| ProbeError::MissingSymbol($name))?
+        };
+    }
+    let cu_init: CuInit = symbol!("cuInit", CuInit);
+    let cu_device_get_count: CuDeviceGetCount = symbol!("cuDeviceGetCount", CuDeviceGetCount);
+    let cu_device_get: CuDeviceGet = symbol!("cuDeviceGet", CuDeviceGet);
+    let cu_device_get_name: CuDeviceGetName = symbol!("cuDeviceGetName", CuDeviceGetName);
+    let cu_device_total_mem: CuDeviceTotalMem = symbol!("cuDeviceTotalMem_v2", CuDeviceTotalMem);
+    let cu_device_get_attribute: CuDeviceGetAttribute = symbol!("cuDeviceGetAttribute", CuDeviceGetAttribute);
+    let cu_device_get_uuid: CuDeviceGetUuid = symbol!("cuDeviceGetUuid_v2", CuDeviceGetUuid);
+
+    // SAFETY: cuInit takes flags by value; 0 is the only defined value.
+    check("cuInit", unsafe { cu_init(0) })?;
+    let mut count: c_int = 0;
+    // SAFETY: `count` is a live, writable c_int for the duration of the call.
+    check("cuDeviceGetCount", unsafe { cu_device_get_count(&mut count) })?;
+    let mut gpus = Vec::new();
+    for ordinal in 0..count {
+        let mut device: c_int = 0;
+        // SAFETY: `device` is a live, writable CUdevice (an int); `ordinal` < the count just read.
+        check("cuDeviceGet", unsafe { cu_device_get(&mut device, ordinal) })?;
+        let mut name = [0 as c_char; 256];
+        // SAFETY: `name` holds 256 writable bytes and we pass 256 as its length; the driver
+        // NUL-terminates within that length.
+        check("cuDeviceGetName", unsafe { cu_device_get_name(name.as_mut_ptr(), 256, device) })?;
+        let mut memory: usize = 0;
+        // SAFETY: `memory` is a live, writable size_t; `device` came from cuDeviceGet.
+        check("cuDeviceTotalMem_v2", unsafe { cu_device_total_mem(&mut memory, device) })?;
+        let mut sm_count: c_int = 0;
+        // SAFETY: `sm_count` is a live, writable int; the attribute id is from cuda.h.
+        check("cuDeviceGetAttribute", unsafe {
+            cu_device_get_attribute(&mut sm_count, ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
+        })?;
+        let mut uuid = [0u8; 16];
+        // SAFETY: `uuid` is a live, writable 16-byte CUuuid; `device` came from cuDeviceGet.
+        check("cuDeviceGetUuid_v2", unsafe { cu_device_get_uuid(&mut uuid, device) })?;
+        let name_bytes: Vec<u8> = name.iter().take_while(|byte| **byte != 0).map(|byte| *byte as u8).collect();
+        gpus.push(GpuInfo {
+            index: u32::try_from(ordinal).unwrap_or(0),
+            uuid: format_uuid(&uuid),
+            name: String::from_utf8_lossy(&name_bytes).into_owned(),
+            memory_bytes: memory as u64,
+            sm_count: u32::try_from(sm_count).unwrap_or(0),
+            emulated: false,
+        });
+    }
+    Ok(gpus)
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as nvidia-smi prints it.
+fn format_uuid(bytes: &[u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_driver_is_an_error_not_a_panic() {
+        assert!(matches!(probe("libcuda-that-does-not-exist.so.1"), Err(ProbeError::Load(..))));
+    }
+
+    #[test]
+    fn uuids_print_like_nvidia_smi() {
+        let uuid = format_uuid(&[0x12; 16]);
+        assert_eq!(uuid, "GPU-12121212-1212-1212-1212-121212121212");
+    }
+}

@@ -1,0 +1,615 @@
+//! The rpc-servers of this node: one per allocation, bound to one GPU with its SM share and
+//! memory quota.
+//!
+//! Each server runs in a process group of its own (a Ctrl-C or a crash of the node manager does
+//! not take it down), writes its listening line to `<state>/servers/<id>.out` and its log to
+//! `<id>.log`, and is recorded in `<id>.json` (pid, start time, control socket). A restarted
+//! node manager adopts what those records describe and is still running, and the cluster
+//! manager says which of them to keep: nothing is orphaned.
+
+use std::{
+    collections::BTreeMap,
+    fs::{self, File, OpenOptions},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use flyt_daemon_kit::{
+    auth::ClusterKey,
+    fs::write_atomic,
+    host::{process_alive, process_start_time},
+    rpc::{self, Endpoint},
+};
+use flyt_protocol::control::{
+    auth::ServiceName,
+    cluster::{ControlError, GpuInfo, ServerReport},
+    node::ServerSpec,
+    rpc_server::RpcServerControlClient,
+};
+use nix::{
+    sys::signal::{Signal, kill, killpg},
+    unistd::Pid,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+/// What `flyt-rpc-server` prints on stdout once it listens.
+pub const READY_PREFIX: &str = "flyt-rpc-server listening on ";
+const MIB: u64 = 1 << 20;
+/// Deadline of status queries made for every heartbeat.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+/// Deadline of resize calls.
+const RESIZE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which backend the rpc-servers of this node use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cuda,
+    Emulated,
+}
+
+impl DeviceKind {
+    fn flag(self) -> &'static str {
+        match self {
+            Self::Cuda => "cuda",
+            Self::Emulated => "emulated",
+        }
+    }
+}
+
+/// How servers are launched on this node.
+#[derive(Clone, Debug)]
+pub struct LaunchSettings {
+    pub binary: String,
+    pub listen_host: String,
+    /// Folder of the servers' client-facing Unix sockets; `None`: TCP only.
+    pub socket_dir: Option<PathBuf>,
+    /// Host written into advertised addresses in place of a wildcard.
+    pub advertise_host: String,
+    pub key_file: PathBuf,
+    pub servers_dir: PathBuf,
+    pub device: DeviceKind,
+    pub gpus: Vec<GpuInfo>,
+    /// Extra environment (MPS directories).
+    pub env: Vec<(String, String)>,
+    pub start_timeout: Duration,
+    pub stop_grace_seconds: u32,
+}
+
+/// What is recorded per server, so a restarted node manager can find it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerRecord {
+    pub allocation_id: String,
+    pub pid: u32,
+    /// `/proc/<pid>/stat` start time, so a reused pid is not mistaken for the server.
+    pub start_time: Option<u64>,
+    pub control_socket: PathBuf,
+    pub addresses: Vec<String>,
+    pub gpu: u32,
+    pub memory: u64,
+    pub sm_percentage: u32,
+}
+
+struct ManagedServer {
+    record: ServerRecord,
+    /// Our child (reaped with `try_wait`); `None` for a server adopted after a restart.
+    child: Option<Child>,
+    control: Option<RpcServerControlClient>,
+}
+
+/// This node's rpc-servers.
+pub struct ServerManager {
+    settings: LaunchSettings,
+    key: ClusterKey,
+    servers: Mutex<BTreeMap<String, ManagedServer>>,
+    /// Starts and stops one at a time: a repeated start for one allocation finds the first.
+    lifecycle: Mutex<()>,
+}
+
+fn valid_allocation_id(id: &str) -> bool {
+    // Ids become file names: nothing but these characters, so no path can escape the folder.
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
+}
+
+fn spawn_error(message: impl Into<String>) -> ControlError {
+    ControlError::Spawn(message.into())
+}
+
+/// Puts the advertised host in place of a wildcard listen address (`0.0.0.0:4000`).
+fn advertise(address: &str, host: &str) -> String {
+    for wildcard in ["0.0.0.0:", "[::]:"] {
+        if let Some(port) = address.strip_prefix(wildcard) {
+            let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
+            return format!("{host}:{port}");
+        }
+    }
+    address.to_string()
+}
+
+fn last_lines(path: &Path, count: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(count)..].join(" | ")
+}
+
+fn signal(pid: u32, signal: Signal, group: bool) {
+    let Ok(raw) = i32::try_from(pid) else { return };
+    if raw <= 1 {
+        return;
+    }
+    let _ = if group { killpg(Pid::from_raw(raw), signal) } else { kill(Pid::from_raw(raw), signal) };
+}
+
+impl ManagedServer {
+    fn alive(&mut self) -> bool {
+        match &mut self.child {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => process_alive(self.record.pid, self.record.start_time),
+        }
+    }
+}
+
+impl ServerManager {
+    /// A manager over `settings.servers_dir`, adopting the recorded servers that still run.
+    pub fn new(settings: LaunchSettings, key: ClusterKey) -> std::io::Result<Self> {
+        flyt_daemon_kit::fs::create_dir_with_mode(&settings.servers_dir, 0o700)?;
+        let mut servers = BTreeMap::new();
+        for entry in fs::read_dir(&settings.servers_dir)? {
+            let path = entry?.path();
+            if path.extension().and_then(|extension| extension.to_str()) != Some("json") {
+                continue;
+            }
+            let record: Option<ServerRecord> = fs::read(&path).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+            match record {
+                Some(record) if valid_allocation_id(&record.allocation_id) && process_alive(record.pid, record.start_time) => {
+                    tracing::info!(allocation = %record.allocation_id, pid = record.pid, "adopting a running rpc-server");
+                    servers.insert(record.allocation_id.clone(), ManagedServer { record, child: None, control: None });
+                }
+                Some(record) => {
+                    tracing::info!(allocation = %record.allocation_id, pid = record.pid, "a recorded rpc-server is gone; forgetting it");
+                    Self::remove_files(&settings, &record.allocation_id);
+                }
+                None => {
+                    tracing::warn!(path = %path.display(), "unreadable server record; removing it");
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+        Ok(Self { settings, key, servers: Mutex::new(servers), lifecycle: Mutex::new(()) })
+    }
+
+    fn record_path(settings: &LaunchSettings, id: &str) -> PathBuf {
+        settings.servers_dir.join(format!("{id}.json"))
+    }
+
+    fn remove_files(settings: &LaunchSettings, id: &str) {
+        for name in [format!("{id}.json"), format!("{id}.out"), format!("{id}.control.sock")] {
+            let _ = fs::remove_file(settings.servers_dir.join(name));
+        }
+        if let Some(folder) = &settings.socket_dir {
+            let _ = fs::remove_file(folder.join(format!("{id}.sock")));
+        }
+    }
+
+    fn report(record: &ServerRecord, sessions: u32, memory_used_bytes: u64) -> ServerReport {
+        ServerReport {
+            allocation_id: record.allocation_id.clone(),
+            gpu: record.gpu,
+            pid: record.pid,
+            addresses: record.addresses.clone(),
+            memory_quota_bytes: record.memory.saturating_mul(MIB),
+            sm_percentage: record.sm_percentage,
+            sessions,
+            memory_used_bytes,
+        }
+    }
+
+    /// The command line of the server for `spec` on `gpu`.
+    fn command(&self, spec: &ServerSpec, gpu: &GpuInfo, control_socket: &Path) -> Command {
+        let settings = &self.settings;
+        let mut command = Command::new(&settings.binary);
+        command.arg("--listen").arg(format!("{}:0", settings.listen_host));
+        if let Some(folder) = &settings.socket_dir {
+            command.arg("--listen").arg(format!("unix:{}", folder.join(format!("{}.sock", spec.allocation_id)).display()));
+        }
+        command
+            .args(["--device", settings.device.flag()])
+            .args(["--gpu", &gpu.index.to_string()])
+            .args(["--memory-quota", &spec.memory.saturating_mul(MIB).to_string()])
+            .args(["--sm-percentage", &spec.sm_percentage.to_string()])
+            .arg("--cluster-key-file")
+            .arg(&settings.key_file)
+            .args(["--allocation", &spec.allocation_id])
+            .arg("--control")
+            .arg(format!("unix:{}", control_socket.display()));
+        if settings.device == DeviceKind::Emulated {
+            command.args(["--emulated-memory", &gpu.memory_bytes.to_string()]).args(["--emulated-sms", &gpu.sm_count.to_string()]);
+        }
+        command.envs(settings.env.iter().map(|(name, value)| (name, value)));
+        command
+    }
+
+    /// Starts the server for `spec` and waits until it listens; an already running server for
+    /// the allocation is reported as it is.
+    pub async fn start(&self, spec: ServerSpec) -> Result<ServerReport, ControlError> {
+        if !valid_allocation_id(&spec.allocation_id) {
+            return Err(ControlError::Invalid(format!("bad allocation id {:?}", spec.allocation_id)));
+        }
+        let _one_at_a_time = self.lifecycle.lock().await;
+        if let Some(server) = self.servers.lock().await.get(&spec.allocation_id) {
+            return Ok(Self::report(&server.record, 0, 0));
+        }
+        let gpu = self
+            .settings
+            .gpus
+            .iter()
+            .find(|gpu| gpu.index == spec.gpu)
+            .cloned()
+            .ok_or_else(|| ControlError::Invalid(format!("this node has no GPU {}", spec.gpu)))?;
+        if spec.sm_percentage == 0 || spec.sm_percentage > 100 || spec.memory == 0 || spec.memory.saturating_mul(MIB) > gpu.memory_bytes {
+            return Err(ControlError::Invalid(format!(
+                "GPU {} cannot give {} MiB at {}% SMs",
+                gpu.index, spec.memory, spec.sm_percentage
+            )));
+        }
+        let id = &spec.allocation_id;
+        let dir = &self.settings.servers_dir;
+        let out_path = dir.join(format!("{id}.out"));
+        let log_path = dir.join(format!("{id}.log"));
+        let control_socket = dir.join(format!("{id}.control.sock"));
+        if let Some(folder) = &self.settings.socket_dir {
+            fs::create_dir_all(folder).map_err(|error| spawn_error(format!("cannot create {}: {error}", folder.display())))?;
+        }
+        let stdout = File::create(&out_path).map_err(|error| spawn_error(format!("cannot create {}: {error}", out_path.display())))?;
+        let stderr = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|error| spawn_error(format!("cannot open {}: {error}", log_path.display())))?;
+        let mut command = self.command(&spec, &gpu, &control_socket);
+        // A group of its own: signals meant for the node manager's group do not reach it.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+        let mut child = command
+            .spawn()
+            .map_err(|error| spawn_error(format!("cannot run {}: {error} (set [rpc_server] binary)", self.settings.binary)))?;
+        let pid = child.id();
+        tracing::info!(allocation = %id, pid, gpu = gpu.index, memory_mib = spec.memory, sm_percentage = spec.sm_percentage, "rpc-server started");
+
+        let addresses = match self.wait_until_listening(&mut child, &out_path, &log_path).await {
+            Ok(addresses) => addresses,
+            Err(error) => {
+                signal(pid, Signal::SIGKILL, true);
+                let _ = child.wait();
+                Self::remove_files(&self.settings, id);
+                return Err(error);
+            }
+        };
+        let record = ServerRecord {
+            allocation_id: id.clone(),
+            pid,
+            start_time: process_start_time(pid),
+            control_socket,
+            addresses,
+            gpu: gpu.index,
+            memory: spec.memory,
+            sm_percentage: spec.sm_percentage,
+        };
+        self.write_record(&record)?;
+        let report = Self::report(&record, 0, 0);
+        self.servers.lock().await.insert(id.clone(), ManagedServer { record, child: Some(child), control: None });
+        Ok(report)
+    }
+
+    fn write_record(&self, record: &ServerRecord) -> Result<(), ControlError> {
+        let bytes = serde_json::to_vec_pretty(record).map_err(|error| spawn_error(error.to_string()))?;
+        write_atomic(&Self::record_path(&self.settings, &record.allocation_id), &bytes, 0o600)
+            .map_err(|error| spawn_error(format!("cannot record the server in {}: {error}", self.settings.servers_dir.display())))
+    }
+
+    async fn wait_until_listening(&self, child: &mut Child, out_path: &Path, log_path: &Path) -> Result<Vec<String>, ControlError> {
+        let started = Instant::now();
+        loop {
+            let output = fs::read_to_string(out_path).unwrap_or_default();
+            if let Some(line) = output.lines().find(|line| line.starts_with(READY_PREFIX))
+                && output.contains('\n')
+            {
+                let addresses: Vec<String> = line[READY_PREFIX.len()..]
+                    .split_whitespace()
+                    .map(|address| advertise(address, &self.settings.advertise_host))
+                    .collect();
+                if addresses.is_empty() {
+                    return Err(spawn_error("the server printed no address"));
+                }
+                return Ok(addresses);
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(spawn_error(format!(
+                    "{} exited ({status}) before listening; its log {}: {}",
+                    self.settings.binary,
+                    log_path.display(),
+                    last_lines(log_path, 5)
+                )));
+            }
+            if started.elapsed() > self.settings.start_timeout {
+                return Err(spawn_error(format!(
+                    "{} did not print its listening line within {:?}; its log {}: {}",
+                    self.settings.binary,
+                    self.settings.start_timeout,
+                    log_path.display(),
+                    last_lines(log_path, 5)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A control client for the server (connected on first use, dropped on failure).
+    async fn control(&self, id: &str) -> Option<RpcServerControlClient> {
+        let socket = {
+            let servers = self.servers.lock().await;
+            let server = servers.get(id)?;
+            if let Some(control) = &server.control {
+                return Some(control.clone());
+            }
+            server.record.control_socket.clone()
+        };
+        let stream = rpc::connect(&Endpoint::Unix(socket.clone()), &self.key, ServiceName::RpcServerControl).await;
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::debug!(allocation = id, %error, "rpc-server control socket unavailable");
+                return None;
+            }
+        };
+        let client = RpcServerControlClient::new(tarpc::client::Config::default(), rpc::transport(stream)).spawn();
+        if let Some(server) = self.servers.lock().await.get_mut(id) {
+            server.control = Some(client.clone());
+        }
+        Some(client)
+    }
+
+    async fn forget_control(&self, id: &str) {
+        if let Some(server) = self.servers.lock().await.get_mut(id) {
+            server.control = None;
+        }
+    }
+
+    /// Changes a server's memory quota and/or SM share through its control socket.
+    pub async fn resize(&self, id: &str, memory: Option<u64>, sm_percentage: Option<u32>) -> Result<ServerReport, ControlError> {
+        if !self.servers.lock().await.contains_key(id) {
+            return Err(ControlError::UnknownAllocation(id.to_string()));
+        }
+        let control = self
+            .control(id)
+            .await
+            .ok_or_else(|| ControlError::Server(format!("the rpc-server of {id} does not answer on its control socket")))?;
+        let result = control.resize(rpc::deadline(RESIZE_TIMEOUT), memory.map(|mib| mib.saturating_mul(MIB)), sm_percentage).await;
+        let status = match result {
+            Ok(Ok(status)) => status,
+            Ok(Err(reason)) => return Err(ControlError::Server(reason)),
+            Err(error) => {
+                self.forget_control(id).await;
+                return Err(ControlError::Server(format!("resize of {id} failed: {error}")));
+            }
+        };
+        let mut servers = self.servers.lock().await;
+        let server = servers.get_mut(id).ok_or_else(|| ControlError::UnknownAllocation(id.to_string()))?;
+        if let Some(memory) = memory {
+            server.record.memory = memory;
+        }
+        if let Some(percentage) = sm_percentage {
+            server.record.sm_percentage = percentage;
+        }
+        let record = server.record.clone();
+        drop(servers);
+        self.write_record(&record)?;
+        tracing::info!(allocation = id, memory_mib = record.memory, sm_percentage = record.sm_percentage, "rpc-server resized");
+        let sessions = u32::try_from(status.sessions.len()).unwrap_or(u32::MAX);
+        Ok(Self::report(&record, sessions, status.sessions.iter().map(|session| session.memory_used).sum()))
+    }
+
+    /// Stops a server: asks it to shut down (sessions get the grace period), then SIGTERM,
+    /// then SIGKILL to its process group. An unknown allocation is already stopped.
+    pub async fn stop(&self, id: &str) -> Result<(), ControlError> {
+        let _one_at_a_time = self.lifecycle.lock().await;
+        let control = self.control(id).await;
+        let Some(mut server) = self.servers.lock().await.remove(id) else { return Ok(()) };
+        let grace = self.settings.stop_grace_seconds;
+        if let Some(control) = control {
+            let _ = control.shutdown(rpc::deadline(Duration::from_secs(1)), grace).await;
+        } else {
+            signal(server.record.pid, Signal::SIGTERM, false);
+        }
+        let mut deadline = Instant::now() + Duration::from_secs(u64::from(grace) + 2);
+        let mut escalation = [Signal::SIGTERM, Signal::SIGKILL].into_iter();
+        while server.alive() {
+            if Instant::now() >= deadline {
+                let Some(next) = escalation.next() else { break };
+                tracing::warn!(allocation = id, pid = server.record.pid, ?next, "rpc-server still running; signalling it");
+                signal(server.record.pid, next, next == Signal::SIGKILL);
+                deadline = Instant::now() + Duration::from_secs(3);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if let Some(child) = &mut server.child {
+            let _ = child.try_wait();
+        }
+        Self::remove_files(&self.settings, id);
+        tracing::info!(allocation = id, pid = server.record.pid, "rpc-server stopped");
+        Ok(())
+    }
+
+    /// Every running server with its sessions; servers that exited are forgotten (and so
+    /// reported missing to the cluster manager, which releases their allocations).
+    pub async fn reports(&self) -> Vec<ServerReport> {
+        let mut exited = Vec::new();
+        let records: Vec<ServerRecord> = {
+            let mut servers = self.servers.lock().await;
+            for (id, server) in servers.iter_mut() {
+                if !server.alive() {
+                    exited.push(id.clone());
+                }
+            }
+            for id in &exited {
+                if let Some(mut server) = servers.remove(id) {
+                    let status = server.child.as_mut().and_then(|child| child.try_wait().ok().flatten());
+                    tracing::warn!(allocation = %id, pid = server.record.pid, ?status, "rpc-server exited");
+                }
+            }
+            servers.values().map(|server| server.record.clone()).collect()
+        };
+        for id in &exited {
+            Self::remove_files(&self.settings, id);
+        }
+        let mut reports = Vec::with_capacity(records.len());
+        for record in records {
+            let (sessions, memory_used) = match self.control(&record.allocation_id).await {
+                Some(control) => match control.status(rpc::deadline(STATUS_TIMEOUT)).await {
+                    Ok(status) => (
+                        u32::try_from(status.sessions.len()).unwrap_or(u32::MAX),
+                        status.sessions.iter().map(|session| session.memory_used).sum(),
+                    ),
+                    Err(_) => {
+                        self.forget_control(&record.allocation_id).await;
+                        (0, 0)
+                    }
+                },
+                None => (0, 0),
+            };
+            reports.push(Self::report(&record, sessions, memory_used));
+        }
+        reports
+    }
+
+    /// Ids of the servers this manager runs.
+    pub async fn allocation_ids(&self) -> Vec<String> {
+        self.servers.lock().await.keys().cloned().collect()
+    }
+
+    /// Stops every server (node manager shutdown).
+    pub async fn stop_all(&self) {
+        for id in self.allocation_ids().await {
+            let _ = self.stop(&id).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A stand-in for flyt-rpc-server: records its arguments, prints the listening line and
+    /// waits to be killed.
+    const STAND_IN: &str = "#!/bin/sh\necho \"$@\" > \"$0.args\"\necho \"flyt-rpc-server listening on 0.0.0.0:45678 unix:/tmp/x.sock\"\nexec sleep 600\n";
+    const FAILING: &str = "#!/bin/sh\necho 'error: no such device' >&2\nexit 3\n";
+
+    fn settings(folder: &Path, script: &str) -> LaunchSettings {
+        let binary = folder.join("rpc-server");
+        fs::write(&binary, script).unwrap();
+        fs::set_permissions(&binary, fs::Permissions::from_mode(0o755)).unwrap();
+        LaunchSettings {
+            binary: binary.display().to_string(),
+            listen_host: "127.0.0.1".into(),
+            socket_dir: None,
+            advertise_host: "192.0.2.7".into(),
+            key_file: folder.join("key"),
+            servers_dir: folder.join("servers"),
+            device: DeviceKind::Emulated,
+            gpus: vec![GpuInfo {
+                index: 0,
+                uuid: "GPU-e".into(),
+                name: "Emulated".into(),
+                memory_bytes: 8 << 30,
+                sm_count: 40,
+                emulated: true,
+            }],
+            env: vec![],
+            start_timeout: Duration::from_secs(5),
+            stop_grace_seconds: 0,
+        }
+    }
+
+    fn key() -> ClusterKey {
+        ClusterKey::from_bytes(b"0123456789abcdef0123").unwrap()
+    }
+
+    fn spec(id: &str) -> ServerSpec {
+        ServerSpec { allocation_id: id.into(), gpu: 0, memory: 1024, sm_percentage: 25 }
+    }
+
+    #[tokio::test]
+    async fn starts_records_adopts_and_stops_servers() {
+        let folder = tempfile::tempdir().unwrap();
+        let settings = settings(folder.path(), STAND_IN);
+        let manager = ServerManager::new(settings.clone(), key()).unwrap();
+        let report = manager.start(spec("alloc-1")).await.unwrap();
+        assert_eq!(report.addresses, vec!["192.0.2.7:45678".to_string(), "unix:/tmp/x.sock".to_string()]);
+        assert_eq!(report.memory_quota_bytes, 1 << 30);
+        let args = fs::read_to_string(format!("{}.args", settings.binary)).unwrap();
+        for expected in [
+            "--listen 127.0.0.1:0",
+            "--device emulated",
+            "--gpu 0",
+            "--memory-quota 1073741824",
+            "--sm-percentage 25",
+            "--allocation alloc-1",
+            "--emulated-memory 8589934592",
+            "--emulated-sms 40",
+        ] {
+            assert!(args.contains(expected), "{expected} missing from {args}");
+        }
+        assert_eq!(manager.start(spec("alloc-1")).await.unwrap().pid, report.pid, "a repeated start is idempotent");
+        assert!(settings.servers_dir.join("alloc-1.json").exists());
+
+        // A new manager (a restarted node manager) adopts the running server.
+        drop(manager);
+        let adopted = ServerManager::new(settings.clone(), key()).unwrap();
+        let reports = adopted.reports().await;
+        assert_eq!(reports.len(), 1);
+        assert_eq!(reports[0].pid, report.pid);
+        adopted.stop("alloc-1").await.unwrap();
+        assert!(!process_alive(report.pid, None));
+        assert!(!settings.servers_dir.join("alloc-1.json").exists());
+        assert!(adopted.reports().await.is_empty());
+        adopted.stop("alloc-1").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_server_that_dies_is_dropped_from_reports() {
+        let folder = tempfile::tempdir().unwrap();
+        let manager = ServerManager::new(settings(folder.path(), STAND_IN), key()).unwrap();
+        let report = manager.start(spec("alloc-2")).await.unwrap();
+        signal(report.pid, Signal::SIGKILL, false);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !manager.reports().await.is_empty() {
+            assert!(Instant::now() < deadline, "the dead server is still reported");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn failures_say_why() {
+        let folder = tempfile::tempdir().unwrap();
+        let manager = ServerManager::new(settings(folder.path(), FAILING), key()).unwrap();
+        let error = manager.start(spec("alloc-3")).await.unwrap_err().to_string();
+        assert!(error.contains("exited") && error.contains("no such device"), "{error}");
+        let error = manager.start(ServerSpec { gpu: 5, ..spec("alloc-4") }).await.unwrap_err().to_string();
+        assert!(error.contains("no GPU 5"), "{error}");
+        let error = manager.start(spec("../escape")).await.unwrap_err().to_string();
+        assert!(error.contains("bad allocation id"), "{error}");
+        let error = manager.start(ServerSpec { memory: 9000, ..spec("alloc-5") }).await.unwrap_err().to_string();
+        assert!(error.contains("cannot give"), "{error}");
+    }
+
+    #[test]
+    fn wildcards_are_replaced_by_the_advertised_host() {
+        assert_eq!(advertise("0.0.0.0:80", "10.1.2.3"), "10.1.2.3:80");
+        assert_eq!(advertise("[::]:80", "fe80::1"), "[fe80::1]:80");
+        assert_eq!(advertise("127.0.0.1:80", "10.1.2.3"), "127.0.0.1:80");
+        assert_eq!(advertise("unix:/a", "10.1.2.3"), "unix:/a");
+    }
+}
