@@ -1,7 +1,146 @@
-//! flyt-client-manager (skeleton).
+//! flyt-client-manager: runs on each client host or VM. Answers the shim's "which server, with
+//! which token?" on a Unix socket, asks the cluster manager for the VM's slice, watches the
+//! client processes and holds the lease.
+//!
+//! `flyt-client-manager [--config FILE]` runs the daemon (settings also from `FLYT_CLIENT_MANAGER_*`,
+//! see `configs/client-manager.toml`); when ready it prints
+//! `flyt-client-manager listening on unix:<socket>`.
+//! `flyt-client-manager locate` asks a running one as the shim would and prints the answer.
 #![forbid(unsafe_code)]
 
-fn main() {
-    eprintln!("flyt-client-manager: not built yet");
-    std::process::exit(2);
+mod config;
+mod manager;
+
+use std::{
+    io::Write as _,
+    os::unix::net::UnixStream,
+    path::PathBuf,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use flyt_daemon_kit::{auth::ClusterKey, host, rpc::Endpoint};
+use flyt_protocol::{
+    frame::{FrameLimits, read_value, write_value},
+    handshake::ClientIdentity,
+    locate::{LocateReply, LocateRequest},
+};
+
+use crate::{
+    config::{ClientManagerConfig, ENV_PREFIX},
+    manager::ClientManager,
+};
+
+#[derive(Parser)]
+#[command(version, about = "Flyt client manager: finds GPU servers for the CUDA apps of this host")]
+struct Args {
+    /// TOML config file; settings missing from it take their defaults, and FLYT_CLIENT_MANAGER_* variables override both.
+    #[arg(long, env = "FLYT_CLIENT_MANAGER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Print the effective config (defaults, file and environment merged) and exit.
+    #[arg(long)]
+    print_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Ask the running client manager for a server, as the shim does, and print the answer as JSON.
+    Locate {
+        /// The client manager's socket.
+        #[arg(long, env = "FLYT_CLIENT_MANAGER_SOCKET", default_value = "/run/flyt/client-manager.sock")]
+        socket: PathBuf,
+        /// Stay alive this long afterwards, as an app holding the allocation would.
+        #[arg(long, default_value_t = 0)]
+        hold_seconds: u64,
+    },
+}
+
+fn route_address(cluster_manager: &str) -> Option<String> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect(cluster_manager).ok()?;
+    Some(socket.local_addr().ok()?.ip().to_string())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(Command::Locate { socket, hold_seconds }) = args.command {
+        return locate(&socket, hold_seconds);
+    }
+    flyt_daemon_kit::logging::init("info");
+    let mut config: ClientManagerConfig = flyt_daemon_kit::config::load(args.config.as_deref(), ENV_PREFIX, std::env::vars())?;
+    if config.vm_ip.is_empty() {
+        config.vm_ip = route_address(&config.cluster_manager).unwrap_or_else(|| "127.0.0.1".into());
+    }
+    if args.print_config {
+        print!("{}", toml::to_string(&config)?);
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(run(config))
+}
+
+async fn run(config: ClientManagerConfig) -> anyhow::Result<()> {
+    let key = ClusterKey::load(config.cluster_key_file.as_ref())?;
+    let cluster = Endpoint::parse(&config.cluster_manager).context("setting `cluster_manager`")?;
+    let socket = PathBuf::from(&config.socket);
+    let listener = flyt_daemon_kit::rpc::bind_unix(&socket, config.socket_mode)
+        .with_context(|| format!("cannot listen on {} (setting `socket`)", socket.display()))?;
+    tracing::info!(vm_ip = %config.vm_ip, cluster_manager = %cluster, socket = %socket.display(), "client manager ready");
+    let manager = ClientManager::new(config, cluster, key);
+    tokio::spawn(manager.clone().keep_lease());
+    let accept = tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    tokio::spawn(manager.clone().serve_app(stream));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+    println!("flyt-client-manager listening on unix:{}", socket.display());
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+    }
+    accept.abort();
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}
+
+/// `flyt-client-manager locate`: the shim's request from the command line.
+fn locate(socket: &std::path::Path, hold_seconds: u64) -> anyhow::Result<()> {
+    let mut stream = UnixStream::connect(socket).with_context(|| {
+        format!("cannot reach the client manager at {}: is flyt-client-manager running? (FLYT_CLIENT_MANAGER_SOCKET)", socket.display())
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let client = ClientIdentity {
+        hostname: host::hostname(),
+        pid: std::process::id(),
+        program: "flyt-client-manager-locate".into(),
+        boot_id: host::boot_id(),
+    };
+    write_value(&mut stream, 1, &LocateRequest { client })?;
+    let (_, reply): (u32, LocateReply) = read_value(&mut stream, &FrameLimits::default())?;
+    let json = match &reply {
+        LocateReply::Server { address, token, same_host } => {
+            serde_json::json!({ "address": address, "token": token, "same_host": same_host })
+        }
+        LocateReply::Refused { reason } => serde_json::json!({ "refused": reason }),
+    };
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "{json}")?;
+    stdout.flush()?;
+    std::thread::sleep(Duration::from_secs(hold_seconds));
+    match reply {
+        LocateReply::Server { .. } => Ok(()),
+        LocateReply::Refused { reason } => anyhow::bail!("refused: {reason}"),
+    }
 }
