@@ -74,19 +74,32 @@ impl Read for Wire {
     }
 }
 
-impl Write for Wire {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+impl Wire {
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
         match self {
-            Self::Tcp(stream) => stream.write(buf),
-            Self::Unix(stream) => stream.write(buf),
+            Self::Tcp(stream) => stream.as_raw_fd(),
+            Self::Unix(stream) => stream.as_raw_fd(),
         }
     }
+}
 
+impl Write for Wire {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    /// `sendmsg` with `MSG_NOSIGNAL`: the app is not ours, and a write to a server that went
+    /// away must become an error, not the SIGPIPE that would kill the app.
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Self::Tcp(stream) => stream.write_vectored(bufs),
-            Self::Unix(stream) => stream.write_vectored(bufs),
-        }
+        // SAFETY: `msghdr` is plain data; all-zero is a valid empty header.
+        let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+        header.msg_iov = bufs.as_ptr().cast_mut().cast();
+        header.msg_iovlen = bufs.len().min(1024);
+        // SAFETY: `IoSlice` is ABI-compatible with `iovec` (documented by std); the slices
+        // outlive the call; the descriptor is this wire's open socket.
+        let sent = unsafe { libc::sendmsg(self.raw_fd(), &header, libc::MSG_NOSIGNAL) };
+        usize::try_from(sent).map_err(|_| io::Error::last_os_error())
     }
 
     fn flush(&mut self) -> io::Result<()> {

@@ -121,6 +121,8 @@ pub fn boundary<R: PanicValue>(symbol: &'static str, body: impl FnOnce() -> R) -
 pub fn finish(result: CudaResult<()>) -> cudaError_t {
     match result {
         Ok(()) => 0,
+        // A query's "not ready" is an answer, not a failure: CUDA leaves the last error alone.
+        Err(CudaError::NOT_READY) => CudaError::NOT_READY.code(),
         Err(error) => {
             set_last_error(error);
             error.code()

@@ -100,7 +100,10 @@ impl Server {
             command.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", args.sm_percentage.to_string());
         }
         let (channel_raw, budget_raw) = (worker_end.as_raw_fd(), self.budget_fd.as_raw_fd());
-        // SAFETY: between fork and exec only async-signal-safe calls run (fcntl, dup2, prctl,
+        // No PR_SET_PDEATHSIG: it fires when the spawning *thread* exits, which here is any
+        // short-lived handshake thread. A waiting worker exits when the listener's end of its
+        // channel closes; a serving one finishes its session.
+        // SAFETY: between fork and exec only async-signal-safe calls run (fcntl, dup2,
         // sigprocmask), on descriptors this process owns. The descriptors are first copied above
         // 10 so that placing them at 3 and 4 cannot overwrite one with the other, and dup2 clears
         // close-on-exec on the copies the worker keeps.
@@ -115,8 +118,6 @@ impl Server {
                 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // A worker must not outlive its listener.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
                 // The listener blocks termination signals to take them on one thread; the worker
                 // must receive them.
                 let mut none: libc::sigset_t = std::mem::zeroed();
