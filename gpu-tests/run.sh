@@ -494,6 +494,9 @@ if [ $RUN_PAIR = 1 ] && [ -n "${BUILT[$PAIR_VICTIM]:-}" ] && [ -n "${BUILT[$PAIR
     log_run "$PAIR_VICTIM | native (with $PAIR_FAULTER faulting meanwhile)" "$nb.victim"
     log_run "$PAIR_FAULTER | native (while $PAIR_VICTIM ran)" "$nb.faulter"
     [ -n "$nnote" ] && log "native pair: $nnote"
+    if [ "$MODE" = flyt ] && { native_used_flyt "$nb.victim" || native_used_flyt "$nb.faulter"; }; then
+        nnote="${nnote:+$nnote; }the native run opened a Flyt session"
+    fi
     if [ "$MODE" = native ]; then
         rb=$TMP/pair.rerun
         run_pair rerun "$rb" "${NATIVE_ENV[@]}"
