@@ -471,7 +471,7 @@ mod tests {
         let before = cluster.allocation_of("10.0.0.1").unwrap();
         cluster.cluster_manager.as_mut().unwrap().kill();
         let (code, _, stderr) = cluster.flytctl(&["status"]);
-        assert!(code == 3 && stderr.contains("is flyt-cluster-manager running?"), "{code} {stderr}");
+        assert!(code == 3 && stderr.contains("Is flyt-cluster-manager running?"), "{code} {stderr}");
         cluster.start_cluster_manager();
         let after = cluster.allocation_of("10.0.0.1").expect("allocation lost in the restart");
         assert_eq!((&after["id"], &after["pid"], &after["addresses"]), (&before["id"], &before["pid"], &before["addresses"]));
