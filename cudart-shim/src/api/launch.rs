@@ -54,9 +54,11 @@ fn to_dim3(d: dim3) -> Dim3 {
     Dim3 { x: d.x, y: d.y, z: d.z }
 }
 
-/// Refuses configurations the device cannot run, at the call, as CUDA does
-/// (`cudaErrorInvalidConfiguration`), instead of failing later at a sync point.
-fn check_configuration(client: &Client, grid: Dim3, block: Dim3) -> CudaResult<()> {
+/// Refuses configurations the device cannot run at the call, as CUDA does, instead of failing
+/// later at a sync point. CUDA 13 reports them as `cudaErrorInvalidValue` (measured on the GPU
+/// machine: 2048 threads per block, grid y 65536, an empty grid and 1 MiB of dynamic shared
+/// memory all are).
+fn check_configuration(client: &Client, grid: Dim3, block: Dim3, shared_mem: usize) -> CudaResult<()> {
     let prop = &client.props[0];
     let limit = |value: i32| u32::try_from(value).unwrap_or(u32::MAX).max(1);
     let block_ok = block.x >= 1
@@ -72,7 +74,8 @@ fn check_configuration(client: &Client, grid: Dim3, block: Dim3) -> CudaResult<(
         && grid.x <= limit(prop.maxGridSize[0])
         && grid.y <= limit(prop.maxGridSize[1])
         && grid.z <= limit(prop.maxGridSize[2]);
-    if block_ok && grid_ok { Ok(()) } else { Err(CudaError::INVALID_CONFIGURATION) }
+    let shared_ok = shared_mem <= prop.sharedMemPerBlockOptin;
+    if block_ok && grid_ok && shared_ok { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
 }
 
 /// Packs the arguments and sends the launch; no round trip.
@@ -91,7 +94,7 @@ unsafe fn launch(
 ) -> CudaResult<()> {
     let client = client()?;
     let (grid, block) = (to_dim3(grid), to_dim3(block));
-    check_configuration(client, grid, block)?;
+    check_configuration(client, grid, block, shared_mem)?;
     let layout = function.layout().inspect_err(|error| {
         if client.info.emulated {
             crate::diagnostics::once(
@@ -126,8 +129,10 @@ fn by_handle(kernel: cudaKernel_t) -> CudaResult<std::sync::Arc<Function>> {
     function_by_handle(kernel as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)
 }
 
+/// `cudaLaunchKernel` of something that is not a registered kernel: CUDA 13 answers
+/// `cudaErrorInvalidResourceHandle` (measured on the GPU machine).
 fn by_host(func: *const c_void) -> CudaResult<std::sync::Arc<Function>> {
-    function_by_host(func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)
+    function_by_host(func as usize).ok_or(CudaError::INVALID_RESOURCE_HANDLE)
 }
 
 pub unsafe fn __cudaLaunchKernel(
