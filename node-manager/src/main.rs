@@ -146,10 +146,11 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
     } else {
         tracing::info!(servers = ?servers.allocation_ids().await, "leaving rpc-servers running for the next node manager to adopt");
     }
-    if config.mps.enabled && config.mps.stop_on_exit {
-        if let Err(error) = mps::stop(&config.mps) {
-            tracing::warn!(%error, "could not stop the MPS control daemon");
-        }
+    if config.mps.enabled
+        && config.mps.stop_on_exit
+        && let Err(error) = mps::stop(&config.mps)
+    {
+        tracing::warn!(%error, "could not stop the MPS control daemon");
     }
     remove_socket(&control_endpoint);
     Ok(())

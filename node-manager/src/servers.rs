@@ -605,6 +605,75 @@ mod tests {
         assert!(error.contains("cannot give"), "{error}");
     }
 
+    /// A stand-in for the rpc-server's control service, served the way the rpc-server serves
+    /// it (cluster-key handshake, then tarpc over daemon-kit's transport).
+    #[derive(Clone)]
+    struct FakeControl(std::sync::Arc<std::sync::Mutex<Vec<(Option<u64>, Option<u32>)>>>);
+
+    impl flyt_protocol::control::rpc_server::RpcServerControl for FakeControl {
+        async fn status(self, _: tarpc::context::Context) -> flyt_protocol::control::rpc_server::RpcServerStatus {
+            flyt_protocol::control::rpc_server::RpcServerStatus {
+                pid: 1,
+                allocation: Some("alloc-6".into()),
+                backend: "emulated".into(),
+                gpu: 0,
+                listen: vec![],
+                memory_quota: 1 << 30,
+                sm_percentage: 25,
+                sm_count: 10,
+                sessions: vec![flyt_protocol::control::rpc_server::SessionStatus {
+                    session_id: 1,
+                    client: Default::default(),
+                    worker_pid: 2,
+                    memory_used: 4096,
+                    started_at: 0,
+                }],
+            }
+        }
+
+        async fn resize(
+            self,
+            context: tarpc::context::Context,
+            memory_quota: Option<u64>,
+            sm_percentage: Option<u32>,
+        ) -> Result<flyt_protocol::control::rpc_server::RpcServerStatus, String> {
+            self.0.lock().unwrap().push((memory_quota, sm_percentage));
+            Ok(self.status(context).await)
+        }
+
+        async fn shutdown(self, _: tarpc::context::Context, _grace_seconds: u32) {}
+    }
+
+    #[tokio::test]
+    async fn resizes_and_usage_go_through_the_control_socket() {
+        use flyt_protocol::control::rpc_server::RpcServerControl;
+
+        let folder = tempfile::tempdir().unwrap();
+        let manager = ServerManager::new(settings(folder.path(), STAND_IN), key()).unwrap();
+        let report = manager.start(spec("alloc-6")).await.unwrap();
+        assert!(matches!(manager.resize("alloc-6", Some(2048), None).await, Err(ControlError::Server(_))), "no control socket yet");
+
+        let socket = folder.path().join("servers").join("alloc-6.control.sock");
+        let listener = rpc::ControlListener::bind(&Endpoint::Unix(socket), 0o600).await.unwrap();
+        let calls = FakeControl(Default::default());
+        let served = calls.clone();
+        let server = tokio::spawn(rpc::accept_loop(listener, key(), vec![ServiceName::RpcServerControl], move |_, stream| {
+            let service = served.clone();
+            async move { rpc::serve_connection(stream, service.serve()).await }
+        }));
+
+        let resized = manager.resize("alloc-6", Some(2048), Some(50)).await.unwrap();
+        assert_eq!(calls.0.lock().unwrap().clone(), vec![(Some(2048 * MIB), Some(50))]);
+        assert_eq!((resized.memory_quota_bytes, resized.sm_percentage, resized.sessions), (2048 * MIB, 50, 1));
+        let reports = manager.reports().await;
+        assert_eq!((reports[0].sessions, reports[0].memory_used_bytes), (1, 4096));
+        let record: ServerRecord = serde_json::from_slice(&fs::read(folder.path().join("servers/alloc-6.json")).unwrap()).unwrap();
+        assert_eq!((record.memory, record.sm_percentage), (2048, 50));
+        assert!(matches!(manager.resize("alloc-x", Some(1), None).await, Err(ControlError::UnknownAllocation(_))));
+        server.abort();
+        signal(report.pid, Signal::SIGKILL, false);
+    }
+
     #[test]
     fn wildcards_are_replaced_by_the_advertised_host() {
         assert_eq!(advertise("0.0.0.0:80", "10.1.2.3"), "10.1.2.3:80");
