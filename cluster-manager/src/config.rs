@@ -84,3 +84,22 @@ impl Default for AllocationConfig {
         Self { idle_grace_seconds: 60, token_ttl_seconds: 3600, start_timeout_seconds: 60 }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/cluster-manager.toml");
+
+    /// The example config documents the real defaults and every environment override.
+    #[test]
+    fn the_example_config_shows_every_default_and_override() {
+        let example: ClusterManagerConfig =
+            flyt_daemon_kit::config::load(Some(std::path::Path::new(EXAMPLE)), ENV_PREFIX, Vec::new()).unwrap();
+        assert_eq!(example, ClusterManagerConfig::default());
+        let text = std::fs::read_to_string(EXAMPLE).unwrap();
+        for setting in flyt_daemon_kit::config::settings::<ClusterManagerConfig>(ENV_PREFIX).unwrap() {
+            assert!(text.contains(&setting.variable), "{} does not mention {}", EXAMPLE, setting.variable);
+        }
+    }
+}

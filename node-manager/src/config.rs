@@ -121,3 +121,22 @@ impl Default for MpsConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/node-manager.toml");
+
+    /// The example config documents the real defaults and every environment override.
+    #[test]
+    fn the_example_config_shows_every_default_and_override() {
+        let example: NodeManagerConfig =
+            flyt_daemon_kit::config::load(Some(std::path::Path::new(EXAMPLE)), ENV_PREFIX, Vec::new()).unwrap();
+        assert_eq!(example, NodeManagerConfig::default());
+        let text = std::fs::read_to_string(EXAMPLE).unwrap();
+        for setting in flyt_daemon_kit::config::settings::<NodeManagerConfig>(ENV_PREFIX).unwrap() {
+            assert!(text.contains(&setting.variable), "{} does not mention {}", EXAMPLE, setting.variable);
+        }
+    }
+}
