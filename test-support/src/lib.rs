@@ -1,0 +1,197 @@
+//! Helpers for Flyt's integration tests: where the built binaries and `libcudart.so.13` are, a
+//! CUDA 13 toolkit (headers and nvcc from NVIDIA's PyPI wheels, fetched once), and a
+//! `flyt-rpc-server` running for the length of a test.
+#![forbid(unsafe_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("test-support lives in the workspace").to_path_buf()
+}
+
+/// The cargo profile directory the running test was built into (`target/debug`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test>-<hash>
+    exe.parent().and_then(Path::parent).expect("test binaries live in <profile>/deps").to_path_buf()
+}
+
+/// A built artifact of the workspace; panics with what to do when it is missing.
+pub fn artifact(name: &str) -> PathBuf {
+    let path = profile_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (`cargo build --workspace`, or run `cargo test --workspace`)",
+        path.display()
+    );
+    path
+}
+
+/// A directory holding `libcudart.so.13` (the shim), for `LD_LIBRARY_PATH`.
+pub fn shim_lib_dir() -> PathBuf {
+    let library = artifact("libcudart.so");
+    let dir = profile_dir().join("flyt-shim-lib");
+    std::fs::create_dir_all(&dir).expect("shim lib dir");
+    let link = dir.join("libcudart.so.13");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&library, &link).expect("symlink libcudart.so.13");
+    dir
+}
+
+/// The CUDA 13 toolkit (`include/`, `bin/nvcc`, `lib/libcudart.so.13`), fetched once by
+/// `.ci/fetch-cuda-toolkit` into `.cuda/` (or `FLYT_CUDA_HOME`).
+pub fn cuda_toolkit() -> PathBuf {
+    let script = workspace_root().join(".ci/fetch-cuda-toolkit");
+    let output = Command::new(&script).output().unwrap_or_else(|error| panic!("{}: {error}", script.display()));
+    assert!(output.status.success(), "fetching the CUDA toolkit failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+/// A unique scratch directory for one test.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flyt-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// A running `flyt-rpc-server`, stopped when dropped.
+pub struct Server {
+    child: Child,
+    /// The addresses it announced, in the order given (`127.0.0.1:PORT`, `unix:/path`).
+    pub addresses: Vec<String>,
+    /// Where its stderr (the log) goes.
+    pub log: PathBuf,
+}
+
+impl Server {
+    /// Starts the server with `args` (e.g. `--device emulated --listen 127.0.0.1:0`) and waits
+    /// for its ready line.
+    pub fn start(args: &[&str], scratch: &Path) -> Self {
+        let log = scratch.join("server.log");
+        let log_file = std::fs::File::create(&log).expect("server log");
+        let mut child = Command::new(artifact("flyt-rpc-server"))
+            .args(args)
+            .env("FLYT_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .expect("start flyt-rpc-server");
+        let stdout = child.stdout.take().expect("server stdout");
+        let (lines, ready) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let line = ready.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!("flyt-rpc-server did not become ready; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default())
+        });
+        let addresses = line
+            .strip_prefix("flyt-rpc-server listening on ")
+            .unwrap_or_else(|| panic!("unexpected ready line: {line}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        Self { child, addresses, log }
+    }
+
+    /// The server's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle` (bounded); `false` on timeout.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log_text().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops the server at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SIGTERM lets the listener stop its workers; SIGKILL if it does not go.
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a command with a time limit; returns (exit code or -1, stdout, stderr).
+pub fn run_with_timeout(command: &mut Command, timeout: Duration) -> (i32, String, String) {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let deadline = Instant::now() + timeout;
+    let code = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status.code().unwrap_or(-1);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break -1;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (code, out.join().unwrap_or_default(), err.join().unwrap_or_default())
+}
+
+/// Compiles a C file against the CUDA 13 headers and links it with `-lcudart` from `lib_dir`.
+pub fn compile_c(source: &Path, output: &Path, lib_dir: &Path, extra: &[&str]) {
+    let cuda = cuda_toolkit();
+    let status = Command::new("cc")
+        .arg("-O1")
+        .arg("-Wall")
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg(source)
+        .arg("-o")
+        .arg(output)
+        .arg(format!("-L{}", lib_dir.display()))
+        .arg("-l:libcudart.so.13")
+        .args(extra)
+        .status()
+        .expect("cc");
+    assert!(status.success(), "compiling {} failed", source.display());
+}
