@@ -1,0 +1,247 @@
+//! The rpc-server against bad and hostile clients, on the emulated device: every bad input gets
+//! a clear error or a closed connection with a logged reason, and no other session is harmed.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::frame::{FrameHeader, FrameLimits, read_message, read_value, write_frame, write_value};
+use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo};
+use flyt_protocol::ops::{Op, Request, decode_reply, req};
+use flyt_test_support::{Server, scratch_dir};
+
+/// A client that speaks the wire protocol directly.
+struct RawSession {
+    stream: UnixStream,
+    info: SessionInfo,
+    seq: u32,
+}
+
+fn identity(program: &str) -> ClientIdentity {
+    ClientIdentity { hostname: "test".into(), pid: std::process::id(), program: program.into(), boot_id: String::new() }
+}
+
+fn hello_reply(socket: &str, hello: &Hello) -> (UnixStream, HelloReply) {
+    let mut stream = UnixStream::connect(socket.trim_start_matches("unix:")).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write_value(&mut stream, 0, hello).unwrap();
+    let (_, reply) = read_value::<HelloReply>(&mut stream, &FrameLimits::default()).expect("hello reply");
+    (stream, reply)
+}
+
+impl RawSession {
+    fn open(socket: &str, token: Option<String>) -> Result<Self, (u32, String)> {
+        let (stream, reply) = hello_reply(socket, &Hello::new(token, identity("raw-test"), None));
+        match reply {
+            HelloReply::Accepted(info) => Ok(Self { stream, info, seq: 1 }),
+            HelloReply::Refused { error, reason } => Err((error, reason)),
+        }
+    }
+
+    fn send(&mut self, request: &Request, bulk: &[u8]) -> u32 {
+        let seq = self.seq;
+        self.seq += 1;
+        let mut message = Vec::new();
+        request.encode(&mut message);
+        write_frame(&mut self.stream, seq, &message, bulk).expect("send");
+        seq
+    }
+
+    /// Sends a request and reads its reply (with any bulk bytes).
+    fn call<O: Op>(&mut self, request: O) -> (Result<O::Reply, CudaError>, Vec<u8>) {
+        let (reply, bulk) = self.call_with_deferred(request);
+        (reply.result, bulk)
+    }
+
+    fn call_with_deferred<O: Op>(&mut self, request: O) -> (flyt_protocol::ops::Reply<O::Reply>, Vec<u8>) {
+        let seq = self.send(&request.into(), &[]);
+        let mut message = Vec::new();
+        let header = read_message(&mut self.stream, &FrameLimits::default(), &mut message).expect("reply");
+        assert_eq!(header.seq, seq);
+        let mut bulk = vec![0u8; header.bulk_len as usize];
+        flyt_protocol::frame::read_full(&mut self.stream, &mut bulk, false).unwrap();
+        (decode_reply::<O::Reply>(&message).expect("decodable reply"), bulk)
+    }
+
+    /// Allocates, writes and reads back: proves the session works.
+    fn round_trip(&mut self, pattern: u8) {
+        let ptr = self.call(req::Malloc { size: 4096 }).0.expect("malloc").ptr;
+        self.send(&req::MemcpyHtoD { dst: ptr, stream: 0 }.into(), &[pattern; 4096]);
+        let (result, bytes) = self.call(req::MemcpyDtoH { src: ptr, len: 4096, stream: 0 });
+        result.expect("copy back");
+        assert_eq!(bytes, vec![pattern; 4096]);
+        self.call(req::Free { ptr }).0.expect("free");
+    }
+
+    /// `true` once the server has closed this connection.
+    fn closed_by_server(&mut self) -> bool {
+        let mut message = Vec::new();
+        matches!(
+            read_message(&mut self.stream, &FrameLimits::default(), &mut message),
+            Err(flyt_protocol::frame::FrameError::Closed | flyt_protocol::frame::FrameError::Io(_))
+        )
+    }
+}
+
+fn emulated_server(name: &str, extra: &[&str]) -> (Server, String) {
+    let scratch = scratch_dir(name);
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let mut args = vec!["--device", "emulated", "--listen", socket.as_str(), "--warm-workers", "1"];
+    args.extend_from_slice(extra);
+    (Server::start(&args, &scratch), socket)
+}
+
+#[test]
+fn hostile_frames_close_only_their_own_connection() {
+    let (server, socket) = emulated_server("hostile", &[]);
+    let mut good = RawSession::open(&socket, None).expect("good session");
+    good.round_trip(1);
+
+    // Not a Flyt client at all.
+    let mut http = UnixStream::connect(socket.trim_start_matches("unix:")).unwrap();
+    http.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    // A frame header claiming a 4 GiB message, before the hello.
+    let mut huge = UnixStream::connect(socket.trim_start_matches("unix:")).unwrap();
+    huge.write_all(&FrameHeader { message_len: u32::MAX, seq: 0, bulk_len: 0 }.encode()).unwrap();
+
+    // Inside sessions: an unknown op, an oversized frame, bulk on an op that takes none, a
+    // truncated frame.
+    let mut unknown = RawSession::open(&socket, None).unwrap();
+    write_frame(&mut unknown.stream, 1, &[0xff, 0x7f, 1, 2, 3], &[]).unwrap();
+    let mut oversized = RawSession::open(&socket, None).unwrap();
+    oversized.stream.write_all(&FrameHeader { message_len: 64 << 20, seq: 1, bulk_len: 0 }.encode()).unwrap();
+    let mut stray_bulk = RawSession::open(&socket, None).unwrap();
+    let mut message = Vec::new();
+    Request::from(req::DeviceSynchronize {}).encode(&mut message);
+    write_frame(&mut stray_bulk.stream, 1, &message, b"unexpected").unwrap();
+    let mut truncated = RawSession::open(&socket, None).unwrap();
+    truncated.stream.write_all(&FrameHeader { message_len: 100, seq: 1, bulk_len: 0 }.encode()).unwrap();
+    truncated.stream.write_all(&[1, 2, 3]).unwrap();
+    truncated.stream.shutdown(std::net::Shutdown::Write).unwrap();
+
+    for session in [&mut unknown, &mut oversized, &mut stray_bulk, &mut truncated] {
+        assert!(session.closed_by_server(), "the server must close a connection that breaks the protocol");
+    }
+    let log_has = |text: &str| server.wait_for_log(text, Duration::from_secs(10));
+    assert!(log_has("unknown op id"), "{}", server.log_text());
+    assert!(log_has("exceeds the limit"), "{}", server.log_text());
+    assert!(log_has("unexpected bulk bytes"), "{}", server.log_text());
+    assert!(log_has("connection ended inside a frame"), "{}", server.log_text());
+    assert!(log_has("connection closed before a valid hello"), "{}", server.log_text());
+
+    // The good session never noticed, and new sessions still work.
+    good.round_trip(2);
+    RawSession::open(&socket, None).expect("new session").round_trip(3);
+}
+
+#[test]
+fn bad_requests_get_cuda_errors_and_the_session_goes_on() {
+    let (_server, socket) = emulated_server("bad-requests", &[]);
+    let mut session = RawSession::open(&socket, None).unwrap();
+    let ptr = session.call(req::Malloc { size: 1024 }).0.unwrap().ptr;
+    // Out of range, wrong pointer, unknown handles, a chunk larger than announced.
+    assert_eq!(session.call(req::MemcpyDtoH { src: ptr + 1000, len: 100, stream: 0 }).0, Err(CudaError::INVALID_VALUE));
+    assert_eq!(session.call(req::MemcpyDtoH { src: 0x10, len: 1, stream: 0 }).0, Err(CudaError::INVALID_VALUE));
+    assert_eq!(session.call(req::Free { ptr: ptr + 8 }).0, Err(CudaError::INVALID_VALUE));
+    assert_eq!(session.call(req::StreamSynchronize { stream: 77 }).0, Err(CudaError::INVALID_RESOURCE_HANDLE));
+    assert_eq!(session.call(req::EventQuery { event: 5 }).0, Err(CudaError::INVALID_RESOURCE_HANDLE));
+    let too_big = session.info.copy_chunk + 1;
+    assert_eq!(session.call(req::MemcpyDtoH { src: ptr, len: too_big, stream: 0 }).0, Err(CudaError::INVALID_VALUE));
+    // An asynchronous op that fails reports at the next sync point, once.
+    session.send(&req::Memset { dst: ptr + 1020, value: 0, len: 8, stream: 0 }.into(), &[]);
+    session.send(&req::StreamCreate { stream: 0, flags: 0, priority: 0 }.into(), &[]);
+    let first = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((first.result.is_ok(), first.deferred), (true, Some(CudaError::INVALID_VALUE)));
+    let second = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((second.result.is_ok(), second.deferred), (true, None));
+    session.round_trip(9);
+}
+
+#[test]
+fn wrong_versions_and_strangers_are_refused_with_a_reason() {
+    let (_server, socket) = emulated_server("versions", &[]);
+    let mut old = Hello::new(None, identity("old-client"), None);
+    old.protocol_version = 0;
+    match hello_reply(&socket, &old).1 {
+        HelloReply::Refused { reason, .. } => assert!(reason.contains("protocol version"), "{reason}"),
+        other => panic!("accepted an old protocol: {other:?}"),
+    }
+    let mut cuda12 = Hello::new(None, identity("cuda12-app"), None);
+    cuda12.cuda_abi_major = 12;
+    match hello_reply(&socket, &cuda12).1 {
+        HelloReply::Refused { error, reason } => {
+            assert_eq!(error, CudaError::INSUFFICIENT_DRIVER.code());
+            assert!(reason.contains("CUDA 12"), "{reason}");
+        }
+        other => panic!("accepted a CUDA 12 app: {other:?}"),
+    }
+    let mut stranger = Hello::new(None, identity("stranger"), None);
+    stranger.magic = *b"HTTP";
+    assert!(matches!(hello_reply(&socket, &stranger).1, HelloReply::Refused { .. }));
+}
+
+#[test]
+fn sessions_need_a_valid_token_when_a_cluster_key_is_set() {
+    let scratch = scratch_dir("tokens");
+    let key_path = scratch.join("cluster.key");
+    std::fs::write(&key_path, "a cluster key of at least sixteen bytes\n").unwrap();
+    std::fs::set_permissions(&key_path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let key = key_path.display().to_string();
+    let _server = Server::start(
+        &["--device", "emulated", "--listen", &socket, "--cluster-key-file", &key, "--allocation", "alloc-1"],
+        &scratch,
+    );
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let token = |allocation: &str, expires_at: u64| {
+        let claims = flyt_protocol::token::SessionClaims { allocation: allocation.into(), expires_at };
+        flyt_protocol::token::issue(b"a cluster key of at least sixteen bytes", &claims).unwrap()
+    };
+    let refused = |token: Option<String>| RawSession::open(&socket, token).err().expect("must be refused");
+    assert!(refused(None).1.contains("needs a session token"));
+    assert!(refused(Some(token("alloc-2", now + 60))).1.contains("not this server's"));
+    assert!(refused(Some(token("alloc-1", now - 1))).1.contains("expired"));
+    assert!(refused(Some("flyt1.alloc-1.99999999999.00".into())).1.contains("malformed"));
+    RawSession::open(&socket, Some(token("alloc-1", now + 60))).expect("valid token").round_trip(4);
+}
+
+#[test]
+fn the_quota_is_exact_shared_and_given_back_when_a_client_dies() {
+    let (server, socket) = emulated_server("quota", &["--memory-quota", "64MiB"]);
+    let mut first = RawSession::open(&socket, None).unwrap();
+    assert_eq!(first.info.devices[0].total_mem, 64 << 20, "the session sees its slice");
+    let info = first.call(req::MemGetInfo {}).0.unwrap();
+    assert_eq!((info.free, info.total), (64 << 20, 64 << 20));
+    first.call(req::Malloc { size: 40 << 20 }).0.expect("within the quota");
+    // A second session of the same allocation shares the quota.
+    let mut second = RawSession::open(&socket, None).unwrap();
+    assert_eq!(second.call(req::Malloc { size: 30 << 20 }).0, Err(CudaError::MEMORY_ALLOCATION));
+    second.call(req::Malloc { size: 24 << 20 }).0.expect("exactly the rest");
+    assert_eq!(second.call(req::Malloc { size: 1 }).0, Err(CudaError::MEMORY_ALLOCATION));
+    assert_eq!(second.call(req::MemGetInfo {}).0.unwrap().free, 0);
+    // The first client dies without freeing anything.
+    drop(first);
+    assert!(server.wait_for_log("session 1 closed", Duration::from_secs(10)), "{}", server.log_text());
+    second.call(req::Malloc { size: 40 << 20 }).0.expect("the dead session's memory is back");
+}
+
+#[test]
+fn a_dead_worker_ends_only_its_session() {
+    let (server, socket) = emulated_server("worker-death", &[]);
+    let mut victim = RawSession::open(&socket, None).unwrap();
+    let mut bystander = RawSession::open(&socket, None).unwrap();
+    victim.round_trip(5);
+    let log = server.log_text();
+    let worker: u32 = log
+        .lines()
+        .find(|line| line.contains(&format!("session {} opened", victim.info.session_id)))
+        .and_then(|line| line.split("worker=").nth(1))
+        .and_then(|pid| pid.trim().parse().ok())
+        .expect("the log names the session's worker");
+    std::process::Command::new("kill").args(["-KILL", &worker.to_string()]).status().unwrap();
+    assert!(victim.closed_by_server());
+    assert!(server.wait_for_log(&format!("session {} closed", victim.info.session_id), Duration::from_secs(10)));
+    bystander.round_trip(6);
+    RawSession::open(&socket, None).expect("new sessions still start").round_trip(7);
+}
