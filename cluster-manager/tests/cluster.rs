@@ -486,5 +486,13 @@ mod tests {
         assert_eq!(session_view(&reply), (2048 * MIB, 40));
         let status = cluster.json(&["status"]);
         assert_eq!((status["nodes_up"].as_u64(), status["allocations"].as_u64()), (Some(2), Some(1)));
+
+        // --- rpc-server death: the node's next heartbeat omits it; its allocation is released.
+        signal(u32::try_from(before["pid"].as_u64().unwrap()).unwrap(), Signal::SIGKILL);
+        wait_until("the dead server's allocation is released", Duration::from_secs(5), || {
+            cluster.allocation_of("10.0.0.1").is_none().then_some(())
+        });
+        let (reply, _) = cluster.locate(&vm1, 0);
+        assert!(reply["address"].is_string(), "a new server is started on the next request: {reply}");
     }
 }

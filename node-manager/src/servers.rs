@@ -607,8 +607,11 @@ mod tests {
 
     /// A stand-in for the rpc-server's control service, served the way the rpc-server serves
     /// it (cluster-key handshake, then tarpc over daemon-kit's transport).
+    /// Each resize call: (memory quota in bytes, SM percentage).
+    type ResizeCalls = std::sync::Arc<std::sync::Mutex<Vec<(Option<u64>, Option<u32>)>>>;
+
     #[derive(Clone)]
-    struct FakeControl(std::sync::Arc<std::sync::Mutex<Vec<(Option<u64>, Option<u32>)>>>);
+    struct FakeControl(ResizeCalls);
 
     impl flyt_protocol::control::rpc_server::RpcServerControl for FakeControl {
         async fn status(self, _: tarpc::context::Context) -> flyt_protocol::control::rpc_server::RpcServerStatus {
