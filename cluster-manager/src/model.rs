@@ -33,6 +33,8 @@ pub struct Model {
     pub allocations: BTreeMap<String, AllocationRecord>,
     /// Client managers (by VM ip) and their last heartbeat.
     pub client_managers: BTreeMap<String, Instant>,
+    /// Running allocations missing from their node's consecutive reports, and how many times.
+    pub missing_reports: BTreeMap<String, u32>,
 }
 
 /// The MPS active-thread percentage that gives `compute_units` of `sm_count` SMs (rounded up,

@@ -38,6 +38,8 @@ use crate::{
     store::Store,
 };
 
+/// Node reports in a row that must lack a running allocation's server before it is released.
+const MISSING_REPORTS_BEFORE_RELEASE: u32 = 2;
 /// Deadline of calls to node managers other than starting a server.
 const NODE_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -170,6 +172,7 @@ impl<S: Store> Cluster<S> {
     /// Removes an allocation from model and store, and stops its server in the background.
     async fn release_locked(self: &Arc<Self>, model: &mut Model, allocation_id: &str, reason: &str) -> Result<(), ControlError> {
         let Some(allocation) = model.allocations.remove(allocation_id) else { return Ok(()) };
+        model.missing_reports.remove(allocation_id);
         self.store.remove_allocation(allocation_id).await.map_err(store_error)?;
         tracing::info!(allocation = allocation_id, vm = %allocation.vm_ip, node = %allocation.node_id, reason, "allocation released");
         let cluster = self.clone();
@@ -300,16 +303,27 @@ impl<S: Store> Cluster<S> {
                 model.allocations.insert(updated.id.clone(), updated);
             }
         }
-        let vanished: Vec<String> = model
+        let mut vanished = Vec::new();
+        let running_here: Vec<String> = model
             .allocations
             .values()
-            .filter(|allocation| {
-                allocation.node_id == node_id
-                    && allocation.state == AllocationState::Running
-                    && !reported.contains(allocation.id.as_str())
-            })
+            .filter(|allocation| allocation.node_id == node_id && allocation.state == AllocationState::Running)
             .map(|allocation| allocation.id.clone())
             .collect();
+        for id in running_here {
+            if reported.contains(id.as_str()) {
+                model.missing_reports.remove(&id);
+                continue;
+            }
+            // A report built just before a server start finished lacks that server: only a
+            // second report without it means the server is gone.
+            let misses = model.missing_reports.entry(id.clone()).or_insert(0);
+            *misses += 1;
+            if *misses >= MISSING_REPORTS_BEFORE_RELEASE {
+                model.missing_reports.remove(&id);
+                vanished.push(id);
+            }
+        }
         for id in vanished {
             tracing::warn!(allocation = %id, node = node_id, "the node no longer runs this allocation's rpc-server");
             self.release_locked(model, &id, "its rpc-server exited").await?;

@@ -463,24 +463,29 @@ impl ServerManager {
         for id in &exited {
             Self::remove_files(&self.settings, id);
         }
-        let mut reports = Vec::with_capacity(records.len());
-        for record in records {
-            let (sessions, memory_used) = match self.control(&record.allocation_id).await {
-                Some(control) => match control.status(rpc::deadline(STATUS_TIMEOUT)).await {
-                    Ok(status) => (
-                        u32::try_from(status.sessions.len()).unwrap_or(u32::MAX),
-                        status.sessions.iter().map(|session| session.memory_used).sum(),
-                    ),
-                    Err(_) => {
-                        self.forget_control(&record.allocation_id).await;
-                        (0, 0)
-                    }
-                },
-                None => (0, 0),
-            };
-            reports.push(Self::report(&record, sessions, memory_used));
+        // In parallel and bounded: a hung server must not delay the heartbeat past the lease.
+        futures::future::join_all(records.iter().map(|record| async move {
+            let (sessions, memory_used) =
+                tokio::time::timeout(STATUS_TIMEOUT, self.usage(&record.allocation_id)).await.unwrap_or((0, 0));
+            Self::report(record, sessions, memory_used)
+        }))
+        .await
+    }
+
+    /// Sessions and the device memory they hold, from the server's control socket ((0, 0) when
+    /// it does not answer).
+    async fn usage(&self, id: &str) -> (u32, u64) {
+        let Some(control) = self.control(id).await else { return (0, 0) };
+        match control.status(rpc::deadline(STATUS_TIMEOUT)).await {
+            Ok(status) => (
+                u32::try_from(status.sessions.len()).unwrap_or(u32::MAX),
+                status.sessions.iter().map(|session| session.memory_used).sum(),
+            ),
+            Err(_) => {
+                self.forget_control(id).await;
+                (0, 0)
+            }
         }
-        reports
     }
 
     /// Ids of the servers this manager runs.
