@@ -48,7 +48,8 @@ pub struct StreamInfo {
 pub struct Client {
     pub conn: Arc<Conn>,
     pub info: SessionInfo,
-    pub props: Vec<cudaDeviceProp>,
+    /// The launch limits of device 0, checked on every launch.
+    pub launch_limits: cudaDeviceProp,
     /// Device ranges the app may copy to or from: allocations and module variables.
     device_ranges: RwLock<BTreeMap<u64, (u64, bool)>>,
     pub host_allocations: Mutex<BTreeMap<usize, HostAllocation>>,
@@ -191,11 +192,11 @@ fn open_session() -> Result<Client, (CudaError, String)> {
     };
     wire.set_read_timeout(None).map_err(|error| unavailable(error.to_string()))?;
     let conn = Conn::start(wire, address).map_err(|error| unavailable(format!("cannot start the session threads: {error}")))?;
-    let props = info.devices.iter().map(device_prop).collect();
+    let launch_limits = info.devices.first().map(device_prop).ok_or_else(|| unavailable("the server has no device".into()))?;
     Ok(Client {
         conn,
         info,
-        props,
+        launch_limits,
         device_ranges: RwLock::new(BTreeMap::new()),
         host_allocations: Mutex::new(BTreeMap::new()),
         streams: Mutex::new(HashMap::new()),
@@ -216,6 +217,17 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Client {
     pub fn device_count(&self) -> usize {
         self.info.devices.len()
+    }
+
+    /// A device as the session sees it now (its slice, updated when the allocation is resized).
+    pub fn device(&self, index: usize) -> Option<flyt_protocol::device::DeviceInfo> {
+        let resized = self.conn.resized_devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        resized.as_ref().unwrap_or(&self.info.devices).get(index).cloned()
+    }
+
+    /// `cudaDeviceProp` of a device as the session sees it now.
+    pub fn prop(&self, index: usize) -> Option<cudaDeviceProp> {
+        self.device(index).as_ref().map(device_prop)
     }
 
     /// Records a device allocation (or a module variable when `!freeable`).

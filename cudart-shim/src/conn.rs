@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameHeader, FrameLimits, HEADER_LEN, discard, read_full, read_message, write_all_vectored};
+use flyt_protocol::device::DeviceInfo;
+use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::Request;
 
 /// Bulk bytes above this are written straight from the app's buffer instead of being copied
@@ -204,6 +206,8 @@ pub struct Conn {
     flusher_wake: Condvar,
     /// Bytes written, for statistics and tests.
     pub bytes_sent: AtomicU64,
+    /// The session's devices as the server last described them after a resize.
+    pub resized_devices: Mutex<Option<Vec<DeviceInfo>>>,
 }
 
 fn put_header(buf: &mut [u8], header: FrameHeader) {
@@ -224,6 +228,7 @@ impl Conn {
             flusher_asleep: Mutex::new(false),
             flusher_wake: Condvar::new(),
             bytes_sent: AtomicU64::new(0),
+            resized_devices: Mutex::new(None),
         });
         let receiver = conn.clone();
         std::thread::Builder::new().name("flyt-receiver".into()).spawn(move || receiver.receive(reader))?;
@@ -425,9 +430,14 @@ impl Conn {
                 Err(error) => return self.fail(error.to_string()),
             };
             if header.seq == 0 {
-                // A notice from the server: nothing depends on it yet.
                 if discard(&mut reader, header.bulk_len).is_err() {
                     return self.fail("connection ended inside a notice".into());
+                }
+                match flyt_protocol::frame::decode_exact::<Notice>(&message) {
+                    Ok(Notice::Limits { devices }) => {
+                        *self.resized_devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(devices);
+                    }
+                    Err(error) => return self.fail(format!("undecodable notice: {error}")),
                 }
                 continue;
             }

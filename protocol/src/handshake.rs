@@ -76,3 +76,10 @@ pub enum HelloReply {
     /// The session is refused; `error` is the `cudaError_t` the app should see.
     Refused { error: u32, reason: String },
 }
+
+/// What the server may tell a client unasked (frames with sequence number 0).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Notice {
+    /// The session's slice changed (the allocation was resized): its devices as they are now.
+    Limits { devices: Vec<DeviceInfo> },
+}

@@ -10,13 +10,15 @@ use crate::handshake::Hello;
 pub enum ToWorker {
     /// Serve the session whose socket comes with this message; the worker sends the `HelloReply`.
     Serve { session_id: u64, hello: Hello, tcp: bool, peer: String },
+    /// The allocation was resized: tell the client its new limits.
+    Limits,
 }
 
 /// Worker to listener.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FromWorker {
     /// The device is open and the worker waits for a session.
-    Ready { pid: u32 },
+    Ready { pid: u32, total_mem: u64, sm_count: u32 },
     /// The device could not be opened; the worker exits.
     Failed { reason: String },
 }

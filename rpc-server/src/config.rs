@@ -55,6 +55,9 @@ pub struct ServerArgs {
     /// The allocation this server serves; tokens must name it.
     #[arg(long, env = "FLYT_RPC_ALLOCATION")]
     pub allocation: Option<String>,
+    /// Control socket for the node manager (`unix:/path`, owner-only; needs the cluster key).
+    #[arg(long, env = "FLYT_RPC_CONTROL")]
+    pub control: Option<String>,
     /// Workers kept ready (device open) for new sessions.
     #[arg(long, env = "FLYT_RPC_WARM_WORKERS", default_value_t = 2)]
     pub warm_workers: usize,

@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod budget;
 pub mod config;
+pub mod control;
 pub mod listener;
 pub mod memory;
 pub mod session;

@@ -23,6 +23,7 @@ use nix::sys::socket::{AddressFamily, ControlMessage, MsgFlags, SockFlag, SockTy
 
 use crate::backend::BackendKind;
 use crate::budget::{BUDGET_SLOTS, MemoryBudget, SharedBudget};
+use flyt_protocol::control::rpc_server::{RpcServerStatus, SessionStatus};
 use crate::config::ServerArgs;
 use crate::transport::Connection;
 
@@ -40,11 +41,17 @@ struct SessionRecord {
     worker_pid: u32,
     slot: usize,
     started_at: u64,
+    channel: Arc<OwnedFd>,
 }
 
 /// Shared state of the listening server.
 pub struct Server {
     args: ServerArgs,
+    /// The SM share new workers get (resizable).
+    sm_percentage: std::sync::atomic::AtomicU32,
+    /// What the last worker reported of the device: (bytes a session sees, SMs).
+    device_facts: Mutex<(u64, u32)>,
+    announced: Mutex<Vec<String>>,
     backend: Mutex<BackendKind>,
     budget_fd: OwnedFd,
     budget: SharedBudget,
@@ -92,12 +99,13 @@ impl Server {
             .args(["--staging-slots", &args.staging_slots.to_string()])
             .args(["--emulated-memory", &args.emulated_memory.0.to_string()])
             .args(["--emulated-sms", &args.emulated_sms.to_string()])
-            .args(["--sm-percentage", &args.sm_percentage.to_string()])
+            .args(["--sm-percentage", &self.sm_percentage.load(Ordering::Acquire).to_string()])
             .args(["--inline-wait-us", &args.inline_wait_us.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null());
-        if args.sm_percentage < 100 {
-            command.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", args.sm_percentage.to_string());
+        let sm_percentage = self.sm_percentage.load(Ordering::Acquire);
+        if sm_percentage < 100 {
+            command.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", sm_percentage.to_string());
         }
         let (channel_raw, budget_raw) = (worker_end.as_raw_fd(), self.budget_fd.as_raw_fd());
         // No PR_SET_PDEATHSIG: it fires when the spawning *thread* exits, which here is any
@@ -156,7 +164,8 @@ impl Server {
             .and_then(|len| flyt_protocol::frame::decode_exact::<FromWorker>(&buf[..len]).ok());
         self.starting.fetch_sub(1, Ordering::AcqRel);
         match first {
-            Some(FromWorker::Ready { .. }) => {
+            Some(FromWorker::Ready { total_mem, sm_count, .. }) => {
+                *lock(&self.device_facts) = (total_mem, sm_count);
                 lock(&self.warm).push_back(WarmWorker { pid, channel: channel.clone() });
             }
             Some(FromWorker::Failed { reason }) => {
@@ -296,6 +305,11 @@ impl Server {
         let command = ToWorker::Serve { session_id, hello: hello.clone(), tcp, peer: peer.clone() };
         let mut bytes = Vec::new();
         encode_into(&command, &mut bytes);
+        // Record the session before the worker can answer the client, so a status call that
+        // follows the client's handshake always sees it.
+        let slot = lock(&self.workers).get(&worker.pid).copied().unwrap_or(0);
+        let record = SessionRecord { hello, worker_pid: worker.pid, slot, started_at: unix_now(), channel: worker.channel.clone() };
+        lock(&self.sessions).insert(session_id, record);
         let fds = [std::os::fd::AsFd::as_fd(&connection).as_raw_fd()];
         let sent = sendmsg::<()>(
             worker.channel.as_raw_fd(),
@@ -305,10 +319,9 @@ impl Server {
             None,
         );
         if let Err(error) = sent {
+            lock(&self.sessions).remove(&session_id);
             return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, format!("worker unavailable: {error}"));
         }
-        let slot = lock(&self.workers).get(&worker.pid).copied().unwrap_or(0);
-        lock(&self.sessions).insert(session_id, SessionRecord { hello, worker_pid: worker.pid, slot, started_at: unix_now() });
         tracing::info!(
             "session {session_id} opened: program={} pid={} host={} transport={} peer={peer} worker={}",
             client.program,
@@ -348,14 +361,69 @@ impl Server {
         }
     }
 
-    /// Live sessions, for status reports.
-    pub fn session_count(&self) -> usize {
-        lock(&self.sessions).len()
+    pub fn args(&self) -> &ServerArgs {
+        &self.args
     }
 
-    /// Bytes all sessions hold.
-    pub fn memory_used(&self) -> u64 {
-        self.budget.used()
+    /// Settings and live sessions.
+    pub fn status(&self) -> RpcServerStatus {
+        let (total_mem, sm_count) = *lock(&self.device_facts);
+        let sessions = lock(&self.sessions)
+            .iter()
+            .map(|(id, record)| SessionStatus {
+                session_id: *id,
+                client: record.hello.client.clone(),
+                worker_pid: record.worker_pid,
+                memory_used: self.budget.slot_used(record.slot),
+                started_at: record.started_at,
+            })
+            .collect();
+        RpcServerStatus {
+            pid: std::process::id(),
+            allocation: self.args.allocation.clone(),
+            backend: match *lock(&self.backend) {
+                BackendKind::Emulated => "emulated".into(),
+                _ => "cuda".into(),
+            },
+            gpu: self.args.gpu,
+            listen: lock(&self.announced).clone(),
+            memory_quota: self.budget.limit().unwrap_or(total_mem),
+            sm_percentage: self.sm_percentage.load(Ordering::Acquire),
+            sm_count,
+            sessions,
+        }
+    }
+
+    /// Changes the slice: memory at once for every session, SMs for sessions that start after
+    /// (warm workers are replaced); running sessions are told their new limits.
+    pub fn resize(self: &Arc<Self>, memory_quota: Option<u64>, sm_percentage: Option<u32>) -> Result<RpcServerStatus, String> {
+        if let Some(percentage) = sm_percentage
+            && !(1..=100).contains(&percentage)
+        {
+            return Err(format!("SM share {percentage}% is not between 1 and 100"));
+        }
+        if let Some(quota) = memory_quota {
+            self.budget.set_limit(Some(quota));
+            tracing::info!(memory_quota = quota, "memory quota changed");
+        }
+        if let Some(percentage) = sm_percentage
+            && self.sm_percentage.swap(percentage, Ordering::AcqRel) != percentage
+        {
+            tracing::info!(sm_percentage = percentage, "SM share changed: replacing warm workers");
+            let retired: Vec<u32> = lock(&self.warm).drain(..).map(|worker| worker.pid).collect();
+            for pid in retired {
+                if let Ok(pid) = i32::try_from(pid) {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+                }
+            }
+            self.refill();
+        }
+        let mut notice = Vec::new();
+        encode_into(&ToWorker::Limits, &mut notice);
+        for record in lock(&self.sessions).values() {
+            let _ = nix::sys::socket::send(record.channel.as_raw_fd(), &notice, MsgFlags::empty());
+        }
+        Ok(self.status())
     }
 }
 
@@ -436,6 +504,9 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     signals.add(Signal::SIGINT);
     signals.thread_block().context("blocking signals")?;
 
+    if args.control.is_some() && args.cluster_key_file.is_none() {
+        bail!("--control needs --cluster-key-file: control connections are authenticated with the cluster key");
+    }
     let cluster_key = match &args.cluster_key_file {
         Some(path) => Some(crate::config::read_cluster_key(path)?),
         None => None,
@@ -445,6 +516,9 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     let (budget_fd, budget) = SharedBudget::create(args.memory_quota.map(|quota| quota.0)).context("budget page")?;
     let server = Arc::new(Server {
+        sm_percentage: std::sync::atomic::AtomicU32::new(args.sm_percentage),
+        device_facts: Mutex::new((0, 0)),
+        announced: Mutex::new(Vec::new()),
         backend: Mutex::new(if args.device == BackendKind::Emulated { BackendKind::Emulated } else { BackendKind::Cuda }),
         budget_fd,
         budget,
@@ -484,6 +558,10 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         announced.push(shown);
         let server = server.clone();
         std::thread::Builder::new().name("flyt-accept".into()).spawn(move || serve_listener(server, bound))?;
+    }
+    *lock(&server.announced) = announced.clone();
+    if let Some(endpoint) = &server.args.control {
+        crate::control::start(server.clone(), endpoint)?;
     }
     tracing::info!(backend = ?*lock(&server.backend), gpu = server.args.gpu, "serving");
     let mut stdout = std::io::stdout();

@@ -302,6 +302,11 @@ impl<D: Device> Session<D> {
         }
     }
 
+    /// The session's reply channel (for notices the client did not ask for).
+    pub fn outbox(&self) -> Arc<Outbox> {
+        self.outbox.clone()
+    }
+
     /// Bytes of device memory the session holds.
     pub fn memory_used(&self) -> u64 {
         self.ranges.allocated()

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::frame::{encode_into, write_value};
-use flyt_protocol::handshake::{HelloReply, SessionInfo};
+use flyt_protocol::handshake::{HelloReply, Notice, SessionInfo};
 use flyt_protocol::worker::{FromWorker, ToWorker};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, send};
 
@@ -53,8 +53,31 @@ fn send_to_listener(channel: &OwnedFd, message: &FromWorker) {
     }
 }
 
-/// Receives the next command and the descriptor that comes with it.
-fn receive_command(channel: &OwnedFd) -> Option<(ToWorker, OwnedFd)> {
+/// Tells the client its new limits whenever the listener says the allocation was resized.
+fn forward_limits<D: Device>(
+    channel: OwnedFd,
+    outbox: Arc<crate::transport::Outbox>,
+    device: Arc<D>,
+    budget: Arc<SharedBudget>,
+    sm_percentage: u32,
+) {
+    let spawned = std::thread::Builder::new().name("flyt-limits".into()).spawn(move || {
+        while let Some((command, _)) = receive_command(&channel) {
+            if command == ToWorker::Limits {
+                let notice = Notice::Limits { devices: vec![sliced_info(&*device, &*budget, sm_percentage)] };
+                let mut message = Vec::new();
+                encode_into(&notice, &mut message);
+                outbox.send_frame(0, &message, &[]);
+            }
+        }
+    });
+    if spawned.is_err() {
+        tracing::warn!("no thread for resize notices: this session keeps its first limits");
+    }
+}
+
+/// Receives the next command and the descriptor that may come with it.
+fn receive_command(channel: &OwnedFd) -> Option<(ToWorker, Option<OwnedFd>)> {
     let mut buf = vec![0u8; 1 << 20];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
@@ -70,8 +93,11 @@ fn receive_command(channel: &OwnedFd) -> Option<(ToWorker, OwnedFd)> {
         }
     }
     let len = message.bytes;
+    if len == 0 {
+        return None;
+    }
     let command = flyt_protocol::frame::decode_exact(&buf[..len]).ok()?;
-    Some((command, fd?))
+    Some((command, fd))
 }
 
 /// The session's view of the device: its slice, not the whole card.
@@ -98,8 +124,9 @@ fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<
     }
     let device = Arc::new(device);
     let info = sliced_info(&*device, &*budget, args.sm_percentage);
-    send_to_listener(&channel, &FromWorker::Ready { pid: std::process::id() });
-    let Some((ToWorker::Serve { session_id, hello, tcp, peer }, fd)) = receive_command(&channel) else {
+    let sm_count = u32::try_from(info.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(0)).unwrap_or(0);
+    send_to_listener(&channel, &FromWorker::Ready { pid: std::process::id(), total_mem: info.total_mem, sm_count });
+    let Some((ToWorker::Serve { session_id, hello, tcp, peer }, Some(fd))) = receive_command(&channel) else {
         // The listener went away or shut the pool down: nothing to serve.
         return 0;
     };
@@ -123,7 +150,8 @@ fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<
         inline_wait: std::time::Duration::from_micros(args.inline_wait_us),
         ..SessionConfig::default()
     };
-    let mut session = Session::new(device, budget, writer, config);
+    let mut session = Session::new(device.clone(), budget.clone(), writer, config);
+    forward_limits(channel, session.outbox(), device, budget, args.sm_percentage);
     let outcome = session.serve(connection);
     let program = hello.client.program;
     match outcome {

@@ -49,3 +49,51 @@ fn an_unreachable_server_is_a_cuda_error_not_a_hang() {
     assert!(stdout.contains("cudaGetDeviceCount -> cudaErrorDevicesUnavailable"), "{stdout}");
     assert_eq!(stderr.matches("flyt: cannot connect to").count(), 1, "one line, once: {stderr}");
 }
+
+#[test]
+fn a_lost_server_fails_every_call_at_once() {
+    use std::io::{BufRead, BufReader, Write};
+    let scratch = scratch_dir("lost-server");
+    let lib_dir = shim_lib_dir();
+    let program = scratch.join("lost_server");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/lost_server.c");
+    compile_c(&source, &program, &lib_dir, &[]);
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    let mut child = Command::new(&program)
+        .env("LD_LIBRARY_PATH", &lib_dir)
+        .env("FLYT_SERVER", &socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    // Kill the session's worker: the process that holds the app's GPU state.
+    assert!(server.wait_for_log("session 1 opened", Duration::from_secs(10)));
+    let worker = server
+        .log_text()
+        .lines()
+        .find(|line| line.contains("session 1 opened"))
+        .and_then(|line| line.split("worker=").nth(1).map(|pid| pid.trim().to_string()))
+        .unwrap();
+    Command::new("kill").args(["-KILL", &worker]).status().unwrap();
+    assert!(server.wait_for_log("session 1 closed", Duration::from_secs(10)));
+    let started = std::time::Instant::now();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    let status = child.wait().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "calls after the loss must not hang");
+    assert!(status.success());
+    assert_eq!(
+        line.trim(),
+        "cudaErrorDevicesUnavailable cudaErrorDevicesUnavailable cudaErrorDevicesUnavailable cudaErrorDevicesUnavailable"
+    );
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(stderr.matches("lost the connection to the GPU server").count(), 1, "{stderr}");
+}

@@ -70,7 +70,7 @@ pub unsafe fn cudaGetDeviceFlags(flags: *mut c_uint) -> CudaResult<()> {
 
 pub unsafe fn cudaGetDeviceProperties(prop: *mut cudaDeviceProp, device: c_int) -> CudaResult<()> {
     let index = valid_device(device)?;
-    let value = client()?.props[index];
+    let value = client()?.prop(index).ok_or(CudaError::INVALID_DEVICE)?;
     // SAFETY: the app's out-pointer to a CUDA 13 `cudaDeviceProp`.
     unsafe { write_out(prop, value) }
 }
@@ -78,7 +78,8 @@ pub unsafe fn cudaGetDeviceProperties(prop: *mut cudaDeviceProp, device: c_int) 
 pub unsafe fn cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int) -> CudaResult<()> {
     let index = valid_device(device)?;
     let attribute = u32::try_from(attr).map_err(|_| CudaError::INVALID_VALUE)?;
-    let found = client()?.info.devices[index].attribute(attribute).ok_or(CudaError::INVALID_VALUE)?;
+    let device = client()?.device(index).ok_or(CudaError::INVALID_DEVICE)?;
+    let found = device.attribute(attribute).ok_or(CudaError::INVALID_VALUE)?;
     // SAFETY: the app's out-pointer.
     unsafe { write_out(value, found) }
 }

@@ -59,7 +59,7 @@ fn to_dim3(d: dim3) -> Dim3 {
 /// machine: 2048 threads per block, grid y 65536, an empty grid and 1 MiB of dynamic shared
 /// memory all are).
 fn check_configuration(client: &Client, grid: Dim3, block: Dim3, shared_mem: usize) -> CudaResult<()> {
-    let prop = &client.props[0];
+    let prop = &client.launch_limits;
     let limit = |value: i32| u32::try_from(value).unwrap_or(u32::MAX).max(1);
     let block_ok = block.x >= 1
         && block.y >= 1

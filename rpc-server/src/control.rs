@@ -1,0 +1,54 @@
+//! The control socket: the node manager that spawned this server asks for status, resizes the
+//! slice, or stops the server (`flyt_protocol::control::rpc_server::RpcServerControl`), over the
+//! same authenticated tarpc transport as every other control connection.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use flyt_daemon_kit::auth::ClusterKey;
+use flyt_daemon_kit::rpc::{ControlListener, Endpoint, accept_loop, serve_connection};
+use flyt_protocol::control::auth::ServiceName;
+use flyt_protocol::control::rpc_server::{RpcServerControl, RpcServerStatus};
+use tarpc::context::Context as CallContext;
+
+use crate::listener::Server;
+
+#[derive(Clone)]
+struct ControlHandler {
+    server: Arc<Server>,
+}
+
+impl RpcServerControl for ControlHandler {
+    async fn status(self, _: CallContext) -> RpcServerStatus {
+        self.server.status()
+    }
+
+    async fn resize(self, _: CallContext, memory_quota: Option<u64>, sm_percentage: Option<u32>) -> Result<RpcServerStatus, String> {
+        self.server.resize(memory_quota, sm_percentage)
+    }
+
+    async fn shutdown(self, _: CallContext, grace_seconds: u32) {
+        tracing::info!(grace_seconds, "shutdown requested on the control socket");
+        // Answer first, then stop the process the way SIGTERM does.
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(u64::from(grace_seconds)));
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGTERM);
+        });
+    }
+}
+
+/// Starts serving the control socket on a thread of its own.
+pub fn start(server: Arc<Server>, endpoint: &str) -> anyhow::Result<()> {
+    let endpoint = Endpoint::parse(endpoint).map_err(|error| anyhow::anyhow!("--control: {error}"))?;
+    let path = server.args().cluster_key_file.clone().context("--control needs --cluster-key-file")?;
+    let key = ClusterKey::load(&path).map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("control runtime")?;
+    let listener = runtime.block_on(ControlListener::bind(&endpoint, 0o600)).map_err(|error| anyhow::anyhow!("{error}"))?;
+    std::thread::Builder::new().name("flyt-control".into()).spawn(move || {
+        runtime.block_on(accept_loop(listener, key, vec![ServiceName::RpcServerControl], move |_, stream| {
+            let handler = ControlHandler { server: server.clone() };
+            async move { serve_connection(stream, handler.serve()).await }
+        }));
+    })?;
+    Ok(())
+}
