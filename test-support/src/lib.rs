@@ -38,8 +38,14 @@ pub fn shim_lib_dir() -> PathBuf {
     let dir = profile_dir().join("flyt-shim-lib");
     std::fs::create_dir_all(&dir).expect("shim lib dir");
     let link = dir.join("libcudart.so.13");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&library, &link).expect("symlink libcudart.so.13");
+    if std::fs::read_link(&link).ok().as_deref() != Some(library.as_path()) {
+        // Tests run in parallel: build the link aside and rename it into place, so no test ever
+        // sees the name missing.
+        let staged = dir.join(format!(".libcudart.so.13.{}.{:?}", std::process::id(), std::thread::current().id()));
+        let _ = std::fs::remove_file(&staged);
+        std::os::unix::fs::symlink(&library, &staged).expect("symlink libcudart.so.13");
+        std::fs::rename(&staged, &link).expect("place libcudart.so.13");
+    }
     dir
 }
 
