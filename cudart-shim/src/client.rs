@@ -13,11 +13,12 @@ use std::time::Duration;
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameLimits, read_value, write_value};
-use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo};
+use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo, ShmOffer};
 use flyt_protocol::locate::{LocateReply, LocateRequest};
 
 use crate::conn::{Conn, ReplySlot, Wire};
 use crate::props::{cudaDeviceProp, device_prop};
+use crate::shm;
 
 /// Where the shim asks for its server when `FLYT_SERVER` is not set.
 pub const DEFAULT_CLIENT_MANAGER_SOCKET: &str = "/run/flyt/client-manager.sock";
@@ -35,6 +36,8 @@ pub const EVENT_ID_BASE: u64 = 0xE_0000_0000;
 pub struct HostAllocation {
     pub len: usize,
     pub flags: u32,
+    /// Where it lives in the shared-memory segment (pinned on the server), if it does.
+    pub segment_offset: Option<usize>,
 }
 
 /// A stream the app created.
@@ -64,6 +67,8 @@ pub struct Client {
     /// Bumped by `cudaDeviceReset`, which destroys every per-thread default stream.
     pub reset_generation: AtomicU64,
     pub device_flags: Mutex<u32>,
+    /// The shared-memory channel, when the server shares this host.
+    pub shm: Option<crate::shm::Channel>,
 }
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
@@ -178,8 +183,29 @@ fn open_session() -> Result<Client, (CudaError, String)> {
     };
     let mut wire = connect_wire(&address).map_err(unavailable)?;
     wire.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|error| unavailable(error.to_string()))?;
-    write_value(&mut wire, 0, &Hello::new(token, identity, None))
+    let wanted = shm::Wanted::from_env();
+    let offered = match wanted {
+        shm::Wanted::Off => None,
+        _ => match shm::create(matches!(wire, Wire::Tcp(_))) {
+            Ok(offered) => Some(offered),
+            Err(reason) if wanted == shm::Wanted::Required => {
+                return Err(unavailable(format!("FLYT_SHM=on but no shared-memory segment: {reason}")));
+            }
+            Err(_) => None,
+        },
+    };
+    let offer = offered.as_ref().map(|offered| ShmOffer {
+        path: offered.path.as_ref().map(|path| path.display().to_string()).unwrap_or_default(),
+        size: offered.size as u64,
+        staging: offered.staging as u64,
+    });
+    write_value(&mut wire, 0, &Hello::new(token, identity, offer))
         .map_err(|error| unavailable(format!("server {address}: {error}")))?;
+    if let (Some(offered), Wire::Unix(socket)) = (&offered, &wire)
+        && offered.path.is_none()
+    {
+        shm::send_descriptor(socket, &offered.file).map_err(|error| unavailable(format!("sending the segment: {error}")))?;
+    }
     let limits = FrameLimits { max_message: 16 << 20, max_bulk: 0 };
     let reply: HelloReply = read_value(&mut wire, &limits)
         .map(|(_, reply)| reply)
@@ -191,6 +217,20 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         }
     };
     wire.set_read_timeout(None).map_err(|error| unavailable(error.to_string()))?;
+    let shm = match offered {
+        Some(offered) if info.shm_accepted => Some(shm::Channel::new(offered)),
+        Some(offered) => {
+            if let Some(path) = &offered.path {
+                let _ = std::fs::remove_file(path);
+            }
+            if wanted == shm::Wanted::Required {
+                let reason = info.shm_refusal.clone().unwrap_or_else(|| "the server declined it".into());
+                return Err(unavailable(format!("FLYT_SHM=on but the shared-memory channel is not available: {reason}")));
+            }
+            None
+        }
+        None => None,
+    };
     let conn = Conn::start(wire, address).map_err(|error| unavailable(format!("cannot start the session threads: {error}")))?;
     let launch_limits = info.devices.first().map(device_prop).ok_or_else(|| unavailable("the server has no device".into()))?;
     Ok(Client {
@@ -207,6 +247,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         deferred: Mutex::new(None),
         reset_generation: AtomicU64::new(0),
         device_flags: Mutex::new(0),
+        shm,
     })
 }
 

@@ -18,6 +18,7 @@ pub mod exports;
 pub mod ffi;
 pub mod props;
 pub mod registry;
+pub mod shm;
 pub mod stats;
 
 /// Keeps the exports alive in the cdylib (referenced from there).

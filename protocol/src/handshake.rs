@@ -28,9 +28,14 @@ pub struct ClientIdentity {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShmOffer {
     /// A path both sides can open (`/dev/shm/...` or a configured shared file), or empty when the
-    /// segment travels as a file descriptor over the Unix socket.
+    /// segment (a memfd) follows the hello over the Unix socket as an `SCM_RIGHTS` descriptor
+    /// carried by one byte.
     pub path: String,
+    /// Bytes in the segment.
     pub size: u64,
+    /// The first `staging` bytes are the staging area for pageable copies; the server pins them
+    /// for the whole session.
+    pub staging: u64,
 }
 
 /// The client's first frame.
@@ -65,6 +70,8 @@ pub struct SessionInfo {
     pub copy_chunk: u64,
     /// Whether the offered shared-memory segment was accepted.
     pub shm_accepted: bool,
+    /// Why an offered segment was not accepted (shown when the user insisted with `FLYT_SHM=on`).
+    pub shm_refusal: Option<String>,
     /// `true` when the device cannot run kernels (the emulated device).
     pub emulated: bool,
 }

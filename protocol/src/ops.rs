@@ -93,6 +93,18 @@ macro_rules! for_each_op {
             27 DeviceSetLimit device_set_limit [reply -] { limit: u32, value: u64 } -> {};
             /// `cudaDeviceGetLimit`.
             28 DeviceGetLimit device_get_limit [reply -] { limit: u32 } -> { value: u64 };
+            // --- shared-memory channel (same host; offsets are into the session's segment) ---
+            /// Pins `[offset, offset + len)` of the segment for DMA (a `cudaMallocHost` block).
+            29 ShmRegister shm_register [reply -] { offset: u64, len: u64 } -> {};
+            /// Unpins a block registered with `ShmRegister` (`cudaFreeHost`).
+            30 ShmUnregister shm_unregister [noreply -] { offset: u64 } -> {};
+            /// Host to device straight from pinned segment memory.
+            31 ShmCopyHtoD shm_copy_htod [noreply -] { dst: u64, offset: u64, len: u64, stream: u64 } -> {};
+            /// Device to host straight into pinned segment memory.
+            32 ShmCopyDtoH shm_copy_dtoh [noreply -] { src: u64, offset: u64, len: u64, stream: u64 } -> {};
+            /// Answers once everything queued on `stream` so far is done: the client then reuses a
+            /// staging slot or reads what a copy put there. Deferred errors stay for a sync point.
+            33 ShmFence shm_fence [reply -] { stream: u64 } -> {};
         }
     };
 }

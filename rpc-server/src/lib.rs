@@ -9,6 +9,7 @@ pub mod control;
 pub mod listener;
 pub mod memory;
 pub mod session;
+pub mod shm;
 pub mod transport;
 pub mod waiters;
 pub mod worker;

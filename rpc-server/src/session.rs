@@ -19,6 +19,7 @@ use serde::Serialize;
 use crate::backend::Device;
 use crate::budget::MemoryBudget;
 use crate::memory::{RangeKind, RangeMap};
+use crate::shm::Segment;
 use crate::transport::{Connection, Outbox};
 use crate::waiters::Waiters;
 
@@ -185,10 +186,18 @@ pub struct Session<D: Device> {
     modules: HashMap<u32, LoadedModule<D>>,
     /// Private events for waiting on streams, reused.
     spare_events: Arc<Mutex<Vec<D::Event>>>,
+    /// The shared-memory segment, when the client shares this host.
+    shm: Option<Segment>,
 }
 
 impl<D: Device> Session<D> {
-    pub fn new(device: Arc<D>, budget: Arc<dyn MemoryBudget>, writer: Connection, config: SessionConfig) -> Self {
+    pub fn new(
+        device: Arc<D>,
+        budget: Arc<dyn MemoryBudget>,
+        writer: Connection,
+        config: SessionConfig,
+        shm: Option<Segment>,
+    ) -> Self {
         let bind_device = device.clone();
         let bind = Arc::new(move || {
             if let Err(error) = bind_device.bind_thread() {
@@ -206,6 +215,7 @@ impl<D: Device> Session<D> {
             events: HashMap::new(),
             modules: HashMap::new(),
             spare_events: Arc::new(Mutex::new(Vec::new())),
+            shm,
         }
     }
 
@@ -263,18 +273,36 @@ impl<D: Device> Session<D> {
         }
     }
 
-    /// Answers `reply` once `event` (already recorded) completes, then recycles the event.
-    fn reply_when_done(&self, event: D::Event, reply: Responder<rep::StreamSynchronize>) {
+    /// Calls `answer` once everything queued on `stream` so far is done: at once if the stream
+    /// is idle, after a short poll, or from a waiter thread (on a private event recorded now, so
+    /// a later destroy of the stream cannot pull the handle from under the waiter).
+    fn when_stream_done(&self, stream: u64, answer: impl FnOnce(CudaResult<()>) + Send + 'static) {
+        let stream = match self.stream(stream) {
+            Ok(stream) => stream,
+            Err(error) => return answer(Err(error)),
+        };
+        match self.device.stream_query(stream) {
+            Err(CudaError::NOT_READY) => {}
+            done => return answer(done),
+        }
+        let event = match self.private_event() {
+            Ok(event) => event,
+            Err(error) => return answer(Err(error)),
+        };
+        let spare = self.spare_events.clone();
+        let recycle = move |event| spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
+        if let Err(error) = self.device.event_record(event, stream, 0) {
+            recycle(event);
+            return answer(Err(error));
+        }
         let device = self.device.clone();
         if self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
-            reply.send(device.event_synchronize(event).map(|()| rep::StreamSynchronize {}));
-            self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
-            return;
+            answer(device.event_synchronize(event));
+            return recycle(event);
         }
-        let spare = self.spare_events.clone();
         self.waiters.run(move || {
-            reply.send(device.event_synchronize(event).map(|()| rep::StreamSynchronize {}));
-            spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
+            answer(device.event_synchronize(event));
+            recycle(event);
         });
     }
 
@@ -323,6 +351,13 @@ impl<D: Device> Drop for Session<D> {
         }
         for event in self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain(..) {
             let _ = self.device.event_destroy(event);
+        }
+        if let Some(segment) = &self.shm {
+            let _ = self.device.synchronize();
+            for offset in segment.pinned_blocks() {
+                // SAFETY: each block was registered by this session and the mapping is still up.
+                let _ = unsafe { self.device.host_unregister(segment.ptr(offset)) };
+            }
         }
     }
 }
@@ -570,25 +605,7 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn stream_synchronize(&mut self, request: req::StreamSynchronize, reply: Responder<rep::StreamSynchronize>) {
-        let stream = match self.stream(request.stream) {
-            Ok(stream) => stream,
-            Err(error) => return reply.send(Err(error)),
-        };
-        match self.device.stream_query(stream) {
-            Err(CudaError::NOT_READY) => {}
-            done => return reply.send(done.map(|()| rep::StreamSynchronize {})),
-        }
-        // Wait on a private event recorded now, so a later destroy of the stream cannot pull the
-        // handle from under the waiter.
-        let event = match self.private_event() {
-            Ok(event) => event,
-            Err(error) => return reply.send(Err(error)),
-        };
-        if let Err(error) = self.device.event_record(event, stream, 0) {
-            self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
-            return reply.send(Err(error));
-        }
-        self.reply_when_done(event, reply);
+        self.when_stream_done(request.stream, move |done| reply.send(done.map(|()| rep::StreamSynchronize {})));
     }
 
     fn stream_query(&mut self, request: req::StreamQuery, reply: Responder<rep::StreamQuery>) {
@@ -683,5 +700,60 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn device_get_limit(&mut self, request: req::DeviceGetLimit, reply: Responder<rep::DeviceGetLimit>) {
         reply.send(self.device.get_limit(request.limit).map(|value| rep::DeviceGetLimit { value }));
+    }
+
+    fn shm_register(&mut self, request: req::ShmRegister, reply: Responder<rep::ShmRegister>) {
+        let Some(segment) = self.shm.as_mut() else { return reply.send(Err(CudaError::NOT_SUPPORTED)) };
+        let result = segment.add_block(request.offset, request.len).and_then(|()| {
+            let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
+            // SAFETY: the block lies inside the mapped segment (checked by `add_block`), which
+            // stays mapped for the session's life.
+            unsafe { self.device.host_register(segment.ptr(request.offset), len) }.inspect_err(|_| {
+                segment.remove_block(request.offset);
+            })
+        });
+        reply.send(result.map(|()| rep::ShmRegister {}));
+    }
+
+    fn shm_unregister(&mut self, request: req::ShmUnregister, reply: Responder<rep::ShmUnregister>) {
+        let Some(segment) = self.shm.as_mut() else { return reply.send(Err(CudaError::NOT_SUPPORTED)) };
+        let result = match segment.remove_block(request.offset) {
+            // cudaFreeHost waits for the device, so no copy still uses the block.
+            // SAFETY: the block was registered by this session.
+            Some(_) => self.device.synchronize().and_then(|()| unsafe { self.device.host_unregister(segment.ptr(request.offset)) }),
+            None => Err(CudaError::HOST_MEMORY_NOT_REGISTERED),
+        };
+        reply.send(result.map(|()| rep::ShmUnregister {}));
+    }
+
+    fn shm_copy_htod(&mut self, request: req::ShmCopyHtoD, reply: Responder<rep::ShmCopyHtoD>) {
+        let result = (|| {
+            let segment = self.shm.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;
+            segment.check_pinned(request.offset, request.len)?;
+            self.ranges.check(request.dst, request.len)?;
+            let stream = self.stream(request.stream)?;
+            let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
+            // SAFETY: the source range is pinned segment memory (checked above), mapped for the
+            // session's life; the destination was validated against the session's ranges.
+            unsafe { self.device.copy_from_host(request.dst, segment.ptr(request.offset), len, stream) }
+        })();
+        reply.send(result.map(|()| rep::ShmCopyHtoD {}));
+    }
+
+    fn shm_copy_dtoh(&mut self, request: req::ShmCopyDtoH, reply: Responder<rep::ShmCopyDtoH>) {
+        let result = (|| {
+            let segment = self.shm.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;
+            segment.check_pinned(request.offset, request.len)?;
+            self.ranges.check(request.src, request.len)?;
+            let stream = self.stream(request.stream)?;
+            let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
+            // SAFETY: as in `shm_copy_htod`, the other way round.
+            unsafe { self.device.copy_to_host(segment.ptr(request.offset), request.src, len, stream) }
+        })();
+        reply.send(result.map(|()| rep::ShmCopyDtoH {}));
+    }
+
+    fn shm_fence(&mut self, request: req::ShmFence, reply: Responder<rep::ShmFence>) {
+        self.when_stream_done(request.stream, move |done| reply.send(done.map(|()| rep::ShmFence {})));
     }
 }

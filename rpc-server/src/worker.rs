@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::frame::{encode_into, write_value};
-use flyt_protocol::handshake::{HelloReply, Notice, SessionInfo};
+use flyt_protocol::handshake::{ClientIdentity, HelloReply, Notice, SessionInfo, ShmOffer};
 use flyt_protocol::worker::{FromWorker, ToWorker};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, send};
 
@@ -16,6 +16,7 @@ use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
 use crate::backend::{BackendKind, Device};
 use crate::budget::{MemoryBudget, SharedBudget};
 use crate::session::{Session, SessionConfig};
+use crate::shm::Segment;
 use crate::transport::Connection;
 
 /// Descriptor numbers a worker inherits from the listener.
@@ -51,6 +52,65 @@ fn send_to_listener(channel: &OwnedFd, message: &FromWorker) {
     if let Err(error) = send(channel.as_raw_fd(), &bytes, MsgFlags::empty()) {
         tracing::error!(%error, "cannot reach the listener");
     }
+}
+
+/// Largest segment a client may offer; bigger offers are declined, not mapped.
+const MAX_SEGMENT: u64 = 1 << 40;
+
+/// Takes the client's shared-memory segment: a memfd that follows the hello over the Unix
+/// socket, or a path on this host. Pins its staging area. `Err` says why not, and the session
+/// goes on over the socket.
+fn accept_segment<D: Device>(
+    connection: &Connection,
+    offer: &ShmOffer,
+    client: &ClientIdentity,
+    device: &D,
+) -> Result<Segment, String> {
+    let memfd = offer.path.is_empty();
+    let file = if memfd {
+        if connection.is_tcp() {
+            return Err("a memfd segment needs a Unix socket".into());
+        }
+        receive_segment_fd(connection)?
+    } else {
+        let own_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        if client.boot_id.trim().is_empty() || client.boot_id.trim() != own_boot.trim() {
+            return Err("the client runs on another host (boot ids differ)".into());
+        }
+        std::fs::OpenOptions::new().read(true).write(true).open(&offer.path).map_err(|error| format!("{}: {error}", offer.path))?
+    };
+    if offer.size > MAX_SEGMENT {
+        return Err(format!("a segment of {} bytes is larger than this server maps", offer.size));
+    }
+    let segment = Segment::map(&file, offer.size, offer.staging, memfd)?;
+    if segment.staging() > 0 {
+        let staging = usize::try_from(segment.staging()).map_err(|_| "staging too large".to_string())?;
+        // SAFETY: the staging area lies inside the mapping, which the session keeps.
+        unsafe { device.host_register(segment.ptr(0), staging) }.map_err(|error| format!("pinning the staging area: {error}"))?;
+    }
+    Ok(segment)
+}
+
+/// Reads the one byte that carries the segment's descriptor, right after the hello.
+fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> {
+    let _ = connection.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let raw = std::os::fd::AsFd::as_fd(connection).as_raw_fd();
+    let message = recvmsg::<()>(raw, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(|error| format!("no segment descriptor: {error}"))?;
+    let mut file = None;
+    for cmsg in message.cmsgs().map_err(|error| error.to_string())? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            for raw in fds {
+                // SAFETY: SCM_RIGHTS just installed `raw` in this process; nothing else owns it.
+                file.get_or_insert(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) }));
+            }
+        }
+    }
+    let _ = connection.set_read_timeout(None);
+    file.ok_or_else(|| "the client offered a segment but sent no descriptor".into())
 }
 
 /// Tells the client its new limits whenever the listener says the allocation was resized.
@@ -131,13 +191,27 @@ fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<
         return 0;
     };
     let connection = Connection::from_fd(fd, tcp);
+    let (shm, shm_refusal) = match &hello.shm {
+        None => (None, None),
+        Some(offer) => match accept_segment(&connection, offer, &hello.client, &*device) {
+            Ok(segment) => {
+                tracing::info!(session_id, size = offer.size, "shared-memory channel open");
+                (Some(segment), None)
+            }
+            Err(reason) => {
+                tracing::info!(session_id, %reason, "shared-memory channel declined");
+                (None, Some(reason))
+            }
+        },
+    };
     let session_info = SessionInfo {
         session_id,
         server_version: env!("CARGO_PKG_VERSION").into(),
         driver_version: device.driver_version(),
         devices: vec![info],
         copy_chunk: args.copy_chunk,
-        shm_accepted: false,
+        shm_accepted: shm.is_some(),
+        shm_refusal,
         emulated: device.emulated(),
     };
     let Ok(mut writer) = connection.try_clone() else { return 1 };
@@ -150,7 +224,7 @@ fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<
         inline_wait: std::time::Duration::from_micros(args.inline_wait_us),
         ..SessionConfig::default()
     };
-    let mut session = Session::new(device.clone(), budget.clone(), writer, config);
+    let mut session = Session::new(device.clone(), budget.clone(), writer, config, shm);
     forward_limits(channel, session.outbox(), device, budget, args.sm_percentage);
     let outcome = session.serve(connection);
     let program = hello.client.program;

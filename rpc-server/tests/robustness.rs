@@ -245,3 +245,63 @@ fn a_dead_worker_ends_only_its_session() {
     bystander.round_trip(6);
     RawSession::open(&socket, None).expect("new sessions still start").round_trip(7);
 }
+
+/// Opens a session offering a memfd segment that really holds `real` bytes but claims `offered`.
+fn open_with_segment(socket: &str, real: u64, offered: u64, staging: u64) -> (RawSession, std::fs::File) {
+    use std::os::fd::AsRawFd;
+    let fd = nix::sys::memfd::memfd_create(c"test-segment", nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING).unwrap();
+    let file = std::fs::File::from(fd);
+    file.set_len(real).unwrap();
+    let offer = flyt_protocol::handshake::ShmOffer { path: String::new(), size: offered, staging };
+    let mut stream = UnixStream::connect(socket.trim_start_matches("unix:")).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write_value(&mut stream, 0, &Hello::new(None, identity("shm-test"), Some(offer))).unwrap();
+    let fds = [file.as_raw_fd()];
+    nix::sys::socket::sendmsg::<()>(
+        stream.as_raw_fd(),
+        &[std::io::IoSlice::new(b"S")],
+        &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .unwrap();
+    let (_, reply) = read_value::<HelloReply>(&mut stream, &FrameLimits::default()).unwrap();
+    let HelloReply::Accepted(info) = reply else { panic!("refused: {reply:?}") };
+    (RawSession { stream, info, seq: 1 }, file)
+}
+
+#[test]
+fn bad_segments_and_offsets_get_clear_errors() {
+    let (_server, socket) = emulated_server("shm-bad", &[]);
+    // A segment smaller than offered is declined, with the reason, and the session goes on.
+    let (mut short, _file) = open_with_segment(&socket, 4096, 1 << 30, 0);
+    assert!(!short.info.shm_accepted);
+    assert!(short.info.shm_refusal.as_deref().unwrap_or_default().contains("holds 4096 bytes"), "{:?}", short.info.shm_refusal);
+    short.round_trip(8);
+    assert_eq!(short.call(req::ShmRegister { offset: 0, len: 4096 }).0, Err(CudaError::NOT_SUPPORTED));
+
+    let (mut session, _file) = open_with_segment(&socket, 16 << 20, 16 << 20, 8 << 20);
+    assert!(session.info.shm_accepted);
+    let ptr = session.call(req::Malloc { size: 1 << 20 }).0.unwrap().ptr;
+    // Staging is pinned; the rest of the segment only once registered.
+    session.send(&req::ShmCopyHtoD { dst: ptr, offset: 0, len: 4096, stream: 0 }.into(), &[]);
+    let clean = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!(clean.deferred, None);
+    for (offset, len) in [(8 << 20, 4096), ((16 << 20) - 10, 4096), (u64::MAX - 5, 10)] {
+        session.send(&req::ShmCopyHtoD { dst: ptr, offset, len, stream: 0 }.into(), &[]);
+        let reply = session.call_with_deferred(req::DeviceSynchronize {}).0;
+        assert_eq!(reply.deferred, Some(CudaError::INVALID_VALUE), "offset {offset} len {len}");
+    }
+    assert_eq!(session.call(req::ShmRegister { offset: 4096, len: 4096 }).0, Err(CudaError::INVALID_VALUE), "inside staging");
+    assert_eq!(session.call(req::ShmRegister { offset: 12 << 20, len: 8 << 20 }).0, Err(CudaError::INVALID_VALUE), "past the end");
+    session.call(req::ShmRegister { offset: 8 << 20, len: 4 << 20 }).0.expect("a block");
+    assert_eq!(
+        session.call(req::ShmRegister { offset: 10 << 20, len: 4096 }).0,
+        Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED)
+    );
+    session.send(&req::ShmCopyDtoH { src: ptr, offset: 9 << 20, len: 1 << 20, stream: 0 }.into(), &[]);
+    assert_eq!(session.call_with_deferred(req::ShmFence { stream: 0 }).0.result, Ok(flyt_protocol::ops::rep::ShmFence {}));
+    // The client unmapping or resizing its side cannot hurt the server: the memfd is sealed.
+    assert!(_file.set_len(4096).is_err(), "the server seals the segment against shrinking");
+    session.round_trip(9);
+}

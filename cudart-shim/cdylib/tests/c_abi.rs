@@ -15,28 +15,88 @@ fn build_program(scratch: &std::path::Path) -> std::path::PathBuf {
 }
 
 fn run_program(program: &std::path::Path, server: &str) -> (i32, String, String) {
+    run_program_with(program, server, "auto")
+}
+
+fn run_program_with(program: &std::path::Path, server: &str, shm: &str) -> (i32, String, String) {
     run_with_timeout(
-        Command::new(program).env("LD_LIBRARY_PATH", shim_lib_dir()).env("FLYT_SERVER", server),
+        Command::new(program).env("LD_LIBRARY_PATH", shim_lib_dir()).env("FLYT_SERVER", server).env("FLYT_SHM", shm),
         Duration::from_secs(120),
     )
 }
 
+fn flyt_segments() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("flyt-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The same program over the Unix socket and TCP, each with the socket alone (`FLYT_SHM=off`)
+/// and with the shared-memory channel required (`FLYT_SHM=on`: a memfd over the Unix socket, a
+/// /dev/shm file for TCP on this host).
 #[test]
-fn c_program_runs_through_the_shim_over_unix_and_tcp() {
+fn c_program_runs_through_the_shim_over_every_transport() {
     let scratch = scratch_dir("c-abi");
     let program = build_program(&scratch);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--listen", &socket], &scratch);
+    let mut sessions = 0;
     for address in &server.addresses {
-        let (code, stdout, stderr) = run_program(&program, address);
-        assert_eq!(code, 0, "over {address}:\n{stdout}\n{stderr}");
-        assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}");
-        // The unsupported call said so, once, naming the function.
-        assert_eq!(stderr.matches("cudaGraphCreate is not supported").count(), 1, "{stderr}");
+        for shm in ["off", "on"] {
+            let (code, stdout, stderr) = run_program_with(&program, address, shm);
+            assert_eq!(code, 0, "over {address} with FLYT_SHM={shm}:\n{stdout}\n{stderr}");
+            assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}");
+            // The unsupported call said so, once, naming the function.
+            assert_eq!(stderr.matches("cudaGraphCreate is not supported").count(), 1, "{stderr}");
+            sessions += 1;
+        }
     }
-    // Every session was served by the server and ended cleanly.
-    assert!(server.wait_for_log("session 2 closed", Duration::from_secs(10)), "{}", server.log_text());
-    assert!(server.log_text().contains("program=emulated_abi"));
+    assert!(server.wait_for_log(&format!("session {sessions} closed"), Duration::from_secs(10)), "{}", server.log_text());
+    let log = server.log_text();
+    assert!(log.contains("program=emulated_abi"));
+    assert_eq!(log.matches("shared-memory channel open").count(), 2, "{log}");
+    assert!(flyt_segments().is_empty(), "segments left behind: {:?}", flyt_segments());
+}
+
+/// `kill -9` of an app that holds a segment leaves nothing behind, and the server goes on.
+#[test]
+fn a_killed_app_leaves_no_segment_and_no_session() {
+    use std::io::{BufRead, BufReader};
+    let scratch = scratch_dir("killed-app");
+    let lib_dir = shim_lib_dir();
+    let program = scratch.join("lost_server");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/lost_server.c");
+    compile_c(&source, &program, &lib_dir, &[]);
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--listen", &socket], &scratch);
+    for (number, address) in server.addresses.iter().enumerate() {
+        let mut child = Command::new(&program)
+            .env("LD_LIBRARY_PATH", &lib_dir)
+            .env("FLYT_SERVER", address)
+            .env("FLYT_SHM", "on")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let session = number + 1;
+        assert!(server.wait_for_log(&format!("session {session} closed"), Duration::from_secs(10)), "{}", server.log_text());
+    }
+    assert_eq!(server.log_text().matches("shared-memory channel open").count(), 2);
+    assert!(flyt_segments().is_empty(), "segments left behind: {:?}", flyt_segments());
+    // The server still serves.
+    let (code, stdout, _) = run_program(&build_program(&scratch), &server.addresses[1]);
+    assert_eq!(code, 0, "{stdout}");
 }
 
 #[test]

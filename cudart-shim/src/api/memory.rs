@@ -16,7 +16,8 @@ use flyt_protocol::ops::{decode_reply, rep, req};
 use super::streams::stream_id;
 use super::{call, post};
 use crate::client::{Client, HostAllocation, client, existing_client};
-use crate::conn::HostDestination;
+use crate::conn::{HostDestination, ReplySlot};
+use crate::shm::{Channel, SLOT};
 use crate::ffi::{cudaMemcpyKind, cudaStream_t, host_slice, write_out};
 use crate::props::{cudaPointerAttributes, memory_type};
 use crate::registry::variable_by_host;
@@ -63,19 +64,40 @@ fn host_alloc(out: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<(
         return Err(CudaError::INVALID_VALUE);
     }
     let client = client()?;
-    let layout = host_layout(size)?;
-    // SAFETY: the layout has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc(layout) };
-    if ptr.is_null() {
-        return Err(CudaError::MEMORY_ALLOCATION);
-    }
+    let (ptr, segment_offset) = match segment_block(client, size) {
+        Some((offset, ptr)) => (ptr, Some(offset)),
+        None => {
+            let layout = host_layout(size)?;
+            // SAFETY: the layout has a non-zero size.
+            let ptr = unsafe { std::alloc::alloc(layout) };
+            if ptr.is_null() {
+                return Err(CudaError::MEMORY_ALLOCATION);
+            }
+            (ptr, None)
+        }
+    };
     client
         .host_allocations
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(ptr as usize, HostAllocation { len: size.max(1), flags });
+        .insert(ptr as usize, HostAllocation { len: size.max(1), flags, segment_offset });
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, ptr.cast()) }
+}
+
+/// A block of the shared-memory segment, pinned on the server, when the channel is up and has
+/// room; otherwise pinned memory is ordinary memory copied through the socket or the staging
+/// slots.
+fn segment_block(client: &Client, size: usize) -> Option<(usize, *mut u8)> {
+    let channel = client.shm.as_ref()?;
+    let (offset, len) = channel.allocate(size)?;
+    match call(client, req::ShmRegister { offset: offset as u64, len: len as u64 }) {
+        Ok(_) => Some((offset, channel.ptr(offset))),
+        Err(_) => {
+            channel.release(offset, len);
+            None
+        }
+    }
 }
 
 pub unsafe fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> CudaResult<()> {
@@ -94,6 +116,11 @@ pub unsafe fn cudaFreeHost(ptr: *mut c_void) -> CudaResult<()> {
     let allocation =
         client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(ptr as usize));
     let allocation = allocation.ok_or(CudaError::INVALID_VALUE)?;
+    if let (Some(offset), Some(channel)) = (allocation.segment_offset, client.shm.as_ref()) {
+        post(client, req::ShmUnregister { offset: offset as u64 })?;
+        channel.release(offset, allocation.len.div_ceil(4096) * 4096);
+        return Ok(());
+    }
     // SAFETY: `ptr` was returned by `std::alloc::alloc` with this very layout in `host_alloc`
     // (the map holds exactly the pointers it gave out) and is removed from the map, so it is
     // freed once.
@@ -166,6 +193,10 @@ unsafe fn copy(client: &Client, dst: *mut c_void, src: *const c_void, count: usi
         }
         Direction::HostToDevice => {
             client.check_device_range(dst_address, len)?;
+            if let Some(channel) = &client.shm {
+                // SAFETY: forwarded contract.
+                return unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode) };
+            }
             // SAFETY: the source is a host buffer of `count` bytes per this function's contract.
             let bytes = unsafe { host_slice(src, count)? };
             for (index, piece) in bytes.chunks(usize::try_from(chunk).unwrap_or(usize::MAX)).enumerate() {
@@ -180,6 +211,10 @@ unsafe fn copy(client: &Client, dst: *mut c_void, src: *const c_void, count: usi
         }
         Direction::DeviceToHost => {
             client.check_device_range(src_address, len)?;
+            if let Some(channel) = &client.shm {
+                // SAFETY: forwarded contract.
+                return unsafe { shm_to_host(client, channel, dst.cast(), src_address, count, stream, mode) };
+            }
             let mut slots = Vec::new();
             let mut offset = 0u64;
             while offset < len {
@@ -229,6 +264,121 @@ unsafe fn copy(client: &Client, dst: *mut c_void, src: *const c_void, count: usi
             post(client, req::MemcpyDtoD { dst: dst_address, src: src_address, len, stream })
         }
     }
+}
+
+/// Checks a fence reply (a staging slot's copy is done).
+fn fence_result(fence: &ReplySlot) -> CudaResult<()> {
+    let message = fence.wait()?;
+    decode_reply::<rep::ShmFence>(&message).map_err(|_| CudaError::UNKNOWN)?.result.map(|_| ())
+}
+
+/// Sends a fence for `stream` and returns its reply slot (answered when the stream's queued work
+/// is done).
+fn fence(client: &Client, stream: u64) -> CudaResult<std::sync::Arc<ReplySlot>> {
+    let fence = client.conn.send_for_reply(&req::ShmFence { stream }.into(), None)?;
+    client.conn.flush()?;
+    Ok(fence)
+}
+
+/// Host to device through the shared-memory channel: DMA straight from a pinned block, or
+/// pageable memory copied into staging slots (on several threads) while earlier slots' DMA runs.
+///
+/// # Safety
+/// `src` is readable for `count` bytes until this returns.
+unsafe fn shm_to_device(client: &Client, channel: &Channel, dst: u64, src: *const u8, count: usize, stream: u64, mode: Mode) -> CudaResult<()> {
+    if let Some(offset) = channel.offset_of(src as usize, count) {
+        post(client, req::ShmCopyHtoD { dst, offset: offset as u64, len: count as u64, stream })?;
+    } else {
+        let mut done = 0;
+        while done < count {
+            let piece = SLOT.min(count - done);
+            let slot = channel.take_slot()?;
+            // SAFETY: the slot is `SLOT` bytes of the segment held by this copy alone; the
+            // source range is inside the app's buffer per this function's contract.
+            unsafe { channel.copy(channel.ptr(slot.offset), src.add(done), piece) };
+            let request = req::ShmCopyHtoD { dst: dst + done as u64, offset: slot.offset as u64, len: piece as u64, stream };
+            let sent = post(client, request).and_then(|()| fence(client, stream));
+            match sent {
+                Ok(fence) => channel.give_back(slot.index, Some(fence)),
+                Err(error) => {
+                    channel.give_back(slot.index, None);
+                    return Err(error);
+                }
+            }
+            done += piece;
+        }
+    }
+    if mode == Mode::Synchronous {
+        call(client, req::StreamSynchronize { stream })?;
+    } else {
+        client.conn.flush()?;
+    }
+    Ok(())
+}
+
+/// Device to host through the shared-memory channel: DMA straight into a pinned block, or into
+/// staging slots that are copied out (on several threads) while later slots' DMA runs.
+///
+/// # Safety
+/// `dst` is writable for `count` bytes until this returns (or, for a pinned block copied
+/// asynchronously, until the app synchronizes).
+unsafe fn shm_to_host(client: &Client, channel: &Channel, dst: *mut u8, src: u64, count: usize, stream: u64, mode: Mode) -> CudaResult<()> {
+    if let Some(offset) = channel.offset_of(dst as usize, count) {
+        post(client, req::ShmCopyDtoH { src, offset: offset as u64, len: count as u64, stream })?;
+        return match mode {
+            Mode::Synchronous => call(client, req::StreamSynchronize { stream }).map(|_| ()),
+            Mode::Asynchronous => client.conn.flush(),
+        };
+    }
+    let mut in_flight = std::collections::VecDeque::new();
+    // Copies a landed slot out to the app and frees it.
+    let finish = |(slot, offset, len, fence): (crate::shm::HeldSlot, usize, usize, std::sync::Arc<ReplySlot>)| {
+        let landed = fence_result(&fence);
+        if landed.is_ok() {
+            // SAFETY: the fence says the DMA into the slot is done; the destination range lies
+            // in the app's buffer per this function's contract.
+            unsafe { channel.copy(dst.add(offset), channel.ptr(slot.offset), len) };
+        }
+        channel.give_back(slot.index, None);
+        landed
+    };
+    let mut outcome = Ok(());
+    let mut done = 0;
+    while done < count && outcome.is_ok() {
+        let slot = match channel.try_take_slot() {
+            Some(slot) => slot?,
+            None => match in_flight.pop_front() {
+                Some(oldest) => {
+                    outcome = finish(oldest);
+                    continue;
+                }
+                None => channel.take_slot()?,
+            },
+        };
+        let piece = SLOT.min(count - done);
+        let request = req::ShmCopyDtoH { src: src + done as u64, offset: slot.offset as u64, len: piece as u64, stream };
+        match post(client, request).and_then(|()| fence(client, stream)) {
+            Ok(fence) => in_flight.push_back((slot, done, piece, fence)),
+            Err(error) => {
+                channel.give_back(slot.index, None);
+                outcome = Err(error);
+            }
+        }
+        done += piece;
+    }
+    for entry in in_flight {
+        let landed = finish(entry);
+        outcome = outcome.and(landed);
+    }
+    outcome?;
+    if mode == Mode::Synchronous {
+        // Deliver errors of earlier asynchronous work, as a synchronous copy does.
+        call(client, req::StreamQuery { stream }).map(|_| ()).or_else(|error| match error {
+            CudaError::NOT_READY => Ok(()),
+            error => Err(error),
+        })?;
+    }
+    Ok(())
 }
 
 fn memcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {

@@ -320,6 +320,29 @@ impl Device for CudaDevice {
         check(unsafe { result::memcpy_dtod_async(dst, src, len, stream_ptr(stream)) })
     }
 
+    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> CudaResult<()> {
+        // CU_MEMHOSTREGISTER_PORTABLE: usable from any context of this process.
+        // SAFETY: the caller guarantees the range is mapped for as long as it is registered.
+        check(unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, 0x01).result() })
+    }
+
+    unsafe fn host_unregister(&self, ptr: *mut u8) -> CudaResult<()> {
+        // SAFETY: the caller guarantees `ptr` was registered.
+        check(unsafe { sys::cuMemHostUnregister(ptr.cast()).result() })
+    }
+
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, len: usize, stream: Self::Stream) -> CudaResult<()> {
+        // SAFETY: `dst` was validated against the session's ranges; the caller guarantees the
+        // source is registered host memory mapped while the DMA runs.
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.0).result() })
+    }
+
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize, stream: Self::Stream) -> CudaResult<()> {
+        // SAFETY: `src` was validated against the session's ranges; the caller guarantees the
+        // destination is registered host memory mapped while the DMA runs.
+        check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.0).result() })
+    }
+
     fn memset(&self, dst: u64, value: u8, len: u64, stream: Self::Stream) -> CudaResult<()> {
         let len = usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?;
         // SAFETY: the range was validated against the session's ranges.

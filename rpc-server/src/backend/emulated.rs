@@ -191,6 +191,29 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
+    unsafe fn host_register(&self, _ptr: *mut u8, _len: usize) -> CudaResult<()> {
+        Ok(())
+    }
+
+    unsafe fn host_unregister(&self, _ptr: *mut u8) -> CudaResult<()> {
+        Ok(())
+    }
+
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, len: usize, _stream: u64) -> CudaResult<()> {
+        // SAFETY: the caller guarantees `src..src+len` is mapped host memory.
+        let source = unsafe { std::slice::from_raw_parts(src, len) };
+        block_slice(&mut self.state().blocks, dst, len as u64)?.copy_from_slice(source);
+        Ok(())
+    }
+
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize, _stream: u64) -> CudaResult<()> {
+        // SAFETY: the caller guarantees `dst..dst+len` is mapped host memory nothing else writes
+        // during the copy.
+        let target = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+        target.copy_from_slice(block_slice(&mut self.state().blocks, src, len as u64)?);
+        Ok(())
+    }
+
     fn memset(&self, dst: u64, value: u8, len: u64, _stream: u64) -> CudaResult<()> {
         block_slice(&mut self.state().blocks, dst, len)?.fill(value);
         Ok(())

@@ -56,6 +56,25 @@ pub trait Device: Send + Sync + 'static {
     /// Waits for a device-to-host copy and gives its bytes to `consume`.
     fn finish_dtoh(&self, pending: Self::PendingCopy, consume: &mut dyn FnMut(CudaResult<&[u8]>));
     fn copy_dtod(&self, dst: u64, src: u64, len: u64, stream: Self::Stream) -> CudaResult<()>;
+
+    /// Pins host memory for DMA (the shared-memory segment's blocks).
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` is mapped in this process and stays mapped until `host_unregister`.
+    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> CudaResult<()>;
+    /// # Safety
+    /// `ptr` was registered with `host_register`.
+    unsafe fn host_unregister(&self, ptr: *mut u8) -> CudaResult<()>;
+    /// Queues a copy from registered host memory.
+    ///
+    /// # Safety
+    /// `[src, src + len)` lies in registered host memory that stays mapped while the copy runs.
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, len: usize, stream: Self::Stream) -> CudaResult<()>;
+    /// Queues a copy into registered host memory.
+    ///
+    /// # Safety
+    /// `[dst, dst + len)` lies in registered host memory that stays mapped while the copy runs.
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize, stream: Self::Stream) -> CudaResult<()>;
     fn memset(&self, dst: u64, value: u8, len: u64, stream: Self::Stream) -> CudaResult<()>;
 
     fn load_module(&self, image: &[u8]) -> CudaResult<Self::Module>;

@@ -1,0 +1,364 @@
+//! The shim's side of the shared-memory channel (same host): one segment per session, shared
+//! with the server and pinned there for DMA.
+//!
+//! - `cudaMallocHost`/`cudaHostAlloc` hand out page-aligned blocks of the segment, pinned on the
+//!   server, so copies from or to them are DMA with no extra copy on either side and
+//!   `cudaMemcpyAsync` on them is truly asynchronous.
+//! - Pageable copies stream through staging slots at the start of the segment: the CPU copy of
+//!   one chunk (on several threads) overlaps the DMA of the previous ones.
+//! - A memfd segment dies with the last process that maps it, so nothing outlives the session,
+//!   even after `kill -9` of either side; a path segment (TCP on the same host) is unlinked as
+//!   soon as the server has opened it.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+
+use flyt_protocol::error::CudaResult;
+
+use crate::conn::ReplySlot;
+
+const PAGE: usize = 4096;
+/// One staging slot: large enough that per-chunk costs vanish, small enough that several are
+/// in flight at once.
+pub const SLOT: usize = 8 << 20;
+const DEFAULT_SIZE: usize = 4 << 30;
+const DEFAULT_STAGING: usize = 8 * SLOT;
+
+/// How the user asked for the channel (`FLYT_SHM`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wanted {
+    /// Use it when the server can (the default).
+    Auto,
+    /// Fail the session if it cannot be set up.
+    Required,
+    /// Never offer it.
+    Off,
+}
+
+impl Wanted {
+    pub fn from_env() -> Self {
+        match std::env::var("FLYT_SHM").unwrap_or_default().to_ascii_lowercase().as_str() {
+            "off" | "0" | "no" | "false" => Self::Off,
+            "on" | "1" | "yes" | "true" | "required" => Self::Required,
+            _ => Self::Auto,
+        }
+    }
+}
+
+fn env_size(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|value| value.trim().parse::<usize>().ok()).unwrap_or(default)
+}
+
+/// A mapped segment before the server has accepted it.
+pub struct Offered {
+    pub file: File,
+    pub map: memmap2::MmapRaw,
+    pub size: usize,
+    pub staging: usize,
+    /// For a path segment: the path to unlink once the server has it open.
+    pub path: Option<std::path::PathBuf>,
+}
+
+/// Creates a segment: a sealable memfd (for Unix sockets) or a file in /dev/shm (for TCP to
+/// this host). Sizes come from `FLYT_SHM_SIZE` and `FLYT_SHM_STAGING` (bytes).
+pub fn create(as_path: bool) -> Result<Offered, String> {
+    let round = |bytes: usize| bytes.div_ceil(SLOT) * SLOT;
+    let staging = round(env_size("FLYT_SHM_STAGING", DEFAULT_STAGING).max(SLOT));
+    let size = round(env_size("FLYT_SHM_SIZE", DEFAULT_SIZE).max(staging + SLOT));
+    let (file, path) = if as_path {
+        let path = std::path::PathBuf::from(format!(
+            "/dev/shm/flyt-{}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_nanos())
+        ));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode_owner_only()
+            .open(&path)
+            .map_err(|error| format!("{}: {error}", path.display()))?;
+        (file, Some(path))
+    } else {
+        // SAFETY: memfd_create with a NUL-terminated name and plain flags.
+        let fd = unsafe { libc::memfd_create(c"flyt-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        if fd < 0 {
+            return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        (unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) }, None)
+    };
+    let cleanup = |error: String| {
+        if let Some(path) = &path {
+            let _ = std::fs::remove_file(path);
+        }
+        error
+    };
+    file.set_len(size as u64).map_err(|error| cleanup(format!("sizing the segment: {error}")))?;
+    let map = memmap2::MmapOptions::new().len(size).map_raw(&file).map_err(|error| cleanup(format!("mapping the segment: {error}")))?;
+    Ok(Offered { file, map, size, staging, path })
+}
+
+trait OwnerOnly {
+    fn mode_owner_only(&mut self) -> &mut Self;
+}
+
+impl OwnerOnly for std::fs::OpenOptions {
+    fn mode_owner_only(&mut self) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
+    }
+}
+
+/// Sends the memfd to the server: one byte carrying it as `SCM_RIGHTS`, right after the hello.
+pub fn send_descriptor(socket: &std::os::unix::net::UnixStream, file: &File) -> std::io::Result<()> {
+    let fd = file.as_raw_fd();
+    let byte = [b'S'];
+    let mut iov = libc::iovec { iov_base: byte.as_ptr().cast_mut().cast(), iov_len: 1 };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: all-zero is a valid empty msghdr.
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = &mut iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr().cast();
+    header.msg_controllen = space;
+    // SAFETY: the header points at live buffers sized above; CMSG_FIRSTHDR is non-null because
+    // the control buffer has room for one header; we write one int (the descriptor) into it.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&header);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as usize;
+        libc::CMSG_DATA(cmsg).cast::<libc::c_int>().write_unaligned(fd);
+        if libc::sendmsg(socket.as_raw_fd(), &header, libc::MSG_NOSIGNAL) != 1 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A staging slot's state: where it is and the fence of the last copy that used it.
+struct Slot {
+    offset: usize,
+    fence: Option<Arc<ReplySlot>>,
+    taken: bool,
+}
+
+/// The live channel.
+pub struct Channel {
+    map: memmap2::MmapRaw,
+    size: usize,
+    _file: File,
+    slots: Mutex<Vec<Slot>>,
+    slot_freed: Condvar,
+    /// Free extents of the pinned-block heap: offset -> length.
+    free: Mutex<BTreeMap<usize, usize>>,
+    copier: Copier,
+}
+
+// SAFETY: the mapping is shared memory owned by this struct for the session's life; its bytes
+// are only touched through slots and blocks, which the mutexes above hand out exclusively.
+unsafe impl Send for Channel {}
+// SAFETY: as above.
+unsafe impl Sync for Channel {}
+
+/// A staging slot held by one copy.
+pub struct HeldSlot {
+    pub index: usize,
+    pub offset: usize,
+}
+
+impl Channel {
+    pub fn new(offered: Offered) -> Self {
+        if let Some(path) = &offered.path {
+            // The server has the file open: nothing needs the name any more.
+            let _ = std::fs::remove_file(path);
+        }
+        let slots =
+            (0..offered.staging / SLOT).map(|index| Slot { offset: index * SLOT, fence: None, taken: false }).collect();
+        let mut free = BTreeMap::new();
+        free.insert(offered.staging, offered.size - offered.staging);
+        Self {
+            map: offered.map,
+            size: offered.size,
+            _file: offered.file,
+            slots: Mutex::new(slots),
+            slot_freed: Condvar::new(),
+            free: Mutex::new(free),
+            copier: Copier::new(env_size("FLYT_COPY_THREADS", 4).clamp(1, 32)),
+        }
+    }
+
+    /// The address of `offset` in this process.
+    pub fn ptr(&self, offset: usize) -> *mut u8 {
+        self.map.as_mut_ptr().wrapping_add(offset)
+    }
+
+    /// The segment offset of a host range, if it lies wholly inside the segment.
+    pub fn offset_of(&self, ptr: usize, len: usize) -> Option<usize> {
+        let base = self.map.as_ptr() as usize;
+        let offset = ptr.checked_sub(base)?;
+        (offset.checked_add(len)? <= self.size).then_some(offset)
+    }
+
+    /// Carves a page-aligned block for `cudaMallocHost` (first fit).
+    pub fn allocate(&self, len: usize) -> Option<(usize, usize)> {
+        let len = len.max(1).div_ceil(PAGE) * PAGE;
+        let mut free = self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (&start, &extent) = free.iter().find(|(_, extent)| **extent >= len)?;
+        free.remove(&start);
+        if extent > len {
+            free.insert(start + len, extent - len);
+        }
+        Some((start, len))
+    }
+
+    /// Returns a block, merging it with free neighbours.
+    pub fn release(&self, offset: usize, len: usize) {
+        let mut free = self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mut start, mut len) = (offset, len);
+        if let Some((&before, &before_len)) = free.range(..start).next_back()
+            && before + before_len == start
+        {
+            free.remove(&before);
+            start = before;
+            len += before_len;
+        }
+        if let Some(&after_len) = free.get(&(start + len)) {
+            free.remove(&(start + len));
+            len += after_len;
+        }
+        free.insert(start, len);
+    }
+
+    /// Takes a free staging slot whose last copy is done. `None` if all are taken; the caller
+    /// then finishes one of its own copies first, so two threads never wait on each other.
+    pub fn try_take_slot(&self) -> Option<CudaResult<HeldSlot>> {
+        let fence = {
+            let mut slots = self.slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let index = slots.iter().position(|slot| !slot.taken)?;
+            slots[index].taken = true;
+            (index, slots[index].offset, slots[index].fence.take())
+        };
+        let (index, offset, fence) = fence;
+        if let Some(fence) = fence
+            && let Err(error) = fence.wait()
+        {
+            self.give_back(index, None);
+            return Some(Err(error));
+        }
+        Some(Ok(HeldSlot { index, offset }))
+    }
+
+    /// Waits for any slot (when the caller holds none).
+    pub fn take_slot(&self) -> CudaResult<HeldSlot> {
+        loop {
+            if let Some(slot) = self.try_take_slot() {
+                return slot;
+            }
+            let slots = self.slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if slots.iter().all(|slot| slot.taken) {
+                drop(self.slot_freed.wait(slots));
+            }
+        }
+    }
+
+    /// Returns a slot; `fence` (if any) answers once the DMA that reads the slot is done.
+    pub fn give_back(&self, index: usize, fence: Option<Arc<ReplySlot>>) {
+        let mut slots = self.slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        slots[index].taken = false;
+        slots[index].fence = fence;
+        self.slot_freed.notify_one();
+    }
+
+    /// Copies `len` bytes between host buffers on several threads.
+    ///
+    /// # Safety
+    /// `src` is readable and `dst` writable for `len` bytes, and they do not overlap.
+    pub unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: forwarded contract.
+        unsafe { self.copier.copy(dst, src, len) }
+    }
+}
+
+/// Raw ranges sent to copy threads.
+struct Job {
+    dst: usize,
+    src: usize,
+    len: usize,
+    done: mpsc::Sender<()>,
+}
+
+/// A few threads that split large host copies: one core copies pageable memory at ~13 GB/s on
+/// the GPU hosts measured, four at ~29 GB/s (shared/GPU-MACHINE.md).
+struct Copier {
+    jobs: Option<Mutex<mpsc::Sender<Job>>>,
+    threads: usize,
+}
+
+/// Below this a copy is not worth splitting.
+const SPLIT_AT: usize = 1 << 20;
+
+impl Copier {
+    fn new(threads: usize) -> Self {
+        if threads <= 1 {
+            return Self { jobs: None, threads: 1 };
+        }
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let receiver = Arc::new(Mutex::new(receiver));
+        for _ in 1..threads {
+            let receiver = receiver.clone();
+            let spawned = std::thread::Builder::new().name("flyt-copy".into()).spawn(move || {
+                loop {
+                    let job = receiver.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
+                    let Ok(job) = job else { return };
+                    // SAFETY: the submitter (`Copier::copy`) guarantees these ranges and waits
+                    // for `done` before it returns.
+                    unsafe { std::ptr::copy_nonoverlapping(job.src as *const u8, job.dst as *mut u8, job.len) };
+                    let _ = job.done.send(());
+                }
+            });
+            if spawned.is_err() {
+                return Self { jobs: None, threads: 1 };
+            }
+        }
+        Self { jobs: Some(Mutex::new(sender)), threads }
+    }
+
+    /// # Safety
+    /// `src` is readable and `dst` writable for `len` bytes, and they do not overlap.
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+        let Some(jobs) = self.jobs.as_ref().filter(|_| len >= SPLIT_AT) else {
+            // SAFETY: forwarded contract.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+            return;
+        };
+        let part = len.div_ceil(self.threads).div_ceil(64) * 64;
+        let (done, finished) = mpsc::channel();
+        let mut sent = 0;
+        {
+            let jobs = jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut offset = part;
+            while offset < len {
+                let this = part.min(len - offset);
+                let job = Job { dst: dst as usize + offset, src: src as usize + offset, len: this, done: done.clone() };
+                if jobs.send(job).is_ok() {
+                    sent += 1;
+                } else {
+                    // SAFETY: forwarded contract (sub-range).
+                    unsafe { std::ptr::copy_nonoverlapping(src.add(offset), dst.add(offset), this) };
+                }
+                offset += this;
+            }
+        }
+        // SAFETY: forwarded contract (the first part).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, part.min(len)) };
+        for _ in 0..sent {
+            let _ = finished.recv();
+        }
+    }
+}
