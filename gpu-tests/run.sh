@@ -9,7 +9,9 @@ usage() {
 usage: gpu-tests/run.sh [options]
   --dist DIR          Flyt binaries: DIR/lib/libcudart.so.13 and DIR/bin/flyt-rpc-server (default: dist)
   --arch SM           nvcc -arch value (default: sm_90)
-  --transports LIST   comma-separated, from tcp,unix (default: tcp,unix)
+  --transports LIST   comma-separated, from tcp,unix,shm (default: tcp,unix,shm); shm is the Unix
+                      socket with the shared-memory channel required (FLYT_SHM=on), tcp and unix
+                      run with it off
   --out DIR           results: table.md, log.txt, server.log, build.log (default: gpu-tests/results)
   --only NAME...      run only these programs (file names without .cu; fault_isolation, fault_victim or
                       fault_kernel select the fault-isolation pair); commas also separate names
@@ -40,7 +42,7 @@ abspath() {
 
 DIST=dist
 ARCH=sm_90
-TRANSPORTS=tcp,unix
+TRANSPORTS=tcp,unix,shm
 OUT=$here/results
 BUILD=$here/build
 MODE=flyt
@@ -83,7 +85,7 @@ BUILD=$(abspath "$BUILD")
 
 IFS=, read -r -a TRANSPORT_LIST <<<"$TRANSPORTS"
 for t in "${TRANSPORT_LIST[@]}"; do
-    case $t in tcp | unix) ;; *) die "unknown transport '$t' (tcp, unix)" ;; esac
+    case $t in tcp | unix | shm) ;; *) die "unknown transport '$t' (tcp, unix, shm)" ;; esac
 done
 [ ${#TRANSPORT_LIST[@]} -gt 0 ] || die "no transports"
 
@@ -268,11 +270,11 @@ fi
 TCP_ADDR=
 UNIX_ADDR=
 start_server() {
-    local args=() t line addrs a deadline
+    local args=() t line addrs a deadline unix_listen=
     for t in "${TRANSPORT_LIST[@]}"; do
         case $t in
             tcp) args+=(--listen 127.0.0.1:0) ;;
-            unix) args+=(--listen "unix:$TMP/flyt.sock") ;;
+            unix | shm) [ -n "$unix_listen" ] || { args+=(--listen "unix:$TMP/flyt.sock"); unix_listen=1; } ;;
         esac
     done
     log "=== server: $DIST/bin/flyt-rpc-server --device $DEVICE ${args[*]}"
@@ -308,7 +310,7 @@ start_server() {
     for t in "${TRANSPORT_LIST[@]}"; do
         case $t in
             tcp) [ -n "$TCP_ADDR" ] || { log "server printed no TCP address"; return 1; } ;;
-            unix) [ -n "$UNIX_ADDR" ] || { log "server printed no unix: address"; return 1; } ;;
+            unix | shm) [ -n "$UNIX_ADDR" ] || { log "server printed no unix: address"; return 1; } ;;
         esac
     done
     return 0
@@ -350,12 +352,13 @@ run_prog() {
 
 NATIVE_ENV=(-u FLYT_SERVER)
 flyt_env() { # transport -> env settings for a Flyt run
-    local addr
+    local addr shm=off
     case $1 in
         tcp) addr=$TCP_ADDR ;;
         unix) addr=$UNIX_ADDR ;;
+        shm) addr=$UNIX_ADDR shm=on ;;
     esac
-    printf '%s\n' "LD_LIBRARY_PATH=$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "FLYT_SERVER=$addr"
+    printf '%s\n' "LD_LIBRARY_PATH=$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "FLYT_SERVER=$addr" "FLYT_SHM=$shm"
 }
 
 ROWS=()
