@@ -413,9 +413,14 @@ impl ServerManager {
     /// Stops a server: asks it to shut down (sessions get the grace period), then SIGTERM,
     /// then SIGKILL to its process group. An unknown allocation is already stopped.
     pub async fn stop(&self, id: &str) -> Result<(), ControlError> {
-        let _one_at_a_time = self.lifecycle.lock().await;
         let control = self.control(id).await;
-        let Some(mut server) = self.servers.lock().await.remove(id) else { return Ok(()) };
+        let mut server = {
+            // Only the hand-over is serialised with starts; the waiting below is not, so several
+            // servers stop at once.
+            let _one_at_a_time = self.lifecycle.lock().await;
+            let Some(server) = self.servers.lock().await.remove(id) else { return Ok(()) };
+            server
+        };
         let grace = self.settings.stop_grace_seconds;
         if let Some(control) = control {
             let _ = control.shutdown(rpc::deadline(Duration::from_secs(1)), grace).await;
@@ -495,9 +500,8 @@ impl ServerManager {
 
     /// Stops every server (node manager shutdown).
     pub async fn stop_all(&self) {
-        for id in self.allocation_ids().await {
-            let _ = self.stop(&id).await;
-        }
+        let ids = self.allocation_ids().await;
+        futures::future::join_all(ids.iter().map(|id| self.stop(id))).await;
     }
 }
 
