@@ -198,6 +198,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         path: offered.path.as_ref().map(|path| path.display().to_string()).unwrap_or_default(),
         size: offered.size as u64,
         staging: offered.staging as u64,
+        rings: offered.rings as u64,
     });
     write_value(&mut wire, 0, &Hello::new(token, identity, offer))
         .map_err(|error| unavailable(format!("server {address}: {error}")))?;
@@ -217,6 +218,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         }
     };
     wire.set_read_timeout(None).map_err(|error| unavailable(error.to_string()))?;
+    let rings = offered.as_ref().filter(|_| info.shm_accepted && info.rings).map(|offered| offered.rings);
     let shm = match offered {
         Some(offered) if info.shm_accepted => Some(shm::Channel::new(offered)),
         Some(offered) => {
@@ -231,7 +233,21 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         }
         None => None,
     };
-    let conn = Conn::start(wire, address).map_err(|error| unavailable(format!("cannot start the session threads: {error}")))?;
+    let (reader, writer) = match (rings, &shm) {
+        (Some(capacity), Some(channel)) => {
+            let fd = wire.raw_fd();
+            // SAFETY: `fd` is the session's socket, which the ring halves keep open (both hold
+            // the `Arc` below) for as long as they are used.
+            let (ring_in, ring_out) = unsafe { channel.rings(capacity, fd) };
+            let socket = Arc::new(wire);
+            (Wire::RingIn(ring_in, socket.clone()), Wire::RingOut(ring_out, socket))
+        }
+        _ => {
+            let reader = wire.try_clone().map_err(|error| unavailable(error.to_string()))?;
+            (reader, wire)
+        }
+    };
+    let conn = Conn::start(reader, writer, address).map_err(|error| unavailable(format!("cannot start the session threads: {error}")))?;
     let launch_limits = info.devices.first().map(device_prop).ok_or_else(|| unavailable("the server has no device".into()))?;
     Ok(Client {
         conn,

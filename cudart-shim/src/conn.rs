@@ -38,10 +38,13 @@ const SPIN: Duration = Duration::from_micros(50);
 /// How long the flusher keeps looking for more work before it sleeps.
 const FLUSHER_SPIN: Duration = Duration::from_micros(100);
 
-/// A socket to the server.
+/// A socket to the server, or one half of the shared-memory rings (with the socket kept open to
+/// tell when the server is gone).
 pub enum Wire {
     Tcp(TcpStream),
     Unix(UnixStream),
+    RingIn(flyt_ring::RingReader, Arc<Wire>),
+    RingOut(flyt_ring::RingWriter, Arc<Wire>),
 }
 
 impl Wire {
@@ -49,6 +52,7 @@ impl Wire {
         Ok(match self {
             Self::Tcp(stream) => Self::Tcp(stream.try_clone()?),
             Self::Unix(stream) => Self::Unix(stream.try_clone()?),
+            Self::RingIn(..) | Self::RingOut(..) => return Err(io::Error::other("ring halves are not cloned")),
         })
     }
 
@@ -56,6 +60,7 @@ impl Wire {
         match self {
             Self::Tcp(stream) => stream.set_read_timeout(timeout),
             Self::Unix(stream) => stream.set_read_timeout(timeout),
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.set_read_timeout(timeout),
         }
     }
 
@@ -63,6 +68,10 @@ impl Wire {
         let _ = match self {
             Self::Tcp(stream) => stream.shutdown(std::net::Shutdown::Both),
             Self::Unix(stream) => stream.shutdown(std::net::Shutdown::Both),
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => {
+                socket.shutdown();
+                Ok(())
+            }
         };
     }
 }
@@ -72,16 +81,19 @@ impl Read for Wire {
         match self {
             Self::Tcp(stream) => stream.read(buf),
             Self::Unix(stream) => stream.read(buf),
+            Self::RingIn(reader, _) => reader.read(buf),
+            Self::RingOut(..) => Err(io::Error::other("wrong half of the rings")),
         }
     }
 }
 
 impl Wire {
-    fn raw_fd(&self) -> std::os::fd::RawFd {
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
         match self {
             Self::Tcp(stream) => stream.as_raw_fd(),
             Self::Unix(stream) => stream.as_raw_fd(),
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.raw_fd(),
         }
     }
 }
@@ -94,6 +106,16 @@ impl Write for Wire {
     /// `sendmsg` with `MSG_NOSIGNAL`: the app is not ours, and a write to a server that went
     /// away must become an error, not the SIGPIPE that would kill the app.
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Self::RingOut(writer, _) => {
+                return match bufs.iter().find(|buf| !buf.is_empty()) {
+                    Some(buf) => writer.write(buf),
+                    None => Ok(0),
+                };
+            }
+            Self::RingIn(..) => return Err(io::Error::other("wrong half of the rings")),
+            Self::Tcp(_) | Self::Unix(_) => {}
+        }
         // SAFETY: `msghdr` is plain data; all-zero is a valid empty header.
         let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
         header.msg_iov = bufs.as_ptr().cast_mut().cast();
@@ -215,9 +237,8 @@ fn put_header(buf: &mut [u8], header: FrameHeader) {
 }
 
 impl Conn {
-    /// Starts the receiver and flusher threads on a handshaken socket.
-    pub fn start(wire: Wire, server: String) -> io::Result<Arc<Self>> {
-        let reader = wire.try_clone()?;
+    /// Starts the receiver and flusher threads on a handshaken connection's two halves.
+    pub fn start(reader: Wire, wire: Wire, server: String) -> io::Result<Arc<Self>> {
         let conn = Arc::new(Self {
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
             outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1 }),

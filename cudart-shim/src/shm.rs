@@ -26,6 +26,11 @@ const PAGE: usize = 4096;
 pub const SLOT: usize = 8 << 20;
 const DEFAULT_SIZE: usize = 4 << 30;
 const DEFAULT_STAGING: usize = 8 * SLOT;
+/// Capacity of each message ring (`FLYT_SHM_RINGS`, bytes; 0 keeps small messages on the socket).
+const DEFAULT_RINGS: usize = 1 << 20;
+
+/// How long the shim's receiver spins on an empty ring before it sleeps.
+const RING_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// How the user asked for the channel (`FLYT_SHM`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,15 +63,27 @@ pub struct Offered {
     pub map: memmap2::MmapRaw,
     pub size: usize,
     pub staging: usize,
+    /// Capacity of each message ring at the segment's start (0: none).
+    pub rings: usize,
     /// For a path segment: the path to unlink once the server has it open.
     pub path: Option<std::path::PathBuf>,
+}
+
+impl Offered {
+    /// Where the staging slots begin: after the rings, on a slot boundary.
+    fn first_slot(&self) -> usize {
+        if self.rings == 0 { 0 } else { flyt_ring::area_len(self.rings).div_ceil(SLOT) * SLOT }
+    }
 }
 
 /// Creates a segment: a sealable memfd (for Unix sockets) or a file in /dev/shm (for TCP to
 /// this host). Sizes come from `FLYT_SHM_SIZE` and `FLYT_SHM_STAGING` (bytes).
 pub fn create(as_path: bool) -> Result<Offered, String> {
     let round = |bytes: usize| bytes.div_ceil(SLOT) * SLOT;
-    let staging = round(env_size("FLYT_SHM_STAGING", DEFAULT_STAGING).max(SLOT));
+    let rings = env_size("FLYT_SHM_RINGS", DEFAULT_RINGS);
+    let rings = if rings == 0 { 0 } else { rings.clamp(4096, 16 << 20).next_power_of_two() };
+    let ring_area = if rings == 0 { 0 } else { round(flyt_ring::area_len(rings)) };
+    let staging = ring_area + round(env_size("FLYT_SHM_STAGING", DEFAULT_STAGING).max(SLOT));
     let size = round(env_size("FLYT_SHM_SIZE", DEFAULT_SIZE).max(staging + SLOT));
     let (file, path) = if as_path {
         let path = std::path::PathBuf::from(format!(
@@ -99,7 +116,7 @@ pub fn create(as_path: bool) -> Result<Offered, String> {
     };
     file.set_len(size as u64).map_err(|error| cleanup(format!("sizing the segment: {error}")))?;
     let map = memmap2::MmapOptions::new().len(size).map_raw(&file).map_err(|error| cleanup(format!("mapping the segment: {error}")))?;
-    Ok(Offered { file, map, size, staging, path })
+    Ok(Offered { file, map, size, staging, rings, path })
 }
 
 trait OwnerOnly {
@@ -173,13 +190,26 @@ pub struct HeldSlot {
 }
 
 impl Channel {
+    /// The message rings over this segment (client side), when the server took them.
+    ///
+    /// # Safety
+    /// `liveness` is the session's socket and stays open as long as the rings are used.
+    pub unsafe fn rings(&self, capacity: usize, liveness: std::os::fd::RawFd) -> (flyt_ring::RingReader, flyt_ring::RingWriter) {
+        // SAFETY: the ring area is the start of this mapping, which lives as long as the channel
+        // (the session's, i.e. the process's); `capacity` is the power of two offered and
+        // accepted; the caller keeps `liveness` open.
+        unsafe { flyt_ring::Pair::new(self.ptr(0), capacity, flyt_ring::Side::Client, liveness, RING_SPIN).split() }
+    }
+
     pub fn new(offered: Offered) -> Self {
         if let Some(path) = &offered.path {
             // The server has the file open: nothing needs the name any more.
             let _ = std::fs::remove_file(path);
         }
-        let slots =
-            (0..offered.staging / SLOT).map(|index| Slot { offset: index * SLOT, fence: None, taken: false }).collect();
+        let first = offered.first_slot();
+        let slots = (0..(offered.staging - first) / SLOT)
+            .map(|index| Slot { offset: first + index * SLOT, fence: None, taken: false })
+            .collect();
         let mut free = BTreeMap::new();
         free.insert(offered.staging, offered.size - offered.staging);
         Self {

@@ -36,6 +36,9 @@ pub struct ShmOffer {
     /// The first `staging` bytes are the staging area for pageable copies; the server pins them
     /// for the whole session.
     pub staging: u64,
+    /// Capacity of each of the two message rings at the start of the segment (see `flyt-ring`),
+    /// or 0 to keep small messages on the socket.
+    pub rings: u64,
 }
 
 /// The client's first frame.
@@ -70,6 +73,8 @@ pub struct SessionInfo {
     pub copy_chunk: u64,
     /// Whether the offered shared-memory segment was accepted.
     pub shm_accepted: bool,
+    /// Whether small messages move to the segment's rings after this reply.
+    pub rings: bool,
     /// Why an offered segment was not accepted (shown when the user insisted with `FLYT_SHM=on`).
     pub shm_refusal: Option<String>,
     /// `true` when the device cannot run kernels (the emulated device).

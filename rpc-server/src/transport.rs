@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::frame::write_all_vectored;
@@ -15,6 +15,11 @@ use serde::Serialize;
 pub enum Connection {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// The shared-memory rings' reading half; the socket stays open to tell when the client is
+    /// gone.
+    RingIn(flyt_ring::RingReader, Arc<Connection>),
+    /// The rings' writing half.
+    RingOut(flyt_ring::RingWriter, Arc<Connection>),
 }
 
 impl Connection {
@@ -23,6 +28,7 @@ impl Connection {
         Ok(match self {
             Self::Tcp(stream) => Self::Tcp(stream.try_clone()?),
             Self::Unix(stream) => Self::Unix(stream.try_clone()?),
+            Self::RingIn(..) | Self::RingOut(..) => return Err(io::Error::other("ring halves are not cloned")),
         })
     }
 
@@ -35,17 +41,26 @@ impl Connection {
         match self {
             Self::Tcp(stream) => stream.set_read_timeout(timeout),
             Self::Unix(stream) => stream.set_read_timeout(timeout),
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.set_read_timeout(timeout),
         }
     }
 
     pub fn is_tcp(&self) -> bool {
-        matches!(self, Self::Tcp(_))
+        match self {
+            Self::Tcp(_) => true,
+            Self::Unix(_) => false,
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.is_tcp(),
+        }
     }
 
     pub fn shutdown(&self) {
         let _ = match self {
             Self::Tcp(stream) => stream.shutdown(std::net::Shutdown::Both),
             Self::Unix(stream) => stream.shutdown(std::net::Shutdown::Both),
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => {
+                socket.shutdown();
+                Ok(())
+            }
         };
     }
 }
@@ -55,8 +70,13 @@ impl AsFd for Connection {
         match self {
             Self::Tcp(stream) => stream.as_fd(),
             Self::Unix(stream) => stream.as_fd(),
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.as_fd(),
         }
     }
+}
+
+fn not_for_this_half() -> io::Error {
+    io::Error::other("wrong half of the shared-memory rings")
 }
 
 impl Read for Connection {
@@ -64,6 +84,8 @@ impl Read for Connection {
         match self {
             Self::Tcp(stream) => stream.read(buf),
             Self::Unix(stream) => stream.read(buf),
+            Self::RingIn(reader, _) => reader.read(buf),
+            Self::RingOut(..) => Err(not_for_this_half()),
         }
     }
 }
@@ -73,6 +95,8 @@ impl Write for Connection {
         match self {
             Self::Tcp(stream) => stream.write(buf),
             Self::Unix(stream) => stream.write(buf),
+            Self::RingOut(writer, _) => writer.write(buf),
+            Self::RingIn(..) => Err(not_for_this_half()),
         }
     }
 
@@ -80,6 +104,11 @@ impl Write for Connection {
         match self {
             Self::Tcp(stream) => stream.write_vectored(bufs),
             Self::Unix(stream) => stream.write_vectored(bufs),
+            Self::RingOut(writer, _) => match bufs.iter().find(|buf| !buf.is_empty()) {
+                Some(buf) => writer.write(buf),
+                None => Ok(0),
+            },
+            Self::RingIn(..) => Err(not_for_this_half()),
         }
     }
 

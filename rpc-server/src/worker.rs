@@ -91,6 +91,33 @@ fn accept_segment<D: Device>(
     Ok(segment)
 }
 
+/// How long the session's reader spins on an empty ring before it sleeps.
+const RING_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+/// Largest ring a client may ask for.
+const MAX_RING: u64 = 16 << 20;
+
+/// The message rings at the start of the segment, if the client asked for them and they fit.
+fn ring_pair(segment: &Segment, offer: &ShmOffer, socket: &Connection) -> Option<(flyt_ring::RingReader, flyt_ring::RingWriter)> {
+    let capacity = offer.rings;
+    if capacity == 0 {
+        return None;
+    }
+    let fits = capacity.is_power_of_two()
+        && (4096..=MAX_RING).contains(&capacity)
+        && flyt_ring::area_len(usize::try_from(capacity).ok()?) as u64 <= segment.staging();
+    if !fits {
+        tracing::warn!(capacity, "message rings refused: they do not fit the staging area");
+        return None;
+    }
+    let fd = std::os::fd::AsFd::as_fd(socket).as_raw_fd();
+    // SAFETY: the ring area lies at the start of the staging area, inside the mapping the
+    // session keeps for its whole life (the segment moves into the session, its mapping does
+    // not move); the capacity was checked to be a power of two that fits; `fd` is the session's
+    // socket, kept open by the connection halves that own the rings.
+    let pair = unsafe { flyt_ring::Pair::new(segment.ptr(0), capacity as usize, flyt_ring::Side::Server, fd, RING_SPIN) };
+    Some(pair.split())
+}
+
 /// Reads the one byte that carries the segment's descriptor, right after the hello.
 fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> {
     let _ = connection.set_read_timeout(Some(std::time::Duration::from_secs(10)));
@@ -204,7 +231,11 @@ fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<
             }
         },
     };
+    // With rings in the segment, small messages leave the socket after the handshake; the socket
+    // stays open only to tell when the client is gone.
+    let rings = shm.as_ref().zip(hello.shm.as_ref()).and_then(|(segment, offer)| ring_pair(segment, offer, &connection));
     let session_info = SessionInfo {
+        rings: rings.is_some(),
         session_id,
         server_version: env!("CARGO_PKG_VERSION").into(),
         driver_version: device.driver_version(),
@@ -219,6 +250,13 @@ fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<
         tracing::info!(session_id, %error, "client left during the handshake");
         return 0;
     }
+    let (reader, writer) = match rings {
+        Some((reader, writer)) => {
+            let socket = Arc::new(connection);
+            (Connection::RingIn(reader, socket.clone()), Connection::RingOut(writer, socket))
+        }
+        None => (connection, writer),
+    };
     let config = SessionConfig {
         copy_chunk: args.copy_chunk,
         inline_wait: std::time::Duration::from_micros(args.inline_wait_us),
@@ -226,7 +264,7 @@ fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<
     };
     let mut session = Session::new(device.clone(), budget.clone(), writer, config, shm);
     forward_limits(channel, session.outbox(), device, budget, args.sm_percentage);
-    let outcome = session.serve(connection);
+    let outcome = session.serve(reader);
     let program = hello.client.program;
     match outcome {
         Ok(()) => tracing::info!(session_id, %program, %peer, "session ended by the client"),
