@@ -13,6 +13,7 @@ use flyt_protocol::error::CudaResult;
 const PAGE: u64 = 4096;
 
 /// A mapped segment.
+#[derive(Debug)]
 pub struct Segment {
     map: memmap2::MmapRaw,
     size: u64,
