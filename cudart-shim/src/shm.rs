@@ -29,8 +29,8 @@ const DEFAULT_STAGING: usize = 8 * SLOT;
 /// Capacity of each message ring (`FLYT_SHM_RINGS`, bytes; 0 keeps small messages on the socket).
 const DEFAULT_RINGS: usize = 1 << 20;
 
-/// How long the shim's receiver spins on an empty ring before it sleeps.
-const RING_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+/// How long the shim's receiver spins on an empty ring before it sleeps (see `conn::SPIN`).
+const RING_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// How the user asked for the channel (`FLYT_SHM`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

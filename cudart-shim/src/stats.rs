@@ -72,8 +72,24 @@ fn percentile(sorted: &[u32], fraction: f64) -> u32 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
-/// Prints the table.
+/// Prints the table, and the process's page faults and context switches (a copy path that
+/// faults or sleeps shows up here).
 pub fn report() {
+    // SAFETY: getrusage fills a plain struct; all-zero is a valid initial value.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    eprintln!(
+        "flyt stats: process: {} minor faults, {} major faults, {} voluntary and {} involuntary context switches, {:.3} s user, {:.3} s system",
+        usage.ru_minflt,
+        usage.ru_majflt,
+        usage.ru_nvcsw,
+        usage.ru_nivcsw,
+        usage.ru_utime.tv_sec as f64 + usage.ru_utime.tv_usec as f64 / 1e6,
+        usage.ru_stime.tv_sec as f64 + usage.ru_stime.tv_usec as f64 / 1e6,
+    );
     let table = TABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     eprintln!("flyt stats: {:<48} {:>10} {:>9} {:>13} {:>9} {:>9} {:>11}", "call", "calls", "blocked", "blocked_ms", "p50_us", "p99_us", "cpu_us/call");
     for (symbol, stats) in table.iter() {

@@ -91,8 +91,10 @@ fn accept_segment<D: Device>(
     Ok(segment)
 }
 
-/// How long the session's reader spins on an empty ring before it sleeps.
-const RING_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+/// How long the session's reader spins on an empty ring before it sleeps: a wake-up costs tens
+/// to hundreds of microseconds on virtual machines, a millisecond of spinning costs nothing
+/// while the app is busy calling.
+const RING_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
 /// Largest ring a client may ask for.
 const MAX_RING: u64 = 16 << 20;
 

@@ -130,8 +130,12 @@ fn by_handle(kernel: cudaKernel_t) -> CudaResult<std::sync::Arc<Function>> {
 }
 
 /// `cudaLaunchKernel` of something that is not a registered kernel: CUDA 13 answers
-/// `cudaErrorInvalidResourceHandle` (measured on the GPU machine).
+/// `cudaErrorInvalidDeviceFunction` for NULL and `cudaErrorInvalidResourceHandle` for any other
+/// pointer (measured on the GPU machine).
 fn by_host(func: *const c_void) -> CudaResult<std::sync::Arc<Function>> {
+    if func.is_null() {
+        return Err(CudaError::INVALID_DEVICE_FUNCTION);
+    }
     function_by_host(func as usize).ok_or(CudaError::INVALID_RESOURCE_HANDLE)
 }
 
