@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use flyt_protocol::error::CudaResult;
@@ -315,80 +316,99 @@ impl Channel {
     }
 }
 
-/// Raw ranges sent to copy threads.
+/// A share of a copy handed to a copy thread: raw addresses, and the countdown the submitter
+/// spins on until every share is done.
 struct Job {
     dst: usize,
     src: usize,
     len: usize,
-    done: mpsc::Sender<()>,
+    remaining: Arc<AtomicUsize>,
 }
 
 /// A few threads that split large host copies: one core copies pageable memory at ~13 GB/s on
-/// the GPU hosts measured, four at ~29 GB/s (shared/GPU-MACHINE.md).
+/// the GPU hosts measured, four at ~29 GB/s (shared/GPU-MACHINE.md). Each thread has its own
+/// queue and polls it for a while after each job, so a burst of chunks pays no wake-ups.
 struct Copier {
-    jobs: Option<Mutex<mpsc::Sender<Job>>>,
-    threads: usize,
+    queues: Vec<mpsc::Sender<Job>>,
 }
 
 /// Below this a copy is not worth splitting.
 const SPLIT_AT: usize = 1 << 20;
+/// How long an idle copy thread polls before it blocks.
+const COPIER_SPIN: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl Copier {
     fn new(threads: usize) -> Self {
-        if threads <= 1 {
-            return Self { jobs: None, threads: 1 };
-        }
-        let (sender, receiver) = mpsc::channel::<Job>();
-        let receiver = Arc::new(Mutex::new(receiver));
+        let mut queues = Vec::new();
         for _ in 1..threads {
-            let receiver = receiver.clone();
+            let (sender, receiver) = mpsc::channel::<Job>();
             let spawned = std::thread::Builder::new().name("flyt-copy".into()).spawn(move || {
                 loop {
-                    let job = receiver.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
-                    let Ok(job) = job else { return };
+                    let spin_until = std::time::Instant::now() + COPIER_SPIN;
+                    let mut job = None;
+                    while job.is_none() && std::time::Instant::now() < spin_until {
+                        match receiver.try_recv() {
+                            Ok(next) => job = Some(next),
+                            Err(mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
+                            Err(mpsc::TryRecvError::Disconnected) => return,
+                        }
+                    }
+                    let job = match job {
+                        Some(job) => job,
+                        None => match receiver.recv() {
+                            Ok(job) => job,
+                            Err(_) => return,
+                        },
+                    };
                     // SAFETY: the submitter (`Copier::copy`) guarantees these ranges and waits
-                    // for `done` before it returns.
+                    // for `remaining` to reach zero before it returns.
                     unsafe { std::ptr::copy_nonoverlapping(job.src as *const u8, job.dst as *mut u8, job.len) };
-                    let _ = job.done.send(());
+                    job.remaining.fetch_sub(1, Ordering::Release);
                 }
             });
-            if spawned.is_err() {
-                return Self { jobs: None, threads: 1 };
+            match spawned {
+                Ok(_) => queues.push(sender),
+                Err(_) => break,
             }
         }
-        Self { jobs: Some(Mutex::new(sender)), threads }
+        Self { queues }
     }
 
     /// # Safety
     /// `src` is readable and `dst` writable for `len` bytes, and they do not overlap.
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) {
-        let Some(jobs) = self.jobs.as_ref().filter(|_| len >= SPLIT_AT) else {
+        if self.queues.is_empty() || len < SPLIT_AT {
             // SAFETY: forwarded contract.
             unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
             return;
-        };
-        let part = len.div_ceil(self.threads).div_ceil(64) * 64;
-        let (done, finished) = mpsc::channel();
-        let mut sent = 0;
-        {
-            let jobs = jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let mut offset = part;
-            while offset < len {
-                let this = part.min(len - offset);
-                let job = Job { dst: dst as usize + offset, src: src as usize + offset, len: this, done: done.clone() };
-                if jobs.send(job).is_ok() {
-                    sent += 1;
-                } else {
-                    // SAFETY: forwarded contract (sub-range).
-                    unsafe { std::ptr::copy_nonoverlapping(src.add(offset), dst.add(offset), this) };
-                }
-                offset += this;
+        }
+        let shares = self.queues.len() + 1;
+        let part = len.div_ceil(shares).div_ceil(64) * 64;
+        let remaining = Arc::new(AtomicUsize::new(0));
+        let mut offset = part.min(len);
+        for queue in &self.queues {
+            if offset >= len {
+                break;
+            }
+            let this = part.min(len - offset);
+            remaining.fetch_add(1, Ordering::AcqRel);
+            let job = Job { dst: dst as usize + offset, src: src as usize + offset, len: this, remaining: remaining.clone() };
+            if let Err(mpsc::SendError(job)) = queue.send(job) {
+                // SAFETY: forwarded contract (sub-range).
+                unsafe { std::ptr::copy_nonoverlapping(job.src as *const u8, job.dst as *mut u8, job.len) };
+                remaining.fetch_sub(1, Ordering::AcqRel);
+            }
+            offset += this;
+        }
+        // SAFETY: forwarded contract (the first share, and anything no thread took).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, dst, part.min(len));
+            if offset < len {
+                std::ptr::copy_nonoverlapping(src.add(offset), dst.add(offset), len - offset);
             }
         }
-        // SAFETY: forwarded contract (the first part).
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, part.min(len)) };
-        for _ in 0..sent {
-            let _ = finished.recv();
+        while remaining.load(Ordering::Acquire) != 0 {
+            std::hint::spin_loop();
         }
     }
 }

@@ -124,7 +124,11 @@ pub fn read_message(
 
 /// Reads and throws away `len` bytes (the bulk of a frame nobody wants).
 pub fn discard(reader: &mut impl Read, mut len: u64) -> Result<(), FrameError> {
-    let mut scratch = [0u8; 64 * 1024];
+    // Called after every request: the common case must not pay for a scratch buffer.
+    if len == 0 {
+        return Ok(());
+    }
+    let mut scratch = vec![0u8; 64 * 1024];
     while len > 0 {
         let step = usize::try_from(len).unwrap_or(usize::MAX).min(scratch.len());
         read_full(reader, &mut scratch[..step], false)?;
