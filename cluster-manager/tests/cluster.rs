@@ -35,7 +35,7 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
     const IDLE_GRACE_SECONDS: u64 = 3;
-    const NODE_TIMEOUT_MS: u64 = 1500;
+    const NODE_TIMEOUT_MS: u64 = 3000;
 
     fn bin_dir() -> PathBuf {
         match std::env::var_os("FLYT_BIN_DIR") {
@@ -219,7 +219,7 @@ mod tests {
                 ("FLYT_CLUSTER_MANAGER_STATE_DIR", self.path("cluster-manager").display().to_string()),
                 ("FLYT_CLUSTER_MANAGER_LEASES_HEARTBEAT_INTERVAL_MS", "200".into()),
                 ("FLYT_CLUSTER_MANAGER_LEASES_NODE_TIMEOUT_MS", NODE_TIMEOUT_MS.to_string()),
-                ("FLYT_CLUSTER_MANAGER_LEASES_CLIENT_TIMEOUT_MS", "1500".into()),
+                ("FLYT_CLUSTER_MANAGER_LEASES_CLIENT_TIMEOUT_MS", "3000".into()),
                 ("FLYT_CLUSTER_MANAGER_ALLOCATIONS_IDLE_GRACE_SECONDS", IDLE_GRACE_SECONDS.to_string()),
             ]);
             let daemon = Daemon::start("cluster-manager", &binary("flyt-cluster-manager"), &envs, &[], self.dir.path());
