@@ -64,7 +64,18 @@ fn route_address(cluster_manager: &str) -> Option<String> {
     Some(socket.local_addr().ok()?.ip().to_string())
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}`: the whole chain of causes on one line, without a backtrace.
+            eprintln!("flyt-client-manager: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(Command::Locate { socket, hold_seconds }) = args.command {
         return locate(&socket, hold_seconds);

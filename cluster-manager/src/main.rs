@@ -43,7 +43,18 @@ struct Args {
     print_config: bool,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}`: the whole chain of causes on one line, without a backtrace.
+            eprintln!("flyt-cluster-manager: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_main() -> anyhow::Result<()> {
     let args = Args::parse();
     flyt_daemon_kit::logging::init("info");
     let config: ClusterManagerConfig = flyt_daemon_kit::config::load(args.config.as_deref(), ENV_PREFIX, std::env::vars())?;

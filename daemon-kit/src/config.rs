@@ -92,7 +92,7 @@ pub fn load<T: Serialize + DeserializeOwned + Default>(
 
 fn parse_value(raw: &str) -> Result<Value, String> {
     let mut table: Table = format!("value = {raw}").parse().map_err(|error: toml::de::Error| {
-        format!("not a TOML value ({}); quote strings inside arrays", error.message().trim())
+        format!("`{raw}` is not a TOML value such as 8080, true, 0o666 or [\"a\"] ({})", error.message().trim())
     })?;
     table.remove("value").ok_or_else(|| "empty value".to_string())
 }

@@ -61,7 +61,18 @@ fn absolute(path: &str) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| PathBuf::from(path))
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}`: the whole chain of causes on one line, without a backtrace.
+            eprintln!("flyt-node-manager: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_main() -> anyhow::Result<()> {
     let args = Args::parse();
     flyt_daemon_kit::logging::init("info");
     let mut config: NodeManagerConfig = flyt_daemon_kit::config::load(args.config.as_deref(), ENV_PREFIX, std::env::vars())?;
