@@ -383,6 +383,21 @@ mod tests {
             (cluster.node_health("node-a").as_deref() == Some("Up") && cluster.node_health("node-b").as_deref() == Some("Up")).then_some(())
         });
 
+        // --- authentication: a connection without the cluster key is refused.
+        let wrong_key = cluster.path("wrong.key");
+        fs::write(&wrong_key, "not-the-cluster-key-0123456789").unwrap();
+        let output = Command::new(binary("flytctl"))
+            .args(["status", "--socket"])
+            .arg(cluster.path("admin.sock"))
+            .arg("--cluster-key-file")
+            .arg(&wrong_key)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.code() == Some(2) && stderr.contains("refused the cluster key"), "{stderr}");
+        let (code, _, stderr) = cluster.flytctl(&["vm", "remove", "10.9.9.9"]);
+        assert!(code == 1 && stderr.contains("unknown VM 10.9.9.9"), "{stderr}");
+
         // --- placement: each VM lands on its own host; what cannot fit is refused with a reason.
         cluster.flytctl_ok(&["vm", "add", "10.0.0.1", "--host-ip", "127.0.0.2", "--compute-units", "20", "--memory-mib", "1024"]);
         cluster.flytctl_ok(&["vm", "add", "10.0.0.2", "--host-ip", "127.0.0.1", "--compute-units", "30", "--memory-mib", "2048"]);
