@@ -142,6 +142,7 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
     let identity =
         NodeIdentity { node_id: config.node_id.clone(), host_ip: config.host_ip.clone(), boot_id: host::boot_id(), control_address: control_address.clone(), gpus };
     let link = tokio::spawn(cluster_link::run(cluster, key, identity, servers.clone()));
+    let mps_watch = config.mps.enabled.then(|| tokio::spawn(mps::watch(config.mps.clone())));
     // Scripts and tests wait for this line.
     println!("flyt-node-manager listening on {control_address}");
 
@@ -152,6 +153,9 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
     }
     link.abort();
     accept.abort();
+    if let Some(watch) = mps_watch {
+        watch.abort();
+    }
     if config.rpc_server.stop_on_exit {
         servers.stop_all().await;
     } else {

@@ -21,21 +21,75 @@ pub fn environment(config: &MpsConfig) -> Vec<(String, String)> {
     ]
 }
 
-fn run(command: &str, config: &MpsConfig) -> Result<(), MpsError> {
+/// Runs a script; returns what it wrote on stderr.
+fn run(command: &str, config: &MpsConfig) -> Result<String, MpsError> {
     let output = Command::new(command).envs(environment(config)).output().map_err(|error| MpsError::Run(command.to_string(), error))?;
+    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
     if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
         return Err(MpsError::Failed(command.to_string(), output.status, stderr));
     }
-    Ok(())
+    Ok(stderr)
 }
 
-/// Starts the MPS control daemon (the script is idempotent: a running daemon is kept).
-pub fn start(config: &MpsConfig) -> Result<(), MpsError> {
-    run(&config.start_command, config)
+/// Starts the MPS control daemon unless it runs (the script is idempotent). Returns whether it
+/// had to start one.
+pub fn start(config: &MpsConfig) -> Result<bool, MpsError> {
+    Ok(!run(&config.start_command, config)?.contains("already running"))
 }
 
 /// Stops the MPS control daemon.
 pub fn stop(config: &MpsConfig) -> Result<(), MpsError> {
-    run(&config.stop_command, config)
+    run(&config.stop_command, config).map(|_| ())
+}
+
+/// How often the MPS control daemon is checked (and restarted if it died: rpc-servers started
+/// afterwards need it, and a fatal fault under MPS can take it down).
+const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Keeps the MPS control daemon running for as long as the node manager runs.
+pub async fn watch(config: MpsConfig) {
+    loop {
+        tokio::time::sleep(WATCH_PERIOD).await;
+        let checked = config.clone();
+        match tokio::task::spawn_blocking(move || start(&checked)).await {
+            Ok(Ok(true)) => tracing::warn!(pipe_directory = %config.pipe_directory, "the MPS control daemon had stopped: restarted it"),
+            Ok(Ok(false)) => {}
+            Ok(Err(error)) => tracing::error!(%error, "the MPS control daemon is down and could not be restarted"),
+            Err(error) => tracing::error!(%error, "the MPS check did not run"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn script(folder: &std::path::Path, name: &str, body: &str) -> String {
+        let path = folder.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn start_reports_whether_it_started_a_daemon_and_failures_carry_stderr() {
+        let folder = tempfile::tempdir().unwrap();
+        let mut config = MpsConfig {
+            start_command: script(folder.path(), "running", "echo \"flyt-mps-start: MPS control daemon already running ($CUDA_MPS_PIPE_DIRECTORY)\" >&2"),
+            stop_command: script(folder.path(), "stop", "exit 0"),
+            pipe_directory: "/tmp/pipes".into(),
+            ..MpsConfig::default()
+        };
+        assert!(!start(&config).unwrap());
+        config.start_command = script(folder.path(), "started", "echo 'flyt-mps-start: MPS control daemon started' >&2");
+        assert!(start(&config).unwrap());
+        config.start_command = script(folder.path(), "broken", "echo 'nvidia-cuda-mps-control not found' >&2; exit 1");
+        let error = start(&config).unwrap_err().to_string();
+        assert!(error.contains("not found"), "{error}");
+        assert!(stop(&config).is_ok());
+        config.start_command = folder.path().join("missing").display().to_string();
+        assert!(matches!(start(&config), Err(MpsError::Run(..))));
+    }
 }
