@@ -42,6 +42,11 @@ impl Segment {
         }
         let len = usize::try_from(size).map_err(|_| "segment too large".to_string())?;
         let map = memmap2::MmapOptions::new().len(len).map_raw(file).map_err(|error| format!("mapping the segment: {error}"))?;
+        // Ask for huge pages where the kernel allows them for shared memory: DMA from pinned
+        // memory in 4 KiB pages was measured slower (43 GB/s for 64 MiB) than native pinned
+        // memory (55 GB/s). Refused or unsupported, it changes nothing.
+        // SAFETY: advice on a mapping this struct owns; it never changes the mapping's contents.
+        let _ = unsafe { libc::madvise(map.as_mut_ptr().cast(), len, libc::MADV_HUGEPAGE) };
         Ok(Self { map, size, staging, registered: BTreeMap::new() })
     }
 

@@ -117,6 +117,26 @@ impl Write for Connection {
     }
 }
 
+/// How long a replying thread polls for the writer before it sleeps: replies of large copies
+/// follow each other from different waiter threads, and a sleeping thread's wake-up (hundreds of
+/// microseconds on the GPU VMs) would idle the socket between chunks.
+const WRITER_SPIN: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Locks `mutex`, polling for a while before sleeping.
+pub fn lock_spinning<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    let spin_until = std::time::Instant::now() + WRITER_SPIN;
+    loop {
+        match mutex.try_lock() {
+            Ok(guard) => return guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < spin_until => std::hint::spin_loop(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
+    }
+}
+
 /// Everything that answers the client: the write half of the connection and the session's
 /// deferred error (the first failure of an asynchronous op, delivered at the next sync point).
 pub struct Outbox {
@@ -165,7 +185,7 @@ impl Outbox {
             bulk_len: bulk.len() as u64,
         }
         .encode();
-        let mut writer = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut writer = lock_spinning(&self.writer);
         let mut slices = [io::IoSlice::new(&header), io::IoSlice::new(message), io::IoSlice::new(bulk)];
         if let Err(error) = write_all_vectored(&mut *writer, &mut slices) {
             tracing::debug!(%error, "reply not delivered");

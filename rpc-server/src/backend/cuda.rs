@@ -157,7 +157,20 @@ impl StagingPool {
                 check(unsafe { result::event::synchronize(self.slots[index].event.0) })?;
                 return Ok(Staging { pool: self.clone(), index, len });
             }
-            held = self.freed.wait(held).unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Every slot is on its way to the client: poll briefly (a slot frees up every few
+            // hundred microseconds during a large copy) before sleeping.
+            drop(held);
+            let spin_until = std::time::Instant::now() + std::time::Duration::from_micros(500);
+            while std::time::Instant::now() < spin_until {
+                if self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().any(|taken| !taken) {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            held = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if held.iter().all(|taken| *taken) {
+                held = self.freed.wait(held).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
         }
     }
 }
