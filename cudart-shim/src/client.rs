@@ -38,6 +38,8 @@ pub struct HostAllocation {
     pub flags: u32,
     /// Where it lives in the shared-memory segment (pinned on the server), if it does.
     pub segment_offset: Option<usize>,
+    /// The app's own memory, registered with `cudaHostRegister` (never freed by the shim).
+    pub registered: bool,
 }
 
 /// A stream the app created.

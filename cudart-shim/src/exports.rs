@@ -50,6 +50,9 @@ macro_rules! cudart_exports {
                 cudaMallocHost(ptr: *mut *mut c_void, size: usize);
                 cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint);
                 cudaFreeHost(ptr: *mut c_void);
+                cudaHostRegister(ptr: *mut c_void, size: usize, flags: c_uint);
+                cudaHostUnregister(ptr: *mut c_void);
+                cudaHostGetFlags(flags: *mut c_uint, ptr: *mut c_void);
                 cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind);
                 cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind);
                 cudaMemcpyAsync(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
@@ -172,7 +175,7 @@ macro_rules! cudart_exports {
         cudaGraphNodeGetDependentNodes, cudaGraphNodeGetEnabled, cudaGraphNodeGetType,
         cudaGraphNodeSetEnabled, cudaGraphNodeSetParams, cudaGraphReleaseUserObject,
         cudaGraphRemoveDependencies, cudaGraphRetainUserObject, cudaGraphUpload, cudaGraphUpload_ptsz,
-        cudaHostGetDevicePointer, cudaHostGetFlags, cudaHostRegister, cudaHostUnregister,
+        cudaHostGetDevicePointer,
         cudaImportExternalMemory, cudaImportExternalSemaphore, cudaInitDevice, cudaIpcCloseMemHandle,
         cudaIpcGetEventHandle, cudaIpcGetMemHandle, cudaIpcOpenEventHandle, cudaIpcOpenMemHandle,
         cudaKernelSetAttributeForDevice, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz,

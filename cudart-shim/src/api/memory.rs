@@ -80,7 +80,7 @@ fn host_alloc(out: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<(
         .host_allocations
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(ptr as usize, HostAllocation { len: size.max(1), flags, segment_offset });
+        .insert(ptr as usize, HostAllocation { len: size.max(1), flags, segment_offset, registered: false });
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, ptr.cast()) }
 }
@@ -113,8 +113,14 @@ pub unsafe fn cudaFreeHost(ptr: *mut c_void) -> CudaResult<()> {
         return Ok(());
     }
     let client = client()?;
-    let allocation =
-        client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(ptr as usize));
+    let allocation = {
+        let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Registered app memory is the app's to free, not ours.
+        if allocations.get(&(ptr as usize)).is_none_or(|allocation| allocation.registered) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        allocations.remove(&(ptr as usize))
+    };
     let allocation = allocation.ok_or(CudaError::INVALID_VALUE)?;
     if let (Some(offset), Some(channel)) = (allocation.segment_offset, client.shm.as_ref()) {
         post(client, req::ShmUnregister { offset: offset as u64 })?;
@@ -126,6 +132,51 @@ pub unsafe fn cudaFreeHost(ptr: *mut c_void) -> CudaResult<()> {
     // freed once.
     unsafe { std::alloc::dealloc(ptr.cast(), host_layout(allocation.len)?) };
     Ok(())
+}
+
+/// `cudaHostRegisterPortable | Mapped | IoMemory | ReadOnly`.
+const HOST_REGISTER_FLAGS: c_uint = 0xf;
+
+/// Registers the app's memory. The GPU is on another machine or process, so nothing is pinned
+/// for it: the range is remembered as registered host memory (so `cudaPointerGetAttributes`
+/// and `cudaHostGetFlags` answer as CUDA does) and copies from or to it go through the channel
+/// like any host memory. Kernels cannot dereference it.
+pub unsafe fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
+    if ptr.is_null() || size == 0 || flags & !HOST_REGISTER_FLAGS != 0 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let client = client()?;
+    let start = ptr as usize;
+    let end = start.checked_add(size).ok_or(CudaError::INVALID_VALUE)?;
+    let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let overlaps = allocations.range(..end).next_back().is_some_and(|(begin, allocation)| begin + allocation.len > start);
+    if overlaps {
+        return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED);
+    }
+    allocations.insert(start, HostAllocation { len: size, flags, segment_offset: None, registered: true });
+    Ok(())
+}
+
+pub unsafe fn cudaHostUnregister(ptr: *mut c_void) -> CudaResult<()> {
+    if ptr.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let client = client()?;
+    let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match allocations.get(&(ptr as usize)) {
+        Some(allocation) if allocation.registered => {
+            allocations.remove(&(ptr as usize));
+            Ok(())
+        }
+        _ => Err(CudaError::HOST_MEMORY_NOT_REGISTERED),
+    }
+}
+
+pub unsafe fn cudaHostGetFlags(flags: *mut c_uint, ptr: *mut c_void) -> CudaResult<()> {
+    let client = client()?;
+    let (_, _, found) = client.host_allocation(ptr as usize).ok_or(CudaError::INVALID_VALUE)?;
+    // SAFETY: the app's out-pointer.
+    unsafe { write_out(flags, found) }
 }
 
 /// Where a copy happens, once the pointers are classified.

@@ -177,6 +177,25 @@ int main(void) {
     void *huge = NULL;
     EXPECT_CODE("allocation beyond the device", cudaMalloc(&huge, (size_t)1 << 50), cudaErrorMemoryAllocation);
 
+    /* app memory registered with cudaHostRegister */
+    unsigned char *mine = malloc(1 << 20);
+    unsigned mine_flags = 0;
+    EXPECT_CODE("cudaHostRegister", cudaHostRegister(mine, 1 << 20, cudaHostRegisterPortable), cudaSuccess);
+    EXPECT_CODE("registering it twice", cudaHostRegister(mine + 4096, 4096, 0), cudaErrorHostMemoryAlreadyRegistered);
+    EXPECT_CODE("cudaHostGetFlags", cudaHostGetFlags(&mine_flags, mine + 100), cudaSuccess);
+    EXPECT("flags kept", mine_flags == cudaHostRegisterPortable);
+    EXPECT_CODE("attributes of registered memory", cudaPointerGetAttributes(&attributes, mine + 10), cudaSuccess);
+    EXPECT("registered memory is host memory", attributes.type == cudaMemoryTypeHost);
+    fill(mine, 1 << 20, 3);
+    EXPECT_CODE("H2D from registered memory", cudaMemcpyAsync(dev, mine, 1 << 20, cudaMemcpyHostToDevice, 0), cudaSuccess);
+    memset(back, 0, 1 << 20);
+    EXPECT_CODE("D2H back", cudaMemcpy(back, dev, 1 << 20, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT("registered memory round trip", memcmp(mine, back, 1 << 20) == 0);
+    EXPECT_CODE("cudaFreeHost of registered memory", cudaFreeHost(mine), cudaErrorInvalidValue);
+    EXPECT_CODE("cudaHostUnregister", cudaHostUnregister(mine), cudaSuccess);
+    EXPECT_CODE("cudaHostUnregister again", cudaHostUnregister(mine), cudaErrorHostMemoryNotRegistered);
+    free(mine);
+
     EXPECT_CODE("cudaFreeHost", cudaFreeHost(pinned), cudaSuccess);
     EXPECT_CODE("cudaFreeHost of a non-pinned pointer", cudaFreeHost(host), cudaErrorInvalidValue);
     EXPECT_CODE("cudaFreeHost second", cudaFreeHost(pinned2), cudaSuccess);
