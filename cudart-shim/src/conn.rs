@@ -109,12 +109,7 @@ impl Write for Wire {
     /// away must become an error, not the SIGPIPE that would kill the app.
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
-            Self::RingOut(writer, _) => {
-                return match bufs.iter().find(|buf| !buf.is_empty()) {
-                    Some(buf) => writer.write(buf),
-                    None => Ok(0),
-                };
-            }
+            Self::RingOut(writer, _) => return writer.write_vectored(bufs),
             Self::RingIn(..) => return Err(io::Error::other("wrong half of the rings")),
             Self::Tcp(_) | Self::Unix(_) => {}
         }

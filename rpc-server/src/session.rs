@@ -679,9 +679,19 @@ impl<D: Device> OpHandler for Session<D> {
         let device = self.device.clone();
         let streams: Vec<D::Stream> =
             std::iter::once(device.null_stream()).chain(self.streams.values().copied()).collect();
-        let idle = || streams.iter().all(|stream| device.stream_query(*stream) != Err(CudaError::NOT_READY));
+        // Every stream idle and healthy answers the call without a context-wide synchronize;
+        // an error from any query is the device's sticky error, which the synchronize returns.
+        let mut outcome = Err(CudaError::NOT_READY);
+        let idle = || {
+            outcome = streams.iter().map(|stream| device.stream_query(*stream)).find(|state| state.is_err()).unwrap_or(Ok(()));
+            outcome != Err(CudaError::NOT_READY)
+        };
         if self.ready_soon(idle) {
-            return reply.send(device.synchronize().map(|()| rep::DeviceSynchronize {}));
+            let result = match outcome {
+                Ok(()) => Ok(()),
+                Err(_) => device.synchronize(),
+            };
+            return reply.send(result.map(|()| rep::DeviceSynchronize {}));
         }
         self.waiters.run(move || reply.send(device.synchronize().map(|()| rep::DeviceSynchronize {})));
     }

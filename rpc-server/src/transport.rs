@@ -104,10 +104,7 @@ impl Write for Connection {
         match self {
             Self::Tcp(stream) => stream.write_vectored(bufs),
             Self::Unix(stream) => stream.write_vectored(bufs),
-            Self::RingOut(writer, _) => match bufs.iter().find(|buf| !buf.is_empty()) {
-                Some(buf) => writer.write(buf),
-                None => Ok(0),
-            },
+            Self::RingOut(writer, _) => writer.write_vectored(bufs),
             Self::RingIn(..) => Err(not_for_this_half()),
         }
     }
