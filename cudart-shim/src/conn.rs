@@ -32,11 +32,6 @@ use flyt_protocol::ops::Request;
 const ZERO_COPY_BULK: usize = 64 << 10;
 /// The outgoing buffer is written at once (by the caller) when it grows past this.
 const FLUSH_AT: usize = 1 << 20;
-/// How long a waiting thread spins before it sleeps. A wake-up costs tens to hundreds of
-/// microseconds on the virtual machines GPUs are lent in (measured: a 64 MiB copy waited
-/// ~300 us more than its DMA took with a 50 us spin), and CUDA's own default is to spin while it
-/// waits for the GPU, so spin for a millisecond before sleeping.
-const SPIN: Duration = Duration::from_millis(1);
 /// How long the flusher keeps looking for more work before it sleeps.
 const FLUSHER_SPIN: Duration = Duration::from_micros(100);
 
@@ -180,7 +175,7 @@ impl ReplySlot {
     pub fn wait(&self) -> CudaResult<Vec<u8>> {
         if !self.is_done() {
             let started = Instant::now();
-            let spin_until = started + SPIN;
+            let spin_until = started + flyt_ring::spin_budget();
             while !self.is_done() && Instant::now() < spin_until {
                 std::hint::spin_loop();
             }

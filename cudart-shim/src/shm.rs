@@ -30,9 +30,6 @@ const DEFAULT_STAGING: usize = 8 * SLOT;
 /// Capacity of each message ring (`FLYT_SHM_RINGS`, bytes; 0 keeps small messages on the socket).
 const DEFAULT_RINGS: usize = 1 << 20;
 
-/// How long the shim's receiver spins on an empty ring before it sleeps (see `conn::SPIN`).
-const RING_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
-
 /// How the user asked for the channel (`FLYT_SHM`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wanted {
@@ -199,7 +196,7 @@ impl Channel {
         // SAFETY: the ring area is the start of this mapping, which lives as long as the channel
         // (the session's, i.e. the process's); `capacity` is the power of two offered and
         // accepted; the caller keeps `liveness` open.
-        unsafe { flyt_ring::Pair::new(self.ptr(0), capacity, flyt_ring::Side::Client, liveness, RING_SPIN).split() }
+        unsafe { flyt_ring::Pair::new(self.ptr(0), capacity, flyt_ring::Side::Client, liveness, flyt_ring::spin_budget()).split() }
     }
 
     pub fn new(offered: Offered) -> Self {
@@ -334,8 +331,6 @@ struct Copier {
 
 /// Below this a copy is not worth splitting.
 const SPLIT_AT: usize = 1 << 20;
-/// How long an idle copy thread polls before it blocks.
-const COPIER_SPIN: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl Copier {
     fn new(threads: usize) -> Self {
@@ -344,7 +339,7 @@ impl Copier {
             let (sender, receiver) = mpsc::channel::<Job>();
             let spawned = std::thread::Builder::new().name("flyt-copy".into()).spawn(move || {
                 loop {
-                    let spin_until = std::time::Instant::now() + COPIER_SPIN;
+                    let spin_until = std::time::Instant::now() + flyt_ring::spin_budget();
                     let mut job = None;
                     while job.is_none() && std::time::Instant::now() < spin_until {
                         match receiver.try_recv() {

@@ -62,7 +62,7 @@ pub struct ServerArgs {
     #[arg(long, env = "FLYT_RPC_WARM_WORKERS", default_value_t = 2)]
     pub warm_workers: usize,
     /// Largest copy chunk per frame.
-    #[arg(long, env = "FLYT_RPC_COPY_CHUNK", default_value = "4MiB")]
+    #[arg(long, env = "FLYT_RPC_COPY_CHUNK", default_value = "8MiB")]
     pub copy_chunk: ByteSize,
     /// Pinned staging buffers per session (each one copy chunk).
     #[arg(long, env = "FLYT_RPC_STAGING_SLOTS", default_value_t = 8)]

@@ -13,10 +13,6 @@ type Job = Box<dyn FnOnce() + Send>;
 const MAX_WAITERS: usize = 256;
 /// An idle waiter exits after this long.
 const IDLE_EXIT: Duration = Duration::from_secs(30);
-/// An idle waiter polls for new work this long before it sleeps: handing a wait to a sleeping
-/// thread costs a wake-up, which on the GPU hosts' virtual machines is tens to hundreds of
-/// microseconds, on every synchronizing call that outlasts the reader's own short poll.
-const IDLE_SPIN: Duration = Duration::from_millis(1);
 
 /// A pool of waiter threads.
 pub struct Waiters {
@@ -67,7 +63,8 @@ impl Waiters {
         let spawned = std::thread::Builder::new().name("flyt-waiter".into()).spawn(move || {
             bind();
             loop {
-                let spin_until = std::time::Instant::now() + IDLE_SPIN;
+                // An idle waiter polls for new work before it sleeps (see `flyt_ring::spin_budget`).
+                let spin_until = std::time::Instant::now() + flyt_ring::spin_budget();
                 let mut next = Err(RecvTimeoutError::Timeout);
                 while std::time::Instant::now() < spin_until {
                     match receiver.lock().unwrap_or_else(std::sync::PoisonError::into_inner).try_recv() {

@@ -91,10 +91,6 @@ fn accept_segment<D: Device>(
     Ok(segment)
 }
 
-/// How long the session's reader spins on an empty ring before it sleeps: a wake-up costs tens
-/// to hundreds of microseconds on virtual machines, a millisecond of spinning costs nothing
-/// while the app is busy calling.
-const RING_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
 /// Largest ring a client may ask for.
 const MAX_RING: u64 = 16 << 20;
 
@@ -116,7 +112,7 @@ fn ring_pair(segment: &Segment, offer: &ShmOffer, socket: &Connection) -> Option
     // session keeps for its whole life (the segment moves into the session, its mapping does
     // not move); the capacity was checked to be a power of two that fits; `fd` is the session's
     // socket, kept open by the connection halves that own the rings.
-    let pair = unsafe { flyt_ring::Pair::new(segment.ptr(0), capacity as usize, flyt_ring::Side::Server, fd, RING_SPIN) };
+    let pair = unsafe { flyt_ring::Pair::new(segment.ptr(0), capacity as usize, flyt_ring::Side::Server, fd, flyt_ring::spin_budget()) };
     Some(pair.split())
 }
 
