@@ -196,6 +196,29 @@ impl ReplySlot {
     }
 }
 
+/// Sequence numbers are already well spread: hash them as themselves (the pending map is on every
+/// synchronous call's path).
+#[derive(Clone, Copy, Default)]
+struct SeqHasher(u64);
+
+impl std::hash::Hasher for SeqHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0 << 8) | u64::from(*byte);
+        }
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.0 = u64::from(value);
+    }
+}
+
+type PendingMap = HashMap<u32, Arc<ReplySlot>, std::hash::BuildHasherDefault<SeqHasher>>;
+
 struct Outgoing {
     buf: Vec<u8>,
     next_seq: u32,
@@ -212,7 +235,7 @@ struct WireHalf {
 pub struct Conn {
     writer: Mutex<WireHalf>,
     outgoing: Mutex<Outgoing>,
-    pending: Mutex<HashMap<u32, Arc<ReplySlot>>>,
+    pending: Mutex<PendingMap>,
     failure: OnceLock<String>,
     server: String,
     flush_wanted: AtomicBool,
@@ -234,7 +257,7 @@ impl Conn {
         let conn = Arc::new(Self {
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
             outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1 }),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(PendingMap::default()),
             failure: OnceLock::new(),
             server,
             flush_wanted: AtomicBool::new(false),

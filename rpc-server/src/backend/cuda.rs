@@ -160,7 +160,7 @@ impl StagingPool {
             // Every slot is on its way to the client: poll briefly (a slot frees up every few
             // hundred microseconds during a large copy) before sleeping.
             drop(held);
-            let spin_until = std::time::Instant::now() + std::time::Duration::from_micros(500);
+            let spin_until = std::time::Instant::now() + flyt_ring::spin_budget();
             while std::time::Instant::now() < spin_until {
                 if self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().any(|taken| !taken) {
                     break;
