@@ -10,6 +10,11 @@
 //!   the server never blocks on us.
 //! - If the connection breaks, every waiting call and every later call fails with
 //!   `cudaErrorDevicesUnavailable`: no hang.
+//!
+//! A synchronous reply crosses one thread more than it must: the receiver hands it to the
+//! waiting app thread. Over the shared-memory rings that hop is most of what separates the null
+//! call (3.1 us p50 on an H200 VM) from the 3 us target; letting the waiting thread read the ring
+//! itself while no other thread is reading would remove it.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, IoSlice, Read, Write};
