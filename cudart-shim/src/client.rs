@@ -71,6 +71,8 @@ pub struct Client {
     pub device_flags: Mutex<u32>,
     /// The shared-memory channel, when the server shares this host.
     pub shm: Option<crate::shm::Channel>,
+    /// `(least, greatest)` stream priority, asked of the server once.
+    pub priority_range: OnceLock<(i32, i32)>,
 }
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
@@ -266,6 +268,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         reset_generation: AtomicU64::new(0),
         device_flags: Mutex::new(0),
         shm,
+        priority_range: OnceLock::new(),
     })
 }
 

@@ -84,6 +84,8 @@ macro_rules! cudart_exports {
                 cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint);
                 cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint);
                 cudaStreamGetFlags(stream: cudaStream_t, flags: *mut c_uint);
+                cudaStreamGetPriority(stream: cudaStream_t, priority: *mut c_int);
+                cudaDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int);
                 cudaEventCreate(event: *mut cudaEvent_t);
                 cudaEventCreateWithFlags(event: *mut cudaEvent_t, flags: c_uint);
                 cudaEventRecord(event: cudaEvent_t, stream: cudaStream_t);
@@ -115,7 +117,7 @@ macro_rules! cudart_exports {
                 cudaCreateChannelDesc(x: c_int, y: c_int, z: c_int, w: c_int, f: c_int) -> cudaChannelFormatDesc;
             }
             unsupported {
-        __cudaGetProcAddress, cudaDeviceGetStreamPriorityRange, cudaStreamGetPriority, __cudaRegisterHostVar, __cudaRegisterManagedVar, __cudaRegisterUnifiedTable,
+        __cudaGetProcAddress, __cudaRegisterHostVar, __cudaRegisterManagedVar, __cudaRegisterUnifiedTable,
         cudaArrayGetInfo, cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
         cudaChooseDevice, cudaCreateSurfaceObject, cudaCreateTextureObject, cudaCtxResetPersistingL2Cache,
         cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDestroySurfaceObject,

@@ -105,6 +105,9 @@ macro_rules! for_each_op {
             /// Answers once everything queued on `stream` so far is done: the client then reuses a
             /// staging slot or reads what a copy put there. Deferred errors stay for a sync point.
             33 ShmFence shm_fence [reply -] { stream: u64 } -> {};
+            // --- more device queries ---
+            /// `cudaDeviceGetStreamPriorityRange` (asked once per session, then answered locally).
+            34 StreamPriorityRange stream_priority_range [reply -] {} -> { least: i32, greatest: i32 };
         }
     };
 }

@@ -763,6 +763,10 @@ impl<D: Device> OpHandler for Session<D> {
         reply.send(result.map(|()| rep::ShmCopyDtoH {}));
     }
 
+    fn stream_priority_range(&mut self, _request: req::StreamPriorityRange, reply: Responder<rep::StreamPriorityRange>) {
+        reply.send(self.device.stream_priority_range().map(|(least, greatest)| rep::StreamPriorityRange { least, greatest }));
+    }
+
     fn shm_fence(&mut self, request: req::ShmFence, reply: Responder<rep::ShmFence>) {
         self.when_stream_done(request.stream, move |done| reply.send(done.map(|()| rep::ShmFence {})));
     }

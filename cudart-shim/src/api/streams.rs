@@ -84,11 +84,54 @@ fn event_id(client: &Client, event: cudaEvent_t) -> CudaResult<u64> {
     }
 }
 
+/// The device's stream priority range, asked once per session.
+fn priority_range(client: &Client) -> CudaResult<(i32, i32)> {
+    if let Some(range) = client.priority_range.get() {
+        return Ok(*range);
+    }
+    let reply = call(client, req::StreamPriorityRange {})?;
+    Ok(*client.priority_range.get_or_init(|| (reply.least, reply.greatest)))
+}
+
+pub unsafe fn cudaDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> CudaResult<()> {
+    let (low, high) = priority_range(client()?)?;
+    // Either pointer may be NULL, as in CUDA.
+    if !least.is_null() {
+        // SAFETY: the app's non-NULL out-pointer.
+        unsafe { write_out(least, low)? };
+    }
+    if !greatest.is_null() {
+        // SAFETY: as above.
+        unsafe { write_out(greatest, high)? };
+    }
+    Ok(())
+}
+
+pub unsafe fn cudaStreamGetPriority(stream: cudaStream_t, priority: *mut c_int) -> CudaResult<()> {
+    let client = client()?;
+    let value = match stream as usize {
+        0 | STREAM_LEGACY | STREAM_PER_THREAD => 0,
+        handle => {
+            let streams = client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            streams.get(&(handle as u64)).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?.priority
+        }
+    };
+    // SAFETY: the app's out-pointer.
+    unsafe { write_out(priority, value) }
+}
+
 fn create_stream(out: *mut cudaStream_t, flags: c_uint, priority: c_int) -> CudaResult<()> {
     if out.is_null() || flags & !STREAM_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
     let client = client()?;
+    // CUDA clamps a priority outside the device's range to the range, and reports the clamped one.
+    let priority = if priority == 0 {
+        0
+    } else {
+        let (least, greatest) = priority_range(client)?;
+        priority.clamp(greatest.min(least), least.max(greatest))
+    };
     let id = client.new_stream_id();
     post(client, req::StreamCreate { stream: id, flags, priority })?;
     client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, StreamInfo { flags, priority });

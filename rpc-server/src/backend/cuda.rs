@@ -500,6 +500,10 @@ impl Device for CudaDevice {
         Ok(Handle(stream))
     }
 
+    fn stream_priority_range(&self) -> CudaResult<(i32, i32)> {
+        result::stream::get_priority_range().map_err(driver_error)
+    }
+
     fn stream_destroy(&self, stream: Self::Stream) -> CudaResult<()> {
         // SAFETY: the session removed the stream from its map before destroying it.
         check(unsafe { result::stream::destroy(stream.0) })

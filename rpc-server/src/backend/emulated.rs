@@ -257,6 +257,11 @@ impl Device for EmulatedDevice {
         Ok(state.next_handle)
     }
 
+    fn stream_priority_range(&self) -> CudaResult<(i32, i32)> {
+        // The range Hopper GPUs report, matching the attributes above (priorities supported).
+        Ok((0, -5))
+    }
+
     fn stream_destroy(&self, _stream: u64) -> CudaResult<()> {
         Ok(())
     }

@@ -98,6 +98,8 @@ pub trait Device: Send + Sync + 'static {
     fn occupancy(&self, function: Self::Function, block_size: i32, dynamic_shared_mem: u64, flags: u32) -> CudaResult<i32>;
 
     fn stream_create(&self, flags: u32, priority: i32) -> CudaResult<Self::Stream>;
+    /// `(least, greatest)` stream priority.
+    fn stream_priority_range(&self) -> CudaResult<(i32, i32)>;
     fn stream_destroy(&self, stream: Self::Stream) -> CudaResult<()>;
     /// `Err(NOT_READY)` while work is pending.
     fn stream_query(&self, stream: Self::Stream) -> CudaResult<()>;

@@ -135,6 +135,14 @@ int main(void) {
     unsigned flags = 0;
     EXPECT_CODE("cudaStreamGetFlags", cudaStreamGetFlags(stream, &flags), cudaSuccess);
     EXPECT("stream flags kept", flags == cudaStreamNonBlocking);
+    int least = 1, greatest = 1, priority = 1;
+    cudaStream_t urgent;
+    EXPECT_CODE("cudaDeviceGetStreamPriorityRange", cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+    EXPECT("priorities run from least to greatest", greatest <= least);
+    EXPECT_CODE("stream with a priority beyond the range", cudaStreamCreateWithPriority(&urgent, 0, greatest - 100), cudaSuccess);
+    EXPECT_CODE("cudaStreamGetPriority", cudaStreamGetPriority(urgent, &priority), cudaSuccess);
+    EXPECT("the priority is clamped to the range", priority == greatest);
+    EXPECT_CODE("cudaStreamDestroy urgent", cudaStreamDestroy(urgent), cudaSuccess);
     EXPECT_CODE("cudaEventCreate", cudaEventCreate(&start), cudaSuccess);
     EXPECT_CODE("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&stop, cudaEventBlockingSync), cudaSuccess);
     EXPECT_CODE("cudaEventRecord", cudaEventRecord(start, stream), cudaSuccess);
