@@ -9,6 +9,10 @@
 //!
 //! The logic lives in this rlib so it can be tested as Rust; the `cdylib/` crate only re-exports
 //! it as `libcudart.so.13`.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "Flyt runs on 64-bit Linux only: sizes and addresses cross the wire as u64 and fit usize"
+)]
 
 pub mod api;
 pub mod client;

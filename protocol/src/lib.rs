@@ -9,6 +9,10 @@
 //!
 //! No I/O policy lives here: framing works over any `Read`/`Write`, and nothing touches CUDA.
 #![forbid(unsafe_code)]
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "Flyt runs on 64-bit Linux only: sizes and addresses cross the wire as u64 and fit usize"
+)]
 
 pub mod control;
 pub mod device;

@@ -8,6 +8,10 @@
 //! the server-to-client header at `AREA_HEADER / 2`; then `capacity` bytes of client-to-server
 //! data, then `capacity` bytes of server-to-client data. Every counter the peer writes is checked
 //! before use: a corrupted ring is an I/O error, never an out-of-bounds access.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "Flyt runs on 64-bit Linux only: sizes and addresses cross the wire as u64 and fit usize"
+)]
 
 use std::io::{self, Read, Write};
 use std::os::fd::RawFd;

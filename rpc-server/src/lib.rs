@@ -1,6 +1,10 @@
 //! `flyt-rpc-server`: one listening server per GPU slice. Each session's GPU work runs in a
 //! worker process of its own (a fatal kernel fault poisons every CUDA context of its process),
 //! against a `Device` backend: the CUDA driver, or the emulated host-memory device.
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "Flyt runs on 64-bit Linux only: sizes and addresses cross the wire as u64 and fit usize"
+)]
 
 pub mod backend;
 pub mod budget;

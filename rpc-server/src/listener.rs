@@ -302,7 +302,7 @@ impl Server {
         let session_id = self.next_session.fetch_add(1, Ordering::AcqRel);
         let tcp = connection.is_tcp();
         let client = hello.client.clone();
-        let command = ToWorker::Serve { session_id, hello: hello.clone(), tcp, peer: peer.clone() };
+        let command = ToWorker::Serve { session_id, hello: Box::new(hello.clone()), tcp, peer: peer.clone() };
         let mut bytes = Vec::new();
         encode_into(&command, &mut bytes);
         // Record the session before the worker can answer the client, so a status call that

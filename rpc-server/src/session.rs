@@ -256,7 +256,7 @@ impl<D: Device> Session<D> {
     fn function(&self, function: flyt_protocol::ops::FunctionRef) -> CudaResult<(D::Function, u64)> {
         let module = self.modules.get(&function.module).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
         let index = usize::try_from(function.index).map_err(|_| CudaError::INVALID_DEVICE_FUNCTION)?;
-        module.functions.get(index).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?.clone()
+        *module.functions.get(index).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?
     }
 
     /// Polls `ready` for up to the inline-wait budget; `true` if it became ready.

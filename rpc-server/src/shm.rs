@@ -26,7 +26,7 @@ impl Segment {
     /// Maps a segment of `size` bytes whose first `staging` bytes are the staging area. A memfd
     /// is sealed against shrinking first, so the client cannot make the mapping fault under us.
     pub fn map(file: &File, size: u64, staging: u64, memfd: bool) -> Result<Self, String> {
-        if staging > size || staging % PAGE != 0 || size % PAGE != 0 || size == 0 {
+        if staging > size || !staging.is_multiple_of(PAGE) || !size.is_multiple_of(PAGE) || size == 0 {
             return Err(format!("segment of {size} bytes with {staging} staging bytes is not page aligned"));
         }
         if memfd {
@@ -77,7 +77,7 @@ impl Segment {
     /// apart from every other block.
     pub fn add_block(&mut self, offset: u64, len: u64) -> CudaResult<()> {
         let end = offset.checked_add(len).filter(|end| *end <= self.size).ok_or(CudaError::INVALID_VALUE)?;
-        if len == 0 || offset % PAGE != 0 || offset < self.staging {
+        if len == 0 || !offset.is_multiple_of(PAGE) || offset < self.staging {
             return Err(CudaError::INVALID_VALUE);
         }
         let overlaps_before = self.registered.range(..offset).next_back().is_some_and(|(start, block)| start + block > offset);

@@ -38,6 +38,7 @@ pub unsafe fn __cudaUnregisterFatBinary(handle: *mut *mut c_void) {
     }
 }
 
+#[allow(clippy::too_many_arguments, reason = "the C signature nvcc's registration code calls")]
 pub unsafe fn __cudaRegisterFunction(
     handle: *mut *mut c_void,
     host_fun: *const c_char,
@@ -57,6 +58,7 @@ pub unsafe fn __cudaRegisterFunction(
     }
 }
 
+#[allow(clippy::too_many_arguments, reason = "the C signature nvcc's registration code calls")]
 pub unsafe fn __cudaRegisterVar(
     handle: *mut *mut c_void,
     host_var: *mut c_char,

@@ -420,9 +420,9 @@ impl Device for CudaDevice {
         // CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE / _END: the driver takes the packed argument
         // buffer as it is, laid out by cuFuncGetParamInfo.
         let mut extra: [*mut c_void; 5] = [
-            1 as *mut c_void,
+            std::ptr::without_provenance_mut(1),
             args.as_mut_ptr().cast(),
-            2 as *mut c_void,
+            std::ptr::without_provenance_mut(2),
             (&raw mut size).cast(),
             std::ptr::null_mut(),
         ];
