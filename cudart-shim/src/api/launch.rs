@@ -139,50 +139,25 @@ fn by_host(func: *const c_void) -> CudaResult<std::sync::Arc<Function>> {
     function_by_host(func as usize).ok_or(CudaError::INVALID_RESOURCE_HANDLE)
 }
 
-pub unsafe fn __cudaLaunchKernel(
-    kernel: cudaKernel_t,
-    grid: dim3,
-    block: dim3,
-    args: *mut *mut c_void,
-    shared_mem: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    // SAFETY: the stub's contract (see `launch`).
-    unsafe { launch(&*by_handle(kernel)?, grid, block, args, shared_mem, stream, false) }
+/// The four launch entry points differ only in how they find the kernel and what the null
+/// stream means.
+macro_rules! launch_entry {
+    ($name:ident, $kernel:ty, $find:ident, $per_thread_default:expr) => {
+        pub unsafe fn $name(
+            kernel: $kernel,
+            grid: dim3,
+            block: dim3,
+            args: *mut *mut c_void,
+            shared_mem: usize,
+            stream: cudaStream_t,
+        ) -> CudaResult<()> {
+            // SAFETY: the stub's (or `cudaLaunchKernel`'s) contract, see `launch`.
+            unsafe { launch(&*$find(kernel)?, grid, block, args, shared_mem, stream, $per_thread_default) }
+        }
+    };
 }
 
-pub unsafe fn __cudaLaunchKernel_ptsz(
-    kernel: cudaKernel_t,
-    grid: dim3,
-    block: dim3,
-    args: *mut *mut c_void,
-    shared_mem: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    // SAFETY: as above.
-    unsafe { launch(&*by_handle(kernel)?, grid, block, args, shared_mem, stream, true) }
-}
-
-pub unsafe fn cudaLaunchKernel(
-    func: *const c_void,
-    grid: dim3,
-    block: dim3,
-    args: *mut *mut c_void,
-    shared_mem: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    // SAFETY: `cudaLaunchKernel`'s contract is the stub's.
-    unsafe { launch(&*by_host(func)?, grid, block, args, shared_mem, stream, false) }
-}
-
-pub unsafe fn cudaLaunchKernel_ptsz(
-    func: *const c_void,
-    grid: dim3,
-    block: dim3,
-    args: *mut *mut c_void,
-    shared_mem: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    // SAFETY: as above.
-    unsafe { launch(&*by_host(func)?, grid, block, args, shared_mem, stream, true) }
-}
+launch_entry!(__cudaLaunchKernel, cudaKernel_t, by_handle, false);
+launch_entry!(__cudaLaunchKernel_ptsz, cudaKernel_t, by_handle, true);
+launch_entry!(cudaLaunchKernel, *const c_void, by_host, false);
+launch_entry!(cudaLaunchKernel_ptsz, *const c_void, by_host, true);
