@@ -239,7 +239,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
     };
     let (reader, writer) = match (rings, &shm) {
         (Some(capacity), Some(channel)) => {
-            let fd = wire.raw_fd();
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&wire);
             // SAFETY: `fd` is the session's socket, which the ring halves keep open (both hold
             // the `Arc` below) for as long as they are used.
             let (ring_in, ring_out) = unsafe { channel.rings(capacity, fd) };

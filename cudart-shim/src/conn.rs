@@ -17,10 +17,8 @@
 //! itself while no other thread is reading would remove it.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, IoSlice, Read, Write};
-use std::net::TcpStream;
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::io::{self, BufReader, IoSlice};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -40,93 +38,8 @@ const FLUSH_AT: usize = 1 << 20;
 /// How long the flusher keeps looking for more work before it sleeps.
 const FLUSHER_SPIN: Duration = Duration::from_micros(100);
 
-/// A socket to the server, or one half of the shared-memory rings (with the socket kept open to
-/// tell when the server is gone).
-pub enum Wire {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-    RingIn(flyt_ring::RingReader, Arc<Wire>),
-    RingOut(flyt_ring::RingWriter, Arc<Wire>),
-}
-
-impl Wire {
-    pub fn try_clone(&self) -> io::Result<Self> {
-        Ok(match self {
-            Self::Tcp(stream) => Self::Tcp(stream.try_clone()?),
-            Self::Unix(stream) => Self::Unix(stream.try_clone()?),
-            Self::RingIn(..) | Self::RingOut(..) => return Err(io::Error::other("ring halves are not cloned")),
-        })
-    }
-
-    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        match self {
-            Self::Tcp(stream) => stream.set_read_timeout(timeout),
-            Self::Unix(stream) => stream.set_read_timeout(timeout),
-            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.set_read_timeout(timeout),
-        }
-    }
-
-    fn shutdown(&self) {
-        let _ = match self {
-            Self::Tcp(stream) => stream.shutdown(std::net::Shutdown::Both),
-            Self::Unix(stream) => stream.shutdown(std::net::Shutdown::Both),
-            Self::RingIn(_, socket) | Self::RingOut(_, socket) => {
-                socket.shutdown();
-                Ok(())
-            }
-        };
-    }
-}
-
-impl Read for Wire {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Self::Tcp(stream) => stream.read(buf),
-            Self::Unix(stream) => stream.read(buf),
-            Self::RingIn(reader, _) => reader.read(buf),
-            Self::RingOut(..) => Err(io::Error::other("wrong half of the rings")),
-        }
-    }
-}
-
-impl Wire {
-    pub fn raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        match self {
-            Self::Tcp(stream) => stream.as_raw_fd(),
-            Self::Unix(stream) => stream.as_raw_fd(),
-            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.raw_fd(),
-        }
-    }
-}
-
-impl Write for Wire {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_vectored(&[IoSlice::new(buf)])
-    }
-
-    /// `sendmsg` with `MSG_NOSIGNAL`: the app is not ours, and a write to a server that went
-    /// away must become an error, not the SIGPIPE that would kill the app.
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Self::RingOut(writer, _) => return writer.write_vectored(bufs),
-            Self::RingIn(..) => return Err(io::Error::other("wrong half of the rings")),
-            Self::Tcp(_) | Self::Unix(_) => {}
-        }
-        // SAFETY: `msghdr` is plain data; all-zero is a valid empty header.
-        let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
-        header.msg_iov = bufs.as_ptr().cast_mut().cast();
-        header.msg_iovlen = bufs.len().min(1024);
-        // SAFETY: `IoSlice` is ABI-compatible with `iovec` (documented by std); the slices
-        // outlive the call; the descriptor is this wire's open socket.
-        let sent = unsafe { libc::sendmsg(self.raw_fd(), &header, libc::MSG_NOSIGNAL) };
-        usize::try_from(sent).map_err(|_| io::Error::last_os_error())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
+/// A socket to the server, or one half of the shared-memory rings.
+pub use flyt_ring::Link as Wire;
 
 /// Where the bulk bytes of a device-to-host reply go: an app buffer.
 #[derive(Clone, Copy)]
@@ -246,8 +159,6 @@ pub struct Conn {
     flush_wanted: AtomicBool,
     flusher_asleep: Mutex<bool>,
     flusher_wake: Condvar,
-    /// Bytes written, for statistics and tests.
-    pub bytes_sent: AtomicU64,
     /// The session's devices as the server last described them after a resize.
     pub resized_devices: Mutex<Option<Vec<DeviceInfo>>>,
 }
@@ -268,7 +179,6 @@ impl Conn {
             flush_wanted: AtomicBool::new(false),
             flusher_asleep: Mutex::new(false),
             flusher_wake: Condvar::new(),
-            bytes_sent: AtomicU64::new(0),
             resized_devices: Mutex::new(None),
         });
         let receiver = conn.clone();
@@ -324,14 +234,10 @@ impl Conn {
         if writer.batch.is_empty() && tail.is_empty() {
             return Ok(());
         }
-        let written = (writer.batch.len() + tail.len()) as u64;
         let result = write_all_vectored(&mut writer.wire, &mut [IoSlice::new(&writer.batch), IoSlice::new(tail)]);
         writer.batch.clear();
         match result {
-            Ok(()) => {
-                self.bytes_sent.fetch_add(written, Ordering::Relaxed);
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(error) => {
                 self.fail(format!("send failed: {error}"));
                 Err(CudaError::DEVICES_UNAVAILABLE)
@@ -399,14 +305,10 @@ impl Conn {
             put_header(&mut out.buf[start..], FrameHeader { message_len, seq, bulk_len });
             std::mem::swap(&mut out.buf, &mut writer.batch);
         }
-        let written = (writer.batch.len() + bulk.len()) as u64;
         let result = write_all_vectored(&mut writer.wire, &mut [IoSlice::new(&writer.batch), IoSlice::new(bulk)]);
         writer.batch.clear();
         match result {
-            Ok(()) => {
-                self.bytes_sent.fetch_add(written, Ordering::Relaxed);
-                Ok(slot)
-            }
+            Ok(()) => Ok(slot),
             Err(error) => {
                 self.fail(format!("send failed: {error}"));
                 Err(CudaError::DEVICES_UNAVAILABLE)

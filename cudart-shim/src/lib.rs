@@ -24,8 +24,3 @@ pub mod props;
 pub mod registry;
 pub mod shm;
 pub mod stats;
-
-/// Keeps the exports alive in the cdylib (referenced from there).
-pub fn link_exports() -> usize {
-    exports::EXPORTS.len()
-}

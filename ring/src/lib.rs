@@ -13,6 +13,10 @@
     reason = "Flyt runs on 64-bit Linux only: sizes and addresses cross the wire as u64 and fit usize"
 )]
 
+mod link;
+
+pub use link::Link;
+
 use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
 use std::sync::Arc;

@@ -1,118 +1,15 @@
-//! Connections: TCP or Unix sockets behind one type, and the outbox that serializes replies.
+//! The outbox that serializes replies, over a session's connection (`flyt_ring::Link`).
 
-use std::io::{self, Read, Write};
-use std::net::TcpStream;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex};
+use std::io;
+use std::sync::Mutex;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::frame::write_all_vectored;
 use flyt_protocol::ops::{OpClass, encode_reply};
 use serde::Serialize;
 
-/// One client connection.
-pub enum Connection {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-    /// The shared-memory rings' reading half; the socket stays open to tell when the client is
-    /// gone.
-    RingIn(flyt_ring::RingReader, Arc<Connection>),
-    /// The rings' writing half.
-    RingOut(flyt_ring::RingWriter, Arc<Connection>),
-}
-
-impl Connection {
-    /// A second handle on the same socket (one reads, the other writes).
-    pub fn try_clone(&self) -> io::Result<Self> {
-        Ok(match self {
-            Self::Tcp(stream) => Self::Tcp(stream.try_clone()?),
-            Self::Unix(stream) => Self::Unix(stream.try_clone()?),
-            Self::RingIn(..) | Self::RingOut(..) => return Err(io::Error::other("ring halves are not cloned")),
-        })
-    }
-
-    /// Rebuilds a connection from a descriptor passed by the listener.
-    pub fn from_fd(fd: OwnedFd, tcp: bool) -> Self {
-        if tcp { Self::Tcp(TcpStream::from(fd)) } else { Self::Unix(UnixStream::from(fd)) }
-    }
-
-    pub fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
-        match self {
-            Self::Tcp(stream) => stream.set_read_timeout(timeout),
-            Self::Unix(stream) => stream.set_read_timeout(timeout),
-            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.set_read_timeout(timeout),
-        }
-    }
-
-    pub fn is_tcp(&self) -> bool {
-        match self {
-            Self::Tcp(_) => true,
-            Self::Unix(_) => false,
-            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.is_tcp(),
-        }
-    }
-
-    pub fn shutdown(&self) {
-        let _ = match self {
-            Self::Tcp(stream) => stream.shutdown(std::net::Shutdown::Both),
-            Self::Unix(stream) => stream.shutdown(std::net::Shutdown::Both),
-            Self::RingIn(_, socket) | Self::RingOut(_, socket) => {
-                socket.shutdown();
-                Ok(())
-            }
-        };
-    }
-}
-
-impl AsFd for Connection {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Self::Tcp(stream) => stream.as_fd(),
-            Self::Unix(stream) => stream.as_fd(),
-            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.as_fd(),
-        }
-    }
-}
-
-fn not_for_this_half() -> io::Error {
-    io::Error::other("wrong half of the shared-memory rings")
-}
-
-impl Read for Connection {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Self::Tcp(stream) => stream.read(buf),
-            Self::Unix(stream) => stream.read(buf),
-            Self::RingIn(reader, _) => reader.read(buf),
-            Self::RingOut(..) => Err(not_for_this_half()),
-        }
-    }
-}
-
-impl Write for Connection {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Self::Tcp(stream) => stream.write(buf),
-            Self::Unix(stream) => stream.write(buf),
-            Self::RingOut(writer, _) => writer.write(buf),
-            Self::RingIn(..) => Err(not_for_this_half()),
-        }
-    }
-
-    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Self::Tcp(stream) => stream.write_vectored(bufs),
-            Self::Unix(stream) => stream.write_vectored(bufs),
-            Self::RingOut(writer, _) => writer.write_vectored(bufs),
-            Self::RingIn(..) => Err(not_for_this_half()),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
+/// One client connection (a socket, or a half of the shared-memory rings).
+pub use flyt_ring::Link as Connection;
 
 /// Locks `mutex`, polling for a while (`flyt_ring::spin_budget`) before sleeping: replies of a
 /// large copy follow each other from different waiter threads, and a sleeping thread's wake-up

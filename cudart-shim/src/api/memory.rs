@@ -15,7 +15,7 @@ use flyt_protocol::ops::{decode_reply, rep, req};
 
 use super::streams::stream_id;
 use super::{call, post};
-use crate::client::{Client, HostAllocation, client, existing_client};
+use crate::client::{Client, HostAllocation, client};
 use crate::conn::{HostDestination, ReplySlot};
 use crate::shm::{Channel, SLOT};
 use crate::ffi::{cudaMemcpyKind, cudaStream_t, host_slice, write_out};
@@ -498,11 +498,8 @@ fn to_symbol(symbol: *const c_void, src: *const c_void, count: usize, offset: us
     if !matches!(kind, HOST_TO_DEVICE | DEVICE_TO_DEVICE | DEFAULT) {
         return Err(CudaError::INVALID_MEMCPY_DIRECTION);
     }
-    let client = client()?;
     let address = symbol_address(symbol, count, offset)?;
-    memcpy(address as usize as *mut c_void, src, count, kind, stream, mode, per_thread).inspect_err(|_| {
-        let _ = client;
-    })
+    memcpy(address as usize as *mut c_void, src, count, kind, stream, mode, per_thread)
 }
 
 #[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
@@ -570,7 +567,7 @@ pub unsafe fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, p
         hostPointer: std::ptr::null_mut(),
         reserved: [0; 8],
     };
-    if let Some(client) = existing_client().or_else(|| client().ok()) {
+    if let Ok(client) = client() {
         if client.is_device_pointer(address as u64) {
             value.memory_type = memory_type::DEVICE;
             value.device = 0;

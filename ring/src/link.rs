@@ -1,0 +1,122 @@
+//! The byte stream between a shim and its rpc-server: a TCP or Unix socket, or one half of the
+//! shared-memory rings (holding the socket open to tell when the peer is gone). Both ends use this
+//! one type.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{RingReader, RingWriter};
+
+/// A data-plane connection.
+pub enum Link {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+    /// The rings' reading half; the socket stays open to tell when the peer is gone.
+    RingIn(RingReader, Arc<Link>),
+    /// The rings' writing half.
+    RingOut(RingWriter, Arc<Link>),
+}
+
+fn wrong_half() -> io::Error {
+    io::Error::other("wrong half of the shared-memory rings")
+}
+
+impl Link {
+    /// Rebuilds a socket from a descriptor (one passed between processes).
+    pub fn from_fd(fd: OwnedFd, tcp: bool) -> Self {
+        if tcp { Self::Tcp(TcpStream::from(fd)) } else { Self::Unix(UnixStream::from(fd)) }
+    }
+
+    /// A second handle on the same socket (one reads, the other writes).
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(match self {
+            Self::Tcp(stream) => Self::Tcp(stream.try_clone()?),
+            Self::Unix(stream) => Self::Unix(stream.try_clone()?),
+            Self::RingIn(..) | Self::RingOut(..) => return Err(io::Error::other("ring halves are not cloned")),
+        })
+    }
+
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Self::Tcp(stream) => stream.set_read_timeout(timeout),
+            Self::Unix(stream) => stream.set_read_timeout(timeout),
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.set_read_timeout(timeout),
+        }
+    }
+
+    pub fn is_tcp(&self) -> bool {
+        match self {
+            Self::Tcp(_) => true,
+            Self::Unix(_) => false,
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.is_tcp(),
+        }
+    }
+
+    /// Shuts the socket down both ways (the peer sees the end at once).
+    pub fn shutdown(&self) {
+        match self {
+            Self::Tcp(stream) => drop(stream.shutdown(std::net::Shutdown::Both)),
+            Self::Unix(stream) => drop(stream.shutdown(std::net::Shutdown::Both)),
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.shutdown(),
+        }
+    }
+}
+
+impl AsFd for Link {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Self::Tcp(stream) => stream.as_fd(),
+            Self::Unix(stream) => stream.as_fd(),
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.as_fd(),
+        }
+    }
+}
+
+impl AsRawFd for Link {
+    fn as_raw_fd(&self) -> RawFd {
+        self.as_fd().as_raw_fd()
+    }
+}
+
+impl Read for Link {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(stream) => stream.read(buf),
+            Self::Unix(stream) => stream.read(buf),
+            Self::RingIn(reader, _) => reader.read(buf),
+            Self::RingOut(..) => Err(wrong_half()),
+        }
+    }
+}
+
+impl Write for Link {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[IoSlice::new(buf)])
+    }
+
+    /// Sockets are written with `sendmsg(MSG_NOSIGNAL)`: a peer that went away must be an error,
+    /// never a SIGPIPE (the shim lives in someone else's process).
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Self::RingOut(writer, _) => return writer.write_vectored(bufs),
+            Self::RingIn(..) => return Err(wrong_half()),
+            Self::Tcp(_) | Self::Unix(_) => {}
+        }
+        // SAFETY: `msghdr` is plain data; all-zero is a valid empty header.
+        let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+        header.msg_iov = bufs.as_ptr().cast_mut().cast();
+        header.msg_iovlen = bufs.len().min(1024);
+        // SAFETY: `IoSlice` is ABI-compatible with `iovec` (documented by std); the slices
+        // outlive the call; the descriptor is this link's open socket.
+        let sent = unsafe { libc::sendmsg(self.as_raw_fd(), &header, libc::MSG_NOSIGNAL) };
+        usize::try_from(sent).map_err(|_| io::Error::last_os_error())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
