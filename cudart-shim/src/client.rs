@@ -16,7 +16,7 @@ use flyt_protocol::frame::{FrameLimits, read_value, write_value};
 use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo, ShmOffer};
 use flyt_protocol::locate::{LocateReply, LocateRequest};
 
-use crate::conn::{Conn, ReplySlot, Wire};
+use crate::conn::{Conn, Wire};
 use crate::props::{cudaDeviceProp, device_prop};
 use crate::shm;
 
@@ -62,10 +62,6 @@ pub struct Client {
     pub events: Mutex<HashMap<u64, u32>>,
     next_stream: AtomicU64,
     next_event: AtomicU64,
-    /// Device-to-host copies whose bytes are still on their way (from `cudaMemcpyAsync`).
-    in_flight: Mutex<Vec<Arc<ReplySlot>>>,
-    /// The first failure of an asynchronous copy, reported at the next synchronizing call.
-    deferred: Mutex<Option<CudaError>>,
     /// Bumped by `cudaDeviceReset`, which destroys every per-thread default stream.
     pub reset_generation: AtomicU64,
     pub device_flags: Mutex<u32>,
@@ -204,8 +200,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         staging: offered.staging as u64,
         rings: offered.rings as u64,
     });
-    write_value(&mut wire, 0, &Hello::new(token, identity, offer))
-        .map_err(|error| unavailable(format!("server {address}: {error}")))?;
+    write_value(&mut wire, 0, &Hello::new(token, identity, offer)).map_err(|error| unavailable(format!("server {address}: {error}")))?;
     if let (Some(offered), Wire::Unix(socket)) = (&offered, &wire)
         && offered.path.is_none()
     {
@@ -263,8 +258,6 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         events: Mutex::new(HashMap::new()),
         next_stream: AtomicU64::new(STREAM_ID_BASE),
         next_event: AtomicU64::new(EVENT_ID_BASE),
-        in_flight: Mutex::new(Vec::new()),
-        deferred: Mutex::new(None),
         reset_generation: AtomicU64::new(0),
         device_flags: Mutex::new(0),
         shm,
@@ -355,39 +348,5 @@ impl Client {
 
     pub fn new_event_id(&self) -> u64 {
         self.next_event.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Remembers a device-to-host copy that completes later.
-    pub fn track_in_flight(&self, slot: Arc<ReplySlot>) {
-        let mut in_flight = lock(&self.in_flight);
-        in_flight.retain(|slot| !slot.is_done() || self.absorb(slot));
-        in_flight.push(slot);
-    }
-
-    /// Takes a finished copy's outcome into the deferred error; `false` so `retain` drops it.
-    fn absorb(&self, slot: &ReplySlot) -> bool {
-        if let Err(error) = slot.wait().and_then(|message| {
-            flyt_protocol::ops::decode_reply::<flyt_protocol::ops::rep::MemcpyDtoH>(&message)
-                .map_err(|_| CudaError::UNKNOWN)?
-                .result
-                .map(|_| ())
-        }) {
-            lock(&self.deferred).get_or_insert(error);
-        }
-        false
-    }
-
-    /// Waits until every asynchronous device-to-host copy issued so far has landed, and returns
-    /// the first failure among them (or an earlier deferred one): the app may read its buffers
-    /// after a synchronizing call returns.
-    pub fn settle_in_flight(&self) -> CudaResult<()> {
-        let slots: Vec<_> = std::mem::take(&mut *lock(&self.in_flight));
-        for slot in slots {
-            self.absorb(&slot);
-        }
-        match lock(&self.deferred).take() {
-            Some(error) => Err(error),
-            None => Ok(()),
-        }
     }
 }

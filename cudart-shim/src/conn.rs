@@ -5,30 +5,32 @@
 //!   encode and a lock, not a system call.
 //! - A synchronous call appends its request and flushes the buffer itself, in one write, so
 //!   everything sent before it reaches the server first.
-//! - A receiver thread reads every reply: it writes device-to-host bytes straight into the
-//!   app's buffer and wakes the thread waiting for that reply. It always drains the socket, so
-//!   the server never blocks on us.
+//! - The thread that waits for a reply reads it itself: it takes the reading half (if no other
+//!   thread holds it), polls it without blocking for the spin budget, then blocks, and hands every
+//!   frame that is not its own to its owner (device-to-host bytes straight into the app's
+//!   buffer). No thread hop stands between the reply and the app.
+//! - Replies nobody waits for (asynchronous device-to-host copies) are read by a receiver
+//!   thread while no app thread is reading, so the server never blocks on a full socket; it
+//!   sleeps when none are outstanding.
+//! - Frames arrive in the order the server sent them, and the server sends a copy's bytes
+//!   before answering any call that waits for that copy, so when a synchronizing call returns,
+//!   the bytes of the copies it covered are in the app's memory.
 //! - If the connection breaks, every waiting call and every later call fails with
 //!   `cudaErrorDevicesUnavailable`: no hang.
-//!
-//! A synchronous reply crosses one thread more than it must: the receiver hands it to the
-//! waiting app thread. Over the shared-memory rings that hop is most of what separates the null
-//! call (3.1 us p50 on an H200 VM) from the 3 us target; letting the waiting thread read the ring
-//! itself while no other thread is reading would remove it.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, IoSlice};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::io::{self, IoSlice, Read};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use flyt_protocol::CudaError;
-use flyt_protocol::error::CudaResult;
-use flyt_protocol::frame::{FrameHeader, FrameLimits, HEADER_LEN, discard, read_full, read_message, write_all_vectored};
 use flyt_protocol::device::DeviceInfo;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::frame::{FrameHeader, FrameLimits, HEADER_LEN, write_all_vectored};
 use flyt_protocol::handshake::Notice;
-use flyt_protocol::ops::Request;
+use flyt_protocol::ops::{Request, decode_reply, rep};
 
 /// Bulk bytes above this are written straight from the app's buffer instead of being copied
 /// into the outgoing buffer.
@@ -70,16 +72,31 @@ pub struct ReplySlot {
     reply: Mutex<Option<CudaResult<Vec<u8>>>>,
     waiter: Mutex<Option<Thread>>,
     destination: Option<HostDestination>,
+    /// Nobody waits for it (an asynchronous device-to-host copy): its outcome goes to the
+    /// connection's deferred error.
+    detached: bool,
+    conn: Weak<Conn>,
 }
 
 impl ReplySlot {
-    fn new(destination: Option<HostDestination>) -> Self {
-        Self { done: AtomicBool::new(false), reply: Mutex::new(None), waiter: Mutex::new(None), destination }
+    fn new(conn: &Arc<Conn>, destination: Option<HostDestination>, detached: bool) -> Self {
+        Self {
+            done: AtomicBool::new(false),
+            reply: Mutex::new(None),
+            waiter: Mutex::new(None),
+            destination,
+            detached,
+            conn: Arc::downgrade(conn),
+        }
     }
 
     fn complete(&self, reply: CudaResult<Vec<u8>>) {
         *self.reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reply);
         self.done.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    fn wake(&self) {
         if let Some(thread) = self.waiter.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
             thread.unpark();
         }
@@ -89,28 +106,18 @@ impl ReplySlot {
         self.done.load(Ordering::Acquire)
     }
 
-    /// Waits for the reply message (its bytes after the frame header).
+    /// Waits for the reply message (its bytes after the frame header), reading the connection
+    /// itself when no other thread is.
     pub fn wait(&self) -> CudaResult<Vec<u8>> {
         if !self.is_done() {
             let started = Instant::now();
-            let spin_until = started + flyt_ring::spin_budget();
-            while !self.is_done() && Instant::now() < spin_until {
-                std::hint::spin_loop();
-            }
-            while !self.is_done() {
-                *self.waiter.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::thread::current());
-                if self.is_done() {
-                    break;
-                }
-                std::thread::park_timeout(Duration::from_millis(100));
+            match self.conn.upgrade() {
+                Some(conn) => conn.wait_for(self, started),
+                None => return Err(CudaError::DEVICES_UNAVAILABLE),
             }
             crate::stats::add_blocked(started.elapsed());
         }
-        self.reply
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-            .unwrap_or(Err(CudaError::UNKNOWN))
+        self.reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take().unwrap_or(Err(CudaError::UNKNOWN))
     }
 }
 
@@ -149,11 +156,91 @@ struct WireHalf {
     batch: Vec<u8>,
 }
 
+/// The reading half and what has been read from it but not yet handled.
+struct Inbound {
+    wire: Wire,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    message: Vec<u8>,
+}
+
+impl Inbound {
+    fn new(wire: Wire) -> Self {
+        Self { wire, buf: vec![0u8; 256 << 10].into_boxed_slice(), start: 0, end: 0, message: Vec::with_capacity(4096) }
+    }
+
+    fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Reads more bytes into the buffer; without `wait`, `Ok(false)` when none have arrived.
+    fn fill(&mut self, wait: bool) -> io::Result<bool> {
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        } else if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        let target = &mut self.buf[self.end..];
+        let read = if wait { self.wire.read(target) } else { self.wire.read_nonblocking(target) };
+        match read {
+            Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(read) => {
+                self.end += read;
+                Ok(true)
+            }
+            Err(error) if !wait && error.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Fills `out` from the buffer, then straight from the wire.
+    fn read_exact(&mut self, out: &mut [u8]) -> io::Result<()> {
+        let from_buffer = self.buffered().min(out.len());
+        out[..from_buffer].copy_from_slice(&self.buf[self.start..self.start + from_buffer]);
+        self.start += from_buffer;
+        let mut filled = from_buffer;
+        while filled < out.len() {
+            match self.wire.read(&mut out[filled..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(read) => filled += read,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and drops `len` bytes.
+    fn skip(&mut self, mut len: u64) -> io::Result<()> {
+        while len > 0 {
+            if self.buffered() == 0 {
+                self.fill(true)?;
+            }
+            let step = usize::try_from(len).unwrap_or(usize::MAX).min(self.buffered());
+            self.start += step;
+            len -= step as u64;
+        }
+        Ok(())
+    }
+}
+
 /// A live connection.
 pub struct Conn {
     writer: Mutex<WireHalf>,
     outgoing: Mutex<Outgoing>,
     pending: Mutex<PendingMap>,
+    /// The reading half: held by whichever thread reads (a waiting app thread, or the receiver).
+    inbound: Mutex<Inbound>,
+    /// Replies nobody waits for that are still to come (the receiver reads while any are).
+    detached: AtomicUsize,
+    receiver_wanted: Mutex<bool>,
+    receiver_wake: Condvar,
+    /// The first failure of an asynchronous copy (its own or a deferred one it carried back),
+    /// reported at the next synchronizing call.
+    deferred: Mutex<Option<CudaError>>,
     failure: OnceLock<String>,
     server: String,
     flush_wanted: AtomicBool,
@@ -167,6 +254,29 @@ fn put_header(buf: &mut [u8], header: FrameHeader) {
     buf[..HEADER_LEN].copy_from_slice(&header.encode());
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Writes what the session's kernels printed where the app's own output goes: through C stdio,
+/// as the CUDA driver does, so it keeps its place among the app's `printf`s.
+fn write_device_output(out: &[u8], err: &[u8]) {
+    unsafe extern "C" {
+        static mut stdout: *mut libc::FILE;
+        static mut stderr: *mut libc::FILE;
+    }
+    // SAFETY: glibc's `stdout`/`stderr` are initialized before any code of the process runs and
+    // are only read here; `fwrite` locks the stream itself; the byte slices are valid.
+    unsafe {
+        for (bytes, stream) in [(out, std::ptr::addr_of!(stdout).read()), (err, std::ptr::addr_of!(stderr).read())] {
+            if !bytes.is_empty() && !stream.is_null() {
+                libc::fwrite(bytes.as_ptr().cast(), 1, bytes.len(), stream);
+                libc::fflush(stream);
+            }
+        }
+    }
+}
+
 impl Conn {
     /// Starts the receiver and flusher threads on a handshaken connection's two halves.
     pub fn start(reader: Wire, wire: Wire, server: String) -> io::Result<Arc<Self>> {
@@ -174,6 +284,11 @@ impl Conn {
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
             outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1 }),
             pending: Mutex::new(PendingMap::default()),
+            inbound: Mutex::new(Inbound::new(reader)),
+            detached: AtomicUsize::new(0),
+            receiver_wanted: Mutex::new(false),
+            receiver_wake: Condvar::new(),
+            deferred: Mutex::new(None),
             failure: OnceLock::new(),
             server,
             flush_wanted: AtomicBool::new(false),
@@ -181,8 +296,8 @@ impl Conn {
             flusher_wake: Condvar::new(),
             resized_devices: Mutex::new(None),
         });
-        let receiver = conn.clone();
-        std::thread::Builder::new().name("flyt-receiver".into()).spawn(move || receiver.receive(reader))?;
+        let receiver = Arc::downgrade(&conn);
+        std::thread::Builder::new().name("flyt-receiver".into()).spawn(move || receive_loop(&receiver))?;
         let flusher = conn.clone();
         std::thread::Builder::new().name("flyt-flusher".into()).spawn(move || flusher.flush_loop())?;
         Ok(conn)
@@ -200,13 +315,24 @@ impl Conn {
         if self.failure.set(reason.clone()).is_ok() {
             crate::diagnostics::once("connection", &format!("flyt: lost the connection to the GPU server {}: {reason}", self.server));
         }
-        let slots: Vec<_> = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain().collect();
+        let slots: Vec<_> = lock(&self.pending).drain().collect();
         for (_, slot) in slots {
             slot.complete(Err(CudaError::DEVICES_UNAVAILABLE));
         }
         if let Ok(writer) = self.writer.try_lock() {
             writer.wire.shutdown();
         }
+        self.wake_receiver();
+    }
+
+    /// The first failure of an asynchronous copy since the last call, taken.
+    pub fn take_deferred(&self) -> Option<CudaError> {
+        lock(&self.deferred).take()
+    }
+
+    /// Keeps an error for the next synchronizing call (the first one wins, as in CUDA).
+    pub fn defer(&self, error: CudaError) {
+        lock(&self.deferred).get_or_insert(error);
     }
 
     /// Appends one frame to the outgoing buffer; returns its sequence number.
@@ -225,10 +351,10 @@ impl Conn {
 
     /// Writes everything queued so far (and `tail`, straight from its buffer) in order.
     fn write_batch(&self, tail: &[u8]) -> CudaResult<()> {
-        let mut writer = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut writer = lock(&self.writer);
         let writer = &mut *writer;
         {
-            let mut out = self.outgoing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut out = lock(&self.outgoing);
             std::mem::swap(&mut out.buf, &mut writer.batch);
         }
         if writer.batch.is_empty() && tail.is_empty() {
@@ -252,13 +378,13 @@ impl Conn {
     }
 
     /// Queues an asynchronous request (no reply expected).
-    pub fn send_async(&self, request: &Request, bulk: &[u8]) -> CudaResult<()> {
+    pub fn send_async(self: &Arc<Self>, request: &Request, bulk: &[u8]) -> CudaResult<()> {
         self.check_alive()?;
         if bulk.len() > ZERO_COPY_BULK {
             return self.send_with_bulk(request, bulk, None).map(|_| ());
         }
         let queued = {
-            let mut out = self.outgoing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut out = lock(&self.outgoing);
             Self::enqueue(&mut out, request, bulk);
             out.buf.len()
         };
@@ -270,39 +396,51 @@ impl Conn {
         }
     }
 
-    /// Sends a request whose reply will be collected through the returned slot.
-    pub fn send_for_reply(&self, request: &Request, destination: Option<HostDestination>) -> CudaResult<Arc<ReplySlot>> {
-        self.check_alive()?;
-        let slot = Arc::new(ReplySlot::new(destination));
-        {
-            let mut out = self.outgoing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Register before the bytes can reach the server: the reply may come back at once.
-            let seq = out.next_seq;
-            self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(seq, slot.clone());
-            Self::enqueue(&mut out, request, &[]);
+    fn register(self: &Arc<Self>, out: &Outgoing, destination: Option<HostDestination>, detached: bool) -> Arc<ReplySlot> {
+        let slot = Arc::new(ReplySlot::new(self, destination, detached));
+        if detached {
+            self.detached.fetch_add(1, Ordering::AcqRel);
         }
+        // Registered before the bytes can reach the server: the reply may come back at once.
+        lock(&self.pending).insert(out.next_seq, slot.clone());
+        slot
+    }
+
+    /// Sends a request whose reply will be collected through the returned slot.
+    pub fn send_for_reply(self: &Arc<Self>, request: &Request, destination: Option<HostDestination>) -> CudaResult<Arc<ReplySlot>> {
+        self.check_alive()?;
+        let mut out = lock(&self.outgoing);
+        let slot = self.register(&out, destination, false);
+        Self::enqueue(&mut out, request, &[]);
         Ok(slot)
+    }
+
+    /// Sends an asynchronous device-to-host copy: its bytes land in `destination` whenever its
+    /// reply is read (always before the reply to any later call that waits for the copy), and a
+    /// failure becomes the deferred error.
+    pub fn send_detached(self: &Arc<Self>, request: &Request, destination: HostDestination) -> CudaResult<()> {
+        self.check_alive()?;
+        let mut out = lock(&self.outgoing);
+        self.register(&out, Some(destination), true);
+        Self::enqueue(&mut out, request, &[]);
+        Ok(())
     }
 
     /// Sends a request with a large bulk payload written straight from `bulk`; the call returns
     /// once the kernel has the bytes, so the app may reuse its buffer.
-    pub fn send_with_bulk(&self, request: &Request, bulk: &[u8], reply: Option<()>) -> CudaResult<Option<Arc<ReplySlot>>> {
+    pub fn send_with_bulk(self: &Arc<Self>, request: &Request, bulk: &[u8], reply: Option<()>) -> CudaResult<Option<Arc<ReplySlot>>> {
         self.check_alive()?;
-        let slot = reply.map(|()| Arc::new(ReplySlot::new(None)));
-        let mut writer = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut writer = lock(&self.writer);
         let writer = &mut *writer;
+        let slot;
         {
-            let mut out = self.outgoing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(slot) = &slot {
-                self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(out.next_seq, slot.clone());
-            }
+            let mut out = lock(&self.outgoing);
+            slot = reply.map(|()| self.register(&out, None, false));
             // Header and message now, bulk bytes straight from the app's buffer after them.
             let start = out.buf.len();
-            Self::enqueue(&mut out, request, &[]);
-            let bulk_len = bulk.len() as u64;
+            let seq = Self::enqueue(&mut out, request, &[]);
             let message_len = u32::try_from(out.buf.len() - start - HEADER_LEN).unwrap_or(u32::MAX);
-            let seq = u32::from_le_bytes([out.buf[start + 4], out.buf[start + 5], out.buf[start + 6], out.buf[start + 7]]);
-            put_header(&mut out.buf[start..], FrameHeader { message_len, seq, bulk_len });
+            put_header(&mut out.buf[start..], FrameHeader { message_len, seq, bulk_len: bulk.len() as u64 });
             std::mem::swap(&mut out.buf, &mut writer.batch);
         }
         let result = write_all_vectored(&mut writer.wire, &mut [IoSlice::new(&writer.batch), IoSlice::new(bulk)]);
@@ -317,17 +455,146 @@ impl Conn {
     }
 
     /// Sends a request and waits for its reply message.
-    pub fn call(&self, request: &Request) -> CudaResult<Vec<u8>> {
+    pub fn call(self: &Arc<Self>, request: &Request) -> CudaResult<Vec<u8>> {
         let slot = self.send_for_reply(request, None)?;
         self.flush()?;
         slot.wait()
+    }
+
+    /// Waits until `slot` is answered: reads the connection for everyone while no other thread
+    /// does, otherwise lets the reader hand the reply over.
+    fn wait_for(&self, slot: &ReplySlot, started: Instant) {
+        let spin_until = started + flyt_ring::spin_budget();
+        while !slot.is_done() {
+            if let Ok(mut inbound) = self.inbound.try_lock() {
+                let outcome = self.read_until(&mut inbound, || slot.is_done(), spin_until);
+                drop(inbound);
+                if let Err(reason) = outcome {
+                    self.fail(reason);
+                }
+                self.hand_over();
+                return;
+            }
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Another thread reads and will complete our slot, or hand the reading over.
+            *lock(&slot.waiter) = Some(std::thread::current());
+            if slot.is_done() || self.failure.get().is_some() {
+                break;
+            }
+            if let Ok(inbound) = self.inbound.try_lock() {
+                drop(inbound);
+                continue;
+            }
+            std::thread::park_timeout(Duration::from_millis(50));
+        }
+    }
+
+    /// After a thread stops reading: wakes the threads still waiting (one of them takes over)
+    /// and the receiver if copies nobody waits for are outstanding.
+    fn hand_over(&self) {
+        let waiting: Vec<_> = lock(&self.pending).values().filter(|slot| !slot.detached).cloned().collect();
+        for slot in waiting {
+            slot.wake();
+        }
+        if self.detached.load(Ordering::Acquire) > 0 {
+            self.wake_receiver();
+        }
+    }
+
+    fn wake_receiver(&self) {
+        *lock(&self.receiver_wanted) = true;
+        self.receiver_wake.notify_one();
+    }
+
+    /// Reads and handles frames until `done()`; polls without blocking until `spin_until`, then
+    /// blocks. `Err` is the connection's failure.
+    fn read_until(&self, inbound: &mut Inbound, done: impl Fn() -> bool, spin_until: Instant) -> Result<(), String> {
+        while !done() {
+            if self.failure.get().is_some() {
+                return Ok(());
+            }
+            let wait = Instant::now() >= spin_until;
+            if !self.read_frame(inbound, wait)? {
+                std::hint::spin_loop();
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one frame and hands it to its owner; without `wait`, `Ok(false)` if none has
+    /// started to arrive.
+    fn read_frame(&self, inbound: &mut Inbound, wait: bool) -> Result<bool, String> {
+        let limits = FrameLimits::default();
+        if inbound.buffered() == 0 && !inbound.fill(wait).map_err(|error| error.to_string())? {
+            return Ok(false);
+        }
+        // A frame has started: the rest is on its way, so wait for it.
+        while inbound.buffered() < HEADER_LEN {
+            inbound.fill(true).map_err(|error| error.to_string())?;
+        }
+        let header_bytes: [u8; HEADER_LEN] =
+            inbound.buf[inbound.start..inbound.start + HEADER_LEN].try_into().map_err(|_| "short header".to_string())?;
+        let header = FrameHeader::decode(&header_bytes, &limits).map_err(|error| error.to_string())?;
+        inbound.start += HEADER_LEN;
+        let mut message = std::mem::take(&mut inbound.message);
+        message.clear();
+        message.resize(header.message_len as usize, 0);
+        inbound.read_exact(&mut message).map_err(|error| error.to_string())?;
+        let outcome = self.dispatch(inbound, header, &message);
+        inbound.message = message;
+        outcome.map(|()| true)
+    }
+
+    fn dispatch(&self, inbound: &mut Inbound, header: FrameHeader, message: &[u8]) -> Result<(), String> {
+        if header.seq == 0 {
+            inbound.skip(header.bulk_len).map_err(|_| "connection ended inside a notice".to_string())?;
+            match flyt_protocol::frame::decode_exact::<Notice>(message) {
+                Ok(Notice::Limits { devices }) => *lock(&self.resized_devices) = Some(devices),
+                Ok(Notice::Output { stdout, stderr }) => write_device_output(&stdout, &stderr),
+                Err(error) => return Err(format!("undecodable notice: {error}")),
+            }
+            return Ok(());
+        }
+        let Some(slot) = lock(&self.pending).remove(&header.seq) else {
+            return Err(format!("reply to unknown request {}", header.seq));
+        };
+        if header.bulk_len > 0 {
+            let Some(destination) = slot.destination.filter(|d| d.len as u64 == header.bulk_len) else {
+                return Err(format!("reply {} carries {} unexpected bytes", header.seq, header.bulk_len));
+            };
+            // SAFETY: the destination is the app's buffer of exactly `bulk_len` bytes, kept
+            // valid and exclusive for this copy (see `HostDestination::new`).
+            let target = unsafe { std::slice::from_raw_parts_mut(destination.ptr, destination.len) };
+            if let Err(error) = inbound.read_exact(target) {
+                slot.complete(Err(CudaError::DEVICES_UNAVAILABLE));
+                return Err(error.to_string());
+            }
+        }
+        if slot.detached {
+            let outcome = decode_reply::<rep::MemcpyDtoH>(message).map_err(|_| CudaError::UNKNOWN);
+            let error = match outcome {
+                Ok(reply) => reply.result.err().or(reply.deferred),
+                Err(error) => Some(error),
+            };
+            if let Some(error) = error {
+                lock(&self.deferred).get_or_insert(error);
+            }
+            self.detached.fetch_sub(1, Ordering::AcqRel);
+            slot.complete(Ok(Vec::new()));
+        } else {
+            slot.complete(Ok(message.to_vec()));
+        }
+        Ok(())
     }
 
     fn wake_flusher(&self) {
         if self.flush_wanted.swap(true, Ordering::AcqRel) {
             return;
         }
-        let asleep = self.flusher_asleep.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let asleep = lock(&self.flusher_asleep);
         if *asleep {
             self.flusher_wake.notify_one();
         }
@@ -345,14 +612,10 @@ impl Conn {
                 std::hint::spin_loop();
             }
             if !self.flush_wanted.load(Ordering::Acquire) {
-                let mut asleep = self.flusher_asleep.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut asleep = lock(&self.flusher_asleep);
                 *asleep = true;
                 while !self.flush_wanted.load(Ordering::Acquire) && self.failure.get().is_none() {
-                    asleep = self
-                        .flusher_wake
-                        .wait_timeout(asleep, Duration::from_millis(200))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                    asleep = self.flusher_wake.wait_timeout(asleep, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0;
                 }
                 *asleep = false;
             }
@@ -362,45 +625,31 @@ impl Conn {
             }
         }
     }
+}
 
-    fn receive(self: Arc<Self>, reader: Wire) {
-        let mut reader = BufReader::with_capacity(256 << 10, reader);
-        let limits = FrameLimits::default();
-        let mut message = Vec::with_capacity(4096);
-        loop {
-            let header = match read_message(&mut reader, &limits, &mut message) {
-                Ok(header) => header,
-                Err(error) => return self.fail(error.to_string()),
-            };
-            if header.seq == 0 {
-                if discard(&mut reader, header.bulk_len).is_err() {
-                    return self.fail("connection ended inside a notice".into());
-                }
-                match flyt_protocol::frame::decode_exact::<Notice>(&message) {
-                    Ok(Notice::Limits { devices }) => {
-                        *self.resized_devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(devices);
-                    }
-                    Err(error) => return self.fail(format!("undecodable notice: {error}")),
-                }
-                continue;
-            }
-            let slot = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&header.seq);
-            let Some(slot) = slot else {
-                return self.fail(format!("reply to unknown request {}", header.seq));
-            };
-            if header.bulk_len > 0 {
-                let Some(destination) = slot.destination.filter(|d| d.len as u64 == header.bulk_len) else {
-                    return self.fail(format!("reply {} carries {} unexpected bytes", header.seq, header.bulk_len));
-                };
-                // SAFETY: the destination is the app's buffer of exactly `bulk_len` bytes, kept
-                // valid and exclusive for this copy (see `HostDestination::new`).
-                let target = unsafe { std::slice::from_raw_parts_mut(destination.ptr, destination.len) };
-                if let Err(error) = read_full(&mut reader, target, false) {
-                    slot.complete(Err(CudaError::DEVICES_UNAVAILABLE));
-                    return self.fail(error.to_string());
-                }
-            }
-            slot.complete(Ok(std::mem::replace(&mut message, Vec::with_capacity(256))));
+/// The receiver: reads while replies nobody waits for are outstanding and no app thread is
+/// reading; sleeps otherwise. Holds only a weak reference, so a dropped connection ends it.
+fn receive_loop(conn: &Weak<Conn>) {
+    loop {
+        let Some(conn) = conn.upgrade() else { return };
+        if conn.failure.get().is_some() {
+            return;
         }
+        if conn.detached.load(Ordering::Acquire) == 0 {
+            let mut wanted = lock(&conn.receiver_wanted);
+            if !*wanted {
+                wanted = conn.receiver_wake.wait_timeout(wanted, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0;
+            }
+            *wanted = false;
+            continue;
+        }
+        let mut inbound = lock(&conn.inbound);
+        let outcome =
+            conn.read_until(&mut inbound, || conn.detached.load(Ordering::Acquire) == 0, Instant::now() + flyt_ring::spin_budget());
+        drop(inbound);
+        if let Err(reason) = outcome {
+            conn.fail(reason);
+        }
+        conn.hand_over();
     }
 }

@@ -60,11 +60,7 @@ pub unsafe fn image_from_wrapper(wrapper: *const c_void) -> Option<Image> {
     // SAFETY: `data` points at the fatbinary header: `u32 magic, u16 version, u16 header_size,
     // u64 fat_size`, followed by `fat_size` bytes of entries.
     let (fat_magic, header_size, fat_size) = unsafe {
-        (
-            data.cast::<u32>().read_unaligned(),
-            data.add(6).cast::<u16>().read_unaligned(),
-            data.add(8).cast::<u64>().read_unaligned(),
-        )
+        (data.cast::<u32>().read_unaligned(), data.add(6).cast::<u16>().read_unaligned(), data.add(8).cast::<u64>().read_unaligned())
     };
     if fat_magic != FATBIN_MAGIC {
         return None;
@@ -195,7 +191,9 @@ pub fn add_module(image: Image) -> u32 {
 
 pub fn add_function(module: u32, host_function: usize, name: String) {
     let mut registry = write();
-    let Some(entry) = registry.modules.get_mut(module as usize) else { return };
+    let Some(entry) = registry.modules.get_mut(module as usize) else {
+        return;
+    };
     let index = u32::try_from(entry.functions.len()).unwrap_or(u32::MAX);
     entry.functions.push(name.clone());
     let function = Arc::new(Function { module, index, name, layout: OnceLock::new() });
@@ -206,7 +204,9 @@ pub fn add_function(module: u32, host_function: usize, name: String) {
 
 pub fn add_variable(module: u32, host_variable: usize, name: String, size: usize) {
     let mut registry = write();
-    let Some(entry) = registry.modules.get_mut(module as usize) else { return };
+    let Some(entry) = registry.modules.get_mut(module as usize) else {
+        return;
+    };
     let index = u32::try_from(entry.variables.len()).unwrap_or(u32::MAX);
     entry.variables.push(name.clone());
     let variable = Arc::new(Variable { module, index, name, size, address: OnceLock::new() });
@@ -247,14 +247,14 @@ fn registration_request(module: &Module) -> Request {
 
 /// Sends the registration of every complete module not sent yet (right after the session
 /// opens, so the server loads them while the app gets going).
-pub fn send_unsent(conn: &crate::conn::Conn) {
+pub fn send_unsent(conn: &std::sync::Arc<crate::conn::Conn>) {
     let registry = read();
     for module in registry.modules.iter().filter(|module| module.complete) {
         send_if_unsent(conn, module);
     }
 }
 
-fn send_if_unsent(conn: &crate::conn::Conn, module: &Module) {
+fn send_if_unsent(conn: &std::sync::Arc<crate::conn::Conn>, module: &Module) {
     let mut registration = module.registration.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if matches!(*registration, Registration::Unsent) {
         *registration = match conn.send_with_bulk(&registration_request(module), module.image.bytes(), Some(())) {
@@ -266,7 +266,7 @@ fn send_if_unsent(conn: &crate::conn::Conn, module: &Module) {
 }
 
 /// Sends one module's registration now if a session exists (a module registered after start).
-pub fn send_module(conn: &crate::conn::Conn, id: u32) {
+pub fn send_module(conn: &std::sync::Arc<crate::conn::Conn>, id: u32) {
     let registry = read();
     if let Some(module) = registry.modules.get(id as usize) {
         send_if_unsent(conn, module);
@@ -310,9 +310,8 @@ impl Function {
         if let Some(layout) = self.layout.get() {
             return layout.clone();
         }
-        let layout = loaded(self.module).and_then(|loaded| {
-            loaded.functions.get(self.index as usize).cloned().unwrap_or(Err(CudaError::INVALID_DEVICE_FUNCTION))
-        });
+        let layout = loaded(self.module)
+            .and_then(|loaded| loaded.functions.get(self.index as usize).cloned().unwrap_or(Err(CudaError::INVALID_DEVICE_FUNCTION)));
         self.layout.get_or_init(|| layout).clone()
     }
 }

@@ -7,7 +7,7 @@ use crate::device::DeviceInfo;
 /// Bytes that open every `Hello`, so a stray connection is refused at once.
 pub const MAGIC: [u8; 4] = *b"FLYT";
 /// Bumped whenever a message or the op table changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The CUDA runtime ABI the shim implements.
 pub const CUDA_ABI_MAJOR: u32 = 13;
 /// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
@@ -86,7 +86,10 @@ pub struct SessionInfo {
 pub enum HelloReply {
     Accepted(SessionInfo),
     /// The session is refused; `error` is the `cudaError_t` the app should see.
-    Refused { error: u32, reason: String },
+    Refused {
+        error: u32,
+        reason: String,
+    },
 }
 
 /// What the server may tell a client unasked (frames with sequence number 0).
@@ -94,4 +97,8 @@ pub enum HelloReply {
 pub enum Notice {
     /// The session's slice changed (the allocation was resized): its devices as they are now.
     Limits { devices: Vec<DeviceInfo> },
+    /// What the session's kernels printed (device `printf`, a failed device `assert`), sent just
+    /// before the reply to the call at which CUDA flushes it (a synchronize, a blocking copy,
+    /// teardown), so the app writes it at the same point as natively.
+    Output { stdout: Vec<u8>, stderr: Vec<u8> },
 }

@@ -36,8 +36,9 @@ macro_rules! for_each_op {
             3 MemGetInfo mem_get_info [reply -] {} -> { free: u64, total: u64 };
             /// Host to device; the bytes follow as bulk. Large copies arrive as several chunks.
             4 MemcpyHtoD memcpy_htod [noreply bulk_in] { dst: u64, stream: u64 } -> {};
-            /// Device to host; the bytes come back as bulk.
-            5 MemcpyDtoH memcpy_dtoh [sync_point bulk_out] { src: u64, len: u64, stream: u64 } -> {};
+            /// Device to host; the bytes come back as bulk. `blocking`: a `cudaMemcpy` (not
+            /// `...Async`) whose last chunk this is, which also flushes device `printf` output.
+            5 MemcpyDtoH memcpy_dtoh [sync_point bulk_out] { src: u64, len: u64, stream: u64, blocking: bool } -> {};
             /// Device to device.
             6 MemcpyDtoD memcpy_dtod [noreply -] { dst: u64, src: u64, len: u64, stream: u64 } -> {};
             /// `cudaMemset*`: `len` bytes of `value`.
@@ -216,17 +217,29 @@ pub trait Op: Serialize + serde::de::DeserializeOwned + Into<Request> {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! op_class {
-    (noreply) => { $crate::ops::OpClass::NoReply };
-    (reply) => { $crate::ops::OpClass::Reply };
-    (sync_point) => { $crate::ops::OpClass::SyncPoint };
+    (noreply) => {
+        $crate::ops::OpClass::NoReply
+    };
+    (reply) => {
+        $crate::ops::OpClass::Reply
+    };
+    (sync_point) => {
+        $crate::ops::OpClass::SyncPoint
+    };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! op_bulk {
-    (-) => { $crate::ops::BulkDirection::None };
-    (bulk_in) => { $crate::ops::BulkDirection::In };
-    (bulk_out) => { $crate::ops::BulkDirection::Out };
+    (-) => {
+        $crate::ops::BulkDirection::None
+    };
+    (bulk_in) => {
+        $crate::ops::BulkDirection::In
+    };
+    (bulk_out) => {
+        $crate::ops::BulkDirection::Out
+    };
 }
 
 macro_rules! define_ops {
@@ -372,7 +385,7 @@ mod tests {
     fn sample_requests() -> Vec<Request> {
         vec![
             req::Malloc { size: 1 << 20 }.into(),
-            req::MemcpyDtoH { src: 0x7f00_0000_1000, len: 4096, stream: 17 }.into(),
+            req::MemcpyDtoH { src: 0x7f00_0000_1000, len: 4096, stream: 17, blocking: false }.into(),
             req::RegisterModule { module: 3, functions: vec!["_Z3addPfS_".into()], variables: vec![] }.into(),
             req::Launch {
                 function: FunctionRef { module: 3, index: 0 },

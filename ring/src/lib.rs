@@ -213,8 +213,13 @@ pub struct RingReader(Arc<Pair>);
 /// The writing half (one producer).
 pub struct RingWriter(Arc<Pair>);
 
-impl Read for RingReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+impl RingReader {
+    /// Reads what is there without waiting: `WouldBlock` when the ring is empty.
+    pub fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_from_ring(buf, false)
+    }
+
+    fn read_from_ring(&mut self, buf: &mut [u8], wait: bool) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -223,8 +228,13 @@ impl Read for RingReader {
         let header = ring.header();
         let tail = header.tail.0.load(Ordering::Relaxed);
         let available = || header.head.0.load(Ordering::Acquire).wrapping_sub(tail);
-        if available() == 0 && !pair.wait(ring, || available() != 0, &header.written.0, &header.consumer_asleep.0) {
-            return Ok(0);
+        if available() == 0 {
+            if !wait {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            if !pair.wait(ring, || available() != 0, &header.written.0, &header.consumer_asleep.0) {
+                return Ok(0);
+            }
         }
         let available = available();
         if available > ring.capacity {
@@ -246,6 +256,12 @@ impl Read for RingReader {
             futex_wake(&header.read.0);
         }
         Ok(count)
+    }
+}
+
+impl Read for RingReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_from_ring(buf, true)
     }
 }
 

@@ -36,7 +36,9 @@ impl Link {
         Ok(match self {
             Self::Tcp(stream) => Self::Tcp(stream.try_clone()?),
             Self::Unix(stream) => Self::Unix(stream.try_clone()?),
-            Self::RingIn(..) | Self::RingOut(..) => return Err(io::Error::other("ring halves are not cloned")),
+            Self::RingIn(..) | Self::RingOut(..) => {
+                return Err(io::Error::other("ring halves are not cloned"));
+            }
         })
     }
 
@@ -53,6 +55,20 @@ impl Link {
             Self::Tcp(_) => true,
             Self::Unix(_) => false,
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.is_tcp(),
+        }
+    }
+
+    /// Reads what has arrived without waiting: `WouldBlock` when nothing has.
+    pub fn read_nonblocking(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::RingIn(reader, _) => reader.try_read(buf),
+            Self::RingOut(..) => Err(wrong_half()),
+            Self::Tcp(_) | Self::Unix(_) => {
+                // SAFETY: `buf` is valid for writes of its length; the descriptor is this
+                // link's open socket.
+                let read = unsafe { libc::recv(self.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+                usize::try_from(read).map_err(|_| io::Error::last_os_error())
+            }
         }
     }
 

@@ -25,7 +25,9 @@ impl FromStr for ByteSize {
             "m" | "mb" | "mib" => 1 << 20,
             "g" | "gb" | "gib" => 1 << 30,
             "t" | "tb" | "tib" => 1 << 40,
-            other => return Err(format!("unknown unit '{other}' in '{text}' (use KiB, MiB, GiB or TiB)")),
+            other => {
+                return Err(format!("unknown unit '{other}' in '{text}' (use KiB, MiB, GiB or TiB)"));
+            }
         };
         number.checked_mul(scale).map(ByteSize).ok_or_else(|| format!("'{text}' is too large"))
     }

@@ -12,6 +12,7 @@ pub mod config;
 pub mod control;
 pub mod listener;
 pub mod memory;
+pub mod output;
 pub mod session;
 pub mod shm;
 pub mod transport;

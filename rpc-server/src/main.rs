@@ -21,16 +21,28 @@ enum Mode {
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FLYT_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = || tracing_subscriber::EnvFilter::try_from_env("FLYT_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     match cli.command {
-        Some(Mode::Worker(args)) => std::process::exit(worker::run(&args)),
+        Some(Mode::Worker(args)) => {
+            // A worker's standard output and error belong to its app (what the kernels print);
+            // its own log lines go to the original standard error.
+            let (capture, log) = match flyt_rpc_server::output::Capture::install() {
+                Ok((capture, log)) => (Some(capture), Some(log)),
+                Err(error) => {
+                    eprintln!("flyt-rpc-server worker: device output will not reach the app: {error}");
+                    (None, None)
+                }
+            };
+            let builder = tracing_subscriber::fmt().with_env_filter(filter()).with_ansi(ansi);
+            match log {
+                Some(log) => builder.with_writer(std::sync::Mutex::new(log)).init(),
+                None => builder.with_writer(std::io::stderr).init(),
+            }
+            std::process::exit(worker::run(&args, capture))
+        }
         None => {
+            tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).with_ansi(ansi).init();
             if let Err(error) = listener::run(cli.server) {
                 eprintln!("flyt-rpc-server: {error:#}");
                 std::process::exit(1);

@@ -46,6 +46,41 @@ impl<T: Serialize> Responder<T> {
         self.answered = true;
         self.outbox.reply(self.seq, self.class, result.as_ref().map_err(|error| *error), bulk);
     }
+
+    /// Sends without first sending the held device-to-host replies (for one of those).
+    fn send_now_with_bulk(mut self, result: CudaResult<T>, bulk: &[u8]) {
+        self.answered = true;
+        self.outbox.reply_now(self.seq, self.class, result.as_ref().map_err(|error| *error), bulk);
+    }
+}
+
+/// A device-to-host copy whose reply (with its bytes) waits in the outbox until it finishes.
+struct HeldCopy<D: Device> {
+    device: Arc<D>,
+    copy: D::PendingCopy,
+    /// A blocking `cudaMemcpy`: flushes what the kernels printed first, as CUDA does.
+    blocking: bool,
+    reply: Mutex<Option<Responder<rep::MemcpyDtoH>>>,
+}
+
+impl<D: Device> crate::transport::PendingReply for HeldCopy<D> {
+    fn ready(&self) -> bool {
+        self.device.dtoh_done(&self.copy)
+    }
+
+    fn send(&self, outbox: &Outbox) {
+        let Some(reply) = self.reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() else {
+            return;
+        };
+        let result = self.device.dtoh_bytes(&self.copy);
+        if self.blocking {
+            outbox.send_output();
+        }
+        match result {
+            Ok(bytes) => reply.send_now_with_bulk(Ok(rep::MemcpyDtoH {}), bytes),
+            Err(error) => reply.send_now_with_bulk(Err(error), &[]),
+        }
+    }
 }
 
 impl<T: Serialize> Drop for Responder<T> {
@@ -156,6 +191,29 @@ struct LoadedModule<D: Device> {
     variables: Vec<(u64, u64)>,
 }
 
+/// Reads the client's requests, polling without blocking for the spin budget before it sleeps:
+/// while an app is busy its next request is microseconds away, and a sleeping reader's wake-up
+/// would be paid on every synchronous call.
+struct SpinningReader(Connection);
+
+impl Read for SpinningReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let spin_until = Instant::now() + flyt_ring::spin_budget();
+        loop {
+            match self.0.read_nonblocking(buf) {
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < spin_until => {
+                    std::hint::spin_loop();
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                    return self.0.read(buf);
+                }
+                Ok(0) if buf.is_empty() => return Ok(0),
+                outcome => return outcome,
+            }
+        }
+    }
+}
+
 /// Tunables of a session.
 #[derive(Clone, Copy, Debug)]
 pub struct SessionConfig {
@@ -188,6 +246,16 @@ pub struct Session<D: Device> {
     spare_events: Arc<Mutex<Vec<D::Event>>>,
     /// The shared-memory segment, when the client shares this host.
     shm: Option<Segment>,
+    /// Whether a loaded module may print (device `printf` or `assert`): only then do
+    /// synchronizing calls look for output to forward.
+    may_print: bool,
+}
+
+/// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
+/// plain ELF or PTX text (compressed fatbinary entries), so it cannot be told.
+fn may_print(image: &[u8]) -> bool {
+    let contains = |needle: &[u8]| image.windows(needle.len()).any(|window| window == needle);
+    contains(b"vprintf") || contains(b"__assertfail") || !(contains(b"\x7fELF") || contains(b".version"))
 }
 
 impl<D: Device> Session<D> {
@@ -197,6 +265,7 @@ impl<D: Device> Session<D> {
         writer: Connection,
         config: SessionConfig,
         shm: Option<Segment>,
+        output: Option<Arc<crate::output::Capture>>,
     ) -> Self {
         let bind_device = device.clone();
         let bind = Arc::new(move || {
@@ -207,7 +276,7 @@ impl<D: Device> Session<D> {
         Self {
             device,
             budget,
-            outbox: Arc::new(Outbox::new(writer)),
+            outbox: Arc::new(Outbox::new(writer, output)),
             waiters: Waiters::new(bind),
             config,
             ranges: RangeMap::default(),
@@ -216,13 +285,14 @@ impl<D: Device> Session<D> {
             modules: HashMap::new(),
             spare_events: Arc::new(Mutex::new(Vec::new())),
             shm,
+            may_print: false,
         }
     }
 
     /// Reads and handles requests until the client leaves (`Ok`) or breaks the protocol
     /// (`Err`, with the reason to log).
     pub fn serve(&mut self, reader: Connection) -> Result<(), FrameError> {
-        let mut reader = BufReader::with_capacity(256 << 10, reader);
+        let mut reader = BufReader::with_capacity(256 << 10, SpinningReader(reader));
         let mut message = Vec::with_capacity(4096);
         let outbox = self.outbox.clone();
         loop {
@@ -275,15 +345,19 @@ impl<D: Device> Session<D> {
 
     /// Calls `answer` once everything queued on `stream` so far is done: at once if the stream
     /// is idle, after a short poll, or from a waiter thread (on a private event recorded now, so
-    /// a later destroy of the stream cannot pull the handle from under the waiter).
-    fn when_stream_done(&self, stream: u64, answer: impl FnOnce(CudaResult<()>) + Send + 'static) {
+    /// a later destroy of the stream cannot pull the handle from under the waiter). With
+    /// `flush_output`, what the kernels printed is sent first (a synchronize flushes it).
+    fn when_stream_done(&self, stream: u64, flush_output: bool, answer: impl FnOnce(CudaResult<()>) + Send + 'static) {
+        let flush_output = flush_output && self.may_print;
         let stream = match self.stream(stream) {
             Ok(stream) => stream,
             Err(error) => return answer(Err(error)),
         };
-        match self.device.stream_query(stream) {
-            Err(CudaError::NOT_READY) => {}
-            done => return answer(done),
+        if !flush_output {
+            match self.device.stream_query(stream) {
+                Err(CudaError::NOT_READY) => {}
+                done => return answer(done),
+            }
         }
         let event = match self.private_event() {
             Ok(event) => event,
@@ -296,13 +370,73 @@ impl<D: Device> Session<D> {
             return answer(Err(error));
         }
         let device = self.device.clone();
+        let outbox = self.outbox.clone();
+        // The event is done by the time it is synchronized, so that call returns at once; it is
+        // made anyway because the driver flushes device printf output there.
+        let finish = move || {
+            let result = device.event_synchronize(event);
+            if flush_output {
+                outbox.send_output();
+            }
+            answer(result);
+            recycle(event);
+        };
+        let device = self.device.clone();
         if self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
-            answer(device.event_synchronize(event));
-            return recycle(event);
+            return finish();
         }
         self.waiters.run(move || {
-            answer(device.event_synchronize(event));
-            recycle(event);
+            crate::waiters::wait_until(|| device.event_query(event) != Err(CudaError::NOT_READY));
+            finish();
+        });
+    }
+
+    /// Calls `answer` with the context-wide synchronize's result once every stream is idle,
+    /// polled (inline briefly, then on a waiter) so the wait burns no core; the synchronize itself
+    /// then returns at once, reports the device's sticky error, and flushes device printf output,
+    /// which is sent before the answer.
+    fn when_device_idle(&self, answer: impl FnOnce(CudaResult<()>) + Send + 'static) {
+        let device = self.device.clone();
+        let streams: Vec<D::Stream> = std::iter::once(device.null_stream()).chain(self.streams.values().copied()).collect();
+        let outbox = self.outbox.clone();
+        let flush_output = self.may_print;
+        let finish = move |device: &D, idle: CudaResult<()>| {
+            // Every stream idle and healthy: no context-wide call is needed unless output may
+            // wait in the device's printf buffer; an error from a query is the sticky error,
+            // which the synchronize returns.
+            let result = if idle.is_ok() && !flush_output { Ok(()) } else { device.synchronize() };
+            if flush_output {
+                outbox.send_output();
+            }
+            answer(result);
+        };
+        // Streams are queried from the reader only: a waiter must not touch a stream the reader
+        // may destroy meanwhile, so a long wait goes through private events instead.
+        let idle_now =
+            |device: &D| streams.iter().map(|stream| device.stream_query(*stream)).find(|state| state.is_err()).unwrap_or(Ok(()));
+        let mut state = Err(CudaError::NOT_READY);
+        if self.ready_soon(|| {
+            state = idle_now(&device);
+            state != Err(CudaError::NOT_READY)
+        }) {
+            return finish(&device, state);
+        }
+        let mut events = Vec::with_capacity(streams.len());
+        for stream in &streams {
+            match self.private_event().and_then(|event| self.device.event_record(event, *stream, 0).map(|()| event)) {
+                Ok(event) => events.push(event),
+                Err(error) => {
+                    let spare = self.spare_events.clone();
+                    spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(events);
+                    return finish(&device, Err(error));
+                }
+            }
+        }
+        let spare = self.spare_events.clone();
+        self.waiters.run(move || {
+            crate::waiters::wait_until(|| events.iter().all(|event| device.event_query(*event) != Err(CudaError::NOT_READY)));
+            spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(events);
+            finish(&device, Err(CudaError::NOT_READY));
         });
     }
 
@@ -400,10 +534,7 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn mem_get_info(&mut self, _request: req::MemGetInfo, reply: Responder<rep::MemGetInfo>) {
         let result = self.device.mem_get_info().map(|(free, total)| match self.budget.limit() {
-            Some(limit) => rep::MemGetInfo {
-                free: free.min(limit.saturating_sub(self.budget.used())),
-                total: limit.min(total),
-            },
+            Some(limit) => rep::MemGetInfo { free: free.min(limit.saturating_sub(self.budget.used())), total: limit.min(total) },
             None => rep::MemGetInfo { free, total },
         });
         reply.send(result);
@@ -441,27 +572,26 @@ impl<D: Device> OpHandler for Session<D> {
             let staging = self.device.staging(chunk_len(request.len, self.config.copy_chunk)?)?;
             self.device.start_dtoh(request.src, staging, stream)
         })();
-        let pending = match started {
-            Ok(pending) => pending,
+        let copy = match started {
+            Ok(copy) => copy,
             Err(error) => return reply.send(Err(error)),
         };
+        let held = Arc::new(HeldCopy {
+            device: self.device.clone(),
+            copy,
+            blocking: request.blocking && self.may_print,
+            reply: Mutex::new(Some(reply)),
+        });
+        self.outbox.hold(held.clone());
         let device = self.device.clone();
-        let finish = move || {
-            let mut reply = Some(reply);
-            device.finish_dtoh(pending, &mut |bytes| {
-                if let Some(reply) = reply.take() {
-                    match bytes {
-                        Ok(bytes) => reply.send_with_bulk(Ok(rep::MemcpyDtoH {}), bytes),
-                        Err(error) => reply.send(Err(error)),
-                    }
-                }
-            });
-        };
-        if self.device.emulated() {
-            finish();
-        } else {
-            self.waiters.run(finish);
+        if self.ready_soon(|| device.dtoh_done(&held.copy)) {
+            return self.outbox.send_ready();
         }
+        let outbox = self.outbox.clone();
+        self.waiters.run(move || {
+            crate::waiters::wait_until(|| held.device.dtoh_done(&held.copy));
+            outbox.send_ready();
+        });
     }
 
     fn memcpy_dtod(&mut self, request: req::MemcpyDtoD, reply: Responder<rep::MemcpyDtoD>) {
@@ -494,6 +624,7 @@ impl<D: Device> OpHandler for Session<D> {
         if self.modules.contains_key(&request.module) {
             return reply.send(Err(CudaError::INVALID_VALUE));
         }
+        self.may_print |= may_print(&image);
         let module = match self.device.load_module(&image) {
             Ok(module) => module,
             Err(error) => {
@@ -572,14 +703,10 @@ impl<D: Device> OpHandler for Session<D> {
         reply.send(result.map(|()| rep::FuncSetAttribute {}));
     }
 
-    fn occupancy_max_active_blocks(
-        &mut self,
-        request: req::OccupancyMaxActiveBlocks,
-        reply: Responder<rep::OccupancyMaxActiveBlocks>,
-    ) {
-        let result = self.function(request.function).and_then(|(function, _)| {
-            self.device.occupancy(function, request.block_size, request.dynamic_shared_mem, request.flags)
-        });
+    fn occupancy_max_active_blocks(&mut self, request: req::OccupancyMaxActiveBlocks, reply: Responder<rep::OccupancyMaxActiveBlocks>) {
+        let result = self
+            .function(request.function)
+            .and_then(|(function, _)| self.device.occupancy(function, request.block_size, request.dynamic_shared_mem, request.flags));
         reply.send(result.map(|blocks| rep::OccupancyMaxActiveBlocks { blocks }));
     }
 
@@ -605,7 +732,7 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn stream_synchronize(&mut self, request: req::StreamSynchronize, reply: Responder<rep::StreamSynchronize>) {
-        self.when_stream_done(request.stream, move |done| reply.send(done.map(|()| rep::StreamSynchronize {})));
+        self.when_stream_done(request.stream, true, move |done| reply.send(done.map(|()| rep::StreamSynchronize {})));
     }
 
     fn stream_query(&mut self, request: req::StreamQuery, reply: Responder<rep::StreamQuery>) {
@@ -648,10 +775,24 @@ impl<D: Device> OpHandler for Session<D> {
             Err(error) => return reply.send(Err(error)),
         };
         let device = self.device.clone();
+        let outbox = self.outbox.clone();
+        let flush_output = self.may_print;
+        // The driver flushes device printf output in the (by then instant) synchronize.
+        let finish = move || {
+            let result = device.event_synchronize(event);
+            if flush_output {
+                outbox.send_output();
+            }
+            reply.send(result.map(|()| rep::EventSynchronize {}));
+        };
+        let device = self.device.clone();
         if self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
-            return reply.send(device.event_synchronize(event).map(|()| rep::EventSynchronize {}));
+            return finish();
         }
-        self.waiters.run(move || reply.send(device.event_synchronize(event).map(|()| rep::EventSynchronize {})));
+        self.waiters.run(move || {
+            crate::waiters::wait_until(|| device.event_query(event) != Err(CudaError::NOT_READY));
+            finish();
+        });
     }
 
     fn event_query(&mut self, request: req::EventQuery, reply: Responder<rep::EventQuery>) {
@@ -676,28 +817,14 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn device_synchronize(&mut self, _request: req::DeviceSynchronize, reply: Responder<rep::DeviceSynchronize>) {
-        let device = self.device.clone();
-        let streams: Vec<D::Stream> =
-            std::iter::once(device.null_stream()).chain(self.streams.values().copied()).collect();
-        // Every stream idle and healthy answers the call without a context-wide synchronize;
-        // an error from any query is the device's sticky error, which the synchronize returns.
-        let mut outcome = Err(CudaError::NOT_READY);
-        let idle = || {
-            outcome = streams.iter().map(|stream| device.stream_query(*stream)).find(|state| state.is_err()).unwrap_or(Ok(()));
-            outcome != Err(CudaError::NOT_READY)
-        };
-        if self.ready_soon(idle) {
-            let result = match outcome {
-                Ok(()) => Ok(()),
-                Err(_) => device.synchronize(),
-            };
-            return reply.send(result.map(|()| rep::DeviceSynchronize {}));
-        }
-        self.waiters.run(move || reply.send(device.synchronize().map(|()| rep::DeviceSynchronize {})));
+        self.when_device_idle(move |result| reply.send(result.map(|()| rep::DeviceSynchronize {})));
     }
 
     fn device_reset(&mut self, _request: req::DeviceReset, reply: Responder<rep::DeviceReset>) {
         let synchronized = self.device.synchronize();
+        if self.may_print {
+            self.outbox.send_output();
+        }
         self.release_everything();
         // Reset clears the sticky state the app could see; a fatal device error stays, as the
         // driver keeps reporting it.
@@ -713,7 +840,9 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn shm_register(&mut self, request: req::ShmRegister, reply: Responder<rep::ShmRegister>) {
-        let Some(segment) = self.shm.as_mut() else { return reply.send(Err(CudaError::NOT_SUPPORTED)) };
+        let Some(segment) = self.shm.as_mut() else {
+            return reply.send(Err(CudaError::NOT_SUPPORTED));
+        };
         let result = segment.add_block(request.offset, request.len).and_then(|()| {
             let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
             // SAFETY: the block lies inside the mapped segment (checked by `add_block`), which
@@ -726,7 +855,9 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn shm_unregister(&mut self, request: req::ShmUnregister, reply: Responder<rep::ShmUnregister>) {
-        let Some(segment) = self.shm.as_mut() else { return reply.send(Err(CudaError::NOT_SUPPORTED)) };
+        let Some(segment) = self.shm.as_mut() else {
+            return reply.send(Err(CudaError::NOT_SUPPORTED));
+        };
         let result = match segment.remove_block(request.offset) {
             // cudaFreeHost waits for the device, so no copy still uses the block.
             // SAFETY: the block was registered by this session.
@@ -768,6 +899,6 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn shm_fence(&mut self, request: req::ShmFence, reply: Responder<rep::ShmFence>) {
-        self.when_stream_done(request.stream, move |done| reply.send(done.map(|()| rep::ShmFence {})));
+        self.when_stream_done(request.stream, false, move |done| reply.send(done.map(|()| rep::ShmFence {})));
     }
 }

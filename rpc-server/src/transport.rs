@@ -29,16 +29,67 @@ pub fn lock_spinning<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     }
 }
 
-/// Everything that answers the client: the write half of the connection and the session's
-/// deferred error (the first failure of an asynchronous op, delivered at the next sync point).
+/// A device-to-host reply that waits for its copy to finish.
+pub trait PendingReply: Send + Sync {
+    /// `true` once the reply can go (the copy finished or failed); never blocks.
+    fn ready(&self) -> bool;
+    /// Sends the reply through `outbox.reply_now`; called once.
+    fn send(&self, outbox: &Outbox);
+}
+
+/// Everything that answers the client: the write half of the connection, the session's
+/// deferred error (the first failure of an asynchronous op, delivered at the next sync point),
+/// device-to-host replies whose copies are still running, and what the kernels printed.
+///
+/// Ordering: every reply first sends the device-to-host replies whose copies have finished. A
+/// synchronizing call answers only once the work it waits for is done, so the bytes of every
+/// copy that work includes reach the client before the answer, on the same ordered stream: when
+/// a synchronize, a query or a blocking copy returns success in the app, its earlier
+/// asynchronous copies have landed.
 pub struct Outbox {
     writer: Mutex<Connection>,
     deferred: Mutex<Option<CudaError>>,
+    pending: Mutex<Vec<std::sync::Arc<dyn PendingReply>>>,
+    output: Option<std::sync::Arc<crate::output::Capture>>,
 }
 
 impl Outbox {
-    pub fn new(writer: Connection) -> Self {
-        Self { writer: Mutex::new(writer), deferred: Mutex::new(None) }
+    pub fn new(writer: Connection, output: Option<std::sync::Arc<crate::output::Capture>>) -> Self {
+        Self { writer: Mutex::new(writer), deferred: Mutex::new(None), pending: Mutex::new(Vec::new()), output }
+    }
+
+    /// Holds a device-to-host reply until its copy is done (sent by `send_ready`).
+    pub fn hold(&self, reply: std::sync::Arc<dyn PendingReply>) {
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(reply);
+    }
+
+    /// Sends every held reply whose copy is done, oldest first. The lock is held while sending,
+    /// so a reply that follows this call follows those bytes too.
+    pub fn send_ready(&self) {
+        let mut pending = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if pending.is_empty() {
+            return;
+        }
+        pending.retain(|reply| {
+            if reply.ready() {
+                reply.send(self);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Sends what the kernels printed since the last flush (a `Notice::Output`), if anything.
+    pub fn send_output(&self) {
+        let Some(capture) = &self.output else { return };
+        let (stdout, stderr) = capture.take();
+        if stdout.is_empty() && stderr.is_empty() {
+            return;
+        }
+        let mut message = Vec::with_capacity(stdout.len() + stderr.len() + 16);
+        flyt_protocol::frame::encode_into(&flyt_protocol::handshake::Notice::Output { stdout, stderr }, &mut message);
+        self.send_frame(0, &message, &[]);
     }
 
     /// Records an asynchronous op's failure; like CUDA, the first one is the one reported.
@@ -51,8 +102,17 @@ impl Outbox {
         self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
     }
 
-    /// Sends one reply. For `NoReply` ops nothing is sent: an error is deferred instead.
+    /// Sends one reply, after the finished device-to-host replies (see the type's doc). For
+    /// `NoReply` ops nothing is sent: an error is deferred instead.
     pub fn reply<T: Serialize>(&self, seq: u32, class: OpClass, result: Result<&T, CudaError>, bulk: &[u8]) {
+        if class != OpClass::NoReply {
+            self.send_ready();
+        }
+        self.reply_now(seq, class, result, bulk);
+    }
+
+    /// Sends one reply as it is (a held device-to-host reply sends itself with this).
+    pub fn reply_now<T: Serialize>(&self, seq: u32, class: OpClass, result: Result<&T, CudaError>, bulk: &[u8]) {
         let deferred = match class {
             OpClass::NoReply => {
                 if let Err(error) = result {

@@ -14,6 +14,30 @@ const MAX_WAITERS: usize = 256;
 /// An idle waiter exits after this long.
 const IDLE_EXIT: Duration = Duration::from_secs(30);
 
+/// Longest nap between polls once a wait has outlasted its spin: bounds the extra latency of a
+/// long wait while costing a sleeping waiter about a thousand wake-ups a second at most.
+const MAX_NAP: Duration = Duration::from_millis(1);
+
+/// Waits until `done()` holds without burning a core: polls for the spin budget (short waits
+/// then cost no wake-up), then sleeps between polls, the nap doubling from 20 us up to 1 ms.
+/// CUDA's own blocking calls spin for as long as the GPU works (a whole core for a 2 s kernel),
+/// so the server polls queries instead and calls the blocking function only once it returns at
+/// once.
+pub fn wait_until(mut done: impl FnMut() -> bool) {
+    let spin_until = std::time::Instant::now() + flyt_ring::spin_budget();
+    while std::time::Instant::now() < spin_until {
+        if done() {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+    let mut nap = Duration::from_micros(20);
+    while !done() {
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(MAX_NAP);
+    }
+}
+
 /// A pool of waiter threads.
 pub struct Waiters {
     sender: mpsc::Sender<Job>,
@@ -57,8 +81,7 @@ impl Waiters {
     }
 
     fn spawn(&self) {
-        let (receiver, idle, live, bind) =
-            (self.receiver.clone(), self.idle.clone(), self.live.clone(), self.bind.clone());
+        let (receiver, idle, live, bind) = (self.receiver.clone(), self.idle.clone(), self.live.clone(), self.bind.clone());
         live.fetch_add(1, Ordering::AcqRel);
         let spawned = std::thread::Builder::new().name("flyt-waiter".into()).spawn(move || {
             bind();

@@ -60,12 +60,7 @@ const MAX_SEGMENT: u64 = 1 << 40;
 /// Takes the client's shared-memory segment: a memfd that follows the hello over the Unix
 /// socket, or a path on this host. Pins its staging area. `Err` says why not, and the session
 /// goes on over the socket.
-fn accept_segment<D: Device>(
-    connection: &Connection,
-    offer: &ShmOffer,
-    client: &ClientIdentity,
-    device: &D,
-) -> Result<Segment, String> {
+fn accept_segment<D: Device>(connection: &Connection, offer: &ShmOffer, client: &ClientIdentity, device: &D) -> Result<Segment, String> {
     let memfd = offer.path.is_empty();
     let file = if memfd {
         if connection.is_tcp() {
@@ -202,7 +197,13 @@ fn sliced_info<D: Device>(device: &D, budget: &dyn MemoryBudget, sm_percentage: 
     info
 }
 
-fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<SharedBudget>) -> i32 {
+fn serve<D: Device>(
+    device: D,
+    args: &WorkerArgs,
+    channel: OwnedFd,
+    budget: Arc<SharedBudget>,
+    output: Option<Arc<crate::output::Capture>>,
+) -> i32 {
     if let Err(error) = device.bind_thread() {
         send_to_listener(&channel, &FromWorker::Failed { reason: error.to_string() });
         return 1;
@@ -243,7 +244,9 @@ fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<
         shm_refusal,
         emulated: device.emulated(),
     };
-    let Ok(mut writer) = connection.try_clone() else { return 1 };
+    let Ok(mut writer) = connection.try_clone() else {
+        return 1;
+    };
     if let Err(error) = write_value(&mut writer, 0, &HelloReply::Accepted(session_info)) {
         tracing::info!(session_id, %error, "client left during the handshake");
         return 0;
@@ -260,20 +263,22 @@ fn serve<D: Device>(device: D, args: &WorkerArgs, channel: OwnedFd, budget: Arc<
         inline_wait: std::time::Duration::from_micros(args.inline_wait_us),
         ..SessionConfig::default()
     };
-    let mut session = Session::new(device.clone(), budget.clone(), writer, config, shm);
+    let mut session = Session::new(device.clone(), budget.clone(), writer, config, shm, output);
     forward_limits(channel, session.outbox(), device, budget, args.sm_percentage);
     let outcome = session.serve(reader);
     let program = hello.client.program;
     match outcome {
         Ok(()) => tracing::info!(session_id, %program, %peer, "session ended by the client"),
-        Err(error) => tracing::warn!(session_id, %program, %peer, %error, "session closed: protocol error"),
+        Err(error) => {
+            tracing::warn!(session_id, %program, %peer, %error, "session closed: protocol error")
+        }
     }
     drop(session);
     0
 }
 
 /// Runs a worker process to its end; returns the exit code.
-pub fn run(args: &WorkerArgs) -> i32 {
+pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i32 {
     // SAFETY: the listener placed the channel and the budget page at these descriptors before
     // exec (`listener::spawn_worker`), and nothing else in this process owns them.
     let (channel, budget_file) = unsafe { (OwnedFd::from_raw_fd(CHANNEL_FD), std::fs::File::from_raw_fd(BUDGET_FD)) };
@@ -287,12 +292,12 @@ pub fn run(args: &WorkerArgs) -> i32 {
     match args.backend {
         BackendKind::Emulated => {
             let config = EmulatedConfig { memory: args.emulated_memory, sms: args.emulated_sms };
-            serve(EmulatedDevice::new(config), args, channel, budget)
+            serve(EmulatedDevice::new(config), args, channel, budget, output)
         }
         BackendKind::Cuda | BackendKind::Auto => {
             let chunk = usize::try_from(args.copy_chunk).unwrap_or(4 << 20);
             match CudaDevice::open(args.gpu, args.staging_slots, chunk) {
-                Ok(device) => serve(device, args, channel, budget),
+                Ok(device) => serve(device, args, channel, budget, output),
                 Err(reason) => {
                     send_to_listener(&channel, &FromWorker::Failed { reason });
                     1

@@ -26,8 +26,18 @@ fn start() -> (Server, String, std::path::PathBuf, std::path::PathBuf) {
     let key_arg = key.display().to_string();
     let server = Server::start(
         &[
-            "--device", "emulated", "--listen", &socket, "--memory-quota", "64MiB", "--sm-percentage", "50",
-            "--cluster-key-file", &key_arg, "--control", &control_arg,
+            "--device",
+            "emulated",
+            "--listen",
+            &socket,
+            "--memory-quota",
+            "64MiB",
+            "--sm-percentage",
+            "50",
+            "--cluster-key-file",
+            &key_arg,
+            "--control",
+            &control_arg,
         ],
         &scratch,
     );
@@ -76,7 +86,7 @@ async fn status_and_live_resize_through_the_control_socket() {
         let mut message = Vec::new();
         let header = read_message(&mut session, &FrameLimits::default(), &mut message).unwrap();
         assert_eq!(header.seq, 0, "a notice");
-        let Notice::Limits { devices } = flyt_protocol::frame::decode_exact(&message).unwrap();
+        let Notice::Limits { devices } = flyt_protocol::frame::decode_exact(&message).unwrap() else { panic!("expected a limits notice") };
         let mut request = Vec::new();
         Request::from(req::Malloc { size: 40 << 20 }).encode(&mut request);
         write_frame(&mut session, 1, &request, &[]).unwrap();

@@ -68,7 +68,7 @@ impl RawSession {
     fn round_trip(&mut self, pattern: u8) {
         let ptr = self.call(req::Malloc { size: 4096 }).0.expect("malloc").ptr;
         self.send(&req::MemcpyHtoD { dst: ptr, stream: 0 }.into(), &[pattern; 4096]);
-        let (result, bytes) = self.call(req::MemcpyDtoH { src: ptr, len: 4096, stream: 0 });
+        let (result, bytes) = self.call(req::MemcpyDtoH { src: ptr, len: 4096, stream: 0, blocking: true });
         result.expect("copy back");
         assert_eq!(bytes, vec![pattern; 4096]);
         self.call(req::Free { ptr }).0.expect("free");
@@ -141,13 +141,13 @@ fn bad_requests_get_cuda_errors_and_the_session_goes_on() {
     let mut session = RawSession::open(&socket, None).unwrap();
     let ptr = session.call(req::Malloc { size: 1024 }).0.unwrap().ptr;
     // Out of range, wrong pointer, unknown handles, a chunk larger than announced.
-    assert_eq!(session.call(req::MemcpyDtoH { src: ptr + 1000, len: 100, stream: 0 }).0, Err(CudaError::INVALID_VALUE));
-    assert_eq!(session.call(req::MemcpyDtoH { src: 0x10, len: 1, stream: 0 }).0, Err(CudaError::INVALID_VALUE));
+    assert_eq!(session.call(req::MemcpyDtoH { src: ptr + 1000, len: 100, stream: 0, blocking: true }).0, Err(CudaError::INVALID_VALUE));
+    assert_eq!(session.call(req::MemcpyDtoH { src: 0x10, len: 1, stream: 0, blocking: true }).0, Err(CudaError::INVALID_VALUE));
     assert_eq!(session.call(req::Free { ptr: ptr + 8 }).0, Err(CudaError::INVALID_VALUE));
     assert_eq!(session.call(req::StreamSynchronize { stream: 77 }).0, Err(CudaError::INVALID_RESOURCE_HANDLE));
     assert_eq!(session.call(req::EventQuery { event: 5 }).0, Err(CudaError::INVALID_RESOURCE_HANDLE));
     let too_big = session.info.copy_chunk + 1;
-    assert_eq!(session.call(req::MemcpyDtoH { src: ptr, len: too_big, stream: 0 }).0, Err(CudaError::INVALID_VALUE));
+    assert_eq!(session.call(req::MemcpyDtoH { src: ptr, len: too_big, stream: 0, blocking: true }).0, Err(CudaError::INVALID_VALUE));
     // An asynchronous op that fails reports at the next sync point, once.
     session.send(&req::Memset { dst: ptr + 1020, value: 0, len: 8, stream: 0 }.into(), &[]);
     session.send(&req::StreamCreate { stream: 0, flags: 0, priority: 0 }.into(), &[]);
@@ -164,7 +164,9 @@ fn wrong_versions_and_strangers_are_refused_with_a_reason() {
     let mut old = Hello::new(None, identity("old-client"), None);
     old.protocol_version = 0;
     match hello_reply(&socket, &old).1 {
-        HelloReply::Refused { reason, .. } => assert!(reason.contains("protocol version"), "{reason}"),
+        HelloReply::Refused { reason, .. } => {
+            assert!(reason.contains("protocol version"), "{reason}")
+        }
         other => panic!("accepted an old protocol: {other:?}"),
     }
     let mut cuda12 = Hello::new(None, identity("cuda12-app"), None);
@@ -189,10 +191,8 @@ fn sessions_need_a_valid_token_when_a_cluster_key_is_set() {
     std::fs::set_permissions(&key_path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let key = key_path.display().to_string();
-    let _server = Server::start(
-        &["--device", "emulated", "--listen", &socket, "--cluster-key-file", &key, "--allocation", "alloc-1"],
-        &scratch,
-    );
+    let _server =
+        Server::start(&["--device", "emulated", "--listen", &socket, "--cluster-key-file", &key, "--allocation", "alloc-1"], &scratch);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let token = |allocation: &str, expires_at: u64| {
         let claims = flyt_protocol::token::SessionClaims { allocation: allocation.into(), expires_at };
@@ -295,10 +295,7 @@ fn bad_segments_and_offsets_get_clear_errors() {
     assert_eq!(session.call(req::ShmRegister { offset: 4096, len: 4096 }).0, Err(CudaError::INVALID_VALUE), "inside staging");
     assert_eq!(session.call(req::ShmRegister { offset: 12 << 20, len: 8 << 20 }).0, Err(CudaError::INVALID_VALUE), "past the end");
     session.call(req::ShmRegister { offset: 8 << 20, len: 4 << 20 }).0.expect("a block");
-    assert_eq!(
-        session.call(req::ShmRegister { offset: 10 << 20, len: 4096 }).0,
-        Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED)
-    );
+    assert_eq!(session.call(req::ShmRegister { offset: 10 << 20, len: 4096 }).0, Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED));
     session.send(&req::ShmCopyDtoH { src: ptr, offset: 9 << 20, len: 1 << 20, stream: 0 }.into(), &[]);
     assert_eq!(session.call_with_deferred(req::ShmFence { stream: 0 }).0.result, Ok(flyt_protocol::ops::rep::ShmFence {}));
     // The client unmapping or resizing its side cannot hurt the server: the memfd is sealed.

@@ -91,8 +91,9 @@ pub unsafe fn cudaDeviceSynchronize() -> CudaResult<()> {
 
 pub unsafe fn cudaDeviceReset() -> CudaResult<()> {
     // Reset without a session is a no-op, as on a process that never touched the GPU.
-    let Some(client) = existing_client() else { return Ok(()) };
-    let _ = client.settle_in_flight();
+    let Some(client) = existing_client() else {
+        return Ok(());
+    };
     call(client, req::DeviceReset {})?;
     client.forget_allocations();
     client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();

@@ -29,16 +29,16 @@ use crate::client::Client;
 use crate::ffi::cudaError_t;
 
 /// Sends a request and waits for its reply. At a sync point, a deferred error of an earlier
-/// asynchronous call is returned, and every in-flight device-to-host copy has landed.
+/// asynchronous call is returned; the server sent the bytes of every copy the call covers before
+/// its reply, so they have landed.
 pub(crate) fn call<O: Op>(client: &Client, request: O) -> CudaResult<O::Reply> {
     let message = client.conn.call(&request.into())?;
     let reply = decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?;
     if O::INFO.class == OpClass::SyncPoint {
         let fields = reply.result?;
-        if let Some(deferred) = reply.deferred {
+        if let Some(deferred) = reply.deferred.or_else(|| client.conn.take_deferred()) {
             return Err(deferred);
         }
-        client.settle_in_flight()?;
         Ok(fields)
     } else {
         reply.result

@@ -106,6 +106,13 @@ impl Staging {
         &self.pool.slots[self.index]
     }
 
+    /// The slot's bytes once its device-to-host copy is done (read only).
+    fn filled(&self) -> &[u8] {
+        let slot = &self.pool.slots[self.index];
+        // SAFETY: as in `bytes`; the copy that wrote them has finished (its event was waited).
+        unsafe { std::slice::from_raw_parts(slot.ptr, self.len) }
+    }
+
     fn bytes(&mut self) -> &mut [u8] {
         let slot = &self.pool.slots[self.index];
         // SAFETY: the slot's memory is `capacity` bytes of pinned host memory allocated in
@@ -319,12 +326,15 @@ impl Device for CudaDevice {
         Ok(PendingCopy { staging: dst })
     }
 
-    fn finish_dtoh(&self, mut pending: PendingCopy, consume: &mut dyn FnMut(CudaResult<&[u8]>)) {
-        // SAFETY: the event was recorded after the copy in `start_dtoh`.
-        match check(unsafe { result::event::synchronize(pending.staging.slot().event.0) }) {
-            Ok(()) => consume(Ok(pending.staging.bytes())),
-            Err(error) => consume(Err(error)),
-        }
+    fn dtoh_done(&self, pending: &PendingCopy) -> bool {
+        // SAFETY: the event was created with the pool and recorded after the copy in `start_dtoh`.
+        check(unsafe { result::event::query(pending.staging.slot().event.0) }) != Err(CudaError::NOT_READY)
+    }
+
+    fn dtoh_bytes<'a>(&self, pending: &'a PendingCopy) -> CudaResult<&'a [u8]> {
+        // SAFETY: as in `dtoh_done`; a finished event returns at once (and flushes nothing else).
+        check(unsafe { result::event::synchronize(pending.staging.slot().event.0) })?;
+        Ok(pending.staging.filled())
     }
 
     fn copy_dtod(&self, dst: u64, src: u64, len: u64, stream: Self::Stream) -> CudaResult<()> {

@@ -180,8 +180,12 @@ impl Device for EmulatedDevice {
         Ok(Ok(dst))
     }
 
-    fn finish_dtoh(&self, pending: CudaResult<Vec<u8>>, consume: &mut dyn FnMut(CudaResult<&[u8]>)) {
-        consume(pending.as_deref().map_err(|error| *error));
+    fn dtoh_done(&self, _pending: &CudaResult<Vec<u8>>) -> bool {
+        true
+    }
+
+    fn dtoh_bytes<'a>(&self, pending: &'a CudaResult<Vec<u8>>) -> CudaResult<&'a [u8]> {
+        pending.as_deref().map_err(|error| *error)
     }
 
     fn copy_dtod(&self, dst: u64, src: u64, len: u64, _stream: u64) -> CudaResult<()> {
@@ -300,11 +304,8 @@ impl Device for EmulatedDevice {
         let state = self.state();
         let recorded = |event| state.events.get(&event).copied().flatten().ok_or(CudaError::INVALID_RESOURCE_HANDLE);
         let (start, end) = (recorded(start)?, recorded(end)?);
-        let millis = if end >= start {
-            end.duration_since(start).as_secs_f32() * 1e3
-        } else {
-            -(start.duration_since(end).as_secs_f32() * 1e3)
-        };
+        let millis =
+            if end >= start { end.duration_since(start).as_secs_f32() * 1e3 } else { -(start.duration_since(end).as_secs_f32() * 1e3) };
         Ok(millis)
     }
 

@@ -21,8 +21,8 @@ pub enum BackendKind {
 }
 
 /// What a device backend does for a session. Every method is called from the session's reader
-/// thread except the blocking waits (`event_synchronize`, `synchronize`, `finish_dtoh`), which run
-/// on waiter threads that called `bind_thread` first.
+/// thread except the waits (queries polled until done, then `event_synchronize`/`synchronize`),
+/// which run on waiter threads that called `bind_thread` first.
 pub trait Device: Send + Sync + 'static {
     type Stream: Copy + Send + Sync + 'static;
     type Event: Copy + Send + Sync + 'static;
@@ -31,7 +31,7 @@ pub trait Device: Send + Sync + 'static {
     /// A host buffer the device copies from or into asynchronously (pinned memory on CUDA).
     type Staging: Send + 'static;
     /// A device-to-host copy in flight.
-    type PendingCopy: Send + 'static;
+    type PendingCopy: Send + Sync + 'static;
 
     /// The device as the hardware reports it (the session applies its slice on top).
     fn info(&self) -> DeviceInfo;
@@ -53,8 +53,10 @@ pub trait Device: Send + Sync + 'static {
     fn copy_htod(&self, dst: u64, src: Self::Staging, stream: Self::Stream) -> CudaResult<()>;
     /// Queues a copy into a staging buffer.
     fn start_dtoh(&self, src: u64, dst: Self::Staging, stream: Self::Stream) -> CudaResult<Self::PendingCopy>;
-    /// Waits for a device-to-host copy and gives its bytes to `consume`.
-    fn finish_dtoh(&self, pending: Self::PendingCopy, consume: &mut dyn FnMut(CudaResult<&[u8]>));
+    /// `true` once a device-to-host copy has finished or failed; never blocks.
+    fn dtoh_done(&self, pending: &Self::PendingCopy) -> bool;
+    /// The bytes of a finished copy, or why it failed (call once `dtoh_done`).
+    fn dtoh_bytes<'a>(&self, pending: &'a Self::PendingCopy) -> CudaResult<&'a [u8]>;
     fn copy_dtod(&self, dst: u64, src: u64, len: u64, stream: Self::Stream) -> CudaResult<()>;
 
     /// Pins host memory for DMA (the shared-memory segment's blocks).
