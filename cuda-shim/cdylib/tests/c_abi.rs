@@ -1,0 +1,47 @@
+//! A C program `dlopen`s the built `libcuda.so.1` the way NVIDIA's runtime does and checks, for every
+//! `cuGetProcAddress_v2` request the real driver answered in the recorded runs, that Flyt answers the same
+//! status and resolves the same export.
+
+use std::process::Command;
+
+use flyt_test_support::{artifact, scratch_dir};
+
+#[test]
+fn proc_address_answers_like_the_real_driver() {
+    let dir = scratch_dir("cuda-proc-address");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/proc_address.c");
+    let program = dir.join("proc_address");
+    let status = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Werror", "-O1", source, "-o"])
+        .arg(&program)
+        .arg("-ldl")
+        .status()
+        .expect("a C compiler (cc) is needed for this test");
+    assert!(status.success(), "compiling {source}");
+    let census = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/census-gpa-580.txt");
+    let output = Command::new(&program)
+        .arg(artifact("libcuda.so"))
+        .arg(census)
+        .output()
+        .expect("run proc_address");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let requests = std::fs::read_to_string(census)
+        .expect("census")
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .count();
+    assert!(requests > 400);
+    assert!(
+        stdout.contains(&format!("checked {requests} requests, 0 failures")),
+        "stdout:\n{stdout}"
+    );
+    assert!(
+        stderr.contains("flyt: cuInit failed: "),
+        "cuInit names why it failed: {stderr}"
+    );
+}
