@@ -2,6 +2,11 @@
 //! `cuGetProcAddress_v2` request the real driver answered in the recorded runs, that Flyt answers the same
 //! status and resolves the same export.
 
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration test file is its own test crate"
+)]
+
 use std::process::Command;
 
 use flyt_test_support::{artifact, scratch_dir};

@@ -1,6 +1,11 @@
 //! `libcuda.so.1` exports exactly the real driver's 707 functions, each a row of the table, with the
 //! driver's soname.
 
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration test file is its own test crate"
+)]
+
 use std::collections::BTreeSet;
 use std::process::Command;
 
