@@ -11,6 +11,10 @@ use std::process::Command;
 
 use flyt_test_support::{artifact, scratch_dir};
 
+/// The build output: not named `libcuda.so`, so that nothing run by cargo (whose library path includes
+/// the target directories) loads it in place of NVIDIA's driver; it is installed as `libcuda.so.1`.
+const LIBRARY: &str = "libflyt_libcuda.so";
+
 #[test]
 fn proc_address_answers_like_the_real_driver() {
     let dir = scratch_dir("cuda-proc-address");
@@ -25,7 +29,7 @@ fn proc_address_answers_like_the_real_driver() {
     assert!(status.success(), "compiling {source}");
     let census = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/census-gpa-580.txt");
     let output = Command::new(&program)
-        .arg(artifact("libcuda.so"))
+        .arg(artifact(LIBRARY))
         .arg(census)
         .output()
         .expect("run proc_address");

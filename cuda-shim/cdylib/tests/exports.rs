@@ -11,6 +11,10 @@ use std::process::Command;
 
 use flyt_test_support::artifact;
 
+/// The build output: not named `libcuda.so`, so that nothing run by cargo (whose library path includes
+/// the target directories) loads it in place of NVIDIA's driver; it is installed as `libcuda.so.1`.
+const LIBRARY: &str = "libflyt_libcuda.so";
+
 /// Every defined dynamic function symbol of a library, with its version node if any.
 fn exports(library: &std::path::Path) -> BTreeSet<String> {
     let output = Command::new("nm")
@@ -37,7 +41,7 @@ fn exports_are_the_real_drivers_707() {
         .map(str::to_string)
         .collect();
     assert_eq!(expected.len(), 707);
-    let ours = exports(&artifact("libcuda.so"));
+    let ours = exports(&artifact(LIBRARY));
     let missing: Vec<_> = expected.difference(&ours).collect();
     let extra: Vec<_> = ours.difference(&expected).collect();
     assert!(
@@ -57,14 +61,14 @@ fn every_export_is_a_table_row_once() {
         flyt_cuda::exports::EXPORTS.len(),
         "a name appears twice in the table"
     );
-    assert_eq!(table, exports(&artifact("libcuda.so")));
+    assert_eq!(table, exports(&artifact(LIBRARY)));
 }
 
 #[test]
 fn soname_is_libcuda_so_1() {
     let output = Command::new("readelf")
         .arg("-d")
-        .arg(artifact("libcuda.so"))
+        .arg(artifact(LIBRARY))
         .output()
         .expect("readelf");
     assert!(String::from_utf8_lossy(&output.stdout).contains("Library soname: [libcuda.so.1]"));
