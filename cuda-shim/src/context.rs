@@ -85,18 +85,12 @@ impl Context {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// CUDA_ERROR_CONTEXT_IS_DESTROYED for a destroyed context.
     pub fn usable(&self) -> DriverResult {
-        if self.state().dead {
-            Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED)
-        } else {
-            Ok(())
-        }
+        if self.state().dead { Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED) } else { Ok(()) }
     }
 
     /// Primary contexts: whether something retains it.
@@ -106,12 +100,7 @@ impl Context {
 
     // -- context-local storage --
 
-    pub fn cls_register(
-        &self,
-        key: *mut c_void,
-        data: *mut c_void,
-        destroy: ClsDestroy,
-    ) -> DriverResult {
+    pub fn cls_register(&self, key: *mut c_void, data: *mut c_void, destroy: ClsDestroy) -> DriverResult {
         let mut state = self.state();
         if state.dead {
             return Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
@@ -131,21 +120,12 @@ impl Context {
         let mut state = self.state();
         let before = state.cls.len();
         state.cls.retain(|e| e.key != key as usize);
-        if state.cls.len() == before {
-            Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
-        } else {
-            Ok(())
-        }
+        if state.cls.len() == before { Err(CUresult::CUDA_ERROR_INVALID_HANDLE) } else { Ok(()) }
     }
 
     pub fn cls_get(&self, key: *mut c_void) -> DriverResult<*mut c_void> {
         let state = self.state();
-        state
-            .cls
-            .iter()
-            .find(|e| e.key == key as usize)
-            .map(|e| e.data as *mut c_void)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+        state.cls.iter().find(|e| e.key == key as usize).map(|e| e.data as *mut c_void).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
     }
 
     /// Runs the destroy callbacks of every key still registered, after the context died (no lock held, so
@@ -155,13 +135,7 @@ impl Context {
             if let Some(destroy) = entry.destroy {
                 // SAFETY: the callback and its key/data were registered together by the code that owns
                 // them, for exactly this call when the context dies.
-                unsafe {
-                    destroy(
-                        self.handle(),
-                        entry.key as *mut c_void,
-                        entry.data as *mut c_void,
-                    )
-                };
+                unsafe { destroy(self.handle(), entry.key as *mut c_void, entry.data as *mut c_void) };
             }
         }
     }
@@ -192,21 +166,13 @@ impl Contexts {
     }
 
     fn remember(&self, ctx: &'static Context) {
-        self.known
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(ctx as *const Context as usize);
+        self.known.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(ctx as *const Context as usize);
     }
 
     /// The context a handle names, or CUDA_ERROR_INVALID_CONTEXT for anything this driver did not hand out.
     pub fn lookup(&self, handle: CUcontext) -> DriverResult<&'static Context> {
         let address = handle as usize;
-        if self
-            .known
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(&address)
-        {
+        if self.known.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&address) {
             // SAFETY: `address` was recorded in `remember` from a leaked `&'static Context`, never freed.
             Ok(unsafe { &*(address as *const Context) })
         } else {
@@ -216,23 +182,12 @@ impl Contexts {
 
     /// A handle argument where NULL means the thread's current context.
     pub fn lookup_or_current(&self, handle: CUcontext) -> DriverResult<&'static Context> {
-        if handle.is_null() {
-            current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-        } else {
-            self.lookup(handle)
-        }
+        if handle.is_null() { current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT) } else { self.lookup(handle) }
     }
 
     pub fn primary(&self, device: i32) -> DriverResult<&'static Context> {
-        let primaries = self
-            .primaries
-            .get()
-            .ok_or(CUresult::CUDA_ERROR_NOT_INITIALIZED)?;
-        usize::try_from(device)
-            .ok()
-            .and_then(|d| primaries.get(d))
-            .copied()
-            .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
+        let primaries = self.primaries.get().ok_or(CUresult::CUDA_ERROR_NOT_INITIALIZED)?;
+        usize::try_from(device).ok().and_then(|d| primaries.get(d)).copied().ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
     }
 
     // -- primary contexts --
@@ -331,10 +286,7 @@ impl Contexts {
 // -- the calling thread's context stack (a thread that is exiting has none) --
 
 pub fn current() -> Option<&'static Context> {
-    STACK
-        .try_with(|stack| stack.borrow().last().copied())
-        .ok()
-        .flatten()
+    STACK.try_with(|stack| stack.borrow().last().copied()).ok().flatten()
 }
 
 /// `cuCtxSetCurrent`: replaces the top of the stack (pushes onto an empty one); `None` pops.
@@ -356,9 +308,7 @@ pub fn set_current(ctx: Option<&'static Context>) -> DriverResult {
 }
 
 pub fn push(ctx: &'static Context) -> DriverResult {
-    STACK
-        .try_with(|stack| stack.borrow_mut().push(ctx))
-        .map_err(|_| CUresult::CUDA_ERROR_DEINITIALIZED)
+    STACK.try_with(|stack| stack.borrow_mut().push(ctx)).map_err(|_| CUresult::CUDA_ERROR_DEINITIALIZED)
 }
 
 pub fn pop() -> DriverResult<&'static Context> {
@@ -392,30 +342,18 @@ mod tests {
         assert!(first.active());
         c.primary_release(1).unwrap();
         assert!(!first.active());
-        assert_eq!(
-            c.primary_release(1),
-            Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-        );
-        assert_eq!(
-            c.primary(2).err(),
-            Some(CUresult::CUDA_ERROR_INVALID_DEVICE)
-        );
+        assert_eq!(c.primary_release(1), Err(CUresult::CUDA_ERROR_INVALID_CONTEXT));
+        assert_eq!(c.primary(2).err(), Some(CUresult::CUDA_ERROR_INVALID_DEVICE));
         assert_eq!(first.device(), 1);
     }
 
     #[test]
     fn set_flags_checks_mask_and_legacy_refuses_when_active() {
         let c = contexts(1);
-        assert_eq!(
-            c.primary_set_flags(0, 0x100, true),
-            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
-        );
+        assert_eq!(c.primary_set_flags(0, 0x100, true), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
         c.primary_set_flags(0, 4, false).unwrap();
         c.primary_retain(0).unwrap();
-        assert_eq!(
-            c.primary_set_flags(0, 1, false),
-            Err(CUresult::CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE)
-        );
+        assert_eq!(c.primary_set_flags(0, 1, false), Err(CUresult::CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE));
         c.primary_set_flags(0, 1, true).unwrap();
         assert_eq!(c.primary(0).unwrap().flags(), 1);
     }
@@ -440,14 +378,8 @@ mod tests {
         let c = contexts(1);
         let mut not_a_context = 0u64;
         let handle: CUcontext = std::ptr::from_mut(&mut not_a_context).cast();
-        assert_eq!(
-            c.lookup(handle).err(),
-            Some(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-        );
-        assert_eq!(
-            c.lookup_or_current(std::ptr::null_mut()).err(),
-            Some(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-        );
+        assert_eq!(c.lookup(handle).err(), Some(CUresult::CUDA_ERROR_INVALID_CONTEXT));
+        assert_eq!(c.lookup_or_current(std::ptr::null_mut()).err(), Some(CUresult::CUDA_ERROR_INVALID_CONTEXT));
     }
 
     static DESTROYED: AtomicUsize = AtomicUsize::new(0);
@@ -458,59 +390,28 @@ mod tests {
     #[test]
     fn cls_destructors_run_when_a_context_dies_not_on_unregister() {
         let c = contexts(1);
-        let (k1, k2, k3) = (
-            std::ptr::without_provenance_mut(8),
-            std::ptr::without_provenance_mut(16),
-            std::ptr::without_provenance_mut(24),
-        );
+        let (k1, k2, k3) =
+            (std::ptr::without_provenance_mut(8), std::ptr::without_provenance_mut(16), std::ptr::without_provenance_mut(24));
         let created = c.create(0, 0).unwrap();
-        created
-            .cls_register(k1, 100usize as *mut c_void, Some(count_destroy))
-            .unwrap();
-        created
-            .cls_register(k2, 20usize as *mut c_void, Some(count_destroy))
-            .unwrap();
+        created.cls_register(k1, 100usize as *mut c_void, Some(count_destroy)).unwrap();
+        created.cls_register(k2, 20usize as *mut c_void, Some(count_destroy)).unwrap();
         assert_eq!(created.cls_get(k1).unwrap() as usize, 100);
-        assert_eq!(
-            created.cls_get(k3).err(),
-            Some(CUresult::CUDA_ERROR_INVALID_HANDLE)
-        );
+        assert_eq!(created.cls_get(k3).err(), Some(CUresult::CUDA_ERROR_INVALID_HANDLE));
         created.cls_unregister(k2).unwrap();
-        assert_eq!(
-            created.cls_unregister(k2),
-            Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
-        );
+        assert_eq!(created.cls_unregister(k2), Err(CUresult::CUDA_ERROR_INVALID_HANDLE));
         let before = DESTROYED.load(Ordering::SeqCst);
         c.destroy(created.handle()).unwrap();
-        assert_eq!(
-            DESTROYED.load(Ordering::SeqCst) - before,
-            100,
-            "only the still-registered key's destructor"
-        );
-        assert!(
-            current().is_none(),
-            "destroying the current context pops it"
-        );
-        assert_eq!(
-            created.usable(),
-            Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED)
-        );
-        assert_eq!(
-            c.destroy(created.handle()),
-            Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-        );
+        assert_eq!(DESTROYED.load(Ordering::SeqCst) - before, 100, "only the still-registered key's destructor");
+        assert!(current().is_none(), "destroying the current context pops it");
+        assert_eq!(created.usable(), Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED));
+        assert_eq!(c.destroy(created.handle()), Err(CUresult::CUDA_ERROR_INVALID_CONTEXT));
 
         let primary = c.primary_retain(0).unwrap();
-        primary
-            .cls_register(k3, 5000usize as *mut c_void, Some(count_destroy))
-            .unwrap();
+        primary.cls_register(k3, 5000usize as *mut c_void, Some(count_destroy)).unwrap();
         let before = DESTROYED.load(Ordering::SeqCst);
         c.primary_reset(0).unwrap();
         assert_eq!(DESTROYED.load(Ordering::SeqCst) - before, 5000);
         assert!(!primary.active());
-        assert_eq!(
-            c.destroy(primary.handle()),
-            Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-        );
+        assert_eq!(c.destroy(primary.handle()), Err(CUresult::CUDA_ERROR_INVALID_CONTEXT));
     }
 }

@@ -8,12 +8,8 @@ static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
 /// Prints `line` unless something was already printed under `key`; returns whether it printed.
 pub fn once(key: &str, line: &str) -> bool {
-    let mut said = SAID
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let first = said
-        .get_or_insert_with(HashSet::new)
-        .insert(key.to_string());
+    let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let first = said.get_or_insert_with(HashSet::new).insert(key.to_string());
     if first {
         eprintln!("{line}");
     }
@@ -22,12 +18,7 @@ pub fn once(key: &str, line: &str) -> bool {
 
 /// The line an unsupported driver function prints (once) before answering CUDA_ERROR_NOT_SUPPORTED.
 pub fn unsupported(symbol: &str) -> crate::CUresult {
-    once(
-        symbol,
-        &format!(
-            "flyt: {symbol} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"
-        ),
-    );
+    once(symbol, &format!("flyt: {symbol} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"));
     crate::CUresult::CUDA_ERROR_NOT_SUPPORTED
 }
 
@@ -35,13 +26,7 @@ pub fn unsupported(symbol: &str) -> crate::CUresult {
 mod tests {
     #[test]
     fn a_key_prints_once() {
-        assert!(super::once(
-            "diagnostics-test-key",
-            "flyt: test line (expected in test output)"
-        ));
-        assert!(!super::once(
-            "diagnostics-test-key",
-            "flyt: test line (expected in test output)"
-        ));
+        assert!(super::once("diagnostics-test-key", "flyt: test line (expected in test output)"));
+        assert!(!super::once("diagnostics-test-key", "flyt: test line (expected in test output)"));
     }
 }

@@ -60,10 +60,7 @@ pub struct Session {
 impl Session {
     /// The device with ordinal `device`, or CUDA_ERROR_INVALID_DEVICE.
     pub fn device(&self, device: i32) -> DriverResult<&DeviceInfo> {
-        usize::try_from(device)
-            .ok()
-            .and_then(|d| self.devices.get(d))
-            .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
+        usize::try_from(device).ok().and_then(|d| self.devices.get(d)).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
     }
 }
 
@@ -91,20 +88,14 @@ impl Driver {
     /// `cuInit(0)`: opens the source the first time; later calls return the first answer.
     pub fn init(&self) -> DriverResult {
         self.alive()?;
-        let _guard = self
-            .opening
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _guard = self.opening.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let outcome = self.session.get_or_init(|| match self.source.open() {
             Ok(devices) => {
                 self.contexts.create_primaries(devices.len());
                 Ok(Arc::new(Session { devices }))
             }
             Err(unavailable) => {
-                crate::diagnostics::once(
-                    "cuInit",
-                    &format!("flyt: cuInit failed: {}", unavailable.reason),
-                );
+                crate::diagnostics::once("cuInit", &format!("flyt: cuInit failed: {}", unavailable.reason));
                 Err(unavailable.result)
             }
         });
@@ -135,11 +126,7 @@ impl Driver {
 
     /// CUDA_ERROR_DEINITIALIZED once [`Driver::tear_down`] ran.
     pub fn alive(&self) -> DriverResult {
-        if self.torn_down.load(Ordering::Acquire) {
-            Err(CUresult::CUDA_ERROR_DEINITIALIZED)
-        } else {
-            Ok(())
-        }
+        if self.torn_down.load(Ordering::Acquire) { Err(CUresult::CUDA_ERROR_DEINITIALIZED) } else { Ok(()) }
     }
 
     /// From now on every call that needs state answers CUDA_ERROR_DEINITIALIZED at once (library unload or
@@ -158,9 +145,7 @@ pub fn install_device_source(source: Box<dyn DeviceSource>) -> Result<(), Box<dy
     if DRIVER.get().is_some() {
         return Err(source);
     }
-    let mut slot = SOURCE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut slot = SOURCE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     *slot = Some(source);
     Ok(())
 }
@@ -170,10 +155,7 @@ pub fn install_device_source(source: Box<dyn DeviceSource>) -> Result<(), Box<dy
 /// can be tested with devices).
 pub fn driver() -> &'static Driver {
     DRIVER.get_or_init(|| {
-        let installed = SOURCE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        let installed = SOURCE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         Driver::new(installed.unwrap_or_else(default_source))
     })
 }
@@ -185,9 +167,7 @@ fn default_source() -> Box<dyn DeviceSource> {
 
 #[cfg(test)]
 fn default_source() -> Box<dyn DeviceSource> {
-    Box::new(crate::testing::FakeDevices::new(
-        crate::testing::GLOBAL_FAKE_DEVICES,
-    ))
+    Box::new(crate::testing::FakeDevices::new(crate::testing::GLOBAL_FAKE_DEVICES))
 }
 
 /// The library's unload hook (see the cdylib crate).
@@ -207,10 +187,7 @@ mod tests {
         let driver = Driver::new(Box::new(NoDevices));
         assert_eq!(driver.init(), Err(CUresult::CUDA_ERROR_NO_DEVICE));
         assert_eq!(driver.init(), Err(CUresult::CUDA_ERROR_NO_DEVICE));
-        assert_eq!(
-            driver.session().err(),
-            Some(CUresult::CUDA_ERROR_NOT_INITIALIZED)
-        );
+        assert_eq!(driver.session().err(), Some(CUresult::CUDA_ERROR_NOT_INITIALIZED));
     }
 
     #[test]
@@ -218,10 +195,7 @@ mod tests {
         let fake = FakeDevices::new(2);
         let opened = fake.opened.clone();
         let driver = Driver::new(Box::new(fake));
-        assert_eq!(
-            driver.session().err(),
-            Some(CUresult::CUDA_ERROR_NOT_INITIALIZED)
-        );
+        assert_eq!(driver.session().err(), Some(CUresult::CUDA_ERROR_NOT_INITIALIZED));
         driver.init().unwrap();
         driver.init().unwrap();
         assert_eq!(opened.load(Ordering::SeqCst), 1);
@@ -234,9 +208,6 @@ mod tests {
         driver.init().unwrap();
         driver.tear_down();
         assert_eq!(driver.init(), Err(CUresult::CUDA_ERROR_DEINITIALIZED));
-        assert_eq!(
-            driver.session().err(),
-            Some(CUresult::CUDA_ERROR_DEINITIALIZED)
-        );
+        assert_eq!(driver.session().err(), Some(CUresult::CUDA_ERROR_DEINITIALIZED));
     }
 }

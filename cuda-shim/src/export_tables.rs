@@ -52,14 +52,10 @@ const NULL: Address = Address(std::ptr::null());
 /// Word `index` of table `table` when Flyt does not implement it.
 extern "C" fn stub<const TABLE: usize, const INDEX: usize>() -> CUresult {
     boundary("export table stub", || {
-        let uuid = TABLES
-            .get(TABLE)
-            .map_or_else(String::new, |t| format_uuid(&t.uuid));
+        let uuid = TABLES.get(TABLE).map_or_else(String::new, |t| format_uuid(&t.uuid));
         crate::diagnostics::once(
             &format!("table:{uuid}:{INDEX}"),
-            &format!(
-                "flyt: export table {uuid} entry {INDEX} is not implemented (returning CUDA_ERROR_NOT_SUPPORTED)"
-            ),
+            &format!("flyt: export table {uuid} entry {INDEX} is not implemented (returning CUDA_ERROR_NOT_SUPPORTED)"),
         );
         CUresult::CUDA_ERROR_NOT_SUPPORTED
     })
@@ -80,10 +76,7 @@ const fn stubs<const TABLE: usize>() -> [Address; MAX_WORDS] {
 }
 
 /// Table `TABLE` of `N` words: the size word (if `sized`), `entries` where given, stubs elsewhere.
-const fn build<const TABLE: usize, const N: usize>(
-    sized: bool,
-    entries: &[(usize, Address)],
-) -> Table<N> {
+const fn build<const TABLE: usize, const N: usize>(sized: bool, entries: &[(usize, Address)]) -> Table<N> {
     let all = stubs::<TABLE>();
     let mut words = [NULL; N];
     let mut i = 0;
@@ -189,31 +182,14 @@ pub fn find(id: &[u8; 16]) -> Option<*const c_void> {
 
 /// The UUID as the census and the log lines write it (memory order, grouped 4-2-2-2-6).
 pub fn format_uuid(id: &[u8; 16]) -> String {
-    let hex = |range: std::ops::Range<usize>| {
-        id[range]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    };
-    format!(
-        "{}-{}-{}-{}-{}",
-        hex(0..4),
-        hex(4..6),
-        hex(6..8),
-        hex(8..10),
-        hex(10..16)
-    )
+    let hex = |range: std::ops::Range<usize>| id[range].iter().map(|b| format!("{b:02x}")).collect::<String>();
+    format!("{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16))
 }
 
 // -- CudartInterface --
 
-unsafe extern "C" fn cudart_load_fat_binary(
-    module: *mut CUmodule,
-    fat_cubin: *const c_void,
-) -> CUresult {
-    boundary("CudartInterface[1]", || {
-        crate::api::module::load_fat_binary(module, fat_cubin)
-    })
+unsafe extern "C" fn cudart_load_fat_binary(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult {
+    boundary("CudartInterface[1]", || crate::api::module::load_fat_binary(module, fat_cubin))
 }
 
 /// Entry 2: the device's primary context, neither retained nor activated (the real driver's behaviour:
@@ -238,13 +214,7 @@ unsafe extern "C" fn cudart_load_fat_binary_with_relocations(
     count: c_uint,
 ) -> CUresult {
     boundary("CudartInterface[6]", || {
-        crate::api::module::load_fat_binary_with_relocations(
-            module,
-            fat_cubin,
-            symbol_names,
-            symbol_addresses,
-            count,
-        )
+        crate::api::module::load_fat_binary_with_relocations(module, fat_cubin, symbol_names, symbol_addresses, count)
     })
 }
 
@@ -258,9 +228,7 @@ unsafe extern "C" fn cudart_load_data_ex_hidden(
     option_values: *mut *mut c_void,
     count: c_uint,
 ) -> CUresult {
-    boundary("CudartInterface[8]", || {
-        crate::api::module::load_data_ex_hidden(image, module, options, option_values, count)
-    })
+    boundary("CudartInterface[8]", || crate::api::module::load_data_ex_hidden(image, module, options, option_values, count))
 }
 
 /// Entry 12 (CUDA 13.1 runtimes): load the JIT compilers; nothing to do in the client.
@@ -274,14 +242,9 @@ extern "C" fn cudart_load_compilers() -> CUresult {
 pub struct EnableBuffer<const N: usize>([AtomicU32; N]);
 
 pub static ENABLE_BUFFER: EnableBuffer<1024> = EnableBuffer([const { AtomicU32::new(0) }; 1024]);
-pub static INTERNAL_ENABLE_BUFFER: EnableBuffer<14> =
-    EnableBuffer([const { AtomicU32::new(0) }; 14]);
+pub static INTERNAL_ENABLE_BUFFER: EnableBuffer<14> = EnableBuffer([const { AtomicU32::new(0) }; 14]);
 
-unsafe fn hand_out<const N: usize>(
-    buffer: &'static EnableBuffer<N>,
-    out: *mut *mut u32,
-    count: *mut usize,
-) {
+unsafe fn hand_out<const N: usize>(buffer: &'static EnableBuffer<N>, out: *mut *mut u32, count: *mut usize) {
     if !out.is_null() {
         // SAFETY: non-NULL; the runtime passes a writable pointer. The buffer is `static`, so the pointer
         // stays valid; `AtomicU32` has the layout of `u32`.
@@ -295,32 +258,24 @@ unsafe fn hand_out<const N: usize>(
 
 unsafe extern "C" fn hooks_enable_buffer(out: *mut *mut u32, count: *mut usize) {
     // SAFETY: forwarded contract.
-    boundary("ToolsRuntimeCallbackHooks[2]", || unsafe {
-        hand_out(&ENABLE_BUFFER, out, count)
-    })
+    boundary("ToolsRuntimeCallbackHooks[2]", || unsafe { hand_out(&ENABLE_BUFFER, out, count) })
 }
 
 unsafe extern "C" fn hooks_internal_enable_buffer(out: *mut *mut u32, count: *mut usize) {
     // SAFETY: forwarded contract.
-    boundary("ToolsRuntimeCallbackHooks[6]", || unsafe {
-        hand_out(&INTERNAL_ENABLE_BUFFER, out, count)
-    })
+    boundary("ToolsRuntimeCallbackHooks[6]", || unsafe { hand_out(&INTERNAL_ENABLE_BUFFER, out, count) })
 }
 
 // -- ToolsTls: the current context, as cuCtxSetCurrent/cuCtxGetCurrent --
 
 unsafe extern "C" fn tls_set_current(ctx: CUcontext) -> CUresult {
     // SAFETY: the caller's contract is cuCtxSetCurrent's.
-    boundary("ToolsTls[1]", || unsafe {
-        crate::api::cuCtxSetCurrent(ctx)
-    })
+    boundary("ToolsTls[1]", || unsafe { crate::api::cuCtxSetCurrent(ctx) })
 }
 
 unsafe extern "C" fn tls_get_current(pctx: *mut CUcontext) -> CUresult {
     // SAFETY: the caller's contract is cuCtxGetCurrent's.
-    boundary("ToolsTls[2]", || unsafe {
-        crate::api::cuCtxGetCurrent(pctx)
-    })
+    boundary("ToolsTls[2]", || unsafe { crate::api::cuCtxGetCurrent(pctx) })
 }
 
 // -- context-local storage (NULL context: the calling thread's current one) --
@@ -331,21 +286,12 @@ fn cls_context(ctx: CUcontext) -> DriverResult<&'static crate::context::Context>
     driver.contexts.lookup_or_current(ctx)
 }
 
-unsafe extern "C" fn cls_register(
-    ctx: CUcontext,
-    key: *mut c_void,
-    data: *mut c_void,
-    destroy: ClsDestroy,
-) -> CUresult {
-    boundary("ContextLocalStorage[0]", || {
-        finish(cls_context(ctx).and_then(|c| c.cls_register(key, data, destroy)))
-    })
+unsafe extern "C" fn cls_register(ctx: CUcontext, key: *mut c_void, data: *mut c_void, destroy: ClsDestroy) -> CUresult {
+    boundary("ContextLocalStorage[0]", || finish(cls_context(ctx).and_then(|c| c.cls_register(key, data, destroy))))
 }
 
 unsafe extern "C" fn cls_unregister(ctx: CUcontext, key: *mut c_void) -> CUresult {
-    boundary("ContextLocalStorage[1]", || {
-        finish(cls_context(ctx).and_then(|c| c.cls_unregister(key)))
-    })
+    boundary("ContextLocalStorage[1]", || finish(cls_context(ctx).and_then(|c| c.cls_unregister(key))))
 }
 
 /// A missing key is CUDA_ERROR_INVALID_HANDLE and leaves `*data` alone; no context is
@@ -395,16 +341,10 @@ pub fn integrity_inputs(version: u32, unix_seconds: u64) -> (Header, Vec<DeviceI
     (header, devices)
 }
 
-const CUDART_INTERFACE_ADDRESS: Address =
-    Address(&CUDART_INTERFACE as *const Table<13> as *const c_void);
-const INTEGRITY_CHECK_ADDRESS: Address =
-    Address(&INTEGRITY_CHECK as *const Table<3> as *const c_void);
+const CUDART_INTERFACE_ADDRESS: Address = Address(&CUDART_INTERFACE as *const Table<13> as *const c_void);
+const INTEGRITY_CHECK_ADDRESS: Address = Address(&INTEGRITY_CHECK as *const Table<3> as *const c_void);
 
-unsafe extern "C" fn integrity_check(
-    version: u32,
-    unix_seconds: u64,
-    out: *mut [u64; 2],
-) -> CUresult {
+unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut [u64; 2]) -> CUresult {
     boundary("IntegrityCheck[1]", || {
         let (header, devices) = integrity_inputs(version, unix_seconds);
         // SAFETY: the runtime passes NULL or a writable pair of u64.
@@ -416,11 +356,7 @@ unsafe extern "C" fn integrity_check(
 
 /// Entry 2 (`cuCtxGetType`): every context here is a plain one (type 0); `primary` is written only for
 /// green contexts, so never.
-unsafe extern "C" fn green_context_type(
-    ctx: CUcontext,
-    kind: *mut c_uint,
-    _primary: *mut CUcontext,
-) -> CUresult {
+unsafe extern "C" fn green_context_type(ctx: CUcontext, kind: *mut c_uint, _primary: *mut CUcontext) -> CUresult {
     boundary("GreenContext[2]", || {
         finish((|| {
             let driver = driver();
@@ -450,10 +386,7 @@ unsafe extern "C" fn tools_device_attribute_property(
         finish((|| {
             let session = driver().session()?;
             let id = u32::try_from(attribute).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
-            let v = session
-                .device(dev)?
-                .attribute(id)
-                .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            let v = session.device(dev)?.attribute(id).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
             // SAFETY: the caller passes NULL or a writable pair of words.
             unsafe { write_out(value, [i64::from(v) as usize, 0]) }
         })())
@@ -488,31 +421,15 @@ mod tests {
             if table.sized {
                 assert_eq!(w[0].0 as usize, table.words * 8, "{}", table.name);
             }
-            assert!(
-                w[1..].iter().all(|e| !e.0.is_null()) || !table.sized,
-                "{}",
-                table.name
-            );
+            assert!(w[1..].iter().all(|e| !e.0.is_null()) || !table.sized, "{}", table.name);
             assert_eq!(find(&table.uuid), Some(table.address.0));
             assert_eq!(find(&table.uuid), find(&table.uuid));
         }
-        let cls = TABLES
-            .iter()
-            .find(|t| t.name.starts_with("ContextLocalStorage"))
-            .unwrap();
+        let cls = TABLES.iter().find(|t| t.name.starts_with("ContextLocalStorage")).unwrap();
         let w = words(cls);
-        assert!(
-            w[..3].iter().all(|e| !e.0.is_null()) && w[3].0.is_null(),
-            "3 functions then NULL, no size"
-        );
-        assert_eq!(
-            format_uuid(&TABLES[0].uuid),
-            "6bd5fb6c-5bf4-e74a-8987-d93912fd9df9"
-        );
-        assert!(
-            find(&uuid("195bcbf4-d67d-024a-acc5-1d29cea631ae")).is_none(),
-            "absent on Linux"
-        );
+        assert!(w[..3].iter().all(|e| !e.0.is_null()) && w[3].0.is_null(), "3 functions then NULL, no size");
+        assert_eq!(format_uuid(&TABLES[0].uuid), "6bd5fb6c-5bf4-e74a-8987-d93912fd9df9");
+        assert!(find(&uuid("195bcbf4-d67d-024a-acc5-1d29cea631ae")).is_none(), "absent on Linux");
     }
 
     #[test]
@@ -532,18 +449,10 @@ mod tests {
         unsafe {
             hooks_enable_buffer(&mut buffer, &mut count);
             assert_eq!(count, 1024);
-            assert!(
-                std::slice::from_raw_parts(buffer, count)
-                    .iter()
-                    .all(|&f| f == 0)
-            );
+            assert!(std::slice::from_raw_parts(buffer, count).iter().all(|&f| f == 0));
             hooks_internal_enable_buffer(&mut buffer, &mut count);
             assert_eq!(count, 14);
-            assert!(
-                std::slice::from_raw_parts(buffer, count)
-                    .iter()
-                    .all(|&f| f == 0)
-            );
+            assert!(std::slice::from_raw_parts(buffer, count).iter().all(|&f| f == 0));
         }
     }
 
@@ -556,64 +465,34 @@ mod tests {
             let mut ctx: CUcontext = std::ptr::null_mut();
             assert_eq!(cudart_primary_context(&mut ctx, 0), CUresult::CUDA_SUCCESS);
             let (mut flags, mut active) = (0, 7);
-            assert_eq!(
-                crate::api::cuDevicePrimaryCtxGetState(0, &mut flags, &mut active),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(crate::api::cuDevicePrimaryCtxGetState(0, &mut flags, &mut active), CUresult::CUDA_SUCCESS);
             assert_eq!(active, 0);
             let mut retained: CUcontext = std::ptr::null_mut();
-            assert_eq!(
-                crate::api::cuDevicePrimaryCtxRetain(&mut retained, 0),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(crate::api::cuDevicePrimaryCtxRetain(&mut retained, 0), CUresult::CUDA_SUCCESS);
             assert_eq!(retained, ctx);
-            assert_eq!(
-                crate::api::cuDevicePrimaryCtxRelease_v2(0),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(crate::api::cuDevicePrimaryCtxRelease_v2(0), CUresult::CUDA_SUCCESS);
 
             // Context-local storage on it, through the table.
             let key = 0x1234usize as *mut c_void;
             let mut data: *mut c_void = 9usize as *mut c_void;
-            assert_eq!(
-                cls_get(&mut data, ctx, key),
-                CUresult::CUDA_ERROR_INVALID_HANDLE
-            );
+            assert_eq!(cls_get(&mut data, ctx, key), CUresult::CUDA_ERROR_INVALID_HANDLE);
             assert_eq!(data as usize, 9, "untouched on a missing key");
-            assert_eq!(
-                cls_get(&mut data, std::ptr::null_mut(), key),
-                CUresult::CUDA_ERROR_INVALID_CONTEXT
-            );
-            assert_eq!(
-                cls_register(ctx, key, 42usize as *mut c_void, None),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cls_get(&mut data, std::ptr::null_mut(), key), CUresult::CUDA_ERROR_INVALID_CONTEXT);
+            assert_eq!(cls_register(ctx, key, 42usize as *mut c_void, None), CUresult::CUDA_SUCCESS);
             assert_eq!(tls_set_current(ctx), CUresult::CUDA_SUCCESS);
-            assert_eq!(
-                cls_get(&mut data, std::ptr::null_mut(), key),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cls_get(&mut data, std::ptr::null_mut(), key), CUresult::CUDA_SUCCESS);
             assert_eq!(data as usize, 42);
             let mut current: CUcontext = std::ptr::null_mut();
             assert_eq!(tls_get_current(&mut current), CUresult::CUDA_SUCCESS);
             assert_eq!(current, ctx);
             let mut kind = 9;
-            assert_eq!(
-                green_context_type(std::ptr::null_mut(), &mut kind, std::ptr::null_mut()),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(green_context_type(std::ptr::null_mut(), &mut kind, std::ptr::null_mut()), CUresult::CUDA_SUCCESS);
             assert_eq!(kind, 0);
             assert_eq!(cls_unregister(ctx, key), CUresult::CUDA_SUCCESS);
-            assert_eq!(
-                tls_set_current(std::ptr::null_mut()),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(tls_set_current(std::ptr::null_mut()), CUresult::CUDA_SUCCESS);
 
             let mut variant = [7usize, 7];
-            assert_eq!(
-                tools_device_attribute_property(0, 16, 0, &mut variant),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(tools_device_attribute_property(0, 16, 0, &mut variant), CUresult::CUDA_SUCCESS);
             assert_eq!(variant, [132, 0]);
         }
     }
@@ -624,24 +503,15 @@ mod tests {
         unsafe {
             assert_eq!(crate::api::cuInit(0), CUresult::CUDA_SUCCESS);
             let mut out = [0u64; 2];
-            assert_eq!(
-                integrity_check(13000, 1_700_000_000, &mut out),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(integrity_check(13000, 1_700_000_000, &mut out), CUresult::CUDA_SUCCESS);
             assert_eq!(out, [0x3341181c03cb675c, 0x8ed383aa1f4cd1e8]);
-            assert_eq!(
-                integrity_check(13002, 1_700_000_000, &mut out),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(integrity_check(13002, 1_700_000_000, &mut out), CUresult::CUDA_SUCCESS);
         }
         let (header, devices) = integrity_inputs(13002, 1_700_000_000);
         assert_eq!(devices.len(), crate::testing::GLOBAL_FAKE_DEVICES);
         assert_eq!(devices[1].pci_bus, 0x11);
         assert_eq!(header.cudart_table, find(&TABLES[0].uuid).unwrap() as u64);
-        assert_eq!(
-            header.integrity_table,
-            find(&TABLES[4].uuid).unwrap() as u64
-        );
+        assert_eq!(header.integrity_table, find(&TABLES[4].uuid).unwrap() as u64);
         assert_eq!(header.driver_version, 13000);
         let mut out = [0u64; 2];
         // SAFETY: valid out-pointer.

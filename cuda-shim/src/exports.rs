@@ -9,10 +9,7 @@
 //! [`EXPORTS`] lists them all with their family and address, for `cuGetProcAddress` and the tests.
 
 #![allow(non_snake_case, reason = "the exports carry the driver's names")]
-#![allow(
-    clippy::missing_safety_doc,
-    reason = "each export's contract is the CUDA driver API's"
-)]
+#![allow(clippy::missing_safety_doc, reason = "each export's contract is the CUDA driver API's")]
 #![allow(clippy::too_many_arguments, reason = "the driver API's signatures")]
 
 use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
@@ -106,32 +103,20 @@ mod tests {
 
     #[test]
     fn table_has_every_export_of_the_real_driver_once() {
-        let real: Vec<&str> = include_str!("../data/libcuda-580-exports.txt")
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.is_empty())
-            .collect();
+        let real: Vec<&str> =
+            include_str!("../data/libcuda-580-exports.txt").lines().filter(|l| !l.starts_with('#') && !l.is_empty()).collect();
         assert_eq!(real.len(), 707);
         let ours: Vec<&str> = EXPORTS.iter().map(|e| e.name).collect();
         let mut sorted_real = real.clone();
         sorted_real.sort_unstable();
         assert_eq!(ours, sorted_real);
-        assert!(
-            EXPORTS.windows(2).all(|w| w[0].name < w[1].name),
-            "sorted, no duplicates"
-        );
+        assert!(EXPORTS.windows(2).all(|w| w[0].name < w[1].name), "sorted, no duplicates");
     }
 
     #[test]
     fn implemented_list_matches_the_table() {
-        let listed: Vec<&str> = include_str!("../data/implemented.txt")
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.is_empty())
-            .collect();
-        let mut implemented: Vec<&str> = EXPORTS
-            .iter()
-            .filter(|e| e.implemented)
-            .map(|e| e.name)
-            .collect();
+        let listed: Vec<&str> = include_str!("../data/implemented.txt").lines().filter(|l| !l.starts_with('#') && !l.is_empty()).collect();
+        let mut implemented: Vec<&str> = EXPORTS.iter().filter(|e| e.implemented).map(|e| e.name).collect();
         let mut listed_sorted = listed.clone();
         listed_sorted.sort_unstable();
         implemented.sort_unstable();
@@ -142,15 +127,9 @@ mod tests {
     fn families_parse_from_names() {
         let find = |n: &str| EXPORTS.iter().find(|e| e.name == n).unwrap();
         let e = find("cuMemcpyHtoD_v2_ptds");
-        assert_eq!(
-            (e.base, e.version, e.stream, e.origin),
-            ("cuMemcpyHtoD", 2, "ptds", "per_thread")
-        );
+        assert_eq!((e.base, e.version, e.stream, e.origin), ("cuMemcpyHtoD", 2, "ptds", "per_thread"));
         let e = find("cuMemAlloc");
-        assert_eq!(
-            (e.base, e.version, e.stream, e.origin),
-            ("cuMemAlloc", 1, "legacy", "internal")
-        );
+        assert_eq!((e.base, e.version, e.stream, e.origin), ("cuMemAlloc", 1, "legacy", "internal"));
         let e = find("cuMemAlloc_v2");
         assert_eq!((e.base, e.version, e.origin), ("cuMemAlloc", 2, "current"));
     }

@@ -67,9 +67,5 @@ pub unsafe fn write_out<T>(ptr: *mut T, value: T) -> DriverResult {
 /// Fails with CUDA_ERROR_INVALID_VALUE if any pointer is NULL (checked before anything is written, so
 /// out-parameters are written only on success).
 pub fn non_null<const N: usize>(pointers: [*const (); N]) -> DriverResult {
-    if pointers.iter().any(|p| p.is_null()) {
-        Err(CUresult::CUDA_ERROR_INVALID_VALUE)
-    } else {
-        Ok(())
-    }
+    if pointers.iter().any(|p| p.is_null()) { Err(CUresult::CUDA_ERROR_INVALID_VALUE) } else { Ok(()) }
 }

@@ -13,10 +13,7 @@
 //!
 //! The logic lives in this rlib so it can be tested as Rust; the `cdylib/` crate only links it as
 //! `libcuda.so.1`.
-#![allow(
-    clippy::cast_possible_truncation,
-    reason = "Flyt runs on 64-bit Linux only: pointers and sizes are 64-bit"
-)]
+#![allow(clippy::cast_possible_truncation, reason = "Flyt runs on 64-bit Linux only: pointers and sizes are 64-bit")]
 
 #[macro_use]
 #[rustfmt::skip]

@@ -55,10 +55,7 @@ pub fn resolve(name: &[u8], cuda_version: i32, flags: u64, driver_version: i32) 
     if cuda_version > driver_version {
         return Resolution::Error(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let Ok(entry) = ENTRIES
-        .binary_search_by(|e| e.name.as_bytes().cmp(name))
-        .map(|i| &ENTRIES[i])
-    else {
+    let Ok(entry) = ENTRIES.binary_search_by(|e| e.name.as_bytes().cmp(name)).map(|i| &ENTRIES[i]) else {
         return Resolution::Missing(SYMBOL_NOT_FOUND);
     };
     let steps = match entry.per_thread {
@@ -66,12 +63,7 @@ pub fn resolve(name: &[u8], cuda_version: i32, flags: u64, driver_version: i32) 
         _ => entry.legacy,
     };
     let version = u32::try_from(cuda_version).unwrap_or(0);
-    match steps
-        .iter()
-        .rev()
-        .find(|step| step.from <= version)
-        .map(|step| step.target)
-    {
+    match steps.iter().rev().find(|step| step.from <= version).map(|step| step.target) {
         None => Resolution::Missing(VERSION_NOT_SUFFICIENT),
         Some(Target::Export(index)) => Resolution::Found(EXPORTS[usize::from(index)].address.0),
         Some(Target::Null(status)) => Resolution::Missing(status),
@@ -81,10 +73,7 @@ pub fn resolve(name: &[u8], cuda_version: i32, flags: u64, driver_version: i32) 
 
 /// The name of the export an address belongs to (for tests and diagnostics).
 pub fn export_name(address: *const c_void) -> Option<&'static str> {
-    EXPORTS
-        .iter()
-        .find(|e| e.address.0 == address)
-        .map(|e| e.name)
+    EXPORTS.iter().find(|e| e.address.0 == address).map(|e| e.name)
 }
 
 #[cfg(test)]
@@ -105,11 +94,7 @@ mod tests {
             for step in entry.legacy.iter().chain(entry.per_thread.unwrap_or(&[])) {
                 if let Target::Export(index) = step.target {
                     let target = EXPORTS[usize::from(index)].name;
-                    assert!(
-                        target.starts_with(entry.name) || entry.name == "cuGraphInstantiate",
-                        "{} resolves to {target}",
-                        entry.name
-                    );
+                    assert!(target.starts_with(entry.name) || entry.name == "cuGraphInstantiate", "{} resolves to {target}", entry.name);
                 }
             }
         }
@@ -119,66 +104,26 @@ mod tests {
     fn versions_and_flags_select_the_variant() {
         assert_eq!(name_of("cuMemAlloc", 2000, 0), Some("cuMemAlloc"));
         assert_eq!(name_of("cuMemAlloc", 3020, 0), Some("cuMemAlloc_v2"));
-        assert_eq!(
-            name_of("cuMemAlloc", 13000, 2),
-            Some("cuMemAlloc_v2"),
-            "no per-thread variant: as flags 0"
-        );
-        assert_eq!(
-            name_of("cuMemcpyHtoD", 7000, 2),
-            Some("cuMemcpyHtoD_v2_ptds")
-        );
+        assert_eq!(name_of("cuMemAlloc", 13000, 2), Some("cuMemAlloc_v2"), "no per-thread variant: as flags 0");
+        assert_eq!(name_of("cuMemcpyHtoD", 7000, 2), Some("cuMemcpyHtoD_v2_ptds"));
         assert_eq!(name_of("cuMemcpyHtoD", 7000, 1), Some("cuMemcpyHtoD_v2"));
-        assert_eq!(
-            name_of("cuMemcpyAsync", 12000, 2),
-            Some("cuMemcpyAsync_ptsz")
-        );
+        assert_eq!(name_of("cuMemcpyAsync", 12000, 2), Some("cuMemcpyAsync_ptsz"));
         assert_eq!(name_of("cuCtxCreate", 11040, 0), Some("cuCtxCreate_v3"));
         assert_eq!(name_of("cuCtxCreate", 12080, 0), Some("cuCtxCreate_v4"));
         assert_eq!(name_of("cuCtxGetDevice", 12090, 0), Some("cuCtxGetDevice"));
-        assert_eq!(
-            name_of("cuCtxGetDevice", 13000, 0),
-            Some("cuCtxGetDevice_v2")
-        );
-        assert_eq!(
-            name_of("cuGetProcAddress", 11030, 0),
-            Some("cuGetProcAddress")
-        );
-        assert_eq!(
-            name_of("cuGetProcAddress", 12000, 0),
-            Some("cuGetProcAddress_v2")
-        );
+        assert_eq!(name_of("cuCtxGetDevice", 13000, 0), Some("cuCtxGetDevice_v2"));
+        assert_eq!(name_of("cuGetProcAddress", 11030, 0), Some("cuGetProcAddress"));
+        assert_eq!(name_of("cuGetProcAddress", 12000, 0), Some("cuGetProcAddress_v2"));
     }
 
     #[test]
     fn unknown_too_old_and_too_new() {
-        assert_eq!(
-            resolve(b"", 0, 0, 13000),
-            Resolution::Missing(SYMBOL_NOT_FOUND)
-        );
-        assert_eq!(
-            resolve(b"cuNoSuchFunction", 12000, 0, 13000),
-            Resolution::Missing(SYMBOL_NOT_FOUND)
-        );
-        assert_eq!(
-            resolve(b"cuMemAlloc_v2", 12000, 0, 13000),
-            Resolution::Missing(SYMBOL_NOT_FOUND)
-        );
-        assert_eq!(
-            resolve(b"cuCtxCreate", 1000, 0, 13000),
-            Resolution::Missing(VERSION_NOT_SUFFICIENT)
-        );
-        assert_eq!(
-            resolve(b"cuMemcpyHtoD", 3020, 2, 13000),
-            Resolution::Missing(VERSION_NOT_SUFFICIENT)
-        );
-        assert_eq!(
-            resolve(b"cuMemAlloc", 99000, 0, 13000),
-            Resolution::Error(CUresult::CUDA_ERROR_INVALID_VALUE)
-        );
-        assert_eq!(
-            resolve(b"cuMemAlloc", 13010, 0, 13000),
-            Resolution::Error(CUresult::CUDA_ERROR_INVALID_VALUE)
-        );
+        assert_eq!(resolve(b"", 0, 0, 13000), Resolution::Missing(SYMBOL_NOT_FOUND));
+        assert_eq!(resolve(b"cuNoSuchFunction", 12000, 0, 13000), Resolution::Missing(SYMBOL_NOT_FOUND));
+        assert_eq!(resolve(b"cuMemAlloc_v2", 12000, 0, 13000), Resolution::Missing(SYMBOL_NOT_FOUND));
+        assert_eq!(resolve(b"cuCtxCreate", 1000, 0, 13000), Resolution::Missing(VERSION_NOT_SUFFICIENT));
+        assert_eq!(resolve(b"cuMemcpyHtoD", 3020, 2, 13000), Resolution::Missing(VERSION_NOT_SUFFICIENT));
+        assert_eq!(resolve(b"cuMemAlloc", 99000, 0, 13000), Resolution::Error(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(resolve(b"cuMemAlloc", 13010, 0, 13000), Resolution::Error(CUresult::CUDA_ERROR_INVALID_VALUE));
     }
 }

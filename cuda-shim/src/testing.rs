@@ -21,11 +21,7 @@ pub struct FakeDevices {
 
 impl FakeDevices {
     pub fn new(count: usize) -> FakeDevices {
-        FakeDevices {
-            devices: (0..count).map(fake_device).collect(),
-            driver_version: 13000,
-            opened: Arc::default(),
-        }
+        FakeDevices { devices: (0..count).map(fake_device).collect(), driver_version: 13000, opened: Arc::default() }
     }
 }
 
@@ -59,14 +55,7 @@ pub fn fake_device(index: usize) -> DeviceInfo {
         (attr::PCI_DEVICE_ID, 0),
     ];
     attributes.sort_unstable();
-    DeviceInfo {
-        name: format!("Fake H100 {index}"),
-        uuid,
-        luid: [0; 8],
-        luid_device_node_mask: 0,
-        total_mem: 80 << 30,
-        attributes,
-    }
+    DeviceInfo { name: format!("Fake H100 {index}"), uuid, luid: [0; 8], luid_device_node_mask: 0, total_mem: 80 << 30, attributes }
 }
 
 impl DeviceSource for FakeDevices {

@@ -2,10 +2,7 @@
 //! `cuGetProcAddress_v2` request the real driver answered in the recorded runs, that Flyt answers the same
 //! status and resolves the same export.
 
-#![allow(
-    clippy::tests_outside_test_module,
-    reason = "an integration test file is its own test crate"
-)]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test file is its own test crate")]
 
 use std::process::Command;
 
@@ -28,29 +25,12 @@ fn proc_address_answers_like_the_real_driver() {
         .expect("a C compiler (cc) is needed for this test");
     assert!(status.success(), "compiling {source}");
     let census = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/census-gpa-580.txt");
-    let output = Command::new(&program)
-        .arg(artifact(LIBRARY))
-        .arg(census)
-        .output()
-        .expect("run proc_address");
+    let output = Command::new(&program).arg(artifact(LIBRARY)).arg(census).output().expect("run proc_address");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    let requests = std::fs::read_to_string(census)
-        .expect("census")
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .count();
+    assert!(output.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let requests = std::fs::read_to_string(census).expect("census").lines().filter(|l| !l.starts_with('#')).count();
     assert!(requests > 400);
-    assert!(
-        stdout.contains(&format!("checked {requests} requests, 0 failures")),
-        "stdout:\n{stdout}"
-    );
-    assert!(
-        stderr.contains("flyt: cuInit failed: "),
-        "cuInit names why it failed: {stderr}"
-    );
+    assert!(stdout.contains(&format!("checked {requests} requests, 0 failures")), "stdout:\n{stdout}");
+    assert!(stderr.contains("flyt: cuInit failed: "), "cuInit names why it failed: {stderr}");
 }

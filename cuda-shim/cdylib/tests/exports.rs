@@ -1,10 +1,7 @@
 //! `libcuda.so.1` exports exactly the real driver's 707 functions, each a row of the table, with the
 //! driver's soname.
 
-#![allow(
-    clippy::tests_outside_test_module,
-    reason = "an integration test file is its own test crate"
-)]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test file is its own test crate")]
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -44,32 +41,18 @@ fn exports_are_the_real_drivers_707() {
     let ours = exports(&artifact(LIBRARY));
     let missing: Vec<_> = expected.difference(&ours).collect();
     let extra: Vec<_> = ours.difference(&expected).collect();
-    assert!(
-        missing.is_empty() && extra.is_empty(),
-        "missing: {missing:?}\nextra: {extra:?}"
-    );
+    assert!(missing.is_empty() && extra.is_empty(), "missing: {missing:?}\nextra: {extra:?}");
 }
 
 #[test]
 fn every_export_is_a_table_row_once() {
-    let table: BTreeSet<String> = flyt_cuda::exports::EXPORTS
-        .iter()
-        .map(|e| e.name.to_string())
-        .collect();
-    assert_eq!(
-        table.len(),
-        flyt_cuda::exports::EXPORTS.len(),
-        "a name appears twice in the table"
-    );
+    let table: BTreeSet<String> = flyt_cuda::exports::EXPORTS.iter().map(|e| e.name.to_string()).collect();
+    assert_eq!(table.len(), flyt_cuda::exports::EXPORTS.len(), "a name appears twice in the table");
     assert_eq!(table, exports(&artifact(LIBRARY)));
 }
 
 #[test]
 fn soname_is_libcuda_so_1() {
-    let output = Command::new("readelf")
-        .arg("-d")
-        .arg(artifact(LIBRARY))
-        .output()
-        .expect("readelf");
+    let output = Command::new("readelf").arg("-d").arg(artifact(LIBRARY)).output().expect("readelf");
     assert!(String::from_utf8_lossy(&output.stdout).contains("Library soname: [libcuda.so.1]"));
 }

@@ -41,11 +41,7 @@ pub unsafe fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     finish(contexts().and_then(|c| c.primary_release(dev)))
 }
 
-pub unsafe fn cuDevicePrimaryCtxGetState(
-    dev: CUdevice,
-    flags: *mut c_uint,
-    active: *mut c_int,
-) -> CUresult {
+pub unsafe fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult {
     finish((|| {
         non_null([flags.cast(), active.cast()])?;
         let ctx = contexts()?.primary(dev)?;
@@ -108,28 +104,19 @@ pub unsafe fn cuCtxCreate_v3(
         return CUresult::CUDA_ERROR_INVALID_VALUE;
     }
     if num_params > 0 {
-        return crate::diagnostics::unsupported(
-            "cuCtxCreate_v3 with execution-affinity parameters",
-        );
+        return crate::diagnostics::unsupported("cuCtxCreate_v3 with execution-affinity parameters");
     }
     // SAFETY: forwarded contract.
     unsafe { create(pctx, flags, dev) }
 }
 
 /// As `_v3`: execution-affinity and CIG parameters are not supported; NULL or empty parameters are.
-pub unsafe fn cuCtxCreate_v4(
-    pctx: *mut CUcontext,
-    ctx_create_params: *mut CUctxCreateParams,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
+pub unsafe fn cuCtxCreate_v4(pctx: *mut CUcontext, ctx_create_params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) -> CUresult {
     if !ctx_create_params.is_null() {
         // SAFETY: non-NULL; the caller passes a readable CUctxCreateParams.
         let params = unsafe { ctx_create_params.read() };
         if params.numExecAffinityParams != 0 || !params.cigParams.is_null() {
-            return crate::diagnostics::unsupported(
-                "cuCtxCreate_v4 with execution-affinity or CIG parameters",
-            );
+            return crate::diagnostics::unsupported("cuCtxCreate_v4 with execution-affinity or CIG parameters");
         }
     }
     // SAFETY: forwarded contract.
@@ -267,30 +254,15 @@ mod tests {
         unsafe {
             assert_eq!(cuInit(0), CUresult::CUDA_SUCCESS);
             let (mut flags, mut active) = (99, 99);
-            assert_eq!(
-                cuDevicePrimaryCtxGetState(DEV, &mut flags, &mut active),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDevicePrimaryCtxGetState(DEV, &mut flags, &mut active), CUresult::CUDA_SUCCESS);
             assert_eq!((flags, active), (0, 0));
             let mut ctx: CUcontext = std::ptr::null_mut();
-            assert_eq!(
-                cuDevicePrimaryCtxRetain(&mut ctx, DEV),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, DEV), CUresult::CUDA_SUCCESS);
             assert!(!ctx.is_null());
-            assert_eq!(
-                cuDevicePrimaryCtxGetState(DEV, &mut flags, &mut active),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDevicePrimaryCtxGetState(DEV, &mut flags, &mut active), CUresult::CUDA_SUCCESS);
             assert_eq!(active, 1);
-            assert_eq!(
-                cuDevicePrimaryCtxSetFlags(DEV, 4),
-                CUresult::CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE
-            );
-            assert_eq!(
-                cuDevicePrimaryCtxSetFlags_v2(DEV, 4),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDevicePrimaryCtxSetFlags(DEV, 4), CUresult::CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE);
+            assert_eq!(cuDevicePrimaryCtxSetFlags_v2(DEV, 4), CUresult::CUDA_SUCCESS);
 
             assert_eq!(cuCtxSetCurrent(ctx), CUresult::CUDA_SUCCESS);
             let mut current: CUcontext = std::ptr::null_mut();
@@ -300,35 +272,20 @@ mod tests {
             assert_eq!(cuCtxGetDevice(&mut device), CUresult::CUDA_SUCCESS);
             assert_eq!(device, DEV);
             device = -1;
-            assert_eq!(
-                cuCtxGetDevice_v2(&mut device, std::ptr::null_mut()),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuCtxGetDevice_v2(&mut device, std::ptr::null_mut()), CUresult::CUDA_SUCCESS);
             assert_eq!(device, DEV);
             let mut ctx_flags = 0;
             assert_eq!(cuCtxGetFlags(&mut ctx_flags), CUresult::CUDA_SUCCESS);
             assert_eq!(ctx_flags, 4);
             let mut version = 0;
-            assert_eq!(
-                cuCtxGetApiVersion(ctx, &mut version),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuCtxGetApiVersion(ctx, &mut version), CUresult::CUDA_SUCCESS);
             assert_eq!(version, 3020);
 
             assert_eq!(cuDevicePrimaryCtxRelease_v2(DEV), CUresult::CUDA_SUCCESS);
-            assert_eq!(
-                cuDevicePrimaryCtxGetState(DEV, &mut flags, &mut active),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDevicePrimaryCtxGetState(DEV, &mut flags, &mut active), CUresult::CUDA_SUCCESS);
             assert_eq!((flags, active), (4, 0));
-            assert_eq!(
-                cuDevicePrimaryCtxRelease_v2(DEV),
-                CUresult::CUDA_ERROR_INVALID_CONTEXT
-            );
-            assert_eq!(
-                cuCtxSetCurrent(std::ptr::null_mut()),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDevicePrimaryCtxRelease_v2(DEV), CUresult::CUDA_ERROR_INVALID_CONTEXT);
+            assert_eq!(cuCtxSetCurrent(std::ptr::null_mut()), CUresult::CUDA_SUCCESS);
         }
     }
 
@@ -343,23 +300,13 @@ mod tests {
             assert_eq!(cuCtxGetCurrent(&mut none), CUresult::CUDA_SUCCESS);
             assert!(none.is_null());
             let mut device = 0;
-            assert_eq!(
-                cuCtxGetDevice(&mut device),
-                CUresult::CUDA_ERROR_INVALID_CONTEXT
-            );
+            assert_eq!(cuCtxGetDevice(&mut device), CUresult::CUDA_ERROR_INVALID_CONTEXT);
 
-            let (mut a, mut b): (CUcontext, CUcontext) =
-                (std::ptr::null_mut(), std::ptr::null_mut());
+            let (mut a, mut b): (CUcontext, CUcontext) = (std::ptr::null_mut(), std::ptr::null_mut());
             assert_eq!(cuCtxCreate_v2(&mut a, 0, DEV), CUresult::CUDA_SUCCESS);
-            let mut params = CUctxCreateParams {
-                execAffinityParams: std::ptr::null_mut(),
-                numExecAffinityParams: 0,
-                cigParams: std::ptr::null_mut(),
-            };
-            assert_eq!(
-                cuCtxCreate_v4(&mut b, &mut params, 1, DEV),
-                CUresult::CUDA_SUCCESS
-            );
+            let mut params =
+                CUctxCreateParams { execAffinityParams: std::ptr::null_mut(), numExecAffinityParams: 0, cigParams: std::ptr::null_mut() };
+            assert_eq!(cuCtxCreate_v4(&mut b, &mut params, 1, DEV), CUresult::CUDA_SUCCESS);
             assert_ne!(a, b);
             let (mut id_a, mut id_b) = (0, 0);
             assert_eq!(cuCtxGetId(a, &mut id_a), CUresult::CUDA_SUCCESS);
@@ -373,23 +320,11 @@ mod tests {
             let mut current: CUcontext = std::ptr::null_mut();
             assert_eq!(cuCtxGetCurrent(&mut current), CUresult::CUDA_SUCCESS);
             assert_eq!(current, a, "destroying the current context popped it");
-            assert_eq!(
-                cuCtxPushCurrent_v2(b),
-                CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
-            );
-            assert_eq!(
-                cuCtxGetId(b, &mut id_b),
-                CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
-            );
-            assert_eq!(
-                cuCtxCreate_v2(&mut b, 0, 99),
-                CUresult::CUDA_ERROR_INVALID_DEVICE
-            );
+            assert_eq!(cuCtxPushCurrent_v2(b), CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
+            assert_eq!(cuCtxGetId(b, &mut id_b), CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
+            assert_eq!(cuCtxCreate_v2(&mut b, 0, 99), CUresult::CUDA_ERROR_INVALID_DEVICE);
             assert_eq!(cuCtxDestroy_v2(a), CUresult::CUDA_SUCCESS);
-            assert_eq!(
-                cuCtxPopCurrent_v2(std::ptr::null_mut()),
-                CUresult::CUDA_ERROR_INVALID_CONTEXT
-            );
+            assert_eq!(cuCtxPopCurrent_v2(std::ptr::null_mut()), CUresult::CUDA_ERROR_INVALID_CONTEXT);
         }
     }
 }

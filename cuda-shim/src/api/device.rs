@@ -9,16 +9,12 @@ use crate::driver::driver;
 use crate::ffi::{DriverResult, finish, non_null, write_out};
 use crate::generated::types::{CUdevice, CUdevice_attribute, CUdevprop, CUuuid};
 
-fn with_device<T>(
-    dev: CUdevice,
-    f: impl FnOnce(&DeviceInfo) -> DriverResult<T>,
-) -> DriverResult<T> {
+fn with_device<T>(dev: CUdevice, f: impl FnOnce(&DeviceInfo) -> DriverResult<T>) -> DriverResult<T> {
     f(driver().session()?.device(dev)?)
 }
 
 fn attribute(info: &DeviceInfo, attribute: u32) -> DriverResult<i32> {
-    info.attribute(attribute)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    info.attribute(attribute).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
 /// Copies `text` into a C buffer of `len` bytes, truncated and always NUL-terminated.
@@ -59,9 +55,7 @@ pub unsafe fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
 
 pub unsafe fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
     // SAFETY: the caller passes a buffer of `len` bytes.
-    finish(with_device(dev, |info| unsafe {
-        write_c_string(name, len, &info.name)
-    }))
+    finish(with_device(dev, |info| unsafe { write_c_string(name, len, &info.name) }))
 }
 
 unsafe fn write_uuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
@@ -69,14 +63,7 @@ unsafe fn write_uuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
         non_null([uuid.cast()])?;
         let bytes = with_device(dev, |info| Ok(info.uuid))?;
         // SAFETY: checked non-NULL; the caller passes a writable CUuuid.
-        unsafe {
-            write_out(
-                uuid,
-                CUuuid {
-                    bytes: bytes.map(|b| b as c_char),
-                },
-            )
-        }
+        unsafe { write_out(uuid, CUuuid { bytes: bytes.map(|b| b as c_char) }) }
     })())
 }
 
@@ -92,11 +79,7 @@ pub unsafe fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
     unsafe { write_uuid(uuid, dev) }
 }
 
-pub unsafe fn cuDeviceGetLuid(
-    luid: *mut c_char,
-    device_node_mask: *mut c_uint,
-    dev: CUdevice,
-) -> CUresult {
+pub unsafe fn cuDeviceGetLuid(luid: *mut c_char, device_node_mask: *mut c_uint, dev: CUdevice) -> CUresult {
     finish((|| {
         non_null([luid.cast(), device_node_mask.cast()])?;
         let (bytes, mask) = with_device(dev, |info| Ok((info.luid, info.luid_device_node_mask)))?;
@@ -127,11 +110,7 @@ pub unsafe fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult 
     })())
 }
 
-pub unsafe fn cuDeviceGetAttribute(
-    pi: *mut c_int,
-    attrib: CUdevice_attribute,
-    dev: CUdevice,
-) -> CUresult {
+pub unsafe fn cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice) -> CUresult {
     finish((|| {
         non_null([pi.cast()])?;
         let value = with_device(dev, |info| attribute(info, attrib))?;
@@ -159,13 +138,7 @@ pub unsafe fn cuDeviceGetPCIBusId(pci_bus_id: *mut c_char, len: c_int, dev: CUde
 /// `[domain:]bus:device[.function]`, hex: `(domain, bus, device)`.
 pub fn parse_pci_bus_id(text: &str) -> Option<(i32, i32, i32)> {
     let text = text.trim();
-    let without_function =
-        text.split_once('.').map_or(
-            text,
-            |(head, function)| {
-                if function.is_empty() { "" } else { head }
-            },
-        );
+    let without_function = text.split_once('.').map_or(text, |(head, function)| if function.is_empty() { "" } else { head });
     let parts: Vec<&str> = without_function.split(':').collect();
     let hex = |s: &str| i32::from_str_radix(s, 16).ok();
     match parts.as_slice() {
@@ -179,9 +152,7 @@ pub unsafe fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, pci_bus_id: *const c_cha
     finish((|| {
         non_null([dev.cast(), pci_bus_id.cast()])?;
         // SAFETY: non-NULL; the caller passes a NUL-terminated string.
-        let text = unsafe { CStr::from_ptr(pci_bus_id) }
-            .to_str()
-            .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let text = unsafe { CStr::from_ptr(pci_bus_id) }.to_str().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
         let wanted = parse_pci_bus_id(text).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         let session = driver().session()?;
         let found = session
@@ -189,11 +160,7 @@ pub unsafe fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, pci_bus_id: *const c_cha
             .iter()
             .position(|info| {
                 let id = |a| info.attribute(a).unwrap_or(-1);
-                (
-                    id(attr::PCI_DOMAIN_ID),
-                    id(attr::PCI_BUS_ID),
-                    id(attr::PCI_DEVICE_ID),
-                ) == wanted
+                (id(attr::PCI_DOMAIN_ID), id(attr::PCI_BUS_ID), id(attr::PCI_DEVICE_ID)) == wanted
             })
             .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
         // SAFETY: checked non-NULL; the caller passes a writable CUdevice.
@@ -201,18 +168,11 @@ pub unsafe fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, pci_bus_id: *const c_cha
     })())
 }
 
-pub unsafe fn cuDeviceComputeCapability(
-    major: *mut c_int,
-    minor: *mut c_int,
-    dev: CUdevice,
-) -> CUresult {
+pub unsafe fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CUresult {
     finish((|| {
         non_null([major.cast(), minor.cast()])?;
         let (ma, mi) = with_device(dev, |info| {
-            Ok((
-                attribute(info, attr::COMPUTE_CAPABILITY_MAJOR)?,
-                attribute(info, attr::COMPUTE_CAPABILITY_MINOR)?,
-            ))
+            Ok((attribute(info, attr::COMPUTE_CAPABILITY_MAJOR)?, attribute(info, attr::COMPUTE_CAPABILITY_MINOR)?))
         })?;
         // SAFETY: checked non-NULL; the caller passes writable ints.
         unsafe {
@@ -230,16 +190,8 @@ pub unsafe fn cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice) -> CUre
             let a = |id| attribute(info, id);
             Ok(CUdevprop {
                 maxThreadsPerBlock: a(attr::MAX_THREADS_PER_BLOCK)?,
-                maxThreadsDim: [
-                    a(attr::MAX_BLOCK_DIM_X)?,
-                    a(attr::MAX_BLOCK_DIM_Y)?,
-                    a(attr::MAX_BLOCK_DIM_Z)?,
-                ],
-                maxGridSize: [
-                    a(attr::MAX_GRID_DIM_X)?,
-                    a(attr::MAX_GRID_DIM_Y)?,
-                    a(attr::MAX_GRID_DIM_Z)?,
-                ],
+                maxThreadsDim: [a(attr::MAX_BLOCK_DIM_X)?, a(attr::MAX_BLOCK_DIM_Y)?, a(attr::MAX_BLOCK_DIM_Z)?],
+                maxGridSize: [a(attr::MAX_GRID_DIM_X)?, a(attr::MAX_GRID_DIM_Y)?, a(attr::MAX_GRID_DIM_Z)?],
                 sharedMemPerBlock: a(attr::MAX_SHARED_MEMORY_PER_BLOCK)?,
                 totalConstantMemory: a(attr::TOTAL_CONSTANT_MEMORY)?,
                 SIMDWidth: a(attr::WARP_SIZE)?,
@@ -281,25 +233,13 @@ mod tests {
             let mut dev = -1;
             assert_eq!(cuDeviceGet(&mut dev, 1), CUresult::CUDA_SUCCESS);
             assert_eq!(dev, 1);
-            assert_eq!(
-                cuDeviceGet(&mut dev, count),
-                CUresult::CUDA_ERROR_INVALID_DEVICE
-            );
+            assert_eq!(cuDeviceGet(&mut dev, count), CUresult::CUDA_ERROR_INVALID_DEVICE);
             assert_eq!(dev, 1, "not written on failure");
 
             let mut name = [0 as c_char; 64];
-            assert_eq!(
-                cuDeviceGetName(name.as_mut_ptr(), 64, 1),
-                CUresult::CUDA_SUCCESS
-            );
-            assert_eq!(
-                CStr::from_ptr(name.as_ptr()).to_str().unwrap(),
-                "Fake H100 1"
-            );
-            assert_eq!(
-                cuDeviceGetName(name.as_mut_ptr(), 5, 1),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDeviceGetName(name.as_mut_ptr(), 64, 1), CUresult::CUDA_SUCCESS);
+            assert_eq!(CStr::from_ptr(name.as_ptr()).to_str().unwrap(), "Fake H100 1");
+            assert_eq!(cuDeviceGetName(name.as_mut_ptr(), 5, 1), CUresult::CUDA_SUCCESS);
             assert_eq!(CStr::from_ptr(name.as_ptr()).to_str().unwrap(), "Fake");
 
             let mut uuid = CUuuid { bytes: [0; 16] };
@@ -314,62 +254,28 @@ mod tests {
             assert_eq!(total32, c_uint::MAX);
 
             let mut value = 0;
-            assert_eq!(
-                cuDeviceGetAttribute(&mut value, attr::MULTIPROCESSOR_COUNT, 0),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDeviceGetAttribute(&mut value, attr::MULTIPROCESSOR_COUNT, 0), CUresult::CUDA_SUCCESS);
             assert_eq!(value, 132);
-            assert_eq!(
-                cuDeviceGetAttribute(&mut value, 9999, 0),
-                CUresult::CUDA_ERROR_INVALID_VALUE
-            );
-            assert_eq!(
-                cuDeviceGetAttribute(&mut value, 16, 99),
-                CUresult::CUDA_ERROR_INVALID_DEVICE
-            );
+            assert_eq!(cuDeviceGetAttribute(&mut value, 9999, 0), CUresult::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(cuDeviceGetAttribute(&mut value, 16, 99), CUresult::CUDA_ERROR_INVALID_DEVICE);
 
             let mut bus = [0 as c_char; 16];
-            assert_eq!(
-                cuDeviceGetPCIBusId(bus.as_mut_ptr(), 16, 1),
-                CUresult::CUDA_SUCCESS
-            );
-            assert_eq!(
-                CStr::from_ptr(bus.as_ptr()).to_str().unwrap(),
-                "0000:11:00.0"
-            );
-            assert_eq!(
-                cuDeviceGetByPCIBusId(&mut dev, bus.as_ptr()),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDeviceGetPCIBusId(bus.as_mut_ptr(), 16, 1), CUresult::CUDA_SUCCESS);
+            assert_eq!(CStr::from_ptr(bus.as_ptr()).to_str().unwrap(), "0000:11:00.0");
+            assert_eq!(cuDeviceGetByPCIBusId(&mut dev, bus.as_ptr()), CUresult::CUDA_SUCCESS);
             assert_eq!(dev, 1);
-            assert_eq!(
-                cuDeviceGetByPCIBusId(&mut dev, c"0000:99:00.0".as_ptr()),
-                CUresult::CUDA_ERROR_INVALID_DEVICE
-            );
+            assert_eq!(cuDeviceGetByPCIBusId(&mut dev, c"0000:99:00.0".as_ptr()), CUresult::CUDA_ERROR_INVALID_DEVICE);
 
             let (mut major, mut minor) = (0, 0);
-            assert_eq!(
-                cuDeviceComputeCapability(&mut major, &mut minor, 0),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDeviceComputeCapability(&mut major, &mut minor, 0), CUresult::CUDA_SUCCESS);
             assert_eq!((major, minor), (9, 0));
 
             let mut prop = std::mem::zeroed::<CUdevprop>();
             assert_eq!(cuDeviceGetProperties(&mut prop, 0), CUresult::CUDA_SUCCESS);
-            assert_eq!(
-                (
-                    prop.maxThreadsPerBlock,
-                    prop.SIMDWidth,
-                    prop.maxThreadsDim[2]
-                ),
-                (1024, 32, 64)
-            );
+            assert_eq!((prop.maxThreadsPerBlock, prop.SIMDWidth, prop.maxThreadsDim[2]), (1024, 32, 64));
 
             let (mut luid, mut mask) = ([1 as c_char; 8], 7);
-            assert_eq!(
-                cuDeviceGetLuid(luid.as_mut_ptr(), &mut mask, 0),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuDeviceGetLuid(luid.as_mut_ptr(), &mut mask, 0), CUresult::CUDA_SUCCESS);
             assert_eq!((luid, mask), ([0; 8], 0));
         }
     }

@@ -22,19 +22,13 @@ pub unsafe fn cuDriverGetVersion(driver_version: *mut c_int) -> CUresult {
 }
 
 fn error_entry(error: CUresult) -> Option<&'static (u32, &'static CStr, &'static CStr)> {
-    ERRORS
-        .binary_search_by_key(&error.0, |e| e.0)
-        .ok()
-        .map(|i| &ERRORS[i])
+    ERRORS.binary_search_by_key(&error.0, |e| e.0).ok().map(|i| &ERRORS[i])
 }
 
 /// Unknown codes: CUDA_ERROR_INVALID_VALUE with `*p_str` set to NULL, as the driver does.
 unsafe fn error_text(error: CUresult, p_str: *mut *const c_char, name: bool) -> CUresult {
     let (text, result) = match error_entry(error) {
-        Some(&(_, error_name, error_text)) => (
-            if name { error_name } else { error_text }.as_ptr(),
-            CUresult::CUDA_SUCCESS,
-        ),
+        Some(&(_, error_name, error_text)) => (if name { error_name } else { error_text }.as_ptr(), CUresult::CUDA_SUCCESS),
         None => (std::ptr::null(), CUresult::CUDA_ERROR_INVALID_VALUE),
     };
     // SAFETY: the caller passes NULL or a writable pointer.
@@ -65,12 +59,7 @@ unsafe fn symbol_name<'a>(symbol: *const c_char) -> Option<&'a [u8]> {
 
 /// The 4-argument `cuGetProcAddress` of CUDA 11.3 (still the ELF symbol of that name): a name that is
 /// unknown or too new for the version answers CUDA_ERROR_NOT_FOUND and leaves `*pfn` alone.
-pub unsafe fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: c_int,
-    flags: cuuint64_t,
-) -> CUresult {
+pub unsafe fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t) -> CUresult {
     // SAFETY: the caller passes NULL or a NUL-terminated name.
     let Some(name) = (unsafe { symbol_name(symbol) }) else {
         return CUresult::CUDA_ERROR_INVALID_VALUE;
@@ -119,10 +108,7 @@ pub unsafe fn cuGetProcAddress_v2(
     CUresult::CUDA_SUCCESS
 }
 
-pub unsafe fn cuGetExportTable(
-    pp_export_table: *mut *const c_void,
-    p_export_table_id: *const CUuuid,
-) -> CUresult {
+pub unsafe fn cuGetExportTable(pp_export_table: *mut *const c_void, p_export_table_id: *const CUuuid) -> CUresult {
     if pp_export_table.is_null() || p_export_table_id.is_null() {
         return CUresult::CUDA_ERROR_INVALID_VALUE;
     }
@@ -148,31 +134,13 @@ mod tests {
         let mut text: *const c_char = std::ptr::null();
         // SAFETY: `text` is a writable pointer.
         unsafe {
-            assert_eq!(
-                cuGetErrorName(CUresult::CUDA_ERROR_NOT_SUPPORTED, &mut text),
-                CUresult::CUDA_SUCCESS
-            );
-            assert_eq!(
-                CStr::from_ptr(text).to_str().unwrap(),
-                "CUDA_ERROR_NOT_SUPPORTED"
-            );
-            assert_eq!(
-                cuGetErrorString(CUresult::CUDA_ERROR_NOT_INITIALIZED, &mut text),
-                CUresult::CUDA_SUCCESS
-            );
-            assert_eq!(
-                CStr::from_ptr(text).to_str().unwrap(),
-                "initialization error"
-            );
-            assert_eq!(
-                cuGetErrorString(CUresult(123_456), &mut text),
-                CUresult::CUDA_ERROR_INVALID_VALUE
-            );
+            assert_eq!(cuGetErrorName(CUresult::CUDA_ERROR_NOT_SUPPORTED, &mut text), CUresult::CUDA_SUCCESS);
+            assert_eq!(CStr::from_ptr(text).to_str().unwrap(), "CUDA_ERROR_NOT_SUPPORTED");
+            assert_eq!(cuGetErrorString(CUresult::CUDA_ERROR_NOT_INITIALIZED, &mut text), CUresult::CUDA_SUCCESS);
+            assert_eq!(CStr::from_ptr(text).to_str().unwrap(), "initialization error");
+            assert_eq!(cuGetErrorString(CUresult(123_456), &mut text), CUresult::CUDA_ERROR_INVALID_VALUE);
             assert!(text.is_null());
-            assert_eq!(
-                cuGetErrorName(CUresult(0), std::ptr::null_mut()),
-                CUresult::CUDA_ERROR_INVALID_VALUE
-            );
+            assert_eq!(cuGetErrorName(CUresult(0), std::ptr::null_mut()), CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         assert!(ERRORS.len() > 100);
         assert!(ERRORS.windows(2).all(|w| w[0].0 < w[1].0));
@@ -184,40 +152,20 @@ mod tests {
         let mut status: CUdriverProcAddressQueryResult = 99;
         // SAFETY: valid name and writable out-pointers.
         unsafe {
-            assert_eq!(
-                cuGetProcAddress_v2(c"".as_ptr(), &mut pfn, 0, 0, &mut status),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(cuGetProcAddress_v2(c"".as_ptr(), &mut pfn, 0, 0, &mut status), CUresult::CUDA_SUCCESS);
             assert!(pfn.is_null());
             assert_eq!(status, crate::proc_address::SYMBOL_NOT_FOUND);
-            let result =
-                cuGetProcAddress_v2(c"cuCtxCreate".as_ptr(), &mut pfn, 1000, 0, &mut status);
-            assert_eq!(
-                (result, status),
-                (
-                    CUresult::CUDA_SUCCESS,
-                    crate::proc_address::VERSION_NOT_SUFFICIENT
-                )
-            );
-            let result =
-                cuGetProcAddress_v2(c"cuInit".as_ptr(), &mut pfn, 2000, 0, std::ptr::null_mut());
+            let result = cuGetProcAddress_v2(c"cuCtxCreate".as_ptr(), &mut pfn, 1000, 0, &mut status);
+            assert_eq!((result, status), (CUresult::CUDA_SUCCESS, crate::proc_address::VERSION_NOT_SUFFICIENT));
+            let result = cuGetProcAddress_v2(c"cuInit".as_ptr(), &mut pfn, 2000, 0, std::ptr::null_mut());
             assert_eq!(result, CUresult::CUDA_SUCCESS);
             assert_eq!(crate::proc_address::export_name(pfn), Some("cuInit"));
 
             let mut untouched: *mut c_void = 7usize as *mut c_void;
-            assert_eq!(
-                cuGetProcAddress(c"cuNoSuch".as_ptr(), &mut untouched, 12000, 0),
-                CUresult::CUDA_ERROR_NOT_FOUND
-            );
-            assert_eq!(
-                cuGetProcAddress(c"cuCtxCreate".as_ptr(), &mut untouched, 1000, 0),
-                CUresult::CUDA_ERROR_NOT_FOUND
-            );
+            assert_eq!(cuGetProcAddress(c"cuNoSuch".as_ptr(), &mut untouched, 12000, 0), CUresult::CUDA_ERROR_NOT_FOUND);
+            assert_eq!(cuGetProcAddress(c"cuCtxCreate".as_ptr(), &mut untouched, 1000, 0), CUresult::CUDA_ERROR_NOT_FOUND);
             assert_eq!(untouched as usize, 7);
-            assert_eq!(
-                cuGetProcAddress(c"cuMemAlloc".as_ptr(), &mut untouched, 99000, 0),
-                CUresult::CUDA_ERROR_INVALID_VALUE
-            );
+            assert_eq!(cuGetProcAddress(c"cuMemAlloc".as_ptr(), &mut untouched, 99000, 0), CUresult::CUDA_ERROR_INVALID_VALUE);
             assert_eq!(untouched as usize, 7);
         }
     }
@@ -226,11 +174,8 @@ mod tests {
     fn unknown_export_table_is_invalid_value() {
         let mut table: *const c_void = std::ptr::null();
         let heap_access = CUuuid {
-            bytes: [
-                0x19, 0x5b, 0xcb, 0xf4, 0xd6, 0x7d, 0x02, 0x4a, 0xac, 0xc5, 0x1d, 0x29, 0xce, 0xa6,
-                0x31, 0xae,
-            ]
-            .map(|b: u8| b as c_char),
+            bytes: [0x19, 0x5b, 0xcb, 0xf4, 0xd6, 0x7d, 0x02, 0x4a, 0xac, 0xc5, 0x1d, 0x29, 0xce, 0xa6, 0x31, 0xae]
+                .map(|b: u8| b as c_char),
         };
         // SAFETY: valid pointers.
         let result = unsafe { cuGetExportTable(&mut table, &heap_access) };

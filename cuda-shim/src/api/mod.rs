@@ -5,10 +5,7 @@
 //! CUDA_ERROR_INVALID_VALUE.
 
 #![allow(non_snake_case, reason = "the driver's names")]
-#![allow(
-    clippy::missing_safety_doc,
-    reason = "each function's contract is the CUDA driver API's"
-)]
+#![allow(clippy::missing_safety_doc, reason = "each function's contract is the CUDA driver API's")]
 
 mod context;
 mod device;

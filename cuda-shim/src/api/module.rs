@@ -20,9 +20,7 @@ pub fn load_fat_binary_with_relocations(
     _symbol_addresses: *mut *mut c_void,
     _count: c_uint,
 ) -> CUresult {
-    crate::diagnostics::unsupported(
-        "module loading (CudartInterface ModuleLoadFatBinaryWithRelocations)",
-    )
+    crate::diagnostics::unsupported("module loading (CudartInterface ModuleLoadFatBinaryWithRelocations)")
 }
 
 /// Entry 8: a module hidden from tools, with JIT options (note the argument order: image first).
