@@ -1,0 +1,58 @@
+//! `libcuda.so.1` exports exactly the real driver's 707 functions, each a row of the table, with the
+//! driver's soname.
+
+#![allow(clippy::tests_outside_test_module, reason = "an integration test file is its own test crate")]
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use flyt_test_support::artifact;
+
+/// The build output: not named `libcuda.so`, so that nothing run by cargo (whose library path includes
+/// the target directories) loads it in place of NVIDIA's driver; it is installed as `libcuda.so.1`.
+const LIBRARY: &str = "libflyt_libcuda.so";
+
+/// Every defined dynamic function symbol of a library, with its version node if any.
+fn exports(library: &std::path::Path) -> BTreeSet<String> {
+    let output = Command::new("nm")
+        .args(["-D", "--with-symbol-versions", "--defined-only"])
+        .arg(library)
+        .output()
+        .expect("nm (binutils) is needed for this test");
+    assert!(output.status.success());
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_, kind, name) = (fields.next()?, fields.next()?, fields.next()?);
+            (kind == "T").then(|| name.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn exports_are_the_real_drivers_707() {
+    let expected: BTreeSet<String> = include_str!("../../data/libcuda-580-exports.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    assert_eq!(expected.len(), 707);
+    let ours = exports(&artifact(LIBRARY));
+    let missing: Vec<_> = expected.difference(&ours).collect();
+    let extra: Vec<_> = ours.difference(&expected).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "missing: {missing:?}\nextra: {extra:?}");
+}
+
+#[test]
+fn every_export_is_a_table_row_once() {
+    let table: BTreeSet<String> = flyt_cuda::exports::EXPORTS.iter().map(|e| e.name.to_string()).collect();
+    assert_eq!(table.len(), flyt_cuda::exports::EXPORTS.len(), "a name appears twice in the table");
+    assert_eq!(table, exports(&artifact(LIBRARY)));
+}
+
+#[test]
+fn soname_is_libcuda_so_1() {
+    let output = Command::new("readelf").arg("-d").arg(artifact(LIBRARY)).output().expect("readelf");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("Library soname: [libcuda.so.1]"));
+}

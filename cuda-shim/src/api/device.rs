@@ -1,0 +1,284 @@
+//! Device queries, answered from what the device source reported at `cuInit` (no round trip).
+
+use std::ffi::{CStr, c_char, c_int, c_uint};
+
+use flyt_protocol::device::{DeviceInfo, attr};
+
+use crate::CUresult;
+use crate::driver::driver;
+use crate::ffi::{DriverResult, finish, non_null, write_out};
+use crate::generated::types::{CUdevice, CUdevice_attribute, CUdevprop, CUuuid};
+
+fn with_device<T>(dev: CUdevice, f: impl FnOnce(&DeviceInfo) -> DriverResult<T>) -> DriverResult<T> {
+    f(driver().session()?.device(dev)?)
+}
+
+fn attribute(info: &DeviceInfo, attribute: u32) -> DriverResult<i32> {
+    info.attribute(attribute).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// Copies `text` into a C buffer of `len` bytes, truncated and always NUL-terminated.
+///
+/// # Safety
+/// `out` is NULL or writable for `len` bytes.
+unsafe fn write_c_string(out: *mut c_char, len: c_int, text: &str) -> DriverResult {
+    let len = usize::try_from(len).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if out.is_null() || len == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let n = text.len().min(len - 1);
+    // SAFETY: `out` is writable for `len` bytes per the contract, and `n + 1 <= len`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), out, n);
+        out.add(n).write(0);
+    }
+    Ok(())
+}
+
+pub unsafe fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    finish((|| {
+        non_null([device.cast()])?;
+        driver().session()?.device(ordinal)?;
+        // SAFETY: checked non-NULL; the caller passes a writable CUdevice.
+        unsafe { write_out(device, ordinal) }
+    })())
+}
+
+pub unsafe fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    finish((|| {
+        non_null([count.cast()])?;
+        let n = c_int::try_from(driver().session()?.devices.len()).unwrap_or(c_int::MAX);
+        // SAFETY: checked non-NULL; the caller passes a writable int.
+        unsafe { write_out(count, n) }
+    })())
+}
+
+pub unsafe fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    // SAFETY: the caller passes a buffer of `len` bytes.
+    finish(with_device(dev, |info| unsafe { write_c_string(name, len, &info.name) }))
+}
+
+unsafe fn write_uuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
+    finish((|| {
+        non_null([uuid.cast()])?;
+        let bytes = with_device(dev, |info| Ok(info.uuid))?;
+        // SAFETY: checked non-NULL; the caller passes a writable CUuuid.
+        unsafe { write_out(uuid, CUuuid { bytes: bytes.map(|b| b as c_char) }) }
+    })())
+}
+
+/// The legacy entry point: the same UUID as `_v2` (they differ only for MIG instances, which a Flyt
+/// session reports as the slice it is).
+pub unsafe fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { write_uuid(uuid, dev) }
+}
+
+pub unsafe fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { write_uuid(uuid, dev) }
+}
+
+pub unsafe fn cuDeviceGetLuid(luid: *mut c_char, device_node_mask: *mut c_uint, dev: CUdevice) -> CUresult {
+    finish((|| {
+        non_null([luid.cast(), device_node_mask.cast()])?;
+        let (bytes, mask) = with_device(dev, |info| Ok((info.luid, info.luid_device_node_mask)))?;
+        // SAFETY: checked non-NULL; the caller passes an 8-byte buffer and a writable unsigned int.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), luid, bytes.len());
+            write_out(device_node_mask, mask)
+        }
+    })())
+}
+
+/// The legacy 32-bit entry point: sizes of 4 GiB and more are clamped.
+pub unsafe fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
+    finish((|| {
+        non_null([bytes.cast()])?;
+        let total = with_device(dev, |info| Ok(info.total_mem))?;
+        // SAFETY: checked non-NULL; the caller passes a writable unsigned int.
+        unsafe { write_out(bytes, c_uint::try_from(total).unwrap_or(c_uint::MAX)) }
+    })())
+}
+
+pub unsafe fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    finish((|| {
+        non_null([bytes.cast()])?;
+        let total = with_device(dev, |info| Ok(info.total_mem))?;
+        // SAFETY: checked non-NULL; the caller passes a writable size_t.
+        unsafe { write_out(bytes, total as usize) }
+    })())
+}
+
+pub unsafe fn cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice) -> CUresult {
+    finish((|| {
+        non_null([pi.cast()])?;
+        let value = with_device(dev, |info| attribute(info, attrib))?;
+        // SAFETY: checked non-NULL; the caller passes a writable int.
+        unsafe { write_out(pi, value) }
+    })())
+}
+
+/// `domain:bus:device.function` in hex, as the driver formats it.
+pub fn format_pci_bus_id(info: &DeviceInfo) -> DriverResult<String> {
+    let domain = attribute(info, attr::PCI_DOMAIN_ID)?;
+    let bus = attribute(info, attr::PCI_BUS_ID)?;
+    let device = attribute(info, attr::PCI_DEVICE_ID)?;
+    Ok(format!("{domain:04x}:{bus:02x}:{device:02x}.0"))
+}
+
+pub unsafe fn cuDeviceGetPCIBusId(pci_bus_id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    finish((|| {
+        let id = with_device(dev, format_pci_bus_id)?;
+        // SAFETY: the caller passes a buffer of `len` bytes.
+        unsafe { write_c_string(pci_bus_id, len, &id) }
+    })())
+}
+
+/// `[domain:]bus:device[.function]`, hex: `(domain, bus, device)`.
+pub fn parse_pci_bus_id(text: &str) -> Option<(i32, i32, i32)> {
+    let text = text.trim();
+    let without_function = text.split_once('.').map_or(text, |(head, function)| if function.is_empty() { "" } else { head });
+    let parts: Vec<&str> = without_function.split(':').collect();
+    let hex = |s: &str| i32::from_str_radix(s, 16).ok();
+    match parts.as_slice() {
+        [domain, bus, device] => Some((hex(domain)?, hex(bus)?, hex(device)?)),
+        [bus, device] => Some((0, hex(bus)?, hex(device)?)),
+        _ => None,
+    }
+}
+
+pub unsafe fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, pci_bus_id: *const c_char) -> CUresult {
+    finish((|| {
+        non_null([dev.cast(), pci_bus_id.cast()])?;
+        // SAFETY: non-NULL; the caller passes a NUL-terminated string.
+        let text = unsafe { CStr::from_ptr(pci_bus_id) }.to_str().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let wanted = parse_pci_bus_id(text).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let session = driver().session()?;
+        let found = session
+            .devices
+            .iter()
+            .position(|info| {
+                let id = |a| info.attribute(a).unwrap_or(-1);
+                (id(attr::PCI_DOMAIN_ID), id(attr::PCI_BUS_ID), id(attr::PCI_DEVICE_ID)) == wanted
+            })
+            .ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+        // SAFETY: checked non-NULL; the caller passes a writable CUdevice.
+        unsafe { write_out(dev, found as CUdevice) }
+    })())
+}
+
+pub unsafe fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CUresult {
+    finish((|| {
+        non_null([major.cast(), minor.cast()])?;
+        let (ma, mi) = with_device(dev, |info| {
+            Ok((attribute(info, attr::COMPUTE_CAPABILITY_MAJOR)?, attribute(info, attr::COMPUTE_CAPABILITY_MINOR)?))
+        })?;
+        // SAFETY: checked non-NULL; the caller passes writable ints.
+        unsafe {
+            write_out(major, ma)?;
+            write_out(minor, mi)
+        }
+    })())
+}
+
+/// The legacy `CUdevprop`, filled from the attributes.
+pub unsafe fn cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice) -> CUresult {
+    finish((|| {
+        non_null([prop.cast()])?;
+        let value = with_device(dev, |info| {
+            let a = |id| attribute(info, id);
+            Ok(CUdevprop {
+                maxThreadsPerBlock: a(attr::MAX_THREADS_PER_BLOCK)?,
+                maxThreadsDim: [a(attr::MAX_BLOCK_DIM_X)?, a(attr::MAX_BLOCK_DIM_Y)?, a(attr::MAX_BLOCK_DIM_Z)?],
+                maxGridSize: [a(attr::MAX_GRID_DIM_X)?, a(attr::MAX_GRID_DIM_Y)?, a(attr::MAX_GRID_DIM_Z)?],
+                sharedMemPerBlock: a(attr::MAX_SHARED_MEMORY_PER_BLOCK)?,
+                totalConstantMemory: a(attr::TOTAL_CONSTANT_MEMORY)?,
+                SIMDWidth: a(attr::WARP_SIZE)?,
+                memPitch: a(attr::MAX_PITCH)?,
+                regsPerBlock: a(attr::MAX_REGISTERS_PER_BLOCK)?,
+                clockRate: a(attr::CLOCK_RATE)?,
+                textureAlign: a(attr::TEXTURE_ALIGNMENT)?,
+            })
+        })?;
+        // SAFETY: checked non-NULL; the caller passes a writable CUdevprop.
+        unsafe { write_out(prop, value) }
+    })())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pci_bus_ids_parse_in_the_driver_forms() {
+        assert_eq!(parse_pci_bus_id("0000:3b:00.0"), Some((0, 0x3b, 0)));
+        assert_eq!(parse_pci_bus_id("00000001:3B:02.0"), Some((1, 0x3b, 2)));
+        assert_eq!(parse_pci_bus_id("3b:00.0"), Some((0, 0x3b, 0)));
+        assert_eq!(parse_pci_bus_id("0000:3b:00"), Some((0, 0x3b, 0)));
+        assert_eq!(parse_pci_bus_id("nonsense"), None);
+        assert_eq!(parse_pci_bus_id("0000:3b:00."), None);
+    }
+
+    // The global driver of the unit-test binary has `testing::FakeDevices` (see `driver::driver`).
+    #[test]
+    fn device_queries_answer_from_the_reported_devices() {
+        // SAFETY: every pointer below is a valid local.
+        unsafe {
+            assert_eq!(cuInit(1), CUresult::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(cuInit(0), CUresult::CUDA_SUCCESS);
+            let mut count = 0;
+            assert_eq!(cuDeviceGetCount(&mut count), CUresult::CUDA_SUCCESS);
+            assert_eq!(count, crate::testing::GLOBAL_FAKE_DEVICES as c_int);
+            let mut dev = -1;
+            assert_eq!(cuDeviceGet(&mut dev, 1), CUresult::CUDA_SUCCESS);
+            assert_eq!(dev, 1);
+            assert_eq!(cuDeviceGet(&mut dev, count), CUresult::CUDA_ERROR_INVALID_DEVICE);
+            assert_eq!(dev, 1, "not written on failure");
+
+            let mut name = [0 as c_char; 64];
+            assert_eq!(cuDeviceGetName(name.as_mut_ptr(), 64, 1), CUresult::CUDA_SUCCESS);
+            assert_eq!(CStr::from_ptr(name.as_ptr()).to_str().unwrap(), "Fake H100 1");
+            assert_eq!(cuDeviceGetName(name.as_mut_ptr(), 5, 1), CUresult::CUDA_SUCCESS);
+            assert_eq!(CStr::from_ptr(name.as_ptr()).to_str().unwrap(), "Fake");
+
+            let mut uuid = CUuuid { bytes: [0; 16] };
+            assert_eq!(cuDeviceGetUuid_v2(&mut uuid, 1), CUresult::CUDA_SUCCESS);
+            assert_eq!(uuid.bytes[0], 1);
+            assert_eq!(uuid.bytes[15], 15);
+
+            let (mut total, mut total32) = (0usize, 0 as c_uint);
+            assert_eq!(cuDeviceTotalMem_v2(&mut total, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(total, 80 << 30);
+            assert_eq!(cuDeviceTotalMem(&mut total32, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(total32, c_uint::MAX);
+
+            let mut value = 0;
+            assert_eq!(cuDeviceGetAttribute(&mut value, attr::MULTIPROCESSOR_COUNT, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(value, 132);
+            assert_eq!(cuDeviceGetAttribute(&mut value, 9999, 0), CUresult::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(cuDeviceGetAttribute(&mut value, 16, 99), CUresult::CUDA_ERROR_INVALID_DEVICE);
+
+            let mut bus = [0 as c_char; 16];
+            assert_eq!(cuDeviceGetPCIBusId(bus.as_mut_ptr(), 16, 1), CUresult::CUDA_SUCCESS);
+            assert_eq!(CStr::from_ptr(bus.as_ptr()).to_str().unwrap(), "0000:11:00.0");
+            assert_eq!(cuDeviceGetByPCIBusId(&mut dev, bus.as_ptr()), CUresult::CUDA_SUCCESS);
+            assert_eq!(dev, 1);
+            assert_eq!(cuDeviceGetByPCIBusId(&mut dev, c"0000:99:00.0".as_ptr()), CUresult::CUDA_ERROR_INVALID_DEVICE);
+
+            let (mut major, mut minor) = (0, 0);
+            assert_eq!(cuDeviceComputeCapability(&mut major, &mut minor, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!((major, minor), (9, 0));
+
+            let mut prop = std::mem::zeroed::<CUdevprop>();
+            assert_eq!(cuDeviceGetProperties(&mut prop, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!((prop.maxThreadsPerBlock, prop.SIMDWidth, prop.maxThreadsDim[2]), (1024, 32, 64));
+
+            let (mut luid, mut mask) = ([1 as c_char; 8], 7);
+            assert_eq!(cuDeviceGetLuid(luid.as_mut_ptr(), &mut mask, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!((luid, mask), ([0; 8], 0));
+        }
+    }
+
+    use super::super::init::cuInit;
+}

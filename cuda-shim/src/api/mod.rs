@@ -1,0 +1,17 @@
+//! The implemented driver functions, one Rust function per implemented row of the table, with the row's
+//! exact signature (the exports call them by name).
+//!
+//! Out-parameters are written only on success; NULL where the driver needs a pointer is
+//! CUDA_ERROR_INVALID_VALUE.
+
+#![allow(non_snake_case, reason = "the driver's names")]
+#![allow(clippy::missing_safety_doc, reason = "each function's contract is the CUDA driver API's")]
+
+mod context;
+mod device;
+mod init;
+pub mod module;
+
+pub use context::*;
+pub use device::*;
+pub use init::*;

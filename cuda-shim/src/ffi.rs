@@ -1,0 +1,71 @@
+//! The C ABI edge: the panic boundary every export and export-table entry goes through, and the
+//! early-return helpers for pointer arguments.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::CUresult;
+
+/// What an entry point returns if its body panicked (a bug in Flyt): never unwinds into C.
+pub trait PanicDefault {
+    fn on_panic() -> Self;
+}
+
+impl PanicDefault for CUresult {
+    fn on_panic() -> Self {
+        CUresult::CUDA_ERROR_UNKNOWN
+    }
+}
+
+impl PanicDefault for () {
+    fn on_panic() -> Self {}
+}
+
+impl PanicDefault for std::ffi::c_int {
+    fn on_panic() -> Self {
+        0
+    }
+}
+
+/// Runs `body`, turning a panic into `R::on_panic()` and one line on stderr naming `symbol`.
+pub fn boundary<R: PanicDefault>(symbol: &'static str, body: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(value) => value,
+        Err(_) => {
+            crate::diagnostics::once(
+                &format!("panic:{symbol}"),
+                &format!("flyt: internal error in {symbol} (a bug in Flyt; returning an error)"),
+            );
+            R::on_panic()
+        }
+    }
+}
+
+/// `Result` for the driver's bodies: `?` on a `CUresult` error, `finish` at the edge.
+pub type DriverResult<T = ()> = Result<T, CUresult>;
+
+/// Turns a body's result into the status the C caller sees.
+pub fn finish(result: DriverResult) -> CUresult {
+    match result {
+        Ok(()) => CUresult::CUDA_SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// Writes `value` through an out-pointer, or fails with CUDA_ERROR_INVALID_VALUE on NULL.
+///
+/// # Safety
+/// `ptr` is NULL or valid for a write of `T` (the caller's contract for the driver function).
+pub unsafe fn write_out<T>(ptr: *mut T, value: T) -> DriverResult {
+    if ptr.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL, and valid for writes per this function's contract.
+    unsafe { ptr.write(value) };
+    Ok(())
+}
+
+/// Fails with CUDA_ERROR_INVALID_VALUE if any pointer is NULL (checked before anything is written, so
+/// out-parameters are written only on success).
+pub fn non_null<const N: usize>(pointers: [*const (); N]) -> DriverResult {
+    if pointers.iter().any(|p| p.is_null()) { Err(CUresult::CUDA_ERROR_INVALID_VALUE) } else { Ok(()) }
+}
