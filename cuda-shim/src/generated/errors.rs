@@ -235,7 +235,7 @@ pub static ERRORS: &[(u32, &CStr, &CStr)] = &[
     (102, c"CUDA_ERROR_DEVICE_NOT_LICENSED", c"device doesn't have valid Grid license"),
     (200, c"CUDA_ERROR_INVALID_IMAGE", c"device kernel image is invalid"),
     (201, c"CUDA_ERROR_INVALID_CONTEXT", c"invalid device context"),
-    (202, c"CUDA_ERROR_CONTEXT_ALREADY_CURRENT", c"This indicated that the context being supplied as a parameter to the API call was already the active context"),
+    (202, c"CUDA_ERROR_CONTEXT_ALREADY_CURRENT", c"context already current"),
     (205, c"CUDA_ERROR_MAP_FAILED", c"mapping of buffer object failed"),
     (206, c"CUDA_ERROR_UNMAP_FAILED", c"unmapping of buffer object failed"),
     (207, c"CUDA_ERROR_ARRAY_IS_MAPPED", c"array is mapped"),
@@ -317,6 +317,6 @@ pub static ERRORS: &[(u32, &CStr, &CStr)] = &[
     (913, c"CUDA_ERROR_FUNCTION_NOT_LOADED", c"the function handle is not loaded when calling an API that requires a loaded function"),
     (914, c"CUDA_ERROR_INVALID_RESOURCE_TYPE", c"one or more resources passed in are not valid resource types for the operation"),
     (915, c"CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION", c"one or more resources are insufficient or non-applicable for the operation"),
-    (916, c"CUDA_ERROR_KEY_ROTATION", c"This error indicates that an error happened during the key rotation sequence"),
+    (916, c"CUDA_ERROR_KEY_ROTATION", c"an error happened during the key rotation sequence"),
     (999, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
 ];
