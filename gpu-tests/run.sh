@@ -801,6 +801,12 @@ if [ "$MODE" = flyt ]; then
         else
             notes+=("native hello_flyt inside: exit $hrc, $(grep -m 1 -o 'cudaError[A-Za-z]*' "$hb.out" || echo 'no error name')")
         fi
+        if grep -q ' driver=none ' "$hb.maps" 2>/dev/null; then
+            notes+=("libcuda not loadable inside")
+        else
+            result=FAIL
+            notes+=("inside the namespace the program mapped: $(sed -n 's/.* driver=\([^ ]*\).*/\1/p' "$hb.maps" 2>/dev/null)")
+        fi
         if command -v nvidia-smi >/dev/null 2>&1; then
             if "$HIDE_BIN" "$HIDE_LIST" -- nvidia-smi -L >"$TMP/hidesmi" 2>&1; then
                 result=FAIL
