@@ -26,6 +26,8 @@ usage: gpu-tests/run.sh [options]
   --nvcc PATH         the compiler (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc)
   --no-hide           do not hide the local GPU from Flyt apps (default: every Flyt app runs in a
                       mount namespace where /dev/nvidia* and the NVIDIA driver libraries are hidden)
+  --no-lib-check      do not LD_PRELOAD tools/maps_check.so into Flyt apps (default: check that no
+                      NVIDIA driver library is mapped and that libcudart is DIR/lib's)
   --serial            run the Flyt transports of a program one after the other (default: together)
   --soak LIST         soak and fault rows to run: tenants,kills,worker-kill,stall, 'all' (default)
                       or 'none'
@@ -34,7 +36,8 @@ usage: gpu-tests/run.sh [options]
   --kill-parallel N   apps running (and being killed) at once in the kills row (default: 16)
   --kill-time S       the kills row starts no new app after S seconds (default: 180)
   --warm-workers N    the server's --warm-workers (default: 16; sessions start faster in the soak)
-  --budget S          no soak row starts after S seconds of run time (default: 510)
+  --budget S          no soak row starts after S seconds of run time, and the kills row starts no
+                      app after it (default: 480)
 Environment: NVCC_FLAGS adds flags to every nvcc command (e.g. -L.cuda/lib to link against a
 fetched toolkit); CC is the C compiler for the helpers in tools/ (default: cc).
 Exit status: 0 when every row passed, 1 when a row failed, 2 on a usage or setup error.
@@ -67,6 +70,7 @@ TIMEOUT=120
 NVCC=${NVCC:-}
 ONLY=()
 HIDE=1
+LIB_CHECK=1
 SERIAL=0
 SOAK=all
 TENANTS=64
@@ -74,7 +78,7 @@ KILLS=1000
 KILL_PAR=16
 KILL_TIME=180
 WARM_WORKERS=16
-BUDGET=510
+BUDGET=480
 
 need_value() { if [ $# -lt 2 ] || [ -z "$2" ]; then die "$1 needs a value"; fi; }
 need_number() { case $2 in '' | *[!0-9]*) die "$1 must be a whole number" ;; esac; }
@@ -91,6 +95,7 @@ while [ $# -gt 0 ]; do
         --native-only) MODE=native; shift ;;
         --build-only) MODE=build; shift ;;
         --no-hide) HIDE=0; shift ;;
+        --no-lib-check) LIB_CHECK=0; shift ;;
         --serial) SERIAL=1; shift ;;
         --soak) need_value "$@"; SOAK=$2; shift 2 ;;
         --tenants) need_value "$@"; need_number "$@"; TENANTS=$2; shift 2 ;;
@@ -754,9 +759,10 @@ if [ "$MODE" = flyt ]; then
             die "cannot hide the GPU ($out); run as root, or pass --no-hide"
         fi
         FLYT_HIDE=1
+        [ "$LIB_CHECK" = 1 ] || die "--no-lib-check needs --no-hide (hidden runs always check the libraries)"
         folders=$(grep '^tmpfs ' "$HIDE_LIST" | cut -d' ' -f2 | paste -sd, -)
         HIDE_NOTE="yes: a mount namespace per app with /dev/null over $(grep -c '^bind /dev/' "$HIDE_LIST") device nodes and $(grep '^bind ' "$HIDE_LIST" | grep -vc '^bind /dev/') driver library files, an empty tmpfs over $(grep -c '^tmpfs ' "$HIDE_LIST") folders${folders:+ ($folders)}"
-    elif [ $TOOLS_OK = 1 ]; then
+    elif [ $TOOLS_OK = 1 ] && [ "$LIB_CHECK" = 1 ]; then
         FLYT_HIDE=maps
     else
         FLYT_HIDE=0
@@ -769,7 +775,7 @@ HEADER=("<!-- $CMDLINE -->"
 if [ "$MODE" = flyt ]; then
     HEADER+=("- dist: $DIST (libcudart.so.13 of $(date -u -r "$DIST/lib/libcudart.so.13" '+%Y-%m-%d %H:%M UTC'))"
         "- GPU hidden from Flyt apps: $HIDE_NOTE"
-        "- library check in every Flyt app (maps_check.so at exit): $([ "$FLYT_HIDE" = 0 ] && echo "off (helpers not built)" || echo "on: no libcuda.so*/libnvidia-* mapped, libcudart from dist")")
+        "- library check in every Flyt app (maps_check.so at exit): $([ "$FLYT_HIDE" = 0 ] && echo "off" || echo "on: no libcuda.so*/libnvidia-* mapped, libcudart from dist")")
 fi
 write_table
 

@@ -94,7 +94,7 @@ soak_tenants() {
             name=${e%% *}
             base=$TMP/ten.$t.$i
             # shellcheck disable=SC2086
-            run_prog "$base" $((TIMEOUT + 120)) "$FLYT_HIDE" "${fenv[@]}" -- "$BUILD/$name" ${e#"$name"} &
+            run_prog "$base" "$TIMEOUT" "$FLYT_HIDE" "${fenv[@]}" -- "$BUILD/$name" ${e#"$name"} &
             pids+=($!)
         done
         for i in "${pids[@]}"; do wait "$i"; done
@@ -197,6 +197,7 @@ soak_kills() {
     slog "kills: before: GPU memory used ${m0:-?} MiB, server workers $c0"
     rm -f "$TMP"/kills.*
     KILL_DEADLINE=$((SECONDS + KILL_TIME))
+    [ "$KILL_DEADLINE" -gt $((START_SECONDS + BUDGET)) ] && KILL_DEADLINE=$((START_SECONDS + BUDGET))
     local t0=$SECONDS
     for ((s = 0; s < KILL_PAR && s < KILLS; s++)); do
         kill_slot "$s" &
@@ -230,7 +231,7 @@ soak_kills() {
         sed -n 's/.*leaked_bytes_reclaimed=\([0-9][0-9]*\).*/\1/p' | awk '{s += $1} END {print s + 0}')
     slog "kills: after: GPU memory used ${m1:-?} MiB, server workers $c1, churn sessions opened $opened closed $closed, reclaimed $reclaimed bytes"
     notes+=("$done_ killed (of $total; ${wall} s)")
-    [ "$done_" -lt "$KILLS" ] && { result=FAIL; notes+=("only $done_ of $KILLS kills done (${skipped} not started: --kill-time $KILL_TIME s)"); }
+    [ "$done_" -lt "$KILLS" ] && { result=FAIL; notes+=("only $done_ of $KILLS kills done (${skipped} not started: --kill-time $KILL_TIME s or --budget $BUDGET s reached)"); }
     [ "$notready" -gt 0 ] && { result=FAIL; notes+=("$notready apps never printed 'churn: ready'"); }
     [ "$bad" -gt 0 ] && { result=FAIL; notes+=("$bad apps exited by themselves with an error (soak.log)"); }
     [ "$selfexit" -gt 0 ] && [ "$bad" = 0 ] && notes+=("$selfexit apps ended before their kill")
