@@ -265,6 +265,7 @@ class Runner:
             return worker_for(app.pid, a.server_log, 5.0) if flyt and a.server_log else None
 
         # (a) blocked on a 2 s kernel
+        app = None
         try:
             app = IdleApp([exe, "blocked"], env)
             app.wait_mark("ready", 60)
@@ -277,10 +278,13 @@ class Runner:
                 rec["server_cpu_pct"] = 100.0 * cpu_delta(s0, s1) / max(rec.get("wall_s") or 1e-9, 1e-9)
                 rec["worker_found"] = w is not None
             recs.append(rec)
-            notes.append(app.finish())
-        except IdleError as e:
+        except (IdleError, OSError) as e:
             notes.append(f"blocked: {e}")
+        finally:
+            if app:
+                notes.append(app.finish())
         # (b) idle between bursts
+        app = None
         try:
             app = IdleApp([exe, "bursts"], env)
             app.wait_mark("ready", 60)
@@ -292,10 +296,13 @@ class Runner:
             if flyt:
                 rec["server_cpu_pct_whole_run"] = 100.0 * cpu_delta(s0, s1) / (w1 - w0)
             recs.append(rec)
-            notes.append(app.finish())
-        except IdleError as e:
+        except (IdleError, OSError) as e:
             notes.append(f"bursts: {e}")
+        finally:
+            if app:
+                notes.append(app.finish())
         # (c) one idle session, server and app
+        app = None
         try:
             app = IdleApp([exe, "idle"], env)
             app.wait_mark("ready", 60)
@@ -311,9 +318,11 @@ class Runner:
                 rec["server_cpu_pct"] = 100.0 * cpu_delta(s0, s1) / (w1 - w0)
                 rec["worker_found"] = w is not None
             recs.append(rec)
-            notes.append(app.finish())
-        except IdleError as e:
+        except (IdleError, OSError) as e:
             notes.append(f"idle: {e}")
+        finally:
+            if app:
+                notes.append(app.finish())
         # (d) many idle sessions at once
         n = IDLE_SESSIONS[1 if a.quick else 0]
         apps = []
@@ -341,7 +350,7 @@ class Runner:
                 rec["server_cpu_pct_per_session"] = rec["server_cpu_pct_total"] / n
                 rec["server_processes"] = len(tree)
             recs.append(rec)
-        except IdleError as e:
+        except (IdleError, OSError) as e:
             notes.append(f"{n} idle sessions: {e}")
         finally:
             for app in apps:
