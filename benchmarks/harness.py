@@ -15,6 +15,8 @@ import datetime
 import json
 import os
 import platform
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -33,8 +35,10 @@ PROGRAMS = {
     "matmul": (60, 30),
     "launch_heavy": (60, 25),
     "pipeline": (150, 40),
+    "idle_cpu": (150, 90),
 }
-ORDER = ["micro", "copy", "matmul", "launch_heavy", "pipeline"]
+ORDER = ["micro", "copy", "matmul", "launch_heavy", "idle_cpu", "pipeline"]
+IDLE_SESSIONS = (64, 16)  # apps in the "64 idle sessions" measurement: default, quick
 LOG_TAIL_CHARS = 20000
 MiB = 1 << 20
 
@@ -53,6 +57,7 @@ class Runner:
         self.status = {}  # transport -> "ok" | "n/a: reason" | "not requested"
         self.stats_runs = {}
         self.raw = []
+        self.rtt = []
         self.current = None  # the benchmark process running now
         signal.signal(signal.SIGTERM, self.on_signal)
 
@@ -180,6 +185,11 @@ class Runner:
                 res = self.execute(f"raw_stream/{sock}", [a.raw_stream, "pair", sock, sizes, "3" if a.quick else "5"],
                                    dict(os.environ), 30)
                 self.raw += [r for r in res["records"] if r.get("bench") == "raw_stream"]
+        # 1b. raw round trips (small-message ping-pong): the floor of a synchronizing call per transport
+        if a.raw_rtt and any(t in wanted for t in FLYT):
+            res = self.execute("raw_rtt", [a.raw_rtt, "5000" if a.quick else "20000", "64", "unix,tcp,shm"],
+                               dict(os.environ), 60)
+            self.rtt = [r for r in res["records"] if r.get("bench") == "raw_rtt"]
         # 2. probe: a transport whose first run fails is absent ("n/a")
         live = []
         for t in wanted:
@@ -203,6 +213,11 @@ class Runner:
         for prog in ORDER:
             if a.programs and prog not in a.programs:
                 continue
+            if prog == "idle_cpu":
+                for t in live:
+                    if failures[t] < 2:
+                        self.run_idle(t)
+                continue
             for t in live:
                 if failures[t] >= 2:
                     self.runs[t][prog] = {"rc": None, "skipped": f"{t} failed twice in a row", "records": [],
@@ -224,6 +239,130 @@ class Runner:
         self.stats_runs[t] = {"rc": res.get("rc"), "timed_out": res.get("timed_out"), "wall_s": res.get("wall_s"),
                               "cmd": cmd, "stderr": res.get("stderr", ""), "skipped": res.get("skipped")}
 
+    # ---- idle CPU ---------------------------------------------------------------------------------
+
+    def server_sample(self, *pids):
+        """A CPU sample of the server's listener and the given worker pids (None skipped)."""
+        return cpu_sample((self.a.server_pid,) + pids)
+
+    def run_idle(self, t):
+        """The idle-CPU measurements (a)-(d) over one transport; results as the program "idle_cpu"."""
+        a = self.a
+        exe = os.path.join(a.build, "idle_cpu")
+        env = self.env_for(t)
+        recs, notes = [], []
+        t_start = time.monotonic()
+        flyt = t != "native"
+        if flyt and not self.server_alive():
+            self.runs[t]["idle_cpu"] = {"rc": None, "skipped": "server not running", "records": [], "stderr_tail": ""}
+            return
+        if self.remaining() < 60:
+            self.note(f"[{t}/idle_cpu] skipped: the time budget ({a.budget_s:.0f} s) is spent")
+            self.runs[t]["idle_cpu"] = {"rc": None, "skipped": "time budget", "records": [], "stderr_tail": ""}
+            return
+
+        def worker(app):
+            return worker_for(app.pid, a.server_log, 5.0) if flyt and a.server_log else None
+
+        # (a) blocked on a 2 s kernel
+        app = None
+        try:
+            app = IdleApp([exe, "blocked"], env)
+            app.wait_mark("ready", 60)
+            w = worker(app)
+            s0 = self.server_sample(w) if flyt else {}
+            app.send("go")
+            rec = app.wait_record("idle_blocked", 30)
+            s1 = self.server_sample(w) if flyt else {}
+            if flyt:
+                rec["server_cpu_pct"] = 100.0 * cpu_delta(s0, s1) / max(rec.get("wall_s") or 1e-9, 1e-9)
+                rec["worker_found"] = w is not None
+            recs.append(rec)
+        except (IdleError, OSError) as e:
+            notes.append(f"blocked: {e}")
+        finally:
+            if app:
+                notes.append(app.finish())
+        # (b) idle between bursts
+        app = None
+        try:
+            app = IdleApp([exe, "bursts"], env)
+            app.wait_mark("ready", 60)
+            w = worker(app)
+            s0, w0 = (self.server_sample(w) if flyt else {}), time.monotonic()
+            app.send("go")
+            rec = app.wait_record("idle_bursts", 30)
+            s1, w1 = (self.server_sample(w) if flyt else {}), time.monotonic()
+            if flyt:
+                rec["server_cpu_pct_whole_run"] = 100.0 * cpu_delta(s0, s1) / (w1 - w0)
+            recs.append(rec)
+        except (IdleError, OSError) as e:
+            notes.append(f"bursts: {e}")
+        finally:
+            if app:
+                notes.append(app.finish())
+        # (c) one idle session, server and app
+        app = None
+        try:
+            app = IdleApp([exe, "idle"], env)
+            app.wait_mark("ready", 60)
+            w = worker(app)
+            time.sleep(0.2)
+            s0, w0 = (self.server_sample(w) if flyt else {}), time.monotonic()
+            app.send("start")
+            time.sleep(3.0)
+            app.send("stop")
+            s1, w1 = (self.server_sample(w) if flyt else {}), time.monotonic()
+            rec = app.wait_record("idle_session", 30)
+            if flyt:
+                rec["server_cpu_pct"] = 100.0 * cpu_delta(s0, s1) / (w1 - w0)
+                rec["worker_found"] = w is not None
+            recs.append(rec)
+        except (IdleError, OSError) as e:
+            notes.append(f"idle: {e}")
+        finally:
+            if app:
+                notes.append(app.finish())
+        # (d) many idle sessions at once
+        n = IDLE_SESSIONS[1 if a.quick else 0]
+        apps = []
+        try:
+            for _ in range(n):
+                apps.append(IdleApp([exe, "idle"], env))
+            deadline = time.monotonic() + 180
+            for app in apps:
+                app.wait_mark("ready", max(1.0, deadline - time.monotonic()))
+            time.sleep(0.2)
+            tree = proc_tree(a.server_pid) if flyt else []
+            s0, w0 = cpu_sample(tree), time.monotonic()
+            for app in apps:
+                app.send("start")
+            time.sleep(5.0)
+            for app in apps:
+                app.send("stop")
+            s1, w1 = cpu_sample(tree), time.monotonic()
+            got = [app.wait_record("idle_session", 60) for app in apps]
+            pcts = [r.get("cpu_pct") or 0.0 for r in got]
+            rec = {"bench": "idle_many", "sessions": n, "app_cpu_pct_mean": sum(pcts) / len(pcts),
+                   "app_cpu_pct_max": max(pcts)}
+            if flyt:
+                rec["server_cpu_pct_total"] = 100.0 * cpu_delta(s0, s1) / (w1 - w0)
+                rec["server_cpu_pct_per_session"] = rec["server_cpu_pct_total"] / n
+                rec["server_processes"] = len(tree)
+            recs.append(rec)
+        except (IdleError, OSError) as e:
+            notes.append(f"{n} idle sessions: {e}")
+        finally:
+            for app in apps:
+                notes.append(app.finish())
+        notes = [x for x in notes if x]
+        wall = time.monotonic() - t_start
+        self.log.append(f"=== [{t}/idle_cpu] {len(recs)} results in {wall:.1f} s\n" +
+                        "".join(json.dumps(r) + "\n" for r in recs) + "".join(x + "\n" for x in notes))
+        print(f"  [{t}/idle_cpu] {len(recs)} results in {wall:.1f} s", file=sys.stderr, flush=True)
+        self.runs[t]["idle_cpu"] = {"rc": 0 if len(recs) == 4 else 1, "wall_s": round(wall, 3), "records": recs,
+                                    "stderr_tail": tail("\n".join(notes), 4000)}
+
     def results(self):
         return {
             "meta": {
@@ -240,9 +379,171 @@ class Runner:
                 "unix_addr": self.a.unix_addr,
             },
             "raw_stream": self.raw,
+            "raw_rtt": self.rtt,
             "runs": self.runs,
             "stats_runs": {t: {k: v for k, v in r.items() if k != "stderr"} for t, r in self.stats_runs.items()},
         }
+
+
+class IdleError(Exception):
+    pass
+
+
+class IdleApp:
+    """One idle_cpu process driven over stdin/stdout: marks and result lines are JSON."""
+
+    def __init__(self, cmd, env):
+        self.cmd = cmd
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=env)
+        self.pid = self.p.pid
+        self.buf = b""
+        self.lines = []
+
+    def _line(self, timeout):
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise IdleError(f"{' '.join(self.cmd[1:])}: no output within {timeout:.0f} s")
+            r, _, _ = select.select([self.p.stdout], [], [], left)
+            if r:
+                chunk = os.read(self.p.stdout.fileno(), 65536)
+                if not chunk:
+                    raise IdleError(f"{' '.join(self.cmd[1:])}: exited ({self.p.wait()}): "
+                                    f"{last_line(self.p.stderr.read().decode(errors='replace'))}")
+                self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode(errors="replace").strip()
+
+    def _json(self, timeout):
+        while True:
+            line = self._line(timeout)
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    pass
+
+    def wait_mark(self, name, timeout):
+        while True:
+            j = self._json(timeout)
+            if j.get("mark") == name:
+                return
+            if j.get("error"):
+                raise IdleError(f"{j.get('bench')}: {j['error']}")
+
+    def wait_record(self, bench, timeout):
+        while True:
+            j = self._json(timeout)
+            if j.get("bench") == bench:
+                return j
+            if j.get("error"):
+                raise IdleError(f"{j.get('bench')}: {j['error']}")
+
+    def send(self, text):
+        try:
+            self.p.stdin.write((text + "\n").encode())
+            self.p.stdin.flush()
+        except OSError as e:
+            raise IdleError(f"{' '.join(self.cmd[1:])}: stdin: {e}") from e
+
+    def finish(self):
+        """Ends the process (EOF on stdin, then kill if needed); returns a note when it failed."""
+        try:
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            rc = self.p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            rc = self.p.wait()
+        err = self.p.stderr.read().decode(errors="replace") if self.p.stderr else ""
+        return "" if rc == 0 else f"{' '.join(self.cmd[1:])} exited {rc}: {last_line(err)}"
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_sample(pid):
+    """(per-thread CPU ns from schedstat, process CPU s from /proc/PID/stat) of a live process; None if gone."""
+    threads = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    threads[tid] = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return threads, (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_sample(pids):
+    return {p: proc_sample(p) for p in pids if p}
+
+
+def cpu_delta(s0, s1):
+    """CPU seconds the processes used between two samples. Per process: the threads' schedstat (ns
+    resolution) when no thread of the first sample is gone, else utime + stime from stat (clock ticks,
+    which keep the time of exited threads). A process gone by the second sample counts 0."""
+    total = 0.0
+    for pid, a in s0.items():
+        b = s1.get(pid)
+        if not a or not b:
+            continue
+        (ta, sa), (tb, sb) = a, b
+        if ta and set(ta) <= set(tb):
+            total += sum(ns - ta.get(tid, 0) for tid, ns in tb.items()) / 1e9
+        else:
+            total += sb - sa
+    return total
+
+
+def proc_tree(root):
+    """root and all its descendants (pids), from /proc/*/stat."""
+    if not root:
+        return []
+    parent = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += [c for c, pp in parent.items() if pp == p]
+    return out
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def worker_for(app_pid, log_path, timeout):
+    """The server's worker pid for the session of client app_pid, from the server log's "opened" line."""
+    pat = re.compile(rf"session \S+ opened: .*pid={app_pid}\b.* worker=(\d+)")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(log_path, errors="replace") as f:
+                for line in f:
+                    m = pat.search(ANSI.sub("", line))
+                    if m:
+                        return int(m.group(1))
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
 
 
 def native_matmul_reps(runs):
@@ -295,6 +596,14 @@ class Data:
                 return float(r["gbps"])
         return None
 
+    def rtt(self, transport, mode=None, field="p50_us"):
+        """Raw round trip of a transport: sockets blocking (or mode), shm spinning."""
+        mode = mode or ("spin" if transport == "shm" else "blocking")
+        for r in self.res.get("raw_rtt", []):
+            if r.get("transport") == transport and r.get("mode") == mode and r.get(field) is not None:
+                return float(r[field])
+        return None
+
     def meta(self):
         for t in TRANSPORTS:
             for prog in ["probe", "micro"]:
@@ -320,6 +629,8 @@ def spec_text(spec, unit):
             return f"<= {v:g}x native"
         if kind == "raw_min":
             return f">= {v * 100:.0f}% of raw stream"
+        if kind == "rtt_max":
+            return f"<= {v:g}x raw round trip p50"
         return "?"
 
     if not spec:
@@ -346,13 +657,28 @@ def build_rows(d):
 
     v = d.value
     row("null call (cudaStreamQuery) p50", "us", lambda t: v(t, "micro", "null_call", "p50_us"),
-        {"sockets": ("max", 25), "shm": ("max", 3)}, section="Latency")
+        {"sockets": ("max", 25), "shm": ("max", 2)}, section="Latency")
     row("null call p99", "us", lambda t: v(t, "micro", "null_call", "p99_us"), {"sockets": ("max", 60), "shm": ("max", 10)})
     row("null call p99.9", "us", lambda t: v(t, "micro", "null_call", "p999_us"))
     row("empty launch + sync p50", "us", lambda t: v(t, "micro", "launch_sync", "p50_us"),
-        {"sockets": ("max", 40), "shm": ("max", 12)})
+        {"sockets": ("max", 40), "shm": ("ratio_max", 1.2)})
     row("empty launch + sync p99", "us", lambda t: v(t, "micro", "launch_sync", "p99_us"))
     row("empty launch + sync p99.9", "us", lambda t: v(t, "micro", "launch_sync", "p999_us"))
+    row("raw round trip p50 (64 B ping-pong; sockets: blocking reads; shm: spinning on a shared cache line)", "us",
+        lambda t: d.rtt(t) if t in FLYT else None)
+    row("raw round trip p99", "us", lambda t: d.rtt(t, field="p99_us") if t in FLYT else None)
+    row("raw round trip p50, sockets busy-polling", "us", lambda t: d.rtt(t, "spin") if t in SOCKETS else None)
+
+    def null_over_rtt(t):
+        x, r = v(t, "micro", "null_call", "p50_us"), d.rtt(t)
+        return x / r if x is not None and r else None
+
+    def launch_over_native(t):
+        x, n = v(t, "micro", "launch_sync", "p50_us"), v("native", "micro", "launch_sync", "p50_us")
+        return x - n if t in FLYT and x is not None and n is not None else None
+
+    row("null call p50 / raw round trip p50", "x", null_over_rtt, {"sockets": ("max", 1.2)})
+    row("empty launch + sync p50 minus native's", "us", launch_over_native, {"sockets": ("rtt_max", 1.2)})
     row("client CPU per async launch (10k batch mean)", "us", lambda t: v(t, "micro", "cpu_per_launch", "mean_us"),
         {"sockets": ("max", 1.5), "shm": ("max", 1.5)})
     row("async launch, single call p99", "us", lambda t: v(t, "micro", "cpu_per_launch", "each_p99_us"))
@@ -384,6 +710,22 @@ def build_rows(d):
         {"sockets": ("ratio_max", 1.02), "shm": ("ratio_max", 1.01)}, section="Applications")
     row("launch-heavy app, per 10k launches + sync (mean)", "ms", lambda t: v(t, "launch_heavy", "launch_heavy", "round_mean_ms"),
         {"sockets": ("ratio_max", 2.0), "shm": ("ratio_max", 1.3)})
+    one_pct = {"sockets": ("max", 1), "shm": ("max", 1)}
+    row("(a) app blocked 2 s in cudaDeviceSynchronize on a kernel: app CPU", "%",
+        lambda t: v(t, "idle_cpu", "idle_blocked", "cpu_pct"), section="Idle CPU (% of one core)")
+    row("(a) the same: server CPU (listener + the session's worker)", "%",
+        lambda t: v(t, "idle_cpu", "idle_blocked", "server_cpu_pct"))
+    row("(b) app between bursts (100 launches + sync each second), from 50 ms after a burst: app CPU", "%",
+        lambda t: v(t, "idle_cpu", "idle_bursts", "after50_cpu_pct"), one_pct)
+    row("(b) the same, whole gaps", "%", lambda t: v(t, "idle_cpu", "idle_bursts", "gap_cpu_pct"))
+    row("(c) one idle session, 3 s from 200 ms after a burst: server CPU (listener + worker)", "%",
+        lambda t: v(t, "idle_cpu", "idle_session", "server_cpu_pct"), one_pct)
+    row("(c) the same: app CPU", "%", lambda t: v(t, "idle_cpu", "idle_session", "cpu_pct"), one_pct)
+    row("(d) many idle sessions at once (5 s): server CPU per session (all server processes / sessions)", "%",
+        lambda t: v(t, "idle_cpu", "idle_many", "server_cpu_pct_per_session"), one_pct)
+    row("(d) the same: app CPU, mean over the apps", "%", lambda t: v(t, "idle_cpu", "idle_many", "app_cpu_pct_mean"),
+        one_pct)
+    row("(d) the same: app CPU, highest app", "%", lambda t: v(t, "idle_cpu", "idle_many", "app_cpu_pct_max"))
     sizes = sorted({r["bytes"] for t in TRANSPORTS for r in d.records(t, "pipeline")
                     if r.get("bench") == "pipeline" and "bytes" in r and "median_ms" in r})
     for n in sizes:
@@ -417,6 +759,11 @@ def build_rows(d):
             elif kind == "ratio_max":
                 ratio = r["ratios"].get(t)
                 ok = None if ratio is None else ratio <= lim
+            elif kind == "rtt_max":
+                rtt = d.rtt(t)
+                if rtt:
+                    r["notes"][t] = f"raw round trip {fmt_num(rtt)} us"
+                ok = None if not rtt else x <= lim * rtt
             elif kind == "raw_min":
                 raw = d.raw(t, *r["raw_key"]) if r["raw_key"] else None
                 if raw:
@@ -754,6 +1101,9 @@ def load_lines_dir(path):
     raw = os.path.join(path, "raw_stream.jsonl")
     if os.path.exists(raw):
         res["raw_stream"] = [json.loads(x) for x in open(raw) if x.strip().startswith("{")]
+    rtt = os.path.join(path, "raw_rtt.jsonl")
+    if os.path.exists(rtt):
+        res["raw_rtt"] = [json.loads(x) for x in open(rtt) if x.strip().startswith("{")]
     for t in TRANSPORTS:
         td = os.path.join(path, t)
         if not os.path.isdir(td):
@@ -783,6 +1133,8 @@ def main():
     r.add_argument("--server-pid", type=int, default=0)
     r.add_argument("--cuda-lib", default="/usr/local/cuda/lib64", help="LD_LIBRARY_PATH for native runs")
     r.add_argument("--raw-stream", default="", help="the compiled raw_stream program")
+    r.add_argument("--raw-rtt", default="", help="the compiled raw_rtt program")
+    r.add_argument("--server-log", default="", help="the server's log (stderr), to find each session's worker")
     r.add_argument("--budget-s", type=float, default=400.0, help="stop starting runs after this many seconds")
     p = sub.add_parser("report", help="render the results folder from saved data")
     g = p.add_mutually_exclusive_group(required=True)

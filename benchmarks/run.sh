@@ -2,16 +2,17 @@
 # Flyt benchmarks on the GPU machine: native CUDA vs Flyt over each transport, in one run.
 #
 #   benchmarks/run.sh [--dist DIR] [--out DIR] [--quick] [--transports native,unix,tcp,shm]
-#                     [--programs micro,copy,matmul,launch_heavy,pipeline] [--budget SECONDS] [--build-only]
+#                     [--programs micro,copy,...] [--budget SECONDS] [--build-only]
 #
 #   --dist DIR        prebuilt Flyt: DIR/lib/libcudart.so.13 and DIR/bin/flyt-rpc-server (default: dist,
 #                     relative to the repository root)
 #   --out DIR         results folder (default: benchmarks/results); gets results.md, results.json,
 #                     latency.png, bandwidth.png, apps.png, flyt_stats.txt, log.txt (7 files, flat)
-#   --quick           fewer iterations and smaller sweeps (under 2 minutes)
+#   --quick           fewer iterations and smaller sweeps (about 2 minutes)
 #   --transports L    which columns to run (default: all four); a Flyt transport whose first run fails is n/a
-#   --programs L      only these benchmark programs (default: all)
-#   --budget S        stop starting new runs S seconds after this script started (default 420, quick 110)
+#   --programs L      only these benchmark programs (default: all: micro,copy,matmul,launch_heavy,idle_cpu,
+#                     pipeline)
+#   --budget S        stop starting new runs S seconds after this script started (default 480, quick 150)
 #   --build-only      compile the programs into benchmarks/.build and stop (no GPU needed)
 # Environment: NVCC (default: nvcc on PATH, /usr/local/cuda/bin/nvcc, or .cuda/bin/nvcc), CC (default gcc).
 # The markdown table is printed last on stdout; progress goes to stderr.
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
         *) echo "run.sh: unknown argument $1" >&2; usage ;;
     esac
 done
-[ -n "$budget" ] || { if [ "$quick" = 1 ]; then budget=110; else budget=420; fi; }
+[ -n "$budget" ] || { if [ "$quick" = 1 ]; then budget=150; else budget=480; fi; }
 dist=$(cd "$dist" 2>/dev/null && pwd || echo "$dist")
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -67,7 +68,7 @@ for d in "$cuda_home/lib64" "$cuda_home/targets/x86_64-linux/lib" "$cuda_home/li
 done
 build=$here/.build
 mkdir -p "$build"
-progs=(probe micro copy matmul launch_heavy pipeline)
+progs=(probe micro copy matmul launch_heavy pipeline idle_cpu)
 log "building with $nvcc into $build"
 pids=()
 names=()
@@ -78,9 +79,11 @@ for p in "${progs[@]}"; do
     pids+=($!)
     names+=("$p")
 done
-"${CC:-gcc}" -O2 -Wall -o "$build/raw_stream" "$here/raw_stream.c" >"$build/raw_stream.build.log" 2>&1 &
-pids+=($!)
-names+=(raw_stream)
+for c in raw_stream raw_rtt; do
+    "${CC:-gcc}" -O2 -Wall -o "$build/$c" "$here/$c.c" >"$build/$c.build.log" 2>&1 &
+    pids+=($!)
+    names+=("$c")
+done
 failed=0
 for i in "${!pids[@]}"; do
     if ! wait "${pids[$i]}"; then
@@ -167,7 +170,7 @@ fi
 left=$((budget - (SECONDS - start) - 5))
 [ "$left" -gt 10 ] || left=10
 args=(run --build "$build" --out "$out" --dist "$dist" --transports "$transports" --cuda-lib "$cuda_lib"
-      --raw-stream "$build/raw_stream" --budget-s "$left" --unix-addr "$unix_addr" --tcp-addr "$tcp_addr"
+      --raw-stream "$build/raw_stream" --raw-rtt "$build/raw_rtt" --server-log "$tmp/server.err" --budget-s "$left" --unix-addr "$unix_addr" --tcp-addr "$tcp_addr"
       --server-pid "${server_pid:-0}")
 [ "$quick" = 0 ] || args+=(--quick)
 [ -z "$programs" ] || args+=(--programs "$programs")
