@@ -6,6 +6,8 @@
 //! take no input that could be wrong have a check of what they did instead. A new op without an
 //! entry here does not compile (`probes!` has no rule for it).
 
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
+
 use flyt_protocol::CudaError;
 use flyt_protocol::frame::{FrameLimits, read_full, read_message};
 use flyt_protocol::ops::{Dim3, FunctionRef, Op, OpClass, OpInfo, Request, rep, req, split_reply};

@@ -1,6 +1,8 @@
 //! The rpc-server against bad and hostile clients, on the emulated device: every bad input gets
 //! a clear error or a closed connection with a logged reason, and no other session is harmed.
 
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
+
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;

@@ -11,6 +11,8 @@
 //!   program that checks its errors stops at the first refused call; one that does not gets an
 //!   error from every call of the path and no captured work runs behind its back.
 
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -68,7 +68,7 @@ impl RawSession {
         let mut message = Vec::new();
         let header = read_message(&mut self.stream, &FrameLimits::default(), &mut message).expect("reply");
         assert_eq!(header.seq, seq);
-        let mut bulk = vec![0u8; header.bulk_len as usize];
+        let mut bulk = vec![0u8; usize::try_from(header.bulk_len).expect("a bulk length that fits in memory")];
         flyt_protocol::frame::read_full(&mut self.stream, &mut bulk, false).unwrap();
         (decode_reply::<O::Reply>(&message).expect("decodable reply"), bulk)
     }
