@@ -131,6 +131,11 @@ fn expected_graph_path() -> BTreeMap<&'static str, &'static str> {
     BTreeMap::from([
         ("cudaStreamBeginCapture", NOT_SUPPORTED),
         ("cudaEventRecord in capture", INVALIDATED),
+        // A stream that waits for an event of the capture joins it.
+        ("cudaStreamWaitEvent forking a second stream", INVALIDATED),
+        ("cudaMemsetAsync on the forked stream", INVALIDATED),
+        ("cudaEventRecord on the forked stream", INVALIDATED),
+        ("cudaStreamWaitEvent joining the forked stream", INVALIDATED),
         ("cudaMemsetAsync in capture", INVALIDATED),
         ("cudaMemcpyAsync in capture", INVALIDATED),
         ("cudaStreamWaitEvent in capture", INVALIDATED),
@@ -181,6 +186,10 @@ fn a_graph_program_fails_loudly_at_every_step() {
             .collect();
         assert_eq!(got, expected_graph_path(), "{name}:\n{stdout}");
         assert!(stdout.contains("outside cudaEventRecord start -> cudaSuccess"), "{stdout}");
+        assert!(
+            stdout.contains("outside cudaStreamQuery on the forked stream after the capture -> cudaSuccess"),
+            "{stdout}"
+        );
         assert!(stdout.contains("captured work did not run: yes"), "{stdout}");
         assert!(stdout.contains("a later synchronization is clean: yes"), "{stdout}");
         let refused = |base: &str, per_thread_entry: bool| {

@@ -10,11 +10,15 @@
 //!   uses the stream fails with `cudaErrorStreamCaptureInvalidated`, CUDA's answer for work in a
 //!   capture sequence that an earlier error broke. The stream is never capturing, so
 //!   `cudaStreamEndCapture` has no graph to give.
+//! - In CUDA, a stream that waits for an event recorded in a capturing stream joins the capture
+//!   (the fork of a multi-stream capture). An event whose record was refused that way remembers
+//!   the capture, and a stream that waits for it is refused with it, so the forked stream's work
+//!   does not run at once either.
 //! - A refused `cudaGraphLaunch` is an asynchronous launch that did not happen: like the error of
 //!   any asynchronous work, it is reported again at the next synchronizing call (once), so a
 //!   program that checks only its synchronizations still fails.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,43 +30,111 @@ use super::streams::resolve_stream;
 use crate::client::client;
 use crate::ffi::cudaStream_t;
 
-/// Wire ids of the streams whose capture was refused and not ended yet.
-static REFUSED_CAPTURES: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
-/// Whether `REFUSED_CAPTURES` may be non-empty: every queued call checks this, so the common
-/// case costs one relaxed load, not a lock.
-static ANY_REFUSED_CAPTURE: AtomicBool = AtomicBool::new(false);
+/// The refused captures the app has not ended: each stream or event (wire ids) with the stream
+/// whose `cudaStreamBeginCapture` was refused (the capture's origin).
+#[derive(Default)]
+struct Refused {
+    streams: HashMap<u64, u64>,
+    events: HashMap<u64, u64>,
+}
+
+static REFUSED: Mutex<Option<Refused>> = Mutex::new(None);
+/// Whether `REFUSED` may hold anything: every queued call checks this, so the common case costs
+/// one load, not a lock.
+static ANY_REFUSED: AtomicBool = AtomicBool::new(false);
 /// A refused asynchronous launch not yet reported at a synchronizing call.
 static OWED_AT_SYNC: AtomicBool = AtomicBool::new(false);
 
-fn refused_captures() -> std::sync::MutexGuard<'static, Option<HashSet<u64>>> {
-    REFUSED_CAPTURES.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+/// Runs `change` on the refused captures, keeping `ANY_REFUSED` in step.
+fn with_refused<T>(change: impl FnOnce(&mut Refused) -> T) -> T {
+    let mut guard = REFUSED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let refused = guard.get_or_insert_with(Refused::default);
+    let result = change(refused);
+    ANY_REFUSED.store(!refused.streams.is_empty() || !refused.events.is_empty(), Ordering::Release);
+    result
+}
+
+fn invalidated() -> CudaError {
+    crate::diagnostics::once(
+        "refused-capture-work",
+        "flyt: work on a stream whose cudaStreamBeginCapture was refused fails with \
+         cudaErrorStreamCaptureInvalidated until cudaStreamEndCapture (stream capture is not supported)",
+    );
+    CudaError::STREAM_CAPTURE_INVALIDATED
 }
 
 /// Fails a call that uses stream `id` while the app believes the stream is capturing.
 pub(crate) fn check_not_refused_capture(id: u64) -> CudaResult<()> {
-    if !ANY_REFUSED_CAPTURE.load(Ordering::Acquire) {
-        return Ok(());
-    }
-    if refused_captures().as_ref().is_some_and(|ids| ids.contains(&id)) {
-        crate::diagnostics::once(
-            "refused-capture-work",
-            "flyt: work on a stream whose cudaStreamBeginCapture was refused fails with \
-             cudaErrorStreamCaptureInvalidated until cudaStreamEndCapture (stream capture is not supported)",
-        );
-        return Err(CudaError::STREAM_CAPTURE_INVALIDATED);
+    if ANY_REFUSED.load(Ordering::Acquire) && with_refused(|refused| refused.streams.contains_key(&id)) {
+        return Err(invalidated());
     }
     Ok(())
 }
 
-/// Forgets a stream (destroyed, or its capture ended).
-pub(crate) fn forget_refused_capture(id: u64) {
-    if ANY_REFUSED_CAPTURE.load(Ordering::Acquire) {
-        let mut ids = refused_captures();
-        if let Some(set) = ids.as_mut() {
-            set.remove(&id);
-            ANY_REFUSED_CAPTURE.store(!set.is_empty(), Ordering::Release);
-        }
+/// A record of `event` on `stream`: refused if the stream is in a refused capture, and then the
+/// event belongs to that capture (a stream that waits for it joins it); a record that goes ahead
+/// takes the event out of any.
+pub(crate) fn record(event: u64, stream: u64) -> CudaResult<()> {
+    if !ANY_REFUSED.load(Ordering::Acquire) {
+        return Ok(());
     }
+    let refused = with_refused(|refused| match refused.streams.get(&stream).copied() {
+        Some(origin) => {
+            refused.events.insert(event, origin);
+            true
+        }
+        None => {
+            refused.events.remove(&event);
+            false
+        }
+    });
+    if refused { Err(invalidated()) } else { Ok(()) }
+}
+
+/// A wait of `stream` for `event`: if the event belongs to a refused capture, the stream joins
+/// it and the wait is refused.
+pub(crate) fn wait(stream: u64, event: u64) -> CudaResult<()> {
+    if !ANY_REFUSED.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let joined = with_refused(|refused| match refused.events.get(&event).copied() {
+        Some(origin) if stream != 0 => {
+            refused.streams.insert(stream, origin);
+            true
+        }
+        // The legacy stream cannot join a capture in CUDA either (the wait fails there too).
+        Some(_) => true,
+        None => false,
+    });
+    if joined { Err(invalidated()) } else { Ok(()) }
+}
+
+/// Forgets a stream (destroyed): the capture it began, if any, or its part in one.
+pub(crate) fn forget_stream(id: u64) {
+    if ANY_REFUSED.load(Ordering::Acquire) {
+        with_refused(|refused| {
+            if refused.streams.get(&id) == Some(&id) {
+                end_capture_of(refused, id);
+            } else {
+                refused.streams.remove(&id);
+            }
+        });
+    }
+}
+
+/// Forgets an event (destroyed).
+pub(crate) fn forget_event(id: u64) {
+    if ANY_REFUSED.load(Ordering::Acquire) {
+        with_refused(|refused| refused.events.remove(&id));
+    }
+}
+
+/// Ends the refused capture `stream` is part of (every stream and event of it), or the one it
+/// began.
+fn end_capture_of(refused: &mut Refused, stream: u64) {
+    let origin = refused.streams.get(&stream).copied().unwrap_or(stream);
+    refused.streams.retain(|id, of| *of != origin && *id != stream);
+    refused.events.retain(|_, of| *of != origin);
 }
 
 /// The refused asynchronous launch to report at this synchronizing call, if any (once).
@@ -77,16 +149,19 @@ fn begin(stream: cudaStream_t, per_thread_default: bool) {
     if let Ok(id) = resolve_stream(client, stream, per_thread_default)
         && id != 0
     {
-        refused_captures().get_or_insert_with(HashSet::new).insert(id);
-        ANY_REFUSED_CAPTURE.store(true, Ordering::Release);
+        with_refused(|refused| {
+            end_capture_of(refused, id);
+            refused.streams.insert(id, id);
+        });
     }
 }
 
 fn end(stream: cudaStream_t, per_thread_default: bool) {
     if let Ok(client) = client()
         && let Ok(id) = resolve_stream(client, stream, per_thread_default)
+        && ANY_REFUSED.load(Ordering::Acquire)
     {
-        forget_refused_capture(id);
+        with_refused(|refused| end_capture_of(refused, id));
     }
 }
 

@@ -8,7 +8,7 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::req;
 
-use super::{call, post};
+use super::{call, capture, post};
 use crate::client::{Client, StreamInfo, client, existing_client};
 use crate::ffi::{cudaEvent_t, cudaStream_t, write_out};
 
@@ -68,7 +68,7 @@ fn per_thread_stream(client: &Client) -> CudaResult<u64> {
 /// refused while the app believes the stream is capturing (see `capture`).
 pub(crate) fn stream_id(client: &Client, stream: cudaStream_t, per_thread_default: bool) -> CudaResult<u64> {
     let id = resolve_stream(client, stream, per_thread_default)?;
-    super::capture::check_not_refused_capture(id)?;
+    capture::check_not_refused_capture(id)?;
     Ok(id)
 }
 
@@ -183,7 +183,7 @@ pub unsafe fn cudaStreamDestroy(stream: cudaStream_t) -> CudaResult<()> {
     if client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id).is_none() {
         return Err(CudaError::INVALID_RESOURCE_HANDLE);
     }
-    super::capture::forget_refused_capture(id);
+    capture::forget_stream(id);
     post(client, req::StreamDestroy { stream: id })
 }
 
@@ -222,6 +222,7 @@ fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_threa
     let client = client()?;
     let stream = stream_id(client, stream, per_thread_default)?;
     let event = event_id(client, event)?;
+    capture::wait(stream, event)?;
     post(client, req::StreamWaitEvent { stream, event, flags: 0 })
 }
 
@@ -275,8 +276,10 @@ fn record(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint, per_thread_de
     let recorded = if flags & !EXTERNAL != 0 {
         Err(CudaError::INVALID_VALUE)
     } else {
-        stream_id(client, stream, per_thread_default)
-            .and_then(|stream| post(client, req::EventRecord { event, stream, flags: 0 }))
+        resolve_stream(client, stream, per_thread_default).and_then(|stream| {
+            capture::record(event, stream)?;
+            post(client, req::EventRecord { event, stream, flags: 0 })
+        })
     };
     // A failed record leaves the event without the time the app meant it to hold: timings that
     // use it fail until a record succeeds, instead of measuring something else.
@@ -344,5 +347,6 @@ pub unsafe fn cudaEventDestroy(event: cudaEvent_t) -> CudaResult<()> {
     if client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id).is_none() {
         return Err(CudaError::INVALID_RESOURCE_HANDLE);
     }
+    capture::forget_event(id);
     post(client, req::EventDestroy { event: id })
 }

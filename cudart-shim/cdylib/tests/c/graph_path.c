@@ -60,8 +60,8 @@ static int checked(void) {
 }
 
 static int unchecked(void) {
-    cudaStream_t stream;
-    cudaEvent_t start, stop, inside;
+    cudaStream_t stream, forked;
+    cudaEvent_t start, stop, inside, joined;
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     cudaGraphNode_t nodes[8];
@@ -72,8 +72,9 @@ static int unchecked(void) {
     float ms = -1;
 
     /* Set up (outside the graph path: these must work). */
-    if (cudaStreamCreate(&stream) != cudaSuccess || cudaEventCreate(&start) != cudaSuccess ||
-        cudaEventCreate(&stop) != cudaSuccess || cudaEventCreate(&inside) != cudaSuccess ||
+    if (cudaStreamCreate(&stream) != cudaSuccess || cudaStreamCreate(&forked) != cudaSuccess ||
+        cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess ||
+        cudaEventCreate(&inside) != cudaSuccess || cudaEventCreate(&joined) != cudaSuccess ||
         cudaMalloc((void **)&a, N) != cudaSuccess || cudaMemset(a, 0x11, N) != cudaSuccess) {
         printf("setup failed\n");
         return 2;
@@ -82,6 +83,11 @@ static int unchecked(void) {
     /* The graph path. */
     CALL("cudaStreamBeginCapture", cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
     CALL("cudaEventRecord in capture", cudaEventRecord(inside, stream));
+    /* Fork a second stream into the capture and join it back, as multi-stream captures do. */
+    CALL("cudaStreamWaitEvent forking a second stream", cudaStreamWaitEvent(forked, inside, 0));
+    CALL("cudaMemsetAsync on the forked stream", cudaMemsetAsync(a, 0x33, N, forked));
+    CALL("cudaEventRecord on the forked stream", cudaEventRecord(joined, forked));
+    CALL("cudaStreamWaitEvent joining the forked stream", cudaStreamWaitEvent(stream, joined, 0));
     CALL("cudaMemsetAsync in capture", cudaMemsetAsync(a, 0x22, N, stream));
     CALL("cudaMemcpyAsync in capture", cudaMemcpyAsync(back, a, N, cudaMemcpyDeviceToHost, stream));
     CALL("cudaStreamWaitEvent in capture", cudaStreamWaitEvent(stream, start, 0));
@@ -92,6 +98,7 @@ static int unchecked(void) {
     CALL("cudaGraphGetNodes", cudaGraphGetNodes(graph, nodes, &node_count));
     CALL("cudaGraphInstantiate", cudaGraphInstantiate(&exec, graph, 0));
     CALL("cudaGraphUpload", cudaGraphUpload(exec, stream));
+    printf("outside cudaStreamQuery on the forked stream after the capture -> %s\n", cudaGetErrorName(cudaStreamQuery(forked)));
     /* The timed loop. Recording on the stream works again once the capture has ended. */
     printf("outside cudaEventRecord start -> %s\n", cudaGetErrorName(cudaEventRecord(start, stream)));
     for (int i = 0; i < LAUNCHES; i++) {
