@@ -51,6 +51,7 @@ error_constants! {
     NOT_PERMITTED = 800,
     NOT_SUPPORTED = 801,
     STREAM_CAPTURE_INVALIDATED = 901,
+    CAPTURED_EVENT = 907,
     UNKNOWN = 999,
 }
 

@@ -140,6 +140,7 @@ fn expected_graph_path() -> BTreeMap<&'static str, &'static str> {
         ("cudaMemcpyAsync in capture", INVALIDATED),
         ("cudaStreamWaitEvent in capture", INVALIDATED),
         ("cudaStreamQuery in capture", INVALIDATED),
+        ("cudaEventSynchronize on an event of the capture", "cudaErrorCapturedEvent"),
         ("cudaStreamIsCapturing", NOT_SUPPORTED),
         ("cudaStreamGetCaptureInfo", NOT_SUPPORTED),
         ("cudaStreamEndCapture", NOT_SUPPORTED),

@@ -109,6 +109,24 @@ pub(crate) fn wait(stream: u64, event: u64) -> CudaResult<()> {
     if joined { Err(invalidated()) } else { Ok(()) }
 }
 
+/// Fails a wait for, or a query of, an event recorded in a refused capture the app has not
+/// ended: CUDA's answer for an event last recorded in a capturing stream.
+pub(crate) fn check_event(event: u64) -> CudaResult<()> {
+    if ANY_REFUSED.load(Ordering::Acquire) && with_refused(|refused| refused.events.contains_key(&event)) {
+        return Err(CudaError::CAPTURED_EVENT);
+    }
+    Ok(())
+}
+
+/// Forgets everything (`cudaDeviceReset` destroyed every stream and event, and with them any
+/// error still owed).
+pub(crate) fn forget_all() {
+    if ANY_REFUSED.load(Ordering::Acquire) {
+        with_refused(|refused| *refused = Refused::default());
+    }
+    OWED_AT_SYNC.store(false, Ordering::Release);
+}
+
 /// Forgets a stream (destroyed): the capture it began, if any, or its part in one.
 pub(crate) fn forget_stream(id: u64) {
     if ANY_REFUSED.load(Ordering::Acquire) {

@@ -99,6 +99,7 @@ pub unsafe fn cudaDeviceReset() -> CudaResult<()> {
     client.forget_allocations();
     client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
     client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    super::capture::forget_all();
     client.reset_generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     Ok(())
 }

@@ -312,12 +312,14 @@ pub unsafe fn cudaEventRecordWithFlags_ptsz(event: cudaEvent_t, stream: cudaStre
 pub unsafe fn cudaEventSynchronize(event: cudaEvent_t) -> CudaResult<()> {
     let client = client()?;
     let event = event_id(client, event)?;
+    capture::check_event(event)?;
     call(client, req::EventSynchronize { event }).map(|_| ())
 }
 
 pub unsafe fn cudaEventQuery(event: cudaEvent_t) -> CudaResult<()> {
     let client = client()?;
     let event = event_id(client, event)?;
+    capture::check_event(event)?;
     call(client, req::EventQuery { event }).map(|_| ())
 }
 

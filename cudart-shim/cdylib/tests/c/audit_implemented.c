@@ -732,7 +732,9 @@ static void reset(void) {
     OK("cudaMalloc before the reset", cudaMalloc(&dev, N));
     OK("a stream before the reset", cudaStreamCreate(&stream));
     OK("an event before the reset", cudaEventCreate(&event));
+    EXPECT_CODE("a refused graph launch before the reset", cudaGraphLaunch(NULL, stream), cudaErrorNotSupported);
     OK("cudaDeviceReset", cudaDeviceReset());
+    OK("the reset dropped what was owed to the next synchronization", cudaDeviceSynchronize());
     EXPECT_CODE("allocations are gone", cudaFree(dev), cudaErrorInvalidValue);
     EXPECT_CODE("streams are gone", cudaStreamQuery(stream), cudaErrorInvalidResourceHandle);
     EXPECT_CODE("events are gone", cudaEventQuery(event), cudaErrorInvalidResourceHandle);

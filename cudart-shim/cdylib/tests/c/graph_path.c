@@ -92,6 +92,7 @@ static int unchecked(void) {
     CALL("cudaMemcpyAsync in capture", cudaMemcpyAsync(back, a, N, cudaMemcpyDeviceToHost, stream));
     CALL("cudaStreamWaitEvent in capture", cudaStreamWaitEvent(stream, start, 0));
     CALL("cudaStreamQuery in capture", cudaStreamQuery(stream));
+    CALL("cudaEventSynchronize on an event of the capture", cudaEventSynchronize(inside));
     CALL("cudaStreamIsCapturing", cudaStreamIsCapturing(stream, &status));
     CALL("cudaStreamGetCaptureInfo", cudaStreamGetCaptureInfo(stream, &status, &capture_id, NULL, NULL, NULL, NULL));
     CALL("cudaStreamEndCapture", cudaStreamEndCapture(stream, &graph));
