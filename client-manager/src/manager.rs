@@ -52,13 +52,7 @@ pub struct ClientManager {
 
 impl ClientManager {
     pub fn new(config: ClientManagerConfig, cluster: Endpoint, key: ClusterKey) -> Arc<Self> {
-        Arc::new(Self {
-            config,
-            cluster,
-            key,
-            connection: Mutex::new(None),
-            clients: Mutex::new(BTreeMap::new()),
-        })
+        Arc::new(Self { config, cluster, key, connection: Mutex::new(None), clients: Mutex::new(BTreeMap::new()) })
     }
 
     async fn cluster_client(&self) -> Result<ClusterClientClient, String> {

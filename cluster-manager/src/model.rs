@@ -7,9 +7,7 @@ use std::{
 };
 
 use flyt_protocol::{
-    control::cluster::{
-        AllocationRecord, ControlError, GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeView, VmRequirement,
-    },
+    control::cluster::{AllocationRecord, ControlError, GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeView, VmRequirement},
     handshake::ClientIdentity,
 };
 
@@ -91,9 +89,7 @@ impl Model {
         self.allocations
             .values()
             .filter(|allocation| allocation.node_id == node_id && allocation.gpu == gpu && Some(allocation.id.as_str()) != except)
-            .fold((0, 0, 0), |(units, memory, count), allocation| {
-                (units + allocation.compute_units, memory + allocation.memory, count + 1)
-            })
+            .fold((0, 0, 0), |(units, memory, count), allocation| (units + allocation.compute_units, memory + allocation.memory, count + 1))
     }
 
     /// The allocation serving `vm_ip`, if any.

@@ -21,9 +21,9 @@ use flyt_protocol::{
     control::{
         auth::ServiceName,
         cluster::{
-            AllocateRequest, AllocationRecord, AllocationState, ClientHeartbeatReply, ClientManagerReport, ClusterAdmin,
-            ClusterClient, ClusterNode, ClusterStatus, ControlError, Grant, NodeHealth, NodeHeartbeat, NodeHeartbeatReply,
-            NodeRecord, NodeRegistration, NodeView, RegisterReply, ServerReport, VmRequirement, VmView,
+            AllocateRequest, AllocationRecord, AllocationState, ClientHeartbeatReply, ClientManagerReport, ClusterAdmin, ClusterClient,
+            ClusterNode, ClusterStatus, ControlError, Grant, NodeHealth, NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration,
+            NodeView, RegisterReply, ServerReport, VmRequirement, VmView,
         },
         node::{NodeManagerControlClient, ServerSpec},
     },
@@ -349,10 +349,7 @@ impl<S: Store> Cluster<S> {
         self.store.put_node(&record).await.map_err(store_error)?;
         self.store.put_gpus(&record.node_id, &registration.gpus).await.map_err(store_error)?;
         tracing::info!(node = %record.node_id, host_ip = %record.host_ip, control = %record.control_address, gpus = registration.gpus.len(), servers = registration.servers.len(), "node registered");
-        model.nodes.insert(
-            record.node_id.clone(),
-            NodeEntry { record, gpus: registration.gpus.clone(), last_heartbeat: Instant::now() },
-        );
+        model.nodes.insert(record.node_id.clone(), NodeEntry { record, gpus: registration.gpus.clone(), last_heartbeat: Instant::now() });
         // A (re)registered node manager may have a new control connection: reconnect lazily.
         self.node_clients.lock().await.remove(&registration.node_id);
         let stop = self.reconcile_servers(&mut model, &registration.node_id, &registration.servers).await?;
@@ -420,7 +417,9 @@ impl<S: Store> Cluster<S> {
     async fn release(self: Arc<Self>, vm_ip: String, allocation_id: String) -> Result<(), ControlError> {
         let mut model = self.model.lock().await;
         match model.allocations.get(&allocation_id) {
-            Some(allocation) if allocation.vm_ip == vm_ip => self.release_locked(&mut model, &allocation_id, "released by its client manager").await,
+            Some(allocation) if allocation.vm_ip == vm_ip => {
+                self.release_locked(&mut model, &allocation_id, "released by its client manager").await
+            }
             _ => Err(ControlError::UnknownAllocation(allocation_id)),
         }
     }
@@ -444,8 +443,12 @@ impl<S: Store> Cluster<S> {
             if let Err(error) = self.store.put_node(&record).await {
                 tracing::error!(%error, "cannot record a node as down");
             }
-            let lost: Vec<String> =
-                model.allocations.values().filter(|allocation| allocation.node_id == node_id).map(|allocation| allocation.id.clone()).collect();
+            let lost: Vec<String> = model
+                .allocations
+                .values()
+                .filter(|allocation| allocation.node_id == node_id)
+                .map(|allocation| allocation.id.clone())
+                .collect();
             tracing::warn!(node = %node_id, timeout_ms = self.config.leases.node_timeout_ms, allocations = ?lost, "node missed its heartbeats: marked down");
             for id in lost {
                 if let Err(error) = self.release_locked(&mut model, &id, "its node is down").await {
@@ -521,7 +524,8 @@ impl<S: Store> Cluster<S> {
             }
         }
         let mut model = self.model.lock().await;
-        let mut updated = model.allocations.get(&allocation.id).cloned().ok_or_else(|| ControlError::UnknownAllocation(allocation.id.clone()))?;
+        let mut updated =
+            model.allocations.get(&allocation.id).cloned().ok_or_else(|| ControlError::UnknownAllocation(allocation.id.clone()))?;
         updated.compute_units = units;
         updated.memory = memory_mib;
         updated.sm_percentage = percentage;

@@ -175,7 +175,9 @@ mod tests {
             if std::thread::panicking() {
                 let mut logs: Vec<PathBuf> = fs::read_dir(self.dir.path()).unwrap().flatten().map(|entry| entry.path()).collect();
                 for node in self.nodes.iter().map(|(node, _)| node) {
-                    logs.extend(fs::read_dir(self.dir.path().join(node).join("servers")).into_iter().flatten().flatten().map(|entry| entry.path()));
+                    logs.extend(
+                        fs::read_dir(self.dir.path().join(node).join("servers")).into_iter().flatten().flatten().map(|entry| entry.path()),
+                    );
                 }
                 for log in logs.into_iter().filter(|path| path.extension().is_some_and(|extension| extension == "log")) {
                     eprintln!("===== {} =====\n{}", log.display(), fs::read_to_string(&log).unwrap_or_default());
@@ -357,7 +359,8 @@ mod tests {
             Some(path) => Box::new(UnixStream::connect(path).unwrap()),
             None => Box::new(std::net::TcpStream::connect(address).unwrap()),
         };
-        let client = ClientIdentity { hostname: "test".into(), pid: std::process::id(), program: "cluster-test".into(), boot_id: String::new() };
+        let client =
+            ClientIdentity { hostname: "test".into(), pid: std::process::id(), program: "cluster-test".into(), boot_id: String::new() };
         let hello = Hello::new(Some(reply["token"].as_str().unwrap().to_string()), client, None);
         write_value(&mut stream, 1, &hello).unwrap();
         let (_, answer): (u32, HelloReply) = read_value(&mut stream, &FrameLimits::default()).unwrap();

@@ -80,8 +80,11 @@ pub async fn run(cluster: Endpoint, key: ClusterKey, identity: NodeIdentity, ser
             let interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(100, 60_000));
             loop {
                 tokio::time::sleep(interval).await;
-                let heartbeat =
-                    NodeHeartbeat { node_id: identity.node_id.clone(), boot_id: identity.boot_id.clone(), servers: servers.reports().await };
+                let heartbeat = NodeHeartbeat {
+                    node_id: identity.node_id.clone(),
+                    boot_id: identity.boot_id.clone(),
+                    servers: servers.reports().await,
+                };
                 // A heartbeat later than two intervals is as good as lost.
                 match client.heartbeat(rpc::deadline((interval * 2).max(Duration::from_secs(2))), heartbeat).await {
                     Ok(Ok(NodeHeartbeatReply::Ok { stop })) => stop_in_background(&servers, stop),

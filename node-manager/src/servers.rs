@@ -248,10 +248,7 @@ impl ServerManager {
             .cloned()
             .ok_or_else(|| ControlError::Invalid(format!("this node has no GPU {}", spec.gpu)))?;
         if spec.sm_percentage == 0 || spec.sm_percentage > 100 || spec.memory == 0 || spec.memory.saturating_mul(MIB) > gpu.memory_bytes {
-            return Err(ControlError::Invalid(format!(
-                "GPU {} cannot give {} MiB at {}% SMs",
-                gpu.index, spec.memory, spec.sm_percentage
-            )));
+            return Err(ControlError::Invalid(format!("GPU {} cannot give {} MiB at {}% SMs", gpu.index, spec.memory, spec.sm_percentage)));
         }
         let id = &spec.allocation_id;
         let dir = &self.settings.servers_dir;
@@ -470,8 +467,7 @@ impl ServerManager {
         }
         // In parallel and bounded: a hung server must not delay the heartbeat past the lease.
         futures::future::join_all(records.iter().map(|record| async move {
-            let (sessions, memory_used) =
-                tokio::time::timeout(STATUS_TIMEOUT, self.usage(&record.allocation_id)).await.unwrap_or((0, 0));
+            let (sessions, memory_used) = tokio::time::timeout(STATUS_TIMEOUT, self.usage(&record.allocation_id)).await.unwrap_or((0, 0));
             Self::report(record, sessions, memory_used)
         }))
         .await
@@ -482,10 +478,9 @@ impl ServerManager {
     async fn usage(&self, id: &str) -> (u32, u64) {
         let Some(control) = self.control(id).await else { return (0, 0) };
         match control.status(rpc::deadline(STATUS_TIMEOUT)).await {
-            Ok(status) => (
-                u32::try_from(status.sessions.len()).unwrap_or(u32::MAX),
-                status.sessions.iter().map(|session| session.memory_used).sum(),
-            ),
+            Ok(status) => {
+                (u32::try_from(status.sessions.len()).unwrap_or(u32::MAX), status.sessions.iter().map(|session| session.memory_used).sum())
+            }
             Err(_) => {
                 self.forget_control(id).await;
                 (0, 0)
@@ -513,7 +508,8 @@ mod tests {
 
     /// A stand-in for flyt-rpc-server: records its arguments, prints the listening line and
     /// waits to be killed.
-    const STAND_IN: &str = "#!/bin/sh\necho \"$@\" > \"$0.args\"\necho \"flyt-rpc-server listening on 0.0.0.0:45678 unix:/tmp/x.sock\"\nexec sleep 600\n";
+    const STAND_IN: &str =
+        "#!/bin/sh\necho \"$@\" > \"$0.args\"\necho \"flyt-rpc-server listening on 0.0.0.0:45678 unix:/tmp/x.sock\"\nexec sleep 600\n";
     const FAILING: &str = "#!/bin/sh\necho 'error: no such device' >&2\nexit 3\n";
 
     fn settings(folder: &Path, script: &str) -> LaunchSettings {

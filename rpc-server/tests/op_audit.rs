@@ -55,10 +55,7 @@ macro_rules! probes {
         vec![refused(req::Malloc { size: u64::MAX }, CudaError::MEMORY_ALLOCATION)]
     };
     (Free, $v:ident) => {
-        vec![
-            refused(req::Free { ptr: $v.ptr + 8 }, INVALID_VALUE),
-            refused(req::Free { ptr: BOGUS_POINTER }, INVALID_VALUE),
-        ]
+        vec![refused(req::Free { ptr: $v.ptr + 8 }, INVALID_VALUE), refused(req::Free { ptr: BOGUS_POINTER }, INVALID_VALUE)]
     };
     (MemGetInfo, $v:ident) => {
         vec![Probe::Effect(mem_get_info_counts_allocations)]
@@ -125,12 +122,7 @@ macro_rules! probes {
     };
     (OccupancyMaxActiveBlocks, $v:ident) => {
         vec![refused(
-            req::OccupancyMaxActiveBlocks {
-                function: BOGUS_FUNCTION,
-                block_size: 128,
-                dynamic_shared_mem: 0,
-                flags: 0,
-            },
+            req::OccupancyMaxActiveBlocks { function: BOGUS_FUNCTION, block_size: 128, dynamic_shared_mem: 0, flags: 0 },
             UNKNOWN_FUNCTION,
         )]
     };
@@ -253,11 +245,7 @@ fn check_refused(session: &mut RawSession, info: OpInfo, request: Request, bulk:
     let seq = session.send(&request, bulk);
     if info.class == OpClass::NoReply {
         let first = session.call_with_deferred(req::DeviceSynchronize {}).0;
-        assert_eq!(
-            (first.result.is_ok(), first.deferred),
-            (true, Some(error)),
-            "{what}: not reported at the next sync"
-        );
+        assert_eq!((first.result.is_ok(), first.deferred), (true, Some(error)), "{what}: not reported at the next sync");
     } else {
         let mut message = Vec::new();
         let header = read_message(&mut session.stream, &FrameLimits::default(), &mut message).expect("reply");
@@ -280,14 +268,8 @@ fn no_op_answers_success_for_a_bad_id_pointer_range_or_value() {
     let mut session = RawSession::open(&socket, None).expect("session");
     let len = 4096;
     let ptr = session.call(req::Malloc { size: len }).0.expect("malloc").ptr;
-    let valid = Valid {
-        ptr,
-        len,
-        stream: 0x5_0000_0001,
-        event: 0xE_0000_0001,
-        untimed_event: 0xE_0000_0002,
-        unrecorded_event: 0xE_0000_0003,
-    };
+    let valid =
+        Valid { ptr, len, stream: 0x5_0000_0001, event: 0xE_0000_0001, untimed_event: 0xE_0000_0002, unrecorded_event: 0xE_0000_0003 };
     session.send(&req::StreamCreate { stream: valid.stream, flags: 0, priority: 0 }.into(), &[]);
     session.send(&req::EventCreate { event: valid.event, flags: 0 }.into(), &[]);
     session.send(&req::EventCreate { event: valid.untimed_event, flags: 0x2 }.into(), &[]);

@@ -45,8 +45,7 @@ fn run(program: &Path, args: &[&str], server: &str, shm: &str, stdin: Option<&Pa
 
 /// The names a program printed as `audited <name>`, each once.
 fn audited(stdout: &str) -> BTreeSet<String> {
-    let names: Vec<String> =
-        stdout.lines().filter_map(|line| line.strip_prefix("audited ")).map(str::to_string).collect();
+    let names: Vec<String> = stdout.lines().filter_map(|line| line.strip_prefix("audited ")).map(str::to_string).collect();
     let set: BTreeSet<String> = names.iter().cloned().collect();
     assert_eq!(set.len(), names.len(), "an export audited twice:\n{stdout}");
     set
@@ -92,16 +91,14 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
         assert_stderr_lines(
             &stderr,
             &[
-                "flyt: cudaHostAlloc with cudaHostAllocMapped is not supported through Flyt (returning cudaErrorNotSupported)"
-                    .to_string(),
+                "flyt: cudaHostAlloc with cudaHostAllocMapped is not supported through Flyt (returning cudaErrorNotSupported)".to_string(),
                 "flyt: cudaHostRegister with cudaHostRegisterMapped is not supported through Flyt (returning cudaErrorNotSupported)"
                     .to_string(),
                 "flyt: cudaHostRegister with cudaHostRegisterIoMemory is not supported through Flyt (returning cudaErrorNotSupported)"
                     .to_string(),
                 unsupported_line("cudaGraphLaunch"),
                 "flyt: ignoring a fatbinary in a format this runtime does not know".to_string(),
-                "flyt: kernel fake_kernel cannot run: the server's emulated device has no GPU (cudaErrorNotSupported(801))"
-                    .to_string(),
+                "flyt: kernel fake_kernel cannot run: the server's emulated device has no GPU (cudaErrorNotSupported(801))".to_string(),
             ],
         );
     }
@@ -180,22 +177,15 @@ fn a_graph_program_fails_loudly_at_every_step() {
         // A program that checks nothing gets an error from every call of the path.
         let (code, stdout, stderr) = run(&program, &["unchecked"], &server.addresses[0], "off", None);
         assert_eq!(code, 0, "{name}:\n{stdout}\n{stderr}");
-        let got: BTreeMap<&str, &str> = stdout
-            .lines()
-            .filter_map(|line| line.strip_prefix("call "))
-            .filter_map(|line| line.split_once(" -> "))
-            .collect();
+        let got: BTreeMap<&str, &str> =
+            stdout.lines().filter_map(|line| line.strip_prefix("call ")).filter_map(|line| line.split_once(" -> ")).collect();
         assert_eq!(got, expected_graph_path(), "{name}:\n{stdout}");
         assert!(stdout.contains("outside cudaEventRecord start -> cudaSuccess"), "{stdout}");
-        assert!(
-            stdout.contains("outside cudaStreamQuery on the forked stream after the capture -> cudaSuccess"),
-            "{stdout}"
-        );
+        assert!(stdout.contains("outside cudaStreamQuery on the forked stream after the capture -> cudaSuccess"), "{stdout}");
         assert!(stdout.contains("captured work did not run: yes"), "{stdout}");
         assert!(stdout.contains("a later synchronization is clean: yes"), "{stdout}");
-        let refused = |base: &str, per_thread_entry: bool| {
-            unsupported_line(&format!("{base}{}", if per_thread_entry { suffix } else { "" }))
-        };
+        let refused =
+            |base: &str, per_thread_entry: bool| unsupported_line(&format!("{base}{}", if per_thread_entry { suffix } else { "" }));
         let mut lines = vec![
             refused("cudaStreamBeginCapture", true),
             refused("cudaStreamIsCapturing", true),

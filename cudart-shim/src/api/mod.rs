@@ -65,9 +65,6 @@ pub fn unsupported(symbol: &str) -> cudaError_t {
 /// and one line naming both, once per process, rather than a success that skips what was asked.
 pub(crate) fn unsupported_use(symbol: &str, what: &str) -> CudaError {
     let key = format!("{symbol} {what}");
-    crate::diagnostics::once(
-        &key,
-        &format!("flyt: {symbol} with {what} is not supported through Flyt (returning cudaErrorNotSupported)"),
-    );
+    crate::diagnostics::once(&key, &format!("flyt: {symbol} with {what} is not supported through Flyt (returning cudaErrorNotSupported)"));
     CudaError::NOT_SUPPORTED
 }

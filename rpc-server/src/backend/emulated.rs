@@ -329,19 +329,11 @@ impl Device for EmulatedDevice {
         let state = self.state();
         // CUDA: an event without timing, or never recorded, has no time to give.
         let recorded = |event| {
-            state
-                .events
-                .get(&event)
-                .filter(|event| event.timing)
-                .and_then(|event| event.recorded)
-                .ok_or(CudaError::INVALID_RESOURCE_HANDLE)
+            state.events.get(&event).filter(|event| event.timing).and_then(|event| event.recorded).ok_or(CudaError::INVALID_RESOURCE_HANDLE)
         };
         let (start, end) = (recorded(start)?, recorded(end)?);
-        let millis = if end >= start {
-            end.duration_since(start).as_secs_f32() * 1e3
-        } else {
-            -(start.duration_since(end).as_secs_f32() * 1e3)
-        };
+        let millis =
+            if end >= start { end.duration_since(start).as_secs_f32() * 1e3 } else { -(start.duration_since(end).as_secs_f32() * 1e3) };
         Ok(millis)
     }
 

@@ -59,11 +59,7 @@ impl RawSession {
     }
 
     /// Sends a request with bulk bytes and reads its reply (with any bulk bytes).
-    pub fn call_with_bulk<O: Op>(
-        &mut self,
-        request: O,
-        bulk_in: &[u8],
-    ) -> (flyt_protocol::ops::Reply<O::Reply>, Vec<u8>) {
+    pub fn call_with_bulk<O: Op>(&mut self, request: O, bulk_in: &[u8]) -> (flyt_protocol::ops::Reply<O::Reply>, Vec<u8>) {
         let seq = self.send(&request.into(), bulk_in);
         let mut message = Vec::new();
         let header = read_message(&mut self.stream, &FrameLimits::default(), &mut message).expect("reply");
