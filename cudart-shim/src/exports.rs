@@ -7,6 +7,10 @@
 //!   failure becomes the thread's last error, as in CUDA.
 //! - `raw`: implemented; the body returns the C return type itself (registration hooks, error
 //!   queries, struct-returning helpers).
+//! - `refused`: not supported, answered as `unsupported` rows are, but with the C signature: the
+//!   body (`crate::api::<name>`, returning nothing) first records what the app asked for, so that
+//!   what the app does next on the same premise fails as loudly (work queued on a stream whose
+//!   capture was refused, synchronizing after a graph launch that never ran).
 //! - `unsupported`: exported so apps load and link, and answer `cudaErrorNotSupported` with a
 //!   one-line message naming the function: never a silent success, never a missing symbol.
 
@@ -84,7 +88,9 @@ macro_rules! cudart_exports {
                 cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint);
                 cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint);
                 cudaStreamGetFlags(stream: cudaStream_t, flags: *mut c_uint);
+                cudaStreamGetFlags_ptsz(stream: cudaStream_t, flags: *mut c_uint);
                 cudaStreamGetPriority(stream: cudaStream_t, priority: *mut c_int);
+                cudaStreamGetPriority_ptsz(stream: cudaStream_t, priority: *mut c_int);
                 cudaDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int);
                 cudaEventCreate(event: *mut cudaEvent_t);
                 cudaEventCreateWithFlags(event: *mut cudaEvent_t, flags: c_uint);
@@ -115,6 +121,17 @@ macro_rules! cudart_exports {
                 cudaGetErrorString(error: cudaError_t) -> *const c_char;
                 cudaGetErrorName(error: cudaError_t) -> *const c_char;
                 cudaCreateChannelDesc(x: c_int, y: c_int, z: c_int, w: c_int, f: c_int) -> cudaChannelFormatDesc;
+            }
+            refused {
+                // --- stream capture and graph launches (see `api::capture`) ---
+                cudaStreamBeginCapture(stream: cudaStream_t, mode: c_int);
+                cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: c_int);
+                cudaStreamBeginCaptureToGraph(stream: cudaStream_t, graph: *mut c_void, dependencies: *const c_void, dependency_data: *const c_void, count: usize, mode: c_int);
+                cudaStreamBeginCaptureToGraph_ptsz(stream: cudaStream_t, graph: *mut c_void, dependencies: *const c_void, dependency_data: *const c_void, count: usize, mode: c_int);
+                cudaStreamEndCapture(stream: cudaStream_t, graph: *mut *mut c_void);
+                cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut *mut c_void);
+                cudaGraphLaunch(exec: *mut c_void, stream: cudaStream_t);
+                cudaGraphLaunch_ptsz(exec: *mut c_void, stream: cudaStream_t);
             }
             unsupported {
         __cudaGetProcAddress, __cudaRegisterHostVar, __cudaRegisterManagedVar, __cudaRegisterUnifiedTable,
@@ -169,8 +186,8 @@ macro_rules! cudart_exports {
         cudaGraphicsVDPAURegisterVideoSurface, cudaGraphInstantiate, cudaGraphInstantiateWithFlags,
         cudaGraphInstantiateWithParams, cudaGraphInstantiateWithParams_ptsz,
         cudaGraphKernelNodeCopyAttributes, cudaGraphKernelNodeGetAttribute, cudaGraphKernelNodeGetParams,
-        cudaGraphKernelNodeSetAttribute, cudaGraphKernelNodeSetParams, cudaGraphLaunch, cudaGraphLaunch_ptsz,
-        cudaGraphMemAllocNodeGetParams, cudaGraphMemcpyNodeGetParams, cudaGraphMemcpyNodeSetParams,
+        cudaGraphKernelNodeSetAttribute, cudaGraphKernelNodeSetParams, cudaGraphMemAllocNodeGetParams,
+        cudaGraphMemcpyNodeGetParams, cudaGraphMemcpyNodeSetParams,
         cudaGraphMemcpyNodeSetParams1D, cudaGraphMemcpyNodeSetParamsFromSymbol,
         cudaGraphMemcpyNodeSetParamsToSymbol, cudaGraphMemFreeNodeGetParams, cudaGraphMemsetNodeGetParams,
         cudaGraphMemsetNodeSetParams, cudaGraphNodeFindInClone, cudaGraphNodeGetDependencies,
@@ -212,13 +229,11 @@ macro_rules! cudart_exports {
         cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialClusterSize, cudaProfilerStart,
         cudaProfilerStop, cudaSetValidDevices, cudaSignalExternalSemaphoresAsync,
         cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamAddCallback, cudaStreamAddCallback_ptsz,
-        cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamBeginCapture,
-        cudaStreamBeginCapture_ptsz, cudaStreamBeginCaptureToGraph, cudaStreamBeginCaptureToGraph_ptsz,
-        cudaStreamCopyAttributes, cudaStreamCopyAttributes_ptsz, cudaStreamEndCapture,
-        cudaStreamEndCapture_ptsz, cudaStreamGetAttribute, cudaStreamGetAttribute_ptsz,
+        cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamCopyAttributes,
+        cudaStreamCopyAttributes_ptsz, cudaStreamGetAttribute, cudaStreamGetAttribute_ptsz,
         cudaStreamGetCaptureInfo, cudaStreamGetCaptureInfo_ptsz, cudaStreamGetDevice,
-        cudaStreamGetDevice_ptsz, cudaStreamGetFlags_ptsz, cudaStreamGetId, cudaStreamGetId_ptsz,
-        cudaStreamGetPriority_ptsz, cudaStreamIsCapturing, cudaStreamIsCapturing_ptsz,
+        cudaStreamGetDevice_ptsz, cudaStreamGetId, cudaStreamGetId_ptsz,
+        cudaStreamIsCapturing, cudaStreamIsCapturing_ptsz,
         cudaStreamSetAttribute, cudaStreamSetAttribute_ptsz, cudaStreamUpdateCaptureDependencies,
         cudaStreamUpdateCaptureDependencies_ptsz, cudaThreadExchangeStreamCaptureMode, cudaUserObjectCreate,
         cudaUserObjectRelease, cudaUserObjectRetain, cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,
@@ -241,6 +256,7 @@ macro_rules! define_exports {
     (
         checked { $( $name:ident ( $($arg:ident : $ty:ty),* $(,)? ); )* }
         raw { $( $raw_name:ident ( $($raw_arg:ident : $raw_ty:ty),* $(,)? ) -> $ret:ty; )* }
+        refused { $( $refused:ident ( $($refused_arg:ident : $refused_ty:ty),* $(,)? ); )* }
         unsupported { $($unsupported:ident),* $(,)? }
     ) => {
         $(
@@ -261,6 +277,17 @@ macro_rules! define_exports {
             symver!($raw_name);
         )*
         $(
+            #[unsafe(export_name = concat!("__flyt_", stringify!($refused)))]
+            pub unsafe extern "C" fn $refused($($refused_arg: $refused_ty),*) -> cudaError_t {
+                boundary(stringify!($refused), || {
+                    // SAFETY: as above; the body records what was asked and never succeeds.
+                    unsafe { crate::api::$refused($($refused_arg),*) };
+                    crate::api::unsupported(stringify!($refused))
+                })
+            }
+            symver!($refused);
+        )*
+        $(
             #[unsafe(export_name = concat!("__flyt_", stringify!($unsupported)))]
             pub extern "C" fn $unsupported() -> cudaError_t {
                 boundary(stringify!($unsupported), || crate::api::unsupported(stringify!($unsupported)))
@@ -268,10 +295,12 @@ macro_rules! define_exports {
             symver!($unsupported);
         )*
 
-        /// Every exported name and whether it is implemented, for the export tests.
+        /// Every exported name and whether it is implemented (`false`: it answers
+        /// `cudaErrorNotSupported`), for the export tests.
         pub const EXPORTS: &[(&str, bool)] = &[
             $((stringify!($name), true),)*
             $((stringify!($raw_name), true),)*
+            $((stringify!($refused), false),)*
             $((stringify!($unsupported), false),)*
         ];
     };

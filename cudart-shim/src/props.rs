@@ -148,13 +148,52 @@ pub mod memory_type {
     pub const DEVICE: i32 = 2;
 }
 
+/// Capabilities the GPU has but the app cannot use through Flyt, reported as 0 so that an app
+/// that asks takes the path Flyt serves: host memory the GPU reaches directly (mapped, pageable,
+/// registered at the same address, host atomics: the GPU is in another process, often on another
+/// machine, and a host address handed to a kernel would name the server's memory), managed
+/// memory, memory pools, cooperative launches, sparse and deferred-mapping arrays, external
+/// semaphores, IPC events and GPUDirect RDMA, whose APIs all answer `cudaErrorNotSupported`.
+pub const NOT_THROUGH_FLYT: &[u32] = &[
+    attr::CAN_MAP_HOST_MEMORY,
+    attr::MANAGED_MEMORY,
+    attr::HOST_NATIVE_ATOMIC_SUPPORTED,
+    attr::PAGEABLE_MEMORY_ACCESS,
+    attr::CONCURRENT_MANAGED_ACCESS,
+    attr::CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+    attr::COOPERATIVE_LAUNCH,
+    attr::CAN_FLUSH_REMOTE_WRITES,
+    attr::PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+    attr::DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
+    attr::SPARSE_CUDA_ARRAY_SUPPORTED,
+    attr::TIMELINE_SEMAPHORE_INTEROP_SUPPORTED,
+    attr::MEMORY_POOLS_SUPPORTED,
+    attr::GPU_DIRECT_RDMA_SUPPORTED,
+    attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
+    attr::GPU_DIRECT_RDMA_WRITES_ORDERING,
+    attr::MEMORY_POOL_SUPPORTED_HANDLE_TYPES,
+    attr::DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED,
+    attr::IPC_EVENT_SUPPORT,
+    attr::HOST_NUMA_MEMORY_POOLS_SUPPORTED,
+    attr::HOST_NUMA_MULTINODE_IPC_SUPPORTED,
+    attr::HOST_MEMORY_POOLS_SUPPORTED,
+    attr::ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED,
+];
+
+/// A device attribute as the app sees it through Flyt: the device's value, or 0 for a capability
+/// in `NOT_THROUGH_FLYT`; `None` when the device did not report the attribute.
+pub fn served_attribute(info: &DeviceInfo, id: u32) -> Option<i32> {
+    let value = info.attribute(id)?;
+    Some(if NOT_THROUGH_FLYT.contains(&id) { 0 } else { value })
+}
+
 fn clamp_usize(value: u64) -> usize {
     usize::try_from(value).unwrap_or(usize::MAX)
 }
 
 /// Builds `cudaDeviceProp` from a device's attributes, field by field.
 pub fn device_prop(info: &DeviceInfo) -> cudaDeviceProp {
-    let a = |id: u32| info.attribute(id).unwrap_or(0);
+    let a = |id: u32| served_attribute(info, id).unwrap_or(0);
     let size = |id: u32| usize::try_from(a(id)).unwrap_or(0);
     // SAFETY: `cudaDeviceProp` is plain old data (integers and arrays of them), for which the
     // all-zero bit pattern is a valid value; reserved and unknown fields stay zero.
@@ -297,5 +336,30 @@ mod tests {
         assert_eq!(prop.name[..8].iter().map(|c| *c as u8).collect::<Vec<_>>(), b"Test GPU");
         assert_eq!(prop.name[8], 0);
         assert_eq!(prop.unifiedFunctionPointers, 1);
+    }
+
+    #[test]
+    fn capabilities_flyt_does_not_serve_read_zero() {
+        let info = DeviceInfo {
+            name: "Test GPU".into(),
+            uuid: [0; 16],
+            luid: [0; 8],
+            luid_device_node_mask: 0,
+            total_mem: 1 << 30,
+            attributes: vec![
+                (attr::CAN_MAP_HOST_MEMORY, 1),
+                (attr::PAGEABLE_MEMORY_ACCESS, 1),
+                (attr::MANAGED_MEMORY, 1),
+                (attr::MEMORY_POOLS_SUPPORTED, 1),
+                (attr::HOST_REGISTER_SUPPORTED, 1),
+            ],
+        };
+        let prop = device_prop(&info);
+        assert_eq!((prop.canMapHostMemory, prop.pageableMemoryAccess, prop.managedMemory), (0, 0, 0));
+        assert_eq!(prop.memoryPoolsSupported, 0);
+        assert_eq!(served_attribute(&info, attr::CAN_MAP_HOST_MEMORY), Some(0));
+        // cudaHostRegister works for copies: reported as the device reports it.
+        assert_eq!((prop.hostRegisterSupported, served_attribute(&info, attr::HOST_REGISTER_SUPPORTED)), (1, Some(1)));
+        assert_eq!(served_attribute(&info, attr::COOPERATIVE_LAUNCH), None, "not reported stays unknown");
     }
 }

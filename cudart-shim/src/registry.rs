@@ -282,6 +282,27 @@ fn loaded(module_id: u32) -> CudaResult<Arc<Loaded>> {
         send_if_unsent(&conn, module);
         module.registration.clone()
     };
+    collect(&conn, &registration)
+}
+
+/// Whether the server may hold module `id`: its registration was sent and not refused. Only such
+/// a module is unregistered there (telling the server to drop one it refused comes back as an
+/// error at the app's next sync point). Never waits: an answer not in yet counts as held.
+pub fn held_by_server(conn: &crate::conn::Conn, id: u32) -> bool {
+    let registration = match read().modules.get(id as usize) {
+        Some(module) => module.registration.clone(),
+        None => return false,
+    };
+    let answered = match &*registration.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        Registration::Unsent => return false,
+        Registration::Sent(slot) => slot.is_done(),
+        Registration::Done(outcome) => return outcome.is_ok(),
+    };
+    !answered || collect(conn, &registration).is_ok()
+}
+
+/// Collects a sent registration's reply (once) and returns the outcome.
+fn collect(conn: &crate::conn::Conn, registration: &Mutex<Registration>) -> CudaResult<Arc<Loaded>> {
     let mut registration = registration.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Registration::Sent(slot) = &*registration {
         let slot = slot.clone();

@@ -1,6 +1,8 @@
 //! The control socket the node manager uses: status, live resize (seen by running sessions at
 //! once), refusal of unauthenticated peers.
 
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
+
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 

@@ -1,6 +1,8 @@
 //! An unmodified C program, built against the real CUDA 13 headers and linked with our
 //! `libcudart.so.13`, drives a real `flyt-rpc-server` on the emulated device.
 
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
+
 use std::process::Command;
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
 //! The shim exports exactly what the CUDA 13 runtime exports, each at version `libcudart.so.13`.
 
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
+
 use std::collections::BTreeSet;
 use std::process::Command;
 

@@ -54,8 +54,10 @@ pub unsafe fn cudaSetDevice(device: c_int) -> CudaResult<()> {
 
 pub unsafe fn cudaSetDeviceFlags(flags: c_uint) -> CudaResult<()> {
     // cudaDeviceScheduleMask | cudaDeviceMapHost | cudaDeviceLmemResizeToMax | cudaDeviceSyncMemops:
-    // they shape how the host waits, which the shim decides itself; anything else is invalid.
-    if flags & !0x1f != 0 {
+    // they shape how the host waits, which the shim decides itself (SyncMemops: whether a
+    // synchronous device-side copy or memset waits is visible only through host memory, which
+    // Flyt's copies back already order after it); anything else is invalid.
+    if flags & !0x9f != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
     *client()?.device_flags.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = flags;
@@ -79,7 +81,7 @@ pub unsafe fn cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_i
     let index = valid_device(device)?;
     let attribute = u32::try_from(attr).map_err(|_| CudaError::INVALID_VALUE)?;
     let device = client()?.device(index).ok_or(CudaError::INVALID_DEVICE)?;
-    let found = device.attribute(attribute).ok_or(CudaError::INVALID_VALUE)?;
+    let found = crate::props::served_attribute(&device, attribute).ok_or(CudaError::INVALID_VALUE)?;
     // SAFETY: the app's out-pointer.
     unsafe { write_out(value, found) }
 }
@@ -98,6 +100,7 @@ pub unsafe fn cudaDeviceReset() -> CudaResult<()> {
     client.forget_allocations();
     client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
     client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    super::capture::forget_all();
     client.reset_generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     Ok(())
 }

@@ -12,6 +12,12 @@ use crate::ffi::write_out;
 use crate::props::cudaFuncAttributes;
 use crate::registry::{Function, function_by_host};
 
+/// `cudaFuncAttribute`: the settable ones run from `cudaFuncAttributeMaxDynamicSharedMemorySize`
+/// (8) to `cudaFuncAttributeClusterSchedulingPolicyPreference` (15).
+const SETTABLE_ATTRIBUTES: std::ops::RangeInclusive<c_int> = 8..=15;
+/// `cudaOccupancyDisableCachingOverride` is the only occupancy flag.
+const OCCUPANCY_FLAGS: c_uint = 0x1;
+
 fn function(func: *const c_void) -> CudaResult<std::sync::Arc<Function>> {
     function_by_host(func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)
 }
@@ -48,6 +54,9 @@ pub unsafe fn cudaFuncGetAttributes(attributes: *mut cudaFuncAttributes, func: *
 
 pub unsafe fn cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_int) -> CudaResult<()> {
     let function = function(func)?;
+    if !SETTABLE_ATTRIBUTES.contains(&attr) {
+        return Err(CudaError::INVALID_VALUE);
+    }
     let client = client()?;
     function.layout()?;
     let attribute = u32::try_from(attr).map_err(|_| CudaError::INVALID_VALUE)?;
@@ -71,7 +80,7 @@ pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     dynamic_smem: usize,
     flags: c_uint,
 ) -> CudaResult<()> {
-    if blocks.is_null() {
+    if blocks.is_null() || flags & !OCCUPANCY_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
     let function = function(func)?;

@@ -90,6 +90,9 @@ unsafe fn launch(
     let client = client()?;
     let (grid, block) = (to_dim3(grid), to_dim3(block));
     check_configuration(client, grid, block, shared_mem)?;
+    // The stream first: a launch on a stream the app cannot use now (an unknown handle, a capture
+    // Flyt refused) fails for that reason whatever the kernel.
+    let stream = stream_id(client, stream, per_thread_default)?;
     let layout = function.layout().inspect_err(|error| {
         if client.info.emulated {
             crate::diagnostics::once(
@@ -116,7 +119,6 @@ unsafe fn launch(
         packed[offset..offset + value.len()].copy_from_slice(value);
     }
     let shared_mem = u32::try_from(shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
-    let stream = stream_id(client, stream, per_thread_default)?;
     post(client, req::Launch { function: function.reference(), grid, block, shared_mem, stream, args: packed })
 }
 

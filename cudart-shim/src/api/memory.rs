@@ -105,6 +105,12 @@ pub unsafe fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> CudaResult<(
 }
 
 pub unsafe fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
+    // Mapped memory would be host memory kernels dereference: the GPU is elsewhere, so refuse it
+    // at the call (write-combined memory is only a host-side hint, and portable is what all of
+    // Flyt's pinned memory is).
+    if flags & 0x2 != 0 && flags & !HOST_ALLOC_FLAGS == 0 {
+        return Err(super::unsupported_use("cudaHostAlloc", "cudaHostAllocMapped"));
+    }
     host_alloc(ptr, size, flags)
 }
 
@@ -144,6 +150,13 @@ const HOST_REGISTER_FLAGS: c_uint = 0xf;
 pub unsafe fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
     if ptr.is_null() || size == 0 || flags & !HOST_REGISTER_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
+    }
+    // Mapped (kernels dereference it) and I/O memory (another device's registers) need the GPU
+    // in this process; read-only and portable hold for copies as they are.
+    for (flag, name) in [(0x2, "cudaHostRegisterMapped"), (0x4, "cudaHostRegisterIoMemory")] {
+        if flags & flag != 0 {
+            return Err(super::unsupported_use("cudaHostRegister", name));
+        }
     }
     let client = client()?;
     let start = ptr as usize;

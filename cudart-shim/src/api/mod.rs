@@ -5,6 +5,7 @@
 #![allow(non_snake_case, reason = "bodies carry the names of the CUDA exports they implement")]
 #![allow(clippy::missing_safety_doc, reason = "each body's contract is the CUDA runtime's for its export")]
 
+mod capture;
 mod device;
 mod errors;
 mod functions;
@@ -13,6 +14,7 @@ mod memory;
 mod register;
 mod streams;
 
+pub use capture::*;
 pub use device::*;
 pub use errors::*;
 pub use functions::*;
@@ -30,7 +32,8 @@ use crate::ffi::cudaError_t;
 
 /// Sends a request and waits for its reply. At a sync point, a deferred error of an earlier
 /// asynchronous call is returned; the server sent the bytes of every copy the call covers before
-/// its reply, so they have landed.
+/// its reply, so they have landed. A refused graph launch still owed is returned too (see
+/// `capture`).
 pub(crate) fn call<O: Op>(client: &Client, request: O) -> CudaResult<O::Reply> {
     let message = client.conn.call(&request.into())?;
     let reply = decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?;
@@ -39,6 +42,7 @@ pub(crate) fn call<O: Op>(client: &Client, request: O) -> CudaResult<O::Reply> {
         if let Some(deferred) = reply.deferred.or_else(|| client.conn.take_deferred()) {
             return Err(deferred);
         }
+        capture::take_owed_at_sync()?;
         Ok(fields)
     } else {
         reply.result
@@ -55,4 +59,12 @@ pub fn unsupported(symbol: &str) -> cudaError_t {
     crate::diagnostics::once(symbol, &format!("flyt: {symbol} is not supported through Flyt (returning cudaErrorNotSupported)"));
     crate::ffi::set_last_error(CudaError::NOT_SUPPORTED);
     CudaError::NOT_SUPPORTED.code()
+}
+
+/// A supported function called with a flag or mode Flyt does not provide (`what`): a clear error
+/// and one line naming both, once per process, rather than a success that skips what was asked.
+pub(crate) fn unsupported_use(symbol: &str, what: &str) -> CudaError {
+    let key = format!("{symbol} {what}");
+    crate::diagnostics::once(&key, &format!("flyt: {symbol} with {what} is not supported through Flyt (returning cudaErrorNotSupported)"));
+    CudaError::NOT_SUPPORTED
 }

@@ -32,7 +32,9 @@ pub unsafe fn __cudaRegisterFatBinaryEnd(handle: *mut *mut c_void) {
 pub unsafe fn __cudaUnregisterFatBinary(handle: *mut *mut c_void) {
     // At exit: tell a live session, but never open one for this.
     // SAFETY: `handle` came from `__cudaRegisterFatBinary`.
-    if let (Some(id), Some(client)) = (unsafe { module_id(handle) }, existing_client()) {
+    if let (Some(id), Some(client)) = (unsafe { module_id(handle) }, existing_client())
+        && registry::held_by_server(&client.conn, id)
+    {
         let _ = post(client, req::UnregisterModule { module: id });
         let _ = client.conn.flush();
     }

@@ -25,12 +25,27 @@ pub struct EmulatedConfig {
     pub sms: u32,
 }
 
+/// An event: whether it keeps time (`cudaEventDisableTiming` not set) and when it last fired.
+struct Event {
+    timing: bool,
+    recorded: Option<Instant>,
+}
+
+/// `cudaStreamNonBlocking`.
+const STREAM_FLAGS: u32 = 0x1;
+/// `cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess`.
+const EVENT_FLAGS: u32 = 0x7;
+const EVENT_DISABLE_TIMING: u32 = 0x2;
+const EVENT_INTERPROCESS: u32 = 0x4;
+/// `cudaEventRecordExternal` / `cudaEventWaitExternal`: meaningful only in stream capture.
+const EXTERNAL: u32 = 0x1;
+
 #[derive(Default)]
 struct State {
     blocks: HashMap<u64, Vec<u8>>,
     next_address: u64,
     used: u64,
-    events: HashMap<u64, Option<Instant>>,
+    events: HashMap<u64, Event>,
     next_handle: u64,
     limits: HashMap<u32, u64>,
 }
@@ -255,7 +270,10 @@ impl Device for EmulatedDevice {
         Err(NO_GPU_CODE)
     }
 
-    fn stream_create(&self, _flags: u32, _priority: i32) -> CudaResult<u64> {
+    fn stream_create(&self, flags: u32, _priority: i32) -> CudaResult<u64> {
+        if flags & !STREAM_FLAGS != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
         let mut state = self.state();
         state.next_handle += 1;
         Ok(state.next_handle)
@@ -274,21 +292,32 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    fn stream_wait_event(&self, _stream: u64, _event: u64, _flags: u32) -> CudaResult<()> {
+    fn stream_wait_event(&self, _stream: u64, _event: u64, flags: u32) -> CudaResult<()> {
+        // Work completes at submission: the event has fired, there is nothing to wait for.
+        if flags & !EXTERNAL != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
         Ok(())
     }
 
-    fn event_create(&self, _flags: u32) -> CudaResult<u64> {
+    fn event_create(&self, flags: u32) -> CudaResult<u64> {
+        // As the driver: known flags only, and an interprocess event keeps no time.
+        if flags & !EVENT_FLAGS != 0 || (flags & EVENT_INTERPROCESS != 0 && flags & EVENT_DISABLE_TIMING == 0) {
+            return Err(CudaError::INVALID_VALUE);
+        }
         let mut state = self.state();
         state.next_handle += 1;
         let handle = state.next_handle;
-        state.events.insert(handle, None);
+        state.events.insert(handle, Event { timing: flags & EVENT_DISABLE_TIMING == 0, recorded: None });
         Ok(handle)
     }
 
-    fn event_record(&self, event: u64, _stream: u64, _flags: u32) -> CudaResult<()> {
+    fn event_record(&self, event: u64, _stream: u64, flags: u32) -> CudaResult<()> {
+        if flags & !EXTERNAL != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
         // Work completes at submission, so the event fires when it is recorded.
-        *self.state().events.get_mut(&event).ok_or(CudaError::INVALID_RESOURCE_HANDLE)? = Some(Instant::now());
+        self.state().events.get_mut(&event).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?.recorded = Some(Instant::now());
         Ok(())
     }
 
@@ -302,7 +331,10 @@ impl Device for EmulatedDevice {
 
     fn event_elapsed(&self, start: u64, end: u64) -> CudaResult<f32> {
         let state = self.state();
-        let recorded = |event| state.events.get(&event).copied().flatten().ok_or(CudaError::INVALID_RESOURCE_HANDLE);
+        // CUDA: an event without timing, or never recorded, has no time to give.
+        let recorded = |event| {
+            state.events.get(&event).filter(|event| event.timing).and_then(|event| event.recorded).ok_or(CudaError::INVALID_RESOURCE_HANDLE)
+        };
         let (start, end) = (recorded(start)?, recorded(end)?);
         let millis =
             if end >= start { end.duration_since(start).as_secs_f32() * 1e3 } else { -(start.duration_since(end).as_secs_f32() * 1e3) };
@@ -319,17 +351,34 @@ impl Device for EmulatedDevice {
     }
 
     fn set_limit(&self, limit: u32, value: u64) -> CudaResult<()> {
+        default_limit(limit)?;
+        // cudaLimitMaxL2FetchGranularity is a hint from 0 to 128 bytes, clamped as drivers do.
+        let value = if limit == LIMIT_MAX_L2_FETCH_GRANULARITY { value.min(128) } else { value };
         self.state().limits.insert(limit, value);
         Ok(())
     }
 
     fn get_limit(&self, limit: u32) -> CudaResult<u64> {
-        // Defaults of an H200 for the limits apps ask about: stack, printf FIFO, malloc heap.
-        let default = match limit {
-            0 => 1024,
-            1 | 2 => 8 << 20,
-            _ => return Err(CudaError::NOT_SUPPORTED),
-        };
+        let default = default_limit(limit)?;
         Ok(self.state().limits.get(&limit).copied().unwrap_or(default))
+    }
+}
+
+const LIMIT_MAX_L2_FETCH_GRANULARITY: u32 = 5;
+
+/// A `cudaLimit`'s default on this Hopper-shaped device; a limit CUDA does not define, or one a
+/// compute capability 9.0 device does not have (`cudaLimitDevRuntimeSyncDepth`), is
+/// `cudaErrorUnsupportedLimit`, as the driver answers, never stored and ignored.
+fn default_limit(limit: u32) -> CudaResult<u64> {
+    match limit {
+        // Stack size, printf FIFO, malloc heap.
+        0 => Ok(1024),
+        1 | 2 => Ok(8 << 20),
+        // Pending device-runtime launches (CUDA documents 2048), L2 fetch granularity, persisting
+        // L2 cache size.
+        4 => Ok(2048),
+        LIMIT_MAX_L2_FETCH_GRANULARITY => Ok(64),
+        6 => Ok(0),
+        _ => Err(CudaError::UNSUPPORTED_LIMIT),
     }
 }

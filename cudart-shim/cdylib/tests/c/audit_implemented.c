@@ -1,0 +1,755 @@
+/* The audit of every implemented export of libcudart.so.13 (Flyt), against a flyt-rpc-server on
+ * the emulated device. For each export, after `audited <name>`: calls with invalid input that must
+ * fail with CUDA's documented error, and a call that succeeds whose effect is then seen through
+ * another path (a memset through a copy back, a flag through its getter...), so that no export
+ * can answer success without doing its work. Where the emulated device cannot do the work (it runs
+ * no GPU code: kernels, module variables), the audit requires the error that says so.
+ *
+ * The test (audit.rs) compares the `audited` names with the export table and requires no
+ * `FAILED` line. */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* nvcc's registration and launch hooks (declared by its C++ headers only). */
+extern void **__cudaRegisterFatBinary(void *fat_cubin);
+extern void __cudaRegisterFatBinaryEnd(void **handle);
+extern void __cudaUnregisterFatBinary(void **handle);
+extern void __cudaRegisterFunction(void **handle, const char *host_fun, char *device_fun, const char *device_name,
+                                   int thread_limit, uint3 *tid, uint3 *bid, dim3 *block, dim3 *grid, int *warp_size);
+extern void __cudaRegisterVar(void **handle, char *host_var, char *device_address, const char *device_name, int ext,
+                              size_t size, int constant, int global);
+extern char __cudaInitModule(void **handle);
+extern unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared_mem, cudaStream_t stream);
+extern cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared_mem, void *stream);
+extern cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *host_fun);
+extern cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void **args, size_t shared_mem,
+                                      cudaStream_t stream);
+extern cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, void **args,
+                                           size_t shared_mem, cudaStream_t stream);
+/* The per-thread-default-stream entry points (what CUDA_API_PER_THREAD_DEFAULT_STREAM selects). */
+extern cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
+extern cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                                        cudaStream_t stream);
+extern cudaError_t cudaMemset_ptds(void *dev, int value, size_t count);
+extern cudaError_t cudaMemsetAsync_ptsz(void *dev, int value, size_t count, cudaStream_t stream);
+extern cudaError_t cudaMemcpyToSymbol_ptds(const void *symbol, const void *src, size_t count, size_t offset,
+                                           enum cudaMemcpyKind kind);
+extern cudaError_t cudaMemcpyFromSymbol_ptds(void *dst, const void *symbol, size_t count, size_t offset,
+                                             enum cudaMemcpyKind kind);
+extern cudaError_t cudaMemcpyToSymbolAsync_ptsz(const void *symbol, const void *src, size_t count, size_t offset,
+                                                enum cudaMemcpyKind kind, cudaStream_t stream);
+extern cudaError_t cudaMemcpyFromSymbolAsync_ptsz(void *dst, const void *symbol, size_t count, size_t offset,
+                                                  enum cudaMemcpyKind kind, cudaStream_t stream);
+extern cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream);
+extern cudaError_t cudaStreamQuery_ptsz(cudaStream_t stream);
+extern cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned flags);
+extern cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t stream, unsigned *flags);
+extern cudaError_t cudaStreamGetPriority_ptsz(cudaStream_t stream, int *priority);
+extern cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream);
+extern cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cudaStream_t stream, unsigned flags);
+extern cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 grid, dim3 block, void **args, size_t shared_mem,
+                                         cudaStream_t stream);
+
+static int failures = 0;
+
+#define AUDIT(name) printf("audited %s\n", name)
+
+#define EXPECT(what, cond)                                                                         \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            printf("FAILED: %s (line %d)\n", what, __LINE__);                                      \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define EXPECT_CODE(what, call, code)                                                              \
+    do {                                                                                           \
+        cudaError_t got_ = (call);                                                                 \
+        if (got_ != (code)) {                                                                      \
+            printf("FAILED: %s -> %s, expected %s (line %d)\n", what, cudaGetErrorName(got_),      \
+                   cudaGetErrorName(code), __LINE__);                                              \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define OK(what, call) EXPECT_CODE(what, call, cudaSuccess)
+
+#define N 4096
+#define BOGUS_STREAM ((cudaStream_t)0x123456)
+#define BOGUS_EVENT ((cudaEvent_t)0x654321)
+
+static unsigned char host_a[N], host_b[N];
+
+static void fill(unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 131u + seed);
+}
+
+static int all_bytes(const unsigned char *p, size_t n, unsigned char value) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != value) return 0;
+    return 1;
+}
+
+/* Reads device memory back with a blocking copy. */
+static int device_bytes_are(const void *dev, size_t n, unsigned char value) {
+    static unsigned char back[N];
+    memset(back, value ^ 0xff, sizeof back);
+    if (cudaMemcpy(back, dev, n, cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
+    return all_bytes(back, n, value);
+}
+
+static void sleep_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* A fatbinary wrapper around an empty fatbinary: registration accepts it, the emulated device
+ * cannot load it (as it loads no GPU code). */
+static const unsigned long long fake_fatbin[2] = {
+    0xBA55ED50ull | (1ull << 32) | (16ull << 48), /* magic, version 1, header size 16 */
+    0,                                            /* no entries */
+};
+static struct {
+    int magic, version;
+    const unsigned long long *data;
+    void *filename_or_fatbins;
+} fake_wrapper = {0x466243b1, 1, fake_fatbin, NULL}, bad_wrapper = {0x12345678, 1, fake_fatbin, NULL};
+
+static volatile int stub_calls;
+static void fake_kernel(void) { stub_calls += 1; }
+static void not_a_kernel(void) { stub_calls += 2; }
+static char fake_symbol[64];
+static char unregistered_symbol[64];
+
+static void device_and_errors(void) {
+    int count = -1, device = -1, value = 0;
+    unsigned flags = 0;
+    struct cudaDeviceProp prop;
+
+    AUDIT("cudaGetDeviceCount");
+    EXPECT_CODE("cudaGetDeviceCount(NULL)", cudaGetDeviceCount(NULL), cudaErrorInvalidValue);
+    OK("cudaGetDeviceCount", cudaGetDeviceCount(&count));
+    EXPECT("one device", count == 1);
+    EXPECT_CODE("the device past the count does not exist", cudaSetDevice(count), cudaErrorInvalidDevice);
+
+    AUDIT("cudaSetDevice");
+    EXPECT_CODE("cudaSetDevice(-1)", cudaSetDevice(-1), cudaErrorInvalidDevice);
+    OK("cudaSetDevice(0)", cudaSetDevice(0));
+
+    AUDIT("cudaGetDevice");
+    EXPECT_CODE("cudaGetDevice(NULL)", cudaGetDevice(NULL), cudaErrorInvalidValue);
+    OK("cudaGetDevice", cudaGetDevice(&device));
+    EXPECT("the device set is the device", device == 0);
+
+    AUDIT("cudaSetDeviceFlags");
+    EXPECT_CODE("unknown device flag", cudaSetDeviceFlags(0x100), cudaErrorInvalidValue);
+    OK("cudaSetDeviceFlags", cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync | cudaDeviceSyncMemops));
+    AUDIT("cudaGetDeviceFlags");
+    EXPECT_CODE("cudaGetDeviceFlags(NULL)", cudaGetDeviceFlags(NULL), cudaErrorInvalidValue);
+    OK("cudaGetDeviceFlags", cudaGetDeviceFlags(&flags));
+    EXPECT("device flags kept", flags == (cudaDeviceScheduleBlockingSync | cudaDeviceSyncMemops));
+
+    AUDIT("cudaGetDeviceProperties");
+    EXPECT_CODE("cudaGetDeviceProperties(NULL)", cudaGetDeviceProperties(NULL, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("cudaGetDeviceProperties(device 1)", cudaGetDeviceProperties(&prop, 1), cudaErrorInvalidDevice);
+    memset(&prop, 0xff, sizeof prop);
+    OK("cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, 0));
+    EXPECT("the emulated device says what it is", strstr(prop.name, "Emulated") != NULL);
+
+    AUDIT("cudaDeviceGetAttribute");
+    EXPECT_CODE("unknown attribute", cudaDeviceGetAttribute(&value, (enum cudaDeviceAttr)100000, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("negative attribute", cudaDeviceGetAttribute(&value, (enum cudaDeviceAttr)-1, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("attribute of device 1", cudaDeviceGetAttribute(&value, cudaDevAttrWarpSize, 1), cudaErrorInvalidDevice);
+    EXPECT_CODE("attribute into NULL", cudaDeviceGetAttribute(NULL, cudaDevAttrWarpSize, 0), cudaErrorInvalidValue);
+    OK("cudaDeviceGetAttribute", cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, 0));
+    EXPECT("attribute and property agree", value == prop.multiProcessorCount && value > 0);
+    OK("cudaDeviceGetAttribute(warp size)", cudaDeviceGetAttribute(&value, cudaDevAttrWarpSize, 0));
+    EXPECT("warp size agrees", value == prop.warpSize && value == 32);
+    /* Mapped host memory is refused through Flyt, so the device does not claim it. */
+    value = -1;
+    OK("cudaDeviceGetAttribute(can map host memory)", cudaDeviceGetAttribute(&value, cudaDevAttrCanMapHostMemory, 0));
+    EXPECT("no mapped host memory, attribute and property", value == 0 && prop.canMapHostMemory == 0);
+
+    AUDIT("cudaDriverGetVersion");
+    EXPECT_CODE("cudaDriverGetVersion(NULL)", cudaDriverGetVersion(NULL), cudaErrorInvalidValue);
+    OK("cudaDriverGetVersion", cudaDriverGetVersion(&value));
+    EXPECT("a CUDA 13 driver", value >= 13000);
+    AUDIT("cudaRuntimeGetVersion");
+    EXPECT_CODE("cudaRuntimeGetVersion(NULL)", cudaRuntimeGetVersion(NULL), cudaErrorInvalidValue);
+    OK("cudaRuntimeGetVersion", cudaRuntimeGetVersion(&value));
+    EXPECT("runtime 13.0", value == 13000);
+
+    AUDIT("cudaGetLastError");
+    AUDIT("cudaPeekAtLastError");
+    (void)cudaGetLastError();
+    EXPECT_CODE("a failing call", cudaSetDevice(7), cudaErrorInvalidDevice);
+    EXPECT_CODE("peek sees it", cudaPeekAtLastError(), cudaErrorInvalidDevice);
+    EXPECT_CODE("peek keeps it", cudaPeekAtLastError(), cudaErrorInvalidDevice);
+    EXPECT_CODE("get returns it", cudaGetLastError(), cudaErrorInvalidDevice);
+    EXPECT_CODE("get cleared it", cudaGetLastError(), cudaSuccess);
+
+    AUDIT("cudaGetErrorName");
+    EXPECT("name of an unknown code", strcmp(cudaGetErrorName((cudaError_t)123456), "unrecognized error code") == 0);
+    EXPECT("name", strcmp(cudaGetErrorName(cudaErrorStreamCaptureInvalidated), "cudaErrorStreamCaptureInvalidated") == 0);
+    AUDIT("cudaGetErrorString");
+    EXPECT("message of an unknown code", strcmp(cudaGetErrorString((cudaError_t)123456), "unrecognized error code") == 0);
+    EXPECT("message", strcmp(cudaGetErrorString(cudaErrorNotSupported), "operation not supported") == 0);
+
+    AUDIT("cudaCreateChannelDesc");
+    struct cudaChannelFormatDesc desc = cudaCreateChannelDesc(8, 16, 0, 32, cudaChannelFormatKindFloat);
+    EXPECT("channel description", desc.x == 8 && desc.y == 16 && desc.z == 0 && desc.w == 32 &&
+                                      desc.f == cudaChannelFormatKindFloat);
+
+    AUDIT("cudaDeviceSetLimit");
+    AUDIT("cudaDeviceGetLimit");
+    size_t limit = 0;
+    EXPECT_CODE("an undefined limit", cudaDeviceSetLimit((enum cudaLimit)99, 1), cudaErrorUnsupportedLimit);
+    EXPECT_CODE("a limit compute capability 9.0 does not have", cudaDeviceSetLimit(cudaLimitDevRuntimeSyncDepth, 4),
+                cudaErrorUnsupportedLimit);
+    EXPECT_CODE("get an undefined limit", cudaDeviceGetLimit(&limit, (enum cudaLimit)99), cudaErrorUnsupportedLimit);
+    EXPECT_CODE("get into NULL", cudaDeviceGetLimit(NULL, cudaLimitStackSize), cudaErrorInvalidValue);
+    OK("cudaDeviceSetLimit(stack)", cudaDeviceSetLimit(cudaLimitStackSize, 4096));
+    OK("cudaDeviceGetLimit(stack)", cudaDeviceGetLimit(&limit, cudaLimitStackSize));
+    EXPECT("the stack limit set is the stack limit", limit == 4096);
+}
+
+static void memory(void) {
+    void *dev = NULL, *dev2 = NULL, *huge = NULL;
+    size_t free_before = 0, free_after = 0, total = 0;
+    cudaStream_t stream;
+    OK("a stream for the memory audit", cudaStreamCreate(&stream));
+
+    AUDIT("cudaMemGetInfo");
+    EXPECT_CODE("cudaMemGetInfo(NULL, total)", cudaMemGetInfo(NULL, &total), cudaErrorInvalidValue);
+    OK("cudaMemGetInfo", cudaMemGetInfo(&free_before, &total));
+
+    AUDIT("cudaMalloc");
+    EXPECT_CODE("cudaMalloc(NULL)", cudaMalloc(NULL, N), cudaErrorInvalidValue);
+    EXPECT_CODE("more than the device", cudaMalloc(&huge, (size_t)1 << 50), cudaErrorMemoryAllocation);
+    OK("cudaMalloc 64 MiB", cudaMalloc(&dev2, 64 << 20));
+    OK("cudaMemGetInfo after", cudaMemGetInfo(&free_after, &total));
+    EXPECT("the allocation counts", free_before - free_after >= (64 << 20) && free_after <= total);
+    OK("cudaMalloc", cudaMalloc(&dev, N));
+
+    AUDIT("cudaMemset");
+    EXPECT_CODE("memset past the end", cudaMemset((char *)dev + N - 1, 0, 2), cudaErrorInvalidValue);
+    EXPECT_CODE("memset of a host pointer", cudaMemset(host_a, 0, 16), cudaErrorInvalidValue);
+    OK("cudaMemset", cudaMemset(dev, 0x3c, N));
+    EXPECT("memset bytes read back", device_bytes_are(dev, N, 0x3c));
+    AUDIT("cudaMemset_ptds");
+    EXPECT_CODE("memset_ptds past the end", cudaMemset_ptds((char *)dev + 1, 0, N), cudaErrorInvalidValue);
+    OK("cudaMemset_ptds", cudaMemset_ptds(dev, 0x3d, N));
+    EXPECT("memset_ptds bytes read back", device_bytes_are(dev, N, 0x3d));
+    AUDIT("cudaMemsetAsync");
+    EXPECT_CODE("memsetAsync on an unknown stream", cudaMemsetAsync(dev, 0, N, BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    OK("cudaMemsetAsync", cudaMemsetAsync(dev, 0x3e, N, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    EXPECT("memsetAsync bytes read back", device_bytes_are(dev, N, 0x3e));
+    AUDIT("cudaMemsetAsync_ptsz");
+    EXPECT_CODE("memsetAsync_ptsz past the end", cudaMemsetAsync_ptsz(dev, 0, N + 1, NULL), cudaErrorInvalidValue);
+    OK("cudaMemsetAsync_ptsz", cudaMemsetAsync_ptsz(dev, 0x3f, N, NULL));
+    EXPECT("memsetAsync_ptsz bytes read back", device_bytes_are(dev, N, 0x3f));
+
+    AUDIT("cudaMemcpy");
+    fill(host_a, N, 1);
+    EXPECT_CODE("invalid kind", cudaMemcpy(host_b, dev, N, (enum cudaMemcpyKind)42), cudaErrorInvalidMemcpyDirection);
+    EXPECT_CODE("past the end", cudaMemcpy(host_b, (char *)dev + 1, N, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+    EXPECT_CODE("a host pointer as the device side", cudaMemcpy(host_a, host_b, N, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    EXPECT_CODE("NULL source", cudaMemcpy(dev, NULL, N, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    OK("cudaMemcpy H2D", cudaMemcpy(dev, host_a, N, cudaMemcpyHostToDevice));
+    OK("cudaMemcpy D2D", cudaMemcpy(dev2, dev, N, cudaMemcpyDeviceToDevice));
+    memset(host_b, 0, N);
+    OK("cudaMemcpy D2H", cudaMemcpy(host_b, dev2, N, cudaMemcpyDeviceToHost));
+    EXPECT("round trip through two allocations", memcmp(host_a, host_b, N) == 0);
+    memset(host_b, 0, N);
+    OK("cudaMemcpy H2H", cudaMemcpy(host_b, host_a, N, cudaMemcpyHostToHost));
+    EXPECT("host to host", memcmp(host_a, host_b, N) == 0);
+    AUDIT("cudaMemcpy_ptds");
+    fill(host_a, N, 2);
+    EXPECT_CODE("memcpy_ptds invalid kind", cudaMemcpy_ptds(host_b, dev, N, (enum cudaMemcpyKind)-1), cudaErrorInvalidMemcpyDirection);
+    OK("cudaMemcpy_ptds H2D", cudaMemcpy_ptds(dev, host_a, N, cudaMemcpyDefault));
+    memset(host_b, 0, N);
+    OK("cudaMemcpy_ptds D2H", cudaMemcpy_ptds(host_b, dev, N, cudaMemcpyDefault));
+    EXPECT("memcpy_ptds round trip", memcmp(host_a, host_b, N) == 0);
+    AUDIT("cudaMemcpyAsync");
+    fill(host_a, N, 3);
+    EXPECT_CODE("memcpyAsync on an unknown stream", cudaMemcpyAsync(dev, host_a, N, cudaMemcpyHostToDevice, BOGUS_STREAM),
+                cudaErrorInvalidResourceHandle);
+    OK("cudaMemcpyAsync H2D", cudaMemcpyAsync(dev, host_a, N, cudaMemcpyHostToDevice, stream));
+    memset(host_b, 0, N);
+    OK("cudaMemcpyAsync D2H", cudaMemcpyAsync(host_b, dev, N, cudaMemcpyDeviceToHost, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    EXPECT("memcpyAsync round trip by the sync", memcmp(host_a, host_b, N) == 0);
+    AUDIT("cudaMemcpyAsync_ptsz");
+    fill(host_a, N, 4);
+    EXPECT_CODE("memcpyAsync_ptsz past the end", cudaMemcpyAsync_ptsz(dev, host_a, N + 1, cudaMemcpyHostToDevice, NULL),
+                cudaErrorInvalidValue);
+    OK("cudaMemcpyAsync_ptsz H2D", cudaMemcpyAsync_ptsz(dev, host_a, N, cudaMemcpyHostToDevice, NULL));
+    memset(host_b, 0, N);
+    OK("cudaMemcpyAsync_ptsz D2H", cudaMemcpyAsync_ptsz(host_b, dev, N, cudaMemcpyDeviceToHost, NULL));
+    OK("sync the per-thread stream", cudaStreamSynchronize_ptsz(NULL));
+    EXPECT("memcpyAsync_ptsz round trip", memcmp(host_a, host_b, N) == 0);
+
+    AUDIT("cudaPointerGetAttributes");
+    struct cudaPointerAttributes attributes;
+    EXPECT_CODE("attributes into NULL", cudaPointerGetAttributes(NULL, dev), cudaErrorInvalidValue);
+    OK("attributes of device memory", cudaPointerGetAttributes(&attributes, (char *)dev + 5));
+    EXPECT("device memory", attributes.type == cudaMemoryTypeDevice && attributes.devicePointer == (char *)dev + 5);
+    OK("attributes of pageable memory", cudaPointerGetAttributes(&attributes, host_a));
+    EXPECT("pageable memory is unregistered", attributes.type == cudaMemoryTypeUnregistered);
+
+    AUDIT("cudaFree");
+    EXPECT_CODE("free of an interior pointer", cudaFree((char *)dev + 1), cudaErrorInvalidValue);
+    EXPECT_CODE("free of a host pointer", cudaFree(host_a), cudaErrorInvalidValue);
+    OK("cudaFree(NULL)", cudaFree(NULL));
+    OK("cudaFree", cudaFree(dev));
+    EXPECT_CODE("freed memory is gone", cudaMemcpy(host_b, dev, 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+    EXPECT_CODE("double free", cudaFree(dev), cudaErrorInvalidValue);
+    OK("cudaFree 64 MiB", cudaFree(dev2));
+    OK("cudaMemGetInfo at the end", cudaMemGetInfo(&free_after, &total));
+    EXPECT("the memory is back", free_after == free_before);
+
+    /* Pinned and registered host memory. */
+    unsigned char *pinned = NULL, *alloc = NULL, *mapped = NULL;
+    unsigned flags = 0;
+    OK("cudaMalloc for the pinned audit", cudaMalloc(&dev, N));
+    AUDIT("cudaMallocHost");
+    EXPECT_CODE("cudaMallocHost(NULL)", cudaMallocHost(NULL, N), cudaErrorInvalidValue);
+    OK("cudaMallocHost", cudaMallocHost((void **)&pinned, N));
+    OK("its flags", cudaHostGetFlags(&flags, pinned + 10));
+    EXPECT("default flags", flags == 0);
+    OK("its attributes", cudaPointerGetAttributes(&attributes, pinned));
+    EXPECT("pinned memory is host memory", attributes.type == cudaMemoryTypeHost);
+    fill(pinned, N, 5);
+    OK("H2D from pinned", cudaMemcpy(dev, pinned, N, cudaMemcpyHostToDevice));
+    memset(host_b, 0, N);
+    OK("D2H", cudaMemcpy(host_b, dev, N, cudaMemcpyDeviceToHost));
+    EXPECT("pinned round trip", memcmp(pinned, host_b, N) == 0);
+
+    AUDIT("cudaHostAlloc");
+    EXPECT_CODE("unknown flag", cudaHostAlloc((void **)&alloc, N, 0x10), cudaErrorInvalidValue);
+    EXPECT_CODE("mapped memory (kernels cannot reach the app's memory)", cudaHostAlloc((void **)&mapped, N, cudaHostAllocMapped),
+                cudaErrorNotSupported);
+    EXPECT("nothing handed out", mapped == NULL);
+    OK("cudaHostAlloc", cudaHostAlloc((void **)&alloc, N, cudaHostAllocPortable | cudaHostAllocWriteCombined));
+    AUDIT("cudaHostGetFlags");
+    EXPECT_CODE("flags of pageable memory", cudaHostGetFlags(&flags, host_a), cudaErrorInvalidValue);
+    EXPECT_CODE("flags into NULL", cudaHostGetFlags(NULL, alloc), cudaErrorInvalidValue);
+    OK("cudaHostGetFlags", cudaHostGetFlags(&flags, alloc + N - 1));
+    EXPECT("flags kept", flags == (cudaHostAllocPortable | cudaHostAllocWriteCombined));
+    fill(alloc, N, 6);
+    OK("async H2D from cudaHostAlloc memory", cudaMemcpyAsync(dev, alloc, N, cudaMemcpyHostToDevice, stream));
+    memset(pinned, 0, N);
+    OK("async D2H into pinned memory", cudaMemcpyAsync(pinned, dev, N, cudaMemcpyDeviceToHost, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    EXPECT("pinned to pinned through the device", memcmp(alloc, pinned, N) == 0);
+
+    AUDIT("cudaFreeHost");
+    EXPECT_CODE("cudaFreeHost of pageable memory", cudaFreeHost(host_a), cudaErrorInvalidValue);
+    EXPECT_CODE("cudaFreeHost of device memory", cudaFreeHost(dev), cudaErrorInvalidValue);
+    OK("cudaFreeHost(NULL)", cudaFreeHost(NULL));
+    OK("cudaFreeHost", cudaFreeHost(alloc));
+    EXPECT_CODE("freed pinned memory has no flags", cudaHostGetFlags(&flags, alloc), cudaErrorInvalidValue);
+    OK("cudaFreeHost", cudaFreeHost(pinned));
+    OK("attributes after cudaFreeHost", cudaPointerGetAttributes(&attributes, pinned));
+    EXPECT("freed pinned memory is not host memory any more", attributes.type == cudaMemoryTypeUnregistered);
+
+    AUDIT("cudaHostRegister");
+    unsigned char *mine = malloc(1 << 16);
+    EXPECT_CODE("register NULL", cudaHostRegister(NULL, 4096, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("register 0 bytes", cudaHostRegister(mine, 0, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("unknown flag", cudaHostRegister(mine, 1 << 16, 0x10), cudaErrorInvalidValue);
+    EXPECT_CODE("mapped (kernels cannot reach the app's memory)", cudaHostRegister(mine, 1 << 16, cudaHostRegisterMapped),
+                cudaErrorNotSupported);
+    EXPECT_CODE("I/O memory", cudaHostRegister(mine, 1 << 16, cudaHostRegisterIoMemory), cudaErrorNotSupported);
+    EXPECT_CODE("a refused registration registers nothing", cudaHostGetFlags(&flags, mine), cudaErrorInvalidValue);
+    OK("cudaHostRegister", cudaHostRegister(mine, 1 << 16, cudaHostRegisterPortable | cudaHostRegisterReadOnly));
+    EXPECT_CODE("registering it again", cudaHostRegister(mine + 4096, 4096, 0), cudaErrorHostMemoryAlreadyRegistered);
+    OK("flags of registered memory", cudaHostGetFlags(&flags, mine + 100));
+    EXPECT("registration flags kept", flags == (cudaHostRegisterPortable | cudaHostRegisterReadOnly));
+    OK("attributes of registered memory", cudaPointerGetAttributes(&attributes, mine + 10));
+    EXPECT("registered memory is host memory", attributes.type == cudaMemoryTypeHost);
+    AUDIT("cudaHostUnregister");
+    EXPECT_CODE("unregister NULL", cudaHostUnregister(NULL), cudaErrorInvalidValue);
+    EXPECT_CODE("unregister pageable memory", cudaHostUnregister(host_a), cudaErrorHostMemoryNotRegistered);
+    EXPECT_CODE("cudaFreeHost of registered memory", cudaFreeHost(mine), cudaErrorInvalidValue);
+    OK("cudaHostUnregister", cudaHostUnregister(mine));
+    EXPECT_CODE("unregistered memory has no flags", cudaHostGetFlags(&flags, mine), cudaErrorInvalidValue);
+    EXPECT_CODE("unregister again", cudaHostUnregister(mine), cudaErrorHostMemoryNotRegistered);
+    free(mine);
+    OK("cudaFree", cudaFree(dev));
+    OK("cudaStreamDestroy", cudaStreamDestroy(stream));
+}
+
+static void streams_and_events(void) {
+    cudaStream_t stream = NULL, other = NULL;
+    cudaEvent_t start = NULL, stop = NULL, untimed = NULL, shared = NULL;
+    unsigned flags = 99;
+    int priority = 99, least = 99, greatest = 99;
+    float ms = -1;
+    void *dev = NULL;
+    OK("cudaMalloc for the stream audit", cudaMalloc(&dev, N));
+
+    AUDIT("cudaStreamCreate");
+    EXPECT_CODE("cudaStreamCreate(NULL)", cudaStreamCreate(NULL), cudaErrorInvalidValue);
+    OK("cudaStreamCreate", cudaStreamCreate(&stream));
+    OK("a new stream is idle", cudaStreamQuery(stream));
+    AUDIT("cudaStreamGetFlags");
+    EXPECT_CODE("flags of an unknown stream", cudaStreamGetFlags(BOGUS_STREAM, &flags), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("flags into NULL", cudaStreamGetFlags(stream, NULL), cudaErrorInvalidValue);
+    OK("cudaStreamGetFlags", cudaStreamGetFlags(stream, &flags));
+    EXPECT("default stream flags", flags == cudaStreamDefault);
+    OK("cudaStreamDestroy", cudaStreamDestroy(stream));
+
+    AUDIT("cudaStreamCreateWithFlags");
+    EXPECT_CODE("unknown stream flag", cudaStreamCreateWithFlags(&stream, 0x2), cudaErrorInvalidValue);
+    OK("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    OK("its flags", cudaStreamGetFlags(stream, &flags));
+    EXPECT("non-blocking kept", flags == cudaStreamNonBlocking);
+    AUDIT("cudaStreamGetFlags_ptsz");
+    EXPECT_CODE("flags_ptsz of an unknown stream", cudaStreamGetFlags_ptsz(BOGUS_STREAM, &flags), cudaErrorInvalidResourceHandle);
+    OK("flags_ptsz of a created stream", cudaStreamGetFlags_ptsz(stream, &flags));
+    EXPECT("flags_ptsz agrees", flags == cudaStreamNonBlocking);
+    flags = 99;
+    OK("flags_ptsz of the per-thread stream", cudaStreamGetFlags_ptsz(NULL, &flags));
+    EXPECT("the per-thread stream blocks", flags == cudaStreamDefault);
+
+    AUDIT("cudaDeviceGetStreamPriorityRange");
+    OK("both out-pointers may be NULL", cudaDeviceGetStreamPriorityRange(NULL, NULL));
+    OK("cudaDeviceGetStreamPriorityRange", cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    EXPECT("priorities run from least to greatest", greatest <= least);
+    AUDIT("cudaStreamCreateWithPriority");
+    EXPECT_CODE("cudaStreamCreateWithPriority(NULL)", cudaStreamCreateWithPriority(NULL, 0, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("unknown flag", cudaStreamCreateWithPriority(&other, 0x4, 0), cudaErrorInvalidValue);
+    OK("beyond the range", cudaStreamCreateWithPriority(&other, cudaStreamNonBlocking, greatest - 100));
+    AUDIT("cudaStreamGetPriority");
+    EXPECT_CODE("priority of an unknown stream", cudaStreamGetPriority(BOGUS_STREAM, &priority), cudaErrorInvalidResourceHandle);
+    OK("cudaStreamGetPriority", cudaStreamGetPriority(other, &priority));
+    EXPECT("clamped to the greatest priority", priority == greatest);
+    AUDIT("cudaStreamGetPriority_ptsz");
+    EXPECT_CODE("priority_ptsz into NULL", cudaStreamGetPriority_ptsz(other, NULL), cudaErrorInvalidValue);
+    OK("priority_ptsz", cudaStreamGetPriority_ptsz(other, &priority));
+    EXPECT("priority_ptsz agrees", priority == greatest);
+    OK("priority_ptsz of the per-thread stream", cudaStreamGetPriority_ptsz(NULL, &priority));
+    EXPECT("the per-thread stream has the default priority", priority == 0);
+
+    AUDIT("cudaEventCreate");
+    EXPECT_CODE("cudaEventCreate(NULL)", cudaEventCreate(NULL), cudaErrorInvalidValue);
+    OK("cudaEventCreate", cudaEventCreate(&start));
+    OK("a new event is complete", cudaEventQuery(start));
+    AUDIT("cudaEventCreateWithFlags");
+    EXPECT_CODE("unknown event flag", cudaEventCreateWithFlags(&stop, 0x8), cudaErrorInvalidValue);
+    EXPECT_CODE("interprocess without DisableTiming", cudaEventCreateWithFlags(&shared, cudaEventInterprocess),
+                cudaErrorInvalidValue);
+    OK("interprocess", cudaEventCreateWithFlags(&shared, cudaEventInterprocess | cudaEventDisableTiming));
+    OK("blocking sync", cudaEventCreateWithFlags(&stop, cudaEventBlockingSync));
+    OK("without timing", cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming));
+
+    AUDIT("cudaEventElapsedTime");
+    EXPECT_CODE("elapsed into NULL", cudaEventElapsedTime(NULL, start, stop), cudaErrorInvalidValue);
+    EXPECT_CODE("elapsed of events never recorded", cudaEventElapsedTime(&ms, start, stop), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("elapsed of an unknown event", cudaEventElapsedTime(&ms, BOGUS_EVENT, stop), cudaErrorInvalidResourceHandle);
+
+    AUDIT("cudaEventRecord");
+    EXPECT_CODE("record of an unknown event", cudaEventRecord(BOGUS_EVENT, stream), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("record on an unknown stream", cudaEventRecord(start, BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    OK("cudaEventRecord start", cudaEventRecord(start, stream));
+    sleep_ms(30);
+    AUDIT("cudaEventRecord_ptsz");
+    EXPECT_CODE("record_ptsz of an unknown event", cudaEventRecord_ptsz(BOGUS_EVENT, NULL), cudaErrorInvalidResourceHandle);
+    OK("cudaEventRecord_ptsz stop", cudaEventRecord_ptsz(stop, stream));
+    AUDIT("cudaEventSynchronize");
+    EXPECT_CODE("synchronize an unknown event", cudaEventSynchronize(BOGUS_EVENT), cudaErrorInvalidResourceHandle);
+    OK("cudaEventSynchronize", cudaEventSynchronize(stop));
+    AUDIT("cudaEventQuery");
+    EXPECT_CODE("query an unknown event", cudaEventQuery(BOGUS_EVENT), cudaErrorInvalidResourceHandle);
+    OK("cudaEventQuery", cudaEventQuery(stop));
+    OK("cudaEventElapsedTime", cudaEventElapsedTime(&ms, start, stop));
+    EXPECT("30 ms between the records are measured", ms >= 10.0f && ms < 10000.0f);
+    OK("cudaEventRecord untimed", cudaEventRecord(untimed, stream));
+    EXPECT_CODE("an event without timing has no time", cudaEventElapsedTime(&ms, start, untimed),
+                cudaErrorInvalidResourceHandle);
+    /* A record that fails leaves the event without the time the app meant: no elapsed time. */
+    EXPECT_CODE("a failed record", cudaEventRecord(stop, BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("no elapsed time from an event whose record failed", cudaEventElapsedTime(&ms, start, stop),
+                cudaErrorInvalidResourceHandle);
+    OK("recording it again", cudaEventRecord(stop, stream));
+    OK("elapsed time again", cudaEventElapsedTime(&ms, start, stop));
+
+    AUDIT("cudaEventRecordWithFlags");
+    EXPECT_CODE("unknown record flag", cudaEventRecordWithFlags(start, stream, 0x2), cudaErrorInvalidValue);
+    /* cudaEventRecordExternal changes only what a capture records; outside capture it is a record. */
+    OK("cudaEventRecordWithFlags(External)", cudaEventRecordWithFlags(start, stream, cudaEventRecordExternal));
+    sleep_ms(20);
+    AUDIT("cudaEventRecordWithFlags_ptsz");
+    EXPECT_CODE("unknown record flag (ptsz)", cudaEventRecordWithFlags_ptsz(stop, NULL, 0x4), cudaErrorInvalidValue);
+    OK("cudaEventRecordWithFlags_ptsz", cudaEventRecordWithFlags_ptsz(stop, stream, cudaEventRecordDefault));
+    OK("elapsed time of the flagged records", cudaEventElapsedTime(&ms, start, stop));
+    EXPECT("the flagged records fired when recorded", ms >= 5.0f && ms < 10000.0f);
+
+    AUDIT("cudaStreamWaitEvent");
+    EXPECT_CODE("wait for an unknown event", cudaStreamWaitEvent(stream, BOGUS_EVENT, 0), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("wait on an unknown stream", cudaStreamWaitEvent(BOGUS_STREAM, stop, 0), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("unknown wait flag", cudaStreamWaitEvent(stream, stop, 0x2), cudaErrorInvalidValue);
+    OK("cudaStreamWaitEvent", cudaStreamWaitEvent(other, stop, 0));
+    OK("cudaStreamWaitEvent(External)", cudaStreamWaitEvent(other, stop, cudaEventWaitExternal));
+    OK("the waiting stream drains", cudaStreamSynchronize(other));
+    AUDIT("cudaStreamWaitEvent_ptsz");
+    EXPECT_CODE("wait_ptsz for an unknown event", cudaStreamWaitEvent_ptsz(NULL, BOGUS_EVENT, 0), cudaErrorInvalidResourceHandle);
+    OK("cudaStreamWaitEvent_ptsz", cudaStreamWaitEvent_ptsz(NULL, stop, 0));
+
+    AUDIT("cudaStreamSynchronize");
+    EXPECT_CODE("synchronize an unknown stream", cudaStreamSynchronize(BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    memset(host_b, 0, N);
+    OK("memset on the stream", cudaMemsetAsync(dev, 0x42, N, stream));
+    OK("D2H on the stream", cudaMemcpyAsync(host_b, dev, N, cudaMemcpyDeviceToHost, stream));
+    OK("cudaStreamSynchronize", cudaStreamSynchronize(stream));
+    EXPECT("the stream's work is done at its synchronization", all_bytes(host_b, N, 0x42));
+    AUDIT("cudaStreamSynchronize_ptsz");
+    EXPECT_CODE("synchronize_ptsz an unknown stream", cudaStreamSynchronize_ptsz(BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    memset(host_b, 0, N);
+    OK("D2H on the per-thread stream", cudaMemcpyAsync_ptsz(host_b, dev, N, cudaMemcpyDeviceToHost, NULL));
+    OK("cudaStreamSynchronize_ptsz", cudaStreamSynchronize_ptsz(NULL));
+    EXPECT("the per-thread stream's work is done", all_bytes(host_b, N, 0x42));
+    AUDIT("cudaStreamQuery");
+    EXPECT_CODE("query an unknown stream", cudaStreamQuery(BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    memset(host_b, 0, N);
+    OK("memset on the stream", cudaMemsetAsync(dev, 0x43, N, stream));
+    OK("D2H on the stream", cudaMemcpyAsync(host_b, dev, N, cudaMemcpyDeviceToHost, stream));
+    OK("cudaStreamQuery", cudaStreamQuery(stream));
+    EXPECT("a query that answers success means the work is done", all_bytes(host_b, N, 0x43));
+    AUDIT("cudaStreamQuery_ptsz");
+    EXPECT_CODE("query_ptsz an unknown stream", cudaStreamQuery_ptsz(BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    OK("cudaStreamQuery_ptsz", cudaStreamQuery_ptsz(NULL));
+
+    AUDIT("cudaEventDestroy");
+    EXPECT_CODE("destroy an unknown event", cudaEventDestroy(BOGUS_EVENT), cudaErrorInvalidResourceHandle);
+    OK("cudaEventDestroy", cudaEventDestroy(start));
+    EXPECT_CODE("a destroyed event is gone", cudaEventQuery(start), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("destroy it again", cudaEventDestroy(start), cudaErrorInvalidResourceHandle);
+    OK("destroy the others", cudaEventDestroy(stop));
+    OK("destroy the others", cudaEventDestroy(untimed));
+    OK("destroy the others", cudaEventDestroy(shared));
+
+    AUDIT("cudaStreamDestroy");
+    EXPECT_CODE("destroy an unknown stream", cudaStreamDestroy(BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("destroy the legacy stream", cudaStreamDestroy(NULL), cudaErrorInvalidResourceHandle);
+    OK("cudaStreamDestroy", cudaStreamDestroy(stream));
+    EXPECT_CODE("a destroyed stream is gone", cudaStreamQuery(stream), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("destroy it again", cudaStreamDestroy(stream), cudaErrorInvalidResourceHandle);
+    OK("destroy the other", cudaStreamDestroy(other));
+
+    AUDIT("cudaDeviceSynchronize");
+    memset(host_b, 0, N);
+    OK("memset on the legacy stream", cudaMemsetAsync(dev, 0x44, N, NULL));
+    OK("D2H on the legacy stream", cudaMemcpyAsync(host_b, dev, N, cudaMemcpyDeviceToHost, NULL));
+    OK("cudaDeviceSynchronize", cudaDeviceSynchronize());
+    EXPECT("all work is done at the device synchronization", all_bytes(host_b, N, 0x44));
+    /* An asynchronous call Flyt refused is reported again at the next synchronization, once. */
+    EXPECT_CODE("a refused graph launch", cudaGraphLaunch(NULL, NULL), cudaErrorNotSupported);
+    EXPECT_CODE("the synchronization after it", cudaDeviceSynchronize(), cudaErrorNotSupported);
+    OK("and the one after that", cudaDeviceSynchronize());
+    OK("cudaFree", cudaFree(dev));
+}
+
+static void modules_kernels_symbols(void) {
+    void **handle, **bad;
+    cudaKernel_t kernel = NULL, unknown = NULL;
+    int blocks = -1;
+    size_t size = 0;
+    struct cudaFuncAttributes attributes;
+    dim3 one = {1, 1, 1}, too_wide = {2048, 1, 1}, grid = {0, 0, 0}, block = {0, 0, 0};
+    size_t shared = 99;
+    cudaStream_t popped = NULL, mine = NULL;
+    unsigned char bytes[16] = {0};
+    void *address = NULL;
+    OK("a stream for the launch audit", cudaStreamCreate(&mine));
+
+    AUDIT("__cudaRegisterFatBinary");
+    bad = __cudaRegisterFatBinary(&bad_wrapper);
+    EXPECT("a wrapper that is not nvcc's is refused", bad == NULL);
+    handle = __cudaRegisterFatBinary(&fake_wrapper);
+    EXPECT("a fatbinary is registered", handle != NULL);
+    AUDIT("__cudaInitModule");
+    EXPECT("no module behind NULL", __cudaInitModule(NULL) == 0);
+    EXPECT("the module is known", __cudaInitModule(handle) == 1);
+    AUDIT("__cudaRegisterFunction");
+    __cudaRegisterFunction(NULL, (const char *)not_a_kernel, "not_a_kernel", "not_a_kernel", -1, NULL, NULL, NULL, NULL, NULL);
+    __cudaRegisterFunction(handle, (const char *)fake_kernel, "fake_kernel", "fake_kernel", -1, NULL, NULL, NULL, NULL, NULL);
+    AUDIT("__cudaRegisterVar");
+    __cudaRegisterVar(NULL, unregistered_symbol, "unregistered_symbol", "unregistered_symbol", 0, 64, 0, 0);
+    __cudaRegisterVar(handle, fake_symbol, "fake_symbol", "fake_symbol", 0, sizeof fake_symbol, 0, 0);
+    AUDIT("__cudaRegisterFatBinaryEnd");
+    __cudaRegisterFatBinaryEnd(handle);
+
+    AUDIT("__cudaGetKernel");
+    EXPECT_CODE("the kernel of a function never registered", __cudaGetKernel(&unknown, (const void *)not_a_kernel),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("into NULL", __cudaGetKernel(NULL, (const void *)fake_kernel), cudaErrorInvalidValue);
+    OK("__cudaGetKernel", __cudaGetKernel(&kernel, (const void *)fake_kernel));
+    EXPECT("a kernel handle", kernel != NULL);
+
+    AUDIT("__cudaPushCallConfiguration");
+    AUDIT("__cudaPopCallConfiguration");
+    EXPECT_CODE("pop with nothing pushed", __cudaPopCallConfiguration(&grid, &block, &shared, &popped),
+                cudaErrorMissingConfiguration);
+    dim3 pushed_grid = {3, 4, 5}, pushed_block = {32, 2, 1};
+    EXPECT("push", __cudaPushCallConfiguration(pushed_grid, pushed_block, 128, mine) == 0);
+    OK("pop", __cudaPopCallConfiguration(&grid, &block, &shared, &popped));
+    EXPECT("the configuration pushed is the configuration popped",
+           grid.x == 3 && grid.y == 4 && grid.z == 5 && block.x == 32 && block.y == 2 && block.z == 1 &&
+               shared == 128 && popped == mine);
+
+    /* The emulated device runs no GPU code: every launch that would run must say so, never
+     * succeed. Invalid launches fail as CUDA says first. */
+    AUDIT("__cudaLaunchKernel");
+    EXPECT_CODE("an unknown kernel handle", __cudaLaunchKernel((cudaKernel_t)0x7777, one, one, NULL, 0, NULL),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("2048 threads per block", __cudaLaunchKernel(kernel, one, too_wide, NULL, 0, NULL), cudaErrorInvalidValue);
+    EXPECT_CODE("an unknown stream", __cudaLaunchKernel(kernel, one, one, NULL, 0, BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("a launch the emulated device cannot run", __cudaLaunchKernel(kernel, one, one, NULL, 0, mine),
+                cudaErrorNotSupported);
+    AUDIT("__cudaLaunchKernel_ptsz");
+    EXPECT_CODE("ptsz: an empty grid", __cudaLaunchKernel_ptsz(kernel, grid = (dim3){0, 1, 1}, one, NULL, 0, NULL),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("ptsz: a launch the emulated device cannot run", __cudaLaunchKernel_ptsz(kernel, one, one, NULL, 0, NULL),
+                cudaErrorNotSupported);
+    AUDIT("cudaLaunchKernel");
+    EXPECT_CODE("cudaLaunchKernel(NULL)", cudaLaunchKernel(NULL, one, one, NULL, 0, NULL), cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("cudaLaunchKernel of a function that is no kernel",
+                cudaLaunchKernel((const void *)not_a_kernel, one, one, NULL, 0, NULL), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("cudaLaunchKernel the emulated device cannot run",
+                cudaLaunchKernel((const void *)fake_kernel, one, one, NULL, 0, NULL), cudaErrorNotSupported);
+    AUDIT("cudaLaunchKernel_ptsz");
+    EXPECT_CODE("cudaLaunchKernel_ptsz(NULL)", cudaLaunchKernel_ptsz(NULL, one, one, NULL, 0, NULL), cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("cudaLaunchKernel_ptsz the emulated device cannot run",
+                cudaLaunchKernel_ptsz((const void *)fake_kernel, one, one, NULL, 0, NULL), cudaErrorNotSupported);
+
+    AUDIT("cudaFuncGetAttributes");
+    EXPECT_CODE("attributes of a function that is no kernel", cudaFuncGetAttributes(&attributes, (const void *)not_a_kernel),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("attributes of a kernel the emulated device cannot load",
+                cudaFuncGetAttributes(&attributes, (const void *)fake_kernel), cudaErrorNotSupported);
+    AUDIT("cudaFuncSetAttribute");
+    EXPECT_CODE("set on a function that is no kernel",
+                cudaFuncSetAttribute((const void *)not_a_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 0),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("an attribute that cannot be set", cudaFuncSetAttribute((const void *)fake_kernel, (enum cudaFuncAttribute)0, 1),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("an attribute past the last", cudaFuncSetAttribute((const void *)fake_kernel, cudaFuncAttributeMax, 1),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("set on a kernel the emulated device cannot load",
+                cudaFuncSetAttribute((const void *)fake_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024),
+                cudaErrorNotSupported);
+    AUDIT("cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    EXPECT_CODE("occupancy into NULL", cudaOccupancyMaxActiveBlocksPerMultiprocessor(NULL, (const void *)fake_kernel, 128, 0),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("occupancy of a function that is no kernel",
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)not_a_kernel, 128, 0),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("occupancy of a kernel the emulated device cannot load",
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)fake_kernel, 128, 0), cudaErrorNotSupported);
+    AUDIT("cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags");
+    EXPECT_CODE("unknown occupancy flag",
+                cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks, (const void *)fake_kernel, 128, 0, 0x2),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("occupancy with flags of a kernel the emulated device cannot load",
+                cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks, (const void *)fake_kernel, 128, 0,
+                                                                       cudaOccupancyDisableCachingOverride),
+                cudaErrorNotSupported);
+    EXPECT("no answer was written", blocks == -1);
+
+    /* Symbols: the size is the app's own registration; the address needs the loaded module. */
+    AUDIT("cudaGetSymbolSize");
+    EXPECT_CODE("size of a variable never registered", cudaGetSymbolSize(&size, unregistered_symbol), cudaErrorInvalidSymbol);
+    OK("cudaGetSymbolSize", cudaGetSymbolSize(&size, fake_symbol));
+    EXPECT("the registered size", size == sizeof fake_symbol);
+    AUDIT("cudaGetSymbolAddress");
+    EXPECT_CODE("address of a variable never registered", cudaGetSymbolAddress(&address, unregistered_symbol),
+                cudaErrorInvalidSymbol);
+    EXPECT_CODE("address of a variable the emulated device cannot load", cudaGetSymbolAddress(&address, fake_symbol),
+                cudaErrorNotSupported);
+#define SYMBOL_AUDIT(name, call_unknown, call_past_end, call_bad_kind, call_ok)                                 \
+    AUDIT(name);                                                                                                        \
+    EXPECT_CODE(name ": a variable never registered", call_unknown, cudaErrorInvalidSymbol);                             \
+    EXPECT_CODE(name ": past the variable's end", call_past_end, cudaErrorInvalidValue);                                \
+    EXPECT_CODE(name ": a direction symbols do not take", call_bad_kind, cudaErrorInvalidMemcpyDirection);              \
+    EXPECT_CODE(name ": a variable the emulated device cannot load", call_ok, cudaErrorNotSupported)
+    SYMBOL_AUDIT("cudaMemcpyToSymbol", cudaMemcpyToSymbol(unregistered_symbol, bytes, 16, 0, cudaMemcpyHostToDevice),
+                 cudaMemcpyToSymbol(fake_symbol, bytes, 16, 60, cudaMemcpyHostToDevice),
+                 cudaMemcpyToSymbol(fake_symbol, bytes, 16, 0, cudaMemcpyDeviceToHost),
+                 cudaMemcpyToSymbol(fake_symbol, bytes, 16, 0, cudaMemcpyHostToDevice));
+    SYMBOL_AUDIT("cudaMemcpyToSymbol_ptds", cudaMemcpyToSymbol_ptds(unregistered_symbol, bytes, 16, 0, cudaMemcpyHostToDevice),
+                 cudaMemcpyToSymbol_ptds(fake_symbol, bytes, 65, 0, cudaMemcpyHostToDevice),
+                 cudaMemcpyToSymbol_ptds(fake_symbol, bytes, 16, 0, cudaMemcpyHostToHost),
+                 cudaMemcpyToSymbol_ptds(fake_symbol, bytes, 16, 0, cudaMemcpyDefault));
+    SYMBOL_AUDIT("cudaMemcpyToSymbolAsync",
+                 cudaMemcpyToSymbolAsync(unregistered_symbol, bytes, 16, 0, cudaMemcpyHostToDevice, mine),
+                 cudaMemcpyToSymbolAsync(fake_symbol, bytes, 16, 49, cudaMemcpyHostToDevice, mine),
+                 cudaMemcpyToSymbolAsync(fake_symbol, bytes, 16, 0, cudaMemcpyDeviceToHost, mine),
+                 cudaMemcpyToSymbolAsync(fake_symbol, bytes, 16, 0, cudaMemcpyHostToDevice, mine));
+    SYMBOL_AUDIT("cudaMemcpyToSymbolAsync_ptsz",
+                 cudaMemcpyToSymbolAsync_ptsz(unregistered_symbol, bytes, 16, 0, cudaMemcpyHostToDevice, NULL),
+                 cudaMemcpyToSymbolAsync_ptsz(fake_symbol, bytes, 16, 64, cudaMemcpyHostToDevice, NULL),
+                 cudaMemcpyToSymbolAsync_ptsz(fake_symbol, bytes, 16, 0, cudaMemcpyDeviceToHost, NULL),
+                 cudaMemcpyToSymbolAsync_ptsz(fake_symbol, bytes, 16, 0, cudaMemcpyHostToDevice, NULL));
+    SYMBOL_AUDIT("cudaMemcpyFromSymbol", cudaMemcpyFromSymbol(bytes, unregistered_symbol, 16, 0, cudaMemcpyDeviceToHost),
+                 cudaMemcpyFromSymbol(bytes, fake_symbol, 16, 60, cudaMemcpyDeviceToHost),
+                 cudaMemcpyFromSymbol(bytes, fake_symbol, 16, 0, cudaMemcpyHostToDevice),
+                 cudaMemcpyFromSymbol(bytes, fake_symbol, 16, 0, cudaMemcpyDeviceToHost));
+    SYMBOL_AUDIT("cudaMemcpyFromSymbol_ptds",
+                 cudaMemcpyFromSymbol_ptds(bytes, unregistered_symbol, 16, 0, cudaMemcpyDeviceToHost),
+                 cudaMemcpyFromSymbol_ptds(bytes, fake_symbol, 65, 0, cudaMemcpyDeviceToHost),
+                 cudaMemcpyFromSymbol_ptds(bytes, fake_symbol, 16, 0, cudaMemcpyHostToHost),
+                 cudaMemcpyFromSymbol_ptds(bytes, fake_symbol, 16, 0, cudaMemcpyDefault));
+    SYMBOL_AUDIT("cudaMemcpyFromSymbolAsync",
+                 cudaMemcpyFromSymbolAsync(bytes, unregistered_symbol, 16, 0, cudaMemcpyDeviceToHost, mine),
+                 cudaMemcpyFromSymbolAsync(bytes, fake_symbol, 16, 49, cudaMemcpyDeviceToHost, mine),
+                 cudaMemcpyFromSymbolAsync(bytes, fake_symbol, 16, 0, cudaMemcpyHostToDevice, mine),
+                 cudaMemcpyFromSymbolAsync(bytes, fake_symbol, 16, 0, cudaMemcpyDeviceToHost, mine));
+    SYMBOL_AUDIT("cudaMemcpyFromSymbolAsync_ptsz",
+                 cudaMemcpyFromSymbolAsync_ptsz(bytes, unregistered_symbol, 16, 0, cudaMemcpyDeviceToHost, NULL),
+                 cudaMemcpyFromSymbolAsync_ptsz(bytes, fake_symbol, 16, 64, cudaMemcpyDeviceToHost, NULL),
+                 cudaMemcpyFromSymbolAsync_ptsz(bytes, fake_symbol, 16, 0, cudaMemcpyHostToDevice, NULL),
+                 cudaMemcpyFromSymbolAsync_ptsz(bytes, fake_symbol, 16, 0, cudaMemcpyDeviceToHost, NULL));
+
+    /* Unregistering a module the server never loaded must not come back as an error later. */
+    AUDIT("__cudaUnregisterFatBinary");
+    __cudaUnregisterFatBinary(handle);
+    OK("no error from the unregistration at the next synchronization", cudaDeviceSynchronize());
+    OK("cudaStreamDestroy", cudaStreamDestroy(mine));
+    EXPECT("the stubs never ran", stub_calls == 0);
+}
+
+static void reset(void) {
+    void *dev = NULL;
+    cudaStream_t stream;
+    cudaEvent_t event;
+    AUDIT("cudaDeviceReset");
+    OK("cudaMalloc before the reset", cudaMalloc(&dev, N));
+    OK("a stream before the reset", cudaStreamCreate(&stream));
+    OK("an event before the reset", cudaEventCreate(&event));
+    EXPECT_CODE("a refused graph launch before the reset", cudaGraphLaunch(NULL, stream), cudaErrorNotSupported);
+    OK("cudaDeviceReset", cudaDeviceReset());
+    OK("the reset dropped what was owed to the next synchronization", cudaDeviceSynchronize());
+    EXPECT_CODE("allocations are gone", cudaFree(dev), cudaErrorInvalidValue);
+    EXPECT_CODE("streams are gone", cudaStreamQuery(stream), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("events are gone", cudaEventQuery(event), cudaErrorInvalidResourceHandle);
+    OK("new work after the reset", cudaMalloc(&dev, N));
+    OK("memset after the reset", cudaMemset(dev, 0x55, N));
+    EXPECT("memset after the reset read back", device_bytes_are(dev, N, 0x55));
+    OK("cudaFree after the reset", cudaFree(dev));
+}
+
+int main(void) {
+    device_and_errors();
+    memory();
+    streams_and_events();
+    modules_kernels_symbols();
+    reset();
+    printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+    return failures ? 1 : 0;
+}

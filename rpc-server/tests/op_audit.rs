@@ -1,0 +1,349 @@
+//! No op answers success for a bad id, pointer, range or value: the op table walked on the
+//! emulated device. For every op, requests that each get one input wrong (an unknown stream,
+//! event, module or kernel; a pointer or range outside the session's memory; a flag or limit
+//! the device does not have) must come back as the right CUDA error: in the reply, or, for an
+//! op that has none, as the session's deferred error at the next synchronization (once). Ops that
+//! take no input that could be wrong have a check of what they did instead. A new op without an
+//! entry here does not compile (`probes!` has no rule for it).
+
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
+
+use flyt_protocol::CudaError;
+use flyt_protocol::frame::{FrameLimits, read_full, read_message};
+use flyt_protocol::ops::{Dim3, FunctionRef, Op, OpClass, OpInfo, Request, rep, req, split_reply};
+
+mod raw;
+use raw::{RawSession, emulated_server};
+
+const BOGUS_POINTER: u64 = 0xdead_0000;
+const BOGUS_HANDLE: u64 = 0x7777_7777;
+const BOGUS_FUNCTION: FunctionRef = FunctionRef { module: 4242, index: 0 };
+
+/// Handles and memory that exist, so a probe can get exactly one input wrong.
+struct Valid {
+    ptr: u64,
+    len: u64,
+    stream: u64,
+    event: u64,
+    untimed_event: u64,
+    unrecorded_event: u64,
+}
+
+/// One request and what must come of it.
+enum Probe {
+    /// Must fail with this error (in the reply, or deferred to the next synchronization).
+    Refused { request: Request, bulk: Vec<u8>, error: CudaError },
+    /// The op takes nothing that could be wrong: check its effect in a session of its own.
+    Effect(fn(&str)),
+}
+
+fn refused(request: impl Into<Request>, error: CudaError) -> Probe {
+    Probe::Refused { request: request.into(), bulk: Vec::new(), error }
+}
+
+fn refused_with_bulk(request: impl Into<Request>, bulk: &[u8], error: CudaError) -> Probe {
+    Probe::Refused { request: request.into(), bulk: bulk.to_vec(), error }
+}
+
+const INVALID_VALUE: CudaError = CudaError::INVALID_VALUE;
+const UNKNOWN_HANDLE: CudaError = CudaError::INVALID_RESOURCE_HANDLE;
+const UNKNOWN_FUNCTION: CudaError = CudaError::INVALID_DEVICE_FUNCTION;
+
+/// The probes of one op, by its name in the table.
+macro_rules! probes {
+    (Malloc, $v:ident) => {
+        vec![refused(req::Malloc { size: u64::MAX }, CudaError::MEMORY_ALLOCATION)]
+    };
+    (Free, $v:ident) => {
+        vec![refused(req::Free { ptr: $v.ptr + 8 }, INVALID_VALUE), refused(req::Free { ptr: BOGUS_POINTER }, INVALID_VALUE)]
+    };
+    (MemGetInfo, $v:ident) => {
+        vec![Probe::Effect(mem_get_info_counts_allocations)]
+    };
+    (MemcpyHtoD, $v:ident) => {
+        vec![
+            refused_with_bulk(req::MemcpyHtoD { dst: BOGUS_POINTER, stream: 0 }, &[1; 16], INVALID_VALUE),
+            refused_with_bulk(req::MemcpyHtoD { dst: $v.ptr + $v.len - 8, stream: 0 }, &[1; 16], INVALID_VALUE),
+            refused_with_bulk(req::MemcpyHtoD { dst: $v.ptr, stream: BOGUS_HANDLE }, &[1; 16], UNKNOWN_HANDLE),
+        ]
+    };
+    (MemcpyDtoH, $v:ident) => {
+        vec![
+            refused(req::MemcpyDtoH { src: BOGUS_POINTER, len: 16, stream: 0, blocking: true }, INVALID_VALUE),
+            refused(req::MemcpyDtoH { src: $v.ptr + 1, len: $v.len, stream: 0, blocking: true }, INVALID_VALUE),
+            refused(req::MemcpyDtoH { src: $v.ptr, len: 16, stream: BOGUS_HANDLE, blocking: true }, UNKNOWN_HANDLE),
+            refused(req::MemcpyDtoH { src: $v.ptr, len: u64::MAX, stream: 0, blocking: true }, INVALID_VALUE),
+        ]
+    };
+    (MemcpyDtoD, $v:ident) => {
+        vec![
+            refused(req::MemcpyDtoD { dst: BOGUS_POINTER, src: $v.ptr, len: 16, stream: 0 }, INVALID_VALUE),
+            refused(req::MemcpyDtoD { dst: $v.ptr, src: BOGUS_POINTER, len: 16, stream: 0 }, INVALID_VALUE),
+            refused(req::MemcpyDtoD { dst: $v.ptr, src: $v.ptr + 1, len: $v.len, stream: 0 }, INVALID_VALUE),
+            refused(req::MemcpyDtoD { dst: $v.ptr, src: $v.ptr, len: 16, stream: BOGUS_HANDLE }, UNKNOWN_HANDLE),
+        ]
+    };
+    (Memset, $v:ident) => {
+        vec![
+            refused(req::Memset { dst: BOGUS_POINTER, value: 0, len: 16, stream: 0 }, INVALID_VALUE),
+            refused(req::Memset { dst: $v.ptr + $v.len - 1, value: 0, len: 2, stream: 0 }, INVALID_VALUE),
+            refused(req::Memset { dst: $v.ptr, value: 0, len: 16, stream: BOGUS_HANDLE }, UNKNOWN_HANDLE),
+        ]
+    };
+    (RegisterModule, $v:ident) => {
+        // The emulated device loads no GPU code; a GPU's driver refuses a garbage image too.
+        vec![refused_with_bulk(
+            req::RegisterModule { module: 1, functions: vec!["kernel".into()], variables: vec!["symbol".into()] },
+            b"not a fatbinary",
+            CudaError::NOT_SUPPORTED,
+        )]
+    };
+    (UnregisterModule, $v:ident) => {
+        vec![refused(req::UnregisterModule { module: 4242 }, INVALID_VALUE)]
+    };
+    (Launch, $v:ident) => {
+        vec![refused(
+            req::Launch {
+                function: BOGUS_FUNCTION,
+                grid: Dim3 { x: 1, y: 1, z: 1 },
+                block: Dim3 { x: 1, y: 1, z: 1 },
+                shared_mem: 0,
+                stream: 0,
+                args: Vec::new(),
+            },
+            UNKNOWN_FUNCTION,
+        )]
+    };
+    (FuncGetAttributes, $v:ident) => {
+        vec![refused(req::FuncGetAttributes { function: BOGUS_FUNCTION }, UNKNOWN_FUNCTION)]
+    };
+    (FuncSetAttribute, $v:ident) => {
+        vec![refused(req::FuncSetAttribute { function: BOGUS_FUNCTION, attribute: 8, value: 0 }, UNKNOWN_FUNCTION)]
+    };
+    (OccupancyMaxActiveBlocks, $v:ident) => {
+        vec![refused(
+            req::OccupancyMaxActiveBlocks { function: BOGUS_FUNCTION, block_size: 128, dynamic_shared_mem: 0, flags: 0 },
+            UNKNOWN_FUNCTION,
+        )]
+    };
+    (StreamCreate, $v:ident) => {
+        vec![
+            refused(req::StreamCreate { stream: 0, flags: 0, priority: 0 }, INVALID_VALUE),
+            refused(req::StreamCreate { stream: $v.stream, flags: 0, priority: 0 }, INVALID_VALUE),
+            refused(req::StreamCreate { stream: BOGUS_HANDLE + 1, flags: 0x80, priority: 0 }, INVALID_VALUE),
+        ]
+    };
+    (StreamDestroy, $v:ident) => {
+        vec![
+            refused(req::StreamDestroy { stream: BOGUS_HANDLE }, UNKNOWN_HANDLE),
+            refused(req::StreamDestroy { stream: 0 }, UNKNOWN_HANDLE),
+        ]
+    };
+    (StreamSynchronize, $v:ident) => {
+        vec![refused(req::StreamSynchronize { stream: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
+    };
+    (StreamQuery, $v:ident) => {
+        vec![refused(req::StreamQuery { stream: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
+    };
+    (StreamWaitEvent, $v:ident) => {
+        vec![
+            refused(req::StreamWaitEvent { stream: BOGUS_HANDLE, event: $v.event, flags: 0 }, UNKNOWN_HANDLE),
+            refused(req::StreamWaitEvent { stream: $v.stream, event: BOGUS_HANDLE, flags: 0 }, UNKNOWN_HANDLE),
+            refused(req::StreamWaitEvent { stream: $v.stream, event: $v.event, flags: 0x2 }, INVALID_VALUE),
+        ]
+    };
+    (EventCreate, $v:ident) => {
+        vec![
+            refused(req::EventCreate { event: 0, flags: 0 }, INVALID_VALUE),
+            refused(req::EventCreate { event: $v.event, flags: 0 }, INVALID_VALUE),
+            refused(req::EventCreate { event: BOGUS_HANDLE + 2, flags: 0x8 }, INVALID_VALUE),
+            // cudaEventInterprocess without cudaEventDisableTiming.
+            refused(req::EventCreate { event: BOGUS_HANDLE + 3, flags: 0x4 }, INVALID_VALUE),
+        ]
+    };
+    (EventRecord, $v:ident) => {
+        vec![
+            refused(req::EventRecord { event: BOGUS_HANDLE, stream: $v.stream, flags: 0 }, UNKNOWN_HANDLE),
+            refused(req::EventRecord { event: $v.event, stream: BOGUS_HANDLE, flags: 0 }, UNKNOWN_HANDLE),
+            refused(req::EventRecord { event: $v.event, stream: $v.stream, flags: 0x2 }, INVALID_VALUE),
+        ]
+    };
+    (EventSynchronize, $v:ident) => {
+        vec![refused(req::EventSynchronize { event: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
+    };
+    (EventQuery, $v:ident) => {
+        vec![refused(req::EventQuery { event: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
+    };
+    (EventElapsedTime, $v:ident) => {
+        vec![
+            refused(req::EventElapsedTime { start: BOGUS_HANDLE, end: $v.event }, UNKNOWN_HANDLE),
+            refused(req::EventElapsedTime { start: $v.event, end: BOGUS_HANDLE }, UNKNOWN_HANDLE),
+            // CUDA: an event without timing, or never recorded, has no time.
+            refused(req::EventElapsedTime { start: $v.event, end: $v.untimed_event }, UNKNOWN_HANDLE),
+            refused(req::EventElapsedTime { start: $v.unrecorded_event, end: $v.event }, UNKNOWN_HANDLE),
+        ]
+    };
+    (EventDestroy, $v:ident) => {
+        vec![refused(req::EventDestroy { event: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
+    };
+    (DeviceSynchronize, $v:ident) => {
+        vec![Probe::Effect(device_synchronize_delivers_a_deferred_error_once)]
+    };
+    (DeviceReset, $v:ident) => {
+        vec![Probe::Effect(device_reset_frees_everything)]
+    };
+    (DeviceSetLimit, $v:ident) => {
+        vec![
+            refused(req::DeviceSetLimit { limit: 99, value: 1 }, CudaError::UNSUPPORTED_LIMIT),
+            // cudaLimitDevRuntimeSyncDepth: not on a compute capability 9.0 device.
+            refused(req::DeviceSetLimit { limit: 3, value: 4 }, CudaError::UNSUPPORTED_LIMIT),
+        ]
+    };
+    (DeviceGetLimit, $v:ident) => {
+        vec![refused(req::DeviceGetLimit { limit: 99 }, CudaError::UNSUPPORTED_LIMIT)]
+    };
+    // This session has no shared-memory segment: every segment op is refused (bad offsets in a
+    // session that has one are `robustness.rs`'s).
+    (ShmRegister, $v:ident) => {
+        vec![refused(req::ShmRegister { offset: 0, len: 4096 }, CudaError::NOT_SUPPORTED)]
+    };
+    (ShmUnregister, $v:ident) => {
+        vec![refused(req::ShmUnregister { offset: 0 }, CudaError::NOT_SUPPORTED)]
+    };
+    (ShmCopyHtoD, $v:ident) => {
+        vec![refused(req::ShmCopyHtoD { dst: $v.ptr, offset: 0, len: 16, stream: 0 }, CudaError::NOT_SUPPORTED)]
+    };
+    (ShmCopyDtoH, $v:ident) => {
+        vec![refused(req::ShmCopyDtoH { src: $v.ptr, offset: 0, len: 16, stream: 0 }, CudaError::NOT_SUPPORTED)]
+    };
+    (ShmFence, $v:ident) => {
+        vec![refused(req::ShmFence { stream: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
+    };
+    (StreamPriorityRange, $v:ident) => {
+        vec![Probe::Effect(stream_priority_range_is_ordered)]
+    };
+}
+
+macro_rules! audit_table {
+    ($(
+        $(#[$doc:meta])*
+        $id:literal $name:ident $method:ident [$class:ident $bulk:tt]
+        { $($req_field:ident : $req_ty:ty),* $(,)? } -> { $($rep_field:ident : $rep_ty:ty),* $(,)? };
+    )*) => {
+        /// Every op of the table with its probes.
+        fn audit_table(valid: &Valid) -> Vec<(OpInfo, Vec<Probe>)> {
+            vec![$((<req::$name as Op>::INFO, probes!($name, valid)),)*]
+        }
+    };
+}
+
+flyt_protocol::for_each_op!(audit_table);
+
+/// Sends one refused probe and checks its error, and that the session holds no other error.
+fn check_refused(session: &mut RawSession, info: OpInfo, request: Request, bulk: &[u8], error: CudaError) {
+    let what = format!("{} {request:?}", info.name);
+    let seq = session.send(&request, bulk);
+    if info.class == OpClass::NoReply {
+        let first = session.call_with_deferred(req::DeviceSynchronize {}).0;
+        assert_eq!((first.result.is_ok(), first.deferred), (true, Some(error)), "{what}: not reported at the next sync");
+    } else {
+        let mut message = Vec::new();
+        let header = read_message(&mut session.stream, &FrameLimits::default(), &mut message).expect("reply");
+        assert_eq!(header.seq, seq, "{what}");
+        let mut bulk_out = vec![0u8; usize::try_from(header.bulk_len).unwrap()];
+        read_full(&mut session.stream, &mut bulk_out, false).unwrap();
+        let (status, deferred, _) = split_reply(&message).expect("a reply");
+        assert_eq!(CudaError::check(status), Err(error), "{what}");
+        assert_eq!(deferred, None, "{what}: a stale deferred error");
+        assert!(bulk_out.is_empty(), "{what}: a refused call sent bytes back");
+    }
+    // Reported once: the next synchronization is clean.
+    let next = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((next.result.is_ok(), next.deferred), (true, None), "{what}: the error stuck");
+}
+
+#[test]
+fn no_op_answers_success_for_a_bad_id_pointer_range_or_value() {
+    let (_server, socket) = emulated_server("op-audit", &[]);
+    let mut session = RawSession::open(&socket, None).expect("session");
+    let len = 4096;
+    let ptr = session.call(req::Malloc { size: len }).0.expect("malloc").ptr;
+    let valid =
+        Valid { ptr, len, stream: 0x5_0000_0001, event: 0xE_0000_0001, untimed_event: 0xE_0000_0002, unrecorded_event: 0xE_0000_0003 };
+    session.send(&req::StreamCreate { stream: valid.stream, flags: 0, priority: 0 }.into(), &[]);
+    session.send(&req::EventCreate { event: valid.event, flags: 0 }.into(), &[]);
+    session.send(&req::EventCreate { event: valid.untimed_event, flags: 0x2 }.into(), &[]);
+    session.send(&req::EventCreate { event: valid.unrecorded_event, flags: 0 }.into(), &[]);
+    session.send(&req::EventRecord { event: valid.event, stream: valid.stream, flags: 0 }.into(), &[]);
+    session.send(&req::EventRecord { event: valid.untimed_event, stream: valid.stream, flags: 0 }.into(), &[]);
+    let setup = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((setup.result.is_ok(), setup.deferred), (true, None), "setup");
+
+    let table = audit_table(&valid);
+    assert_eq!(table.len(), flyt_protocol::ops::OPS.len());
+    let mut refusals = 0;
+    for (info, probes) in table {
+        assert!(!probes.is_empty(), "{} has no probe", info.name);
+        for probe in probes {
+            match probe {
+                Probe::Refused { request, bulk, error } => {
+                    assert_eq!(request.info(), info, "a probe of {} sends another op", info.name);
+                    check_refused(&mut session, info, request, &bulk, error);
+                    refusals += 1;
+                }
+                Probe::Effect(check) => check(&socket),
+            }
+        }
+    }
+    assert!(refusals > 50, "{refusals} refusals checked");
+    // The valid handles still work and the session goes on.
+    let elapsed = session.call(req::EventElapsedTime { start: valid.event, end: valid.event }).0;
+    assert_eq!(elapsed.map(|reply| reply.milliseconds), Ok(0.0));
+    session.round_trip(0x5a);
+}
+
+fn mem_get_info_counts_allocations(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let before = session.call(req::MemGetInfo {}).0.unwrap();
+    assert!(before.free <= before.total && before.total > 0);
+    let ptr = session.call(req::Malloc { size: 8 << 20 }).0.unwrap().ptr;
+    let after = session.call(req::MemGetInfo {}).0.unwrap();
+    assert_eq!((before.free - after.free, after.total), (8 << 20, before.total));
+    session.call(req::Free { ptr }).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before.free);
+}
+
+fn device_synchronize_delivers_a_deferred_error_once(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let clean = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((clean.result.is_ok(), clean.deferred), (true, None));
+    session.send(&req::StreamDestroy { stream: BOGUS_HANDLE }.into(), &[]);
+    session.send(&req::Memset { dst: BOGUS_POINTER, value: 0, len: 1, stream: 0 }.into(), &[]);
+    // The first error of the two, once.
+    let first = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((first.result.is_ok(), first.deferred), (true, Some(UNKNOWN_HANDLE)));
+    let second = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((second.result.is_ok(), second.deferred), (true, None));
+}
+
+fn device_reset_frees_everything(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let total = session.call(req::MemGetInfo {}).0.unwrap();
+    let ptr = session.call(req::Malloc { size: 1 << 20 }).0.unwrap().ptr;
+    session.send(&req::StreamCreate { stream: 9, flags: 0, priority: 0 }.into(), &[]);
+    session.send(&req::EventCreate { event: 9, flags: 0 }.into(), &[]);
+    let reset: Result<rep::DeviceReset, CudaError> = session.call(req::DeviceReset {}).0;
+    assert!(reset.is_ok(), "{reset:?}");
+    assert_eq!(session.call(req::Free { ptr }).0.map(|_| ()), Err(INVALID_VALUE), "allocations are gone");
+    assert_eq!(session.call(req::StreamQuery { stream: 9 }).0.map(|_| ()), Err(UNKNOWN_HANDLE), "streams are gone");
+    assert_eq!(session.call(req::EventQuery { event: 9 }).0.map(|_| ()), Err(UNKNOWN_HANDLE), "events are gone");
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, total.free, "the memory is back");
+    session.round_trip(7);
+}
+
+fn stream_priority_range_is_ordered(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let range = session.call(req::StreamPriorityRange {}).0.unwrap();
+    assert!(range.greatest <= range.least, "{range:?}");
+    assert_eq!(session.call(req::StreamPriorityRange {}).0.unwrap(), range);
+}
