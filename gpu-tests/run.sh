@@ -419,6 +419,10 @@ make_hide_list() {
             [ -e "$f" ] || continue
             real=$(readlink -f "$f")
             [ -f "$real" ] || continue
+            # A link into a folder the tmpfs already hides dangles in the namespace: hidden too.
+            local inside=0
+            for t in "${tmpfs_dirs[@]}"; do case $real in "$t"/*) inside=1 ;; esac; done
+            [ $inside = 1 ] && continue
             case $seen_files in *" $real "*) continue ;; esac
             seen_files+="$real "
             echo "bind $real" >>"$HIDE_LIST"
