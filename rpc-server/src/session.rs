@@ -249,6 +249,9 @@ pub struct Session<D: Device> {
     /// Whether a loaded module may print (device `printf` or `assert`): only then do
     /// synchronizing calls look for output to forward.
     may_print: bool,
+    /// Each limit the app changed, with its value before the first change: `cudaDeviceReset`
+    /// puts them back, as a new context would have them.
+    changed_limits: HashMap<u32, u64>,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -286,6 +289,7 @@ impl<D: Device> Session<D> {
             spare_events: Arc::new(Mutex::new(Vec::new())),
             shm,
             may_print: false,
+            changed_limits: HashMap::new(),
         }
     }
 
@@ -826,12 +830,20 @@ impl<D: Device> OpHandler for Session<D> {
             self.outbox.send_output();
         }
         self.release_everything();
+        for (limit, original) in self.changed_limits.drain() {
+            let _ = self.device.set_limit(limit, original);
+        }
         // Reset clears the sticky state the app could see; a fatal device error stays, as the
         // driver keeps reporting it.
         reply.send(synchronized.map(|()| rep::DeviceReset {}));
     }
 
     fn device_set_limit(&mut self, request: req::DeviceSetLimit, reply: Responder<rep::DeviceSetLimit>) {
+        if !self.changed_limits.contains_key(&request.limit)
+            && let Ok(original) = self.device.get_limit(request.limit)
+        {
+            self.changed_limits.insert(request.limit, original);
+        }
         reply.send(self.device.set_limit(request.limit, request.value).map(|()| rep::DeviceSetLimit {}));
     }
 

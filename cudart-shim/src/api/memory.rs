@@ -287,6 +287,10 @@ unsafe fn copy(
                 // SAFETY: forwarded contract.
                 return unsafe { shm_to_host(client, channel, dst.cast(), src_address, count, stream, mode) };
             }
+            // Into pageable memory even cudaMemcpyAsync returns only once the copy is done (CUDA
+            // documents it); into pinned or registered memory it returns at once and the bytes
+            // land before the next synchronizing call returns.
+            let waited = mode == Mode::Synchronous || client.host_allocation(dst as usize).is_none();
             let mut slots = Vec::new();
             let mut offset = 0u64;
             while offset < len {
@@ -298,9 +302,10 @@ unsafe fn copy(
                 let last = offset + piece == len;
                 let request =
                     req::MemcpyDtoH { src: src_address + offset, len: piece, stream, blocking: last && mode == Mode::Synchronous };
-                match mode {
-                    Mode::Asynchronous => client.conn.send_detached(&request.into(), destination)?,
-                    Mode::Synchronous => slots.push(client.conn.send_for_reply(&request.into(), Some(destination))?),
+                if waited {
+                    slots.push(client.conn.send_for_reply(&request.into(), Some(destination))?);
+                } else {
+                    client.conn.send_detached(&request.into(), destination)?;
                 }
                 offset += piece;
             }
