@@ -29,6 +29,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     result
 }
 
+/// Removes what [`write_atomic`] leaves of `path` when the process dies in the middle of a
+/// write: temporary files that never replaced it. Returns how many were removed.
+pub fn remove_stale_temporaries(path: &Path) -> io::Result<usize> {
+    let folder = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Some(file_name) = path.file_name().and_then(|name| name.to_str()) else { return Ok(0) };
+    let prefix = format!("{file_name}.tmp");
+    let mut removed = 0;
+    for entry in fs::read_dir(folder)? {
+        let entry = entry?;
+        if entry.file_name().to_str().is_some_and(|name| name.starts_with(&prefix)) {
+            fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// Creates `path` and its parents with `mode` on the last one (e.g. 0o700 for a state folder).
 pub fn create_dir_with_mode(path: &Path, mode: u32) -> io::Result<()> {
     fs::create_dir_all(path)?;
@@ -48,5 +65,19 @@ mod tests {
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::read_dir(folder.path()).unwrap().count(), 1);
         assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_write_cut_short_leaves_the_old_contents_and_a_removable_temporary() {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("state.json");
+        write_atomic(&path, b"old", 0o600).unwrap();
+        // What a process killed between writing its temporary and the rename leaves behind.
+        fs::write(folder.path().join("state.json.tmp4242"), b"half a ne").unwrap();
+        fs::write(folder.path().join("other.json.tmp1"), b"not ours").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"old");
+        assert_eq!(remove_stale_temporaries(&path).unwrap(), 1);
+        assert!(folder.path().join("other.json.tmp1").exists());
+        assert_eq!(fs::read(&path).unwrap(), b"old");
     }
 }
