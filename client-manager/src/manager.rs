@@ -1,10 +1,11 @@
 //! The client manager's work: answer locate requests, track client processes, hold the lease.
 //!
-//! Apps ride out a cluster manager that is away (a restart, a crash, a stall): a request for
-//! the VM's allocation it already knows is answered from memory when the cluster manager does
-//! not answer within [`KNOWN_ALLOCATION_WAIT`] (the rpc-server checks tokens offline, and this
+//! Apps ride out a cluster manager that is away (a restart, a crash): a request for the VM's
+//! allocation it already knows is answered from memory when the cluster manager cannot be
+//! reached within [`KNOWN_ALLOCATION_WAIT`] (the rpc-server checks tokens offline, and this
 //! host holds the cluster key that signs them); a request that needs a new placement waits for
-//! the cluster manager to come back, up to `request_timeout_seconds`, saying so in the log.
+//! the cluster manager to come back, up to `request_timeout_seconds`, saying so in the log. A
+//! cluster manager that is connected but slow (a server start, a stall) is waited for.
 
 use std::{
     collections::BTreeMap,
@@ -39,7 +40,7 @@ use crate::config::ClientManagerConfig;
 const LOCATE_LIMITS: FrameLimits = FrameLimits { max_message: 64 * 1024, max_bulk: 0 };
 /// How long a connected app has to send its request.
 const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a request for a known allocation waits for the cluster manager before it is
+/// How long a request for a known allocation tries to reach the cluster manager before it is
 /// answered from memory.
 pub const KNOWN_ALLOCATION_WAIT: Duration = Duration::from_secs(2);
 /// First and longest pause between attempts to reach a cluster manager that is away.
@@ -95,48 +96,60 @@ impl ClientManager {
         })
     }
 
-    async fn cluster_client(&self, limit: Duration) -> Result<ClusterClientClient, String> {
+    /// The connection to the cluster manager (made when there is none), and whether it is new.
+    async fn cluster_client(&self, limit: Duration) -> Result<(ClusterClientClient, bool), String> {
         let mut connection = self.connection.lock().await;
         if let Some(client) = connection.as_ref() {
-            return Ok(client.clone());
+            return Ok((client.clone(), false));
         }
         let limit = limit.min(rpc::CONNECT_TIMEOUT);
         let stream =
             rpc::connect_within(&self.cluster, &self.key, ServiceName::ClusterClient, limit).await.map_err(|error| error.to_string())?;
         let client = ClusterClientClient::new(tarpc::client::Config::default(), rpc::transport(stream)).spawn();
         *connection = Some(client.clone());
-        Ok(client)
+        Ok((client, true))
     }
 
     async fn drop_connection(&self) {
         *self.connection.lock().await = None;
     }
 
-    /// One request to the cluster manager, connection included, bounded by `limit`.
-    async fn ask(&self, client: &ClientIdentity, limit: Duration) -> Result<Grant, AskError> {
+    /// One request to the cluster manager: connecting (and proving the key) within
+    /// `connect_limit`, then waiting for the answer until `deadline`. Only a cluster manager
+    /// that cannot be reached (connection refused, reset or not completed in time) is
+    /// `Unreachable`; one that is merely slow (a server start) is waited for.
+    async fn ask(&self, client: &ClientIdentity, connect_limit: Duration, deadline: Instant) -> Result<Grant, AskError> {
         let request = AllocateRequest { vm_ip: self.config.vm_ip.clone(), client: client.clone() };
-        let attempt = async {
-            let connection = self.cluster_client(limit).await.map_err(AskError::Unreachable)?;
-            match connection.allocate(rpc::deadline(limit), request).await {
+        loop {
+            let (connection, fresh) = match tokio::time::timeout(connect_limit, self.cluster_client(connect_limit)).await {
+                Ok(Ok(connection)) => connection,
+                Ok(Err(reason)) => return Err(AskError::Unreachable(reason)),
+                Err(_) => return Err(AskError::Unreachable(format!("no connection within {:.1} s", connect_limit.as_secs_f64()))),
+            };
+            let mut context = tarpc::context::current();
+            context.deadline = deadline;
+            return match connection.allocate(context, request.clone()).await {
                 Ok(Ok(grant)) => Ok(grant),
                 Ok(Err(error)) => Err(AskError::Refused(error.to_string())),
+                Err(tarpc::client::RpcError::DeadlineExceeded) => Err(AskError::Refused(format!(
+                    "the cluster manager at {} did not place this app within {} s (request_timeout_seconds)",
+                    self.cluster, self.config.request_timeout_seconds
+                ))),
                 Err(error) => {
                     self.drop_connection().await;
+                    // A connection that outlived a restart of the cluster manager fails at
+                    // once: only a new one says whether the cluster manager is there.
+                    if !fresh {
+                        continue;
+                    }
                     Err(AskError::Unreachable(error.to_string()))
                 }
-            }
-        };
-        match tokio::time::timeout(limit, attempt).await {
-            Ok(result) => result,
-            Err(_) => {
-                self.drop_connection().await;
-                Err(AskError::Unreachable(format!("no answer within {:.1} s", limit.as_secs_f64())))
-            }
+            };
         }
     }
 
-    /// Asks the cluster manager for this VM's slice on behalf of `client`. While it does not
-    /// answer, a known allocation is served from memory and a new one is waited for, up to
+    /// Asks the cluster manager for this VM's slice on behalf of `client`. While it cannot be
+    /// reached, a known allocation is served from memory and a new one is waited for, up to
     /// `request_timeout_seconds`.
     async fn allocate(&self, client: ClientIdentity) -> Result<Grant, String> {
         let timeout = Duration::from_secs(self.config.request_timeout_seconds);
@@ -145,9 +158,9 @@ impl ClientManager {
         let mut pause = RETRY_PAUSE;
         let mut waiting_since: Option<Instant> = None;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let limit = if known.is_some() { KNOWN_ALLOCATION_WAIT.min(left) } else { left };
-            let reason = match self.ask(&client, limit.max(Duration::from_millis(1))).await {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            let connect_limit = if known.is_some() { KNOWN_ALLOCATION_WAIT.min(left) } else { left.min(rpc::CONNECT_TIMEOUT) };
+            let reason = match self.ask(&client, connect_limit, deadline).await {
                 Ok(grant) => {
                     if let Some(since) = waiting_since {
                         tracing::info!(pid = client.pid, "the cluster manager at {} is back after {:.1} s", self.cluster, since.elapsed().as_secs_f64());
@@ -163,7 +176,7 @@ impl ClientManager {
             }
             if Instant::now() + pause >= deadline {
                 return Err(format!(
-                    "the Flyt cluster manager at {} did not answer within {} s ({reason}): is flyt-cluster-manager running? (the wait is the client manager's request_timeout_seconds)",
+                    "the Flyt cluster manager at {} could not be reached for {} s ({reason}): is flyt-cluster-manager running? (the wait is the client manager's request_timeout_seconds)",
                     self.cluster, self.config.request_timeout_seconds
                 ));
             }
@@ -172,7 +185,7 @@ impl ClientManager {
                 tracing::warn!(
                     pid = client.pid,
                     program = %client.program,
-                    "the cluster manager at {} does not answer ({reason}); this app waits up to {} s for it to come back and place it",
+                    "the cluster manager at {} cannot be reached ({reason}); this app waits up to {} s for it to come back and place it",
                     self.cluster,
                     self.config.request_timeout_seconds
                 );
@@ -309,7 +322,7 @@ impl ClientManager {
             let report = self.report().await;
             let limit = (interval * 2).max(Duration::from_secs(2));
             let client = match self.cluster_client(limit).await {
-                Ok(client) => client,
+                Ok((client, _)) => client,
                 Err(reason) => {
                     if !reported_unreachable {
                         tracing::warn!(

@@ -5,6 +5,7 @@ use std::{
     io::{self, Write},
     os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::Path,
+    sync::atomic::{AtomicU64, Ordering},
 };
 
 /// Writes `bytes` to `path` through a temporary file in the same folder: write, fsync, rename,
@@ -13,8 +14,10 @@ use std::{
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let folder = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let file_name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "state path has no file name"))?;
+    // One temporary per call: two writers of one file in one process never share one.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let mut temporary_name = file_name.to_os_string();
-    temporary_name.push(format!(".tmp{}", std::process::id()));
+    temporary_name.push(format!(".tmp{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
     let temporary = folder.join(temporary_name);
     let result = (|| {
         let mut file = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&temporary)?;
@@ -65,6 +68,27 @@ mod tests {
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::read_dir(folder.path()).unwrap().count(), 1);
         assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn concurrent_writers_of_one_file_do_not_collide() {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("state.json");
+        let writers: Vec<_> = (0..8)
+            .map(|index| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        write_atomic(&path, format!("writer {index}").as_bytes(), 0o600).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        assert!(String::from_utf8(fs::read(&path).unwrap()).unwrap().starts_with("writer "));
+        assert_eq!(fs::read_dir(folder.path()).unwrap().count(), 1, "no temporary left");
     }
 
     #[test]

@@ -145,6 +145,8 @@ pub struct ServerManager {
     servers: Mutex<BTreeMap<String, ManagedServer>>,
     /// Starts and stops one at a time: a repeated start for one allocation finds the first.
     lifecycle: Mutex<()>,
+    /// Held by resizes: a record is corrected from a server's status only when none runs.
+    resizing: Mutex<()>,
 }
 
 fn valid_allocation_id(id: &str) -> bool {
@@ -220,7 +222,7 @@ impl ServerManager {
         for id in servers.keys() {
             let _ = flyt_daemon_kit::fs::remove_stale_temporaries(&Self::record_path(&settings, id));
         }
-        Ok(Self { settings, key, servers: Mutex::new(servers), lifecycle: Mutex::new(()) })
+        Ok(Self { settings, key, servers: Mutex::new(servers), lifecycle: Mutex::new(()), resizing: Mutex::new(()) })
     }
 
     /// Stops rpc-servers started from this state folder that no record describes: their node
@@ -444,6 +446,7 @@ impl ServerManager {
 
     /// Changes a server's memory quota and/or SM share through its control socket.
     pub async fn resize(&self, id: &str, memory: Option<u64>, sm_percentage: Option<u32>) -> Result<ServerReport, ControlError> {
+        let _resizing = self.resizing.lock().await;
         if !self.servers.lock().await.contains_key(id) {
             return Err(ControlError::UnknownAllocation(id.to_string()));
         }
@@ -551,6 +554,8 @@ impl ServerManager {
         if (record.memory, record.sm_percentage) == (memory, sm_percentage) || memory == 0 {
             return record.clone();
         }
+        // A resize under way writes the record itself.
+        let Ok(_resizing) = self.resizing.try_lock() else { return record.clone() };
         let mut servers = self.servers.lock().await;
         let Some(server) = servers.get_mut(&record.allocation_id) else { return record.clone() };
         tracing::info!(allocation = %record.allocation_id, memory_mib = memory, sm_percentage, "the record of this rpc-server was behind its slice; corrected");
