@@ -86,14 +86,7 @@ pub struct ClientManager {
 
 impl ClientManager {
     pub fn new(config: ClientManagerConfig, cluster: Endpoint, key: ClusterKey) -> Arc<Self> {
-        Arc::new(Self {
-            config,
-            cluster,
-            key,
-            connection: Mutex::new(None),
-            clients: Mutex::new(BTreeMap::new()),
-            known: Mutex::new(None),
-        })
+        Arc::new(Self { config, cluster, key, connection: Mutex::new(None), clients: Mutex::new(BTreeMap::new()), known: Mutex::new(None) })
     }
 
     /// The connection to the cluster manager (made when there is none), and whether it is new.
@@ -163,7 +156,12 @@ impl ClientManager {
             let reason = match self.ask(&client, connect_limit, deadline).await {
                 Ok(grant) => {
                     if let Some(since) = waiting_since {
-                        tracing::info!(pid = client.pid, "the cluster manager at {} is back after {:.1} s", self.cluster, since.elapsed().as_secs_f64());
+                        tracing::info!(
+                            pid = client.pid,
+                            "the cluster manager at {} is back after {:.1} s",
+                            self.cluster,
+                            since.elapsed().as_secs_f64()
+                        );
                     }
                     *self.known.lock().await = Some(KnownGrant { grant: grant.clone(), received_at: unix_now() });
                     return Ok(grant);
@@ -172,7 +170,7 @@ impl ClientManager {
                 Err(AskError::Unreachable(reason)) => reason,
             };
             if let Some(known) = &known {
-                return self.from_memory(known, &reason);
+                return self.grant_from_memory(known, &reason);
             }
             if Instant::now() + pause >= deadline {
                 return Err(format!(
@@ -196,7 +194,7 @@ impl ClientManager {
     }
 
     /// The known allocation, with a fresh token when the remembered one is close to expiry.
-    fn from_memory(&self, known: &KnownGrant, reason: &str) -> Result<Grant, String> {
+    fn grant_from_memory(&self, known: &KnownGrant, reason: &str) -> Result<Grant, String> {
         let now = unix_now();
         let mut grant = known.grant.clone();
         if grant.token_expires_at < now + TOKEN_MARGIN_SECONDS {

@@ -7,9 +7,7 @@ use std::{
 };
 
 use flyt_protocol::{
-    control::cluster::{
-        AllocationRecord, ControlError, GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeView, VmRequirement,
-    },
+    control::cluster::{AllocationRecord, ControlError, GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeView, VmRequirement},
     handshake::ClientIdentity,
 };
 

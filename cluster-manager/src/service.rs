@@ -49,9 +49,9 @@ use flyt_protocol::{
     control::{
         auth::ServiceName,
         cluster::{
-            AllocateRequest, AllocationRecord, AllocationState, ClientHeartbeatReply, ClientManagerReport, ClusterAdmin,
-            ClusterClient, ClusterNode, ClusterStatus, ControlError, Grant, NodeHealth, NodeHeartbeat, NodeHeartbeatReply,
-            NodeRecord, NodeRegistration, NodeView, RegisterReply, ServerReport, SliceSize, VmRequirement, VmView,
+            AllocateRequest, AllocationRecord, AllocationState, ClientHeartbeatReply, ClientManagerReport, ClusterAdmin, ClusterClient,
+            ClusterNode, ClusterStatus, ControlError, Grant, NodeHealth, NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration,
+            NodeView, RegisterReply, ServerReport, SliceSize, VmRequirement, VmView,
         },
         node::{NodeManagerControlClient, ServerSpec},
     },
@@ -225,7 +225,13 @@ impl<S: Store> Cluster<S> {
         }
     }
 
-    async fn resize_on_node(&self, node_id: &str, allocation_id: &str, memory: u64, sm_percentage: u32) -> Result<ServerReport, ControlError> {
+    async fn resize_on_node(
+        &self,
+        node_id: &str,
+        allocation_id: &str,
+        memory: u64,
+        sm_percentage: u32,
+    ) -> Result<ServerReport, ControlError> {
         let address = self.node_address(node_id).await?;
         let client = self.node_client(node_id, &address).await?;
         let call = client.resize_server(rpc::deadline(NODE_CALL_TIMEOUT), allocation_id.to_string(), Some(memory), Some(sm_percentage));
@@ -440,7 +446,13 @@ impl<S: Store> Cluster<S> {
         allocation.pending_resize = None;
         self.store.put_allocation(&allocation).await.map_err(store_error)?;
         model.allocations.insert(id.to_string(), allocation.clone());
-        tracing::info!(allocation = id, compute_units = size.compute_units, memory_mib = size.memory, sm_percentage = size.sm_percentage, "allocation resized");
+        tracing::info!(
+            allocation = id,
+            compute_units = size.compute_units,
+            memory_mib = size.memory,
+            sm_percentage = size.sm_percentage,
+            "allocation resized"
+        );
         Ok(allocation)
     }
 
@@ -479,7 +491,12 @@ impl<S: Store> Cluster<S> {
         if !settled(&allocation) {
             return Ok(());
         }
-        tracing::info!(allocation = id, memory_mib = allocation.memory, sm_percentage = allocation.sm_percentage, "the server's slice differs from the stored one; setting it back");
+        tracing::info!(
+            allocation = id,
+            memory_mib = allocation.memory,
+            sm_percentage = allocation.sm_percentage,
+            "the server's slice differs from the stored one; setting it back"
+        );
         self.resize_on_node(&allocation.node_id, id, allocation.memory, allocation.sm_percentage).await.map(|_| ())
     }
 
@@ -676,11 +693,12 @@ impl<S: Store> Cluster<S> {
     async fn release(self: Arc<Self>, vm_ip: String, allocation_id: String) -> Result<(), ControlError> {
         let mut model = self.model.lock().await;
         match model.allocations.get(&allocation_id) {
-            Some(allocation) if allocation.vm_ip == vm_ip => self.release_locked(&mut model, &allocation_id, "released by its client manager").await,
+            Some(allocation) if allocation.vm_ip == vm_ip => {
+                self.release_locked(&mut model, &allocation_id, "released by its client manager").await
+            }
             _ => Err(ControlError::UnknownAllocation(allocation_id)),
         }
     }
-
 
     /// Restarts every lease after this process itself did not run for `stalled`: the nodes and
     /// client managers were silent because nobody listened, not because they died.
@@ -722,8 +740,12 @@ impl<S: Store> Cluster<S> {
             .map(|node| node.record.node_id.clone())
             .collect();
         for node_id in silent {
-            let kept: Vec<String> =
-                model.allocations.values().filter(|allocation| allocation.node_id == node_id).map(|allocation| allocation.id.clone()).collect();
+            let kept: Vec<String> = model
+                .allocations
+                .values()
+                .filter(|allocation| allocation.node_id == node_id)
+                .map(|allocation| allocation.id.clone())
+                .collect();
             let Some(node) = model.nodes.get_mut(&node_id) else { continue };
             node.record.health = NodeHealth::Down;
             node.down_since = Some(now);
@@ -747,10 +769,15 @@ impl<S: Store> Cluster<S> {
             .map(|node| node.record.node_id.clone())
             .collect();
         for node_id in lost {
-            let ids: Vec<String> =
-                model.allocations.values().filter(|allocation| allocation.node_id == node_id).map(|allocation| allocation.id.clone()).collect();
+            let ids: Vec<String> = model
+                .allocations
+                .values()
+                .filter(|allocation| allocation.node_id == node_id)
+                .map(|allocation| allocation.id.clone())
+                .collect();
             for id in ids {
-                if let Err(error) = self.release_locked(&mut model, &id, "its node has been down for longer than node_grace_seconds").await {
+                if let Err(error) = self.release_locked(&mut model, &id, "its node has been down for longer than node_grace_seconds").await
+                {
                     tracing::error!(%error, "cannot release an allocation");
                 }
             }

@@ -8,9 +8,7 @@ use std::{
     time::Duration,
 };
 
-use flyt_protocol::control::auth::{
-    self, AuthProtocolError, CHALLENGE_LEN, CLIENT_PROOF_LEN, NONCE_LEN, SERVER_PROOF_LEN, ServiceName,
-};
+use flyt_protocol::control::auth::{self, AuthProtocolError, CHALLENGE_LEN, CLIENT_PROOF_LEN, NONCE_LEN, SERVER_PROOF_LEN, ServiceName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Shortest key accepted: 128 bits of a hex or base64 string is at least 16 characters.
@@ -106,11 +104,7 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Client side: answers the challenge for `service` and checks the server's own proof, within
 /// [`HANDSHAKE_TIMEOUT`].
-pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    key: &ClusterKey,
-    service: ServiceName,
-) -> Result<(), AuthError> {
+pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, key: &ClusterKey, service: ServiceName) -> Result<(), AuthError> {
     connect_within(stream, key, service, HANDSHAKE_TIMEOUT).await
 }
 

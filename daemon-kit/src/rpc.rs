@@ -124,8 +124,7 @@ impl AsyncWrite for ControlStream {
 
 /// The tarpc transport over a stream: length-delimited frames of at most [`MAX_FRAME_BYTES`],
 /// postcard inside.
-pub type PostcardTransport<S, Item, SinkItem> =
-    tarpc::serde_transport::Transport<S, Item, SinkItem, PostcardCodec<Item, SinkItem>>;
+pub type PostcardTransport<S, Item, SinkItem> = tarpc::serde_transport::Transport<S, Item, SinkItem, PostcardCodec<Item, SinkItem>>;
 
 /// Wraps an authenticated stream for tarpc.
 pub fn transport<S, Item, SinkItem>(stream: S) -> PostcardTransport<S, Item, SinkItem>
@@ -206,9 +205,7 @@ impl ControlListener {
     /// The bound address (TCP ports resolved).
     pub fn local_endpoint(&self) -> Endpoint {
         match self {
-            Self::Tcp(listener) => {
-                Endpoint::Tcp(listener.local_addr().map(|address| address.to_string()).unwrap_or_else(|_| "?".into()))
-            }
+            Self::Tcp(listener) => Endpoint::Tcp(listener.local_addr().map(|address| address.to_string()).unwrap_or_else(|_| "?".into())),
             Self::Unix(_, path) => Endpoint::Unix(path.clone()),
         }
     }

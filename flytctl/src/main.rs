@@ -285,8 +285,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
         }
         Command::Drain { node } | Command::Undrain { node } => {
             let drained = matches!(args.command, Command::Drain { .. });
-            let record =
-                call(&args, deadline, client.set_drained(context(), node.clone(), drained)).await?.map_err(CtlError::Refused)?;
+            let record = call(&args, deadline, client.set_drained(context(), node.clone(), drained)).await?.map_err(CtlError::Refused)?;
             if args.json {
                 return print_json(&record);
             }
@@ -319,9 +318,7 @@ fn vm_table(vms: &[VmView]) -> Table {
     let mut out = table(&["VM", "HOST", "SMs", "MEMORY (MiB)", "ALLOCATION", "NODE/GPU", "CLIENTS", "CLIENT MANAGER"]);
     for vm in vms {
         let (allocation, place, users) = match &vm.allocation {
-            Some(allocation) => {
-                (allocation.id.clone(), format!("{}/{}", allocation.node_id, allocation.gpu), clients(allocation))
-            }
+            Some(allocation) => (allocation.id.clone(), format!("{}/{}", allocation.node_id, allocation.gpu), clients(allocation)),
             None => ("-".into(), "-".into(), "-".into()),
         };
         out.add_row(vec![

@@ -45,7 +45,9 @@ pub async fn run(cluster: Endpoint, key: ClusterKey, identity: NodeIdentity, ser
             Ok(stream) => stream,
             Err(error) => {
                 if !reported_unreachable {
-                    tracing::warn!("cannot reach the cluster manager at {cluster}: {error}; retrying every {MAX_BACKOFF:?} (running servers keep serving)");
+                    tracing::warn!(
+                        "cannot reach the cluster manager at {cluster}: {error}; retrying every {MAX_BACKOFF:?} (running servers keep serving)"
+                    );
                     reported_unreachable = true;
                 }
                 tokio::time::sleep(backoff).await;
@@ -82,8 +84,11 @@ pub async fn run(cluster: Endpoint, key: ClusterKey, identity: NodeIdentity, ser
             let interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(100, 60_000));
             loop {
                 tokio::time::sleep(interval).await;
-                let heartbeat =
-                    NodeHeartbeat { node_id: identity.node_id.clone(), boot_id: identity.boot_id.clone(), servers: servers.reports().await };
+                let heartbeat = NodeHeartbeat {
+                    node_id: identity.node_id.clone(),
+                    boot_id: identity.boot_id.clone(),
+                    servers: servers.reports().await,
+                };
                 // A heartbeat later than two intervals is as good as lost.
                 match client.heartbeat(rpc::deadline((interval * 2).max(Duration::from_secs(2))), heartbeat).await {
                     Ok(Ok(NodeHeartbeatReply::Ok { stop })) => stop_in_background(&servers, stop),

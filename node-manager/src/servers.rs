@@ -314,10 +314,7 @@ impl ServerManager {
             .cloned()
             .ok_or_else(|| ControlError::Invalid(format!("this node has no GPU {}", spec.gpu)))?;
         if spec.sm_percentage == 0 || spec.sm_percentage > 100 || spec.memory == 0 || spec.memory.saturating_mul(MIB) > gpu.memory_bytes {
-            return Err(ControlError::Invalid(format!(
-                "GPU {} cannot give {} MiB at {}% SMs",
-                gpu.index, spec.memory, spec.sm_percentage
-            )));
+            return Err(ControlError::Invalid(format!("GPU {} cannot give {} MiB at {}% SMs", gpu.index, spec.memory, spec.sm_percentage)));
         }
         let id = &spec.allocation_id;
         let dir = &self.settings.servers_dir;
@@ -606,7 +603,8 @@ mod tests {
 
     /// A stand-in for flyt-rpc-server: records its arguments, prints the listening line and
     /// waits to be killed.
-    const STAND_IN: &str = "#!/bin/sh\necho \"$@\" > \"$0.args\"\necho \"flyt-rpc-server listening on 0.0.0.0:45678 unix:/tmp/x.sock\"\nexec sleep 600\n";
+    const STAND_IN: &str =
+        "#!/bin/sh\necho \"$@\" > \"$0.args\"\necho \"flyt-rpc-server listening on 0.0.0.0:45678 unix:/tmp/x.sock\"\nexec sleep 600\n";
     const FAILING: &str = "#!/bin/sh\necho 'error: no such device' >&2\nexit 3\n";
 
     fn settings(folder: &Path, script: &str) -> LaunchSettings {

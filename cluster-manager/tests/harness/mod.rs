@@ -218,7 +218,9 @@ impl Drop for Cluster {
         if std::thread::panicking() {
             let mut logs: Vec<PathBuf> = fs::read_dir(self.dir.path()).unwrap().flatten().map(|entry| entry.path()).collect();
             for node in self.nodes.iter().map(|(node, _)| node) {
-                logs.extend(fs::read_dir(self.dir.path().join(node).join("servers")).into_iter().flatten().flatten().map(|entry| entry.path()));
+                logs.extend(
+                    fs::read_dir(self.dir.path().join(node).join("servers")).into_iter().flatten().flatten().map(|entry| entry.path()),
+                );
             }
             for log in logs.into_iter().filter(|path| path.extension().is_some_and(|extension| extension == "log")) {
                 eprintln!("===== {} =====\n{}", log.display(), fs::read_to_string(&log).unwrap_or_default());
@@ -295,7 +297,10 @@ impl Cluster {
             ("FLYT_CLUSTER_MANAGER_ALLOCATIONS_IDLE_GRACE_SECONDS", options.idle_grace_seconds.to_string()),
         ]);
         if let StoreKind::Mongo(uri) = &options.store {
-            envs.extend(env(&[("FLYT_CLUSTER_MANAGER_STORE_URI", uri.clone()), ("FLYT_CLUSTER_MANAGER_STORE_DATABASE", self.database.clone())]));
+            envs.extend(env(&[
+                ("FLYT_CLUSTER_MANAGER_STORE_URI", uri.clone()),
+                ("FLYT_CLUSTER_MANAGER_STORE_DATABASE", self.database.clone()),
+            ]));
         }
         envs.extend(env(extra));
         let daemon = Daemon::start("cluster-manager", &binary("flyt-cluster-manager"), &envs, self.dir.path());
@@ -410,7 +415,9 @@ impl Cluster {
     }
 
     pub fn wait_node_up(&self, node: &str) {
-        wait_until(&format!("{node} registered"), Duration::from_secs(15), || (self.node_health(node).as_deref() == Some("Up")).then_some(()));
+        wait_until(&format!("{node} registered"), Duration::from_secs(15), || {
+            (self.node_health(node).as_deref() == Some("Up")).then_some(())
+        });
     }
 
     /// An app asks its client manager for a GPU and stays alive `hold_seconds` afterwards; its
@@ -469,7 +476,8 @@ impl Cluster {
         for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
             let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else { continue };
             let Ok(command_line) = fs::read(entry.path().join("cmdline")) else { continue };
-            let arguments: Vec<String> = command_line.split(|byte| *byte == 0).map(|argument| String::from_utf8_lossy(argument).into_owned()).collect();
+            let arguments: Vec<String> =
+                command_line.split(|byte| *byte == 0).map(|argument| String::from_utf8_lossy(argument).into_owned()).collect();
             let Some(position) = arguments.iter().position(|argument| argument == "--control") else { continue };
             let Some(control) = arguments.get(position + 1).and_then(|control| control.strip_prefix(&prefix)) else { continue };
             let id = control.rsplit('/').next().unwrap_or_default().trim_end_matches(".control.sock").to_string();
@@ -491,7 +499,9 @@ impl Cluster {
             let servers: BTreeSet<(u32, String)> = self.rpc_servers().into_iter().collect();
             let owned: BTreeSet<(u32, String)> = allocations
                 .iter()
-                .map(|allocation| (u32::try_from(allocation["pid"].as_u64().unwrap()).unwrap(), allocation["id"].as_str().unwrap().to_string()))
+                .map(|allocation| {
+                    (u32::try_from(allocation["pid"].as_u64().unwrap()).unwrap(), allocation["id"].as_str().unwrap().to_string())
+                })
                 .collect();
             let settled = allocations.iter().all(|allocation| allocation["state"] == "Running" && allocation["pending_resize"].is_null());
             if settled && servers == owned {
@@ -514,7 +524,8 @@ pub fn open_session(reply: &Value) -> ((u64, i32), Box<dyn ReadWrite + Send>) {
         Some(path) => Box::new(UnixStream::connect(path).unwrap()),
         None => Box::new(std::net::TcpStream::connect(address).unwrap()),
     };
-    let client = ClientIdentity { hostname: "test".into(), pid: std::process::id(), program: "cluster-test".into(), boot_id: String::new() };
+    let client =
+        ClientIdentity { hostname: "test".into(), pid: std::process::id(), program: "cluster-test".into(), boot_id: String::new() };
     let hello = Hello::new(Some(reply["token"].as_str().unwrap().to_string()), client, None);
     write_value(&mut stream, 1, &hello).unwrap();
     let (_, answer): (u32, HelloReply) = read_value(&mut stream, &FrameLimits::default()).unwrap();

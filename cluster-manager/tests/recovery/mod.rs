@@ -26,7 +26,13 @@ const SPAWN_STEPS: [&str; 2] = ["node.spawned", "node.listening"];
 
 /// One node (80 SMs, 8 GiB) and one VM (20 SMs, 1 GiB) with its client manager.
 fn one_node_one_vm(store: StoreKind, node_env: &[(&str, String)]) -> (Cluster, PathBuf) {
+    let expected_store = match &store {
+        StoreKind::Embedded => "embedded:",
+        StoreKind::Mongo(_) => "mongodb:",
+    };
     let mut cluster = Cluster::new(Options { store, ..Options::default() });
+    let status = cluster.json(&["status"]);
+    assert!(status["store"].as_str().unwrap().starts_with(expected_store), "{status}");
     cluster.start_node_with("node-a", "127.0.0.1", 80, 8192, node_env);
     cluster.wait_node_up("node-a");
     cluster.flytctl_ok(&["vm", "add", VM, "--host-ip", "127.0.0.1", "--compute-units", "20", "--memory-mib", "1024"]);
@@ -100,7 +106,9 @@ fn cluster_manager_crashes(store: StoreKind) {
         crash_and_restart(&mut cluster, point);
         wait_until(&format!("{point}: the resize is finished"), Duration::from_secs(20), || {
             let allocation = allocation(&cluster);
-            (allocation["pending_resize"].is_null() && number(&allocation["compute_units"]) == units && number(&allocation["memory"]) == mib)
+            (allocation["pending_resize"].is_null()
+                && number(&allocation["compute_units"]) == units
+                && number(&allocation["memory"]) == mib)
                 .then_some(())
         });
         cluster.wait_settled(point);
@@ -223,7 +231,8 @@ fn running_app(cluster: &mut Cluster, socket: &Path) -> (Value, Box<dyn crate::h
 /// grace together, does not hold its own silence against the node: no allocation is lost.
 #[test]
 fn a_stopped_cluster_manager_loses_no_allocation() {
-    let options = Options { node_timeout_ms: 2000, node_grace_seconds: 3, client_timeout_ms: 2000, idle_grace_seconds: 3, ..Options::default() };
+    let options =
+        Options { node_timeout_ms: 2000, node_grace_seconds: 3, client_timeout_ms: 2000, idle_grace_seconds: 3, ..Options::default() };
     let mut cluster = Cluster::new(options);
     cluster.start_node("node-a", "127.0.0.1", 80, 8192);
     cluster.wait_node_up("node-a");
