@@ -312,7 +312,12 @@ impl<S: Store> Cluster<S> {
         };
         if let Some(id) = unsettled {
             tracing::info!(allocation = %id, vm = %request.vm_ip, "finishing a step left under way before answering the VM");
-            self.settle_locked(&id, WhenUnreachable::GiveUp).await?;
+            if let Err(error) = self.settle_locked(&id, WhenUnreachable::GiveUp).await {
+                // A placement whose node refused was released: place the VM afresh below.
+                if self.model.lock().await.allocations.contains_key(&id) {
+                    return Err(error);
+                }
+            }
         }
         let allocation_id = {
             let mut model = self.model.lock().await;
