@@ -37,6 +37,11 @@ pub struct Model {
     pub missing_reports: BTreeMap<String, u32>,
     /// When the lease checks last ran: a long gap means this process itself was stalled.
     pub last_reap: Option<Instant>,
+    /// When leases last restarted (this process started, or woke from a stall): until client
+    /// managers have had a lease's time to report, nothing is released as idle.
+    pub leases_restarted: Option<Instant>,
+    /// When each allocation was last handed to a client manager (not stored).
+    pub granted: BTreeMap<String, Instant>,
 }
 
 /// The MPS active-thread percentage that gives `compute_units` of `sm_count` SMs (rounded up,
@@ -70,7 +75,7 @@ impl Model {
     /// node timeout to report in before they are declared down) and down nodes a fresh grace
     /// period.
     pub fn from_stored(state: StoredState, now: Instant) -> Self {
-        let mut model = Self { last_reap: Some(now), ..Self::default() };
+        let mut model = Self { last_reap: Some(now), leases_restarted: Some(now), ..Self::default() };
         for vm in state.vm_required_resources {
             model.vms.insert(vm.vm_ip.clone(), vm);
         }

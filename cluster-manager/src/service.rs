@@ -267,6 +267,7 @@ impl<S: Store> Cluster<S> {
         self.store.remove_allocation(allocation_id).await.map_err(store_error)?;
         model.allocations.remove(allocation_id);
         model.missing_reports.remove(allocation_id);
+        model.granted.remove(allocation_id);
         tracing::info!(allocation = allocation_id, vm = %allocation.vm_ip, node = %allocation.node_id, reason, "allocation released");
         failpoint::hit("release.removed");
         let cluster = self.clone();
@@ -327,6 +328,7 @@ impl<S: Store> Cluster<S> {
                 add_client(&mut allocation, &request.client, now);
                 self.store.put_allocation(&allocation).await.map_err(store_error)?;
                 let grant = self.grant(&model, &allocation, &request.client.boot_id);
+                model.granted.insert(existing.clone(), Instant::now());
                 model.allocations.insert(existing, allocation);
                 return grant;
             }
@@ -357,12 +359,14 @@ impl<S: Store> Cluster<S> {
         };
         failpoint::hit("place.stored_starting");
         self.settle_locked(&allocation_id, WhenUnreachable::GiveUp).await?;
-        let model = self.model.lock().await;
+        let mut model = self.model.lock().await;
         let allocation = model
             .allocations
             .get(&allocation_id)
             .ok_or_else(|| ControlError::Spawn(format!("allocation {allocation_id} was released while its server started")))?;
-        self.grant(&model, allocation, &request.client.boot_id)
+        let grant = self.grant(&model, allocation, &request.client.boot_id);
+        model.granted.insert(allocation_id, Instant::now());
+        grant
     }
 
     /// Finishes whatever step `id` has under way; the caller holds the VM's lock. A `Starting`
@@ -672,7 +676,9 @@ impl<S: Store> Cluster<S> {
                 _ => gone.push(entry.allocation_id.clone()),
             }
         }
-        // Allocations of this VM its client manager does not mention have no client it knows of.
+        // Allocations of this VM its client manager does not mention have no client it knows of,
+        // unless granted so recently that the report was built before the grant arrived.
+        let recent = Duration::from_millis(self.heartbeat_interval_ms().saturating_mul(2));
         let unmentioned: Vec<String> = model
             .allocations
             .values()
@@ -681,6 +687,7 @@ impl<S: Store> Cluster<S> {
                     && allocation.state == AllocationState::Running
                     && !reported.contains(&allocation.id)
                     && !allocation.clients.is_empty()
+                    && model.granted.get(&allocation.id).is_none_or(|at| at.elapsed() > recent)
             })
             .map(|allocation| allocation.id.clone())
             .collect();
@@ -717,6 +724,7 @@ impl<S: Store> Cluster<S> {
         for last in model.client_managers.values_mut() {
             *last = now;
         }
+        model.leases_restarted = Some(now);
         tracing::warn!(
             "this cluster manager did not run for {:.1} s (stopped, paused or starved): its own silence is not held against anyone; nodes and client managers have {} ms to report again",
             stalled.as_secs_f64(),
@@ -803,10 +811,14 @@ impl<S: Store> Cluster<S> {
                 }
             }
         }
+        // What this process heard before a restart or a stall may be stale: client managers get a
+        // lease's time to report their clients before anything is released as idle.
+        let heard_enough = model.leases_restarted.is_none_or(|since| now.saturating_duration_since(since) > client_timeout);
         let grace = self.config.allocations.idle_grace_seconds;
         let idle: Vec<String> = model
             .allocations
             .values()
+            .filter(|_| heard_enough)
             .filter(|allocation| allocation.idle_since.is_some_and(|since| unix.saturating_sub(since) >= grace))
             .filter(|allocation| !self.vm_busy(&allocation.vm_ip))
             .map(|allocation| allocation.id.clone())
