@@ -11,12 +11,7 @@
 mod config;
 mod manager;
 
-use std::{
-    io::Write as _,
-    os::unix::net::UnixStream,
-    path::PathBuf,
-    time::Duration,
-};
+use std::{io::Write as _, os::unix::net::UnixStream, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};

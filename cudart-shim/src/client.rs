@@ -204,8 +204,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         staging: offered.staging as u64,
         rings: offered.rings as u64,
     });
-    write_value(&mut wire, 0, &Hello::new(token, identity, offer))
-        .map_err(|error| unavailable(format!("server {address}: {error}")))?;
+    write_value(&mut wire, 0, &Hello::new(token, identity, offer)).map_err(|error| unavailable(format!("server {address}: {error}")))?;
     if let (Some(offered), Wire::Unix(socket)) = (&offered, &wire)
         && offered.path.is_none()
     {

@@ -24,9 +24,9 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use flyt_protocol::CudaError;
+use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameHeader, FrameLimits, HEADER_LEN, discard, read_full, read_message, write_all_vectored};
-use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::Request;
 
@@ -106,11 +106,7 @@ impl ReplySlot {
             }
             crate::stats::add_blocked(started.elapsed());
         }
-        self.reply
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-            .unwrap_or(Err(CudaError::UNKNOWN))
+        self.reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take().unwrap_or(Err(CudaError::UNKNOWN))
     }
 }
 
@@ -348,11 +344,7 @@ impl Conn {
                 let mut asleep = self.flusher_asleep.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 *asleep = true;
                 while !self.flush_wanted.load(Ordering::Acquire) && self.failure.get().is_none() {
-                    asleep = self
-                        .flusher_wake
-                        .wait_timeout(asleep, Duration::from_millis(200))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                    asleep = self.flusher_wake.wait_timeout(asleep, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0;
                 }
                 *asleep = false;
             }

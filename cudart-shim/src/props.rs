@@ -185,36 +185,24 @@ pub fn device_prop(info: &DeviceInfo) -> cudaDeviceProp {
     prop.maxTexture1DMipmap = a(attr::MAX_TEXTURE_1D_MIPMAPPED_WIDTH);
     prop.maxTexture2D = [a(attr::MAX_TEXTURE_2D_WIDTH), a(attr::MAX_TEXTURE_2D_HEIGHT)];
     prop.maxTexture2DMipmap = [a(attr::MAX_TEXTURE_2D_MIPMAPPED_WIDTH), a(attr::MAX_TEXTURE_2D_MIPMAPPED_HEIGHT)];
-    prop.maxTexture2DLinear = [
-        a(attr::MAX_TEXTURE_2D_LINEAR_WIDTH),
-        a(attr::MAX_TEXTURE_2D_LINEAR_HEIGHT),
-        a(attr::MAX_TEXTURE_2D_LINEAR_PITCH),
-    ];
+    prop.maxTexture2DLinear =
+        [a(attr::MAX_TEXTURE_2D_LINEAR_WIDTH), a(attr::MAX_TEXTURE_2D_LINEAR_HEIGHT), a(attr::MAX_TEXTURE_2D_LINEAR_PITCH)];
     prop.maxTexture2DGather = [a(attr::MAX_TEXTURE_2D_GATHER_WIDTH), a(attr::MAX_TEXTURE_2D_GATHER_HEIGHT)];
     prop.maxTexture3D = [a(attr::MAX_TEXTURE_3D_WIDTH), a(attr::MAX_TEXTURE_3D_HEIGHT), a(attr::MAX_TEXTURE_3D_DEPTH)];
-    prop.maxTexture3DAlt =
-        [a(attr::MAX_TEXTURE_3D_WIDTH_ALT), a(attr::MAX_TEXTURE_3D_HEIGHT_ALT), a(attr::MAX_TEXTURE_3D_DEPTH_ALT)];
+    prop.maxTexture3DAlt = [a(attr::MAX_TEXTURE_3D_WIDTH_ALT), a(attr::MAX_TEXTURE_3D_HEIGHT_ALT), a(attr::MAX_TEXTURE_3D_DEPTH_ALT)];
     prop.maxTextureCubemap = a(attr::MAX_TEXTURE_CUBEMAP_WIDTH);
     prop.maxTexture1DLayered = [a(attr::MAX_TEXTURE_1D_LAYERED_WIDTH), a(attr::MAX_TEXTURE_1D_LAYERED_LAYERS)];
-    prop.maxTexture2DLayered = [
-        a(attr::MAX_TEXTURE_2D_LAYERED_WIDTH),
-        a(attr::MAX_TEXTURE_2D_LAYERED_HEIGHT),
-        a(attr::MAX_TEXTURE_2D_LAYERED_LAYERS),
-    ];
-    prop.maxTextureCubemapLayered =
-        [a(attr::MAX_TEXTURE_CUBEMAP_LAYERED_WIDTH), a(attr::MAX_TEXTURE_CUBEMAP_LAYERED_LAYERS)];
+    prop.maxTexture2DLayered =
+        [a(attr::MAX_TEXTURE_2D_LAYERED_WIDTH), a(attr::MAX_TEXTURE_2D_LAYERED_HEIGHT), a(attr::MAX_TEXTURE_2D_LAYERED_LAYERS)];
+    prop.maxTextureCubemapLayered = [a(attr::MAX_TEXTURE_CUBEMAP_LAYERED_WIDTH), a(attr::MAX_TEXTURE_CUBEMAP_LAYERED_LAYERS)];
     prop.maxSurface1D = a(attr::MAX_SURFACE_1D_WIDTH);
     prop.maxSurface2D = [a(attr::MAX_SURFACE_2D_WIDTH), a(attr::MAX_SURFACE_2D_HEIGHT)];
     prop.maxSurface3D = [a(attr::MAX_SURFACE_3D_WIDTH), a(attr::MAX_SURFACE_3D_HEIGHT), a(attr::MAX_SURFACE_3D_DEPTH)];
     prop.maxSurface1DLayered = [a(attr::MAX_SURFACE_1D_LAYERED_WIDTH), a(attr::MAX_SURFACE_1D_LAYERED_LAYERS)];
-    prop.maxSurface2DLayered = [
-        a(attr::MAX_SURFACE_2D_LAYERED_WIDTH),
-        a(attr::MAX_SURFACE_2D_LAYERED_HEIGHT),
-        a(attr::MAX_SURFACE_2D_LAYERED_LAYERS),
-    ];
+    prop.maxSurface2DLayered =
+        [a(attr::MAX_SURFACE_2D_LAYERED_WIDTH), a(attr::MAX_SURFACE_2D_LAYERED_HEIGHT), a(attr::MAX_SURFACE_2D_LAYERED_LAYERS)];
     prop.maxSurfaceCubemap = a(attr::MAX_SURFACE_CUBEMAP_WIDTH);
-    prop.maxSurfaceCubemapLayered =
-        [a(attr::MAX_SURFACE_CUBEMAP_LAYERED_WIDTH), a(attr::MAX_SURFACE_CUBEMAP_LAYERED_LAYERS)];
+    prop.maxSurfaceCubemapLayered = [a(attr::MAX_SURFACE_CUBEMAP_LAYERED_WIDTH), a(attr::MAX_SURFACE_CUBEMAP_LAYERED_LAYERS)];
     prop.surfaceAlignment = size(attr::SURFACE_ALIGNMENT);
     prop.concurrentKernels = a(attr::CONCURRENT_KERNELS);
     prop.ECCEnabled = a(attr::ECC_ENABLED);

@@ -60,11 +60,7 @@ pub unsafe fn image_from_wrapper(wrapper: *const c_void) -> Option<Image> {
     // SAFETY: `data` points at the fatbinary header: `u32 magic, u16 version, u16 header_size,
     // u64 fat_size`, followed by `fat_size` bytes of entries.
     let (fat_magic, header_size, fat_size) = unsafe {
-        (
-            data.cast::<u32>().read_unaligned(),
-            data.add(6).cast::<u16>().read_unaligned(),
-            data.add(8).cast::<u64>().read_unaligned(),
-        )
+        (data.cast::<u32>().read_unaligned(), data.add(6).cast::<u16>().read_unaligned(), data.add(8).cast::<u64>().read_unaligned())
     };
     if fat_magic != FATBIN_MAGIC {
         return None;
@@ -310,9 +306,8 @@ impl Function {
         if let Some(layout) = self.layout.get() {
             return layout.clone();
         }
-        let layout = loaded(self.module).and_then(|loaded| {
-            loaded.functions.get(self.index as usize).cloned().unwrap_or(Err(CudaError::INVALID_DEVICE_FUNCTION))
-        });
+        let layout = loaded(self.module)
+            .and_then(|loaded| loaded.functions.get(self.index as usize).cloned().unwrap_or(Err(CudaError::INVALID_DEVICE_FUNCTION)));
         self.layout.get_or_init(|| layout).clone()
     }
 }

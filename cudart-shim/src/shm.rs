@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::mpsc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
 use flyt_protocol::error::CudaResult;
@@ -205,9 +205,8 @@ impl Channel {
             let _ = std::fs::remove_file(path);
         }
         let first = offered.first_slot();
-        let slots = (0..(offered.staging - first) / SLOT)
-            .map(|index| Slot { offset: first + index * SLOT, fence: None, taken: false })
-            .collect();
+        let slots =
+            (0..(offered.staging - first) / SLOT).map(|index| Slot { offset: first + index * SLOT, fence: None, taken: false }).collect();
         let mut free = BTreeMap::new();
         free.insert(offered.staging, offered.size - offered.staging);
         Self {

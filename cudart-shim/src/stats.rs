@@ -91,7 +91,10 @@ pub fn report() {
         usage.ru_stime.tv_sec as f64 + usage.ru_stime.tv_usec as f64 / 1e6,
     );
     let table = TABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    eprintln!("flyt stats: {:<48} {:>10} {:>9} {:>13} {:>9} {:>9} {:>11}", "call", "calls", "blocked", "blocked_ms", "p50_us", "p99_us", "cpu_us/call");
+    eprintln!(
+        "flyt stats: {:<48} {:>10} {:>9} {:>13} {:>9} {:>9} {:>11}",
+        "call", "calls", "blocked", "blocked_ms", "p50_us", "p99_us", "cpu_us/call"
+    );
     for (symbol, stats) in table.iter() {
         let mut blocked = stats.blocked.clone();
         blocked.sort_unstable();

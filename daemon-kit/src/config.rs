@@ -206,8 +206,7 @@ mod tests {
     fn defaults_file_then_env() {
         let (_folder, path) = write("name = \"file\"\n[store]\nuri = \"mongodb://a\"\n");
         let config: Example =
-            load(Some(&path), "FLYT_T", vars(&[("FLYT_T_PORT", "99"), ("FLYT_T_STORE_STATE_DIR", "/tmp/s"), ("OTHER", "1")]))
-                .unwrap();
+            load(Some(&path), "FLYT_T", vars(&[("FLYT_T_PORT", "99"), ("FLYT_T_STORE_STATE_DIR", "/tmp/s"), ("OTHER", "1")])).unwrap();
         assert_eq!(config.name, "file");
         assert_eq!(config.port, 99);
         assert_eq!(config.store, Store { uri: "mongodb://a".into(), state_dir: "/tmp/s".into() });

@@ -76,9 +76,7 @@ pub fn probe(library_name: &str) -> Result<Vec<GpuInfo>, ProbeError> {
         check("cuDeviceTotalMem_v2", unsafe { cu_device_total_mem(&mut memory, device) })?;
         let mut sm_count: c_int = 0;
         // SAFETY: `sm_count` is a live, writable int; the attribute id is from cuda.h.
-        check("cuDeviceGetAttribute", unsafe {
-            cu_device_get_attribute(&mut sm_count, ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
-        })?;
+        check("cuDeviceGetAttribute", unsafe { cu_device_get_attribute(&mut sm_count, ATTRIBUTE_MULTIPROCESSOR_COUNT, device) })?;
         let mut uuid = [0u8; 16];
         // SAFETY: `uuid` is a live, writable 16-byte CUuuid; `device` came from cuDeviceGet.
         check("cuDeviceGetUuid_v2", unsafe { cu_device_get_uuid(&mut uuid, device) })?;

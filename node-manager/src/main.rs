@@ -121,9 +121,7 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
         start_timeout: Duration::from_secs(config.rpc_server.start_timeout_seconds),
         stop_grace_seconds: config.rpc_server.stop_grace_seconds,
     };
-    let servers = Arc::new(
-        ServerManager::new(settings, key.clone()).with_context(|| format!("state directory {}", state_dir.display()))?,
-    );
+    let servers = Arc::new(ServerManager::new(settings, key.clone()).with_context(|| format!("state directory {}", state_dir.display()))?);
 
     let control_endpoint = Endpoint::parse(&config.control_listen).context("setting `control_listen`")?;
     let listener = ControlListener::bind(&control_endpoint, 0o600).await?;
@@ -139,8 +137,13 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
         let service = service.clone();
         async move { rpc::serve_connection(stream, service.serve()).await }
     }));
-    let identity =
-        NodeIdentity { node_id: config.node_id.clone(), host_ip: config.host_ip.clone(), boot_id: host::boot_id(), control_address: control_address.clone(), gpus };
+    let identity = NodeIdentity {
+        node_id: config.node_id.clone(),
+        host_ip: config.host_ip.clone(),
+        boot_id: host::boot_id(),
+        control_address: control_address.clone(),
+        gpus,
+    };
     let link = tokio::spawn(cluster_link::run(cluster, key, identity, servers.clone()));
     let mps_watch = config.mps.enabled.then(|| tokio::spawn(mps::watch(config.mps.clone())));
     // Scripts and tests wait for this line.

@@ -77,7 +77,11 @@ mod tests {
     fn start_reports_whether_it_started_a_daemon_and_failures_carry_stderr() {
         let folder = tempfile::tempdir().unwrap();
         let mut config = MpsConfig {
-            start_command: script(folder.path(), "running", "echo \"flyt-mps-start: MPS control daemon already running ($CUDA_MPS_PIPE_DIRECTORY)\" >&2"),
+            start_command: script(
+                folder.path(),
+                "running",
+                "echo \"flyt-mps-start: MPS control daemon already running ($CUDA_MPS_PIPE_DIRECTORY)\" >&2",
+            ),
             stop_command: script(folder.path(), "stop", "exit 0"),
             pipe_directory: "/tmp/pipes".into(),
             ..MpsConfig::default()

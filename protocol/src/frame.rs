@@ -110,11 +110,7 @@ pub fn read_header(reader: &mut impl Read, limits: &FrameLimits) -> Result<Frame
 }
 
 /// Reads a header and its message into `message` (resized); the bulk bytes are left unread.
-pub fn read_message(
-    reader: &mut impl Read,
-    limits: &FrameLimits,
-    message: &mut Vec<u8>,
-) -> Result<FrameHeader, FrameError> {
+pub fn read_message(reader: &mut impl Read, limits: &FrameLimits, message: &mut Vec<u8>) -> Result<FrameHeader, FrameError> {
     let header = read_header(reader, limits)?;
     message.clear();
     message.resize(header.message_len as usize, 0);
@@ -173,11 +169,7 @@ pub fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) {
 /// Decodes a whole message; trailing bytes are an error, so two encodings never alias.
 pub fn decode_exact<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, FrameError> {
     let (value, rest) = postcard::take_from_bytes(bytes).map_err(|error| FrameError::Decode(error.to_string()))?;
-    if rest.is_empty() {
-        Ok(value)
-    } else {
-        Err(FrameError::Decode(format!("{} trailing bytes", rest.len())))
-    }
+    if rest.is_empty() { Ok(value) } else { Err(FrameError::Decode(format!("{} trailing bytes", rest.len()))) }
 }
 
 /// Writes a frame holding just an encoded value (handshakes, locate requests).

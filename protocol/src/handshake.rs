@@ -86,7 +86,10 @@ pub struct SessionInfo {
 pub enum HelloReply {
     Accepted(SessionInfo),
     /// The session is refused; `error` is the `cudaError_t` the app should see.
-    Refused { error: u32, reason: String },
+    Refused {
+        error: u32,
+        reason: String,
+    },
 }
 
 /// What the server may tell a client unasked (frames with sequence number 0).

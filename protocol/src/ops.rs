@@ -216,17 +216,29 @@ pub trait Op: Serialize + serde::de::DeserializeOwned + Into<Request> {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! op_class {
-    (noreply) => { $crate::ops::OpClass::NoReply };
-    (reply) => { $crate::ops::OpClass::Reply };
-    (sync_point) => { $crate::ops::OpClass::SyncPoint };
+    (noreply) => {
+        $crate::ops::OpClass::NoReply
+    };
+    (reply) => {
+        $crate::ops::OpClass::Reply
+    };
+    (sync_point) => {
+        $crate::ops::OpClass::SyncPoint
+    };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! op_bulk {
-    (-) => { $crate::ops::BulkDirection::None };
-    (bulk_in) => { $crate::ops::BulkDirection::In };
-    (bulk_out) => { $crate::ops::BulkDirection::Out };
+    (-) => {
+        $crate::ops::BulkDirection::None
+    };
+    (bulk_in) => {
+        $crate::ops::BulkDirection::In
+    };
+    (bulk_out) => {
+        $crate::ops::BulkDirection::Out
+    };
 }
 
 macro_rules! define_ops {

@@ -59,8 +59,7 @@ pub fn issue(key: &[u8], claims: &SessionClaims) -> Result<String, TokenError> {
 /// Checks a token's signature and expiry, and (when given) that it names `allocation`.
 pub fn verify(key: &[u8], token: &str, now: u64, allocation: Option<&str>) -> Result<SessionClaims, TokenError> {
     let mut parts = token.split('.');
-    let (Some(PREFIX), Some(id), Some(expires), Some(hex), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(PREFIX), Some(id), Some(expires), Some(hex), None) = (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(TokenError::Malformed);
     };
@@ -68,10 +67,8 @@ pub fn verify(key: &[u8], token: &str, now: u64, allocation: Option<&str>) -> Re
     if !valid_allocation_id(id) || hex.len() != 64 {
         return Err(TokenError::Malformed);
     }
-    let tag: Vec<u8> = (0..32)
-        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
-        .collect::<Result<_, _>>()
-        .map_err(|_| TokenError::Malformed)?;
+    let tag: Vec<u8> =
+        (0..32).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)).collect::<Result<_, _>>().map_err(|_| TokenError::Malformed)?;
     mac(key, id, expires_at).verify_slice(&tag).map_err(|_| TokenError::BadSignature)?;
     if now >= expires_at {
         return Err(TokenError::Expired(expires_at));

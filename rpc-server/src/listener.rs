@@ -23,9 +23,9 @@ use nix::sys::socket::{AddressFamily, ControlMessage, MsgFlags, SockFlag, SockTy
 
 use crate::backend::BackendKind;
 use crate::budget::{BUDGET_SLOTS, MemoryBudget, SharedBudget};
-use flyt_protocol::control::rpc_server::{RpcServerStatus, SessionStatus};
 use crate::config::ServerArgs;
 use crate::transport::Connection;
+use flyt_protocol::control::rpc_server::{RpcServerStatus, SessionStatus};
 
 /// Handshakes in progress at once; more connections are closed at once (a flood of idle
 /// connections must not pin threads).
@@ -182,8 +182,7 @@ impl Server {
         let status = child.wait().map(|status| status.to_string()).unwrap_or_else(|error| error.to_string());
         lock(&self.warm).retain(|worker| worker.pid != pid);
         lock(&self.workers).remove(&pid);
-        let ended: Vec<u64> =
-            lock(&self.sessions).iter().filter(|(_, record)| record.worker_pid == pid).map(|(id, _)| *id).collect();
+        let ended: Vec<u64> = lock(&self.sessions).iter().filter(|(_, record)| record.worker_pid == pid).map(|(id, _)| *id).collect();
         for session_id in ended {
             if let Some(record) = lock(&self.sessions).remove(&session_id) {
                 let held = self.budget.slot_used(record.slot);

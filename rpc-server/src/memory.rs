@@ -52,12 +52,8 @@ impl RangeMap {
 
     /// Removes every range of `kind` starting in `[start, start + len)` (a module's variables).
     pub fn remove_within(&mut self, start: u64, len: u64, kind: RangeKind) {
-        let doomed: Vec<u64> = self
-            .ranges
-            .range(start..start.saturating_add(len))
-            .filter(|(_, range)| range.kind == kind)
-            .map(|(begin, _)| *begin)
-            .collect();
+        let doomed: Vec<u64> =
+            self.ranges.range(start..start.saturating_add(len)).filter(|(_, range)| range.kind == kind).map(|(begin, _)| *begin).collect();
         for begin in doomed {
             self.remove_exact(begin);
         }

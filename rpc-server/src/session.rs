@@ -191,13 +191,7 @@ pub struct Session<D: Device> {
 }
 
 impl<D: Device> Session<D> {
-    pub fn new(
-        device: Arc<D>,
-        budget: Arc<dyn MemoryBudget>,
-        writer: Connection,
-        config: SessionConfig,
-        shm: Option<Segment>,
-    ) -> Self {
+    pub fn new(device: Arc<D>, budget: Arc<dyn MemoryBudget>, writer: Connection, config: SessionConfig, shm: Option<Segment>) -> Self {
         let bind_device = device.clone();
         let bind = Arc::new(move || {
             if let Err(error) = bind_device.bind_thread() {
@@ -400,10 +394,7 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn mem_get_info(&mut self, _request: req::MemGetInfo, reply: Responder<rep::MemGetInfo>) {
         let result = self.device.mem_get_info().map(|(free, total)| match self.budget.limit() {
-            Some(limit) => rep::MemGetInfo {
-                free: free.min(limit.saturating_sub(self.budget.used())),
-                total: limit.min(total),
-            },
+            Some(limit) => rep::MemGetInfo { free: free.min(limit.saturating_sub(self.budget.used())), total: limit.min(total) },
             None => rep::MemGetInfo { free, total },
         });
         reply.send(result);
@@ -572,14 +563,10 @@ impl<D: Device> OpHandler for Session<D> {
         reply.send(result.map(|()| rep::FuncSetAttribute {}));
     }
 
-    fn occupancy_max_active_blocks(
-        &mut self,
-        request: req::OccupancyMaxActiveBlocks,
-        reply: Responder<rep::OccupancyMaxActiveBlocks>,
-    ) {
-        let result = self.function(request.function).and_then(|(function, _)| {
-            self.device.occupancy(function, request.block_size, request.dynamic_shared_mem, request.flags)
-        });
+    fn occupancy_max_active_blocks(&mut self, request: req::OccupancyMaxActiveBlocks, reply: Responder<rep::OccupancyMaxActiveBlocks>) {
+        let result = self
+            .function(request.function)
+            .and_then(|(function, _)| self.device.occupancy(function, request.block_size, request.dynamic_shared_mem, request.flags));
         reply.send(result.map(|blocks| rep::OccupancyMaxActiveBlocks { blocks }));
     }
 
@@ -677,8 +664,7 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn device_synchronize(&mut self, _request: req::DeviceSynchronize, reply: Responder<rep::DeviceSynchronize>) {
         let device = self.device.clone();
-        let streams: Vec<D::Stream> =
-            std::iter::once(device.null_stream()).chain(self.streams.values().copied()).collect();
+        let streams: Vec<D::Stream> = std::iter::once(device.null_stream()).chain(self.streams.values().copied()).collect();
         // Every stream idle and healthy answers the call without a context-wide synchronize;
         // an error from any query is the device's sticky error, which the synchronize returns.
         let mut outcome = Err(CudaError::NOT_READY);

@@ -57,8 +57,7 @@ impl Waiters {
     }
 
     fn spawn(&self) {
-        let (receiver, idle, live, bind) =
-            (self.receiver.clone(), self.idle.clone(), self.live.clone(), self.bind.clone());
+        let (receiver, idle, live, bind) = (self.receiver.clone(), self.idle.clone(), self.live.clone(), self.bind.clone());
         live.fetch_add(1, Ordering::AcqRel);
         let spawned = std::thread::Builder::new().name("flyt-waiter".into()).spawn(move || {
             bind();

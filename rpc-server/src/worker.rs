@@ -60,12 +60,7 @@ const MAX_SEGMENT: u64 = 1 << 40;
 /// Takes the client's shared-memory segment: a memfd that follows the hello over the Unix
 /// socket, or a path on this host. Pins its staging area. `Err` says why not, and the session
 /// goes on over the socket.
-fn accept_segment<D: Device>(
-    connection: &Connection,
-    offer: &ShmOffer,
-    client: &ClientIdentity,
-    device: &D,
-) -> Result<Segment, String> {
+fn accept_segment<D: Device>(connection: &Connection, offer: &ShmOffer, client: &ClientIdentity, device: &D) -> Result<Segment, String> {
     let memfd = offer.path.is_empty();
     let file = if memfd {
         if connection.is_tcp() {

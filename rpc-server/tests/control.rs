@@ -26,8 +26,18 @@ fn start() -> (Server, String, std::path::PathBuf, std::path::PathBuf) {
     let key_arg = key.display().to_string();
     let server = Server::start(
         &[
-            "--device", "emulated", "--listen", &socket, "--memory-quota", "64MiB", "--sm-percentage", "50",
-            "--cluster-key-file", &key_arg, "--control", &control_arg,
+            "--device",
+            "emulated",
+            "--listen",
+            &socket,
+            "--memory-quota",
+            "64MiB",
+            "--sm-percentage",
+            "50",
+            "--cluster-key-file",
+            &key_arg,
+            "--control",
+            &control_arg,
         ],
         &scratch,
     );

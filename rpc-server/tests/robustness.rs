@@ -189,10 +189,8 @@ fn sessions_need_a_valid_token_when_a_cluster_key_is_set() {
     std::fs::set_permissions(&key_path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let key = key_path.display().to_string();
-    let _server = Server::start(
-        &["--device", "emulated", "--listen", &socket, "--cluster-key-file", &key, "--allocation", "alloc-1"],
-        &scratch,
-    );
+    let _server =
+        Server::start(&["--device", "emulated", "--listen", &socket, "--cluster-key-file", &key, "--allocation", "alloc-1"], &scratch);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let token = |allocation: &str, expires_at: u64| {
         let claims = flyt_protocol::token::SessionClaims { allocation: allocation.into(), expires_at };
@@ -295,10 +293,7 @@ fn bad_segments_and_offsets_get_clear_errors() {
     assert_eq!(session.call(req::ShmRegister { offset: 4096, len: 4096 }).0, Err(CudaError::INVALID_VALUE), "inside staging");
     assert_eq!(session.call(req::ShmRegister { offset: 12 << 20, len: 8 << 20 }).0, Err(CudaError::INVALID_VALUE), "past the end");
     session.call(req::ShmRegister { offset: 8 << 20, len: 4 << 20 }).0.expect("a block");
-    assert_eq!(
-        session.call(req::ShmRegister { offset: 10 << 20, len: 4096 }).0,
-        Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED)
-    );
+    assert_eq!(session.call(req::ShmRegister { offset: 10 << 20, len: 4096 }).0, Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED));
     session.send(&req::ShmCopyDtoH { src: ptr, offset: 9 << 20, len: 1 << 20, stream: 0 }.into(), &[]);
     assert_eq!(session.call_with_deferred(req::ShmFence { stream: 0 }).0.result, Ok(flyt_protocol::ops::rep::ShmFence {}));
     // The client unmapping or resizing its side cannot hurt the server: the memfd is sealed.

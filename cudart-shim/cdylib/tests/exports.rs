@@ -43,8 +43,7 @@ fn exports_match_the_real_cuda_13_runtime() {
 
 #[test]
 fn every_export_is_a_table_row() {
-    let table: BTreeSet<String> =
-        flyt_cudart::exports::EXPORTS.iter().map(|(name, _)| format!("{name}@@libcudart.so.13")).collect();
+    let table: BTreeSet<String> = flyt_cudart::exports::EXPORTS.iter().map(|(name, _)| format!("{name}@@libcudart.so.13")).collect();
     assert_eq!(table, versioned_exports(&artifact("libcudart.so")));
     assert_eq!(table.len(), flyt_cudart::exports::EXPORTS.len(), "a symbol appears twice in the table");
 }

@@ -77,12 +77,8 @@ pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     let function = function(func)?;
     let client = client()?;
     function.layout()?;
-    let request = req::OccupancyMaxActiveBlocks {
-        function: function.reference(),
-        block_size,
-        dynamic_shared_mem: dynamic_smem as u64,
-        flags,
-    };
+    let request =
+        req::OccupancyMaxActiveBlocks { function: function.reference(), block_size, dynamic_shared_mem: dynamic_smem as u64, flags };
     let reply = call(client, request)?;
     // SAFETY: checked non-NULL above; the app's out-pointer.
     unsafe { write_out(blocks, reply.blocks) }

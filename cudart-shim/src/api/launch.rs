@@ -27,12 +27,7 @@ pub unsafe fn __cudaPushCallConfiguration(grid: dim3, block: dim3, shared_mem: u
     c_uint::from(pushed.is_err())
 }
 
-pub unsafe fn __cudaPopCallConfiguration(
-    grid: *mut dim3,
-    block: *mut dim3,
-    shared_mem: *mut usize,
-    stream: *mut c_void,
-) -> CudaResult<()> {
+pub unsafe fn __cudaPopCallConfiguration(grid: *mut dim3, block: *mut dim3, shared_mem: *mut usize, stream: *mut c_void) -> CudaResult<()> {
     let popped = CONFIGURATIONS.try_with(|stack| stack.borrow_mut().pop()).ok().flatten();
     let (g, b, s, st) = popped.ok_or(CudaError::MISSING_CONFIGURATION)?;
     // SAFETY: the stub passes pointers to its own locals of these types.

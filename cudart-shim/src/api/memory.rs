@@ -17,10 +17,10 @@ use super::streams::stream_id;
 use super::{call, post};
 use crate::client::{Client, HostAllocation, client};
 use crate::conn::{HostDestination, ReplySlot};
-use crate::shm::{Channel, SLOT};
 use crate::ffi::{cudaMemcpyKind, cudaStream_t, host_slice, write_out};
 use crate::props::{cudaPointerAttributes, memory_type};
 use crate::registry::variable_by_host;
+use crate::shm::{Channel, SLOT};
 
 const HOST_TO_HOST: cudaMemcpyKind = 0;
 const HOST_TO_DEVICE: cudaMemcpyKind = 1;
@@ -224,7 +224,15 @@ enum Mode {
 /// The host side (`dst` or `src`, per the direction) is valid for `count` bytes, as the CUDA
 /// contract requires; for an asynchronous device-to-host copy it stays valid until the app
 /// synchronizes.
-unsafe fn copy(client: &Client, dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: u64, mode: Mode) -> CudaResult<()> {
+unsafe fn copy(
+    client: &Client,
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: u64,
+    mode: Mode,
+) -> CudaResult<()> {
     if count == 0 {
         return Ok(());
     }
@@ -288,9 +296,8 @@ unsafe fn copy(client: &Client, dst: *mut c_void, src: *const c_void, count: usi
                     let mut outcome = Ok(());
                     let mut deferred = None;
                     for slot in slots {
-                        let reply = slot.wait().and_then(|message| {
-                            decode_reply::<rep::MemcpyDtoH>(&message).map_err(|_| CudaError::UNKNOWN)
-                        });
+                        let reply =
+                            slot.wait().and_then(|message| decode_reply::<rep::MemcpyDtoH>(&message).map_err(|_| CudaError::UNKNOWN));
                         match reply {
                             Ok(reply) => {
                                 deferred = deferred.or(reply.deferred);
@@ -336,7 +343,15 @@ fn fence(client: &Client, stream: u64) -> CudaResult<std::sync::Arc<ReplySlot>> 
 ///
 /// # Safety
 /// `src` is readable for `count` bytes until this returns.
-unsafe fn shm_to_device(client: &Client, channel: &Channel, dst: u64, src: *const u8, count: usize, stream: u64, mode: Mode) -> CudaResult<()> {
+unsafe fn shm_to_device(
+    client: &Client,
+    channel: &Channel,
+    dst: u64,
+    src: *const u8,
+    count: usize,
+    stream: u64,
+    mode: Mode,
+) -> CudaResult<()> {
     if let Some(offset) = channel.offset_of(src as usize, count) {
         post(client, req::ShmCopyHtoD { dst, offset: offset as u64, len: count as u64, stream })?;
     } else {
@@ -432,7 +447,15 @@ unsafe fn shm_to_host(client: &Client, channel: &Channel, dst: *mut u8, src: u64
     Ok(())
 }
 
-fn memcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
+fn memcpy(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+    mode: Mode,
+    per_thread: bool,
+) -> CudaResult<()> {
     let client = client()?;
     let stream = stream_id(client, stream, per_thread)?;
     // SAFETY: the caller's buffers, per the CUDA contract of the export that called us.
@@ -447,11 +470,23 @@ pub unsafe fn cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize
     memcpy(dst, src, count, kind, std::ptr::null_mut(), Mode::Synchronous, true)
 }
 
-pub unsafe fn cudaMemcpyAsync(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+pub unsafe fn cudaMemcpyAsync(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
     memcpy(dst, src, count, kind, stream, Mode::Asynchronous, false)
 }
 
-pub unsafe fn cudaMemcpyAsync_ptsz(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+pub unsafe fn cudaMemcpyAsync_ptsz(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
     memcpy(dst, src, count, kind, stream, Mode::Asynchronous, true)
 }
 
@@ -494,7 +529,16 @@ fn symbol_address(symbol: *const c_void, count: usize, offset: usize) -> CudaRes
 }
 
 #[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
-fn to_symbol(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
+fn to_symbol(
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+    mode: Mode,
+    per_thread: bool,
+) -> CudaResult<()> {
     if !matches!(kind, HOST_TO_DEVICE | DEVICE_TO_DEVICE | DEFAULT) {
         return Err(CudaError::INVALID_MEMCPY_DIRECTION);
     }
@@ -503,7 +547,16 @@ fn to_symbol(symbol: *const c_void, src: *const c_void, count: usize, offset: us
 }
 
 #[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
-fn from_symbol(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
+fn from_symbol(
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+    mode: Mode,
+    per_thread: bool,
+) -> CudaResult<()> {
     if !matches!(kind, DEVICE_TO_HOST | DEVICE_TO_DEVICE | DEFAULT) {
         return Err(CudaError::INVALID_MEMCPY_DIRECTION);
     }
@@ -511,35 +564,87 @@ fn from_symbol(dst: *mut c_void, symbol: *const c_void, count: usize, offset: us
     memcpy(dst, address as usize as *const c_void, count, kind, stream, mode, per_thread)
 }
 
-pub unsafe fn cudaMemcpyToSymbol(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+pub unsafe fn cudaMemcpyToSymbol(
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
     to_symbol(symbol, src, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, false)
 }
 
-pub unsafe fn cudaMemcpyToSymbol_ptds(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+pub unsafe fn cudaMemcpyToSymbol_ptds(
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
     to_symbol(symbol, src, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, true)
 }
 
-pub unsafe fn cudaMemcpyToSymbolAsync(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+pub unsafe fn cudaMemcpyToSymbolAsync(
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
     to_symbol(symbol, src, count, offset, kind, stream, Mode::Asynchronous, false)
 }
 
-pub unsafe fn cudaMemcpyToSymbolAsync_ptsz(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+pub unsafe fn cudaMemcpyToSymbolAsync_ptsz(
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
     to_symbol(symbol, src, count, offset, kind, stream, Mode::Asynchronous, true)
 }
 
-pub unsafe fn cudaMemcpyFromSymbol(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+pub unsafe fn cudaMemcpyFromSymbol(
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
     from_symbol(dst, symbol, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, false)
 }
 
-pub unsafe fn cudaMemcpyFromSymbol_ptds(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+pub unsafe fn cudaMemcpyFromSymbol_ptds(
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
     from_symbol(dst, symbol, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, true)
 }
 
-pub unsafe fn cudaMemcpyFromSymbolAsync(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+pub unsafe fn cudaMemcpyFromSymbolAsync(
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
     from_symbol(dst, symbol, count, offset, kind, stream, Mode::Asynchronous, false)
 }
 
-pub unsafe fn cudaMemcpyFromSymbolAsync_ptsz(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> CudaResult<()> {
+pub unsafe fn cudaMemcpyFromSymbolAsync_ptsz(
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
     from_symbol(dst, symbol, count, offset, kind, stream, Mode::Asynchronous, true)
 }
 

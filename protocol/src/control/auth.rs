@@ -169,9 +169,7 @@ pub fn verify_server_proof(
     client_nonce: &[u8; NONCE_LEN],
     bytes: &[u8; SERVER_PROOF_LEN],
 ) -> Result<(), AuthProtocolError> {
-    mac(key, b"server", service, server_nonce, client_nonce)
-        .verify_slice(bytes)
-        .map_err(|_| AuthProtocolError::BadProof)
+    mac(key, b"server", service, server_nonce, client_nonce).verify_slice(bytes).map_err(|_| AuthProtocolError::BadProof)
 }
 
 #[cfg(test)]

@@ -300,11 +300,8 @@ impl Device for EmulatedDevice {
         let state = self.state();
         let recorded = |event| state.events.get(&event).copied().flatten().ok_or(CudaError::INVALID_RESOURCE_HANDLE);
         let (start, end) = (recorded(start)?, recorded(end)?);
-        let millis = if end >= start {
-            end.duration_since(start).as_secs_f32() * 1e3
-        } else {
-            -(start.duration_since(end).as_secs_f32() * 1e3)
-        };
+        let millis =
+            if end >= start { end.duration_since(start).as_secs_f32() * 1e3 } else { -(start.duration_since(end).as_secs_f32() * 1e3) };
         Ok(millis)
     }
 
