@@ -25,7 +25,9 @@ pub struct ClientManagerConfig {
     pub socket_mode: u32,
     /// Local users allowed to get a GPU (by uid); empty: every user.
     pub allowed_uids: Vec<u32>,
-    /// How long an app's request may wait for placement and server start.
+    /// How long an app's request may wait for placement and server start, and for a cluster
+    /// manager that is away (restarting) to come back. A VM whose allocation is known gets it
+    /// from memory after a short wait instead.
     pub request_timeout_seconds: u64,
     /// How often client processes are checked for exit.
     pub client_check_ms: u64,

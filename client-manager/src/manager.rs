@@ -1,4 +1,11 @@
 //! The client manager's work: answer locate requests, track client processes, hold the lease.
+//!
+//! Apps ride out a cluster manager that is away (a restart, a crash): a request for the VM's
+//! allocation it already knows is answered from memory when the cluster manager cannot be
+//! reached within [`KNOWN_ALLOCATION_WAIT`] (the rpc-server checks tokens offline, and this
+//! host holds the cluster key that signs them); a request that needs a new placement waits for
+//! the cluster manager to come back, up to `request_timeout_seconds`, saying so in the log. A
+//! cluster manager that is connected but slow (a server start, a stall) is waited for.
 
 use std::{
     collections::BTreeMap,
@@ -8,7 +15,7 @@ use std::{
 
 use flyt_daemon_kit::{
     auth::ClusterKey,
-    host::{process_alive, process_start_time},
+    host::{process_alive, process_start_time, unix_now},
     rpc::{self, Endpoint},
 };
 use flyt_protocol::{
@@ -19,6 +26,7 @@ use flyt_protocol::{
     frame::{FrameHeader, FrameLimits, HEADER_LEN, decode_exact, write_value},
     handshake::ClientIdentity,
     locate::{LocateReply, LocateRequest},
+    token::{self, SessionClaims},
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -32,6 +40,30 @@ use crate::config::ClientManagerConfig;
 const LOCATE_LIMITS: FrameLimits = FrameLimits { max_message: 64 * 1024, max_bulk: 0 };
 /// How long a connected app has to send its request.
 const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request for a known allocation tries to reach the cluster manager before it is
+/// answered from memory.
+pub const KNOWN_ALLOCATION_WAIT: Duration = Duration::from_secs(2);
+/// First and longest pause between attempts to reach a cluster manager that is away.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+const RETRY_PAUSE_MAX: Duration = Duration::from_secs(1);
+/// A remembered token with less life left than this is replaced by a fresh one.
+const TOKEN_MARGIN_SECONDS: u64 = 60;
+
+/// The VM's allocation as the cluster manager last granted it.
+#[derive(Clone, Debug)]
+struct KnownGrant {
+    grant: Grant,
+    /// Unix seconds when it came (its token's lifetime is `token_expires_at - received_at`).
+    received_at: u64,
+}
+
+/// Why asking the cluster manager gave no grant.
+enum AskError {
+    /// It did not answer (down, restarting, stalled): worth waiting for.
+    Unreachable(String),
+    /// It answered no; the reason is for the app.
+    Refused(String),
+}
 
 /// One app process using an allocation.
 #[derive(Clone, Debug)]
@@ -48,44 +80,136 @@ pub struct ClientManager {
     connection: Mutex<Option<ClusterClientClient>>,
     /// Clients per allocation id.
     clients: Mutex<BTreeMap<String, Vec<TrackedClient>>>,
+    /// The VM's allocation, served from memory while the cluster manager is away.
+    known: Mutex<Option<KnownGrant>>,
 }
 
 impl ClientManager {
     pub fn new(config: ClientManagerConfig, cluster: Endpoint, key: ClusterKey) -> Arc<Self> {
-        Arc::new(Self { config, cluster, key, connection: Mutex::new(None), clients: Mutex::new(BTreeMap::new()) })
+        Arc::new(Self { config, cluster, key, connection: Mutex::new(None), clients: Mutex::new(BTreeMap::new()), known: Mutex::new(None) })
     }
 
-    async fn cluster_client(&self) -> Result<ClusterClientClient, String> {
+    /// The connection to the cluster manager (made when there is none), and whether it is new.
+    async fn cluster_client(&self, limit: Duration) -> Result<(ClusterClientClient, bool), String> {
         let mut connection = self.connection.lock().await;
         if let Some(client) = connection.as_ref() {
-            return Ok(client.clone());
+            return Ok((client.clone(), false));
         }
-        let stream = rpc::connect(&self.cluster, &self.key, ServiceName::ClusterClient).await.map_err(|error| error.to_string())?;
+        let limit = limit.min(rpc::CONNECT_TIMEOUT);
+        let stream =
+            rpc::connect_within(&self.cluster, &self.key, ServiceName::ClusterClient, limit).await.map_err(|error| error.to_string())?;
         let client = ClusterClientClient::new(tarpc::client::Config::default(), rpc::transport(stream)).spawn();
         *connection = Some(client.clone());
-        Ok(client)
+        Ok((client, true))
     }
 
     async fn drop_connection(&self) {
         *self.connection.lock().await = None;
     }
 
-    /// Asks the cluster manager for this VM's slice on behalf of `client`.
-    async fn allocate(&self, client: ClientIdentity) -> Result<Grant, String> {
-        let request = AllocateRequest { vm_ip: self.config.vm_ip.clone(), client };
-        let deadline = rpc::deadline(Duration::from_secs(self.config.request_timeout_seconds));
-        let unreachable = |reason: String| {
-            format!("cannot reach the Flyt cluster manager at {}: {reason}; is flyt-cluster-manager running?", self.cluster)
-        };
-        let client = self.cluster_client().await.map_err(unreachable)?;
-        match client.allocate(deadline, request).await {
-            Ok(Ok(grant)) => Ok(grant),
-            Ok(Err(error)) => Err(error.to_string()),
-            Err(error) => {
-                self.drop_connection().await;
-                Err(unreachable(error.to_string()))
-            }
+    /// One request to the cluster manager: connecting (and proving the key) within
+    /// `connect_limit`, then waiting for the answer until `deadline`. Only a cluster manager
+    /// that cannot be reached (connection refused, reset or not completed in time) is
+    /// `Unreachable`; one that is merely slow (a server start) is waited for.
+    async fn ask(&self, client: &ClientIdentity, connect_limit: Duration, deadline: Instant) -> Result<Grant, AskError> {
+        let request = AllocateRequest { vm_ip: self.config.vm_ip.clone(), client: client.clone() };
+        loop {
+            let (connection, fresh) = match tokio::time::timeout(connect_limit, self.cluster_client(connect_limit)).await {
+                Ok(Ok(connection)) => connection,
+                Ok(Err(reason)) => return Err(AskError::Unreachable(reason)),
+                Err(_) => return Err(AskError::Unreachable(format!("no connection within {:.1} s", connect_limit.as_secs_f64()))),
+            };
+            let mut context = tarpc::context::current();
+            context.deadline = deadline;
+            return match connection.allocate(context, request.clone()).await {
+                Ok(Ok(grant)) => Ok(grant),
+                Ok(Err(error)) => Err(AskError::Refused(error.to_string())),
+                Err(tarpc::client::RpcError::DeadlineExceeded) => Err(AskError::Refused(format!(
+                    "the cluster manager at {} did not place this app within {} s (request_timeout_seconds)",
+                    self.cluster, self.config.request_timeout_seconds
+                ))),
+                Err(error) => {
+                    self.drop_connection().await;
+                    // A connection that outlived a restart of the cluster manager fails at
+                    // once: only a new one says whether the cluster manager is there.
+                    if !fresh {
+                        continue;
+                    }
+                    Err(AskError::Unreachable(error.to_string()))
+                }
+            };
         }
+    }
+
+    /// Asks the cluster manager for this VM's slice on behalf of `client`. While it cannot be
+    /// reached, a known allocation is served from memory and a new one is waited for, up to
+    /// `request_timeout_seconds`.
+    async fn allocate(&self, client: ClientIdentity) -> Result<Grant, String> {
+        let timeout = Duration::from_secs(self.config.request_timeout_seconds);
+        let deadline = Instant::now() + timeout;
+        let known = self.known.lock().await.clone();
+        let mut pause = RETRY_PAUSE;
+        let mut waiting_since: Option<Instant> = None;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            let connect_limit = if known.is_some() { KNOWN_ALLOCATION_WAIT.min(left) } else { left.min(rpc::CONNECT_TIMEOUT) };
+            let reason = match self.ask(&client, connect_limit, deadline).await {
+                Ok(grant) => {
+                    if let Some(since) = waiting_since {
+                        tracing::info!(
+                            pid = client.pid,
+                            "the cluster manager at {} is back after {:.1} s",
+                            self.cluster,
+                            since.elapsed().as_secs_f64()
+                        );
+                    }
+                    *self.known.lock().await = Some(KnownGrant { grant: grant.clone(), received_at: unix_now() });
+                    return Ok(grant);
+                }
+                Err(AskError::Refused(reason)) => return Err(reason),
+                Err(AskError::Unreachable(reason)) => reason,
+            };
+            if let Some(known) = &known {
+                return self.grant_from_memory(known, &reason);
+            }
+            if Instant::now() + pause >= deadline {
+                return Err(format!(
+                    "the Flyt cluster manager at {} could not be reached for {} s ({reason}): is flyt-cluster-manager running? (the wait is the client manager's request_timeout_seconds)",
+                    self.cluster, self.config.request_timeout_seconds
+                ));
+            }
+            if waiting_since.is_none() {
+                waiting_since = Some(Instant::now());
+                tracing::warn!(
+                    pid = client.pid,
+                    program = %client.program,
+                    "the cluster manager at {} cannot be reached ({reason}); this app waits up to {} s for it to come back and place it",
+                    self.cluster,
+                    self.config.request_timeout_seconds
+                );
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RETRY_PAUSE_MAX);
+        }
+    }
+
+    /// The known allocation, with a fresh token when the remembered one is close to expiry.
+    fn grant_from_memory(&self, known: &KnownGrant, reason: &str) -> Result<Grant, String> {
+        let now = unix_now();
+        let mut grant = known.grant.clone();
+        if grant.token_expires_at < now + TOKEN_MARGIN_SECONDS {
+            let lifetime = known.grant.token_expires_at.saturating_sub(known.received_at).max(TOKEN_MARGIN_SECONDS);
+            let claims = SessionClaims { allocation: grant.allocation_id.clone(), expires_at: now + lifetime };
+            grant.token = token::issue(self.key.as_bytes(), &claims).map_err(|error| error.to_string())?;
+            grant.token_expires_at = claims.expires_at;
+        }
+        tracing::warn!(
+            allocation = %grant.allocation_id,
+            address = %grant.address,
+            "the cluster manager at {} does not answer ({reason}); serving this VM's allocation from memory",
+            self.cluster
+        );
+        Ok(grant)
     }
 
     /// Serves one app connection: one request, one reply.
@@ -194,31 +318,45 @@ impl ClientManager {
             }
             last_heartbeat = Some(Instant::now());
             let report = self.report().await;
-            let client = match self.cluster_client().await {
-                Ok(client) => client,
+            let limit = (interval * 2).max(Duration::from_secs(2));
+            let client = match self.cluster_client(limit).await {
+                Ok((client, _)) => client,
                 Err(reason) => {
                     if !reported_unreachable {
-                        tracing::warn!(%reason, cluster_manager = %self.cluster, "cannot reach the cluster manager; retrying");
+                        tracing::warn!(
+                            "cannot reach the cluster manager at {}: {reason}; retrying (apps keep their GPUs, and the VM's allocation is served from memory)",
+                            self.cluster
+                        );
                         reported_unreachable = true;
                     }
                     continue;
                 }
             };
-            match client.heartbeat(rpc::deadline((interval * 2).max(Duration::from_secs(2))), report).await {
+            match client.heartbeat(rpc::deadline(limit), report).await {
                 Ok(Ok(reply)) => {
+                    if reported_unreachable {
+                        tracing::info!("the cluster manager at {} answers again", self.cluster);
+                    }
                     reported_unreachable = false;
                     interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(100, 60_000));
                     if !reply.gone.is_empty() {
                         let mut clients = self.clients.lock().await;
+                        let mut known = self.known.lock().await;
                         for id in &reply.gone {
                             tracing::info!(allocation = %id, "the cluster released this allocation");
                             clients.remove(id);
+                            if known.as_ref().is_some_and(|known| &known.grant.allocation_id == id) {
+                                *known = None;
+                            }
                         }
                     }
                 }
-                Ok(Err(error)) => tracing::warn!(%error, "heartbeat refused"),
+                Ok(Err(error)) => tracing::warn!("the cluster manager at {} refused a heartbeat: {error}", self.cluster),
                 Err(error) => {
-                    tracing::warn!(%error, "heartbeat failed; reconnecting");
+                    if !reported_unreachable {
+                        tracing::warn!("no answer to a heartbeat from the cluster manager at {} ({error}); reconnecting", self.cluster);
+                        reported_unreachable = true;
+                    }
                     self.drop_connection().await;
                 }
             }

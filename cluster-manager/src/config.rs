@@ -36,8 +36,11 @@ pub struct StoreConfig {
 pub struct LeaseConfig {
     /// How often node managers and client managers report.
     pub heartbeat_interval_ms: u64,
-    /// A node manager silent this long is down: its allocations are released.
+    /// A node manager silent this long is marked down (it gets no new allocations).
     pub node_timeout_ms: u64,
+    /// A node down this long loses its allocations (they are released). A node manager that
+    /// comes back sooner adopts its running rpc-servers and their apps carry on.
+    pub node_grace_seconds: u64,
     /// A client manager silent this long has lost its clients (its allocations become idle).
     pub client_timeout_ms: u64,
 }
@@ -75,7 +78,7 @@ impl Default for StoreConfig {
 
 impl Default for LeaseConfig {
     fn default() -> Self {
-        Self { heartbeat_interval_ms: 1000, node_timeout_ms: 5000, client_timeout_ms: 5000 }
+        Self { heartbeat_interval_ms: 1000, node_timeout_ms: 5000, node_grace_seconds: 60, client_timeout_ms: 5000 }
     }
 }
 

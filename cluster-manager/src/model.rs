@@ -21,6 +21,8 @@ pub struct NodeEntry {
     pub record: NodeRecord,
     pub gpus: Vec<GpuInfo>,
     pub last_heartbeat: Instant,
+    /// Since when it is down (its allocations are released a grace period later).
+    pub down_since: Option<Instant>,
 }
 
 /// Everything the cluster manager knows.
@@ -33,6 +35,13 @@ pub struct Model {
     pub client_managers: BTreeMap<String, Instant>,
     /// Running allocations missing from their node's consecutive reports, and how many times.
     pub missing_reports: BTreeMap<String, u32>,
+    /// When the lease checks last ran: a long gap means this process itself was stalled.
+    pub last_reap: Option<Instant>,
+    /// When leases last restarted (this process started, or woke from a stall): until client
+    /// managers have had a lease's time to report, nothing is released as idle.
+    pub leases_restarted: Option<Instant>,
+    /// When each allocation was last handed to a client manager (not stored).
+    pub granted: BTreeMap<String, Instant>,
 }
 
 /// The MPS active-thread percentage that gives `compute_units` of `sm_count` SMs (rounded up,
@@ -63,14 +72,16 @@ pub fn add_client(allocation: &mut AllocationRecord, client: &ClientIdentity, no
 
 impl Model {
     /// The model a restarted cluster manager starts from: nodes get a fresh lease (they have a
-    /// node timeout to report in before they are declared down).
+    /// node timeout to report in before they are declared down) and down nodes a fresh grace
+    /// period.
     pub fn from_stored(state: StoredState, now: Instant) -> Self {
-        let mut model = Self::default();
+        let mut model = Self { last_reap: Some(now), leases_restarted: Some(now), ..Self::default() };
         for vm in state.vm_required_resources {
             model.vms.insert(vm.vm_ip.clone(), vm);
         }
         for record in state.nodes {
-            model.nodes.insert(record.node_id.clone(), NodeEntry { record, gpus: Vec::new(), last_heartbeat: now });
+            let down_since = (record.health == NodeHealth::Down).then_some(now);
+            model.nodes.insert(record.node_id.clone(), NodeEntry { record, gpus: Vec::new(), last_heartbeat: now, down_since });
         }
         for gpu in state.gpus {
             if let Some(node) = model.nodes.get_mut(&gpu.node_id) {
@@ -84,12 +95,18 @@ impl Model {
     }
 
     /// SMs, MiB and allocation count given out of one GPU, leaving out `except` (an allocation
-    /// being resized).
+    /// being resized). An allocation with a resize under way counts with the larger of its two
+    /// sizes, so nothing placed meanwhile can overcommit the GPU whichever way the resize ends.
     pub fn gpu_used(&self, node_id: &str, gpu: u32, except: Option<&str>) -> (u32, u64, u32) {
         self.allocations
             .values()
             .filter(|allocation| allocation.node_id == node_id && allocation.gpu == gpu && Some(allocation.id.as_str()) != except)
-            .fold((0, 0, 0), |(units, memory, count), allocation| (units + allocation.compute_units, memory + allocation.memory, count + 1))
+            .fold((0, 0, 0), |(units, memory, count), allocation| {
+                let pending = allocation.pending_resize.as_ref();
+                let held_units = pending.map_or(allocation.compute_units, |size| size.compute_units.max(allocation.compute_units));
+                let held_memory = pending.map_or(allocation.memory, |size| size.memory.max(allocation.memory));
+                (units + held_units, memory + held_memory, count + 1)
+            })
     }
 
     /// The allocation serving `vm_ip`, if any.
@@ -253,6 +270,7 @@ mod tests {
                 })
                 .collect(),
             last_heartbeat: Instant::now(),
+            down_since: None,
         }
     }
 
@@ -279,6 +297,7 @@ mod tests {
                 sessions: 0,
                 created_at: 0,
                 idle_since: None,
+                pending_resize: None,
             },
         );
         (node_id, gpu)
@@ -330,6 +349,17 @@ mod tests {
         assert!(model.check_resize(&x1, 60, 12_288).is_ok());
         assert!(model.check_resize(&x1, 61, 1024).is_err());
         assert!(model.check_resize(&x1, 10, 12_289).is_err());
+    }
+
+    #[test]
+    fn a_resize_under_way_holds_the_larger_size() {
+        let mut model = model();
+        allocate(&mut model, "x1", &vm("10.0.0.1", "192.0.2.1", 40, 4096));
+        let x1 = model.allocations.get_mut("x1").unwrap();
+        x1.pending_resize = Some(flyt_protocol::control::cluster::SliceSize { compute_units: 60, memory: 2048, sm_percentage: 75 });
+        assert_eq!(model.gpu_used("a", 0, None), (60, 4096, 1));
+        let error = model.place(&vm("10.0.0.2", "192.0.2.1", 30, 1024)).map(|(node, _)| node);
+        assert_eq!(error.ok().as_deref(), Some("b"), "only 20 SMs are free on a while x1 may grow to 60");
     }
 
     #[test]

@@ -5,15 +5,43 @@
 //! changes in the model's order. Node manager calls (seconds long) happen outside the lock.
 //! Handlers that change state run detached ([`flyt_daemon_kit::rpc::detached`]): a caller that
 //! gives up does not leave a change half made.
+//!
+//! # Crash safety
+//!
+//! Placement, resize and release are small state machines whose every state is stored before
+//! the side effect it leads to, and whose every side effect is idempotent on the node manager
+//! (start reports a server it already runs, resize sets absolute values, stop of an unknown
+//! server succeeds). A cluster manager killed between any two steps finds the step in its
+//! store after the restart, and the node's reports drive it on:
+//!
+//! | stored | the node reports the server | the node does not |
+//! | --- | --- | --- |
+//! | `Starting` | adopted: `Running` with its address | started again (idempotent), or released when the node refuses |
+//! | `Running` + `pending_resize` | resized again, then committed | released after two reports without it |
+//! | `Running`, size differs from the server's | the server is resized back to the stored size | |
+//! | nothing (released, or never stored) | told to stop | |
+//!
+//! All steps on one VM's allocation hold that VM's lock; a node report never changes an
+//! allocation whose VM lock is held (a step is under way) and schedules the missing steps
+//! ([`Cluster::settle_in_background`]) for the others.
+//!
+//! # Liveness
+//!
+//! A node silent for `node_timeout_ms` is marked down; its allocations are released only
+//! `node_grace_seconds` later, so a node manager that restarts in time adopts its servers and
+//! their apps carry on. The reaper notices when this process itself did not run for a while
+//! (SIGSTOP, a paused VM, a starved host: a jump of the monotonic clock between its ticks) and
+//! then restarts every lease instead of blaming the nodes for its own silence.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap, HashSet},
     sync::{Arc, Mutex as StdMutex},
     time::{Duration, Instant},
 };
 
 use flyt_daemon_kit::{
     auth::{ClusterKey, random_nonce},
+    failpoint,
     host::unix_now,
     rpc::{self, Endpoint, detached},
 };
@@ -23,7 +51,7 @@ use flyt_protocol::{
         cluster::{
             AllocateRequest, AllocationRecord, AllocationState, ClientHeartbeatReply, ClientManagerReport, ClusterAdmin, ClusterClient,
             ClusterNode, ClusterStatus, ControlError, Grant, NodeHealth, NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration,
-            NodeView, RegisterReply, ServerReport, VmRequirement, VmView,
+            NodeView, RegisterReply, ServerReport, SliceSize, VmRequirement, VmView,
         },
         node::{NodeManagerControlClient, ServerSpec},
     },
@@ -42,6 +70,10 @@ use crate::{
 const MISSING_REPORTS_BEFORE_RELEASE: u32 = 2;
 /// Deadline of calls to node managers other than starting a server.
 const NODE_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// A gap this long between two lease checks means this process was not running (stopped,
+/// paused or starved): leases restart instead of expiring.
+pub const STALL_THRESHOLD: Duration = Duration::from_secs(1);
+const MIB: u64 = 1 << 20;
 
 /// The cluster manager: model, store and connections to node managers.
 pub struct Cluster<S> {
@@ -50,8 +82,11 @@ pub struct Cluster<S> {
     key: ClusterKey,
     config: ClusterManagerConfig,
     started: Instant,
-    /// One lock per VM, so two requests from one VM never start two servers.
+    /// One lock per VM, held by every step on the VM's allocation, so two requests from one VM
+    /// never start two servers and node reports never change an allocation mid-step.
     vm_locks: StdMutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Allocations with a background step scheduled (one at a time each).
+    scheduled: StdMutex<HashSet<String>>,
     node_clients: Mutex<HashMap<String, (String, NodeManagerControlClient)>>,
 }
 
@@ -78,18 +113,50 @@ fn new_allocation_id() -> String {
     format!("alloc-{suffix}")
 }
 
+/// What a step does when the node manager cannot be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WhenUnreachable {
+    /// An app (or admin) waits: give up now, releasing a placement that never started.
+    GiveUp,
+    /// A background step: leave the stored state; the node's next report schedules it again.
+    Retry,
+}
+
+/// A step a node report found missing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Finish a start or a resize left under way.
+    Settle,
+    /// The server's slice differs from the stored one: set it back.
+    Repair,
+}
+
+/// An allocation with no step left under way.
+fn settled(allocation: &AllocationRecord) -> bool {
+    allocation.state == AllocationState::Running && allocation.pending_resize.is_none()
+}
+
 impl<S: Store> Cluster<S> {
     /// Starts from what the store holds.
     pub async fn open(store: S, key: ClusterKey, config: ClusterManagerConfig) -> Result<Arc<Self>, crate::store::StoreError> {
         let state = store.load().await?;
         let model = Model::from_stored(state, Instant::now());
+        let unsettled: Vec<&str> =
+            model.allocations.values().filter(|allocation| !settled(allocation)).map(|allocation| allocation.id.as_str()).collect();
         tracing::info!(
             store = %store.describe(),
             vms = model.vms.len(),
             nodes = model.nodes.len(),
             allocations = model.allocations.len(),
+            ?unsettled,
             "state loaded"
         );
+        if !unsettled.is_empty() {
+            tracing::info!(
+                allocations = ?unsettled,
+                "steps left under way by the previous run are finished as their nodes report in"
+            );
+        }
         Ok(Arc::new(Self {
             model: Mutex::new(model),
             store,
@@ -97,6 +164,7 @@ impl<S: Store> Cluster<S> {
             config,
             started: Instant::now(),
             vm_locks: StdMutex::new(HashMap::new()),
+            scheduled: StdMutex::new(HashSet::new()),
             node_clients: Mutex::new(HashMap::new()),
         }))
     }
@@ -104,6 +172,11 @@ impl<S: Store> Cluster<S> {
     fn vm_lock(&self, vm_ip: &str) -> Arc<Mutex<()>> {
         let mut locks = self.vm_locks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         locks.entry(vm_ip.to_string()).or_default().clone()
+    }
+
+    /// Whether a step on `vm_ip`'s allocation is under way now.
+    fn vm_busy(&self, vm_ip: &str) -> bool {
+        self.vm_lock(vm_ip).try_lock().is_err()
     }
 
     fn heartbeat_interval_ms(&self) -> u64 {
@@ -128,9 +201,9 @@ impl<S: Store> Cluster<S> {
         Ok(client)
     }
 
-    async fn node_call_failed(&self, node_id: &str, error: &tarpc::client::RpcError) -> ControlError {
+    async fn node_call_failed(&self, node_id: &str, address: &str, error: &tarpc::client::RpcError) -> ControlError {
         self.node_clients.lock().await.remove(node_id);
-        ControlError::NodeUnreachable { node: node_id.to_string(), reason: error.to_string() }
+        ControlError::NodeUnreachable { node: node_id.to_string(), reason: format!("its node manager at {address}: {error}") }
     }
 
     async fn node_address(&self, node_id: &str) -> Result<String, ControlError> {
@@ -148,19 +221,35 @@ impl<S: Store> Cluster<S> {
         let timeout = Duration::from_secs(self.config.allocations.start_timeout_seconds);
         match client.start_server(rpc::deadline(timeout), spec).await {
             Ok(result) => result,
-            Err(error) => Err(self.node_call_failed(node_id, &error).await),
+            Err(error) => Err(self.node_call_failed(node_id, &address, &error).await),
+        }
+    }
+
+    async fn resize_on_node(
+        &self,
+        node_id: &str,
+        allocation_id: &str,
+        memory: u64,
+        sm_percentage: u32,
+    ) -> Result<ServerReport, ControlError> {
+        let address = self.node_address(node_id).await?;
+        let client = self.node_client(node_id, &address).await?;
+        let call = client.resize_server(rpc::deadline(NODE_CALL_TIMEOUT), allocation_id.to_string(), Some(memory), Some(sm_percentage));
+        match call.await {
+            Ok(result) => result,
+            Err(error) => Err(self.node_call_failed(node_id, &address, &error).await),
         }
     }
 
     /// Asks a node manager to stop an allocation's server; failures are logged (the node's next
-    /// heartbeat reconciles).
+    /// report lists the server, and the reply tells it to stop).
     async fn stop_on_node(&self, node_id: &str, allocation_id: &str) {
         let result = async {
             let address = self.node_address(node_id).await?;
             let client = self.node_client(node_id, &address).await?;
             match client.stop_server(rpc::deadline(NODE_CALL_TIMEOUT), allocation_id.to_string()).await {
                 Ok(result) => result,
-                Err(error) => Err(self.node_call_failed(node_id, &error).await),
+                Err(error) => Err(self.node_call_failed(node_id, &address, &error).await),
             }
         }
         .await;
@@ -170,11 +259,17 @@ impl<S: Store> Cluster<S> {
     }
 
     /// Removes an allocation from model and store, and stops its server in the background.
+    /// The record goes first: a crash after it leaves a server no allocation owns, which the
+    /// node's next report is told to stop.
     async fn release_locked(self: &Arc<Self>, model: &mut Model, allocation_id: &str, reason: &str) -> Result<(), ControlError> {
-        let Some(allocation) = model.allocations.remove(allocation_id) else { return Ok(()) };
-        model.missing_reports.remove(allocation_id);
+        let Some(allocation) = model.allocations.get(allocation_id).cloned() else { return Ok(()) };
+        failpoint::hit("release.begin");
         self.store.remove_allocation(allocation_id).await.map_err(store_error)?;
+        model.allocations.remove(allocation_id);
+        model.missing_reports.remove(allocation_id);
+        model.granted.remove(allocation_id);
         tracing::info!(allocation = allocation_id, vm = %allocation.vm_ip, node = %allocation.node_id, reason, "allocation released");
+        failpoint::hit("release.removed");
         let cluster = self.clone();
         let node_id = allocation.node_id.clone();
         let down = model.nodes.get(&node_id).is_none_or(|node| node.record.health == NodeHealth::Down);
@@ -206,15 +301,34 @@ impl<S: Store> Cluster<S> {
         let vm_lock = self.vm_lock(&request.vm_ip);
         let _one_at_a_time = vm_lock.lock().await;
         let now = unix_now();
-        let (allocation_id, node_id, spec) = {
+        // A step a crash left under way (or a background step that could not reach the node)
+        // is finished before the app is answered.
+        let unsettled = {
             let mut model = self.model.lock().await;
             model.client_managers.insert(request.vm_ip.clone(), Instant::now());
+            if !model.vms.contains_key(&request.vm_ip) {
+                return Err(ControlError::UnknownVm(request.vm_ip.clone()));
+            }
+            model.allocation_for_vm(&request.vm_ip).filter(|allocation| !settled(allocation)).map(|allocation| allocation.id.clone())
+        };
+        if let Some(id) = unsettled {
+            tracing::info!(allocation = %id, vm = %request.vm_ip, "finishing a step left under way before answering the VM");
+            if let Err(error) = self.settle_locked(&id, WhenUnreachable::GiveUp).await {
+                // A placement whose node refused was released: place the VM afresh below.
+                if self.model.lock().await.allocations.contains_key(&id) {
+                    return Err(error);
+                }
+            }
+        }
+        let allocation_id = {
+            let mut model = self.model.lock().await;
             let vm = model.vms.get(&request.vm_ip).cloned().ok_or_else(|| ControlError::UnknownVm(request.vm_ip.clone()))?;
             if let Some(existing) = model.allocation_for_vm(&vm.vm_ip).map(|allocation| allocation.id.clone()) {
                 let mut allocation = model.allocations[&existing].clone();
                 add_client(&mut allocation, &request.client, now);
                 self.store.put_allocation(&allocation).await.map_err(store_error)?;
                 let grant = self.grant(&model, &allocation, &request.client.boot_id);
+                model.granted.insert(existing.clone(), Instant::now());
                 model.allocations.insert(existing, allocation);
                 return grant;
             }
@@ -235,53 +349,188 @@ impl<S: Store> Cluster<S> {
                 sessions: 0,
                 created_at: now,
                 idle_since: None,
+                pending_resize: None,
             };
+            // Stored before the node hears of it: whatever happens next, a restart finds it.
             self.store.put_allocation(&allocation).await.map_err(store_error)?;
+            tracing::info!(allocation = %allocation.id, vm = %vm.vm_ip, node = %node_id, gpu = gpu_index, compute_units = vm.compute_units, memory_mib = vm.memory, "placing");
+            model.allocations.insert(allocation.id.clone(), allocation.clone());
+            allocation.id
+        };
+        failpoint::hit("place.stored_starting");
+        self.settle_locked(&allocation_id, WhenUnreachable::GiveUp).await?;
+        let mut model = self.model.lock().await;
+        let allocation = model
+            .allocations
+            .get(&allocation_id)
+            .ok_or_else(|| ControlError::Spawn(format!("allocation {allocation_id} was released while its server started")))?;
+        let grant = self.grant(&model, allocation, &request.client.boot_id);
+        model.granted.insert(allocation_id, Instant::now());
+        grant
+    }
+
+    /// Finishes whatever step `id` has under way; the caller holds the VM's lock. A `Starting`
+    /// allocation gets its server (the node's start is idempotent: a server it already runs,
+    /// or is still starting, is reported as is) and becomes `Running`, or is released when the
+    /// node refuses. A pending resize is applied again and committed, or rolled back when the
+    /// node refuses.
+    async fn settle_locked(self: &Arc<Self>, id: &str, unreachable: WhenUnreachable) -> Result<(), ControlError> {
+        let Some(allocation) = self.model.lock().await.allocations.get(id).cloned() else { return Ok(()) };
+        if allocation.state == AllocationState::Starting {
             let spec = ServerSpec {
                 allocation_id: allocation.id.clone(),
-                gpu: gpu_index,
+                gpu: allocation.gpu,
                 memory: allocation.memory,
                 sm_percentage: allocation.sm_percentage,
             };
-            tracing::info!(allocation = %allocation.id, vm = %vm.vm_ip, node = %node_id, gpu = gpu_index, compute_units = vm.compute_units, memory_mib = vm.memory, "placing");
-            model.allocations.insert(allocation.id.clone(), allocation.clone());
-            (allocation.id, node_id, spec)
-        };
-        let started = self.start_on_node(&node_id, spec).await;
-        let mut model = self.model.lock().await;
-        match started {
-            Ok(report) => {
-                let Some(mut allocation) = model.allocations.get(&allocation_id).cloned() else {
-                    return Err(ControlError::Spawn(format!("allocation {allocation_id} was released while its server started")));
-                };
-                allocation.state = AllocationState::Running;
-                allocation.addresses = report.addresses;
-                allocation.pid = report.pid;
-                refresh_idle(&mut allocation, unix_now());
-                self.store.put_allocation(&allocation).await.map_err(store_error)?;
-                let grant = self.grant(&model, &allocation, &request.client.boot_id);
-                model.allocations.insert(allocation_id, allocation);
-                grant
+            match self.start_on_node(&allocation.node_id, spec).await {
+                Ok(report) => {
+                    failpoint::hit("place.node_started");
+                    self.record_running(id, &allocation.node_id, &report).await?;
+                }
+                Err(error @ ControlError::NodeUnreachable { .. }) if unreachable == WhenUnreachable::Retry => {
+                    tracing::warn!(allocation = id, node = %allocation.node_id, %error, "cannot start the server now; trying again at the node's next report");
+                    return Err(error);
+                }
+                Err(error) => {
+                    tracing::warn!(allocation = id, node = %allocation.node_id, %error, "server start failed");
+                    let mut model = self.model.lock().await;
+                    self.release_locked(&mut model, id, "its server did not start").await?;
+                    return Err(error);
+                }
             }
-            Err(error) => {
-                tracing::warn!(allocation = %allocation_id, node = %node_id, %error, "server start failed");
-                self.release_locked(&mut model, &allocation_id, "its server did not start").await?;
-                Err(error)
+        }
+        let Some(allocation) = self.model.lock().await.allocations.get(id).cloned() else { return Ok(()) };
+        if let Some(size) = allocation.pending_resize {
+            match self.resize_on_node(&allocation.node_id, id, size.memory, size.sm_percentage).await {
+                Ok(_) => {
+                    failpoint::hit("resize.node_resized");
+                    self.commit_resize(id, size).await?;
+                }
+                Err(error @ ControlError::NodeUnreachable { .. }) if unreachable == WhenUnreachable::Retry => return Err(error),
+                Err(error) => {
+                    self.roll_back_resize(id, &error).await?;
+                    return Err(error);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A started server's allocation becomes `Running`; one released meanwhile has its server
+    /// stopped (nothing runs untracked).
+    async fn record_running(self: &Arc<Self>, id: &str, node_id: &str, report: &ServerReport) -> Result<(), ControlError> {
+        let mut model = self.model.lock().await;
+        let Some(mut allocation) = model.allocations.get(id).cloned() else {
+            drop(model);
+            self.stop_on_node(node_id, id).await;
+            return Err(ControlError::Spawn(format!("allocation {id} was released while its server started")));
+        };
+        allocation.state = AllocationState::Running;
+        allocation.addresses = report.addresses.clone();
+        allocation.pid = report.pid;
+        refresh_idle(&mut allocation, unix_now());
+        self.store.put_allocation(&allocation).await.map_err(store_error)?;
+        tracing::info!(allocation = id, node = %allocation.node_id, pid = report.pid, addresses = ?report.addresses, "allocation running");
+        model.allocations.insert(id.to_string(), allocation);
+        failpoint::hit("place.stored_running");
+        Ok(())
+    }
+
+    /// The VM keeps the new size for its next allocation too: its requirement is written before
+    /// the allocation's commit, so a crash between the two is finished by resizing again.
+    async fn commit_resize(&self, id: &str, size: SliceSize) -> Result<AllocationRecord, ControlError> {
+        let mut model = self.model.lock().await;
+        let mut allocation = model.allocations.get(id).cloned().ok_or_else(|| ControlError::UnknownAllocation(id.to_string()))?;
+        if let Some(mut vm) = model.vms.get(&allocation.vm_ip).cloned() {
+            vm.compute_units = size.compute_units;
+            vm.memory = size.memory;
+            self.store.put_vm(&vm).await.map_err(store_error)?;
+            model.vms.insert(vm.vm_ip.clone(), vm);
+        }
+        failpoint::hit("resize.vm_updated");
+        allocation.compute_units = size.compute_units;
+        allocation.memory = size.memory;
+        allocation.sm_percentage = size.sm_percentage;
+        allocation.pending_resize = None;
+        self.store.put_allocation(&allocation).await.map_err(store_error)?;
+        model.allocations.insert(id.to_string(), allocation.clone());
+        tracing::info!(
+            allocation = id,
+            compute_units = size.compute_units,
+            memory_mib = size.memory,
+            sm_percentage = size.sm_percentage,
+            "allocation resized"
+        );
+        Ok(allocation)
+    }
+
+    /// Forgets a resize the node refused; a server that applied it anyway is set back to the
+    /// stored size at the node's next report.
+    async fn roll_back_resize(&self, id: &str, why: &ControlError) -> Result<(), ControlError> {
+        let mut model = self.model.lock().await;
+        let Some(mut allocation) = model.allocations.get(id).cloned() else { return Ok(()) };
+        allocation.pending_resize = None;
+        self.store.put_allocation(&allocation).await.map_err(store_error)?;
+        model.allocations.insert(id.to_string(), allocation);
+        tracing::warn!(allocation = id, error = %why, "resize rolled back");
+        Ok(())
+    }
+
+    /// Runs a step a node report found missing, under the VM's lock.
+    async fn settle_in_background(self: Arc<Self>, id: String, step: Step) {
+        let vm_ip = self.model.lock().await.allocations.get(&id).map(|allocation| allocation.vm_ip.clone());
+        if let Some(vm_ip) = vm_ip {
+            let vm_lock = self.vm_lock(&vm_ip);
+            let _one_at_a_time = vm_lock.lock().await;
+            let result = match step {
+                Step::Settle => self.settle_locked(&id, WhenUnreachable::Retry).await,
+                Step::Repair => self.repair_locked(&id).await,
+            };
+            if let Err(error) = result {
+                tracing::warn!(allocation = %id, ?step, %error, "background step failed");
+            }
+        }
+        self.scheduled.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&id);
+    }
+
+    /// Sets a server's slice back to the stored one.
+    async fn repair_locked(&self, id: &str) -> Result<(), ControlError> {
+        let Some(allocation) = self.model.lock().await.allocations.get(id).cloned() else { return Ok(()) };
+        if !settled(&allocation) {
+            return Ok(());
+        }
+        tracing::info!(
+            allocation = id,
+            memory_mib = allocation.memory,
+            sm_percentage = allocation.sm_percentage,
+            "the server's slice differs from the stored one; setting it back"
+        );
+        self.resize_on_node(&allocation.node_id, id, allocation.memory, allocation.sm_percentage).await.map(|_| ())
+    }
+
+    fn schedule(self: &Arc<Self>, steps: Vec<(String, Step)>) {
+        for (id, step) in steps {
+            let fresh = self.scheduled.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(id.clone());
+            if fresh {
+                tokio::spawn(self.clone().settle_in_background(id, step));
             }
         }
     }
 
-    /// Applies a node's server list: updates usage, releases allocations whose server is gone,
-    /// and returns servers to stop (no allocation, or one placed elsewhere).
+    /// Applies a node's server list: updates usage, adopts servers of allocations left
+    /// `Starting`, releases allocations whose server is gone, and returns the servers to stop
+    /// (no allocation, or one placed elsewhere) with the steps to schedule.
     async fn reconcile_servers(
         self: &Arc<Self>,
         model: &mut Model,
         node_id: &str,
         servers: &[ServerReport],
-    ) -> Result<Vec<String>, ControlError> {
+    ) -> Result<(Vec<String>, Vec<(String, Step)>), ControlError> {
         let now = unix_now();
         let reported: BTreeSet<&str> = servers.iter().map(|server| server.allocation_id.as_str()).collect();
         let mut stop = Vec::new();
+        let mut steps = Vec::new();
         for server in servers {
             let Some(allocation) = model.allocations.get(&server.allocation_id) else {
                 stop.push(server.allocation_id.clone());
@@ -292,15 +541,35 @@ impl<S: Store> Cluster<S> {
                 continue;
             }
             let mut updated = allocation.clone();
-            if updated.state == AllocationState::Running {
+            // A step under way owns the allocation's state; the report only updates usage.
+            if !self.vm_busy(&allocation.vm_ip) {
+                if updated.state == AllocationState::Starting {
+                    tracing::info!(allocation = %updated.id, node = node_id, pid = server.pid, "adopting the server the node runs for an allocation left starting");
+                    updated.state = AllocationState::Running;
+                }
                 updated.pid = server.pid;
                 updated.addresses = server.addresses.clone();
+                if updated.pending_resize.is_some() {
+                    steps.push((updated.id.clone(), Step::Settle));
+                } else if server.memory_quota_bytes != updated.memory.saturating_mul(MIB) || server.sm_percentage != updated.sm_percentage {
+                    steps.push((updated.id.clone(), Step::Repair));
+                }
             }
             updated.sessions = server.sessions;
             refresh_idle(&mut updated, now);
             if &updated != allocation {
                 self.store.put_allocation(&updated).await.map_err(store_error)?;
                 model.allocations.insert(updated.id.clone(), updated);
+            }
+        }
+        // Allocations left starting whose server the node does not run: start it (again).
+        for allocation in model.allocations.values() {
+            if allocation.node_id == node_id
+                && allocation.state == AllocationState::Starting
+                && !reported.contains(allocation.id.as_str())
+                && !self.vm_busy(&allocation.vm_ip)
+            {
+                steps.push((allocation.id.clone(), Step::Settle));
             }
         }
         let mut vanished = Vec::new();
@@ -328,7 +597,7 @@ impl<S: Store> Cluster<S> {
             tracing::warn!(allocation = %id, node = node_id, "the node no longer runs this allocation's rpc-server");
             self.release_locked(model, &id, "its rpc-server exited").await?;
         }
-        Ok(stop)
+        Ok((stop, steps))
     }
 
     async fn register(self: Arc<Self>, registration: NodeRegistration) -> Result<RegisterReply, ControlError> {
@@ -336,7 +605,8 @@ impl<S: Store> Cluster<S> {
             return Err(ControlError::Invalid("node_id is empty".into()));
         }
         let mut model = self.model.lock().await;
-        let drained = model.nodes.get(&registration.node_id).is_some_and(|node| node.record.drained);
+        let previous = model.nodes.get(&registration.node_id).map(|node| (node.record.drained, node.record.health));
+        let drained = previous.is_some_and(|(drained, _)| drained);
         let record = NodeRecord {
             node_id: registration.node_id.clone(),
             host_ip: registration.host_ip.clone(),
@@ -348,13 +618,23 @@ impl<S: Store> Cluster<S> {
         };
         self.store.put_node(&record).await.map_err(store_error)?;
         self.store.put_gpus(&record.node_id, &registration.gpus).await.map_err(store_error)?;
-        tracing::info!(node = %record.node_id, host_ip = %record.host_ip, control = %record.control_address, gpus = registration.gpus.len(), servers = registration.servers.len(), "node registered");
-        model.nodes.insert(record.node_id.clone(), NodeEntry { record, gpus: registration.gpus.clone(), last_heartbeat: Instant::now() });
+        let kept = model.allocations.values().filter(|allocation| allocation.node_id == registration.node_id).count();
+        if previous.is_some_and(|(_, health)| health == NodeHealth::Down) {
+            tracing::info!(node = %record.node_id, control = %record.control_address, servers = registration.servers.len(), allocations_kept = kept, "node is back within its grace period");
+        } else {
+            tracing::info!(node = %record.node_id, host_ip = %record.host_ip, control = %record.control_address, gpus = registration.gpus.len(), servers = registration.servers.len(), "node registered");
+        }
+        model.nodes.insert(
+            record.node_id.clone(),
+            NodeEntry { record, gpus: registration.gpus.clone(), last_heartbeat: Instant::now(), down_since: None },
+        );
         // A (re)registered node manager may have a new control connection: reconnect lazily.
         self.node_clients.lock().await.remove(&registration.node_id);
-        let stop = self.reconcile_servers(&mut model, &registration.node_id, &registration.servers).await?;
+        let (stop, steps) = self.reconcile_servers(&mut model, &registration.node_id, &registration.servers).await?;
+        drop(model);
+        self.schedule(steps);
         if !stop.is_empty() {
-            tracing::info!(node = %registration.node_id, ?stop, "asking the node to stop servers the cluster does not know");
+            tracing::info!(node = %registration.node_id, ?stop, "asking the node to stop servers no allocation owns");
         }
         Ok(RegisterReply { stop, heartbeat_interval_ms: self.heartbeat_interval_ms() })
     }
@@ -366,7 +646,12 @@ impl<S: Store> Cluster<S> {
             return Ok(NodeHeartbeatReply::RegisterAgain);
         }
         node.last_heartbeat = Instant::now();
-        let stop = self.reconcile_servers(&mut model, &heartbeat.node_id, &heartbeat.servers).await?;
+        let (stop, steps) = self.reconcile_servers(&mut model, &heartbeat.node_id, &heartbeat.servers).await?;
+        drop(model);
+        self.schedule(steps);
+        if !stop.is_empty() {
+            tracing::info!(node = %heartbeat.node_id, ?stop, "asking the node to stop servers no allocation owns");
+        }
         Ok(NodeHeartbeatReply::Ok { stop })
     }
 
@@ -391,7 +676,9 @@ impl<S: Store> Cluster<S> {
                 _ => gone.push(entry.allocation_id.clone()),
             }
         }
-        // Allocations of this VM its client manager does not mention have no client it knows of.
+        // Allocations of this VM its client manager does not mention have no client it knows of,
+        // unless granted so recently that the report was built before the grant arrived.
+        let recent = Duration::from_millis(self.heartbeat_interval_ms().saturating_mul(2));
         let unmentioned: Vec<String> = model
             .allocations
             .values()
@@ -400,6 +687,7 @@ impl<S: Store> Cluster<S> {
                     && allocation.state == AllocationState::Running
                     && !reported.contains(&allocation.id)
                     && !allocation.clients.is_empty()
+                    && model.granted.get(&allocation.id).is_none_or(|at| at.elapsed() > recent)
             })
             .map(|allocation| allocation.id.clone())
             .collect();
@@ -424,12 +712,40 @@ impl<S: Store> Cluster<S> {
         }
     }
 
+    /// Restarts every lease after this process itself did not run for `stalled`: the nodes and
+    /// client managers were silent because nobody listened, not because they died.
+    fn restart_leases(&self, model: &mut Model, now: Instant, stalled: Duration) {
+        for node in model.nodes.values_mut() {
+            node.last_heartbeat = now;
+            if let Some(since) = &mut node.down_since {
+                *since += stalled;
+            }
+        }
+        for last in model.client_managers.values_mut() {
+            *last = now;
+        }
+        model.leases_restarted = Some(now);
+        tracing::warn!(
+            "this cluster manager did not run for {:.1} s (stopped, paused or starved): its own silence is not held against anyone; nodes and client managers have {} ms to report again",
+            stalled.as_secs_f64(),
+            self.config.leases.node_timeout_ms.max(self.config.leases.client_timeout_ms)
+        );
+    }
+
     /// One pass of lease and idle checks.
     pub async fn reap(self: &Arc<Self>) {
-        let now = Instant::now();
         let node_timeout = Duration::from_millis(self.config.leases.node_timeout_ms);
+        let node_grace = Duration::from_secs(self.config.leases.node_grace_seconds);
         let client_timeout = Duration::from_millis(self.config.leases.client_timeout_ms);
         let mut model = self.model.lock().await;
+        // Measured with the lock held, right before the leases are judged: a stall anywhere
+        // since the last pass (this one's wait for the lock included) shows here.
+        let now = Instant::now();
+        let gap = model.last_reap.map_or(Duration::ZERO, |last| now.saturating_duration_since(last));
+        model.last_reap = Some(now);
+        if gap > STALL_THRESHOLD {
+            self.restart_leases(&mut model, now, gap);
+        }
         let silent: Vec<String> = model
             .nodes
             .values()
@@ -437,28 +753,51 @@ impl<S: Store> Cluster<S> {
             .map(|node| node.record.node_id.clone())
             .collect();
         for node_id in silent {
-            let Some(node) = model.nodes.get_mut(&node_id) else { continue };
-            node.record.health = NodeHealth::Down;
-            let record = node.record.clone();
-            if let Err(error) = self.store.put_node(&record).await {
-                tracing::error!(%error, "cannot record a node as down");
-            }
-            let lost: Vec<String> = model
+            let kept: Vec<String> = model
                 .allocations
                 .values()
                 .filter(|allocation| allocation.node_id == node_id)
                 .map(|allocation| allocation.id.clone())
                 .collect();
-            tracing::warn!(node = %node_id, timeout_ms = self.config.leases.node_timeout_ms, allocations = ?lost, "node missed its heartbeats: marked down");
-            for id in lost {
-                if let Err(error) = self.release_locked(&mut model, &id, "its node is down").await {
+            let Some(node) = model.nodes.get_mut(&node_id) else { continue };
+            node.record.health = NodeHealth::Down;
+            node.down_since = Some(now);
+            let record = node.record.clone();
+            if let Err(error) = self.store.put_node(&record).await {
+                tracing::error!(%error, "cannot record a node as down");
+            }
+            tracing::warn!(
+                node = %node_id,
+                control = %record.control_address,
+                allocations = ?kept,
+                "node sent no heartbeat for {} ms: marked down; its allocations are kept for {} s in case its node manager comes back",
+                self.config.leases.node_timeout_ms,
+                self.config.leases.node_grace_seconds
+            );
+        }
+        let lost: Vec<String> = model
+            .nodes
+            .values()
+            .filter(|node| node.down_since.is_some_and(|since| now.saturating_duration_since(since) >= node_grace))
+            .map(|node| node.record.node_id.clone())
+            .collect();
+        for node_id in lost {
+            let ids: Vec<String> = model
+                .allocations
+                .values()
+                .filter(|allocation| allocation.node_id == node_id)
+                .map(|allocation| allocation.id.clone())
+                .collect();
+            for id in ids {
+                if let Err(error) = self.release_locked(&mut model, &id, "its node has been down for longer than node_grace_seconds").await
+                {
                     tracing::error!(%error, "cannot release an allocation");
                 }
             }
         }
         let unix = unix_now();
         for vm_ip in model.expire_client_managers(now, client_timeout) {
-            tracing::warn!(vm = %vm_ip, "client manager missed its heartbeats: its clients are forgotten");
+            tracing::warn!(vm = %vm_ip, "client manager sent no heartbeat for {} ms: its clients are forgotten", self.config.leases.client_timeout_ms);
             let ids: Vec<String> =
                 model.allocations.values().filter(|allocation| allocation.vm_ip == vm_ip).map(|allocation| allocation.id.clone()).collect();
             for id in ids {
@@ -472,11 +811,16 @@ impl<S: Store> Cluster<S> {
                 }
             }
         }
+        // What this process heard before a restart or a stall may be stale: client managers get a
+        // lease's time to report their clients before anything is released as idle.
+        let heard_enough = model.leases_restarted.is_none_or(|since| now.saturating_duration_since(since) > client_timeout);
         let grace = self.config.allocations.idle_grace_seconds;
         let idle: Vec<String> = model
             .allocations
             .values()
+            .filter(|_| heard_enough)
             .filter(|allocation| allocation.idle_since.is_some_and(|since| unix.saturating_sub(since) >= grace))
+            .filter(|allocation| !self.vm_busy(&allocation.vm_ip))
             .map(|allocation| allocation.id.clone())
             .collect();
         for id in idle {
@@ -495,11 +839,22 @@ impl<S: Store> Cluster<S> {
         if compute_units.is_none() && memory.is_none() {
             return Err(ControlError::Invalid("give --compute-units and/or --memory-mib".into()));
         }
-        let (allocation, units, memory_mib, percentage) = {
+        let (id, vm_ip) = {
             let model = self.model.lock().await;
-            let allocation = model.find_allocation(&target).cloned().ok_or_else(|| ControlError::UnknownAllocation(target.clone()))?;
+            let allocation = model.find_allocation(&target).ok_or_else(|| ControlError::UnknownAllocation(target.clone()))?;
+            (allocation.id.clone(), allocation.vm_ip.clone())
+        };
+        let vm_lock = self.vm_lock(&vm_ip);
+        let _one_at_a_time = vm_lock.lock().await;
+        let unsettled = self.model.lock().await.allocations.get(&id).is_some_and(|allocation| !settled(allocation));
+        if unsettled {
+            self.settle_locked(&id, WhenUnreachable::Retry).await?;
+        }
+        let size = {
+            let mut model = self.model.lock().await;
+            let mut allocation = model.allocations.get(&id).cloned().ok_or_else(|| ControlError::UnknownAllocation(target.clone()))?;
             if allocation.state != AllocationState::Running {
-                return Err(ControlError::Invalid(format!("allocation {} is still starting; try again", allocation.id)));
+                return Err(ControlError::Invalid(format!("allocation {id} is still starting; try again")));
             }
             let units = compute_units.unwrap_or(allocation.compute_units);
             let memory_mib = memory.unwrap_or(allocation.memory);
@@ -509,37 +864,25 @@ impl<S: Store> Cluster<S> {
                 .get(&allocation.node_id)
                 .and_then(|node| node.gpus.iter().find(|gpu| gpu.index == allocation.gpu))
                 .map_or(0, |gpu| gpu.sm_count);
-            (allocation, units, memory_mib, sm_percentage(units, sm_count))
+            let size = SliceSize { compute_units: units, memory: memory_mib, sm_percentage: sm_percentage(units, sm_count) };
+            // Stored before the node hears of it: a restart finishes it.
+            allocation.pending_resize = Some(size);
+            self.store.put_allocation(&allocation).await.map_err(store_error)?;
+            model.allocations.insert(id.clone(), allocation);
+            size
         };
-        let address = self.node_address(&allocation.node_id).await?;
-        let client = self.node_client(&allocation.node_id, &address).await?;
-        let memory_change = (memory_mib != allocation.memory).then_some(memory_mib);
-        let share_change = (percentage != allocation.sm_percentage).then_some(percentage);
-        if memory_change.is_some() || share_change.is_some() {
-            match client.resize_server(rpc::deadline(NODE_CALL_TIMEOUT), allocation.id.clone(), memory_change, share_change).await {
-                Ok(result) => {
-                    result?;
-                }
-                Err(error) => return Err(self.node_call_failed(&allocation.node_id, &error).await),
+        failpoint::hit("resize.stored_pending");
+        let node_id = self.model.lock().await.allocations.get(&id).map(|allocation| allocation.node_id.clone()).unwrap_or_default();
+        match self.resize_on_node(&node_id, &id, size.memory, size.sm_percentage).await {
+            Ok(_) => {
+                failpoint::hit("resize.node_resized");
+                self.commit_resize(&id, size).await
+            }
+            Err(error) => {
+                self.roll_back_resize(&id, &error).await?;
+                Err(error)
             }
         }
-        let mut model = self.model.lock().await;
-        let mut updated =
-            model.allocations.get(&allocation.id).cloned().ok_or_else(|| ControlError::UnknownAllocation(allocation.id.clone()))?;
-        updated.compute_units = units;
-        updated.memory = memory_mib;
-        updated.sm_percentage = percentage;
-        self.store.put_allocation(&updated).await.map_err(store_error)?;
-        model.allocations.insert(updated.id.clone(), updated.clone());
-        // The VM keeps its new size for its next allocation too.
-        if let Some(mut vm) = model.vms.get(&updated.vm_ip).cloned() {
-            vm.compute_units = units;
-            vm.memory = memory_mib;
-            self.store.put_vm(&vm).await.map_err(store_error)?;
-            model.vms.insert(vm.vm_ip.clone(), vm);
-        }
-        tracing::info!(allocation = %updated.id, compute_units = units, memory_mib, sm_percentage = percentage, "allocation resized");
-        Ok(updated)
     }
 
     async fn status(&self) -> ClusterStatus {

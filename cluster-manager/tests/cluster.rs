@@ -1,384 +1,46 @@
-//! The control plane end to end: a cluster manager, two node managers (emulated devices),
-//! client managers and real `flyt-rpc-server`s, all separate processes on loopback.
+//! The control plane end to end: a cluster manager, node managers (emulated devices), client
+//! managers and real `flyt-rpc-server`s, all separate processes on loopback
+//! (`harness`), and what survives what (`recovery`): crashes at every step of placement,
+//! resize and release on both stores, a node manager killed mid-start, a cluster manager away
+//! or stopped, a node manager restarted.
 //!
 //! Binaries: the Flyt binaries are looked up next to this package's `flyt-cluster-manager`
 //! (so build them first: `cargo build -p flyt-cluster-manager -p flyt-node-manager
 //! -p flyt-client-manager -p flytctl -p flyt-rpc-server`), or in `FLYT_BIN_DIR`;
-//! `FLYT_RPC_SERVER_BIN` overrides the rpc-server alone.
-//!
-//! Every wait is bounded; every process is stopped (by pid) when the test ends, and the daemon
-//! logs are printed when it fails.
+//! `FLYT_RPC_SERVER_BIN` overrides the rpc-server alone. The MongoDB variants run against
+//! `FLYT_TEST_MONGODB_URI` (`tools/test` starts `.ci/mongo-test-server`) and are skipped with a
+//! notice when it is unset.
+
+#[cfg(test)]
+mod harness;
+#[cfg(test)]
+mod recovery;
 
 #[cfg(test)]
 mod tests {
     use std::{
         fs,
-        io::{BufRead, BufReader, Read, Write},
-        net::TcpListener,
-        os::unix::net::UnixStream,
-        path::{Path, PathBuf},
-        process::{Child, Command, Stdio},
-        sync::mpsc,
+        process::Command,
         time::{Duration, Instant},
     };
 
-    use flyt_protocol::{
-        device::attr,
-        frame::{FrameLimits, read_value, write_value},
-        handshake::{ClientIdentity, Hello, HelloReply},
-    };
-    use nix::{
-        sys::signal::{Signal, kill},
-        unistd::Pid,
-    };
-    use serde_json::Value;
+    use nix::sys::signal::Signal;
 
-    const MIB: u64 = 1 << 20;
+    use crate::harness::{Cluster, MIB, Options, binary, pid_alive, session_view, signal, wait_until};
+
     const IDLE_GRACE_SECONDS: u64 = 3;
     const NODE_TIMEOUT_MS: u64 = 3000;
-
-    fn bin_dir() -> PathBuf {
-        match std::env::var_os("FLYT_BIN_DIR") {
-            Some(dir) => PathBuf::from(dir),
-            None => Path::new(env!("CARGO_BIN_EXE_flyt-cluster-manager")).parent().unwrap().to_path_buf(),
-        }
-    }
-
-    fn binary(name: &str) -> PathBuf {
-        let path = if name == "flyt-rpc-server" {
-            std::env::var_os("FLYT_RPC_SERVER_BIN").map(PathBuf::from).unwrap_or_else(|| bin_dir().join(name))
-        } else {
-            bin_dir().join(name)
-        };
-        assert!(
-            path.exists(),
-            "{} is missing: build it first (cargo build -p flyt-cluster-manager -p flyt-node-manager -p flyt-client-manager -p flytctl -p flyt-rpc-server) or set FLYT_BIN_DIR / FLYT_RPC_SERVER_BIN",
-            path.display()
-        );
-        path
-    }
-
-    fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-    }
-
-    fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(value) = probe() {
-                return value;
-            }
-            assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn pid_alive(pid: u32) -> bool {
-        fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
-            .unwrap_or(false)
-    }
-
-    fn signal(pid: u32, signal: Signal) {
-        let _ = kill(Pid::from_raw(i32::try_from(pid).unwrap()), signal);
-    }
-
-    /// A daemon started by the test, with its log file.
-    struct Daemon {
-        child: Child,
-        ready_line: String,
-    }
-
-    impl Daemon {
-        fn start(name: &str, program: &Path, envs: &[(String, String)], args: &[&str], dir: &Path) -> Self {
-            let log = dir.join(format!("{name}.log"));
-            let mut child = Command::new(program)
-                .args(args)
-                .envs(envs.iter().map(|(key, value)| (key.as_str(), value.as_str())))
-                .env("FLYT_LOG", "info")
-                .env("FLYT_RPC_WARM_WORKERS", "1")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())
-                .spawn()
-                .unwrap_or_else(|error| panic!("cannot start {}: {error}", program.display()));
-            let stdout = child.stdout.take().unwrap();
-            let (sender, receiver) = mpsc::channel();
-            std::thread::spawn(move || {
-                let mut lines = BufReader::new(stdout).lines();
-                if let Some(Ok(line)) = lines.next() {
-                    let _ = sender.send(line);
-                }
-                for _ in lines {}
-            });
-            let ready_line = receiver
-                .recv_timeout(Duration::from_secs(20))
-                .unwrap_or_else(|_| panic!("{name} printed no ready line; its log:\n{}", fs::read_to_string(&log).unwrap_or_default()));
-            Self { child, ready_line }
-        }
-
-        fn pid(&self) -> u32 {
-            self.child.id()
-        }
-
-        fn kill(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-
-        fn terminate(&mut self) {
-            signal(self.pid(), Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            self.kill();
-        }
-    }
-
-    /// The whole cluster; dropping it stops everything it started.
-    struct Cluster {
-        dir: tempfile::TempDir,
-        key_file: PathBuf,
-        cluster_port: u16,
-        cluster_manager: Option<Daemon>,
-        nodes: Vec<(String, Option<Daemon>)>,
-        client_managers: Vec<Daemon>,
-        clients: Vec<Child>,
-    }
-
-    impl Drop for Cluster {
-        fn drop(&mut self) {
-            for client in &mut self.clients {
-                let _ = client.kill();
-                let _ = client.wait();
-            }
-            for daemon in self.client_managers.iter_mut().chain(self.nodes.iter_mut().filter_map(|(_, daemon)| daemon.as_mut())) {
-                daemon.terminate();
-            }
-            // rpc-servers left by a killed node manager: stop them by their recorded pids.
-            for (node, _) in &self.nodes {
-                let servers = self.dir.path().join(node).join("servers");
-                for entry in fs::read_dir(&servers).into_iter().flatten().flatten() {
-                    let record: Option<Value> = fs::read(entry.path()).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
-                    if let Some(pid) = record.and_then(|record| record["pid"].as_u64()) {
-                        signal(u32::try_from(pid).unwrap(), Signal::SIGKILL);
-                    }
-                }
-            }
-            if let Some(daemon) = &mut self.cluster_manager {
-                daemon.terminate();
-            }
-            if std::thread::panicking() {
-                let mut logs: Vec<PathBuf> = fs::read_dir(self.dir.path()).unwrap().flatten().map(|entry| entry.path()).collect();
-                for node in self.nodes.iter().map(|(node, _)| node) {
-                    logs.extend(
-                        fs::read_dir(self.dir.path().join(node).join("servers")).into_iter().flatten().flatten().map(|entry| entry.path()),
-                    );
-                }
-                for log in logs.into_iter().filter(|path| path.extension().is_some_and(|extension| extension == "log")) {
-                    eprintln!("===== {} =====\n{}", log.display(), fs::read_to_string(&log).unwrap_or_default());
-                }
-            }
-        }
-    }
-
-    fn env(pairs: &[(&str, String)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(key, value)| (key.to_string(), value.clone())).collect()
-    }
-
-    impl Cluster {
-        fn new() -> Self {
-            let dir = tempfile::tempdir().unwrap();
-            let key_file = dir.path().join("cluster.key");
-            fs::write(&key_file, "test-cluster-key-0123456789abcdef\n").unwrap();
-            fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-            let mut cluster = Self {
-                dir,
-                key_file,
-                cluster_port: free_port(),
-                cluster_manager: None,
-                nodes: Vec::new(),
-                client_managers: Vec::new(),
-                clients: Vec::new(),
-            };
-            cluster.start_cluster_manager();
-            cluster
-        }
-
-        fn path(&self, name: &str) -> PathBuf {
-            self.dir.path().join(name)
-        }
-
-        fn start_cluster_manager(&mut self) {
-            let envs = env(&[
-                ("FLYT_CLUSTER_MANAGER_LISTEN", format!("127.0.0.1:{}", self.cluster_port)),
-                ("FLYT_CLUSTER_MANAGER_ADMIN_SOCKET", self.path("admin.sock").display().to_string()),
-                ("FLYT_CLUSTER_MANAGER_CLUSTER_KEY_FILE", self.key_file.display().to_string()),
-                ("FLYT_CLUSTER_MANAGER_STATE_DIR", self.path("cluster-manager").display().to_string()),
-                ("FLYT_CLUSTER_MANAGER_LEASES_HEARTBEAT_INTERVAL_MS", "200".into()),
-                ("FLYT_CLUSTER_MANAGER_LEASES_NODE_TIMEOUT_MS", NODE_TIMEOUT_MS.to_string()),
-                ("FLYT_CLUSTER_MANAGER_LEASES_CLIENT_TIMEOUT_MS", "3000".into()),
-                ("FLYT_CLUSTER_MANAGER_ALLOCATIONS_IDLE_GRACE_SECONDS", IDLE_GRACE_SECONDS.to_string()),
-            ]);
-            let daemon = Daemon::start("cluster-manager", &binary("flyt-cluster-manager"), &envs, &[], self.dir.path());
-            assert!(daemon.ready_line.starts_with("flyt-cluster-manager listening on 127.0.0.1:"), "{}", daemon.ready_line);
-            self.cluster_manager = Some(daemon);
-        }
-
-        fn node_env(&self, node: &str, host_ip: &str, sms: u32, memory_mib: u64) -> Vec<(String, String)> {
-            env(&[
-                ("FLYT_NODE_MANAGER_NODE_ID", node.into()),
-                ("FLYT_NODE_MANAGER_CLUSTER_MANAGER", format!("127.0.0.1:{}", self.cluster_port)),
-                ("FLYT_NODE_MANAGER_HOST_IP", host_ip.into()),
-                ("FLYT_NODE_MANAGER_ADVERTISE_HOST", "127.0.0.1".into()),
-                ("FLYT_NODE_MANAGER_CONTROL_LISTEN", "127.0.0.1:0".into()),
-                ("FLYT_NODE_MANAGER_CLUSTER_KEY_FILE", self.key_file.display().to_string()),
-                ("FLYT_NODE_MANAGER_STATE_DIR", self.path(node).display().to_string()),
-                ("FLYT_NODE_MANAGER_DEVICE", "emulated".into()),
-                (
-                    "FLYT_NODE_MANAGER_EMULATED_GPUS",
-                    format!("[{{ name = \"Emulated {node}\", memory_mib = {memory_mib}, sm_count = {sms} }}]"),
-                ),
-                ("FLYT_NODE_MANAGER_RPC_SERVER_BINARY", binary("flyt-rpc-server").display().to_string()),
-                ("FLYT_NODE_MANAGER_RPC_SERVER_LISTEN_HOST", "127.0.0.1".into()),
-                ("FLYT_NODE_MANAGER_RPC_SERVER_SOCKET_DIR", String::new()),
-                ("FLYT_NODE_MANAGER_RPC_SERVER_STOP_GRACE_SECONDS", "0".into()),
-            ])
-        }
-
-        fn start_node(&mut self, node: &str, host_ip: &str, sms: u32, memory_mib: u64) {
-            let envs = self.node_env(node, host_ip, sms, memory_mib);
-            let daemon = Daemon::start(node, &binary("flyt-node-manager"), &envs, &[], self.dir.path());
-            match self.nodes.iter_mut().find(|(name, _)| name == node) {
-                Some(entry) => entry.1 = Some(daemon),
-                None => self.nodes.push((node.to_string(), Some(daemon))),
-            }
-        }
-
-        fn node(&mut self, node: &str) -> &mut Daemon {
-            self.nodes.iter_mut().find(|(name, _)| name == node).and_then(|(_, daemon)| daemon.as_mut()).unwrap()
-        }
-
-        /// Starts the client manager of VM `vm_ip`; returns its socket.
-        fn start_client_manager(&mut self, vm_ip: &str) -> PathBuf {
-            let socket = self.path(&format!("client-manager-{vm_ip}.sock"));
-            let envs = env(&[
-                ("FLYT_CLIENT_MANAGER_VM_IP", vm_ip.into()),
-                ("FLYT_CLIENT_MANAGER_CLUSTER_MANAGER", format!("127.0.0.1:{}", self.cluster_port)),
-                ("FLYT_CLIENT_MANAGER_CLUSTER_KEY_FILE", self.key_file.display().to_string()),
-                ("FLYT_CLIENT_MANAGER_SOCKET", socket.display().to_string()),
-                ("FLYT_CLIENT_MANAGER_CLIENT_CHECK_MS", "100".into()),
-            ]);
-            let daemon = Daemon::start(&format!("client-manager-{vm_ip}"), &binary("flyt-client-manager"), &envs, &[], self.dir.path());
-            self.client_managers.push(daemon);
-            socket
-        }
-
-        /// Runs flytctl; returns (exit code, stdout, stderr).
-        fn flytctl(&self, args: &[&str]) -> (i32, String, String) {
-            let output = Command::new(binary("flytctl"))
-                .args(args)
-                .env("FLYTCTL_ADMIN_SOCKET", self.path("admin.sock"))
-                .env("FLYTCTL_CLUSTER_KEY_FILE", &self.key_file)
-                .env("FLYTCTL_TIMEOUT_SECONDS", "20")
-                .output()
-                .unwrap();
-            (
-                output.status.code().unwrap_or(-1),
-                String::from_utf8_lossy(&output.stdout).into_owned(),
-                String::from_utf8_lossy(&output.stderr).into_owned(),
-            )
-        }
-
-        fn flytctl_ok(&self, args: &[&str]) -> String {
-            let (code, stdout, stderr) = self.flytctl(args);
-            assert_eq!(code, 0, "flytctl {args:?} failed: {stderr}");
-            stdout
-        }
-
-        fn json(&self, args: &[&str]) -> Value {
-            let mut all = args.to_vec();
-            all.push("--json");
-            serde_json::from_str(&self.flytctl_ok(&all)).unwrap()
-        }
-
-        fn allocations(&self) -> Vec<Value> {
-            self.json(&["list-virt-servers"]).as_array().unwrap().clone()
-        }
-
-        fn allocation_of(&self, vm_ip: &str) -> Option<Value> {
-            self.allocations().into_iter().find(|allocation| allocation["vm_ip"] == vm_ip)
-        }
-
-        fn node_health(&self, node: &str) -> Option<String> {
-            self.json(&["list-servernodes"])
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|view| view["node"]["node_id"] == node)
-                .map(|view| view["node"]["health"].as_str().unwrap().to_string())
-        }
-
-        /// Asks a client manager as an app would; the client stays alive for `hold_seconds`.
-        /// Returns its reply and the client's pid.
-        fn locate(&mut self, socket: &Path, hold_seconds: u64) -> (Value, u32) {
-            let mut child = Command::new(binary("flyt-client-manager"))
-                .args(["locate", "--socket"])
-                .arg(socket)
-                .args(["--hold-seconds", &hold_seconds.to_string()])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            let pid = child.id();
-            let mut stdout = child.stdout.take().unwrap();
-            let (sender, receiver) = mpsc::channel();
-            std::thread::spawn(move || {
-                let mut line = String::new();
-                let mut byte = [0u8; 1];
-                while stdout.read(&mut byte).is_ok_and(|read| read == 1) && byte[0] != b'\n' {
-                    line.push(char::from(byte[0]));
-                }
-                let _ = sender.send(line);
-            });
-            let line = receiver.recv_timeout(Duration::from_secs(30)).expect("locate printed nothing");
-            self.clients.push(child);
-            (serde_json::from_str(&line).unwrap_or_else(|_| panic!("locate printed {line:?}")), pid)
-        }
-    }
-
-    /// Opens a data-plane session with the token, as the shim would, and returns the device's
-    /// (total memory, SM count).
-    fn session_view(reply: &Value) -> (u64, i32) {
-        let address = reply["address"].as_str().unwrap();
-        let mut stream: Box<dyn ReadWrite> = match address.strip_prefix("unix:") {
-            Some(path) => Box::new(UnixStream::connect(path).unwrap()),
-            None => Box::new(std::net::TcpStream::connect(address).unwrap()),
-        };
-        let client =
-            ClientIdentity { hostname: "test".into(), pid: std::process::id(), program: "cluster-test".into(), boot_id: String::new() };
-        let hello = Hello::new(Some(reply["token"].as_str().unwrap().to_string()), client, None);
-        write_value(&mut stream, 1, &hello).unwrap();
-        let (_, answer): (u32, HelloReply) = read_value(&mut stream, &FrameLimits::default()).unwrap();
-        match answer {
-            HelloReply::Accepted(info) => {
-                let device = &info.devices[0];
-                (device.total_mem, device.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(-1))
-            }
-            HelloReply::Refused { reason, .. } => panic!("session refused: {reason}"),
-        }
-    }
-
-    trait ReadWrite: Read + Write {}
-    impl<T: Read + Write> ReadWrite for T {}
+    const NODE_GRACE_SECONDS: u64 = 3;
 
     #[test]
     fn placement_quotas_change_config_deaths_idle_release_and_restart() {
-        let mut cluster = Cluster::new();
+        let mut cluster = Cluster::new(Options {
+            node_timeout_ms: NODE_TIMEOUT_MS,
+            node_grace_seconds: NODE_GRACE_SECONDS,
+            client_timeout_ms: 3000,
+            idle_grace_seconds: IDLE_GRACE_SECONDS,
+            ..Options::default()
+        });
         // node-a: the host of VM 10.0.0.2; node-b: the host of VM 10.0.0.1.
         cluster.start_node("node-a", "127.0.0.1", 40, 4096);
         cluster.start_node("node-b", "127.0.0.2", 80, 8192);
@@ -457,8 +119,8 @@ mod tests {
             cluster.allocation_of("10.0.0.1").is_none().then_some(())
         });
 
-        // --- node death: its allocations are released; the VM is placed elsewhere; the restarted
-        // node manager stops the server it left behind.
+        // --- node death: its allocations are kept for the node grace period, then released; the
+        // VM is placed elsewhere; the restarted node manager stops the server it left behind.
         let (_, _) = cluster.locate(&vm1, 600);
         let on_b = cluster.allocation_of("10.0.0.1").unwrap();
         assert_eq!(on_b["node_id"], "node-b");
@@ -469,7 +131,10 @@ mod tests {
         wait_until("node-b is down", Duration::from_millis(NODE_TIMEOUT_MS) + Duration::from_secs(5), || {
             (cluster.node_health("node-b").as_deref() == Some("Down")).then_some(())
         });
-        assert!(cluster.allocation_of("10.0.0.1").is_none(), "the dead node's allocation is still held");
+        assert!(cluster.allocation_of("10.0.0.1").is_some(), "released before the node grace period");
+        wait_until("the lost node's allocation is released", Duration::from_secs(NODE_GRACE_SECONDS + 5), || {
+            cluster.allocation_of("10.0.0.1").is_none().then_some(())
+        });
         let (reply, _) = cluster.locate(&vm1, 600);
         assert!(reply["address"].is_string(), "{reply}");
         assert_eq!(cluster.allocation_of("10.0.0.1").unwrap()["node_id"], "node-a");

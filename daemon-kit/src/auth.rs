@@ -102,9 +102,20 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     .map_err(|_| AuthError::Timeout(HANDSHAKE_TIMEOUT))?
 }
 
-/// Client side: answers the challenge for `service` and checks the server's own proof.
+/// Client side: answers the challenge for `service` and checks the server's own proof, within
+/// [`HANDSHAKE_TIMEOUT`].
 pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, key: &ClusterKey, service: ServiceName) -> Result<(), AuthError> {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+    connect_within(stream, key, service, HANDSHAKE_TIMEOUT).await
+}
+
+/// [`connect`] within `timeout` (a caller's own deadline, e.g. `flytctl --timeout-seconds`).
+pub async fn connect_within<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    key: &ClusterKey,
+    service: ServiceName,
+    timeout: Duration,
+) -> Result<(), AuthError> {
+    tokio::time::timeout(timeout, async {
         let mut challenge = [0u8; CHALLENGE_LEN];
         stream.read_exact(&mut challenge).await?;
         let server_nonce = auth::decode_challenge(&challenge)?;
@@ -120,7 +131,7 @@ pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, key: &Cl
         Ok(())
     })
     .await
-    .map_err(|_| AuthError::Timeout(HANDSHAKE_TIMEOUT))?
+    .map_err(|_| AuthError::Timeout(timeout))?
 }
 
 #[cfg(test)]

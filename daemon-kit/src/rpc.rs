@@ -11,7 +11,7 @@ use std::{
 };
 
 use flyt_protocol::control::auth::ServiceName;
-use futures::{Future, StreamExt};
+use futures::{Future, Sink, Stream, StreamExt};
 use serde::{Serialize, de::DeserializeOwned};
 use tarpc::{
     ClientMessage, Response,
@@ -22,6 +22,7 @@ use tokio::{
     net::{TcpListener, TcpStream, UnixListener, UnixStream},
 };
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tracing::Instrument as _;
 
 use crate::{
     auth::{self, AuthError, ClusterKey},
@@ -41,8 +42,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum RpcError {
     /// cannot reach {0}: {1}
     Connect(Endpoint, io::Error),
-    /// connecting to {0} timed out
-    ConnectTimeout(Endpoint),
+    /// {0} did not complete the connection and its handshake within {1:?}
+    ConnectTimeout(Endpoint, Duration),
     /// {0} refused the connection: {1}
     Auth(Endpoint, AuthError),
     /// cannot listen on {0}: {1}
@@ -136,9 +137,19 @@ where
     tarpc::serde_transport::new(Framed::new(stream, framing), PostcardCodec::default())
 }
 
-/// Connects to `endpoint` and proves the cluster key for `service`; the stream is ready for
-/// [`transport`].
+/// Connects to `endpoint` and proves the cluster key for `service` within [`CONNECT_TIMEOUT`];
+/// the stream is ready for [`transport`].
 pub async fn connect(endpoint: &Endpoint, key: &ClusterKey, service: ServiceName) -> Result<ControlStream, RpcError> {
+    connect_within(endpoint, key, service, CONNECT_TIMEOUT).await
+}
+
+/// [`connect`] with the caller's own bound on the connection and the handshake together.
+pub async fn connect_within(
+    endpoint: &Endpoint,
+    key: &ClusterKey,
+    service: ServiceName,
+    timeout: Duration,
+) -> Result<ControlStream, RpcError> {
     let attempt = async {
         let mut stream = match endpoint {
             Endpoint::Tcp(address) => {
@@ -150,10 +161,13 @@ pub async fn connect(endpoint: &Endpoint, key: &ClusterKey, service: ServiceName
                 ControlStream::Unix(UnixStream::connect(path).await.map_err(|error| RpcError::Connect(endpoint.clone(), error))?)
             }
         };
-        auth::connect(&mut stream, key, service).await.map_err(|error| RpcError::Auth(endpoint.clone(), error))?;
+        auth::connect_within(&mut stream, key, service, timeout).await.map_err(|error| match error {
+            AuthError::Timeout(_) => RpcError::ConnectTimeout(endpoint.clone(), timeout),
+            other => RpcError::Auth(endpoint.clone(), other),
+        })?;
         Ok(stream)
     };
-    tokio::time::timeout(CONNECT_TIMEOUT, attempt).await.map_err(|_| RpcError::ConnectTimeout(endpoint.clone()))?
+    tokio::time::timeout(timeout, attempt).await.map_err(|_| RpcError::ConnectTimeout(endpoint.clone(), timeout))?
 }
 
 /// A tarpc context whose deadline is `timeout` from now. Every control call passes one: spawns
@@ -165,9 +179,10 @@ pub fn deadline(timeout: Duration) -> tarpc::context::Context {
 }
 
 /// Runs `work` as a task of its own and waits for it, so a handler whose request is cancelled
-/// (deadline passed, connection closed) does not stop a state change half way.
+/// (deadline passed, connection closed) does not stop a state change half way. The task logs
+/// inside the caller's span (which names the peer).
 pub async fn detached<T: Send + 'static>(work: impl Future<Output = T> + Send + 'static) -> Option<T> {
-    tokio::spawn(work).await.ok()
+    tokio::spawn(work.in_current_span()).await.ok()
 }
 
 /// A listening TCP or Unix socket.
@@ -232,7 +247,8 @@ pub fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
 }
 
 /// Serves one authenticated connection with `serve` until the peer goes away, at most
-/// [`MAX_IN_FLIGHT_PER_CONNECTION`] requests at a time.
+/// [`MAX_IN_FLIGHT_PER_CONNECTION`] requests at a time. How the connection ended is logged in
+/// plain words, inside the span [`accept_loop`] opens (which names the peer and the service).
 pub async fn serve_connection<S, Req, Resp>(stream: ControlStream, serve: S)
 where
     S: Serve<Req = Req, Resp = Resp> + Clone + Send + 'static,
@@ -240,7 +256,71 @@ where
     Resp: Serialize + Send + 'static,
 {
     let transport: PostcardTransport<ControlStream, ClientMessage<Req>, Response<Resp>> = transport(stream);
-    BaseChannel::with_defaults(transport).execute(serve).for_each_concurrent(MAX_IN_FLIGHT_PER_CONNECTION, |request| request).await;
+    BaseChannel::with_defaults(EndLogged(transport))
+        .execute(serve)
+        .for_each_concurrent(MAX_IN_FLIGHT_PER_CONNECTION, |request| request)
+        .await;
+}
+
+/// What a failed read of a control connection means, in words for a log line.
+pub fn describe_end(error: &io::Error) -> String {
+    match error.kind() {
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted => {
+            "the peer dropped the connection (it exited or was killed)".to_string()
+        }
+        io::ErrorKind::UnexpectedEof => "the peer closed the connection in the middle of a message".to_string(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => "the connection timed out".to_string(),
+        io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput => format!("the peer sent a malformed message ({error}); closed"),
+        _ => format!("the connection failed: {error}"),
+    }
+}
+
+/// A transport whose read errors end the stream after one plain log line, instead of tarpc's
+/// "Requests stream errored out" without a peer.
+struct EndLogged<T>(T);
+
+impl<T, Item> Stream for EndLogged<T>
+where
+    T: Stream<Item = io::Result<Item>> + Unpin,
+{
+    type Item = io::Result<Item>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        match Pin::new(&mut self.get_mut().0).poll_next(cx) {
+            Poll::Ready(Some(Err(error))) => {
+                tracing::info!("connection ended: {}", describe_end(&error));
+                Poll::Ready(None)
+            }
+            Poll::Ready(None) => {
+                tracing::debug!("connection closed by the peer");
+                Poll::Ready(None)
+            }
+            other => other,
+        }
+    }
+}
+
+impl<T, SinkItem> Sink<SinkItem> for EndLogged<T>
+where
+    T: Sink<SinkItem, Error = io::Error> + Unpin,
+{
+    type Error = io::Error;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        Pin::new(&mut self.get_mut().0).poll_ready(cx)
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: SinkItem) -> Result<(), Self::Error> {
+        Pin::new(&mut self.get_mut().0).start_send(item)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        Pin::new(&mut self.get_mut().0).poll_close(cx)
+    }
 }
 
 /// Accepts connections forever; each one is authenticated (failures are logged and closed)
@@ -266,10 +346,19 @@ where
         tokio::spawn(async move {
             match auth::accept(&mut stream, &key, &served).await {
                 Ok(service) => {
-                    tracing::debug!(%peer, service = service.as_str(), "control connection authenticated");
-                    dispatch(service, stream).await;
+                    // Every line logged while serving this connection names its peer.
+                    let span = tracing::info_span!("conn", %peer, service = service.as_str());
+                    async {
+                        tracing::debug!("control connection authenticated");
+                        dispatch(service, stream).await;
+                    }
+                    .instrument(span)
+                    .await;
                 }
-                Err(error) => tracing::warn!(%peer, %error, "control connection refused"),
+                Err(AuthError::Timeout(limit)) => {
+                    tracing::warn!("control connection from {peer} closed: no handshake within {limit:?}")
+                }
+                Err(error) => tracing::warn!("control connection from {peer} refused: {error}"),
             }
         });
     }

@@ -4,7 +4,11 @@
 //! 2 bad usage; 3 the cluster manager cannot be reached or did not answer in time.
 #![forbid(unsafe_code)]
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
 
 use clap::{Parser, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
@@ -32,7 +36,8 @@ struct Args {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
-    /// Give up on the cluster manager after this many seconds.
+    /// Give up on the cluster manager after this many seconds (connection, handshake and call
+    /// together).
     #[arg(long, env = "FLYTCTL_TIMEOUT_SECONDS", default_value_t = 30, global = true)]
     timeout_seconds: u64,
     #[command(subcommand)]
@@ -99,10 +104,14 @@ enum CtlError {
     Unreachable { socket: String, reason: String },
     /// the cluster manager at {0} refused the cluster key: use the key file of the cluster (--cluster-key-file or FLYTCTL_CLUSTER_KEY_FILE)
     WrongKey(String),
-    /// {0}
-    Key(AuthError),
-    /// the cluster manager did not answer: {0}
-    Call(tarpc::client::RpcError),
+    /// cannot read the cluster key file {0}: {1} (pass --cluster-key-file or set FLYTCTL_CLUSTER_KEY_FILE)
+    ReadKey(String, std::io::Error),
+    /// the cluster key in {0} is shorter than 16 bytes: use the key file of the cluster (--cluster-key-file or FLYTCTL_CLUSTER_KEY_FILE)
+    ShortKey(String),
+    /// the cluster manager at {socket} did not answer within {seconds} s (connection, handshake and call; --timeout-seconds or FLYTCTL_TIMEOUT_SECONDS): is it stopped or overloaded?
+    Timeout { socket: String, seconds: u64 },
+    /// the cluster manager at {socket} dropped the call: {error}
+    Call { socket: String, error: tarpc::client::RpcError },
     /// {0}
     Refused(ControlError),
     /// cannot print JSON: {0}
@@ -113,8 +122,8 @@ impl CtlError {
     fn exit_code(&self) -> u8 {
         match self {
             Self::Refused(_) => 1,
-            Self::Key(_) | Self::WrongKey(_) | Self::Json(_) => 2,
-            Self::Unreachable { .. } | Self::Call(_) => 3,
+            Self::ReadKey(..) | Self::ShortKey(_) | Self::WrongKey(_) | Self::Json(_) => 2,
+            Self::Unreachable { .. } | Self::Timeout { .. } | Self::Call { .. } => 3,
         }
     }
 }
@@ -137,15 +146,41 @@ fn main() -> ExitCode {
     }
 }
 
-async fn connect(args: &Args) -> Result<ClusterAdminClient, CtlError> {
-    let key = ClusterKey::load(&args.cluster_key_file).map_err(CtlError::Key)?;
+fn load_key(args: &Args) -> Result<ClusterKey, CtlError> {
+    let path = args.cluster_key_file.display().to_string();
+    ClusterKey::load(&args.cluster_key_file).map_err(|error| match error {
+        AuthError::ReadKey(_, error) => CtlError::ReadKey(path, error),
+        _ => CtlError::ShortKey(path),
+    })
+}
+
+/// Connects and proves the key before `deadline`.
+async fn connect(args: &Args, deadline: Instant) -> Result<ClusterAdminClient, CtlError> {
+    let key = load_key(args)?;
     let endpoint = Endpoint::Unix(args.socket.clone());
     let socket = args.socket.display().to_string();
-    let stream = rpc::connect(&endpoint, &key, ServiceName::ClusterAdmin).await.map_err(|error| match error {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let stream = rpc::connect_within(&endpoint, &key, ServiceName::ClusterAdmin, left).await.map_err(|error| match error {
         RpcError::Auth(_, AuthError::Refused | AuthError::Protocol(_)) => CtlError::WrongKey(socket.clone()),
+        RpcError::ConnectTimeout(..) => CtlError::Timeout { socket: socket.clone(), seconds: args.timeout_seconds },
         other => CtlError::Unreachable { socket: socket.clone(), reason: other.to_string() },
     })?;
     Ok(ClusterAdminClient::new(tarpc::client::Config::default(), rpc::transport(stream)).spawn())
+}
+
+/// Awaits a call until `deadline`, naming the socket and the limit when it runs out.
+async fn call<T>(
+    args: &Args,
+    deadline: Instant,
+    future: impl std::future::Future<Output = Result<T, tarpc::client::RpcError>>,
+) -> Result<T, CtlError> {
+    let socket = args.socket.display().to_string();
+    let left = deadline.saturating_duration_since(Instant::now());
+    match tokio::time::timeout(left, future).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(tarpc::client::RpcError::DeadlineExceeded)) | Err(_) => Err(CtlError::Timeout { socket, seconds: args.timeout_seconds }),
+        Ok(Err(error)) => Err(CtlError::Call { socket, error }),
+    }
 }
 
 fn print_json<T: Serialize>(value: &T) -> Result<(), CtlError> {
@@ -160,11 +195,17 @@ fn table(header: &[&str]) -> Table {
 }
 
 async fn run(args: Args) -> Result<(), CtlError> {
-    let client = connect(&args).await?;
-    let context = || rpc::deadline(Duration::from_secs(args.timeout_seconds));
+    // One limit for everything: connecting, the handshake and the call.
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
+    let client = connect(&args, deadline).await?;
+    let context = || {
+        let mut context = tarpc::context::current();
+        context.deadline = deadline;
+        context
+    };
     match &args.command {
         Command::Status => {
-            let status = client.status(context()).await.map_err(CtlError::Call)?;
+            let status = call(&args, deadline, client.status(context())).await?;
             if args.json {
                 return print_json(&status);
             }
@@ -186,32 +227,29 @@ async fn run(args: Args) -> Result<(), CtlError> {
             println!("{out}");
         }
         Command::ListVms => {
-            let vms = client.list_vms(context()).await.map_err(CtlError::Call)?;
+            let vms = call(&args, deadline, client.list_vms(context())).await?;
             if args.json {
                 return print_json(&vms);
             }
             println!("{}", vm_table(&vms));
         }
         Command::ListServernodes => {
-            let nodes = client.list_nodes(context()).await.map_err(CtlError::Call)?;
+            let nodes = call(&args, deadline, client.list_nodes(context())).await?;
             if args.json {
                 return print_json(&nodes);
             }
             println!("{}", node_table(&nodes));
         }
         Command::ListVirtServers => {
-            let allocations = client.list_allocations(context()).await.map_err(CtlError::Call)?;
+            let allocations = call(&args, deadline, client.list_allocations(context())).await?;
             if args.json {
                 return print_json(&allocations);
             }
             println!("{}", allocation_table(&allocations));
         }
         Command::ChangeConfig { target, compute_units, memory_mib } => {
-            let allocation = client
-                .change_config(context(), target.clone(), *compute_units, *memory_mib)
-                .await
-                .map_err(CtlError::Call)?
-                .map_err(CtlError::Refused)?;
+            let change = client.change_config(context(), target.clone(), *compute_units, *memory_mib);
+            let allocation = call(&args, deadline, change).await?.map_err(CtlError::Refused)?;
             if args.json {
                 return print_json(&allocation);
             }
@@ -220,7 +258,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
         Command::Vm { command: VmCommand::Add { vm_ip, host_ip, compute_units, memory_mib } } => {
             let requirement =
                 VmRequirement { vm_ip: vm_ip.clone(), host_ip: host_ip.clone(), compute_units: *compute_units, memory: *memory_mib };
-            client.add_vm(context(), requirement.clone()).await.map_err(CtlError::Call)?.map_err(CtlError::Refused)?;
+            call(&args, deadline, client.add_vm(context(), requirement.clone())).await?.map_err(CtlError::Refused)?;
             if args.json {
                 return print_json(&requirement);
             }
@@ -228,7 +266,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
         }
         Command::Vm { command: VmCommand::List } => {
             let vms: Vec<VmRequirement> =
-                client.list_vms(context()).await.map_err(CtlError::Call)?.into_iter().map(|vm| vm.requirement).collect();
+                call(&args, deadline, client.list_vms(context())).await?.into_iter().map(|vm| vm.requirement).collect();
             if args.json {
                 return print_json(&vms);
             }
@@ -239,7 +277,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
             println!("{out}");
         }
         Command::Vm { command: VmCommand::Remove { vm_ip } } => {
-            client.remove_vm(context(), vm_ip.clone()).await.map_err(CtlError::Call)?.map_err(CtlError::Refused)?;
+            call(&args, deadline, client.remove_vm(context(), vm_ip.clone())).await?.map_err(CtlError::Refused)?;
             if args.json {
                 return print_json(&serde_json::json!({ "removed": vm_ip }));
             }
@@ -247,7 +285,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
         }
         Command::Drain { node } | Command::Undrain { node } => {
             let drained = matches!(args.command, Command::Drain { .. });
-            let record = client.set_drained(context(), node.clone(), drained).await.map_err(CtlError::Call)?.map_err(CtlError::Refused)?;
+            let record = call(&args, deadline, client.set_drained(context(), node.clone(), drained)).await?.map_err(CtlError::Refused)?;
             if args.json {
                 return print_json(&record);
             }
@@ -331,7 +369,10 @@ fn allocation_table(allocations: &[AllocationRecord]) -> Table {
             allocation.compute_units.to_string(),
             allocation.sm_percentage.to_string(),
             allocation.memory.to_string(),
-            format!("{:?}", allocation.state).to_lowercase(),
+            match (allocation.state, &allocation.pending_resize) {
+                (_, Some(size)) => format!("resizing to {} SMs, {} MiB", size.compute_units, size.memory),
+                (state, None) => format!("{state:?}").to_lowercase(),
+            },
             allocation.addresses.join(" "),
             allocation.pid.to_string(),
             allocation.sessions.to_string(),

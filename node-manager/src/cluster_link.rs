@@ -24,12 +24,14 @@ pub struct NodeIdentity {
     pub gpus: Vec<GpuInfo>,
 }
 
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Longest wait between two connection attempts: a cluster manager back from a restart or a
+/// stall hears from this node well within its node timeout.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 fn stop_in_background(servers: &Arc<ServerManager>, ids: Vec<String>) {
     for id in ids {
         let servers = servers.clone();
-        tracing::info!(allocation = %id, "the cluster manager does not know this server: stopping it");
+        tracing::info!(allocation = %id, "no allocation of the cluster owns this server: stopping it");
         tokio::spawn(async move { servers.stop(&id).await });
     }
 }
@@ -43,7 +45,9 @@ pub async fn run(cluster: Endpoint, key: ClusterKey, identity: NodeIdentity, ser
             Ok(stream) => stream,
             Err(error) => {
                 if !reported_unreachable {
-                    tracing::warn!(%error, "cannot reach the cluster manager; retrying");
+                    tracing::warn!(
+                        "cannot reach the cluster manager at {cluster}: {error}; retrying every {MAX_BACKOFF:?} (running servers keep serving)"
+                    );
                     reported_unreachable = true;
                 }
                 tokio::time::sleep(backoff).await;
@@ -66,12 +70,12 @@ pub async fn run(cluster: Endpoint, key: ClusterKey, identity: NodeIdentity, ser
             let reply = match client.register(rpc::deadline(Duration::from_secs(10)), registration).await {
                 Ok(Ok(reply)) => reply,
                 Ok(Err(error)) => {
-                    tracing::error!(%error, "the cluster manager refused the registration");
+                    tracing::error!("the cluster manager at {cluster} refused the registration: {error}");
                     tokio::time::sleep(MAX_BACKOFF).await;
                     break 'registered;
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "registration failed; reconnecting");
+                    tracing::warn!("registration with the cluster manager at {cluster} failed ({error}); reconnecting");
                     break 'registered;
                 }
             };
@@ -89,12 +93,12 @@ pub async fn run(cluster: Endpoint, key: ClusterKey, identity: NodeIdentity, ser
                 match client.heartbeat(rpc::deadline((interval * 2).max(Duration::from_secs(2))), heartbeat).await {
                     Ok(Ok(NodeHeartbeatReply::Ok { stop })) => stop_in_background(&servers, stop),
                     Ok(Ok(NodeHeartbeatReply::RegisterAgain)) => {
-                        tracing::info!("the cluster manager asks this node to register again");
+                        tracing::info!("the cluster manager at {cluster} asks this node to register again");
                         continue 'registered;
                     }
-                    Ok(Err(error)) => tracing::warn!(%error, "heartbeat refused"),
+                    Ok(Err(error)) => tracing::warn!("the cluster manager at {cluster} refused a heartbeat: {error}"),
                     Err(error) => {
-                        tracing::warn!(%error, "heartbeat failed; reconnecting");
+                        tracing::warn!("no answer to a heartbeat from the cluster manager at {cluster} ({error}); reconnecting");
                         break 'registered;
                     }
                 }

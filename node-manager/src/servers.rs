@@ -3,9 +3,18 @@
 //!
 //! Each server runs in a process group of its own (a Ctrl-C or a crash of the node manager does
 //! not take it down), writes its listening line to `<state>/servers/<id>.out` and its log to
-//! `<id>.log`, and is recorded in `<id>.json` (pid, start time, control socket). A restarted
-//! node manager adopts what those records describe and is still running, and the cluster
-//! manager says which of them to keep: nothing is orphaned.
+//! `<id>.log`, and is recorded in `<id>.json` (pid, start time, control socket) once it listens.
+//! A restarted node manager adopts what those records describe and is still running, and the
+//! cluster manager says which of them to keep. A server whose node manager died before
+//! recording it (mid-start) is found by its command line (its `--control` socket lies in this
+//! state folder) and stopped: the cluster manager starts it again if it still wants it, so
+//! nothing is orphaned.
+//!
+//! Every step is safe to cut short: a start killed before the record leaves a server the next
+//! node manager stops; a resize killed before the record is rewritten leaves a record the next
+//! status query corrects (the server's own answer wins); a stop killed half way leaves a record
+//! of a server that is either gone (forgotten) or still running (adopted, then stopped on the
+//! cluster manager's word).
 
 use std::{
     collections::BTreeMap,
@@ -17,6 +26,7 @@ use std::{
 
 use flyt_daemon_kit::{
     auth::ClusterKey,
+    failpoint,
     fs::write_atomic,
     host::{process_alive, process_start_time},
     rpc::{self, Endpoint},
@@ -91,6 +101,36 @@ pub struct ServerRecord {
     pub sm_percentage: u32,
 }
 
+/// A server's answer to a status query.
+struct Usage {
+    sessions: u32,
+    /// Bytes its sessions hold.
+    memory_used: u64,
+    /// Its per-session quota in bytes.
+    memory_quota: u64,
+    sm_percentage: u32,
+}
+
+/// Processes started with a `--control unix:<servers_dir>/<id>.control.sock` argument: the
+/// rpc-servers of this state folder, by pid, with their allocation. (Their workers run with
+/// other arguments and are stopped with their server's process group.)
+fn servers_started_in(servers_dir: &Path) -> Vec<(u32, String)> {
+    let prefix = format!("unix:{}/", servers_dir.display());
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let command_line = fs::read(entry.path().join("cmdline")).ok()?;
+            let arguments: Vec<&[u8]> = command_line.split(|byte| *byte == 0).collect();
+            let position = arguments.iter().position(|argument| *argument == b"--control")?;
+            let control = std::str::from_utf8(arguments.get(position + 1)?).ok()?;
+            let id = control.strip_prefix(&prefix)?.strip_suffix(".control.sock")?;
+            valid_allocation_id(id).then(|| (pid, id.to_string()))
+        })
+        .collect()
+}
+
 struct ManagedServer {
     record: ServerRecord,
     /// Our child (reaped with `try_wait`); `None` for a server adopted after a restart.
@@ -105,6 +145,8 @@ pub struct ServerManager {
     servers: Mutex<BTreeMap<String, ManagedServer>>,
     /// Starts and stops one at a time: a repeated start for one allocation finds the first.
     lifecycle: Mutex<()>,
+    /// Held by resizes: a record is corrected from a server's status only when none runs.
+    resizing: Mutex<()>,
 }
 
 fn valid_allocation_id(id: &str) -> bool {
@@ -176,7 +218,31 @@ impl ServerManager {
                 }
             }
         }
-        Ok(Self { settings, key, servers: Mutex::new(servers), lifecycle: Mutex::new(()) })
+        Self::stop_unrecorded(&settings, &servers);
+        for id in servers.keys() {
+            let _ = flyt_daemon_kit::fs::remove_stale_temporaries(&Self::record_path(&settings, id));
+        }
+        Ok(Self { settings, key, servers: Mutex::new(servers), lifecycle: Mutex::new(()), resizing: Mutex::new(()) })
+    }
+
+    /// Stops rpc-servers started from this state folder that no record describes: their node
+    /// manager died after starting them and before recording them.
+    fn stop_unrecorded(settings: &LaunchSettings, adopted: &BTreeMap<String, ManagedServer>) {
+        for (pid, id) in servers_started_in(&settings.servers_dir) {
+            if adopted.get(&id).is_some_and(|server| server.record.pid == pid) {
+                continue;
+            }
+            tracing::warn!(allocation = %id, pid, "an rpc-server was left mid-start by a node manager that died before recording it: stopping it");
+            signal(pid, Signal::SIGKILL, true);
+            signal(pid, Signal::SIGKILL, false);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while process_alive(pid, None) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if !adopted.contains_key(&id) {
+                Self::remove_files(settings, &id);
+            }
+        }
     }
 
     fn record_path(settings: &LaunchSettings, id: &str) -> PathBuf {
@@ -273,6 +339,7 @@ impl ServerManager {
             .map_err(|error| spawn_error(format!("cannot run {}: {error} (set [rpc_server] binary)", self.settings.binary)))?;
         let pid = child.id();
         tracing::info!(allocation = %id, pid, gpu = gpu.index, memory_mib = spec.memory, sm_percentage = spec.sm_percentage, "rpc-server started");
+        failpoint::hit("node.spawned");
 
         let addresses = match self.wait_until_listening(&mut child, &out_path, &log_path).await {
             Ok(addresses) => addresses,
@@ -283,6 +350,7 @@ impl ServerManager {
                 return Err(error);
             }
         };
+        failpoint::hit("node.listening");
         let record = ServerRecord {
             allocation_id: id.clone(),
             pid,
@@ -375,6 +443,7 @@ impl ServerManager {
 
     /// Changes a server's memory quota and/or SM share through its control socket.
     pub async fn resize(&self, id: &str, memory: Option<u64>, sm_percentage: Option<u32>) -> Result<ServerReport, ControlError> {
+        let _resizing = self.resizing.lock().await;
         if !self.servers.lock().await.contains_key(id) {
             return Err(ControlError::UnknownAllocation(id.to_string()));
         }
@@ -467,23 +536,49 @@ impl ServerManager {
         }
         // In parallel and bounded: a hung server must not delay the heartbeat past the lease.
         futures::future::join_all(records.iter().map(|record| async move {
-            let (sessions, memory_used) = tokio::time::timeout(STATUS_TIMEOUT, self.usage(&record.allocation_id)).await.unwrap_or((0, 0));
-            Self::report(record, sessions, memory_used)
+            let usage = tokio::time::timeout(STATUS_TIMEOUT, self.usage(&record.allocation_id)).await.ok().flatten();
+            let Some(usage) = usage else { return Self::report(record, 0, 0) };
+            // The server's own slice wins over the record (a resize cut short by a crash of
+            // this node manager left the record behind).
+            let record = self.correct_record(record, usage.memory_quota / MIB, usage.sm_percentage).await;
+            Self::report(&record, usage.sessions, usage.memory_used)
         }))
         .await
     }
 
-    /// Sessions and the device memory they hold, from the server's control socket ((0, 0) when
-    /// it does not answer).
-    async fn usage(&self, id: &str) -> (u32, u64) {
-        let Some(control) = self.control(id).await else { return (0, 0) };
+    /// Rewrites a server's record when the server reports another slice; returns the record.
+    async fn correct_record(&self, record: &ServerRecord, memory: u64, sm_percentage: u32) -> ServerRecord {
+        if (record.memory, record.sm_percentage) == (memory, sm_percentage) || memory == 0 {
+            return record.clone();
+        }
+        // A resize under way writes the record itself.
+        let Ok(_resizing) = self.resizing.try_lock() else { return record.clone() };
+        let mut servers = self.servers.lock().await;
+        let Some(server) = servers.get_mut(&record.allocation_id) else { return record.clone() };
+        tracing::info!(allocation = %record.allocation_id, memory_mib = memory, sm_percentage, "the record of this rpc-server was behind its slice; corrected");
+        server.record.memory = memory;
+        server.record.sm_percentage = sm_percentage;
+        let corrected = server.record.clone();
+        drop(servers);
+        if let Err(error) = self.write_record(&corrected) {
+            tracing::warn!(allocation = %corrected.allocation_id, %error, "cannot rewrite the server's record");
+        }
+        corrected
+    }
+
+    /// What the server says of itself on its control socket (`None` when it does not answer).
+    async fn usage(&self, id: &str) -> Option<Usage> {
+        let control = self.control(id).await?;
         match control.status(rpc::deadline(STATUS_TIMEOUT)).await {
-            Ok(status) => {
-                (u32::try_from(status.sessions.len()).unwrap_or(u32::MAX), status.sessions.iter().map(|session| session.memory_used).sum())
-            }
+            Ok(status) => Some(Usage {
+                sessions: u32::try_from(status.sessions.len()).unwrap_or(u32::MAX),
+                memory_used: status.sessions.iter().map(|session| session.memory_used).sum(),
+                memory_quota: status.memory_quota,
+                sm_percentage: status.sm_percentage,
+            }),
             Err(_) => {
                 self.forget_control(id).await;
-                (0, 0)
+                None
             }
         }
     }
@@ -502,7 +597,7 @@ impl ServerManager {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::{fs::PermissionsExt, process::CommandExt};
 
     use super::*;
 
@@ -584,6 +679,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_server_started_but_not_recorded_is_stopped_by_the_next_manager() {
+        let folder = tempfile::tempdir().unwrap();
+        // A shell that keeps its command line (no exec), as a server waiting to listen would.
+        let settings = settings(folder.path(), "#!/bin/sh\nwhile true; do sleep 1; done\n");
+        flyt_daemon_kit::fs::create_dir_with_mode(&settings.servers_dir, 0o700).unwrap();
+        // What a node manager killed between spawning a server and recording it leaves behind.
+        let control = settings.servers_dir.join("alloc-7.control.sock");
+        let mut orphan = Command::new(&settings.binary)
+            .args(["--control", &format!("unix:{}", control.display())])
+            .process_group(0)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = orphan.id();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while servers_started_in(&settings.servers_dir).is_empty() {
+            assert!(Instant::now() < deadline, "the stand-in never showed up in /proc");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(servers_started_in(&settings.servers_dir), vec![(pid, "alloc-7".to_string())]);
+        let manager = ServerManager::new(settings.clone(), key()).unwrap();
+        let _ = orphan.wait();
+        assert!(!process_alive(pid, None), "the unrecorded server still runs");
+        assert!(manager.reports().await.is_empty());
+        assert!(servers_started_in(&settings.servers_dir).is_empty());
+    }
+
+    #[tokio::test]
     async fn a_server_that_dies_is_dropped_from_reports() {
         let folder = tempfile::tempdir().unwrap();
         let manager = ServerManager::new(settings(folder.path(), STAND_IN), key()).unwrap();
@@ -620,14 +743,18 @@ mod tests {
 
     impl flyt_protocol::control::rpc_server::RpcServerControl for FakeControl {
         async fn status(self, _: tarpc::context::Context) -> flyt_protocol::control::rpc_server::RpcServerStatus {
+            // The slice the last resize set (each value kept until changed), as a server keeps it.
+            let calls = self.0.lock().unwrap().clone();
+            let memory_quota = calls.iter().rev().find_map(|(memory, _)| *memory).unwrap_or(1 << 30);
+            let sm_percentage = calls.iter().rev().find_map(|(_, percentage)| *percentage).unwrap_or(25);
             flyt_protocol::control::rpc_server::RpcServerStatus {
                 pid: 1,
                 allocation: Some("alloc-6".into()),
                 backend: "emulated".into(),
                 gpu: 0,
                 listen: vec![],
-                memory_quota: 1 << 30,
-                sm_percentage: 25,
+                memory_quota,
+                sm_percentage,
                 sm_count: 10,
                 sessions: vec![flyt_protocol::control::rpc_server::SessionStatus {
                     session_id: 1,
@@ -678,6 +805,14 @@ mod tests {
         let record: ServerRecord = serde_json::from_slice(&fs::read(folder.path().join("servers/alloc-6.json")).unwrap()).unwrap();
         assert_eq!((record.memory, record.sm_percentage), (2048, 50));
         assert!(matches!(manager.resize("alloc-x", Some(1), None).await, Err(ControlError::UnknownAllocation(_))));
+
+        // A resize the server applied but the record missed (a node manager killed in between):
+        // the server's own answer wins and the record is rewritten.
+        calls.0.lock().unwrap().push((Some(3072 * MIB), Some(75)));
+        let reports = manager.reports().await;
+        assert_eq!((reports[0].memory_quota_bytes, reports[0].sm_percentage), (3072 * MIB, 75));
+        let record: ServerRecord = serde_json::from_slice(&fs::read(folder.path().join("servers/alloc-6.json")).unwrap()).unwrap();
+        assert_eq!((record.memory, record.sm_percentage), (3072, 75));
         server.abort();
         signal(report.pid, Signal::SIGKILL, false);
     }

@@ -283,6 +283,12 @@ impl Server {
         let limits = FrameLimits { max_message: 64 << 10, max_bulk: 0 };
         let hello: Hello = match read_value(&mut connection, &limits) {
             Ok((_, hello)) => hello,
+            Err(flyt_protocol::frame::FrameError::Io(error))
+                if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+            {
+                tracing::info!("client {peer} idle for {} s without a hello, closed", self.args.handshake_timeout_secs);
+                return;
+            }
             Err(error) => {
                 tracing::warn!(%peer, %error, "connection closed before a valid hello");
                 return;

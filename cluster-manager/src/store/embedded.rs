@@ -1,10 +1,12 @@
 //! The default store: one JSON file under the state directory, rewritten whole on every change
-//! through a temporary file, fsync and rename, so a crash leaves the old state or the new.
-//! Control-plane state is small (a few records per node and VM), so whole rewrites are cheap.
+//! through a temporary file, fsync and rename (and an fsync of the folder), so a crash leaves
+//! the old state or the new, never a mix; a temporary left by a crash is removed at the next
+//! open. Control-plane state is small (a few records per node and VM), so whole rewrites are
+//! cheap.
 
 use std::path::{Path, PathBuf};
 
-use flyt_daemon_kit::fs::write_atomic;
+use flyt_daemon_kit::fs::{remove_stale_temporaries, write_atomic};
 use flyt_protocol::control::cluster::{AllocationRecord, GpuInfo, GpuRecord, NodeRecord, VmRequirement};
 use tokio::sync::Mutex;
 
@@ -22,6 +24,11 @@ impl EmbeddedStore {
         let name = path.display().to_string();
         if let Some(folder) = path.parent() {
             std::fs::create_dir_all(folder).map_err(|error| StoreError::Write(name.clone(), error))?;
+        }
+        match remove_stale_temporaries(path) {
+            Ok(0) => {}
+            Ok(count) => tracing::info!(path = %name, count, "removed the temporary file of a write cut short by a crash"),
+            Err(error) => return Err(StoreError::Write(name, error)),
         }
         let state = match std::fs::read(path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| StoreError::Corrupt(name, error.to_string()))?,
@@ -131,6 +138,22 @@ mod tests {
             async move { EmbeddedStore::open(&path).unwrap() }
         })
         .await;
+    }
+
+    #[tokio::test]
+    async fn a_write_cut_short_leaves_the_last_state() {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("cluster.json");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let vm = VmRequirement { vm_ip: "10.0.0.1".into(), host_ip: "192.0.2.1".into(), compute_units: 10, memory: 512 };
+        store.put_vm(&vm).await.unwrap();
+        drop(store);
+        // A process killed in the middle of its next write leaves a half-written temporary.
+        let temporary = folder.path().join("cluster.json.tmp99999");
+        std::fs::write(&temporary, b"{ \"vm_required_resour").unwrap();
+        let reopened = EmbeddedStore::open(&path).unwrap();
+        assert_eq!(reopened.load().await.unwrap().vm_required_resources, vec![vm]);
+        assert!(!temporary.exists(), "the temporary is cleaned up");
     }
 
     #[tokio::test]

@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use flyt_protocol::{
-    control::cluster::{AllocationRecord, AllocationState, GpuInfo, GpuRecord, NodeHealth, NodeRecord, VmRequirement},
+    control::cluster::{AllocationRecord, AllocationState, GpuInfo, GpuRecord, NodeHealth, NodeRecord, SliceSize, VmRequirement},
     handshake::ClientIdentity,
 };
 
@@ -45,6 +45,7 @@ fn allocation(id: &str) -> AllocationRecord {
         sessions: 1,
         created_at: 100,
         idle_since: None,
+        pending_resize: None,
     }
 }
 
@@ -86,10 +87,17 @@ where
 
     store.put_allocation(&allocation("alloc-2")).await.unwrap();
     store.put_allocation(&allocation("alloc-1")).await.unwrap();
+    let mut starting = allocation("alloc-2");
+    starting.state = AllocationState::Starting;
+    starting.pid = 0;
+    starting.addresses.clear();
+    store.put_allocation(&starting).await.unwrap();
+    assert_eq!(store.load().await.unwrap().allocations[1], starting, "a placement under way is stored as such");
     let mut resized = allocation("alloc-2");
     resized.compute_units = 40;
     resized.idle_since = Some(500);
     resized.clients.clear();
+    resized.pending_resize = Some(SliceSize { compute_units: 60, memory: 4096, sm_percentage: 75 });
     store.put_allocation(&resized).await.unwrap();
     assert_eq!(store.load().await.unwrap().allocations, vec![allocation("alloc-1"), resized.clone()]);
     assert!(store.remove_allocation("alloc-1").await.unwrap());

@@ -102,13 +102,28 @@ pub enum NodeHeartbeatReply {
     RegisterAgain,
 }
 
-/// Where an allocation is in its life.
+/// Where an allocation is in its life. Each state is stored before the step it leads to, so a
+/// cluster manager that dies at any point finds, after its restart, what it was doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AllocationState {
-    /// Placed; its node manager is starting the rpc-server.
+    /// Placed and stored; its node manager is asked to start the rpc-server. Starting is
+    /// idempotent on the node, so a restarted cluster manager finishes the step (the node
+    /// reports the server it already runs, or starts it) or, when the node refuses, releases
+    /// the allocation.
     Starting,
     /// Its rpc-server is listening.
     Running,
+}
+
+/// The size of a slice, as a resize asks for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliceSize {
+    /// SMs.
+    pub compute_units: u32,
+    /// Device memory in MiB.
+    pub memory: u64,
+    /// MPS active-thread percentage derived from `compute_units`.
+    pub sm_percentage: u32,
 }
 
 /// One GPU slice given to one VM, served by one rpc-server.
@@ -135,6 +150,11 @@ pub struct AllocationRecord {
     pub created_at: u64,
     /// Unix seconds since when it has had no client and no session; `None` while in use.
     pub idle_since: Option<u64>,
+    /// A resize stored before its node is asked (the GPU keeps room for the larger of the two
+    /// sizes meanwhile); cleared when it is committed or rolled back. A restarted cluster
+    /// manager finishes it (resizing is idempotent on the node).
+    #[serde(default)]
+    pub pending_resize: Option<SliceSize>,
 }
 
 /// The client manager asks for the VM's GPU slice.
@@ -185,7 +205,8 @@ pub struct ClientHeartbeatReply {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeHealth {
     Up,
-    /// Its lease ran out; its allocations were released.
+    /// Its lease ran out. Its allocations are kept for the node grace period (their servers may
+    /// still serve apps; a node manager that returns in time adopts them), then released.
     Down,
 }
 
