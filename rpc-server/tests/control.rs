@@ -103,5 +103,5 @@ async fn status_and_live_resize_through_the_control_socket() {
     // Without the key, the control socket says nothing.
     let stranger = ClusterKey::from_bytes(b"not the cluster key, but long enough").unwrap();
     assert!(connect(&Endpoint::Unix(control), &stranger, ServiceName::RpcServerControl).await.is_err());
-    assert!(server.wait_for_log("control connection refused", Duration::from_secs(5)), "{}", server.log_text());
+    assert!(server.wait_for_log("does not match the cluster key", Duration::from_secs(5)), "{}", server.log_text());
 }
