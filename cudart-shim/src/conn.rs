@@ -236,6 +236,8 @@ pub struct Conn {
     inbound: Mutex<Inbound>,
     /// Replies nobody waits for that are still to come (the receiver reads while any are).
     detached: AtomicUsize,
+    /// Threads asleep waiting for a reply another thread reads (woken when it stops reading).
+    parked: AtomicUsize,
     receiver_wanted: Mutex<bool>,
     receiver_wake: Condvar,
     /// The first failure of an asynchronous copy (its own or a deferred one it carried back),
@@ -286,6 +288,7 @@ impl Conn {
             pending: Mutex::new(PendingMap::default()),
             inbound: Mutex::new(Inbound::new(reader)),
             detached: AtomicUsize::new(0),
+            parked: AtomicUsize::new(0),
             receiver_wanted: Mutex::new(false),
             receiver_wake: Condvar::new(),
             deferred: Mutex::new(None),
@@ -484,20 +487,29 @@ impl Conn {
             if slot.is_done() || self.failure.get().is_some() {
                 break;
             }
+            self.parked.fetch_add(1, Ordering::SeqCst);
+            // Pairs with the fence in `hand_over`: either the reader sees this thread parked, or
+            // this thread sees the reading half free.
+            std::sync::atomic::fence(Ordering::SeqCst);
             if let Ok(inbound) = self.inbound.try_lock() {
                 drop(inbound);
+                self.parked.fetch_sub(1, Ordering::SeqCst);
                 continue;
             }
             std::thread::park_timeout(Duration::from_millis(50));
+            self.parked.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     /// After a thread stops reading: wakes the threads still waiting (one of them takes over)
     /// and the receiver if copies nobody waits for are outstanding.
     fn hand_over(&self) {
-        let waiting: Vec<_> = lock(&self.pending).values().filter(|slot| !slot.detached).cloned().collect();
-        for slot in waiting {
-            slot.wake();
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            let waiting: Vec<_> = lock(&self.pending).values().filter(|slot| !slot.detached).cloned().collect();
+            for slot in waiting {
+                slot.wake();
+            }
         }
         if self.detached.load(Ordering::Acquire) > 0 {
             self.wake_receiver();

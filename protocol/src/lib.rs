@@ -24,6 +24,7 @@ pub mod ops;
 pub mod token;
 pub mod worker;
 mod generated {
+    #[rustfmt::skip]
     pub(crate) mod cuda_errors;
 }
 
