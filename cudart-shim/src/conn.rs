@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use flyt_protocol::CudaError;
 use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::frame::{FrameHeader, FrameLimits, HEADER_LEN, write_all_vectored};
+use flyt_protocol::frame::{FrameHeader, FrameLimits, HEADER_LEN};
 use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::{Request, decode_reply, rep};
 
@@ -363,7 +363,7 @@ impl Conn {
         if writer.batch.is_empty() && tail.is_empty() {
             return Ok(());
         }
-        let result = write_all_vectored(&mut writer.wire, &mut [IoSlice::new(&writer.batch), IoSlice::new(tail)]);
+        let result = self.write_all(&mut writer.wire, &mut [IoSlice::new(&writer.batch), IoSlice::new(tail)]);
         writer.batch.clear();
         match result {
             Ok(()) => Ok(()),
@@ -372,6 +372,28 @@ impl Conn {
                 Err(CudaError::DEVICES_UNAVAILABLE)
             }
         }
+    }
+
+    /// Writes every slice. When the socket is full, the server may itself be stuck writing a
+    /// reply nobody is reading yet (the thread that will wait for it may be queued behind this
+    /// write), so the receiver is asked to read before this thread waits for room.
+    fn write_all(&self, wire: &mut Wire, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+        IoSlice::advance_slices(&mut slices, 0);
+        while !slices.is_empty() {
+            match wire.write_vectored_nonblocking(slices) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(written) => IoSlice::advance_slices(&mut slices, written),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    if !lock(&self.pending).is_empty() {
+                        self.wake_receiver();
+                    }
+                    wire.wait_writable(Duration::from_millis(50));
+                }
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
     }
 
     /// Sends everything queued now, from the calling thread.
@@ -446,7 +468,7 @@ impl Conn {
             put_header(&mut out.buf[start..], FrameHeader { message_len, seq, bulk_len: bulk.len() as u64 });
             std::mem::swap(&mut out.buf, &mut writer.batch);
         }
-        let result = write_all_vectored(&mut writer.wire, &mut [IoSlice::new(&writer.batch), IoSlice::new(bulk)]);
+        let result = self.write_all(&mut writer.wire, &mut [IoSlice::new(&writer.batch), IoSlice::new(bulk)]);
         writer.batch.clear();
         match result {
             Ok(()) => Ok(slot),
@@ -647,17 +669,21 @@ fn receive_loop(conn: &Weak<Conn>) {
         if conn.failure.get().is_some() {
             return;
         }
-        if conn.detached.load(Ordering::Acquire) == 0 {
-            let mut wanted = lock(&conn.receiver_wanted);
+        // Asked to read (a writer found the socket full while replies were outstanding): read
+        // until every outstanding reply is in. Otherwise read only for copies nobody waits for.
+        let asked = std::mem::take(&mut *lock(&conn.receiver_wanted));
+        if conn.detached.load(Ordering::Acquire) == 0 && !asked {
+            let wanted = lock(&conn.receiver_wanted);
             if !*wanted {
-                wanted = conn.receiver_wake.wait_timeout(wanted, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0;
+                drop(conn.receiver_wake.wait_timeout(wanted, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0);
             }
-            *wanted = false;
             continue;
         }
         let mut inbound = lock(&conn.inbound);
-        let outcome =
-            conn.read_until(&mut inbound, || conn.detached.load(Ordering::Acquire) == 0, Instant::now() + flyt_ring::spin_budget());
+        let done = || {
+            if asked { lock(&conn.pending).is_empty() } else { conn.detached.load(Ordering::Acquire) == 0 }
+        };
+        let outcome = conn.read_until(&mut inbound, done, Instant::now() + flyt_ring::spin_budget());
         drop(inbound);
         if let Err(reason) = outcome {
             conn.fail(reason);

@@ -72,6 +72,34 @@ impl Link {
         }
     }
 
+    /// Writes what fits without waiting: `WouldBlock` when a socket's buffer is full. The rings
+    /// wait as usual (their messages are small; bulk data goes through the segment).
+    pub fn write_vectored_nonblocking(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(_) | Self::Unix(_) => self.send_vectored(bufs, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT),
+            _ => self.write_vectored(bufs),
+        }
+    }
+
+    /// Waits up to `timeout` until a socket can take more bytes.
+    pub fn wait_writable(&self, timeout: Duration) {
+        let mut poll = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+        let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd on this link's open socket.
+        unsafe { libc::poll(&mut poll, 1, millis) };
+    }
+
+    fn send_vectored(&mut self, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
+        // SAFETY: `msghdr` is plain data; all-zero is a valid empty header.
+        let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+        header.msg_iov = bufs.as_ptr().cast_mut().cast();
+        header.msg_iovlen = bufs.len().min(1024);
+        // SAFETY: `IoSlice` is ABI-compatible with `iovec` (documented by std); the slices
+        // outlive the call; the descriptor is this link's open socket.
+        let sent = unsafe { libc::sendmsg(self.as_raw_fd(), &header, flags) };
+        usize::try_from(sent).map_err(|_| io::Error::last_os_error())
+    }
+
     /// Shuts the socket down both ways (the peer sees the end at once).
     pub fn shutdown(&self) {
         match self {
@@ -122,14 +150,7 @@ impl Write for Link {
             Self::RingIn(..) => return Err(wrong_half()),
             Self::Tcp(_) | Self::Unix(_) => {}
         }
-        // SAFETY: `msghdr` is plain data; all-zero is a valid empty header.
-        let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
-        header.msg_iov = bufs.as_ptr().cast_mut().cast();
-        header.msg_iovlen = bufs.len().min(1024);
-        // SAFETY: `IoSlice` is ABI-compatible with `iovec` (documented by std); the slices
-        // outlive the call; the descriptor is this link's open socket.
-        let sent = unsafe { libc::sendmsg(self.as_raw_fd(), &header, libc::MSG_NOSIGNAL) };
-        usize::try_from(sent).map_err(|_| io::Error::last_os_error())
+        self.send_vectored(bufs, libc::MSG_NOSIGNAL)
     }
 
     fn flush(&mut self) -> io::Result<()> {
