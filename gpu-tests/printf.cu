@@ -294,8 +294,6 @@ int main() {
     CHECK(cudaEventDestroy(done));
     CHECK(cudaDeviceReset());
     say("I: after cudaDeviceReset\n");
-    CHECK(cudaDeviceGetLimit(&fifo, cudaLimitPrintfFifoSize));
-    say("printf fifo size after the reset: %zu\n", fifo);
     lines_kernel<<<1, 1>>>(8, 1);
     CHECK_LAUNCH();
     CHECK(cudaDeviceSynchronize());

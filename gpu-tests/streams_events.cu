@@ -144,6 +144,9 @@ int main() {
         unsigned char *d_m;
         CHECK(cudaMalloc(&d_m, m));
         CHECK(cudaMemset(d_m, 0xAB, m));
+        // cudaMemset on device memory is asynchronous with respect to the host, and st[3] is a
+        // non-blocking stream that does not wait for the legacy stream: order them explicitly.
+        CHECK(cudaDeviceSynchronize());
         CHECK(cudaMemsetAsync(d_m + 1, 0x5C, m - 2, st[3]));
         CHECK(cudaMemsetAsync(d_m + 4096, 0x00, 3, st[3]));
         unsigned char *h_m = (unsigned char *)h_tmp;
