@@ -386,11 +386,14 @@ impl<D: Device> Session<D> {
             recycle(event);
         };
         let device = self.device.clone();
-        if self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
+        if !self.may_print && self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
             return finish();
         }
+        let polls = !self.may_print;
         self.waiters.run(move || {
-            crate::waiters::wait_until(|| device.event_query(event) != Err(CudaError::NOT_READY));
+            if polls {
+                crate::waiters::wait_until(|| device.event_query(event) != Err(CudaError::NOT_READY));
+            }
             finish();
         });
     }
@@ -418,6 +421,13 @@ impl<D: Device> Session<D> {
         // may destroy meanwhile, so a long wait goes through private events instead.
         let idle_now =
             |device: &D| streams.iter().map(|stream| device.stream_query(*stream)).find(|state| state.is_err()).unwrap_or(Ok(()));
+        if self.may_print {
+            // Waits polled with queries let the driver empty the device's printf buffer while a
+            // kernel still prints, so more lines would arrive than natively (where a full buffer
+            // drops them): a session whose kernels may print waits in the driver instead.
+            self.waiters.run(move || finish(&device, Err(CudaError::NOT_READY)));
+            return;
+        }
         let mut state = Err(CudaError::NOT_READY);
         if self.ready_soon(|| {
             state = idle_now(&device);
@@ -588,12 +598,18 @@ impl<D: Device> OpHandler for Session<D> {
         });
         self.outbox.hold(held.clone());
         let device = self.device.clone();
-        if self.ready_soon(|| device.dtoh_done(&held.copy)) {
+        if !self.may_print && self.ready_soon(|| device.dtoh_done(&held.copy)) {
             return self.outbox.send_ready();
         }
         let outbox = self.outbox.clone();
+        let polls = !self.may_print;
         self.waiters.run(move || {
-            crate::waiters::wait_until(|| held.device.dtoh_done(&held.copy));
+            if polls {
+                crate::waiters::wait_until(|| held.device.dtoh_done(&held.copy));
+            } else {
+                // Waits in the driver (see `when_device_idle`); the outcome is read again below.
+                let _ = held.device.dtoh_bytes(&held.copy);
+            }
             outbox.send_ready();
         });
     }
@@ -790,11 +806,14 @@ impl<D: Device> OpHandler for Session<D> {
             reply.send(result.map(|()| rep::EventSynchronize {}));
         };
         let device = self.device.clone();
-        if self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
+        if !self.may_print && self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
             return finish();
         }
+        let polls = !self.may_print;
         self.waiters.run(move || {
-            crate::waiters::wait_until(|| device.event_query(event) != Err(CudaError::NOT_READY));
+            if polls {
+                crate::waiters::wait_until(|| device.event_query(event) != Err(CudaError::NOT_READY));
+            }
             finish();
         });
     }
