@@ -44,7 +44,8 @@ NVIDIA's. `flyt run`:
 
 Flyt's library folder is the `lib` folder beside the `bin` folder holding `flyt` (tools/dist
 builds dist/bin/flyt and dist/lib), or --lib-dir / FLYT_LIB_DIR; it must hold libcudart.so.13
-and libcuda.so.1.
+and libcuda.so.1 (tools/dist also puts a libcuda.so link there, which Triton links its kernel
+launcher with).
 
 Exit codes of flyt itself: 2 bad usage, no library folder, or no server; 126 the command cannot
 be run; 127 the command is not found; otherwise the program's.";
