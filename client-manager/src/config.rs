@@ -39,7 +39,7 @@ impl Default for ClientManagerConfig {
             vm_ip: String::new(),
             cluster_manager: "127.0.0.1:7070".into(),
             cluster_key_file: "/etc/flyt/cluster.key".into(),
-            socket: "/run/flyt/client-manager.sock".into(),
+            socket: flyt_protocol::locate::DEFAULT_SOCKET.into(),
             socket_mode: 0o666,
             allowed_uids: Vec::new(),
             request_timeout_seconds: 60,

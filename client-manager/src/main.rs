@@ -17,9 +17,8 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use flyt_daemon_kit::{auth::ClusterKey, host, rpc::Endpoint};
 use flyt_protocol::{
-    frame::{FrameLimits, read_value, write_value},
     handshake::ClientIdentity,
-    locate::{LocateReply, LocateRequest},
+    locate::{self, LocateReply, LocateRequest},
 };
 
 use crate::{
@@ -45,7 +44,7 @@ enum Command {
     /// Ask the running client manager for a server, as the shim does, and print the answer as JSON.
     Locate {
         /// The client manager's socket.
-        #[arg(long, env = "FLYT_CLIENT_MANAGER_SOCKET", default_value = "/run/flyt/client-manager.sock")]
+        #[arg(long, env = locate::SOCKET_ENV, default_value = locate::DEFAULT_SOCKET)]
         socket: PathBuf,
         /// Stay alive this long afterwards, as an app holding the allocation would.
         #[arg(long, default_value_t = 0)]
@@ -133,8 +132,7 @@ fn locate(socket: &std::path::Path, hold_seconds: u64) -> anyhow::Result<()> {
         program: "flyt-client-manager-locate".into(),
         boot_id: host::boot_id(),
     };
-    write_value(&mut stream, 1, &LocateRequest { client })?;
-    let (_, reply): (u32, LocateReply) = read_value(&mut stream, &FrameLimits::default())?;
+    let reply = locate::ask(&mut stream, &LocateRequest { client })?;
     let json = match &reply {
         LocateReply::Server { address, token, same_host } => {
             serde_json::json!({ "address": address, "token": token, "same_host": same_host })
