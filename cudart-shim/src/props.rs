@@ -8,6 +8,8 @@ use std::ffi::{c_char, c_int, c_long, c_uint, c_void};
 
 use flyt_protocol::device::{DeviceInfo, attr};
 
+use crate::client::Client;
+
 /// `struct cudaDeviceProp` of CUDA 13.0 (1008 bytes).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -298,6 +300,18 @@ pub fn device_prop(info: &DeviceInfo) -> cudaDeviceProp {
     prop.gpuPciSubsystemID = a(attr::GPU_PCI_SUBSYSTEM_ID) as c_uint;
     prop.hostNumaMultinodeIpcSupported = a(attr::HOST_NUMA_MULTINODE_IPC_SUPPORTED);
     prop
+}
+
+/// `cudaDeviceProp` of a device as the session sees it now (its slice, updated on a resize).
+pub fn prop(client: &Client, index: usize) -> Option<cudaDeviceProp> {
+    client.device(index).as_ref().map(device_prop)
+}
+
+/// The launch limits of device 0 as the session opened, checked on every launch (computed once;
+/// a session always has a device).
+pub fn launch_limits(client: &Client) -> Option<&'static cudaDeviceProp> {
+    static LIMITS: std::sync::OnceLock<Option<cudaDeviceProp>> = std::sync::OnceLock::new();
+    LIMITS.get_or_init(|| client.info.devices.first().map(device_prop)).as_ref()
 }
 
 #[cfg(test)]

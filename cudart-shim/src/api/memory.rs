@@ -542,7 +542,7 @@ fn symbol_address(symbol: *const c_void, count: usize, offset: usize) -> CudaRes
     if end > variable.size {
         return Err(CudaError::INVALID_VALUE);
     }
-    Ok(variable.address()? + offset as u64)
+    Ok(client()?.variable_address(&variable)? + offset as u64)
 }
 
 #[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]

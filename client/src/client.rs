@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use flyt_protocol::CudaError;
@@ -17,7 +17,8 @@ use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo, S
 use flyt_protocol::locate::{LocateReply, LocateRequest};
 
 use crate::conn::{Conn, Wire};
-use crate::props::{cudaDeviceProp, device_prop};
+use crate::ranges::DeviceRanges;
+use crate::registry::{Function, Layout, Variable};
 use crate::shm;
 
 /// Where the shim asks for its server when `FLYT_SERVER` is not set.
@@ -53,10 +54,8 @@ pub struct StreamInfo {
 pub struct Client {
     pub conn: Arc<Conn>,
     pub info: SessionInfo,
-    /// The launch limits of device 0, checked on every launch.
-    pub launch_limits: cudaDeviceProp,
     /// Device ranges the app may copy to or from: allocations and module variables.
-    device_ranges: RwLock<BTreeMap<u64, (u64, bool)>>,
+    pub ranges: DeviceRanges,
     pub host_allocations: Mutex<BTreeMap<usize, HostAllocation>>,
     pub streams: Mutex<HashMap<u64, StreamInfo>>,
     pub events: Mutex<HashMap<u64, u32>>,
@@ -247,12 +246,13 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         }
     };
     let conn = Conn::start(reader, writer, address).map_err(|error| unavailable(format!("cannot start the session threads: {error}")))?;
-    let launch_limits = info.devices.first().map(device_prop).ok_or_else(|| unavailable("the server has no device".into()))?;
+    if info.devices.is_empty() {
+        return Err(unavailable("the server has no device".into()));
+    }
     Ok(Client {
         conn,
         info,
-        launch_limits,
-        device_ranges: RwLock::new(BTreeMap::new()),
+        ranges: DeviceRanges::default(),
         host_allocations: Mutex::new(BTreeMap::new()),
         streams: Mutex::new(HashMap::new()),
         events: Mutex::new(HashMap::new()),
@@ -280,59 +280,42 @@ impl Client {
         resized.as_ref().unwrap_or(&self.info.devices).get(index).cloned()
     }
 
-    /// `cudaDeviceProp` of a device as the session sees it now.
-    pub fn prop(&self, index: usize) -> Option<cudaDeviceProp> {
-        self.device(index).as_ref().map(device_prop)
-    }
-
     /// Records a device allocation (or a module variable when `!freeable`).
     pub fn add_device_range(&self, start: u64, len: u64, freeable: bool) {
-        self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(start, (len, freeable));
-    }
-
-    pub fn note_module_variables(&self, variables: impl Iterator<Item = (u64, u64)>) {
-        let mut ranges = self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (start, len) in variables {
-            ranges.insert(start, (len, false));
-        }
+        self.ranges.add(start, len, freeable);
     }
 
     /// Forgets an allocation that starts exactly at `start`.
     pub fn remove_allocation(&self, start: u64) -> CudaResult<()> {
-        let mut ranges = self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match ranges.get(&start) {
-            Some((_, true)) => {
-                ranges.remove(&start);
-                Ok(())
-            }
-            _ => Err(CudaError::INVALID_VALUE),
-        }
+        self.ranges.remove_allocation(start)
     }
 
     pub fn forget_allocations(&self) {
-        self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|_, (_, freeable)| !*freeable);
+        self.ranges.forget_allocations();
     }
 
     /// The device range holding `ptr`, as `(start, len)`.
     pub fn device_range(&self, ptr: u64) -> Option<(u64, u64)> {
-        let ranges = self.device_ranges.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (start, (len, _)) = ranges.range(..=ptr).next_back()?;
-        (ptr - start < *len).then_some((*start, *len))
+        self.ranges.find(ptr)
     }
 
     pub fn is_device_pointer(&self, ptr: u64) -> bool {
-        self.device_range(ptr).is_some()
+        self.ranges.find(ptr).is_some()
     }
 
     /// Checks that `[ptr, ptr + len)` lies inside one device range.
     pub fn check_device_range(&self, ptr: u64, len: u64) -> CudaResult<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        match self.device_range(ptr) {
-            Some((start, range_len)) if ptr.checked_add(len).is_some_and(|end| end <= start + range_len) => Ok(()),
-            _ => Err(CudaError::INVALID_VALUE),
-        }
+        self.ranges.check(ptr, len)
+    }
+
+    /// A kernel's parameter layout from the driver (one round trip per module, on first use).
+    pub fn layout(&self, function: &Function) -> CudaResult<Arc<Layout>> {
+        function.layout(&self.conn, &self.ranges)
+    }
+
+    /// A module variable's device address (one round trip per module, on first use).
+    pub fn variable_address(&self, variable: &Variable) -> CudaResult<u64> {
+        variable.address(&self.conn, &self.ranges)
     }
 
     /// The pinned host allocation holding `ptr`, as `(start, len, flags)`.
