@@ -15,6 +15,7 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameLimits, read_value, write_value};
 use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo, ShmOffer};
 use flyt_protocol::locate::{LocateReply, LocateRequest};
+use flyt_protocol::ops::{Op, OpClass, decode_reply};
 
 use crate::conn::{Conn, Wire};
 use crate::ranges::DeviceRanges;
@@ -316,6 +317,28 @@ impl Client {
     /// A module variable's device address (one round trip per module, on first use).
     pub fn variable_address(&self, variable: &Variable) -> CudaResult<u64> {
         variable.address(&self.conn, &self.ranges)
+    }
+
+    /// Sends a request and waits for its reply. At a sync point, a deferred error of an earlier
+    /// asynchronous call is returned; the server sent the bytes of every copy the call covers
+    /// before its reply, so they have landed.
+    pub fn call<O: Op>(&self, request: O) -> CudaResult<O::Reply> {
+        let message = self.conn.call(&request.into())?;
+        let reply = decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?;
+        if O::INFO.class == OpClass::SyncPoint {
+            let fields = reply.result?;
+            if let Some(deferred) = reply.deferred.or_else(|| self.conn.take_deferred()) {
+                return Err(deferred);
+            }
+            Ok(fields)
+        } else {
+            reply.result
+        }
+    }
+
+    /// Queues an asynchronous request (no round trip; its errors arrive at a sync point).
+    pub fn post<O: Op>(&self, request: O) -> CudaResult<()> {
+        self.conn.send_async(&request.into(), &[])
     }
 
     /// The pinned host allocation holding `ptr`, as `(start, len, flags)`.

@@ -12,8 +12,11 @@
 
 pub mod client;
 pub mod conn;
+pub mod devices;
 pub mod diagnostics;
 pub mod ranges;
 pub mod registry;
 pub mod shm;
 pub mod stats;
+pub mod streams;
+pub mod transfer;

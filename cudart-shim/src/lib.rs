@@ -20,4 +20,4 @@ pub mod ffi;
 pub mod props;
 
 // The client core, under the names the bodies have always used.
-pub use flyt_client::{client, conn, diagnostics, registry, shm, stats};
+pub use flyt_client::{client, conn, diagnostics, registry, shm, stats, streams, transfer};
