@@ -28,9 +28,10 @@ pub trait DeviceSource: Send + Sync {
     /// return the same value for the life of the process.
     fn driver_version(&self) -> i32;
 
-    /// Called once, by the first `cuInit`: the devices this process will see, fixed from then on
-    /// (device queries are answered from them without further calls). An error is returned by that
-    /// `cuInit` and every later one.
+    /// Called once, by the first call after `cuInit` that needs the devices (`cuInit` itself never
+    /// connects anywhere): the devices this process will see, fixed from then on (device queries are
+    /// answered from them without further calls). An error is returned by that call and every later
+    /// one that needs the devices.
     fn open(&self) -> Result<Vec<DeviceInfo>, Unavailable>;
 }
 
@@ -67,6 +68,8 @@ impl Session {
 /// The driver's state; see the module docs.
 pub struct Driver {
     source: Box<dyn DeviceSource>,
+    /// `cuInit` succeeded (the devices are opened later, on first need).
+    initialized: AtomicBool,
     session: OnceLock<Result<Arc<Session>, CUresult>>,
     /// Serialises the first `cuInit` so `open` runs once.
     opening: Mutex<()>,
@@ -78,6 +81,7 @@ impl Driver {
     pub fn new(source: Box<dyn DeviceSource>) -> Driver {
         Driver {
             source,
+            initialized: AtomicBool::new(false),
             session: OnceLock::new(),
             opening: Mutex::new(()),
             contexts: Contexts::default(),
@@ -85,9 +89,16 @@ impl Driver {
         }
     }
 
-    /// `cuInit(0)`: opens the source the first time; later calls return the first answer.
+    /// `cuInit(0)`: marks the driver initialized. Nothing is opened here: a process that only
+    /// initializes (a compile worker, a data-loader worker) costs the GPU server nothing.
     pub fn init(&self) -> DriverResult {
         self.alive()?;
+        self.initialized.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Opens the source the first time; later calls return the first answer.
+    fn open(&self) -> DriverResult<&Session> {
         let _guard = self.opening.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let outcome = self.session.get_or_init(|| match self.source.open() {
             Ok(devices) => {
@@ -95,20 +106,23 @@ impl Driver {
                 Ok(Arc::new(Session { devices }))
             }
             Err(unavailable) => {
-                crate::diagnostics::once("cuInit", &format!("flyt: cuInit failed: {}", unavailable.reason));
+                crate::diagnostics::once("open", &format!("flyt: no devices: {}", unavailable.reason));
                 Err(unavailable.result)
             }
         });
-        outcome.as_ref().map(|_| ()).map_err(|code| *code)
+        outcome.as_deref().map_err(|code| *code)
     }
 
-    /// The session, for calls that need `cuInit` to have succeeded.
+    /// The session, for calls that need `cuInit` to have succeeded: opened on the first such call.
     pub fn session(&self) -> DriverResult<&Session> {
         self.alive()?;
-        match self.session.get() {
-            Some(Ok(session)) => Ok(session),
-            _ => Err(CUresult::CUDA_ERROR_NOT_INITIALIZED),
+        if let Some(Ok(session)) = self.session.get() {
+            return Ok(session);
         }
+        if !self.initialized.load(Ordering::Acquire) {
+            return Err(CUresult::CUDA_ERROR_NOT_INITIALIZED);
+        }
+        self.open()
     }
 
     /// The session if `cuInit` succeeded, without failing otherwise (the integrity check hashes zero
@@ -162,7 +176,7 @@ pub fn driver() -> &'static Driver {
 
 #[cfg(not(test))]
 fn default_source() -> Box<dyn DeviceSource> {
-    Box::new(NoDevices)
+    Box::new(crate::client_source::ClientDevices)
 }
 
 #[cfg(test)]
@@ -183,23 +197,26 @@ mod tests {
     use crate::testing::FakeDevices;
 
     #[test]
-    fn default_source_reports_no_device_and_init_stays_failed() {
+    fn no_devices_fails_at_the_first_query_and_stays_failed() {
         let driver = Driver::new(Box::new(NoDevices));
-        assert_eq!(driver.init(), Err(CUresult::CUDA_ERROR_NO_DEVICE));
-        assert_eq!(driver.init(), Err(CUresult::CUDA_ERROR_NO_DEVICE));
         assert_eq!(driver.session().err(), Some(CUresult::CUDA_ERROR_NOT_INITIALIZED));
+        assert_eq!(driver.init(), Ok(()));
+        assert_eq!(driver.session().err(), Some(CUresult::CUDA_ERROR_NO_DEVICE));
+        assert_eq!(driver.session().err(), Some(CUresult::CUDA_ERROR_NO_DEVICE));
     }
 
     #[test]
-    fn init_opens_the_source_once() {
+    fn the_source_opens_once_at_the_first_query_not_at_init() {
         let fake = FakeDevices::new(2);
         let opened = fake.opened.clone();
         let driver = Driver::new(Box::new(fake));
         assert_eq!(driver.session().err(), Some(CUresult::CUDA_ERROR_NOT_INITIALIZED));
         driver.init().unwrap();
         driver.init().unwrap();
-        assert_eq!(opened.load(Ordering::SeqCst), 1);
+        assert_eq!(opened.load(Ordering::SeqCst), 0, "cuInit opens nothing");
         assert_eq!(driver.session().unwrap().devices.len(), 2);
+        assert_eq!(driver.session().unwrap().devices.len(), 2);
+        assert_eq!(opened.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -313,17 +313,9 @@ pub fn integrity_inputs(version: u32, unix_seconds: u64) -> (Header, Vec<DeviceI
     let driver = driver();
     // SAFETY: getpid and pthread_self have no preconditions.
     let (process, thread) = unsafe { (libc::getpid() as u32, libc::pthread_self() as u32) };
-    let header = Header {
-        driver_version: driver.driver_version() as u32,
-        version,
-        process,
-        thread,
-        cudart_table: CUDART_INTERFACE_ADDRESS.0 as u64,
-        integrity_table: INTEGRITY_CHECK_ADDRESS.0 as u64,
-        check_function: INTEGRITY_CHECK.0[1].0 as u64,
-        unix_seconds,
-    };
-    let devices = driver.session_if_open().map_or_else(Vec::new, |session| {
+    // After cuInit the devices are opened here if nothing opened them yet (the runtime hashes the
+    // devices it can see); before cuInit there are none.
+    let devices = driver.session().ok().map_or_else(Vec::new, |session| {
         session
             .devices
             .iter()
@@ -338,6 +330,16 @@ pub fn integrity_inputs(version: u32, unix_seconds: u64) -> (Header, Vec<DeviceI
             })
             .collect()
     });
+    let header = Header {
+        driver_version: driver.driver_version() as u32,
+        version,
+        process,
+        thread,
+        cudart_table: CUDART_INTERFACE_ADDRESS.0 as u64,
+        integrity_table: INTEGRITY_CHECK_ADDRESS.0 as u64,
+        check_function: INTEGRITY_CHECK.0[1].0 as u64,
+        unix_seconds,
+    };
     (header, devices)
 }
 

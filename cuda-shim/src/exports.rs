@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn unsupported_exports_answer_not_supported() {
         // SAFETY: unsupported exports ignore their arguments.
-        let result = unsafe { cuMemAlloc_v2(std::ptr::null_mut(), 16) };
+        let result = unsafe { cuArrayCreate_v2(std::ptr::null_mut(), std::ptr::null()) };
         assert_eq!(result, CUresult::CUDA_ERROR_NOT_SUPPORTED);
         assert_eq!(cudbgApiInit(), CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }

@@ -20,6 +20,7 @@
 pub mod generated;
 
 pub mod api;
+pub mod client_source;
 pub mod context;
 pub mod diagnostics;
 pub mod driver;

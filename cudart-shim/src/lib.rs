@@ -1,4 +1,4 @@
-//! `flyt-cudart`: the Flyt client, loaded into unmodified CUDA apps as `libcudart.so.13`.
+//! `flyt-cudart`: Flyt's CUDA runtime, loaded into `-cudart=shared` apps as `libcudart.so.13`.
 //!
 //! Every export of the CUDA 13 runtime is declared once in [`exports`]; implemented ones turn
 //! into messages to a `flyt-rpc-server` (see `flyt_protocol::ops`), answered locally where CUDA
@@ -15,12 +15,9 @@
 )]
 
 pub mod api;
-pub mod client;
-pub mod conn;
-pub mod diagnostics;
 pub mod exports;
 pub mod ffi;
 pub mod props;
-pub mod registry;
-pub mod shm;
-pub mod stats;
+
+// The client core, under the names the bodies have always used.
+pub use flyt_client::{client, conn, diagnostics, registry, shm, stats, streams, transfer};

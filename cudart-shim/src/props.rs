@@ -8,6 +8,8 @@ use std::ffi::{c_char, c_int, c_long, c_uint, c_void};
 
 use flyt_protocol::device::{DeviceInfo, attr};
 
+use crate::client::Client;
+
 /// `struct cudaDeviceProp` of CUDA 13.0 (1008 bytes).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -148,44 +150,7 @@ pub mod memory_type {
     pub const DEVICE: i32 = 2;
 }
 
-/// Capabilities the GPU has but the app cannot use through Flyt, reported as 0 so that an app
-/// that asks takes the path Flyt serves: host memory the GPU reaches directly (mapped, pageable,
-/// registered at the same address, host atomics: the GPU is in another process, often on another
-/// machine, and a host address handed to a kernel would name the server's memory), managed
-/// memory, memory pools, cooperative launches, sparse and deferred-mapping arrays, external
-/// semaphores, IPC events and GPUDirect RDMA, whose APIs all answer `cudaErrorNotSupported`.
-pub const NOT_THROUGH_FLYT: &[u32] = &[
-    attr::CAN_MAP_HOST_MEMORY,
-    attr::MANAGED_MEMORY,
-    attr::HOST_NATIVE_ATOMIC_SUPPORTED,
-    attr::PAGEABLE_MEMORY_ACCESS,
-    attr::CONCURRENT_MANAGED_ACCESS,
-    attr::CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
-    attr::COOPERATIVE_LAUNCH,
-    attr::CAN_FLUSH_REMOTE_WRITES,
-    attr::PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
-    attr::DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
-    attr::SPARSE_CUDA_ARRAY_SUPPORTED,
-    attr::TIMELINE_SEMAPHORE_INTEROP_SUPPORTED,
-    attr::MEMORY_POOLS_SUPPORTED,
-    attr::GPU_DIRECT_RDMA_SUPPORTED,
-    attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
-    attr::GPU_DIRECT_RDMA_WRITES_ORDERING,
-    attr::MEMORY_POOL_SUPPORTED_HANDLE_TYPES,
-    attr::DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED,
-    attr::IPC_EVENT_SUPPORT,
-    attr::HOST_NUMA_MEMORY_POOLS_SUPPORTED,
-    attr::HOST_NUMA_MULTINODE_IPC_SUPPORTED,
-    attr::HOST_MEMORY_POOLS_SUPPORTED,
-    attr::ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED,
-];
-
-/// A device attribute as the app sees it through Flyt: the device's value, or 0 for a capability
-/// in `NOT_THROUGH_FLYT`; `None` when the device did not report the attribute.
-pub fn served_attribute(info: &DeviceInfo, id: u32) -> Option<i32> {
-    let value = info.attribute(id)?;
-    Some(if NOT_THROUGH_FLYT.contains(&id) { 0 } else { value })
-}
+pub use flyt_client::devices::{NOT_THROUGH_FLYT, served_attribute};
 
 fn clamp_usize(value: u64) -> usize {
     usize::try_from(value).unwrap_or(usize::MAX)
@@ -298,6 +263,18 @@ pub fn device_prop(info: &DeviceInfo) -> cudaDeviceProp {
     prop.gpuPciSubsystemID = a(attr::GPU_PCI_SUBSYSTEM_ID) as c_uint;
     prop.hostNumaMultinodeIpcSupported = a(attr::HOST_NUMA_MULTINODE_IPC_SUPPORTED);
     prop
+}
+
+/// `cudaDeviceProp` of a device as the session sees it now (its slice, updated on a resize).
+pub fn prop(client: &Client, index: usize) -> Option<cudaDeviceProp> {
+    client.device(index).as_ref().map(device_prop)
+}
+
+/// The launch limits of device 0 as the session opened, checked on every launch (computed once;
+/// a session always has a device).
+pub fn launch_limits(client: &Client) -> Option<&'static cudaDeviceProp> {
+    static LIMITS: std::sync::OnceLock<Option<cudaDeviceProp>> = std::sync::OnceLock::new();
+    LIMITS.get_or_init(|| client.info.devices.first().map(device_prop)).as_ref()
 }
 
 #[cfg(test)]

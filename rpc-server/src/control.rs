@@ -11,11 +11,18 @@ use flyt_protocol::control::auth::ServiceName;
 use flyt_protocol::control::rpc_server::{RpcServerControl, RpcServerStatus};
 use tarpc::context::Context as CallContext;
 
-use crate::listener::Server;
+/// What the control socket controls: the listening server (the listener implements it; this module
+/// knows nothing else of it).
+pub trait Controlled: Send + Sync + 'static {
+    /// The slice and its sessions now.
+    fn status(&self) -> RpcServerStatus;
+    /// Changes the memory quota and/or SM share; the status after the change, or why not.
+    fn resize(self: Arc<Self>, memory_quota: Option<u64>, sm_percentage: Option<u32>) -> Result<RpcServerStatus, String>;
+}
 
 #[derive(Clone)]
 struct ControlHandler {
-    server: Arc<Server>,
+    server: Arc<dyn Controlled>,
 }
 
 impl RpcServerControl for ControlHandler {
@@ -24,7 +31,7 @@ impl RpcServerControl for ControlHandler {
     }
 
     async fn resize(self, _: CallContext, memory_quota: Option<u64>, sm_percentage: Option<u32>) -> Result<RpcServerStatus, String> {
-        self.server.resize(memory_quota, sm_percentage)
+        self.server.clone().resize(memory_quota, sm_percentage)
     }
 
     async fn shutdown(self, _: CallContext, grace_seconds: u32) {
@@ -37,11 +44,12 @@ impl RpcServerControl for ControlHandler {
     }
 }
 
-/// Starts serving the control socket on a thread of its own.
-pub fn start(server: Arc<Server>, endpoint: &str) -> anyhow::Result<()> {
+/// Starts serving the control socket on a thread of its own; callers authenticate with the cluster
+/// key in `cluster_key_file`.
+pub fn start(server: Arc<dyn Controlled>, endpoint: &str, cluster_key_file: Option<&std::path::Path>) -> anyhow::Result<()> {
     let endpoint = Endpoint::parse(endpoint).map_err(|error| anyhow::anyhow!("--control: {error}"))?;
-    let path = server.args().cluster_key_file.clone().context("--control needs --cluster-key-file")?;
-    let key = ClusterKey::load(&path).map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?;
+    let path = cluster_key_file.context("--control needs --cluster-key-file")?;
+    let key = ClusterKey::load(path).map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("control runtime")?;
     let listener = runtime.block_on(ControlListener::bind(&endpoint, 0o600)).map_err(|error| anyhow::anyhow!("{error}"))?;
     std::thread::Builder::new().name("flyt-control".into()).spawn(move || {

@@ -437,6 +437,16 @@ enum Bound {
     Unix(UnixListener),
 }
 
+impl crate::control::Controlled for Server {
+    fn status(&self) -> RpcServerStatus {
+        Server::status(self)
+    }
+
+    fn resize(self: Arc<Self>, memory_quota: Option<u64>, sm_percentage: Option<u32>) -> Result<RpcServerStatus, String> {
+        Server::resize(&self, memory_quota, sm_percentage)
+    }
+}
+
 fn bind(address: &str, server: &Server) -> anyhow::Result<(Bound, String)> {
     if let Some(path) = address.strip_prefix("unix:") {
         let path = PathBuf::from(path);
@@ -566,7 +576,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     *lock(&server.announced) = announced.clone();
     if let Some(endpoint) = &server.args.control {
-        crate::control::start(server.clone(), endpoint)?;
+        crate::control::start(server.clone(), endpoint, server.args.cluster_key_file.as_deref())?;
     }
     tracing::info!(backend = ?*lock(&server.backend), gpu = server.args.gpu, "serving");
     let mut stdout = std::io::stdout();

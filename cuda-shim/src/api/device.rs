@@ -17,6 +17,18 @@ fn attribute(info: &DeviceInfo, attribute: u32) -> DriverResult<i32> {
     info.attribute(attribute).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
+/// `CU_DEVICE_ATTRIBUTE_MAX` of CUDA 13.0: attribute ids below it are valid.
+const ATTRIBUTE_MAX: u32 = 148;
+
+/// An attribute as a program sees it through Flyt: capabilities Flyt cannot serve read 0, and so does
+/// a valid attribute the server's device did not report; an id that is no attribute is invalid value.
+fn served_attribute(info: &DeviceInfo, id: u32) -> DriverResult<i32> {
+    if !(1..ATTRIBUTE_MAX).contains(&id) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(flyt_client::devices::served_attribute(info, id).unwrap_or(0))
+}
+
 /// Copies `text` into a C buffer of `len` bytes, truncated and always NUL-terminated.
 ///
 /// # Safety
@@ -113,7 +125,7 @@ pub unsafe fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult 
 pub unsafe fn cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice) -> CUresult {
     finish((|| {
         non_null([pi.cast()])?;
-        let value = with_device(dev, |info| attribute(info, attrib))?;
+        let value = with_device(dev, |info| served_attribute(info, attrib))?;
         // SAFETY: checked non-NULL; the caller passes a writable int.
         unsafe { write_out(pi, value) }
     })())

@@ -10,8 +10,14 @@
 mod context;
 mod device;
 mod init;
+mod memory;
 pub mod module;
+mod session;
+mod stream;
 
 pub use context::*;
 pub use device::*;
 pub use init::*;
+pub use memory::*;
+pub use module::cuModuleGetLoadingMode;
+pub use stream::*;

@@ -5,7 +5,7 @@
 use std::ffi::{c_uint, c_void};
 
 use crate::CUresult;
-use crate::generated::types::{CUjit_option, CUmodule};
+use crate::generated::types::{CUjit_option, CUmodule, CUmoduleLoadingMode};
 
 /// Entry 1: a module from a fat binary (`__fatBinC_Wrapper_t` or a bare fat binary).
 pub fn load_fat_binary(_module: *mut CUmodule, _fat_cubin: *const c_void) -> CUresult {
@@ -32,4 +32,19 @@ pub fn load_data_ex_hidden(
     _count: c_uint,
 ) -> CUresult {
     crate::diagnostics::unsupported("module loading (CudartInterface ModuleLoadDataExHidden)")
+}
+
+/// `CU_MODULE_EAGER_LOADING` and `CU_MODULE_LAZY_LOADING`.
+const EAGER_LOADING: CUmoduleLoadingMode = 1;
+const LAZY_LOADING: CUmoduleLoadingMode = 2;
+
+/// The loading mode the process asked for with `CUDA_MODULE_LOADING` (lazy unless `EAGER`, as the
+/// driver's default is since CUDA 12.2). Answered in the process.
+pub unsafe fn cuModuleGetLoadingMode(mode: *mut CUmoduleLoadingMode) -> CUresult {
+    let value = match std::env::var("CUDA_MODULE_LOADING") {
+        Ok(text) if text.eq_ignore_ascii_case("EAGER") => EAGER_LOADING,
+        _ => LAZY_LOADING,
+    };
+    // SAFETY: the caller passes NULL (refused) or a writable mode.
+    crate::ffi::finish(unsafe { crate::ffi::write_out(mode, value) })
 }

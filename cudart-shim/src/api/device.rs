@@ -72,7 +72,7 @@ pub unsafe fn cudaGetDeviceFlags(flags: *mut c_uint) -> CudaResult<()> {
 
 pub unsafe fn cudaGetDeviceProperties(prop: *mut cudaDeviceProp, device: c_int) -> CudaResult<()> {
     let index = valid_device(device)?;
-    let value = client()?.prop(index).ok_or(CudaError::INVALID_DEVICE)?;
+    let value = crate::props::prop(client()?, index).ok_or(CudaError::INVALID_DEVICE)?;
     // SAFETY: the app's out-pointer to a CUDA 13 `cudaDeviceProp`.
     unsafe { write_out(prop, value) }
 }

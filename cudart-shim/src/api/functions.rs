@@ -26,7 +26,7 @@ pub unsafe fn cudaFuncGetAttributes(attributes: *mut cudaFuncAttributes, func: *
     let function = function(func)?;
     let client = client()?;
     // The module must be loaded before the server can answer for its kernel.
-    function.layout()?;
+    client.layout(&function)?;
     let a = call(client, req::FuncGetAttributes { function: function.reference() })?.attributes;
     let size = |bytes: u64| usize::try_from(bytes).unwrap_or(usize::MAX);
     let value = cudaFuncAttributes {
@@ -58,7 +58,7 @@ pub unsafe fn cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_in
         return Err(CudaError::INVALID_VALUE);
     }
     let client = client()?;
-    function.layout()?;
+    client.layout(&function)?;
     let attribute = u32::try_from(attr).map_err(|_| CudaError::INVALID_VALUE)?;
     call(client, req::FuncSetAttribute { function: function.reference(), attribute, value }).map(|_| ())
 }
@@ -85,7 +85,7 @@ pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     }
     let function = function(func)?;
     let client = client()?;
-    function.layout()?;
+    client.layout(&function)?;
     let request =
         req::OccupancyMaxActiveBlocks { function: function.reference(), block_size, dynamic_shared_mem: dynamic_smem as u64, flags };
     let reply = call(client, request)?;

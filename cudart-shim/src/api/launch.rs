@@ -54,7 +54,7 @@ fn to_dim3(d: dim3) -> Dim3 {
 /// machine: 2048 threads per block, grid y 65536, an empty grid and 1 MiB of dynamic shared
 /// memory all are).
 fn check_configuration(client: &Client, grid: Dim3, block: Dim3, shared_mem: usize) -> CudaResult<()> {
-    let prop = &client.launch_limits;
+    let prop = crate::props::launch_limits(client).ok_or(CudaError::INVALID_DEVICE)?;
     let limit = |value: i32| u32::try_from(value).unwrap_or(u32::MAX).max(1);
     let block_ok = block.x >= 1
         && block.y >= 1
@@ -93,7 +93,7 @@ unsafe fn launch(
     // The stream first: a launch on a stream the app cannot use now (an unknown handle, a capture
     // Flyt refused) fails for that reason whatever the kernel.
     let stream = stream_id(client, stream, per_thread_default)?;
-    let layout = function.layout().inspect_err(|error| {
+    let layout = client.layout(function).inspect_err(|error| {
         if client.info.emulated {
             crate::diagnostics::once(
                 "emulated-launch",

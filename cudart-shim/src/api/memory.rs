@@ -6,29 +6,25 @@
 //! Copies larger than the server's chunk travel as several frames, so a large copy never holds
 //! up another thread's small calls for more than a chunk.
 
-use std::alloc::Layout;
 use std::ffi::{c_int, c_uint, c_void};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{decode_reply, rep, req};
+use flyt_protocol::ops::req;
 
+use super::call;
 use super::streams::stream_id;
-use super::{call, post};
 use crate::client::{Client, HostAllocation, client};
-use crate::conn::{HostDestination, ReplySlot};
-use crate::ffi::{cudaMemcpyKind, cudaStream_t, host_slice, write_out};
+use crate::ffi::{cudaMemcpyKind, cudaStream_t, write_out};
 use crate::props::{cudaPointerAttributes, memory_type};
 use crate::registry::variable_by_host;
-use crate::shm::{Channel, SLOT};
+use crate::transfer::{self, Direction, Mode};
 
 const HOST_TO_HOST: cudaMemcpyKind = 0;
 const HOST_TO_DEVICE: cudaMemcpyKind = 1;
 const DEVICE_TO_HOST: cudaMemcpyKind = 2;
 const DEVICE_TO_DEVICE: cudaMemcpyKind = 3;
 const DEFAULT: cudaMemcpyKind = 4;
-/// Pinned host memory is page aligned, like the driver's.
-const HOST_ALIGNMENT: usize = 4096;
 /// `cudaHostAllocPortable | Mapped | WriteCombined`.
 const HOST_ALLOC_FLAGS: c_uint = 0x7;
 
@@ -55,49 +51,13 @@ pub unsafe fn cudaFree(dev_ptr: *mut c_void) -> CudaResult<()> {
     call(client, req::Free { ptr }).map(|_| ())
 }
 
-fn host_layout(size: usize) -> CudaResult<Layout> {
-    Layout::from_size_align(size.max(1), HOST_ALIGNMENT).map_err(|_| CudaError::MEMORY_ALLOCATION)
-}
-
 fn host_alloc(out: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
     if out.is_null() || flags & !HOST_ALLOC_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    let client = client()?;
-    let (ptr, segment_offset) = match segment_block(client, size) {
-        Some((offset, ptr)) => (ptr, Some(offset)),
-        None => {
-            let layout = host_layout(size)?;
-            // SAFETY: the layout has a non-zero size.
-            let ptr = unsafe { std::alloc::alloc(layout) };
-            if ptr.is_null() {
-                return Err(CudaError::MEMORY_ALLOCATION);
-            }
-            (ptr, None)
-        }
-    };
-    client
-        .host_allocations
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(ptr as usize, HostAllocation { len: size.max(1), flags, segment_offset, registered: false });
+    let ptr = transfer::host_alloc(client()?, size, flags)?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, ptr.cast()) }
-}
-
-/// A block of the shared-memory segment, pinned on the server, when the channel is up and has
-/// room; otherwise pinned memory is ordinary memory copied through the socket or the staging
-/// slots.
-fn segment_block(client: &Client, size: usize) -> Option<(usize, *mut u8)> {
-    let channel = client.shm.as_ref()?;
-    let (offset, len) = channel.allocate(size)?;
-    match call(client, req::ShmRegister { offset: offset as u64, len: len as u64 }) {
-        Ok(_) => Some((offset, channel.ptr(offset))),
-        Err(_) => {
-            channel.release(offset, len);
-            None
-        }
-    }
 }
 
 pub unsafe fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> CudaResult<()> {
@@ -118,26 +78,7 @@ pub unsafe fn cudaFreeHost(ptr: *mut c_void) -> CudaResult<()> {
     if ptr.is_null() {
         return Ok(());
     }
-    let client = client()?;
-    let allocation = {
-        let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Registered app memory is the app's to free, not ours.
-        if allocations.get(&(ptr as usize)).is_none_or(|allocation| allocation.registered) {
-            return Err(CudaError::INVALID_VALUE);
-        }
-        allocations.remove(&(ptr as usize))
-    };
-    let allocation = allocation.ok_or(CudaError::INVALID_VALUE)?;
-    if let (Some(offset), Some(channel)) = (allocation.segment_offset, client.shm.as_ref()) {
-        post(client, req::ShmUnregister { offset: offset as u64 })?;
-        channel.release(offset, allocation.len.div_ceil(4096) * 4096);
-        return Ok(());
-    }
-    // SAFETY: `ptr` was returned by `std::alloc::alloc` with this very layout in `host_alloc`
-    // (the map holds exactly the pointers it gave out) and is removed from the map, so it is
-    // freed once.
-    unsafe { std::alloc::dealloc(ptr.cast(), host_layout(allocation.len)?) };
-    Ok(())
+    transfer::host_free(client()?, ptr as usize)
 }
 
 /// `cudaHostRegisterPortable | Mapped | IoMemory | ReadOnly`.
@@ -192,25 +133,16 @@ pub unsafe fn cudaHostGetFlags(flags: *mut c_uint, ptr: *mut c_void) -> CudaResu
     unsafe { write_out(flags, found) }
 }
 
-/// Where a copy happens, once the pointers are classified.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Direction {
-    HostToHost,
-    HostToDevice,
-    DeviceToHost,
-    DeviceToDevice,
-}
-
 /// Classifies a copy. Pointers the session knows as device memory are device memory whatever
 /// the declared kind says (as with unified addressing), so a device address is never read or
 /// written as host memory.
 fn direction(client: &Client, dst: u64, src: u64, kind: cudaMemcpyKind) -> CudaResult<Direction> {
-    let (dst_device, src_device) = (client.is_device_pointer(dst), client.is_device_pointer(src));
-    let direction = match (dst_device, src_device) {
-        (false, false) => Direction::HostToHost,
-        (true, false) => Direction::HostToDevice,
-        (false, true) => Direction::DeviceToHost,
-        (true, true) => Direction::DeviceToDevice,
+    let direction = transfer::classify(client, dst, src);
+    let (dst_device, src_device) = match direction {
+        Direction::HostToHost => (false, false),
+        Direction::HostToDevice => (true, false),
+        Direction::DeviceToHost => (false, true),
+        Direction::DeviceToDevice => (true, true),
     };
     match kind {
         DEFAULT | HOST_TO_HOST => Ok(direction),
@@ -222,21 +154,10 @@ fn direction(client: &Client, dst: u64, src: u64, kind: cudaMemcpyKind) -> CudaR
     }
 }
 
-/// How a copy relates to the host.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// `cudaMemcpy`: returns when the copy is done (host-to-device: once the device has it).
-    Synchronous,
-    /// `cudaMemcpyAsync`: returns at once; device-to-host bytes land by the next sync point.
-    Asynchronous,
-}
-
 /// Any copy, once the stream is resolved.
 ///
 /// # Safety
-/// The host side (`dst` or `src`, per the direction) is valid for `count` bytes, as the CUDA
-/// contract requires; for an asynchronous device-to-host copy it stays valid until the app
-/// synchronizes.
+/// As `transfer::copy`.
 unsafe fn copy(
     client: &Client,
     dst: *mut c_void,
@@ -252,216 +173,10 @@ unsafe fn copy(
     if dst.is_null() || src.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let (dst_address, src_address, len) = (dst as u64, src as u64, count as u64);
-    let chunk = client.info.copy_chunk.max(4096);
-    match direction(client, dst_address, src_address, kind)? {
-        Direction::HostToHost => {
-            // Ordered after the app's earlier device-to-host copies only by a synchronize, as in
-            // CUDA: a host-to-host copy is immediate.
-            // SAFETY: both are host buffers of `count` bytes per this function's contract;
-            // `copy` allows overlap.
-            unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };
-            Ok(())
-        }
-        Direction::HostToDevice => {
-            client.check_device_range(dst_address, len)?;
-            if let Some(channel) = &client.shm {
-                // SAFETY: forwarded contract.
-                return unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode) };
-            }
-            // SAFETY: the source is a host buffer of `count` bytes per this function's contract.
-            let bytes = unsafe { host_slice(src, count)? };
-            for (index, piece) in bytes.chunks(usize::try_from(chunk).unwrap_or(usize::MAX)).enumerate() {
-                let request = req::MemcpyHtoD { dst: dst_address + index as u64 * chunk, stream };
-                client.conn.send_async(&request.into(), piece)?;
-            }
-            if mode == Mode::Synchronous {
-                // cudaMemcpy reports errors of earlier work, and the copy is done when it returns.
-                call(client, req::StreamSynchronize { stream })?;
-            }
-            Ok(())
-        }
-        Direction::DeviceToHost => {
-            client.check_device_range(src_address, len)?;
-            if let Some(channel) = &client.shm {
-                // SAFETY: forwarded contract.
-                return unsafe { shm_to_host(client, channel, dst.cast(), src_address, count, stream, mode) };
-            }
-            // Into pageable memory even cudaMemcpyAsync returns only once the copy is done (CUDA
-            // documents it); into pinned or registered memory it returns at once and the bytes
-            // land before the next synchronizing call returns.
-            let waited = mode == Mode::Synchronous || client.host_allocation(dst as usize).is_none();
-            let mut slots = Vec::new();
-            let mut offset = 0u64;
-            while offset < len {
-                let piece = chunk.min(len - offset);
-                let piece_len = usize::try_from(piece).map_err(|_| CudaError::INVALID_VALUE)?;
-                // SAFETY: `dst + offset .. + piece` lies inside the app's `count`-byte host buffer,
-                // which stays valid until this copy completes (we wait below, or the app syncs).
-                let destination = unsafe { HostDestination::new(dst.cast::<u8>().add(offset as usize), piece_len) };
-                let last = offset + piece == len;
-                let request =
-                    req::MemcpyDtoH { src: src_address + offset, len: piece, stream, blocking: last && mode == Mode::Synchronous };
-                if waited {
-                    slots.push(client.conn.send_for_reply(&request.into(), Some(destination))?);
-                } else {
-                    client.conn.send_detached(&request.into(), destination)?;
-                }
-                offset += piece;
-            }
-            client.conn.flush()?;
-            let mut outcome = Ok(());
-            let mut deferred = None;
-            for slot in slots {
-                let reply = slot.wait().and_then(|message| decode_reply::<rep::MemcpyDtoH>(&message).map_err(|_| CudaError::UNKNOWN));
-                match reply {
-                    Ok(reply) => {
-                        deferred = deferred.or(reply.deferred);
-                        if let Err(error) = reply.result {
-                            outcome = outcome.and(Err(error));
-                        }
-                    }
-                    Err(error) => outcome = outcome.and(Err(error)),
-                }
-            }
-            outcome?;
-            match deferred.or_else(|| client.conn.take_deferred()) {
-                Some(error) if mode == Mode::Synchronous => Err(error),
-                Some(error) => {
-                    // Not a sync point: the error waits for the next one.
-                    client.conn.defer(error);
-                    Ok(())
-                }
-                None => Ok(()),
-            }
-        }
-        Direction::DeviceToDevice => {
-            client.check_device_range(src_address, len)?;
-            client.check_device_range(dst_address, len)?;
-            post(client, req::MemcpyDtoD { dst: dst_address, src: src_address, len, stream })
-        }
-    }
-}
-
-/// Checks a fence reply (a staging slot's copy is done).
-fn fence_result(fence: &ReplySlot) -> CudaResult<()> {
-    let message = fence.wait()?;
-    decode_reply::<rep::ShmFence>(&message).map_err(|_| CudaError::UNKNOWN)?.result.map(|_| ())
-}
-
-/// Sends a fence for `stream` and returns its reply slot (answered when the stream's queued work
-/// is done).
-fn fence(client: &Client, stream: u64) -> CudaResult<std::sync::Arc<ReplySlot>> {
-    let fence = client.conn.send_for_reply(&req::ShmFence { stream }.into(), None)?;
-    client.conn.flush()?;
-    Ok(fence)
-}
-
-/// Host to device through the shared-memory channel: DMA straight from a pinned block, or
-/// pageable memory copied into staging slots (on several threads) while earlier slots' DMA runs.
-///
-/// # Safety
-/// `src` is readable for `count` bytes until this returns.
-unsafe fn shm_to_device(
-    client: &Client,
-    channel: &Channel,
-    dst: u64,
-    src: *const u8,
-    count: usize,
-    stream: u64,
-    mode: Mode,
-) -> CudaResult<()> {
-    if let Some(offset) = channel.offset_of(src as usize, count) {
-        post(client, req::ShmCopyHtoD { dst, offset: offset as u64, len: count as u64, stream })?;
-    } else {
-        let mut done = 0;
-        while done < count {
-            let piece = SLOT.min(count - done);
-            let slot = channel.take_slot()?;
-            // SAFETY: the slot is `SLOT` bytes of the segment held by this copy alone; the
-            // source range is inside the app's buffer per this function's contract.
-            unsafe { channel.copy(channel.ptr(slot.offset), src.add(done), piece) };
-            let request = req::ShmCopyHtoD { dst: dst + done as u64, offset: slot.offset as u64, len: piece as u64, stream };
-            let sent = post(client, request).and_then(|()| fence(client, stream));
-            match sent {
-                Ok(fence) => channel.give_back(slot.index, Some(fence)),
-                Err(error) => {
-                    channel.give_back(slot.index, None);
-                    return Err(error);
-                }
-            }
-            done += piece;
-        }
-    }
-    if mode == Mode::Synchronous {
-        call(client, req::StreamSynchronize { stream })?;
-    } else {
-        client.conn.flush()?;
-    }
-    Ok(())
-}
-
-/// Device to host through the shared-memory channel: DMA straight into a pinned block, or into
-/// staging slots that are copied out (on several threads) while later slots' DMA runs.
-///
-/// # Safety
-/// `dst` is writable for `count` bytes until this returns (or, for a pinned block copied
-/// asynchronously, until the app synchronizes).
-unsafe fn shm_to_host(client: &Client, channel: &Channel, dst: *mut u8, src: u64, count: usize, stream: u64, mode: Mode) -> CudaResult<()> {
-    if let Some(offset) = channel.offset_of(dst as usize, count) {
-        post(client, req::ShmCopyDtoH { src, offset: offset as u64, len: count as u64, stream })?;
-        return match mode {
-            Mode::Synchronous => call(client, req::StreamSynchronize { stream }).map(|_| ()),
-            Mode::Asynchronous => client.conn.flush(),
-        };
-    }
-    let mut in_flight = std::collections::VecDeque::new();
-    // Copies a landed slot out to the app and frees it.
-    let finish = |(slot, offset, len, fence): (crate::shm::HeldSlot, usize, usize, std::sync::Arc<ReplySlot>)| {
-        let landed = fence_result(&fence);
-        if landed.is_ok() {
-            // SAFETY: the fence says the DMA into the slot is done; the destination range lies
-            // in the app's buffer per this function's contract.
-            unsafe { channel.copy(dst.add(offset), channel.ptr(slot.offset), len) };
-        }
-        channel.give_back(slot.index, None);
-        landed
-    };
-    let mut outcome = Ok(());
-    let mut done = 0;
-    while done < count && outcome.is_ok() {
-        let slot = match channel.try_take_slot() {
-            Some(slot) => slot?,
-            None => match in_flight.pop_front() {
-                Some(oldest) => {
-                    outcome = finish(oldest);
-                    continue;
-                }
-                None => channel.take_slot()?,
-            },
-        };
-        let piece = SLOT.min(count - done);
-        let request = req::ShmCopyDtoH { src: src + done as u64, offset: slot.offset as u64, len: piece as u64, stream };
-        match post(client, request).and_then(|()| fence(client, stream)) {
-            Ok(fence) => in_flight.push_back((slot, done, piece, fence)),
-            Err(error) => {
-                channel.give_back(slot.index, None);
-                outcome = Err(error);
-            }
-        }
-        done += piece;
-    }
-    for entry in in_flight {
-        let landed = finish(entry);
-        outcome = outcome.and(landed);
-    }
-    outcome?;
-    if mode == Mode::Synchronous {
-        // Deliver errors of earlier asynchronous work and flush device printf output, as a
-        // synchronous copy does (the stream is idle: the fences above said so).
-        call(client, req::StreamSynchronize { stream })?;
-    }
-    Ok(())
+    let direction = direction(client, dst as u64, src as u64, kind)?;
+    let sync = |stream| call(client, req::StreamSynchronize { stream }).map(|_| ());
+    // SAFETY: forwarded contract.
+    unsafe { transfer::copy(client, dst, src, count, direction, stream, mode, &sync) }
 }
 
 fn memcpy(
@@ -513,10 +228,8 @@ fn memset(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t
     if count == 0 {
         return Ok(());
     }
-    let dst = dev_ptr as u64;
-    client.check_device_range(dst, count as u64)?;
     // cudaMemset writes the low byte of `value`, as CUDA does.
-    post(client, req::Memset { dst, value: value as u8, len: count as u64, stream })
+    transfer::memset(client, dev_ptr as u64, value as u8, count as u64, stream)
 }
 
 pub unsafe fn cudaMemset(dev_ptr: *mut c_void, value: c_int, count: usize) -> CudaResult<()> {
@@ -542,7 +255,7 @@ fn symbol_address(symbol: *const c_void, count: usize, offset: usize) -> CudaRes
     if end > variable.size {
         return Err(CudaError::INVALID_VALUE);
     }
-    Ok(variable.address()? + offset as u64)
+    Ok(client()?.variable_address(&variable)? + offset as u64)
 }
 
 #[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]

@@ -25,7 +25,7 @@ pub use streams::*;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Op, OpClass, decode_reply};
+use flyt_protocol::ops::{Op, OpClass};
 
 use crate::client::Client;
 use crate::ffi::cudaError_t;
@@ -35,23 +35,16 @@ use crate::ffi::cudaError_t;
 /// its reply, so they have landed. A refused graph launch still owed is returned too (see
 /// `capture`).
 pub(crate) fn call<O: Op>(client: &Client, request: O) -> CudaResult<O::Reply> {
-    let message = client.conn.call(&request.into())?;
-    let reply = decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?;
+    let fields = client.call(request)?;
     if O::INFO.class == OpClass::SyncPoint {
-        let fields = reply.result?;
-        if let Some(deferred) = reply.deferred.or_else(|| client.conn.take_deferred()) {
-            return Err(deferred);
-        }
         capture::take_owed_at_sync()?;
-        Ok(fields)
-    } else {
-        reply.result
     }
+    Ok(fields)
 }
 
 /// Queues an asynchronous request.
 pub(crate) fn post<O: Op>(client: &Client, request: O) -> CudaResult<()> {
-    client.conn.send_async(&request.into(), &[])
+    client.post(request)
 }
 
 /// Every unsupported export: a clear error and one line naming the function.

@@ -1,7 +1,6 @@
 //! Streams and events. Their handles are ids the shim chooses, so creating one costs no round
 //! trip; the server learns of it from an asynchronous request.
 
-use std::cell::Cell;
 use std::ffi::{c_int, c_uint};
 
 use flyt_protocol::CudaError;
@@ -9,12 +8,11 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::req;
 
 use super::{call, capture, post};
-use crate::client::{Client, StreamInfo, client, existing_client};
+use crate::client::{Client, StreamInfo, client};
 use crate::ffi::{cudaEvent_t, cudaStream_t, write_out};
+use crate::streams::{self, priority_range};
 
-/// `cudaStreamLegacy` and `cudaStreamPerThread`.
-const STREAM_LEGACY: usize = 1;
-const STREAM_PER_THREAD: usize = 2;
+use crate::streams::{STREAM_LEGACY, STREAM_PER_THREAD};
 /// `cudaStreamNonBlocking` is the only stream flag.
 const STREAM_FLAGS: c_uint = 0x1;
 /// `cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess`.
@@ -29,41 +27,6 @@ const EXTERNAL: c_uint = 0x1;
 /// event's last record failed, so it holds no time the app asked for.
 const RECORD_FAILED: u32 = 1 << 31;
 
-/// This thread's per-thread default stream: `(reset generation, id)`, destroyed with the thread.
-struct PerThreadStream(Cell<(u64, u64)>);
-
-impl Drop for PerThreadStream {
-    fn drop(&mut self) {
-        let (generation, id) = self.0.get();
-        if let Some(client) = existing_client()
-            && id != 0
-            && generation == client.reset_generation.load(std::sync::atomic::Ordering::Acquire)
-        {
-            client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
-            let _ = post(client, req::StreamDestroy { stream: id });
-        }
-    }
-}
-
-thread_local! {
-    static PER_THREAD_STREAM: PerThreadStream = const { PerThreadStream(Cell::new((0, 0))) };
-}
-
-/// The calling thread's per-thread default stream, created on first use. It is a blocking
-/// stream, so it synchronizes with the legacy default stream as CUDA's does.
-fn per_thread_stream(client: &Client) -> CudaResult<u64> {
-    let generation = client.reset_generation.load(std::sync::atomic::Ordering::Acquire);
-    let existing = PER_THREAD_STREAM.try_with(|stream| stream.0.get()).map_err(|_| CudaError::INVALID_RESOURCE_HANDLE)?;
-    if existing.0 == generation && existing.1 != 0 {
-        return Ok(existing.1);
-    }
-    let id = client.new_stream_id();
-    post(client, req::StreamCreate { stream: id, flags: 0, priority: 0 })?;
-    client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, StreamInfo { flags: 0, priority: 0 });
-    let _ = PER_THREAD_STREAM.try_with(|stream| stream.0.set((generation, id)));
-    Ok(id)
-}
-
 /// The wire id of a stream handle for a call that uses the stream: as `resolve_stream`, and
 /// refused while the app believes the stream is capturing (see `capture`).
 pub(crate) fn stream_id(client: &Client, stream: cudaStream_t, per_thread_default: bool) -> CudaResult<u64> {
@@ -72,22 +35,9 @@ pub(crate) fn stream_id(client: &Client, stream: cudaStream_t, per_thread_defaul
     Ok(id)
 }
 
-/// The wire id of a stream handle. `per_thread_default` says what the null handle means: the
-/// legacy stream, or (`_ptsz`/`_ptds` entry points) the thread's own default stream.
+/// The wire id of a stream handle (see `flyt_client::streams::resolve`).
 pub(crate) fn resolve_stream(client: &Client, stream: cudaStream_t, per_thread_default: bool) -> CudaResult<u64> {
-    match stream as usize {
-        0 if per_thread_default => per_thread_stream(client),
-        0 | STREAM_LEGACY => Ok(0),
-        STREAM_PER_THREAD => per_thread_stream(client),
-        handle => {
-            let id = handle as u64;
-            if client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(&id) {
-                Ok(id)
-            } else {
-                Err(CudaError::INVALID_RESOURCE_HANDLE)
-            }
-        }
-    }
+    streams::resolve(client, stream as usize, per_thread_default)
 }
 
 fn event_id(client: &Client, event: cudaEvent_t) -> CudaResult<u64> {
@@ -97,15 +47,6 @@ fn event_id(client: &Client, event: cudaEvent_t) -> CudaResult<u64> {
     } else {
         Err(CudaError::INVALID_RESOURCE_HANDLE)
     }
-}
-
-/// The device's stream priority range, asked once per session.
-fn priority_range(client: &Client) -> CudaResult<(i32, i32)> {
-    if let Some(range) = client.priority_range.get() {
-        return Ok(*range);
-    }
-    let reply = call(client, req::StreamPriorityRange {})?;
-    Ok(*client.priority_range.get_or_init(|| (reply.least, reply.greatest)))
 }
 
 pub unsafe fn cudaDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> CudaResult<()> {
@@ -150,17 +91,8 @@ fn create_stream(out: *mut cudaStream_t, flags: c_uint, priority: c_int) -> Cuda
     if out.is_null() || flags & !STREAM_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    let client = client()?;
     // CUDA clamps a priority outside the device's range to the range, and reports the clamped one.
-    let priority = if priority == 0 {
-        0
-    } else {
-        let (least, greatest) = priority_range(client)?;
-        priority.clamp(greatest.min(least), least.max(greatest))
-    };
-    let id = client.new_stream_id();
-    post(client, req::StreamCreate { stream: id, flags, priority })?;
-    client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, StreamInfo { flags, priority });
+    let id = streams::create_stream(client()?, flags, priority)?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, id as usize as cudaStream_t) }
 }
@@ -254,10 +186,7 @@ fn create_event(out: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {
     if flags & EVENT_INTERPROCESS != 0 && flags & EVENT_DISABLE_TIMING == 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    let client = client()?;
-    let id = client.new_event_id();
-    post(client, req::EventCreate { event: id, flags })?;
-    client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, flags);
+    let id = streams::create_event(client()?, flags)?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, id as usize as cudaEvent_t) }
 }

@@ -110,18 +110,22 @@ int main(int argc, char **argv) {
           "CudartInterface: stable, 13 words");
     CHECK(export_table(&none, heap_access) == 1 && none == NULL, "unknown table: CUDA_ERROR_INVALID_VALUE");
 
-    /* No server: cuInit fails with CUDA_ERROR_NO_DEVICE, later calls are not initialised. */
+    /* No server: cuInit succeeds without connecting anywhere; the first call that needs the devices
+       fails with CUDA_ERROR_NO_DEVICE, and so does every later one. */
     init_t init = (init_t)must_sym(lib, "cuInit");
     version_t driver_version = (version_t)must_sym(lib, "cuDriverGetVersion");
     error_t error_name = (error_t)must_sym(lib, "cuGetErrorName");
     version_t device_count = (version_t)must_sym(lib, "cuDeviceGetCount");
     int v = 0, count = -1;
     CHECK(driver_version(&v) == 0 && v == 13000, "cuDriverGetVersion before cuInit: %d", v);
-    CHECK(init(0) == 100, "cuInit with no server");
+    CHECK(device_count(&count) == 3 && count == -1, "cuDeviceGetCount before cuInit");
+    CHECK(init(0) == 0, "cuInit with no server connects nowhere");
     const char *text = NULL;
     CHECK(error_name(100, &text) == 0 && text && strcmp(text, "CUDA_ERROR_NO_DEVICE") == 0, "error name");
-    CHECK(device_count(&count) == 3 && count == -1, "cuDeviceGetCount after a failed cuInit");
-    CHECK(((CUresult(*)(void *, size_t))must_sym(lib, "cuMemAlloc_v2"))(NULL, 16) == 801, "unsupported: 801");
+    CHECK(device_count(&count) == 100 && count == -1, "cuDeviceGetCount with no server");
+    CHECK(device_count(&count) == 100 && count == -1, "cuDeviceGetCount with no server, again");
+    CHECK(((CUresult(*)(void *, size_t))must_sym(lib, "cuMemAlloc_v2"))(NULL, 16) == 1, "cuMemAlloc_v2(NULL): invalid value");
+    CHECK(((CUresult(*)(void *, const void *))must_sym(lib, "cuArrayCreate_v2"))(NULL, NULL) == 801, "unsupported: 801");
 
     printf("checked %d requests, %d failures\n", checked, failures);
     return failures != 0;

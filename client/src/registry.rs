@@ -11,7 +11,8 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{FunctionRef, ParamInfo, Request, decode_reply, rep, req};
 
-use crate::conn::ReplySlot;
+use crate::conn::{Conn, ReplySlot};
+use crate::ranges::DeviceRanges;
 
 /// `__fatBinC_Wrapper_t`'s magic.
 const WRAPPER_MAGIC: u32 = 0x466243b1;
@@ -247,14 +248,14 @@ fn registration_request(module: &Module) -> Request {
 
 /// Sends the registration of every complete module not sent yet (right after the session
 /// opens, so the server loads them while the app gets going).
-pub fn send_unsent(conn: &std::sync::Arc<crate::conn::Conn>) {
+pub fn send_unsent(conn: &Arc<Conn>) {
     let registry = read();
     for module in registry.modules.iter().filter(|module| module.complete) {
         send_if_unsent(conn, module);
     }
 }
 
-fn send_if_unsent(conn: &std::sync::Arc<crate::conn::Conn>, module: &Module) {
+fn send_if_unsent(conn: &Arc<Conn>, module: &Module) {
     let mut registration = module.registration.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if matches!(*registration, Registration::Unsent) {
         *registration = match conn.send_with_bulk(&registration_request(module), module.image.bytes(), Some(())) {
@@ -266,7 +267,7 @@ fn send_if_unsent(conn: &std::sync::Arc<crate::conn::Conn>, module: &Module) {
 }
 
 /// Sends one module's registration now if a session exists (a module registered after start).
-pub fn send_module(conn: &std::sync::Arc<crate::conn::Conn>, id: u32) {
+pub fn send_module(conn: &Arc<Conn>, id: u32) {
     let registry = read();
     if let Some(module) = registry.modules.get(id as usize) {
         send_if_unsent(conn, module);
@@ -274,21 +275,21 @@ pub fn send_module(conn: &std::sync::Arc<crate::conn::Conn>, id: u32) {
 }
 
 /// The server's answer for a module, waiting for it (and sending the registration) if needed.
-fn loaded(module_id: u32) -> CudaResult<Arc<Loaded>> {
-    let conn = crate::client::client()?.conn.clone();
+/// The variables it reports are added to `ranges`.
+fn loaded(conn: &Arc<Conn>, ranges: &DeviceRanges, module_id: u32) -> CudaResult<Arc<Loaded>> {
     let registration = {
         let registry = read();
         let module = registry.modules.get(module_id as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
-        send_if_unsent(&conn, module);
+        send_if_unsent(conn, module);
         module.registration.clone()
     };
-    collect(&conn, &registration)
+    collect(conn, Some(ranges), &registration)
 }
 
 /// Whether the server may hold module `id`: its registration was sent and not refused. Only such
 /// a module is unregistered there (telling the server to drop one it refused comes back as an
 /// error at the app's next sync point). Never waits: an answer not in yet counts as held.
-pub fn held_by_server(conn: &crate::conn::Conn, id: u32) -> bool {
+pub fn held_by_server(conn: &Conn, id: u32) -> bool {
     let registration = match read().modules.get(id as usize) {
         Some(module) => module.registration.clone(),
         None => return false,
@@ -298,11 +299,12 @@ pub fn held_by_server(conn: &crate::conn::Conn, id: u32) -> bool {
         Registration::Sent(slot) => slot.is_done(),
         Registration::Done(outcome) => return outcome.is_ok(),
     };
-    !answered || collect(conn, &registration).is_ok()
+    !answered || collect(conn, None, &registration).is_ok()
 }
 
-/// Collects a sent registration's reply (once) and returns the outcome.
-fn collect(conn: &crate::conn::Conn, registration: &Mutex<Registration>) -> CudaResult<Arc<Loaded>> {
+/// Collects a sent registration's reply (once) and returns the outcome; the variables of a loaded
+/// module are added to `ranges` (given by every caller that has the session's ranges at hand).
+fn collect(conn: &Conn, ranges: Option<&DeviceRanges>, registration: &Mutex<Registration>) -> CudaResult<Arc<Loaded>> {
     let mut registration = registration.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Registration::Sent(slot) = &*registration {
         let slot = slot.clone();
@@ -314,8 +316,8 @@ fn collect(conn: &crate::conn::Conn, registration: &Mutex<Registration>) -> Cuda
             let variables = fields.variables.into_iter().map(|v| v.map(|v| (v.address, v.size))).collect();
             Ok(Arc::new(Loaded { functions, variables }))
         });
-        if let Ok(loaded) = &outcome {
-            crate::client::client()?.note_module_variables(loaded.variables.iter().filter_map(|v| v.ok()));
+        if let (Ok(loaded), Some(ranges)) = (&outcome, ranges) {
+            ranges.add_variables(loaded.variables.iter().filter_map(|v| v.ok()));
         }
         *registration = Registration::Done(outcome);
     }
@@ -327,11 +329,11 @@ fn collect(conn: &crate::conn::Conn, registration: &Mutex<Registration>) -> Cuda
 
 impl Function {
     /// The kernel's parameter layout from the driver (one round trip per module, on first use).
-    pub fn layout(&self) -> CudaResult<Arc<Layout>> {
+    pub fn layout(&self, conn: &Arc<Conn>, ranges: &DeviceRanges) -> CudaResult<Arc<Layout>> {
         if let Some(layout) = self.layout.get() {
             return layout.clone();
         }
-        let layout = loaded(self.module)
+        let layout = loaded(conn, ranges, self.module)
             .and_then(|loaded| loaded.functions.get(self.index as usize).cloned().unwrap_or(Err(CudaError::INVALID_DEVICE_FUNCTION)));
         self.layout.get_or_init(|| layout).clone()
     }
@@ -339,11 +341,11 @@ impl Function {
 
 impl Variable {
     /// The variable's device address.
-    pub fn address(&self) -> CudaResult<u64> {
+    pub fn address(&self, conn: &Arc<Conn>, ranges: &DeviceRanges) -> CudaResult<u64> {
         if let Some(address) = self.address.get() {
             return *address;
         }
-        let address = loaded(self.module).and_then(|loaded| match loaded.variables.get(self.index as usize) {
+        let address = loaded(conn, ranges, self.module).and_then(|loaded| match loaded.variables.get(self.index as usize) {
             Some(Ok((address, _))) => Ok(*address),
             Some(Err(error)) => Err(*error),
             None => Err(CudaError::INVALID_SYMBOL),

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use flyt_protocol::CudaError;
@@ -15,9 +15,11 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameLimits, read_value, write_value};
 use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo, ShmOffer};
 use flyt_protocol::locate::{LocateReply, LocateRequest};
+use flyt_protocol::ops::{Op, OpClass, decode_reply};
 
 use crate::conn::{Conn, Wire};
-use crate::props::{cudaDeviceProp, device_prop};
+use crate::ranges::DeviceRanges;
+use crate::registry::{Function, Layout, Variable};
 use crate::shm;
 
 /// Where the shim asks for its server when `FLYT_SERVER` is not set.
@@ -53,10 +55,8 @@ pub struct StreamInfo {
 pub struct Client {
     pub conn: Arc<Conn>,
     pub info: SessionInfo,
-    /// The launch limits of device 0, checked on every launch.
-    pub launch_limits: cudaDeviceProp,
     /// Device ranges the app may copy to or from: allocations and module variables.
-    device_ranges: RwLock<BTreeMap<u64, (u64, bool)>>,
+    pub ranges: DeviceRanges,
     pub host_allocations: Mutex<BTreeMap<usize, HostAllocation>>,
     pub streams: Mutex<HashMap<u64, StreamInfo>>,
     pub events: Mutex<HashMap<u64, u32>>,
@@ -247,12 +247,13 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         }
     };
     let conn = Conn::start(reader, writer, address).map_err(|error| unavailable(format!("cannot start the session threads: {error}")))?;
-    let launch_limits = info.devices.first().map(device_prop).ok_or_else(|| unavailable("the server has no device".into()))?;
+    if info.devices.is_empty() {
+        return Err(unavailable("the server has no device".into()));
+    }
     Ok(Client {
         conn,
         info,
-        launch_limits,
-        device_ranges: RwLock::new(BTreeMap::new()),
+        ranges: DeviceRanges::default(),
         host_allocations: Mutex::new(BTreeMap::new()),
         streams: Mutex::new(HashMap::new()),
         events: Mutex::new(HashMap::new()),
@@ -280,59 +281,64 @@ impl Client {
         resized.as_ref().unwrap_or(&self.info.devices).get(index).cloned()
     }
 
-    /// `cudaDeviceProp` of a device as the session sees it now.
-    pub fn prop(&self, index: usize) -> Option<cudaDeviceProp> {
-        self.device(index).as_ref().map(device_prop)
-    }
-
     /// Records a device allocation (or a module variable when `!freeable`).
     pub fn add_device_range(&self, start: u64, len: u64, freeable: bool) {
-        self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(start, (len, freeable));
-    }
-
-    pub fn note_module_variables(&self, variables: impl Iterator<Item = (u64, u64)>) {
-        let mut ranges = self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (start, len) in variables {
-            ranges.insert(start, (len, false));
-        }
+        self.ranges.add(start, len, freeable);
     }
 
     /// Forgets an allocation that starts exactly at `start`.
     pub fn remove_allocation(&self, start: u64) -> CudaResult<()> {
-        let mut ranges = self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match ranges.get(&start) {
-            Some((_, true)) => {
-                ranges.remove(&start);
-                Ok(())
-            }
-            _ => Err(CudaError::INVALID_VALUE),
-        }
+        self.ranges.remove_allocation(start)
     }
 
     pub fn forget_allocations(&self) {
-        self.device_ranges.write().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|_, (_, freeable)| !*freeable);
+        self.ranges.forget_allocations();
     }
 
     /// The device range holding `ptr`, as `(start, len)`.
     pub fn device_range(&self, ptr: u64) -> Option<(u64, u64)> {
-        let ranges = self.device_ranges.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (start, (len, _)) = ranges.range(..=ptr).next_back()?;
-        (ptr - start < *len).then_some((*start, *len))
+        self.ranges.find(ptr)
     }
 
     pub fn is_device_pointer(&self, ptr: u64) -> bool {
-        self.device_range(ptr).is_some()
+        self.ranges.find(ptr).is_some()
     }
 
     /// Checks that `[ptr, ptr + len)` lies inside one device range.
     pub fn check_device_range(&self, ptr: u64, len: u64) -> CudaResult<()> {
-        if len == 0 {
-            return Ok(());
+        self.ranges.check(ptr, len)
+    }
+
+    /// A kernel's parameter layout from the driver (one round trip per module, on first use).
+    pub fn layout(&self, function: &Function) -> CudaResult<Arc<Layout>> {
+        function.layout(&self.conn, &self.ranges)
+    }
+
+    /// A module variable's device address (one round trip per module, on first use).
+    pub fn variable_address(&self, variable: &Variable) -> CudaResult<u64> {
+        variable.address(&self.conn, &self.ranges)
+    }
+
+    /// Sends a request and waits for its reply. At a sync point, a deferred error of an earlier
+    /// asynchronous call is returned; the server sent the bytes of every copy the call covers
+    /// before its reply, so they have landed.
+    pub fn call<O: Op>(&self, request: O) -> CudaResult<O::Reply> {
+        let message = self.conn.call(&request.into())?;
+        let reply = decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?;
+        if O::INFO.class == OpClass::SyncPoint {
+            let fields = reply.result?;
+            if let Some(deferred) = reply.deferred.or_else(|| self.conn.take_deferred()) {
+                return Err(deferred);
+            }
+            Ok(fields)
+        } else {
+            reply.result
         }
-        match self.device_range(ptr) {
-            Some((start, range_len)) if ptr.checked_add(len).is_some_and(|end| end <= start + range_len) => Ok(()),
-            _ => Err(CudaError::INVALID_VALUE),
-        }
+    }
+
+    /// Queues an asynchronous request (no round trip; its errors arrive at a sync point).
+    pub fn post<O: Op>(&self, request: O) -> CudaResult<()> {
+        self.conn.send_async(&request.into(), &[])
     }
 
     /// The pinned host allocation holding `ptr`, as `(start, len, flags)`.

@@ -1,0 +1,43 @@
+//! How the session's devices look to the app, whichever front asks: capabilities Flyt cannot
+//! serve read 0.
+
+use flyt_protocol::device::{DeviceInfo, attr};
+
+/// Capabilities the GPU has but the app cannot use through Flyt, reported as 0 so that an app
+/// that asks takes the path Flyt serves: host memory the GPU reaches directly (mapped, pageable,
+/// registered at the same address, host atomics: the GPU is in another process, often on another
+/// machine, and a host address handed to a kernel would name the server's memory), managed
+/// memory, memory pools, cooperative launches, sparse and deferred-mapping arrays, external
+/// semaphores, IPC events and GPUDirect RDMA, whose APIs all answer `not-supported errors`.
+pub const NOT_THROUGH_FLYT: &[u32] = &[
+    attr::CAN_MAP_HOST_MEMORY,
+    attr::MANAGED_MEMORY,
+    attr::HOST_NATIVE_ATOMIC_SUPPORTED,
+    attr::PAGEABLE_MEMORY_ACCESS,
+    attr::CONCURRENT_MANAGED_ACCESS,
+    attr::CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+    attr::COOPERATIVE_LAUNCH,
+    attr::CAN_FLUSH_REMOTE_WRITES,
+    attr::PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+    attr::DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
+    attr::SPARSE_CUDA_ARRAY_SUPPORTED,
+    attr::TIMELINE_SEMAPHORE_INTEROP_SUPPORTED,
+    attr::MEMORY_POOLS_SUPPORTED,
+    attr::GPU_DIRECT_RDMA_SUPPORTED,
+    attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
+    attr::GPU_DIRECT_RDMA_WRITES_ORDERING,
+    attr::MEMORY_POOL_SUPPORTED_HANDLE_TYPES,
+    attr::DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED,
+    attr::IPC_EVENT_SUPPORT,
+    attr::HOST_NUMA_MEMORY_POOLS_SUPPORTED,
+    attr::HOST_NUMA_MULTINODE_IPC_SUPPORTED,
+    attr::HOST_MEMORY_POOLS_SUPPORTED,
+    attr::ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED,
+];
+
+/// A device attribute as the app sees it through Flyt: the device's value, or 0 for a capability
+/// in `NOT_THROUGH_FLYT`; `None` when the device did not report the attribute.
+pub fn served_attribute(info: &DeviceInfo, id: u32) -> Option<i32> {
+    let value = info.attribute(id)?;
+    Some(if NOT_THROUGH_FLYT.contains(&id) { 0 } else { value })
+}

@@ -1,0 +1,22 @@
+//! `flyt-client`: the client core, one per process. The session with a `flyt-rpc-server` (opened
+//! on the first call that needs the GPU), its connection and shared-memory channel, the registries
+//! of what the app registered and allocated, deferred errors, and per-call statistics.
+//!
+//! No C exports: the fronts (Flyt's `libcuda.so.1` in `flyt-cuda`, Flyt's `libcudart.so.13` in
+//! `flyt-cudart`) turn their ABIs into calls on the one [`client::Client`] of the process
+//! ([`client::client`]).
+#![allow(
+    clippy::cast_possible_truncation,
+    reason = "Flyt runs on 64-bit Linux only: sizes and addresses cross the wire as u64 and fit usize"
+)]
+
+pub mod client;
+pub mod conn;
+pub mod devices;
+pub mod diagnostics;
+pub mod ranges;
+pub mod registry;
+pub mod shm;
+pub mod stats;
+pub mod streams;
+pub mod transfer;

@@ -1,0 +1,95 @@
+//! The device ranges a process may copy to or from: its allocations (freeable) and the module
+//! variables the server reported (not freeable). Pointers are checked here before anything is
+//! sent, so a bad pointer is an error at the call, never a device fault, and a copy's direction
+//! can be told from its pointers (unified addressing).
+
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+
+/// Start address to `(length, freeable)`.
+#[derive(Default)]
+pub struct DeviceRanges(RwLock<BTreeMap<u64, (u64, bool)>>);
+
+impl DeviceRanges {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, (u64, bool)>> {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<u64, (u64, bool)>> {
+        self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a device allocation (or a module variable when `!freeable`).
+    pub fn add(&self, start: u64, len: u64, freeable: bool) {
+        self.write().insert(start, (len, freeable));
+    }
+
+    /// Records module variables as `(address, size)`.
+    pub fn add_variables(&self, variables: impl Iterator<Item = (u64, u64)>) {
+        let mut ranges = self.write();
+        for (start, len) in variables {
+            ranges.insert(start, (len, false));
+        }
+    }
+
+    /// Forgets an allocation that starts exactly at `start`; anything else is CUDA's invalid value.
+    pub fn remove_allocation(&self, start: u64) -> CudaResult<()> {
+        let mut ranges = self.write();
+        match ranges.get(&start) {
+            Some((_, true)) => {
+                ranges.remove(&start);
+                Ok(())
+            }
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    /// Forgets every allocation (a device reset), keeping module variables.
+    pub fn forget_allocations(&self) {
+        self.write().retain(|_, (_, freeable)| !*freeable);
+    }
+
+    /// The range holding `ptr`, as `(start, len)`.
+    pub fn find(&self, ptr: u64) -> Option<(u64, u64)> {
+        let ranges = self.read();
+        let (start, (len, _)) = ranges.range(..=ptr).next_back()?;
+        (ptr - start < *len).then_some((*start, *len))
+    }
+
+    /// Checks that `[ptr, ptr + len)` lies inside one range.
+    pub fn check(&self, ptr: u64, len: u64) -> CudaResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        match self.find(ptr) {
+            Some((start, range_len)) if ptr.checked_add(len).is_some_and(|end| end <= start + range_len) => Ok(()),
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_find_check_and_free() {
+        let ranges = DeviceRanges::default();
+        ranges.add(0x1000, 0x100, true);
+        ranges.add_variables([(0x2000, 8)].into_iter());
+        assert_eq!(ranges.find(0x10ff), Some((0x1000, 0x100)));
+        assert_eq!(ranges.find(0x1100), None);
+        assert!(ranges.check(0x1080, 0x80).is_ok());
+        assert_eq!(ranges.check(0x1080, 0x81), Err(CudaError::INVALID_VALUE));
+        assert_eq!(ranges.remove_allocation(0x1010), Err(CudaError::INVALID_VALUE));
+        assert_eq!(ranges.remove_allocation(0x2000), Err(CudaError::INVALID_VALUE), "a variable is not freeable");
+        ranges.add(0x3000, 16, true);
+        ranges.forget_allocations();
+        assert_eq!(ranges.find(0x1000), None);
+        assert_eq!(ranges.find(0x3000), None);
+        assert_eq!(ranges.find(0x2004), Some((0x2000, 8)));
+    }
+}

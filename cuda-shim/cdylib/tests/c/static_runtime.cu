@@ -1,0 +1,103 @@
+// Built with nvcc's default (static) CUDA runtime: NVIDIA's own runtime, linked into this program,
+// finds the driver library by name. Run over Flyt's libcuda.so.1 it must see the server's device
+// and move bytes through it. No kernels: the emulated device in CI cannot run any.
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+static int failures = 0;
+#define CHECK(call, expected)                                                                        \
+    do {                                                                                             \
+        cudaError_t got_ = (call);                                                                   \
+        if (got_ != (expected)) {                                                                    \
+            printf("FAIL %s:%d %s: %s (%d), expected %d\n", __FILE__, __LINE__, #call,              \
+                   cudaGetErrorName(got_), (int)got_, (int)(expected));                              \
+            failures++;                                                                              \
+        }                                                                                            \
+    } while (0)
+
+int main(void) {
+    int count = -1;
+    CHECK(cudaGetDeviceCount(&count), cudaSuccess);
+    printf("devices: %d\n", count);
+    if (count < 1) {
+        printf("FAILED: no device\n");
+        return 1;
+    }
+    cudaDeviceProp prop;
+    memset(&prop, 0, sizeof prop);
+    CHECK(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    printf("device 0: %s, compute %d.%d, %zu MiB\n", prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20);
+    int driver = 0, runtime = 0;
+    CHECK(cudaDriverGetVersion(&driver), cudaSuccess);
+    CHECK(cudaRuntimeGetVersion(&runtime), cudaSuccess);
+    printf("driver %d runtime %d\n", driver, runtime);
+
+    const size_t n = 1 << 20;
+    unsigned char *host = (unsigned char *)malloc(n), *back = (unsigned char *)malloc(n);
+    for (size_t i = 0; i < n; i++) host[i] = (unsigned char)(i * 7 + 3);
+    unsigned char *dev = NULL, *dev2 = NULL;
+    CHECK(cudaMalloc((void **)&dev, n), cudaSuccess);
+    CHECK(cudaMalloc((void **)&dev2, n), cudaSuccess);
+    size_t free_mem = 0, total_mem = 0;
+    CHECK(cudaMemGetInfo(&free_mem, &total_mem), cudaSuccess);
+    printf("memory: total %zu MiB, free below total: %s\n", total_mem >> 20, free_mem < total_mem ? "yes" : "no");
+
+    CHECK(cudaMemcpy(dev, host, n, cudaMemcpyHostToDevice), cudaSuccess);
+    CHECK(cudaMemcpy(dev2, dev, n, cudaMemcpyDeviceToDevice), cudaSuccess);
+    CHECK(cudaMemcpy(back, dev2, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    printf("round trip: %s\n", memcmp(host, back, n) == 0 ? "equal" : "DIFFERENT");
+    if (memcmp(host, back, n) != 0) failures++;
+
+    CHECK(cudaMemset(dev, 0x5a, n / 2), cudaSuccess);
+    CHECK(cudaMemcpy(back, dev, n, cudaMemcpyDefault), cudaSuccess);
+    int memset_ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char want = i < n / 2 ? 0x5a : (unsigned char)(i * 7 + 3);
+        if (back[i] != want) { memset_ok = 0; break; }
+    }
+    printf("memset: %s\n", memset_ok ? "ok" : "WRONG");
+    if (!memset_ok) failures++;
+
+    // Streams and events, with pinned memory and asynchronous copies.
+    cudaStream_t stream;
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start), cudaSuccess);
+    CHECK(cudaEventCreate(&stop), cudaSuccess);
+    unsigned char *pinned = NULL;
+    CHECK(cudaMallocHost((void **)&pinned, n), cudaSuccess);
+    memset(pinned, 0, n);
+    CHECK(cudaEventRecord(start, stream), cudaSuccess);
+    CHECK(cudaMemcpyAsync(dev2, host, n, cudaMemcpyHostToDevice, stream), cudaSuccess);
+    CHECK(cudaMemsetAsync(dev2, 0x11, 16, stream), cudaSuccess);
+    CHECK(cudaMemcpyAsync(pinned, dev2, n, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+    CHECK(cudaEventRecord(stop, stream), cudaSuccess);
+    CHECK(cudaStreamSynchronize(stream), cudaSuccess);
+    CHECK(cudaEventSynchronize(stop), cudaSuccess);
+    CHECK(cudaEventQuery(stop), cudaSuccess);
+    CHECK(cudaStreamQuery(stream), cudaSuccess);
+    float ms = -1.0f;
+    CHECK(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
+    int async_ok = pinned[0] == 0x11 && pinned[15] == 0x11 && memcmp(pinned + 16, host + 16, n - 16) == 0;
+    printf("async copies: %s, elapsed time %s\n", async_ok ? "ok" : "WRONG", ms >= 0.0f ? "measured" : "MISSING");
+    if (!async_ok) failures++;
+    CHECK(cudaStreamWaitEvent(stream, stop, 0), cudaSuccess);
+    CHECK(cudaDeviceSynchronize(), cudaSuccess);
+
+    // A pointer that is no allocation is refused, and the session goes on.
+    CHECK(cudaMemcpy(back, (void *)0x10, 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+    CHECK(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK(cudaMemcpy(back, dev, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+
+    CHECK(cudaEventDestroy(start), cudaSuccess);
+    CHECK(cudaEventDestroy(stop), cudaSuccess);
+    CHECK(cudaStreamDestroy(stream), cudaSuccess);
+    CHECK(cudaFreeHost(pinned), cudaSuccess);
+    CHECK(cudaFree(dev), cudaSuccess);
+    CHECK(cudaFree(dev2), cudaSuccess);
+    free(host);
+    free(back);
+    printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+    return failures ? 1 : 0;
+}

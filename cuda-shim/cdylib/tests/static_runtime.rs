@@ -1,0 +1,67 @@
+//! NVIDIA's own CUDA runtime, linked statically into a program by nvcc's default, runs over Flyt's
+//! `libcuda.so.1` against a real `flyt-rpc-server` on the emulated device: `cuGetProcAddress`, the
+//! export tables and the integrity check are exercised by the real runtime, and memory, copies,
+//! memsets, streams and events go through the client core.
+//!
+//! Skipped (with a line saying so) when `FLYT_CUDA_HOME` is not set; `tools/test` sets it.
+
+#![allow(clippy::tests_outside_test_module, reason = "an integration test file is its own test crate")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use flyt_test_support::{Server, artifact, run_with_timeout, scratch_dir};
+
+/// A folder holding the build output under the name programs load, `libcuda.so.1`.
+fn driver_lib_dir(scratch: &Path) -> PathBuf {
+    let dir = scratch.join("lib");
+    std::fs::create_dir_all(&dir).expect("lib dir");
+    std::os::unix::fs::symlink(artifact("libflyt_libcuda.so"), dir.join("libcuda.so.1")).expect("link libcuda.so.1");
+    dir
+}
+
+#[test]
+fn a_static_cudart_program_runs_over_flyt() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("static-runtime");
+    let program = scratch.join("static_runtime");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/static_runtime.cu");
+    // nvcc's default runtime is the static one: no -cudart flag.
+    let status = Command::new(cuda.join("bin/nvcc"))
+        .arg(format!("-L{}", cuda.join("lib").display()))
+        .arg("-o")
+        .arg(&program)
+        .arg(source)
+        .status()
+        .expect("run nvcc");
+    assert!(status.success(), "nvcc {source}");
+    let linked = Command::new("readelf").arg("-d").arg(&program).output().expect("readelf");
+    assert!(!String::from_utf8_lossy(&linked.stdout).contains("libcudart"), "the program must not link a shared runtime");
+
+    let lib = driver_lib_dir(&scratch);
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--listen", &socket], &scratch);
+    for address in &server.addresses {
+        let (code, stdout, stderr) =
+            run_with_timeout(Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address), Duration::from_secs(120));
+        assert_eq!(code, 0, "over {address}:\n{stdout}\n{stderr}");
+        for line in [
+            "devices: 1",
+            "device 0: Flyt Emulated Device",
+            "driver 13000 runtime 13000",
+            "round trip: equal",
+            "memset: ok",
+            "async copies: ok, elapsed time measured",
+            "PASSED: 0 failure(s)",
+        ] {
+            assert!(stdout.contains(line), "missing '{line}' over {address}:\n{stdout}\n{stderr}");
+        }
+        // Nothing NVIDIA's runtime called on this path was left unimplemented.
+        assert!(!stderr.contains("is not supported through Flyt"), "{stderr}");
+        assert!(!stderr.contains("is not implemented"), "{stderr}");
+    }
+}

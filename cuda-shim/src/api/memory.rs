@@ -1,0 +1,248 @@
+//! Device memory, copies, memsets and pinned host memory, through the process's `flyt-client`
+//! session: the same paths (range checks, the shared-memory channel, queued memsets and
+//! host-to-device copies) the runtime front uses.
+
+use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
+
+use flyt_client::client::Client;
+use flyt_client::transfer::{self, Direction, Mode};
+use flyt_protocol::ops::req;
+
+use super::session::{client, resolve_stream, run};
+use crate::CUresult;
+use crate::ffi::{DriverResult, non_null, write_out};
+use crate::generated::types::{CUdeviceptr, CUpointer_attribute, CUstream};
+
+/// `CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED`.
+const HOST_ALLOC_FLAGS: c_uint = 0x7;
+const HOST_ALLOC_DEVICEMAP: c_uint = 0x2;
+
+pub unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    run(|| {
+        non_null([dptr.cast()])?;
+        if bytesize == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let client = client()?;
+        let ptr = client.call(req::Malloc { size: bytesize as u64 }).map_err(super::session::driver_error)?.ptr;
+        client.add_device_range(ptr, bytesize as u64, true);
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(dptr, ptr) }
+    })
+}
+
+pub unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    run(|| {
+        let client = client()?;
+        if dptr == 0 {
+            return Ok(());
+        }
+        client.remove_allocation(dptr).map_err(super::session::driver_error)?;
+        client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error)
+    })
+}
+
+pub unsafe fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    run(|| {
+        non_null([free.cast(), total.cast()])?;
+        let reply = client()?.call(req::MemGetInfo {}).map_err(super::session::driver_error)?;
+        // SAFETY: both checked non-NULL; the caller's out-pointers.
+        unsafe {
+            write_out(free, reply.free as usize)?;
+            write_out(total, reply.total as usize)
+        }
+    })
+}
+
+/// A copy between the addresses the caller gave, `declared` being what the entry point's name says
+/// (None for `cuMemcpy`, which goes by the pointers: unified addressing).
+///
+/// # Safety
+/// The host side is valid for `count` bytes (for an asynchronous copy into host memory, until the
+/// caller synchronizes), per the driver API's contract.
+unsafe fn memcpy(dst: u64, src: u64, count: usize, declared: Option<Direction>, stream: CUstream, mode: Mode, ptds: bool) -> DriverResult {
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptds)?;
+    if count == 0 {
+        return Ok(());
+    }
+    if dst == 0 || src == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let found = transfer::classify(client, dst, src);
+    let direction = match declared {
+        None => found,
+        // The device side the name promises must be device memory the session knows; a host side
+        // that is device memory would be read or written as host memory: refused too.
+        Some(declared) if declared == found => declared,
+        Some(_) => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    };
+    let sync = |stream| client.call(req::StreamSynchronize { stream }).map(|_| ());
+    // SAFETY: forwarded contract.
+    unsafe { transfer::copy(client, dst as usize as *mut c_void, src as usize as *const c_void, count, direction, stream, mode, &sync) }
+        .map_err(super::session::driver_error)
+}
+
+macro_rules! copies {
+    ($($name:ident ($dst:ident : $dst_ty:ty, $src:ident : $src_ty:ty $(, $stream:ident)?) => $direction:expr, $mode:ident, $ptds:literal;)*) => {$(
+        pub unsafe fn $name($dst: $dst_ty, $src: $src_ty, byte_count: usize $(, $stream: CUstream)?) -> CUresult {
+            #[allow(unused_mut, unused_assignments, reason = "the synchronous forms have no stream")]
+            let mut stream: CUstream = std::ptr::null_mut();
+            $(stream = $stream;)?
+            // SAFETY: the caller's buffers, per the driver API's contract for this function.
+            run(|| unsafe { memcpy($dst as usize as u64, $src as usize as u64, byte_count, $direction, stream, Mode::$mode, $ptds) })
+        }
+    )*};
+}
+
+copies! {
+    cuMemcpyHtoD_v2(dst_device: CUdeviceptr, src_host: *const c_void) => Some(Direction::HostToDevice), Synchronous, false;
+    cuMemcpyHtoD_v2_ptds(dst_device: CUdeviceptr, src_host: *const c_void) => Some(Direction::HostToDevice), Synchronous, true;
+    cuMemcpyDtoH_v2(dst_host: *mut c_void, src_device: CUdeviceptr) => Some(Direction::DeviceToHost), Synchronous, false;
+    cuMemcpyDtoH_v2_ptds(dst_host: *mut c_void, src_device: CUdeviceptr) => Some(Direction::DeviceToHost), Synchronous, true;
+    cuMemcpyDtoD_v2(dst_device: CUdeviceptr, src_device: CUdeviceptr) => Some(Direction::DeviceToDevice), Synchronous, false;
+    cuMemcpyDtoD_v2_ptds(dst_device: CUdeviceptr, src_device: CUdeviceptr) => Some(Direction::DeviceToDevice), Synchronous, true;
+    cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr) => None, Synchronous, false;
+    cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr) => None, Synchronous, true;
+    cuMemcpyHtoDAsync_v2(dst_device: CUdeviceptr, src_host: *const c_void, h_stream) => Some(Direction::HostToDevice), Asynchronous, false;
+    cuMemcpyHtoDAsync_v2_ptsz(dst_device: CUdeviceptr, src_host: *const c_void, h_stream) => Some(Direction::HostToDevice), Asynchronous, true;
+    cuMemcpyDtoHAsync_v2(dst_host: *mut c_void, src_device: CUdeviceptr, h_stream) => Some(Direction::DeviceToHost), Asynchronous, false;
+    cuMemcpyDtoHAsync_v2_ptsz(dst_host: *mut c_void, src_device: CUdeviceptr, h_stream) => Some(Direction::DeviceToHost), Asynchronous, true;
+    cuMemcpyDtoDAsync_v2(dst_device: CUdeviceptr, src_device: CUdeviceptr, h_stream) => Some(Direction::DeviceToDevice), Asynchronous, false;
+    cuMemcpyDtoDAsync_v2_ptsz(dst_device: CUdeviceptr, src_device: CUdeviceptr, h_stream) => Some(Direction::DeviceToDevice), Asynchronous, true;
+    cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, h_stream) => None, Asynchronous, false;
+    cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, h_stream) => None, Asynchronous, true;
+}
+
+/// A memset of `n` elements of `width` bytes, all equal to `pattern`'s low `width` bytes. The
+/// server's memset writes one byte value: a pattern whose bytes differ is refused with one line,
+/// never filled wrongly.
+fn memset(symbol: &str, dst: CUdeviceptr, pattern: u32, width: usize, n: usize, stream: CUstream, ptds: bool) -> DriverResult {
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptds)?;
+    let bytes = pattern.to_le_bytes();
+    if bytes[..width].iter().any(|byte| *byte != bytes[0]) {
+        let line =
+            format!("flyt: {symbol} with a value whose bytes differ is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)");
+        crate::diagnostics::once(&format!("{symbol} pattern"), &line);
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    // The driver requires 2- and 4-byte memsets to be aligned to their width.
+    if !dst.is_multiple_of(width as u64) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let len = n.checked_mul(width).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)? as u64;
+    transfer::memset(client, dst, bytes[0], len, stream).map_err(super::session::driver_error)
+}
+
+macro_rules! memsets {
+    ($($name:ident ($value:ident : $ty:ty $(, $stream:ident)?) => $width:literal, $ptds:literal;)*) => {$(
+        pub unsafe fn $name(dst_device: CUdeviceptr, $value: $ty, n: usize $(, $stream: CUstream)?) -> CUresult {
+            #[allow(unused_mut, unused_assignments, reason = "the synchronous forms have no stream")]
+            let mut stream: CUstream = std::ptr::null_mut();
+            $(stream = $stream;)?
+            run(|| memset(stringify!($name), dst_device, u32::from($value), $width, n, stream, $ptds))
+        }
+    )*};
+}
+
+memsets! {
+    cuMemsetD8_v2(uc: c_uchar) => 1, false;
+    cuMemsetD8_v2_ptds(uc: c_uchar) => 1, true;
+    cuMemsetD16_v2(us: c_ushort) => 2, false;
+    cuMemsetD16_v2_ptds(us: c_ushort) => 2, true;
+    cuMemsetD32_v2(ui: c_uint) => 4, false;
+    cuMemsetD32_v2_ptds(ui: c_uint) => 4, true;
+    cuMemsetD8Async(uc: c_uchar, h_stream) => 1, false;
+    cuMemsetD8Async_ptsz(uc: c_uchar, h_stream) => 1, true;
+    cuMemsetD16Async(us: c_ushort, h_stream) => 2, false;
+    cuMemsetD16Async_ptsz(us: c_ushort, h_stream) => 2, true;
+    cuMemsetD32Async(ui: c_uint, h_stream) => 4, false;
+    cuMemsetD32Async_ptsz(ui: c_uint, h_stream) => 4, true;
+}
+
+fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) -> DriverResult {
+    non_null([pp.cast()])?;
+    if flags & !HOST_ALLOC_FLAGS != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // Mapped memory would be host memory kernels dereference; the GPU is elsewhere.
+    if flags & HOST_ALLOC_DEVICEMAP != 0 {
+        crate::diagnostics::once(
+            "cuMemHostAlloc mapped",
+            "flyt: cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)",
+        );
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let ptr = transfer::host_alloc(client()?, bytesize, flags).map_err(super::session::driver_error)?;
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(pp, ptr.cast()) }
+}
+
+pub unsafe fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) -> CUresult {
+    run(|| host_alloc(pp, bytesize, flags))
+}
+
+pub unsafe fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CUresult {
+    run(|| host_alloc(pp, bytesize, 0))
+}
+
+pub unsafe fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    run(|| transfer::host_free(client()?, p as usize).map_err(super::session::driver_error))
+}
+
+/// `CUpointer_attribute` values answered for pointers the session knows.
+mod pointer_attribute {
+    pub const CONTEXT: u32 = 1;
+    pub const MEMORY_TYPE: u32 = 2;
+    pub const DEVICE_POINTER: u32 = 3;
+    pub const HOST_POINTER: u32 = 4;
+    pub const IS_MANAGED: u32 = 8;
+    pub const DEVICE_ORDINAL: u32 = 9;
+    pub const RANGE_START_ADDR: u32 = 11;
+    pub const RANGE_SIZE: u32 = 12;
+    pub const MAPPED: u32 = 13;
+}
+
+/// `CU_MEMORYTYPE_HOST` and `CU_MEMORYTYPE_DEVICE`.
+const MEMORYTYPE_HOST: c_uint = 1;
+const MEMORYTYPE_DEVICE: c_uint = 2;
+
+/// What the session knows of an address: a device range or a pinned host block, `(start, len, is_device)`.
+fn known(client: &Client, ptr: u64) -> Option<(u64, u64, bool)> {
+    if let Some((start, len)) = client.device_range(ptr) {
+        return Some((start, len, true));
+    }
+    client.host_allocation(ptr as usize).map(|(start, len, _)| (start as u64, len as u64, false))
+}
+
+pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) -> CUresult {
+    use pointer_attribute::*;
+    run(|| {
+        non_null([data.cast()])?;
+        let client = client()?;
+        // Memory the session does not know is not CUDA memory: invalid value, as the driver says.
+        let (start, len, device) = known(client, ptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: `data` is non-NULL and, per the driver API's contract, points at storage of the
+        // attribute's documented type, which is the type each arm writes.
+        unsafe {
+            match attribute {
+                CONTEXT => {
+                    let context = crate::context::current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+                    write_out(data.cast(), context.handle())
+                }
+                MEMORY_TYPE => write_out(data.cast::<c_uint>(), if device { MEMORYTYPE_DEVICE } else { MEMORYTYPE_HOST }),
+                DEVICE_POINTER if device => write_out(data.cast::<CUdeviceptr>(), ptr),
+                HOST_POINTER if !device => write_out(data.cast::<*mut c_void>(), ptr as usize as *mut c_void),
+                // Device memory has no host address, and pinned host memory no device one (the GPU is
+                // elsewhere): as the driver answers for unmapped memory.
+                DEVICE_POINTER | HOST_POINTER => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+                IS_MANAGED | MAPPED => write_out(data.cast::<c_uint>(), 0),
+                DEVICE_ORDINAL => write_out(data.cast::<i32>(), 0),
+                RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), start),
+                RANGE_SIZE => write_out(data.cast::<usize>(), len as usize),
+                _ => Err(crate::diagnostics::unsupported(&format!("cuPointerGetAttribute attribute {attribute}"))),
+            }
+        }
+    })
+}

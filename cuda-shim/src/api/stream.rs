@@ -1,0 +1,193 @@
+//! Streams, events, context synchronization and limits, through the process's `flyt-client`
+//! session. Stream and event handles are ids the client chooses (no round trip), shared with the
+//! runtime front.
+
+use std::ffi::{c_int, c_uint};
+
+use flyt_protocol::ops::req;
+
+use super::session::{client, driver_error, resolve_stream, run};
+use crate::CUresult;
+use crate::ffi::{DriverResult, non_null, write_out};
+use crate::generated::types::{CUcontext, CUevent, CUlimit, CUstream};
+
+/// `CU_STREAM_NON_BLOCKING` is the only stream flag.
+const STREAM_FLAGS: c_uint = 0x1;
+/// `CU_EVENT_BLOCKING_SYNC | DISABLE_TIMING | INTERPROCESS`.
+const EVENT_FLAGS: c_uint = 0x7;
+const EVENT_DISABLE_TIMING: c_uint = 0x2;
+const EVENT_INTERPROCESS: c_uint = 0x4;
+
+fn create_stream(out: *mut CUstream, flags: c_uint, priority: c_int) -> DriverResult {
+    non_null([out.cast()])?;
+    if flags & !STREAM_FLAGS != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let id = flyt_client::streams::create_stream(client()?, flags, priority).map_err(driver_error)?;
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(out, id as usize as CUstream) }
+}
+
+pub unsafe fn cuStreamCreate(ph_stream: *mut CUstream, flags: c_uint) -> CUresult {
+    run(|| create_stream(ph_stream, flags, 0))
+}
+
+pub unsafe fn cuStreamCreateWithPriority(ph_stream: *mut CUstream, flags: c_uint, priority: c_int) -> CUresult {
+    run(|| create_stream(ph_stream, flags, priority))
+}
+
+pub unsafe fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
+    run(|| flyt_client::streams::destroy_stream(client()?, h_stream as u64).map_err(driver_error))
+}
+
+fn synchronize(stream: CUstream, ptds: bool) -> DriverResult {
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptds)?;
+    client.call(req::StreamSynchronize { stream }).map(|_| ()).map_err(driver_error)
+}
+
+pub unsafe fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
+    run(|| synchronize(h_stream, false))
+}
+
+pub unsafe fn cuStreamSynchronize_ptsz(h_stream: CUstream) -> CUresult {
+    run(|| synchronize(h_stream, true))
+}
+
+fn query(stream: CUstream, ptds: bool) -> DriverResult {
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptds)?;
+    client.call(req::StreamQuery { stream }).map(|_| ()).map_err(driver_error)
+}
+
+pub unsafe fn cuStreamQuery(h_stream: CUstream) -> CUresult {
+    run(|| query(h_stream, false))
+}
+
+pub unsafe fn cuStreamQuery_ptsz(h_stream: CUstream) -> CUresult {
+    run(|| query(h_stream, true))
+}
+
+fn wait_event(stream: CUstream, event: CUevent, flags: c_uint, ptds: bool) -> DriverResult {
+    // CU_EVENT_WAIT_EXTERNAL only changes what stream capture records, and nothing captures here.
+    if flags & !0x1 != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptds)?;
+    let event = flyt_client::streams::event_id(client, event as usize).map_err(driver_error)?;
+    client.post(req::StreamWaitEvent { stream, event, flags: 0 }).map_err(driver_error)
+}
+
+pub unsafe fn cuStreamWaitEvent(h_stream: CUstream, h_event: CUevent, flags: c_uint) -> CUresult {
+    run(|| wait_event(h_stream, h_event, flags, false))
+}
+
+pub unsafe fn cuStreamWaitEvent_ptsz(h_stream: CUstream, h_event: CUevent, flags: c_uint) -> CUresult {
+    run(|| wait_event(h_stream, h_event, flags, true))
+}
+
+pub unsafe fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) -> CUresult {
+    run(|| {
+        non_null([ph_event.cast()])?;
+        if flags & !EVENT_FLAGS != 0 || (flags & EVENT_INTERPROCESS != 0 && flags & EVENT_DISABLE_TIMING == 0) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let id = flyt_client::streams::create_event(client()?, flags).map_err(driver_error)?;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(ph_event, id as usize as CUevent) }
+    })
+}
+
+fn record(event: CUevent, stream: CUstream, ptds: bool) -> DriverResult {
+    let client = client()?;
+    let event = flyt_client::streams::event_id(client, event as usize).map_err(driver_error)?;
+    let stream = resolve_stream(client, stream, ptds)?;
+    client.post(req::EventRecord { event, stream, flags: 0 }).map_err(driver_error)
+}
+
+pub unsafe fn cuEventRecord(h_event: CUevent, h_stream: CUstream) -> CUresult {
+    run(|| record(h_event, h_stream, false))
+}
+
+pub unsafe fn cuEventRecord_ptsz(h_event: CUevent, h_stream: CUstream) -> CUresult {
+    run(|| record(h_event, h_stream, true))
+}
+
+pub unsafe fn cuEventSynchronize(h_event: CUevent) -> CUresult {
+    run(|| {
+        let client = client()?;
+        let event = flyt_client::streams::event_id(client, h_event as usize).map_err(driver_error)?;
+        client.call(req::EventSynchronize { event }).map(|_| ()).map_err(driver_error)
+    })
+}
+
+pub unsafe fn cuEventQuery(h_event: CUevent) -> CUresult {
+    run(|| {
+        let client = client()?;
+        let event = flyt_client::streams::event_id(client, h_event as usize).map_err(driver_error)?;
+        client.call(req::EventQuery { event }).map(|_| ()).map_err(driver_error)
+    })
+}
+
+fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> DriverResult {
+    non_null([ms.cast()])?;
+    let client = client()?;
+    let start = flyt_client::streams::event_id(client, start as usize).map_err(driver_error)?;
+    let end = flyt_client::streams::event_id(client, end as usize).map_err(driver_error)?;
+    {
+        let events = client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if [start, end].iter().any(|id| events.get(id).is_none_or(|flags| flags & EVENT_DISABLE_TIMING != 0)) {
+            return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+    }
+    let reply = client.call(req::EventElapsedTime { start, end }).map_err(driver_error)?;
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(ms, reply.milliseconds) }
+}
+
+pub unsafe fn cuEventElapsedTime(p_milliseconds: *mut f32, h_start: CUevent, h_end: CUevent) -> CUresult {
+    run(|| elapsed(p_milliseconds, h_start, h_end))
+}
+
+pub unsafe fn cuEventElapsedTime_v2(p_milliseconds: *mut f32, h_start: CUevent, h_end: CUevent) -> CUresult {
+    run(|| elapsed(p_milliseconds, h_start, h_end))
+}
+
+pub unsafe fn cuEventDestroy_v2(h_event: CUevent) -> CUresult {
+    run(|| {
+        let client = client()?;
+        let id = h_event as u64;
+        if client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id).is_none() {
+            return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+        client.post(req::EventDestroy { event: id }).map_err(driver_error)
+    })
+}
+
+pub unsafe fn cuCtxSynchronize() -> CUresult {
+    run(|| client()?.call(req::DeviceSynchronize {}).map(|_| ()).map_err(driver_error))
+}
+
+/// `CUlimit` and `cudaLimit` number the limits the same way, which is how the op carries them.
+pub unsafe fn cuCtxGetLimit(pvalue: *mut usize, limit: CUlimit) -> CUresult {
+    run(|| {
+        non_null([pvalue.cast()])?;
+        let reply = client()?.call(req::DeviceGetLimit { limit }).map_err(driver_error)?;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(pvalue, reply.value as usize) }
+    })
+}
+
+pub unsafe fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult {
+    run(|| client()?.call(req::DeviceSetLimit { limit, value: value as u64 }).map(|_| ()).map_err(driver_error))
+}
+
+/// CUDA 13's form: synchronizes `ctx` (NULL: the current one). Every context of a process shares the
+/// session's device, so this waits for all of the session's work, as `cuCtxSynchronize` does.
+pub unsafe fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
+    run(|| {
+        crate::driver::driver().contexts.lookup_or_current(ctx)?.usable()?;
+        client()?.call(req::DeviceSynchronize {}).map(|_| ()).map_err(driver_error)
+    })
+}
