@@ -698,7 +698,9 @@ mod tests {
             assert!(Instant::now() < deadline, "the stand-in never showed up in /proc");
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert_eq!(servers_started_in(&settings.servers_dir), vec![(pid, "alloc-7".to_string())]);
+        // The shell's `sleep` children carry its command line for a moment between fork and exec,
+        // so the scan may see them too: the stand-in itself must be among what it finds.
+        assert!(servers_started_in(&settings.servers_dir).contains(&(pid, "alloc-7".to_string())));
         let manager = ServerManager::new(settings.clone(), key()).unwrap();
         let _ = orphan.wait();
         assert!(!process_alive(pid, None), "the unrecorded server still runs");
