@@ -285,7 +285,7 @@ mod tests {
 
     #[test]
     fn layouts_match_the_cuda_13_headers() {
-        // Offsets measured from CUDA 13.0's driver_types.h (shared/GPU-MACHINE.md and offsetof).
+        // Offsets measured from CUDA 13.0's driver_types.h (offsetof).
         assert_eq!(size_of::<cudaDeviceProp>(), 1008);
         assert_eq!(offset_of!(cudaDeviceProp, uuid), 256);
         assert_eq!(offset_of!(cudaDeviceProp, totalGlobalMem), 288);
