@@ -144,3 +144,68 @@ impl Outbox {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use flyt_protocol::frame::{FrameLimits, read_message};
+    use flyt_protocol::ops::OpClass;
+
+    use super::{Connection, Outbox, PendingReply};
+
+    /// A held device-to-host reply whose copy finishes when the test says so.
+    struct Held {
+        seq: u32,
+        done: AtomicBool,
+    }
+
+    impl PendingReply for Held {
+        fn ready(&self) -> bool {
+            self.done.load(Ordering::Acquire)
+        }
+
+        fn send(&self, outbox: &Outbox) {
+            outbox.reply_now(self.seq, OpClass::SyncPoint, Ok(&()), b"copied bytes");
+        }
+    }
+
+    fn read_seqs(reader: &mut impl Read, count: usize) -> Vec<(u32, u64)> {
+        let mut message = Vec::new();
+        (0..count)
+            .map(|_| {
+                let header = read_message(reader, &FrameLimits::default(), &mut message).unwrap();
+                let mut bulk = vec![0u8; usize::try_from(header.bulk_len).unwrap()];
+                reader.read_exact(&mut bulk).unwrap();
+                (header.seq, header.bulk_len)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_finished_copy_is_sent_before_the_reply_that_covers_it_and_an_unfinished_one_is_held() {
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let outbox = Outbox::new(Connection::Unix(server), None);
+        let first = Arc::new(Held { seq: 7, done: AtomicBool::new(false) });
+        let second = Arc::new(Held { seq: 8, done: AtomicBool::new(false) });
+        outbox.hold(first.clone());
+        outbox.hold(second.clone());
+        // The first copy finished; the synchronize that covers it answers after its bytes.
+        first.done.store(true, Ordering::Release);
+        outbox.reply(9, OpClass::SyncPoint, Ok(&()), &[]);
+        assert_eq!(read_seqs(&mut client, 2), vec![(7, 12), (9, 0)]);
+        // The second is held until it finishes, then goes ahead of the next reply; never twice.
+        second.done.store(true, Ordering::Release);
+        outbox.reply(10, OpClass::Reply, Ok(&()), &[]);
+        outbox.reply(11, OpClass::Reply, Ok(&()), &[]);
+        assert_eq!(read_seqs(&mut client, 3), vec![(8, 12), (10, 0), (11, 0)]);
+        // Asynchronous ops send nothing (their errors are deferred), and release nothing early.
+        outbox.hold(Arc::new(Held { seq: 12, done: AtomicBool::new(true) }));
+        outbox.reply(0, OpClass::NoReply, Ok(&()), &[]);
+        outbox.send_ready();
+        assert_eq!(read_seqs(&mut client, 1), vec![(12, 12)]);
+    }
+}
