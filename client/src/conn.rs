@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use flyt_protocol::CudaError;
 use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::frame::{FrameHeader, FrameLimits, HEADER_LEN};
+use flyt_protocol::frame::{FrameHeader, FrameLimits, HEADER_LEN, read_full};
 use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::{Request, decode_reply, rep};
 
@@ -201,16 +201,7 @@ impl Inbound {
         let from_buffer = self.buffered().min(out.len());
         out[..from_buffer].copy_from_slice(&self.buf[self.start..self.start + from_buffer]);
         self.start += from_buffer;
-        let mut filled = from_buffer;
-        while filled < out.len() {
-            match self.wire.read(&mut out[filled..]) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(read) => filled += read,
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => return Err(error),
-            }
-        }
-        Ok(())
+        read_full(&mut self.wire, &mut out[from_buffer..], false).map_err(io::Error::other)
     }
 
     /// Reads and drops `len` bytes.

@@ -222,14 +222,15 @@ pub unsafe fn copy(
                 }
             }
             outcome?;
-            match deferred.or_else(|| client.conn.take_deferred()) {
-                Some(error) if mode == Mode::Synchronous => Err(error),
-                Some(error) => {
-                    // Not a sync point: the error waits for the next one.
-                    client.conn.defer(error);
+            match mode {
+                Mode::Synchronous => deferred.or_else(|| client.conn.take_deferred()).map_or(Ok(()), Err),
+                // Not a sync point: the error waits for the next one.
+                Mode::Asynchronous => {
+                    if let Some(error) = deferred {
+                        client.conn.defer(error);
+                    }
                     Ok(())
                 }
-                None => Ok(()),
             }
         }
         Direction::DeviceToDevice => {

@@ -373,27 +373,44 @@ impl<D: Device> Session<D> {
             recycle(event);
             return answer(Err(error));
         }
-        let device = self.device.clone();
-        let outbox = self.outbox.clone();
-        // The event is done by the time it is synchronized, so that call returns at once; it is
-        // made anyway because the driver flushes device printf output there.
-        let finish = move || {
-            let result = device.event_synchronize(event);
-            if flush_output {
-                outbox.send_output();
-            }
+        self.when_event_done(event, flush_output, move |result| {
             answer(result);
             recycle(event);
-        };
-        let device = self.device.clone();
-        if !self.may_print && self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
+        });
+    }
+
+    /// Calls `answer` with `event`'s synchronize once the event has fired (see `after`). The
+    /// synchronize then returns at once; it is made anyway because the driver reports the event's
+    /// error and flushes device printf output there, which `flush_output` sends first.
+    fn when_event_done(&self, event: D::Event, flush_output: bool, answer: impl FnOnce(CudaResult<()>) + Send + 'static) {
+        let (device, outbox) = (self.device.clone(), self.outbox.clone());
+        let fired = device.clone();
+        self.after(
+            move || fired.event_query(event) != Err(CudaError::NOT_READY),
+            move || {
+                let result = device.event_synchronize(event);
+                if flush_output {
+                    outbox.send_output();
+                }
+                answer(result);
+            },
+        );
+    }
+
+    /// Runs `finish` once `done()` holds: polled inline for a moment, then on a waiter that polls
+    /// without burning a core (`waiters::wait_until`). A session whose kernels may print runs
+    /// `finish` on a waiter at once instead, and `finish` waits in the driver: polling would let
+    /// the driver empty the device's printf buffer while a kernel still prints, delivering lines
+    /// that CUDA drops when the buffer is full.
+    fn after(&self, done: impl Fn() -> bool + Send + 'static, finish: impl FnOnce() + Send + 'static) {
+        if self.may_print {
+            return self.waiters.run(finish);
+        }
+        if self.ready_soon(&done) {
             return finish();
         }
-        let polls = !self.may_print;
         self.waiters.run(move || {
-            if polls {
-                crate::waiters::wait_until(|| device.event_query(event) != Err(CudaError::NOT_READY));
-            }
+            crate::waiters::wait_until(done);
             finish();
         });
     }
@@ -422,9 +439,7 @@ impl<D: Device> Session<D> {
         let idle_now =
             |device: &D| streams.iter().map(|stream| device.stream_query(*stream)).find(|state| state.is_err()).unwrap_or(Ok(()));
         if self.may_print {
-            // Waits polled with queries let the driver empty the device's printf buffer while a
-            // kernel still prints, so more lines would arrive than natively (where a full buffer
-            // drops them): a session whose kernels may print waits in the driver instead.
+            // Waits in the driver (see `after`).
             self.waiters.run(move || finish(&device, Err(CudaError::NOT_READY)));
             return;
         }
@@ -597,21 +612,18 @@ impl<D: Device> OpHandler for Session<D> {
             reply: Mutex::new(Some(reply)),
         });
         self.outbox.hold(held.clone());
-        let device = self.device.clone();
-        if !self.may_print && self.ready_soon(|| device.dtoh_done(&held.copy)) {
-            return self.outbox.send_ready();
-        }
-        let outbox = self.outbox.clone();
-        let polls = !self.may_print;
-        self.waiters.run(move || {
-            if polls {
-                crate::waiters::wait_until(|| held.device.dtoh_done(&held.copy));
-            } else {
-                // Waits in the driver (see `when_device_idle`); the outcome is read again below.
-                let _ = held.device.dtoh_bytes(&held.copy);
-            }
-            outbox.send_ready();
-        });
+        let (outbox, polled, waits_in_driver) = (self.outbox.clone(), held.clone(), self.may_print);
+        self.after(
+            move || polled.device.dtoh_done(&polled.copy),
+            move || {
+                if waits_in_driver {
+                    // Waits in the driver (see `after`); the outcome is read again when the
+                    // reply is sent.
+                    let _ = held.device.dtoh_bytes(&held.copy);
+                }
+                outbox.send_ready();
+            },
+        );
     }
 
     fn memcpy_dtod(&mut self, request: req::MemcpyDtoD, reply: Responder<rep::MemcpyDtoD>) {
@@ -794,28 +806,7 @@ impl<D: Device> OpHandler for Session<D> {
             Ok(event) => event,
             Err(error) => return reply.send(Err(error)),
         };
-        let device = self.device.clone();
-        let outbox = self.outbox.clone();
-        let flush_output = self.may_print;
-        // The driver flushes device printf output in the (by then instant) synchronize.
-        let finish = move || {
-            let result = device.event_synchronize(event);
-            if flush_output {
-                outbox.send_output();
-            }
-            reply.send(result.map(|()| rep::EventSynchronize {}));
-        };
-        let device = self.device.clone();
-        if !self.may_print && self.ready_soon(|| device.event_query(event) != Err(CudaError::NOT_READY)) {
-            return finish();
-        }
-        let polls = !self.may_print;
-        self.waiters.run(move || {
-            if polls {
-                crate::waiters::wait_until(|| device.event_query(event) != Err(CudaError::NOT_READY));
-            }
-            finish();
-        });
+        self.when_event_done(event, self.may_print, move |result| reply.send(result.map(|()| rep::EventSynchronize {})));
     }
 
     fn event_query(&mut self, request: req::EventQuery, reply: Responder<rep::EventQuery>) {

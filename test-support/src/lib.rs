@@ -201,3 +201,22 @@ pub fn compile_c(source: &Path, output: &Path, lib_dir: &Path, extra: &[&str]) {
         .expect("cc");
     assert!(status.success(), "compiling {} failed", source.display());
 }
+
+/// Every defined dynamic function symbol of a library (`nm -D`), each as `name` or, where the
+/// library binds it to a version node, `name@@version`.
+pub fn exported_functions(library: &Path) -> std::collections::BTreeSet<String> {
+    let output = Command::new("nm")
+        .args(["-D", "--with-symbol-versions", "--defined-only"])
+        .arg(library)
+        .output()
+        .expect("nm (binutils) is needed for this test");
+    assert!(output.status.success(), "nm {} failed", library.display());
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_, kind, name) = (fields.next()?, fields.next()?, fields.next()?);
+            (kind == "T").then(|| name.to_string())
+        })
+        .collect()
+}

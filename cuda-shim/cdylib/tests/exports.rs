@@ -6,29 +6,11 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use flyt_test_support::artifact;
+use flyt_test_support::{artifact, exported_functions};
 
 /// The build output: not named `libcuda.so`, so that nothing run by cargo (whose library path includes
 /// the target directories) loads it in place of NVIDIA's driver; it is installed as `libcuda.so.1`.
 const LIBRARY: &str = "libflyt_libcuda.so";
-
-/// Every defined dynamic function symbol of a library, with its version node if any.
-fn exports(library: &std::path::Path) -> BTreeSet<String> {
-    let output = Command::new("nm")
-        .args(["-D", "--with-symbol-versions", "--defined-only"])
-        .arg(library)
-        .output()
-        .expect("nm (binutils) is needed for this test");
-    assert!(output.status.success());
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let (_, kind, name) = (fields.next()?, fields.next()?, fields.next()?);
-            (kind == "T").then(|| name.to_string())
-        })
-        .collect()
-}
 
 #[test]
 fn exports_are_the_real_drivers_707() {
@@ -38,7 +20,7 @@ fn exports_are_the_real_drivers_707() {
         .map(str::to_string)
         .collect();
     assert_eq!(expected.len(), 707);
-    let ours = exports(&artifact(LIBRARY));
+    let ours = exported_functions(&artifact(LIBRARY));
     let missing: Vec<_> = expected.difference(&ours).collect();
     let extra: Vec<_> = ours.difference(&expected).collect();
     assert!(missing.is_empty() && extra.is_empty(), "missing: {missing:?}\nextra: {extra:?}");
@@ -48,7 +30,7 @@ fn exports_are_the_real_drivers_707() {
 fn every_export_is_a_table_row_once() {
     let table: BTreeSet<String> = flyt_cuda::exports::EXPORTS.iter().map(|e| e.name.to_string()).collect();
     assert_eq!(table.len(), flyt_cuda::exports::EXPORTS.len(), "a name appears twice in the table");
-    assert_eq!(table, exports(&artifact(LIBRARY)));
+    assert_eq!(table, exported_functions(&artifact(LIBRARY)));
 }
 
 #[test]

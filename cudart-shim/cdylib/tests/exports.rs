@@ -5,25 +5,12 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use flyt_test_support::{artifact, cuda_toolkit};
+use flyt_test_support::{artifact, cuda_toolkit, exported_functions};
 
-/// `name@@version` of every defined dynamic function symbol of a library.
+/// `name@@version` of every defined dynamic function symbol of a library. Our internal
+/// `__flyt_*` names stay exported at the base version (see exports.rs).
 fn versioned_exports(library: &std::path::Path) -> BTreeSet<String> {
-    let output = Command::new("nm")
-        .args(["-D", "--with-symbol-versions", "--defined-only"])
-        .arg(library)
-        .output()
-        .expect("nm (binutils) is needed for this test");
-    assert!(output.status.success());
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let (_, kind, name) = (fields.next()?, fields.next()?, fields.next()?);
-            // Our internal `__flyt_*` names stay exported at the base version (see exports.rs).
-            (kind == "T" && !name.starts_with("__flyt_")).then(|| name.to_string())
-        })
-        .collect()
+    exported_functions(library).into_iter().filter(|name| !name.starts_with("__flyt_")).collect()
 }
 
 #[test]
