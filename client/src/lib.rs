@@ -14,6 +14,8 @@ pub mod client;
 pub mod conn;
 pub mod devices;
 pub mod diagnostics;
+pub mod images;
+pub mod launch;
 pub mod ranges;
 pub mod registry;
 pub mod shm;

@@ -35,6 +35,14 @@ impl DeviceRanges {
         }
     }
 
+    /// Forgets a module variable at `start` (its module was unloaded).
+    pub fn remove_variable(&self, start: u64) {
+        let mut ranges = self.write();
+        if ranges.get(&start).is_some_and(|(_, freeable)| !freeable) {
+            ranges.remove(&start);
+        }
+    }
+
     /// Forgets an allocation that starts exactly at `start`; anything else is CUDA's invalid value.
     pub fn remove_allocation(&self, start: u64) -> CudaResult<()> {
         let mut ranges = self.write();

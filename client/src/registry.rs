@@ -1,7 +1,9 @@
-//! What the app registered: fatbinaries (from its static constructors, before `main`), their
-//! kernels and variables. Registration needs no server: a module is sent as one request (image
-//! plus every kernel and variable name) once a session exists, and its reply (parameter layouts,
-//! variable addresses) is collected the first time something needs it.
+//! The app's modules: fatbinaries it registered (from nvcc's static constructors, before `main`)
+//! with their kernels and variables, and images it loaded through the driver API, whose kernels
+//! and variables are asked for by name. Registration needs no server: a module is sent as one
+//! request (image plus every registered kernel and variable name) once a session exists (a lazily
+//! loaded driver module at its first use), and its reply (parameter layouts, variable addresses)
+//! is collected the first time something needs it.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
@@ -9,65 +11,24 @@ use std::sync::{Arc, LazyLock, Mutex, OnceLock, RwLock};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{FunctionRef, ParamInfo, Request, decode_reply, rep, req};
+use flyt_protocol::ops::{FuncAttributes, FunctionRef, ParamInfo, Request, decode_reply, rep, req};
 
 use crate::conn::{Conn, ReplySlot};
 use crate::ranges::DeviceRanges;
 
-/// `__fatBinC_Wrapper_t`'s magic.
-const WRAPPER_MAGIC: u32 = 0x466243b1;
-/// A fatbinary's magic.
-const FATBIN_MAGIC: u32 = 0xBA55ED50;
+pub use crate::images::Image;
 
-/// A fatbinary image inside the app's executable (its `.nv_fatbin` section lives as long as the
-/// process).
-#[derive(Clone, Copy)]
-pub struct Image {
-    ptr: *const u8,
-    len: usize,
-}
-
-// SAFETY: the image is read-only data of the app's executable image, mapped for the process's
-// lifetime; sharing the pointer between threads only shares read access.
-unsafe impl Send for Image {}
-// SAFETY: as above.
-unsafe impl Sync for Image {}
-
-impl Image {
-    pub fn bytes(&self) -> &'static [u8] {
-        // SAFETY: `ptr..ptr+len` is the whole fatbinary, validated in `image_from_wrapper`, and
-        // lives in the executable's mapped image for the rest of the process.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-/// Reads the fatbinary a `__fatBinC_Wrapper_t` points at: its header says how long it is.
+/// Reads the fatbinary a `__fatBinC_Wrapper_t` points at (nvcc's registration): it lives in the
+/// app's executable for the life of the process.
 ///
 /// # Safety
 /// `wrapper` is NULL or the pointer nvcc's generated code passes to `__cudaRegisterFatBinary`.
 pub unsafe fn image_from_wrapper(wrapper: *const c_void) -> Option<Image> {
-    if wrapper.is_null() {
-        return None;
+    // SAFETY: forwarded contract; the executable's fat binaries are never unmapped.
+    match unsafe { crate::images::image(wrapper, true) } {
+        Some((image, crate::images::Kind::FatBinary)) => Some(image),
+        _ => None,
     }
-    // SAFETY: `__fatBinC_Wrapper_t` is `{ int magic; int version; const unsigned long long *data;
-    // void *filename_or_fatbins; }`, readable per this function's contract.
-    let (magic, data) = unsafe {
-        let words = wrapper.cast::<u32>();
-        (words.read_unaligned(), wrapper.cast::<u8>().add(8).cast::<*const u8>().read_unaligned())
-    };
-    if magic != WRAPPER_MAGIC || data.is_null() {
-        return None;
-    }
-    // SAFETY: `data` points at the fatbinary header: `u32 magic, u16 version, u16 header_size,
-    // u64 fat_size`, followed by `fat_size` bytes of entries.
-    let (fat_magic, header_size, fat_size) = unsafe {
-        (data.cast::<u32>().read_unaligned(), data.add(6).cast::<u16>().read_unaligned(), data.add(8).cast::<u64>().read_unaligned())
-    };
-    if fat_magic != FATBIN_MAGIC {
-        return None;
-    }
-    let len = usize::try_from(fat_size).ok()?.checked_add(usize::from(header_size))?;
-    Some(Image { ptr: data, len })
 }
 
 /// What the server said about a module.
@@ -91,28 +52,44 @@ impl Layout {
 }
 
 enum Registration {
-    /// Not sent yet (no session, or the module is still being registered).
-    Unsent,
+    /// Not sent yet (no session, the module is still being registered, or it was loaded lazily
+    /// and nothing of it was used yet). The image is kept only until it is sent.
+    Unsent(Image),
     Sent(Arc<ReplySlot>),
     Done(Result<Arc<Loaded>, CudaError>),
 }
 
 pub struct Module {
     pub id: u32,
-    pub image: Image,
     pub functions: Vec<String>,
     pub variables: Vec<String>,
     /// `__cudaRegisterFatBinaryEnd` was called: the name lists are complete.
     pub complete: bool,
+    /// Sent at its first use rather than when the session opens (a driver-API load in lazy mode).
+    pub lazy: bool,
+    /// `cuModuleUnload`/`cuLibraryUnload` was called: its handles are dead.
+    pub unloaded: bool,
     registration: Arc<Mutex<Registration>>,
+    /// Kernels and variables found by name (driver API), each asked of the server once.
+    found: Arc<Mutex<Found>>,
 }
 
-/// A registered kernel.
+#[derive(Default)]
+struct Found {
+    functions: HashMap<String, Arc<Function>>,
+    variables: HashMap<String, (u64, u64)>,
+}
+
+/// A kernel: registered by the app, or found by name in a loaded module.
 pub struct Function {
     pub module: u32,
     pub index: u32,
     pub name: String,
+    /// What the app holds: a `cudaKernel_t` or, in the driver front, the base of a `CUfunction`.
+    pub handle: usize,
     layout: OnceLock<CudaResult<Arc<Layout>>>,
+    /// The driver's attributes, once asked (a set clears them).
+    pub attributes: Mutex<Option<FuncAttributes>>,
 }
 
 impl Function {
@@ -176,18 +153,159 @@ pub unsafe fn c_name(name: *const c_char) -> Option<String> {
     Some(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
 }
 
+/// Records a fat binary nvcc's registration code hands over; its kernels and variables follow.
 pub fn add_module(image: Image) -> u32 {
+    push_module(image, false, false)
+}
+
+fn push_module(image: Image, complete: bool, lazy: bool) -> u32 {
     let mut registry = write();
     let id = u32::try_from(registry.modules.len()).unwrap_or(u32::MAX);
     registry.modules.push(Module {
         id,
-        image,
         functions: Vec::new(),
         variables: Vec::new(),
-        complete: false,
-        registration: Arc::new(Mutex::new(Registration::Unsent)),
+        complete,
+        lazy,
+        unloaded: false,
+        registration: Arc::new(Mutex::new(Registration::Unsent(image))),
+        found: Arc::default(),
     });
     id
+}
+
+/// Loads an image through the driver API. Lazily, it is sent when something of it is first used
+/// (or when the session opens, if one is open it is sent now); eagerly, the server's answer is
+/// awaited, so a bad image fails here.
+pub fn load(conn: Option<&Arc<Conn>>, image: Image, lazy: bool) -> CudaResult<u32> {
+    let id = push_module(image, true, lazy);
+    if lazy {
+        return Ok(id);
+    }
+    let conn = conn.ok_or(CudaError::INITIALIZATION_ERROR)?;
+    let registration = {
+        let registry = read();
+        let module = &registry.modules[id as usize];
+        send_if_unsent(conn, module);
+        module.registration.clone()
+    };
+    match collect(conn, None, &registration) {
+        Ok(_) => Ok(id),
+        Err(error) => {
+            mark_unloaded(id);
+            Err(error)
+        }
+    }
+}
+
+fn mark_unloaded(id: u32) {
+    if let Some(module) = write().modules.get_mut(id as usize) {
+        module.unloaded = true;
+    }
+}
+
+/// A live module, or `INVALID_RESOURCE_HANDLE`.
+fn live(registry: &Registry, id: u32) -> CudaResult<&Module> {
+    registry.modules.get(id as usize).filter(|module| !module.unloaded && module.complete).ok_or(CudaError::INVALID_RESOURCE_HANDLE)
+}
+
+/// Unloads a module loaded through the driver API (`cuModuleUnload`, `cuLibraryUnload`): its
+/// kernels and variables become unusable; the server drops it if it ever got it.
+pub fn unload(conn: Option<&Arc<Conn>>, ranges: Option<&DeviceRanges>, id: u32) -> CudaResult<()> {
+    let (registration, found) = {
+        let mut registry = write();
+        let module = registry.modules.get_mut(id as usize).filter(|module| !module.unloaded).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
+        module.unloaded = true;
+        (module.registration.clone(), module.found.clone())
+    };
+    let held = {
+        let mut registration = lock(&registration);
+        match &*registration {
+            Registration::Unsent(_) => {
+                *registration = Registration::Done(Err(CudaError::INVALID_RESOURCE_HANDLE));
+                false
+            }
+            Registration::Sent(_) => true,
+            Registration::Done(outcome) => outcome.is_ok(),
+        }
+    };
+    if let Some(ranges) = ranges {
+        for (address, _) in lock(&found).variables.values() {
+            ranges.remove_variable(*address);
+        }
+        if let Registration::Done(Ok(loaded)) = &*lock(&registration) {
+            for (address, _) in loaded.variables.iter().filter_map(|v| v.as_ref().ok()) {
+                ranges.remove_variable(*address);
+            }
+        }
+    }
+    match conn {
+        Some(conn) if held => conn.send_async(&req::UnregisterModule { module: id }.into(), &[]),
+        _ => Ok(()),
+    }
+}
+
+/// A kernel of a live module by name: registered, found before, or asked of the server (which
+/// loads a lazy module first, on the same connection, so the two cost one round trip).
+pub fn function_by_name(conn: &Arc<Conn>, id: u32, name: &str) -> CudaResult<Arc<Function>> {
+    let (registration, found) = {
+        let registry = read();
+        let module = live(&registry, id)?;
+        if let Some(function) = lock(&module.found).functions.get(name) {
+            return Ok(function.clone());
+        }
+        send_if_unsent(conn, module);
+        (module.registration.clone(), module.found.clone())
+    };
+    let reply = conn
+        .call(&req::ModuleGetFunction { module: id, name: name.to_owned() }.into())
+        .and_then(|message| decode_reply::<rep::ModuleGetFunction>(&message).map_err(|_| CudaError::UNKNOWN)?.result);
+    let reply = match reply {
+        Ok(reply) => reply,
+        // A module the server could not load says why (no code for this GPU, a bad image).
+        Err(error) => return Err(collect(conn, None, &registration).err().unwrap_or(error)),
+    };
+    let mut registry = write();
+    let handle = registry.functions.len() + 1;
+    let function = Arc::new(Function {
+        module: id,
+        index: reply.index,
+        name: name.to_owned(),
+        handle,
+        layout: OnceLock::from(Ok(Arc::new(Layout::new(reply.params)))),
+        attributes: Mutex::new(None),
+    });
+    registry.functions.push(function.clone());
+    lock(&found).functions.insert(name.to_owned(), function.clone());
+    Ok(function)
+}
+
+/// A `__device__`/`__constant__` variable of a live module by name, as `(address, size)`; added to
+/// `ranges` so copies may reach it.
+pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &str) -> CudaResult<(u64, u64)> {
+    let (registration, found) = {
+        let registry = read();
+        let module = live(&registry, id)?;
+        if let Some(global) = lock(&module.found).variables.get(name) {
+            return Ok(*global);
+        }
+        send_if_unsent(conn, module);
+        (module.registration.clone(), module.found.clone())
+    };
+    let reply = conn
+        .call(&req::ModuleGetGlobal { module: id, name: name.to_owned() }.into())
+        .and_then(|message| decode_reply::<rep::ModuleGetGlobal>(&message).map_err(|_| CudaError::UNKNOWN)?.result);
+    let reply = match reply {
+        Ok(reply) => reply,
+        Err(error) => return Err(collect(conn, None, &registration).err().unwrap_or(error)),
+    };
+    ranges.add_variables(std::iter::once((reply.address, reply.size)));
+    lock(&found).variables.insert(name.to_owned(), (reply.address, reply.size));
+    Ok((reply.address, reply.size))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub fn add_function(module: u32, host_function: usize, name: String) {
@@ -197,8 +315,8 @@ pub fn add_function(module: u32, host_function: usize, name: String) {
     };
     let index = u32::try_from(entry.functions.len()).unwrap_or(u32::MAX);
     entry.functions.push(name.clone());
-    let function = Arc::new(Function { module, index, name, layout: OnceLock::new() });
     let slot = registry.functions.len();
+    let function = Arc::new(Function { module, index, name, handle: slot + 1, layout: OnceLock::new(), attributes: Mutex::new(None) });
     registry.functions.push(function);
     registry.by_host_function.insert(host_function, slot);
 }
@@ -227,8 +345,11 @@ pub fn kernel_handle(host_function: usize) -> Option<usize> {
     read().by_host_function.get(&host_function).map(|slot| slot + 1)
 }
 
+/// The kernel behind a handle, while its module is loaded.
 pub fn function_by_handle(handle: usize) -> Option<Arc<Function>> {
-    read().functions.get(handle.checked_sub(1)?).cloned()
+    let registry = read();
+    let function = registry.functions.get(handle.checked_sub(1)?)?;
+    registry.modules.get(function.module as usize).filter(|module| !module.unloaded).map(|_| function.clone())
 }
 
 pub fn function_by_host(host_function: usize) -> Option<Arc<Function>> {
@@ -250,15 +371,15 @@ fn registration_request(module: &Module) -> Request {
 /// opens, so the server loads them while the app gets going).
 pub fn send_unsent(conn: &Arc<Conn>) {
     let registry = read();
-    for module in registry.modules.iter().filter(|module| module.complete) {
+    for module in registry.modules.iter().filter(|module| module.complete && !module.lazy && !module.unloaded) {
         send_if_unsent(conn, module);
     }
 }
 
 fn send_if_unsent(conn: &Arc<Conn>, module: &Module) {
-    let mut registration = module.registration.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if matches!(*registration, Registration::Unsent) {
-        *registration = match conn.send_with_bulk(&registration_request(module), module.image.bytes(), Some(())) {
+    let mut registration = lock(&module.registration);
+    if let Registration::Unsent(image) = &*registration {
+        *registration = match conn.send_with_bulk(&registration_request(module), image.bytes(), Some(())) {
             Ok(Some(slot)) => Registration::Sent(slot),
             Ok(None) => Registration::Done(Err(CudaError::UNKNOWN)),
             Err(error) => Registration::Done(Err(error)),
@@ -295,7 +416,7 @@ pub fn held_by_server(conn: &Conn, id: u32) -> bool {
         None => return false,
     };
     let answered = match &*registration.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
-        Registration::Unsent => return false,
+        Registration::Unsent(_) => return false,
         Registration::Sent(slot) => slot.is_done(),
         Registration::Done(outcome) => return outcome.is_ok(),
     };

@@ -189,7 +189,8 @@ pub fn format_uuid(id: &[u8; 16]) -> String {
 // -- CudartInterface --
 
 unsafe extern "C" fn cudart_load_fat_binary(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult {
-    boundary("CudartInterface[1]", || crate::api::module::load_fat_binary(module, fat_cubin))
+    // SAFETY: the runtime passes its out-pointer and a registered fat binary.
+    boundary("CudartInterface[1]", || unsafe { crate::api::module::load_fat_binary(module, fat_cubin) })
 }
 
 /// Entry 2: the device's primary context, neither retained nor activated (the real driver's behaviour:
@@ -213,7 +214,8 @@ unsafe extern "C" fn cudart_load_fat_binary_with_relocations(
     symbol_addresses: *mut *mut c_void,
     count: c_uint,
 ) -> CUresult {
-    boundary("CudartInterface[6]", || {
+    // SAFETY: as entry 1, with the runtime's relocation arrays.
+    boundary("CudartInterface[6]", || unsafe {
         crate::api::module::load_fat_binary_with_relocations(module, fat_cubin, symbol_names, symbol_addresses, count)
     })
 }
@@ -228,7 +230,8 @@ unsafe extern "C" fn cudart_load_data_ex_hidden(
     option_values: *mut *mut c_void,
     count: c_uint,
 ) -> CUresult {
-    boundary("CudartInterface[8]", || crate::api::module::load_data_ex_hidden(image, module, options, option_values, count))
+    // SAFETY: the runtime's image, out-pointer and JIT option arrays.
+    boundary("CudartInterface[8]", || unsafe { crate::api::module::load_data_ex_hidden(image, module, options, option_values, count) })
 }
 
 /// Entry 12 (CUDA 13.1 runtimes): load the JIT compilers; nothing to do in the client.

@@ -270,13 +270,6 @@ pub fn prop(client: &Client, index: usize) -> Option<cudaDeviceProp> {
     client.device(index).as_ref().map(device_prop)
 }
 
-/// The launch limits of device 0 as the session opened, checked on every launch (computed once;
-/// a session always has a device).
-pub fn launch_limits(client: &Client) -> Option<&'static cudaDeviceProp> {
-    static LIMITS: std::sync::OnceLock<Option<cudaDeviceProp>> = std::sync::OnceLock::new();
-    LIMITS.get_or_init(|| client.info.devices.first().map(device_prop)).as_ref()
-}
-
 #[cfg(test)]
 mod tests {
     use std::mem::{offset_of, size_of};

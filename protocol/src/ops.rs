@@ -50,9 +50,11 @@ macro_rules! for_each_op {
             } -> { functions: Vec<Result<FunctionInfo, CudaError>>, variables: Vec<Result<VariableInfo, CudaError>> };
             /// `__cudaUnregisterFatBinary`.
             9 UnregisterModule unregister_module [noreply -] { module: u32 } -> {};
-            /// A kernel launch; `args` is packed by the kernel's parameter layout.
+            /// A kernel launch; `args` is packed by the kernel's parameter layout. `attributes`:
+            /// `cuLaunchKernelEx`'s launch attributes (empty for a plain launch).
             10 Launch launch [noreply -] {
-                function: FunctionRef, grid: Dim3, block: Dim3, shared_mem: u32, stream: u64, args: Vec<u8>
+                function: FunctionRef, grid: Dim3, block: Dim3, shared_mem: u32, stream: u64, args: Vec<u8>,
+                attributes: Vec<LaunchAttribute>
             } -> {};
             /// `cudaFuncGetAttributes`.
             11 FuncGetAttributes func_get_attributes [reply -] { function: FunctionRef } -> { attributes: FuncAttributes };
@@ -109,6 +111,16 @@ macro_rules! for_each_op {
             // --- more device queries ---
             /// `cudaDeviceGetStreamPriorityRange` (asked once per session, then answered locally).
             34 StreamPriorityRange stream_priority_range [reply -] {} -> { least: i32, greatest: i32 };
+            // --- modules loaded through the driver API ---
+            /// A kernel of a module by name (`cuModuleGetFunction`, `cuLibraryGetKernel`): the index
+            /// later launches name it by, and its parameter layout. Asking twice gives the same index.
+            35 ModuleGetFunction module_get_function [reply -] { module: u32, name: String } -> { index: u32, params: Vec<ParamInfo> };
+            /// A `__device__`/`__constant__` variable of a module by name (`cuModuleGetGlobal`).
+            36 ModuleGetGlobal module_get_global [reply -] { module: u32, name: String } -> { address: u64, size: u64 };
+            /// `cuOccupancyMaxActiveClusters` for a launch configuration.
+            37 OccupancyMaxActiveClusters occupancy_max_active_clusters [reply -] {
+                function: FunctionRef, grid: Dim3, block: Dim3, shared_mem: u32, attributes: Vec<LaunchAttribute>
+            } -> { clusters: i32 };
         }
     };
 }
@@ -133,6 +145,28 @@ impl Dim3 {
 pub struct FunctionRef {
     pub module: u32,
     pub index: u32,
+}
+
+/// One `CUlaunchAttribute` of `cuLaunchKernelEx`: its id and the first 16 bytes of its value
+/// union, which hold every attribute Flyt forwards (none of them carries a host pointer or a
+/// handle).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LaunchAttribute {
+    pub id: u32,
+    pub value: [u32; 4],
+}
+
+impl LaunchAttribute {
+    /// The `CUlaunchAttributeID`s Flyt forwards: plain values that mean the same on the server
+    /// (cooperative, synchronization policy, cluster dimension, cluster scheduling preference,
+    /// programmatic stream serialization, priority, memory sync domain map and domain, preferred
+    /// cluster dimension, preferred shared memory carveout). Events, access policy windows and
+    /// graph-only attributes are refused at the call.
+    pub const FORWARDED: &[u32] = &[2, 3, 4, 5, 6, 8, 9, 10, 11, 14];
+
+    pub fn is_forwarded(&self) -> bool {
+        Self::FORWARDED.contains(&self.id)
+    }
 }
 
 /// One kernel parameter as the driver lays it out (`cuFuncGetParamInfo`).
@@ -394,6 +428,7 @@ mod tests {
                 shared_mem: 0,
                 stream: 0,
                 args: vec![1, 2, 3, 4, 5, 6, 7, 8],
+                attributes: vec![LaunchAttribute { id: 4, value: [2, 1, 1, 0] }],
             }
             .into(),
             req::DeviceSynchronize {}.into(),
@@ -451,6 +486,7 @@ mod tests {
                 shared_mem: 0,
                 stream,
                 args,
+                attributes: Vec::new(),
             }.into();
             let mut bytes = Vec::new();
             request.encode(&mut bytes);

@@ -187,9 +187,31 @@ const MAX_HANDLES: usize = 1 << 16;
 
 struct LoadedModule<D: Device> {
     module: Option<D::Module>,
-    functions: Vec<CudaResult<(D::Function, u64)>>,
+    /// Kernels by index: first those named at registration, then those asked for by name.
+    functions: Vec<CudaResult<Kernel<D>>>,
+    /// The index of each kernel found by name, so asking twice gives the same index.
+    function_names: HashMap<String, u32>,
     variables: Vec<(u64, u64)>,
 }
+
+/// A kernel of a loaded module and its parameter layout.
+struct Kernel<D: Device> {
+    function: D::Function,
+    params: Vec<ParamInfo>,
+    /// Bytes its packed arguments take.
+    args_len: u64,
+}
+
+impl<D: Device> Kernel<D> {
+    fn new(function: D::Function, params: Vec<ParamInfo>) -> Self {
+        let args_len = params.iter().map(|p| u64::from(p.offset) + u64::from(p.size)).max().unwrap_or(0);
+        Self { function, params, args_len }
+    }
+}
+
+/// Most kernels one module may hold: a client asking for names in a loop exhausts this, not the
+/// worker's memory.
+const MAX_FUNCTIONS_PER_MODULE: usize = 1 << 20;
 
 /// Reads the client's requests, polling without blocking for the spin budget before it sleeps:
 /// while an app is busy its next request is microseconds away, and a sleeping reader's wake-up
@@ -330,7 +352,10 @@ impl<D: Device> Session<D> {
     fn function(&self, function: flyt_protocol::ops::FunctionRef) -> CudaResult<(D::Function, u64)> {
         let module = self.modules.get(&function.module).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
         let index = usize::try_from(function.index).map_err(|_| CudaError::INVALID_DEVICE_FUNCTION)?;
-        *module.functions.get(index).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?
+        match module.functions.get(index).ok_or(CudaError::INVALID_DEVICE_FUNCTION)? {
+            Ok(kernel) => Ok((kernel.function, kernel.args_len)),
+            Err(error) => Err(*error),
+        }
     }
 
     /// Polls `ready` for up to the inline-wait budget; `true` if it became ready.
@@ -664,14 +689,15 @@ impl<D: Device> OpHandler for Session<D> {
                 return reply.send(Err(error));
             }
         };
-        let mut loaded = LoadedModule::<D> { module: None, functions: Vec::new(), variables: Vec::new() };
+        let mut loaded = LoadedModule::<D> { module: None, functions: Vec::new(), function_names: HashMap::new(), variables: Vec::new() };
         let mut functions = Vec::with_capacity(request.functions.len());
         for name in &request.functions {
             match self.device.function(&module, name) {
                 Ok((function, params)) => {
-                    let args_len = params.iter().map(|p: &ParamInfo| u64::from(p.offset) + u64::from(p.size)).max().unwrap_or(0);
-                    loaded.functions.push(Ok((function, args_len)));
-                    functions.push(Ok(FunctionInfo { params }));
+                    let index = u32::try_from(loaded.functions.len()).unwrap_or(u32::MAX);
+                    loaded.function_names.entry(name.clone()).or_insert(index);
+                    functions.push(Ok(FunctionInfo { params: params.clone() }));
+                    loaded.functions.push(Ok(Kernel::new(function, params)));
                 }
                 Err(error) => {
                     loaded.functions.push(Err(error));
@@ -695,6 +721,58 @@ impl<D: Device> OpHandler for Session<D> {
         reply.send(Ok(rep::RegisterModule { functions, variables }));
     }
 
+    fn module_get_function(&mut self, request: req::ModuleGetFunction, reply: Responder<rep::ModuleGetFunction>) {
+        let Some(loaded) = self.modules.get_mut(&request.module) else {
+            return reply.send(Err(CudaError::INVALID_DEVICE_FUNCTION));
+        };
+        let Some(module) = &loaded.module else {
+            return reply.send(Err(CudaError::INVALID_DEVICE_FUNCTION));
+        };
+        if let Some(index) = loaded.function_names.get(&request.name) {
+            let result = match loaded.functions.get(*index as usize) {
+                Some(Ok(kernel)) => Ok(kernel.params.clone()),
+                Some(Err(error)) => Err(*error),
+                None => Err(CudaError::INVALID_DEVICE_FUNCTION),
+            };
+            return reply.send(result.map(|params| rep::ModuleGetFunction { index: *index, params }));
+        }
+        if loaded.functions.len() >= MAX_FUNCTIONS_PER_MODULE {
+            return reply.send(Err(CudaError::MEMORY_ALLOCATION));
+        }
+        // A name the module lacks is not remembered: a wrong guess costs nothing.
+        let result = self.device.function(module, &request.name).map(|(function, params)| {
+            let index = u32::try_from(loaded.functions.len()).unwrap_or(u32::MAX);
+            loaded.functions.push(Ok(Kernel::new(function, params.clone())));
+            loaded.function_names.insert(request.name, index);
+            rep::ModuleGetFunction { index, params }
+        });
+        reply.send(result);
+    }
+
+    fn module_get_global(&mut self, request: req::ModuleGetGlobal, reply: Responder<rep::ModuleGetGlobal>) {
+        let Some(loaded) = self.modules.get_mut(&request.module) else {
+            return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
+        };
+        let Some(module) = &loaded.module else {
+            return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
+        };
+        let result = self.device.variable(module, &request.name).map(|(address, size)| {
+            if !loaded.variables.contains(&(address, size)) {
+                self.ranges.insert(address, size, RangeKind::Variable);
+                loaded.variables.push((address, size));
+            }
+            rep::ModuleGetGlobal { address, size }
+        });
+        reply.send(result);
+    }
+
+    fn occupancy_max_active_clusters(&mut self, request: req::OccupancyMaxActiveClusters, reply: Responder<rep::OccupancyMaxActiveClusters>) {
+        let result = self.function(request.function).and_then(|(function, _)| {
+            self.device.occupancy_max_active_clusters(function, request.grid, request.block, request.shared_mem, &request.attributes)
+        });
+        reply.send(result.map(|clusters| rep::OccupancyMaxActiveClusters { clusters }));
+    }
+
     fn unregister_module(&mut self, request: req::UnregisterModule, reply: Responder<rep::UnregisterModule>) {
         let result = match self.modules.remove(&request.module) {
             Some(module) => {
@@ -715,7 +793,7 @@ impl<D: Device> OpHandler for Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             }
             let stream = self.stream(request.stream)?;
-            self.device.launch(function, request.grid, request.block, request.shared_mem, stream, &mut request.args)
+            self.device.launch(function, request.grid, request.block, request.shared_mem, stream, &mut request.args, &request.attributes)
         });
         reply.send(result.map(|()| rep::Launch {}));
     }

@@ -110,6 +110,7 @@ macro_rules! probes {
                 shared_mem: 0,
                 stream: 0,
                 args: Vec::new(),
+                attributes: Vec::new(),
             },
             UNKNOWN_FUNCTION,
         )]
@@ -221,6 +222,24 @@ macro_rules! probes {
     };
     (StreamPriorityRange, $v:ident) => {
         vec![Probe::Effect(stream_priority_range_is_ordered)]
+    };
+    (ModuleGetFunction, $v:ident) => {
+        vec![refused(req::ModuleGetFunction { module: 4242, name: "kernel".into() }, UNKNOWN_FUNCTION)]
+    };
+    (ModuleGetGlobal, $v:ident) => {
+        vec![refused(req::ModuleGetGlobal { module: 4242, name: "symbol".into() }, CudaError::INVALID_RESOURCE_HANDLE)]
+    };
+    (OccupancyMaxActiveClusters, $v:ident) => {
+        vec![refused(
+            req::OccupancyMaxActiveClusters {
+                function: BOGUS_FUNCTION,
+                grid: Dim3 { x: 2, y: 1, z: 1 },
+                block: Dim3 { x: 128, y: 1, z: 1 },
+                shared_mem: 0,
+                attributes: Vec::new(),
+            },
+            UNKNOWN_FUNCTION,
+        )]
     };
 }
 

@@ -19,5 +19,5 @@ pub use context::*;
 pub use device::*;
 pub use init::*;
 pub use memory::*;
-pub use module::cuModuleGetLoadingMode;
+pub use module::*;
 pub use stream::*;

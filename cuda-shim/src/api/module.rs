@@ -1,38 +1,790 @@
-//! Module loading as NVIDIA's runtime asks for it through the CudartInterface export table (fat
-//! binaries registered by `__cudaRegisterFatBinary`). Loading needs a GPU server, which this library
-//! does not reach yet: each answers CUDA_ERROR_NOT_SUPPORTED and names itself once.
+//! Modules, libraries and kernels: images loaded through the client core (sent to the server, which
+//! loads them into the session's context), kernels and variables found by name, and launches.
+//!
+//! Handles are client-chosen values: a module (`CUmodule`) and the library it came from
+//! (`CUlibrary`) are the same id; a kernel (`CUkernel`) and its function (`CUfunction`) are the same
+//! handle, as the driver lets `cuLaunchKernel` take either. A library loaded lazily (the default,
+//! `CUDA_MODULE_LOADING`) reaches the server when something of it is first used; a module is loaded
+//! at the call, so a bad image fails there.
 
-use std::ffi::{c_uint, c_void};
+#![allow(clippy::too_many_arguments, reason = "the driver API's signatures")]
 
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::sync::{Arc, Mutex};
+
+use flyt_client::client::Client;
+use flyt_client::images::{self, Image};
+use flyt_client::launch::{Args, Config};
+use flyt_client::registry::{self, Function};
+use flyt_protocol::ops::{Dim3, LaunchAttribute, req};
+
+use super::session::{client, driver_error, resolve_stream, run};
 use crate::CUresult;
-use crate::generated::types::{CUjit_option, CUmodule, CUmoduleLoadingMode};
+use crate::driver::driver;
+use crate::ffi::{DriverResult, non_null, write_out};
+use crate::generated::types::{
+    CUdevice, CUdeviceptr, CUfunction, CUfunction_attribute, CUfunctionLoadingState, CUjit_option, CUkernel, CUlaunchConfig, CUlibrary,
+    CUlibraryOption, CUmodule, CUmoduleLoadingMode, CUstream,
+};
 
-/// Entry 1: a module from a fat binary (`__fatBinC_Wrapper_t` or a bare fat binary).
-pub fn load_fat_binary(_module: *mut CUmodule, _fat_cubin: *const c_void) -> CUresult {
-    crate::diagnostics::unsupported("module loading (CudartInterface ModuleLoadFatBinary)")
+/// Module handles are this plus the client core's module id; function handles this plus its
+/// function handle. Far apart, so one passed as the other is refused.
+const MODULE_BASE: usize = 0x6d6f_0000_0000;
+const FUNCTION_BASE: usize = 0x6675_0000_0000;
+
+fn module_handle<T>(id: u32) -> *mut T {
+    std::ptr::without_provenance_mut(MODULE_BASE + id as usize)
 }
 
-/// Entry 6: as entry 1, with host symbol relocations.
-pub fn load_fat_binary_with_relocations(
-    _module: *mut CUmodule,
-    _fat_cubin: *const c_void,
-    _symbol_names: *const *const std::ffi::c_char,
-    _symbol_addresses: *mut *mut c_void,
-    _count: c_uint,
+fn module_id<T>(handle: *mut T) -> DriverResult<u32> {
+    let offset = (handle as usize).checked_sub(MODULE_BASE).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    u32::try_from(offset).map_err(|_| CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+fn function_handle<T>(function: &Function) -> *mut T {
+    std::ptr::without_provenance_mut(FUNCTION_BASE + function.handle)
+}
+
+/// The kernel behind a `CUfunction`/`CUkernel`, while its module is loaded.
+fn function<T>(handle: *mut T) -> DriverResult<Arc<Function>> {
+    if handle.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    (handle as usize).checked_sub(FUNCTION_BASE).and_then(registry::function_by_handle).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+// -- loading --
+
+/// `CU_JIT_*` options that only ask for information back (wall time, logs and their sizes) or
+/// restate what Flyt does anyway (target from the context): answered with no log and no time.
+/// Options that change the generated code are refused, never silently dropped.
+const JIT_WALL_TIME: CUjit_option = 2;
+const JIT_INFO_LOG_BUFFER: CUjit_option = 3;
+const JIT_INFO_LOG_BUFFER_SIZE_BYTES: CUjit_option = 4;
+const JIT_ERROR_LOG_BUFFER: CUjit_option = 5;
+const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: CUjit_option = 6;
+const JIT_TARGET_FROM_CUCONTEXT: CUjit_option = 8;
+const JIT_LOG_VERBOSE: CUjit_option = 12;
+
+/// Checks JIT options and fills in their answers (empty logs, zero time).
+///
+/// # Safety
+/// `options` and `values` are NULL or arrays of `count` entries, as the driver API requires.
+unsafe fn answer_jit_options(options: *mut CUjit_option, values: *mut *mut c_void, count: c_uint) -> DriverResult {
+    if count == 0 {
+        return Ok(());
+    }
+    non_null([options.cast(), values.cast()])?;
+    for index in 0..count as usize {
+        // SAFETY: both arrays have `count` entries (the caller's contract).
+        let (option, value) = unsafe { (*options.add(index), values.add(index)) };
+        match option {
+            // SAFETY: the value slot is the caller's; for sizes and time the driver writes the
+            // result back into it.
+            JIT_WALL_TIME | JIT_INFO_LOG_BUFFER_SIZE_BYTES | JIT_ERROR_LOG_BUFFER_SIZE_BYTES => unsafe { *value = std::ptr::null_mut() },
+            JIT_INFO_LOG_BUFFER | JIT_ERROR_LOG_BUFFER => {
+                // SAFETY: a log buffer of the size given beside it (at least one byte when given).
+                let buffer = unsafe { *value }.cast::<c_char>();
+                if !buffer.is_null() {
+                    // SAFETY: as above.
+                    unsafe { *buffer = 0 };
+                }
+            }
+            JIT_TARGET_FROM_CUCONTEXT | JIT_LOG_VERBOSE => {}
+            other => {
+                crate::diagnostics::once(
+                    &format!("jit-option-{other}"),
+                    &format!("flyt: JIT option {other} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"),
+                );
+                return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE` (only `cuLibraryGetUnifiedFunction`, which
+/// Flyt does not support, reads it) and `CU_LIBRARY_BINARY_IS_PRESERVED`.
+const LIBRARY_HOST_UNIVERSAL_TABLE: CUlibraryOption = 0;
+const LIBRARY_BINARY_IS_PRESERVED: CUlibraryOption = 1;
+
+/// Whether the library options promise the image stays (then it is not copied).
+///
+/// # Safety
+/// As for [`answer_jit_options`].
+unsafe fn preserved(options: *mut CUlibraryOption, values: *mut *mut c_void, count: c_uint) -> DriverResult<bool> {
+    if count == 0 {
+        return Ok(false);
+    }
+    non_null([options.cast(), values.cast()])?;
+    let mut preserved = false;
+    for index in 0..count as usize {
+        // SAFETY: both arrays have `count` entries (the caller's contract).
+        let (option, value) = unsafe { (*options.add(index), *values.add(index)) };
+        match option {
+            LIBRARY_HOST_UNIVERSAL_TABLE => {}
+            LIBRARY_BINARY_IS_PRESERVED => preserved = !value.is_null(),
+            _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    Ok(preserved)
+}
+
+fn lazy_loading() -> bool {
+    let mut mode: CUmoduleLoadingMode = 0;
+    // SAFETY: a valid out-pointer.
+    unsafe { cuModuleGetLoadingMode(&mut mode) };
+    mode == LAZY_LOADING
+}
+
+/// Loads a module now, in the current context: the server's answer is awaited, so a bad image or
+/// one without code for the GPU fails at this call.
+fn load_module(module: *mut CUmodule, image: Option<Image>) -> DriverResult {
+    non_null([module.cast()])?;
+    let image = image.ok_or(CUresult::CUDA_ERROR_INVALID_IMAGE)?;
+    let client = client()?;
+    let id = registry::load(Some(&client.conn), image, false).map_err(driver_error)?;
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(module, module_handle(id)) }
+}
+
+/// The image at `ptr`, copied (the app may free its buffer once the call returns).
+///
+/// # Safety
+/// `ptr` is NULL or a module image, per the driver API.
+unsafe fn image_at(ptr: *const c_void) -> Option<Image> {
+    // SAFETY: forwarded contract.
+    unsafe { images::image(ptr, false) }.map(|(image, _)| image)
+}
+
+fn image_from_file(name: *const c_char) -> DriverResult<Image> {
+    non_null([name.cast()])?;
+    // SAFETY: checked non-NULL; a NUL-terminated path per the driver API.
+    let path = unsafe { CStr::from_ptr(name) };
+    let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
+    images::image_from_file(path).map(|(image, _)| image).map_err(|error| match error.kind() {
+        std::io::ErrorKind::NotFound => CUresult::CUDA_ERROR_FILE_NOT_FOUND,
+        _ => CUresult::CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+pub unsafe fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult {
+    run(|| {
+        let image = image_from_file(fname)?;
+        load_module(module, Some(image))
+    })
+}
+
+pub unsafe fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
+    // SAFETY: the caller's image, per the driver API.
+    run(|| load_module(module, unsafe { image_at(image) }))
+}
+
+pub unsafe fn cuModuleLoadDataEx(
+    module: *mut CUmodule,
+    image: *const c_void,
+    num_options: c_uint,
+    options: *mut CUjit_option,
+    option_values: *mut *mut c_void,
 ) -> CUresult {
-    crate::diagnostics::unsupported("module loading (CudartInterface ModuleLoadFatBinaryWithRelocations)")
+    run(|| {
+        // SAFETY: the caller's option arrays and image, per the driver API.
+        unsafe { answer_jit_options(options, option_values, num_options) }?;
+        // SAFETY: as above.
+        load_module(module, unsafe { image_at(image) })
+    })
+}
+
+pub unsafe fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult {
+    // SAFETY: the caller's fat binary, per the driver API.
+    run(|| load_module(module, unsafe { image_at(fat_cubin) }))
+}
+
+pub unsafe fn cuModuleUnload(hmod: CUmodule) -> CUresult {
+    run(|| unload(module_id(hmod)?))
+}
+
+fn unload(id: u32) -> DriverResult {
+    driver().session()?;
+    let client = flyt_client::client::existing_client();
+    registry::unload(client.map(|c| &c.conn), client.map(|c| &c.ranges), id).map_err(driver_error)
+}
+
+/// Entry 1 of the CudartInterface export table: a module from a fat binary the runtime registered.
+pub unsafe fn load_fat_binary(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult {
+    // SAFETY: the runtime passes its registered `__fatBinC_Wrapper_t`.
+    run(|| load_module(module, unsafe { image_at(fat_cubin) }))
+}
+
+/// Entry 6: as entry 1, with host symbol relocations, which Flyt cannot apply on the server.
+pub unsafe fn load_fat_binary_with_relocations(
+    module: *mut CUmodule,
+    fat_cubin: *const c_void,
+    symbol_names: *const *const c_char,
+    symbol_addresses: *mut *mut c_void,
+    count: c_uint,
+) -> CUresult {
+    if count != 0 || !symbol_names.is_null() || !symbol_addresses.is_null() {
+        return crate::diagnostics::unsupported("module loading with host relocations (CudartInterface ModuleLoadFatBinaryWithRelocations)");
+    }
+    // SAFETY: forwarded contract.
+    unsafe { load_fat_binary(module, fat_cubin) }
 }
 
 /// Entry 8: a module hidden from tools, with JIT options (note the argument order: image first).
-pub fn load_data_ex_hidden(
-    _image: *const c_void,
-    _module: *mut CUmodule,
-    _options: *mut CUjit_option,
-    _option_values: *mut *mut c_void,
-    _count: c_uint,
+pub unsafe fn load_data_ex_hidden(
+    image: *const c_void,
+    module: *mut CUmodule,
+    options: *mut CUjit_option,
+    option_values: *mut *mut c_void,
+    count: c_uint,
 ) -> CUresult {
-    crate::diagnostics::unsupported("module loading (CudartInterface ModuleLoadDataExHidden)")
+    // SAFETY: the runtime's image and option arrays.
+    unsafe { cuModuleLoadDataEx(module, image, count, options, option_values) }
 }
+
+unsafe fn load_library(
+    library: *mut CUlibrary,
+    image: impl FnOnce(bool) -> DriverResult<Image>,
+    jit_options: *mut CUjit_option,
+    jit_option_values: *mut *mut c_void,
+    num_jit_options: c_uint,
+    library_options: *mut CUlibraryOption,
+    library_option_values: *mut *mut c_void,
+    num_library_options: c_uint,
+) -> DriverResult {
+    non_null([library.cast()])?;
+    // SAFETY: the caller's option arrays, per the driver API.
+    unsafe { answer_jit_options(jit_options, jit_option_values, num_jit_options) }?;
+    // SAFETY: as above.
+    let preserved = unsafe { preserved(library_options, library_option_values, num_library_options) }?;
+    driver().session()?;
+    let lazy = lazy_loading();
+    let image = image(preserved)?;
+    let conn = if lazy { None } else { Some(&flyt_client::client::client().map_err(driver_error)?.conn) };
+    let id = registry::load(conn, image, lazy).map_err(driver_error)?;
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(library, module_handle(id)) }
+}
+
+pub unsafe fn cuLibraryLoadData(
+    library: *mut CUlibrary,
+    code: *const c_void,
+    jit_options: *mut CUjit_option,
+    jit_options_values: *mut *mut c_void,
+    num_jit_options: c_uint,
+    library_options: *mut CUlibraryOption,
+    library_option_values: *mut *mut c_void,
+    num_library_options: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's image (kept without a copy only when it promised to preserve it).
+    let image = |preserved| unsafe { images::image(code, preserved) }.map(|(image, _)| image).ok_or(CUresult::CUDA_ERROR_INVALID_IMAGE);
+    run(|| {
+        // SAFETY: the caller's arrays, per the driver API.
+        unsafe {
+            load_library(
+                library,
+                image,
+                jit_options,
+                jit_options_values,
+                num_jit_options,
+                library_options,
+                library_option_values,
+                num_library_options,
+            )
+        }
+    })
+}
+
+pub unsafe fn cuLibraryLoadFromFile(
+    library: *mut CUlibrary,
+    file_name: *const c_char,
+    jit_options: *mut CUjit_option,
+    jit_options_values: *mut *mut c_void,
+    num_jit_options: c_uint,
+    library_options: *mut CUlibraryOption,
+    library_option_values: *mut *mut c_void,
+    num_library_options: c_uint,
+) -> CUresult {
+    run(|| {
+        // SAFETY: the caller's arrays, per the driver API.
+        unsafe {
+            load_library(
+                library,
+                |_| image_from_file(file_name),
+                jit_options,
+                jit_options_values,
+                num_jit_options,
+                library_options,
+                library_option_values,
+                num_library_options,
+            )
+        }
+    })
+}
+
+pub unsafe fn cuLibraryUnload(library: CUlibrary) -> CUresult {
+    run(|| unload(module_id(library)?))
+}
+
+pub unsafe fn cuLibraryGetModule(p_mod: *mut CUmodule, library: CUlibrary) -> CUresult {
+    run(|| {
+        let id = module_id(library)?;
+        // The module of a library is the library, loaded in the session's one context.
+        client()?;
+        // SAFETY: the caller's out-pointer (NULL refused).
+        unsafe { write_out(p_mod, module_handle(id)) }
+    })
+}
+
+// -- kernels and variables by name --
+
+fn name_of(name: *const c_char) -> DriverResult<String> {
+    non_null([name.cast()])?;
+    // SAFETY: checked non-NULL; a NUL-terminated name per the driver API.
+    Ok(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+}
+
+/// A kernel by name. Asked in a context (`cuModuleGetFunction`) or not (`cuLibraryGetKernel`): the
+/// session is the same either way.
+fn find_function<T>(out: *mut *mut T, id: u32, name: *const c_char, needs_context: bool) -> DriverResult {
+    non_null([out.cast()])?;
+    let name = name_of(name)?;
+    let client = if needs_context { client()? } else { session_client()? };
+    let function = registry::function_by_name(&client.conn, id, &name).map_err(|error| match driver_error(error) {
+        // A kernel the module lacks: the driver's "named symbol not found".
+        CUresult::CUDA_ERROR_INVALID_HANDLE if error == flyt_protocol::CudaError::INVALID_DEVICE_FUNCTION => {
+            CUresult::CUDA_ERROR_NOT_FOUND
+        }
+        other => other,
+    })?;
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(out, function_handle(&function)) }
+}
+
+/// The session for calls that need no current context (`cuLibrary*`, `cuKernel*`).
+fn session_client() -> DriverResult<&'static Client> {
+    driver().session()?;
+    flyt_client::client::client().map_err(driver_error)
+}
+
+pub unsafe fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) -> CUresult {
+    run(|| find_function(hfunc, module_id(hmod)?, name, true))
+}
+
+pub unsafe fn cuLibraryGetKernel(p_kernel: *mut CUkernel, library: CUlibrary, name: *const c_char) -> CUresult {
+    run(|| find_function(p_kernel, module_id(library)?, name, false))
+}
+
+pub unsafe fn cuKernelGetFunction(p_func: *mut CUfunction, kernel: CUkernel) -> CUresult {
+    run(|| {
+        let function = function(kernel)?;
+        client()?;
+        // SAFETY: the caller's out-pointer (NULL refused).
+        unsafe { write_out(p_func, function_handle(&function)) }
+    })
+}
+
+fn find_global(dptr: *mut CUdeviceptr, bytes: *mut usize, id: u32, name: *const c_char, client: &Client) -> DriverResult {
+    let name = name_of(name)?;
+    let (address, size) = registry::global_by_name(&client.conn, &client.ranges, id, &name).map_err(|error| match error {
+        flyt_protocol::CudaError::INVALID_SYMBOL => CUresult::CUDA_ERROR_NOT_FOUND,
+        other => driver_error(other),
+    })?;
+    // Either out-pointer may be NULL: the caller wants only the other.
+    if !dptr.is_null() {
+        // SAFETY: non-NULL; the caller's out-pointer.
+        unsafe { dptr.write(address) };
+    }
+    if !bytes.is_null() {
+        // SAFETY: non-NULL; the caller's out-pointer.
+        unsafe { bytes.write(size as usize) };
+    }
+    Ok(())
+}
+
+pub unsafe fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const c_char) -> CUresult {
+    run(|| find_global(dptr, bytes, module_id(hmod)?, name, client()?))
+}
+
+pub unsafe fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char) -> CUresult {
+    run(|| find_global(dptr, bytes, module_id(library)?, name, client()?))
+}
+
+// -- what a kernel is --
+
+/// Names handed out as `const char *`, kept for the life of the process.
+static NAMES: Mutex<Option<HashMap<usize, &'static CStr>>> = Mutex::new(None);
+
+fn write_name<T>(out: *mut *const c_char, handle: *mut T) -> DriverResult {
+    non_null([out.cast()])?;
+    let function = function(handle)?;
+    let mut names = NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let name = *names.get_or_insert_with(HashMap::new).entry(function.handle).or_insert_with(|| {
+        let owned = CString::new(function.name.clone()).unwrap_or_default();
+        Box::leak(owned.into_boxed_c_str())
+    });
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(out, name.as_ptr()) }
+}
+
+pub unsafe fn cuFuncGetName(name: *mut *const c_char, hfunc: CUfunction) -> CUresult {
+    run(|| write_name(name, hfunc))
+}
+
+pub unsafe fn cuKernelGetName(name: *mut *const c_char, hfunc: CUkernel) -> CUresult {
+    run(|| write_name(name, hfunc))
+}
+
+pub unsafe fn cuFuncGetModule(hmod: *mut CUmodule, hfunc: CUfunction) -> CUresult {
+    run(|| {
+        let function = function(hfunc)?;
+        // SAFETY: the caller's out-pointer (NULL refused).
+        unsafe { write_out(hmod, module_handle(function.module)) }
+    })
+}
+
+pub unsafe fn cuKernelGetLibrary(p_lib: *mut CUlibrary, kernel: CUkernel) -> CUresult {
+    run(|| {
+        let function = function(kernel)?;
+        // SAFETY: the caller's out-pointer (NULL refused).
+        unsafe { write_out(p_lib, module_handle(function.module)) }
+    })
+}
+
+fn param_info<T>(handle: *mut T, index: usize, offset: *mut usize, size: *mut usize) -> DriverResult {
+    let function = function(handle)?;
+    let client = session_client()?;
+    let layout = client.layout(&function).map_err(driver_error)?;
+    let param = layout.params.get(index).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    // Either out-pointer may be NULL: the caller wants only the other.
+    if !offset.is_null() {
+        // SAFETY: non-NULL; the caller's out-pointer.
+        unsafe { offset.write(param.offset as usize) };
+    }
+    if !size.is_null() {
+        // SAFETY: non-NULL; the caller's out-pointer.
+        unsafe { size.write(param.size as usize) };
+    }
+    Ok(())
+}
+
+pub unsafe fn cuFuncGetParamInfo(func: CUfunction, param_index: usize, param_offset: *mut usize, param_size: *mut usize) -> CUresult {
+    run(|| param_info(func, param_index, param_offset, param_size))
+}
+
+pub unsafe fn cuKernelGetParamInfo(kernel: CUkernel, param_index: usize, param_offset: *mut usize, param_size: *mut usize) -> CUresult {
+    run(|| param_info(kernel, param_index, param_offset, param_size))
+}
+
+/// `CU_FUNCTION_LOADED`: a kernel Flyt found by name was loaded by the server to answer.
+const FUNCTION_LOADED: CUfunctionLoadingState = 1;
+
+pub unsafe fn cuFuncIsLoaded(state: *mut CUfunctionLoadingState, function_handle: CUfunction) -> CUresult {
+    run(|| {
+        function(function_handle)?;
+        // SAFETY: the caller's out-pointer (NULL refused).
+        unsafe { write_out(state, FUNCTION_LOADED) }
+    })
+}
+
+pub unsafe fn cuFuncLoad(function_handle: CUfunction) -> CUresult {
+    // Already loaded: the server loaded it to give its parameter layout.
+    run(|| function(function_handle).map(|_| ()))
+}
+
+/// `CU_FUNC_ATTRIBUTE_*` 0 to 15, from the kernel's attributes.
+fn attribute(function: &Function, attribute: CUfunction_attribute) -> DriverResult<c_int> {
+    let a = session_client()?.function_attributes(function).map_err(driver_error)?;
+    let size = |bytes: u64| c_int::try_from(bytes).unwrap_or(c_int::MAX);
+    Ok(match attribute {
+        0 => a.max_threads_per_block,
+        1 => size(a.shared_size_bytes),
+        2 => size(a.const_size_bytes),
+        3 => size(a.local_size_bytes),
+        4 => a.num_regs,
+        5 => a.ptx_version,
+        6 => a.binary_version,
+        7 => a.cache_mode_ca,
+        8 => a.max_dynamic_shared_size_bytes,
+        9 => a.preferred_shmem_carveout,
+        10 => a.cluster_dim_must_be_set,
+        11 => a.required_cluster_width,
+        12 => a.required_cluster_height,
+        13 => a.required_cluster_depth,
+        14 => a.non_portable_cluster_size_allowed,
+        15 => a.cluster_scheduling_policy_preference,
+        _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+/// The settable attributes: `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` (8) to
+/// `CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE` (15).
+fn set_attribute(function: &Function, attribute: CUfunction_attribute, value: c_int) -> DriverResult {
+    if !(8..=15).contains(&attribute) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    session_client()?.set_function_attribute(function, attribute, value).map_err(driver_error)
+}
+
+pub unsafe fn cuFuncGetAttribute(pi: *mut c_int, attrib: CUfunction_attribute, hfunc: CUfunction) -> CUresult {
+    run(|| {
+        non_null([pi.cast()])?;
+        let value = attribute(&*function(hfunc)?, attrib)?;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(pi, value) }
+    })
+}
+
+/// The session has one device: a kernel's attributes on any other are an invalid device.
+fn check_device(dev: CUdevice) -> DriverResult {
+    driver().session()?.device(dev).map(|_| ())
+}
+
+pub unsafe fn cuKernelGetAttribute(pi: *mut c_int, attrib: CUfunction_attribute, kernel: CUkernel, dev: CUdevice) -> CUresult {
+    run(|| {
+        non_null([pi.cast()])?;
+        check_device(dev)?;
+        let value = attribute(&*function(kernel)?, attrib)?;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(pi, value) }
+    })
+}
+
+pub unsafe fn cuFuncSetAttribute(hfunc: CUfunction, attrib: CUfunction_attribute, value: c_int) -> CUresult {
+    run(|| set_attribute(&*function(hfunc)?, attrib, value))
+}
+
+pub unsafe fn cuKernelSetAttribute(attrib: CUfunction_attribute, val: c_int, kernel: CUkernel, dev: CUdevice) -> CUresult {
+    run(|| {
+        check_device(dev)?;
+        set_attribute(&*function(kernel)?, attrib, val)
+    })
+}
+
+// -- launches --
+
+/// `CU_LAUNCH_PARAM_END`, `CU_LAUNCH_PARAM_BUFFER_POINTER`, `CU_LAUNCH_PARAM_BUFFER_SIZE`.
+const PARAM_END: usize = 0;
+const PARAM_BUFFER_POINTER: usize = 1;
+const PARAM_BUFFER_SIZE: usize = 2;
+
+/// The packed buffer an `extra` array names.
+///
+/// # Safety
+/// `extra` is an array of `CU_LAUNCH_PARAM_*` keys each followed by its value, ending with
+/// `CU_LAUNCH_PARAM_END`, per the driver API.
+unsafe fn extra_buffer<'a>(extra: *mut *mut c_void) -> DriverResult<&'a [u8]> {
+    let (mut buffer, mut size) = (std::ptr::null::<u8>(), None);
+    let mut index = 0;
+    loop {
+        // SAFETY: the array runs to its END key (the caller's contract).
+        let key = unsafe { *extra.add(index) } as usize;
+        match key {
+            PARAM_END => break,
+            // SAFETY: each key but END is followed by its value.
+            PARAM_BUFFER_POINTER => buffer = unsafe { *extra.add(index + 1) }.cast::<u8>(),
+            PARAM_BUFFER_SIZE => {
+                // SAFETY: the value is a pointer to the buffer's size.
+                let pointer = unsafe { *extra.add(index + 1) }.cast::<usize>();
+                non_null([pointer.cast()])?;
+                // SAFETY: checked non-NULL; the caller's size.
+                size = Some(unsafe { pointer.read() });
+            }
+            _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        }
+        index += 2;
+    }
+    match (buffer.is_null(), size) {
+        // SAFETY: the caller's buffer of the size it gave.
+        (false, Some(size)) => Ok(unsafe { std::slice::from_raw_parts(buffer, size) }),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// A launch from either entry point.
+///
+/// # Safety
+/// `kernel_params` and `extra` as the driver API's `cuLaunchKernel` requires.
+unsafe fn launch(
+    handle: CUfunction,
+    grid: Dim3,
+    block: Dim3,
+    shared_mem: c_uint,
+    stream: CUstream,
+    ptsz: bool,
+    attributes: Vec<LaunchAttribute>,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> DriverResult {
+    let function = function(handle)?;
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptsz)?;
+    let args = match (kernel_params.is_null(), extra.is_null()) {
+        (_, true) => Args::Pointers(kernel_params),
+        // SAFETY: the caller's `extra` array.
+        (true, false) => Args::Packed(unsafe { extra_buffer(extra) }?),
+        (false, false) => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    };
+    let config = Config { grid, block, shared_mem: shared_mem as usize, stream, attributes };
+    // SAFETY: forwarded contract.
+    unsafe { client.launch(&function, config, args) }.map_err(driver_error)
+}
+
+macro_rules! launch_kernel {
+    ($($name:ident => $ptsz:literal;)*) => {$(
+        pub unsafe fn $name(
+            f: CUfunction,
+            grid_dim_x: c_uint,
+            grid_dim_y: c_uint,
+            grid_dim_z: c_uint,
+            block_dim_x: c_uint,
+            block_dim_y: c_uint,
+            block_dim_z: c_uint,
+            shared_mem_bytes: c_uint,
+            h_stream: CUstream,
+            kernel_params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            let grid = Dim3 { x: grid_dim_x, y: grid_dim_y, z: grid_dim_z };
+            let block = Dim3 { x: block_dim_x, y: block_dim_y, z: block_dim_z };
+            // SAFETY: the caller's arguments, per the driver API.
+            run(|| unsafe { launch(f, grid, block, shared_mem_bytes, h_stream, $ptsz, Vec::new(), kernel_params, extra) })
+        }
+    )*};
+}
+
+launch_kernel! {
+    cuLaunchKernel => false;
+    cuLaunchKernel_ptsz => true;
+}
+
+/// One `CUlaunchAttribute` as laid out in CUDA 13: the id, 4 bytes of padding, a 64-byte union.
+#[repr(C)]
+struct RawLaunchAttribute {
+    id: c_uint,
+    pad: [u8; 4],
+    value: [u32; 16],
+}
+
+const _: () = assert!(size_of::<RawLaunchAttribute>() == 72);
+
+/// The attributes of a launch configuration (`CU_LAUNCH_ATTRIBUTE_IGNORE` left out).
+///
+/// # Safety
+/// `config` points at a `CUlaunchConfig` whose `attrs` has `numAttrs` entries.
+unsafe fn attributes_of(config: &CUlaunchConfig) -> DriverResult<Vec<LaunchAttribute>> {
+    if config.numAttrs == 0 {
+        return Ok(Vec::new());
+    }
+    non_null([config.attrs.cast()])?;
+    let raw = config.attrs.cast::<RawLaunchAttribute>();
+    Ok((0..config.numAttrs as usize)
+        // SAFETY: `attrs` has `numAttrs` entries of the CUDA 13 layout (the caller's contract).
+        .map(|index| unsafe { &*raw.add(index) })
+        .filter(|attribute| attribute.id != 0)
+        .map(|attribute| LaunchAttribute { id: attribute.id, value: [attribute.value[0], attribute.value[1], attribute.value[2], attribute.value[3]] })
+        .collect())
+}
+
+fn geometry(config: &CUlaunchConfig) -> (Dim3, Dim3) {
+    (
+        Dim3 { x: config.gridDimX, y: config.gridDimY, z: config.gridDimZ },
+        Dim3 { x: config.blockDimX, y: config.blockDimY, z: config.blockDimZ },
+    )
+}
+
+unsafe fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void, extra: *mut *mut c_void, ptsz: bool) -> DriverResult {
+    non_null([config.cast()])?;
+    // SAFETY: checked non-NULL; the caller's configuration.
+    let config = unsafe { &*config };
+    // SAFETY: as above.
+    let attributes = unsafe { attributes_of(config) }?;
+    let (grid, block) = geometry(config);
+    // SAFETY: the caller's arguments, per the driver API.
+    unsafe { launch(f, grid, block, config.sharedMemBytes, config.hStream, ptsz, attributes, kernel_params, extra) }
+}
+
+pub unsafe fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult {
+    // SAFETY: the caller's arguments, per the driver API.
+    run(|| unsafe { launch_ex(config, f, kernel_params, extra, false) })
+}
+
+pub unsafe fn cuLaunchKernelEx_ptsz(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: the caller's arguments, per the driver API.
+    run(|| unsafe { launch_ex(config, f, kernel_params, extra, true) })
+}
+
+// -- occupancy --
+
+/// `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE` is the only flag.
+const OCCUPANCY_FLAGS: c_uint = 0x1;
+
+pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(num_blocks: *mut c_int, func: CUfunction, block_size: c_int, dynamic_s_mem_size: usize) -> CUresult {
+    // SAFETY: same contract, default flags.
+    unsafe { cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(num_blocks, func, block_size, dynamic_s_mem_size, 0) }
+}
+
+pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    num_blocks: *mut c_int,
+    func: CUfunction,
+    block_size: c_int,
+    dynamic_s_mem_size: usize,
+    flags: c_uint,
+) -> CUresult {
+    run(|| {
+        non_null([num_blocks.cast()])?;
+        if flags & !OCCUPANCY_FLAGS != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let function = function(func)?;
+        let client = client()?;
+        client.layout(&function).map_err(driver_error)?;
+        let request = req::OccupancyMaxActiveBlocks {
+            function: function.reference(),
+            block_size,
+            dynamic_shared_mem: dynamic_s_mem_size as u64,
+            flags,
+        };
+        let blocks = client.call(request).map_err(driver_error)?.blocks;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(num_blocks, blocks) }
+    })
+}
+
+pub unsafe fn cuOccupancyMaxActiveClusters(num_clusters: *mut c_int, func: CUfunction, config: *const CUlaunchConfig) -> CUresult {
+    run(|| {
+        non_null([num_clusters.cast(), config.cast()])?;
+        let function = function(func)?;
+        // SAFETY: checked non-NULL; the caller's configuration.
+        let config = unsafe { &*config };
+        // SAFETY: as above.
+        let attributes = unsafe { attributes_of(config) }?;
+        if let Some(attribute) = attributes.iter().find(|a| !a.is_forwarded()) {
+            crate::diagnostics::once(
+                &format!("occupancy-attribute-{}", attribute.id),
+                &format!("flyt: launch attribute {} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)", attribute.id),
+            );
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let (grid, block) = geometry(config);
+        let client = client()?;
+        client.layout(&function).map_err(driver_error)?;
+        let request =
+            req::OccupancyMaxActiveClusters { function: function.reference(), grid, block, shared_mem: config.sharedMemBytes, attributes };
+        let clusters = client.call(request).map_err(driver_error)?.clusters;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(num_clusters, clusters) }
+    })
+}
+
+// -- loading mode --
 
 /// `CU_MODULE_EAGER_LOADING` and `CU_MODULE_LAZY_LOADING`.
 const EAGER_LOADING: CUmoduleLoadingMode = 1;

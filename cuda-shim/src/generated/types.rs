@@ -478,8 +478,23 @@ pub type CUDA_LAUNCH_PARAMS = CUDA_LAUNCH_PARAMS_v1;
 pub type CUhostFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
 #[repr(C)]
-pub struct CUlaunchConfig_st {
+pub struct CUlaunchAttribute_st {
     _opaque: [u8; 0],
+}
+pub type CUlaunchAttribute = CUlaunchAttribute_st;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUlaunchConfig_st {
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub attrs: *mut CUlaunchAttribute,
+    pub numAttrs: c_uint,
 }
 pub type CUlaunchConfig = CUlaunchConfig_st;
 pub type CUjit_option = c_uint;
@@ -702,5 +717,6 @@ const _: () = assert!(size_of::<CUexecAffinityParam_st>() == 8 && align_of::<CUe
 const _: () = assert!(size_of::<CUexecAffinitySmCount_st>() == 4 && align_of::<CUexecAffinitySmCount_st>() == 4);
 const _: () = assert!(size_of::<CUipcEventHandle_st>() == 64 && align_of::<CUipcEventHandle_st>() == 1);
 const _: () = assert!(size_of::<CUipcMemHandle_st>() == 64 && align_of::<CUipcMemHandle_st>() == 1);
+const _: () = assert!(size_of::<CUlaunchConfig_st>() == 56 && align_of::<CUlaunchConfig_st>() == 8);
 const _: () = assert!(size_of::<CUmemLocation_st>() == 8 && align_of::<CUmemLocation_st>() == 4);
 const _: () = assert!(size_of::<CUuuid_st>() == 16 && align_of::<CUuuid_st>() == 1);

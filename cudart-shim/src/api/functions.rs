@@ -24,10 +24,7 @@ fn function(func: *const c_void) -> CudaResult<std::sync::Arc<Function>> {
 
 pub unsafe fn cudaFuncGetAttributes(attributes: *mut cudaFuncAttributes, func: *const c_void) -> CudaResult<()> {
     let function = function(func)?;
-    let client = client()?;
-    // The module must be loaded before the server can answer for its kernel.
-    client.layout(&function)?;
-    let a = call(client, req::FuncGetAttributes { function: function.reference() })?.attributes;
+    let a = client()?.function_attributes(&function)?;
     let size = |bytes: u64| usize::try_from(bytes).unwrap_or(usize::MAX);
     let value = cudaFuncAttributes {
         sharedSizeBytes: size(a.shared_size_bytes),
@@ -57,10 +54,8 @@ pub unsafe fn cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_in
     if !SETTABLE_ATTRIBUTES.contains(&attr) {
         return Err(CudaError::INVALID_VALUE);
     }
-    let client = client()?;
-    client.layout(&function)?;
     let attribute = u32::try_from(attr).map_err(|_| CudaError::INVALID_VALUE)?;
-    call(client, req::FuncSetAttribute { function: function.reference(), attribute, value }).map(|_| ())
+    client()?.set_function_attribute(&function, attribute, value)
 }
 
 pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessor(

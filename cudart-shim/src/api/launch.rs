@@ -1,17 +1,17 @@
 //! Kernel launches: `<<<...>>>` (push/pop configuration, kept on the app thread), the CUDA 13
 //! stubs (`__cudaGetKernel` + `__cudaLaunchKernel`) and explicit `cudaLaunchKernel` share one
-//! path: arguments are packed by the kernel's parameter layout into one asynchronous message.
+//! path into the client core, which packs the arguments into one asynchronous message.
 
 use std::cell::RefCell;
 use std::ffi::{c_uint, c_void};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Dim3, req};
+use flyt_client::launch::{Args, Config};
+use flyt_protocol::ops::Dim3;
 
-use super::post;
 use super::streams::stream_id;
-use crate::client::{Client, client};
+use crate::client::client;
 use crate::ffi::{cudaKernel_t, cudaStream_t, dim3, write_out};
 use crate::registry::{Function, function_by_handle, function_by_host, kernel_handle};
 
@@ -49,31 +49,7 @@ fn to_dim3(d: dim3) -> Dim3 {
     Dim3 { x: d.x, y: d.y, z: d.z }
 }
 
-/// Refuses configurations the device cannot run at the call, as CUDA does, instead of failing
-/// later at a sync point. CUDA 13 reports them as `cudaErrorInvalidValue` (measured on the GPU
-/// machine: 2048 threads per block, grid y 65536, an empty grid and 1 MiB of dynamic shared
-/// memory all are).
-fn check_configuration(client: &Client, grid: Dim3, block: Dim3, shared_mem: usize) -> CudaResult<()> {
-    let prop = crate::props::launch_limits(client).ok_or(CudaError::INVALID_DEVICE)?;
-    let limit = |value: i32| u32::try_from(value).unwrap_or(u32::MAX).max(1);
-    let block_ok = block.x >= 1
-        && block.y >= 1
-        && block.z >= 1
-        && block.x <= limit(prop.maxThreadsDim[0])
-        && block.y <= limit(prop.maxThreadsDim[1])
-        && block.z <= limit(prop.maxThreadsDim[2])
-        && block.volume() <= u64::from(limit(prop.maxThreadsPerBlock));
-    let grid_ok = grid.x >= 1
-        && grid.y >= 1
-        && grid.z >= 1
-        && grid.x <= limit(prop.maxGridSize[0])
-        && grid.y <= limit(prop.maxGridSize[1])
-        && grid.z <= limit(prop.maxGridSize[2]);
-    let shared_ok = shared_mem <= prop.sharedMemPerBlockOptin;
-    if block_ok && grid_ok && shared_ok { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
-}
-
-/// Packs the arguments and sends the launch; no round trip.
+/// Resolves the stream and hands the launch to the client core (no round trip).
 ///
 /// # Safety
 /// `args` is the stub's argument array: for each kernel parameter, a pointer to a value of that
@@ -88,38 +64,12 @@ unsafe fn launch(
     per_thread_default: bool,
 ) -> CudaResult<()> {
     let client = client()?;
-    let (grid, block) = (to_dim3(grid), to_dim3(block));
-    check_configuration(client, grid, block, shared_mem)?;
     // The stream first: a launch on a stream the app cannot use now (an unknown handle, a capture
     // Flyt refused) fails for that reason whatever the kernel.
     let stream = stream_id(client, stream, per_thread_default)?;
-    let layout = client.layout(function).inspect_err(|error| {
-        if client.info.emulated {
-            crate::diagnostics::once(
-                "emulated-launch",
-                &format!("flyt: kernel {} cannot run: the server's emulated device has no GPU ({error:?})", function.name),
-            );
-        }
-    })?;
-    let mut packed = vec![0u8; layout.args_len];
-    if !layout.params.is_empty() && args.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    for (index, param) in layout.params.iter().enumerate() {
-        // SAFETY: per this function's contract, `args[index]` points at `param.size` readable
-        // bytes; the layout came from the driver for this very kernel.
-        let value = unsafe {
-            let source = *args.add(index);
-            if source.is_null() {
-                return Err(CudaError::INVALID_VALUE);
-            }
-            std::slice::from_raw_parts(source.cast::<u8>(), param.size as usize)
-        };
-        let offset = param.offset as usize;
-        packed[offset..offset + value.len()].copy_from_slice(value);
-    }
-    let shared_mem = u32::try_from(shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
-    post(client, req::Launch { function: function.reference(), grid, block, shared_mem, stream, args: packed })
+    let config = Config { grid: to_dim3(grid), block: to_dim3(block), shared_mem, stream, attributes: Vec::new() };
+    // SAFETY: forwarded contract.
+    unsafe { client.launch(function, config, Args::Pointers(args)) }
 }
 
 fn by_handle(kernel: cudaKernel_t) -> CudaResult<std::sync::Arc<Function>> {

@@ -10,7 +10,7 @@ use cudarc::driver::{result, sys};
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE};
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Dim3, FuncAttributes, ParamInfo};
+use flyt_protocol::ops::{Dim3, FuncAttributes, LaunchAttribute, ParamInfo};
 
 use super::Device;
 
@@ -425,6 +425,7 @@ impl Device for CudaDevice {
         shared_mem: u32,
         stream: Self::Stream,
         args: &mut [u8],
+        attributes: &[LaunchAttribute],
     ) -> CudaResult<()> {
         let mut size = args.len();
         // CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE / _END: the driver takes the packed argument
@@ -437,24 +438,47 @@ impl Device for CudaDevice {
             std::ptr::null_mut(),
         ];
         let extra_ptr = if args.is_empty() { std::ptr::null_mut() } else { extra.as_mut_ptr() };
-        // SAFETY: `function` belongs to a loaded module; `args` has exactly the layout's size
-        // (checked by the session), and `extra` and `size` outlive the call, which copies them.
-        check(unsafe {
-            sys::cuLaunchKernel(
-                function.0,
-                grid.x,
-                grid.y,
-                grid.z,
-                block.x,
-                block.y,
-                block.z,
-                shared_mem,
-                stream_ptr(stream),
-                std::ptr::null_mut(),
-                extra_ptr,
-            )
-            .result()
-        })
+        if attributes.is_empty() {
+            // SAFETY: `function` belongs to a loaded module; `args` has exactly the layout's size
+            // (checked by the session), and `extra` and `size` outlive the call, which copies them.
+            return check(unsafe {
+                sys::cuLaunchKernel(
+                    function.0,
+                    grid.x,
+                    grid.y,
+                    grid.z,
+                    block.x,
+                    block.y,
+                    block.z,
+                    shared_mem,
+                    stream_ptr(stream),
+                    std::ptr::null_mut(),
+                    extra_ptr,
+                )
+                .result()
+            });
+        }
+        let mut attributes = launch_attributes(attributes)?;
+        let config = launch_config(grid, block, shared_mem, stream_ptr(stream), &mut attributes)?;
+        // SAFETY: as above; `config` points at `attributes`, which outlive the call.
+        check(unsafe { sys::cuLaunchKernelEx(&config, function.0, std::ptr::null_mut(), extra_ptr).result() })
+    }
+
+    fn occupancy_max_active_clusters(
+        &self,
+        function: Self::Function,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        attributes: &[LaunchAttribute],
+    ) -> CudaResult<i32> {
+        let mut attributes = launch_attributes(attributes)?;
+        let config = launch_config(grid, block, shared_mem, std::ptr::null_mut(), &mut attributes)?;
+        let mut clusters = 0;
+        // SAFETY: `function` belongs to a loaded module; `config` and its attributes outlive the
+        // call; valid out-pointer.
+        check(unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, function.0, &config).result() })?;
+        Ok(clusters)
     }
 
     fn func_attributes(&self, function: Self::Function) -> CudaResult<FuncAttributes> {
@@ -581,4 +605,58 @@ impl Device for CudaDevice {
         raw_check(unsafe { (self.raw.ctx_get_limit)(&mut value, limit) })?;
         Ok(value as u64)
     }
+}
+
+/// The driver's form of the launch attributes Flyt forwards; any other id is refused.
+fn launch_attributes(attributes: &[LaunchAttribute]) -> CudaResult<Vec<sys::CUlaunchAttribute>> {
+    use sys::CUlaunchAttributeID as Id;
+    attributes
+        .iter()
+        .map(|attribute| {
+            let id = match attribute.id {
+                2 => Id::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+                3 => Id::CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY,
+                4 => Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                5 => Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+                6 => Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                8 => Id::CU_LAUNCH_ATTRIBUTE_PRIORITY,
+                9 => Id::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP,
+                10 => Id::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN,
+                11 => Id::CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION,
+                14 => Id::CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                _ => return Err(CudaError::NOT_SUPPORTED),
+            };
+            // SAFETY: the attribute is plain data (an enum with a valid variant set below, padding
+            // and a union of plain values): all-zero bytes are a valid value of each field.
+            let mut driver: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            driver.id = id;
+            // SAFETY: the union is at least 16 bytes long (64 in CUDA 13); the forwarded
+            // attributes keep their whole value in its first 16 bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(attribute.value.as_ptr().cast::<u8>(), (&raw mut driver.value).cast::<u8>(), 16);
+            }
+            Ok(driver)
+        })
+        .collect()
+}
+
+fn launch_config(
+    grid: Dim3,
+    block: Dim3,
+    shared_mem: u32,
+    stream: sys::CUstream,
+    attributes: &mut [sys::CUlaunchAttribute],
+) -> CudaResult<sys::CUlaunchConfig> {
+    Ok(sys::CUlaunchConfig {
+        gridDimX: grid.x,
+        gridDimY: grid.y,
+        gridDimZ: grid.z,
+        blockDimX: block.x,
+        blockDimY: block.y,
+        blockDimZ: block.z,
+        sharedMemBytes: shared_mem,
+        hStream: stream,
+        attrs: attributes.as_mut_ptr(),
+        numAttrs: c_uint::try_from(attributes.len()).map_err(|_| CudaError::INVALID_VALUE)?,
+    })
 }

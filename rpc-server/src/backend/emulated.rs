@@ -9,7 +9,7 @@ use std::time::Instant;
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Dim3, FuncAttributes, ParamInfo};
+use flyt_protocol::ops::{Dim3, FuncAttributes, LaunchAttribute, ParamInfo};
 
 use super::Device;
 
@@ -254,7 +254,11 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    fn launch(&self, _: (), _: Dim3, _: Dim3, _: u32, _: u64, _: &mut [u8]) -> CudaResult<()> {
+    fn launch(&self, _: (), _: Dim3, _: Dim3, _: u32, _: u64, _: &mut [u8], _: &[LaunchAttribute]) -> CudaResult<()> {
+        Err(NO_GPU_CODE)
+    }
+
+    fn occupancy_max_active_clusters(&self, _: (), _: Dim3, _: Dim3, _: u32, _: &[LaunchAttribute]) -> CudaResult<i32> {
         Err(NO_GPU_CODE)
     }
 

@@ -7,7 +7,7 @@ pub mod emulated;
 
 use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Dim3, FuncAttributes, ParamInfo};
+use flyt_protocol::ops::{Dim3, FuncAttributes, LaunchAttribute, ParamInfo};
 
 /// Which backend serves the sessions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -86,6 +86,7 @@ pub trait Device: Send + Sync + 'static {
     fn variable(&self, module: &Self::Module, name: &str) -> CudaResult<(u64, u64)>;
     fn unload_module(&self, module: Self::Module) -> CudaResult<()>;
     /// Launches with arguments packed by the kernel's parameter layout.
+    #[allow(clippy::too_many_arguments, reason = "a launch's configuration, as the driver takes it")]
     fn launch(
         &self,
         function: Self::Function,
@@ -94,7 +95,17 @@ pub trait Device: Send + Sync + 'static {
         shared_mem: u32,
         stream: Self::Stream,
         args: &mut [u8],
+        attributes: &[LaunchAttribute],
     ) -> CudaResult<()>;
+    /// `cuOccupancyMaxActiveClusters` for a launch configuration.
+    fn occupancy_max_active_clusters(
+        &self,
+        function: Self::Function,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        attributes: &[LaunchAttribute],
+    ) -> CudaResult<i32>;
     fn func_attributes(&self, function: Self::Function) -> CudaResult<FuncAttributes>;
     fn func_set_attribute(&self, function: Self::Function, attribute: u32, value: i32) -> CudaResult<()>;
     fn occupancy(&self, function: Self::Function, block_size: i32, dynamic_shared_mem: u64, flags: u32) -> CudaResult<i32>;

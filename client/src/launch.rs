@@ -1,0 +1,154 @@
+//! Kernel launches, for both fronts: the configuration checked against the device's limits at
+//! the call (as CUDA does, instead of failing later at a sync point), the arguments packed by the
+//! kernel's parameter layout, and one asynchronous message: no round trip.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::device::{DeviceInfo, attr};
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::{Dim3, FuncAttributes, LaunchAttribute, req};
+
+use crate::client::Client;
+use crate::registry::Function;
+
+/// Where a launch's arguments are.
+pub enum Args<'a> {
+    /// `kernelParams`: for each parameter, a pointer to a value of its size (NULL for a kernel
+    /// without parameters).
+    Pointers(*mut *mut c_void),
+    /// One buffer already laid out by the parameter layout (`CU_LAUNCH_PARAM_BUFFER_POINTER`).
+    Packed(&'a [u8]),
+}
+
+/// A launch's geometry and where it goes. `stream` is a wire id (see `streams::resolve`).
+pub struct Config {
+    pub grid: Dim3,
+    pub block: Dim3,
+    pub shared_mem: usize,
+    pub stream: u64,
+    pub attributes: Vec<LaunchAttribute>,
+}
+
+/// What the device allows a launch.
+struct Limits {
+    max_block: [u32; 3],
+    max_threads_per_block: u32,
+    max_grid: [u32; 3],
+    max_shared_mem: usize,
+}
+
+impl Limits {
+    fn of(device: &DeviceInfo) -> Self {
+        let get = |attribute| device.attribute(attribute).map_or(u32::MAX, |value| u32::try_from(value).unwrap_or(u32::MAX).max(1));
+        Self {
+            max_block: [get(attr::MAX_BLOCK_DIM_X), get(attr::MAX_BLOCK_DIM_Y), get(attr::MAX_BLOCK_DIM_Z)],
+            max_threads_per_block: get(attr::MAX_THREADS_PER_BLOCK),
+            max_grid: [get(attr::MAX_GRID_DIM_X), get(attr::MAX_GRID_DIM_Y), get(attr::MAX_GRID_DIM_Z)],
+            max_shared_mem: get(attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN) as usize,
+        }
+    }
+
+    /// CUDA 13 refuses these at the call with an invalid value (measured on the GPU machine: 2048
+    /// threads per block, grid y 65536, an empty grid and 1 MiB of dynamic shared memory).
+    fn check(&self, config: &Config) -> CudaResult<()> {
+        let within = |d: Dim3, max: [u32; 3]| d.x >= 1 && d.y >= 1 && d.z >= 1 && d.x <= max[0] && d.y <= max[1] && d.z <= max[2];
+        let ok = within(config.block, self.max_block)
+            && config.block.volume() <= u64::from(self.max_threads_per_block)
+            && within(config.grid, self.max_grid)
+            && config.shared_mem <= self.max_shared_mem;
+        if ok { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
+    }
+}
+
+impl Client {
+    fn limits(&self) -> CudaResult<&Limits> {
+        static LIMITS: OnceLock<Option<Limits>> = OnceLock::new();
+        LIMITS.get_or_init(|| self.device(0).as_ref().map(Limits::of)).as_ref().ok_or(CudaError::INVALID_DEVICE)
+    }
+
+    /// Launches `function`: checks the configuration, packs the arguments and queues the launch.
+    ///
+    /// # Safety
+    /// `args` is what the driver API's `cuLaunchKernel` requires: with `Pointers`, for each kernel
+    /// parameter, a readable pointer to a value of that parameter's size.
+    pub unsafe fn launch(&self, function: &Function, config: Config, args: Args<'_>) -> CudaResult<()> {
+        self.limits()?.check(&config)?;
+        if let Some(attribute) = config.attributes.iter().find(|a| !a.is_forwarded()) {
+            crate::diagnostics::once(
+                &format!("launch-attribute-{}", attribute.id),
+                &format!("flyt: launch attribute {} is not supported (kernel {})", attribute.id, function.name),
+            );
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        let layout = self.layout(function).inspect_err(|error| {
+            if self.info.emulated {
+                crate::diagnostics::once(
+                    "emulated-launch",
+                    &format!("flyt: kernel {} cannot run: the server's emulated device has no GPU ({error:?})", function.name),
+                );
+            }
+        })?;
+        let packed = match args {
+            Args::Packed(buffer) => buffer.get(..layout.args_len).ok_or(CudaError::INVALID_VALUE)?.to_vec(),
+            Args::Pointers(pointers) => {
+                let mut packed = vec![0u8; layout.args_len];
+                if !layout.params.is_empty() && pointers.is_null() {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                for (index, param) in layout.params.iter().enumerate() {
+                    // SAFETY: per this function's contract, `pointers[index]` points at
+                    // `param.size` readable bytes; the layout came from the driver for this kernel.
+                    let value = unsafe {
+                        let source = *pointers.add(index);
+                        if source.is_null() {
+                            return Err(CudaError::INVALID_VALUE);
+                        }
+                        std::slice::from_raw_parts(source.cast::<u8>(), param.size as usize)
+                    };
+                    let offset = param.offset as usize;
+                    packed[offset..offset + value.len()].copy_from_slice(value);
+                }
+                packed
+            }
+        };
+        let shared_mem = u32::try_from(config.shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
+        self.post(req::Launch {
+            function: function.reference(),
+            grid: config.grid,
+            block: config.block,
+            shared_mem,
+            stream: config.stream,
+            args: packed,
+            attributes: config.attributes,
+        })
+    }
+}
+
+impl Client {
+    /// A kernel's attributes from the driver: asked once, then answered in the process until the
+    /// app sets one.
+    pub fn function_attributes(&self, function: &Function) -> CudaResult<FuncAttributes> {
+        if let Some(attributes) = *lock(&function.attributes) {
+            return Ok(attributes);
+        }
+        // The module must be loaded before the server can answer for its kernel.
+        self.layout(function)?;
+        let attributes = self.call(req::FuncGetAttributes { function: function.reference() })?.attributes;
+        *lock(&function.attributes) = Some(attributes);
+        Ok(attributes)
+    }
+
+    /// Sets a kernel attribute (`CUfunction_attribute` numbering, which `cudaFuncAttribute` shares).
+    pub fn set_function_attribute(&self, function: &Function, attribute: u32, value: i32) -> CudaResult<()> {
+        self.layout(function)?;
+        let result = self.call(req::FuncSetAttribute { function: function.reference(), attribute, value }).map(|_| ());
+        *lock(&function.attributes) = None;
+        result
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
