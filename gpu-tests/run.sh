@@ -20,7 +20,11 @@ usage: gpu-tests/run.sh [options]
                       Soak rows still run unless --soak none is given.
   --native-only       no Flyt: run every program natively twice and compare the runs (determinism check)
   --build-only        only build the programs (exit 1 if any fails to build)
-  --build-dir DIR     where the programs are built (default: gpu-tests/build)
+  --build-dir DIR     where the programs are built (default: gpu-tests/build, gpu-tests/build-static
+                      with --runtime static)
+  --runtime KIND      how the programs link CUDA's runtime: shared (nvcc -cudart=shared; Flyt apps
+                      load Flyt's libcudart.so.13) or static (nvcc's default; NVIDIA's runtime inside
+                      the program loads Flyt's libcuda.so.1) (default: shared)
   --device NAME       the server's --device (default: cuda; 'emulated' only checks the plumbing)
   --timeout SECONDS   limit for each program run (default: 120)
   --nvcc PATH         the compiler (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc)
@@ -63,7 +67,8 @@ DIST=dist
 ARCH=sm_90
 TRANSPORTS=tcp,unix,shm
 OUT=$here/results
-BUILD=$here/build
+BUILD=
+RUNTIME=shared
 MODE=flyt
 DEVICE=cuda
 TIMEOUT=120
@@ -89,6 +94,7 @@ while [ $# -gt 0 ]; do
         --transports) need_value "$@"; TRANSPORTS=$2; shift 2 ;;
         --out) need_value "$@"; OUT=$2; shift 2 ;;
         --build-dir) need_value "$@"; BUILD=$2; shift 2 ;;
+        --runtime) need_value "$@"; RUNTIME=$2; shift 2 ;;
         --device) need_value "$@"; DEVICE=$2; shift 2 ;;
         --timeout) need_value "$@"; need_number "$@"; TIMEOUT=$2; shift 2 ;;
         --nvcc) need_value "$@"; NVCC=$2; shift 2 ;;
@@ -119,6 +125,8 @@ while [ $# -gt 0 ]; do
 done
 [ "$KILL_PAR" -ge 1 ] || die "--kill-parallel must be at least 1"
 
+case $RUNTIME in shared | static) ;; *) die "--runtime: shared or static, not '$RUNTIME'" ;; esac
+[ -n "$BUILD" ] || BUILD=$here/build$([ "$RUNTIME" = static ] && echo -static)
 DIST=$(abspath "$DIST")
 OUT=$(abspath "$OUT")
 BUILD=$(abspath "$BUILD")
@@ -143,6 +151,7 @@ esac
 
 if [ "$MODE" = flyt ]; then
     [ -f "$DIST/lib/libcudart.so.13" ] || die "$DIST/lib/libcudart.so.13 not found (--dist)"
+    [ -f "$DIST/lib/libcuda.so.1" ] || die "$DIST/lib/libcuda.so.1 not found (--dist)"
     [ -x "$DIST/bin/flyt-rpc-server" ] || die "$DIST/bin/flyt-rpc-server not found or not executable (--dist)"
 fi
 
@@ -159,7 +168,7 @@ STDERR_COMPARE=(assert_fail printf)
 # status from 1 to 123 (a checked failure, not a crash or a timeout, and never 0) and stderr must
 # name an unsupported function matching the pattern.
 declare -A EXPECT_UNSUPPORTED=(
-    [graph_capture]='cuda(StreamBeginCapture|StreamEndCapture|StreamIsCapturing|Graph[A-Za-z_]*)'
+    [graph_capture]='cu(da)?(StreamBeginCapture|StreamEndCapture|StreamIsCapturing|Graph[A-Za-z_]*)'
 )
 # The tenants row's mix: programs (with arguments) whose output does not depend on timing under load.
 TENANT_MIX=("hello_flyt" "vector_add" "kernel_args" "errors" "printf" "assert_fail" "memcpy_kinds"
@@ -336,7 +345,7 @@ for n in "${TO_BUILD[@]}"; do
     # shellcheck disable=SC2046,SC2086  # flags are deliberately word-split
     (
         set -x
-        "$NVCC" -cudart=shared -arch="$ARCH" $(nvcc_flags_for "$n") ${NVCC_FLAGS:-} -o "$BUILD/$n" "$here/$n.cu"
+        "$NVCC" -cudart="$RUNTIME" -arch="$ARCH" $(nvcc_flags_for "$n") ${NVCC_FLAGS:-} -o "$BUILD/$n" "$here/$n.cu"
     ) >"$TMP/$n.build" 2>&1 &
     build_pids+=($!)
 done
@@ -593,9 +602,11 @@ log_run() { # title base
 # stderr without Flyt's own lines.
 app_stderr() { grep -v -E '^flyt( stats)?: ' "$1" 2>/dev/null; }
 
-# maps_problem BASE: prints why the maps check of a Flyt run failed; nothing when it passed.
+# maps_problem BASE: prints why the maps check of a Flyt run failed; nothing when it passed. The
+# only driver library the app may map is Flyt's libcuda.so.1; its runtime is Flyt's libcudart.so.13
+# (shared) or none (static: NVIDIA's runtime is inside the program and must have used Flyt's driver).
 maps_problem() {
-    local base=$1 pid line driver cudart lib
+    local base=$1 pid line driver cudart lib flyt_cuda l used_flyt=0
     [ "$FLYT_HIDE" = 0 ] && return 0
     pid=$(cat "$base.pid" 2>/dev/null)
     line=$(grep -E "^maps_check pid=${pid} " "$base.maps" 2>/dev/null | tail -n 1)
@@ -605,8 +616,20 @@ maps_problem() {
     fi
     driver=$(sed -n 's/.* driver=\([^ ]*\).*/\1/p' <<<"$line")
     cudart=$(sed -n 's/.* cudart=\([^ ]*\).*/\1/p' <<<"$line")
-    if [ "$driver" != none ]; then
-        echo "NVIDIA driver library mapped in the app: $driver"
+    flyt_cuda=$(readlink -f "$DIST/lib/libcuda.so.1")
+    IFS=, read -r -a libs <<<"$driver"
+    for l in "${libs[@]}"; do
+        [ "$l" = none ] && continue
+        if [ "$(readlink -f "$l" 2>/dev/null)" = "$flyt_cuda" ]; then
+            used_flyt=1
+        else
+            echo "NVIDIA driver library mapped in the app: $l"
+            return 0
+        fi
+    done
+    if [ "$RUNTIME" = static ]; then
+        [ "$cudart" = none ] || echo "a static-runtime app mapped $cudart"
+        [ $used_flyt = 1 ] || echo "the app did not map Flyt's $flyt_cuda"
         return 0
     fi
     lib=$(readlink -f "$DIST/lib/libcudart.so.13")
@@ -775,11 +798,11 @@ fi
 HEADER=("<!-- $CMDLINE -->"
     "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     "- GPU: ${GPU_LINE:-unknown (no nvidia-smi)} (name, driver, memory)"
-    "- nvcc: $NVCC_LINE; arch $ARCH; server device: $DEVICE; transports: $TRANSPORTS")
+    "- nvcc: $NVCC_LINE; arch $ARCH; runtime: $RUNTIME (nvcc -cudart=$RUNTIME); server device: $DEVICE; transports: $TRANSPORTS")
 if [ "$MODE" = flyt ]; then
     HEADER+=("- dist: $DIST (libcudart.so.13 of $(date -u -r "$DIST/lib/libcudart.so.13" '+%Y-%m-%d %H:%M UTC'))"
         "- GPU hidden from Flyt apps: $HIDE_NOTE"
-        "- library check in every Flyt app (maps_check.so at exit): $([ "$FLYT_HIDE" = 0 ] && echo "off" || echo "on: no libcuda.so*/libnvidia-* mapped, libcudart from dist")")
+        "- library check in every Flyt app (maps_check.so at exit): $([ "$FLYT_HIDE" = 0 ] && echo "off" || echo "on: no libcuda.so*/libnvidia-* mapped but Flyt's libcuda.so.1, libcudart $([ "$RUNTIME" = static ] && echo "none (static)" || echo "from dist")")")
 fi
 write_table
 

@@ -2,8 +2,9 @@
  * normally (exit or return from main: destructors run), it scans /proc/self/maps and appends one line
  * to the file named by FLYT_TEST_MAPS_OUT:
  *   maps_check pid=<pid> driver=<none | path,path...> cudart=<path of every libcudart.so* mapped>
- * "driver" lists every NVIDIA driver library mapped (libcuda.so*, libnvidia-*): through Flyt there
- * must be none, which proves the app never used the local GPU, and cudart must be Flyt's library.
+ * "driver" lists every driver library mapped (libcuda.so*, libnvidia-*): through Flyt the only one
+ * may be Flyt's own libcuda.so.1, which proves the app never used the local GPU; cudart must be
+ * Flyt's library (or none, for a program with NVIDIA's static runtime inside).
  * It writes nothing when the variable is unset and never prints on stdout or stderr. */
 #define _GNU_SOURCE
 #include <fcntl.h>

@@ -121,6 +121,10 @@ macro_rules! for_each_op {
             37 OccupancyMaxActiveClusters occupancy_max_active_clusters [reply -] {
                 function: FunctionRef, grid: Dim3, block: Dim3, shared_mem: u32, attributes: Vec<LaunchAttribute>
             } -> { clusters: i32 };
+            /// `cuOccupancyAvailableDynamicSMemPerBlock`.
+            38 OccupancyAvailableDynamicSmem occupancy_available_dynamic_smem [reply -] {
+                function: FunctionRef, num_blocks: i32, block_size: i32
+            } -> { bytes: u64 };
         }
     };
 }

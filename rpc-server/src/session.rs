@@ -766,6 +766,17 @@ impl<D: Device> OpHandler for Session<D> {
         reply.send(result);
     }
 
+    fn occupancy_available_dynamic_smem(
+        &mut self,
+        request: req::OccupancyAvailableDynamicSmem,
+        reply: Responder<rep::OccupancyAvailableDynamicSmem>,
+    ) {
+        let result = self
+            .function(request.function)
+            .and_then(|(function, _)| self.device.available_dynamic_smem(function, request.num_blocks, request.block_size));
+        reply.send(result.map(|bytes| rep::OccupancyAvailableDynamicSmem { bytes }));
+    }
+
     fn occupancy_max_active_clusters(&mut self, request: req::OccupancyMaxActiveClusters, reply: Responder<rep::OccupancyMaxActiveClusters>) {
         let result = self.function(request.function).and_then(|(function, _)| {
             self.device.occupancy_max_active_clusters(function, request.grid, request.block, request.shared_mem, &request.attributes)

@@ -229,6 +229,9 @@ macro_rules! probes {
     (ModuleGetGlobal, $v:ident) => {
         vec![refused(req::ModuleGetGlobal { module: 4242, name: "symbol".into() }, CudaError::INVALID_RESOURCE_HANDLE)]
     };
+    (OccupancyAvailableDynamicSmem, $v:ident) => {
+        vec![refused(req::OccupancyAvailableDynamicSmem { function: BOGUS_FUNCTION, num_blocks: 1, block_size: 128 }, UNKNOWN_FUNCTION)]
+    };
     (OccupancyMaxActiveClusters, $v:ident) => {
         vec![refused(
             req::OccupancyMaxActiveClusters {

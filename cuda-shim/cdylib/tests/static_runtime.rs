@@ -65,3 +65,35 @@ fn a_static_cudart_program_runs_over_flyt() {
         assert!(!stderr.contains("is not implemented"), "{stderr}");
     }
 }
+
+#[test]
+fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("driver-modules");
+    let lib = driver_lib_dir(&scratch);
+    let program = scratch.join("driver_modules");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/driver_modules.c");
+    let status = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Werror", "-O1"])
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg(source)
+        .arg("-o")
+        .arg(&program)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-l:libcuda.so.1")
+        .status()
+        .expect("a C compiler (cc) is needed for this test");
+    assert!(status.success(), "compiling {source}");
+    let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
+    let address = &server.addresses[0];
+    let (code, stdout, stderr) =
+        run_with_timeout(Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address), Duration::from_secs(60));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("loading mode: lazy"), "{stdout}");
+    // The refused JIT option names itself once.
+    assert!(stderr.contains("JIT option 0 is not supported through Flyt"), "{stderr}");
+}

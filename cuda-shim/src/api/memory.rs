@@ -216,33 +216,90 @@ fn known(client: &Client, ptr: u64) -> Option<(u64, u64, bool)> {
     client.host_allocation(ptr as usize).map(|(start, len, _)| (start as u64, len as u64, false))
 }
 
-pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) -> CUresult {
+/// Writes one attribute of `ptr` to `data`: from what the session knows of it (`found`), or, for
+/// memory it does not know, the zero value `cuPointerGetAttributes` gives (`None` when refused).
+///
+/// # Safety
+/// `data` is non-NULL and points at storage of the attribute's documented type.
+unsafe fn write_attribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr, found: Option<(u64, u64, bool)>) -> DriverResult {
     use pointer_attribute::*;
+    // SAFETY: per this function's contract, `data` holds the type each arm writes.
+    unsafe {
+        let Some((start, len, device)) = found else {
+            return match attribute {
+                CONTEXT | HOST_POINTER => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
+                DEVICE_POINTER | RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), 0),
+                RANGE_SIZE => write_out(data.cast::<usize>(), 0),
+                MEMORY_TYPE | IS_MANAGED | MAPPED => write_out(data.cast::<c_uint>(), 0),
+                DEVICE_ORDINAL => write_out(data.cast::<i32>(), 0),
+                _ => Err(crate::diagnostics::unsupported(&format!("cuPointerGetAttributes attribute {attribute}"))),
+            };
+        };
+        match attribute {
+            CONTEXT => {
+                let context = crate::context::current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+                write_out(data.cast(), context.handle())
+            }
+            MEMORY_TYPE => write_out(data.cast::<c_uint>(), if device { MEMORYTYPE_DEVICE } else { MEMORYTYPE_HOST }),
+            DEVICE_POINTER if device => write_out(data.cast::<CUdeviceptr>(), ptr),
+            HOST_POINTER if !device => write_out(data.cast::<*mut c_void>(), ptr as usize as *mut c_void),
+            // Device memory has no host address, and pinned host memory no device one (the GPU is
+            // elsewhere): as the driver answers for unmapped memory.
+            DEVICE_POINTER | HOST_POINTER => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+            IS_MANAGED => write_out(data.cast::<c_uint>(), 0),
+            MAPPED => write_out(data.cast::<c_uint>(), 1),
+            DEVICE_ORDINAL => write_out(data.cast::<i32>(), 0),
+            RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), start),
+            RANGE_SIZE => write_out(data.cast::<usize>(), len as usize),
+            _ => Err(crate::diagnostics::unsupported(&format!("cuPointerGetAttribute attribute {attribute}"))),
+        }
+    }
+}
+
+pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) -> CUresult {
     run(|| {
         non_null([data.cast()])?;
         let client = client()?;
         // Memory the session does not know is not CUDA memory: invalid value, as the driver says.
-        let (start, len, device) = known(client, ptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: `data` is non-NULL and, per the driver API's contract, points at storage of the
-        // attribute's documented type, which is the type each arm writes.
-        unsafe {
-            match attribute {
-                CONTEXT => {
-                    let context = crate::context::current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
-                    write_out(data.cast(), context.handle())
-                }
-                MEMORY_TYPE => write_out(data.cast::<c_uint>(), if device { MEMORYTYPE_DEVICE } else { MEMORYTYPE_HOST }),
-                DEVICE_POINTER if device => write_out(data.cast::<CUdeviceptr>(), ptr),
-                HOST_POINTER if !device => write_out(data.cast::<*mut c_void>(), ptr as usize as *mut c_void),
-                // Device memory has no host address, and pinned host memory no device one (the GPU is
-                // elsewhere): as the driver answers for unmapped memory.
-                DEVICE_POINTER | HOST_POINTER => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-                IS_MANAGED | MAPPED => write_out(data.cast::<c_uint>(), 0),
-                DEVICE_ORDINAL => write_out(data.cast::<i32>(), 0),
-                RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), start),
-                RANGE_SIZE => write_out(data.cast::<usize>(), len as usize),
-                _ => Err(crate::diagnostics::unsupported(&format!("cuPointerGetAttribute attribute {attribute}"))),
-            }
+        let found = known(client, ptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: `data` is non-NULL and, per the driver API's contract, of the attribute's type.
+        unsafe { write_attribute(data, attribute, ptr, Some(found)) }
+    })
+}
+
+/// Several attributes at once. Unlike the single query, memory the session does not know is no
+/// error: its attributes get zero values, as the driver documents.
+pub unsafe fn cuPointerGetAttributes(num_attributes: c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut c_void, ptr: CUdeviceptr) -> CUresult {
+    run(|| {
+        if num_attributes == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
+        non_null([attributes.cast(), data.cast()])?;
+        let found = known(client()?, ptr);
+        for index in 0..num_attributes as usize {
+            // SAFETY: both arrays have `num_attributes` entries (the driver API's contract).
+            let (attribute, slot) = unsafe { (*attributes.add(index), *data.add(index)) };
+            non_null([slot.cast()])?;
+            // SAFETY: each slot holds the type of its attribute (the driver API's contract).
+            unsafe { write_attribute(slot, attribute, ptr, found) }?;
+        }
+        Ok(())
+    })
+}
+
+/// The allocation holding `dptr`, as the session knows it: answered in the process.
+pub unsafe fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) -> CUresult {
+    run(|| {
+        let (start, len) = client()?.device_range(dptr).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+        // Either out-pointer may be NULL: the caller wants only the other.
+        if !pbase.is_null() {
+            // SAFETY: non-NULL; the caller's out-pointer.
+            unsafe { pbase.write(start) };
+        }
+        if !psize.is_null() {
+            // SAFETY: non-NULL; the caller's out-pointer.
+            unsafe { psize.write(len as usize) };
+        }
+        Ok(())
     })
 }

@@ -7,6 +7,7 @@
 #![allow(non_snake_case, reason = "the driver's names")]
 #![allow(clippy::missing_safety_doc, reason = "each function's contract is the CUDA driver API's")]
 
+mod capture;
 mod context;
 mod device;
 mod init;
@@ -15,6 +16,7 @@ pub mod module;
 mod session;
 mod stream;
 
+pub use capture::*;
 pub use context::*;
 pub use device::*;
 pub use init::*;

@@ -25,7 +25,7 @@ use crate::driver::driver;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{
     CUdevice, CUdeviceptr, CUfunction, CUfunction_attribute, CUfunctionLoadingState, CUjit_option, CUkernel, CUlaunchConfig, CUlibrary,
-    CUlibraryOption, CUmodule, CUmoduleLoadingMode, CUstream,
+    CUlibraryOption, CUmodule, CUmoduleLoadingMode, CUoccupancyB2DSize, CUstream,
 };
 
 /// Module handles are this plus the client core's module id; function handles this plus its
@@ -781,6 +781,99 @@ pub unsafe fn cuOccupancyMaxActiveClusters(num_clusters: *mut c_int, func: CUfun
         let clusters = client.call(request).map_err(driver_error)?.clusters;
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { write_out(num_clusters, clusters) }
+    })
+}
+
+pub unsafe fn cuOccupancyAvailableDynamicSMemPerBlock(dynamic_smem_size: *mut usize, func: CUfunction, num_blocks: c_int, block_size: c_int) -> CUresult {
+    run(|| {
+        non_null([dynamic_smem_size.cast()])?;
+        let function = function(func)?;
+        let client = client()?;
+        client.layout(&function).map_err(driver_error)?;
+        let request = req::OccupancyAvailableDynamicSmem { function: function.reference(), num_blocks, block_size };
+        let bytes = client.call(request).map_err(driver_error)?.bytes;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(dynamic_smem_size, bytes as usize) }
+    })
+}
+
+/// The block size with the highest occupancy, found as CUDA's runtime finds it
+/// (`cudaOccupancyMaxPotentialBlockSizeVariableSMemWithFlags`): every multiple of the warp size up
+/// to the limit, largest first, each asked of the server, stopping at full occupancy.
+fn max_potential_block_size(
+    min_grid_size: *mut c_int,
+    block_size: *mut c_int,
+    func: CUfunction,
+    smem_for_block: CUoccupancyB2DSize,
+    dynamic_smem: usize,
+    block_size_limit: c_int,
+    flags: c_uint,
+) -> DriverResult {
+    use flyt_protocol::device::attr;
+    non_null([min_grid_size.cast(), block_size.cast()])?;
+    if flags & !OCCUPANCY_FLAGS != 0 || block_size_limit < 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let function = function(func)?;
+    let client = client()?;
+    let device = client.device(0).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+    let device_attribute = |id| device.attribute(id).filter(|v| *v > 0).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE);
+    let threads_per_sm = device_attribute(attr::MAX_THREADS_PER_MULTIPROCESSOR)?;
+    let warp = device_attribute(attr::WARP_SIZE)?;
+    let sm_count = device_attribute(attr::MULTIPROCESSOR_COUNT)?;
+    let device_limit = device_attribute(attr::MAX_THREADS_PER_BLOCK)?;
+    let function_limit = client.function_attributes(&function).map_err(driver_error)?.max_threads_per_block;
+    let limit = if block_size_limit == 0 { device_limit } else { block_size_limit.min(device_limit) }.min(function_limit);
+    let (mut best_block, mut best_blocks, mut best_threads) = (0, 0, 0);
+    let mut aligned = (limit + warp - 1) / warp * warp;
+    while aligned > 0 {
+        let size = limit.min(aligned);
+        let smem = match smem_for_block {
+            Some(callback) => {
+                // SAFETY: the caller's callback, called as the runtime calls it: with a block size.
+                unsafe { callback(size) }
+            }
+            None => dynamic_smem,
+        };
+        let request = req::OccupancyMaxActiveBlocks { function: function.reference(), block_size: size, dynamic_shared_mem: smem as u64, flags };
+        let blocks = client.call(request).map_err(driver_error)?.blocks;
+        if size * blocks > best_threads {
+            (best_block, best_blocks, best_threads) = (size, blocks, size * blocks);
+        }
+        if best_threads == threads_per_sm {
+            break;
+        }
+        aligned -= warp;
+    }
+    // SAFETY: both checked non-NULL; the caller's out-pointers.
+    unsafe {
+        write_out(min_grid_size, best_blocks * sm_count)?;
+        write_out(block_size, best_block)
+    }
+}
+
+pub unsafe fn cuOccupancyMaxPotentialBlockSize(
+    min_grid_size: *mut c_int,
+    block_size: *mut c_int,
+    func: CUfunction,
+    block_size_to_dynamic_s_mem_size: CUoccupancyB2DSize,
+    dynamic_s_mem_size: usize,
+    block_size_limit: c_int,
+) -> CUresult {
+    run(|| max_potential_block_size(min_grid_size, block_size, func, block_size_to_dynamic_s_mem_size, dynamic_s_mem_size, block_size_limit, 0))
+}
+
+pub unsafe fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+    min_grid_size: *mut c_int,
+    block_size: *mut c_int,
+    func: CUfunction,
+    block_size_to_dynamic_s_mem_size: CUoccupancyB2DSize,
+    dynamic_s_mem_size: usize,
+    block_size_limit: c_int,
+    flags: c_uint,
+) -> CUresult {
+    run(|| {
+        max_potential_block_size(min_grid_size, block_size, func, block_size_to_dynamic_s_mem_size, dynamic_s_mem_size, block_size_limit, flags)
     })
 }
 

@@ -99,19 +99,50 @@ pub unsafe fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) -> CUresult {
     })
 }
 
-fn record(event: CUevent, stream: CUstream, ptds: bool) -> DriverResult {
+/// `CU_EVENT_RECORD_EXTERNAL`, the only record flag (it matters only during stream capture).
+const EVENT_RECORD_FLAGS: c_uint = 0x1;
+
+fn record(event: CUevent, stream: CUstream, flags: c_uint, ptds: bool) -> DriverResult {
+    if flags & !EVENT_RECORD_FLAGS != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
     let client = client()?;
     let event = flyt_client::streams::event_id(client, event as usize).map_err(driver_error)?;
     let stream = resolve_stream(client, stream, ptds)?;
-    client.post(req::EventRecord { event, stream, flags: 0 }).map_err(driver_error)
+    client.post(req::EventRecord { event, stream, flags }).map_err(driver_error)
 }
 
 pub unsafe fn cuEventRecord(h_event: CUevent, h_stream: CUstream) -> CUresult {
-    run(|| record(h_event, h_stream, false))
+    run(|| record(h_event, h_stream, 0, false))
 }
 
 pub unsafe fn cuEventRecord_ptsz(h_event: CUevent, h_stream: CUstream) -> CUresult {
-    run(|| record(h_event, h_stream, true))
+    run(|| record(h_event, h_stream, 0, true))
+}
+
+pub unsafe fn cuEventRecordWithFlags(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> CUresult {
+    run(|| record(h_event, h_stream, flags, false))
+}
+
+pub unsafe fn cuEventRecordWithFlags_ptsz(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> CUresult {
+    run(|| record(h_event, h_stream, flags, true))
+}
+
+/// `(least, greatest)` stream priority: asked of the server once per session. Either out-pointer
+/// may be NULL.
+pub unsafe fn cuCtxGetStreamPriorityRange(least_priority: *mut c_int, greatest_priority: *mut c_int) -> CUresult {
+    run(|| {
+        let (least, greatest) = flyt_client::streams::priority_range(client()?).map_err(driver_error)?;
+        if !least_priority.is_null() {
+            // SAFETY: non-NULL; the caller's out-pointer.
+            unsafe { least_priority.write(least) };
+        }
+        if !greatest_priority.is_null() {
+            // SAFETY: non-NULL; the caller's out-pointer.
+            unsafe { greatest_priority.write(greatest) };
+        }
+        Ok(())
+    })
 }
 
 pub unsafe fn cuEventSynchronize(h_event: CUevent) -> CUresult {

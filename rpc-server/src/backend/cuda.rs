@@ -464,6 +464,13 @@ impl Device for CudaDevice {
         check(unsafe { sys::cuLaunchKernelEx(&config, function.0, std::ptr::null_mut(), extra_ptr).result() })
     }
 
+    fn available_dynamic_smem(&self, function: Self::Function, num_blocks: i32, block_size: i32) -> CudaResult<u64> {
+        let mut bytes = 0usize;
+        // SAFETY: `function` belongs to a loaded module; valid out-pointer.
+        check(unsafe { sys::cuOccupancyAvailableDynamicSMemPerBlock(&mut bytes, function.0, num_blocks, block_size).result() })?;
+        Ok(bytes as u64)
+    }
+
     fn occupancy_max_active_clusters(
         &self,
         function: Self::Function,

@@ -258,6 +258,10 @@ impl Device for EmulatedDevice {
         Err(NO_GPU_CODE)
     }
 
+    fn available_dynamic_smem(&self, _: (), _: i32, _: i32) -> CudaResult<u64> {
+        Err(NO_GPU_CODE)
+    }
+
     fn occupancy_max_active_clusters(&self, _: (), _: Dim3, _: Dim3, _: u32, _: &[LaunchAttribute]) -> CudaResult<i32> {
         Err(NO_GPU_CODE)
     }

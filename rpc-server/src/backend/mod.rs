@@ -97,6 +97,8 @@ pub trait Device: Send + Sync + 'static {
         args: &mut [u8],
         attributes: &[LaunchAttribute],
     ) -> CudaResult<()>;
+    /// `cuOccupancyAvailableDynamicSMemPerBlock`.
+    fn available_dynamic_smem(&self, function: Self::Function, num_blocks: i32, block_size: i32) -> CudaResult<u64>;
     /// `cuOccupancyMaxActiveClusters` for a launch configuration.
     fn occupancy_max_active_clusters(
         &self,
