@@ -56,12 +56,16 @@ fn a_static_cudart_program_runs_over_flyt() {
             "round trip: equal",
             "memset: ok",
             "async copies: ok, elapsed time measured",
+            "kernel launch: refused",
             "PASSED: 0 failure(s)",
         ] {
             assert!(stdout.contains(line), "missing '{line}' over {address}:\n{stdout}\n{stderr}");
         }
         // Nothing NVIDIA's runtime called on this path was left unimplemented.
         assert!(!stderr.contains("is not supported through Flyt"), "{stderr}");
+        // The server was sent the program's real fat binary (sized from its header) and said why it
+        // could not load it.
+        assert!(server.wait_for_log("module not loaded", Duration::from_secs(5)), "{}", server.log_text());
         assert!(!stderr.contains("is not implemented"), "{stderr}");
     }
 }

@@ -1,11 +1,14 @@
 // Built with nvcc's default (static) CUDA runtime: NVIDIA's own runtime, linked into this program,
 // finds the driver library by name. Run over Flyt's libcuda.so.1 it must see the server's device
-// and move bytes through it. No kernels: the emulated device in CI cannot run any.
+// and move bytes through it. The emulated device in CI runs no kernels: the one launch here must
+// fail at the call with the error the server gave for the module, and the session must go on.
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <string.h>
 
 static int failures = 0;
+
+__global__ void fill(unsigned char *out, unsigned char value) { out[threadIdx.x] = value; }
 #define CHECK(call, expected)                                                                        \
     do {                                                                                             \
         cudaError_t got_ = (call);                                                                   \
@@ -88,6 +91,14 @@ int main(void) {
     // A pointer that is no allocation is refused, and the session goes on.
     CHECK(cudaMemcpy(back, (void *)0x10, 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
     CHECK(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK(cudaMemcpy(back, dev, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+
+    // NVIDIA's runtime loaded this program's fat binary through cuLibraryLoadData; the kernel is
+    // looked up at its first launch, where the emulated device's refusal must surface.
+    fill<<<1, 32>>>(dev, 7);
+    cudaError_t launched = cudaGetLastError();
+    printf("kernel launch: %s\n", launched == cudaSuccess ? "SUCCEEDED on a device without GPU code" : "refused");
+    if (launched == cudaSuccess) failures++;
     CHECK(cudaMemcpy(back, dev, 16, cudaMemcpyDeviceToHost), cudaSuccess);
 
     CHECK(cudaEventDestroy(start), cudaSuccess);
