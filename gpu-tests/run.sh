@@ -24,7 +24,11 @@ usage: gpu-tests/run.sh [options]
                       with --runtime static)
   --runtime KIND      how the programs link CUDA's runtime: shared (nvcc -cudart=shared; Flyt apps
                       load Flyt's libcudart.so.13) or static (nvcc's default; NVIDIA's runtime inside
-                      the program loads Flyt's libcuda.so.1) (default: shared)
+                      the program loads Flyt's libcuda.so.1) (default: shared). The programs in
+                      libraries/ (cuBLAS, cuBLASLt, cuFFT, cuRAND, cuSPARSE, cuSOLVER) run with
+                      static only: with shared, the app's runtime and the library's would hold two
+                      Flyt sessions whose pointers do not cross
+  --no-libraries      leave out the programs in libraries/ (CI: its toolkit has no CUDA libraries)
   --device NAME       the server's --device (default: cuda; 'emulated' only checks the plumbing)
   --timeout SECONDS   limit for each program run (default: 120)
   --nvcc PATH         the compiler (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc)
@@ -69,6 +73,7 @@ TRANSPORTS=tcp,unix,shm
 OUT=$here/results
 BUILD=
 RUNTIME=shared
+LIBRARIES=1
 MODE=flyt
 DEVICE=cuda
 TIMEOUT=120
@@ -95,6 +100,7 @@ while [ $# -gt 0 ]; do
         --out) need_value "$@"; OUT=$2; shift 2 ;;
         --build-dir) need_value "$@"; BUILD=$2; shift 2 ;;
         --runtime) need_value "$@"; RUNTIME=$2; shift 2 ;;
+        --no-libraries) LIBRARIES=0; shift ;;
         --device) need_value "$@"; DEVICE=$2; shift 2 ;;
         --timeout) need_value "$@"; need_number "$@"; TIMEOUT=$2; shift 2 ;;
         --nvcc) need_value "$@"; NVCC=$2; shift 2 ;;
@@ -174,12 +180,20 @@ declare -A EXPECT_UNSUPPORTED=(
 TENANT_MIX=("hello_flyt" "vector_add" "kernel_args" "errors" "printf" "assert_fail" "memcpy_kinds"
     "streams_events" "per_thread_stream" "multithread" "device_info" "registered_streams 5")
 
-# Extra nvcc flags per program.
+# Extra nvcc flags per program; a library program names its libraries on its first line
+# (`// link: -lcublas`), found at run time through an rpath to the compiler's lib64.
 nvcc_flags_for() {
     case $1 in
         per_thread_stream) echo "--default-stream per-thread" ;;
-        *) echo "" ;;
+        *)
+            if [ -f "$here/libraries/$1.cu" ]; then
+                echo "$(sed -n '1s|^// link: ||p' "$here/libraries/$1.cu") -Xlinker -rpath=$(dirname "$(command -v "$NVCC")")/../lib64"
+            fi
+            ;;
     esac
+}
+source_of() { # the .cu file of program $1
+    if [ -f "$here/libraries/$1.cu" ]; then echo "$here/libraries/$1.cu"; else echo "$here/$1.cu"; fi
 }
 
 in_list() { # NAME LIST...
@@ -196,6 +210,12 @@ for f in "$here"/*.cu; do
     ALL+=("$n")
 done
 [ ${#ALL[@]} -gt 0 ] || die "no .cu files in $here"
+# Library programs: with the static runtime (see --runtime), and when --build-only builds everything.
+if [ $LIBRARIES = 1 ] && { [ "$RUNTIME" = static ] || [ "$MODE" = build ]; }; then
+    for f in "$here"/libraries/*.cu; do
+        [ -e "$f" ] && ALL+=("$(basename "$f" .cu)")
+    done
+fi
 
 selected() { # is program $1 selected by --only?
     [ ${#ONLY[@]} -eq 0 ] && return 0
@@ -345,7 +365,7 @@ for n in "${TO_BUILD[@]}"; do
     # shellcheck disable=SC2046,SC2086  # flags are deliberately word-split
     (
         set -x
-        "$NVCC" -cudart="$RUNTIME" -arch="$ARCH" $(nvcc_flags_for "$n") ${NVCC_FLAGS:-} -o "$BUILD/$n" "$here/$n.cu"
+        "$NVCC" -cudart="$RUNTIME" -arch="$ARCH" $(nvcc_flags_for "$n") ${NVCC_FLAGS:-} -o "$BUILD/$n" "$(source_of "$n")"
     ) >"$TMP/$n.build" 2>&1 &
     build_pids+=($!)
 done
