@@ -777,7 +777,11 @@ impl<D: Device> OpHandler for Session<D> {
         reply.send(result.map(|bytes| rep::OccupancyAvailableDynamicSmem { bytes }));
     }
 
-    fn occupancy_max_active_clusters(&mut self, request: req::OccupancyMaxActiveClusters, reply: Responder<rep::OccupancyMaxActiveClusters>) {
+    fn occupancy_max_active_clusters(
+        &mut self,
+        request: req::OccupancyMaxActiveClusters,
+        reply: Responder<rep::OccupancyMaxActiveClusters>,
+    ) {
         let result = self.function(request.function).and_then(|(function, _)| {
             self.device.occupancy_max_active_clusters(function, request.grid, request.block, request.shared_mem, &request.attributes)
         });

@@ -221,7 +221,12 @@ fn known(client: &Client, ptr: u64) -> Option<(u64, u64, bool)> {
 ///
 /// # Safety
 /// `data` is non-NULL and points at storage of the attribute's documented type.
-unsafe fn write_attribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr, found: Option<(u64, u64, bool)>) -> DriverResult {
+unsafe fn write_attribute(
+    data: *mut c_void,
+    attribute: CUpointer_attribute,
+    ptr: CUdeviceptr,
+    found: Option<(u64, u64, bool)>,
+) -> DriverResult {
     use pointer_attribute::*;
     // SAFETY: per this function's contract, `data` holds the type each arm writes.
     unsafe {
@@ -269,7 +274,12 @@ pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attr
 
 /// Several attributes at once. Unlike the single query, memory the session does not know is no
 /// error: its attributes get zero values, as the driver documents.
-pub unsafe fn cuPointerGetAttributes(num_attributes: c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut c_void, ptr: CUdeviceptr) -> CUresult {
+pub unsafe fn cuPointerGetAttributes(
+    num_attributes: c_uint,
+    attributes: *mut CUpointer_attribute,
+    data: *mut *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
     run(|| {
         if num_attributes == 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);

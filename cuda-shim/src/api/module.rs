@@ -226,7 +226,9 @@ pub unsafe fn load_fat_binary_with_relocations(
     count: c_uint,
 ) -> CUresult {
     if count != 0 || !symbol_names.is_null() || !symbol_addresses.is_null() {
-        return crate::diagnostics::unsupported("module loading with host relocations (CudartInterface ModuleLoadFatBinaryWithRelocations)");
+        return crate::diagnostics::unsupported(
+            "module loading with host relocations (CudartInterface ModuleLoadFatBinaryWithRelocations)",
+        );
     }
     // SAFETY: forwarded contract.
     unsafe { load_fat_binary(module, fat_cubin) }
@@ -354,9 +356,7 @@ fn find_function<T>(out: *mut *mut T, id: u32, name: *const c_char, needs_contex
     let client = if needs_context { client()? } else { session_client()? };
     let function = registry::function_by_name(&client.conn, id, &name).map_err(|error| match driver_error(error) {
         // A kernel the module lacks: the driver's "named symbol not found".
-        CUresult::CUDA_ERROR_INVALID_HANDLE if error == flyt_protocol::CudaError::INVALID_DEVICE_FUNCTION => {
-            CUresult::CUDA_ERROR_NOT_FOUND
-        }
+        CUresult::CUDA_ERROR_INVALID_HANDLE if error == flyt_protocol::CudaError::INVALID_DEVICE_FUNCTION => CUresult::CUDA_ERROR_NOT_FOUND,
         other => other,
     })?;
     // SAFETY: checked non-NULL; the caller's out-pointer.
@@ -684,7 +684,10 @@ unsafe fn attributes_of(config: &CUlaunchConfig) -> DriverResult<Vec<LaunchAttri
         // SAFETY: `attrs` has `numAttrs` entries of the CUDA 13 layout (the caller's contract).
         .map(|index| unsafe { &*raw.add(index) })
         .filter(|attribute| attribute.id != 0)
-        .map(|attribute| LaunchAttribute { id: attribute.id, value: [attribute.value[0], attribute.value[1], attribute.value[2], attribute.value[3]] })
+        .map(|attribute| LaunchAttribute {
+            id: attribute.id,
+            value: [attribute.value[0], attribute.value[1], attribute.value[2], attribute.value[3]],
+        })
         .collect())
 }
 
@@ -695,7 +698,13 @@ fn geometry(config: &CUlaunchConfig) -> (Dim3, Dim3) {
     )
 }
 
-unsafe fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void, extra: *mut *mut c_void, ptsz: bool) -> DriverResult {
+unsafe fn launch_ex(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    ptsz: bool,
+) -> DriverResult {
     non_null([config.cast()])?;
     // SAFETY: checked non-NULL; the caller's configuration.
     let config = unsafe { &*config };
@@ -706,7 +715,12 @@ unsafe fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, kernel_params:
     unsafe { launch(f, grid, block, config.sharedMemBytes, config.hStream, ptsz, attributes, kernel_params, extra) }
 }
 
-pub unsafe fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, kernel_params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult {
+pub unsafe fn cuLaunchKernelEx(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
     // SAFETY: the caller's arguments, per the driver API.
     run(|| unsafe { launch_ex(config, f, kernel_params, extra, false) })
 }
@@ -726,7 +740,12 @@ pub unsafe fn cuLaunchKernelEx_ptsz(
 /// `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE` is the only flag.
 const OCCUPANCY_FLAGS: c_uint = 0x1;
 
-pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(num_blocks: *mut c_int, func: CUfunction, block_size: c_int, dynamic_s_mem_size: usize) -> CUresult {
+pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    num_blocks: *mut c_int,
+    func: CUfunction,
+    block_size: c_int,
+    dynamic_s_mem_size: usize,
+) -> CUresult {
     // SAFETY: same contract, default flags.
     unsafe { cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(num_blocks, func, block_size, dynamic_s_mem_size, 0) }
 }
@@ -784,7 +803,12 @@ pub unsafe fn cuOccupancyMaxActiveClusters(num_clusters: *mut c_int, func: CUfun
     })
 }
 
-pub unsafe fn cuOccupancyAvailableDynamicSMemPerBlock(dynamic_smem_size: *mut usize, func: CUfunction, num_blocks: c_int, block_size: c_int) -> CUresult {
+pub unsafe fn cuOccupancyAvailableDynamicSMemPerBlock(
+    dynamic_smem_size: *mut usize,
+    func: CUfunction,
+    num_blocks: c_int,
+    block_size: c_int,
+) -> CUresult {
     run(|| {
         non_null([dynamic_smem_size.cast()])?;
         let function = function(func)?;
@@ -835,7 +859,8 @@ fn max_potential_block_size(
             }
             None => dynamic_smem,
         };
-        let request = req::OccupancyMaxActiveBlocks { function: function.reference(), block_size: size, dynamic_shared_mem: smem as u64, flags };
+        let request =
+            req::OccupancyMaxActiveBlocks { function: function.reference(), block_size: size, dynamic_shared_mem: smem as u64, flags };
         let blocks = client.call(request).map_err(driver_error)?.blocks;
         if size * blocks > best_threads {
             (best_block, best_blocks, best_threads) = (size, blocks, size * blocks);
@@ -860,7 +885,9 @@ pub unsafe fn cuOccupancyMaxPotentialBlockSize(
     dynamic_s_mem_size: usize,
     block_size_limit: c_int,
 ) -> CUresult {
-    run(|| max_potential_block_size(min_grid_size, block_size, func, block_size_to_dynamic_s_mem_size, dynamic_s_mem_size, block_size_limit, 0))
+    run(|| {
+        max_potential_block_size(min_grid_size, block_size, func, block_size_to_dynamic_s_mem_size, dynamic_s_mem_size, block_size_limit, 0)
+    })
 }
 
 pub unsafe fn cuOccupancyMaxPotentialBlockSizeWithFlags(
@@ -873,7 +900,15 @@ pub unsafe fn cuOccupancyMaxPotentialBlockSizeWithFlags(
     flags: c_uint,
 ) -> CUresult {
     run(|| {
-        max_potential_block_size(min_grid_size, block_size, func, block_size_to_dynamic_s_mem_size, dynamic_s_mem_size, block_size_limit, flags)
+        max_potential_block_size(
+            min_grid_size,
+            block_size,
+            func,
+            block_size_to_dynamic_s_mem_size,
+            dynamic_s_mem_size,
+            block_size_limit,
+            flags,
+        )
     })
 }
 

@@ -5,9 +5,9 @@
 use std::cell::RefCell;
 use std::ffi::{c_uint, c_void};
 
+use flyt_client::launch::{Args, Config};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_client::launch::{Args, Config};
 use flyt_protocol::ops::Dim3;
 
 use super::streams::stream_id;
