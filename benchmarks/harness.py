@@ -33,11 +33,15 @@ PROGRAMS = {
     "micro": (60, 30),
     "copy": (120, 45),
     "matmul": (60, 30),
+    # The same programs built with nvcc's default static runtime: NVIDIA's runtime over Flyt's libcuda.so.1.
+    "micro_static": (60, 30),
+    "copy_static": (120, 45),
+    "matmul_static": (60, 30),
     "launch_heavy": (60, 25),
     "pipeline": (150, 40),
     "idle_cpu": (150, 90),
 }
-ORDER = ["micro", "copy", "matmul", "launch_heavy", "idle_cpu", "pipeline"]
+ORDER = ["micro", "copy", "matmul", "micro_static", "copy_static", "matmul_static", "launch_heavy", "idle_cpu", "pipeline"]
 IDLE_SESSIONS = (64, 16)  # apps in the "64 idle sessions" measurement: default, quick
 LOG_TAIL_CHARS = 20000
 MiB = 1 << 20
@@ -151,7 +155,7 @@ class Runner:
         cmd = [os.path.join(self.a.build, prog)]
         if quick:
             cmd.append("--quick")
-        if prog == "matmul" and transport != "native":
+        if prog in ("matmul", "matmul_static") and transport != "native":
             reps = native_matmul_reps(self.runs)
             if reps:
                 cmd += ["--reps", str(reps)]
@@ -706,6 +710,16 @@ def build_rows(d):
         for dr, name in [("c2s", "client->server"), ("s2c", "server->client")]:
             row(f"raw socket stream {nbytes // MiB} MiB {name}", "GB/s",
                 lambda t, dr=dr, n=nbytes: d.raw(t, dr, n) if t in SOCKETS else None, higher=True)
+    static = "Static runtime (nvcc's default: NVIDIA's runtime in the program, over Flyt's libcuda.so.1)"
+    row("static runtime: null call (cudaStreamQuery) p50", "us", lambda t: v(t, "micro_static", "null_call", "p50_us"), section=static)
+    row("static runtime: empty launch + sync p50", "us", lambda t: v(t, "micro_static", "launch_sync", "p50_us"))
+    row("static runtime: empty launch + sync p99", "us", lambda t: v(t, "micro_static", "launch_sync", "p99_us"))
+    row("static runtime: launches per second (100k, one sync)", "/s", lambda t: v(t, "micro_static", "launch_rate", "per_s"), higher=True)
+    for mem in ["pinned", "pageable"]:
+        for dr in ["H2D", "D2H"]:
+            row(f"static runtime: copy 64 MiB {mem} {dr}", "GB/s",
+                lambda t, mem=mem, dr=dr: v(t, "copy_static", "copy", "gbps", mem=mem, dir=dr, bytes=64 * MiB), higher=True)
+    row("static runtime: compute-bound app (matmul), total", "s", lambda t: v(t, "matmul_static", "matmul", "total_s"))
     row("compute-bound app (matmul), total", "s", lambda t: v(t, "matmul", "matmul", "total_s"),
         {"sockets": ("ratio_max", 1.02), "shm": ("ratio_max", 1.01)}, section="Applications")
     row("launch-heavy app, per 10k launches + sync (mean)", "ms", lambda t: v(t, "launch_heavy", "launch_heavy", "round_mean_ms"),

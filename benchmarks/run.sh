@@ -10,8 +10,9 @@
 #                     latency.png, bandwidth.png, apps.png, flyt_stats.txt, log.txt (7 files, flat)
 #   --quick           fewer iterations and smaller sweeps (about 2 minutes)
 #   --transports L    which columns to run (default: all four); a Flyt transport whose first run fails is n/a
-#   --programs L      only these benchmark programs (default: all: micro,copy,matmul,launch_heavy,idle_cpu,
-#                     pipeline)
+#   --programs L      only these benchmark programs (default: all: micro,copy,matmul,micro_static,
+#                     copy_static,matmul_static,launch_heavy,idle_cpu,pipeline; *_static are the same
+#                     programs built with nvcc's default static runtime, over Flyt's libcuda.so.1)
 #   --budget S        stop starting new runs S seconds after this script started (default 480, quick 150)
 #   --build-only      compile the programs into benchmarks/.build and stop (no GPU needed)
 # Environment: NVCC (default: nvcc on PATH, /usr/local/cuda/bin/nvcc, or .cuda/bin/nvcc), CC (default gcc).
@@ -29,7 +30,7 @@ programs=
 budget=
 build_only=0
 
-usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case $1 in
         --dist) dist=${2:?--dist needs a folder}; shift 2 ;;
@@ -78,6 +79,14 @@ for p in "${progs[@]}"; do
         >"$build/$p.build.log" 2>&1 &
     pids+=($!)
     names+=("$p")
+done
+# The same programs with nvcc's default static runtime: NVIDIA's runtime inside, over Flyt's libcuda.so.1.
+for p in micro copy matmul; do
+    if [ "$build/${p}_static" -nt "$here/$p.cu" ] && [ "$build/${p}_static" -nt "$here/common.h" ]; then continue; fi
+    "$nvcc" -cudart=static -O3 -arch=sm_90 -std=c++17 "${ldflags[@]}" -o "$build/${p}_static" "$here/$p.cu" \
+        >"$build/${p}_static.build.log" 2>&1 &
+    pids+=($!)
+    names+=("${p}_static")
 done
 for c in raw_stream raw_rtt; do
     "${CC:-gcc}" -O2 -Wall -o "$build/$c" "$here/$c.c" >"$build/$c.build.log" 2>&1 &
