@@ -140,6 +140,18 @@ impl Client {
         Ok(attributes)
     }
 
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`, asked of the server.
+    pub fn max_active_blocks(&self, function: &Function, block_size: i32, dynamic_shared_mem: usize, flags: u32) -> CudaResult<i32> {
+        self.layout(function)?;
+        let request = req::OccupancyMaxActiveBlocks {
+            function: function.reference(),
+            block_size,
+            dynamic_shared_mem: dynamic_shared_mem as u64,
+            flags,
+        };
+        Ok(self.call(request)?.blocks)
+    }
+
     /// Sets a kernel attribute (`CUfunction_attribute` numbering, which `cudaFuncAttribute` shares).
     pub fn set_function_attribute(&self, function: &Function, attribute: u32, value: i32) -> CudaResult<()> {
         self.layout(function)?;

@@ -174,9 +174,8 @@ fn push_module(image: Image, complete: bool, lazy: bool) -> u32 {
     id
 }
 
-/// Loads an image through the driver API. Lazily, it is sent when something of it is first used
-/// (or when the session opens, if one is open it is sent now); eagerly, the server's answer is
-/// awaited, so a bad image fails here.
+/// Loads an image through the driver API. Lazily, it is sent when something of it is first used;
+/// eagerly, it is sent now and the server's answer is awaited, so a bad image fails here.
 pub fn load(conn: Option<&Arc<Conn>>, image: Image, lazy: bool) -> CudaResult<u32> {
     let id = push_module(image, true, lazy);
     if lazy {
@@ -218,17 +217,14 @@ pub fn unload(conn: Option<&Arc<Conn>>, ranges: Option<&DeviceRanges>, id: u32) 
         module.unloaded = true;
         (module.registration.clone(), module.found.clone())
     };
-    let held = {
+    {
+        // Never sent: drop the image; nothing to tell the server.
         let mut registration = lock(&registration);
-        match &*registration {
-            Registration::Unsent(_) => {
-                *registration = Registration::Done(Err(CudaError::INVALID_RESOURCE_HANDLE));
-                false
-            }
-            Registration::Sent(_) => true,
-            Registration::Done(outcome) => outcome.is_ok(),
+        if matches!(*registration, Registration::Unsent(_)) {
+            *registration = Registration::Done(Err(CudaError::INVALID_RESOURCE_HANDLE));
         }
-    };
+    }
+    let held = conn.is_some_and(|conn| held(conn, &registration));
     if let Some(ranges) = ranges {
         for (address, _) in lock(&found).variables.values() {
             ranges.remove_variable(*address);
@@ -257,14 +253,7 @@ pub fn function_by_name(conn: &Arc<Conn>, id: u32, name: &str) -> CudaResult<Arc
         send_if_unsent(conn, module);
         (module.registration.clone(), module.found.clone())
     };
-    let reply = conn
-        .call(&req::ModuleGetFunction { module: id, name: name.to_owned() }.into())
-        .and_then(|message| decode_reply::<rep::ModuleGetFunction>(&message).map_err(|_| CudaError::UNKNOWN)?.result);
-    let reply = match reply {
-        Ok(reply) => reply,
-        // A module the server could not load says why (no code for this GPU, a bad image).
-        Err(error) => return Err(collect(conn, None, &registration).err().unwrap_or(error)),
-    };
+    let reply: rep::ModuleGetFunction = ask(conn, &registration, req::ModuleGetFunction { module: id, name: name.to_owned() })?;
     let mut registry = write();
     let handle = registry.functions.len() + 1;
     let function = Arc::new(Function {
@@ -292,16 +281,18 @@ pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &s
         send_if_unsent(conn, module);
         (module.registration.clone(), module.found.clone())
     };
-    let reply = conn
-        .call(&req::ModuleGetGlobal { module: id, name: name.to_owned() }.into())
-        .and_then(|message| decode_reply::<rep::ModuleGetGlobal>(&message).map_err(|_| CudaError::UNKNOWN)?.result);
-    let reply = match reply {
-        Ok(reply) => reply,
-        Err(error) => return Err(collect(conn, None, &registration).err().unwrap_or(error)),
-    };
+    let reply: rep::ModuleGetGlobal = ask(conn, &registration, req::ModuleGetGlobal { module: id, name: name.to_owned() })?;
     ranges.add_variables(std::iter::once((reply.address, reply.size)));
     lock(&found).variables.insert(name.to_owned(), (reply.address, reply.size));
     Ok((reply.address, reply.size))
+}
+
+/// Asks the server about a module by name. A module the server could not load answers with why
+/// (no code for this GPU, a bad image) rather than with the lookup's own error.
+fn ask<O: flyt_protocol::ops::Op>(conn: &Arc<Conn>, registration: &Mutex<Registration>, request: O) -> CudaResult<O::Reply> {
+    conn.call(&request.into())
+        .and_then(|message| decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?.result)
+        .map_err(|error| collect(conn, None, registration).err().unwrap_or(error))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -415,12 +406,16 @@ pub fn held_by_server(conn: &Conn, id: u32) -> bool {
         Some(module) => module.registration.clone(),
         None => return false,
     };
-    let answered = match &*registration.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+    held(conn, &registration)
+}
+
+fn held(conn: &Conn, registration: &Mutex<Registration>) -> bool {
+    let answered = match &*lock(registration) {
         Registration::Unsent(_) => return false,
         Registration::Sent(slot) => slot.is_done(),
         Registration::Done(outcome) => return outcome.is_ok(),
     };
-    !answered || collect(conn, None, &registration).is_ok()
+    !answered || collect(conn, None, registration).is_ok()
 }
 
 /// Collects a sent registration's reply (once) and returns the outcome; the variables of a loaded

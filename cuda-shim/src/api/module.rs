@@ -354,10 +354,10 @@ fn find_function<T>(out: *mut *mut T, id: u32, name: *const c_char, needs_contex
     non_null([out.cast()])?;
     let name = name_of(name)?;
     let client = if needs_context { client()? } else { session_client()? };
-    let function = registry::function_by_name(&client.conn, id, &name).map_err(|error| match driver_error(error) {
+    let function = registry::function_by_name(&client.conn, id, &name).map_err(|error| match error {
         // A kernel the module lacks: the driver's "named symbol not found".
-        CUresult::CUDA_ERROR_INVALID_HANDLE if error == flyt_protocol::CudaError::INVALID_DEVICE_FUNCTION => CUresult::CUDA_ERROR_NOT_FOUND,
-        other => other,
+        flyt_protocol::CudaError::INVALID_DEVICE_FUNCTION => CUresult::CUDA_ERROR_NOT_FOUND,
+        other => driver_error(other),
     })?;
     // SAFETY: checked non-NULL; the caller's out-pointer.
     unsafe { write_out(out, function_handle(&function)) }
@@ -762,16 +762,7 @@ pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
         if flags & !OCCUPANCY_FLAGS != 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let function = function(func)?;
-        let client = client()?;
-        client.layout(&function).map_err(driver_error)?;
-        let request = req::OccupancyMaxActiveBlocks {
-            function: function.reference(),
-            block_size,
-            dynamic_shared_mem: dynamic_s_mem_size as u64,
-            flags,
-        };
-        let blocks = client.call(request).map_err(driver_error)?.blocks;
+        let blocks = client()?.max_active_blocks(&*function(func)?, block_size, dynamic_s_mem_size, flags).map_err(driver_error)?;
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { write_out(num_blocks, blocks) }
     })
@@ -859,9 +850,7 @@ fn max_potential_block_size(
             }
             None => dynamic_smem,
         };
-        let request =
-            req::OccupancyMaxActiveBlocks { function: function.reference(), block_size: size, dynamic_shared_mem: smem as u64, flags };
-        let blocks = client.call(request).map_err(driver_error)?.blocks;
+        let blocks = client.max_active_blocks(&function, size, smem, flags).map_err(driver_error)?;
         if size * blocks > best_threads {
             (best_block, best_blocks, best_threads) = (size, blocks, size * blocks);
         }

@@ -4,9 +4,7 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::req;
 
-use super::call;
 use crate::client::client;
 use crate::ffi::write_out;
 use crate::props::cudaFuncAttributes;
@@ -78,12 +76,7 @@ pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     if blocks.is_null() || flags & !OCCUPANCY_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    let function = function(func)?;
-    let client = client()?;
-    client.layout(&function)?;
-    let request =
-        req::OccupancyMaxActiveBlocks { function: function.reference(), block_size, dynamic_shared_mem: dynamic_smem as u64, flags };
-    let reply = call(client, request)?;
+    let value = client()?.max_active_blocks(&*function(func)?, block_size, dynamic_smem, flags)?;
     // SAFETY: checked non-NULL above; the app's out-pointer.
-    unsafe { write_out(blocks, reply.blocks) }
+    unsafe { write_out(blocks, value) }
 }
