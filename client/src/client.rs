@@ -15,7 +15,7 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameLimits, read_value, write_value};
 use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo, ShmOffer};
 use flyt_protocol::locate::{LocateReply, LocateRequest};
-use flyt_protocol::ops::{Op, OpClass, decode_reply};
+use flyt_protocol::ops::{Op, OpClass, decode_reply, req};
 
 use crate::conn::{Conn, Wire};
 use crate::ranges::DeviceRanges;
@@ -293,6 +293,19 @@ impl Client {
 
     pub fn forget_allocations(&self) {
         self.ranges.forget_allocations();
+    }
+
+    /// Resets the session's device (`cuDevicePrimaryCtxReset`, `cudaDeviceReset`): the server waits
+    /// for its work, frees every allocation, stream and event and puts changed limits back; the
+    /// client forgets them, and per-thread default streams are made anew. Loaded modules stay, as
+    /// CUDA's libraries outlive a reset.
+    pub fn device_reset(&self) -> CudaResult<()> {
+        self.call(req::DeviceReset {})?;
+        self.forget_allocations();
+        lock(&self.streams).clear();
+        lock(&self.events).clear();
+        self.reset_generation.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
     /// The device range holding `ptr`, as `(start, len)`.

@@ -105,6 +105,33 @@ pub fn host_free(client: &Client, address: usize) -> CudaResult<()> {
     Ok(())
 }
 
+/// Registers the app's own memory (`cudaHostRegister`, `cuMemHostRegister`; `flags` as the front
+/// checked them). The GPU is on another machine or process, so nothing is pinned for it: the range
+/// is remembered as registered host memory (so pointer attributes and host flags answer as CUDA
+/// does), and copies from or to it go through the channel like any host memory.
+pub fn host_register(client: &Client, start: usize, size: usize, flags: u32) -> CudaResult<()> {
+    let end = start.checked_add(size).ok_or(CudaError::INVALID_VALUE)?;
+    let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let overlaps = allocations.range(..end).next_back().is_some_and(|(begin, allocation)| begin + allocation.len > start);
+    if overlaps {
+        return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED);
+    }
+    allocations.insert(start, HostAllocation { len: size, flags, segment_offset: None, registered: true });
+    Ok(())
+}
+
+/// Forgets memory [`host_register`] registered, by its start address.
+pub fn host_unregister(client: &Client, start: usize) -> CudaResult<()> {
+    let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match allocations.get(&start) {
+        Some(allocation) if allocation.registered => {
+            allocations.remove(&start);
+            Ok(())
+        }
+        _ => Err(CudaError::HOST_MEMORY_NOT_REGISTERED),
+    }
+}
+
 /// Where a copy happens, once the pointers are classified.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {

@@ -62,12 +62,23 @@ pub unsafe fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUr
     finish(contexts().and_then(|c| c.primary_set_flags(dev, flags, true)))
 }
 
+/// The context's work, memory, streams and events go (the session's device is reset on the
+/// server, when a session is open); its handle stays, inactive.
+fn primary_reset(dev: CUdevice) -> DriverResult {
+    let contexts = contexts()?;
+    contexts.primary(dev)?;
+    if let Some(client) = flyt_client::client::existing_client() {
+        client.device_reset().map_err(crate::client_source::to_driver)?;
+    }
+    contexts.primary_reset(dev)
+}
+
 pub unsafe fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
-    finish(contexts().and_then(|c| c.primary_reset(dev)))
+    finish(primary_reset(dev))
 }
 
 pub unsafe fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
-    finish(contexts().and_then(|c| c.primary_reset(dev)))
+    finish(primary_reset(dev))
 }
 
 // -- created contexts --

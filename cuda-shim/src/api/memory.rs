@@ -313,3 +313,48 @@ pub unsafe fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize
         Ok(())
     })
 }
+
+/// `CU_MEMHOSTREGISTER_PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY`.
+const HOST_REGISTER_FLAGS: c_uint = 0xf;
+
+/// Registers the app's memory for copies (see `flyt_client::transfer::host_register`). Mapped
+/// memory (kernels dereference it) and I/O memory (another device's registers) need the GPU in
+/// this process: refused with one line.
+fn host_register(symbol: &str, p: *mut c_void, bytesize: usize, flags: c_uint) -> DriverResult {
+    if p.is_null() || bytesize == 0 || flags & !HOST_REGISTER_FLAGS != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    for (flag, name) in [(0x2, "CU_MEMHOSTREGISTER_DEVICEMAP"), (0x4, "CU_MEMHOSTREGISTER_IOMEMORY")] {
+        if flags & flag != 0 {
+            let line = format!("flyt: {symbol} with {name} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)");
+            crate::diagnostics::once(&format!("{symbol} {name}"), &line);
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+    }
+    transfer::host_register(client()?, p as usize, bytesize, flags).map_err(super::session::driver_error)
+}
+
+pub unsafe fn cuMemHostRegister(p: *mut c_void, bytesize: usize, flags: c_uint) -> CUresult {
+    run(|| host_register("cuMemHostRegister", p, bytesize, flags))
+}
+
+pub unsafe fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) -> CUresult {
+    run(|| host_register("cuMemHostRegister", p, bytesize, flags))
+}
+
+pub unsafe fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    run(|| {
+        non_null([p.cast()])?;
+        transfer::host_unregister(client()?, p as usize).map_err(super::session::driver_error)
+    })
+}
+
+/// The flags pinned or registered host memory was made with.
+pub unsafe fn cuMemHostGetFlags(p_flags: *mut c_uint, p: *mut c_void) -> CUresult {
+    run(|| {
+        non_null([p_flags.cast()])?;
+        let (_, _, flags) = client()?.host_allocation(p as usize).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(p_flags, flags) }
+    })
+}

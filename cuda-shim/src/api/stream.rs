@@ -222,3 +222,31 @@ pub unsafe fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
         client()?.call(req::DeviceSynchronize {}).map(|_| ()).map_err(driver_error)
     })
 }
+
+/// A stream's flags and priority as the app created it; the default streams have neither.
+fn stream_info(stream: CUstream, ptds: bool) -> DriverResult<flyt_client::client::StreamInfo> {
+    let client = client()?;
+    let id = resolve_stream(client, stream, ptds)?;
+    let streams = client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    Ok(streams.get(&id).copied().unwrap_or(flyt_client::client::StreamInfo { flags: 0, priority: 0 }))
+}
+
+macro_rules! stream_queries {
+    ($($name:ident($out:ident: *mut $ty:ty) => $field:ident, $ptds:literal;)*) => {$(
+        pub unsafe fn $name(h_stream: CUstream, $out: *mut $ty) -> CUresult {
+            run(|| {
+                non_null([$out.cast()])?;
+                let value = stream_info(h_stream, $ptds)?.$field;
+                // SAFETY: checked non-NULL; the caller's out-pointer.
+                unsafe { write_out($out, value as $ty) }
+            })
+        }
+    )*};
+}
+
+stream_queries! {
+    cuStreamGetFlags(flags: *mut c_uint) => flags, false;
+    cuStreamGetFlags_ptsz(flags: *mut c_uint) => flags, true;
+    cuStreamGetPriority(priority: *mut c_int) => priority, false;
+    cuStreamGetPriority_ptsz(priority: *mut c_int) => priority, true;
+}
