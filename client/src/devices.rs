@@ -41,3 +41,25 @@ pub fn served_attribute(info: &DeviceInfo, id: u32) -> Option<i32> {
     let value = info.attribute(id)?;
     Some(if NOT_THROUGH_FLYT.contains(&id) { 0 } else { value })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_flyt_does_not_serve_read_zero() {
+        let info = DeviceInfo {
+            name: "Test GPU".into(),
+            uuid: [0; 16],
+            luid: [0; 8],
+            luid_device_node_mask: 0,
+            total_mem: 1 << 30,
+            attributes: vec![(attr::CAN_MAP_HOST_MEMORY, 1), (attr::MEMORY_POOLS_SUPPORTED, 1), (attr::HOST_REGISTER_SUPPORTED, 1)],
+        };
+        assert_eq!(served_attribute(&info, attr::CAN_MAP_HOST_MEMORY), Some(0));
+        assert_eq!(served_attribute(&info, attr::MEMORY_POOLS_SUPPORTED), Some(0));
+        // cudaHostRegister works for copies: reported as the device reports it.
+        assert_eq!(served_attribute(&info, attr::HOST_REGISTER_SUPPORTED), Some(1));
+        assert_eq!(served_attribute(&info, attr::COOPERATIVE_LAUNCH), None, "not reported stays unknown");
+    }
+}

@@ -63,6 +63,17 @@ impl Limits {
 }
 
 impl Client {
+    /// Says once why kernels fail on a server whose device is emulated (it runs no GPU code), so a
+    /// CI run that reaches a kernel reads why, not only an error code.
+    pub fn note_unrunnable(&self, kernel: &str, error: CudaError) {
+        if self.info.emulated {
+            crate::diagnostics::once(
+                "emulated-launch",
+                &format!("flyt: kernel {kernel} cannot run: the server's emulated device has no GPU ({error:?})"),
+            );
+        }
+    }
+
     fn limits(&self) -> CudaResult<&Limits> {
         static LIMITS: OnceLock<Option<Limits>> = OnceLock::new();
         LIMITS.get_or_init(|| self.device(0).as_ref().map(Limits::of)).as_ref().ok_or(CudaError::INVALID_DEVICE)
@@ -82,14 +93,7 @@ impl Client {
             );
             return Err(CudaError::NOT_SUPPORTED);
         }
-        let layout = self.layout(function).inspect_err(|error| {
-            if self.info.emulated {
-                crate::diagnostics::once(
-                    "emulated-launch",
-                    &format!("flyt: kernel {} cannot run: the server's emulated device has no GPU ({error:?})", function.name),
-                );
-            }
-        })?;
+        let layout = self.layout(function).inspect_err(|error| self.note_unrunnable(&function.name, *error))?;
         let packed = match args {
             Args::Packed(buffer) => buffer.get(..layout.args_len).ok_or(CudaError::INVALID_VALUE)?.to_vec(),
             Args::Pointers(pointers) => {

@@ -28,7 +28,8 @@ impl PanicDefault for std::ffi::c_int {
 
 /// Runs `body`, turning a panic into `R::on_panic()` and one line on stderr naming `symbol`.
 pub fn boundary<R: PanicDefault>(symbol: &'static str, body: impl FnOnce() -> R) -> R {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    let started = flyt_client::stats::start();
+    let result = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(_) => {
             crate::diagnostics::once(
@@ -37,7 +38,9 @@ pub fn boundary<R: PanicDefault>(symbol: &'static str, body: impl FnOnce() -> R)
             );
             R::on_panic()
         }
-    }
+    };
+    flyt_client::stats::finish(symbol, started);
+    result
 }
 
 /// `Result` for the driver's bodies: `?` on a `CUresult` error, `finish` at the edge.

@@ -99,8 +99,7 @@ impl PanicValue for cudaChannelFormatDesc {
 /// Runs an export's body; a panic never crosses into the app: it is reported once on stderr and
 /// becomes `cudaErrorUnknown` (or the return type's failing value).
 pub fn boundary<R: PanicValue>(symbol: &'static str, body: impl FnOnce() -> R) -> R {
-    let started = crate::stats::start();
-    let result = match catch_unwind(AssertUnwindSafe(body)) {
+    match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(panic) => {
             let message = panic
@@ -112,9 +111,7 @@ pub fn boundary<R: PanicValue>(symbol: &'static str, body: impl FnOnce() -> R) -
             set_last_error(CudaError::UNKNOWN);
             R::on_panic()
         }
-    };
-    crate::stats::finish(symbol, started);
-    result
+    }
 }
 
 /// Converts a checked export's result to `cudaError_t`, recording failures as the last error.

@@ -1,11 +1,13 @@
 //! `flyt-cudart`: Flyt's CUDA runtime, loaded into `-cudart=shared` apps as `libcudart.so.13`.
 //!
-//! Every export of the CUDA 13 runtime is declared once in [`exports`]; implemented ones turn
-//! into messages to a `flyt-rpc-server` (see `flyt_protocol::ops`), answered locally where CUDA
-//! allows (properties, last error, launch configuration), asynchronously where CUDA is
-//! asynchronous (launches, memsets, host-to-device copies, stream and event creation), and
-//! unsupported ones fail with `cudaErrorNotSupported` and a one-line message. Nothing here panics
-//! across the C ABI.
+//! A front over the driver API of Flyt's `libcuda.so.1` ([`driver`]), as NVIDIA's runtime is a
+//! front over NVIDIA's driver: the driver library holds the process's one session, so a program
+//! that mixes this runtime with NVIDIA's libraries (which carry their own runtime and call the
+//! driver) has one session and one address space. What is the runtime's own stays here: the
+//! export table ([`exports`]), the C types, the thread's last error and device, `<<<...>>>`
+//! configurations, the kernels and variables nvcc registers (loaded as driver libraries on first
+//! use), and the refused stream captures. Unsupported exports fail with `cudaErrorNotSupported`
+//! and a one-line message. Nothing here panics across the C ABI.
 //!
 //! The logic lives in this rlib so it can be tested as Rust; the `cdylib/` crate only re-exports
 //! it as `libcudart.so.13`.
@@ -15,9 +17,9 @@
 )]
 
 pub mod api;
+pub mod diagnostics;
+pub mod driver;
 pub mod exports;
 pub mod ffi;
 pub mod props;
-
-// The client core, under the names the bodies have always used.
-pub use flyt_client::{client, conn, diagnostics, registry, shm, stats, streams, transfer};
+pub mod registry;

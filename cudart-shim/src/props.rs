@@ -1,14 +1,12 @@
-//! The CUDA 13 layouts of the structs the runtime fills for the app, and how the shim fills
-//! `cudaDeviceProp` from the attributes the server sent (as the real runtime does from the
-//! driver's attributes). Offsets are pinned by tests against the CUDA 13.0 headers.
+//! The CUDA 13 layouts of the structs the runtime fills for the app, and how the runtime fills
+//! `cudaDeviceProp` from the driver's device attributes, as NVIDIA's runtime does (Flyt's driver
+//! answers them in the process). Offsets are pinned by tests against the CUDA 13.0 headers.
 
 #![allow(non_camel_case_types, non_snake_case, reason = "C structs with the CUDA headers' field names")]
 
 use std::ffi::{c_char, c_int, c_long, c_uint, c_void};
 
-use flyt_protocol::device::{DeviceInfo, attr};
-
-use crate::client::Client;
+use flyt_protocol::device::attr;
 
 /// `struct cudaDeviceProp` of CUDA 13.0 (1008 bytes).
 #[repr(C)]
@@ -150,26 +148,30 @@ pub mod memory_type {
     pub const DEVICE: i32 = 2;
 }
 
-pub use flyt_client::devices::{NOT_THROUGH_FLYT, served_attribute};
-
-fn clamp_usize(value: u64) -> usize {
-    usize::try_from(value).unwrap_or(usize::MAX)
+/// What `cudaDeviceProp` holds besides attributes, as the driver reports them.
+pub struct Identity {
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub luid: [u8; 8],
+    pub luid_device_node_mask: u32,
+    pub total_mem: usize,
 }
 
-/// Builds `cudaDeviceProp` from a device's attributes, field by field.
-pub fn device_prop(info: &DeviceInfo) -> cudaDeviceProp {
-    let a = |id: u32| served_attribute(info, id).unwrap_or(0);
+/// Builds `cudaDeviceProp` from a device's identity and attributes (`attribute`: the driver's
+/// value, 0 for one it does not report), field by field.
+pub fn device_prop(identity: &Identity, attribute: impl Fn(u32) -> i32) -> cudaDeviceProp {
+    let a = |id: u32| attribute(id);
     let size = |id: u32| usize::try_from(a(id)).unwrap_or(0);
     // SAFETY: `cudaDeviceProp` is plain old data (integers and arrays of them), for which the
     // all-zero bit pattern is a valid value; reserved and unknown fields stay zero.
     let mut prop: cudaDeviceProp = unsafe { std::mem::zeroed() };
-    for (slot, byte) in prop.name.iter_mut().zip(info.name.bytes().take(255)) {
+    for (slot, byte) in prop.name.iter_mut().zip(identity.name.bytes().take(255)) {
         *slot = byte as c_char;
     }
-    prop.uuid = info.uuid.map(|byte| byte as c_char);
-    prop.luid = info.luid.map(|byte| byte as c_char);
-    prop.luidDeviceNodeMask = info.luid_device_node_mask;
-    prop.totalGlobalMem = clamp_usize(info.total_mem);
+    prop.uuid = identity.uuid.map(|byte| byte as c_char);
+    prop.luid = identity.luid.map(|byte| byte as c_char);
+    prop.luidDeviceNodeMask = identity.luid_device_node_mask;
+    prop.totalGlobalMem = identity.total_mem;
     prop.sharedMemPerBlock = size(attr::MAX_SHARED_MEMORY_PER_BLOCK);
     prop.regsPerBlock = a(attr::MAX_REGISTERS_PER_BLOCK);
     prop.warpSize = a(attr::WARP_SIZE);
@@ -265,11 +267,6 @@ pub fn device_prop(info: &DeviceInfo) -> cudaDeviceProp {
     prop
 }
 
-/// `cudaDeviceProp` of a device as the session sees it now (its slice, updated on a resize).
-pub fn prop(client: &Client, index: usize) -> Option<cudaDeviceProp> {
-    client.device(index).as_ref().map(device_prop)
-}
-
 #[cfg(test)]
 mod tests {
     use std::mem::{offset_of, size_of};
@@ -291,45 +288,15 @@ mod tests {
 
     #[test]
     fn properties_come_from_attributes() {
-        let info = DeviceInfo {
-            name: "Test GPU".into(),
-            uuid: [7; 16],
-            luid: [0; 8],
-            luid_device_node_mask: 0,
-            total_mem: 80 << 30,
-            attributes: vec![(attr::MULTIPROCESSOR_COUNT, 32), (attr::COMPUTE_CAPABILITY_MAJOR, 9), (attr::WARP_SIZE, 32)],
-        };
-        let prop = device_prop(&info);
+        let identity = Identity { name: "Test GPU".into(), uuid: [7; 16], luid: [0; 8], luid_device_node_mask: 0, total_mem: 80 << 30 };
+        let attributes = [(attr::MULTIPROCESSOR_COUNT, 32), (attr::COMPUTE_CAPABILITY_MAJOR, 9), (attr::WARP_SIZE, 32)];
+        let prop = device_prop(&identity, |id| attributes.iter().find(|(a, _)| *a == id).map_or(0, |(_, v)| *v));
         assert_eq!(prop.multiProcessorCount, 32);
         assert_eq!(prop.warpSize, 32);
         assert_eq!(prop.totalGlobalMem, 80 << 30);
         assert_eq!(prop.name[..8].iter().map(|c| *c as u8).collect::<Vec<_>>(), b"Test GPU");
         assert_eq!(prop.name[8], 0);
+        assert_eq!(prop.uuid[0], 7);
         assert_eq!(prop.unifiedFunctionPointers, 1);
-    }
-
-    #[test]
-    fn capabilities_flyt_does_not_serve_read_zero() {
-        let info = DeviceInfo {
-            name: "Test GPU".into(),
-            uuid: [0; 16],
-            luid: [0; 8],
-            luid_device_node_mask: 0,
-            total_mem: 1 << 30,
-            attributes: vec![
-                (attr::CAN_MAP_HOST_MEMORY, 1),
-                (attr::PAGEABLE_MEMORY_ACCESS, 1),
-                (attr::MANAGED_MEMORY, 1),
-                (attr::MEMORY_POOLS_SUPPORTED, 1),
-                (attr::HOST_REGISTER_SUPPORTED, 1),
-            ],
-        };
-        let prop = device_prop(&info);
-        assert_eq!((prop.canMapHostMemory, prop.pageableMemoryAccess, prop.managedMemory), (0, 0, 0));
-        assert_eq!(prop.memoryPoolsSupported, 0);
-        assert_eq!(served_attribute(&info, attr::CAN_MAP_HOST_MEMORY), Some(0));
-        // cudaHostRegister works for copies: reported as the device reports it.
-        assert_eq!((prop.hostRegisterSupported, served_attribute(&info, attr::HOST_REGISTER_SUPPORTED)), (1, Some(1)));
-        assert_eq!(served_attribute(&info, attr::COOPERATIVE_LAUNCH), None, "not reported stays unknown");
     }
 }

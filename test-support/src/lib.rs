@@ -32,19 +32,22 @@ pub fn artifact(name: &str) -> PathBuf {
     path
 }
 
-/// A directory holding `libcudart.so.13` (the shim), for `LD_LIBRARY_PATH`.
+/// A directory laid out as Flyt's library folder, for `LD_LIBRARY_PATH`: `libcudart.so.13` (the
+/// runtime front) and `libcuda.so.1` (the driver it runs over).
 pub fn shim_lib_dir() -> PathBuf {
-    let library = artifact("libcudart.so");
     let dir = profile_dir().join("flyt-shim-lib");
     std::fs::create_dir_all(&dir).expect("shim lib dir");
-    let link = dir.join("libcudart.so.13");
-    if std::fs::read_link(&link).ok().as_deref() != Some(library.as_path()) {
-        // Tests run in parallel: build the link aside and rename it into place, so no test ever
-        // sees the name missing.
-        let staged = dir.join(format!(".libcudart.so.13.{}.{:?}", std::process::id(), std::thread::current().id()));
-        let _ = std::fs::remove_file(&staged);
-        std::os::unix::fs::symlink(&library, &staged).expect("symlink libcudart.so.13");
-        std::fs::rename(&staged, &link).expect("place libcudart.so.13");
+    for (built, name) in [("libcudart.so", "libcudart.so.13"), ("libflyt_libcuda.so", "libcuda.so.1")] {
+        let library = artifact(built);
+        let link = dir.join(name);
+        if std::fs::read_link(&link).ok().as_deref() != Some(library.as_path()) {
+            // Tests run in parallel: build the link aside and rename it into place, so no test
+            // ever sees the name missing.
+            let staged = dir.join(format!(".{name}.{}.{:?}", std::process::id(), std::thread::current().id()));
+            let _ = std::fs::remove_file(&staged);
+            std::os::unix::fs::symlink(&library, &staged).unwrap_or_else(|error| panic!("symlink {name}: {error}"));
+            std::fs::rename(&staged, &link).unwrap_or_else(|error| panic!("place {name}: {error}"));
+        }
     }
     dir
 }

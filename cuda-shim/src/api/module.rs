@@ -354,7 +354,8 @@ fn find_function<T>(out: *mut *mut T, id: u32, name: *const c_char, needs_contex
     non_null([out.cast()])?;
     let name = name_of(name)?;
     let client = if needs_context { client()? } else { session_client()? };
-    let function = registry::function_by_name(&client.conn, id, &name).map_err(|error| match error {
+    let found = registry::function_by_name(&client.conn, id, &name);
+    let function = found.inspect_err(|error| client.note_unrunnable(&name, *error)).map_err(|error| match error {
         // A kernel the module lacks: the driver's "named symbol not found".
         flyt_protocol::CudaError::INVALID_DEVICE_FUNCTION => CUresult::CUDA_ERROR_NOT_FOUND,
         other => driver_error(other),

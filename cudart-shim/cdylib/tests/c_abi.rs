@@ -108,7 +108,8 @@ fn an_unreachable_server_is_a_cuda_error_not_a_hang() {
     let missing = format!("unix:{}", scratch.join("nobody-here.sock").display());
     let (code, stdout, stderr) = run_program(&program, &missing);
     assert_eq!(code, 1, "{stdout}");
-    assert!(stdout.contains("cudaGetDeviceCount -> cudaErrorDevicesUnavailable"), "{stdout}");
+    // No server to reach is no device, as a machine without a GPU answers (the driver decides).
+    assert!(stdout.contains("cudaGetDeviceCount -> cudaErrorNoDevice"), "{stdout}");
     assert_eq!(stderr.matches("flyt: cannot connect to").count(), 1, "one line, once: {stderr}");
 }
 

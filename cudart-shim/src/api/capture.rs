@@ -26,16 +26,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-use super::streams::resolve_stream;
-use crate::client::client;
+use super::streams::{is_stream, stream_key};
 use crate::ffi::cudaStream_t;
 
-/// The refused captures the app has not ended: each stream or event (wire ids) with the stream
-/// whose `cudaStreamBeginCapture` was refused (the capture's origin).
+/// The refused captures the app has not ended: each stream (see `streams::stream_key`) or event
+/// with the stream whose `cudaStreamBeginCapture` was refused (the capture's origin).
 #[derive(Default)]
 struct Refused {
-    streams: HashMap<u64, u64>,
-    events: HashMap<u64, u64>,
+    streams: HashMap<usize, usize>,
+    events: HashMap<usize, usize>,
 }
 
 static REFUSED: Mutex<Option<Refused>> = Mutex::new(None);
@@ -64,7 +63,7 @@ fn invalidated() -> CudaError {
 }
 
 /// Fails a call that uses stream `id` while the app believes the stream is capturing.
-pub(crate) fn check_not_refused_capture(id: u64) -> CudaResult<()> {
+pub(crate) fn check_not_refused_capture(id: usize) -> CudaResult<()> {
     if ANY_REFUSED.load(Ordering::Acquire) && with_refused(|refused| refused.streams.contains_key(&id)) {
         return Err(invalidated());
     }
@@ -74,7 +73,7 @@ pub(crate) fn check_not_refused_capture(id: u64) -> CudaResult<()> {
 /// A record of `event` on `stream`: refused if the stream is in a refused capture, and then the
 /// event belongs to that capture (a stream that waits for it joins it); a record that goes ahead
 /// takes the event out of any.
-pub(crate) fn record(event: u64, stream: u64) -> CudaResult<()> {
+pub(crate) fn record(event: usize, stream: usize) -> CudaResult<()> {
     if !ANY_REFUSED.load(Ordering::Acquire) {
         return Ok(());
     }
@@ -93,7 +92,7 @@ pub(crate) fn record(event: u64, stream: u64) -> CudaResult<()> {
 
 /// A wait of `stream` for `event`: if the event belongs to a refused capture, the stream joins
 /// it and the wait is refused.
-pub(crate) fn wait(stream: u64, event: u64) -> CudaResult<()> {
+pub(crate) fn wait(stream: usize, event: usize) -> CudaResult<()> {
     if !ANY_REFUSED.load(Ordering::Acquire) {
         return Ok(());
     }
@@ -111,7 +110,7 @@ pub(crate) fn wait(stream: u64, event: u64) -> CudaResult<()> {
 
 /// Fails a wait for, or a query of, an event recorded in a refused capture the app has not
 /// ended: CUDA's answer for an event last recorded in a capturing stream.
-pub(crate) fn check_event(event: u64) -> CudaResult<()> {
+pub(crate) fn check_event(event: usize) -> CudaResult<()> {
     if ANY_REFUSED.load(Ordering::Acquire) && with_refused(|refused| refused.events.contains_key(&event)) {
         return Err(CudaError::CAPTURED_EVENT);
     }
@@ -128,7 +127,7 @@ pub(crate) fn forget_all() {
 }
 
 /// Forgets a stream (destroyed): the capture it began, if any, or its part in one.
-pub(crate) fn forget_stream(id: u64) {
+pub(crate) fn forget_stream(id: usize) {
     if ANY_REFUSED.load(Ordering::Acquire) {
         with_refused(|refused| {
             if refused.streams.get(&id) == Some(&id) {
@@ -141,7 +140,7 @@ pub(crate) fn forget_stream(id: u64) {
 }
 
 /// Forgets an event (destroyed).
-pub(crate) fn forget_event(id: u64) {
+pub(crate) fn forget_event(id: usize) {
     if ANY_REFUSED.load(Ordering::Acquire) {
         with_refused(|refused| refused.events.remove(&id));
     }
@@ -149,7 +148,7 @@ pub(crate) fn forget_event(id: u64) {
 
 /// Ends the refused capture `stream` is part of (every stream and event of it), or the one it
 /// began.
-fn end_capture_of(refused: &mut Refused, stream: u64) {
+fn end_capture_of(refused: &mut Refused, stream: usize) {
     let origin = refused.streams.get(&stream).copied().unwrap_or(stream);
     refused.streams.retain(|id, of| *of != origin && *id != stream);
     refused.events.retain(|_, of| *of != origin);
@@ -161,12 +160,10 @@ pub(crate) fn take_owed_at_sync() -> CudaResult<()> {
 }
 
 fn begin(stream: cudaStream_t, per_thread_default: bool) {
-    let Ok(client) = client() else { return };
     // The legacy stream cannot capture in CUDA either (the call fails there too), and an unknown
     // handle is no stream: nothing to remember.
-    if let Ok(id) = resolve_stream(client, stream, per_thread_default)
-        && id != 0
-    {
+    let id = stream_key(stream, per_thread_default);
+    if id != 0 && is_stream(stream) {
         with_refused(|refused| {
             end_capture_of(refused, id);
             refused.streams.insert(id, id);
@@ -175,11 +172,8 @@ fn begin(stream: cudaStream_t, per_thread_default: bool) {
 }
 
 fn end(stream: cudaStream_t, per_thread_default: bool) {
-    if let Ok(client) = client()
-        && let Ok(id) = resolve_stream(client, stream, per_thread_default)
-        && ANY_REFUSED.load(Ordering::Acquire)
-    {
-        with_refused(|refused| end_capture_of(refused, id));
+    if ANY_REFUSED.load(Ordering::Acquire) {
+        with_refused(|refused| end_capture_of(refused, stream_key(stream, per_thread_default)));
     }
 }
 

@@ -1,35 +1,33 @@
-//! Device queries and device-wide calls. Properties and attributes come from the session's
-//! cached device info: no round trip.
+//! Device queries and device-wide calls, through the driver, which answers attributes and
+//! properties in the process (fetched once per session).
 
-use std::cell::Cell;
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::handshake::RUNTIME_VERSION;
-use flyt_protocol::ops::req;
 
-use super::call;
-use crate::client::{client, existing_client};
+use super::synchronized;
+use crate::driver::{cu, cu_ctx, current_device};
 use crate::ffi::write_out;
-use crate::props::cudaDeviceProp;
+use crate::props::{Identity, cudaDeviceProp, device_prop};
 
-thread_local! {
-    static CURRENT_DEVICE: Cell<c_int> = const { Cell::new(0) };
+/// The number of devices: asking opens the session.
+fn device_count() -> CudaResult<c_int> {
+    let mut count = 0;
+    cu!(cuDeviceGetCount(&mut count))?;
+    Ok(count)
 }
 
 /// Checks a device ordinal against the session's devices.
-fn valid_device(device: c_int) -> CudaResult<usize> {
-    let client = client()?;
-    usize::try_from(device).ok().filter(|index| *index < client.device_count()).ok_or(CudaError::INVALID_DEVICE)
+fn valid_device(device: c_int) -> CudaResult<c_int> {
+    if (0..device_count()?).contains(&device) { Ok(device) } else { Err(CudaError::INVALID_DEVICE) }
 }
 
 pub unsafe fn cudaGetDeviceCount(count: *mut c_int) -> CudaResult<()> {
-    match client() {
-        Ok(client) => {
-            // SAFETY: `count` is the app's out-pointer (NULL is refused).
-            unsafe { write_out(count, c_int::try_from(client.device_count()).unwrap_or(c_int::MAX)) }
-        }
+    match device_count() {
+        // SAFETY: `count` is the app's out-pointer (NULL is refused).
+        Ok(found) => unsafe { write_out(count, found) },
         Err(error) => {
             // CUDA reports no devices alongside the error, so apps that only read the count
             // degrade gracefully.
@@ -41,97 +39,119 @@ pub unsafe fn cudaGetDeviceCount(count: *mut c_int) -> CudaResult<()> {
 }
 
 pub unsafe fn cudaGetDevice(device: *mut c_int) -> CudaResult<()> {
-    let current = CURRENT_DEVICE.try_with(Cell::get).unwrap_or(0);
     // SAFETY: the app's out-pointer.
-    unsafe { write_out(device, current) }
+    unsafe { write_out(device, current_device()) }
 }
 
 pub unsafe fn cudaSetDevice(device: c_int) -> CudaResult<()> {
-    valid_device(device)?;
-    let _ = CURRENT_DEVICE.try_with(|current| current.set(device));
-    Ok(())
+    crate::driver::set_device(valid_device(device)?)
 }
 
+/// `cudaDeviceScheduleMask | cudaDeviceMapHost | cudaDeviceLmemResizeToMax | cudaDeviceSyncMemops`,
+/// numbered as the driver's context flags.
+const DEVICE_FLAGS: c_uint = 0x9f;
+
 pub unsafe fn cudaSetDeviceFlags(flags: c_uint) -> CudaResult<()> {
-    // cudaDeviceScheduleMask | cudaDeviceMapHost | cudaDeviceLmemResizeToMax | cudaDeviceSyncMemops:
-    // they shape how the host waits, which the shim decides itself (SyncMemops: whether a
-    // synchronous device-side copy or memset waits is visible only through host memory, which
-    // Flyt's copies back already order after it); anything else is invalid.
-    if flags & !0x9f != 0 {
+    // They shape how the host waits, which Flyt decides itself (SyncMemops: whether a synchronous
+    // device-side copy or memset waits is visible only through host memory, which Flyt's copies
+    // back already order after it); anything else is invalid.
+    if flags & !DEVICE_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    *client()?.device_flags.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = flags;
-    Ok(())
+    cu!(cuDevicePrimaryCtxSetFlags_v2(current_device(), flags))
 }
 
 pub unsafe fn cudaGetDeviceFlags(flags: *mut c_uint) -> CudaResult<()> {
-    let current = *client()?.device_flags.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (mut value, mut active) = (0, 0);
+    cu!(cuDevicePrimaryCtxGetState(current_device(), &mut value, &mut active))?;
     // SAFETY: the app's out-pointer.
-    unsafe { write_out(flags, current) }
+    unsafe { write_out(flags, value) }
+}
+
+/// A device's identity as the driver reports it.
+fn identity(device: c_int) -> CudaResult<Identity> {
+    let mut name = [0 as c_char; 256];
+    cu!(cuDeviceGetName(name.as_mut_ptr(), 256, device))?;
+    let name = name.iter().take_while(|c| **c != 0).map(|c| *c as u8 as char).collect();
+    let mut uuid = [0u8; 16];
+    cu!(cuDeviceGetUuid_v2(&mut uuid, device))?;
+    let (mut luid, mut luid_device_node_mask) = ([0 as c_char; 8], 0);
+    // No LUID outside Windows: the driver says so and the fields stay zero, as CUDA's do.
+    let _ = cu!(cuDeviceGetLuid(luid.as_mut_ptr(), &mut luid_device_node_mask, device));
+    let mut total_mem = 0;
+    cu!(cuDeviceTotalMem_v2(&mut total_mem, device))?;
+    Ok(Identity { name, uuid, luid: luid.map(|byte| byte as u8), luid_device_node_mask, total_mem })
+}
+
+fn attribute(device: c_int, id: u32) -> CudaResult<c_int> {
+    let mut value = 0;
+    cu!(cuDeviceGetAttribute(&mut value, c_int::try_from(id).map_err(|_| CudaError::INVALID_VALUE)?, device))?;
+    Ok(value)
 }
 
 pub unsafe fn cudaGetDeviceProperties(prop: *mut cudaDeviceProp, device: c_int) -> CudaResult<()> {
-    let index = valid_device(device)?;
-    let value = crate::props::prop(client()?, index).ok_or(CudaError::INVALID_DEVICE)?;
+    let device = valid_device(device)?;
+    let value = device_prop(&identity(device)?, |id| attribute(device, id).unwrap_or(0));
     // SAFETY: the app's out-pointer to a CUDA 13 `cudaDeviceProp`.
     unsafe { write_out(prop, value) }
 }
 
+/// `cudaDeviceAttr` numbers the attributes as the driver's `CUdevice_attribute` does.
 pub unsafe fn cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_int) -> CudaResult<()> {
-    let index = valid_device(device)?;
-    let attribute = u32::try_from(attr).map_err(|_| CudaError::INVALID_VALUE)?;
-    let device = client()?.device(index).ok_or(CudaError::INVALID_DEVICE)?;
-    let found = crate::props::served_attribute(&device, attribute).ok_or(CudaError::INVALID_VALUE)?;
+    let device = valid_device(device)?;
+    let found = attribute(device, u32::try_from(attr).map_err(|_| CudaError::INVALID_VALUE)?)?;
     // SAFETY: the app's out-pointer.
     unsafe { write_out(value, found) }
 }
 
 pub unsafe fn cudaDeviceSynchronize() -> CudaResult<()> {
-    let client = client()?;
-    call(client, req::DeviceSynchronize {}).map(|_| ())
+    synchronized(cu_ctx!(cuCtxSynchronize()))
 }
 
 pub unsafe fn cudaDeviceReset() -> CudaResult<()> {
-    // Reset without a session is a no-op, as on a process that never touched the GPU.
-    let Some(client) = existing_client() else {
+    // Reset before any call that set up the runtime is a no-op, as on a process that never
+    // touched the GPU (it must not open a session for this).
+    if !crate::driver::context_ever_made() {
         return Ok(());
-    };
-    call(client, req::DeviceReset {})?;
-    client.forget_allocations();
-    client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
-    client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
+    crate::driver::reset_device()?;
     super::capture::forget_all();
-    client.reset_generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    super::streams::forget_all();
     Ok(())
 }
 
+/// `cudaLimit` numbers the limits as the driver's `CUlimit` does.
 pub unsafe fn cudaDeviceSetLimit(limit: c_int, value: usize) -> CudaResult<()> {
-    let limit = u32::try_from(limit).map_err(|_| CudaError::INVALID_VALUE)?;
-    call(client()?, req::DeviceSetLimit { limit, value: value as u64 }).map(|_| ())
+    cu_ctx!(cuCtxSetLimit(limit, value))
 }
 
 pub unsafe fn cudaDeviceGetLimit(value: *mut usize, limit: c_int) -> CudaResult<()> {
-    let limit = u32::try_from(limit).map_err(|_| CudaError::INVALID_VALUE)?;
-    let reply = call(client()?, req::DeviceGetLimit { limit })?;
+    let mut found = 0;
+    cu_ctx!(cuCtxGetLimit(&mut found, limit))?;
     // SAFETY: the app's out-pointer.
-    unsafe { write_out(value, usize::try_from(reply.value).unwrap_or(usize::MAX)) }
+    unsafe { write_out(value, found) }
 }
 
 pub unsafe fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> CudaResult<()> {
     if free.is_null() || total.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let reply = call(client()?, req::MemGetInfo {})?;
+    let (mut f, mut t) = (0, 0);
+    cu_ctx!(cuMemGetInfo_v2(&mut f, &mut t))?;
     // SAFETY: both out-pointers were checked non-NULL above and are the app's.
     unsafe {
-        write_out(free, usize::try_from(reply.free).unwrap_or(usize::MAX))?;
-        write_out(total, usize::try_from(reply.total).unwrap_or(usize::MAX))
+        write_out(free, f)?;
+        write_out(total, t)
     }
 }
 
 pub unsafe fn cudaDriverGetVersion(version: *mut c_int) -> CudaResult<()> {
-    // With no reachable server there is no driver: CUDA answers 0 and success.
-    let driver = client().map_or(0, |client| client.info.driver_version);
+    // The remote driver's version once a session is open; with no reachable server there is no
+    // driver: CUDA answers 0 and success.
+    let mut driver = 0;
+    if crate::driver::ensure_context().is_err() || cu!(cuDriverGetVersion(&mut driver)).is_err() {
+        driver = 0;
+    }
     // SAFETY: the app's out-pointer.
     unsafe { write_out(version, driver) }
 }

@@ -1,19 +1,22 @@
 //! Kernel launches: `<<<...>>>` (push/pop configuration, kept on the app thread), the CUDA 13
 //! stubs (`__cudaGetKernel` + `__cudaLaunchKernel`) and explicit `cudaLaunchKernel` share one
-//! path into the client core, which packs the arguments into one asynchronous message.
+//! path into the driver's `cuLaunchKernel`, which checks the configuration and queues the launch
+//! with no round trip.
 
 use std::cell::RefCell;
 use std::ffi::{c_uint, c_void};
 
-use flyt_client::launch::{Args, Config};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::Dim3;
 
-use super::streams::stream_id;
-use crate::client::client;
+use std::sync::Arc;
+
+use flyt_protocol::device::attr;
+
+use super::streams::check_stream;
+use crate::driver::{cu, cu_ctx};
 use crate::ffi::{cudaKernel_t, cudaStream_t, dim3, write_out};
-use crate::registry::{Function, function_by_handle, function_by_host, kernel_handle};
+use crate::registry::{Kernel, kernel_by_handle, kernel_by_host};
 
 type CallConfiguration = (dim3, dim3, usize, cudaStream_t);
 
@@ -40,22 +43,42 @@ pub unsafe fn __cudaPopCallConfiguration(grid: *mut dim3, block: *mut dim3, shar
 }
 
 pub unsafe fn __cudaGetKernel(kernel: *mut cudaKernel_t, host_fun: *const c_void) -> CudaResult<()> {
-    let handle = kernel_handle(host_fun as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+    let handle = kernel_by_host(host_fun as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?.runtime_handle();
     // SAFETY: the stub passes a pointer to its static handle.
-    unsafe { write_out(kernel, handle as cudaKernel_t) }
+    unsafe { write_out(kernel, handle) }
 }
 
-fn to_dim3(d: dim3) -> Dim3 {
-    Dim3 { x: d.x, y: d.y, z: d.z }
+/// Why a launch of a kernel that could not be found fails, when the launch itself is invalid:
+/// CUDA refuses a bad configuration or stream whatever the kernel (the driver checks both too,
+/// once it has the kernel).
+fn invalid_launch(grid: dim3, block: dim3, shared_mem: usize, stream: cudaStream_t) -> Option<CudaError> {
+    let device = crate::driver::current_device();
+    let limit = |id: u32| {
+        let mut value = 0;
+        let id = std::ffi::c_int::try_from(id).unwrap_or(0);
+        cu!(cuDeviceGetAttribute(&mut value, id, device)).map_or(u32::MAX, |()| u32::try_from(value).unwrap_or(u32::MAX).max(1))
+    };
+    let within = |d: dim3, max: [u32; 3]| d.x >= 1 && d.y >= 1 && d.z >= 1 && d.x <= max[0] && d.y <= max[1] && d.z <= max[2];
+    let max_block = [limit(attr::MAX_BLOCK_DIM_X), limit(attr::MAX_BLOCK_DIM_Y), limit(attr::MAX_BLOCK_DIM_Z)];
+    let max_grid = [limit(attr::MAX_GRID_DIM_X), limit(attr::MAX_GRID_DIM_Y), limit(attr::MAX_GRID_DIM_Z)];
+    let threads = u64::from(block.x) * u64::from(block.y) * u64::from(block.z);
+    let valid = within(block, max_block)
+        && threads <= u64::from(limit(attr::MAX_THREADS_PER_BLOCK))
+        && within(grid, max_grid)
+        && shared_mem <= limit(attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN) as usize;
+    if !valid {
+        return Some(CudaError::INVALID_VALUE);
+    }
+    (!super::streams::is_stream(stream)).then_some(CudaError::INVALID_RESOURCE_HANDLE)
 }
 
-/// Resolves the stream and hands the launch to the client core (no round trip).
+/// Hands the launch to the driver.
 ///
 /// # Safety
 /// `args` is the stub's argument array: for each kernel parameter, a pointer to a value of that
 /// parameter's size.
 unsafe fn launch(
-    function: &Function,
+    kernel: &Kernel,
     grid: dim3,
     block: dim3,
     args: *mut *mut c_void,
@@ -63,27 +86,32 @@ unsafe fn launch(
     stream: cudaStream_t,
     per_thread_default: bool,
 ) -> CudaResult<()> {
-    let client = client()?;
-    // The stream first: a launch on a stream the app cannot use now (an unknown handle, a capture
-    // Flyt refused) fails for that reason whatever the kernel.
-    let stream = stream_id(client, stream, per_thread_default)?;
-    let config = Config { grid: to_dim3(grid), block: to_dim3(block), shared_mem, stream, attributes: Vec::new() };
-    // SAFETY: forwarded contract.
-    unsafe { client.launch(function, config, Args::Pointers(args)) }
+    // The stream first: a launch on a stream the app cannot use now (a capture Flyt refused) fails
+    // for that reason whatever the kernel.
+    check_stream(stream, per_thread_default)?;
+    let kernel = kernel.handle().map_err(|error| invalid_launch(grid, block, shared_mem, stream).unwrap_or(error))?;
+    let shared_mem = c_uint::try_from(shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
+    let extra = std::ptr::null_mut();
+    let (g, b) = (grid, block);
+    if per_thread_default {
+        cu_ctx!(cuLaunchKernel_ptsz(kernel, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream, args, extra))
+    } else {
+        cu_ctx!(cuLaunchKernel(kernel, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream, args, extra))
+    }
 }
 
-fn by_handle(kernel: cudaKernel_t) -> CudaResult<std::sync::Arc<Function>> {
-    function_by_handle(kernel as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)
+fn by_handle(kernel: cudaKernel_t) -> CudaResult<Arc<Kernel>> {
+    kernel_by_handle(kernel as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)
 }
 
 /// `cudaLaunchKernel` of something that is not a registered kernel: CUDA 13 answers
 /// `cudaErrorInvalidDeviceFunction` for NULL and `cudaErrorInvalidResourceHandle` for any other
 /// pointer (measured on the GPU machine).
-fn by_host(func: *const c_void) -> CudaResult<std::sync::Arc<Function>> {
+fn by_host(func: *const c_void) -> CudaResult<Arc<Kernel>> {
     if func.is_null() {
         return Err(CudaError::INVALID_DEVICE_FUNCTION);
     }
-    function_by_host(func as usize).ok_or(CudaError::INVALID_RESOURCE_HANDLE)
+    kernel_by_host(func as usize).ok_or(CudaError::INVALID_RESOURCE_HANDLE)
 }
 
 /// The four launch entry points differ only in how they find the kernel and what the null

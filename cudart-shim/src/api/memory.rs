@@ -1,24 +1,20 @@
-//! Memory: allocations, copies in every direction, memsets, symbols and pointer attributes.
-//!
-//! Device pointers are the server's real device addresses; the shim keeps the app's ranges so
-//! it can refuse a bad pointer at once (`cudaErrorInvalidValue`, never a device fault), tell
-//! host from device pointers for `cudaMemcpyDefault`, and answer `cudaPointerGetAttributes`.
-//! Copies larger than the server's chunk travel as several frames, so a large copy never holds
-//! up another thread's small calls for more than a chunk.
+//! Memory: allocations, copies in every direction, memsets, symbols and pointer attributes,
+//! through the driver, which knows the app's device ranges (a bad pointer is refused at once,
+//! never a device fault) and carries copies over the socket or the shared-memory channel. What
+//! stays here is the runtime's: copy kinds checked against what the pointers are, the flags the
+//! runtime names, and registered symbols.
 
 use std::ffi::{c_int, c_uint, c_void};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::req;
 
-use super::call;
-use super::streams::stream_id;
-use crate::client::{Client, HostAllocation, client};
+use super::streams::check_stream;
+use super::synchronized;
+use crate::driver::{CUdeviceptr, cu_ctx};
 use crate::ffi::{cudaMemcpyKind, cudaStream_t, write_out};
 use crate::props::{cudaPointerAttributes, memory_type};
 use crate::registry::variable_by_host;
-use crate::transfer::{self, Direction, Mode};
 
 const HOST_TO_HOST: cudaMemcpyKind = 0;
 const HOST_TO_DEVICE: cudaMemcpyKind = 1;
@@ -27,37 +23,54 @@ const DEVICE_TO_DEVICE: cudaMemcpyKind = 3;
 const DEFAULT: cudaMemcpyKind = 4;
 /// `cudaHostAllocPortable | Mapped | WriteCombined`.
 const HOST_ALLOC_FLAGS: c_uint = 0x7;
+/// `cudaHostRegisterPortable | Mapped | IoMemory | ReadOnly`.
+const HOST_REGISTER_FLAGS: c_uint = 0xf;
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` and `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
+const POINTER_MEMORY_TYPE: c_int = 2;
+const POINTER_DEVICE_ORDINAL: c_int = 9;
+/// `CU_MEMORYTYPE_HOST` and `CU_MEMORYTYPE_DEVICE`.
+const MEMORYTYPE_HOST: c_uint = 1;
+const MEMORYTYPE_DEVICE: c_uint = 2;
+
+/// Whether a copy or memset returns once done, or is queued on its stream.
+#[derive(Clone, Copy)]
+enum Mode {
+    Synchronous,
+    Asynchronous,
+}
 
 pub unsafe fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> CudaResult<()> {
     if dev_ptr.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let client = client()?;
-    let ptr = call(client, req::Malloc { size: size as u64 })?.ptr;
-    if ptr != 0 {
-        client.add_device_range(ptr, size as u64, true);
+    // An empty allocation is NULL and success, as CUDA answers.
+    let mut ptr: CUdeviceptr = 0;
+    if size > 0 {
+        cu_ctx!(cuMemAlloc_v2(&mut ptr, size))?;
+    } else {
+        crate::driver::ensure_context()?;
     }
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(dev_ptr, ptr as usize as *mut c_void) }
 }
 
 pub unsafe fn cudaFree(dev_ptr: *mut c_void) -> CudaResult<()> {
-    let client = client()?;
+    // `cudaFree(0)` is how apps make the runtime set up its context: it does, and succeeds.
+    crate::driver::ensure_context()?;
     if dev_ptr.is_null() {
         return Ok(());
     }
-    let ptr = dev_ptr as u64;
-    client.remove_allocation(ptr)?;
-    call(client, req::Free { ptr }).map(|_| ())
+    cu_ctx!(cuMemFree_v2(dev_ptr as CUdeviceptr))
 }
 
 fn host_alloc(out: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
     if out.is_null() || flags & !HOST_ALLOC_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    let ptr = transfer::host_alloc(client()?, size, flags)?;
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    cu_ctx!(cuMemHostAlloc(&mut ptr, size, flags))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(out, ptr.cast()) }
+    unsafe { write_out(out, ptr) }
 }
 
 pub unsafe fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> CudaResult<()> {
@@ -78,16 +91,10 @@ pub unsafe fn cudaFreeHost(ptr: *mut c_void) -> CudaResult<()> {
     if ptr.is_null() {
         return Ok(());
     }
-    transfer::host_free(client()?, ptr as usize)
+    cu_ctx!(cuMemFreeHost(ptr))
 }
 
-/// `cudaHostRegisterPortable | Mapped | IoMemory | ReadOnly`.
-const HOST_REGISTER_FLAGS: c_uint = 0xf;
-
-/// Registers the app's memory. The GPU is on another machine or process, so nothing is pinned
-/// for it: the range is remembered as registered host memory (so `cudaPointerGetAttributes`
-/// and `cudaHostGetFlags` answer as CUDA does) and copies from or to it go through the channel
-/// like any host memory. Kernels cannot dereference it.
+/// Registers the app's memory for copies (kernels cannot dereference it: the GPU is elsewhere).
 pub unsafe fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
     if ptr.is_null() || size == 0 || flags & !HOST_REGISTER_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
@@ -99,84 +106,43 @@ pub unsafe fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: c_uint) -> 
             return Err(super::unsupported_use("cudaHostRegister", name));
         }
     }
-    let client = client()?;
-    let start = ptr as usize;
-    let end = start.checked_add(size).ok_or(CudaError::INVALID_VALUE)?;
-    let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let overlaps = allocations.range(..end).next_back().is_some_and(|(begin, allocation)| begin + allocation.len > start);
-    if overlaps {
-        return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED);
-    }
-    allocations.insert(start, HostAllocation { len: size, flags, segment_offset: None, registered: true });
-    Ok(())
+    cu_ctx!(cuMemHostRegister_v2(ptr, size, flags))
 }
 
 pub unsafe fn cudaHostUnregister(ptr: *mut c_void) -> CudaResult<()> {
     if ptr.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let client = client()?;
-    let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    match allocations.get(&(ptr as usize)) {
-        Some(allocation) if allocation.registered => {
-            allocations.remove(&(ptr as usize));
-            Ok(())
-        }
-        _ => Err(CudaError::HOST_MEMORY_NOT_REGISTERED),
-    }
+    cu_ctx!(cuMemHostUnregister(ptr))
 }
 
 pub unsafe fn cudaHostGetFlags(flags: *mut c_uint, ptr: *mut c_void) -> CudaResult<()> {
-    let client = client()?;
-    let (_, _, found) = client.host_allocation(ptr as usize).ok_or(CudaError::INVALID_VALUE)?;
+    let mut value = 0;
+    cu_ctx!(cuMemHostGetFlags(&mut value, ptr))?;
     // SAFETY: the app's out-pointer.
-    unsafe { write_out(flags, found) }
+    unsafe { write_out(flags, value) }
 }
 
-/// Classifies a copy. Pointers the session knows as device memory are device memory whatever
-/// the declared kind says (as with unified addressing), so a device address is never read or
-/// written as host memory.
-fn direction(client: &Client, dst: u64, src: u64, kind: cudaMemcpyKind) -> CudaResult<Direction> {
-    let direction = transfer::classify(client, dst, src);
-    let (dst_device, src_device) = match direction {
-        Direction::HostToHost => (false, false),
-        Direction::HostToDevice => (true, false),
-        Direction::DeviceToHost => (false, true),
-        Direction::DeviceToDevice => (true, true),
+/// The driver's memory type of `ptr` (`CU_MEMORYTYPE_*`), or 0 for memory it does not know.
+fn memory_type_of(ptr: u64) -> c_uint {
+    let mut value: c_uint = 0;
+    let data = std::ptr::from_mut(&mut value).cast::<c_void>();
+    cu_ctx!(cuPointerGetAttribute(data, POINTER_MEMORY_TYPE, ptr)).map_or(0, |()| value)
+}
+
+/// Checks a copy's declared kind. Pointers the driver knows as device memory are device memory
+/// whatever the kind says (as with unified addressing: the driver copies by what the pointers
+/// are), but a side the kind declares as device memory must be device memory.
+fn check_kind(dst: u64, src: u64, kind: cudaMemcpyKind) -> CudaResult<()> {
+    let device = |ptr| memory_type_of(ptr) == MEMORYTYPE_DEVICE;
+    let ok = match kind {
+        DEFAULT | HOST_TO_HOST => true,
+        HOST_TO_DEVICE => device(dst),
+        DEVICE_TO_HOST => device(src),
+        DEVICE_TO_DEVICE => device(dst) && device(src),
+        _ => return Err(CudaError::INVALID_MEMCPY_DIRECTION),
     };
-    match kind {
-        DEFAULT | HOST_TO_HOST => Ok(direction),
-        // A declared device side that is not device memory is a bad pointer.
-        HOST_TO_DEVICE | DEVICE_TO_DEVICE if !dst_device => Err(CudaError::INVALID_VALUE),
-        DEVICE_TO_HOST | DEVICE_TO_DEVICE if !src_device => Err(CudaError::INVALID_VALUE),
-        HOST_TO_DEVICE | DEVICE_TO_HOST | DEVICE_TO_DEVICE => Ok(direction),
-        _ => Err(CudaError::INVALID_MEMCPY_DIRECTION),
-    }
-}
-
-/// Any copy, once the stream is resolved.
-///
-/// # Safety
-/// As `transfer::copy`.
-unsafe fn copy(
-    client: &Client,
-    dst: *mut c_void,
-    src: *const c_void,
-    count: usize,
-    kind: cudaMemcpyKind,
-    stream: u64,
-    mode: Mode,
-) -> CudaResult<()> {
-    if count == 0 {
-        return Ok(());
-    }
-    if dst.is_null() || src.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let direction = direction(client, dst as u64, src as u64, kind)?;
-    let sync = |stream| call(client, req::StreamSynchronize { stream }).map(|_| ());
-    // SAFETY: forwarded contract.
-    unsafe { transfer::copy(client, dst, src, count, direction, stream, mode, &sync) }
+    if ok { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
 }
 
 fn memcpy(
@@ -188,10 +154,21 @@ fn memcpy(
     mode: Mode,
     per_thread: bool,
 ) -> CudaResult<()> {
-    let client = client()?;
-    let stream = stream_id(client, stream, per_thread)?;
-    // SAFETY: the caller's buffers, per the CUDA contract of the export that called us.
-    unsafe { copy(client, dst, src, count, kind, stream, mode) }
+    check_stream(stream, per_thread)?;
+    if count == 0 {
+        return Ok(());
+    }
+    if dst.is_null() || src.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let (dst, src) = (dst as u64, src as u64);
+    check_kind(dst, src, kind)?;
+    match (mode, per_thread) {
+        (Mode::Synchronous, false) => synchronized(cu_ctx!(cuMemcpy(dst, src, count))),
+        (Mode::Synchronous, true) => synchronized(cu_ctx!(cuMemcpy_ptds(dst, src, count))),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpyAsync(dst, src, count, stream)),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpyAsync_ptsz(dst, src, count, stream)),
+    }
 }
 
 pub unsafe fn cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
@@ -222,30 +199,35 @@ pub unsafe fn cudaMemcpyAsync_ptsz(
     memcpy(dst, src, count, kind, stream, Mode::Asynchronous, true)
 }
 
-fn memset(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t, per_thread: bool) -> CudaResult<()> {
-    let client = client()?;
-    let stream = stream_id(client, stream, per_thread)?;
+/// `cudaMemset` writes the low byte of `value`, as CUDA does.
+fn memset(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
+    check_stream(stream, per_thread)?;
     if count == 0 {
         return Ok(());
     }
-    // cudaMemset writes the low byte of `value`, as CUDA does.
-    transfer::memset(client, dev_ptr as u64, value as u8, count as u64, stream)
+    let (dst, byte) = (dev_ptr as CUdeviceptr, value as u8);
+    match (mode, per_thread) {
+        (Mode::Synchronous, false) => cu_ctx!(cuMemsetD8_v2(dst, byte, count)),
+        (Mode::Synchronous, true) => cu_ctx!(cuMemsetD8_v2_ptds(dst, byte, count)),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemsetD8Async(dst, byte, count, stream)),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemsetD8Async_ptsz(dst, byte, count, stream)),
+    }
 }
 
 pub unsafe fn cudaMemset(dev_ptr: *mut c_void, value: c_int, count: usize) -> CudaResult<()> {
-    memset(dev_ptr, value, count, std::ptr::null_mut(), false)
+    memset(dev_ptr, value, count, std::ptr::null_mut(), Mode::Synchronous, false)
 }
 
 pub unsafe fn cudaMemset_ptds(dev_ptr: *mut c_void, value: c_int, count: usize) -> CudaResult<()> {
-    memset(dev_ptr, value, count, std::ptr::null_mut(), true)
+    memset(dev_ptr, value, count, std::ptr::null_mut(), Mode::Synchronous, true)
 }
 
 pub unsafe fn cudaMemsetAsync(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> CudaResult<()> {
-    memset(dev_ptr, value, count, stream, false)
+    memset(dev_ptr, value, count, stream, Mode::Asynchronous, false)
 }
 
 pub unsafe fn cudaMemsetAsync_ptsz(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> CudaResult<()> {
-    memset(dev_ptr, value, count, stream, true)
+    memset(dev_ptr, value, count, stream, Mode::Asynchronous, true)
 }
 
 /// A symbol's device address plus `offset`, with `count` bytes checked against its size.
@@ -255,7 +237,7 @@ fn symbol_address(symbol: *const c_void, count: usize, offset: usize) -> CudaRes
     if end > variable.size {
         return Err(CudaError::INVALID_VALUE);
     }
-    Ok(client()?.variable_address(&variable)? + offset as u64)
+    Ok(variable.address()? + offset as u64)
 }
 
 #[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
@@ -394,29 +376,29 @@ pub unsafe fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, p
     if attributes.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let address = ptr as usize;
     let mut value = cudaPointerAttributes {
         memory_type: memory_type::UNREGISTERED,
         device: -2,
         devicePointer: std::ptr::null_mut(),
-        hostPointer: std::ptr::null_mut(),
+        hostPointer: ptr.cast_mut(),
         reserved: [0; 8],
     };
-    if let Ok(client) = client() {
-        if client.is_device_pointer(address as u64) {
+    let kind = memory_type_of(ptr as u64);
+    if kind == MEMORYTYPE_DEVICE || kind == MEMORYTYPE_HOST {
+        let mut device: c_int = 0;
+        let data = std::ptr::from_mut(&mut device).cast::<c_void>();
+        cu_ctx!(cuPointerGetAttribute(data, POINTER_DEVICE_ORDINAL, ptr as u64))?;
+        value.device = device;
+        if kind == MEMORYTYPE_DEVICE {
             value.memory_type = memory_type::DEVICE;
-            value.device = 0;
             value.devicePointer = ptr.cast_mut();
-        } else if client.host_allocation(address).is_some() {
+            value.hostPointer = std::ptr::null_mut();
+        } else {
             // Pinned memory on the app's side: the GPU reaches it only through copies.
             value.memory_type = memory_type::HOST;
-            value.device = 0;
-            value.hostPointer = ptr.cast_mut();
-        } else {
-            // Unregistered host memory: success with type unregistered, as CUDA 11+ answers.
-            value.hostPointer = ptr.cast_mut();
         }
     }
+    // Unregistered host memory: success with type unregistered, as CUDA 11+ answers.
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(attributes, value) }
 }

@@ -1,6 +1,6 @@
 //! The bodies of the implemented exports, one module per area. Each `unsafe fn` here is an FFI
-//! edge: it checks what the app passed (NULL, lengths, handles), then does the work in safe
-//! Rust through the session (`client`), the registry and the connection.
+//! edge: it checks what the app passed (NULL, flags, kinds, registered symbols), then calls the
+//! driver API of Flyt's `libcuda.so.1` (`crate::driver`).
 
 #![allow(non_snake_case, reason = "bodies carry the names of the CUDA exports they implement")]
 #![allow(clippy::missing_safety_doc, reason = "each body's contract is the CUDA runtime's for its export")]
@@ -25,26 +25,14 @@ pub use streams::*;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Op, OpClass};
 
-use crate::client::Client;
 use crate::ffi::cudaError_t;
 
-/// Sends a request and waits for its reply. At a sync point, a deferred error of an earlier
-/// asynchronous call is returned; the server sent the bytes of every copy the call covers before
-/// its reply, so they have landed. A refused graph launch still owed is returned too (see
+/// A synchronizing call's outcome: a refused graph launch still owed is reported here too (see
 /// `capture`).
-pub(crate) fn call<O: Op>(client: &Client, request: O) -> CudaResult<O::Reply> {
-    let fields = client.call(request)?;
-    if O::INFO.class == OpClass::SyncPoint {
-        capture::take_owed_at_sync()?;
-    }
-    Ok(fields)
-}
-
-/// Queues an asynchronous request.
-pub(crate) fn post<O: Op>(client: &Client, request: O) -> CudaResult<()> {
-    client.post(request)
+pub(crate) fn synchronized(result: CudaResult<()>) -> CudaResult<()> {
+    result?;
+    capture::take_owed_at_sync()
 }
 
 /// Every unsupported export: a clear error and one line naming the function.

@@ -1,18 +1,19 @@
-//! Streams and events. Their handles are ids the shim chooses, so creating one costs no round
-//! trip; the server learns of it from an asynchronous request.
+//! Streams and events, through the driver: its handles are ids Flyt chooses, so creating one
+//! costs no round trip. What stays here is the runtime's: flag checks with the runtime's errors,
+//! refused stream captures (see `capture`), and events whose last record failed.
 
+use std::collections::HashSet;
 use std::ffi::{c_int, c_uint};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::req;
 
-use super::{call, capture, post};
-use crate::client::{Client, StreamInfo, client};
+use super::{capture, synchronized};
+use crate::driver::cu_ctx;
 use crate::ffi::{cudaEvent_t, cudaStream_t, write_out};
-use crate::streams::{self, priority_range};
 
-use crate::streams::{STREAM_LEGACY, STREAM_PER_THREAD};
 /// `cudaStreamNonBlocking` is the only stream flag.
 const STREAM_FLAGS: c_uint = 0x1;
 /// `cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess`.
@@ -23,78 +24,75 @@ const EVENT_INTERPROCESS: c_uint = 0x4;
 /// stream capture puts in a graph. No stream ever captures through Flyt (capture is refused), and
 /// outside capture CUDA treats them as the default, so they are accepted and sent as 0.
 const EXTERNAL: c_uint = 0x1;
-/// Kept in the session's event map beside the app's flags (no CUDA event flag uses this bit): the
-/// event's last record failed, so it holds no time the app asked for.
-const RECORD_FAILED: u32 = 1 << 31;
+/// `cudaStreamLegacy` and `cudaStreamPerThread`.
+const STREAM_LEGACY: usize = 1;
+const STREAM_PER_THREAD: usize = 2;
 
-/// The wire id of a stream handle for a call that uses the stream: as `resolve_stream`, and
-/// refused while the app believes the stream is capturing (see `capture`).
-pub(crate) fn stream_id(client: &Client, stream: cudaStream_t, per_thread_default: bool) -> CudaResult<u64> {
-    let id = resolve_stream(client, stream, per_thread_default)?;
-    capture::check_not_refused_capture(id)?;
-    Ok(id)
+thread_local! {
+    /// Its address names this thread's per-thread default stream in `capture`'s maps.
+    static THREAD_MARKER: u8 = const { 0 };
 }
 
-/// The wire id of a stream handle (see `flyt_client::streams::resolve`).
-pub(crate) fn resolve_stream(client: &Client, stream: cudaStream_t, per_thread_default: bool) -> CudaResult<u64> {
-    streams::resolve(client, stream as usize, per_thread_default)
-}
-
-fn event_id(client: &Client, event: cudaEvent_t) -> CudaResult<u64> {
-    let id = event as u64;
-    if client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(&id) {
-        Ok(id)
-    } else {
-        Err(CudaError::INVALID_RESOURCE_HANDLE)
+/// What `capture` calls a stream handle: the handle itself, 0 for the legacy stream, and for the
+/// thread's per-thread default stream an address no stream handle takes.
+pub(crate) fn stream_key(stream: cudaStream_t, per_thread_default: bool) -> usize {
+    match stream as usize {
+        0 if per_thread_default => THREAD_MARKER.with(|marker| std::ptr::from_ref(marker) as usize),
+        0 | STREAM_LEGACY => 0,
+        STREAM_PER_THREAD => THREAD_MARKER.with(|marker| std::ptr::from_ref(marker) as usize),
+        handle => handle,
     }
+}
+
+/// Refuses a call that uses `stream` while the app believes it is capturing (see `capture`).
+pub(crate) fn check_stream(stream: cudaStream_t, per_thread_default: bool) -> CudaResult<()> {
+    capture::check_not_refused_capture(stream_key(stream, per_thread_default))
+}
+
+/// Whether the driver knows `stream` (a default stream, or one the app created and holds).
+pub(crate) fn is_stream(stream: cudaStream_t) -> bool {
+    let mut flags = 0;
+    cu_ctx!(cuStreamGetFlags(stream, &mut flags)).is_ok()
+}
+
+/// Events whose last record failed: they hold no time the app asked for, so timings that use them
+/// fail until a record succeeds, instead of measuring something else.
+static FAILED_RECORDS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+static ANY_FAILED_RECORD: AtomicBool = AtomicBool::new(false);
+
+fn note_record(event: cudaEvent_t, failed: bool) {
+    if !failed && !ANY_FAILED_RECORD.load(Ordering::Acquire) {
+        return;
+    }
+    let mut records = FAILED_RECORDS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let records = records.get_or_insert_with(HashSet::new);
+    if failed {
+        records.insert(event as usize);
+    } else {
+        records.remove(&(event as usize));
+    }
+    ANY_FAILED_RECORD.store(!records.is_empty(), Ordering::Release);
+}
+
+fn record_failed(event: cudaEvent_t) -> bool {
+    ANY_FAILED_RECORD.load(Ordering::Acquire)
+        && FAILED_RECORDS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref().is_some_and(|r| r.contains(&(event as usize)))
 }
 
 pub unsafe fn cudaDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> CudaResult<()> {
-    let (low, high) = priority_range(client()?)?;
     // Either pointer may be NULL, as in CUDA.
-    if !least.is_null() {
-        // SAFETY: the app's non-NULL out-pointer.
-        unsafe { write_out(least, low)? };
-    }
-    if !greatest.is_null() {
-        // SAFETY: as above.
-        unsafe { write_out(greatest, high)? };
-    }
-    Ok(())
-}
-
-/// A stream's flags and priority as the app created it; the default streams have neither.
-fn stream_info(stream: cudaStream_t) -> CudaResult<StreamInfo> {
-    let client = client()?;
-    match stream as usize {
-        0 | STREAM_LEGACY | STREAM_PER_THREAD => Ok(StreamInfo { flags: 0, priority: 0 }),
-        handle => {
-            let streams = client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            streams.get(&(handle as u64)).copied().ok_or(CudaError::INVALID_RESOURCE_HANDLE)
-        }
-    }
-}
-
-pub unsafe fn cudaStreamGetPriority(stream: cudaStream_t, priority: *mut c_int) -> CudaResult<()> {
-    let value = stream_info(stream)?.priority;
-    // SAFETY: the app's out-pointer.
-    unsafe { write_out(priority, value) }
-}
-
-/// The null handle is the thread's default stream here, which has no priority either.
-pub unsafe fn cudaStreamGetPriority_ptsz(stream: cudaStream_t, priority: *mut c_int) -> CudaResult<()> {
-    // SAFETY: same contract.
-    unsafe { cudaStreamGetPriority(stream, priority) }
+    cu_ctx!(cuCtxGetStreamPriorityRange(least, greatest))
 }
 
 fn create_stream(out: *mut cudaStream_t, flags: c_uint, priority: c_int) -> CudaResult<()> {
     if out.is_null() || flags & !STREAM_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    // CUDA clamps a priority outside the device's range to the range, and reports the clamped one.
-    let id = streams::create_stream(client()?, flags, priority)?;
+    // The driver clamps a priority outside the device's range to the range, as CUDA does.
+    let mut stream: cudaStream_t = std::ptr::null_mut();
+    cu_ctx!(cuStreamCreateWithPriority(&mut stream, flags, priority))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(out, id as usize as cudaStream_t) }
+    unsafe { write_out(out, stream) }
 }
 
 pub unsafe fn cudaStreamCreate(stream: *mut cudaStream_t) -> CudaResult<()> {
@@ -110,52 +108,47 @@ pub unsafe fn cudaStreamCreateWithPriority(stream: *mut cudaStream_t, flags: c_u
 }
 
 pub unsafe fn cudaStreamDestroy(stream: cudaStream_t) -> CudaResult<()> {
-    let client = client()?;
-    let id = stream as u64;
-    if client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id).is_none() {
+    // The default streams are not the app's to destroy.
+    if matches!(stream as usize, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
         return Err(CudaError::INVALID_RESOURCE_HANDLE);
     }
-    capture::forget_stream(id);
-    post(client, req::StreamDestroy { stream: id })
-}
-
-fn synchronize(stream: cudaStream_t, per_thread_default: bool) -> CudaResult<()> {
-    let client = client()?;
-    let id = stream_id(client, stream, per_thread_default)?;
-    call(client, req::StreamSynchronize { stream: id }).map(|_| ())
+    cu_ctx!(cuStreamDestroy_v2(stream))?;
+    capture::forget_stream(stream as usize);
+    Ok(())
 }
 
 pub unsafe fn cudaStreamSynchronize(stream: cudaStream_t) -> CudaResult<()> {
-    synchronize(stream, false)
+    check_stream(stream, false)?;
+    synchronized(cu_ctx!(cuStreamSynchronize(stream)))
 }
 
 pub unsafe fn cudaStreamSynchronize_ptsz(stream: cudaStream_t) -> CudaResult<()> {
-    synchronize(stream, true)
-}
-
-fn query(stream: cudaStream_t, per_thread_default: bool) -> CudaResult<()> {
-    let client = client()?;
-    let id = stream_id(client, stream, per_thread_default)?;
-    call(client, req::StreamQuery { stream: id }).map(|_| ())
+    check_stream(stream, true)?;
+    synchronized(cu_ctx!(cuStreamSynchronize_ptsz(stream)))
 }
 
 pub unsafe fn cudaStreamQuery(stream: cudaStream_t) -> CudaResult<()> {
-    query(stream, false)
+    check_stream(stream, false)?;
+    cu_ctx!(cuStreamQuery(stream))
 }
 
 pub unsafe fn cudaStreamQuery_ptsz(stream: cudaStream_t) -> CudaResult<()> {
-    query(stream, true)
+    check_stream(stream, true)?;
+    cu_ctx!(cuStreamQuery_ptsz(stream))
 }
 
 fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_thread_default: bool) -> CudaResult<()> {
     if flags & !EXTERNAL != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    let client = client()?;
-    let stream = stream_id(client, stream, per_thread_default)?;
-    let event = event_id(client, event)?;
-    capture::wait(stream, event)?;
-    post(client, req::StreamWaitEvent { stream, event, flags: 0 })
+    let key = stream_key(stream, per_thread_default);
+    capture::check_not_refused_capture(key)?;
+    capture::wait(key, event as usize)?;
+    if per_thread_default {
+        cu_ctx!(cuStreamWaitEvent_ptsz(stream, event, 0))
+    } else {
+        cu_ctx!(cuStreamWaitEvent(stream, event, 0))
+    }
 }
 
 pub unsafe fn cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> CudaResult<()> {
@@ -167,15 +160,33 @@ pub unsafe fn cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t,
 }
 
 pub unsafe fn cudaStreamGetFlags(stream: cudaStream_t, flags: *mut c_uint) -> CudaResult<()> {
-    let value = stream_info(stream)?.flags;
+    let mut value = 0;
+    cu_ctx!(cuStreamGetFlags(stream, &mut value))?;
     // SAFETY: the app's out-pointer.
     unsafe { write_out(flags, value) }
 }
 
 /// The null handle is the thread's default stream here, a blocking stream (flags 0).
 pub unsafe fn cudaStreamGetFlags_ptsz(stream: cudaStream_t, flags: *mut c_uint) -> CudaResult<()> {
-    // SAFETY: same contract.
-    unsafe { cudaStreamGetFlags(stream, flags) }
+    let mut value = 0;
+    cu_ctx!(cuStreamGetFlags_ptsz(stream, &mut value))?;
+    // SAFETY: the app's out-pointer.
+    unsafe { write_out(flags, value) }
+}
+
+pub unsafe fn cudaStreamGetPriority(stream: cudaStream_t, priority: *mut c_int) -> CudaResult<()> {
+    let mut value = 0;
+    cu_ctx!(cuStreamGetPriority(stream, &mut value))?;
+    // SAFETY: the app's out-pointer.
+    unsafe { write_out(priority, value) }
+}
+
+/// The null handle is the thread's default stream here, which has no priority either.
+pub unsafe fn cudaStreamGetPriority_ptsz(stream: cudaStream_t, priority: *mut c_int) -> CudaResult<()> {
+    let mut value = 0;
+    cu_ctx!(cuStreamGetPriority_ptsz(stream, &mut value))?;
+    // SAFETY: the app's out-pointer.
+    unsafe { write_out(priority, value) }
 }
 
 fn create_event(out: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {
@@ -186,9 +197,10 @@ fn create_event(out: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {
     if flags & EVENT_INTERPROCESS != 0 && flags & EVENT_DISABLE_TIMING == 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    let id = streams::create_event(client()?, flags)?;
+    let mut event: cudaEvent_t = std::ptr::null_mut();
+    cu_ctx!(cuEventCreate(&mut event, flags))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(out, id as usize as cudaEvent_t) }
+    unsafe { write_out(out, event) }
 }
 
 pub unsafe fn cudaEventCreate(event: *mut cudaEvent_t) -> CudaResult<()> {
@@ -200,26 +212,27 @@ pub unsafe fn cudaEventCreateWithFlags(event: *mut cudaEvent_t, flags: c_uint) -
 }
 
 fn record(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint, per_thread_default: bool) -> CudaResult<()> {
-    let client = client()?;
-    let event = event_id(client, event)?;
     let recorded = if flags & !EXTERNAL != 0 {
         Err(CudaError::INVALID_VALUE)
     } else {
-        resolve_stream(client, stream, per_thread_default).and_then(|stream| {
-            capture::record(event, stream)?;
-            post(client, req::EventRecord { event, stream, flags: 0 })
+        capture::record(event as usize, stream_key(stream, per_thread_default)).and_then(|()| {
+            if per_thread_default {
+                cu_ctx!(cuEventRecordWithFlags_ptsz(event, stream, 0))
+            } else {
+                cu_ctx!(cuEventRecordWithFlags(event, stream, 0))
+            }
         })
     };
-    // A failed record leaves the event without the time the app meant it to hold: timings that
-    // use it fail until a record succeeds, instead of measuring something else.
-    if let Some(flags) = client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_mut(&event) {
-        if recorded.is_ok() {
-            *flags &= !RECORD_FAILED;
-        } else {
-            *flags |= RECORD_FAILED;
-        }
+    // An unknown event is no event: nothing to remember of it.
+    if recorded != Err(CudaError::INVALID_RESOURCE_HANDLE) || is_event(event) {
+        note_record(event, recorded.is_err());
     }
     recorded
+}
+
+/// Whether the driver knows `event`.
+fn is_event(event: cudaEvent_t) -> bool {
+    !matches!(cu_ctx!(cuEventQuery(event)), Err(CudaError::INVALID_RESOURCE_HANDLE))
 }
 
 pub unsafe fn cudaEventRecord(event: cudaEvent_t, stream: cudaStream_t) -> CudaResult<()> {
@@ -239,45 +252,38 @@ pub unsafe fn cudaEventRecordWithFlags_ptsz(event: cudaEvent_t, stream: cudaStre
 }
 
 pub unsafe fn cudaEventSynchronize(event: cudaEvent_t) -> CudaResult<()> {
-    let client = client()?;
-    let event = event_id(client, event)?;
-    capture::check_event(event)?;
-    call(client, req::EventSynchronize { event }).map(|_| ())
+    capture::check_event(event as usize)?;
+    synchronized(cu_ctx!(cuEventSynchronize(event)))
 }
 
 pub unsafe fn cudaEventQuery(event: cudaEvent_t) -> CudaResult<()> {
-    let client = client()?;
-    let event = event_id(client, event)?;
-    capture::check_event(event)?;
-    call(client, req::EventQuery { event }).map(|_| ())
+    capture::check_event(event as usize)?;
+    cu_ctx!(cuEventQuery(event))
 }
 
 pub unsafe fn cudaEventElapsedTime(ms: *mut f32, start: cudaEvent_t, end: cudaEvent_t) -> CudaResult<()> {
     if ms.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let client = client()?;
-    let (start, end) = (event_id(client, start)?, event_id(client, end)?);
-    {
-        // CUDA: an event created with cudaEventDisableTiming has no time; an event whose last
-        // record failed (see `record`) has none the app asked for.
-        let events = client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let untimed = |id| events.get(&id).is_none_or(|flags| flags & (EVENT_DISABLE_TIMING | RECORD_FAILED) != 0);
-        if untimed(start) || untimed(end) {
-            return Err(CudaError::INVALID_RESOURCE_HANDLE);
-        }
+    if record_failed(start) || record_failed(end) {
+        return Err(CudaError::INVALID_RESOURCE_HANDLE);
     }
-    let reply = call(client, req::EventElapsedTime { start, end })?;
+    let mut value = 0.0f32;
+    cu_ctx!(cuEventElapsedTime_v2(&mut value, start, end))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(ms, reply.milliseconds) }
+    unsafe { write_out(ms, value) }
 }
 
 pub unsafe fn cudaEventDestroy(event: cudaEvent_t) -> CudaResult<()> {
-    let client = client()?;
-    let id = event as u64;
-    if client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id).is_none() {
-        return Err(CudaError::INVALID_RESOURCE_HANDLE);
-    }
-    capture::forget_event(id);
-    post(client, req::EventDestroy { event: id })
+    cu_ctx!(cuEventDestroy_v2(event))?;
+    capture::forget_event(event as usize);
+    note_record(event, false);
+    Ok(())
+}
+
+/// Forgets what this front remembers of streams and events (`cudaDeviceReset` destroyed them).
+pub(crate) fn forget_all() {
+    let mut records = FAILED_RECORDS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    *records = None;
+    ANY_FAILED_RECORD.store(false, Ordering::Release);
 }

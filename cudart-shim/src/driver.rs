@@ -1,0 +1,316 @@
+//! The driver under this runtime: Flyt's `libcuda.so.1`, which holds the process's one session
+//! (as NVIDIA's runtime sits over NVIDIA's driver). It is loaded from this library's own folder
+//! first (Flyt's library folder holds both), else by name, and only the driver functions the
+//! runtime calls are looked up, once. Every call is in the process; the driver decides what
+//! crosses the wire.
+//!
+//! The runtime's implicit context lives here too: each thread works in the primary context of its
+//! current device, retained and made current on the thread's first call, as NVIDIA's runtime does;
+//! a context the app made current itself (driver API) is used as it is.
+
+#![allow(non_snake_case, reason = "the fields carry the driver functions' names")]
+
+use std::cell::Cell;
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+
+pub type CUresult = u32;
+pub type CUcontext = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUlibrary = *mut c_void;
+pub type CUkernel = *mut c_void;
+pub type CUdeviceptr = u64;
+
+macro_rules! driver_functions {
+    ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+        /// The driver functions the runtime calls, resolved once.
+        pub struct Driver {
+            $(pub $name: unsafe extern "C" fn($($ty),*) -> CUresult,)*
+            _library: libloading::Library,
+        }
+
+        impl Driver {
+            fn resolve(library: libloading::Library) -> Result<Driver, String> {
+                Ok(Driver {
+                    $($name: {
+                        // SAFETY: the symbol is the driver API function of this name, whose C
+                        // signature is the one declared in this table.
+                        let symbol = unsafe {
+                            library.get::<unsafe extern "C" fn($($ty),*) -> CUresult>(concat!(stringify!($name), "\0").as_bytes())
+                        };
+                        *symbol.map_err(|error| format!("{} is missing ({error})", stringify!($name)))?
+                    },)*
+                    _library: library,
+                })
+            }
+        }
+    };
+}
+
+driver_functions! {
+    cuInit(flags: c_uint);
+    cuDriverGetVersion(version: *mut c_int);
+    cuDeviceGetCount(count: *mut c_int);
+    cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: c_int);
+    cuDeviceGetName(name: *mut c_char, len: c_int, device: c_int);
+    cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: c_int);
+    cuDeviceGetLuid(luid: *mut c_char, device_node_mask: *mut c_uint, device: c_int);
+    cuDeviceTotalMem_v2(bytes: *mut usize, device: c_int);
+    cuDevicePrimaryCtxRetain(context: *mut CUcontext, device: c_int);
+    cuDevicePrimaryCtxReset_v2(device: c_int);
+    cuDevicePrimaryCtxSetFlags_v2(device: c_int, flags: c_uint);
+    cuDevicePrimaryCtxGetState(device: c_int, flags: *mut c_uint, active: *mut c_int);
+    cuCtxGetCurrent(context: *mut CUcontext);
+    cuCtxSetCurrent(context: CUcontext);
+    cuCtxGetDevice(device: *mut c_int);
+    cuCtxSynchronize();
+    cuCtxSetLimit(limit: c_int, value: usize);
+    cuCtxGetLimit(value: *mut usize, limit: c_int);
+    cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int);
+    cuMemAlloc_v2(ptr: *mut CUdeviceptr, size: usize);
+    cuMemFree_v2(ptr: CUdeviceptr);
+    cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
+    cuMemHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint);
+    cuMemFreeHost(ptr: *mut c_void);
+    cuMemHostRegister_v2(ptr: *mut c_void, size: usize, flags: c_uint);
+    cuMemHostUnregister(ptr: *mut c_void);
+    cuMemHostGetFlags(flags: *mut c_uint, ptr: *mut c_void);
+    cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, count: usize);
+    cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, count: usize);
+    cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream);
+    cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream);
+    cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize);
+    cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, count: usize);
+    cuMemsetD8Async(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream);
+    cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream);
+    cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr);
+    cuStreamCreateWithPriority(stream: *mut CUstream, flags: c_uint, priority: c_int);
+    cuStreamDestroy_v2(stream: CUstream);
+    cuStreamSynchronize(stream: CUstream);
+    cuStreamSynchronize_ptsz(stream: CUstream);
+    cuStreamQuery(stream: CUstream);
+    cuStreamQuery_ptsz(stream: CUstream);
+    cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint);
+    cuStreamWaitEvent_ptsz(stream: CUstream, event: CUevent, flags: c_uint);
+    cuStreamGetFlags(stream: CUstream, flags: *mut c_uint);
+    cuStreamGetFlags_ptsz(stream: CUstream, flags: *mut c_uint);
+    cuStreamGetPriority(stream: CUstream, priority: *mut c_int);
+    cuStreamGetPriority_ptsz(stream: CUstream, priority: *mut c_int);
+    cuEventCreate(event: *mut CUevent, flags: c_uint);
+    cuEventRecordWithFlags(event: CUevent, stream: CUstream, flags: c_uint);
+    cuEventRecordWithFlags_ptsz(event: CUevent, stream: CUstream, flags: c_uint);
+    cuEventSynchronize(event: CUevent);
+    cuEventQuery(event: CUevent);
+    cuEventElapsedTime_v2(milliseconds: *mut f32, start: CUevent, end: CUevent);
+    cuEventDestroy_v2(event: CUevent);
+    cuLibraryLoadData(
+        library: *mut CUlibrary,
+        code: *const c_void,
+        jit_options: *mut c_int,
+        jit_values: *mut *mut c_void,
+        jit_count: c_uint,
+        library_options: *mut c_int,
+        library_values: *mut *mut c_void,
+        library_count: c_uint,
+    );
+    cuLibraryUnload(library: CUlibrary);
+    cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char);
+    cuLibraryGetGlobal(ptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);
+    cuLaunchKernel(
+        function: CUkernel,
+        grid_x: c_uint,
+        grid_y: c_uint,
+        grid_z: c_uint,
+        block_x: c_uint,
+        block_y: c_uint,
+        block_z: c_uint,
+        shared_mem: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    );
+    cuLaunchKernel_ptsz(
+        function: CUkernel,
+        grid_x: c_uint,
+        grid_y: c_uint,
+        grid_z: c_uint,
+        block_x: c_uint,
+        block_y: c_uint,
+        block_z: c_uint,
+        shared_mem: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    );
+    cuFuncGetAttribute(value: *mut c_int, attribute: c_int, function: CUkernel);
+    cuFuncSetAttribute(function: CUkernel, attribute: c_int, value: c_int);
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+        blocks: *mut c_int,
+        function: CUkernel,
+        block_size: c_int,
+        dynamic_smem: usize,
+        flags: c_uint,
+    );
+}
+
+/// Calls a driver function: `cu!(cuMemFree_v2(ptr))` is its status as a `CudaResult<()>`.
+/// The driver's status codes are the runtime's error numbers (CUDA numbers them alike).
+macro_rules! cu {
+    ($name:ident($($arg:expr),* $(,)?)) => {{
+        match $crate::driver::driver() {
+            // SAFETY: a driver API call with arguments that meet its C contract: the caller checked
+            // what the app passed, or passes it on under the runtime function's own contract.
+            Ok(driver) => flyt_protocol::CudaError::check(unsafe { (driver.$name)($($arg),*) }),
+            Err(error) => Err(error),
+        }
+    }};
+}
+pub(crate) use cu;
+
+/// Like [`cu!`], after making sure the calling thread has a context (see [`ensure_context`]).
+macro_rules! cu_ctx {
+    ($name:ident($($arg:expr),* $(,)?)) => {{
+        match $crate::driver::ensure_context() {
+            // SAFETY: as in `cu!`.
+            Ok(driver) => flyt_protocol::CudaError::check(unsafe { (driver.$name)($($arg),*) }),
+            Err(error) => Err(error),
+        }
+    }};
+}
+pub(crate) use cu_ctx;
+
+static DRIVER: OnceLock<Result<Driver, CudaError>> = OnceLock::new();
+
+/// The driver, loaded and initialized on first use. A driver that cannot be loaded is
+/// `cudaErrorInsufficientDriver` for every call, as NVIDIA's runtime answers without one, with
+/// one line saying why.
+pub fn driver() -> CudaResult<&'static Driver> {
+    DRIVER.get_or_init(load).as_ref().map_err(|error| *error)
+}
+
+fn load() -> Result<Driver, CudaError> {
+    let library = open_library().map_err(|reason| {
+        crate::diagnostics::once("driver", &format!("flyt: the CUDA runtime found no driver: {reason}"));
+        CudaError::INSUFFICIENT_DRIVER
+    })?;
+    let driver = Driver::resolve(library).map_err(|reason| {
+        crate::diagnostics::once("driver", &format!("flyt: the libcuda.so.1 found is not a CUDA driver: {reason}"));
+        CudaError::INSUFFICIENT_DRIVER
+    })?;
+    // SAFETY: `cuInit` takes flags by value; 0 is the only valid value.
+    CudaError::check(unsafe { (driver.cuInit)(0) })?;
+    Ok(driver)
+}
+
+/// Flyt's `libcuda.so.1` beside this library, else whichever the library path finds.
+fn open_library() -> Result<libloading::Library, String> {
+    if let Some(beside) = own_folder().map(|folder| folder.join("libcuda.so.1"))
+        && beside.exists()
+    {
+        // SAFETY: loading Flyt's driver library runs no initializers that need anything of us.
+        return unsafe { libloading::Library::new(&beside) }.map_err(|error| format!("{}: {error}", beside.display()));
+    }
+    // SAFETY: as above; by name, as NVIDIA's runtime loads its driver.
+    unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|error| error.to_string())
+}
+
+/// The folder this library was loaded from.
+fn own_folder() -> Option<std::path::PathBuf> {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let own_address = own_folder as *const c_void;
+    // SAFETY: `dladdr` fills `info` for an address inside a loaded object; ours is a function of
+    // this library.
+    if unsafe { libc::dladdr(own_address, info.as_mut_ptr()) } == 0 {
+        return None;
+    }
+    // SAFETY: `dladdr` succeeded, so `info` is initialized.
+    let info = unsafe { info.assume_init() };
+    if info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: `dli_fname` is the loader's NUL-terminated path of the object.
+    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
+    path.parent().map(std::path::Path::to_path_buf)
+}
+
+thread_local! {
+    /// The thread's current device (`cudaSetDevice`).
+    static CURRENT_DEVICE: Cell<c_int> = const { Cell::new(0) };
+    /// The reset generation in which this thread last made sure of its context.
+    static CONTEXT_CHECKED: Cell<u64> = const { Cell::new(u64::MAX) };
+}
+
+/// Bumped by `cudaDeviceReset`: primary contexts are retained again after it.
+static RESET_GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The primary contexts this runtime holds a reference to: `(device, generation, context)`.
+static RETAINED: Mutex<Vec<(c_int, u64, usize)>> = Mutex::new(Vec::new());
+
+/// Whether this runtime ever set up a context (so there is something to reset).
+pub fn context_ever_made() -> bool {
+    !RETAINED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
+}
+
+pub fn current_device() -> c_int {
+    CURRENT_DEVICE.try_with(Cell::get).unwrap_or(0)
+}
+
+/// The primary context of `device`, retained once per reset generation.
+fn primary_context(driver: &Driver, device: c_int, generation: u64) -> CudaResult<CUcontext> {
+    let mut retained = RETAINED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, _, context)) = retained.iter().find(|(d, g, _)| *d == device && *g == generation) {
+        return Ok(*context as CUcontext);
+    }
+    let mut context: CUcontext = std::ptr::null_mut();
+    // SAFETY: `context` is a local out-value.
+    CudaError::check(unsafe { (driver.cuDevicePrimaryCtxRetain)(&mut context, device) })?;
+    retained.retain(|(d, _, _)| *d != device);
+    retained.push((device, generation, context as usize));
+    Ok(context)
+}
+
+/// The driver, with a context current on the calling thread: the app's own if it made one current
+/// (driver API), else the primary context of the thread's device, retained on the thread's first
+/// call and again after a reset. The common case is two thread-local reads and one driver query.
+pub fn ensure_context() -> CudaResult<&'static Driver> {
+    let driver = driver()?;
+    let generation = RESET_GENERATION.load(Ordering::Acquire);
+    let mut current: CUcontext = std::ptr::null_mut();
+    // SAFETY: `current` is a local out-value.
+    CudaError::check(unsafe { (driver.cuCtxGetCurrent)(&mut current) })?;
+    if !current.is_null() && CONTEXT_CHECKED.try_with(Cell::get).ok() == Some(generation) {
+        return Ok(driver);
+    }
+    let primary = primary_context(driver, current_device(), generation)?;
+    if current.is_null() || current == primary {
+        // SAFETY: a context handle the driver gave out.
+        CudaError::check(unsafe { (driver.cuCtxSetCurrent)(primary) })?;
+    }
+    let _ = CONTEXT_CHECKED.try_with(|checked| checked.set(generation));
+    Ok(driver)
+}
+
+/// `cudaSetDevice`: the thread's device becomes `device` and its primary context current.
+pub fn set_device(device: c_int) -> CudaResult<()> {
+    let driver = driver()?;
+    let generation = RESET_GENERATION.load(Ordering::Acquire);
+    let primary = primary_context(driver, device, generation)?;
+    // SAFETY: a context handle the driver gave out.
+    CudaError::check(unsafe { (driver.cuCtxSetCurrent)(primary) })?;
+    let _ = CURRENT_DEVICE.try_with(|current| current.set(device));
+    let _ = CONTEXT_CHECKED.try_with(|checked| checked.set(generation));
+    Ok(())
+}
+
+/// `cudaDeviceReset`: the device's primary context is reset (its memory, streams and events go);
+/// the next call retains it again.
+pub fn reset_device() -> CudaResult<()> {
+    cu!(cuDevicePrimaryCtxReset_v2(current_device()))?;
+    RESET_GENERATION.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
