@@ -160,3 +160,20 @@ fn a_lost_server_fails_every_call_at_once() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
     assert_eq!(stderr.matches("lost the connection to the GPU server").count(), 1, "{stderr}");
 }
+
+/// A program that calls Flyt's runtime and Flyt's driver side by side has one session: memory,
+/// streams and events made through one API work through the other.
+#[test]
+fn runtime_and_driver_share_one_session() {
+    let scratch = scratch_dir("mixed-apis");
+    let program = scratch.join("mixed_apis");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mixed_apis.c");
+    compile_c(&source, &program, &shim_lib_dir(), &["-l:libcuda.so.1"]);
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    let (code, stdout, stderr) = run_program(&program, &server.addresses[0]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}");
+    assert!(server.wait_for_log("session 1 closed", Duration::from_secs(10)), "{}", server.log_text());
+    assert!(!server.log_text().contains("session 2"), "one session, not one per library: {}", server.log_text());
+}
