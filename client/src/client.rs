@@ -19,7 +19,7 @@ use flyt_protocol::ops::{Op, OpClass, decode_reply, req};
 
 use crate::conn::{Conn, Wire};
 use crate::ranges::DeviceRanges;
-use crate::registry::{Function, Layout, Variable};
+
 use crate::shm;
 
 /// Where the shim asks for its server when `FLYT_SERVER` is not set.
@@ -64,7 +64,6 @@ pub struct Client {
     next_event: AtomicU64,
     /// Bumped by `cudaDeviceReset`, which destroys every per-thread default stream.
     pub reset_generation: AtomicU64,
-    pub device_flags: Mutex<u32>,
     /// The shared-memory channel, when the server shares this host.
     pub shm: Option<crate::shm::Channel>,
     /// `(least, greatest)` stream priority, asked of the server once.
@@ -82,13 +81,7 @@ pub fn client() -> CudaResult<&'static Client> {
         open()
     });
     match client {
-        Ok(client) => {
-            if opened_now {
-                crate::registry::send_unsent(&client.conn);
-                let _ = client.conn.flush();
-            }
-            Ok(client)
-        }
+        Ok(client) => Ok(client),
         Err(error) => Err(*error),
     }
 }
@@ -260,7 +253,6 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         next_stream: AtomicU64::new(STREAM_ID_BASE),
         next_event: AtomicU64::new(EVENT_ID_BASE),
         reset_generation: AtomicU64::new(0),
-        device_flags: Mutex::new(0),
         shm,
         priority_range: OnceLock::new(),
     })
@@ -320,16 +312,6 @@ impl Client {
     /// Checks that `[ptr, ptr + len)` lies inside one device range.
     pub fn check_device_range(&self, ptr: u64, len: u64) -> CudaResult<()> {
         self.ranges.check(ptr, len)
-    }
-
-    /// A kernel's parameter layout from the driver (one round trip per module, on first use).
-    pub fn layout(&self, function: &Function) -> CudaResult<Arc<Layout>> {
-        function.layout(&self.conn, &self.ranges)
-    }
-
-    /// A module variable's device address (one round trip per module, on first use).
-    pub fn variable_address(&self, variable: &Variable) -> CudaResult<u64> {
-        variable.address(&self.conn, &self.ranges)
     }
 
     /// Sends a request and waits for its reply. At a sync point, a deferred error of an earlier

@@ -93,7 +93,7 @@ impl Client {
             );
             return Err(CudaError::NOT_SUPPORTED);
         }
-        let layout = self.layout(function).inspect_err(|error| self.note_unrunnable(&function.name, *error))?;
+        let layout = &function.layout;
         let packed = match args {
             Args::Packed(buffer) => buffer.get(..layout.args_len).ok_or(CudaError::INVALID_VALUE)?.to_vec(),
             Args::Pointers(pointers) => {
@@ -137,8 +137,6 @@ impl Client {
         if let Some(attributes) = *lock(&function.attributes) {
             return Ok(attributes);
         }
-        // The module must be loaded before the server can answer for its kernel.
-        self.layout(function)?;
         let attributes = self.call(req::FuncGetAttributes { function: function.reference() })?.attributes;
         *lock(&function.attributes) = Some(attributes);
         Ok(attributes)
@@ -146,7 +144,6 @@ impl Client {
 
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`, asked of the server.
     pub fn max_active_blocks(&self, function: &Function, block_size: i32, dynamic_shared_mem: usize, flags: u32) -> CudaResult<i32> {
-        self.layout(function)?;
         let request = req::OccupancyMaxActiveBlocks {
             function: function.reference(),
             block_size,
@@ -158,7 +155,6 @@ impl Client {
 
     /// Sets a kernel attribute (`CUfunction_attribute` numbering, which `cudaFuncAttribute` shares).
     pub fn set_function_attribute(&self, function: &Function, attribute: u32, value: i32) -> CudaResult<()> {
-        self.layout(function)?;
         let result = self.call(req::FuncSetAttribute { function: function.reference(), attribute, value }).map(|_| ());
         *lock(&function.attributes) = None;
         result

@@ -29,8 +29,8 @@ impl FatBinary {
         let loaded = self.library.get_or_init(|| {
             let mut library: CUlibrary = std::ptr::null_mut();
             let mut options = [LIBRARY_BINARY_IS_PRESERVED];
-            // The option's value is the flag itself, passed in the pointer slot.
-            let mut values = [1usize as *mut c_void];
+            // The option's value is the flag itself (1, "preserved"), passed in the pointer slot.
+            let mut values = [std::ptr::without_provenance_mut::<c_void>(1)];
             cu_ctx!(cuLibraryLoadData(
                 &mut library,
                 self.wrapper as *const c_void,

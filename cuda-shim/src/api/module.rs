@@ -456,9 +456,7 @@ pub unsafe fn cuKernelGetLibrary(p_lib: *mut CUlibrary, kernel: CUkernel) -> CUr
 
 fn param_info<T>(handle: *mut T, index: usize, offset: *mut usize, size: *mut usize) -> DriverResult {
     let function = function(handle)?;
-    let client = session_client()?;
-    let layout = client.layout(&function).map_err(driver_error)?;
-    let param = layout.params.get(index).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let param = function.layout.params.get(index).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     // Either out-pointer may be NULL: the caller wants only the other.
     if !offset.is_null() {
         // SAFETY: non-NULL; the caller's out-pointer.
@@ -786,7 +784,6 @@ pub unsafe fn cuOccupancyMaxActiveClusters(num_clusters: *mut c_int, func: CUfun
         }
         let (grid, block) = geometry(config);
         let client = client()?;
-        client.layout(&function).map_err(driver_error)?;
         let request =
             req::OccupancyMaxActiveClusters { function: function.reference(), grid, block, shared_mem: config.sharedMemBytes, attributes };
         let clusters = client.call(request).map_err(driver_error)?.clusters;
@@ -805,7 +802,6 @@ pub unsafe fn cuOccupancyAvailableDynamicSMemPerBlock(
         non_null([dynamic_smem_size.cast()])?;
         let function = function(func)?;
         let client = client()?;
-        client.layout(&function).map_err(driver_error)?;
         let request = req::OccupancyAvailableDynamicSmem { function: function.reference(), num_blocks, block_size };
         let bytes = client.call(request).map_err(driver_error)?.bytes;
         // SAFETY: checked non-NULL; the caller's out-pointer.

@@ -144,11 +144,7 @@ fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_threa
     let key = stream_key(stream, per_thread_default);
     capture::check_not_refused_capture(key)?;
     capture::wait(key, event as usize)?;
-    if per_thread_default {
-        cu_ctx!(cuStreamWaitEvent_ptsz(stream, event, 0))
-    } else {
-        cu_ctx!(cuStreamWaitEvent(stream, event, 0))
-    }
+    if per_thread_default { cu_ctx!(cuStreamWaitEvent_ptsz(stream, event, 0)) } else { cu_ctx!(cuStreamWaitEvent(stream, event, 0)) }
 }
 
 pub unsafe fn cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> CudaResult<()> {
