@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, RwLock};
 
 use crate::CUresult;
@@ -48,6 +48,8 @@ pub struct Context {
     device: i32,
     primary: bool,
     flags: AtomicU32,
+    /// `state.dead`, readable without the lock: every call that reaches the GPU checks it.
+    destroyed: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -60,6 +62,7 @@ impl Context {
             device,
             primary,
             flags: AtomicU32::new(flags),
+            destroyed: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         }))
     }
@@ -90,7 +93,7 @@ impl Context {
 
     /// CUDA_ERROR_CONTEXT_IS_DESTROYED for a destroyed context.
     pub fn usable(&self) -> DriverResult {
-        if self.state().dead { Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED) } else { Ok(()) }
+        if self.destroyed.load(Ordering::Acquire) { Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED) } else { Ok(()) }
     }
 
     /// Primary contexts: whether something retains it.
@@ -270,6 +273,7 @@ impl Contexts {
                 return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
             }
             state.dead = true;
+            ctx.destroyed.store(true, Ordering::Release);
             std::mem::take(&mut state.cls)
         };
         let _ = STACK.try_with(|stack| {
