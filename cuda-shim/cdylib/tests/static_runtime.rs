@@ -70,6 +70,55 @@ fn a_static_cudart_program_runs_over_flyt() {
     }
 }
 
+/// CUDA 12.9's static runtime (an older NVIDIA runtime, asking `cuGetProcAddress` for 12.x
+/// versions and its own export tables) runs over Flyt's `libcuda.so.1` too. The runtime wheel has
+/// no nvcc: the same program is compiled as plain C++, without its kernel, and linked with
+/// `libcudart_static.a`. Skipped (with a line saying so) when `FLYT_CUDA12_HOME` is not set;
+/// `tools/test` sets it.
+#[test]
+fn a_cuda12_static_runtime_program_runs_over_flyt() {
+    let Some(cuda12) = std::env::var_os("FLYT_CUDA12_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA12_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("static-runtime-12");
+    let program = scratch.join("static_runtime_12");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/static_runtime.cu");
+    let status = Command::new("c++")
+        .args(["-x", "c++", "-O1"])
+        .arg(format!("-I{}", cuda12.join("include").display()))
+        .arg(source)
+        .args(["-x", "none"])
+        .arg(cuda12.join("lib/libcudart_static.a"))
+        .args(["-lpthread", "-ldl", "-lrt", "-o"])
+        .arg(&program)
+        .status()
+        .expect("run c++");
+    assert!(status.success(), "c++ {source} with CUDA 12.9's static runtime");
+
+    let lib = driver_lib_dir(&scratch);
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    let (code, stdout, stderr) = run_with_timeout(
+        Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]),
+        Duration::from_secs(120),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    for line in [
+        "devices: 1",
+        "device 0: Flyt Emulated Device",
+        "runtime 12090",
+        "round trip: equal",
+        "memset: ok",
+        "async copies: ok, elapsed time measured",
+        "PASSED: 0 failure(s)",
+    ] {
+        assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
+    }
+    assert!(!stderr.contains("is not supported through Flyt"), "{stderr}");
+    assert!(!stderr.contains("is not implemented"), "{stderr}");
+}
+
 #[test]
 fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
