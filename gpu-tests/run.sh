@@ -26,8 +26,8 @@ usage: gpu-tests/run.sh [options]
                       load Flyt's libcudart.so.13) or static (nvcc's default; NVIDIA's runtime inside
                       the program loads Flyt's libcuda.so.1) (default: shared). The programs in
                       libraries/ (cuBLAS, cuBLASLt, cuFFT, cuRAND, cuSPARSE, cuSOLVER) run with
-                      static only: with shared, the app's runtime and the library's would hold two
-                      Flyt sessions whose pointers do not cross
+                      both: each library's own runtime reaches the GPU through Flyt's libcuda.so.1,
+                      as Flyt's libcudart.so.13 does (one session per process)
   --no-libraries      leave out the programs in libraries/ (CI: its toolkit has no CUDA libraries)
   --device NAME       the server's --device (default: cuda; 'emulated' only checks the plumbing)
   --timeout SECONDS   limit for each program run (default: 120)
@@ -210,8 +210,9 @@ for f in "$here"/*.cu; do
     ALL+=("$n")
 done
 [ ${#ALL[@]} -gt 0 ] || die "no .cu files in $here"
-# Library programs: with the static runtime (see --runtime), and when --build-only builds everything.
-if [ $LIBRARIES = 1 ] && { [ "$RUNTIME" = static ] || [ "$MODE" = build ]; }; then
+# Library programs: with either runtime (with shared, the app's runtime is Flyt's libcudart.so.13
+# and each library carries NVIDIA's: both run over Flyt's libcuda.so.1, in one session).
+if [ $LIBRARIES = 1 ]; then
     for f in "$here"/libraries/*.cu; do
         [ -e "$f" ] && ALL+=("$(basename "$f" .cu)")
     done
