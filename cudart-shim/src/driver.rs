@@ -172,15 +172,12 @@ macro_rules! cu {
 }
 pub(crate) use cu;
 
-/// Like [`cu!`], after making sure the calling thread has a context (see [`ensure_context`]).
+/// Like [`cu!`], in the calling thread's context (see [`in_context`]).
 macro_rules! cu_ctx {
-    ($name:ident($($arg:expr),* $(,)?)) => {{
-        match $crate::driver::ensure_context() {
-            // SAFETY: as in `cu!`.
-            Ok(driver) => flyt_protocol::CudaError::check(unsafe { (driver.$name)($($arg),*) }),
-            Err(error) => Err(error),
-        }
-    }};
+    ($name:ident($($arg:expr),* $(,)?)) => {
+        // SAFETY: as in `cu!`.
+        $crate::driver::in_context(|driver| unsafe { (driver.$name)($($arg),*) })
+    };
 }
 pub(crate) use cu_ctx;
 
@@ -274,25 +271,46 @@ fn primary_context(driver: &Driver, device: c_int, generation: u64) -> CudaResul
     Ok(context)
 }
 
-/// The driver, with a context current on the calling thread: the app's own if it made one current
-/// (driver API), else the primary context of the thread's device, retained on the thread's first
-/// call and again after a reset. The common case is two thread-local reads and one driver query.
+/// The driver, with the calling thread's context set up: on the thread's first call (and its first
+/// after a reset) the primary context of its device is retained and, unless the app made a context
+/// current itself (driver API), made current. Later calls cost one thread-local read: the driver
+/// checks the current context on every call anyway, and [`in_context`] rebinds when it finds none.
 pub fn ensure_context() -> CudaResult<&'static Driver> {
     let driver = driver()?;
     let generation = RESET_GENERATION.load(Ordering::Acquire);
+    if CONTEXT_CHECKED.try_with(Cell::get).ok() != Some(generation) {
+        bind_context(driver, generation)?;
+    }
+    Ok(driver)
+}
+
+fn bind_context(driver: &Driver, generation: u64) -> CudaResult<()> {
     let mut current: CUcontext = std::ptr::null_mut();
     // SAFETY: `current` is a local out-value.
     CudaError::check(unsafe { (driver.cuCtxGetCurrent)(&mut current) })?;
-    if !current.is_null() && CONTEXT_CHECKED.try_with(Cell::get).ok() == Some(generation) {
-        return Ok(driver);
-    }
     let primary = primary_context(driver, current_device(), generation)?;
     if current.is_null() || current == primary {
         // SAFETY: a context handle the driver gave out.
         CudaError::check(unsafe { (driver.cuCtxSetCurrent)(primary) })?;
     }
     let _ = CONTEXT_CHECKED.try_with(|checked| checked.set(generation));
-    Ok(driver)
+    Ok(())
+}
+
+/// `CUDA_ERROR_INVALID_CONTEXT`: the driver found no context current on the thread.
+const INVALID_CONTEXT: CUresult = 201;
+
+/// Runs a driver call in the thread's context. A call refused for want of a current context (the
+/// app popped or unset it through the driver API) did nothing: the thread's primary context is made
+/// current and the call made once more, as NVIDIA's runtime sets its context up again.
+pub fn in_context(mut call: impl FnMut(&Driver) -> CUresult) -> CudaResult<()> {
+    let driver = ensure_context()?;
+    let status = call(driver);
+    if status != INVALID_CONTEXT {
+        return CudaError::check(status);
+    }
+    bind_context(driver, RESET_GENERATION.load(Ordering::Acquire))?;
+    CudaError::check(call(driver))
 }
 
 /// `cudaSetDevice`: the thread's device becomes `device` and its primary context current.

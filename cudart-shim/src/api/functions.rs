@@ -80,7 +80,8 @@ pub unsafe fn cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_in
     if !SETTABLE_ATTRIBUTES.contains(&attr) {
         return Err(CudaError::INVALID_VALUE);
     }
-    cu_ctx!(cuFuncSetAttribute(registered.handle()?, attr, value))
+    let kernel = registered.handle()?;
+    cu_ctx!(cuFuncSetAttribute(kernel, attr, value))
 }
 
 pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessor(

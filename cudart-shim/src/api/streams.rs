@@ -155,34 +155,24 @@ pub unsafe fn cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t,
     wait_event(stream, event, flags, true)
 }
 
-pub unsafe fn cudaStreamGetFlags(stream: cudaStream_t, flags: *mut c_uint) -> CudaResult<()> {
-    let mut value = 0;
-    cu_ctx!(cuStreamGetFlags(stream, &mut value))?;
-    // SAFETY: the app's out-pointer.
-    unsafe { write_out(flags, value) }
+/// The stream queries: the driver answers (the null handle of a `_ptsz` form is the thread's
+/// default stream, a blocking stream without priority).
+macro_rules! stream_queries {
+    ($($name:ident($out:ident: *mut $ty:ty) => $driver:ident;)*) => {$(
+        pub unsafe fn $name(stream: cudaStream_t, $out: *mut $ty) -> CudaResult<()> {
+            let mut value: $ty = 0;
+            cu_ctx!($driver(stream, &mut value))?;
+            // SAFETY: the app's out-pointer.
+            unsafe { write_out($out, value) }
+        }
+    )*};
 }
 
-/// The null handle is the thread's default stream here, a blocking stream (flags 0).
-pub unsafe fn cudaStreamGetFlags_ptsz(stream: cudaStream_t, flags: *mut c_uint) -> CudaResult<()> {
-    let mut value = 0;
-    cu_ctx!(cuStreamGetFlags_ptsz(stream, &mut value))?;
-    // SAFETY: the app's out-pointer.
-    unsafe { write_out(flags, value) }
-}
-
-pub unsafe fn cudaStreamGetPriority(stream: cudaStream_t, priority: *mut c_int) -> CudaResult<()> {
-    let mut value = 0;
-    cu_ctx!(cuStreamGetPriority(stream, &mut value))?;
-    // SAFETY: the app's out-pointer.
-    unsafe { write_out(priority, value) }
-}
-
-/// The null handle is the thread's default stream here, which has no priority either.
-pub unsafe fn cudaStreamGetPriority_ptsz(stream: cudaStream_t, priority: *mut c_int) -> CudaResult<()> {
-    let mut value = 0;
-    cu_ctx!(cuStreamGetPriority_ptsz(stream, &mut value))?;
-    // SAFETY: the app's out-pointer.
-    unsafe { write_out(priority, value) }
+stream_queries! {
+    cudaStreamGetFlags(flags: *mut c_uint) => cuStreamGetFlags;
+    cudaStreamGetFlags_ptsz(flags: *mut c_uint) => cuStreamGetFlags_ptsz;
+    cudaStreamGetPriority(priority: *mut c_int) => cuStreamGetPriority;
+    cudaStreamGetPriority_ptsz(priority: *mut c_int) => cuStreamGetPriority_ptsz;
 }
 
 fn create_event(out: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {

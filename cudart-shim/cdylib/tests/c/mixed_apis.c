@@ -54,6 +54,17 @@ int main(void) {
     DRV("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain(&primary, 0));
     EXPECT("the runtime made the primary context current, as NVIDIA's does", current != NULL && current == primary);
 
+    /* An app that pops the context the runtime set up: the runtime sets it up again. */
+    CUcontext popped = NULL;
+    DRV("cuCtxPopCurrent", cuCtxPopCurrent(&popped));
+    DRV("no context current now", cuCtxGetCurrent(&current));
+    EXPECT("the popped context was the primary one, and none is current", popped == primary && current == NULL);
+    void *probe = NULL;
+    RT("cudaMalloc with no context current", cudaMalloc(&probe, 256));
+    DRV("cuCtxGetCurrent after it", cuCtxGetCurrent(&current));
+    EXPECT("the runtime made the primary context current again", current == primary);
+    RT("cudaFree", cudaFree(probe));
+
     /* Driver allocation, runtime copies. */
     CUdeviceptr d = 0;
     DRV("cuMemAlloc", cuMemAlloc(&d, N));
