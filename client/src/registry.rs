@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{FuncAttributes, FunctionRef, ParamInfo, Request, decode_reply, rep, req};
+use flyt_protocol::ops::{CACHED_IMAGE_MIN, FuncAttributes, FunctionRef, ParamInfo, Request, decode_reply, image_digest, rep, req};
 
 use crate::conn::{Conn, ReplySlot};
 use crate::ranges::DeviceRanges;
@@ -31,11 +31,21 @@ impl Layout {
 }
 
 enum Registration {
-    /// Not sent yet (no session, the module is still being registered, or it was loaded lazily
-    /// and nothing of it was used yet). The image is kept only until it is sent.
+    /// Not sent yet (no session, or it was loaded lazily and nothing of it was used yet). The
+    /// image is kept only until the server holds it.
     Unsent(Image),
-    Sent(Arc<ReplySlot>),
-    Done(CudaResult<()>),
+    /// Sent: with its bytes, or (`offered`, a large image) only its digest, in case the server's
+    /// image cache has it; the image is kept until the answer says whether it must follow.
+    Sent { slot: Arc<ReplySlot>, offered: Option<Image> },
+    /// Answered. `bytes_followed`: the server lacked the offered image and it was sent after all,
+    /// so lookups sent in between failed only for want of it and are worth asking again.
+    Done { outcome: CudaResult<()>, bytes_followed: bool },
+}
+
+impl Registration {
+    fn failed(error: CudaError) -> Self {
+        Registration::Done { outcome: Err(error), bytes_followed: false }
+    }
 }
 
 pub struct Module {
@@ -113,8 +123,8 @@ pub fn load(conn: Option<&Arc<Conn>>, image: Image, lazy: bool) -> CudaResult<u3
         send_if_unsent(conn, module);
         module.registration.clone()
     };
-    match collect(conn, &registration) {
-        Ok(()) => Ok(id),
+    match collect(conn, id, &registration) {
+        Ok(_) => Ok(id),
         Err(error) => {
             mark_unloaded(id);
             Err(error)
@@ -146,10 +156,10 @@ pub fn unload(conn: Option<&Arc<Conn>>, ranges: Option<&DeviceRanges>, id: u32) 
         // Never sent: drop the image; nothing to tell the server.
         let mut registration = lock(&registration);
         if matches!(*registration, Registration::Unsent(_)) {
-            *registration = Registration::Done(Err(CudaError::INVALID_RESOURCE_HANDLE));
+            *registration = Registration::failed(CudaError::INVALID_RESOURCE_HANDLE);
         }
     }
-    let held = conn.is_some_and(|conn| held(conn, &registration));
+    let held = conn.is_some_and(|conn| held(conn, id, &registration));
     if let Some(ranges) = ranges {
         for (address, _) in lock(&found).variables.values() {
             ranges.remove_variable(*address);
@@ -173,7 +183,7 @@ pub fn function_by_name(conn: &Arc<Conn>, id: u32, name: &str) -> CudaResult<Arc
         send_if_unsent(conn, module);
         (module.registration.clone(), module.found.clone())
     };
-    let reply: rep::ModuleGetFunction = ask(conn, &registration, req::ModuleGetFunction { module: id, name: name.to_owned() })?;
+    let reply: rep::ModuleGetFunction = ask(conn, id, &registration, req::ModuleGetFunction { module: id, name: name.to_owned() })?;
     let mut registry = write();
     let handle = registry.functions.len() + 1;
     let function = Arc::new(Function {
@@ -201,18 +211,26 @@ pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &s
         send_if_unsent(conn, module);
         (module.registration.clone(), module.found.clone())
     };
-    let reply: rep::ModuleGetGlobal = ask(conn, &registration, req::ModuleGetGlobal { module: id, name: name.to_owned() })?;
+    let reply: rep::ModuleGetGlobal = ask(conn, id, &registration, req::ModuleGetGlobal { module: id, name: name.to_owned() })?;
     ranges.add_variables(std::iter::once((reply.address, reply.size)));
     lock(&found).variables.insert(name.to_owned(), (reply.address, reply.size));
     Ok((reply.address, reply.size))
 }
 
 /// Asks the server about a module by name. A module the server could not load answers with why
-/// (no code for this GPU, a bad image) rather than with the lookup's own error.
-fn ask<O: flyt_protocol::ops::Op>(conn: &Arc<Conn>, registration: &Mutex<Registration>, request: O) -> CudaResult<O::Reply> {
-    conn.call(&request.into())
-        .and_then(|message| decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?.result)
-        .map_err(|error| collect(conn, registration).err().unwrap_or(error))
+/// (no code for this GPU, a bad image) rather than with the lookup's own error; one whose image
+/// had to follow its digest is asked again, now that the server holds it.
+fn ask<O: flyt_protocol::ops::Op>(conn: &Arc<Conn>, id: u32, registration: &Mutex<Registration>, request: O) -> CudaResult<O::Reply> {
+    let request: Request = request.into();
+    let call = || conn.call(&request).and_then(|message| decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?.result);
+    match call() {
+        Ok(reply) => Ok(reply),
+        Err(error) => match collect(conn, id, registration) {
+            Err(load_error) => Err(load_error),
+            Ok(true) => call(),
+            Ok(false) => Err(error),
+        },
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -226,46 +244,64 @@ pub fn function_by_handle(handle: usize) -> Option<Arc<Function>> {
     registry.modules.get(function.module as usize).filter(|module| !module.unloaded).map(|_| function.clone())
 }
 
-/// The request that registers a module with the server (kernels and variables are asked for by
-/// name afterwards).
-fn registration_request(module: &Module) -> Request {
-    req::RegisterModule { module: module.id, functions: Vec::new(), variables: Vec::new() }.into()
-}
-
 fn send_if_unsent(conn: &Arc<Conn>, module: &Module) {
     let mut registration = lock(&module.registration);
     if let Registration::Unsent(image) = &*registration {
-        *registration = match conn.send_with_bulk(&registration_request(module), image.bytes(), Some(())) {
-            Ok(Some(slot)) => Registration::Sent(slot),
-            Ok(None) => Registration::Done(Err(CudaError::UNKNOWN)),
-            Err(error) => Registration::Done(Err(error)),
+        let image = image.clone();
+        // A large image is offered by digest first: the server may have cached it.
+        let cached = (image.bytes().len() >= CACHED_IMAGE_MIN).then(|| image_digest(image.bytes()));
+        let request = req::RegisterModule { module: module.id, cached }.into();
+        let bulk = if cached.is_some() { &[][..] } else { image.bytes() };
+        *registration = match conn.send_with_bulk(&request, bulk, Some(())) {
+            Ok(Some(slot)) => Registration::Sent { slot, offered: cached.map(|_| image) },
+            Ok(None) => Registration::failed(CudaError::UNKNOWN),
+            Err(error) => Registration::failed(error),
         };
     }
 }
 
-fn held(conn: &Conn, registration: &Mutex<Registration>) -> bool {
+fn held(conn: &Arc<Conn>, id: u32, registration: &Mutex<Registration>) -> bool {
     let answered = match &*lock(registration) {
         Registration::Unsent(_) => return false,
-        Registration::Sent(slot) => slot.is_done(),
-        Registration::Done(outcome) => return outcome.is_ok(),
+        Registration::Sent { slot, .. } => slot.is_done(),
+        Registration::Done { outcome, .. } => return outcome.is_ok(),
     };
-    !answered || collect(conn, registration).is_ok()
+    !answered || collect(conn, id, registration).is_ok()
 }
 
-/// Collects a sent registration's reply (once) and returns the outcome.
-fn collect(conn: &Conn, registration: &Mutex<Registration>) -> CudaResult<()> {
+/// Collects a sent registration's reply (once), sending the image's bytes when the server did not
+/// have the offered one cached. Returns whether the bytes had to follow the offer.
+fn collect(conn: &Arc<Conn>, id: u32, registration: &Mutex<Registration>) -> CudaResult<bool> {
     let mut registration = lock(registration);
-    if let Registration::Sent(slot) = &*registration {
-        let slot = slot.clone();
-        let _ = conn.flush();
-        let outcome = slot.wait().and_then(|message| {
-            let reply = decode_reply::<rep::RegisterModule>(&message).map_err(|_| CudaError::UNKNOWN)?;
-            reply.result.map(|_| ())
-        });
-        *registration = Registration::Done(outcome);
+    if let Registration::Sent { slot, offered } = &*registration {
+        let (slot, offered) = (slot.clone(), offered.clone());
+        *registration = match (wait_registered(conn, &slot), offered) {
+            (Ok(false), _) => Registration::Done { outcome: Ok(()), bytes_followed: false },
+            (Ok(true), Some(image)) => {
+                let request = req::RegisterModule { module: id, cached: None }.into();
+                let resent = conn.send_with_bulk(&request, image.bytes(), Some(())).and_then(|slot| slot.ok_or(CudaError::UNKNOWN));
+                match resent.and_then(|slot| wait_registered(conn, &slot)) {
+                    Ok(false) => Registration::Done { outcome: Ok(()), bytes_followed: true },
+                    Ok(true) => Registration::failed(CudaError::UNKNOWN),
+                    Err(error) => Registration::failed(error),
+                }
+            }
+            // The server asked for bytes it was sent: not a Flyt server this client understands.
+            (Ok(true), None) => Registration::failed(CudaError::UNKNOWN),
+            (Err(error), _) => Registration::failed(error),
+        };
     }
     match &*registration {
-        Registration::Done(outcome) => *outcome,
+        Registration::Done { outcome, bytes_followed } => outcome.map(|()| *bytes_followed),
         _ => Err(CudaError::UNKNOWN),
     }
+}
+
+/// Waits for a registration's reply: whether the server needs the image's bytes, or why it could
+/// not load the module.
+fn wait_registered(conn: &Conn, slot: &ReplySlot) -> CudaResult<bool> {
+    let _ = conn.flush();
+    let message = slot.wait()?;
+    let reply = decode_reply::<rep::RegisterModule>(&message).map_err(|_| CudaError::UNKNOWN)?;
+    reply.result.map(|reply| reply.image_needed)
 }

@@ -115,6 +115,7 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
         advertise_host: config.advertise_host.clone(),
         key_file,
         servers_dir: state_dir.join("servers"),
+        image_cache_dir: state_dir.join("images"),
         device,
         gpus: gpus.clone(),
         env,

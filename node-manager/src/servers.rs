@@ -79,6 +79,9 @@ pub struct LaunchSettings {
     pub advertise_host: String,
     pub key_file: PathBuf,
     pub servers_dir: PathBuf,
+    /// The module image cache all servers of this node share (large images clients loaded,
+    /// by content: a session on any of them need not send one again).
+    pub image_cache_dir: PathBuf,
     pub device: DeviceKind,
     pub gpus: Vec<GpuInfo>,
     /// Extra environment (MPS directories).
@@ -288,7 +291,9 @@ impl ServerManager {
             .arg(&settings.key_file)
             .args(["--allocation", &spec.allocation_id])
             .arg("--control")
-            .arg(format!("unix:{}", control_socket.display()));
+            .arg(format!("unix:{}", control_socket.display()))
+            .arg("--image-cache")
+            .arg(&settings.image_cache_dir);
         if settings.device == DeviceKind::Emulated {
             command.args(["--emulated-memory", &gpu.memory_bytes.to_string()]).args(["--emulated-sms", &gpu.sm_count.to_string()]);
         }
@@ -618,6 +623,7 @@ mod tests {
             advertise_host: "192.0.2.7".into(),
             key_file: folder.join("key"),
             servers_dir: folder.join("servers"),
+            image_cache_dir: folder.join("images"),
             device: DeviceKind::Emulated,
             gpus: vec![GpuInfo {
                 index: 0,

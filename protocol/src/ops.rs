@@ -44,10 +44,11 @@ macro_rules! for_each_op {
             /// `cudaMemset*`: `len` bytes of `value`.
             7 Memset memset [noreply -] { dst: u64, value: u8, len: u64, stream: u64 } -> {};
             // --- modules and kernels ---
-            /// One fatbinary (as bulk) with the kernels and variables the app registered in it.
-            8 RegisterModule register_module [reply bulk_in] {
-                module: u32, functions: Vec<String>, variables: Vec<String>
-            } -> { functions: Vec<Result<FunctionInfo, CudaError>>, variables: Vec<Result<VariableInfo, CudaError>> };
+            /// A module image under a client-chosen id; its kernels and variables are asked for by
+            /// name afterwards. The image's bytes follow as bulk, or, with `cached` (the image's
+            /// SHA-256), no bytes follow and the server loads the image it cached under that digest;
+            /// `image_needed` says it holds none, and the client sends the bytes.
+            8 RegisterModule register_module [reply bulk_in] { module: u32, cached: Option<[u8; 32]> } -> { image_needed: bool };
             /// `__cudaUnregisterFatBinary`.
             9 UnregisterModule unregister_module [noreply -] { module: u32 } -> {};
             /// A kernel launch; `args` is packed by the kernel's parameter layout. `attributes`:
@@ -173,24 +174,22 @@ impl LaunchAttribute {
     }
 }
 
+/// Module images at least this long are offered to the server's image cache by digest before
+/// their bytes are sent; shorter ones cost less to send than the round trip a miss would add.
+pub const CACHED_IMAGE_MIN: usize = 256 << 10;
+
+/// The digest a module image is cached under: its SHA-256. The server computes it itself from
+/// the bytes it receives, so a client cannot file bytes under another image's digest.
+pub fn image_digest(image: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(image).into()
+}
+
 /// One kernel parameter as the driver lays it out (`cuFuncGetParamInfo`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParamInfo {
     pub offset: u32,
     pub size: u32,
-}
-
-/// A registered kernel: its parameter layout, so launches need no further round trip.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FunctionInfo {
-    pub params: Vec<ParamInfo>,
-}
-
-/// A registered `__device__`/`__constant__` variable: where it lives on the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VariableInfo {
-    pub address: u64,
-    pub size: u64,
 }
 
 /// `cudaFuncAttributes`, field by field.
@@ -424,7 +423,7 @@ mod tests {
         vec![
             req::Malloc { size: 1 << 20 }.into(),
             req::MemcpyDtoH { src: 0x7f00_0000_1000, len: 4096, stream: 17, blocking: false }.into(),
-            req::RegisterModule { module: 3, functions: vec!["_Z3addPfS_".into()], variables: vec![] }.into(),
+            req::RegisterModule { module: 3, cached: Some([7; 32]) }.into(),
             req::Launch {
                 function: FunctionRef { module: 3, index: 0 },
                 grid: Dim3 { x: 4, y: 1, z: 1 },

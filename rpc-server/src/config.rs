@@ -81,6 +81,38 @@ pub struct ServerArgs {
     /// SMs the emulated device reports.
     #[arg(long, env = "FLYT_RPC_EMULATED_SMS", default_value_t = 132)]
     pub emulated_sms: u32,
+    /// Folder of the module image cache, which keeps large images clients sent so that later
+    /// sessions need not send them again (servers given the same folder share it), or `off`.
+    /// Default: `$CACHE_DIRECTORY/images` under systemd, else `$XDG_CACHE_HOME/flyt/images` or
+    /// `~/.cache/flyt/images`.
+    #[arg(long, env = "FLYT_RPC_IMAGE_CACHE")]
+    pub image_cache: Option<String>,
+    /// Bytes the image cache may hold; the least recently used images leave first.
+    #[arg(long, env = "FLYT_RPC_IMAGE_CACHE_SIZE", default_value = "4GiB")]
+    pub image_cache_size: ByteSize,
+}
+
+impl ServerArgs {
+    /// The image cache folder, or `None` when it is off. `explicit` says the operator named it,
+    /// so that a folder that cannot be used is an error rather than a warning.
+    pub fn image_cache_dir(&self) -> Option<(PathBuf, bool)> {
+        match self.image_cache.as_deref() {
+            Some("off") => None,
+            Some(dir) => Some((PathBuf::from(dir), true)),
+            None => default_image_cache().map(|dir| (dir, false)),
+        }
+    }
+}
+
+fn default_image_cache() -> Option<PathBuf> {
+    let env_dir = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty()).map(PathBuf::from);
+    // systemd's `CacheDirectory=` may list several folders, separated by colons.
+    let systemd =
+        std::env::var("CACHE_DIRECTORY").ok().and_then(|dirs| dirs.split(':').next().filter(|dir| !dir.is_empty()).map(PathBuf::from));
+    systemd
+        .map(|dir| dir.join("images"))
+        .or_else(|| env_dir("XDG_CACHE_HOME").map(|dir| dir.join("flyt/images")))
+        .or_else(|| env_dir("HOME").map(|dir| dir.join(".cache/flyt/images")))
 }
 
 /// Reads the cluster key: the file's bytes without surrounding whitespace; refuses a key that

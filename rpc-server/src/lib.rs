@@ -10,6 +10,7 @@ pub mod backend;
 pub mod budget;
 pub mod config;
 pub mod control;
+pub mod images;
 pub mod listener;
 pub mod memory;
 pub mod output;

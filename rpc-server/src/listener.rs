@@ -67,6 +67,8 @@ pub struct Server {
     shutting_down: AtomicBool,
     cluster_key: Option<Vec<u8>>,
     unix_paths: Mutex<Vec<PathBuf>>,
+    /// The module image cache folder every worker opens, when on.
+    image_cache: Option<PathBuf>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -101,8 +103,12 @@ impl Server {
             .args(["--emulated-sms", &args.emulated_sms.to_string()])
             .args(["--sm-percentage", &self.sm_percentage.load(Ordering::Acquire).to_string()])
             .args(["--inline-wait-us", &args.inline_wait_us.to_string()])
+            .args(["--image-cache-size", &args.image_cache_size.0.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null());
+        if let Some(dir) = &self.image_cache {
+            command.arg("--image-cache").arg(dir);
+        }
         let sm_percentage = self.sm_percentage.load(Ordering::Acquire);
         if sm_percentage < 100 {
             command.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", sm_percentage.to_string());
@@ -529,6 +535,17 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     if args.listen.is_empty() {
         bail!("nothing to listen on: give --listen host:port or --listen unix:/path");
     }
+    let image_cache = match args.image_cache_dir() {
+        None => None,
+        Some((dir, explicit)) => match crate::images::ImageCache::open(&dir, args.image_cache_size.0) {
+            Ok(_) => Some(dir),
+            Err(error) if explicit => bail!("image cache {}: {error}", dir.display()),
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "module image cache off");
+                None
+            }
+        },
+    };
     let (budget_fd, budget) = SharedBudget::create(args.memory_quota.map(|quota| quota.0)).context("budget page")?;
     let server = Arc::new(Server {
         sm_percentage: std::sync::atomic::AtomicU32::new(args.sm_percentage),
@@ -549,6 +566,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         shutting_down: AtomicBool::new(false),
         cluster_key,
         unix_paths: Mutex::new(Vec::new()),
+        image_cache,
         args,
     });
 

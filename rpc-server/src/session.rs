@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameError, FrameLimits, read_full, read_message};
-use flyt_protocol::ops::{BulkDirection, FunctionInfo, Op, OpClass, ParamInfo, Request, VariableInfo, rep, req};
+use flyt_protocol::ops::{BulkDirection, CACHED_IMAGE_MIN, Op, OpClass, ParamInfo, Request, rep, req};
 use serde::Serialize;
 
 use crate::backend::Device;
 use crate::budget::MemoryBudget;
+use crate::images::ImageCache;
 use crate::memory::{RangeKind, RangeMap};
 use crate::shm::Segment;
 use crate::transport::{Connection, Outbox};
@@ -237,7 +238,7 @@ impl Read for SpinningReader {
 }
 
 /// Tunables of a session.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SessionConfig {
     /// Largest bulk payload per copy frame (the client chunks bigger copies).
     pub copy_chunk: u64,
@@ -245,11 +246,13 @@ pub struct SessionConfig {
     /// waits (an empty kernel) then cost no thread hand-off.
     pub inline_wait: Duration,
     pub limits: FrameLimits,
+    /// Where large module images are kept across sessions, when on.
+    pub image_cache: Option<Arc<ImageCache>>,
 }
 
 impl Default for SessionConfig {
     fn default() -> Self {
-        Self { copy_chunk: 4 << 20, inline_wait: Duration::from_micros(20), limits: FrameLimits::default() }
+        Self { copy_chunk: 4 << 20, inline_wait: Duration::from_micros(20), limits: FrameLimits::default(), image_cache: None }
     }
 }
 
@@ -671,54 +674,52 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn register_module(&mut self, request: req::RegisterModule, bulk: &mut BulkIn<'_>, reply: Responder<rep::RegisterModule>) {
-        let mut image = match usize::try_from(bulk.remaining()) {
-            Ok(len) => vec![0u8; len],
-            Err(_) => return reply.send(Err(CudaError::INVALID_VALUE)),
-        };
-        if !bulk.read_into(&mut image) {
-            return reply.send(Err(CudaError::INVALID_VALUE));
-        }
         if self.modules.contains_key(&request.module) {
             return reply.send(Err(CudaError::INVALID_VALUE));
         }
+        let image = match request.cached {
+            Some(digest) => {
+                if bulk.remaining() != 0 {
+                    // Bytes with a digest: which one to load would be ambiguous.
+                    return reply.send(Err(CudaError::INVALID_VALUE));
+                }
+                match self.config.image_cache.as_ref().and_then(|cache| cache.get(&digest)) {
+                    Some(image) => {
+                        tracing::info!(module = request.module, bytes = image.len(), "module image from the cache");
+                        image
+                    }
+                    None => return reply.send(Ok(rep::RegisterModule { image_needed: true })),
+                }
+            }
+            None => {
+                let mut image = match usize::try_from(bulk.remaining()) {
+                    Ok(len) => vec![0u8; len],
+                    Err(_) => return reply.send(Err(CudaError::INVALID_VALUE)),
+                };
+                if !bulk.read_into(&mut image) {
+                    return reply.send(Err(CudaError::INVALID_VALUE));
+                }
+                image
+            }
+        };
         self.may_print |= may_print(&image);
-        let module = match self.device.load_module(&image) {
+        let loaded = self.device.load_module(&image);
+        // Cached whether or not this device takes it: a later session sending the same bytes
+        // would get the same answer.
+        if let Some(cache) = self.config.image_cache.as_ref().filter(|_| request.cached.is_none() && image.len() >= CACHED_IMAGE_MIN) {
+            cache.put_later(image);
+        }
+        let module = match loaded {
             Ok(module) => module,
             Err(error) => {
                 tracing::info!(module = request.module, %error, "module not loaded");
                 return reply.send(Err(error));
             }
         };
-        let mut loaded = LoadedModule::<D> { module: None, functions: Vec::new(), function_names: HashMap::new(), variables: Vec::new() };
-        let mut functions = Vec::with_capacity(request.functions.len());
-        for name in &request.functions {
-            match self.device.function(&module, name) {
-                Ok((function, params)) => {
-                    let index = u32::try_from(loaded.functions.len()).unwrap_or(u32::MAX);
-                    loaded.function_names.entry(name.clone()).or_insert(index);
-                    functions.push(Ok(FunctionInfo { params: params.clone() }));
-                    loaded.functions.push(Ok(Kernel::new(function, params)));
-                }
-                Err(error) => {
-                    loaded.functions.push(Err(error));
-                    functions.push(Err(error));
-                }
-            }
-        }
-        let mut variables = Vec::with_capacity(request.variables.len());
-        for name in &request.variables {
-            match self.device.variable(&module, name) {
-                Ok((address, size)) => {
-                    self.ranges.insert(address, size, RangeKind::Variable);
-                    loaded.variables.push((address, size));
-                    variables.push(Ok(VariableInfo { address, size }));
-                }
-                Err(error) => variables.push(Err(error)),
-            }
-        }
-        loaded.module = Some(module);
+        let loaded =
+            LoadedModule::<D> { module: Some(module), functions: Vec::new(), function_names: HashMap::new(), variables: Vec::new() };
         self.modules.insert(request.module, loaded);
-        reply.send(Ok(rep::RegisterModule { functions, variables }));
+        reply.send(Ok(rep::RegisterModule { image_needed: false }));
     }
 
     fn module_get_function(&mut self, request: req::ModuleGetFunction, reply: Responder<rep::ModuleGetFunction>) {

@@ -15,6 +15,7 @@ use crate::backend::cuda::CudaDevice;
 use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
 use crate::backend::{BackendKind, Device};
 use crate::budget::{MemoryBudget, SharedBudget};
+use crate::images::ImageCache;
 use crate::session::{Session, SessionConfig};
 use crate::shm::Segment;
 use crate::transport::Connection;
@@ -44,6 +45,10 @@ pub struct WorkerArgs {
     pub sm_percentage: u32,
     #[arg(long)]
     pub inline_wait_us: u64,
+    #[arg(long)]
+    pub image_cache: Option<std::path::PathBuf>,
+    #[arg(long)]
+    pub image_cache_size: u64,
 }
 
 fn send_to_listener(channel: &OwnedFd, message: &FromWorker) {
@@ -258,8 +263,16 @@ fn serve<D: Device>(
         }
         None => (connection, writer),
     };
+    let image_cache = args.image_cache.as_deref().and_then(|dir| match ImageCache::open(dir, args.image_cache_size) {
+        Ok(cache) => Some(Arc::new(cache)),
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "module image cache off for this session");
+            None
+        }
+    });
     let config = SessionConfig {
         copy_chunk: args.copy_chunk,
+        image_cache,
         inline_wait: std::time::Duration::from_micros(args.inline_wait_us),
         ..SessionConfig::default()
     };

@@ -92,11 +92,11 @@ macro_rules! probes {
     };
     (RegisterModule, $v:ident) => {
         // The emulated device loads no GPU code; a GPU's driver refuses a garbage image too.
-        vec![refused_with_bulk(
-            req::RegisterModule { module: 1, functions: vec!["kernel".into()], variables: vec!["symbol".into()] },
-            b"not a fatbinary",
-            CudaError::NOT_SUPPORTED,
-        )]
+        vec![
+            refused_with_bulk(req::RegisterModule { module: 1, cached: None }, b"not a fatbinary", CudaError::NOT_SUPPORTED),
+            // A digest and bytes at once: which image is meant is ambiguous.
+            refused_with_bulk(req::RegisterModule { module: 2, cached: Some([1; 32]) }, b"bytes too", INVALID_VALUE),
+        ]
     };
     (UnregisterModule, $v:ident) => {
         vec![refused(req::UnregisterModule { module: 4242 }, INVALID_VALUE)]

@@ -87,6 +87,8 @@ impl Server {
         let mut child = Command::new(artifact("flyt-rpc-server"))
             .args(args)
             .env("FLYT_LOG", "info")
+            // Each test's own module image cache, never the user's.
+            .env("FLYT_RPC_IMAGE_CACHE", scratch.join("images"))
             .stdout(Stdio::piped())
             .stderr(log_file)
             .spawn()

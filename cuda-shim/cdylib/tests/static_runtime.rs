@@ -142,11 +142,32 @@ fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
     assert!(status.success(), "compiling {source}");
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
     let address = &server.addresses[0];
-    let (code, stdout, stderr) =
-        run_with_timeout(Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address), Duration::from_secs(60));
+    let run = || run_with_timeout(Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address), Duration::from_secs(60));
+    let (code, stdout, stderr) = run();
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
     assert!(stdout.contains("loading mode: lazy"), "{stdout}");
     // The refused JIT option names itself once.
     assert!(stderr.contains("JIT option 0 is not supported through Flyt"), "{stderr}");
+
+    // The large image was sent once and filed by the server (Server::start gives each test its
+    // own cache folder); a second process's session loads it from there, and answers the same.
+    let cache = scratch.join("images");
+    let cached = || {
+        std::fs::read_dir(&cache)
+            .map(|entries| entries.filter_map(Result::ok).filter(|e| e.path().extension().is_some_and(|x| x == "image")).count())
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while cached() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(cached(), 1, "only the large image is cached, once");
+    let hits = || server.log_text().matches("module image from the cache").count();
+    let hits_before = hits();
+    let (code, stdout, stderr) = run();
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
+    // Both loads of the large image in the second process came from the cache.
+    assert_eq!(hits(), hits_before + 2, "{}", server.log_text());
 }

@@ -5,6 +5,7 @@
 // Built against CUDA 13's cuda.h and linked with -lcuda (Flyt's, found on LD_LIBRARY_PATH).
 #include <cuda.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int failures = 0;
@@ -48,6 +49,22 @@ static const char *name_of(CUresult r) {
 static const char ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n"
                           ".visible .entry k(.param .u64 p) { ret; }\n";
 
+// The same kernel padded to 320 KiB with comment lines: large enough that Flyt offers it to the
+// server's image cache by digest before sending its bytes.
+static char *large_ptx(void) {
+    const size_t size = 320 << 10;
+    char *text = malloc(size);
+    if (!text) return NULL;
+    size_t used = (size_t)snprintf(text, size, "%s", ptx);
+    const char line[] = "// padding that makes this image large enough to be cached by digest\n";
+    while (used + sizeof line < size) {
+        memcpy(text + used, line, sizeof line - 1);
+        used += sizeof line - 1;
+    }
+    text[used] = 0;
+    return text;
+}
+
 int main(void) {
     CUdevice device;
     CUcontext context;
@@ -64,6 +81,18 @@ int main(void) {
     void *value = (void *)(size_t)32;
     EXPECT(cuModuleLoadDataEx(&module, ptx, 1, &option, &value), CUDA_ERROR_NOT_SUPPORTED);
     EXPECT(cuModuleLoadData(NULL, ptx), CUDA_ERROR_INVALID_VALUE);
+
+    // A large image answers as a small one does, whether the server had it cached or its bytes
+    // had to follow the digest; lazily, the first lookup reports the load's error, not its own.
+    CUresult no_code = cuModuleLoadData(&module, ptx);
+    char *large = large_ptx();
+    EXPECT(cuModuleLoadData(&module, large), no_code);
+    CUlibrary large_library = NULL;
+    EXPECT(cuLibraryLoadData(&large_library, large, NULL, NULL, 0, NULL, NULL, 0), CUDA_SUCCESS);
+    CUkernel large_kernel = NULL;
+    EXPECT(cuLibraryGetKernel(&large_kernel, large_library, "k"), no_code);
+    EXPECT(cuLibraryUnload(large_library), CUDA_SUCCESS);
+    free(large);
 
     // Libraries load lazily: the load succeeds, the first kernel lookup reports the load's error.
     CUlibrary library = NULL;
