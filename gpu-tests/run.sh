@@ -185,6 +185,9 @@ TENANT_MIX=("hello_flyt" "vector_add" "kernel_args" "errors" "printf" "assert_fa
 nvcc_flags_for() {
     case $1 in
         per_thread_stream) echo "--default-stream per-thread" ;;
+        # A driver API program: linked against the toolkit's libcuda stub (NVCC_FLAGS may name
+        # another folder holding a libcuda.so).
+        jit_link) echo "-L$(dirname "$(command -v "$NVCC")")/../lib64/stubs -lcuda" ;;
         *)
             if [ -f "$here/libraries/$1.cu" ]; then
                 echo "$(sed -n '1s|^// link: ||p' "$here/libraries/$1.cu") -Xlinker -rpath=$(dirname "$(command -v "$NVCC")")/../lib64"

@@ -16,6 +16,7 @@ pub mod devices;
 pub mod diagnostics;
 pub mod images;
 pub mod launch;
+pub mod link;
 pub mod ranges;
 pub mod registry;
 pub mod shm;

@@ -126,8 +126,49 @@ macro_rules! for_each_op {
             38 OccupancyAvailableDynamicSmem occupancy_available_dynamic_smem [reply -] {
                 function: FunctionRef, num_blocks: i32, block_size: i32
             } -> { bytes: u64 };
+            // --- JIT linking (`cuLink*`), each link under a client-chosen id ---
+            /// `cuLinkCreate`: `options` shape the code (only [`JitOption::FORWARDED`] ones);
+            /// `info_log`/`error_log`: the sizes of the app's log buffers (0: none).
+            39 LinkCreate link_create [reply -] { link: u64, options: Vec<JitOption>, info_log: u32, error_log: u32 } -> {};
+            /// `cuLinkAddData`/`cuLinkAddFile`: one input (`CUjitInputType`), its bytes as bulk.
+            40 LinkAdd link_add [reply bulk_in] { link: u64, kind: u32, name: String, options: Vec<JitOption> } -> { outcome: LinkOutcome };
+            /// `cuLinkComplete`: the linked cubin stays with the link until read.
+            41 LinkComplete link_complete [reply -] { link: u64 } -> { outcome: LinkOutcome, size: u64 };
+            /// Bytes of a completed link's cubin, as bulk (at most a copy chunk).
+            42 LinkRead link_read [reply bulk_out] { link: u64, offset: u64, len: u64 } -> {};
+            /// `cuLinkDestroy`.
+            43 LinkDestroy link_destroy [noreply -] { link: u64 } -> {};
         }
     };
+}
+
+/// A JIT option and its value, as the driver takes it in a pointer-sized slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct JitOption {
+    pub option: u32,
+    pub value: u64,
+}
+
+impl JitOption {
+    /// The `CUjit_option`s forwarded to the server: plain values that shape the generated code
+    /// (registers, optimization level, target, debug and line info, cache mode, FTZ/precision/FMA,
+    /// position-independent code, occupancy hints). Options that carry host pointers (logs,
+    /// symbol tables) or write a result back into their slot are never sent.
+    pub const FORWARDED: &[u32] = &[0, 7, 9, 10, 11, 12, 13, 14, 16, 20, 21, 22, 23, 24, 29, 30, 31, 32, 33, 34];
+
+    pub fn forwarded(&self) -> bool {
+        Self::FORWARDED.contains(&self.option)
+    }
+}
+
+/// What a link step (`cuLinkAddData`, `cuLinkComplete`) came to: its error if it failed, the
+/// linker's logs so far (each within the size the app gave) and, once complete, its wall time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkOutcome {
+    pub error: Option<CudaError>,
+    pub info_log: String,
+    pub error_log: String,
+    pub wall_time_ms: f32,
 }
 
 /// Launch geometry, as `dim3`.
@@ -416,7 +457,7 @@ mod tests {
     #[test]
     fn every_bulk_in_op_is_a_request_with_bulk() {
         let bulk_in: Vec<_> = OPS.iter().filter(|op| op.bulk == BulkDirection::In).map(|op| op.name).collect();
-        assert_eq!(bulk_in, ["MemcpyHtoD", "RegisterModule"]);
+        assert_eq!(bulk_in, ["MemcpyHtoD", "RegisterModule", "LinkAdd"]);
     }
 
     fn sample_requests() -> Vec<Request> {

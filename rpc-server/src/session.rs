@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameError, FrameLimits, read_full, read_message};
-use flyt_protocol::ops::{BulkDirection, CACHED_IMAGE_MIN, Op, OpClass, ParamInfo, Request, rep, req};
+use flyt_protocol::ops::{BulkDirection, CACHED_IMAGE_MIN, JitOption, LinkOutcome, Op, OpClass, ParamInfo, Request, rep, req};
 use serde::Serialize;
 
 use crate::backend::Device;
@@ -188,7 +188,7 @@ const MAX_HANDLES: usize = 1 << 16;
 
 struct LoadedModule<D: Device> {
     module: Option<D::Module>,
-    /// Kernels by index: first those named at registration, then those asked for by name.
+    /// Kernels by index, in the order they were asked for by name.
     functions: Vec<CudaResult<Kernel<D>>>,
     /// The index of each kernel found by name, so asking twice gives the same index.
     function_names: HashMap<String, u32>,
@@ -213,6 +213,37 @@ impl<D: Device> Kernel<D> {
 /// Most kernels one module may hold: a client asking for names in a loop exhausts this, not the
 /// worker's memory.
 const MAX_FUNCTIONS_PER_MODULE: usize = 1 << 20;
+/// JIT links one session may hold open at once.
+const MAX_LINKS: usize = 256;
+/// Log buffers a link keeps on the server, each (an app asking for more gets this much).
+const MAX_LINK_LOG: u32 = 1 << 20;
+
+/// A JIT link of the session: the device's state, the sizes of the app's log buffers, and the
+/// cubin once complete.
+struct Linked<D: Device> {
+    link: D::Link,
+    info_log: u32,
+    error_log: u32,
+    cubin: Option<Vec<u8>>,
+}
+
+impl<D: Device> Linked<D> {
+    /// The outcome as the app's buffers hold it: each log cut to its buffer, less the NUL.
+    fn fitted(&self, mut outcome: LinkOutcome) -> LinkOutcome {
+        fit(&mut outcome.info_log, self.info_log);
+        fit(&mut outcome.error_log, self.error_log);
+        outcome
+    }
+}
+
+/// Cuts `text` to fit a C buffer of `size` bytes with its NUL, at a character boundary.
+fn fit(text: &mut String, size: u32) {
+    let mut len = (size as usize).saturating_sub(1).min(text.len());
+    while !text.is_char_boundary(len) {
+        len -= 1;
+    }
+    text.truncate(len);
+}
 
 /// Reads the client's requests, polling without blocking for the spin budget before it sleeps:
 /// while an app is busy its next request is microseconds away, and a sleeping reader's wake-up
@@ -267,6 +298,7 @@ pub struct Session<D: Device> {
     streams: HashMap<u64, D::Stream>,
     events: HashMap<u64, D::Event>,
     modules: HashMap<u32, LoadedModule<D>>,
+    links: HashMap<u64, Linked<D>>,
     /// Private events for waiting on streams, reused.
     spare_events: Arc<Mutex<Vec<D::Event>>>,
     /// The shared-memory segment, when the client shares this host.
@@ -311,6 +343,7 @@ impl<D: Device> Session<D> {
             streams: HashMap::new(),
             events: HashMap::new(),
             modules: HashMap::new(),
+            links: HashMap::new(),
             spare_events: Arc::new(Mutex::new(Vec::new())),
             shm,
             may_print: false,
@@ -764,6 +797,73 @@ impl<D: Device> OpHandler for Session<D> {
             }
             rep::ModuleGetGlobal { address, size }
         });
+        reply.send(result);
+    }
+
+    fn link_create(&mut self, request: req::LinkCreate, reply: Responder<rep::LinkCreate>) {
+        if self.links.contains_key(&request.link) || !request.options.iter().all(JitOption::forwarded) {
+            return reply.send(Err(CudaError::INVALID_VALUE));
+        }
+        if self.links.len() >= MAX_LINKS {
+            return reply.send(Err(CudaError::MEMORY_ALLOCATION));
+        }
+        let (info_log, error_log) = (request.info_log.min(MAX_LINK_LOG), request.error_log.min(MAX_LINK_LOG));
+        let result = self.device.link_create(&request.options, info_log as usize, error_log as usize).map(|link| {
+            self.links.insert(request.link, Linked { link, info_log, error_log, cubin: None });
+            rep::LinkCreate {}
+        });
+        reply.send(result);
+    }
+
+    fn link_add(&mut self, request: req::LinkAdd, bulk: &mut BulkIn<'_>, reply: Responder<rep::LinkAdd>) {
+        let mut data = match usize::try_from(bulk.remaining()) {
+            Ok(len) => vec![0u8; len],
+            Err(_) => return reply.send(Err(CudaError::INVALID_VALUE)),
+        };
+        if !bulk.read_into(&mut data) || !request.options.iter().all(JitOption::forwarded) {
+            return reply.send(Err(CudaError::INVALID_VALUE));
+        }
+        let Some(linked) = self.links.get_mut(&request.link) else {
+            return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
+        };
+        if linked.cubin.is_some() {
+            // The driver takes no inputs after cuLinkComplete.
+            return reply.send(Err(CudaError::INVALID_VALUE));
+        }
+        let outcome = self.device.link_add(&mut linked.link, request.kind, &request.name, &data, &request.options);
+        reply.send(Ok(rep::LinkAdd { outcome: linked.fitted(outcome) }));
+    }
+
+    fn link_complete(&mut self, request: req::LinkComplete, reply: Responder<rep::LinkComplete>) {
+        let Some(linked) = self.links.get_mut(&request.link) else {
+            return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
+        };
+        let (outcome, cubin) = self.device.link_complete(&mut linked.link);
+        let size = cubin.len() as u64;
+        if outcome.error.is_none() {
+            linked.cubin = Some(cubin);
+        }
+        reply.send(Ok(rep::LinkComplete { outcome: linked.fitted(outcome), size }));
+    }
+
+    fn link_read(&mut self, request: req::LinkRead, reply: Responder<rep::LinkRead>) {
+        let Some(cubin) = self.links.get(&request.link).and_then(|linked| linked.cubin.as_ref()) else {
+            return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
+        };
+        let range = usize::try_from(request.offset)
+            .ok()
+            .zip(usize::try_from(request.len).ok())
+            .filter(|_| request.len <= self.config.copy_chunk)
+            .and_then(|(offset, len)| Some(offset..offset.checked_add(len)?))
+            .filter(|range| range.end <= cubin.len());
+        match range {
+            Some(range) => reply.send_with_bulk(Ok(rep::LinkRead {}), &cubin[range]),
+            None => reply.send(Err(CudaError::INVALID_VALUE)),
+        }
+    }
+
+    fn link_destroy(&mut self, request: req::LinkDestroy, reply: Responder<rep::LinkDestroy>) {
+        let result = self.links.remove(&request.link).map(|_| rep::LinkDestroy {}).ok_or(CudaError::INVALID_RESOURCE_HANDLE);
         reply.send(result);
     }
 

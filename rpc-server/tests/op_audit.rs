@@ -10,7 +10,7 @@
 
 use flyt_protocol::CudaError;
 use flyt_protocol::frame::{FrameLimits, read_full, read_message};
-use flyt_protocol::ops::{Dim3, FunctionRef, Op, OpClass, OpInfo, Request, rep, req, split_reply};
+use flyt_protocol::ops::{Dim3, FunctionRef, JitOption, Op, OpClass, OpInfo, Request, rep, req, split_reply};
 
 mod raw;
 use raw::{RawSession, emulated_server};
@@ -232,6 +232,32 @@ macro_rules! probes {
     (OccupancyAvailableDynamicSmem, $v:ident) => {
         vec![refused(req::OccupancyAvailableDynamicSmem { function: BOGUS_FUNCTION, num_blocks: 1, block_size: 128 }, UNKNOWN_FUNCTION)]
     };
+    // A JIT option carrying a host pointer (a log buffer) must never reach the server's driver.
+    (LinkCreate, $v:ident) => {
+        vec![
+            refused(
+                req::LinkCreate { link: 1, options: vec![JitOption { option: 3, value: 0x1000 }], info_log: 0, error_log: 0 },
+                INVALID_VALUE,
+            ),
+            Probe::Effect(a_link_on_the_emulated_device_fails_with_its_reason),
+        ]
+    };
+    (LinkAdd, $v:ident) => {
+        vec![refused_with_bulk(
+            req::LinkAdd { link: BOGUS_HANDLE, kind: 1, name: "input".into(), options: Vec::new() },
+            b".version 8.0",
+            UNKNOWN_HANDLE,
+        )]
+    };
+    (LinkComplete, $v:ident) => {
+        vec![refused(req::LinkComplete { link: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
+    };
+    (LinkRead, $v:ident) => {
+        vec![refused(req::LinkRead { link: BOGUS_HANDLE, offset: 0, len: 16 }, UNKNOWN_HANDLE)]
+    };
+    (LinkDestroy, $v:ident) => {
+        vec![refused(req::LinkDestroy { link: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
+    };
     (OccupancyMaxActiveClusters, $v:ident) => {
         vec![refused(
             req::OccupancyMaxActiveClusters {
@@ -361,6 +387,29 @@ fn device_reset_frees_everything(socket: &str) {
     assert_eq!(session.call(req::EventQuery { event: 9 }).0.map(|_| ()), Err(UNKNOWN_HANDLE), "events are gone");
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, total.free, "the memory is back");
     session.round_trip(7);
+}
+
+fn a_link_on_the_emulated_device_fails_with_its_reason(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let options = vec![JitOption { option: 7, value: 3 }];
+    session.call(req::LinkCreate { link: 9, options, info_log: 64, error_log: 24 }).0.expect("a link is bookkeeping");
+    assert_eq!(
+        session.call(req::LinkCreate { link: 9, options: Vec::new(), info_log: 0, error_log: 0 }).0,
+        Err(INVALID_VALUE),
+        "id in use"
+    );
+    let ptx = b".version 8.0\n.target sm_90\n.address_size 64\n\0";
+    let added = session.call_with_bulk(req::LinkAdd { link: 9, kind: 1, name: "a.ptx".into(), options: Vec::new() }, ptx).0.result.unwrap();
+    assert_eq!(added.outcome.error, Some(CudaError::NOT_SUPPORTED));
+    // The reason, cut to the app's 24-byte buffer with its NUL.
+    assert_eq!(added.outcome.error_log, "flyt: the emulated devi");
+    let completed = session.call(req::LinkComplete { link: 9 }).0.unwrap();
+    assert_eq!((completed.outcome.error, completed.size), (Some(CudaError::NOT_SUPPORTED), 0));
+    assert_eq!(session.call(req::LinkRead { link: 9, offset: 0, len: 1 }).0, Err(UNKNOWN_HANDLE), "no cubin to read");
+    session.send(&req::LinkDestroy { link: 9 }.into(), &[]);
+    let synchronized = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((synchronized.result.is_ok(), synchronized.deferred), (true, None));
+    assert_eq!(session.call(req::LinkComplete { link: 9 }).0.err(), Some(UNKNOWN_HANDLE), "destroyed");
 }
 
 fn stream_priority_range_is_ordered(socket: &str) {

@@ -149,6 +149,7 @@ fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
     assert!(stdout.contains("loading mode: lazy"), "{stdout}");
     // The refused JIT option names itself once.
     assert!(stderr.contains("JIT option 0 is not supported through Flyt"), "{stderr}");
+    assert!(stderr.contains("JIT option 17 is not supported through Flyt's linker"), "{stderr}");
 
     // The large image was sent once and filed by the server (Server::start gives each test its
     // own cache folder); a second process's session loads it from there, and answers the same.

@@ -59,13 +59,13 @@ fn function<T>(handle: *mut T) -> DriverResult<Arc<Function>> {
 /// `CU_JIT_*` options that only ask for information back (wall time, logs and their sizes) or
 /// restate what Flyt does anyway (target from the context): answered with no log and no time.
 /// Options that change the generated code are refused, never silently dropped.
-const JIT_WALL_TIME: CUjit_option = 2;
-const JIT_INFO_LOG_BUFFER: CUjit_option = 3;
-const JIT_INFO_LOG_BUFFER_SIZE_BYTES: CUjit_option = 4;
-const JIT_ERROR_LOG_BUFFER: CUjit_option = 5;
-const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: CUjit_option = 6;
-const JIT_TARGET_FROM_CUCONTEXT: CUjit_option = 8;
-const JIT_LOG_VERBOSE: CUjit_option = 12;
+pub(super) const JIT_WALL_TIME: CUjit_option = 2;
+pub(super) const JIT_INFO_LOG_BUFFER: CUjit_option = 3;
+pub(super) const JIT_INFO_LOG_BUFFER_SIZE_BYTES: CUjit_option = 4;
+pub(super) const JIT_ERROR_LOG_BUFFER: CUjit_option = 5;
+pub(super) const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: CUjit_option = 6;
+pub(super) const JIT_TARGET_FROM_CUCONTEXT: CUjit_option = 8;
+pub(super) const JIT_LOG_VERBOSE: CUjit_option = 12;
 
 /// Checks JIT options and fills in their answers (empty logs, zero time).
 ///

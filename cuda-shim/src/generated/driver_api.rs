@@ -327,13 +327,13 @@ macro_rules! for_each_driver_api {
             implemented cuLibraryLoadFromFile [cuLibraryLoadFromFile 1 legacy current] (library: *mut CUlibrary, file_name: *const c_char, jit_options: *mut CUjit_option, jit_options_values: *mut *mut c_void, num_jit_options: c_uint, library_options: *mut CUlibraryOption, library_option_values: *mut *mut c_void, num_library_options: c_uint);
             implemented cuLibraryUnload [cuLibraryUnload 1 legacy current] (library: CUlibrary);
             unsupported cuLinkAddData [cuLinkAddData 1 legacy internal] (state: CUlinkState, type_: CUjitInputType, data: *mut c_void, size: usize, name: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
-            unsupported cuLinkAddData_v2 [cuLinkAddData 2 legacy current] (state: CUlinkState, type_: CUjitInputType, data: *mut c_void, size: usize, name: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
+            implemented cuLinkAddData_v2 [cuLinkAddData 2 legacy current] (state: CUlinkState, type_: CUjitInputType, data: *mut c_void, size: usize, name: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
             unsupported cuLinkAddFile [cuLinkAddFile 1 legacy internal] (state: CUlinkState, type_: CUjitInputType, path: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
-            unsupported cuLinkAddFile_v2 [cuLinkAddFile 2 legacy current] (state: CUlinkState, type_: CUjitInputType, path: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
-            unsupported cuLinkComplete [cuLinkComplete 1 legacy current] (state: CUlinkState, cubin_out: *mut *mut c_void, size_out: *mut usize);
+            implemented cuLinkAddFile_v2 [cuLinkAddFile 2 legacy current] (state: CUlinkState, type_: CUjitInputType, path: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
+            implemented cuLinkComplete [cuLinkComplete 1 legacy current] (state: CUlinkState, cubin_out: *mut *mut c_void, size_out: *mut usize);
             unsupported cuLinkCreate [cuLinkCreate 1 legacy internal] (num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void, state_out: *mut CUlinkState);
-            unsupported cuLinkCreate_v2 [cuLinkCreate 2 legacy current] (num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void, state_out: *mut CUlinkState);
-            unsupported cuLinkDestroy [cuLinkDestroy 1 legacy current] (state: CUlinkState);
+            implemented cuLinkCreate_v2 [cuLinkCreate 2 legacy current] (num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void, state_out: *mut CUlinkState);
+            implemented cuLinkDestroy [cuLinkDestroy 1 legacy current] (state: CUlinkState);
             unsupported cuLogsCurrent [cuLogsCurrent 1 legacy current] (iterator_out: *mut CUlogIterator, flags: c_uint);
             unsupported cuLogsDumpToFile [cuLogsDumpToFile 1 legacy current] (iterator: *mut CUlogIterator, path_to_file: *const c_char, flags: c_uint);
             unsupported cuLogsDumpToMemory [cuLogsDumpToMemory 1 legacy current] (iterator: *mut CUlogIterator, buffer: *mut c_char, size: *mut usize, flags: c_uint);

@@ -3,14 +3,14 @@
 //!
 //! All `unsafe` in the server lives here, at the driver's FFI edge.
 
-use std::ffi::{CString, c_int, c_uint, c_void};
+use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 use std::sync::{Arc, Condvar, Mutex};
 
 use cudarc::driver::{result, sys};
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE};
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Dim3, FuncAttributes, LaunchAttribute, ParamInfo};
+use flyt_protocol::ops::{Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, ParamInfo};
 
 use super::Device;
 
@@ -43,6 +43,11 @@ struct RawDriver {
     ctx_get_limit: unsafe extern "C" fn(*mut usize, c_int) -> u32,
     ctx_set_limit: unsafe extern "C" fn(c_int, usize) -> u32,
     func_get_param_info: unsafe extern "C" fn(sys::CUfunction, usize, *mut usize, *mut usize) -> u32,
+    link_create: unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, *mut sys::CUlinkState) -> u32,
+    link_add_data:
+        unsafe extern "C" fn(sys::CUlinkState, c_int, *mut c_void, usize, *const c_char, c_uint, *mut c_int, *mut *mut c_void) -> u32,
+    link_complete: unsafe extern "C" fn(sys::CUlinkState, *mut *mut c_void, *mut usize) -> u32,
+    link_destroy: unsafe extern "C" fn(sys::CUlinkState) -> u32,
 }
 
 fn raw_check(code: u32) -> CudaResult<()> {
@@ -68,9 +73,65 @@ impl RawDriver {
                 ctx_get_limit: symbol!("cuCtxGetLimit"),
                 ctx_set_limit: symbol!("cuCtxSetLimit"),
                 func_get_param_info: symbol!("cuFuncGetParamInfo"),
+                link_create: symbol!("cuLinkCreate_v2"),
+                link_add_data: symbol!("cuLinkAddData_v2"),
+                link_complete: symbol!("cuLinkComplete"),
+                link_destroy: symbol!("cuLinkDestroy"),
             })
         }
     }
+}
+
+/// `CU_JIT_*` options the server sets on every link for itself: wall time and the logs.
+const JIT_WALL_TIME: c_int = 2;
+const JIT_INFO_LOG_BUFFER: c_int = 3;
+const JIT_INFO_LOG_BUFFER_SIZE_BYTES: c_int = 4;
+const JIT_ERROR_LOG_BUFFER: c_int = 5;
+const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
+/// The largest `CUjitInputType` (`CU_JIT_INPUT_NVVM`).
+const JIT_INPUT_LAST: u32 = 5;
+
+/// A JIT link. The driver keeps pointers to the option arrays and log buffers for the link's
+/// life, so they live here, beside it; so do the inputs, which the driver may read until the
+/// link completes.
+pub struct CudaLink {
+    state: Handle<sys::CUlinkState>,
+    /// Never read here: held for the driver, which keeps pointers into it.
+    _options: Box<[c_int]>,
+    /// Option values, pointer-sized (the driver writes the wall time and log sizes back).
+    values: Box<[usize]>,
+    info_log: Box<[u8]>,
+    error_log: Box<[u8]>,
+    inputs: Vec<Box<[u8]>>,
+    destroy: unsafe extern "C" fn(sys::CUlinkState) -> u32,
+}
+
+impl CudaLink {
+    fn outcome(&self, code: u32) -> LinkOutcome {
+        let log = |buffer: &[u8]| {
+            std::ffi::CStr::from_bytes_until_nul(buffer).map(|text| text.to_string_lossy().into_owned()).unwrap_or_default()
+        };
+        // The driver writes the wall time as a float into its slot's low bytes.
+        let wall_time_ms = f32::from_bits(self.values.first().map_or(0, |value| *value as u32));
+        LinkOutcome {
+            error: (code != 0).then(|| CudaError::from_driver(code)),
+            info_log: log(&self.info_log),
+            error_log: log(&self.error_log),
+            wall_time_ms,
+        }
+    }
+}
+
+impl Drop for CudaLink {
+    fn drop(&mut self) {
+        // SAFETY: the state came from cuLinkCreate and is destroyed once, here.
+        unsafe { (self.destroy)(self.state.0) };
+    }
+}
+
+/// Option ids and values for the driver, as two parallel arrays.
+fn jit_arrays(options: &[JitOption]) -> (Vec<c_int>, Vec<usize>) {
+    options.iter().map(|option| (option.option as c_int, option.value as usize)).unzip()
 }
 
 /// Pinned staging buffers: host-to-device chunks are read from the socket straight into one,
@@ -243,6 +304,7 @@ impl Device for CudaDevice {
     type Stream = Handle<sys::CUstream>;
     type Event = Handle<sys::CUevent>;
     type Module = Handle<sys::CUmodule>;
+    type Link = CudaLink;
     type Function = Handle<sys::CUfunction>;
     type Staging = Staging;
     type PendingCopy = PendingCopy;
@@ -415,6 +477,75 @@ impl Device for CudaDevice {
     fn unload_module(&self, module: Self::Module) -> CudaResult<()> {
         // SAFETY: the session removed the module from its map, so nothing launches from it again.
         check(unsafe { result::module::unload(module.0) })
+    }
+
+    fn link_create(&self, options: &[JitOption], info_log: usize, error_log: usize) -> CudaResult<CudaLink> {
+        let mut info_log = vec![0u8; info_log.max(1)].into_boxed_slice();
+        let mut error_log = vec![0u8; error_log.max(1)].into_boxed_slice();
+        // The wall time first (its slot is read back by position), then the logs, then the app's.
+        let (mut ids, mut values) = (
+            vec![JIT_WALL_TIME, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_BUFFER_SIZE_BYTES, JIT_ERROR_LOG_BUFFER, JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
+            vec![0, info_log.as_mut_ptr() as usize, info_log.len(), error_log.as_mut_ptr() as usize, error_log.len()],
+        );
+        let (app_ids, app_values) = jit_arrays(options);
+        ids.extend(app_ids);
+        values.extend(app_values);
+        let (mut ids, mut values) = (ids.into_boxed_slice(), values.into_boxed_slice());
+        let mut state: sys::CUlinkState = std::ptr::null_mut();
+        let count = c_uint::try_from(ids.len()).map_err(|_| CudaError::INVALID_VALUE)?;
+        // SAFETY: `ids` and `values` have `count` entries and, like the log buffers they point
+        // at, are boxed and kept in the returned link for its whole life, as cuLinkCreate requires.
+        let code = unsafe { (self.raw.link_create)(count, ids.as_mut_ptr(), values.as_mut_ptr().cast(), &mut state) };
+        raw_check(code)?;
+        Ok(CudaLink {
+            state: Handle(state),
+            _options: ids,
+            values,
+            info_log,
+            error_log,
+            inputs: Vec::new(),
+            destroy: self.raw.link_destroy,
+        })
+    }
+
+    fn link_add(&self, link: &mut CudaLink, kind: u32, name: &str, data: &[u8], options: &[JitOption]) -> LinkOutcome {
+        let refused = |error| LinkOutcome { error: Some(error), ..link.outcome(0) };
+        if kind > JIT_INPUT_LAST {
+            return refused(CudaError::INVALID_VALUE);
+        }
+        let Ok(name) = CString::new(name) else { return refused(CudaError::INVALID_VALUE) };
+        let (mut ids, mut values) = jit_arrays(options);
+        let Ok(count) = c_uint::try_from(ids.len()) else { return refused(CudaError::INVALID_VALUE) };
+        let mut input: Box<[u8]> = data.into();
+        // SAFETY: the link is live; `input` is kept in the link until it is destroyed; `name`
+        // and the option arrays (`count` entries) outlive the call.
+        let code = unsafe {
+            (self.raw.link_add_data)(
+                link.state.0,
+                kind as c_int,
+                input.as_mut_ptr().cast(),
+                input.len(),
+                name.as_ptr(),
+                count,
+                ids.as_mut_ptr(),
+                values.as_mut_ptr().cast(),
+            )
+        };
+        link.inputs.push(input);
+        link.outcome(code)
+    }
+
+    fn link_complete(&self, link: &mut CudaLink) -> (LinkOutcome, Vec<u8>) {
+        let (mut cubin, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+        // SAFETY: the link is live; valid out-pointers.
+        let code = unsafe { (self.raw.link_complete)(link.state.0, &mut cubin, &mut size) };
+        let bytes = if code == 0 && !cubin.is_null() {
+            // SAFETY: on success the driver hands out `size` bytes that live as long as the link.
+            unsafe { std::slice::from_raw_parts(cubin.cast::<u8>(), size) }.to_vec()
+        } else {
+            Vec::new()
+        };
+        (link.outcome(code), bytes)
     }
 
     fn launch(

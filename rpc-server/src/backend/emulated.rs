@@ -9,7 +9,7 @@ use std::time::Instant;
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Dim3, FuncAttributes, LaunchAttribute, ParamInfo};
+use flyt_protocol::ops::{Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, ParamInfo};
 
 use super::Device;
 
@@ -81,10 +81,21 @@ fn block_slice(blocks: &mut HashMap<u64, Vec<u8>>, ptr: u64, len: u64) -> CudaRe
 
 const NO_GPU_CODE: CudaError = CudaError::NOT_SUPPORTED;
 
+/// A link step on the emulated device: it has no JIT compiler or linker, and says so in the
+/// error log the app reads.
+fn no_linker() -> LinkOutcome {
+    LinkOutcome {
+        error: Some(NO_GPU_CODE),
+        error_log: "flyt: the emulated device has no JIT linker (it runs no GPU code)".into(),
+        ..LinkOutcome::default()
+    }
+}
+
 impl Device for EmulatedDevice {
     type Stream = u64;
     type Event = u64;
     type Module = ();
+    type Link = ();
     type Function = ();
     type Staging = Vec<u8>;
     type PendingCopy = CudaResult<Vec<u8>>;
@@ -252,6 +263,18 @@ impl Device for EmulatedDevice {
 
     fn unload_module(&self, _module: ()) -> CudaResult<()> {
         Ok(())
+    }
+
+    fn link_create(&self, _options: &[JitOption], _info_log: usize, _error_log: usize) -> CudaResult<()> {
+        Ok(())
+    }
+
+    fn link_add(&self, _link: &mut (), _kind: u32, _name: &str, _data: &[u8], _options: &[JitOption]) -> LinkOutcome {
+        no_linker()
+    }
+
+    fn link_complete(&self, _link: &mut ()) -> (LinkOutcome, Vec<u8>) {
+        (no_linker(), Vec::new())
     }
 
     fn launch(&self, _: (), _: Dim3, _: Dim3, _: u32, _: u64, _: &mut [u8], _: &[LaunchAttribute]) -> CudaResult<()> {

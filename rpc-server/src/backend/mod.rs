@@ -7,7 +7,7 @@ pub mod emulated;
 
 use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Dim3, FuncAttributes, LaunchAttribute, ParamInfo};
+use flyt_protocol::ops::{Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, ParamInfo};
 
 /// Which backend serves the sessions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -27,6 +27,8 @@ pub trait Device: Send + Sync + 'static {
     type Stream: Copy + Send + Sync + 'static;
     type Event: Copy + Send + Sync + 'static;
     type Module: Send + 'static;
+    /// A JIT link in progress (`cuLink*`).
+    type Link: Send + 'static;
     type Function: Copy + Send + Sync + 'static;
     /// A host buffer the device copies from or into asynchronously (pinned memory on CUDA).
     type Staging: Send + 'static;
@@ -85,6 +87,13 @@ pub trait Device: Send + Sync + 'static {
     /// A module variable's device address and size.
     fn variable(&self, module: &Self::Module, name: &str) -> CudaResult<(u64, u64)>;
     fn unload_module(&self, module: Self::Module) -> CudaResult<()>;
+    /// `cuLinkCreate` with the forwarded JIT options (the caller checked them) and log buffers of
+    /// the given sizes.
+    fn link_create(&self, options: &[JitOption], info_log: usize, error_log: usize) -> CudaResult<Self::Link>;
+    /// `cuLinkAddData`: `kind` is a `CUjitInputType`, not yet checked.
+    fn link_add(&self, link: &mut Self::Link, kind: u32, name: &str, data: &[u8], options: &[JitOption]) -> LinkOutcome;
+    /// `cuLinkComplete`: the outcome, and the cubin when it succeeded.
+    fn link_complete(&self, link: &mut Self::Link) -> (LinkOutcome, Vec<u8>);
     /// Launches with arguments packed by the kernel's parameter layout.
     #[allow(clippy::too_many_arguments, reason = "a launch's configuration, as the driver takes it")]
     fn launch(

@@ -113,6 +113,37 @@ int main(void) {
     EXPECT(cuLibraryLoadData(&library, ptx, NULL, NULL, 0, NULL, NULL, 0), CUDA_SUCCESS);
     EXPECT(cuLibraryUnload(library), CUDA_SUCCESS);
 
+    // JIT linking runs on the server. The emulated device has no linker: each step fails with
+    // the device's error, and the error log the app gave says why; the log's filled size is
+    // written back into its option slot, as the driver does.
+    char error_log[256] = "untouched", info_log[256] = "untouched";
+    CUjit_option link_options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_INFO_LOG_BUFFER,
+                                   CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_OPTIMIZATION_LEVEL, CU_JIT_WALL_TIME};
+    void *link_values[] = {error_log, (void *)sizeof error_log, info_log, (void *)sizeof info_log, (void *)3, NULL};
+    CUlinkState link = NULL;
+    EXPECT(cuLinkCreate(6, link_options, link_values, &link), CUDA_SUCCESS);
+    EXPECT(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)ptx, sizeof ptx, "k.ptx", 0, NULL, NULL), no_code);
+    if (!strstr(error_log, "no JIT linker")) {
+        printf("FAIL line %d: error log '%s'\n", __LINE__, error_log);
+        failures++;
+    }
+    CHECK_EQ("error log size", (size_t)link_values[1], strlen(error_log));
+    CHECK_EQ("info log", info_log[0], 0);
+    EXPECT(cuLinkAddFile(link, CU_JIT_INPUT_PTX, "/nonexistent/flyt-test.ptx", 0, NULL, NULL), CUDA_ERROR_FILE_NOT_FOUND);
+    void *cubin = NULL;
+    size_t cubin_size = 0;
+    EXPECT(cuLinkComplete(link, &cubin, &cubin_size), no_code);
+    CHECK_EQ("cubin", (size_t)cubin, 0);
+    EXPECT(cuLinkComplete(link, NULL, &cubin_size), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuLinkDestroy(link), CUDA_SUCCESS);
+    EXPECT(cuLinkDestroy(link), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuLinkAddData((CUlinkState)(size_t)0x1234, CU_JIT_INPUT_PTX, (void *)ptx, sizeof ptx, NULL, 0, NULL, NULL),
+           CUDA_ERROR_INVALID_HANDLE);
+    // An option that hands the linker host pointers (symbol tables) cannot cross to the server.
+    CUjit_option symbol_names = CU_JIT_GLOBAL_SYMBOL_NAMES;
+    void *no_names = NULL;
+    EXPECT(cuLinkCreate(1, &symbol_names, &no_names, &link), CUDA_ERROR_NOT_SUPPORTED);
+
     // Handles Flyt never gave out are refused, never dereferenced.
     CUfunction bogus = (CUfunction)(size_t)0x1234;
     int attribute = 0;
