@@ -253,7 +253,12 @@ fn send_if_unsent(conn: &Arc<Conn>, module: &Module) {
         let request = req::RegisterModule { module: module.id, cached }.into();
         let bulk = if cached.is_some() { &[][..] } else { image.bytes() };
         *registration = match conn.send_with_bulk(&request, bulk, Some(())) {
-            Ok(Some(slot)) => Registration::Sent { slot, offered: cached.map(|_| image) },
+            Ok(Some(slot)) => {
+                if cached.is_none() {
+                    crate::stats::image_sent(bulk.len());
+                }
+                Registration::Sent { slot, offered: cached.map(|_| image) }
+            }
             Ok(None) => Registration::failed(CudaError::UNKNOWN),
             Err(error) => Registration::failed(error),
         };
@@ -275,9 +280,15 @@ fn collect(conn: &Arc<Conn>, id: u32, registration: &Mutex<Registration>) -> Cud
     let mut registration = lock(registration);
     if let Registration::Sent { slot, offered } = &*registration {
         let (slot, offered) = (slot.clone(), offered.clone());
-        *registration = match (wait_registered(conn, &slot), offered) {
+        let answer = wait_registered(conn, &slot);
+        if offered.is_some() {
+            // A load error still means the server had the image (it tried to load it).
+            crate::stats::image_offered(answer.as_ref().is_ok_and(|needed| !needed) || answer.is_err());
+        }
+        *registration = match (answer, offered) {
             (Ok(false), _) => Registration::Done { outcome: Ok(()), bytes_followed: false },
             (Ok(true), Some(image)) => {
+                crate::stats::image_sent(image.bytes().len());
                 let request = req::RegisterModule { module: id, cached: None }.into();
                 let resent = conn.send_with_bulk(&request, image.bytes(), Some(())).and_then(|slot| slot.ok_or(CudaError::UNKNOWN));
                 match resent.and_then(|slot| wait_registered(conn, &slot)) {

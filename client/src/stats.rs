@@ -3,8 +3,8 @@
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
@@ -15,6 +15,28 @@ struct CallStats {
 }
 
 static ENABLED: OnceLock<bool> = OnceLock::new();
+
+/// Module images: sent with their bytes, offered by digest, found in the server's image cache,
+/// and the bytes sent. Counted whether or not statistics are printed (four relaxed adds per
+/// module load).
+static IMAGES_SENT: AtomicU64 = AtomicU64::new(0);
+static IMAGES_OFFERED: AtomicU64 = AtomicU64::new(0);
+static IMAGES_CACHED: AtomicU64 = AtomicU64::new(0);
+static IMAGE_BYTES_SENT: AtomicU64 = AtomicU64::new(0);
+
+/// A module image's bytes went to the server.
+pub fn image_sent(bytes: usize) {
+    IMAGES_SENT.fetch_add(1, Ordering::Relaxed);
+    IMAGE_BYTES_SENT.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// A module image was offered by its digest; `cached`: the server had it.
+pub fn image_offered(cached: bool) {
+    IMAGES_OFFERED.fetch_add(1, Ordering::Relaxed);
+    if cached {
+        IMAGES_CACHED.fetch_add(1, Ordering::Relaxed);
+    }
+}
 static TABLE: Mutex<BTreeMap<&'static str, CallStats>> = Mutex::new(BTreeMap::new());
 
 thread_local! {
@@ -89,6 +111,13 @@ pub fn report() {
         usage.ru_nivcsw,
         usage.ru_utime.tv_sec as f64 + usage.ru_utime.tv_usec as f64 / 1e6,
         usage.ru_stime.tv_sec as f64 + usage.ru_stime.tv_usec as f64 / 1e6,
+    );
+    eprintln!(
+        "flyt stats: module images: {} sent ({} bytes), {} offered by digest, {} of them found in the server's cache",
+        IMAGES_SENT.load(Ordering::Relaxed),
+        IMAGE_BYTES_SENT.load(Ordering::Relaxed),
+        IMAGES_OFFERED.load(Ordering::Relaxed),
+        IMAGES_CACHED.load(Ordering::Relaxed),
     );
     let table = TABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     eprintln!(

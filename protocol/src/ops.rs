@@ -217,7 +217,7 @@ impl LaunchAttribute {
 
 /// Module images at least this long are offered to the server's image cache by digest before
 /// their bytes are sent; shorter ones cost less to send than the round trip a miss would add.
-pub const CACHED_IMAGE_MIN: usize = 256 << 10;
+pub const CACHED_IMAGE_MIN: usize = 16 << 10;
 
 /// The digest a module image is cached under: its SHA-256. The server computes it itself from
 /// the bytes it receives, so a client cannot file bytes under another image's digest.

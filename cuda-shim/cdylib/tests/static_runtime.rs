@@ -142,7 +142,12 @@ fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
     assert!(status.success(), "compiling {source}");
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
     let address = &server.addresses[0];
-    let run = || run_with_timeout(Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address), Duration::from_secs(60));
+    let run = || {
+        run_with_timeout(
+            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address).env("FLYT_STATS", "1"),
+            Duration::from_secs(60),
+        )
+    };
     let (code, stdout, stderr) = run();
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
@@ -169,6 +174,8 @@ fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
     let (code, stdout, stderr) = run();
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
-    // Both loads of the large image in the second process came from the cache.
+    // Both loads of the large image in the second process came from the cache, and the app's
+    // statistics say so.
     assert_eq!(hits(), hits_before + 2, "{}", server.log_text());
+    assert!(stderr.contains("2 offered by digest, 2 of them found in the server's cache"), "{stderr}");
 }
