@@ -627,7 +627,7 @@ log_run() { # title base
 app_stderr() { grep -v -E '^flyt( stats)?: ' "$1" 2>/dev/null; }
 
 # maps_problem BASE: prints why the maps check of a Flyt run failed; nothing when it passed. The
-# only driver library the app may map is Flyt's libcuda.so.1; its runtime is Flyt's libcudart.so.13
+# only driver libraries the app may map are Flyt's libcuda.so.1 (and Flyt's libnvidia-ml.so.1); its runtime is Flyt's libcudart.so.13
 # (shared) or none (static: NVIDIA's runtime is inside the program and must have used Flyt's driver).
 maps_problem() {
     local base=$1 pid line driver cudart lib flyt_cuda l used_flyt=0
@@ -641,11 +641,14 @@ maps_problem() {
     driver=$(sed -n 's/.* driver=\([^ ]*\).*/\1/p' <<<"$line")
     cudart=$(sed -n 's/.* cudart=\([^ ]*\).*/\1/p' <<<"$line")
     flyt_cuda=$(readlink -f "$DIST/lib/libcuda.so.1")
+    flyt_nvml=$(readlink -f "$DIST/lib/libnvidia-ml.so.1" 2>/dev/null)
     IFS=, read -r -a libs <<<"$driver"
     for l in "${libs[@]}"; do
         [ "$l" = none ] && continue
         if [ "$(readlink -f "$l" 2>/dev/null)" = "$flyt_cuda" ]; then
             used_flyt=1
+        elif [ -n "$flyt_nvml" ] && [ "$(readlink -f "$l" 2>/dev/null)" = "$flyt_nvml" ]; then
+            : # Flyt's NVML, a front over Flyt's driver
         else
             echo "NVIDIA driver library mapped in the app: $l"
             return 0

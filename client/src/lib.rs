@@ -11,9 +11,9 @@
 )]
 
 pub mod client;
+pub use flyt_front_kit::diagnostics;
 pub mod conn;
 pub mod devices;
-pub mod diagnostics;
 pub mod images;
 pub mod launch;
 pub mod link;

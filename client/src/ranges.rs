@@ -60,6 +60,11 @@ impl DeviceRanges {
         self.write().retain(|_, (_, freeable)| !*freeable);
     }
 
+    /// Bytes of device memory the process's allocations hold.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.read().values().filter(|(_, freeable)| *freeable).map(|(len, _)| len).sum()
+    }
+
     /// The range holding `ptr`, as `(start, len)`.
     pub fn find(&self, ptr: u64) -> Option<(u64, u64)> {
         let ranges = self.read();

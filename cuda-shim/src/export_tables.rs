@@ -173,6 +173,10 @@ tables! {
     14 PYTORCH_UNKNOWN_69A28E9F "(unnamed, requested with PyTorch)" "69a28e9f-2449-8b47-b030-c5da330ea4e9" [34 sized] {}
     15 NCCL_UNKNOWN_1734DC26 "(unnamed, requested by NCCL)" "1734dc26-800d-4745-8726-c0f1e7dd8bca" [17 sized] {}
     16 NCCL_UNKNOWN_DA9151D3 "(unnamed, requested by NCCL)" "da9151d3-3ae6-cc41-a5c0-4f26d533e328" [7 sized] {}
+    17 FLYT "Flyt (for Flyt's NVML)" "466c7974-4e56-4d4c-8000-000000000001" [3 sized] {
+        1 => flyt_mem_info,
+        2 => flyt_process_memory,
+    }
 }
 
 /// The table with this UUID (pure lookup: no state, no connection).
@@ -184,6 +188,37 @@ pub fn find(id: &[u8; 16]) -> Option<*const c_void> {
 pub fn format_uuid(id: &[u8; 16]) -> String {
     let hex = |range: std::ops::Range<usize>| id[range].iter().map(|b| format!("{b:02x}")).collect::<String>();
     format!("{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16))
+}
+
+// -- Flyt's own table (`flyt_front_kit::flyt_table`) --
+
+/// The session for a device query that needs no context (NVML's).
+fn session_for(device: c_int) -> DriverResult<&'static flyt_client::client::Client> {
+    driver().session()?.device(device)?;
+    flyt_client::client::client().map_err(crate::client_source::to_driver)
+}
+
+unsafe extern "C" fn flyt_mem_info(device: c_int, free: *mut u64, total: *mut u64) -> CUresult {
+    boundary("Flyt[1]", || {
+        finish((|| {
+            let reply = session_for(device)?.call(flyt_protocol::ops::req::MemGetInfo {}).map_err(crate::client_source::to_driver)?;
+            // SAFETY: the caller's out-pointers (checked by `write_out`).
+            unsafe {
+                write_out(free, reply.free)?;
+                write_out(total, reply.total)
+            }
+        })())
+    })
+}
+
+unsafe extern "C" fn flyt_process_memory(device: c_int, bytes: *mut u64) -> CUresult {
+    boundary("Flyt[2]", || {
+        finish((|| {
+            let held = session_for(device)?.ranges.allocated_bytes();
+            // SAFETY: the caller's out-pointer (checked by `write_out`).
+            unsafe { write_out(bytes, held) }
+        })())
+    })
 }
 
 // -- CudartInterface --
@@ -434,6 +469,9 @@ mod tests {
         let w = words(cls);
         assert!(w[..3].iter().all(|e| !e.0.is_null()) && w[3].0.is_null(), "3 functions then NULL, no size");
         assert_eq!(format_uuid(&TABLES[0].uuid), "6bd5fb6c-5bf4-e74a-8987-d93912fd9df9");
+        // Flyt's own table is where Flyt's other fronts look for it, as long as they expect.
+        let flyt = TABLES.iter().find(|table| table.uuid == flyt_front_kit::flyt_table::UUID).expect("Flyt's table");
+        assert_eq!(flyt.words, flyt_front_kit::flyt_table::WORDS);
         assert!(find(&uuid("195bcbf4-d67d-024a-acc5-1d29cea631ae")).is_none(), "absent on Linux");
     }
 

@@ -191,7 +191,7 @@ pub fn driver() -> CudaResult<&'static Driver> {
 }
 
 fn load() -> Result<Driver, CudaError> {
-    let library = open_library().map_err(|reason| {
+    let library = flyt_front_kit::driver_library::open().map_err(|reason| {
         crate::diagnostics::once("driver", &format!("flyt: the CUDA runtime found no driver: {reason}"));
         CudaError::INSUFFICIENT_DRIVER
     })?;
@@ -202,38 +202,6 @@ fn load() -> Result<Driver, CudaError> {
     // SAFETY: `cuInit` takes flags by value; 0 is the only valid value.
     CudaError::check(unsafe { (driver.cuInit)(0) })?;
     Ok(driver)
-}
-
-/// Flyt's `libcuda.so.1` beside this library, else whichever the library path finds.
-fn open_library() -> Result<libloading::Library, String> {
-    if let Some(beside) = own_folder().map(|folder| folder.join("libcuda.so.1"))
-        && beside.exists()
-    {
-        // SAFETY: loading Flyt's driver library runs no initializers that need anything of us.
-        return unsafe { libloading::Library::new(&beside) }.map_err(|error| format!("{}: {error}", beside.display()));
-    }
-    // SAFETY: as above; by name, as NVIDIA's runtime loads its driver.
-    unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|error| error.to_string())
-}
-
-/// The folder this library was loaded from.
-fn own_folder() -> Option<std::path::PathBuf> {
-    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-    let own_address = own_folder as *const c_void;
-    // SAFETY: `dladdr` fills `info` for an address inside a loaded object; ours is a function of
-    // this library.
-    if unsafe { libc::dladdr(own_address, info.as_mut_ptr()) } == 0 {
-        return None;
-    }
-    // SAFETY: `dladdr` succeeded, so `info` is initialized.
-    let info = unsafe { info.assume_init() };
-    if info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: `dli_fname` is the loader's NUL-terminated path of the object.
-    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
-    let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
-    path.parent().map(std::path::Path::to_path_buf)
 }
 
 thread_local! {

@@ -17,7 +17,7 @@
 )]
 
 pub mod api;
-pub mod diagnostics;
+pub use flyt_front_kit::diagnostics;
 pub mod driver;
 pub mod exports;
 pub mod ffi;

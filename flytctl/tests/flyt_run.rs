@@ -25,11 +25,11 @@ mod tests {
 
     const FLYT: &str = env!("CARGO_BIN_EXE_flyt");
 
-    /// A library folder holding (empty) files of the two names `flyt` requires.
+    /// A library folder holding (empty) files of the names `flyt` requires.
     fn fake_lib_dir(parent: &Path) -> PathBuf {
         let dir = parent.join("lib");
         std::fs::create_dir_all(&dir).unwrap();
-        for name in ["libcudart.so.13", "libcuda.so.1"] {
+        for name in ["libcudart.so.13", "libcuda.so.1", "libnvidia-ml.so.1"] {
             std::fs::write(dir.join(name), b"").unwrap();
         }
         std::fs::canonicalize(dir).unwrap()
@@ -348,6 +348,7 @@ mod tests {
         std::fs::create_dir_all(&lib).unwrap();
         std::os::unix::fs::symlink(artifact("libcudart.so"), lib.join("libcudart.so.13")).unwrap();
         std::os::unix::fs::symlink(artifact("libflyt_libcuda.so"), lib.join("libcuda.so.1")).unwrap();
+        std::os::unix::fs::symlink(artifact("libflyt_nvml_lib.so"), lib.join("libnvidia-ml.so.1")).unwrap();
         let program = scratch.join("through_flyt");
         compile_c(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/through_flyt.c")), &program, &lib, &[]);
         // Without flyt the program does not even load: nothing else provides libcudart.so.13.

@@ -33,11 +33,13 @@ pub fn artifact(name: &str) -> PathBuf {
 }
 
 /// A directory laid out as Flyt's library folder, for `LD_LIBRARY_PATH`: `libcudart.so.13` (the
-/// runtime front) and `libcuda.so.1` (the driver it runs over).
+/// runtime front), `libnvidia-ml.so.1` (NVML) and `libcuda.so.1` (the driver both run over).
 pub fn shim_lib_dir() -> PathBuf {
     let dir = profile_dir().join("flyt-shim-lib");
     std::fs::create_dir_all(&dir).expect("shim lib dir");
-    for (built, name) in [("libcudart.so", "libcudart.so.13"), ("libflyt_libcuda.so", "libcuda.so.1")] {
+    for (built, name) in
+        [("libcudart.so", "libcudart.so.13"), ("libflyt_libcuda.so", "libcuda.so.1"), ("libflyt_nvml_lib.so", "libnvidia-ml.so.1")]
+    {
         let library = artifact(built);
         let link = dir.join(name);
         if std::fs::read_link(&link).ok().as_deref() != Some(library.as_path()) {

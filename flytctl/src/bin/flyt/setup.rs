@@ -17,16 +17,16 @@ use flyt_protocol::{
 
 /// The libraries a program loads in place of NVIDIA's: without both, a program would quietly
 /// reach the local GPU (or none) through NVIDIA's own.
-pub const REQUIRED_LIBRARIES: [&str; 2] = ["libcudart.so.13", "libcuda.so.1"];
+pub const REQUIRED_LIBRARIES: [&str; 3] = ["libcudart.so.13", "libcuda.so.1", "libnvidia-ml.so.1"];
 
 /// Why `flyt` cannot start a program (exit code 2, like a usage error).
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum SetupError {
     /// cannot tell where flyt itself is ({0}): pass --lib-dir or set FLYT_LIB_DIR to Flyt's library folder
     OwnPath(std::io::Error),
-    /// Flyt's library folder {0} does not exist: pass --lib-dir or set FLYT_LIB_DIR to the folder holding libcudart.so.13 and libcuda.so.1 (tools/dist builds it as dist/lib)
+    /// Flyt's library folder {0} does not exist: pass --lib-dir or set FLYT_LIB_DIR to the folder holding libcudart.so.13, libcuda.so.1 and libnvidia-ml.so.1 (tools/dist builds it as dist/lib)
     NoLibDir(String),
-    /// Flyt's library folder {dir} lacks {missing}: pass --lib-dir or set FLYT_LIB_DIR to the folder holding libcudart.so.13 and libcuda.so.1 (tools/dist builds it as dist/lib)
+    /// Flyt's library folder {dir} lacks {missing}: pass --lib-dir or set FLYT_LIB_DIR to the folder holding libcudart.so.13, libcuda.so.1 and libnvidia-ml.so.1 (tools/dist builds it as dist/lib)
     IncompleteLibDir { dir: String, missing: String },
     /// no Flyt server: pass --server or start the client manager (nothing answers at {socket}: {reason})
     NoClientManager { socket: String, reason: String },
@@ -211,6 +211,7 @@ mod tests {
         let error = lib_dir(Some(folder.path())).unwrap_err().to_string();
         assert!(error.contains("lacks libcuda.so.1") && error.contains("--lib-dir"), "{error}");
         std::fs::write(folder.path().join("libcuda.so.1"), b"").unwrap();
+        std::fs::write(folder.path().join("libnvidia-ml.so.1"), b"").unwrap();
         assert_eq!(lib_dir(Some(folder.path())).unwrap(), std::fs::canonicalize(folder.path()).unwrap());
     }
 }

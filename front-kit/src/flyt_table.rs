@@ -1,0 +1,25 @@
+//! Flyt's own export table: what Flyt's `libcuda.so.1` tells Flyt's other fronts that the public
+//! driver API has no call for (or none that leaves contexts alone), asked for with
+//! `cuGetExportTable` under Flyt's UUID, as NVIDIA's libraries ask NVIDIA's driver for theirs.
+//! NVIDIA's driver answers this UUID with `CUDA_ERROR_INVALID_VALUE`, which tells a front it is
+//! not over Flyt.
+//!
+//! Layout: pointer-sized words; word 0 the table's size in bytes, then the entries below.
+
+use std::ffi::c_int;
+
+/// `466c7974-4e56-4d4c-8000-000000000001` in memory order ("FlytNVML").
+pub const UUID: [u8; 16] = [0x46, 0x6c, 0x79, 0x74, 0x4e, 0x56, 0x4d, 0x4c, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01];
+
+/// Words in the table, its size word included.
+pub const WORDS: usize = 3;
+
+/// Entry 1: a device's memory as its session sees it (the slice's quota as total; free within
+/// it), without a context. Returns a `CUresult`.
+pub const MEM_INFO: usize = 1;
+pub type MemInfo = unsafe extern "C" fn(device: c_int, free: *mut u64, total: *mut u64) -> u32;
+
+/// Entry 2: the device memory this process holds (its allocations), without a context. Returns a
+/// `CUresult`.
+pub const PROCESS_MEMORY: usize = 2;
+pub type ProcessMemory = unsafe extern "C" fn(device: c_int, bytes: *mut u64) -> u32;

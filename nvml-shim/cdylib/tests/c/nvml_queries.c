@@ -1,0 +1,164 @@
+// Flyt's NVML against the emulated device, beside Flyt's driver: every answer must agree with the
+// driver's (count, name, UUID, PCI ids, driver version, memory), NVML must make no context, the
+// process list must show this process once it holds memory, and what NVML cannot answer must be an
+// error, never made up. Built against CUDA 13's nvml.h and cuda.h.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <nvml.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static int failures = 0;
+
+#define EXPECT(call, expected)                                                                  \
+    do {                                                                                        \
+        int got_ = (int)(call);                                                                 \
+        if (got_ != (int)(expected)) {                                                          \
+            printf("FAIL line %d: %s = %d, expected %d\n", __LINE__, #call, got_, (int)(expected)); \
+            failures++;                                                                         \
+        }                                                                                       \
+    } while (0)
+
+#define CHECK(cond, ...)                                  \
+    do {                                                  \
+        if (!(cond)) {                                    \
+            printf("FAIL line %d: ", __LINE__);           \
+            printf(__VA_ARGS__);                          \
+            printf("\n");                                 \
+            failures++;                                   \
+        }                                                 \
+    } while (0)
+
+int main(void) {
+    unsigned count = 99;
+    EXPECT(nvmlDeviceGetCount_v2(&count), NVML_ERROR_UNINITIALIZED);
+    EXPECT(nvmlShutdown(), NVML_ERROR_UNINITIALIZED);
+    EXPECT(nvmlInit_v2(), NVML_SUCCESS);
+    EXPECT(nvmlDeviceGetCount_v2(&count), NVML_SUCCESS);
+    EXPECT(nvmlDeviceGetCount_v2(NULL), NVML_ERROR_INVALID_ARGUMENT);
+
+    EXPECT(cuInit(0), CUDA_SUCCESS);
+    int driver_count = 0;
+    EXPECT(cuDeviceGetCount(&driver_count), CUDA_SUCCESS);
+    CHECK((int)count == driver_count && count > 0, "NVML counts %u devices, the driver %d", count, driver_count);
+
+    nvmlDevice_t device;
+    EXPECT(nvmlDeviceGetHandleByIndex_v2(0, &device), NVML_SUCCESS);
+    EXPECT(nvmlDeviceGetHandleByIndex_v2(count, &device), NVML_ERROR_INVALID_ARGUMENT);
+    EXPECT(nvmlDeviceGetHandleByIndex_v2(0, &device), NVML_SUCCESS);
+    unsigned index = 99;
+    EXPECT(nvmlDeviceGetIndex(device, &index), NVML_SUCCESS);
+    EXPECT(index, 0);
+    EXPECT(nvmlDeviceGetIndex((nvmlDevice_t)(size_t)0x1234, &index), NVML_ERROR_INVALID_ARGUMENT);
+
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE], driver_name[256];
+    EXPECT(nvmlDeviceGetName(device, name, sizeof name), NVML_SUCCESS);
+    EXPECT(cuDeviceGetName(driver_name, sizeof driver_name, 0), CUDA_SUCCESS);
+    CHECK(strcmp(name, driver_name) == 0, "name '%s' vs the driver's '%s'", name, driver_name);
+    EXPECT(nvmlDeviceGetName(device, name, 3), NVML_ERROR_INSUFFICIENT_SIZE);
+
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE], driver_uuid[64];
+    EXPECT(nvmlDeviceGetUUID(device, uuid, sizeof uuid), NVML_SUCCESS);
+    CUuuid bytes;
+    EXPECT(cuDeviceGetUuid_v2(&bytes, 0), CUDA_SUCCESS);
+    const unsigned char *b = (const unsigned char *)bytes.bytes;
+    snprintf(driver_uuid, sizeof driver_uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    CHECK(strcmp(uuid, driver_uuid) == 0, "UUID '%s' vs the driver's '%s'", uuid, driver_uuid);
+    nvmlDevice_t by_uuid = NULL;
+    EXPECT(nvmlDeviceGetHandleByUUID(uuid, &by_uuid), NVML_SUCCESS);
+    CHECK(by_uuid == device, "the UUID finds the same device");
+    EXPECT(nvmlDeviceGetHandleByUUID("GPU-00000000-0000-0000-0000-000000000000", &by_uuid), NVML_ERROR_NOT_FOUND);
+
+    // The PCI string PyTorch builds from the driver's attributes finds the device.
+    int domain = -1, bus = -1, slot = -1;
+    EXPECT(cuDeviceGetAttribute(&domain, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetAttribute(&slot, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 0), CUDA_SUCCESS);
+    char pci_string[32];
+    snprintf(pci_string, sizeof pci_string, NVML_DEVICE_PCI_BUS_ID_FMT, domain, bus, slot);
+    nvmlDevice_t by_pci = NULL;
+    EXPECT(nvmlDeviceGetHandleByPciBusId_v2(pci_string, &by_pci), NVML_SUCCESS);
+    CHECK(by_pci == device, "the PCI bus id %s finds the same device", pci_string);
+    nvmlPciInfo_t pci;
+    EXPECT(nvmlDeviceGetPciInfo_v3(device, &pci), NVML_SUCCESS);
+    CHECK(strcmp(pci.busId, pci_string) == 0, "busId '%s' vs '%s'", pci.busId, pci_string);
+    CHECK((int)pci.domain == domain && (int)pci.bus == bus && (int)pci.device == slot, "PCI fields");
+
+    int cuda_version = 0, nvml_cuda_version = 0;
+    EXPECT(cuDriverGetVersion(&cuda_version), CUDA_SUCCESS);
+    EXPECT(nvmlSystemGetCudaDriverVersion_v2(&nvml_cuda_version), NVML_SUCCESS);
+    EXPECT(nvml_cuda_version, cuda_version);
+    int major = 0, minor = 0, driver_major = -1;
+    EXPECT(nvmlDeviceGetCudaComputeCapability(device, &major, &minor), NVML_SUCCESS);
+    EXPECT(cuDeviceGetAttribute(&driver_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0), CUDA_SUCCESS);
+    EXPECT(major, driver_major);
+
+    // NVML made no context: the primary context is still inactive.
+    unsigned flags = 0;
+    int active = 1;
+    EXPECT(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+    EXPECT(active, 0);
+
+    nvmlProcessInfo_t processes[4];
+    unsigned process_count = 4;
+    EXPECT(nvmlDeviceGetComputeRunningProcesses_v3(device, &process_count, processes), NVML_SUCCESS);
+    EXPECT(process_count, 0);
+
+    // Memory: the slice as the driver's session sees it.
+    CUcontext context;
+    EXPECT(cuDevicePrimaryCtxRetain(&context, 0), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
+    CUdeviceptr allocation;
+    const size_t held = 64 << 20;
+    EXPECT(cuMemAlloc(&allocation, held), CUDA_SUCCESS);
+    size_t free_bytes = 0, total_bytes = 0;
+    EXPECT(cuMemGetInfo(&free_bytes, &total_bytes), CUDA_SUCCESS);
+    nvmlMemory_t memory;
+    EXPECT(nvmlDeviceGetMemoryInfo(device, &memory), NVML_SUCCESS);
+    CHECK(memory.total == total_bytes, "total %llu vs the driver's %zu", memory.total, total_bytes);
+    CHECK(memory.used == memory.total - memory.free && memory.used >= held, "used %llu of %llu, free %llu", memory.used, memory.total,
+          memory.free);
+    nvmlMemory_v2_t memory2;
+    memory2.version = 1;
+    EXPECT(nvmlDeviceGetMemoryInfo_v2(device, &memory2), NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    memory2.version = nvmlMemory_v2;
+    EXPECT(nvmlDeviceGetMemoryInfo_v2(device, &memory2), NVML_SUCCESS);
+    CHECK(memory2.total == total_bytes && memory2.used + memory2.free == memory2.total, "v2 memory");
+
+    // This process now holds memory on the device, and is listed with it.
+    process_count = 0;
+    EXPECT(nvmlDeviceGetComputeRunningProcesses_v3(device, &process_count, NULL), NVML_ERROR_INSUFFICIENT_SIZE);
+    EXPECT(process_count, 1);
+    process_count = 4;
+    EXPECT(nvmlDeviceGetComputeRunningProcesses_v3(device, &process_count, processes), NVML_SUCCESS);
+    EXPECT(process_count, 1);
+    CHECK(processes[0].pid == (unsigned)getpid() && processes[0].usedGpuMemory == held, "process %u holding %llu", processes[0].pid,
+          processes[0].usedGpuMemory);
+    // The unversioned symbol takes the v1 struct (PyTorch's out-of-memory report looks it up so);
+    // nvml.h maps the name to _v3, so it is found the way PyTorch finds it.
+    typedef nvmlReturn_t (*processes_v1)(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *);
+    processes_v1 get_processes_v1 = (processes_v1)dlsym(RTLD_DEFAULT, "nvmlDeviceGetComputeRunningProcesses");
+    CHECK(get_processes_v1 != NULL, "nvmlDeviceGetComputeRunningProcesses is exported");
+    nvmlProcessInfo_v1_t old_processes[2];
+    process_count = 2;
+    if (get_processes_v1) EXPECT(get_processes_v1(device, &process_count, old_processes), NVML_SUCCESS);
+    CHECK(process_count == 1 && old_processes[0].usedGpuMemory == held, "v1 process list");
+    process_count = 4;
+    EXPECT(nvmlDeviceGetGraphicsRunningProcesses_v3(device, &process_count, processes), NVML_SUCCESS);
+    EXPECT(process_count, 0);
+    EXPECT(cuMemFree(allocation), CUDA_SUCCESS);
+
+    // What Flyt cannot tell is an error at the call, never a made-up value.
+    nvmlUtilization_t utilization;
+    EXPECT(nvmlDeviceGetUtilizationRates(device, &utilization), NVML_ERROR_NOT_SUPPORTED);
+    unsigned temperature;
+    EXPECT(nvmlDeviceGetTemperature(device, NVML_TEMPERATURE_GPU, &temperature), NVML_ERROR_NOT_SUPPORTED);
+    CHECK(strcmp(nvmlErrorString(NVML_ERROR_NOT_SUPPORTED), "Not Supported") == 0, "error string");
+
+    EXPECT(nvmlShutdown(), NVML_SUCCESS);
+    EXPECT(nvmlDeviceGetCount_v2(&count), NVML_ERROR_UNINITIALIZED);
+    printf("PASSED: %d failure(s)\n", failures);
+    return failures != 0;
+}

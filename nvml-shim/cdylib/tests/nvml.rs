@@ -1,0 +1,58 @@
+//! Flyt's `libnvidia-ml.so.1` driven by a C program built against NVIDIA's `nvml.h`, beside Flyt's
+//! `libcuda.so.1`, against the emulated device.
+
+#![allow(clippy::tests_outside_test_module, reason = "an integration test file is its own test crate")]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use flyt_test_support::{Server, run_with_timeout, scratch_dir, shim_lib_dir};
+
+fn build(name: &str) -> Option<(PathBuf, PathBuf)> {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return None;
+    };
+    let scratch = scratch_dir(name);
+    let lib = shim_lib_dir();
+    let program = scratch.join("nvml_queries");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/nvml_queries.c");
+    let status = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Werror", "-O1", "-D_DEFAULT_SOURCE"])
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg(source)
+        .arg("-o")
+        .arg(&program)
+        .arg(format!("-L{}", lib.display()))
+        .args(["-l:libnvidia-ml.so.1", "-l:libcuda.so.1", "-ldl"])
+        .status()
+        .expect("a C compiler (cc) is needed for this test");
+    assert!(status.success(), "compiling {source}");
+    Some((program, scratch))
+}
+
+#[test]
+fn nvml_answers_agree_with_the_driver_and_invent_nothing() {
+    let Some((program, scratch)) = build("nvml-queries") else { return };
+    let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
+    let (code, stdout, stderr) = run_with_timeout(
+        Command::new(&program).env("LD_LIBRARY_PATH", shim_lib_dir()).env("FLYT_SERVER", &server.addresses[0]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("nvmlDeviceGetUtilizationRates is not supported through Flyt"), "{stderr}");
+}
+
+#[test]
+fn without_a_reachable_server_nvml_init_says_no_driver() {
+    let Some((program, _scratch)) = build("nvml-no-server") else { return };
+    let (code, stdout, stderr) = run_with_timeout(
+        Command::new(&program).env("LD_LIBRARY_PATH", shim_lib_dir()).env("FLYT_SERVER", "unix:/nonexistent/flyt.sock"),
+        Duration::from_secs(60),
+    );
+    assert_ne!(code, 0);
+    // nvmlInit_v2 failed with NVML_ERROR_DRIVER_NOT_LOADED (9) where the program expects success.
+    assert!(stdout.contains("nvmlInit_v2() = 9, expected 0"), "{stdout}\n{stderr}");
+}

@@ -1,0 +1,541 @@
+//! `flyt-nvml`: Flyt's NVML, loaded into apps as `libnvidia-ml.so.1`. It answers the NVML queries
+//! PyTorch and monitoring tools make for the GPU slice the process's Flyt session serves, and holds
+//! no session of its own: it is a front over Flyt's `libcuda.so.1` ([`driver`]), so every answer
+//! agrees with the driver's (device count, names, UUIDs, PCI ids, driver version) and memory is the
+//! slice's (its quota as total). Everything else NVML offers answers `NVML_ERROR_NOT_SUPPORTED`
+//! with one line naming the function; nothing is invented.
+//!
+//! Device handles are values Flyt chooses; a handle it never gave out is refused, never read.
+
+#![allow(non_snake_case, reason = "NVML's names")]
+#![allow(clippy::cast_possible_truncation, reason = "Flyt runs on 64-bit Linux only; NVML's counts and lengths are small")]
+#![allow(clippy::missing_safety_doc, reason = "each function's contract is NVML's")]
+
+pub mod driver;
+
+use std::ffi::{CStr, c_char, c_int, c_uint};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use flyt_front_kit::diagnostics;
+
+pub type NvmlReturn = c_uint;
+pub type NvmlDevice = *mut std::ffi::c_void;
+
+pub const NVML_SUCCESS: NvmlReturn = 0;
+pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
+pub const NVML_ERROR_GPU_IS_LOST: NvmlReturn = 15;
+pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+
+type Result<T = ()> = std::result::Result<T, NvmlReturn>;
+
+/// `nvmlInit` calls not yet matched by `nvmlShutdown`.
+static INITIALIZED: AtomicU32 = AtomicU32::new(0);
+
+/// Handles are this plus the device index.
+const HANDLE_BASE: usize = 0x6e76_6d6c_0000;
+
+fn handle(index: c_int) -> NvmlDevice {
+    std::ptr::without_provenance_mut(HANDLE_BASE + index as usize)
+}
+
+/// The device index behind a handle Flyt gave out.
+fn index_of(device: NvmlDevice) -> Result<c_int> {
+    let index =
+        (device as usize).checked_sub(HANDLE_BASE).and_then(|index| c_int::try_from(index).ok()).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    if index >= driver::device_count()? {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(index)
+}
+
+/// Runs an export's body after checking NVML is initialized; a panic becomes `NVML_ERROR_UNKNOWN`
+/// with one line, never an unwind into C.
+fn run(name: &'static str, body: impl FnOnce() -> Result) -> NvmlReturn {
+    run_uninitialized(name, || {
+        if INITIALIZED.load(Ordering::Acquire) == 0 {
+            return Err(NVML_ERROR_UNINITIALIZED);
+        }
+        body()
+    })
+}
+
+/// As [`run`], for the calls NVML answers before `nvmlInit`.
+fn run_uninitialized(name: &'static str, body: impl FnOnce() -> Result) -> NvmlReturn {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => NVML_SUCCESS,
+        Ok(Err(code)) => code,
+        Err(_) => {
+            diagnostics::once(name, &format!("flyt: internal error in {name}"));
+            NVML_ERROR_UNKNOWN
+        }
+    }
+}
+
+/// Writes `value` through an out-pointer the app passed.
+///
+/// # Safety
+/// `ptr` is NULL or valid for a write of `T`.
+unsafe fn write<T>(ptr: *mut T, value: T) -> Result {
+    if ptr.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-NULL and writable, per the caller's contract.
+    unsafe { ptr.write(value) };
+    Ok(())
+}
+
+/// Copies `text` and its NUL into a C buffer of `length` bytes, or `INSUFFICIENT_SIZE`.
+///
+/// # Safety
+/// `buffer` is NULL or writable for `length` bytes.
+unsafe fn write_text(buffer: *mut c_char, length: c_uint, text: &str) -> Result {
+    if buffer.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if text.len() >= length as usize {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    // SAFETY: `text.len() + 1 <= length` bytes of the caller's buffer.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), buffer, text.len());
+        *buffer.add(text.len()) = 0;
+    }
+    Ok(())
+}
+
+// -- initialization --
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
+    run_uninitialized("nvmlInit_v2", || {
+        // Devices must be reachable: NVML without a GPU fails here, as it does without a driver.
+        driver::device_count().map_err(|_| NVML_ERROR_DRIVER_NOT_LOADED)?;
+        INITIALIZED.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit() -> NvmlReturn {
+    nvmlInit_v2()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
+    // The flags ask NVML to skip attaching to GPUs or to tolerate missing ones; Flyt attaches to
+    // nothing local either way.
+    nvmlInit_v2()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> NvmlReturn {
+    run_uninitialized("nvmlShutdown", || {
+        INITIALIZED
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| count.checked_sub(1))
+            .map(|_| ())
+            .map_err(|_| NVML_ERROR_UNINITIALIZED)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+    let text: &'static CStr = match result {
+        NVML_SUCCESS => c"Success",
+        NVML_ERROR_UNINITIALIZED => c"Uninitialized",
+        NVML_ERROR_INVALID_ARGUMENT => c"Invalid Argument",
+        NVML_ERROR_NOT_SUPPORTED => c"Not Supported",
+        NVML_ERROR_NOT_FOUND => c"Not Found",
+        NVML_ERROR_INSUFFICIENT_SIZE => c"Insufficient Size",
+        NVML_ERROR_DRIVER_NOT_LOADED => c"Driver Not Loaded",
+        NVML_ERROR_FUNCTION_NOT_FOUND => c"Function Not Found",
+        NVML_ERROR_GPU_IS_LOST => c"GPU is lost",
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH => c"Argument version mismatch",
+        _ => c"Unknown Error",
+    };
+    text.as_ptr()
+}
+
+// -- system --
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> NvmlReturn {
+    // SAFETY: the caller's out-pointer.
+    run("nvmlSystemGetCudaDriverVersion_v2", || unsafe { write(version, driver::driver_version()?) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { nvmlSystemGetCudaDriverVersion_v2(version) }
+}
+
+// -- devices --
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
+    // SAFETY: the caller's out-pointer.
+    run("nvmlDeviceGetCount_v2", || unsafe { write(count, driver::device_count()? as c_uint) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { nvmlDeviceGetCount_v2(count) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut NvmlDevice) -> NvmlReturn {
+    run("nvmlDeviceGetHandleByIndex_v2", || {
+        let index = c_int::try_from(index).map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
+        if index >= driver::device_count()? {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: the caller's out-pointer.
+        unsafe { write(device, handle(index)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(index: c_uint, device: *mut NvmlDevice) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
+}
+
+/// The first device whose identity satisfies `matches`, as a handle, or `NOT_FOUND`.
+fn find_device(matches: impl Fn(&driver::Identity) -> bool) -> Result<NvmlDevice> {
+    for index in 0..driver::device_count()? {
+        if matches(&driver::identity(index)?) {
+            return Ok(handle(index));
+        }
+    }
+    Err(NVML_ERROR_NOT_FOUND)
+}
+
+/// A C string argument, or `INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `text` is NULL or NUL-terminated.
+unsafe fn text_argument<'a>(text: *const c_char) -> Result<&'a str> {
+    if text.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: NUL-terminated per the caller's contract.
+    unsafe { CStr::from_ptr(text) }.to_str().map_err(|_| NVML_ERROR_INVALID_ARGUMENT)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut NvmlDevice) -> NvmlReturn {
+    run("nvmlDeviceGetHandleByUUID", || {
+        // SAFETY: the caller's C string.
+        let wanted = unsafe { text_argument(uuid) }?;
+        let found = find_device(|identity| identity.uuid_text().eq_ignore_ascii_case(wanted))?;
+        // SAFETY: the caller's out-pointer.
+        unsafe { write(device, found) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id: *const c_char, device: *mut NvmlDevice) -> NvmlReturn {
+    run("nvmlDeviceGetHandleByPciBusId_v2", || {
+        // SAFETY: the caller's C string.
+        let wanted = driver::parse_pci_bus_id(unsafe { text_argument(pci_bus_id) }?).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        let found = find_device(|identity| identity.pci == wanted)?;
+        // SAFETY: the caller's out-pointer.
+        unsafe { write(device, found) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(pci_bus_id: *const c_char, device: *mut NvmlDevice) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id, device) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn {
+    // SAFETY: the caller's out-pointer.
+    run("nvmlDeviceGetIndex", || unsafe { write(index, index_of(device)? as c_uint) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(device: NvmlDevice, name: *mut c_char, length: c_uint) -> NvmlReturn {
+    // SAFETY: the caller's buffer of `length` bytes.
+    run("nvmlDeviceGetName", || unsafe { write_text(name, length, &driver::identity(index_of(device)?)?.name) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(device: NvmlDevice, uuid: *mut c_char, length: c_uint) -> NvmlReturn {
+    // SAFETY: the caller's buffer of `length` bytes.
+    run("nvmlDeviceGetUUID", || unsafe { write_text(uuid, length, &driver::identity(index_of(device)?)?.uuid_text()) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(device: NvmlDevice, major: *mut c_int, minor: *mut c_int) -> NvmlReturn {
+    run("nvmlDeviceGetCudaComputeCapability", || {
+        let identity = driver::identity(index_of(device)?)?;
+        // SAFETY: the caller's out-pointers.
+        unsafe {
+            write(major, identity.compute_capability.0)?;
+            write(minor, identity.compute_capability.1)
+        }
+    })
+}
+
+/// `nvmlPciInfo_t` (what `nvmlDeviceGetPciInfo_v3` fills).
+#[repr(C)]
+pub struct NvmlPciInfo {
+    pub bus_id_legacy: [c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pci_device_id: c_uint,
+    pub pci_sub_system_id: c_uint,
+    pub bus_id: [c_char; 32],
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: NvmlDevice, pci: *mut NvmlPciInfo) -> NvmlReturn {
+    run("nvmlDeviceGetPciInfo_v3", || {
+        let identity = driver::identity(index_of(device)?)?;
+        let (domain, bus, slot) = identity.pci;
+        let mut info = NvmlPciInfo {
+            bus_id_legacy: [0; 16],
+            domain,
+            bus,
+            device: slot,
+            // The driver API does not tell the PCI product and subsystem ids: 0, never a guess.
+            pci_device_id: 0,
+            pci_sub_system_id: 0,
+            bus_id: [0; 32],
+        };
+        let legacy = format!("{domain:04X}:{bus:02X}:{slot:02X}.0");
+        let full = format!("{domain:08X}:{bus:02X}:{slot:02X}.0");
+        // SAFETY: both are arrays of the lengths given.
+        unsafe {
+            write_text(info.bus_id_legacy.as_mut_ptr(), 16, &legacy)?;
+            write_text(info.bus_id.as_mut_ptr(), 32, &full)?;
+            write(pci, info)
+        }
+    })
+}
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+pub struct NvmlMemory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2`: the struct's size with its version in the top byte.
+const MEMORY_V2: c_uint = size_of::<NvmlMemoryV2>() as c_uint | (2 << 24);
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: NvmlDevice, memory: *mut NvmlMemory) -> NvmlReturn {
+    run("nvmlDeviceGetMemoryInfo", || {
+        let (free, total) = driver::memory(index_of(device)?)?;
+        // SAFETY: the caller's out-pointer.
+        unsafe { write(memory, NvmlMemory { total, free, used: total.saturating_sub(free) }) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: NvmlDevice, memory: *mut NvmlMemoryV2) -> NvmlReturn {
+    run("nvmlDeviceGetMemoryInfo_v2", || {
+        if memory.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-NULL; the caller sets `version` before the call.
+        if unsafe { (*memory).version } != MEMORY_V2 {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let (free, total) = driver::memory(index_of(device)?)?;
+        let used = total.saturating_sub(free);
+        // SAFETY: the caller's out-pointer.
+        unsafe { write(memory, NvmlMemoryV2 { version: MEMORY_V2, total, reserved: 0, free, used }) }
+    })
+}
+
+/// `nvmlProcessInfo_v1_t`.
+#[repr(C)]
+pub struct NvmlProcessInfoV1 {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+}
+
+/// `nvmlProcessInfo_t` (`_v2`, also what `_v3` fills).
+#[repr(C)]
+pub struct NvmlProcessInfo {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// Not in a MIG instance.
+const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
+
+/// The processes of this tenant that NVML can tell of: this one, while it holds device memory on
+/// the device. (Other processes of the tenant are served by other sessions; they are not listed.)
+fn own_processes(device: NvmlDevice) -> Result<Vec<(c_uint, u64)>> {
+    let held = driver::process_memory(index_of(device)?)?;
+    Ok(if held > 0 { vec![(std::process::id(), held)] } else { Vec::new() })
+}
+
+/// Fills a process list the NVML way: `count` in is the room, out is the number of entries (with
+/// `INSUFFICIENT_SIZE` when there is not room for them all).
+///
+/// # Safety
+/// `count` is NULL or writable; `infos` has room for `*count` entries when that is non-zero.
+unsafe fn fill_processes<T>(count: *mut c_uint, infos: *mut T, processes: &[(c_uint, u64)], make: impl Fn(c_uint, u64) -> T) -> Result {
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-NULL; the caller's in/out count.
+    let room = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = processes.len() as c_uint };
+    if room < processes.len() {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    if !processes.is_empty() && infos.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    for (index, (pid, bytes)) in processes.iter().enumerate() {
+        // SAFETY: `index < processes.len() <= room` entries of the caller's array.
+        unsafe { infos.add(index).write(make(*pid, *bytes)) };
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    run("nvmlDeviceGetComputeRunningProcesses_v3", || {
+        let processes = own_processes(device)?;
+        // SAFETY: the caller's count and array.
+        unsafe {
+            fill_processes(count, infos, &processes, |pid, used_gpu_memory| NvmlProcessInfo {
+                pid,
+                used_gpu_memory,
+                gpu_instance_id: NO_INSTANCE,
+                compute_instance_id: NO_INSTANCE,
+            })
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: forwarded contract (the v2 and v3 entries share their struct).
+    unsafe { nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV1,
+) -> NvmlReturn {
+    run("nvmlDeviceGetComputeRunningProcesses", || {
+        let processes = own_processes(device)?;
+        // SAFETY: the caller's count and array.
+        unsafe { fill_processes(count, infos, &processes, |pid, used_gpu_memory| NvmlProcessInfoV1 { pid, used_gpu_memory }) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    run("nvmlDeviceGetGraphicsRunningProcesses_v3", || {
+        index_of(device)?;
+        // A Flyt session runs compute work only.
+        // SAFETY: the caller's count and array.
+        unsafe {
+            fill_processes(count, infos, &[], |pid, used_gpu_memory| NvmlProcessInfo {
+                pid,
+                used_gpu_memory,
+                gpu_instance_id: NO_INSTANCE,
+                compute_instance_id: NO_INSTANCE,
+            })
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { nvmlDeviceGetGraphicsRunningProcesses_v3(device, count, infos) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInternalGetExportTable(_table: *mut *const std::ffi::c_void, _id: *const u8) -> NvmlReturn {
+    // NVIDIA's tools ask for private tables Flyt does not have; NVML answers unknown ids so.
+    NVML_ERROR_FUNCTION_NOT_FOUND
+}
+
+/// NVML functions Flyt exports without implementing them: each answers
+/// `NVML_ERROR_NOT_SUPPORTED` and prints one line naming itself, so a tool that looks a function
+/// up finds it (PyTorch treats a missing NVML symbol as a fatal assertion) and learns at the call.
+macro_rules! unsupported {
+    ($($name:ident)*) => {
+        $(
+            #[unsafe(no_mangle)]
+            pub extern "C" fn $name() -> NvmlReturn {
+                diagnostics::once(
+                    stringify!($name),
+                    concat!("flyt: ", stringify!($name), " is not supported through Flyt (returning NVML_ERROR_NOT_SUPPORTED)"),
+                );
+                NVML_ERROR_NOT_SUPPORTED
+            }
+        )*
+        /// The unsupported exports, for tests.
+        pub const UNSUPPORTED: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+unsupported! {
+    nvmlSystemGetDriverVersion nvmlSystemGetNVMLVersion nvmlSystemGetProcessName
+    nvmlDeviceGetPciInfo nvmlDeviceGetPciInfo_v2 nvmlDeviceGetMinorNumber nvmlDeviceGetSerial nvmlDeviceGetBoardId
+    nvmlDeviceGetBrand nvmlDeviceGetArchitecture nvmlDeviceGetUtilizationRates nvmlDeviceGetTemperature
+    nvmlDeviceGetPowerUsage nvmlDeviceGetTotalEnergyConsumption nvmlDeviceGetPowerManagementLimit
+    nvmlDeviceGetEnforcedPowerLimit nvmlDeviceGetClockInfo nvmlDeviceGetMaxClockInfo nvmlDeviceGetFanSpeed
+    nvmlDeviceGetPerformanceState nvmlDeviceGetPersistenceMode nvmlDeviceGetComputeMode nvmlDeviceGetEccMode
+    nvmlDeviceGetMigMode nvmlDeviceGetBAR1MemoryInfo nvmlDeviceGetP2PStatus nvmlDeviceGetTopologyCommonAncestor
+    nvmlDeviceGetCpuAffinity nvmlDeviceGetMemoryAffinity nvmlDeviceGetCurrPcieLinkGeneration
+    nvmlDeviceGetCurrPcieLinkWidth nvmlDeviceGetNvLinkState nvmlDeviceGetNvLinkRemoteDeviceType
+    nvmlDeviceGetNvLinkRemotePciInfo_v2 nvmlDeviceGetGpuFabricInfo nvmlDeviceGetGpuFabricInfoV
+    nvmlDeviceGetMPSComputeRunningProcesses_v3 nvmlDeviceGetProcessUtilization nvmlDeviceGetSamples
+}
