@@ -17,7 +17,7 @@ use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo, S
 use flyt_protocol::locate::{LocateReply, LocateRequest};
 use flyt_protocol::ops::{Op, OpClass, decode_reply, req};
 
-use crate::conn::{Conn, Wire};
+use crate::conn::{Conn, HostDestination, Wire};
 use crate::ranges::DeviceRanges;
 
 use crate::shm;
@@ -318,7 +318,25 @@ impl Client {
     /// asynchronous call is returned; the server sent the bytes of every copy the call covers
     /// before its reply, so they have landed.
     pub fn call<O: Op>(&self, request: O) -> CudaResult<O::Reply> {
-        let message = self.conn.call(&request.into())?;
+        self.reply::<O>(self.conn.call(&request.into()))
+    }
+
+    /// [`Client::call`] for a request whose bulk bytes follow it.
+    pub fn call_with_bulk<O: Op>(&self, request: O, bulk: &[u8]) -> CudaResult<O::Reply> {
+        let slot = self.conn.send_with_bulk(&request.into(), bulk, Some(()))?.ok_or(CudaError::UNKNOWN)?;
+        self.reply::<O>(slot.wait())
+    }
+
+    /// [`Client::call`] for a request whose reply's bulk bytes land in `destination`.
+    pub fn call_into<O: Op>(&self, request: O, destination: HostDestination) -> CudaResult<O::Reply> {
+        let slot = self.conn.send_for_reply(&request.into(), Some(destination))?;
+        self.conn.flush()?;
+        self.reply::<O>(slot.wait())
+    }
+
+    /// Decodes a reply; at a sync point, with any deferred error of an earlier asynchronous call.
+    fn reply<O: Op>(&self, message: CudaResult<Vec<u8>>) -> CudaResult<O::Reply> {
+        let message = message?;
         let reply = decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?;
         if O::INFO.class == OpClass::SyncPoint {
             let fields = reply.result?;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{JitOption, LinkOutcome, decode_reply, rep, req};
+use flyt_protocol::ops::{JitOption, LinkOutcome, req};
 
 use crate::client::Client;
 use crate::conn::HostDestination;
@@ -22,12 +22,7 @@ pub fn create(client: &Client, options: Vec<JitOption>, info_log: u32, error_log
 
 /// Adds one input (`CUjitInputType` `kind`), waiting for the driver's verdict.
 pub fn add(client: &Client, link: u64, kind: u32, name: String, data: &[u8], options: Vec<JitOption>) -> CudaResult<LinkOutcome> {
-    let request = req::LinkAdd { link, kind, name, options }.into();
-    let slot = client.conn.send_with_bulk(&request, data, Some(()))?.ok_or(CudaError::UNKNOWN)?;
-    client.conn.flush()?;
-    let message = slot.wait()?;
-    let reply = decode_reply::<rep::LinkAdd>(&message).map_err(|_| CudaError::UNKNOWN)?;
-    reply.result.map(|reply| reply.outcome)
+    client.call_with_bulk(req::LinkAdd { link, kind, name, options }, data).map(|reply| reply.outcome)
 }
 
 /// Completes the link and reads its cubin back (empty when linking failed).
@@ -40,14 +35,11 @@ pub fn complete(client: &Client, link: u64) -> CudaResult<(LinkOutcome, Vec<u8>)
     let mut cubin = vec![0u8; size];
     let chunk = usize::try_from(client.info.copy_chunk.max(4096)).unwrap_or(4096);
     for (index, piece) in cubin.chunks_mut(chunk).enumerate() {
-        let request = req::LinkRead { link, offset: (index * chunk) as u64, len: piece.len() as u64 }.into();
+        let request = req::LinkRead { link, offset: (index * chunk) as u64, len: piece.len() as u64 };
         // SAFETY: `piece` is a buffer of this function, written only by the reply to this read,
-        // which is awaited below before the buffer is touched or dropped.
+        // which `call_into` awaits before the buffer is touched or dropped.
         let destination = unsafe { HostDestination::new(piece.as_mut_ptr(), piece.len()) };
-        let slot = client.conn.send_for_reply(&request, Some(destination))?;
-        client.conn.flush()?;
-        let message = slot.wait()?;
-        decode_reply::<rep::LinkRead>(&message).map_err(|_| CudaError::UNKNOWN)?.result?;
+        client.call_into(request, destination)?;
     }
     Ok((completed.outcome, cubin))
 }

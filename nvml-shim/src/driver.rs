@@ -13,6 +13,10 @@ use crate::{NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_INV
 type CUresult = u32;
 const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+const CUDA_ERROR_INSUFFICIENT_DRIVER: CUresult = 35;
+const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+const CUDA_ERROR_UNKNOWN: CUresult = 999;
 /// `CU_DEVICE_ATTRIBUTE_*`.
 const COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const COMPUTE_CAPABILITY_MINOR: c_int = 76;
@@ -91,7 +95,9 @@ fn check(status: CUresult) -> Result {
         0 => Ok(()),
         CUDA_ERROR_INVALID_DEVICE | CUDA_ERROR_INVALID_VALUE => Err(NVML_ERROR_INVALID_ARGUMENT),
         // No session (no server, refused): as NVML without a working driver.
-        100 | 3 | 35 | 999 => Err(NVML_ERROR_DRIVER_NOT_LOADED),
+        CUDA_ERROR_NO_DEVICE | CUDA_ERROR_NOT_INITIALIZED | CUDA_ERROR_INSUFFICIENT_DRIVER | CUDA_ERROR_UNKNOWN => {
+            Err(NVML_ERROR_DRIVER_NOT_LOADED)
+        }
         // The session was lost.
         _ if (700..800).contains(&status) => Err(NVML_ERROR_GPU_IS_LOST),
         _ => Err(NVML_ERROR_UNKNOWN),

@@ -150,6 +150,17 @@ pub struct JitOption {
 }
 
 impl JitOption {
+    /// `CU_JIT_*` options that ask for information back or restate what the server does anyway:
+    /// each end answers them itself, none is ever forwarded.
+    pub const WALL_TIME: u32 = 2;
+    pub const INFO_LOG_BUFFER: u32 = 3;
+    pub const INFO_LOG_BUFFER_SIZE_BYTES: u32 = 4;
+    pub const ERROR_LOG_BUFFER: u32 = 5;
+    pub const ERROR_LOG_BUFFER_SIZE_BYTES: u32 = 6;
+    pub const TARGET_FROM_CUCONTEXT: u32 = 8;
+    /// Forwarded, but asks only for more log text.
+    pub const LOG_VERBOSE: u32 = 12;
+
     /// The `CUjit_option`s forwarded to the server: plain values that shape the generated code
     /// (registers, optimization level, target, debug and line info, cache mode, FTZ/precision/FMA,
     /// position-independent code, occupancy hints). Options that carry host pointers (logs,

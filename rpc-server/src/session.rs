@@ -127,6 +127,12 @@ impl<'a> BulkIn<'a> {
         }
     }
 
+    /// All the remaining bulk bytes; `None` when the connection failed or they cannot fit in memory.
+    pub fn read_all(&mut self) -> Option<Vec<u8>> {
+        let mut bytes = vec![0u8; usize::try_from(self.remaining).ok()?];
+        self.read_into(&mut bytes).then_some(bytes)
+    }
+
     fn finish(mut self) -> Result<(), FrameError> {
         if let Some(failure) = self.failure.take() {
             return Err(failure);
@@ -187,7 +193,7 @@ flyt_protocol::for_each_op!(define_handler);
 const MAX_HANDLES: usize = 1 << 16;
 
 struct LoadedModule<D: Device> {
-    module: Option<D::Module>,
+    module: D::Module,
     /// Kernels by index, in the order they were asked for by name.
     functions: Vec<CudaResult<Kernel<D>>>,
     /// The index of each kernel found by name, so asking twice gives the same index.
@@ -569,9 +575,7 @@ impl<D: Device> Drop for Session<D> {
     fn drop(&mut self) {
         self.release_everything();
         for (_, module) in self.modules.drain() {
-            if let Some(module) = module.module {
-                let _ = self.device.unload_module(module);
-            }
+            let _ = self.device.unload_module(module.module);
         }
         for event in self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain(..) {
             let _ = self.device.event_destroy(event);
@@ -724,16 +728,10 @@ impl<D: Device> OpHandler for Session<D> {
                     None => return reply.send(Ok(rep::RegisterModule { image_needed: true })),
                 }
             }
-            None => {
-                let mut image = match usize::try_from(bulk.remaining()) {
-                    Ok(len) => vec![0u8; len],
-                    Err(_) => return reply.send(Err(CudaError::INVALID_VALUE)),
-                };
-                if !bulk.read_into(&mut image) {
-                    return reply.send(Err(CudaError::INVALID_VALUE));
-                }
-                image
-            }
+            None => match bulk.read_all() {
+                Some(image) => image,
+                None => return reply.send(Err(CudaError::INVALID_VALUE)),
+            },
         };
         self.may_print |= may_print(&image);
         let loaded = self.device.load_module(&image);
@@ -749,17 +747,13 @@ impl<D: Device> OpHandler for Session<D> {
                 return reply.send(Err(error));
             }
         };
-        let loaded =
-            LoadedModule::<D> { module: Some(module), functions: Vec::new(), function_names: HashMap::new(), variables: Vec::new() };
+        let loaded = LoadedModule::<D> { module, functions: Vec::new(), function_names: HashMap::new(), variables: Vec::new() };
         self.modules.insert(request.module, loaded);
         reply.send(Ok(rep::RegisterModule { image_needed: false }));
     }
 
     fn module_get_function(&mut self, request: req::ModuleGetFunction, reply: Responder<rep::ModuleGetFunction>) {
         let Some(loaded) = self.modules.get_mut(&request.module) else {
-            return reply.send(Err(CudaError::INVALID_DEVICE_FUNCTION));
-        };
-        let Some(module) = &loaded.module else {
             return reply.send(Err(CudaError::INVALID_DEVICE_FUNCTION));
         };
         if let Some(index) = loaded.function_names.get(&request.name) {
@@ -774,7 +768,7 @@ impl<D: Device> OpHandler for Session<D> {
             return reply.send(Err(CudaError::MEMORY_ALLOCATION));
         }
         // A name the module lacks is not remembered: a wrong guess costs nothing.
-        let result = self.device.function(module, &request.name).map(|(function, params)| {
+        let result = self.device.function(&loaded.module, &request.name).map(|(function, params)| {
             let index = u32::try_from(loaded.functions.len()).unwrap_or(u32::MAX);
             loaded.functions.push(Ok(Kernel::new(function, params.clone())));
             loaded.function_names.insert(request.name, index);
@@ -787,10 +781,7 @@ impl<D: Device> OpHandler for Session<D> {
         let Some(loaded) = self.modules.get_mut(&request.module) else {
             return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
         };
-        let Some(module) = &loaded.module else {
-            return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
-        };
-        let result = self.device.variable(module, &request.name).map(|(address, size)| {
+        let result = self.device.variable(&loaded.module, &request.name).map(|(address, size)| {
             if !loaded.variables.contains(&(address, size)) {
                 self.ranges.insert(address, size, RangeKind::Variable);
                 loaded.variables.push((address, size));
@@ -816,13 +807,9 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn link_add(&mut self, request: req::LinkAdd, bulk: &mut BulkIn<'_>, reply: Responder<rep::LinkAdd>) {
-        let mut data = match usize::try_from(bulk.remaining()) {
-            Ok(len) => vec![0u8; len],
-            Err(_) => return reply.send(Err(CudaError::INVALID_VALUE)),
-        };
-        if !bulk.read_into(&mut data) || !request.options.iter().all(JitOption::forwarded) {
+        let Some(data) = bulk.read_all().filter(|_| request.options.iter().all(JitOption::forwarded)) else {
             return reply.send(Err(CudaError::INVALID_VALUE));
-        }
+        };
         let Some(linked) = self.links.get_mut(&request.link) else {
             return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
         };
@@ -830,7 +817,7 @@ impl<D: Device> OpHandler for Session<D> {
             // The driver takes no inputs after cuLinkComplete.
             return reply.send(Err(CudaError::INVALID_VALUE));
         }
-        let outcome = self.device.link_add(&mut linked.link, request.kind, &request.name, &data, &request.options);
+        let outcome = self.device.link_add(&mut linked.link, request.kind, &request.name, data, &request.options);
         reply.send(Ok(rep::LinkAdd { outcome: linked.fitted(outcome) }));
     }
 
@@ -895,7 +882,7 @@ impl<D: Device> OpHandler for Session<D> {
                 for (address, size) in &module.variables {
                     self.ranges.remove_within(*address, *size, RangeKind::Variable);
                 }
-                module.module.map_or(Ok(()), |module| self.device.unload_module(module))
+                self.device.unload_module(module.module)
             }
             None => Err(CudaError::INVALID_VALUE),
         };

@@ -13,10 +13,7 @@ use std::sync::{LazyLock, Mutex};
 use flyt_client::link;
 use flyt_protocol::ops::{JitOption, LinkOutcome};
 
-use super::module::{
-    JIT_ERROR_LOG_BUFFER, JIT_ERROR_LOG_BUFFER_SIZE_BYTES, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_BUFFER_SIZE_BYTES, JIT_TARGET_FROM_CUCONTEXT,
-    JIT_WALL_TIME,
-};
+use super::module::{app_path, file_error};
 use super::session::{client, driver_error, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
@@ -37,22 +34,24 @@ struct Log {
     size_slot: Option<Slot>,
 }
 
-/// The JIT options of one call, sorted: forwarded to the server, or answered here.
+/// The JIT options of one call, sorted: forwarded to the server, or answered here. Module loads
+/// (`cuModuleLoadDataEx`, `cuLibraryLoadData`) read theirs the same way.
 #[derive(Default)]
-struct Options {
-    forwarded: Vec<JitOption>,
+pub(super) struct Options {
+    pub(super) forwarded: Vec<JitOption>,
     info_log: Option<Log>,
     error_log: Option<Log>,
     wall_time: Option<Slot>,
 }
 
 impl Options {
-    /// Reads the app's option arrays.
+    /// Reads the app's option arrays; an option no end can take (a host pointer, a result written
+    /// into its slot) is refused with one line saying it is not supported `through` what.
     ///
     /// # Safety
     /// `options` and `values` are NULL or arrays of `count` entries, as the driver API requires;
     /// a log buffer is writable for the size given beside it.
-    unsafe fn parse(options: *mut CUjit_option, values: *mut *mut c_void, count: c_uint) -> DriverResult<Self> {
+    pub(super) unsafe fn parse(options: *mut CUjit_option, values: *mut *mut c_void, count: c_uint, through: &str) -> DriverResult<Self> {
         let mut parsed = Self::default();
         if count == 0 {
             return Ok(parsed);
@@ -68,23 +67,17 @@ impl Options {
             // SAFETY: as above; the slot holds the option's value.
             let value = unsafe { *slot } as usize;
             match option {
-                JIT_WALL_TIME => parsed.wall_time = Some(Slot(slot)),
-                JIT_INFO_LOG_BUFFER => info.buffer = value as *mut c_char,
-                JIT_INFO_LOG_BUFFER_SIZE_BYTES => (info.size, info.size_slot) = (value, Some(Slot(slot))),
-                JIT_ERROR_LOG_BUFFER => error.buffer = value as *mut c_char,
-                JIT_ERROR_LOG_BUFFER_SIZE_BYTES => (error.size, error.size_slot) = (value, Some(Slot(slot))),
-                // The server links for its own context's device.
-                JIT_TARGET_FROM_CUCONTEXT => {}
+                JitOption::WALL_TIME => parsed.wall_time = Some(Slot(slot)),
+                JitOption::INFO_LOG_BUFFER => info.buffer = value as *mut c_char,
+                JitOption::INFO_LOG_BUFFER_SIZE_BYTES => (info.size, info.size_slot) = (value, Some(Slot(slot))),
+                JitOption::ERROR_LOG_BUFFER => error.buffer = value as *mut c_char,
+                JitOption::ERROR_LOG_BUFFER_SIZE_BYTES => (error.size, error.size_slot) = (value, Some(Slot(slot))),
+                // The server compiles for its own context's device.
+                JitOption::TARGET_FROM_CUCONTEXT => {}
                 other if JitOption::FORWARDED.contains(&other) => {
                     parsed.forwarded.push(JitOption { option: other, value: value as u64 });
                 }
-                other => {
-                    crate::diagnostics::once(
-                        &format!("link-option-{other}"),
-                        &format!("flyt: JIT option {other} is not supported through Flyt's linker (returning CUDA_ERROR_NOT_SUPPORTED)"),
-                    );
-                    return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-                }
+                other => return Err(refuse_option(other, through)),
             }
         }
         parsed.info_log = (!info.buffer.is_null() && info.size > 0).then_some(info);
@@ -93,7 +86,7 @@ impl Options {
     }
 
     /// Writes a step's logs and wall time where the app asked for them.
-    fn report(&self, outcome: &LinkOutcome) {
+    pub(super) fn report(&self, outcome: &LinkOutcome) {
         for (log, text) in [(self.info_log, &outcome.info_log), (self.error_log, &outcome.error_log)] {
             let Some(log) = log else { continue };
             let len = text.len().min(log.size - 1);
@@ -116,6 +109,15 @@ impl Options {
     }
 }
 
+/// An option Flyt cannot take, named once.
+pub(super) fn refuse_option(option: CUjit_option, through: &str) -> CUresult {
+    crate::diagnostics::once(
+        &format!("jit-option-{option}-{through}"),
+        &format!("flyt: JIT option {option} is not supported through {through} (returning CUDA_ERROR_NOT_SUPPORTED)"),
+    );
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
 /// A link the app holds.
 struct Link {
     id: u64,
@@ -128,6 +130,9 @@ struct Link {
 // SAFETY: the raw pointers are the app's log buffers and option slots, which the driver API
 // makes the app keep valid for the link's life; they are written only inside cuLink* calls.
 unsafe impl Send for Link {}
+
+/// What refused link options are said not to be supported through.
+const LINKER: &str = "Flyt's linker";
 
 static LINKS: LazyLock<Mutex<HashMap<usize, Link>>> = LazyLock::new(Mutex::default);
 
@@ -151,7 +156,7 @@ pub unsafe fn cuLinkCreate_v2(
     run(|| {
         non_null([state_out.cast()])?;
         // SAFETY: the caller's option arrays, per the driver API.
-        let options = unsafe { Options::parse(options, option_values, num_options) }?;
+        let options = unsafe { Options::parse(options, option_values, num_options, LINKER) }?;
         let client = client()?;
         let log_size = |log: Option<Log>| log.map_or(0, |log| u32::try_from(log.size).unwrap_or(u32::MAX));
         let id = link::create(client, options.forwarded.clone(), log_size(options.info_log), log_size(options.error_log))
@@ -203,7 +208,7 @@ pub unsafe fn cuLinkAddData_v2(
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the caller's option arrays, per the driver API.
-        let options = unsafe { Options::parse(options, option_values, num_options) }?;
+        let options = unsafe { Options::parse(options, option_values, num_options, LINKER) }?;
         // SAFETY: `data` holds `size` bytes, per the driver API; they are copied out at once.
         let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) };
         // SAFETY: NULL or a C string, per the driver API.
@@ -220,21 +225,14 @@ pub unsafe fn cuLinkAddFile_v2(
     option_values: *mut *mut c_void,
 ) -> CUresult {
     run(|| {
-        non_null([path.cast()])?;
+        let file = app_path(path)?;
         // SAFETY: the caller's option arrays, per the driver API.
-        let options = unsafe { Options::parse(options, option_values, num_options) }?;
-        // SAFETY: checked non-NULL; a NUL-terminated path per the driver API.
-        let path = unsafe { CStr::from_ptr(path) };
-        let file = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
-        // The file is read where the app named it, on the client.
-        let mut bytes = std::fs::read(file).map_err(|error| match error.kind() {
-            std::io::ErrorKind::NotFound => CUresult::CUDA_ERROR_FILE_NOT_FOUND,
-            _ => CUresult::CUDA_ERROR_INVALID_VALUE,
-        })?;
+        let options = unsafe { Options::parse(options, option_values, num_options, LINKER) }?;
+        let mut bytes = std::fs::read(file).map_err(file_error)?;
         if type_ == JIT_INPUT_PTX && bytes.last() != Some(&0) {
             bytes.push(0);
         }
-        add(state, type_, &bytes, path.to_string_lossy().into_owned(), options)
+        add(state, type_, &bytes, file.to_string_lossy().into_owned(), options)
     })
 }
 

@@ -17,7 +17,7 @@ use flyt_client::client::Client;
 use flyt_client::images::{self, Image};
 use flyt_client::launch::{Args, Config};
 use flyt_client::registry::{self, Function};
-use flyt_protocol::ops::{Dim3, LaunchAttribute, req};
+use flyt_protocol::ops::{Dim3, JitOption, LaunchAttribute, LinkOutcome, req};
 
 use super::session::{client, driver_error, resolve_stream, run};
 use crate::CUresult;
@@ -56,51 +56,19 @@ fn function<T>(handle: *mut T) -> DriverResult<Arc<Function>> {
 
 // -- loading --
 
-/// `CU_JIT_*` options that only ask for information back (wall time, logs and their sizes) or
-/// restate what Flyt does anyway (target from the context): answered with no log and no time.
-/// Options that change the generated code are refused, never silently dropped.
-pub(super) const JIT_WALL_TIME: CUjit_option = 2;
-pub(super) const JIT_INFO_LOG_BUFFER: CUjit_option = 3;
-pub(super) const JIT_INFO_LOG_BUFFER_SIZE_BYTES: CUjit_option = 4;
-pub(super) const JIT_ERROR_LOG_BUFFER: CUjit_option = 5;
-pub(super) const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: CUjit_option = 6;
-pub(super) const JIT_TARGET_FROM_CUCONTEXT: CUjit_option = 8;
-pub(super) const JIT_LOG_VERBOSE: CUjit_option = 12;
-
-/// Checks JIT options and fills in their answers (empty logs, zero time).
+/// Checks a module load's JIT options and answers them: empty logs, zero time. Options that
+/// would change the generated code are refused, never silently dropped (the load carries none to
+/// the server); `CU_JIT_LOG_VERBOSE` only asks for more log, of which there is none.
 ///
 /// # Safety
-/// `options` and `values` are NULL or arrays of `count` entries, as the driver API requires.
+/// As for [`super::link::Options::parse`].
 unsafe fn answer_jit_options(options: *mut CUjit_option, values: *mut *mut c_void, count: c_uint) -> DriverResult {
-    if count == 0 {
-        return Ok(());
+    // SAFETY: forwarded contract.
+    let parsed = unsafe { super::link::Options::parse(options, values, count, "Flyt") }?;
+    if let Some(code_option) = parsed.forwarded.iter().find(|option| option.option != JitOption::LOG_VERBOSE) {
+        return Err(super::link::refuse_option(code_option.option, "Flyt"));
     }
-    non_null([options.cast(), values.cast()])?;
-    for index in 0..count as usize {
-        // SAFETY: both arrays have `count` entries (the caller's contract).
-        let (option, value) = unsafe { (*options.add(index), values.add(index)) };
-        match option {
-            // SAFETY: the value slot is the caller's; for sizes and time the driver writes the
-            // result back into it.
-            JIT_WALL_TIME | JIT_INFO_LOG_BUFFER_SIZE_BYTES | JIT_ERROR_LOG_BUFFER_SIZE_BYTES => unsafe { *value = std::ptr::null_mut() },
-            JIT_INFO_LOG_BUFFER | JIT_ERROR_LOG_BUFFER => {
-                // SAFETY: a log buffer of the size given beside it (at least one byte when given).
-                let buffer = unsafe { *value }.cast::<c_char>();
-                if !buffer.is_null() {
-                    // SAFETY: as above.
-                    unsafe { *buffer = 0 };
-                }
-            }
-            JIT_TARGET_FROM_CUCONTEXT | JIT_LOG_VERBOSE => {}
-            other => {
-                crate::diagnostics::once(
-                    &format!("jit-option-{other}"),
-                    &format!("flyt: JIT option {other} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"),
-                );
-                return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-            }
-        }
-    }
+    parsed.report(&LinkOutcome::default());
     Ok(())
 }
 
@@ -159,14 +127,23 @@ unsafe fn image_at(ptr: *const c_void) -> Option<Image> {
 }
 
 fn image_from_file(name: *const c_char) -> DriverResult<Image> {
+    images::image_from_file(app_path(name)?).map(|(image, _)| image).map_err(file_error)
+}
+
+/// A file name the app passed (files are read on the client, where the app named them).
+pub(super) fn app_path<'a>(name: *const c_char) -> DriverResult<&'a std::path::Path> {
     non_null([name.cast()])?;
-    // SAFETY: checked non-NULL; a NUL-terminated path per the driver API.
+    // SAFETY: checked non-NULL; a NUL-terminated path per the driver API, valid for the call.
     let path = unsafe { CStr::from_ptr(name) };
-    let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
-    images::image_from_file(path).map(|(image, _)| image).map_err(|error| match error.kind() {
+    Ok(std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes())))
+}
+
+/// A file that could not be read, in the driver's terms.
+pub(super) fn file_error(error: std::io::Error) -> CUresult {
+    match error.kind() {
         std::io::ErrorKind::NotFound => CUresult::CUDA_ERROR_FILE_NOT_FOUND,
         _ => CUresult::CUDA_ERROR_INVALID_VALUE,
-    })
+    }
 }
 
 pub unsafe fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use flyt_test_support::{Server, run_with_timeout, scratch_dir, shim_lib_dir};
+use flyt_test_support::{Server, artifact, exported_functions, run_with_timeout, scratch_dir, shim_lib_dir};
 
 fn build(name: &str) -> Option<(PathBuf, PathBuf)> {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
@@ -55,4 +55,23 @@ fn without_a_reachable_server_nvml_init_says_no_driver() {
     assert_ne!(code, 0);
     // nvmlInit_v2 failed with NVML_ERROR_DRIVER_NOT_LOADED (9) where the program expects success.
     assert!(stdout.contains("nvmlInit_v2() = 9, expected 0"), "{stdout}\n{stderr}");
+}
+
+#[test]
+fn every_function_pytorch_looks_up_and_every_refused_one_is_exported() {
+    // PyTorch's DriverAPI asserts on a missing NVML symbol, so refused functions are exported too.
+    let exported = exported_functions(&artifact("libflyt_nvml_lib.so"));
+    let pytorch = [
+        "nvmlInit_v2",
+        "nvmlDeviceGetHandleByPciBusId_v2",
+        "nvmlDeviceGetNvLinkRemoteDeviceType",
+        "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlSystemGetCudaDriverVersion_v2",
+        "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetUUID",
+    ];
+    let missing: Vec<&str> = pytorch.iter().chain(flyt_nvml::UNSUPPORTED).copied().filter(|name| !exported.contains(*name)).collect();
+    assert!(missing.is_empty(), "not exported: {missing:?}");
 }

@@ -82,12 +82,6 @@ impl RawDriver {
     }
 }
 
-/// `CU_JIT_*` options the server sets on every link for itself: wall time and the logs.
-const JIT_WALL_TIME: c_int = 2;
-const JIT_INFO_LOG_BUFFER: c_int = 3;
-const JIT_INFO_LOG_BUFFER_SIZE_BYTES: c_int = 4;
-const JIT_ERROR_LOG_BUFFER: c_int = 5;
-const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
 /// The largest `CUjitInputType` (`CU_JIT_INPUT_NVVM`).
 const JIT_INPUT_LAST: u32 = 5;
 
@@ -482,11 +476,16 @@ impl Device for CudaDevice {
     fn link_create(&self, options: &[JitOption], info_log: usize, error_log: usize) -> CudaResult<CudaLink> {
         let mut info_log = vec![0u8; info_log.max(1)].into_boxed_slice();
         let mut error_log = vec![0u8; error_log.max(1)].into_boxed_slice();
-        // The wall time first (its slot is read back by position), then the logs, then the app's.
-        let (mut ids, mut values) = (
-            vec![JIT_WALL_TIME, JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_BUFFER_SIZE_BYTES, JIT_ERROR_LOG_BUFFER, JIT_ERROR_LOG_BUFFER_SIZE_BYTES],
-            vec![0, info_log.as_mut_ptr() as usize, info_log.len(), error_log.as_mut_ptr() as usize, error_log.len()],
-        );
+        // The server's own options first (the wall time's slot is read back by position), then
+        // the app's.
+        let own = [
+            (JitOption::WALL_TIME, 0),
+            (JitOption::INFO_LOG_BUFFER, info_log.as_mut_ptr() as usize),
+            (JitOption::INFO_LOG_BUFFER_SIZE_BYTES, info_log.len()),
+            (JitOption::ERROR_LOG_BUFFER, error_log.as_mut_ptr() as usize),
+            (JitOption::ERROR_LOG_BUFFER_SIZE_BYTES, error_log.len()),
+        ];
+        let (mut ids, mut values) = jit_arrays(&own.map(|(option, value)| JitOption { option, value: value as u64 }));
         let (app_ids, app_values) = jit_arrays(options);
         ids.extend(app_ids);
         values.extend(app_values);
@@ -508,7 +507,7 @@ impl Device for CudaDevice {
         })
     }
 
-    fn link_add(&self, link: &mut CudaLink, kind: u32, name: &str, data: &[u8], options: &[JitOption]) -> LinkOutcome {
+    fn link_add(&self, link: &mut CudaLink, kind: u32, name: &str, data: Vec<u8>, options: &[JitOption]) -> LinkOutcome {
         let refused = |error| LinkOutcome { error: Some(error), ..link.outcome(0) };
         if kind > JIT_INPUT_LAST {
             return refused(CudaError::INVALID_VALUE);
@@ -516,7 +515,7 @@ impl Device for CudaDevice {
         let Ok(name) = CString::new(name) else { return refused(CudaError::INVALID_VALUE) };
         let (mut ids, mut values) = jit_arrays(options);
         let Ok(count) = c_uint::try_from(ids.len()) else { return refused(CudaError::INVALID_VALUE) };
-        let mut input: Box<[u8]> = data.into();
+        let mut input = data.into_boxed_slice();
         // SAFETY: the link is live; `input` is kept in the link until it is destroyed; `name`
         // and the option arrays (`count` entries) outlive the call.
         let code = unsafe {

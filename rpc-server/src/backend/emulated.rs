@@ -269,7 +269,7 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    fn link_add(&self, _link: &mut (), _kind: u32, _name: &str, _data: &[u8], _options: &[JitOption]) -> LinkOutcome {
+    fn link_add(&self, _link: &mut (), _kind: u32, _name: &str, _data: Vec<u8>, _options: &[JitOption]) -> LinkOutcome {
         no_linker()
     }
 

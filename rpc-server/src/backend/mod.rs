@@ -91,7 +91,7 @@ pub trait Device: Send + Sync + 'static {
     /// the given sizes.
     fn link_create(&self, options: &[JitOption], info_log: usize, error_log: usize) -> CudaResult<Self::Link>;
     /// `cuLinkAddData`: `kind` is a `CUjitInputType`, not yet checked.
-    fn link_add(&self, link: &mut Self::Link, kind: u32, name: &str, data: &[u8], options: &[JitOption]) -> LinkOutcome;
+    fn link_add(&self, link: &mut Self::Link, kind: u32, name: &str, data: Vec<u8>, options: &[JitOption]) -> LinkOutcome;
     /// `cuLinkComplete`: the outcome, and the cubin when it succeeded.
     fn link_complete(&self, link: &mut Self::Link) -> (LinkOutcome, Vec<u8>);
     /// Launches with arguments packed by the kernel's parameter layout.
