@@ -61,6 +61,8 @@ pub struct Module {
 struct Found {
     functions: HashMap<String, Arc<Function>>,
     variables: HashMap<String, (u64, u64)>,
+    /// Every kernel's name, once asked for.
+    names: Option<Arc<Vec<String>>>,
 }
 
 /// A kernel found by name in a loaded module.
@@ -215,6 +217,28 @@ pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &s
     ranges.add_variables(std::iter::once((reply.address, reply.size)));
     lock(&found).variables.insert(name.to_owned(), (reply.address, reply.size));
     Ok((reply.address, reply.size))
+}
+
+/// The kernels of a live module, each found as by [`function_by_name`] (so each has its handle),
+/// in the driver's order. The list is asked once per module.
+pub fn functions_of(conn: &Arc<Conn>, id: u32) -> CudaResult<Vec<Arc<Function>>> {
+    let (registration, found) = {
+        let registry = read();
+        let module = live(&registry, id)?;
+        send_if_unsent(conn, module);
+        (module.registration.clone(), module.found.clone())
+    };
+    let cached = lock(&found).names.clone();
+    let names = match cached {
+        Some(names) => names,
+        None => {
+            let reply: rep::ModuleFunctionNames = ask(conn, id, &registration, req::ModuleFunctionNames { module: id })?;
+            let names = Arc::new(reply.names);
+            lock(&found).names = Some(names.clone());
+            names
+        }
+    };
+    names.iter().map(|name| function_by_name(conn, id, name)).collect()
 }
 
 /// Asks the server about a module by name. A module the server could not load answers with why

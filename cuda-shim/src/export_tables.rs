@@ -8,7 +8,9 @@
 //! answers CUDA_ERROR_NOT_SUPPORTED, so the next gap shows in one run. Sizes are the real driver 580's.
 //! An unknown UUID is CUDA_ERROR_INVALID_VALUE, as from the real driver.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU32;
 
 use crate::CUresult;
@@ -16,7 +18,7 @@ use crate::context::ClsDestroy;
 use crate::driver::driver;
 use crate::exports::Address;
 use crate::ffi::{DriverResult, boundary, finish, write_out};
-use crate::generated::types::{CUcontext, CUdevice, CUjit_option, CUmodule};
+use crate::generated::types::{CUcontext, CUdevice, CUjit_option, CUmodule, CUstream};
 use crate::integrity::{DeviceIdentity, Header, check_value};
 
 /// The largest table (ToolsModule, 99 words) fits.
@@ -163,11 +165,19 @@ tables! {
         5 => tools_device_attribute_property,
         13 => tools_device_query_ttu,
     }
-    7 RUNTIME_UNKNOWN_F8CFF951 "(unnamed, requested by every runtime)" "f8cff951-2146-8b4e-b9e2-fb469e7c0dd9" [3 sized] {}
+    7 RUNTIME_LOG "(unnamed: the runtime's error log)" "f8cff951-2146-8b4e-b9e2-fb469e7c0dd9" [3 sized] {
+        1 => runtime_log_message,
+    }
     8 CTX_CREATE_BYPASS "CtxCreateBypass" "0ca50b8c-1004-929a-89a7-d0df10e77286" [2 sized] {}
     9 HYBRID_CUDART "HybridCudart" "dd9e98a4-f410-4844-99b0-e2aeb7b432b5" [3 sized] {}
-    10 TOOLS_CONTEXT "ToolsContext" "21318c60-9714-3248-8ca6-41ff7324c8f2" [93 sized] {}
-    11 TOOLS_MODULE "ToolsModule" "6e163fbe-b958-444d-835c-e182aff1991e" [99 sized] {}
+    10 TOOLS_CONTEXT "ToolsContext" "21318c60-9714-3248-8ca6-41ff7324c8f2" [93 sized] {
+        4 => tools_context_is_valid,
+        39 => tools_context_stream_id,
+        51 => tools_context_stream_object,
+    }
+    11 TOOLS_MODULE "ToolsModule" "6e163fbe-b958-444d-835c-e182aff1991e" [99 sized] {
+        7 => tools_module_each_function,
+    }
     12 TOOLS_MEMORY "ToolsMemory" "bfdb432d-bf3c-5a4a-945e-b34029e81e75" [60 sized] {}
     13 TOOLS_MEM_COPY "ToolsMemCopy" "35770f1b-092e-0348-a48e-056fc423968d" [10 sized] {}
     14 PYTORCH_UNKNOWN_69A28E9F "(unnamed, requested with PyTorch)" "69a28e9f-2449-8b47-b030-c5da330ea4e9" [34 sized] {}
@@ -441,6 +451,104 @@ unsafe extern "C" fn tools_device_query_ttu(out: *mut u8, dev: CUdevice) -> CUre
             // SAFETY: the caller passes NULL or a writable byte.
             unsafe { write_out(out, 0) }
         })())
+    })
+}
+
+// -- the runtime's error log --
+
+/// Entry 1: the runtime files an error message (its component name, a level, a printf format and
+/// its `va_list`) with the driver, for `cuLogsDumpToMemory`. Flyt keeps no driver log: the message
+/// is dropped and the runtime's own error return is unchanged (it ignores this result).
+extern "C" fn runtime_log_message(_component: *const c_char, _level: c_int, _format: *const c_char, _args: *mut c_void) -> CUresult {
+    CUresult::CUDA_SUCCESS
+}
+
+// -- ToolsContext (cuBLAS, cuBLASLt, cuSOLVER, cuFFT, PyTorch) --
+
+/// Entry 4, called before most library calls: whether `ctx` is a live context. The real driver
+/// writes a 64-bit 1 for the current context (measured: `gpu-tests/probes/tools_probe.c`).
+unsafe extern "C" fn tools_context_is_valid(ctx: CUcontext, out: *mut u64) -> CUresult {
+    boundary("ToolsContext[4]", || {
+        finish((|| {
+            let driver = driver();
+            driver.alive()?;
+            let live = driver.contexts.lookup_or_current(ctx).is_ok_and(|context| context.usable().is_ok());
+            // SAFETY: the caller passes NULL or a writable 64-bit word.
+            unsafe { write_out(out, u64::from(live)) }
+        })())
+    })
+}
+
+/// What entry 51 hands out for a stream: laid out as the driver's own stream object begins
+/// (`{1, 0, ctx, 0, 0, 1, 0, 0}`, measured), in case a library reads it, then the stream's id.
+#[repr(C)]
+pub struct StreamObject {
+    driver_words: [u64; 8],
+    id: u64,
+}
+
+/// Stream objects by stream id, kept for the life of the process (one per stream ever asked
+/// about: the libraries hold on to them).
+static STREAM_OBJECTS: Mutex<Option<HashMap<u64, Box<StreamObject>>>> = Mutex::new(None);
+
+/// Entry 51 (cuBLAS and cuSOLVER, per call): the object behind a stream handle (NULL: the legacy
+/// stream), which entry 39 takes.
+unsafe extern "C" fn tools_context_stream_object(
+    ctx: CUcontext,
+    stream: CUstream,
+    out: *mut *const StreamObject,
+    _flags: c_uint,
+) -> CUresult {
+    boundary("ToolsContext[51]", || {
+        finish((|| {
+            let context = driver().contexts.lookup_or_current(ctx)?;
+            context.usable()?;
+            let id = crate::api::stream_id(stream, false)?;
+            let mut objects = STREAM_OBJECTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let object = objects
+                .get_or_insert_with(HashMap::new)
+                .entry(id)
+                .or_insert_with(|| Box::new(StreamObject { driver_words: [1, 0, context.handle() as u64, 0, 0, 1, 0, 0], id }));
+            let address: *const StreamObject = &**object;
+            // SAFETY: the caller passes NULL or a writable pointer; the object is boxed and never freed.
+            unsafe { write_out(out, address) }
+        })())
+    })
+}
+
+/// Entry 39: the id of a stream object from entry 51, as `cuStreamGetId` reports it (measured).
+unsafe extern "C" fn tools_context_stream_id(ctx: CUcontext, object: *const StreamObject, out: *mut u64) -> CUresult {
+    boundary("ToolsContext[39]", || {
+        finish((|| {
+            driver().contexts.lookup_or_current(ctx)?.usable()?;
+            let objects = STREAM_OBJECTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Only an object handed out here is read.
+            let id = objects
+                .iter()
+                .flat_map(|map| map.values())
+                .find(|known| std::ptr::eq(&***known, object))
+                .map(|known| known.id)
+                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            // SAFETY: the caller passes NULL or a writable 64-bit word.
+            unsafe { write_out(out, id) }
+        })())
+    })
+}
+
+// -- ToolsModule (cuFFT) --
+
+/// Entry 7: calls `visit(opaque, function, name)` for each kernel of `module`, in the driver's
+/// order, and returns how many it visited (measured: the result is a count, not a CUresult; the
+/// callback returns nothing). An error visits nothing and returns 0.
+unsafe extern "C" fn tools_module_each_function(
+    _ctx: CUcontext,
+    module: CUmodule,
+    visit: Option<crate::api::module::EachFunction>,
+    opaque: *mut c_void,
+) -> usize {
+    boundary("ToolsModule[7]", || {
+        let Some(visit) = visit else { return 0 };
+        crate::api::module::each_function(module, visit, opaque).unwrap_or(0)
     })
 }
 

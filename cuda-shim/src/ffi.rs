@@ -20,6 +20,13 @@ impl PanicDefault for () {
     fn on_panic() -> Self {}
 }
 
+/// A count (the tools module iterator's result): nothing visited.
+impl PanicDefault for usize {
+    fn on_panic() -> Self {
+        0
+    }
+}
+
 impl PanicDefault for std::ffi::c_int {
     fn on_panic() -> Self {
         0

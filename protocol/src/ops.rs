@@ -138,6 +138,9 @@ macro_rules! for_each_op {
             42 LinkRead link_read [reply bulk_out] { link: u64, offset: u64, len: u64 } -> {};
             /// `cuLinkDestroy`.
             43 LinkDestroy link_destroy [noreply -] { link: u64 } -> {};
+            /// The kernels of a module, by name (`cuModuleEnumerateFunctions`, the tools module
+            /// iterator cuFFT uses), in the driver's order.
+            44 ModuleFunctionNames module_function_names [reply -] { module: u32 } -> { names: Vec<String> };
         }
     };
 }

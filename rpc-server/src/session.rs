@@ -777,6 +777,13 @@ impl<D: Device> OpHandler for Session<D> {
         reply.send(result);
     }
 
+    fn module_function_names(&mut self, request: req::ModuleFunctionNames, reply: Responder<rep::ModuleFunctionNames>) {
+        let Some(loaded) = self.modules.get(&request.module) else {
+            return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
+        };
+        reply.send(self.device.function_names(&loaded.module).map(|names| rep::ModuleFunctionNames { names }));
+    }
+
     fn module_get_global(&mut self, request: req::ModuleGetGlobal, reply: Responder<rep::ModuleGetGlobal>) {
         let Some(loaded) = self.modules.get_mut(&request.module) else {
             return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));

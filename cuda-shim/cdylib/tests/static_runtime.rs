@@ -21,6 +21,24 @@ fn driver_lib_dir(scratch: &Path) -> PathBuf {
     dir
 }
 
+/// Compiles `tests/c/NAME.c` against CUDA 13's cuda.h, linked with Flyt's libcuda.so.1 in `lib`.
+fn compile_driver_program(cuda: &Path, scratch: &Path, lib: &Path, name: &str) -> PathBuf {
+    let program = scratch.join(name);
+    let source = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
+    let status = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Werror", "-O1"])
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg(&source)
+        .arg("-o")
+        .arg(&program)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-l:libcuda.so.1")
+        .status()
+        .expect("a C compiler (cc) is needed for this test");
+    assert!(status.success(), "compiling {source}");
+    program
+}
+
 #[test]
 fn a_static_cudart_program_runs_over_flyt() {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
@@ -127,19 +145,7 @@ fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
     };
     let scratch = scratch_dir("driver-modules");
     let lib = driver_lib_dir(&scratch);
-    let program = scratch.join("driver_modules");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/driver_modules.c");
-    let status = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Werror", "-O1"])
-        .arg(format!("-I{}", cuda.join("include").display()))
-        .arg(source)
-        .arg("-o")
-        .arg(&program)
-        .arg(format!("-L{}", lib.display()))
-        .arg("-l:libcuda.so.1")
-        .status()
-        .expect("a C compiler (cc) is needed for this test");
-    assert!(status.success(), "compiling {source}");
+    let program = compile_driver_program(&cuda, &scratch, &lib, "driver_modules");
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
     let address = &server.addresses[0];
     let run = || {
@@ -178,4 +184,28 @@ fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
     // statistics say so.
     assert_eq!(hits(), hits_before + 2, "{}", server.log_text());
     assert!(stderr.contains("2 offered by digest, 2 of them found in the server's cache"), "{stderr}");
+}
+
+#[test]
+fn library_needs_pitched_copies_stream_ids_and_tool_entries() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("driver-libraries");
+    let lib = driver_lib_dir(&scratch);
+    let program = compile_driver_program(&cuda, &scratch, &lib, "driver_libraries");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    // Over the shared-memory channel and over the socket alone: copies take different paths.
+    for shm in ["on", "off"] {
+        let (code, stdout, stderr) = run_with_timeout(
+            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm),
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stderr.contains("cuMemcpy2D with a CUDA array (CU_MEMORYTYPE_ARRAY) is not supported through Flyt"), "{stderr}");
+        assert!(!stderr.contains("is not implemented"), "{stderr}");
+    }
 }

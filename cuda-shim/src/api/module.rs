@@ -364,6 +364,61 @@ pub unsafe fn cuKernelGetFunction(p_func: *mut CUfunction, kernel: CUkernel) -> 
     })
 }
 
+/// Every kernel of a module, with its handle, in the driver's order.
+pub(crate) fn kernels_of(id: u32, needs_context: bool) -> DriverResult<Vec<Arc<Function>>> {
+    let client = if needs_context { client()? } else { session_client()? };
+    registry::functions_of(&client.conn, id).map_err(driver_error)
+}
+
+fn write_count(count: *mut c_uint, id: u32, needs_context: bool) -> DriverResult {
+    non_null([count.cast()])?;
+    let n = c_uint::try_from(kernels_of(id, needs_context)?.len()).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(count, n) }
+}
+
+/// Writes up to `room` handles (the caller's buffer size, as the driver takes it).
+fn write_handles<T>(out: *mut *mut T, room: c_uint, id: u32, needs_context: bool) -> DriverResult {
+    non_null([out.cast()])?;
+    for (index, kernel) in kernels_of(id, needs_context)?.iter().take(room as usize).enumerate() {
+        // SAFETY: `out` is non-NULL with room for `room` handles (the driver API's contract).
+        unsafe { out.add(index).write(function_handle(kernel)) };
+    }
+    Ok(())
+}
+
+pub unsafe fn cuModuleGetFunctionCount(count: *mut c_uint, module: CUmodule) -> CUresult {
+    run(|| write_count(count, module_id(module)?, true))
+}
+
+pub unsafe fn cuModuleEnumerateFunctions(functions: *mut CUfunction, num_functions: c_uint, module: CUmodule) -> CUresult {
+    run(|| write_handles(functions, num_functions, module_id(module)?, true))
+}
+
+pub unsafe fn cuLibraryGetKernelCount(count: *mut c_uint, lib: CUlibrary) -> CUresult {
+    run(|| write_count(count, module_id(lib)?, false))
+}
+
+pub unsafe fn cuLibraryEnumerateKernels(kernels: *mut CUkernel, num_kernels: c_uint, lib: CUlibrary) -> CUresult {
+    run(|| write_handles(kernels, num_kernels, module_id(lib)?, false))
+}
+
+/// What the tools module iterator (cuFFT's way to its kernels) hands each kernel to: the
+/// caller's opaque word, the `CUfunction` and its name. Returns the number of kernels visited.
+pub(crate) type EachFunction = unsafe extern "C" fn(*mut c_void, CUfunction, *const c_char);
+
+pub(crate) fn each_function(module: CUmodule, visit: EachFunction, opaque: *mut c_void) -> DriverResult<usize> {
+    let kernels = kernels_of(module_id(module)?, true)?;
+    for kernel in &kernels {
+        let mut name: *const c_char = std::ptr::null();
+        write_name(&mut name, function_handle::<c_void>(kernel))?;
+        // SAFETY: the library's callback with its own opaque word, a live kernel's handle and a
+        // name kept for the life of the process.
+        unsafe { visit(opaque, function_handle(kernel), name) };
+    }
+    Ok(kernels.len())
+}
+
 fn find_global(dptr: *mut CUdeviceptr, bytes: *mut usize, id: u32, name: *const c_char, client: &Client) -> DriverResult {
     let name = name_of(name)?;
     let (address, size) = registry::global_by_name(&client.conn, &client.ranges, id, &name).map_err(|error| match error {

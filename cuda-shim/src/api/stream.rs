@@ -2,7 +2,7 @@
 //! session. Stream and event handles are ids the client chooses (no round trip), shared with the
 //! runtime front.
 
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_int, c_uint, c_ulonglong};
 
 use flyt_protocol::ops::req;
 
@@ -242,6 +242,32 @@ macro_rules! stream_queries {
             })
         }
     )*};
+}
+
+/// What `cuStreamGetId` reports for the legacy default stream: created streams report their wire
+/// ids, which start far above it, so every stream's id is unique in the process.
+const LEGACY_STREAM_ID: u64 = 1;
+
+/// A stream's process-unique id, as `cuStreamGetId` reports it.
+pub(crate) fn stream_id(stream: CUstream, ptds: bool) -> DriverResult<u64> {
+    let id = resolve_stream(client()?, stream, ptds)?;
+    Ok(if id == 0 { LEGACY_STREAM_ID } else { id })
+}
+
+pub unsafe fn cuStreamGetId(h_stream: CUstream, stream_id_out: *mut c_ulonglong) -> CUresult {
+    run(|| {
+        non_null([stream_id_out.cast()])?;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(stream_id_out, stream_id(h_stream, false)?) }
+    })
+}
+
+pub unsafe fn cuStreamGetId_ptsz(h_stream: CUstream, stream_id_out: *mut c_ulonglong) -> CUresult {
+    run(|| {
+        non_null([stream_id_out.cast()])?;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(stream_id_out, stream_id(h_stream, true)?) }
+    })
 }
 
 stream_queries! {

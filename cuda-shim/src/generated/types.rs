@@ -581,10 +581,26 @@ pub struct CUDA_MEMCPY2D_v1_st {
     _opaque: [u8; 0],
 }
 pub type CUDA_MEMCPY2D_v1 = CUDA_MEMCPY2D_v1_st;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUmemorytype = c_uint;
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_MEMCPY2D_st {
-    _opaque: [u8; 0],
+    pub srcXInBytes: usize,
+    pub srcY: usize,
+    pub srcMemoryType: CUmemorytype,
+    pub srcHost: *const c_void,
+    pub srcDevice: CUdeviceptr,
+    pub srcArray: CUarray,
+    pub srcPitch: usize,
+    pub dstXInBytes: usize,
+    pub dstY: usize,
+    pub dstMemoryType: CUmemorytype,
+    pub dstHost: *mut c_void,
+    pub dstDevice: CUdeviceptr,
+    pub dstArray: CUarray,
+    pub dstPitch: usize,
+    pub WidthInBytes: usize,
+    pub Height: usize,
 }
 pub type CUDA_MEMCPY2D_v2 = CUDA_MEMCPY2D_st;
 pub type CUDA_MEMCPY2D = CUDA_MEMCPY2D_v2;
@@ -709,6 +725,7 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st {
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1 = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st;
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1;
 
+const _: () = assert!(size_of::<CUDA_MEMCPY2D_st>() == 128 && align_of::<CUDA_MEMCPY2D_st>() == 8);
 const _: () = assert!(size_of::<CUctxCigParam_st>() == 16 && align_of::<CUctxCigParam_st>() == 8);
 const _: () = assert!(size_of::<CUctxCreateParams_st>() == 24 && align_of::<CUctxCreateParams_st>() == 8);
 const _: () = assert!(size_of::<CUdevprop_st>() == 56 && align_of::<CUdevprop_st>() == 4);

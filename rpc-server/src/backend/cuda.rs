@@ -48,6 +48,9 @@ struct RawDriver {
         unsafe extern "C" fn(sys::CUlinkState, c_int, *mut c_void, usize, *const c_char, c_uint, *mut c_int, *mut *mut c_void) -> u32,
     link_complete: unsafe extern "C" fn(sys::CUlinkState, *mut *mut c_void, *mut usize) -> u32,
     link_destroy: unsafe extern "C" fn(sys::CUlinkState) -> u32,
+    module_get_function_count: unsafe extern "C" fn(*mut c_uint, sys::CUmodule) -> u32,
+    module_enumerate_functions: unsafe extern "C" fn(*mut sys::CUfunction, c_uint, sys::CUmodule) -> u32,
+    func_get_name: unsafe extern "C" fn(*mut *const c_char, sys::CUfunction) -> u32,
 }
 
 fn raw_check(code: u32) -> CudaResult<()> {
@@ -77,6 +80,9 @@ impl RawDriver {
                 link_add_data: symbol!("cuLinkAddData_v2"),
                 link_complete: symbol!("cuLinkComplete"),
                 link_destroy: symbol!("cuLinkDestroy"),
+                module_get_function_count: symbol!("cuModuleGetFunctionCount"),
+                module_enumerate_functions: symbol!("cuModuleEnumerateFunctions"),
+                func_get_name: symbol!("cuFuncGetName"),
             })
         }
     }
@@ -458,6 +464,28 @@ impl Device for CudaDevice {
             params.push(ParamInfo { offset, size });
         }
         Ok((Handle(function), params))
+    }
+
+    fn function_names(&self, module: &Self::Module) -> CudaResult<Vec<String>> {
+        let mut count: c_uint = 0;
+        // SAFETY: `module` is a loaded module of this session; valid out-pointer.
+        raw_check(unsafe { (self.raw.module_get_function_count)(&mut count, module.0) })?;
+        let mut functions: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); count as usize];
+        // SAFETY: room for `count` handles, as asked.
+        raw_check(unsafe { (self.raw.module_enumerate_functions)(functions.as_mut_ptr(), count, module.0) })?;
+        functions
+            .into_iter()
+            .map(|function| {
+                let mut name: *const c_char = std::ptr::null();
+                // SAFETY: a function of the loaded module; valid out-pointer.
+                raw_check(unsafe { (self.raw.func_get_name)(&mut name, function) })?;
+                if name.is_null() {
+                    return Err(CudaError::UNKNOWN);
+                }
+                // SAFETY: the driver's NUL-terminated name, alive while the module is loaded.
+                Ok(unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned())
+            })
+            .collect()
     }
 
     fn variable(&self, module: &Self::Module, name: &str) -> CudaResult<(u64, u64)> {

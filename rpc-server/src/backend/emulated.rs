@@ -257,6 +257,10 @@ impl Device for EmulatedDevice {
         Err(NO_GPU_CODE)
     }
 
+    fn function_names(&self, _module: &()) -> CudaResult<Vec<String>> {
+        Err(NO_GPU_CODE)
+    }
+
     fn variable(&self, _module: &(), _name: &str) -> CudaResult<(u64, u64)> {
         Err(NO_GPU_CODE)
     }

@@ -84,6 +84,8 @@ pub trait Device: Send + Sync + 'static {
     fn load_module(&self, image: &[u8]) -> CudaResult<Self::Module>;
     /// A kernel and its parameter layout, from the driver.
     fn function(&self, module: &Self::Module, name: &str) -> CudaResult<(Self::Function, Vec<ParamInfo>)>;
+    /// The names of a module's kernels, in the driver's order.
+    fn function_names(&self, module: &Self::Module) -> CudaResult<Vec<String>>;
     /// A module variable's device address and size.
     fn variable(&self, module: &Self::Module, name: &str) -> CudaResult<(u64, u64)>;
     fn unload_module(&self, module: Self::Module) -> CudaResult<()>;

@@ -1,0 +1,232 @@
+// What NVIDIA's libraries ask of the driver beyond kernels, over Flyt's libcuda.so.1 against the
+// emulated device (host memory): pitched 2D copies (cublasSetMatrix, the static runtime's
+// host-to-host cudaMemcpy), stream ids, pointer attributes as cudaPointerGetAttributes asks for
+// them, and the private ToolsContext/ToolsModule/runtime-log entries cuBLAS, cuSOLVER, cuFFT and
+// the runtime call (their meanings measured on the real driver by gpu-tests/probes).
+#include <cuda.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+static int failures = 0;
+
+static const char *name_of(CUresult r) {
+    const char *name = NULL;
+    cuGetErrorName(r, &name);
+    return name ? name : "?";
+}
+
+#define EXPECT(call, expected)                                                                      \
+    do {                                                                                            \
+        CUresult got_ = (call);                                                                     \
+        if (got_ != (expected)) {                                                                   \
+            printf("FAIL line %d: %s: %s, expected %s\n", __LINE__, #call, name_of(got_),          \
+                   name_of(expected));                                                              \
+            failures++;                                                                             \
+        }                                                                                           \
+    } while (0)
+
+#define CHECK(what, condition)                                                                      \
+    do {                                                                                            \
+        if (!(condition)) {                                                                         \
+            printf("FAIL line %d: %s\n", __LINE__, what);                                           \
+            failures++;                                                                             \
+        }                                                                                           \
+    } while (0)
+
+static const CUuuid TOOLS_CONTEXT = {{0x21, 0x31, (char)0x8c, 0x60, (char)0x97, 0x14, 0x32, 0x48, (char)0x8c, (char)0xa6, 0x41,
+                                      (char)0xff, 0x73, 0x24, (char)0xc8, (char)0xf2}};
+static const CUuuid TOOLS_MODULE = {{0x6e, 0x16, 0x3f, (char)0xbe, (char)0xb9, 0x58, 0x44, 0x4d, (char)0x83, 0x5c, (char)0xe1,
+                                     (char)0x82, (char)0xaf, (char)0xf1, (char)0x99, 0x1e}};
+static const CUuuid RUNTIME_LOG = {{(char)0xf8, (char)0xcf, (char)0xf9, 0x51, 0x21, 0x46, (char)0x8b, 0x4e, (char)0xb9, (char)0xe2,
+                                    (char)0xfb, 0x46, (char)0x9e, 0x7c, 0x0d, (char)0xd9}};
+
+typedef CUresult (*is_valid_fn)(CUcontext, uint64_t *);
+typedef CUresult (*stream_object_fn)(CUcontext, CUstream, void **, unsigned);
+typedef CUresult (*stream_id_fn)(CUcontext, void *, uint64_t *);
+typedef void (*visit_fn)(void *, CUfunction, const char *);
+typedef size_t (*each_function_fn)(CUcontext, CUmodule, visit_fn, void *);
+typedef CUresult (*log_fn)(const char *, int, const char *, void *);
+
+static int visits;
+static void visit(void *opaque, CUfunction function, const char *name) {
+    (void)opaque, (void)function, (void)name;
+    visits++;
+}
+
+// A rectangle of `rows` x `width` bytes at `pitch`, filled with a pattern that names each byte.
+static void fill(unsigned char *p, size_t rows, size_t width, size_t pitch, unsigned char salt) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < pitch; c++) p[r * pitch + c] = c < width ? (unsigned char)(r * 31 + c + salt) : 0xee;
+}
+
+static int same_rect(const unsigned char *a, size_t a_pitch, const unsigned char *b, size_t b_pitch, size_t rows, size_t width) {
+    for (size_t r = 0; r < rows; r++)
+        if (memcmp(a + r * a_pitch, b + r * b_pitch, width)) return 0;
+    return 1;
+}
+
+static CUDA_MEMCPY2D rect(CUmemorytype src_type, const void *src_host, CUdeviceptr src_device, size_t src_pitch, CUmemorytype dst_type,
+                          void *dst_host, CUdeviceptr dst_device, size_t dst_pitch, size_t width, size_t height) {
+    CUDA_MEMCPY2D c;
+    memset(&c, 0, sizeof c);
+    c.srcMemoryType = src_type;
+    c.srcHost = src_host;
+    c.srcDevice = src_device;
+    c.srcPitch = src_pitch;
+    c.dstMemoryType = dst_type;
+    c.dstHost = dst_host;
+    c.dstDevice = dst_device;
+    c.dstPitch = dst_pitch;
+    c.WidthInBytes = width;
+    c.Height = height;
+    return c;
+}
+
+int main(void) {
+    CUdevice device;
+    CUcontext context;
+    EXPECT(cuInit(0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGet(&device, 0), CUDA_SUCCESS);
+    EXPECT(cuDevicePrimaryCtxRetain(&context, device), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
+
+    // Pitched copies: host (pitch 24) -> device (pitch 32) -> host (pitch 20), device -> device
+    // (pitch 40), and contiguous rectangles in one piece; the bytes between rows stay untouched.
+    enum { ROWS = 9, WIDTH = 17 };
+    unsigned char src[ROWS * 24], back[ROWS * 20], again[ROWS * 20], flat[ROWS * WIDTH], host_copy[ROWS * 28];
+    fill(src, ROWS, WIDTH, 24, 3);
+    memset(back, 0x55, sizeof back);
+    memset(again, 0x66, sizeof again);
+    CUdeviceptr pitched = 0, other = 0, contiguous = 0;
+    EXPECT(cuMemAlloc(&pitched, ROWS * 32), CUDA_SUCCESS);
+    EXPECT(cuMemAlloc(&other, ROWS * 40), CUDA_SUCCESS);
+    EXPECT(cuMemAlloc(&contiguous, ROWS * WIDTH), CUDA_SUCCESS);
+    CUDA_MEMCPY2D c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, WIDTH, ROWS);
+    EXPECT(cuMemcpy2D(&c), CUDA_SUCCESS);
+    c = rect(CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, CU_MEMORYTYPE_HOST, back, 0, 20, WIDTH, ROWS);
+    EXPECT(cuMemcpy2D(&c), CUDA_SUCCESS);
+    CHECK("host -> device -> host rectangle", same_rect(src, 24, back, 20, ROWS, WIDTH));
+    CHECK("bytes past the width untouched", back[WIDTH] == 0x55 && back[19] == 0x55);
+    CUstream stream;
+    EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    c = rect(CU_MEMORYTYPE_UNIFIED, NULL, pitched, 32, CU_MEMORYTYPE_UNIFIED, NULL, other, 40, WIDTH, ROWS);
+    EXPECT(cuMemcpy2DAsync(&c, stream), CUDA_SUCCESS);
+    c = rect(CU_MEMORYTYPE_DEVICE, NULL, other, 40, CU_MEMORYTYPE_HOST, again, 0, 20, WIDTH, ROWS);
+    EXPECT(cuMemcpy2DAsync(&c, stream), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
+    CHECK("device -> device rectangle, async", same_rect(src, 24, again, 20, ROWS, WIDTH));
+    c = rect(CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, CU_MEMORYTYPE_DEVICE, NULL, contiguous, WIDTH, WIDTH, ROWS);
+    EXPECT(cuMemcpy2DUnaligned(&c), CUDA_SUCCESS);
+    EXPECT(cuMemcpyDtoH(flat, contiguous, sizeof flat), CUDA_SUCCESS);
+    CHECK("pitched -> contiguous", same_rect(src, 24, flat, WIDTH, ROWS, WIDTH));
+    // An offset sub-rectangle: rows 2.. and columns 5.. of the source.
+    unsigned char sub[4 * 6];
+    c = rect(CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, CU_MEMORYTYPE_HOST, sub, 0, 6, 6, 4);
+    c.srcXInBytes = 5;
+    c.srcY = 2;
+    EXPECT(cuMemcpy2D(&c), CUDA_SUCCESS);
+    CHECK("sub-rectangle", same_rect(src + 2 * 24 + 5, 24, sub, 6, 4, 6));
+    // Host to host (the static runtime's cudaMemcpy with cudaMemcpyHostToHost takes this path).
+    c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_HOST, host_copy, 0, 28, WIDTH, ROWS);
+    EXPECT(cuMemcpy2DUnaligned(&c), CUDA_SUCCESS);
+    CHECK("host -> host rectangle", same_rect(src, 24, host_copy, 28, ROWS, WIDTH));
+    // Refused: a pitch narrower than a row, a device side that is host memory, arrays, NULL.
+    c = rect(CU_MEMORYTYPE_HOST, src, 0, 8, CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, WIDTH, ROWS);
+    EXPECT(cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
+    c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_DEVICE, NULL, (CUdeviceptr)(size_t)back, 32, WIDTH, ROWS);
+    EXPECT(cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
+    c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_ARRAY, NULL, 0, 32, WIDTH, ROWS);
+    c.dstArray = (CUarray)(size_t)0x1000;
+    EXPECT(cuMemcpy2D(&c), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT(cuMemcpy2D(NULL), CUDA_ERROR_INVALID_VALUE);
+
+    // Pointer attributes as the static runtime's cudaPointerGetAttributes asks for them: device
+    // memory has no host pointer, which is NULL among several attributes and an error alone.
+    CUpointer_attribute attributes[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                         CU_POINTER_ATTRIBUTE_HOST_POINTER};
+    unsigned int memory_type = 0;
+    CUdeviceptr device_pointer = 0;
+    void *host_pointer = (void *)1;
+    void *data[3] = {&memory_type, &device_pointer, &host_pointer};
+    EXPECT(cuPointerGetAttributes(3, attributes, data, pitched + 4), CUDA_SUCCESS);
+    CHECK("memory type", memory_type == CU_MEMORYTYPE_DEVICE);
+    CHECK("device pointer", device_pointer == pitched + 4);
+    CHECK("host pointer of device memory", host_pointer == NULL);
+    EXPECT(cuPointerGetAttribute(&host_pointer, CU_POINTER_ATTRIBUTE_HOST_POINTER, pitched), CUDA_ERROR_INVALID_VALUE);
+
+    // Stream ids: unique per stream, the legacy stream's too.
+    CUstream second;
+    EXPECT(cuStreamCreate(&second, 0), CUDA_SUCCESS);
+    unsigned long long legacy_id = 0, null_id = 0, stream_id = 0, second_id = 0, per_thread_id = 0;
+    EXPECT(cuStreamGetId(CU_STREAM_LEGACY, &legacy_id), CUDA_SUCCESS);
+    EXPECT(cuStreamGetId(NULL, &null_id), CUDA_SUCCESS);
+    EXPECT(cuStreamGetId(stream, &stream_id), CUDA_SUCCESS);
+    EXPECT(cuStreamGetId(second, &second_id), CUDA_SUCCESS);
+    EXPECT(cuStreamGetId(CU_STREAM_PER_THREAD, &per_thread_id), CUDA_SUCCESS);
+    CHECK("NULL is the legacy stream", null_id == legacy_id);
+    CHECK("stream ids differ", legacy_id != stream_id && stream_id != second_id && second_id != legacy_id && per_thread_id != legacy_id &&
+                                   per_thread_id != stream_id);
+    EXPECT(cuStreamGetId((CUstream)(size_t)0x777777, &stream_id), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuStreamGetId(stream, NULL), CUDA_ERROR_INVALID_VALUE);
+
+    // ToolsContext: entry 4 says whether a context is live; entry 51 gives a stream's object (the
+    // same one each time) and entry 39 its id, as cuStreamGetId.
+    const void **tools = NULL;
+    EXPECT(cuGetExportTable((const void **)&tools, &TOOLS_CONTEXT), CUDA_SUCCESS);
+    CHECK("ToolsContext size word", tools && (size_t)tools[0] == 93 * 8);
+    uint64_t live = 0;
+    EXPECT(((is_valid_fn)tools[4])(context, &live), CUDA_SUCCESS);
+    CHECK("current context is live", live == 1);
+    void *object = NULL, *object_again = NULL, *legacy_object = NULL;
+    EXPECT(((stream_object_fn)tools[51])(context, stream, &object, 0), CUDA_SUCCESS);
+    EXPECT(((stream_object_fn)tools[51])(context, stream, &object_again, 0), CUDA_SUCCESS);
+    EXPECT(((stream_object_fn)tools[51])(context, NULL, &legacy_object, 0), CUDA_SUCCESS);
+    CHECK("one object per stream", object && object == object_again && legacy_object && legacy_object != object);
+    CHECK("object begins as the driver's", object && ((uint64_t *)object)[0] == 1 && ((uint64_t *)object)[5] == 1);
+    uint64_t id = 0;
+    EXPECT(((stream_id_fn)tools[39])(context, object, &id), CUDA_SUCCESS);
+    CHECK("entry 39 is cuStreamGetId", id == stream_id);
+    EXPECT(((stream_id_fn)tools[39])(context, legacy_object, &id), CUDA_SUCCESS);
+    CHECK("entry 39 of the legacy stream", id == legacy_id);
+    uint64_t not_an_object[9] = {1, 0, 0, 0, 0, 1, 0, 0, 5};
+    EXPECT(((stream_id_fn)tools[39])(context, not_an_object, &id), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(((stream_object_fn)tools[51])(context, (CUstream)(size_t)0x777777, &object, 0), CUDA_ERROR_INVALID_HANDLE);
+
+    // ToolsModule entry 7 visits a module's kernels; the emulated device loads no code, so it
+    // visits none and answers 0, as do the public enumerations' errors.
+    const void **module_tools = NULL;
+    EXPECT(cuGetExportTable((const void **)&module_tools, &TOOLS_MODULE), CUDA_SUCCESS);
+    static const char ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k() { ret; }\n";
+    CUmodule module = NULL;
+    CUresult loaded = cuModuleLoadData(&module, ptx);
+    CHECK("the emulated device loads no code", loaded != CUDA_SUCCESS);
+    CUlibrary library = NULL;
+    EXPECT(cuLibraryLoadData(&library, ptx, NULL, NULL, 0, NULL, NULL, 0), CUDA_SUCCESS);
+    unsigned int count = 99;
+    EXPECT(cuLibraryGetKernelCount(&count, library), loaded);
+    CHECK("no count written on error", count == 99);
+    CUmodule library_module = NULL;
+    EXPECT(cuLibraryGetModule(&library_module, library), CUDA_SUCCESS);
+    EXPECT(cuModuleGetFunctionCount(&count, library_module), loaded);
+    CUfunction functions[4];
+    EXPECT(cuModuleEnumerateFunctions(functions, 4, library_module), loaded);
+    visits = 0;
+    size_t visited = ((each_function_fn)module_tools[7])(context, library_module, visit, NULL);
+    CHECK("no kernels visited", visited == 0 && visits == 0);
+    EXPECT(cuModuleGetFunctionCount(&count, (CUmodule)(size_t)0x5678), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuLibraryUnload(library), CUDA_SUCCESS);
+
+    // The runtime's error log takes a message and answers success.
+    const void **log = NULL;
+    EXPECT(cuGetExportTable((const void **)&log, &RUNTIME_LOG), CUDA_SUCCESS);
+    EXPECT(((log_fn)log[1])("CUDA", 0, "invalid device ordinal %d", NULL), CUDA_SUCCESS);
+
+    EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
+    EXPECT(cuStreamDestroy(second), CUDA_SUCCESS);
+    EXPECT(cuMemFree(pitched), CUDA_SUCCESS);
+    EXPECT(cuMemFree(other), CUDA_SUCCESS);
+    EXPECT(cuMemFree(contiguous), CUDA_SUCCESS);
+    printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+    return failures ? 1 : 0;
+}
