@@ -255,6 +255,9 @@ macro_rules! probes {
     (LinkRead, $v:ident) => {
         vec![refused(req::LinkRead { link: BOGUS_HANDLE, offset: 0, len: 16 }, UNKNOWN_HANDLE)]
     };
+    (ModuleFunctionNames, $v:ident) => {
+        vec![refused(req::ModuleFunctionNames { module: 4242 }, UNKNOWN_HANDLE)]
+    };
     (LinkDestroy, $v:ident) => {
         vec![refused(req::LinkDestroy { link: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
     };
