@@ -5,40 +5,58 @@
 
 use std::collections::BTreeMap;
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-/// Start address to `(length, freeable)`.
+/// One range: its length, whether the app may free it (an allocation) or not (a module
+/// variable), and its buffer id.
+#[derive(Clone, Copy)]
+struct Range {
+    len: u64,
+    freeable: bool,
+    id: u64,
+}
+
+/// Buffer ids, unique in the process (`CU_POINTER_ATTRIBUTE_BUFFER_ID`): an address reused by a
+/// later allocation gets a new one.
+static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
+
+fn range(len: u64, freeable: bool) -> Range {
+    Range { len, freeable, id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed) }
+}
+
+/// Start address to its range.
 #[derive(Default)]
-pub struct DeviceRanges(RwLock<BTreeMap<u64, (u64, bool)>>);
+pub struct DeviceRanges(RwLock<BTreeMap<u64, Range>>);
 
 impl DeviceRanges {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, (u64, bool)>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, Range>> {
         self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<u64, (u64, bool)>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<u64, Range>> {
         self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Records a device allocation (or a module variable when `!freeable`).
     pub fn add(&self, start: u64, len: u64, freeable: bool) {
-        self.write().insert(start, (len, freeable));
+        self.write().insert(start, range(len, freeable));
     }
 
     /// Records module variables as `(address, size)`.
     pub fn add_variables(&self, variables: impl Iterator<Item = (u64, u64)>) {
         let mut ranges = self.write();
         for (start, len) in variables {
-            ranges.insert(start, (len, false));
+            ranges.insert(start, range(len, false));
         }
     }
 
     /// Forgets a module variable at `start` (its module was unloaded).
     pub fn remove_variable(&self, start: u64) {
         let mut ranges = self.write();
-        if ranges.get(&start).is_some_and(|(_, freeable)| !freeable) {
+        if ranges.get(&start).is_some_and(|range| !range.freeable) {
             ranges.remove(&start);
         }
     }
@@ -47,7 +65,7 @@ impl DeviceRanges {
     pub fn remove_allocation(&self, start: u64) -> CudaResult<()> {
         let mut ranges = self.write();
         match ranges.get(&start) {
-            Some((_, true)) => {
+            Some(range) if range.freeable => {
                 ranges.remove(&start);
                 Ok(())
             }
@@ -57,19 +75,26 @@ impl DeviceRanges {
 
     /// Forgets every allocation (a device reset), keeping module variables.
     pub fn forget_allocations(&self) {
-        self.write().retain(|_, (_, freeable)| !*freeable);
+        self.write().retain(|_, range| !range.freeable);
     }
 
     /// Bytes of device memory the process's allocations hold.
     pub fn allocated_bytes(&self) -> u64 {
-        self.read().values().filter(|(_, freeable)| *freeable).map(|(len, _)| len).sum()
+        self.read().values().filter(|range| range.freeable).map(|range| range.len).sum()
     }
 
     /// The range holding `ptr`, as `(start, len)`.
     pub fn find(&self, ptr: u64) -> Option<(u64, u64)> {
         let ranges = self.read();
-        let (start, (len, _)) = ranges.range(..=ptr).next_back()?;
-        (ptr - start < *len).then_some((*start, *len))
+        let (start, range) = ranges.range(..=ptr).next_back()?;
+        (ptr - start < range.len).then_some((*start, range.len))
+    }
+
+    /// The buffer id of the range holding `ptr`.
+    pub fn buffer_id(&self, ptr: u64) -> Option<u64> {
+        let ranges = self.read();
+        let (start, range) = ranges.range(..=ptr).next_back()?;
+        (ptr - start < range.len).then_some(range.id)
     }
 
     /// Checks that `[ptr, ptr + len)` lies inside one range.
@@ -104,5 +129,13 @@ mod tests {
         assert_eq!(ranges.find(0x1000), None);
         assert_eq!(ranges.find(0x3000), None);
         assert_eq!(ranges.find(0x2004), Some((0x2000, 8)));
+        let first = ranges.buffer_id(0x2004);
+        ranges.remove_variable(0x2000);
+        ranges.add_variables([(0x2000, 8)].into_iter());
+        assert!(
+            first.is_some() && ranges.buffer_id(0x2000).is_some() && ranges.buffer_id(0x2000) != first,
+            "a reused address gets a new id"
+        );
+        assert_eq!(ranges.buffer_id(0x2008), None);
     }
 }

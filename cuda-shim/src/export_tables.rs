@@ -171,7 +171,7 @@ tables! {
     8 CTX_CREATE_BYPASS "CtxCreateBypass" "0ca50b8c-1004-929a-89a7-d0df10e77286" [2 sized] {}
     9 HYBRID_CUDART "HybridCudart" "dd9e98a4-f410-4844-99b0-e2aeb7b432b5" [3 sized] {}
     10 TOOLS_CONTEXT "ToolsContext" "21318c60-9714-3248-8ca6-41ff7324c8f2" [93 sized] {
-        4 => tools_context_is_valid,
+        4 => tools_context_kind,
         39 => tools_context_stream_id,
         51 => tools_context_stream_object,
     }
@@ -465,16 +465,23 @@ extern "C" fn runtime_log_message(_component: *const c_char, _level: c_int, _for
 
 // -- ToolsContext (cuBLAS, cuBLASLt, cuSOLVER, cuFFT, PyTorch) --
 
-/// Entry 4, called before most library calls: whether `ctx` is a live context. The real driver
-/// writes a 64-bit 1 for the current context (measured: `gpu-tests/probes/tools_probe.c`).
-unsafe extern "C" fn tools_context_is_valid(ctx: CUcontext, out: *mut u64) -> CUresult {
+/// Entry 4, called before most library calls: what kind of context `ctx` is, as a 64-bit word:
+/// 1 a primary context, 2 a created one, 3 a green one, 0 for NULL (measured on driver 580 by
+/// `gpu-tests/probes/tools_probe.c`; every context here is primary or created).
+unsafe extern "C" fn tools_context_kind(ctx: CUcontext, out: *mut u64) -> CUresult {
     boundary("ToolsContext[4]", || {
         finish((|| {
             let driver = driver();
             driver.alive()?;
-            let live = driver.contexts.lookup_or_current(ctx).is_ok_and(|context| context.usable().is_ok());
+            let kind = if ctx.is_null() {
+                0
+            } else if driver.contexts.lookup(ctx)?.is_primary() {
+                1
+            } else {
+                2
+            };
             // SAFETY: the caller passes NULL or a writable 64-bit word.
-            unsafe { write_out(out, u64::from(live)) }
+            unsafe { write_out(out, kind) }
         })())
     })
 }

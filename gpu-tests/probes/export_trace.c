@@ -16,7 +16,7 @@
 #include <pthread.h>
 
 typedef uint64_t (*entry_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
-#define SLOTS 16
+#define SLOTS 32
 #define MAX_LOGGED 40
 static entry_fn original[SLOTS];
 static char slot_name[SLOTS][32];
@@ -92,8 +92,12 @@ static uint64_t traced(int slot, uint64_t a[8]) {
     }
 WRAPPER(0) WRAPPER(1) WRAPPER(2) WRAPPER(3) WRAPPER(4) WRAPPER(5) WRAPPER(6) WRAPPER(7)
 WRAPPER(8) WRAPPER(9) WRAPPER(10) WRAPPER(11) WRAPPER(12) WRAPPER(13) WRAPPER(14) WRAPPER(15)
+WRAPPER(16) WRAPPER(17) WRAPPER(18) WRAPPER(19) WRAPPER(20) WRAPPER(21) WRAPPER(22) WRAPPER(23)
+WRAPPER(24) WRAPPER(25) WRAPPER(26) WRAPPER(27) WRAPPER(28) WRAPPER(29) WRAPPER(30) WRAPPER(31)
 static entry_fn wrappers[SLOTS] = {wrapper0, wrapper1, wrapper2, wrapper3, wrapper4, wrapper5, wrapper6, wrapper7,
-    wrapper8, wrapper9, wrapper10, wrapper11, wrapper12, wrapper13, wrapper14, wrapper15};
+    wrapper8, wrapper9, wrapper10, wrapper11, wrapper12, wrapper13, wrapper14, wrapper15,
+    wrapper16, wrapper17, wrapper18, wrapper19, wrapper20, wrapper21, wrapper22, wrapper23,
+    wrapper24, wrapper25, wrapper26, wrapper27, wrapper28, wrapper29, wrapper30, wrapper31};
 
 static int parse_uuid(const char *text, unsigned char id[16]) {
     int n = 0;

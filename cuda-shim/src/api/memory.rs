@@ -290,12 +290,21 @@ mod pointer_attribute {
     pub const MEMORY_TYPE: u32 = 2;
     pub const DEVICE_POINTER: u32 = 3;
     pub const HOST_POINTER: u32 = 4;
+    pub const BUFFER_ID: u32 = 7;
     pub const IS_MANAGED: u32 = 8;
     pub const DEVICE_ORDINAL: u32 = 9;
+    pub const IS_LEGACY_CUDA_IPC_CAPABLE: u32 = 10;
     pub const RANGE_START_ADDR: u32 = 11;
     pub const RANGE_SIZE: u32 = 12;
     pub const MAPPED: u32 = 13;
+    pub const ALLOWED_HANDLE_TYPES: u32 = 14;
+    pub const IS_GPU_DIRECT_RDMA_CAPABLE: u32 = 15;
+    pub const ACCESS_FLAGS: u32 = 16;
+    pub const MEMPOOL_HANDLE: u32 = 17;
 }
+
+/// `CU_POINTER_ACCESS_FLAG_READWRITE`.
+const ACCESS_READ_WRITE: c_uint = 3;
 
 /// `CU_MEMORYTYPE_HOST` and `CU_MEMORYTYPE_DEVICE`.
 const MEMORYTYPE_HOST: c_uint = 1;
@@ -326,10 +335,13 @@ unsafe fn write_attribute(
     unsafe {
         let Some((start, len, device)) = found else {
             return match attribute {
-                CONTEXT | HOST_POINTER => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
+                CONTEXT | HOST_POINTER | MEMPOOL_HANDLE => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
                 DEVICE_POINTER | RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), 0),
                 RANGE_SIZE => write_out(data.cast::<usize>(), 0),
-                MEMORY_TYPE | IS_MANAGED | MAPPED => write_out(data.cast::<c_uint>(), 0),
+                BUFFER_ID | ALLOWED_HANDLE_TYPES => write_out(data.cast::<u64>(), 0),
+                MEMORY_TYPE | IS_MANAGED | MAPPED | IS_LEGACY_CUDA_IPC_CAPABLE | IS_GPU_DIRECT_RDMA_CAPABLE | ACCESS_FLAGS => {
+                    write_out(data.cast::<c_uint>(), 0)
+                }
                 DEVICE_ORDINAL => write_out(data.cast::<i32>(), 0),
                 _ => Err(crate::diagnostics::unsupported(&format!("cuPointerGetAttributes attribute {attribute}"))),
             };
@@ -352,6 +364,16 @@ unsafe fn write_attribute(
             DEVICE_ORDINAL => write_out(data.cast::<i32>(), 0),
             RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), start),
             RANGE_SIZE => write_out(data.cast::<usize>(), len as usize),
+            // Pinned host blocks live in this process, not in the session's device ranges.
+            BUFFER_ID if device => {
+                write_out(data.cast::<u64>(), client()?.ranges.buffer_id(ptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?)
+            }
+            // CUDA IPC and GPUDirect RDMA need the GPU in this process: not capable, so apps
+            // take their other paths; nor is memory from cuMemAlloc exportable or pooled.
+            IS_LEGACY_CUDA_IPC_CAPABLE | IS_GPU_DIRECT_RDMA_CAPABLE => write_out(data.cast::<c_uint>(), 0),
+            ALLOWED_HANDLE_TYPES => write_out(data.cast::<u64>(), 0),
+            MEMPOOL_HANDLE => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
+            ACCESS_FLAGS => write_out(data.cast::<c_uint>(), ACCESS_READ_WRITE),
             _ => Err(crate::diagnostics::unsupported(&format!("cuPointerGetAttribute attribute {attribute}"))),
         }
     }

@@ -41,7 +41,7 @@ static const CUuuid TOOLS_MODULE = {{0x6e, 0x16, 0x3f, (char)0xbe, (char)0xb9, 0
 static const CUuuid RUNTIME_LOG = {{(char)0xf8, (char)0xcf, (char)0xf9, 0x51, 0x21, 0x46, (char)0x8b, 0x4e, (char)0xb9, (char)0xe2,
                                     (char)0xfb, 0x46, (char)0x9e, 0x7c, 0x0d, (char)0xd9}};
 
-typedef CUresult (*is_valid_fn)(CUcontext, uint64_t *);
+typedef CUresult (*context_kind_fn)(CUcontext, uint64_t *);
 typedef CUresult (*stream_object_fn)(CUcontext, CUstream, void **, unsigned);
 typedef CUresult (*stream_id_fn)(CUcontext, void *, uint64_t *);
 typedef void (*visit_fn)(void *, CUfunction, const char *);
@@ -153,6 +153,15 @@ int main(void) {
     CHECK("memory type", memory_type == CU_MEMORYTYPE_DEVICE);
     CHECK("device pointer", device_pointer == pitched + 4);
     CHECK("host pointer of device memory", host_pointer == NULL);
+    // Buffer ids (cuFFT asks): the same for a block's interior, different across blocks.
+    unsigned long long id_a = 0, id_b = 0, id_c = 0;
+    EXPECT(cuPointerGetAttribute(&id_a, CU_POINTER_ATTRIBUTE_BUFFER_ID, pitched), CUDA_SUCCESS);
+    EXPECT(cuPointerGetAttribute(&id_b, CU_POINTER_ATTRIBUTE_BUFFER_ID, pitched + 100), CUDA_SUCCESS);
+    EXPECT(cuPointerGetAttribute(&id_c, CU_POINTER_ATTRIBUTE_BUFFER_ID, other), CUDA_SUCCESS);
+    CHECK("buffer ids", id_a != 0 && id_a == id_b && id_a != id_c);
+    unsigned int ipc = 1;
+    EXPECT(cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pitched), CUDA_SUCCESS);
+    CHECK("no CUDA IPC through Flyt", ipc == 0);
     EXPECT(cuPointerGetAttribute(&host_pointer, CU_POINTER_ATTRIBUTE_HOST_POINTER, pitched), CUDA_ERROR_INVALID_VALUE);
 
     // Stream ids: unique per stream, the legacy stream's too.
@@ -170,14 +179,22 @@ int main(void) {
     EXPECT(cuStreamGetId((CUstream)(size_t)0x777777, &stream_id), CUDA_ERROR_INVALID_HANDLE);
     EXPECT(cuStreamGetId(stream, NULL), CUDA_ERROR_INVALID_VALUE);
 
-    // ToolsContext: entry 4 says whether a context is live; entry 51 gives a stream's object (the
-    // same one each time) and entry 39 its id, as cuStreamGetId.
+    // ToolsContext: entry 4 says what kind a context is (1 primary, 2 created, 0 for NULL); entry
+    // 51 gives a stream's object (the same one each time) and entry 39 its id, as cuStreamGetId.
     const void **tools = NULL;
     EXPECT(cuGetExportTable((const void **)&tools, &TOOLS_CONTEXT), CUDA_SUCCESS);
     CHECK("ToolsContext size word", tools && (size_t)tools[0] == 93 * 8);
-    uint64_t live = 0;
-    EXPECT(((is_valid_fn)tools[4])(context, &live), CUDA_SUCCESS);
-    CHECK("current context is live", live == 1);
+    uint64_t kind = 0;
+    EXPECT(((context_kind_fn)tools[4])(context, &kind), CUDA_SUCCESS);
+    CHECK("the primary context's kind", kind == 1);
+    CUcontext created;
+    EXPECT(cuCtxCreate(&created, NULL, 0, device), CUDA_SUCCESS);
+    EXPECT(((context_kind_fn)tools[4])(created, &kind), CUDA_SUCCESS);
+    CHECK("a created context's kind", kind == 2);
+    EXPECT(cuCtxDestroy(created), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
+    EXPECT(((context_kind_fn)tools[4])(NULL, &kind), CUDA_SUCCESS);
+    CHECK("NULL's kind", kind == 0);
     void *object = NULL, *object_again = NULL, *legacy_object = NULL;
     EXPECT(((stream_object_fn)tools[51])(context, stream, &object, 0), CUDA_SUCCESS);
     EXPECT(((stream_object_fn)tools[51])(context, stream, &object_again, 0), CUDA_SUCCESS);
