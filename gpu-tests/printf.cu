@@ -10,8 +10,9 @@
 //   - kernels on several streams are ordered with events, or their output is captured (fd 1
 //     redirected to a temporary file around the kernels, as output-capturing tools do) and sorted;
 //   - a kernel that prints more than a small FIFO holds is captured and only facts that do not
-//     depend on where CUDA cut the output are printed (nothing is lost in the middle of the kept
-//     lines, every kept line is whole).
+//     depend on how much CUDA dropped, where, or in what order the rest came out (the host may
+//     drain the FIFO while the kernel runs, natively too): some lines arrived, no more than were
+//     printed, each one whole.
 // Also: cudaDeviceSetLimit/cudaDeviceGetLimit(cudaLimitPrintfFifoSize) round trip, printf of many
 // argument types, a line built by several printf calls, output flushed by cudaDeviceReset.
 // Nothing is printed on stderr (the runner compares stderr too).
@@ -243,23 +244,20 @@ int main() {
         std::vector<std::string> lines = cap.end();
         CHECK(se);
         EXPECT(ok, "capture or launch failed");
-        bool whole = true, contiguous = true;
-        int prev = -1;
+        // How many lines are dropped, which ones, and in what order the rest arrive depends on
+        // when the host drains the FIFO while the kernel runs (the driver does, natively too, and
+        // natively the kept lines are not always in printing order), so only facts that hold for
+        // any drain schedule are printed.
+        bool whole = true;
         for (const auto &l : lines) {
             int v = -1;
             char extra = 0;
-            if (l.size() != 11 || sscanf(l.c_str(), "flood %5d%c", &v, &extra) != 1) {
-                whole = false;
-                continue;
-            }
-            if (prev >= 0 && v != prev + 1) contiguous = false;
-            prev = v;
+            if (l.size() != 11 || sscanf(l.c_str(), "flood %5d%c", &v, &extra) != 1 || v < 0 || v >= n) whole = false;
         }
         say("G: flood of %d lines through a %zu-byte FIFO\n", n, fifo);
         say("G: some lines arrived: %s\n", lines.empty() ? "no" : "yes");
-        say("G: fewer lines than printed arrived: %s\n", (int)lines.size() < n ? "yes" : "no");
+        say("G: no more lines than printed arrived: %s\n", (int)lines.size() <= n ? "yes" : "no");
         say("G: every arrived line is whole: %s\n", whole ? "yes" : "no");
-        say("G: the arrived lines are consecutive: %s\n", contiguous ? "yes" : "no");
     }
 
     // 10. Output after the flood is complete again.

@@ -29,6 +29,9 @@ usage: gpu-tests/run.sh [options]
                       both: each library's own runtime reaches the GPU through Flyt's libcuda.so.1,
                       as Flyt's libcudart.so.13 does (one session per process)
   --no-libraries      leave out the programs in libraries/ (CI: its toolkit has no CUDA libraries)
+  --python PATH       also run the PyTorch scripts in torch/ (as torch_NAME) with this Python, which
+                      has torch (e.g. /opt/torch/.venv/bin/python); PyTorch brings its own CUDA
+                      runtime, so through Flyt they reach the GPU through Flyt's libcuda.so.1
   --device NAME       the server's --device (default: cuda; 'emulated' only checks the plumbing)
   --timeout SECONDS   limit for each program run (default: 120)
   --nvcc PATH         the compiler (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc)
@@ -74,6 +77,7 @@ OUT=$here/results
 BUILD=
 RUNTIME=shared
 LIBRARIES=1
+PYTHON=
 MODE=flyt
 DEVICE=cuda
 TIMEOUT=120
@@ -101,6 +105,7 @@ while [ $# -gt 0 ]; do
         --build-dir) need_value "$@"; BUILD=$2; shift 2 ;;
         --runtime) need_value "$@"; RUNTIME=$2; shift 2 ;;
         --no-libraries) LIBRARIES=0; shift ;;
+        --python) need_value "$@"; PYTHON=$2; shift 2 ;;
         --device) need_value "$@"; DEVICE=$2; shift 2 ;;
         --timeout) need_value "$@"; need_number "$@"; TIMEOUT=$2; shift 2 ;;
         --nvcc) need_value "$@"; NVCC=$2; shift 2 ;;
@@ -195,8 +200,11 @@ nvcc_flags_for() {
             ;;
     esac
 }
-source_of() { # the .cu file of program $1
-    if [ -f "$here/libraries/$1.cu" ]; then echo "$here/libraries/$1.cu"; else echo "$here/$1.cu"; fi
+source_of() { # the source of program $1: a .cu file, or torch/NAME.py for torch_NAME
+    case $1 in
+        torch_*) echo "$here/torch/${1#torch_}.py" ;;
+        *) if [ -f "$here/libraries/$1.cu" ]; then echo "$here/libraries/$1.cu"; else echo "$here/$1.cu"; fi ;;
+    esac
 }
 
 in_list() { # NAME LIST...
@@ -218,6 +226,14 @@ done
 if [ $LIBRARIES = 1 ]; then
     for f in "$here"/libraries/*.cu; do
         [ -e "$f" ] && ALL+=("$(basename "$f" .cu)")
+    done
+fi
+
+# PyTorch scripts, named torch_NAME.
+if [ -n "$PYTHON" ]; then
+    [ -x "$PYTHON" ] || die "--python: $PYTHON is not executable"
+    for f in "$here"/torch/*.py; do
+        [ -e "$f" ] && ALL+=("torch_$(basename "$f" .py)")
     done
 fi
 
@@ -369,7 +385,11 @@ for n in "${TO_BUILD[@]}"; do
     # shellcheck disable=SC2046,SC2086  # flags are deliberately word-split
     (
         set -x
-        "$NVCC" -cudart="$RUNTIME" -arch="$ARCH" $(nvcc_flags_for "$n") ${NVCC_FLAGS:-} -o "$BUILD/$n" "$(source_of "$n")"
+        case $n in
+            # A PyTorch script "builds" into a launcher that runs it with --python's interpreter.
+            torch_*) printf '#!/bin/sh\nexec %q %q "$@"\n' "$PYTHON" "$(source_of "$n")" >"$BUILD/$n" && chmod +x "$BUILD/$n" ;;
+            *) "$NVCC" -cudart="$RUNTIME" -arch="$ARCH" $(nvcc_flags_for "$n") ${NVCC_FLAGS:-} -o "$BUILD/$n" "$(source_of "$n")" ;;
+        esac
     ) >"$TMP/$n.build" 2>&1 &
     build_pids+=($!)
 done
@@ -654,6 +674,12 @@ maps_problem() {
             return 0
         fi
     done
+    # PyTorch maps its own CUDA runtime, whichever --runtime the .cu programs use.
+    case $(basename "$base") in torch_*)
+        [ $used_flyt = 1 ] || echo "the app did not map Flyt's $flyt_cuda"
+        return 0
+        ;;
+    esac
     if [ "$RUNTIME" = static ]; then
         [ "$cudart" = none ] || echo "a static-runtime app mapped $cudart"
         [ $used_flyt = 1 ] || echo "the app did not map Flyt's $flyt_cuda"
