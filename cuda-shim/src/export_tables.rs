@@ -593,11 +593,11 @@ mod tests {
     #[test]
     fn stubs_know_their_slot_and_answer_not_supported() {
         let f: extern "C" fn() -> CUresult =
-            // SAFETY: slot 4 of ToolsContext is a `stub`, whose type is `extern "C" fn() -> CUresult`.
-            unsafe { std::mem::transmute(TOOLS_CONTEXT.0[4].0) };
+            // SAFETY: slot 5 of ToolsContext is a `stub`, whose type is `extern "C" fn() -> CUresult`.
+            unsafe { std::mem::transmute(TOOLS_CONTEXT.0[5].0) };
         assert_eq!(f(), CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        assert_ne!(TOOLS_CONTEXT.0[4].0, TOOLS_CONTEXT.0[5].0);
-        assert_ne!(TOOLS_CONTEXT.0[4].0, TOOLS_MODULE.0[4].0);
+        assert_ne!(TOOLS_CONTEXT.0[5].0, TOOLS_CONTEXT.0[6].0);
+        assert_ne!(TOOLS_CONTEXT.0[5].0, TOOLS_MODULE.0[5].0);
     }
 
     #[test]
