@@ -26,6 +26,30 @@ pub type CUlibrary = *mut c_void;
 pub type CUkernel = *mut c_void;
 pub type CUdeviceptr = u64;
 
+/// `CUDA_MEMCPY2D`, the driver's description of a pitched copy.
+#[repr(C)]
+pub struct Memcpy2D {
+    pub src_x_in_bytes: usize,
+    pub src_y: usize,
+    pub src_memory_type: c_uint,
+    pub src_host: *const c_void,
+    pub src_device: CUdeviceptr,
+    pub src_array: *mut c_void,
+    pub src_pitch: usize,
+    pub dst_x_in_bytes: usize,
+    pub dst_y: usize,
+    pub dst_memory_type: c_uint,
+    pub dst_host: *mut c_void,
+    pub dst_device: CUdeviceptr,
+    pub dst_array: *mut c_void,
+    pub dst_pitch: usize,
+    pub width_in_bytes: usize,
+    pub height: usize,
+}
+
+/// `CU_MEMORYTYPE_UNIFIED`: the driver tells host from device memory by the pointer.
+pub const MEMORYTYPE_UNIFIED: c_uint = 4;
+
 macro_rules! driver_functions {
     ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
         /// The driver functions the runtime calls, resolved once.
@@ -84,6 +108,10 @@ driver_functions! {
     cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, count: usize);
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream);
     cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream);
+    cuMemcpy2DUnaligned_v2(copy: *const Memcpy2D);
+    cuMemcpy2DUnaligned_v2_ptds(copy: *const Memcpy2D);
+    cuMemcpy2DAsync_v2(copy: *const Memcpy2D, stream: CUstream);
+    cuMemcpy2DAsync_v2_ptsz(copy: *const Memcpy2D, stream: CUstream);
     cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize);
     cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, count: usize);
     cuMemsetD8Async(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream);

@@ -61,6 +61,10 @@ macro_rules! cudart_exports {
                 cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind);
                 cudaMemcpyAsync(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
                 cudaMemcpyAsync_ptsz(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpy2D(dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind);
+                cudaMemcpy2D_ptds(dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind);
+                cudaMemcpy2DAsync(dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpy2DAsync_ptsz(dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
                 cudaMemset(dev_ptr: *mut c_void, value: c_int, count: usize);
                 cudaMemset_ptds(dev_ptr: *mut c_void, value: c_int, count: usize);
                 cudaMemsetAsync(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t);
@@ -205,8 +209,8 @@ macro_rules! cudart_exports {
         cudaLogsRegisterCallback, cudaLogsUnregisterCallback, cudaMalloc3D, cudaMalloc3DArray,
         cudaMallocArray, cudaMallocAsync, cudaMallocAsync_ptsz, cudaMallocFromPoolAsync,
         cudaMallocFromPoolAsync_ptsz, cudaMallocManaged, cudaMallocMipmappedArray, cudaMallocPitch,
-        cudaMemAdvise, cudaMemcpy2D, cudaMemcpy2D_ptds, cudaMemcpy2DArrayToArray,
-        cudaMemcpy2DArrayToArray_ptds, cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz, cudaMemcpy2DFromArray,
+        cudaMemAdvise, cudaMemcpy2DArrayToArray,
+        cudaMemcpy2DArrayToArray_ptds, cudaMemcpy2DFromArray,
         cudaMemcpy2DFromArray_ptds, cudaMemcpy2DFromArrayAsync, cudaMemcpy2DFromArrayAsync_ptsz,
         cudaMemcpy2DToArray, cudaMemcpy2DToArray_ptds, cudaMemcpy2DToArrayAsync,
         cudaMemcpy2DToArrayAsync_ptsz, cudaMemcpy3D, cudaMemcpy3D_ptds, cudaMemcpy3DAsync,

@@ -11,7 +11,7 @@ use flyt_protocol::error::CudaResult;
 
 use super::streams::check_stream;
 use super::synchronized;
-use crate::driver::{CUdeviceptr, cu_ctx};
+use crate::driver::{CUdeviceptr, MEMORYTYPE_UNIFIED, Memcpy2D, cu_ctx};
 use crate::ffi::{cudaMemcpyKind, cudaStream_t, write_out};
 use crate::props::{cudaPointerAttributes, memory_type};
 use crate::registry::variable_by_host;
@@ -169,6 +169,110 @@ fn memcpy(
         (Mode::Asynchronous, false) => cu_ctx!(cuMemcpyAsync(dst, src, count, stream)),
         (Mode::Asynchronous, true) => cu_ctx!(cuMemcpyAsync_ptsz(dst, src, count, stream)),
     }
+}
+
+/// A pitched copy: checked as `cudaMemcpy` checks its kind, then described to the driver with both
+/// sides unified (the driver goes by the pointers, as for 1D copies).
+#[allow(clippy::too_many_arguments, reason = "cudaMemcpy2D's parameters")]
+fn memcpy_2d(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+    mode: Mode,
+    per_thread: bool,
+) -> CudaResult<()> {
+    check_stream(stream, per_thread)?;
+    if width == 0 || height == 0 {
+        return Ok(());
+    }
+    if dst.is_null() || src.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    if height > 1 && (dpitch < width || spitch < width) {
+        return Err(CudaError::INVALID_PITCH_VALUE);
+    }
+    check_kind(dst as u64, src as u64, kind)?;
+    let copy = Memcpy2D {
+        src_x_in_bytes: 0,
+        src_y: 0,
+        src_memory_type: MEMORYTYPE_UNIFIED,
+        src_host: std::ptr::null(),
+        src_device: src as u64,
+        src_array: std::ptr::null_mut(),
+        src_pitch: spitch,
+        dst_x_in_bytes: 0,
+        dst_y: 0,
+        dst_memory_type: MEMORYTYPE_UNIFIED,
+        dst_host: std::ptr::null_mut(),
+        dst_device: dst as u64,
+        dst_array: std::ptr::null_mut(),
+        dst_pitch: dpitch,
+        width_in_bytes: width,
+        height,
+    };
+    match (mode, per_thread) {
+        (Mode::Synchronous, false) => synchronized(cu_ctx!(cuMemcpy2DUnaligned_v2(&copy))),
+        (Mode::Synchronous, true) => synchronized(cu_ctx!(cuMemcpy2DUnaligned_v2_ptds(&copy))),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy2DAsync_v2(&copy, stream)),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy2DAsync_v2_ptsz(&copy, stream)),
+    }
+}
+
+pub unsafe fn cudaMemcpy2D(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    memcpy_2d(dst, dpitch, src, spitch, width, height, kind, std::ptr::null_mut(), Mode::Synchronous, false)
+}
+
+pub unsafe fn cudaMemcpy2D_ptds(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    memcpy_2d(dst, dpitch, src, spitch, width, height, kind, std::ptr::null_mut(), Mode::Synchronous, true)
+}
+
+#[allow(clippy::too_many_arguments, reason = "cudaMemcpy2DAsync's parameters")]
+pub unsafe fn cudaMemcpy2DAsync(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    memcpy_2d(dst, dpitch, src, spitch, width, height, kind, stream, Mode::Asynchronous, false)
+}
+
+#[allow(clippy::too_many_arguments, reason = "cudaMemcpy2DAsync's parameters")]
+pub unsafe fn cudaMemcpy2DAsync_ptsz(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    memcpy_2d(dst, dpitch, src, spitch, width, height, kind, stream, Mode::Asynchronous, true)
 }
 
 pub unsafe fn cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> CudaResult<()> {

@@ -31,6 +31,10 @@ extern cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 
                                            size_t shared_mem, cudaStream_t stream);
 /* The per-thread-default-stream entry points (what CUDA_API_PER_THREAD_DEFAULT_STREAM selects). */
 extern cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
+extern cudaError_t cudaMemcpy2D_ptds(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                                     enum cudaMemcpyKind kind);
+extern cudaError_t cudaMemcpy2DAsync_ptsz(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                          size_t height, enum cudaMemcpyKind kind, cudaStream_t stream);
 extern cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                                         cudaStream_t stream);
 extern cudaError_t cudaMemset_ptds(void *dev, int value, size_t count);
@@ -292,6 +296,44 @@ static void memory(void) {
     OK("cudaMemcpyAsync_ptsz D2H", cudaMemcpyAsync_ptsz(host_b, dev, N, cudaMemcpyDeviceToHost, NULL));
     OK("sync the per-thread stream", cudaStreamSynchronize_ptsz(NULL));
     EXPECT("memcpyAsync_ptsz round trip", memcmp(host_a, host_b, N) == 0);
+
+    /* Pitched copies: 16 rows of 100 bytes, host pitch 128 -> device pitch 256 -> host pitch 100. */
+    AUDIT("cudaMemcpy2D");
+    fill(host_a, N, 5);
+    EXPECT_CODE("2D pitch below the width", cudaMemcpy2D(dev, 64, host_a, 128, 100, 16, cudaMemcpyHostToDevice),
+                cudaErrorInvalidPitchValue);
+    EXPECT_CODE("2D host pointer as the device side", cudaMemcpy2D(host_b, 256, host_a, 128, 100, 16, cudaMemcpyHostToDevice),
+                cudaErrorInvalidValue);
+    OK("cudaMemcpy2D H2D", cudaMemcpy2D(dev, 256, host_a, 128, 100, 16, cudaMemcpyHostToDevice));
+    memset(host_b, 0, N);
+    OK("cudaMemcpy2D D2H", cudaMemcpy2D(host_b, 100, dev, 256, 100, 16, cudaMemcpyDeviceToHost));
+    int rows_ok = 1;
+    for (int r = 0; r < 16; r++) rows_ok &= memcmp(host_b + r * 100, host_a + r * 128, 100) == 0;
+    EXPECT("2D rows round trip", rows_ok);
+    AUDIT("cudaMemcpy2D_ptds");
+    OK("cudaMemcpy2D_ptds D2D", cudaMemcpy2D_ptds(dev2, 100, dev, 256, 100, 16, cudaMemcpyDeviceToDevice));
+    memset(host_b, 0, N);
+    OK("packed rows back", cudaMemcpy(host_b, dev2, 1600, cudaMemcpyDeviceToHost));
+    rows_ok = 1;
+    for (int r = 0; r < 16; r++) rows_ok &= memcmp(host_b + r * 100, host_a + r * 128, 100) == 0;
+    EXPECT("2D device to device packs the rows", rows_ok);
+    AUDIT("cudaMemcpy2DAsync");
+    fill(host_a, N, 6);
+    EXPECT_CODE("2DAsync on an unknown stream", cudaMemcpy2DAsync(dev, 256, host_a, 128, 100, 16, cudaMemcpyHostToDevice, BOGUS_STREAM),
+                cudaErrorInvalidResourceHandle);
+    OK("cudaMemcpy2DAsync H2D", cudaMemcpy2DAsync(dev, 256, host_a, 128, 100, 16, cudaMemcpyDefault, stream));
+    memset(host_b, 0, N);
+    OK("cudaMemcpy2DAsync D2H", cudaMemcpy2DAsync(host_b, 128, dev, 256, 100, 16, cudaMemcpyDefault, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    rows_ok = 1;
+    for (int r = 0; r < 16; r++) rows_ok &= memcmp(host_b + r * 128, host_a + r * 128, 100) == 0;
+    EXPECT("2DAsync rows round trip by the sync", rows_ok);
+    AUDIT("cudaMemcpy2DAsync_ptsz");
+    OK("cudaMemcpy2DAsync_ptsz H2H", cudaMemcpy2DAsync_ptsz(host_b, 100, host_a, 128, 100, 16, cudaMemcpyHostToHost, NULL));
+    OK("sync the per-thread stream", cudaStreamSynchronize_ptsz(NULL));
+    rows_ok = 1;
+    for (int r = 0; r < 16; r++) rows_ok &= memcmp(host_b + r * 100, host_a + r * 128, 100) == 0;
+    EXPECT("2D host to host", rows_ok);
 
     AUDIT("cudaPointerGetAttributes");
     struct cudaPointerAttributes attributes;
