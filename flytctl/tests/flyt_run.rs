@@ -6,7 +6,7 @@
 mod tests {
     use std::{
         io::{BufRead, BufReader},
-        os::unix::net::UnixListener,
+        os::unix::{net::UnixListener, process::CommandExt},
         path::{Path, PathBuf},
         process::{Command, Stdio},
         thread::JoinHandle,
@@ -88,10 +88,21 @@ mod tests {
             trap 'echo got-TERM; exit 7' TERM
             echo ready
             while :; do sleep 0.05; done"#;
-        let mut child = flyt(&["run", "--lib-dir", lib.to_str().unwrap(), "--server", "127.0.0.1:9", "--", "sh", "-c", script])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut command = flyt(&["run", "--lib-dir", lib.to_str().unwrap(), "--server", "127.0.0.1:9", "--", "sh", "-c", script]);
+        command.stdout(Stdio::piped());
+        // A test runner started in the background (`cmd &`, `nohup`) ignores SIGINT, SIGQUIT or
+        // SIGHUP, and flyt rightly keeps an inherited "ignore": give flyt the default actions
+        // this test is about.
+        // SAFETY: between fork and exec only sigaction runs, which is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                for signal in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2, Signal::SIGTERM] {
+                    nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigDfl).map_err(std::io::Error::from)?;
+                }
+                Ok(())
+            })
+        };
+        let mut child = command.spawn().unwrap();
         let pid = Pid::from_raw(i32::try_from(child.id()).unwrap());
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut next_line = move || lines.next().and_then(Result::ok).unwrap_or_default();
