@@ -83,18 +83,21 @@ impl DeviceRanges {
         self.read().values().filter(|range| range.freeable).map(|range| range.len).sum()
     }
 
-    /// The range holding `ptr`, as `(start, len)`.
-    pub fn find(&self, ptr: u64) -> Option<(u64, u64)> {
+    /// The range holding `ptr`, with its start.
+    fn holding(&self, ptr: u64) -> Option<(u64, Range)> {
         let ranges = self.read();
         let (start, range) = ranges.range(..=ptr).next_back()?;
-        (ptr - start < range.len).then_some((*start, range.len))
+        (ptr - start < range.len).then_some((*start, *range))
+    }
+
+    /// The range holding `ptr`, as `(start, len)`.
+    pub fn find(&self, ptr: u64) -> Option<(u64, u64)> {
+        self.holding(ptr).map(|(start, range)| (start, range.len))
     }
 
     /// The buffer id of the range holding `ptr`.
     pub fn buffer_id(&self, ptr: u64) -> Option<u64> {
-        let ranges = self.read();
-        let (start, range) = ranges.range(..=ptr).next_back()?;
-        (ptr - start < range.len).then_some(range.id)
+        self.holding(ptr).map(|(_, range)| range.id)
     }
 
     /// Checks that `[ptr, ptr + len)` lies inside one range.

@@ -219,26 +219,21 @@ pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &s
     Ok((reply.address, reply.size))
 }
 
-/// The kernels of a live module, each found as by [`function_by_name`] (so each has its handle),
-/// in the driver's order. The list is asked once per module.
-pub fn functions_of(conn: &Arc<Conn>, id: u32) -> CudaResult<Vec<Arc<Function>>> {
+/// The names of a live module's kernels, in the driver's order, asked once per module.
+pub fn function_names(conn: &Arc<Conn>, id: u32) -> CudaResult<Arc<Vec<String>>> {
     let (registration, found) = {
         let registry = read();
         let module = live(&registry, id)?;
+        if let Some(names) = &lock(&module.found).names {
+            return Ok(names.clone());
+        }
         send_if_unsent(conn, module);
         (module.registration.clone(), module.found.clone())
     };
-    let cached = lock(&found).names.clone();
-    let names = match cached {
-        Some(names) => names,
-        None => {
-            let reply: rep::ModuleFunctionNames = ask(conn, id, &registration, req::ModuleFunctionNames { module: id })?;
-            let names = Arc::new(reply.names);
-            lock(&found).names = Some(names.clone());
-            names
-        }
-    };
-    names.iter().map(|name| function_by_name(conn, id, name)).collect()
+    let reply: rep::ModuleFunctionNames = ask(conn, id, &registration, req::ModuleFunctionNames { module: id })?;
+    let names = Arc::new(reply.names);
+    lock(&found).names = Some(names.clone());
+    Ok(names)
 }
 
 /// Asks the server about a module by name. A module the server could not load answers with why

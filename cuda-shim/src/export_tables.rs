@@ -487,16 +487,23 @@ unsafe extern "C" fn tools_context_kind(ctx: CUcontext, out: *mut u64) -> CUresu
 }
 
 /// What entry 51 hands out for a stream: laid out as the driver's own stream object begins
-/// (`{1, 0, ctx, 0, 0, 1, 0, 0}`, measured), in case a library reads it, then the stream's id.
+/// (`{1, 0, ctx, 0, 0, 1, 0, 0}`, measured), in case a library reads it.
 #[repr(C)]
 pub struct StreamObject {
     driver_words: [u64; 8],
-    id: u64,
 }
 
-/// Stream objects by stream id, kept for the life of the process (one per stream ever asked
-/// about: the libraries hold on to them).
-static STREAM_OBJECTS: Mutex<Option<HashMap<u64, Box<StreamObject>>>> = Mutex::new(None);
+/// The stream objects handed out, kept for the life of the process (one per stream ever asked
+/// about: the libraries hold on to them), found both ways in O(1): both entries run per library
+/// call.
+#[derive(Default)]
+struct StreamObjects {
+    by_stream: HashMap<u64, &'static StreamObject>,
+    /// An object's address to its stream's id (only an address handed out here is ever read).
+    ids: HashMap<usize, u64>,
+}
+
+static STREAM_OBJECTS: Mutex<Option<StreamObjects>> = Mutex::new(None);
 
 /// Entry 51 (cuBLAS and cuSOLVER, per call): the object behind a stream handle (NULL: the legacy
 /// stream), which entry 39 takes.
@@ -511,14 +518,19 @@ unsafe extern "C" fn tools_context_stream_object(
             let context = driver().contexts.lookup_or_current(ctx)?;
             context.usable()?;
             let id = crate::api::stream_id(stream, false)?;
-            let mut objects = STREAM_OBJECTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let object = objects
-                .get_or_insert_with(HashMap::new)
-                .entry(id)
-                .or_insert_with(|| Box::new(StreamObject { driver_words: [1, 0, context.handle() as u64, 0, 0, 1, 0, 0], id }));
-            let address: *const StreamObject = &**object;
-            // SAFETY: the caller passes NULL or a writable pointer; the object is boxed and never freed.
-            unsafe { write_out(out, address) }
+            let mut guard = STREAM_OBJECTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let objects = guard.get_or_insert_with(StreamObjects::default);
+            let object: &'static StreamObject = match objects.by_stream.get(&id) {
+                Some(object) => object,
+                None => {
+                    let object = &*Box::leak(Box::new(StreamObject { driver_words: [1, 0, context.handle() as u64, 0, 0, 1, 0, 0] }));
+                    objects.by_stream.insert(id, object);
+                    objects.ids.insert(std::ptr::from_ref(object) as usize, id);
+                    object
+                }
+            };
+            // SAFETY: the caller passes NULL or a writable pointer; the object is never freed.
+            unsafe { write_out(out, std::ptr::from_ref(object)) }
         })())
     })
 }
@@ -529,13 +541,7 @@ unsafe extern "C" fn tools_context_stream_id(ctx: CUcontext, object: *const Stre
         finish((|| {
             driver().contexts.lookup_or_current(ctx)?.usable()?;
             let objects = STREAM_OBJECTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Only an object handed out here is read.
-            let id = objects
-                .iter()
-                .flat_map(|map| map.values())
-                .find(|known| std::ptr::eq(&***known, object))
-                .map(|known| known.id)
-                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            let id = objects.as_ref().and_then(|o| o.ids.get(&(object as usize))).copied().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
             // SAFETY: the caller passes NULL or a writable 64-bit word.
             unsafe { write_out(out, id) }
         })())

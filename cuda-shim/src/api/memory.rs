@@ -122,9 +122,9 @@ mod memory_type {
     pub const UNIFIED: u32 = 4;
 }
 
-/// The address of one side's first byte, after checking that the memory is of the declared kind
-/// (unified: whatever the pointer is).
-fn side_of_2d(client: &Client, kind: u32, host: usize, device: CUdeviceptr, x: usize, y: usize, pitch: usize) -> DriverResult<u64> {
+/// The address of one side's first byte and whether it is device memory, after checking that the
+/// memory is of the declared kind (unified: whatever the pointer is).
+fn side_of_2d(client: &Client, kind: u32, host: usize, device: CUdeviceptr, x: usize, y: usize, pitch: usize) -> DriverResult<(u64, bool)> {
     let base = match kind {
         memory_type::HOST => host as u64,
         memory_type::DEVICE | memory_type::UNIFIED => device,
@@ -140,7 +140,7 @@ fn side_of_2d(client: &Client, kind: u32, host: usize, device: CUdeviceptr, x: u
     match kind {
         memory_type::HOST if on_device => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
         memory_type::DEVICE if !on_device => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-        _ => Ok(address),
+        _ => Ok((address, on_device)),
     }
 }
 
@@ -160,8 +160,8 @@ unsafe fn memcpy_2d(copy: *const CUDA_MEMCPY2D, stream: CUstream, mode: Mode, pt
     if height > 1 && (p.srcPitch < width || p.dstPitch < width) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let src = side_of_2d(client, p.srcMemoryType, p.srcHost as usize, p.srcDevice, p.srcXInBytes, p.srcY, p.srcPitch)?;
-    let dst = side_of_2d(client, p.dstMemoryType, p.dstHost as usize, p.dstDevice, p.dstXInBytes, p.dstY, p.dstPitch)?;
+    let (src, src_on_device) = side_of_2d(client, p.srcMemoryType, p.srcHost as usize, p.srcDevice, p.srcXInBytes, p.srcY, p.srcPitch)?;
+    let (dst, dst_on_device) = side_of_2d(client, p.dstMemoryType, p.dstHost as usize, p.dstDevice, p.dstXInBytes, p.dstY, p.dstPitch)?;
     if width == 0 || height == 0 {
         return Ok(());
     }
@@ -176,8 +176,7 @@ unsafe fn memcpy_2d(copy: *const CUDA_MEMCPY2D, stream: CUstream, mode: Mode, pt
         // SAFETY: forwarded contract (each row lies inside the caller's rectangle).
         unsafe { memcpy(dst_row, src_row, width, None, stream, Mode::Asynchronous, ptds) }?;
     }
-    let host_only = !client.is_device_pointer(src) && !client.is_device_pointer(dst);
-    if mode == Mode::Synchronous && !host_only {
+    if mode == Mode::Synchronous && (src_on_device || dst_on_device) {
         let stream = resolve_stream(client, stream, ptds)?;
         client.call(req::StreamSynchronize { stream }).map_err(super::session::driver_error)?;
     }

@@ -364,15 +364,23 @@ pub unsafe fn cuKernelGetFunction(p_func: *mut CUfunction, kernel: CUkernel) -> 
     })
 }
 
-/// Every kernel of a module, with its handle, in the driver's order.
-pub(crate) fn kernels_of(id: u32, needs_context: bool) -> DriverResult<Vec<Arc<Function>>> {
+/// The names of a module's kernels, in the driver's order, with the session that knows them.
+fn kernel_names(id: u32, needs_context: bool) -> DriverResult<(&'static Client, Arc<Vec<String>>)> {
     let client = if needs_context { client()? } else { session_client()? };
-    registry::functions_of(&client.conn, id).map_err(driver_error)
+    let names = registry::function_names(&client.conn, id).map_err(driver_error)?;
+    Ok((client, names))
 }
 
+/// The first `limit` kernels of a module, each with its handle (found as by name).
+fn kernels_of(id: u32, needs_context: bool, limit: usize) -> DriverResult<Vec<Arc<Function>>> {
+    let (client, names) = kernel_names(id, needs_context)?;
+    names.iter().take(limit).map(|name| registry::function_by_name(&client.conn, id, name).map_err(driver_error)).collect()
+}
+
+/// The number of kernels: their names suffice, no lookups.
 fn write_count(count: *mut c_uint, id: u32, needs_context: bool) -> DriverResult {
     non_null([count.cast()])?;
-    let n = c_uint::try_from(kernels_of(id, needs_context)?.len()).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let n = c_uint::try_from(kernel_names(id, needs_context)?.1.len()).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
     // SAFETY: checked non-NULL; the caller's out-pointer.
     unsafe { write_out(count, n) }
 }
@@ -380,7 +388,7 @@ fn write_count(count: *mut c_uint, id: u32, needs_context: bool) -> DriverResult
 /// Writes up to `room` handles (the caller's buffer size, as the driver takes it).
 fn write_handles<T>(out: *mut *mut T, room: c_uint, id: u32, needs_context: bool) -> DriverResult {
     non_null([out.cast()])?;
-    for (index, kernel) in kernels_of(id, needs_context)?.iter().take(room as usize).enumerate() {
+    for (index, kernel) in kernels_of(id, needs_context, room as usize)?.iter().enumerate() {
         // SAFETY: `out` is non-NULL with room for `room` handles (the driver API's contract).
         unsafe { out.add(index).write(function_handle(kernel)) };
     }
@@ -408,7 +416,7 @@ pub unsafe fn cuLibraryEnumerateKernels(kernels: *mut CUkernel, num_kernels: c_u
 pub(crate) type EachFunction = unsafe extern "C" fn(*mut c_void, CUfunction, *const c_char);
 
 pub(crate) fn each_function(module: CUmodule, visit: EachFunction, opaque: *mut c_void) -> DriverResult<usize> {
-    let kernels = kernels_of(module_id(module)?, true)?;
+    let kernels = kernels_of(module_id(module)?, true, usize::MAX)?;
     for kernel in &kernels {
         let mut name: *const c_char = std::ptr::null();
         write_name(&mut name, function_handle::<c_void>(kernel))?;

@@ -8,23 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
-
-static const char *name_of(CUresult r) {
-    const char *name = NULL;
-    cuGetErrorName(r, &name);
-    return name ? name : "?";
-}
-
-#define EXPECT(call, expected)                                                                      \
-    do {                                                                                            \
-        CUresult got_ = (call);                                                                     \
-        if (got_ != (expected)) {                                                                   \
-            printf("FAIL line %d: %s: %s, expected %s\n", __LINE__, #call, name_of(got_),          \
-                   name_of(expected));                                                              \
-            failures++;                                                                             \
-        }                                                                                           \
-    } while (0)
+#include "driver_expect.h"
 
 #define EXPECT_ERROR(call)                                                                          \
     do {                                                                                            \

@@ -1,0 +1,22 @@
+// What the driver-API test programs share: a failure count, error names and EXPECT, which
+// compares a call's CUresult with the one expected and counts a mismatch.
+#include <cuda.h>
+#include <stdio.h>
+
+static int failures = 0;
+
+static const char *name_of(CUresult r) {
+    const char *name = NULL;
+    cuGetErrorName(r, &name);
+    return name ? name : "?";
+}
+
+#define EXPECT(call, expected)                                                                      \
+    do {                                                                                            \
+        CUresult got_ = (call);                                                                     \
+        if (got_ != (expected)) {                                                                   \
+            printf("FAIL line %d: %s: %s, expected %s\n", __LINE__, #call, name_of(got_),          \
+                   name_of(expected));                                                              \
+            failures++;                                                                             \
+        }                                                                                           \
+    } while (0)
