@@ -181,6 +181,11 @@ STDERR_COMPARE=(assert_fail printf)
 declare -A EXPECT_UNSUPPORTED=(
     [graph_capture]='cu(da)?(StreamBeginCapture|StreamEndCapture|StreamIsCapturing|Graph[A-Za-z_]*)'
 )
+# Programs whose kernels use host memory in place: through Flyt they need the shared-memory
+# channel (transport shm); over a socket alone they must fail loudly like the programs above.
+declare -A NEEDS_SHM_CHANNEL=(
+    [mapped_memory]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
+)
 # The tenants row's mix: programs (with arguments) whose output does not depend on timing under load.
 TENANT_MIX=("hello_flyt" "vector_add" "kernel_args" "errors" "printf" "assert_fail" "memcpy_kinds"
     "streams_events" "per_thread_stream" "multithread" "device_info" "registered_streams 5")
@@ -735,11 +740,11 @@ compare() {
     add_row "$prog" "$tr" "$same" "$(describe_rc "$nrc")" "$(describe_rc "$frc")" "$result" "$note"
 }
 
-# compare_unsupported PROGRAM TRANSPORT NATIVE_BASE FLYT_BASE [EXTRA_NOTE]: a program Flyt does not
-# support: native must pass, Flyt must fail loudly (exit 1-123, the function named on stderr).
+# compare_unsupported PROGRAM TRANSPORT NATIVE_BASE FLYT_BASE EXTRA_NOTE PATTERN: a program Flyt
+# does not support (on this transport): native must pass, Flyt must fail loudly (exit 1-123, stderr
+# matching PATTERN, which names the unsupported call).
 compare_unsupported() {
-    local prog=$1 tr=$2 nb=$3 fb=$4 extra=${5:-} nrc frc result=PASS notes=() named m
-    local pattern=${EXPECT_UNSUPPORTED[$prog]}
+    local prog=$1 tr=$2 nb=$3 fb=$4 extra=${5:-} pattern=$6 nrc frc result=PASS notes=() named m
     nrc=$(cat "$nb.rc")
     frc=$(cat "$fb.rc")
     if [ "$nrc" != 0 ] || ! tail -n 1 "$nb.out" | grep -q "^$prog: PASS\$"; then
@@ -945,8 +950,10 @@ for n in "${PROGS[@]}"; do
     for t in "${live[@]}"; do
         fb=$TMP/$n.$t
         log_run "$n | $t" "$fb"
-        if [ -n "${EXPECT_UNSUPPORTED[$n]:-}" ]; then
-            compare_unsupported "$n" "$t" "$nb" "$fb" "$extra"
+        unsupported=${EXPECT_UNSUPPORTED[$n]:-}
+        [ -z "$unsupported" ] && [ "$t" != shm ] && unsupported=${NEEDS_SHM_CHANNEL[$n]:-}
+        if [ -n "$unsupported" ]; then
+            compare_unsupported "$n" "$t" "$nb" "$fb" "$extra" "$unsupported"
         else
             compare "$n" "$t" "$nb" "$fb" 1 "$extra"
         fi

@@ -42,6 +42,18 @@ pub struct HostAllocation {
     pub segment_offset: Option<usize>,
     /// The app's own memory, registered with `cudaHostRegister` (never freed by the shim).
     pub registered: bool,
+    /// Kernels may use it at its host address (a block the server mapped at that address).
+    pub device_mapped: bool,
+}
+
+/// What a pointer into pinned or registered host memory belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostRange {
+    pub start: usize,
+    pub len: usize,
+    pub flags: u32,
+    /// Kernels may use the range at its host address.
+    pub device_mapped: bool,
 }
 
 /// A stream the app created.
@@ -355,10 +367,15 @@ impl Client {
     }
 
     /// The pinned host allocation holding `ptr`, as `(start, len, flags)`.
-    pub fn host_allocation(&self, ptr: usize) -> Option<(usize, usize, u32)> {
+    pub fn host_allocation(&self, ptr: usize) -> Option<HostRange> {
         let allocations = lock(&self.host_allocations);
         let (start, allocation) = allocations.range(..=ptr).next_back()?;
-        (ptr - start < allocation.len).then_some((*start, allocation.len, allocation.flags))
+        (ptr - start < allocation.len).then_some(HostRange {
+            start: *start,
+            len: allocation.len,
+            flags: allocation.flags,
+            device_mapped: allocation.device_mapped,
+        })
     }
 
     pub fn new_stream_id(&self) -> u64 {

@@ -23,11 +23,24 @@ fn host_layout(size: usize) -> CudaResult<Layout> {
     Layout::from_size_align(size.max(1), HOST_ALIGNMENT).map_err(|_| CudaError::MEMORY_ALLOCATION)
 }
 
+/// `CU_MEMHOSTALLOC_DEVICEMAP` (`cudaHostAllocMapped`): kernels will use the memory in place.
+pub const HOST_ALLOC_DEVICEMAP: u32 = 0x2;
+
 /// Pinned host memory of `size` bytes (`flags` as the front checked them): a block of the
-/// shared-memory segment when the channel has room, else page-aligned process memory.
+/// shared-memory segment when the channel has room, else page-aligned process memory. A block
+/// the server could map at its address here is mapped memory, as under unified addressing
+/// natively: kernels use it at its host address. `CU_MEMHOSTALLOC_DEVICEMAP` asks for exactly
+/// that, and fails with `NOT_SUPPORTED` where it cannot be had (no channel: the GPU is on another
+/// host, or the address is taken in the server).
 pub fn host_alloc(client: &Client, size: usize, flags: u32) -> CudaResult<*mut u8> {
-    let (ptr, segment_offset) = match segment_block(client, size) {
-        Some((offset, ptr)) => (ptr, Some(offset)),
+    let wants_mapping = flags & HOST_ALLOC_DEVICEMAP != 0;
+    let (ptr, segment_offset, device_mapped) = match segment_block(client, size) {
+        Some(block) if wants_mapping && !block.device_mapped => {
+            release_block(client, block.offset, block.len)?;
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        Some(block) => (block.ptr, Some(block.offset), block.device_mapped),
+        None if wants_mapping => return Err(CudaError::NOT_SUPPORTED),
         None => {
             let layout = host_layout(size)?;
             // SAFETY: the layout has a non-zero size.
@@ -35,30 +48,49 @@ pub fn host_alloc(client: &Client, size: usize, flags: u32) -> CudaResult<*mut u
             if ptr.is_null() {
                 return Err(CudaError::MEMORY_ALLOCATION);
             }
-            (ptr, None)
+            (ptr, None, false)
         }
     };
     client
         .host_allocations
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(ptr as usize, HostAllocation { len: size.max(1), flags, segment_offset, registered: false });
+        .insert(ptr as usize, HostAllocation { len: size.max(1), flags, segment_offset, registered: false, device_mapped });
     Ok(ptr)
+}
+
+/// A block of the segment, pinned on the server.
+struct SegmentBlock {
+    offset: usize,
+    len: usize,
+    ptr: *mut u8,
+    device_mapped: bool,
 }
 
 /// A block of the shared-memory segment, pinned on the server, when the channel is up and has
 /// room; otherwise pinned memory is ordinary memory copied through the socket or the staging
 /// slots.
-fn segment_block(client: &Client, size: usize) -> Option<(usize, *mut u8)> {
+fn segment_block(client: &Client, size: usize) -> Option<SegmentBlock> {
     let channel = client.shm.as_ref()?;
     let (offset, len) = channel.allocate(size)?;
-    match client.call(req::ShmRegister { offset: offset as u64, len: len as u64 }) {
-        Ok(_) => Some((offset, channel.ptr(offset))),
+    let ptr = channel.ptr(offset);
+    match client.call(req::ShmRegister { offset: offset as u64, len: len as u64, mapped_at: ptr as u64 }) {
+        // The server maps the block at our address or not at all.
+        Ok(reply) => Some(SegmentBlock { offset, len, ptr, device_mapped: reply.device_pointer == ptr as u64 }),
         Err(_) => {
             channel.release(offset, len);
             None
         }
     }
+}
+
+/// Unpins a segment block and gives it back to the channel.
+fn release_block(client: &Client, offset: usize, len: usize) -> CudaResult<()> {
+    client.post(req::ShmUnregister { offset: offset as u64 })?;
+    if let Some(channel) = client.shm.as_ref() {
+        channel.release(offset, len);
+    }
+    Ok(())
 }
 
 /// Where a copy goes by its pointers alone: memory the session knows as device memory is device
@@ -72,14 +104,15 @@ pub fn classify(client: &Client, dst: u64, src: u64) -> Direction {
     }
 }
 
-/// Sets `len` bytes at device address `dst` to `value` on `stream`, after checking the range.
-/// Queued: its errors arrive at the next synchronizing call.
-pub fn memset(client: &Client, dst: u64, value: u8, len: u64, stream: u64) -> CudaResult<()> {
+/// Fills `len` bytes at device address `dst` on `stream` with elements `width` bytes wide (1, 2
+/// or 4), each the low `width` bytes of `pattern`, after checking the range. Queued: its errors
+/// arrive at the next synchronizing call.
+pub fn memset(client: &Client, dst: u64, pattern: u32, width: u8, len: u64, stream: u64) -> CudaResult<()> {
     if len == 0 {
         return Ok(());
     }
     client.check_device_range(dst, len)?;
-    client.post(req::Memset { dst, value, len, stream })
+    client.post(req::Memset { dst, pattern, width, len, stream })
 }
 
 /// Frees pinned host memory [`host_alloc`] gave out. Memory the app registered is the app's to
@@ -93,10 +126,8 @@ pub fn host_free(client: &Client, address: usize) -> CudaResult<()> {
         allocations.remove(&address)
     };
     let allocation = allocation.ok_or(CudaError::INVALID_VALUE)?;
-    if let (Some(offset), Some(channel)) = (allocation.segment_offset, client.shm.as_ref()) {
-        client.post(req::ShmUnregister { offset: offset as u64 })?;
-        channel.release(offset, allocation.len.div_ceil(4096) * 4096);
-        return Ok(());
+    if let Some(offset) = allocation.segment_offset {
+        return release_block(client, offset, allocation.len.div_ceil(4096) * 4096);
     }
     // SAFETY: `address` was returned by `std::alloc::alloc` with this very layout in `host_alloc`
     // (the map holds exactly the pointers it gave out) and is removed from the map, so it is
@@ -116,7 +147,7 @@ pub fn host_register(client: &Client, start: usize, size: usize, flags: u32) -> 
     if overlaps {
         return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED);
     }
-    allocations.insert(start, HostAllocation { len: size, flags, segment_offset: None, registered: true });
+    allocations.insert(start, HostAllocation { len: size, flags, segment_offset: None, registered: true, device_mapped: false });
     Ok(())
 }
 

@@ -104,6 +104,7 @@ driver_functions! {
     cuMemHostRegister_v2(ptr: *mut c_void, size: usize, flags: c_uint);
     cuMemHostUnregister(ptr: *mut c_void);
     cuMemHostGetFlags(flags: *mut c_uint, ptr: *mut c_void);
+    cuMemHostGetDevicePointer_v2(device: *mut CUdeviceptr, host: *mut c_void, flags: c_uint);
     cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, count: usize);
     cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, count: usize);
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream);

@@ -57,6 +57,7 @@ macro_rules! cudart_exports {
                 cudaHostRegister(ptr: *mut c_void, size: usize, flags: c_uint);
                 cudaHostUnregister(ptr: *mut c_void);
                 cudaHostGetFlags(flags: *mut c_uint, ptr: *mut c_void);
+                cudaHostGetDevicePointer(device: *mut *mut c_void, host: *mut c_void, flags: c_uint);
                 cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind);
                 cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind);
                 cudaMemcpyAsync(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
@@ -198,7 +199,6 @@ macro_rules! cudart_exports {
         cudaGraphNodeGetDependentNodes, cudaGraphNodeGetEnabled, cudaGraphNodeGetType,
         cudaGraphNodeSetEnabled, cudaGraphNodeSetParams, cudaGraphReleaseUserObject,
         cudaGraphRemoveDependencies, cudaGraphRetainUserObject, cudaGraphUpload, cudaGraphUpload_ptsz,
-        cudaHostGetDevicePointer,
         cudaImportExternalMemory, cudaImportExternalSemaphore, cudaInitDevice, cudaIpcCloseMemHandle,
         cudaIpcGetEventHandle, cudaIpcGetMemHandle, cudaIpcOpenEventHandle, cudaIpcOpenMemHandle,
         cudaKernelSetAttributeForDevice, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz,

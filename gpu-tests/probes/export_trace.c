@@ -30,11 +30,16 @@ static int readable(uint64_t address, unsigned char *into, size_t n) {
     return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)n;
 }
 
+// How many bytes behind each argument to log (EXPORT_TRACE_BYTES, 64 to 1024, a multiple of 8).
+static int dump_bytes = 64;
+
 static void dump(const char *label, uint64_t address, int deeper) {
-    unsigned char bytes[64];
-    if (!readable(address, bytes, sizeof bytes)) return;
+    unsigned char bytes[1024];
+    int n = dump_bytes;
+    while (n > 8 && !readable(address, bytes, n)) n /= 2;
+    if (n < 8 || !readable(address, bytes, n)) return;
     fprintf(out, "    %s %#lx:", label, (unsigned long)address);
-    for (int i = 0; i < 64; i += 8) {
+    for (int i = 0; i < n; i += 8) {
         uint64_t word;
         memcpy(&word, bytes + i, 8);
         fprintf(out, " %016lx", (unsigned long)word);
@@ -118,6 +123,8 @@ static const char *KNOWN[] = {"21318c60-9714-3248-8ca6-41ff7324c8f2", "6e163fbe-
 __attribute__((constructor)) static void patch(void) {
     const char *spec = getenv("EXPORT_TRACE");
     if (!spec) return;
+    const char *bytes = getenv("EXPORT_TRACE_BYTES");
+    if (bytes && atoi(bytes) >= 64 && atoi(bytes) <= 1024) dump_bytes = atoi(bytes) / 8 * 8;
     const char *path = getenv("EXPORT_TRACE_OUT");
     out = path ? fopen(path, "a") : stderr;
     if (!out) out = stderr;

@@ -41,8 +41,9 @@ macro_rules! for_each_op {
             5 MemcpyDtoH memcpy_dtoh [sync_point bulk_out] { src: u64, len: u64, stream: u64, blocking: bool } -> {};
             /// Device to device.
             6 MemcpyDtoD memcpy_dtod [noreply -] { dst: u64, src: u64, len: u64, stream: u64 } -> {};
-            /// `cudaMemset*`: `len` bytes of `value`.
-            7 Memset memset [noreply -] { dst: u64, value: u8, len: u64, stream: u64 } -> {};
+            /// `cudaMemset*`, `cuMemsetD8/D16/D32*`: `len` bytes of elements `width` bytes wide (1, 2
+            /// or 4), each the low `width` bytes of `pattern`.
+            7 Memset memset [noreply -] { dst: u64, pattern: u32, width: u8, len: u64, stream: u64 } -> {};
             // --- modules and kernels ---
             /// A module image under a client-chosen id; its kernels and variables are asked for by
             /// name afterwards. The image's bytes follow as bulk, or, with `cached` (the image's
@@ -99,7 +100,11 @@ macro_rules! for_each_op {
             28 DeviceGetLimit device_get_limit [reply -] { limit: u32 } -> { value: u64 };
             // --- shared-memory channel (same host; offsets are into the session's segment) ---
             /// Pins `[offset, offset + len)` of the segment for DMA (a `cudaMallocHost` block).
-            29 ShmRegister shm_register [reply -] { offset: u64, len: u64 } -> {};
+            /// `mapped_at` (0: none): the client's address of the block. When that address is free
+            /// on the server, the block is mapped there too and pinned as mapped memory, and
+            /// `device_pointer` is the address kernels use for it (that same address, under unified
+            /// addressing); 0 when the block is pinned for copies only.
+            29 ShmRegister shm_register [reply -] { offset: u64, len: u64, mapped_at: u64 } -> { device_pointer: u64 };
             /// Unpins a block registered with `ShmRegister` (`cudaFreeHost`).
             30 ShmUnregister shm_unregister [noreply -] { offset: u64 } -> {};
             /// Host to device straight from pinned segment memory.

@@ -582,9 +582,9 @@ impl<D: Device> Drop for Session<D> {
         }
         if let Some(segment) = &self.shm {
             let _ = self.device.synchronize();
-            for offset in segment.pinned_blocks() {
-                // SAFETY: each block was registered by this session and the mapping is still up.
-                let _ = unsafe { self.device.host_unregister(segment.ptr(offset)) };
+            for pinned in segment.pinned_blocks() {
+                // SAFETY: each block was registered by this session and its mapping is still up.
+                let _ = unsafe { self.device.host_unregister(pinned) };
             }
         }
     }
@@ -702,11 +702,12 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn memset(&mut self, request: req::Memset, reply: Responder<rep::Memset>) {
-        let result = self
-            .ranges
-            .check(request.dst, request.len)
+        let width = u64::from(request.width);
+        let whole_elements = matches!(width, 1 | 2 | 4) && request.dst.is_multiple_of(width) && request.len.is_multiple_of(width);
+        let result = (if whole_elements { Ok(()) } else { Err(CudaError::INVALID_VALUE) })
+            .and_then(|()| self.ranges.check(request.dst, request.len))
             .and_then(|()| self.stream(request.stream))
-            .and_then(|stream| self.device.memset(request.dst, request.value, request.len, stream));
+            .and_then(|stream| self.device.memset(request.dst, request.pattern, request.width, request.len, stream));
         reply.send(result.map(|()| rep::Memset {}));
     }
 
@@ -1053,15 +1054,35 @@ impl<D: Device> OpHandler for Session<D> {
         let Some(segment) = self.shm.as_mut() else {
             return reply.send(Err(CudaError::NOT_SUPPORTED));
         };
-        let result = segment.add_block(request.offset, request.len).and_then(|()| {
+        let device = &self.device;
+        let result = (|| {
             let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
-            // SAFETY: the block lies inside the mapped segment (checked by `add_block`), which
-            // stays mapped for the session's life.
-            unsafe { self.device.host_register(segment.ptr(request.offset), len) }.inspect_err(|_| {
+            let pinned = segment.add_block(request.offset, request.len, (request.mapped_at != 0).then_some(request.mapped_at))?;
+            if let Some(alias) = segment.alias(request.offset) {
+                // SAFETY: the alias maps the block (inside the segment, checked by `add_block`)
+                // until the block is removed, after it is unpinned.
+                let mapped = unsafe { device.host_register(pinned, len, true) }.and_then(|()| match device.host_device_pointer(pinned) {
+                    Ok(device_pointer) if device_pointer == alias => Ok(()),
+                    // Not the same address on the device: of no use to the client's kernels.
+                    _ => {
+                        // SAFETY: registered just above.
+                        let _ = unsafe { device.host_unregister(pinned) };
+                        Err(CudaError::NOT_SUPPORTED)
+                    }
+                });
+                if mapped.is_ok() {
+                    return Ok(alias);
+                }
+            }
+            // Pinned for copies only, through the segment's own view of the block.
+            let view = segment.drop_alias(request.offset).ok_or(CudaError::INVALID_VALUE)?;
+            // SAFETY: the block lies inside the mapped segment, which stays mapped for the
+            // session's life.
+            unsafe { device.host_register(view, len, false) }.map(|()| 0).inspect_err(|_| {
                 segment.remove_block(request.offset);
             })
-        });
-        reply.send(result.map(|()| rep::ShmRegister {}));
+        })();
+        reply.send(result.map(|device_pointer| rep::ShmRegister { device_pointer }));
     }
 
     fn shm_unregister(&mut self, request: req::ShmUnregister, reply: Responder<rep::ShmUnregister>) {
@@ -1069,9 +1090,10 @@ impl<D: Device> OpHandler for Session<D> {
             return reply.send(Err(CudaError::NOT_SUPPORTED));
         };
         let result = match segment.remove_block(request.offset) {
-            // cudaFreeHost waits for the device, so no copy still uses the block.
-            // SAFETY: the block was registered by this session.
-            Some(_) => self.device.synchronize().and_then(|()| unsafe { self.device.host_unregister(segment.ptr(request.offset)) }),
+            // cudaFreeHost waits for the device, so no copy or kernel still uses the block; its
+            // alias (if any) is unmapped after it is unpinned.
+            // SAFETY: the block was registered by this session at `pinned`.
+            Some((pinned, _alias)) => self.device.synchronize().and_then(|()| unsafe { self.device.host_unregister(pinned) }),
             None => Err(CudaError::HOST_MEMORY_NOT_REGISTERED),
         };
         reply.send(result.map(|()| rep::ShmUnregister {}));
@@ -1080,13 +1102,13 @@ impl<D: Device> OpHandler for Session<D> {
     fn shm_copy_htod(&mut self, request: req::ShmCopyHtoD, reply: Responder<rep::ShmCopyHtoD>) {
         let result = (|| {
             let segment = self.shm.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;
-            segment.check_pinned(request.offset, request.len)?;
+            let source = segment.pinned(request.offset, request.len)?;
             self.ranges.check(request.dst, request.len)?;
             let stream = self.stream(request.stream)?;
             let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
-            // SAFETY: the source range is pinned segment memory (checked above), mapped for the
-            // session's life; the destination was validated against the session's ranges.
-            unsafe { self.device.copy_from_host(request.dst, segment.ptr(request.offset), len, stream) }
+            // SAFETY: the source range is pinned segment memory (checked above), mapped while
+            // it is pinned; the destination was validated against the session's ranges.
+            unsafe { self.device.copy_from_host(request.dst, source, len, stream) }
         })();
         reply.send(result.map(|()| rep::ShmCopyHtoD {}));
     }
@@ -1094,12 +1116,12 @@ impl<D: Device> OpHandler for Session<D> {
     fn shm_copy_dtoh(&mut self, request: req::ShmCopyDtoH, reply: Responder<rep::ShmCopyDtoH>) {
         let result = (|| {
             let segment = self.shm.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;
-            segment.check_pinned(request.offset, request.len)?;
+            let target = segment.pinned(request.offset, request.len)?;
             self.ranges.check(request.src, request.len)?;
             let stream = self.stream(request.stream)?;
             let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
             // SAFETY: as in `shm_copy_htod`, the other way round.
-            unsafe { self.device.copy_to_host(segment.ptr(request.offset), request.src, len, stream) }
+            unsafe { self.device.copy_to_host(target, request.src, len, stream) }
         })();
         reply.send(result.map(|()| rep::ShmCopyDtoH {}));
     }

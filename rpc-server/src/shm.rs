@@ -1,6 +1,11 @@
 //! The server's side of a session's shared-memory segment: the client's memory, mapped here too
 //! and pinned for DMA, so copies from or to it need no socket and no extra copy. Every offset the
 //! client sends is checked against the segment and against what is pinned.
+//!
+//! A pinned block (a `cuMemHostAlloc` of the app) is also mapped a second time at the very
+//! address the app sees it at, when that address is free in this process, and pinned there as
+//! mapped memory: with unified addressing its device pointer is then that same address, so a
+//! kernel given the app's host pointer reads and writes the app's pages, as on a local GPU.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -12,20 +17,82 @@ use flyt_protocol::error::CudaResult;
 /// Pinned blocks are page aligned (the client allocates them so).
 const PAGE: u64 = 4096;
 
+/// Lowest and highest (exclusive) addresses a block may be mapped at: above the kernel's
+/// `mmap_min_addr` and inside the 47-bit user address space.
+const ALIAS_RANGE: std::ops::Range<u64> = 1 << 16..1 << 47;
+
+/// A block's second mapping, at the client's address of it; unmapped when dropped.
+#[derive(Debug)]
+pub struct Alias {
+    address: u64,
+    len: usize,
+}
+
+impl Alias {
+    /// Maps `len` bytes of `file` from `offset` at exactly `address`, or `None` when anything
+    /// of this process lies there already (it is never replaced) or the address is unusable.
+    fn map(file: &File, offset: u64, len: u64, address: u64) -> Option<Self> {
+        let end = address.checked_add(len)?;
+        if !address.is_multiple_of(PAGE) || address < ALIAS_RANGE.start || end > ALIAS_RANGE.end {
+            return None;
+        }
+        let (len, offset) = (usize::try_from(len).ok()?, libc::off_t::try_from(offset).ok()?);
+        // SAFETY: a new shared mapping of the segment file; MAP_FIXED_NOREPLACE fails instead of
+        // replacing anything already mapped at that address, so no memory of ours changes.
+        let mapped = unsafe {
+            libc::mmap(
+                address as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+                file.as_raw_fd(),
+                offset,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return None;
+        }
+        // Kernels before 4.17 take the flag as a hint and may map elsewhere: not ours to keep.
+        let alias = Self { address: mapped as u64, len };
+        (alias.address == address).then_some(alias)
+    }
+
+    pub fn address(&self) -> u64 {
+        self.address
+    }
+}
+
+impl Drop for Alias {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `Alias::map` and is unmapped once, here.
+        let _ = unsafe { libc::munmap(self.address as *mut libc::c_void, self.len) };
+    }
+}
+
+/// A block pinned on the client's request.
+#[derive(Debug)]
+struct Block {
+    len: u64,
+    /// The block's mapping at the client's address, pinned as mapped memory instead of the
+    /// segment's own view of it.
+    alias: Option<Alias>,
+}
+
 /// A mapped segment.
 #[derive(Debug)]
 pub struct Segment {
+    file: File,
     map: memmap2::MmapRaw,
     size: u64,
     staging: u64,
-    /// Blocks pinned on the client's request: offset -> length.
-    registered: BTreeMap<u64, u64>,
+    /// Blocks pinned on the client's request, by offset.
+    registered: BTreeMap<u64, Block>,
 }
 
 impl Segment {
     /// Maps a segment of `size` bytes whose first `staging` bytes are the staging area. A memfd
     /// is sealed against shrinking first, so the client cannot make the mapping fault under us.
-    pub fn map(file: &File, size: u64, staging: u64, memfd: bool) -> Result<Self, String> {
+    pub fn map(file: File, size: u64, staging: u64, memfd: bool) -> Result<Self, String> {
         if staging > size || !staging.is_multiple_of(PAGE) || !size.is_multiple_of(PAGE) || size == 0 {
             return Err(format!("segment of {size} bytes with {staging} staging bytes is not page aligned"));
         }
@@ -41,13 +108,13 @@ impl Segment {
             return Err(format!("the segment holds {actual} bytes, not the {size} offered"));
         }
         let len = usize::try_from(size).map_err(|_| "segment too large".to_string())?;
-        let map = memmap2::MmapOptions::new().len(len).map_raw(file).map_err(|error| format!("mapping the segment: {error}"))?;
+        let map = memmap2::MmapOptions::new().len(len).map_raw(&file).map_err(|error| format!("mapping the segment: {error}"))?;
         // Ask for huge pages where the kernel allows them for shared memory: DMA from pinned
         // memory in 4 KiB pages was measured slower (43 GB/s for 64 MiB) than native pinned
         // memory (55 GB/s). Refused or unsupported, it changes nothing.
         // SAFETY: advice on a mapping this struct owns; it never changes the mapping's contents.
         let _ = unsafe { libc::madvise(map.as_mut_ptr().cast(), len, libc::MADV_HUGEPAGE) };
-        Ok(Self { map, size, staging, registered: BTreeMap::new() })
+        Ok(Self { file, map, size, staging, registered: BTreeMap::new() })
     }
 
     /// Where `offset` lies in this process.
@@ -61,42 +128,70 @@ impl Segment {
     }
 
     /// Checks that `[offset, offset + len)` is inside the segment and pinned (staging or a
-    /// registered block), so DMA may use it.
-    pub fn check_pinned(&self, offset: u64, len: u64) -> CudaResult<()> {
+    /// registered block), so DMA may use it, and gives the address it is pinned at here.
+    pub fn pinned(&self, offset: u64, len: u64) -> CudaResult<*mut u8> {
         let end = offset.checked_add(len).filter(|end| *end <= self.size).ok_or(CudaError::INVALID_VALUE)?;
         if end <= self.staging {
-            return Ok(());
+            return Ok(self.ptr(offset));
         }
         match self.registered.range(..=offset).next_back() {
-            Some((start, block)) if end <= start + block => Ok(()),
+            Some((start, block)) if end <= start + block.len => Ok(match &block.alias {
+                Some(alias) => (alias.address() + (offset - start)) as *mut u8,
+                None => self.ptr(offset),
+            }),
             _ => Err(CudaError::INVALID_VALUE),
         }
     }
 
     /// Records a block to pin; it must be page aligned, inside the segment, outside staging and
-    /// apart from every other block.
-    pub fn add_block(&mut self, offset: u64, len: u64) -> CudaResult<()> {
+    /// apart from every other block. With `address` (the client's address of the block), the
+    /// block is also mapped there if that is free here; the caller then pins that mapping.
+    /// Gives the address to pin: the alias or the segment's own view.
+    pub fn add_block(&mut self, offset: u64, len: u64, address: Option<u64>) -> CudaResult<*mut u8> {
         let end = offset.checked_add(len).filter(|end| *end <= self.size).ok_or(CudaError::INVALID_VALUE)?;
         if len == 0 || !offset.is_multiple_of(PAGE) || offset < self.staging {
             return Err(CudaError::INVALID_VALUE);
         }
-        let overlaps_before = self.registered.range(..offset).next_back().is_some_and(|(start, block)| start + block > offset);
+        let overlaps_before = self.registered.range(..offset).next_back().is_some_and(|(start, block)| start + block.len > offset);
         let overlaps_after = self.registered.range(offset..end).next().is_some();
         if overlaps_before || overlaps_after {
             return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED);
         }
-        self.registered.insert(offset, len);
-        Ok(())
+        let alias = address.and_then(|address| Alias::map(&self.file, offset, len, address));
+        let pinned = alias.as_ref().map_or_else(|| self.ptr(offset), |alias| alias.address() as *mut u8);
+        self.registered.insert(offset, Block { len, alias });
+        Ok(pinned)
     }
 
-    /// Forgets a block; `None` if no block starts at `offset`.
-    pub fn remove_block(&mut self, offset: u64) -> Option<u64> {
-        self.registered.remove(&offset)
+    /// The client's address of the block at `offset`, when the block is mapped there.
+    pub fn alias(&self, offset: u64) -> Option<u64> {
+        self.registered.get(&offset)?.alias.as_ref().map(Alias::address)
     }
 
-    /// Every pinned block, staging first, for unpinning at the end.
-    pub fn pinned_blocks(&self) -> Vec<u64> {
-        std::iter::once(0).filter(|_| self.staging > 0).chain(self.registered.keys().copied()).collect()
+    /// Gives up a block's alias (after its pinning there failed): the segment's view is pinned instead.
+    pub fn drop_alias(&mut self, offset: u64) -> Option<*mut u8> {
+        let block = self.registered.get_mut(&offset)?;
+        block.alias = None;
+        Some(self.ptr(offset))
+    }
+
+    /// Forgets a block, giving the address it was pinned at; `None` if no block starts at
+    /// `offset`. Its alias, if any, stays mapped until the returned guard is dropped, so the
+    /// caller unpins it first.
+    pub fn remove_block(&mut self, offset: u64) -> Option<(*mut u8, Option<Alias>)> {
+        let block = self.registered.remove(&offset)?;
+        let pinned = block.alias.as_ref().map_or_else(|| self.ptr(offset), |alias| alias.address() as *mut u8);
+        Some((pinned, block.alias))
+    }
+
+    /// Every pinned address, staging first, for unpinning at the end.
+    pub fn pinned_blocks(&self) -> Vec<*mut u8> {
+        let staging = (self.staging > 0).then(|| self.ptr(0));
+        let blocks = self.registered.iter().map(|(offset, block)| match &block.alias {
+            Some(alias) => alias.address() as *mut u8,
+            None => self.ptr(*offset),
+        });
+        staging.into_iter().chain(blocks).collect()
     }
 }
 
@@ -108,25 +203,61 @@ mod tests {
         let fd = nix::sys::memfd::memfd_create(c"test", nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING).unwrap();
         let file = File::from(fd);
         file.set_len(64 * PAGE).unwrap();
-        Segment::map(&file, 64 * PAGE, 8 * PAGE, true).unwrap()
+        Segment::map(file, 64 * PAGE, 8 * PAGE, true).unwrap()
+    }
+
+    /// An address range that was free a moment ago.
+    fn free_address(len: u64) -> u64 {
+        let map = memmap2::MmapMut::map_anon(len as usize).unwrap();
+        map.as_ptr() as u64
     }
 
     #[test]
     fn only_pinned_ranges_inside_the_segment_pass() {
         let mut segment = segment();
-        assert_eq!(segment.check_pinned(0, 8 * PAGE), Ok(()));
-        assert_eq!(segment.check_pinned(8 * PAGE, 1), Err(CudaError::INVALID_VALUE));
-        segment.add_block(16 * PAGE, 4 * PAGE).unwrap();
-        assert_eq!(segment.check_pinned(17 * PAGE, PAGE), Ok(()));
-        assert_eq!(segment.check_pinned(19 * PAGE, PAGE + 1), Err(CudaError::INVALID_VALUE));
-        assert_eq!(segment.check_pinned(u64::MAX, 2), Err(CudaError::INVALID_VALUE));
-        assert_eq!(segment.add_block(18 * PAGE, PAGE), Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED));
-        assert_eq!(segment.add_block(12 * PAGE, 8 * PAGE), Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED));
-        assert_eq!(segment.add_block(4 * PAGE, PAGE), Err(CudaError::INVALID_VALUE), "staging is not a block");
-        assert_eq!(segment.add_block(60 * PAGE, 8 * PAGE), Err(CudaError::INVALID_VALUE), "past the end");
-        assert_eq!(segment.add_block(30 * PAGE + 1, PAGE), Err(CudaError::INVALID_VALUE), "unaligned");
-        assert_eq!(segment.remove_block(16 * PAGE), Some(4 * PAGE));
-        assert_eq!(segment.check_pinned(17 * PAGE, PAGE), Err(CudaError::INVALID_VALUE));
+        assert_eq!(segment.pinned(0, 8 * PAGE), Ok(segment.ptr(0)));
+        assert_eq!(segment.pinned(8 * PAGE, 1), Err(CudaError::INVALID_VALUE));
+        assert_eq!(segment.add_block(16 * PAGE, 4 * PAGE, None), Ok(segment.ptr(16 * PAGE)));
+        assert_eq!(segment.pinned(17 * PAGE, PAGE), Ok(segment.ptr(17 * PAGE)));
+        assert_eq!(segment.pinned(19 * PAGE, PAGE + 1), Err(CudaError::INVALID_VALUE));
+        assert_eq!(segment.pinned(u64::MAX, 2), Err(CudaError::INVALID_VALUE));
+        assert_eq!(segment.add_block(18 * PAGE, PAGE, None), Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED));
+        assert_eq!(segment.add_block(12 * PAGE, 8 * PAGE, None), Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED));
+        assert_eq!(segment.add_block(4 * PAGE, PAGE, None), Err(CudaError::INVALID_VALUE), "staging is not a block");
+        assert_eq!(segment.add_block(60 * PAGE, 8 * PAGE, None), Err(CudaError::INVALID_VALUE), "past the end");
+        assert_eq!(segment.add_block(30 * PAGE + 1, PAGE, None), Err(CudaError::INVALID_VALUE), "unaligned");
+        assert_eq!(segment.remove_block(16 * PAGE).map(|(pinned, alias)| (pinned, alias.is_none())), Some((segment.ptr(16 * PAGE), true)));
+        assert_eq!(segment.pinned(17 * PAGE, PAGE), Err(CudaError::INVALID_VALUE));
+    }
+
+    #[test]
+    fn a_block_is_mapped_at_the_clients_address_when_it_is_free() {
+        let mut segment = segment();
+        let address = free_address(2 * PAGE);
+        assert_eq!(segment.add_block(20 * PAGE, 2 * PAGE, Some(address)), Ok(address as *mut u8));
+        assert_eq!(segment.alias(20 * PAGE), Some(address));
+        assert_eq!(segment.pinned(21 * PAGE + 8, 16), Ok((address + PAGE + 8) as *mut u8));
+        // The same pages: what the segment's view holds, the alias shows.
+        // SAFETY: both pointers lie in live mappings of the same two pages.
+        unsafe {
+            segment.ptr(21 * PAGE).write(0x5a);
+            assert_eq!(((address + PAGE) as *const u8).read(), 0x5a);
+        }
+        let (pinned, alias) = segment.remove_block(20 * PAGE).unwrap();
+        assert_eq!(pinned, address as *mut u8);
+        drop(alias);
+        assert_eq!(segment.pinned(20 * PAGE, 1), Err(CudaError::INVALID_VALUE));
+
+        // Where something of this process lies (the segment's own mapping) nothing is replaced;
+        // nor is an unaligned or out-of-range address used.
+        let taken = segment.ptr(0) as u64;
+        for address in [taken, address + 1, 0, 1 << 47] {
+            assert_eq!(segment.add_block(30 * PAGE, PAGE, Some(address)), Ok(segment.ptr(30 * PAGE)), "{address:#x}");
+            assert_eq!(segment.alias(30 * PAGE), None);
+            segment.remove_block(30 * PAGE);
+        }
+        // SAFETY: the segment's first page is still its own mapping, untouched.
+        assert_eq!(unsafe { segment.ptr(0).read() }, 0);
     }
 
     #[test]
@@ -134,6 +265,6 @@ mod tests {
         let fd = nix::sys::memfd::memfd_create(c"short", nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING).unwrap();
         let file = File::from(fd);
         file.set_len(PAGE).unwrap();
-        assert!(Segment::map(&file, 64 * PAGE, 0, true).unwrap_err().contains("holds 4096 bytes"));
+        assert!(Segment::map(file, 64 * PAGE, 0, true).unwrap_err().contains("holds 4096 bytes"));
     }
 }

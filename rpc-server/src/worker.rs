@@ -82,11 +82,11 @@ fn accept_segment<D: Device>(connection: &Connection, offer: &ShmOffer, client: 
     if offer.size > MAX_SEGMENT {
         return Err(format!("a segment of {} bytes is larger than this server maps", offer.size));
     }
-    let segment = Segment::map(&file, offer.size, offer.staging, memfd)?;
+    let segment = Segment::map(file, offer.size, offer.staging, memfd)?;
     if segment.staging() > 0 {
         let staging = usize::try_from(segment.staging()).map_err(|_| "staging too large".to_string())?;
         // SAFETY: the staging area lies inside the mapping, which the session keeps.
-        unsafe { device.host_register(segment.ptr(0), staging) }.map_err(|error| format!("pinning the staging area: {error}"))?;
+        unsafe { device.host_register(segment.ptr(0), staging, false) }.map_err(|error| format!("pinning the staging area: {error}"))?;
     }
     Ok(segment)
 }

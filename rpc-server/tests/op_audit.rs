@@ -85,9 +85,12 @@ macro_rules! probes {
     };
     (Memset, $v:ident) => {
         vec![
-            refused(req::Memset { dst: BOGUS_POINTER, value: 0, len: 16, stream: 0 }, INVALID_VALUE),
-            refused(req::Memset { dst: $v.ptr + $v.len - 1, value: 0, len: 2, stream: 0 }, INVALID_VALUE),
-            refused(req::Memset { dst: $v.ptr, value: 0, len: 16, stream: BOGUS_HANDLE }, UNKNOWN_HANDLE),
+            refused(req::Memset { dst: BOGUS_POINTER, pattern: 0, width: 1, len: 16, stream: 0 }, INVALID_VALUE),
+            refused(req::Memset { dst: $v.ptr + $v.len - 1, pattern: 0, width: 1, len: 2, stream: 0 }, INVALID_VALUE),
+            refused(req::Memset { dst: $v.ptr, pattern: 0, width: 1, len: 16, stream: BOGUS_HANDLE }, UNKNOWN_HANDLE),
+            refused(req::Memset { dst: $v.ptr, pattern: 0, width: 3, len: 12, stream: 0 }, INVALID_VALUE),
+            refused(req::Memset { dst: $v.ptr + 2, pattern: 0, width: 4, len: 8, stream: 0 }, INVALID_VALUE),
+            refused(req::Memset { dst: $v.ptr, pattern: 0, width: 4, len: 6, stream: 0 }, INVALID_VALUE),
         ]
     };
     (RegisterModule, $v:ident) => {
@@ -206,7 +209,7 @@ macro_rules! probes {
     // This session has no shared-memory segment: every segment op is refused (bad offsets in a
     // session that has one are `robustness.rs`'s).
     (ShmRegister, $v:ident) => {
-        vec![refused(req::ShmRegister { offset: 0, len: 4096 }, CudaError::NOT_SUPPORTED)]
+        vec![refused(req::ShmRegister { offset: 0, len: 4096, mapped_at: 0 }, CudaError::NOT_SUPPORTED)]
     };
     (ShmUnregister, $v:ident) => {
         vec![refused(req::ShmUnregister { offset: 0 }, CudaError::NOT_SUPPORTED)]
@@ -369,7 +372,7 @@ fn device_synchronize_delivers_a_deferred_error_once(socket: &str) {
     let clean = session.call_with_deferred(req::DeviceSynchronize {}).0;
     assert_eq!((clean.result.is_ok(), clean.deferred), (true, None));
     session.send(&req::StreamDestroy { stream: BOGUS_HANDLE }.into(), &[]);
-    session.send(&req::Memset { dst: BOGUS_POINTER, value: 0, len: 1, stream: 0 }.into(), &[]);
+    session.send(&req::Memset { dst: BOGUS_POINTER, pattern: 0, width: 1, len: 1, stream: 0 }.into(), &[]);
     // The first error of the two, once.
     let first = session.call_with_deferred(req::DeviceSynchronize {}).0;
     assert_eq!((first.result.is_ok(), first.deferred), (true, Some(UNKNOWN_HANDLE)));

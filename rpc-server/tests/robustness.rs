@@ -73,7 +73,7 @@ fn bad_requests_get_cuda_errors_and_the_session_goes_on() {
     let too_big = session.info.copy_chunk + 1;
     assert_eq!(session.call(req::MemcpyDtoH { src: ptr, len: too_big, stream: 0, blocking: true }).0, Err(CudaError::INVALID_VALUE));
     // An asynchronous op that fails reports at the next sync point, once.
-    session.send(&req::Memset { dst: ptr + 1020, value: 0, len: 8, stream: 0 }.into(), &[]);
+    session.send(&req::Memset { dst: ptr + 1020, pattern: 0, width: 1, len: 8, stream: 0 }.into(), &[]);
     session.send(&req::StreamCreate { stream: 0, flags: 0, priority: 0 }.into(), &[]);
     let first = session.call_with_deferred(req::DeviceSynchronize {}).0;
     assert_eq!((first.result.is_ok(), first.deferred), (true, Some(CudaError::INVALID_VALUE)));
@@ -200,7 +200,7 @@ fn bad_segments_and_offsets_get_clear_errors() {
     assert!(!short.info.shm_accepted);
     assert!(short.info.shm_refusal.as_deref().unwrap_or_default().contains("holds 4096 bytes"), "{:?}", short.info.shm_refusal);
     short.round_trip(8);
-    assert_eq!(short.call(req::ShmRegister { offset: 0, len: 4096 }).0, Err(CudaError::NOT_SUPPORTED));
+    assert_eq!(short.call(req::ShmRegister { offset: 0, len: 4096, mapped_at: 0 }).0, Err(CudaError::NOT_SUPPORTED));
 
     let (mut session, _file) = open_with_segment(&socket, 16 << 20, 16 << 20, 8 << 20);
     assert!(session.info.shm_accepted);
@@ -214,12 +214,44 @@ fn bad_segments_and_offsets_get_clear_errors() {
         let reply = session.call_with_deferred(req::DeviceSynchronize {}).0;
         assert_eq!(reply.deferred, Some(CudaError::INVALID_VALUE), "offset {offset} len {len}");
     }
-    assert_eq!(session.call(req::ShmRegister { offset: 4096, len: 4096 }).0, Err(CudaError::INVALID_VALUE), "inside staging");
-    assert_eq!(session.call(req::ShmRegister { offset: 12 << 20, len: 8 << 20 }).0, Err(CudaError::INVALID_VALUE), "past the end");
-    session.call(req::ShmRegister { offset: 8 << 20, len: 4 << 20 }).0.expect("a block");
-    assert_eq!(session.call(req::ShmRegister { offset: 10 << 20, len: 4096 }).0, Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED));
+    assert_eq!(session.call(req::ShmRegister { offset: 4096, len: 4096, mapped_at: 0 }).0, Err(CudaError::INVALID_VALUE), "inside staging");
+    assert_eq!(
+        session.call(req::ShmRegister { offset: 12 << 20, len: 8 << 20, mapped_at: 0 }).0,
+        Err(CudaError::INVALID_VALUE),
+        "past the end"
+    );
+    session.call(req::ShmRegister { offset: 8 << 20, len: 4 << 20, mapped_at: 0 }).0.expect("a block");
+    assert_eq!(
+        session.call(req::ShmRegister { offset: 10 << 20, len: 4096, mapped_at: 0 }).0,
+        Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED)
+    );
     session.send(&req::ShmCopyDtoH { src: ptr, offset: 9 << 20, len: 1 << 20, stream: 0 }.into(), &[]);
     assert_eq!(session.call_with_deferred(req::ShmFence { stream: 0 }).0.result, Ok(flyt_protocol::ops::rep::ShmFence {}));
+
+    // A block is also mapped at the client's address of it when that address is free in the
+    // server (kernels then use the app's pointer), never over anything of the server's; copies
+    // go through that mapping of the same pages.
+    const FREE: u64 = 0x6d00_0000_0000;
+    let mapped = session.call(req::ShmRegister { offset: 12 << 20, len: 8192, mapped_at: FREE }).0.expect("a mapped block");
+    assert_eq!(mapped.device_pointer, FREE);
+    let twice = session.call(req::ShmRegister { offset: 13 << 20, len: 4096, mapped_at: FREE }).0.expect("a block");
+    assert_eq!(twice.device_pointer, 0, "the address is taken by the first block now");
+    for (offset, unusable) in [(14 << 20, FREE + 1), (14 << 20, 1 << 47), (14 << 20, 4096), (14 << 20, u64::MAX - 4095)] {
+        let reply = session.call(req::ShmRegister { offset, len: 4096, mapped_at: unusable }).0.expect("a block");
+        assert_eq!(reply.device_pointer, 0, "{unusable:#x}");
+        session.send(&req::ShmUnregister { offset }.into(), &[]);
+    }
+    std::os::unix::fs::FileExt::write_all_at(&_file, b"mapped pages", (12 << 20) + 4096).unwrap();
+    session.send(&req::ShmCopyHtoD { dst: ptr, offset: (12 << 20) + 4096, len: 12, stream: 0 }.into(), &[]);
+    session.send(&req::ShmCopyDtoH { src: ptr, offset: 12 << 20, len: 12, stream: 0 }.into(), &[]);
+    assert_eq!(session.call_with_deferred(req::ShmFence { stream: 0 }).0.result, Ok(flyt_protocol::ops::rep::ShmFence {}));
+    let mut back = [0u8; 12];
+    std::os::unix::fs::FileExt::read_exact_at(&_file, &mut back, 12 << 20).unwrap();
+    assert_eq!(&back, b"mapped pages");
+    session.send(&req::ShmUnregister { offset: 12 << 20 }.into(), &[]);
+    let again = session.call(req::ShmRegister { offset: 12 << 20, len: 4096, mapped_at: FREE }).0.expect("a block");
+    assert_eq!(again.device_pointer, FREE, "unregistering unmapped the alias");
+
     // The client unmapping or resizing its side cannot hurt the server: the memfd is sealed.
     assert!(_file.set_len(4096).is_err(), "the server seals the segment against shrinking");
     session.round_trip(9);

@@ -206,6 +206,11 @@ fn library_needs_pitched_copies_stream_ids_and_tool_entries() {
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         assert!(stderr.contains("cuMemcpy2D with a CUDA array (CU_MEMORYTYPE_ARRAY) is not supported through Flyt"), "{stderr}");
+        assert_eq!(
+            stderr.contains("cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP needs the shared-memory channel"),
+            shm == "off",
+            "{stderr}"
+        );
         assert!(!stderr.contains("is not implemented"), "{stderr}");
     }
 }

@@ -6,6 +6,7 @@ use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
 
 use flyt_client::client::Client;
 use flyt_client::transfer::{self, Direction, Mode};
+use flyt_protocol::CudaError;
 use flyt_protocol::ops::req;
 
 use super::session::{client, resolve_stream, run};
@@ -206,25 +207,16 @@ copies_2d! {
     cuMemcpy2DAsync_v2_ptsz(h_stream) => Asynchronous, true;
 }
 
-/// A memset of `n` elements of `width` bytes, all equal to `pattern`'s low `width` bytes. The
-/// server's memset writes one byte value: a pattern whose bytes differ is refused with one line,
-/// never filled wrongly.
-fn memset(symbol: &str, dst: CUdeviceptr, pattern: u32, width: usize, n: usize, stream: CUstream, ptds: bool) -> DriverResult {
+/// A memset of `n` elements of `width` bytes, each the low `width` bytes of `pattern`.
+fn memset(dst: CUdeviceptr, pattern: u32, width: usize, n: usize, stream: CUstream, ptds: bool) -> DriverResult {
     let client = client()?;
     let stream = resolve_stream(client, stream, ptds)?;
-    let bytes = pattern.to_le_bytes();
-    if bytes[..width].iter().any(|byte| *byte != bytes[0]) {
-        let line =
-            format!("flyt: {symbol} with a value whose bytes differ is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)");
-        crate::diagnostics::once(&format!("{symbol} pattern"), &line);
-        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-    }
     // The driver requires 2- and 4-byte memsets to be aligned to their width.
     if !dst.is_multiple_of(width as u64) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let len = n.checked_mul(width).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)? as u64;
-    transfer::memset(client, dst, bytes[0], len, stream).map_err(super::session::driver_error)
+    transfer::memset(client, dst, pattern, width as u8, len, stream).map_err(super::session::driver_error)
 }
 
 macro_rules! memsets {
@@ -233,7 +225,7 @@ macro_rules! memsets {
             #[allow(unused_mut, unused_assignments, reason = "the synchronous forms have no stream")]
             let mut stream: CUstream = std::ptr::null_mut();
             $(stream = $stream;)?
-            run(|| memset(stringify!($name), dst_device, u32::from($value), $width, n, stream, $ptds))
+            run(|| memset(dst_device, u32::from($value), $width, n, stream, $ptds))
         }
     )*};
 }
@@ -258,15 +250,17 @@ fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) -> DriverRes
     if flags & !HOST_ALLOC_FLAGS != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    // Mapped memory would be host memory kernels dereference; the GPU is elsewhere.
-    if flags & HOST_ALLOC_DEVICEMAP != 0 {
-        crate::diagnostics::once(
-            "cuMemHostAlloc mapped",
-            "flyt: cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)",
-        );
-        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-    }
-    let ptr = transfer::host_alloc(client()?, bytesize, flags).map_err(super::session::driver_error)?;
+    let ptr = transfer::host_alloc(client()?, bytesize, flags).map_err(|error| {
+        // Mapped memory is host memory kernels use in place: it needs the GPU's server on this
+        // host, sharing the app's pages at the app's addresses.
+        if flags & HOST_ALLOC_DEVICEMAP != 0 && error == CudaError::NOT_SUPPORTED {
+            crate::diagnostics::once(
+                "cuMemHostAlloc mapped",
+                "flyt: cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP needs the shared-memory channel (GPU server on this host) with the block's address free in the server (returning CUDA_ERROR_NOT_SUPPORTED)",
+            );
+        }
+        super::session::driver_error(error)
+    })?;
     // SAFETY: checked non-NULL; the caller's out-pointer.
     unsafe { write_out(pp, ptr.cast()) }
 }
@@ -309,12 +303,27 @@ const ACCESS_READ_WRITE: c_uint = 3;
 const MEMORYTYPE_HOST: c_uint = 1;
 const MEMORYTYPE_DEVICE: c_uint = 2;
 
-/// What the session knows of an address: a device range or a pinned host block, `(start, len, is_device)`.
-fn known(client: &Client, ptr: u64) -> Option<(u64, u64, bool)> {
+/// What the session knows of an address.
+#[derive(Clone, Copy)]
+struct Known {
+    start: u64,
+    len: u64,
+    /// Where it lives: device memory, or pinned or registered host memory.
+    device: bool,
+    /// Kernels may use it at this same address (device memory, or mapped host memory).
+    device_accessible: bool,
+}
+
+fn known(client: &Client, ptr: u64) -> Option<Known> {
     if let Some((start, len)) = client.device_range(ptr) {
-        return Some((start, len, true));
+        return Some(Known { start, len, device: true, device_accessible: true });
     }
-    client.host_allocation(ptr as usize).map(|(start, len, _)| (start as u64, len as u64, false))
+    client.host_allocation(ptr as usize).map(|host| Known {
+        start: host.start as u64,
+        len: host.len as u64,
+        device: false,
+        device_accessible: host.device_mapped,
+    })
 }
 
 /// Writes one attribute of `ptr` to `data`: from what the session knows of it (`found`), or, for
@@ -326,13 +335,13 @@ unsafe fn write_attribute(
     data: *mut c_void,
     attribute: CUpointer_attribute,
     ptr: CUdeviceptr,
-    found: Option<(u64, u64, bool)>,
+    found: Option<Known>,
     several: bool,
 ) -> DriverResult {
     use pointer_attribute::*;
     // SAFETY: per this function's contract, `data` holds the type each arm writes.
     unsafe {
-        let Some((start, len, device)) = found else {
+        let Some(Known { start, len, device, device_accessible }) = found else {
             return match attribute {
                 CONTEXT | HOST_POINTER | MEMPOOL_HANDLE => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
                 DEVICE_POINTER | RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), 0),
@@ -351,11 +360,12 @@ unsafe fn write_attribute(
                 write_out(data.cast(), context.handle())
             }
             MEMORY_TYPE => write_out(data.cast::<c_uint>(), if device { MEMORYTYPE_DEVICE } else { MEMORYTYPE_HOST }),
-            DEVICE_POINTER if device => write_out(data.cast::<CUdeviceptr>(), ptr),
+            // Unified addressing: mapped host memory has its host address on the device too.
+            DEVICE_POINTER if device_accessible => write_out(data.cast::<CUdeviceptr>(), ptr),
             HOST_POINTER if !device => write_out(data.cast::<*mut c_void>(), ptr as usize as *mut c_void),
-            // Device memory has no host address, and pinned host memory no device one (the GPU is
-            // elsewhere): as the driver answers for unmapped memory, an error when asked alone and
-            // NULL among several (how the runtime's cudaPointerGetAttributes asks).
+            // Device memory has no host address, and host memory the server could not map no
+            // device one: as the driver answers for unmapped memory, an error when asked alone
+            // and NULL among several (how the runtime's cudaPointerGetAttributes asks).
             DEVICE_POINTER | HOST_POINTER if several => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
             DEVICE_POINTER | HOST_POINTER => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
             IS_MANAGED => write_out(data.cast::<c_uint>(), 0),
@@ -470,8 +480,27 @@ pub unsafe fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
 pub unsafe fn cuMemHostGetFlags(p_flags: *mut c_uint, p: *mut c_void) -> CUresult {
     run(|| {
         non_null([p_flags.cast()])?;
-        let (_, _, flags) = client()?.host_allocation(p as usize).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let flags = client()?.host_allocation(p as usize).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.flags;
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { write_out(p_flags, flags) }
     })
+}
+
+/// The device address of mapped host memory: under unified addressing its host address. Host
+/// memory the server could not map, and memory that is not pinned host memory, have none.
+fn host_device_pointer(pdptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) -> DriverResult {
+    non_null([pdptr.cast()])?;
+    if flags != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let host = client()?.host_allocation(p as usize).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if !host.device_mapped {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(pdptr, p as CUdeviceptr) }
+}
+
+pub unsafe fn cuMemHostGetDevicePointer_v2(pdptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) -> CUresult {
+    run(|| host_device_pointer(pdptr, p, flags))
 }

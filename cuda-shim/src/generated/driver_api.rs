@@ -381,7 +381,7 @@ macro_rules! for_each_driver_api {
             unsupported cuMemGetMemPool [cuMemGetMemPool 1 legacy current] (pool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType);
             implemented cuMemHostAlloc [cuMemHostAlloc 1 legacy current] (pp: *mut *mut c_void, bytesize: usize, flags: c_uint);
             unsupported cuMemHostGetDevicePointer [cuMemHostGetDevicePointer 1 legacy internal] (pdptr: *mut CUdeviceptr_v1, p: *mut c_void, flags: c_uint);
-            unsupported cuMemHostGetDevicePointer_v2 [cuMemHostGetDevicePointer 2 legacy current] (pdptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint);
+            implemented cuMemHostGetDevicePointer_v2 [cuMemHostGetDevicePointer 2 legacy current] (pdptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint);
             implemented cuMemHostGetFlags [cuMemHostGetFlags 1 legacy current] (p_flags: *mut c_uint, p: *mut c_void);
             implemented cuMemHostRegister [cuMemHostRegister 1 legacy internal] (p: *mut c_void, bytesize: usize, flags: c_uint);
             implemented cuMemHostRegister_v2 [cuMemHostRegister 2 legacy current] (p: *mut c_void, bytesize: usize, flags: c_uint);

@@ -28,6 +28,8 @@ const HOST_REGISTER_FLAGS: c_uint = 0xf;
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` and `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
 const POINTER_MEMORY_TYPE: c_int = 2;
 const POINTER_DEVICE_ORDINAL: c_int = 9;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`.
+const POINTER_DEVICE_POINTER: c_int = 3;
 /// `CU_MEMORYTYPE_HOST` and `CU_MEMORYTYPE_DEVICE`.
 const MEMORYTYPE_HOST: c_uint = 1;
 const MEMORYTYPE_DEVICE: c_uint = 2;
@@ -77,14 +79,22 @@ pub unsafe fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> CudaResult<(
     host_alloc(ptr, size, 0)
 }
 
+/// Mapped memory (`cudaHostAllocMapped`) is had where the driver can map it (the GPU's server on
+/// this host) and refused with the driver's one line elsewhere. Write-combined memory is only a
+/// host-side hint, and portable is what all of Flyt's pinned memory is.
 pub unsafe fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
-    // Mapped memory would be host memory kernels dereference: the GPU is elsewhere, so refuse it
-    // at the call (write-combined memory is only a host-side hint, and portable is what all of
-    // Flyt's pinned memory is).
-    if flags & 0x2 != 0 && flags & !HOST_ALLOC_FLAGS == 0 {
-        return Err(super::unsupported_use("cudaHostAlloc", "cudaHostAllocMapped"));
-    }
     host_alloc(ptr, size, flags)
+}
+
+/// The device address of mapped host memory (under unified addressing, its host address).
+pub unsafe fn cudaHostGetDevicePointer(device: *mut *mut c_void, host: *mut c_void, flags: c_uint) -> CudaResult<()> {
+    if device.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut address: CUdeviceptr = 0;
+    cu_ctx!(cuMemHostGetDevicePointer_v2(&mut address, host, flags))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(device, address as *mut c_void) }
 }
 
 pub unsafe fn cudaFreeHost(ptr: *mut c_void) -> CudaResult<()> {
@@ -498,8 +508,14 @@ pub unsafe fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, p
             value.devicePointer = ptr.cast_mut();
             value.hostPointer = std::ptr::null_mut();
         } else {
-            // Pinned memory on the app's side: the GPU reaches it only through copies.
+            // Pinned memory: kernels use it at its host address where the driver could map it
+            // (no device pointer means the GPU reaches it only through copies).
             value.memory_type = memory_type::HOST;
+            let mut device_pointer: CUdeviceptr = 0;
+            let data = std::ptr::from_mut(&mut device_pointer).cast::<c_void>();
+            if cu_ctx!(cuPointerGetAttribute(data, POINTER_DEVICE_POINTER, ptr as u64)).is_ok() {
+                value.devicePointer = device_pointer as *mut c_void;
+            }
         }
     }
     // Unregistered host memory: success with type unregistered, as CUDA 11+ answers.

@@ -405,10 +405,18 @@ impl Device for CudaDevice {
         check(unsafe { result::memcpy_dtod_async(dst, src, len, stream_ptr(stream)) })
     }
 
-    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> CudaResult<()> {
-        // CU_MEMHOSTREGISTER_PORTABLE: usable from any context of this process.
+    unsafe fn host_register(&self, ptr: *mut u8, len: usize, mapped: bool) -> CudaResult<()> {
+        // CU_MEMHOSTREGISTER_PORTABLE (usable from any context of this process), and DEVICEMAP.
+        let flags = if mapped { 0x01 | 0x02 } else { 0x01 };
         // SAFETY: the caller guarantees the range is mapped for as long as it is registered.
-        check(unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, 0x01).result() })
+        check(unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, flags).result() })
+    }
+
+    fn host_device_pointer(&self, ptr: *mut u8) -> CudaResult<u64> {
+        let mut device_pointer: sys::CUdeviceptr = 0;
+        // SAFETY: a query into a local out-variable; the driver checks `ptr` is registered.
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_pointer, ptr.cast(), 0).result() })?;
+        Ok(device_pointer)
     }
 
     unsafe fn host_unregister(&self, ptr: *mut u8) -> CudaResult<()> {
@@ -428,10 +436,18 @@ impl Device for CudaDevice {
         check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.0).result() })
     }
 
-    fn memset(&self, dst: u64, value: u8, len: u64, stream: Self::Stream) -> CudaResult<()> {
+    fn memset(&self, dst: u64, pattern: u32, width: u8, len: u64, stream: Self::Stream) -> CudaResult<()> {
         let len = usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?;
-        // SAFETY: the range was validated against the session's ranges.
-        check(unsafe { result::memset_d8_async(dst, value, len, stream_ptr(stream)) })
+        let stream = stream_ptr(stream);
+        // SAFETY: the range was validated against the session's ranges, and `dst` and `len` are
+        // multiples of the element width (checked by the session).
+        check(unsafe {
+            match width {
+                1 => result::memset_d8_async(dst, pattern as u8, len, stream),
+                2 => sys::cuMemsetD16Async(dst, pattern as u16, len / 2, stream).result(),
+                _ => sys::cuMemsetD32Async(dst, pattern, len / 4, stream).result(),
+            }
+        })
     }
 
     fn load_module(&self, image: &[u8]) -> CudaResult<Self::Module> {

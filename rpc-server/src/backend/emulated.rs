@@ -221,8 +221,13 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    unsafe fn host_register(&self, _ptr: *mut u8, _len: usize) -> CudaResult<()> {
+    unsafe fn host_register(&self, _ptr: *mut u8, _len: usize, _mapped: bool) -> CudaResult<()> {
         Ok(())
+    }
+
+    /// Unified addressing, as on a GPU: mapped host memory has its host address on the device.
+    fn host_device_pointer(&self, ptr: *mut u8) -> CudaResult<u64> {
+        Ok(ptr as u64)
     }
 
     unsafe fn host_unregister(&self, _ptr: *mut u8) -> CudaResult<()> {
@@ -244,8 +249,11 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    fn memset(&self, dst: u64, value: u8, len: u64, _stream: u64) -> CudaResult<()> {
-        block_slice(&mut self.state().blocks, dst, len)?.fill(value);
+    fn memset(&self, dst: u64, pattern: u32, width: u8, len: u64, _stream: u64) -> CudaResult<()> {
+        let element = &pattern.to_le_bytes()[..usize::from(width.clamp(1, 4))];
+        for chunk in block_slice(&mut self.state().blocks, dst, len)?.chunks_mut(element.len()) {
+            chunk.copy_from_slice(&element[..chunk.len()]);
+        }
         Ok(())
     }
 

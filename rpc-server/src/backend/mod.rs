@@ -61,11 +61,14 @@ pub trait Device: Send + Sync + 'static {
     fn dtoh_bytes<'a>(&self, pending: &'a Self::PendingCopy) -> CudaResult<&'a [u8]>;
     fn copy_dtod(&self, dst: u64, src: u64, len: u64, stream: Self::Stream) -> CudaResult<()>;
 
-    /// Pins host memory for DMA (the shared-memory segment's blocks).
+    /// Pins host memory for DMA (the shared-memory segment's blocks); `mapped`: also maps it
+    /// into the device's address space, for kernels to use.
     ///
     /// # Safety
     /// `[ptr, ptr + len)` is mapped in this process and stays mapped until `host_unregister`.
-    unsafe fn host_register(&self, ptr: *mut u8, len: usize) -> CudaResult<()>;
+    unsafe fn host_register(&self, ptr: *mut u8, len: usize, mapped: bool) -> CudaResult<()>;
+    /// The device address of host memory registered `mapped`.
+    fn host_device_pointer(&self, ptr: *mut u8) -> CudaResult<u64>;
     /// # Safety
     /// `ptr` was registered with `host_register`.
     unsafe fn host_unregister(&self, ptr: *mut u8) -> CudaResult<()>;
@@ -79,7 +82,9 @@ pub trait Device: Send + Sync + 'static {
     /// # Safety
     /// `[dst, dst + len)` lies in registered host memory that stays mapped while the copy runs.
     unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize, stream: Self::Stream) -> CudaResult<()>;
-    fn memset(&self, dst: u64, value: u8, len: u64, stream: Self::Stream) -> CudaResult<()>;
+    /// Fills `len` bytes at `dst` with elements `width` bytes wide (1, 2 or 4; `dst` and `len`
+    /// are multiples of it), each the low `width` bytes of `pattern`.
+    fn memset(&self, dst: u64, pattern: u32, width: u8, len: u64, stream: Self::Stream) -> CudaResult<()>;
 
     fn load_module(&self, image: &[u8]) -> CudaResult<Self::Module>;
     /// A kernel and its parameter layout, from the driver.

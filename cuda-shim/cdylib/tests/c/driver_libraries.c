@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "driver_expect.h"
@@ -147,6 +148,55 @@ int main(void) {
     EXPECT(cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pitched), CUDA_SUCCESS);
     CHECK("no CUDA IPC through Flyt", ipc == 0);
     EXPECT(cuPointerGetAttribute(&host_pointer, CU_POINTER_ATTRIBUTE_HOST_POINTER, pitched), CUDA_ERROR_INVALID_VALUE);
+
+    // Memsets of 2- and 4-byte elements whose bytes differ (PyTorch's fill_ of a half or int
+    // tensor), synchronous and on a stream; misaligned ones are refused.
+    CUdeviceptr pattern_buffer = 0;
+    unsigned char pattern_back[64];
+    EXPECT(cuMemAlloc(&pattern_buffer, sizeof pattern_back), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8(pattern_buffer, 0xee, sizeof pattern_back), CUDA_SUCCESS);
+    EXPECT(cuMemsetD16(pattern_buffer + 2, 0x3c01, 5), CUDA_SUCCESS);
+    EXPECT(cuMemsetD32Async(pattern_buffer + 16, 0xdeadbeef, 3, stream), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
+    EXPECT(cuMemcpyDtoH(pattern_back, pattern_buffer, sizeof pattern_back), CUDA_SUCCESS);
+    int pattern_ok = pattern_back[0] == 0xee && pattern_back[1] == 0xee && pattern_back[12] == 0xee && pattern_back[28] == 0xee;
+    for (int i = 0; i < 5; i++) pattern_ok &= pattern_back[2 + 2 * i] == 0x01 && pattern_back[3 + 2 * i] == 0x3c;
+    for (int i = 0; i < 3; i++) {
+        unsigned int word;
+        memcpy(&word, pattern_back + 16 + 4 * i, 4);
+        pattern_ok &= word == 0xdeadbeef;
+    }
+    CHECK("16- and 32-bit patterns", pattern_ok);
+    EXPECT(cuMemsetD32(pattern_buffer + 2, 0x01020304, 2), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemsetD16(pattern_buffer + 1, 0x0102, 2), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemFree(pattern_buffer), CUDA_SUCCESS);
+
+    // Pinned host memory: over the shared-memory channel the server maps it at the app's address
+    // (unified addressing), so it has a device pointer, its own address; over a socket alone the
+    // GPU cannot reach it, and mapped memory is refused with a line.
+    const char *shm = getenv("FLYT_SHM");
+    int channel = shm && strcmp(shm, "on") == 0;
+    void *mapped = NULL, *pinned = NULL;
+    CUdeviceptr mapped_device = 0;
+    EXPECT(cuMemAllocHost(&pinned, 4096), CUDA_SUCCESS);
+    if (channel) {
+        EXPECT(cuMemHostAlloc(&mapped, 3 * 4096 + 5, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+        EXPECT(cuMemHostGetDevicePointer(&mapped_device, (char *)mapped + 4100, 0), CUDA_SUCCESS);
+        CHECK("mapped memory's device pointer is its host address", mapped_device == (CUdeviceptr)(size_t)mapped + 4100);
+        EXPECT(cuMemHostGetDevicePointer(&mapped_device, pinned, 0), CUDA_SUCCESS);
+        CHECK("all pinned memory is mapped, as under unified addressing", mapped_device == (CUdeviceptr)(size_t)pinned);
+        EXPECT(cuPointerGetAttribute(&mapped_device, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, (CUdeviceptr)(size_t)mapped + 8), CUDA_SUCCESS);
+        CHECK("its device pointer attribute", mapped_device == (CUdeviceptr)(size_t)mapped + 8);
+        EXPECT(cuMemHostGetDevicePointer(&mapped_device, mapped, 1), CUDA_ERROR_INVALID_VALUE);
+        EXPECT(cuMemFreeHost(mapped), CUDA_SUCCESS);
+        EXPECT(cuMemHostGetDevicePointer(&mapped_device, mapped, 0), CUDA_ERROR_INVALID_VALUE);
+    } else {
+        EXPECT(cuMemHostAlloc(&mapped, 4096, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK("nothing handed out", mapped == NULL);
+        EXPECT(cuMemHostGetDevicePointer(&mapped_device, pinned, 0), CUDA_ERROR_INVALID_VALUE);
+    }
+    EXPECT(cuMemHostGetDevicePointer(&mapped_device, src, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemFreeHost(pinned), CUDA_SUCCESS);
 
     // Stream ids: unique per stream, the legacy stream's too.
     CUstream second;

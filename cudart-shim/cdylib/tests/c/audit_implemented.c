@@ -373,9 +373,40 @@ static void memory(void) {
 
     AUDIT("cudaHostAlloc");
     EXPECT_CODE("unknown flag", cudaHostAlloc((void **)&alloc, N, 0x10), cudaErrorInvalidValue);
-    EXPECT_CODE("mapped memory (kernels cannot reach the app's memory)", cudaHostAlloc((void **)&mapped, N, cudaHostAllocMapped),
-                cudaErrorNotSupported);
-    EXPECT("nothing handed out", mapped == NULL);
+    /* Mapped memory: over the shared-memory channel the server maps the block at the app's
+       address, so kernels use the app's pointer (unified addressing); over a socket alone the
+       GPU cannot reach the app's memory, and the call says so. */
+    const char *shm = getenv("FLYT_SHM");
+    int channel = shm && strcmp(shm, "on") == 0;
+    void *device_view = NULL;
+    if (channel) {
+        OK("mapped memory over the channel", cudaHostAlloc((void **)&mapped, N, cudaHostAllocMapped));
+        OK("its flags", cudaHostGetFlags(&flags, mapped));
+        EXPECT("mapped flag kept", flags == cudaHostAllocMapped);
+        AUDIT("cudaHostGetDevicePointer");
+        OK("cudaHostGetDevicePointer", cudaHostGetDevicePointer(&device_view, mapped + 8, 0));
+        EXPECT("the device sees it at its host address", device_view == mapped + 8);
+        OK("attributes of mapped memory", cudaPointerGetAttributes(&attributes, mapped + 8));
+        EXPECT("mapped memory: host memory with a device pointer",
+               attributes.type == cudaMemoryTypeHost && attributes.devicePointer == mapped + 8 && attributes.hostPointer == mapped + 8);
+        EXPECT_CODE("flags must be 0", cudaHostGetDevicePointer(&device_view, mapped, 1), cudaErrorInvalidValue);
+        EXPECT_CODE("into NULL", cudaHostGetDevicePointer(NULL, mapped, 0), cudaErrorInvalidValue);
+        EXPECT_CODE("pageable memory has none", cudaHostGetDevicePointer(&device_view, host_a, 0), cudaErrorInvalidValue);
+        EXPECT_CODE("device memory is no host memory", cudaHostGetDevicePointer(&device_view, dev, 0), cudaErrorInvalidValue);
+        fill(mapped, N, 7);
+        OK("H2D from mapped memory", cudaMemcpy(dev, mapped, N, cudaMemcpyHostToDevice));
+        memset(host_b, 0, N);
+        OK("D2H", cudaMemcpy(host_b, dev, N, cudaMemcpyDeviceToHost));
+        EXPECT("mapped round trip", memcmp(mapped, host_b, N) == 0);
+        OK("cudaFreeHost of mapped memory", cudaFreeHost(mapped));
+        EXPECT_CODE("freed mapped memory has no device pointer", cudaHostGetDevicePointer(&device_view, mapped, 0), cudaErrorInvalidValue);
+    } else {
+        EXPECT_CODE("mapped memory over a socket alone", cudaHostAlloc((void **)&mapped, N, cudaHostAllocMapped), cudaErrorNotSupported);
+        EXPECT("nothing handed out", mapped == NULL);
+        AUDIT("cudaHostGetDevicePointer");
+        EXPECT_CODE("pinned memory the GPU cannot reach has no device pointer", cudaHostGetDevicePointer(&device_view, pinned, 0),
+                    cudaErrorInvalidValue);
+    }
     OK("cudaHostAlloc", cudaHostAlloc((void **)&alloc, N, cudaHostAllocPortable | cudaHostAllocWriteCombined));
     AUDIT("cudaHostGetFlags");
     EXPECT_CODE("flags of pageable memory", cudaHostGetFlags(&flags, host_a), cudaErrorInvalidValue);
