@@ -8,11 +8,19 @@ use crate::CUresult;
 /// What an entry point returns if its body panicked (a bug in Flyt): never unwinds into C.
 pub trait PanicDefault {
     fn on_panic() -> Self;
+    /// The error code this return value carries, if it is a failed `CUresult`.
+    fn failure(&self) -> Option<CUresult> {
+        None
+    }
 }
 
 impl PanicDefault for CUresult {
     fn on_panic() -> Self {
         CUresult::CUDA_ERROR_UNKNOWN
+    }
+
+    fn failure(&self) -> Option<CUresult> {
+        (*self != CUresult::CUDA_SUCCESS).then_some(*self)
     }
 }
 
@@ -47,7 +55,22 @@ pub fn boundary<R: PanicDefault>(symbol: &'static str, body: impl FnOnce() -> R)
         }
     };
     flyt_client::stats::finish(symbol, started);
+    if trace_errors()
+        && let Some(code) = result.failure()
+    {
+        // Not-ready answers are how queries poll, not failures.
+        if code != CUresult::CUDA_ERROR_NOT_READY {
+            eprintln!("flyt trace: {symbol} returned {}", crate::api::init::error_name(code));
+        }
+    }
     result
+}
+
+/// `FLYT_TRACE=errors`: every entry point that returns an error says so on stderr, one line per
+/// call (for finding which call a library tripped over; off by default).
+pub fn trace_errors() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FLYT_TRACE").is_ok_and(|value| value.split(',').any(|item| item.trim() == "errors")))
 }
 
 /// `Result` for the driver's bodies: `?` on a `CUresult` error, `finish` at the edge.

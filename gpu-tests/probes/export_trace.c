@@ -66,7 +66,33 @@ static uint64_t logged_callback(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t 
     return r;
 }
 
+// Experiments on how a library reacts (native runs only): EXPORT_FAIL="1734dc26[4]=801" makes that
+// entry return the code without calling the driver; EXPORT_CLOBBER="1734dc26[13]=0:16" calls it, then
+// zeroes bytes [16) behind argument 0 (what a library would see from a wrong answer).
+static int find_knob(const char *env, const char *name, char *value, size_t n) {
+    const char *spec = getenv(env);
+    if (!spec) return 0;
+    size_t len = strlen(name);
+    for (const char *p = strstr(spec, name); p; p = strstr(p + 1, name)) {
+        if (p[len] == '=') {
+            size_t i = 0;
+            for (p += len + 1; *p && *p != ',' && i + 1 < n; p++) value[i++] = *p;
+            value[i] = 0;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static uint64_t traced(int slot, uint64_t a[8]) {
+    char knob[32];
+    if (find_knob("EXPORT_FAIL", slot_name[slot], knob, sizeof knob)) {
+        pthread_mutex_lock(&mu);
+        fprintf(out, "%s call %d failed on purpose with %s\n", slot_name[slot], ++calls[slot], knob);
+        fflush(out);
+        pthread_mutex_unlock(&mu);
+        return strtoull(knob, NULL, 0);
+    }
     pthread_mutex_lock(&mu);
     int n = ++calls[slot];
     int log = n <= MAX_LOGGED;
@@ -80,6 +106,12 @@ static uint64_t traced(int slot, uint64_t a[8]) {
         a[2] = (uint64_t)logged_callback;
     }
     uint64_t r = original[slot](a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+    int argument, bytes;
+    if (find_knob("EXPORT_CLOBBER", slot_name[slot], knob, sizeof knob) && sscanf(knob, "%d:%d", &argument, &bytes) == 2 &&
+        argument >= 0 && argument < 8 && a[argument]) {
+        memset((void *)a[argument], 0, bytes);
+        fprintf(out, "%s: zeroed %d bytes behind a%d after the call\n", slot_name[slot], bytes, argument);
+    }
     pthread_mutex_lock(&mu);
     if (log) {
         fprintf(out, "%s call %d returned %#lx\n", slot_name[slot], n, (unsigned long)r);

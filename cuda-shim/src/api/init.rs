@@ -25,6 +25,11 @@ fn error_entry(error: CUresult) -> Option<&'static (u32, &'static CStr, &'static
     ERRORS.binary_search_by_key(&error.0, |e| e.0).ok().map(|i| &ERRORS[i])
 }
 
+/// The driver's name of a code (`CUDA_ERROR_...`), or its number for a code the driver does not name.
+pub fn error_name(error: CUresult) -> String {
+    error_entry(error).map_or_else(|| format!("CUresult {}", error.0), |entry| entry.1.to_string_lossy().into_owned())
+}
+
 /// Unknown codes: CUDA_ERROR_INVALID_VALUE with `*p_str` set to NULL, as the driver does.
 unsafe fn error_text(error: CUresult, p_str: *mut *const c_char, name: bool) -> CUresult {
     let (text, result) = match error_entry(error) {

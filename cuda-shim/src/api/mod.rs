@@ -10,7 +10,7 @@
 mod capture;
 mod context;
 mod device;
-mod init;
+pub(crate) mod init;
 mod link;
 mod memory;
 pub mod module;

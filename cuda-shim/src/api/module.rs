@@ -77,7 +77,9 @@ unsafe fn answer_jit_options(options: *mut CUjit_option, values: *mut *mut c_voi
 const LIBRARY_HOST_UNIVERSAL_TABLE: CUlibraryOption = 0;
 const LIBRARY_BINARY_IS_PRESERVED: CUlibraryOption = 1;
 
-/// Whether the library options promise the image stays (then it is not copied).
+/// Whether the library options promise the image stays (then it is not copied). The values
+/// array may be NULL: `CU_LIBRARY_BINARY_IS_PRESERVED` then says so by being there, which is how
+/// cuBLASLt loads its kernels; with values, a NULL value takes the promise back.
 ///
 /// # Safety
 /// As for [`answer_jit_options`].
@@ -85,14 +87,15 @@ unsafe fn preserved(options: *mut CUlibraryOption, values: *mut *mut c_void, cou
     if count == 0 {
         return Ok(false);
     }
-    non_null([options.cast(), values.cast()])?;
+    non_null([options.cast()])?;
     let mut preserved = false;
     for index in 0..count as usize {
-        // SAFETY: both arrays have `count` entries (the caller's contract).
-        let (option, value) = unsafe { (*options.add(index), *values.add(index)) };
+        // SAFETY: `options` has `count` entries, and so has `values` when it is not NULL (the
+        // caller's contract).
+        let (option, value) = unsafe { (*options.add(index), if values.is_null() { None } else { Some(*values.add(index)) }) };
         match option {
             LIBRARY_HOST_UNIVERSAL_TABLE => {}
-            LIBRARY_BINARY_IS_PRESERVED => preserved = !value.is_null(),
+            LIBRARY_BINARY_IS_PRESERVED => preserved = value.is_none_or(|value| !value.is_null()),
             _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
         }
     }
@@ -234,6 +237,10 @@ unsafe fn load_library(
     num_library_options: c_uint,
 ) -> DriverResult {
     non_null([library.cast()])?;
+    if crate::ffi::trace_errors() {
+        // SAFETY: the caller's option arrays, per the driver API (read only when non-NULL).
+        unsafe { trace_library_options(jit_options, num_jit_options, library_options, library_option_values, num_library_options) };
+    }
     // SAFETY: the caller's option arrays, per the driver API.
     unsafe { answer_jit_options(jit_options, jit_option_values, num_jit_options) }?;
     // SAFETY: as above.
@@ -245,6 +252,33 @@ unsafe fn load_library(
     let id = registry::load(conn, image, lazy).map_err(driver_error)?;
     // SAFETY: checked non-NULL; the caller's out-pointer.
     unsafe { write_out(library, module_handle(id)) }
+}
+
+/// `FLYT_TRACE=errors`: the options a library load came with, for finding why one failed.
+///
+/// # Safety
+/// As for [`load_library`].
+unsafe fn trace_library_options(
+    jit_options: *mut CUjit_option,
+    num_jit_options: c_uint,
+    library_options: *mut CUlibraryOption,
+    library_option_values: *mut *mut c_void,
+    num_library_options: c_uint,
+) {
+    let read = |count: c_uint, array: *const u32| -> Vec<u32> {
+        // SAFETY: the caller's array of `count` entries (read only when non-NULL).
+        (0..count as usize).filter(|_| !array.is_null()).map(|index| unsafe { *array.add(index) }).collect()
+    };
+    let values: Vec<usize> = (0..num_library_options as usize)
+        .filter(|_| !library_option_values.is_null())
+        // SAFETY: as above.
+        .map(|index| unsafe { *library_option_values.add(index) } as usize)
+        .collect();
+    eprintln!(
+        "flyt trace: library load: {num_jit_options} JIT options {:?}, {num_library_options} library options {:?} = {values:x?}",
+        read(num_jit_options, jit_options.cast()),
+        read(num_library_options, library_options.cast())
+    );
 }
 
 pub unsafe fn cuLibraryLoadData(

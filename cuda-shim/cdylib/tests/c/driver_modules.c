@@ -96,6 +96,13 @@ int main(void) {
     // A library never used is never sent: unloading it costs the server nothing.
     EXPECT(cuLibraryLoadData(&library, ptx, NULL, NULL, 0, NULL, NULL, 0), CUDA_SUCCESS);
     EXPECT(cuLibraryUnload(library), CUDA_SUCCESS);
+    // The preserved-binary option without a values array (how cuBLASLt loads its kernels): the
+    // option says so by being there. An unknown library option is refused.
+    EXPECT(cuLibraryLoadData(&library, ptx, NULL, NULL, 0, &preserve, NULL, 1), CUDA_SUCCESS);
+    EXPECT(cuLibraryUnload(library), CUDA_SUCCESS);
+    CUlibraryOption unknown_option = CU_LIBRARY_NUM_OPTIONS;
+    EXPECT(cuLibraryLoadData(&library, ptx, NULL, NULL, 0, &unknown_option, NULL, 1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuLibraryLoadData(&library, ptx, NULL, NULL, 0, NULL, NULL, 1), CUDA_ERROR_INVALID_VALUE);
 
     // JIT linking runs on the server. The emulated device has no linker: each step fails with
     // the device's error, and the error log the app gave says why; the log's filled size is
