@@ -181,10 +181,12 @@ STDERR_COMPARE=(assert_fail printf)
 declare -A EXPECT_UNSUPPORTED=(
     [graph_capture]='cu(da)?(StreamBeginCapture|StreamEndCapture|StreamIsCapturing|Graph[A-Za-z_]*)'
 )
-# Programs whose kernels use host memory in place: through Flyt they need the shared-memory
-# channel (transport shm); over a socket alone they must fail loudly like the programs above.
+# Programs whose kernels use host memory in place (cudaHostAllocMapped; cuDNN allocates such
+# memory): through Flyt they need the shared-memory channel (transport shm); over a socket alone
+# they must fail loudly like the programs above.
 declare -A NEEDS_SHM_CHANNEL=(
     [mapped_memory]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
+    [torch_conv]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
 )
 # The tenants row's mix: programs (with arguments) whose output does not depend on timing under load.
 TENANT_MIX=("hello_flyt" "vector_add" "kernel_args" "errors" "printf" "assert_fail" "memcpy_kinds"

@@ -326,6 +326,22 @@ impl Client {
         self.ranges.check(ptr, len)
     }
 
+    /// Checks that kernels and memsets may use `[ptr, ptr + len)`: it lies inside one device range,
+    /// or inside one block of pinned host memory the server mapped at this address.
+    pub fn check_device_accessible(&self, ptr: u64, len: u64) -> CudaResult<()> {
+        if self.ranges.check(ptr, len).is_ok() {
+            return Ok(());
+        }
+        match (self.host_allocation(ptr as usize), usize::try_from(len)) {
+            (Some(host), Ok(len))
+                if host.device_mapped && (ptr as usize - host.start).checked_add(len).is_some_and(|end| end <= host.len) =>
+            {
+                Ok(())
+            }
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
     /// Sends a request and waits for its reply. At a sync point, a deferred error of an earlier
     /// asynchronous call is returned; the server sent the bytes of every copy the call covers
     /// before its reply, so they have landed.

@@ -104,14 +104,14 @@ pub fn classify(client: &Client, dst: u64, src: u64) -> Direction {
     }
 }
 
-/// Fills `len` bytes at device address `dst` on `stream` with elements `width` bytes wide (1, 2
+/// Fills `len` bytes at device address `dst` (device memory or mapped host memory) on `stream` with elements `width` bytes wide (1, 2
 /// or 4), each the low `width` bytes of `pattern`, after checking the range. Queued: its errors
 /// arrive at the next synchronizing call.
 pub fn memset(client: &Client, dst: u64, pattern: u32, width: u8, len: u64, stream: u64) -> CudaResult<()> {
     if len == 0 {
         return Ok(());
     }
-    client.check_device_range(dst, len)?;
+    client.check_device_accessible(dst, len)?;
     client.post(req::Memset { dst, pattern, width, len, stream })
 }
 

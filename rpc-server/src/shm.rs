@@ -163,6 +163,16 @@ impl Segment {
         Ok(pinned)
     }
 
+    /// Whether `[address, address + len)` lies inside one block mapped at the client's address
+    /// (memory kernels and memsets may use, as device memory).
+    pub fn aliases(&self, address: u64, len: u64) -> bool {
+        let Some(end) = address.checked_add(len) else { return false };
+        self.registered.values().filter_map(|block| block.alias.as_ref()).any(|alias| {
+            let start = alias.address();
+            address >= start && end <= start + alias.len as u64
+        })
+    }
+
     /// The client's address of the block at `offset`, when the block is mapped there.
     pub fn alias(&self, offset: u64) -> Option<u64> {
         self.registered.get(&offset)?.alias.as_ref().map(Alias::address)
@@ -243,6 +253,9 @@ mod tests {
             segment.ptr(21 * PAGE).write(0x5a);
             assert_eq!(((address + PAGE) as *const u8).read(), 0x5a);
         }
+        assert!(segment.aliases(address + 100, PAGE));
+        assert!(!segment.aliases(address + PAGE, PAGE + 1), "past the block");
+        assert!(!segment.aliases(segment.ptr(20 * PAGE) as u64, 1), "the segment's own view is not the client's address");
         let (pinned, alias) = segment.remove_block(20 * PAGE).unwrap();
         assert_eq!(pinned, address as *mut u8);
         drop(alias);

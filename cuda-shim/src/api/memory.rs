@@ -207,8 +207,10 @@ copies_2d! {
     cuMemcpy2DAsync_v2_ptsz(h_stream) => Asynchronous, true;
 }
 
-/// A memset of `n` elements of `width` bytes, each the low `width` bytes of `pattern`.
-fn memset(dst: CUdeviceptr, pattern: u32, width: usize, n: usize, stream: CUstream, ptds: bool) -> DriverResult {
+/// A memset of `n` elements of `width` bytes, each the low `width` bytes of `pattern`. The
+/// synchronous forms are asynchronous for device memory but wait when the target is (mapped)
+/// pinned host memory, as the driver documents.
+fn memset(dst: CUdeviceptr, pattern: u32, width: usize, n: usize, stream: CUstream, synchronous: bool, ptds: bool) -> DriverResult {
     let client = client()?;
     let stream = resolve_stream(client, stream, ptds)?;
     // The driver requires 2- and 4-byte memsets to be aligned to their width.
@@ -216,16 +218,20 @@ fn memset(dst: CUdeviceptr, pattern: u32, width: usize, n: usize, stream: CUstre
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let len = n.checked_mul(width).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)? as u64;
-    transfer::memset(client, dst, pattern, width as u8, len, stream).map_err(super::session::driver_error)
+    transfer::memset(client, dst, pattern, width as u8, len, stream).map_err(super::session::driver_error)?;
+    if synchronous && len > 0 && !client.is_device_pointer(dst) {
+        client.call(req::StreamSynchronize { stream }).map_err(super::session::driver_error)?;
+    }
+    Ok(())
 }
 
 macro_rules! memsets {
     ($($name:ident ($value:ident : $ty:ty $(, $stream:ident)?) => $width:literal, $ptds:literal;)*) => {$(
         pub unsafe fn $name(dst_device: CUdeviceptr, $value: $ty, n: usize $(, $stream: CUstream)?) -> CUresult {
             #[allow(unused_mut, unused_assignments, reason = "the synchronous forms have no stream")]
-            let mut stream: CUstream = std::ptr::null_mut();
-            $(stream = $stream;)?
-            run(|| memset(dst_device, u32::from($value), $width, n, stream, $ptds))
+            let (mut stream, mut synchronous): (CUstream, bool) = (std::ptr::null_mut(), true);
+            $((stream, synchronous) = ($stream, false);)?
+            run(|| memset(dst_device, u32::from($value), $width, n, stream, synchronous, $ptds))
         }
     )*};
 }

@@ -450,6 +450,11 @@ impl Device for CudaDevice {
         })
     }
 
+    unsafe fn memset_mapped_host(&self, dst: u64, pattern: u32, width: u8, len: u64, stream: Self::Stream) -> CudaResult<()> {
+        // Unified addressing: the driver's memset takes mapped host memory at its host address.
+        self.memset(dst, pattern, width, len, stream)
+    }
+
     fn load_module(&self, image: &[u8]) -> CudaResult<Self::Module> {
         // The driver parses the fatbinary in place: give it 8-byte alignment.
         let mut aligned = vec![0u64; image.len().div_ceil(8)];

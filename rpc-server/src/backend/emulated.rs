@@ -79,6 +79,14 @@ fn block_slice(blocks: &mut HashMap<u64, Vec<u8>>, ptr: u64, len: u64) -> CudaRe
     Ok(&mut block[offset..offset + len])
 }
 
+/// Fills `target` with elements `width` bytes wide, each the low bytes of `pattern`.
+fn fill_elements(target: &mut [u8], pattern: u32, width: u8) {
+    let element = &pattern.to_le_bytes()[..usize::from(width.clamp(1, 4))];
+    for chunk in target.chunks_mut(element.len()) {
+        chunk.copy_from_slice(&element[..chunk.len()]);
+    }
+}
+
 const NO_GPU_CODE: CudaError = CudaError::NOT_SUPPORTED;
 
 /// A link step on the emulated device: it has no JIT compiler or linker, and says so in the
@@ -250,10 +258,16 @@ impl Device for EmulatedDevice {
     }
 
     fn memset(&self, dst: u64, pattern: u32, width: u8, len: u64, _stream: u64) -> CudaResult<()> {
-        let element = &pattern.to_le_bytes()[..usize::from(width.clamp(1, 4))];
-        for chunk in block_slice(&mut self.state().blocks, dst, len)?.chunks_mut(element.len()) {
-            chunk.copy_from_slice(&element[..chunk.len()]);
-        }
+        fill_elements(block_slice(&mut self.state().blocks, dst, len)?, pattern, width);
+        Ok(())
+    }
+
+    unsafe fn memset_mapped_host(&self, dst: u64, pattern: u32, width: u8, len: u64, _stream: u64) -> CudaResult<()> {
+        let len = usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?;
+        // SAFETY: the caller guarantees `[dst, dst + len)` is mapped host memory of this process;
+        // the emulated device runs every operation at once, so nothing else writes it meanwhile.
+        let target = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, len) };
+        fill_elements(target, pattern, width);
         Ok(())
     }
 

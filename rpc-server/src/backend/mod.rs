@@ -85,6 +85,13 @@ pub trait Device: Send + Sync + 'static {
     /// Fills `len` bytes at `dst` with elements `width` bytes wide (1, 2 or 4; `dst` and `len`
     /// are multiples of it), each the low `width` bytes of `pattern`.
     fn memset(&self, dst: u64, pattern: u32, width: u8, len: u64, stream: Self::Stream) -> CudaResult<()>;
+    /// [`Device::memset`] on host memory registered `mapped` (its device address is its host
+    /// address).
+    ///
+    /// # Safety
+    /// `[dst, dst + len)` lies in host memory of this process registered `mapped`, which stays
+    /// mapped until the memset is done.
+    unsafe fn memset_mapped_host(&self, dst: u64, pattern: u32, width: u8, len: u64, stream: Self::Stream) -> CudaResult<()>;
 
     fn load_module(&self, image: &[u8]) -> CudaResult<Self::Module>;
     /// A kernel and its parameter layout, from the driver.

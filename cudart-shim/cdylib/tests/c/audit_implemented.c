@@ -398,6 +398,11 @@ static void memory(void) {
         memset(host_b, 0, N);
         OK("D2H", cudaMemcpy(host_b, dev, N, cudaMemcpyDeviceToHost));
         EXPECT("mapped round trip", memcmp(mapped, host_b, N) == 0);
+        OK("memset of mapped memory (the device writes the app's pages)", cudaMemset(mapped + 16, 0x5a, 100));
+        int memset_ok = mapped[15] != 0x5a && mapped[116] != 0x5a;
+        for (int i = 16; i < 116; i++) memset_ok &= mapped[i] == 0x5a;
+        EXPECT("memset landed in place", memset_ok);
+        EXPECT_CODE("memset past the block", cudaMemset(mapped + N - 4, 0, 4096 * 4), cudaErrorInvalidValue);
         OK("cudaFreeHost of mapped memory", cudaFreeHost(mapped));
         EXPECT_CODE("freed mapped memory has no device pointer", cudaHostGetDevicePointer(&device_view, mapped, 0), cudaErrorInvalidValue);
     } else {
