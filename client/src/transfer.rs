@@ -210,8 +210,10 @@ pub unsafe fn copy(
     let chunk = client.info.copy_chunk.max(4096);
     match direction {
         Direction::HostToHost => {
-            // Ordered after the app's earlier device-to-host copies only by a synchronize, as in
-            // CUDA: a host-to-host copy is immediate.
+            // Stream-ordered and synchronous with the host, as in CUDA: the stream's earlier
+            // work (a kernel writing mapped memory, a device-to-host copy into the source) is
+            // done first, then the CPU copies.
+            sync(stream)?;
             // SAFETY: both are host buffers of `count` bytes per this function's contract;
             // `copy` allows overlap.
             unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };

@@ -172,6 +172,18 @@ unsafe fn memcpy_2d(copy: *const CUDA_MEMCPY2D, stream: CUstream, mode: Mode, pt
         // SAFETY: forwarded contract (the rectangle is one run of `count` bytes on each side).
         return unsafe { memcpy(dst, src, count, None, stream, mode, ptds) };
     }
+    if !src_on_device && !dst_on_device {
+        // Host to host: after the stream's earlier work (one synchronize), row by row on the CPU.
+        let stream = resolve_stream(client, stream, ptds)?;
+        client.call(req::StreamSynchronize { stream }).map_err(super::session::driver_error)?;
+        for row in 0..height as u64 {
+            let (dst_row, src_row) = (dst + row * p.dstPitch as u64, src + row * p.srcPitch as u64);
+            // SAFETY: each row lies inside the caller's host rectangles (the driver API's
+            // contract); `copy` allows overlap.
+            unsafe { std::ptr::copy(src_row as *const u8, dst_row as *mut u8, width) };
+        }
+        return Ok(());
+    }
     for row in 0..height as u64 {
         let (dst_row, src_row) = (dst + row * p.dstPitch as u64, src + row * p.srcPitch as u64);
         // SAFETY: forwarded contract (each row lies inside the caller's rectangle).

@@ -424,6 +424,15 @@ static void memory(void) {
     OK("async D2H into pinned memory", cudaMemcpyAsync(pinned, dev, N, cudaMemcpyDeviceToHost, stream));
     OK("sync", cudaStreamSynchronize(stream));
     EXPECT("pinned to pinned through the device", memcmp(alloc, pinned, N) == 0);
+    /* A host-to-host copy is stream-ordered and synchronous with the host: it comes after the
+       stream's device-to-host copy into its source. */
+    fill(alloc, N, 9);
+    OK("H2D", cudaMemcpy(dev, alloc, N, cudaMemcpyHostToDevice));
+    memset(pinned, 0, N);
+    memset(host_b, 0, N);
+    OK("async D2H into pinned memory", cudaMemcpyAsync(pinned, dev, N, cudaMemcpyDeviceToHost, stream));
+    OK("async H2H out of it", cudaMemcpyAsync(host_b, pinned, N, cudaMemcpyHostToHost, stream));
+    EXPECT("the host-to-host copy came after the device-to-host one", memcmp(host_b, alloc, N) == 0);
 
     AUDIT("cudaFreeHost");
     EXPECT_CODE("cudaFreeHost of pageable memory", cudaFreeHost(host_a), cudaErrorInvalidValue);
