@@ -4,7 +4,8 @@
 use flyt_protocol::device::{DeviceInfo, attr};
 
 /// Capabilities the GPU has but the app cannot use through Flyt, reported as 0 so that an app
-/// that asks takes the path Flyt serves: host memory the GPU reaches directly (mapped, pageable,
+/// that asks takes the path Flyt serves: host memory the GPU reaches directly (mapped, unless the
+/// session has the shared-memory channel, which the driver front answers itself; pageable,
 /// registered at the same address, host atomics: the GPU is in another process, often on another
 /// machine, and a host address handed to a kernel would name the server's memory), managed
 /// memory, memory pools, cooperative launches, sparse and deferred-mapping arrays, external

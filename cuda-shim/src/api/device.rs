@@ -20,11 +20,17 @@ fn attribute(info: &DeviceInfo, attribute: u32) -> DriverResult<i32> {
 /// `CU_DEVICE_ATTRIBUTE_MAX` of CUDA 13.0: attribute ids below it are valid.
 const ATTRIBUTE_MAX: u32 = 148;
 
-/// An attribute as a program sees it through Flyt: capabilities Flyt cannot serve read 0, and so does
-/// a valid attribute the server's device did not report; an id that is no attribute is invalid value.
+/// An attribute as a program sees it through Flyt: capabilities Flyt cannot serve read 0 (mapped host
+/// memory without the shared-memory channel among them), and so does a valid attribute the server's
+/// device did not report; an id that is no attribute is invalid value.
 fn served_attribute(info: &DeviceInfo, id: u32) -> DriverResult<i32> {
     if !(1..ATTRIBUTE_MAX).contains(&id) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // Mapped host memory is had over the shared-memory channel (the server maps pinned blocks at
+    // the app's addresses), so the device's answer stands when the session has the channel.
+    if id == flyt_protocol::device::attr::CAN_MAP_HOST_MEMORY && flyt_client::client::client().is_ok_and(|client| client.shm.is_some()) {
+        return Ok(info.attribute(id).unwrap_or(0));
     }
     Ok(flyt_client::devices::served_attribute(info, id).unwrap_or(0))
 }
