@@ -705,22 +705,21 @@ impl<D: Device> OpHandler for Session<D> {
         let width = u64::from(request.width);
         let whole_elements = matches!(width, 1 | 2 | 4) && request.dst.is_multiple_of(width) && request.len.is_multiple_of(width);
         let result = (|| {
-            if !whole_elements {
-                return Err(CudaError::INVALID_VALUE);
-            }
-            if self.ranges.check(request.dst, request.len).is_ok() {
-                let stream = self.stream(request.stream)?;
-                return self.device.memset(request.dst, request.pattern, request.width, request.len, stream);
-            }
-            // Pinned host memory mapped at the client's address: kernels and memsets use it as
+            let device_memory = self.ranges.check(request.dst, request.len).is_ok();
+            // Or pinned host memory mapped at the client's address: kernels and memsets use it as
             // device memory, as under unified addressing.
-            if !self.shm.as_ref().is_some_and(|segment| segment.aliases(request.dst, request.len)) {
+            let mapped_host = !device_memory && self.shm.as_ref().is_some_and(|segment| segment.aliases(request.dst, request.len));
+            if !whole_elements || !(device_memory || mapped_host) {
                 return Err(CudaError::INVALID_VALUE);
             }
             let stream = self.stream(request.stream)?;
+            let (dst, pattern, width, len) = (request.dst, request.pattern, request.width, request.len);
+            if device_memory {
+                return self.device.memset(dst, pattern, width, len, stream);
+            }
             // SAFETY: the range lies in a block mapped at the client's address and registered
             // mapped (checked above); a block is unmapped only after the device is synchronized.
-            unsafe { self.device.memset_mapped_host(request.dst, request.pattern, request.width, request.len, stream) }
+            unsafe { self.device.memset_mapped_host(dst, pattern, width, len, stream) }
         })();
         reply.send(result.map(|()| rep::Memset {}));
     }

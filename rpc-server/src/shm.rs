@@ -135,10 +135,7 @@ impl Segment {
             return Ok(self.ptr(offset));
         }
         match self.registered.range(..=offset).next_back() {
-            Some((start, block)) if end <= start + block.len => Ok(match &block.alias {
-                Some(alias) => (alias.address() + (offset - start)) as *mut u8,
-                None => self.ptr(offset),
-            }),
+            Some((start, block)) if end <= start + block.len => Ok(self.pinned_at(*start, block).wrapping_add((offset - start) as usize)),
             _ => Err(CudaError::INVALID_VALUE),
         }
     }
@@ -157,10 +154,15 @@ impl Segment {
         if overlaps_before || overlaps_after {
             return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED);
         }
-        let alias = address.and_then(|address| Alias::map(&self.file, offset, len, address));
-        let pinned = alias.as_ref().map_or_else(|| self.ptr(offset), |alias| alias.address() as *mut u8);
-        self.registered.insert(offset, Block { len, alias });
+        let block = Block { len, alias: address.and_then(|address| Alias::map(&self.file, offset, len, address)) };
+        let pinned = self.pinned_at(offset, &block);
+        self.registered.insert(offset, block);
         Ok(pinned)
+    }
+
+    /// Where the block at `offset` is pinned: its alias, or the segment's own view of it.
+    fn pinned_at(&self, offset: u64, block: &Block) -> *mut u8 {
+        block.alias.as_ref().map_or_else(|| self.ptr(offset), |alias| alias.address() as *mut u8)
     }
 
     /// Whether `[address, address + len)` lies inside one block mapped at the client's address
@@ -190,17 +192,13 @@ impl Segment {
     /// caller unpins it first.
     pub fn remove_block(&mut self, offset: u64) -> Option<(*mut u8, Option<Alias>)> {
         let block = self.registered.remove(&offset)?;
-        let pinned = block.alias.as_ref().map_or_else(|| self.ptr(offset), |alias| alias.address() as *mut u8);
-        Some((pinned, block.alias))
+        Some((self.pinned_at(offset, &block), block.alias))
     }
 
     /// Every pinned address, staging first, for unpinning at the end.
     pub fn pinned_blocks(&self) -> Vec<*mut u8> {
         let staging = (self.staging > 0).then(|| self.ptr(0));
-        let blocks = self.registered.iter().map(|(offset, block)| match &block.alias {
-            Some(alias) => alias.address() as *mut u8,
-            None => self.ptr(*offset),
-        });
+        let blocks = self.registered.iter().map(|(offset, block)| self.pinned_at(*offset, block));
         staging.into_iter().chain(blocks).collect()
     }
 }

@@ -189,7 +189,7 @@ unsafe fn memcpy_2d(copy: *const CUDA_MEMCPY2D, stream: CUstream, mode: Mode, pt
         // SAFETY: forwarded contract (each row lies inside the caller's rectangle).
         unsafe { memcpy(dst_row, src_row, width, None, stream, Mode::Asynchronous, ptds) }?;
     }
-    if mode == Mode::Synchronous && (src_on_device || dst_on_device) {
+    if mode == Mode::Synchronous {
         let stream = resolve_stream(client, stream, ptds)?;
         client.call(req::StreamSynchronize { stream }).map_err(super::session::driver_error)?;
     }
