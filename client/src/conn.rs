@@ -237,6 +237,10 @@ pub struct Conn {
     failure: OnceLock<String>,
     server: String,
     flush_wanted: AtomicBool,
+    /// The shared-memory rings: writing costs no system call, so an asynchronous request is
+    /// written by the calling thread itself when the writing half is free (no hand-off to the
+    /// flusher, whose wake-up and lock traffic cost more than the write).
+    writes_directly: bool,
     flusher_asleep: Mutex<bool>,
     flusher_wake: Condvar,
     /// The session's devices as the server last described them after a resize.
@@ -273,6 +277,7 @@ fn write_device_output(out: &[u8], err: &[u8]) {
 impl Conn {
     /// Starts the receiver and flusher threads on a handshaken connection's two halves.
     pub fn start(reader: Wire, wire: Wire, server: String) -> io::Result<Arc<Self>> {
+        let writes_directly = matches!(wire, Wire::RingOut(..));
         let conn = Arc::new(Self {
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
             outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1 }),
@@ -286,6 +291,7 @@ impl Conn {
             failure: OnceLock::new(),
             server,
             flush_wanted: AtomicBool::new(false),
+            writes_directly,
             flusher_asleep: Mutex::new(false),
             flusher_wake: Condvar::new(),
             resized_devices: Mutex::new(None),
@@ -345,7 +351,11 @@ impl Conn {
 
     /// Writes everything queued so far (and `tail`, straight from its buffer) in order.
     fn write_batch(&self, tail: &[u8]) -> CudaResult<()> {
-        let mut writer = lock(&self.writer);
+        self.write_locked(lock(&self.writer), tail)
+    }
+
+    /// `write_batch` with the writing half already held.
+    fn write_locked(&self, mut writer: std::sync::MutexGuard<'_, WireHalf>, tail: &[u8]) -> CudaResult<()> {
         let writer = &mut *writer;
         {
             let mut out = lock(&self.outgoing);
@@ -406,6 +416,10 @@ impl Conn {
         };
         if queued >= FLUSH_AT {
             self.flush()
+        } else if self.writes_directly
+            && let Ok(writer) = self.writer.try_lock()
+        {
+            self.write_locked(writer, &[])
         } else {
             self.wake_flusher();
             Ok(())

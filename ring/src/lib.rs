@@ -6,8 +6,11 @@
 //!
 //! Layout at the ring area's start (`AREA_HEADER` bytes): the client-to-server header at 0 and
 //! the server-to-client header at `AREA_HEADER / 2`; then `capacity` bytes of client-to-server
-//! data, then `capacity` bytes of server-to-client data. Every counter the peer writes is checked
-//! before use: a corrupted ring is an I/O error, never an out-of-bounds access.
+//! data, then `capacity` bytes of server-to-client data. Data travels as records, each starting
+//! on a cache line with a 16-byte header (a stamp that marks it complete, then its length): the
+//! reader polls the next record's stamp, so a small message costs one cache-line transfer
+//! between cores. Everything the peer writes is checked before use: a corrupted ring is an I/O
+//! error, never an out-of-bounds access.
 #![allow(
     clippy::cast_possible_truncation,
     reason = "Flyt runs on 64-bit Linux only: sizes and addresses cross the wire as u64 and fit usize"
@@ -47,15 +50,35 @@ pub fn area_len(capacity: usize) -> usize {
     AREA_HEADER + 2 * capacity
 }
 
+/// Records start on cache-line boundaries, so a small message travels with its header in one
+/// line: the reader's poll brings the whole message across cores in one transfer.
+const RECORD_ALIGN: u64 = 64;
+/// A record's header: its stamp (written last) and its payload's length.
+const RECORD_HEADER: u64 = 16;
+/// Mixed into every stamp so that leftover payload bytes of an earlier lap cannot pass for the
+/// stamp of a record that is not there yet (a stamp is never zero: positions stay below 2^63).
+const STAMP_KEY: u64 = 0x9E37_79B9_7F4A_7C15 | (1 << 63);
+
+/// The stamp that says "the record at `position` is complete".
+fn stamp(position: u64) -> u64 {
+    (position + 1) ^ STAMP_KEY
+}
+
+/// Bytes a record with `payload` bytes takes in the ring.
+fn record_len(payload: u64) -> u64 {
+    (RECORD_HEADER + payload).div_ceil(RECORD_ALIGN) * RECORD_ALIGN
+}
+
 #[repr(C, align(64))]
 struct Line<T>(T);
 
-/// One direction's counters, each on its own cache line.
+/// One direction's counters, each on its own cache line. The producer does not publish a head
+/// counter: the reader polls the stamp of the next record instead (one cache-line transfer per
+/// small message instead of three), and the producer reads `tail` only when the free space it
+/// last saw runs out.
 #[repr(C)]
 struct Header {
-    /// Bytes ever written (producer).
-    head: Line<AtomicU64>,
-    /// Bytes ever read (consumer).
+    /// Bytes ever consumed, whole records (consumer).
     tail: Line<AtomicU64>,
     /// Bumped on every write: the futex the consumer sleeps on.
     written: Line<AtomicU32>,
@@ -87,6 +110,40 @@ impl Ring {
         // SAFETY: `header` points at a `Header`-sized, 64-aligned part of the mapping that lives
         // as long as the `Pair` (see `Pair::new`); every field is an atomic.
         unsafe { &*self.header }
+    }
+
+    /// The stamp word of the record at `position` (a multiple of `RECORD_ALIGN`).
+    fn stamp_at(&self, position: u64) -> &AtomicU64 {
+        let offset = (position % self.capacity) as usize;
+        // SAFETY: `offset` is a multiple of 64 below `capacity` (a power of two >= 64), so the
+        // word lies inside the data area, 8-aligned; it is only accessed atomically.
+        unsafe { &*self.data.add(offset).cast::<AtomicU64>() }
+    }
+
+    /// Copies `len` bytes out of the ring from `offset` (wrapping at its end).
+    ///
+    /// # Safety
+    /// `offset < capacity`, `len <= capacity`, `out` valid for `len` bytes.
+    unsafe fn copy_out(&self, offset: u64, out: *mut u8, len: usize) {
+        let first = len.min((self.capacity - offset) as usize);
+        // SAFETY: per the caller, both pieces stay inside the data area and `out`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.data.add(offset as usize), out, first);
+            std::ptr::copy_nonoverlapping(self.data, out.add(first), len - first);
+        }
+    }
+
+    /// Copies `bytes` into the ring from `offset` (wrapping at its end).
+    ///
+    /// # Safety
+    /// `offset < capacity`, `bytes.len() <= capacity`, and the range is free (read by the peer).
+    unsafe fn copy_in(&self, offset: u64, bytes: &[u8]) {
+        let first = bytes.len().min((self.capacity - offset) as usize);
+        // SAFETY: per the caller, both pieces stay inside the data area.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.data.add(offset as usize), first);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr().add(first), self.data, bytes.len() - first);
+        }
     }
 }
 
@@ -132,8 +189,9 @@ impl Pair {
     ///
     /// # Safety
     /// `base` points at `area_len(capacity)` bytes of memory shared with the peer, 64-byte
-    /// aligned, mapped for as long as the `Pair` and its halves live; `capacity` is a power of
-    /// two; `liveness` is the session's socket, open as long as the pair lives.
+    /// aligned, all zero before either side first uses it, and mapped for as long as the `Pair`
+    /// and its halves live; `capacity` is a power of two of at least 4096; `liveness` is the
+    /// session's socket, open as long as the pair lives.
     pub unsafe fn new(base: *mut u8, capacity: usize, side: Side, liveness: RawFd, spin: Duration) -> Self {
         let ring = |header_at: usize, data_at: usize| Ring {
             header: base.wrapping_add(header_at).cast(),
@@ -152,7 +210,7 @@ impl Pair {
     /// The reading and writing halves.
     pub fn split(self) -> (RingReader, RingWriter) {
         let pair = Arc::new(self);
-        (RingReader(pair.clone()), RingWriter(pair))
+        (RingReader { pair: pair.clone(), next: 0, record: None }, RingWriter { pair, head: 0, tail_seen: 0 })
     }
 
     /// `false` once the peer closed its rings or its socket is gone.
@@ -208,10 +266,28 @@ fn corrupted() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, "the shared-memory ring was corrupted by the peer")
 }
 
+/// The record being read: where its unread payload starts and how much is left.
+struct OpenRecord {
+    at: u64,
+    left: u64,
+}
+
 /// The reading half (one consumer).
-pub struct RingReader(Arc<Pair>);
+pub struct RingReader {
+    pair: Arc<Pair>,
+    /// Position of the next record to open.
+    next: u64,
+    record: Option<OpenRecord>,
+}
+
 /// The writing half (one producer).
-pub struct RingWriter(Arc<Pair>);
+pub struct RingWriter {
+    pair: Arc<Pair>,
+    /// Position of the next record to write.
+    head: u64,
+    /// The consumer's `tail` as last read: what is known to be free without looking again.
+    tail_seen: u64,
+}
 
 impl RingReader {
     /// Reads what is there without waiting: `WouldBlock` when the ring is empty.
@@ -219,41 +295,78 @@ impl RingReader {
         self.read_from_ring(buf, false)
     }
 
+    /// Whether the record at `next` is complete.
+    fn next_ready(&self) -> bool {
+        self.pair.incoming.stamp_at(self.next).load(Ordering::Acquire) == stamp(self.next)
+    }
+
+    /// Opens the record at `next` if it is complete.
+    fn open(&mut self) -> io::Result<bool> {
+        if self.record.is_some() {
+            return Ok(true);
+        }
+        if !self.next_ready() {
+            return Ok(false);
+        }
+        let ring = &self.pair.incoming;
+        let mut len = [0u8; 8];
+        // SAFETY: the length word follows the stamp inside the same aligned line of the data area.
+        unsafe { ring.copy_out((self.next + 8) % ring.capacity, len.as_mut_ptr(), 8) };
+        let len = u64::from_le_bytes(len);
+        if len == 0 || record_len(len) > ring.capacity {
+            return Err(corrupted());
+        }
+        self.record = Some(OpenRecord { at: self.next + RECORD_HEADER, left: len });
+        Ok(true)
+    }
+
     fn read_from_ring(&mut self, buf: &mut [u8], wait: bool) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
-        let pair = &*self.0;
-        let ring = &pair.incoming;
-        let header = ring.header();
-        let tail = header.tail.0.load(Ordering::Relaxed);
-        let available = || header.head.0.load(Ordering::Acquire).wrapping_sub(tail);
-        if available() == 0 {
+        if !self.open()? {
             if !wait {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            if !pair.wait(ring, || available() != 0, &header.written.0, &header.consumer_asleep.0) {
+            let pair = &*self.pair;
+            let header = pair.incoming.header();
+            let (ring, next) = (&pair.incoming, self.next);
+            let ready = || ring.stamp_at(next).load(Ordering::Acquire) == stamp(next);
+            if !pair.wait(ring, ready, &header.written.0, &header.consumer_asleep.0) {
                 return Ok(0);
             }
+            self.open()?;
         }
-        let available = available();
-        if available > ring.capacity {
-            return Err(corrupted());
+        // Copy from as many complete records as the buffer takes.
+        let mut count = 0;
+        let mut finished_any = false;
+        while let Some(record) = self.record.as_mut() {
+            let ring = &self.pair.incoming;
+            let take = usize::try_from(record.left).unwrap_or(usize::MAX).min(buf.len() - count);
+            // SAFETY: the record was checked to fit the ring (`record_len(len) <= capacity`), so
+            // its payload is at most `capacity` bytes; `buf[count..]` holds `take` bytes.
+            unsafe { ring.copy_out(record.at % ring.capacity, buf.as_mut_ptr().add(count), take) };
+            count += take;
+            record.at += take as u64;
+            record.left -= take as u64;
+            if record.left != 0 {
+                break;
+            }
+            let len = record.at - self.next - RECORD_HEADER;
+            self.next += record_len(len);
+            self.record = None;
+            finished_any = true;
+            if count == buf.len() || !self.open()? {
+                break;
+            }
         }
-        let count = usize::try_from(available).unwrap_or(usize::MAX).min(buf.len());
-        let start = usize::try_from(tail % ring.capacity).map_err(|_| corrupted())?;
-        let first = count.min(ring.capacity as usize - start);
-        // SAFETY: `start + first <= capacity` and `count - first <= capacity`: both copies stay
-        // inside the ring's data area, which only the producer writes, and only beyond `head`,
-        // which is past what we read (checked `available <= capacity` above).
-        unsafe {
-            std::ptr::copy_nonoverlapping(ring.data.add(start), buf.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(ring.data, buf.as_mut_ptr().add(first), count - first);
-        }
-        header.tail.0.store(tail + count as u64, Ordering::Release);
-        header.read.0.fetch_add(1, Ordering::SeqCst);
-        if header.producer_asleep.0.load(Ordering::SeqCst) != 0 {
-            futex_wake(&header.read.0);
+        if finished_any {
+            let header = self.pair.incoming.header();
+            header.tail.0.store(self.next, Ordering::Release);
+            header.read.0.fetch_add(1, Ordering::SeqCst);
+            if header.producer_asleep.0.load(Ordering::SeqCst) != 0 {
+                futex_wake(&header.read.0);
+            }
         }
         Ok(count)
     }
@@ -265,73 +378,82 @@ impl Read for RingReader {
     }
 }
 
-impl Write for RingWriter {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
+impl RingWriter {
+    /// Bytes free for the next record, reading the consumer's `tail` again only when what was
+    /// seen last does not cover `wanted` (each read of it is a cache-line transfer).
+    fn free(&mut self, wanted: u64) -> io::Result<u64> {
+        let ring = &self.pair.outgoing;
+        let mut free = ring.capacity - (self.head - self.tail_seen);
+        if free < wanted {
+            let tail = ring.header().tail.0.load(Ordering::Acquire);
+            if tail > self.head || self.head - tail > ring.capacity || !tail.is_multiple_of(RECORD_ALIGN) {
+                return Err(corrupted());
+            }
+            self.tail_seen = tail;
+            free = ring.capacity - (self.head - tail);
         }
-        let pair = &*self.0;
-        let ring = &pair.outgoing;
-        let header = ring.header();
-        let head = header.head.0.load(Ordering::Relaxed);
-        let free = || ring.capacity.saturating_sub(head.wrapping_sub(header.tail.0.load(Ordering::Acquire)));
-        if free() == 0 && !pair.wait(ring, || free() != 0, &header.read.0, &header.producer_asleep.0) {
-            return Err(io::ErrorKind::BrokenPipe.into());
-        }
-        let used = head.wrapping_sub(header.tail.0.load(Ordering::Acquire));
-        if used > ring.capacity {
-            return Err(corrupted());
-        }
-        let count = usize::try_from(ring.capacity - used).unwrap_or(usize::MAX).min(buf.len());
-        let start = usize::try_from(head % ring.capacity).map_err(|_| corrupted())?;
-        let first = count.min(ring.capacity as usize - start);
-        // SAFETY: both copies stay inside the ring's data area (as in `read`), in the part the
-        // consumer has already read (`count <= capacity - used`).
-        unsafe {
-            std::ptr::copy_nonoverlapping(buf.as_ptr(), ring.data.add(start), first);
-            std::ptr::copy_nonoverlapping(buf.as_ptr().add(first), ring.data, count - first);
-        }
-        header.head.0.store(head + count as u64, Ordering::Release);
-        header.written.0.fetch_add(1, Ordering::SeqCst);
-        if header.consumer_asleep.0.load(Ordering::SeqCst) != 0 {
-            futex_wake(&header.written.0);
-        }
-        Ok(count)
+        Ok(free)
     }
 
-    /// Writes as many whole slices as fit and publishes them at once, so a frame (header,
-    /// message) reaches the reader in one piece rather than as several wake-ups.
-    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        let total: usize = bufs.iter().map(|buf| buf.len()).sum();
-        let ring = &self.0.outgoing;
-        let header = ring.header();
-        let head = header.head.0.load(Ordering::Relaxed);
-        let used = head.wrapping_sub(header.tail.0.load(Ordering::Acquire));
-        if total == 0 || used > ring.capacity || (ring.capacity - used) < total as u64 {
-            // Too big for the free space (or nothing to write): fall back to piecewise writes.
-            return match bufs.iter().find(|buf| !buf.is_empty()) {
-                Some(buf) => self.write(buf),
-                None => Ok(0),
-            };
+    /// Writes one record holding as much of `bufs` as fits (waiting for room for at least one
+    /// byte) and publishes it; returns the bytes taken.
+    fn write_record(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let total: u64 = bufs.iter().map(|buf| buf.len() as u64).sum();
+        if total == 0 {
+            return Ok(0);
         }
-        let mut at = head;
-        for buf in bufs {
-            let start = (at % ring.capacity) as usize;
-            let first = buf.len().min(ring.capacity as usize - start);
-            // SAFETY: the whole write fits the free part of the ring (checked above); each
-            // copy stays inside the data area, wrapping at its end.
-            unsafe {
-                std::ptr::copy_nonoverlapping(buf.as_ptr(), ring.data.add(start), first);
-                std::ptr::copy_nonoverlapping(buf.as_ptr().add(first), ring.data, buf.len() - first);
+        let smallest = record_len(1);
+        let mut free = self.free(record_len(total))?;
+        if free < smallest {
+            let pair = self.pair.clone();
+            let ring = &pair.outgoing;
+            let header = ring.header();
+            let head = self.head;
+            let room = || ring.capacity - (head - header.tail.0.load(Ordering::Acquire)) >= smallest;
+            if !pair.wait(ring, room, &header.read.0, &header.producer_asleep.0) {
+                return Err(io::ErrorKind::BrokenPipe.into());
             }
-            at += buf.len() as u64;
+            free = self.free(record_len(total))?;
         }
-        header.head.0.store(at, Ordering::Release);
+        let payload = total.min(free / RECORD_ALIGN * RECORD_ALIGN - RECORD_HEADER);
+        let ring = &self.pair.outgoing;
+        let mut at = self.head + RECORD_HEADER;
+        let mut left = payload;
+        for buf in bufs {
+            if left == 0 {
+                break;
+            }
+            let piece = &buf[..usize::try_from(left).unwrap_or(usize::MAX).min(buf.len())];
+            // SAFETY: the record fits the free part of the ring (`record_len(payload) <= free`),
+            // so every piece lies in space the consumer has finished with.
+            unsafe { ring.copy_in(at % ring.capacity, piece) };
+            at += piece.len() as u64;
+            left -= piece.len() as u64;
+        }
+        // SAFETY: the length word shares the record's first, free, aligned line.
+        unsafe { ring.copy_in((self.head + 8) % ring.capacity, &payload.to_le_bytes()) };
+        ring.stamp_at(self.head).store(stamp(self.head), Ordering::Release);
+        self.head += record_len(payload);
+        let header = ring.header();
+        // A full barrier between publishing the stamp and looking at `consumer_asleep` (the
+        // consumer sets that flag, then looks at the stamp): one of the two sees the other.
         header.written.0.fetch_add(1, Ordering::SeqCst);
         if header.consumer_asleep.0.load(Ordering::SeqCst) != 0 {
             futex_wake(&header.written.0);
         }
-        Ok(total)
+        Ok(payload as usize)
+    }
+}
+
+impl Write for RingWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_record(&[io::IoSlice::new(buf)])
+    }
+
+    /// Writes the slices as one record when they fit, so a frame (header, message) reaches the
+    /// reader in one piece rather than as several wake-ups.
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.write_record(bufs)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -398,14 +520,44 @@ mod tests {
     }
 
     #[test]
-    fn corrupted_counters_are_errors() {
+    fn corrupted_records_and_counters_are_errors() {
         let mut map = memmap2::MmapMut::map_anon(area_len(CAPACITY)).unwrap();
         let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
         let base = map.as_mut_ptr();
-        let ((mut client_in, _), _) = pair_over(&mut map, socket.as_raw_fd());
-        // The server-to-client header sits at AREA_HEADER / 2: claim 1 GiB of data.
-        // SAFETY: writing the head counter of the test's own mapping.
-        unsafe { base.add(AREA_HEADER / 2).cast::<u64>().write(1 << 30) };
+        let ((mut client_in, mut client_out), _) = pair_over(&mut map, socket.as_raw_fd());
+        // The server-to-client data starts after the client-to-server data: a complete record
+        // at position 0 that claims 1 GiB of payload.
+        let record = base.wrapping_add(AREA_HEADER + CAPACITY);
+        // SAFETY: writing the first record header of the test's own mapping.
+        unsafe {
+            record.cast::<u64>().write(stamp(0));
+            record.add(8).cast::<u64>().write(1 << 30);
+        }
         assert_eq!(client_in.read(&mut [0u8; 16]).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        // The client-to-server tail sits at 0: claim the server read past what was written.
+        client_out.write_all(&[1; 8]).unwrap();
+        // SAFETY: writing the tail counter of the test's own mapping.
+        unsafe { base.cast::<u64>().write(1 << 20) };
+        let large = vec![0u8; CAPACITY];
+        assert_eq!(client_out.write(&large).unwrap_err().kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn many_small_frames_keep_their_order_across_laps() {
+        let mut map = memmap2::MmapMut::map_anon(area_len(CAPACITY)).unwrap();
+        let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ((_client_in, mut client_out), (mut server_in, _server_out)) = pair_over(&mut map, socket.as_raw_fd());
+        let frames = 20_000u32;
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4];
+            for expected in 0..frames {
+                server_in.read_exact(&mut buf).unwrap();
+                assert_eq!(u32::from_le_bytes(buf), expected);
+            }
+        });
+        for frame in 0..frames {
+            client_out.write_all(&frame.to_le_bytes()).unwrap();
+        }
+        reader.join().unwrap();
     }
 }
