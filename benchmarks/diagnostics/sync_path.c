@@ -1,0 +1,102 @@
+// Diagnostic: where a synchronous round trip's time goes, with the driver API alone (no
+// runtime), so the same binary runs natively and over Flyt's libcuda.so.1. Prints the cost of
+// a clock read, cuStreamQuery on an idle stream, and an empty PTX kernel launch followed by
+// cuCtxSynchronize / cuStreamSynchronize. Build: cc -O2 sync_path.c -I$CUDA/include -ldl
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void report(const char *what, double *us, int n) {
+    qsort(us, n, sizeof *us, by_value);
+    printf("%-34s p50 %8.3f us  p99 %8.3f us\n", what, us[n / 2], us[n * 99 / 100]);
+}
+
+#define CK(call)                                                              \
+    do {                                                                      \
+        CUresult r_ = (call);                                                 \
+        if (r_ != CUDA_SUCCESS) {                                             \
+            printf("%s failed: %d\n", #call, (int)r_);                        \
+            return 1;                                                         \
+        }                                                                     \
+    } while (0)
+
+static const char *ptx =
+    ".version 8.0\n.target sm_90\n.address_size 64\n"
+    ".visible .entry empty()\n{\n ret;\n}\n";
+
+int main(int argc, char **argv) {
+    int n = argc > 1 ? atoi(argv[1]) : 20000;
+    double *us = malloc(n * sizeof *us);
+    double t0 = now_us();
+    for (int i = 0; i < 1000000; i++) now_us();
+    printf("%-34s %8.1f ns\n", "clock_gettime", (now_us() - t0) * 1e3 / 1e6);
+
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream stream;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    CK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    for (int i = 0; i < 2000; i++) cuStreamQuery(stream);
+    for (int i = 0; i < n; i++) {
+        double t = now_us();
+        CK(cuStreamQuery(stream));
+        us[i] = now_us() - t;
+    }
+    report("cuStreamQuery (idle)", us, n);
+    for (int i = 0; i < n; i++) {
+        double t = now_us();
+        CK(cuCtxSynchronize());
+        us[i] = now_us() - t;
+    }
+    report("cuCtxSynchronize (idle)", us, n);
+
+    CUmodule module;
+    CUfunction empty;
+    if (cuModuleLoadData(&module, ptx) != CUDA_SUCCESS || cuModuleGetFunction(&empty, module, "empty") != CUDA_SUCCESS) {
+        printf("no kernels here (emulated device?): launch rows skipped\n");
+        return 0;
+    }
+    for (int i = 0; i < 2000; i++) {
+        CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        CK(cuCtxSynchronize());
+    }
+    for (int i = 0; i < n; i++) {
+        double t = now_us();
+        CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        CK(cuCtxSynchronize());
+        us[i] = now_us() - t;
+    }
+    report("launch + cuCtxSynchronize", us, n);
+    for (int i = 0; i < n; i++) {
+        double t = now_us();
+        CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
+        CK(cuStreamSynchronize(stream));
+        us[i] = now_us() - t;
+    }
+    report("launch + cuStreamSynchronize", us, n);
+    for (int i = 0; i < n; i++) {
+        double t = now_us();
+        CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
+        us[i] = now_us() - t;
+        CK(cuStreamSynchronize(stream));
+    }
+    report("launch alone (then sync, untimed)", us, n);
+    return 0;
+}
