@@ -1,7 +1,7 @@
 // Diagnostic: where a synchronous round trip's time goes, with the driver API alone (no
 // runtime), so the same binary runs natively and over Flyt's libcuda.so.1. Prints the cost of
 // a clock read, cuStreamQuery on an idle stream, and an empty PTX kernel launch followed by
-// cuCtxSynchronize / cuStreamSynchronize. Build: cc -O2 sync_path.c -I$CUDA/include -ldl
+// cuCtxSynchronize / cuStreamSynchronize. Arguments: [iterations] [blocking]. Build: cc -O2 sync_path.c -I$CUDA/include -ldl
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <stdio.h>
@@ -40,6 +40,7 @@ static const char *ptx =
 
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 20000;
+    unsigned stream_flags = argc > 2 && strcmp(argv[2], "blocking") == 0 ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING;
     double *us = malloc(n * sizeof *us);
     double t0 = now_us();
     for (int i = 0; i < 1000000; i++) now_us();
@@ -52,7 +53,8 @@ int main(int argc, char **argv) {
     CK(cuDeviceGet(&dev, 0));
     CK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CK(cuCtxSetCurrent(ctx));
-    CK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    CK(cuStreamCreate(&stream, stream_flags));
+    printf("stream: %s\n", stream_flags == CU_STREAM_DEFAULT ? "blocking" : "non-blocking");
     for (int i = 0; i < 2000; i++) cuStreamQuery(stream);
     for (int i = 0; i < n; i++) {
         double t = now_us();

@@ -27,6 +27,10 @@ flyt "$tmp/emulated.sock" "$tmp/sync_path"
 start_server cuda "$tmp/cuda.sock"
 echo "== flyt shm, cuda"
 flyt "$tmp/cuda.sock" "$tmp/sync_path"
+echo "== flyt shm, cuda, a blocking stream"
+flyt "$tmp/cuda.sock" "$tmp/sync_path" 20000 blocking
+echo "== native, a blocking stream"
+"$tmp/sync_path" 20000 blocking
 echo "== flyt shm, cuda, FLYT_SPIN_US=0 on the client"
 FLYT_SPIN_US=0 flyt "$tmp/cuda.sock" "$tmp/sync_path" 5000
 if command -v perf >/dev/null; then
