@@ -100,5 +100,25 @@ int main(int argc, char **argv) {
         CK(cuStreamSynchronize(stream));
     }
     report("launch alone (then sync, untimed)", us, n);
+    for (int i = 0; i < n; i++) {
+        double t = now_us();
+        CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
+        CUresult state;
+        while ((state = cuStreamQuery(stream)) == CUDA_ERROR_NOT_READY) {
+        }
+        CK(state);
+        us[i] = now_us() - t;
+    }
+    report("launch + poll cuStreamQuery", us, n);
+    CUevent event;
+    CK(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
+    for (int i = 0; i < n; i++) {
+        double t = now_us();
+        CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
+        CK(cuEventRecord(event, stream));
+        CK(cuEventSynchronize(event));
+        us[i] = now_us() - t;
+    }
+    report("launch + record + cuEventSynchronize", us, n);
     return 0;
 }

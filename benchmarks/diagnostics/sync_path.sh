@@ -16,7 +16,7 @@ echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_cl
 echo "== native"
 "$tmp/sync_path"
 start_server() { # device socket
-    "$dist/bin/flyt-rpc-server" --device "$1" --listen "unix:$2" >"$tmp/$1.out" 2>"$tmp/$1.err" </dev/null &
+    FLYT_RPC_OP_TIMES=1 "$dist/bin/flyt-rpc-server" --device "$1" --listen "unix:$2" >"$tmp/$1.out" 2>"$tmp/$1.err" </dev/null &
     for _ in $(seq 100); do grep -q listening "$tmp/$1.out" "$tmp/$1.err" 2>/dev/null && return 0; sleep 0.1; done
     echo "server ($1) did not start"; cat "$tmp/$1.err"; return 1
 }
@@ -33,6 +33,9 @@ echo "== native, a blocking stream"
 "$tmp/sync_path" 20000 blocking
 echo "== flyt shm, cuda, FLYT_SPIN_US=0 on the client"
 FLYT_SPIN_US=0 flyt "$tmp/cuda.sock" "$tmp/sync_path" 5000
+sleep 0.5
+echo "== server op handling times (all cuda sessions above)"
+grep -h "op handling time" "$tmp/cuda.err" | sed 's/.*op handling time//' | head -40
 if command -v perf >/dev/null; then
     echo "== perf profile of the flyt shm cuda run (whole machine)"
     flyt "$tmp/cuda.sock" "$tmp/sync_path" 400000 >/dev/null &

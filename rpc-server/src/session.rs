@@ -274,6 +274,35 @@ impl Read for SpinningReader {
     }
 }
 
+/// `FLYT_RPC_OP_TIMES=1`: how long the reader spent handling each op (decode excluded, the
+/// inline answer included), logged when the session ends. For finding where a round trip's time
+/// goes on the server; off by default.
+struct OpTimes(HashMap<&'static str, (u64, Duration, Duration)>);
+
+impl OpTimes {
+    fn from_env() -> Option<Self> {
+        std::env::var("FLYT_RPC_OP_TIMES").is_ok_and(|value| value == "1").then(|| Self(HashMap::new()))
+    }
+
+    fn add(&mut self, op: &'static str, took: Duration) {
+        let (count, total, max) = self.0.entry(op).or_default();
+        *count += 1;
+        *total += took;
+        *max = (*max).max(took);
+    }
+}
+
+impl Drop for OpTimes {
+    fn drop(&mut self) {
+        let mut rows: Vec<_> = self.0.iter().collect();
+        rows.sort_by_key(|(_, (_, total, _))| std::cmp::Reverse(*total));
+        for (op, (count, total, max)) in rows {
+            let mean_us = total.as_secs_f64() * 1e6 / *count as f64;
+            tracing::info!(op, count, mean_us = format!("{mean_us:.3}"), max_us = max.as_micros() as u64, "op handling time");
+        }
+    }
+}
+
 /// Tunables of a session.
 #[derive(Clone, Debug)]
 pub struct SessionConfig {
@@ -363,6 +392,7 @@ impl<D: Device> Session<D> {
         let mut reader = BufReader::with_capacity(256 << 10, SpinningReader(reader));
         let mut message = Vec::with_capacity(4096);
         let outbox = self.outbox.clone();
+        let mut op_times = OpTimes::from_env();
         loop {
             let header = match read_message(&mut reader, &self.config.limits, &mut message) {
                 Ok(header) => header,
@@ -375,7 +405,11 @@ impl<D: Device> Session<D> {
                 return Err(FrameError::Decode(format!("{} carries {} unexpected bulk bytes", info.name, header.bulk_len)));
             }
             let mut bulk = BulkIn::new(&mut reader, header.bulk_len);
+            let started = op_times.as_ref().map(|_| Instant::now());
             dispatch(self, request, header.seq, &mut bulk, &outbox);
+            if let (Some(times), Some(started)) = (op_times.as_mut(), started) {
+                times.add(info.name, started.elapsed());
+            }
             bulk.finish()?;
         }
     }
