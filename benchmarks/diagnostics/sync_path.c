@@ -120,5 +120,39 @@ int main(int argc, char **argv) {
         us[i] = now_us() - t;
     }
     report("launch + record + cuEventSynchronize", us, n);
+    // The server's own patterns, natively: a context-wide wait polled stream by stream, and a
+    // stream wait through a private event.
+    for (int i = 0; i < n; i++) {
+        double t = now_us();
+        CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        for (;;) {
+            CUresult a = cuStreamQuery(NULL), b = cuStreamQuery(stream);
+            if (a != CUDA_ERROR_NOT_READY && b != CUDA_ERROR_NOT_READY) break;
+        }
+        us[i] = now_us() - t;
+    }
+    report("server's ctx wait: poll both streams", us, n);
+    for (int i = 0; i < n; i++) {
+        double t = now_us();
+        CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
+        if (cuStreamQuery(stream) == CUDA_ERROR_NOT_READY) {
+            CK(cuEventRecord(event, stream));
+            while (cuEventQuery(event) == CUDA_ERROR_NOT_READY) {
+            }
+            CK(cuEventSynchronize(event));
+        }
+        us[i] = now_us() - t;
+    }
+    report("server's stream wait: private event", us, n);
+    double launched = 0, waited = 0;
+    for (int i = 0; i < n; i++) {
+        double t = now_us();
+        CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        double m = now_us();
+        CK(cuCtxSynchronize());
+        launched += m - t;
+        waited += now_us() - m;
+    }
+    printf("%-34s launch %.3f us + sync %.3f us (means)\n", "launch + cuCtxSynchronize split", launched / n, waited / n);
     return 0;
 }
