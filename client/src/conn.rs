@@ -37,6 +37,9 @@ use flyt_protocol::ops::{Request, decode_reply, rep};
 const ZERO_COPY_BULK: usize = 64 << 10;
 /// The outgoing buffer is written at once (by the caller) when it grows past this.
 const FLUSH_AT: usize = 1 << 20;
+/// Over the rings, this many asynchronous requests in a row are written by the calling thread;
+/// the rest of a longer burst goes through the flusher in batches.
+const DIRECT_BURST: usize = 16;
 /// How long the flusher keeps looking for more work before it sleeps.
 const FLUSHER_SPIN: Duration = Duration::from_micros(100);
 
@@ -241,6 +244,10 @@ pub struct Conn {
     /// written by the calling thread itself when the writing half is free (no hand-off to the
     /// flusher, whose wake-up and lock traffic cost more than the write).
     writes_directly: bool,
+    /// Asynchronous requests since the last synchronous one: past `DIRECT_BURST` of them, a
+    /// burst is under way and the flusher batches it (the server reads one large record
+    /// faster than many small ones).
+    async_run: AtomicUsize,
     flusher_asleep: Mutex<bool>,
     flusher_wake: Condvar,
     /// The session's devices as the server last described them after a resize.
@@ -292,6 +299,7 @@ impl Conn {
             server,
             flush_wanted: AtomicBool::new(false),
             writes_directly,
+            async_run: AtomicUsize::new(0),
             flusher_asleep: Mutex::new(false),
             flusher_wake: Condvar::new(),
             resized_devices: Mutex::new(None),
@@ -417,6 +425,7 @@ impl Conn {
         if queued >= FLUSH_AT {
             self.flush()
         } else if self.writes_directly
+            && self.async_run.fetch_add(1, Ordering::Relaxed) < DIRECT_BURST
             && let Ok(writer) = self.writer.try_lock()
         {
             self.write_locked(writer, &[])
@@ -439,6 +448,9 @@ impl Conn {
     /// Sends a request whose reply will be collected through the returned slot.
     pub fn send_for_reply(self: &Arc<Self>, request: &Request, destination: Option<HostDestination>) -> CudaResult<Arc<ReplySlot>> {
         self.check_alive()?;
+        if self.async_run.load(Ordering::Relaxed) != 0 {
+            self.async_run.store(0, Ordering::Relaxed);
+        }
         let mut out = lock(&self.outgoing);
         let slot = self.register(&out, destination, false);
         Self::enqueue(&mut out, request, &[]);

@@ -55,24 +55,41 @@ pub struct Outbox {
     writer: Mutex<Connection>,
     deferred: Mutex<Option<CudaError>>,
     pending: Mutex<Vec<std::sync::Arc<dyn PendingReply>>>,
+    /// Whether `pending` may hold anything: every reply looks, few find any.
+    any_pending: std::sync::atomic::AtomicBool,
     output: Option<std::sync::Arc<crate::output::Capture>>,
 }
 
 impl Outbox {
     pub fn new(writer: Connection, output: Option<std::sync::Arc<crate::output::Capture>>) -> Self {
-        Self { writer: Mutex::new(writer), deferred: Mutex::new(None), pending: Mutex::new(Vec::new()), output }
+        Self {
+            writer: Mutex::new(writer),
+            deferred: Mutex::new(None),
+            pending: Mutex::new(Vec::new()),
+            any_pending: std::sync::atomic::AtomicBool::new(false),
+            output,
+        }
     }
 
     /// Holds a device-to-host reply until its copy is done (sent by `send_ready`).
     pub fn hold(&self, reply: std::sync::Arc<dyn PendingReply>) {
-        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(reply);
+        let mut pending = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        pending.push(reply);
+        self.any_pending.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Sends every held reply whose copy is done, oldest first. The lock is held while sending,
     /// so a reply that follows this call follows those bytes too.
     pub fn send_ready(&self) {
+        // A reply held by a thread that has not yet set the flag is a reply whose copy this
+        // caller does not wait for: the flag is set before `hold` returns, and the reader holds
+        // a copy before it answers anything that covers it.
+        if !self.any_pending.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         let mut pending = self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if pending.is_empty() {
+            self.any_pending.store(false, std::sync::atomic::Ordering::Release);
             return;
         }
         pending.retain(|reply| {
