@@ -2,7 +2,8 @@
 //!
 //! - Asynchronous requests (launches, memsets, host-to-device copies...) are encoded into an
 //!   outgoing buffer and written by a flusher thread in batches, so an async call costs an
-//!   encode and a lock, not a system call.
+//!   encode and a lock, not a system call. Over the shared-memory rings (no system call to
+//!   save) the calling thread writes them itself, except past `DIRECT_BURST` in a row.
 //! - A synchronous call appends its request and flushes the buffer itself, in one write, so
 //!   everything sent before it reaches the server first.
 //! - The thread that waits for a reply reads it itself: it takes the reading half (if no other
