@@ -542,6 +542,48 @@ mod tests {
         assert_eq!(client_out.write(&large).unwrap_err().kind(), io::ErrorKind::InvalidData);
     }
 
+    proptest::proptest! {
+        /// Whatever a hostile peer leaves in the ring area (stamps that look right, lengths and
+        /// counters that do not), the reader and the writer return data or an error: never a
+        /// panic, never a read or write outside the area.
+        #[test]
+        fn a_scribbled_ring_area_is_data_or_an_error(
+            words in proptest::collection::vec(proptest::prelude::any::<u64>(), 64),
+            stamped in proptest::collection::vec((0u64..64, 0u64..(2 * CAPACITY as u64)), 0..8),
+        ) {
+            let mut map = memmap2::MmapMut::map_anon(area_len(CAPACITY)).unwrap();
+            let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+            let base = map.as_mut_ptr();
+            let ((mut client_in, mut client_out), _) = pair_over(&mut map, socket.as_raw_fd());
+            let to_client = base.wrapping_add(AREA_HEADER + CAPACITY);
+            // SAFETY: every write stays inside the test's own mapping: the counters at the area's
+            // start, and whole 8-byte words of the server-to-client data.
+            unsafe {
+                for (index, word) in words.iter().enumerate() {
+                    to_client.add((index * 61 * 8) % CAPACITY).cast::<u64>().write_unaligned(*word);
+                }
+                for (record, len) in &stamped {
+                    let position = record * RECORD_ALIGN;
+                    to_client.add(position as usize).cast::<u64>().write(stamp(position));
+                    to_client.add(position as usize + 8).cast::<u64>().write(*len);
+                }
+                base.cast::<u64>().write(words[0]);
+            }
+            let mut buf = [0u8; 1000];
+            for _ in 0..16 {
+                match client_in.try_read(&mut buf) {
+                    Ok(read) => proptest::prop_assert!(read <= buf.len()),
+                    Err(_) => break,
+                }
+            }
+            for _ in 0..4 {
+                if client_out.write(&buf).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
     #[test]
     fn many_small_frames_keep_their_order_across_laps() {
         let mut map = memmap2::MmapMut::map_anon(area_len(CAPACITY)).unwrap();
