@@ -22,12 +22,21 @@ impl<Item: DeserializeOwned, SinkItem> tokio_serde::Deserializer<Item> for Postc
     type Error = io::Error;
 
     fn deserialize(self: Pin<&mut Self>, src: &BytesMut) -> Result<Item, Self::Error> {
-        let (item, rest) = postcard::take_from_bytes(src).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
-        if rest.is_empty() {
-            Ok(item)
-        } else {
-            Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} trailing bytes after a message", rest.len())))
-        }
+        decode(src)
+    }
+}
+
+/// Decodes one whole message as the codec does: postcard, no trailing bytes, and a decoder
+/// that panics is an error. tarpc's own `Deserialize` for a request's deadline panics on a
+/// duration that overflows `Instant` (found by fuzzing): a peer's bytes must never panic a daemon.
+pub fn decode<Item: DeserializeOwned>(src: &[u8]) -> io::Result<Item> {
+    let decoded = std::panic::catch_unwind(|| postcard::take_from_bytes::<Item>(src))
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a message whose decoding panicked"))?;
+    let (item, rest) = decoded.map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
+    if rest.is_empty() {
+        Ok(item)
+    } else {
+        Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} trailing bytes after a message", rest.len())))
     }
 }
 
@@ -57,5 +66,14 @@ mod tests {
         longer.extend_from_slice(&[0]);
         assert!(codec.as_mut().deserialize(&longer).is_err());
         assert!(codec.as_mut().deserialize(&BytesMut::from(&[0xff, 0xff, 0xff][..])).is_err());
+    }
+
+    #[test]
+    fn a_deadline_past_what_instant_holds_is_an_error_not_a_panic() {
+        // A request (variant 0) whose context's deadline is u64::MAX seconds from now: tarpc's
+        // `Deserialize` adds it to `Instant::now()`, which panics (found by fuzzing).
+        let bytes = [0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x00, 0x00, 0x00];
+        let mut codec = pin!(PostcardCodec::<tarpc::ClientMessage<u32>, ()>::default());
+        assert_eq!(codec.as_mut().deserialize(&BytesMut::from(&bytes[..])).unwrap_err().kind(), io::ErrorKind::InvalidData);
     }
 }

@@ -64,12 +64,24 @@ pub fn load<T: Serialize + DeserializeOwned + Default>(
     env_prefix: &str,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<T, ConfigError> {
-    let mut table = match path {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read(path.to_path_buf(), error))?;
+    let text = match path {
+        Some(path) => Some(std::fs::read_to_string(path).map_err(|error| ConfigError::Read(path.to_path_buf(), error))?),
+        None => None,
+    };
+    from_text(path.zip(text.as_deref()), env_prefix, env)
+}
+
+/// `load` with the file's text already read (`(its path, for messages; its text)`).
+pub fn from_text<T: Serialize + DeserializeOwned + Default>(
+    file: Option<(&Path, &str)>,
+    env_prefix: &str,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<T, ConfigError> {
+    let mut table = match file {
+        Some((path, text)) => {
             // Deserializing the file alone first pins type errors to a line of the file.
-            toml::from_str::<T>(&text).map_err(|error| file_error(path, &text, &error))?;
-            text.parse::<Table>().map_err(|error| file_error(path, &text, &error))?
+            toml::from_str::<T>(text).map_err(|error| file_error(path, text, &error))?;
+            text.parse::<Table>().map_err(|error| file_error(path, text, &error))?
         }
         None => Table::new(),
     };

@@ -64,6 +64,12 @@ fn stamp(position: u64) -> u64 {
     (position + 1) ^ STAMP_KEY
 }
 
+/// The stamp a complete record at `position` carries, for tests and fuzzing that write records
+/// the way a peer would.
+pub fn stamp_for_tests(position: u64) -> u64 {
+    stamp(position)
+}
+
 /// Bytes a record with `payload` bytes takes in the ring.
 fn record_len(payload: u64) -> u64 {
     (RECORD_HEADER + payload).div_ceil(RECORD_ALIGN) * RECORD_ALIGN
@@ -189,9 +195,11 @@ impl Pair {
     ///
     /// # Safety
     /// `base` points at `area_len(capacity)` bytes of memory shared with the peer, 64-byte
-    /// aligned, all zero before either side first uses it, and mapped for as long as the `Pair`
-    /// and its halves live; `capacity` is a power of two of at least 4096; `liveness` is the
-    /// session's socket, open as long as the pair lives.
+    /// aligned and mapped for as long as the `Pair` and its halves live; `capacity` is a power of
+    /// two of at least 4096; `liveness` is the session's socket, open as long as the pair lives.
+    /// The area should be all zero before either side first uses it (a leftover stamp reads as
+    /// a record); whatever a peer writes there, this side gets data or errors, never an access
+    /// outside the area.
     pub unsafe fn new(base: *mut u8, capacity: usize, side: Side, liveness: RawFd, spin: Duration) -> Self {
         let ring = |header_at: usize, data_at: usize| Ring {
             header: base.wrapping_add(header_at).cast(),
@@ -313,7 +321,8 @@ impl RingReader {
         // SAFETY: the length word follows the stamp inside the same aligned line of the data area.
         unsafe { ring.copy_out((self.next + 8) % ring.capacity, len.as_mut_ptr(), 8) };
         let len = u64::from_le_bytes(len);
-        if len == 0 || record_len(len) > ring.capacity {
+        // Compared before any arithmetic: a length near 2^64 must not wrap into a small record.
+        if len == 0 || len > ring.capacity - RECORD_HEADER {
             return Err(corrupted());
         }
         self.record = Some(OpenRecord { at: self.next + RECORD_HEADER, left: len });
@@ -343,8 +352,8 @@ impl RingReader {
         while let Some(record) = self.record.as_mut() {
             let ring = &self.pair.incoming;
             let take = usize::try_from(record.left).unwrap_or(usize::MAX).min(buf.len() - count);
-            // SAFETY: the record was checked to fit the ring (`record_len(len) <= capacity`), so
-            // its payload is at most `capacity` bytes; `buf[count..]` holds `take` bytes.
+            // SAFETY: the record was checked to fit the ring (`len <= capacity - RECORD_HEADER`),
+            // so `take <= left <= capacity`; `buf[count..]` holds `take` bytes.
             unsafe { ring.copy_out(record.at % ring.capacity, buf.as_mut_ptr().add(count), take) };
             count += take;
             record.at += take as u64;
@@ -534,6 +543,10 @@ mod tests {
             record.add(8).cast::<u64>().write(1 << 30);
         }
         assert_eq!(client_in.read(&mut [0u8; 16]).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        // A length that would wrap the record's size around 2^64 (found by fuzzing).
+        // SAFETY: as above.
+        unsafe { record.add(8).cast::<u64>().write(u64::MAX - 8) };
+        assert_eq!(client_in.read(&mut [0u8; 1 << 16]).unwrap_err().kind(), io::ErrorKind::InvalidData);
         // The client-to-server tail sits at 0: claim the server read past what was written.
         client_out.write_all(&[1; 8]).unwrap();
         // SAFETY: writing the tail counter of the test's own mapping.
