@@ -64,7 +64,8 @@ pub fn verify(key: &[u8], token: &str, now: u64, allocation: Option<&str>) -> Re
         return Err(TokenError::Malformed);
     };
     let expires_at: u64 = expires.parse().map_err(|_| TokenError::Malformed)?;
-    if !valid_allocation_id(id) || hex.len() != 64 {
+    // ASCII only: the signature is sliced by byte pairs below, which must not split a character.
+    if !valid_allocation_id(id) || hex.len() != 64 || !hex.is_ascii() {
         return Err(TokenError::Malformed);
     }
     let tag: Vec<u8> =
@@ -89,6 +90,14 @@ mod tests {
 
     fn claims() -> SessionClaims {
         SessionClaims { allocation: "alloc-7".into(), expires_at: 2_000 }
+    }
+
+    #[test]
+    fn a_signature_with_non_ascii_characters_is_malformed_not_a_panic() {
+        // 64 bytes, but two-byte characters off the pairs' boundaries: slicing it by byte
+        // pairs would split one.
+        let token = format!("{PREFIX}.alloc-1.99.a{}b", "\u{e9}".repeat(31));
+        assert_eq!(verify(b"key", &token, 1, None), Err(TokenError::Malformed));
     }
 
     #[test]
