@@ -90,6 +90,9 @@ pub struct ServerArgs {
     /// Bytes the image cache may hold; the least recently used images leave first.
     #[arg(long, env = "FLYT_RPC_IMAGE_CACHE_SIZE", default_value = "4GiB")]
     pub image_cache_size: ByteSize,
+    /// Serve Prometheus metrics at `http://ADDRESS/metrics` (`host:port`); off when unset.
+    #[arg(long, env = "FLYT_RPC_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
 }
 
 impl ServerArgs {

@@ -55,6 +55,10 @@ pub struct Server {
     backend: Mutex<BackendKind>,
     budget_fd: OwnedFd,
     budget: SharedBudget,
+    stats_fd: OwnedFd,
+    /// Every worker's counters, and what retired workers counted (the sums only grow).
+    stats: crate::stats::StatsPage,
+    retired: Mutex<crate::stats::Counts>,
     free_slots: Mutex<Vec<usize>>,
     warm: Mutex<VecDeque<WarmWorker>>,
     warm_changed: Condvar,
@@ -104,6 +108,7 @@ impl Server {
             .args(["--sm-percentage", &self.sm_percentage.load(Ordering::Acquire).to_string()])
             .args(["--inline-wait-us", &args.inline_wait_us.to_string()])
             .args(["--image-cache-size", &args.image_cache_size.0.to_string()])
+            .args(args.metrics_listen.is_some().then_some("--time-calls"))
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         if let Some(dir) = &self.image_cache {
@@ -113,22 +118,25 @@ impl Server {
         if sm_percentage < 100 {
             command.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", sm_percentage.to_string());
         }
-        let (channel_raw, budget_raw) = (worker_end.as_raw_fd(), self.budget_fd.as_raw_fd());
+        let (channel_raw, budget_raw, stats_raw) = (worker_end.as_raw_fd(), self.budget_fd.as_raw_fd(), self.stats_fd.as_raw_fd());
         // No PR_SET_PDEATHSIG: it fires when the spawning *thread* exits, which here is any
         // short-lived handshake thread. A waiting worker exits when the listener's end of its
         // channel closes; a serving one finishes its session.
         // SAFETY: between fork and exec only async-signal-safe calls run (fcntl, dup2,
         // sigprocmask), on descriptors this process owns. The descriptors are first copied above
         // 10 so that placing them at 3 and 4 cannot overwrite one with the other, and dup2 clears
-        // close-on-exec on the copies the worker keeps.
+        // close-on-exec on the copies the worker keeps (3, 4 and 5).
         unsafe {
             command.pre_exec(move || {
                 let channel = libc::fcntl(channel_raw, libc::F_DUPFD_CLOEXEC, 10);
                 let budget = libc::fcntl(budget_raw, libc::F_DUPFD_CLOEXEC, 10);
+                let stats = libc::fcntl(stats_raw, libc::F_DUPFD_CLOEXEC, 10);
                 if channel < 0
                     || budget < 0
+                    || stats < 0
                     || libc::dup2(channel, crate::worker::CHANNEL_FD) < 0
                     || libc::dup2(budget, crate::worker::BUDGET_FD) < 0
+                    || libc::dup2(stats, crate::worker::STATS_FD) < 0
                 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -203,6 +211,11 @@ impl Server {
             }
         }
         self.budget.reclaim(slot);
+        {
+            let mut retired = lock(&self.retired);
+            let counts = self.stats.take(slot);
+            retired.add(&counts);
+        }
         lock(&self.free_slots).push(slot);
     }
 
@@ -376,6 +389,16 @@ impl Server {
         &self.args
     }
 
+    /// Every call, error, copy and kernel counted so far, retired workers included.
+    pub fn counts(&self) -> crate::stats::Counts {
+        let retired = lock(&self.retired);
+        let mut sum = retired.clone();
+        for slot in 0..BUDGET_SLOTS {
+            sum.add(&self.stats.read(slot));
+        }
+        sum
+    }
+
     /// Settings and live sessions.
     pub fn status(&self) -> RpcServerStatus {
         let (total_mem, sm_count) = *lock(&self.device_facts);
@@ -547,6 +570,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         },
     };
     let (budget_fd, budget) = SharedBudget::create(args.memory_quota.map(|quota| quota.0)).context("budget page")?;
+    let (stats_fd, stats) = crate::stats::StatsPage::create().context("metrics page")?;
     let server = Arc::new(Server {
         sm_percentage: std::sync::atomic::AtomicU32::new(args.sm_percentage),
         device_facts: Mutex::new((0, 0)),
@@ -554,6 +578,9 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         backend: Mutex::new(if args.device == BackendKind::Emulated { BackendKind::Emulated } else { BackendKind::Cuda }),
         budget_fd,
         budget,
+        stats_fd,
+        stats,
+        retired: Mutex::new(crate::stats::Counts::default()),
         free_slots: Mutex::new((0..BUDGET_SLOTS).rev().collect()),
         warm: Mutex::new(VecDeque::new()),
         warm_changed: Condvar::new(),
@@ -593,6 +620,9 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         std::thread::Builder::new().name("flyt-accept".into()).spawn(move || serve_listener(server, bound))?;
     }
     *lock(&server.announced) = announced.clone();
+    if let Some(address) = &server.args.metrics_listen {
+        crate::metrics::start(server.clone(), address)?;
+    }
     if let Some(endpoint) = &server.args.control {
         crate::control::start(server.clone(), endpoint, server.args.cluster_key_file.as_deref())?;
     }

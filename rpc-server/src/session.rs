@@ -29,14 +29,28 @@ use crate::waiters::Waiters;
 pub struct Responder<T: Serialize> {
     seq: u32,
     class: OpClass,
+    /// The op's id, and when its request was taken up (when calls are timed): for the metrics.
+    op: u16,
+    started: Option<Instant>,
     outbox: Arc<Outbox>,
     answered: bool,
     _reply: PhantomData<fn(T)>,
 }
 
 impl<T: Serialize> Responder<T> {
-    fn new(seq: u32, class: OpClass, outbox: Arc<Outbox>) -> Self {
-        Self { seq, class, outbox, answered: false, _reply: PhantomData }
+    fn new(seq: u32, class: OpClass, op: u16, started: Option<Instant>, outbox: Arc<Outbox>) -> Self {
+        Self { seq, class, op, started, outbox, answered: false, _reply: PhantomData }
+    }
+
+    fn count(&self, failed: bool) {
+        if let Some(stats) = self.outbox.stats() {
+            if failed {
+                stats.error(self.op);
+            }
+            if let Some(started) = self.started.filter(|_| self.class != OpClass::NoReply) {
+                stats.latency(started.elapsed());
+            }
+        }
     }
 
     pub fn send(self, result: CudaResult<T>) {
@@ -45,12 +59,14 @@ impl<T: Serialize> Responder<T> {
 
     pub fn send_with_bulk(mut self, result: CudaResult<T>, bulk: &[u8]) {
         self.answered = true;
+        self.count(result.is_err());
         self.outbox.reply(self.seq, self.class, result.as_ref().map_err(|error| *error), bulk);
     }
 
     /// Sends without first sending the held device-to-host replies (for one of those).
     fn send_now_with_bulk(mut self, result: CudaResult<T>, bulk: &[u8]) {
         self.answered = true;
+        self.count(result.is_err());
         self.outbox.reply_now(self.seq, self.class, result.as_ref().map_err(|error| *error), bulk);
     }
 }
@@ -175,10 +191,18 @@ macro_rules! define_handler {
         }
 
         /// Routes a decoded request to its handler method with a typed responder.
-        pub fn dispatch<H: OpHandler>(handler: &mut H, request: Request, seq: u32, bulk: &mut BulkIn<'_>, outbox: &Arc<Outbox>) {
+        pub fn dispatch<H: OpHandler>(
+            handler: &mut H,
+            request: Request,
+            seq: u32,
+            started: Option<Instant>,
+            bulk: &mut BulkIn<'_>,
+            outbox: &Arc<Outbox>,
+        ) {
             match request {
                 $(Request::$name(fields) => {
-                    let reply = Responder::new(seq, <req::$name as Op>::INFO.class, outbox.clone());
+                    let info = <req::$name as Op>::INFO;
+                    let reply = Responder::new(seq, info.class, info.id, started, outbox.clone());
                     handler_call!($bulk, handler, $method, fields, bulk, reply)
                 })*
             }
@@ -314,11 +338,21 @@ pub struct SessionConfig {
     pub limits: FrameLimits,
     /// Where large module images are kept across sessions, when on.
     pub image_cache: Option<Arc<ImageCache>>,
+    /// This worker's counters for the metrics endpoint, and whether to time calls too.
+    pub stats: Option<Arc<crate::stats::SlotStats>>,
+    pub time_calls: bool,
 }
 
 impl Default for SessionConfig {
     fn default() -> Self {
-        Self { copy_chunk: 4 << 20, inline_wait: Duration::from_micros(20), limits: FrameLimits::default(), image_cache: None }
+        Self {
+            copy_chunk: 4 << 20,
+            inline_wait: Duration::from_micros(20),
+            limits: FrameLimits::default(),
+            image_cache: None,
+            stats: None,
+            time_calls: false,
+        }
     }
 }
 
@@ -371,7 +405,7 @@ impl<D: Device> Session<D> {
         Self {
             device,
             budget,
-            outbox: Arc::new(Outbox::new(writer, output)),
+            outbox: Arc::new(Outbox::new(writer, output, config.stats.clone())),
             waiters: Waiters::new(bind),
             config,
             ranges: RangeMap::default(),
@@ -405,12 +439,22 @@ impl<D: Device> Session<D> {
                 return Err(FrameError::Decode(format!("{} carries {} unexpected bulk bytes", info.name, header.bulk_len)));
             }
             let mut bulk = BulkIn::new(&mut reader, header.bulk_len);
-            let started = op_times.as_ref().map(|_| Instant::now());
-            dispatch(self, request, header.seq, &mut bulk, &outbox);
+            if let Some(stats) = &self.config.stats {
+                stats.call(info.id);
+            }
+            let started = (op_times.is_some() || self.config.time_calls).then(Instant::now);
+            dispatch(self, request, header.seq, started, &mut bulk, &outbox);
             if let (Some(times), Some(started)) = (op_times.as_mut(), started) {
                 times.add(info.name, started.elapsed());
             }
             bulk.finish()?;
+        }
+    }
+
+    /// Counts copied bytes (when metrics are on).
+    fn count_copy(&self, how: crate::stats::Copied, result: &CudaResult<()>, bytes: u64) {
+        if let (Some(stats), Ok(())) = (&self.config.stats, result) {
+            stats.copied(how, bytes);
         }
     }
 
@@ -716,6 +760,7 @@ impl<D: Device> OpHandler for Session<D> {
             }
             Ok(())
         })();
+        self.count_copy(crate::stats::Copied::HostToDeviceSocket, &result, len);
         reply.send(result.map(|()| rep::MemcpyHtoD {}));
     }
 
@@ -733,6 +778,7 @@ impl<D: Device> OpHandler for Session<D> {
             Ok(copy) => copy,
             Err(error) => return reply.send(Err(error)),
         };
+        self.count_copy(crate::stats::Copied::DeviceToHostSocket, &Ok(()), request.len);
         let held = Arc::new(HeldCopy {
             device: self.device.clone(),
             copy,
@@ -983,6 +1029,9 @@ impl<D: Device> OpHandler for Session<D> {
             let stream = self.stream(request.stream)?;
             self.device.launch(function, request.grid, request.block, request.shared_mem, stream, &mut request.args, &request.attributes)
         });
+        if let (Some(stats), Ok(())) = (&self.config.stats, &result) {
+            stats.kernel();
+        }
         reply.send(result.map(|()| rep::Launch {}));
     }
 
@@ -1187,6 +1236,7 @@ impl<D: Device> OpHandler for Session<D> {
             // it is pinned; the destination was validated against the session's ranges.
             unsafe { self.device.copy_from_host(request.dst, source, len, stream) }
         })();
+        self.count_copy(crate::stats::Copied::HostToDeviceShm, &result, request.len);
         reply.send(result.map(|()| rep::ShmCopyHtoD {}));
     }
 
@@ -1200,6 +1250,7 @@ impl<D: Device> OpHandler for Session<D> {
             // SAFETY: as in `shm_copy_htod`, the other way round.
             unsafe { self.device.copy_to_host(target, request.src, len, stream) }
         })();
+        self.count_copy(crate::stats::Copied::DeviceToHostShm, &result, request.len);
         reply.send(result.map(|()| rep::ShmCopyDtoH {}));
     }
 

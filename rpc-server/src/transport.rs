@@ -58,17 +58,28 @@ pub struct Outbox {
     /// Whether `pending` may hold anything: every reply looks, few find any.
     any_pending: std::sync::atomic::AtomicBool,
     output: Option<std::sync::Arc<crate::output::Capture>>,
+    stats: Option<std::sync::Arc<crate::stats::SlotStats>>,
 }
 
 impl Outbox {
-    pub fn new(writer: Connection, output: Option<std::sync::Arc<crate::output::Capture>>) -> Self {
+    pub fn new(
+        writer: Connection,
+        output: Option<std::sync::Arc<crate::output::Capture>>,
+        stats: Option<std::sync::Arc<crate::stats::SlotStats>>,
+    ) -> Self {
         Self {
             writer: Mutex::new(writer),
             deferred: Mutex::new(None),
             pending: Mutex::new(Vec::new()),
             any_pending: std::sync::atomic::AtomicBool::new(false),
             output,
+            stats,
         }
+    }
+
+    /// The session's counters, when metrics are on.
+    pub fn stats(&self) -> Option<&crate::stats::SlotStats> {
+        self.stats.as_deref()
     }
 
     /// Holds a device-to-host reply until its copy is done (sent by `send_ready`).
@@ -210,7 +221,7 @@ mod tests {
     #[test]
     fn a_finished_copy_is_sent_before_the_reply_that_covers_it_and_an_unfinished_one_is_held() {
         let (server, mut client) = UnixStream::pair().unwrap();
-        let outbox = Outbox::new(Connection::Unix(server), None);
+        let outbox = Outbox::new(Connection::Unix(server), None, None);
         let first = Arc::new(Held { seq: 7, done: AtomicBool::new(false) });
         let second = Arc::new(Held { seq: 8, done: AtomicBool::new(false) });
         outbox.hold(first.clone());

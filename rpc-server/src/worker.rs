@@ -23,6 +23,8 @@ use crate::transport::Connection;
 /// Descriptor numbers a worker inherits from the listener.
 pub const CHANNEL_FD: i32 = 3;
 pub const BUDGET_FD: i32 = 4;
+/// The metrics counters page (`stats::StatsPage`), placed by the listener like the budget page.
+pub const STATS_FD: i32 = 5;
 
 /// What a worker needs to know (passed on its command line).
 #[derive(Clone, Debug, clap::Args)]
@@ -49,6 +51,9 @@ pub struct WorkerArgs {
     pub image_cache: Option<std::path::PathBuf>,
     #[arg(long)]
     pub image_cache_size: u64,
+    /// Time every call for the latency histogram (the listener serves metrics).
+    #[arg(long)]
+    pub time_calls: bool,
 }
 
 fn send_to_listener(channel: &OwnedFd, message: &FromWorker) {
@@ -270,9 +275,21 @@ fn serve<D: Device>(
             None
         }
     });
+    // SAFETY: the listener placed the stats page at STATS_FD before exec, and nothing else in
+    // this process owns it.
+    let stats_file = unsafe { std::fs::File::from_raw_fd(STATS_FD) };
+    let stats = match crate::stats::StatsPage::map(&stats_file) {
+        Ok(page) => Some(Arc::new(crate::stats::SlotStats::new(page, args.budget_slot))),
+        Err(error) => {
+            tracing::warn!(%error, "no metrics page: this session is not counted");
+            None
+        }
+    };
     let config = SessionConfig {
         copy_chunk: args.copy_chunk,
         image_cache,
+        stats,
+        time_calls: args.time_calls,
         inline_wait: std::time::Duration::from_micros(args.inline_wait_us),
         ..SessionConfig::default()
     };
