@@ -88,6 +88,23 @@ fn a_scrape_shows_what_sessions_did_and_keeps_it_after_they_end() {
     assert_eq!(series("copied_bytes_total", ",direction=\"d2h\",path=\"socket\""), Some(4096.0), "{text}");
     assert!(value(&text, "flyt_rpc_call_duration_seconds_count{allocation=\"alloc-9\"}").is_some_and(|count| count >= 3.0), "{text}");
 
+    // The Grafana dashboard in configs/ asks only for series this endpoint serves.
+    let dashboard = std::fs::read_to_string(flyt_test_support::workspace_root().join("configs/grafana-dashboard.json")).unwrap();
+    let names: std::collections::BTreeSet<&str> = dashboard
+        .match_indices("flyt_rpc_")
+        .map(|(at, _)| {
+            let rest = &dashboard[at..];
+            &rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len())]
+        })
+        .collect();
+    assert!(names.len() >= 7, "{names:?}");
+    for name in names {
+        assert!(
+            text.lines().any(|line| line.starts_with(&format!("{name}{{"))),
+            "the dashboard asks for {name}, which is not served:\n{text}"
+        );
+    }
+
     // The session ends: its counts stay, its memory and the session gauge go.
     drop(stream);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
