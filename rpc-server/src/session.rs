@@ -104,6 +104,7 @@ impl<T: Serialize> Drop for Responder<T> {
     fn drop(&mut self) {
         if !self.answered {
             tracing::error!(seq = self.seq, "request dropped without a reply");
+            self.count(true);
             self.outbox.reply::<()>(self.seq, self.class, Err(CudaError::UNKNOWN), &[]);
         }
     }
@@ -451,7 +452,7 @@ impl<D: Device> Session<D> {
         }
     }
 
-    /// Counts copied bytes (when metrics are on).
+    /// Counts copied bytes for the metrics endpoint.
     fn count_copy(&self, how: crate::stats::Copied, result: &CudaResult<()>, bytes: u64) {
         if let (Some(stats), Ok(())) = (&self.config.stats, result) {
             stats.copied(how, bytes);

@@ -77,7 +77,7 @@ impl Outbox {
         }
     }
 
-    /// The session's counters, when metrics are on.
+    /// The worker's counters for the listener's metrics endpoint (none when the page could not be mapped).
     pub fn stats(&self) -> Option<&crate::stats::SlotStats> {
         self.stats.as_deref()
     }
