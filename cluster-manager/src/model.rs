@@ -298,6 +298,7 @@ mod tests {
                 created_at: 0,
                 idle_since: None,
                 pending_resize: None,
+                metrics: None,
             },
         );
         (node_id, gpu)

@@ -350,6 +350,7 @@ impl<S: Store> Cluster<S> {
                 created_at: now,
                 idle_since: None,
                 pending_resize: None,
+                metrics: None,
             };
             // Stored before the node hears of it: whatever happens next, a restart finds it.
             self.store.put_allocation(&allocation).await.map_err(store_error)?;
@@ -556,6 +557,7 @@ impl<S: Store> Cluster<S> {
                 }
             }
             updated.sessions = server.sessions;
+            updated.metrics.clone_from(&server.metrics);
             refresh_idle(&mut updated, now);
             if &updated != allocation {
                 self.store.put_allocation(&updated).await.map_err(store_error)?;

@@ -360,7 +360,20 @@ fn node_table(nodes: &[NodeView]) -> Table {
 }
 
 fn allocation_table(allocations: &[AllocationRecord]) -> Table {
-    let mut out = table(&["ALLOCATION", "VM", "NODE/GPU", "SMs", "SM %", "MEMORY (MiB)", "STATE", "ADDRESS", "PID", "SESSIONS", "CLIENTS"]);
+    let mut out = table(&[
+        "ALLOCATION",
+        "VM",
+        "NODE/GPU",
+        "SMs",
+        "SM %",
+        "MEMORY (MiB)",
+        "STATE",
+        "ADDRESS",
+        "METRICS",
+        "PID",
+        "SESSIONS",
+        "CLIENTS",
+    ]);
     for allocation in allocations {
         out.add_row(vec![
             allocation.id.clone(),
@@ -374,6 +387,7 @@ fn allocation_table(allocations: &[AllocationRecord]) -> Table {
                 (state, None) => format!("{state:?}").to_lowercase(),
             },
             allocation.addresses.join(" "),
+            allocation.metrics.as_ref().map_or_else(|| "-".to_string(), |address| format!("http://{address}/metrics")),
             allocation.pid.to_string(),
             allocation.sessions.to_string(),
             clients(allocation),

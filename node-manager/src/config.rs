@@ -58,6 +58,9 @@ pub struct RpcServerConfig {
     /// Stop every rpc-server when the node manager exits on SIGTERM/SIGINT. When false they keep
     /// serving and the next node manager adopts them.
     pub stop_on_exit: bool,
+    /// Host each rpc-server serves Prometheus metrics on (`/metrics`, port chosen by the server
+    /// and reported to the cluster manager); empty: no metrics.
+    pub metrics_host: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -105,6 +108,7 @@ impl Default for RpcServerConfig {
             start_timeout_seconds: 30,
             stop_grace_seconds: 2,
             stop_on_exit: true,
+            metrics_host: String::new(),
         }
     }
 }

@@ -88,6 +88,8 @@ pub struct LaunchSettings {
     pub env: Vec<(String, String)>,
     pub start_timeout: Duration,
     pub stop_grace_seconds: u32,
+    /// Host each server serves Prometheus metrics on (port chosen by the server); `None`: off.
+    pub metrics_host: Option<String>,
 }
 
 /// What is recorded per server, so a restarted node manager can find it.
@@ -112,6 +114,8 @@ struct Usage {
     /// Its per-session quota in bytes.
     memory_quota: u64,
     sm_percentage: u32,
+    /// Where it serves metrics, advertised.
+    metrics: Option<String>,
 }
 
 /// Processes started with a `--control unix:<servers_dir>/<id>.control.sock` argument: the
@@ -261,8 +265,11 @@ impl ServerManager {
         }
     }
 
-    fn report(record: &ServerRecord, sessions: u32, memory_used_bytes: u64) -> ServerReport {
+    fn report(record: &ServerRecord, usage: Option<&Usage>) -> ServerReport {
+        let (sessions, memory_used_bytes, metrics) =
+            usage.map_or((0, 0, None), |usage| (usage.sessions, usage.memory_used, usage.metrics.clone()));
         ServerReport {
+            metrics,
             allocation_id: record.allocation_id.clone(),
             gpu: record.gpu,
             pid: record.pid,
@@ -294,6 +301,9 @@ impl ServerManager {
             .arg(format!("unix:{}", control_socket.display()))
             .arg("--image-cache")
             .arg(&settings.image_cache_dir);
+        if let Some(host) = &settings.metrics_host {
+            command.arg("--metrics-listen").arg(format!("{host}:0"));
+        }
         if settings.device == DeviceKind::Emulated {
             command.args(["--emulated-memory", &gpu.memory_bytes.to_string()]).args(["--emulated-sms", &gpu.sm_count.to_string()]);
         }
@@ -309,7 +319,7 @@ impl ServerManager {
         }
         let _one_at_a_time = self.lifecycle.lock().await;
         if let Some(server) = self.servers.lock().await.get(&spec.allocation_id) {
-            return Ok(Self::report(&server.record, 0, 0));
+            return Ok(Self::report(&server.record, None));
         }
         let gpu = self
             .settings
@@ -367,7 +377,7 @@ impl ServerManager {
             sm_percentage: spec.sm_percentage,
         };
         self.write_record(&record)?;
-        let report = Self::report(&record, 0, 0);
+        let report = Self::report(&record, None);
         self.servers.lock().await.insert(id.clone(), ManagedServer { record, child: Some(child), control: None });
         Ok(report)
     }
@@ -477,8 +487,14 @@ impl ServerManager {
         drop(servers);
         self.write_record(&record)?;
         tracing::info!(allocation = id, memory_mib = record.memory, sm_percentage = record.sm_percentage, "rpc-server resized");
-        let sessions = u32::try_from(status.sessions.len()).unwrap_or(u32::MAX);
-        Ok(Self::report(&record, sessions, status.sessions.iter().map(|session| session.memory_used).sum()))
+        let usage = Usage {
+            sessions: u32::try_from(status.sessions.len()).unwrap_or(u32::MAX),
+            memory_used: status.sessions.iter().map(|session| session.memory_used).sum(),
+            memory_quota: status.memory_quota,
+            sm_percentage: status.sm_percentage,
+            metrics: status.metrics.map(|address| advertise(&address, &self.settings.advertise_host)),
+        };
+        Ok(Self::report(&record, Some(&usage)))
     }
 
     /// Stops a server: asks it to shut down (sessions get the grace period), then SIGTERM,
@@ -542,11 +558,11 @@ impl ServerManager {
         // In parallel and bounded: a hung server must not delay the heartbeat past the lease.
         futures::future::join_all(records.iter().map(|record| async move {
             let usage = tokio::time::timeout(STATUS_TIMEOUT, self.usage(&record.allocation_id)).await.ok().flatten();
-            let Some(usage) = usage else { return Self::report(record, 0, 0) };
+            let Some(usage) = usage else { return Self::report(record, None) };
             // The server's own slice wins over the record (a resize cut short by a crash of
             // this node manager left the record behind).
             let record = self.correct_record(record, usage.memory_quota / MIB, usage.sm_percentage).await;
-            Self::report(&record, usage.sessions, usage.memory_used)
+            Self::report(&record, Some(&usage))
         }))
         .await
     }
@@ -580,6 +596,7 @@ impl ServerManager {
                 memory_used: status.sessions.iter().map(|session| session.memory_used).sum(),
                 memory_quota: status.memory_quota,
                 sm_percentage: status.sm_percentage,
+                metrics: status.metrics.map(|address| advertise(&address, &self.settings.advertise_host)),
             }),
             Err(_) => {
                 self.forget_control(id).await;
@@ -636,6 +653,7 @@ mod tests {
             env: vec![],
             start_timeout: Duration::from_secs(5),
             stop_grace_seconds: 0,
+            metrics_host: Some("0.0.0.0".into()),
         }
     }
 
@@ -665,6 +683,7 @@ mod tests {
             "--allocation alloc-1",
             "--emulated-memory 8589934592",
             "--emulated-sms 40",
+            "--metrics-listen 0.0.0.0:0",
         ] {
             assert!(args.contains(expected), "{expected} missing from {args}");
         }
@@ -771,6 +790,7 @@ mod tests {
                     memory_used: 4096,
                     started_at: 0,
                 }],
+                metrics: Some("0.0.0.0:9464".into()),
             }
         }
 
@@ -810,6 +830,7 @@ mod tests {
         assert_eq!((resized.memory_quota_bytes, resized.sm_percentage, resized.sessions), (2048 * MIB, 50, 1));
         let reports = manager.reports().await;
         assert_eq!((reports[0].sessions, reports[0].memory_used_bytes), (1, 4096));
+        assert_eq!(reports[0].metrics.as_deref(), Some("192.0.2.7:9464"), "the wildcard host is advertised as this node");
         let record: ServerRecord = serde_json::from_slice(&fs::read(folder.path().join("servers/alloc-6.json")).unwrap()).unwrap();
         assert_eq!((record.memory, record.sm_percentage), (2048, 50));
         assert!(matches!(manager.resize("alloc-x", Some(1), None).await, Err(ControlError::UnknownAllocation(_))));

@@ -73,6 +73,8 @@ pub struct Server {
     unix_paths: Mutex<Vec<PathBuf>>,
     /// The module image cache folder every worker opens, when on.
     image_cache: Option<PathBuf>,
+    /// Where the metrics endpoint listens, once bound.
+    metrics_address: Mutex<Option<String>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -425,6 +427,7 @@ impl Server {
             sm_percentage: self.sm_percentage.load(Ordering::Acquire),
             sm_count,
             sessions,
+            metrics: lock(&self.metrics_address).clone(),
         }
     }
 
@@ -594,6 +597,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         cluster_key,
         unix_paths: Mutex::new(Vec::new()),
         image_cache,
+        metrics_address: Mutex::new(None),
         args,
     });
 
@@ -621,7 +625,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     *lock(&server.announced) = announced.clone();
     if let Some(address) = &server.args.metrics_listen {
-        crate::metrics::start(server.clone(), address)?;
+        *lock(&server.metrics_address) = Some(crate::metrics::start(server.clone(), address)?);
     }
     if let Some(endpoint) = &server.args.control {
         crate::control::start(server.clone(), endpoint, server.args.cluster_key_file.as_deref())?;

@@ -16,11 +16,13 @@ use prometheus_client::registry::Registry;
 use crate::listener::Server;
 use crate::stats::{Copied, LATENCY_BOUNDS};
 
-/// Starts the endpoint's thread; `Err` if the address cannot be bound.
-pub fn start(server: Arc<Server>, address: &str) -> anyhow::Result<()> {
+/// Starts the endpoint's thread; returns the address bound (`host:port`, the port resolved), or
+/// `Err` if the address cannot be bound.
+pub fn start(server: Arc<Server>, address: &str) -> anyhow::Result<String> {
     let listener = TcpListener::bind(address).with_context(|| format!("metrics address {address}"))?;
     let bound = listener.local_addr().map_or_else(|_| address.to_string(), |address| address.to_string());
     tracing::info!("metrics on http://{bound}/metrics");
+    let shown = bound.clone();
     std::thread::Builder::new().name("flyt-metrics".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
             if let Err(error) = answer(&server, stream) {
@@ -28,7 +30,7 @@ pub fn start(server: Arc<Server>, address: &str) -> anyhow::Result<()> {
             }
         }
     })?;
-    Ok(())
+    Ok(shown)
 }
 
 fn answer(server: &Server, mut stream: TcpStream) -> std::io::Result<()> {

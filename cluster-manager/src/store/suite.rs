@@ -46,6 +46,7 @@ fn allocation(id: &str) -> AllocationRecord {
         created_at: 100,
         idle_since: None,
         pending_resize: None,
+        metrics: Some("127.0.0.1:9464".into()),
     }
 }
 

@@ -59,6 +59,9 @@ pub struct ServerReport {
     pub sessions: u32,
     /// Device memory its sessions hold, in bytes.
     pub memory_used_bytes: u64,
+    /// Where it serves Prometheus metrics (`host:port`), when it does.
+    #[serde(default)]
+    pub metrics: Option<String>,
 }
 
 /// What a node manager sends when it (re)connects.
@@ -155,6 +158,9 @@ pub struct AllocationRecord {
     /// manager finishes it (resizing is idempotent on the node).
     #[serde(default)]
     pub pending_resize: Option<SliceSize>,
+    /// Where its rpc-server serves Prometheus metrics (`host:port`), as last reported.
+    #[serde(default)]
+    pub metrics: Option<String>,
 }
 
 /// The client manager asks for the VM's GPU slice.

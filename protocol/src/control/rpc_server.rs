@@ -36,6 +36,9 @@ pub struct RpcServerStatus {
     /// SMs a session sees (`multiProcessorCount`).
     pub sm_count: u32,
     pub sessions: Vec<SessionStatus>,
+    /// Where its Prometheus metrics are served (`host:port`), when they are.
+    #[serde(default)]
+    pub metrics: Option<String>,
 }
 
 /// What the node manager may ask of an rpc-server.
