@@ -4,6 +4,8 @@
 //! 2 bad usage; 3 the cluster manager cannot be reached or did not answer in time.
 #![forbid(unsafe_code)]
 
+mod top;
+
 use std::{
     path::PathBuf,
     process::ExitCode,
@@ -74,6 +76,16 @@ enum Command {
     Drain { node: String },
     /// Place allocations on a node again.
     Undrain { node: String },
+    /// A live view of the allocations: memory, sessions, and per-second calls, copy bandwidth,
+    /// kernels and errors from each rpc-server's metrics. With --json, one JSON line per refresh.
+    Top {
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 2.0, value_parser = positive_seconds)]
+        interval: f64,
+        /// Stop after this many refreshes (default: until interrupted).
+        #[arg(long)]
+        iterations: Option<u64>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -283,6 +295,45 @@ async fn run(args: Args) -> Result<(), CtlError> {
             }
             println!("VM {vm_ip} removed");
         }
+        Command::Top { interval, iterations } => {
+            let mut previous = std::collections::HashMap::new();
+            let mut refreshes = 0u64;
+            loop {
+                let refresh_deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
+                let mut refresh_context = tarpc::context::current();
+                refresh_context.deadline = refresh_deadline;
+                let allocations = call(&args, refresh_deadline, client.list_allocations(refresh_context)).await?;
+                let samples: std::collections::HashMap<_, _> = allocations
+                    .iter()
+                    .filter_map(|allocation| {
+                        let address = allocation.metrics.as_ref()?;
+                        let sample = top::scrape(address, Duration::from_secs(2)).map(|text| (top::parse(&text), Instant::now()));
+                        Some((allocation.id.clone(), sample))
+                    })
+                    .collect();
+                let rows = top::rows(&allocations, &samples, &previous);
+                if args.json {
+                    let unix_time = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs());
+                    println!(
+                        "{}",
+                        serde_json::to_string(&serde_json::json!({ "unix_time": unix_time, "allocations": rows }))
+                            .map_err(CtlError::Json)?
+                    );
+                } else {
+                    if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                        print!("\x1b[2J\x1b[H");
+                    }
+                    println!("flytctl top: {} allocations, refreshed every {interval} s", rows.len());
+                    println!("{}", top::table(&rows));
+                }
+                previous = samples.into_iter().filter_map(|(id, sample)| Some((id, sample.ok()?))).collect();
+                refreshes += 1;
+                if iterations.is_some_and(|limit| refreshes >= limit) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs_f64(*interval)).await;
+            }
+        }
         Command::Drain { node } | Command::Undrain { node } => {
             let drained = matches!(args.command, Command::Drain { .. });
             let record = call(&args, deadline, client.set_drained(context(), node.clone(), drained)).await?.map_err(CtlError::Refused)?;
@@ -293,6 +344,14 @@ async fn run(args: Args) -> Result<(), CtlError> {
         }
     }
     Ok(())
+}
+
+/// A number of seconds above 0 (for `--interval`).
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if seconds.is_finite() && seconds > 0.0 => Ok(seconds),
+        _ => Err(format!("`{text}` is not a number of seconds above 0")),
+    }
 }
 
 fn health(health: NodeHealth, drained: bool) -> String {
