@@ -87,6 +87,21 @@ mod tests {
         assert_eq!(session_view(&reply1), (1024 * MIB, 20));
         assert_eq!(session_view(&reply2), (2048 * MIB, 30));
 
+        // --- metrics: each server's endpoint reaches the cluster manager, and `flytctl top` reads it.
+        let metrics = wait_until("the allocation's metrics address", Duration::from_secs(20), || {
+            cluster.allocation_of("10.0.0.1")?["metrics"].as_str().map(str::to_string)
+        });
+        let (code, stdout, stderr) = cluster.flytctl(&["top", "--iterations", "2", "--interval", "0.5", "--json"]);
+        assert_eq!(code, 0, "{stderr}");
+        let refreshes: Vec<serde_json::Value> = stdout.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+        assert_eq!(refreshes.len(), 2, "{stdout}");
+        let rows = refreshes[1]["allocations"].as_array().unwrap();
+        let row = rows.iter().find(|row| row["vm"] == "10.0.0.1").unwrap_or_else(|| panic!("{stdout}"));
+        assert!(row["calls_per_second"].is_f64() && row["note"].is_null(), "{row} (metrics at {metrics})");
+        assert_eq!(row["memory_quota_bytes"].as_u64(), Some(1024 * MIB), "{row}");
+        let (code, _, stderr) = cluster.flytctl(&["top", "--interval", "0"]);
+        assert!(code == 2 && stderr.contains("above 0"), "{code} {stderr}");
+
         // --- change-config: applied to the running server, refused when the GPU cannot hold it.
         let changed = cluster.json(&["change-config", "10.0.0.1", "--compute-units", "40", "--memory-mib", "2048"]);
         assert_eq!((changed["compute_units"].as_u64(), changed["sm_percentage"].as_u64()), (Some(40), Some(50)));

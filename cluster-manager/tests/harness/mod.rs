@@ -331,6 +331,7 @@ impl Cluster {
             ("FLYT_NODE_MANAGER_RPC_SERVER_LISTEN_HOST", "127.0.0.1".into()),
             ("FLYT_NODE_MANAGER_RPC_SERVER_SOCKET_DIR", String::new()),
             ("FLYT_NODE_MANAGER_RPC_SERVER_STOP_GRACE_SECONDS", "0".into()),
+            ("FLYT_NODE_MANAGER_RPC_SERVER_METRICS_HOST", "127.0.0.1".into()),
         ])
     }
 
