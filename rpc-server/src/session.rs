@@ -453,8 +453,8 @@ impl<D: Device> Session<D> {
     }
 
     /// Counts copied bytes for the metrics endpoint.
-    fn count_copy(&self, how: crate::stats::Copied, result: &CudaResult<()>, bytes: u64) {
-        if let (Some(stats), Ok(())) = (&self.config.stats, result) {
+    fn count_copy(&self, how: crate::stats::Copied, bytes: u64) {
+        if let Some(stats) = &self.config.stats {
             stats.copied(how, bytes);
         }
     }
@@ -761,7 +761,9 @@ impl<D: Device> OpHandler for Session<D> {
             }
             Ok(())
         })();
-        self.count_copy(crate::stats::Copied::HostToDeviceSocket, &result, len);
+        if result.is_ok() {
+            self.count_copy(crate::stats::Copied::HostToDeviceSocket, len);
+        }
         reply.send(result.map(|()| rep::MemcpyHtoD {}));
     }
 
@@ -779,7 +781,7 @@ impl<D: Device> OpHandler for Session<D> {
             Ok(copy) => copy,
             Err(error) => return reply.send(Err(error)),
         };
-        self.count_copy(crate::stats::Copied::DeviceToHostSocket, &Ok(()), request.len);
+        self.count_copy(crate::stats::Copied::DeviceToHostSocket, request.len);
         let held = Arc::new(HeldCopy {
             device: self.device.clone(),
             copy,
@@ -1237,7 +1239,9 @@ impl<D: Device> OpHandler for Session<D> {
             // it is pinned; the destination was validated against the session's ranges.
             unsafe { self.device.copy_from_host(request.dst, source, len, stream) }
         })();
-        self.count_copy(crate::stats::Copied::HostToDeviceShm, &result, request.len);
+        if result.is_ok() {
+            self.count_copy(crate::stats::Copied::HostToDeviceShm, request.len);
+        }
         reply.send(result.map(|()| rep::ShmCopyHtoD {}));
     }
 
@@ -1251,7 +1255,9 @@ impl<D: Device> OpHandler for Session<D> {
             // SAFETY: as in `shm_copy_htod`, the other way round.
             unsafe { self.device.copy_to_host(target, request.src, len, stream) }
         })();
-        self.count_copy(crate::stats::Copied::DeviceToHostShm, &result, request.len);
+        if result.is_ok() {
+            self.count_copy(crate::stats::Copied::DeviceToHostShm, request.len);
+        }
         reply.send(result.map(|()| rep::ShmCopyDtoH {}));
     }
 
