@@ -300,12 +300,14 @@ impl Client {
     }
 
     /// Resets the session's device (`cuDevicePrimaryCtxReset`, `cudaDeviceReset`): the server waits
-    /// for its work, frees every allocation, stream and event and puts changed limits back; the
-    /// client forgets them, and per-thread default streams are made anew. Loaded modules stay, as
-    /// CUDA's libraries outlive a reset.
+    /// for its work and resets the device's context (allocations, streams and events go, limits
+    /// return to their defaults); the client forgets them, and per-thread default streams are made
+    /// anew. Loaded modules stay, as CUDA's libraries outlive a reset: the server loads them again,
+    /// and their variables are looked up anew.
     pub fn device_reset(&self) -> CudaResult<()> {
         self.call(req::DeviceReset {})?;
         self.forget_allocations();
+        crate::registry::forget_variables(&self.ranges);
         lock(&self.streams).clear();
         lock(&self.events).clear();
         self.reset_generation.fetch_add(1, Ordering::AcqRel);

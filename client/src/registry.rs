@@ -173,6 +173,17 @@ pub fn unload(conn: Option<&Arc<Conn>>, ranges: Option<&DeviceRanges>, id: u32) 
     }
 }
 
+/// After a device reset: forgets every variable found so far (the server loaded the modules
+/// again, and variables may have moved), so the next lookup asks anew.
+pub fn forget_variables(ranges: &DeviceRanges) {
+    let registry = read();
+    for module in &registry.modules {
+        for (_, (address, _)) in lock(&module.found).variables.drain() {
+            ranges.remove_variable(address);
+        }
+    }
+}
+
 /// A kernel of a live module by name: registered, found before, or asked of the server (which
 /// loads a lazy module first, on the same connection, so the two cost one round trip).
 pub fn function_by_name(conn: &Arc<Conn>, id: u32, name: &str) -> CudaResult<Arc<Function>> {

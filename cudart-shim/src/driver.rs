@@ -245,6 +245,12 @@ static RESET_GENERATION: AtomicU64 = AtomicU64::new(0);
 /// The primary contexts this runtime holds a reference to: `(device, generation, context)`.
 static RETAINED: Mutex<Vec<(c_int, u64, usize)>> = Mutex::new(Vec::new());
 
+/// How many device resets this runtime made (what was found on the device before one may have
+/// moved).
+pub fn reset_generation() -> u64 {
+    RESET_GENERATION.load(Ordering::Acquire)
+}
+
 /// Whether this runtime ever set up a context (so there is something to reset).
 pub fn context_ever_made() -> bool {
     !RETAINED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()

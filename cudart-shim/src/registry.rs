@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
-use std::sync::{Arc, LazyLock, OnceLock, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, RwLock};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
@@ -59,7 +59,9 @@ pub struct Variable {
     fat_binary: usize,
     name: CString,
     pub size: usize,
-    address: OnceLock<CudaResult<CUdeviceptr>>,
+    /// With the reset generation it was found in: a device reset loads the module anew, and its
+    /// variables may move.
+    address: Mutex<Option<(u64, CudaResult<CUdeviceptr>)>>,
 }
 
 #[derive(Default)]
@@ -133,7 +135,7 @@ pub fn add_kernel(fat_binary: usize, host_function: usize, name: CString) {
 }
 
 pub fn add_variable(fat_binary: usize, host_variable: usize, name: CString, size: usize) {
-    write().variables.insert(host_variable, Arc::new(Variable { fat_binary, name, size, address: OnceLock::new() }));
+    write().variables.insert(host_variable, Arc::new(Variable { fat_binary, name, size, address: Mutex::new(None) }));
 }
 
 fn fat_binary(index: usize) -> CudaResult<Arc<FatBinary>> {
@@ -178,10 +180,13 @@ pub fn variable_by_host(host_variable: usize) -> Option<Arc<Variable>> {
 }
 
 impl Variable {
-    /// The variable's device address, looked up once.
+    /// The variable's device address, looked up once per device reset generation.
     pub fn address(&self) -> CudaResult<CUdeviceptr> {
-        if let Some(address) = self.address.get() {
-            return *address;
+        let generation = crate::driver::reset_generation();
+        if let Some((found_in, address)) = *self.address.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+            && found_in == generation
+        {
+            return address;
         }
         let found = fat_binary(self.fat_binary).and_then(|fat_binary| {
             let library = fat_binary.library()?;
@@ -190,7 +195,8 @@ impl Variable {
         });
         // A variable the image lacks is an invalid symbol to the runtime.
         let found = found.map_err(|error| if error == CudaError::SYMBOL_NOT_FOUND { CudaError::INVALID_SYMBOL } else { error });
-        *self.address.get_or_init(|| found)
+        *self.address.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((generation, found));
+        found
     }
 }
 

@@ -92,7 +92,7 @@ macro_rules! for_each_op {
             // --- device ---
             /// `cudaDeviceSynchronize`.
             25 DeviceSynchronize device_synchronize [sync_point -] {} -> {};
-            /// `cudaDeviceReset`: frees everything the session holds except its modules.
+            /// `cudaDeviceReset`: resets the device's context; the session keeps its modules (loaded again).
             26 DeviceReset device_reset [reply -] {} -> {};
             /// `cudaDeviceSetLimit` (`cudaLimit` numbering).
             27 DeviceSetLimit device_set_limit [reply -] { limit: u32, value: u64 } -> {};

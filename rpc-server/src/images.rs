@@ -18,7 +18,7 @@ pub struct ImageCache {
     /// Bytes the folder may hold; the least recently used images go first.
     limit: u64,
     /// The thread that files images handed to [`ImageCache::put_later`], started on first use.
-    writer: OnceLock<SyncSender<Vec<u8>>>,
+    writer: OnceLock<SyncSender<Arc<Vec<u8>>>>,
 }
 
 /// Images waiting to be filed; more are dropped (only a later transfer is lost).
@@ -88,9 +88,9 @@ impl ImageCache {
     /// Files `image` on a background thread, so that hashing and writing a large image never
     /// delays a session; when images arrive faster than they can be written, the excess is not
     /// cached.
-    pub fn put_later(self: &Arc<Self>, image: Vec<u8>) {
+    pub fn put_later(self: &Arc<Self>, image: Arc<Vec<u8>>) {
         let writer = self.writer.get_or_init(|| {
-            let (sender, receiver) = std::sync::mpsc::sync_channel::<Vec<u8>>(WRITE_QUEUE);
+            let (sender, receiver) = std::sync::mpsc::sync_channel::<Arc<Vec<u8>>>(WRITE_QUEUE);
             let cache = Arc::downgrade(self);
             let spawned = std::thread::Builder::new().name("flyt-image-cache".into()).spawn(move || {
                 while let Ok(image) = receiver.recv() {

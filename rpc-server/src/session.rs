@@ -219,6 +219,9 @@ const MAX_HANDLES: usize = 1 << 16;
 
 struct LoadedModule<D: Device> {
     module: D::Module,
+    /// Kept to load the module again after a device reset, which unloads it on the device while
+    /// the app keeps its handles (CUDA's libraries outlive a reset).
+    image: Arc<Vec<u8>>,
     /// Kernels by index, in the order they were asked for by name.
     functions: Vec<CudaResult<Kernel<D>>>,
     /// The index of each kernel found by name, so asking twice gives the same index.
@@ -240,6 +243,10 @@ impl<D: Device> Kernel<D> {
         Self { function, params, args_len }
     }
 }
+
+/// How long a device reset waits for the session's waiters to finish (their work is done by
+/// then, so they finish at once).
+const RESET_DRAIN: Duration = Duration::from_secs(2);
 
 /// Most kernels one module may hold: a client asking for names in a loop exhausts this, not the
 /// worker's memory.
@@ -376,9 +383,6 @@ pub struct Session<D: Device> {
     /// Whether a loaded module may print (device `printf` or `assert`): only then do
     /// synchronizing calls look for output to forward.
     may_print: bool,
-    /// Each limit the app changed, with its value before the first change: `cudaDeviceReset`
-    /// puts them back, as a new context would have them.
-    changed_limits: HashMap<u32, u64>,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -417,7 +421,6 @@ impl<D: Device> Session<D> {
             spare_events: Arc::new(Mutex::new(Vec::new())),
             shm,
             may_print: false,
-            changed_limits: HashMap::new(),
         }
     }
 
@@ -668,6 +671,56 @@ impl<D: Device> Session<D> {
         }
     }
 
+    /// After a device reset: pins the segment's staging area and blocks again (the reset unpinned
+    /// them). A block whose mapping no longer lands at its alias stays unpinned: its copies still
+    /// work, through the driver's pageable path, while a kernel's access to it would fault, as
+    /// said in the log.
+    fn pin_segment_again(&mut self) {
+        let Some(segment) = &self.shm else { return };
+        for pin in segment.pins() {
+            // SAFETY: each pin lies inside the session's mapping (checked when it was added) and
+            // stays mapped until it is removed, after it is unpinned.
+            let pinned = unsafe { self.device.host_register(pin.ptr, pin.len, pin.mapped) }.and_then(|()| match pin.mapped {
+                true if self.device.host_device_pointer(pin.ptr) != Ok(pin.ptr as u64) => {
+                    // SAFETY: registered just above.
+                    let _ = unsafe { self.device.host_unregister(pin.ptr) };
+                    Err(CudaError::NOT_SUPPORTED)
+                }
+                _ => Ok(()),
+            });
+            if let Err(error) = pinned {
+                tracing::error!(%error, len = pin.len, mapped = pin.mapped, "host memory not pinned again after a device reset");
+            }
+        }
+    }
+
+    /// After a device reset: loads every module again from its image and finds its kernels again
+    /// by name, so the app's handles keep working. Variables are found again when asked (their
+    /// addresses may move).
+    fn reload_modules(&mut self) {
+        for (id, loaded) in &mut self.modules {
+            for (address, size) in loaded.variables.drain(..) {
+                self.ranges.remove_within(address, size, RangeKind::Variable);
+            }
+            match self.device.load_module(&loaded.image) {
+                Ok(module) => loaded.module = module,
+                Err(error) => {
+                    tracing::error!(module = id, %error, "module not loaded again after a device reset");
+                    for kernel in &mut loaded.functions {
+                        *kernel = Err(error);
+                    }
+                    continue;
+                }
+            }
+            for (name, index) in &loaded.function_names {
+                let found = self.device.function(&loaded.module, name).map(|(function, params)| Kernel::new(function, params));
+                if let Some(kernel) = loaded.functions.get_mut(*index as usize) {
+                    *kernel = found;
+                }
+            }
+        }
+    }
+
     /// The session's reply channel (for notices the client did not ask for).
     pub fn outbox(&self) -> Arc<Outbox> {
         self.outbox.clone()
@@ -862,10 +915,11 @@ impl<D: Device> OpHandler for Session<D> {
         };
         self.may_print |= may_print(&image);
         let loaded = self.device.load_module(&image);
+        let image = Arc::new(image);
         // Cached whether or not this device takes it: a later session sending the same bytes
         // would get the same answer.
         if let Some(cache) = self.config.image_cache.as_ref().filter(|_| request.cached.is_none() && image.len() >= CACHED_IMAGE_MIN) {
-            cache.put_later(image);
+            cache.put_later(image.clone());
         }
         let module = match loaded {
             Ok(module) => module,
@@ -874,7 +928,7 @@ impl<D: Device> OpHandler for Session<D> {
                 return reply.send(Err(error));
             }
         };
-        let loaded = LoadedModule::<D> { module, functions: Vec::new(), function_names: HashMap::new(), variables: Vec::new() };
+        let loaded = LoadedModule::<D> { module, image, functions: Vec::new(), function_names: HashMap::new(), variables: Vec::new() };
         self.modules.insert(request.module, loaded);
         reply.send(Ok(rep::RegisterModule { image_needed: false }));
     }
@@ -1153,25 +1207,34 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn device_reset(&mut self, _request: req::DeviceReset, reply: Responder<rep::DeviceReset>) {
-        let synchronized = self.device.synchronize();
+        // A sticky error does not stop a reset: clearing it is what a reset is for.
+        if let Err(error) = self.device.synchronize() {
+            tracing::info!(%error, "device reset after an error");
+        }
         if self.may_print {
             self.outbox.send_output();
         }
-        self.release_everything();
-        for (limit, original) in self.changed_limits.drain() {
-            let _ = self.device.set_limit(limit, original);
+        // Finished device-to-host copies go out now, freeing their staging buffers, and every
+        // waiter finishes its (now immediate) wait: nothing may use the old context past here.
+        self.outbox.send_ready();
+        if !self.waiters.wait_idle(RESET_DRAIN) {
+            tracing::warn!("device reset with a waiter still busy");
         }
-        // Reset clears the sticky state the app could see; a fatal device error stays, as the
-        // driver keeps reporting it.
-        reply.send(synchronized.map(|()| rep::DeviceReset {}));
+        self.release_everything();
+        // The private events go with the context.
+        self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        let result = self.device.reset().map(|()| {
+            self.waiters.rebind();
+            self.pin_segment_again();
+            self.reload_modules();
+        });
+        if let Err(error) = result {
+            tracing::error!(%error, "device reset failed");
+        }
+        reply.send(result.map(|()| rep::DeviceReset {}));
     }
 
     fn device_set_limit(&mut self, request: req::DeviceSetLimit, reply: Responder<rep::DeviceSetLimit>) {
-        if !self.changed_limits.contains_key(&request.limit)
-            && let Ok(original) = self.device.get_limit(request.limit)
-        {
-            self.changed_limits.insert(request.limit, original);
-        }
         reply.send(self.device.set_limit(request.limit, request.value).map(|()| rep::DeviceSetLimit {}));
     }
 

@@ -197,10 +197,28 @@ impl Segment {
 
     /// Every pinned address, staging first, for unpinning at the end.
     pub fn pinned_blocks(&self) -> Vec<*mut u8> {
-        let staging = (self.staging > 0).then(|| self.ptr(0));
-        let blocks = self.registered.iter().map(|(offset, block)| self.pinned_at(*offset, block));
+        self.pins().into_iter().map(|pin| pin.ptr).collect()
+    }
+
+    /// Every pinned range, staging first: the staging area and blocks without an alias are
+    /// pinned only, blocks with one are also mapped for the device (at the alias).
+    pub fn pins(&self) -> Vec<Pin> {
+        let staging = (self.staging > 0).then(|| Pin { ptr: self.ptr(0), len: self.staging as usize, mapped: false });
+        let blocks = self.registered.iter().map(|(offset, block)| Pin {
+            ptr: self.pinned_at(*offset, block),
+            len: block.len as usize,
+            mapped: block.alias.is_some(),
+        });
         staging.into_iter().chain(blocks).collect()
     }
+}
+
+/// A pinned range of the segment (see [`Segment::pins`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pin {
+    pub ptr: *mut u8,
+    pub len: usize,
+    pub mapped: bool,
 }
 
 #[cfg(test)]

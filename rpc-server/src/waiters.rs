@@ -2,7 +2,7 @@
 //! (stream/event/device synchronize, a device-to-host copy) is handed to an idle waiter, or a new
 //! one, so a synchronizing call from one app thread never stalls another thread's calls.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,6 +46,9 @@ pub struct Waiters {
     idle: Arc<AtomicUsize>,
     live: Arc<AtomicUsize>,
     bind: Arc<dyn Fn() + Send + Sync>,
+    /// Bumped when the device's context changes (a reset): each waiter binds again before its
+    /// next job.
+    context_epoch: Arc<AtomicU64>,
 }
 
 fn take_one(counter: &AtomicUsize) -> bool {
@@ -62,7 +65,28 @@ impl Waiters {
             idle: Arc::new(AtomicUsize::new(0)),
             live: Arc::new(AtomicUsize::new(0)),
             bind,
+            context_epoch: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Whether no waiter has a job (waiting at most `limit` for the busy ones to finish).
+    pub fn wait_idle(&self, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let idle = || self.live.load(Ordering::Acquire) <= self.idle.load(Ordering::Acquire);
+        let mut nap = Duration::from_micros(20);
+        while !idle() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(MAX_NAP);
+        }
+        true
+    }
+
+    /// The device's context was made anew: every waiter binds again before its next job.
+    pub fn rebind(&self) {
+        self.context_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Runs `job` on a waiter that is free now: an idle one, or a new one, so a job never queues
@@ -82,8 +106,10 @@ impl Waiters {
 
     fn spawn(&self) {
         let (receiver, idle, live, bind) = (self.receiver.clone(), self.idle.clone(), self.live.clone(), self.bind.clone());
+        let context_epoch = self.context_epoch.clone();
         live.fetch_add(1, Ordering::AcqRel);
         let spawned = std::thread::Builder::new().name("flyt-waiter".into()).spawn(move || {
+            let mut bound_epoch = context_epoch.load(Ordering::Acquire);
             bind();
             loop {
                 // An idle waiter polls for new work before it sleeps (see `flyt_ring::spin_budget`).
@@ -107,6 +133,11 @@ impl Waiters {
                 }
                 match next {
                     Ok(job) => {
+                        let epoch = context_epoch.load(Ordering::Acquire);
+                        if epoch != bound_epoch {
+                            bound_epoch = epoch;
+                            bind();
+                        }
                         job();
                         idle.fetch_add(1, Ordering::AcqRel);
                     }

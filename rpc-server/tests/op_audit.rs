@@ -386,8 +386,12 @@ fn device_reset_frees_everything(socket: &str) {
     let ptr = session.call(req::Malloc { size: 1 << 20 }).0.unwrap().ptr;
     session.send(&req::StreamCreate { stream: 9, flags: 0, priority: 0 }.into(), &[]);
     session.send(&req::EventCreate { event: 9, flags: 0 }.into(), &[]);
+    const PRINTF_FIFO: u32 = 1;
+    let fifo_default = session.call(req::DeviceGetLimit { limit: PRINTF_FIFO }).0.unwrap().value;
+    session.call(req::DeviceSetLimit { limit: PRINTF_FIFO, value: fifo_default * 2 }).0.unwrap();
     let reset: Result<rep::DeviceReset, CudaError> = session.call(req::DeviceReset {}).0;
     assert!(reset.is_ok(), "{reset:?}");
+    assert_eq!(session.call(req::DeviceGetLimit { limit: PRINTF_FIFO }).0.unwrap().value, fifo_default, "limits are back to their defaults");
     assert_eq!(session.call(req::Free { ptr }).0.map(|_| ()), Err(INVALID_VALUE), "allocations are gone");
     assert_eq!(session.call(req::StreamQuery { stream: 9 }).0.map(|_| ()), Err(UNKNOWN_HANDLE), "streams are gone");
     assert_eq!(session.call(req::EventQuery { event: 9 }).0.map(|_| ()), Err(UNKNOWN_HANDLE), "events are gone");

@@ -4,6 +4,7 @@
 //! All `unsafe` in the server lives here, at the driver's FFI edge.
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use cudarc::driver::{result, sys};
@@ -136,8 +137,12 @@ fn jit_arrays(options: &[JitOption]) -> (Vec<c_int>, Vec<usize>) {
 
 /// Pinned staging buffers: host-to-device chunks are read from the socket straight into one,
 /// device-to-host chunks are copied into one and sent from it. A slot is reusable once its
-/// event has fired and nobody holds it.
+/// event has fired and nobody holds it. The memory is the pool's own, pinned with
+/// `cuMemHostRegister`, so a context reset unpins it without freeing it: the pool pins it again
+/// and makes new events (`remake`).
 struct StagingPool {
+    /// Every slot's bytes, one after another; never unmapped while the process runs.
+    memory: memmap2::MmapMut,
     slots: Vec<Slot>,
     state: Mutex<Vec<bool>>,
     freed: Condvar,
@@ -146,15 +151,21 @@ struct StagingPool {
 struct Slot {
     ptr: *mut u8,
     capacity: usize,
-    event: Handle<sys::CUevent>,
+    /// Recorded after the slot's last copy; replaced after a context reset.
+    event: AtomicPtr<sys::CUevent_st>,
 }
 
-// SAFETY: `ptr` is pinned host memory owned by the pool for the process's life; a slot's bytes
-// are touched only by the holder of its `held` flag (see `StagingPool::take`).
+impl Slot {
+    fn event(&self) -> sys::CUevent {
+        self.event.load(Ordering::Acquire)
+    }
+}
+
+// SAFETY: `ptr` points into the pool's pinned mapping, alive for the process's life; a slot's
+// bytes are touched only by the holder of its `held` flag (see `StagingPool::take`).
 unsafe impl Send for Slot {}
 // SAFETY: as above.
 unsafe impl Sync for Slot {}
-
 /// A staging slot taken from the pool.
 pub struct Staging {
     pool: Arc<StagingPool>,
@@ -194,15 +205,43 @@ impl Drop for Staging {
 
 impl StagingPool {
     fn new(slots: usize, capacity: usize) -> CudaResult<Self> {
-        let mut made = Vec::with_capacity(slots);
-        for _ in 0..slots {
-            // SAFETY: a context is current (made so in `CudaDevice::open`); the returned pointer
-            // is owned by the pool and never freed while the process runs.
-            let ptr = unsafe { result::malloc_host(capacity, 0) }.map_err(driver_error)?;
-            let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(driver_error)?;
-            made.push(Slot { ptr: ptr.cast(), capacity, event: Handle(event) });
+        let total = slots.checked_mul(capacity).ok_or(CudaError::INVALID_VALUE)?;
+        let mut memory = memmap2::MmapMut::map_anon(total.max(1)).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        let base = memory.as_mut_ptr();
+        let made = (0..slots)
+            .map(|index| Slot { ptr: base.wrapping_add(index * capacity), capacity, event: AtomicPtr::new(std::ptr::null_mut()) })
+            .collect();
+        let pool = Self { memory, state: Mutex::new(vec![false; slots]), slots: made, freed: Condvar::new() };
+        pool.pin()?;
+        Ok(pool)
+    }
+
+    /// Pins the memory and gives every slot a new event (at start, and after a context reset,
+    /// which unpinned the one and destroyed the others).
+    fn pin(&self) -> CudaResult<()> {
+        if self.slots.is_empty() {
+            return Ok(());
         }
-        Ok(Self { state: Mutex::new(vec![false; made.len()]), slots: made, freed: Condvar::new() })
+        // SAFETY: a context is current on the calling thread; the mapping stays for the
+        // process's life. CU_MEMHOSTREGISTER_PORTABLE, as `host_register` pins.
+        check(unsafe { sys::cuMemHostRegister_v2(self.memory.as_ptr() as *mut c_void, self.memory.len(), 0x01).result() })?;
+        for slot in &self.slots {
+            let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(driver_error)?;
+            slot.event.store(event, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// After a context reset: pins the memory again with new events. Refused while a slot is
+    /// held, as its holder may still use the old event.
+    fn remake(&self) -> CudaResult<()> {
+        let held = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if held.iter().any(|taken| *taken) {
+            return Err(CudaError::NOT_PERMITTED);
+        }
+        let pinned = self.pin();
+        drop(held);
+        pinned
     }
 
     /// Takes a free slot whose last copy is done, waiting if every slot is busy.
@@ -216,13 +255,13 @@ impl StagingPool {
             // Prefer a slot whose copy already finished; otherwise wait on one.
             let ready = free.iter().copied().find(|index| {
                 // SAFETY: the event was created in `new` and is never destroyed.
-                unsafe { result::event::query(self.slots[*index].event.0) }.is_ok()
+                unsafe { result::event::query(self.slots[*index].event()) }.is_ok()
             });
             if let Some(index) = ready.or(free.first().copied()) {
                 held[index] = true;
                 drop(held);
                 // SAFETY: as above; waiting for the slot's last copy before its bytes are reused.
-                check(unsafe { result::event::synchronize(self.slots[index].event.0) })?;
+                check(unsafe { result::event::synchronize(self.slots[index].event()) })?;
                 return Ok(Staging { pool: self.clone(), index, len });
             }
             // Every slot is on its way to the client: poll briefly (a slot frees up every few
@@ -252,13 +291,14 @@ pub struct PendingCopy {
 pub struct CudaDevice {
     ordinal: c_int,
     device: sys::CUdevice,
-    context: Handle<sys::CUcontext>,
+    /// The primary context, retained (again after a reset).
+    context: AtomicPtr<sys::CUctx_st>,
     raw: RawDriver,
     staging: Arc<StagingPool>,
 }
 
 // SAFETY: `context` is the device's primary context, which any thread may make current; the
-// other fields are plain data or `Send + Sync` already.
+// other fields are plain data, atomics or `Send + Sync` already.
 unsafe impl Send for CudaDevice {}
 // SAFETY: as above; the driver API is thread-safe.
 unsafe impl Sync for CudaDevice {}
@@ -284,7 +324,7 @@ impl CudaDevice {
         // SAFETY: `context` is the primary context just retained.
         unsafe { result::ctx::set_current(context) }.map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let staging = StagingPool::new(staging_slots, copy_chunk).map_err(|error| format!("pinned staging: {error}"))?;
-        Ok(Self { ordinal, device, context: Handle(context), raw, staging: Arc::new(staging) })
+        Ok(Self { ordinal, device, context: AtomicPtr::new(context), raw, staging: Arc::new(staging) })
     }
 
     fn attribute(&self, attribute: u32) -> Option<i32> {
@@ -335,8 +375,8 @@ impl Device for CudaDevice {
     }
 
     fn bind_thread(&self) -> CudaResult<()> {
-        // SAFETY: the primary context retained in `open` lives as long as the process.
-        check(unsafe { result::ctx::set_current(self.context.0) })
+        // SAFETY: the primary context, retained in `open` (or `reset`) and never released.
+        check(unsafe { result::ctx::set_current(self.context.load(Ordering::Acquire)) })
     }
 
     fn null_stream(&self) -> Self::Stream {
@@ -373,7 +413,7 @@ impl Device for CudaDevice {
         // the slot from being reused (`StagingPool::take` waits on it) before the DMA is done.
         unsafe {
             check(sys::cuMemcpyHtoDAsync_v2(dst, slot.ptr as *const c_void, src.len, stream_ptr(stream)).result())?;
-            check(result::event::record(slot.event.0, stream_ptr(stream)))
+            check(result::event::record(slot.event(), stream_ptr(stream)))
         }
     }
 
@@ -383,19 +423,19 @@ impl Device for CudaDevice {
         // the held staging slot, which stays held until `finish_dtoh` has waited for the event.
         unsafe {
             check(sys::cuMemcpyDtoHAsync_v2(slot.ptr as *mut c_void, src, dst.len, stream_ptr(stream)).result())?;
-            check(result::event::record(slot.event.0, stream_ptr(stream)))?;
+            check(result::event::record(slot.event(), stream_ptr(stream)))?;
         }
         Ok(PendingCopy { staging: dst })
     }
 
     fn dtoh_done(&self, pending: &PendingCopy) -> bool {
         // SAFETY: the event was created with the pool and recorded after the copy in `start_dtoh`.
-        check(unsafe { result::event::query(pending.staging.slot().event.0) }) != Err(CudaError::NOT_READY)
+        check(unsafe { result::event::query(pending.staging.slot().event()) }) != Err(CudaError::NOT_READY)
     }
 
     fn dtoh_bytes<'a>(&self, pending: &'a PendingCopy) -> CudaResult<&'a [u8]> {
         // SAFETY: as in `dtoh_done`; a finished event returns at once (and flushes nothing else).
-        check(unsafe { result::event::synchronize(pending.staging.slot().event.0) })?;
+        check(unsafe { result::event::synchronize(pending.staging.slot().event()) })?;
         Ok(pending.staging.filled())
     }
 
@@ -775,6 +815,19 @@ impl Device for CudaDevice {
 
     fn synchronize(&self) -> CudaResult<()> {
         check(result::ctx::synchronize())
+    }
+
+    fn reset(&self) -> CudaResult<()> {
+        // SAFETY: the session waited for its work and drops every handle it held on this
+        // context; the staging slots are all free (checked again by `remake`).
+        check(unsafe { sys::cuDevicePrimaryCtxReset_v2(self.device).result() })?;
+        // A reset leaves the context inactive until it is retained again; the count it had is
+        // kept, so this one more is never released (the process holds it until it exits).
+        // SAFETY: `self.device` came from cuDeviceGet.
+        let context = unsafe { result::primary_ctx::retain(self.device) }.map_err(driver_error)?;
+        self.context.store(context, Ordering::Release);
+        self.bind_thread()?;
+        self.staging.remake()
     }
 
     fn set_limit(&self, limit: u32, value: u64) -> CudaResult<()> {

@@ -407,6 +407,17 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
+    fn reset(&self) -> CudaResult<()> {
+        // As a new context: no memory, no events, default limits (addresses keep growing, so a
+        // stale pointer from before never names new memory).
+        let mut state = self.state();
+        state.blocks.clear();
+        state.used = 0;
+        state.events.clear();
+        state.limits.clear();
+        Ok(())
+    }
+
     fn set_limit(&self, limit: u32, value: u64) -> CudaResult<()> {
         default_limit(limit)?;
         // cudaLimitMaxL2FetchGranularity is a hint from 0 to 128 bytes, clamped as drivers do.

@@ -151,6 +151,12 @@ pub trait Device: Send + Sync + 'static {
     fn event_destroy(&self, event: Self::Event) -> CudaResult<()>;
 
     fn synchronize(&self) -> CudaResult<()>;
+    /// Resets the device's context (`cuDevicePrimaryCtxReset`), once the session's work is done
+    /// and it drops every handle it held: everything made on the device goes (memory, streams,
+    /// events, modules, pinned host memory) and limits return to their defaults. The backend makes
+    /// its own buffers again and binds the calling thread to the new context; other threads call
+    /// `bind_thread` again before their next use.
+    fn reset(&self) -> CudaResult<()>;
     fn set_limit(&self, limit: u32, value: u64) -> CudaResult<()>;
     fn get_limit(&self, limit: u32) -> CudaResult<u64>;
 }
