@@ -235,12 +235,15 @@ struct Kernel<D: Device> {
     params: Vec<ParamInfo>,
     /// Bytes its packed arguments take.
     args_len: u64,
+    /// Attributes the app set, latest value of each: a device reset keeps them, as CUDA's
+    /// runtime applies them again to the new context.
+    attributes_set: Vec<(u32, i32)>,
 }
 
 impl<D: Device> Kernel<D> {
     fn new(function: D::Function, params: Vec<ParamInfo>) -> Self {
         let args_len = params.iter().map(|p| u64::from(p.offset) + u64::from(p.size)).max().unwrap_or(0);
-        Self { function, params, args_len }
+        Self { function, params, args_len, attributes_set: Vec::new() }
     }
 }
 
@@ -713,10 +716,14 @@ impl<D: Device> Session<D> {
                 }
             }
             for (name, index) in &loaded.function_names {
-                let found = self.device.function(&loaded.module, name).map(|(function, params)| Kernel::new(function, params));
-                if let Some(kernel) = loaded.functions.get_mut(*index as usize) {
-                    *kernel = found;
-                }
+                let Some(kernel) = loaded.functions.get_mut(*index as usize) else { continue };
+                let attributes_set = kernel.as_mut().map(|kernel| std::mem::take(&mut kernel.attributes_set)).unwrap_or_default();
+                *kernel = self.device.function(&loaded.module, name).and_then(|(function, params)| {
+                    for (attribute, value) in &attributes_set {
+                        self.device.func_set_attribute(function, *attribute, *value)?;
+                    }
+                    Ok(Kernel { attributes_set, ..Kernel::new(function, params) })
+                });
             }
         }
     }
@@ -1104,6 +1111,15 @@ impl<D: Device> OpHandler for Session<D> {
         let result = self
             .function(request.function)
             .and_then(|(function, _)| self.device.func_set_attribute(function, request.attribute, request.value));
+        if result.is_ok()
+            && let Some(Ok(kernel)) = self
+                .modules
+                .get_mut(&request.function.module)
+                .and_then(|module| module.functions.get_mut(request.function.index as usize))
+        {
+            kernel.attributes_set.retain(|(attribute, _)| *attribute != request.attribute);
+            kernel.attributes_set.push((request.attribute, request.value));
+        }
         reply.send(result.map(|()| rep::FuncSetAttribute {}));
     }
 
