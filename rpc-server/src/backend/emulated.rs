@@ -81,7 +81,11 @@ fn block_slice(blocks: &mut HashMap<u64, Vec<u8>>, ptr: u64, len: u64) -> CudaRe
 
 /// Fills `target` with elements `width` bytes wide, each the low bytes of `pattern`.
 fn fill_elements(target: &mut [u8], pattern: u32, width: u8) {
-    let element = &pattern.to_le_bytes()[..usize::from(width.clamp(1, 4))];
+    if width <= 1 {
+        // One byte: a plain fill (element by element would copy byte by byte).
+        return target.fill(pattern as u8);
+    }
+    let element = &pattern.to_le_bytes()[..usize::from(width.min(4))];
     for chunk in target.chunks_mut(element.len()) {
         chunk.copy_from_slice(&element[..chunk.len()]);
     }
