@@ -1,7 +1,8 @@
 //! Plumbing shared by the Flyt daemons, written once: config loading with environment overrides
 //! ([`config`]), logging ([`logging`]), cluster-key authentication ([`auth`]), the tarpc transport
 //! with its postcard codec ([`rpc`], [`codec`]), crash-safe state files ([`fs`]), facts about
-//! this host ([`host`]) and fail points for crash tests ([`failpoint`]).
+//! this host ([`host`]), Prometheus metrics endpoints ([`metrics`]) and fail points for crash
+//! tests ([`failpoint`]).
 #![forbid(unsafe_code)]
 
 pub mod auth;
@@ -11,4 +12,5 @@ pub mod failpoint;
 pub mod fs;
 pub mod host;
 pub mod logging;
+pub mod metrics;
 pub mod rpc;
