@@ -31,6 +31,8 @@ pub struct ClientManagerConfig {
     pub request_timeout_seconds: u64,
     /// How often client processes are checked for exit.
     pub client_check_ms: u64,
+    /// `host:port` for Prometheus metrics at `/metrics`; empty: none.
+    pub metrics_listen: String,
 }
 
 impl Default for ClientManagerConfig {
@@ -44,6 +46,7 @@ impl Default for ClientManagerConfig {
             allowed_uids: Vec::new(),
             request_timeout_seconds: 60,
             client_check_ms: 250,
+            metrics_listen: String::new(),
         }
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! `flyt-client-manager [--config FILE]` runs the daemon (settings also from `FLYT_CLIENT_MANAGER_*`,
 //! see `configs/client-manager.toml`); when ready it prints
-//! `flyt-client-manager listening on unix:<socket>`.
+//! `flyt-client-manager listening on unix:<socket>`, then ` metrics:<host:port>` when metrics
+//! are served.
 //! `flyt-client-manager locate` asks a running one as the shim would and prints the answer.
 #![forbid(unsafe_code)]
 
@@ -94,8 +95,16 @@ async fn run(config: ClientManagerConfig) -> anyhow::Result<()> {
     let listener = flyt_daemon_kit::rpc::bind_unix(&socket, config.socket_mode)
         .with_context(|| format!("cannot listen on {} (setting `socket`)", socket.display()))?;
     tracing::info!(vm_ip = %config.vm_ip, cluster_manager = %cluster, socket = %socket.display(), "client manager ready");
+    let metrics_listen = config.metrics_listen.clone();
     let manager = ClientManager::new(config, cluster, key);
     tokio::spawn(manager.clone().keep_lease());
+    let mut ready_line = format!("flyt-client-manager listening on unix:{}", socket.display());
+    if !metrics_listen.is_empty() {
+        let (shared, runtime) = (manager.clone(), tokio::runtime::Handle::current());
+        let bound = flyt_daemon_kit::metrics::serve(&metrics_listen, "flyt-metrics", move || runtime.block_on(shared.metrics()))
+            .context("setting `metrics_listen`")?;
+        ready_line.push_str(&format!(" metrics:{bound}"));
+    }
     let accept = tokio::spawn(async move {
         loop {
             match listener.accept().await {
@@ -109,7 +118,7 @@ async fn run(config: ClientManagerConfig) -> anyhow::Result<()> {
             }
         }
     });
-    println!("flyt-client-manager listening on unix:{}", socket.display());
+    println!("{ready_line}");
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),

@@ -9,7 +9,10 @@
 
 use std::{
     collections::BTreeMap,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -82,11 +85,26 @@ pub struct ClientManager {
     clients: Mutex<BTreeMap<String, Vec<TrackedClient>>>,
     /// The VM's allocation, served from memory while the cluster manager is away.
     known: Mutex<Option<KnownGrant>>,
+    /// Apps' requests answered: with a grant from the cluster manager, with the remembered
+    /// grant while it was away, and refused.
+    pub granted: AtomicU64,
+    pub granted_from_memory: AtomicU64,
+    pub refused: AtomicU64,
 }
 
 impl ClientManager {
     pub fn new(config: ClientManagerConfig, cluster: Endpoint, key: ClusterKey) -> Arc<Self> {
-        Arc::new(Self { config, cluster, key, connection: Mutex::new(None), clients: Mutex::new(BTreeMap::new()), known: Mutex::new(None) })
+        Arc::new(Self {
+            config,
+            cluster,
+            key,
+            connection: Mutex::new(None),
+            clients: Mutex::new(BTreeMap::new()),
+            known: Mutex::new(None),
+            granted: AtomicU64::new(0),
+            granted_from_memory: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        })
     }
 
     /// The connection to the cluster manager (made when there is none), and whether it is new.
@@ -195,6 +213,7 @@ impl ClientManager {
 
     /// The known allocation, with a fresh token when the remembered one is close to expiry.
     fn grant_from_memory(&self, known: &KnownGrant, reason: &str) -> Result<Grant, String> {
+        self.granted_from_memory.fetch_add(1, Ordering::Relaxed);
         let now = unix_now();
         let mut grant = known.grant.clone();
         if grant.token_expires_at < now + TOKEN_MARGIN_SECONDS {
@@ -251,7 +270,10 @@ impl ClientManager {
             }
             identity.pid = pid;
         }
-        match self.allocate(identity.clone()).await {
+        let answer = self.allocate(identity.clone()).await;
+        let counter = if answer.is_ok() { &self.granted } else { &self.refused };
+        counter.fetch_add(1, Ordering::Relaxed);
+        match answer {
             Ok(grant) => {
                 tracing::info!(pid = identity.pid, program = %identity.program, allocation = %grant.allocation_id, address = %grant.address, "client placed");
                 self.track(&grant.allocation_id, identity).await;
@@ -288,6 +310,40 @@ impl ClientManager {
             });
         }
         changed
+    }
+
+    /// The exposition text of this client manager's metrics.
+    pub async fn metrics(&self) -> String {
+        use flyt_daemon_kit::metrics::{Registry, Series};
+        let vm = || ("vm", self.config.vm_ip.clone());
+        let apps = Series::Gauges(
+            self.clients
+                .lock()
+                .await
+                .iter()
+                .map(|(allocation, list)| (vec![vm(), ("allocation", allocation.clone())], i64::try_from(list.len()).unwrap_or(i64::MAX)))
+                .collect(),
+        );
+        let connected = self.connection.lock().await.is_some();
+        let answers = Series::Counters(
+            [("granted", &self.granted), ("granted_from_memory", &self.granted_from_memory), ("refused", &self.refused)]
+                .into_iter()
+                .map(|(outcome, counter)| (vec![vm(), ("outcome", outcome.to_string())], counter.load(Ordering::Relaxed)))
+                .collect(),
+        );
+        let mut registry = Registry::with_prefix("flyt_client");
+        registry.register("apps", "App processes using each allocation", apps);
+        registry.register(
+            "locates",
+            "Apps' requests for a GPU, by outcome (granted_from_memory: while the cluster manager was away)",
+            answers,
+        );
+        registry.register(
+            "cluster_connected",
+            "Whether a connection to the cluster manager is open (1) or not (0)",
+            Series::gauge(vec![vm()], u64::from(connected)),
+        );
+        flyt_daemon_kit::metrics::encode(&registry)
     }
 
     async fn report(&self) -> ClientManagerReport {

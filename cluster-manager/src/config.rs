@@ -17,6 +17,8 @@ pub struct ClusterManagerConfig {
     pub cluster_key_file: String,
     /// Where the embedded store keeps its file.
     pub state_dir: String,
+    /// `host:port` for Prometheus metrics at `/metrics`; empty: none.
+    pub metrics_listen: String,
     pub store: StoreConfig,
     pub leases: LeaseConfig,
     pub allocations: AllocationConfig,
@@ -63,6 +65,7 @@ impl Default for ClusterManagerConfig {
             admin_socket: "/run/flyt/admin.sock".into(),
             cluster_key_file: "/etc/flyt/cluster.key".into(),
             state_dir: "/var/lib/flyt/cluster-manager".into(),
+            metrics_listen: String::new(),
             store: StoreConfig::default(),
             leases: LeaseConfig::default(),
             allocations: AllocationConfig::default(),

@@ -2,10 +2,12 @@
 //!
 //! `flyt-cluster-manager [--config FILE]`; every setting also comes from the environment
 //! (`FLYT_CLUSTER_MANAGER_*`, see `configs/cluster-manager.toml`). When ready it prints one line
-//! on stdout: `flyt-cluster-manager listening on <tcp address> unix:<admin socket>`.
+//! on stdout: `flyt-cluster-manager listening on <tcp address> unix:<admin socket>`, then
+//! ` metrics:<host:port>` when metrics are served.
 #![forbid(unsafe_code)]
 
 mod config;
+mod metrics;
 mod model;
 mod service;
 mod store;
@@ -25,6 +27,7 @@ use flyt_protocol::control::{
 
 use crate::{
     config::{ClusterManagerConfig, ENV_PREFIX},
+    metrics::{ClusterMetrics, TimedStore},
     service::{Cluster, ClusterService},
     store::{Store, embedded::EmbeddedStore, mongo::MongoStore},
 };
@@ -65,24 +68,33 @@ fn run_main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
         let key = ClusterKey::load(config.cluster_key_file.as_ref())?;
+        let metrics = Arc::new(ClusterMetrics::default());
         if config.store.uri.is_empty() {
             let path = PathBuf::from(&config.state_dir).join("cluster-state.json");
-            serve(EmbeddedStore::open(&path)?, key, config).await
+            serve(TimedStore::new(EmbeddedStore::open(&path)?, metrics.clone()), key, config, metrics).await
         } else {
             let store = MongoStore::connect(&config.store.uri, &config.store.database).await?;
-            serve(store, key, config).await
+            serve(TimedStore::new(store, metrics.clone()), key, config, metrics).await
         }
     })
 }
 
-async fn serve<S: Store>(store: S, key: ClusterKey, config: ClusterManagerConfig) -> anyhow::Result<()> {
+async fn serve<S: Store>(store: S, key: ClusterKey, config: ClusterManagerConfig, metrics: Arc<ClusterMetrics>) -> anyhow::Result<()> {
     let tcp_endpoint = Endpoint::parse(&config.listen).context("setting `listen`")?;
     let admin_endpoint = Endpoint::Unix(PathBuf::from(&config.admin_socket));
     let tcp = ControlListener::bind(&tcp_endpoint, 0o600).await?;
     let admin = ControlListener::bind(&admin_endpoint, 0o600).await?;
-    let ready_line = format!("flyt-cluster-manager listening on {} {}", tcp.local_endpoint(), admin.local_endpoint());
-    let cluster: Arc<Cluster<S>> = Cluster::open(store, key.clone(), config.clone()).await?;
+    let mut ready_line = format!("flyt-cluster-manager listening on {} {}", tcp.local_endpoint(), admin.local_endpoint());
+    let cluster: Arc<Cluster<S>> = Cluster::open(store, key.clone(), config.clone(), metrics.clone()).await?;
     let service = ClusterService(cluster.clone());
+    if !config.metrics_listen.is_empty() {
+        let (shared, runtime) = (cluster.clone(), tokio::runtime::Handle::current());
+        let bound = flyt_daemon_kit::metrics::serve(&config.metrics_listen, "flyt-metrics", move || {
+            crate::metrics::render(&metrics, &runtime.block_on(shared.snapshot()))
+        })
+        .context("setting `metrics_listen`")?;
+        ready_line.push_str(&format!(" metrics:{bound}"));
+    }
 
     let shared = service.clone();
     let tcp_task = tokio::spawn(rpc::accept_loop(

@@ -62,6 +62,7 @@ use tokio::sync::Mutex;
 
 use crate::{
     config::ClusterManagerConfig,
+    metrics::{ClusterMetrics, Snapshot},
     model::{Model, NodeEntry, add_client, refresh_idle, sm_percentage},
     store::Store,
 };
@@ -88,6 +89,7 @@ pub struct Cluster<S> {
     /// Allocations with a background step scheduled (one at a time each).
     scheduled: StdMutex<HashSet<String>>,
     node_clients: Mutex<HashMap<String, (String, NodeManagerControlClient)>>,
+    metrics: Arc<ClusterMetrics>,
 }
 
 /// A handle that serves the three services.
@@ -138,7 +140,12 @@ fn settled(allocation: &AllocationRecord) -> bool {
 
 impl<S: Store> Cluster<S> {
     /// Starts from what the store holds.
-    pub async fn open(store: S, key: ClusterKey, config: ClusterManagerConfig) -> Result<Arc<Self>, crate::store::StoreError> {
+    pub async fn open(
+        store: S,
+        key: ClusterKey,
+        config: ClusterManagerConfig,
+        metrics: Arc<ClusterMetrics>,
+    ) -> Result<Arc<Self>, crate::store::StoreError> {
         let state = store.load().await?;
         let model = Model::from_stored(state, Instant::now());
         let unsettled: Vec<&str> =
@@ -166,6 +173,7 @@ impl<S: Store> Cluster<S> {
             vm_locks: StdMutex::new(HashMap::new()),
             scheduled: StdMutex::new(HashSet::new()),
             node_clients: Mutex::new(HashMap::new()),
+            metrics,
         }))
     }
 
@@ -202,6 +210,7 @@ impl<S: Store> Cluster<S> {
     }
 
     async fn node_call_failed(&self, node_id: &str, address: &str, error: &tarpc::client::RpcError) -> ControlError {
+        ClusterMetrics::count(&self.metrics.node_call_failures);
         self.node_clients.lock().await.remove(node_id);
         ControlError::NodeUnreachable { node: node_id.to_string(), reason: format!("its node manager at {address}: {error}") }
     }
@@ -887,6 +896,35 @@ impl<S: Store> Cluster<S> {
         }
     }
 
+    /// What the metrics show of the model now.
+    pub async fn snapshot(&self) -> Snapshot {
+        let status = self.status().await;
+        let model = self.model.lock().await;
+        let mut snapshot = Snapshot {
+            nodes_up: u64::from(status.nodes_up),
+            nodes_down: u64::from(status.nodes_down),
+            nodes_drained: u64::from(status.nodes_drained),
+            gpus: u64::from(status.gpus),
+            compute_units_total: status.total_compute_units,
+            compute_units_free: status.free_compute_units,
+            memory_total_bytes: status.total_memory * MIB,
+            memory_free_bytes: status.free_memory * MIB,
+            vms: u64::from(status.vms),
+            client_managers: u64::from(status.client_managers),
+            ..Snapshot::default()
+        };
+        for allocation in model.allocations.values() {
+            match allocation.state {
+                AllocationState::Starting => snapshot.allocations_starting += 1,
+                AllocationState::Running => snapshot.allocations_running += 1,
+            }
+            if allocation.pending_resize.is_some() {
+                snapshot.allocations_resizing += 1;
+            }
+        }
+        snapshot
+    }
+
     async fn status(&self) -> ClusterStatus {
         let model = self.model.lock().await;
         let mut status = ClusterStatus {
@@ -955,7 +993,10 @@ impl<S: Store> ClusterNode for ClusterService<S> {
 
 impl<S: Store> ClusterClient for ClusterService<S> {
     async fn allocate(self, _: Context, request: AllocateRequest) -> Result<Grant, ControlError> {
-        detached(self.0.allocate(request)).await.unwrap_or_else(|| Err(cancelled()))
+        let metrics = self.0.metrics.clone();
+        let granted = detached(self.0.allocate(request)).await.unwrap_or_else(|| Err(cancelled()));
+        ClusterMetrics::count(if granted.is_ok() { &metrics.placements_granted } else { &metrics.placements_refused });
+        granted
     }
 
     async fn heartbeat(self, _: Context, report: ClientManagerReport) -> Result<ClientHeartbeatReply, ControlError> {

@@ -26,7 +26,7 @@ mod tests {
 
     use nix::sys::signal::Signal;
 
-    use crate::harness::{Cluster, MIB, Options, binary, pid_alive, session_view, signal, wait_until};
+    use crate::harness::{Cluster, MIB, Options, binary, pid_alive, scrape, series_value, session_view, signal, wait_until};
 
     const IDLE_GRACE_SECONDS: u64 = 3;
     const NODE_TIMEOUT_MS: u64 = 3000;
@@ -101,6 +101,31 @@ mod tests {
         assert_eq!(row["memory_quota_bytes"].as_u64(), Some(1024 * MIB), "{row}");
         let (code, _, stderr) = cluster.flytctl(&["top", "--interval", "0"]);
         assert!(code == 2 && stderr.contains("above 0"), "{code} {stderr}");
+        // The cluster manager's and each node manager's own endpoints.
+        let text = scrape(&cluster.cluster_manager().metrics_address());
+        let value = |series: &str| series_value(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+        assert_eq!(value("flyt_cluster_nodes{health=\"up\"}"), 2.0);
+        assert_eq!(value("flyt_cluster_allocations{state=\"running\"}"), 2.0);
+        assert_eq!(value("flyt_cluster_compute_units{state=\"total\"}"), 120.0);
+        assert_eq!(value("flyt_cluster_compute_units{state=\"free\"}"), 70.0);
+        assert!(value("flyt_cluster_placements_granted_total") >= 2.0, "{text}");
+        assert!(value("flyt_cluster_placements_refused_total") >= 2.0, "{text}");
+        assert!(value("flyt_cluster_store_duration_seconds_count{op=\"put_allocation\"}") >= 2.0, "{text}");
+        let text = scrape(&cluster.node("node-b").metrics_address());
+        let value = |series: &str| series_value(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+        assert_eq!(value("flyt_node_slices{node=\"node-b\",gpu=\"0\"}"), 1.0);
+        assert_eq!(value("flyt_node_sms_allocated{node=\"node-b\",gpu=\"0\"}"), 20.0);
+        assert_eq!(value("flyt_node_memory_allocated_bytes{node=\"node-b\",gpu=\"0\"}"), (1024 * MIB) as f64);
+        assert!(!text.contains("mps_up"), "no MPS on this node: {text}");
+        let text = scrape(&cluster.client_manager_metrics(&vm3));
+        let value = |series: &str| series_value(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+        assert_eq!(value("flyt_client_locates_total{vm=\"10.0.0.3\",outcome=\"refused\"}"), 2.0);
+        assert_eq!(value("flyt_client_cluster_connected{vm=\"10.0.0.3\"}"), 1.0);
+        let text = scrape(&cluster.client_manager_metrics(&vm1));
+        let value = |series: &str| series_value(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+        assert_eq!(value("flyt_client_locates_total{vm=\"10.0.0.1\",outcome=\"granted\"}"), 1.0);
+        let allocation = first["id"].as_str().unwrap();
+        assert_eq!(value(&format!("flyt_client_apps{{vm=\"10.0.0.1\",allocation=\"{allocation}\"}}")), 1.0);
 
         // --- change-config: applied to the running server, refused when the GPU cannot hold it.
         let changed = cluster.json(&["change-config", "10.0.0.1", "--compute-units", "40", "--memory-mib", "2048"]);

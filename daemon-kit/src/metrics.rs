@@ -17,7 +17,8 @@ pub type Labels = Vec<(&'static str, String)>;
 /// Serves `render()` at `http://address/metrics` from a thread named `thread`; returns the bound
 /// address (`host:port`, the port resolved), or `Err` if the address cannot be bound.
 pub fn serve(address: &str, thread: &str, render: impl Fn() -> String + Send + 'static) -> std::io::Result<String> {
-    let listener = TcpListener::bind(address).map_err(|error| std::io::Error::new(error.kind(), format!("metrics address {address}: {error}")))?;
+    let listener =
+        TcpListener::bind(address).map_err(|error| std::io::Error::new(error.kind(), format!("metrics address {address}: {error}")))?;
     let bound = listener.local_addr().map_or_else(|_| address.to_string(), |address| address.to_string());
     tracing::info!("metrics on http://{bound}/metrics");
     std::thread::Builder::new().name(thread.into()).spawn(move || {
@@ -67,9 +68,17 @@ pub fn encode(registry: &Registry) -> String {
 pub enum Series {
     Counters(Vec<(Labels, u64)>),
     Gauges(Vec<(Labels, i64)>),
-    /// Labels, per-bucket counts (upper bound, count in that bucket alone: the encoder makes
-    /// them cumulative), count, sum.
-    Histogram(Labels, Vec<(f64, u64)>, u64, f64),
+    Histograms(Vec<HistogramSnapshot>),
+}
+
+/// One histogram series as read at the scrape.
+#[derive(Debug)]
+pub struct HistogramSnapshot {
+    pub labels: Labels,
+    /// (upper bound, count in that bucket alone: the encoder makes them cumulative).
+    pub buckets: Vec<(f64, u64)>,
+    pub count: u64,
+    pub sum: f64,
 }
 
 impl Series {
@@ -84,16 +93,20 @@ impl EncodeMetric for Series {
         match self {
             Self::Counters(series) => {
                 for (labels, value) in series {
-                    encoder.encode_family(labels)?.encode_counter::<NoLabelSet, _, u64>(value, None)?;
+                    labelled(&mut encoder, labels, |encoder| encoder.encode_counter::<NoLabelSet, _, u64>(value, None))?;
                 }
             }
             Self::Gauges(series) => {
                 for (labels, value) in series {
-                    encoder.encode_family(labels)?.encode_gauge(value)?;
+                    labelled(&mut encoder, labels, |encoder| encoder.encode_gauge(value))?;
                 }
             }
-            Self::Histogram(labels, buckets, count, sum) => {
-                encoder.encode_family(labels)?.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?;
+            Self::Histograms(series) => {
+                for histogram in series {
+                    labelled(&mut encoder, &histogram.labels, |encoder| {
+                        encoder.encode_histogram::<NoLabelSet>(histogram.sum, histogram.count, &histogram.buckets, None)
+                    })?;
+                }
             }
         }
         Ok(())
@@ -103,9 +116,18 @@ impl EncodeMetric for Series {
         match self {
             Self::Counters(_) => MetricType::Counter,
             Self::Gauges(_) => MetricType::Gauge,
-            Self::Histogram(..) => MetricType::Histogram,
+            Self::Histograms(_) => MetricType::Histogram,
         }
     }
+}
+
+/// Encodes one series with its labels; without labels, without braces (`name 1`, not `name{} 1`).
+fn labelled(
+    encoder: &mut MetricEncoder,
+    labels: &Labels,
+    encode: impl FnOnce(&mut MetricEncoder) -> Result<(), std::fmt::Error>,
+) -> Result<(), std::fmt::Error> {
+    if labels.is_empty() { encode(encoder) } else { encode(&mut encoder.encode_family(labels)?) }
 }
 
 /// Upper bounds (seconds) for control-plane latencies: a store write, an RPC to a node.
@@ -139,8 +161,8 @@ impl Histogram {
         self.sum_nanos.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
-    /// The histogram as a series with `labels`.
-    pub fn series(&self, labels: Labels) -> Series {
+    /// The histogram as it is now, as a series with `labels`.
+    pub fn snapshot(&self, labels: Labels) -> HistogramSnapshot {
         let buckets = self
             .bounds
             .iter()
@@ -150,7 +172,7 @@ impl Histogram {
             .map(|(bound, count)| (bound, count.load(Ordering::Relaxed)))
             .collect();
         let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        Series::Histogram(labels, buckets, self.count.load(Ordering::Relaxed), sum)
+        HistogramSnapshot { labels, buckets, count: self.count.load(Ordering::Relaxed), sum }
     }
 }
 
@@ -175,7 +197,7 @@ mod tests {
         let address = serve("127.0.0.1:0", "test-metrics", move || {
             let mut registry = Registry::with_prefix("flyt_test");
             registry.register("things", "Things", Series::gauge(vec![("kind", "a".into())], 7));
-            registry.register("wait_seconds", "Waits", shared.series(vec![("op", "put".into())]));
+            registry.register("wait_seconds", "Waits", Series::Histograms(vec![shared.snapshot(vec![("op", "put".into())])]));
             encode(&registry)
         })
         .unwrap();

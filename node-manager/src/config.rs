@@ -30,6 +30,8 @@ pub struct NodeManagerConfig {
     pub emulated_gpus: Vec<EmulatedGpu>,
     /// Library the CUDA driver is loaded from.
     pub cuda_library: String,
+    /// `host:port` for this node's Prometheus metrics at `/metrics`; empty: none.
+    pub metrics_listen: String,
     pub rpc_server: RpcServerConfig,
     pub mps: MpsConfig,
 }
@@ -93,6 +95,7 @@ impl Default for NodeManagerConfig {
             device: "auto".into(),
             emulated_gpus: vec![EmulatedGpu { name: "Flyt Emulated GPU".into(), memory_mib: 16_384, sm_count: 80 }],
             cuda_library: "libcuda.so.1".into(),
+            metrics_listen: String::new(),
             rpc_server: RpcServerConfig::default(),
             mps: MpsConfig::default(),
         }

@@ -4,7 +4,8 @@
 //!
 //! `flyt-node-manager [--config FILE]`; every setting also comes from the environment
 //! (`FLYT_NODE_MANAGER_*`, see `configs/node-manager.toml`). When ready it prints one line on
-//! stdout: `flyt-node-manager listening on <control address>`.
+//! stdout: `flyt-node-manager listening on <control address>`, then ` metrics:<host:port>` when
+//! metrics are served.
 // The CUDA driver probe is FFI; `cuda_probe` alone may use unsafe, with SAFETY comments.
 #![deny(unsafe_code)]
 
@@ -13,6 +14,7 @@ mod config;
 #[allow(unsafe_code, reason = "the CUDA driver is C: loading it and calling its queries is FFI")]
 mod cuda_probe;
 mod discovery;
+mod metrics;
 mod mps;
 mod servers;
 mod service;
@@ -144,12 +146,25 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
         host_ip: config.host_ip.clone(),
         boot_id: host::boot_id(),
         control_address: control_address.clone(),
-        gpus,
+        gpus: gpus.clone(),
     };
     let link = tokio::spawn(cluster_link::run(cluster, key, identity, servers.clone()));
-    let mps_watch = config.mps.enabled.then(|| tokio::spawn(mps::watch(config.mps.clone())));
+    let mps_up = Arc::new(std::sync::atomic::AtomicBool::new(config.mps.enabled));
+    let mps_watch = config.mps.enabled.then(|| tokio::spawn(mps::watch(config.mps.clone(), mps_up.clone())));
+    let mut ready_line = format!("flyt-node-manager listening on {control_address}");
+    if !config.metrics_listen.is_empty() {
+        let (node, mps_enabled, servers) = (config.node_id.clone(), config.mps.enabled, servers.clone());
+        let runtime = tokio::runtime::Handle::current();
+        let bound = flyt_daemon_kit::metrics::serve(&config.metrics_listen, "flyt-metrics", move || {
+            let reports = runtime.block_on(servers.reports());
+            let mps = mps_enabled.then(|| mps_up.load(std::sync::atomic::Ordering::Relaxed));
+            crate::metrics::render(&node, &gpus, &reports, mps)
+        })
+        .context("setting `metrics_listen`")?;
+        ready_line.push_str(&format!(" metrics:{bound}"));
+    }
     // Scripts and tests wait for this line.
-    println!("flyt-node-manager listening on {control_address}");
+    println!("{ready_line}");
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

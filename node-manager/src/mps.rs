@@ -46,17 +46,28 @@ pub fn stop(config: &MpsConfig) -> Result<(), MpsError> {
 /// afterwards need it, and a fatal fault under MPS can take it down).
 const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Keeps the MPS control daemon running for as long as the node manager runs.
-pub async fn watch(config: MpsConfig) {
+/// Keeps the MPS control daemon running for as long as the node manager runs; `up` says whether
+/// it ran at the last check (for the metrics).
+pub async fn watch(config: MpsConfig, up: std::sync::Arc<std::sync::atomic::AtomicBool>) {
     loop {
         tokio::time::sleep(WATCH_PERIOD).await;
         let checked = config.clone();
-        match tokio::task::spawn_blocking(move || start(&checked)).await {
-            Ok(Ok(true)) => tracing::warn!(pipe_directory = %config.pipe_directory, "the MPS control daemon had stopped: restarted it"),
-            Ok(Ok(false)) => {}
-            Ok(Err(error)) => tracing::error!(%error, "the MPS control daemon is down and could not be restarted"),
-            Err(error) => tracing::error!(%error, "the MPS check did not run"),
-        }
+        let running = match tokio::task::spawn_blocking(move || start(&checked)).await {
+            Ok(Ok(true)) => {
+                tracing::warn!(pipe_directory = %config.pipe_directory, "the MPS control daemon had stopped: restarted it");
+                true
+            }
+            Ok(Ok(false)) => true,
+            Ok(Err(error)) => {
+                tracing::error!(%error, "the MPS control daemon is down and could not be restarted");
+                false
+            }
+            Err(error) => {
+                tracing::error!(%error, "the MPS check did not run");
+                false
+            }
+        };
+        up.store(running, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use flyt_daemon_kit::metrics::{Labels, Registry, Series};
+use flyt_daemon_kit::metrics::{HistogramSnapshot, Labels, Registry, Series};
 
 use crate::listener::Server;
 use crate::stats::{Copied, LATENCY_BOUNDS};
@@ -64,7 +64,7 @@ pub fn render(server: &Server) -> String {
     registry.register(
         "call_duration_seconds",
         "Time from a request's arrival to its reply, for calls with a reply (timed while metrics are on)",
-        Series::Histogram(base(), bounds.zip(buckets).collect(), count, sum),
+        Series::Histograms(vec![HistogramSnapshot { labels: base(), buckets: bounds.zip(buckets).collect(), count, sum }]),
     );
     flyt_daemon_kit::metrics::encode(&registry)
 }

@@ -1112,10 +1112,8 @@ impl<D: Device> OpHandler for Session<D> {
             .function(request.function)
             .and_then(|(function, _)| self.device.func_set_attribute(function, request.attribute, request.value));
         if result.is_ok()
-            && let Some(Ok(kernel)) = self
-                .modules
-                .get_mut(&request.function.module)
-                .and_then(|module| module.functions.get_mut(request.function.index as usize))
+            && let Some(Ok(kernel)) =
+                self.modules.get_mut(&request.function.module).and_then(|module| module.functions.get_mut(request.function.index as usize))
         {
             kernel.attributes_set.retain(|(attribute, _)| *attribute != request.attribute);
             kernel.attributes_set.push((request.attribute, request.value));

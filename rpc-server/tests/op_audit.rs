@@ -391,7 +391,11 @@ fn device_reset_frees_everything(socket: &str) {
     session.call(req::DeviceSetLimit { limit: PRINTF_FIFO, value: fifo_default * 2 }).0.unwrap();
     let reset: Result<rep::DeviceReset, CudaError> = session.call(req::DeviceReset {}).0;
     assert!(reset.is_ok(), "{reset:?}");
-    assert_eq!(session.call(req::DeviceGetLimit { limit: PRINTF_FIFO }).0.unwrap().value, fifo_default, "limits are back to their defaults");
+    assert_eq!(
+        session.call(req::DeviceGetLimit { limit: PRINTF_FIFO }).0.unwrap().value,
+        fifo_default,
+        "limits are back to their defaults"
+    );
     assert_eq!(session.call(req::Free { ptr }).0.map(|_| ()), Err(INVALID_VALUE), "allocations are gone");
     assert_eq!(session.call(req::StreamQuery { stream: 9 }).0.map(|_| ()), Err(UNKNOWN_HANDLE), "streams are gone");
     assert_eq!(session.call(req::EventQuery { event: 9 }).0.map(|_| ()), Err(UNKNOWN_HANDLE), "events are gone");

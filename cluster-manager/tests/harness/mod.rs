@@ -66,6 +66,23 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> O
     }
 }
 
+/// The body of `http://address/metrics`.
+pub fn scrape(address: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap_or_else(|error| panic!("metrics at {address}: {error}"));
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("not HTTP: {text}"));
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    body.to_string()
+}
+
+/// The value of the series `name{labels}` (exactly as written) in `text`.
+pub fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 pub fn pid_alive(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
@@ -111,6 +128,12 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The `metrics:<host:port>` its ready line names.
+    pub fn metrics_address(&self) -> String {
+        let token = self.ready_line.split_whitespace().find_map(|token| token.strip_prefix("metrics:"));
+        token.unwrap_or_else(|| panic!("no metrics address in: {}", self.ready_line)).to_string()
     }
 
     pub fn kill(&mut self) {
@@ -295,6 +318,7 @@ impl Cluster {
             ("FLYT_CLUSTER_MANAGER_LEASES_NODE_GRACE_SECONDS", options.node_grace_seconds.to_string()),
             ("FLYT_CLUSTER_MANAGER_LEASES_CLIENT_TIMEOUT_MS", options.client_timeout_ms.to_string()),
             ("FLYT_CLUSTER_MANAGER_ALLOCATIONS_IDLE_GRACE_SECONDS", options.idle_grace_seconds.to_string()),
+            ("FLYT_CLUSTER_MANAGER_METRICS_LISTEN", "127.0.0.1:0".into()),
         ]);
         if let StoreKind::Mongo(uri) = &options.store {
             envs.extend(env(&[
@@ -332,6 +356,7 @@ impl Cluster {
             ("FLYT_NODE_MANAGER_RPC_SERVER_SOCKET_DIR", String::new()),
             ("FLYT_NODE_MANAGER_RPC_SERVER_STOP_GRACE_SECONDS", "0".into()),
             ("FLYT_NODE_MANAGER_RPC_SERVER_METRICS_HOST", "127.0.0.1".into()),
+            ("FLYT_NODE_MANAGER_METRICS_LISTEN", "127.0.0.1:0".into()),
         ])
     }
 
@@ -354,6 +379,15 @@ impl Cluster {
         self.nodes.iter_mut().find(|(name, _)| name == node).and_then(|(_, daemon)| daemon.as_mut()).unwrap()
     }
 
+    /// The metrics address of the client manager whose socket is `socket`.
+    pub fn client_manager_metrics(&self, socket: &Path) -> String {
+        let daemon = self.client_managers.iter().find(|daemon| {
+            daemon.ready_line.ends_with(&format!("unix:{}", socket.display()))
+                || daemon.ready_line.contains(&format!("unix:{} ", socket.display()))
+        });
+        daemon.expect("a client manager on this socket").metrics_address()
+    }
+
     /// Starts the client manager of VM `vm_ip`; returns its socket.
     pub fn start_client_manager(&mut self, vm_ip: &str) -> PathBuf {
         let socket = self.path(&format!("client-manager-{vm_ip}.sock"));
@@ -364,6 +398,7 @@ impl Cluster {
             ("FLYT_CLIENT_MANAGER_SOCKET", socket.display().to_string()),
             ("FLYT_CLIENT_MANAGER_CLIENT_CHECK_MS", "100".into()),
             ("FLYT_CLIENT_MANAGER_REQUEST_TIMEOUT_SECONDS", self.options.request_timeout_seconds.to_string()),
+            ("FLYT_CLIENT_MANAGER_METRICS_LISTEN", "127.0.0.1:0".into()),
         ]);
         let daemon = Daemon::start(&format!("client-manager-{vm_ip}"), &binary("flyt-client-manager"), &envs, self.dir.path());
         self.client_managers.push(daemon);

@@ -1,0 +1,190 @@
+//! `metrics_listen`: Prometheus metrics of the cluster at `http://host:port/metrics`: nodes by
+//! health, GPUs, free and total compute units and memory, allocations by state, placements
+//! granted and refused, node calls that failed, and each store operation's latency and failures.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use flyt_daemon_kit::metrics::{CONTROL_LATENCY_BOUNDS, Histogram, Labels, Registry, Series};
+use flyt_protocol::control::cluster::{AllocationRecord, GpuInfo, NodeRecord, VmRequirement};
+
+use crate::store::{Store, StoreError, StoredState};
+
+/// The store's operations, as the metrics name them.
+const STORE_OPS: [&str; 8] = ["load", "put_vm", "remove_vm", "put_node", "put_gpus", "put_allocation", "remove_allocation", "other"];
+
+/// Counters the cluster manager keeps for its metrics.
+#[derive(Debug)]
+pub struct ClusterMetrics {
+    pub placements_granted: AtomicU64,
+    pub placements_refused: AtomicU64,
+    pub node_call_failures: AtomicU64,
+    store_latency: Vec<Histogram>,
+    store_failures: Vec<AtomicU64>,
+}
+
+impl Default for ClusterMetrics {
+    fn default() -> Self {
+        Self {
+            placements_granted: AtomicU64::new(0),
+            placements_refused: AtomicU64::new(0),
+            node_call_failures: AtomicU64::new(0),
+            store_latency: STORE_OPS.iter().map(|_| Histogram::new(&CONTROL_LATENCY_BOUNDS)).collect(),
+            store_failures: STORE_OPS.iter().map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl ClusterMetrics {
+    pub fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn store_op(&self, op: &str, started: Instant, failed: bool) {
+        let index = STORE_OPS.iter().position(|known| *known == op).unwrap_or(STORE_OPS.len() - 1);
+        self.store_latency[index].observe(started.elapsed());
+        if failed {
+            self.store_failures[index].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A store whose every operation is timed into [`ClusterMetrics`].
+pub struct TimedStore<S> {
+    inner: S,
+    metrics: Arc<ClusterMetrics>,
+}
+
+impl<S> TimedStore<S> {
+    pub fn new(inner: S, metrics: Arc<ClusterMetrics>) -> Self {
+        Self { inner, metrics }
+    }
+
+    async fn timed<T>(&self, op: &'static str, operation: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let result = operation.await;
+        self.metrics.store_op(op, started, result.is_err());
+        result
+    }
+}
+
+impl<S: Store> Store for TimedStore<S> {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn load(&self) -> impl Future<Output = Result<StoredState, StoreError>> + Send {
+        self.timed("load", self.inner.load())
+    }
+
+    fn put_vm(&self, vm: &VmRequirement) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.timed("put_vm", self.inner.put_vm(vm))
+    }
+
+    fn remove_vm(&self, vm_ip: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.timed("remove_vm", self.inner.remove_vm(vm_ip))
+    }
+
+    fn put_node(&self, node: &NodeRecord) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.timed("put_node", self.inner.put_node(node))
+    }
+
+    fn put_gpus(&self, node_id: &str, gpus: &[GpuInfo]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.timed("put_gpus", self.inner.put_gpus(node_id, gpus))
+    }
+
+    fn put_allocation(&self, allocation: &AllocationRecord) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.timed("put_allocation", self.inner.put_allocation(allocation))
+    }
+
+    fn remove_allocation(&self, id: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.timed("remove_allocation", self.inner.remove_allocation(id))
+    }
+}
+
+/// What the model holds at the scrape.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub nodes_up: u64,
+    pub nodes_down: u64,
+    pub nodes_drained: u64,
+    pub gpus: u64,
+    pub compute_units_total: u64,
+    pub compute_units_free: u64,
+    pub memory_total_bytes: u64,
+    pub memory_free_bytes: u64,
+    pub vms: u64,
+    pub client_managers: u64,
+    pub allocations_starting: u64,
+    pub allocations_running: u64,
+    pub allocations_resizing: u64,
+}
+
+/// The exposition text.
+pub fn render(metrics: &ClusterMetrics, snapshot: &Snapshot) -> String {
+    let by = |key: &'static str, values: &[(&str, u64)]| {
+        Series::Gauges(
+            values.iter().map(|(label, value)| (vec![(key, (*label).to_string())], i64::try_from(*value).unwrap_or(i64::MAX))).collect(),
+        )
+    };
+    let counter = |value: &AtomicU64| Series::Counters(vec![(Labels::new(), value.load(Ordering::Relaxed))]);
+    let mut registry = Registry::with_prefix("flyt_cluster");
+    registry.register(
+        "nodes",
+        "Node managers by health (drained nodes are also counted as up or down)",
+        by("health", &[("up", snapshot.nodes_up), ("down", snapshot.nodes_down), ("drained", snapshot.nodes_drained)]),
+    );
+    registry.register("gpus", "GPUs on nodes that are up", Series::gauge(Labels::new(), snapshot.gpus));
+    registry.register(
+        "compute_units",
+        "SMs on nodes that are up: all of them, and those no allocation holds",
+        by("state", &[("total", snapshot.compute_units_total), ("free", snapshot.compute_units_free)]),
+    );
+    registry.register(
+        "memory_bytes",
+        "GPU memory on nodes that are up: all of it, and what no allocation holds",
+        by("state", &[("total", snapshot.memory_total_bytes), ("free", snapshot.memory_free_bytes)]),
+    );
+    registry.register("vms", "VMs with a resource requirement", Series::gauge(Labels::new(), snapshot.vms));
+    registry.register("client_managers", "Client managers reporting", Series::gauge(Labels::new(), snapshot.client_managers));
+    registry.register(
+        "allocations",
+        "Allocations by state (resizing ones are also counted as running)",
+        by(
+            "state",
+            &[
+                ("starting", snapshot.allocations_starting),
+                ("running", snapshot.allocations_running),
+                ("resizing", snapshot.allocations_resizing),
+            ],
+        ),
+    );
+    registry.register("placements_granted", "Allocation requests granted", counter(&metrics.placements_granted));
+    registry.register(
+        "placements_refused",
+        "Allocation requests refused (no room, unknown VM, a node that failed...)",
+        counter(&metrics.placements_refused),
+    );
+    registry.register("node_call_failures", "Calls to node managers that failed to reach them", counter(&metrics.node_call_failures));
+    registry.register(
+        "store_failures",
+        "Store operations that failed, by operation",
+        Series::Counters(
+            STORE_OPS
+                .iter()
+                .zip(&metrics.store_failures)
+                .map(|(op, failed)| (vec![("op", (*op).to_string())], failed.load(Ordering::Relaxed)))
+                .collect(),
+        ),
+    );
+    registry.register(
+        "store_duration_seconds",
+        "Time each store operation took, by operation",
+        Series::Histograms(
+            STORE_OPS.iter().zip(&metrics.store_latency).map(|(op, latency)| latency.snapshot(vec![("op", (*op).to_string())])).collect(),
+        ),
+    );
+    flyt_daemon_kit::metrics::encode(&registry)
+}

@@ -1,0 +1,85 @@
+//! `metrics_listen`: Prometheus metrics of this node at `http://host:port/metrics`, read at each
+//! scrape from the rpc-servers' reports: per GPU, its slices (rpc-servers), SMs and memory in
+//! all and held by slices, memory the sessions use, sessions; and whether MPS runs.
+
+use flyt_daemon_kit::metrics::{Labels, Registry, Series};
+use flyt_protocol::control::cluster::{GpuInfo, ServerReport};
+
+/// The exposition text: `mps_up` is `None` when this node does not run MPS.
+pub fn render(node: &str, gpus: &[GpuInfo], reports: &[ServerReport], mps_up: Option<bool>) -> String {
+    let labels = |gpu: &GpuInfo| -> Labels { vec![("node", node.to_string()), ("gpu", gpu.index.to_string())] };
+    let per_gpu = |value: &dyn Fn(&GpuInfo, &[&ServerReport]) -> u64| {
+        Series::Gauges(
+            gpus.iter()
+                .map(|gpu| {
+                    let on_gpu: Vec<&ServerReport> = reports.iter().filter(|report| report.gpu == gpu.index).collect();
+                    (labels(gpu), i64::try_from(value(gpu, &on_gpu)).unwrap_or(i64::MAX))
+                })
+                .collect(),
+        )
+    };
+    let mut registry = Registry::with_prefix("flyt_node");
+    registry.register("slices", "rpc-servers (allocations) on the GPU", per_gpu(&|_, on| on.len() as u64));
+    registry.register("sms", "Streaming multiprocessors of the GPU", per_gpu(&|gpu, _| u64::from(gpu.sm_count)));
+    registry.register(
+        "sms_allocated",
+        "SMs the slices hold (their MPS active-thread percentage of the GPU's SMs)",
+        per_gpu(&|gpu, on| on.iter().map(|report| u64::from(report.sm_percentage.min(100)) * u64::from(gpu.sm_count) / 100).sum::<u64>()),
+    );
+    registry.register("memory_bytes", "Memory of the GPU", per_gpu(&|gpu, _| gpu.memory_bytes));
+    registry.register(
+        "memory_allocated_bytes",
+        "Memory the slices may hold (their quotas)",
+        per_gpu(&|_, on| on.iter().map(|report| report.memory_quota_bytes).sum()),
+    );
+    registry.register(
+        "memory_used_bytes",
+        "Memory the slices' sessions hold now",
+        per_gpu(&|_, on| on.iter().map(|report| report.memory_used_bytes).sum()),
+    );
+    registry.register("sessions", "Sessions the slices serve", per_gpu(&|_, on| on.iter().map(|report| u64::from(report.sessions)).sum()));
+    if let Some(up) = mps_up {
+        registry.register(
+            "mps_up",
+            "Whether the MPS control daemon runs (1) or not (0)",
+            Series::gauge(vec![("node", node.to_string())], u64::from(up)),
+        );
+    }
+    flyt_daemon_kit::metrics::encode(&registry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(gpu: u32, sm_percentage: u32, quota_mib: u64, used_mib: u64, sessions: u32) -> ServerReport {
+        ServerReport {
+            allocation_id: format!("alloc-{gpu}-{sm_percentage}"),
+            gpu,
+            pid: 1,
+            addresses: Vec::new(),
+            memory_quota_bytes: quota_mib << 20,
+            sm_percentage,
+            sessions,
+            memory_used_bytes: used_mib << 20,
+            metrics: None,
+        }
+    }
+
+    #[test]
+    fn each_gpu_sums_its_own_slices() {
+        let gpu = |index| GpuInfo { index, uuid: String::new(), name: "g".into(), memory_bytes: 8 << 30, sm_count: 80, emulated: true };
+        let text = render(
+            "n1",
+            &[gpu(0), gpu(1)],
+            &[report(0, 25, 1024, 10, 2), report(0, 50, 2048, 0, 0), report(1, 100, 512, 1, 1)],
+            Some(false),
+        );
+        assert!(text.contains("flyt_node_slices{node=\"n1\",gpu=\"0\"} 2"), "{text}");
+        assert!(text.contains("flyt_node_sms_allocated{node=\"n1\",gpu=\"0\"} 60"), "{text}");
+        assert!(text.contains("flyt_node_memory_allocated_bytes{node=\"n1\",gpu=\"0\"} 3221225472"), "{text}");
+        assert!(text.contains("flyt_node_sessions{node=\"n1\",gpu=\"1\"} 1"), "{text}");
+        assert!(text.contains("flyt_node_mps_up{node=\"n1\"} 0"), "{text}");
+        assert!(!render("n1", &[gpu(0)], &[], None).contains("mps_up"));
+    }
+}
