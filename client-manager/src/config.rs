@@ -33,6 +33,8 @@ pub struct ClientManagerConfig {
     pub client_check_ms: u64,
     /// `host:port` for Prometheus metrics at `/metrics`; empty: none.
     pub metrics_listen: String,
+    /// TLS on the connection to the cluster manager.
+    pub tls: flyt_daemon_kit::tls::TlsConfig,
 }
 
 impl Default for ClientManagerConfig {
@@ -47,6 +49,7 @@ impl Default for ClientManagerConfig {
             request_timeout_seconds: 60,
             client_check_ms: 250,
             metrics_listen: String::new(),
+            tls: flyt_daemon_kit::tls::TlsConfig::default(),
         }
     }
 }

@@ -22,6 +22,8 @@ pub struct ClusterManagerConfig {
     pub store: StoreConfig,
     pub leases: LeaseConfig,
     pub allocations: AllocationConfig,
+    /// TLS on the TCP listener (node managers, client managers) and on connections to node managers.
+    pub tls: flyt_daemon_kit::tls::TlsConfig,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,6 +71,7 @@ impl Default for ClusterManagerConfig {
             store: StoreConfig::default(),
             leases: LeaseConfig::default(),
             allocations: AllocationConfig::default(),
+            tls: flyt_daemon_kit::tls::TlsConfig::default(),
         }
     }
 }

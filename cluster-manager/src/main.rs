@@ -65,6 +65,9 @@ fn run_main() -> anyhow::Result<()> {
         print!("{}", toml::to_string(&config)?);
         return Ok(());
     }
+    if flyt_daemon_kit::tls::install(&config.tls)? {
+        tracing::info!(ca = %config.tls.ca_file, "TLS on every TCP connection");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
         let key = ClusterKey::load(config.cluster_key_file.as_ref())?;

@@ -32,6 +32,32 @@ mod tests {
     const NODE_TIMEOUT_MS: u64 = 3000;
     const NODE_GRACE_SECONDS: u64 = 3;
 
+    /// Mutual TLS between every daemon: a node manager and a client manager of the cluster's CA
+    /// work as over plain TCP; a client manager without TLS is refused, with a reason that says so
+    /// on both ends.
+    #[test]
+    fn tls_on_every_tcp_hop_and_plain_peers_refused() {
+        let mut cluster = Cluster::new(Options { tls: true, request_timeout_seconds: 3, ..Options::default() });
+        cluster.start_node("node-a", "127.0.0.1", 40, 4096);
+        wait_until("the node registered over TLS", Duration::from_secs(15), || {
+            (cluster.node_health("node-a").as_deref() == Some("Up")).then_some(())
+        });
+        cluster.flytctl_ok(&["vm", "add", "10.0.0.1", "--host-ip", "127.0.0.1", "--compute-units", "10", "--memory-mib", "512"]);
+        let vm = cluster.start_client_manager("10.0.0.1");
+        let (granted, _) = cluster.locate(&vm, 0);
+        assert!(granted["token"].is_string() && granted["address"].is_string(), "{granted}");
+        assert!(cluster.log("cluster-manager").contains("TLS on every TCP connection"));
+
+        cluster.flytctl_ok(&["vm", "add", "10.0.0.2", "--host-ip", "127.0.0.1", "--compute-units", "10", "--memory-mib", "512"]);
+        let plain = cluster.start_client_manager_with("10.0.0.2", &[("FLYT_CLIENT_MANAGER_TLS_CA_FILE", String::new())]);
+        let (refused, _) = cluster.locate(&plain, 0);
+        assert!(refused["refused"].is_string(), "{refused}");
+        let log = cluster.log("client-manager-10.0.0.2");
+        assert!(log.contains("requires TLS"), "{log}");
+        let log = cluster.log("cluster-manager");
+        assert!(log.contains("a plain-TCP client"), "{log}");
+    }
+
     #[test]
     fn placement_quotas_change_config_deaths_idle_release_and_restart() {
         let mut cluster = Cluster::new(Options {

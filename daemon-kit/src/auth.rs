@@ -31,6 +31,8 @@ pub enum AuthError {
     ServiceNotServed(&'static str),
     /// the server closed the connection: it refused this cluster key or this service
     Refused,
+    /// the server closed the connection: it refused this cluster key or this service, or it requires TLS (set [tls] in this daemon's config)
+    RefusedPlain,
 }
 
 /// The shared secret every daemon and `flytctl` of a cluster hold.

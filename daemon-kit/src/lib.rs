@@ -14,3 +14,4 @@ pub mod host;
 pub mod logging;
 pub mod metrics;
 pub mod rpc;
+pub mod tls;

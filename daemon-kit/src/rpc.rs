@@ -1,5 +1,6 @@
-//! The control-plane transport: TCP or Unix sockets, authenticated with the cluster key
-//! ([`crate::auth`]), then tarpc over length-delimited postcard frames of bounded length.
+//! The control-plane transport: TCP (with TLS when the process installed it, [`crate::tls`]) or
+//! Unix sockets, authenticated with the cluster key ([`crate::auth`]), then tarpc over
+//! length-delimited postcard frames of bounded length.
 
 use std::{
     fmt, io,
@@ -27,6 +28,7 @@ use tracing::Instrument as _;
 use crate::{
     auth::{self, AuthError, ClusterKey},
     codec::PostcardCodec,
+    tls::{self, Tls},
 };
 
 /// Largest control frame either side accepts; control messages are small (a node's report is
@@ -34,6 +36,9 @@ use crate::{
 pub const MAX_FRAME_BYTES: usize = 4 << 20;
 /// Requests one connection may have in flight; more wait (per-peer back-pressure).
 pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 16;
+/// How long a TLS listener waits for a client's first TLS record before taking it for a plain
+/// client (which waits for the server to speak first).
+const TLS_HELLO_WAIT: Duration = Duration::from_secs(2);
 /// How long a connection attempt may take, handshake included.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -46,6 +51,8 @@ pub enum RpcError {
     ConnectTimeout(Endpoint, Duration),
     /// {0} refused the connection: {1}
     Auth(Endpoint, AuthError),
+    /// TLS with {0} failed: {1}
+    Tls(Endpoint, String),
     /// cannot listen on {0}: {1}
     Bind(Endpoint, io::Error),
     /// `{0}` is not an address: use `host:port` or `unix:/path`
@@ -84,41 +91,57 @@ impl fmt::Display for Endpoint {
     }
 }
 
-/// A connected TCP or Unix stream.
+/// A connected TCP or Unix stream, or TLS over TCP (see [`crate::tls`]).
 pub enum ControlStream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// TLS, this end having connected.
+    TlsClient(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// TLS, this end having accepted.
+    TlsServer(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// Runs `$body` with `$stream` bound to whichever stream `$self` holds, pinned.
+macro_rules! each_stream {
+    ($self:expr, $stream:ident => $body:expr) => {
+        match $self.get_mut() {
+            ControlStream::Tcp(inner) => {
+                let $stream = Pin::new(inner);
+                $body
+            }
+            ControlStream::Unix(inner) => {
+                let $stream = Pin::new(inner);
+                $body
+            }
+            ControlStream::TlsClient(inner) => {
+                let $stream = Pin::new(&mut **inner);
+                $body
+            }
+            ControlStream::TlsServer(inner) => {
+                let $stream = Pin::new(&mut **inner);
+                $body
+            }
+        }
+    };
 }
 
 impl AsyncRead for ControlStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Tcp(stream) => Pin::new(stream).poll_read(cx, buf),
-            Self::Unix(stream) => Pin::new(stream).poll_read(cx, buf),
-        }
+        each_stream!(self, stream => stream.poll_read(cx, buf))
     }
 }
 
 impl AsyncWrite for ControlStream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Self::Tcp(stream) => Pin::new(stream).poll_write(cx, buf),
-            Self::Unix(stream) => Pin::new(stream).poll_write(cx, buf),
-        }
+        each_stream!(self, stream => stream.poll_write(cx, buf))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Tcp(stream) => Pin::new(stream).poll_flush(cx),
-            Self::Unix(stream) => Pin::new(stream).poll_flush(cx),
-        }
+        each_stream!(self, stream => stream.poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Tcp(stream) => Pin::new(stream).poll_shutdown(cx),
-            Self::Unix(stream) => Pin::new(stream).poll_shutdown(cx),
-        }
+        each_stream!(self, stream => stream.poll_shutdown(cx))
     }
 }
 
@@ -150,12 +173,36 @@ pub async fn connect_within(
     service: ServiceName,
     timeout: Duration,
 ) -> Result<ControlStream, RpcError> {
+    connect_with(endpoint, key, service, timeout, tls::installed()).await
+}
+
+/// [`connect_within`] with the TLS to use on TCP (`None`: plain TCP).
+pub async fn connect_with(
+    endpoint: &Endpoint,
+    key: &ClusterKey,
+    service: ServiceName,
+    timeout: Duration,
+    tls: Option<&Tls>,
+) -> Result<ControlStream, RpcError> {
     let attempt = async {
         let mut stream = match endpoint {
             Endpoint::Tcp(address) => {
                 let stream = TcpStream::connect(address).await.map_err(|error| RpcError::Connect(endpoint.clone(), error))?;
                 let _ = stream.set_nodelay(true);
-                ControlStream::Tcp(stream)
+                match tls {
+                    None => ControlStream::Tcp(stream),
+                    Some(tls) => {
+                        let name = tls::server_name(address).map_err(|error| RpcError::Tls(endpoint.clone(), error))?;
+                        let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
+                        let secured = connector.connect(name, stream).await.map_err(|error| {
+                            RpcError::Tls(
+                                endpoint.clone(),
+                                format!("{error} (is TLS on there, with a certificate from this cluster's CA?)"),
+                            )
+                        })?;
+                        ControlStream::TlsClient(Box::new(secured))
+                    }
+                }
             }
             Endpoint::Unix(path) => {
                 ControlStream::Unix(UnixStream::connect(path).await.map_err(|error| RpcError::Connect(endpoint.clone(), error))?)
@@ -163,6 +210,15 @@ pub async fn connect_within(
         };
         auth::connect_within(&mut stream, key, service, timeout).await.map_err(|error| match error {
             AuthError::Timeout(_) => RpcError::ConnectTimeout(endpoint.clone(), timeout),
+            // A TLS endpoint closes a plain client before its challenge or after its first bytes.
+            AuthError::Refused if tls.is_none() && matches!(endpoint, Endpoint::Tcp(_)) => {
+                RpcError::Auth(endpoint.clone(), AuthError::RefusedPlain)
+            }
+            AuthError::Io(error)
+                if error.kind() == io::ErrorKind::UnexpectedEof && tls.is_none() && matches!(endpoint, Endpoint::Tcp(_)) =>
+            {
+                RpcError::Auth(endpoint.clone(), AuthError::RefusedPlain)
+            }
             other => RpcError::Auth(endpoint.clone(), other),
         })?;
         Ok(stream)
@@ -185,19 +241,25 @@ pub async fn detached<T: Send + 'static>(work: impl Future<Output = T> + Send + 
     tokio::spawn(work.in_current_span()).await.ok()
 }
 
-/// A listening TCP or Unix socket.
+/// A listening TCP socket (with the TLS its connections must speak, if any) or Unix socket.
 pub enum ControlListener {
-    Tcp(TcpListener),
+    Tcp(TcpListener, Option<Tls>),
     Unix(UnixListener, PathBuf),
 }
 
 impl ControlListener {
     /// Listens on `endpoint`. A Unix socket replaces a stale file and gets `unix_mode`
     /// (0o600 for owner-only admin sockets).
+    /// TCP connections speak this process's TLS, if it installed one ([`crate::tls::install`]).
     pub async fn bind(endpoint: &Endpoint, unix_mode: u32) -> Result<Self, RpcError> {
+        Self::bind_with(endpoint, unix_mode, tls::installed().cloned()).await
+    }
+
+    /// [`ControlListener::bind`] with the TLS TCP connections must speak (`None`: plain TCP).
+    pub async fn bind_with(endpoint: &Endpoint, unix_mode: u32, tls: Option<Tls>) -> Result<Self, RpcError> {
         let bind_error = |error| RpcError::Bind(endpoint.clone(), error);
         match endpoint {
-            Endpoint::Tcp(address) => Ok(Self::Tcp(TcpListener::bind(address).await.map_err(bind_error)?)),
+            Endpoint::Tcp(address) => Ok(Self::Tcp(TcpListener::bind(address).await.map_err(bind_error)?, tls)),
             Endpoint::Unix(path) => Ok(Self::Unix(bind_unix(path, unix_mode).map_err(bind_error)?, path.clone())),
         }
     }
@@ -205,15 +267,18 @@ impl ControlListener {
     /// The bound address (TCP ports resolved).
     pub fn local_endpoint(&self) -> Endpoint {
         match self {
-            Self::Tcp(listener) => Endpoint::Tcp(listener.local_addr().map(|address| address.to_string()).unwrap_or_else(|_| "?".into())),
+            Self::Tcp(listener, _) => {
+                Endpoint::Tcp(listener.local_addr().map(|address| address.to_string()).unwrap_or_else(|_| "?".into()))
+            }
             Self::Unix(_, path) => Endpoint::Unix(path.clone()),
         }
     }
 
-    /// Accepts one connection; returns it with a peer description for logs.
+    /// Accepts one connection; returns it with a peer description for logs. A TLS listener's
+    /// connection still has its TLS handshake to make ([`ControlListener::secure`]).
     pub async fn accept(&self) -> io::Result<(ControlStream, String)> {
         match self {
-            Self::Tcp(listener) => {
+            Self::Tcp(listener, _) => {
                 let (stream, peer) = listener.accept().await?;
                 let _ = stream.set_nodelay(true);
                 Ok((ControlStream::Tcp(stream), peer.to_string()))
@@ -226,6 +291,35 @@ impl ControlListener {
                 };
                 Ok((ControlStream::Unix(stream), peer))
             }
+        }
+    }
+}
+
+impl ControlListener {
+    /// Makes the TLS handshake of an accepted TCP connection when this listener speaks TLS.
+    pub async fn secure(&self, stream: ControlStream) -> Result<ControlStream, String> {
+        match (self, stream) {
+            (Self::Tcp(_, Some(tls)), ControlStream::Tcp(stream)) => {
+                // A TLS client opens at once with a handshake record (type 22). A plain client
+                // sends nothing (it waits for the cluster-key challenge) or something else: it is
+                // closed soon, so it fails with a clear error rather than a timeout.
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(TLS_HELLO_WAIT, stream.peek(&mut first)).await {
+                    Ok(Ok(1)) if first[0] == 22 => {}
+                    Ok(Ok(_)) => return Err("a plain-TCP client: this endpoint requires TLS".into()),
+                    Ok(Err(error)) => return Err(format!("closed before its TLS handshake: {error}")),
+                    Err(_) => return Err(format!("no TLS handshake within {TLS_HELLO_WAIT:?}: a plain-TCP client?")),
+                }
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
+                match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(secured)) => Ok(ControlStream::TlsServer(Box::new(secured))),
+                    Ok(Err(error)) => {
+                        Err(format!("TLS handshake failed: {error} (a plain-TCP client, or a certificate not from this cluster's CA)"))
+                    }
+                    Err(_) => Err(format!("no TLS handshake within {CONNECT_TIMEOUT:?}")),
+                }
+            }
+            (_, stream) => Ok(stream),
         }
     }
 }
@@ -331,6 +425,7 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let dispatch = std::sync::Arc::new(dispatch);
+    let listener = std::sync::Arc::new(listener);
     loop {
         let (mut stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -343,7 +438,12 @@ where
         let key = key.clone();
         let served = served.clone();
         let dispatch = dispatch.clone();
+        let listener = listener.clone();
         tokio::spawn(async move {
+            stream = match listener.secure(stream).await {
+                Ok(stream) => stream,
+                Err(reason) => return tracing::warn!("control connection from {peer} refused: {reason}"),
+            };
             match auth::accept(&mut stream, &key, &served).await {
                 Ok(service) => {
                     // Every line logged while serving this connection names its peer.

@@ -86,6 +86,17 @@ enum Command {
         #[arg(long)]
         iterations: Option<u64>,
     },
+    /// Make TLS files for a host: the cluster's CA (once per folder: kept if it is there) and a
+    /// certificate signed by it for the host's names, for the daemons' [tls] settings. Needs no
+    /// cluster manager.
+    TlsInit {
+        /// Folder for ca.pem, ca.key (keep it off the hosts), cert.pem and key.pem.
+        #[arg(long)]
+        dir: PathBuf,
+        /// A name the host is reached by (DNS name or IP address); repeat for each.
+        #[arg(long = "name", required = true)]
+        names: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -128,12 +139,14 @@ enum CtlError {
     Refused(ControlError),
     /// cannot print JSON: {0}
     Json(serde_json::Error),
+    /// cannot make the TLS files: {0}
+    Tls(String),
 }
 
 impl CtlError {
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Refused(_) => 1,
+            Self::Refused(_) | Self::Tls(_) => 1,
             Self::ReadKey(..) | Self::ShortKey(_) | Self::WrongKey(_) | Self::Json(_) => 2,
             Self::Unreachable { .. } | Self::Timeout { .. } | Self::Call { .. } => 3,
         }
@@ -207,6 +220,11 @@ fn table(header: &[&str]) -> Table {
 }
 
 async fn run(args: Args) -> Result<(), CtlError> {
+    if let Command::TlsInit { dir, names } = &args.command {
+        let (ca, cert, key) = flyt_daemon_kit::tls::generate(dir, names).map_err(CtlError::Tls)?;
+        println!("ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"", ca.display(), cert.display(), key.display());
+        return Ok(());
+    }
     // One limit for everything: connecting, the handshake and the call.
     let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
     let client = connect(&args, deadline).await?;
@@ -334,6 +352,8 @@ async fn run(args: Args) -> Result<(), CtlError> {
                 tokio::time::sleep(Duration::from_secs_f64(*interval)).await;
             }
         }
+        // Made before connecting, above.
+        Command::TlsInit { .. } => {}
         Command::Drain { node } | Command::Undrain { node } => {
             let drained = matches!(args.command, Command::Drain { .. });
             let record = call(&args, deadline, client.set_drained(context(), node.clone(), drained)).await?.map_err(CtlError::Refused)?;

@@ -34,6 +34,8 @@ pub struct NodeManagerConfig {
     pub metrics_listen: String,
     pub rpc_server: RpcServerConfig,
     pub mps: MpsConfig,
+    /// TLS on the control listener and on the connection to the cluster manager.
+    pub tls: flyt_daemon_kit::tls::TlsConfig,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -98,6 +100,7 @@ impl Default for NodeManagerConfig {
             metrics_listen: String::new(),
             rpc_server: RpcServerConfig::default(),
             mps: MpsConfig::default(),
+            tls: flyt_daemon_kit::tls::TlsConfig::default(),
         }
     }
 }

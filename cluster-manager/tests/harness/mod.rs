@@ -193,6 +193,8 @@ pub struct Options {
     pub client_timeout_ms: u64,
     pub idle_grace_seconds: u64,
     pub request_timeout_seconds: u64,
+    /// TLS on every TCP hop between the daemons (files made with the cluster).
+    pub tls: bool,
 }
 
 impl Default for Options {
@@ -205,6 +207,7 @@ impl Default for Options {
             client_timeout_ms: 2000,
             idle_grace_seconds: 2,
             request_timeout_seconds: 30,
+            tls: false,
         }
     }
 }
@@ -293,8 +296,22 @@ impl Cluster {
             client_managers: Vec::new(),
             clients: Vec::new(),
         };
+        if cluster.options.tls {
+            flyt_daemon_kit::tls::generate(&cluster.path("tls"), &["127.0.0.1".into(), "127.0.0.2".into(), "localhost".into()]).unwrap();
+        }
         cluster.start_cluster_manager();
         cluster
+    }
+
+    /// The `[tls]` settings of a daemon whose variables start with `prefix`, when TLS is on.
+    fn tls_env(&self, prefix: &str) -> Vec<(String, String)> {
+        if !self.options.tls {
+            return Vec::new();
+        }
+        [("CA_FILE", flyt_daemon_kit::tls::CA_CERT), ("CERT_FILE", flyt_daemon_kit::tls::CERT), ("KEY_FILE", flyt_daemon_kit::tls::KEY)]
+            .into_iter()
+            .map(|(key, file)| (format!("{prefix}_TLS_{key}"), self.path("tls").join(file).display().to_string()))
+            .collect()
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -326,6 +343,7 @@ impl Cluster {
                 ("FLYT_CLUSTER_MANAGER_STORE_DATABASE", self.database.clone()),
             ]));
         }
+        envs.extend(self.tls_env("FLYT_CLUSTER_MANAGER"));
         envs.extend(env(extra));
         let daemon = Daemon::start("cluster-manager", &binary("flyt-cluster-manager"), &envs, self.dir.path());
         assert!(daemon.ready_line.starts_with("flyt-cluster-manager listening on 127.0.0.1:"), "{}", daemon.ready_line);
@@ -367,6 +385,7 @@ impl Cluster {
     /// Starts a node manager with extra environment (e.g. `FLYT_FAILPOINT`).
     pub fn start_node_with(&mut self, node: &str, host_ip: &str, sms: u32, memory_mib: u64, extra: &[(&str, String)]) {
         let mut envs = self.node_env(node, host_ip, sms, memory_mib);
+        envs.extend(self.tls_env("FLYT_NODE_MANAGER"));
         envs.extend(env(extra));
         let daemon = Daemon::start(node, &binary("flyt-node-manager"), &envs, self.dir.path());
         match self.nodes.iter_mut().find(|(name, _)| name == node) {
@@ -390,8 +409,13 @@ impl Cluster {
 
     /// Starts the client manager of VM `vm_ip`; returns its socket.
     pub fn start_client_manager(&mut self, vm_ip: &str) -> PathBuf {
+        self.start_client_manager_with(vm_ip, &[])
+    }
+
+    /// Starts the client manager of VM `vm_ip` with extra environment; returns its socket.
+    pub fn start_client_manager_with(&mut self, vm_ip: &str, extra: &[(&str, String)]) -> PathBuf {
         let socket = self.path(&format!("client-manager-{vm_ip}.sock"));
-        let envs = env(&[
+        let mut envs = env(&[
             ("FLYT_CLIENT_MANAGER_VM_IP", vm_ip.into()),
             ("FLYT_CLIENT_MANAGER_CLUSTER_MANAGER", format!("127.0.0.1:{}", self.cluster_port)),
             ("FLYT_CLIENT_MANAGER_CLUSTER_KEY_FILE", self.key_file.display().to_string()),
@@ -400,6 +424,8 @@ impl Cluster {
             ("FLYT_CLIENT_MANAGER_REQUEST_TIMEOUT_SECONDS", self.options.request_timeout_seconds.to_string()),
             ("FLYT_CLIENT_MANAGER_METRICS_LISTEN", "127.0.0.1:0".into()),
         ]);
+        envs.extend(self.tls_env("FLYT_CLIENT_MANAGER"));
+        envs.extend(env(extra));
         let daemon = Daemon::start(&format!("client-manager-{vm_ip}"), &binary("flyt-client-manager"), &envs, self.dir.path());
         self.client_managers.push(daemon);
         socket
