@@ -277,7 +277,12 @@ impl ClientManager {
             Ok(grant) => {
                 tracing::info!(pid = identity.pid, program = %identity.program, allocation = %grant.allocation_id, address = %grant.address, "client placed");
                 self.track(&grant.allocation_id, identity).await;
-                LocateReply::Server { address: grant.address, token: grant.token, same_host: grant.same_host }
+                LocateReply::Server {
+                    address: grant.address,
+                    token: grant.token,
+                    same_host: grant.same_host,
+                    tls_ca: self.config.tls.ca_file.clone(),
+                }
             }
             Err(reason) => {
                 tracing::warn!(pid = identity.pid, %reason, "client refused");

@@ -117,7 +117,8 @@ fn identity() -> ClientIdentity {
     }
 }
 
-fn connect_wire(address: &str) -> Result<Wire, String> {
+/// Connects to the server; over TCP with `tls_ca`, through TLS checked against that CA.
+fn connect_wire(address: &str, tls_ca: Option<&str>) -> Result<Wire, String> {
     if let Some(path) = address.strip_prefix("unix:") {
         return UnixStream::connect(path).map(Wire::Unix).map_err(|error| format!("cannot connect to {path}: {error}"));
     }
@@ -129,7 +130,13 @@ fn connect_wire(address: &str) -> Result<Wire, String> {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
                 set_keepalive(&stream);
-                return Ok(Wire::Tcp(stream));
+                let Some(ca) = tls_ca else { return Ok(Wire::Tcp(stream)) };
+                let config = flyt_ring::tls::client_config(std::path::Path::new(ca)).map_err(|error| format!("FLYT_TLS_CA: {error}"))?;
+                let name = flyt_ring::tls::server_name(address)?;
+                let local = flyt_ring::tls::connect(config, name, stream, HANDSHAKE_TIMEOUT).map_err(|error| {
+                    format!("TLS with {address} failed: {error} (does the server use TLS, with a certificate from this CA?)")
+                })?;
+                return Ok(Wire::Secured(local));
             }
             Err(error) => last = format!("cannot connect to {target}: {error}"),
         }
@@ -156,8 +163,9 @@ fn set_keepalive(stream: &TcpStream) {
     }
 }
 
-/// Asks the local client manager which server to use.
-fn locate(identity: &ClientIdentity) -> Result<(String, Option<String>), String> {
+/// Asks the local client manager which server to use: its address, the session token, and the
+/// cluster's CA when TCP sessions must use TLS.
+fn locate(identity: &ClientIdentity) -> Result<(String, Option<String>, Option<String>), String> {
     let socket = std::env::var("FLYT_CLIENT_MANAGER_SOCKET").unwrap_or_else(|_| DEFAULT_CLIENT_MANAGER_SOCKET.into());
     let mut stream = UnixStream::connect(&socket).map_err(|error| {
         format!("no FLYT_SERVER set and no client manager at {socket} ({error}): set FLYT_SERVER=host:port or start flyt-client-manager")
@@ -166,7 +174,7 @@ fn locate(identity: &ClientIdentity) -> Result<(String, Option<String>), String>
     write_value(&mut stream, 1, &LocateRequest { client: identity.clone() }).map_err(|error| format!("client manager: {error}"))?;
     let limits = FrameLimits { max_message: 64 << 10, max_bulk: 0 };
     match read_value::<LocateReply>(&mut stream, &limits) {
-        Ok((_, LocateReply::Server { address, token, .. })) => Ok((address, Some(token))),
+        Ok((_, LocateReply::Server { address, token, tls_ca, .. })) => Ok((address, Some(token), (!tls_ca.is_empty()).then_some(tls_ca))),
         Ok((_, LocateReply::Refused { reason })) => Err(format!("no GPU for this client: {reason}")),
         Err(error) => Err(format!("client manager at {socket}: {error}")),
     }
@@ -182,16 +190,18 @@ fn open() -> Result<Client, CudaError> {
 fn open_session() -> Result<Client, (CudaError, String)> {
     let unavailable = |reason: String| (CudaError::DEVICES_UNAVAILABLE, reason);
     let identity = identity();
-    let (address, token) = match std::env::var("FLYT_SERVER") {
-        Ok(address) if !address.is_empty() => (address, std::env::var("FLYT_TOKEN").ok()),
+    let (address, token, cluster_ca) = match std::env::var("FLYT_SERVER") {
+        Ok(address) if !address.is_empty() => (address, std::env::var("FLYT_TOKEN").ok(), None),
         _ => locate(&identity).map_err(unavailable)?,
     };
-    let mut wire = connect_wire(&address).map_err(unavailable)?;
+    // FLYT_TLS_CA wins over the client manager's word.
+    let tls_ca = std::env::var("FLYT_TLS_CA").ok().filter(|ca| !ca.is_empty()).or(cluster_ca);
+    let mut wire = connect_wire(&address, tls_ca.as_deref()).map_err(unavailable)?;
     wire.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|error| unavailable(error.to_string()))?;
     let wanted = shm::Wanted::from_env();
     let offered = match wanted {
         shm::Wanted::Off => None,
-        _ => match shm::create(matches!(wire, Wire::Tcp(_))) {
+        _ => match shm::create(wire.is_tcp()) {
             Ok(offered) => Some(offered),
             Err(reason) if wanted == shm::Wanted::Required => {
                 return Err(unavailable(format!("FLYT_SHM=on but no shared-memory segment: {reason}")));

@@ -46,6 +46,15 @@ mod tests {
         let vm = cluster.start_client_manager("10.0.0.1");
         let (granted, _) = cluster.locate(&vm, 0);
         assert!(granted["token"].is_string() && granted["address"].is_string(), "{granted}");
+        // The app is told the cluster's CA: its TCP session to the server (started with the node's
+        // certificate) must use TLS.
+        assert!(granted["tls_ca"].as_str().unwrap().ends_with("tls/ca.pem"), "{granted}");
+        let server = cluster.allocation_of("10.0.0.1").unwrap();
+        assert!(
+            cluster.log("node-a").contains("--tls-cert")
+                || fs::read_to_string(format!("/proc/{}/cmdline", server["pid"])).unwrap().contains("--tls-cert"),
+            "{server}"
+        );
         assert!(cluster.log("cluster-manager").contains("TLS on every TCP connection"));
 
         cluster.flytctl_ok(&["vm", "add", "10.0.0.2", "--host-ip", "127.0.0.1", "--compute-units", "10", "--memory-mib", "512"]);

@@ -90,6 +90,8 @@ pub struct LaunchSettings {
     pub stop_grace_seconds: u32,
     /// Host each server serves Prometheus metrics on (port chosen by the server); `None`: off.
     pub metrics_host: Option<String>,
+    /// Certificate and key the servers show TCP clients (TLS on the data plane), from `[tls]`.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// What is recorded per server, so a restarted node manager can find it.
@@ -301,6 +303,9 @@ impl ServerManager {
             .arg(format!("unix:{}", control_socket.display()))
             .arg("--image-cache")
             .arg(&settings.image_cache_dir);
+        if let Some((cert, key)) = &settings.tls {
+            command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+        }
         if let Some(host) = &settings.metrics_host {
             command.arg("--metrics-listen").arg(format!("{host}:0"));
         }
@@ -654,6 +659,7 @@ mod tests {
             start_timeout: Duration::from_secs(5),
             stop_grace_seconds: 0,
             metrics_host: Some("0.0.0.0".into()),
+            tls: None,
         }
     }
 

@@ -9,7 +9,7 @@ use crate::handshake::Hello;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ToWorker {
     /// Serve the session whose socket comes with this message; the worker sends the `HelloReply`.
-    Serve { session_id: u64, hello: Box<Hello>, tcp: bool, peer: String },
+    Serve { session_id: u64, hello: Box<Hello>, tcp: bool, peer: String, secured: bool },
     /// The allocation was resized: tell the client its new limits.
     Limits,
 }

@@ -17,6 +17,7 @@
 )]
 
 mod link;
+pub mod tls;
 
 pub use link::Link;
 

@@ -15,6 +15,10 @@ use crate::{RingReader, RingWriter};
 pub enum Link {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// TCP under TLS: the local end of a socket pair whose other end a pump thread encrypts to
+    /// and decrypts from the TCP socket (`crate::tls`). Read and written as a Unix socket; a TCP
+    /// session in every other respect (the peer is remote).
+    Secured(UnixStream),
     /// The rings' reading half; the socket stays open to tell when the peer is gone.
     RingIn(RingReader, Arc<Link>),
     /// The rings' writing half.
@@ -31,11 +35,26 @@ impl Link {
         if tcp { Self::Tcp(TcpStream::from(fd)) } else { Self::Unix(UnixStream::from(fd)) }
     }
 
+    /// Rebuilds the local end of a TLS pump from a descriptor (one passed between processes).
+    pub fn secured_from_fd(fd: OwnedFd) -> Self {
+        Self::Secured(UnixStream::from(fd))
+    }
+
+    /// Whether this is the local end of a TLS pump.
+    pub fn is_secured(&self) -> bool {
+        match self {
+            Self::Secured(_) => true,
+            Self::Tcp(_) | Self::Unix(_) => false,
+            Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.is_secured(),
+        }
+    }
+
     /// A second handle on the same socket (one reads, the other writes).
     pub fn try_clone(&self) -> io::Result<Self> {
         Ok(match self {
             Self::Tcp(stream) => Self::Tcp(stream.try_clone()?),
             Self::Unix(stream) => Self::Unix(stream.try_clone()?),
+            Self::Secured(stream) => Self::Secured(stream.try_clone()?),
             Self::RingIn(..) | Self::RingOut(..) => {
                 return Err(io::Error::other("ring halves are not cloned"));
             }
@@ -45,14 +64,14 @@ impl Link {
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
             Self::Tcp(stream) => stream.set_read_timeout(timeout),
-            Self::Unix(stream) => stream.set_read_timeout(timeout),
+            Self::Unix(stream) | Self::Secured(stream) => stream.set_read_timeout(timeout),
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.set_read_timeout(timeout),
         }
     }
 
     pub fn is_tcp(&self) -> bool {
         match self {
-            Self::Tcp(_) => true,
+            Self::Tcp(_) | Self::Secured(_) => true,
             Self::Unix(_) => false,
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.is_tcp(),
         }
@@ -63,7 +82,7 @@ impl Link {
         match self {
             Self::RingIn(reader, _) => reader.try_read(buf),
             Self::RingOut(..) => Err(wrong_half()),
-            Self::Tcp(_) | Self::Unix(_) => {
+            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) => {
                 // SAFETY: `buf` is valid for writes of its length; the descriptor is this
                 // link's open socket.
                 let read = unsafe { libc::recv(self.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
@@ -76,7 +95,7 @@ impl Link {
     /// wait as usual (their messages are small; bulk data goes through the segment).
     pub fn write_vectored_nonblocking(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
-            Self::Tcp(_) | Self::Unix(_) => self.send_vectored(bufs, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT),
+            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) => self.send_vectored(bufs, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT),
             _ => self.write_vectored(bufs),
         }
     }
@@ -104,7 +123,7 @@ impl Link {
     pub fn shutdown(&self) {
         match self {
             Self::Tcp(stream) => drop(stream.shutdown(std::net::Shutdown::Both)),
-            Self::Unix(stream) => drop(stream.shutdown(std::net::Shutdown::Both)),
+            Self::Unix(stream) | Self::Secured(stream) => drop(stream.shutdown(std::net::Shutdown::Both)),
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.shutdown(),
         }
     }
@@ -114,7 +133,7 @@ impl AsFd for Link {
     fn as_fd(&self) -> BorrowedFd<'_> {
         match self {
             Self::Tcp(stream) => stream.as_fd(),
-            Self::Unix(stream) => stream.as_fd(),
+            Self::Unix(stream) | Self::Secured(stream) => stream.as_fd(),
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.as_fd(),
         }
     }
@@ -130,7 +149,7 @@ impl Read for Link {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Self::Tcp(stream) => stream.read(buf),
-            Self::Unix(stream) => stream.read(buf),
+            Self::Unix(stream) | Self::Secured(stream) => stream.read(buf),
             Self::RingIn(reader, _) => reader.read(buf),
             Self::RingOut(..) => Err(wrong_half()),
         }
@@ -148,7 +167,7 @@ impl Write for Link {
         match self {
             Self::RingOut(writer, _) => return writer.write_vectored(bufs),
             Self::RingIn(..) => return Err(wrong_half()),
-            Self::Tcp(_) | Self::Unix(_) => {}
+            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) => {}
         }
         self.send_vectored(bufs, libc::MSG_NOSIGNAL)
     }

@@ -72,6 +72,13 @@ pub struct ServerArgs {
     /// Microseconds a session polls a short wait itself before handing it to a waiter thread.
     #[arg(long, env = "FLYT_RPC_INLINE_WAIT_US", default_value_t = 20)]
     pub inline_wait_us: u64,
+    /// Certificate (PEM) this server shows TCP clients; with --tls-key, TCP sessions must use
+    /// TLS (Unix sockets never do).
+    #[arg(long, env = "FLYT_RPC_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "FLYT_RPC_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Seconds a new connection has to send its hello.
     #[arg(long, env = "FLYT_RPC_HANDSHAKE_TIMEOUT", default_value_t = 10)]
     pub handshake_timeout_secs: u64,

@@ -70,6 +70,8 @@ pub struct Server {
     pending_handshakes: AtomicUsize,
     shutting_down: AtomicBool,
     cluster_key: Option<Vec<u8>>,
+    /// TLS every TCP session must use (`--tls-cert`, `--tls-key`).
+    tls: Option<Arc<flyt_ring::tls::rustls::ServerConfig>>,
     unix_paths: Mutex<Vec<PathBuf>>,
     /// The module image cache folder every worker opens, when on.
     image_cache: Option<PathBuf>,
@@ -298,8 +300,34 @@ impl Server {
         Ok(())
     }
 
+    /// With TLS on, makes a TCP connection's TLS handshake and starts its pump (the session then
+    /// goes through the pump's local end).
+    fn secure(&self, connection: Connection, peer: &str) -> Secured {
+        let Some(tls) = &self.tls else { return Secured::Ready(connection) };
+        let Connection::Tcp(stream) = connection else { return Secured::Ready(connection) };
+        let timeout = Duration::from_secs(self.args.handshake_timeout_secs);
+        let _ = stream.set_read_timeout(Some(timeout));
+        // A Flyt client speaks first: a TLS one with a handshake record, a plain one with its hello.
+        let mut first = [0u8; 1];
+        if !matches!(stream.peek(&mut first), Ok(1) if first[0] == flyt_ring::tls::HANDSHAKE_RECORD) {
+            return Secured::PlainRefused(Connection::Tcp(stream));
+        }
+        match flyt_ring::tls::accept(tls.clone(), stream, timeout) {
+            Ok(local) => Secured::Ready(Connection::Secured(local)),
+            Err(reason) => {
+                tracing::warn!(%peer, %reason, "TLS handshake failed");
+                Secured::Failed
+            }
+        }
+    }
+
     /// Runs one client's handshake and hands the connection to a worker.
-    fn admit(self: &Arc<Self>, mut connection: Connection, peer: String) {
+    fn admit(self: &Arc<Self>, connection: Connection, peer: String) {
+        let (mut connection, plain_refused) = match self.secure(connection, &peer) {
+            Secured::Ready(connection) => (connection, false),
+            Secured::PlainRefused(connection) => (connection, true),
+            Secured::Failed => return,
+        };
         let _ = connection.set_read_timeout(Some(Duration::from_secs(self.args.handshake_timeout_secs)));
         let limits = FrameLimits { max_message: 64 << 10, max_bulk: 0 };
         let hello: Hello = match read_value(&mut connection, &limits) {
@@ -315,6 +343,10 @@ impl Server {
                 return;
             }
         };
+        if plain_refused {
+            let reason = "this server requires TLS on TCP: give the app the cluster's CA (FLYT_TLS_CA=ca.pem, or flyt run --tls-ca)";
+            return Self::refuse(&mut connection, &peer, CudaError::NOT_PERMITTED, reason.into());
+        }
         if let Err((error, reason)) = self.check_hello(&hello) {
             return Self::refuse(&mut connection, &peer, error, reason);
         }
@@ -326,9 +358,9 @@ impl Server {
         };
         let _ = connection.set_read_timeout(None);
         let session_id = self.next_session.fetch_add(1, Ordering::AcqRel);
-        let tcp = connection.is_tcp();
+        let (tcp, secured) = (connection.is_tcp(), connection.is_secured());
         let client = hello.client.clone();
-        let command = ToWorker::Serve { session_id, hello: Box::new(hello.clone()), tcp, peer: peer.clone() };
+        let command = ToWorker::Serve { session_id, hello: Box::new(hello.clone()), tcp, peer: peer.clone(), secured };
         let mut bytes = Vec::new();
         encode_into(&command, &mut bytes);
         // Record the session before the worker can answer the client, so a status call that
@@ -353,7 +385,13 @@ impl Server {
             client.program,
             client.pid,
             client.hostname,
-            if tcp { "tcp" } else { "unix" },
+            if secured {
+                "tls"
+            } else if tcp {
+                "tcp"
+            } else {
+                "unix"
+            },
             worker.pid
         );
     }
@@ -464,6 +502,16 @@ impl Server {
     }
 }
 
+/// What [`Server::secure`] made of a new connection.
+enum Secured {
+    /// Ready for the hello (through the TLS pump, or as it came when no TLS is needed).
+    Ready(Connection),
+    /// A plain TCP client where TLS is required: refused, with the reason, after its hello.
+    PlainRefused(Connection),
+    /// The TLS handshake failed (logged).
+    Failed,
+}
+
 enum Bound {
     Tcp(TcpListener),
     Unix(UnixListener),
@@ -558,6 +606,10 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         Some(path) => Some(crate::config::read_cluster_key(path)?),
         None => None,
     };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(flyt_ring::tls::server_config(cert, key).map_err(|error| anyhow::anyhow!("TLS: {error}"))?),
+        _ => None,
+    };
     if args.listen.is_empty() {
         bail!("nothing to listen on: give --listen host:port or --listen unix:/path");
     }
@@ -595,6 +647,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         pending_handshakes: AtomicUsize::new(0),
         shutting_down: AtomicBool::new(false),
         cluster_key,
+        tls,
         unix_paths: Mutex::new(Vec::new()),
         image_cache,
         metrics_address: Mutex::new(None),

@@ -222,11 +222,12 @@ fn serve<D: Device>(
     let info = sliced_info(&*device, &*budget, args.sm_percentage);
     let sm_count = u32::try_from(info.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(0)).unwrap_or(0);
     send_to_listener(&channel, &FromWorker::Ready { pid: std::process::id(), total_mem: info.total_mem, sm_count });
-    let Some((ToWorker::Serve { session_id, hello, tcp, peer }, Some(fd))) = receive_command(&channel) else {
+    let Some((ToWorker::Serve { session_id, hello, tcp, peer, secured }, Some(fd))) = receive_command(&channel) else {
         // The listener went away or shut the pool down: nothing to serve.
         return 0;
     };
-    let connection = Connection::from_fd(fd, tcp);
+    // A TLS session reaches the worker as the local end of the listener's TLS pump.
+    let connection = if secured { Connection::secured_from_fd(fd) } else { Connection::from_fd(fd, tcp) };
     let (shm, shm_refusal) = match &hello.shm {
         None => (None, None),
         Some(offer) => match accept_segment(&connection, offer, &hello.client, &*device) {

@@ -177,3 +177,44 @@ fn runtime_and_driver_share_one_session() {
     assert!(server.wait_for_log("session 1 closed", Duration::from_secs(10)), "{}", server.log_text());
     assert!(!server.log_text().contains("session 2"), "one session, not one per library: {}", server.log_text());
 }
+
+/// With `--tls-cert`/`--tls-key`, TCP sessions run over TLS checked against the app's
+/// `FLYT_TLS_CA`; a plain TCP app is refused with the reason, an app trusting another CA refuses
+/// the server, and the Unix socket (same host) needs no TLS.
+#[test]
+fn tcp_sessions_use_tls_when_the_server_requires_it() {
+    let scratch = scratch_dir("c-abi-tls");
+    let program = build_program(&scratch);
+    let write_pair = |name: &str| {
+        let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let (cert, key) = (scratch.join(format!("{name}.pem")), scratch.join(format!("{name}.key")));
+        std::fs::write(&cert, certified.cert.pem()).unwrap();
+        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        (cert.display().to_string(), key.display().to_string())
+    };
+    let (cert, key) = write_pair("server");
+    let (stranger, _) = write_pair("stranger");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(
+        &["--device", "emulated", "--listen", "127.0.0.1:0", "--listen", &socket, "--tls-cert", &cert, "--tls-key", &key],
+        &scratch,
+    );
+    let tcp = server.addresses.iter().find(|address| !address.starts_with("unix:")).unwrap().clone();
+    let run = |address: &str, ca: Option<&str>| {
+        let mut command = Command::new(&program);
+        command.env("LD_LIBRARY_PATH", shim_lib_dir()).env("FLYT_SERVER", address).env("FLYT_SHM", "off").env_remove("FLYT_TLS_CA");
+        if let Some(ca) = ca {
+            command.env("FLYT_TLS_CA", ca);
+        }
+        run_with_timeout(&mut command, Duration::from_secs(120))
+    };
+    let (code, stdout, stderr) = run(&tcp, Some(&cert));
+    assert!(code == 0 && stdout.contains("PASSED: 0 failure(s)"), "over TLS:\n{stdout}\n{stderr}\nserver log:\n{}", server.log_text());
+    let (code, stdout, stderr) = run(&socket, None);
+    assert!(code == 0 && stdout.contains("PASSED: 0 failure(s)"), "over the Unix socket:\n{stdout}\n{stderr}");
+    let (code, _, stderr) = run(&tcp, None);
+    assert!(code != 0 && stderr.contains("requires TLS"), "plain TCP to a TLS server:\n{stderr}");
+    let (code, _, stderr) = run(&tcp, Some(&stranger));
+    assert!(code != 0 && stderr.contains("TLS with") && stderr.contains("certificate"), "another CA:\n{stderr}");
+    assert!(server.wait_for_log("transport=tls", Duration::from_secs(10)), "{}", server.log_text());
+}

@@ -98,6 +98,10 @@ struct SetupArgs {
     /// requires it, off never uses it. Left unset, the program sees FLYT_SHM as it is.
     #[arg(long, value_enum, value_name = "MODE")]
     shm: Option<Shm>,
+    /// The CA (PEM) a server's certificate must be signed by: TCP sessions use TLS (FLYT_TLS_CA).
+    /// With a client manager of a TLS cluster, its CA is used without this.
+    #[arg(long, env = "FLYT_TLS_CA", value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
     /// Flyt's library folder (holding libcudart.so.13 and libcuda.so.1); default: the `lib`
     /// folder beside the `bin` folder holding flyt.
     #[arg(long, env = "FLYT_LIB_DIR", value_name = "DIR")]
@@ -120,7 +124,12 @@ impl SetupArgs {
         let lib_dir = setup::lib_dir(self.lib_dir.as_deref())?;
         let timeout = Duration::from_secs(self.locate_timeout_seconds.max(1));
         let server: ServerChoice = setup::server(server, &self.client_manager_socket, timeout, program)?;
-        Ok(setup::environment(&lib_dir, &server, self.token.as_deref(), self.shm, std::env::var_os("LD_LIBRARY_PATH").as_deref()))
+        let mut vars =
+            setup::environment(&lib_dir, &server, self.token.as_deref(), self.shm, std::env::var_os("LD_LIBRARY_PATH").as_deref());
+        if let Some(ca) = &self.tls_ca {
+            vars.push(("FLYT_TLS_CA", std::path::absolute(ca).unwrap_or_else(|_| ca.clone()).into_os_string()));
+        }
+        Ok(vars)
     }
 }
 

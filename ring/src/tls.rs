@@ -1,0 +1,380 @@
+//! TLS for the data plane's TCP sessions. After the handshake, a pump thread owns the TLS state
+//! and the TCP socket and moves bytes between it and one end of a Unix socket pair; the session
+//! reads and writes the other end ([`crate::Link::Secured`]) as it would any socket, so the
+//! client's and the server's code paths (and the server's hand-over of a session to its worker
+//! process) stay what they are over plain TCP.
+//!
+//! The pump never blocks on either side: both sockets are non-blocking and polled, plaintext
+//! bound for the session waits in a bounded buffer, and the session's bytes are read only once
+//! what was encrypted before has gone out. A stuck reader on one side therefore never stops the
+//! other direction (each end may be writing while the other waits for it to read).
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use rustls;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, Connection, ServerConfig, ServerConnection};
+
+/// The first byte of a TLS handshake record: how a server tells a TLS client from a plain one.
+pub const HANDSHAKE_RECORD: u8 = 22;
+/// Plaintext held for the session before the pump stops reading the TCP side.
+const LOCAL_BACKLOG: usize = 4 << 20;
+/// Bytes read from the session at a time.
+const CHUNK: usize = 256 << 10;
+
+fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|error| format!("{}: {error}", path.display()))
+}
+
+fn certificates(path: &std::path::Path) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let pem = read_pem(path)?;
+    let certificates: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|error| format!("{}: {error}", path.display()))?;
+    if certificates.is_empty() {
+        return Err(format!("{} holds no PEM certificate", path.display()));
+    }
+    Ok(certificates)
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A client's TLS: servers must show a certificate signed by the CA in `ca_file` (PEM).
+pub fn client_config(ca_file: &std::path::Path) -> Result<Arc<ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in certificates(ca_file)? {
+        roots.add(certificate).map_err(|error| format!("{}: {error}", ca_file.display()))?;
+    }
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| error.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// A server's TLS: its certificate chain and key (PEM). Clients prove themselves with their
+/// session token, inside the TLS session.
+pub fn server_config(cert_file: &std::path::Path, key_file: &std::path::Path) -> Result<Arc<ServerConfig>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&read_pem(key_file)?)
+        .map_err(|_| format!("{} holds no PEM private key", key_file.display()))?;
+    let config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| error.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certificates(cert_file)?, key)
+        .map_err(|error| format!("{}: {error}", cert_file.display()))?;
+    Ok(Arc::new(config))
+}
+
+/// The name a `host:port` address's certificate must carry: its host.
+pub fn server_name(address: &str) -> Result<ServerName<'static>, String> {
+    let host = match address.rsplit_once(':') {
+        Some((host, _port)) => host.trim_start_matches('[').trim_end_matches(']'),
+        None => address,
+    };
+    ServerName::try_from(host.to_string()).map_err(|error| format!("`{host}` cannot be checked against a certificate: {error}"))
+}
+
+/// Runs a TLS handshake as the client over `tcp` (blocking, within `timeout`), then starts the
+/// pump; returns the session's end.
+pub fn connect(config: Arc<ClientConfig>, name: ServerName<'static>, tcp: TcpStream, timeout: Duration) -> Result<UnixStream, String> {
+    let connection = ClientConnection::new(config, name).map_err(|error| error.to_string())?;
+    start(Connection::Client(connection), tcp, timeout)
+}
+
+/// Runs a TLS handshake as the server over `tcp` (blocking, within `timeout`), then starts the
+/// pump; returns the session's end.
+pub fn accept(config: Arc<ServerConfig>, tcp: TcpStream, timeout: Duration) -> Result<UnixStream, String> {
+    let connection = ServerConnection::new(config).map_err(|error| error.to_string())?;
+    start(Connection::Server(connection), tcp, timeout)
+}
+
+fn start(mut tls: Connection, mut tcp: TcpStream, timeout: Duration) -> Result<UnixStream, String> {
+    tcp.set_read_timeout(Some(timeout)).map_err(|error| error.to_string())?;
+    tcp.set_write_timeout(Some(timeout)).map_err(|error| error.to_string())?;
+    let deadline = Instant::now() + timeout;
+    while tls.is_handshaking() {
+        if Instant::now() > deadline {
+            return Err(format!("no TLS handshake within {timeout:?}"));
+        }
+        tls.complete_io(&mut tcp).map_err(|error| error.to_string())?;
+    }
+    // The pump bounds what it queues itself (one chunk of the session's bytes at a time, taken
+    // only once the last is sent); rustls's own 64 KiB limit would cut a chunk short.
+    tls.set_buffer_limit(None);
+    let (session, pumped) = UnixStream::pair().map_err(|error| error.to_string())?;
+    for socket in [tcp.as_raw_fd(), pumped.as_raw_fd()] {
+        set_nonblocking(socket).map_err(|error| error.to_string())?;
+    }
+    std::thread::Builder::new()
+        .name("flyt-tls".into())
+        .spawn(move || {
+            if let Err(error) = Pump::new(tls, tcp, pumped).run() {
+                log_end(&error);
+            }
+        })
+        .map_err(|error| format!("no TLS thread: {error}"))?;
+    Ok(session)
+}
+
+fn log_end(error: &io::Error) {
+    // A library in the app's process prints nothing on an ordinary end; a broken session shows
+    // itself to the session's reader (its socket ends).
+    if std::env::var_os("FLYT_TLS_DEBUG").is_some() {
+        eprintln!("flyt: TLS session ended: {error}");
+    }
+}
+
+fn set_nonblocking(fd: i32) -> io::Result<()> {
+    // SAFETY: `fd` is an open socket of the caller; F_GETFL/F_SETFL only change its flags.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn would_block(error: &io::Error) -> bool {
+    matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted)
+}
+
+struct Pump {
+    tls: Connection,
+    tcp: TcpStream,
+    local: UnixStream,
+    /// Plaintext from the peer, not yet taken by the session.
+    to_local: Vec<u8>,
+    sent_to_local: usize,
+    chunk: Vec<u8>,
+    /// The peer closed: once `to_local` is delivered, the session sees the end.
+    peer_done: bool,
+    /// The session closed its writing side: the peer was told (close_notify).
+    session_done: bool,
+    /// The session was given the peer's end.
+    local_shut: bool,
+}
+
+impl Pump {
+    fn new(tls: Connection, tcp: TcpStream, local: UnixStream) -> Self {
+        Self {
+            tls,
+            tcp,
+            local,
+            to_local: Vec::new(),
+            sent_to_local: 0,
+            chunk: vec![0; CHUNK],
+            peer_done: false,
+            session_done: false,
+            local_shut: false,
+        }
+    }
+
+    fn run(mut self) -> io::Result<()> {
+        loop {
+            let read_tcp = !self.peer_done && self.to_local.len() - self.sent_to_local < LOCAL_BACKLOG;
+            let read_local = !self.session_done && !self.tls.wants_write();
+            let mut polls = [
+                libc::pollfd {
+                    fd: self.tcp.as_raw_fd(),
+                    events: (if read_tcp { libc::POLLIN } else { 0 }) | (if self.tls.wants_write() { libc::POLLOUT } else { 0 }),
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.local.as_raw_fd(),
+                    events: (if read_local { libc::POLLIN } else { 0 })
+                        | (if self.sent_to_local < self.to_local.len() { libc::POLLOUT } else { 0 }),
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds on sockets this pump owns.
+            if unsafe { libc::poll(polls.as_mut_ptr(), 2, -1) } < 0 {
+                let error = io::Error::last_os_error();
+                if error.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(error);
+            }
+            let (tcp_events, local_events) = (polls[0].revents, polls[1].revents);
+            if tcp_events & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && read_tcp {
+                self.take_from_peer()?;
+            }
+            if local_events & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && read_local && !self.take_from_session()? {
+                // The session is done writing: the peer is told; its bytes still flow back.
+                self.session_done = true;
+                self.tls.send_close_notify();
+            }
+            self.flush_tcp()?;
+            self.flush_local()?;
+            if self.peer_done && !self.local_shut && self.sent_to_local == self.to_local.len() {
+                let _ = self.local.shutdown(std::net::Shutdown::Write);
+                self.local_shut = true;
+            }
+            if self.local_shut && self.session_done && !self.tls.wants_write() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Decrypts what the peer sent into `to_local`.
+    fn take_from_peer(&mut self) -> io::Result<()> {
+        loop {
+            match self.tls.read_tls(&mut self.tcp) {
+                Ok(0) => {
+                    self.peer_done = true;
+                    break;
+                }
+                Ok(_) => {}
+                Err(error) if would_block(&error) => break,
+                Err(error) => return Err(error),
+            }
+            if let Err(error) = self.tls.process_new_packets() {
+                // Tell the peer why before going (the alert is queued by rustls).
+                let _ = self.flush_tcp();
+                return Err(io::Error::new(io::ErrorKind::InvalidData, error));
+            }
+            loop {
+                match self.tls.reader().read(&mut self.chunk) {
+                    Ok(0) => {
+                        self.peer_done = true;
+                        break;
+                    }
+                    Ok(read) => self.to_local.extend_from_slice(&self.chunk[..read]),
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Encrypts what the session wrote; `false` once the session closed its end.
+    fn take_from_session(&mut self) -> io::Result<bool> {
+        match self.local.read(&mut self.chunk) {
+            Ok(0) => Ok(false),
+            Ok(read) => {
+                self.tls.writer().write_all(&self.chunk[..read])?;
+                Ok(true)
+            }
+            Err(error) if would_block(&error) => Ok(true),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn flush_tcp(&mut self) -> io::Result<()> {
+        while self.tls.wants_write() {
+            match self.tls.write_tls(&mut self.tcp) {
+                Ok(_) => {}
+                Err(error) if would_block(&error) => break,
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_local(&mut self) -> io::Result<()> {
+        while self.sent_to_local < self.to_local.len() {
+            match self.local.write(&self.to_local[self.sent_to_local..]) {
+                Ok(written) => self.sent_to_local += written,
+                Err(error) if would_block(&error) => break,
+                Err(error) => return Err(error),
+            }
+        }
+        if self.sent_to_local == self.to_local.len() {
+            self.to_local.clear();
+            self.sent_to_local = 0;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    use super::*;
+
+    fn configs() -> (Arc<ClientConfig>, Arc<ServerConfig>) {
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let der = CertificateDer::from(certified.cert.der().to_vec());
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der()));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der.clone()).unwrap();
+        let client = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let server = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![der], key)
+            .unwrap();
+        (Arc::new(client), Arc::new(server))
+    }
+
+    /// Both directions at once, far beyond every buffer: each side writes 32 MiB while it reads
+    /// what the other writes.
+    #[test]
+    fn both_directions_flow_at_once_and_the_end_reaches_the_other_side() {
+        let (client_config, server_config) = configs();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (tcp, _) = listener.accept().unwrap();
+            accept(server_config, tcp, Duration::from_secs(5)).unwrap()
+        });
+        let tcp = TcpStream::connect(address).unwrap();
+        let mut client = connect(client_config, ServerName::try_from("localhost").unwrap(), tcp, Duration::from_secs(5)).unwrap();
+        let mut server = server.join().unwrap();
+        let payload: Arc<Vec<u8>> = Arc::new((0..32u32 << 20).map(|i| (i % 251) as u8).collect());
+        let (mut client_reader, mut server_writer) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        let expected = payload.len();
+        let client_reads = std::thread::spawn(move || {
+            let mut from_server = vec![0u8; expected];
+            client_reader.read_exact(&mut from_server).unwrap();
+            from_server
+        });
+        let sent = payload.clone();
+        let server_writes = std::thread::spawn(move || server_writer.write_all(&sent).unwrap());
+        let server_reads = std::thread::spawn(move || {
+            let mut from_client = Vec::new();
+            server.read_to_end(&mut from_client).unwrap();
+            from_client
+        });
+        client.write_all(&payload).unwrap();
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(client_reads.join().unwrap() == *payload, "server to client bytes differ");
+        assert!(server_reads.join().unwrap() == *payload, "client to server bytes differ (or the end did not arrive)");
+        server_writes.join().unwrap();
+    }
+
+    #[test]
+    fn a_server_of_another_ca_is_refused() {
+        let (client_config, _) = configs();
+        let (_, stranger) = configs();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (tcp, _) = listener.accept().unwrap();
+            let _ = accept(stranger, tcp, Duration::from_secs(5));
+        });
+        let tcp = TcpStream::connect(address).unwrap();
+        let refused = connect(client_config, ServerName::try_from("localhost").unwrap(), tcp, Duration::from_secs(5)).unwrap_err();
+        assert!(refused.contains("certificate"), "{refused}");
+    }
+}
