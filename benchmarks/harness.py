@@ -92,6 +92,9 @@ class Runner:
         if transport != "native":
             if transport == "tcp":
                 env["FLYT_SERVER"] = self.a.tcp_addr
+                # run.sh --tls: the server requires TLS on TCP.
+                if os.environ.get("FLYT_TLS_CA"):
+                    env["FLYT_TLS_CA"] = os.environ["FLYT_TLS_CA"]
             else:
                 env["FLYT_SERVER"] = self.a.unix_addr
             # Same-host detection is automatic in Flyt: the socket transports must turn the channel off.

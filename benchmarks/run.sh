@@ -15,6 +15,8 @@
 #                     programs built with nvcc's default static runtime, over Flyt's libcuda.so.1)
 #   --budget S        stop starting new runs S seconds after this script started (default 480, quick 150)
 #   --build-only      compile the programs into benchmarks/.build and stop (no GPU needed)
+#   --tls             the server requires TLS on TCP (certificate made with flytctl tls-init): the tcp
+#                     column is TCP under TLS (the apps get FLYT_TLS_CA)
 # Environment: NVCC (default: nvcc on PATH, /usr/local/cuda/bin/nvcc, or .cuda/bin/nvcc), CC (default gcc).
 # The markdown table is printed last on stdout; progress goes to stderr.
 set -euo pipefail
@@ -26,6 +28,7 @@ dist=$root/dist
 out=$here/results
 quick=0
 transports=native,unix,tcp,shm
+tls=0
 programs=
 budget=
 build_only=0
@@ -37,6 +40,7 @@ while [ $# -gt 0 ]; do
         --out) out=${2:?--out needs a folder}; shift 2 ;;
         --quick) quick=1; shift ;;
         --transports) transports=${2:?--transports needs a list}; shift 2 ;;
+        --tls) tls=1; shift ;;
         --programs) programs=${2:?--programs needs a list}; shift 2 ;;
         --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
         --build-only) build_only=1; shift ;;
@@ -146,8 +150,15 @@ trap 'exit 130' INT TERM
 
 if [ "$transports" != native ]; then
     if [ -x "$dist/bin/flyt-rpc-server" ]; then
+        tls_args=()
+        if [ "$tls" = 1 ]; then
+            "$dist/bin/flytctl" tls-init --dir "$tmp/tls" --name 127.0.0.1 >/dev/null
+            tls_args=(--tls-cert "$tmp/tls/cert.pem" --tls-key "$tmp/tls/key.pem")
+            export FLYT_TLS_CA=$tmp/tls/ca.pem
+            log "TLS on TCP: the tcp column is TCP under TLS"
+        fi
         log "starting $dist/bin/flyt-rpc-server"
-        "$dist/bin/flyt-rpc-server" --device cuda --listen 127.0.0.1:0 --listen "unix:$tmp/flyt.sock" \
+        "$dist/bin/flyt-rpc-server" --device cuda --listen 127.0.0.1:0 --listen "unix:$tmp/flyt.sock" "${tls_args[@]}" \
             >"$tmp/server.out" 2>"$tmp/server.err" </dev/null &
         server_pid=$!
         ready=

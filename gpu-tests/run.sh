@@ -13,6 +13,8 @@ usage: gpu-tests/run.sh [options]
   --transports LIST   comma-separated, from tcp,unix,shm (default: tcp,unix,shm); shm is the Unix
                       socket with the shared-memory channel required (FLYT_SHM=on), tcp and unix
                       run with it off
+  --tls               the server requires TLS on TCP (a CA and certificate made for the run with
+                      flytctl tls-init); the tcp rows run over TLS (FLYT_TLS_CA) and say tcp+tls
   --out DIR           results: table.md, LATEST.md, log.txt, soak.log, server.log, build.log
                       (default: gpu-tests/results)
   --only NAME...      run only these programs (file names without .cu; fault_isolation, fault_victim or
@@ -93,6 +95,7 @@ KILL_PAR=16
 KILL_TIME=180
 WARM_WORKERS=16
 BUDGET=480
+TLS=0
 
 need_value() { if [ $# -lt 2 ] || [ -z "$2" ]; then die "$1 needs a value"; fi; }
 need_number() { case $2 in '' | *[!0-9]*) die "$1 must be a whole number" ;; esac; }
@@ -105,6 +108,7 @@ while [ $# -gt 0 ]; do
         --build-dir) need_value "$@"; BUILD=$2; shift 2 ;;
         --runtime) need_value "$@"; RUNTIME=$2; shift 2 ;;
         --no-libraries) LIBRARIES=0; shift ;;
+        --tls) TLS=1; shift ;;
         --python) need_value "$@"; PYTHON=$2; shift 2 ;;
         --device) need_value "$@"; DEVICE=$2; shift 2 ;;
         --timeout) need_value "$@"; need_number "$@"; TIMEOUT=$2; shift 2 ;;
@@ -502,6 +506,10 @@ start_server() {
         esac
     done
     args+=(--warm-workers "$WARM_WORKERS")
+    if [ "$TLS" = 1 ]; then
+        "$DIST/bin/flytctl" tls-init --dir "$TMP/tls" --name 127.0.0.1 >/dev/null || { log "flytctl tls-init failed"; return 1; }
+        args+=(--tls-cert "$TMP/tls/cert.pem" --tls-key "$TMP/tls/key.pem")
+    fi
     log "=== server: $DIST/bin/flyt-rpc-server --device $DEVICE ${args[*]}"
     if command -v setsid >/dev/null 2>&1; then
         setsid "$DIST/bin/flyt-rpc-server" --device "$DEVICE" "${args[@]}" >"$TMP/server.stdout" 2>"$SERVER_LOG" </dev/null &
@@ -621,6 +629,8 @@ flyt_env() { # transport -> env settings for a Flyt run
         shm) addr=$UNIX_ADDR shm=on ;;
     esac
     printf '%s\n' "LD_LIBRARY_PATH=$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "FLYT_SERVER=$addr" "FLYT_SHM=$shm"
+    [ "$TLS" = 1 ] && [ "$1" = tcp ] && printf '%s\n' "FLYT_TLS_CA=$TMP/tls/ca.pem"
+    return 0
 }
 FLYT_HIDE=maps # what run_prog's HIDE is for Flyt runs: 1 (hidden + maps check) or maps (check only)
 
@@ -628,7 +638,9 @@ ROWS=()
 N_PASS=0
 N_FAIL=0
 add_row() { # program transport same native_rc flyt_rc result note
-    ROWS+=("| $1 | $2 | $3 | $4 | $5 | $6 | $7 |")
+    local transport=$2
+    [ "$TLS" = 1 ] && [ "$transport" = tcp ] && transport=tcp+tls
+    ROWS+=("| $1 | $transport | $3 | $4 | $5 | $6 | $7 |")
     if [ "$6" = PASS ]; then N_PASS=$((N_PASS + 1)); else N_FAIL=$((N_FAIL + 1)); fi
     write_table
 }
