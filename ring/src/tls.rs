@@ -5,8 +5,8 @@
 //! process) stay what they are over plain TCP.
 //!
 //! The pump never blocks on either side: both sockets are non-blocking and polled, plaintext
-//! bound for the session waits in a bounded buffer, and the session's bytes are read only once
-//! what was encrypted before has gone out. A stuck reader on one side therefore never stops the
+//! bound for the session waits in a bounded buffer, and the session's bytes are read only while
+//! what was encrypted before and not yet sent stays under a bound. A stuck reader on one side therefore never stops the
 //! other direction (each end may be writing while the other waits for it to read).
 
 use std::io::{self, Read, Write};
@@ -26,6 +26,9 @@ pub const HANDSHAKE_RECORD: u8 = 22;
 const LOCAL_BACKLOG: usize = 4 << 20;
 /// Bytes read from the session at a time.
 const CHUNK: usize = 256 << 10;
+/// Encrypted bytes the pump lets queue for the TCP socket before it stops reading the session:
+/// enough that encryption overlaps sending.
+const TCP_BACKLOG: usize = 4 << 20;
 
 fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|error| format!("{}: {error}", path.display()))
@@ -163,6 +166,11 @@ struct Pump {
     session_done: bool,
     /// The session was given the peer's end.
     local_shut: bool,
+    /// Polls do not sleep until then (see `run`).
+    spin_until: Instant,
+    /// Bytes handed to TLS and not yet seen written to the TCP socket (an estimate: records add
+    /// a few bytes each).
+    tcp_backlog: usize,
 }
 
 impl Pump {
@@ -177,13 +185,15 @@ impl Pump {
             peer_done: false,
             session_done: false,
             local_shut: false,
+            spin_until: Instant::now(),
+            tcp_backlog: 0,
         }
     }
 
     fn run(mut self) -> io::Result<()> {
         loop {
             let read_tcp = !self.peer_done && self.to_local.len() - self.sent_to_local < LOCAL_BACKLOG;
-            let read_local = !self.session_done && !self.tls.wants_write();
+            let read_local = !self.session_done && self.tcp_backlog < TCP_BACKLOG;
             let mut polls = [
                 libc::pollfd {
                     fd: self.tcp.as_raw_fd(),
@@ -197,14 +207,26 @@ impl Pump {
                     revents: 0,
                 },
             ];
-            // SAFETY: two valid pollfds on sockets this pump owns.
-            if unsafe { libc::poll(polls.as_mut_ptr(), 2, -1) } < 0 {
+            // While the session is busy its next message is microseconds away: poll without
+            // sleeping for the spin budget after the last activity (a sleeping pump's wake-up,
+            // paid on both ends and both ways, would be most of a round trip), then block.
+            let ready = loop {
+                let timeout = if Instant::now() < self.spin_until { 0 } else { -1 };
+                // SAFETY: two valid pollfds on sockets this pump owns.
+                let ready = unsafe { libc::poll(polls.as_mut_ptr(), 2, timeout) };
+                if ready != 0 {
+                    break ready;
+                }
+                std::hint::spin_loop();
+            };
+            if ready < 0 {
                 let error = io::Error::last_os_error();
                 if error.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
                 return Err(error);
             }
+            self.spin_until = Instant::now() + crate::spin_budget();
             let (tcp_events, local_events) = (polls[0].revents, polls[1].revents);
             if tcp_events & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && read_tcp {
                 self.take_from_peer()?;
@@ -264,6 +286,7 @@ impl Pump {
             Ok(0) => Ok(false),
             Ok(read) => {
                 self.tls.writer().write_all(&self.chunk[..read])?;
+                self.tcp_backlog += read;
                 Ok(true)
             }
             Err(error) if would_block(&error) => Ok(true),
@@ -274,10 +297,13 @@ impl Pump {
     fn flush_tcp(&mut self) -> io::Result<()> {
         while self.tls.wants_write() {
             match self.tls.write_tls(&mut self.tcp) {
-                Ok(_) => {}
+                Ok(written) => self.tcp_backlog = self.tcp_backlog.saturating_sub(written),
                 Err(error) if would_block(&error) => break,
                 Err(error) => return Err(error),
             }
+        }
+        if !self.tls.wants_write() {
+            self.tcp_backlog = 0;
         }
         Ok(())
     }
