@@ -191,6 +191,8 @@ impl Pump {
     }
 
     fn run(mut self) -> io::Result<()> {
+        self.take_plaintext()?;
+        self.flush_local()?;
         loop {
             let read_tcp = !self.peer_done && self.to_local.len() - self.sent_to_local < LOCAL_BACKLOG;
             let read_local = !self.session_done && self.tcp_backlog < TCP_BACKLOG;
@@ -260,24 +262,31 @@ impl Pump {
                 Err(error) if would_block(&error) => break,
                 Err(error) => return Err(error),
             }
-            if let Err(error) = self.tls.process_new_packets() {
-                // Tell the peer why before going (the alert is queued by rustls).
-                let _ = self.flush_tcp();
-                return Err(io::Error::new(io::ErrorKind::InvalidData, error));
-            }
-            loop {
-                match self.tls.reader().read(&mut self.chunk) {
-                    Ok(0) => {
-                        self.peer_done = true;
-                        break;
-                    }
-                    Ok(read) => self.to_local.extend_from_slice(&self.chunk[..read]),
-                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(error) => return Err(error),
-                }
-            }
+            self.take_plaintext()?;
         }
         Ok(())
+    }
+
+    /// Decrypts what rustls holds and queues the plaintext for the session. Also run once before
+    /// the first poll: the records that ended the handshake may have carried the session's first
+    /// message (a client writes its hello right after its Finished), already read from the socket.
+    fn take_plaintext(&mut self) -> io::Result<()> {
+        if let Err(error) = self.tls.process_new_packets() {
+            // Tell the peer why before going (the alert is queued by rustls).
+            let _ = self.flush_tcp();
+            return Err(io::Error::new(io::ErrorKind::InvalidData, error));
+        }
+        loop {
+            match self.tls.reader().read(&mut self.chunk) {
+                Ok(0) => {
+                    self.peer_done = true;
+                    return Ok(());
+                }
+                Ok(read) => self.to_local.extend_from_slice(&self.chunk[..read]),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     /// Encrypts what the session wrote; `false` once the session closed its end.
