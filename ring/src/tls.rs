@@ -26,8 +26,6 @@ pub const HANDSHAKE_RECORD: u8 = 22;
 const LOCAL_BACKLOG: usize = 4 << 20;
 /// Bytes read from the session at a time.
 const CHUNK: usize = 256 << 10;
-/// Bytes read from the TCP socket at a time.
-const INBOUND: usize = 1 << 20;
 /// Encrypted bytes the pump lets queue for the TCP socket before it stops reading the session:
 /// enough that encryption overlaps sending.
 const TCP_BACKLOG: usize = 4 << 20;
@@ -170,10 +168,6 @@ struct Pump {
     local_shut: bool,
     /// Polls do not sleep until then (see `run`).
     spin_until: Instant,
-    /// Bytes read from the TCP socket, `inbound_start..inbound_end` not yet given to rustls.
-    inbound: Vec<u8>,
-    inbound_start: usize,
-    inbound_end: usize,
     /// Bytes handed to TLS and not yet seen written to the TCP socket (an estimate: records add
     /// a few bytes each).
     tcp_backlog: usize,
@@ -192,9 +186,6 @@ impl Pump {
             session_done: false,
             local_shut: false,
             spin_until: Instant::now(),
-            inbound: vec![0; INBOUND],
-            inbound_start: 0,
-            inbound_end: 0,
             tcp_backlog: 0,
         }
     }
@@ -203,8 +194,7 @@ impl Pump {
         self.take_plaintext()?;
         self.flush_local()?;
         loop {
-            let read_tcp =
-                !self.peer_done && self.inbound_start == self.inbound_end && self.to_local.len() - self.sent_to_local < LOCAL_BACKLOG;
+            let read_tcp = !self.peer_done && self.to_local.len() - self.sent_to_local < LOCAL_BACKLOG;
             let read_local = !self.session_done && self.tcp_backlog < TCP_BACKLOG;
             let mut polls = [
                 libc::pollfd {
@@ -250,11 +240,6 @@ impl Pump {
             }
             self.flush_tcp()?;
             self.flush_local()?;
-            // Bytes left over while the session's backlog was full, now that it drained.
-            if self.inbound_start < self.inbound_end {
-                self.decrypt_inbound()?;
-                self.flush_local()?;
-            }
             if self.peer_done && !self.local_shut && self.sent_to_local == self.to_local.len() {
                 let _ = self.local.shutdown(std::net::Shutdown::Write);
                 self.local_shut = true;
@@ -266,40 +251,17 @@ impl Pump {
     }
 
     /// Decrypts what the peer sent into `to_local`.
-    /// Reads what the peer sent in large pieces (rustls reads at most a record, in 4 KiB steps,
-    /// per call: a system call each) and decrypts it, up to the session's backlog; what is left
-    /// waits in `inbound` for the session to take its plaintext.
     fn take_from_peer(&mut self) -> io::Result<()> {
         loop {
-            if self.inbound_start == self.inbound_end {
-                match self.tcp.read(&mut self.inbound) {
-                    Ok(0) => {
-                        self.peer_done = true;
-                        return Ok(());
-                    }
-                    Ok(read) => (self.inbound_start, self.inbound_end) = (0, read),
-                    Err(error) if would_block(&error) => return Ok(()),
-                    Err(error) => return Err(error),
+            match self.tls.read_tls(&mut self.tcp) {
+                Ok(0) => {
+                    self.peer_done = true;
+                    break;
                 }
+                Ok(_) => {}
+                Err(error) if would_block(&error) => break,
+                Err(error) => return Err(error),
             }
-            self.decrypt_inbound()?;
-            if self.peer_done || self.inbound_start < self.inbound_end {
-                // The end, or the session's backlog is full: the rest waits.
-                return Ok(());
-            }
-        }
-    }
-
-    /// Hands the bytes in `inbound` to rustls, a record at a time, queueing their plaintext.
-    fn decrypt_inbound(&mut self) -> io::Result<()> {
-        while self.inbound_start < self.inbound_end && !self.peer_done && self.to_local.len() - self.sent_to_local < LOCAL_BACKLOG {
-            let mut pending = &self.inbound[self.inbound_start..self.inbound_end];
-            let fed = self.tls.read_tls(&mut pending)?;
-            if fed == 0 {
-                // rustls reads nothing more after the peer's close_notify.
-                self.peer_done = true;
-            }
-            self.inbound_start += fed;
             self.take_plaintext()?;
         }
         Ok(())
