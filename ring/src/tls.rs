@@ -26,6 +26,8 @@ pub const HANDSHAKE_RECORD: u8 = 22;
 const LOCAL_BACKLOG: usize = 4 << 20;
 /// Bytes read from the session at a time.
 const CHUNK: usize = 256 << 10;
+/// Bytes read from the TCP socket at a time.
+const INBOUND: usize = 1 << 20;
 /// Encrypted bytes the pump lets queue for the TCP socket before it stops reading the session:
 /// enough that encryption overlaps sending.
 const TCP_BACKLOG: usize = 4 << 20;
@@ -168,6 +170,10 @@ struct Pump {
     local_shut: bool,
     /// Polls do not sleep until then (see `run`).
     spin_until: Instant,
+    /// Bytes read from the TCP socket, `inbound_start..inbound_end` not yet given to rustls.
+    inbound: Vec<u8>,
+    inbound_start: usize,
+    inbound_end: usize,
     /// Bytes handed to TLS and not yet seen written to the TCP socket (an estimate: records add
     /// a few bytes each).
     tcp_backlog: usize,
@@ -186,6 +192,9 @@ impl Pump {
             session_done: false,
             local_shut: false,
             spin_until: Instant::now(),
+            inbound: vec![0; INBOUND],
+            inbound_start: 0,
+            inbound_end: 0,
             tcp_backlog: 0,
         }
     }
@@ -194,7 +203,15 @@ impl Pump {
         self.take_plaintext()?;
         self.flush_local()?;
         loop {
-            let read_tcp = !self.peer_done && self.to_local.len() - self.sent_to_local < LOCAL_BACKLOG;
+            // Bytes read while the session's backlog was full go first, once it has room (no
+            // poll would wake the pump for them: they are no longer in the socket).
+            if self.inbound_start < self.inbound_end && !self.peer_done && self.to_local.len() - self.sent_to_local < LOCAL_BACKLOG {
+                self.decrypt_inbound()?;
+                self.flush_local()?;
+                continue;
+            }
+            let read_tcp =
+                !self.peer_done && self.inbound_start == self.inbound_end && self.to_local.len() - self.sent_to_local < LOCAL_BACKLOG;
             let read_local = !self.session_done && self.tcp_backlog < TCP_BACKLOG;
             let mut polls = [
                 libc::pollfd {
@@ -251,17 +268,40 @@ impl Pump {
     }
 
     /// Decrypts what the peer sent into `to_local`.
+    /// Reads what the peer sent in large pieces (rustls reads at most a record, in 4 KiB steps,
+    /// per call: a system call each) and decrypts it, up to the session's backlog; what is left
+    /// waits in `inbound` for the session to take its plaintext.
     fn take_from_peer(&mut self) -> io::Result<()> {
         loop {
-            match self.tls.read_tls(&mut self.tcp) {
-                Ok(0) => {
-                    self.peer_done = true;
-                    break;
+            if self.inbound_start == self.inbound_end {
+                match self.tcp.read(&mut self.inbound) {
+                    Ok(0) => {
+                        self.peer_done = true;
+                        return Ok(());
+                    }
+                    Ok(read) => (self.inbound_start, self.inbound_end) = (0, read),
+                    Err(error) if would_block(&error) => return Ok(()),
+                    Err(error) => return Err(error),
                 }
-                Ok(_) => {}
-                Err(error) if would_block(&error) => break,
-                Err(error) => return Err(error),
             }
+            self.decrypt_inbound()?;
+            if self.peer_done || self.inbound_start < self.inbound_end {
+                // The end, or the session's backlog is full: the rest waits.
+                return Ok(());
+            }
+        }
+    }
+
+    /// Hands the bytes in `inbound` to rustls, a record at a time, queueing their plaintext.
+    fn decrypt_inbound(&mut self) -> io::Result<()> {
+        while self.inbound_start < self.inbound_end && !self.peer_done && self.to_local.len() - self.sent_to_local < LOCAL_BACKLOG {
+            let mut pending = &self.inbound[self.inbound_start..self.inbound_end];
+            let fed = self.tls.read_tls(&mut pending)?;
+            if fed == 0 {
+                // rustls reads nothing more after the peer's close_notify.
+                self.peer_done = true;
+            }
+            self.inbound_start += fed;
             self.take_plaintext()?;
         }
         Ok(())
@@ -334,14 +374,14 @@ impl Pump {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::net::TcpListener;
 
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
     use super::*;
 
-    fn configs() -> (Arc<ClientConfig>, Arc<ServerConfig>) {
+    pub(super) fn configs() -> (Arc<ClientConfig>, Arc<ServerConfig>) {
         let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
         let der = CertificateDer::from(certified.cert.der().to_vec());
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der()));
@@ -411,5 +451,43 @@ mod tests {
         let tcp = TcpStream::connect(address).unwrap();
         let refused = connect(client_config, ServerName::try_from("localhost").unwrap(), tcp, Duration::from_secs(5)).unwrap_err();
         assert!(refused.contains("certificate"), "{refused}");
+    }
+}
+
+#[cfg(test)]
+mod slow_reader {
+    use std::net::TcpListener;
+
+    use super::*;
+
+    #[test]
+    fn a_slow_session_gets_every_byte() {
+        let (client_config, server_config) = super::tests::configs();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (tcp, _) = listener.accept().unwrap();
+            accept(server_config, tcp, Duration::from_secs(5)).unwrap()
+        });
+        let tcp = TcpStream::connect(address).unwrap();
+        let mut client = connect(client_config, ServerName::try_from("localhost").unwrap(), tcp, Duration::from_secs(5)).unwrap();
+        let mut server = server.join().unwrap();
+        let payload: Vec<u8> = (0..64u32 << 20).map(|i| (i % 253) as u8).collect();
+        let expected = payload.clone();
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; expected.len()];
+            let mut at = 0;
+            while at < got.len() {
+                let n = server.read(&mut got[at..(at + 100_000).min(expected.len())]).unwrap();
+                assert!(n > 0, "eof at {at}");
+                at += n;
+                if at % 7 == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            assert!(got == expected);
+        });
+        client.write_all(&payload).unwrap();
+        reader.join().unwrap();
     }
 }
