@@ -374,14 +374,14 @@ impl Pump {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use std::net::TcpListener;
 
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
     use super::*;
 
-    pub(super) fn configs() -> (Arc<ClientConfig>, Arc<ServerConfig>) {
+    fn configs() -> (Arc<ClientConfig>, Arc<ServerConfig>) {
         let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
         let der = CertificateDer::from(certified.cert.der().to_vec());
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der()));
@@ -452,17 +452,12 @@ pub(super) mod tests {
         let refused = connect(client_config, ServerName::try_from("localhost").unwrap(), tcp, Duration::from_secs(5)).unwrap_err();
         assert!(refused.contains("certificate"), "{refused}");
     }
-}
 
-#[cfg(test)]
-mod slow_reader {
-    use std::net::TcpListener;
-
-    use super::*;
-
+    /// A session that reads slowly, in small pieces: the pump holds what it read from the socket
+    /// until the session takes it, and loses nothing.
     #[test]
     fn a_slow_session_gets_every_byte() {
-        let (client_config, server_config) = super::tests::configs();
+        let (client_config, server_config) = configs();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
