@@ -134,6 +134,12 @@ mod tests {
         let row = rows.iter().find(|row| row["vm"] == "10.0.0.1").unwrap_or_else(|| panic!("{stdout}"));
         assert!(row["calls_per_second"].is_f64() && row["note"].is_null(), "{row} (metrics at {metrics})");
         assert_eq!(row["memory_quota_bytes"].as_u64(), Some(1024 * MIB), "{row}");
+        // Prometheus service discovery: the same address, labelled.
+        let targets = cluster.json(&["prometheus-targets"]);
+        let group =
+            targets.as_array().unwrap().iter().find(|group| group["labels"]["vm"] == "10.0.0.1").unwrap_or_else(|| panic!("{targets}"));
+        assert_eq!(group["targets"][0].as_str(), Some(metrics.as_str()), "{targets}");
+        assert_eq!(group["labels"]["node"], "node-b", "{targets}");
         let (code, _, stderr) = cluster.flytctl(&["top", "--interval", "0"]);
         assert!(code == 2 && stderr.contains("above 0"), "{code} {stderr}");
         // The cluster manager's and each node manager's own endpoints.

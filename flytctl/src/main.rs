@@ -86,6 +86,10 @@ enum Command {
         #[arg(long)]
         iterations: Option<u64>,
     },
+    /// Prometheus targets: every allocation's rpc-server metrics endpoint, as the JSON of a
+    /// `file_sd_configs` file (labels: allocation, vm, node, gpu). Refresh the file from cron or a
+    /// timer; Prometheus rereads it.
+    PrometheusTargets,
     /// Make TLS files for a host: the cluster's CA (once per folder: kept if it is there) and a
     /// certificate signed by it for the host's names, for the daemons' [tls] settings. Needs no
     /// cluster manager.
@@ -208,6 +212,25 @@ async fn call<T>(
     }
 }
 
+/// One `file_sd_configs` group per allocation that serves metrics.
+fn prometheus_targets(allocations: &[AllocationRecord]) -> Vec<serde_json::Value> {
+    allocations
+        .iter()
+        .filter_map(|allocation| {
+            let address = allocation.metrics.as_ref()?;
+            Some(serde_json::json!({
+                "targets": [address],
+                "labels": {
+                    "allocation": allocation.id,
+                    "vm": allocation.vm_ip,
+                    "node": allocation.node_id,
+                    "gpu": allocation.gpu.to_string(),
+                },
+            }))
+        })
+        .collect()
+}
+
 fn print_json<T: Serialize>(value: &T) -> Result<(), CtlError> {
     println!("{}", serde_json::to_string_pretty(value).map_err(CtlError::Json)?);
     Ok(())
@@ -269,6 +292,10 @@ async fn run(args: Args) -> Result<(), CtlError> {
                 return print_json(&nodes);
             }
             println!("{}", node_table(&nodes));
+        }
+        Command::PrometheusTargets => {
+            let allocations = call(&args, deadline, client.list_allocations(context())).await?;
+            print_json(&prometheus_targets(&allocations))?;
         }
         Command::ListVirtServers => {
             let allocations = call(&args, deadline, client.list_allocations(context())).await?;
