@@ -8,17 +8,13 @@
 //! a certificate for a set of host names (`flytctl tls-init`, `tools/local-cluster --tls`).
 
 use std::{
-    io,
     path::{Path, PathBuf},
     sync::{Arc, OnceLock},
 };
 
-use rustls::{
-    ClientConfig, RootCertStore, ServerConfig,
-    crypto::{CryptoProvider, ring},
-    server::WebPkiClientVerifier,
-};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
+pub use flyt_ring::tls::server_name;
+use flyt_ring::tls::{certificates, private_key, provider, roots};
+use rustls::{ClientConfig, ServerConfig, server::WebPkiClientVerifier};
 use serde::{Deserialize, Serialize};
 
 /// `[tls]` in a daemon's config. All empty: TLS off.
@@ -36,10 +32,8 @@ pub struct TlsConfig {
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum TlsError {
-    /// [tls] {0}: {1}
-    Read(PathBuf, io::Error),
-    /// [tls] {0} holds no {1}
-    Empty(PathBuf, &'static str),
+    /// [tls] {0}
+    Files(String),
     /// [tls] ca_file is set, so cert_file and key_file must be too (every daemon proves itself to its peers)
     Incomplete,
     /// [tls] {0}
@@ -63,26 +57,6 @@ impl std::fmt::Debug for Tls {
 
 static INSTALLED: OnceLock<Option<Tls>> = OnceLock::new();
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(ring::default_provider())
-}
-
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = std::fs::read(path).map_err(|error| TlsError::Read(path.to_owned(), error))?;
-    let certificates: Vec<_> = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<_, _>>()
-        .map_err(|error| TlsError::Invalid(format!("{}: {error}", path.display())))?;
-    if certificates.is_empty() {
-        return Err(TlsError::Empty(path.to_owned(), "PEM certificate"));
-    }
-    Ok(certificates)
-}
-
-fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = std::fs::read(path).map_err(|error| TlsError::Read(path.to_owned(), error))?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|_| TlsError::Empty(path.to_owned(), "PEM private key"))
-}
-
 impl Tls {
     /// Reads the files `config` names; `Ok(None)` when TLS is off.
     pub fn load(config: &TlsConfig) -> Result<Option<Self>, TlsError> {
@@ -92,13 +66,9 @@ impl Tls {
         if config.cert_file.is_empty() || config.key_file.is_empty() {
             return Err(TlsError::Incomplete);
         }
-        let mut roots = RootCertStore::empty();
-        for certificate in certificates(Path::new(&config.ca_file))? {
-            roots.add(certificate).map_err(|error| TlsError::Invalid(format!("{}: {error}", config.ca_file)))?;
-        }
-        let roots = Arc::new(roots);
-        let chain = certificates(Path::new(&config.cert_file))?;
-        let key = private_key(Path::new(&config.key_file))?;
+        let roots = Arc::new(roots(Path::new(&config.ca_file)).map_err(TlsError::Files)?);
+        let chain = certificates(Path::new(&config.cert_file)).map_err(TlsError::Files)?;
+        let key = private_key(Path::new(&config.key_file)).map_err(TlsError::Files)?;
         let invalid = |error: rustls::Error| TlsError::Invalid(error.to_string());
         let client = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
@@ -130,15 +100,6 @@ pub fn install(config: &TlsConfig) -> Result<bool, TlsError> {
 /// This process's TLS, if it installed one.
 pub fn installed() -> Option<&'static Tls> {
     INSTALLED.get().and_then(Option::as_ref)
-}
-
-/// The name a TCP address's certificate must carry: its host (an IP address or a DNS name).
-pub fn server_name(address: &str) -> Result<ServerName<'static>, String> {
-    let host = match address.rsplit_once(':') {
-        Some((host, _port)) => host.trim_start_matches('[').trim_end_matches(']'),
-        None => address,
-    };
-    ServerName::try_from(host.to_string()).map_err(|error| format!("`{host}` cannot be checked against a certificate: {error}"))
 }
 
 /// The files [`generate`] writes, by name.

@@ -36,7 +36,8 @@ fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|error| format!("{}: {error}", path.display()))
 }
 
-fn certificates(path: &std::path::Path) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+/// The certificates of a PEM file (at least one).
+pub fn certificates(path: &std::path::Path) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
     use rustls::pki_types::pem::PemObject;
     let pem = read_pem(path)?;
     let certificates: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(&pem)
@@ -48,16 +49,29 @@ fn certificates(path: &std::path::Path) -> Result<Vec<rustls::pki_types::Certifi
     Ok(certificates)
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+/// The private key of a PEM file.
+pub fn private_key(path: &std::path::Path) -> Result<rustls::pki_types::PrivateKeyDer<'static>, String> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::PrivateKeyDer::from_pem_slice(&read_pem(path)?).map_err(|_| format!("{} holds no PEM private key", path.display()))
+}
+
+/// The CA certificates of a PEM file, as trust roots.
+pub fn roots(ca_file: &std::path::Path) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in certificates(ca_file)? {
+        roots.add(certificate).map_err(|error| format!("{}: {error}", ca_file.display()))?;
+    }
+    Ok(roots)
+}
+
+/// The crypto every Flyt TLS session uses (ring), whatever other providers the process has.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// A client's TLS: servers must show a certificate signed by the CA in `ca_file` (PEM).
 pub fn client_config(ca_file: &std::path::Path) -> Result<Arc<ClientConfig>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for certificate in certificates(ca_file)? {
-        roots.add(certificate).map_err(|error| format!("{}: {error}", ca_file.display()))?;
-    }
+    let roots = roots(ca_file)?;
     let config = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|error| error.to_string())?
@@ -69,9 +83,7 @@ pub fn client_config(ca_file: &std::path::Path) -> Result<Arc<ClientConfig>, Str
 /// A server's TLS: its certificate chain and key (PEM). Clients prove themselves with their
 /// session token, inside the TLS session.
 pub fn server_config(cert_file: &std::path::Path, key_file: &std::path::Path) -> Result<Arc<ServerConfig>, String> {
-    use rustls::pki_types::pem::PemObject;
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&read_pem(key_file)?)
-        .map_err(|_| format!("{} holds no PEM private key", key_file.display()))?;
+    let key = private_key(key_file)?;
     let config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|error| error.to_string())?
