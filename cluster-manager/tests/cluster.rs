@@ -160,20 +160,10 @@ mod tests {
         assert!(!text.contains("mps_up"), "no MPS on this node: {text}");
         // The Grafana dashboard in configs/ asks only for manager series these endpoints serve.
         let served = format!("{}\n{text}", scrape(&cluster.cluster_manager().metrics_address()));
-        let dashboard = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/grafana-dashboard.json")).unwrap();
-        let asked: std::collections::BTreeSet<&str> = ["flyt_cluster_", "flyt_node_"]
-            .iter()
-            .flat_map(|prefix| dashboard.match_indices(prefix))
-            .map(|(at, _)| {
-                let rest = &dashboard[at..];
-                &rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len())]
-            })
-            .collect();
+        let asked = flyt_test_support::dashboard_series(&["flyt_cluster_", "flyt_node_"]);
         assert!(asked.len() >= 8, "{asked:?}");
         for name in asked {
-            let found =
-                served.lines().any(|line| line.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')));
-            assert!(found, "the dashboard asks for {name}, which is not served:\n{served}");
+            assert!(flyt_test_support::serves(&served, &name), "the dashboard asks for {name}, which is not served:\n{served}");
         }
         let text = scrape(&cluster.client_manager_metrics(&vm3));
         let value = |series: &str| series_value(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"));

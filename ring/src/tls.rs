@@ -414,20 +414,26 @@ mod tests {
         (Arc::new(client), Arc::new(server))
     }
 
+    /// A TLS session over loopback TCP: the client's end, and the server's (or why each failed).
+    fn handshake(client: Arc<ClientConfig>, server: Arc<ServerConfig>) -> (Result<UnixStream, String>, Result<UnixStream, String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let accepted = std::thread::spawn(move || {
+            let (tcp, _) = listener.accept().unwrap();
+            accept(server, tcp, Duration::from_secs(5))
+        });
+        let tcp = TcpStream::connect(address).unwrap();
+        let connected = connect(client, ServerName::try_from("localhost").unwrap(), tcp, Duration::from_secs(5));
+        (connected, accepted.join().unwrap())
+    }
+
     /// Both directions at once, far beyond every buffer: each side writes 32 MiB while it reads
     /// what the other writes.
     #[test]
     fn both_directions_flow_at_once_and_the_end_reaches_the_other_side() {
         let (client_config, server_config) = configs();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = listener.local_addr().unwrap();
-        let server = std::thread::spawn(move || {
-            let (tcp, _) = listener.accept().unwrap();
-            accept(server_config, tcp, Duration::from_secs(5)).unwrap()
-        });
-        let tcp = TcpStream::connect(address).unwrap();
-        let mut client = connect(client_config, ServerName::try_from("localhost").unwrap(), tcp, Duration::from_secs(5)).unwrap();
-        let mut server = server.join().unwrap();
+        let (client, server) = handshake(client_config, server_config);
+        let (mut client, mut server) = (client.unwrap(), server.unwrap());
         let payload: Arc<Vec<u8>> = Arc::new((0..32u32 << 20).map(|i| (i % 251) as u8).collect());
         let (mut client_reader, mut server_writer) = (client.try_clone().unwrap(), server.try_clone().unwrap());
         let expected = payload.len();
@@ -454,14 +460,7 @@ mod tests {
     fn a_server_of_another_ca_is_refused() {
         let (client_config, _) = configs();
         let (_, stranger) = configs();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = listener.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let (tcp, _) = listener.accept().unwrap();
-            let _ = accept(stranger, tcp, Duration::from_secs(5));
-        });
-        let tcp = TcpStream::connect(address).unwrap();
-        let refused = connect(client_config, ServerName::try_from("localhost").unwrap(), tcp, Duration::from_secs(5)).unwrap_err();
+        let refused = handshake(client_config, stranger).0.unwrap_err();
         assert!(refused.contains("certificate"), "{refused}");
     }
 
@@ -470,15 +469,8 @@ mod tests {
     #[test]
     fn a_slow_session_gets_every_byte() {
         let (client_config, server_config) = configs();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = listener.local_addr().unwrap();
-        let server = std::thread::spawn(move || {
-            let (tcp, _) = listener.accept().unwrap();
-            accept(server_config, tcp, Duration::from_secs(5)).unwrap()
-        });
-        let tcp = TcpStream::connect(address).unwrap();
-        let mut client = connect(client_config, ServerName::try_from("localhost").unwrap(), tcp, Duration::from_secs(5)).unwrap();
-        let mut server = server.join().unwrap();
+        let (client, server) = handshake(client_config, server_config);
+        let (mut client, mut server) = (client.unwrap(), server.unwrap());
         let payload: Vec<u8> = (0..64u32 << 20).map(|i| (i % 253) as u8).collect();
         let expected = payload.clone();
         let reader = std::thread::spawn(move || {

@@ -89,20 +89,10 @@ fn a_scrape_shows_what_sessions_did_and_keeps_it_after_they_end() {
     assert!(value(&text, "flyt_rpc_call_duration_seconds_count{allocation=\"alloc-9\"}").is_some_and(|count| count >= 3.0), "{text}");
 
     // The Grafana dashboard in configs/ asks only for series this endpoint serves.
-    let dashboard = std::fs::read_to_string(flyt_test_support::workspace_root().join("configs/grafana-dashboard.json")).unwrap();
-    let names: std::collections::BTreeSet<&str> = dashboard
-        .match_indices("flyt_rpc_")
-        .map(|(at, _)| {
-            let rest = &dashboard[at..];
-            &rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len())]
-        })
-        .collect();
+    let names = flyt_test_support::dashboard_series(&["flyt_rpc_"]);
     assert!(names.len() >= 7, "{names:?}");
     for name in names {
-        assert!(
-            text.lines().any(|line| line.starts_with(&format!("{name}{{"))),
-            "the dashboard asks for {name}, which is not served:\n{text}"
-        );
+        assert!(flyt_test_support::serves(&text, &name), "the dashboard asks for {name}, which is not served:\n{text}");
     }
 
     // The session ends: its counts stay, its memory and the session gauge go.

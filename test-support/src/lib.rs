@@ -227,3 +227,23 @@ pub fn exported_functions(library: &Path) -> std::collections::BTreeSet<String> 
         })
         .collect()
 }
+
+/// The series the Grafana dashboard in `configs/` asks for whose names start with one of
+/// `prefixes`.
+pub fn dashboard_series(prefixes: &[&str]) -> std::collections::BTreeSet<String> {
+    let path = workspace_root().join("configs/grafana-dashboard.json");
+    let dashboard = std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    prefixes
+        .iter()
+        .flat_map(|prefix| dashboard.match_indices(prefix))
+        .map(|(at, _)| {
+            let rest = &dashboard[at..];
+            rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len())].to_string()
+        })
+        .collect()
+}
+
+/// Whether the exposition `text` has a sample of the series `name` (with or without labels).
+pub fn serves(text: &str, name: &str) -> bool {
+    text.lines().any(|line| line.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+}
