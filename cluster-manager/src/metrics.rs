@@ -12,8 +12,20 @@ use flyt_protocol::control::cluster::{AllocationRecord, GpuInfo, NodeRecord, VmR
 
 use crate::store::{Store, StoreError, StoredState};
 
-/// The store's operations, as the metrics name them.
-const STORE_OPS: [&str; 8] = ["load", "put_vm", "remove_vm", "put_node", "put_gpus", "put_allocation", "remove_allocation", "other"];
+/// The store's operations, by their index in the metrics' arrays.
+#[derive(Clone, Copy)]
+enum StoreOp {
+    Load,
+    PutVm,
+    RemoveVm,
+    PutNode,
+    PutGpus,
+    PutAllocation,
+    RemoveAllocation,
+}
+
+/// Each [`StoreOp`]'s label, in its order.
+const STORE_OPS: [&str; 7] = ["load", "put_vm", "remove_vm", "put_node", "put_gpus", "put_allocation", "remove_allocation"];
 
 /// Counters the cluster manager keeps for its metrics.
 #[derive(Debug)]
@@ -42,11 +54,10 @@ impl ClusterMetrics {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn store_op(&self, op: &str, started: Instant, failed: bool) {
-        let index = STORE_OPS.iter().position(|known| *known == op).unwrap_or(STORE_OPS.len() - 1);
-        self.store_latency[index].observe(started.elapsed());
+    fn store_op(&self, op: StoreOp, started: Instant, failed: bool) {
+        self.store_latency[op as usize].observe(started.elapsed());
         if failed {
-            self.store_failures[index].fetch_add(1, Ordering::Relaxed);
+            self.store_failures[op as usize].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -62,7 +73,7 @@ impl<S> TimedStore<S> {
         Self { inner, metrics }
     }
 
-    async fn timed<T>(&self, op: &'static str, operation: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    async fn timed<T>(&self, op: StoreOp, operation: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
         let started = Instant::now();
         let result = operation.await;
         self.metrics.store_op(op, started, result.is_err());
@@ -76,31 +87,31 @@ impl<S: Store> Store for TimedStore<S> {
     }
 
     fn load(&self) -> impl Future<Output = Result<StoredState, StoreError>> + Send {
-        self.timed("load", self.inner.load())
+        self.timed(StoreOp::Load, self.inner.load())
     }
 
     fn put_vm(&self, vm: &VmRequirement) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.timed("put_vm", self.inner.put_vm(vm))
+        self.timed(StoreOp::PutVm, self.inner.put_vm(vm))
     }
 
     fn remove_vm(&self, vm_ip: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.timed("remove_vm", self.inner.remove_vm(vm_ip))
+        self.timed(StoreOp::RemoveVm, self.inner.remove_vm(vm_ip))
     }
 
     fn put_node(&self, node: &NodeRecord) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.timed("put_node", self.inner.put_node(node))
+        self.timed(StoreOp::PutNode, self.inner.put_node(node))
     }
 
     fn put_gpus(&self, node_id: &str, gpus: &[GpuInfo]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.timed("put_gpus", self.inner.put_gpus(node_id, gpus))
+        self.timed(StoreOp::PutGpus, self.inner.put_gpus(node_id, gpus))
     }
 
     fn put_allocation(&self, allocation: &AllocationRecord) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.timed("put_allocation", self.inner.put_allocation(allocation))
+        self.timed(StoreOp::PutAllocation, self.inner.put_allocation(allocation))
     }
 
     fn remove_allocation(&self, id: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.timed("remove_allocation", self.inner.remove_allocation(id))
+        self.timed(StoreOp::RemoveAllocation, self.inner.remove_allocation(id))
     }
 }
 
