@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Diagnostic on the GPU machine: 256 MiB copies over plain TCP and over TCP under TLS against one
-# flyt-rpc-server each, with a whole-machine CPU profile of the TLS run when perf is there.
-#   benchmarks/diagnostics/tls_copy.sh DIST OUT
+# Diagnostic on the GPU machine: copies over plain TCP and over TCP under TLS, against one
+# flyt-rpc-server each, alternating between the two several times so both see the same machine;
+# prints the median GB/s per kind and direction and TLS's share of plain TCP.
+#   benchmarks/diagnostics/tls_copy.sh DIST OUT [MiB...]   (default 64 256)
 set -uo pipefail
 dist=$(cd "${1:?dist folder}" && pwd)
 out=${2:?output folder}
+shift 2
+if [ $# -gt 0 ]; then sizes=("$@"); else sizes=(64 256); fi
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 cuda=${CUDA_HOME:-/usr/local/cuda}
@@ -19,17 +22,32 @@ start() { # port [tls args]
 }
 start 47001 && start 47002 --tls-cert "$tmp/tls/cert.pem" --tls-key "$tmp/tls/key.pem" || exit 1
 flyt() { FLYT_SERVER=127.0.0.1:$1 FLYT_SHM=off LD_LIBRARY_PATH=$dist/lib "${@:2}"; }
-echo "== native"; "$tmp/tls_copy" 3
-echo "== tcp"; flyt 47001 "$tmp/tls_copy" 3
-echo "== tcp + tls"; FLYT_TLS_CA=$tmp/tls/ca.pem flyt 47002 "$tmp/tls_copy" 3
-if command -v perf >/dev/null; then
-    echo "== perf profile of the TLS run (whole machine)"
-    FLYT_TLS_CA=$tmp/tls/ca.pem flyt 47002 "$tmp/tls_copy" 12 >/dev/null &
-    sleep 2
-    perf record -a -g -o "$tmp/perf.data" -- sleep 3 >/dev/null 2>&1
-    wait
-    perf report -i "$tmp/perf.data" --no-children --sort comm,dso,sym --percent-limit 1 --stdio 2>/dev/null |
-        grep -E '^ +[0-9]' | head -40 | tee "$out/perf-tls.txt"
-else
-    echo "(no perf)"
-fi
+log=$out/tls_copy.log
+: >"$log"
+for size in "${sizes[@]}"; do
+    for pass in 1 2 3; do
+        # Three rounds a run; the first round of each run (connection warm-up) is left out.
+        flyt 47001 "$tmp/tls_copy" 3 "$size" | sed -n '/^round [12]/s/^/tcp '"$size"' /p' >>"$log"
+        FLYT_TLS_CA=$tmp/tls/ca.pem flyt 47002 "$tmp/tls_copy" 3 "$size" | sed -n '/^round [12]/s/^/tls '"$size"' /p' >>"$log"
+    done
+done
+grep -c . "$log" >/dev/null || { echo "no measurements"; exit 1; }
+python3 - "$log" <<'PY' | tee "$out/tls_copy.md"
+import statistics, sys, re
+rates = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"(\w+) (\d+) round \d+ (\w+): H2D ([\d.]+) GB/s, D2H ([\d.]+) GB/s", line)
+    if not m:
+        continue
+    transport, size, kind, h2d, d2h = m.groups()
+    rates.setdefault((size, kind, "H2D", transport), []).append(float(h2d))
+    rates.setdefault((size, kind, "D2H", transport), []).append(float(d2h))
+print("| copy | TCP (GB/s) | TCP + TLS (GB/s) | TLS / TCP |")
+print("| --- | ---: | ---: | ---: |")
+for (size, kind, direction, transport) in sorted(rates):
+    if transport != "tcp":
+        continue
+    tcp = statistics.median(rates[(size, kind, direction, "tcp")])
+    tls = statistics.median(rates.get((size, kind, direction, "tls"), [0]))
+    print(f"| {size} MiB {kind} {direction} (median of {len(rates[(size, kind, direction, 'tcp')])}) | {tcp:.2f} | {tls:.2f} | {100 * tls / tcp:.0f}% |")
+PY
