@@ -13,6 +13,9 @@ pub struct ClusterManagerConfig {
     pub listen: String,
     /// Unix socket for `flytctl` (owner-only).
     pub admin_socket: String,
+    /// Also serve `flytctl` on `listen`, for administration from other hosts; needs `[tls]`
+    /// (the admin API never goes over plain TCP).
+    pub admin_over_tcp: bool,
     /// File holding the cluster key shared by every daemon of the cluster.
     pub cluster_key_file: String,
     /// Where the embedded store keeps its file.
@@ -65,6 +68,7 @@ impl Default for ClusterManagerConfig {
         Self {
             listen: "0.0.0.0:7070".into(),
             admin_socket: "/run/flyt/admin.sock".into(),
+            admin_over_tcp: false,
             cluster_key_file: "/etc/flyt/cluster.key".into(),
             state_dir: "/var/lib/flyt/cluster-manager".into(),
             metrics_listen: String::new(),

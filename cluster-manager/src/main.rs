@@ -67,6 +67,8 @@ fn run_main() -> anyhow::Result<()> {
     }
     if flyt_daemon_kit::tls::install(&config.tls)? {
         tracing::info!(ca = %config.tls.ca_file, "TLS on every TCP connection");
+    } else if config.admin_over_tcp {
+        anyhow::bail!("admin_over_tcp needs [tls] (ca_file, cert_file, key_file): the admin API never goes over plain TCP");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
@@ -100,21 +102,22 @@ async fn serve<S: Store>(store: S, key: ClusterKey, config: ClusterManagerConfig
     }
 
     let shared = service.clone();
-    let tcp_task = tokio::spawn(rpc::accept_loop(
-        tcp,
-        key.clone(),
-        vec![ServiceName::ClusterNode, ServiceName::ClusterClient],
-        move |name, stream| {
-            let service = shared.clone();
-            async move {
-                match name {
-                    ServiceName::ClusterNode => rpc::serve_connection(stream, ClusterNode::serve(service)).await,
-                    ServiceName::ClusterClient => rpc::serve_connection(stream, ClusterClient::serve(service)).await,
-                    _ => {}
-                }
+    let mut tcp_services = vec![ServiceName::ClusterNode, ServiceName::ClusterClient];
+    if config.admin_over_tcp {
+        tcp_services.push(ServiceName::ClusterAdmin);
+    }
+    let tcp_task = tokio::spawn(rpc::accept_loop(tcp, key.clone(), tcp_services, move |name, stream| {
+        let service = shared.clone();
+        async move {
+            match name {
+                ServiceName::ClusterNode => rpc::serve_connection(stream, ClusterNode::serve(service)).await,
+                ServiceName::ClusterClient => rpc::serve_connection(stream, ClusterClient::serve(service)).await,
+                ServiceName::ClusterAdmin => rpc::serve_connection(stream, ClusterAdmin::serve(service)).await,
+                // accept_loop admits only the services listed.
+                ServiceName::NodeManager | ServiceName::RpcServerControl => {}
             }
-        },
-    ));
+        }
+    }));
     let shared = service.clone();
     let admin_task = tokio::spawn(rpc::accept_loop(admin, key, vec![ServiceName::ClusterAdmin], move |_, stream| {
         let service = shared.clone();

@@ -34,7 +34,8 @@ mod tests {
 
     /// Mutual TLS between every daemon: a node manager and a client manager of the cluster's CA
     /// work as over plain TCP; a client manager without TLS is refused, with a reason that says so
-    /// on both ends.
+    /// on both ends. flytctl from another host works over TLS with a certificate of the
+    /// cluster's CA, and is refused without TLS or with another CA's.
     #[test]
     fn tls_on_every_tcp_hop_and_plain_peers_refused() {
         let mut cluster = Cluster::new(Options { tls: true, request_timeout_seconds: 3, ..Options::default() });
@@ -65,6 +66,41 @@ mod tests {
         assert!(log.contains("requires TLS"), "{log}");
         let log = cluster.log("cluster-manager");
         assert!(log.contains("a plain-TCP client"), "{log}");
+
+        // flytctl from another host: the admin API over mutual TLS on the cluster manager's port.
+        let (code, stdout, stderr) = cluster.remote_flytctl(Some(&cluster.path("tls")), &["list-servernodes", "--json"]);
+        assert!(code == 0 && stdout.contains("node-a"), "exit {code}: {stdout}{stderr}");
+        let (code, stdout, stderr) = cluster.remote_flytctl(Some(&cluster.path("tls")), &["vm", "list"]);
+        assert!(code == 0 && stdout.contains("10.0.0.2"), "exit {code}: {stdout}{stderr}");
+        let (code, _, stderr) = cluster.remote_flytctl(None, &["status"]);
+        assert!(code == 2 && stderr.contains("never goes over plain TCP"), "exit {code}: {stderr}");
+        let stranger = cluster.path("stranger-tls");
+        flyt_daemon_kit::tls::generate(&stranger, &["127.0.0.1".into()]).unwrap();
+        let (code, _, stderr) = cluster.remote_flytctl(Some(&stranger), &["status"]);
+        assert!(code == 3 && stderr.contains("certificate"), "exit {code}: {stderr}");
+        // ... and the cluster manager says whom it refused, and why.
+        wait_until("the refusal in the cluster manager's log", Duration::from_secs(5), || {
+            cluster.log("cluster-manager").lines().any(|line| line.contains("refused: TLS handshake failed")).then_some(())
+        });
+    }
+
+    /// The admin API is offered on TCP only with TLS: a cluster manager asked for it without
+    /// [tls] does not start, and says why.
+    #[test]
+    fn admin_over_tcp_without_tls_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("cluster.key");
+        fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+        let output = Command::new(binary("flyt-cluster-manager"))
+            .env("FLYT_CLUSTER_MANAGER_ADMIN_OVER_TCP", "true")
+            .env("FLYT_CLUSTER_MANAGER_LISTEN", "127.0.0.1:0")
+            .env("FLYT_CLUSTER_MANAGER_ADMIN_SOCKET", dir.path().join("admin.sock"))
+            .env("FLYT_CLUSTER_MANAGER_CLUSTER_KEY_FILE", &key)
+            .env("FLYT_CLUSTER_MANAGER_STATE_DIR", dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains("admin_over_tcp needs [tls]"), "{stderr}");
     }
 
     #[test]

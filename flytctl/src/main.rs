@@ -1,4 +1,5 @@
-//! flytctl: administers a Flyt cluster through the cluster manager's admin socket.
+//! flytctl: administers a Flyt cluster through the cluster manager's admin socket, or from
+//! another host over mutual TLS (`--cluster-manager`).
 //!
 //! Exit codes: 0 done; 1 the cluster manager refused (the message says why and what to do);
 //! 2 bad usage; 3 the cluster manager cannot be reached or did not answer in time.
@@ -17,6 +18,7 @@ use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use flyt_daemon_kit::{
     auth::{AuthError, ClusterKey},
     rpc::{self, Endpoint, RpcError},
+    tls::{Tls, TlsConfig},
 };
 use flyt_protocol::control::{
     auth::ServiceName,
@@ -27,11 +29,24 @@ use serde::Serialize;
 const MIB: u64 = 1 << 20;
 
 #[derive(Parser)]
-#[command(version, about = "Administer a Flyt cluster (talks to flyt-cluster-manager's admin socket)")]
+#[command(version, about = "Administer a Flyt cluster (talks to flyt-cluster-manager's admin socket, or to its TCP address over TLS)")]
 struct Args {
     /// The cluster manager's admin socket.
     #[arg(long, env = "FLYTCTL_ADMIN_SOCKET", default_value = "/run/flyt/admin.sock", global = true)]
     socket: PathBuf,
+    /// Administer from another host instead: the cluster manager's `listen` address (host:port),
+    /// over mutual TLS (it needs `admin_over_tcp = true` and [tls]).
+    #[arg(long, env = "FLYTCTL_CLUSTER_MANAGER", global = true)]
+    cluster_manager: Option<String>,
+    /// With --cluster-manager: the cluster's CA certificate (PEM).
+    #[arg(long, env = "FLYTCTL_TLS_CA", global = true)]
+    tls_ca: Option<PathBuf>,
+    /// With --cluster-manager: this host's certificate, signed by the cluster's CA (PEM).
+    #[arg(long, env = "FLYTCTL_TLS_CERT", global = true)]
+    tls_cert: Option<PathBuf>,
+    /// With --cluster-manager: that certificate's private key (PEM).
+    #[arg(long, env = "FLYTCTL_TLS_KEY", global = true)]
+    tls_key: Option<PathBuf>,
     /// File holding the cluster key.
     #[arg(long, env = "FLYTCTL_CLUSTER_KEY_FILE", default_value = "/etc/flyt/cluster.key", global = true)]
     cluster_key_file: PathBuf,
@@ -127,10 +142,14 @@ enum VmCommand {
 /// Why a command failed.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 enum CtlError {
-    /// cannot reach the cluster manager at {socket}: {reason}. Is flyt-cluster-manager running? (set --socket or FLYTCTL_ADMIN_SOCKET if it listens elsewhere)
+    /// cannot reach the cluster manager at {socket}: {reason}. Is flyt-cluster-manager running? (set --socket or FLYTCTL_ADMIN_SOCKET if it listens elsewhere; --cluster-manager for one on another host)
     Unreachable { socket: String, reason: String },
     /// the cluster manager at {0} refused the cluster key: use the key file of the cluster (--cluster-key-file or FLYTCTL_CLUSTER_KEY_FILE)
     WrongKey(String),
+    /// the cluster manager at {0} refused the cluster key, or does not serve flytctl over TCP (set admin_over_tcp = true in its config): use the key file of the cluster (--cluster-key-file or FLYTCTL_CLUSTER_KEY_FILE)
+    RemoteRefused(String),
+    /// {0}
+    Usage(String),
     /// cannot read the cluster key file {0}: {1} (pass --cluster-key-file or set FLYTCTL_CLUSTER_KEY_FILE)
     ReadKey(String, std::io::Error),
     /// the cluster key in {0} is shorter than 16 bytes: use the key file of the cluster (--cluster-key-file or FLYTCTL_CLUSTER_KEY_FILE)
@@ -151,7 +170,7 @@ impl CtlError {
     fn exit_code(&self) -> u8 {
         match self {
             Self::Refused(_) | Self::Tls(_) => 1,
-            Self::ReadKey(..) | Self::ShortKey(_) | Self::WrongKey(_) | Self::Json(_) => 2,
+            Self::ReadKey(..) | Self::ShortKey(_) | Self::WrongKey(_) | Self::RemoteRefused(_) | Self::Usage(_) | Self::Json(_) => 2,
             Self::Unreachable { .. } | Self::Timeout { .. } | Self::Call { .. } => 3,
         }
     }
@@ -183,13 +202,39 @@ fn load_key(args: &Args) -> Result<ClusterKey, CtlError> {
     })
 }
 
+/// Where flytctl reaches the cluster manager, for messages: its admin socket or its address.
+fn target(args: &Args) -> String {
+    args.cluster_manager.clone().unwrap_or_else(|| args.socket.display().to_string())
+}
+
+/// The endpoint to dial, and the TLS to dial it with (a remote cluster manager only).
+fn endpoint(args: &Args) -> Result<(Endpoint, Option<Tls>), CtlError> {
+    let Some(address) = &args.cluster_manager else {
+        return Ok((Endpoint::Unix(args.socket.clone()), None));
+    };
+    let endpoint = match Endpoint::parse(address) {
+        Ok(endpoint @ Endpoint::Tcp(_)) => endpoint,
+        _ => return Err(CtlError::Usage(format!("--cluster-manager `{address}`: expected host:port"))),
+    };
+    let (Some(ca), Some(cert), Some(key)) = (&args.tls_ca, &args.tls_cert, &args.tls_key) else {
+        return Err(CtlError::Usage(
+            "--cluster-manager needs --tls-ca, --tls-cert and --tls-key (or FLYTCTL_TLS_CA, FLYTCTL_TLS_CERT, FLYTCTL_TLS_KEY): the admin API never goes over plain TCP".into(),
+        ));
+    };
+    let files = TlsConfig { ca_file: ca.display().to_string(), cert_file: cert.display().to_string(), key_file: key.display().to_string() };
+    let tls = Tls::load(&files).map_err(|error| CtlError::Usage(error.to_string().replacen("[tls]", "--tls-*:", 1)))?;
+    Ok((endpoint, tls))
+}
+
 /// Connects and proves the key before `deadline`.
 async fn connect(args: &Args, deadline: Instant) -> Result<ClusterAdminClient, CtlError> {
     let key = load_key(args)?;
-    let endpoint = Endpoint::Unix(args.socket.clone());
-    let socket = args.socket.display().to_string();
+    let (endpoint, tls) = endpoint(args)?;
+    let remote = tls.is_some();
+    let socket = target(args);
     let left = deadline.saturating_duration_since(Instant::now());
-    let stream = rpc::connect_within(&endpoint, &key, ServiceName::ClusterAdmin, left).await.map_err(|error| match error {
+    let stream = rpc::connect_with(&endpoint, &key, ServiceName::ClusterAdmin, left, tls.as_ref()).await.map_err(|error| match error {
+        RpcError::Auth(_, AuthError::Refused | AuthError::Protocol(_)) if remote => CtlError::RemoteRefused(socket.clone()),
         RpcError::Auth(_, AuthError::Refused | AuthError::Protocol(_)) => CtlError::WrongKey(socket.clone()),
         RpcError::ConnectTimeout(..) => CtlError::Timeout { socket: socket.clone(), seconds: args.timeout_seconds },
         other => CtlError::Unreachable { socket: socket.clone(), reason: other.to_string() },
@@ -203,7 +248,7 @@ async fn call<T>(
     deadline: Instant,
     future: impl std::future::Future<Output = Result<T, tarpc::client::RpcError>>,
 ) -> Result<T, CtlError> {
-    let socket = args.socket.display().to_string();
+    let socket = target(args);
     let left = deadline.saturating_duration_since(Instant::now());
     match tokio::time::timeout(left, future).await {
         Ok(Ok(value)) => Ok(value),

@@ -318,6 +318,35 @@ impl Cluster {
         self.dir.path().join(name)
     }
 
+    /// The cluster manager's TCP address (node and client managers; flytctl from other hosts).
+    pub fn cluster_address(&self) -> String {
+        format!("127.0.0.1:{}", self.cluster_port)
+    }
+
+    /// flytctl from "another host": to the cluster manager's TCP address, with `tls` (a folder
+    /// made by `tls-init`, or none), never through the admin socket.
+    pub fn remote_flytctl(&self, tls: Option<&std::path::Path>, args: &[&str]) -> (i32, String, String) {
+        let mut command = Command::new(binary("flytctl"));
+        command
+            .args(args)
+            .env("FLYTCTL_ADMIN_SOCKET", self.path("no-such-admin.sock"))
+            .env("FLYTCTL_CLUSTER_MANAGER", self.cluster_address())
+            .env("FLYTCTL_CLUSTER_KEY_FILE", &self.key_file)
+            .env("FLYTCTL_TIMEOUT_SECONDS", "20");
+        if let Some(dir) = tls {
+            command
+                .env("FLYTCTL_TLS_CA", dir.join(flyt_daemon_kit::tls::CA_CERT))
+                .env("FLYTCTL_TLS_CERT", dir.join(flyt_daemon_kit::tls::CERT))
+                .env("FLYTCTL_TLS_KEY", dir.join(flyt_daemon_kit::tls::KEY));
+        }
+        let output = command.output().unwrap();
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
     pub fn start_cluster_manager(&mut self) {
         self.start_cluster_manager_with(&[]);
     }
@@ -344,6 +373,9 @@ impl Cluster {
             ]));
         }
         envs.extend(self.tls_env("FLYT_CLUSTER_MANAGER"));
+        if options.tls {
+            envs.extend(env(&[("FLYT_CLUSTER_MANAGER_ADMIN_OVER_TCP", "true".into())]));
+        }
         envs.extend(env(extra));
         let daemon = Daemon::start("cluster-manager", &binary("flyt-cluster-manager"), &envs, self.dir.path());
         assert!(daemon.ready_line.starts_with("flyt-cluster-manager listening on 127.0.0.1:"), "{}", daemon.ready_line);
