@@ -11,8 +11,9 @@
 #   --quick           fewer iterations and smaller sweeps (about 2 minutes)
 #   --transports L    which columns to run (default: all four); a Flyt transport whose first run fails is n/a
 #   --programs L      only these benchmark programs (default: all: micro,copy,matmul,micro_static,
-#                     copy_static,matmul_static,launch_heavy,idle_cpu,pipeline; *_static are the same
-#                     programs built with nvcc's default static runtime, over Flyt's libcuda.so.1)
+#                     copy_static,matmul_static,cublas,first_kernel,launch_heavy,idle_cpu,pipeline; *_static
+#                     are the same programs built with nvcc's default static runtime, over Flyt's libcuda.so.1;
+#                     cublas and first_kernel are built that way too)
 #   --budget S        stop starting new runs S seconds after this script started (default 480, quick 150)
 #   --build-only      compile the programs into benchmarks/.build and stop (no GPU needed)
 #   --tls             the server requires TLS on TCP (certificate made with flytctl tls-init): the tcp
@@ -91,6 +92,16 @@ for p in micro copy matmul; do
         >"$build/${p}_static.build.log" 2>&1 &
     pids+=($!)
     names+=("${p}_static")
+done
+# cuBLAS and start-up, static runtime only (cuBLAS brings its own runtime either way).
+for p in cublas first_kernel; do
+    if [ "$build/$p" -nt "$here/$p.cu" ] && [ "$build/$p" -nt "$here/common.h" ]; then continue; fi
+    libs=()
+    [ "$p" = cublas ] && libs=(-lcublas)
+    "$nvcc" -cudart=static -O3 -arch=sm_90 -std=c++17 "${ldflags[@]}" -o "$build/$p" "$here/$p.cu" "${libs[@]}" \
+        >"$build/$p.build.log" 2>&1 &
+    pids+=($!)
+    names+=("$p")
 done
 for c in raw_stream raw_rtt; do
     "${CC:-gcc}" -O2 -Wall -o "$build/$c" "$here/$c.c" >"$build/$c.build.log" 2>&1 &

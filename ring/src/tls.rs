@@ -954,43 +954,102 @@ impl OpenIntake {
         Ok(false)
     }
 
-    /// The protected length of the whole record at `start`, if it has all arrived.
     fn complete_record(&self, start: usize) -> io::Result<Option<usize>> {
-        let Some(header) = self.buffer[..self.filled].get(start..start + RECORD_HEADER) else {
-            return Ok(None);
-        };
-        let length = u16::from_be_bytes([header[3], header[4]]) as usize;
-        if header[0] != u8::from(ContentType::ApplicationData) || !(TAG + 1..=MAX_CIPHERTEXT).contains(&length) {
-            return Err(invalid(format!("a malformed TLS record (type {}, {length} bytes)", header[0])));
-        }
-        Ok((self.filled - start >= RECORD_HEADER + length).then_some(length))
+        record_at(&self.buffer[..self.filled], start)
     }
 
-    /// Handshake messages after the handshake: key updates (and session tickets, which a
-    /// Flyt server does not send and a Flyt client would not use).
-    fn handshake_message(&mut self, mut messages: &[u8]) -> io::Result<()> {
-        while let [typ, a, b, c, rest @ ..] = messages {
-            let length = u32::from_be_bytes([0, *a, *b, *c]) as usize;
-            let Some(body) = rest.get(..length) else {
-                return Err(invalid("a truncated TLS handshake message"));
-            };
-            match (*typ, body) {
-                (KEY_UPDATE, [asked]) if *asked <= 1 => {
-                    self.protection = self.shared.next_protection(false)?;
-                    self.sequence = 0;
-                    if *asked == 1 {
-                        self.shared.peer_asked_update.store(true, Ordering::Release);
-                    }
+    /// Acts on handshake messages after the handshake: key updates (and session tickets, which
+    /// a Flyt server does not send and a Flyt client would not use).
+    fn handshake_message(&mut self, messages: &[u8]) -> io::Result<()> {
+        for message in post_handshake(messages)? {
+            if let PostHandshake::KeyUpdate { asked } = message {
+                self.protection = self.shared.next_protection(false)?;
+                self.sequence = 0;
+                if asked {
+                    self.shared.peer_asked_update.store(true, Ordering::Release);
                 }
-                (NEW_SESSION_TICKET, _) => {}
-                _ => return Err(invalid(format!("an unexpected TLS handshake message (type {typ})"))),
             }
-            messages = &rest[length..];
-        }
-        if !messages.is_empty() {
-            return Err(invalid("a truncated TLS handshake message"));
         }
         Ok(())
+    }
+}
+
+/// The protected length of the whole record at `start` of `received`, if it has all arrived;
+/// an error for a header no Flyt peer sends (TLS 1.3 protects every record as application data).
+fn record_at(received: &[u8], start: usize) -> io::Result<Option<usize>> {
+    let Some(header) = received.get(start..start + RECORD_HEADER) else {
+        return Ok(None);
+    };
+    let length = u16::from_be_bytes([header[3], header[4]]) as usize;
+    if header[0] != u8::from(ContentType::ApplicationData) || !(TAG + 1..=MAX_CIPHERTEXT).contains(&length) {
+        return Err(invalid(format!("a malformed TLS record (type {}, {length} bytes)", header[0])));
+    }
+    Ok((received.len() - start >= RECORD_HEADER + length).then_some(length))
+}
+
+/// A handshake message after the handshake.
+#[derive(Debug, PartialEq, Eq)]
+enum PostHandshake {
+    /// The peer's new key starts with its next record; `asked`: it wants ours replaced too.
+    KeyUpdate {
+        asked: bool,
+    },
+    SessionTicket,
+}
+
+/// The handshake messages of one record's plaintext (RFC 8446, 4: type, 24-bit length, body).
+fn post_handshake(mut messages: &[u8]) -> io::Result<Vec<PostHandshake>> {
+    let mut parsed = Vec::new();
+    while let [typ, a, b, c, rest @ ..] = messages {
+        let length = u32::from_be_bytes([0, *a, *b, *c]) as usize;
+        let Some(body) = rest.get(..length) else {
+            return Err(invalid("a truncated TLS handshake message"));
+        };
+        parsed.push(match (*typ, body) {
+            (KEY_UPDATE, [asked]) if *asked <= 1 => PostHandshake::KeyUpdate { asked: *asked == 1 },
+            (NEW_SESSION_TICKET, _) => PostHandshake::SessionTicket,
+            _ => return Err(invalid(format!("an unexpected TLS handshake message (type {typ})"))),
+        });
+        messages = &rest[length..];
+    }
+    if !messages.is_empty() {
+        return Err(invalid("a truncated TLS handshake message"));
+    }
+    Ok(parsed)
+}
+
+/// For the fuzz target `tls_records`: what a peer's bytes reach after the TLS handshake, with a
+/// fixed key. Reads `data` as a stream of records and opens each (all fail to authenticate but
+/// their parsing is exercised), parses it as post-handshake messages, and seals then opens it
+/// (its first byte as the content type), which must give it back.
+#[doc(hidden)]
+pub fn fuzz_records(data: &[u8]) {
+    let suite = match rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384 {
+        SupportedCipherSuite::Tls13(suite) => suite,
+        _ => return,
+    };
+    let secrets = ConnectionTrafficSecrets::Aes256Gcm {
+        key: rustls::crypto::cipher::AeadKey::from([7; 32]),
+        iv: rustls::crypto::cipher::Iv::new([9; 12]),
+    };
+    let Ok(protection) = Protection::new(suite, secrets) else { return };
+    let mut stream = data.to_vec();
+    let mut start = 0;
+    while let Ok(Some(length)) = record_at(&stream, start) {
+        let _ = protection.open(&mut stream[start..start + RECORD_HEADER + length], start as u64);
+        start += RECORD_HEADER + length;
+    }
+    let _ = post_handshake(data);
+    if let Some((&typ, plaintext)) = data.split_first()
+        && typ != 0
+        && plaintext.len() <= MAX_PLAINTEXT
+    {
+        let mut record = vec![0u8; SEALED_RECORD];
+        record[RECORD_HEADER..RECORD_HEADER + plaintext.len()].copy_from_slice(plaintext);
+        let sealed = protection.seal(&mut record, ContentType::from(typ), plaintext.len(), 3).expect("sealing");
+        let (opened_type, range) = protection.open(&mut record[..sealed], 3).expect("opening what was sealed");
+        assert_eq!(opened_type, typ);
+        assert_eq!(&record[range], plaintext);
     }
 }
 
@@ -1226,5 +1285,38 @@ mod tests {
         // but nothing from the bad record on reaches it.
         assert!(got.len() <= 1 << 20, "the session got {} bytes, past the changed byte", got.len());
         assert!(got[..] == payload[..got.len()], "the session got changed bytes");
+    }
+
+    #[test]
+    fn post_handshake_messages_parse_or_are_refused() {
+        assert_eq!(post_handshake(&[KEY_UPDATE, 0, 0, 1, 1]).unwrap(), [PostHandshake::KeyUpdate { asked: true }]);
+        let two = [KEY_UPDATE, 0, 0, 1, 0, NEW_SESSION_TICKET, 0, 0, 2, 9, 9];
+        assert_eq!(post_handshake(&two).unwrap(), [PostHandshake::KeyUpdate { asked: false }, PostHandshake::SessionTicket]);
+        for refused in [&[KEY_UPDATE, 0, 0, 1, 2][..], &[KEY_UPDATE, 0, 0, 2, 0, 0], &[KEY_UPDATE, 0, 0, 1], &[1, 0, 0, 0], &[KEY_UPDATE]] {
+            assert!(post_handshake(refused).is_err(), "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn record_headers_are_checked_before_anything_is_opened() {
+        let record = |typ: u8, length: u16| [typ, 3, 3, (length >> 8) as u8, length as u8];
+        assert_eq!(record_at(&record(23, 17), 0).unwrap(), None, "the body has not arrived");
+        let mut whole = record(23, 17).to_vec();
+        whole.extend([0; 17]);
+        assert_eq!(record_at(&whole, 0).unwrap(), Some(17));
+        assert_eq!(record_at(&whole[..4], 0).unwrap(), None);
+        for bad in [record(22, 17), record(23, 16), record(23, (MAX_CIPHERTEXT + 1) as u16), record(21, 100)] {
+            assert!(record_at(&bad, 0).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn what_is_sealed_opens_to_the_same_bytes_and_type() {
+        for length in [0, 1, 100, MAX_PLAINTEXT] {
+            let mut data = vec![u8::from(ContentType::ApplicationData)];
+            data.extend((0..length).map(|i| (i % 251) as u8));
+            fuzz_records(&data);
+        }
+        fuzz_records(&[u8::from(ContentType::Alert), 1, 0]);
     }
 }
