@@ -41,14 +41,19 @@ PROGRAMS = {
     # cuBLAS (its own runtime, over Flyt's libcuda.so.1) and the time to a first kernel, static runtime.
     "cublas": (90, 45),
     "first_kernel": (30, 20),
+    # PyTorch (its bundled runtime over Flyt's libcuda.so.1), with --python.
+    "torch": (240, 150),
     "launch_heavy": (60, 25),
     "pipeline": (150, 40),
     "idle_cpu": (150, 90),
 }
-ORDER = ["micro", "copy", "matmul", "micro_static", "copy_static", "matmul_static", "cublas", "first_kernel", "launch_heavy",
-         "idle_cpu", "pipeline"]
-# Programs run as several processes in a row (a record each): start-up is measured per process.
-REPEATS = {"first_kernel": (7, 5)}
+ORDER = ["micro", "copy", "matmul", "micro_static", "copy_static", "matmul_static", "cublas", "first_kernel", "torch",
+         "launch_heavy", "idle_cpu", "pipeline"]
+# Programs run as several processes in a row (records tagged with the run): start-up is measured
+# per process, and PyTorch's second run shows what a warm image cache saves.
+REPEATS = {"first_kernel": (7, 5), "torch": (2, 2)}
+# What FLYT_STATS=1 prints about module images at exit.
+IMAGES_LINE = re.compile(r"module images: (\d+) sent \((\d+) bytes\)")
 IDLE_SESSIONS = (64, 16)  # apps in the "64 idle sessions" measurement: default, quick
 LOG_TAIL_CHARS = 20000
 MiB = 1 << 20
@@ -162,6 +167,9 @@ class Runner:
         self.log.append(text + "\n")
 
     def program_cmd(self, prog, transport, quick):
+        if prog == "torch":
+            cmd = [self.a.python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_bench.py")]
+            return cmd + (["--quick"] if quick else [])
         cmd = [os.path.join(self.a.build, prog)]
         if quick:
             cmd.append("--quick")
@@ -178,12 +186,22 @@ class Runner:
             self.note(f"[{transport}/{prog}] skipped: flyt-rpc-server is no longer running")
             self.runs[transport][prog] = {"rc": None, "skipped": "server not running", "records": [], "stderr": ""}
             return
+        if prog == "torch" and not self.a.python:
+            self.runs[transport][prog] = {"rc": None, "skipped": "no --python", "records": [], "stderr_tail": ""}
+            return
         timeout = PROGRAMS[prog][1 if self.a.quick else 0]
         repeats = REPEATS.get(prog, (1, 1))[1 if self.a.quick else 0]
+        # PyTorch over Flyt reports what its module images cost (FLYT_STATS=1, at exit).
+        extra = {"FLYT_STATS": "1"} if prog == "torch" and transport != "native" else None
         res = None
-        for _ in range(repeats):
+        for run in range(repeats):
             one = self.execute(f"{transport}/{prog}", self.program_cmd(prog, transport, self.a.quick),
-                               self.env_for(transport), timeout)
+                               self.env_for(transport, extra), timeout)
+            for record in one["records"]:
+                record["run"] = run
+            images = IMAGES_LINE.search(one["stderr"])
+            if images:
+                one["records"].append({"bench": "images", "run": run, "sent": int(images[1]), "bytes": int(images[2])})
             if res is None:
                 res = one
             else:
@@ -751,6 +769,22 @@ def build_rows(d):
         lambda t: first_kernel(t, "init_ms"))
     row("main to first kernel's result on the host, median of runs (warm server)", "ms",
         lambda t: first_kernel(t, "first_result_ms"))
+    torch_section = "PyTorch (its bundled runtime over Flyt's libcuda.so.1; --python)"
+    row("PyTorch: transformer training step (6 layers, d 512, batch 32 x 128), p50", "ms",
+        lambda t: v(t, "torch", "torch_train_step", "p50_ms", run=1), {"sockets": ("ratio_max", 1.5), "shm": ("ratio_max", 1.05)},
+        section=torch_section)
+    row("PyTorch: batch-1 inference of the same model, p50", "ms", lambda t: v(t, "torch", "torch_infer_b1", "p50_ms", run=1),
+        {"sockets": ("ratio_max", 2.5), "shm": ("ratio_max", 1.3)})
+    row("PyTorch: script start to first result, second run (warm server and image cache)", "ms",
+        lambda t: v(t, "torch", "torch_first_result", "ms", run=1))
+
+    def first_result_over_native(t):
+        x, n = v(t, "torch", "torch_first_result", "ms", run=1), v("native", "torch", "torch_first_result", "ms", run=1)
+        return x - n if t != "native" and x is not None and n is not None else None
+    row("PyTorch: the same minus native's", "ms", first_result_over_native, {"sockets": ("max", 1500), "shm": ("max", 1500)})
+    row("PyTorch: module image bytes sent, first run", "bytes", lambda t: v(t, "torch", "images", "bytes", run=0))
+    row("PyTorch: module image bytes sent, second run", "bytes", lambda t: v(t, "torch", "images", "bytes", run=1),
+        {"sockets": ("max", 1 << 20), "shm": ("max", 1 << 20)})
     row("compute-bound app (matmul), total", "s", lambda t: v(t, "matmul", "matmul", "total_s"),
         {"sockets": ("ratio_max", 1.02), "shm": ("ratio_max", 1.01)}, section="Applications")
     row("launch-heavy app, per 10k launches + sync (mean)", "ms", lambda t: v(t, "launch_heavy", "launch_heavy", "round_mean_ms"),
@@ -1181,6 +1215,7 @@ def main():
     r.add_argument("--raw-rtt", default="", help="the compiled raw_rtt program")
     r.add_argument("--server-log", default="", help="the server's log (stderr), to find each session's worker")
     r.add_argument("--budget-s", type=float, default=400.0, help="stop starting runs after this many seconds")
+    r.add_argument("--python", default="", help="a Python with PyTorch, for the torch program (none: it is skipped)")
     p = sub.add_parser("report", help="render the results folder from saved data")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--from", dest="src", help="a results.json")

@@ -2,7 +2,7 @@
 # Flyt benchmarks on the GPU machine: native CUDA vs Flyt over each transport, in one run.
 #
 #   benchmarks/run.sh [--dist DIR] [--out DIR] [--quick] [--transports native,unix,tcp,shm]
-#                     [--programs micro,copy,...] [--budget SECONDS] [--build-only]
+#                     [--programs micro,copy,...] [--budget SECONDS] [--python P] [--tls] [--build-only]
 #
 #   --dist DIR        prebuilt Flyt: DIR/lib/libcudart.so.13 and DIR/bin/flyt-rpc-server (default: dist,
 #                     relative to the repository root)
@@ -11,10 +11,12 @@
 #   --quick           fewer iterations and smaller sweeps (about 2 minutes)
 #   --transports L    which columns to run (default: all four); a Flyt transport whose first run fails is n/a
 #   --programs L      only these benchmark programs (default: all: micro,copy,matmul,micro_static,
-#                     copy_static,matmul_static,cublas,first_kernel,launch_heavy,idle_cpu,pipeline; *_static
+#                     copy_static,matmul_static,cublas,first_kernel,torch,launch_heavy,idle_cpu,pipeline; *_static
 #                     are the same programs built with nvcc's default static runtime, over Flyt's libcuda.so.1;
 #                     cublas and first_kernel are built that way too)
 #   --budget S        stop starting new runs S seconds after this script started (default 480, quick 150)
+#   --python P        a Python with PyTorch: also run torch_bench.py (training step, batch-1 inference,
+#                     start to first result, module image bytes), twice per column
 #   --build-only      compile the programs into benchmarks/.build and stop (no GPU needed)
 #   --tls             the server requires TLS on TCP (certificate made with flytctl tls-init): the tcp
 #                     column is TCP under TLS (the apps get FLYT_TLS_CA)
@@ -31,10 +33,11 @@ quick=0
 transports=native,unix,tcp,shm
 tls=0
 programs=
+python=
 budget=
 build_only=0
 
-usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case $1 in
         --dist) dist=${2:?--dist needs a folder}; shift 2 ;;
@@ -44,6 +47,7 @@ while [ $# -gt 0 ]; do
         --tls) tls=1; shift ;;
         --programs) programs=${2:?--programs needs a list}; shift 2 ;;
         --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
+        --python) python=${2:?--python needs a Python with PyTorch}; shift 2 ;;
         --build-only) build_only=1; shift ;;
         -h|--help) usage 0 ;;
         *) echo "run.sh: unknown argument $1" >&2; usage ;;
@@ -205,6 +209,7 @@ args=(run --build "$build" --out "$out" --dist "$dist" --transports "$transports
       --server-pid "${server_pid:-0}")
 [ "$quick" = 0 ] || args+=(--quick)
 [ -z "$programs" ] || args+=(--programs "$programs")
+[ -z "$python" ] || args+=(--python "$python")
 # In the background with `wait`, so that a signal to this script runs the cleanup at once.
 python3 "$here/harness.py" "${args[@]}" &
 harness_pid=$!
