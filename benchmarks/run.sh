@@ -18,6 +18,7 @@
 #   --python P        a Python with PyTorch: also run torch_bench.py (training step, batch-1 inference,
 #                     start to first result, module image bytes), twice per column
 #   --build-only      compile the programs into benchmarks/.build and stop (no GPU needed)
+#   --no-libraries    leave out the program that needs NVIDIA's libraries (cublas; CI's CUDA has none)
 #   --tls             the server requires TLS on TCP (certificate made with flytctl tls-init): the tcp
 #                     column is TCP under TLS (the apps get FLYT_TLS_CA)
 # Environment: NVCC (default: nvcc on PATH, /usr/local/cuda/bin/nvcc, or .cuda/bin/nvcc), CC (default gcc).
@@ -34,10 +35,11 @@ transports=native,unix,tcp,shm
 tls=0
 programs=
 python=
+no_libraries=0
 budget=
 build_only=0
 
-usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case $1 in
         --dist) dist=${2:?--dist needs a folder}; shift 2 ;;
@@ -49,6 +51,7 @@ while [ $# -gt 0 ]; do
         --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
         --python) python=${2:?--python needs a Python with PyTorch}; shift 2 ;;
         --build-only) build_only=1; shift ;;
+        --no-libraries) no_libraries=1; shift ;;
         -h|--help) usage 0 ;;
         *) echo "run.sh: unknown argument $1" >&2; usage ;;
     esac
@@ -99,6 +102,7 @@ for p in micro copy matmul; do
 done
 # cuBLAS and start-up, static runtime only (cuBLAS brings its own runtime either way).
 for p in cublas first_kernel; do
+    [ "$p" = cublas ] && [ "$no_libraries" = 1 ] && continue
     if [ "$build/$p" -nt "$here/$p.cu" ] && [ "$build/$p" -nt "$here/common.h" ]; then continue; fi
     libs=()
     [ "$p" = cublas ] && libs=(-lcublas)
