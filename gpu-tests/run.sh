@@ -628,7 +628,9 @@ flyt_env() { # transport -> env settings for a Flyt run
         unix) addr=$UNIX_ADDR ;;
         shm) addr=$UNIX_ADDR shm=on ;;
     esac
-    printf '%s\n' "LD_LIBRARY_PATH=$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "FLYT_SERVER=$addr" "FLYT_SHM=$shm"
+    # TRITON_LIBCUDA_PATH as `flyt run` sets it: Triton (torch.compile) loads the driver from there.
+    printf '%s\n' "LD_LIBRARY_PATH=$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "FLYT_SERVER=$addr" "FLYT_SHM=$shm" \
+        "TRITON_LIBCUDA_PATH=$DIST/lib"
     [ "$TLS" = 1 ] && [ "$1" = tcp ] && printf '%s\n' "FLYT_TLS_CA=$TMP/tls/ca.pem"
     return 0
 }
