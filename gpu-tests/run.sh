@@ -191,6 +191,8 @@ declare -A EXPECT_UNSUPPORTED=(
 declare -A NEEDS_SHM_CHANNEL=(
     [mapped_memory]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
     [torch_conv]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
+    # bf16 attention goes to cuDNN (the fp32 training before it passes over every transport).
+    [torch_transformer]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
 )
 # The tenants row's mix: programs (with arguments) whose output does not depend on timing under load.
 TENANT_MIX=("hello_flyt" "vector_add" "kernel_args" "errors" "printf" "assert_fail" "memcpy_kinds"

@@ -74,6 +74,7 @@ fn a_static_cudart_program_runs_over_flyt() {
             "round trip: equal",
             "memset: ok",
             "async copies: ok, elapsed time measured",
+            "new thread: pointer attributes ok",
             "kernel launch: refused",
             "PASSED: 0 failure(s)",
         ] {

@@ -9,7 +9,7 @@ use flyt_client::transfer::{self, Direction, Mode};
 use flyt_protocol::CudaError;
 use flyt_protocol::ops::req;
 
-use super::session::{client, resolve_stream, run};
+use super::session::{client, resolve_stream, run, session_client};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{CUDA_MEMCPY2D, CUdeviceptr, CUpointer_attribute, CUstream};
@@ -373,8 +373,14 @@ unsafe fn write_attribute(
             };
         };
         match attribute {
+            // The context the memory belongs to: the session's memory is one address space, so
+            // the current context, or device 0's primary one for a thread without a context
+            // (a thread that asks before any other call, as PyTorch's pin-memory thread does).
             CONTEXT => {
-                let context = crate::context::current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+                let context = match crate::context::current() {
+                    Some(context) => context,
+                    None => crate::driver::driver().contexts.primary(0)?,
+                };
                 write_out(data.cast(), context.handle())
             }
             MEMORY_TYPE => write_out(data.cast::<c_uint>(), if device { MEMORYTYPE_DEVICE } else { MEMORYTYPE_HOST }),
@@ -409,7 +415,7 @@ unsafe fn write_attribute(
 pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) -> CUresult {
     run(|| {
         non_null([data.cast()])?;
-        let client = client()?;
+        let client = session_client()?;
         // Memory the session does not know is not CUDA memory: invalid value, as the driver says.
         let found = known(client, ptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: `data` is non-NULL and, per the driver API's contract, of the attribute's type.
@@ -430,7 +436,7 @@ pub unsafe fn cuPointerGetAttributes(
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         non_null([attributes.cast(), data.cast()])?;
-        let found = known(client()?, ptr);
+        let found = known(session_client()?, ptr);
         for index in 0..num_attributes as usize {
             // SAFETY: both arrays have `num_attributes` entries (the driver API's contract).
             let (attribute, slot) = unsafe { (*attributes.add(index), *data.add(index)) };

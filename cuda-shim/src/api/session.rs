@@ -20,6 +20,13 @@ pub(super) fn driver_error(error: CudaError) -> CUresult {
     crate::client_source::to_driver(error)
 }
 
+/// The session, for a call that needs no current context (pointer queries: under unified
+/// addressing the driver answers them from any thread).
+pub(super) fn session_client() -> DriverResult<&'static Client> {
+    driver().session()?;
+    flyt_client::client::client().map_err(driver_error)
+}
+
 /// The session, for a call made in a current context after `cuInit`.
 pub(super) fn client() -> DriverResult<&'static Client> {
     driver().session()?;

@@ -4,6 +4,7 @@
 // fail at the call with the error the server gave for the module, and the session must go on.
 // Compiled as plain C++ (no nvcc: CI links CUDA 12.9's static runtime this way) it has no kernel.
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,27 @@ __global__ void fill(unsigned char *out, unsigned char value) { out[threadIdx.x]
             failures++;                                                                              \
         }                                                                                            \
     } while (0)
+
+// A thread's first CUDA call asks what two pointers are (PyTorch's pin-memory thread does this
+// before anything else): no context is current on it yet, and the answer must not need one.
+struct Pointers {
+    void *pinned, *device;
+    int ok;
+};
+static void *ask_from_a_new_thread(void *arg) {
+    struct Pointers *pointers = (struct Pointers *)arg;
+    cudaPointerAttributes host_attributes, device_attributes;
+    cudaError_t host_asked = cudaPointerGetAttributes(&host_attributes, pointers->pinned);
+    cudaError_t device_asked = cudaPointerGetAttributes(&device_attributes, pointers->device);
+    pointers->ok = host_asked == cudaSuccess && host_attributes.type == cudaMemoryTypeHost && device_asked == cudaSuccess &&
+                   device_attributes.type == cudaMemoryTypeDevice && device_attributes.device == 0;
+    if (!pointers->ok)
+        printf("FAIL new thread: pointer attributes %s type %d, %s type %d\n", cudaGetErrorName(host_asked),
+               (int)host_attributes.type, cudaGetErrorName(device_asked), (int)device_attributes.type);
+    void *more = NULL;
+    if (cudaHostAlloc(&more, 4096, cudaHostAllocDefault) != cudaSuccess || cudaFreeHost(more) != cudaSuccess) pointers->ok = 0;
+    return NULL;
+}
 
 int main(void) {
     int count = -1;
@@ -108,6 +130,12 @@ int main(void) {
     printf("kernel launch: none (built without nvcc)\n");
 #endif
     CHECK(cudaMemcpy(back, dev, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+
+    struct Pointers pointers = {pinned, dev, 0};
+    pthread_t asker;
+    if (pthread_create(&asker, NULL, ask_from_a_new_thread, &pointers) != 0 || pthread_join(asker, NULL) != 0) pointers.ok = 0;
+    printf("new thread: pointer attributes %s\n", pointers.ok ? "ok" : "WRONG");
+    if (!pointers.ok) failures++;
 
     CHECK(cudaEventDestroy(start), cudaSuccess);
     CHECK(cudaEventDestroy(stop), cudaSuccess);
