@@ -178,6 +178,13 @@ driver_functions! {
     );
     cuFuncGetAttribute(value: *mut c_int, attribute: c_int, function: CUkernel);
     cuFuncSetAttribute(function: CUkernel, attribute: c_int, value: c_int);
+    cuFuncSetCacheConfig(function: CUkernel, config: c_uint);
+    cuCtxSetCacheConfig(config: c_uint);
+    cuCtxGetCacheConfig(config: *mut c_uint);
+    cuCtxResetPersistingL2Cache();
+    cuProfilerStart();
+    cuProfilerStop();
+    cuDeviceGetP2PAttribute(value: *mut c_int, attribute: c_uint, src: c_int, dst: c_int);
     cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
         blocks: *mut c_int,
         function: CUkernel,

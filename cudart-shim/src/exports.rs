@@ -45,6 +45,12 @@ macro_rules! cudart_exports {
                 cudaDeviceReset();
                 cudaDeviceSetLimit(limit: c_int, value: usize);
                 cudaDeviceGetLimit(value: *mut usize, limit: c_int);
+                cudaDeviceSetCacheConfig(config: c_int);
+                cudaDeviceGetCacheConfig(config: *mut c_int);
+                cudaCtxResetPersistingL2Cache();
+                cudaDeviceGetP2PAttribute(value: *mut c_int, attr: c_int, src: c_int, dst: c_int);
+                cudaProfilerStart();
+                cudaProfilerStop();
                 cudaMemGetInfo(free: *mut usize, total: *mut usize);
                 cudaDriverGetVersion(version: *mut c_int);
                 cudaRuntimeGetVersion(version: *mut c_int);
@@ -110,6 +116,7 @@ macro_rules! cudart_exports {
                 // --- functions ---
                 cudaFuncGetAttributes(attributes: *mut cudaFuncAttributes, func: *const c_void);
                 cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_int);
+                cudaFuncSetCacheConfig(func: *const c_void, config: c_int);
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize);
                 cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize, flags: c_uint);
             }
@@ -141,15 +148,14 @@ macro_rules! cudart_exports {
             unsupported {
         __cudaGetProcAddress, __cudaRegisterHostVar, __cudaRegisterManagedVar, __cudaRegisterUnifiedTable,
         cudaArrayGetInfo, cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
-        cudaChooseDevice, cudaCreateSurfaceObject, cudaCreateTextureObject, cudaCtxResetPersistingL2Cache,
-        cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDestroySurfaceObject,
+        cudaChooseDevice, cudaCreateSurfaceObject, cudaCreateTextureObject, cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDestroySurfaceObject,
         cudaDestroyTextureObject, cudaDeviceCanAccessPeer, cudaDeviceDisablePeerAccess,
         cudaDeviceEnablePeerAccess, cudaDeviceFlushGPUDirectRDMAWrites, cudaDeviceGetByPCIBusId,
-        cudaDeviceGetCacheConfig, cudaDeviceGetDefaultMemPool, cudaDeviceGetGraphMemAttribute,
+        cudaDeviceGetDefaultMemPool, cudaDeviceGetGraphMemAttribute,
         cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetMemPool, cudaDeviceGetNvSciSyncAttributes,
-        cudaDeviceGetP2PAtomicCapabilities, cudaDeviceGetP2PAttribute, cudaDeviceGetPCIBusId,
+        cudaDeviceGetP2PAtomicCapabilities, cudaDeviceGetPCIBusId,
         cudaDeviceGetSharedMemConfig, cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceGraphMemTrim,
-        cudaDeviceRegisterAsyncNotification, cudaDeviceSetCacheConfig, cudaDeviceSetGraphMemAttribute,
+        cudaDeviceRegisterAsyncNotification, cudaDeviceSetGraphMemAttribute,
         cudaDeviceSetMemPool, cudaDeviceSetSharedMemConfig, cudaDeviceUnregisterAsyncNotification,
         cudaEGLStreamConsumerAcquireFrame, cudaEGLStreamConsumerConnect,
         cudaEGLStreamConsumerConnectWithFlags, cudaEGLStreamConsumerDisconnect,
@@ -157,7 +163,7 @@ macro_rules! cudart_exports {
         cudaEGLStreamProducerPresentFrame, cudaEGLStreamProducerReturnFrame, cudaEventCreateFromEGLSync,
         cudaExternalMemoryGetMappedBuffer, cudaExternalMemoryGetMappedMipmappedArray, cudaFreeArray,
         cudaFreeAsync, cudaFreeAsync_ptsz, cudaFreeMipmappedArray, cudaFuncGetName, cudaFuncGetParamInfo,
-        cudaFuncSetCacheConfig, cudaFuncSetSharedMemConfig, cudaGetChannelDesc, cudaGetDriverEntryPoint,
+        cudaFuncSetSharedMemConfig, cudaGetChannelDesc, cudaGetDriverEntryPoint,
         cudaGetDriverEntryPoint_ptsz, cudaGetDriverEntryPointByVersion,
         cudaGetDriverEntryPointByVersion_ptsz, cudaGetExportTable, cudaGetFuncBySymbol, cudaGetKernel,
         cudaGetMipmappedArrayLevel, cudaGetSurfaceObjectResourceDesc, cudaGetTextureObjectResourceDesc,
@@ -230,8 +236,7 @@ macro_rules! cudart_exports {
         cudaMemset2DAsync, cudaMemset2DAsync_ptsz, cudaMemset3D, cudaMemset3D_ptds, cudaMemset3DAsync,
         cudaMemset3DAsync_ptsz, cudaMemSetMemPool, cudaMipmappedArrayGetMemoryRequirements,
         cudaMipmappedArrayGetSparseProperties, cudaOccupancyAvailableDynamicSMemPerBlock,
-        cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialClusterSize, cudaProfilerStart,
-        cudaProfilerStop, cudaSetValidDevices, cudaSignalExternalSemaphoresAsync,
+        cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialClusterSize, cudaSetValidDevices, cudaSignalExternalSemaphoresAsync,
         cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamAddCallback, cudaStreamAddCallback_ptsz,
         cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamCopyAttributes,
         cudaStreamCopyAttributes_ptsz, cudaStreamGetAttribute, cudaStreamGetAttribute_ptsz,

@@ -146,6 +146,18 @@ macro_rules! for_each_op {
             /// The kernels of a module, by name (`cuModuleEnumerateFunctions`, the tools module
             /// iterator cuFFT uses), in the driver's order.
             44 ModuleFunctionNames module_function_names [reply -] { module: u32 } -> { names: Vec<String> };
+            // --- preferences and tools ---
+            /// `cudaFuncSetCacheConfig` (`cudaFuncCache` numbering, the driver's `CUfunc_cache`).
+            45 FuncSetCacheConfig func_set_cache_config [reply -] { function: FunctionRef, config: u32 } -> {};
+            /// `cudaDeviceSetCacheConfig`: the context's preference.
+            46 DeviceSetCacheConfig device_set_cache_config [reply -] { config: u32 } -> {};
+            /// `cudaDeviceGetCacheConfig`.
+            47 DeviceGetCacheConfig device_get_cache_config [reply -] {} -> { config: u32 };
+            /// `cudaProfilerStart` (`start`) or `cudaProfilerStop`: for a profiler attached to the
+            /// server's process.
+            48 ProfilerControl profiler_control [reply -] { start: bool } -> {};
+            /// `cudaCtxResetPersistingL2Cache`.
+            49 ResetPersistingL2Cache reset_persisting_l2_cache [reply -] {} -> {};
         }
     };
 }

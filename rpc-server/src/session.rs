@@ -1252,6 +1252,27 @@ impl<D: Device> OpHandler for Session<D> {
         reply.send(self.device.set_limit(request.limit, request.value).map(|()| rep::DeviceSetLimit {}));
     }
 
+    fn func_set_cache_config(&mut self, request: req::FuncSetCacheConfig, reply: Responder<rep::FuncSetCacheConfig>) {
+        let result = self.function(request.function).and_then(|(function, _)| self.device.func_set_cache_config(function, request.config));
+        reply.send(result.map(|()| rep::FuncSetCacheConfig {}));
+    }
+
+    fn device_set_cache_config(&mut self, request: req::DeviceSetCacheConfig, reply: Responder<rep::DeviceSetCacheConfig>) {
+        reply.send(self.device.set_cache_config(request.config).map(|()| rep::DeviceSetCacheConfig {}));
+    }
+
+    fn device_get_cache_config(&mut self, _request: req::DeviceGetCacheConfig, reply: Responder<rep::DeviceGetCacheConfig>) {
+        reply.send(self.device.cache_config().map(|config| rep::DeviceGetCacheConfig { config }));
+    }
+
+    fn profiler_control(&mut self, request: req::ProfilerControl, reply: Responder<rep::ProfilerControl>) {
+        reply.send(self.device.profiler(request.start).map(|()| rep::ProfilerControl {}));
+    }
+
+    fn reset_persisting_l2_cache(&mut self, _request: req::ResetPersistingL2Cache, reply: Responder<rep::ResetPersistingL2Cache>) {
+        reply.send(self.device.reset_persisting_l2_cache().map(|()| rep::ResetPersistingL2Cache {}));
+    }
+
     fn device_get_limit(&mut self, request: req::DeviceGetLimit, reply: Responder<rep::DeviceGetLimit>) {
         reply.send(self.device.get_limit(request.limit).map(|value| rep::DeviceGetLimit { value }));
     }

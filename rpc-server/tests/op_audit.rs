@@ -261,6 +261,21 @@ macro_rules! probes {
     (ModuleFunctionNames, $v:ident) => {
         vec![refused(req::ModuleFunctionNames { module: 4242 }, UNKNOWN_HANDLE)]
     };
+    (FuncSetCacheConfig, $v:ident) => {
+        vec![refused(req::FuncSetCacheConfig { function: BOGUS_FUNCTION, config: 1 }, UNKNOWN_FUNCTION)]
+    };
+    (DeviceSetCacheConfig, $v:ident) => {
+        vec![refused(req::DeviceSetCacheConfig { config: 4 }, CudaError::INVALID_VALUE), Probe::Effect(cache_config_is_kept)]
+    };
+    (DeviceGetCacheConfig, $v:ident) => {
+        vec![Probe::Effect(cache_config_is_kept)]
+    };
+    (ProfilerControl, $v:ident) => {
+        vec![Probe::Effect(profiler_start_and_stop_answer_as_without_a_profiler)]
+    };
+    (ResetPersistingL2Cache, $v:ident) => {
+        vec![Probe::Effect(profiler_start_and_stop_answer_as_without_a_profiler)]
+    };
     (LinkDestroy, $v:ident) => {
         vec![refused(req::LinkDestroy { link: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
     };
@@ -365,6 +380,25 @@ fn mem_get_info_counts_allocations(socket: &str) {
     assert_eq!((before.free - after.free, after.total), (8 << 20, before.total));
     session.call(req::Free { ptr }).0.unwrap();
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before.free);
+}
+
+/// The context's cache preference reads back as set, and a reset returns it to "prefer none".
+fn cache_config_is_kept(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    assert_eq!(session.call(req::DeviceGetCacheConfig {}).0.unwrap().config, 0);
+    session.call(req::DeviceSetCacheConfig { config: 2 }).0.unwrap();
+    assert_eq!(session.call(req::DeviceGetCacheConfig {}).0.unwrap().config, 2);
+    session.call(req::DeviceReset {}).0.unwrap();
+    assert_eq!(session.call(req::DeviceGetCacheConfig {}).0.unwrap().config, 0);
+}
+
+/// No profiler is attached to the server: start and stop succeed, as the driver's do then, and
+/// so does resetting persisting L2 lines (there are none).
+fn profiler_start_and_stop_answer_as_without_a_profiler(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    session.call(req::ProfilerControl { start: true }).0.unwrap();
+    session.call(req::ProfilerControl { start: false }).0.unwrap();
+    session.call(req::ResetPersistingL2Cache {}).0.unwrap();
 }
 
 fn device_synchronize_delivers_a_deferred_error_once(socket: &str) {

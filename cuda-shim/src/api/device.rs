@@ -7,7 +7,7 @@ use flyt_protocol::device::{DeviceInfo, attr};
 use crate::CUresult;
 use crate::driver::driver;
 use crate::ffi::{DriverResult, finish, non_null, write_out};
-use crate::generated::types::{CUdevice, CUdevice_attribute, CUdevprop, CUuuid};
+use crate::generated::types::{CUdevice, CUdevice_P2PAttribute, CUdevice_attribute, CUdevprop, CUuuid};
 
 fn with_device<T>(dev: CUdevice, f: impl FnOnce(&DeviceInfo) -> DriverResult<T>) -> DriverResult<T> {
     f(driver().session()?.device(dev)?)
@@ -299,4 +299,21 @@ mod tests {
     }
 
     use super::super::init::cuInit;
+}
+
+/// Peer attributes between two devices: the session has one device, and a device is no peer of
+/// itself (the driver answers `CUDA_ERROR_INVALID_DEVICE` for that too).
+pub unsafe fn cuDeviceGetP2PAttribute(
+    value: *mut c_int,
+    _attrib: CUdevice_P2PAttribute,
+    src_device: CUdevice,
+    dst_device: CUdevice,
+) -> CUresult {
+    finish((|| {
+        non_null([value.cast()])?;
+        let session = driver().session()?;
+        session.device(src_device)?;
+        session.device(dst_device)?;
+        Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
+    })())
 }

@@ -19,13 +19,13 @@ use flyt_client::launch::{Args, Config};
 use flyt_client::registry::{self, Function};
 use flyt_protocol::ops::{Dim3, JitOption, LaunchAttribute, LinkOutcome, req};
 
-use super::session::{client, driver_error, resolve_stream, run};
+use super::session::{client, driver_error, resolve_stream, run, session_client};
 use crate::CUresult;
 use crate::driver::driver;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{
-    CUdevice, CUdeviceptr, CUfunction, CUfunction_attribute, CUfunctionLoadingState, CUjit_option, CUkernel, CUlaunchConfig, CUlibrary,
-    CUlibraryOption, CUmodule, CUmoduleLoadingMode, CUoccupancyB2DSize, CUstream,
+    CUdevice, CUdeviceptr, CUfunc_cache, CUfunction, CUfunction_attribute, CUfunctionLoadingState, CUjit_option, CUkernel, CUlaunchConfig,
+    CUlibrary, CUlibraryOption, CUmodule, CUmoduleLoadingMode, CUoccupancyB2DSize, CUstream,
 };
 
 /// Module handles are this plus the client core's module id; function handles this plus its
@@ -375,12 +375,6 @@ fn find_function<T>(out: *mut *mut T, id: u32, name: *const c_char, needs_contex
     unsafe { write_out(out, function_handle(&function)) }
 }
 
-/// The session for calls that need no current context (`cuLibrary*`, `cuKernel*`).
-fn session_client() -> DriverResult<&'static Client> {
-    driver().session()?;
-    flyt_client::client::client().map_err(driver_error)
-}
-
 pub unsafe fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) -> CUresult {
     run(|| find_function(hfunc, module_id(hmod)?, name, true))
 }
@@ -627,6 +621,14 @@ pub unsafe fn cuKernelGetAttribute(pi: *mut c_int, attrib: CUfunction_attribute,
 
 pub unsafe fn cuFuncSetAttribute(hfunc: CUfunction, attrib: CUfunction_attribute, value: c_int) -> CUresult {
     run(|| set_attribute(&*function(hfunc)?, attrib, value))
+}
+
+/// A kernel's cache preference, applied by the server's driver to its function.
+pub unsafe fn cuFuncSetCacheConfig(hfunc: CUfunction, config: CUfunc_cache) -> CUresult {
+    run(|| {
+        let function = function(hfunc)?;
+        session_client()?.call(req::FuncSetCacheConfig { function: function.reference(), config }).map(|_| ()).map_err(driver_error)
+    })
 }
 
 pub unsafe fn cuKernelSetAttribute(attrib: CUfunction_attribute, val: c_int, kernel: CUkernel, dev: CUdevice) -> CUresult {

@@ -9,7 +9,7 @@ use flyt_protocol::ops::req;
 use super::session::{client, driver_error, resolve_stream, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
-use crate::generated::types::{CUcontext, CUevent, CUlimit, CUstream};
+use crate::generated::types::{CUcontext, CUevent, CUfunc_cache, CUlimit, CUstream};
 
 /// `CU_STREAM_NON_BLOCKING` is the only stream flag.
 const STREAM_FLAGS: c_uint = 0x1;
@@ -208,6 +208,33 @@ pub unsafe fn cuCtxGetLimit(pvalue: *mut usize, limit: CUlimit) -> CUresult {
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { write_out(pvalue, reply.value as usize) }
     })
+}
+
+/// The context's cache preference: a hint the server's driver applies to the session's context.
+pub unsafe fn cuCtxSetCacheConfig(config: CUfunc_cache) -> CUresult {
+    run(|| client()?.call(req::DeviceSetCacheConfig { config }).map(|_| ()).map_err(driver_error))
+}
+
+pub unsafe fn cuCtxGetCacheConfig(pconfig: *mut CUfunc_cache) -> CUresult {
+    run(|| {
+        non_null([pconfig.cast()])?;
+        let config = client()?.call(req::DeviceGetCacheConfig {}).map_err(driver_error)?.config;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(pconfig, config) }
+    })
+}
+
+/// Profiling ranges are the server's: a profiler attached to the GPU server (nsys, ncu) sees them.
+pub unsafe fn cuProfilerStart() -> CUresult {
+    run(|| client()?.call(req::ProfilerControl { start: true }).map(|_| ()).map_err(driver_error))
+}
+
+pub unsafe fn cuProfilerStop() -> CUresult {
+    run(|| client()?.call(req::ProfilerControl { start: false }).map(|_| ()).map_err(driver_error))
+}
+
+pub unsafe fn cuCtxResetPersistingL2Cache() -> CUresult {
+    run(|| client()?.call(req::ResetPersistingL2Cache {}).map(|_| ()).map_err(driver_error))
 }
 
 pub unsafe fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult {

@@ -49,7 +49,7 @@ macro_rules! for_each_driver_api {
             unsupported cuCtxEnablePeerAccess [cuCtxEnablePeerAccess 1 legacy current] (peer_context: CUcontext, flags: c_uint);
             unsupported cuCtxFromGreenCtx [cuCtxFromGreenCtx 1 legacy current] (p_context: *mut CUcontext, h_ctx: CUgreenCtx);
             implemented cuCtxGetApiVersion [cuCtxGetApiVersion 1 legacy current] (ctx: CUcontext, version: *mut c_uint);
-            unsupported cuCtxGetCacheConfig [cuCtxGetCacheConfig 1 legacy current] (pconfig: *mut CUfunc_cache);
+            implemented cuCtxGetCacheConfig [cuCtxGetCacheConfig 1 legacy current] (pconfig: *mut CUfunc_cache);
             implemented cuCtxGetCurrent [cuCtxGetCurrent 1 legacy current] (pctx: *mut CUcontext);
             unsupported cuCtxGetDevResource [cuCtxGetDevResource 1 legacy current] (h_ctx: CUcontext, resource: *mut CUdevResource, type_: CUdevResourceType);
             implemented cuCtxGetDevice [cuCtxGetDevice 1 legacy current] (device: *mut CUdevice);
@@ -65,8 +65,8 @@ macro_rules! for_each_driver_api {
             implemented cuCtxPushCurrent [cuCtxPushCurrent 1 legacy internal] (ctx: CUcontext);
             implemented cuCtxPushCurrent_v2 [cuCtxPushCurrent 2 legacy current] (ctx: CUcontext);
             unsupported cuCtxRecordEvent [cuCtxRecordEvent 1 legacy current] (h_ctx: CUcontext, h_event: CUevent);
-            unsupported cuCtxResetPersistingL2Cache [cuCtxResetPersistingL2Cache 1 legacy current] ();
-            unsupported cuCtxSetCacheConfig [cuCtxSetCacheConfig 1 legacy current] (config: CUfunc_cache);
+            implemented cuCtxResetPersistingL2Cache [cuCtxResetPersistingL2Cache 1 legacy current] ();
+            implemented cuCtxSetCacheConfig [cuCtxSetCacheConfig 1 legacy current] (config: CUfunc_cache);
             implemented cuCtxSetCurrent [cuCtxSetCurrent 1 legacy current] (ctx: CUcontext);
             unsupported cuCtxSetFlags [cuCtxSetFlags 1 legacy current] (flags: c_uint);
             implemented cuCtxSetLimit [cuCtxSetLimit 1 legacy current] (limit: CUlimit, value: usize);
@@ -94,7 +94,7 @@ macro_rules! for_each_driver_api {
             implemented cuDeviceGetName [cuDeviceGetName 1 legacy current] (name: *mut c_char, len: c_int, dev: CUdevice);
             unsupported cuDeviceGetNvSciSyncAttributes [cuDeviceGetNvSciSyncAttributes 1 legacy current] (nv_sci_sync_attr_list: *mut c_void, dev: CUdevice, flags: c_int);
             unsupported cuDeviceGetP2PAtomicCapabilities [cuDeviceGetP2PAtomicCapabilities 1 legacy current] (capabilities: *mut c_uint, operations: *const CUatomicOperation, count: c_uint, src_device: CUdevice, dst_device: CUdevice);
-            unsupported cuDeviceGetP2PAttribute [cuDeviceGetP2PAttribute 1 legacy current] (value: *mut c_int, attrib: CUdevice_P2PAttribute, src_device: CUdevice, dst_device: CUdevice);
+            implemented cuDeviceGetP2PAttribute [cuDeviceGetP2PAttribute 1 legacy current] (value: *mut c_int, attrib: CUdevice_P2PAttribute, src_device: CUdevice, dst_device: CUdevice);
             implemented cuDeviceGetPCIBusId [cuDeviceGetPCIBusId 1 legacy current] (pci_bus_id: *mut c_char, len: c_int, dev: CUdevice);
             implemented cuDeviceGetProperties [cuDeviceGetProperties 1 legacy current] (prop: *mut CUdevprop, dev: CUdevice);
             unsupported cuDeviceGetTexture1DLinearMaxWidth [cuDeviceGetTexture1DLinearMaxWidth 1 legacy current] (max_width_in_elements: *mut usize, format: CUarray_format, num_channels: c_uint, dev: CUdevice);
@@ -148,7 +148,7 @@ macro_rules! for_each_driver_api {
             implemented cuFuncLoad [cuFuncLoad 1 legacy current] (function: CUfunction);
             implemented cuFuncSetAttribute [cuFuncSetAttribute 1 legacy current] (hfunc: CUfunction, attrib: CUfunction_attribute, value: c_int);
             unsupported cuFuncSetBlockShape [cuFuncSetBlockShape 1 legacy current] (hfunc: CUfunction, x: c_int, y: c_int, z: c_int);
-            unsupported cuFuncSetCacheConfig [cuFuncSetCacheConfig 1 legacy current] (hfunc: CUfunction, config: CUfunc_cache);
+            implemented cuFuncSetCacheConfig [cuFuncSetCacheConfig 1 legacy current] (hfunc: CUfunction, config: CUfunc_cache);
             unsupported cuFuncSetSharedMemConfig [cuFuncSetSharedMemConfig 1 legacy current] (hfunc: CUfunction, config: CUsharedconfig);
             unsupported cuFuncSetSharedSize [cuFuncSetSharedSize 1 legacy current] (hfunc: CUfunction, bytes: c_uint);
             unsupported cuGLCtxCreate [cuGLCtxCreate 1 legacy internal] (p_ctx: *mut CUcontext, flags: c_uint, device: CUdevice);
@@ -558,8 +558,8 @@ macro_rules! for_each_driver_api {
             implemented cuPointerGetAttributes [cuPointerGetAttributes 1 legacy current] (num_attributes: c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut c_void, ptr: CUdeviceptr);
             unsupported cuPointerSetAttribute [cuPointerSetAttribute 1 legacy current] (value: *const c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
             unsupported cuProfilerInitialize [cuProfilerInitialize 1 legacy current] (config_file: *const c_char, output_file: *const c_char, output_mode: CUoutput_mode);
-            unsupported cuProfilerStart [cuProfilerStart 1 legacy current] ();
-            unsupported cuProfilerStop [cuProfilerStop 1 legacy current] ();
+            implemented cuProfilerStart [cuProfilerStart 1 legacy current] ();
+            implemented cuProfilerStop [cuProfilerStop 1 legacy current] ();
             unsupported cuSignalExternalSemaphoresAsync [cuSignalExternalSemaphoresAsync 1 legacy current] (ext_sem_array: *const CUexternalSemaphore, params_array: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS, num_ext_sems: c_uint, stream: CUstream);
             unsupported cuSignalExternalSemaphoresAsync_ptsz [cuSignalExternalSemaphoresAsync 1 ptsz per_thread] (ext_sem_array: *const CUexternalSemaphore, params_array: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS, num_ext_sems: c_uint, stream: CUstream);
             unsupported cuStreamAddCallback [cuStreamAddCallback 1 legacy current] (h_stream: CUstream, callback: CUstreamCallback, user_data: *mut c_void, flags: c_uint);

@@ -132,6 +132,36 @@ pub unsafe fn cudaDeviceGetLimit(value: *mut usize, limit: c_int) -> CudaResult<
     unsafe { write_out(value, found) }
 }
 
+pub unsafe fn cudaDeviceSetCacheConfig(config: c_int) -> CudaResult<()> {
+    let config = c_uint::try_from(config).map_err(|_| CudaError::INVALID_VALUE)?;
+    cu_ctx!(cuCtxSetCacheConfig(config))
+}
+
+pub unsafe fn cudaDeviceGetCacheConfig(config: *mut c_int) -> CudaResult<()> {
+    let mut found = 0;
+    cu_ctx!(cuCtxGetCacheConfig(&mut found))?;
+    // SAFETY: the app's out-pointer.
+    unsafe { write_out(config, found as c_int) }
+}
+
+pub unsafe fn cudaCtxResetPersistingL2Cache() -> CudaResult<()> {
+    cu_ctx!(cuCtxResetPersistingL2Cache())
+}
+
+pub unsafe fn cudaDeviceGetP2PAttribute(value: *mut c_int, attr: c_int, src: c_int, dst: c_int) -> CudaResult<()> {
+    let attr = c_uint::try_from(attr).map_err(|_| CudaError::INVALID_VALUE)?;
+    cu!(cuDeviceGetP2PAttribute(value, attr, src, dst))
+}
+
+/// Profiling ranges go to the GPU server, where a profiler (nsys, ncu) may be attached.
+pub unsafe fn cudaProfilerStart() -> CudaResult<()> {
+    cu_ctx!(cuProfilerStart())
+}
+
+pub unsafe fn cudaProfilerStop() -> CudaResult<()> {
+    cu_ctx!(cuProfilerStop())
+}
+
 pub unsafe fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> CudaResult<()> {
     if free.is_null() || total.is_null() {
         return Err(CudaError::INVALID_VALUE);

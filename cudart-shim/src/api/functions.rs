@@ -84,6 +84,14 @@ pub unsafe fn cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_in
     cu_ctx!(cuFuncSetAttribute(kernel, attr, value))
 }
 
+/// A kernel's cache preference (`cudaFuncCache`: the driver's `CUfunc_cache` numbers).
+pub unsafe fn cudaFuncSetCacheConfig(func: *const c_void, config: c_int) -> CudaResult<()> {
+    let registered = kernel_by_host(func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+    let config = c_uint::try_from(config).map_err(|_| CudaError::INVALID_VALUE)?;
+    let kernel = registered.handle()?;
+    cu_ctx!(cuFuncSetCacheConfig(kernel, config))
+}
+
 pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessor(
     blocks: *mut c_int,
     func: *const c_void,

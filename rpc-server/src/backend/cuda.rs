@@ -830,6 +830,33 @@ impl Device for CudaDevice {
         self.staging.remake()
     }
 
+    fn func_set_cache_config(&self, function: Self::Function, config: u32) -> CudaResult<()> {
+        // SAFETY: `function` belongs to a loaded module; the value is a checked CUfunc_cache.
+        check(unsafe { sys::cuFuncSetCacheConfig(function.0, func_cache(config)?).result() })
+    }
+
+    fn set_cache_config(&self, config: u32) -> CudaResult<()> {
+        // SAFETY: the worker's context is current on this thread; the value is checked.
+        check(unsafe { sys::cuCtxSetCacheConfig(func_cache(config)?).result() })
+    }
+
+    fn cache_config(&self) -> CudaResult<u32> {
+        let mut config = sys::CUfunc_cache::CU_FUNC_CACHE_PREFER_NONE;
+        // SAFETY: a valid out-pointer; the worker's context is current.
+        check(unsafe { sys::cuCtxGetCacheConfig(&mut config).result() })?;
+        Ok(config as u32)
+    }
+
+    fn profiler(&self, start: bool) -> CudaResult<()> {
+        // SAFETY: no arguments; a profiler attached to this process (nsys, ncu) sees the range.
+        check(unsafe { if start { sys::cuProfilerStart() } else { sys::cuProfilerStop() }.result() })
+    }
+
+    fn reset_persisting_l2_cache(&self) -> CudaResult<()> {
+        // SAFETY: no arguments; the worker's context is current.
+        check(unsafe { sys::cuCtxResetPersistingL2Cache().result() })
+    }
+
     fn set_limit(&self, limit: u32, value: u64) -> CudaResult<()> {
         let limit = c_int::try_from(limit).map_err(|_| CudaError::INVALID_VALUE)?;
         let value = usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE)?;
@@ -844,6 +871,18 @@ impl Device for CudaDevice {
         raw_check(unsafe { (self.raw.ctx_get_limit)(&mut value, limit) })?;
         Ok(value as u64)
     }
+}
+
+/// A `CUfunc_cache` from its number; anything else is `INVALID_VALUE`, as the driver answers.
+fn func_cache(config: u32) -> CudaResult<sys::CUfunc_cache> {
+    use sys::CUfunc_cache as Cache;
+    Ok(match config {
+        0 => Cache::CU_FUNC_CACHE_PREFER_NONE,
+        1 => Cache::CU_FUNC_CACHE_PREFER_SHARED,
+        2 => Cache::CU_FUNC_CACHE_PREFER_L1,
+        3 => Cache::CU_FUNC_CACHE_PREFER_EQUAL,
+        _ => return Err(CudaError::INVALID_VALUE),
+    })
 }
 
 /// The driver's form of the launch attributes Flyt forwards; any other id is refused.

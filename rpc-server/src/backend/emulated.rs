@@ -48,6 +48,8 @@ struct State {
     events: HashMap<u64, Event>,
     next_handle: u64,
     limits: HashMap<u32, u64>,
+    /// The context's cache preference (`CU_FUNC_CACHE_PREFER_NONE` until set).
+    cache_config: u32,
 }
 
 /// A host-memory device.
@@ -419,6 +421,32 @@ impl Device for EmulatedDevice {
         state.used = 0;
         state.events.clear();
         state.limits.clear();
+        state.cache_config = 0;
+        Ok(())
+    }
+
+    fn func_set_cache_config(&self, _function: (), config: u32) -> CudaResult<()> {
+        // A preference the emulated device has no cache to apply to; its value is checked as
+        // the driver checks it.
+        cache_config(config).map(drop)
+    }
+
+    fn set_cache_config(&self, config: u32) -> CudaResult<()> {
+        self.state().cache_config = cache_config(config)?;
+        Ok(())
+    }
+
+    fn cache_config(&self) -> CudaResult<u32> {
+        Ok(self.state().cache_config)
+    }
+
+    fn profiler(&self, _start: bool) -> CudaResult<()> {
+        // No profiler is attached to this process: the driver answers success then too.
+        Ok(())
+    }
+
+    fn reset_persisting_l2_cache(&self) -> CudaResult<()> {
+        // No L2 lines persist on a host-memory device.
         Ok(())
     }
 
@@ -437,6 +465,11 @@ impl Device for EmulatedDevice {
 }
 
 const LIMIT_MAX_L2_FETCH_GRANULARITY: u32 = 5;
+
+/// A `CUfunc_cache` value: prefer none, shared memory, L1, or equal.
+fn cache_config(config: u32) -> CudaResult<u32> {
+    if config <= 3 { Ok(config) } else { Err(CudaError::INVALID_VALUE) }
+}
 
 /// A `cudaLimit`'s default on this Hopper-shaped device; a limit CUDA does not define, or one a
 /// compute capability 9.0 device does not have (`cudaLimitDevRuntimeSyncDepth`), is

@@ -157,6 +157,14 @@ pub trait Device: Send + Sync + 'static {
     /// its own buffers again and binds the calling thread to the new context; other threads call
     /// `bind_thread` again before their next use.
     fn reset(&self) -> CudaResult<()>;
+    /// A kernel's cache preference (`CUfunc_cache` numbering, checked).
+    fn func_set_cache_config(&self, function: Self::Function, config: u32) -> CudaResult<()>;
+    /// The context's cache preference.
+    fn set_cache_config(&self, config: u32) -> CudaResult<()>;
+    fn cache_config(&self) -> CudaResult<u32>;
+    /// Starts (`true`) or stops a profiler attached to this process.
+    fn profiler(&self, start: bool) -> CudaResult<()>;
+    fn reset_persisting_l2_cache(&self) -> CudaResult<()>;
     fn set_limit(&self, limit: u32, value: u64) -> CudaResult<()>;
     fn get_limit(&self, limit: u32) -> CudaResult<u64>;
 }

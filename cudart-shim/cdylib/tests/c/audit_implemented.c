@@ -220,6 +220,36 @@ static void device_and_errors(void) {
     OK("cudaDeviceSetLimit(stack)", cudaDeviceSetLimit(cudaLimitStackSize, 4096));
     OK("cudaDeviceGetLimit(stack)", cudaDeviceGetLimit(&limit, cudaLimitStackSize));
     EXPECT("the stack limit set is the stack limit", limit == 4096);
+
+    AUDIT("cudaDeviceSetCacheConfig");
+    AUDIT("cudaDeviceGetCacheConfig");
+    enum cudaFuncCache cache = cudaFuncCachePreferShared;
+    OK("cudaDeviceGetCacheConfig", cudaDeviceGetCacheConfig(&cache));
+    EXPECT("no cache preference before one is set", cache == cudaFuncCachePreferNone);
+    EXPECT_CODE("a cache preference past the last", cudaDeviceSetCacheConfig((enum cudaFuncCache)4), cudaErrorInvalidValue);
+    EXPECT_CODE("get the cache preference into NULL", cudaDeviceGetCacheConfig(NULL), cudaErrorInvalidValue);
+    OK("cudaDeviceSetCacheConfig(prefer L1)", cudaDeviceSetCacheConfig(cudaFuncCachePreferL1));
+    OK("cudaDeviceGetCacheConfig after a set", cudaDeviceGetCacheConfig(&cache));
+    EXPECT("the cache preference set is the one read", cache == cudaFuncCachePreferL1);
+    OK("cudaDeviceSetCacheConfig(prefer none)", cudaDeviceSetCacheConfig(cudaFuncCachePreferNone));
+
+    AUDIT("cudaCtxResetPersistingL2Cache");
+    OK("cudaCtxResetPersistingL2Cache", cudaCtxResetPersistingL2Cache());
+    AUDIT("cudaProfilerStart");
+    AUDIT("cudaProfilerStop");
+    // No profiler is attached to the server: both succeed, as the driver's do then.
+    OK("cudaProfilerStart", cudaProfilerStart());
+    OK("cudaProfilerStop", cudaProfilerStop());
+
+    AUDIT("cudaDeviceGetP2PAttribute");
+    int p2p = -1;
+    EXPECT_CODE("a device is no peer of itself", cudaDeviceGetP2PAttribute(&p2p, cudaDevP2PAttrAccessSupported, 0, 0),
+                cudaErrorInvalidDevice);
+    EXPECT_CODE("a peer past the last device", cudaDeviceGetP2PAttribute(&p2p, cudaDevP2PAttrAccessSupported, 0, 1),
+                cudaErrorInvalidDevice);
+    EXPECT_CODE("a P2P attribute into NULL", cudaDeviceGetP2PAttribute(NULL, cudaDevP2PAttrAccessSupported, 0, 0),
+                cudaErrorInvalidValue);
+    EXPECT("the peer attribute was not written", p2p == -1);
 }
 
 static void memory(void) {
@@ -733,6 +763,11 @@ static void modules_kernels_symbols(void) {
     EXPECT_CODE("set on a kernel the emulated device cannot load",
                 cudaFuncSetAttribute((const void *)fake_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024),
                 cudaErrorNotSupported);
+    AUDIT("cudaFuncSetCacheConfig");
+    EXPECT_CODE("a cache preference for a function that is no kernel",
+                cudaFuncSetCacheConfig((const void *)not_a_kernel, cudaFuncCachePreferL1), cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("a cache preference for a kernel the emulated device cannot load",
+                cudaFuncSetCacheConfig((const void *)fake_kernel, cudaFuncCachePreferL1), cudaErrorNotSupported);
     AUDIT("cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     EXPECT_CODE("occupancy into NULL", cudaOccupancyMaxActiveBlocksPerMultiprocessor(NULL, (const void *)fake_kernel, 128, 0),
                 cudaErrorInvalidValue);
