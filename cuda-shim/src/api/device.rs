@@ -224,6 +224,23 @@ pub unsafe fn cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice) -> CUre
     })())
 }
 
+/// Peer attributes between two devices: the session has one device, and a device is no peer of
+/// itself (the driver answers `CUDA_ERROR_INVALID_DEVICE` for that too).
+pub unsafe fn cuDeviceGetP2PAttribute(
+    value: *mut c_int,
+    _attrib: CUdevice_P2PAttribute,
+    src_device: CUdevice,
+    dst_device: CUdevice,
+) -> CUresult {
+    finish((|| {
+        non_null([value.cast()])?;
+        let session = driver().session()?;
+        session.device(src_device)?;
+        session.device(dst_device)?;
+        Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
+    })())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,21 +316,4 @@ mod tests {
     }
 
     use super::super::init::cuInit;
-}
-
-/// Peer attributes between two devices: the session has one device, and a device is no peer of
-/// itself (the driver answers `CUDA_ERROR_INVALID_DEVICE` for that too).
-pub unsafe fn cuDeviceGetP2PAttribute(
-    value: *mut c_int,
-    _attrib: CUdevice_P2PAttribute,
-    src_device: CUdevice,
-    dst_device: CUdevice,
-) -> CUresult {
-    finish((|| {
-        non_null([value.cast()])?;
-        let session = driver().session()?;
-        session.device(src_device)?;
-        session.device(dst_device)?;
-        Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
-    })())
 }
