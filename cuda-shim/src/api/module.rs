@@ -631,6 +631,15 @@ pub unsafe fn cuFuncSetCacheConfig(hfunc: CUfunction, config: CUfunc_cache) -> C
     })
 }
 
+/// CUDA 13's runtime asks this way (`cudaFuncSetCacheConfig` on a registered kernel).
+pub unsafe fn cuKernelSetCacheConfig(kernel: CUkernel, config: CUfunc_cache, dev: CUdevice) -> CUresult {
+    run(|| {
+        check_device(dev)?;
+        let function = function(kernel)?;
+        session_client()?.call(req::FuncSetCacheConfig { function: function.reference(), config }).map(|_| ()).map_err(driver_error)
+    })
+}
+
 pub unsafe fn cuKernelSetAttribute(attrib: CUfunction_attribute, val: c_int, kernel: CUkernel, dev: CUdevice) -> CUresult {
     run(|| {
         check_device(dev)?;

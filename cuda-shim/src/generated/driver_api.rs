@@ -303,7 +303,7 @@ macro_rules! for_each_driver_api {
             implemented cuKernelGetName [cuKernelGetName 1 legacy current] (name: *mut *const c_char, hfunc: CUkernel);
             implemented cuKernelGetParamInfo [cuKernelGetParamInfo 1 legacy current] (kernel: CUkernel, param_index: usize, param_offset: *mut usize, param_size: *mut usize);
             implemented cuKernelSetAttribute [cuKernelSetAttribute 1 legacy current] (attrib: CUfunction_attribute, val: c_int, kernel: CUkernel, dev: CUdevice);
-            unsupported cuKernelSetCacheConfig [cuKernelSetCacheConfig 1 legacy current] (kernel: CUkernel, config: CUfunc_cache, dev: CUdevice);
+            implemented cuKernelSetCacheConfig [cuKernelSetCacheConfig 1 legacy current] (kernel: CUkernel, config: CUfunc_cache, dev: CUdevice);
             unsupported cuLaunch [cuLaunch 1 legacy current] (f: CUfunction);
             unsupported cuLaunchCooperativeKernel [cuLaunchCooperativeKernel 1 legacy current] (f: CUfunction, grid_dim_x: c_uint, grid_dim_y: c_uint, grid_dim_z: c_uint, block_dim_x: c_uint, block_dim_y: c_uint, block_dim_z: c_uint, shared_mem_bytes: c_uint, h_stream: CUstream, kernel_params: *mut *mut c_void);
             unsupported cuLaunchCooperativeKernelMultiDevice [cuLaunchCooperativeKernelMultiDevice 1 legacy current] (launch_params_list: *mut CUDA_LAUNCH_PARAMS, num_devices: c_uint, flags: c_uint);
