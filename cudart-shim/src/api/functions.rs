@@ -84,9 +84,11 @@ pub unsafe fn cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_in
     cu_ctx!(cuFuncSetAttribute(kernel, attr, value))
 }
 
-/// A kernel's cache preference (`cudaFuncCache`: the driver's `CUfunc_cache` numbers).
+/// A kernel's cache preference (`cudaFuncCache`: the driver's `CUfunc_cache` numbers). A host
+/// function that is no kernel is an invalid resource handle here (CUDA 13's runtime, measured),
+/// where `cudaFuncSetAttribute` says invalid device function.
 pub unsafe fn cudaFuncSetCacheConfig(func: *const c_void, config: c_int) -> CudaResult<()> {
-    let registered = kernel_by_host(func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+    let registered = kernel_by_host(func as usize).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
     let config = c_uint::try_from(config).map_err(|_| CudaError::INVALID_VALUE)?;
     let kernel = registered.handle()?;
     cu_ctx!(cuFuncSetCacheConfig(kernel, config))

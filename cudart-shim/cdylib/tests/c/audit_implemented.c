@@ -765,7 +765,7 @@ static void modules_kernels_symbols(void) {
                 cudaErrorNotSupported);
     AUDIT("cudaFuncSetCacheConfig");
     EXPECT_CODE("a cache preference for a function that is no kernel",
-                cudaFuncSetCacheConfig((const void *)not_a_kernel, cudaFuncCachePreferL1), cudaErrorInvalidDeviceFunction);
+                cudaFuncSetCacheConfig((const void *)not_a_kernel, cudaFuncCachePreferL1), cudaErrorInvalidResourceHandle);
     EXPECT_CODE("a cache preference for a kernel the emulated device cannot load",
                 cudaFuncSetCacheConfig((const void *)fake_kernel, cudaFuncCachePreferL1), cudaErrorNotSupported);
     AUDIT("cudaOccupancyMaxActiveBlocksPerMultiprocessor");
