@@ -33,7 +33,7 @@ use rustls::{ClientConfig, ConnectionTrafficSecrets, ContentType, ServerConfig, 
 
 /// The first byte of a TLS handshake record: how a server tells a TLS client from a plain one.
 pub const HANDSHAKE_RECORD: u8 = 22;
-/// Bytes the opener reads from the TCP socket at a time.
+/// Bytes the receiving intake reads from the TCP socket at a time.
 const INBOUND: usize = 1 << 20;
 /// Most plaintext bytes in one record (RFC 8446, 5.1).
 const MAX_PLAINTEXT: usize = 1 << 14;
@@ -1121,7 +1121,7 @@ mod tests {
         assert!(refused.contains("certificate"), "{refused}");
     }
 
-    /// A session that reads slowly, in small pieces: the pump holds what it read from the socket
+    /// A session that reads slowly, in small pieces: the record threads hold what they read from the socket
     /// until the session takes it, and loses nothing.
     #[test]
     fn a_slow_session_gets_every_byte() {
