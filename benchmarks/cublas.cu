@@ -27,6 +27,49 @@ static std::vector<float> filled(size_t n, unsigned seed) {
     return v;
 }
 
+// C = A * B for n x n column-major floats: A and B filled on the host and uploaded, C on the device.
+struct Gemm {
+    int n;
+    std::vector<float> a, b;
+    float *da = nullptr, *db = nullptr, *dc = nullptr;
+
+    Gemm(int n, unsigned seed) : n(n), a(filled(count(), seed)), b(filled(count(), seed + 1)) {
+        CK(cudaMalloc(&da, bytes()));
+        CK(cudaMalloc(&db, bytes()));
+        CK(cudaMalloc(&dc, bytes()));
+        CK(cudaMemcpy(da, a.data(), bytes(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(db, b.data(), bytes(), cudaMemcpyHostToDevice));
+    }
+    ~Gemm() {
+        cudaFree(da);
+        cudaFree(db);
+        cudaFree(dc);
+    }
+    size_t count() const { return size_t(n) * n; }
+    size_t bytes() const { return count() * sizeof(float); }
+
+    void run(cublasHandle_t handle) const {
+        const float one = 1.0f, zero = 0.0f;
+        CB(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, da, n, db, n, &zero, dc, n));
+    }
+
+    // Checks C[i, j] of the device's result `c` against a double-precision dot product.
+    void check(const std::vector<float> &c, int i, int j, double tolerance, const char *bench) const {
+        double want = 0;
+        for (int k = 0; k < n; k++) want += double(a[i + size_t(k) * n]) * double(b[k + size_t(j) * n]);
+        double got = c[i + size_t(j) * n];
+        if (std::fabs(got - want) > tolerance * (1 + std::fabs(want)))
+            throw bench::CudaFailure(std::string(bench) + ": C[" + std::to_string(i) + "," + std::to_string(j) + "] = " +
+                                     std::to_string(got) + ", expected " + std::to_string(want));
+    }
+
+    std::vector<float> result() const {
+        std::vector<float> c(count());
+        CK(cudaMemcpy(c.data(), dc, bytes(), cudaMemcpyDeviceToHost));
+        return c;
+    }
+};
+
 static int run(const bench::Args &args) {
     const bool quick = args.has("--quick");
     CK(cudaFree(nullptr));
@@ -35,78 +78,39 @@ static int run(const bench::Args &args) {
     CB(cublasCreate(&handle));
 
     bench::section("sgemm_4096", [&] {
-        const int n = 4096, reps = quick ? 5 : 20;
-        const size_t count = size_t(n) * n;
-        auto a = filled(count, 1), b = filled(count, 2);
-        float *da, *db, *dc;
-        CK(cudaMalloc(&da, count * 4));
-        CK(cudaMalloc(&db, count * 4));
-        CK(cudaMalloc(&dc, count * 4));
-        CK(cudaMemcpy(da, a.data(), count * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(db, b.data(), count * 4, cudaMemcpyHostToDevice));
-        const float one = 1.0f, zero = 0.0f;
+        const int reps = quick ? 5 : 20;
+        Gemm gemm(4096, 1);
         // Warm-up: cuBLAS picks and loads its kernel.
-        CB(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, da, n, db, n, &zero, dc, n));
+        gemm.run(handle);
         CK(cudaDeviceSynchronize());
         auto t0 = bench::Clock::now();
-        for (int r = 0; r < reps; r++)
-            CB(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, da, n, db, n, &zero, dc, n));
+        for (int r = 0; r < reps; r++) gemm.run(handle);
         CK(cudaDeviceSynchronize());
         double s = bench::us_between(t0, bench::Clock::now()) / 1e6;
-        std::vector<float> c(count);
-        CK(cudaMemcpy(c.data(), dc, count * 4, cudaMemcpyDeviceToHost));
-        // Column-major: C[i + j*n] = sum_k A[i + k*n] * B[k + j*n].
-        for (int probe = 0; probe < 16; probe++) {
-            int i = (probe * 977) % n, j = (probe * 1601 + 7) % n;
-            double want = 0;
-            for (int k = 0; k < n; k++) want += double(a[i + size_t(k) * n]) * double(b[k + size_t(j) * n]);
-            double got = c[i + size_t(j) * n];
-            if (std::fabs(got - want) > 1e-2 * (1 + std::fabs(want)))
-                throw bench::CudaFailure("sgemm_4096: C[" + std::to_string(i) + "," + std::to_string(j) + "] = " +
-                                         std::to_string(got) + ", expected " + std::to_string(want));
-        }
-        double gflops = 2.0 * n * double(n) * n * reps / s / 1e9;
-        bench::Json("sgemm_4096").integer("n", n).integer("reps", reps).num("total_s", s).num("gflops", gflops).emit();
+        auto c = gemm.result();
+        for (int probe = 0; probe < 16; probe++) gemm.check(c, (probe * 977) % gemm.n, (probe * 1601 + 7) % gemm.n, 1e-2, "sgemm_4096");
+        double gflops = 2.0 * gemm.n * double(gemm.n) * gemm.n * reps / s / 1e9;
+        bench::Json("sgemm_4096").integer("n", gemm.n).integer("reps", reps).num("total_s", s).num("gflops", gflops).emit();
         bench::note("SGEMM 4096 x %d: %.3f s, %.0f GFLOP/s", reps, s, gflops);
-        CK(cudaFree(da));
-        CK(cudaFree(db));
-        CK(cudaFree(dc));
     });
 
     bench::section("small_gemms", [&] {
-        const int n = 64, calls = 1000, rounds = quick ? 5 : 20;
-        const size_t count = size_t(n) * n;
-        auto a = filled(count, 3), b = filled(count, 4);
-        float *da, *db, *dc;
-        CK(cudaMalloc(&da, count * 4));
-        CK(cudaMalloc(&db, count * 4));
-        CK(cudaMalloc(&dc, count * 4));
-        CK(cudaMemcpy(da, a.data(), count * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(db, b.data(), count * 4, cudaMemcpyHostToDevice));
-        const float one = 1.0f, zero = 0.0f;
-        CB(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, da, n, db, n, &zero, dc, n));
+        const int calls = 1000, rounds = quick ? 5 : 20;
+        Gemm gemm(64, 3);
+        gemm.run(handle);
         CK(cudaDeviceSynchronize());
         std::vector<double> ms;
         for (int r = 0; r < rounds; r++) {
             auto t0 = bench::Clock::now();
-            for (int i = 0; i < calls; i++)
-                CB(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, da, n, db, n, &zero, dc, n));
+            for (int i = 0; i < calls; i++) gemm.run(handle);
             CK(cudaDeviceSynchronize());
             ms.push_back(bench::us_between(t0, bench::Clock::now()) / 1e3);
         }
-        std::vector<float> c(count);
-        CK(cudaMemcpy(c.data(), dc, count * 4, cudaMemcpyDeviceToHost));
-        double want = 0;
-        for (int k = 0; k < n; k++) want += double(a[5 + size_t(k) * n]) * double(b[k + size_t(9) * n]);
-        if (std::fabs(c[5 + size_t(9) * n] - want) > 1e-3 * (1 + std::fabs(want)))
-            throw bench::CudaFailure("small_gemms: a wrong element of C");
+        gemm.check(gemm.result(), 5, 9, 1e-3, "small_gemms");
         auto st = bench::stats(ms);
-        bench::Json("small_gemms").integer("n", n).integer("calls", calls).integer("rounds", rounds)
+        bench::Json("small_gemms").integer("n", gemm.n).integer("calls", calls).integer("rounds", rounds)
             .num("p50_ms", st.p50).num("min_ms", st.min).num("mean_ms", st.mean).emit();
         bench::note("1000 SGEMMs of 64x64 + sync: p50 %.3f ms", st.p50);
-        CK(cudaFree(da));
-        CK(cudaFree(db));
-        CK(cudaFree(dc));
     });
     CB(cublasDestroy(handle));
     return 0;
