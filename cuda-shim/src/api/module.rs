@@ -624,19 +624,19 @@ pub unsafe fn cuFuncSetAttribute(hfunc: CUfunction, attrib: CUfunction_attribute
 }
 
 /// A kernel's cache preference, applied by the server's driver to its function.
+fn set_cache_config(function: &Function, config: CUfunc_cache) -> DriverResult {
+    session_client()?.call(req::FuncSetCacheConfig { function: function.reference(), config }).map(|_| ()).map_err(driver_error)
+}
+
 pub unsafe fn cuFuncSetCacheConfig(hfunc: CUfunction, config: CUfunc_cache) -> CUresult {
-    run(|| {
-        let function = function(hfunc)?;
-        session_client()?.call(req::FuncSetCacheConfig { function: function.reference(), config }).map(|_| ()).map_err(driver_error)
-    })
+    run(|| set_cache_config(&*function(hfunc)?, config))
 }
 
 /// CUDA 13's runtime asks this way (`cudaFuncSetCacheConfig` on a registered kernel).
 pub unsafe fn cuKernelSetCacheConfig(kernel: CUkernel, config: CUfunc_cache, dev: CUdevice) -> CUresult {
     run(|| {
         check_device(dev)?;
-        let function = function(kernel)?;
-        session_client()?.call(req::FuncSetCacheConfig { function: function.reference(), config }).map(|_| ()).map_err(driver_error)
+        set_cache_config(&*function(kernel)?, config)
     })
 }
 
