@@ -1073,14 +1073,26 @@ mod tests {
 
     /// A TLS session over loopback TCP: the client's end, and the server's (or why each failed).
     fn handshake(client: Arc<ClientConfig>, server: Arc<ServerConfig>) -> (Result<UnixStream, String>, Result<UnixStream, String>) {
+        handshake_updating_keys(client, server, None, None)
+    }
+
+    /// [`handshake`], each end replacing its key after the given number of records (`None`: at
+    /// the suite's limit).
+    fn handshake_updating_keys(
+        client: Arc<ClientConfig>,
+        server: Arc<ServerConfig>,
+        client_updates: Option<u64>,
+        server_updates: Option<u64>,
+    ) -> (Result<UnixStream, String>, Result<UnixStream, String>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap();
         let accepted = std::thread::spawn(move || {
             let (tcp, _) = listener.accept().unwrap();
-            accept(server, tcp, Duration::from_secs(5))
+            start(UnbufferedServerConnection::new(server).unwrap(), tcp, Duration::from_secs(5), server_updates)
         });
         let tcp = TcpStream::connect(address).unwrap();
-        let connected = connect(client, ServerName::try_from("localhost").unwrap(), tcp, Duration::from_secs(5));
+        let connection = UnbufferedClientConnection::new(client, ServerName::try_from("localhost").unwrap()).unwrap();
+        let connected = start(connection, tcp, Duration::from_secs(5), client_updates);
         (connected, accepted.join().unwrap())
     }
 
@@ -1210,26 +1222,21 @@ mod tests {
     #[test]
     fn key_updates_between_flyt_ends_lose_nothing() {
         let (client_config, server_config) = configs();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = listener.local_addr().unwrap();
-        let server = std::thread::spawn(move || {
-            let (tcp, _) = listener.accept().unwrap();
-            let mut session = start(UnbufferedServerConnection::new(server_config).unwrap(), tcp, Duration::from_secs(5), Some(2)).unwrap();
-            // Echo.
+        let (client, server) = handshake_updating_keys(client_config, server_config, Some(5), Some(2));
+        let mut server = server.unwrap();
+        let echo = std::thread::spawn(move || {
             let mut buffer = vec![0u8; 1 << 20];
             loop {
-                let read = session.read(&mut buffer).unwrap();
+                let read = server.read(&mut buffer).unwrap();
                 if read == 0 {
                     break;
                 }
-                session.write_all(&buffer[..read]).unwrap();
+                server.write_all(&buffer[..read]).unwrap();
             }
         });
-        let connection = UnbufferedClientConnection::new(client_config, ServerName::try_from("localhost").unwrap()).unwrap();
-        let session = start(connection, TcpStream::connect(address).unwrap(), Duration::from_secs(5), Some(5)).unwrap();
         let payload: Arc<Vec<u8>> = Arc::new((0..24u32 << 20).map(|i| (i % 239) as u8).collect());
-        let echoed = echo_through(session, payload.clone());
-        server.join().unwrap();
+        let echoed = echo_through(client.unwrap(), payload.clone());
+        echo.join().unwrap();
         assert!(echoed == *payload, "the echo differs ({} of {} bytes)", echoed.len(), payload.len());
     }
 

@@ -326,25 +326,18 @@ impl Cluster {
     /// flytctl from "another host": to the cluster manager's TCP address, with `tls` (a folder
     /// made by `tls-init`, or none), never through the admin socket.
     pub fn remote_flytctl(&self, tls: Option<&std::path::Path>, args: &[&str]) -> (i32, String, String) {
-        let mut command = Command::new(binary("flytctl"));
-        command
-            .args(args)
-            .env("FLYTCTL_ADMIN_SOCKET", self.path("no-such-admin.sock"))
-            .env("FLYTCTL_CLUSTER_MANAGER", self.cluster_address())
-            .env("FLYTCTL_CLUSTER_KEY_FILE", &self.key_file)
-            .env("FLYTCTL_TIMEOUT_SECONDS", "20");
+        let mut settings = vec![
+            ("FLYTCTL_ADMIN_SOCKET", self.path("no-such-admin.sock").into_os_string()),
+            ("FLYTCTL_CLUSTER_MANAGER", self.cluster_address().into()),
+        ];
         if let Some(dir) = tls {
-            command
-                .env("FLYTCTL_TLS_CA", dir.join(flyt_daemon_kit::tls::CA_CERT))
-                .env("FLYTCTL_TLS_CERT", dir.join(flyt_daemon_kit::tls::CERT))
-                .env("FLYTCTL_TLS_KEY", dir.join(flyt_daemon_kit::tls::KEY));
+            settings.extend([
+                ("FLYTCTL_TLS_CA", dir.join(flyt_daemon_kit::tls::CA_CERT).into_os_string()),
+                ("FLYTCTL_TLS_CERT", dir.join(flyt_daemon_kit::tls::CERT).into_os_string()),
+                ("FLYTCTL_TLS_KEY", dir.join(flyt_daemon_kit::tls::KEY).into_os_string()),
+            ]);
         }
-        let output = command.output().unwrap();
-        (
-            output.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
+        self.flytctl_with(&settings, args)
     }
 
     pub fn start_cluster_manager(&mut self) {
@@ -463,13 +456,18 @@ impl Cluster {
         socket
     }
 
-    /// Runs flytctl; returns (exit code, stdout, stderr).
+    /// Runs flytctl through the admin socket; returns (exit code, stdout, stderr).
     pub fn flytctl(&self, args: &[&str]) -> (i32, String, String) {
+        self.flytctl_with(&[("FLYTCTL_ADMIN_SOCKET", self.path("admin.sock").into_os_string())], args)
+    }
+
+    /// flytctl with the cluster's key, a 20 s limit and `settings` (environment variables).
+    fn flytctl_with(&self, settings: &[(&str, std::ffi::OsString)], args: &[&str]) -> (i32, String, String) {
         let output = Command::new(binary("flytctl"))
             .args(args)
-            .env("FLYTCTL_ADMIN_SOCKET", self.path("admin.sock"))
             .env("FLYTCTL_CLUSTER_KEY_FILE", &self.key_file)
             .env("FLYTCTL_TIMEOUT_SECONDS", "20")
+            .envs(settings.iter().map(|(name, value)| (name, value)))
             .output()
             .unwrap();
         (
