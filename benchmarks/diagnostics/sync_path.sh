@@ -4,27 +4,16 @@
 # with a CPU profile of the Flyt run when perf is there.
 #   benchmarks/diagnostics/sync_path.sh DIST OUT
 set -uo pipefail
-dist=$(cd "${1:?dist folder}" && pwd)
-out=${2:?output folder}
-mkdir -p "$out"
-here=$(cd "$(dirname "$0")" && pwd)
-cuda=${CUDA_HOME:-/usr/local/cuda}
-tmp=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
-cc -O2 -o "$tmp/sync_path" "$here/sync_path.c" -I"$cuda/include" -L"$cuda/lib64/stubs" -lcuda || exit 1
+source "$(dirname "$0")/common.sh"
+build_probe sync_path || exit 1
 echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
 echo "== native"
 "$tmp/sync_path"
-start_server() { # device socket
-    FLYT_RPC_OP_TIMES=1 "$dist/bin/flyt-rpc-server" --device "$1" --listen "unix:$2" >"$tmp/$1.out" 2>"$tmp/$1.err" </dev/null &
-    for _ in $(seq 100); do grep -q listening "$tmp/$1.out" "$tmp/$1.err" 2>/dev/null && return 0; sleep 0.1; done
-    echo "server ($1) did not start"; cat "$tmp/$1.err"; return 1
-}
 flyt() { FLYT_SERVER=unix:$1 FLYT_SHM=on LD_LIBRARY_PATH=$dist/lib "${@:2}"; }
-start_server emulated "$tmp/emulated.sock"
+FLYT_RPC_OP_TIMES=1 start_server emulated --device emulated --listen "unix:$tmp/emulated.sock" || exit 1
 echo "== flyt shm, emulated device"
 flyt "$tmp/emulated.sock" "$tmp/sync_path"
-start_server cuda "$tmp/cuda.sock"
+FLYT_RPC_OP_TIMES=1 start_server cuda --device cuda --listen "unix:$tmp/cuda.sock" || exit 1
 echo "== flyt shm, cuda"
 flyt "$tmp/cuda.sock" "$tmp/sync_path"
 echo "== flyt shm, cuda, a blocking stream"

@@ -4,23 +4,13 @@
 # prints the median GB/s per kind and direction and TLS's share of plain TCP.
 #   benchmarks/diagnostics/tls_copy.sh DIST OUT [MiB...]   (default 64 256)
 set -uo pipefail
-dist=$(cd "${1:?dist folder}" && pwd)
-out=${2:?output folder}
+source "$(dirname "$0")/common.sh"
 shift 2
 if [ $# -gt 0 ]; then sizes=("$@"); else sizes=(64 256); fi
-mkdir -p "$out"
-here=$(cd "$(dirname "$0")" && pwd)
-cuda=${CUDA_HOME:-/usr/local/cuda}
-tmp=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
-cc -O2 -o "$tmp/tls_copy" "$here/tls_copy.c" -I"$cuda/include" -L"$cuda/lib64/stubs" -lcuda || exit 1
+build_probe tls_copy || exit 1
 "$dist/bin/flytctl" tls-init --dir "$tmp/tls" --name 127.0.0.1 >/dev/null || exit 1
-start() { # port [tls args]
-    "$dist/bin/flyt-rpc-server" --device cuda --listen "127.0.0.1:$1" "${@:2}" >"$tmp/$1.out" 2>"$tmp/$1.err" </dev/null &
-    for _ in $(seq 100); do grep -q listening "$tmp/$1.out" 2>/dev/null && return 0; sleep 0.1; done
-    echo "server on $1 did not start"; cat "$tmp/$1.err"; return 1
-}
-start 47001 && start 47002 --tls-cert "$tmp/tls/cert.pem" --tls-key "$tmp/tls/key.pem" || exit 1
+start_server tcp --device cuda --listen 127.0.0.1:47001 &&
+    start_server tls --device cuda --listen 127.0.0.1:47002 --tls-cert "$tmp/tls/cert.pem" --tls-key "$tmp/tls/key.pem" || exit 1
 flyt() { FLYT_SERVER=127.0.0.1:$1 FLYT_SHM=off LD_LIBRARY_PATH=$dist/lib "${@:2}"; }
 log=$out/tls_copy.log
 : >"$log"
