@@ -628,6 +628,11 @@ class Data:
                 return r
         return None
 
+    def across_runs(self, transport, prog, bench, field, combine):
+        """`combine` (median, min...) of `field` over a program's runs (REPEATS), or None."""
+        values = [r[field] for r in self.records(transport, prog) if r.get("bench") == bench and isinstance(r.get(field), (int, float))]
+        return combine(values) if values else None
+
     def value(self, transport, prog, bench, field, **match):
         r = self.find(transport, prog, bench, **match)
         v = r.get(field) if r else None
@@ -763,8 +768,7 @@ def build_rows(d):
     row("cuBLAS: 1000 SGEMMs of 64x64 + sync, p50 (static runtime)", "ms", lambda t: v(t, "cublas", "small_gemms", "p50_ms"))
 
     def first_kernel(t, field):
-        runs = [r[field] for r in d.records(t, "first_kernel") if r.get("bench") == "first_kernel" and field in r]
-        return statistics.median(runs) if runs else None
+        return d.across_runs(t, "first_kernel", "first_kernel", field, statistics.median)
     row("first CUDA call (cuInit, context; Flyt: server found, session up), median of runs", "ms",
         lambda t: first_kernel(t, "init_ms"))
     row("main to first kernel's result on the host, median of runs (warm server)", "ms",
@@ -773,8 +777,7 @@ def build_rows(d):
     def best_of_runs(t, bench):
         # These VMs move a whole process's timings by 20-30% from one run to the next (native
         # too): each column shows the better of its two runs' medians.
-        p50s = [r["p50_ms"] for r in d.records(t, "torch") if r.get("bench") == bench and "p50_ms" in r]
-        return min(p50s) if p50s else None
+        return d.across_runs(t, "torch", bench, "p50_ms", min)
     row("PyTorch: transformer training step (6 layers, d 512, batch 32 x 128), p50, better of 2 runs", "ms",
         lambda t: best_of_runs(t, "torch_train_step"), {"sockets": ("ratio_max", 1.5), "shm": ("ratio_max", 1.05)},
         section=torch_section)
