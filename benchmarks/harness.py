@@ -44,11 +44,13 @@ PROGRAMS = {
     # PyTorch (its bundled runtime over Flyt's libcuda.so.1), with --python.
     "torch": (240, 150),
     "launch_heavy": (60, 25),
+    # A 1000-node graph (stream capture of 1000 small kernels), instantiated once, launched 1000 times.
+    "graph": (60, 30),
     "pipeline": (150, 40),
     "idle_cpu": (150, 90),
 }
 ORDER = ["micro", "copy", "matmul", "micro_static", "copy_static", "matmul_static", "cublas", "first_kernel", "torch",
-         "launch_heavy", "idle_cpu", "pipeline"]
+         "launch_heavy", "graph", "idle_cpu", "pipeline"]
 # Programs run as several processes in a row (records tagged with the run): start-up is measured
 # per process, and PyTorch's second run shows what a warm image cache saves.
 REPEATS = {"first_kernel": (7, 5), "torch": (2, 2)}
@@ -797,6 +799,14 @@ def build_rows(d):
         {"sockets": ("ratio_max", 1.02), "shm": ("ratio_max", 1.01)}, section="Applications")
     row("launch-heavy app, per 10k launches + sync (mean)", "ms", lambda t: v(t, "launch_heavy", "launch_heavy", "round_mean_ms"),
         {"sockets": ("ratio_max", 2.0), "shm": ("ratio_max", 1.3)})
+    row("graph of 1000 kernel nodes (stream capture): cudaGraphLaunch + sync p50", "us",
+        lambda t: v(t, "graph", "graph_launch", "p50_us"))
+    row("graph of 1000 kernel nodes: cudaGraphLaunch + sync p99", "us", lambda t: v(t, "graph", "graph_launch", "p99_us"))
+    row("graph of 1000 kernel nodes: cudaGraphLaunch call alone p50", "us",
+        lambda t: v(t, "graph", "graph_launch", "call_p50_us"))
+    row("graph of 1000 kernel nodes: cudaGraphInstantiate", "ms", lambda t: v(t, "graph", "graph_launch", "instantiate_ms"))
+    row("graph comparison: the same 1000 kernels launched one by one + sync, p50", "ms",
+        lambda t: v(t, "graph", "graph_vs_stream", "p50_ms"))
     one_pct = {"sockets": ("max", 1), "shm": ("max", 1)}
     row("(a) app blocked 2 s in cudaDeviceSynchronize on a kernel: app CPU", "%",
         lambda t: v(t, "idle_cpu", "idle_blocked", "cpu_pct"), section="Idle CPU (% of one core)")

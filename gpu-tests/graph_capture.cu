@@ -1,10 +1,16 @@
 // graph_capture: a typical CUDA-graphs program. A stream capture records a few kernels and a
-// device-to-device copy; the graph is instantiated and launched in a loop, timed with events; the
-// result is checked against the same steps done on the host. Every call is checked.
-//
-// Natively it must PASS. Flyt does not support graphs: through Flyt the first graph call must fail
-// (the program prints which and exits 1) and the shim names the function on stderr. It must never
-// exit 0 there: a graph program that "succeeds" without running its graph produces garbage.
+// device-to-device copy; the graph is instantiated and launched in a loop, timed with events (the
+// time goes to stderr); the result is checked against the same steps done on the host; a second
+// capture is applied with cudaGraphExecUpdate. Then:
+//  - a capture that forks to a second stream and joins back (cudaEventRecord on the capturing
+//    stream, cudaStreamWaitEvent on the other, a kernel there, an event back, a wait on the origin),
+//    with cudaStreamGetCaptureInfo (status, a nonzero capture id) and cudaStreamIsCapturing on both;
+//  - captures in cudaStreamCaptureModeThreadLocal and cudaStreamCaptureModeRelaxed;
+//  - cudaMalloc during a global-mode capture (an unsafe call there: the error names of the
+//    cudaMalloc and of the cudaStreamEndCapture are printed, the native run is the reference);
+//  - cudaThreadExchangeStreamCaptureMode to relaxed around a cudaMalloc during a global-mode
+//    capture (allowed), the new allocation used by the captured kernels.
+// Every call is checked.
 #include "common.h"
 
 #include <vector>
@@ -22,6 +28,26 @@ __global__ void add_index(float *x, int n) {
 __global__ void clamp_to(float *x, int n, float hi) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n && x[i] > hi) x[i] = hi;
+}
+
+__global__ void fill_mod5(float *z, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) z[i] = (float)(i % 5);
+}
+
+__global__ void add_from(float *x, const float *z, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += z[i];
+}
+
+// Copies x back and compares it with the host's steps.
+static void check_x(const float *x, const std::vector<float> &want, std::vector<float> &h, const char *what) {
+    CHECK(cudaMemcpy(h.data(), x, want.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (size_t i = 0; i < want.size(); i++)
+        if (h[i] != want[i]) bad++;
+    EXPECT(bad == 0, "%s: %d of %zu results differ from the host's", what, bad, want.size());
+    printf("%s: %s\n", what, bad ? "wrong" : "ok");
 }
 
 int main() {
@@ -116,6 +142,115 @@ int main() {
     printf("results after the update: %s\n", bad ? "wrong" : "ok");
 
     CHECK(cudaGraphExecDestroy(exec));
+
+    // Fork/join: x = x * 0.5 on s, z = i % 5 on s2, then x += z on s.
+    cudaStream_t s2;
+    CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    float *z = nullptr;
+    CHECK(cudaMalloc(&z, bytes));
+    cudaEvent_t fork, join;
+    CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    unsigned long long id = 0;
+    CHECK(cudaStreamGetCaptureInfo(s, &status, &id));
+    printf("capture info: %s, capture id nonzero: %s\n",
+           status == cudaStreamCaptureStatusActive ? "active" : "not active", id != 0 ? "yes" : "no");
+    EXPECT(status == cudaStreamCaptureStatusActive && id != 0, "cudaStreamGetCaptureInfo: status %d, id %llu",
+           (int)status, id);
+    scale<<<(n + 255) / 256, 256, 0, s>>>(x, n, 0.5f);
+    CHECK_LAUNCH();
+    CHECK(cudaEventRecord(fork, s));
+    CHECK(cudaStreamWaitEvent(s2, fork, 0));
+    CHECK(cudaStreamIsCapturing(s2, &status));
+    printf("second stream capturing after the fork: %s\n", status == cudaStreamCaptureStatusActive ? "yes" : "no");
+    fill_mod5<<<(n + 255) / 256, 256, 0, s2>>>(z, n);
+    CHECK_LAUNCH();
+    CHECK(cudaEventRecord(join, s2));
+    CHECK(cudaStreamWaitEvent(s, join, 0));
+    add_from<<<(n + 255) / 256, 256, 0, s>>>(x, z, n);
+    CHECK_LAUNCH();
+    cudaGraph_t forked = nullptr;
+    CHECK(cudaStreamEndCapture(s, &forked));
+    CHECK(cudaStreamIsCapturing(s2, &status));
+    printf("second stream capturing after the end: %s\n", status == cudaStreamCaptureStatusNone ? "no" : "yes");
+    CHECK(cudaGraphGetNodes(forked, nullptr, &nodes));
+    printf("fork/join graph nodes: %zu\n", nodes);
+    CHECK(cudaGraphInstantiate(&exec, forked, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < n; i++) want[i] = want[i] * 0.5f + (float)(i % 5);
+    check_x(x, want, h, "fork/join graph");
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(forked));
+
+    // Thread-local and relaxed capture modes: x = x * 0.5 + i % 7, launched twice.
+    const cudaStreamCaptureMode modes[] = {cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeRelaxed};
+    const char *mode_names[] = {"thread-local", "relaxed"};
+    for (int m = 0; m < 2; m++) {
+        cudaGraph_t mg = nullptr;
+        CHECK(cudaStreamBeginCapture(s, modes[m]));
+        scale<<<(n + 255) / 256, 256, 0, s>>>(x, n, 0.5f);
+        CHECK_LAUNCH();
+        add_index<<<(n + 255) / 256, 256, 0, s>>>(x, n);
+        CHECK_LAUNCH();
+        CHECK(cudaStreamEndCapture(s, &mg));
+        CHECK(cudaGraphInstantiate(&exec, mg, 0));
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaStreamSynchronize(s));
+        for (int l = 0; l < 2; l++)
+            for (int i = 0; i < n; i++) want[i] = want[i] * 0.5f + (float)(i % 7);
+        check_x(x, want, h, mode_names[m]);
+        CHECK(cudaGraphExecDestroy(exec));
+        CHECK(cudaGraphDestroy(mg));
+    }
+
+    // cudaMalloc during a global-mode capture: refused, and the capture is invalidated.
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    scale<<<(n + 255) / 256, 256, 0, s>>>(x, n, 0.5f);
+    CHECK_LAUNCH();
+    void *p = nullptr;
+    cudaError_t e = report("cudaMalloc during a global capture", cudaMalloc(&p, 1 << 20));
+    if (e == cudaSuccess) CHECK(cudaFree(p));
+    cudaGraph_t bad_graph = nullptr;
+    e = report("cudaStreamEndCapture after it", cudaStreamEndCapture(s, &bad_graph));
+    printf("graph after it: %s\n", bad_graph ? "yes" : "none");
+    if (bad_graph) CHECK(cudaGraphDestroy(bad_graph));
+    cudaGetLastError();
+    CHECK(cudaStreamIsCapturing(s, &status));
+    printf("capturing afterwards: %s\n", status == cudaStreamCaptureStatusNone ? "no" : "yes");
+    // The scale kernel was captured, never run: x is unchanged.
+    check_x(x, want, h, "x after the invalidated capture");
+
+    // The same with the thread's mode exchanged to relaxed around the cudaMalloc: allowed.
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    printf("thread capture mode before the exchange: %s\n", mode == cudaStreamCaptureModeGlobal ? "global" : "other");
+    float *w = nullptr;
+    CHECK(cudaMalloc(&w, bytes));
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    printf("mode given back by the second exchange: %s\n", mode == cudaStreamCaptureModeRelaxed ? "relaxed" : "other");
+    fill_mod5<<<(n + 255) / 256, 256, 0, s>>>(w, n);
+    CHECK_LAUNCH();
+    add_from<<<(n + 255) / 256, 256, 0, s>>>(x, w, n);
+    CHECK_LAUNCH();
+    cudaGraph_t relaxed_graph = nullptr;
+    CHECK(cudaStreamEndCapture(s, &relaxed_graph));
+    CHECK(cudaGraphInstantiate(&exec, relaxed_graph, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < n; i++) want[i] = want[i] + (float)(i % 5);
+    check_x(x, want, h, "cudaMalloc with the mode exchanged");
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(relaxed_graph));
+    CHECK(cudaFree(w));
+    CHECK(cudaFree(z));
+    CHECK(cudaEventDestroy(fork));
+    CHECK(cudaEventDestroy(join));
+    CHECK(cudaStreamDestroy(s2));
+
     CHECK(cudaGraphDestroy(graph));
     CHECK(cudaGraphDestroy(graph2));
     CHECK(cudaEventDestroy(start));

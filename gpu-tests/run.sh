@@ -181,10 +181,10 @@ SOAK_ONLY=(churn hold_call stall_pair)
 STDERR_COMPARE=(assert_fail printf)
 # Programs Flyt does not support yet: natively they must PASS; through Flyt they must exit with a
 # status from 1 to 123 (a checked failure, not a crash or a timeout, and never 0) and stderr must
-# name an unsupported function matching the pattern.
-declare -A EXPECT_UNSUPPORTED=(
-    [graph_capture]='cu(da)?(StreamBeginCapture|StreamEndCapture|StreamIsCapturing|Graph[A-Za-z_]*)'
-)
+# name an unsupported function matching the pattern, e.g.
+#   [some_program]='cu(da)?(SomeCall|OtherCall)'
+# None at the moment.
+declare -A EXPECT_UNSUPPORTED=()
 # Programs whose kernels use host memory in place (cudaHostAllocMapped; cuDNN allocates such
 # memory): through Flyt they need the shared-memory channel (transport shm); over a socket alone
 # they must fail loudly like the programs above.

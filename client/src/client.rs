@@ -80,6 +80,8 @@ pub struct Client {
     pub shm: Option<crate::shm::Channel>,
     /// `(least, greatest)` stream priority, asked of the server once.
     pub priority_range: OnceLock<(i32, i32)>,
+    /// Graphs, captures and host functions.
+    pub graphs: crate::graphs::Graphs,
 }
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
@@ -277,6 +279,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         reset_generation: AtomicU64::new(0),
         shm,
         priority_range: OnceLock::new(),
+        graphs: crate::graphs::Graphs::default(),
     })
 }
 

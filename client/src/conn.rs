@@ -229,7 +229,8 @@ pub struct Conn {
     pending: Mutex<PendingMap>,
     /// The reading half: held by whichever thread reads (a waiting app thread, or the receiver).
     inbound: Mutex<Inbound>,
-    /// Replies nobody waits for that are still to come (the receiver reads while any are).
+    /// Replies nobody waits for that are still to come, and expected notices (host functions
+    /// streams will reach): the receiver reads while any are.
     detached: AtomicUsize,
     /// Threads asleep waiting for a reply another thread reads (woken when it stops reading).
     parked: AtomicUsize,
@@ -337,6 +338,14 @@ impl Conn {
     /// The first failure of an asynchronous copy since the last call, taken.
     pub fn take_deferred(&self) -> Option<CudaError> {
         lock(&self.deferred).take()
+    }
+
+    /// Notices that will come unasked (host functions a stream will reach): the receiver reads
+    /// until they have, even while no app thread calls CUDA (an app may wait for a host
+    /// function's effect without a CUDA call).
+    pub fn expect_notices(&self, count: usize) {
+        self.detached.fetch_add(count, Ordering::AcqRel);
+        self.wake_receiver();
     }
 
     /// Keeps an error for the next synchronizing call (the first one wins, as in CUDA).
@@ -606,6 +615,13 @@ impl Conn {
             match flyt_protocol::frame::decode_exact::<Notice>(message) {
                 Ok(Notice::Limits { devices }) => *lock(&self.resized_devices) = Some(devices),
                 Ok(Notice::Output { stdout, stderr }) => write_device_output(&stdout, &stderr),
+                Ok(Notice::HostCall { call, run }) => {
+                    let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
+                    match crate::client::existing_client() {
+                        Some(client) => client.host_call_arrived(call, run),
+                        None => return Err("a host function call before the session opened".into()),
+                    }
+                }
                 Err(error) => return Err(format!("undecodable notice: {error}")),
             }
             return Ok(());

@@ -93,30 +93,8 @@ impl Client {
             );
             return Err(CudaError::NOT_SUPPORTED);
         }
-        let layout = &function.layout;
-        let packed = match args {
-            Args::Packed(buffer) => buffer.get(..layout.args_len).ok_or(CudaError::INVALID_VALUE)?.to_vec(),
-            Args::Pointers(pointers) => {
-                let mut packed = vec![0u8; layout.args_len];
-                if !layout.params.is_empty() && pointers.is_null() {
-                    return Err(CudaError::INVALID_VALUE);
-                }
-                for (index, param) in layout.params.iter().enumerate() {
-                    // SAFETY: per this function's contract, `pointers[index]` points at
-                    // `param.size` readable bytes; the layout came from the driver for this kernel.
-                    let value = unsafe {
-                        let source = *pointers.add(index);
-                        if source.is_null() {
-                            return Err(CudaError::INVALID_VALUE);
-                        }
-                        std::slice::from_raw_parts(source.cast::<u8>(), param.size as usize)
-                    };
-                    let offset = param.offset as usize;
-                    packed[offset..offset + value.len()].copy_from_slice(value);
-                }
-                packed
-            }
-        };
+        // SAFETY: forwarded contract.
+        let packed = unsafe { pack_args(function, args) }?;
         let shared_mem = u32::try_from(config.shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
         self.post(req::Launch {
             function: function.reference(),
@@ -163,4 +141,36 @@ impl Client {
 
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A kernel's arguments packed by its parameter layout, as the server passes them to the driver.
+///
+/// # Safety
+/// `args` is what the driver API's `cuLaunchKernel` requires: with `Pointers`, for each kernel
+/// parameter, a readable pointer to a value of that parameter's size.
+pub unsafe fn pack_args(function: &Function, args: Args<'_>) -> CudaResult<Vec<u8>> {
+    let layout = &function.layout;
+    Ok(match args {
+        Args::Packed(buffer) => buffer.get(..layout.args_len).ok_or(CudaError::INVALID_VALUE)?.to_vec(),
+        Args::Pointers(pointers) => {
+            let mut packed = vec![0u8; layout.args_len];
+            if !layout.params.is_empty() && pointers.is_null() {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            for (index, param) in layout.params.iter().enumerate() {
+                // SAFETY: per this function's contract, `pointers[index]` points at
+                // `param.size` readable bytes; the layout came from the driver for this kernel.
+                let value = unsafe {
+                    let source = *pointers.add(index);
+                    if source.is_null() {
+                        return Err(CudaError::INVALID_VALUE);
+                    }
+                    std::slice::from_raw_parts(source.cast::<u8>(), param.size as usize)
+                };
+                let offset = param.offset as usize;
+                packed[offset..offset + value.len()].copy_from_slice(value);
+            }
+            packed
+        }
+    })
 }

@@ -14,6 +14,7 @@ pub mod client;
 pub use flyt_front_kit::diagnostics;
 pub mod conn;
 pub mod devices;
+pub mod graphs;
 pub mod images;
 pub mod launch;
 pub mod link;

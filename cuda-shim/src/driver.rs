@@ -116,6 +116,10 @@ impl Driver {
     /// The session, for calls that need `cuInit` to have succeeded: opened on the first such call.
     pub fn session(&self) -> DriverResult<&Session> {
         self.alive()?;
+        // An app host function (run by a stream) may make no CUDA call, as with the driver.
+        if flyt_client::graphs::in_host_function() {
+            return Err(CUresult::CUDA_ERROR_NOT_PERMITTED);
+        }
         if let Some(Ok(session)) = self.session.get() {
             return Ok(session);
         }

@@ -7,7 +7,7 @@ use crate::device::DeviceInfo;
 /// Bytes that open every `Hello`, so a stray connection is refused at once.
 pub const MAGIC: [u8; 4] = *b"FLYT";
 /// Bumped whenever a message or the op table changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 /// The CUDA runtime ABI the shim implements.
 pub const CUDA_ABI_MAJOR: u32 = 13;
 /// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
@@ -101,4 +101,7 @@ pub enum Notice {
     /// before the reply to the call at which CUDA flushes it (a synchronize, a blocking copy,
     /// teardown), so the app writes it at the same point as natively.
     Output { stdout: Vec<u8>, stderr: Vec<u8> },
+    /// A stream reached the app's host function `call` (`cuLaunchHostFunc`, a graph's host
+    /// node): the client runs it and answers `HostCallDone { run }`; the stream waits till then.
+    HostCall { call: u64, run: u64 },
 }

@@ -158,6 +158,58 @@ macro_rules! for_each_op {
             48 ProfilerControl profiler_control [reply -] { start: bool } -> {};
             /// `cudaCtxResetPersistingL2Cache`.
             49 ResetPersistingL2Cache reset_persisting_l2_cache [reply -] {} -> {};
+            // --- stream capture and graphs (ids are the client's: graphs, nodes and executable
+            // graphs; nodes the server finds in a captured graph get ids with `SERVER_NODE_BIT`) ---
+            /// `cuStreamBeginCapture`: the graph being captured is named `graph`. `thread_mode`: the
+            /// calling thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
+            50 StreamBeginCapture stream_begin_capture [reply -] { stream: u64, mode: u32, thread_mode: u32, graph: u64 } -> {};
+            /// `cuStreamEndCapture`: the captured graph's id (the one its capture began with).
+            51 StreamEndCapture stream_end_capture [reply -] { stream: u64 } -> { graph: u64 };
+            /// `cuStreamGetCaptureInfo` while some capture is active (otherwise the client knows
+            /// the answer): status, capture id, the graph and the capture's current dependencies.
+            52 StreamCaptureInfo stream_capture_info [reply -] { stream: u64 } -> { info: CaptureInfo };
+            /// `cuThreadExchangeStreamCaptureMode` of the app thread whose calls follow, while a
+            /// capture is active (the server makes all of a session's calls from one thread).
+            53 CaptureMode capture_mode [noreply -] { mode: u32 } -> {};
+            /// `cuGraphCreate`.
+            54 GraphCreate graph_create [reply -] { graph: u64 } -> {};
+            /// `cuGraphDestroy`.
+            55 GraphDestroy graph_destroy [noreply -] { graph: u64 } -> {};
+            /// `cuGraphAdd*Node`: a node of `graph` after `dependencies`, named `node`.
+            56 GraphAddNode graph_add_node [reply -] { graph: u64, node: u64, dependencies: Vec<u64>, params: NodeParams } -> {};
+            /// `cuGraphAddDependencies` (`remove`: `cuGraphRemoveDependencies`): edges `from[i]` -> `to[i]`.
+            57 GraphEdges graph_edges [reply -] { graph: u64, from: Vec<u64>, to: Vec<u64>, remove: bool } -> {};
+            /// `cuGraphGetNodes` (`roots`: `cuGraphGetRootNodes`), each with its `CUgraphNodeType`.
+            58 GraphNodes graph_nodes [reply -] { graph: u64, roots: bool } -> { nodes: Vec<GraphNodeEntry> };
+            /// `cuGraphClone`: `clone` names the copy; `nodes` pairs each original node with its copy.
+            59 GraphClone graph_clone [reply -] { graph: u64, clone: u64 } -> { nodes: Vec<(u64, u64)> };
+            /// `cuGraphInstantiateWithFlags` under `exec`; `host_nodes`: host-function nodes in the
+            /// graph and its children (each launch runs them in the app's process).
+            60 GraphInstantiate graph_instantiate [reply -] { graph: u64, exec: u64, flags: u64 } -> { host_nodes: u32 };
+            /// `cuGraphLaunch`.
+            61 GraphLaunch graph_launch [noreply -] { exec: u64, stream: u64 } -> {};
+            /// `cuGraphUpload`.
+            62 GraphUpload graph_upload [noreply -] { exec: u64, stream: u64 } -> {};
+            /// `cuGraphExecDestroy`.
+            63 GraphExecDestroy graph_exec_destroy [noreply -] { exec: u64 } -> {};
+            /// `cuGraphExecUpdate`: `error` is the call's own error, `status` its
+            /// `CUgraphExecUpdateResult` and `error_node` the node that names (0: none).
+            64 GraphExecUpdate graph_exec_update [reply -] { exec: u64, graph: u64 } -> {
+                error: Option<CudaError>, status: u32, error_node: u64, host_nodes: u32
+            };
+            /// `cuGraph*NodeSetParams` (`exec` 0) and `cuGraphExec*NodeSetParams` (in that
+            /// executable graph).
+            65 GraphNodeSetParams graph_node_set_params [reply -] { exec: u64, node: u64, params: NodeParams } -> {};
+            /// `cuGraphDebugDotPrint`: the DOT text (the client writes the app's file).
+            66 GraphDotPrint graph_dot_print [reply -] { graph: u64, flags: u32 } -> { text: String };
+            /// `cuGraphDestroyNode`.
+            67 GraphDestroyNode graph_destroy_node [reply -] { node: u64 } -> {};
+            // --- host functions in stream order (`cuLaunchHostFunc`) ---
+            /// Runs the app's host function `call` when `stream` reaches this point: the server
+            /// sends `Notice::HostCall` and holds the stream until `HostCallDone`.
+            68 LaunchHostFunc launch_host_func [noreply -] { stream: u64, call: u64 } -> {};
+            /// The app's host function of `Notice::HostCall { run, .. }` has returned.
+            69 HostCallDone host_call_done [noreply -] { run: u64 } -> {};
         }
     };
 }
@@ -243,6 +295,129 @@ impl LaunchAttribute {
 
     pub fn is_forwarded(&self) -> bool {
         Self::FORWARDED.contains(&self.id)
+    }
+}
+
+/// Node ids the server gives to nodes it finds in a captured graph have this bit set; the
+/// client chooses the ids of nodes it adds, below it.
+pub const SERVER_NODE_BIT: u64 = 1 << 63;
+
+/// `CU_STREAM_CAPTURE_STATUS_*`.
+pub mod capture_status {
+    pub const NONE: u32 = 0;
+    pub const ACTIVE: u32 = 1;
+    pub const INVALIDATED: u32 = 2;
+}
+
+/// What `cuStreamGetCaptureInfo` tells about a stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureInfo {
+    pub status: u32,
+    pub id: u64,
+    pub graph: u64,
+    pub dependencies: Vec<u64>,
+}
+
+/// A node of a graph and its `CUgraphNodeType`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphNodeEntry {
+    pub node: u64,
+    pub kind: u32,
+}
+
+/// `CUgraphNodeType` values.
+pub mod node_type {
+    pub const KERNEL: u32 = 0;
+    pub const MEMCPY: u32 = 1;
+    pub const MEMSET: u32 = 2;
+    pub const HOST: u32 = 3;
+    pub const GRAPH: u32 = 4;
+    pub const EMPTY: u32 = 5;
+    pub const WAIT_EVENT: u32 = 6;
+    pub const EVENT_RECORD: u32 = 7;
+}
+
+/// A copy between device memory regions of `width` bytes x `height` rows x `depth` slices; each
+/// side's rows are `pitch` bytes apart and its slices `pitch * height` (its own height) apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Copy3d {
+    pub src: u64,
+    pub src_pitch: u64,
+    pub src_height: u64,
+    pub dst: u64,
+    pub dst_pitch: u64,
+    pub dst_height: u64,
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+}
+
+impl Copy3d {
+    /// The bytes from `base` that a side with this pitch and height covers, or `None` on
+    /// overflow (the server validates that span).
+    pub fn span(&self, pitch: u64, slice_height: u64) -> Option<u64> {
+        if self.width == 0 || self.height == 0 || self.depth == 0 {
+            return Some(0);
+        }
+        let slice = pitch.checked_mul(slice_height)?;
+        (self.depth - 1).checked_mul(slice)?.checked_add((self.height - 1).checked_mul(pitch)?)?.checked_add(self.width)
+    }
+}
+
+/// A 2D memset of elements `element_size` bytes wide (1, 2 or 4): `width` elements per row,
+/// `height` rows `pitch` bytes apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Memset2d {
+    pub dst: u64,
+    pub pitch: u64,
+    pub value: u32,
+    pub element_size: u8,
+    pub width: u64,
+    pub height: u64,
+}
+
+/// What a graph node does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeParams {
+    Empty,
+    Kernel {
+        function: FunctionRef,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        args: Vec<u8>,
+    },
+    Memcpy(Copy3d),
+    Memset(Memset2d),
+    /// A child graph node: a copy of `graph` (the client's id).
+    Child {
+        graph: u64,
+    },
+    EventRecord {
+        event: u64,
+    },
+    EventWait {
+        event: u64,
+    },
+    /// The app's host function `call` (see `LaunchHostFunc`).
+    Host {
+        call: u64,
+    },
+}
+
+impl NodeParams {
+    /// The `CUgraphNodeType` of a node with these parameters.
+    pub fn kind(&self) -> u32 {
+        match self {
+            Self::Empty => node_type::EMPTY,
+            Self::Kernel { .. } => node_type::KERNEL,
+            Self::Memcpy(_) => node_type::MEMCPY,
+            Self::Memset(_) => node_type::MEMSET,
+            Self::Child { .. } => node_type::GRAPH,
+            Self::EventRecord { .. } => node_type::EVENT_RECORD,
+            Self::EventWait { .. } => node_type::WAIT_EVENT,
+            Self::Host { .. } => node_type::HOST,
+        }
     }
 }
 

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod budget;
 pub mod config;
 pub mod control;
+pub mod host_calls;
 pub mod images;
 pub mod listener;
 pub mod memory;

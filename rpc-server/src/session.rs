@@ -24,6 +24,8 @@ use crate::shm::Segment;
 use crate::transport::{Connection, Outbox};
 use crate::waiters::Waiters;
 
+mod graphs;
+
 /// Answers one request. Dropping it unanswered is a server bug, reported to the client as
 /// `cudaErrorUnknown` rather than leaving the client waiting.
 pub struct Responder<T: Serialize> {
@@ -386,6 +388,8 @@ pub struct Session<D: Device> {
     /// Whether a loaded module may print (device `printf` or `assert`): only then do
     /// synchronizing calls look for output to forward.
     may_print: bool,
+    /// Graphs, captures and host functions.
+    graphs: graphs::GraphTable<D>,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -410,10 +414,12 @@ impl<D: Device> Session<D> {
                 tracing::error!(%error, "waiter could not bind the device");
             }
         });
+        let outbox = Arc::new(Outbox::new(writer, output, config.stats.clone()));
+        let host_calls = crate::host_calls::HostCalls::new(outbox.clone(), bind.clone());
         Self {
             device,
             budget,
-            outbox: Arc::new(Outbox::new(writer, output, config.stats.clone())),
+            outbox,
             waiters: Waiters::new(bind),
             config,
             ranges: RangeMap::default(),
@@ -424,6 +430,7 @@ impl<D: Device> Session<D> {
             spare_events: Arc::new(Mutex::new(Vec::new())),
             shm,
             may_print: false,
+            graphs: graphs::GraphTable::new(host_calls),
         }
     }
 
@@ -660,6 +667,7 @@ impl<D: Device> Session<D> {
     }
 
     fn release_everything(&mut self) {
+        self.graphs.release(&*self.device);
         for ptr in self.ranges.allocations() {
             if let Ok(len) = self.ranges.remove_allocation(ptr) {
                 let _ = self.device.free(ptr);
@@ -741,6 +749,8 @@ impl<D: Device> Session<D> {
 
 impl<D: Device> Drop for Session<D> {
     fn drop(&mut self) {
+        // Nobody answers host functions any more: let the streams that wait for one go on.
+        self.graphs.host_calls.close();
         self.release_everything();
         for (_, module) in self.modules.drain() {
             let _ = self.device.unload_module(module.module);
@@ -807,6 +817,7 @@ impl<D: Device> OpHandler for Session<D> {
         let result = (|| {
             self.ranges.check(request.dst, len)?;
             let stream = self.stream(request.stream)?;
+            self.refuse_while_capturing(stream)?;
             let mut offset = 0;
             while offset < len {
                 let mut staging = self.device.staging(chunk_len(len - offset, self.config.copy_chunk)?)?;
@@ -834,6 +845,7 @@ impl<D: Device> OpHandler for Session<D> {
             }
             self.ranges.check(request.src, request.len)?;
             let stream = self.stream(request.stream)?;
+            self.refuse_while_capturing(stream)?;
             let staging = self.device.staging(chunk_len(request.len, self.config.copy_chunk)?)?;
             self.device.start_dtoh(request.src, staging, stream)
         })();
@@ -1330,8 +1342,14 @@ impl<D: Device> OpHandler for Session<D> {
         let result = (|| {
             let segment = self.shm.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;
             let source = segment.pinned(request.offset, request.len)?;
+            let staged = request.offset < segment.staging();
             self.ranges.check(request.dst, request.len)?;
             let stream = self.stream(request.stream)?;
+            // Staging slots are reused; registered blocks are the app's own pinned memory,
+            // which a captured copy may name.
+            if staged {
+                self.refuse_while_capturing(stream)?;
+            }
             let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
             // SAFETY: the source range is pinned segment memory (checked above), mapped while
             // it is pinned; the destination was validated against the session's ranges.
@@ -1347,8 +1365,14 @@ impl<D: Device> OpHandler for Session<D> {
         let result = (|| {
             let segment = self.shm.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;
             let target = segment.pinned(request.offset, request.len)?;
+            let staged = request.offset < segment.staging();
             self.ranges.check(request.src, request.len)?;
             let stream = self.stream(request.stream)?;
+            // Staging slots are reused; registered blocks are the app's own pinned memory,
+            // which a captured copy may name.
+            if staged {
+                self.refuse_while_capturing(stream)?;
+            }
             let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
             // SAFETY: as in `shm_copy_htod`, the other way round.
             unsafe { self.device.copy_to_host(target, request.src, len, stream) }
@@ -1365,5 +1389,86 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn shm_fence(&mut self, request: req::ShmFence, reply: Responder<rep::ShmFence>) {
         self.when_stream_done(request.stream, false, move |done| reply.send(done.map(|()| rep::ShmFence {})));
+    }
+
+    // --- graphs and host functions (session/graphs.rs) ---
+    fn stream_begin_capture(&mut self, request: req::StreamBeginCapture, reply: Responder<rep::StreamBeginCapture>) {
+        self.begin_capture(request, reply);
+    }
+
+    fn stream_end_capture(&mut self, request: req::StreamEndCapture, reply: Responder<rep::StreamEndCapture>) {
+        self.end_capture(request, reply);
+    }
+
+    fn stream_capture_info(&mut self, request: req::StreamCaptureInfo, reply: Responder<rep::StreamCaptureInfo>) {
+        self.capture_info(request, reply);
+    }
+
+    fn capture_mode(&mut self, request: req::CaptureMode, reply: Responder<rep::CaptureMode>) {
+        self.capture_mode(request, reply);
+    }
+
+    fn graph_create(&mut self, request: req::GraphCreate, reply: Responder<rep::GraphCreate>) {
+        self.graph_create(request, reply);
+    }
+
+    fn graph_destroy(&mut self, request: req::GraphDestroy, reply: Responder<rep::GraphDestroy>) {
+        self.graph_destroy(request, reply);
+    }
+
+    fn graph_add_node(&mut self, request: req::GraphAddNode, reply: Responder<rep::GraphAddNode>) {
+        self.graph_add_node(request, reply);
+    }
+
+    fn graph_edges(&mut self, request: req::GraphEdges, reply: Responder<rep::GraphEdges>) {
+        self.graph_edges(request, reply);
+    }
+
+    fn graph_nodes(&mut self, request: req::GraphNodes, reply: Responder<rep::GraphNodes>) {
+        self.graph_nodes(request, reply);
+    }
+
+    fn graph_clone(&mut self, request: req::GraphClone, reply: Responder<rep::GraphClone>) {
+        self.graph_clone(request, reply);
+    }
+
+    fn graph_instantiate(&mut self, request: req::GraphInstantiate, reply: Responder<rep::GraphInstantiate>) {
+        self.graph_instantiate(request, reply);
+    }
+
+    fn graph_launch(&mut self, request: req::GraphLaunch, reply: Responder<rep::GraphLaunch>) {
+        self.graph_launch(request, reply);
+    }
+
+    fn graph_upload(&mut self, request: req::GraphUpload, reply: Responder<rep::GraphUpload>) {
+        self.graph_upload(request, reply);
+    }
+
+    fn graph_exec_destroy(&mut self, request: req::GraphExecDestroy, reply: Responder<rep::GraphExecDestroy>) {
+        self.graph_exec_destroy(request, reply);
+    }
+
+    fn graph_exec_update(&mut self, request: req::GraphExecUpdate, reply: Responder<rep::GraphExecUpdate>) {
+        self.graph_exec_update(request, reply);
+    }
+
+    fn graph_node_set_params(&mut self, request: req::GraphNodeSetParams, reply: Responder<rep::GraphNodeSetParams>) {
+        self.graph_node_set_params(request, reply);
+    }
+
+    fn graph_dot_print(&mut self, request: req::GraphDotPrint, reply: Responder<rep::GraphDotPrint>) {
+        self.graph_dot_print(request, reply);
+    }
+
+    fn graph_destroy_node(&mut self, request: req::GraphDestroyNode, reply: Responder<rep::GraphDestroyNode>) {
+        self.graph_destroy_node(request, reply);
+    }
+
+    fn launch_host_func(&mut self, request: req::LaunchHostFunc, reply: Responder<rep::LaunchHostFunc>) {
+        self.launch_host_func(request, reply);
+    }
+
+    fn host_call_done(&mut self, request: req::HostCallDone, reply: Responder<rep::HostCallDone>) {
+        self.host_call_done(request, reply);
     }
 }

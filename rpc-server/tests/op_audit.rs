@@ -10,7 +10,11 @@
 
 use flyt_protocol::CudaError;
 use flyt_protocol::frame::{FrameLimits, read_full, read_message};
-use flyt_protocol::ops::{Dim3, FunctionRef, JitOption, Op, OpClass, OpInfo, Request, rep, req, split_reply};
+use flyt_protocol::handshake::Notice;
+use flyt_protocol::ops::{
+    Copy3d, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, Op, OpClass, OpInfo, Request, SERVER_NODE_BIT, capture_status, node_type,
+    rep, req, split_reply,
+};
 
 mod raw;
 use raw::{RawSession, emulated_server};
@@ -291,6 +295,87 @@ macro_rules! probes {
             UNKNOWN_FUNCTION,
         )]
     };
+    // --- graphs: every id is the client's and checked; bad ones never reach the driver ---
+    (StreamBeginCapture, $v:ident) => {
+        vec![
+            refused(req::StreamBeginCapture { stream: BOGUS_HANDLE, mode: 0, thread_mode: 0, graph: 9 }, UNKNOWN_HANDLE),
+            refused(req::StreamBeginCapture { stream: $v.stream, mode: 0, thread_mode: 0, graph: 0 }, INVALID_VALUE),
+            refused(req::StreamBeginCapture { stream: $v.stream, mode: 0, thread_mode: 0, graph: SERVER_NODE_BIT | 9 }, INVALID_VALUE),
+            refused(req::StreamBeginCapture { stream: $v.stream, mode: 7, thread_mode: 0, graph: 9 }, INVALID_VALUE),
+            // The legacy stream synchronizes with every stream: it cannot be captured.
+            refused(req::StreamBeginCapture { stream: 0, mode: 0, thread_mode: 0, graph: 9 }, CudaError::STREAM_CAPTURE_UNSUPPORTED),
+            Probe::Effect(a_capture_records_stream_work_into_a_graph),
+            Probe::Effect(a_capture_that_met_a_host_copy_ends_invalidated),
+        ]
+    };
+    (StreamEndCapture, $v:ident) => {
+        vec![
+            refused(req::StreamEndCapture { stream: BOGUS_HANDLE }, UNKNOWN_HANDLE),
+            refused(req::StreamEndCapture { stream: $v.stream }, CudaError::ILLEGAL_STATE),
+        ]
+    };
+    (StreamCaptureInfo, $v:ident) => {
+        vec![refused(req::StreamCaptureInfo { stream: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
+    };
+    (CaptureMode, $v:ident) => {
+        vec![refused(req::CaptureMode { mode: 9 }, INVALID_VALUE)]
+    };
+    (GraphCreate, $v:ident) => {
+        vec![refused(req::GraphCreate { graph: 0 }, INVALID_VALUE), refused(req::GraphCreate { graph: SERVER_NODE_BIT | 1 }, INVALID_VALUE)]
+    };
+    (GraphDestroy, $v:ident) => {
+        vec![refused(req::GraphDestroy { graph: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (GraphAddNode, $v:ident) => {
+        vec![
+            refused(req::GraphAddNode { graph: BOGUS_HANDLE, node: 1, dependencies: Vec::new(), params: NodeParams::Empty }, INVALID_VALUE),
+            Probe::Effect(graph_nodes_are_checked_before_the_driver_sees_them),
+            Probe::Effect(a_graph_of_copies_runs_in_dependency_order),
+        ]
+    };
+    (GraphEdges, $v:ident) => {
+        vec![refused(req::GraphEdges { graph: BOGUS_HANDLE, from: vec![1], to: vec![2], remove: false }, INVALID_VALUE)]
+    };
+    (GraphNodes, $v:ident) => {
+        vec![refused(req::GraphNodes { graph: BOGUS_HANDLE, roots: false }, INVALID_VALUE)]
+    };
+    (GraphClone, $v:ident) => {
+        vec![refused(req::GraphClone { graph: BOGUS_HANDLE, clone: 5 }, INVALID_VALUE)]
+    };
+    (GraphInstantiate, $v:ident) => {
+        vec![refused(req::GraphInstantiate { graph: BOGUS_HANDLE, exec: 5, flags: 0 }, INVALID_VALUE)]
+    };
+    (GraphLaunch, $v:ident) => {
+        vec![refused(req::GraphLaunch { exec: BOGUS_HANDLE, stream: 0 }, INVALID_VALUE)]
+    };
+    (GraphUpload, $v:ident) => {
+        vec![refused(req::GraphUpload { exec: BOGUS_HANDLE, stream: 0 }, INVALID_VALUE)]
+    };
+    (GraphExecDestroy, $v:ident) => {
+        vec![refused(req::GraphExecDestroy { exec: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (GraphExecUpdate, $v:ident) => {
+        vec![refused(req::GraphExecUpdate { exec: BOGUS_HANDLE, graph: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (GraphNodeSetParams, $v:ident) => {
+        vec![refused(req::GraphNodeSetParams { exec: 0, node: BOGUS_HANDLE, params: NodeParams::Empty }, INVALID_VALUE)]
+    };
+    (GraphDotPrint, $v:ident) => {
+        vec![refused(req::GraphDotPrint { graph: BOGUS_HANDLE, flags: 0 }, INVALID_VALUE)]
+    };
+    (GraphDestroyNode, $v:ident) => {
+        vec![refused(req::GraphDestroyNode { node: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (LaunchHostFunc, $v:ident) => {
+        vec![
+            refused(req::LaunchHostFunc { stream: BOGUS_HANDLE, call: 1 }, UNKNOWN_HANDLE),
+            Probe::Effect(a_host_call_holds_its_stream_until_answered),
+        ]
+    };
+    (HostCallDone, $v:ident) => {
+        // Only a run the server is waiting for can be answered.
+        vec![refused(req::HostCallDone { run: 4242 }, INVALID_VALUE)]
+    };
 }
 
 macro_rules! audit_table {
@@ -465,4 +550,178 @@ fn stream_priority_range_is_ordered(socket: &str) {
     let range = session.call(req::StreamPriorityRange {}).0.unwrap();
     assert!(range.greatest <= range.least, "{range:?}");
     assert_eq!(session.call(req::StreamPriorityRange {}).0.unwrap(), range);
+}
+
+/// Reads `len` bytes of device memory back.
+fn read_back(session: &mut RawSession, ptr: u64, len: u64) -> Vec<u8> {
+    let (result, bytes) = session.call(req::MemcpyDtoH { src: ptr, len, stream: 0, blocking: true });
+    result.expect("copy back");
+    bytes
+}
+
+fn memset_node(dst: u64, value: u32, len: u64) -> NodeParams {
+    NodeParams::Memset(Memset2d { dst, pitch: len, value, element_size: 1, width: len, height: 1 })
+}
+
+fn copy_node(dst: u64, src: u64, len: u64) -> NodeParams {
+    NodeParams::Memcpy(Copy3d { src, src_pitch: len, src_height: 1, dst, dst_pitch: len, dst_height: 1, width: len, height: 1, depth: 1 })
+}
+
+/// A memset node then a copy node that depends on it: a launch runs them in that order; a
+/// node's parameters set in the executable graph change what the next launch does; the graph's
+/// nodes, roots, clone, update and DOT text read back as built.
+fn a_graph_of_copies_runs_in_dependency_order(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    let b = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    session.call(req::GraphCreate { graph: 1 }).0.unwrap();
+    session.call(req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: memset_node(a, 0x11, 256) }).0.unwrap();
+    session.call(req::GraphAddNode { graph: 1, node: 11, dependencies: vec![10], params: copy_node(b, a, 256) }).0.unwrap();
+    let nodes = session.call(req::GraphNodes { graph: 1, roots: false }).0.unwrap().nodes;
+    let kinds: Vec<(u64, u32)> = nodes.iter().map(|entry| (entry.node, entry.kind)).collect();
+    assert_eq!(kinds, vec![(10, node_type::MEMSET), (11, node_type::MEMCPY)]);
+    assert_eq!(session.call(req::GraphNodes { graph: 1, roots: true }).0.unwrap().nodes.len(), 1);
+    let instantiated = session.call(req::GraphInstantiate { graph: 1, exec: 100, flags: 0 }).0.unwrap();
+    assert_eq!(instantiated.host_nodes, 0);
+    // Nothing ran yet: instantiating is not launching.
+    assert_eq!(read_back(&mut session, b, 256), vec![0; 256]);
+    session.send(&req::GraphLaunch { exec: 100, stream: 0 }.into(), &[]);
+    assert_eq!(read_back(&mut session, b, 256), vec![0x11; 256]);
+
+    session.call(req::GraphNodeSetParams { exec: 100, node: 10, params: memset_node(a, 0x22, 256) }).0.unwrap();
+    session.send(&req::GraphLaunch { exec: 100, stream: 0 }.into(), &[]);
+    assert_eq!(read_back(&mut session, b, 256), vec![0x22; 256]);
+    // A node's type cannot change, and its memory must be the session's.
+    let wrong_kind = session.call(req::GraphNodeSetParams { exec: 100, node: 10, params: copy_node(b, a, 16) }).0;
+    assert_eq!(wrong_kind.err(), Some(INVALID_VALUE));
+    let outside = session.call(req::GraphNodeSetParams { exec: 0, node: 10, params: memset_node(BOGUS_POINTER, 1, 16) }).0;
+    assert_eq!(outside.err(), Some(INVALID_VALUE));
+
+    let pairs = session.call(req::GraphClone { graph: 1, clone: 2 }).0.unwrap().nodes;
+    assert_eq!(pairs.len(), 2);
+    assert!(pairs.iter().all(|(original, copy)| [10, 11].contains(original) && copy & SERVER_NODE_BIT != 0));
+    let update = session.call(req::GraphExecUpdate { exec: 100, graph: 2 }).0.unwrap();
+    assert_eq!((update.error, update.status), (None, 0));
+    session.send(&req::GraphLaunch { exec: 100, stream: 0 }.into(), &[]);
+    assert_eq!(read_back(&mut session, b, 256), vec![0x11; 256], "the clone's memset, 0x11");
+    let dot = session.call(req::GraphDotPrint { graph: 1, flags: 0 }).0.unwrap().text;
+    assert!(dot.starts_with("digraph"), "{dot}");
+
+    session.send(&req::GraphExecDestroy { exec: 100 }.into(), &[]);
+    session.send(&req::GraphDestroy { graph: 1 }.into(), &[]);
+    // The destroyed graph's nodes and executable graph are gone with it.
+    let stale = session.call(req::GraphNodeSetParams { exec: 0, node: 10, params: memset_node(a, 1, 16) }).0;
+    assert_eq!(stale.err(), Some(INVALID_VALUE));
+    let clean = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((clean.result.is_ok(), clean.deferred), (true, None));
+}
+
+/// Node ids, dependencies and ranges are checked: a dependency from another graph, a memset
+/// past the end of an allocation, a copy with rows wider than its pitch, an id reused.
+fn graph_nodes_are_checked_before_the_driver_sees_them(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    session.call(req::GraphCreate { graph: 1 }).0.unwrap();
+    session.call(req::GraphCreate { graph: 2 }).0.unwrap();
+    session.call(req::GraphAddNode { graph: 2, node: 20, dependencies: vec![], params: NodeParams::Empty }).0.unwrap();
+    let refusals = [
+        req::GraphAddNode { graph: 1, node: 10, dependencies: vec![20], params: NodeParams::Empty },
+        req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: memset_node(a + 4000, 0, 200) },
+        req::GraphAddNode {
+            graph: 1,
+            node: 10,
+            dependencies: vec![],
+            params: NodeParams::Memcpy(Copy3d {
+                src: a,
+                src_pitch: 8,
+                src_height: 2,
+                dst: a + 2048,
+                dst_pitch: 16,
+                dst_height: 2,
+                width: 16,
+                height: 2,
+                depth: 1,
+            }),
+        },
+        req::GraphAddNode { graph: 1, node: 20, dependencies: vec![], params: NodeParams::Empty },
+        req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: NodeParams::Child { graph: BOGUS_HANDLE } },
+        req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: NodeParams::EventRecord { event: BOGUS_HANDLE } },
+    ];
+    for request in refusals {
+        let what = format!("{request:?}");
+        assert!(session.call(request).0.is_err(), "{what}");
+    }
+    // The emulated device runs no GPU code: a kernel node is refused as a launch is.
+    let kernel =
+        NodeParams::Kernel { function: BOGUS_FUNCTION, grid: Dim3::default(), block: Dim3::default(), shared_mem: 0, args: vec![] };
+    assert_eq!(
+        session.call(req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: kernel }).0.err(),
+        Some(UNKNOWN_FUNCTION)
+    );
+    assert_eq!(session.call(req::GraphNodes { graph: 1, roots: false }).0.unwrap().nodes, vec![]);
+}
+
+/// Work queued on a capturing stream is recorded, not run; the capture's status, graph and
+/// dependencies read back; the graph runs it when launched; a stream that waits on an event
+/// recorded in the capture joins it.
+fn a_capture_records_stream_work_into_a_graph(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    let (stream, side, fork, join) = (0x5_0000_0001, 0x5_0000_0002, 0xE_0000_0001, 0xE_0000_0002);
+    session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
+    session.send(&req::StreamCreate { stream: side, flags: 1, priority: 0 }.into(), &[]);
+    session.send(&req::EventCreate { event: fork, flags: 2 }.into(), &[]);
+    session.send(&req::EventCreate { event: join, flags: 2 }.into(), &[]);
+    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 7 }).0.unwrap();
+    session.send(&req::Memset { dst: a, pattern: 0x33, width: 1, len: 128, stream }.into(), &[]);
+    session.send(&req::EventRecord { event: fork, stream, flags: 0 }.into(), &[]);
+    session.send(&req::StreamWaitEvent { stream: side, event: fork, flags: 0 }.into(), &[]);
+    session.send(&req::MemcpyDtoD { dst: a + 1024, src: a, len: 128, stream: side }.into(), &[]);
+    session.send(&req::EventRecord { event: join, stream: side, flags: 0 }.into(), &[]);
+    session.send(&req::StreamWaitEvent { stream, event: join, flags: 0 }.into(), &[]);
+    let info = session.call(req::StreamCaptureInfo { stream: side }).0.unwrap().info;
+    assert_eq!((info.status, info.graph, info.dependencies.len()), (capture_status::ACTIVE, 7, 1));
+    assert_eq!(session.call(req::StreamEndCapture { stream }).0.unwrap().graph, 7);
+    assert_eq!(read_back(&mut session, a, 128), vec![0; 128], "captured work does not run");
+    let after = session.call(req::StreamCaptureInfo { stream: side }).0.unwrap().info;
+    assert_eq!(after.status, capture_status::NONE, "the joined stream left the capture with it");
+    assert_eq!(session.call(req::GraphNodes { graph: 7, roots: false }).0.unwrap().nodes.len(), 2);
+    session.call(req::GraphInstantiate { graph: 7, exec: 70, flags: 0 }).0.unwrap();
+    session.send(&req::GraphLaunch { exec: 70, stream }.into(), &[]);
+    assert_eq!(read_back(&mut session, a + 1024, 128), vec![0x33; 128]);
+}
+
+/// A host copy cannot be part of a graph over a socket (its staging memory is reused): it is
+/// refused, and the capture ends invalidated rather than as a graph without the copy.
+fn a_capture_that_met_a_host_copy_ends_invalidated(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    let stream = 0x5_0000_0001;
+    session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
+    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 7 }).0.unwrap();
+    session.send(&req::MemcpyHtoD { dst: a, stream }.into(), &[1; 64]);
+    assert_eq!(session.call(req::StreamEndCapture { stream }).0.err(), Some(CudaError::STREAM_CAPTURE_INVALIDATED));
+    let deferred = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!(deferred.deferred, Some(CudaError::STREAM_CAPTURE_UNSUPPORTED));
+    assert_eq!(session.call(req::GraphNodes { graph: 7, roots: false }).0.err(), Some(INVALID_VALUE), "no graph is left");
+    assert_eq!(read_back(&mut session, a, 64), vec![0; 64]);
+}
+
+/// A host function holds its stream: the server tells the client to run it, the stream is busy
+/// until the client answers, then synchronizes.
+fn a_host_call_holds_its_stream_until_answered(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let stream = 0x5_0000_0001;
+    session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
+    session.send(&req::LaunchHostFunc { stream, call: 42 }.into(), &[]);
+    let mut message = Vec::new();
+    let header = read_message(&mut session.stream, &FrameLimits::default(), &mut message).expect("a notice");
+    assert_eq!(header.seq, 0);
+    let Ok(Notice::HostCall { call: 42, run }) = flyt_protocol::frame::decode_exact::<Notice>(&message) else { panic!("not a host call") };
+    assert_eq!(session.call(req::StreamQuery { stream }).0.err(), Some(CudaError::NOT_READY));
+    session.send(&req::HostCallDone { run }.into(), &[]);
+    session.call(req::StreamSynchronize { stream }).0.unwrap();
+    // Answered once: a second answer for the same run is refused.
+    session.send(&req::HostCallDone { run }.into(), &[]);
+    assert_eq!(session.call_with_deferred(req::DeviceSynchronize {}).0.deferred, Some(INVALID_VALUE));
 }

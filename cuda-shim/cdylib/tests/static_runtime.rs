@@ -75,6 +75,9 @@ fn a_static_cudart_program_runs_over_flyt() {
             "memset: ok",
             "async copies: ok, elapsed time measured",
             "new thread: pointer attributes ok",
+            "captured graph: capture seen, 2 nodes, replayed",
+            "host functions: ran 5 of 5 times, memset node ran",
+            "CUDA call in a host function: cudaErrorNotPermitted",
             "kernel launch: refused",
             "PASSED: 0 failure(s)",
         ] {

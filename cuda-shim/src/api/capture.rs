@@ -1,65 +1,216 @@
-//! Stream-capture queries. Flyt does not capture streams yet (`cuStreamBeginCapture` answers
-//! CUDA_ERROR_NOT_SUPPORTED), so no stream is ever capturing: the queries libraries make before
-//! they enqueue work (cuBLAS, PyTorch's allocator) get that true answer, after the stream handle
-//! is checked as the driver checks it.
+//! Stream capture. The server's driver captures for real: work queued on a capturing stream
+//! goes to the server as always and becomes nodes of the graph there. While no capture is
+//! active in the process (the common case: libraries ask before every enqueue), the queries are
+//! answered here without a round trip; during one, the server answers (it also knows the streams
+//! that joined a capture through events).
 
 use std::cell::Cell;
 
-use super::session::{client, resolve_stream, run};
+use flyt_protocol::ops::capture_status;
+
+use super::session::{client, driver_error, resolve_stream, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{CUgraph, CUgraphEdgeData, CUgraphNode, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, cuuint64_t};
 
-/// `CU_STREAM_CAPTURE_STATUS_NONE`.
-const CAPTURE_STATUS_NONE: CUstreamCaptureStatus = 0;
-/// `CU_STREAM_CAPTURE_MODE_RELAXED`, the last of GLOBAL (0), THREAD_LOCAL (1), RELAXED (2).
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL` and `_RELAXED`, the first and last of the three modes.
+const CAPTURE_MODE_GLOBAL: CUstreamCaptureMode = 0;
 const CAPTURE_MODE_RELAXED: CUstreamCaptureMode = 2;
 
-fn not_capturing(stream: CUstream, status: *mut CUstreamCaptureStatus, ptsz: bool) -> DriverResult {
-    non_null([status.cast()])?;
-    resolve_stream(client()?, stream, ptsz)?;
+thread_local! {
+    /// This thread's capture interaction mode (GLOBAL until exchanged).
+    static CAPTURE_MODE: Cell<CUstreamCaptureMode> = const { Cell::new(CAPTURE_MODE_GLOBAL) };
+    /// The dependencies `cuStreamGetCaptureInfo` last gave this thread (valid until its next
+    /// call, as the driver's array is valid until the next call on the stream).
+    static DEPENDENCIES: std::cell::RefCell<Vec<CUgraphNode>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn thread_mode() -> CUstreamCaptureMode {
+    CAPTURE_MODE.try_with(Cell::get).unwrap_or(CAPTURE_MODE_GLOBAL)
+}
+
+fn begin(stream: CUstream, mode: CUstreamCaptureMode, ptsz: bool) -> DriverResult {
+    if mode > CAPTURE_MODE_RELAXED {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptsz)?;
+    client.begin_capture(stream, mode, thread_mode()).map(drop).map_err(driver_error)
+}
+
+pub unsafe fn cuStreamBeginCapture(h_stream: CUstream) -> CUresult {
+    run(|| begin(h_stream, CAPTURE_MODE_GLOBAL, false))
+}
+
+pub unsafe fn cuStreamBeginCapture_ptsz(h_stream: CUstream) -> CUresult {
+    run(|| begin(h_stream, CAPTURE_MODE_GLOBAL, true))
+}
+
+pub unsafe fn cuStreamBeginCapture_v2(h_stream: CUstream, mode: CUstreamCaptureMode) -> CUresult {
+    run(|| begin(h_stream, mode, false))
+}
+
+pub unsafe fn cuStreamBeginCapture_v2_ptsz(h_stream: CUstream, mode: CUstreamCaptureMode) -> CUresult {
+    run(|| begin(h_stream, mode, true))
+}
+
+fn end(stream: CUstream, graph: *mut CUgraph, ptsz: bool) -> DriverResult {
+    non_null([graph.cast()])?;
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptsz)?;
+    let ended = client.end_capture(stream);
+    // The driver writes NULL when the capture ends without a graph (invalidated).
+    let handle = ended.as_ref().map_or(std::ptr::null_mut(), |id| super::graph::graph_handle(*id));
     // SAFETY: checked non-NULL; the caller's out-pointer.
-    unsafe { write_out(status, CAPTURE_STATUS_NONE) }
+    unsafe { write_out(graph, handle) }?;
+    ended.map(drop).map_err(driver_error)
+}
+
+pub unsafe fn cuStreamEndCapture(h_stream: CUstream, ph_graph: *mut CUgraph) -> CUresult {
+    run(|| end(h_stream, ph_graph, false))
+}
+
+pub unsafe fn cuStreamEndCapture_ptsz(h_stream: CUstream, ph_graph: *mut CUgraph) -> CUresult {
+    run(|| end(h_stream, ph_graph, true))
+}
+
+/// What `cuStreamGetCaptureInfo` writes; NULL out-pointers other than the status are skipped.
+struct InfoOut {
+    status: *mut CUstreamCaptureStatus,
+    id: *mut cuuint64_t,
+    graph: *mut CUgraph,
+    dependencies: *mut *const CUgraphNode,
+    edges: *mut *const CUgraphEdgeData,
+    count: *mut usize,
+}
+
+fn capture_info(stream: CUstream, out: InfoOut, ptsz: bool) -> DriverResult {
+    non_null([out.status.cast()])?;
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptsz)?;
+    let info = client.capture_info(stream).map_err(driver_error)?;
+    let active = info.status != capture_status::NONE;
+    let nodes: Vec<CUgraphNode> = info.dependencies.iter().map(|id| super::graph::node_handle(*id)).collect();
+    let (nodes_ptr, count) = DEPENDENCIES
+        .try_with(|kept| {
+            let mut kept = kept.borrow_mut();
+            *kept = nodes;
+            (if kept.is_empty() { std::ptr::null() } else { kept.as_ptr() }, kept.len())
+        })
+        .map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
+    // SAFETY: each pointer is checked non-NULL by `write_out` or here; they are the caller's
+    // out-parameters. The other values are defined only while a capture is active.
+    unsafe {
+        write_out(out.status, info.status as CUstreamCaptureStatus)?;
+        if active {
+            if !out.id.is_null() {
+                write_out(out.id, info.id)?;
+            }
+            if !out.graph.is_null() {
+                write_out(out.graph, super::graph::graph_handle(info.graph))?;
+            }
+            if !out.dependencies.is_null() {
+                write_out(out.dependencies, nodes_ptr)?;
+            }
+            if !out.edges.is_null() {
+                // All edges are plain full dependencies: the driver gives NULL for those.
+                write_out(out.edges, std::ptr::null())?;
+            }
+            if !out.count.is_null() {
+                write_out(out.count, count)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn no_more() -> InfoOut {
+    InfoOut {
+        status: std::ptr::null_mut(),
+        id: std::ptr::null_mut(),
+        graph: std::ptr::null_mut(),
+        dependencies: std::ptr::null_mut(),
+        edges: std::ptr::null_mut(),
+        count: std::ptr::null_mut(),
+    }
 }
 
 pub unsafe fn cuStreamIsCapturing(h_stream: CUstream, capture_status: *mut CUstreamCaptureStatus) -> CUresult {
-    run(|| not_capturing(h_stream, capture_status, false))
+    run(|| capture_info(h_stream, InfoOut { status: capture_status, ..no_more() }, false))
 }
 
 pub unsafe fn cuStreamIsCapturing_ptsz(h_stream: CUstream, capture_status: *mut CUstreamCaptureStatus) -> CUresult {
-    run(|| not_capturing(h_stream, capture_status, true))
+    run(|| capture_info(h_stream, InfoOut { status: capture_status, ..no_more() }, true))
 }
 
-macro_rules! capture_info {
-    ($($name:ident ($($extra:ident : $ty:ty),*) => $ptsz:literal;)*) => {$(
-        /// The other out-parameters are defined only while a capture is active, so only the status
-        /// is written.
-        #[allow(unused_variables, reason = "written only during a capture, which never happens")]
-        pub unsafe fn $name(h_stream: CUstream, capture_status_out: *mut CUstreamCaptureStatus $(, $extra: $ty)*) -> CUresult {
-            run(|| not_capturing(h_stream, capture_status_out, $ptsz))
+pub unsafe fn cuStreamGetCaptureInfo(
+    h_stream: CUstream,
+    capture_status_out: *mut CUstreamCaptureStatus,
+    id_out: *mut cuuint64_t,
+) -> CUresult {
+    run(|| capture_info(h_stream, InfoOut { status: capture_status_out, id: id_out, ..no_more() }, false))
+}
+
+pub unsafe fn cuStreamGetCaptureInfo_ptsz(
+    h_stream: CUstream,
+    capture_status_out: *mut CUstreamCaptureStatus,
+    id_out: *mut cuuint64_t,
+) -> CUresult {
+    run(|| capture_info(h_stream, InfoOut { status: capture_status_out, id: id_out, ..no_more() }, true))
+}
+
+macro_rules! capture_info_v2 {
+    ($($name:ident => $ptsz:literal;)*) => {$(
+        pub unsafe fn $name(
+            h_stream: CUstream,
+            capture_status_out: *mut CUstreamCaptureStatus,
+            id_out: *mut cuuint64_t,
+            graph_out: *mut CUgraph,
+            dependencies_out: *mut *const CUgraphNode,
+            num_dependencies_out: *mut usize,
+        ) -> CUresult {
+            let out = InfoOut { status: capture_status_out, id: id_out, graph: graph_out, dependencies: dependencies_out, count: num_dependencies_out, ..no_more() };
+            run(|| capture_info(h_stream, out, $ptsz))
         }
     )*};
 }
 
-capture_info! {
-    cuStreamGetCaptureInfo(id_out: *mut cuuint64_t) => false;
-    cuStreamGetCaptureInfo_ptsz(id_out: *mut cuuint64_t) => true;
-    cuStreamGetCaptureInfo_v2(id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode,
-        num_dependencies_out: *mut usize) => false;
-    cuStreamGetCaptureInfo_v2_ptsz(id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode,
-        num_dependencies_out: *mut usize) => true;
-    cuStreamGetCaptureInfo_v3(id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode,
-        edge_data_out: *mut *const CUgraphEdgeData, num_dependencies_out: *mut usize) => false;
-    cuStreamGetCaptureInfo_v3_ptsz(id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode,
-        edge_data_out: *mut *const CUgraphEdgeData, num_dependencies_out: *mut usize) => true;
+capture_info_v2! {
+    cuStreamGetCaptureInfo_v2 => false;
+    cuStreamGetCaptureInfo_v2_ptsz => true;
 }
 
-thread_local! {
-    /// This thread's capture interaction mode (GLOBAL until exchanged).
-    static CAPTURE_MODE: Cell<CUstreamCaptureMode> = const { Cell::new(0) };
+macro_rules! capture_info_v3 {
+    ($($name:ident => $ptsz:literal;)*) => {$(
+        pub unsafe fn $name(
+            h_stream: CUstream,
+            capture_status_out: *mut CUstreamCaptureStatus,
+            id_out: *mut cuuint64_t,
+            graph_out: *mut CUgraph,
+            dependencies_out: *mut *const CUgraphNode,
+            edge_data_out: *mut *const CUgraphEdgeData,
+            num_dependencies_out: *mut usize,
+        ) -> CUresult {
+            let out = InfoOut {
+                status: capture_status_out,
+                id: id_out,
+                graph: graph_out,
+                dependencies: dependencies_out,
+                edges: edge_data_out,
+                count: num_dependencies_out,
+            };
+            run(|| capture_info(h_stream, out, $ptsz))
+        }
+    )*};
 }
 
-/// Swaps the calling thread's capture mode, as the driver keeps it: per thread, no device needed.
+capture_info_v3! {
+    cuStreamGetCaptureInfo_v3 => false;
+    cuStreamGetCaptureInfo_v3_ptsz => true;
+}
+
+/// Swaps the calling thread's capture mode, as the driver keeps it: per thread. During a
+/// capture the server hears of it too, as its driver checks the calls made during a capture.
 pub unsafe fn cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode) -> CUresult {
     run(|| {
         non_null([mode.cast()])?;
@@ -69,6 +220,9 @@ pub unsafe fn cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode) 
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let previous = CAPTURE_MODE.try_with(|current| current.replace(wanted)).map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
+        if let Some(client) = flyt_client::client::existing_client() {
+            client.note_capture_mode(wanted).map_err(driver_error)?;
+        }
         // SAFETY: as above.
         unsafe { write_out(mode, previous) }
     })

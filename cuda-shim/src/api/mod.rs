@@ -10,6 +10,7 @@
 mod capture;
 mod context;
 mod device;
+mod graph;
 pub(crate) mod init;
 mod link;
 mod memory;
@@ -20,6 +21,7 @@ mod stream;
 pub use capture::*;
 pub use context::*;
 pub use device::*;
+pub use graph::*;
 pub use init::*;
 pub use link::*;
 pub use memory::*;

@@ -42,12 +42,12 @@ fn module_id<T>(handle: *mut T) -> DriverResult<u32> {
     u32::try_from(offset).map_err(|_| CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
-fn function_handle<T>(function: &Function) -> *mut T {
+pub(super) fn function_handle<T>(function: &Function) -> *mut T {
     std::ptr::without_provenance_mut(FUNCTION_BASE + function.handle)
 }
 
 /// The kernel behind a `CUfunction`/`CUkernel`, while its module is loaded.
-fn function<T>(handle: *mut T) -> DriverResult<Arc<Function>> {
+pub(super) fn function<T>(handle: *mut T) -> DriverResult<Arc<Function>> {
     if handle.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
@@ -659,7 +659,7 @@ const PARAM_BUFFER_SIZE: usize = 2;
 /// # Safety
 /// `extra` is an array of `CU_LAUNCH_PARAM_*` keys each followed by its value, ending with
 /// `CU_LAUNCH_PARAM_END`, per the driver API.
-unsafe fn extra_buffer<'a>(extra: *mut *mut c_void) -> DriverResult<&'a [u8]> {
+pub(super) unsafe fn extra_buffer<'a>(extra: *mut *mut c_void) -> DriverResult<&'a [u8]> {
     let (mut buffer, mut size) = (std::ptr::null::<u8>(), None);
     let mut index = 0;
     loop {

@@ -339,23 +339,51 @@ pub struct CUDA_EXT_SEM_WAIT_NODE_PARAMS_st {
 }
 pub type CUDA_EXT_SEM_WAIT_NODE_PARAMS_v1 = CUDA_EXT_SEM_WAIT_NODE_PARAMS_st;
 pub type CUDA_EXT_SEM_WAIT_NODE_PARAMS = CUDA_EXT_SEM_WAIT_NODE_PARAMS_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUhostFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_HOST_NODE_PARAMS_st {
-    _opaque: [u8; 0],
+    pub r#fn: CUhostFn,
+    pub userData: *mut c_void,
 }
 pub type CUDA_HOST_NODE_PARAMS_v1 = CUDA_HOST_NODE_PARAMS_st;
 pub type CUDA_HOST_NODE_PARAMS = CUDA_HOST_NODE_PARAMS_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_KERNEL_NODE_PARAMS_st {
-    _opaque: [u8; 0],
+    pub func: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub kernelParams: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
 }
 pub type CUDA_KERNEL_NODE_PARAMS_v1 = CUDA_KERNEL_NODE_PARAMS_st;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
 #[repr(C)]
-pub struct CUDA_KERNEL_NODE_PARAMS_v2_st {
+pub struct CUkern_st {
     _opaque: [u8; 0],
+}
+pub type CUkernel = *mut CUkern_st;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_KERNEL_NODE_PARAMS_v2_st {
+    pub func: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub kernelParams: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: CUkernel,
+    pub ctx: CUcontext,
 }
 pub type CUDA_KERNEL_NODE_PARAMS_v2 = CUDA_KERNEL_NODE_PARAMS_v2_st;
 pub type CUDA_KERNEL_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS_v2;
@@ -366,17 +394,47 @@ pub struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
 }
 pub type CUDA_MEM_ALLOC_NODE_PARAMS_v1 = CUDA_MEM_ALLOC_NODE_PARAMS_v1_st;
 pub type CUDA_MEM_ALLOC_NODE_PARAMS = CUDA_MEM_ALLOC_NODE_PARAMS_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUmemorytype = c_uint;
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_MEMCPY3D_st {
-    _opaque: [u8; 0],
+    pub srcXInBytes: usize,
+    pub srcY: usize,
+    pub srcZ: usize,
+    pub srcLOD: usize,
+    pub srcMemoryType: CUmemorytype,
+    pub srcHost: *const c_void,
+    pub srcDevice: CUdeviceptr,
+    pub srcArray: CUarray,
+    pub reserved0: *mut c_void,
+    pub srcPitch: usize,
+    pub srcHeight: usize,
+    pub dstXInBytes: usize,
+    pub dstY: usize,
+    pub dstZ: usize,
+    pub dstLOD: usize,
+    pub dstMemoryType: CUmemorytype,
+    pub dstHost: *mut c_void,
+    pub dstDevice: CUdeviceptr,
+    pub dstArray: CUarray,
+    pub reserved1: *mut c_void,
+    pub dstPitch: usize,
+    pub dstHeight: usize,
+    pub WidthInBytes: usize,
+    pub Height: usize,
+    pub Depth: usize,
 }
 pub type CUDA_MEMCPY3D_v2 = CUDA_MEMCPY3D_st;
 pub type CUDA_MEMCPY3D = CUDA_MEMCPY3D_v2;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_MEMSET_NODE_PARAMS_st {
-    _opaque: [u8; 0],
+    pub dst: CUdeviceptr,
+    pub pitch: usize,
+    pub value: c_uint,
+    pub elementSize: c_uint,
+    pub width: usize,
+    pub height: usize,
 }
 pub type CUDA_MEMSET_NODE_PARAMS_v1 = CUDA_MEMSET_NODE_PARAMS_st;
 pub type CUDA_MEMSET_NODE_PARAMS = CUDA_MEMSET_NODE_PARAMS_v1;
@@ -394,17 +452,23 @@ pub struct CUgraphExec_st {
 }
 pub type CUgraphExec = *mut CUgraphExec_st;
 pub type CUgraphExecUpdateResult = c_uint;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUgraphExecUpdateResultInfo_st {
-    _opaque: [u8; 0],
+    pub result: CUgraphExecUpdateResult,
+    pub errorNode: CUgraphNode,
+    pub errorFromNode: CUgraphNode,
 }
 pub type CUgraphExecUpdateResultInfo_v1 = CUgraphExecUpdateResultInfo_st;
 pub type CUgraphExecUpdateResultInfo = CUgraphExecUpdateResultInfo_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUgraphInstantiateResult = c_uint;
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
-    _opaque: [u8; 0],
+    pub flags: cuuint64_t,
+    pub hUploadStream: CUstream,
+    pub hErrNode_out: CUgraphNode,
+    pub result_out: CUgraphInstantiateResult,
 }
 pub type CUDA_GRAPH_INSTANTIATE_PARAMS = CUDA_GRAPH_INSTANTIATE_PARAMS_st;
 pub type CUlaunchAttributeID = c_uint;
@@ -458,12 +522,6 @@ pub type CUipcMemHandle_v1 = CUipcMemHandle_st;
 pub type CUipcMemHandle = CUipcMemHandle_v1;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
 #[repr(C)]
-pub struct CUkern_st {
-    _opaque: [u8; 0],
-}
-pub type CUkernel = *mut CUkern_st;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
-#[repr(C)]
 pub struct CUlib_st {
     _opaque: [u8; 0],
 }
@@ -475,7 +533,6 @@ pub struct CUDA_LAUNCH_PARAMS_st {
 }
 pub type CUDA_LAUNCH_PARAMS_v1 = CUDA_LAUNCH_PARAMS_st;
 pub type CUDA_LAUNCH_PARAMS = CUDA_LAUNCH_PARAMS_v1;
-pub type CUhostFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
 #[repr(C)]
 pub struct CUlaunchAttribute_st {
@@ -581,7 +638,6 @@ pub struct CUDA_MEMCPY2D_v1_st {
     _opaque: [u8; 0],
 }
 pub type CUDA_MEMCPY2D_v1 = CUDA_MEMCPY2D_v1_st;
-pub type CUmemorytype = c_uint;
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_MEMCPY2D_st {
@@ -725,13 +781,20 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st {
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1 = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st;
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1;
 
+const _: () = assert!(size_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() == 32 && align_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() == 8);
+const _: () = assert!(size_of::<CUDA_HOST_NODE_PARAMS_st>() == 16 && align_of::<CUDA_HOST_NODE_PARAMS_st>() == 8);
+const _: () = assert!(size_of::<CUDA_KERNEL_NODE_PARAMS_st>() == 56 && align_of::<CUDA_KERNEL_NODE_PARAMS_st>() == 8);
+const _: () = assert!(size_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() == 72 && align_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() == 8);
 const _: () = assert!(size_of::<CUDA_MEMCPY2D_st>() == 128 && align_of::<CUDA_MEMCPY2D_st>() == 8);
+const _: () = assert!(size_of::<CUDA_MEMCPY3D_st>() == 200 && align_of::<CUDA_MEMCPY3D_st>() == 8);
+const _: () = assert!(size_of::<CUDA_MEMSET_NODE_PARAMS_st>() == 40 && align_of::<CUDA_MEMSET_NODE_PARAMS_st>() == 8);
 const _: () = assert!(size_of::<CUctxCigParam_st>() == 16 && align_of::<CUctxCigParam_st>() == 8);
 const _: () = assert!(size_of::<CUctxCreateParams_st>() == 24 && align_of::<CUctxCreateParams_st>() == 8);
 const _: () = assert!(size_of::<CUdevprop_st>() == 56 && align_of::<CUdevprop_st>() == 4);
 const _: () = assert!(size_of::<CUeglFrame_st>() == 64 && align_of::<CUeglFrame_st>() == 8);
 const _: () = assert!(size_of::<CUexecAffinityParam_st>() == 8 && align_of::<CUexecAffinityParam_st>() == 4);
 const _: () = assert!(size_of::<CUexecAffinitySmCount_st>() == 4 && align_of::<CUexecAffinitySmCount_st>() == 4);
+const _: () = assert!(size_of::<CUgraphExecUpdateResultInfo_st>() == 24 && align_of::<CUgraphExecUpdateResultInfo_st>() == 8);
 const _: () = assert!(size_of::<CUipcEventHandle_st>() == 64 && align_of::<CUipcEventHandle_st>() == 1);
 const _: () = assert!(size_of::<CUipcMemHandle_st>() == 64 && align_of::<CUipcMemHandle_st>() == 1);
 const _: () = assert!(size_of::<CUlaunchConfig_st>() == 56 && align_of::<CUlaunchConfig_st>() == 8);

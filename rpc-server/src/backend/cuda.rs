@@ -11,13 +11,15 @@ use cudarc::driver::{result, sys};
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE};
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, ParamInfo};
+use flyt_protocol::ops::{Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo};
 
-use super::Device;
+use super::{Capture, Device, ExecUpdate, NodeWork};
+use crate::host_calls::HostCallSite;
 
 /// A driver handle that may cross threads. CUDA driver handles are opaque pointers into the
 /// driver, which documents its API as thread-safe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(transparent)]
 pub struct Handle<T>(T);
 // SAFETY: the wrapped values are CUDA driver handles (CUstream, CUevent, CUfunction, CUmodule);
 // the driver API is thread-safe and the handles carry no thread affinity once a context is
@@ -348,6 +350,9 @@ impl Device for CudaDevice {
     type Function = Handle<sys::CUfunction>;
     type Staging = Staging;
     type PendingCopy = PendingCopy;
+    type Graph = Handle<sys::CUgraph>;
+    type GraphNode = Handle<sys::CUgraphNode>;
+    type GraphExec = Handle<sys::CUgraphExec>;
 
     fn info(&self) -> DeviceInfo {
         let name = result::device::get_name(self.device).unwrap_or_else(|_| format!("GPU {}", self.ordinal));
@@ -871,6 +876,276 @@ impl Device for CudaDevice {
         raw_check(unsafe { (self.raw.ctx_get_limit)(&mut value, limit) })?;
         Ok(value as u64)
     }
+
+    fn capture_begin(&self, stream: Self::Stream, mode: u32) -> CudaResult<()> {
+        let mode = capture_mode(mode)?;
+        // SAFETY: the stream is the null stream or one of the session's.
+        check(unsafe { sys::cuStreamBeginCapture_v2(stream.0, mode).result() })
+    }
+
+    fn capture_end(&self, stream: Self::Stream) -> CudaResult<Self::Graph> {
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: as above; valid out-pointer.
+        check(unsafe { sys::cuStreamEndCapture(stream.0, &mut graph).result() })?;
+        Ok(Handle(graph))
+    }
+
+    fn capture_info(&self, stream: Self::Stream) -> CudaResult<Capture<Self>> {
+        let mut status = 0u32;
+        let mut id = 0u64;
+        let mut graph = std::ptr::null_mut();
+        let mut dependencies: *const sys::CUgraphNode = std::ptr::null();
+        let mut count = 0usize;
+        // SAFETY: valid out-pointers; the status is written as the C enum's 32-bit value and read
+        // as a number, so a status this build does not know is no invalid Rust enum.
+        check(unsafe {
+            sys::cuStreamGetCaptureInfo_v3(
+                stream.0,
+                (&raw mut status).cast(),
+                &mut id,
+                &mut graph,
+                &mut dependencies,
+                std::ptr::null_mut(),
+                &mut count,
+            )
+            .result()
+        })?;
+        let dependencies = if dependencies.is_null() || count == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the driver's array of `count` nodes, valid until the next call on the stream.
+            unsafe { std::slice::from_raw_parts(dependencies, count) }.iter().map(|node| Handle(*node)).collect()
+        };
+        Ok(Capture { status, id, graph: (!graph.is_null()).then_some(Handle(graph)), dependencies })
+    }
+
+    fn capturing(&self, stream: Self::Stream) -> bool {
+        let mut status = 0u32;
+        // SAFETY: valid out-pointer, written as the enum's 32-bit value (see `capture_info`).
+        let code = unsafe { sys::cuStreamIsCapturing(stream.0, (&raw mut status).cast()) };
+        code != sys::CUresult::CUDA_SUCCESS || status != 0
+    }
+
+    fn exchange_capture_mode(&self, mode: u32) -> CudaResult<u32> {
+        capture_mode(mode)?;
+        let mut value = mode;
+        // SAFETY: an in/out mode of the enum's 32-bit size, checked to be a valid mode on the
+        // way in and read back as a number.
+        check(unsafe { sys::cuThreadExchangeStreamCaptureMode((&raw mut value).cast()).result() })?;
+        Ok(value)
+    }
+
+    fn graph_create(&self) -> CudaResult<Self::Graph> {
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; flags must be 0.
+        check(unsafe { sys::cuGraphCreate(&mut graph, 0).result() })?;
+        Ok(Handle(graph))
+    }
+
+    fn graph_destroy(&self, graph: Self::Graph) -> CudaResult<()> {
+        // SAFETY: a graph of the session's, forgotten by it now.
+        check(unsafe { sys::cuGraphDestroy(graph.0).result() })
+    }
+
+    fn graph_add_node(
+        &self,
+        graph: Self::Graph,
+        dependencies: &[Self::GraphNode],
+        work: NodeWork<'_, Self>,
+    ) -> CudaResult<Self::GraphNode> {
+        let mut node = std::ptr::null_mut();
+        let (deps, count) = (dependencies.as_ptr().cast::<sys::CUgraphNode>(), dependencies.len());
+        let context = self.context.load(Ordering::Acquire);
+        // SAFETY: (every arm) `graph` and the dependencies are the session's, of that graph
+        // (`Handle` is a transparent newtype, so the slice is an array of `CUgraphNode`); the
+        // parameter structs live across the call, which copies them; device ranges were
+        // checked by the session.
+        let code = unsafe {
+            match work {
+                NodeWork::Empty => sys::cuGraphAddEmptyNode(&mut node, graph.0, deps, count),
+                NodeWork::Kernel { function, grid, block, shared_mem, args } => {
+                    let mut packed = PackedArgs::new(args);
+                    let params = kernel_params(function, grid, block, shared_mem, &mut packed);
+                    sys::cuGraphAddKernelNode_v2(&mut node, graph.0, deps, count, &params)
+                }
+                NodeWork::Memcpy(copy) => sys::cuGraphAddMemcpyNode(&mut node, graph.0, deps, count, &memcpy_params(&copy), context),
+                NodeWork::Memset(set) => sys::cuGraphAddMemsetNode(&mut node, graph.0, deps, count, &memset_params(&set), context),
+                NodeWork::Child(child) => sys::cuGraphAddChildGraphNode(&mut node, graph.0, deps, count, child.0),
+                NodeWork::EventRecord(event) => sys::cuGraphAddEventRecordNode(&mut node, graph.0, deps, count, event.0),
+                NodeWork::EventWait(event) => sys::cuGraphAddEventWaitNode(&mut node, graph.0, deps, count, event.0),
+                NodeWork::Host(site) => sys::cuGraphAddHostNode(&mut node, graph.0, deps, count, &host_params(site)),
+            }
+        };
+        check(code.result())?;
+        Ok(Handle(node))
+    }
+
+    fn graph_node_set(&self, exec: Option<Self::GraphExec>, node: Self::GraphNode, work: NodeWork<'_, Self>) -> CudaResult<()> {
+        let context = self.context.load(Ordering::Acquire);
+        // SAFETY: (every arm) the node and executable graph are the session's; parameter
+        // structs outlive the call, which copies them; device ranges were checked.
+        let code = unsafe {
+            match (exec, work) {
+                (_, NodeWork::Empty) => return Err(CudaError::INVALID_VALUE),
+                (exec, NodeWork::Kernel { function, grid, block, shared_mem, args }) => {
+                    let mut packed = PackedArgs::new(args);
+                    let params = kernel_params(function, grid, block, shared_mem, &mut packed);
+                    match exec {
+                        Some(exec) => sys::cuGraphExecKernelNodeSetParams_v2(exec.0, node.0, &params),
+                        None => sys::cuGraphKernelNodeSetParams_v2(node.0, &params),
+                    }
+                }
+                (Some(exec), NodeWork::Memcpy(copy)) => sys::cuGraphExecMemcpyNodeSetParams(exec.0, node.0, &memcpy_params(&copy), context),
+                (None, NodeWork::Memcpy(copy)) => sys::cuGraphMemcpyNodeSetParams(node.0, &memcpy_params(&copy)),
+                (Some(exec), NodeWork::Memset(set)) => sys::cuGraphExecMemsetNodeSetParams(exec.0, node.0, &memset_params(&set), context),
+                (None, NodeWork::Memset(set)) => sys::cuGraphMemsetNodeSetParams(node.0, &memset_params(&set)),
+                (Some(exec), NodeWork::Child(child)) => sys::cuGraphExecChildGraphNodeSetParams(exec.0, node.0, child.0),
+                // A child graph node's graph is changed through the graph it returns, not set.
+                (None, NodeWork::Child(_)) => return Err(CudaError::INVALID_VALUE),
+                (Some(exec), NodeWork::EventRecord(event)) => sys::cuGraphExecEventRecordNodeSetEvent(exec.0, node.0, event.0),
+                (None, NodeWork::EventRecord(event)) => sys::cuGraphEventRecordNodeSetEvent(node.0, event.0),
+                (Some(exec), NodeWork::EventWait(event)) => sys::cuGraphExecEventWaitNodeSetEvent(exec.0, node.0, event.0),
+                (None, NodeWork::EventWait(event)) => sys::cuGraphEventWaitNodeSetEvent(node.0, event.0),
+                (Some(exec), NodeWork::Host(site)) => sys::cuGraphExecHostNodeSetParams(exec.0, node.0, &host_params(site)),
+                (None, NodeWork::Host(site)) => sys::cuGraphHostNodeSetParams(node.0, &host_params(site)),
+            }
+        };
+        check(code.result())
+    }
+
+    fn graph_destroy_node(&self, node: Self::GraphNode) -> CudaResult<()> {
+        // SAFETY: a node of the session's, forgotten by it now.
+        check(unsafe { sys::cuGraphDestroyNode(node.0).result() })
+    }
+
+    fn graph_edges(&self, graph: Self::Graph, from: &[Self::GraphNode], to: &[Self::GraphNode], remove: bool) -> CudaResult<()> {
+        if from.len() != to.len() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (from_ptr, to_ptr) = (from.as_ptr().cast::<sys::CUgraphNode>(), to.as_ptr().cast::<sys::CUgraphNode>());
+        // SAFETY: two arrays of `from.len()` nodes of the session's graph; no edge data (plain
+        // full dependencies).
+        let code = unsafe {
+            if remove {
+                sys::cuGraphRemoveDependencies_v2(graph.0, from_ptr, to_ptr, std::ptr::null(), from.len())
+            } else {
+                sys::cuGraphAddDependencies_v2(graph.0, from_ptr, to_ptr, std::ptr::null(), from.len())
+            }
+        };
+        check(code.result())
+    }
+
+    fn graph_nodes(&self, graph: Self::Graph, roots: bool) -> CudaResult<Vec<(Self::GraphNode, u32)>> {
+        let list = |nodes: *mut sys::CUgraphNode, count: &mut usize| {
+            // SAFETY: `nodes` is NULL (count only) or has room for `count` nodes.
+            unsafe { if roots { sys::cuGraphGetRootNodes(graph.0, nodes, count) } else { sys::cuGraphGetNodes(graph.0, nodes, count) } }
+        };
+        let mut count = 0usize;
+        check(list(std::ptr::null_mut(), &mut count).result())?;
+        let mut nodes = vec![std::ptr::null_mut(); count];
+        check(list(nodes.as_mut_ptr(), &mut count).result())?;
+        nodes.truncate(count);
+        nodes
+            .into_iter()
+            .map(|node| {
+                let mut kind = 0u32;
+                // SAFETY: a node the driver just listed; the type is read as the enum's number.
+                check(unsafe { sys::cuGraphNodeGetType(node, (&raw mut kind).cast()).result() })?;
+                Ok((Handle(node), kind))
+            })
+            .collect()
+    }
+
+    fn graph_child(&self, node: Self::GraphNode) -> CudaResult<Self::Graph> {
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: a child-graph node of the session's; valid out-pointer.
+        check(unsafe { sys::cuGraphChildGraphNodeGetGraph(node.0, &mut graph).result() })?;
+        Ok(Handle(graph))
+    }
+
+    fn graph_clone(&self, graph: Self::Graph) -> CudaResult<Self::Graph> {
+        let mut clone = std::ptr::null_mut();
+        // SAFETY: a graph of the session's; valid out-pointer.
+        check(unsafe { sys::cuGraphClone(&mut clone, graph.0).result() })?;
+        Ok(Handle(clone))
+    }
+
+    fn graph_node_in_clone(&self, node: Self::GraphNode, clone: Self::Graph) -> CudaResult<Self::GraphNode> {
+        let mut found = std::ptr::null_mut();
+        // SAFETY: a node of the graph `clone` was cloned from; valid out-pointer.
+        check(unsafe { sys::cuGraphNodeFindInClone(&mut found, node.0, clone.0).result() })?;
+        Ok(Handle(found))
+    }
+
+    fn graph_instantiate(&self, graph: Self::Graph, flags: u64) -> CudaResult<Self::GraphExec> {
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: a graph of the session's; unknown flags are an error code.
+        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, flags).result() })?;
+        Ok(Handle(exec))
+    }
+
+    fn graph_launch(&self, exec: Self::GraphExec, stream: Self::Stream) -> CudaResult<()> {
+        // SAFETY: the session's executable graph and stream.
+        check(unsafe { sys::cuGraphLaunch(exec.0, stream.0).result() })
+    }
+
+    fn graph_upload(&self, exec: Self::GraphExec, stream: Self::Stream) -> CudaResult<()> {
+        // SAFETY: as above.
+        check(unsafe { sys::cuGraphUpload(exec.0, stream.0).result() })
+    }
+
+    fn graph_exec_destroy(&self, exec: Self::GraphExec) -> CudaResult<()> {
+        // SAFETY: the session's executable graph, forgotten by it now.
+        check(unsafe { sys::cuGraphExecDestroy(exec.0).result() })
+    }
+
+    fn graph_exec_update(&self, exec: Self::GraphExec, graph: Self::Graph) -> ExecUpdate<Self> {
+        /// `CUgraphExecUpdateResultInfo` with its result read as a number.
+        #[repr(C)]
+        struct ResultInfo {
+            result: u32,
+            error_node: sys::CUgraphNode,
+            error_from_node: sys::CUgraphNode,
+        }
+        let mut info = ResultInfo { result: 0, error_node: std::ptr::null_mut(), error_from_node: std::ptr::null_mut() };
+        // SAFETY: the session's executable graph and graph; `ResultInfo` has the C struct's
+        // layout (a 32-bit enum, then two node pointers).
+        let code = unsafe { sys::cuGraphExecUpdate_v2(exec.0, graph.0, (&raw mut info).cast()) };
+        ExecUpdate {
+            result: check(code.result()),
+            status: info.result,
+            error_node: (!info.error_node.is_null()).then_some(Handle(info.error_node)),
+        }
+    }
+
+    fn graph_dot(&self, graph: Self::Graph, flags: u32) -> CudaResult<String> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!("flyt-graph-{}-{}.dot", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| CudaError::INVALID_VALUE)?;
+        // SAFETY: a graph of the session's; a NUL-terminated path this process owns.
+        let written = check(unsafe { sys::cuGraphDebugDotPrint(graph.0, c_path.as_ptr(), flags).result() });
+        let text = written.and_then(|()| std::fs::read_to_string(&path).map_err(|_| CudaError::OPERATING_SYSTEM));
+        let _ = std::fs::remove_file(&path);
+        text
+    }
+
+    fn launch_host_call(&self, stream: Self::Stream, site: &Arc<HostCallSite>, kept: bool) -> CudaResult<()> {
+        if kept {
+            let params = host_params(site);
+            // SAFETY: the session's stream; the session keeps the site alive (it may become a
+            // captured graph's node and run many times).
+            return check(unsafe { sys::cuLaunchHostFunc(stream.0, params.fn_, params.userData).result() });
+        }
+        let user_data = Arc::into_raw(site.clone());
+        // SAFETY: the stream is the session's; the callback takes back the reference passed
+        // here (`run_host_call_once`), so the site lives until it has run.
+        let code = unsafe { sys::cuLaunchHostFunc(stream.0, Some(run_host_call_once), user_data.cast_mut().cast()) };
+        if code != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: the driver refused the call, so the reference was not handed over.
+            drop(unsafe { Arc::from_raw(user_data) });
+        }
+        check(code.result())
+    }
 }
 
 /// A `CUfunc_cache` from its number; anything else is `INVALID_VALUE`, as the driver answers.
@@ -937,4 +1212,111 @@ fn launch_config(
         attrs: attributes.as_mut_ptr(),
         numAttrs: c_uint::try_from(attributes.len()).map_err(|_| CudaError::INVALID_VALUE)?,
     })
+}
+
+/// A `CUstreamCaptureMode` from its number: global, thread-local or relaxed.
+fn capture_mode(mode: u32) -> CudaResult<sys::CUstreamCaptureMode> {
+    use sys::CUstreamCaptureMode as Mode;
+    Ok(match mode {
+        0 => Mode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        1 => Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        2 => Mode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        _ => return Err(CudaError::INVALID_VALUE),
+    })
+}
+
+/// A kernel's packed arguments as `CU_LAUNCH_PARAM_BUFFER_POINTER`/`_SIZE` want them.
+struct PackedArgs {
+    size: usize,
+    extra: [*mut c_void; 5],
+}
+
+impl PackedArgs {
+    fn new(args: &mut [u8]) -> Box<Self> {
+        let mut packed = Box::new(Self { size: args.len(), extra: [std::ptr::null_mut(); 5] });
+        let size_ptr = (&raw mut packed.size).cast();
+        packed.extra = [
+            std::ptr::without_provenance_mut(1),
+            args.as_mut_ptr().cast(),
+            std::ptr::without_provenance_mut(2),
+            size_ptr,
+            std::ptr::null_mut(),
+        ];
+        packed
+    }
+
+    fn extra(&mut self) -> *mut *mut c_void {
+        if self.size == 0 { std::ptr::null_mut() } else { self.extra.as_mut_ptr() }
+    }
+}
+
+fn kernel_params(
+    function: Handle<sys::CUfunction>,
+    grid: Dim3,
+    block: Dim3,
+    shared_mem: u32,
+    args: &mut PackedArgs,
+) -> sys::CUDA_KERNEL_NODE_PARAMS_v2_st {
+    sys::CUDA_KERNEL_NODE_PARAMS_v2_st {
+        func: function.0,
+        gridDimX: grid.x,
+        gridDimY: grid.y,
+        gridDimZ: grid.z,
+        blockDimX: block.x,
+        blockDimY: block.y,
+        blockDimZ: block.z,
+        sharedMemBytes: shared_mem,
+        kernelParams: std::ptr::null_mut(),
+        extra: args.extra(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    }
+}
+
+fn memcpy_params(copy: &Copy3d) -> sys::CUDA_MEMCPY3D {
+    // SAFETY: an all-zero CUDA_MEMCPY3D is valid (null pointers, zero offsets, and the
+    // memory-type fields are overwritten below before use).
+    let mut params: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+    params.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    params.srcDevice = copy.src;
+    params.srcPitch = copy.src_pitch as usize;
+    params.srcHeight = copy.src_height as usize;
+    params.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    params.dstDevice = copy.dst;
+    params.dstPitch = copy.dst_pitch as usize;
+    params.dstHeight = copy.dst_height as usize;
+    params.WidthInBytes = copy.width as usize;
+    params.Height = copy.height as usize;
+    params.Depth = copy.depth as usize;
+    params
+}
+
+fn memset_params(set: &Memset2d) -> sys::CUDA_MEMSET_NODE_PARAMS {
+    sys::CUDA_MEMSET_NODE_PARAMS {
+        dst: set.dst,
+        pitch: set.pitch as usize,
+        value: set.value,
+        elementSize: u32::from(set.element_size),
+        width: set.width as usize,
+        height: set.height as usize,
+    }
+}
+
+fn host_params(site: &Arc<HostCallSite>) -> sys::CUDA_HOST_NODE_PARAMS {
+    // The session keeps every graph node's site alive while any graph may run it.
+    sys::CUDA_HOST_NODE_PARAMS { fn_: Some(run_host_call), userData: Arc::as_ptr(site).cast_mut().cast() }
+}
+
+/// A graph host node's callback.
+unsafe extern "C" fn run_host_call(user_data: *mut c_void) {
+    // SAFETY: the `HostCallSite` of `host_params`, kept alive by the session.
+    let site = unsafe { &*user_data.cast::<HostCallSite>() };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| site.run()));
+}
+
+/// `cuLaunchHostFunc`'s callback: runs once and drops its reference.
+unsafe extern "C" fn run_host_call_once(user_data: *mut c_void) {
+    // SAFETY: the reference `launch_host_call` handed over with `Arc::into_raw`.
+    let site = unsafe { Arc::from_raw(user_data.cast::<HostCallSite>()) };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| site.run()));
 }

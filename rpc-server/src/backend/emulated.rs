@@ -9,9 +9,12 @@ use std::time::Instant;
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, ParamInfo};
+use flyt_protocol::ops::{Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, capture_status};
 
-use super::Device;
+use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
+use super::{Capture, Device, ExecUpdate, NodeWork};
+use crate::host_calls::HostCallSite;
+use std::sync::Arc;
 
 /// First fake device address: far from where Linux places a process's heap and libraries, and
 /// 2 MiB-aligned like real allocations.
@@ -29,6 +32,8 @@ pub struct EmulatedConfig {
 struct Event {
     timing: bool,
     recorded: Option<Instant>,
+    /// The host functions submitted before it was recorded, which must return before it fires.
+    host_mark: u64,
 }
 
 /// `cudaStreamNonBlocking`.
@@ -50,17 +55,30 @@ struct State {
     limits: HashMap<u32, u64>,
     /// The context's cache preference (`CU_FUNC_CACHE_PREFER_NONE` until set).
     cache_config: u32,
+    graphs: Graphs,
+}
+
+impl State {
+    fn new_handle(&mut self) -> u64 {
+        self.next_handle += 1;
+        self.next_handle
+    }
 }
 
 /// A host-memory device.
 pub struct EmulatedDevice {
     config: EmulatedConfig,
     state: Mutex<State>,
+    host: HostRunner,
 }
 
 impl EmulatedDevice {
     pub fn new(config: EmulatedConfig) -> Self {
-        Self { config, state: Mutex::new(State { next_address: BASE_ADDRESS, next_handle: 1, ..State::default() }) }
+        Self {
+            config,
+            state: Mutex::new(State { next_address: BASE_ADDRESS, next_handle: 1, ..State::default() }),
+            host: HostRunner::default(),
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -113,6 +131,9 @@ impl Device for EmulatedDevice {
     type Function = ();
     type Staging = Vec<u8>;
     type PendingCopy = CudaResult<Vec<u8>>;
+    type Graph = u64;
+    type GraphNode = u64;
+    type GraphExec = u64;
 
     fn info(&self) -> DeviceInfo {
         let sms = i32::try_from(self.config.sms).unwrap_or(i32::MAX);
@@ -228,8 +249,13 @@ impl Device for EmulatedDevice {
         pending.as_deref().map_err(|error| *error)
     }
 
-    fn copy_dtod(&self, dst: u64, src: u64, len: u64, _stream: u64) -> CudaResult<()> {
+    fn copy_dtod(&self, dst: u64, src: u64, len: u64, stream: u64) -> CudaResult<()> {
         let mut state = self.state();
+        let copy = Copy3d { src, src_pitch: len, src_height: 1, dst, dst_pitch: len, dst_height: 1, width: len, height: 1, depth: 1 };
+        let id = state.new_handle();
+        if let Some(captured) = state.graphs.capture(stream, id, Work::Memcpy(copy)) {
+            return captured;
+        }
         let bytes = block_slice(&mut state.blocks, src, len)?.to_vec();
         block_slice(&mut state.blocks, dst, len)?.copy_from_slice(&bytes);
         Ok(())
@@ -263,8 +289,14 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    fn memset(&self, dst: u64, pattern: u32, width: u8, len: u64, _stream: u64) -> CudaResult<()> {
-        fill_elements(block_slice(&mut self.state().blocks, dst, len)?, pattern, width);
+    fn memset(&self, dst: u64, pattern: u32, width: u8, len: u64, stream: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        let set = Memset2d { dst, pitch: len, value: pattern, element_size: width, width: len / u64::from(width.max(1)), height: 1 };
+        let id = state.new_handle();
+        if let Some(captured) = state.graphs.capture(stream, id, Work::Memset(set)) {
+            return captured;
+        }
+        fill_elements(block_slice(&mut state.blocks, dst, len)?, pattern, width);
         Ok(())
     }
 
@@ -351,14 +383,28 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    fn stream_query(&self, _stream: u64) -> CudaResult<()> {
-        Ok(())
+    fn stream_query(&self, stream: u64) -> CudaResult<()> {
+        // Work completes at submission, except the app's host functions.
+        let legacy = stream == 0;
+        if self.host.busy((!legacy).then_some(stream)) { Err(CudaError::NOT_READY) } else { Ok(()) }
     }
 
-    fn stream_wait_event(&self, _stream: u64, _event: u64, flags: u32) -> CudaResult<()> {
-        // Work completes at submission: the event has fired, there is nothing to wait for.
+    fn stream_wait_event(&self, stream: u64, event: u64, flags: u32) -> CudaResult<()> {
+        // Work completes at submission: the event has fired, there is nothing to wait for,
+        // unless it was recorded in a capture, which the stream then joins.
         if flags & !EXTERNAL != 0 {
             return Err(CudaError::INVALID_VALUE);
+        }
+        let mut state = self.state();
+        if let Some(capture) = state.graphs.captured_events.get(&event).cloned() {
+            let graphs = &mut state.graphs;
+            match graphs.captures.get_mut(&stream) {
+                Some(joined) if joined.id == capture.id => joined.tail.extend(capture.tail),
+                Some(_) => return Err(CudaError::STREAM_CAPTURE_ISOLATION),
+                None => {
+                    graphs.captures.insert(stream, StreamCapture { origin: false, ..capture });
+                }
+            }
         }
         Ok(())
     }
@@ -371,24 +417,42 @@ impl Device for EmulatedDevice {
         let mut state = self.state();
         state.next_handle += 1;
         let handle = state.next_handle;
-        state.events.insert(handle, Event { timing: flags & EVENT_DISABLE_TIMING == 0, recorded: None });
+        state.events.insert(handle, Event { timing: flags & EVENT_DISABLE_TIMING == 0, recorded: None, host_mark: 0 });
         Ok(handle)
     }
 
-    fn event_record(&self, event: u64, _stream: u64, flags: u32) -> CudaResult<()> {
+    fn event_record(&self, event: u64, stream: u64, flags: u32) -> CudaResult<()> {
         if flags & !EXTERNAL != 0 {
             return Err(CudaError::INVALID_VALUE);
         }
-        // Work completes at submission, so the event fires when it is recorded.
-        self.state().events.get_mut(&event).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?.recorded = Some(Instant::now());
+        let mut state = self.state();
+        if !state.events.contains_key(&event) {
+            return Err(CudaError::INVALID_RESOURCE_HANDLE);
+        }
+        // Recorded into a capture, it marks where the capture stands.
+        if let Some(capture) = state.graphs.captures.get(&stream).cloned() {
+            state.graphs.captured_events.insert(event, capture);
+            return Ok(());
+        }
+        state.graphs.captured_events.remove(&event);
+        // Work completes at submission, so the event fires when it is recorded, or once the host
+        // functions before it have returned.
+        let host_mark = self.host.mark();
+        if let Some(recorded) = state.events.get_mut(&event) {
+            recorded.recorded = Some(Instant::now());
+            recorded.host_mark = host_mark;
+        }
         Ok(())
     }
 
-    fn event_query(&self, _event: u64) -> CudaResult<()> {
-        Ok(())
+    fn event_query(&self, event: u64) -> CudaResult<()> {
+        let mark = self.state().events.get(&event).map_or(0, |event| event.host_mark);
+        if self.host.returned(mark) { Ok(()) } else { Err(CudaError::NOT_READY) }
     }
 
-    fn event_synchronize(&self, _event: u64) -> CudaResult<()> {
+    fn event_synchronize(&self, event: u64) -> CudaResult<()> {
+        let mark = self.state().events.get(&event).map_or(0, |event| event.host_mark);
+        self.host.wait(mark);
         Ok(())
     }
 
@@ -410,6 +474,7 @@ impl Device for EmulatedDevice {
     }
 
     fn synchronize(&self) -> CudaResult<()> {
+        self.host.wait(u64::MAX);
         Ok(())
     }
 
@@ -462,6 +527,262 @@ impl Device for EmulatedDevice {
         let default = default_limit(limit)?;
         Ok(self.state().limits.get(&limit).copied().unwrap_or(default))
     }
+
+    fn capture_begin(&self, stream: u64, mode: u32) -> CudaResult<()> {
+        if mode > 2 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        // The legacy stream cannot be captured (it synchronizes with every other stream).
+        if stream == 0 {
+            return Err(CudaError::STREAM_CAPTURE_UNSUPPORTED);
+        }
+        let mut state = self.state();
+        if state.graphs.captures.contains_key(&stream) {
+            return Err(CudaError::ILLEGAL_STATE);
+        }
+        let graph = state.new_handle();
+        state.graphs.graphs.insert(graph, Vec::new());
+        state.graphs.next_capture += 1;
+        let id = state.graphs.next_capture;
+        state.graphs.captures.insert(stream, StreamCapture { graph, id, tail: Vec::new(), origin: true });
+        Ok(())
+    }
+
+    fn capture_end(&self, stream: u64) -> CudaResult<u64> {
+        let mut state = self.state();
+        let capture = match state.graphs.captures.get(&stream) {
+            Some(capture) if capture.origin => capture.clone(),
+            Some(_) => return Err(CudaError::STREAM_CAPTURE_UNMATCHED),
+            None => return Err(CudaError::ILLEGAL_STATE),
+        };
+        state.graphs.captures.retain(|_, other| other.id != capture.id);
+        state.graphs.captured_events.retain(|_, other| other.id != capture.id);
+        Ok(capture.graph)
+    }
+
+    fn capture_info(&self, stream: u64) -> CudaResult<Capture<Self>> {
+        let state = self.state();
+        Ok(match state.graphs.captures.get(&stream) {
+            Some(capture) => {
+                Capture { status: capture_status::ACTIVE, id: capture.id, graph: Some(capture.graph), dependencies: capture.tail.clone() }
+            }
+            None => Capture { status: state.graphs.status(stream), id: 0, graph: None, dependencies: Vec::new() },
+        })
+    }
+
+    fn capturing(&self, stream: u64) -> bool {
+        let state = self.state();
+        // The legacy stream may not be used while any capture is active.
+        state.graphs.captures.contains_key(&stream) || (stream == 0 && !state.graphs.captures.is_empty())
+    }
+
+    fn exchange_capture_mode(&self, mode: u32) -> CudaResult<u32> {
+        // The emulated device enforces no capture interaction mode: every call is allowed.
+        if mode > 2 { Err(CudaError::INVALID_VALUE) } else { Ok(mode) }
+    }
+
+    fn graph_create(&self) -> CudaResult<u64> {
+        let mut state = self.state();
+        let graph = state.new_handle();
+        state.graphs.graphs.insert(graph, Vec::new());
+        Ok(graph)
+    }
+
+    fn graph_destroy(&self, graph: u64) -> CudaResult<()> {
+        self.state().graphs.destroy(graph);
+        Ok(())
+    }
+
+    fn graph_add_node(&self, graph: u64, dependencies: &[u64], work: NodeWork<'_, Self>) -> CudaResult<u64> {
+        let mut state = self.state();
+        let work = match work {
+            NodeWork::Child(child) => {
+                // The node holds its own copy of the child graph, as the driver's does.
+                let copy = state.new_handle();
+                let State { graphs, next_handle, .. } = &mut *state;
+                graphs.clone_graph(child, copy, &mut || {
+                    *next_handle += 1;
+                    *next_handle
+                })?;
+                Work::Child(copy)
+            }
+            work => emulated_work(work)?,
+        };
+        let id = state.new_handle();
+        state.graphs.add(graph, id, dependencies, work)?;
+        Ok(id)
+    }
+
+    fn graph_node_set(&self, exec: Option<u64>, node: u64, work: NodeWork<'_, Self>) -> CudaResult<()> {
+        let work = emulated_work(work)?;
+        let mut state = self.state();
+        let current = state.graphs.nodes.get(&node).ok_or(CudaError::INVALID_VALUE)?;
+        if current.work.kind() != work.kind() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        match exec {
+            // Executable graphs hold their work by position: the node's place in its graph's order.
+            Some(exec) => {
+                let graph = current.graph;
+                let position = state.graphs.ordered(graph)?.iter().position(|n| *n == node).ok_or(CudaError::INVALID_VALUE)?;
+                let slot = state.graphs.execs.get_mut(&exec).and_then(|works| works.get_mut(position)).ok_or(CudaError::INVALID_VALUE)?;
+                *slot = work;
+            }
+            None => {
+                if let Some(current) = state.graphs.nodes.get_mut(&node) {
+                    current.work = work;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn graph_destroy_node(&self, node: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        let removed = state.graphs.nodes.remove(&node).ok_or(CudaError::INVALID_VALUE)?;
+        if let Some(members) = state.graphs.graphs.get_mut(&removed.graph) {
+            members.retain(|n| *n != node);
+        }
+        for other in state.graphs.nodes.values_mut() {
+            other.dependencies.retain(|d| *d != node);
+        }
+        Ok(())
+    }
+
+    fn graph_edges(&self, graph: u64, from: &[u64], to: &[u64], remove: bool) -> CudaResult<()> {
+        let mut state = self.state();
+        let in_graph = |node: &u64| state.graphs.nodes.get(node).is_some_and(|n| n.graph == graph);
+        if from.len() != to.len() || !from.iter().chain(to).all(in_graph) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        for (from, to) in from.iter().zip(to) {
+            let Some(node) = state.graphs.nodes.get_mut(to) else { continue };
+            match (remove, node.dependencies.contains(from)) {
+                (false, false) => node.dependencies.push(*from),
+                (true, true) => node.dependencies.retain(|d| d != from),
+                _ => return Err(CudaError::INVALID_VALUE),
+            }
+        }
+        Ok(())
+    }
+
+    fn graph_nodes(&self, graph: u64, roots: bool) -> CudaResult<Vec<(u64, u32)>> {
+        let state = self.state();
+        let members = state.graphs.graphs.get(&graph).ok_or(CudaError::INVALID_VALUE)?;
+        members
+            .iter()
+            .filter(|node| !roots || state.graphs.nodes.get(node).is_some_and(|n| n.dependencies.is_empty()))
+            .map(|node| Ok((*node, state.graphs.kind(*node)?)))
+            .collect()
+    }
+
+    fn graph_child(&self, node: u64) -> CudaResult<u64> {
+        match self.state().graphs.nodes.get(&node).map(|n| &n.work) {
+            Some(Work::Child(child)) => Ok(*child),
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    fn graph_clone(&self, graph: u64) -> CudaResult<u64> {
+        let mut state = self.state();
+        let clone = state.new_handle();
+        let State { graphs, next_handle, .. } = &mut *state;
+        graphs.clone_graph(graph, clone, &mut || {
+            *next_handle += 1;
+            *next_handle
+        })?;
+        Ok(clone)
+    }
+
+    fn graph_node_in_clone(&self, node: u64, clone: u64) -> CudaResult<u64> {
+        self.state().graphs.clones.get(&(node, clone)).copied().ok_or(CudaError::INVALID_VALUE)
+    }
+
+    fn graph_instantiate(&self, graph: u64, flags: u64) -> CudaResult<u64> {
+        // cudaGraphInstantiateFlagAutoFreeOnLaunch, Upload, DeviceLaunch, UseNodePriority.
+        if flags & !0xf != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let mut state = self.state();
+        let mut works = Vec::new();
+        state.graphs.flatten(graph, &mut works, 0)?;
+        let exec = state.new_handle();
+        state.graphs.execs.insert(exec, works);
+        Ok(exec)
+    }
+
+    fn graph_launch(&self, exec: u64, stream: u64) -> CudaResult<()> {
+        let works = self.state().graphs.execs.get(&exec).cloned().ok_or(CudaError::INVALID_VALUE)?;
+        for work in works {
+            let mut state = self.state();
+            match work {
+                Work::Memcpy(copy) => copy_3d(&mut state.blocks, &copy)?,
+                Work::Memset(set) => memset_2d(&mut state.blocks, &set)?,
+                Work::EventRecord(event) => {
+                    if let Some(event) = state.events.get_mut(&event) {
+                        event.recorded = Some(Instant::now());
+                    }
+                }
+                Work::Host(site) => {
+                    drop(state);
+                    self.host.submit(stream, site)?;
+                }
+                Work::Empty | Work::EventWait(_) | Work::Child(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn graph_upload(&self, exec: u64, _stream: u64) -> CudaResult<()> {
+        if self.state().graphs.execs.contains_key(&exec) { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
+    }
+
+    fn graph_exec_destroy(&self, exec: u64) -> CudaResult<()> {
+        self.state().graphs.execs.remove(&exec);
+        Ok(())
+    }
+
+    fn graph_exec_update(&self, exec: u64, graph: u64) -> ExecUpdate<Self> {
+        let mut state = self.state();
+        let mut works = Vec::new();
+        let flattened = state.graphs.flatten(graph, &mut works, 0);
+        let same_shape = state
+            .graphs
+            .execs
+            .get(&exec)
+            .is_some_and(|old| old.len() == works.len() && old.iter().zip(&works).all(|(a, b)| a.kind() == b.kind()));
+        match flattened {
+            Ok(()) if same_shape => {
+                state.graphs.execs.insert(exec, works);
+                ExecUpdate { result: Ok(()), status: 0, error_node: None }
+            }
+            // CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED.
+            _ => ExecUpdate { result: Err(CudaError::GRAPH_EXEC_UPDATE_FAILURE), status: 2, error_node: None },
+        }
+    }
+
+    fn graph_dot(&self, graph: u64, _flags: u32) -> CudaResult<String> {
+        let state = self.state();
+        let mut text = format!("digraph dot {{\n  subgraph cluster_{graph} {{\n    label=\"graph_{graph}\"\n");
+        for node in state.graphs.ordered(graph)? {
+            text.push_str(&format!("    node_{node} [label=\"type {}\"];\n", state.graphs.kind(node)?));
+            for dependency in &state.graphs.nodes[&node].dependencies {
+                text.push_str(&format!("    node_{dependency} -> node_{node};\n"));
+            }
+        }
+        text.push_str("  }\n}\n");
+        Ok(text)
+    }
+
+    fn launch_host_call(&self, stream: u64, site: &Arc<HostCallSite>, _kept: bool) -> CudaResult<()> {
+        let mut state = self.state();
+        let id = state.new_handle();
+        if let Some(captured) = state.graphs.capture(stream, id, Work::Host(site.clone())) {
+            return captured;
+        }
+        drop(state);
+        self.host.submit(stream, site.clone())
+    }
 }
 
 const LIMIT_MAX_L2_FETCH_GRANULARITY: u32 = 5;
@@ -486,4 +807,40 @@ fn default_limit(limit: u32) -> CudaResult<u64> {
         6 => Ok(0),
         _ => Err(CudaError::UNSUPPORTED_LIMIT),
     }
+}
+
+/// A node's work on this device: kernels need GPU code.
+fn emulated_work(work: NodeWork<'_, EmulatedDevice>) -> CudaResult<Work> {
+    Ok(match work {
+        NodeWork::Empty => Work::Empty,
+        NodeWork::Kernel { .. } => return Err(NO_GPU_CODE),
+        NodeWork::Memcpy(copy) => Work::Memcpy(copy),
+        NodeWork::Memset(set) => Work::Memset(set),
+        NodeWork::Child(graph) => Work::Child(graph),
+        NodeWork::EventRecord(event) => Work::EventRecord(event),
+        NodeWork::EventWait(event) => Work::EventWait(event),
+        NodeWork::Host(site) => Work::Host(site.clone()),
+    })
+}
+
+/// A 3D copy, row by row (the session checked both sides' spans).
+fn copy_3d(blocks: &mut HashMap<u64, Vec<u8>>, copy: &Copy3d) -> CudaResult<()> {
+    for z in 0..copy.depth {
+        for y in 0..copy.height {
+            let src = copy.src + z * copy.src_pitch * copy.src_height + y * copy.src_pitch;
+            let dst = copy.dst + z * copy.dst_pitch * copy.dst_height + y * copy.dst_pitch;
+            let row = block_slice(blocks, src, copy.width)?.to_vec();
+            block_slice(blocks, dst, copy.width)?.copy_from_slice(&row);
+        }
+    }
+    Ok(())
+}
+
+/// A 2D memset, row by row.
+fn memset_2d(blocks: &mut HashMap<u64, Vec<u8>>, set: &Memset2d) -> CudaResult<()> {
+    let row_len = set.width * u64::from(set.element_size);
+    for y in 0..set.height {
+        fill_elements(block_slice(blocks, set.dst + y * set.pitch, row_len)?, set.value, set.element_size);
+    }
+    Ok(())
 }

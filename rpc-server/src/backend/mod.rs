@@ -4,10 +4,51 @@
 
 pub mod cuda;
 pub mod emulated;
+mod emulated_graphs;
+
+use std::sync::Arc;
 
 use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, ParamInfo};
+use flyt_protocol::ops::{Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo};
+
+use crate::host_calls::HostCallSite;
+
+/// What a graph node does, with the session's ids resolved to the backend's handles.
+pub enum NodeWork<'a, D: Device + ?Sized> {
+    Empty,
+    Kernel {
+        function: D::Function,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        args: &'a mut [u8],
+    },
+    /// Between device ranges the session checked.
+    Memcpy(Copy3d),
+    /// Over a device range the session checked.
+    Memset(Memset2d),
+    Child(D::Graph),
+    EventRecord(D::Event),
+    EventWait(D::Event),
+    /// The session keeps the site alive as long as any graph or executable graph may run it.
+    Host(&'a Arc<HostCallSite>),
+}
+
+/// A stream's capture, as `cuStreamGetCaptureInfo` tells it.
+pub struct Capture<D: Device + ?Sized> {
+    pub status: u32,
+    pub id: u64,
+    pub graph: Option<D::Graph>,
+    pub dependencies: Vec<D::GraphNode>,
+}
+
+/// What `cuGraphExecUpdate` came to: a `CUgraphExecUpdateResult` and the node it names.
+pub struct ExecUpdate<D: Device + ?Sized> {
+    pub result: CudaResult<()>,
+    pub status: u32,
+    pub error_node: Option<D::GraphNode>,
+}
 
 /// Which backend serves the sessions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -34,6 +75,9 @@ pub trait Device: Send + Sync + 'static {
     type Staging: Send + 'static;
     /// A device-to-host copy in flight.
     type PendingCopy: Send + Sync + 'static;
+    type Graph: Copy + Eq + std::hash::Hash + Send + Sync + 'static;
+    type GraphNode: Copy + Eq + std::hash::Hash + Send + Sync + 'static;
+    type GraphExec: Copy + Send + Sync + 'static;
 
     /// The device as the hardware reports it (the session applies its slice on top).
     fn info(&self) -> DeviceInfo;
@@ -167,4 +211,41 @@ pub trait Device: Send + Sync + 'static {
     fn reset_persisting_l2_cache(&self) -> CudaResult<()>;
     fn set_limit(&self, limit: u32, value: u64) -> CudaResult<()>;
     fn get_limit(&self, limit: u32) -> CudaResult<u64>;
+
+    // --- stream capture and graphs ---
+    /// `cuStreamBeginCapture` in `mode` (`CUstreamCaptureMode`).
+    fn capture_begin(&self, stream: Self::Stream, mode: u32) -> CudaResult<()>;
+    fn capture_end(&self, stream: Self::Stream) -> CudaResult<Self::Graph>;
+    fn capture_info(&self, stream: Self::Stream) -> CudaResult<Capture<Self>>;
+    /// Whether work queued on `stream` now would be captured rather than run (or may not be
+    /// queued at all while another stream captures): host-memory copies are refused then, as the
+    /// staging memory they would record is reused.
+    fn capturing(&self, stream: Self::Stream) -> bool;
+    /// `cuThreadExchangeStreamCaptureMode` on the session's thread; the previous mode.
+    fn exchange_capture_mode(&self, mode: u32) -> CudaResult<u32>;
+    fn graph_create(&self) -> CudaResult<Self::Graph>;
+    fn graph_destroy(&self, graph: Self::Graph) -> CudaResult<()>;
+    fn graph_add_node(&self, graph: Self::Graph, dependencies: &[Self::GraphNode], work: NodeWork<'_, Self>)
+    -> CudaResult<Self::GraphNode>;
+    /// A node's new parameters, in its graph (`exec` `None`) or in an executable graph.
+    fn graph_node_set(&self, exec: Option<Self::GraphExec>, node: Self::GraphNode, work: NodeWork<'_, Self>) -> CudaResult<()>;
+    fn graph_destroy_node(&self, node: Self::GraphNode) -> CudaResult<()>;
+    fn graph_edges(&self, graph: Self::Graph, from: &[Self::GraphNode], to: &[Self::GraphNode], remove: bool) -> CudaResult<()>;
+    /// The graph's nodes (or its root nodes) with their `CUgraphNodeType`s.
+    fn graph_nodes(&self, graph: Self::Graph, roots: bool) -> CudaResult<Vec<(Self::GraphNode, u32)>>;
+    /// The graph a child-graph node holds.
+    fn graph_child(&self, node: Self::GraphNode) -> CudaResult<Self::Graph>;
+    fn graph_clone(&self, graph: Self::Graph) -> CudaResult<Self::Graph>;
+    fn graph_node_in_clone(&self, node: Self::GraphNode, clone: Self::Graph) -> CudaResult<Self::GraphNode>;
+    fn graph_instantiate(&self, graph: Self::Graph, flags: u64) -> CudaResult<Self::GraphExec>;
+    fn graph_launch(&self, exec: Self::GraphExec, stream: Self::Stream) -> CudaResult<()>;
+    fn graph_upload(&self, exec: Self::GraphExec, stream: Self::Stream) -> CudaResult<()>;
+    fn graph_exec_destroy(&self, exec: Self::GraphExec) -> CudaResult<()>;
+    fn graph_exec_update(&self, exec: Self::GraphExec, graph: Self::Graph) -> ExecUpdate<Self>;
+    /// `cuGraphDebugDotPrint`'s text.
+    fn graph_dot(&self, graph: Self::Graph, flags: u32) -> CudaResult<String>;
+    /// Runs `site` when `stream` reaches this point, holding the stream until it returns.
+    /// `kept`: the session keeps the site alive (the stream is capturing, so it may run many
+    /// times); otherwise it runs once and the backend holds it till then.
+    fn launch_host_call(&self, stream: Self::Stream, site: &Arc<HostCallSite>, kept: bool) -> CudaResult<()>;
 }

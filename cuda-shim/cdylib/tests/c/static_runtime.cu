@@ -45,6 +45,19 @@ static void *ask_from_a_new_thread(void *arg) {
     return NULL;
 }
 
+// Host functions run in stream order in this process; the driver permits no CUDA call there.
+static volatile int host_runs = 0;
+static cudaError_t call_inside = cudaSuccess;
+static void CUDART_CB count_run(void *counter) {
+    int device = -1;
+    call_inside = cudaGetDevice(&device);
+    (*(volatile int *)counter)++;
+}
+static void CUDART_CB count_callback(cudaStream_t stream, cudaError_t status, void *counter) {
+    (void)stream;
+    if (status == cudaSuccess) (*(volatile int *)counter)++;
+}
+
 int main(void) {
     int count = -1;
     CHECK(cudaGetDeviceCount(&count), cudaSuccess);
@@ -118,6 +131,58 @@ int main(void) {
     CHECK(cudaMemcpy(back, (void *)0x10, 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
     CHECK(cudaGetLastError(), cudaErrorInvalidValue);
     CHECK(cudaMemcpy(back, dev, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+
+    // Graphs without kernels (the emulated device runs none): a captured memset and copy, and an
+    // explicit graph with a memset and a host node; host functions in stream order.
+    {
+        cudaGraph_t captured = NULL;
+        cudaStreamCaptureStatus during = cudaStreamCaptureStatusNone, after = cudaStreamCaptureStatusActive;
+        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+        CHECK(cudaStreamIsCapturing(stream, &during), cudaSuccess);
+        CHECK(cudaMemsetAsync(dev, 0x42, 4096, stream), cudaSuccess);
+        CHECK(cudaMemcpyAsync(dev2, dev, 4096, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+        CHECK(cudaStreamEndCapture(stream, &captured), cudaSuccess);
+        CHECK(cudaStreamIsCapturing(stream, &after), cudaSuccess);
+        size_t nodes = 0;
+        CHECK(cudaGraphGetNodes(captured, NULL, &nodes), cudaSuccess);
+        CHECK(cudaMemset(dev2, 0, 4096), cudaSuccess);
+        cudaGraphExec_t exec = NULL;
+        CHECK(cudaGraphInstantiate(&exec, captured, 0), cudaSuccess);
+        CHECK(cudaGraphLaunch(exec, stream), cudaSuccess);
+        CHECK(cudaStreamSynchronize(stream), cudaSuccess);
+        CHECK(cudaMemcpy(back, dev2, 4096, cudaMemcpyDeviceToHost), cudaSuccess);
+        int seen = during == cudaStreamCaptureStatusActive && after == cudaStreamCaptureStatusNone;
+        int replayed = back[0] == 0x42 && back[4095] == 0x42;
+        printf("captured graph: %s, %zu nodes, %s\n", seen ? "capture seen" : "CAPTURE STATUS WRONG", nodes, replayed ? "replayed" : "NOT REPLAYED");
+        if (!seen || nodes != 2 || !replayed) failures++;
+        CHECK(cudaGraphExecDestroy(exec), cudaSuccess);
+        CHECK(cudaGraphDestroy(captured), cudaSuccess);
+
+        cudaGraph_t built = NULL;
+        CHECK(cudaGraphCreate(&built, 0), cudaSuccess);
+        cudaGraphNode_t set = NULL, run = NULL;
+        cudaMemsetParams memset_params;
+        memset(&memset_params, 0, sizeof memset_params);
+        memset_params.dst = dev;
+        memset_params.value = 0x24;
+        memset_params.elementSize = 1;
+        memset_params.width = 4096;
+        memset_params.height = 1;
+        CHECK(cudaGraphAddMemsetNode(&set, built, NULL, 0, &memset_params), cudaSuccess);
+        cudaHostNodeParams host_params = {count_run, (void *)&host_runs};
+        CHECK(cudaGraphAddHostNode(&run, built, &set, 1, &host_params), cudaSuccess);
+        CHECK(cudaGraphInstantiate(&exec, built, 0), cudaSuccess);
+        for (int i = 0; i < 3; i++) CHECK(cudaGraphLaunch(exec, stream), cudaSuccess);
+        CHECK(cudaLaunchHostFunc(stream, count_run, (void *)&host_runs), cudaSuccess);
+        CHECK(cudaStreamAddCallback(stream, count_callback, (void *)&host_runs, 0), cudaSuccess);
+        CHECK(cudaStreamSynchronize(stream), cudaSuccess);
+        CHECK(cudaMemcpy(back, dev, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+        printf("host functions: ran %d of 5 times, memset node %s\n", host_runs, back[0] == 0x24 ? "ran" : "DID NOT RUN");
+        printf("CUDA call in a host function: %s\n", cudaGetErrorName(call_inside));
+        if (host_runs != 5 || back[0] != 0x24) failures++;
+        CHECK(cudaGraphExecDestroy(exec), cudaSuccess);
+        CHECK(cudaGraphDestroy(built), cudaSuccess);
+    }
 
     // NVIDIA's runtime loaded this program's fat binary through cuLibraryLoadData; the kernel is
     // looked up at its first launch, where the emulated device's refusal must surface.

@@ -1,0 +1,252 @@
+//! Graphs, stream capture and host functions on the client side. Graphs, nodes and executable
+//! graphs are named by ids this process chooses (the app's handles are those ids), so building
+//! and launching cost no round trip beyond the driver's own answers. Host functions run here, in
+//! the app's process, when the server says a stream reached one.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Mutex, OnceLock};
+
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::{CaptureInfo, capture_status, req};
+
+use crate::client::Client;
+
+/// An app function a stream or graph runs.
+#[derive(Clone, Copy)]
+pub enum HostFunction {
+    /// `cuLaunchHostFunc`, a host node: `fn(user_data)`.
+    Plain { function: unsafe extern "C" fn(*mut std::ffi::c_void), user_data: usize },
+    /// `cuStreamAddCallback`: `fn(stream, CUDA_SUCCESS, user_data)`.
+    StreamCallback { function: unsafe extern "C" fn(*mut std::ffi::c_void, u32, *mut std::ffi::c_void), stream: usize, user_data: usize },
+}
+
+struct Registered {
+    function: HostFunction,
+    /// Runs once (a launched host function), or for every launch of a graph that holds it.
+    once: bool,
+}
+
+/// The session's graph bookkeeping.
+#[derive(Default)]
+pub struct Graphs {
+    next_id: AtomicU64,
+    /// Captures begun by this process and not yet ended.
+    active_captures: AtomicUsize,
+    /// Origin stream of each active capture.
+    captures: Mutex<HashMap<u64, u64>>,
+    /// Host-function nodes each executable graph runs per launch.
+    exec_host_nodes: Mutex<HashMap<u64, u32>>,
+    /// Node types, as added or as the server listed them.
+    node_kinds: Mutex<HashMap<u64, u32>>,
+    /// `(clone, original node)` to the clone's node.
+    clones: Mutex<HashMap<(u64, u64), u64>>,
+    host_functions: Mutex<HashMap<u64, Registered>>,
+    runner: OnceLock<Mutex<Sender<(u64, u64)>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+thread_local! {
+    /// Set on the thread that runs the app's host functions: CUDA calls are not permitted there.
+    static IN_HOST_FUNCTION: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is running an app host function (where the driver permits no
+/// CUDA call).
+pub fn in_host_function() -> bool {
+    IN_HOST_FUNCTION.try_with(Cell::get).unwrap_or(false)
+}
+
+impl Graphs {
+    /// A fresh id for a graph, node or executable graph (never 0, never a server node id).
+    pub fn new_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn any_capture(&self) -> bool {
+        self.active_captures.load(Ordering::Acquire) > 0
+    }
+
+    pub fn node_kind(&self, node: u64) -> Option<u32> {
+        lock(&self.node_kinds).get(&node).copied()
+    }
+
+    pub fn note_nodes(&self, nodes: impl IntoIterator<Item = (u64, u32)>) {
+        lock(&self.node_kinds).extend(nodes);
+    }
+
+    pub fn forget_node(&self, node: u64) {
+        lock(&self.node_kinds).remove(&node);
+    }
+
+    pub fn note_clone(&self, clone: u64, pairs: &[(u64, u64)]) {
+        let mut clones = lock(&self.clones);
+        let mut kinds = lock(&self.node_kinds);
+        for (original, copy) in pairs {
+            clones.insert((clone, *original), *copy);
+            if let Some(kind) = kinds.get(original).copied() {
+                kinds.insert(*copy, kind);
+            }
+        }
+    }
+
+    pub fn node_in_clone(&self, clone: u64, original: u64) -> Option<u64> {
+        lock(&self.clones).get(&(clone, original)).copied()
+    }
+
+    pub fn set_exec_host_nodes(&self, exec: u64, count: u32) {
+        lock(&self.exec_host_nodes).insert(exec, count);
+    }
+
+    pub fn forget_exec(&self, exec: u64) {
+        lock(&self.exec_host_nodes).remove(&exec);
+    }
+
+    fn exec_host_nodes(&self, exec: u64) -> u32 {
+        lock(&self.exec_host_nodes).get(&exec).copied().unwrap_or(0)
+    }
+
+    /// Registers an app function; its id goes to the server.
+    pub fn register(&self, function: HostFunction, once: bool) -> u64 {
+        let id = self.new_id();
+        lock(&self.host_functions).insert(id, Registered { function, once });
+        id
+    }
+
+    /// Changes a registered function to one that stays (it was captured into a graph).
+    fn keep(&self, call: u64) {
+        if let Some(registered) = lock(&self.host_functions).get_mut(&call) {
+            registered.once = false;
+        }
+    }
+}
+
+impl Client {
+    /// Begins a capture of `stream` into a new graph; its id.
+    pub fn begin_capture(&self, stream: u64, mode: u32, thread_mode: u32) -> CudaResult<u64> {
+        let graph = self.graphs.new_id();
+        self.call(req::StreamBeginCapture { stream, mode, thread_mode, graph })?;
+        lock(&self.graphs.captures).insert(stream, graph);
+        self.graphs.active_captures.fetch_add(1, Ordering::AcqRel);
+        Ok(graph)
+    }
+
+    /// Ends the capture `stream` began: the captured graph's id.
+    pub fn end_capture(&self, stream: u64) -> CudaResult<u64> {
+        let result = self.call(req::StreamEndCapture { stream }).map(|reply| reply.graph);
+        // Ended (as a graph, or invalidated) unless the stream is still capturing.
+        let still_capturing = result.is_err() && self.capture_info(stream).is_ok_and(|info| info.status != capture_status::NONE);
+        if !still_capturing && lock(&self.graphs.captures).remove(&stream).is_some() {
+            self.graphs.active_captures.fetch_sub(1, Ordering::AcqRel);
+        }
+        result
+    }
+
+    /// A stream's capture: answered here while no capture is active, else by the server (which
+    /// also knows the streams that joined a capture through events).
+    pub fn capture_info(&self, stream: u64) -> CudaResult<CaptureInfo> {
+        if !self.graphs.any_capture() {
+            return Ok(CaptureInfo::default());
+        }
+        self.call(req::StreamCaptureInfo { stream }).map(|reply| reply.info)
+    }
+
+    /// Tells the server the calling thread's capture interaction mode, which its checks of
+    /// calls made during a capture follow.
+    pub fn note_capture_mode(&self, mode: u32) -> CudaResult<()> {
+        if self.graphs.any_capture() { self.post(req::CaptureMode { mode }) } else { Ok(()) }
+    }
+
+    /// Launches an executable graph; the server will ask for its host-function nodes.
+    pub fn launch_graph(&self, exec: u64, stream: u64) -> CudaResult<()> {
+        let host_nodes = self.graphs.exec_host_nodes(exec);
+        if host_nodes > 0 {
+            self.start_host_runner()?;
+            self.conn.expect_notices(host_nodes as usize);
+        }
+        self.post(req::GraphLaunch { exec, stream })
+    }
+
+    /// `cuLaunchHostFunc`/`cuStreamAddCallback`: runs `function` here when `stream` reaches it.
+    pub fn launch_host_function(&self, stream: u64, function: HostFunction) -> CudaResult<()> {
+        self.start_host_runner()?;
+        let captured = self.capture_info(stream)?.status != capture_status::NONE;
+        let call = self.graphs.register(function, !captured);
+        if !captured {
+            self.conn.expect_notices(1);
+        }
+        self.post(req::LaunchHostFunc { stream, call })
+    }
+
+    /// A host node's function (kept while the session lives: graphs may run it at any launch).
+    pub fn host_node_function(&self, function: HostFunction) -> CudaResult<u64> {
+        self.start_host_runner()?;
+        let call = self.graphs.register(function, false);
+        self.graphs.keep(call);
+        Ok(call)
+    }
+
+    /// The server reached host function `call` (run `run`): queues it for the runner thread.
+    pub(crate) fn host_call_arrived(&self, call: u64, run: u64) {
+        let sent = self.graphs.runner.get().is_some_and(|runner| lock(runner).send((call, run)).is_ok());
+        if !sent {
+            // No runner: answer at once so the stream is not held forever.
+            let _ = self.post(req::HostCallDone { run });
+            let _ = self.conn.flush();
+        }
+    }
+
+    fn start_host_runner(&self) -> CudaResult<()> {
+        if self.graphs.runner.get().is_some() {
+            return Ok(());
+        }
+        let (sender, receiver) = channel::<(u64, u64)>();
+        if self.graphs.runner.set(Mutex::new(sender)).is_err() {
+            return Ok(());
+        }
+        std::thread::Builder::new()
+            .name("flyt-host-functions".into())
+            .spawn(move || {
+                IN_HOST_FUNCTION.with(|flag| flag.set(true));
+                for (call, run) in receiver {
+                    let Some(client) = crate::client::existing_client() else { return };
+                    client.run_host_function(call);
+                    let _ = client.post(req::HostCallDone { run });
+                    let _ = client.conn.flush();
+                }
+            })
+            .map_err(|_| flyt_protocol::CudaError::OPERATING_SYSTEM)?;
+        Ok(())
+    }
+
+    fn run_host_function(&self, call: u64) {
+        let function = {
+            let mut functions = lock(&self.graphs.host_functions);
+            match functions.get(&call) {
+                Some(registered) if registered.once => functions.remove(&call).map(|registered| registered.function),
+                Some(registered) => Some(registered.function),
+                None => None,
+            }
+        };
+        let Some(function) = function else {
+            crate::diagnostics::once("host-function", &format!("flyt: the server asked for an unknown host function {call}"));
+            return;
+        };
+        // SAFETY: the app registered this function and its data with cuLaunchHostFunc,
+        // cuStreamAddCallback or a host node; calling it here, once per time its stream or graph
+        // reaches it, is that contract.
+        unsafe {
+            match function {
+                HostFunction::Plain { function, user_data } => function(user_data as *mut std::ffi::c_void),
+                HostFunction::StreamCallback { function, stream, user_data } => {
+                    function(stream as *mut std::ffi::c_void, 0, user_data as *mut std::ffi::c_void)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The app's host functions in stream order (`cuLaunchHostFunc`, `cuStreamAddCallback`, graph host
+//! nodes). The function lives in the app's process, so when a stream reaches one, the driver's
+//! callback thread here tells the client (`Notice::HostCall`) and holds the stream until the
+//! client says the function returned (`HostCallDone`). Device-to-host copies that finished
+//! before are sent first, so the function sees their bytes, as natively. The driver's callback
+//! thread may make no CUDA call, so an announcer thread of the session sends (checking which
+//! copies are done is one).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex};
+
+use flyt_protocol::frame::encode_into;
+use flyt_protocol::handshake::Notice;
+
+use crate::transport::Outbox;
+
+/// Host calls announced to the client and those it has answered.
+#[derive(Default)]
+struct Runs {
+    waiting: HashSet<u64>,
+    finished: HashSet<u64>,
+}
+
+/// A session's host calls in progress.
+pub struct HostCalls {
+    announce: Mutex<Sender<(u64, u64)>>,
+    next_run: AtomicU64,
+    runs: Mutex<Runs>,
+    wake: Condvar,
+    /// The session is ending: nothing will answer any more, so every held stream is let go.
+    closed: AtomicBool,
+}
+
+impl HostCalls {
+    /// `bind` makes the device current on the announcer thread.
+    pub fn new(outbox: Arc<Outbox>, bind: Arc<dyn Fn() + Send + Sync>) -> Arc<Self> {
+        let (announce, requests) = channel::<(u64, u64)>();
+        let spawned = std::thread::Builder::new().name("flyt-host-calls".into()).spawn(move || {
+            bind();
+            for (call, run) in requests {
+                outbox.send_ready();
+                let mut message = Vec::with_capacity(24);
+                encode_into(&Notice::HostCall { call, run }, &mut message);
+                outbox.send_frame(0, &message, &[]);
+            }
+        });
+        if let Err(error) = spawned {
+            tracing::error!(%error, "cannot start the host-call thread; host functions will fail");
+        }
+        Arc::new(Self {
+            announce: Mutex::new(announce),
+            next_run: AtomicU64::new(1),
+            runs: Mutex::new(Runs::default()),
+            wake: Condvar::new(),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    fn runs(&self) -> std::sync::MutexGuard<'_, Runs> {
+        self.runs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs the app's function `call` and returns when it has (or the session ended).
+    fn run(&self, call: u64) {
+        let run = self.next_run.fetch_add(1, Ordering::Relaxed);
+        self.runs().waiting.insert(run);
+        let sent = self.announce.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send((call, run));
+        if sent.is_err() {
+            return;
+        }
+        let mut runs = self.runs();
+        while !runs.finished.remove(&run) && !self.closed.load(Ordering::Acquire) {
+            runs = self.wake.wait(runs).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        runs.waiting.remove(&run);
+    }
+
+    /// The client's `HostCallDone`; a run that is not waiting is refused.
+    pub fn done(&self, run: u64) -> flyt_protocol::error::CudaResult<()> {
+        let mut runs = self.runs();
+        if !runs.waiting.contains(&run) || !runs.finished.insert(run) {
+            return Err(flyt_protocol::CudaError::INVALID_VALUE);
+        }
+        drop(runs);
+        self.wake.notify_all();
+        Ok(())
+    }
+
+    /// Lets every held stream go (the session ends).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let _guard = self.runs();
+        self.wake.notify_all();
+    }
+}
+
+/// One host function as a stream or graph node names it: what the driver's callback gets.
+pub struct HostCallSite {
+    pub call: u64,
+    calls: Arc<HostCalls>,
+}
+
+impl HostCallSite {
+    pub fn new(call: u64, calls: &Arc<HostCalls>) -> Arc<Self> {
+        Arc::new(Self { call, calls: calls.clone() })
+    }
+
+    /// Runs it (from the driver's callback thread, or the emulated device's).
+    pub fn run(&self) {
+        self.calls.run(self.call);
+    }
+}

@@ -1,0 +1,444 @@
+//! Stream capture, graphs and host functions for a session: the client names graphs, nodes and
+//! executable graphs with its own ids; this table maps them to the backend's handles, checks
+//! every id and device range before the driver sees it, and forgets a graph's nodes with it, so
+//! a stale id is refused rather than handed to the driver.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::{CaptureInfo, GraphNodeEntry, NodeParams, SERVER_NODE_BIT, node_type, rep, req};
+
+use super::{MAX_HANDLES, Responder, Session};
+use crate::backend::{Device, NodeWork};
+use crate::host_calls::{HostCallSite, HostCalls};
+
+/// The session's graph objects.
+pub struct GraphTable<D: Device> {
+    graphs: HashMap<u64, D::Graph>,
+    graph_ids: HashMap<D::Graph, u64>,
+    /// Each node with the id of its graph.
+    nodes: HashMap<u64, (D::GraphNode, u64)>,
+    node_ids: HashMap<D::GraphNode, u64>,
+    execs: HashMap<u64, D::GraphExec>,
+    /// The graph each capture (by its origin stream) records into.
+    captures: HashMap<u64, u64>,
+    /// Captures that were refused work (host-memory copies): they end invalidated, never as a
+    /// graph missing that work.
+    spoiled: HashSet<u64>,
+    next_server_node: u64,
+    pub host_calls: Arc<HostCalls>,
+    /// Host functions graphs may run (nodes, captured calls): kept while the session lives.
+    sites: HashMap<u64, Arc<HostCallSite>>,
+}
+
+impl<D: Device> GraphTable<D> {
+    pub fn new(host_calls: Arc<HostCalls>) -> Self {
+        Self {
+            graphs: HashMap::new(),
+            graph_ids: HashMap::new(),
+            nodes: HashMap::new(),
+            node_ids: HashMap::new(),
+            execs: HashMap::new(),
+            captures: HashMap::new(),
+            spoiled: HashSet::new(),
+            next_server_node: SERVER_NODE_BIT,
+            host_calls,
+            sites: HashMap::new(),
+        }
+    }
+
+    fn graph(&self, id: u64) -> CudaResult<D::Graph> {
+        self.graphs.get(&id).copied().ok_or(CudaError::INVALID_VALUE)
+    }
+
+    fn exec(&self, id: u64) -> CudaResult<D::GraphExec> {
+        self.execs.get(&id).copied().ok_or(CudaError::INVALID_VALUE)
+    }
+
+    /// A node by id, with its graph's id.
+    fn node(&self, id: u64) -> CudaResult<(D::GraphNode, u64)> {
+        self.nodes.get(&id).copied().ok_or(CudaError::INVALID_VALUE)
+    }
+
+    fn nodes_of(&self, ids: &[u64], graph: u64) -> CudaResult<Vec<D::GraphNode>> {
+        ids.iter()
+            .map(|id| self.node(*id).and_then(|(node, of)| if of == graph { Ok(node) } else { Err(CudaError::INVALID_VALUE) }))
+            .collect()
+    }
+
+    fn new_id_allowed(&self, id: u64) -> CudaResult<()> {
+        let room = self.graphs.len() + self.nodes.len() + self.execs.len() < 4 * MAX_HANDLES;
+        if id == 0 || id & SERVER_NODE_BIT != 0 || !room { Err(CudaError::INVALID_VALUE) } else { Ok(()) }
+    }
+
+    fn add_graph(&mut self, id: u64, graph: D::Graph) {
+        self.graphs.insert(id, graph);
+        self.graph_ids.insert(graph, id);
+    }
+
+    fn add_node(&mut self, id: u64, node: D::GraphNode, graph: u64) {
+        self.nodes.insert(id, (node, graph));
+        self.node_ids.insert(node, id);
+    }
+
+    /// The id of a node the driver named (found in a captured graph or a clone), given one if new.
+    fn node_id(&mut self, node: D::GraphNode, graph: u64) -> u64 {
+        if let Some(id) = self.node_ids.get(&node) {
+            return *id;
+        }
+        self.next_server_node += 1;
+        let id = self.next_server_node;
+        self.add_node(id, node, graph);
+        id
+    }
+
+    /// Forgets a graph and its nodes (the driver destroyed them, or is about to).
+    fn forget_graph(&mut self, id: u64) -> Option<D::Graph> {
+        let graph = self.graphs.remove(&id)?;
+        self.graph_ids.remove(&graph);
+        let nodes = &mut self.nodes;
+        self.node_ids.retain(|_, node_id| match nodes.get(node_id) {
+            Some((_, of)) if *of == id => {
+                nodes.remove(node_id);
+                false
+            }
+            _ => true,
+        });
+        Some(graph)
+    }
+
+    /// Everything, destroyed (the session ends or its device is reset).
+    pub fn release(&mut self, device: &D) {
+        for (_, exec) in self.execs.drain() {
+            let _ = device.graph_exec_destroy(exec);
+        }
+        let ids: Vec<u64> = self.graphs.keys().copied().collect();
+        for id in ids {
+            if let Some(graph) = self.forget_graph(id) {
+                let _ = device.graph_destroy(graph);
+            }
+        }
+        self.captures.clear();
+        self.spoiled.clear();
+    }
+}
+
+impl<D: Device> Session<D> {
+    /// Refuses host-memory copies on a stream that is capturing (or may not be used during a
+    /// capture): the staging memory they would record is reused, so such a graph would copy
+    /// garbage. The capture then ends invalidated, as CUDA ends one that met an unsupported call.
+    pub(super) fn refuse_while_capturing(&mut self, stream: D::Stream) -> CudaResult<()> {
+        if self.graphs.captures.is_empty() || !self.device.capturing(stream) {
+            return Ok(());
+        }
+        let graph = self.device.capture_info(stream).ok().and_then(|capture| capture.graph);
+        match graph.and_then(|graph| self.graphs.graph_ids.get(&graph).copied()) {
+            Some(id) => {
+                self.graphs.spoiled.insert(id);
+            }
+            // The legacy stream during a capture: every capture is affected.
+            None => self.graphs.spoiled.extend(self.graphs.captures.values().copied()),
+        }
+        Err(CudaError::STREAM_CAPTURE_UNSUPPORTED)
+    }
+
+    /// The host-function site for the client's `call`, kept for graphs that may run it.
+    fn kept_site(&mut self, call: u64) -> Arc<HostCallSite> {
+        let table = &mut self.graphs;
+        table.sites.entry(call).or_insert_with(|| HostCallSite::new(call, &table.host_calls)).clone()
+    }
+
+    /// Checks a node's parameters and resolves its ids; the kernel arguments stay in `params`.
+    fn node_work<'a>(&mut self, params: &'a mut NodeParams, site: &'a mut Option<Arc<HostCallSite>>) -> CudaResult<NodeWork<'a, D>> {
+        Ok(match params {
+            NodeParams::Empty => NodeWork::Empty,
+            NodeParams::Kernel { function, grid, block, shared_mem, args } => {
+                let (kernel, args_len) = self.function(*function)?;
+                if args.len() as u64 != args_len {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                NodeWork::Kernel { function: kernel, grid: *grid, block: *block, shared_mem: *shared_mem, args: args.as_mut_slice() }
+            }
+            NodeParams::Memcpy(copy) => {
+                let src = copy.span(copy.src_pitch, copy.src_height).ok_or(CudaError::INVALID_VALUE)?;
+                let dst = copy.span(copy.dst_pitch, copy.dst_height).ok_or(CudaError::INVALID_VALUE)?;
+                if copy.width > copy.src_pitch.max(copy.width)
+                    || (copy.height > 1 && (copy.width > copy.src_pitch || copy.width > copy.dst_pitch))
+                {
+                    return Err(CudaError::INVALID_PITCH_VALUE);
+                }
+                self.ranges.check(copy.src, src)?;
+                self.ranges.check(copy.dst, dst)?;
+                NodeWork::Memcpy(*copy)
+            }
+            NodeParams::Memset(set) => {
+                let row = set.width.checked_mul(u64::from(set.element_size)).ok_or(CudaError::INVALID_VALUE)?;
+                if !matches!(set.element_size, 1 | 2 | 4) || (set.height > 1 && row > set.pitch) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                let span = if set.height == 0 || row == 0 {
+                    0
+                } else {
+                    (set.height - 1).checked_mul(set.pitch).and_then(|rows| rows.checked_add(row)).ok_or(CudaError::INVALID_VALUE)?
+                };
+                self.ranges.check(set.dst, span)?;
+                NodeWork::Memset(*set)
+            }
+            NodeParams::Child { graph } => NodeWork::Child(self.graphs.graph(*graph)?),
+            NodeParams::EventRecord { event } => NodeWork::EventRecord(self.event(*event)?),
+            NodeParams::EventWait { event } => NodeWork::EventWait(self.event(*event)?),
+            NodeParams::Host { call } => {
+                *site = Some(self.kept_site(*call));
+                NodeWork::Host(site.as_ref().ok_or(CudaError::UNKNOWN)?)
+            }
+        })
+    }
+
+    /// Host-function nodes of `graph` and of its children, each of which a launch runs once.
+    fn host_nodes(&self, graph: D::Graph, depth: u32) -> CudaResult<u32> {
+        if depth > 64 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let mut count = 0;
+        for (node, kind) in self.device.graph_nodes(graph, false)? {
+            count += match kind {
+                node_type::HOST => 1,
+                node_type::GRAPH => self.host_nodes(self.device.graph_child(node)?, depth + 1)?,
+                _ => 0,
+            };
+        }
+        Ok(count)
+    }
+
+    pub(super) fn begin_capture(&mut self, request: req::StreamBeginCapture, reply: Responder<rep::StreamBeginCapture>) {
+        let result = (|| {
+            self.graphs.new_id_allowed(request.graph)?;
+            if self.graphs.graphs.contains_key(&request.graph) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let stream = self.stream(request.stream)?;
+            self.device.exchange_capture_mode(request.thread_mode)?;
+            self.device.capture_begin(stream, request.mode)?;
+            let graph = self.device.capture_info(stream)?.graph.ok_or(CudaError::UNKNOWN)?;
+            self.graphs.add_graph(request.graph, graph);
+            self.graphs.captures.insert(request.stream, request.graph);
+            Ok(rep::StreamBeginCapture {})
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn end_capture(&mut self, request: req::StreamEndCapture, reply: Responder<rep::StreamEndCapture>) {
+        let result = self.stream(request.stream).and_then(|stream| {
+            let ended = self.device.capture_end(stream);
+            let Some(id) = self.graphs.captures.get(&request.stream).copied() else {
+                // Not a capture this session began on that stream: the driver said why.
+                return ended.and(Err(CudaError::STREAM_CAPTURE_UNMATCHED));
+            };
+            match ended {
+                Ok(graph) => {
+                    self.graphs.captures.remove(&request.stream);
+                    if self.graphs.spoiled.remove(&id) {
+                        self.graphs.forget_graph(id);
+                        let _ = self.device.graph_destroy(graph);
+                        return Err(CudaError::STREAM_CAPTURE_INVALIDATED);
+                    }
+                    self.graphs.graph_ids.insert(graph, id);
+                    self.graphs.graphs.insert(id, graph);
+                    Ok(rep::StreamEndCapture { graph: id })
+                }
+                Err(error) => {
+                    // An invalidated capture ends with its graph destroyed; others go on.
+                    if self.device.capture_info(stream).is_ok_and(|info| info.status == flyt_protocol::ops::capture_status::NONE) {
+                        self.graphs.captures.remove(&request.stream);
+                        self.graphs.spoiled.remove(&id);
+                        self.graphs.forget_graph(id);
+                    }
+                    Err(error)
+                }
+            }
+        });
+        reply.send(result);
+    }
+
+    pub(super) fn capture_info(&mut self, request: req::StreamCaptureInfo, reply: Responder<rep::StreamCaptureInfo>) {
+        let result = self.stream(request.stream).and_then(|stream| self.device.capture_info(stream)).map(|capture| {
+            let graph = capture.graph.and_then(|graph| self.graphs.graph_ids.get(&graph).copied()).unwrap_or(0);
+            let dependencies = capture.dependencies.into_iter().map(|node| self.graphs.node_id(node, graph)).collect();
+            rep::StreamCaptureInfo { info: CaptureInfo { status: capture.status, id: capture.id, graph, dependencies } }
+        });
+        reply.send(result);
+    }
+
+    pub(super) fn capture_mode(&mut self, request: req::CaptureMode, reply: Responder<rep::CaptureMode>) {
+        reply.send(self.device.exchange_capture_mode(request.mode).map(|_| rep::CaptureMode {}));
+    }
+
+    pub(super) fn graph_create(&mut self, request: req::GraphCreate, reply: Responder<rep::GraphCreate>) {
+        let result = self.graphs.new_id_allowed(request.graph).and_then(|()| {
+            if self.graphs.graphs.contains_key(&request.graph) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let graph = self.device.graph_create()?;
+            self.graphs.add_graph(request.graph, graph);
+            Ok(rep::GraphCreate {})
+        });
+        reply.send(result);
+    }
+
+    pub(super) fn graph_destroy(&mut self, request: req::GraphDestroy, reply: Responder<rep::GraphDestroy>) {
+        // A graph still being captured is destroyed by ending its capture.
+        let capturing = self.graphs.captures.values().any(|graph| *graph == request.graph);
+        let result = match capturing {
+            true => Err(CudaError::ILLEGAL_STATE),
+            false => {
+                self.graphs.forget_graph(request.graph).ok_or(CudaError::INVALID_VALUE).and_then(|graph| self.device.graph_destroy(graph))
+            }
+        };
+        reply.send(result.map(|()| rep::GraphDestroy {}));
+    }
+
+    pub(super) fn graph_add_node(&mut self, mut request: req::GraphAddNode, reply: Responder<rep::GraphAddNode>) {
+        let result = (|| {
+            self.graphs.new_id_allowed(request.node)?;
+            if self.graphs.nodes.contains_key(&request.node) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let graph = self.graphs.graph(request.graph)?;
+            let dependencies = self.graphs.nodes_of(&request.dependencies, request.graph)?;
+            let mut site = None;
+            let work = self.node_work(&mut request.params, &mut site)?;
+            let node = self.device.graph_add_node(graph, &dependencies, work)?;
+            self.graphs.add_node(request.node, node, request.graph);
+            Ok(rep::GraphAddNode {})
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn graph_edges(&mut self, request: req::GraphEdges, reply: Responder<rep::GraphEdges>) {
+        let result = (|| {
+            let graph = self.graphs.graph(request.graph)?;
+            let from = self.graphs.nodes_of(&request.from, request.graph)?;
+            let to = self.graphs.nodes_of(&request.to, request.graph)?;
+            self.device.graph_edges(graph, &from, &to, request.remove)
+        })();
+        reply.send(result.map(|()| rep::GraphEdges {}));
+    }
+
+    pub(super) fn graph_nodes(&mut self, request: req::GraphNodes, reply: Responder<rep::GraphNodes>) {
+        let result = self.graphs.graph(request.graph).and_then(|graph| self.device.graph_nodes(graph, request.roots)).map(|nodes| {
+            let nodes =
+                nodes.into_iter().map(|(node, kind)| GraphNodeEntry { node: self.graphs.node_id(node, request.graph), kind }).collect();
+            rep::GraphNodes { nodes }
+        });
+        reply.send(result);
+    }
+
+    pub(super) fn graph_clone(&mut self, request: req::GraphClone, reply: Responder<rep::GraphClone>) {
+        let result = (|| {
+            self.graphs.new_id_allowed(request.clone)?;
+            if self.graphs.graphs.contains_key(&request.clone) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let graph = self.graphs.graph(request.graph)?;
+            let clone = self.device.graph_clone(graph)?;
+            self.graphs.add_graph(request.clone, clone);
+            let originals: Vec<(u64, D::GraphNode)> =
+                self.graphs.nodes.iter().filter(|(_, (_, of))| *of == request.graph).map(|(id, (node, _))| (*id, *node)).collect();
+            let mut pairs = Vec::with_capacity(originals.len());
+            for (id, node) in originals {
+                let copy = self.device.graph_node_in_clone(node, clone)?;
+                pairs.push((id, self.graphs.node_id(copy, request.clone)));
+            }
+            Ok(rep::GraphClone { nodes: pairs })
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn graph_instantiate(&mut self, request: req::GraphInstantiate, reply: Responder<rep::GraphInstantiate>) {
+        let result = (|| {
+            self.graphs.new_id_allowed(request.exec)?;
+            if self.graphs.execs.contains_key(&request.exec) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let graph = self.graphs.graph(request.graph)?;
+            let host_nodes = self.host_nodes(graph, 0)?;
+            let exec = self.device.graph_instantiate(graph, request.flags)?;
+            self.graphs.execs.insert(request.exec, exec);
+            Ok(rep::GraphInstantiate { host_nodes })
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn graph_launch(&mut self, request: req::GraphLaunch, reply: Responder<rep::GraphLaunch>) {
+        let result = self.graphs.exec(request.exec).and_then(|exec| Ok((exec, self.stream(request.stream)?)));
+        let result = result.and_then(|(exec, stream)| self.device.graph_launch(exec, stream));
+        reply.send(result.map(|()| rep::GraphLaunch {}));
+    }
+
+    pub(super) fn graph_upload(&mut self, request: req::GraphUpload, reply: Responder<rep::GraphUpload>) {
+        let result = self.graphs.exec(request.exec).and_then(|exec| Ok((exec, self.stream(request.stream)?)));
+        let result = result.and_then(|(exec, stream)| self.device.graph_upload(exec, stream));
+        reply.send(result.map(|()| rep::GraphUpload {}));
+    }
+
+    pub(super) fn graph_exec_destroy(&mut self, request: req::GraphExecDestroy, reply: Responder<rep::GraphExecDestroy>) {
+        let result =
+            self.graphs.execs.remove(&request.exec).ok_or(CudaError::INVALID_VALUE).and_then(|exec| self.device.graph_exec_destroy(exec));
+        reply.send(result.map(|()| rep::GraphExecDestroy {}));
+    }
+
+    pub(super) fn graph_exec_update(&mut self, request: req::GraphExecUpdate, reply: Responder<rep::GraphExecUpdate>) {
+        let result = (|| {
+            let exec = self.graphs.exec(request.exec)?;
+            let graph = self.graphs.graph(request.graph)?;
+            let host_nodes = self.host_nodes(graph, 0)?;
+            let update = self.device.graph_exec_update(exec, graph);
+            let error_node = update.error_node.map_or(0, |node| self.graphs.node_ids.get(&node).copied().unwrap_or(0));
+            // The outcome travels in the reply either way: the app reads the status and node too.
+            Ok(rep::GraphExecUpdate { error: update.result.err(), status: update.status, error_node, host_nodes })
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn graph_node_set_params(&mut self, mut request: req::GraphNodeSetParams, reply: Responder<rep::GraphNodeSetParams>) {
+        let result = (|| {
+            let (node, _) = self.graphs.node(request.node)?;
+            let exec = if request.exec == 0 { None } else { Some(self.graphs.exec(request.exec)?) };
+            let mut site = None;
+            let work = self.node_work(&mut request.params, &mut site)?;
+            self.device.graph_node_set(exec, node, work)
+        })();
+        reply.send(result.map(|()| rep::GraphNodeSetParams {}));
+    }
+
+    pub(super) fn graph_dot_print(&mut self, request: req::GraphDotPrint, reply: Responder<rep::GraphDotPrint>) {
+        let result = self.graphs.graph(request.graph).and_then(|graph| self.device.graph_dot(graph, request.flags));
+        reply.send(result.map(|text| rep::GraphDotPrint { text }));
+    }
+
+    pub(super) fn graph_destroy_node(&mut self, request: req::GraphDestroyNode, reply: Responder<rep::GraphDestroyNode>) {
+        let result = self.graphs.node(request.node).and_then(|(node, _)| {
+            self.device.graph_destroy_node(node)?;
+            self.graphs.nodes.remove(&request.node);
+            self.graphs.node_ids.remove(&node);
+            Ok(rep::GraphDestroyNode {})
+        });
+        reply.send(result);
+    }
+
+    pub(super) fn launch_host_func(&mut self, request: req::LaunchHostFunc, reply: Responder<rep::LaunchHostFunc>) {
+        let result = self.stream(request.stream).and_then(|stream| {
+            // Captured, the call becomes a node a graph may run many times.
+            let kept = self.device.capturing(stream);
+            let site = if kept { self.kept_site(request.call) } else { HostCallSite::new(request.call, &self.graphs.host_calls) };
+            self.device.launch_host_call(stream, &site, kept)
+        });
+        reply.send(result.map(|()| rep::LaunchHostFunc {}));
+    }
+
+    pub(super) fn host_call_done(&mut self, request: req::HostCallDone, reply: Responder<rep::HostCallDone>) {
+        reply.send(self.graphs.host_calls.done(request.run).map(|()| rep::HostCallDone {}));
+    }
+}
