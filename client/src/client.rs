@@ -319,6 +319,8 @@ impl Client {
     /// and their variables are looked up anew.
     pub fn device_reset(&self) -> CudaResult<()> {
         self.call(req::DeviceReset {})?;
+        // Errors of work queued before the reset went with its context.
+        let _ = self.conn.take_deferred();
         self.forget_allocations();
         crate::registry::forget_variables(&self.ranges);
         lock(&self.streams).clear();

@@ -715,7 +715,8 @@ fn receive_loop(conn: &Weak<Conn>) {
         }
         let mut inbound = lock(&conn.inbound);
         let done = || {
-            if asked { lock(&conn.pending).is_empty() } else { conn.detached.load(Ordering::Acquire) == 0 }
+            let unasked_done = conn.detached.load(Ordering::Acquire) == 0;
+            if asked { unasked_done && lock(&conn.pending).is_empty() } else { unasked_done }
         };
         let outcome = conn.read_until(&mut inbound, done, Instant::now() + flyt_ring::spin_budget());
         drop(inbound);

@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Sender, channel};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, OnceLock};
 
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{CaptureInfo, capture_status, req};
@@ -45,6 +45,9 @@ pub struct Graphs {
     clones: Mutex<HashMap<(u64, u64), u64>>,
     host_functions: Mutex<HashMap<u64, Registered>>,
     runner: OnceLock<Mutex<Sender<(u64, u64)>>>,
+    /// Host functions that streams will reach and that have not returned yet.
+    outstanding: Mutex<usize>,
+    returned: Condvar,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -111,6 +114,29 @@ impl Graphs {
         lock(&self.exec_host_nodes).get(&exec).copied().unwrap_or(0)
     }
 
+    fn add_outstanding(&self, count: usize) {
+        *lock(&self.outstanding) += count;
+    }
+
+    fn one_returned(&self) {
+        let mut outstanding = lock(&self.outstanding);
+        *outstanding = outstanding.saturating_sub(1);
+        if *outstanding == 0 {
+            self.returned.notify_all();
+        }
+    }
+
+    /// Waits until every host function that streams will reach has returned. A stream-ordered
+    /// copy from pinned memory reads that memory when its stream reaches it, after any host
+    /// function before it, which may write it; over a socket the bytes travel at the call, so
+    /// such a copy is read only once those functions have run.
+    pub fn wait_for_host_functions(&self) {
+        let mut outstanding = lock(&self.outstanding);
+        while *outstanding > 0 {
+            outstanding = self.returned.wait(outstanding).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
     /// Registers an app function; its id goes to the server.
     pub fn register(&self, function: HostFunction, once: bool) -> u64 {
         let id = self.new_id();
@@ -167,6 +193,7 @@ impl Client {
         let host_nodes = self.graphs.exec_host_nodes(exec);
         if host_nodes > 0 {
             self.start_host_runner()?;
+            self.graphs.add_outstanding(host_nodes as usize);
             self.conn.expect_notices(host_nodes as usize);
         }
         self.post(req::GraphLaunch { exec, stream })
@@ -178,6 +205,7 @@ impl Client {
         let captured = self.capture_info(stream)?.status != capture_status::NONE;
         let call = self.graphs.register(function, !captured);
         if !captured {
+            self.graphs.add_outstanding(1);
             self.conn.expect_notices(1);
         }
         self.post(req::LaunchHostFunc { stream, call })
@@ -216,6 +244,7 @@ impl Client {
                 for (call, run) in receiver {
                     let Some(client) = crate::client::existing_client() else { return };
                     client.run_host_function(call);
+                    client.graphs.one_returned();
                     let _ = client.post(req::HostCallDone { run });
                     let _ = client.conn.flush();
                 }

@@ -225,6 +225,9 @@ pub unsafe fn copy(
                 // SAFETY: forwarded contract.
                 return unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode, sync) };
             }
+            if mode == Mode::Asynchronous && client.host_allocation(src as usize).is_some() {
+                client.graphs.wait_for_host_functions();
+            }
             // SAFETY: `src` is non-NULL (checked above) and a host buffer of `count` bytes per this
             // function's contract.
             let bytes = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), count) };

@@ -47,6 +47,56 @@ pub struct Memcpy2D {
     pub height: usize,
 }
 
+/// `CUDA_MEMCPY3D`, the driver's description of a 3D copy (a graph's copy node).
+#[repr(C)]
+pub struct Memcpy3D {
+    pub src_x_in_bytes: usize,
+    pub src_y: usize,
+    pub src_z: usize,
+    pub src_lod: usize,
+    pub src_memory_type: c_uint,
+    pub src_host: *const c_void,
+    pub src_device: CUdeviceptr,
+    pub src_array: *mut c_void,
+    pub reserved0: *mut c_void,
+    pub src_pitch: usize,
+    pub src_height: usize,
+    pub dst_x_in_bytes: usize,
+    pub dst_y: usize,
+    pub dst_z: usize,
+    pub dst_lod: usize,
+    pub dst_memory_type: c_uint,
+    pub dst_host: *mut c_void,
+    pub dst_device: CUdeviceptr,
+    pub dst_array: *mut c_void,
+    pub reserved1: *mut c_void,
+    pub dst_pitch: usize,
+    pub dst_height: usize,
+    pub width_in_bytes: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS` (v2): a graph's kernel node.
+#[repr(C)]
+pub struct KernelNodeParams {
+    pub func: CUkernel,
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem: c_uint,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: CUkernel,
+    pub ctx: CUcontext,
+}
+
+pub type CUgraph = *mut c_void;
+pub type CUgraphNode = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+/// The runtime's and the driver's host functions and stream callbacks have one ABI.
+pub type HostFn = Option<unsafe extern "C" fn(*mut c_void)>;
+pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, c_uint, *mut c_void)>;
+
 /// `CU_MEMORYTYPE_UNIFIED`: the driver tells host from device memory by the pointer.
 pub const MEMORYTYPE_UNIFIED: c_uint = 4;
 
@@ -185,6 +235,79 @@ driver_functions! {
     cuProfilerStart();
     cuProfilerStop();
     cuDeviceGetP2PAttribute(value: *mut c_int, attribute: c_uint, src: c_int, dst: c_int);
+    // --- stream capture, graphs and host functions: the runtime's structs that differ from the
+    // driver's are converted (see `api::graph`); the rest are the driver's own layouts ---
+    cuStreamBeginCapture_v2(stream: CUstream, mode: c_int);
+    cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_int);
+    cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph);
+    cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph);
+    cuStreamIsCapturing(stream: CUstream, status: *mut c_int);
+    cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_int);
+    cuStreamGetCaptureInfo_v3(
+        stream: CUstream,
+        status: *mut c_int,
+        id: *mut u64,
+        graph: *mut CUgraph,
+        dependencies: *mut *const CUgraphNode,
+        edges: *mut *const c_void,
+        count: *mut usize,
+    );
+    cuStreamGetCaptureInfo_v3_ptsz(
+        stream: CUstream,
+        status: *mut c_int,
+        id: *mut u64,
+        graph: *mut CUgraph,
+        dependencies: *mut *const CUgraphNode,
+        edges: *mut *const c_void,
+        count: *mut usize,
+    );
+    cuThreadExchangeStreamCaptureMode(mode: *mut c_int);
+    cuGraphCreate(graph: *mut CUgraph, flags: c_uint);
+    cuGraphDestroy(graph: CUgraph);
+    cuGraphAddKernelNode_v2(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *const KernelNodeParams);
+    cuGraphKernelNodeGetParams_v2(node: CUgraphNode, params: *mut KernelNodeParams);
+    cuGraphKernelNodeSetParams_v2(node: CUgraphNode, params: *const KernelNodeParams);
+    cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const KernelNodeParams);
+    cuGraphAddMemcpyNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *const Memcpy3D, ctx: CUcontext);
+    cuGraphMemcpyNodeSetParams(node: CUgraphNode, params: *const Memcpy3D);
+    cuGraphExecMemcpyNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const Memcpy3D, ctx: CUcontext);
+    cuGraphAddMemsetNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *const c_void, ctx: CUcontext);
+    cuGraphMemsetNodeSetParams(node: CUgraphNode, params: *const c_void);
+    cuGraphExecMemsetNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void, ctx: CUcontext);
+    cuGraphAddHostNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *const c_void);
+    cuGraphHostNodeSetParams(node: CUgraphNode, params: *const c_void);
+    cuGraphExecHostNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void);
+    cuGraphAddChildGraphNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, child: CUgraph);
+    cuGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph);
+    cuGraphAddEmptyNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize);
+    cuGraphAddEventRecordNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, event: CUevent);
+    cuGraphAddEventWaitNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, event: CUevent);
+    cuGraphEventRecordNodeSetEvent(node: CUgraphNode, event: CUevent);
+    cuGraphExecEventRecordNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: CUevent);
+    cuGraphEventWaitNodeSetEvent(node: CUgraphNode, event: CUevent);
+    cuGraphExecEventWaitNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: CUevent);
+    cuGraphAddDependencies_v2(graph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edges: *const c_void, count: usize);
+    cuGraphRemoveDependencies_v2(graph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edges: *const c_void, count: usize);
+    cuGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize);
+    cuGraphGetRootNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize);
+    cuGraphNodeGetType(node: CUgraphNode, kind: *mut c_int);
+    cuGraphDestroyNode(node: CUgraphNode);
+    cuGraphClone(clone: *mut CUgraph, graph: CUgraph);
+    cuGraphNodeFindInClone(found: *mut CUgraphNode, node: CUgraphNode, clone: CUgraph);
+    cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64);
+    cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void);
+    cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void);
+    cuGraphLaunch(exec: CUgraphExec, stream: CUstream);
+    cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream);
+    cuGraphUpload(exec: CUgraphExec, stream: CUstream);
+    cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream);
+    cuGraphExecDestroy(exec: CUgraphExec);
+    cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut c_void);
+    cuGraphDebugDotPrint(graph: CUgraph, path: *const c_char, flags: c_uint);
+    cuLaunchHostFunc(stream: CUstream, function: HostFn, data: *mut c_void);
+    cuLaunchHostFunc_ptsz(stream: CUstream, function: HostFn, data: *mut c_void);
+    cuStreamAddCallback(stream: CUstream, callback: StreamCallback, data: *mut c_void, flags: c_uint);
+    cuStreamAddCallback_ptsz(stream: CUstream, callback: StreamCallback, data: *mut c_void, flags: c_uint);
     cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
         blocks: *mut c_int,
         function: CUkernel,

@@ -7,10 +7,6 @@
 //!   failure becomes the thread's last error, as in CUDA.
 //! - `raw`: implemented; the body returns the C return type itself (registration hooks, error
 //!   queries, struct-returning helpers).
-//! - `refused`: not supported, answered as `unsupported` rows are, but with the C signature: the
-//!   body (`crate::api::<name>`, returning nothing) first records what the app asked for, so that
-//!   what the app does next on the same premise fails as loudly (work queued on a stream whose
-//!   capture was refused, synchronizing after a graph launch that never ran).
 //! - `unsupported`: exported so apps load and link, and answer `cudaErrorNotSupported` with a
 //!   one-line message naming the function: never a silent success, never a missing symbol.
 
@@ -119,6 +115,66 @@ macro_rules! cudart_exports {
                 cudaFuncSetCacheConfig(func: *const c_void, config: c_int);
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize);
                 cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize, flags: c_uint);
+                // --- stream capture, graphs and host functions (see `api::graph`) ---
+                cudaStreamBeginCapture(stream: cudaStream_t, mode: c_int);
+                cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: c_int);
+                cudaStreamEndCapture(stream: cudaStream_t, graph: *mut *mut c_void);
+                cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut *mut c_void);
+                cudaStreamIsCapturing(stream: cudaStream_t, status: *mut c_int);
+                cudaStreamIsCapturing_ptsz(stream: cudaStream_t, status: *mut c_int);
+                cudaStreamGetCaptureInfo(stream: cudaStream_t, status: *mut c_int, id: *mut u64, graph: *mut *mut c_void, dependencies: *mut *const *mut c_void, edges: *mut *const c_void, count: *mut usize);
+                cudaStreamGetCaptureInfo_ptsz(stream: cudaStream_t, status: *mut c_int, id: *mut u64, graph: *mut *mut c_void, dependencies: *mut *const *mut c_void, edges: *mut *const c_void, count: *mut usize);
+                cudaThreadExchangeStreamCaptureMode(mode: *mut c_int);
+                cudaGraphCreate(graph: *mut *mut c_void, flags: c_uint);
+                cudaGraphDestroy(graph: *mut c_void);
+                cudaGraphAddKernelNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, params: *const crate::api::cudaKernelNodeParams);
+                cudaGraphKernelNodeGetParams(node: *mut c_void, params: *mut crate::api::cudaKernelNodeParams);
+                cudaGraphKernelNodeSetParams(node: *mut c_void, params: *const crate::api::cudaKernelNodeParams);
+                cudaGraphExecKernelNodeSetParams(exec: *mut c_void, node: *mut c_void, params: *const crate::api::cudaKernelNodeParams);
+                cudaGraphAddMemcpyNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, params: *const crate::api::cudaMemcpy3DParms);
+                cudaGraphAddMemcpyNode1D(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, dst: *mut c_void, src: *const c_void, bytes: usize, kind: cudaMemcpyKind);
+                cudaGraphMemcpyNodeSetParams(node: *mut c_void, params: *const crate::api::cudaMemcpy3DParms);
+                cudaGraphMemcpyNodeSetParams1D(node: *mut c_void, dst: *mut c_void, src: *const c_void, bytes: usize, kind: cudaMemcpyKind);
+                cudaGraphExecMemcpyNodeSetParams(exec: *mut c_void, node: *mut c_void, params: *const crate::api::cudaMemcpy3DParms);
+                cudaGraphExecMemcpyNodeSetParams1D(exec: *mut c_void, node: *mut c_void, dst: *mut c_void, src: *const c_void, bytes: usize, kind: cudaMemcpyKind);
+                cudaGraphAddMemsetNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, params: *const c_void);
+                cudaGraphMemsetNodeSetParams(node: *mut c_void, params: *const c_void);
+                cudaGraphExecMemsetNodeSetParams(exec: *mut c_void, node: *mut c_void, params: *const c_void);
+                cudaGraphAddHostNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, params: *const c_void);
+                cudaGraphHostNodeSetParams(node: *mut c_void, params: *const c_void);
+                cudaGraphExecHostNodeSetParams(exec: *mut c_void, node: *mut c_void, params: *const c_void);
+                cudaGraphAddChildGraphNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, child: *mut c_void);
+                cudaGraphExecChildGraphNodeSetParams(exec: *mut c_void, node: *mut c_void, child: *mut c_void);
+                cudaGraphAddEmptyNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize);
+                cudaGraphAddEventRecordNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, event: cudaEvent_t);
+                cudaGraphAddEventWaitNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, event: cudaEvent_t);
+                cudaGraphEventRecordNodeSetEvent(node: *mut c_void, event: cudaEvent_t);
+                cudaGraphExecEventRecordNodeSetEvent(exec: *mut c_void, node: *mut c_void, event: cudaEvent_t);
+                cudaGraphEventWaitNodeSetEvent(node: *mut c_void, event: cudaEvent_t);
+                cudaGraphExecEventWaitNodeSetEvent(exec: *mut c_void, node: *mut c_void, event: cudaEvent_t);
+                cudaGraphAddDependencies(graph: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, edges: *const c_void, count: usize);
+                cudaGraphRemoveDependencies(graph: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, edges: *const c_void, count: usize);
+                cudaGraphGetNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize);
+                cudaGraphGetRootNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize);
+                cudaGraphNodeGetType(node: *mut c_void, kind: *mut c_int);
+                cudaGraphDestroyNode(node: *mut c_void);
+                cudaGraphClone(clone: *mut *mut c_void, graph: *mut c_void);
+                cudaGraphNodeFindInClone(found: *mut *mut c_void, node: *mut c_void, clone: *mut c_void);
+                cudaGraphInstantiate(exec: *mut *mut c_void, graph: *mut c_void, flags: u64);
+                cudaGraphInstantiateWithFlags(exec: *mut *mut c_void, graph: *mut c_void, flags: u64);
+                cudaGraphInstantiateWithParams(exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void);
+                cudaGraphInstantiateWithParams_ptsz(exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void);
+                cudaGraphLaunch(exec: *mut c_void, stream: cudaStream_t);
+                cudaGraphLaunch_ptsz(exec: *mut c_void, stream: cudaStream_t);
+                cudaGraphUpload(exec: *mut c_void, stream: cudaStream_t);
+                cudaGraphUpload_ptsz(exec: *mut c_void, stream: cudaStream_t);
+                cudaGraphExecDestroy(exec: *mut c_void);
+                cudaGraphExecUpdate(exec: *mut c_void, graph: *mut c_void, info: *mut c_void);
+                cudaGraphDebugDotPrint(graph: *mut c_void, path: *const c_char, flags: c_uint);
+                cudaLaunchHostFunc(stream: cudaStream_t, function: crate::driver::HostFn, data: *mut c_void);
+                cudaLaunchHostFunc_ptsz(stream: cudaStream_t, function: crate::driver::HostFn, data: *mut c_void);
+                cudaStreamAddCallback(stream: cudaStream_t, callback: crate::driver::StreamCallback, data: *mut c_void, flags: c_uint);
+                cudaStreamAddCallback_ptsz(stream: cudaStream_t, callback: crate::driver::StreamCallback, data: *mut c_void, flags: c_uint);
             }
             raw {
                 __cudaRegisterFatBinary(fat_cubin: *mut c_void) -> *mut *mut c_void;
@@ -134,18 +190,8 @@ macro_rules! cudart_exports {
                 cudaGetErrorName(error: cudaError_t) -> *const c_char;
                 cudaCreateChannelDesc(x: c_int, y: c_int, z: c_int, w: c_int, f: c_int) -> cudaChannelFormatDesc;
             }
-            refused {
-                // --- stream capture and graph launches (see `api::capture`) ---
-                cudaStreamBeginCapture(stream: cudaStream_t, mode: c_int);
-                cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: c_int);
-                cudaStreamBeginCaptureToGraph(stream: cudaStream_t, graph: *mut c_void, dependencies: *const c_void, dependency_data: *const c_void, count: usize, mode: c_int);
-                cudaStreamBeginCaptureToGraph_ptsz(stream: cudaStream_t, graph: *mut c_void, dependencies: *const c_void, dependency_data: *const c_void, count: usize, mode: c_int);
-                cudaStreamEndCapture(stream: cudaStream_t, graph: *mut *mut c_void);
-                cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut *mut c_void);
-                cudaGraphLaunch(exec: *mut c_void, stream: cudaStream_t);
-                cudaGraphLaunch_ptsz(exec: *mut c_void, stream: cudaStream_t);
-            }
             unsupported {
+        cudaStreamBeginCaptureToGraph, cudaStreamBeginCaptureToGraph_ptsz,
         __cudaGetProcAddress, __cudaRegisterHostVar, __cudaRegisterManagedVar, __cudaRegisterUnifiedTable,
         cudaArrayGetInfo, cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
         cudaChooseDevice, cudaCreateSurfaceObject, cudaCreateTextureObject, cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDestroySurfaceObject,
@@ -170,45 +216,27 @@ macro_rules! cudart_exports {
         cudaGetTextureObjectResourceViewDesc, cudaGetTextureObjectTextureDesc, cudaGLGetDevices,
         cudaGLMapBufferObject, cudaGLMapBufferObjectAsync, cudaGLRegisterBufferObject,
         cudaGLSetBufferObjectMapFlags, cudaGLSetGLDevice, cudaGLUnmapBufferObject,
-        cudaGLUnmapBufferObjectAsync, cudaGLUnregisterBufferObject, cudaGraphAddChildGraphNode,
-        cudaGraphAddDependencies, cudaGraphAddEmptyNode, cudaGraphAddEventRecordNode,
-        cudaGraphAddEventWaitNode, cudaGraphAddExternalSemaphoresSignalNode,
-        cudaGraphAddExternalSemaphoresWaitNode, cudaGraphAddHostNode, cudaGraphAddKernelNode,
-        cudaGraphAddMemAllocNode, cudaGraphAddMemcpyNode, cudaGraphAddMemcpyNode1D,
-        cudaGraphAddMemcpyNodeFromSymbol, cudaGraphAddMemcpyNodeToSymbol, cudaGraphAddMemFreeNode,
-        cudaGraphAddMemsetNode, cudaGraphAddNode, cudaGraphChildGraphNodeGetGraph, cudaGraphClone,
-        cudaGraphConditionalHandleCreate, cudaGraphCreate, cudaGraphDebugDotPrint, cudaGraphDestroy,
-        cudaGraphDestroyNode, cudaGraphEventRecordNodeGetEvent, cudaGraphEventRecordNodeSetEvent,
-        cudaGraphEventWaitNodeGetEvent, cudaGraphEventWaitNodeSetEvent, cudaGraphExecChildGraphNodeSetParams,
-        cudaGraphExecDestroy, cudaGraphExecEventRecordNodeSetEvent, cudaGraphExecEventWaitNodeSetEvent,
-        cudaGraphExecExternalSemaphoresSignalNodeSetParams, cudaGraphExecExternalSemaphoresWaitNodeSetParams,
-        cudaGraphExecGetFlags, cudaGraphExecHostNodeSetParams, cudaGraphExecKernelNodeSetParams,
-        cudaGraphExecMemcpyNodeSetParams, cudaGraphExecMemcpyNodeSetParams1D,
-        cudaGraphExecMemcpyNodeSetParamsFromSymbol, cudaGraphExecMemcpyNodeSetParamsToSymbol,
-        cudaGraphExecMemsetNodeSetParams, cudaGraphExecNodeSetParams, cudaGraphExecUpdate,
-        cudaGraphExternalSemaphoresSignalNodeGetParams, cudaGraphExternalSemaphoresSignalNodeSetParams,
+        cudaGLUnmapBufferObjectAsync, cudaGLUnregisterBufferObject, cudaGraphAddExternalSemaphoresSignalNode,
+        cudaGraphAddExternalSemaphoresWaitNode, cudaGraphAddMemAllocNode, cudaGraphAddMemcpyNodeFromSymbol, cudaGraphAddMemcpyNodeToSymbol, cudaGraphAddMemFreeNode,
+        cudaGraphAddNode, cudaGraphChildGraphNodeGetGraph, cudaGraphConditionalHandleCreate, cudaGraphEventRecordNodeGetEvent, cudaGraphEventWaitNodeGetEvent, cudaGraphExecExternalSemaphoresSignalNodeSetParams, cudaGraphExecExternalSemaphoresWaitNodeSetParams,
+        cudaGraphExecGetFlags, cudaGraphExecMemcpyNodeSetParamsFromSymbol, cudaGraphExecMemcpyNodeSetParamsToSymbol,
+        cudaGraphExecNodeSetParams, cudaGraphExternalSemaphoresSignalNodeGetParams, cudaGraphExternalSemaphoresSignalNodeSetParams,
         cudaGraphExternalSemaphoresWaitNodeGetParams, cudaGraphExternalSemaphoresWaitNodeSetParams,
-        cudaGraphGetEdges, cudaGraphGetNodes, cudaGraphGetRootNodes, cudaGraphHostNodeGetParams,
-        cudaGraphHostNodeSetParams, cudaGraphicsEGLRegisterImage, cudaGraphicsGLRegisterBuffer,
+        cudaGraphGetEdges, cudaGraphHostNodeGetParams,
+        cudaGraphicsEGLRegisterImage, cudaGraphicsGLRegisterBuffer,
         cudaGraphicsGLRegisterImage, cudaGraphicsMapResources, cudaGraphicsResourceGetMappedEglFrame,
         cudaGraphicsResourceGetMappedMipmappedArray, cudaGraphicsResourceGetMappedPointer,
         cudaGraphicsResourceSetMapFlags, cudaGraphicsSubResourceGetMappedArray, cudaGraphicsUnmapResources,
         cudaGraphicsUnregisterResource, cudaGraphicsVDPAURegisterOutputSurface,
-        cudaGraphicsVDPAURegisterVideoSurface, cudaGraphInstantiate, cudaGraphInstantiateWithFlags,
-        cudaGraphInstantiateWithParams, cudaGraphInstantiateWithParams_ptsz,
-        cudaGraphKernelNodeCopyAttributes, cudaGraphKernelNodeGetAttribute, cudaGraphKernelNodeGetParams,
-        cudaGraphKernelNodeSetAttribute, cudaGraphKernelNodeSetParams, cudaGraphMemAllocNodeGetParams,
-        cudaGraphMemcpyNodeGetParams, cudaGraphMemcpyNodeSetParams,
-        cudaGraphMemcpyNodeSetParams1D, cudaGraphMemcpyNodeSetParamsFromSymbol,
+        cudaGraphicsVDPAURegisterVideoSurface, cudaGraphKernelNodeCopyAttributes, cudaGraphKernelNodeGetAttribute, cudaGraphKernelNodeSetAttribute, cudaGraphMemAllocNodeGetParams,
+        cudaGraphMemcpyNodeGetParams, cudaGraphMemcpyNodeSetParamsFromSymbol,
         cudaGraphMemcpyNodeSetParamsToSymbol, cudaGraphMemFreeNodeGetParams, cudaGraphMemsetNodeGetParams,
-        cudaGraphMemsetNodeSetParams, cudaGraphNodeFindInClone, cudaGraphNodeGetDependencies,
-        cudaGraphNodeGetDependentNodes, cudaGraphNodeGetEnabled, cudaGraphNodeGetType,
-        cudaGraphNodeSetEnabled, cudaGraphNodeSetParams, cudaGraphReleaseUserObject,
-        cudaGraphRemoveDependencies, cudaGraphRetainUserObject, cudaGraphUpload, cudaGraphUpload_ptsz,
-        cudaImportExternalMemory, cudaImportExternalSemaphore, cudaInitDevice, cudaIpcCloseMemHandle,
+        cudaGraphNodeGetDependencies,
+        cudaGraphNodeGetDependentNodes, cudaGraphNodeGetEnabled, cudaGraphNodeSetEnabled, cudaGraphNodeSetParams, cudaGraphReleaseUserObject,
+        cudaGraphRetainUserObject, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaInitDevice, cudaIpcCloseMemHandle,
         cudaIpcGetEventHandle, cudaIpcGetMemHandle, cudaIpcOpenEventHandle, cudaIpcOpenMemHandle,
         cudaKernelSetAttributeForDevice, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz,
-        cudaLaunchHostFunc, cudaLaunchHostFunc_ptsz, cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz,
+        cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz,
         cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
@@ -237,14 +265,12 @@ macro_rules! cudart_exports {
         cudaMemset3DAsync_ptsz, cudaMemSetMemPool, cudaMipmappedArrayGetMemoryRequirements,
         cudaMipmappedArrayGetSparseProperties, cudaOccupancyAvailableDynamicSMemPerBlock,
         cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialClusterSize, cudaSetValidDevices, cudaSignalExternalSemaphoresAsync,
-        cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamAddCallback, cudaStreamAddCallback_ptsz,
-        cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamCopyAttributes,
+        cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamCopyAttributes,
         cudaStreamCopyAttributes_ptsz, cudaStreamGetAttribute, cudaStreamGetAttribute_ptsz,
-        cudaStreamGetCaptureInfo, cudaStreamGetCaptureInfo_ptsz, cudaStreamGetDevice,
+        cudaStreamGetDevice,
         cudaStreamGetDevice_ptsz, cudaStreamGetId, cudaStreamGetId_ptsz,
-        cudaStreamIsCapturing, cudaStreamIsCapturing_ptsz,
         cudaStreamSetAttribute, cudaStreamSetAttribute_ptsz, cudaStreamUpdateCaptureDependencies,
-        cudaStreamUpdateCaptureDependencies_ptsz, cudaThreadExchangeStreamCaptureMode, cudaUserObjectCreate,
+        cudaStreamUpdateCaptureDependencies_ptsz, cudaUserObjectCreate,
         cudaUserObjectRelease, cudaUserObjectRetain, cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,
         cudaWaitExternalSemaphoresAsync, cudaWaitExternalSemaphoresAsync_ptsz,
             }
@@ -265,7 +291,6 @@ macro_rules! define_exports {
     (
         checked { $( $name:ident ( $($arg:ident : $ty:ty),* $(,)? ); )* }
         raw { $( $raw_name:ident ( $($raw_arg:ident : $raw_ty:ty),* $(,)? ) -> $ret:ty; )* }
-        refused { $( $refused:ident ( $($refused_arg:ident : $refused_ty:ty),* $(,)? ); )* }
         unsupported { $($unsupported:ident),* $(,)? }
     ) => {
         $(
@@ -286,17 +311,6 @@ macro_rules! define_exports {
             symver!($raw_name);
         )*
         $(
-            #[unsafe(export_name = concat!("__flyt_", stringify!($refused)))]
-            pub unsafe extern "C" fn $refused($($refused_arg: $refused_ty),*) -> cudaError_t {
-                boundary(stringify!($refused), || {
-                    // SAFETY: as above; the body records what was asked and never succeeds.
-                    unsafe { crate::api::$refused($($refused_arg),*) };
-                    crate::api::unsupported(stringify!($refused))
-                })
-            }
-            symver!($refused);
-        )*
-        $(
             #[unsafe(export_name = concat!("__flyt_", stringify!($unsupported)))]
             pub extern "C" fn $unsupported() -> cudaError_t {
                 boundary(stringify!($unsupported), || crate::api::unsupported(stringify!($unsupported)))
@@ -309,7 +323,6 @@ macro_rules! define_exports {
         pub const EXPORTS: &[(&str, bool)] = &[
             $((stringify!($name), true),)*
             $((stringify!($raw_name), true),)*
-            $((stringify!($refused), false),)*
             $((stringify!($unsupported), false),)*
         ];
     };

@@ -6,7 +6,7 @@
 //! driver) has one session and one address space. What is the runtime's own stays here: the
 //! export table ([`exports`]), the C types, the thread's last error and device, `<<<...>>>`
 //! configurations, the kernels and variables nvcc registers (loaded as driver libraries on first
-//! use), and the refused stream captures. Unsupported exports fail with `cudaErrorNotSupported`
+//! use), and the runtime structs of graph nodes. Unsupported exports fail with `cudaErrorNotSupported`
 //! and a one-line message. Nothing here panics across the C ABI.
 //!
 //! The logic lives in this rlib so it can be tested as Rust; the `cdylib/` crate only re-exports

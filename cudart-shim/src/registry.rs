@@ -79,6 +79,11 @@ fn read() -> std::sync::RwLockReadGuard<'static, Registry> {
     REGISTRY.read().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The host function (the app's stub) whose kernel has the driver handle `handle`.
+pub fn host_function_of(handle: CUkernel) -> Option<usize> {
+    read().kernels.iter().find(|(_, kernel)| kernel.handle.get().is_some_and(|found| *found == Ok(handle as usize))).map(|(host, _)| *host)
+}
+
 fn write() -> std::sync::RwLockWriteGuard<'static, Registry> {
     REGISTRY.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

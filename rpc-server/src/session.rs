@@ -1247,6 +1247,8 @@ impl<D: Device> OpHandler for Session<D> {
             tracing::warn!("device reset with a waiter still busy");
         }
         self.release_everything();
+        // Errors of work queued before the reset went with its context.
+        let _ = self.outbox.take_deferred();
         // The private events go with the context.
         self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
         let result = self.device.reset().map(|()| {

@@ -132,7 +132,8 @@ impl Outbox {
         deferred.get_or_insert(error);
     }
 
-    fn take_deferred(&self) -> Option<CudaError> {
+    /// Takes the first deferred error (a device reset drops it with the context it belonged to).
+    pub fn take_deferred(&self) -> Option<CudaError> {
         self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
     }
 

@@ -756,8 +756,11 @@ pub unsafe fn cuGraphExecKernelNodeSetParams_v2(
 /// A kernel node's parameters as the app set them; `kernelParams` point at values kept here
 /// until the node's parameters change or it is destroyed.
 fn kernel_node_params(node: CUgraphNode) -> DriverResult<(CUDA_KERNEL_NODE_PARAMS_v1, *mut c_void)> {
-    client()?;
+    let client = client()?;
     let node = id_of(node)?;
+    if client.graphs.node_kind(node).is_none_or(|kind| kind != flyt_protocol::ops::node_type::KERNEL) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
     let mut nodes = kernel_nodes();
     let record = nodes.as_mut().and_then(|nodes| nodes.get_mut(&node)).ok_or_else(|| {
         crate::diagnostics::once("kernel-node-params", "flyt: reading the parameters of a captured kernel node is not supported");

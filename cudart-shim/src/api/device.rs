@@ -7,7 +7,6 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::handshake::RUNTIME_VERSION;
 
-use super::synchronized;
 use crate::driver::{cu, cu_ctx, current_device};
 use crate::ffi::write_out;
 use crate::props::{Identity, cudaDeviceProp, device_prop};
@@ -105,7 +104,7 @@ pub unsafe fn cudaDeviceGetAttribute(value: *mut c_int, attr: c_int, device: c_i
 }
 
 pub unsafe fn cudaDeviceSynchronize() -> CudaResult<()> {
-    synchronized(cu_ctx!(cuCtxSynchronize()))
+    cu_ctx!(cuCtxSynchronize())
 }
 
 pub unsafe fn cudaDeviceReset() -> CudaResult<()> {
@@ -115,7 +114,6 @@ pub unsafe fn cudaDeviceReset() -> CudaResult<()> {
         return Ok(());
     }
     crate::driver::reset_device()?;
-    super::capture::forget_all();
     super::streams::forget_all();
     Ok(())
 }

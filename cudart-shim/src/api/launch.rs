@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use flyt_protocol::device::attr;
 
-use super::streams::check_stream;
 use crate::driver::{cu, cu_ctx};
 use crate::ffi::{cudaKernel_t, cudaStream_t, dim3, write_out};
 use crate::registry::{Kernel, kernel_by_handle, kernel_by_host};
@@ -86,9 +85,6 @@ unsafe fn launch(
     stream: cudaStream_t,
     per_thread_default: bool,
 ) -> CudaResult<()> {
-    // The stream first: a launch on a stream the app cannot use now (a capture Flyt refused) fails
-    // for that reason whatever the kernel.
-    check_stream(stream, per_thread_default)?;
     let kernel = kernel.handle().map_err(|error| invalid_launch(grid, block, shared_mem, stream).unwrap_or(error))?;
     let shared_mem = c_uint::try_from(shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
     let extra = std::ptr::null_mut();

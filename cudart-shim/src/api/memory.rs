@@ -9,8 +9,6 @@ use std::ffi::{c_int, c_uint, c_void};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-use super::streams::check_stream;
-use super::synchronized;
 use crate::driver::{CUdeviceptr, MEMORYTYPE_UNIFIED, Memcpy2D, cu_ctx};
 use crate::ffi::{cudaMemcpyKind, cudaStream_t, write_out};
 use crate::props::{cudaPointerAttributes, memory_type};
@@ -164,7 +162,6 @@ fn memcpy(
     mode: Mode,
     per_thread: bool,
 ) -> CudaResult<()> {
-    check_stream(stream, per_thread)?;
     if count == 0 {
         return Ok(());
     }
@@ -174,8 +171,8 @@ fn memcpy(
     let (dst, src) = (dst as u64, src as u64);
     check_kind(dst, src, kind)?;
     match (mode, per_thread) {
-        (Mode::Synchronous, false) => synchronized(cu_ctx!(cuMemcpy(dst, src, count))),
-        (Mode::Synchronous, true) => synchronized(cu_ctx!(cuMemcpy_ptds(dst, src, count))),
+        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy(dst, src, count)),
+        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy_ptds(dst, src, count)),
         (Mode::Asynchronous, false) => cu_ctx!(cuMemcpyAsync(dst, src, count, stream)),
         (Mode::Asynchronous, true) => cu_ctx!(cuMemcpyAsync_ptsz(dst, src, count, stream)),
     }
@@ -196,7 +193,6 @@ fn memcpy_2d(
     mode: Mode,
     per_thread: bool,
 ) -> CudaResult<()> {
-    check_stream(stream, per_thread)?;
     if width == 0 || height == 0 {
         return Ok(());
     }
@@ -226,8 +222,8 @@ fn memcpy_2d(
         height,
     };
     match (mode, per_thread) {
-        (Mode::Synchronous, false) => synchronized(cu_ctx!(cuMemcpy2DUnaligned_v2(&copy))),
-        (Mode::Synchronous, true) => synchronized(cu_ctx!(cuMemcpy2DUnaligned_v2_ptds(&copy))),
+        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy2DUnaligned_v2(&copy)),
+        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy2DUnaligned_v2_ptds(&copy)),
         (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy2DAsync_v2(&copy, stream)),
         (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy2DAsync_v2_ptsz(&copy, stream)),
     }
@@ -315,7 +311,6 @@ pub unsafe fn cudaMemcpyAsync_ptsz(
 
 /// `cudaMemset` writes the low byte of `value`, as CUDA does.
 fn memset(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
-    check_stream(stream, per_thread)?;
     if count == 0 {
         return Ok(());
     }

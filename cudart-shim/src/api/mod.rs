@@ -5,35 +5,27 @@
 #![allow(non_snake_case, reason = "bodies carry the names of the CUDA exports they implement")]
 #![allow(clippy::missing_safety_doc, reason = "each body's contract is the CUDA runtime's for its export")]
 
-mod capture;
 mod device;
 mod errors;
 mod functions;
+mod graph;
 mod launch;
 mod memory;
 mod register;
 mod streams;
 
-pub use capture::*;
 pub use device::*;
 pub use errors::*;
 pub use functions::*;
+pub use graph::*;
 pub use launch::*;
 pub use memory::*;
 pub use register::*;
 pub use streams::*;
 
 use flyt_protocol::CudaError;
-use flyt_protocol::error::CudaResult;
 
 use crate::ffi::cudaError_t;
-
-/// A synchronizing call's outcome: a refused graph launch still owed is reported here too (see
-/// `capture`).
-pub(crate) fn synchronized(result: CudaResult<()>) -> CudaResult<()> {
-    result?;
-    capture::take_owed_at_sync()
-}
 
 /// Every unsupported export: a clear error and one line naming the function.
 pub fn unsupported(symbol: &str) -> cudaError_t {

@@ -1,6 +1,6 @@
 //! Streams and events, through the driver: its handles are ids Flyt chooses, so creating one
 //! costs no round trip. What stays here is the runtime's: flag checks with the runtime's errors,
-//! refused stream captures (see `capture`), and events whose last record failed.
+//! and events whose last record failed. Stream capture is the driver's (see `graph`).
 
 use std::collections::HashSet;
 use std::ffi::{c_int, c_uint};
@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-use super::{capture, synchronized};
 use crate::driver::cu_ctx;
 use crate::ffi::{cudaEvent_t, cudaStream_t, write_out};
 
@@ -21,33 +20,11 @@ const EVENT_FLAGS: c_uint = 0x7;
 const EVENT_DISABLE_TIMING: c_uint = 0x2;
 const EVENT_INTERPROCESS: c_uint = 0x4;
 /// `cudaEventRecordExternal` (record) and `cudaEventWaitExternal` (wait): they change only what
-/// stream capture puts in a graph. No stream ever captures through Flyt (capture is refused), and
-/// outside capture CUDA treats them as the default, so they are accepted and sent as 0.
+/// stream capture puts in a graph; the driver takes them as they are.
 const EXTERNAL: c_uint = 0x1;
 /// `cudaStreamLegacy` and `cudaStreamPerThread`.
 const STREAM_LEGACY: usize = 1;
 const STREAM_PER_THREAD: usize = 2;
-
-thread_local! {
-    /// Its address names this thread's per-thread default stream in `capture`'s maps.
-    static THREAD_MARKER: u8 = const { 0 };
-}
-
-/// What `capture` calls a stream handle: the handle itself, 0 for the legacy stream, and for the
-/// thread's per-thread default stream an address no stream handle takes.
-pub(crate) fn stream_key(stream: cudaStream_t, per_thread_default: bool) -> usize {
-    match stream as usize {
-        0 if per_thread_default => THREAD_MARKER.with(|marker| std::ptr::from_ref(marker) as usize),
-        0 | STREAM_LEGACY => 0,
-        STREAM_PER_THREAD => THREAD_MARKER.with(|marker| std::ptr::from_ref(marker) as usize),
-        handle => handle,
-    }
-}
-
-/// Refuses a call that uses `stream` while the app believes it is capturing (see `capture`).
-pub(crate) fn check_stream(stream: cudaStream_t, per_thread_default: bool) -> CudaResult<()> {
-    capture::check_not_refused_capture(stream_key(stream, per_thread_default))
-}
 
 /// Whether the driver knows `stream` (a default stream, or one the app created and holds).
 pub(crate) fn is_stream(stream: cudaStream_t) -> bool {
@@ -112,28 +89,22 @@ pub unsafe fn cudaStreamDestroy(stream: cudaStream_t) -> CudaResult<()> {
     if matches!(stream as usize, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
         return Err(CudaError::INVALID_RESOURCE_HANDLE);
     }
-    cu_ctx!(cuStreamDestroy_v2(stream))?;
-    capture::forget_stream(stream as usize);
-    Ok(())
+    cu_ctx!(cuStreamDestroy_v2(stream))
 }
 
 pub unsafe fn cudaStreamSynchronize(stream: cudaStream_t) -> CudaResult<()> {
-    check_stream(stream, false)?;
-    synchronized(cu_ctx!(cuStreamSynchronize(stream)))
+    cu_ctx!(cuStreamSynchronize(stream))
 }
 
 pub unsafe fn cudaStreamSynchronize_ptsz(stream: cudaStream_t) -> CudaResult<()> {
-    check_stream(stream, true)?;
-    synchronized(cu_ctx!(cuStreamSynchronize_ptsz(stream)))
+    cu_ctx!(cuStreamSynchronize_ptsz(stream))
 }
 
 pub unsafe fn cudaStreamQuery(stream: cudaStream_t) -> CudaResult<()> {
-    check_stream(stream, false)?;
     cu_ctx!(cuStreamQuery(stream))
 }
 
 pub unsafe fn cudaStreamQuery_ptsz(stream: cudaStream_t) -> CudaResult<()> {
-    check_stream(stream, true)?;
     cu_ctx!(cuStreamQuery_ptsz(stream))
 }
 
@@ -141,10 +112,11 @@ fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_threa
     if flags & !EXTERNAL != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    let key = stream_key(stream, per_thread_default);
-    capture::check_not_refused_capture(key)?;
-    capture::wait(key, event as usize)?;
-    if per_thread_default { cu_ctx!(cuStreamWaitEvent_ptsz(stream, event, 0)) } else { cu_ctx!(cuStreamWaitEvent(stream, event, 0)) }
+    if per_thread_default {
+        cu_ctx!(cuStreamWaitEvent_ptsz(stream, event, flags))
+    } else {
+        cu_ctx!(cuStreamWaitEvent(stream, event, flags))
+    }
 }
 
 pub unsafe fn cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> CudaResult<()> {
@@ -201,13 +173,11 @@ fn record(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint, per_thread_de
     let recorded = if flags & !EXTERNAL != 0 {
         Err(CudaError::INVALID_VALUE)
     } else {
-        capture::record(event as usize, stream_key(stream, per_thread_default)).and_then(|()| {
-            if per_thread_default {
-                cu_ctx!(cuEventRecordWithFlags_ptsz(event, stream, 0))
-            } else {
-                cu_ctx!(cuEventRecordWithFlags(event, stream, 0))
-            }
-        })
+        if per_thread_default {
+            cu_ctx!(cuEventRecordWithFlags_ptsz(event, stream, flags))
+        } else {
+            cu_ctx!(cuEventRecordWithFlags(event, stream, flags))
+        }
     };
     // An unknown event is no event: nothing to remember of it.
     if recorded != Err(CudaError::INVALID_RESOURCE_HANDLE) || is_event(event) {
@@ -238,12 +208,10 @@ pub unsafe fn cudaEventRecordWithFlags_ptsz(event: cudaEvent_t, stream: cudaStre
 }
 
 pub unsafe fn cudaEventSynchronize(event: cudaEvent_t) -> CudaResult<()> {
-    capture::check_event(event as usize)?;
-    synchronized(cu_ctx!(cuEventSynchronize(event)))
+    cu_ctx!(cuEventSynchronize(event))
 }
 
 pub unsafe fn cudaEventQuery(event: cudaEvent_t) -> CudaResult<()> {
-    capture::check_event(event as usize)?;
     cu_ctx!(cuEventQuery(event))
 }
 
@@ -262,7 +230,6 @@ pub unsafe fn cudaEventElapsedTime(ms: *mut f32, start: cudaEvent_t, end: cudaEv
 
 pub unsafe fn cudaEventDestroy(event: cudaEvent_t) -> CudaResult<()> {
     cu_ctx!(cuEventDestroy_v2(event))?;
-    capture::forget_event(event as usize);
     note_record(event, false);
     Ok(())
 }

@@ -1274,21 +1274,33 @@ fn kernel_params(
 }
 
 fn memcpy_params(copy: &Copy3d) -> sys::CUDA_MEMCPY3D {
-    // SAFETY: an all-zero CUDA_MEMCPY3D is valid (null pointers, zero offsets, and the
-    // memory-type fields are overwritten below before use).
-    let mut params: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
-    params.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    params.srcDevice = copy.src;
-    params.srcPitch = copy.src_pitch as usize;
-    params.srcHeight = copy.src_height as usize;
-    params.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    params.dstDevice = copy.dst;
-    params.dstPitch = copy.dst_pitch as usize;
-    params.dstHeight = copy.dst_height as usize;
-    params.WidthInBytes = copy.width as usize;
-    params.Height = copy.height as usize;
-    params.Depth = copy.depth as usize;
-    params
+    sys::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: copy.src,
+        srcArray: std::ptr::null_mut(),
+        reserved0: std::ptr::null_mut(),
+        srcPitch: copy.src_pitch as usize,
+        srcHeight: copy.src_height as usize,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: copy.dst,
+        dstArray: std::ptr::null_mut(),
+        reserved1: std::ptr::null_mut(),
+        dstPitch: copy.dst_pitch as usize,
+        dstHeight: copy.dst_height as usize,
+        WidthInBytes: copy.width as usize,
+        Height: copy.height as usize,
+        Depth: copy.depth as usize,
+    }
 }
 
 fn memset_params(set: &Memset2d) -> sys::CUDA_MEMSET_NODE_PARAMS {

@@ -621,14 +621,30 @@ impl Device for EmulatedDevice {
             return Err(CudaError::INVALID_VALUE);
         }
         match exec {
-            // Executable graphs hold their work by position: the node's place in its graph's order.
+            // An executable graph holds its own copy of the graph: the node's counterpart there.
             Some(exec) => {
-                let graph = current.graph;
-                let position = state.graphs.ordered(graph)?.iter().position(|n| *n == node).ok_or(CudaError::INVALID_VALUE)?;
-                let slot = state.graphs.execs.get_mut(&exec).and_then(|works| works.get_mut(position)).ok_or(CudaError::INVALID_VALUE)?;
-                *slot = work;
+                let private = state.graphs.execs.get(&exec).copied().ok_or(CudaError::INVALID_VALUE)?;
+                let counterpart = state.graphs.clones.get(&(node, private)).copied().ok_or(CudaError::INVALID_VALUE)?;
+                let work = match work {
+                    Work::Child(child) => {
+                        let copy = state.new_handle();
+                        let State { graphs, next_handle, .. } = &mut *state;
+                        graphs.clone_graph(child, copy, &mut || {
+                            *next_handle += 1;
+                            *next_handle
+                        })?;
+                        Work::Child(copy)
+                    }
+                    work => work,
+                };
+                if let Some(target) = state.graphs.nodes.get_mut(&counterpart) {
+                    target.work = work;
+                }
             }
             None => {
+                if matches!(work, Work::Child(_)) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
                 if let Some(current) = state.graphs.nodes.get_mut(&node) {
                     current.work = work;
                 }
@@ -704,15 +720,26 @@ impl Device for EmulatedDevice {
             return Err(CudaError::INVALID_VALUE);
         }
         let mut state = self.state();
-        let mut works = Vec::new();
-        state.graphs.flatten(graph, &mut works, 0)?;
+        // A cycle cannot be instantiated.
+        state.graphs.flatten(graph, &mut Vec::new(), 0)?;
+        let private = state.new_handle();
+        let State { graphs, next_handle, .. } = &mut *state;
+        graphs.clone_graph(graph, private, &mut || {
+            *next_handle += 1;
+            *next_handle
+        })?;
         let exec = state.new_handle();
-        state.graphs.execs.insert(exec, works);
+        state.graphs.execs.insert(exec, private);
         Ok(exec)
     }
 
     fn graph_launch(&self, exec: u64, stream: u64) -> CudaResult<()> {
-        let works = self.state().graphs.execs.get(&exec).cloned().ok_or(CudaError::INVALID_VALUE)?;
+        let mut works = Vec::new();
+        {
+            let state = self.state();
+            let private = state.graphs.execs.get(&exec).copied().ok_or(CudaError::INVALID_VALUE)?;
+            state.graphs.flatten(private, &mut works, 0)?;
+        }
         for work in works {
             let mut state = self.state();
             match work {
@@ -738,22 +765,22 @@ impl Device for EmulatedDevice {
     }
 
     fn graph_exec_destroy(&self, exec: u64) -> CudaResult<()> {
-        self.state().graphs.execs.remove(&exec);
+        let mut state = self.state();
+        if let Some(private) = state.graphs.execs.remove(&exec) {
+            state.graphs.destroy(private);
+        }
         Ok(())
     }
 
     fn graph_exec_update(&self, exec: u64, graph: u64) -> ExecUpdate<Self> {
         let mut state = self.state();
-        let mut works = Vec::new();
-        let flattened = state.graphs.flatten(graph, &mut works, 0);
-        let same_shape = state
-            .graphs
-            .execs
-            .get(&exec)
-            .is_some_and(|old| old.len() == works.len() && old.iter().zip(&works).all(|(a, b)| a.kind() == b.kind()));
-        match flattened {
-            Ok(()) if same_shape => {
-                state.graphs.execs.insert(exec, works);
+        let Some(private) = state.graphs.execs.get(&exec).copied() else {
+            return ExecUpdate { result: Err(CudaError::INVALID_VALUE), status: 1, error_node: None };
+        };
+        // Checked first, then applied: a failed update leaves the executable graph as it was.
+        match state.graphs.same_shape(graph, private, false, 0) {
+            Ok(true) => {
+                let _ = state.graphs.same_shape(graph, private, true, 0);
                 ExecUpdate { result: Ok(()), status: 0, error_node: None }
             }
             // CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED.

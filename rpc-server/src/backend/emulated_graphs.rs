@@ -63,7 +63,8 @@ pub struct StreamCapture {
 pub struct Graphs {
     pub graphs: HashMap<u64, Vec<u64>>,
     pub nodes: HashMap<u64, Node>,
-    pub execs: HashMap<u64, Vec<Work>>,
+    /// Each executable graph's own copy of the graph it was made from.
+    pub execs: HashMap<u64, u64>,
     pub captures: HashMap<u64, StreamCapture>,
     /// Where a capture stood when an event was recorded into it (a stream waiting on the event
     /// joins the capture there).
@@ -164,6 +165,32 @@ impl Graphs {
                 }
             }
         }
+    }
+
+    /// Whether `to` has the shape of `from` (the same nodes in the same order, children alike);
+    /// with `apply`, `to`'s nodes then take `from`'s work (an executable graph's update).
+    pub fn same_shape(&mut self, from: u64, to: u64, apply: bool, depth: u32) -> CudaResult<bool> {
+        let (from_nodes, to_nodes) = (self.ordered(from)?, self.ordered(to)?);
+        if from_nodes.len() != to_nodes.len() || depth > 64 {
+            return Ok(false);
+        }
+        for (a, b) in from_nodes.iter().zip(&to_nodes) {
+            let (work_a, work_b) = (self.nodes[a].work.clone(), self.nodes[b].work.clone());
+            if work_a.kind() != work_b.kind() {
+                return Ok(false);
+            }
+            match (work_a, work_b) {
+                (Work::Child(child_a), Work::Child(child_b)) if !self.same_shape(child_a, child_b, apply, depth + 1)? => return Ok(false),
+                (Work::Child(_), Work::Child(_)) => {}
+                (work, _) if apply => {
+                    if let Some(node) = self.nodes.get_mut(b) {
+                        node.work = work;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(true)
     }
 
     pub fn kind(&self, node: u64) -> CudaResult<u32> {

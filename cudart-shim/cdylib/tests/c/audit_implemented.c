@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 /* nvcc's registration and launch hooks (declared by its C++ headers only). */
@@ -84,6 +85,8 @@ static int failures = 0;
 #define N 4096
 #define BOGUS_STREAM ((cudaStream_t)0x123456)
 #define BOGUS_EVENT ((cudaEvent_t)0x654321)
+#define BOGUS_GRAPH_EXEC ((cudaGraphExec_t)0x777777)
+#define BOGUS_GRAPH ((cudaGraph_t)0x777778)
 
 static unsigned char host_a[N], host_b[N];
 
@@ -667,11 +670,272 @@ static void streams_and_events(void) {
     OK("D2H on the legacy stream", cudaMemcpyAsync(host_b, dev, N, cudaMemcpyDeviceToHost, NULL));
     OK("cudaDeviceSynchronize", cudaDeviceSynchronize());
     EXPECT("all work is done at the device synchronization", all_bytes(host_b, N, 0x44));
-    /* An asynchronous call Flyt refused is reported again at the next synchronization, once. */
-    EXPECT_CODE("a refused graph launch", cudaGraphLaunch(NULL, NULL), cudaErrorNotSupported);
-    EXPECT_CODE("the synchronization after it", cudaDeviceSynchronize(), cudaErrorNotSupported);
+    /* An asynchronous call the server refused is reported at the next synchronization, once. */
+    OK("a launch of a graph that does not exist is queued", cudaGraphLaunch(BOGUS_GRAPH_EXEC, NULL));
+    EXPECT_CODE("the synchronization after it", cudaDeviceSynchronize(), cudaErrorInvalidValue);
     OK("and the one after that", cudaDeviceSynchronize());
     OK("cudaFree", cudaFree(dev));
+}
+
+
+static volatile int host_calls = 0;
+static void CUDART_CB count_host_call(void *counter) { ++*(volatile int *)counter; }
+static void CUDART_CB count_stream_callback(cudaStream_t stream, cudaError_t status, void *counter) {
+    (void)stream;
+    if (status == cudaSuccess) ++*(volatile int *)counter;
+}
+
+/* Graphs without kernels (the emulated device runs none): capture, explicit nodes, launches,
+ * updates and host functions, each read back. */
+static void graphs(void) {
+    unsigned char *a = NULL, *b = NULL;
+    cudaStream_t stream, side;
+    cudaEvent_t event;
+    cudaGraph_t graph = NULL, child = NULL, clone = NULL, captured = NULL;
+    cudaGraphExec_t exec = NULL, other = NULL;
+    cudaGraphNode_t set = NULL, copy = NULL, empty = NULL, sub = NULL, record = NULL, wait = NULL, host = NULL, found = NULL;
+    cudaGraphNode_t listed[16];
+    size_t count = 0;
+    enum cudaGraphNodeType type = cudaGraphNodeTypeCount;
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    unsigned long long id = 0;
+    cudaGraph_t capture_graph = NULL;
+    const cudaGraphNode_t *deps = NULL;
+    OK("graph memory", cudaMalloc((void **)&a, N));
+    OK("graph memory", cudaMalloc((void **)&b, N));
+    OK("a graph stream", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    OK("a second graph stream", cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    OK("a graph event", cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+
+    AUDIT("cudaThreadExchangeStreamCaptureMode");
+    OK("cudaThreadExchangeStreamCaptureMode", cudaThreadExchangeStreamCaptureMode(&mode));
+    EXPECT("the previous mode is global", mode == cudaStreamCaptureModeGlobal);
+    OK("back to global", cudaThreadExchangeStreamCaptureMode(&mode));
+
+    AUDIT("cudaStreamBeginCapture");
+    AUDIT("cudaStreamIsCapturing");
+    AUDIT("cudaStreamGetCaptureInfo");
+    AUDIT("cudaStreamEndCapture");
+    EXPECT_CODE("the legacy stream cannot be captured", cudaStreamBeginCapture(NULL, cudaStreamCaptureModeGlobal),
+                cudaErrorStreamCaptureUnsupported);
+    EXPECT_CODE("end a capture never begun", cudaStreamEndCapture(stream, &captured), cudaErrorIllegalState);
+    OK("cudaStreamIsCapturing outside a capture", cudaStreamIsCapturing(stream, &status));
+    EXPECT("not capturing", status == cudaStreamCaptureStatusNone);
+    OK("cudaStreamBeginCapture", cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    OK("memset in the capture", cudaMemsetAsync(a, 0x21, N, stream));
+    OK("cudaStreamIsCapturing", cudaStreamIsCapturing(stream, &status));
+    EXPECT("capturing", status == cudaStreamCaptureStatusActive);
+    OK("cudaStreamGetCaptureInfo", cudaStreamGetCaptureInfo(stream, &status, &id, &capture_graph, &deps, NULL, &count));
+    EXPECT("the capture's id, graph and one dependency", id != 0 && capture_graph != NULL && count == 1 && deps != NULL);
+    OK("copy in the capture", cudaMemcpyAsync(b, a, N, cudaMemcpyDeviceToDevice, stream));
+    OK("cudaStreamEndCapture", cudaStreamEndCapture(stream, &captured));
+    EXPECT("the graph is the capture's", captured == capture_graph);
+    EXPECT("the captured work did not run", device_bytes_are(b, N, 0) || !device_bytes_are(b, N, 0x21));
+    AUDIT("cudaStreamBeginCapture_ptsz");
+    AUDIT("cudaStreamIsCapturing_ptsz");
+    AUDIT("cudaStreamGetCaptureInfo_ptsz");
+    AUDIT("cudaStreamEndCapture_ptsz");
+    OK("cudaStreamBeginCapture_ptsz", cudaStreamBeginCapture_ptsz(stream, cudaStreamCaptureModeRelaxed));
+    OK("cudaStreamIsCapturing_ptsz", cudaStreamIsCapturing_ptsz(stream, &status));
+    OK("cudaStreamGetCaptureInfo_ptsz", cudaStreamGetCaptureInfo_ptsz(stream, &status, &id, NULL, NULL, NULL, NULL));
+    EXPECT("capturing through _ptsz", status == cudaStreamCaptureStatusActive);
+    OK("cudaStreamEndCapture_ptsz", cudaStreamEndCapture_ptsz(stream, &graph));
+    OK("an empty captured graph is destroyed", cudaGraphDestroy(graph));
+
+    AUDIT("cudaGraphGetNodes");
+    AUDIT("cudaGraphNodeGetType");
+    OK("cudaGraphGetNodes", cudaGraphGetNodes(captured, NULL, &count));
+    EXPECT("two captured nodes", count == 2);
+    count = 16;
+    OK("cudaGraphGetNodes into an array", cudaGraphGetNodes(captured, listed, &count));
+    OK("cudaGraphNodeGetType", cudaGraphNodeGetType(listed[0], &type));
+    EXPECT("the first is the memset", count == 2 && type == cudaGraphNodeTypeMemset);
+    EXPECT_CODE("an unknown graph", cudaGraphGetNodes(BOGUS_GRAPH, NULL, &count), cudaErrorInvalidValue);
+
+    AUDIT("cudaGraphInstantiate");
+    AUDIT("cudaGraphLaunch");
+    AUDIT("cudaGraphUpload");
+    AUDIT("cudaGraphExecDestroy");
+    OK("cudaGraphInstantiate", cudaGraphInstantiate(&exec, captured, 0));
+    OK("cudaGraphUpload", cudaGraphUpload(exec, stream));
+    OK("cudaGraphLaunch", cudaGraphLaunch(exec, stream));
+    OK("synchronize the launch", cudaStreamSynchronize(stream));
+    EXPECT("the captured graph ran", device_bytes_are(b, N, 0x21));
+    AUDIT("cudaGraphLaunch_ptsz");
+    AUDIT("cudaGraphUpload_ptsz");
+    OK("cudaGraphUpload_ptsz", cudaGraphUpload_ptsz(exec, stream));
+    OK("cudaMemset", cudaMemset(b, 0, N));
+    OK("cudaGraphLaunch_ptsz", cudaGraphLaunch_ptsz(exec, stream));
+    OK("synchronize the _ptsz launch", cudaStreamSynchronize(stream));
+    EXPECT("the _ptsz launch ran", device_bytes_are(b, N, 0x21));
+    OK("cudaGraphExecDestroy", cudaGraphExecDestroy(exec));
+    OK("destroy the captured graph", cudaGraphDestroy(captured));
+
+    AUDIT("cudaGraphCreate");
+    AUDIT("cudaGraphAddMemsetNode");
+    AUDIT("cudaGraphAddMemcpyNode1D");
+    AUDIT("cudaGraphAddEmptyNode");
+    AUDIT("cudaGraphAddChildGraphNode");
+    AUDIT("cudaGraphAddEventRecordNode");
+    AUDIT("cudaGraphAddEventWaitNode");
+    AUDIT("cudaGraphAddHostNode");
+    AUDIT("cudaGraphAddMemcpyNode");
+    AUDIT("cudaGraphAddKernelNode");
+    AUDIT("cudaGraphAddDependencies");
+    AUDIT("cudaGraphRemoveDependencies");
+    AUDIT("cudaGraphGetRootNodes");
+    EXPECT_CODE("flags must be 0", cudaGraphCreate(&graph, 1), cudaErrorInvalidValue);
+    OK("cudaGraphCreate", cudaGraphCreate(&graph, 0));
+    struct cudaMemsetParams memset_params = {a, 0, 0x5a, 1, N, 1};
+    OK("cudaGraphAddMemsetNode", cudaGraphAddMemsetNode(&set, graph, NULL, 0, &memset_params));
+    OK("cudaGraphAddMemcpyNode1D", cudaGraphAddMemcpyNode1D(&copy, graph, &set, 1, b, a, N, cudaMemcpyDeviceToDevice));
+    EXPECT_CODE("a copy node with host memory", cudaGraphAddMemcpyNode1D(&found, graph, NULL, 0, host_a, a, N, cudaMemcpyDeviceToHost),
+                cudaErrorNotSupported);
+    struct cudaMemcpy3DParms copy3d;
+    memset(&copy3d, 0, sizeof copy3d);
+    copy3d.srcPtr.ptr = b;
+    copy3d.srcPtr.pitch = copy3d.srcPtr.xsize = N / 4;
+    copy3d.srcPtr.ysize = 4;
+    copy3d.dstPtr = copy3d.srcPtr;
+    copy3d.dstPtr.ptr = a;
+    copy3d.extent.width = N / 4;
+    copy3d.extent.height = 4;
+    copy3d.extent.depth = 1;
+    copy3d.kind = cudaMemcpyDeviceToDevice;
+    OK("cudaGraphAddMemcpyNode (pitched, back again)", cudaGraphAddMemcpyNode(&found, graph, &copy, 1, &copy3d));
+    OK("cudaGraphAddEmptyNode", cudaGraphAddEmptyNode(&empty, graph, NULL, 0));
+    OK("a child graph", cudaGraphCreate(&child, 0));
+    OK("a node of the child", cudaGraphAddEmptyNode(&sub, child, NULL, 0));
+    OK("cudaGraphAddChildGraphNode", cudaGraphAddChildGraphNode(&sub, graph, &empty, 1, child));
+    OK("cudaGraphAddEventRecordNode", cudaGraphAddEventRecordNode(&record, graph, &found, 1, event));
+    OK("cudaGraphAddEventWaitNode", cudaGraphAddEventWaitNode(&wait, graph, NULL, 0, event));
+    struct cudaHostNodeParams host_params = {count_host_call, (void *)&host_calls};
+    OK("cudaGraphAddHostNode", cudaGraphAddHostNode(&host, graph, &record, 1, &host_params));
+    struct cudaKernelNodeParams kernel_params;
+    memset(&kernel_params, 0, sizeof kernel_params);
+    kernel_params.func = (void *)not_a_kernel;
+    kernel_params.gridDim.x = kernel_params.gridDim.y = kernel_params.gridDim.z = 1;
+    kernel_params.blockDim = kernel_params.gridDim;
+    EXPECT_CODE("cudaGraphAddKernelNode of a host function", cudaGraphAddKernelNode(&found, graph, NULL, 0, &kernel_params),
+                cudaErrorInvalidDeviceFunction);
+    OK("cudaGraphGetRootNodes", cudaGraphGetRootNodes(graph, NULL, &count));
+    EXPECT("three roots: the memset, the empty node and the wait", count == 3);
+    OK("cudaGraphAddDependencies", cudaGraphAddDependencies(graph, &set, &wait, NULL, 1));
+    OK("roots after the edge", cudaGraphGetRootNodes(graph, NULL, &count));
+    EXPECT("two roots after the edge", count == 2);
+    OK("cudaGraphRemoveDependencies", cudaGraphRemoveDependencies(graph, &set, &wait, NULL, 1));
+    EXPECT_CODE("remove it again", cudaGraphRemoveDependencies(graph, &set, &wait, NULL, 1), cudaErrorInvalidValue);
+
+    AUDIT("cudaGraphInstantiateWithFlags");
+    AUDIT("cudaGraphInstantiateWithParams");
+    AUDIT("cudaGraphInstantiateWithParams_ptsz");
+    host_calls = 0;
+    OK("cudaGraphInstantiateWithFlags", cudaGraphInstantiateWithFlags(&exec, graph, 0));
+    OK("launch the built graph", cudaGraphLaunch(exec, stream));
+    OK("launch it again", cudaGraphLaunch(exec, stream));
+    OK("synchronize the built graph", cudaStreamSynchronize(stream));
+    EXPECT("the memset and the copies ran", device_bytes_are(a, N, 0x5a) && device_bytes_are(b, N, 0x5a));
+    EXPECT("the host node ran once per launch", host_calls == 2);
+    cudaGraphInstantiateParams instantiate = {0, stream, NULL, cudaGraphInstantiateError};
+    OK("cudaGraphInstantiateWithParams", cudaGraphInstantiateWithParams(&other, graph, &instantiate));
+    EXPECT("instantiated", instantiate.result_out == cudaGraphInstantiateSuccess);
+    OK("destroy it", cudaGraphExecDestroy(other));
+    instantiate.flags = cudaGraphInstantiateFlagUpload;
+    OK("cudaGraphInstantiateWithParams_ptsz", cudaGraphInstantiateWithParams_ptsz(&other, graph, &instantiate));
+    OK("destroy that", cudaGraphExecDestroy(other));
+
+    AUDIT("cudaGraphMemsetNodeSetParams");
+    AUDIT("cudaGraphExecMemsetNodeSetParams");
+    AUDIT("cudaGraphMemcpyNodeSetParams1D");
+    AUDIT("cudaGraphExecMemcpyNodeSetParams1D");
+    AUDIT("cudaGraphMemcpyNodeSetParams");
+    AUDIT("cudaGraphExecMemcpyNodeSetParams");
+    AUDIT("cudaGraphHostNodeSetParams");
+    AUDIT("cudaGraphExecHostNodeSetParams");
+    AUDIT("cudaGraphExecChildGraphNodeSetParams");
+    AUDIT("cudaGraphEventRecordNodeSetEvent");
+    AUDIT("cudaGraphExecEventRecordNodeSetEvent");
+    AUDIT("cudaGraphEventWaitNodeSetEvent");
+    AUDIT("cudaGraphExecEventWaitNodeSetEvent");
+    AUDIT("cudaGraphKernelNodeGetParams");
+    AUDIT("cudaGraphKernelNodeSetParams");
+    AUDIT("cudaGraphExecKernelNodeSetParams");
+    memset_params.value = 0x6b;
+    OK("cudaGraphExecMemsetNodeSetParams", cudaGraphExecMemsetNodeSetParams(exec, set, &memset_params));
+    OK("launch after it", cudaGraphLaunch(exec, stream));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    EXPECT("the new memset value ran", device_bytes_are(b, N, 0x6b));
+    OK("cudaGraphMemsetNodeSetParams", cudaGraphMemsetNodeSetParams(set, &memset_params));
+    OK("cudaGraphMemcpyNodeSetParams1D", cudaGraphMemcpyNodeSetParams1D(copy, b, a, N, cudaMemcpyDeviceToDevice));
+    OK("cudaGraphExecMemcpyNodeSetParams1D", cudaGraphExecMemcpyNodeSetParams1D(exec, copy, b, a, N, cudaMemcpyDeviceToDevice));
+    OK("cudaGraphMemcpyNodeSetParams", cudaGraphMemcpyNodeSetParams(found, &copy3d));
+    OK("cudaGraphExecMemcpyNodeSetParams", cudaGraphExecMemcpyNodeSetParams(exec, found, &copy3d));
+    EXPECT_CODE("a memset's parameters on a copy node", cudaGraphMemsetNodeSetParams(copy, &memset_params), cudaErrorInvalidValue);
+    OK("cudaGraphHostNodeSetParams", cudaGraphHostNodeSetParams(host, &host_params));
+    OK("cudaGraphExecHostNodeSetParams", cudaGraphExecHostNodeSetParams(exec, host, &host_params));
+    OK("cudaGraphExecChildGraphNodeSetParams", cudaGraphExecChildGraphNodeSetParams(exec, sub, child));
+    OK("cudaGraphEventRecordNodeSetEvent", cudaGraphEventRecordNodeSetEvent(record, event));
+    OK("cudaGraphExecEventRecordNodeSetEvent", cudaGraphExecEventRecordNodeSetEvent(exec, record, event));
+    OK("cudaGraphEventWaitNodeSetEvent", cudaGraphEventWaitNodeSetEvent(wait, event));
+    OK("cudaGraphExecEventWaitNodeSetEvent", cudaGraphExecEventWaitNodeSetEvent(exec, wait, event));
+    EXPECT_CODE("cudaGraphKernelNodeGetParams of a memset node", cudaGraphKernelNodeGetParams(set, &kernel_params), cudaErrorInvalidValue);
+    EXPECT_CODE("cudaGraphKernelNodeSetParams of a host function", cudaGraphKernelNodeSetParams(set, &kernel_params),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("cudaGraphExecKernelNodeSetParams of a host function", cudaGraphExecKernelNodeSetParams(exec, set, &kernel_params),
+                cudaErrorInvalidDeviceFunction);
+
+    AUDIT("cudaGraphClone");
+    AUDIT("cudaGraphNodeFindInClone");
+    AUDIT("cudaGraphExecUpdate");
+    AUDIT("cudaGraphDebugDotPrint");
+    AUDIT("cudaGraphDestroyNode");
+    AUDIT("cudaGraphDestroy");
+    OK("cudaGraphClone", cudaGraphClone(&clone, graph));
+    OK("cudaGraphNodeFindInClone", cudaGraphNodeFindInClone(&found, set, clone));
+    EXPECT("the clone's memset is another node", found != NULL && found != set);
+    cudaGraphExecUpdateResultInfo update;
+    memset(&update, 0, sizeof update);
+    OK("cudaGraphExecUpdate from the clone", cudaGraphExecUpdate(exec, clone, &update));
+    EXPECT("updated", update.result == cudaGraphExecUpdateSuccess);
+    OK("cudaGraphDestroyNode", cudaGraphDestroyNode(found));
+    EXPECT_CODE("the destroyed node is gone", cudaGraphNodeGetType(found, &type), cudaErrorInvalidValue);
+    EXPECT_CODE("an update from a graph of another shape", cudaGraphExecUpdate(exec, clone, &update), cudaErrorGraphExecUpdateFailure);
+    char path[] = "/tmp/flyt-audit-graph-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd >= 0) close(fd);
+    OK("cudaGraphDebugDotPrint", cudaGraphDebugDotPrint(graph, path, 0));
+    FILE *dot = fopen(path, "r");
+    char first[16] = {0};
+    EXPECT("the DOT file was written", dot != NULL && fgets(first, sizeof first, dot) != NULL && strncmp(first, "digraph", 7) == 0);
+    if (dot) fclose(dot);
+    unlink(path);
+    OK("destroy the exec", cudaGraphExecDestroy(exec));
+    OK("cudaGraphDestroy", cudaGraphDestroy(clone));
+    OK("destroy the child", cudaGraphDestroy(child));
+    OK("destroy the graph", cudaGraphDestroy(graph));
+    EXPECT_CODE("a destroyed graph is gone", cudaGraphGetNodes(graph, NULL, &count), cudaErrorInvalidValue);
+
+    AUDIT("cudaLaunchHostFunc");
+    AUDIT("cudaLaunchHostFunc_ptsz");
+    AUDIT("cudaStreamAddCallback");
+    AUDIT("cudaStreamAddCallback_ptsz");
+    host_calls = 0;
+    EXPECT_CODE("a NULL host function", cudaLaunchHostFunc(stream, NULL, NULL), cudaErrorInvalidValue);
+    OK("cudaLaunchHostFunc", cudaLaunchHostFunc(stream, count_host_call, (void *)&host_calls));
+    OK("cudaLaunchHostFunc_ptsz", cudaLaunchHostFunc_ptsz(side, count_host_call, (void *)&host_calls));
+    EXPECT_CODE("callback flags must be 0", cudaStreamAddCallback(stream, count_stream_callback, (void *)&host_calls, 1),
+                cudaErrorInvalidValue);
+    OK("cudaStreamAddCallback", cudaStreamAddCallback(stream, count_stream_callback, (void *)&host_calls, 0));
+    OK("cudaStreamAddCallback_ptsz", cudaStreamAddCallback_ptsz(side, count_stream_callback, (void *)&host_calls, 0));
+    OK("synchronize the host functions", cudaDeviceSynchronize());
+    EXPECT("every host function ran", host_calls == 4);
+
+    OK("free", cudaFree(a));
+    OK("free", cudaFree(b));
+    OK("destroy", cudaStreamDestroy(stream));
+    OK("destroy", cudaStreamDestroy(side));
+    OK("destroy", cudaEventDestroy(event));
 }
 
 static void modules_kernels_symbols(void) {
@@ -856,7 +1120,7 @@ static void reset(void) {
     OK("cudaMalloc before the reset", cudaMalloc(&dev, N));
     OK("a stream before the reset", cudaStreamCreate(&stream));
     OK("an event before the reset", cudaEventCreate(&event));
-    EXPECT_CODE("a refused graph launch before the reset", cudaGraphLaunch(NULL, stream), cudaErrorNotSupported);
+    OK("a launch of a graph that does not exist before the reset", cudaGraphLaunch(BOGUS_GRAPH_EXEC, stream));
     OK("cudaDeviceReset", cudaDeviceReset());
     OK("the reset dropped what was owed to the next synchronization", cudaDeviceSynchronize());
     EXPECT_CODE("allocations are gone", cudaFree(dev), cudaErrorInvalidValue);
@@ -872,6 +1136,7 @@ int main(void) {
     device_and_errors();
     memory();
     streams_and_events();
+    graphs();
     modules_kernels_symbols();
     reset();
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);

@@ -1,0 +1,521 @@
+//! Stream capture, graphs and host functions: Flyt's driver does the work (the server's driver
+//! captures and runs the graphs); this front converts the runtime's structs where they differ
+//! from the driver's (a kernel node names its kernel by the app's host stub, a copy node uses
+//! pitched pointers and positions) and passes the rest on as they are.
+
+#![allow(clippy::too_many_arguments, reason = "the CUDA runtime's signatures")]
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+
+use crate::driver::{CUgraph, CUgraphExec, CUgraphNode, HostFn, KernelNodeParams, MEMORYTYPE_UNIFIED, Memcpy3D, StreamCallback, cu_ctx};
+use crate::ffi::{cudaEvent_t, cudaMemcpyKind, cudaStream_t, dim3};
+use crate::registry::{host_function_of, kernel_by_host};
+
+// --- stream capture ---
+
+pub unsafe fn cudaStreamBeginCapture(stream: cudaStream_t, mode: c_int) -> CudaResult<()> {
+    cu_ctx!(cuStreamBeginCapture_v2(stream, mode))
+}
+
+pub unsafe fn cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: c_int) -> CudaResult<()> {
+    cu_ctx!(cuStreamBeginCapture_v2_ptsz(stream, mode))
+}
+
+pub unsafe fn cudaStreamEndCapture(stream: cudaStream_t, graph: *mut CUgraph) -> CudaResult<()> {
+    cu_ctx!(cuStreamEndCapture(stream, graph))
+}
+
+pub unsafe fn cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut CUgraph) -> CudaResult<()> {
+    cu_ctx!(cuStreamEndCapture_ptsz(stream, graph))
+}
+
+pub unsafe fn cudaStreamIsCapturing(stream: cudaStream_t, status: *mut c_int) -> CudaResult<()> {
+    cu_ctx!(cuStreamIsCapturing(stream, status))
+}
+
+pub unsafe fn cudaStreamIsCapturing_ptsz(stream: cudaStream_t, status: *mut c_int) -> CudaResult<()> {
+    cu_ctx!(cuStreamIsCapturing_ptsz(stream, status))
+}
+
+pub unsafe fn cudaStreamGetCaptureInfo(
+    stream: cudaStream_t,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut CUgraph,
+    dependencies: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    count: *mut usize,
+) -> CudaResult<()> {
+    cu_ctx!(cuStreamGetCaptureInfo_v3(stream, status, id, graph, dependencies, edges, count))
+}
+
+pub unsafe fn cudaStreamGetCaptureInfo_ptsz(
+    stream: cudaStream_t,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut CUgraph,
+    dependencies: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    count: *mut usize,
+) -> CudaResult<()> {
+    cu_ctx!(cuStreamGetCaptureInfo_v3_ptsz(stream, status, id, graph, dependencies, edges, count))
+}
+
+pub unsafe fn cudaThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CudaResult<()> {
+    cu_ctx!(cuThreadExchangeStreamCaptureMode(mode))
+}
+
+// --- graphs ---
+
+pub unsafe fn cudaGraphCreate(graph: *mut CUgraph, flags: c_uint) -> CudaResult<()> {
+    cu_ctx!(cuGraphCreate(graph, flags))
+}
+
+pub unsafe fn cudaGraphDestroy(graph: CUgraph) -> CudaResult<()> {
+    cu_ctx!(cuGraphDestroy(graph))
+}
+
+/// `cudaKernelNodeParams`: the kernel is the app's host stub.
+#[repr(C)]
+pub struct cudaKernelNodeParams {
+    func: *mut c_void,
+    grid: dim3,
+    block: dim3,
+    shared_mem: c_uint,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+}
+
+/// The driver's kernel node parameters for the runtime's.
+///
+/// # Safety
+/// `params` is NULL or a readable `cudaKernelNodeParams`.
+unsafe fn kernel_params(params: *const cudaKernelNodeParams) -> CudaResult<KernelNodeParams> {
+    if params.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the app's struct.
+    let p = unsafe { &*params };
+    let kernel = kernel_by_host(p.func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?.handle()?;
+    Ok(KernelNodeParams {
+        func: kernel,
+        grid: [p.grid.x, p.grid.y, p.grid.z],
+        block: [p.block.x, p.block.y, p.block.z],
+        shared_mem: p.shared_mem,
+        kernel_params: p.kernel_params,
+        extra: p.extra,
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    })
+}
+
+pub unsafe fn cudaGraphAddKernelNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *const cudaKernelNodeParams,
+) -> CudaResult<()> {
+    // SAFETY: the app's struct.
+    let params = unsafe { kernel_params(params) }?;
+    cu_ctx!(cuGraphAddKernelNode_v2(node, graph, dependencies, count, &params))
+}
+
+pub unsafe fn cudaGraphKernelNodeSetParams(node: CUgraphNode, params: *const cudaKernelNodeParams) -> CudaResult<()> {
+    // SAFETY: the app's struct.
+    let params = unsafe { kernel_params(params) }?;
+    cu_ctx!(cuGraphKernelNodeSetParams_v2(node, &params))
+}
+
+pub unsafe fn cudaGraphExecKernelNodeSetParams(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const cudaKernelNodeParams,
+) -> CudaResult<()> {
+    // SAFETY: the app's struct.
+    let params = unsafe { kernel_params(params) }?;
+    cu_ctx!(cuGraphExecKernelNodeSetParams_v2(exec, node, &params))
+}
+
+pub unsafe fn cudaGraphKernelNodeGetParams(node: CUgraphNode, params: *mut cudaKernelNodeParams) -> CudaResult<()> {
+    if params.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: all-zero is a valid value of these plain fields and NULL pointers.
+    let mut driver: KernelNodeParams = unsafe { std::mem::zeroed() };
+    cu_ctx!(cuGraphKernelNodeGetParams_v2(node, &mut driver))?;
+    let func = host_function_of(driver.func).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+    let [gx, gy, gz] = driver.grid;
+    let [bx, by, bz] = driver.block;
+    let value = cudaKernelNodeParams {
+        func: func as *mut c_void,
+        grid: dim3 { x: gx, y: gy, z: gz },
+        block: dim3 { x: bx, y: by, z: bz },
+        shared_mem: driver.shared_mem,
+        kernel_params: driver.kernel_params,
+        extra: driver.extra,
+    };
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { params.write(value) };
+    Ok(())
+}
+
+#[repr(C)]
+struct Pos {
+    x: usize,
+    y: usize,
+    z: usize,
+}
+
+#[repr(C)]
+struct PitchedPtr {
+    ptr: *mut c_void,
+    pitch: usize,
+    xsize: usize,
+    ysize: usize,
+}
+
+#[repr(C)]
+struct Extent {
+    width: usize,
+    height: usize,
+    depth: usize,
+}
+
+/// `cudaMemcpy3DParms`.
+#[repr(C)]
+pub struct cudaMemcpy3DParms {
+    src_array: *mut c_void,
+    src_pos: Pos,
+    src_ptr: PitchedPtr,
+    dst_array: *mut c_void,
+    dst_pos: Pos,
+    dst_ptr: PitchedPtr,
+    extent: Extent,
+    kind: cudaMemcpyKind,
+}
+
+/// A 3D copy between linear memory, as the driver describes it (the driver tells device memory
+/// from host memory by the pointers; arrays are not supported).
+fn memcpy3d(src: &PitchedPtr, src_pos: &Pos, dst: &PitchedPtr, dst_pos: &Pos, extent: &Extent) -> Memcpy3D {
+    Memcpy3D {
+        src_x_in_bytes: src_pos.x,
+        src_y: src_pos.y,
+        src_z: src_pos.z,
+        src_lod: 0,
+        src_memory_type: MEMORYTYPE_UNIFIED,
+        src_host: src.ptr,
+        src_device: src.ptr as u64,
+        src_array: std::ptr::null_mut(),
+        reserved0: std::ptr::null_mut(),
+        src_pitch: src.pitch,
+        src_height: src.ysize,
+        dst_x_in_bytes: dst_pos.x,
+        dst_y: dst_pos.y,
+        dst_z: dst_pos.z,
+        dst_lod: 0,
+        dst_memory_type: MEMORYTYPE_UNIFIED,
+        dst_host: dst.ptr,
+        dst_device: dst.ptr as u64,
+        dst_array: std::ptr::null_mut(),
+        reserved1: std::ptr::null_mut(),
+        dst_pitch: dst.pitch,
+        dst_height: dst.ysize,
+        width_in_bytes: extent.width,
+        height: extent.height,
+        depth: extent.depth,
+    }
+}
+
+/// # Safety
+/// `params` is NULL or a readable `cudaMemcpy3DParms`.
+unsafe fn copy_params(params: *const cudaMemcpy3DParms) -> CudaResult<Memcpy3D> {
+    if params.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the app's struct.
+    let p = unsafe { &*params };
+    if !p.src_array.is_null() || !p.dst_array.is_null() {
+        return Err(super::unsupported_use("cudaGraphAddMemcpyNode", "CUDA arrays"));
+    }
+    Ok(memcpy3d(&p.src_ptr, &p.src_pos, &p.dst_ptr, &p.dst_pos, &p.extent))
+}
+
+/// A 1D copy as the driver's 3D description.
+fn copy_1d(dst: *mut c_void, src: *const c_void, count: usize) -> Memcpy3D {
+    let origin = || Pos { x: 0, y: 0, z: 0 };
+    let line = |ptr: *mut c_void| PitchedPtr { ptr, pitch: count, xsize: count, ysize: 1 };
+    memcpy3d(&line(src.cast_mut()), &origin(), &line(dst), &origin(), &Extent { width: count, height: 1, depth: 1 })
+}
+
+pub unsafe fn cudaGraphAddMemcpyNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *const cudaMemcpy3DParms,
+) -> CudaResult<()> {
+    // SAFETY: the app's struct.
+    let copy = unsafe { copy_params(params) }?;
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, &copy, std::ptr::null_mut()))
+}
+
+pub unsafe fn cudaGraphAddMemcpyNode1D(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    _kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let copy = copy_1d(dst, src, bytes);
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, &copy, std::ptr::null_mut()))
+}
+
+pub unsafe fn cudaGraphMemcpyNodeSetParams(node: CUgraphNode, params: *const cudaMemcpy3DParms) -> CudaResult<()> {
+    // SAFETY: the app's struct.
+    let copy = unsafe { copy_params(params) }?;
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
+}
+
+pub unsafe fn cudaGraphMemcpyNodeSetParams1D(
+    node: CUgraphNode,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    _kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy_1d(dst, src, bytes)))
+}
+
+pub unsafe fn cudaGraphExecMemcpyNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const cudaMemcpy3DParms) -> CudaResult<()> {
+    // SAFETY: the app's struct.
+    let copy = unsafe { copy_params(params) }?;
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
+}
+
+pub unsafe fn cudaGraphExecMemcpyNodeSetParams1D(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    _kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy_1d(dst, src, bytes), std::ptr::null_mut()))
+}
+
+// `cudaMemsetParams` and `cudaHostNodeParams` have the driver's layouts.
+
+pub unsafe fn cudaGraphAddMemsetNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *const c_void,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphAddMemsetNode(node, graph, dependencies, count, params, std::ptr::null_mut()))
+}
+
+pub unsafe fn cudaGraphMemsetNodeSetParams(node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphMemsetNodeSetParams(node, params))
+}
+
+pub unsafe fn cudaGraphExecMemsetNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphExecMemsetNodeSetParams(exec, node, params, std::ptr::null_mut()))
+}
+
+pub unsafe fn cudaGraphAddHostNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *const c_void,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphAddHostNode(node, graph, dependencies, count, params))
+}
+
+pub unsafe fn cudaGraphHostNodeSetParams(node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphHostNodeSetParams(node, params))
+}
+
+pub unsafe fn cudaGraphExecHostNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphExecHostNodeSetParams(exec, node, params))
+}
+
+pub unsafe fn cudaGraphAddChildGraphNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    child: CUgraph,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphAddChildGraphNode(node, graph, dependencies, count, child))
+}
+
+pub unsafe fn cudaGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph) -> CudaResult<()> {
+    cu_ctx!(cuGraphExecChildGraphNodeSetParams(exec, node, child))
+}
+
+pub unsafe fn cudaGraphAddEmptyNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphAddEmptyNode(node, graph, dependencies, count))
+}
+
+pub unsafe fn cudaGraphAddEventRecordNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    event: cudaEvent_t,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphAddEventRecordNode(node, graph, dependencies, count, event))
+}
+
+pub unsafe fn cudaGraphAddEventWaitNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    event: cudaEvent_t,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphAddEventWaitNode(node, graph, dependencies, count, event))
+}
+
+pub unsafe fn cudaGraphEventRecordNodeSetEvent(node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
+    cu_ctx!(cuGraphEventRecordNodeSetEvent(node, event))
+}
+
+pub unsafe fn cudaGraphExecEventRecordNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
+    cu_ctx!(cuGraphExecEventRecordNodeSetEvent(exec, node, event))
+}
+
+pub unsafe fn cudaGraphEventWaitNodeSetEvent(node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
+    cu_ctx!(cuGraphEventWaitNodeSetEvent(node, event))
+}
+
+pub unsafe fn cudaGraphExecEventWaitNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
+    cu_ctx!(cuGraphExecEventWaitNodeSetEvent(exec, node, event))
+}
+
+pub unsafe fn cudaGraphAddDependencies(
+    graph: CUgraph,
+    from: *const CUgraphNode,
+    to: *const CUgraphNode,
+    edges: *const c_void,
+    count: usize,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphAddDependencies_v2(graph, from, to, edges, count))
+}
+
+pub unsafe fn cudaGraphRemoveDependencies(
+    graph: CUgraph,
+    from: *const CUgraphNode,
+    to: *const CUgraphNode,
+    edges: *const c_void,
+    count: usize,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphRemoveDependencies_v2(graph, from, to, edges, count))
+}
+
+pub unsafe fn cudaGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) -> CudaResult<()> {
+    cu_ctx!(cuGraphGetNodes(graph, nodes, count))
+}
+
+pub unsafe fn cudaGraphGetRootNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) -> CudaResult<()> {
+    cu_ctx!(cuGraphGetRootNodes(graph, nodes, count))
+}
+
+pub unsafe fn cudaGraphNodeGetType(node: CUgraphNode, kind: *mut c_int) -> CudaResult<()> {
+    cu_ctx!(cuGraphNodeGetType(node, kind))
+}
+
+pub unsafe fn cudaGraphDestroyNode(node: CUgraphNode) -> CudaResult<()> {
+    cu_ctx!(cuGraphDestroyNode(node))
+}
+
+pub unsafe fn cudaGraphClone(clone: *mut CUgraph, graph: CUgraph) -> CudaResult<()> {
+    cu_ctx!(cuGraphClone(clone, graph))
+}
+
+pub unsafe fn cudaGraphNodeFindInClone(found: *mut CUgraphNode, node: CUgraphNode, clone: CUgraph) -> CudaResult<()> {
+    cu_ctx!(cuGraphNodeFindInClone(found, node, clone))
+}
+
+pub unsafe fn cudaGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) -> CudaResult<()> {
+    cu_ctx!(cuGraphInstantiateWithFlags(exec, graph, flags))
+}
+
+pub unsafe fn cudaGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) -> CudaResult<()> {
+    cu_ctx!(cuGraphInstantiateWithFlags(exec, graph, flags))
+}
+
+// `cudaGraphInstantiateParams` and `cudaGraphExecUpdateResultInfo` have the driver's layouts.
+
+pub unsafe fn cudaGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphInstantiateWithParams(exec, graph, params))
+}
+
+pub unsafe fn cudaGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphInstantiateWithParams_ptsz(exec, graph, params))
+}
+
+pub unsafe fn cudaGraphLaunch(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuGraphLaunch(exec, stream))
+}
+
+pub unsafe fn cudaGraphLaunch_ptsz(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuGraphLaunch_ptsz(exec, stream))
+}
+
+pub unsafe fn cudaGraphUpload(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuGraphUpload(exec, stream))
+}
+
+pub unsafe fn cudaGraphUpload_ptsz(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuGraphUpload_ptsz(exec, stream))
+}
+
+pub unsafe fn cudaGraphExecDestroy(exec: CUgraphExec) -> CudaResult<()> {
+    cu_ctx!(cuGraphExecDestroy(exec))
+}
+
+pub unsafe fn cudaGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, info: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphExecUpdate_v2(exec, graph, info))
+}
+
+pub unsafe fn cudaGraphDebugDotPrint(graph: CUgraph, path: *const c_char, flags: c_uint) -> CudaResult<()> {
+    cu_ctx!(cuGraphDebugDotPrint(graph, path, flags))
+}
+
+// --- host functions ---
+
+pub unsafe fn cudaLaunchHostFunc(stream: cudaStream_t, function: HostFn, data: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuLaunchHostFunc(stream, function, data))
+}
+
+pub unsafe fn cudaLaunchHostFunc_ptsz(stream: cudaStream_t, function: HostFn, data: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuLaunchHostFunc_ptsz(stream, function, data))
+}
+
+pub unsafe fn cudaStreamAddCallback(stream: cudaStream_t, callback: StreamCallback, data: *mut c_void, flags: c_uint) -> CudaResult<()> {
+    cu_ctx!(cuStreamAddCallback(stream, callback, data, flags))
+}
+
+pub unsafe fn cudaStreamAddCallback_ptsz(
+    stream: cudaStream_t,
+    callback: StreamCallback,
+    data: *mut c_void,
+    flags: c_uint,
+) -> CudaResult<()> {
+    cu_ctx!(cuStreamAddCallback_ptsz(stream, callback, data, flags))
+}
