@@ -195,7 +195,8 @@ int main() {
 
     // 5. A graph: kernel node -> host node, launched 5 times.
     std::atomic<int> graph_count(0);
-    CHECK(cudaMemset(chain, 0, sizeof(int)));
+    // On s itself: s does not synchronize with the legacy stream (cudaStreamNonBlocking).
+    CHECK(cudaMemsetAsync(chain, 0, sizeof(int), s));
     cudaGraph_t g;
     CHECK(cudaGraphCreate(&g, 0));
     int digit = 1;
@@ -226,7 +227,8 @@ int main() {
 
     // 6. cudaLaunchHostFunc captured into a graph.
     std::atomic<int> captured_count(0);
-    CHECK(cudaMemset(chain, 0, sizeof(int)));
+    // On s itself: s does not synchronize with the legacy stream (cudaStreamNonBlocking).
+    CHECK(cudaMemsetAsync(chain, 0, sizeof(int), s));
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     step<<<1, 1, 0, s>>>(chain, 2);
     CHECK_LAUNCH();

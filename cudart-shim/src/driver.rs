@@ -349,6 +349,11 @@ pub fn driver() -> CudaResult<&'static Driver> {
     DRIVER.get_or_init(load).as_ref().map_err(|error| *error)
 }
 
+/// The driver if it is loaded already (nothing is loaded or initialized for the asking).
+pub fn loaded() -> Option<&'static Driver> {
+    DRIVER.get().and_then(|driver| driver.as_ref().ok())
+}
+
 fn load() -> Result<Driver, CudaError> {
     let library = flyt_front_kit::driver_library::open().map_err(|reason| {
         crate::diagnostics::once("driver", &format!("flyt: the CUDA runtime found no driver: {reason}"));

@@ -57,6 +57,9 @@ unsafe fn node_ids(nodes: *const CUgraphNode, count: usize) -> DriverResult<Vec<
 /// argument values stay here, where the returned `kernelParams` point.
 struct KernelNode {
     function: Arc<Function>,
+    /// The handle as the app gave it, and whether in v2's `kern` field (read back as given).
+    handle: usize,
+    in_kern: bool,
     grid: Dim3,
     block: Dim3,
     shared_mem: u32,
@@ -75,6 +78,7 @@ fn kernel_nodes() -> std::sync::MutexGuard<'static, Option<HashMap<u64, KernelNo
 /// The fields of a kernel node's parameters that v1 and v2 share, and v2's kernel handle.
 struct KernelFields {
     func: *mut c_void,
+    in_kern: bool,
     grid: Dim3,
     block: Dim3,
     shared_mem: u32,
@@ -88,9 +92,11 @@ unsafe fn fields_v2(params: *const CUDA_KERNEL_NODE_PARAMS) -> DriverResult<Kern
     non_null([params.cast()])?;
     // SAFETY: checked non-NULL; the caller's struct.
     let p = unsafe { &*params };
-    let func = if p.kern.is_null() { p.func.cast() } else { p.kern.cast() };
+    let in_kern = !p.kern.is_null();
+    let func = if in_kern { p.kern.cast() } else { p.func.cast() };
     Ok(KernelFields {
         func,
+        in_kern,
         grid: Dim3 { x: p.gridDimX, y: p.gridDimY, z: p.gridDimZ },
         block: Dim3 { x: p.blockDimX, y: p.blockDimY, z: p.blockDimZ },
         shared_mem: p.sharedMemBytes,
@@ -107,6 +113,7 @@ unsafe fn fields_v1(params: *const CUDA_KERNEL_NODE_PARAMS_v1) -> DriverResult<K
     let p = unsafe { &*params };
     Ok(KernelFields {
         func: p.func.cast(),
+        in_kern: false,
         grid: Dim3 { x: p.gridDimX, y: p.gridDimY, z: p.gridDimZ },
         block: Dim3 { x: p.blockDimX, y: p.blockDimY, z: p.blockDimZ },
         shared_mem: p.sharedMemBytes,
@@ -139,7 +146,20 @@ unsafe fn kernel_params(fields: KernelFields) -> DriverResult<(NodeParams, Kerne
         shared_mem: fields.shared_mem,
         args: packed,
     };
-    Ok((params, KernelNode { function, grid: fields.grid, block: fields.block, shared_mem: fields.shared_mem, _values: args, pointers }))
+    let (handle, in_kern) = (fields.func as usize, fields.in_kern);
+    Ok((
+        params,
+        KernelNode {
+            function,
+            handle,
+            in_kern,
+            grid: fields.grid,
+            block: fields.block,
+            shared_mem: fields.shared_mem,
+            _values: args,
+            pointers,
+        },
+    ))
 }
 
 /// `CU_MEMORYTYPE_DEVICE` and `CU_MEMORYTYPE_UNIFIED`.
@@ -755,7 +775,7 @@ pub unsafe fn cuGraphExecKernelNodeSetParams_v2(
 
 /// A kernel node's parameters as the app set them; `kernelParams` point at values kept here
 /// until the node's parameters change or it is destroyed.
-fn kernel_node_params(node: CUgraphNode) -> DriverResult<(CUDA_KERNEL_NODE_PARAMS_v1, *mut c_void)> {
+fn kernel_node_params(node: CUgraphNode) -> DriverResult<(CUDA_KERNEL_NODE_PARAMS_v1, Option<*mut c_void>)> {
     let client = client()?;
     let node = id_of(node)?;
     if client.graphs.node_kind(node).is_none_or(|kind| kind != flyt_protocol::ops::node_type::KERNEL) {
@@ -766,7 +786,9 @@ fn kernel_node_params(node: CUgraphNode) -> DriverResult<(CUDA_KERNEL_NODE_PARAM
         crate::diagnostics::once("kernel-node-params", "flyt: reading the parameters of a captured kernel node is not supported");
         CUresult::CUDA_ERROR_NOT_SUPPORTED
     })?;
-    let handle: *mut c_void = function_handle(&record.function);
+    // The handle the app gave (a CUkernel in v2's `kern`, or a CUfunction), or the function's own.
+    let handle: *mut c_void =
+        if record.handle == 0 { function_handle(&record.function) } else { std::ptr::without_provenance_mut(record.handle) };
     let params = CUDA_KERNEL_NODE_PARAMS_v1 {
         func: handle.cast(),
         gridDimX: record.grid.x,
@@ -779,7 +801,7 @@ fn kernel_node_params(node: CUgraphNode) -> DriverResult<(CUDA_KERNEL_NODE_PARAM
         kernelParams: record.pointers.as_mut_ptr().cast(),
         extra: std::ptr::null_mut(),
     };
-    Ok((params, handle))
+    Ok((params, record.in_kern.then_some(handle)))
 }
 
 pub unsafe fn cuGraphKernelNodeGetParams(h_node: CUgraphNode, node_params: *mut CUDA_KERNEL_NODE_PARAMS_v1) -> CUresult {
@@ -794,7 +816,7 @@ pub unsafe fn cuGraphKernelNodeGetParams(h_node: CUgraphNode, node_params: *mut 
 pub unsafe fn cuGraphKernelNodeGetParams_v2(h_node: CUgraphNode, node_params: *mut CUDA_KERNEL_NODE_PARAMS) -> CUresult {
     run(|| {
         non_null([node_params.cast()])?;
-        let (p, _) = kernel_node_params(h_node)?;
+        let (p, kern) = kernel_node_params(h_node)?;
         let params = CUDA_KERNEL_NODE_PARAMS {
             func: p.func,
             gridDimX: p.gridDimX,
@@ -806,7 +828,7 @@ pub unsafe fn cuGraphKernelNodeGetParams_v2(h_node: CUgraphNode, node_params: *m
             sharedMemBytes: p.sharedMemBytes,
             kernelParams: p.kernelParams,
             extra: p.extra,
-            kern: std::ptr::null_mut(),
+            kern: kern.map_or(std::ptr::null_mut(), <*mut c_void>::cast),
             ctx: std::ptr::null_mut(),
         };
         // SAFETY: checked non-NULL.

@@ -38,6 +38,15 @@ pub unsafe fn cudaGetDeviceCount(count: *mut c_int) -> CudaResult<()> {
 }
 
 pub unsafe fn cudaGetDevice(device: *mut c_int) -> CudaResult<()> {
+    // A host function run by a stream may make no CUDA call: the driver says so (a host function
+    // exists only once the driver is loaded).
+    if let Some(driver) = crate::driver::loaded() {
+        let mut context = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        if CudaError::check(unsafe { (driver.cuCtxGetCurrent)(&mut context) }) == Err(CudaError::NOT_PERMITTED) {
+            return Err(CudaError::NOT_PERMITTED);
+        }
+    }
     // SAFETY: the app's out-pointer.
     unsafe { write_out(device, current_device()) }
 }
