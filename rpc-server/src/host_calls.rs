@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use flyt_protocol::frame::encode_into;
 use flyt_protocol::handshake::Notice;
@@ -25,7 +25,9 @@ struct Runs {
 
 /// A session's host calls in progress.
 pub struct HostCalls {
-    announce: Mutex<Sender<(u64, u64)>>,
+    outbox: Arc<Outbox>,
+    bind: Arc<dyn Fn() + Send + Sync>,
+    announce: OnceLock<Option<Mutex<Sender<(u64, u64)>>>>,
     next_run: AtomicU64,
     runs: Mutex<Runs>,
     wake: Condvar,
@@ -36,26 +38,41 @@ pub struct HostCalls {
 impl HostCalls {
     /// `bind` makes the device current on the announcer thread.
     pub fn new(outbox: Arc<Outbox>, bind: Arc<dyn Fn() + Send + Sync>) -> Arc<Self> {
-        let (announce, requests) = channel::<(u64, u64)>();
-        let spawned = std::thread::Builder::new().name("flyt-host-calls".into()).spawn(move || {
-            bind();
-            for (call, run) in requests {
-                outbox.send_ready();
-                let mut message = Vec::with_capacity(24);
-                encode_into(&Notice::HostCall { call, run }, &mut message);
-                outbox.send_frame(0, &message, &[]);
-            }
-        });
-        if let Err(error) = spawned {
-            tracing::error!(%error, "cannot start the host-call thread; host functions will fail");
-        }
         Arc::new(Self {
-            announce: Mutex::new(announce),
+            outbox,
+            bind,
+            announce: OnceLock::new(),
             next_run: AtomicU64::new(1),
             runs: Mutex::new(Runs::default()),
             wake: Condvar::new(),
             closed: AtomicBool::new(false),
         })
+    }
+
+    /// The announcer thread, started with the session's first host call (most sessions have
+    /// none, and a thread's stack takes address space the session's mapped blocks may need).
+    fn announcer(&self) -> Option<&Mutex<Sender<(u64, u64)>>> {
+        let started = self.announce.get_or_init(|| {
+            let (announce, requests) = channel::<(u64, u64)>();
+            let (outbox, bind) = (self.outbox.clone(), self.bind.clone());
+            let spawned = std::thread::Builder::new().name("flyt-host-calls".into()).spawn(move || {
+                bind();
+                for (call, run) in requests {
+                    outbox.send_ready();
+                    let mut message = Vec::with_capacity(24);
+                    encode_into(&Notice::HostCall { call, run }, &mut message);
+                    outbox.send_frame(0, &message, &[]);
+                }
+            });
+            match spawned {
+                Ok(_) => Some(Mutex::new(announce)),
+                Err(error) => {
+                    tracing::error!(%error, "cannot start the host-call thread; host functions will not run");
+                    None
+                }
+            }
+        });
+        started.as_ref()
     }
 
     fn runs(&self) -> std::sync::MutexGuard<'_, Runs> {
@@ -66,8 +83,11 @@ impl HostCalls {
     fn run(&self, call: u64) {
         let run = self.next_run.fetch_add(1, Ordering::Relaxed);
         self.runs().waiting.insert(run);
-        let sent = self.announce.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send((call, run));
-        if sent.is_err() {
+        let sent = self
+            .announcer()
+            .is_some_and(|announce| announce.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send((call, run)).is_ok());
+        if !sent {
+            self.runs().waiting.remove(&run);
             return;
         }
         let mut runs = self.runs();
