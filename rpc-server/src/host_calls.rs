@@ -16,6 +16,9 @@ use flyt_protocol::handshake::Notice;
 
 use crate::transport::Outbox;
 
+/// The announcer thread's queue: `(call, run)` pairs.
+type Announcer = Mutex<Sender<(u64, u64)>>;
+
 /// Host calls announced to the client and those it has answered.
 #[derive(Default)]
 struct Runs {
@@ -27,7 +30,7 @@ struct Runs {
 pub struct HostCalls {
     outbox: Arc<Outbox>,
     bind: Arc<dyn Fn() + Send + Sync>,
-    announce: OnceLock<Option<Mutex<Sender<(u64, u64)>>>>,
+    announce: OnceLock<Option<Announcer>>,
     next_run: AtomicU64,
     runs: Mutex<Runs>,
     wake: Condvar,
@@ -51,7 +54,7 @@ impl HostCalls {
 
     /// The announcer thread, started with the session's first host call (most sessions have
     /// none, and a thread's stack takes address space the session's mapped blocks may need).
-    fn announcer(&self) -> Option<&Mutex<Sender<(u64, u64)>>> {
+    fn announcer(&self) -> Option<&Announcer> {
         let started = self.announce.get_or_init(|| {
             let (announce, requests) = channel::<(u64, u64)>();
             let (outbox, bind) = (self.outbox.clone(), self.bind.clone());
