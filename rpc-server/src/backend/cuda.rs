@@ -954,7 +954,10 @@ impl Device for CudaDevice {
         work: NodeWork<'_, Self>,
     ) -> CudaResult<Self::GraphNode> {
         let mut node = std::ptr::null_mut();
-        let (deps, count) = (dependencies.as_ptr().cast::<sys::CUgraphNode>(), dependencies.len());
+        // No dependencies is a NULL array, as the driver documents it (not an empty slice's
+        // dangling pointer).
+        let deps = if dependencies.is_empty() { std::ptr::null() } else { dependencies.as_ptr().cast::<sys::CUgraphNode>() };
+        let count = dependencies.len();
         let context = self.context.load(Ordering::Acquire);
         // SAFETY: (every arm) `graph` and the dependencies are the session's, of that graph
         // (`Handle` is a transparent newtype, so the slice is an array of `CUgraphNode`); the
@@ -1022,6 +1025,9 @@ impl Device for CudaDevice {
         if from.len() != to.len() {
             return Err(CudaError::INVALID_VALUE);
         }
+        if from.is_empty() {
+            return Ok(());
+        }
         let (from_ptr, to_ptr) = (from.as_ptr().cast::<sys::CUgraphNode>(), to.as_ptr().cast::<sys::CUgraphNode>());
         // SAFETY: two arrays of `from.len()` nodes of the session's graph; no edge data (plain
         // full dependencies).
@@ -1042,6 +1048,9 @@ impl Device for CudaDevice {
         };
         let mut count = 0usize;
         check(list(std::ptr::null_mut(), &mut count).result())?;
+        if count == 0 {
+            return Ok(Vec::new());
+        }
         let mut nodes = vec![std::ptr::null_mut(); count];
         check(list(nodes.as_mut_ptr(), &mut count).result())?;
         nodes.truncate(count);
