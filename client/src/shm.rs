@@ -58,7 +58,7 @@ fn env_size(name: &str, default: usize) -> usize {
 /// A mapped segment before the server has accepted it.
 pub struct Offered {
     pub file: File,
-    pub map: memmap2::MmapRaw,
+    pub map: SegmentMap,
     pub size: usize,
     pub staging: usize,
     /// Capacity of each message ring at the segment's start (0: none).
@@ -113,8 +113,90 @@ pub fn create(as_path: bool) -> Result<Offered, String> {
         error
     };
     file.set_len(size as u64).map_err(|error| cleanup(format!("sizing the segment: {error}")))?;
-    let map = memmap2::MmapOptions::new().len(size).map_raw(&file).map_err(|error| cleanup(format!("mapping the segment: {error}")))?;
+    let map = SegmentMap::new(&file, size).map_err(|error| cleanup(format!("mapping the segment: {error}")))?;
     Ok(Offered { file, map, size, staging, rings, path })
+}
+
+/// Where segments go when that is free: a part of the address space that neither this process
+/// nor the server's worker normally uses (below where programs and the heap are loaded, far
+/// above where CUDA and the kernel place mappings). The server maps each pinned block at the
+/// app's own address of it (so kernels can use the app's pointers); that address is then very
+/// likely free in the server too, where an address the kernel chose here, among this process's
+/// libraries, often is not.
+const QUIET_BASE: usize = 0x2000_0000_0000;
+/// Candidate places in the quiet part, 64 GiB apart (16 TiB in all).
+const QUIET_STRIDE: usize = 64 << 30;
+const QUIET_PLACES: usize = 256;
+
+/// The segment's mapping in this process (shared, read-write), unmapped on drop.
+pub struct SegmentMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a shared memory mapping; `Channel` hands its bytes out exclusively (see there).
+unsafe impl Send for SegmentMap {}
+// SAFETY: as above.
+unsafe impl Sync for SegmentMap {}
+
+impl SegmentMap {
+    /// Maps `file` at one of the quiet places when one is free, else where the kernel chooses.
+    fn new(file: &File, len: usize) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let map = |hint: usize, flags: libc::c_int| {
+            // SAFETY: a fresh shared mapping of the whole file; with MAP_FIXED_NOREPLACE the kernel
+            // refuses an address already in use instead of replacing what is there.
+            unsafe {
+                libc::mmap(
+                    std::ptr::without_provenance_mut(hint),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | flags,
+                    file.as_raw_fd(),
+                    0,
+                )
+            }
+        };
+        let first = (std::process::id() as usize).wrapping_mul(2_654_435_761) % QUIET_PLACES;
+        let fits = len <= QUIET_STRIDE;
+        for attempt in 0..8 {
+            if !fits {
+                break;
+            }
+            let hint = QUIET_BASE + ((first + attempt * 37) % QUIET_PLACES) * QUIET_STRIDE;
+            let ptr = map(hint, libc::MAP_FIXED_NOREPLACE);
+            if ptr == libc::MAP_FAILED {
+                continue;
+            }
+            if ptr as usize == hint {
+                return Ok(Self { ptr: ptr.cast(), len });
+            }
+            // A kernel without MAP_FIXED_NOREPLACE took the address as a mere hint.
+            // SAFETY: the mapping just made, used by nothing.
+            unsafe { libc::munmap(ptr, len) };
+            break;
+        }
+        let ptr = map(0, 0);
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self { ptr: ptr.cast(), len })
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for SegmentMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once, when nothing uses it any more.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
 }
 
 trait OwnerOnly {
@@ -165,7 +247,7 @@ struct Slot {
 
 /// The live channel.
 pub struct Channel {
-    map: memmap2::MmapRaw,
+    map: SegmentMap,
     size: usize,
     _file: File,
     slots: Mutex<Vec<Slot>>,
@@ -404,5 +486,29 @@ impl Copier {
         while remaining.load(Ordering::Acquire) != 0 {
             std::hint::spin_loop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A segment goes to the quiet part of the address space, and two segments of one process to
+    /// two places there; writes through the mapping reach the file.
+    #[test]
+    fn segments_are_placed_in_the_quiet_part_of_the_address_space() {
+        let quiet = QUIET_BASE..QUIET_BASE + QUIET_PLACES * QUIET_STRIDE;
+        let first = create(false).expect("a segment");
+        let second = create(false).expect("another segment");
+        for offered in [&first, &second] {
+            let base = offered.map.as_ptr() as usize;
+            assert!(quiet.contains(&base) && (base - QUIET_BASE).is_multiple_of(QUIET_STRIDE), "{base:#x}");
+        }
+        assert_ne!(first.map.as_ptr(), second.map.as_ptr());
+        // SAFETY: inside the fresh mapping, used by nothing else.
+        unsafe { first.map.as_mut_ptr().add(100).write(0x5a) };
+        let mut byte = [0u8];
+        std::os::unix::fs::FileExt::read_exact_at(&first.file, &mut byte, 100).expect("read back");
+        assert_eq!(byte[0], 0x5a);
     }
 }
