@@ -210,6 +210,26 @@ macro_rules! for_each_op {
             68 LaunchHostFunc launch_host_func [noreply -] { stream: u64, call: u64 } -> {};
             /// The app's host function of `Notice::HostCall { run, .. }` has returned.
             69 HostCallDone host_call_done [noreply -] { run: u64 } -> {};
+            // --- virtual memory management (`cuMem*`): physical allocations under client-chosen ids,
+            // mapped into address ranges the session reserved ---
+            /// `cuMemGetAllocationGranularity` for pinned device memory (`recommended`: the
+            /// recommended granularity, else the minimum).
+            70 MemGranularity mem_granularity [reply -] { recommended: bool } -> { granularity: u64 };
+            /// `cuMemAddressReserve`: `addr` is a hint (0: none).
+            71 MemAddressReserve mem_address_reserve [reply -] { size: u64, alignment: u64, addr: u64 } -> { ptr: u64 };
+            /// `cuMemAddressFree` of a whole reservation, nothing mapped in it.
+            72 MemAddressFree mem_address_free [reply -] { ptr: u64, size: u64 } -> {};
+            /// `cuMemCreate` of pinned device memory, counted in the quota; `handle_types` is the
+            /// prop's `requestedHandleTypes` (none, or a POSIX file descriptor).
+            73 MemCreate mem_create [reply -] { handle: u64, size: u64, handle_types: u32 } -> {};
+            /// `cuMemRelease`: the last reference; the memory goes once it is unmapped.
+            74 MemRelease mem_release [reply -] { handle: u64 } -> {};
+            /// `cuMemMap` of `[offset, offset + size)` of a handle at `ptr`, inside a reservation.
+            75 MemMap mem_map [reply -] { ptr: u64, size: u64, offset: u64, handle: u64 } -> {};
+            /// `cuMemUnmap` of whole mappings.
+            76 MemUnmap mem_unmap [reply -] { ptr: u64, size: u64 } -> {};
+            /// `cuMemSetAccess` for the session's device (`CUmemAccess_flags`).
+            77 MemSetAccess mem_set_access [reply -] { ptr: u64, size: u64, flags: u32 } -> {};
         }
     };
 }

@@ -12,6 +12,8 @@ pub enum RangeKind {
     Allocation,
     /// A module's `__device__`/`__constant__` variable: copyable, never freed by the app.
     Variable,
+    /// Physical memory mapped into a reserved range (`cuMemMap`): copyable until unmapped.
+    Mapping,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -67,20 +69,30 @@ impl RangeMap {
         }
     }
 
-    /// Checks that `[ptr, ptr + len)` lies inside one known range. A zero-length range is valid
-    /// anywhere, as CUDA treats zero-byte copies as no-ops.
+    /// Checks that `[ptr, ptr + len)` lies inside one known range, or a run of adjacent mappings
+    /// (physical allocations mapped back to back are one range to the device). A zero-length
+    /// range is valid anywhere, as CUDA treats zero-byte copies as no-ops.
     pub fn check(&self, ptr: u64, len: u64) -> CudaResult<()> {
         if len == 0 {
             return Ok(());
         }
+        let last = ptr.checked_add(len).ok_or(CudaError::INVALID_VALUE)?;
         let Some((start, range)) = self.ranges.range(..=ptr).next_back() else {
             return Err(CudaError::INVALID_VALUE);
         };
-        let end = start.checked_add(range.len).ok_or(CudaError::INVALID_VALUE)?;
-        match ptr.checked_add(len) {
-            Some(last) if last <= end => Ok(()),
-            _ => Err(CudaError::INVALID_VALUE),
+        let mut end = start.checked_add(range.len).ok_or(CudaError::INVALID_VALUE)?;
+        if end <= ptr {
+            return Err(CudaError::INVALID_VALUE);
         }
+        if range.kind == RangeKind::Mapping {
+            for (next, range) in self.ranges.range(end..last) {
+                if *next != end || range.kind != RangeKind::Mapping {
+                    break;
+                }
+                end = next.saturating_add(range.len);
+            }
+        }
+        if last <= end { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
     }
 
     /// Bytes held by allocations.

@@ -25,6 +25,7 @@ use crate::transport::{Connection, Outbox};
 use crate::waiters::Waiters;
 
 mod graphs;
+mod vmm;
 
 /// Answers one request. Dropping it unanswered is a server bug, reported to the client as
 /// `cudaErrorUnknown` rather than leaving the client waiting.
@@ -390,6 +391,8 @@ pub struct Session<D: Device> {
     may_print: bool,
     /// Graphs, captures and host functions.
     graphs: graphs::GraphTable<D>,
+    /// Virtual memory management.
+    vmm: vmm::VmmTable<D>,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -431,6 +434,7 @@ impl<D: Device> Session<D> {
             shm,
             may_print: false,
             graphs: graphs::GraphTable::new(host_calls),
+            vmm: vmm::VmmTable::default(),
         }
     }
 
@@ -668,6 +672,7 @@ impl<D: Device> Session<D> {
 
     fn release_everything(&mut self) {
         self.graphs.release(&*self.device);
+        self.release_vmm();
         for ptr in self.ranges.allocations() {
             if let Ok(len) = self.ranges.remove_allocation(ptr) {
                 let _ = self.device.free(ptr);
@@ -1392,6 +1397,40 @@ impl<D: Device> OpHandler for Session<D> {
     fn shm_fence(&mut self, request: req::ShmFence, reply: Responder<rep::ShmFence>) {
         self.when_stream_done(request.stream, false, move |done| reply.send(done.map(|()| rep::ShmFence {})));
     }
+
+    // --- virtual memory management (session/vmm.rs) ---
+    fn mem_granularity(&mut self, request: req::MemGranularity, reply: Responder<rep::MemGranularity>) {
+        self.vmm_granularity(request, reply);
+    }
+
+    fn mem_address_reserve(&mut self, request: req::MemAddressReserve, reply: Responder<rep::MemAddressReserve>) {
+        self.vmm_address_reserve(request, reply);
+    }
+
+    fn mem_address_free(&mut self, request: req::MemAddressFree, reply: Responder<rep::MemAddressFree>) {
+        self.vmm_address_free(request, reply);
+    }
+
+    fn mem_create(&mut self, request: req::MemCreate, reply: Responder<rep::MemCreate>) {
+        self.vmm_create(request, reply);
+    }
+
+    fn mem_release(&mut self, request: req::MemRelease, reply: Responder<rep::MemRelease>) {
+        self.vmm_release(request, reply);
+    }
+
+    fn mem_map(&mut self, request: req::MemMap, reply: Responder<rep::MemMap>) {
+        self.vmm_map(request, reply);
+    }
+
+    fn mem_unmap(&mut self, request: req::MemUnmap, reply: Responder<rep::MemUnmap>) {
+        self.vmm_unmap(request, reply);
+    }
+
+    fn mem_set_access(&mut self, request: req::MemSetAccess, reply: Responder<rep::MemSetAccess>) {
+        self.vmm_set_access(request, reply);
+    }
+
 
     // --- graphs and host functions (session/graphs.rs) ---
     fn stream_begin_capture(&mut self, request: req::StreamBeginCapture, reply: Responder<rep::StreamBeginCapture>) {

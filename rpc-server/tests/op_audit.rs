@@ -295,6 +295,35 @@ macro_rules! probes {
             UNKNOWN_FUNCTION,
         )]
     };
+    // --- virtual memory management: a tenant maps, unmaps and frees only what it made ---
+    (MemGranularity, $v:ident) => {
+        vec![Probe::Effect(virtual_memory_maps_physical_allocations_into_reserved_ranges)]
+    };
+    (MemAddressReserve, $v:ident) => {
+        vec![refused(req::MemAddressReserve { size: 0, alignment: 0, addr: 0 }, INVALID_VALUE)]
+    };
+    (MemAddressFree, $v:ident) => {
+        vec![refused(req::MemAddressFree { ptr: $v.ptr, size: $v.len }, INVALID_VALUE)]
+    };
+    (MemCreate, $v:ident) => {
+        vec![
+            refused(req::MemCreate { handle: 0, size: 2 << 20, handle_types: 0 }, INVALID_VALUE),
+            refused(req::MemCreate { handle: 7, size: u64::MAX & !((2 << 20) - 1), handle_types: 0 }, CudaError::MEMORY_ALLOCATION),
+        ]
+    };
+    (MemRelease, $v:ident) => {
+        vec![refused(req::MemRelease { handle: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (MemMap, $v:ident) => {
+        vec![refused(req::MemMap { ptr: $v.ptr, size: $v.len, offset: 0, handle: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (MemUnmap, $v:ident) => {
+        // An allocation of cudaMalloc is no mapping.
+        vec![refused(req::MemUnmap { ptr: $v.ptr, size: $v.len }, INVALID_VALUE)]
+    };
+    (MemSetAccess, $v:ident) => {
+        vec![refused(req::MemSetAccess { ptr: $v.ptr, size: $v.len, flags: 3 }, INVALID_VALUE)]
+    };
     // --- graphs: every id is the client's and checked; bad ones never reach the driver ---
     (StreamBeginCapture, $v:ident) => {
         vec![
@@ -724,4 +753,51 @@ fn a_host_call_holds_its_stream_until_answered(socket: &str) {
     // Answered once: a second answer for the same run is refused.
     session.send(&req::HostCallDone { run }.into(), &[]);
     assert_eq!(session.call_with_deferred(req::DeviceSynchronize {}).0.deferred, Some(INVALID_VALUE));
+}
+
+/// Two physical allocations mapped back to back into a reserved range make one copyable range;
+/// what is mapped stays in the allocation across an unmap and a new map; ranges that are not the
+/// session's own whole mappings are refused; releasing gives the quota back.
+fn virtual_memory_maps_physical_allocations_into_reserved_ranges(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let granularity = session.call(req::MemGranularity { recommended: false }).0.unwrap().granularity;
+    assert!(granularity.is_power_of_two(), "{granularity}");
+    let before = session.call(req::MemGetInfo {}).0.unwrap().free;
+    let base = session.call(req::MemAddressReserve { size: 4 * granularity, alignment: 0, addr: 0 }).0.unwrap().ptr;
+    session.call(req::MemCreate { handle: 1, size: 2 * granularity, handle_types: 0 }).0.unwrap();
+    session.call(req::MemCreate { handle: 2, size: 2 * granularity, handle_types: 1 }).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before - 4 * granularity, "created memory counts in the quota");
+    let refusals = [
+        req::MemMap { ptr: base + granularity, size: 4 * granularity, offset: 0, handle: 1 },
+        req::MemMap { ptr: base, size: 2 * granularity, offset: granularity, handle: 1 },
+        req::MemMap { ptr: BOGUS_POINTER, size: 2 * granularity, offset: 0, handle: 1 },
+    ];
+    for request in refusals {
+        let what = format!("{request:?}");
+        assert_eq!(session.call(request).0.err(), Some(INVALID_VALUE), "{what}");
+    }
+    session.call(req::MemMap { ptr: base, size: 2 * granularity, offset: 0, handle: 1 }).0.unwrap();
+    let overlap = session.call(req::MemMap { ptr: base + granularity, size: 2 * granularity, offset: 0, handle: 2 }).0;
+    assert_eq!(overlap.err(), Some(INVALID_VALUE), "a mapping over a mapping");
+    session.call(req::MemMap { ptr: base + 2 * granularity, size: 2 * granularity, offset: 0, handle: 2 }).0.unwrap();
+    session.call(req::MemSetAccess { ptr: base, size: 4 * granularity, flags: 3 }).0.unwrap();
+    let len = 4 * granularity;
+    // Copies across the seam pass the session's checks; the emulated device keeps each mapping
+    // in a block of its own, so they are made per mapping here (gpu-tests/vmm.cu crosses it).
+    session.send(&req::Memset { dst: base, pattern: 0x3c, width: 1, len: 2 * granularity, stream: 0 }.into(), &[]);
+    session.send(&req::Memset { dst: base + 2 * granularity, pattern: 0x3c, width: 1, len: 2 * granularity, stream: 0 }.into(), &[]);
+    assert_eq!(read_back(&mut session, base + 2 * granularity - 16, 16), vec![0x3c; 16]);
+    assert_eq!(read_back(&mut session, base + 2 * granularity, 16), vec![0x3c; 16]);
+    assert_eq!(session.call(req::MemUnmap { ptr: base, size: granularity }).0.err(), Some(INVALID_VALUE), "half a mapping");
+    assert_eq!(session.call(req::MemAddressFree { ptr: base, size: len }).0.err(), Some(INVALID_VALUE), "a range still mapped");
+    session.call(req::MemUnmap { ptr: base + 2 * granularity, size: 2 * granularity }).0.unwrap();
+    let (unmapped, _) = session.call(req::MemcpyDtoH { src: base + 2 * granularity, len: 16, stream: 0, blocking: true });
+    assert_eq!(unmapped.err(), Some(INVALID_VALUE), "an unmapped range is no memory");
+    session.call(req::MemMap { ptr: base + 2 * granularity, size: 2 * granularity, offset: 0, handle: 2 }).0.unwrap();
+    assert_eq!(read_back(&mut session, base + 3 * granularity, 16), vec![0x3c; 16], "kept across unmap and map");
+    session.call(req::MemUnmap { ptr: base, size: len }).0.unwrap();
+    session.call(req::MemRelease { handle: 1 }).0.unwrap();
+    session.call(req::MemRelease { handle: 2 }).0.unwrap();
+    session.call(req::MemAddressFree { ptr: base, size: len }).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "released memory leaves the quota");
 }

@@ -5,7 +5,7 @@
 
 #![allow(non_camel_case_types, non_snake_case, reason = "the CUDA headers' names")]
 
-use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
 
 use super::errors::CUresult;
 
@@ -590,16 +590,28 @@ pub struct CUmemDecompressParams_st {
 pub type CUmemDecompressParams = CUmemDecompressParams_st;
 pub type CUmemGenericAllocationHandle_v1 = c_ulonglong;
 pub type CUmemGenericAllocationHandle = CUmemGenericAllocationHandle_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUmemAllocationType = c_uint;
+pub type CUmemAllocationHandleType = c_uint;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUmemAllocationProp_st_allocFlags {
+    pub compressionType: c_uchar,
+    pub gpuDirectRDMACapable: c_uchar,
+    pub usage: c_ushort,
+    pub reserved: [c_uchar; 4],
+}
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUmemAllocationProp_st {
-    _opaque: [u8; 0],
+    pub r#type: CUmemAllocationType,
+    pub requestedHandleTypes: CUmemAllocationHandleType,
+    pub location: CUmemLocation,
+    pub win32HandleMetaData: *mut c_void,
+    pub allocFlags: CUmemAllocationProp_st_allocFlags,
 }
 pub type CUmemAllocationProp_v1 = CUmemAllocationProp_st;
 pub type CUmemAllocationProp = CUmemAllocationProp_v1;
-pub type CUmemAllocationHandleType = c_uint;
 pub type CUmemAllocationGranularity_flags = c_uint;
-pub type CUmemAllocationType = c_uint;
 pub type CUmemRangeHandleType = c_uint;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
 #[repr(C)]
@@ -624,10 +636,11 @@ pub type CUmemPoolPtrExportData_v1 = CUmemPoolPtrExportData_st;
 pub type CUmemPoolPtrExportData = CUmemPoolPtrExportData_v1;
 pub type CUmemAccess_flags = c_uint;
 pub type CUmemPool_attribute = c_uint;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUmemAccessDesc_st {
-    _opaque: [u8; 0],
+    pub location: CUmemLocation,
+    pub flags: CUmemAccess_flags,
 }
 pub type CUmemAccessDesc_v1 = CUmemAccessDesc_st;
 pub type CUmemAccessDesc = CUmemAccessDesc_v1;
@@ -798,5 +811,7 @@ const _: () = assert!(size_of::<CUgraphExecUpdateResultInfo_st>() == 24 && align
 const _: () = assert!(size_of::<CUipcEventHandle_st>() == 64 && align_of::<CUipcEventHandle_st>() == 1);
 const _: () = assert!(size_of::<CUipcMemHandle_st>() == 64 && align_of::<CUipcMemHandle_st>() == 1);
 const _: () = assert!(size_of::<CUlaunchConfig_st>() == 56 && align_of::<CUlaunchConfig_st>() == 8);
+const _: () = assert!(size_of::<CUmemAccessDesc_st>() == 12 && align_of::<CUmemAccessDesc_st>() == 4);
+const _: () = assert!(size_of::<CUmemAllocationProp_st>() == 32 && align_of::<CUmemAllocationProp_st>() == 8);
 const _: () = assert!(size_of::<CUmemLocation_st>() == 8 && align_of::<CUmemLocation_st>() == 4);
 const _: () = assert!(size_of::<CUuuid_st>() == 16 && align_of::<CUuuid_st>() == 1);

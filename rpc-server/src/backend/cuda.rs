@@ -306,6 +306,29 @@ unsafe impl Send for CudaDevice {}
 unsafe impl Sync for CudaDevice {}
 
 impl CudaDevice {
+    /// The session's device as a memory location.
+    fn location(&self) -> sys::CUmemLocation {
+        sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.device }
+    }
+
+    /// Properties of pinned memory on the session's device; `handle_types`: none or a POSIX file
+    /// descriptor (what apps that may share memory ask for).
+    fn allocation_prop(&self, handle_types: u32) -> CudaResult<sys::CUmemAllocationProp> {
+        use sys::CUmemAllocationHandleType as Types;
+        let requested = match handle_types {
+            0 => Types::CU_MEM_HANDLE_TYPE_NONE,
+            1 => Types::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            _ => return Err(CudaError::NOT_SUPPORTED),
+        };
+        Ok(sys::CUmemAllocationProp {
+            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: requested,
+            location: self.location(),
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 { compressionType: 0, gpuDirectRDMACapable: 0, usage: 0, reserved: [0; 4] },
+        })
+    }
+
     /// Opens GPU `ordinal`; `Err` says in words why not (no driver, no such GPU...).
     pub fn open(ordinal: u32, staging_slots: usize, copy_chunk: usize) -> Result<Self, String> {
         // SAFETY: probing only tries to dlopen libcuda; cudarc's other entry points panic when the
@@ -353,6 +376,7 @@ impl Device for CudaDevice {
     type Graph = Handle<sys::CUgraph>;
     type GraphNode = Handle<sys::CUgraphNode>;
     type GraphExec = Handle<sys::CUgraphExec>;
+    type MemHandle = u64;
 
     fn info(&self) -> DeviceInfo {
         let name = result::device::get_name(self.device).unwrap_or_else(|_| format!("GPU {}", self.ordinal));
@@ -1136,6 +1160,66 @@ impl Device for CudaDevice {
         let text = written.and_then(|()| std::fs::read_to_string(&path).map_err(|_| CudaError::OPERATING_SYSTEM));
         let _ = std::fs::remove_file(&path);
         text
+    }
+
+    fn mem_granularity(&self, recommended: bool) -> CudaResult<u64> {
+        let option = if recommended {
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+        } else {
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM
+        };
+        let mut granularity = 0usize;
+        // SAFETY: valid out-pointer and a complete properties struct.
+        check(unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &self.allocation_prop(0)?, option).result() })?;
+        Ok(granularity as u64)
+    }
+
+    fn mem_address_reserve(&self, size: u64, alignment: u64, addr: u64) -> CudaResult<u64> {
+        let mut ptr = 0;
+        // SAFETY: valid out-pointer; the driver checks size, alignment and the hint.
+        check(unsafe { sys::cuMemAddressReserve(&mut ptr, size as usize, alignment as usize, addr, 0).result() })?;
+        Ok(ptr)
+    }
+
+    fn mem_address_free(&self, ptr: u64, size: u64) -> CudaResult<()> {
+        // SAFETY: a whole reservation of the session's with nothing mapped (checked by it).
+        check(unsafe { sys::cuMemAddressFree(ptr, size as usize).result() })
+    }
+
+    fn mem_create(&self, size: u64, handle_types: u32) -> CudaResult<u64> {
+        let mut handle = 0;
+        // SAFETY: valid out-pointer and a complete properties struct.
+        check(unsafe { sys::cuMemCreate(&mut handle, size as usize, &self.allocation_prop(handle_types)?, 0).result() })?;
+        Ok(handle)
+    }
+
+    fn mem_release(&self, handle: u64) -> CudaResult<()> {
+        // SAFETY: a handle of the session's, released once (the session forgets it).
+        check(unsafe { sys::cuMemRelease(handle).result() })
+    }
+
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> CudaResult<()> {
+        // SAFETY: inside a reservation of the session's, over nothing mapped, within the
+        // handle's size (all checked by the session).
+        check(unsafe { sys::cuMemMap(ptr, size as usize, offset as usize, handle, 0).result() })
+    }
+
+    fn mem_unmap(&self, ptr: u64, size: u64) -> CudaResult<()> {
+        // SAFETY: whole mappings of the session's.
+        check(unsafe { sys::cuMemUnmap(ptr, size as usize).result() })
+    }
+
+    fn mem_set_access(&self, ptr: u64, size: u64, flags: u32) -> CudaResult<()> {
+        use sys::CUmemAccess_flags as Access;
+        let flags = match flags {
+            0 => Access::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+            1 => Access::CU_MEM_ACCESS_FLAGS_PROT_READ,
+            3 => Access::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            _ => return Err(CudaError::INVALID_VALUE),
+        };
+        let desc = sys::CUmemAccessDesc { location: self.location(), flags };
+        // SAFETY: mapped ranges of the session's; one descriptor.
+        check(unsafe { sys::cuMemSetAccess(ptr, size as usize, &desc, 1).result() })
     }
 
     fn launch_host_call(&self, stream: Self::Stream, site: &Arc<HostCallSite>, kept: bool) -> CudaResult<()> {

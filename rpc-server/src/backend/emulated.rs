@@ -56,6 +56,11 @@ struct State {
     /// The context's cache preference (`CU_FUNC_CACHE_PREFER_NONE` until set).
     cache_config: u32,
     graphs: Graphs,
+    /// Virtual memory management: reserved ranges, physical allocations (their bytes, or `None`
+    /// while mapped, when the bytes are a block at the mapping's address) and mappings.
+    reserved: HashMap<u64, u64>,
+    physical: HashMap<u64, (u64, Option<Vec<u8>>)>,
+    mapped: HashMap<u64, u64>,
 }
 
 impl State {
@@ -134,6 +139,7 @@ impl Device for EmulatedDevice {
     type Graph = u64;
     type GraphNode = u64;
     type GraphExec = u64;
+    type MemHandle = u64;
 
     fn info(&self) -> DeviceInfo {
         let sms = i32::try_from(self.config.sms).unwrap_or(i32::MAX);
@@ -799,6 +805,97 @@ impl Device for EmulatedDevice {
         }
         text.push_str("  }\n}\n");
         Ok(text)
+    }
+
+    fn mem_granularity(&self, _recommended: bool) -> CudaResult<u64> {
+        Ok(ALIGNMENT)
+    }
+
+    fn mem_address_reserve(&self, size: u64, alignment: u64, addr: u64) -> CudaResult<u64> {
+        if size == 0 || !size.is_multiple_of(ALIGNMENT) || (alignment != 0 && !alignment.is_power_of_two()) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let mut state = self.state();
+        // A hint is taken when it is aligned and past every address given out so far (this
+        // device never reuses addresses).
+        let align = alignment.max(ALIGNMENT);
+        let start = if addr != 0 && addr.is_multiple_of(align) && addr >= state.next_address {
+            addr
+        } else {
+            state.next_address.div_ceil(align) * align
+        };
+        state.next_address = start + size;
+        state.reserved.insert(start, size);
+        Ok(start)
+    }
+
+    fn mem_address_free(&self, ptr: u64, size: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        match state.reserved.get(&ptr) {
+            Some(reserved) if *reserved == size => {
+                state.reserved.remove(&ptr);
+                Ok(())
+            }
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    fn mem_create(&self, size: u64, handle_types: u32) -> CudaResult<u64> {
+        if size == 0 || !size.is_multiple_of(ALIGNMENT) || handle_types > 1 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let mut state = self.state();
+        if size > self.config.memory - state.used {
+            return Err(CudaError::MEMORY_ALLOCATION);
+        }
+        let len = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        state.used += size;
+        let handle = state.new_handle();
+        state.physical.insert(handle, (size, Some(vec![0; len])));
+        Ok(handle)
+    }
+
+    fn mem_release(&self, handle: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        let (size, bytes) = state.physical.remove(&handle).ok_or(CudaError::INVALID_VALUE)?;
+        // Mapped, the memory stays until it is unmapped.
+        if bytes.is_some() {
+            state.used -= size;
+        }
+        Ok(())
+    }
+
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        let bytes = match state.physical.get_mut(&handle) {
+            // This device maps whole allocations, once at a time.
+            Some((whole, bytes)) if offset == 0 && *whole == size => bytes.take().ok_or(CudaError::NOT_SUPPORTED)?,
+            Some(_) => return Err(CudaError::NOT_SUPPORTED),
+            None => return Err(CudaError::INVALID_VALUE),
+        };
+        state.blocks.insert(ptr, bytes);
+        state.mapped.insert(ptr, handle);
+        Ok(())
+    }
+
+    fn mem_unmap(&self, ptr: u64, size: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        let handle = state.mapped.remove(&ptr).ok_or(CudaError::INVALID_VALUE)?;
+        let bytes = state.blocks.remove(&ptr).ok_or(CudaError::INVALID_VALUE)?;
+        if bytes.len() as u64 != size {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        match state.physical.get_mut(&handle) {
+            Some((_, slot)) => *slot = Some(bytes),
+            // Released while mapped: its memory goes now.
+            None => state.used -= size,
+        }
+        Ok(())
+    }
+
+    fn mem_set_access(&self, _ptr: u64, _size: u64, flags: u32) -> CudaResult<()> {
+        // PROT_NONE, READ, READWRITE; host memory is always accessible here.
+        if matches!(flags, 0 | 1 | 3) { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
     }
 
     fn launch_host_call(&self, stream: u64, site: &Arc<HostCallSite>, _kept: bool) -> CudaResult<()> {

@@ -78,6 +78,8 @@ pub trait Device: Send + Sync + 'static {
     type Graph: Copy + Eq + std::hash::Hash + Send + Sync + 'static;
     type GraphNode: Copy + Eq + std::hash::Hash + Send + Sync + 'static;
     type GraphExec: Copy + Send + Sync + 'static;
+    /// A physical allocation of virtual memory management (`CUmemGenericAllocationHandle`).
+    type MemHandle: Copy + Send + Sync + 'static;
 
     /// The device as the hardware reports it (the session applies its slice on top).
     fn info(&self) -> DeviceInfo;
@@ -248,4 +250,17 @@ pub trait Device: Send + Sync + 'static {
     /// `kept`: the session keeps the site alive (the stream is capturing, so it may run many
     /// times); otherwise it runs once and the backend holds it till then.
     fn launch_host_call(&self, stream: Self::Stream, site: &Arc<HostCallSite>, kept: bool) -> CudaResult<()>;
+
+    // --- virtual memory management (the session checks every range against its reservations
+    // and mappings first) ---
+    fn mem_granularity(&self, recommended: bool) -> CudaResult<u64>;
+    fn mem_address_reserve(&self, size: u64, alignment: u64, addr: u64) -> CudaResult<u64>;
+    fn mem_address_free(&self, ptr: u64, size: u64) -> CudaResult<()>;
+    /// Pinned memory on the session's device; `handle_types`: `CUmemAllocationHandleType` bits.
+    fn mem_create(&self, size: u64, handle_types: u32) -> CudaResult<Self::MemHandle>;
+    fn mem_release(&self, handle: Self::MemHandle) -> CudaResult<()>;
+    fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: Self::MemHandle) -> CudaResult<()>;
+    fn mem_unmap(&self, ptr: u64, size: u64) -> CudaResult<()>;
+    /// `CUmemAccess_flags` for the session's device.
+    fn mem_set_access(&self, ptr: u64, size: u64, flags: u32) -> CudaResult<()>;
 }
