@@ -84,7 +84,7 @@ impl RangeMap {
         if end <= ptr {
             return Err(CudaError::INVALID_VALUE);
         }
-        if range.kind == RangeKind::Mapping {
+        if range.kind == RangeKind::Mapping && end < last {
             for (next, range) in self.ranges.range(end..last) {
                 if *next != end || range.kind != RangeKind::Mapping {
                     break;
@@ -129,6 +129,23 @@ mod tests {
         assert_eq!(map.check(0x1100, 0x101), Err(CudaError::INVALID_VALUE));
         assert_eq!(map.check(u64::MAX, 2), Err(CudaError::INVALID_VALUE));
         assert_eq!(map.check(0xdead, 0), Ok(()));
+    }
+
+    /// Physical allocations mapped back to back are one range; a gap, or an allocation next to
+    /// a mapping, ends it.
+    #[test]
+    fn adjacent_mappings_are_one_range() {
+        let mut map = RangeMap::default();
+        map.insert(0x1000, 0x100, RangeKind::Mapping);
+        map.insert(0x1100, 0x100, RangeKind::Mapping);
+        map.insert(0x1200, 0x100, RangeKind::Allocation);
+        map.insert(0x1400, 0x100, RangeKind::Mapping);
+        assert_eq!(map.check(0x1000, 0x200), Ok(()));
+        assert_eq!(map.check(0x10f0, 0x20), Ok(()));
+        assert_eq!(map.check(0x1010, 0x10), Ok(()));
+        assert_eq!(map.check(0x1100, 0x101), Err(CudaError::INVALID_VALUE));
+        assert_eq!(map.check(0x1000, 0x500), Err(CudaError::INVALID_VALUE));
+        assert_eq!(map.check(0x1300, 0x10), Err(CudaError::INVALID_VALUE));
     }
 
     #[test]

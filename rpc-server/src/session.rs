@@ -1431,7 +1431,6 @@ impl<D: Device> OpHandler for Session<D> {
         self.vmm_set_access(request, reply);
     }
 
-
     // --- graphs and host functions (session/graphs.rs) ---
     fn stream_begin_capture(&mut self, request: req::StreamBeginCapture, reply: Responder<rep::StreamBeginCapture>) {
         self.begin_capture(request, reply);

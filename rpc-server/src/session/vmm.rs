@@ -114,7 +114,11 @@ impl<D: Device> Session<D> {
 
     pub(super) fn vmm_create(&mut self, request: req::MemCreate, reply: Responder<rep::MemCreate>) {
         let result = (|| {
-            if request.handle == 0 || request.size == 0 || self.vmm.handles.contains_key(&request.handle) || self.vmm.handles.len() >= MAX_HANDLES {
+            if request.handle == 0
+                || request.size == 0
+                || self.vmm.handles.contains_key(&request.handle)
+                || self.vmm.handles.len() >= MAX_HANDLES
+            {
                 return Err(CudaError::INVALID_VALUE);
             }
             if !self.budget.try_reserve(request.size) {
@@ -168,14 +172,17 @@ impl<D: Device> Session<D> {
 
     pub(super) fn vmm_unmap(&mut self, request: req::MemUnmap, reply: Responder<rep::MemUnmap>) {
         let result = if self.vmm.whole_mappings(request.ptr, request.size) {
-            self.device.mem_unmap(request.ptr, request.size).map(|()| {
-                let doomed: Vec<u64> = self.vmm.overlapping(request.ptr, request.size).map(|(start, _)| start).collect();
-                for start in doomed {
+            // Mapping by mapping, so each one is forgotten once the driver has unmapped it.
+            let doomed: Vec<(u64, Mapping)> = self.vmm.overlapping(request.ptr, request.size).collect();
+            doomed
+                .into_iter()
+                .try_for_each(|(start, mapping)| {
+                    self.device.mem_unmap(start, mapping.len)?;
                     self.vmm.mappings.remove(&start);
-                }
-                self.ranges.remove_within(request.ptr, request.size, RangeKind::Mapping);
-                rep::MemUnmap {}
-            })
+                    self.ranges.remove_within(start, mapping.len, RangeKind::Mapping);
+                    Ok(())
+                })
+                .map(|()| rep::MemUnmap {})
         } else {
             Err(CudaError::INVALID_VALUE)
         };
