@@ -82,6 +82,8 @@ pub struct Client {
     pub priority_range: OnceLock<(i32, i32)>,
     /// Graphs, captures and host functions.
     pub graphs: crate::graphs::Graphs,
+    /// Virtual memory management.
+    pub vmm: crate::vmm::Vmm,
 }
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
@@ -280,6 +282,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         shm,
         priority_range: OnceLock::new(),
         graphs: crate::graphs::Graphs::default(),
+        vmm: crate::vmm::Vmm::default(),
     })
 }
 
@@ -322,6 +325,7 @@ impl Client {
         // Errors of work queued before the reset went with its context.
         let _ = self.conn.take_deferred();
         self.forget_allocations();
+        self.forget_vmm();
         crate::registry::forget_variables(&self.ranges);
         lock(&self.streams).clear();
         lock(&self.events).clear();

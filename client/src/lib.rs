@@ -24,3 +24,4 @@ pub mod shm;
 pub mod stats;
 pub mod streams;
 pub mod transfer;
+pub mod vmm;

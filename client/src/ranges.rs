@@ -16,6 +16,8 @@ use flyt_protocol::error::CudaResult;
 struct Range {
     len: u64,
     freeable: bool,
+    /// Physical memory mapped into a reserved range (`cuMemMap`): adjacent mappings are one range.
+    mapped: bool,
     id: u64,
 }
 
@@ -24,7 +26,7 @@ struct Range {
 static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
 fn range(len: u64, freeable: bool) -> Range {
-    Range { len, freeable, id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed) }
+    Range { len, freeable, mapped: false, id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed) }
 }
 
 /// Start address to its range.
@@ -53,6 +55,16 @@ impl DeviceRanges {
         }
     }
 
+    /// Records physical memory mapped at `start` (`cuMemMap`).
+    pub fn add_mapping(&self, start: u64, len: u64) {
+        self.write().insert(start, Range { mapped: true, ..range(len, false) });
+    }
+
+    /// Forgets the mappings inside `[start, start + len)` (`cuMemUnmap`).
+    pub fn remove_mappings(&self, start: u64, len: u64) {
+        self.write().retain(|begin, range| !(range.mapped && *begin >= start && *begin < start.saturating_add(len)));
+    }
+
     /// Forgets a module variable at `start` (its module was unloaded).
     pub fn remove_variable(&self, start: u64) {
         let mut ranges = self.write();
@@ -73,9 +85,9 @@ impl DeviceRanges {
         }
     }
 
-    /// Forgets every allocation (a device reset), keeping module variables.
+    /// Forgets every allocation and mapping (a device reset), keeping module variables.
     pub fn forget_allocations(&self) {
-        self.write().retain(|_, range| !range.freeable);
+        self.write().retain(|_, range| !range.freeable && !range.mapped);
     }
 
     /// Bytes of device memory the process's allocations hold.
@@ -100,15 +112,23 @@ impl DeviceRanges {
         self.holding(ptr).map(|(_, range)| range.id)
     }
 
-    /// Checks that `[ptr, ptr + len)` lies inside one range.
+    /// Checks that `[ptr, ptr + len)` lies inside one range, or a run of adjacent mappings.
     pub fn check(&self, ptr: u64, len: u64) -> CudaResult<()> {
         if len == 0 {
             return Ok(());
         }
-        match self.find(ptr) {
-            Some((start, range_len)) if ptr.checked_add(len).is_some_and(|end| end <= start + range_len) => Ok(()),
-            _ => Err(CudaError::INVALID_VALUE),
+        let last = ptr.checked_add(len).ok_or(CudaError::INVALID_VALUE)?;
+        let (start, range) = self.holding(ptr).ok_or(CudaError::INVALID_VALUE)?;
+        let mut end = start + range.len;
+        if range.mapped && end < last {
+            for (next, range) in self.read().range(end..last) {
+                if *next != end || !range.mapped {
+                    break;
+                }
+                end = next.saturating_add(range.len);
+            }
         }
+        if last <= end { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
     }
 }
 

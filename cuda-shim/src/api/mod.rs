@@ -17,6 +17,7 @@ mod memory;
 pub mod module;
 mod session;
 mod stream;
+mod vmm;
 
 pub use capture::*;
 pub use context::*;
@@ -27,3 +28,4 @@ pub use link::*;
 pub use memory::*;
 pub use module::*;
 pub use stream::*;
+pub use vmm::*;

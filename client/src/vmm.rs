@@ -1,0 +1,134 @@
+//! Virtual memory management on the client side: physical allocations are named by ids this
+//! process chooses (the app's `CUmemGenericAllocationHandle`s), with the properties and the
+//! references the driver keeps for them; mappings are device ranges the app may copy to once
+//! they are made, and their access flags are answered here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::req;
+
+use crate::client::Client;
+
+/// A physical allocation: its size, requested handle types, and references (its creation, and
+/// each `cuMemRetainAllocationHandle`).
+#[derive(Clone, Copy)]
+pub struct Physical {
+    pub size: u64,
+    pub handle_types: u32,
+    refs: u32,
+}
+
+/// One mapping: its length, the allocation's id and the access flags set for it.
+#[derive(Clone, Copy)]
+struct Mapping {
+    len: u64,
+    handle: u64,
+    access: u32,
+}
+
+#[derive(Default)]
+pub struct Vmm {
+    next_id: AtomicU64,
+    physical: Mutex<HashMap<u64, Physical>>,
+    mappings: Mutex<BTreeMap<u64, Mapping>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Client {
+    pub fn mem_granularity(&self, recommended: bool) -> CudaResult<u64> {
+        self.call(req::MemGranularity { recommended }).map(|reply| reply.granularity)
+    }
+
+    pub fn mem_address_reserve(&self, size: u64, alignment: u64, addr: u64) -> CudaResult<u64> {
+        self.call(req::MemAddressReserve { size, alignment, addr }).map(|reply| reply.ptr)
+    }
+
+    pub fn mem_address_free(&self, ptr: u64, size: u64) -> CudaResult<()> {
+        self.call(req::MemAddressFree { ptr, size }).map(drop)
+    }
+
+    /// A new physical allocation; its id (never 0).
+    pub fn mem_create(&self, size: u64, handle_types: u32) -> CudaResult<u64> {
+        let handle = self.vmm.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        self.call(req::MemCreate { handle, size, handle_types })?;
+        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types, refs: 1 });
+        Ok(handle)
+    }
+
+    pub fn mem_physical(&self, handle: u64) -> Option<Physical> {
+        lock(&self.vmm.physical).get(&handle).copied()
+    }
+
+    /// Drops a reference; the last one releases the allocation in the server.
+    pub fn mem_release(&self, handle: u64) -> CudaResult<()> {
+        {
+            let mut physical = lock(&self.vmm.physical);
+            let entry = physical.get_mut(&handle).ok_or(CudaError::INVALID_VALUE)?;
+            if entry.refs > 1 {
+                entry.refs -= 1;
+                return Ok(());
+            }
+            physical.remove(&handle);
+        }
+        self.call(req::MemRelease { handle }).map(drop)
+    }
+
+    pub fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> CudaResult<()> {
+        if !lock(&self.vmm.physical).contains_key(&handle) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        self.call(req::MemMap { ptr, size, offset, handle })?;
+        lock(&self.vmm.mappings).insert(ptr, Mapping { len: size, handle, access: 0 });
+        self.ranges.add_mapping(ptr, size);
+        Ok(())
+    }
+
+    pub fn mem_unmap(&self, ptr: u64, size: u64) -> CudaResult<()> {
+        self.call(req::MemUnmap { ptr, size })?;
+        lock(&self.vmm.mappings).retain(|start, _| *start < ptr || *start >= ptr.saturating_add(size));
+        self.ranges.remove_mappings(ptr, size);
+        Ok(())
+    }
+
+    pub fn mem_set_access(&self, ptr: u64, size: u64, flags: u32) -> CudaResult<()> {
+        self.call(req::MemSetAccess { ptr, size, flags })?;
+        let end = ptr.saturating_add(size);
+        for (_, mapping) in lock(&self.vmm.mappings).range_mut(..end).filter(|(start, mapping)| **start + mapping.len > ptr) {
+            mapping.access = flags;
+        }
+        Ok(())
+    }
+
+    /// The mapping holding `addr`: `(allocation id, access flags)`.
+    fn mapping_at(&self, addr: u64) -> Option<(u64, u32)> {
+        let mappings = lock(&self.vmm.mappings);
+        let (start, mapping) = mappings.range(..=addr).next_back()?;
+        (addr - start < mapping.len).then_some((mapping.handle, mapping.access))
+    }
+
+    pub fn mem_access(&self, addr: u64) -> CudaResult<u32> {
+        self.mapping_at(addr).map(|(_, access)| access).ok_or(CudaError::INVALID_VALUE)
+    }
+
+    /// `cuMemRetainAllocationHandle`: the allocation mapped at `addr`, with one more reference.
+    pub fn mem_retain(&self, addr: u64) -> CudaResult<u64> {
+        let (handle, _) = self.mapping_at(addr).ok_or(CudaError::INVALID_VALUE)?;
+        let mut physical = lock(&self.vmm.physical);
+        let entry = physical.get_mut(&handle).ok_or(CudaError::INVALID_VALUE)?;
+        entry.refs += 1;
+        Ok(handle)
+    }
+
+    /// Forgets what a device reset took with the context.
+    pub fn forget_vmm(&self) {
+        lock(&self.vmm.physical).clear();
+        lock(&self.vmm.mappings).clear();
+    }
+}

@@ -1,0 +1,182 @@
+//! Virtual memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`...), as NCCL and
+//! PyTorch's expandable segments use it: pinned memory of the session's device, mapped into
+//! ranges the server reserved; handles are ids the client chooses. Properties Flyt cannot give
+//! (other locations, shareable handles other than a POSIX file descriptor, compression) are
+//! refused at the call with one line.
+
+use std::ffi::{c_ulonglong, c_void};
+
+use super::session::{client, driver_error, run};
+use crate::CUresult;
+use crate::ffi::{DriverResult, non_null, write_out};
+use crate::generated::types::{
+    CUdeviceptr, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationProp, CUmemAllocationProp_st_allocFlags,
+    CUmemGenericAllocationHandle, CUmemLocation,
+};
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`, `CU_MEM_LOCATION_TYPE_DEVICE`.
+const ALLOCATION_PINNED: u32 = 1;
+const LOCATION_DEVICE: u32 = 1;
+/// `CU_MEM_HANDLE_TYPE_NONE` and `_POSIX_FILE_DESCRIPTOR`.
+const HANDLE_TYPES_SUPPORTED: u32 = 0x1;
+
+fn refuse(what: &str) -> CUresult {
+    crate::diagnostics::once(
+        &format!("vmm-{what}"),
+        &format!("flyt: virtual memory with {what} is not supported (returning CUDA_ERROR_NOT_SUPPORTED)"),
+    );
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// The session's device as a location (its only one).
+fn device_location(location: &CUmemLocation) -> DriverResult {
+    if location.r#type != LOCATION_DEVICE {
+        return Err(refuse("a location other than the device"));
+    }
+    if location.id != 0 { Err(CUresult::CUDA_ERROR_INVALID_DEVICE) } else { Ok(()) }
+}
+
+/// Checks allocation properties; the requested handle types.
+///
+/// # Safety
+/// `prop` is NULL or a readable `CUmemAllocationProp`.
+unsafe fn allocation_prop(prop: *const CUmemAllocationProp) -> DriverResult<u32> {
+    non_null([prop.cast()])?;
+    // SAFETY: checked non-NULL; the caller's struct.
+    let p = unsafe { &*prop };
+    if p.r#type != ALLOCATION_PINNED {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    device_location(&p.location)?;
+    if p.requestedHandleTypes & !HANDLE_TYPES_SUPPORTED != 0 {
+        return Err(refuse("shareable handles other than a POSIX file descriptor"));
+    }
+    if p.allocFlags.compressionType != 0 {
+        return Err(refuse("compression"));
+    }
+    Ok(p.requestedHandleTypes)
+}
+
+pub unsafe fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const CUmemAllocationProp,
+    option: CUmemAllocationGranularity_flags,
+) -> CUresult {
+    run(|| {
+        non_null([granularity.cast()])?;
+        // SAFETY: the caller's struct.
+        unsafe { allocation_prop(prop) }?;
+        if option > 1 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let value = client()?.mem_granularity(option == 1).map_err(driver_error)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(granularity, value as usize) }
+    })
+}
+
+pub unsafe fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: c_ulonglong) -> CUresult {
+    run(|| {
+        non_null([ptr.cast()])?;
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let reserved = client()?.mem_address_reserve(size as u64, alignment as u64, addr).map_err(driver_error)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(ptr, reserved) }
+    })
+}
+
+pub unsafe fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
+    run(|| client()?.mem_address_free(ptr, size as u64).map_err(driver_error))
+}
+
+pub unsafe fn cuMemCreate(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: c_ulonglong,
+) -> CUresult {
+    run(|| {
+        non_null([handle.cast()])?;
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's struct.
+        let handle_types = unsafe { allocation_prop(prop) }?;
+        let created = client()?.mem_create(size as u64, handle_types).map_err(driver_error)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(handle, created) }
+    })
+}
+
+pub unsafe fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    run(|| client()?.mem_release(handle).map_err(driver_error))
+}
+
+pub unsafe fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong) -> CUresult {
+    run(|| {
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        client()?.mem_map(ptr, size as u64, offset as u64, handle).map_err(driver_error)
+    })
+}
+
+pub unsafe fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    run(|| client()?.mem_unmap(ptr, size as u64).map_err(driver_error))
+}
+
+pub unsafe fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult {
+    run(|| {
+        if count == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        non_null([desc.cast()])?;
+        // SAFETY: the caller's array of `count` descriptors.
+        let descs = unsafe { std::slice::from_raw_parts(desc, count) };
+        let mut flags = None;
+        for desc in descs {
+            device_location(&desc.location)?;
+            flags = Some(desc.flags);
+        }
+        let flags = flags.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        client()?.mem_set_access(ptr, size as u64, flags).map_err(driver_error)
+    })
+}
+
+pub unsafe fn cuMemGetAccess(flags: *mut c_ulonglong, location: *const CUmemLocation, ptr: CUdeviceptr) -> CUresult {
+    run(|| {
+        non_null([flags.cast(), location.cast()])?;
+        // SAFETY: checked non-NULL; the caller's location.
+        device_location(unsafe { &*location })?;
+        let access = client()?.mem_access(ptr).map_err(driver_error)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(flags, c_ulonglong::from(access)) }
+    })
+}
+
+pub unsafe fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult {
+    run(|| {
+        non_null([handle.cast()])?;
+        let retained = client()?.mem_retain(addr as u64).map_err(driver_error)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(handle, retained) }
+    })
+}
+
+pub unsafe fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) -> CUresult {
+    run(|| {
+        non_null([prop.cast()])?;
+        let physical = client()?.mem_physical(handle).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let value = CUmemAllocationProp {
+            r#type: ALLOCATION_PINNED,
+            requestedHandleTypes: physical.handle_types,
+            location: CUmemLocation { r#type: LOCATION_DEVICE, id: 0 },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: CUmemAllocationProp_st_allocFlags { compressionType: 0, gpuDirectRDMACapable: 0, usage: 0, reserved: [0; 4] },
+        };
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(prop, value) }
+    })
+}
