@@ -218,3 +218,38 @@ fn library_needs_pitched_copies_stream_ids_and_tool_entries() {
         assert!(!stderr.contains("is not implemented"), "{stderr}");
     }
 }
+
+/// Virtual memory management through the driver API, over the socket and the shared-memory
+/// channel, on the emulated device.
+#[test]
+fn virtual_memory_management_through_the_driver_api() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("driver-vmm");
+    let lib = driver_lib_dir(&scratch);
+    let program = compile_driver_program(&cuda, &scratch, &lib, "driver_vmm");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    for shm in ["on", "off"] {
+        let (code, stdout, stderr) = run_with_timeout(
+            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm),
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        for line in [
+            "granularity a power of two: yes",
+            "access read back: read-write",
+            "second allocation holds the copy: yes",
+            "retained handle is the second allocation: yes",
+            "properties: type 1, location 1/0, handle types 1",
+            "kept across unmap and map: yes",
+            "PASSED: 0 failure(s)",
+        ] {
+            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
+        }
+        assert!(stderr.contains("virtual memory with a location other than the device is not supported"), "{stderr}");
+        assert!(stderr.contains("virtual memory with shareable handles other than a POSIX file descriptor is not supported"), "{stderr}");
+    }
+}
