@@ -230,6 +230,24 @@ macro_rules! for_each_op {
             76 MemUnmap mem_unmap [reply -] { ptr: u64, size: u64 } -> {};
             /// `cuMemSetAccess` for the session's device (`CUmemAccess_flags`).
             77 MemSetAccess mem_set_access [reply -] { ptr: u64, size: u64, flags: u32 } -> {};
+            // --- stream-ordered allocation and memory pools (pool ids are the client's; `DEFAULT_POOL`
+            // is the device's default pool) ---
+            /// `cuMemAllocAsync` (`pool` 0: the device's current pool) / `cuMemAllocFromPoolAsync`,
+            /// counted in the quota until freed.
+            78 MemAllocAsync mem_alloc_async [reply -] { size: u64, stream: u64, pool: u64 } -> { ptr: u64 };
+            /// `cuMemFreeAsync`.
+            79 MemFreeAsync mem_free_async [noreply -] { ptr: u64, stream: u64 } -> {};
+            /// `cuMemPoolGetAttribute`, or `cuMemPoolSetAttribute` with `value` (`CUmemPool_attribute`
+            /// numbering; every value widened to 64 bits).
+            80 MemPoolAttribute mem_pool_attribute [reply -] { pool: u64, attribute: u32, value: Option<u64> } -> { value: u64 };
+            /// `cuMemPoolTrimTo`.
+            81 MemPoolTrim mem_pool_trim [reply -] { pool: u64, keep: u64 } -> {};
+            /// `cuMemPoolCreate` of a pool of pinned memory on the session's device.
+            82 MemPoolCreate mem_pool_create [reply -] { pool: u64 } -> {};
+            /// `cuMemPoolDestroy`.
+            83 MemPoolDestroy mem_pool_destroy [reply -] { pool: u64 } -> {};
+            /// `cuDeviceSetMemPool` (`pool` set), and the device's current pool either way.
+            84 DeviceMemPool device_mem_pool [reply -] { set: Option<u64> } -> { pool: u64 };
         }
     };
 }
@@ -317,6 +335,10 @@ impl LaunchAttribute {
         Self::FORWARDED.contains(&self.id)
     }
 }
+
+/// The id of a device's default memory pool (the client chooses the ids of pools it creates,
+/// above it).
+pub const DEFAULT_POOL: u64 = 1;
 
 /// Node ids the server gives to nodes it finds in a captured graph have this bit set; the
 /// client chooses the ids of nodes it adds, below it.

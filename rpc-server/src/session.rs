@@ -25,6 +25,7 @@ use crate::transport::{Connection, Outbox};
 use crate::waiters::Waiters;
 
 mod graphs;
+mod pools;
 mod vmm;
 
 /// Answers one request. Dropping it unanswered is a server bug, reported to the client as
@@ -393,6 +394,8 @@ pub struct Session<D: Device> {
     graphs: graphs::GraphTable<D>,
     /// Virtual memory management.
     vmm: vmm::VmmTable<D>,
+    /// Memory pools.
+    pools: pools::PoolTable<D>,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -435,6 +438,7 @@ impl<D: Device> Session<D> {
             may_print: false,
             graphs: graphs::GraphTable::new(host_calls),
             vmm: vmm::VmmTable::default(),
+            pools: pools::PoolTable::default(),
         }
     }
 
@@ -673,6 +677,7 @@ impl<D: Device> Session<D> {
     fn release_everything(&mut self) {
         self.graphs.release(&*self.device);
         self.release_vmm();
+        self.release_pools();
         for ptr in self.ranges.allocations() {
             if let Ok(len) = self.ranges.remove_allocation(ptr) {
                 let _ = self.device.free(ptr);
@@ -1396,6 +1401,35 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn shm_fence(&mut self, request: req::ShmFence, reply: Responder<rep::ShmFence>) {
         self.when_stream_done(request.stream, false, move |done| reply.send(done.map(|()| rep::ShmFence {})));
+    }
+
+    // --- stream-ordered allocation (session/pools.rs) ---
+    fn mem_alloc_async(&mut self, request: req::MemAllocAsync, reply: Responder<rep::MemAllocAsync>) {
+        Session::pool_alloc_async(self, request, reply);
+    }
+
+    fn mem_free_async(&mut self, request: req::MemFreeAsync, reply: Responder<rep::MemFreeAsync>) {
+        Session::pool_free_async(self, request, reply);
+    }
+
+    fn mem_pool_attribute(&mut self, request: req::MemPoolAttribute, reply: Responder<rep::MemPoolAttribute>) {
+        Session::pool_attribute(self, request, reply);
+    }
+
+    fn mem_pool_trim(&mut self, request: req::MemPoolTrim, reply: Responder<rep::MemPoolTrim>) {
+        Session::pool_trim(self, request, reply);
+    }
+
+    fn mem_pool_create(&mut self, request: req::MemPoolCreate, reply: Responder<rep::MemPoolCreate>) {
+        Session::pool_create(self, request, reply);
+    }
+
+    fn mem_pool_destroy(&mut self, request: req::MemPoolDestroy, reply: Responder<rep::MemPoolDestroy>) {
+        Session::pool_destroy(self, request, reply);
+    }
+
+    fn device_mem_pool(&mut self, request: req::DeviceMemPool, reply: Responder<rep::DeviceMemPool>) {
+        Session::pool_current(self, request, reply);
     }
 
     // --- virtual memory management (session/vmm.rs) ---

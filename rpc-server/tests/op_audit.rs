@@ -295,6 +295,37 @@ macro_rules! probes {
             UNKNOWN_FUNCTION,
         )]
     };
+    // --- stream-ordered allocation ---
+    (MemAllocAsync, $v:ident) => {
+        vec![
+            refused(req::MemAllocAsync { size: 4096, stream: BOGUS_HANDLE, pool: 0 }, UNKNOWN_HANDLE),
+            refused(req::MemAllocAsync { size: 4096, stream: 0, pool: BOGUS_HANDLE }, INVALID_VALUE),
+            refused(req::MemAllocAsync { size: u64::MAX, stream: 0, pool: 0 }, CudaError::MEMORY_ALLOCATION),
+            Probe::Effect(stream_ordered_allocations_count_in_the_quota),
+        ]
+    };
+    (MemFreeAsync, $v:ident) => {
+        vec![refused(req::MemFreeAsync { ptr: BOGUS_POINTER, stream: 0 }, INVALID_VALUE)]
+    };
+    (MemPoolAttribute, $v:ident) => {
+        vec![
+            refused(req::MemPoolAttribute { pool: BOGUS_HANDLE, attribute: 4, value: None }, INVALID_VALUE),
+            refused(req::MemPoolAttribute { pool: 1, attribute: 99, value: None }, INVALID_VALUE),
+        ]
+    };
+    (MemPoolTrim, $v:ident) => {
+        vec![refused(req::MemPoolTrim { pool: BOGUS_HANDLE, keep: 0 }, INVALID_VALUE)]
+    };
+    (MemPoolCreate, $v:ident) => {
+        vec![refused(req::MemPoolCreate { pool: 1 }, INVALID_VALUE)]
+    };
+    (MemPoolDestroy, $v:ident) => {
+        // The default pool is the device's, not the app's to destroy.
+        vec![refused(req::MemPoolDestroy { pool: 1 }, INVALID_VALUE), refused(req::MemPoolDestroy { pool: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (DeviceMemPool, $v:ident) => {
+        vec![refused(req::DeviceMemPool { set: Some(BOGUS_HANDLE) }, INVALID_VALUE)]
+    };
     // --- virtual memory management: a tenant maps, unmaps and frees only what it made ---
     (MemGranularity, $v:ident) => {
         vec![Probe::Effect(virtual_memory_maps_physical_allocations_into_reserved_ranges)]
@@ -800,4 +831,33 @@ fn virtual_memory_maps_physical_allocations_into_reserved_ranges(socket: &str) {
     session.call(req::MemRelease { handle: 2 }).0.unwrap();
     session.call(req::MemAddressFree { ptr: base, size: len }).0.unwrap();
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "released memory leaves the quota");
+}
+
+/// Allocations from the default pool and from a pool of the app's count in the quota until freed
+/// (asynchronously, or with cudaFree) and hold bytes like any other; the device's current pool
+/// follows cuDeviceSetMemPool and returns to the default when its pool is destroyed.
+fn stream_ordered_allocations_count_in_the_quota(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let stream = 0x5_0000_0001;
+    session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
+    let before = session.call(req::MemGetInfo {}).0.unwrap().free;
+    let a = session.call(req::MemAllocAsync { size: 1 << 20, stream, pool: 0 }).0.unwrap().ptr;
+    session.call(req::MemPoolCreate { pool: 2 }).0.unwrap();
+    let b = session.call(req::MemAllocAsync { size: 1 << 20, stream, pool: 2 }).0.unwrap().ptr;
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before - (2 << 20));
+    session.send(&req::Memset { dst: b, pattern: 0x61, width: 1, len: 1 << 20, stream }.into(), &[]);
+    session.send(&req::MemcpyDtoD { dst: a, src: b, len: 1 << 20, stream }.into(), &[]);
+    session.call(req::StreamSynchronize { stream }).0.unwrap();
+    assert_eq!(read_back(&mut session, a + 100, 16), vec![0x61; 16]);
+    let threshold = session.call(req::MemPoolAttribute { pool: 1, attribute: 4, value: Some(1 << 30) }).0.unwrap().value;
+    assert_eq!(threshold, 1 << 30, "the release threshold reads back as set");
+    assert_eq!(session.call(req::DeviceMemPool { set: Some(2) }).0.unwrap().pool, 2);
+    session.send(&req::MemFreeAsync { ptr: a, stream }.into(), &[]);
+    session.call(req::Free { ptr: b }).0.unwrap();
+    session.call(req::MemPoolTrim { pool: 2, keep: 0 }).0.unwrap();
+    session.call(req::MemPoolDestroy { pool: 2 }).0.unwrap();
+    assert_eq!(session.call(req::DeviceMemPool { set: None }).0.unwrap().pool, 1, "back to the default pool");
+    let clean = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((clean.result.is_ok(), clean.deferred), (true, None));
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "freed memory leaves the quota");
 }

@@ -382,6 +382,7 @@ impl Device for CudaDevice {
     type GraphNode = Handle<sys::CUgraphNode>;
     type GraphExec = Handle<sys::CUgraphExec>;
     type MemHandle = u64;
+    type MemPool = Handle<sys::CUmemoryPool>;
 
     fn info(&self) -> DeviceInfo {
         let name = result::device::get_name(self.device).unwrap_or_else(|_| format!("GPU {}", self.ordinal));
@@ -1225,6 +1226,82 @@ impl Device for CudaDevice {
         let desc = sys::CUmemAccessDesc { location: self.location(), flags };
         // SAFETY: mapped ranges of the session's; one descriptor.
         check(unsafe { sys::cuMemSetAccess(ptr, size as usize, &desc, 1).result() })
+    }
+
+    fn default_pool(&self) -> CudaResult<Self::MemPool> {
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the session's device.
+        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.device).result() })?;
+        Ok(Handle(pool))
+    }
+
+    fn pool_create(&self) -> CudaResult<Self::MemPool> {
+        // SAFETY: all-zero pool properties are valid (no handle types, no size limit); type and
+        // location are set below.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location = self.location();
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and properties.
+        check(unsafe { sys::cuMemPoolCreate(&mut pool, &props).result() })?;
+        Ok(Handle(pool))
+    }
+
+    fn pool_destroy(&self, pool: Self::MemPool) -> CudaResult<()> {
+        // SAFETY: a pool the session created, forgotten by it now.
+        check(unsafe { sys::cuMemPoolDestroy(pool.0).result() })
+    }
+
+    fn set_current_pool(&self, pool: Self::MemPool) -> CudaResult<()> {
+        // SAFETY: the session's device and one of its pools.
+        check(unsafe { sys::cuDeviceSetMemPool(self.device, pool.0).result() })
+    }
+
+    fn alloc_async(&self, size: u64, pool: Self::MemPool, stream: Self::Stream) -> CudaResult<u64> {
+        let mut ptr = 0;
+        // SAFETY: valid out-pointer; the session's pool and stream.
+        check(unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, size as usize, pool.0, stream.0).result() })?;
+        Ok(ptr)
+    }
+
+    fn free_async(&self, ptr: u64, stream: Self::Stream) -> CudaResult<()> {
+        // SAFETY: an allocation of the session's (checked), freed once.
+        check(unsafe { sys::cuMemFreeAsync(ptr, stream.0).result() })
+    }
+
+    fn pool_attribute(&self, pool: Self::MemPool, attribute: u32, set: Option<u64>) -> CudaResult<u64> {
+        use sys::CUmemPool_attribute as Attribute;
+        let (id, narrow) = match attribute {
+            1 => (Attribute::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, true),
+            2 => (Attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, true),
+            3 => (Attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, true),
+            4 => (Attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, false),
+            5 => (Attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, false),
+            6 => (Attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, false),
+            7 => (Attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, false),
+            8 => (Attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, false),
+            _ => return Err(CudaError::INVALID_VALUE),
+        };
+        // Integer attributes are 32 bits wide, the sizes 64.
+        let mut value = [0u8; 8];
+        if let Some(set) = set {
+            if narrow {
+                value[..4].copy_from_slice(&u32::try_from(set).map_err(|_| CudaError::INVALID_VALUE)?.to_ne_bytes());
+            } else {
+                value = set.to_ne_bytes();
+            }
+            // SAFETY: the pool is the session's; `value` holds the attribute's width.
+            check(unsafe { sys::cuMemPoolSetAttribute(pool.0, id, value.as_mut_ptr().cast()).result() })?;
+        }
+        let mut read = [0u8; 8];
+        // SAFETY: as above, for reading.
+        check(unsafe { sys::cuMemPoolGetAttribute(pool.0, id, read.as_mut_ptr().cast()).result() })?;
+        Ok(if narrow { u64::from(u32::from_ne_bytes([read[0], read[1], read[2], read[3]])) } else { u64::from_ne_bytes(read) })
+    }
+
+    fn pool_trim(&self, pool: Self::MemPool, keep: u64) -> CudaResult<()> {
+        // SAFETY: the session's pool.
+        check(unsafe { sys::cuMemPoolTrimTo(pool.0, keep as usize).result() })
     }
 
     fn launch_host_call(&self, stream: Self::Stream, site: &Arc<HostCallSite>, kept: bool) -> CudaResult<()> {

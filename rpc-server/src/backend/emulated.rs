@@ -61,6 +61,8 @@ struct State {
     reserved: HashMap<u64, u64>,
     physical: HashMap<u64, (u64, Option<Vec<u8>>)>,
     mapped: HashMap<u64, u64>,
+    /// Memory pools: each one's attributes (`CUmemPool_attribute` to value). Pool 1 is the default.
+    pools: HashMap<u64, HashMap<u32, u64>>,
 }
 
 impl State {
@@ -140,6 +142,7 @@ impl Device for EmulatedDevice {
     type GraphNode = u64;
     type GraphExec = u64;
     type MemHandle = u64;
+    type MemPool = u64;
 
     fn info(&self) -> DeviceInfo {
         let sms = i32::try_from(self.config.sms).unwrap_or(i32::MAX);
@@ -896,6 +899,64 @@ impl Device for EmulatedDevice {
     fn mem_set_access(&self, _ptr: u64, _size: u64, flags: u32) -> CudaResult<()> {
         // PROT_NONE, READ, READWRITE; host memory is always accessible here.
         if matches!(flags, 0 | 1 | 3) { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
+    }
+
+    fn default_pool(&self) -> CudaResult<u64> {
+        self.state().pools.entry(1).or_default();
+        Ok(1)
+    }
+
+    fn pool_create(&self) -> CudaResult<u64> {
+        let mut state = self.state();
+        let pool = state.new_handle();
+        state.pools.insert(pool, HashMap::new());
+        Ok(pool)
+    }
+
+    fn pool_destroy(&self, pool: u64) -> CudaResult<()> {
+        self.state().pools.remove(&pool).map(drop).ok_or(CudaError::INVALID_VALUE)
+    }
+
+    fn set_current_pool(&self, pool: u64) -> CudaResult<()> {
+        if self.state().pools.contains_key(&pool) { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
+    }
+
+    fn alloc_async(&self, size: u64, pool: u64, _stream: u64) -> CudaResult<u64> {
+        // Work completes at submission: a stream-ordered allocation is an allocation now.
+        if !self.state().pools.contains_key(&pool) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        self.malloc(size)
+    }
+
+    fn free_async(&self, ptr: u64, _stream: u64) -> CudaResult<()> {
+        self.free(ptr)
+    }
+
+    fn pool_attribute(&self, pool: u64, attribute: u32, set: Option<u64>) -> CudaResult<u64> {
+        let mut state = self.state();
+        let used = state.used;
+        let attributes = state.pools.get_mut(&pool).ok_or(CudaError::INVALID_VALUE)?;
+        match (attribute, set) {
+            // Reuse policies (on by default) and the release threshold.
+            (1..=4, Some(value)) => {
+                attributes.insert(attribute, value);
+            }
+            // The high-water marks may only be reset.
+            (6 | 8, Some(0)) => {}
+            (1..=8, None) => {}
+            _ => return Err(CudaError::INVALID_VALUE),
+        }
+        Ok(match attribute {
+            1..=3 => attributes.get(&attribute).copied().unwrap_or(1),
+            4 => attributes.get(&attribute).copied().unwrap_or(0),
+            // Nothing is cached: reserved is what is in use (of the whole device, here).
+            _ => used,
+        })
+    }
+
+    fn pool_trim(&self, pool: u64, _keep: u64) -> CudaResult<()> {
+        if self.state().pools.contains_key(&pool) { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
     }
 
     fn launch_host_call(&self, stream: u64, site: &Arc<HostCallSite>, _kept: bool) -> CudaResult<()> {

@@ -80,6 +80,8 @@ pub trait Device: Send + Sync + 'static {
     type GraphExec: Copy + Send + Sync + 'static;
     /// A physical allocation of virtual memory management (`CUmemGenericAllocationHandle`).
     type MemHandle: Copy + Send + Sync + 'static;
+    /// A memory pool (`CUmemoryPool`).
+    type MemPool: Copy + Send + Sync + 'static;
 
     /// The device as the hardware reports it (the session applies its slice on top).
     fn info(&self) -> DeviceInfo;
@@ -263,4 +265,17 @@ pub trait Device: Send + Sync + 'static {
     fn mem_unmap(&self, ptr: u64, size: u64) -> CudaResult<()>;
     /// `CUmemAccess_flags` for the session's device.
     fn mem_set_access(&self, ptr: u64, size: u64, flags: u32) -> CudaResult<()>;
+
+    // --- stream-ordered allocation ---
+    fn default_pool(&self) -> CudaResult<Self::MemPool>;
+    /// A pool of pinned memory on the session's device.
+    fn pool_create(&self) -> CudaResult<Self::MemPool>;
+    fn pool_destroy(&self, pool: Self::MemPool) -> CudaResult<()>;
+    /// Makes `pool` the device's current pool (what `cuMemAllocAsync` takes from).
+    fn set_current_pool(&self, pool: Self::MemPool) -> CudaResult<()>;
+    fn alloc_async(&self, size: u64, pool: Self::MemPool, stream: Self::Stream) -> CudaResult<u64>;
+    fn free_async(&self, ptr: u64, stream: Self::Stream) -> CudaResult<()>;
+    /// Reads a `CUmemPool_attribute`, after setting it to `set` if given.
+    fn pool_attribute(&self, pool: Self::MemPool, attribute: u32, set: Option<u64>) -> CudaResult<u64>;
+    fn pool_trim(&self, pool: Self::MemPool, keep: u64) -> CudaResult<()>;
 }

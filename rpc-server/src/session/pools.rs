@@ -1,0 +1,136 @@
+//! Stream-ordered allocation and memory pools for a session: pools under client-chosen ids
+//! (`DEFAULT_POOL` is the device's default), allocations counted in the quota from the
+//! allocation to the free and checked like any other.
+
+use std::collections::HashMap;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::ops::{DEFAULT_POOL, rep, req};
+
+use super::{MAX_HANDLES, Responder, Session};
+use crate::backend::Device;
+use crate::memory::RangeKind;
+
+/// The session's pools and which one the device allocates from.
+pub struct PoolTable<D: Device> {
+    pools: HashMap<u64, D::MemPool>,
+    current: u64,
+}
+
+impl<D: Device> Default for PoolTable<D> {
+    fn default() -> Self {
+        Self { pools: HashMap::new(), current: DEFAULT_POOL }
+    }
+}
+
+impl<D: Device> Session<D> {
+    /// A pool by id; the default pool is looked up on first use.
+    fn pool(&mut self, id: u64) -> Result<D::MemPool, CudaError> {
+        let id = if id == 0 { self.pools.current } else { id };
+        if let Some(pool) = self.pools.pools.get(&id) {
+            return Ok(*pool);
+        }
+        if id != DEFAULT_POOL {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let pool = self.device.default_pool()?;
+        self.pools.pools.insert(DEFAULT_POOL, pool);
+        Ok(pool)
+    }
+
+    /// Destroys the pools the session created (it ends).
+    pub(super) fn release_pools(&mut self) {
+        for (id, pool) in self.pools.pools.drain() {
+            if id != DEFAULT_POOL {
+                let _ = self.device.pool_destroy(pool);
+            }
+        }
+        self.pools.current = DEFAULT_POOL;
+    }
+
+    pub(super) fn pool_alloc_async(&mut self, request: req::MemAllocAsync, reply: Responder<rep::MemAllocAsync>) {
+        let result = (|| {
+            if request.size == 0 {
+                return Ok(rep::MemAllocAsync { ptr: 0 });
+            }
+            let stream = self.stream(request.stream)?;
+            let pool = self.pool(request.pool)?;
+            if !self.budget.try_reserve(request.size) {
+                return Err(CudaError::MEMORY_ALLOCATION);
+            }
+            match self.device.alloc_async(request.size, pool, stream) {
+                Ok(ptr) => {
+                    self.ranges.insert(ptr, request.size, RangeKind::Allocation);
+                    Ok(rep::MemAllocAsync { ptr })
+                }
+                Err(error) => {
+                    self.budget.release(request.size);
+                    Err(error)
+                }
+            }
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn pool_free_async(&mut self, request: req::MemFreeAsync, reply: Responder<rep::MemFreeAsync>) {
+        let result = self.stream(request.stream).and_then(|stream| {
+            let len = self.ranges.remove_allocation(request.ptr)?;
+            self.budget.release(len);
+            self.device.free_async(request.ptr, stream)
+        });
+        reply.send(result.map(|()| rep::MemFreeAsync {}));
+    }
+
+    pub(super) fn pool_attribute(&mut self, request: req::MemPoolAttribute, reply: Responder<rep::MemPoolAttribute>) {
+        let result = self.pool(request.pool).and_then(|pool| self.device.pool_attribute(pool, request.attribute, request.value));
+        reply.send(result.map(|value| rep::MemPoolAttribute { value }));
+    }
+
+    pub(super) fn pool_trim(&mut self, request: req::MemPoolTrim, reply: Responder<rep::MemPoolTrim>) {
+        let result = self.pool(request.pool).and_then(|pool| self.device.pool_trim(pool, request.keep));
+        reply.send(result.map(|()| rep::MemPoolTrim {}));
+    }
+
+    pub(super) fn pool_create(&mut self, request: req::MemPoolCreate, reply: Responder<rep::MemPoolCreate>) {
+        let result =
+            if request.pool <= DEFAULT_POOL || self.pools.pools.contains_key(&request.pool) || self.pools.pools.len() >= MAX_HANDLES {
+                Err(CudaError::INVALID_VALUE)
+            } else {
+                self.device.pool_create().map(|pool| {
+                    self.pools.pools.insert(request.pool, pool);
+                    rep::MemPoolCreate {}
+                })
+            };
+        reply.send(result);
+    }
+
+    pub(super) fn pool_destroy(&mut self, request: req::MemPoolDestroy, reply: Responder<rep::MemPoolDestroy>) {
+        let result = match self.pools.pools.get(&request.pool) {
+            Some(pool) if request.pool != DEFAULT_POOL => {
+                let pool = *pool;
+                self.device.pool_destroy(pool).map(|()| {
+                    self.pools.pools.remove(&request.pool);
+                    // The device goes back to its default pool, as the driver does.
+                    if self.pools.current == request.pool {
+                        self.pools.current = DEFAULT_POOL;
+                    }
+                    rep::MemPoolDestroy {}
+                })
+            }
+            _ => Err(CudaError::INVALID_VALUE),
+        };
+        reply.send(result);
+    }
+
+    pub(super) fn pool_current(&mut self, request: req::DeviceMemPool, reply: Responder<rep::DeviceMemPool>) {
+        let result = (|| {
+            if let Some(id) = request.set {
+                let pool = self.pool(id.max(DEFAULT_POOL))?;
+                self.device.set_current_pool(pool)?;
+                self.pools.current = id.max(DEFAULT_POOL);
+            }
+            Ok(rep::DeviceMemPool { pool: self.pools.current })
+        })();
+        reply.send(result);
+    }
+}
