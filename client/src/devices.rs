@@ -23,7 +23,6 @@ pub const NOT_THROUGH_FLYT: &[u32] = &[
     attr::DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
     attr::SPARSE_CUDA_ARRAY_SUPPORTED,
     attr::TIMELINE_SEMAPHORE_INTEROP_SUPPORTED,
-    attr::MEMORY_POOLS_SUPPORTED,
     attr::GPU_DIRECT_RDMA_SUPPORTED,
     attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
     attr::GPU_DIRECT_RDMA_WRITES_ORDERING,
@@ -58,7 +57,8 @@ mod tests {
             attributes: vec![(attr::CAN_MAP_HOST_MEMORY, 1), (attr::MEMORY_POOLS_SUPPORTED, 1), (attr::HOST_REGISTER_SUPPORTED, 1)],
         };
         assert_eq!(served_attribute(&info, attr::CAN_MAP_HOST_MEMORY), Some(0));
-        assert_eq!(served_attribute(&info, attr::MEMORY_POOLS_SUPPORTED), Some(0));
+        // Stream-ordered allocation is served: reported as the device reports it.
+        assert_eq!(served_attribute(&info, attr::MEMORY_POOLS_SUPPORTED), Some(1));
         // cudaHostRegister works for copies: reported as the device reports it.
         assert_eq!(served_attribute(&info, attr::HOST_REGISTER_SUPPORTED), Some(1));
         assert_eq!(served_attribute(&info, attr::COOPERATIVE_LAUNCH), None, "not reported stays unknown");

@@ -132,3 +132,49 @@ impl Client {
         lock(&self.vmm.mappings).clear();
     }
 }
+
+/// Ids of pools the app creates (the default pool is `DEFAULT_POOL`, below them).
+static NEXT_POOL: AtomicU64 = AtomicU64::new(flyt_protocol::ops::DEFAULT_POOL + 1);
+
+impl Client {
+    /// `cuMemAllocAsync` (`pool` 0: the device's current pool) / `cuMemAllocFromPoolAsync`.
+    pub fn alloc_async(&self, size: u64, stream: u64, pool: u64) -> CudaResult<u64> {
+        let ptr = self.call(req::MemAllocAsync { size, stream, pool })?.ptr;
+        if ptr != 0 {
+            self.ranges.add(ptr, size, true);
+        }
+        Ok(ptr)
+    }
+
+    /// `cuMemFreeAsync`: the pointer is the app's no more from here on.
+    pub fn free_async(&self, ptr: u64, stream: u64) -> CudaResult<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        self.ranges.remove_allocation(ptr)?;
+        self.post(req::MemFreeAsync { ptr, stream })
+    }
+
+    pub fn pool_attribute(&self, pool: u64, attribute: u32, value: Option<u64>) -> CudaResult<u64> {
+        self.call(req::MemPoolAttribute { pool, attribute, value }).map(|reply| reply.value)
+    }
+
+    pub fn pool_trim(&self, pool: u64, keep: u64) -> CudaResult<()> {
+        self.call(req::MemPoolTrim { pool, keep }).map(drop)
+    }
+
+    /// A new pool of pinned memory on the session's device; its id.
+    pub fn pool_create(&self) -> CudaResult<u64> {
+        let pool = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
+        self.call(req::MemPoolCreate { pool }).map(|_| pool)
+    }
+
+    pub fn pool_destroy(&self, pool: u64) -> CudaResult<()> {
+        self.call(req::MemPoolDestroy { pool }).map(drop)
+    }
+
+    /// The device's current pool, after making it `set` if given.
+    pub fn device_pool(&self, set: Option<u64>) -> CudaResult<u64> {
+        self.call(req::DeviceMemPool { set }).map(|reply| reply.pool)
+    }
+}

@@ -620,10 +620,16 @@ pub struct CUarrayMapInfo_st {
 }
 pub type CUarrayMapInfo_v1 = CUarrayMapInfo_st;
 pub type CUarrayMapInfo = CUarrayMapInfo_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUmemPoolProps_st {
-    _opaque: [u8; 0],
+    pub allocType: CUmemAllocationType,
+    pub handleTypes: CUmemAllocationHandleType,
+    pub location: CUmemLocation,
+    pub win32SecurityAttributes: *mut c_void,
+    pub maxSize: usize,
+    pub usage: c_ushort,
+    pub reserved: [c_uchar; 54],
 }
 pub type CUmemPoolProps_v1 = CUmemPoolProps_st;
 pub type CUmemPoolProps = CUmemPoolProps_v1;
@@ -814,4 +820,5 @@ const _: () = assert!(size_of::<CUlaunchConfig_st>() == 56 && align_of::<CUlaunc
 const _: () = assert!(size_of::<CUmemAccessDesc_st>() == 12 && align_of::<CUmemAccessDesc_st>() == 4);
 const _: () = assert!(size_of::<CUmemAllocationProp_st>() == 32 && align_of::<CUmemAllocationProp_st>() == 8);
 const _: () = assert!(size_of::<CUmemLocation_st>() == 8 && align_of::<CUmemLocation_st>() == 4);
+const _: () = assert!(size_of::<CUmemPoolProps_st>() == 88 && align_of::<CUmemPoolProps_st>() == 8);
 const _: () = assert!(size_of::<CUuuid_st>() == 16 && align_of::<CUuuid_st>() == 1);

@@ -178,6 +178,8 @@ impl Device for EmulatedDevice {
             (attr::MAX_REGISTERS_PER_MULTIPROCESSOR, 65536),
             (attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 227 << 10),
             (attr::MAX_BLOCKS_PER_MULTIPROCESSOR, 32),
+            // Stream-ordered allocation from pools (the pool methods below).
+            (attr::MEMORY_POOLS_SUPPORTED, 1),
         ];
         DeviceInfo {
             name: "Flyt Emulated Device (no GPU: kernels cannot run)".into(),

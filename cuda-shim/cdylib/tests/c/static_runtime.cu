@@ -184,6 +184,38 @@ int main(void) {
         CHECK(cudaGraphDestroy(built), cudaSuccess);
     }
 
+    // Stream-ordered allocation from the default pool and from a pool of the program's own.
+    {
+        int pools = 0;
+        CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0), cudaSuccess);
+        cudaMemPool_t pool = NULL, mine = NULL;
+        CHECK(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+        unsigned long long threshold = 1ull << 30, read = 0;
+        CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold), cudaSuccess);
+        CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &read), cudaSuccess);
+        cudaMemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = 0;
+        CHECK(cudaMemPoolCreate(&mine, &props), cudaSuccess);
+        unsigned char *a = NULL, *b = NULL;
+        CHECK(cudaMallocAsync((void **)&a, 4096, stream), cudaSuccess);
+        CHECK(cudaMallocFromPoolAsync((void **)&b, 4096, mine, stream), cudaSuccess);
+        CHECK(cudaMemsetAsync(b, 0x2b, 4096, stream), cudaSuccess);
+        CHECK(cudaMemcpyAsync(a, b, 4096, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+        CHECK(cudaStreamSynchronize(stream), cudaSuccess);
+        CHECK(cudaMemcpy(back, a, 4096, cudaMemcpyDeviceToHost), cudaSuccess);
+        int ok = pools == 1 && read == threshold && back[0] == 0x2b && back[4095] == 0x2b;
+        CHECK(cudaFreeAsync(a, stream), cudaSuccess);
+        CHECK(cudaFreeAsync(b, stream), cudaSuccess);
+        CHECK(cudaStreamSynchronize(stream), cudaSuccess);
+        CHECK(cudaMemPoolTrimTo(mine, 0), cudaSuccess);
+        CHECK(cudaMemPoolDestroy(mine), cudaSuccess);
+        printf("stream-ordered allocation: %s\n", ok ? "ok" : "WRONG");
+        if (!ok) failures++;
+    }
+
     // NVIDIA's runtime loaded this program's fat binary through cuLibraryLoadData; the kernel is
     // looked up at its first launch, where the emulated device's refusal must surface.
 #ifdef __CUDACC__

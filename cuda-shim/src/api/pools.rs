@@ -1,0 +1,154 @@
+//! Stream-ordered allocation and memory pools (`cuMemAllocAsync`, `cuMemPool*`): the server's
+//! driver allocates from the session's pools, each allocation counted in the quota until it is
+//! freed. Pool handles are the client's ids; the device's default pool is `DEFAULT_POOL`.
+
+use std::ffi::{c_uint, c_void};
+
+use flyt_protocol::ops::DEFAULT_POOL;
+
+use super::session::{client, driver_error, resolve_stream, run};
+use crate::CUresult;
+use crate::ffi::{DriverResult, non_null, write_out};
+use crate::generated::types::{CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream};
+
+/// Pool handles are this plus the pool's id, far from the other handle kinds.
+const POOL_BASE: usize = 0x706f_0000_0000;
+
+fn pool_handle(id: u64) -> CUmemoryPool {
+    std::ptr::without_provenance_mut(POOL_BASE + id as usize)
+}
+
+fn pool_id(pool: CUmemoryPool) -> DriverResult<u64> {
+    (pool as usize).checked_sub(POOL_BASE).filter(|id| *id > 0).map(|id| id as u64).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// The session's one device.
+fn check_device(dev: CUdevice) -> DriverResult {
+    if dev == 0 { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_DEVICE) }
+}
+
+pub unsafe fn cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+    run(|| {
+        non_null([pool_out.cast()])?;
+        client()?;
+        check_device(dev)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(pool_out, pool_handle(DEFAULT_POOL)) }
+    })
+}
+
+pub unsafe fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+    run(|| {
+        non_null([pool.cast()])?;
+        check_device(dev)?;
+        let current = client()?.device_pool(None).map_err(driver_error)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(pool, pool_handle(current)) }
+    })
+}
+
+pub unsafe fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult {
+    run(|| {
+        check_device(dev)?;
+        client()?.device_pool(Some(pool_id(pool)?)).map(drop).map_err(driver_error)
+    })
+}
+
+fn alloc(dptr: *mut CUdeviceptr, size: usize, pool: u64, stream: CUstream, ptsz: bool) -> DriverResult {
+    non_null([dptr.cast()])?;
+    if size == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptsz)?;
+    let ptr = client.alloc_async(size as u64, stream, pool).map_err(driver_error)?;
+    // SAFETY: checked non-NULL.
+    unsafe { write_out(dptr, ptr) }
+}
+
+pub unsafe fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, h_stream: CUstream) -> CUresult {
+    run(|| alloc(dptr, bytesize, 0, h_stream, false))
+}
+
+pub unsafe fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, h_stream: CUstream) -> CUresult {
+    run(|| alloc(dptr, bytesize, 0, h_stream, true))
+}
+
+pub unsafe fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, h_stream: CUstream) -> CUresult {
+    run(|| alloc(dptr, bytesize, pool_id(pool)?, h_stream, false))
+}
+
+pub unsafe fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, h_stream: CUstream) -> CUresult {
+    run(|| alloc(dptr, bytesize, pool_id(pool)?, h_stream, true))
+}
+
+fn free(ptr: CUdeviceptr, stream: CUstream, ptsz: bool) -> DriverResult {
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptsz)?;
+    client.free_async(ptr, stream).map_err(driver_error)
+}
+
+pub unsafe fn cuMemFreeAsync(dptr: CUdeviceptr, h_stream: CUstream) -> CUresult {
+    run(|| free(dptr, h_stream, false))
+}
+
+pub unsafe fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, h_stream: CUstream) -> CUresult {
+    run(|| free(dptr, h_stream, true))
+}
+
+/// `CU_MEMPOOL_ATTR_REUSE_*` are `int`s; the other attributes are `cuuint64_t`s.
+fn narrow(attribute: CUmemPool_attribute) -> bool {
+    (1..=3).contains(&attribute)
+}
+
+pub unsafe fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CUresult {
+    run(|| {
+        non_null([value.cast()])?;
+        let read = client()?.pool_attribute(pool_id(pool)?, attr, None).map_err(driver_error)?;
+        // SAFETY: checked non-NULL; the caller's value of the attribute's width.
+        unsafe { if narrow(attr) { write_out(value.cast::<i32>(), read as i32) } else { write_out(value.cast::<u64>(), read) } }
+    })
+}
+
+pub unsafe fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CUresult {
+    run(|| {
+        non_null([value.cast()])?;
+        // SAFETY: checked non-NULL; the caller's value of the attribute's width.
+        let set = unsafe { if narrow(attr) { u64::from(value.cast::<i32>().read() as u32) } else { value.cast::<u64>().read() } };
+        client()?.pool_attribute(pool_id(pool)?, attr, Some(set)).map(drop).map_err(driver_error)
+    })
+}
+
+pub unsafe fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
+    run(|| client()?.pool_trim(pool_id(pool)?, min_bytes_to_keep as u64).map_err(driver_error))
+}
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`, `CU_MEM_LOCATION_TYPE_DEVICE`.
+const ALLOCATION_PINNED: c_uint = 1;
+const LOCATION_DEVICE: c_uint = 1;
+
+pub unsafe fn cuMemPoolCreate(pool: *mut CUmemoryPool, pool_props: *const CUmemPoolProps) -> CUresult {
+    run(|| {
+        non_null([pool.cast(), pool_props.cast()])?;
+        // SAFETY: checked non-NULL; the caller's properties.
+        let props = unsafe { &*pool_props };
+        if props.allocType != ALLOCATION_PINNED || props.location.r#type != LOCATION_DEVICE {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if props.handleTypes != 0 || props.maxSize != 0 {
+            crate::diagnostics::once(
+                "pool-props",
+                "flyt: memory pools with shareable handles or a size limit are not supported (returning CUDA_ERROR_NOT_SUPPORTED)",
+            );
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        check_device(props.location.id)?;
+        let id = client()?.pool_create().map_err(driver_error)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(pool, pool_handle(id)) }
+    })
+}
+
+pub unsafe fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
+    run(|| client()?.pool_destroy(pool_id(pool)?).map_err(driver_error))
+}
