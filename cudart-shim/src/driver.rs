@@ -308,6 +308,21 @@ driver_functions! {
     cuLaunchHostFunc_ptsz(stream: CUstream, function: HostFn, data: *mut c_void);
     cuStreamAddCallback(stream: CUstream, callback: StreamCallback, data: *mut c_void, flags: c_uint);
     cuStreamAddCallback_ptsz(stream: CUstream, callback: StreamCallback, data: *mut c_void, flags: c_uint);
+    // --- stream-ordered allocation (`cudaMemPoolProps` has the driver's layout) ---
+    cuMemAllocAsync(ptr: *mut CUdeviceptr, size: usize, stream: CUstream);
+    cuMemAllocAsync_ptsz(ptr: *mut CUdeviceptr, size: usize, stream: CUstream);
+    cuMemAllocFromPoolAsync(ptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream);
+    cuMemAllocFromPoolAsync_ptsz(ptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream);
+    cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream);
+    cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream);
+    cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int);
+    cuDeviceGetMemPool(pool: *mut *mut c_void, device: c_int);
+    cuDeviceSetMemPool(device: c_int, pool: *mut c_void);
+    cuMemPoolGetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void);
+    cuMemPoolSetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void);
+    cuMemPoolTrimTo(pool: *mut c_void, keep: usize);
+    cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void);
+    cuMemPoolDestroy(pool: *mut c_void);
     cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
         blocks: *mut c_int,
         function: CUkernel,

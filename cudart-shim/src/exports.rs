@@ -175,6 +175,21 @@ macro_rules! cudart_exports {
                 cudaLaunchHostFunc_ptsz(stream: cudaStream_t, function: crate::driver::HostFn, data: *mut c_void);
                 cudaStreamAddCallback(stream: cudaStream_t, callback: crate::driver::StreamCallback, data: *mut c_void, flags: c_uint);
                 cudaStreamAddCallback_ptsz(stream: cudaStream_t, callback: crate::driver::StreamCallback, data: *mut c_void, flags: c_uint);
+                // --- stream-ordered allocation (see `api::pools`) ---
+                cudaMallocAsync(ptr: *mut *mut c_void, size: usize, stream: cudaStream_t);
+                cudaMallocAsync_ptsz(ptr: *mut *mut c_void, size: usize, stream: cudaStream_t);
+                cudaMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: cudaStream_t);
+                cudaMallocFromPoolAsync_ptsz(ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: cudaStream_t);
+                cudaFreeAsync(ptr: *mut c_void, stream: cudaStream_t);
+                cudaFreeAsync_ptsz(ptr: *mut c_void, stream: cudaStream_t);
+                cudaDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int);
+                cudaDeviceGetMemPool(pool: *mut *mut c_void, device: c_int);
+                cudaDeviceSetMemPool(device: c_int, pool: *mut c_void);
+                cudaMemPoolGetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void);
+                cudaMemPoolSetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void);
+                cudaMemPoolTrimTo(pool: *mut c_void, keep: usize);
+                cudaMemPoolCreate(pool: *mut *mut c_void, props: *const c_void);
+                cudaMemPoolDestroy(pool: *mut c_void);
             }
             raw {
                 __cudaRegisterFatBinary(fat_cubin: *mut c_void) -> *mut *mut c_void;
@@ -197,18 +212,18 @@ macro_rules! cudart_exports {
         cudaChooseDevice, cudaCreateSurfaceObject, cudaCreateTextureObject, cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDestroySurfaceObject,
         cudaDestroyTextureObject, cudaDeviceCanAccessPeer, cudaDeviceDisablePeerAccess,
         cudaDeviceEnablePeerAccess, cudaDeviceFlushGPUDirectRDMAWrites, cudaDeviceGetByPCIBusId,
-        cudaDeviceGetDefaultMemPool, cudaDeviceGetGraphMemAttribute,
-        cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetMemPool, cudaDeviceGetNvSciSyncAttributes,
+        cudaDeviceGetGraphMemAttribute,
+        cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetNvSciSyncAttributes,
         cudaDeviceGetP2PAtomicCapabilities, cudaDeviceGetPCIBusId,
         cudaDeviceGetSharedMemConfig, cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceGraphMemTrim,
         cudaDeviceRegisterAsyncNotification, cudaDeviceSetGraphMemAttribute,
-        cudaDeviceSetMemPool, cudaDeviceSetSharedMemConfig, cudaDeviceUnregisterAsyncNotification,
+        cudaDeviceSetSharedMemConfig, cudaDeviceUnregisterAsyncNotification,
         cudaEGLStreamConsumerAcquireFrame, cudaEGLStreamConsumerConnect,
         cudaEGLStreamConsumerConnectWithFlags, cudaEGLStreamConsumerDisconnect,
         cudaEGLStreamConsumerReleaseFrame, cudaEGLStreamProducerConnect, cudaEGLStreamProducerDisconnect,
         cudaEGLStreamProducerPresentFrame, cudaEGLStreamProducerReturnFrame, cudaEventCreateFromEGLSync,
         cudaExternalMemoryGetMappedBuffer, cudaExternalMemoryGetMappedMipmappedArray, cudaFreeArray,
-        cudaFreeAsync, cudaFreeAsync_ptsz, cudaFreeMipmappedArray, cudaFuncGetName, cudaFuncGetParamInfo,
+        cudaFreeMipmappedArray, cudaFuncGetName, cudaFuncGetParamInfo,
         cudaFuncSetSharedMemConfig, cudaGetChannelDesc, cudaGetDriverEntryPoint,
         cudaGetDriverEntryPoint_ptsz, cudaGetDriverEntryPointByVersion,
         cudaGetDriverEntryPointByVersion_ptsz, cudaGetExportTable, cudaGetFuncBySymbol, cudaGetKernel,
@@ -241,8 +256,7 @@ macro_rules! cudart_exports {
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
         cudaLogsRegisterCallback, cudaLogsUnregisterCallback, cudaMalloc3D, cudaMalloc3DArray,
-        cudaMallocArray, cudaMallocAsync, cudaMallocAsync_ptsz, cudaMallocFromPoolAsync,
-        cudaMallocFromPoolAsync_ptsz, cudaMallocManaged, cudaMallocMipmappedArray, cudaMallocPitch,
+        cudaMallocArray, cudaMallocManaged, cudaMallocMipmappedArray, cudaMallocPitch,
         cudaMemAdvise, cudaMemcpy2DArrayToArray,
         cudaMemcpy2DArrayToArray_ptds, cudaMemcpy2DFromArray,
         cudaMemcpy2DFromArray_ptds, cudaMemcpy2DFromArrayAsync, cudaMemcpy2DFromArrayAsync_ptsz,
@@ -255,10 +269,9 @@ macro_rules! cudart_exports {
         cudaMemcpyPeerAsync, cudaMemcpyToArray, cudaMemcpyToArray_ptds, cudaMemcpyToArrayAsync,
         cudaMemcpyToArrayAsync_ptsz, cudaMemDiscardAndPrefetchBatchAsync,
         cudaMemDiscardAndPrefetchBatchAsync_ptsz, cudaMemDiscardBatchAsync, cudaMemDiscardBatchAsync_ptsz,
-        cudaMemGetDefaultMemPool, cudaMemGetMemPool, cudaMemPoolCreate, cudaMemPoolDestroy,
-        cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle, cudaMemPoolGetAccess,
-        cudaMemPoolGetAttribute, cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
-        cudaMemPoolSetAccess, cudaMemPoolSetAttribute, cudaMemPoolTrimTo, cudaMemPrefetchAsync,
+        cudaMemGetDefaultMemPool, cudaMemGetMemPool, cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle, cudaMemPoolGetAccess,
+        cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
+        cudaMemPoolSetAccess, cudaMemPrefetchAsync,
         cudaMemPrefetchAsync_ptsz, cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz,
         cudaMemRangeGetAttribute, cudaMemRangeGetAttributes, cudaMemset2D, cudaMemset2D_ptds,
         cudaMemset2DAsync, cudaMemset2DAsync_ptsz, cudaMemset3D, cudaMemset3D_ptds, cudaMemset3DAsync,

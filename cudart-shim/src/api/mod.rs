@@ -11,6 +11,7 @@ mod functions;
 mod graph;
 mod launch;
 mod memory;
+mod pools;
 mod register;
 mod streams;
 
@@ -20,6 +21,7 @@ pub use functions::*;
 pub use graph::*;
 pub use launch::*;
 pub use memory::*;
+pub use pools::*;
 pub use register::*;
 pub use streams::*;
 

@@ -938,6 +938,73 @@ static void graphs(void) {
     OK("destroy", cudaEventDestroy(event));
 }
 
+/* Stream-ordered allocation: the default pool, a pool of the program's, attributes, trim. */
+static void pools(void) {
+    cudaStream_t stream;
+    cudaMemPool_t pool = NULL, current = NULL, mine = NULL;
+    unsigned char *a = NULL, *b = NULL;
+    OK("a pool stream", cudaStreamCreate(&stream));
+    AUDIT("cudaDeviceGetDefaultMemPool");
+    AUDIT("cudaDeviceGetMemPool");
+    AUDIT("cudaDeviceSetMemPool");
+    OK("cudaDeviceGetDefaultMemPool", cudaDeviceGetDefaultMemPool(&pool, 0));
+    EXPECT_CODE("of a device that does not exist", cudaDeviceGetDefaultMemPool(&pool, 7), cudaErrorInvalidDevice);
+    OK("cudaDeviceGetMemPool", cudaDeviceGetMemPool(&current, 0));
+    EXPECT("the current pool is the default", current == pool);
+
+    AUDIT("cudaMemPoolSetAttribute");
+    AUDIT("cudaMemPoolGetAttribute");
+    unsigned long long threshold = 64 << 20, read = 0;
+    OK("cudaMemPoolSetAttribute", cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    OK("cudaMemPoolGetAttribute", cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &read));
+    EXPECT("the threshold reads back", read == threshold);
+    int reuse = -1;
+    OK("an int attribute", cudaMemPoolGetAttribute(pool, cudaMemPoolReuseAllowOpportunistic, &reuse));
+    EXPECT("reuse is on by default", reuse == 1);
+    EXPECT_CODE("an attribute that does not exist", cudaMemPoolGetAttribute(pool, (enum cudaMemPoolAttr)99, &read),
+                cudaErrorInvalidValue);
+
+    AUDIT("cudaMemPoolCreate");
+    AUDIT("cudaMemPoolDestroy");
+    AUDIT("cudaMemPoolTrimTo");
+    struct cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    OK("cudaMemPoolCreate", cudaMemPoolCreate(&mine, &props));
+    OK("cudaDeviceSetMemPool", cudaDeviceSetMemPool(0, mine));
+    OK("the current pool again", cudaDeviceGetMemPool(&current, 0));
+    EXPECT("the current pool is the program's", current == mine);
+
+    AUDIT("cudaMallocAsync");
+    AUDIT("cudaMallocAsync_ptsz");
+    AUDIT("cudaMallocFromPoolAsync");
+    AUDIT("cudaMallocFromPoolAsync_ptsz");
+    AUDIT("cudaFreeAsync");
+    AUDIT("cudaFreeAsync_ptsz");
+    EXPECT_CODE("into NULL", cudaMallocAsync(NULL, N, stream), cudaErrorInvalidValue);
+    OK("cudaMallocAsync", cudaMallocAsync((void **)&a, N, stream));
+    OK("cudaMallocFromPoolAsync", cudaMallocFromPoolAsync((void **)&b, N, pool, stream));
+    OK("memset in stream order", cudaMemsetAsync(a, 0x4d, N, stream));
+    OK("copy in stream order", cudaMemcpyAsync(b, a, N, cudaMemcpyDeviceToDevice, stream));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    EXPECT("the pool memory holds the copy", device_bytes_are(b, N, 0x4d));
+    OK("cudaFreeAsync", cudaFreeAsync(a, stream));
+    OK("cudaFreeAsync_ptsz", cudaFreeAsync_ptsz(b, stream));
+    EXPECT_CODE("free it again", cudaFreeAsync(a, stream), cudaErrorInvalidValue);
+    OK("cudaMallocAsync_ptsz", cudaMallocAsync_ptsz((void **)&a, N, stream));
+    OK("cudaMallocFromPoolAsync_ptsz", cudaMallocFromPoolAsync_ptsz((void **)&b, N, mine, stream));
+    OK("cudaFree of a stream-ordered allocation", cudaFree(a));
+    OK("free the other", cudaFreeAsync(b, stream));
+    OK("synchronize the frees", cudaStreamSynchronize(stream));
+    OK("cudaMemPoolTrimTo", cudaMemPoolTrimTo(mine, 0));
+    OK("cudaMemPoolDestroy", cudaMemPoolDestroy(mine));
+    OK("the current pool after the destroy", cudaDeviceGetMemPool(&current, 0));
+    EXPECT("back to the default pool", current == pool);
+    EXPECT_CODE("the default pool is not the program's to destroy", cudaMemPoolDestroy(pool), cudaErrorInvalidValue);
+    OK("destroy the pool stream", cudaStreamDestroy(stream));
+}
+
 static void modules_kernels_symbols(void) {
     void **handle, **bad;
     cudaKernel_t kernel = NULL, unknown = NULL;
@@ -1137,6 +1204,7 @@ int main(void) {
     memory();
     streams_and_events();
     graphs();
+    pools();
     modules_kernels_symbols();
     reset();
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);

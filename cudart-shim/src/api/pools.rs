@@ -1,0 +1,91 @@
+//! Stream-ordered allocation and memory pools: Flyt's driver does the work; the pointers become
+//! the runtime's device ranges like those of `cudaMalloc`.
+
+use std::ffi::{c_int, c_void};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+
+use crate::driver::{CUdeviceptr, cu_ctx};
+use crate::ffi::{cudaStream_t, write_out};
+
+fn allocated(out: *mut *mut c_void, ptr: CUdeviceptr) -> CudaResult<()> {
+    // SAFETY: the app's out-pointer (NULL is refused).
+    unsafe { write_out(out, ptr as *mut c_void) }
+}
+
+pub unsafe fn cudaMallocAsync(ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) -> CudaResult<()> {
+    if ptr.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut device = 0;
+    cu_ctx!(cuMemAllocAsync(&mut device, size, stream))?;
+    allocated(ptr, device)
+}
+
+pub unsafe fn cudaMallocAsync_ptsz(ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) -> CudaResult<()> {
+    if ptr.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut device = 0;
+    cu_ctx!(cuMemAllocAsync_ptsz(&mut device, size, stream))?;
+    allocated(ptr, device)
+}
+
+pub unsafe fn cudaMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
+    if ptr.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut device = 0;
+    cu_ctx!(cuMemAllocFromPoolAsync(&mut device, size, pool, stream))?;
+    allocated(ptr, device)
+}
+
+pub unsafe fn cudaMallocFromPoolAsync_ptsz(ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
+    if ptr.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut device = 0;
+    cu_ctx!(cuMemAllocFromPoolAsync_ptsz(&mut device, size, pool, stream))?;
+    allocated(ptr, device)
+}
+
+pub unsafe fn cudaFreeAsync(ptr: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuMemFreeAsync(ptr as CUdeviceptr, stream))
+}
+
+pub unsafe fn cudaFreeAsync_ptsz(ptr: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuMemFreeAsync_ptsz(ptr as CUdeviceptr, stream))
+}
+
+pub unsafe fn cudaDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int) -> CudaResult<()> {
+    cu_ctx!(cuDeviceGetDefaultMemPool(pool, device))
+}
+
+pub unsafe fn cudaDeviceGetMemPool(pool: *mut *mut c_void, device: c_int) -> CudaResult<()> {
+    cu_ctx!(cuDeviceGetMemPool(pool, device))
+}
+
+pub unsafe fn cudaDeviceSetMemPool(device: c_int, pool: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuDeviceSetMemPool(device, pool))
+}
+
+pub unsafe fn cudaMemPoolGetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuMemPoolGetAttribute(pool, attribute, value))
+}
+
+pub unsafe fn cudaMemPoolSetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuMemPoolSetAttribute(pool, attribute, value))
+}
+
+pub unsafe fn cudaMemPoolTrimTo(pool: *mut c_void, keep: usize) -> CudaResult<()> {
+    cu_ctx!(cuMemPoolTrimTo(pool, keep))
+}
+
+pub unsafe fn cudaMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) -> CudaResult<()> {
+    cu_ctx!(cuMemPoolCreate(pool, props))
+}
+
+pub unsafe fn cudaMemPoolDestroy(pool: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuMemPoolDestroy(pool))
+}
