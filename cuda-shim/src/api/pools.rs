@@ -1,12 +1,13 @@
 //! Stream-ordered allocation and memory pools (`cuMemAllocAsync`, `cuMemPool*`): the server's
 //! driver allocates from the session's pools, each allocation counted in the quota until it is
-//! freed. Pool handles are the client's ids; the device's default pool is `DEFAULT_POOL`.
+//! freed. Pool handles are the client's ids; the device's default pool is `DEFAULT_POOL`. Pools
+//! belong to the device: asking about them needs no current context, as with the driver.
 
 use std::ffi::{c_uint, c_void};
 
 use flyt_protocol::ops::DEFAULT_POOL;
 
-use super::session::{client, driver_error, resolve_stream, run};
+use super::session::{client, driver_error, resolve_stream, run, session_client};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream};
@@ -30,7 +31,7 @@ fn check_device(dev: CUdevice) -> DriverResult {
 pub unsafe fn cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
     run(|| {
         non_null([pool_out.cast()])?;
-        client()?;
+        session_client()?;
         check_device(dev)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(pool_out, pool_handle(DEFAULT_POOL)) }
@@ -41,7 +42,7 @@ pub unsafe fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUre
     run(|| {
         non_null([pool.cast()])?;
         check_device(dev)?;
-        let current = client()?.device_pool(None).map_err(driver_error)?;
+        let current = session_client()?.device_pool(None).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(pool, pool_handle(current)) }
     })
@@ -50,7 +51,7 @@ pub unsafe fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUre
 pub unsafe fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult {
     run(|| {
         check_device(dev)?;
-        client()?.device_pool(Some(pool_id(pool)?)).map(drop).map_err(driver_error)
+        session_client()?.device_pool(Some(pool_id(pool)?)).map(drop).map_err(driver_error)
     })
 }
 
@@ -59,7 +60,7 @@ fn alloc(dptr: *mut CUdeviceptr, size: usize, pool: u64, stream: CUstream, ptsz:
     if size == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let client = client()?;
+    let client = session_client()?;
     let stream = resolve_stream(client, stream, ptsz)?;
     let ptr = client.alloc_async(size as u64, stream, pool).map_err(driver_error)?;
     // SAFETY: checked non-NULL.
@@ -104,7 +105,7 @@ fn narrow(attribute: CUmemPool_attribute) -> bool {
 pub unsafe fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CUresult {
     run(|| {
         non_null([value.cast()])?;
-        let read = client()?.pool_attribute(pool_id(pool)?, attr, None).map_err(driver_error)?;
+        let read = session_client()?.pool_attribute(pool_id(pool)?, attr, None).map_err(driver_error)?;
         // SAFETY: checked non-NULL; the caller's value of the attribute's width.
         unsafe { if narrow(attr) { write_out(value.cast::<i32>(), read as i32) } else { write_out(value.cast::<u64>(), read) } }
     })
@@ -115,12 +116,12 @@ pub unsafe fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribut
         non_null([value.cast()])?;
         // SAFETY: checked non-NULL; the caller's value of the attribute's width.
         let set = unsafe { if narrow(attr) { u64::from(value.cast::<i32>().read() as u32) } else { value.cast::<u64>().read() } };
-        client()?.pool_attribute(pool_id(pool)?, attr, Some(set)).map(drop).map_err(driver_error)
+        session_client()?.pool_attribute(pool_id(pool)?, attr, Some(set)).map(drop).map_err(driver_error)
     })
 }
 
 pub unsafe fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
-    run(|| client()?.pool_trim(pool_id(pool)?, min_bytes_to_keep as u64).map_err(driver_error))
+    run(|| session_client()?.pool_trim(pool_id(pool)?, min_bytes_to_keep as u64).map_err(driver_error))
 }
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`, `CU_MEM_LOCATION_TYPE_DEVICE`.
@@ -143,12 +144,12 @@ pub unsafe fn cuMemPoolCreate(pool: *mut CUmemoryPool, pool_props: *const CUmemP
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
         check_device(props.location.id)?;
-        let id = client()?.pool_create().map_err(driver_error)?;
+        let id = session_client()?.pool_create().map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(pool, pool_handle(id)) }
     })
 }
 
 pub unsafe fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
-    run(|| client()?.pool_destroy(pool_id(pool)?).map_err(driver_error))
+    run(|| session_client()?.pool_destroy(pool_id(pool)?).map_err(driver_error))
 }
