@@ -90,6 +90,18 @@ pub struct KernelNodeParams {
     pub ctx: CUcontext,
 }
 
+/// `CUlaunchConfig`: a launch with attributes (whose layout, `CUlaunchAttribute`, is the
+/// runtime's `cudaLaunchAttribute`).
+#[repr(C)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem: c_uint,
+    pub stream: CUstream,
+    pub attrs: *mut c_void,
+    pub num_attrs: c_uint,
+}
+
 pub type CUgraph = *mut c_void;
 pub type CUgraphNode = *mut c_void;
 pub type CUgraphExec = *mut c_void;
@@ -226,6 +238,32 @@ driver_functions! {
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
     );
+    cuLaunchCooperativeKernel(
+        function: CUkernel,
+        grid_x: c_uint,
+        grid_y: c_uint,
+        grid_z: c_uint,
+        block_x: c_uint,
+        block_y: c_uint,
+        block_z: c_uint,
+        shared_mem: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+    );
+    cuLaunchCooperativeKernel_ptsz(
+        function: CUkernel,
+        grid_x: c_uint,
+        grid_y: c_uint,
+        grid_z: c_uint,
+        block_x: c_uint,
+        block_y: c_uint,
+        block_z: c_uint,
+        shared_mem: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+    );
+    cuLaunchKernelEx(config: *const LaunchConfig, function: CUkernel, params: *mut *mut c_void, extra: *mut *mut c_void);
+    cuLaunchKernelEx_ptsz(config: *const LaunchConfig, function: CUkernel, params: *mut *mut c_void, extra: *mut *mut c_void);
     cuFuncGetAttribute(value: *mut c_int, attribute: c_int, function: CUkernel);
     cuFuncSetAttribute(function: CUkernel, attribute: c_int, value: c_int);
     cuFuncSetCacheConfig(function: CUkernel, config: c_uint);

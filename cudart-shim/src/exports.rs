@@ -29,6 +29,10 @@ macro_rules! cudart_exports {
                 __cudaLaunchKernel_ptsz(kernel: cudaKernel_t, grid: dim3, block: dim3, args: *mut *mut c_void, shared_mem: usize, stream: cudaStream_t);
                 cudaLaunchKernel(func: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared_mem: usize, stream: cudaStream_t);
                 cudaLaunchKernel_ptsz(func: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared_mem: usize, stream: cudaStream_t);
+                cudaLaunchKernelExC(config: *const crate::api::cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void);
+                cudaLaunchKernelExC_ptsz(config: *const crate::api::cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void);
+                cudaLaunchCooperativeKernel(func: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared_mem: usize, stream: cudaStream_t);
+                cudaLaunchCooperativeKernel_ptsz(func: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared_mem: usize, stream: cudaStream_t);
                 // --- device ---
                 cudaGetDeviceCount(count: *mut c_int);
                 cudaGetDevice(device: *mut c_int);
@@ -250,9 +254,7 @@ macro_rules! cudart_exports {
         cudaGraphNodeGetDependentNodes, cudaGraphNodeGetEnabled, cudaGraphNodeSetEnabled, cudaGraphNodeSetParams, cudaGraphReleaseUserObject,
         cudaGraphRetainUserObject, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaInitDevice, cudaIpcCloseMemHandle,
         cudaIpcGetEventHandle, cudaIpcGetMemHandle, cudaIpcOpenEventHandle, cudaIpcOpenMemHandle,
-        cudaKernelSetAttributeForDevice, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz,
-        cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz,
-        cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
+        cudaKernelSetAttributeForDevice, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
         cudaLogsRegisterCallback, cudaLogsUnregisterCallback, cudaMalloc3D, cudaMalloc3DArray,

@@ -744,6 +744,42 @@ launch_kernel! {
     cuLaunchKernel_ptsz => true;
 }
 
+/// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE` set: a launch whose blocks may synchronize grid-wide.
+fn cooperative() -> Vec<LaunchAttribute> {
+    vec![LaunchAttribute { id: 2, value: [1, 0, 0, 0] }]
+}
+
+macro_rules! launch_cooperative {
+    ($($name:ident => $ptsz:literal;)*) => {$(
+        /// A cooperative launch: a launch with the cooperative attribute. A grid too large to be
+        /// resident at once is refused by the server's driver, reported at the next synchronizing
+        /// call as the launch's other errors are.
+        pub unsafe fn $name(
+            f: CUfunction,
+            grid_dim_x: c_uint,
+            grid_dim_y: c_uint,
+            grid_dim_z: c_uint,
+            block_dim_x: c_uint,
+            block_dim_y: c_uint,
+            block_dim_z: c_uint,
+            shared_mem_bytes: c_uint,
+            h_stream: CUstream,
+            kernel_params: *mut *mut c_void,
+        ) -> CUresult {
+            let grid = Dim3 { x: grid_dim_x, y: grid_dim_y, z: grid_dim_z };
+            let block = Dim3 { x: block_dim_x, y: block_dim_y, z: block_dim_z };
+            let extra = std::ptr::null_mut();
+            // SAFETY: the caller's arguments, per the driver API.
+            run(|| unsafe { launch(f, grid, block, shared_mem_bytes, h_stream, $ptsz, cooperative(), kernel_params, extra) })
+        }
+    )*};
+}
+
+launch_cooperative! {
+    cuLaunchCooperativeKernel => false;
+    cuLaunchCooperativeKernel_ptsz => true;
+}
+
 /// One `CUlaunchAttribute` as laid out in CUDA 13: the id, 4 bytes of padding, a 64-byte union.
 #[repr(C)]
 struct RawLaunchAttribute {

@@ -305,9 +305,9 @@ macro_rules! for_each_driver_api {
             implemented cuKernelSetAttribute [cuKernelSetAttribute 1 legacy current] (attrib: CUfunction_attribute, val: c_int, kernel: CUkernel, dev: CUdevice);
             implemented cuKernelSetCacheConfig [cuKernelSetCacheConfig 1 legacy current] (kernel: CUkernel, config: CUfunc_cache, dev: CUdevice);
             unsupported cuLaunch [cuLaunch 1 legacy current] (f: CUfunction);
-            unsupported cuLaunchCooperativeKernel [cuLaunchCooperativeKernel 1 legacy current] (f: CUfunction, grid_dim_x: c_uint, grid_dim_y: c_uint, grid_dim_z: c_uint, block_dim_x: c_uint, block_dim_y: c_uint, block_dim_z: c_uint, shared_mem_bytes: c_uint, h_stream: CUstream, kernel_params: *mut *mut c_void);
+            implemented cuLaunchCooperativeKernel [cuLaunchCooperativeKernel 1 legacy current] (f: CUfunction, grid_dim_x: c_uint, grid_dim_y: c_uint, grid_dim_z: c_uint, block_dim_x: c_uint, block_dim_y: c_uint, block_dim_z: c_uint, shared_mem_bytes: c_uint, h_stream: CUstream, kernel_params: *mut *mut c_void);
             unsupported cuLaunchCooperativeKernelMultiDevice [cuLaunchCooperativeKernelMultiDevice 1 legacy current] (launch_params_list: *mut CUDA_LAUNCH_PARAMS, num_devices: c_uint, flags: c_uint);
-            unsupported cuLaunchCooperativeKernel_ptsz [cuLaunchCooperativeKernel 1 ptsz per_thread] (f: CUfunction, grid_dim_x: c_uint, grid_dim_y: c_uint, grid_dim_z: c_uint, block_dim_x: c_uint, block_dim_y: c_uint, block_dim_z: c_uint, shared_mem_bytes: c_uint, h_stream: CUstream, kernel_params: *mut *mut c_void);
+            implemented cuLaunchCooperativeKernel_ptsz [cuLaunchCooperativeKernel 1 ptsz per_thread] (f: CUfunction, grid_dim_x: c_uint, grid_dim_y: c_uint, grid_dim_z: c_uint, block_dim_x: c_uint, block_dim_y: c_uint, block_dim_z: c_uint, shared_mem_bytes: c_uint, h_stream: CUstream, kernel_params: *mut *mut c_void);
             unsupported cuLaunchGrid [cuLaunchGrid 1 legacy current] (f: CUfunction, grid_width: c_int, grid_height: c_int);
             unsupported cuLaunchGridAsync [cuLaunchGridAsync 1 legacy current] (f: CUfunction, grid_width: c_int, grid_height: c_int, h_stream: CUstream);
             implemented cuLaunchHostFunc [cuLaunchHostFunc 1 legacy current] (h_stream: CUstream, fn_: CUhostFn, user_data: *mut c_void);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use flyt_protocol::device::attr;
 
-use crate::driver::{cu, cu_ctx};
+use crate::driver::{LaunchConfig, cu, cu_ctx};
 use crate::ffi::{cudaKernel_t, cudaStream_t, dim3, write_out};
 use crate::registry::{Kernel, kernel_by_handle, kernel_by_host};
 
@@ -132,3 +132,108 @@ launch_entry!(__cudaLaunchKernel, cudaKernel_t, by_handle, false);
 launch_entry!(__cudaLaunchKernel_ptsz, cudaKernel_t, by_handle, true);
 launch_entry!(cudaLaunchKernel, *const c_void, by_host, false);
 launch_entry!(cudaLaunchKernel_ptsz, *const c_void, by_host, true);
+
+/// `cudaLaunchCooperativeKernel`: blocks of the grid may synchronize with each other.
+///
+/// # Safety
+/// As for [`launch`].
+unsafe fn launch_cooperative(
+    func: *const c_void,
+    grid: dim3,
+    block: dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: cudaStream_t,
+    per_thread_default: bool,
+) -> CudaResult<()> {
+    let found = by_host(func)?;
+    let kernel = found.handle().map_err(|error| invalid_launch(grid, block, shared_mem, stream).unwrap_or(error))?;
+    let shared_mem = c_uint::try_from(shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
+    let (g, b) = (grid, block);
+    if per_thread_default {
+        cu_ctx!(cuLaunchCooperativeKernel_ptsz(kernel, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream, args))
+    } else {
+        cu_ctx!(cuLaunchCooperativeKernel(kernel, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream, args))
+    }
+}
+
+pub unsafe fn cudaLaunchCooperativeKernel(
+    func: *const c_void,
+    grid: dim3,
+    block: dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    // SAFETY: forwarded contract.
+    unsafe { launch_cooperative(func, grid, block, args, shared_mem, stream, false) }
+}
+
+pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
+    func: *const c_void,
+    grid: dim3,
+    block: dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    // SAFETY: forwarded contract.
+    unsafe { launch_cooperative(func, grid, block, args, shared_mem, stream, true) }
+}
+
+/// `cudaLaunchConfig_t`.
+#[repr(C)]
+pub struct cudaLaunchConfig_t {
+    grid: dim3,
+    block: dim3,
+    dynamic_smem: usize,
+    stream: cudaStream_t,
+    attrs: *mut c_void,
+    num_attrs: c_uint,
+}
+
+/// `cudaLaunchKernelExC`: a launch with attributes (cooperative, clusters, priority...), which
+/// the driver checks and the server applies.
+///
+/// # Safety
+/// `config` is a readable `cudaLaunchConfig_t` whose `attrs` has `num_attrs` entries; `args` as
+/// for [`launch`].
+unsafe fn launch_ex(
+    config: *const cudaLaunchConfig_t,
+    func: *const c_void,
+    args: *mut *mut c_void,
+    per_thread_default: bool,
+) -> CudaResult<()> {
+    if config.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the app's config.
+    let config = unsafe { &*config };
+    let found = by_host(func)?;
+    let kernel =
+        found.handle().map_err(|error| invalid_launch(config.grid, config.block, config.dynamic_smem, config.stream).unwrap_or(error))?;
+    let driver = LaunchConfig {
+        grid: [config.grid.x, config.grid.y, config.grid.z],
+        block: [config.block.x, config.block.y, config.block.z],
+        shared_mem: c_uint::try_from(config.dynamic_smem).map_err(|_| CudaError::INVALID_VALUE)?,
+        stream: config.stream,
+        attrs: config.attrs,
+        num_attrs: config.num_attrs,
+    };
+    let extra = std::ptr::null_mut();
+    if per_thread_default {
+        cu_ctx!(cuLaunchKernelEx_ptsz(&driver, kernel, args, extra))
+    } else {
+        cu_ctx!(cuLaunchKernelEx(&driver, kernel, args, extra))
+    }
+}
+
+pub unsafe fn cudaLaunchKernelExC(config: *const cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void) -> CudaResult<()> {
+    // SAFETY: forwarded contract.
+    unsafe { launch_ex(config, func, args, false) }
+}
+
+pub unsafe fn cudaLaunchKernelExC_ptsz(config: *const cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void) -> CudaResult<()> {
+    // SAFETY: forwarded contract.
+    unsafe { launch_ex(config, func, args, true) }
+}

@@ -1077,6 +1077,38 @@ static void modules_kernels_symbols(void) {
     EXPECT_CODE("cudaLaunchKernel_ptsz(NULL)", cudaLaunchKernel_ptsz(NULL, one, one, NULL, 0, NULL), cudaErrorInvalidDeviceFunction);
     EXPECT_CODE("cudaLaunchKernel_ptsz the emulated device cannot run",
                 cudaLaunchKernel_ptsz((const void *)fake_kernel, one, one, NULL, 0, NULL), cudaErrorNotSupported);
+    AUDIT("cudaLaunchKernelExC");
+    AUDIT("cudaLaunchKernelExC_ptsz");
+    {
+        cudaLaunchAttribute attribute;
+        memset(&attribute, 0, sizeof attribute);
+        attribute.id = cudaLaunchAttributeCooperative;
+        attribute.val.cooperative = 1;
+        cudaLaunchConfig_t config;
+        memset(&config, 0, sizeof config);
+        config.gridDim = one;
+        config.blockDim = one;
+        config.attrs = &attribute;
+        config.numAttrs = 1;
+        EXPECT_CODE("cudaLaunchKernelExC of a function that is no kernel", cudaLaunchKernelExC(&config, (const void *)not_a_kernel, NULL),
+                    cudaErrorInvalidResourceHandle);
+        EXPECT_CODE("cudaLaunchKernelExC the emulated device cannot run", cudaLaunchKernelExC(&config, (const void *)fake_kernel, NULL),
+                    cudaErrorNotSupported);
+        EXPECT_CODE("cudaLaunchKernelExC_ptsz the emulated device cannot run",
+                    cudaLaunchKernelExC_ptsz(&config, (const void *)fake_kernel, NULL), cudaErrorNotSupported);
+        EXPECT_CODE("cudaLaunchKernelExC without a config", cudaLaunchKernelExC(NULL, (const void *)fake_kernel, NULL),
+                    cudaErrorInvalidValue);
+    }
+    AUDIT("cudaLaunchCooperativeKernel");
+    AUDIT("cudaLaunchCooperativeKernel_ptsz");
+    EXPECT_CODE("cudaLaunchCooperativeKernel(NULL)", cudaLaunchCooperativeKernel(NULL, one, one, NULL, 0, NULL),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("a cooperative launch of a function that is no kernel",
+                cudaLaunchCooperativeKernel((const void *)not_a_kernel, one, one, NULL, 0, NULL), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("a cooperative launch the emulated device cannot run",
+                cudaLaunchCooperativeKernel((const void *)fake_kernel, one, one, NULL, 0, NULL), cudaErrorNotSupported);
+    EXPECT_CODE("cudaLaunchCooperativeKernel_ptsz the emulated device cannot run",
+                cudaLaunchCooperativeKernel_ptsz((const void *)fake_kernel, one, one, NULL, 0, NULL), cudaErrorNotSupported);
 
     AUDIT("cudaFuncGetAttributes");
     EXPECT_CODE("attributes of a function that is no kernel", cudaFuncGetAttributes(&attributes, (const void *)not_a_kernel),
