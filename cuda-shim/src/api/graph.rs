@@ -282,6 +282,27 @@ pub unsafe fn cuGraphDestroy(h_graph: CUgraph) -> CUresult {
     run(|| client()?.post(req::GraphDestroy { graph: id_of(h_graph)? }).map_err(driver_error))
 }
 
+/// Adds a kernel node and keeps its parameters for `cuGraphKernelNodeGetParams`.
+///
+/// # Safety
+/// `fields` come from the caller's struct, whose arrays it vouches for; `out` and
+/// `dependencies` are the caller's out-pointer and array of `count` handles.
+unsafe fn add_kernel_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    fields: DriverResult<KernelFields>,
+) -> DriverResult {
+    let client = client()?;
+    // SAFETY: forwarded contract.
+    let (params, record) = unsafe { kernel_params(fields?) }?;
+    // SAFETY: forwarded contract.
+    let node = unsafe { add_node(client, out, graph, dependencies, count, params) }?;
+    kernel_nodes().get_or_insert_with(HashMap::new).insert(node, record);
+    Ok(())
+}
+
 pub unsafe fn cuGraphAddKernelNode(
     ph_graph_node: *mut CUgraphNode,
     h_graph: CUgraph,
@@ -289,15 +310,8 @@ pub unsafe fn cuGraphAddKernelNode(
     num_dependencies: usize,
     node_params: *const CUDA_KERNEL_NODE_PARAMS_v1,
 ) -> CUresult {
-    run(|| {
-        let client = client()?;
-        // SAFETY: the caller's struct and the arrays it names.
-        let (params, record) = unsafe { kernel_params(fields_v1(node_params)?) }?;
-        // SAFETY: the caller's out-pointer and dependency array.
-        let node = unsafe { add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params) }?;
-        kernel_nodes().get_or_insert_with(HashMap::new).insert(node, record);
-        Ok(())
-    })
+    // SAFETY: the caller's struct, out-pointer and dependency array.
+    run(|| unsafe { add_kernel_node(ph_graph_node, h_graph, dependencies, num_dependencies, fields_v1(node_params)) })
 }
 
 pub unsafe fn cuGraphAddKernelNode_v2(
@@ -307,15 +321,8 @@ pub unsafe fn cuGraphAddKernelNode_v2(
     num_dependencies: usize,
     node_params: *const CUDA_KERNEL_NODE_PARAMS,
 ) -> CUresult {
-    run(|| {
-        let client = client()?;
-        // SAFETY: the caller's struct and the arrays it names.
-        let (params, record) = unsafe { kernel_params(fields_v2(node_params)?) }?;
-        // SAFETY: the caller's out-pointer and dependency array.
-        let node = unsafe { add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params) }?;
-        kernel_nodes().get_or_insert_with(HashMap::new).insert(node, record);
-        Ok(())
-    })
+    // SAFETY: the caller's struct, out-pointer and dependency array.
+    run(|| unsafe { add_kernel_node(ph_graph_node, h_graph, dependencies, num_dependencies, fields_v2(node_params)) })
 }
 
 pub unsafe fn cuGraphAddMemcpyNode(

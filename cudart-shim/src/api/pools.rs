@@ -9,45 +9,31 @@ use flyt_protocol::error::CudaResult;
 use crate::driver::{CUdeviceptr, cu_ctx};
 use crate::ffi::{cudaStream_t, write_out};
 
-fn allocated(out: *mut *mut c_void, ptr: CUdeviceptr) -> CudaResult<()> {
-    // SAFETY: the app's out-pointer (NULL is refused).
-    unsafe { write_out(out, ptr as *mut c_void) }
+/// Runs a driver allocation and gives the app its pointer.
+fn allocate(out: *mut *mut c_void, driver: impl FnOnce(&mut CUdeviceptr) -> CudaResult<()>) -> CudaResult<()> {
+    if out.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut device = 0;
+    driver(&mut device)?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(out, device as *mut c_void) }
 }
 
 pub unsafe fn cudaMallocAsync(ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) -> CudaResult<()> {
-    if ptr.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let mut device = 0;
-    cu_ctx!(cuMemAllocAsync(&mut device, size, stream))?;
-    allocated(ptr, device)
+    allocate(ptr, |device| cu_ctx!(cuMemAllocAsync(device, size, stream)))
 }
 
 pub unsafe fn cudaMallocAsync_ptsz(ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) -> CudaResult<()> {
-    if ptr.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let mut device = 0;
-    cu_ctx!(cuMemAllocAsync_ptsz(&mut device, size, stream))?;
-    allocated(ptr, device)
+    allocate(ptr, |device| cu_ctx!(cuMemAllocAsync_ptsz(device, size, stream)))
 }
 
 pub unsafe fn cudaMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
-    if ptr.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let mut device = 0;
-    cu_ctx!(cuMemAllocFromPoolAsync(&mut device, size, pool, stream))?;
-    allocated(ptr, device)
+    allocate(ptr, |device| cu_ctx!(cuMemAllocFromPoolAsync(device, size, pool, stream)))
 }
 
 pub unsafe fn cudaMallocFromPoolAsync_ptsz(ptr: *mut *mut c_void, size: usize, pool: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
-    if ptr.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let mut device = 0;
-    cu_ctx!(cuMemAllocFromPoolAsync_ptsz(&mut device, size, pool, stream))?;
-    allocated(ptr, device)
+    allocate(ptr, |device| cu_ctx!(cuMemAllocFromPoolAsync_ptsz(device, size, pool, stream)))
 }
 
 pub unsafe fn cudaFreeAsync(ptr: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
