@@ -716,44 +716,15 @@ unsafe fn launch(
     unsafe { client.launch(&function, config, args) }.map_err(driver_error)
 }
 
-macro_rules! launch_kernel {
-    ($($name:ident => $ptsz:literal;)*) => {$(
-        pub unsafe fn $name(
-            f: CUfunction,
-            grid_dim_x: c_uint,
-            grid_dim_y: c_uint,
-            grid_dim_z: c_uint,
-            block_dim_x: c_uint,
-            block_dim_y: c_uint,
-            block_dim_z: c_uint,
-            shared_mem_bytes: c_uint,
-            h_stream: CUstream,
-            kernel_params: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) -> CUresult {
-            let grid = Dim3 { x: grid_dim_x, y: grid_dim_y, z: grid_dim_z };
-            let block = Dim3 { x: block_dim_x, y: block_dim_y, z: block_dim_z };
-            // SAFETY: the caller's arguments, per the driver API.
-            run(|| unsafe { launch(f, grid, block, shared_mem_bytes, h_stream, $ptsz, Vec::new(), kernel_params, extra) })
-        }
-    )*};
-}
-
-launch_kernel! {
-    cuLaunchKernel => false;
-    cuLaunchKernel_ptsz => true;
-}
-
 /// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE` set: a launch whose blocks may synchronize grid-wide.
 fn cooperative() -> Vec<LaunchAttribute> {
     vec![LaunchAttribute { id: 2, value: [1, 0, 0, 0] }]
 }
 
-macro_rules! launch_cooperative {
-    ($($name:ident => $ptsz:literal;)*) => {$(
-        /// A cooperative launch: a launch with the cooperative attribute. A grid too large to be
-        /// resident at once is refused by the server's driver, reported at the next synchronizing
-        /// call as the launch's other errors are.
+/// The launch entry points: the attributes each adds, and whether it takes an `extra` array.
+macro_rules! launch_kernel {
+    ($($(#[$doc:meta])* $name:ident => $ptsz:literal, $attributes:expr $(, $extra:ident)?;)*) => {$(
+        $(#[$doc])*
         pub unsafe fn $name(
             f: CUfunction,
             grid_dim_x: c_uint,
@@ -765,19 +736,27 @@ macro_rules! launch_cooperative {
             shared_mem_bytes: c_uint,
             h_stream: CUstream,
             kernel_params: *mut *mut c_void,
+            $($extra: *mut *mut c_void,)?
         ) -> CUresult {
             let grid = Dim3 { x: grid_dim_x, y: grid_dim_y, z: grid_dim_z };
             let block = Dim3 { x: block_dim_x, y: block_dim_y, z: block_dim_z };
-            let extra = std::ptr::null_mut();
+            let extra: *mut *mut c_void = launch_kernel!(@extra $($extra)?);
             // SAFETY: the caller's arguments, per the driver API.
-            run(|| unsafe { launch(f, grid, block, shared_mem_bytes, h_stream, $ptsz, cooperative(), kernel_params, extra) })
+            run(|| unsafe { launch(f, grid, block, shared_mem_bytes, h_stream, $ptsz, $attributes, kernel_params, extra) })
         }
     )*};
+    (@extra $extra:ident) => { $extra };
+    (@extra) => { std::ptr::null_mut() };
 }
 
-launch_cooperative! {
-    cuLaunchCooperativeKernel => false;
-    cuLaunchCooperativeKernel_ptsz => true;
+launch_kernel! {
+    cuLaunchKernel => false, Vec::new(), extra;
+    cuLaunchKernel_ptsz => true, Vec::new(), extra;
+    /// A cooperative launch: a launch with the cooperative attribute. A grid too large to be
+    /// resident at once is refused by the server's driver, reported at the next synchronizing
+    /// call as the launch's other errors are.
+    cuLaunchCooperativeKernel => false, cooperative();
+    cuLaunchCooperativeKernel_ptsz => true, cooperative();
 }
 
 /// One `CUlaunchAttribute` as laid out in CUDA 13: the id, 4 bytes of padding, a 64-byte union.
