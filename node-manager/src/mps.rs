@@ -23,7 +23,18 @@ pub fn environment(config: &MpsConfig) -> Vec<(String, String)> {
 
 /// Runs a script; returns what it wrote on stderr.
 fn run(command: &str, config: &MpsConfig) -> Result<String, MpsError> {
-    let output = Command::new(command).envs(environment(config)).output().map_err(|error| MpsError::Run(command.to_string(), error))?;
+    // A script just written can be "busy" for a moment: a process forked elsewhere in this one
+    // may still hold it open for writing until it execs. That passes; other errors do not.
+    let mut attempt = 0;
+    let output = loop {
+        match Command::new(command).envs(environment(config)).output() {
+            Err(error) if error.kind() == std::io::ErrorKind::ExecutableFileBusy && attempt < 10 => {
+                attempt += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            result => break result.map_err(|error| MpsError::Run(command.to_string(), error))?,
+        }
+    };
     let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
     if !output.status.success() {
         return Err(MpsError::Failed(command.to_string(), output.status, stderr));
