@@ -46,7 +46,9 @@ pub struct Graphs {
     host_functions: Mutex<HashMap<u64, Registered>>,
     runner: OnceLock<Mutex<Sender<(u64, u64)>>>,
     /// Host functions that streams will reach and that have not returned yet.
-    outstanding: Mutex<usize>,
+    outstanding: AtomicUsize,
+    /// Held to wait for `outstanding` to reach zero.
+    returned_lock: Mutex<()>,
     returned: Condvar,
 }
 
@@ -115,15 +117,21 @@ impl Graphs {
     }
 
     fn add_outstanding(&self, count: usize) {
-        *lock(&self.outstanding) += count;
+        self.outstanding.fetch_add(count, Ordering::AcqRel);
     }
 
     fn one_returned(&self) {
-        let mut outstanding = lock(&self.outstanding);
-        *outstanding = outstanding.saturating_sub(1);
-        if *outstanding == 0 {
+        let _guard = lock(&self.returned_lock);
+        let left = self.outstanding.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
+        if left.is_ok_and(|before| before <= 1) {
             self.returned.notify_all();
         }
+    }
+
+    /// Whether some host function a stream will reach has not returned yet (one load: every
+    /// asynchronous copy over a socket asks).
+    pub fn host_functions_pending(&self) -> bool {
+        self.outstanding.load(Ordering::Acquire) > 0
     }
 
     /// Waits until every host function that streams will reach has returned. A stream-ordered
@@ -131,9 +139,9 @@ impl Graphs {
     /// function before it, which may write it; over a socket the bytes travel at the call, so
     /// such a copy is read only once those functions have run.
     pub fn wait_for_host_functions(&self) {
-        let mut outstanding = lock(&self.outstanding);
-        while *outstanding > 0 {
-            outstanding = self.returned.wait(outstanding).unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut guard = lock(&self.returned_lock);
+        while self.host_functions_pending() {
+            guard = self.returned.wait(guard).unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 
@@ -142,13 +150,6 @@ impl Graphs {
         let id = self.new_id();
         lock(&self.host_functions).insert(id, Registered { function, once });
         id
-    }
-
-    /// Changes a registered function to one that stays (it was captured into a graph).
-    fn keep(&self, call: u64) {
-        if let Some(registered) = lock(&self.host_functions).get_mut(&call) {
-            registered.once = false;
-        }
     }
 }
 
@@ -214,9 +215,7 @@ impl Client {
     /// A host node's function (kept while the session lives: graphs may run it at any launch).
     pub fn host_node_function(&self, function: HostFunction) -> CudaResult<u64> {
         self.start_host_runner()?;
-        let call = self.graphs.register(function, false);
-        self.graphs.keep(call);
-        Ok(call)
+        Ok(self.graphs.register(function, false))
     }
 
     /// The server reached host function `call` (run `run`): queues it for the runner thread.

@@ -225,7 +225,7 @@ pub unsafe fn copy(
                 // SAFETY: forwarded contract.
                 return unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode, sync) };
             }
-            if mode == Mode::Asynchronous && client.host_allocation(src as usize).is_some() {
+            if mode == Mode::Asynchronous && client.graphs.host_functions_pending() && client.host_allocation(src as usize).is_some() {
                 client.graphs.wait_for_host_functions();
             }
             // SAFETY: `src` is non-NULL (checked above) and a host buffer of `count` bytes per this
