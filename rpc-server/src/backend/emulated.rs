@@ -70,6 +70,15 @@ impl State {
         self.next_handle += 1;
         self.next_handle
     }
+
+    /// Records `work` as a node of the capture `stream` is in, if it is in one.
+    fn capture(&mut self, stream: u64, work: impl FnOnce() -> Work) -> Option<CudaResult<()>> {
+        if !self.graphs.captures.contains_key(&stream) {
+            return None;
+        }
+        let id = self.new_handle();
+        self.graphs.capture(stream, id, work())
+    }
 }
 
 /// A host-memory device.
@@ -263,8 +272,7 @@ impl Device for EmulatedDevice {
     fn copy_dtod(&self, dst: u64, src: u64, len: u64, stream: u64) -> CudaResult<()> {
         let mut state = self.state();
         let copy = Copy3d { src, src_pitch: len, src_height: 1, dst, dst_pitch: len, dst_height: 1, width: len, height: 1, depth: 1 };
-        let id = state.new_handle();
-        if let Some(captured) = state.graphs.capture(stream, id, Work::Memcpy(copy)) {
+        if let Some(captured) = state.capture(stream, || Work::Memcpy(copy)) {
             return captured;
         }
         let bytes = block_slice(&mut state.blocks, src, len)?.to_vec();
@@ -303,8 +311,7 @@ impl Device for EmulatedDevice {
     fn memset(&self, dst: u64, pattern: u32, width: u8, len: u64, stream: u64) -> CudaResult<()> {
         let mut state = self.state();
         let set = Memset2d { dst, pitch: len, value: pattern, element_size: width, width: len / u64::from(width.max(1)), height: 1 };
-        let id = state.new_handle();
-        if let Some(captured) = state.graphs.capture(stream, id, Work::Memset(set)) {
+        if let Some(captured) = state.capture(stream, || Work::Memset(set)) {
             return captured;
         }
         fill_elements(block_slice(&mut state.blocks, dst, len)?, pattern, width);
@@ -963,8 +970,7 @@ impl Device for EmulatedDevice {
 
     fn launch_host_call(&self, stream: u64, site: &Arc<HostCallSite>, _kept: bool) -> CudaResult<()> {
         let mut state = self.state();
-        let id = state.new_handle();
-        if let Some(captured) = state.graphs.capture(stream, id, Work::Host(site.clone())) {
+        if let Some(captured) = state.capture(stream, || Work::Host(site.clone())) {
             return captured;
         }
         drop(state);
