@@ -84,6 +84,8 @@ pub struct Client {
     pub graphs: crate::graphs::Graphs,
     /// Virtual memory management.
     pub vmm: crate::vmm::Vmm,
+    /// Arrays and mipmapped arrays.
+    pub arrays: crate::arrays::Arrays,
 }
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
@@ -283,6 +285,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         priority_range: OnceLock::new(),
         graphs: crate::graphs::Graphs::default(),
         vmm: crate::vmm::Vmm::default(),
+        arrays: crate::arrays::Arrays::default(),
     })
 }
 
@@ -326,6 +329,7 @@ impl Client {
         let _ = self.conn.take_deferred();
         self.forget_allocations();
         self.forget_vmm();
+        self.forget_arrays();
         crate::registry::forget_variables(&self.ranges);
         lock(&self.streams).clear();
         lock(&self.events).clear();

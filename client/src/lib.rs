@@ -10,6 +10,7 @@
     reason = "Flyt runs on 64-bit Linux only: sizes and addresses cross the wire as u64 and fit usize"
 )]
 
+pub mod arrays;
 pub mod client;
 pub use flyt_front_kit::diagnostics;
 pub mod conn;
@@ -20,6 +21,7 @@ pub mod launch;
 pub mod link;
 pub mod ranges;
 pub mod registry;
+pub mod shaped;
 pub mod shm;
 pub mod stats;
 pub mod streams;

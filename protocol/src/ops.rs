@@ -248,6 +248,37 @@ macro_rules! for_each_op {
             83 MemPoolDestroy mem_pool_destroy [reply -] { pool: u64 } -> {};
             /// `cuDeviceSetMemPool` (`pool` set), and the device's current pool either way.
             84 DeviceMemPool device_mem_pool [reply -] { set: Option<u64> } -> { pool: u64 };
+            // --- pitched memory, shaped (2D/3D, array) copies, arrays, textures and surfaces (array
+            // ids are the client's; texture and surface objects are the driver's values, which
+            // kernels take as arguments) ---
+            /// `cuMemAllocPitch`: `height` rows of `width` bytes, counted in the quota.
+            85 MallocPitch malloc_pitch [reply -] { width: u64, height: u64, element_size: u32 } -> { ptr: u64, pitch: u64 };
+            /// `cuMemsetD2D8/16/32*`.
+            86 Memset2D memset_2d [noreply -] { set: Memset2d, stream: u64 } -> {};
+            /// `cuMemcpy3D*` (and 2D, array and peer copies) between device memory and arrays.
+            87 MemcpyShaped memcpy_shaped [noreply -] { copy: ShapedCopy, stream: u64 } -> {};
+            /// A shaped copy from host memory: the source is the bulk, rows packed (a `Host` side
+            /// of pitch `width`, at the origin). Large copies arrive as several row-aligned pieces.
+            88 MemcpyHtoShaped memcpy_htos [noreply bulk_in] { copy: ShapedCopy, stream: u64 } -> {};
+            /// A shaped copy into host memory: the rows come back packed as bulk. `blocking` as
+            /// for `MemcpyDtoH`.
+            89 MemcpyShapedToH memcpy_stoh [sync_point bulk_out] { copy: ShapedCopy, stream: u64, blocking: bool } -> {};
+            /// A shaped copy whose host side is in the shared-memory segment at `offset` (a
+            /// `Host` side: the layout there).
+            90 ShmCopyShaped shm_copy_shaped [noreply -] { copy: ShapedCopy, offset: u64, stream: u64 } -> {};
+            /// `cuArray3DCreate` (and `cuArrayCreate`, `cuMipmappedArrayCreate` with `levels`),
+            /// named `array`, counted in the quota.
+            91 ArrayCreate array_create [reply -] { array: u64, desc: ArrayDesc, levels: Option<u32> } -> {};
+            /// `cuArrayDestroy`, `cuMipmappedArrayDestroy`.
+            92 ArrayDestroy array_destroy [reply -] { array: u64 } -> {};
+            /// `cuMipmappedArrayGetLevel`: level `level` of `mipmap`, named `array`.
+            93 MipmappedArrayLevel mipmapped_array_level [reply -] { mipmap: u64, level: u32, array: u64 } -> {};
+            /// `cuTexObjectCreate`.
+            94 TexObjectCreate tex_object_create [reply -] { resource: Resource, texture: TextureDesc, view: Option<ViewDesc> } -> { handle: u64 };
+            /// `cuSurfObjectCreate` over an array.
+            95 SurfObjectCreate surf_object_create [reply -] { array: u64 } -> { handle: u64 };
+            /// `cuTexObjectDestroy` (`surface` false), `cuSurfObjectDestroy`.
+            96 ObjectDestroy object_destroy [reply -] { handle: u64, surface: bool } -> {};
         }
     };
 }
@@ -416,6 +447,157 @@ pub struct Memset2d {
     pub element_size: u8,
     pub width: u64,
     pub height: u64,
+}
+
+/// One side of a shaped copy, as `CUDA_MEMCPY3D` describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CopySide {
+    /// Device memory from `ptr`: rows `pitch` bytes apart, slices `pitch * height`.
+    Device { ptr: u64, pitch: u64, height: u64 },
+    /// A CUDA array (the client's id).
+    Array { array: u64 },
+    /// Host memory: packed bulk bytes, or the shared-memory segment (see the ops).
+    Host { pitch: u64, height: u64 },
+}
+
+/// A position in a shaped copy: `x` in bytes, `y` rows, `z` slices (layers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pos3 {
+    pub x: u64,
+    pub y: u64,
+    pub z: u64,
+}
+
+/// `cuMemcpy3D`'s whole description: a box of `width` bytes x `height` rows x `depth` slices
+/// from `src` at `src_pos` to `dst` at `dst_pos`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShapedCopy {
+    pub src: CopySide,
+    pub src_pos: Pos3,
+    pub dst: CopySide,
+    pub dst_pos: Pos3,
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+}
+
+impl ShapedCopy {
+    /// The bytes of one side with rows `pitch` apart and slices `pitch * slice_height` apart,
+    /// from the side's first byte at `pos` to its last, or `None` on overflow.
+    pub fn span(&self, pos: Pos3, pitch: u64, slice_height: u64) -> Option<(u64, u64)> {
+        let slice = pitch.checked_mul(slice_height)?;
+        let start = pos.z.checked_mul(slice)?.checked_add(pos.y.checked_mul(pitch)?)?.checked_add(pos.x)?;
+        if self.width == 0 || self.height == 0 || self.depth == 0 {
+            return Some((start, 0));
+        }
+        let len = (self.depth - 1).checked_mul(slice)?.checked_add((self.height - 1).checked_mul(pitch)?)?.checked_add(self.width)?;
+        Some((start, len))
+    }
+
+    /// The bytes the box holds, packed.
+    pub fn packed_len(&self) -> Option<u64> {
+        self.width.checked_mul(self.height)?.checked_mul(self.depth)
+    }
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`: `width` elements of `format` (`CUarray_format`) x `channels`,
+/// `height` and `depth` 0 for fewer dimensions; `flags` are `CUDA_ARRAY3D_*`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayDesc {
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+    pub format: u32,
+    pub channels: u32,
+    pub flags: u32,
+}
+
+/// `CUarray_format` values with plain elements (the ones Flyt serves).
+pub mod array_format {
+    pub const UNSIGNED_INT8: u32 = 0x01;
+    pub const UNSIGNED_INT16: u32 = 0x02;
+    pub const UNSIGNED_INT32: u32 = 0x03;
+    pub const SIGNED_INT8: u32 = 0x08;
+    pub const SIGNED_INT16: u32 = 0x09;
+    pub const SIGNED_INT32: u32 = 0x0a;
+    pub const HALF: u32 = 0x10;
+    pub const FLOAT: u32 = 0x20;
+}
+
+/// `CUDA_ARRAY3D_*` flags.
+pub mod array_flags {
+    pub const LAYERED: u32 = 0x01;
+    pub const SURFACE_LDST: u32 = 0x02;
+    pub const CUBEMAP: u32 = 0x04;
+    pub const TEXTURE_GATHER: u32 = 0x08;
+}
+
+impl ArrayDesc {
+    /// Bytes per element (all channels), or `None` for a format Flyt does not serve.
+    pub fn element_size(&self) -> Option<u64> {
+        use array_format::*;
+        let channel = match self.format {
+            UNSIGNED_INT8 | SIGNED_INT8 => 1,
+            UNSIGNED_INT16 | SIGNED_INT16 | HALF => 2,
+            UNSIGNED_INT32 | SIGNED_INT32 | FLOAT => 4,
+            _ => return None,
+        };
+        matches!(self.channels, 1 | 2 | 4).then_some(channel * u64::from(self.channels))
+    }
+
+    /// Width in bytes, rows and slices (layers, cube faces) as copies address them.
+    pub fn extent(&self) -> Option<(u64, u64, u64)> {
+        Some((self.width.checked_mul(self.element_size()?)?, self.height.max(1), self.depth.max(1)))
+    }
+
+    /// The descriptor of mipmap level `level`: each dimension halves, down to 1 (layers and
+    /// cube faces stay).
+    pub fn level(&self, level: u32) -> Self {
+        let shrink = |size: u64| if size == 0 { 0 } else { (size >> level.min(63)).max(1) };
+        let layered = self.flags & (array_flags::LAYERED | array_flags::CUBEMAP) != 0;
+        Self {
+            width: shrink(self.width),
+            height: shrink(self.height),
+            depth: if layered { self.depth } else { shrink(self.depth) },
+            ..*self
+        }
+    }
+}
+
+/// What a texture reads (`CUDA_RESOURCE_DESC`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Resource {
+    Array { array: u64 },
+    Mipmapped { array: u64 },
+    Linear { ptr: u64, format: u32, channels: u32, size: u64 },
+    Pitch2d { ptr: u64, format: u32, channels: u32, width: u64, height: u64, pitch: u64 },
+}
+
+/// `CUDA_TEXTURE_DESC`, field by field (floats as their bits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TextureDesc {
+    pub address_mode: [u32; 3],
+    pub filter_mode: u32,
+    pub flags: u32,
+    pub max_anisotropy: u32,
+    pub mipmap_filter_mode: u32,
+    pub mipmap_level_bias: u32,
+    pub min_mipmap_level_clamp: u32,
+    pub max_mipmap_level_clamp: u32,
+    pub border_color: [u32; 4],
+}
+
+/// `CUDA_RESOURCE_VIEW_DESC`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewDesc {
+    pub format: u32,
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+    pub first_mipmap_level: u32,
+    pub last_mipmap_level: u32,
+    pub first_layer: u32,
+    pub last_layer: u32,
 }
 
 /// What a graph node does.

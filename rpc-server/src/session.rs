@@ -24,6 +24,7 @@ use crate::shm::Segment;
 use crate::transport::{Connection, Outbox};
 use crate::waiters::Waiters;
 
+mod arrays;
 mod graphs;
 mod pools;
 mod vmm;
@@ -76,21 +77,22 @@ impl<T: Serialize> Responder<T> {
 }
 
 /// A device-to-host copy whose reply (with its bytes) waits in the outbox until it finishes.
-struct HeldCopy<D: Device> {
+struct HeldCopy<D: Device, R: Serialize> {
     device: Arc<D>,
     copy: D::PendingCopy,
     /// A blocking `cudaMemcpy`: flushes what the kernels printed first, as CUDA does.
     blocking: bool,
-    reply: Mutex<Option<Responder<rep::MemcpyDtoH>>>,
+    /// The responder and the reply it sends on success.
+    reply: Mutex<Option<(Responder<R>, R)>>,
 }
 
-impl<D: Device> crate::transport::PendingReply for HeldCopy<D> {
+impl<D: Device, R: Serialize + Send + 'static> crate::transport::PendingReply for HeldCopy<D, R> {
     fn ready(&self) -> bool {
         self.device.dtoh_done(&self.copy)
     }
 
     fn send(&self, outbox: &Outbox) {
-        let Some(reply) = self.reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() else {
+        let Some((reply, done)) = self.reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() else {
             return;
         };
         let result = self.device.dtoh_bytes(&self.copy);
@@ -98,7 +100,7 @@ impl<D: Device> crate::transport::PendingReply for HeldCopy<D> {
             outbox.send_output();
         }
         match result {
-            Ok(bytes) => reply.send_now_with_bulk(Ok(rep::MemcpyDtoH {}), bytes),
+            Ok(bytes) => reply.send_now_with_bulk(Ok(done), bytes),
             Err(error) => reply.send_now_with_bulk(Err(error), &[]),
         }
     }
@@ -396,6 +398,8 @@ pub struct Session<D: Device> {
     vmm: vmm::VmmTable<D>,
     /// Memory pools.
     pools: pools::PoolTable<D>,
+    /// Arrays, mipmapped arrays, texture and surface objects.
+    arrays: arrays::ArrayTable<D>,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -439,6 +443,7 @@ impl<D: Device> Session<D> {
             graphs: graphs::GraphTable::new(host_calls),
             vmm: vmm::VmmTable::default(),
             pools: pools::PoolTable::default(),
+            arrays: arrays::ArrayTable::default(),
         }
     }
 
@@ -665,6 +670,31 @@ impl<D: Device> Session<D> {
         });
     }
 
+    /// Holds a device-to-host copy's reply in the outbox until the copy is done, then sends it
+    /// with the bytes (`done` on success).
+    fn hold_copy<R: Serialize + Send + 'static>(&self, copy: D::PendingCopy, blocking: bool, reply: Responder<R>, done: R) {
+        let held = Arc::new(HeldCopy {
+            device: self.device.clone(),
+            copy,
+            blocking: blocking && self.may_print,
+            reply: Mutex::new(Some((reply, done))),
+        });
+        self.outbox.hold(held.clone());
+        let (outbox, polled, waits_in_driver) = (self.outbox.clone(), held.clone(), self.may_print);
+        self.after(
+            false,
+            move || polled.device.dtoh_done(&polled.copy),
+            move || {
+                if waits_in_driver {
+                    // Waits in the driver (see `after`); the outcome is read again when the
+                    // reply is sent.
+                    let _ = held.device.dtoh_bytes(&held.copy);
+                }
+                outbox.send_ready();
+            },
+        );
+    }
+
     fn private_event(&self) -> CudaResult<D::Event> {
         let recycled = self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
         match recycled {
@@ -678,6 +708,7 @@ impl<D: Device> Session<D> {
         self.graphs.release(&*self.device);
         self.release_vmm();
         self.release_pools();
+        self.release_arrays();
         for ptr in self.ranges.allocations() {
             if let Ok(len) = self.ranges.remove_allocation(ptr) {
                 let _ = self.device.free(ptr);
@@ -864,26 +895,7 @@ impl<D: Device> OpHandler for Session<D> {
             Err(error) => return reply.send(Err(error)),
         };
         self.count_copy(crate::stats::Copied::DeviceToHostSocket, request.len);
-        let held = Arc::new(HeldCopy {
-            device: self.device.clone(),
-            copy,
-            blocking: request.blocking && self.may_print,
-            reply: Mutex::new(Some(reply)),
-        });
-        self.outbox.hold(held.clone());
-        let (outbox, polled, waits_in_driver) = (self.outbox.clone(), held.clone(), self.may_print);
-        self.after(
-            false,
-            move || polled.device.dtoh_done(&polled.copy),
-            move || {
-                if waits_in_driver {
-                    // Waits in the driver (see `after`); the outcome is read again when the
-                    // reply is sent.
-                    let _ = held.device.dtoh_bytes(&held.copy);
-                }
-                outbox.send_ready();
-            },
-        );
+        self.hold_copy(copy, request.blocking, reply, rep::MemcpyDtoH {});
     }
 
     fn memcpy_dtod(&mut self, request: req::MemcpyDtoD, reply: Responder<rep::MemcpyDtoD>) {
@@ -1430,6 +1442,54 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn device_mem_pool(&mut self, request: req::DeviceMemPool, reply: Responder<rep::DeviceMemPool>) {
         Session::pool_current(self, request, reply);
+    }
+
+    fn malloc_pitch(&mut self, request: req::MallocPitch, reply: Responder<rep::MallocPitch>) {
+        self.pitch_alloc(request, reply);
+    }
+
+    fn memset_2d(&mut self, request: req::Memset2D, reply: Responder<rep::Memset2D>) {
+        self.set_2d(request, reply);
+    }
+
+    fn memcpy_shaped(&mut self, request: req::MemcpyShaped, reply: Responder<rep::MemcpyShaped>) {
+        self.copy_shaped(request, reply);
+    }
+
+    fn memcpy_htos(&mut self, request: req::MemcpyHtoShaped, bulk: &mut BulkIn<'_>, reply: Responder<rep::MemcpyHtoShaped>) {
+        self.copy_host_to_shaped(request, bulk, reply);
+    }
+
+    fn memcpy_stoh(&mut self, request: req::MemcpyShapedToH, reply: Responder<rep::MemcpyShapedToH>) {
+        self.copy_shaped_to_host(request, reply);
+    }
+
+    fn shm_copy_shaped(&mut self, request: req::ShmCopyShaped, reply: Responder<rep::ShmCopyShaped>) {
+        Session::shm_copy_shaped(self, request, reply);
+    }
+
+    fn array_create(&mut self, request: req::ArrayCreate, reply: Responder<rep::ArrayCreate>) {
+        self.new_array(request, reply);
+    }
+
+    fn array_destroy(&mut self, request: req::ArrayDestroy, reply: Responder<rep::ArrayDestroy>) {
+        self.drop_array(request, reply);
+    }
+
+    fn mipmapped_array_level(&mut self, request: req::MipmappedArrayLevel, reply: Responder<rep::MipmappedArrayLevel>) {
+        self.array_level(request, reply);
+    }
+
+    fn tex_object_create(&mut self, request: req::TexObjectCreate, reply: Responder<rep::TexObjectCreate>) {
+        self.new_texture(request, reply);
+    }
+
+    fn surf_object_create(&mut self, request: req::SurfObjectCreate, reply: Responder<rep::SurfObjectCreate>) {
+        self.new_surface(request, reply);
+    }
+
+    fn object_destroy(&mut self, request: req::ObjectDestroy, reply: Responder<rep::ObjectDestroy>) {
+        self.drop_object(request, reply);
     }
 
     // --- virtual memory management (session/vmm.rs) ---

@@ -12,8 +12,8 @@ use flyt_protocol::CudaError;
 use flyt_protocol::frame::{FrameLimits, read_full, read_message};
 use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::{
-    Copy3d, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, Op, OpClass, OpInfo, Request, SERVER_NODE_BIT, capture_status, node_type,
-    rep, req, split_reply,
+    ArrayDesc, Copy3d, CopySide, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, Op, OpClass, OpInfo, Pos3, Request, Resource,
+    SERVER_NODE_BIT, ShapedCopy, TextureDesc, capture_status, node_type, rep, req, split_reply,
 };
 
 mod raw;
@@ -435,6 +435,139 @@ macro_rules! probes {
     (HostCallDone, $v:ident) => {
         // Only a run the server is waiting for can be answered.
         vec![refused(req::HostCallDone { run: 4242 }, INVALID_VALUE)]
+    };
+    // --- pitched memory, shaped copies, arrays, textures and surfaces ---
+    (MallocPitch, $v:ident) => {
+        vec![
+            refused(req::MallocPitch { width: 100, height: 4, element_size: 3 }, INVALID_VALUE),
+            refused(req::MallocPitch { width: 1 << 40, height: 1 << 20, element_size: 4 }, CudaError::MEMORY_ALLOCATION),
+            Probe::Effect(shaped_copies_move_boxes_between_host_pitched_memory_and_arrays),
+        ]
+    };
+    (Memset2D, $v:ident) => {
+        vec![
+            refused(
+                req::Memset2D { set: Memset2d { dst: $v.ptr, pitch: 512, value: 1, element_size: 1, width: 64, height: 9 }, stream: 0 },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::Memset2D { set: Memset2d { dst: $v.ptr, pitch: 32, value: 1, element_size: 1, width: 64, height: 2 }, stream: 0 },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::Memset2D {
+                    set: Memset2d { dst: $v.ptr, pitch: 64, value: 1, element_size: 1, width: 64, height: 2 },
+                    stream: BOGUS_HANDLE,
+                },
+                UNKNOWN_HANDLE,
+            ),
+        ]
+    };
+    (MemcpyShaped, $v:ident) => {
+        vec![
+            refused(
+                req::MemcpyShaped { copy: device_box($v.ptr, 512, 512, 64, 9, 1, CopySide::Array { array: BOGUS_HANDLE }), stream: 0 },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::MemcpyShaped {
+                    copy: device_box($v.ptr, 512, 512, 64, 9, 1, CopySide::Device { ptr: $v.ptr, pitch: 64, height: 8 }),
+                    stream: 0,
+                },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::MemcpyShaped {
+                    copy: device_box($v.ptr, 32, 4, 64, 2, 1, CopySide::Device { ptr: $v.ptr, pitch: 64, height: 2 }),
+                    stream: 0,
+                },
+                INVALID_VALUE,
+            ),
+        ]
+    };
+    (MemcpyHtoShaped, $v:ident) => {
+        vec![
+            refused_with_bulk(
+                req::MemcpyHtoShaped {
+                    copy: host_box(false, CopySide::Device { ptr: BOGUS_POINTER, pitch: 16, height: 1 }, 16, 1),
+                    stream: 0,
+                },
+                &[1; 16],
+                INVALID_VALUE,
+            ),
+            // The bulk must be exactly the packed box.
+            refused_with_bulk(
+                req::MemcpyHtoShaped { copy: host_box(false, CopySide::Device { ptr: $v.ptr, pitch: 16, height: 2 }, 16, 2), stream: 0 },
+                &[1; 16],
+                INVALID_VALUE,
+            ),
+        ]
+    };
+    (MemcpyShapedToH, $v:ident) => {
+        vec![
+            refused(
+                req::MemcpyShapedToH { copy: host_box(true, CopySide::Array { array: BOGUS_HANDLE }, 16, 1), stream: 0, blocking: true },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::MemcpyShapedToH {
+                    copy: host_box(true, CopySide::Device { ptr: $v.ptr, pitch: 16, height: 1 }, 16, 1),
+                    stream: BOGUS_HANDLE,
+                    blocking: true,
+                },
+                UNKNOWN_HANDLE,
+            ),
+        ]
+    };
+    (ShmCopyShaped, $v:ident) => {
+        // This session has no shared-memory segment.
+        vec![refused(
+            req::ShmCopyShaped {
+                copy: host_box(true, CopySide::Device { ptr: $v.ptr, pitch: 16, height: 1 }, 16, 1),
+                offset: 0,
+                stream: 0,
+            },
+            CudaError::NOT_SUPPORTED,
+        )]
+    };
+    (ArrayCreate, $v:ident) => {
+        vec![
+            refused(req::ArrayCreate { array: 0, desc: float_array(8, 8), levels: None }, INVALID_VALUE),
+            refused(req::ArrayCreate { array: 5, desc: ArrayDesc { channels: 3, ..float_array(8, 8) }, levels: None }, INVALID_VALUE),
+            refused(
+                req::ArrayCreate { array: 5, desc: ArrayDesc { format: 0x91, ..float_array(8, 8) }, levels: None },
+                CudaError::NOT_SUPPORTED,
+            ),
+            refused(req::ArrayCreate { array: 5, desc: float_array(1 << 30, 1 << 20), levels: None }, CudaError::MEMORY_ALLOCATION),
+        ]
+    };
+    (ArrayDestroy, $v:ident) => {
+        vec![refused(req::ArrayDestroy { array: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (MipmappedArrayLevel, $v:ident) => {
+        vec![refused(req::MipmappedArrayLevel { mipmap: BOGUS_HANDLE, level: 0, array: 9 }, INVALID_VALUE)]
+    };
+    (TexObjectCreate, $v:ident) => {
+        vec![
+            refused(
+                req::TexObjectCreate { resource: Resource::Array { array: BOGUS_HANDLE }, texture: TextureDesc::default(), view: None },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::TexObjectCreate {
+                    resource: Resource::Linear { ptr: $v.ptr, format: 0x20, channels: 1, size: $v.len + 4 },
+                    texture: TextureDesc::default(),
+                    view: None,
+                },
+                INVALID_VALUE,
+            ),
+        ]
+    };
+    (SurfObjectCreate, $v:ident) => {
+        vec![refused(req::SurfObjectCreate { array: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (ObjectDestroy, $v:ident) => {
+        vec![refused(req::ObjectDestroy { handle: BOGUS_HANDLE, surface: false }, INVALID_VALUE)]
     };
 }
 
@@ -860,4 +993,107 @@ fn stream_ordered_allocations_count_in_the_quota(socket: &str) {
     let clean = session.call_with_deferred(req::DeviceSynchronize {}).0;
     assert_eq!((clean.result.is_ok(), clean.deferred), (true, None));
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "freed memory leaves the quota");
+}
+
+/// A box of `width` bytes x `height` rows x `depth` slices from pitched device memory at `ptr` to
+/// `dst`.
+fn device_box(ptr: u64, pitch: u64, rows: u64, width: u64, height: u64, depth: u64, dst: CopySide) -> ShapedCopy {
+    ShapedCopy {
+        src: CopySide::Device { ptr, pitch, height: rows },
+        src_pos: Pos3::default(),
+        dst,
+        dst_pos: Pos3::default(),
+        width,
+        height,
+        depth,
+    }
+}
+
+/// A box between packed host bytes and `device` (`to_host`: device to host).
+fn host_box(to_host: bool, device: CopySide, width: u64, height: u64) -> ShapedCopy {
+    let host = CopySide::Host { pitch: width, height };
+    let (src, dst) = if to_host { (device, host) } else { (host, device) };
+    ShapedCopy { src, src_pos: Pos3::default(), dst, dst_pos: Pos3::default(), width, height, depth: 1 }
+}
+
+/// A 2D array of `width` x `height` floats.
+fn float_array(width: u64, height: u64) -> ArrayDesc {
+    ArrayDesc { width, height, depth: 0, format: 0x20, channels: 1, flags: 0 }
+}
+
+/// Host rows go into pitched memory at an offset, from there into a 3D array slice and back out
+/// of the array to the host, every byte where it belongs; arrays count in the quota until
+/// destroyed, textures and surfaces over them are the session's own.
+fn shaped_copies_move_boxes_between_host_pitched_memory_and_arrays(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let before = session.call(req::MemGetInfo {}).0.unwrap().free;
+    let pitched = session.call(req::MallocPitch { width: 100, height: 6, element_size: 4 }).0.unwrap();
+    assert_eq!(pitched.pitch, 512, "rows 512 bytes apart, as on current GPUs");
+    session.send(&req::Memset { dst: pitched.ptr, pattern: 0xee, width: 1, len: 512 * 6, stream: 0 }.into(), &[]);
+    // 3 rows of 40 bytes at (x 8, y 2).
+    let rows: Vec<u8> = (0..120u8).collect();
+    let into_pitched = ShapedCopy {
+        src: CopySide::Host { pitch: 40, height: 3 },
+        src_pos: Pos3::default(),
+        dst: CopySide::Device { ptr: pitched.ptr, pitch: 512, height: 6 },
+        dst_pos: Pos3 { x: 8, y: 2, z: 0 },
+        width: 40,
+        height: 3,
+        depth: 1,
+    };
+    session.send(&req::MemcpyHtoShaped { copy: into_pitched, stream: 0 }.into(), &rows);
+    let all = read_back(&mut session, pitched.ptr, 512 * 6);
+    for (index, byte) in all.iter().enumerate() {
+        let (y, x) = (index / 512, index % 512);
+        let expected = if (2..5).contains(&y) && (8..48).contains(&x) { ((y - 2) * 40 + x - 8) as u8 } else { 0xee };
+        assert_eq!(*byte, expected, "byte {x} of row {y}");
+    }
+    // A 3D array of 10 x 3 x 2 floats: slice 1 gets the three rows.
+    let desc = ArrayDesc { width: 10, height: 3, depth: 2, format: 0x20, channels: 1, flags: 0 };
+    session.call(req::ArrayCreate { array: 40, desc, levels: None }).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before - 512 * 6 - 240, "pitched memory and the array in the quota");
+    let into_array = ShapedCopy {
+        src: CopySide::Device { ptr: pitched.ptr, pitch: 512, height: 6 },
+        src_pos: Pos3 { x: 8, y: 2, z: 0 },
+        dst: CopySide::Array { array: 40 },
+        dst_pos: Pos3 { x: 0, y: 0, z: 1 },
+        width: 40,
+        height: 3,
+        depth: 1,
+    };
+    session.send(&req::MemcpyShaped { copy: into_array, stream: 0 }.into(), &[]);
+    let beyond = ShapedCopy { dst_pos: Pos3 { x: 4, y: 0, z: 1 }, ..into_array };
+    session.send(&req::MemcpyShaped { copy: beyond, stream: 0 }.into(), &[]);
+    let refused = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!(refused.deferred, Some(INVALID_VALUE), "a box past the array's width");
+    let out_of_array = ShapedCopy {
+        src: CopySide::Array { array: 40 },
+        src_pos: Pos3 { x: 0, y: 1, z: 1 },
+        dst: CopySide::Host { pitch: 40, height: 2 },
+        dst_pos: Pos3::default(),
+        width: 40,
+        height: 2,
+        depth: 1,
+    };
+    let (reply, bytes) = session.call(req::MemcpyShapedToH { copy: out_of_array, stream: 0, blocking: true });
+    reply.unwrap();
+    assert_eq!(bytes, rows[40..].to_vec(), "rows 1 and 2 of slice 1");
+    // Objects over the array are the session's; a texture handle is no surface handle.
+    let texture =
+        session.call(req::TexObjectCreate { resource: Resource::Array { array: 40 }, texture: TextureDesc::default(), view: None });
+    let texture = texture.0.unwrap().handle;
+    let surface = session.call(req::SurfObjectCreate { array: 40 }).0.unwrap().handle;
+    assert_eq!(session.call(req::ObjectDestroy { handle: texture, surface: true }).0.err(), Some(INVALID_VALUE));
+    session.call(req::ObjectDestroy { handle: texture, surface: false }).0.unwrap();
+    session.call(req::ObjectDestroy { handle: surface, surface: true }).0.unwrap();
+    // A mipmapped array's levels are named by the client and go with it.
+    session.call(req::ArrayCreate { array: 41, desc: float_array(8, 8), levels: Some(3) }).0.unwrap();
+    session.call(req::MipmappedArrayLevel { mipmap: 41, level: 2, array: 42 }).0.unwrap();
+    let level_box = host_box(true, CopySide::Array { array: 42 }, 8, 2);
+    assert_eq!(session.call(req::MemcpyShapedToH { copy: level_box, stream: 0, blocking: true }).0.err(), None, "level 2 is 2 x 2 floats");
+    assert_eq!(session.call(req::ArrayDestroy { array: 42 }).0.err(), Some(INVALID_VALUE), "a level goes with its mipmapped array");
+    session.call(req::ArrayDestroy { array: 41 }).0.unwrap();
+    session.call(req::ArrayDestroy { array: 40 }).0.unwrap();
+    session.call(req::Free { ptr: pitched.ptr }).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "everything left the quota");
 }

@@ -12,7 +12,7 @@ use flyt_protocol::ops::req;
 use super::session::{client, resolve_stream, run, session_client};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
-use crate::generated::types::{CUDA_MEMCPY2D, CUdeviceptr, CUpointer_attribute, CUstream};
+use crate::generated::types::{CUdeviceptr, CUpointer_attribute, CUstream};
 
 /// `CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED`.
 const HOST_ALLOC_FLAGS: c_uint = 0x7;
@@ -113,110 +113,6 @@ copies! {
     cuMemcpyDtoDAsync_v2_ptsz(dst_device: CUdeviceptr, src_device: CUdeviceptr, h_stream) => Some(Direction::DeviceToDevice), Asynchronous, true;
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, h_stream) => None, Asynchronous, false;
     cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, h_stream) => None, Asynchronous, true;
-}
-
-/// `CUmemorytype`: where one side of a 2D copy lives.
-mod memory_type {
-    pub const HOST: u32 = 1;
-    pub const DEVICE: u32 = 2;
-    pub const ARRAY: u32 = 3;
-    pub const UNIFIED: u32 = 4;
-}
-
-/// The address of one side's first byte and whether it is device memory, after checking that the
-/// memory is of the declared kind (unified: whatever the pointer is).
-fn side_of_2d(client: &Client, kind: u32, host: usize, device: CUdeviceptr, x: usize, y: usize, pitch: usize) -> DriverResult<(u64, bool)> {
-    let base = match kind {
-        memory_type::HOST => host as u64,
-        memory_type::DEVICE | memory_type::UNIFIED => device,
-        memory_type::ARRAY => return Err(crate::diagnostics::unsupported("cuMemcpy2D with a CUDA array (CU_MEMORYTYPE_ARRAY)")),
-        _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-    };
-    if base == 0 {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    let offset = y.checked_mul(pitch).and_then(|o| o.checked_add(x)).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    let address = base.checked_add(offset as u64).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    let on_device = client.is_device_pointer(address);
-    match kind {
-        memory_type::HOST if on_device => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-        memory_type::DEVICE if !on_device => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-        _ => Ok((address, on_device)),
-    }
-}
-
-/// `cuMemcpy2D*`: `Height` rows of `WidthInBytes`, each side stepping by its pitch. Rows that
-/// touch are one copy; otherwise each row is a copy on the stream, queued, and a synchronous
-/// call ends by synchronizing the stream (which is also when rows bound for pinned memory land).
-///
-/// # Safety
-/// `copy` is NULL or a readable `CUDA_MEMCPY2D` whose host sides are valid for the rectangle it
-/// describes, per the driver API's contract.
-unsafe fn memcpy_2d(copy: *const CUDA_MEMCPY2D, stream: CUstream, mode: Mode, ptds: bool) -> DriverResult {
-    non_null([copy.cast()])?;
-    // SAFETY: checked non-NULL; the caller's descriptor.
-    let p = unsafe { &*copy };
-    let client = client()?;
-    let (width, height) = (p.WidthInBytes, p.Height);
-    if height > 1 && (p.srcPitch < width || p.dstPitch < width) {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    let (src, src_on_device) = side_of_2d(client, p.srcMemoryType, p.srcHost as usize, p.srcDevice, p.srcXInBytes, p.srcY, p.srcPitch)?;
-    let (dst, dst_on_device) = side_of_2d(client, p.dstMemoryType, p.dstHost as usize, p.dstDevice, p.dstXInBytes, p.dstY, p.dstPitch)?;
-    if width == 0 || height == 0 {
-        return Ok(());
-    }
-    let contiguous = height == 1 || (p.srcPitch == width && p.dstPitch == width);
-    if contiguous {
-        let count = width.checked_mul(height).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: forwarded contract (the rectangle is one run of `count` bytes on each side).
-        return unsafe { memcpy(dst, src, count, None, stream, mode, ptds) };
-    }
-    if !src_on_device && !dst_on_device {
-        // Host to host: after the stream's earlier work (one synchronize), row by row on the CPU.
-        let stream = resolve_stream(client, stream, ptds)?;
-        client.call(req::StreamSynchronize { stream }).map_err(super::session::driver_error)?;
-        for row in 0..height as u64 {
-            let (dst_row, src_row) = (dst + row * p.dstPitch as u64, src + row * p.srcPitch as u64);
-            // SAFETY: each row lies inside the caller's host rectangles (the driver API's
-            // contract); `copy` allows overlap.
-            unsafe { std::ptr::copy(src_row as *const u8, dst_row as *mut u8, width) };
-        }
-        return Ok(());
-    }
-    for row in 0..height as u64 {
-        let (dst_row, src_row) = (dst + row * p.dstPitch as u64, src + row * p.srcPitch as u64);
-        // SAFETY: forwarded contract (each row lies inside the caller's rectangle).
-        unsafe { memcpy(dst_row, src_row, width, None, stream, Mode::Asynchronous, ptds) }?;
-    }
-    if mode == Mode::Synchronous {
-        let stream = resolve_stream(client, stream, ptds)?;
-        client.call(req::StreamSynchronize { stream }).map_err(super::session::driver_error)?;
-    }
-    Ok(())
-}
-
-macro_rules! copies_2d {
-    ($($name:ident $(($stream:ident))? => $mode:ident, $ptds:literal;)*) => {$(
-        pub unsafe fn $name(p_copy: *const CUDA_MEMCPY2D $(, $stream: CUstream)?) -> CUresult {
-            #[allow(unused_mut, unused_assignments, reason = "the synchronous forms have no stream")]
-            let mut stream: CUstream = std::ptr::null_mut();
-            $(stream = $stream;)?
-            // SAFETY: the caller's descriptor and buffers, per the driver API's contract.
-            run(|| unsafe { memcpy_2d(p_copy, stream, Mode::$mode, $ptds) })
-        }
-    )*};
-}
-
-// The unaligned forms lift alignment limits of the hardware's 2D copy; Flyt's row copies have
-// none, so all take one path.
-copies_2d! {
-    cuMemcpy2D_v2 => Synchronous, false;
-    cuMemcpy2D_v2_ptds => Synchronous, true;
-    cuMemcpy2DUnaligned_v2 => Synchronous, false;
-    cuMemcpy2DUnaligned_v2_ptds => Synchronous, true;
-    cuMemcpy2DAsync_v2(h_stream) => Asynchronous, false;
-    cuMemcpy2DAsync_v2_ptsz(h_stream) => Asynchronous, true;
 }
 
 /// A memset of `n` elements of `width` bytes, each the low `width` bytes of `pattern`. The

@@ -7,6 +7,7 @@
 #![allow(non_snake_case, reason = "the driver's names")]
 #![allow(clippy::missing_safety_doc, reason = "each function's contract is the CUDA driver API's")]
 
+mod arrays;
 mod capture;
 mod context;
 mod device;
@@ -17,9 +18,11 @@ mod memory;
 pub mod module;
 mod pools;
 mod session;
+mod shaped;
 mod stream;
 mod vmm;
 
+pub use arrays::*;
 pub use capture::*;
 pub use context::*;
 pub use device::*;
@@ -29,5 +32,6 @@ pub use link::*;
 pub use memory::*;
 pub use module::*;
 pub use pools::*;
+pub use shaped::*;
 pub use stream::*;
 pub use vmm::*;

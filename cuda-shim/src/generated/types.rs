@@ -21,10 +21,16 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR_v1_st {
     _opaque: [u8; 0],
 }
 pub type CUDA_ARRAY3D_DESCRIPTOR_v1 = CUDA_ARRAY3D_DESCRIPTOR_v1_st;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUarray_format = c_uint;
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_ARRAY3D_DESCRIPTOR_st {
-    _opaque: [u8; 0],
+    pub Width: usize,
+    pub Height: usize,
+    pub Depth: usize,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+    pub Flags: c_uint,
 }
 pub type CUDA_ARRAY3D_DESCRIPTOR_v2 = CUDA_ARRAY3D_DESCRIPTOR_st;
 pub type CUDA_ARRAY3D_DESCRIPTOR = CUDA_ARRAY3D_DESCRIPTOR_v2;
@@ -34,10 +40,13 @@ pub struct CUDA_ARRAY_DESCRIPTOR_v1_st {
     _opaque: [u8; 0],
 }
 pub type CUDA_ARRAY_DESCRIPTOR_v1 = CUDA_ARRAY_DESCRIPTOR_v1_st;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_ARRAY_DESCRIPTOR_st {
-    _opaque: [u8; 0],
+    pub Width: usize,
+    pub Height: usize,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
 }
 pub type CUDA_ARRAY_DESCRIPTOR_v2 = CUDA_ARRAY_DESCRIPTOR_st;
 pub type CUDA_ARRAY_DESCRIPTOR = CUDA_ARRAY_DESCRIPTOR_v2;
@@ -193,7 +202,6 @@ pub struct CUdevprop_st {
 }
 pub type CUdevprop_v1 = CUdevprop_st;
 pub type CUdevprop = CUdevprop_v1;
-pub type CUarray_format = c_uint;
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUuuid_st {
@@ -692,10 +700,34 @@ pub struct CUDA_MEMCPY3D_BATCH_OP_st {
 }
 pub type CUDA_MEMCPY3D_BATCH_OP_v1 = CUDA_MEMCPY3D_BATCH_OP_st;
 pub type CUDA_MEMCPY3D_BATCH_OP = CUDA_MEMCPY3D_BATCH_OP_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_MEMCPY3D_PEER_st {
-    _opaque: [u8; 0],
+    pub srcXInBytes: usize,
+    pub srcY: usize,
+    pub srcZ: usize,
+    pub srcLOD: usize,
+    pub srcMemoryType: CUmemorytype,
+    pub srcHost: *const c_void,
+    pub srcDevice: CUdeviceptr,
+    pub srcArray: CUarray,
+    pub srcContext: CUcontext,
+    pub srcPitch: usize,
+    pub srcHeight: usize,
+    pub dstXInBytes: usize,
+    pub dstY: usize,
+    pub dstZ: usize,
+    pub dstLOD: usize,
+    pub dstMemoryType: CUmemorytype,
+    pub dstHost: *mut c_void,
+    pub dstDevice: CUdeviceptr,
+    pub dstArray: CUarray,
+    pub dstContext: CUcontext,
+    pub dstPitch: usize,
+    pub dstHeight: usize,
+    pub WidthInBytes: usize,
+    pub Height: usize,
+    pub Depth: usize,
 }
 pub type CUDA_MEMCPY3D_PEER_v1 = CUDA_MEMCPY3D_PEER_st;
 pub type CUDA_MEMCPY3D_PEER = CUDA_MEMCPY3D_PEER_v1;
@@ -753,10 +785,55 @@ pub type CUstreamCaptureStatus = c_uint;
 pub type cuuint32_t = u32;
 pub type CUsurfObject_v1 = c_ulonglong;
 pub type CUsurfObject = CUsurfObject_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUresourcetype = c_uint;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_RESOURCE_DESC_st_res_array {
+    pub hArray: CUarray,
+}
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_RESOURCE_DESC_st_res_mipmap {
+    pub hMipmappedArray: CUmipmappedArray,
+}
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_RESOURCE_DESC_st_res_linear {
+    pub devPtr: CUdeviceptr,
+    pub format: CUarray_format,
+    pub numChannels: c_uint,
+    pub sizeInBytes: usize,
+}
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_RESOURCE_DESC_st_res_pitch2D {
+    pub devPtr: CUdeviceptr,
+    pub format: CUarray_format,
+    pub numChannels: c_uint,
+    pub width: usize,
+    pub height: usize,
+    pub pitchInBytes: usize,
+}
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_RESOURCE_DESC_st_res_reserved {
+    pub reserved: [c_int; 32],
+}
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub union CUDA_RESOURCE_DESC_st_res {
+    pub array: CUDA_RESOURCE_DESC_st_res_array,
+    pub mipmap: CUDA_RESOURCE_DESC_st_res_mipmap,
+    pub linear: CUDA_RESOURCE_DESC_st_res_linear,
+    pub pitch2D: CUDA_RESOURCE_DESC_st_res_pitch2D,
+    pub reserved: CUDA_RESOURCE_DESC_st_res_reserved,
+}
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_RESOURCE_DESC_st {
-    _opaque: [u8; 0],
+    pub resType: CUresourcetype,
+    pub res: CUDA_RESOURCE_DESC_st_res,
+    pub flags: c_uint,
 }
 pub type CUDA_RESOURCE_DESC_v1 = CUDA_RESOURCE_DESC_st;
 pub type CUDA_RESOURCE_DESC = CUDA_RESOURCE_DESC_v1;
@@ -774,22 +851,40 @@ pub type CUtensorMapFloatOOBfill = c_uint;
 pub type CUtensorMapIm2ColWideMode = c_uint;
 pub type CUtexObject_v1 = c_ulonglong;
 pub type CUtexObject = CUtexObject_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUaddress_mode = c_uint;
+pub type CUfilter_mode = c_uint;
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_TEXTURE_DESC_st {
-    _opaque: [u8; 0],
+    pub addressMode: [CUaddress_mode; 3],
+    pub filterMode: CUfilter_mode,
+    pub flags: c_uint,
+    pub maxAnisotropy: c_uint,
+    pub mipmapFilterMode: CUfilter_mode,
+    pub mipmapLevelBias: f32,
+    pub minMipmapLevelClamp: f32,
+    pub maxMipmapLevelClamp: f32,
+    pub borderColor: [f32; 4],
+    pub reserved: [c_int; 12],
 }
 pub type CUDA_TEXTURE_DESC_v1 = CUDA_TEXTURE_DESC_st;
 pub type CUDA_TEXTURE_DESC = CUDA_TEXTURE_DESC_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUresourceViewFormat = c_uint;
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_RESOURCE_VIEW_DESC_st {
-    _opaque: [u8; 0],
+    pub format: CUresourceViewFormat,
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub firstMipmapLevel: c_uint,
+    pub lastMipmapLevel: c_uint,
+    pub firstLayer: c_uint,
+    pub lastLayer: c_uint,
+    pub reserved: [c_uint; 16],
 }
 pub type CUDA_RESOURCE_VIEW_DESC_v1 = CUDA_RESOURCE_VIEW_DESC_st;
 pub type CUDA_RESOURCE_VIEW_DESC = CUDA_RESOURCE_VIEW_DESC_v1;
-pub type CUaddress_mode = c_uint;
-pub type CUfilter_mode = c_uint;
 pub type VdpDevice = u32;
 pub type VdpGetProcAddress = c_void;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
@@ -800,13 +895,19 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st {
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1 = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st;
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1;
 
+const _: () = assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 40 && align_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 8);
+const _: () = assert!(size_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 24 && align_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 8);
 const _: () = assert!(size_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() == 32 && align_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() == 8);
 const _: () = assert!(size_of::<CUDA_HOST_NODE_PARAMS_st>() == 16 && align_of::<CUDA_HOST_NODE_PARAMS_st>() == 8);
 const _: () = assert!(size_of::<CUDA_KERNEL_NODE_PARAMS_st>() == 56 && align_of::<CUDA_KERNEL_NODE_PARAMS_st>() == 8);
 const _: () = assert!(size_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() == 72 && align_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() == 8);
 const _: () = assert!(size_of::<CUDA_MEMCPY2D_st>() == 128 && align_of::<CUDA_MEMCPY2D_st>() == 8);
+const _: () = assert!(size_of::<CUDA_MEMCPY3D_PEER_st>() == 200 && align_of::<CUDA_MEMCPY3D_PEER_st>() == 8);
 const _: () = assert!(size_of::<CUDA_MEMCPY3D_st>() == 200 && align_of::<CUDA_MEMCPY3D_st>() == 8);
 const _: () = assert!(size_of::<CUDA_MEMSET_NODE_PARAMS_st>() == 40 && align_of::<CUDA_MEMSET_NODE_PARAMS_st>() == 8);
+const _: () = assert!(size_of::<CUDA_RESOURCE_DESC_st>() == 144 && align_of::<CUDA_RESOURCE_DESC_st>() == 8);
+const _: () = assert!(size_of::<CUDA_RESOURCE_VIEW_DESC_st>() == 112 && align_of::<CUDA_RESOURCE_VIEW_DESC_st>() == 8);
+const _: () = assert!(size_of::<CUDA_TEXTURE_DESC_st>() == 104 && align_of::<CUDA_TEXTURE_DESC_st>() == 4);
 const _: () = assert!(size_of::<CUctxCigParam_st>() == 16 && align_of::<CUctxCigParam_st>() == 8);
 const _: () = assert!(size_of::<CUctxCreateParams_st>() == 24 && align_of::<CUctxCreateParams_st>() == 8);
 const _: () = assert!(size_of::<CUdevprop_st>() == 56 && align_of::<CUdevprop_st>() == 4);

@@ -11,16 +11,24 @@ use cudarc::driver::{result, sys};
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE};
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo};
+use flyt_protocol::ops::{
+    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, TextureDesc, ViewDesc,
+};
 
-use super::{Capture, Device, ExecUpdate, NodeWork};
+use super::{Capture, Device, ExecUpdate, Extent, NodeWork, Side, TexResource};
 use crate::host_calls::HostCallSite;
 
 /// A driver handle that may cross threads. CUDA driver handles are opaque pointers into the
 /// driver, which documents its API as thread-safe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(transparent)]
-pub struct Handle<T>(T);
+pub struct Handle<T>(pub(super) T);
+
+impl<T> Handle<T> {
+    pub(super) fn new(handle: T) -> Self {
+        Self(handle)
+    }
+}
 // SAFETY: the wrapped values are CUDA driver handles (CUstream, CUevent, CUfunction, CUmodule);
 // the driver API is thread-safe and the handles carry no thread affinity once a context is
 // current on the calling thread (every thread that uses them calls `bind_thread` first).
@@ -296,6 +304,7 @@ pub struct CudaDevice {
     /// The primary context, retained (again after a reset).
     context: AtomicPtr<sys::CUctx_st>,
     raw: RawDriver,
+    pub(super) arrays: super::cuda_arrays::RawArrays,
     staging: Arc<StagingPool>,
 }
 
@@ -342,6 +351,7 @@ impl CudaDevice {
             return Err("no CUDA driver (libcuda.so.1 not found): use --device emulated on machines without a GPU".into());
         }
         let raw = RawDriver::load()?;
+        let arrays = super::cuda_arrays::RawArrays::load()?;
         result::init().map_err(|error| format!("cuInit failed: {error}"))?;
         let count = result::device::get_count().map_err(|error| format!("cuDeviceGetCount: {error}"))?;
         let ordinal = c_int::try_from(ordinal).map_err(|_| "GPU ordinal too large".to_string())?;
@@ -354,7 +364,7 @@ impl CudaDevice {
         // SAFETY: `context` is the primary context just retained.
         unsafe { result::ctx::set_current(context) }.map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let staging = StagingPool::new(staging_slots, copy_chunk).map_err(|error| format!("pinned staging: {error}"))?;
-        Ok(Self { ordinal, device, context: AtomicPtr::new(context), raw, staging: Arc::new(staging) })
+        Ok(Self { ordinal, device, context: AtomicPtr::new(context), raw, arrays, staging: Arc::new(staging) })
     }
 
     fn attribute(&self, attribute: u32) -> Option<i32> {
@@ -383,6 +393,8 @@ impl Device for CudaDevice {
     type GraphExec = Handle<sys::CUgraphExec>;
     type MemHandle = u64;
     type MemPool = Handle<sys::CUmemoryPool>;
+    type Array = Handle<sys::CUarray>;
+    type Mipmap = Handle<sys::CUmipmappedArray>;
 
     fn info(&self) -> DeviceInfo {
         let name = result::device::get_name(self.device).unwrap_or_else(|_| format!("GPU {}", self.ordinal));
@@ -1302,6 +1314,74 @@ impl Device for CudaDevice {
     fn pool_trim(&self, pool: Self::MemPool, keep: u64) -> CudaResult<()> {
         // SAFETY: the session's pool.
         check(unsafe { sys::cuMemPoolTrimTo(pool.0, keep as usize).result() })
+    }
+
+    fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {
+        self.pitch_alloc(width, height, element_size)
+    }
+
+    fn memset_2d(&self, set: &Memset2d, stream: Self::Stream) -> CudaResult<()> {
+        self.set_2d(set, stream_ptr(stream))
+    }
+
+    unsafe fn copy_shaped(&self, src: Side<Self>, dst: Side<Self>, extent: Extent, stream: Self::Stream) -> CudaResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.shaped(src, dst, extent, stream_ptr(stream)) }
+    }
+
+    fn copy_staged_to_shaped(&self, dst: Side<Self>, extent: Extent, src: Staging, stream: Self::Stream) -> CudaResult<()> {
+        let slot = src.slot();
+        let host = Side::Host { ptr: slot.ptr, pitch: extent.width, height: extent.height };
+        // SAFETY: the source is the held staging slot (pinned, mapped for the process's life),
+        // packed rows of the box; recording the slot's event after the copy keeps the slot from
+        // being reused before the DMA is done, as in `copy_htod`.
+        unsafe {
+            self.shaped(host, dst, extent, stream_ptr(stream))?;
+            check(result::event::record(slot.event(), stream_ptr(stream)))
+        }
+    }
+
+    fn start_shaped_to_staged(&self, src: Side<Self>, extent: Extent, dst: Staging, stream: Self::Stream) -> CudaResult<PendingCopy> {
+        let slot = dst.slot();
+        let host = Side::Host { ptr: slot.ptr, pitch: extent.width, height: extent.height };
+        // SAFETY: as in `start_dtoh`: the held staging slot stays held until the event was waited.
+        unsafe {
+            self.shaped(src, host, extent, stream_ptr(stream))?;
+            check(result::event::record(slot.event(), stream_ptr(stream)))?;
+        }
+        Ok(PendingCopy { staging: dst })
+    }
+
+    fn array_create(&self, desc: &ArrayDesc) -> CudaResult<Self::Array> {
+        self.new_array(desc)
+    }
+
+    fn array_destroy(&self, array: Self::Array) -> CudaResult<()> {
+        self.destroy_array(array)
+    }
+
+    fn mipmap_create(&self, desc: &ArrayDesc, levels: u32) -> CudaResult<Self::Mipmap> {
+        self.new_mipmap(desc, levels)
+    }
+
+    fn mipmap_level(&self, mipmap: Self::Mipmap, level: u32) -> CudaResult<Self::Array> {
+        self.level(mipmap, level)
+    }
+
+    fn mipmap_destroy(&self, mipmap: Self::Mipmap) -> CudaResult<()> {
+        self.destroy_mipmap(mipmap)
+    }
+
+    fn tex_create(&self, resource: TexResource<Self>, texture: &TextureDesc, view: Option<&ViewDesc>) -> CudaResult<u64> {
+        self.new_texture(resource, texture, view)
+    }
+
+    fn surf_create(&self, array: Self::Array) -> CudaResult<u64> {
+        self.new_surface(array)
+    }
+
+    fn object_destroy(&self, handle: u64, surface: bool) -> CudaResult<()> {
+        self.destroy_object(handle, surface)
     }
 
     fn launch_host_call(&self, stream: Self::Stream, site: &Arc<HostCallSite>, kept: bool) -> CudaResult<()> {

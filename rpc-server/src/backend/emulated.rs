@@ -9,10 +9,13 @@ use std::time::Instant;
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, capture_status};
+use flyt_protocol::ops::{
+    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, TextureDesc, ViewDesc,
+    capture_status,
+};
 
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
-use super::{Capture, Device, ExecUpdate, NodeWork};
+use super::{Capture, Device, ExecUpdate, Extent, NodeWork, Side, TexResource};
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;
 
@@ -63,6 +66,18 @@ struct State {
     mapped: HashMap<u64, u64>,
     /// Memory pools: each one's attributes (`CUmemPool_attribute` to value). Pool 1 is the default.
     pools: HashMap<u64, HashMap<u32, u64>>,
+    /// Mipmapped arrays: their levels.
+    mipmaps: HashMap<u64, Vec<EmulatedArray>>,
+    /// Live texture (`false`) and surface (`true`) objects.
+    objects: HashMap<u64, bool>,
+}
+
+/// An emulated array: a block of device memory holding its rows packed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmulatedArray {
+    base: u64,
+    pitch: u64,
+    height: u64,
 }
 
 impl State {
@@ -152,6 +167,8 @@ impl Device for EmulatedDevice {
     type GraphExec = u64;
     type MemHandle = u64;
     type MemPool = u64;
+    type Array = EmulatedArray;
+    type Mipmap = u64;
 
     fn info(&self) -> DeviceInfo {
         let sms = i32::try_from(self.config.sms).unwrap_or(i32::MAX);
@@ -976,6 +993,190 @@ impl Device for EmulatedDevice {
         drop(state);
         self.host.submit(stream, site.clone())
     }
+
+    fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {
+        if width == 0 || height == 0 || !matches!(element_size, 4 | 8 | 16) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        // The pitch CUDA gives on current GPUs: rows start 512 bytes apart.
+        let pitch = width.checked_next_multiple_of(PITCH_ALIGNMENT).ok_or(CudaError::MEMORY_ALLOCATION)?;
+        let ptr = self.malloc(pitch.checked_mul(height).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
+        Ok((ptr, pitch))
+    }
+
+    fn memset_2d(&self, set: &Memset2d, stream: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        if let Some(captured) = state.capture(stream, || Work::Memset(*set)) {
+            return captured;
+        }
+        memset_2d(&mut state.blocks, set)
+    }
+
+    unsafe fn copy_shaped(&self, src: Side<Self>, dst: Side<Self>, extent: Extent, stream: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        let (src, dst) = (flat(src), flat(dst));
+        if let (Flat::Device(src_ptr, src_pitch, src_height), Flat::Device(dst_ptr, dst_pitch, dst_height)) = (src, dst) {
+            let copy = Copy3d {
+                src: src_ptr,
+                src_pitch,
+                src_height,
+                dst: dst_ptr,
+                dst_pitch,
+                dst_height,
+                width: extent.width,
+                height: extent.height,
+                depth: extent.depth,
+            };
+            if let Some(captured) = state.capture(stream, || Work::Memcpy(copy)) {
+                return captured;
+            }
+        } else if state.graphs.captures.contains_key(&stream) {
+            // The emulated graphs record device-to-device copies only.
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        // SAFETY: forwarded contract (host sides are mapped memory of this process).
+        unsafe { copy_rows(&mut state.blocks, src, dst, extent) }
+    }
+
+    fn copy_staged_to_shaped(&self, dst: Side<Self>, extent: Extent, mut src: Vec<u8>, _stream: u64) -> CudaResult<()> {
+        let host = Flat::Host(src.as_mut_ptr(), extent.width, extent.height);
+        // SAFETY: the host side is the staging vector, which holds the packed box.
+        unsafe { copy_rows(&mut self.state().blocks, host, flat(dst), extent) }
+    }
+
+    fn start_shaped_to_staged(&self, src: Side<Self>, extent: Extent, mut dst: Vec<u8>, _stream: u64) -> CudaResult<CudaResult<Vec<u8>>> {
+        let host = Flat::Host(dst.as_mut_ptr(), extent.width, extent.height);
+        // SAFETY: the host side is the staging vector, sized for the packed box.
+        unsafe { copy_rows(&mut self.state().blocks, flat(src), host, extent) }?;
+        Ok(Ok(dst))
+    }
+
+    fn array_create(&self, desc: &ArrayDesc) -> CudaResult<EmulatedArray> {
+        let (width, height, depth) = desc.extent().ok_or(CudaError::INVALID_VALUE)?;
+        if desc.width == 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let base =
+            self.malloc(width.checked_mul(height).and_then(|bytes| bytes.checked_mul(depth)).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
+        Ok(EmulatedArray { base, pitch: width, height })
+    }
+
+    fn array_destroy(&self, array: EmulatedArray) -> CudaResult<()> {
+        self.free(array.base)
+    }
+
+    fn mipmap_create(&self, desc: &ArrayDesc, levels: u32) -> CudaResult<u64> {
+        let mut made = Vec::new();
+        for level in 0..levels.max(1) {
+            match self.array_create(&desc.level(level)) {
+                Ok(array) => made.push(array),
+                Err(error) => {
+                    for array in made {
+                        let _ = self.free(array.base);
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        let mut state = self.state();
+        let handle = state.new_handle();
+        state.mipmaps.insert(handle, made);
+        Ok(handle)
+    }
+
+    fn mipmap_level(&self, mipmap: u64, level: u32) -> CudaResult<EmulatedArray> {
+        let state = self.state();
+        let levels = state.mipmaps.get(&mipmap).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
+        levels.get(level as usize).copied().ok_or(CudaError::INVALID_VALUE)
+    }
+
+    fn mipmap_destroy(&self, mipmap: u64) -> CudaResult<()> {
+        let levels = self.state().mipmaps.remove(&mipmap).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
+        for array in levels {
+            self.free(array.base)?;
+        }
+        Ok(())
+    }
+
+    /// A handle kernels could name; the emulated device runs no kernels to read through it.
+    fn tex_create(&self, _resource: TexResource<Self>, _texture: &TextureDesc, _view: Option<&ViewDesc>) -> CudaResult<u64> {
+        let mut state = self.state();
+        let handle = state.new_handle();
+        state.objects.insert(handle, false);
+        Ok(handle)
+    }
+
+    fn surf_create(&self, _array: EmulatedArray) -> CudaResult<u64> {
+        let mut state = self.state();
+        let handle = state.new_handle();
+        state.objects.insert(handle, true);
+        Ok(handle)
+    }
+
+    fn object_destroy(&self, handle: u64, surface: bool) -> CudaResult<()> {
+        let mut state = self.state();
+        match state.objects.get(&handle) {
+            Some(kind) if *kind == surface => {
+                state.objects.remove(&handle);
+                Ok(())
+            }
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+}
+
+/// `cuMemAllocPitch`'s row alignment on current GPUs.
+const PITCH_ALIGNMENT: u64 = 512;
+
+/// One side of a shaped copy as rows: device memory (an array's block too) or host memory, its
+/// first byte, pitch and rows per slice.
+#[derive(Clone, Copy)]
+enum Flat {
+    Device(u64, u64, u64),
+    Host(*mut u8, u64, u64),
+}
+
+fn flat(side: Side<EmulatedDevice>) -> Flat {
+    match side {
+        Side::Device { ptr, pitch, height } => Flat::Device(ptr, pitch, height),
+        Side::Array { array, pos } => {
+            Flat::Device(array.base + (pos.z * array.height + pos.y) * array.pitch + pos.x, array.pitch, array.height)
+        }
+        Side::Host { ptr, pitch, height } => Flat::Host(ptr, pitch, height),
+    }
+}
+
+/// Copies a box row by row (through a buffer: the sides may be one block).
+///
+/// # Safety
+/// Host sides are mapped memory of this process covering the box.
+unsafe fn copy_rows(blocks: &mut HashMap<u64, Vec<u8>>, src: Flat, dst: Flat, extent: Extent) -> CudaResult<()> {
+    let width = usize::try_from(extent.width).map_err(|_| CudaError::INVALID_VALUE)?;
+    let mut row = vec![0u8; width];
+    let offset = |pitch: u64, height: u64, y: u64, z: u64| (z * height + y) * pitch;
+    for z in 0..extent.depth {
+        for y in 0..extent.height {
+            match src {
+                Flat::Device(ptr, pitch, height) => {
+                    row.copy_from_slice(block_slice(blocks, ptr + offset(pitch, height, y, z), extent.width)?)
+                }
+                // SAFETY: per this function's contract the row lies in mapped host memory.
+                Flat::Host(ptr, pitch, height) => unsafe {
+                    std::ptr::copy_nonoverlapping(ptr.add(offset(pitch, height, y, z) as usize), row.as_mut_ptr(), width)
+                },
+            }
+            match dst {
+                Flat::Device(ptr, pitch, height) => {
+                    block_slice(blocks, ptr + offset(pitch, height, y, z), extent.width)?.copy_from_slice(&row)
+                }
+                // SAFETY: as above.
+                Flat::Host(ptr, pitch, height) => unsafe {
+                    std::ptr::copy_nonoverlapping(row.as_ptr(), ptr.add(offset(pitch, height, y, z) as usize), width)
+                },
+            }
+        }
+    }
+    Ok(())
 }
 
 const LIMIT_MAX_L2_FETCH_GRANULARITY: u32 = 5;

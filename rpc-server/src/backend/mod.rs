@@ -3,6 +3,7 @@
 //! once, with validation, quotas and handle maps; a backend only provides these primitives.
 
 pub mod cuda;
+mod cuda_arrays;
 pub mod emulated;
 mod emulated_graphs;
 
@@ -10,7 +11,9 @@ use std::sync::Arc;
 
 use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo};
+use flyt_protocol::ops::{
+    Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, Pos3, Resource, TextureDesc, ViewDesc,
+};
 
 use crate::host_calls::HostCallSite;
 
@@ -33,6 +36,34 @@ pub enum NodeWork<'a, D: Device + ?Sized> {
     EventWait(D::Event),
     /// The session keeps the site alive as long as any graph or executable graph may run it.
     Host(&'a Arc<HostCallSite>),
+}
+
+/// One side of a shaped copy (`cuMemcpy3D`), checked by the session.
+pub enum Side<D: Device + ?Sized> {
+    /// Device memory whose first copied byte is at `ptr`; rows `pitch` apart, slices
+    /// `pitch * height`.
+    Device { ptr: u64, pitch: u64, height: u64 },
+    /// An array, from `pos` (`x` in bytes).
+    Array { array: D::Array, pos: Pos3 },
+    /// Host memory of this process (pinned staging or registered segment memory) whose first
+    /// copied byte is at `ptr`.
+    Host { ptr: *mut u8, pitch: u64, height: u64 },
+}
+
+/// A shaped copy's box: `width` bytes x `height` rows x `depth` slices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+}
+
+/// What a texture object reads, with the session's array ids resolved.
+pub enum TexResource<D: Device + ?Sized> {
+    Array(D::Array),
+    Mipmapped(D::Mipmap),
+    /// Device memory (`Resource::Linear` or `Resource::Pitch2d`) the session checked.
+    Memory(Resource),
 }
 
 /// A stream's capture, as `cuStreamGetCaptureInfo` tells it.
@@ -82,6 +113,10 @@ pub trait Device: Send + Sync + 'static {
     type MemHandle: Copy + Send + Sync + 'static;
     /// A memory pool (`CUmemoryPool`).
     type MemPool: Copy + Send + Sync + 'static;
+    /// A CUDA array (`CUarray`), alone or a level of a mipmapped array.
+    type Array: Copy + Send + Sync + 'static;
+    /// A mipmapped array (`CUmipmappedArray`).
+    type Mipmap: Copy + Send + Sync + 'static;
 
     /// The device as the hardware reports it (the session applies its slice on top).
     fn info(&self) -> DeviceInfo;
@@ -278,4 +313,36 @@ pub trait Device: Send + Sync + 'static {
     /// Reads a `CUmemPool_attribute`, after setting it to `set` if given.
     fn pool_attribute(&self, pool: Self::MemPool, attribute: u32, set: Option<u64>) -> CudaResult<u64>;
     fn pool_trim(&self, pool: Self::MemPool, keep: u64) -> CudaResult<()>;
+
+    // --- pitched memory, shaped copies, arrays, textures and surfaces (the session checks every
+    // range, array bound and handle first) ---
+    /// `cuMemAllocPitch`: the allocation and its pitch.
+    fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)>;
+    fn memset_2d(&self, set: &Memset2d, stream: Self::Stream) -> CudaResult<()>;
+    /// Queues a shaped copy.
+    ///
+    /// # Safety
+    /// Host sides lie in pinned host memory of this process that stays mapped while the copy
+    /// runs.
+    unsafe fn copy_shaped(&self, src: Side<Self>, dst: Side<Self>, extent: Extent, stream: Self::Stream) -> CudaResult<()>;
+    /// Queues a shaped copy from a filled staging buffer holding the box's rows packed.
+    fn copy_staged_to_shaped(&self, dst: Side<Self>, extent: Extent, src: Self::Staging, stream: Self::Stream) -> CudaResult<()>;
+    /// Queues a shaped copy into a staging buffer, rows packed (finished like `start_dtoh`).
+    fn start_shaped_to_staged(
+        &self,
+        src: Side<Self>,
+        extent: Extent,
+        dst: Self::Staging,
+        stream: Self::Stream,
+    ) -> CudaResult<Self::PendingCopy>;
+    /// `cuArray3DCreate` of a descriptor the session checked.
+    fn array_create(&self, desc: &flyt_protocol::ops::ArrayDesc) -> CudaResult<Self::Array>;
+    fn array_destroy(&self, array: Self::Array) -> CudaResult<()>;
+    fn mipmap_create(&self, desc: &flyt_protocol::ops::ArrayDesc, levels: u32) -> CudaResult<Self::Mipmap>;
+    /// A level of a mipmapped array: it belongs to the mipmapped array and goes with it.
+    fn mipmap_level(&self, mipmap: Self::Mipmap, level: u32) -> CudaResult<Self::Array>;
+    fn mipmap_destroy(&self, mipmap: Self::Mipmap) -> CudaResult<()>;
+    fn tex_create(&self, resource: TexResource<Self>, texture: &TextureDesc, view: Option<&ViewDesc>) -> CudaResult<u64>;
+    fn surf_create(&self, array: Self::Array) -> CudaResult<u64>;
+    fn object_destroy(&self, handle: u64, surface: bool) -> CudaResult<()>;
 }

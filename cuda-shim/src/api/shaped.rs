@@ -1,0 +1,279 @@
+//! Pitched allocations, 2D memsets and shaped copies: `cuMemcpy2D*`, `cuMemcpy3D*` (and peer),
+//! and the 1D copies to and from arrays, all one path (`flyt_client::shaped`).
+
+use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
+
+use flyt_client::shaped::{self, Shape, Side};
+use flyt_client::transfer::Mode;
+use flyt_protocol::ops::{Memset2d, Pos3, req};
+
+use super::session::{client, resolve_stream, run};
+use crate::CUresult;
+use crate::ffi::{DriverResult, non_null, write_out};
+use crate::generated::types::{CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER, CUarray, CUdeviceptr, CUstream};
+
+/// `CUmemorytype`: where one side of a copy lives.
+mod memory_type {
+    pub const HOST: u32 = 1;
+    pub const DEVICE: u32 = 2;
+    pub const ARRAY: u32 = 3;
+    pub const UNIFIED: u32 = 4;
+}
+
+/// One side of a copy descriptor, checked to be of the declared kind (unified: whatever the
+/// pointer is).
+fn side(kind: u32, host: *const c_void, device: CUdeviceptr, array: CUarray, pitch: usize, height: usize) -> DriverResult<Side> {
+    let client = client()?;
+    let (pitch, height) = (pitch as u64, height as u64);
+    let host_side = |ptr: *const c_void| match ptr.is_null() {
+        true => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        false => Ok(Side::Host { ptr: ptr.cast_mut().cast(), pitch, height }),
+    };
+    match kind {
+        memory_type::HOST if client.is_device_pointer(host as u64) => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        memory_type::HOST => host_side(host),
+        memory_type::DEVICE if device == 0 => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        memory_type::DEVICE => Ok(Side::Device { ptr: device, pitch, height }),
+        memory_type::UNIFIED if client.is_device_pointer(device) => Ok(Side::Device { ptr: device, pitch, height }),
+        memory_type::UNIFIED => host_side(device as usize as *const c_void),
+        memory_type::ARRAY if array.is_null() => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        memory_type::ARRAY => Ok(Side::Array { array: array as u64 }),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// Runs a shaped copy on the app's stream.
+///
+/// # Safety
+/// Host sides are valid for the box, per the driver API's contract.
+unsafe fn copy(shape: Shape, stream: CUstream, mode: Mode, ptds: bool) -> DriverResult {
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptds)?;
+    let sync = |stream| client.call(req::StreamSynchronize { stream }).map(|_| ());
+    // SAFETY: forwarded contract.
+    unsafe { shaped::copy(client, shape, stream, mode, &sync) }.map_err(super::session::driver_error)
+}
+
+/// # Safety
+/// `copy` is NULL or a readable `CUDA_MEMCPY2D` whose host sides are valid for the rectangle.
+unsafe fn memcpy_2d(p_copy: *const CUDA_MEMCPY2D, stream: CUstream, mode: Mode, ptds: bool) -> DriverResult {
+    non_null([p_copy.cast()])?;
+    // SAFETY: checked non-NULL; the caller's descriptor.
+    let p = unsafe { &*p_copy };
+    let height = p.Height;
+    let shape = Shape {
+        src: side(p.srcMemoryType, p.srcHost, p.srcDevice, p.srcArray, p.srcPitch, height)?,
+        src_pos: Pos3 { x: p.srcXInBytes as u64, y: p.srcY as u64, z: 0 },
+        dst: side(p.dstMemoryType, p.dstHost, p.dstDevice, p.dstArray, p.dstPitch, height)?,
+        dst_pos: Pos3 { x: p.dstXInBytes as u64, y: p.dstY as u64, z: 0 },
+        width: p.WidthInBytes as u64,
+        height: height as u64,
+        depth: 1,
+    };
+    // SAFETY: forwarded contract.
+    unsafe { copy(shape, stream, mode, ptds) }
+}
+
+/// The fields `CUDA_MEMCPY3D` and `CUDA_MEMCPY3D_PEER` share (the peer form's contexts name the
+/// session's one device).
+macro_rules! shape_3d {
+    ($p:expr) => {{
+        let p = $p;
+        Shape {
+            src: side(p.srcMemoryType, p.srcHost, p.srcDevice, p.srcArray, p.srcPitch, p.srcHeight)?,
+            src_pos: Pos3 { x: p.srcXInBytes as u64, y: p.srcY as u64, z: p.srcZ as u64 },
+            dst: side(p.dstMemoryType, p.dstHost, p.dstDevice, p.dstArray, p.dstPitch, p.dstHeight)?,
+            dst_pos: Pos3 { x: p.dstXInBytes as u64, y: p.dstY as u64, z: p.dstZ as u64 },
+            width: p.WidthInBytes as u64,
+            height: p.Height as u64,
+            depth: p.Depth as u64,
+        }
+    }};
+}
+
+/// # Safety
+/// `copy` is NULL or a readable `CUDA_MEMCPY3D` whose host sides are valid for the box.
+unsafe fn memcpy_3d(p_copy: *const CUDA_MEMCPY3D, stream: CUstream, mode: Mode, ptds: bool) -> DriverResult {
+    non_null([p_copy.cast()])?;
+    // SAFETY: checked non-NULL; the caller's descriptor.
+    let shape = shape_3d!(unsafe { &*p_copy });
+    // SAFETY: forwarded contract.
+    unsafe { copy(shape, stream, mode, ptds) }
+}
+
+/// # Safety
+/// As [`memcpy_3d`], for a `CUDA_MEMCPY3D_PEER`.
+unsafe fn memcpy_3d_peer(p_copy: *const CUDA_MEMCPY3D_PEER, stream: CUstream, mode: Mode, ptds: bool) -> DriverResult {
+    non_null([p_copy.cast()])?;
+    // SAFETY: checked non-NULL; the caller's descriptor.
+    let shape = shape_3d!(unsafe { &*p_copy });
+    // SAFETY: forwarded contract.
+    unsafe { copy(shape, stream, mode, ptds) }
+}
+
+macro_rules! descriptor_copies {
+    ($($name:ident ($desc:ty $(, $stream:ident)?) => $via:ident, $mode:ident, $ptds:literal;)*) => {$(
+        pub unsafe fn $name(p_copy: *const $desc $(, $stream: CUstream)?) -> CUresult {
+            #[allow(unused_mut, unused_assignments, reason = "the synchronous forms have no stream")]
+            let mut stream: CUstream = std::ptr::null_mut();
+            $(stream = $stream;)?
+            // SAFETY: the caller's descriptor and buffers, per the driver API's contract.
+            run(|| unsafe { $via(p_copy, stream, Mode::$mode, $ptds) })
+        }
+    )*};
+}
+
+// The unaligned forms lift alignment limits of the hardware's 2D copy; Flyt's are the driver's
+// 3D copies of whole boxes or packed pieces, so all take one path.
+descriptor_copies! {
+    cuMemcpy2D_v2(CUDA_MEMCPY2D) => memcpy_2d, Synchronous, false;
+    cuMemcpy2D_v2_ptds(CUDA_MEMCPY2D) => memcpy_2d, Synchronous, true;
+    cuMemcpy2DUnaligned_v2(CUDA_MEMCPY2D) => memcpy_2d, Synchronous, false;
+    cuMemcpy2DUnaligned_v2_ptds(CUDA_MEMCPY2D) => memcpy_2d, Synchronous, true;
+    cuMemcpy2DAsync_v2(CUDA_MEMCPY2D, h_stream) => memcpy_2d, Asynchronous, false;
+    cuMemcpy2DAsync_v2_ptsz(CUDA_MEMCPY2D, h_stream) => memcpy_2d, Asynchronous, true;
+    cuMemcpy3D_v2(CUDA_MEMCPY3D) => memcpy_3d, Synchronous, false;
+    cuMemcpy3D_v2_ptds(CUDA_MEMCPY3D) => memcpy_3d, Synchronous, true;
+    cuMemcpy3DAsync_v2(CUDA_MEMCPY3D, h_stream) => memcpy_3d, Asynchronous, false;
+    cuMemcpy3DAsync_v2_ptsz(CUDA_MEMCPY3D, h_stream) => memcpy_3d, Asynchronous, true;
+    cuMemcpy3DPeer(CUDA_MEMCPY3D_PEER) => memcpy_3d_peer, Synchronous, false;
+    cuMemcpy3DPeer_ptds(CUDA_MEMCPY3D_PEER) => memcpy_3d_peer, Synchronous, true;
+    cuMemcpy3DPeerAsync(CUDA_MEMCPY3D_PEER, h_stream) => memcpy_3d_peer, Asynchronous, false;
+    cuMemcpy3DPeerAsync_ptsz(CUDA_MEMCPY3D_PEER, h_stream) => memcpy_3d_peer, Asynchronous, true;
+}
+
+/// A 1D copy of `count` bytes between arrays (at byte offsets), device memory and host memory.
+///
+/// # Safety
+/// Host sides are valid for `count` bytes, per the driver API's contract.
+unsafe fn linear(dst: (Side, u64), src: (Side, u64), count: usize, stream: CUstream, mode: Mode, ptds: bool) -> DriverResult {
+    let shape = Shape {
+        src: src.0,
+        src_pos: Pos3 { x: src.1, y: 0, z: 0 },
+        dst: dst.0,
+        dst_pos: Pos3 { x: dst.1, y: 0, z: 0 },
+        width: count as u64,
+        height: 1,
+        depth: 1,
+    };
+    // SAFETY: forwarded contract.
+    unsafe { copy(shape, stream, mode, ptds) }
+}
+
+fn array(array: CUarray) -> DriverResult<Side> {
+    side(memory_type::ARRAY, std::ptr::null(), 0, array, 0, 1)
+}
+
+fn host(ptr: *const c_void, count: usize) -> DriverResult<Side> {
+    side(memory_type::HOST, ptr, 0, std::ptr::null_mut(), count, 1)
+}
+
+fn device(ptr: CUdeviceptr, count: usize) -> DriverResult<Side> {
+    side(memory_type::DEVICE, std::ptr::null(), ptr, std::ptr::null_mut(), count, 1)
+}
+
+macro_rules! array_copies {
+    ($($name:ident ($($arg:ident : $ty:ty),*) => ($dst:expr, $src:expr, $count:expr), $stream:expr, $mode:ident, $ptds:literal;)*) => {$(
+        pub unsafe fn $name($($arg: $ty),*) -> CUresult {
+            // SAFETY: the caller's buffers, per the driver API's contract.
+            run(|| unsafe { linear($dst, $src, $count, $stream, Mode::$mode, $ptds) })
+        }
+    )*};
+}
+
+const NO_STREAM: CUstream = std::ptr::null_mut();
+
+array_copies! {
+    cuMemcpyHtoA_v2(dst_array: CUarray, dst_offset: usize, src_host: *const c_void, byte_count: usize)
+        => ((array(dst_array)?, dst_offset as u64), (host(src_host, byte_count)?, 0), byte_count), NO_STREAM, Synchronous, false;
+    cuMemcpyHtoA_v2_ptds(dst_array: CUarray, dst_offset: usize, src_host: *const c_void, byte_count: usize)
+        => ((array(dst_array)?, dst_offset as u64), (host(src_host, byte_count)?, 0), byte_count), NO_STREAM, Synchronous, true;
+    cuMemcpyHtoAAsync_v2(dst_array: CUarray, dst_offset: usize, src_host: *const c_void, byte_count: usize, h_stream: CUstream)
+        => ((array(dst_array)?, dst_offset as u64), (host(src_host, byte_count)?, 0), byte_count), h_stream, Asynchronous, false;
+    cuMemcpyHtoAAsync_v2_ptsz(dst_array: CUarray, dst_offset: usize, src_host: *const c_void, byte_count: usize, h_stream: CUstream)
+        => ((array(dst_array)?, dst_offset as u64), (host(src_host, byte_count)?, 0), byte_count), h_stream, Asynchronous, true;
+    cuMemcpyAtoH_v2(dst_host: *mut c_void, src_array: CUarray, src_offset: usize, byte_count: usize)
+        => ((host(dst_host, byte_count)?, 0), (array(src_array)?, src_offset as u64), byte_count), NO_STREAM, Synchronous, false;
+    cuMemcpyAtoH_v2_ptds(dst_host: *mut c_void, src_array: CUarray, src_offset: usize, byte_count: usize)
+        => ((host(dst_host, byte_count)?, 0), (array(src_array)?, src_offset as u64), byte_count), NO_STREAM, Synchronous, true;
+    cuMemcpyAtoHAsync_v2(dst_host: *mut c_void, src_array: CUarray, src_offset: usize, byte_count: usize, h_stream: CUstream)
+        => ((host(dst_host, byte_count)?, 0), (array(src_array)?, src_offset as u64), byte_count), h_stream, Asynchronous, false;
+    cuMemcpyAtoHAsync_v2_ptsz(dst_host: *mut c_void, src_array: CUarray, src_offset: usize, byte_count: usize, h_stream: CUstream)
+        => ((host(dst_host, byte_count)?, 0), (array(src_array)?, src_offset as u64), byte_count), h_stream, Asynchronous, true;
+    cuMemcpyDtoA_v2(dst_array: CUarray, dst_offset: usize, src_device: CUdeviceptr, byte_count: usize)
+        => ((array(dst_array)?, dst_offset as u64), (device(src_device, byte_count)?, 0), byte_count), NO_STREAM, Synchronous, false;
+    cuMemcpyDtoA_v2_ptds(dst_array: CUarray, dst_offset: usize, src_device: CUdeviceptr, byte_count: usize)
+        => ((array(dst_array)?, dst_offset as u64), (device(src_device, byte_count)?, 0), byte_count), NO_STREAM, Synchronous, true;
+    cuMemcpyAtoD_v2(dst_device: CUdeviceptr, src_array: CUarray, src_offset: usize, byte_count: usize)
+        => ((device(dst_device, byte_count)?, 0), (array(src_array)?, src_offset as u64), byte_count), NO_STREAM, Synchronous, false;
+    cuMemcpyAtoD_v2_ptds(dst_device: CUdeviceptr, src_array: CUarray, src_offset: usize, byte_count: usize)
+        => ((device(dst_device, byte_count)?, 0), (array(src_array)?, src_offset as u64), byte_count), NO_STREAM, Synchronous, true;
+    cuMemcpyAtoA_v2(dst_array: CUarray, dst_offset: usize, src_array: CUarray, src_offset: usize, byte_count: usize)
+        => ((array(dst_array)?, dst_offset as u64), (array(src_array)?, src_offset as u64), byte_count), NO_STREAM, Synchronous, false;
+    cuMemcpyAtoA_v2_ptds(dst_array: CUarray, dst_offset: usize, src_array: CUarray, src_offset: usize, byte_count: usize)
+        => ((array(dst_array)?, dst_offset as u64), (array(src_array)?, src_offset as u64), byte_count), NO_STREAM, Synchronous, true;
+}
+
+pub unsafe fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    p_pitch: *mut usize,
+    width_in_bytes: usize,
+    height: usize,
+    element_size_bytes: c_uint,
+) -> CUresult {
+    run(|| {
+        non_null([dptr.cast(), p_pitch.cast()])?;
+        let client = client()?;
+        let (ptr, pitch) =
+            client.malloc_pitch(width_in_bytes as u64, height as u64, element_size_bytes).map_err(super::session::driver_error)?;
+        // SAFETY: checked non-NULL; the caller's out-pointers.
+        unsafe {
+            write_out(dptr, ptr)?;
+            write_out(p_pitch, pitch as usize)
+        }
+    })
+}
+
+/// A 2D memset of `width` elements of `element_size` bytes per row; queued (the synchronous
+/// forms are asynchronous for device memory, as CUDA documents).
+fn memset_2d(
+    dst: CUdeviceptr,
+    pitch: usize,
+    value: u32,
+    element_size: u8,
+    width: usize,
+    height: usize,
+    stream: CUstream,
+    ptds: bool,
+) -> DriverResult {
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptds)?;
+    let set = Memset2d { dst, pitch: pitch as u64, value, element_size, width: width as u64, height: height as u64 };
+    client.memset_2d(set, stream).map_err(super::session::driver_error)
+}
+
+macro_rules! memsets_2d {
+    ($($name:ident ($value:ident : $ty:ty $(, $stream:ident)?) => $size:literal, $ptds:literal;)*) => {$(
+        pub unsafe fn $name(dst_device: CUdeviceptr, dst_pitch: usize, $value: $ty, width: usize, height: usize $(, $stream: CUstream)?) -> CUresult {
+            #[allow(unused_mut, unused_assignments, reason = "the synchronous forms have no stream")]
+            let mut stream: CUstream = std::ptr::null_mut();
+            $(stream = $stream;)?
+            run(|| memset_2d(dst_device, dst_pitch, u32::from($value), $size, width, height, stream, $ptds))
+        }
+    )*};
+}
+
+memsets_2d! {
+    cuMemsetD2D8_v2(uc: c_uchar) => 1, false;
+    cuMemsetD2D8_v2_ptds(uc: c_uchar) => 1, true;
+    cuMemsetD2D16_v2(us: c_ushort) => 2, false;
+    cuMemsetD2D16_v2_ptds(us: c_ushort) => 2, true;
+    cuMemsetD2D32_v2(ui: c_uint) => 4, false;
+    cuMemsetD2D32_v2_ptds(ui: c_uint) => 4, true;
+    cuMemsetD2D8Async(uc: c_uchar, h_stream) => 1, false;
+    cuMemsetD2D8Async_ptsz(uc: c_uchar, h_stream) => 1, true;
+    cuMemsetD2D16Async(us: c_ushort, h_stream) => 2, false;
+    cuMemsetD2D16Async_ptsz(us: c_ushort, h_stream) => 2, true;
+    cuMemsetD2D32Async(ui: c_uint, h_stream) => 4, false;
+    cuMemsetD2D32Async_ptsz(ui: c_uint, h_stream) => 4, true;
+}

@@ -1,0 +1,292 @@
+//! The CUDA backend's pitched memory, shaped copies, arrays, textures and surfaces. The
+//! descriptors are declared here with plain integer fields (the driver's enums as `unsigned`,
+//! which shares their ABI), so a value this build does not know stays a number the driver
+//! rejects instead of an invalid Rust enum.
+
+use std::ffi::{c_int, c_uint};
+
+use cudarc::driver::sys;
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::{ArrayDesc, Resource, TextureDesc, ViewDesc};
+
+use super::cuda::{CudaDevice, Handle};
+use super::{Extent, Side, TexResource};
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+struct RawArrayDesc {
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_uint,
+    channels: c_uint,
+    flags: c_uint,
+}
+
+/// `CUDA_RESOURCE_DESC`: the type, a 128-byte union and flags.
+#[repr(C)]
+struct RawResourceDesc {
+    kind: c_uint,
+    res: [u64; 16],
+    flags: c_uint,
+}
+
+/// `CUDA_TEXTURE_DESC`.
+#[repr(C)]
+struct RawTextureDesc {
+    address_mode: [c_uint; 3],
+    filter_mode: c_uint,
+    flags: c_uint,
+    max_anisotropy: c_uint,
+    mipmap_filter_mode: c_uint,
+    mipmap_level_bias: f32,
+    min_mipmap_level_clamp: f32,
+    max_mipmap_level_clamp: f32,
+    border_color: [f32; 4],
+    reserved: [c_int; 12],
+}
+
+/// `CUDA_RESOURCE_VIEW_DESC`.
+#[repr(C)]
+struct RawViewDesc {
+    format: c_uint,
+    width: usize,
+    height: usize,
+    depth: usize,
+    first_mipmap_level: c_uint,
+    last_mipmap_level: c_uint,
+    first_layer: c_uint,
+    last_layer: c_uint,
+    reserved: [c_uint; 16],
+}
+
+const _: () = assert!(size_of::<RawResourceDesc>() == 144 && size_of::<RawTextureDesc>() == 104 && size_of::<RawViewDesc>() == 112);
+
+/// `CUresourcetype`.
+mod resource_type {
+    pub const ARRAY: u32 = 0;
+    pub const MIPMAPPED_ARRAY: u32 = 1;
+    pub const LINEAR: u32 = 2;
+    pub const PITCH2D: u32 = 3;
+}
+
+/// The entry points that take those descriptors.
+pub struct RawArrays {
+    array_3d_create: unsafe extern "C" fn(*mut sys::CUarray, *const RawArrayDesc) -> u32,
+    mipmapped_array_create: unsafe extern "C" fn(*mut sys::CUmipmappedArray, *const RawArrayDesc, c_uint) -> u32,
+    tex_object_create: unsafe extern "C" fn(*mut u64, *const RawResourceDesc, *const RawTextureDesc, *const RawViewDesc) -> u32,
+    surf_object_create: unsafe extern "C" fn(*mut u64, *const RawResourceDesc) -> u32,
+}
+
+impl RawArrays {
+    pub fn load() -> Result<Self, String> {
+        // SAFETY: as in `RawDriver::load`: the driver library is loaded, and each symbol gets its
+        // documented C signature with the descriptors declared above.
+        unsafe {
+            let lib = sys::culib();
+            macro_rules! symbol {
+                ($name:literal) => {
+                    *lib.get(concat!($name, "\0").as_bytes()).map_err(|error| format!("{}: {error}", $name))?
+                };
+            }
+            Ok(Self {
+                array_3d_create: symbol!("cuArray3DCreate_v2"),
+                mipmapped_array_create: symbol!("cuMipmappedArrayCreate"),
+                tex_object_create: symbol!("cuTexObjectCreate"),
+                surf_object_create: symbol!("cuSurfObjectCreate"),
+            })
+        }
+    }
+}
+
+fn raw_check(code: u32) -> CudaResult<()> {
+    if code == 0 { Ok(()) } else { Err(CudaError::from_driver(code)) }
+}
+
+fn check(result: sys::CUresult) -> CudaResult<()> {
+    raw_check(result as u32)
+}
+
+fn raw_array_desc(desc: &ArrayDesc) -> CudaResult<RawArrayDesc> {
+    let size = |value: u64| usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE);
+    Ok(RawArrayDesc {
+        width: size(desc.width)?,
+        height: size(desc.height)?,
+        depth: size(desc.depth)?,
+        format: desc.format,
+        channels: desc.channels,
+        flags: desc.flags,
+    })
+}
+
+fn resource(kind: u32, fields: &[u64]) -> RawResourceDesc {
+    let mut res = [0u64; 16];
+    res[..fields.len()].copy_from_slice(fields);
+    RawResourceDesc { kind, res, flags: 0 }
+}
+
+/// Fills one side of a `CUDA_MEMCPY3D`.
+macro_rules! side {
+    ($params:ident, $side:expr, $memory_type:ident, $host:ident, $device:ident, $array:ident, $x:ident, $y:ident, $z:ident, $pitch:ident, $height:ident) => {
+        match $side {
+            Side::Device { ptr, pitch, height } => {
+                $params.$memory_type = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                $params.$device = ptr;
+                $params.$pitch = usize::try_from(pitch).map_err(|_| CudaError::INVALID_VALUE)?;
+                $params.$height = usize::try_from(height).map_err(|_| CudaError::INVALID_VALUE)?;
+            }
+            Side::Array { array, pos } => {
+                $params.$memory_type = sys::CUmemorytype::CU_MEMORYTYPE_ARRAY;
+                $params.$array = array.0;
+                $params.$x = usize::try_from(pos.x).map_err(|_| CudaError::INVALID_VALUE)?;
+                $params.$y = usize::try_from(pos.y).map_err(|_| CudaError::INVALID_VALUE)?;
+                $params.$z = usize::try_from(pos.z).map_err(|_| CudaError::INVALID_VALUE)?;
+            }
+            Side::Host { ptr, pitch, height } => {
+                $params.$memory_type = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
+                $params.$host = ptr as _;
+                $params.$pitch = usize::try_from(pitch).map_err(|_| CudaError::INVALID_VALUE)?;
+                $params.$height = usize::try_from(height).map_err(|_| CudaError::INVALID_VALUE)?;
+            }
+        }
+    };
+}
+
+fn memcpy_3d(src: Side<CudaDevice>, dst: Side<CudaDevice>, extent: Extent) -> CudaResult<sys::CUDA_MEMCPY3D> {
+    // SAFETY: CUDA_MEMCPY3D is plain data (integers, pointers and an enum whose zero is not a
+    // value: every memory type is set below).
+    let mut params: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+    side!(params, src, srcMemoryType, srcHost, srcDevice, srcArray, srcXInBytes, srcY, srcZ, srcPitch, srcHeight);
+    side!(params, dst, dstMemoryType, dstHost, dstDevice, dstArray, dstXInBytes, dstY, dstZ, dstPitch, dstHeight);
+    params.WidthInBytes = usize::try_from(extent.width).map_err(|_| CudaError::INVALID_VALUE)?;
+    params.Height = usize::try_from(extent.height).map_err(|_| CudaError::INVALID_VALUE)?;
+    params.Depth = usize::try_from(extent.depth).map_err(|_| CudaError::INVALID_VALUE)?;
+    Ok(params)
+}
+
+impl CudaDevice {
+    pub(super) fn pitch_alloc(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {
+        let (mut ptr, mut pitch) = (0u64, 0usize);
+        let size = |value: u64| usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE);
+        // SAFETY: valid out-pointers; a context is current on this thread.
+        check(unsafe { sys::cuMemAllocPitch_v2(&mut ptr, &mut pitch, size(width)?, size(height)?, element_size) })?;
+        Ok((ptr, pitch as u64))
+    }
+
+    pub(super) fn set_2d(&self, set: &flyt_protocol::ops::Memset2d, stream: sys::CUstream) -> CudaResult<()> {
+        let size = |value: u64| usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE);
+        let (pitch, width, height) = (size(set.pitch)?, size(set.width)?, size(set.height)?);
+        // SAFETY: the session checked the rows against its ranges and the element size.
+        check(unsafe {
+            match set.element_size {
+                1 => sys::cuMemsetD2D8Async(set.dst, pitch, set.value as u8, width, height, stream),
+                2 => sys::cuMemsetD2D16Async(set.dst, pitch, set.value as u16, width, height, stream),
+                _ => sys::cuMemsetD2D32Async(set.dst, pitch, set.value, width, height, stream),
+            }
+        })
+    }
+
+    /// # Safety
+    /// Host sides lie in pinned memory that stays mapped while the copy runs.
+    pub(super) unsafe fn shaped(&self, src: Side<Self>, dst: Side<Self>, extent: Extent, stream: sys::CUstream) -> CudaResult<()> {
+        let params = memcpy_3d(src, dst, extent)?;
+        // SAFETY: the session checked device ranges and array bounds; host sides per the
+        // caller's contract.
+        check(unsafe { sys::cuMemcpy3DAsync_v2(&params, stream) })
+    }
+
+    pub(super) fn new_array(&self, desc: &ArrayDesc) -> CudaResult<Handle<sys::CUarray>> {
+        let raw = raw_array_desc(desc)?;
+        let mut array = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and descriptor.
+        raw_check(unsafe { (self.arrays.array_3d_create)(&mut array, &raw) })?;
+        Ok(Handle::new(array))
+    }
+
+    pub(super) fn destroy_array(&self, array: Handle<sys::CUarray>) -> CudaResult<()> {
+        // SAFETY: an array this session created (its own, not a mipmap level), destroyed once.
+        check(unsafe { sys::cuArrayDestroy(array.0) })
+    }
+
+    pub(super) fn new_mipmap(&self, desc: &ArrayDesc, levels: u32) -> CudaResult<Handle<sys::CUmipmappedArray>> {
+        let raw = raw_array_desc(desc)?;
+        let mut mipmap = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and descriptor.
+        raw_check(unsafe { (self.arrays.mipmapped_array_create)(&mut mipmap, &raw, levels) })?;
+        Ok(Handle::new(mipmap))
+    }
+
+    pub(super) fn level(&self, mipmap: Handle<sys::CUmipmappedArray>, level: u32) -> CudaResult<Handle<sys::CUarray>> {
+        let mut array = std::ptr::null_mut();
+        // SAFETY: a mipmapped array of this session; valid out-pointer.
+        check(unsafe { sys::cuMipmappedArrayGetLevel(&mut array, mipmap.0, level) })?;
+        Ok(Handle::new(array))
+    }
+
+    pub(super) fn destroy_mipmap(&self, mipmap: Handle<sys::CUmipmappedArray>) -> CudaResult<()> {
+        // SAFETY: a mipmapped array of this session, destroyed once.
+        check(unsafe { sys::cuMipmappedArrayDestroy(mipmap.0) })
+    }
+
+    pub(super) fn new_texture(&self, resource: TexResource<Self>, texture: &TextureDesc, view: Option<&ViewDesc>) -> CudaResult<u64> {
+        let raw_resource = match resource {
+            TexResource::Array(array) => self::resource(resource_type::ARRAY, &[array.0 as u64]),
+            TexResource::Mipmapped(mipmap) => self::resource(resource_type::MIPMAPPED_ARRAY, &[mipmap.0 as u64]),
+            TexResource::Memory(Resource::Linear { ptr, format, channels, size }) => {
+                self::resource(resource_type::LINEAR, &[ptr, u64::from(format) | u64::from(channels) << 32, size])
+            }
+            TexResource::Memory(Resource::Pitch2d { ptr, format, channels, width, height, pitch }) => {
+                self::resource(resource_type::PITCH2D, &[ptr, u64::from(format) | u64::from(channels) << 32, width, height, pitch])
+            }
+            TexResource::Memory(_) => return Err(CudaError::INVALID_VALUE),
+        };
+        let raw_texture = RawTextureDesc {
+            address_mode: texture.address_mode,
+            filter_mode: texture.filter_mode,
+            flags: texture.flags,
+            max_anisotropy: texture.max_anisotropy,
+            mipmap_filter_mode: texture.mipmap_filter_mode,
+            mipmap_level_bias: f32::from_bits(texture.mipmap_level_bias),
+            min_mipmap_level_clamp: f32::from_bits(texture.min_mipmap_level_clamp),
+            max_mipmap_level_clamp: f32::from_bits(texture.max_mipmap_level_clamp),
+            border_color: texture.border_color.map(f32::from_bits),
+            reserved: [0; 12],
+        };
+        let size = |value: u64| usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE);
+        let raw_view = view
+            .map(|view| {
+                Ok::<_, CudaError>(RawViewDesc {
+                    format: view.format,
+                    width: size(view.width)?,
+                    height: size(view.height)?,
+                    depth: size(view.depth)?,
+                    first_mipmap_level: view.first_mipmap_level,
+                    last_mipmap_level: view.last_mipmap_level,
+                    first_layer: view.first_layer,
+                    last_layer: view.last_layer,
+                    reserved: [0; 16],
+                })
+            })
+            .transpose()?;
+        let mut handle = 0u64;
+        let view_ptr = raw_view.as_ref().map_or(std::ptr::null(), |view| view as *const RawViewDesc);
+        // SAFETY: valid out-pointer and descriptors; the resource's arrays and memory are the
+        // session's (checked).
+        raw_check(unsafe { (self.arrays.tex_object_create)(&mut handle, &raw_resource, &raw_texture, view_ptr) })?;
+        Ok(handle)
+    }
+
+    pub(super) fn new_surface(&self, array: Handle<sys::CUarray>) -> CudaResult<u64> {
+        let raw = resource(resource_type::ARRAY, &[array.0 as u64]);
+        let mut handle = 0u64;
+        // SAFETY: valid out-pointer and descriptor over an array of the session.
+        raw_check(unsafe { (self.arrays.surf_object_create)(&mut handle, &raw) })?;
+        Ok(handle)
+    }
+
+    pub(super) fn destroy_object(&self, handle: u64, surface: bool) -> CudaResult<()> {
+        // SAFETY: a texture or surface object this session created, destroyed once.
+        check(unsafe { if surface { sys::cuSurfObjectDestroy(handle) } else { sys::cuTexObjectDestroy(handle) } })
+    }
+}

@@ -1,0 +1,404 @@
+//! Pitched memory, shaped copies (2D, 3D, to and from arrays), arrays, mipmapped arrays,
+//! texture and surface objects for a session. Array ids are the client's; every copy's box is
+//! checked against the session's ranges or the array's extent before it reaches the device, and
+//! arrays count in the quota from creation to destruction.
+
+use std::collections::HashMap;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::{ArrayDesc, CopySide, Pos3, Resource, ShapedCopy, rep, req};
+
+use super::{BulkIn, MAX_HANDLES, Responder, Session, chunk_len};
+use crate::backend::{Device, Extent, Side, TexResource};
+use crate::memory::RangeKind;
+
+/// An array the session named: its own, or a level of one of its mipmapped arrays.
+struct ArrayEntry<D: Device> {
+    array: D::Array,
+    desc: ArrayDesc,
+    /// The mipmapped array it is a level of (it goes with that one).
+    level_of: Option<u64>,
+}
+
+struct MipmapEntry<D: Device> {
+    mipmap: D::Mipmap,
+    desc: ArrayDesc,
+    /// The ids its levels were given.
+    levels: Vec<u64>,
+    charged: u64,
+}
+
+/// The session's arrays and objects.
+pub struct ArrayTable<D: Device> {
+    arrays: HashMap<u64, ArrayEntry<D>>,
+    mipmaps: HashMap<u64, MipmapEntry<D>>,
+    /// Texture (`false`) and surface (`true`) objects the session made.
+    objects: HashMap<u64, bool>,
+}
+
+impl<D: Device> Default for ArrayTable<D> {
+    fn default() -> Self {
+        Self { arrays: HashMap::new(), mipmaps: HashMap::new(), objects: HashMap::new() }
+    }
+}
+
+/// The bytes an array (all its levels) is charged: its elements, packed.
+fn array_bytes(desc: &ArrayDesc, levels: u32) -> CudaResult<u64> {
+    (0..levels.max(1)).try_fold(0u64, |total, level| {
+        let (width, height, depth) = desc.level(level).extent().ok_or(CudaError::INVALID_VALUE)?;
+        width
+            .checked_mul(height)
+            .and_then(|bytes| bytes.checked_mul(depth))
+            .and_then(|bytes| total.checked_add(bytes))
+            .ok_or(CudaError::INVALID_VALUE)
+    })
+}
+
+fn extent(copy: &ShapedCopy) -> Extent {
+    Extent { width: copy.width, height: copy.height, depth: copy.depth }
+}
+
+impl<D: Device> Session<D> {
+    /// Checks one non-host side of `copy` and resolves it for the device.
+    fn device_side(&self, side: CopySide, pos: Pos3, copy: &ShapedCopy) -> CudaResult<Side<D>> {
+        match side {
+            CopySide::Device { ptr, pitch, height } => {
+                // Rows (and slices) of the box may not overlap their neighbours.
+                let rows = copy.height > 1 || copy.depth > 1;
+                if rows && pos.x.checked_add(copy.width).is_none_or(|end| end > pitch) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                if copy.depth > 1 && pos.y.checked_add(copy.height).is_none_or(|end| end > height) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                let (start, len) = copy.span(pos, pitch, height).ok_or(CudaError::INVALID_VALUE)?;
+                let first = ptr.checked_add(start).ok_or(CudaError::INVALID_VALUE)?;
+                self.ranges.check(first, len)?;
+                Ok(Side::Device { ptr: first, pitch, height })
+            }
+            CopySide::Array { array } => {
+                let entry = self.arrays.arrays.get(&array).ok_or(CudaError::INVALID_VALUE)?;
+                let (width, height, depth) = entry.desc.extent().ok_or(CudaError::INVALID_VALUE)?;
+                let element = entry.desc.element_size().ok_or(CudaError::INVALID_VALUE)?;
+                let fits = |at: u64, len: u64, limit: u64| at.checked_add(len).is_some_and(|end| end <= limit);
+                let whole_elements = pos.x.is_multiple_of(element) && copy.width.is_multiple_of(element);
+                if !(whole_elements && fits(pos.x, copy.width, width) && fits(pos.y, copy.height, height) && fits(pos.z, copy.depth, depth))
+                {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                Ok(Side::Array { array: entry.array, pos })
+            }
+            CopySide::Host { .. } => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    /// Destroys the session's arrays and objects (it ends, or the device resets).
+    pub(super) fn release_arrays(&mut self) {
+        for (handle, surface) in self.arrays.objects.drain() {
+            let _ = self.device.object_destroy(handle, surface);
+        }
+        for (_, entry) in self.arrays.arrays.drain() {
+            if entry.level_of.is_none() {
+                if let Ok(bytes) = array_bytes(&entry.desc, 1) {
+                    self.budget.release(bytes);
+                }
+                let _ = self.device.array_destroy(entry.array);
+            }
+        }
+        for (_, entry) in self.arrays.mipmaps.drain() {
+            self.budget.release(entry.charged);
+            let _ = self.device.mipmap_destroy(entry.mipmap);
+        }
+    }
+
+    pub(super) fn pitch_alloc(&mut self, request: req::MallocPitch, reply: Responder<rep::MallocPitch>) {
+        let result = (|| {
+            if !matches!(request.element_size, 4 | 8 | 16) || request.width == 0 || request.height == 0 {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            // Charged for the rows as asked; the pitch the device picks is known only after.
+            let asked = request.width.checked_mul(request.height).ok_or(CudaError::MEMORY_ALLOCATION)?;
+            if !self.budget.try_reserve(asked) {
+                return Err(CudaError::MEMORY_ALLOCATION);
+            }
+            let (ptr, pitch) = match self.device.malloc_pitch(request.width, request.height, request.element_size) {
+                Ok(made) => made,
+                Err(error) => {
+                    self.budget.release(asked);
+                    return Err(error);
+                }
+            };
+            let len = pitch * request.height;
+            // Charge the padding too; if the quota has no room for it, give everything back.
+            if len > asked && !self.budget.try_reserve(len - asked) {
+                self.budget.release(asked);
+                let _ = self.device.free(ptr);
+                return Err(CudaError::MEMORY_ALLOCATION);
+            }
+            self.ranges.insert(ptr, len, RangeKind::Allocation);
+            Ok(rep::MallocPitch { ptr, pitch })
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn set_2d(&mut self, request: req::Memset2D, reply: Responder<rep::Memset2D>) {
+        let set = request.set;
+        let result = (|| {
+            let element = u64::from(set.element_size);
+            if !matches!(set.element_size, 1 | 2 | 4) || !set.dst.is_multiple_of(element) || !set.pitch.is_multiple_of(element) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let row = set.width.checked_mul(element).ok_or(CudaError::INVALID_VALUE)?;
+            if set.width == 0 || set.height == 0 {
+                return Ok(());
+            }
+            if set.height > 1 && row > set.pitch {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let span = (set.height - 1).checked_mul(set.pitch).and_then(|rows| rows.checked_add(row)).ok_or(CudaError::INVALID_VALUE)?;
+            self.ranges.check(set.dst, span)?;
+            let stream = self.stream(request.stream)?;
+            self.device.memset_2d(&set, stream)
+        })();
+        reply.send(result.map(|()| rep::Memset2D {}));
+    }
+
+    pub(super) fn copy_shaped(&mut self, request: req::MemcpyShaped, reply: Responder<rep::MemcpyShaped>) {
+        let copy = request.copy;
+        let result = (|| {
+            let src = self.device_side(copy.src, copy.src_pos, &copy)?;
+            let dst = self.device_side(copy.dst, copy.dst_pos, &copy)?;
+            let stream = self.stream(request.stream)?;
+            if copy.packed_len() == Some(0) {
+                return Ok(());
+            }
+            // SAFETY: no host side (`device_side` refuses them).
+            unsafe { self.device.copy_shaped(src, dst, extent(&copy), stream) }
+        })();
+        reply.send(result.map(|()| rep::MemcpyShaped {}));
+    }
+
+    pub(super) fn copy_host_to_shaped(
+        &mut self,
+        request: req::MemcpyHtoShaped,
+        bulk: &mut BulkIn<'_>,
+        reply: Responder<rep::MemcpyHtoShaped>,
+    ) {
+        let copy = request.copy;
+        let result = (|| {
+            // The bulk is the box, packed: one staging buffer's worth at most (the client cuts
+            // larger copies into row-aligned pieces).
+            let len = copy.packed_len().ok_or(CudaError::INVALID_VALUE)?;
+            let packed = CopySide::Host { pitch: copy.width, height: copy.height };
+            if copy.src != packed || copy.src_pos != Pos3::default() || len != bulk.remaining() || len > self.config.copy_chunk {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let dst = self.device_side(copy.dst, copy.dst_pos, &copy)?;
+            let stream = self.stream(request.stream)?;
+            self.refuse_while_capturing(stream)?;
+            if len == 0 {
+                return Ok(());
+            }
+            let mut staging = self.device.staging(chunk_len(len, self.config.copy_chunk)?)?;
+            if !bulk.read_into(D::staging_bytes(&mut staging)) {
+                // The connection broke; the session ends after this op.
+                return Ok(());
+            }
+            self.device.copy_staged_to_shaped(dst, extent(&copy), staging, stream)?;
+            self.count_copy(crate::stats::Copied::HostToDeviceSocket, len);
+            Ok(())
+        })();
+        reply.send(result.map(|()| rep::MemcpyHtoShaped {}));
+    }
+
+    pub(super) fn copy_shaped_to_host(&mut self, request: req::MemcpyShapedToH, reply: Responder<rep::MemcpyShapedToH>) {
+        let copy = request.copy;
+        let started = (|| {
+            let len = copy.packed_len().ok_or(CudaError::INVALID_VALUE)?;
+            let packed = CopySide::Host { pitch: copy.width, height: copy.height };
+            if copy.dst != packed || copy.dst_pos != Pos3::default() || len == 0 || len > self.config.copy_chunk {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let src = self.device_side(copy.src, copy.src_pos, &copy)?;
+            let stream = self.stream(request.stream)?;
+            self.refuse_while_capturing(stream)?;
+            let staging = self.device.staging(chunk_len(len, self.config.copy_chunk)?)?;
+            let pending = self.device.start_shaped_to_staged(src, extent(&copy), staging, stream)?;
+            Ok((pending, len))
+        })();
+        match started {
+            Ok((pending, len)) => {
+                self.count_copy(crate::stats::Copied::DeviceToHostSocket, len);
+                self.hold_copy(pending, request.blocking, reply, rep::MemcpyShapedToH {});
+            }
+            Err(error) => reply.send(Err(error)),
+        }
+    }
+
+    pub(super) fn shm_copy_shaped(&mut self, request: req::ShmCopyShaped, reply: Responder<rep::ShmCopyShaped>) {
+        let copy = request.copy;
+        let result = (|| {
+            let segment = self.shm.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;
+            // Exactly one side is in the segment.
+            let (host, host_pos, to_host) = match (copy.src, copy.dst) {
+                (CopySide::Host { pitch, height }, dst) if !matches!(dst, CopySide::Host { .. }) => ((pitch, height), copy.src_pos, false),
+                (src, CopySide::Host { pitch, height }) if !matches!(src, CopySide::Host { .. }) => ((pitch, height), copy.dst_pos, true),
+                _ => return Err(CudaError::INVALID_VALUE),
+            };
+            let (pitch, height) = host;
+            if (copy.height > 1 || copy.depth > 1) && copy.width > pitch {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let (start, len) = copy.span(host_pos, pitch, height).ok_or(CudaError::INVALID_VALUE)?;
+            let first = request.offset.checked_add(start).ok_or(CudaError::INVALID_VALUE)?;
+            let ptr = segment.pinned(first, len)?;
+            let staged = first < segment.staging();
+            let host = Side::Host { ptr, pitch, height };
+            let stream = self.stream(request.stream)?;
+            if staged {
+                self.refuse_while_capturing(stream)?;
+            }
+            let (src, dst) = if to_host {
+                (self.device_side(copy.src, copy.src_pos, &copy)?, host)
+            } else {
+                (host, self.device_side(copy.dst, copy.dst_pos, &copy)?)
+            };
+            if len == 0 {
+                return Ok(());
+            }
+            // SAFETY: the host side lies in pinned segment memory (checked above), mapped while
+            // it is pinned; the other side was checked by `device_side`.
+            unsafe { self.device.copy_shaped(src, dst, extent(&copy), stream) }?;
+            let how = if to_host { crate::stats::Copied::DeviceToHostShm } else { crate::stats::Copied::HostToDeviceShm };
+            self.count_copy(how, copy.packed_len().unwrap_or(0));
+            Ok(())
+        })();
+        reply.send(result.map(|()| rep::ShmCopyShaped {}));
+    }
+
+    pub(super) fn new_array(&mut self, request: req::ArrayCreate, reply: Responder<rep::ArrayCreate>) {
+        let result = (|| {
+            let ids_taken = self.arrays.arrays.contains_key(&request.array) || self.arrays.mipmaps.contains_key(&request.array);
+            if request.array == 0 || ids_taken || self.arrays.arrays.len() + self.arrays.mipmaps.len() >= MAX_HANDLES {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let desc = request.desc;
+            match desc.element_size() {
+                Some(_) => {}
+                // Block-compressed, NV12 and the newer packed formats are not served.
+                None if matches!(desc.channels, 1 | 2 | 4) => return Err(CudaError::NOT_SUPPORTED),
+                None => return Err(CudaError::INVALID_VALUE),
+            }
+            let levels = request.levels.unwrap_or(1);
+            let bytes = array_bytes(&desc, levels)?;
+            if !self.budget.try_reserve(bytes) {
+                return Err(CudaError::MEMORY_ALLOCATION);
+            }
+            let made = match request.levels {
+                None => self.device.array_create(&desc).map(|array| {
+                    self.arrays.arrays.insert(request.array, ArrayEntry { array, desc, level_of: None });
+                }),
+                Some(levels) => self.device.mipmap_create(&desc, levels).map(|mipmap| {
+                    self.arrays.mipmaps.insert(request.array, MipmapEntry { mipmap, desc, levels: Vec::new(), charged: bytes });
+                }),
+            };
+            if made.is_err() {
+                self.budget.release(bytes);
+            }
+            made
+        })();
+        reply.send(result.map(|()| rep::ArrayCreate {}));
+    }
+
+    pub(super) fn drop_array(&mut self, request: req::ArrayDestroy, reply: Responder<rep::ArrayDestroy>) {
+        let result = (|| {
+            if let Some(entry) = self.arrays.arrays.get(&request.array) {
+                if entry.level_of.is_some() {
+                    // A level goes with its mipmapped array.
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                let (array, desc) = (entry.array, entry.desc);
+                self.device.array_destroy(array)?;
+                self.arrays.arrays.remove(&request.array);
+                self.budget.release(array_bytes(&desc, 1)?);
+                return Ok(());
+            }
+            let entry = self.arrays.mipmaps.get(&request.array).ok_or(CudaError::INVALID_VALUE)?;
+            self.device.mipmap_destroy(entry.mipmap)?;
+            let entry = self.arrays.mipmaps.remove(&request.array).ok_or(CudaError::INVALID_VALUE)?;
+            for level in entry.levels {
+                self.arrays.arrays.remove(&level);
+            }
+            self.budget.release(entry.charged);
+            Ok(())
+        })();
+        reply.send(result.map(|()| rep::ArrayDestroy {}));
+    }
+
+    pub(super) fn array_level(&mut self, request: req::MipmappedArrayLevel, reply: Responder<rep::MipmappedArrayLevel>) {
+        let result = (|| {
+            if request.array == 0 || self.arrays.arrays.contains_key(&request.array) || self.arrays.mipmaps.contains_key(&request.array) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let entry = self.arrays.mipmaps.get(&request.mipmap).ok_or(CudaError::INVALID_VALUE)?;
+            let array = self.device.mipmap_level(entry.mipmap, request.level)?;
+            let desc = entry.desc.level(request.level);
+            self.arrays.arrays.insert(request.array, ArrayEntry { array, desc, level_of: Some(request.mipmap) });
+            if let Some(entry) = self.arrays.mipmaps.get_mut(&request.mipmap) {
+                entry.levels.push(request.array);
+            }
+            Ok(())
+        })();
+        reply.send(result.map(|()| rep::MipmappedArrayLevel {}));
+    }
+
+    pub(super) fn new_texture(&mut self, request: req::TexObjectCreate, reply: Responder<rep::TexObjectCreate>) {
+        let result = (|| {
+            if self.arrays.objects.len() >= MAX_HANDLES {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let resource = match request.resource {
+                Resource::Array { array } => TexResource::Array(self.arrays.arrays.get(&array).ok_or(CudaError::INVALID_VALUE)?.array),
+                Resource::Mipmapped { array } => {
+                    TexResource::Mipmapped(self.arrays.mipmaps.get(&array).ok_or(CudaError::INVALID_VALUE)?.mipmap)
+                }
+                Resource::Linear { ptr, size, .. } => {
+                    self.ranges.check(ptr, size)?;
+                    TexResource::Memory(request.resource)
+                }
+                Resource::Pitch2d { ptr, pitch, height, .. } => {
+                    self.ranges.check(ptr, pitch.checked_mul(height).ok_or(CudaError::INVALID_VALUE)?)?;
+                    TexResource::Memory(request.resource)
+                }
+            };
+            let handle = self.device.tex_create(resource, &request.texture, request.view.as_ref())?;
+            self.arrays.objects.insert(handle, false);
+            Ok(rep::TexObjectCreate { handle })
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn new_surface(&mut self, request: req::SurfObjectCreate, reply: Responder<rep::SurfObjectCreate>) {
+        let result = (|| {
+            if self.arrays.objects.len() >= MAX_HANDLES {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let array = self.arrays.arrays.get(&request.array).ok_or(CudaError::INVALID_VALUE)?.array;
+            let handle = self.device.surf_create(array)?;
+            self.arrays.objects.insert(handle, true);
+            Ok(rep::SurfObjectCreate { handle })
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn drop_object(&mut self, request: req::ObjectDestroy, reply: Responder<rep::ObjectDestroy>) {
+        let result = match self.arrays.objects.get(&request.handle) {
+            Some(surface) if *surface == request.surface => self.device.object_destroy(request.handle, request.surface).map(|()| {
+                self.arrays.objects.remove(&request.handle);
+            }),
+            _ => Err(CudaError::INVALID_VALUE),
+        };
+        reply.send(result.map(|()| rep::ObjectDestroy {}));
+    }
+}
