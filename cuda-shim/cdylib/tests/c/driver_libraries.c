@@ -116,14 +116,14 @@ int main(void) {
     c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_HOST, host_copy, 0, 28, WIDTH, ROWS);
     EXPECT(cuMemcpy2DUnaligned(&c), CUDA_SUCCESS);
     CHECK("host -> host rectangle", same_rect(src, 24, host_copy, 28, ROWS, WIDTH));
-    // Refused: a pitch narrower than a row, a device side that is host memory, arrays, NULL.
+    // Refused: a pitch narrower than a row, a device side that is host memory, an unknown array, NULL.
     c = rect(CU_MEMORYTYPE_HOST, src, 0, 8, CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, WIDTH, ROWS);
     EXPECT(cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
     c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_DEVICE, NULL, (CUdeviceptr)(size_t)back, 32, WIDTH, ROWS);
     EXPECT(cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
     c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_ARRAY, NULL, 0, 32, WIDTH, ROWS);
     c.dstArray = (CUarray)(size_t)0x1000;
-    EXPECT(cuMemcpy2D(&c), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT(cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemcpy2D(NULL), CUDA_ERROR_INVALID_VALUE);
 
     // Pointer attributes as the static runtime's cudaPointerGetAttributes asks for them: device
