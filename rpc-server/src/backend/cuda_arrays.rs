@@ -126,43 +126,78 @@ fn resource(kind: u32, fields: &[u64]) -> RawResourceDesc {
     RawResourceDesc { kind, res, flags: 0 }
 }
 
-/// Fills one side of a `CUDA_MEMCPY3D`.
-macro_rules! side {
-    ($params:ident, $side:expr, $memory_type:ident, $host:ident, $device:ident, $array:ident, $x:ident, $y:ident, $z:ident, $pitch:ident, $height:ident) => {
-        match $side {
-            Side::Device { ptr, pitch, height } => {
-                $params.$memory_type = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                $params.$device = ptr;
-                $params.$pitch = usize::try_from(pitch).map_err(|_| CudaError::INVALID_VALUE)?;
-                $params.$height = usize::try_from(height).map_err(|_| CudaError::INVALID_VALUE)?;
-            }
-            Side::Array { array, pos } => {
-                $params.$memory_type = sys::CUmemorytype::CU_MEMORYTYPE_ARRAY;
-                $params.$array = array.0;
-                $params.$x = usize::try_from(pos.x).map_err(|_| CudaError::INVALID_VALUE)?;
-                $params.$y = usize::try_from(pos.y).map_err(|_| CudaError::INVALID_VALUE)?;
-                $params.$z = usize::try_from(pos.z).map_err(|_| CudaError::INVALID_VALUE)?;
-            }
-            Side::Host { ptr, pitch, height } => {
-                $params.$memory_type = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
-                $params.$host = ptr as _;
-                $params.$pitch = usize::try_from(pitch).map_err(|_| CudaError::INVALID_VALUE)?;
-                $params.$height = usize::try_from(height).map_err(|_| CudaError::INVALID_VALUE)?;
-            }
-        }
+/// One side of a `CUDA_MEMCPY3D`, field by field.
+struct RawSide {
+    memory_type: sys::CUmemorytype,
+    host: *mut u8,
+    device: u64,
+    array: sys::CUarray,
+    x: usize,
+    y: usize,
+    z: usize,
+    pitch: usize,
+    height: usize,
+}
+
+fn raw_side(side: Side<CudaDevice>) -> CudaResult<RawSide> {
+    let size = |value: u64| usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE);
+    let mut raw = RawSide {
+        memory_type: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        host: std::ptr::null_mut(),
+        device: 0,
+        array: std::ptr::null_mut(),
+        x: 0,
+        y: 0,
+        z: 0,
+        pitch: 0,
+        height: 0,
     };
+    match side {
+        Side::Device { ptr, pitch, height } => {
+            (raw.device, raw.pitch, raw.height) = (ptr, size(pitch)?, size(height)?);
+        }
+        Side::Array { array, pos } => {
+            raw.memory_type = sys::CUmemorytype::CU_MEMORYTYPE_ARRAY;
+            (raw.array, raw.x, raw.y, raw.z) = (array.0, size(pos.x)?, size(pos.y)?, size(pos.z)?);
+        }
+        Side::Host { ptr, pitch, height } => {
+            raw.memory_type = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
+            (raw.host, raw.pitch, raw.height) = (ptr, size(pitch)?, size(height)?);
+        }
+    }
+    Ok(raw)
 }
 
 fn memcpy_3d(src: Side<CudaDevice>, dst: Side<CudaDevice>, extent: Extent) -> CudaResult<sys::CUDA_MEMCPY3D> {
-    // SAFETY: CUDA_MEMCPY3D is plain data (integers, pointers and an enum whose zero is not a
-    // value: every memory type is set below).
-    let mut params: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
-    side!(params, src, srcMemoryType, srcHost, srcDevice, srcArray, srcXInBytes, srcY, srcZ, srcPitch, srcHeight);
-    side!(params, dst, dstMemoryType, dstHost, dstDevice, dstArray, dstXInBytes, dstY, dstZ, dstPitch, dstHeight);
-    params.WidthInBytes = usize::try_from(extent.width).map_err(|_| CudaError::INVALID_VALUE)?;
-    params.Height = usize::try_from(extent.height).map_err(|_| CudaError::INVALID_VALUE)?;
-    params.Depth = usize::try_from(extent.depth).map_err(|_| CudaError::INVALID_VALUE)?;
-    Ok(params)
+    let (src, dst) = (raw_side(src)?, raw_side(dst)?);
+    let size = |value: u64| usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE);
+    Ok(sys::CUDA_MEMCPY3D {
+        srcXInBytes: src.x,
+        srcY: src.y,
+        srcZ: src.z,
+        srcLOD: 0,
+        srcMemoryType: src.memory_type,
+        srcHost: src.host as *const std::ffi::c_void,
+        srcDevice: src.device,
+        srcArray: src.array,
+        reserved0: std::ptr::null_mut(),
+        srcPitch: src.pitch,
+        srcHeight: src.height,
+        dstXInBytes: dst.x,
+        dstY: dst.y,
+        dstZ: dst.z,
+        dstLOD: 0,
+        dstMemoryType: dst.memory_type,
+        dstHost: dst.host.cast(),
+        dstDevice: dst.device,
+        dstArray: dst.array,
+        reserved1: std::ptr::null_mut(),
+        dstPitch: dst.pitch,
+        dstHeight: dst.height,
+        WidthInBytes: size(extent.width)?,
+        Height: size(extent.height)?,
+        Depth: size(extent.depth)?,
+    })
 }
 
 impl CudaDevice {
