@@ -404,10 +404,10 @@ unsafe fn to_host(
         Ok(())
     };
     for (index, piece) in all.into_iter().enumerate() {
-        if in_flight.len() >= WINDOW {
-            if let Some(oldest) = in_flight.pop_front() {
-                outcome = outcome.and(finish(oldest));
-            }
+        if in_flight.len() >= WINDOW
+            && let Some(oldest) = in_flight.pop_front()
+        {
+            outcome = outcome.and(finish(oldest));
         }
         if outcome.is_err() {
             break;

@@ -279,6 +279,9 @@ macro_rules! for_each_op {
             95 SurfObjectCreate surf_object_create [reply -] { array: u64 } -> { handle: u64 };
             /// `cuTexObjectDestroy` (`surface` false), `cuSurfObjectDestroy`.
             96 ObjectDestroy object_destroy [reply -] { handle: u64, surface: bool } -> {};
+            /// `cuStreamGetAttribute`, or `cuStreamSetAttribute` with `set` (a `CUstreamAttrValue`'s
+            /// 64 bytes); the value after the call.
+            97 StreamAttribute stream_attribute [reply -] { stream: u64, attribute: u32, set: Option<Vec<u8>> } -> { value: Vec<u8> };
         }
     };
 }
@@ -510,6 +513,17 @@ pub struct ArrayDesc {
     pub format: u32,
     pub channels: u32,
     pub flags: u32,
+}
+
+/// `CUstreamAttrID` values a stream takes, and the size of a `CUstreamAttrValue`.
+pub mod stream_attribute {
+    pub const ACCESS_POLICY_WINDOW: u32 = 1;
+    pub const SYNCHRONIZATION_POLICY: u32 = 3;
+    pub const PRIORITY: u32 = 8;
+    pub const MEM_SYNC_DOMAIN_MAP: u32 = 9;
+    pub const MEM_SYNC_DOMAIN: u32 = 10;
+    pub const ALL: [u32; 5] = [ACCESS_POLICY_WINDOW, SYNCHRONIZATION_POLICY, PRIORITY, MEM_SYNC_DOMAIN_MAP, MEM_SYNC_DOMAIN];
+    pub const VALUE_LEN: usize = 64;
 }
 
 /// `CUarray_format` values with plain elements (the ones Flyt serves).

@@ -1444,6 +1444,31 @@ impl<D: Device> OpHandler for Session<D> {
         Session::pool_current(self, request, reply);
     }
 
+    fn stream_attribute(&mut self, request: req::StreamAttribute, reply: Responder<rep::StreamAttribute>) {
+        use flyt_protocol::ops::stream_attribute::{ACCESS_POLICY_WINDOW, ALL, VALUE_LEN};
+        let result = (|| {
+            if !ALL.contains(&request.attribute) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let set = match &request.set {
+                Some(bytes) => Some(<[u8; VALUE_LEN]>::try_from(bytes.as_slice()).map_err(|_| CudaError::INVALID_VALUE)?),
+                None => None,
+            };
+            if let (Some(value), ACCESS_POLICY_WINDOW) = (&set, request.attribute) {
+                // The window names device memory: it must be the session's own.
+                let word = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().unwrap_or_default());
+                let (base, len) = (word(0), word(8));
+                if len > 0 {
+                    self.ranges.check(base, len)?;
+                }
+            }
+            let stream = self.stream(request.stream)?;
+            let value = self.device.stream_attribute(stream, request.attribute, set.as_ref())?;
+            Ok(rep::StreamAttribute { value: value.to_vec() })
+        })();
+        reply.send(result);
+    }
+
     fn malloc_pitch(&mut self, request: req::MallocPitch, reply: Responder<rep::MallocPitch>) {
         self.pitch_alloc(request, reply);
     }

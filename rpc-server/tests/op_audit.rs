@@ -566,6 +566,15 @@ macro_rules! probes {
     (SurfObjectCreate, $v:ident) => {
         vec![refused(req::SurfObjectCreate { array: BOGUS_HANDLE }, INVALID_VALUE)]
     };
+    (StreamAttribute, $v:ident) => {
+        vec![
+            refused(req::StreamAttribute { stream: BOGUS_HANDLE, attribute: 3, set: None }, UNKNOWN_HANDLE),
+            refused(req::StreamAttribute { stream: $v.stream, attribute: 2, set: None }, INVALID_VALUE),
+            refused(req::StreamAttribute { stream: $v.stream, attribute: 3, set: Some(vec![0; 8]) }, INVALID_VALUE),
+            refused(req::StreamAttribute { stream: $v.stream, attribute: 1, set: Some(window(BOGUS_POINTER, 4096)) }, INVALID_VALUE),
+            Probe::Effect(stream_attributes_read_back_as_set),
+        ]
+    };
     (ObjectDestroy, $v:ident) => {
         vec![refused(req::ObjectDestroy { handle: BOGUS_HANDLE, surface: false }, INVALID_VALUE)]
     };
@@ -1045,7 +1054,7 @@ fn shaped_copies_move_boxes_between_host_pitched_memory_and_arrays(socket: &str)
     let all = read_back(&mut session, pitched.ptr, 512 * 6);
     for (index, byte) in all.iter().enumerate() {
         let (y, x) = (index / 512, index % 512);
-        let expected = if (2..5).contains(&y) && (8..48).contains(&x) { ((y - 2) * 40 + x - 8) as u8 } else { 0xee };
+        let expected = if (2..5).contains(&y) && (8..48).contains(&x) { u8::try_from((y - 2) * 40 + x - 8).unwrap() } else { 0xee };
         assert_eq!(*byte, expected, "byte {x} of row {y}");
     }
     // A 3D array of 10 x 3 x 2 floats: slice 1 gets the three rows.
@@ -1096,4 +1105,24 @@ fn shaped_copies_move_boxes_between_host_pitched_memory_and_arrays(socket: &str)
     session.call(req::ArrayDestroy { array: 40 }).0.unwrap();
     session.call(req::Free { ptr: pitched.ptr }).0.unwrap();
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "everything left the quota");
+}
+
+/// A `CUaccessPolicyWindow` over `[base, base + len)`, in a `CUstreamAttrValue`'s 64 bytes.
+fn window(base: u64, len: u64) -> Vec<u8> {
+    let mut value = vec![0u8; 64];
+    value[..8].copy_from_slice(&base.to_le_bytes());
+    value[8..16].copy_from_slice(&len.to_le_bytes());
+    value[16..20].copy_from_slice(&0.5f32.to_le_bytes());
+    value
+}
+
+fn stream_attributes_read_back_as_set(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let ptr = session.call(req::Malloc { size: 1 << 20 }).0.unwrap().ptr;
+    let stream = 0x5_0000_0001;
+    session.send(&req::StreamCreate { stream, flags: 0, priority: 0 }.into(), &[]);
+    let set = session.call(req::StreamAttribute { stream, attribute: 1, set: Some(window(ptr, 1 << 20)) }).0.unwrap();
+    assert_eq!(set.value, window(ptr, 1 << 20));
+    let got = session.call(req::StreamAttribute { stream, attribute: 1, set: None }).0.unwrap();
+    assert_eq!(got.value, window(ptr, 1 << 20), "the window reads back");
 }

@@ -273,7 +273,13 @@ fn arrays_and_shaped_copies_through_the_driver_api() {
             Duration::from_secs(60),
         );
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        for line in ["pitch for 100-byte rows: 512", "3D box through pitched memory, pinned host: yes", "level round trip: yes", "PASSED: 0 failure(s)"] {
+        for line in [
+            "pitch for 100-byte rows: 512",
+            "3D box through pitched memory, pinned host: yes",
+            "level round trip: yes",
+            "access policy window copied to another stream: yes",
+            "PASSED: 0 failure(s)",
+        ] {
             assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
         }
         assert!(stderr.contains("a CUDA array of a block-compressed, NV12 or packed format is not supported"), "{stderr}");

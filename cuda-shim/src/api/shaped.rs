@@ -236,6 +236,7 @@ pub unsafe fn cuMemAllocPitch_v2(
 
 /// A 2D memset of `width` elements of `element_size` bytes per row; queued (the synchronous
 /// forms are asynchronous for device memory, as CUDA documents).
+#[expect(clippy::too_many_arguments, reason = "the driver's 2D memset, its element size and the stream's resolution")]
 fn memset_2d(
     dst: CUdeviceptr,
     pitch: usize,

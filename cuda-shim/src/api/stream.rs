@@ -9,7 +9,7 @@ use flyt_protocol::ops::req;
 use super::session::{client, driver_error, resolve_stream, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
-use crate::generated::types::{CUcontext, CUevent, CUfunc_cache, CUlimit, CUstream};
+use crate::generated::types::{CUcontext, CUevent, CUfunc_cache, CUlimit, CUstream, CUstreamAttrID, CUstreamAttrValue};
 
 /// `CU_STREAM_NON_BLOCKING` is the only stream flag.
 const STREAM_FLAGS: c_uint = 0x1;
@@ -302,4 +302,52 @@ stream_queries! {
     cuStreamGetFlags_ptsz(flags: *mut c_uint) => flags, true;
     cuStreamGetPriority(priority: *mut c_int) => priority, false;
     cuStreamGetPriority_ptsz(priority: *mut c_int) => priority, true;
+}
+
+/// A stream attribute's value after setting it to `set`, if given: the server's driver holds
+/// them (an access policy window must cover the session's own memory).
+fn stream_attribute(stream: CUstream, attribute: c_uint, set: Option<[u8; 64]>, ptds: bool) -> DriverResult<[u8; 64]> {
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptds)?;
+    let reply = client.call(req::StreamAttribute { stream, attribute, set: set.map(|value| value.to_vec()) }).map_err(driver_error)?;
+    reply.value.try_into().map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)
+}
+
+macro_rules! stream_attributes {
+    ($($set:ident, $get:ident, $copy:ident => $ptds:literal;)*) => {$(
+        pub unsafe fn $set(h_stream: CUstream, attr: CUstreamAttrID, value: *const CUstreamAttrValue) -> CUresult {
+            run(|| {
+                non_null([value.cast()])?;
+                // SAFETY: checked non-NULL; a `CUstreamAttrValue` is 64 bytes the caller owns.
+                let bytes = unsafe { *value.cast::<[u8; 64]>() };
+                stream_attribute(h_stream, attr, Some(bytes), $ptds).map(drop)
+            })
+        }
+
+        pub unsafe fn $get(h_stream: CUstream, attr: CUstreamAttrID, value_out: *mut CUstreamAttrValue) -> CUresult {
+            run(|| {
+                non_null([value_out.cast()])?;
+                let bytes = stream_attribute(h_stream, attr, None, $ptds)?;
+                // SAFETY: checked non-NULL; the caller's 64-byte `CUstreamAttrValue`.
+                unsafe { write_out(value_out.cast::<[u8; 64]>(), bytes) }
+            })
+        }
+
+        /// Every attribute a stream takes, except its priority (fixed when it was made).
+        pub unsafe fn $copy(dst: CUstream, src: CUstream) -> CUresult {
+            use flyt_protocol::ops::stream_attribute::{ALL, PRIORITY};
+            run(|| {
+                for attribute in ALL.into_iter().filter(|attribute| *attribute != PRIORITY) {
+                    let value = stream_attribute(src, attribute, None, $ptds)?;
+                    stream_attribute(dst, attribute, Some(value), $ptds)?;
+                }
+                Ok(())
+            })
+        }
+    )*};
+}
+
+stream_attributes! {
+    cuStreamSetAttribute, cuStreamGetAttribute, cuStreamCopyAttributes => false;
+    cuStreamSetAttribute_ptsz, cuStreamGetAttribute_ptsz, cuStreamCopyAttributes_ptsz => true;
 }

@@ -1316,6 +1316,10 @@ impl Device for CudaDevice {
         check(unsafe { sys::cuMemPoolTrimTo(pool.0, keep as usize).result() })
     }
 
+    fn stream_attribute(&self, stream: Self::Stream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
+        self.attribute_of_stream(stream_ptr(stream), attribute, set)
+    }
+
     fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {
         self.pitch_alloc(width, height, element_size)
     }

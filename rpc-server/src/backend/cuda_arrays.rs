@@ -71,12 +71,14 @@ mod resource_type {
     pub const PITCH2D: u32 = 3;
 }
 
-/// The entry points that take those descriptors.
+/// The entry points that take those descriptors (and a stream attribute's raw value).
 pub struct RawArrays {
     array_3d_create: unsafe extern "C" fn(*mut sys::CUarray, *const RawArrayDesc) -> u32,
     mipmapped_array_create: unsafe extern "C" fn(*mut sys::CUmipmappedArray, *const RawArrayDesc, c_uint) -> u32,
     tex_object_create: unsafe extern "C" fn(*mut u64, *const RawResourceDesc, *const RawTextureDesc, *const RawViewDesc) -> u32,
     surf_object_create: unsafe extern "C" fn(*mut u64, *const RawResourceDesc) -> u32,
+    stream_set_attribute: unsafe extern "C" fn(sys::CUstream, c_uint, *const [u8; 64]) -> u32,
+    stream_get_attribute: unsafe extern "C" fn(sys::CUstream, c_uint, *mut [u8; 64]) -> u32,
 }
 
 impl RawArrays {
@@ -95,6 +97,8 @@ impl RawArrays {
                 mipmapped_array_create: symbol!("cuMipmappedArrayCreate"),
                 tex_object_create: symbol!("cuTexObjectCreate"),
                 surf_object_create: symbol!("cuSurfObjectCreate"),
+                stream_set_attribute: symbol!("cuStreamSetAttribute"),
+                stream_get_attribute: symbol!("cuStreamGetAttribute"),
             })
         }
     }
@@ -323,5 +327,16 @@ impl CudaDevice {
     pub(super) fn destroy_object(&self, handle: u64, surface: bool) -> CudaResult<()> {
         // SAFETY: a texture or surface object this session created, destroyed once.
         check(unsafe { if surface { sys::cuSurfObjectDestroy(handle) } else { sys::cuTexObjectDestroy(handle) } })
+    }
+
+    pub(super) fn attribute_of_stream(&self, stream: sys::CUstream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
+        if let Some(value) = set {
+            // SAFETY: a stream of the session; a 64-byte value the session checked.
+            raw_check(unsafe { (self.arrays.stream_set_attribute)(stream, attribute, value) })?;
+        }
+        let mut value = [0u8; 64];
+        // SAFETY: as above; the driver writes at most a `CUstreamAttrValue` (64 bytes).
+        raw_check(unsafe { (self.arrays.stream_get_attribute)(stream, attribute, &mut value) })?;
+        Ok(value)
     }
 }

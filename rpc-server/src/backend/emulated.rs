@@ -70,6 +70,8 @@ struct State {
     mipmaps: HashMap<u64, Vec<EmulatedArray>>,
     /// Live texture (`false`) and surface (`true`) objects.
     objects: HashMap<u64, bool>,
+    /// Stream attributes set, by stream and `CUstreamAttrID` (unset ones read as zeros).
+    stream_attributes: HashMap<(u64, u32), [u8; 64]>,
 }
 
 /// An emulated array: a block of device memory holding its rows packed.
@@ -992,6 +994,14 @@ impl Device for EmulatedDevice {
         }
         drop(state);
         self.host.submit(stream, site.clone())
+    }
+
+    fn stream_attribute(&self, stream: u64, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
+        let mut state = self.state();
+        if let Some(value) = set {
+            state.stream_attributes.insert((stream, attribute), *value);
+        }
+        Ok(state.stream_attributes.get(&(stream, attribute)).copied().unwrap_or([0; 64]))
     }
 
     fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {

@@ -345,4 +345,7 @@ pub trait Device: Send + Sync + 'static {
     fn tex_create(&self, resource: TexResource<Self>, texture: &TextureDesc, view: Option<&ViewDesc>) -> CudaResult<u64>;
     fn surf_create(&self, array: Self::Array) -> CudaResult<u64>;
     fn object_destroy(&self, handle: u64, surface: bool) -> CudaResult<()>;
+    /// `cuStreamGetAttribute` after `cuStreamSetAttribute` with `set`, if given (an attribute
+    /// and value the session checked).
+    fn stream_attribute(&self, stream: Self::Stream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]>;
 }

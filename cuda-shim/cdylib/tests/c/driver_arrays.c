@@ -282,6 +282,29 @@ int main(void) {
     CUDA_ARRAY_DESCRIPTOR three = {16, 16, CU_AD_FORMAT_FLOAT, 3};
     EXPECT(cuArrayCreate(&refused, &three), CUDA_ERROR_INVALID_VALUE);
 
+    // Stream attributes: an access policy window over the session's memory reads back; one over
+    // memory that is not the app's is refused; copying attributes carries the window over.
+    CUstreamAttrValue window, window_back;
+    memset(&window, 0, sizeof window);
+    window.accessPolicyWindow.base_ptr = (void *)flat;
+    window.accessPolicyWindow.num_bytes = 4096;
+    window.accessPolicyWindow.hitRatio = 0.5f;
+    window.accessPolicyWindow.hitProp = CU_ACCESS_PROPERTY_PERSISTING;
+    window.accessPolicyWindow.missProp = CU_ACCESS_PROPERTY_STREAMING;
+    EXPECT(cuStreamSetAttribute(stream, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, &window), CUDA_SUCCESS);
+    CUstream other;
+    EXPECT(cuStreamCreate(&other, 0), CUDA_SUCCESS);
+    EXPECT(cuStreamCopyAttributes(other, stream), CUDA_SUCCESS);
+    memset(&window_back, 0, sizeof window_back);
+    EXPECT(cuStreamGetAttribute(other, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, &window_back), CUDA_SUCCESS);
+    CHECK("access policy window copied to another stream",
+          window_back.accessPolicyWindow.base_ptr == (void *)flat && window_back.accessPolicyWindow.num_bytes == 4096 &&
+              window_back.accessPolicyWindow.hitRatio == 0.5f);
+    window.accessPolicyWindow.base_ptr = (void *)vol;
+    EXPECT(cuStreamSetAttribute(stream, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, &window), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuStreamGetAttribute(stream, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &window_back), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuStreamDestroy(other), CUDA_SUCCESS);
+
     EXPECT(cuArrayDestroy(plane), CUDA_SUCCESS);
     EXPECT(cuArrayDestroy(twin), CUDA_SUCCESS);
     EXPECT(cuArrayDestroy(volume), CUDA_SUCCESS);
