@@ -111,6 +111,99 @@ pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, c_uint, *mut c_v
 
 /// `CU_MEMORYTYPE_UNIFIED`: the driver tells host from device memory by the pointer.
 pub const MEMORYTYPE_UNIFIED: c_uint = 4;
+/// `CU_MEMORYTYPE_ARRAY`: the side of a copy is a CUDA array.
+pub const MEMORYTYPE_ARRAY: c_uint = 3;
+
+pub type CUarray = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`: an array's extent in elements (0 for a dimension it lacks), its
+/// `CUarray_format`, channels per element and `CUDA_ARRAY3D_*` flags.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Array3DDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// The union of `CUDA_RESOURCE_DESC`, flattened: every member starts with the handle or device
+/// pointer, `linear` and `pitch2D` go on alike (`size` is `linear.sizeInBytes` or
+/// `pitch2D.width`), and `reserved` pads it to the union's 128 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResourceData {
+    pub handle: u64,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+    pub size: usize,
+    pub height: usize,
+    pub pitch_in_bytes: usize,
+    pub reserved: [u64; 11],
+}
+
+/// `CUDA_RESOURCE_DESC`: what a texture or surface object reads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResourceDesc {
+    pub res_type: c_uint,
+    pub res: ResourceData,
+    pub flags: c_uint,
+}
+
+/// `CUDA_TEXTURE_DESC`: how a texture object samples (the runtime's read mode, sRGB and
+/// coordinate switches are `CU_TRSF_*` bits of `flags`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TextureDesc {
+    pub address_mode: [c_int; 3],
+    pub filter_mode: c_int,
+    pub flags: c_uint,
+    pub max_anisotropy: c_uint,
+    pub mipmap_filter_mode: c_int,
+    pub mipmap_level_bias: f32,
+    pub min_mipmap_level_clamp: f32,
+    pub max_mipmap_level_clamp: f32,
+    pub border_color: [f32; 4],
+    pub reserved: [c_int; 12],
+}
+
+/// `CUDA_RESOURCE_VIEW_DESC`, which is also the runtime's `cudaResourceViewDesc` (same layout,
+/// same format numbers).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResourceViewDesc {
+    pub format: c_int,
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub first_mipmap_level: c_uint,
+    pub last_mipmap_level: c_uint,
+    pub first_layer: c_uint,
+    pub last_layer: c_uint,
+    pub reserved: [c_uint; 16],
+}
+
+// The sizes of the C structs (cuda.h, x86_64).
+const _: () = {
+    assert!(size_of::<Memcpy2D>() == 128);
+    assert!(size_of::<Memcpy3D>() == 200);
+    assert!(std::mem::offset_of!(Memcpy3D, reserved0) == 64);
+    assert!(std::mem::offset_of!(Memcpy3D, reserved1) == 152);
+    assert!(size_of::<Array3DDescriptor>() == 40);
+    assert!(size_of::<ResourceData>() == 128);
+    assert!(std::mem::offset_of!(ResourceData, size) == 16);
+    assert!(size_of::<ResourceDesc>() == 144);
+    assert!(std::mem::offset_of!(ResourceDesc, res) == 8);
+    assert!(std::mem::offset_of!(ResourceDesc, flags) == 136);
+    assert!(size_of::<TextureDesc>() == 104);
+    assert!(std::mem::offset_of!(TextureDesc, border_color) == 40);
+    assert!(size_of::<ResourceViewDesc>() == 112);
+    assert!(std::mem::offset_of!(ResourceViewDesc, first_mipmap_level) == 32);
+};
 
 macro_rules! driver_functions {
     ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
@@ -368,6 +461,37 @@ driver_functions! {
         dynamic_smem: usize,
         flags: c_uint,
     );
+    // --- pitched memory, 2D and 3D copies and memsets, arrays, texture and surface objects (see
+    // `api::arrays` and `api::textures`: the runtime's structs are converted) ---
+    cuMemAllocPitch_v2(ptr: *mut CUdeviceptr, pitch: *mut usize, width_in_bytes: usize, height: usize, element_size: c_uint);
+    cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize);
+    cuMemsetD2D8_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize);
+    cuMemsetD2D8Async(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream);
+    cuMemsetD2D8Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream);
+    cuMemcpy3D_v2(copy: *const Memcpy3D);
+    cuMemcpy3D_v2_ptds(copy: *const Memcpy3D);
+    cuMemcpy3DAsync_v2(copy: *const Memcpy3D, stream: CUstream);
+    cuMemcpy3DAsync_v2_ptsz(copy: *const Memcpy3D, stream: CUstream);
+    // `CUDA_MEMCPY3D_PEER` is `CUDA_MEMCPY3D` with the source and destination contexts in its
+    // two reserved fields.
+    cuMemcpy3DPeer(copy: *const Memcpy3D);
+    cuMemcpy3DPeer_ptds(copy: *const Memcpy3D);
+    cuMemcpy3DPeerAsync(copy: *const Memcpy3D, stream: CUstream);
+    cuMemcpy3DPeerAsync_ptsz(copy: *const Memcpy3D, stream: CUstream);
+    cuArray3DCreate_v2(array: *mut CUarray, descriptor: *const Array3DDescriptor);
+    cuArray3DGetDescriptor_v2(descriptor: *mut Array3DDescriptor, array: CUarray);
+    cuArrayDestroy(array: CUarray);
+    cuMipmappedArrayCreate(mipmapped: *mut CUmipmappedArray, descriptor: *const Array3DDescriptor, levels: c_uint);
+    cuMipmappedArrayGetLevel(level_array: *mut CUarray, mipmapped: CUmipmappedArray, level: c_uint);
+    cuMipmappedArrayDestroy(mipmapped: CUmipmappedArray);
+    cuTexObjectCreate(texture: *mut u64, resource: *const ResourceDesc, desc: *const TextureDesc, view: *const ResourceViewDesc);
+    cuTexObjectDestroy(texture: u64);
+    cuTexObjectGetResourceDesc(resource: *mut ResourceDesc, texture: u64);
+    cuTexObjectGetTextureDesc(desc: *mut TextureDesc, texture: u64);
+    cuTexObjectGetResourceViewDesc(view: *mut ResourceViewDesc, texture: u64);
+    cuSurfObjectCreate(surface: *mut u64, resource: *const ResourceDesc);
+    cuSurfObjectDestroy(surface: u64);
+    cuSurfObjectGetResourceDesc(resource: *mut ResourceDesc, surface: u64);
 }
 
 /// Calls a driver function: `cu!(cuMemFree_v2(ptr))` is its status as a `CudaResult<()>`.
@@ -460,6 +584,12 @@ fn primary_context(driver: &Driver, device: c_int, generation: u64) -> CudaResul
     retained.retain(|(d, _, _)| *d != device);
     retained.push((device, generation, context as usize));
     Ok(context)
+}
+
+/// The primary context of `device` (an ordinal the caller checked), retained by this runtime:
+/// the context a copy that names its devices (`cudaMemcpy3DPeer`) runs in.
+pub fn device_context(device: c_int) -> CudaResult<CUcontext> {
+    primary_context(driver()?, device, RESET_GENERATION.load(Ordering::Acquire))
 }
 
 /// The driver, with the calling thread's context set up: on the thread's first call (and its first

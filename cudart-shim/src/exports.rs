@@ -87,6 +87,62 @@ macro_rules! cudart_exports {
                 cudaGetSymbolAddress(dev_ptr: *mut *mut c_void, symbol: *const c_void);
                 cudaGetSymbolSize(size: *mut usize, symbol: *const c_void);
                 cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, ptr: *const c_void);
+                // --- pitched and 3D memory, arrays (see `api::arrays`) ---
+                cudaMallocPitch(dev_ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize);
+                cudaMalloc3D(pitched: *mut crate::api::cudaPitchedPtr, extent: crate::api::cudaExtent);
+                cudaMemset2D(dev_ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize);
+                cudaMemset2D_ptds(dev_ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize);
+                cudaMemset2DAsync(dev_ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize, stream: cudaStream_t);
+                cudaMemset2DAsync_ptsz(dev_ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize, stream: cudaStream_t);
+                cudaMemset3D(target: crate::api::cudaPitchedPtr, value: c_int, extent: crate::api::cudaExtent);
+                cudaMemset3D_ptds(target: crate::api::cudaPitchedPtr, value: c_int, extent: crate::api::cudaExtent);
+                cudaMemset3DAsync(target: crate::api::cudaPitchedPtr, value: c_int, extent: crate::api::cudaExtent, stream: cudaStream_t);
+                cudaMemset3DAsync_ptsz(target: crate::api::cudaPitchedPtr, value: c_int, extent: crate::api::cudaExtent, stream: cudaStream_t);
+                cudaMallocArray(array: *mut cudaArray_t, desc: *const cudaChannelFormatDesc, width: usize, height: usize, flags: c_uint);
+                cudaMalloc3DArray(array: *mut cudaArray_t, desc: *const cudaChannelFormatDesc, extent: crate::api::cudaExtent, flags: c_uint);
+                cudaMallocMipmappedArray(mipmapped: *mut cudaMipmappedArray_t, desc: *const cudaChannelFormatDesc, extent: crate::api::cudaExtent, levels: c_uint, flags: c_uint);
+                cudaGetMipmappedArrayLevel(level_array: *mut cudaArray_t, mipmapped: cudaMipmappedArray_t, level: c_uint);
+                cudaFreeArray(array: cudaArray_t);
+                cudaFreeMipmappedArray(mipmapped: cudaMipmappedArray_t);
+                cudaArrayGetInfo(desc: *mut cudaChannelFormatDesc, extent: *mut crate::api::cudaExtent, flags: *mut c_uint, array: cudaArray_t);
+                cudaGetChannelDesc(desc: *mut cudaChannelFormatDesc, array: cudaArray_t);
+                cudaMemcpy2DToArray(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind);
+                cudaMemcpy2DToArray_ptds(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind);
+                cudaMemcpy2DToArrayAsync(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpy2DToArrayAsync_ptsz(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpy2DFromArray(dst: *mut c_void, dpitch: usize, src: cudaArray_t, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: cudaMemcpyKind);
+                cudaMemcpy2DFromArray_ptds(dst: *mut c_void, dpitch: usize, src: cudaArray_t, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: cudaMemcpyKind);
+                cudaMemcpy2DFromArrayAsync(dst: *mut c_void, dpitch: usize, src: cudaArray_t, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpy2DFromArrayAsync_ptsz(dst: *mut c_void, dpitch: usize, src: cudaArray_t, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpy2DArrayToArray(dst: cudaArray_t, w_offset_dst: usize, h_offset_dst: usize, src: cudaArray_t, w_offset_src: usize, h_offset_src: usize, width: usize, height: usize, kind: cudaMemcpyKind);
+                cudaMemcpy2DArrayToArray_ptds(dst: cudaArray_t, w_offset_dst: usize, h_offset_dst: usize, src: cudaArray_t, w_offset_src: usize, h_offset_src: usize, width: usize, height: usize, kind: cudaMemcpyKind);
+                cudaMemcpyToArray(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, count: usize, kind: cudaMemcpyKind);
+                cudaMemcpyToArray_ptds(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, count: usize, kind: cudaMemcpyKind);
+                cudaMemcpyToArrayAsync(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpyToArrayAsync_ptsz(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpyFromArray(dst: *mut c_void, src: cudaArray_t, w_offset: usize, h_offset: usize, count: usize, kind: cudaMemcpyKind);
+                cudaMemcpyFromArray_ptds(dst: *mut c_void, src: cudaArray_t, w_offset: usize, h_offset: usize, count: usize, kind: cudaMemcpyKind);
+                cudaMemcpyFromArrayAsync(dst: *mut c_void, src: cudaArray_t, w_offset: usize, h_offset: usize, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpyFromArrayAsync_ptsz(dst: *mut c_void, src: cudaArray_t, w_offset: usize, h_offset: usize, count: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
+                cudaMemcpyArrayToArray(dst: cudaArray_t, w_offset_dst: usize, h_offset_dst: usize, src: cudaArray_t, w_offset_src: usize, h_offset_src: usize, count: usize, kind: cudaMemcpyKind);
+                cudaMemcpyArrayToArray_ptds(dst: cudaArray_t, w_offset_dst: usize, h_offset_dst: usize, src: cudaArray_t, w_offset_src: usize, h_offset_src: usize, count: usize, kind: cudaMemcpyKind);
+                cudaMemcpy3D(params: *const crate::api::cudaMemcpy3DParms);
+                cudaMemcpy3D_ptds(params: *const crate::api::cudaMemcpy3DParms);
+                cudaMemcpy3DAsync(params: *const crate::api::cudaMemcpy3DParms, stream: cudaStream_t);
+                cudaMemcpy3DAsync_ptsz(params: *const crate::api::cudaMemcpy3DParms, stream: cudaStream_t);
+                cudaMemcpy3DPeer(params: *const crate::api::cudaMemcpy3DPeerParms);
+                cudaMemcpy3DPeer_ptds(params: *const crate::api::cudaMemcpy3DPeerParms);
+                cudaMemcpy3DPeerAsync(params: *const crate::api::cudaMemcpy3DPeerParms, stream: cudaStream_t);
+                cudaMemcpy3DPeerAsync_ptsz(params: *const crate::api::cudaMemcpy3DPeerParms, stream: cudaStream_t);
+                // --- texture and surface objects (see `api::textures`) ---
+                cudaCreateTextureObject(texture: *mut cudaTextureObject_t, resource: *const crate::api::cudaResourceDesc, desc: *const crate::api::cudaTextureDesc, view: *const crate::api::cudaResourceViewDesc);
+                cudaDestroyTextureObject(texture: cudaTextureObject_t);
+                cudaGetTextureObjectResourceDesc(resource: *mut crate::api::cudaResourceDesc, texture: cudaTextureObject_t);
+                cudaGetTextureObjectTextureDesc(desc: *mut crate::api::cudaTextureDesc, texture: cudaTextureObject_t);
+                cudaGetTextureObjectResourceViewDesc(view: *mut crate::api::cudaResourceViewDesc, texture: cudaTextureObject_t);
+                cudaCreateSurfaceObject(surface: *mut cudaSurfaceObject_t, resource: *const crate::api::cudaResourceDesc);
+                cudaDestroySurfaceObject(surface: cudaSurfaceObject_t);
+                cudaGetSurfaceObjectResourceDesc(resource: *mut crate::api::cudaResourceDesc, surface: cudaSurfaceObject_t);
                 // --- streams and events ---
                 cudaStreamCreate(stream: *mut cudaStream_t);
                 cudaStreamCreateWithFlags(stream: *mut cudaStream_t, flags: c_uint);
@@ -212,9 +268,8 @@ macro_rules! cudart_exports {
             unsupported {
         cudaStreamBeginCaptureToGraph, cudaStreamBeginCaptureToGraph_ptsz,
         __cudaGetProcAddress, __cudaRegisterHostVar, __cudaRegisterManagedVar, __cudaRegisterUnifiedTable,
-        cudaArrayGetInfo, cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
-        cudaChooseDevice, cudaCreateSurfaceObject, cudaCreateTextureObject, cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDestroySurfaceObject,
-        cudaDestroyTextureObject, cudaDeviceCanAccessPeer, cudaDeviceDisablePeerAccess,
+        cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
+        cudaChooseDevice, cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDeviceCanAccessPeer, cudaDeviceDisablePeerAccess,
         cudaDeviceEnablePeerAccess, cudaDeviceFlushGPUDirectRDMAWrites, cudaDeviceGetByPCIBusId,
         cudaDeviceGetGraphMemAttribute,
         cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetNvSciSyncAttributes,
@@ -226,13 +281,11 @@ macro_rules! cudart_exports {
         cudaEGLStreamConsumerConnectWithFlags, cudaEGLStreamConsumerDisconnect,
         cudaEGLStreamConsumerReleaseFrame, cudaEGLStreamProducerConnect, cudaEGLStreamProducerDisconnect,
         cudaEGLStreamProducerPresentFrame, cudaEGLStreamProducerReturnFrame, cudaEventCreateFromEGLSync,
-        cudaExternalMemoryGetMappedBuffer, cudaExternalMemoryGetMappedMipmappedArray, cudaFreeArray,
-        cudaFreeMipmappedArray, cudaFuncGetName, cudaFuncGetParamInfo,
-        cudaFuncSetSharedMemConfig, cudaGetChannelDesc, cudaGetDriverEntryPoint,
+        cudaExternalMemoryGetMappedBuffer, cudaExternalMemoryGetMappedMipmappedArray, cudaFuncGetName, cudaFuncGetParamInfo,
+        cudaFuncSetSharedMemConfig, cudaGetDriverEntryPoint,
         cudaGetDriverEntryPoint_ptsz, cudaGetDriverEntryPointByVersion,
         cudaGetDriverEntryPointByVersion_ptsz, cudaGetExportTable, cudaGetFuncBySymbol, cudaGetKernel,
-        cudaGetMipmappedArrayLevel, cudaGetSurfaceObjectResourceDesc, cudaGetTextureObjectResourceDesc,
-        cudaGetTextureObjectResourceViewDesc, cudaGetTextureObjectTextureDesc, cudaGLGetDevices,
+        cudaGLGetDevices,
         cudaGLMapBufferObject, cudaGLMapBufferObjectAsync, cudaGLRegisterBufferObject,
         cudaGLSetBufferObjectMapFlags, cudaGLSetGLDevice, cudaGLUnmapBufferObject,
         cudaGLUnmapBufferObjectAsync, cudaGLUnregisterBufferObject, cudaGraphAddExternalSemaphoresSignalNode,
@@ -257,27 +310,15 @@ macro_rules! cudart_exports {
         cudaKernelSetAttributeForDevice, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
-        cudaLogsRegisterCallback, cudaLogsUnregisterCallback, cudaMalloc3D, cudaMalloc3DArray,
-        cudaMallocArray, cudaMallocManaged, cudaMallocMipmappedArray, cudaMallocPitch,
-        cudaMemAdvise, cudaMemcpy2DArrayToArray,
-        cudaMemcpy2DArrayToArray_ptds, cudaMemcpy2DFromArray,
-        cudaMemcpy2DFromArray_ptds, cudaMemcpy2DFromArrayAsync, cudaMemcpy2DFromArrayAsync_ptsz,
-        cudaMemcpy2DToArray, cudaMemcpy2DToArray_ptds, cudaMemcpy2DToArrayAsync,
-        cudaMemcpy2DToArrayAsync_ptsz, cudaMemcpy3D, cudaMemcpy3D_ptds, cudaMemcpy3DAsync,
-        cudaMemcpy3DAsync_ptsz, cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz, cudaMemcpy3DPeer,
-        cudaMemcpy3DPeer_ptds, cudaMemcpy3DPeerAsync, cudaMemcpy3DPeerAsync_ptsz, cudaMemcpyArrayToArray,
-        cudaMemcpyArrayToArray_ptds, cudaMemcpyBatchAsync, cudaMemcpyBatchAsync_ptsz, cudaMemcpyFromArray,
-        cudaMemcpyFromArray_ptds, cudaMemcpyFromArrayAsync, cudaMemcpyFromArrayAsync_ptsz, cudaMemcpyPeer,
-        cudaMemcpyPeerAsync, cudaMemcpyToArray, cudaMemcpyToArray_ptds, cudaMemcpyToArrayAsync,
-        cudaMemcpyToArrayAsync_ptsz, cudaMemDiscardAndPrefetchBatchAsync,
+        cudaLogsRegisterCallback, cudaLogsUnregisterCallback, cudaMallocManaged, cudaMemAdvise,
+        cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz, cudaMemcpyBatchAsync, cudaMemcpyBatchAsync_ptsz,
+        cudaMemcpyPeer, cudaMemcpyPeerAsync, cudaMemDiscardAndPrefetchBatchAsync,
         cudaMemDiscardAndPrefetchBatchAsync_ptsz, cudaMemDiscardBatchAsync, cudaMemDiscardBatchAsync_ptsz,
         cudaMemGetDefaultMemPool, cudaMemGetMemPool, cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle, cudaMemPoolGetAccess,
         cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
         cudaMemPoolSetAccess, cudaMemPrefetchAsync,
         cudaMemPrefetchAsync_ptsz, cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz,
-        cudaMemRangeGetAttribute, cudaMemRangeGetAttributes, cudaMemset2D, cudaMemset2D_ptds,
-        cudaMemset2DAsync, cudaMemset2DAsync_ptsz, cudaMemset3D, cudaMemset3D_ptds, cudaMemset3DAsync,
-        cudaMemset3DAsync_ptsz, cudaMemSetMemPool, cudaMipmappedArrayGetMemoryRequirements,
+        cudaMemRangeGetAttribute, cudaMemRangeGetAttributes, cudaMemSetMemPool, cudaMipmappedArrayGetMemoryRequirements,
         cudaMipmappedArrayGetSparseProperties, cudaOccupancyAvailableDynamicSMemPerBlock,
         cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialClusterSize, cudaSetValidDevices, cudaSignalExternalSemaphoresAsync,
         cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamCopyAttributes,

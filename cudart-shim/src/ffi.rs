@@ -16,6 +16,10 @@ pub type cudaStream_t = *mut c_void;
 pub type cudaEvent_t = *mut c_void;
 pub type cudaKernel_t = *mut c_void;
 pub type cudaMemcpyKind = c_int;
+pub type cudaArray_t = *mut c_void;
+pub type cudaMipmappedArray_t = *mut c_void;
+pub type cudaTextureObject_t = std::ffi::c_ulonglong;
+pub type cudaSurfaceObject_t = std::ffi::c_ulonglong;
 
 /// `dim3` / `uint3`.
 #[repr(C)]

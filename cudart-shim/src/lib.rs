@@ -6,8 +6,9 @@
 //! driver) has one session and one address space. What is the runtime's own stays here: the
 //! export table ([`exports`]), the C types, the thread's last error and device, `<<<...>>>`
 //! configurations, the kernels and variables nvcc registers (loaded as driver libraries on first
-//! use), and the runtime structs of graph nodes. Unsupported exports fail with `cudaErrorNotSupported`
-//! and a one-line message. Nothing here panics across the C ABI.
+//! use), and the runtime structs (graph nodes, arrays, 3D copies, texture objects), converted to
+//! the driver's. Unsupported exports fail with `cudaErrorNotSupported` and a one-line message.
+//! Nothing here panics across the C ABI.
 //!
 //! The logic lives in this rlib so it can be tested as Rust; the `cdylib/` crate only re-exports
 //! it as `libcudart.so.13`.

@@ -19,7 +19,7 @@ fn device_count() -> CudaResult<c_int> {
 }
 
 /// Checks a device ordinal against the session's devices.
-fn valid_device(device: c_int) -> CudaResult<c_int> {
+pub(super) fn valid_device(device: c_int) -> CudaResult<c_int> {
     if (0..device_count()?).contains(&device) { Ok(device) } else { Err(CudaError::INVALID_DEVICE) }
 }
 

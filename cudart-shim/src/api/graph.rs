@@ -10,6 +10,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
+use super::arrays::{cudaExtent, cudaMemcpy3DParms, cudaPitchedPtr, cudaPos};
 use crate::driver::{CUgraph, CUgraphExec, CUgraphNode, HostFn, KernelNodeParams, MEMORYTYPE_UNIFIED, Memcpy3D, StreamCallback, cu_ctx};
 use crate::ffi::{cudaEvent_t, cudaMemcpyKind, cudaStream_t, dim3};
 use crate::registry::{host_function_of, kernel_by_host};
@@ -163,44 +164,9 @@ pub unsafe fn cudaGraphKernelNodeGetParams(node: CUgraphNode, params: *mut cudaK
     Ok(())
 }
 
-#[repr(C)]
-struct Pos {
-    x: usize,
-    y: usize,
-    z: usize,
-}
-
-#[repr(C)]
-struct PitchedPtr {
-    ptr: *mut c_void,
-    pitch: usize,
-    xsize: usize,
-    ysize: usize,
-}
-
-#[repr(C)]
-struct Extent {
-    width: usize,
-    height: usize,
-    depth: usize,
-}
-
-/// `cudaMemcpy3DParms`.
-#[repr(C)]
-pub struct cudaMemcpy3DParms {
-    src_array: *mut c_void,
-    src_pos: Pos,
-    src_ptr: PitchedPtr,
-    dst_array: *mut c_void,
-    dst_pos: Pos,
-    dst_ptr: PitchedPtr,
-    extent: Extent,
-    kind: cudaMemcpyKind,
-}
-
 /// A 3D copy between linear memory, as the driver describes it (the driver tells device memory
 /// from host memory by the pointers; arrays are not supported).
-fn memcpy3d(src: &PitchedPtr, src_pos: &Pos, dst: &PitchedPtr, dst_pos: &Pos, extent: &Extent) -> Memcpy3D {
+fn memcpy3d(src: &cudaPitchedPtr, src_pos: &cudaPos, dst: &cudaPitchedPtr, dst_pos: &cudaPos, extent: &cudaExtent) -> Memcpy3D {
     Memcpy3D {
         src_x_in_bytes: src_pos.x,
         src_y: src_pos.y,
@@ -246,9 +212,9 @@ unsafe fn copy_params(params: *const cudaMemcpy3DParms) -> CudaResult<Memcpy3D> 
 
 /// A 1D copy as the driver's 3D description.
 fn copy_1d(dst: *mut c_void, src: *const c_void, count: usize) -> Memcpy3D {
-    let origin = || Pos { x: 0, y: 0, z: 0 };
-    let line = |ptr: *mut c_void| PitchedPtr { ptr, pitch: count, xsize: count, ysize: 1 };
-    memcpy3d(&line(src.cast_mut()), &origin(), &line(dst), &origin(), &Extent { width: count, height: 1, depth: 1 })
+    let origin = || cudaPos { x: 0, y: 0, z: 0 };
+    let line = |ptr: *mut c_void| cudaPitchedPtr { ptr, pitch: count, xsize: count, ysize: 1 };
+    memcpy3d(&line(src.cast_mut()), &origin(), &line(dst), &origin(), &cudaExtent { width: count, height: 1, depth: 1 })
 }
 
 pub unsafe fn cudaGraphAddMemcpyNode(

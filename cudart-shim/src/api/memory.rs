@@ -9,7 +9,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-use crate::driver::{CUdeviceptr, MEMORYTYPE_UNIFIED, Memcpy2D, cu_ctx};
+use crate::driver::{CUarray, CUdeviceptr, MEMORYTYPE_ARRAY, MEMORYTYPE_UNIFIED, Memcpy2D, cu_ctx};
 use crate::ffi::{cudaMemcpyKind, cudaStream_t, write_out};
 use crate::props::{cudaPointerAttributes, memory_type};
 use crate::registry::variable_by_host;
@@ -18,7 +18,7 @@ const HOST_TO_HOST: cudaMemcpyKind = 0;
 const HOST_TO_DEVICE: cudaMemcpyKind = 1;
 const DEVICE_TO_HOST: cudaMemcpyKind = 2;
 const DEVICE_TO_DEVICE: cudaMemcpyKind = 3;
-const DEFAULT: cudaMemcpyKind = 4;
+pub(super) const DEFAULT: cudaMemcpyKind = 4;
 /// `cudaHostAllocPortable | Mapped | WriteCombined`.
 const HOST_ALLOC_FLAGS: c_uint = 0x7;
 /// `cudaHostRegisterPortable | Mapped | IoMemory | ReadOnly`.
@@ -34,7 +34,7 @@ const MEMORYTYPE_DEVICE: c_uint = 2;
 
 /// Whether a copy or memset returns once done, or is queued on its stream.
 #[derive(Clone, Copy)]
-enum Mode {
+pub(super) enum Mode {
     Synchronous,
     Asynchronous,
 }
@@ -142,7 +142,13 @@ fn memory_type_of(ptr: u64) -> c_uint {
 /// whatever the kind says (as with unified addressing: the driver copies by what the pointers
 /// are), but a side the kind declares as device memory must be device memory.
 fn check_kind(dst: u64, src: u64, kind: cudaMemcpyKind) -> CudaResult<()> {
-    let device = |ptr| memory_type_of(ptr) == MEMORYTYPE_DEVICE;
+    check_sides(Some(dst), Some(src), kind)
+}
+
+/// [`check_kind`] for copies that may have a CUDA array on either side (`None`): an array is
+/// device memory whatever the kind says, as CUDA corrects such a kind silently.
+pub(super) fn check_sides(dst: Option<u64>, src: Option<u64>, kind: cudaMemcpyKind) -> CudaResult<()> {
+    let device = |ptr: Option<u64>| ptr.is_none_or(|ptr| memory_type_of(ptr) == MEMORYTYPE_DEVICE);
     let ok = match kind {
         DEFAULT | HOST_TO_HOST => true,
         HOST_TO_DEVICE => device(dst),
@@ -203,29 +209,62 @@ fn memcpy_2d(
         return Err(CudaError::INVALID_PITCH_VALUE);
     }
     check_kind(dst as u64, src as u64, kind)?;
-    let copy = Memcpy2D {
-        src_x_in_bytes: 0,
-        src_y: 0,
-        src_memory_type: MEMORYTYPE_UNIFIED,
+    let (dst, src) = (Side2D::Memory { ptr: dst as u64, pitch: dpitch }, Side2D::Memory { ptr: src as u64, pitch: spitch });
+    copy_2d(&describe_2d(dst, (0, 0), src, (0, 0), width, height), stream, mode, per_thread)
+}
+
+/// One side of a pitched copy: memory the driver tells by its pointer, or a CUDA array.
+#[derive(Clone, Copy)]
+pub(super) enum Side2D {
+    Memory { ptr: u64, pitch: usize },
+    Array(CUarray),
+}
+
+/// The driver's description of a pitched copy of `height` rows of `width` bytes, each side from
+/// its `(x in bytes, y in rows)`.
+pub(super) fn describe_2d(
+    dst: Side2D,
+    dst_at: (usize, usize),
+    src: Side2D,
+    src_at: (usize, usize),
+    width: usize,
+    height: usize,
+) -> Memcpy2D {
+    let (src_memory_type, src_device, src_array, src_pitch) = match src {
+        Side2D::Memory { ptr, pitch } => (MEMORYTYPE_UNIFIED, ptr, std::ptr::null_mut(), pitch),
+        Side2D::Array(array) => (MEMORYTYPE_ARRAY, 0, array, 0),
+    };
+    let (dst_memory_type, dst_device, dst_array, dst_pitch) = match dst {
+        Side2D::Memory { ptr, pitch } => (MEMORYTYPE_UNIFIED, ptr, std::ptr::null_mut(), pitch),
+        Side2D::Array(array) => (MEMORYTYPE_ARRAY, 0, array, 0),
+    };
+    Memcpy2D {
+        src_x_in_bytes: src_at.0,
+        src_y: src_at.1,
+        src_memory_type,
         src_host: std::ptr::null(),
-        src_device: src as u64,
-        src_array: std::ptr::null_mut(),
-        src_pitch: spitch,
-        dst_x_in_bytes: 0,
-        dst_y: 0,
-        dst_memory_type: MEMORYTYPE_UNIFIED,
+        src_device,
+        src_array,
+        src_pitch,
+        dst_x_in_bytes: dst_at.0,
+        dst_y: dst_at.1,
+        dst_memory_type,
         dst_host: std::ptr::null_mut(),
-        dst_device: dst as u64,
-        dst_array: std::ptr::null_mut(),
-        dst_pitch: dpitch,
+        dst_device,
+        dst_array,
+        dst_pitch,
         width_in_bytes: width,
         height,
-    };
+    }
+}
+
+/// Runs a described pitched copy.
+pub(super) fn copy_2d(copy: &Memcpy2D, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
     match (mode, per_thread) {
-        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy2DUnaligned_v2(&copy)),
-        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy2DUnaligned_v2_ptds(&copy)),
-        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy2DAsync_v2(&copy, stream)),
-        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy2DAsync_v2_ptsz(&copy, stream)),
+        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy2DUnaligned_v2(copy)),
+        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy2DUnaligned_v2_ptds(copy)),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy2DAsync_v2(copy, stream)),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy2DAsync_v2_ptsz(copy, stream)),
     }
 }
 

@@ -5,6 +5,7 @@
 #![allow(non_snake_case, reason = "bodies carry the names of the CUDA exports they implement")]
 #![allow(clippy::missing_safety_doc, reason = "each body's contract is the CUDA runtime's for its export")]
 
+mod arrays;
 mod device;
 mod errors;
 mod functions;
@@ -14,7 +15,9 @@ mod memory;
 mod pools;
 mod register;
 mod streams;
+mod textures;
 
+pub use arrays::*;
 pub use device::*;
 pub use errors::*;
 pub use functions::*;
@@ -24,6 +27,7 @@ pub use memory::*;
 pub use pools::*;
 pub use register::*;
 pub use streams::*;
+pub use textures::*;
 
 use flyt_protocol::CudaError;
 

@@ -57,6 +57,37 @@ extern cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream);
 extern cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cudaStream_t stream, unsigned flags);
 extern cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 grid, dim3 block, void **args, size_t shared_mem,
                                          cudaStream_t stream);
+/* The per-thread forms of the pitched, 3D and array entry points. */
+extern cudaError_t cudaMemset2D_ptds(void *dev, size_t pitch, int value, size_t width, size_t height);
+extern cudaError_t cudaMemset2DAsync_ptsz(void *dev, size_t pitch, int value, size_t width, size_t height, cudaStream_t stream);
+extern cudaError_t cudaMemset3D_ptds(struct cudaPitchedPtr target, int value, struct cudaExtent extent);
+extern cudaError_t cudaMemset3DAsync_ptsz(struct cudaPitchedPtr target, int value, struct cudaExtent extent, cudaStream_t stream);
+extern cudaError_t cudaMemcpy3D_ptds(const struct cudaMemcpy3DParms *p);
+extern cudaError_t cudaMemcpy3DAsync_ptsz(const struct cudaMemcpy3DParms *p, cudaStream_t stream);
+extern cudaError_t cudaMemcpy3DPeer_ptds(const struct cudaMemcpy3DPeerParms *p);
+extern cudaError_t cudaMemcpy3DPeerAsync_ptsz(const struct cudaMemcpy3DPeerParms *p, cudaStream_t stream);
+extern cudaError_t cudaMemcpy2DToArray_ptds(cudaArray_t dst, size_t w_offset, size_t h_offset, const void *src, size_t spitch,
+                                            size_t width, size_t height, enum cudaMemcpyKind kind);
+extern cudaError_t cudaMemcpy2DToArrayAsync_ptsz(cudaArray_t dst, size_t w_offset, size_t h_offset, const void *src,
+                                                 size_t spitch, size_t width, size_t height, enum cudaMemcpyKind kind,
+                                                 cudaStream_t stream);
+extern cudaError_t cudaMemcpy2DFromArray_ptds(void *dst, size_t dpitch, cudaArray_const_t src, size_t w_offset, size_t h_offset,
+                                              size_t width, size_t height, enum cudaMemcpyKind kind);
+extern cudaError_t cudaMemcpy2DFromArrayAsync_ptsz(void *dst, size_t dpitch, cudaArray_const_t src, size_t w_offset,
+                                                   size_t h_offset, size_t width, size_t height, enum cudaMemcpyKind kind,
+                                                   cudaStream_t stream);
+extern cudaError_t cudaMemcpy2DArrayToArray_ptds(cudaArray_t dst, size_t w_dst, size_t h_dst, cudaArray_const_t src, size_t w_src,
+                                                 size_t h_src, size_t width, size_t height, enum cudaMemcpyKind kind);
+extern cudaError_t cudaMemcpyToArray_ptds(cudaArray_t dst, size_t w_offset, size_t h_offset, const void *src, size_t count,
+                                          enum cudaMemcpyKind kind);
+extern cudaError_t cudaMemcpyToArrayAsync_ptsz(cudaArray_t dst, size_t w_offset, size_t h_offset, const void *src, size_t count,
+                                               enum cudaMemcpyKind kind, cudaStream_t stream);
+extern cudaError_t cudaMemcpyFromArray_ptds(void *dst, cudaArray_const_t src, size_t w_offset, size_t h_offset, size_t count,
+                                            enum cudaMemcpyKind kind);
+extern cudaError_t cudaMemcpyFromArrayAsync_ptsz(void *dst, cudaArray_const_t src, size_t w_offset, size_t h_offset,
+                                                 size_t count, enum cudaMemcpyKind kind, cudaStream_t stream);
+extern cudaError_t cudaMemcpyArrayToArray_ptds(cudaArray_t dst, size_t w_dst, size_t h_dst, cudaArray_const_t src, size_t w_src,
+                                               size_t h_src, size_t count, enum cudaMemcpyKind kind);
 
 static int failures = 0;
 
@@ -1211,6 +1242,648 @@ static void modules_kernels_symbols(void) {
     EXPECT("the stubs never ran", stub_calls == 0);
 }
 
+/* Pitched and 3D memory, arrays, texture and surface objects. What a call wrote is read back
+ * and compared with a host model of the memory (`model`, `model2`). */
+#define BOGUS_ARRAY ((cudaArray_t)0x888888)
+static unsigned char model[1 << 16], model2[1 << 16], back[1 << 16];
+
+/* Whether `bytes` of device memory read back are the model's. */
+static int device_matches(const void *dev, const unsigned char *expected, size_t bytes) {
+    memset(back, 0xee, bytes);
+    if (cudaMemcpy(back, dev, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
+    return memcmp(back, expected, bytes) == 0;
+}
+
+/* The model of a 2D memset. */
+static void set_rows(unsigned char *at, size_t pitch, int value, size_t width, size_t height) {
+    for (size_t y = 0; y < height; y++) memset(at + y * pitch, value, width);
+}
+
+/* The model of a pitched copy. */
+static void copy_rows(unsigned char *dst, size_t dpitch, const unsigned char *src, size_t spitch, size_t width, size_t height) {
+    for (size_t y = 0; y < height; y++) memcpy(dst + y * dpitch, src + y * spitch, width);
+}
+
+static struct cudaExtent extent_of(size_t width, size_t height, size_t depth) {
+    struct cudaExtent e = {width, height, depth};
+    return e;
+}
+
+static struct cudaPitchedPtr pitched_at(void *ptr, size_t pitch, size_t xsize, size_t ysize) {
+    struct cudaPitchedPtr p = {ptr, pitch, xsize, ysize};
+    return p;
+}
+
+static void pitched_memory(void) {
+    void *pitched = NULL, *empty = (void *)1;
+    size_t pitch = 0, empty_pitch = 1;
+    cudaStream_t stream;
+    OK("a stream for the pitched audit", cudaStreamCreate(&stream));
+
+    AUDIT("cudaMallocPitch");
+    EXPECT_CODE("cudaMallocPitch(NULL)", cudaMallocPitch(NULL, &pitch, 100, 16), cudaErrorInvalidValue);
+    EXPECT_CODE("the pitch into NULL", cudaMallocPitch(&pitched, NULL, 100, 16), cudaErrorInvalidValue);
+    OK("an empty pitched allocation", cudaMallocPitch(&empty, &empty_pitch, 0, 16));
+    EXPECT("an empty allocation is NULL", empty == NULL && empty_pitch == 0);
+    OK("cudaMallocPitch", cudaMallocPitch(&pitched, &pitch, 100, 16));
+    EXPECT("the pitch holds a row", pitched != NULL && pitch >= 100 && pitch * 16 <= sizeof model);
+    memset(model, 0, pitch * 16);
+    OK("zero it", cudaMemset(pitched, 0, pitch * 16));
+    EXPECT("all rows are device memory", device_matches(pitched, model, pitch * 16));
+
+    AUDIT("cudaMemset2D");
+    EXPECT_CODE("2D memset with a pitch below the width", cudaMemset2D(pitched, 50, 0, 60, 2), cudaErrorInvalidValue);
+    EXPECT_CODE("2D memset past the allocation", cudaMemset2D(pitched, pitch, 0, 60, 17), cudaErrorInvalidValue);
+    EXPECT_CODE("2D memset of host memory", cudaMemset2D(host_a, 128, 0, 60, 2), cudaErrorInvalidValue);
+    OK("an empty 2D memset", cudaMemset2D(NULL, 0, 0, 0, 0));
+    OK("cudaMemset2D", cudaMemset2D(pitched, pitch, 0x7a, 60, 10));
+    set_rows(model, pitch, 0x7a, 60, 10);
+    EXPECT("2D memset rows read back", device_matches(pitched, model, pitch * 16));
+    AUDIT("cudaMemset2D_ptds");
+    OK("cudaMemset2D_ptds", cudaMemset2D_ptds((char *)pitched + 3 * pitch + 20, pitch, 0x7b, 80, 5));
+    set_rows(model + 3 * pitch + 20, pitch, 0x7b, 80, 5);
+    EXPECT("2D memset_ptds rows read back", device_matches(pitched, model, pitch * 16));
+    AUDIT("cudaMemset2DAsync");
+    EXPECT_CODE("2D memset on an unknown stream", cudaMemset2DAsync(pitched, pitch, 0, 10, 10, BOGUS_STREAM),
+                cudaErrorInvalidResourceHandle);
+    OK("cudaMemset2DAsync", cudaMemset2DAsync((char *)pitched + 10 * pitch, pitch, 0x7c, 100, 5, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    set_rows(model + 10 * pitch, pitch, 0x7c, 100, 5);
+    EXPECT("2D memsetAsync rows read back by the sync", device_matches(pitched, model, pitch * 16));
+    AUDIT("cudaMemset2DAsync_ptsz");
+    OK("cudaMemset2DAsync_ptsz: one row, whose pitch is unused",
+       cudaMemset2DAsync_ptsz((char *)pitched + 15 * pitch, 0, 0x7d, 100, 1, NULL));
+    OK("sync the per-thread stream", cudaStreamSynchronize_ptsz(NULL));
+    set_rows(model + 15 * pitch, pitch, 0x7d, 100, 1);
+    EXPECT("2D memsetAsync_ptsz row read back", device_matches(pitched, model, pitch * 16));
+    OK("cudaFree of pitched memory", cudaFree(pitched));
+
+    /* A volume of 4 slices of 8 rows of 100 bytes, and a second one. */
+    struct cudaPitchedPtr volume, other, none;
+    struct cudaExtent box = extent_of(100, 8, 4);
+    AUDIT("cudaMalloc3D");
+    EXPECT_CODE("cudaMalloc3D(NULL)", cudaMalloc3D(NULL, box), cudaErrorInvalidValue);
+    OK("an empty 3D allocation", cudaMalloc3D(&none, extent_of(100, 8, 0)));
+    EXPECT("an empty 3D allocation is NULL", none.ptr == NULL);
+    OK("cudaMalloc3D", cudaMalloc3D(&volume, box));
+    EXPECT("a pitched pointer of the logical size",
+           volume.ptr != NULL && volume.pitch >= 100 && volume.xsize == 100 && volume.ysize == 8 && volume.pitch * 32 <= sizeof model);
+    OK("a second volume", cudaMalloc3D(&other, box));
+    size_t vp = volume.pitch, bytes = vp * 32;
+    memset(model, 0, bytes);
+    memset(model2, 0, bytes);
+    OK("zero it", cudaMemset(volume.ptr, 0, bytes));
+    OK("zero the second", cudaMemset(other.ptr, 0, bytes));
+    EXPECT("a volume is height * depth rows of device memory", device_matches(volume.ptr, model, bytes));
+
+    AUDIT("cudaMemset3D");
+    EXPECT_CODE("3D memset of more rows than a slice", cudaMemset3D(volume, 0, extent_of(100, 9, 2)), cudaErrorInvalidValue);
+    OK("an empty 3D memset", cudaMemset3D(volume, 0, extent_of(100, 8, 0)));
+    OK("cudaMemset3D (whole slices)", cudaMemset3D(volume, 0x11, box));
+    set_rows(model, vp, 0x11, 100, 32);
+    EXPECT("3D memset read back", device_matches(volume.ptr, model, bytes));
+    AUDIT("cudaMemset3D_ptds");
+    OK("cudaMemset3D_ptds (3 rows of each slice)",
+       cudaMemset3D_ptds(pitched_at((char *)volume.ptr + vp + 10, vp, 100, 8), 0x22, extent_of(50, 3, 4)));
+    for (int z = 0; z < 4; z++) set_rows(model + (z * 8 + 1) * vp + 10, vp, 0x22, 50, 3);
+    EXPECT("3D memset_ptds of part of each slice read back", device_matches(volume.ptr, model, bytes));
+    AUDIT("cudaMemset3DAsync");
+    EXPECT_CODE("3D memset on an unknown stream", cudaMemset3DAsync(volume, 0, box, BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    OK("cudaMemset3DAsync (the last two slices)",
+       cudaMemset3DAsync(pitched_at((char *)volume.ptr + 16 * vp, vp, 100, 8), 0x33, extent_of(100, 8, 2), stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    set_rows(model + 16 * vp, vp, 0x33, 100, 16);
+    EXPECT("3D memsetAsync read back by the sync", device_matches(volume.ptr, model, bytes));
+    AUDIT("cudaMemset3DAsync_ptsz");
+    OK("cudaMemset3DAsync_ptsz (a corner of three slices)", cudaMemset3DAsync_ptsz(volume, 0x44, extent_of(4, 2, 3), NULL));
+    OK("sync the per-thread stream", cudaStreamSynchronize_ptsz(NULL));
+    for (int z = 0; z < 3; z++) set_rows(model + z * 8 * vp, vp, 0x44, 4, 2);
+    EXPECT("3D memsetAsync_ptsz read back", device_matches(volume.ptr, model, bytes));
+
+    /* 3D copies between packed host rows (pitch 100), the volume and the second volume. */
+    struct cudaMemcpy3DParms p, bad;
+    AUDIT("cudaMemcpy3D");
+    fill(host_a, N, 11);
+    memset(&p, 0, sizeof p);
+    p.srcPtr = pitched_at(host_a, 100, 100, 8);
+    p.dstPtr = volume;
+    p.extent = box;
+    p.kind = cudaMemcpyHostToDevice;
+    EXPECT_CODE("cudaMemcpy3D(NULL)", cudaMemcpy3D(NULL), cudaErrorInvalidValue);
+    bad = p;
+    bad.kind = (enum cudaMemcpyKind)9;
+    EXPECT_CODE("3D copy of an invalid kind", cudaMemcpy3D(&bad), cudaErrorInvalidMemcpyDirection);
+    bad = p;
+    bad.dstArray = BOGUS_ARRAY;
+    EXPECT_CODE("a destination both array and memory", cudaMemcpy3D(&bad), cudaErrorInvalidValue);
+    bad = p;
+    bad.srcPtr.ptr = NULL;
+    EXPECT_CODE("no source", cudaMemcpy3D(&bad), cudaErrorInvalidValue);
+    bad = p;
+    bad.srcPtr.pitch = 50;
+    EXPECT_CODE("3D copy with a pitch below the width", cudaMemcpy3D(&bad), cudaErrorInvalidPitchValue);
+    bad = p;
+    bad.srcPtr.ysize = 4;
+    EXPECT_CODE("3D copy of more rows than a slice", cudaMemcpy3D(&bad), cudaErrorInvalidValue);
+    bad = p;
+    bad.kind = cudaMemcpyDeviceToDevice;
+    EXPECT_CODE("3D copy with host memory as the device side", cudaMemcpy3D(&bad), cudaErrorInvalidValue);
+    bad = p;
+    bad.extent.depth = 5;
+    EXPECT_CODE("3D copy past the volume", cudaMemcpy3D(&bad), cudaErrorInvalidValue);
+    OK("cudaMemcpy3D H2D", cudaMemcpy3D(&p));
+    copy_rows(model, vp, host_a, 100, 100, 32);
+    EXPECT("3D copy H2D read back", device_matches(volume.ptr, model, bytes));
+    AUDIT("cudaMemcpy3D_ptds");
+    memset(&p, 0, sizeof p);
+    p.srcPtr = volume;
+    p.srcPos.x = 10, p.srcPos.y = 2, p.srcPos.z = 1;
+    p.dstPtr = other;
+    p.dstPos.y = 1;
+    p.extent = extent_of(40, 5, 3);
+    p.kind = cudaMemcpyDeviceToDevice;
+    OK("cudaMemcpy3D_ptds D2D at offsets", cudaMemcpy3D_ptds(&p));
+    for (int z = 0; z < 3; z++) copy_rows(model2 + (z * 8 + 1) * vp, vp, model + ((1 + z) * 8 + 2) * vp + 10, vp, 40, 5);
+    EXPECT("3D copy D2D at offsets read back", device_matches(other.ptr, model2, bytes));
+    AUDIT("cudaMemcpy3DAsync");
+    memset(&p, 0, sizeof p);
+    p.srcPtr = volume;
+    p.dstPtr = pitched_at(host_b, 100, 100, 8);
+    p.extent = box;
+    p.kind = cudaMemcpyDeviceToHost;
+    EXPECT_CODE("3D copy on an unknown stream", cudaMemcpy3DAsync(&p, BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    memset(host_b, 0, N);
+    OK("cudaMemcpy3DAsync D2H", cudaMemcpy3DAsync(&p, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    int rows_ok = 1;
+    for (int r = 0; r < 32; r++) rows_ok &= memcmp(host_b + r * 100, model + r * vp, 100) == 0;
+    EXPECT("3D copyAsync D2H by the sync", rows_ok);
+    AUDIT("cudaMemcpy3DAsync_ptsz");
+    fill(host_a, N, 12);
+    memset(&p, 0, sizeof p);
+    p.srcPtr = pitched_at(host_a, 100, 100, 8);
+    p.dstPtr = other;
+    p.dstPos.z = 3;
+    p.extent = extent_of(100, 8, 1);
+    p.kind = cudaMemcpyDefault;
+    OK("cudaMemcpy3DAsync_ptsz into the last slice", cudaMemcpy3DAsync_ptsz(&p, NULL));
+    OK("sync the per-thread stream", cudaStreamSynchronize_ptsz(NULL));
+    copy_rows(model2 + 24 * vp, vp, host_a, 100, 100, 8);
+    EXPECT("3D copyAsync_ptsz read back", device_matches(other.ptr, model2, bytes));
+
+    /* Peer copies: the one device is both sides' device. */
+    struct cudaMemcpy3DPeerParms peer, bad_peer;
+    memset(&peer, 0, sizeof peer);
+    peer.srcPtr = other;
+    peer.dstPtr = volume;
+    peer.extent = box;
+    AUDIT("cudaMemcpy3DPeer");
+    EXPECT_CODE("cudaMemcpy3DPeer(NULL)", cudaMemcpy3DPeer(NULL), cudaErrorInvalidValue);
+    bad_peer = peer;
+    bad_peer.srcDevice = 1;
+    EXPECT_CODE("a source device that does not exist", cudaMemcpy3DPeer(&bad_peer), cudaErrorInvalidDevice);
+    bad_peer = peer;
+    bad_peer.dstDevice = -1;
+    EXPECT_CODE("a destination device that does not exist", cudaMemcpy3DPeer(&bad_peer), cudaErrorInvalidDevice);
+    OK("cudaMemcpy3DPeer", cudaMemcpy3DPeer(&peer));
+    copy_rows(model, vp, model2, vp, 100, 32);
+    EXPECT("peer copy read back", device_matches(volume.ptr, model, bytes));
+    AUDIT("cudaMemcpy3DPeer_ptds");
+    fill(host_a, N, 13);
+    OK("new bytes in the volume", cudaMemcpy(volume.ptr, host_a, N, cudaMemcpyHostToDevice));
+    memcpy(model, host_a, N);
+    peer.srcPtr = volume;
+    peer.dstPtr = other;
+    peer.dstPos.x = 50;
+    peer.extent = extent_of(50, 8, 4);
+    OK("cudaMemcpy3DPeer_ptds at an offset", cudaMemcpy3DPeer_ptds(&peer));
+    copy_rows(model2 + 50, vp, model, vp, 50, 32);
+    EXPECT("peer copy_ptds read back", device_matches(other.ptr, model2, bytes));
+    AUDIT("cudaMemcpy3DPeerAsync");
+    memset(&peer.dstPos, 0, sizeof peer.dstPos);
+    peer.extent = box;
+    EXPECT_CODE("peer copy on an unknown stream", cudaMemcpy3DPeerAsync(&peer, BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    OK("cudaMemcpy3DPeerAsync", cudaMemcpy3DPeerAsync(&peer, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    copy_rows(model2, vp, model, vp, 100, 32);
+    EXPECT("peer copyAsync read back by the sync", device_matches(other.ptr, model2, bytes));
+    AUDIT("cudaMemcpy3DPeerAsync_ptsz");
+    peer.srcPtr = pitched_at(host_b, 100, 100, 8);
+    peer.dstPtr = volume;
+    peer.extent = extent_of(100, 8, 1);
+    fill(host_b, N, 14);
+    OK("cudaMemcpy3DPeerAsync_ptsz from host memory", cudaMemcpy3DPeerAsync_ptsz(&peer, NULL));
+    OK("sync the per-thread stream", cudaStreamSynchronize_ptsz(NULL));
+    copy_rows(model, vp, host_b, 100, 100, 8);
+    EXPECT("peer copyAsync_ptsz read back", device_matches(volume.ptr, model, bytes));
+
+    OK("cudaFree of a volume", cudaFree(volume.ptr));
+    OK("cudaFree of a volume", cudaFree(other.ptr));
+    OK("cudaStreamDestroy", cudaStreamDestroy(stream));
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* cudaMemcpy{To,From}Array and cudaMemcpyArrayToArray */
+static void arrays(void) {
+    /* 16 rows of 64 floats: 256 bytes a row, N bytes in all. */
+    const size_t W = 64, H = 16, ROW = W * sizeof(float);
+    struct cudaChannelFormatDesc f32 = cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
+    struct cudaChannelFormatDesc u8 = cudaCreateChannelDesc(8, 0, 0, 0, cudaChannelFormatKindUnsigned);
+    struct cudaChannelFormatDesc u8x4 = cudaCreateChannelDesc(8, 8, 8, 8, cudaChannelFormatKindUnsigned);
+    struct cudaChannelFormatDesc got;
+    struct cudaExtent extent;
+    unsigned flags = 99;
+    cudaArray_t array = NULL, other = NULL, line = NULL, bytes8 = NULL, volume = NULL, layered = NULL, level = NULL;
+    cudaMipmappedArray_t mipmap = NULL;
+    cudaStream_t stream;
+    void *dev = NULL;
+    int rows_ok;
+    OK("a stream for the array audit", cudaStreamCreate(&stream));
+    OK("cudaMalloc for the array audit", cudaMalloc(&dev, N));
+
+    AUDIT("cudaMallocArray");
+    EXPECT_CODE("cudaMallocArray(NULL)", cudaMallocArray(NULL, &f32, W, H, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("an array without a channel description", cudaMallocArray(&array, NULL, W, H, 0), cudaErrorInvalidValue);
+    struct cudaChannelFormatDesc invalid[] = {
+        cudaCreateChannelDesc(8, 16, 0, 0, cudaChannelFormatKindUnsigned),               /* two sizes */
+        cudaCreateChannelDesc(8, 8, 8, 0, cudaChannelFormatKindSigned),                  /* three channels */
+        cudaCreateChannelDesc(8, 0, 8, 0, cudaChannelFormatKindUnsigned),                /* a gap */
+        cudaCreateChannelDesc(8, 0, 0, 0, cudaChannelFormatKindFloat),                   /* an 8-bit float */
+        cudaCreateChannelDesc(24, 0, 0, 0, cudaChannelFormatKindSigned),                 /* a 24-bit integer */
+        cudaCreateChannelDesc(0, 0, 0, 0, cudaChannelFormatKindNone),                    /* no channels */
+        cudaCreateChannelDesc(32, 0, 0, 0, (enum cudaChannelFormatKind)99),              /* no kind */
+        cudaCreateChannelDesc(8, 8, 0, 0, cudaChannelFormatKindUnsignedNormalized8X1),   /* not its kind's sizes */
+    };
+    for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++)
+        EXPECT_CODE("an invalid channel description", cudaMallocArray(&array, &invalid[i], W, H, 0),
+                    cudaErrorInvalidChannelDescriptor);
+    EXPECT("no array handed out", array == NULL);
+    OK("cudaMallocArray (2D, for surfaces)", cudaMallocArray(&array, &f32, W, H, cudaArraySurfaceLoadStore));
+    OK("a second 2D array", cudaMallocArray(&other, &f32, W, H, 0));
+    OK("a 1D array (height 0)", cudaMallocArray(&line, &u8x4, 256, 0, 0));
+    OK("an array of bytes", cudaMallocArray(&bytes8, &u8, 64, 16, 0));
+
+    AUDIT("cudaArrayGetInfo");
+    memset(&got, 0, sizeof got);
+    OK("cudaArrayGetInfo", cudaArrayGetInfo(&got, &extent, &flags, array));
+    EXPECT("the channels, extent and flags the array was made with",
+           got.x == 32 && got.y == 0 && got.z == 0 && got.w == 0 && got.f == cudaChannelFormatKindFloat && extent.width == W &&
+               extent.height == H && extent.depth == 0 && flags == cudaArraySurfaceLoadStore);
+    OK("any out-pointer may be NULL", cudaArrayGetInfo(NULL, &extent, NULL, line));
+    EXPECT("a 1D array has height 0", extent.width == 256 && extent.height == 0 && extent.depth == 0);
+    EXPECT_CODE("info of an unknown array", cudaArrayGetInfo(&got, &extent, &flags, BOGUS_ARRAY), cudaErrorInvalidValue);
+    AUDIT("cudaGetChannelDesc");
+    EXPECT_CODE("a channel description into NULL", cudaGetChannelDesc(NULL, line), cudaErrorInvalidValue);
+    EXPECT_CODE("the channel description of an unknown array", cudaGetChannelDesc(&got, BOGUS_ARRAY), cudaErrorInvalidValue);
+    OK("cudaGetChannelDesc", cudaGetChannelDesc(&got, line));
+    EXPECT("four unsigned 8-bit channels", got.x == 8 && got.y == 8 && got.z == 8 && got.w == 8 && got.f == cudaChannelFormatKindUnsigned);
+
+    /* 2D copies (offsets and widths in bytes). */
+    AUDIT("cudaMemcpy2DToArray");
+    fill(host_a, N, 31);
+    EXPECT_CODE("to an array with a pitch below the width", cudaMemcpy2DToArray(array, 0, 0, host_a, 100, ROW, H, cudaMemcpyHostToDevice),
+                cudaErrorInvalidPitchValue);
+    EXPECT_CODE("past the end of the rows", cudaMemcpy2DToArray(array, 4, 0, host_a, ROW, ROW, H, cudaMemcpyHostToDevice),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("past the last row", cudaMemcpy2DToArray(array, 0, 1, host_a, ROW, ROW, H, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    EXPECT_CODE("to an array, an invalid kind", cudaMemcpy2DToArray(array, 0, 0, host_a, ROW, ROW, H, (enum cudaMemcpyKind)7),
+                cudaErrorInvalidMemcpyDirection);
+    EXPECT_CODE("host memory as the device side", cudaMemcpy2DToArray(array, 0, 0, host_a, ROW, ROW, H, cudaMemcpyDeviceToDevice),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("to an unknown array", cudaMemcpy2DToArray(BOGUS_ARRAY, 0, 0, host_a, ROW, ROW, H, cudaMemcpyHostToDevice),
+                cudaErrorInvalidValue);
+    OK("cudaMemcpy2DToArray", cudaMemcpy2DToArray(array, 0, 0, host_a, ROW, ROW, H, cudaMemcpyHostToDevice));
+    AUDIT("cudaMemcpy2DFromArray");
+    EXPECT_CODE("from an unknown array", cudaMemcpy2DFromArray(host_b, ROW, BOGUS_ARRAY, 0, 0, ROW, H, cudaMemcpyDeviceToHost),
+                cudaErrorInvalidValue);
+    memset(host_b, 0, N);
+    OK("cudaMemcpy2DFromArray", cudaMemcpy2DFromArray(host_b, ROW, array, 0, 0, ROW, H, cudaMemcpyDeviceToHost));
+    EXPECT("the array round trip", memcmp(host_a, host_b, N) == 0);
+    memset(host_b, 0, N);
+    OK("a window of the array", cudaMemcpy2DFromArray(host_b, 40, array, 16, 2, 32, 5, cudaMemcpyDefault));
+    rows_ok = 1;
+    for (int r = 0; r < 5; r++) rows_ok &= memcmp(host_b + r * 40, host_a + (2 + r) * ROW + 16, 32) == 0;
+    EXPECT("the window's rows", rows_ok);
+    AUDIT("cudaMemcpy2DToArray_ptds");
+    fill(host_a, N, 32);
+    OK("bytes for the device", cudaMemcpy(dev, host_a, N, cudaMemcpyHostToDevice));
+    OK("cudaMemcpy2DToArray_ptds from device memory", cudaMemcpy2DToArray_ptds(other, 0, 0, dev, ROW, ROW, H, cudaMemcpyDeviceToDevice));
+    AUDIT("cudaMemcpy2DFromArray_ptds");
+    OK("clear the device memory", cudaMemset(dev, 0, N));
+    OK("cudaMemcpy2DFromArray_ptds to device memory", cudaMemcpy2DFromArray_ptds(dev, ROW, other, 0, 0, ROW, H, cudaMemcpyDeviceToDevice));
+    EXPECT("device memory through an array", device_matches(dev, host_a, N));
+    AUDIT("cudaMemcpy2DToArrayAsync");
+    fill(host_a, N, 33);
+    EXPECT_CODE("to an array on an unknown stream",
+                cudaMemcpy2DToArrayAsync(array, 0, 0, host_a, ROW, ROW, H, cudaMemcpyHostToDevice, BOGUS_STREAM),
+                cudaErrorInvalidResourceHandle);
+    OK("cudaMemcpy2DToArrayAsync", cudaMemcpy2DToArrayAsync(array, 0, 0, host_a, ROW, ROW, H, cudaMemcpyHostToDevice, stream));
+    AUDIT("cudaMemcpy2DFromArrayAsync");
+    memset(host_b, 0, N);
+    OK("cudaMemcpy2DFromArrayAsync", cudaMemcpy2DFromArrayAsync(host_b, ROW, array, 0, 0, ROW, H, cudaMemcpyDeviceToHost, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    EXPECT("the asynchronous array round trip by the sync", memcmp(host_a, host_b, N) == 0);
+    AUDIT("cudaMemcpy2DToArrayAsync_ptsz");
+    fill(host_a, N, 34);
+    OK("cudaMemcpy2DToArrayAsync_ptsz", cudaMemcpy2DToArrayAsync_ptsz(other, 0, 0, host_a, ROW, ROW, H, cudaMemcpyHostToDevice, NULL));
+    AUDIT("cudaMemcpy2DFromArrayAsync_ptsz");
+    memset(host_b, 0, N);
+    OK("cudaMemcpy2DFromArrayAsync_ptsz", cudaMemcpy2DFromArrayAsync_ptsz(host_b, ROW, other, 0, 0, ROW, H, cudaMemcpyDeviceToHost, NULL));
+    OK("sync the per-thread stream", cudaStreamSynchronize_ptsz(NULL));
+    EXPECT("the per-thread array round trip", memcmp(host_a, host_b, N) == 0);
+    AUDIT("cudaMemcpy2DArrayToArray");
+    EXPECT_CODE("between arrays, an invalid kind", cudaMemcpy2DArrayToArray(other, 0, 0, array, 0, 0, ROW, H, (enum cudaMemcpyKind)-1),
+                cudaErrorInvalidMemcpyDirection);
+    OK("cudaMemcpy2DArrayToArray", cudaMemcpy2DArrayToArray(other, 0, 0, array, 0, 0, ROW, H, cudaMemcpyDeviceToDevice));
+    fill(model, N, 33);
+    OK("read it back", cudaMemcpy2DFromArray(host_b, ROW, other, 0, 0, ROW, H, cudaMemcpyDeviceToHost));
+    EXPECT("one array into the other", memcmp(model, host_b, N) == 0);
+    AUDIT("cudaMemcpy2DArrayToArray_ptds");
+    fill(host_a, N, 35);
+    OK("new bytes in the second array", cudaMemcpy2DToArray(other, 0, 0, host_a, ROW, ROW, H, cudaMemcpyHostToDevice));
+    OK("cudaMemcpy2DArrayToArray_ptds (a window)", cudaMemcpy2DArrayToArray_ptds(other, 128, 8, array, 8, 1, 64, 4, cudaMemcpyDefault));
+    memcpy(model2, host_a, N);
+    copy_rows(model2 + 8 * ROW + 128, ROW, model + ROW + 8, ROW, 64, 4);
+    OK("read it back", cudaMemcpy2DFromArray(host_b, ROW, other, 0, 0, ROW, H, cudaMemcpyDeviceToHost));
+    EXPECT("the window between arrays", memcmp(model2, host_b, N) == 0);
+
+    /* The deprecated 1D copies run on along the array's rows. */
+    AUDIT("cudaMemcpyToArray");
+    fill(host_a, N, 36);
+    EXPECT_CODE("1D copy past the end of the array", cudaMemcpyToArray(array, 4, 0, host_a, N, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    EXPECT_CODE("1D copy from past the row", cudaMemcpyToArray(array, ROW, 0, host_a, 4, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    EXPECT_CODE("1D copy of an invalid kind", cudaMemcpyToArray(array, 0, 0, host_a, N, (enum cudaMemcpyKind)5),
+                cudaErrorInvalidMemcpyDirection);
+    EXPECT_CODE("1D copy to an unknown array", cudaMemcpyToArray(BOGUS_ARRAY, 0, 0, host_a, N, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    OK("cudaMemcpyToArray (the whole array from packed rows)", cudaMemcpyToArray(array, 0, 0, host_a, N, cudaMemcpyHostToDevice));
+    memcpy(model, host_a, N);
+    OK("read it back", cudaMemcpy2DFromArray(back, ROW, array, 0, 0, ROW, H, cudaMemcpyDeviceToHost));
+    EXPECT("the whole array", memcmp(model, back, N) == 0);
+    fill(host_b, 600, 37);
+    OK("from the middle of a row over three rows", cudaMemcpyToArray(array, 8, 2, host_b, 600, cudaMemcpyHostToDevice));
+    memcpy(model + 2 * ROW + 8, host_b, 600);
+    OK("read it back", cudaMemcpy2DFromArray(back, ROW, array, 0, 0, ROW, H, cudaMemcpyDeviceToHost));
+    EXPECT("the bytes ran on along the rows", memcmp(model, back, N) == 0);
+    AUDIT("cudaMemcpyFromArray");
+    EXPECT_CODE("1D copy from past the end", cudaMemcpyFromArray(host_b, array, 0, 1, N, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+    memset(host_b, 0, N);
+    OK("cudaMemcpyFromArray (the whole array)", cudaMemcpyFromArray(host_b, array, 0, 0, N, cudaMemcpyDeviceToHost));
+    EXPECT("the whole array out", memcmp(model, host_b, N) == 0);
+    memset(host_b, 0, N);
+    OK("from the middle of a row", cudaMemcpyFromArray(host_b, array, 100, 5, 1000, cudaMemcpyDefault));
+    EXPECT("the bytes ran on along the rows", memcmp(model + 5 * ROW + 100, host_b, 1000) == 0);
+    AUDIT("cudaMemcpyToArray_ptds");
+    fill(host_a, N, 38);
+    OK("bytes for the device", cudaMemcpy(dev, host_a, N, cudaMemcpyHostToDevice));
+    OK("cudaMemcpyToArray_ptds from device memory", cudaMemcpyToArray_ptds(other, 0, 0, dev, N, cudaMemcpyDeviceToDevice));
+    memcpy(model2, host_a, N);
+    AUDIT("cudaMemcpyFromArray_ptds");
+    OK("clear the device memory", cudaMemset(dev, 0, N));
+    OK("cudaMemcpyFromArray_ptds to device memory", cudaMemcpyFromArray_ptds(dev, other, 0, 0, N, cudaMemcpyDeviceToDevice));
+    EXPECT("device memory through an array, 1D", device_matches(dev, model2, N));
+    AUDIT("cudaMemcpyToArrayAsync");
+    fill(host_b, 700, 39);
+    EXPECT_CODE("1D copy on an unknown stream", cudaMemcpyToArrayAsync(other, 20, 3, host_b, 700, cudaMemcpyHostToDevice, BOGUS_STREAM),
+                cudaErrorInvalidResourceHandle);
+    OK("cudaMemcpyToArrayAsync", cudaMemcpyToArrayAsync(other, 20, 3, host_b, 700, cudaMemcpyHostToDevice, stream));
+    memcpy(model2 + 3 * ROW + 20, host_b, 700);
+    AUDIT("cudaMemcpyFromArrayAsync");
+    memset(back, 0, N);
+    OK("cudaMemcpyFromArrayAsync", cudaMemcpyFromArrayAsync(back, other, 0, 0, N, cudaMemcpyDeviceToHost, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    EXPECT("1D asynchronous copies by the sync", memcmp(model2, back, N) == 0);
+    AUDIT("cudaMemcpyToArrayAsync_ptsz");
+    fill(host_b, ROW, 40);
+    OK("cudaMemcpyToArrayAsync_ptsz (the last row)", cudaMemcpyToArrayAsync_ptsz(other, 0, H - 1, host_b, ROW, cudaMemcpyHostToDevice, NULL));
+    memcpy(model2 + (H - 1) * ROW, host_b, ROW);
+    AUDIT("cudaMemcpyFromArrayAsync_ptsz");
+    memset(back, 0, N);
+    OK("cudaMemcpyFromArrayAsync_ptsz", cudaMemcpyFromArrayAsync_ptsz(back, other, 0, 0, N, cudaMemcpyDeviceToHost, NULL));
+    OK("sync the per-thread stream", cudaStreamSynchronize_ptsz(NULL));
+    EXPECT("1D per-thread copies", memcmp(model2, back, N) == 0);
+    AUDIT("cudaMemcpyArrayToArray");
+    EXPECT_CODE("1D between arrays past the end", cudaMemcpyArrayToArray(array, 0, 1, other, 0, 0, N, cudaMemcpyDeviceToDevice),
+                cudaErrorInvalidValue);
+    OK("cudaMemcpyArrayToArray (rows out of step)", cudaMemcpyArrayToArray(array, 4, 1, other, 12, 3, 500, cudaMemcpyDeviceToDevice));
+    memcpy(model + ROW + 4, model2 + 3 * ROW + 12, 500);
+    OK("read it back", cudaMemcpy2DFromArray(back, ROW, array, 0, 0, ROW, H, cudaMemcpyDeviceToHost));
+    EXPECT("1D between arrays", memcmp(model, back, N) == 0);
+    AUDIT("cudaMemcpyArrayToArray_ptds");
+    OK("cudaMemcpyArrayToArray_ptds (whole rows and a part)", cudaMemcpyArrayToArray_ptds(array, 0, 10, other, 0, 12, 3 * ROW + 20, cudaMemcpyDefault));
+    memcpy(model + 10 * ROW, model2 + 12 * ROW, 3 * ROW + 20);
+    OK("read it back", cudaMemcpy2DFromArray(back, ROW, array, 0, 0, ROW, H, cudaMemcpyDeviceToHost));
+    EXPECT("1D between arrays, whole rows", memcmp(model, back, N) == 0);
+
+    /* 3D arrays, and 3D copies that count the array's elements (16 floats: 64 bytes a row). */
+    struct cudaExtent vol = extent_of(16, 8, 4);
+    AUDIT("cudaMalloc3DArray");
+    EXPECT_CODE("cudaMalloc3DArray(NULL)", cudaMalloc3DArray(NULL, &f32, vol, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("a 3D array of an invalid channel description", cudaMalloc3DArray(&volume, &invalid[0], vol, 0),
+                cudaErrorInvalidChannelDescriptor);
+    OK("cudaMalloc3DArray", cudaMalloc3DArray(&volume, &f32, vol, 0));
+    OK("its info", cudaArrayGetInfo(&got, &extent, &flags, volume));
+    EXPECT("a 3D array's extent", extent.width == 16 && extent.height == 8 && extent.depth == 4 && flags == 0 && got.x == 32);
+    OK("a layered array", cudaMalloc3DArray(&layered, &u8x4, extent_of(16, 8, 3), cudaArrayLayered));
+    OK("its info", cudaArrayGetInfo(&got, &extent, &flags, layered));
+    EXPECT("a layered array's layers and flag", extent.depth == 3 && flags == cudaArrayLayered && got.w == 8);
+    struct cudaMemcpy3DParms p;
+    fill(host_a, N, 41);
+    memset(&p, 0, sizeof p);
+    p.srcPtr = pitched_at(host_a, 64, 64, 8);
+    p.dstArray = volume;
+    p.extent = vol;
+    p.kind = cudaMemcpyHostToDevice;
+    OK("cudaMemcpy3D into a 3D array (extent in elements)", cudaMemcpy3D(&p));
+    memset(&p, 0, sizeof p);
+    p.srcArray = volume;
+    p.srcPos.x = 4, p.srcPos.y = 2, p.srcPos.z = 1;
+    /* Next to an array, memory's x counts the array's elements too, as CUDA 13 takes it. */
+    p.dstPtr = pitched_at(host_b, 48, 48, 3);
+    p.dstPos.x = 2;
+    p.extent = extent_of(8, 3, 2);
+    p.kind = cudaMemcpyDeviceToHost;
+    memset(host_b, 0, N);
+    OK("cudaMemcpy3D out of a 3D array (positions in elements)", cudaMemcpy3D(&p));
+    rows_ok = 1;
+    for (int z = 0; z < 2; z++)
+        for (int y = 0; y < 3; y++)
+            rows_ok &= memcmp(host_b + (z * 3 + y) * 48 + 8, host_a + ((1 + z) * 8 + 2 + y) * 64 + 16, 32) == 0 &&
+                       all_bytes(host_b + (z * 3 + y) * 48, 8, 0);
+    EXPECT("a box of a 3D array", rows_ok);
+    memset(&p.dstPos, 0, sizeof p.dstPos);
+    p.srcArray = array;
+    memset(&p.srcPos, 0, sizeof p.srcPos);
+    p.dstPtr.ptr = NULL;
+    p.dstArray = bytes8;
+    p.extent = extent_of(16, 4, 1);
+    EXPECT_CODE("3D copy between arrays of elements of two sizes", cudaMemcpy3D(&p), cudaErrorInvalidValue);
+    p.dstArray = other;
+    p.kind = cudaMemcpyDeviceToDevice;
+    OK("cudaMemcpy3D between 2D arrays (depth 1)", cudaMemcpy3D(&p));
+    copy_rows(model2, ROW, model, ROW, 64, 4);
+    OK("read it back", cudaMemcpy2DFromArray(back, ROW, other, 0, 0, ROW, H, cudaMemcpyDeviceToHost));
+    EXPECT("3D copy between arrays", memcmp(model2, back, N) == 0);
+
+    /* Mipmapped arrays. */
+    AUDIT("cudaMallocMipmappedArray");
+    EXPECT_CODE("cudaMallocMipmappedArray(NULL)", cudaMallocMipmappedArray(NULL, &f32, extent_of(32, 32, 0), 3, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("a mipmapped array of an invalid channel description",
+                cudaMallocMipmappedArray(&mipmap, &invalid[1], extent_of(32, 32, 0), 3, 0), cudaErrorInvalidChannelDescriptor);
+    OK("cudaMallocMipmappedArray", cudaMallocMipmappedArray(&mipmap, &f32, extent_of(32, 32, 0), 3, 0));
+    AUDIT("cudaGetMipmappedArrayLevel");
+    EXPECT_CODE("a level into NULL", cudaGetMipmappedArrayLevel(NULL, mipmap, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("a level of no mipmapped array", cudaGetMipmappedArrayLevel(&level, NULL, 0), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("a level past the last", cudaGetMipmappedArrayLevel(&level, mipmap, 3), cudaErrorInvalidValue);
+    OK("cudaGetMipmappedArrayLevel", cudaGetMipmappedArrayLevel(&level, mipmap, 1));
+    OK("the level's info", cudaArrayGetInfo(&got, &extent, &flags, level));
+    EXPECT("level 1 is half the size", extent.width == 16 && extent.height == 16 && extent.depth == 0 && got.x == 32);
+    fill(host_a, N, 42);
+    OK("into the level", cudaMemcpy2DToArray(level, 0, 0, host_a, 64, 64, 16, cudaMemcpyHostToDevice));
+    memset(host_b, 0, N);
+    OK("out of the level", cudaMemcpy2DFromArray(host_b, 64, level, 0, 0, 64, 16, cudaMemcpyDeviceToHost));
+    EXPECT("a level holds its bytes", memcmp(host_a, host_b, 1024) == 0);
+
+    /* Texture objects: what they were made with comes back. */
+    cudaTextureObject_t texture = 0, linear = 0, linear_int = 0, viewed = 0, mipmapped = 0, integer = 0;
+    struct cudaResourceDesc res, linear_res, bad_res, res_back;
+    struct cudaTextureDesc desc, linear_desc, bad_desc, desc_back;
+    struct cudaResourceViewDesc view, view_back;
+    memset(&res, 0, sizeof res);
+    res.resType = cudaResourceTypeArray;
+    res.res.array.array = array;
+    memset(&desc, 0, sizeof desc);
+    desc.addressMode[0] = cudaAddressModeWrap;
+    desc.addressMode[1] = cudaAddressModeMirror;
+    desc.addressMode[2] = cudaAddressModeBorder;
+    desc.filterMode = cudaFilterModeLinear;
+    desc.readMode = cudaReadModeElementType;
+    desc.borderColor[0] = 0.25f, desc.borderColor[1] = 0.5f, desc.borderColor[2] = 0.75f, desc.borderColor[3] = 1.0f;
+    desc.normalizedCoords = 1;
+    desc.maxAnisotropy = 4;
+    desc.mipmapFilterMode = cudaFilterModeLinear;
+    desc.mipmapLevelBias = 0.5f;
+    desc.maxMipmapLevelClamp = 2.0f;
+    desc.disableTrilinearOptimization = 1;
+    memset(&linear_res, 0, sizeof linear_res);
+    linear_res.resType = cudaResourceTypeLinear;
+    linear_res.res.linear.devPtr = dev;
+    linear_res.res.linear.desc = u8;
+    linear_res.res.linear.sizeInBytes = N;
+    memset(&linear_desc, 0, sizeof linear_desc);
+    linear_desc.addressMode[0] = cudaAddressModeWrap;
+    linear_desc.readMode = cudaReadModeNormalizedFloat;
+    linear_desc.sRGB = 1;
+    AUDIT("cudaCreateTextureObject");
+    EXPECT_CODE("a texture into NULL", cudaCreateTextureObject(NULL, &res, &desc, NULL), cudaErrorInvalidValue);
+    EXPECT_CODE("a texture of no resource", cudaCreateTextureObject(&texture, NULL, &desc, NULL), cudaErrorInvalidValue);
+    EXPECT_CODE("a texture without a description", cudaCreateTextureObject(&texture, &res, NULL, NULL), cudaErrorInvalidValue);
+    bad_res = res;
+    bad_res.resType = (enum cudaResourceType)9;
+    EXPECT_CODE("a texture of an unknown resource type", cudaCreateTextureObject(&texture, &bad_res, &desc, NULL), cudaErrorInvalidValue);
+    bad_res = res;
+    bad_res.res.array.array = BOGUS_ARRAY;
+    EXPECT_CODE("a texture of an unknown array", cudaCreateTextureObject(&texture, &bad_res, &desc, NULL), cudaErrorInvalidValue);
+    bad_res = linear_res;
+    bad_res.res.linear.desc = invalid[2];
+    EXPECT_CODE("a texture of memory with an invalid channel description", cudaCreateTextureObject(&texture, &bad_res, &desc, NULL),
+                cudaErrorInvalidChannelDescriptor);
+    bad_desc = desc;
+    bad_desc.readMode = (enum cudaTextureReadMode)3;
+    EXPECT_CODE("a texture of an unknown read mode", cudaCreateTextureObject(&texture, &res, &bad_desc, NULL), cudaErrorInvalidValue);
+    memset(&view, 0, sizeof view);
+    view.format = cudaResViewFormatFloat1;
+    view.width = W;
+    view.height = H;
+    EXPECT_CODE("a view of memory", cudaCreateTextureObject(&texture, &linear_res, &linear_desc, &view), cudaErrorInvalidValue);
+    EXPECT("no texture handed out", texture == 0);
+    OK("cudaCreateTextureObject (a float array)", cudaCreateTextureObject(&texture, &res, &desc, NULL));
+    OK("a texture of integers in memory, read as normalized floats", cudaCreateTextureObject(&linear, &linear_res, &linear_desc, NULL));
+    linear_desc.readMode = cudaReadModeElementType;
+    OK("a texture of integers in memory, read as integers", cudaCreateTextureObject(&linear_int, &linear_res, &linear_desc, NULL));
+    OK("a texture through a view", cudaCreateTextureObject(&viewed, &res, &desc, &view));
+    res.resType = cudaResourceTypeMipmappedArray;
+    res.res.mipmap.mipmap = mipmap;
+    OK("a texture of a mipmapped array", cudaCreateTextureObject(&mipmapped, &res, &desc, NULL));
+    res.resType = cudaResourceTypeArray;
+    res.res.array.array = line;
+    bad_desc = desc;
+    bad_desc.filterMode = cudaFilterModePoint; /* integers are not interpolated */
+    OK("a texture of an integer array, read as integers", cudaCreateTextureObject(&integer, &res, &bad_desc, NULL));
+    res.res.array.array = array;
+    EXPECT("six textures", texture && linear && linear_int && viewed && mipmapped && integer);
+    AUDIT("cudaGetTextureObjectTextureDesc");
+    EXPECT_CODE("a texture description into NULL", cudaGetTextureObjectTextureDesc(NULL, texture), cudaErrorInvalidValue);
+    EXPECT_CODE("the description of an unknown texture", cudaGetTextureObjectTextureDesc(&desc_back, 0x123), cudaErrorInvalidValue);
+    memset(&desc_back, 0xff, sizeof desc_back);
+    OK("cudaGetTextureObjectTextureDesc", cudaGetTextureObjectTextureDesc(&desc_back, texture));
+    EXPECT("the description it was made with", memcmp(&desc, &desc_back, sizeof desc) == 0);
+    OK("of the mipmapped array's", cudaGetTextureObjectTextureDesc(&desc_back, mipmapped));
+    EXPECT("a float mipmapped array is read as it is", desc_back.readMode == cudaReadModeElementType);
+    OK("of the integer array's", cudaGetTextureObjectTextureDesc(&desc_back, integer));
+    EXPECT("integers read as integers", desc_back.readMode == cudaReadModeElementType && desc_back.normalizedCoords == 1);
+    OK("of the normalized integers'", cudaGetTextureObjectTextureDesc(&desc_back, linear));
+    EXPECT("integers read as normalized floats; unnormalized coordinates clamp instead of wrapping",
+           desc_back.readMode == cudaReadModeNormalizedFloat && desc_back.sRGB == 1 && desc_back.normalizedCoords == 0 &&
+               desc_back.addressMode[0] == cudaAddressModeClamp);
+    OK("of the integers in memory", cudaGetTextureObjectTextureDesc(&desc_back, linear_int));
+    EXPECT("integers in memory read as integers", desc_back.readMode == cudaReadModeElementType);
+    AUDIT("cudaGetTextureObjectResourceDesc");
+    EXPECT_CODE("a resource description into NULL", cudaGetTextureObjectResourceDesc(NULL, texture), cudaErrorInvalidValue);
+    memset(&res_back, 0xff, sizeof res_back);
+    OK("cudaGetTextureObjectResourceDesc", cudaGetTextureObjectResourceDesc(&res_back, texture));
+    EXPECT("the array", res_back.resType == cudaResourceTypeArray && res_back.res.array.array == array && res_back.flags == 0);
+    OK("of the texture of memory", cudaGetTextureObjectResourceDesc(&res_back, linear));
+    EXPECT("the memory and its channels",
+           res_back.resType == cudaResourceTypeLinear && res_back.res.linear.devPtr == dev && res_back.res.linear.sizeInBytes == N &&
+               memcmp(&res_back.res.linear.desc, &u8, sizeof u8) == 0);
+    AUDIT("cudaGetTextureObjectResourceViewDesc");
+    EXPECT_CODE("a view into NULL", cudaGetTextureObjectResourceViewDesc(NULL, viewed), cudaErrorInvalidValue);
+    memset(&view_back, 0xff, sizeof view_back);
+    OK("cudaGetTextureObjectResourceViewDesc", cudaGetTextureObjectResourceViewDesc(&view_back, viewed));
+    EXPECT("the view it was made with", memcmp(&view, &view_back, sizeof view) == 0);
+    AUDIT("cudaDestroyTextureObject");
+    OK("cudaDestroyTextureObject", cudaDestroyTextureObject(texture));
+    EXPECT_CODE("destroy it again", cudaDestroyTextureObject(texture), cudaErrorInvalidValue);
+    EXPECT_CODE("a destroyed texture has no description", cudaGetTextureObjectResourceDesc(&res_back, texture), cudaErrorInvalidValue);
+    OK("destroy the others", cudaDestroyTextureObject(linear));
+    OK("destroy the others", cudaDestroyTextureObject(linear_int));
+    OK("destroy the others", cudaDestroyTextureObject(viewed));
+    OK("destroy the others", cudaDestroyTextureObject(mipmapped));
+    OK("destroy the others", cudaDestroyTextureObject(integer));
+
+    /* Surface objects, over arrays made for them. */
+    cudaSurfaceObject_t surface = 0;
+    AUDIT("cudaCreateSurfaceObject");
+    EXPECT_CODE("a surface into NULL", cudaCreateSurfaceObject(NULL, &res), cudaErrorInvalidValue);
+    EXPECT_CODE("a surface of no resource", cudaCreateSurfaceObject(&surface, NULL), cudaErrorInvalidValue);
+    EXPECT_CODE("a surface of memory", cudaCreateSurfaceObject(&surface, &linear_res), cudaErrorInvalidValue);
+    OK("cudaCreateSurfaceObject", cudaCreateSurfaceObject(&surface, &res));
+    AUDIT("cudaGetSurfaceObjectResourceDesc");
+    EXPECT_CODE("a surface's resource into NULL", cudaGetSurfaceObjectResourceDesc(NULL, surface), cudaErrorInvalidValue);
+    memset(&res_back, 0xff, sizeof res_back);
+    OK("cudaGetSurfaceObjectResourceDesc", cudaGetSurfaceObjectResourceDesc(&res_back, surface));
+    EXPECT("the surface's array", res_back.resType == cudaResourceTypeArray && res_back.res.array.array == array);
+    AUDIT("cudaDestroySurfaceObject");
+    OK("cudaDestroySurfaceObject", cudaDestroySurfaceObject(surface));
+    EXPECT_CODE("destroy it again", cudaDestroySurfaceObject(surface), cudaErrorInvalidValue);
+
+    AUDIT("cudaFreeMipmappedArray");
+    OK("cudaFreeMipmappedArray(NULL)", cudaFreeMipmappedArray(NULL));
+    OK("cudaFreeMipmappedArray", cudaFreeMipmappedArray(mipmap));
+    EXPECT_CODE("a freed mipmapped array has no levels", cudaGetMipmappedArrayLevel(&level, mipmap, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("free it again", cudaFreeMipmappedArray(mipmap), cudaErrorInvalidValue);
+    AUDIT("cudaFreeArray");
+    OK("cudaFreeArray(NULL)", cudaFreeArray(NULL));
+    OK("cudaFreeArray", cudaFreeArray(array));
+    EXPECT_CODE("a freed array has no info", cudaArrayGetInfo(&got, &extent, &flags, array), cudaErrorInvalidValue);
+    EXPECT_CODE("free it again", cudaFreeArray(array), cudaErrorInvalidValue);
+    cudaArray_t rest[] = {other, line, bytes8, volume, layered};
+    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) OK("free the others", cudaFreeArray(rest[i]));
+    OK("cudaFree", cudaFree(dev));
+    OK("cudaStreamDestroy", cudaStreamDestroy(stream));
+}
+#pragma GCC diagnostic pop
+
 static void reset(void) {
     void *dev = NULL;
     cudaStream_t stream;
@@ -1237,6 +1910,8 @@ int main(void) {
     streams_and_events();
     graphs();
     pools();
+    pitched_memory();
+    arrays();
     modules_kernels_symbols();
     reset();
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);

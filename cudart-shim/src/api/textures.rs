@@ -1,0 +1,399 @@
+//! Texture and surface objects: Flyt's driver makes them; this front converts the runtime's
+//! descriptions to the driver's and back (a channel description becomes a format and a channel
+//! count, the texture's read mode and switches become `CU_TRSF_*` flags).
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+
+use super::arrays::{array_format, channel_desc, descriptor, is_integer_format};
+use crate::driver::{CUarray, ResourceData, ResourceDesc, ResourceViewDesc, TextureDesc, cu_ctx};
+use crate::ffi::{cudaChannelFormatDesc, cudaSurfaceObject_t, cudaTextureObject_t, write_out};
+
+/// `cudaResourceViewDesc` is the driver's `CUDA_RESOURCE_VIEW_DESC`, format numbers included.
+#[allow(non_camel_case_types, reason = "the C type's name, as the CUDA headers spell it")]
+pub type cudaResourceViewDesc = ResourceViewDesc;
+
+/// The union of `cudaResourceDesc`, flattened as the driver's is (see `ResourceData`): the
+/// handle or device pointer, then for memory the channel description, `size`
+/// (`linear.sizeInBytes` or `pitch2D.width`), the height and the pitch.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RuntimeResourceData {
+    handle: *mut c_void,
+    desc: cudaChannelFormatDesc,
+    size: usize,
+    height: usize,
+    pitch_in_bytes: usize,
+    reserved: [u64; 9],
+}
+
+/// `cudaResourceDesc`: what a texture or surface object reads.
+#[repr(C)]
+pub struct cudaResourceDesc {
+    res_type: c_int,
+    res: RuntimeResourceData,
+    flags: c_uint,
+}
+
+/// `cudaTextureDesc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct cudaTextureDesc {
+    address_mode: [c_int; 3],
+    filter_mode: c_int,
+    read_mode: c_int,
+    srgb: c_int,
+    border_color: [f32; 4],
+    normalized_coords: c_int,
+    max_anisotropy: c_uint,
+    mipmap_filter_mode: c_int,
+    mipmap_level_bias: f32,
+    min_mipmap_level_clamp: f32,
+    max_mipmap_level_clamp: f32,
+    disable_trilinear_optimization: c_int,
+    seamless_cubemap: c_int,
+}
+
+// The sizes of the C structs (driver_types.h and texture_types.h, x86_64).
+const _: () = {
+    assert!(size_of::<RuntimeResourceData>() == 128);
+    assert!(std::mem::offset_of!(RuntimeResourceData, size) == 32);
+    assert!(size_of::<cudaResourceDesc>() == 144);
+    assert!(std::mem::offset_of!(cudaResourceDesc, res) == 8);
+    assert!(std::mem::offset_of!(cudaResourceDesc, flags) == 136);
+    assert!(size_of::<cudaTextureDesc>() == 72);
+    assert!(std::mem::offset_of!(cudaTextureDesc, border_color) == 24);
+    assert!(std::mem::offset_of!(cudaTextureDesc, seamless_cubemap) == 68);
+};
+
+/// `cudaResourceType`, numbered as the driver's `CUresourcetype`.
+const RESOURCE_ARRAY: c_int = 0;
+const RESOURCE_MIPMAPPED_ARRAY: c_int = 1;
+const RESOURCE_LINEAR: c_int = 2;
+const RESOURCE_PITCH_2D: c_int = 3;
+
+/// `cudaTextureReadMode`.
+const READ_MODE_ELEMENT_TYPE: c_int = 0;
+const READ_MODE_NORMALIZED_FLOAT: c_int = 1;
+/// `cudaTextureAddressMode`, numbered as the driver's `CUaddress_mode`.
+const ADDRESS_WRAP: c_int = 0;
+const ADDRESS_CLAMP: c_int = 1;
+const ADDRESS_MIRROR: c_int = 2;
+
+/// `CU_TRSF_*`: the driver's texture flags.
+const READ_AS_INTEGER: c_uint = 0x01;
+const NORMALIZED_COORDINATES: c_uint = 0x02;
+const SRGB: c_uint = 0x10;
+const DISABLE_TRILINEAR_OPTIMIZATION: c_uint = 0x20;
+const SEAMLESS_CUBEMAP: c_uint = 0x40;
+
+/// The driver's description of a resource.
+///
+/// # Safety
+/// `resource` is NULL or a readable `cudaResourceDesc`.
+unsafe fn driver_resource(resource: *const cudaResourceDesc) -> CudaResult<ResourceDesc> {
+    if resource.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the app's struct.
+    let r = unsafe { &*resource };
+    let mut res = ResourceData { handle: r.res.handle as u64, ..Default::default() };
+    match r.res_type {
+        RESOURCE_ARRAY | RESOURCE_MIPMAPPED_ARRAY => {}
+        RESOURCE_LINEAR | RESOURCE_PITCH_2D => {
+            (res.format, res.num_channels) = array_format(&r.res.desc)?;
+            res.size = r.res.size;
+            if r.res_type == RESOURCE_PITCH_2D {
+                res.height = r.res.height;
+                res.pitch_in_bytes = r.res.pitch_in_bytes;
+            }
+        }
+        _ => return Err(CudaError::INVALID_VALUE),
+    }
+    Ok(ResourceDesc { res_type: r.res_type as c_uint, res, flags: r.flags })
+}
+
+/// The runtime's description of a resource the driver describes.
+fn runtime_resource(r: &ResourceDesc) -> cudaResourceDesc {
+    let res_type = r.res_type as c_int;
+    let mut res = RuntimeResourceData {
+        handle: r.res.handle as usize as *mut c_void,
+        desc: cudaChannelFormatDesc::default(),
+        size: 0,
+        height: 0,
+        pitch_in_bytes: 0,
+        reserved: [0; 9],
+    };
+    if matches!(res_type, RESOURCE_LINEAR | RESOURCE_PITCH_2D) {
+        res.desc = channel_desc(r.res.format, r.res.num_channels);
+        res.size = r.res.size;
+    }
+    if res_type == RESOURCE_PITCH_2D {
+        res.height = r.res.height;
+        res.pitch_in_bytes = r.res.pitch_in_bytes;
+    }
+    cudaResourceDesc { res_type, res, flags: r.flags }
+}
+
+/// Whether a texture reads integer texels: those of its view's format where it has one
+/// (`view_format`, `cudaResViewFormat*`: the integer formats come first, then the float and
+/// block-compressed ones), else those of its resource.
+fn reads_integers(resource: &ResourceDesc, view_format: c_int) -> CudaResult<bool> {
+    match view_format {
+        0x01..=0x12 => return Ok(true),
+        0x13.. => return Ok(false),
+        _ => {}
+    }
+    let format = match resource.res_type as c_int {
+        RESOURCE_LINEAR | RESOURCE_PITCH_2D => resource.res.format,
+        RESOURCE_ARRAY => descriptor(resource.res.handle as usize as CUarray)?.format,
+        RESOURCE_MIPMAPPED_ARRAY => {
+            let mut level: CUarray = std::ptr::null_mut();
+            cu_ctx!(cuMipmappedArrayGetLevel(&mut level, resource.res.handle as usize as *mut c_void, 0))?;
+            descriptor(level)?.format
+        }
+        _ => return Err(CudaError::INVALID_VALUE),
+    };
+    Ok(is_integer_format(format))
+}
+
+/// The driver's description of a texture. `cudaReadModeElementType` of integer texels is the
+/// driver's `CU_TRSF_READ_AS_INTEGER` (without it the driver promotes them to floats, which is
+/// `cudaReadModeNormalizedFloat`); of float texels, which are never promoted, it is no flag.
+/// `integer_texels` is asked only where that matters.
+fn driver_texture(t: &cudaTextureDesc, integer_texels: impl FnOnce() -> CudaResult<bool>) -> CudaResult<TextureDesc> {
+    if !matches!(t.read_mode, READ_MODE_ELEMENT_TYPE | READ_MODE_NORMALIZED_FLOAT) {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut flags = 0;
+    if t.read_mode == READ_MODE_ELEMENT_TYPE && integer_texels()? {
+        flags |= READ_AS_INTEGER;
+    }
+    for (on, flag) in [
+        (t.normalized_coords, NORMALIZED_COORDINATES),
+        (t.srgb, SRGB),
+        (t.disable_trilinear_optimization, DISABLE_TRILINEAR_OPTIMIZATION),
+        (t.seamless_cubemap, SEAMLESS_CUBEMAP),
+    ] {
+        if on != 0 {
+            flags |= flag;
+        }
+    }
+    // Unnormalized coordinates cannot wrap or mirror: CUDA clamps them instead.
+    let address =
+        |mode: c_int| if t.normalized_coords == 0 && matches!(mode, ADDRESS_WRAP | ADDRESS_MIRROR) { ADDRESS_CLAMP } else { mode };
+    Ok(TextureDesc {
+        address_mode: t.address_mode.map(address),
+        filter_mode: t.filter_mode,
+        flags,
+        max_anisotropy: t.max_anisotropy,
+        mipmap_filter_mode: t.mipmap_filter_mode,
+        mipmap_level_bias: t.mipmap_level_bias,
+        min_mipmap_level_clamp: t.min_mipmap_level_clamp,
+        max_mipmap_level_clamp: t.max_mipmap_level_clamp,
+        border_color: t.border_color,
+        reserved: [0; 12],
+    })
+}
+
+/// The runtime's description of a texture the driver describes (see [`driver_texture`]).
+fn runtime_texture(t: &TextureDesc, integer_texels: bool) -> cudaTextureDesc {
+    let on = |flag: c_uint| c_int::from(t.flags & flag != 0);
+    let promoted = integer_texels && t.flags & READ_AS_INTEGER == 0;
+    cudaTextureDesc {
+        address_mode: t.address_mode,
+        filter_mode: t.filter_mode,
+        read_mode: if promoted { READ_MODE_NORMALIZED_FLOAT } else { READ_MODE_ELEMENT_TYPE },
+        srgb: on(SRGB),
+        border_color: t.border_color,
+        normalized_coords: on(NORMALIZED_COORDINATES),
+        max_anisotropy: t.max_anisotropy,
+        mipmap_filter_mode: t.mipmap_filter_mode,
+        mipmap_level_bias: t.mipmap_level_bias,
+        min_mipmap_level_clamp: t.min_mipmap_level_clamp,
+        max_mipmap_level_clamp: t.max_mipmap_level_clamp,
+        disable_trilinear_optimization: on(DISABLE_TRILINEAR_OPTIMIZATION),
+        seamless_cubemap: on(SEAMLESS_CUBEMAP),
+    }
+}
+
+// --- texture objects ---
+
+/// A view (`view`, optional) narrows an array or mipmapped array only.
+pub unsafe fn cudaCreateTextureObject(
+    texture: *mut cudaTextureObject_t,
+    resource: *const cudaResourceDesc,
+    desc: *const cudaTextureDesc,
+    view: *const cudaResourceViewDesc,
+) -> CudaResult<()> {
+    if texture.is_null() || desc.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: the app's struct.
+    let resource = unsafe { driver_resource(resource) }?;
+    // SAFETY: NULL or the app's struct.
+    let view_format = unsafe { view.as_ref() }.map(|view| view.format);
+    if view_format.is_some() && !matches!(resource.res_type as c_int, RESOURCE_ARRAY | RESOURCE_MIPMAPPED_ARRAY) {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the app's struct.
+    let desc = driver_texture(unsafe { &*desc }, || reads_integers(&resource, view_format.unwrap_or(0)))?;
+    let mut object = 0;
+    cu_ctx!(cuTexObjectCreate(&mut object, &resource, &desc, view))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(texture, object) }
+}
+
+pub unsafe fn cudaDestroyTextureObject(texture: cudaTextureObject_t) -> CudaResult<()> {
+    cu_ctx!(cuTexObjectDestroy(texture))
+}
+
+pub unsafe fn cudaGetTextureObjectResourceDesc(out: *mut cudaResourceDesc, texture: cudaTextureObject_t) -> CudaResult<()> {
+    if out.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut resource = ResourceDesc::default();
+    cu_ctx!(cuTexObjectGetResourceDesc(&mut resource, texture))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(out, runtime_resource(&resource)) }
+}
+
+/// The read mode comes back as it was given for integer texels; for others (never promoted) it
+/// is `cudaReadModeElementType`.
+pub unsafe fn cudaGetTextureObjectTextureDesc(out: *mut cudaTextureDesc, texture: cudaTextureObject_t) -> CudaResult<()> {
+    if out.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut desc = TextureDesc::default();
+    cu_ctx!(cuTexObjectGetTextureDesc(&mut desc, texture))?;
+    let integer_texels = if desc.flags & READ_AS_INTEGER != 0 {
+        true
+    } else {
+        let mut resource = ResourceDesc::default();
+        cu_ctx!(cuTexObjectGetResourceDesc(&mut resource, texture))?;
+        // Only arrays have views; a texture made without one has none to give (the driver may
+        // say so with an error), and the resource's format is the texels'.
+        let mut view = ResourceViewDesc::default();
+        let has_view = matches!(resource.res_type as c_int, RESOURCE_ARRAY | RESOURCE_MIPMAPPED_ARRAY)
+            && cu_ctx!(cuTexObjectGetResourceViewDesc(&mut view, texture)).is_ok();
+        reads_integers(&resource, if has_view { view.format } else { 0 })?
+    };
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(out, runtime_texture(&desc, integer_texels)) }
+}
+
+pub unsafe fn cudaGetTextureObjectResourceViewDesc(out: *mut cudaResourceViewDesc, texture: cudaTextureObject_t) -> CudaResult<()> {
+    if out.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut view = ResourceViewDesc::default();
+    cu_ctx!(cuTexObjectGetResourceViewDesc(&mut view, texture))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(out, view) }
+}
+
+// --- surface objects ---
+
+/// Surfaces load and store elements of an array only.
+pub unsafe fn cudaCreateSurfaceObject(surface: *mut cudaSurfaceObject_t, resource: *const cudaResourceDesc) -> CudaResult<()> {
+    if surface.is_null() || resource.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the app's struct.
+    if unsafe { (*resource).res_type } != RESOURCE_ARRAY {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: the app's struct.
+    let resource = unsafe { driver_resource(resource) }?;
+    let mut object = 0;
+    cu_ctx!(cuSurfObjectCreate(&mut object, &resource))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(surface, object) }
+}
+
+pub unsafe fn cudaDestroySurfaceObject(surface: cudaSurfaceObject_t) -> CudaResult<()> {
+    cu_ctx!(cuSurfObjectDestroy(surface))
+}
+
+pub unsafe fn cudaGetSurfaceObjectResourceDesc(out: *mut cudaResourceDesc, surface: cudaSurfaceObject_t) -> CudaResult<()> {
+    if out.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut resource = ResourceDesc::default();
+    cu_ctx!(cuSurfObjectGetResourceDesc(&mut resource, surface))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(out, runtime_resource(&resource)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texture(read_mode: c_int, normalized_coords: c_int) -> cudaTextureDesc {
+        cudaTextureDesc {
+            address_mode: [ADDRESS_WRAP, ADDRESS_MIRROR, 3],
+            filter_mode: 1,
+            read_mode,
+            srgb: 1,
+            border_color: [0.25, 0.5, 0.75, 1.0],
+            normalized_coords,
+            max_anisotropy: 4,
+            mipmap_filter_mode: 1,
+            mipmap_level_bias: 0.5,
+            min_mipmap_level_clamp: 0.0,
+            max_mipmap_level_clamp: 2.0,
+            disable_trilinear_optimization: 0,
+            seamless_cubemap: 1,
+        }
+    }
+
+    #[test]
+    fn read_modes_and_switches_are_the_drivers_flags_and_back() {
+        for integer in [false, true] {
+            for read_mode in [READ_MODE_ELEMENT_TYPE, READ_MODE_NORMALIZED_FLOAT] {
+                let t = texture(read_mode, 1);
+                let driver = driver_texture(&t, || Ok(integer)).unwrap();
+                let read_as_integer = integer && read_mode == READ_MODE_ELEMENT_TYPE;
+                assert_eq!(driver.flags & READ_AS_INTEGER != 0, read_as_integer);
+                assert_eq!(driver.flags & !READ_AS_INTEGER, NORMALIZED_COORDINATES | SRGB | SEAMLESS_CUBEMAP);
+                assert_eq!(driver.address_mode, t.address_mode);
+                // Float texels are never promoted: their read mode comes back as element type.
+                let expected = if integer { t } else { texture(READ_MODE_ELEMENT_TYPE, 1) };
+                assert_eq!(runtime_texture(&driver, integer), expected);
+            }
+        }
+    }
+
+    #[test]
+    fn unnormalized_coordinates_clamp_and_unknown_read_modes_are_refused() {
+        let driver = driver_texture(&texture(READ_MODE_NORMALIZED_FLOAT, 0), || unreachable!()).unwrap();
+        assert_eq!(driver.address_mode, [ADDRESS_CLAMP, ADDRESS_CLAMP, 3]);
+        assert_eq!(driver.flags & NORMALIZED_COORDINATES, 0);
+        assert_eq!(driver_texture(&texture(2, 1), || Ok(true)).unwrap_err(), CudaError::INVALID_VALUE);
+    }
+
+    #[test]
+    fn memory_resources_carry_their_channels_both_ways() {
+        let runtime = cudaResourceDesc {
+            res_type: RESOURCE_PITCH_2D,
+            res: RuntimeResourceData {
+                handle: 0x7000 as *mut c_void,
+                desc: cudaChannelFormatDesc { x: 16, y: 16, z: 0, w: 0, f: 2 },
+                size: 64,
+                height: 32,
+                pitch_in_bytes: 512,
+                reserved: [0; 9],
+            },
+            flags: 0,
+        };
+        // SAFETY: a local struct.
+        let driver = unsafe { driver_resource(&runtime) }.unwrap();
+        assert_eq!((driver.res.handle, driver.res.format, driver.res.num_channels), (0x7000, 0x10, 2));
+        assert_eq!((driver.res.size, driver.res.height, driver.res.pitch_in_bytes), (64, 32, 512));
+        let back = runtime_resource(&driver);
+        assert_eq!((back.res_type, back.res.handle, back.res.desc), (RESOURCE_PITCH_2D, runtime.res.handle, runtime.res.desc));
+        assert_eq!((back.res.size, back.res.height, back.res.pitch_in_bytes), (64, 32, 512));
+    }
+}
