@@ -285,6 +285,12 @@ driver_functions! {
     cuStreamGetFlags_ptsz(stream: CUstream, flags: *mut c_uint);
     cuStreamGetPriority(stream: CUstream, priority: *mut c_int);
     cuStreamGetPriority_ptsz(stream: CUstream, priority: *mut c_int);
+    cuStreamSetAttribute(stream: CUstream, attribute: c_uint, value: *const c_void);
+    cuStreamSetAttribute_ptsz(stream: CUstream, attribute: c_uint, value: *const c_void);
+    cuStreamGetAttribute(stream: CUstream, attribute: c_uint, value: *mut c_void);
+    cuStreamGetAttribute_ptsz(stream: CUstream, attribute: c_uint, value: *mut c_void);
+    cuStreamCopyAttributes(dst: CUstream, src: CUstream);
+    cuStreamCopyAttributes_ptsz(dst: CUstream, src: CUstream);
     cuEventCreate(event: *mut CUevent, flags: c_uint);
     cuEventRecordWithFlags(event: CUevent, stream: CUstream, flags: c_uint);
     cuEventRecordWithFlags_ptsz(event: CUevent, stream: CUstream, flags: c_uint);

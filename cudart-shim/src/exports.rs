@@ -158,6 +158,12 @@ macro_rules! cudart_exports {
                 cudaStreamGetFlags_ptsz(stream: cudaStream_t, flags: *mut c_uint);
                 cudaStreamGetPriority(stream: cudaStream_t, priority: *mut c_int);
                 cudaStreamGetPriority_ptsz(stream: cudaStream_t, priority: *mut c_int);
+                cudaStreamSetAttribute(stream: cudaStream_t, attribute: c_uint, value: *const c_void);
+                cudaStreamSetAttribute_ptsz(stream: cudaStream_t, attribute: c_uint, value: *const c_void);
+                cudaStreamGetAttribute(stream: cudaStream_t, attribute: c_uint, value: *mut c_void);
+                cudaStreamGetAttribute_ptsz(stream: cudaStream_t, attribute: c_uint, value: *mut c_void);
+                cudaStreamCopyAttributes(dst: cudaStream_t, src: cudaStream_t);
+                cudaStreamCopyAttributes_ptsz(dst: cudaStream_t, src: cudaStream_t);
                 cudaDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int);
                 cudaEventCreate(event: *mut cudaEvent_t);
                 cudaEventCreateWithFlags(event: *mut cudaEvent_t, flags: c_uint);
@@ -321,11 +327,9 @@ macro_rules! cudart_exports {
         cudaMemRangeGetAttribute, cudaMemRangeGetAttributes, cudaMemSetMemPool, cudaMipmappedArrayGetMemoryRequirements,
         cudaMipmappedArrayGetSparseProperties, cudaOccupancyAvailableDynamicSMemPerBlock,
         cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialClusterSize, cudaSetValidDevices, cudaSignalExternalSemaphoresAsync,
-        cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamCopyAttributes,
-        cudaStreamCopyAttributes_ptsz, cudaStreamGetAttribute, cudaStreamGetAttribute_ptsz,
-        cudaStreamGetDevice,
+        cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamGetDevice,
         cudaStreamGetDevice_ptsz, cudaStreamGetId, cudaStreamGetId_ptsz,
-        cudaStreamSetAttribute, cudaStreamSetAttribute_ptsz, cudaStreamUpdateCaptureDependencies,
+        cudaStreamUpdateCaptureDependencies,
         cudaStreamUpdateCaptureDependencies_ptsz, cudaUserObjectCreate,
         cudaUserObjectRelease, cudaUserObjectRetain, cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,
         cudaWaitExternalSemaphoresAsync, cudaWaitExternalSemaphoresAsync_ptsz,

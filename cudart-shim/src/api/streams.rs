@@ -3,7 +3,7 @@
 //! and events whose last record failed. Stream capture is the driver's (see `graph`).
 
 use std::collections::HashSet;
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -145,6 +145,30 @@ stream_queries! {
     cudaStreamGetFlags_ptsz(flags: *mut c_uint) => cuStreamGetFlags_ptsz;
     cudaStreamGetPriority(priority: *mut c_int) => cuStreamGetPriority;
     cudaStreamGetPriority_ptsz(priority: *mut c_int) => cuStreamGetPriority_ptsz;
+}
+
+/// Stream attributes: the runtime's ids and 64-byte values are the driver's own.
+macro_rules! stream_attributes {
+    ($($set:ident, $get:ident, $copy:ident => $set_driver:ident, $get_driver:ident, $copy_driver:ident;)*) => {$(
+        pub unsafe fn $set(stream: cudaStream_t, attribute: c_uint, value: *const c_void) -> CudaResult<()> {
+            cu_ctx!($set_driver(stream, attribute, value))
+        }
+
+        pub unsafe fn $get(stream: cudaStream_t, attribute: c_uint, value: *mut c_void) -> CudaResult<()> {
+            cu_ctx!($get_driver(stream, attribute, value))
+        }
+
+        pub unsafe fn $copy(dst: cudaStream_t, src: cudaStream_t) -> CudaResult<()> {
+            cu_ctx!($copy_driver(dst, src))
+        }
+    )*};
+}
+
+stream_attributes! {
+    cudaStreamSetAttribute, cudaStreamGetAttribute, cudaStreamCopyAttributes
+        => cuStreamSetAttribute, cuStreamGetAttribute, cuStreamCopyAttributes;
+    cudaStreamSetAttribute_ptsz, cudaStreamGetAttribute_ptsz, cudaStreamCopyAttributes_ptsz
+        => cuStreamSetAttribute_ptsz, cuStreamGetAttribute_ptsz, cuStreamCopyAttributes_ptsz;
 }
 
 fn create_event(out: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {

@@ -53,6 +53,9 @@ extern cudaError_t cudaStreamQuery_ptsz(cudaStream_t stream);
 extern cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned flags);
 extern cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t stream, unsigned *flags);
 extern cudaError_t cudaStreamGetPriority_ptsz(cudaStream_t stream, int *priority);
+extern cudaError_t cudaStreamSetAttribute_ptsz(cudaStream_t stream, cudaStreamAttrID attr, const cudaStreamAttrValue *value);
+extern cudaError_t cudaStreamGetAttribute_ptsz(cudaStream_t stream, cudaStreamAttrID attr, cudaStreamAttrValue *value);
+extern cudaError_t cudaStreamCopyAttributes_ptsz(cudaStream_t dst, cudaStream_t src);
 extern cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream);
 extern cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cudaStream_t stream, unsigned flags);
 extern cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 grid, dim3 block, void **args, size_t shared_mem,
@@ -588,6 +591,41 @@ static void streams_and_events(void) {
     EXPECT("priority_ptsz agrees", priority == greatest);
     OK("priority_ptsz of the per-thread stream", cudaStreamGetPriority_ptsz(NULL, &priority));
     EXPECT("the per-thread stream has the default priority", priority == 0);
+
+    // Stream attributes: an access policy window over the app's memory, copied to another stream.
+    void *window_memory = NULL;
+    OK("cudaMalloc for a window", cudaMalloc(&window_memory, 1 << 16));
+    cudaStreamAttrValue window, window_back;
+    memset(&window, 0, sizeof window);
+    window.accessPolicyWindow.base_ptr = window_memory;
+    window.accessPolicyWindow.num_bytes = 1 << 16;
+    window.accessPolicyWindow.hitRatio = 0.25f;
+    window.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+    window.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    AUDIT("cudaStreamSetAttribute");
+    OK("cudaStreamSetAttribute", cudaStreamSetAttribute(other, cudaStreamAttributeAccessPolicyWindow, &window));
+    AUDIT("cudaStreamSetAttribute_ptsz");
+    OK("cudaStreamSetAttribute_ptsz", cudaStreamSetAttribute_ptsz(other, cudaStreamAttributeAccessPolicyWindow, &window));
+    AUDIT("cudaStreamCopyAttributes");
+    cudaStream_t copied = NULL;
+    OK("a stream to copy into", cudaStreamCreate(&copied));
+    OK("cudaStreamCopyAttributes", cudaStreamCopyAttributes(copied, other));
+    AUDIT("cudaStreamCopyAttributes_ptsz");
+    OK("cudaStreamCopyAttributes_ptsz", cudaStreamCopyAttributes_ptsz(copied, other));
+    AUDIT("cudaStreamGetAttribute");
+    memset(&window_back, 0, sizeof window_back);
+    OK("cudaStreamGetAttribute", cudaStreamGetAttribute(copied, cudaStreamAttributeAccessPolicyWindow, &window_back));
+    EXPECT("the window was copied", window_back.accessPolicyWindow.base_ptr == window_memory &&
+                                        window_back.accessPolicyWindow.num_bytes == (1 << 16) &&
+                                        window_back.accessPolicyWindow.hitRatio == 0.25f);
+    AUDIT("cudaStreamGetAttribute_ptsz");
+    EXPECT_CODE("an attribute streams do not take", cudaStreamGetAttribute_ptsz(copied, cudaLaunchAttributeCooperative, &window_back),
+                cudaErrorInvalidValue);
+    window.accessPolicyWindow.base_ptr = (void *)&window;
+    EXPECT_CODE("a window over host memory", cudaStreamSetAttribute(other, cudaStreamAttributeAccessPolicyWindow, &window),
+                cudaErrorInvalidValue);
+    OK("destroy the copy", cudaStreamDestroy(copied));
+    OK("free the window", cudaFree(window_memory));
 
     AUDIT("cudaEventCreate");
     EXPECT_CODE("cudaEventCreate(NULL)", cudaEventCreate(NULL), cudaErrorInvalidValue);
