@@ -86,6 +86,8 @@ pub struct Client {
     pub vmm: crate::vmm::Vmm,
     /// Arrays and mipmapped arrays.
     pub arrays: crate::arrays::Arrays,
+    /// CUDA IPC mappings this process opened.
+    pub ipc: crate::ipc::Ipc,
 }
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
@@ -286,6 +288,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         graphs: crate::graphs::Graphs::default(),
         vmm: crate::vmm::Vmm::default(),
         arrays: crate::arrays::Arrays::default(),
+        ipc: crate::ipc::Ipc::default(),
     })
 }
 
@@ -330,6 +333,7 @@ impl Client {
         self.forget_allocations();
         self.forget_vmm();
         self.forget_arrays();
+        self.forget_ipc();
         crate::registry::forget_variables(&self.ranges);
         lock(&self.streams).clear();
         lock(&self.events).clear();

@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn unsupported_exports_answer_not_supported() {
         // SAFETY: unsupported exports ignore their arguments.
-        let result = unsafe { cuArrayCreate_v2(std::ptr::null_mut(), std::ptr::null()) };
+        let result = unsafe { cuGraphicsUnregisterResource(std::ptr::null_mut()) };
         assert_eq!(result, CUresult::CUDA_ERROR_NOT_SUPPORTED);
         assert_eq!(cudbgApiInit(), CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }

@@ -27,6 +27,14 @@ pub type CUkernel = *mut c_void;
 pub type CUdeviceptr = u64;
 
 /// `CUDA_MEMCPY2D`, the driver's description of a pitched copy.
+/// `CUipcMemHandle` and `CUipcEventHandle` (and the runtime's `cudaIpc*Handle_t`): 64 opaque
+/// bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcHandle {
+    pub reserved: [std::ffi::c_char; 64],
+}
+
 #[repr(C)]
 pub struct Memcpy2D {
     pub src_x_in_bytes: usize,
@@ -286,6 +294,11 @@ driver_functions! {
     cuStreamGetPriority(stream: CUstream, priority: *mut c_int);
     cuStreamGetPriority_ptsz(stream: CUstream, priority: *mut c_int);
     cuStreamSetAttribute(stream: CUstream, attribute: c_uint, value: *const c_void);
+    cuIpcGetMemHandle(handle: *mut IpcHandle, ptr: CUdeviceptr);
+    cuIpcOpenMemHandle_v2(ptr: *mut CUdeviceptr, handle: IpcHandle, flags: c_uint);
+    cuIpcCloseMemHandle(ptr: CUdeviceptr);
+    cuIpcGetEventHandle(handle: *mut IpcHandle, event: CUevent);
+    cuIpcOpenEventHandle(event: *mut CUevent, handle: IpcHandle);
     cuStreamSetAttribute_ptsz(stream: CUstream, attribute: c_uint, value: *const c_void);
     cuStreamGetAttribute(stream: CUstream, attribute: c_uint, value: *mut c_void);
     cuStreamGetAttribute_ptsz(stream: CUstream, attribute: c_uint, value: *mut c_void);

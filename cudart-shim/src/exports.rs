@@ -159,6 +159,11 @@ macro_rules! cudart_exports {
                 cudaStreamGetPriority(stream: cudaStream_t, priority: *mut c_int);
                 cudaStreamGetPriority_ptsz(stream: cudaStream_t, priority: *mut c_int);
                 cudaStreamSetAttribute(stream: cudaStream_t, attribute: c_uint, value: *const c_void);
+                cudaIpcGetMemHandle(handle: *mut crate::driver::IpcHandle, dev_ptr: *mut c_void);
+                cudaIpcOpenMemHandle(dev_ptr: *mut *mut c_void, handle: crate::driver::IpcHandle, flags: c_uint);
+                cudaIpcCloseMemHandle(dev_ptr: *mut c_void);
+                cudaIpcGetEventHandle(handle: *mut crate::driver::IpcHandle, event: cudaEvent_t);
+                cudaIpcOpenEventHandle(event: *mut cudaEvent_t, handle: crate::driver::IpcHandle);
                 cudaStreamSetAttribute_ptsz(stream: cudaStream_t, attribute: c_uint, value: *const c_void);
                 cudaStreamGetAttribute(stream: cudaStream_t, attribute: c_uint, value: *mut c_void);
                 cudaStreamGetAttribute_ptsz(stream: cudaStream_t, attribute: c_uint, value: *mut c_void);
@@ -311,9 +316,7 @@ macro_rules! cudart_exports {
         cudaGraphMemcpyNodeSetParamsToSymbol, cudaGraphMemFreeNodeGetParams, cudaGraphMemsetNodeGetParams,
         cudaGraphNodeGetDependencies,
         cudaGraphNodeGetDependentNodes, cudaGraphNodeGetEnabled, cudaGraphNodeSetEnabled, cudaGraphNodeSetParams, cudaGraphReleaseUserObject,
-        cudaGraphRetainUserObject, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaInitDevice, cudaIpcCloseMemHandle,
-        cudaIpcGetEventHandle, cudaIpcGetMemHandle, cudaIpcOpenEventHandle, cudaIpcOpenMemHandle,
-        cudaKernelSetAttributeForDevice, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
+        cudaGraphRetainUserObject, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaInitDevice, cudaKernelSetAttributeForDevice, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
         cudaLogsRegisterCallback, cudaLogsUnregisterCallback, cudaMallocManaged, cudaMemAdvise,

@@ -282,6 +282,18 @@ macro_rules! for_each_op {
             /// `cuStreamGetAttribute`, or `cuStreamSetAttribute` with `set` (a `CUstreamAttrValue`'s
             /// 64 bytes); the value after the call.
             97 StreamAttribute stream_attribute [reply -] { stream: u64, attribute: u32, set: Option<Vec<u8>> } -> { value: Vec<u8> };
+            // --- CUDA IPC between sessions on one GPU (the driver's 64-byte handles) ---
+            /// `cuIpcGetMemHandle` of an allocation of the session.
+            98 IpcGetMemHandle ipc_get_mem_handle [reply -] { ptr: u64 } -> { handle: Vec<u8> };
+            /// `cuIpcOpenMemHandle` (reopens are counted by the client, which calls this once):
+            /// the mapping and its size. It is the exporter's memory: not in this session's quota.
+            99 IpcOpenMemHandle ipc_open_mem_handle [reply -] { handle: Vec<u8>, flags: u32 } -> { ptr: u64, size: u64 };
+            /// `cuIpcCloseMemHandle` of a mapping the session opened.
+            100 IpcCloseMemHandle ipc_close_mem_handle [reply -] { ptr: u64 } -> {};
+            /// `cuIpcGetEventHandle` of an interprocess event.
+            101 IpcGetEventHandle ipc_get_event_handle [reply -] { event: u64 } -> { handle: Vec<u8> };
+            /// `cuIpcOpenEventHandle`, named `event`.
+            102 IpcOpenEventHandle ipc_open_event_handle [reply -] { handle: Vec<u8>, event: u64 } -> {};
         }
     };
 }

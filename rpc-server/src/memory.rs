@@ -14,6 +14,9 @@ pub enum RangeKind {
     Variable,
     /// Physical memory mapped into a reserved range (`cuMemMap`): copyable until unmapped.
     Mapping,
+    /// Memory another session exported, opened with `cuIpcOpenMemHandle`: copyable until
+    /// closed, never freed here, not in this session's quota.
+    Imported,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -72,6 +75,11 @@ impl RangeMap {
     /// Checks that `[ptr, ptr + len)` lies inside one known range, or a run of adjacent mappings
     /// (physical allocations mapped back to back are one range to the device). A zero-length
     /// range is valid anywhere, as CUDA treats zero-byte copies as no-ops.
+    /// The kind of the range holding `ptr`.
+    pub fn kind_at(&self, ptr: u64) -> Option<RangeKind> {
+        self.ranges.range(..=ptr).next_back().filter(|(start, range)| ptr - **start < range.len).map(|(_, range)| range.kind)
+    }
+
     pub fn check(&self, ptr: u64, len: u64) -> CudaResult<()> {
         if len == 0 {
             return Ok(());

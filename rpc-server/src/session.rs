@@ -26,6 +26,7 @@ use crate::waiters::Waiters;
 
 mod arrays;
 mod graphs;
+mod ipc;
 mod pools;
 mod vmm;
 
@@ -400,6 +401,8 @@ pub struct Session<D: Device> {
     pools: pools::PoolTable<D>,
     /// Arrays, mipmapped arrays, texture and surface objects.
     arrays: arrays::ArrayTable<D>,
+    /// Other sessions' memory this one mapped.
+    ipc: ipc::IpcTable,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -444,6 +447,7 @@ impl<D: Device> Session<D> {
             vmm: vmm::VmmTable::default(),
             pools: pools::PoolTable::default(),
             arrays: arrays::ArrayTable::default(),
+            ipc: ipc::IpcTable::default(),
         }
     }
 
@@ -709,6 +713,7 @@ impl<D: Device> Session<D> {
         self.release_vmm();
         self.release_pools();
         self.release_arrays();
+        self.release_ipc();
         for ptr in self.ranges.allocations() {
             if let Ok(len) = self.ranges.remove_allocation(ptr) {
                 let _ = self.device.free(ptr);
@@ -1467,6 +1472,26 @@ impl<D: Device> OpHandler for Session<D> {
             Ok(rep::StreamAttribute { value: value.to_vec() })
         })();
         reply.send(result);
+    }
+
+    fn ipc_get_mem_handle(&mut self, request: req::IpcGetMemHandle, reply: Responder<rep::IpcGetMemHandle>) {
+        self.export_memory(request, reply);
+    }
+
+    fn ipc_open_mem_handle(&mut self, request: req::IpcOpenMemHandle, reply: Responder<rep::IpcOpenMemHandle>) {
+        self.import_memory(request, reply);
+    }
+
+    fn ipc_close_mem_handle(&mut self, request: req::IpcCloseMemHandle, reply: Responder<rep::IpcCloseMemHandle>) {
+        self.close_import(request, reply);
+    }
+
+    fn ipc_get_event_handle(&mut self, request: req::IpcGetEventHandle, reply: Responder<rep::IpcGetEventHandle>) {
+        self.export_event(request, reply);
+    }
+
+    fn ipc_open_event_handle(&mut self, request: req::IpcOpenEventHandle, reply: Responder<rep::IpcOpenEventHandle>) {
+        self.import_event(request, reply);
     }
 
     fn malloc_pitch(&mut self, request: req::MallocPitch, reply: Responder<rep::MallocPitch>) {

@@ -575,6 +575,34 @@ macro_rules! probes {
             Probe::Effect(stream_attributes_read_back_as_set),
         ]
     };
+    // --- IPC: only the session's own allocations and events are exported, only its own mappings
+    // closed; the emulated device's memory cannot be mapped by another worker ---
+    (IpcGetMemHandle, $v:ident) => {
+        vec![
+            refused(req::IpcGetMemHandle { ptr: BOGUS_POINTER }, INVALID_VALUE),
+            refused(req::IpcGetMemHandle { ptr: $v.ptr }, CudaError::NOT_SUPPORTED),
+        ]
+    };
+    (IpcOpenMemHandle, $v:ident) => {
+        vec![
+            refused(req::IpcOpenMemHandle { handle: vec![0; 8], flags: 0 }, INVALID_VALUE),
+            refused(req::IpcOpenMemHandle { handle: vec![0; 64], flags: 2 }, INVALID_VALUE),
+            refused(req::IpcOpenMemHandle { handle: vec![0; 64], flags: 1 }, CudaError::NOT_SUPPORTED),
+        ]
+    };
+    (IpcCloseMemHandle, $v:ident) => {
+        // An allocation of the session's own is no mapping it opened.
+        vec![refused(req::IpcCloseMemHandle { ptr: $v.ptr }, INVALID_VALUE)]
+    };
+    (IpcGetEventHandle, $v:ident) => {
+        vec![refused(req::IpcGetEventHandle { event: BOGUS_HANDLE }, UNKNOWN_HANDLE)]
+    };
+    (IpcOpenEventHandle, $v:ident) => {
+        vec![
+            refused(req::IpcOpenEventHandle { handle: vec![0; 64], event: $v.event }, INVALID_VALUE),
+            refused(req::IpcOpenEventHandle { handle: vec![0; 64], event: 0xE_0000_0777 }, CudaError::NOT_SUPPORTED),
+        ]
+    };
     (ObjectDestroy, $v:ident) => {
         vec![refused(req::ObjectDestroy { handle: BOGUS_HANDLE, surface: false }, INVALID_VALUE)]
     };

@@ -291,12 +291,12 @@ macro_rules! for_each_driver_api {
             unsupported cuImportExternalMemory [cuImportExternalMemory 1 legacy current] (ext_mem_out: *mut CUexternalMemory, mem_handle_desc: *const CUDA_EXTERNAL_MEMORY_HANDLE_DESC);
             unsupported cuImportExternalSemaphore [cuImportExternalSemaphore 1 legacy current] (ext_sem_out: *mut CUexternalSemaphore, sem_handle_desc: *const CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC);
             implemented cuInit [cuInit 1 legacy current] (flags: c_uint);
-            unsupported cuIpcCloseMemHandle [cuIpcCloseMemHandle 1 legacy current] (dptr: CUdeviceptr);
-            unsupported cuIpcGetEventHandle [cuIpcGetEventHandle 1 legacy current] (p_handle: *mut CUipcEventHandle, event: CUevent);
-            unsupported cuIpcGetMemHandle [cuIpcGetMemHandle 1 legacy current] (p_handle: *mut CUipcMemHandle, dptr: CUdeviceptr);
-            unsupported cuIpcOpenEventHandle [cuIpcOpenEventHandle 1 legacy current] (ph_event: *mut CUevent, handle: CUipcEventHandle);
-            unsupported cuIpcOpenMemHandle [cuIpcOpenMemHandle 1 legacy internal] (pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint);
-            unsupported cuIpcOpenMemHandle_v2 [cuIpcOpenMemHandle 2 legacy current] (pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint);
+            implemented cuIpcCloseMemHandle [cuIpcCloseMemHandle 1 legacy current] (dptr: CUdeviceptr);
+            implemented cuIpcGetEventHandle [cuIpcGetEventHandle 1 legacy current] (p_handle: *mut CUipcEventHandle, event: CUevent);
+            implemented cuIpcGetMemHandle [cuIpcGetMemHandle 1 legacy current] (p_handle: *mut CUipcMemHandle, dptr: CUdeviceptr);
+            implemented cuIpcOpenEventHandle [cuIpcOpenEventHandle 1 legacy current] (ph_event: *mut CUevent, handle: CUipcEventHandle);
+            implemented cuIpcOpenMemHandle [cuIpcOpenMemHandle 1 legacy internal] (pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint);
+            implemented cuIpcOpenMemHandle_v2 [cuIpcOpenMemHandle 2 legacy current] (pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint);
             implemented cuKernelGetAttribute [cuKernelGetAttribute 1 legacy current] (pi: *mut c_int, attrib: CUfunction_attribute, kernel: CUkernel, dev: CUdevice);
             implemented cuKernelGetFunction [cuKernelGetFunction 1 legacy current] (p_func: *mut CUfunction, kernel: CUkernel);
             implemented cuKernelGetLibrary [cuKernelGetLibrary 1 legacy current] (p_lib: *mut CUlibrary, kernel: CUkernel);

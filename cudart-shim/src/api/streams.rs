@@ -171,6 +171,34 @@ stream_attributes! {
         => cuStreamSetAttribute_ptsz, cuStreamGetAttribute_ptsz, cuStreamCopyAttributes_ptsz;
 }
 
+// --- CUDA IPC: the driver's handles (the runtime's handle types are the same 64 bytes) ---
+
+pub unsafe fn cudaIpcGetMemHandle(handle: *mut crate::driver::IpcHandle, dev_ptr: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuIpcGetMemHandle(handle, dev_ptr as u64))
+}
+
+pub unsafe fn cudaIpcOpenMemHandle(dev_ptr: *mut *mut c_void, handle: crate::driver::IpcHandle, flags: c_uint) -> CudaResult<()> {
+    if dev_ptr.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut ptr = 0u64;
+    cu_ctx!(cuIpcOpenMemHandle_v2(&mut ptr, handle, flags))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(dev_ptr, ptr as usize as *mut c_void) }
+}
+
+pub unsafe fn cudaIpcCloseMemHandle(dev_ptr: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuIpcCloseMemHandle(dev_ptr as u64))
+}
+
+pub unsafe fn cudaIpcGetEventHandle(handle: *mut crate::driver::IpcHandle, event: cudaEvent_t) -> CudaResult<()> {
+    cu_ctx!(cuIpcGetEventHandle(handle, event))
+}
+
+pub unsafe fn cudaIpcOpenEventHandle(event: *mut cudaEvent_t, handle: crate::driver::IpcHandle) -> CudaResult<()> {
+    cu_ctx!(cuIpcOpenEventHandle(event, handle))
+}
+
 fn create_event(out: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {
     if out.is_null() || flags & !EVENT_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);

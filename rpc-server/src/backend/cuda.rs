@@ -1316,6 +1316,51 @@ impl Device for CudaDevice {
         check(unsafe { sys::cuMemPoolTrimTo(pool.0, keep as usize).result() })
     }
 
+    fn ipc_mem_handle(&self, ptr: u64) -> CudaResult<[u8; 64]> {
+        let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: `ptr` lies in an allocation of the session (checked); valid out-pointer.
+        check(unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr).result() })?;
+        Ok(handle.reserved.map(|byte| byte as u8))
+    }
+
+    fn ipc_open_mem(&self, handle: &[u8; 64], flags: u32) -> CudaResult<(u64, u64)> {
+        let handle = sys::CUipcMemHandle { reserved: handle.map(|byte| byte as std::ffi::c_char) };
+        let mut ptr = 0;
+        // SAFETY: valid out-pointer; the driver checks the handle's bytes.
+        check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, handle, flags).result() })?;
+        let (mut base, mut size) = (0u64, 0usize);
+        // SAFETY: `ptr` was just mapped; valid out-pointers.
+        let range = check(unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr).result() });
+        match range {
+            Ok(()) => Ok((ptr, size as u64 - (ptr - base))),
+            Err(error) => {
+                // SAFETY: the mapping opened above, closed once.
+                let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
+                Err(error)
+            }
+        }
+    }
+
+    fn ipc_close_mem(&self, ptr: u64) -> CudaResult<()> {
+        // SAFETY: a mapping this session opened (checked), closed once.
+        check(unsafe { sys::cuIpcCloseMemHandle(ptr).result() })
+    }
+
+    fn ipc_event_handle(&self, event: Self::Event) -> CudaResult<[u8; 64]> {
+        let mut handle = sys::CUipcEventHandle { reserved: [0; 64] };
+        // SAFETY: an event of the session; valid out-pointer.
+        check(unsafe { sys::cuIpcGetEventHandle(&mut handle, event.0).result() })?;
+        Ok(handle.reserved.map(|byte| byte as u8))
+    }
+
+    fn ipc_open_event(&self, handle: &[u8; 64]) -> CudaResult<Self::Event> {
+        let handle = sys::CUipcEventHandle { reserved: handle.map(|byte| byte as std::ffi::c_char) };
+        let mut event = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the driver checks the handle's bytes.
+        check(unsafe { sys::cuIpcOpenEventHandle(&mut event, handle).result() })?;
+        Ok(Handle(event))
+    }
+
     fn stream_attribute(&self, stream: Self::Stream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
         self.attribute_of_stream(stream_ptr(stream), attribute, set)
     }

@@ -996,6 +996,28 @@ impl Device for EmulatedDevice {
         self.host.submit(stream, site.clone())
     }
 
+    /// The emulated device's memory is its worker's own host memory, which no other session's
+    /// worker can map: IPC needs a GPU.
+    fn ipc_mem_handle(&self, _ptr: u64) -> CudaResult<[u8; 64]> {
+        Err(CudaError::NOT_SUPPORTED)
+    }
+
+    fn ipc_open_mem(&self, _handle: &[u8; 64], _flags: u32) -> CudaResult<(u64, u64)> {
+        Err(CudaError::NOT_SUPPORTED)
+    }
+
+    fn ipc_close_mem(&self, _ptr: u64) -> CudaResult<()> {
+        Err(CudaError::INVALID_VALUE)
+    }
+
+    fn ipc_event_handle(&self, _event: u64) -> CudaResult<[u8; 64]> {
+        Err(CudaError::NOT_SUPPORTED)
+    }
+
+    fn ipc_open_event(&self, _handle: &[u8; 64]) -> CudaResult<u64> {
+        Err(CudaError::NOT_SUPPORTED)
+    }
+
     fn stream_attribute(&self, stream: u64, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
         let mut state = self.state();
         if let Some(value) = set {

@@ -348,4 +348,12 @@ pub trait Device: Send + Sync + 'static {
     /// `cuStreamGetAttribute` after `cuStreamSetAttribute` with `set`, if given (an attribute
     /// and value the session checked).
     fn stream_attribute(&self, stream: Self::Stream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]>;
+
+    // --- CUDA IPC: the session checks pointers and events first ---
+    fn ipc_mem_handle(&self, ptr: u64) -> CudaResult<[u8; 64]>;
+    /// Maps memory another process exported: its address and size.
+    fn ipc_open_mem(&self, handle: &[u8; 64], flags: u32) -> CudaResult<(u64, u64)>;
+    fn ipc_close_mem(&self, ptr: u64) -> CudaResult<()>;
+    fn ipc_event_handle(&self, event: Self::Event) -> CudaResult<[u8; 64]>;
+    fn ipc_open_event(&self, handle: &[u8; 64]) -> CudaResult<Self::Event>;
 }

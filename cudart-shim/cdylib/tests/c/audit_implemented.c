@@ -627,6 +627,32 @@ static void streams_and_events(void) {
     OK("destroy the copy", cudaStreamDestroy(copied));
     OK("free the window", cudaFree(window_memory));
 
+    // CUDA IPC: the emulated device's memory lives in its worker process, which no other
+    // session's worker can map, so exporting and opening are refused (gpu-tests/ipc.cu runs them
+    // between two processes on a GPU); closing what was never opened is invalid everywhere.
+    void *ipc_memory = NULL;
+    OK("cudaMalloc to export", cudaMalloc(&ipc_memory, 4096));
+    cudaIpcMemHandle_t mem_handle;
+    memset(&mem_handle, 0, sizeof mem_handle);
+    AUDIT("cudaIpcGetMemHandle");
+    EXPECT_CODE("exporting host memory", cudaIpcGetMemHandle(&mem_handle, (void *)&mem_handle), cudaErrorInvalidValue);
+    EXPECT_CODE("exporting on the emulated device", cudaIpcGetMemHandle(&mem_handle, ipc_memory), cudaErrorNotSupported);
+    AUDIT("cudaIpcOpenMemHandle");
+    void *opened = NULL;
+    EXPECT_CODE("an unknown flag", cudaIpcOpenMemHandle(&opened, mem_handle, 0x2), cudaErrorInvalidValue);
+    EXPECT_CODE("opening on the emulated device", cudaIpcOpenMemHandle(&opened, mem_handle, cudaIpcMemLazyEnablePeerAccess),
+                cudaErrorNotSupported);
+    AUDIT("cudaIpcCloseMemHandle");
+    EXPECT_CODE("closing an allocation of one's own", cudaIpcCloseMemHandle(ipc_memory), cudaErrorInvalidValue);
+    OK("free the memory", cudaFree(ipc_memory));
+    cudaIpcEventHandle_t event_handle;
+    memset(&event_handle, 0, sizeof event_handle);
+    AUDIT("cudaIpcGetEventHandle");
+    EXPECT_CODE("an unknown event", cudaIpcGetEventHandle(&event_handle, (cudaEvent_t)BOGUS_STREAM), cudaErrorInvalidResourceHandle);
+    AUDIT("cudaIpcOpenEventHandle");
+    cudaEvent_t ipc_event = NULL;
+    EXPECT_CODE("opening on the emulated device", cudaIpcOpenEventHandle(&ipc_event, event_handle), cudaErrorNotSupported);
+
     AUDIT("cudaEventCreate");
     EXPECT_CODE("cudaEventCreate(NULL)", cudaEventCreate(NULL), cudaErrorInvalidValue);
     OK("cudaEventCreate", cudaEventCreate(&start));
