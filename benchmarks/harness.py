@@ -46,11 +46,13 @@ PROGRAMS = {
     "launch_heavy": (60, 25),
     # A 1000-node graph (stream capture of 1000 small kernels), instantiated once, launched 1000 times.
     "graph": (60, 30),
+    # CUDA IPC: a second process opens the first one's exported allocation, then reopens it.
+    "ipc": (60, 30),
     "pipeline": (150, 40),
     "idle_cpu": (150, 90),
 }
 ORDER = ["micro", "copy", "matmul", "micro_static", "copy_static", "matmul_static", "cublas", "first_kernel", "torch",
-         "launch_heavy", "graph", "idle_cpu", "pipeline"]
+         "launch_heavy", "graph", "ipc", "idle_cpu", "pipeline"]
 # Programs run as several processes in a row (records tagged with the run): start-up is measured
 # per process, and PyTorch's second run shows what a warm image cache saves.
 REPEATS = {"first_kernel": (7, 5), "torch": (2, 2)}
@@ -807,6 +809,12 @@ def build_rows(d):
     row("graph of 1000 kernel nodes: cudaGraphInstantiate", "ms", lambda t: v(t, "graph", "graph_launch", "instantiate_ms"))
     row("graph comparison: the same 1000 kernels launched one by one + sync, p50", "ms",
         lambda t: v(t, "graph", "graph_vs_stream", "p50_ms"))
+    row("CUDA IPC: cudaIpcOpenMemHandle of a handle the process has open (cached reopen) p50", "us",
+        lambda t: v(t, "ipc", "ipc_reopen", "p50_us"), {"sockets": ("max", 5), "shm": ("max", 5)})
+    row("CUDA IPC: cached reopen p99", "us", lambda t: v(t, "ipc", "ipc_reopen", "p99_us"))
+    row("CUDA IPC: cudaIpcOpenMemHandle of a closed handle (a real mapping) p50", "us",
+        lambda t: v(t, "ipc", "ipc_open", "p50_us"))
+    row("CUDA IPC: the first open in a process", "us", lambda t: v(t, "ipc", "ipc_open", "first_us"))
     one_pct = {"sockets": ("max", 1), "shm": ("max", 1)}
     row("(a) app blocked 2 s in cudaDeviceSynchronize on a kernel: app CPU", "%",
         lambda t: v(t, "idle_cpu", "idle_blocked", "cpu_pct"), section="Idle CPU (% of one core)")

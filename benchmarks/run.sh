@@ -11,7 +11,7 @@
 #   --quick           fewer iterations and smaller sweeps (about 2 minutes)
 #   --transports L    which columns to run (default: all four); a Flyt transport whose first run fails is n/a
 #   --programs L      only these benchmark programs (default: all: micro,copy,matmul,micro_static,
-#                     copy_static,matmul_static,cublas,first_kernel,torch,launch_heavy,graph,idle_cpu,pipeline;
+#                     copy_static,matmul_static,cublas,first_kernel,torch,launch_heavy,graph,ipc,idle_cpu,pipeline;
 #                     *_static are the same programs built with nvcc's default static runtime, over Flyt's libcuda.so.1;
 #                     cublas and first_kernel are built that way too)
 #   --budget S        stop starting new runs S seconds after this script started (default 480, quick 150)
@@ -81,7 +81,7 @@ for d in "$cuda_home/lib64" "$cuda_home/targets/x86_64-linux/lib" "$cuda_home/li
 done
 build=$here/.build
 mkdir -p "$build"
-progs=(probe micro copy matmul launch_heavy graph pipeline idle_cpu)
+progs=(probe micro copy matmul launch_heavy graph ipc pipeline idle_cpu)
 log "building with $nvcc into $build"
 pids=()
 names=()

@@ -45,11 +45,11 @@ impl Client {
     pub fn ipc_open_mem_handle(&self, handle: [u8; 64], flags: u32) -> CudaResult<u64> {
         // One open at a time: two threads opening the same handle get one mapping.
         let mut by_handle = lock(&self.ipc.by_handle);
-        if let Some(ptr) = by_handle.get(&handle) {
-            if let Some(opened) = lock(&self.ipc.opened).get_mut(ptr) {
-                opened.refs += 1;
-                return Ok(*ptr);
-            }
+        if let Some(ptr) = by_handle.get(&handle)
+            && let Some(opened) = lock(&self.ipc.opened).get_mut(ptr)
+        {
+            opened.refs += 1;
+            return Ok(*ptr);
         }
         let reply = self.call(req::IpcOpenMemHandle { handle: handle.to_vec(), flags })?;
         self.add_device_range(reply.ptr, reply.size, false);
