@@ -116,6 +116,7 @@ int main(int argc, char **argv) {
     cudaEvent_t event;
     expect_err("an interprocess event must not time",
                cudaEventCreateWithFlags(&event, cudaEventInterprocess), cudaErrorInvalidValue);
+    cudaGetLastError();
     CHECK(cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming));
     // The marker lands 200 ms after the launch: the child sees it only by waiting on the event.
     spin_kernel<<<1, 1>>>(200ull * 1000 * 1000, NULL, 0);
