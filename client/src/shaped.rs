@@ -252,13 +252,17 @@ fn piece_copy(shape: &Shape, piece: Piece, to_host: bool, host_layout: Option<(u
     ShapedCopy { src, src_pos, dst, dst_pos, width: piece.width, height: piece.height, depth: piece.depth }
 }
 
-/// The segment offset of a host box when all of it lies in the segment (pinned memory).
-fn in_segment(channel: &Channel, host: (*mut u8, u64, u64), pos: Pos3, shape: &Shape) -> Option<usize> {
+/// Queues the whole copy by DMA in place when the host box lies in the segment (pinned memory),
+/// at its own pitch; `false` when it does not.
+fn in_place(client: &Client, channel: &Channel, shape: &Shape, host: (*mut u8, u64, u64), to_host: bool, stream: u64) -> CudaResult<bool> {
     let (ptr, pitch, height) = host;
-    let wire =
-        piece_copy(shape, Piece { offset: Pos3::default(), width: shape.width, height: shape.height, depth: shape.depth }, false, None);
-    let (start, len) = wire.span(pos, pitch, height)?;
-    channel.offset_of(ptr as usize + start as usize, len as usize)
+    let whole = Piece { offset: Pos3::default(), width: shape.width, height: shape.height, depth: shape.depth };
+    let copy = piece_copy(shape, whole, to_host, Some((pitch, height)));
+    let pos = if to_host { shape.dst_pos } else { shape.src_pos };
+    let Some((start, len)) = copy.span(pos, pitch, height) else { return Ok(false) };
+    let Some(offset) = channel.offset_of(ptr as usize + start as usize, len as usize) else { return Ok(false) };
+    client.post(req::ShmCopyShaped { copy, offset: offset as u64, stream })?;
+    Ok(true)
 }
 
 /// Host to device or array.
@@ -273,13 +277,8 @@ unsafe fn to_device(
     mode: Mode,
     sync: &dyn Fn(u64) -> CudaResult<()>,
 ) -> CudaResult<()> {
-    let (_, pitch, height) = host;
     if let Some(channel) = &client.shm {
-        if let Some(offset) = in_segment(channel, host, shape.src_pos, &shape) {
-            let whole = Piece { offset: Pos3::default(), width: shape.width, height: shape.height, depth: shape.depth };
-            let copy = piece_copy(&shape, whole, false, Some((pitch, height)));
-            client.post(req::ShmCopyShaped { copy, offset: offset as u64, stream })?;
-        } else {
+        if !in_place(client, channel, &shape, host, false, stream)? {
             for piece in pieces(shape.width, shape.height, shape.depth, SLOT as u64) {
                 let slot = channel.take_slot()?;
                 // SAFETY: the slot is `SLOT` bytes of the segment held by this copy alone and the
@@ -338,12 +337,8 @@ unsafe fn to_host(
     mode: Mode,
     sync: &dyn Fn(u64) -> CudaResult<()>,
 ) -> CudaResult<()> {
-    let (_, pitch, height) = host;
     if let Some(channel) = &client.shm {
-        if let Some(offset) = in_segment(channel, host, shape.dst_pos, &shape) {
-            let whole = Piece { offset: Pos3::default(), width: shape.width, height: shape.height, depth: shape.depth };
-            let copy = piece_copy(&shape, whole, true, Some((pitch, height)));
-            client.post(req::ShmCopyShaped { copy, offset: offset as u64, stream })?;
+        if in_place(client, channel, &shape, host, true, stream)? {
             return match mode {
                 Mode::Synchronous => sync(stream),
                 Mode::Asynchronous => client.conn.flush(),
