@@ -161,8 +161,11 @@ impl Client {
             Side::Array { array } => {
                 let desc = self.array_desc(array)?;
                 let (width, height, depth) = desc.extent().ok_or(CudaError::INVALID_VALUE)?;
+                let element = desc.element_size().ok_or(CudaError::INVALID_VALUE)?;
                 let fits = |at: u64, len: u64, limit: u64| at.checked_add(len).is_some_and(|end| end <= limit);
-                if fits(pos.x, shape.width, width) && fits(pos.y, shape.height, height) && fits(pos.z, shape.depth, depth) {
+                let whole_elements = pos.x.is_multiple_of(element) && shape.width.is_multiple_of(element);
+                if whole_elements && fits(pos.x, shape.width, width) && fits(pos.y, shape.height, height) && fits(pos.z, shape.depth, depth)
+                {
                     Ok(())
                 } else {
                     Err(CudaError::INVALID_VALUE)

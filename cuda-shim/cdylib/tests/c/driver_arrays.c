@@ -217,6 +217,8 @@ int main(void) {
     EXPECT(cuMemcpyDtoH(cells_back, flat, 16), CUDA_SUCCESS);
     CHECK("host -> array at an offset -> device", cells_back[0] == 7 && cells_back[1] == 7 && cells_back[2] == 1007 && cells_back[3] == 3007);
     EXPECT(cuMemcpyHtoA(twin, 60, cells, 8), CUDA_ERROR_INVALID_VALUE);
+    // Whole elements only: 6 bytes of 4-byte elements fail at the call, array to array too.
+    EXPECT(cuMemcpyAtoA(twin, 0, plane, 0, 6), CUDA_ERROR_INVALID_VALUE);
 
     // Texture and surface objects, and what they were made with.
     CUDA_RESOURCE_DESC res;
