@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
     CHECK(device_count(&count) == 100 && count == -1, "cuDeviceGetCount with no server");
     CHECK(device_count(&count) == 100 && count == -1, "cuDeviceGetCount with no server, again");
     CHECK(((CUresult(*)(void *, size_t))must_sym(lib, "cuMemAlloc_v2"))(NULL, 16) == 1, "cuMemAlloc_v2(NULL): invalid value");
-    CHECK(((CUresult(*)(void *, const void *))must_sym(lib, "cuArrayCreate_v2"))(NULL, NULL) == 801, "unsupported: 801");
+    CHECK(((CUresult(*)(void *))must_sym(lib, "cuGraphicsUnregisterResource"))(NULL) == 801, "unsupported: 801");
 
     printf("checked %d requests, %d failures\n", checked, failures);
     return failures != 0;
