@@ -913,7 +913,7 @@ mod tests {
     #[test]
     fn every_bulk_in_op_is_a_request_with_bulk() {
         let bulk_in: Vec<_> = OPS.iter().filter(|op| op.bulk == BulkDirection::In).map(|op| op.name).collect();
-        assert_eq!(bulk_in, ["MemcpyHtoD", "RegisterModule", "LinkAdd"]);
+        assert_eq!(bulk_in, ["MemcpyHtoD", "RegisterModule", "LinkAdd", "MemcpyHtoShaped"]);
     }
 
     fn sample_requests() -> Vec<Request> {
