@@ -154,10 +154,14 @@ impl Graphs {
 }
 
 impl Client {
-    /// Begins a capture of `stream` into a new graph; its id.
-    pub fn begin_capture(&self, stream: u64, mode: u32, thread_mode: u32) -> CudaResult<u64> {
-        let graph = self.graphs.new_id();
-        self.call(req::StreamBeginCapture { stream, mode, thread_mode, graph })?;
+    /// Begins a capture of `stream` into a new graph, or into an existing one after some of its
+    /// nodes (`into`); the graph's id.
+    pub fn begin_capture(&self, stream: u64, mode: u32, thread_mode: u32, into: Option<(u64, Vec<u64>)>) -> CudaResult<u64> {
+        let (graph, dependencies, into) = match into {
+            Some((graph, dependencies)) => (graph, dependencies, true),
+            None => (self.graphs.new_id(), Vec::new(), false),
+        };
+        self.call(req::StreamBeginCapture { stream, mode, thread_mode, graph, into, dependencies })?;
         lock(&self.graphs.captures).insert(stream, graph);
         self.graphs.active_captures.fetch_add(1, Ordering::AcqRel);
         Ok(graph)
@@ -181,6 +185,12 @@ impl Client {
             return Ok(CaptureInfo::default());
         }
         self.call(req::StreamCaptureInfo { stream }).map(|reply| reply.info)
+    }
+
+    /// `cuStreamUpdateCaptureDependencies`: the capture's next work follows `dependencies`
+    /// (`set`) or these as well.
+    pub fn update_capture_dependencies(&self, stream: u64, dependencies: Vec<u64>, set: bool) -> CudaResult<()> {
+        self.call(req::StreamCaptureDependencies { stream, dependencies, set }).map(drop)
     }
 
     /// Tells the server the calling thread's capture interaction mode, which its checks of

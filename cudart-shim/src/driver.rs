@@ -389,6 +389,10 @@ driver_functions! {
     // driver's are converted (see `api::graph`); the rest are the driver's own layouts ---
     cuStreamBeginCapture_v2(stream: CUstream, mode: c_int);
     cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_int);
+    cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, dependencies: *const CUgraphNode, edges: *const c_void, count: usize, mode: c_int);
+    cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, dependencies: *const CUgraphNode, edges: *const c_void, count: usize, mode: c_int);
+    cuStreamUpdateCaptureDependencies_v2(stream: CUstream, dependencies: *mut CUgraphNode, edges: *const c_void, count: usize, flags: c_uint);
+    cuStreamUpdateCaptureDependencies_v2_ptsz(stream: CUstream, dependencies: *mut CUgraphNode, edges: *const c_void, count: usize, flags: c_uint);
     cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph);
     cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph);
     cuStreamIsCapturing(stream: CUstream, status: *mut c_int);

@@ -189,6 +189,10 @@ macro_rules! cudart_exports {
                 // --- stream capture, graphs and host functions (see `api::graph`) ---
                 cudaStreamBeginCapture(stream: cudaStream_t, mode: c_int);
                 cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: c_int);
+                cudaStreamBeginCaptureToGraph(stream: cudaStream_t, graph: *mut c_void, dependencies: *const *mut c_void, edges: *const c_void, count: usize, mode: c_int);
+                cudaStreamBeginCaptureToGraph_ptsz(stream: cudaStream_t, graph: *mut c_void, dependencies: *const *mut c_void, edges: *const c_void, count: usize, mode: c_int);
+                cudaStreamUpdateCaptureDependencies(stream: cudaStream_t, dependencies: *mut *mut c_void, edges: *const c_void, count: usize, flags: c_uint);
+                cudaStreamUpdateCaptureDependencies_ptsz(stream: cudaStream_t, dependencies: *mut *mut c_void, edges: *const c_void, count: usize, flags: c_uint);
                 cudaStreamEndCapture(stream: cudaStream_t, graph: *mut *mut c_void);
                 cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut *mut c_void);
                 cudaStreamIsCapturing(stream: cudaStream_t, status: *mut c_int);
@@ -277,7 +281,6 @@ macro_rules! cudart_exports {
                 cudaCreateChannelDesc(x: c_int, y: c_int, z: c_int, w: c_int, f: c_int) -> cudaChannelFormatDesc;
             }
             unsupported {
-        cudaStreamBeginCaptureToGraph, cudaStreamBeginCaptureToGraph_ptsz,
         __cudaGetProcAddress, __cudaRegisterHostVar, __cudaRegisterManagedVar, __cudaRegisterUnifiedTable,
         cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
         cudaChooseDevice, cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDeviceCanAccessPeer, cudaDeviceDisablePeerAccess,
@@ -332,8 +335,7 @@ macro_rules! cudart_exports {
         cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialClusterSize, cudaSetValidDevices, cudaSignalExternalSemaphoresAsync,
         cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamGetDevice,
         cudaStreamGetDevice_ptsz, cudaStreamGetId, cudaStreamGetId_ptsz,
-        cudaStreamUpdateCaptureDependencies,
-        cudaStreamUpdateCaptureDependencies_ptsz, cudaUserObjectCreate,
+        cudaUserObjectCreate,
         cudaUserObjectRelease, cudaUserObjectRetain, cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,
         cudaWaitExternalSemaphoresAsync, cudaWaitExternalSemaphoresAsync_ptsz,
             }

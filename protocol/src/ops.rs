@@ -162,7 +162,11 @@ macro_rules! for_each_op {
             // graphs; nodes the server finds in a captured graph get ids with `SERVER_NODE_BIT`) ---
             /// `cuStreamBeginCapture`: the graph being captured is named `graph`. `thread_mode`: the
             /// calling thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
-            50 StreamBeginCapture stream_begin_capture [reply -] { stream: u64, mode: u32, thread_mode: u32, graph: u64 } -> {};
+            /// `into`: `cuStreamBeginCaptureToGraph`, `graph` is an existing graph and the first
+            /// captured work follows `dependencies`, nodes of it.
+            50 StreamBeginCapture stream_begin_capture [reply -] {
+                stream: u64, mode: u32, thread_mode: u32, graph: u64, into: bool, dependencies: Vec<u64>
+            } -> {};
             /// `cuStreamEndCapture`: the captured graph's id (the one its capture began with).
             51 StreamEndCapture stream_end_capture [reply -] { stream: u64 } -> { graph: u64 };
             /// `cuStreamGetCaptureInfo` while some capture is active (otherwise the client knows
@@ -294,6 +298,9 @@ macro_rules! for_each_op {
             101 IpcGetEventHandle ipc_get_event_handle [reply -] { event: u64 } -> { handle: Vec<u8> };
             /// `cuIpcOpenEventHandle`, named `event`.
             102 IpcOpenEventHandle ipc_open_event_handle [reply -] { handle: Vec<u8>, event: u64 } -> {};
+            /// `cuStreamUpdateCaptureDependencies`: the capture's next work follows `dependencies`
+            /// (`set`) or these as well.
+            103 StreamCaptureDependencies stream_capture_dependencies [reply -] { stream: u64, dependencies: Vec<u64>, set: bool } -> {};
         }
     };
 }

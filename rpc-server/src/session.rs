@@ -1474,6 +1474,10 @@ impl<D: Device> OpHandler for Session<D> {
         reply.send(result);
     }
 
+    fn stream_capture_dependencies(&mut self, request: req::StreamCaptureDependencies, reply: Responder<rep::StreamCaptureDependencies>) {
+        self.capture_dependencies(request, reply);
+    }
+
     fn ipc_get_mem_handle(&mut self, request: req::IpcGetMemHandle, reply: Responder<rep::IpcGetMemHandle>) {
         self.export_memory(request, reply);
     }

@@ -358,12 +358,40 @@ macro_rules! probes {
     // --- graphs: every id is the client's and checked; bad ones never reach the driver ---
     (StreamBeginCapture, $v:ident) => {
         vec![
-            refused(req::StreamBeginCapture { stream: BOGUS_HANDLE, mode: 0, thread_mode: 0, graph: 9 }, UNKNOWN_HANDLE),
-            refused(req::StreamBeginCapture { stream: $v.stream, mode: 0, thread_mode: 0, graph: 0 }, INVALID_VALUE),
-            refused(req::StreamBeginCapture { stream: $v.stream, mode: 0, thread_mode: 0, graph: SERVER_NODE_BIT | 9 }, INVALID_VALUE),
-            refused(req::StreamBeginCapture { stream: $v.stream, mode: 7, thread_mode: 0, graph: 9 }, INVALID_VALUE),
+            refused(
+                req::StreamBeginCapture { stream: BOGUS_HANDLE, mode: 0, thread_mode: 0, graph: 9, into: false, dependencies: Vec::new() },
+                UNKNOWN_HANDLE,
+            ),
+            refused(
+                req::StreamBeginCapture { stream: $v.stream, mode: 0, thread_mode: 0, graph: 0, into: false, dependencies: Vec::new() },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::StreamBeginCapture {
+                    stream: $v.stream,
+                    mode: 0,
+                    thread_mode: 0,
+                    graph: SERVER_NODE_BIT | 9,
+                    into: false,
+                    dependencies: Vec::new(),
+                },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::StreamBeginCapture { stream: $v.stream, mode: 7, thread_mode: 0, graph: 9, into: false, dependencies: Vec::new() },
+                INVALID_VALUE,
+            ),
             // The legacy stream synchronizes with every stream: it cannot be captured.
-            refused(req::StreamBeginCapture { stream: 0, mode: 0, thread_mode: 0, graph: 9 }, CudaError::STREAM_CAPTURE_UNSUPPORTED),
+            refused(
+                req::StreamBeginCapture { stream: 0, mode: 0, thread_mode: 0, graph: 9, into: false, dependencies: Vec::new() },
+                CudaError::STREAM_CAPTURE_UNSUPPORTED,
+            ),
+            // Into a graph the session does not have, or after a node that is not in it.
+            refused(
+                req::StreamBeginCapture { stream: $v.stream, mode: 0, thread_mode: 0, graph: 9, into: true, dependencies: Vec::new() },
+                INVALID_VALUE,
+            ),
+            Probe::Effect(a_capture_into_an_existing_graph_follows_its_nodes),
             Probe::Effect(a_capture_records_stream_work_into_a_graph),
             Probe::Effect(a_capture_that_met_a_host_copy_ends_invalidated),
         ]
@@ -372,6 +400,13 @@ macro_rules! probes {
         vec![
             refused(req::StreamEndCapture { stream: BOGUS_HANDLE }, UNKNOWN_HANDLE),
             refused(req::StreamEndCapture { stream: $v.stream }, CudaError::ILLEGAL_STATE),
+        ]
+    };
+    (StreamCaptureDependencies, $v:ident) => {
+        vec![
+            refused(req::StreamCaptureDependencies { stream: BOGUS_HANDLE, dependencies: Vec::new(), set: true }, UNKNOWN_HANDLE),
+            // Not capturing.
+            refused(req::StreamCaptureDependencies { stream: $v.stream, dependencies: Vec::new(), set: true }, CudaError::ILLEGAL_STATE),
         ]
     };
     (StreamCaptureInfo, $v:ident) => {
@@ -902,7 +937,7 @@ fn a_capture_records_stream_work_into_a_graph(socket: &str) {
     session.send(&req::StreamCreate { stream: side, flags: 1, priority: 0 }.into(), &[]);
     session.send(&req::EventCreate { event: fork, flags: 2 }.into(), &[]);
     session.send(&req::EventCreate { event: join, flags: 2 }.into(), &[]);
-    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 7 }).0.unwrap();
+    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 7, into: false, dependencies: Vec::new() }).0.unwrap();
     session.send(&req::Memset { dst: a, pattern: 0x33, width: 1, len: 128, stream }.into(), &[]);
     session.send(&req::EventRecord { event: fork, stream, flags: 0 }.into(), &[]);
     session.send(&req::StreamWaitEvent { stream: side, event: fork, flags: 0 }.into(), &[]);
@@ -928,7 +963,7 @@ fn a_capture_that_met_a_host_copy_ends_invalidated(socket: &str) {
     let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
     let stream = 0x5_0000_0001;
     session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
-    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 7 }).0.unwrap();
+    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 7, into: false, dependencies: Vec::new() }).0.unwrap();
     session.send(&req::MemcpyHtoD { dst: a, stream }.into(), &[1; 64]);
     assert_eq!(session.call(req::StreamEndCapture { stream }).0.err(), Some(CudaError::STREAM_CAPTURE_INVALIDATED));
     let deferred = session.call_with_deferred(req::DeviceSynchronize {}).0;
@@ -1153,4 +1188,31 @@ fn stream_attributes_read_back_as_set(socket: &str) {
     assert_eq!(set.value, window(ptr, 1 << 20));
     let got = session.call(req::StreamAttribute { stream, attribute: 1, set: None }).0.unwrap();
     assert_eq!(got.value, window(ptr, 1 << 20), "the window reads back");
+}
+
+/// `cuStreamBeginCaptureToGraph`: captured work lands in the app's graph after the nodes named;
+/// `cuStreamUpdateCaptureDependencies` moves where the next work goes; the graph stays the app's.
+fn a_capture_into_an_existing_graph_follows_its_nodes(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    let stream = 0x5_0000_0001;
+    session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
+    session.call(req::GraphCreate { graph: 30 }).0.unwrap();
+    session.call(req::GraphAddNode { graph: 30, node: 31, dependencies: Vec::new(), params: memset_node(a, 0x44, 128) }).0.unwrap();
+    let wrong = req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 30, into: true, dependencies: vec![99] };
+    assert_eq!(session.call(wrong).0.err(), Some(INVALID_VALUE), "a dependency that is no node of the graph");
+    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 30, into: true, dependencies: vec![31] }).0.unwrap();
+    session.send(&req::MemcpyDtoD { dst: a + 1024, src: a, len: 128, stream }.into(), &[]);
+    let info = session.call(req::StreamCaptureInfo { stream }).0.unwrap().info;
+    assert_eq!((info.graph, info.dependencies.len()), (30, 1));
+    // The next work goes after the memset again, beside the copy, not after it.
+    session.call(req::StreamCaptureDependencies { stream, dependencies: vec![31], set: true }).0.unwrap();
+    session.send(&req::MemcpyDtoD { dst: a + 2048, src: a, len: 128, stream }.into(), &[]);
+    assert_eq!(session.call(req::StreamEndCapture { stream }).0.unwrap().graph, 30);
+    assert_eq!(session.call(req::GraphNodes { graph: 30, roots: false }).0.unwrap().nodes.len(), 3);
+    assert_eq!(session.call(req::GraphNodes { graph: 30, roots: true }).0.unwrap().nodes.len(), 1, "the memset is the one root");
+    session.call(req::GraphInstantiate { graph: 30, exec: 300, flags: 0 }).0.unwrap();
+    session.send(&req::GraphLaunch { exec: 300, stream }.into(), &[]);
+    assert_eq!(read_back(&mut session, a + 1024, 128), vec![0x44; 128]);
+    assert_eq!(read_back(&mut session, a + 2048, 128), vec![0x44; 128]);
 }

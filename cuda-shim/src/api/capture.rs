@@ -5,6 +5,7 @@
 //! that joined a capture through events).
 
 use std::cell::Cell;
+use std::ffi::c_uint;
 
 use flyt_protocol::ops::capture_status;
 
@@ -35,7 +36,124 @@ fn begin(stream: CUstream, mode: CUstreamCaptureMode, ptsz: bool) -> DriverResul
     }
     let client = client()?;
     let stream = resolve_stream(client, stream, ptsz)?;
-    client.begin_capture(stream, mode, thread_mode()).map(drop).map_err(driver_error)
+    client.begin_capture(stream, mode, thread_mode(), None).map(drop).map_err(driver_error)
+}
+
+/// `cuStreamBeginCaptureToGraph`: into the app's graph, after `count` of its nodes. Edge data
+/// (ports, edge types) is not served.
+///
+/// # Safety
+/// `dependencies` holds `count` node handles (or is NULL with `count` 0).
+unsafe fn begin_to_graph(
+    stream: CUstream,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    edge_data: *const CUgraphEdgeData,
+    count: usize,
+    mode: CUstreamCaptureMode,
+    ptsz: bool,
+) -> DriverResult {
+    if mode > CAPTURE_MODE_RELAXED {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if !edge_data.is_null() {
+        return Err(crate::diagnostics::unsupported("cuStreamBeginCaptureToGraph with edge data"));
+    }
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptsz)?;
+    // SAFETY: forwarded contract.
+    let nodes = unsafe { super::graph::node_ids(dependencies, count) }?;
+    let graph = super::graph::id_of(graph)?;
+    client.begin_capture(stream, mode, thread_mode(), Some((graph, nodes))).map(drop).map_err(driver_error)
+}
+
+macro_rules! begin_to_graph {
+    ($($name:ident => $ptsz:literal;)*) => {$(
+        pub unsafe fn $name(
+            h_stream: CUstream,
+            h_graph: CUgraph,
+            dependencies: *const CUgraphNode,
+            dependency_data: *const CUgraphEdgeData,
+            num_dependencies: usize,
+            mode: CUstreamCaptureMode,
+        ) -> CUresult {
+            // SAFETY: the caller's array of `num_dependencies` nodes.
+            run(|| unsafe { begin_to_graph(h_stream, h_graph, dependencies, dependency_data, num_dependencies, mode, $ptsz) })
+        }
+    )*};
+}
+
+begin_to_graph! {
+    cuStreamBeginCaptureToGraph => false;
+    cuStreamBeginCaptureToGraph_ptsz => true;
+}
+
+/// `cuStreamUpdateCaptureDependencies*`: `flags` is `CU_STREAM_ADD_CAPTURE_DEPENDENCIES` (0) or
+/// `CU_STREAM_SET_CAPTURE_DEPENDENCIES` (1).
+///
+/// # Safety
+/// `dependencies` holds `count` node handles (or is NULL with `count` 0).
+unsafe fn update_dependencies(
+    stream: CUstream,
+    dependencies: *const CUgraphNode,
+    edge_data: *const CUgraphEdgeData,
+    count: usize,
+    flags: c_uint,
+    ptsz: bool,
+) -> DriverResult {
+    if flags > 1 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if !edge_data.is_null() {
+        return Err(crate::diagnostics::unsupported("cuStreamUpdateCaptureDependencies_v2 with edge data"));
+    }
+    let client = client()?;
+    let stream = resolve_stream(client, stream, ptsz)?;
+    // SAFETY: forwarded contract.
+    let nodes = unsafe { super::graph::node_ids(dependencies, count) }?;
+    client.update_capture_dependencies(stream, nodes, flags == 1).map_err(driver_error)
+}
+
+pub unsafe fn cuStreamUpdateCaptureDependencies(
+    h_stream: CUstream,
+    dependencies: *mut CUgraphNode,
+    num_dependencies: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's array.
+    run(|| unsafe { update_dependencies(h_stream, dependencies, std::ptr::null(), num_dependencies, flags, false) })
+}
+
+pub unsafe fn cuStreamUpdateCaptureDependencies_ptsz(
+    h_stream: CUstream,
+    dependencies: *mut CUgraphNode,
+    num_dependencies: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's array.
+    run(|| unsafe { update_dependencies(h_stream, dependencies, std::ptr::null(), num_dependencies, flags, true) })
+}
+
+pub unsafe fn cuStreamUpdateCaptureDependencies_v2(
+    h_stream: CUstream,
+    dependencies: *mut CUgraphNode,
+    dependency_data: *const CUgraphEdgeData,
+    num_dependencies: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's arrays.
+    run(|| unsafe { update_dependencies(h_stream, dependencies, dependency_data, num_dependencies, flags, false) })
+}
+
+pub unsafe fn cuStreamUpdateCaptureDependencies_v2_ptsz(
+    h_stream: CUstream,
+    dependencies: *mut CUgraphNode,
+    dependency_data: *const CUgraphEdgeData,
+    num_dependencies: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's arrays.
+    run(|| unsafe { update_dependencies(h_stream, dependencies, dependency_data, num_dependencies, flags, true) })
 }
 
 pub unsafe fn cuStreamBeginCapture(h_stream: CUstream) -> CUresult {

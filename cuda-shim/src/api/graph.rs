@@ -36,7 +36,7 @@ pub(super) fn node_handle<T>(id: u64) -> *mut T {
     graph_handle(id)
 }
 
-fn id_of<T>(handle: *mut T) -> DriverResult<u64> {
+pub(super) fn id_of<T>(handle: *mut T) -> DriverResult<u64> {
     if handle.is_null() { Err(CUresult::CUDA_ERROR_INVALID_VALUE) } else { Ok(handle as usize as u64) }
 }
 
@@ -44,7 +44,7 @@ fn id_of<T>(handle: *mut T) -> DriverResult<u64> {
 ///
 /// # Safety
 /// `nodes` holds `count` handles (or is NULL with `count` 0).
-unsafe fn node_ids(nodes: *const CUgraphNode, count: usize) -> DriverResult<Vec<u64>> {
+pub(super) unsafe fn node_ids(nodes: *const CUgraphNode, count: usize) -> DriverResult<Vec<u64>> {
     if count == 0 {
         return Ok(Vec::new());
     }

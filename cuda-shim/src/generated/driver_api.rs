@@ -571,8 +571,8 @@ macro_rules! for_each_driver_api {
             unsupported cuStreamBatchMemOp_v2 [cuStreamBatchMemOp 2 legacy current] (stream: CUstream, count: c_uint, param_array: *mut CUstreamBatchMemOpParams, flags: c_uint);
             unsupported cuStreamBatchMemOp_v2_ptsz [cuStreamBatchMemOp 2 ptsz per_thread] (stream: CUstream, count: c_uint, param_array: *mut CUstreamBatchMemOpParams, flags: c_uint);
             implemented cuStreamBeginCapture [cuStreamBeginCapture 1 legacy internal] (h_stream: CUstream);
-            unsupported cuStreamBeginCaptureToGraph [cuStreamBeginCaptureToGraph 1 legacy current] (h_stream: CUstream, h_graph: CUgraph, dependencies: *const CUgraphNode, dependency_data: *const CUgraphEdgeData, num_dependencies: usize, mode: CUstreamCaptureMode);
-            unsupported cuStreamBeginCaptureToGraph_ptsz [cuStreamBeginCaptureToGraph 1 ptsz per_thread] (h_stream: CUstream, h_graph: CUgraph, dependencies: *const CUgraphNode, dependency_data: *const CUgraphEdgeData, num_dependencies: usize, mode: CUstreamCaptureMode);
+            implemented cuStreamBeginCaptureToGraph [cuStreamBeginCaptureToGraph 1 legacy current] (h_stream: CUstream, h_graph: CUgraph, dependencies: *const CUgraphNode, dependency_data: *const CUgraphEdgeData, num_dependencies: usize, mode: CUstreamCaptureMode);
+            implemented cuStreamBeginCaptureToGraph_ptsz [cuStreamBeginCaptureToGraph 1 ptsz per_thread] (h_stream: CUstream, h_graph: CUgraph, dependencies: *const CUgraphNode, dependency_data: *const CUgraphEdgeData, num_dependencies: usize, mode: CUstreamCaptureMode);
             implemented cuStreamBeginCapture_ptsz [cuStreamBeginCapture 1 ptsz internal] (h_stream: CUstream);
             implemented cuStreamBeginCapture_v2 [cuStreamBeginCapture 2 legacy current] (h_stream: CUstream, mode: CUstreamCaptureMode);
             implemented cuStreamBeginCapture_v2_ptsz [cuStreamBeginCapture 2 ptsz per_thread] (h_stream: CUstream, mode: CUstreamCaptureMode);
@@ -613,10 +613,10 @@ macro_rules! for_each_driver_api {
             implemented cuStreamSetAttribute_ptsz [cuStreamSetAttribute 1 ptsz per_thread] (h_stream: CUstream, attr: CUstreamAttrID, value: *const CUstreamAttrValue);
             implemented cuStreamSynchronize [cuStreamSynchronize 1 legacy current] (h_stream: CUstream);
             implemented cuStreamSynchronize_ptsz [cuStreamSynchronize 1 ptsz per_thread] (h_stream: CUstream);
-            unsupported cuStreamUpdateCaptureDependencies [cuStreamUpdateCaptureDependencies 1 legacy internal] (h_stream: CUstream, dependencies: *mut CUgraphNode, num_dependencies: usize, flags: c_uint);
-            unsupported cuStreamUpdateCaptureDependencies_ptsz [cuStreamUpdateCaptureDependencies 1 ptsz internal] (h_stream: CUstream, dependencies: *mut CUgraphNode, num_dependencies: usize, flags: c_uint);
-            unsupported cuStreamUpdateCaptureDependencies_v2 [cuStreamUpdateCaptureDependencies 2 legacy current] (h_stream: CUstream, dependencies: *mut CUgraphNode, dependency_data: *const CUgraphEdgeData, num_dependencies: usize, flags: c_uint);
-            unsupported cuStreamUpdateCaptureDependencies_v2_ptsz [cuStreamUpdateCaptureDependencies 2 ptsz per_thread] (h_stream: CUstream, dependencies: *mut CUgraphNode, dependency_data: *const CUgraphEdgeData, num_dependencies: usize, flags: c_uint);
+            implemented cuStreamUpdateCaptureDependencies [cuStreamUpdateCaptureDependencies 1 legacy internal] (h_stream: CUstream, dependencies: *mut CUgraphNode, num_dependencies: usize, flags: c_uint);
+            implemented cuStreamUpdateCaptureDependencies_ptsz [cuStreamUpdateCaptureDependencies 1 ptsz internal] (h_stream: CUstream, dependencies: *mut CUgraphNode, num_dependencies: usize, flags: c_uint);
+            implemented cuStreamUpdateCaptureDependencies_v2 [cuStreamUpdateCaptureDependencies 2 legacy current] (h_stream: CUstream, dependencies: *mut CUgraphNode, dependency_data: *const CUgraphEdgeData, num_dependencies: usize, flags: c_uint);
+            implemented cuStreamUpdateCaptureDependencies_v2_ptsz [cuStreamUpdateCaptureDependencies 2 ptsz per_thread] (h_stream: CUstream, dependencies: *mut CUgraphNode, dependency_data: *const CUgraphEdgeData, num_dependencies: usize, flags: c_uint);
             implemented cuStreamWaitEvent [cuStreamWaitEvent 1 legacy current] (h_stream: CUstream, h_event: CUevent, flags: c_uint);
             implemented cuStreamWaitEvent_ptsz [cuStreamWaitEvent 1 ptsz per_thread] (h_stream: CUstream, h_event: CUevent, flags: c_uint);
             unsupported cuStreamWaitValue32 [cuStreamWaitValue32 1 legacy internal] (stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint);

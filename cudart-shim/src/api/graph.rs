@@ -25,6 +25,49 @@ pub unsafe fn cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: c_int) -> 
     cu_ctx!(cuStreamBeginCapture_v2_ptsz(stream, mode))
 }
 
+pub unsafe fn cudaStreamBeginCaptureToGraph(
+    stream: cudaStream_t,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    edges: *const c_void,
+    count: usize,
+    mode: c_int,
+) -> CudaResult<()> {
+    cu_ctx!(cuStreamBeginCaptureToGraph(stream, graph, dependencies, edges, count, mode))
+}
+
+pub unsafe fn cudaStreamBeginCaptureToGraph_ptsz(
+    stream: cudaStream_t,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    edges: *const c_void,
+    count: usize,
+    mode: c_int,
+) -> CudaResult<()> {
+    cu_ctx!(cuStreamBeginCaptureToGraph_ptsz(stream, graph, dependencies, edges, count, mode))
+}
+
+/// CUDA 13's form takes edge data, as the driver's `_v2` does.
+pub unsafe fn cudaStreamUpdateCaptureDependencies(
+    stream: cudaStream_t,
+    dependencies: *mut CUgraphNode,
+    edges: *const c_void,
+    count: usize,
+    flags: c_uint,
+) -> CudaResult<()> {
+    cu_ctx!(cuStreamUpdateCaptureDependencies_v2(stream, dependencies, edges, count, flags))
+}
+
+pub unsafe fn cudaStreamUpdateCaptureDependencies_ptsz(
+    stream: cudaStream_t,
+    dependencies: *mut CUgraphNode,
+    edges: *const c_void,
+    count: usize,
+    flags: c_uint,
+) -> CudaResult<()> {
+    cu_ctx!(cuStreamUpdateCaptureDependencies_v2_ptsz(stream, dependencies, edges, count, flags))
+}
+
 pub unsafe fn cudaStreamEndCapture(stream: cudaStream_t, graph: *mut CUgraph) -> CudaResult<()> {
     cu_ctx!(cuStreamEndCapture(stream, graph))
 }

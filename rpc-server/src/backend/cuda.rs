@@ -919,10 +919,25 @@ impl Device for CudaDevice {
         Ok(value as u64)
     }
 
-    fn capture_begin(&self, stream: Self::Stream, mode: u32) -> CudaResult<()> {
+    fn capture_begin(&self, stream: Self::Stream, mode: u32, into: Option<(Self::Graph, &[Self::GraphNode])>) -> CudaResult<()> {
         let mode = capture_mode(mode)?;
-        // SAFETY: the stream is the null stream or one of the session's.
-        check(unsafe { sys::cuStreamBeginCapture_v2(stream.0, mode).result() })
+        let Some((graph, nodes)) = into else {
+            // SAFETY: the stream is the null stream or one of the session's.
+            return check(unsafe { sys::cuStreamBeginCapture_v2(stream.0, mode).result() });
+        };
+        let nodes: Vec<sys::CUgraphNode> = nodes.iter().map(|node| node.0).collect();
+        // SAFETY: the session's stream, graph and nodes of that graph; no edge data (default
+        // edges).
+        check(unsafe { sys::cuStreamBeginCaptureToGraph(stream.0, graph.0, nodes.as_ptr(), std::ptr::null(), nodes.len(), mode).result() })
+    }
+
+    fn capture_dependencies(&self, stream: Self::Stream, nodes: &[Self::GraphNode], set: bool) -> CudaResult<()> {
+        let mut nodes: Vec<sys::CUgraphNode> = nodes.iter().map(|node| node.0).collect();
+        // CU_STREAM_SET_CAPTURE_DEPENDENCIES (1) or CU_STREAM_ADD_CAPTURE_DEPENDENCIES (0).
+        // SAFETY: the session's capturing stream and nodes of its graph.
+        check(unsafe {
+            sys::cuStreamUpdateCaptureDependencies_v2(stream.0, nodes.as_mut_ptr(), std::ptr::null(), nodes.len(), u32::from(set)).result()
+        })
     }
 
     fn capture_end(&self, stream: Self::Stream) -> CudaResult<Self::Graph> {

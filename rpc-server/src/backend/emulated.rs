@@ -565,7 +565,7 @@ impl Device for EmulatedDevice {
         Ok(self.state().limits.get(&limit).copied().unwrap_or(default))
     }
 
-    fn capture_begin(&self, stream: u64, mode: u32) -> CudaResult<()> {
+    fn capture_begin(&self, stream: u64, mode: u32, into: Option<(u64, &[u64])>) -> CudaResult<()> {
         if mode > 2 {
             return Err(CudaError::INVALID_VALUE);
         }
@@ -577,11 +577,32 @@ impl Device for EmulatedDevice {
         if state.graphs.captures.contains_key(&stream) {
             return Err(CudaError::ILLEGAL_STATE);
         }
-        let graph = state.new_handle();
-        state.graphs.graphs.insert(graph, Vec::new());
+        let (graph, tail) = match into {
+            Some((graph, nodes)) if state.graphs.graphs.contains_key(&graph) => (graph, nodes.to_vec()),
+            Some(_) => return Err(CudaError::INVALID_VALUE),
+            None => {
+                let graph = state.new_handle();
+                state.graphs.graphs.insert(graph, Vec::new());
+                (graph, Vec::new())
+            }
+        };
         state.graphs.next_capture += 1;
         let id = state.graphs.next_capture;
-        state.graphs.captures.insert(stream, StreamCapture { graph, id, tail: Vec::new(), origin: true });
+        state.graphs.captures.insert(stream, StreamCapture { graph, id, tail, origin: true });
+        Ok(())
+    }
+
+    fn capture_dependencies(&self, stream: u64, nodes: &[u64], set: bool) -> CudaResult<()> {
+        let mut state = self.state();
+        let capture = state.graphs.captures.get_mut(&stream).ok_or(CudaError::ILLEGAL_STATE)?;
+        if set {
+            capture.tail.clear();
+        }
+        for node in nodes {
+            if !capture.tail.contains(node) {
+                capture.tail.push(*node);
+            }
+        }
         Ok(())
     }
 

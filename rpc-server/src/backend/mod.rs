@@ -252,8 +252,11 @@ pub trait Device: Send + Sync + 'static {
     fn get_limit(&self, limit: u32) -> CudaResult<u64>;
 
     // --- stream capture and graphs ---
-    /// `cuStreamBeginCapture` in `mode` (`CUstreamCaptureMode`).
-    fn capture_begin(&self, stream: Self::Stream, mode: u32) -> CudaResult<()>;
+    /// `cuStreamBeginCapture` in `mode` (`CUstreamCaptureMode`); `into`: an existing graph and
+    /// the nodes of it the first captured work follows (`cuStreamBeginCaptureToGraph`).
+    fn capture_begin(&self, stream: Self::Stream, mode: u32, into: Option<(Self::Graph, &[Self::GraphNode])>) -> CudaResult<()>;
+    /// `cuStreamUpdateCaptureDependencies`: replace (`set`) or add to the capture's dependencies.
+    fn capture_dependencies(&self, stream: Self::Stream, nodes: &[Self::GraphNode], set: bool) -> CudaResult<()>;
     fn capture_end(&self, stream: Self::Stream) -> CudaResult<Self::Graph>;
     fn capture_info(&self, stream: Self::Stream) -> CudaResult<Capture<Self>>;
     /// Whether work queued on `stream` now would be captured rather than run (or may not be

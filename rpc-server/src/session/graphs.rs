@@ -27,6 +27,9 @@ pub struct GraphTable<D: Device> {
     /// Captures that were refused work (host-memory copies): they end invalidated, never as a
     /// graph missing that work.
     spoiled: HashSet<u64>,
+    /// Graphs the app made that a capture records into (`cuStreamBeginCaptureToGraph`): an
+    /// invalidated capture leaves them the app's.
+    captured_into: HashSet<u64>,
     next_server_node: u64,
     pub host_calls: Arc<HostCalls>,
     /// Host functions graphs may run (nodes, captured calls): kept while the session lives.
@@ -43,6 +46,7 @@ impl<D: Device> GraphTable<D> {
             execs: HashMap::new(),
             captures: HashMap::new(),
             spoiled: HashSet::new(),
+            captured_into: HashSet::new(),
             next_server_node: SERVER_NODE_BIT,
             host_calls,
             sites: HashMap::new(),
@@ -214,15 +218,28 @@ impl<D: Device> Session<D> {
 
     pub(super) fn begin_capture(&mut self, request: req::StreamBeginCapture, reply: Responder<rep::StreamBeginCapture>) {
         let result = (|| {
-            self.graphs.new_id_allowed(request.graph)?;
-            if self.graphs.graphs.contains_key(&request.graph) {
-                return Err(CudaError::INVALID_VALUE);
-            }
+            let into = if request.into {
+                let graph = self.graphs.graph(request.graph)?;
+                if self.graphs.captures.values().any(|captured| *captured == request.graph) {
+                    return Err(CudaError::ILLEGAL_STATE);
+                }
+                Some((graph, self.graphs.nodes_of(&request.dependencies, request.graph)?))
+            } else {
+                self.graphs.new_id_allowed(request.graph)?;
+                if self.graphs.graphs.contains_key(&request.graph) || !request.dependencies.is_empty() {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                None
+            };
             let stream = self.stream(request.stream)?;
             self.device.exchange_capture_mode(request.thread_mode)?;
-            self.device.capture_begin(stream, request.mode)?;
-            let graph = self.device.capture_info(stream)?.graph.ok_or(CudaError::UNKNOWN)?;
-            self.graphs.add_graph(request.graph, graph);
+            self.device.capture_begin(stream, request.mode, into.as_ref().map(|(graph, nodes)| (*graph, nodes.as_slice())))?;
+            if into.is_some() {
+                self.graphs.captured_into.insert(request.graph);
+            } else {
+                let graph = self.device.capture_info(stream)?.graph.ok_or(CudaError::UNKNOWN)?;
+                self.graphs.add_graph(request.graph, graph);
+            }
             self.graphs.captures.insert(request.stream, request.graph);
             Ok(rep::StreamBeginCapture {})
         })();
@@ -239,9 +256,12 @@ impl<D: Device> Session<D> {
             match ended {
                 Ok(graph) => {
                     self.graphs.captures.remove(&request.stream);
+                    let into = self.graphs.captured_into.remove(&id);
                     if self.graphs.spoiled.remove(&id) {
-                        self.graphs.forget_graph(id);
-                        let _ = self.device.graph_destroy(graph);
+                        if !into {
+                            self.graphs.forget_graph(id);
+                            let _ = self.device.graph_destroy(graph);
+                        }
                         return Err(CudaError::STREAM_CAPTURE_INVALIDATED);
                     }
                     self.graphs.graph_ids.insert(graph, id);
@@ -253,7 +273,9 @@ impl<D: Device> Session<D> {
                     if self.device.capture_info(stream).is_ok_and(|info| info.status == flyt_protocol::ops::capture_status::NONE) {
                         self.graphs.captures.remove(&request.stream);
                         self.graphs.spoiled.remove(&id);
-                        self.graphs.forget_graph(id);
+                        if !self.graphs.captured_into.remove(&id) {
+                            self.graphs.forget_graph(id);
+                        }
                     }
                     Err(error)
                 }
@@ -269,6 +291,21 @@ impl<D: Device> Session<D> {
             rep::StreamCaptureInfo { info: CaptureInfo { status: capture.status, id: capture.id, graph, dependencies } }
         });
         reply.send(result);
+    }
+
+    pub(super) fn capture_dependencies(
+        &mut self,
+        request: req::StreamCaptureDependencies,
+        reply: Responder<rep::StreamCaptureDependencies>,
+    ) {
+        let result = (|| {
+            let stream = self.stream(request.stream)?;
+            let info = self.device.capture_info(stream)?;
+            let graph = info.graph.and_then(|graph| self.graphs.graph_ids.get(&graph).copied()).ok_or(CudaError::ILLEGAL_STATE)?;
+            let nodes = self.graphs.nodes_of(&request.dependencies, graph)?;
+            self.device.capture_dependencies(stream, &nodes, request.set)
+        })();
+        reply.send(result.map(|()| rep::StreamCaptureDependencies {}));
     }
 
     pub(super) fn capture_mode(&mut self, request: req::CaptureMode, reply: Responder<rep::CaptureMode>) {

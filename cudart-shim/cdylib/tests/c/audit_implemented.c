@@ -53,6 +53,10 @@ extern cudaError_t cudaStreamQuery_ptsz(cudaStream_t stream);
 extern cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t stream, cudaEvent_t event, unsigned flags);
 extern cudaError_t cudaStreamGetFlags_ptsz(cudaStream_t stream, unsigned *flags);
 extern cudaError_t cudaStreamGetPriority_ptsz(cudaStream_t stream, int *priority);
+extern cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t *dependencies,
+                                                      const cudaGraphEdgeData *edges, size_t count, enum cudaStreamCaptureMode mode);
+extern cudaError_t cudaStreamUpdateCaptureDependencies_ptsz(cudaStream_t stream, cudaGraphNode_t *dependencies, const cudaGraphEdgeData *edges,
+                                                           size_t count, unsigned int flags);
 extern cudaError_t cudaStreamSetAttribute_ptsz(cudaStream_t stream, cudaStreamAttrID attr, const cudaStreamAttrValue *value);
 extern cudaError_t cudaStreamGetAttribute_ptsz(cudaStream_t stream, cudaStreamAttrID attr, cudaStreamAttrValue *value);
 extern cudaError_t cudaStreamCopyAttributes_ptsz(cudaStream_t dst, cudaStream_t src);
@@ -1968,12 +1972,49 @@ static void reset(void) {
     OK("cudaFree after the reset", cudaFree(dev));
 }
 
+// Capture into a graph of the app's, after one of its nodes, and moving the capture's
+// dependencies (memsets are captured on the emulated device; nothing runs here).
+static void capture_to_graph(void) {
+    cudaStream_t stream = NULL;
+    void *memory = NULL;
+    OK("a stream to capture", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    OK("memory to set", cudaMalloc(&memory, 4096));
+    cudaGraph_t graph = NULL, ended = NULL;
+    cudaGraphNode_t first = NULL;
+    OK("a graph of the app's", cudaGraphCreate(&graph, 0));
+    OK("its first node", cudaGraphAddEmptyNode(&first, graph, NULL, 0));
+    AUDIT("cudaStreamBeginCaptureToGraph");
+    EXPECT_CODE("edge data", cudaStreamBeginCaptureToGraph(stream, graph, &first, (const cudaGraphEdgeData *)&first, 1, cudaStreamCaptureModeGlobal),
+                cudaErrorNotSupported);
+    OK("cudaStreamBeginCaptureToGraph", cudaStreamBeginCaptureToGraph(stream, graph, &first, NULL, 1, cudaStreamCaptureModeGlobal));
+    OK("a memset captured", cudaMemsetAsync(memory, 1, 4096, stream));
+    AUDIT("cudaStreamUpdateCaptureDependencies");
+    EXPECT_CODE("an unknown flag", cudaStreamUpdateCaptureDependencies(stream, &first, NULL, 1, 7), cudaErrorInvalidValue);
+    OK("set the dependencies back to the first node", cudaStreamUpdateCaptureDependencies(stream, &first, NULL, 1, cudaStreamSetCaptureDependencies));
+    OK("a second memset captured", cudaMemsetAsync(memory, 2, 4096, stream));
+    OK("end the capture", cudaStreamEndCapture(stream, &ended));
+    EXPECT("the capture ended in the app's graph", ended == graph);
+    size_t nodes = 0, roots = 0;
+    OK("count nodes", cudaGraphGetNodes(graph, NULL, &nodes));
+    OK("count roots", cudaGraphGetRootNodes(graph, NULL, &roots));
+    EXPECT("three nodes, the first the only root", nodes == 3 && roots == 1);
+    AUDIT("cudaStreamBeginCaptureToGraph_ptsz");
+    OK("cudaStreamBeginCaptureToGraph_ptsz", cudaStreamBeginCaptureToGraph_ptsz(stream, graph, NULL, NULL, 0, cudaStreamCaptureModeRelaxed));
+    AUDIT("cudaStreamUpdateCaptureDependencies_ptsz");
+    OK("cudaStreamUpdateCaptureDependencies_ptsz", cudaStreamUpdateCaptureDependencies_ptsz(stream, &first, NULL, 1, cudaStreamAddCaptureDependencies));
+    OK("end the second capture", cudaStreamEndCapture(stream, &ended));
+    OK("destroy the graph", cudaGraphDestroy(graph));
+    OK("free", cudaFree(memory));
+    OK("destroy the stream", cudaStreamDestroy(stream));
+}
+
 int main(void) {
     device_and_errors();
     memory();
     streams_and_events();
     graphs();
     pools();
+    capture_to_graph();
     pitched_memory();
     arrays();
     modules_kernels_symbols();
