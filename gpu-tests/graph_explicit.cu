@@ -320,6 +320,54 @@ int main() {
     EXPECT(written, "cudaGraphDebugDotPrint wrote no file at %s", path);
     unlink(path);
 
+    // Capture into a graph of the program's own, after its memset node; the second kernel is
+    // set to follow the memset again (cudaStreamUpdateCaptureDependencies).
+    {
+        const int cn = 4096;
+        float *x = NULL, *y = NULL;
+        CHECK(cudaMalloc(&x, cn * sizeof(float)));
+        CHECK(cudaMalloc(&y, cn * sizeof(float)));
+        CHECK(cudaMemset(y, 0, cn * sizeof(float)));
+        cudaGraph_t into;
+        CHECK(cudaGraphCreate(&into, 0));
+        cudaGraphNode_t set_x;
+        cudaMemsetParams mp = {};
+        mp.dst = x;
+        mp.value = 0;
+        mp.elementSize = 4;
+        mp.width = cn;
+        mp.height = 1;
+        CHECK(cudaGraphAddMemsetNode(&set_x, into, NULL, 0, &mp));
+        CHECK(cudaStreamBeginCaptureToGraph(s, into, &set_x, NULL, 1, cudaStreamCaptureModeGlobal));
+        add_k<<<(cn + 255) / 256, 256, 0, s>>>(x, cn, 3);
+        CHECK_LAUNCH();
+        CHECK(cudaStreamUpdateCaptureDependencies(s, &set_x, NULL, 1, cudaStreamSetCaptureDependencies));
+        add_k<<<(cn + 255) / 256, 256, 0, s>>>(y, cn, 5);
+        CHECK_LAUNCH();
+        cudaGraph_t ended = NULL;
+        CHECK(cudaStreamEndCapture(s, &ended));
+        size_t count = 0, root_count = 0;
+        CHECK(cudaGraphGetNodes(into, NULL, &count));
+        CHECK(cudaGraphGetRootNodes(into, NULL, &root_count));
+        printf("capture into a graph: the same graph: %s, nodes %zu, roots %zu\n", yes(ended == into), count, root_count);
+        cudaGraphExec_t into_exec;
+        CHECK(cudaGraphInstantiate(&into_exec, into, 0));
+        CHECK(cudaGraphLaunch(into_exec, s));
+        CHECK(cudaGraphLaunch(into_exec, s));
+        CHECK(cudaStreamSynchronize(s));
+        std::vector<float> hx(cn), hy(cn);
+        CHECK(cudaMemcpy(hx.data(), x, cn * sizeof(float), cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(hy.data(), y, cn * sizeof(float), cudaMemcpyDeviceToHost));
+        bool ok = true;
+        for (int i = 0; i < cn; i++) ok &= hx[i] == 3.0f && hy[i] == 10.0f;
+        printf("capture into a graph: after 2 launches x = 3 (set, then +3), y = 10: %s\n", yes(ok));
+        EXPECT(ok, "capture into a graph: wrong values");
+        CHECK(cudaGraphExecDestroy(into_exec));
+        CHECK(cudaGraphDestroy(into));
+        CHECK(cudaFree(x));
+        CHECK(cudaFree(y));
+    }
+
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphExecDestroy(wait_exec));
     CHECK(cudaGraphExecDestroy(clone_exec));
