@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{CopySide, Pos3, ShapedCopy, decode_reply, rep, req};
+use flyt_protocol::ops::{BoxSize, CopySide, Pos3, ShapedCopy, decode_reply, rep, req};
 
 use crate::client::Client;
 use crate::conn::{HostDestination, ReplySlot};
@@ -44,6 +44,12 @@ pub struct Shape {
     pub width: u64,
     pub height: u64,
     pub depth: u64,
+}
+
+impl Shape {
+    fn size(&self) -> BoxSize {
+        BoxSize { width: self.width, height: self.height, depth: self.depth }
+    }
 }
 
 /// Device-to-host pieces in flight at once over a socket.
@@ -140,43 +146,17 @@ unsafe fn move_rows(host: (*mut u8, u64, u64), at: Pos3, piece: Piece, packed: *
 impl Client {
     /// Checks a device or array side of `shape` here, so a bad box fails at the call.
     fn check_side(&self, side: Side, pos: Pos3, shape: &Shape) -> CudaResult<()> {
-        let wire = ShapedCopy {
-            src: CopySide::Host { pitch: 0, height: 0 },
-            src_pos: Pos3::default(),
-            dst: CopySide::Host { pitch: 0, height: 0 },
-            dst_pos: Pos3::default(),
-            width: shape.width,
-            height: shape.height,
-            depth: shape.depth,
-        };
-        let rows = shape.height > 1 || shape.depth > 1;
+        let size = shape.size();
         match side {
             Side::Device { ptr, pitch, height } => {
-                if rows && pos.x.checked_add(shape.width).is_none_or(|end| end > pitch) {
-                    return Err(CudaError::INVALID_VALUE);
-                }
-                let (start, len) = wire.span(pos, pitch, height).ok_or(CudaError::INVALID_VALUE)?;
+                let (start, len) = size.pitched_span(pos, pitch, height).ok_or(CudaError::INVALID_VALUE)?;
                 self.check_device_range(ptr.checked_add(start).ok_or(CudaError::INVALID_VALUE)?, len)
             }
-            Side::Array { array } => {
-                let desc = self.array_desc(array)?;
-                let (width, height, depth) = desc.extent().ok_or(CudaError::INVALID_VALUE)?;
-                let element = desc.element_size().ok_or(CudaError::INVALID_VALUE)?;
-                let fits = |at: u64, len: u64, limit: u64| at.checked_add(len).is_some_and(|end| end <= limit);
-                let whole_elements = pos.x.is_multiple_of(element) && shape.width.is_multiple_of(element);
-                if whole_elements && fits(pos.x, shape.width, width) && fits(pos.y, shape.height, height) && fits(pos.z, shape.depth, depth)
-                {
-                    Ok(())
-                } else {
-                    Err(CudaError::INVALID_VALUE)
-                }
-            }
-            Side::Host { pitch, .. } => {
-                if rows && pos.x.checked_add(shape.width).is_none_or(|end| end > pitch) {
-                    return Err(CudaError::INVALID_VALUE);
-                }
-                Ok(())
-            }
+            Side::Array { array } => match size.fits_array(pos, &self.array_desc(array)?) {
+                true => Ok(()),
+                false => Err(CudaError::INVALID_VALUE),
+            },
+            Side::Host { pitch, height, .. } => size.pitched_span(pos, pitch, height).map(drop).ok_or(CudaError::INVALID_VALUE),
         }
     }
 }
@@ -262,7 +242,7 @@ fn in_place(client: &Client, channel: &Channel, shape: &Shape, host: (*mut u8, u
     let whole = Piece { offset: Pos3::default(), width: shape.width, height: shape.height, depth: shape.depth };
     let copy = piece_copy(shape, whole, to_host, Some((pitch, height)));
     let pos = if to_host { shape.dst_pos } else { shape.src_pos };
-    let Some((start, len)) = copy.span(pos, pitch, height) else { return Ok(false) };
+    let Some((start, len)) = shape.size().pitched_span(pos, pitch, height) else { return Ok(false) };
     let Some(offset) = channel.offset_of(ptr as usize + start as usize, len as usize) else { return Ok(false) };
     client.post(req::ShmCopyShaped { copy, offset: offset as u64, stream })?;
     Ok(true)

@@ -503,7 +503,16 @@ pub struct ShapedCopy {
     pub depth: u64,
 }
 
-impl ShapedCopy {
+/// A shaped copy's box: `width` bytes x `height` rows x `depth` slices. Client and server check
+/// every side of a copy with these, the client to fail at the call, the server to protect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoxSize {
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+}
+
+impl BoxSize {
     /// The bytes of one side with rows `pitch` apart and slices `pitch * slice_height` apart,
     /// from the side's first byte at `pos` to its last, or `None` on overflow.
     pub fn span(&self, pos: Pos3, pitch: u64, slice_height: u64) -> Option<(u64, u64)> {
@@ -514,6 +523,33 @@ impl ShapedCopy {
         }
         let len = (self.depth - 1).checked_mul(slice)?.checked_add((self.height - 1).checked_mul(pitch)?)?.checked_add(self.width)?;
         Some((start, len))
+    }
+
+    /// [`BoxSize::span`] of a pitched side (device or host memory), or `None` also when the
+    /// box's rows or slices would overlap their neighbours.
+    pub fn pitched_span(&self, pos: Pos3, pitch: u64, slice_height: u64) -> Option<(u64, u64)> {
+        let rows = self.height > 1 || self.depth > 1;
+        if rows && pos.x.checked_add(self.width)? > pitch {
+            return None;
+        }
+        if self.depth > 1 && pos.y.checked_add(self.height)? > slice_height {
+            return None;
+        }
+        self.span(pos, pitch, slice_height)
+    }
+
+    /// Whether the box at `pos` lies inside an array of `desc`, in whole elements.
+    pub fn fits_array(&self, pos: Pos3, desc: &ArrayDesc) -> bool {
+        let (Some((width, height, depth)), Some(element)) = (desc.extent(), desc.element_size()) else { return false };
+        let fits = |at: u64, len: u64, limit: u64| at.checked_add(len).is_some_and(|end| end <= limit);
+        let whole_elements = pos.x.is_multiple_of(element) && self.width.is_multiple_of(element);
+        whole_elements && fits(pos.x, self.width, width) && fits(pos.y, self.height, height) && fits(pos.z, self.depth, depth)
+    }
+}
+
+impl ShapedCopy {
+    pub fn size(&self) -> BoxSize {
+        BoxSize { width: self.width, height: self.height, depth: self.depth }
     }
 
     /// The bytes the box holds, packed.

@@ -937,26 +937,6 @@ unsafe fn memcpy_3d(params: *const cudaMemcpy3DParms, stream: cudaStream_t, mode
     }
 }
 
-pub unsafe fn cudaMemcpy3D(params: *const cudaMemcpy3DParms) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    unsafe { memcpy_3d(params, std::ptr::null_mut(), Mode::Synchronous, false) }
-}
-
-pub unsafe fn cudaMemcpy3D_ptds(params: *const cudaMemcpy3DParms) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    unsafe { memcpy_3d(params, std::ptr::null_mut(), Mode::Synchronous, true) }
-}
-
-pub unsafe fn cudaMemcpy3DAsync(params: *const cudaMemcpy3DParms, stream: cudaStream_t) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    unsafe { memcpy_3d(params, stream, Mode::Asynchronous, false) }
-}
-
-pub unsafe fn cudaMemcpy3DAsync_ptsz(params: *const cudaMemcpy3DParms, stream: cudaStream_t) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    unsafe { memcpy_3d(params, stream, Mode::Asynchronous, true) }
-}
-
 /// A 3D copy between devices: between memory of the thread's current device it is a plain 3D
 /// copy; otherwise the driver copies between the two devices' primary contexts.
 ///
@@ -988,24 +968,29 @@ unsafe fn memcpy_3d_peer(params: *const cudaMemcpy3DPeerParms, stream: cudaStrea
     }
 }
 
-pub unsafe fn cudaMemcpy3DPeer(params: *const cudaMemcpy3DPeerParms) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    unsafe { memcpy_3d_peer(params, std::ptr::null_mut(), Mode::Synchronous, false) }
+/// The four forms of each 3D copy: synchronous or asynchronous, on the legacy or the per-thread
+/// default stream.
+macro_rules! copies_3d {
+    ($($name:ident ($params:ty $(, $stream:ident)?) => $via:ident, $mode:ident, $per_thread:literal;)*) => {$(
+        pub unsafe fn $name(params: *const $params $(, $stream: cudaStream_t)?) -> CudaResult<()> {
+            #[allow(unused_mut, unused_assignments, reason = "the synchronous forms have no stream")]
+            let mut stream: cudaStream_t = std::ptr::null_mut();
+            $(stream = $stream;)?
+            // SAFETY: the app's struct.
+            unsafe { $via(params, stream, Mode::$mode, $per_thread) }
+        }
+    )*};
 }
 
-pub unsafe fn cudaMemcpy3DPeer_ptds(params: *const cudaMemcpy3DPeerParms) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    unsafe { memcpy_3d_peer(params, std::ptr::null_mut(), Mode::Synchronous, true) }
-}
-
-pub unsafe fn cudaMemcpy3DPeerAsync(params: *const cudaMemcpy3DPeerParms, stream: cudaStream_t) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    unsafe { memcpy_3d_peer(params, stream, Mode::Asynchronous, false) }
-}
-
-pub unsafe fn cudaMemcpy3DPeerAsync_ptsz(params: *const cudaMemcpy3DPeerParms, stream: cudaStream_t) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    unsafe { memcpy_3d_peer(params, stream, Mode::Asynchronous, true) }
+copies_3d! {
+    cudaMemcpy3D(cudaMemcpy3DParms) => memcpy_3d, Synchronous, false;
+    cudaMemcpy3D_ptds(cudaMemcpy3DParms) => memcpy_3d, Synchronous, true;
+    cudaMemcpy3DAsync(cudaMemcpy3DParms, stream) => memcpy_3d, Asynchronous, false;
+    cudaMemcpy3DAsync_ptsz(cudaMemcpy3DParms, stream) => memcpy_3d, Asynchronous, true;
+    cudaMemcpy3DPeer(cudaMemcpy3DPeerParms) => memcpy_3d_peer, Synchronous, false;
+    cudaMemcpy3DPeer_ptds(cudaMemcpy3DPeerParms) => memcpy_3d_peer, Synchronous, true;
+    cudaMemcpy3DPeerAsync(cudaMemcpy3DPeerParms, stream) => memcpy_3d_peer, Asynchronous, false;
+    cudaMemcpy3DPeerAsync_ptsz(cudaMemcpy3DPeerParms, stream) => memcpy_3d_peer, Asynchronous, true;
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ unsafe impl<T> Send for Handle<T> {}
 // SAFETY: as above; sharing a handle only shares the pointer value.
 unsafe impl<T> Sync for Handle<T> {}
 
-fn check(result: Result<(), result::DriverError>) -> CudaResult<()> {
+pub(super) fn check(result: Result<(), result::DriverError>) -> CudaResult<()> {
     result.map_err(driver_error)
 }
 
@@ -64,7 +64,7 @@ struct RawDriver {
     func_get_name: unsafe extern "C" fn(*mut *const c_char, sys::CUfunction) -> u32,
 }
 
-fn raw_check(code: u32) -> CudaResult<()> {
+pub(super) fn raw_check(code: u32) -> CudaResult<()> {
     if code == 0 { Ok(()) } else { Err(CudaError::from_driver(code)) }
 }
 

@@ -10,7 +10,7 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{ArrayDesc, Resource, TextureDesc, ViewDesc};
 
-use super::cuda::{CudaDevice, Handle};
+use super::cuda::{CudaDevice, Handle, check, raw_check};
 use super::{Extent, Side, TexResource};
 
 /// `CUDA_ARRAY3D_DESCRIPTOR`.
@@ -102,14 +102,6 @@ impl RawArrays {
             })
         }
     }
-}
-
-fn raw_check(code: u32) -> CudaResult<()> {
-    if code == 0 { Ok(()) } else { Err(CudaError::from_driver(code)) }
-}
-
-fn check(result: sys::CUresult) -> CudaResult<()> {
-    raw_check(result as u32)
 }
 
 fn raw_array_desc(desc: &ArrayDesc) -> CudaResult<RawArrayDesc> {
@@ -209,7 +201,7 @@ impl CudaDevice {
         let (mut ptr, mut pitch) = (0u64, 0usize);
         let size = |value: u64| usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE);
         // SAFETY: valid out-pointers; a context is current on this thread.
-        check(unsafe { sys::cuMemAllocPitch_v2(&mut ptr, &mut pitch, size(width)?, size(height)?, element_size) })?;
+        check(unsafe { sys::cuMemAllocPitch_v2(&mut ptr, &mut pitch, size(width)?, size(height)?, element_size) }.result())?;
         Ok((ptr, pitch as u64))
     }
 
@@ -223,6 +215,7 @@ impl CudaDevice {
                 2 => sys::cuMemsetD2D16Async(set.dst, pitch, set.value as u16, width, height, stream),
                 _ => sys::cuMemsetD2D32Async(set.dst, pitch, set.value, width, height, stream),
             }
+            .result()
         })
     }
 
@@ -232,7 +225,7 @@ impl CudaDevice {
         let params = memcpy_3d(src, dst, extent)?;
         // SAFETY: the session checked device ranges and array bounds; host sides per the
         // caller's contract.
-        check(unsafe { sys::cuMemcpy3DAsync_v2(&params, stream) })
+        check(unsafe { sys::cuMemcpy3DAsync_v2(&params, stream) }.result())
     }
 
     pub(super) fn new_array(&self, desc: &ArrayDesc) -> CudaResult<Handle<sys::CUarray>> {
@@ -245,7 +238,7 @@ impl CudaDevice {
 
     pub(super) fn destroy_array(&self, array: Handle<sys::CUarray>) -> CudaResult<()> {
         // SAFETY: an array this session created (its own, not a mipmap level), destroyed once.
-        check(unsafe { sys::cuArrayDestroy(array.0) })
+        check(unsafe { sys::cuArrayDestroy(array.0) }.result())
     }
 
     pub(super) fn new_mipmap(&self, desc: &ArrayDesc, levels: u32) -> CudaResult<Handle<sys::CUmipmappedArray>> {
@@ -259,13 +252,13 @@ impl CudaDevice {
     pub(super) fn level(&self, mipmap: Handle<sys::CUmipmappedArray>, level: u32) -> CudaResult<Handle<sys::CUarray>> {
         let mut array = std::ptr::null_mut();
         // SAFETY: a mipmapped array of this session; valid out-pointer.
-        check(unsafe { sys::cuMipmappedArrayGetLevel(&mut array, mipmap.0, level) })?;
+        check(unsafe { sys::cuMipmappedArrayGetLevel(&mut array, mipmap.0, level) }.result())?;
         Ok(Handle::new(array))
     }
 
     pub(super) fn destroy_mipmap(&self, mipmap: Handle<sys::CUmipmappedArray>) -> CudaResult<()> {
         // SAFETY: a mipmapped array of this session, destroyed once.
-        check(unsafe { sys::cuMipmappedArrayDestroy(mipmap.0) })
+        check(unsafe { sys::cuMipmappedArrayDestroy(mipmap.0) }.result())
     }
 
     pub(super) fn new_texture(&self, resource: TexResource<Self>, texture: &TextureDesc, view: Option<&ViewDesc>) -> CudaResult<u64> {
@@ -326,7 +319,7 @@ impl CudaDevice {
 
     pub(super) fn destroy_object(&self, handle: u64, surface: bool) -> CudaResult<()> {
         // SAFETY: a texture or surface object this session created, destroyed once.
-        check(unsafe { if surface { sys::cuSurfObjectDestroy(handle) } else { sys::cuTexObjectDestroy(handle) } })
+        check(unsafe { if surface { sys::cuSurfObjectDestroy(handle) } else { sys::cuTexObjectDestroy(handle) } }.result())
     }
 
     pub(super) fn attribute_of_stream(&self, stream: sys::CUstream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {

@@ -64,27 +64,14 @@ impl<D: Device> Session<D> {
     fn device_side(&self, side: CopySide, pos: Pos3, copy: &ShapedCopy) -> CudaResult<Side<D>> {
         match side {
             CopySide::Device { ptr, pitch, height } => {
-                // Rows (and slices) of the box may not overlap their neighbours.
-                let rows = copy.height > 1 || copy.depth > 1;
-                if rows && pos.x.checked_add(copy.width).is_none_or(|end| end > pitch) {
-                    return Err(CudaError::INVALID_VALUE);
-                }
-                if copy.depth > 1 && pos.y.checked_add(copy.height).is_none_or(|end| end > height) {
-                    return Err(CudaError::INVALID_VALUE);
-                }
-                let (start, len) = copy.span(pos, pitch, height).ok_or(CudaError::INVALID_VALUE)?;
+                let (start, len) = copy.size().pitched_span(pos, pitch, height).ok_or(CudaError::INVALID_VALUE)?;
                 let first = ptr.checked_add(start).ok_or(CudaError::INVALID_VALUE)?;
                 self.ranges.check(first, len)?;
                 Ok(Side::Device { ptr: first, pitch, height })
             }
             CopySide::Array { array } => {
                 let entry = self.arrays.arrays.get(&array).ok_or(CudaError::INVALID_VALUE)?;
-                let (width, height, depth) = entry.desc.extent().ok_or(CudaError::INVALID_VALUE)?;
-                let element = entry.desc.element_size().ok_or(CudaError::INVALID_VALUE)?;
-                let fits = |at: u64, len: u64, limit: u64| at.checked_add(len).is_some_and(|end| end <= limit);
-                let whole_elements = pos.x.is_multiple_of(element) && copy.width.is_multiple_of(element);
-                if !(whole_elements && fits(pos.x, copy.width, width) && fits(pos.y, copy.height, height) && fits(pos.z, copy.depth, depth))
-                {
+                if !copy.size().fits_array(pos, &entry.desc) {
                     return Err(CudaError::INVALID_VALUE);
                 }
                 Ok(Side::Array { array: entry.array, pos })
@@ -247,10 +234,7 @@ impl<D: Device> Session<D> {
                 _ => return Err(CudaError::INVALID_VALUE),
             };
             let (pitch, height) = host;
-            if (copy.height > 1 || copy.depth > 1) && copy.width > pitch {
-                return Err(CudaError::INVALID_VALUE);
-            }
-            let (start, len) = copy.span(host_pos, pitch, height).ok_or(CudaError::INVALID_VALUE)?;
+            let (start, len) = copy.size().pitched_span(host_pos, pitch, height).ok_or(CudaError::INVALID_VALUE)?;
             let first = request.offset.checked_add(start).ok_or(CudaError::INVALID_VALUE)?;
             let ptr = segment.pinned(first, len)?;
             let staged = first < segment.staging();
