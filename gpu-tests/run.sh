@@ -185,11 +185,12 @@ STDERR_COMPARE=(assert_fail printf)
 #   [some_program]='cu(da)?(SomeCall|OtherCall)'
 # None at the moment.
 declare -A EXPECT_UNSUPPORTED=()
-# Programs whose kernels use host memory in place (cudaHostAllocMapped; cuDNN allocates such
+# Programs whose kernels use host memory in place (cudaHostAllocMapped, cudaMallocManaged; cuDNN allocates such
 # memory): through Flyt they need the shared-memory channel (transport shm); over a socket alone
 # they must fail loudly like the programs above.
 declare -A NEEDS_SHM_CHANNEL=(
     [mapped_memory]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
+    [managed_memory]='cuMemAllocManaged needs the shared-memory channel'
     [torch_conv]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
     # bf16 attention goes to cuDNN (the fp32 training before it passes over every transport).
     [torch_transformer]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'

@@ -44,6 +44,8 @@ pub struct HostAllocation {
     pub registered: bool,
     /// Kernels may use it at its host address (a block the server mapped at that address).
     pub device_mapped: bool,
+    /// Managed memory (`cuMemAllocManaged`): a mapped block freed with `cuMemFree`.
+    pub managed: bool,
 }
 
 /// What a pointer into pinned or registered host memory belongs to.
@@ -54,6 +56,8 @@ pub struct HostRange {
     pub flags: u32,
     /// Kernels may use the range at its host address.
     pub device_mapped: bool,
+    /// Managed memory.
+    pub managed: bool,
 }
 
 /// A stream the app created.
@@ -88,6 +92,10 @@ pub struct Client {
     pub arrays: crate::arrays::Arrays,
     /// CUDA IPC mappings this process opened.
     pub ipc: crate::ipc::Ipc,
+    /// Managed allocations and the advice given for them.
+    pub managed: crate::managed::Managed,
+    /// Mirrors of `__managed__` variables.
+    pub mirrors: crate::mirrors::Mirrors,
 }
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
@@ -289,6 +297,8 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         vmm: crate::vmm::Vmm::default(),
         arrays: crate::arrays::Arrays::default(),
         ipc: crate::ipc::Ipc::default(),
+        managed: crate::managed::Managed::default(),
+        mirrors: crate::mirrors::Mirrors::default(),
     })
 }
 
@@ -334,6 +344,8 @@ impl Client {
         self.forget_vmm();
         self.forget_arrays();
         self.forget_ipc();
+        crate::managed::forget(self);
+        self.mirrors.forget_all(self);
         crate::registry::forget_variables(&self.ranges);
         lock(&self.streams).clear();
         lock(&self.events).clear();
@@ -375,6 +387,17 @@ impl Client {
     /// asynchronous call is returned; the server sent the bytes of every copy the call covers
     /// before its reply, so they have landed.
     pub fn call<O: Op>(&self, request: O) -> CudaResult<O::Reply> {
+        let reply = self.call_plain(request)?;
+        // A synchronizing call that succeeded: `__managed__` variables the device may have
+        // written are fetched (a check of one flag when there are none).
+        if O::INFO.class == OpClass::SyncPoint {
+            self.pull_mirrors(O::INFO.id == <req::DeviceSynchronize as Op>::INFO.id)?;
+        }
+        Ok(reply)
+    }
+
+    /// [`Client::call`] without the fetch of mirrored variables.
+    pub fn call_plain<O: Op>(&self, request: O) -> CudaResult<O::Reply> {
         self.reply::<O>(self.conn.call(&request.into()))
     }
 
@@ -420,6 +443,7 @@ impl Client {
             len: allocation.len,
             flags: allocation.flags,
             device_mapped: allocation.device_mapped,
+            managed: allocation.managed,
         })
     }
 

@@ -4,12 +4,12 @@
 use flyt_protocol::device::{DeviceInfo, attr};
 
 /// Capabilities the GPU has but the app cannot use through Flyt, reported as 0 so that an app
-/// that asks takes the path Flyt serves: host memory the GPU reaches directly (mapped, unless the
-/// session has the shared-memory channel, which the driver front answers itself; pageable,
-/// registered at the same address, host atomics: the GPU is in another process, often on another
-/// machine, and a host address handed to a kernel would name the server's memory), managed
-/// memory, memory pools, cooperative launches, sparse and deferred-mapping arrays, external
-/// semaphores, IPC events and GPUDirect RDMA, whose APIs all answer `not-supported errors`.
+/// that asks takes the path Flyt serves: host memory the GPU reaches directly (mapped and managed
+/// memory, unless the session has the shared-memory channel: `WITH_SHARED_MEMORY`; pageable
+/// memory, registered memory at its own address, host atomics: the GPU is in another process,
+/// often on another machine, and a host address handed to a kernel would name the server's
+/// memory), sparse and deferred-mapping arrays, external semaphores, IPC events, host memory
+/// pools and GPUDirect RDMA, whose APIs answer not-supported errors.
 pub const NOT_THROUGH_FLYT: &[u32] = &[
     attr::CAN_MAP_HOST_MEMORY,
     attr::MANAGED_MEMORY,
@@ -34,11 +34,18 @@ pub const NOT_THROUGH_FLYT: &[u32] = &[
     attr::ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED,
 ];
 
+/// Capabilities among `NOT_THROUGH_FLYT` that the shared-memory channel gives: host memory kernels
+/// use in place (pinned blocks the server maps at the app's addresses), and managed memory made of
+/// such blocks, which the CPU and the GPU may use at the same time.
+pub const WITH_SHARED_MEMORY: &[u32] = &[attr::CAN_MAP_HOST_MEMORY, attr::MANAGED_MEMORY, attr::CONCURRENT_MANAGED_ACCESS];
+
 /// A device attribute as the app sees it through Flyt: the device's value, or 0 for a capability
-/// in `NOT_THROUGH_FLYT`; `None` when the device did not report the attribute.
-pub fn served_attribute(info: &DeviceInfo, id: u32) -> Option<i32> {
+/// in `NOT_THROUGH_FLYT` (unless `shared_memory`, the session having the channel, gives it);
+/// `None` when the device did not report the attribute.
+pub fn served_attribute(info: &DeviceInfo, id: u32, shared_memory: bool) -> Option<i32> {
     let value = info.attribute(id)?;
-    Some(if NOT_THROUGH_FLYT.contains(&id) { 0 } else { value })
+    let served = !NOT_THROUGH_FLYT.contains(&id) || (shared_memory && WITH_SHARED_MEMORY.contains(&id));
+    Some(if served { value } else { 0 })
 }
 
 #[cfg(test)]
@@ -55,11 +62,12 @@ mod tests {
             total_mem: 1 << 30,
             attributes: vec![(attr::CAN_MAP_HOST_MEMORY, 1), (attr::MEMORY_POOLS_SUPPORTED, 1), (attr::HOST_REGISTER_SUPPORTED, 1)],
         };
-        assert_eq!(served_attribute(&info, attr::CAN_MAP_HOST_MEMORY), Some(0));
+        assert_eq!(served_attribute(&info, attr::CAN_MAP_HOST_MEMORY, false), Some(0));
+        assert_eq!(served_attribute(&info, attr::CAN_MAP_HOST_MEMORY, true), Some(1));
         // Stream-ordered allocation is served: reported as the device reports it.
-        assert_eq!(served_attribute(&info, attr::MEMORY_POOLS_SUPPORTED), Some(1));
+        assert_eq!(served_attribute(&info, attr::MEMORY_POOLS_SUPPORTED, false), Some(1));
         // cudaHostRegister works for copies: reported as the device reports it.
-        assert_eq!(served_attribute(&info, attr::HOST_REGISTER_SUPPORTED), Some(1));
-        assert_eq!(served_attribute(&info, attr::COOPERATIVE_LAUNCH), None, "not reported stays unknown");
+        assert_eq!(served_attribute(&info, attr::HOST_REGISTER_SUPPORTED, false), Some(1));
+        assert_eq!(served_attribute(&info, attr::COOPERATIVE_LAUNCH, false), None, "not reported stays unknown");
     }
 }

@@ -207,6 +207,7 @@ impl Client {
             self.graphs.add_outstanding(host_nodes as usize);
             self.conn.expect_notices(host_nodes as usize);
         }
+        self.push_mirrors()?;
         self.post(req::GraphLaunch { exec, stream })
     }
 

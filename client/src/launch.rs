@@ -96,6 +96,7 @@ impl Client {
         // SAFETY: forwarded contract.
         let packed = unsafe { pack_args(function, args) }?;
         let shared_mem = u32::try_from(config.shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
+        self.push_mirrors()?;
         self.post(req::Launch {
             function: function.reference(),
             grid: config.grid,

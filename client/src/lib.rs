@@ -20,6 +20,8 @@ pub mod images;
 pub mod ipc;
 pub mod launch;
 pub mod link;
+pub mod managed;
+pub mod mirrors;
 pub mod ranges;
 pub mod registry;
 pub mod shaped;

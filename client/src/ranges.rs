@@ -25,8 +25,13 @@ struct Range {
 /// later allocation gets a new one.
 static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A buffer id no other allocation of the process had.
+pub fn new_buffer_id() -> u64 {
+    NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed)
+}
+
 fn range(len: u64, freeable: bool) -> Range {
-    Range { len, freeable, mapped: false, id: NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed) }
+    Range { len, freeable, mapped: false, id: new_buffer_id() }
 }
 
 /// Start address to its range.

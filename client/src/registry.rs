@@ -60,7 +60,8 @@ pub struct Module {
 #[derive(Default)]
 struct Found {
     functions: HashMap<String, Arc<Function>>,
-    variables: HashMap<String, (u64, u64)>,
+    /// `(address, size, managed)`.
+    variables: HashMap<String, (u64, u64, bool)>,
     /// Every kernel's name, once asked for.
     names: Option<Arc<Vec<String>>>,
 }
@@ -163,7 +164,7 @@ pub fn unload(conn: Option<&Arc<Conn>>, ranges: Option<&DeviceRanges>, id: u32) 
     }
     let held = conn.is_some_and(|conn| held(conn, id, &registration));
     if let Some(ranges) = ranges {
-        for (address, _) in lock(&found).variables.values() {
+        for (address, _, _) in lock(&found).variables.values() {
             ranges.remove_variable(*address);
         }
     }
@@ -178,7 +179,7 @@ pub fn unload(conn: Option<&Arc<Conn>>, ranges: Option<&DeviceRanges>, id: u32) 
 pub fn forget_variables(ranges: &DeviceRanges) {
     let registry = read();
     for module in &registry.modules {
-        for (_, (address, _)) in lock(&module.found).variables.drain() {
+        for (_, (address, _, _)) in lock(&module.found).variables.drain() {
             ranges.remove_variable(address);
         }
     }
@@ -212,9 +213,10 @@ pub fn function_by_name(conn: &Arc<Conn>, id: u32, name: &str) -> CudaResult<Arc
     Ok(function)
 }
 
-/// A `__device__`/`__constant__` variable of a live module by name, as `(address, size)`; added to
-/// `ranges` so copies may reach it.
-pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &str) -> CudaResult<(u64, u64)> {
+/// A `__device__`/`__constant__`/`__managed__` variable of a live module by name, as `(address,
+/// size, managed)`. Device variables are added to `ranges` so copies may reach them; a managed
+/// one is the caller's to mirror (copies reach the mirror, as host memory).
+pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &str) -> CudaResult<(u64, u64, bool)> {
     let (registration, found) = {
         let registry = read();
         let module = live(&registry, id)?;
@@ -225,9 +227,11 @@ pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &s
         (module.registration.clone(), module.found.clone())
     };
     let reply: rep::ModuleGetGlobal = ask(conn, id, &registration, req::ModuleGetGlobal { module: id, name: name.to_owned() })?;
-    ranges.add_variables(std::iter::once((reply.address, reply.size)));
-    lock(&found).variables.insert(name.to_owned(), (reply.address, reply.size));
-    Ok((reply.address, reply.size))
+    if !reply.managed {
+        ranges.add_variables(std::iter::once((reply.address, reply.size)));
+    }
+    lock(&found).variables.insert(name.to_owned(), (reply.address, reply.size, reply.managed));
+    Ok((reply.address, reply.size, reply.managed))
 }
 
 /// The names of a live module's kernels, in the driver's order, asked once per module.

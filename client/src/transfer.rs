@@ -55,7 +55,7 @@ pub fn host_alloc(client: &Client, size: usize, flags: u32) -> CudaResult<*mut u
         .host_allocations
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(ptr as usize, HostAllocation { len: size.max(1), flags, segment_offset, registered: false, device_mapped });
+        .insert(ptr as usize, HostAllocation { len: size.max(1), flags, segment_offset, registered: false, device_mapped, managed: false });
     Ok(ptr)
 }
 
@@ -104,6 +104,18 @@ pub fn classify(client: &Client, dst: u64, src: u64) -> Direction {
     }
 }
 
+/// Whether a copy whose entry point declares `declared` may go as `found` (what its pointers are):
+/// each side the name calls device memory that is host memory here must be host memory kernels
+/// use at its address (mapped or managed), which CUDA accepts there under unified addressing.
+pub fn declared_fits(client: &Client, declared: Direction, found: Direction, dst: u64, src: u64) -> bool {
+    let (declared_dst, declared_src) = declared.device_sides();
+    let (found_dst, found_src) = found.device_sides();
+    let fits = |declared: bool, found: bool, ptr: u64| {
+        declared == found || (declared && !found && client.host_allocation(ptr as usize).is_some_and(|host| host.device_mapped))
+    };
+    fits(declared_dst, found_dst, dst) && fits(declared_src, found_src, src)
+}
+
 /// Fills `len` bytes at device address `dst` (device memory or mapped host memory) on `stream` with elements `width` bytes wide (1, 2
 /// or 4), each the low `width` bytes of `pattern`, after checking the range. Queued: its errors
 /// arrive at the next synchronizing call.
@@ -112,6 +124,7 @@ pub fn memset(client: &Client, dst: u64, pattern: u32, width: u8, len: u64, stre
         return Ok(());
     }
     client.check_device_accessible(dst, len)?;
+    client.mirrors.note_device_write();
     client.post(req::Memset { dst, pattern, width, len, stream })
 }
 
@@ -120,7 +133,7 @@ pub fn memset(client: &Client, dst: u64, pattern: u32, width: u8, len: u64, stre
 pub fn host_free(client: &Client, address: usize) -> CudaResult<()> {
     let allocation = {
         let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if allocations.get(&address).is_none_or(|allocation| allocation.registered) {
+        if allocations.get(&address).is_none_or(|allocation| allocation.registered || allocation.managed) {
             return Err(CudaError::INVALID_VALUE);
         }
         allocations.remove(&address)
@@ -147,7 +160,8 @@ pub fn host_register(client: &Client, start: usize, size: usize, flags: u32) -> 
     if overlaps {
         return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED);
     }
-    allocations.insert(start, HostAllocation { len: size, flags, segment_offset: None, registered: true, device_mapped: false });
+    allocations
+        .insert(start, HostAllocation { len: size, flags, segment_offset: None, registered: true, device_mapped: false, managed: false });
     Ok(())
 }
 
@@ -170,6 +184,18 @@ pub enum Direction {
     HostToDevice,
     DeviceToHost,
     DeviceToDevice,
+}
+
+impl Direction {
+    /// Whether `(dst, src)` are device memory.
+    pub fn device_sides(self) -> (bool, bool) {
+        match self {
+            Direction::HostToHost => (false, false),
+            Direction::HostToDevice => (true, false),
+            Direction::DeviceToHost => (false, true),
+            Direction::DeviceToDevice => (true, true),
+        }
+    }
 }
 
 /// How a copy relates to the host.

@@ -121,8 +121,9 @@ macro_rules! for_each_op {
             /// A kernel of a module by name (`cuModuleGetFunction`, `cuLibraryGetKernel`): the index
             /// later launches name it by, and its parameter layout. Asking twice gives the same index.
             35 ModuleGetFunction module_get_function [reply -] { module: u32, name: String } -> { index: u32, params: Vec<ParamInfo> };
-            /// A `__device__`/`__constant__` variable of a module by name (`cuModuleGetGlobal`).
-            36 ModuleGetGlobal module_get_global [reply -] { module: u32, name: String } -> { address: u64, size: u64 };
+            /// A `__device__`/`__constant__`/`__managed__` variable of a module by name
+            /// (`cuModuleGetGlobal`); `managed`: the app reaches it through a mirror.
+            36 ModuleGetGlobal module_get_global [reply -] { module: u32, name: String } -> { address: u64, size: u64, managed: bool };
             /// `cuOccupancyMaxActiveClusters` for a launch configuration.
             37 OccupancyMaxActiveClusters occupancy_max_active_clusters [reply -] {
                 function: FunctionRef, grid: Dim3, block: Dim3, shared_mem: u32, attributes: Vec<LaunchAttribute>

@@ -1015,12 +1015,12 @@ impl<D: Device> OpHandler for Session<D> {
         let Some(loaded) = self.modules.get_mut(&request.module) else {
             return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
         };
-        let result = self.device.variable(&loaded.module, &request.name).map(|(address, size)| {
+        let result = self.device.variable(&loaded.module, &request.name).map(|(address, size, managed)| {
             if !loaded.variables.contains(&(address, size)) {
                 self.ranges.insert(address, size, RangeKind::Variable);
                 loaded.variables.push((address, size));
             }
-            rep::ModuleGetGlobal { address, size }
+            rep::ModuleGetGlobal { address, size, managed }
         });
         reply.send(result);
     }

@@ -285,3 +285,36 @@ fn arrays_and_shaped_copies_through_the_driver_api() {
         assert!(stderr.contains("a CUDA array of a block-compressed, NV12 or packed format is not supported"), "{stderr}");
     }
 }
+
+/// Managed memory through the driver API on the emulated device: shared pages with the channel,
+/// a clear refusal without it.
+#[test]
+fn managed_memory_through_the_driver_api() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("driver-managed");
+    let lib = driver_lib_dir(&scratch);
+    let program = compile_driver_program(&cuda, &scratch, &lib, "driver_managed");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    for shm in ["on", "off"] {
+        let (code, stdout, stderr) = run_with_timeout(
+            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm),
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
+        if shm == "on" {
+            for line in
+                ["memset seen by the host: yes", "accessed by device 0 and the host: yes", "batch prefetch: second half to device 0: yes"]
+            {
+                assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
+            }
+        } else {
+            assert!(stdout.contains("managed memory refused without the channel: yes"), "{stdout}\n{stderr}");
+            assert!(stderr.contains("cuMemAllocManaged needs the shared-memory channel"), "{stderr}");
+        }
+    }
+}

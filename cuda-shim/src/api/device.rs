@@ -27,12 +27,11 @@ fn served_attribute(info: &DeviceInfo, id: u32) -> DriverResult<i32> {
     if !(1..ATTRIBUTE_MAX).contains(&id) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    // Mapped host memory is had over the shared-memory channel (the server maps pinned blocks at
-    // the app's addresses), so the device's answer stands when the session has the channel.
-    if id == flyt_protocol::device::attr::CAN_MAP_HOST_MEMORY && flyt_client::client::client().is_ok_and(|client| client.shm.is_some()) {
-        return Ok(info.attribute(id).unwrap_or(0));
-    }
-    Ok(flyt_client::devices::served_attribute(info, id).unwrap_or(0))
+    // Mapped and managed memory are had over the shared-memory channel (the server maps pinned
+    // blocks at the app's addresses), so the device's answer stands when the session has it.
+    let shared_memory =
+        flyt_client::devices::WITH_SHARED_MEMORY.contains(&id) && flyt_client::client::client().is_ok_and(|client| client.shm.is_some());
+    Ok(flyt_client::devices::served_attribute(info, id, shared_memory).unwrap_or(0))
 }
 
 /// Copies `text` into a C buffer of `len` bytes, truncated and always NUL-terminated.

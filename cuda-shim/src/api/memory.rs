@@ -38,6 +38,9 @@ pub unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         if dptr == 0 {
             return Ok(());
         }
+        if client.host_allocation(dptr as usize).is_some_and(|host| host.managed) {
+            return flyt_client::managed::free(client, dptr).map_err(super::session::driver_error);
+        }
         client.remove_allocation(dptr).map_err(super::session::driver_error)?;
         client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error)
     })
@@ -73,9 +76,11 @@ unsafe fn memcpy(dst: u64, src: u64, count: usize, declared: Option<Direction>, 
     let found = transfer::classify(client, dst, src);
     let direction = match declared {
         None => found,
-        // The device side the name promises must be device memory the session knows; a host side
-        // that is device memory would be read or written as host memory: refused too.
-        Some(declared) if declared == found => declared,
+        // The device side the name promises must be device memory the session knows, or host
+        // memory kernels use at its address (mapped or managed: unified addressing, as natively),
+        // copied as the host memory it is; a host side that is device memory would be read or
+        // written as host memory: refused.
+        Some(declared) if declared == found || transfer::declared_fits(client, declared, found, dst, src) => found,
         Some(_) => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
     };
     let sync = |stream| client.call(req::StreamSynchronize { stream }).map(|_| ());
@@ -226,17 +231,23 @@ struct Known {
     device: bool,
     /// Kernels may use it at this same address (device memory, or mapped host memory).
     device_accessible: bool,
+    /// Managed memory, with its buffer id.
+    managed: Option<u64>,
 }
 
 fn known(client: &Client, ptr: u64) -> Option<Known> {
     if let Some((start, len)) = client.device_range(ptr) {
-        return Some(Known { start, len, device: true, device_accessible: true });
+        return Some(Known { start, len, device: true, device_accessible: true, managed: None });
+    }
+    if let Some((start, len, buffer_id)) = client.managed.holding(ptr, 1) {
+        return Some(Known { start, len, device: true, device_accessible: true, managed: Some(buffer_id) });
     }
     client.host_allocation(ptr as usize).map(|host| Known {
         start: host.start as u64,
         len: host.len as u64,
         device: false,
         device_accessible: host.device_mapped,
+        managed: None,
     })
 }
 
@@ -255,7 +266,7 @@ unsafe fn write_attribute(
     use pointer_attribute::*;
     // SAFETY: per this function's contract, `data` holds the type each arm writes.
     unsafe {
-        let Some(Known { start, len, device, device_accessible }) = found else {
+        let Some(Known { start, len, device, device_accessible, managed }) = found else {
             return match attribute {
                 CONTEXT | HOST_POINTER | MEMPOOL_HANDLE => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
                 DEVICE_POINTER | RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), 0),
@@ -282,17 +293,19 @@ unsafe fn write_attribute(
             MEMORY_TYPE => write_out(data.cast::<c_uint>(), if device { MEMORYTYPE_DEVICE } else { MEMORYTYPE_HOST }),
             // Unified addressing: mapped host memory has its host address on the device too.
             DEVICE_POINTER if device_accessible => write_out(data.cast::<CUdeviceptr>(), ptr),
-            HOST_POINTER if !device => write_out(data.cast::<*mut c_void>(), ptr as usize as *mut c_void),
+            // Managed memory is reached from both sides at one address.
+            HOST_POINTER if !device || managed.is_some() => write_out(data.cast::<*mut c_void>(), ptr as usize as *mut c_void),
             // Device memory has no host address, and host memory the server could not map no
             // device one: as the driver answers for unmapped memory, an error when asked alone
             // and NULL among several (how the runtime's cudaPointerGetAttributes asks).
             DEVICE_POINTER | HOST_POINTER if several => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
             DEVICE_POINTER | HOST_POINTER => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-            IS_MANAGED => write_out(data.cast::<c_uint>(), 0),
+            IS_MANAGED => write_out(data.cast::<c_uint>(), c_uint::from(managed.is_some())),
             MAPPED => write_out(data.cast::<c_uint>(), 1),
             DEVICE_ORDINAL => write_out(data.cast::<i32>(), 0),
             RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), start),
             RANGE_SIZE => write_out(data.cast::<usize>(), len as usize),
+            BUFFER_ID if managed.is_some() => write_out(data.cast::<u64>(), managed.unwrap_or_default()),
             // Pinned host blocks live in this process, not in the session's device ranges.
             BUFFER_ID if device => {
                 write_out(data.cast::<u64>(), client()?.ranges.buffer_id(ptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?)
@@ -347,7 +360,9 @@ pub unsafe fn cuPointerGetAttributes(
 /// The allocation holding `dptr`, as the session knows it: answered in the process.
 pub unsafe fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) -> CUresult {
     run(|| {
-        let (start, len) = client()?.device_range(dptr).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+        let client = client()?;
+        let managed = || client.managed.holding(dptr, 1).map(|(start, len, _)| (start, len));
+        let (start, len) = client.device_range(dptr).or_else(managed).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
         // Either out-pointer may be NULL: the caller wants only the other.
         if !pbase.is_null() {
             // SAFETY: non-NULL; the caller's out-pointer.

@@ -188,7 +188,11 @@ pub unsafe fn cuModuleUnload(hmod: CUmodule) -> CUresult {
 fn unload(id: u32) -> DriverResult {
     driver().session()?;
     let client = flyt_client::client::existing_client();
-    registry::unload(client.map(|c| &c.conn), client.map(|c| &c.ranges), id).map_err(driver_error)
+    registry::unload(client.map(|c| &c.conn), client.map(|c| &c.ranges), id).map_err(driver_error)?;
+    if let Some(client) = client {
+        client.mirrors.forget_module(client, id);
+    }
+    Ok(())
 }
 
 /// Entry 1 of the CudartInterface export table: a module from a fat binary the runtime registered.
@@ -455,12 +459,25 @@ pub(crate) fn each_function(module: CUmodule, visit: EachFunction, opaque: *mut 
     Ok(kernels.len())
 }
 
-fn find_global(dptr: *mut CUdeviceptr, bytes: *mut usize, id: u32, name: *const c_char, client: &Client) -> DriverResult {
+fn find_global(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    id: u32,
+    name: *const c_char,
+    client: &Client,
+    managed_only: bool,
+) -> DriverResult {
     let name = name_of(name)?;
-    let (address, size) = registry::global_by_name(&client.conn, &client.ranges, id, &name).map_err(|error| match error {
+    let (address, size, managed) = registry::global_by_name(&client.conn, &client.ranges, id, &name).map_err(|error| match error {
         flyt_protocol::CudaError::INVALID_SYMBOL => CUresult::CUDA_ERROR_NOT_FOUND,
         other => driver_error(other),
     })?;
+    if managed_only && !managed {
+        return Err(CUresult::CUDA_ERROR_NOT_FOUND);
+    }
+    if managed {
+        client.mirror_variable(id, address, size).map_err(driver_error)?;
+    }
     // Either out-pointer may be NULL: the caller wants only the other.
     if !dptr.is_null() {
         // SAFETY: non-NULL; the caller's out-pointer.
@@ -474,11 +491,18 @@ fn find_global(dptr: *mut CUdeviceptr, bytes: *mut usize, id: u32, name: *const 
 }
 
 pub unsafe fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const c_char) -> CUresult {
-    run(|| find_global(dptr, bytes, module_id(hmod)?, name, client()?))
+    run(|| find_global(dptr, bytes, module_id(hmod)?, name, client()?, false))
 }
 
 pub unsafe fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char) -> CUresult {
-    run(|| find_global(dptr, bytes, module_id(library)?, name, client()?))
+    run(|| find_global(dptr, bytes, module_id(library)?, name, client()?, false))
+}
+
+/// A `__managed__` variable: its address, which the app reaches through a mirror
+/// (`flyt_client::mirrors`); a variable that is not managed is not found, as with the driver.
+/// Managed memory belongs to no context: NVIDIA's runtime asks before it makes one.
+pub unsafe fn cuLibraryGetManaged(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char) -> CUresult {
+    run(|| find_global(dptr, bytes, module_id(library)?, name, session_client()?, true))
 }
 
 // -- what a kernel is --

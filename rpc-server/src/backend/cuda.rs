@@ -596,12 +596,17 @@ impl Device for CudaDevice {
             .collect()
     }
 
-    fn variable(&self, module: &Self::Module, name: &str) -> CudaResult<(u64, u64)> {
+    fn variable(&self, module: &Self::Module, name: &str) -> CudaResult<(u64, u64, bool)> {
         let name = CString::new(name).map_err(|_| CudaError::INVALID_SYMBOL)?;
         let (mut address, mut size): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: `module` is loaded; valid out-pointers.
         check(unsafe { sys::cuModuleGetGlobal_v2(&mut address, &mut size, module.0, name.as_ptr()).result() })?;
-        Ok((address, size as u64))
+        let mut managed: c_uint = 0;
+        // SAFETY: a valid out-pointer of the attribute's type; the address is the module's.
+        let asked = unsafe {
+            sys::cuPointerGetAttribute((&raw mut managed).cast(), sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED, address)
+        };
+        Ok((address, size as u64, asked == sys::cudaError_enum::CUDA_SUCCESS && managed != 0))
     }
 
     fn unload_module(&self, module: Self::Module) -> CudaResult<()> {

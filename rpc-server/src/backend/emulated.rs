@@ -192,6 +192,8 @@ impl Device for EmulatedDevice {
             (attr::TEXTURE_ALIGNMENT, 512),
             (attr::MULTIPROCESSOR_COUNT, sms),
             (attr::CAN_MAP_HOST_MEMORY, 1),
+            (attr::MANAGED_MEMORY, 1),
+            (attr::CONCURRENT_MANAGED_ACCESS, 1),
             (attr::CONCURRENT_KERNELS, 1),
             (attr::MEMORY_CLOCK_RATE, 3_201_000),
             (attr::GLOBAL_MEMORY_BUS_WIDTH, 6144),
@@ -358,7 +360,7 @@ impl Device for EmulatedDevice {
         Err(NO_GPU_CODE)
     }
 
-    fn variable(&self, _module: &(), _name: &str) -> CudaResult<(u64, u64)> {
+    fn variable(&self, _module: &(), _name: &str) -> CudaResult<(u64, u64, bool)> {
         Err(NO_GPU_CODE)
     }
 

@@ -181,8 +181,8 @@ pub trait Device: Send + Sync + 'static {
     fn function(&self, module: &Self::Module, name: &str) -> CudaResult<(Self::Function, Vec<ParamInfo>)>;
     /// The names of a module's kernels, in the driver's order.
     fn function_names(&self, module: &Self::Module) -> CudaResult<Vec<String>>;
-    /// A module variable's device address and size.
-    fn variable(&self, module: &Self::Module, name: &str) -> CudaResult<(u64, u64)>;
+    /// A module variable's device address, size, and whether it is managed (`__managed__`).
+    fn variable(&self, module: &Self::Module, name: &str) -> CudaResult<(u64, u64, bool)>;
     fn unload_module(&self, module: Self::Module) -> CudaResult<()>;
     /// `cuLinkCreate` with the forwarded JIT options (the caller checked them) and log buffers of
     /// the given sizes.

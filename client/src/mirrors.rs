@@ -1,0 +1,274 @@
+//! `__managed__` variables. The server's driver places a module's managed variable at an address
+//! of its own process, and device code names that address; host code reaches the variable through
+//! the pointer the driver API returns for it. So the app gets a mirror: private pages mapped at the
+//! same address in this process, kept coherent at the points where CUDA's own managed memory must
+//! be coherent for a program without concurrent access:
+//!
+//! - before a kernel or graph launch, bytes the host changed since the last exchange are sent
+//!   (compared against a snapshot of what both sides last agreed on);
+//! - after a synchronizing call that follows a launch or memset (a device, stream or event
+//!   synchronize or a successful query, until a device synchronize), the device's bytes are
+//!   fetched and those that changed on the device replace the mirror's, so host writes made
+//!   meanwhile to other bytes survive.
+//!
+//! Copies to and from the variable's address reach the mirror, as host memory (the runtime's
+//! symbol copies included); a memset is done on the device and fetched at the next sync. Managed
+//! allocations (`cuMemAllocManaged`) are not mirrored: they are shared pages (`managed.rs`).
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::req;
+
+use crate::client::{Client, HostAllocation};
+use crate::conn::HostDestination;
+
+const PAGE: u64 = 4096;
+
+/// `CU_STREAM_NON_BLOCKING`: the mirrors' stream waits for no other stream's work.
+const NON_BLOCKING: u32 = 1;
+
+struct Mirror {
+    module: u32,
+    address: u64,
+    /// What host and device last agreed the variable holds.
+    snapshot: Vec<u8>,
+}
+
+#[derive(Default)]
+struct State {
+    mirrors: Vec<Mirror>,
+    /// Pages mapped for mirrors (variables may share a page).
+    pages: BTreeSet<u64>,
+    /// The stream exchanges run on, made at the first one.
+    stream: Option<u64>,
+}
+
+#[derive(Default)]
+pub struct Mirrors {
+    state: Mutex<State>,
+    /// Whether any mirror exists (the launch and sync paths check only this when none does).
+    any: AtomicBool,
+    /// The device may have written a mirrored variable since the last fetch.
+    device_dirty: AtomicBool,
+}
+
+/// Bytes that changed on the device (`device` against `snapshot`) replace the mirror's; then the
+/// snapshot becomes the device's bytes.
+pub fn merge(mirror: &mut [u8], snapshot: &mut [u8], device: &[u8]) {
+    for ((mine, agreed), theirs) in mirror.iter_mut().zip(snapshot.iter()).zip(device) {
+        if theirs != agreed {
+            *mine = *theirs;
+        }
+    }
+    snapshot.copy_from_slice(device);
+}
+
+impl Mirrors {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a launch or memset may have changed a mirrored variable on the device.
+    pub fn note_device_write(&self) {
+        if self.any.load(Ordering::Relaxed) {
+            self.device_dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Forgets the mirrors of an unloaded module (their pages stay mapped: the app may still hold
+    /// pointers into them, as natively it holds pointers into freed managed memory).
+    pub fn forget_module(&self, client: &Client, module: u32) {
+        let mut state = self.lock();
+        let (gone, kept): (Vec<Mirror>, Vec<Mirror>) = std::mem::take(&mut state.mirrors).into_iter().partition(|m| m.module == module);
+        state.mirrors = kept;
+        self.any.store(!state.mirrors.is_empty(), Ordering::Relaxed);
+        drop(state);
+        forget_ranges(client, &gone);
+    }
+
+    /// Forgets every mirror (a device reset: modules are loaded again and variables may move).
+    pub fn forget_all(&self, client: &Client) {
+        let mut state = self.lock();
+        let gone = std::mem::take(&mut state.mirrors);
+        state.stream = None;
+        self.any.store(false, Ordering::Relaxed);
+        drop(state);
+        forget_ranges(client, &gone);
+    }
+}
+
+fn forget_ranges(client: &Client, gone: &[Mirror]) {
+    let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for mirror in gone {
+        allocations.remove(&(mirror.address as usize));
+        client.managed.forget_mirror(mirror.address);
+    }
+}
+
+impl Client {
+    /// The mirrors' stream, made at first use.
+    fn mirror_stream(&self, state: &mut State) -> CudaResult<u64> {
+        if let Some(stream) = state.stream {
+            return Ok(stream);
+        }
+        let stream = self.new_stream_id();
+        self.post(req::StreamCreate { stream, flags: NON_BLOCKING, priority: 0 })?;
+        state.stream = Some(stream);
+        Ok(stream)
+    }
+
+    /// Sets up the mirror of module `module`'s managed variable at `address` (`size` bytes) and
+    /// fills it from the device. Fails with `NOT_SUPPORTED` when the address is taken here.
+    pub fn mirror_variable(&self, module: u32, address: u64, size: u64) -> CudaResult<()> {
+        let mut state = self.lock_mirrors();
+        if state.mirrors.iter().any(|mirror| mirror.address == address) {
+            return Ok(());
+        }
+        let len = usize::try_from(size).map_err(|_| CudaError::INVALID_VALUE)?;
+        let end = address.checked_add(size.max(1)).ok_or(CudaError::INVALID_VALUE)?;
+        let first = address / PAGE * PAGE;
+        for page in (first..end).step_by(PAGE as usize) {
+            if state.pages.contains(&page) {
+                continue;
+            }
+            // SAFETY: a private anonymous mapping at an address the kernel checks is free
+            // (MAP_FIXED_NOREPLACE never replaces an existing mapping).
+            let mapped = unsafe {
+                libc::mmap(
+                    page as usize as *mut libc::c_void,
+                    PAGE as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if mapped as usize as u64 != page {
+                if mapped != libc::MAP_FAILED {
+                    // SAFETY: the mapping just made (an old kernel placed it elsewhere).
+                    unsafe { libc::munmap(mapped, PAGE as usize) };
+                }
+                crate::diagnostics::once(
+                    "managed-variable-address",
+                    &format!(
+                        "flyt: a __managed__ variable's address {address:#x} is taken in this process: it cannot be mirrored (returning CUDA_ERROR_NOT_SUPPORTED)"
+                    ),
+                );
+                return Err(CudaError::NOT_SUPPORTED);
+            }
+            state.pages.insert(page);
+        }
+        let stream = self.mirror_stream(&mut state)?;
+        let mut snapshot = vec![0u8; len];
+        self.read_variable(address, &mut snapshot, stream)?;
+        // SAFETY: the mirror's pages were mapped above, writable, for `len` bytes at `address`.
+        unsafe { std::ptr::copy_nonoverlapping(snapshot.as_ptr(), address as usize as *mut u8, len) };
+        state.mirrors.push(Mirror { module, address, snapshot });
+        self.mirrors.any.store(true, Ordering::Relaxed);
+        drop(state);
+        self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(
+            address as usize,
+            HostAllocation { len: len.max(1), flags: 0, segment_offset: None, registered: false, device_mapped: true, managed: true },
+        );
+        self.managed.add_mirror(address, size);
+        Ok(())
+    }
+
+    fn lock_mirrors(&self) -> std::sync::MutexGuard<'_, State> {
+        self.mirrors.lock()
+    }
+
+    /// Reads `bytes.len()` bytes of the device at `address` on the mirrors' stream.
+    fn read_variable(&self, address: u64, bytes: &mut [u8], stream: u64) -> CudaResult<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `bytes` is ours and outlives the call, which waits for the copy.
+        let destination = unsafe { HostDestination::new(bytes.as_mut_ptr(), bytes.len()) };
+        let request = req::MemcpyDtoH { src: address, len: bytes.len() as u64, stream, blocking: true };
+        self.call_into(request, destination).map(drop)
+    }
+
+    /// Before a launch: sends the bytes of each variable the host changed, and waits until the
+    /// device has them (the launch may run on any stream).
+    pub fn push_mirrors(&self) -> CudaResult<()> {
+        if !self.mirrors.any.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut state = self.lock_mirrors();
+        let stream = self.mirror_stream(&mut state)?;
+        let mut sent = false;
+        for mirror in &mut state.mirrors {
+            let mut now = vec![0u8; mirror.snapshot.len()];
+            // SAFETY: the mirror's pages stay mapped for the life of the process.
+            unsafe { std::ptr::copy_nonoverlapping(mirror.address as usize as *const u8, now.as_mut_ptr(), now.len()) };
+            if now != mirror.snapshot {
+                self.conn.send_async(&req::MemcpyHtoD { dst: mirror.address, stream }.into(), &now)?;
+                mirror.snapshot = now;
+                sent = true;
+            }
+        }
+        if sent {
+            self.call_plain(req::StreamSynchronize { stream })?;
+        }
+        drop(state);
+        self.mirrors.device_dirty.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// After a synchronizing call: fetches the variables the device may have written. Only a
+    /// device-wide synchronization (`whole_device`) ends the need: after a stream's or an event's,
+    /// other streams' kernels may still write, so the next sync point fetches again.
+    pub fn pull_mirrors(&self, whole_device: bool) -> CudaResult<()> {
+        let dirty = if whole_device {
+            self.mirrors.device_dirty.swap(false, Ordering::AcqRel)
+        } else {
+            self.mirrors.device_dirty.load(Ordering::Acquire)
+        };
+        if !dirty {
+            return Ok(());
+        }
+        let mut state = self.lock_mirrors();
+        let stream = self.mirror_stream(&mut state)?;
+        for mirror in &mut state.mirrors {
+            let mut device = vec![0u8; mirror.snapshot.len()];
+            self.read_variable(mirror.address, &mut device, stream)?;
+            let mut mine = vec![0u8; device.len()];
+            // SAFETY: the mirror's pages stay mapped for the life of the process; the app's
+            // threads may write them meanwhile, so they are read and written as raw memory.
+            unsafe { std::ptr::copy_nonoverlapping(mirror.address as usize as *const u8, mine.as_mut_ptr(), mine.len()) };
+            let before = mine.clone();
+            merge(&mut mine, &mut mirror.snapshot, &device);
+            for (offset, (new, old)) in mine.iter().zip(&before).enumerate() {
+                if new != old {
+                    // SAFETY: inside the mirror, as above.
+                    unsafe { (mirror.address as usize as *mut u8).add(offset).write(*new) };
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_changes_win_and_host_changes_to_other_bytes_survive() {
+        let mut snapshot = vec![1, 2, 3, 4];
+        // The host wrote byte 0; the device wrote byte 3.
+        let mut mirror = vec![9, 2, 3, 4];
+        merge(&mut mirror, &mut snapshot, &[1, 2, 3, 7]);
+        assert_eq!(mirror, [9, 2, 3, 7]);
+        assert_eq!(snapshot, [1, 2, 3, 7]);
+        // Both wrote byte 1: the device's write is the later one (the sync follows it).
+        let mut mirror = vec![9, 5, 3, 7];
+        merge(&mut mirror, &mut snapshot, &[1, 6, 3, 7]);
+        assert_eq!(mirror, [9, 6, 3, 7]);
+    }
+}

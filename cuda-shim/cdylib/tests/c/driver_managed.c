@@ -1,0 +1,146 @@
+// Managed memory through Flyt's libcuda.so.1 on the emulated device (no kernels): with the
+// shared-memory channel, cuMemAllocManaged memory is used at one address by the host and by
+// copies and memsets, prefetches and advice are checked and read back, pointer queries call it
+// managed; over a socket alone, allocation fails with CUDA_ERROR_NOT_SUPPORTED.
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver_expect.h"
+
+#define CHECK(what, condition)                                      \
+    do {                                                            \
+        int ok_ = (condition);                                      \
+        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
+        if (!ok_) failures++;                                       \
+    } while (0)
+
+static CUmemLocation device0(void) {
+    CUmemLocation l = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    return l;
+}
+
+static CUmemLocation host(void) {
+    CUmemLocation l = {CU_MEM_LOCATION_TYPE_HOST, 0};
+    return l;
+}
+
+int main(void) {
+    CUcontext ctx;
+    EXPECT(cuInit(0), CUDA_SUCCESS);
+    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    int managed_attribute = -1, concurrent = -1;
+    EXPECT(cuDeviceGetAttribute(&managed_attribute, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetAttribute(&concurrent, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0), CUDA_SUCCESS);
+    const size_t N = 3 << 20;  // crosses the copy chunk and a shared-memory slot
+    CUdeviceptr m = 0;
+    CUresult allocated = cuMemAllocManaged(&m, N, CU_MEM_ATTACH_GLOBAL);
+    if (allocated == CUDA_ERROR_NOT_SUPPORTED) {
+        // Over a socket alone: refused at allocation, and the device says it has none.
+        CHECK("managed memory refused without the channel", managed_attribute == 0 && concurrent == 0);
+        printf("PASSED: %d failure(s)\n", failures);
+        return failures != 0;
+    }
+    EXPECT(allocated, CUDA_SUCCESS);
+    CHECK("device reports managed memory", managed_attribute == 1);
+    EXPECT(cuMemAllocManaged(&m, 0, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemAllocManaged(&m, 64, 8), CUDA_ERROR_INVALID_VALUE);
+
+    // The host writes it in place; a device copy reads it; a memset writes it; the host sees it.
+    unsigned char *p = (unsigned char *)(uintptr_t)m;
+    for (size_t i = 0; i < N; i++) p[i] = (unsigned char)(i * 13 + 1);
+    CUdeviceptr d = 0;
+    EXPECT(cuMemAlloc(&d, N), CUDA_SUCCESS);
+    EXPECT(cuMemcpyHtoD(d, p, N), CUDA_SUCCESS);  // managed memory as the host side
+    EXPECT(cuMemsetD8(m, 0x5a, N), CUDA_SUCCESS);
+    EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
+    int all_set = 1;
+    for (size_t i = 0; i < N; i++) all_set &= p[i] == 0x5a;
+    CHECK("memset seen by the host", all_set);
+    EXPECT(cuMemcpyDtoD(m, d, N), CUDA_SUCCESS);  // managed memory as a device side
+    int same = 1;
+    for (size_t i = 0; i < N; i++) same &= p[i] == (unsigned char)(i * 13 + 1);
+    CHECK("device-to-device copy into managed memory", same);
+    EXPECT(cuMemsetD8(d, 0, N), CUDA_SUCCESS);
+    EXPECT(cuMemcpy(d, m, N), CUDA_SUCCESS);
+    unsigned char *back = malloc(N);
+    EXPECT(cuMemcpyDtoH(back, d, N), CUDA_SUCCESS);
+    CHECK("unified copy from managed memory", memcmp(back, p, N) == 0);
+
+    // Pointer queries.
+    unsigned is_managed = 0, type = 0;
+    CUdeviceptr start = 0, device_pointer = 0;
+    size_t size = 0;
+    EXPECT(cuPointerGetAttribute(&is_managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, m + 100), CUDA_SUCCESS);
+    EXPECT(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, m + 100), CUDA_SUCCESS);
+    EXPECT(cuPointerGetAttribute(&device_pointer, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, m + 100), CUDA_SUCCESS);
+    EXPECT(cuMemGetAddressRange(&start, &size, m + 100), CUDA_SUCCESS);
+    CHECK("pointer is managed, device memory type, same device pointer", is_managed == 1 && type == CU_MEMORYTYPE_DEVICE && device_pointer == m + 100);
+    CHECK("address range is the allocation", start == m && size == N);
+    EXPECT(cuPointerGetAttribute(&is_managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, d), CUDA_SUCCESS);
+    CHECK("device memory is not managed", is_managed == 0);
+
+    // Prefetches and advice, read back.
+    CUstream s;
+    EXPECT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    EXPECT(cuMemPrefetchAsync(m, N, device0(), 0, s), CUDA_SUCCESS);
+    int location = 7;
+    EXPECT(cuMemRangeGetAttribute(&location, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m, N), CUDA_SUCCESS);
+    CHECK("last prefetch location is device 0", location == 0);
+    EXPECT(cuMemPrefetchAsync(m, N / 2, host(), 0, s), CUDA_SUCCESS);
+    EXPECT(cuMemRangeGetAttribute(&location, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m, N / 4), CUDA_SUCCESS);
+    CHECK("first quarter last prefetched to the host", location == CU_DEVICE_CPU);
+    EXPECT(cuMemRangeGetAttribute(&location, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m, N), CUDA_SUCCESS);
+    CHECK("whole range has no common prefetch location", location == CU_DEVICE_INVALID);
+    EXPECT(cuMemAdvise(m, N, CU_MEM_ADVISE_SET_READ_MOSTLY, device0()), CUDA_SUCCESS);
+    EXPECT(cuMemAdvise(m + 4096, 4096, CU_MEM_ADVISE_UNSET_READ_MOSTLY, device0()), CUDA_SUCCESS);
+    EXPECT(cuMemAdvise(m, N, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device0()), CUDA_SUCCESS);
+    EXPECT(cuMemAdvise(m, N, CU_MEM_ADVISE_SET_ACCESSED_BY, device0()), CUDA_SUCCESS);
+    EXPECT(cuMemAdvise(m, N, CU_MEM_ADVISE_SET_ACCESSED_BY, host()), CUDA_SUCCESS);
+    int read_mostly = 7, preferred = 7, accessed[3] = {7, 7, 7}, preferred_type = 7;
+    EXPECT(cuMemRangeGetAttribute(&read_mostly, 4, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, m, 4096), CUDA_SUCCESS);
+    CHECK("first page read mostly", read_mostly == 1);
+    EXPECT(cuMemRangeGetAttribute(&read_mostly, 4, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, m, N), CUDA_SUCCESS);
+    CHECK("whole range not read mostly (one page unset)", read_mostly == 0);
+    EXPECT(cuMemRangeGetAttribute(&preferred, 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, m, N), CUDA_SUCCESS);
+    EXPECT(cuMemRangeGetAttribute(&preferred_type, 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE, m, N), CUDA_SUCCESS);
+    CHECK("preferred location device 0", preferred == 0 && preferred_type == CU_MEM_LOCATION_TYPE_DEVICE);
+    EXPECT(cuMemRangeGetAttribute(accessed, sizeof accessed, CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY, m, N), CUDA_SUCCESS);
+    CHECK("accessed by device 0 and the host", accessed[0] == 0 && accessed[1] == CU_DEVICE_CPU && accessed[2] == CU_DEVICE_INVALID);
+    EXPECT(cuMemRangeGetAttribute(&preferred, 3, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, m, N), CUDA_ERROR_INVALID_VALUE);
+
+    // Attach to a stream: the whole allocation only.
+    EXPECT(cuStreamAttachMemAsync(s, m, 0, CU_MEM_ATTACH_SINGLE), CUDA_SUCCESS);
+    EXPECT(cuStreamAttachMemAsync(s, m, N, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    EXPECT(cuStreamAttachMemAsync(s, m + 64, 0, CU_MEM_ATTACH_SINGLE), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuStreamAttachMemAsync(NULL, m, 0, CU_MEM_ATTACH_SINGLE), CUDA_ERROR_INVALID_VALUE);
+
+    // A batch prefetch, and a discard.
+    CUdeviceptr ptrs[2] = {m, m + N / 2};
+    size_t sizes[2] = {N / 2, N / 2};
+    CUmemLocation locations[2] = {host(), device0()};
+    size_t starts[2] = {0, 1};
+    EXPECT(cuMemPrefetchBatchAsync(ptrs, sizes, 2, locations, starts, 2, 0, s), CUDA_SUCCESS);
+    EXPECT(cuMemRangeGetAttribute(&location, 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m + N / 2, N / 2), CUDA_SUCCESS);
+    CHECK("batch prefetch: second half to device 0", location == 0);
+    EXPECT(cuMemDiscardBatchAsync(ptrs, sizes, 2, 0, s), CUDA_SUCCESS);
+
+    // Errors: device memory is not managed, a bad device, flags, a range past the end.
+    EXPECT(cuMemPrefetchAsync(d, N, device0(), 0, s), CUDA_ERROR_INVALID_VALUE);
+    CUmemLocation bad = {CU_MEM_LOCATION_TYPE_DEVICE, 9};
+    EXPECT(cuMemPrefetchAsync(m, N, bad, 0, s), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT(cuMemPrefetchAsync(m, N, device0(), 1, s), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemAdvise(m, N + 1, CU_MEM_ADVISE_SET_READ_MOSTLY, device0()), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemAdvise(m, N, (CUmem_advise)99, device0()), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemRangeGetAttribute(&location, 4, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, d, 16), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemFreeHost(p), CUDA_ERROR_INVALID_VALUE);  // managed memory is freed with cuMemFree
+
+    EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+    EXPECT(cuStreamDestroy(s), CUDA_SUCCESS);
+    EXPECT(cuMemFree(m), CUDA_SUCCESS);
+    EXPECT(cuMemFree(m), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemFree(d), CUDA_SUCCESS);
+    free(back);
+    printf("PASSED: %d failure(s)\n", failures);
+    return failures != 0;
+}
