@@ -69,7 +69,8 @@ impl Location {
         match self.kind {
             location_type::DEVICE if usize::try_from(self.id).is_ok_and(|id| id < client.device_count()) => Ok(self),
             location_type::DEVICE => Err(CudaError::INVALID_DEVICE),
-            location_type::HOST | location_type::HOST_NUMA_CURRENT => Ok(Location { kind: self.kind, id: 0 }),
+            // The current thread's NUMA node is recorded as the host: the queries name no other.
+            location_type::HOST | location_type::HOST_NUMA_CURRENT => Ok(Location { kind: location_type::HOST, id: 0 }),
             location_type::HOST_NUMA if self.id >= 0 => Ok(self),
             _ => Err(CudaError::INVALID_VALUE),
         }

@@ -233,6 +233,12 @@ pub unsafe fn copy(
         return Err(CudaError::INVALID_VALUE);
     }
     let (dst_address, src_address, len) = (dst as u64, src as u64, count as u64);
+    // Managed memory is CUDA's: a copy that starts in it must end in it, as with device memory.
+    for address in [dst_address, src_address] {
+        if client.host_allocation(address as usize).is_some_and(|host| host.managed) {
+            client.managed.check(address, len)?;
+        }
+    }
     let chunk = client.info.copy_chunk.max(4096);
     match direction {
         Direction::HostToHost => {

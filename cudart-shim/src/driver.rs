@@ -26,7 +26,6 @@ pub type CUlibrary = *mut c_void;
 pub type CUkernel = *mut c_void;
 pub type CUdeviceptr = u64;
 
-/// `CUDA_MEMCPY2D`, the driver's description of a pitched copy.
 /// `CUipcMemHandle` and `CUipcEventHandle` (and the runtime's `cudaIpc*Handle_t`): 64 opaque
 /// bytes, passed by value.
 #[repr(C)]
@@ -35,6 +34,7 @@ pub struct IpcHandle {
     pub reserved: [std::ffi::c_char; 64],
 }
 
+/// `CUDA_MEMCPY2D`, the driver's description of a pitched copy.
 #[repr(C)]
 pub struct Memcpy2D {
     pub src_x_in_bytes: usize,
@@ -53,6 +53,16 @@ pub struct Memcpy2D {
     pub dst_pitch: usize,
     pub width_in_bytes: usize,
     pub height: usize,
+}
+
+/// `CUmemLocation`, which is also the runtime's `cudaMemLocation` (same layout, same
+/// `cudaMemLocationType` numbers): where a prefetch or advice of managed memory points. Passed by
+/// value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemLocation {
+    pub kind: c_int,
+    pub id: c_int,
 }
 
 /// `CUDA_MEMCPY3D`, the driver's description of a 3D copy (a graph's copy node).
@@ -197,6 +207,7 @@ pub struct ResourceViewDesc {
 
 // The sizes of the C structs (cuda.h, x86_64).
 const _: () = {
+    assert!(size_of::<MemLocation>() == 8);
     assert!(size_of::<Memcpy2D>() == 128);
     assert!(size_of::<Memcpy3D>() == 200);
     assert!(std::mem::offset_of!(Memcpy3D, reserved0) == 64);
@@ -324,6 +335,7 @@ driver_functions! {
     cuLibraryUnload(library: CUlibrary);
     cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char);
     cuLibraryGetGlobal(ptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);
+    cuLibraryGetManaged(ptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);
     cuLaunchKernel(
         function: CUkernel,
         grid_x: c_uint,
@@ -477,6 +489,65 @@ driver_functions! {
     cuMemPoolTrimTo(pool: *mut c_void, keep: usize);
     cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void);
     cuMemPoolDestroy(pool: *mut c_void);
+    // --- managed memory (see `api::managed`: the runtime's enums and `cudaMemLocation` are the
+    // driver's) ---
+    cuMemAllocManaged(ptr: *mut CUdeviceptr, size: usize, flags: c_uint);
+    cuMemPrefetchAsync_v2(ptr: CUdeviceptr, count: usize, location: MemLocation, flags: c_uint, stream: CUstream);
+    cuMemPrefetchAsync_v2_ptsz(ptr: CUdeviceptr, count: usize, location: MemLocation, flags: c_uint, stream: CUstream);
+    cuMemAdvise_v2(ptr: CUdeviceptr, count: usize, advice: c_int, location: MemLocation);
+    cuMemRangeGetAttribute(data: *mut c_void, data_size: usize, attribute: c_int, ptr: CUdeviceptr, count: usize);
+    cuMemRangeGetAttributes(
+        data: *mut *mut c_void,
+        data_sizes: *mut usize,
+        attributes: *mut c_int,
+        num_attributes: usize,
+        ptr: CUdeviceptr,
+        count: usize,
+    );
+    cuStreamAttachMemAsync(stream: CUstream, ptr: CUdeviceptr, length: usize, flags: c_uint);
+    cuStreamAttachMemAsync_ptsz(stream: CUstream, ptr: CUdeviceptr, length: usize, flags: c_uint);
+    cuMemPrefetchBatchAsync(
+        ptrs: *mut CUdeviceptr,
+        sizes: *mut usize,
+        count: usize,
+        locations: *mut MemLocation,
+        location_starts: *mut usize,
+        num_locations: usize,
+        flags: u64,
+        stream: CUstream,
+    );
+    cuMemPrefetchBatchAsync_ptsz(
+        ptrs: *mut CUdeviceptr,
+        sizes: *mut usize,
+        count: usize,
+        locations: *mut MemLocation,
+        location_starts: *mut usize,
+        num_locations: usize,
+        flags: u64,
+        stream: CUstream,
+    );
+    cuMemDiscardBatchAsync(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: u64, stream: CUstream);
+    cuMemDiscardBatchAsync_ptsz(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: u64, stream: CUstream);
+    cuMemDiscardAndPrefetchBatchAsync(
+        ptrs: *mut CUdeviceptr,
+        sizes: *mut usize,
+        count: usize,
+        locations: *mut MemLocation,
+        location_starts: *mut usize,
+        num_locations: usize,
+        flags: u64,
+        stream: CUstream,
+    );
+    cuMemDiscardAndPrefetchBatchAsync_ptsz(
+        ptrs: *mut CUdeviceptr,
+        sizes: *mut usize,
+        count: usize,
+        locations: *mut MemLocation,
+        location_starts: *mut usize,
+        num_locations: usize,
+        flags: u64,
+        stream: CUstream,
+    );
     cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
         blocks: *mut c_int,
         function: CUkernel,

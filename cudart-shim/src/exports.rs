@@ -265,6 +265,21 @@ macro_rules! cudart_exports {
                 cudaMemPoolTrimTo(pool: *mut c_void, keep: usize);
                 cudaMemPoolCreate(pool: *mut *mut c_void, props: *const c_void);
                 cudaMemPoolDestroy(pool: *mut c_void);
+                // --- managed memory (see `api::managed`) ---
+                cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint);
+                cudaMemPrefetchAsync(dev_ptr: *const c_void, count: usize, location: crate::api::cudaMemLocation, flags: c_uint, stream: cudaStream_t);
+                cudaMemPrefetchAsync_ptsz(dev_ptr: *const c_void, count: usize, location: crate::api::cudaMemLocation, flags: c_uint, stream: cudaStream_t);
+                cudaMemAdvise(dev_ptr: *const c_void, count: usize, advice: c_int, location: crate::api::cudaMemLocation);
+                cudaMemRangeGetAttribute(data: *mut c_void, data_size: usize, attribute: c_int, dev_ptr: *const c_void, count: usize);
+                cudaMemRangeGetAttributes(data: *mut *mut c_void, data_sizes: *mut usize, attributes: *mut c_int, num_attributes: usize, dev_ptr: *const c_void, count: usize);
+                cudaStreamAttachMemAsync(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint);
+                cudaStreamAttachMemAsync_ptsz(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint);
+                cudaMemPrefetchBatchAsync(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, locations: *mut crate::api::cudaMemLocation, location_starts: *mut usize, num_locations: usize, flags: u64, stream: cudaStream_t);
+                cudaMemPrefetchBatchAsync_ptsz(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, locations: *mut crate::api::cudaMemLocation, location_starts: *mut usize, num_locations: usize, flags: u64, stream: cudaStream_t);
+                cudaMemDiscardBatchAsync(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, flags: u64, stream: cudaStream_t);
+                cudaMemDiscardBatchAsync_ptsz(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, flags: u64, stream: cudaStream_t);
+                cudaMemDiscardAndPrefetchBatchAsync(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, locations: *mut crate::api::cudaMemLocation, location_starts: *mut usize, num_locations: usize, flags: u64, stream: cudaStream_t);
+                cudaMemDiscardAndPrefetchBatchAsync_ptsz(dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, locations: *mut crate::api::cudaMemLocation, location_starts: *mut usize, num_locations: usize, flags: u64, stream: cudaStream_t);
             }
             raw {
                 __cudaRegisterFatBinary(fat_cubin: *mut c_void) -> *mut *mut c_void;
@@ -272,6 +287,7 @@ macro_rules! cudart_exports {
                 __cudaUnregisterFatBinary(handle: *mut *mut c_void) -> ();
                 __cudaRegisterFunction(handle: *mut *mut c_void, host_fun: *const c_char, device_fun: *mut c_char, device_name: *const c_char, thread_limit: c_int, tid: *mut dim3, bid: *mut dim3, block: *mut dim3, grid: *mut dim3, warp_size: *mut c_int) -> ();
                 __cudaRegisterVar(handle: *mut *mut c_void, host_var: *mut c_char, device_address: *mut c_char, device_name: *const c_char, ext: c_int, size: usize, constant: c_int, global: c_int) -> ();
+                __cudaRegisterManagedVar(handle: *mut *mut c_void, host_var_ptr_address: *mut *mut c_void, device_address: *mut c_char, device_name: *const c_char, ext: c_int, size: usize, constant: c_int, global: c_int) -> ();
                 __cudaInitModule(handle: *mut *mut c_void) -> c_char;
                 __cudaPushCallConfiguration(grid: dim3, block: dim3, shared_mem: usize, stream: cudaStream_t) -> c_uint;
                 cudaGetLastError() -> cudaError_t;
@@ -281,7 +297,7 @@ macro_rules! cudart_exports {
                 cudaCreateChannelDesc(x: c_int, y: c_int, z: c_int, w: c_int, f: c_int) -> cudaChannelFormatDesc;
             }
             unsupported {
-        __cudaGetProcAddress, __cudaRegisterHostVar, __cudaRegisterManagedVar, __cudaRegisterUnifiedTable,
+        __cudaGetProcAddress, __cudaRegisterHostVar, __cudaRegisterUnifiedTable,
         cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
         cudaChooseDevice, cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDeviceCanAccessPeer, cudaDeviceDisablePeerAccess,
         cudaDeviceEnablePeerAccess, cudaDeviceFlushGPUDirectRDMAWrites, cudaDeviceGetByPCIBusId,
@@ -322,18 +338,15 @@ macro_rules! cudart_exports {
         cudaGraphRetainUserObject, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaInitDevice, cudaKernelSetAttributeForDevice, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
-        cudaLogsRegisterCallback, cudaLogsUnregisterCallback, cudaMallocManaged, cudaMemAdvise,
+        cudaLogsRegisterCallback, cudaLogsUnregisterCallback,
         cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz, cudaMemcpyBatchAsync, cudaMemcpyBatchAsync_ptsz,
-        cudaMemcpyPeer, cudaMemcpyPeerAsync, cudaMemDiscardAndPrefetchBatchAsync,
-        cudaMemDiscardAndPrefetchBatchAsync_ptsz, cudaMemDiscardBatchAsync, cudaMemDiscardBatchAsync_ptsz,
+        cudaMemcpyPeer, cudaMemcpyPeerAsync,
         cudaMemGetDefaultMemPool, cudaMemGetMemPool, cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle, cudaMemPoolGetAccess,
         cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
-        cudaMemPoolSetAccess, cudaMemPrefetchAsync,
-        cudaMemPrefetchAsync_ptsz, cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz,
-        cudaMemRangeGetAttribute, cudaMemRangeGetAttributes, cudaMemSetMemPool, cudaMipmappedArrayGetMemoryRequirements,
+        cudaMemPoolSetAccess, cudaMemSetMemPool, cudaMipmappedArrayGetMemoryRequirements,
         cudaMipmappedArrayGetSparseProperties, cudaOccupancyAvailableDynamicSMemPerBlock,
         cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialClusterSize, cudaSetValidDevices, cudaSignalExternalSemaphoresAsync,
-        cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz, cudaStreamGetDevice,
+        cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamGetDevice,
         cudaStreamGetDevice_ptsz, cudaStreamGetId, cudaStreamGetId_ptsz,
         cudaUserObjectCreate,
         cudaUserObjectRelease, cudaUserObjectRetain, cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,

@@ -146,6 +146,7 @@ pub mod memory_type {
     pub const UNREGISTERED: i32 = 0;
     pub const HOST: i32 = 1;
     pub const DEVICE: i32 = 2;
+    pub const MANAGED: i32 = 3;
 }
 
 /// What `cudaDeviceProp` holds besides attributes, as the driver reports them.

@@ -64,9 +64,18 @@ pub struct Variable {
     address: Mutex<Option<(u64, CudaResult<CUdeviceptr>)>>,
 }
 
+/// A registered `__managed__` variable: its fat binary, name, and the slot where nvcc's host code
+/// keeps the variable's pointer (filled by `__cudaInitModule`).
+struct ManagedVariable {
+    fat_binary: usize,
+    pointer_slot: usize,
+    name: CString,
+}
+
 #[derive(Default)]
 struct Registry {
     fat_binaries: Vec<Arc<FatBinary>>,
+    managed: Vec<ManagedVariable>,
     kernels: HashMap<usize, Arc<Kernel>>,
     /// The `cudaKernel_t` handles given out: each kernel's address, kept alive by `kernels`.
     handles: HashMap<usize, Arc<Kernel>>,
@@ -141,6 +150,35 @@ pub fn add_kernel(fat_binary: usize, host_function: usize, name: CString) {
 
 pub fn add_variable(fat_binary: usize, host_variable: usize, name: CString, size: usize) {
     write().variables.insert(host_variable, Arc::new(Variable { fat_binary, name, size, address: Mutex::new(None) }));
+}
+
+/// Records a `__managed__` variable (`__cudaRegisterManagedVar`).
+pub fn add_managed_variable(fat_binary: usize, pointer_slot: usize, name: CString) {
+    write().managed.push(ManagedVariable { fat_binary, pointer_slot, name });
+}
+
+/// The runtime's module initialization, which nvcc's host code calls before it first touches a
+/// `__managed__` variable: loads the fat binary and points each of its managed variables' slots
+/// at the variable (an address the app's host code may use, `cuLibraryGetManaged`).
+pub fn init_managed(index: usize) -> CudaResult<()> {
+    let slots: Vec<(usize, CString)> = read()
+        .managed
+        .iter()
+        .filter(|managed| managed.fat_binary == index)
+        .map(|managed| (managed.pointer_slot, managed.name.clone()))
+        .collect();
+    if slots.is_empty() {
+        return Ok(());
+    }
+    let library = fat_binary(index)?.library()?;
+    for (slot, name) in slots {
+        let (mut address, mut size): (CUdeviceptr, usize) = (0, 0);
+        cu_ctx!(cuLibraryGetManaged(&mut address, &mut size, library, name.as_ptr()))?;
+        // SAFETY: the slot nvcc's registration code passed (`(void **)&__host<var>`), a pointer
+        // variable in the app's image.
+        unsafe { (slot as *mut *mut c_void).write(address as usize as *mut c_void) };
+    }
+    Ok(())
 }
 
 fn fat_binary(index: usize) -> CudaResult<Arc<FatBinary>> {

@@ -21,11 +21,11 @@ pub unsafe fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: 
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let ptr = managed::alloc(client()?, bytesize, flags).map_err(|error| {
-            let line = match error {
-                CudaError::NOT_SUPPORTED => "flyt: cuMemAllocManaged needs the shared-memory channel (the GPU server on this host, the block's address free in the server): managed memory is not served over a socket alone (returning CUDA_ERROR_NOT_SUPPORTED)",
-                _ => "flyt: cuMemAllocManaged: the shared-memory segment is full (FLYT_SHM_SIZE sets its size; returning CUDA_ERROR_OUT_OF_MEMORY)",
+            let (key, line) = match error {
+                CudaError::NOT_SUPPORTED => ("cuMemAllocManaged channel", "flyt: cuMemAllocManaged needs the shared-memory channel (the GPU server on this host, the block's address free in the server): managed memory is not served over a socket alone (returning CUDA_ERROR_NOT_SUPPORTED)"),
+                _ => ("cuMemAllocManaged full", "flyt: cuMemAllocManaged: the shared-memory segment is full (FLYT_SHM_SIZE sets its size; returning CUDA_ERROR_OUT_OF_MEMORY)"),
             };
-            crate::diagnostics::once("cuMemAllocManaged", line);
+            crate::diagnostics::once(key, line);
             driver_error(error)
         })?;
         // SAFETY: checked non-NULL; the caller's out-pointer.
@@ -111,11 +111,21 @@ unsafe fn prefetch_batch(
     if starts[0] != 0 || starts.windows(2).any(|pair| pair[0] >= pair[1]) || starts[num_locations - 1] >= count {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
+    let client = client()?;
+    check_batch_stream(client, stream, ptsz)?;
+    // The whole batch is checked before any of it is recorded.
+    check_batch(client, &ranges)?;
+    let targets = locations.iter().map(|to| location(*to).check(client).map_err(driver_error)).collect::<DriverResult<Vec<_>>>()?;
     for (index, (ptr, size)) in ranges.into_iter().enumerate() {
         let which = starts.partition_point(|start| *start <= index) - 1;
-        prefetch(ptr, size as usize, location(locations[which]), flags, stream, ptsz)?;
+        prefetch(ptr, size as usize, targets[which], flags, stream, ptsz)?;
     }
     Ok(())
+}
+
+/// Batches take a stream the app created or a per-thread default stream, never the legacy one.
+fn check_batch_stream(client: &flyt_client::client::Client, stream: CUstream, ptsz: bool) -> DriverResult {
+    if resolve_stream(client, stream, ptsz)? == 0 { Err(CUresult::CUDA_ERROR_INVALID_VALUE) } else { Ok(()) }
 }
 
 /// Every range of a batch is managed memory.
@@ -155,7 +165,7 @@ pub unsafe fn cuMemPrefetchBatchAsync_ptsz(
 /// allows (a later read sees unspecified values), so the ranges are only checked.
 fn discard(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: c_ulonglong, stream: CUstream, ptsz: bool) -> DriverResult {
     let client = client()?;
-    resolve_stream(client, stream, ptsz)?;
+    check_batch_stream(client, stream, ptsz)?;
     if flags != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }

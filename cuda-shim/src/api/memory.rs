@@ -415,7 +415,9 @@ pub unsafe fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
 pub unsafe fn cuMemHostGetFlags(p_flags: *mut c_uint, p: *mut c_void) -> CUresult {
     run(|| {
         non_null([p_flags.cast()])?;
-        let flags = client()?.host_allocation(p as usize).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.flags;
+        // Managed memory is no pinned host memory, whatever it is made of here.
+        let host = client()?.host_allocation(p as usize).filter(|host| !host.managed).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let flags = host.flags;
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { write_out(p_flags, flags) }
     })
@@ -429,7 +431,7 @@ fn host_device_pointer(pdptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) -
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let host = client()?.host_allocation(p as usize).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    if !host.device_mapped {
+    if !host.device_mapped || host.managed {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: checked non-NULL; the caller's out-pointer.

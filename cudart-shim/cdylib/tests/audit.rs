@@ -87,10 +87,13 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
             "implemented exports without an audit entry in tests/c/audit_implemented.c: {missing:?}\n\
              audited names that are no implemented export: {unknown:?}"
         );
-        // Each refusal said so, once, and nothing else was printed. Mapped memory is refused
-        // only without the channel.
-        let mapped_refusal = (shm == "off").then(|| {
-            "flyt: cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP needs the shared-memory channel (GPU server on this host) with the block's address free in the server (returning CUDA_ERROR_NOT_SUPPORTED)".to_string()
+        // Each refusal said so, once, and nothing else was printed. Mapped and managed memory
+        // are refused only without the channel.
+        let channel_refusals = (shm == "off").then(|| {
+            [
+                "flyt: cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP needs the shared-memory channel (GPU server on this host) with the block's address free in the server (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
+                "flyt: cuMemAllocManaged needs the shared-memory channel (the GPU server on this host, the block's address free in the server): managed memory is not served over a socket alone (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
+            ]
         });
         assert_stderr_lines(
             &stderr,
@@ -109,7 +112,7 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
                 "flyt: kernel fake_kernel cannot run: the server's emulated device has no GPU (cudaErrorNotSupported(801))".to_string(),
             ]
             .into_iter()
-            .chain(mapped_refusal)
+            .chain(channel_refusals.into_iter().flatten())
             .collect::<Vec<_>>(),
         );
     }

@@ -26,8 +26,9 @@ const HOST_REGISTER_FLAGS: c_uint = 0xf;
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` and `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
 const POINTER_MEMORY_TYPE: c_int = 2;
 const POINTER_DEVICE_ORDINAL: c_int = 9;
-/// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER`.
+/// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER` and `CU_POINTER_ATTRIBUTE_IS_MANAGED`.
 const POINTER_DEVICE_POINTER: c_int = 3;
+const POINTER_IS_MANAGED: c_int = 8;
 /// `CU_MEMORYTYPE_HOST` and `CU_MEMORYTYPE_DEVICE`.
 const MEMORYTYPE_HOST: c_uint = 1;
 const MEMORYTYPE_DEVICE: c_uint = 2;
@@ -538,9 +539,18 @@ pub unsafe fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, p
         cu_ctx!(cuPointerGetAttribute(data, POINTER_DEVICE_ORDINAL, ptr as u64))?;
         value.device = device;
         if kind == MEMORYTYPE_DEVICE {
-            value.memory_type = memory_type::DEVICE;
+            // Managed memory (device memory to the driver) is reached from both sides at one
+            // address.
+            let mut managed: c_uint = 0;
+            let data = std::ptr::from_mut(&mut managed).cast::<c_void>();
+            cu_ctx!(cuPointerGetAttribute(data, POINTER_IS_MANAGED, ptr as u64))?;
             value.devicePointer = ptr.cast_mut();
-            value.hostPointer = std::ptr::null_mut();
+            if managed != 0 {
+                value.memory_type = memory_type::MANAGED;
+            } else {
+                value.memory_type = memory_type::DEVICE;
+                value.hostPointer = std::ptr::null_mut();
+            }
         } else {
             // Pinned memory: kernels use it at its host address where the driver could map it
             // (no device pointer means the GPU reaches it only through copies).

@@ -61,8 +61,38 @@ pub unsafe fn __cudaRegisterVar(
     }
 }
 
+#[allow(clippy::too_many_arguments, reason = "the C signature nvcc's registration code calls")]
+pub unsafe fn __cudaRegisterManagedVar(
+    handle: *mut *mut c_void,
+    host_var_ptr_address: *mut *mut c_void,
+    _device_address: *mut c_char,
+    device_name: *const c_char,
+    _ext: c_int,
+    _size: usize,
+    _constant: c_int,
+    _global: c_int,
+) {
+    // SAFETY: as in `__cudaRegisterFunction`.
+    if let (Some(index), Some(name)) = (unsafe { fat_binary_index(handle) }, unsafe { c_name(device_name) })
+        && !host_var_ptr_address.is_null()
+    {
+        registry::add_managed_variable(index, host_var_ptr_address as usize, name);
+    }
+}
+
+/// nvcc's host code calls this before it first touches a `__managed__` variable: the fat binary
+/// loads then and the variables' pointers are filled. Other fat binaries load when their first
+/// kernel or variable is used. Returns whether the module is ready (1) or not (0).
 pub unsafe fn __cudaInitModule(handle: *mut *mut c_void) -> c_char {
-    // Fat binaries load when their first kernel or variable is used; report whether the handle is ours.
     // SAFETY: `handle` came from `__cudaRegisterFatBinary`.
-    c_char::from(unsafe { fat_binary_index(handle) }.is_some())
+    let Some(index) = (unsafe { fat_binary_index(handle) }) else {
+        return 0;
+    };
+    match registry::init_managed(index) {
+        Ok(()) => 1,
+        Err(error) => {
+            crate::ffi::set_last_error(error);
+            0
+        }
+    }
 }

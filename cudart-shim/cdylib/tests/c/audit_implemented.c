@@ -23,6 +23,8 @@ extern void __cudaRegisterFunction(void **handle, const char *host_fun, char *de
 extern void __cudaRegisterVar(void **handle, char *host_var, char *device_address, const char *device_name, int ext,
                               size_t size, int constant, int global);
 extern char __cudaInitModule(void **handle);
+extern void __cudaRegisterManagedVar(void **handle, void **host_var_ptr_address, char *device_address, const char *device_name,
+                                     int ext, size_t size, int constant, int global);
 extern unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared_mem, cudaStream_t stream);
 extern cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared_mem, void *stream);
 extern cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *host_fun);
@@ -93,6 +95,18 @@ extern cudaError_t cudaMemcpyFromArray_ptds(void *dst, cudaArray_const_t src, si
                                             enum cudaMemcpyKind kind);
 extern cudaError_t cudaMemcpyFromArrayAsync_ptsz(void *dst, cudaArray_const_t src, size_t w_offset, size_t h_offset,
                                                  size_t count, enum cudaMemcpyKind kind, cudaStream_t stream);
+/* The per-thread forms of the managed-memory entry points. */
+extern cudaError_t cudaMemPrefetchAsync_ptsz(const void *dev, size_t count, struct cudaMemLocation location, unsigned flags,
+                                             cudaStream_t stream);
+extern cudaError_t cudaStreamAttachMemAsync_ptsz(cudaStream_t stream, void *dev, size_t length, unsigned flags);
+extern cudaError_t cudaMemPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count, struct cudaMemLocation *locations,
+                                                  size_t *location_starts, size_t num_locations, unsigned long long flags,
+                                                  cudaStream_t stream);
+extern cudaError_t cudaMemDiscardBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count, unsigned long long flags,
+                                                 cudaStream_t stream);
+extern cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void **dptrs, size_t *sizes, size_t count,
+                                                            struct cudaMemLocation *locations, size_t *location_starts,
+                                                            size_t num_locations, unsigned long long flags, cudaStream_t stream);
 extern cudaError_t cudaMemcpyArrayToArray_ptds(cudaArray_t dst, size_t w_dst, size_t h_dst, cudaArray_const_t src, size_t w_src,
                                                size_t h_src, size_t count, enum cudaMemcpyKind kind);
 
@@ -540,6 +554,293 @@ static void memory(void) {
     EXPECT_CODE("unregistered memory has no flags", cudaHostGetFlags(&flags, mine), cudaErrorInvalidValue);
     EXPECT_CODE("unregister again", cudaHostUnregister(mine), cudaErrorHostMemoryNotRegistered);
     free(mine);
+    OK("cudaFree", cudaFree(dev));
+    OK("cudaStreamDestroy", cudaStreamDestroy(stream));
+}
+
+/* One int range attribute of managed memory, or -99 where the query fails. */
+static int range_int(enum cudaMemRangeAttribute attribute, const void *ptr, size_t count) {
+    int value = -99;
+    if (cudaMemRangeGetAttribute(&value, sizeof value, attribute, ptr, count) != cudaSuccess) return -99;
+    return value;
+}
+
+static struct cudaMemLocation location(enum cudaMemLocationType type, int id) {
+    struct cudaMemLocation at;
+    at.type = type;
+    at.id = id;
+    return at;
+}
+
+/* Managed memory: over the shared-memory channel a block the server maps at the app's address, so
+   the host and the device use the same bytes; over a socket alone the call says it is not
+   served. Prefetches and advice move nothing here, but are checked as CUDA checks them and read
+   back through the range queries. */
+static void managed_memory(void) {
+    const char *shm = getenv("FLYT_SHM");
+    int channel = shm && strcmp(shm, "on") == 0;
+    const struct cudaMemLocation device0 = location(cudaMemLocationTypeDevice, 0), host = location(cudaMemLocationTypeHost, 0);
+    /* Four pages: prefetches and advice apply to whole pages, and some here cover one. */
+    const size_t M = 4 * N;
+    unsigned char *managed = NULL, *other = NULL, *dev = NULL;
+    cudaStream_t stream;
+    OK("a stream for the managed audit", cudaStreamCreate(&stream));
+    OK("device memory beside it", cudaMalloc((void **)&dev, N));
+
+    AUDIT("cudaMallocManaged");
+    int can_manage = -1, concurrent = -1;
+    OK("cudaDeviceGetAttribute(managed memory)", cudaDeviceGetAttribute(&can_manage, cudaDevAttrManagedMemory, 0));
+    OK("cudaDeviceGetAttribute(concurrent managed access)", cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, 0));
+    EXPECT("the device claims managed memory only with the channel", can_manage == channel && concurrent == channel);
+    EXPECT_CODE("into NULL", cudaMallocManaged(NULL, N, cudaMemAttachGlobal), cudaErrorInvalidValue);
+    EXPECT_CODE("0 bytes", cudaMallocManaged((void **)&managed, 0, cudaMemAttachGlobal), cudaErrorInvalidValue);
+    EXPECT_CODE("attached to a single stream", cudaMallocManaged((void **)&managed, N, cudaMemAttachSingle), cudaErrorInvalidValue);
+    EXPECT_CODE("an unknown flag", cudaMallocManaged((void **)&managed, N, 0x10), cudaErrorInvalidValue);
+    EXPECT("nothing handed out on a refusal", managed == NULL);
+
+    AUDIT("cudaMemPrefetchAsync");
+    AUDIT("cudaMemPrefetchAsync_ptsz");
+    AUDIT("cudaMemAdvise");
+    AUDIT("cudaMemRangeGetAttribute");
+    AUDIT("cudaMemRangeGetAttributes");
+    AUDIT("cudaStreamAttachMemAsync");
+    AUDIT("cudaStreamAttachMemAsync_ptsz");
+    AUDIT("cudaMemPrefetchBatchAsync");
+    AUDIT("cudaMemPrefetchBatchAsync_ptsz");
+    AUDIT("cudaMemDiscardBatchAsync");
+    AUDIT("cudaMemDiscardBatchAsync_ptsz");
+    AUDIT("cudaMemDiscardAndPrefetchBatchAsync");
+    AUDIT("cudaMemDiscardAndPrefetchBatchAsync_ptsz");
+    /* Memory that is not managed takes no hints, with or without the channel. */
+    void *not_managed[1] = {dev};
+    size_t one_size[1] = {N}, first[1] = {0};
+    int value = -99;
+    EXPECT_CODE("prefetch of device memory", cudaMemPrefetchAsync(dev, N, device0, 0, stream), cudaErrorInvalidValue);
+    EXPECT_CODE("prefetch of pageable memory", cudaMemPrefetchAsync_ptsz(host_a, N, host, 0, NULL), cudaErrorInvalidValue);
+    EXPECT_CODE("advice on device memory", cudaMemAdvise(dev, N, cudaMemAdviseSetReadMostly, device0), cudaErrorInvalidValue);
+    EXPECT_CODE("range attribute of device memory",
+                cudaMemRangeGetAttribute(&value, sizeof value, cudaMemRangeAttributeReadMostly, dev, N), cudaErrorInvalidValue);
+    EXPECT_CODE("attach device memory", cudaStreamAttachMemAsync(stream, dev, 0, cudaMemAttachGlobal), cudaErrorInvalidValue);
+    EXPECT_CODE("a batch prefetch of device memory",
+                cudaMemPrefetchBatchAsync(not_managed, one_size, 1, (struct cudaMemLocation *)&device0, first, 1, 0, stream),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("a batch discard of device memory", cudaMemDiscardBatchAsync(not_managed, one_size, 1, 0, stream), cudaErrorInvalidValue);
+
+    if (!channel) {
+        EXPECT_CODE("managed memory over a socket alone", cudaMallocManaged((void **)&managed, N, cudaMemAttachGlobal),
+                    cudaErrorNotSupported);
+        EXPECT("nothing handed out", managed == NULL);
+        OK("cudaFree", cudaFree(dev));
+        OK("cudaStreamDestroy", cudaStreamDestroy(stream));
+        return;
+    }
+
+    OK("cudaMallocManaged", cudaMallocManaged((void **)&managed, M, cudaMemAttachGlobal));
+    OK("cudaMallocManaged attached to the host", cudaMallocManaged((void **)&other, N, cudaMemAttachHost));
+    EXPECT("two managed blocks", managed != NULL && other != NULL && managed != other);
+
+    /* The host's writes are what the device reads, and the device's writes what the host reads. */
+    fill(managed, N, 21);
+    OK("D2D out of managed memory", cudaMemcpy(dev, managed, N, cudaMemcpyDeviceToDevice));
+    memset(host_b, 0, N);
+    OK("D2H of the copy", cudaMemcpy(host_b, dev, N, cudaMemcpyDeviceToHost));
+    EXPECT("the device read the host's writes", memcmp(host_b, managed, N) == 0);
+    OK("memset of managed memory", cudaMemset(managed + 16, 0x6b, 100));
+    OK("synchronize before the host reads", cudaDeviceSynchronize());
+    int memset_ok = managed[15] != 0x6b && managed[116] != 0x6b;
+    for (int i = 16; i < 116; i++) memset_ok &= managed[i] == 0x6b;
+    EXPECT("the host reads the memset in place", memset_ok);
+    EXPECT_CODE("memset past the block", cudaMemset(managed + M - 4, 0, 8), cudaErrorInvalidValue);
+    EXPECT_CODE("copy into managed memory past the block", cudaMemcpy(managed + M - 1, host_a, 2, cudaMemcpyHostToDevice),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("copy out of managed memory past the block", cudaMemcpy(host_b, managed + M - 1, 2, cudaMemcpyDefault),
+                cudaErrorInvalidValue);
+    unsigned host_flags = 0;
+    EXPECT_CODE("host flags of managed memory", cudaHostGetFlags(&host_flags, managed), cudaErrorInvalidValue);
+    OK("memsetAsync of managed memory", cudaMemsetAsync(managed, 0x6c, N, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    EXPECT("the host reads the async memset", all_bytes(managed, N, 0x6c));
+
+    /* Copies of every kind, managed memory on either side. */
+    fill(host_a, N, 22);
+    OK("H2D into managed memory", cudaMemcpy(managed, host_a, N, cudaMemcpyHostToDevice));
+    EXPECT("H2D landed in place", memcmp(managed, host_a, N) == 0);
+    memset(host_b, 0, N);
+    OK("D2H out of managed memory", cudaMemcpy(host_b, managed, N, cudaMemcpyDeviceToHost));
+    EXPECT("D2H read it", memcmp(host_b, host_a, N) == 0);
+    fill(host_a, N, 23);
+    OK("H2H into managed memory", cudaMemcpy(managed, host_a, N, cudaMemcpyHostToHost));
+    EXPECT("H2H landed in place", memcmp(managed, host_a, N) == 0);
+    memset(host_b, 0, N);
+    OK("H2H out of managed memory", cudaMemcpy(host_b, managed, N, cudaMemcpyHostToHost));
+    EXPECT("H2H read it", memcmp(host_b, host_a, N) == 0);
+    OK("memset device memory", cudaMemset(dev, 0x71, N));
+    OK("D2D into managed memory", cudaMemcpy(managed, dev, N, cudaMemcpyDeviceToDevice));
+    EXPECT("D2D landed in place", all_bytes(managed, N, 0x71));
+    fill(managed, N, 24);
+    OK("default copy out of managed memory", cudaMemcpy(dev, managed, N, cudaMemcpyDefault));
+    memset(host_b, 0, N);
+    OK("read it back", cudaMemcpy(host_b, dev, N, cudaMemcpyDeviceToHost));
+    EXPECT("default copy out of managed memory", memcmp(host_b, managed, N) == 0);
+    OK("memset device memory", cudaMemset(dev, 0x72, N));
+    OK("default copy into managed memory", cudaMemcpy(managed, dev, N, cudaMemcpyDefault));
+    EXPECT("default copy into managed memory", all_bytes(managed, N, 0x72));
+    fill(host_a, N, 25);
+    OK("default copy from the host into managed memory", cudaMemcpy(managed + 8, host_a, 1000, cudaMemcpyDefault));
+    EXPECT("default copy from the host, at an offset", memcmp(managed + 8, host_a, 1000) == 0 && managed[7] == 0x72);
+    OK("managed to managed", cudaMemcpy(other, managed, N, cudaMemcpyDefault));
+    EXPECT("managed to managed", memcmp(other, managed, N) == 0);
+    fill(host_a, N, 26);
+    OK("async H2D into managed memory", cudaMemcpyAsync(managed, host_a, N, cudaMemcpyHostToDevice, stream));
+    OK("async D2D out of it", cudaMemcpyAsync(dev, managed, N, cudaMemcpyDeviceToDevice, stream));
+    OK("sync", cudaStreamSynchronize(stream));
+    memset(host_b, 0, N);
+    OK("read the device copy", cudaMemcpy(host_b, dev, N, cudaMemcpyDeviceToHost));
+    EXPECT("async copies through managed memory", memcmp(managed, host_a, N) == 0 && memcmp(host_b, host_a, N) == 0);
+
+    /* Pointer attributes: managed memory has one address on both sides. */
+    struct cudaPointerAttributes attributes;
+    OK("attributes of managed memory", cudaPointerGetAttributes(&attributes, managed + 5));
+    EXPECT("managed memory", attributes.type == cudaMemoryTypeManaged && attributes.device == 0 &&
+                                 attributes.devicePointer == managed + 5 && attributes.hostPointer == managed + 5);
+    OK("attributes of device memory beside it", cudaPointerGetAttributes(&attributes, dev));
+    EXPECT("device memory stays device memory", attributes.type == cudaMemoryTypeDevice && attributes.hostPointer == NULL);
+
+    /* Prefetches, read back as the last prefetch location. */
+    EXPECT("never prefetched", range_int(cudaMemRangeAttributeLastPrefetchLocation, managed, M) == cudaInvalidDeviceId);
+    OK("cudaMemPrefetchAsync to device 0", cudaMemPrefetchAsync(managed, M, device0, 0, stream));
+    EXPECT("last prefetch: device 0", range_int(cudaMemRangeAttributeLastPrefetchLocation, managed, M) == 0);
+    EXPECT("last prefetch type: a device",
+           range_int(cudaMemRangeAttributeLastPrefetchLocationType, managed, M) == cudaMemLocationTypeDevice);
+    EXPECT("last prefetch id: 0", range_int(cudaMemRangeAttributeLastPrefetchLocationId, managed, M) == 0);
+    OK("cudaMemPrefetchAsync_ptsz to the host", cudaMemPrefetchAsync_ptsz(managed, M, host, 0, NULL));
+    EXPECT("last prefetch: the CPU", range_int(cudaMemRangeAttributeLastPrefetchLocation, managed, M) == cudaCpuDeviceId);
+    EXPECT("last prefetch type: the host",
+           range_int(cudaMemRangeAttributeLastPrefetchLocationType, managed, M) == cudaMemLocationTypeHost);
+    OK("prefetch the second page to device 0", cudaMemPrefetchAsync(managed + N + 8, 100, device0, 0, stream));
+    EXPECT("the page's last prefetch", range_int(cudaMemRangeAttributeLastPrefetchLocation, managed + N, N) == 0);
+    EXPECT("the other pages' last prefetch", range_int(cudaMemRangeAttributeLastPrefetchLocation, managed, N) == cudaCpuDeviceId);
+    EXPECT("no common last prefetch over the whole", range_int(cudaMemRangeAttributeLastPrefetchLocation, managed, M) == cudaInvalidDeviceId);
+    EXPECT_CODE("prefetch to a device that does not exist", cudaMemPrefetchAsync(managed, M, location(cudaMemLocationTypeDevice, 7), 0, stream),
+                cudaErrorInvalidDevice);
+    EXPECT_CODE("prefetch to an invalid location", cudaMemPrefetchAsync(managed, M, location(cudaMemLocationTypeInvalid, 0), 0, stream),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("prefetch with flags", cudaMemPrefetchAsync(managed, M, device0, 1, stream), cudaErrorInvalidValue);
+    EXPECT_CODE("prefetch past the block", cudaMemPrefetchAsync(managed, M + 1, device0, 0, stream), cudaErrorInvalidValue);
+    EXPECT_CODE("prefetch on an unknown stream", cudaMemPrefetchAsync(managed, M, device0, 0, BOGUS_STREAM),
+                cudaErrorInvalidResourceHandle);
+    EXPECT("refused prefetches recorded nothing", range_int(cudaMemRangeAttributeLastPrefetchLocation, managed, N) == cudaCpuDeviceId);
+
+    /* Advice, read back through the range attributes. */
+    EXPECT("not read-mostly before the advice", range_int(cudaMemRangeAttributeReadMostly, managed, M) == 0);
+    OK("cudaMemAdvise read-mostly", cudaMemAdvise(managed, M, cudaMemAdviseSetReadMostly, device0));
+    EXPECT("read-mostly", range_int(cudaMemRangeAttributeReadMostly, managed, M) == 1);
+    OK("unset read-mostly on the first page", cudaMemAdvise(managed, 100, cudaMemAdviseUnsetReadMostly, device0));
+    EXPECT("not read-mostly as a whole", range_int(cudaMemRangeAttributeReadMostly, managed, M) == 0);
+    EXPECT("read-mostly where still set", range_int(cudaMemRangeAttributeReadMostly, managed + N, M - N) == 1);
+    EXPECT("no preferred location before the advice", range_int(cudaMemRangeAttributePreferredLocation, managed, M) == cudaInvalidDeviceId);
+    EXPECT("no preferred location type before the advice",
+           range_int(cudaMemRangeAttributePreferredLocationType, managed, M) == cudaMemLocationTypeInvalid);
+    OK("preferred location device 0", cudaMemAdvise(managed, M, cudaMemAdviseSetPreferredLocation, device0));
+    EXPECT("preferred location: device 0", range_int(cudaMemRangeAttributePreferredLocation, managed, M) == 0);
+    EXPECT("preferred location type: a device",
+           range_int(cudaMemRangeAttributePreferredLocationType, managed, M) == cudaMemLocationTypeDevice);
+    EXPECT("preferred location id: 0", range_int(cudaMemRangeAttributePreferredLocationId, managed, M) == 0);
+    OK("preferred location the host for the last page", cudaMemAdvise(managed + 3 * N, N, cudaMemAdviseSetPreferredLocation, host));
+    EXPECT("preferred location: the CPU", range_int(cudaMemRangeAttributePreferredLocation, managed + 3 * N, N) == cudaCpuDeviceId);
+    EXPECT("no common preferred location", range_int(cudaMemRangeAttributePreferredLocation, managed, M) == cudaInvalidDeviceId);
+    OK("unset the preferred location", cudaMemAdvise(managed, M, cudaMemAdviseUnsetPreferredLocation, host));
+    EXPECT("no preferred location after the unset", range_int(cudaMemRangeAttributePreferredLocation, managed, M) == cudaInvalidDeviceId);
+    int accessed[3] = {-99, -99, -99};
+    OK("nothing accessed-by yet", cudaMemRangeGetAttribute(accessed, sizeof accessed, cudaMemRangeAttributeAccessedBy, managed, M));
+    EXPECT("no device listed", accessed[0] == cudaInvalidDeviceId && accessed[1] == cudaInvalidDeviceId && accessed[2] == cudaInvalidDeviceId);
+    OK("accessed by device 0", cudaMemAdvise(managed, M, cudaMemAdviseSetAccessedBy, device0));
+    OK("accessed-by", cudaMemRangeGetAttribute(accessed, sizeof accessed, cudaMemRangeAttributeAccessedBy, managed, M));
+    EXPECT("device 0 listed, the rest invalid", accessed[0] == 0 && accessed[1] == cudaInvalidDeviceId && accessed[2] == cudaInvalidDeviceId);
+    OK("no longer accessed by device 0 on a page", cudaMemAdvise(managed + N, N, cudaMemAdviseUnsetAccessedBy, device0));
+    OK("accessed-by over the whole", cudaMemRangeGetAttribute(accessed, sizeof accessed, cudaMemRangeAttributeAccessedBy, managed, M));
+    EXPECT("a device listed only for the whole range", accessed[0] == cudaInvalidDeviceId);
+    EXPECT_CODE("accessed-by into 6 bytes", cudaMemRangeGetAttribute(accessed, 6, cudaMemRangeAttributeAccessedBy, managed, M),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("advice to a device that does not exist",
+                cudaMemAdvise(managed, M, cudaMemAdviseSetPreferredLocation, location(cudaMemLocationTypeDevice, 7)), cudaErrorInvalidDevice);
+    EXPECT_CODE("an unknown advice", cudaMemAdvise(managed, M, (enum cudaMemoryAdvise)99, device0), cudaErrorInvalidValue);
+    EXPECT_CODE("advice past the block", cudaMemAdvise(managed, M + 1, cudaMemAdviseSetReadMostly, device0), cudaErrorInvalidValue);
+    EXPECT_CODE("advice on 0 bytes", cudaMemAdvise(managed, 0, cudaMemAdviseSetReadMostly, device0), cudaErrorInvalidValue);
+
+    /* Several attributes at once. */
+    int read_mostly = -99, preferred = -99, last = -99;
+    void *data[3] = {&read_mostly, &preferred, &last};
+    size_t data_sizes[3] = {sizeof read_mostly, sizeof preferred, sizeof last};
+    enum cudaMemRangeAttribute asked[3] = {cudaMemRangeAttributeReadMostly, cudaMemRangeAttributePreferredLocation,
+                                           cudaMemRangeAttributeLastPrefetchLocation};
+    OK("cudaMemRangeGetAttributes", cudaMemRangeGetAttributes(data, data_sizes, asked, 3, managed + 2 * N + 200, 300));
+    EXPECT("three attributes at once", read_mostly == 1 && preferred == cudaInvalidDeviceId && last == cudaCpuDeviceId);
+    EXPECT_CODE("no attributes", cudaMemRangeGetAttributes(data, data_sizes, asked, 0, managed, M), cudaErrorInvalidValue);
+    EXPECT_CODE("attributes into NULL", cudaMemRangeGetAttributes(NULL, data_sizes, asked, 3, managed, M), cudaErrorInvalidValue);
+    EXPECT_CODE("an int attribute of 8 bytes", cudaMemRangeGetAttribute(&value, 8, cudaMemRangeAttributeReadMostly, managed, M),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("an attribute into NULL", cudaMemRangeGetAttribute(NULL, 4, cudaMemRangeAttributeReadMostly, managed, M),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("an unknown attribute", cudaMemRangeGetAttribute(&value, sizeof value, (enum cudaMemRangeAttribute)99, managed, M),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("a range past the block", cudaMemRangeGetAttribute(&value, sizeof value, cudaMemRangeAttributeReadMostly, managed, M + 1),
+                cudaErrorInvalidValue);
+
+    /* Stream attachment: the whole allocation, by length 0 or its size. */
+    OK("cudaStreamAttachMemAsync single", cudaStreamAttachMemAsync(stream, managed, 0, cudaMemAttachSingle));
+    OK("attach the whole size", cudaStreamAttachMemAsync(stream, managed, M, cudaMemAttachGlobal));
+    OK("attach to the host", cudaStreamAttachMemAsync(stream, other, 0, cudaMemAttachHost));
+    OK("sync the attachments", cudaStreamSynchronize(stream));
+    OK("cudaStreamAttachMemAsync_ptsz", cudaStreamAttachMemAsync_ptsz(NULL, managed, 0, cudaMemAttachGlobal));
+    EXPECT_CODE("attach a part", cudaStreamAttachMemAsync(stream, managed, M / 2, cudaMemAttachGlobal), cudaErrorInvalidValue);
+    EXPECT_CODE("attach from inside", cudaStreamAttachMemAsync(stream, managed + 8, 0, cudaMemAttachGlobal), cudaErrorInvalidValue);
+    EXPECT_CODE("attach singly to the NULL stream", cudaStreamAttachMemAsync(NULL, managed, 0, cudaMemAttachSingle), cudaErrorInvalidValue);
+    EXPECT_CODE("an unknown attach flag", cudaStreamAttachMemAsync(stream, managed, 0, 8), cudaErrorInvalidValue);
+    EXPECT_CODE("attach on an unknown stream", cudaStreamAttachMemAsync(BOGUS_STREAM, managed, 0, cudaMemAttachGlobal),
+                cudaErrorInvalidResourceHandle);
+
+    /* Batches: the first range to device 0, the second to the host. */
+    void *both[2] = {managed, other};
+    size_t sizes[2] = {M, N}, starts[2] = {0, 1}, bad_starts[2] = {1, 0};
+    struct cudaMemLocation where[2] = {device0, host};
+    OK("cudaMemPrefetchBatchAsync", cudaMemPrefetchBatchAsync(both, sizes, 2, where, starts, 2, 0, stream));
+    EXPECT("the batch's first range on device 0", range_int(cudaMemRangeAttributeLastPrefetchLocation, managed, M) == 0);
+    EXPECT("the batch's second range on the host", range_int(cudaMemRangeAttributeLastPrefetchLocation, other, N) == cudaCpuDeviceId);
+    OK("cudaMemPrefetchBatchAsync_ptsz, one location for both", cudaMemPrefetchBatchAsync_ptsz(both, sizes, 2, where + 1, starts, 1, 0, stream));
+    EXPECT("both on the host", range_int(cudaMemRangeAttributeLastPrefetchLocation, managed, M) == cudaCpuDeviceId &&
+                                   range_int(cudaMemRangeAttributeLastPrefetchLocation, other, N) == cudaCpuDeviceId);
+    EXPECT_CODE("a first location index that is not 0", cudaMemPrefetchBatchAsync(both, sizes, 2, where, bad_starts, 2, 0, stream),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("more locations than ranges", cudaMemPrefetchBatchAsync(both, sizes, 1, where, starts, 2, 0, stream), cudaErrorInvalidValue);
+    EXPECT_CODE("an empty batch", cudaMemPrefetchBatchAsync(both, sizes, 0, where, starts, 1, 0, stream), cudaErrorInvalidValue);
+    EXPECT_CODE("a batch with flags", cudaMemPrefetchBatchAsync(both, sizes, 2, where, starts, 2, 1, stream), cudaErrorInvalidValue);
+    OK("cudaMemDiscardBatchAsync", cudaMemDiscardBatchAsync(both, sizes, 2, 0, stream));
+    OK("cudaMemDiscardBatchAsync_ptsz", cudaMemDiscardBatchAsync_ptsz(both, sizes, 1, 0, stream));
+    EXPECT_CODE("a discard with flags", cudaMemDiscardBatchAsync(both, sizes, 2, 1, stream), cudaErrorInvalidValue);
+    EXPECT_CODE("an empty discard", cudaMemDiscardBatchAsync(both, sizes, 0, 0, stream), cudaErrorInvalidValue);
+    void *mixed[2] = {managed, dev};
+    EXPECT_CODE("a discard of device memory among managed", cudaMemDiscardBatchAsync(mixed, sizes, 2, 0, stream), cudaErrorInvalidValue);
+    OK("cudaMemDiscardAndPrefetchBatchAsync", cudaMemDiscardAndPrefetchBatchAsync(both, sizes, 2, where, starts, 2, 0, stream));
+    EXPECT("discarded and prefetched: device 0, the host",
+           range_int(cudaMemRangeAttributeLastPrefetchLocation, managed, M) == 0 &&
+               range_int(cudaMemRangeAttributeLastPrefetchLocation, other, N) == cudaCpuDeviceId);
+    OK("cudaMemDiscardAndPrefetchBatchAsync_ptsz", cudaMemDiscardAndPrefetchBatchAsync_ptsz(both, sizes, 2, where, starts, 1, 0, stream));
+    EXPECT("discarded and prefetched: both on device 0", range_int(cudaMemRangeAttributeLastPrefetchLocation, other, N) == 0);
+    EXPECT_CODE("a discard and prefetch to a device that does not exist",
+                cudaMemDiscardAndPrefetchBatchAsync(both, sizes, 2, (struct cudaMemLocation[]){location(cudaMemLocationTypeDevice, 7)}, starts, 1, 0, stream),
+                cudaErrorInvalidDevice);
+    OK("sync the batches", cudaStreamSynchronize(stream));
+
+    /* cudaFree of managed memory. */
+    EXPECT_CODE("free from inside", cudaFree(managed + 1), cudaErrorInvalidValue);
+    EXPECT_CODE("cudaFreeHost of managed memory", cudaFreeHost(managed), cudaErrorInvalidValue);
+    OK("cudaFree of managed memory", cudaFree(managed));
+    EXPECT_CODE("freed managed memory takes no prefetch", cudaMemPrefetchAsync(managed, M, device0, 0, stream), cudaErrorInvalidValue);
+    OK("attributes after the free", cudaPointerGetAttributes(&attributes, managed));
+    EXPECT("freed managed memory is no memory of CUDA's", attributes.type == cudaMemoryTypeUnregistered);
+    EXPECT_CODE("double free", cudaFree(managed), cudaErrorInvalidValue);
+    OK("cudaFree of the other", cudaFree(other));
     OK("cudaFree", cudaFree(dev));
     OK("cudaStreamDestroy", cudaStreamDestroy(stream));
 }
@@ -1133,6 +1434,18 @@ static void modules_kernels_symbols(void) {
     __cudaRegisterVar(handle, fake_symbol, "fake_symbol", "fake_symbol", 0, sizeof fake_symbol, 0, 0);
     AUDIT("__cudaRegisterFatBinaryEnd");
     __cudaRegisterFatBinaryEnd(handle);
+
+    // A __managed__ variable: its pointer is filled when the module initializes. The emulated
+    // device loads no GPU code, so the initialization fails and leaves the pointer alone.
+    AUDIT("__cudaRegisterManagedVar");
+    void **managed_module = __cudaRegisterFatBinary(&fake_wrapper);
+    void *managed_pointer = NULL;
+    __cudaRegisterManagedVar(NULL, &managed_pointer, "fake_managed", "fake_managed", 0, 4, 0, 0);
+    __cudaRegisterManagedVar(managed_module, NULL, "fake_managed", "fake_managed", 0, 4, 0, 0);
+    __cudaRegisterManagedVar(managed_module, &managed_pointer, "fake_managed", "fake_managed", 0, 4, 0, 0);
+    EXPECT("a module with a managed variable the device cannot load does not initialize",
+           __cudaInitModule(managed_module) == 0 && managed_pointer == NULL);
+    EXPECT("its error is the thread's last error", cudaGetLastError() != cudaSuccess);
 
     AUDIT("__cudaGetKernel");
     EXPECT_CODE("the kernel of a function never registered", __cudaGetKernel(&unknown, (const void *)not_a_kernel),
@@ -2011,6 +2324,7 @@ static void capture_to_graph(void) {
 int main(void) {
     device_and_errors();
     memory();
+    managed_memory();
     streams_and_events();
     graphs();
     pools();

@@ -178,8 +178,10 @@ int main(void) {
     EXPECT("cudaGetErrorName", strcmp(cudaGetErrorName(cudaErrorInvalidValue), "cudaErrorInvalidValue") == 0);
     EXPECT("cudaGetErrorString", strcmp(cudaGetErrorString(cudaErrorMemoryAllocation), "out of memory") == 0);
     EXPECT("unknown codes", strcmp(cudaGetErrorName((cudaError_t)123456), "unrecognized error code") == 0);
-    void *managed = NULL;
-    EXPECT_CODE("an unsupported call says so", cudaMallocManaged(&managed, 4096, cudaMemAttachGlobal), cudaErrorNotSupported);
+    cudaExternalMemory_t external = NULL;
+    struct cudaExternalMemoryHandleDesc external_desc;
+    memset(&external_desc, 0, sizeof external_desc);
+    EXPECT_CODE("an unsupported call says so", cudaImportExternalMemory(&external, &external_desc), cudaErrorNotSupported);
     EXPECT_CODE("peek keeps the error", cudaPeekAtLastError(), cudaErrorNotSupported);
     EXPECT_CODE("get returns and clears it", cudaGetLastError(), cudaErrorNotSupported);
     void *huge = NULL;

@@ -1,0 +1,166 @@
+//! Managed memory (`cudaMallocManaged`) and its hints: prefetches, advice, stream attachment and
+//! the range queries. Flyt's driver does the work: managed memory is had where the GPU's server
+//! shares the app's host (the shared-memory channel), and is refused with the driver's one line
+//! elsewhere. The runtime's `cudaMemLocation`, `cudaMemoryAdvise` and `cudaMemRangeAttribute` are
+//! the driver's `CUmemLocation`, `CUmem_advise` and `CUmem_range_attribute` (same layout, same
+//! numbers), so they go through as they are. `cudaFree` frees managed memory (`cuMemFree_v2`),
+//! and `cudaPointerGetAttributes` reports it as `cudaMemoryTypeManaged`.
+
+use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+
+use crate::driver::{CUdeviceptr, MemLocation, cu_ctx};
+use crate::ffi::{cudaStream_t, write_out};
+
+/// The runtime's `cudaMemLocation`: the driver's `CUmemLocation`.
+#[allow(non_camel_case_types, reason = "the C type's name, as the CUDA headers spell it")]
+pub type cudaMemLocation = MemLocation;
+
+pub unsafe fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
+    if dev_ptr.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // The driver checks the size (0 is invalid, as CUDA documents) and the flags.
+    let mut ptr: CUdeviceptr = 0;
+    cu_ctx!(cuMemAllocManaged(&mut ptr, size, flags))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(dev_ptr, ptr as usize as *mut c_void) }
+}
+
+pub unsafe fn cudaMemPrefetchAsync(
+    dev_ptr: *const c_void,
+    count: usize,
+    location: cudaMemLocation,
+    flags: c_uint,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemPrefetchAsync_v2(dev_ptr as CUdeviceptr, count, location, flags, stream))
+}
+
+pub unsafe fn cudaMemPrefetchAsync_ptsz(
+    dev_ptr: *const c_void,
+    count: usize,
+    location: cudaMemLocation,
+    flags: c_uint,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemPrefetchAsync_v2_ptsz(dev_ptr as CUdeviceptr, count, location, flags, stream))
+}
+
+pub unsafe fn cudaMemAdvise(dev_ptr: *const c_void, count: usize, advice: c_int, location: cudaMemLocation) -> CudaResult<()> {
+    cu_ctx!(cuMemAdvise_v2(dev_ptr as CUdeviceptr, count, advice, location))
+}
+
+pub unsafe fn cudaMemRangeGetAttribute(
+    data: *mut c_void,
+    data_size: usize,
+    attribute: c_int,
+    dev_ptr: *const c_void,
+    count: usize,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemRangeGetAttribute(data, data_size, attribute, dev_ptr as CUdeviceptr, count))
+}
+
+pub unsafe fn cudaMemRangeGetAttributes(
+    data: *mut *mut c_void,
+    data_sizes: *mut usize,
+    attributes: *mut c_int,
+    num_attributes: usize,
+    dev_ptr: *const c_void,
+    count: usize,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemRangeGetAttributes(data, data_sizes, attributes, num_attributes, dev_ptr as CUdeviceptr, count))
+}
+
+pub unsafe fn cudaStreamAttachMemAsync(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) -> CudaResult<()> {
+    cu_ctx!(cuStreamAttachMemAsync(stream, dev_ptr as CUdeviceptr, length, flags))
+}
+
+pub unsafe fn cudaStreamAttachMemAsync_ptsz(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) -> CudaResult<()> {
+    cu_ctx!(cuStreamAttachMemAsync_ptsz(stream, dev_ptr as CUdeviceptr, length, flags))
+}
+
+// The batches: the runtime's array of pointers is the driver's array of `CUdeviceptr` (both
+// 64-bit addresses).
+
+#[expect(clippy::too_many_arguments, reason = "cudaMemPrefetchBatchAsync's parameters")]
+pub unsafe fn cudaMemPrefetchBatchAsync(
+    dptrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    locations: *mut cudaMemLocation,
+    location_starts: *mut usize,
+    num_locations: usize,
+    flags: c_ulonglong,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    let dptrs = dptrs.cast::<CUdeviceptr>();
+    cu_ctx!(cuMemPrefetchBatchAsync(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream))
+}
+
+#[expect(clippy::too_many_arguments, reason = "cudaMemPrefetchBatchAsync's parameters")]
+pub unsafe fn cudaMemPrefetchBatchAsync_ptsz(
+    dptrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    locations: *mut cudaMemLocation,
+    location_starts: *mut usize,
+    num_locations: usize,
+    flags: c_ulonglong,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    let dptrs = dptrs.cast::<CUdeviceptr>();
+    cu_ctx!(cuMemPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream))
+}
+
+pub unsafe fn cudaMemDiscardBatchAsync(
+    dptrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    flags: c_ulonglong,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemDiscardBatchAsync(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream))
+}
+
+pub unsafe fn cudaMemDiscardBatchAsync_ptsz(
+    dptrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    flags: c_ulonglong,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemDiscardBatchAsync_ptsz(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream))
+}
+
+#[expect(clippy::too_many_arguments, reason = "cudaMemDiscardAndPrefetchBatchAsync's parameters")]
+pub unsafe fn cudaMemDiscardAndPrefetchBatchAsync(
+    dptrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    locations: *mut cudaMemLocation,
+    location_starts: *mut usize,
+    num_locations: usize,
+    flags: c_ulonglong,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    let dptrs = dptrs.cast::<CUdeviceptr>();
+    cu_ctx!(cuMemDiscardAndPrefetchBatchAsync(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream))
+}
+
+#[expect(clippy::too_many_arguments, reason = "cudaMemDiscardAndPrefetchBatchAsync's parameters")]
+pub unsafe fn cudaMemDiscardAndPrefetchBatchAsync_ptsz(
+    dptrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    locations: *mut cudaMemLocation,
+    location_starts: *mut usize,
+    num_locations: usize,
+    flags: c_ulonglong,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    let dptrs = dptrs.cast::<CUdeviceptr>();
+    cu_ctx!(cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream))
+}
