@@ -191,6 +191,8 @@ declare -A EXPECT_UNSUPPORTED=()
 declare -A NEEDS_SHM_CHANNEL=(
     [mapped_memory]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
     [managed_memory]='cuMemAllocManaged needs the shared-memory channel'
+    # NCCL's proxy shares flags with its kernels in mapped host memory.
+    [torch_nccl]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
     [torch_conv]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
     # bf16 attention goes to cuDNN (the fp32 training before it passes over every transport).
     [torch_transformer]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'

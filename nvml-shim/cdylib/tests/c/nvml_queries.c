@@ -52,6 +52,15 @@ int main(void) {
     EXPECT(index, 0);
     EXPECT(nvmlDeviceGetIndex((nvmlDevice_t)(size_t)0x1234, &index), NVML_ERROR_INVALID_ARGUMENT);
 
+    // Peer-to-peer with itself, as NCCL asks: what NVIDIA's NVML answers on an H100.
+    nvmlGpuP2PStatus_t p2p = NVML_P2P_STATUS_UNKNOWN;
+    EXPECT(nvmlDeviceGetP2PStatus(device, device, NVML_P2P_CAPS_INDEX_READ, &p2p), NVML_SUCCESS);
+    EXPECT(p2p, NVML_P2P_STATUS_NOT_SUPPORTED);
+    EXPECT(nvmlDeviceGetP2PStatus(device, device, NVML_P2P_CAPS_INDEX_NVLINK, &p2p), NVML_SUCCESS);
+    EXPECT(p2p, NVML_P2P_STATUS_NOT_SUPPORTED);
+    EXPECT(nvmlDeviceGetP2PStatus(device, (nvmlDevice_t)(size_t)0x1234, NVML_P2P_CAPS_INDEX_READ, &p2p), NVML_ERROR_INVALID_ARGUMENT);
+    EXPECT(nvmlDeviceGetP2PStatus(device, device, NVML_P2P_CAPS_INDEX_READ, NULL), NVML_ERROR_INVALID_ARGUMENT);
+
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE], driver_name[256];
     EXPECT(nvmlDeviceGetName(device, name, sizeof name), NVML_SUCCESS);
     EXPECT(cuDeviceGetName(driver_name, sizeof driver_name, 0), CUDA_SUCCESS);
