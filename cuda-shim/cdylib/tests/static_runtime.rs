@@ -191,23 +191,38 @@ fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
     assert!(stderr.contains("2 offered by digest, 2 of them found in the server's cache"), "{stderr}");
 }
 
-#[test]
-fn library_needs_pitched_copies_stream_ids_and_tool_entries() {
+/// Runs the driver-API test program `name` (tests/c/NAME.c) against an emulated server, with the
+/// shared-memory channel and over the socket alone (copies take different paths), as
+/// `(FLYT_SHM, exit code, stdout, stderr)`; `None` when `FLYT_CUDA_HOME` is not set.
+fn run_with_and_without_channel(name: &str) -> Option<Vec<(&'static str, i32, String, String)>> {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
         eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
-        return;
+        return None;
     };
-    let scratch = scratch_dir("driver-libraries");
+    let scratch = scratch_dir(&name.replace('_', "-"));
     let lib = driver_lib_dir(&scratch);
-    let program = compile_driver_program(&cuda, &scratch, &lib, "driver_libraries");
+    let program = compile_driver_program(&cuda, &scratch, &lib, name);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
-    // Over the shared-memory channel and over the socket alone: copies take different paths.
-    for shm in ["on", "off"] {
-        let (code, stdout, stderr) = run_with_timeout(
-            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm),
-            Duration::from_secs(60),
-        );
+    let runs = ["on", "off"]
+        .into_iter()
+        .map(|shm| {
+            let (code, stdout, stderr) = run_with_timeout(
+                Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm),
+                Duration::from_secs(60),
+            );
+            (shm, code, stdout, stderr)
+        })
+        .collect();
+    Some(runs)
+}
+
+#[test]
+fn library_needs_pitched_copies_stream_ids_and_tool_entries() {
+    let Some(runs) = run_with_and_without_channel("driver_libraries") else {
+        return;
+    };
+    for (shm, code, stdout, stderr) in runs {
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         assert_eq!(
@@ -223,20 +238,10 @@ fn library_needs_pitched_copies_stream_ids_and_tool_entries() {
 /// channel, on the emulated device.
 #[test]
 fn virtual_memory_management_through_the_driver_api() {
-    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
-        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+    let Some(runs) = run_with_and_without_channel("driver_vmm") else {
         return;
     };
-    let scratch = scratch_dir("driver-vmm");
-    let lib = driver_lib_dir(&scratch);
-    let program = compile_driver_program(&cuda, &scratch, &lib, "driver_vmm");
-    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
-    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
-    for shm in ["on", "off"] {
-        let (code, stdout, stderr) = run_with_timeout(
-            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm),
-            Duration::from_secs(60),
-        );
+    for (shm, code, stdout, stderr) in runs {
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         for line in [
             "granularity a power of two: yes",
@@ -258,20 +263,10 @@ fn virtual_memory_management_through_the_driver_api() {
 /// driver API, over the socket and the shared-memory channel, on the emulated device.
 #[test]
 fn arrays_and_shaped_copies_through_the_driver_api() {
-    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
-        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+    let Some(runs) = run_with_and_without_channel("driver_arrays") else {
         return;
     };
-    let scratch = scratch_dir("driver-arrays");
-    let lib = driver_lib_dir(&scratch);
-    let program = compile_driver_program(&cuda, &scratch, &lib, "driver_arrays");
-    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
-    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
-    for shm in ["on", "off"] {
-        let (code, stdout, stderr) = run_with_timeout(
-            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm),
-            Duration::from_secs(60),
-        );
+    for (shm, code, stdout, stderr) in runs {
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         for line in [
             "pitch for 100-byte rows: 512",
@@ -290,20 +285,10 @@ fn arrays_and_shaped_copies_through_the_driver_api() {
 /// a clear refusal without it.
 #[test]
 fn managed_memory_through_the_driver_api() {
-    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
-        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+    let Some(runs) = run_with_and_without_channel("driver_managed") else {
         return;
     };
-    let scratch = scratch_dir("driver-managed");
-    let lib = driver_lib_dir(&scratch);
-    let program = compile_driver_program(&cuda, &scratch, &lib, "driver_managed");
-    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
-    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
-    for shm in ["on", "off"] {
-        let (code, stdout, stderr) = run_with_timeout(
-            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm),
-            Duration::from_secs(60),
-        );
+    for (shm, code, stdout, stderr) in runs {
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
         if shm == "on" {
