@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
@@ -128,7 +129,11 @@ struct Allocation {
 
 /// The process's managed allocations, by start address.
 #[derive(Default)]
-pub struct Managed(Mutex<BTreeMap<u64, Allocation>>);
+pub struct Managed {
+    allocations: Mutex<BTreeMap<u64, Allocation>>,
+    /// Whether the process ever had managed memory: copies check their sides only then.
+    ever: AtomicBool,
+}
 
 /// The answer to a range query.
 #[derive(Debug, PartialEq, Eq)]
@@ -140,12 +145,26 @@ pub enum RangeValue {
 
 impl Managed {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Allocation>> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn insert(&self, start: u64, allocation: Allocation) {
+        self.lock().insert(start, allocation);
+        self.ever.store(true, Ordering::Relaxed);
+    }
+
+    /// A copy's side at `address` of `len` bytes: one that starts in managed memory must end in
+    /// it, as with device memory.
+    pub fn check_copy_side(&self, address: u64, len: u64) -> CudaResult<()> {
+        if !self.ever.load(Ordering::Relaxed) || self.holding(address, 1).is_none() {
+            return Ok(());
+        }
+        self.check(address, len).map(drop)
     }
 
     /// Records a `__managed__` variable's mirror, so hints and pointer queries take it as managed.
     pub fn add_mirror(&self, address: u64, len: u64) {
-        self.lock().insert(address, Allocation { len: len.max(1), buffer_id: crate::ranges::new_buffer_id(), mirrored: true, pages: None });
+        self.insert(address, Allocation { len: len.max(1), buffer_id: crate::ranges::new_buffer_id(), mirrored: true, pages: None });
     }
 
     pub fn forget_mirror(&self, address: u64) {
@@ -255,29 +274,9 @@ impl Managed {
 /// Managed memory of `size` bytes: a segment block the server mapped at this address. `flags` is
 /// `CU_MEM_ATTACH_GLOBAL` or `CU_MEM_ATTACH_HOST`, as the front checked.
 pub fn alloc(client: &Client, size: usize, flags: u32) -> CudaResult<u64> {
-    let Some(channel) = client.shm.as_ref() else {
-        return Err(CudaError::NOT_SUPPORTED);
-    };
-    let (offset, len) = channel.allocate(size).ok_or(CudaError::MEMORY_ALLOCATION)?;
-    let ptr = channel.ptr(offset);
-    let mapped = client.call(req::ShmRegister { offset: offset as u64, len: len as u64, mapped_at: ptr as u64 });
-    match mapped {
-        Ok(reply) if reply.device_pointer == ptr as u64 => {}
-        outcome => {
-            if outcome.is_ok() {
-                client.post(req::ShmUnregister { offset: offset as u64 })?;
-            }
-            channel.release(offset, len);
-            return Err(CudaError::NOT_SUPPORTED);
-        }
-    }
-    client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(
-        ptr as usize,
-        HostAllocation { len: size, flags, segment_offset: Some(offset), registered: false, device_mapped: true, managed: true },
-    );
+    let ptr = crate::transfer::mapped_block(client, size, flags, true)?;
     client
         .managed
-        .lock()
         .insert(ptr as u64, Allocation { len: size as u64, buffer_id: crate::ranges::new_buffer_id(), mirrored: false, pages: None });
     Ok(ptr as u64)
 }
@@ -299,11 +298,7 @@ fn release(client: &Client, ptr: u64) -> CudaResult<()> {
     let Some(HostAllocation { len, segment_offset: Some(offset), .. }) = allocation else {
         return Err(CudaError::INVALID_VALUE);
     };
-    client.post(req::ShmUnregister { offset: offset as u64 })?;
-    if let Some(channel) = client.shm.as_ref() {
-        channel.release(offset, len.div_ceil(PAGE as usize) * PAGE as usize);
-    }
-    Ok(())
+    crate::transfer::release_allocation_block(client, offset, len)
 }
 
 /// A device reset frees managed memory with the rest of the device's memory.
@@ -333,7 +328,7 @@ mod tests {
     #[test]
     fn page_records_answer_only_what_the_whole_range_shares() {
         let managed = Managed::default();
-        managed.lock().insert(0x10000, Allocation { len: 4 * PAGE, buffer_id: 1, mirrored: false, pages: None });
+        managed.insert(0x10000, Allocation { len: 4 * PAGE, buffer_id: 1, mirrored: false, pages: None });
         let device = Location { kind: location_type::DEVICE, id: 0 };
         managed.update(0x10000, 2 * PAGE, |page| page.last_prefetch = device).unwrap();
         managed.update(0x10000 + PAGE, PAGE, |page| page.read_mostly = true).unwrap();

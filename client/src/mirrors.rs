@@ -56,15 +56,9 @@ pub struct Mirrors {
     device_dirty: AtomicBool,
 }
 
-/// Bytes that changed on the device (`device` against `snapshot`) replace the mirror's; then the
-/// snapshot becomes the device's bytes.
-pub fn merge(mirror: &mut [u8], snapshot: &mut [u8], device: &[u8]) {
-    for ((mine, agreed), theirs) in mirror.iter_mut().zip(snapshot.iter()).zip(device) {
-        if theirs != agreed {
-            *mine = *theirs;
-        }
-    }
-    snapshot.copy_from_slice(device);
+/// The bytes that changed on the device since the last exchange: `(offset, device's byte)`.
+fn device_changes<'a>(snapshot: &'a [u8], device: &'a [u8]) -> impl Iterator<Item = (usize, u8)> + 'a {
+    snapshot.iter().zip(device).enumerate().filter(|(_, (agreed, theirs))| agreed != theirs).map(|(offset, (_, theirs))| (offset, *theirs))
 }
 
 impl Mirrors {
@@ -124,7 +118,7 @@ impl Client {
     /// Sets up the mirror of module `module`'s managed variable at `address` (`size` bytes) and
     /// fills it from the device. Fails with `NOT_SUPPORTED` when the address is taken here.
     pub fn mirror_variable(&self, module: u32, address: u64, size: u64) -> CudaResult<()> {
-        let mut state = self.lock_mirrors();
+        let mut state = self.mirrors.lock();
         if state.mirrors.iter().any(|mirror| mirror.address == address) {
             return Ok(());
         }
@@ -178,10 +172,6 @@ impl Client {
         Ok(())
     }
 
-    fn lock_mirrors(&self) -> std::sync::MutexGuard<'_, State> {
-        self.mirrors.lock()
-    }
-
     /// Reads `bytes.len()` bytes of the device at `address` on the mirrors' stream.
     fn read_variable(&self, address: u64, bytes: &mut [u8], stream: u64) -> CudaResult<()> {
         if bytes.is_empty() {
@@ -199,7 +189,7 @@ impl Client {
         if !self.mirrors.any.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let mut state = self.lock_mirrors();
+        let mut state = self.mirrors.lock();
         let stream = self.mirror_stream(&mut state)?;
         let mut sent = false;
         for mirror in &mut state.mirrors {
@@ -232,23 +222,18 @@ impl Client {
         if !dirty {
             return Ok(());
         }
-        let mut state = self.lock_mirrors();
+        let mut state = self.mirrors.lock();
         let stream = self.mirror_stream(&mut state)?;
         for mirror in &mut state.mirrors {
             let mut device = vec![0u8; mirror.snapshot.len()];
             self.read_variable(mirror.address, &mut device, stream)?;
-            let mut mine = vec![0u8; device.len()];
-            // SAFETY: the mirror's pages stay mapped for the life of the process; the app's
-            // threads may write them meanwhile, so they are read and written as raw memory.
-            unsafe { std::ptr::copy_nonoverlapping(mirror.address as usize as *const u8, mine.as_mut_ptr(), mine.len()) };
-            let before = mine.clone();
-            merge(&mut mine, &mut mirror.snapshot, &device);
-            for (offset, (new, old)) in mine.iter().zip(&before).enumerate() {
-                if new != old {
-                    // SAFETY: inside the mirror, as above.
-                    unsafe { (mirror.address as usize as *mut u8).add(offset).write(*new) };
-                }
+            // Only the device's changes are written: the app's threads may be writing other bytes
+            // of the mirror meanwhile, so it is written as raw memory, never borrowed.
+            for (offset, byte) in device_changes(&mirror.snapshot, &device) {
+                // SAFETY: inside the mirror, whose pages stay mapped for the life of the process.
+                unsafe { (mirror.address as usize as *mut u8).add(offset).write(byte) };
             }
+            mirror.snapshot = device;
         }
         Ok(())
     }
@@ -257,6 +242,15 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a fetch does: the bytes that changed on the device replace the mirror's, and the
+    /// snapshot becomes the device's bytes.
+    fn merge(mirror: &mut [u8], snapshot: &mut Vec<u8>, device: &[u8]) {
+        for (offset, byte) in device_changes(snapshot, device) {
+            mirror[offset] = byte;
+        }
+        *snapshot = device.to_vec();
+    }
 
     #[test]
     fn device_changes_win_and_host_changes_to_other_bytes_survive() {

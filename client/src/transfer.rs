@@ -30,17 +30,13 @@ pub const HOST_ALLOC_DEVICEMAP: u32 = 0x2;
 /// shared-memory segment when the channel has room, else page-aligned process memory. A block
 /// the server could map at its address here is mapped memory, as under unified addressing
 /// natively: kernels use it at its host address. `CU_MEMHOSTALLOC_DEVICEMAP` asks for exactly
-/// that, and fails with `NOT_SUPPORTED` where it cannot be had (no channel: the GPU is on another
-/// host, or the address is taken in the server).
+/// that ([`mapped_block`]).
 pub fn host_alloc(client: &Client, size: usize, flags: u32) -> CudaResult<*mut u8> {
-    let wants_mapping = flags & HOST_ALLOC_DEVICEMAP != 0;
+    if flags & HOST_ALLOC_DEVICEMAP != 0 {
+        return mapped_block(client, size, flags, false);
+    }
     let (ptr, segment_offset, device_mapped) = match segment_block(client, size) {
-        Some(block) if wants_mapping && !block.device_mapped => {
-            release_block(client, block.offset, block.len)?;
-            return Err(CudaError::NOT_SUPPORTED);
-        }
         Some(block) => (block.ptr, Some(block.offset), block.device_mapped),
-        None if wants_mapping => return Err(CudaError::NOT_SUPPORTED),
         None => {
             let layout = host_layout(size)?;
             // SAFETY: the layout has a non-zero size.
@@ -57,6 +53,25 @@ pub fn host_alloc(client: &Client, size: usize, flags: u32) -> CudaResult<*mut u
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .insert(ptr as usize, HostAllocation { len: size.max(1), flags, segment_offset, registered: false, device_mapped, managed: false });
     Ok(ptr)
+}
+
+/// Host memory kernels use at its address here: a segment block the server mapped at that address,
+/// recorded as mapped pinned memory or as managed memory (`managed`, `flags` its attach flags).
+/// Fails with `NOT_SUPPORTED` where it cannot be had (no channel: the GPU is on another host, or
+/// the address is taken in the server) and `MEMORY_ALLOCATION` when the segment is full.
+pub(crate) fn mapped_block(client: &Client, size: usize, flags: u32, managed: bool) -> CudaResult<*mut u8> {
+    if client.shm.is_none() {
+        return Err(CudaError::NOT_SUPPORTED);
+    }
+    let block = segment_block(client, size).ok_or(CudaError::MEMORY_ALLOCATION)?;
+    if !block.device_mapped {
+        release_block(client, block.offset, block.len)?;
+        return Err(CudaError::NOT_SUPPORTED);
+    }
+    let allocation =
+        HostAllocation { len: size.max(1), flags, segment_offset: Some(block.offset), registered: false, device_mapped: true, managed };
+    client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(block.ptr as usize, allocation);
+    Ok(block.ptr)
 }
 
 /// A block of the segment, pinned on the server.
@@ -82,6 +97,11 @@ fn segment_block(client: &Client, size: usize) -> Option<SegmentBlock> {
             None
         }
     }
+}
+
+/// Unpins the segment block of a host allocation of `len` bytes at `offset`.
+pub(crate) fn release_allocation_block(client: &Client, offset: usize, len: usize) -> CudaResult<()> {
+    release_block(client, offset, len.div_ceil(HOST_ALIGNMENT) * HOST_ALIGNMENT)
 }
 
 /// Unpins a segment block and gives it back to the channel.
@@ -140,7 +160,7 @@ pub fn host_free(client: &Client, address: usize) -> CudaResult<()> {
     };
     let allocation = allocation.ok_or(CudaError::INVALID_VALUE)?;
     if let Some(offset) = allocation.segment_offset {
-        return release_block(client, offset, allocation.len.div_ceil(4096) * 4096);
+        return release_allocation_block(client, offset, allocation.len);
     }
     // SAFETY: `address` was returned by `std::alloc::alloc` with this very layout in `host_alloc`
     // (the map holds exactly the pointers it gave out) and is removed from the map, so it is
@@ -233,12 +253,8 @@ pub unsafe fn copy(
         return Err(CudaError::INVALID_VALUE);
     }
     let (dst_address, src_address, len) = (dst as u64, src as u64, count as u64);
-    // Managed memory is CUDA's: a copy that starts in it must end in it, as with device memory.
-    for address in [dst_address, src_address] {
-        if client.host_allocation(address as usize).is_some_and(|host| host.managed) {
-            client.managed.check(address, len)?;
-        }
-    }
+    client.managed.check_copy_side(dst_address, len)?;
+    client.managed.check_copy_side(src_address, len)?;
     let chunk = client.info.copy_chunk.max(4096);
     match direction {
         Direction::HostToHost => {
