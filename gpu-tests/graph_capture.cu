@@ -9,7 +9,8 @@
 //  - cudaMalloc during a global-mode capture (an unsafe call there: the error names of the
 //    cudaMalloc and of the cudaStreamEndCapture are printed, the native run is the reference);
 //  - cudaThreadExchangeStreamCaptureMode to relaxed around a cudaMalloc during a global-mode
-//    capture (allowed), the new allocation used by the captured kernels.
+//    capture (allowed), the new allocation used by the captured kernels;
+//  - global-mode captures begun right after large copies from pageable memory.
 // Every call is checked.
 #include "common.h"
 
@@ -246,6 +247,35 @@ int main() {
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(relaxed_graph));
     CHECK(cudaFree(w));
+
+    // Global-mode captures begun right after large copies from pageable memory, synchronous and
+    // asynchronous on another stream: whatever the copies left behind (in Flyt, the staging
+    // slots' waits) must not invalidate the captures.
+    const size_t big_n = 8 << 20;
+    std::vector<float> big_h(big_n, 1.0f);
+    float *big = nullptr;
+    CHECK(cudaMalloc(&big, big_n * sizeof(float)));
+    const int rounds = 40;
+    int valid = 0;
+    for (int r = 0; r < rounds; r++) {
+        if (r % 2 == 0)
+            CHECK(cudaMemcpy(big, big_h.data(), big_n * sizeof(float), cudaMemcpyHostToDevice));
+        else
+            CHECK(cudaMemcpyAsync(big, big_h.data(), big_n * sizeof(float), cudaMemcpyHostToDevice, s2));
+        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        scale<<<(n + 255) / 256, 256, 0, s>>>(x, n, 1.0f);
+        CHECK_LAUNCH();
+        cudaGraph_t round_graph = nullptr;
+        cudaError_t ended = cudaStreamEndCapture(s, &round_graph);
+        if (ended == cudaSuccess && round_graph) valid++;
+        else fprintf(stderr, "round %d: cudaStreamEndCapture: %s\n", r, cudaGetErrorName(ended));
+        if (round_graph) CHECK(cudaGraphDestroy(round_graph));
+        cudaGetLastError();
+        CHECK(cudaStreamSynchronize(s2));
+    }
+    printf("captures begun after large copies: %d of %d valid\n", valid, rounds);
+    EXPECT(valid == rounds, "%d of %d captures after large copies were invalidated", rounds - valid, rounds);
+    CHECK(cudaFree(big));
     CHECK(cudaFree(z));
     CHECK(cudaEventDestroy(fork));
     CHECK(cudaEventDestroy(join));

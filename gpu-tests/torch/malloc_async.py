@@ -3,6 +3,7 @@
 # values checked, memory statistics, and a small MLP trained for 20 steps. Prints booleans, so native
 # and Flyt print the same.
 import os
+import sys
 
 os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
 
@@ -18,7 +19,13 @@ for size in [1 << 10, 1 << 20, 1 << 24, 1 << 26]:
         side.wait_stream(torch.cuda.current_stream())
         y = x * 2 + 1
     torch.cuda.current_stream().wait_stream(side)
-    ok &= bool((y[-1] == 2 * (size - 1) + 1).item()) and bool((y.sum() == (x.sum() * 2 + size)).item())
+    last, total, want_total = y[-1].item(), y.sum().item(), (x.sum() * 2 + size).item()
+    right = last == 2 * (size - 1) + 1 and total == want_total
+    if not right:
+        # The booleans above go to stdout (compared with the native run); the values, for a
+        # failure's diagnosis, to stderr.
+        print(f"size {size}: y[-1] = {last} (want {2 * (size - 1) + 1}), sum(y) = {total} (want {want_total})", file=sys.stderr)
+    ok &= right
     del x, y
 print("tensors on two streams computed right:", ok)
 torch.cuda.synchronize()

@@ -412,6 +412,9 @@ fn may_print(image: &[u8]) -> bool {
     contains(b"vprintf") || contains(b"__assertfail") || !(contains(b"\x7fELF") || contains(b".version"))
 }
 
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`, for the session's helper threads.
+const CAPTURE_MODE_RELAXED: u32 = 2;
+
 impl<D: Device> Session<D> {
     pub fn new(
         device: Arc<D>,
@@ -425,6 +428,13 @@ impl<D: Device> Session<D> {
         let bind = Arc::new(move || {
             if let Err(error) = bind_device.bind_thread() {
                 tracing::error!(%error, "waiter could not bind the device");
+            }
+            // A helper's event query or synchronize (a staging fence's wait that outlives the
+            // copy's reply, say) may run while the app captures in global mode on the session
+            // thread; in the default mode the driver would refuse it and invalidate the app's
+            // capture. Relaxed, the helper's calls touch no capture, as the app's would not.
+            if let Err(error) = bind_device.exchange_capture_mode(CAPTURE_MODE_RELAXED) {
+                tracing::warn!(%error, "a helper thread keeps the global capture mode");
             }
         });
         let outbox = Arc::new(Outbox::new(writer, output, config.stats.clone()));

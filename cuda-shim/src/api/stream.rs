@@ -69,14 +69,15 @@ pub unsafe fn cuStreamQuery_ptsz(h_stream: CUstream) -> CUresult {
 }
 
 fn wait_event(stream: CUstream, event: CUevent, flags: c_uint, ptds: bool) -> DriverResult {
-    // CU_EVENT_WAIT_EXTERNAL only changes what stream capture records, and nothing captures here.
+    // CU_EVENT_WAIT_EXTERNAL (0x1) only changes what a stream capture records: the server's
+    // driver, which captures, gets it.
     if flags & !0x1 != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let client = client()?;
     let stream = resolve_stream(client, stream, ptds)?;
     let event = flyt_client::streams::event_id(client, event as usize).map_err(driver_error)?;
-    client.post(req::StreamWaitEvent { stream, event, flags: 0 }).map_err(driver_error)
+    client.post(req::StreamWaitEvent { stream, event, flags }).map_err(driver_error)
 }
 
 pub unsafe fn cuStreamWaitEvent(h_stream: CUstream, h_event: CUevent, flags: c_uint) -> CUresult {
