@@ -181,7 +181,8 @@ macro_rules! for_each_op {
             /// `cuGraphDestroy`.
             55 GraphDestroy graph_destroy [noreply -] { graph: u64 } -> {};
             /// `cuGraphAdd*Node`: a node of `graph` after `dependencies`, named `node`.
-            56 GraphAddNode graph_add_node [reply -] { graph: u64, node: u64, dependencies: Vec<u64>, params: NodeParams } -> {};
+            /// `ptr`: a memory allocation node's address (0 for other nodes).
+            56 GraphAddNode graph_add_node [reply -] { graph: u64, node: u64, dependencies: Vec<u64>, params: NodeParams } -> { ptr: u64 };
             /// `cuGraphAddDependencies` (`remove`: `cuGraphRemoveDependencies`): edges `from[i]` -> `to[i]`.
             57 GraphEdges graph_edges [reply -] { graph: u64, from: Vec<u64>, to: Vec<u64>, remove: bool } -> {};
             /// `cuGraphGetNodes` (`roots`: `cuGraphGetRootNodes`), each with its `CUgraphNodeType`.
@@ -302,6 +303,22 @@ macro_rules! for_each_op {
             /// `cuStreamUpdateCaptureDependencies`: the capture's next work follows `dependencies`
             /// (`set`) or these as well.
             103 StreamCaptureDependencies stream_capture_dependencies [reply -] { stream: u64, dependencies: Vec<u64>, set: bool } -> {};
+            // --- graph nodes beyond kernels and copies, and graph queries ---
+            /// `cuGraphConditionalHandleCreate`: the driver's handle (kernels take it as an argument).
+            104 GraphConditionalHandle graph_conditional_handle [reply -] { graph: u64, default_value: u32, flags: u32 } -> { handle: u64 };
+            /// `cuGraphNodeGetDependencies` (`dependents`: `cuGraphNodeGetDependentNodes`), with edge data.
+            105 GraphNodeLinks graph_node_links [reply -] { node: u64, dependents: bool } -> { links: Vec<GraphEdge> };
+            /// `cuGraphGetEdges`, with edge data.
+            106 GraphGetEdges graph_get_edges [reply -] { graph: u64 } -> { edges: Vec<GraphEdge> };
+            /// `cuGraphNodeGetEnabled`, or `cuGraphNodeSetEnabled` with `set`.
+            107 GraphNodeEnabled graph_node_enabled [reply -] { exec: u64, node: u64, set: Option<bool> } -> { enabled: bool };
+            /// The object a node names: an event record or wait node's event, a child graph
+            /// node's graph (named with `SERVER_NODE_BIT` if the client has not named it).
+            108 GraphNodeObject graph_node_object [reply -] { node: u64 } -> { object: u64 };
+            /// `cuDeviceGetGraphMemAttribute`, or `cuDeviceSetGraphMemAttribute` with `set`.
+            109 GraphMemAttribute graph_mem_attribute [reply -] { attribute: u32, set: Option<u64> } -> { value: u64 };
+            /// `cuDeviceGraphMemTrim`.
+            110 GraphMemTrim graph_mem_trim [reply -] {} -> {};
         }
     };
 }
@@ -421,6 +438,17 @@ pub struct GraphNodeEntry {
     pub kind: u32,
 }
 
+/// An edge of a graph: for `GraphNodeLinks` only `from` is used (the other node); ports and
+/// type as `CUgraphEdgeData` has them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphEdge {
+    pub from: u64,
+    pub to: u64,
+    pub from_port: u8,
+    pub to_port: u8,
+    pub kind: u8,
+}
+
 /// `CUgraphNodeType` values.
 pub mod node_type {
     pub const KERNEL: u32 = 0;
@@ -431,6 +459,9 @@ pub mod node_type {
     pub const EMPTY: u32 = 5;
     pub const WAIT_EVENT: u32 = 6;
     pub const EVENT_RECORD: u32 = 7;
+    pub const MEM_ALLOC: u32 = 10;
+    pub const MEM_FREE: u32 = 11;
+    pub const CONDITIONAL: u32 = 13;
 }
 
 /// A copy between device memory regions of `width` bytes x `height` rows x `depth` slices; each
@@ -697,6 +728,24 @@ pub enum NodeParams {
     Host {
         call: u64,
     },
+    /// `cuGraphAddMemAllocNode` on the session's device: `size` bytes, and the flags of an
+    /// access descriptor for that device if the app gave one.
+    MemAlloc {
+        size: u64,
+        access: Option<u32>,
+    },
+    /// `cuGraphAddMemFreeNode`.
+    MemFree {
+        ptr: u64,
+    },
+    /// A conditional node (`CU_GRAPH_COND_TYPE_*` `kind`) on the driver's `handle`; the
+    /// driver makes `size` body graphs, named `bodies` (the client's ids).
+    Conditional {
+        handle: u64,
+        kind: u32,
+        size: u32,
+        bodies: Vec<u64>,
+    },
 }
 
 impl NodeParams {
@@ -711,6 +760,9 @@ impl NodeParams {
             Self::EventRecord { .. } => node_type::EVENT_RECORD,
             Self::EventWait { .. } => node_type::WAIT_EVENT,
             Self::Host { .. } => node_type::HOST,
+            Self::MemAlloc { .. } => node_type::MEM_ALLOC,
+            Self::MemFree { .. } => node_type::MEM_FREE,
+            Self::Conditional { .. } => node_type::CONDITIONAL,
         }
     }
 }

@@ -17,6 +17,9 @@ pub enum RangeKind {
     /// Memory another session exported, opened with `cuIpcOpenMemHandle`: copyable until
     /// closed, never freed here, not in this session's quota.
     Imported,
+    /// A memory allocation node's memory: copyable while its graph lives, counted against the
+    /// quota until then, never freed with `cuMemFree` here.
+    GraphMemory,
 }
 
 #[derive(Clone, Copy, Debug)]

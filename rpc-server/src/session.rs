@@ -1662,6 +1662,34 @@ impl<D: Device> OpHandler for Session<D> {
         self.graph_destroy_node(request, reply);
     }
 
+    fn graph_conditional_handle(&mut self, request: req::GraphConditionalHandle, reply: Responder<rep::GraphConditionalHandle>) {
+        self.graph_conditional_handle(request, reply);
+    }
+
+    fn graph_node_links(&mut self, request: req::GraphNodeLinks, reply: Responder<rep::GraphNodeLinks>) {
+        self.graph_node_links(request, reply);
+    }
+
+    fn graph_get_edges(&mut self, request: req::GraphGetEdges, reply: Responder<rep::GraphGetEdges>) {
+        self.graph_get_edges(request, reply);
+    }
+
+    fn graph_node_enabled(&mut self, request: req::GraphNodeEnabled, reply: Responder<rep::GraphNodeEnabled>) {
+        self.graph_node_enabled(request, reply);
+    }
+
+    fn graph_node_object(&mut self, request: req::GraphNodeObject, reply: Responder<rep::GraphNodeObject>) {
+        self.graph_node_object(request, reply);
+    }
+
+    fn graph_mem_attribute(&mut self, request: req::GraphMemAttribute, reply: Responder<rep::GraphMemAttribute>) {
+        self.graph_mem_attribute(request, reply);
+    }
+
+    fn graph_mem_trim(&mut self, request: req::GraphMemTrim, reply: Responder<rep::GraphMemTrim>) {
+        self.graph_mem_trim(request, reply);
+    }
+
     fn launch_host_func(&mut self, request: req::LaunchHostFunc, reply: Responder<rep::LaunchHostFunc>) {
         self.launch_host_func(request, reply);
     }

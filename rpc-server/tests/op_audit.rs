@@ -461,6 +461,30 @@ macro_rules! probes {
     (GraphDestroyNode, $v:ident) => {
         vec![refused(req::GraphDestroyNode { node: BOGUS_HANDLE }, INVALID_VALUE)]
     };
+    (GraphConditionalHandle, $v:ident) => {
+        vec![refused(req::GraphConditionalHandle { graph: BOGUS_HANDLE, default_value: 0, flags: 0 }, INVALID_VALUE)]
+    };
+    (GraphNodeLinks, $v:ident) => {
+        vec![refused(req::GraphNodeLinks { node: BOGUS_HANDLE, dependents: true }, INVALID_VALUE)]
+    };
+    (GraphGetEdges, $v:ident) => {
+        vec![refused(req::GraphGetEdges { graph: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (GraphNodeEnabled, $v:ident) => {
+        vec![refused(req::GraphNodeEnabled { exec: BOGUS_HANDLE, node: BOGUS_HANDLE, set: Some(false) }, INVALID_VALUE)]
+    };
+    (GraphNodeObject, $v:ident) => {
+        vec![refused(req::GraphNodeObject { node: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (GraphMemAttribute, $v:ident) => {
+        vec![
+            refused(req::GraphMemAttribute { attribute: 99, set: None }, INVALID_VALUE),
+            refused(req::GraphMemAttribute { attribute: 0, set: Some(5) }, INVALID_VALUE),
+        ]
+    };
+    (GraphMemTrim, $v:ident) => {
+        vec![Probe::Effect(graph_memory_trim_answers)]
+    };
     (LaunchHostFunc, $v:ident) => {
         vec![
             refused(req::LaunchHostFunc { stream: BOGUS_HANDLE, call: 1 }, UNKNOWN_HANDLE),
@@ -740,6 +764,13 @@ fn cache_config_is_kept(socket: &str) {
     assert_eq!(session.call(req::DeviceGetCacheConfig {}).0.unwrap().config, 2);
     session.call(req::DeviceReset {}).0.unwrap();
     assert_eq!(session.call(req::DeviceGetCacheConfig {}).0.unwrap().config, 0);
+}
+
+/// A trim with no graph memory held succeeds and leaves the usage at zero.
+fn graph_memory_trim_answers(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    session.call(req::GraphMemTrim {}).0.unwrap();
+    assert_eq!(session.call(req::GraphMemAttribute { attribute: 0, set: None }).0.unwrap().value, 0);
 }
 
 /// No profiler is attached to the server: start and stop succeed, as the driver's do then, and

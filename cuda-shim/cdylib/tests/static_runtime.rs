@@ -282,6 +282,27 @@ fn arrays_and_shaped_copies_through_the_driver_api() {
 }
 
 /// Managed memory through the driver API on the emulated device: shared pages with the channel,
+/// Graph memory nodes, conditional nodes, generic node parameters and graph queries, on every
+/// transport (the emulated device runs the memsets and copies).
+#[test]
+fn graph_memory_and_conditional_nodes_through_the_driver_api() {
+    let Some(runs) = run_with_and_without_channel("driver_graph_nodes") else {
+        return;
+    };
+    for (shm, code, stdout, stderr) in runs {
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
+        for line in [
+            "graph memory filled and copied out: yes",
+            "IF with value 1: body ran",
+            "IF with value 0: body skipped",
+            "a disabled memset does not run: yes",
+        ] {
+            assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
+        }
+    }
+}
+
 /// a clear refusal without it.
 #[test]
 fn managed_memory_through_the_driver_api() {

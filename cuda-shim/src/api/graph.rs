@@ -8,23 +8,25 @@
 #![allow(clippy::too_many_arguments, reason = "the driver API's signatures")]
 
 use std::collections::HashMap;
-use std::ffi::{CStr, c_char, c_uint, c_ulonglong, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::sync::{Arc, Mutex};
 
 use flyt_client::client::Client;
 use flyt_client::graphs::HostFunction;
 use flyt_client::launch::{Args, pack_args};
 use flyt_client::registry::Function;
-use flyt_protocol::ops::{Copy3d, Dim3, Memset2d, NodeParams, req};
+use flyt_protocol::ops::{Copy3d, Dim3, Memset2d, NodeParams, node_type, req};
 
 use super::module::{extra_buffer, function, function_handle};
 use super::session::{client, driver_error, resolve_stream, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{
-    CUDA_GRAPH_INSTANTIATE_PARAMS, CUDA_HOST_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS_v1, CUDA_MEMCPY3D,
-    CUDA_MEMSET_NODE_PARAMS, CUcontext, CUevent, CUgraph, CUgraphEdgeData, CUgraphExec, CUgraphExecUpdateResult,
-    CUgraphExecUpdateResultInfo, CUgraphNode, CUgraphNodeType, CUhostFn, CUstream, CUstreamCallback,
+    CUDA_CHILD_GRAPH_NODE_PARAMS, CUDA_CONDITIONAL_NODE_PARAMS, CUDA_GRAPH_INSTANTIATE_PARAMS, CUDA_HOST_NODE_PARAMS,
+    CUDA_KERNEL_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS_v1, CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEMCPY_NODE_PARAMS, CUDA_MEMCPY3D,
+    CUDA_MEMSET_NODE_PARAMS, CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphConditionalHandle, CUgraphEdgeData, CUgraphExec,
+    CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo, CUgraphMem_attribute, CUgraphNode, CUgraphNodeParams, CUgraphNodeType, CUhostFn,
+    CUmemAccessDesc, CUmemLocation, CUstream, CUstreamCallback, cuuint64_t,
 };
 
 /// The app's handle of a graph, node or executable graph id (0: NULL).
@@ -583,6 +585,7 @@ fn instantiate(out: *mut CUgraphExec, graph: CUgraph, flags: u64) -> DriverResul
     let exec = client.graphs.new_id();
     let reply = client.call(req::GraphInstantiate { graph: id_of(graph)?, exec, flags }).map_err(driver_error)?;
     client.graphs.set_exec_host_nodes(exec, reply.host_nodes);
+    with_records(|records| records.exec_flags.insert(exec, flags));
     // SAFETY: checked non-NULL.
     unsafe { write_out(out, graph_handle(exec)) }?;
     Ok(exec)
@@ -976,4 +979,610 @@ pub unsafe fn cuStreamAddCallback(h_stream: CUstream, callback: CUstreamCallback
 
 pub unsafe fn cuStreamAddCallback_ptsz(h_stream: CUstream, callback: CUstreamCallback, user_data: *mut c_void, flags: c_uint) -> CUresult {
     run(|| stream_callback(h_stream, callback, user_data, flags, true))
+}
+
+// --- memory nodes, conditional nodes, generic node parameters and graph queries ---
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`, `CU_MEM_LOCATION_TYPE_DEVICE`.
+const ALLOCATION_PINNED: c_uint = 1;
+const LOCATION_DEVICE: c_uint = 1;
+
+/// A memory allocation node as the app made it, for `cuGraphMemAllocNodeGetParams` (whose
+/// `accessDescs` point here).
+struct AllocNode {
+    size: u64,
+    ptr: u64,
+    access: Box<[CUmemAccessDesc]>,
+}
+
+/// Per-node records the driver's getters answer from: memory nodes, conditional bodies, and
+/// each executable graph's instantiation flags.
+#[derive(Default)]
+struct NodeRecords {
+    allocs: HashMap<u64, AllocNode>,
+    frees: HashMap<u64, u64>,
+    /// A conditional node's body graphs, in the array the app's `phGraph_out` points to.
+    bodies: HashMap<u64, Box<[CUgraph]>>,
+    exec_flags: HashMap<u64, u64>,
+}
+
+// SAFETY: the body arrays hold graph handles, which are ids, not pointers to memory.
+unsafe impl Send for NodeRecords {}
+
+static NODE_RECORDS: Mutex<Option<NodeRecords>> = Mutex::new(None);
+
+fn with_records<T>(f: impl FnOnce(&mut NodeRecords) -> T) -> T {
+    f(NODE_RECORDS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert_with(NodeRecords::default))
+}
+
+/// Checks a memory allocation node's parameters: pinned memory on the session's device, and
+/// access descriptors (if any) for that device.
+///
+/// # Safety
+/// `params` is a readable `CUDA_MEM_ALLOC_NODE_PARAMS` whose `accessDescs` holds `accessDescCount` entries.
+unsafe fn alloc_params(client: &Client, params: *const CUDA_MEM_ALLOC_NODE_PARAMS) -> DriverResult<(NodeParams, Box<[CUmemAccessDesc]>)> {
+    non_null([params.cast()])?;
+    // SAFETY: checked non-NULL; the caller's struct.
+    let p = unsafe { &*params };
+    let props = &p.poolProps;
+    if props.allocType != ALLOCATION_PINNED || props.location.r#type != LOCATION_DEVICE || p.bytesize == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if props.location.id < 0 || props.location.id as usize >= client.device_count() {
+        return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
+    }
+    if props.handleTypes != 0 {
+        crate::diagnostics::once("graph-memory-export", "flyt: graph memory with shareable handle types is not supported");
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let access: Box<[CUmemAccessDesc]> = if p.accessDescCount == 0 {
+        Box::new([])
+    } else {
+        non_null([p.accessDescs.cast()])?;
+        // SAFETY: the caller's array of `accessDescCount` descriptors.
+        unsafe { std::slice::from_raw_parts(p.accessDescs, p.accessDescCount) }.into()
+    };
+    // A session serves one device: access from other devices cannot be granted.
+    if access.iter().any(|desc| desc.location.r#type != LOCATION_DEVICE || desc.location.id != props.location.id) {
+        return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
+    }
+    let flags = access.last().map(|desc| desc.flags);
+    Ok((NodeParams::MemAlloc { size: p.bytesize as u64, access: flags }, access))
+}
+
+/// Adds a node with the driver's own outputs: a memory allocation node's address (written to
+/// `alloc_out`), a conditional node's bodies (written to `bodies_out`).
+///
+/// # Safety
+/// As `add_node`; `alloc_out` and `bodies_out` are NULL or the app's fields.
+unsafe fn add_node_with_outputs(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: NodeParams,
+    access: Box<[CUmemAccessDesc]>,
+    alloc_out: *mut CUdeviceptr,
+    bodies_out: *mut *mut CUgraph,
+) -> DriverResult {
+    non_null([out.cast()])?;
+    let client = client()?;
+    let graph_id = id_of(graph)?;
+    // SAFETY: forwarded contract.
+    let dependencies = unsafe { node_ids(dependencies, count) }?;
+    let node = client.graphs.new_id();
+    let kind = params.kind();
+    let (size, bodies) = match &params {
+        NodeParams::MemAlloc { size, .. } => (*size, Vec::new()),
+        NodeParams::Conditional { bodies, .. } => (0, bodies.clone()),
+        _ => (0, Vec::new()),
+    };
+    let free = if let NodeParams::MemFree { ptr } = params { Some(ptr) } else { None };
+    let ptr = client.call(req::GraphAddNode { graph: graph_id, node, dependencies, params }).map_err(driver_error)?.ptr;
+    client.graphs.note_nodes([(node, kind)]);
+    if size > 0 {
+        // Graph memory: kernels and copies may name it while its graph lives.
+        client.add_device_range(ptr, size, false);
+        with_records(|records| records.allocs.insert(node, AllocNode { size, ptr, access }));
+        if !alloc_out.is_null() {
+            // SAFETY: the app's `dptr` field.
+            unsafe { alloc_out.write(ptr) };
+        }
+    }
+    if let Some(ptr) = free {
+        with_records(|records| records.frees.insert(node, ptr));
+    }
+    if !bodies.is_empty() {
+        let mut handles: Box<[CUgraph]> = bodies.iter().map(|id| graph_handle(*id)).collect();
+        if !bodies_out.is_null() {
+            // SAFETY: the app's `phGraph_out` field; the array lives as long as the records.
+            unsafe { bodies_out.write(handles.as_mut_ptr()) };
+        }
+        with_records(|records| records.bodies.insert(node, handles));
+    }
+    // SAFETY: checked non-NULL.
+    unsafe { write_out(out, node_handle(node)) }
+}
+
+pub unsafe fn cuGraphAddMemAllocNode(
+    ph_graph_node: *mut CUgraphNode,
+    h_graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    num_dependencies: usize,
+    node_params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> CUresult {
+    run(|| {
+        // SAFETY: the caller's struct (checked non-NULL inside).
+        let (params, access) = unsafe { alloc_params(client()?, node_params) }?;
+        // SAFETY: forwarded contract; `dptr` is the app's field.
+        unsafe {
+            add_node_with_outputs(
+                ph_graph_node,
+                h_graph,
+                dependencies,
+                num_dependencies,
+                params,
+                access,
+                &raw mut (*node_params).dptr,
+                std::ptr::null_mut(),
+            )
+        }
+    })
+}
+
+pub unsafe fn cuGraphAddMemFreeNode(
+    ph_graph_node: *mut CUgraphNode,
+    h_graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    num_dependencies: usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    run(|| {
+        let params = NodeParams::MemFree { ptr: dptr };
+        // SAFETY: forwarded contract.
+        unsafe {
+            add_node_with_outputs(
+                ph_graph_node,
+                h_graph,
+                dependencies,
+                num_dependencies,
+                params,
+                Box::new([]),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
+    })
+}
+
+pub unsafe fn cuGraphMemAllocNodeGetParams(h_node: CUgraphNode, params_out: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult {
+    run(|| {
+        non_null([params_out.cast()])?;
+        let node = id_of(h_node)?;
+        with_records(|records| {
+            let record = records.allocs.get(&node).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            // SAFETY: checked non-NULL; every field is written (an all-zero pool props is valid).
+            unsafe {
+                let mut params: CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
+                params.poolProps.allocType = ALLOCATION_PINNED;
+                params.poolProps.location = CUmemLocation { r#type: LOCATION_DEVICE, id: 0 };
+                params.accessDescs = if record.access.is_empty() { std::ptr::null() } else { record.access.as_ptr() };
+                params.accessDescCount = record.access.len();
+                params.bytesize = record.size as usize;
+                params.dptr = record.ptr;
+                params_out.write(params);
+            }
+            Ok(())
+        })
+    })
+}
+
+pub unsafe fn cuGraphMemFreeNodeGetParams(h_node: CUgraphNode, dptr_out: *mut CUdeviceptr) -> CUresult {
+    run(|| {
+        non_null([dptr_out.cast()])?;
+        let node = id_of(h_node)?;
+        let ptr = with_records(|records| records.frees.get(&node).copied()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(dptr_out, ptr) }
+    })
+}
+
+/// The session's device, or `CUDA_ERROR_INVALID_DEVICE`.
+fn session_device(device: CUdevice) -> DriverResult<&'static Client> {
+    let client = client()?;
+    if device < 0 || device as usize >= client.device_count() {
+        return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
+    }
+    Ok(client)
+}
+
+pub unsafe fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult {
+    run(|| session_device(device)?.call(req::GraphMemTrim {}).map(drop).map_err(driver_error))
+}
+
+pub unsafe fn cuDeviceGetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult {
+    run(|| {
+        non_null([value.cast()])?;
+        let reply = session_device(device)?.call(req::GraphMemAttribute { attribute: attr, set: None }).map_err(driver_error)?;
+        // SAFETY: checked non-NULL; every graph memory attribute is a 64-bit value.
+        unsafe { write_out(value.cast::<u64>(), reply.value) }
+    })
+}
+
+pub unsafe fn cuDeviceSetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult {
+    run(|| {
+        non_null([value.cast()])?;
+        // SAFETY: checked non-NULL; a 64-bit value, as every graph memory attribute is.
+        let set = unsafe { value.cast::<u64>().read_unaligned() };
+        session_device(device)?.call(req::GraphMemAttribute { attribute: attr, set: Some(set) }).map(drop).map_err(driver_error)
+    })
+}
+
+pub unsafe fn cuGraphConditionalHandleCreate(
+    p_handle_out: *mut CUgraphConditionalHandle,
+    h_graph: CUgraph,
+    _ctx: CUcontext,
+    default_launch_value: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    run(|| {
+        non_null([p_handle_out.cast()])?;
+        let request = req::GraphConditionalHandle { graph: id_of(h_graph)?, default_value: default_launch_value, flags };
+        let handle = client()?.call(request).map_err(driver_error)?.handle;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(p_handle_out, handle) }
+    })
+}
+
+/// `CUgraphNodeParams`: the node type, a union of 29 8-byte words whose members this file reads
+/// through casts, and a reserved word (256 bytes in all).
+#[repr(C)]
+struct GenericNodeParams {
+    kind: c_uint,
+    _reserved0: [c_int; 3],
+    union: [u64; 29],
+    _reserved2: i64,
+}
+
+/// The union member of a `CUgraphNodeParams` as `T`.
+///
+/// # Safety
+/// `params` is a readable `CUgraphNodeParams` whose type says the member is a `T`.
+unsafe fn member<T>(params: *mut CUgraphNodeParams) -> *mut T {
+    // SAFETY: the union starts 16 bytes in, 8-byte aligned, per the caller's contract.
+    unsafe { (&raw mut (*params.cast::<GenericNodeParams>()).union).cast::<T>() }
+}
+
+/// What a generic `CUgraphNodeParams` asks for, as the specific entry points take it.
+enum Generic {
+    Params(NodeParams, Box<[CUmemAccessDesc]>),
+    Kernel(*const CUDA_KERNEL_NODE_PARAMS),
+}
+
+/// Reads a generic node's parameters.
+///
+/// # Safety
+/// `params` is a readable `CUgraphNodeParams` (the member its type names is valid).
+unsafe fn generic_params(client: &Client, params: *mut CUgraphNodeParams) -> DriverResult<Generic> {
+    non_null([params.cast()])?;
+    // SAFETY: checked non-NULL; each arm reads the member its type names.
+    unsafe {
+        let kind = (*params.cast::<GenericNodeParams>()).kind;
+        Ok(match kind {
+            node_type::KERNEL => Generic::Kernel(member::<CUDA_KERNEL_NODE_PARAMS>(params)),
+            node_type::MEMCPY => {
+                Generic::Params(memcpy_params(client, &raw const (*member::<CUDA_MEMCPY_NODE_PARAMS>(params)).copyParams)?, Box::new([]))
+            }
+            node_type::MEMSET => Generic::Params(memset_params(member::<CUDA_MEMSET_NODE_PARAMS>(params))?, Box::new([])),
+            node_type::HOST => Generic::Params(host_params(client, member::<CUDA_HOST_NODE_PARAMS>(params))?, Box::new([])),
+            node_type::GRAPH => {
+                let child = &*member::<CUDA_CHILD_GRAPH_NODE_PARAMS>(params);
+                // CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE only: a moved graph would change hands.
+                if child.ownership != 0 {
+                    crate::diagnostics::once(
+                        "graph-child-move",
+                        "flyt: child graph nodes that take ownership of their graph are not supported",
+                    );
+                    return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+                }
+                Generic::Params(NodeParams::Child { graph: id_of(child.graph)? }, Box::new([]))
+            }
+            node_type::EMPTY => Generic::Params(NodeParams::Empty, Box::new([])),
+            node_type::WAIT_EVENT => Generic::Params(event_params(client, *member::<CUevent>(params), false)?, Box::new([])),
+            node_type::EVENT_RECORD => Generic::Params(event_params(client, *member::<CUevent>(params), true)?, Box::new([])),
+            node_type::MEM_ALLOC => {
+                let (params, access) = alloc_params(client, member::<CUDA_MEM_ALLOC_NODE_PARAMS>(params))?;
+                Generic::Params(params, access)
+            }
+            node_type::MEM_FREE => Generic::Params(NodeParams::MemFree { ptr: *member::<CUdeviceptr>(params) }, Box::new([])),
+            node_type::CONDITIONAL => {
+                let conditional = &*member::<CUDA_CONDITIONAL_NODE_PARAMS>(params);
+                let bodies = (0..conditional.size.min(1024)).map(|_| client.graphs.new_id()).collect();
+                let params =
+                    NodeParams::Conditional { handle: conditional.handle, kind: conditional.r#type, size: conditional.size, bodies };
+                Generic::Params(params, Box::new([]))
+            }
+            _ => {
+                crate::diagnostics::once(
+                    "graph-node-type",
+                    "flyt: graph nodes for external semaphores and batched memory operations are not supported",
+                );
+                return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+            }
+        })
+    }
+}
+
+/// `cuGraphAddNode` and `_v2`: edge data, if given, must be the default.
+///
+/// # Safety
+/// The caller's pointers, as the driver documents them.
+unsafe fn add_generic(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    edge_data: *const CUgraphEdgeData,
+    count: usize,
+    params: *mut CUgraphNodeParams,
+) -> DriverResult {
+    if !edge_data.is_null() && count > 0 {
+        // SAFETY: the caller's array of `count` entries.
+        let data = unsafe { std::slice::from_raw_parts(edge_data, count) };
+        if data.iter().any(|edge| edge.from_port != 0 || edge.to_port != 0 || edge.r#type != 0) {
+            crate::diagnostics::once("graph-edge-data", "flyt: graph edges with ports or types other than the default are not supported");
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+    }
+    let client = client()?;
+    // SAFETY: forwarded contract.
+    match unsafe { generic_params(client, params) }? {
+        // SAFETY: forwarded contract; the member is the v3 layout, whose prefix is v2's.
+        Generic::Kernel(kernel) => unsafe { add_kernel_node(out, graph, dependencies, count, fields_v2(kernel)) },
+        Generic::Params(node, access) => {
+            let (alloc_out, bodies_out) = match node {
+                // SAFETY: the member the type names: the app's `dptr` field.
+                NodeParams::MemAlloc { .. } => unsafe {
+                    (&raw mut (*member::<CUDA_MEM_ALLOC_NODE_PARAMS>(params)).dptr, std::ptr::null_mut())
+                },
+                // SAFETY: the member the type names: the app's `phGraph_out` field.
+                NodeParams::Conditional { .. } => unsafe {
+                    (std::ptr::null_mut(), &raw mut (*member::<CUDA_CONDITIONAL_NODE_PARAMS>(params)).phGraph_out)
+                },
+                _ => (std::ptr::null_mut(), std::ptr::null_mut()),
+            };
+            // SAFETY: forwarded contract.
+            unsafe { add_node_with_outputs(out, graph, dependencies, count, node, access, alloc_out, bodies_out) }
+        }
+    }
+}
+
+pub unsafe fn cuGraphAddNode(
+    ph_graph_node: *mut CUgraphNode,
+    h_graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    num_dependencies: usize,
+    node_params: *mut CUgraphNodeParams,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    run(|| unsafe { add_generic(ph_graph_node, h_graph, dependencies, std::ptr::null(), num_dependencies, node_params) })
+}
+
+pub unsafe fn cuGraphAddNode_v2(
+    ph_graph_node: *mut CUgraphNode,
+    h_graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    dependency_data: *const CUgraphEdgeData,
+    num_dependencies: usize,
+    node_params: *mut CUgraphNodeParams,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    run(|| unsafe { add_generic(ph_graph_node, h_graph, dependencies, dependency_data, num_dependencies, node_params) })
+}
+
+/// `cuGraphNodeSetParams` (`exec` NULL) and `cuGraphExecNodeSetParams`.
+///
+/// # Safety
+/// `params` is a readable `CUgraphNodeParams`.
+unsafe fn set_generic(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraphNodeParams) -> DriverResult {
+    let client = client()?;
+    // SAFETY: forwarded contract.
+    match unsafe { generic_params(client, params) }? {
+        // SAFETY: as in `add_generic`.
+        Generic::Kernel(kernel) => set_kernel(exec, node, unsafe { fields_v2(kernel) }),
+        // Memory and conditional nodes take no new parameters.
+        Generic::Params(NodeParams::MemAlloc { .. } | NodeParams::MemFree { .. } | NodeParams::Conditional { .. }, _) => {
+            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+        }
+        // A child graph node's graph changes through the graph it returns.
+        Generic::Params(NodeParams::Child { .. }, _) if exec.is_null() => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        Generic::Params(params, _) => set_params(exec, node, params),
+    }
+}
+
+pub unsafe fn cuGraphNodeSetParams(h_node: CUgraphNode, node_params: *mut CUgraphNodeParams) -> CUresult {
+    // SAFETY: forwarded contract.
+    run(|| unsafe { set_generic(std::ptr::null_mut(), h_node, node_params) })
+}
+
+pub unsafe fn cuGraphExecNodeSetParams(h_graph_exec: CUgraphExec, h_node: CUgraphNode, node_params: *mut CUgraphNodeParams) -> CUresult {
+    run(|| {
+        non_null([h_graph_exec.cast()])?;
+        // SAFETY: forwarded contract.
+        unsafe { set_generic(h_graph_exec, h_node, node_params) }
+    })
+}
+
+/// Writes edges as the driver does: with `nodes` NULL the count alone, else up to `*count`
+/// entries (NULL after the last) and the number written. `edge_data` NULL means the caller
+/// takes no edge data, which is refused (`CUDA_ERROR_LOSSY_QUERY`) if any edge has some.
+///
+/// # Safety
+/// `count` is the caller's in/out count; the arrays, when not NULL, have room for `*count`.
+unsafe fn write_edges(
+    edges: &[flyt_protocol::ops::GraphEdge],
+    from: *mut CUgraphNode,
+    to: *mut CUgraphNode,
+    edge_data: *mut CUgraphEdgeData,
+    count: *mut usize,
+) -> DriverResult {
+    non_null([count.cast()])?;
+    if edge_data.is_null() && edges.iter().any(|edge| edge.from_port != 0 || edge.to_port != 0 || edge.kind != 0) {
+        return Err(CUresult::CUDA_ERROR_LOSSY_QUERY);
+    }
+    // SAFETY: the caller's contract (see above).
+    unsafe {
+        if from.is_null() && to.is_null() {
+            return write_out(count, edges.len());
+        }
+        let room = count.read();
+        for index in 0..room {
+            let edge = edges.get(index);
+            if !from.is_null() {
+                from.add(index).write(edge.map_or(std::ptr::null_mut(), |edge| node_handle(edge.from)));
+            }
+            if !to.is_null() {
+                to.add(index).write(edge.map_or(std::ptr::null_mut(), |edge| node_handle(edge.to)));
+            }
+            if !edge_data.is_null() {
+                let (from_port, to_port, kind) = edge.map_or((0, 0, 0), |edge| (edge.from_port, edge.to_port, edge.kind));
+                edge_data.add(index).write(CUgraphEdgeData { from_port, to_port, r#type: kind, reserved: [0; 5] });
+            }
+        }
+        write_out(count, edges.len().min(room))
+    }
+}
+
+fn node_links(
+    node: CUgraphNode,
+    nodes: *mut CUgraphNode,
+    edge_data: *mut CUgraphEdgeData,
+    count: *mut usize,
+    dependents: bool,
+) -> DriverResult {
+    let node = id_of(node)?;
+    let links = client()?.call(req::GraphNodeLinks { node, dependents }).map_err(driver_error)?.links;
+    // SAFETY: the caller's arrays and count, as the driver documents them.
+    unsafe { write_edges(&links, nodes, std::ptr::null_mut(), edge_data, count) }
+}
+
+pub unsafe fn cuGraphNodeGetDependencies(h_node: CUgraphNode, dependencies: *mut CUgraphNode, num_dependencies: *mut usize) -> CUresult {
+    run(|| node_links(h_node, dependencies, std::ptr::null_mut(), num_dependencies, false))
+}
+
+pub unsafe fn cuGraphNodeGetDependencies_v2(
+    h_node: CUgraphNode,
+    dependencies: *mut CUgraphNode,
+    edge_data: *mut CUgraphEdgeData,
+    num_dependencies: *mut usize,
+) -> CUresult {
+    run(|| node_links(h_node, dependencies, edge_data, num_dependencies, false))
+}
+
+pub unsafe fn cuGraphNodeGetDependentNodes(
+    h_node: CUgraphNode,
+    dependent_nodes: *mut CUgraphNode,
+    num_dependent_nodes: *mut usize,
+) -> CUresult {
+    run(|| node_links(h_node, dependent_nodes, std::ptr::null_mut(), num_dependent_nodes, true))
+}
+
+pub unsafe fn cuGraphNodeGetDependentNodes_v2(
+    h_node: CUgraphNode,
+    dependent_nodes: *mut CUgraphNode,
+    edge_data: *mut CUgraphEdgeData,
+    num_dependent_nodes: *mut usize,
+) -> CUresult {
+    run(|| node_links(h_node, dependent_nodes, edge_data, num_dependent_nodes, true))
+}
+
+fn graph_edges(
+    graph: CUgraph,
+    from: *mut CUgraphNode,
+    to: *mut CUgraphNode,
+    edge_data: *mut CUgraphEdgeData,
+    count: *mut usize,
+) -> DriverResult {
+    // Both arrays or neither, as the driver requires.
+    if from.is_null() != to.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let edges = client()?.call(req::GraphGetEdges { graph: id_of(graph)? }).map_err(driver_error)?.edges;
+    // SAFETY: the caller's arrays and count, as the driver documents them.
+    unsafe { write_edges(&edges, from, to, edge_data, count) }
+}
+
+pub unsafe fn cuGraphGetEdges(h_graph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, num_edges: *mut usize) -> CUresult {
+    run(|| graph_edges(h_graph, from, to, std::ptr::null_mut(), num_edges))
+}
+
+pub unsafe fn cuGraphGetEdges_v2(
+    h_graph: CUgraph,
+    from: *mut CUgraphNode,
+    to: *mut CUgraphNode,
+    edge_data: *mut CUgraphEdgeData,
+    num_edges: *mut usize,
+) -> CUresult {
+    run(|| graph_edges(h_graph, from, to, edge_data, num_edges))
+}
+
+fn node_enabled(exec: CUgraphExec, node: CUgraphNode, set: Option<bool>) -> DriverResult<bool> {
+    let request = req::GraphNodeEnabled { exec: id_of(exec)?, node: id_of(node)?, set };
+    client()?.call(request).map(|reply| reply.enabled).map_err(driver_error)
+}
+
+pub unsafe fn cuGraphNodeSetEnabled(h_graph_exec: CUgraphExec, h_node: CUgraphNode, is_enabled: c_uint) -> CUresult {
+    run(|| node_enabled(h_graph_exec, h_node, Some(is_enabled != 0)).map(drop))
+}
+
+pub unsafe fn cuGraphNodeGetEnabled(h_graph_exec: CUgraphExec, h_node: CUgraphNode, is_enabled: *mut c_uint) -> CUresult {
+    run(|| {
+        non_null([is_enabled.cast()])?;
+        let enabled = node_enabled(h_graph_exec, h_node, None)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(is_enabled, c_uint::from(enabled)) }
+    })
+}
+
+pub unsafe fn cuGraphExecGetFlags(h_graph_exec: CUgraphExec, flags: *mut cuuint64_t) -> CUresult {
+    run(|| {
+        non_null([flags.cast()])?;
+        let exec = id_of(h_graph_exec)?;
+        let value = with_records(|records| records.exec_flags.get(&exec).copied()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(flags, value) }
+    })
+}
+
+/// The object an event or child graph node names, as the server tells it.
+fn node_object(node: CUgraphNode) -> DriverResult<u64> {
+    client()?.call(req::GraphNodeObject { node: id_of(node)? }).map(|reply| reply.object).map_err(driver_error)
+}
+
+fn node_event(node: CUgraphNode, event_out: *mut CUevent, record: bool) -> DriverResult {
+    non_null([event_out.cast()])?;
+    let wanted = if record { node_type::EVENT_RECORD } else { node_type::WAIT_EVENT };
+    let client = client()?;
+    if client.graphs.node_kind(id_of(node)?).is_some_and(|kind| kind != wanted) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let event = node_object(node)?;
+    // SAFETY: checked non-NULL; the app's event handles are the session's event ids.
+    unsafe { write_out(event_out, std::ptr::without_provenance_mut(event as usize)) }
+}
+
+pub unsafe fn cuGraphEventRecordNodeGetEvent(h_node: CUgraphNode, event_out: *mut CUevent) -> CUresult {
+    run(|| node_event(h_node, event_out, true))
+}
+
+pub unsafe fn cuGraphEventWaitNodeGetEvent(h_node: CUgraphNode, event_out: *mut CUevent) -> CUresult {
+    run(|| node_event(h_node, event_out, false))
+}
+
+pub unsafe fn cuGraphChildGraphNodeGetGraph(h_node: CUgraphNode, ph_graph: *mut CUgraph) -> CUresult {
+    run(|| {
+        non_null([ph_graph.cast()])?;
+        let graph = node_object(h_node)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(ph_graph, graph_handle(graph)) }
+    })
 }

@@ -327,10 +327,13 @@ pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st {
 }
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v1 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st;
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUgraphEdgeData_st {
-    _opaque: [u8; 0],
+    pub from_port: c_uchar,
+    pub to_port: c_uchar,
+    pub r#type: c_uchar,
+    pub reserved: [c_uchar; 5],
 }
 pub type CUgraphEdgeData = CUgraphEdgeData_st;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
@@ -395,10 +398,47 @@ pub struct CUDA_KERNEL_NODE_PARAMS_v2_st {
 }
 pub type CUDA_KERNEL_NODE_PARAMS_v2 = CUDA_KERNEL_NODE_PARAMS_v2_st;
 pub type CUDA_KERNEL_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS_v2;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUmemAllocationType = c_uint;
+pub type CUmemAllocationHandleType = c_uint;
+pub type CUmemLocationType = c_uint;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUmemLocation_st {
+    pub r#type: CUmemLocationType,
+    pub id: c_int,
+}
+pub type CUmemLocation_v1 = CUmemLocation_st;
+pub type CUmemLocation = CUmemLocation_v1;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUmemPoolProps_st {
+    pub allocType: CUmemAllocationType,
+    pub handleTypes: CUmemAllocationHandleType,
+    pub location: CUmemLocation,
+    pub win32SecurityAttributes: *mut c_void,
+    pub maxSize: usize,
+    pub usage: c_ushort,
+    pub reserved: [c_uchar; 54],
+}
+pub type CUmemPoolProps_v1 = CUmemPoolProps_st;
+pub type CUmemPoolProps = CUmemPoolProps_v1;
+pub type CUmemAccess_flags = c_uint;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUmemAccessDesc_st {
+    pub location: CUmemLocation,
+    pub flags: CUmemAccess_flags,
+}
+pub type CUmemAccessDesc_v1 = CUmemAccessDesc_st;
+pub type CUmemAccessDesc = CUmemAccessDesc_v1;
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
-    _opaque: [u8; 0],
+    pub poolProps: CUmemPoolProps,
+    pub accessDescs: *const CUmemAccessDesc,
+    pub accessDescCount: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
 }
 pub type CUDA_MEM_ALLOC_NODE_PARAMS_v1 = CUDA_MEM_ALLOC_NODE_PARAMS_v1_st;
 pub type CUDA_MEM_ALLOC_NODE_PARAMS = CUDA_MEM_ALLOC_NODE_PARAMS_v1;
@@ -581,15 +621,6 @@ pub struct CUlogsCallbackEntry_st {
 }
 pub type CUlogsCallbackHandle = *mut CUlogsCallbackEntry_st;
 pub type CUmem_advise = c_uint;
-pub type CUmemLocationType = c_uint;
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct CUmemLocation_st {
-    pub r#type: CUmemLocationType,
-    pub id: c_int,
-}
-pub type CUmemLocation_v1 = CUmemLocation_st;
-pub type CUmemLocation = CUmemLocation_v1;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
 #[repr(C)]
 pub struct CUmemDecompressParams_st {
@@ -598,8 +629,6 @@ pub struct CUmemDecompressParams_st {
 pub type CUmemDecompressParams = CUmemDecompressParams_st;
 pub type CUmemGenericAllocationHandle_v1 = c_ulonglong;
 pub type CUmemGenericAllocationHandle = CUmemGenericAllocationHandle_v1;
-pub type CUmemAllocationType = c_uint;
-pub type CUmemAllocationHandleType = c_uint;
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUmemAllocationProp_st_allocFlags {
@@ -628,19 +657,6 @@ pub struct CUarrayMapInfo_st {
 }
 pub type CUarrayMapInfo_v1 = CUarrayMapInfo_st;
 pub type CUarrayMapInfo = CUarrayMapInfo_v1;
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct CUmemPoolProps_st {
-    pub allocType: CUmemAllocationType,
-    pub handleTypes: CUmemAllocationHandleType,
-    pub location: CUmemLocation,
-    pub win32SecurityAttributes: *mut c_void,
-    pub maxSize: usize,
-    pub usage: c_ushort,
-    pub reserved: [c_uchar; 54],
-}
-pub type CUmemPoolProps_v1 = CUmemPoolProps_st;
-pub type CUmemPoolProps = CUmemPoolProps_v1;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
 #[repr(C)]
 pub struct CUmemPoolPtrExportData_st {
@@ -648,16 +664,7 @@ pub struct CUmemPoolPtrExportData_st {
 }
 pub type CUmemPoolPtrExportData_v1 = CUmemPoolPtrExportData_st;
 pub type CUmemPoolPtrExportData = CUmemPoolPtrExportData_v1;
-pub type CUmemAccess_flags = c_uint;
 pub type CUmemPool_attribute = c_uint;
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct CUmemAccessDesc_st {
-    pub location: CUmemLocation,
-    pub flags: CUmemAccess_flags,
-}
-pub type CUmemAccessDesc_v1 = CUmemAccessDesc_st;
-pub type CUmemAccessDesc = CUmemAccessDesc_v1;
 pub type CUmem_range_attribute = c_uint;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
 #[repr(C)]
@@ -894,9 +901,38 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st {
 }
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1 = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st;
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1;
+pub type CUgraphConditionalNodeType = c_uint;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_CONDITIONAL_NODE_PARAMS {
+    pub handle: CUgraphConditionalHandle,
+    pub r#type: CUgraphConditionalNodeType,
+    pub size: c_uint,
+    pub phGraph_out: *mut CUgraph,
+    pub ctx: CUcontext,
+}
+pub type CUgraphChildGraphNodeOwnership = c_uint;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
+    pub graph: CUgraph,
+    pub ownership: CUgraphChildGraphNodeOwnership,
+}
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_MEMCPY_NODE_PARAMS_st {
+    pub flags: c_int,
+    pub reserved: c_int,
+    pub copyCtx: CUcontext,
+    pub copyParams: CUDA_MEMCPY3D,
+}
+pub type CUDA_MEMCPY_NODE_PARAMS = CUDA_MEMCPY_NODE_PARAMS_st;
+pub type CUDA_CHILD_GRAPH_NODE_PARAMS = CUDA_CHILD_GRAPH_NODE_PARAMS_st;
 
 const _: () = assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 40 && align_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 8);
 const _: () = assert!(size_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 24 && align_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 8);
+const _: () = assert!(size_of::<CUDA_CHILD_GRAPH_NODE_PARAMS_st>() == 16 && align_of::<CUDA_CHILD_GRAPH_NODE_PARAMS_st>() == 8);
+const _: () = assert!(size_of::<CUDA_CONDITIONAL_NODE_PARAMS>() == 32 && align_of::<CUDA_CONDITIONAL_NODE_PARAMS>() == 8);
 const _: () = assert!(size_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() == 32 && align_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() == 8);
 const _: () = assert!(size_of::<CUDA_HOST_NODE_PARAMS_st>() == 16 && align_of::<CUDA_HOST_NODE_PARAMS_st>() == 8);
 const _: () = assert!(size_of::<CUDA_KERNEL_NODE_PARAMS_st>() == 56 && align_of::<CUDA_KERNEL_NODE_PARAMS_st>() == 8);
@@ -904,7 +940,9 @@ const _: () = assert!(size_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() == 72 && align_
 const _: () = assert!(size_of::<CUDA_MEMCPY2D_st>() == 128 && align_of::<CUDA_MEMCPY2D_st>() == 8);
 const _: () = assert!(size_of::<CUDA_MEMCPY3D_PEER_st>() == 200 && align_of::<CUDA_MEMCPY3D_PEER_st>() == 8);
 const _: () = assert!(size_of::<CUDA_MEMCPY3D_st>() == 200 && align_of::<CUDA_MEMCPY3D_st>() == 8);
+const _: () = assert!(size_of::<CUDA_MEMCPY_NODE_PARAMS_st>() == 216 && align_of::<CUDA_MEMCPY_NODE_PARAMS_st>() == 8);
 const _: () = assert!(size_of::<CUDA_MEMSET_NODE_PARAMS_st>() == 40 && align_of::<CUDA_MEMSET_NODE_PARAMS_st>() == 8);
+const _: () = assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v1_st>() == 120 && align_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v1_st>() == 8);
 const _: () = assert!(size_of::<CUDA_RESOURCE_DESC_st>() == 144 && align_of::<CUDA_RESOURCE_DESC_st>() == 8);
 const _: () = assert!(size_of::<CUDA_RESOURCE_VIEW_DESC_st>() == 112 && align_of::<CUDA_RESOURCE_VIEW_DESC_st>() == 8);
 const _: () = assert!(size_of::<CUDA_TEXTURE_DESC_st>() == 104 && align_of::<CUDA_TEXTURE_DESC_st>() == 4);
@@ -914,6 +952,7 @@ const _: () = assert!(size_of::<CUdevprop_st>() == 56 && align_of::<CUdevprop_st
 const _: () = assert!(size_of::<CUeglFrame_st>() == 64 && align_of::<CUeglFrame_st>() == 8);
 const _: () = assert!(size_of::<CUexecAffinityParam_st>() == 8 && align_of::<CUexecAffinityParam_st>() == 4);
 const _: () = assert!(size_of::<CUexecAffinitySmCount_st>() == 4 && align_of::<CUexecAffinitySmCount_st>() == 4);
+const _: () = assert!(size_of::<CUgraphEdgeData_st>() == 8 && align_of::<CUgraphEdgeData_st>() == 1);
 const _: () = assert!(size_of::<CUgraphExecUpdateResultInfo_st>() == 24 && align_of::<CUgraphExecUpdateResultInfo_st>() == 8);
 const _: () = assert!(size_of::<CUipcEventHandle_st>() == 64 && align_of::<CUipcEventHandle_st>() == 1);
 const _: () = assert!(size_of::<CUipcMemHandle_st>() == 64 && align_of::<CUipcMemHandle_st>() == 1);

@@ -15,7 +15,7 @@ use flyt_protocol::ops::{
     ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, TextureDesc, ViewDesc,
 };
 
-use super::{Capture, Device, ExecUpdate, Extent, NodeWork, Side, TexResource};
+use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, NodeWork, Side, TexResource};
 use crate::host_calls::HostCallSite;
 
 /// A driver handle that may cross threads. CUDA driver handles are opaque pointers into the
@@ -1014,8 +1014,9 @@ impl Device for CudaDevice {
         graph: Self::Graph,
         dependencies: &[Self::GraphNode],
         work: NodeWork<'_, Self>,
-    ) -> CudaResult<Self::GraphNode> {
+    ) -> CudaResult<AddedNode<Self>> {
         let mut node = std::ptr::null_mut();
+        let (mut ptr, mut bodies) = (0, Vec::new());
         // No dependencies is a NULL array, as the driver documents it (not an empty slice's
         // dangling pointer).
         let deps = if dependencies.is_empty() { std::ptr::null() } else { dependencies.as_ptr().cast::<sys::CUgraphNode>() };
@@ -1039,10 +1040,151 @@ impl Device for CudaDevice {
                 NodeWork::EventRecord(event) => sys::cuGraphAddEventRecordNode(&mut node, graph.0, deps, count, event.0),
                 NodeWork::EventWait(event) => sys::cuGraphAddEventWaitNode(&mut node, graph.0, deps, count, event.0),
                 NodeWork::Host(site) => sys::cuGraphAddHostNode(&mut node, graph.0, deps, count, &host_params(site)),
+                NodeWork::MemAlloc { size, access } => {
+                    let access = match access {
+                        Some(flags) => Some(sys::CUmemAccessDesc { location: self.location(), flags: access_flags(flags)? }),
+                        None => None,
+                    };
+                    let mut params: sys::CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
+                    params.poolProps.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                    params.poolProps.location = self.location();
+                    params.bytesize = usize::try_from(size).map_err(|_| CudaError::INVALID_VALUE)?;
+                    if let Some(desc) = access.as_ref() {
+                        params.accessDescs = desc;
+                        params.accessDescCount = 1;
+                    }
+                    let code = sys::cuGraphAddMemAllocNode(&mut node, graph.0, deps, count, &mut params);
+                    ptr = params.dptr;
+                    code
+                }
+                NodeWork::MemFree(dptr) => sys::cuGraphAddMemFreeNode(&mut node, graph.0, deps, count, dptr),
+                NodeWork::Conditional { handle, kind, size } => {
+                    let mut params: sys::CUgraphNodeParams = std::mem::zeroed();
+                    params.type_ = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
+                    let conditional = &mut params.__bindgen_anon_1.conditional;
+                    conditional.handle = handle;
+                    conditional.type_ = match kind {
+                        0 => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF,
+                        1 => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_WHILE,
+                        2 => sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_SWITCH,
+                        _ => return Err(CudaError::INVALID_VALUE),
+                    };
+                    conditional.size = size;
+                    conditional.ctx = context;
+                    let code = sys::cuGraphAddNode_v2(&mut node, graph.0, deps, std::ptr::null(), count, &mut params);
+                    let made = params.__bindgen_anon_1.conditional.phGraph_out;
+                    if code == sys::CUresult::CUDA_SUCCESS && !made.is_null() {
+                        // The driver's array of `size` body graphs, valid as long as the node.
+                        bodies = std::slice::from_raw_parts(made, size as usize).iter().map(|graph| Handle(*graph)).collect();
+                    }
+                    code
+                }
             }
         };
         check(code.result())?;
-        Ok(Handle(node))
+        Ok(AddedNode { node: Handle(node), ptr, bodies })
+    }
+
+    fn graph_conditional_handle(&self, graph: Self::Graph, default_value: u32, flags: u32) -> CudaResult<u64> {
+        let mut handle = 0;
+        let context = self.context.load(Ordering::Acquire);
+        // SAFETY: the session's graph in the device's context; valid out-pointer.
+        check(unsafe { sys::cuGraphConditionalHandleCreate(&mut handle, graph.0, context, default_value, flags).result() })?;
+        Ok(handle)
+    }
+
+    fn graph_node_links(&self, node: Self::GraphNode, dependents: bool) -> CudaResult<Vec<(Self::GraphNode, EdgeData)>> {
+        let list = |nodes: *mut sys::CUgraphNode, data: *mut sys::CUgraphEdgeData, count: &mut usize| {
+            // SAFETY: the session's node; the arrays are NULL (count only) or have room for `count`.
+            unsafe {
+                if dependents {
+                    sys::cuGraphNodeGetDependentNodes_v2(node.0, nodes, data, count)
+                } else {
+                    sys::cuGraphNodeGetDependencies_v2(node.0, nodes, data, count)
+                }
+            }
+        };
+        let mut count = 0usize;
+        check(list(std::ptr::null_mut(), std::ptr::null_mut(), &mut count).result())?;
+        let mut nodes = vec![std::ptr::null_mut(); count];
+        let mut data = vec![edge_data_zero(); count];
+        if count > 0 {
+            check(list(nodes.as_mut_ptr(), data.as_mut_ptr(), &mut count).result())?;
+        }
+        Ok(nodes.into_iter().zip(data).take(count).map(|(node, data)| (Handle(node), [data.from_port, data.to_port, data.type_])).collect())
+    }
+
+    fn graph_all_edges(&self, graph: Self::Graph) -> CudaResult<Vec<(Self::GraphNode, Self::GraphNode, EdgeData)>> {
+        let mut count = 0usize;
+        let (none, null): (*mut sys::CUgraphNode, sys::CUgraphNode) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: the session's graph; NULL arrays ask for the count.
+        check(unsafe { sys::cuGraphGetEdges_v2(graph.0, none, none, std::ptr::null_mut(), &mut count).result() })?;
+        let (mut from, mut to, mut data) = (vec![null; count], vec![null; count], vec![edge_data_zero(); count]);
+        if count > 0 {
+            // SAFETY: three arrays with room for `count` entries.
+            check(unsafe { sys::cuGraphGetEdges_v2(graph.0, from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr(), &mut count).result() })?;
+        }
+        Ok((0..count.min(from.len()))
+            .map(|i| (Handle(from[i]), Handle(to[i]), [data[i].from_port, data[i].to_port, data[i].type_]))
+            .collect())
+    }
+
+    fn graph_node_enabled(&self, exec: Self::GraphExec, node: Self::GraphNode, set: Option<bool>) -> CudaResult<bool> {
+        if let Some(enable) = set {
+            // SAFETY: the session's executable graph and node.
+            check(unsafe { sys::cuGraphNodeSetEnabled(exec.0, node.0, u32::from(enable)).result() })?;
+        }
+        let mut enabled = 0;
+        // SAFETY: as above; valid out-pointer.
+        check(unsafe { sys::cuGraphNodeGetEnabled(exec.0, node.0, &mut enabled).result() })?;
+        Ok(enabled != 0)
+    }
+
+    fn graph_node_kind(&self, node: Self::GraphNode) -> CudaResult<u32> {
+        let mut kind = 0u32;
+        // SAFETY: the session's node; the type is read as the enum's number.
+        check(unsafe { sys::cuGraphNodeGetType(node.0, (&raw mut kind).cast()).result() })?;
+        Ok(kind)
+    }
+
+    fn graph_node_event(&self, node: Self::GraphNode) -> CudaResult<Self::Event> {
+        let kind = self.graph_node_kind(node)?;
+        let mut event = std::ptr::null_mut();
+        // SAFETY: the session's node of the type asked; valid out-pointer.
+        let code = unsafe {
+            match kind {
+                7 => sys::cuGraphEventRecordNodeGetEvent(node.0, &mut event),
+                6 => sys::cuGraphEventWaitNodeGetEvent(node.0, &mut event),
+                _ => return Err(CudaError::INVALID_VALUE),
+            }
+        };
+        check(code.result())?;
+        Ok(Handle(event))
+    }
+
+    fn graph_mem_attribute(&self, attribute: u32, set: Option<u64>) -> CudaResult<u64> {
+        use sys::CUgraphMem_attribute as Attr;
+        let attr = match attribute {
+            0 => Attr::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT,
+            1 => Attr::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+            2 => Attr::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            3 => Attr::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+            _ => return Err(CudaError::INVALID_VALUE),
+        };
+        if let Some(mut value) = set {
+            // SAFETY: a 64-bit value, as every graph memory attribute is; the driver checks
+            // which ones may be set (only the high watermarks, reset with 0).
+            check(unsafe { sys::cuDeviceSetGraphMemAttribute(self.device, attr, (&raw mut value).cast()).result() })?;
+        }
+        let mut value = 0u64;
+        // SAFETY: a 64-bit out-value.
+        check(unsafe { sys::cuDeviceGetGraphMemAttribute(self.device, attr, (&raw mut value).cast()).result() })?;
+        Ok(value)
+    }
+
+    fn graph_mem_trim(&self) -> CudaResult<()> {
+        // SAFETY: the session's device.
+        check(unsafe { sys::cuDeviceGraphMemTrim(self.device).result() })
     }
 
     fn graph_node_set(&self, exec: Option<Self::GraphExec>, node: Self::GraphNode, work: NodeWork<'_, Self>) -> CudaResult<()> {
@@ -1073,6 +1215,10 @@ impl Device for CudaDevice {
                 (None, NodeWork::EventWait(event)) => sys::cuGraphEventWaitNodeSetEvent(node.0, event.0),
                 (Some(exec), NodeWork::Host(site)) => sys::cuGraphExecHostNodeSetParams(exec.0, node.0, &host_params(site)),
                 (None, NodeWork::Host(site)) => sys::cuGraphHostNodeSetParams(node.0, &host_params(site)),
+                // Memory and conditional nodes take no new parameters, as natively.
+                (_, NodeWork::MemAlloc { .. } | NodeWork::MemFree(_) | NodeWork::Conditional { .. }) => {
+                    return Err(CudaError::INVALID_VALUE);
+                }
             }
         };
         check(code.result())
@@ -1248,14 +1394,7 @@ impl Device for CudaDevice {
     }
 
     fn mem_set_access(&self, ptr: u64, size: u64, flags: u32) -> CudaResult<()> {
-        use sys::CUmemAccess_flags as Access;
-        let flags = match flags {
-            0 => Access::CU_MEM_ACCESS_FLAGS_PROT_NONE,
-            1 => Access::CU_MEM_ACCESS_FLAGS_PROT_READ,
-            3 => Access::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            _ => return Err(CudaError::INVALID_VALUE),
-        };
-        let desc = sys::CUmemAccessDesc { location: self.location(), flags };
+        let desc = sys::CUmemAccessDesc { location: self.location(), flags: access_flags(flags)? };
         // SAFETY: mapped ranges of the session's; one descriptor.
         check(unsafe { sys::cuMemSetAccess(ptr, size as usize, &desc, 1).result() })
     }
@@ -1536,6 +1675,22 @@ fn launch_config(
         attrs: attributes.as_mut_ptr(),
         numAttrs: c_uint::try_from(attributes.len()).map_err(|_| CudaError::INVALID_VALUE)?,
     })
+}
+
+/// A `CUmemAccess_flags` from its number.
+fn access_flags(flags: u32) -> CudaResult<sys::CUmemAccess_flags> {
+    use sys::CUmemAccess_flags as Access;
+    Ok(match flags {
+        0 => Access::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        1 => Access::CU_MEM_ACCESS_FLAGS_PROT_READ,
+        3 => Access::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        _ => return Err(CudaError::INVALID_VALUE),
+    })
+}
+
+/// An all-zero `CUgraphEdgeData` (a full dependency), to be filled in by the driver.
+fn edge_data_zero() -> sys::CUgraphEdgeData {
+    sys::CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] }
 }
 
 /// A `CUstreamCaptureMode` from its number: global, thread-local or relaxed.

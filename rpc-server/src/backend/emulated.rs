@@ -2,7 +2,7 @@
 //! completes when it is submitted. It cannot run GPU code: loading a module or launching a kernel
 //! is `cudaErrorNotSupported`, never a pretended success. CI tests the whole data plane on it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -15,7 +15,7 @@ use flyt_protocol::ops::{
 };
 
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
-use super::{Capture, Device, ExecUpdate, Extent, NodeWork, Side, TexResource};
+use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, NodeWork, Side, TexResource};
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;
 
@@ -59,6 +59,9 @@ struct State {
     /// The context's cache preference (`CU_FUNC_CACHE_PREFER_NONE` until set).
     cache_config: u32,
     graphs: Graphs,
+    /// Blocks held by memory allocation nodes, and the most they ever held at once.
+    graph_memory: HashSet<u64>,
+    graph_memory_high: u64,
     /// Virtual memory management: reserved ranges, physical allocations (their bytes, or `None`
     /// while mapped, when the bytes are a block at the mapping's address) and mappings.
     reserved: HashMap<u64, u64>,
@@ -106,6 +109,23 @@ pub struct EmulatedDevice {
 }
 
 impl EmulatedDevice {
+    /// A node's work here, a child graph copied as the driver copies it.
+    fn node_work_here(&self, work: NodeWork<'_, Self>) -> CudaResult<Work> {
+        match work {
+            NodeWork::Child(child) => {
+                let mut state = self.state();
+                let copy = state.new_handle();
+                let State { graphs, next_handle, .. } = &mut *state;
+                graphs.clone_graph(child, copy, &mut || {
+                    *next_handle += 1;
+                    *next_handle
+                })?;
+                Ok(Work::Child(copy))
+            }
+            work => emulated_work(work),
+        }
+    }
+
     pub fn new(config: EmulatedConfig) -> Self {
         Self {
             config,
@@ -649,28 +669,153 @@ impl Device for EmulatedDevice {
     }
 
     fn graph_destroy(&self, graph: u64) -> CudaResult<()> {
-        self.state().graphs.destroy(graph);
+        let mut state = self.state();
+        state.graphs.destroy(graph);
+        // Graph memory no node holds any more (clones share their original's) is freed.
+        let held: HashSet<u64> =
+            state.graphs.nodes.values().filter_map(|n| if let Work::MemAlloc { ptr, .. } = n.work { Some(ptr) } else { None }).collect();
+        let unheld: Vec<u64> = state.graph_memory.iter().copied().filter(|ptr| !held.contains(ptr)).collect();
+        for ptr in unheld {
+            state.graph_memory.remove(&ptr);
+            if let Some(block) = state.blocks.remove(&ptr) {
+                state.used -= block.len() as u64;
+            }
+        }
         Ok(())
     }
 
-    fn graph_add_node(&self, graph: u64, dependencies: &[u64], work: NodeWork<'_, Self>) -> CudaResult<u64> {
-        let mut state = self.state();
+    fn graph_add_node(&self, graph: u64, dependencies: &[u64], work: NodeWork<'_, Self>) -> CudaResult<AddedNode<Self>> {
+        if !self.state().graphs.graphs.contains_key(&graph) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (mut ptr, mut bodies) = (0, Vec::new());
         let work = match work {
-            NodeWork::Child(child) => {
-                // The node holds its own copy of the child graph, as the driver's does.
-                let copy = state.new_handle();
-                let State { graphs, next_handle, .. } = &mut *state;
-                graphs.clone_graph(child, copy, &mut || {
-                    *next_handle += 1;
-                    *next_handle
-                })?;
-                Work::Child(copy)
+            NodeWork::MemAlloc { size, access } => {
+                if size == 0 || access.is_some_and(|flags| flags != 3) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                // The node holds its memory while it lives (a GPU maps it at launch).
+                ptr = self.malloc(size)?;
+                self.state().graph_memory.insert(ptr);
+                Work::MemAlloc { ptr, size }
             }
-            work => emulated_work(work)?,
+            NodeWork::MemFree(dptr) => {
+                if !self.state().graph_memory.contains(&dptr) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                Work::MemFree(dptr)
+            }
+            NodeWork::Conditional { handle, kind, size } => {
+                let mut state = self.state();
+                if !state.graphs.conditionals.contains_key(&handle)
+                    || kind > 2
+                    || size == 0
+                    || (kind == 1 && size != 1)
+                    || size > 2 && kind == 0
+                {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                for _ in 0..size {
+                    let body = state.new_handle();
+                    state.graphs.graphs.insert(body, Vec::new());
+                    bodies.push(body);
+                }
+                Work::Conditional { handle, kind, bodies: bodies.clone() }
+            }
+            work => self.node_work_here(work)?,
         };
+        let mut state = self.state();
         let id = state.new_handle();
         state.graphs.add(graph, id, dependencies, work)?;
-        Ok(id)
+        Ok(AddedNode { node: id, ptr, bodies })
+    }
+
+    fn graph_conditional_handle(&self, graph: u64, default_value: u32, flags: u32) -> CudaResult<u64> {
+        let mut state = self.state();
+        if !state.graphs.graphs.contains_key(&graph) || flags & !1 != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let handle = state.new_handle();
+        state.graphs.conditionals.insert(handle, (default_value, flags));
+        Ok(handle)
+    }
+
+    fn graph_node_links(&self, node: u64, dependents: bool) -> CudaResult<Vec<(u64, EdgeData)>> {
+        let state = self.state();
+        let this = state.graphs.nodes.get(&node).ok_or(CudaError::INVALID_VALUE)?;
+        if !dependents {
+            return Ok(this.dependencies.iter().map(|d| (*d, [0; 3])).collect());
+        }
+        let members = state.graphs.graphs.get(&this.graph).ok_or(CudaError::INVALID_VALUE)?;
+        Ok(members
+            .iter()
+            .filter(|other| state.graphs.nodes.get(other).is_some_and(|n| n.dependencies.contains(&node)))
+            .map(|other| (*other, [0; 3]))
+            .collect())
+    }
+
+    fn graph_all_edges(&self, graph: u64) -> CudaResult<Vec<(u64, u64, EdgeData)>> {
+        let state = self.state();
+        let members = state.graphs.graphs.get(&graph).ok_or(CudaError::INVALID_VALUE)?;
+        Ok(members
+            .iter()
+            .flat_map(|to| {
+                state.graphs.nodes.get(to).into_iter().flat_map(move |n| n.dependencies.iter().map(move |from| (*from, *to, [0; 3])))
+            })
+            .collect())
+    }
+
+    fn graph_node_enabled(&self, exec: u64, node: u64, set: Option<bool>) -> CudaResult<bool> {
+        let mut state = self.state();
+        let private = state.graphs.execs.get(&exec).copied().ok_or(CudaError::INVALID_VALUE)?;
+        let counterpart = state.graphs.clones.get(&(node, private)).copied().ok_or(CudaError::INVALID_VALUE)?;
+        // Only kernel, copy and memset nodes can be turned off, as natively.
+        if !matches!(
+            state.graphs.kind(counterpart)?,
+            flyt_protocol::ops::node_type::KERNEL | flyt_protocol::ops::node_type::MEMCPY | flyt_protocol::ops::node_type::MEMSET
+        ) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        match set {
+            Some(true) => {
+                state.graphs.disabled.remove(&counterpart);
+            }
+            Some(false) => {
+                state.graphs.disabled.insert(counterpart);
+            }
+            None => {}
+        }
+        Ok(!state.graphs.disabled.contains(&counterpart))
+    }
+
+    fn graph_node_kind(&self, node: u64) -> CudaResult<u32> {
+        self.state().graphs.kind(node)
+    }
+
+    fn graph_node_event(&self, node: u64) -> CudaResult<u64> {
+        match self.state().graphs.nodes.get(&node).map(|n| &n.work) {
+            Some(Work::EventRecord(event) | Work::EventWait(event)) => Ok(*event),
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    fn graph_mem_attribute(&self, attribute: u32, set: Option<u64>) -> CudaResult<u64> {
+        let mut state = self.state();
+        let current: u64 =
+            state.graphs.nodes.values().filter_map(|n| if let Work::MemAlloc { size, .. } = n.work { Some(size) } else { None }).sum();
+        state.graph_memory_high = state.graph_memory_high.max(current);
+        match (attribute, set) {
+            // Only the high watermarks may be set, and only to 0 (a reset).
+            (1 | 3, Some(0)) => state.graph_memory_high = current,
+            (_, Some(_)) => return Err(CudaError::INVALID_VALUE),
+            (0..=3, None) => {}
+            _ => return Err(CudaError::INVALID_VALUE),
+        }
+        Ok(if attribute.is_multiple_of(2) { current } else { state.graph_memory_high })
+    }
+
+    fn graph_mem_trim(&self) -> CudaResult<()> {
+        Ok(())
     }
 
     fn graph_node_set(&self, exec: Option<u64>, node: u64, work: NodeWork<'_, Self>) -> CudaResult<()> {
@@ -814,7 +959,9 @@ impl Device for EmulatedDevice {
                     drop(state);
                     self.host.submit(stream, site)?;
                 }
-                Work::Empty | Work::EventWait(_) | Work::Child(_) => {}
+                // Graph memory is held by its node here; conditionals were inlined by `flatten`.
+                Work::Empty | Work::EventWait(_) | Work::Child(_) | Work::MemAlloc { .. } | Work::MemFree(_) | Work::Conditional { .. } => {
+                }
             }
         }
         Ok(())
@@ -1269,6 +1416,8 @@ fn emulated_work(work: NodeWork<'_, EmulatedDevice>) -> CudaResult<Work> {
         NodeWork::EventRecord(event) => Work::EventRecord(event),
         NodeWork::EventWait(event) => Work::EventWait(event),
         NodeWork::Host(site) => Work::Host(site.clone()),
+        // Added through `graph_add_node` only: they take no new parameters.
+        NodeWork::MemAlloc { .. } | NodeWork::MemFree(_) | NodeWork::Conditional { .. } => return Err(CudaError::INVALID_VALUE),
     })
 }
 

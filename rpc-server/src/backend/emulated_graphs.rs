@@ -14,6 +14,9 @@ use flyt_protocol::ops::{Copy3d, Memset2d, capture_status, node_type};
 
 use crate::host_calls::HostCallSite;
 
+/// A while loop whose condition holds at launch: only a kernel could end it, and none runs here.
+const NO_LOOP_EXIT: CudaError = CudaError::NOT_SUPPORTED;
+
 /// What a node does.
 #[derive(Clone)]
 pub enum Work {
@@ -26,6 +29,19 @@ pub enum Work {
     #[allow(dead_code, reason = "events complete at submission here: a wait has nothing to wait for")]
     EventWait(u64),
     Host(Arc<HostCallSite>),
+    /// Graph memory: a block at `ptr` the node holds while it lives (no GPU to map it at launch).
+    MemAlloc {
+        ptr: u64,
+        size: u64,
+    },
+    #[allow(dead_code, reason = "graph memory is freed with its node here: a free node has nothing to do at launch")]
+    MemFree(u64),
+    /// A conditional node on `handle` (`CU_GRAPH_COND_TYPE_*` `kind`), with its body graphs.
+    Conditional {
+        handle: u64,
+        kind: u32,
+        bodies: Vec<u64>,
+    },
 }
 
 impl Work {
@@ -38,6 +54,9 @@ impl Work {
             Self::EventRecord(_) => node_type::EVENT_RECORD,
             Self::EventWait(_) => node_type::WAIT_EVENT,
             Self::Host(_) => node_type::HOST,
+            Self::MemAlloc { .. } => node_type::MEM_ALLOC,
+            Self::MemFree(_) => node_type::MEM_FREE,
+            Self::Conditional { .. } => node_type::CONDITIONAL,
         }
     }
 }
@@ -71,6 +90,10 @@ pub struct Graphs {
     pub captured_events: HashMap<u64, StreamCapture>,
     pub clones: HashMap<(u64, u64), u64>,
     pub next_capture: u64,
+    /// Conditional handles: (default value, flags).
+    pub conditionals: HashMap<u64, (u32, u32)>,
+    /// Nodes of executable graphs' copies that `cuGraphNodeSetEnabled` turned off.
+    pub disabled: std::collections::HashSet<u64>,
 }
 
 impl Graphs {
@@ -102,8 +125,28 @@ impl Graphs {
             return Err(CudaError::INVALID_VALUE);
         }
         for node in self.ordered(graph)? {
+            if self.disabled.contains(&node) {
+                continue;
+            }
             match &self.nodes[&node].work {
                 Work::Child(child) => self.flatten(*child, out, depth + 1)?,
+                Work::Conditional { handle, kind, bodies } => {
+                    // No kernel runs here to set the condition: it holds the value each launch
+                    // assigns (the default, with CU_GRAPH_COND_ASSIGN_DEFAULT), else 0.
+                    let (default, flags) = self.conditionals.get(handle).copied().ok_or(CudaError::INVALID_VALUE)?;
+                    let value = if flags & 1 != 0 { default } else { 0 };
+                    let body = match (*kind, value) {
+                        (0, 0) => bodies.get(1),
+                        (0, _) => bodies.first(),
+                        // A loop whose condition holds would only end by a kernel setting it.
+                        (1, 0) => None,
+                        (1, _) => return Err(NO_LOOP_EXIT),
+                        (_, value) => bodies.get(value as usize),
+                    };
+                    if let Some(body) = body {
+                        self.flatten(*body, out, depth + 1)?;
+                    }
+                }
                 work => out.push(work.clone()),
             }
         }
@@ -120,10 +163,22 @@ impl Graphs {
             let mut node = self.nodes[old].clone();
             node.graph = new;
             node.dependencies = node.dependencies.iter().map(|d| renamed[d]).collect();
-            if let Work::Child(child) = node.work {
-                let child_copy = next_id();
-                self.clone_graph(child, child_copy, next_id)?;
-                node.work = Work::Child(child_copy);
+            match node.work {
+                Work::Child(child) => {
+                    let child_copy = next_id();
+                    self.clone_graph(child, child_copy, next_id)?;
+                    node.work = Work::Child(child_copy);
+                }
+                Work::Conditional { handle, kind, ref bodies } => {
+                    let mut copies = Vec::with_capacity(bodies.len());
+                    for body in bodies.clone() {
+                        let copy = next_id();
+                        self.clone_graph(body, copy, next_id)?;
+                        copies.push(copy);
+                    }
+                    node.work = Work::Conditional { handle, kind, bodies: copies };
+                }
+                _ => {}
             }
             self.nodes.insert(*copy, node);
             self.clones.insert((*old, new), *copy);
@@ -160,8 +215,10 @@ impl Graphs {
     pub fn destroy(&mut self, graph: u64) {
         if let Some(members) = self.graphs.remove(&graph) {
             for node in members {
-                if let Some(Node { work: Work::Child(child), .. }) = self.nodes.remove(&node) {
-                    self.destroy(child);
+                match self.nodes.remove(&node).map(|node| node.work) {
+                    Some(Work::Child(child)) => self.destroy(child),
+                    Some(Work::Conditional { bodies, .. }) => bodies.into_iter().for_each(|body| self.destroy(body)),
+                    _ => {}
                 }
             }
         }

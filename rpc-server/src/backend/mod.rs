@@ -36,7 +36,33 @@ pub enum NodeWork<'a, D: Device + ?Sized> {
     EventWait(D::Event),
     /// The session keeps the site alive as long as any graph or executable graph may run it.
     Host(&'a Arc<HostCallSite>),
+    /// `size` bytes of the device's graph memory; `access`: the flags of an access descriptor
+    /// for the device itself, if the app gave one.
+    MemAlloc {
+        size: u64,
+        access: Option<u32>,
+    },
+    /// A graph allocation the session checked.
+    MemFree(u64),
+    /// A conditional node on the driver's `handle` with `size` body graphs.
+    Conditional {
+        handle: u64,
+        kind: u32,
+        size: u32,
+    },
 }
+
+/// A node the backend added, with what the driver made along with it.
+pub struct AddedNode<D: Device + ?Sized> {
+    pub node: D::GraphNode,
+    /// A memory allocation node's address (0 for other nodes).
+    pub ptr: u64,
+    /// A conditional node's body graphs, owned by the node.
+    pub bodies: Vec<D::Graph>,
+}
+
+/// `CUgraphEdgeData`'s port and type fields.
+pub type EdgeData = [u8; 3];
 
 /// One side of a shaped copy (`cuMemcpy3D`), checked by the session.
 pub enum Side<D: Device + ?Sized> {
@@ -97,7 +123,7 @@ pub enum BackendKind {
 /// which run on waiter threads that called `bind_thread` first.
 pub trait Device: Send + Sync + 'static {
     type Stream: Copy + Send + Sync + 'static;
-    type Event: Copy + Send + Sync + 'static;
+    type Event: Copy + PartialEq + Send + Sync + 'static;
     type Module: Send + 'static;
     /// A JIT link in progress (`cuLink*`).
     type Link: Send + 'static;
@@ -268,7 +294,24 @@ pub trait Device: Send + Sync + 'static {
     fn graph_create(&self) -> CudaResult<Self::Graph>;
     fn graph_destroy(&self, graph: Self::Graph) -> CudaResult<()>;
     fn graph_add_node(&self, graph: Self::Graph, dependencies: &[Self::GraphNode], work: NodeWork<'_, Self>)
-    -> CudaResult<Self::GraphNode>;
+    -> CudaResult<AddedNode<Self>>;
+    /// `cuGraphConditionalHandleCreate` in the device's context.
+    fn graph_conditional_handle(&self, graph: Self::Graph, default_value: u32, flags: u32) -> CudaResult<u64>;
+    /// A node's dependencies (or, with `dependents`, the nodes that depend on it), with edge data.
+    fn graph_node_links(&self, node: Self::GraphNode, dependents: bool) -> CudaResult<Vec<(Self::GraphNode, EdgeData)>>;
+    /// Every edge of a graph: from, to, edge data.
+    #[expect(clippy::type_complexity, reason = "an edge is its two nodes and its data")]
+    fn graph_all_edges(&self, graph: Self::Graph) -> CudaResult<Vec<(Self::GraphNode, Self::GraphNode, EdgeData)>>;
+    /// `cuGraphNodeGetEnabled`, after `cuGraphNodeSetEnabled` when `set` is given.
+    fn graph_node_enabled(&self, exec: Self::GraphExec, node: Self::GraphNode, set: Option<bool>) -> CudaResult<bool>;
+    /// A node's `CUgraphNodeType`.
+    fn graph_node_kind(&self, node: Self::GraphNode) -> CudaResult<u32>;
+    /// The event an event record or wait node names.
+    fn graph_node_event(&self, node: Self::GraphNode) -> CudaResult<Self::Event>;
+    /// `cuDeviceGetGraphMemAttribute` (after `cuDeviceSetGraphMemAttribute` when `set` is given).
+    fn graph_mem_attribute(&self, attribute: u32, set: Option<u64>) -> CudaResult<u64>;
+    /// `cuDeviceGraphMemTrim`.
+    fn graph_mem_trim(&self) -> CudaResult<()>;
     /// A node's new parameters, in its graph (`exec` `None`) or in an executable graph.
     fn graph_node_set(&self, exec: Option<Self::GraphExec>, node: Self::GraphNode, work: NodeWork<'_, Self>) -> CudaResult<()>;
     fn graph_destroy_node(&self, node: Self::GraphNode) -> CudaResult<()>;

@@ -8,11 +8,12 @@ use std::sync::Arc;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{CaptureInfo, GraphNodeEntry, NodeParams, SERVER_NODE_BIT, node_type, rep, req};
+use flyt_protocol::ops::{CaptureInfo, GraphEdge, GraphNodeEntry, NodeParams, SERVER_NODE_BIT, node_type, rep, req};
 
 use super::{MAX_HANDLES, Responder, Session};
 use crate::backend::{Device, NodeWork};
 use crate::host_calls::{HostCallSite, HostCalls};
+use crate::memory::RangeKind;
 
 /// The session's graph objects.
 pub struct GraphTable<D: Device> {
@@ -34,6 +35,13 @@ pub struct GraphTable<D: Device> {
     pub host_calls: Arc<HostCalls>,
     /// Host functions graphs may run (nodes, captured calls): kept while the session lives.
     sites: HashMap<u64, Arc<HostCallSite>>,
+    /// Graphs a node owns (a conditional node's bodies, a child graph node's graph as the app
+    /// reached it), forgotten with the node's graph and never destroyed by the app.
+    owned: HashMap<u64, Vec<u64>>,
+    /// Conditional handles the driver made for this session.
+    conditionals: HashSet<u64>,
+    /// Memory allocation nodes' memory: its size and the graph whose node made it.
+    memory: HashMap<u64, (u64, u64)>,
 }
 
 impl<D: Device> GraphTable<D> {
@@ -50,7 +58,14 @@ impl<D: Device> GraphTable<D> {
             next_server_node: SERVER_NODE_BIT,
             host_calls,
             sites: HashMap::new(),
+            owned: HashMap::new(),
+            conditionals: HashSet::new(),
+            memory: HashMap::new(),
         }
+    }
+
+    fn is_owned(&self, graph: u64) -> bool {
+        self.owned.values().any(|graphs| graphs.contains(&graph))
     }
 
     fn graph(&self, id: u64) -> CudaResult<D::Graph> {
@@ -98,19 +113,38 @@ impl<D: Device> GraphTable<D> {
         id
     }
 
-    /// Forgets a graph and its nodes (the driver destroyed them, or is about to).
-    fn forget_graph(&mut self, id: u64) -> Option<D::Graph> {
+    /// Forgets a graph and its nodes, with the graphs its nodes own (the driver destroyed them,
+    /// or is about to); the graph memory its nodes made is returned (start, size) for release.
+    #[expect(clippy::type_complexity, reason = "the graph and its memory's (start, size) pairs")]
+    fn forget_graph(&mut self, id: u64) -> Option<(D::Graph, Vec<(u64, u64)>)> {
         let graph = self.graphs.remove(&id)?;
         self.graph_ids.remove(&graph);
         let nodes = &mut self.nodes;
+        let mut removed = Vec::new();
         self.node_ids.retain(|_, node_id| match nodes.get(node_id) {
             Some((_, of)) if *of == id => {
                 nodes.remove(node_id);
+                removed.push(*node_id);
                 false
             }
             _ => true,
         });
-        Some(graph)
+        let mut memory: Vec<(u64, u64)> = Vec::new();
+        for node in removed {
+            for owned in self.owned.remove(&node).unwrap_or_default() {
+                if let Some((_, more)) = self.forget_graph(owned) {
+                    memory.extend(more);
+                }
+            }
+        }
+        self.memory.retain(|ptr, (size, of)| {
+            let keep = *of != id;
+            if !keep {
+                memory.push((*ptr, *size));
+            }
+            keep
+        });
+        Some((graph, memory))
     }
 
     /// Everything, destroyed (the session ends or its device is reset).
@@ -120,10 +154,15 @@ impl<D: Device> GraphTable<D> {
         }
         let ids: Vec<u64> = self.graphs.keys().copied().collect();
         for id in ids {
-            if let Some(graph) = self.forget_graph(id) {
+            let owned = self.is_owned(id);
+            if let Some((graph, _)) = self.forget_graph(id)
+                && !owned
+            {
                 let _ = device.graph_destroy(graph);
             }
         }
+        self.memory.clear();
+        self.conditionals.clear();
         self.captures.clear();
         self.spoiled.clear();
     }
@@ -197,7 +236,42 @@ impl<D: Device> Session<D> {
                 *site = Some(self.kept_site(*call));
                 NodeWork::Host(site.as_ref().ok_or(CudaError::UNKNOWN)?)
             }
+            NodeParams::MemAlloc { size, access } => {
+                if *size == 0 || access.is_some_and(|flags| !matches!(flags, 0 | 1 | 3)) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                NodeWork::MemAlloc { size: *size, access: *access }
+            }
+            NodeParams::MemFree { ptr } => {
+                if !self.graphs.memory.contains_key(ptr) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                NodeWork::MemFree(*ptr)
+            }
+            NodeParams::Conditional { handle, kind, size, bodies } => {
+                if !self.graphs.conditionals.contains(handle) || bodies.len() != *size as usize || *size > 1024 {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                for body in bodies.iter() {
+                    self.graphs.new_id_allowed(*body)?;
+                    if self.graphs.graphs.contains_key(body) {
+                        return Err(CudaError::INVALID_VALUE);
+                    }
+                }
+                NodeWork::Conditional { handle: *handle, kind: *kind, size: *size }
+            }
         })
+    }
+
+    /// Forgets a graph (see `GraphTable::forget_graph`) and gives back the quota of the graph
+    /// memory its nodes made.
+    fn forget_graph(&mut self, id: u64) -> Option<D::Graph> {
+        let (graph, memory) = self.graphs.forget_graph(id)?;
+        for (ptr, size) in memory {
+            self.ranges.remove_within(ptr, 1, RangeKind::GraphMemory);
+            self.budget.release(size);
+        }
+        Some(graph)
     }
 
     /// Host-function nodes of `graph` and of its children, each of which a launch runs once.
@@ -259,7 +333,7 @@ impl<D: Device> Session<D> {
                     let into = self.graphs.captured_into.remove(&id);
                     if self.graphs.spoiled.remove(&id) {
                         if !into {
-                            self.graphs.forget_graph(id);
+                            self.forget_graph(id);
                             let _ = self.device.graph_destroy(graph);
                         }
                         return Err(CudaError::STREAM_CAPTURE_INVALIDATED);
@@ -274,7 +348,7 @@ impl<D: Device> Session<D> {
                         self.graphs.captures.remove(&request.stream);
                         self.graphs.spoiled.remove(&id);
                         if !self.graphs.captured_into.remove(&id) {
-                            self.graphs.forget_graph(id);
+                            self.forget_graph(id);
                         }
                     }
                     Err(error)
@@ -329,9 +403,9 @@ impl<D: Device> Session<D> {
         let capturing = self.graphs.captures.values().any(|graph| *graph == request.graph);
         let result = match capturing {
             true => Err(CudaError::ILLEGAL_STATE),
-            false => {
-                self.graphs.forget_graph(request.graph).ok_or(CudaError::INVALID_VALUE).and_then(|graph| self.device.graph_destroy(graph))
-            }
+            // A graph a node owns goes with that node's graph.
+            false if self.graphs.is_owned(request.graph) => Err(CudaError::INVALID_VALUE),
+            false => self.forget_graph(request.graph).ok_or(CudaError::INVALID_VALUE).and_then(|graph| self.device.graph_destroy(graph)),
         };
         reply.send(result.map(|()| rep::GraphDestroy {}));
     }
@@ -345,12 +419,130 @@ impl<D: Device> Session<D> {
             let graph = self.graphs.graph(request.graph)?;
             let dependencies = self.graphs.nodes_of(&request.dependencies, request.graph)?;
             let mut site = None;
+            let bodies = match &request.params {
+                NodeParams::Conditional { bodies, .. } => bodies.clone(),
+                _ => Vec::new(),
+            };
+            let memory = match request.params {
+                NodeParams::MemAlloc { size, .. } => size,
+                _ => 0,
+            };
             let work = self.node_work(&mut request.params, &mut site)?;
-            let node = self.device.graph_add_node(graph, &dependencies, work)?;
-            self.graphs.add_node(request.node, node, request.graph);
-            Ok(rep::GraphAddNode {})
+            if !self.budget.try_reserve(memory) {
+                return Err(CudaError::MEMORY_ALLOCATION);
+            }
+            let added = match self.device.graph_add_node(graph, &dependencies, work) {
+                Ok(added) => added,
+                Err(error) => {
+                    self.budget.release(memory);
+                    return Err(error);
+                }
+            };
+            self.graphs.add_node(request.node, added.node, request.graph);
+            if memory > 0 {
+                self.ranges.insert(added.ptr, memory, RangeKind::GraphMemory);
+                self.graphs.memory.insert(added.ptr, (memory, request.graph));
+            }
+            if !bodies.is_empty() {
+                for (id, body) in bodies.iter().zip(added.bodies) {
+                    self.graphs.add_graph(*id, body);
+                }
+                self.graphs.owned.insert(request.node, bodies);
+            }
+            Ok(rep::GraphAddNode { ptr: added.ptr })
         })();
         reply.send(result);
+    }
+
+    pub(super) fn graph_conditional_handle(&mut self, request: req::GraphConditionalHandle, reply: Responder<rep::GraphConditionalHandle>) {
+        let result = self.graphs.graph(request.graph).and_then(|graph| {
+            if self.graphs.conditionals.len() >= MAX_HANDLES {
+                return Err(CudaError::MEMORY_ALLOCATION);
+            }
+            let handle = self.device.graph_conditional_handle(graph, request.default_value, request.flags)?;
+            self.graphs.conditionals.insert(handle);
+            Ok(rep::GraphConditionalHandle { handle })
+        });
+        reply.send(result);
+    }
+
+    pub(super) fn graph_node_links(&mut self, request: req::GraphNodeLinks, reply: Responder<rep::GraphNodeLinks>) {
+        let result = self.graphs.node(request.node).and_then(|(node, graph)| {
+            let links = self.device.graph_node_links(node, request.dependents)?;
+            let links = links
+                .into_iter()
+                .map(|(other, [from_port, to_port, kind])| GraphEdge {
+                    from: self.graphs.node_id(other, graph),
+                    to: request.node,
+                    from_port,
+                    to_port,
+                    kind,
+                })
+                .collect();
+            Ok(rep::GraphNodeLinks { links })
+        });
+        reply.send(result);
+    }
+
+    pub(super) fn graph_get_edges(&mut self, request: req::GraphGetEdges, reply: Responder<rep::GraphGetEdges>) {
+        let result = self.graphs.graph(request.graph).and_then(|graph| {
+            let edges = self.device.graph_all_edges(graph)?;
+            let edges = edges
+                .into_iter()
+                .map(|(from, to, [from_port, to_port, kind])| GraphEdge {
+                    from: self.graphs.node_id(from, request.graph),
+                    to: self.graphs.node_id(to, request.graph),
+                    from_port,
+                    to_port,
+                    kind,
+                })
+                .collect();
+            Ok(rep::GraphGetEdges { edges })
+        });
+        reply.send(result);
+    }
+
+    pub(super) fn graph_node_enabled(&mut self, request: req::GraphNodeEnabled, reply: Responder<rep::GraphNodeEnabled>) {
+        let result = (|| {
+            let exec = self.graphs.exec(request.exec)?;
+            let (node, _) = self.graphs.node(request.node)?;
+            self.device.graph_node_enabled(exec, node, request.set)
+        })();
+        reply.send(result.map(|enabled| rep::GraphNodeEnabled { enabled }));
+    }
+
+    pub(super) fn graph_node_object(&mut self, request: req::GraphNodeObject, reply: Responder<rep::GraphNodeObject>) {
+        let result = (|| {
+            let (node, _) = self.graphs.node(request.node)?;
+            match self.device.graph_node_kind(node)? {
+                node_type::EVENT_RECORD | node_type::WAIT_EVENT => {
+                    let event = self.device.graph_node_event(node)?;
+                    self.events.iter().find(|(_, known)| **known == event).map(|(id, _)| *id).ok_or(CudaError::INVALID_VALUE)
+                }
+                node_type::GRAPH => {
+                    let child = self.device.graph_child(node)?;
+                    if let Some(id) = self.graphs.graph_ids.get(&child) {
+                        return Ok(*id);
+                    }
+                    // The node's own graph, named now: it goes with the node.
+                    self.graphs.next_server_node += 1;
+                    let id = self.graphs.next_server_node;
+                    self.graphs.add_graph(id, child);
+                    self.graphs.owned.entry(request.node).or_default().push(id);
+                    Ok(id)
+                }
+                _ => Err(CudaError::INVALID_VALUE),
+            }
+        })();
+        reply.send(result.map(|object| rep::GraphNodeObject { object }));
+    }
+
+    pub(super) fn graph_mem_attribute(&mut self, request: req::GraphMemAttribute, reply: Responder<rep::GraphMemAttribute>) {
+        reply.send(self.device.graph_mem_attribute(request.attribute, request.set).map(|value| rep::GraphMemAttribute { value }));
+    }
+
+    pub(super) fn graph_mem_trim(&mut self, _request: req::GraphMemTrim, reply: Responder<rep::GraphMemTrim>) {
+        reply.send(self.device.graph_mem_trim().map(|()| rep::GraphMemTrim {}));
     }
 
     pub(super) fn graph_edges(&mut self, request: req::GraphEdges, reply: Responder<rep::GraphEdges>) {
