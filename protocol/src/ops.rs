@@ -313,8 +313,9 @@ macro_rules! for_each_op {
             121 TensorMapEncode tensor_map_encode [reply -] { encode: TensorMapParams } -> { map: Vec<u8> };
             /// `cuTensorMapReplaceAddress` of the app's 128-byte map.
             122 TensorMapReplaceAddress tensor_map_replace_address [reply -] { map: Vec<u8>, address: u64 } -> { map: Vec<u8> };
-            /// `cuCtxRecordEvent` (`wait` false) or `cuCtxWaitEvent` in the session's context.
-            123 ContextEvent context_event [noreply -] { event: u64, wait: bool } -> {};
+            /// `cuCtxRecordEvent` (`wait` false) or `cuCtxWaitEvent` in the session's context
+            /// (answered: the driver refuses both during a capture, at the call).
+            123 ContextEvent context_event [reply -] { event: u64, wait: bool } -> {};
             /// `cuMemPoolGetAccess` from the session's device, after `cuMemPoolSetAccess` with `set`
             /// (`CUmemAccess_flags`) if given.
             124 MemPoolAccess mem_pool_access [reply -] { pool: u64, set: Option<u32> } -> { flags: u32 };

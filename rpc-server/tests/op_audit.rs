@@ -1340,15 +1340,14 @@ fn a_context_event_records_and_waits(socket: &str) {
     let mut session = RawSession::open(socket, None).unwrap();
     let (event, stream) = (0xE_0000_0042, 0x5_0000_0042);
     session.send(&req::EventCreate { event, flags: 2 }.into(), &[]);
-    session.send(&req::ContextEvent { event, wait: false }.into(), &[]);
-    session.send(&req::ContextEvent { event, wait: true }.into(), &[]);
-    assert!(session.call_with_deferred(req::EventQuery { event }).0.deferred.is_none());
+    session.call(req::ContextEvent { event, wait: false }).0.unwrap();
+    session.call(req::ContextEvent { event, wait: true }).0.unwrap();
     session.call(req::EventQuery { event }).0.unwrap();
     session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
     session.call(req::StreamBeginCapture { stream, mode: 2, thread_mode: 2, graph: 9, into: false, dependencies: Vec::new() }).0.unwrap();
-    session.send(&req::ContextEvent { event, wait: false }.into(), &[]);
+    assert_eq!(session.call(req::ContextEvent { event, wait: false }).0.err(), Some(CudaError::STREAM_CAPTURE_UNSUPPORTED));
+    assert_eq!(session.call(req::ContextEvent { event, wait: true }).0.err(), Some(CudaError::STREAM_CAPTURE_UNSUPPORTED));
     session.call(req::StreamEndCapture { stream }).0.unwrap();
-    assert_eq!(session.call_with_deferred(req::DeviceSynchronize {}).0.deferred, Some(CudaError::STREAM_CAPTURE_UNSUPPORTED));
 }
 
 /// A pool's own device reads and writes it; that stays so when set again.

@@ -100,8 +100,8 @@ impl RawDriver {
     }
 }
 
-/// A `CUtensorMap`: 128 bytes, 64-byte aligned as the driver requires.
-#[repr(C, align(64))]
+/// A `CUtensorMap`: 128 bytes, 128-byte aligned as `cuda.h` declares it.
+#[repr(C, align(128))]
 struct TensorMap([u8; 128]);
 
 /// One `CUstreamBatchMemOpParams` (a 48-byte union), written field by field.
@@ -1594,7 +1594,7 @@ impl Device for CudaDevice {
     fn tensor_map_replace_address(&self, map: &[u8; 128], address: u64) -> CudaResult<[u8; 128]> {
         let replace = self.extras.replace_address.ok_or(CudaError::NOT_SUPPORTED)?;
         let mut map = TensorMap(*map);
-        // SAFETY: a 128-byte, 64-byte-aligned map of ours; the address lies in the session's
+        // SAFETY: a 128-byte, 128-byte-aligned map of ours; the address lies in the session's
         // device memory.
         raw_check(unsafe { replace(&mut map, address as *mut c_void) })?;
         Ok(map.0)

@@ -1048,9 +1048,10 @@ impl Device for EmulatedDevice {
     }
 
     /// Writes happen at submission, as all work here. A wait passes when its condition holds at
-    /// submission; one that does not would never end (no later work can run before it, and
-    /// every earlier write has happened), so it fails with `CUDA_ERROR_NOT_SUPPORTED` rather than
-    /// pass, and the ops after it in the batch do not run, as on a GPU they would not.
+    /// submission; one that does not could only be satisfied by work submitted later, which a
+    /// device with no queue cannot order after it, so it fails with `CUDA_ERROR_NOT_SUPPORTED`
+    /// (the session's deferred error, at the next synchronization) rather than pass. The ops
+    /// after it in its batch do not run; later requests on the stream do (nothing holds them).
     unsafe fn stream_mem_ops(&self, stream: u64, ops: &[StreamMemOp]) -> CudaResult<()> {
         let mut state = self.state();
         if state.graphs.captures.contains_key(&stream) {
