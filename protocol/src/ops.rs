@@ -1119,6 +1119,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn stream_waits_compare_as_the_driver_documents() {
+        let wait = |kind, value, flags| StreamMemOp { kind, address: 0, value, flags };
+        // GEQ is cyclic: (int32_t)(*addr - value) >= 0.
+        assert!(wait(mem_op::WAIT_VALUE_32, 5, mem_op::WAIT_GEQ).wait_satisfied(5));
+        assert!(!wait(mem_op::WAIT_VALUE_32, 6, mem_op::WAIT_GEQ).wait_satisfied(5));
+        assert!(wait(mem_op::WAIT_VALUE_32, 0xffff_fff0, mem_op::WAIT_GEQ).wait_satisfied(3), "wraps around");
+        assert!(wait(mem_op::WAIT_VALUE_64, u64::MAX - 1, mem_op::WAIT_GEQ).wait_satisfied(1));
+        // 32-bit ops look at the low word only.
+        assert!(wait(mem_op::WAIT_VALUE_32, 7, mem_op::WAIT_EQ).wait_satisfied(0xdead_0000_0000_0007));
+        assert!(wait(mem_op::WAIT_VALUE_32, 0b100, mem_op::WAIT_AND).wait_satisfied(0b110));
+        assert!(!wait(mem_op::WAIT_VALUE_32, 0b001, mem_op::WAIT_AND).wait_satisfied(0b110));
+        // NOR: ~(*addr | value) != 0, within the op's width.
+        assert!(wait(mem_op::WAIT_VALUE_32, 0xffff_0000, mem_op::WAIT_NOR).wait_satisfied(0));
+        assert!(!wait(mem_op::WAIT_VALUE_32, 0xffff_0000, mem_op::WAIT_NOR).wait_satisfied(0x0000_ffff));
+        assert!(wait(mem_op::WAIT_VALUE_64, 0xffff_0000, mem_op::WAIT_NOR).wait_satisfied(0x0000_ffff), "the high word is free");
+    }
+
+    #[test]
+    fn a_tensor_spans_its_last_element() {
+        let tiled = |data_type, dims: Vec<u64>, strides: Vec<u64>| TensorMapParams {
+            data_type,
+            rank: dims.len() as u32,
+            dims,
+            strides,
+            ..TensorMapParams::default()
+        };
+        // 16 floats per row, rows 64 bytes apart: the last row ends 15 * 64 + 64 bytes in.
+        assert_eq!(tiled(7, vec![16, 16], vec![64]).global_span(), Some(1024));
+        assert_eq!(tiled(0, vec![100], vec![]).global_span(), Some(100));
+        assert_eq!(tiled(13, vec![17], vec![]).global_span(), Some(16), "two packs of 16 4-bit elements");
+        assert_eq!(tiled(7, vec![16, 16], vec![]).global_span(), None, "a stride missing");
+        assert_eq!(tiled(99, vec![16], vec![]).global_span(), None, "an unknown type");
+        assert_eq!(tiled(7, vec![16, 0], vec![64]).global_span(), None, "an empty dimension");
+        assert_eq!(tiled(7, vec![1; 6], vec![1; 5]).global_span(), None, "rank 6");
+        assert_eq!(tiled(8, vec![u64::MAX, 2], vec![8]).global_span(), None, "overflow");
+    }
+
+    #[test]
     fn ids_are_unique_and_ascending() {
         assert!(OPS.windows(2).all(|pair| pair[0].id < pair[1].id), "{OPS:?}");
     }

@@ -3,7 +3,8 @@
 //!
 //! Memory operations are queued like copies (no round trip): each word must be device memory of
 //! the session or pinned host memory the server mapped at its address, which is checked here and
-//! again on the server. Remote-write flushes are refused with one line: `CAN_FLUSH_REMOTE_WRITES`
+//! again on the server. On the emulated device, whose work completes at submission, a wait that
+//! no earlier work satisfied fails at the call with `CUDA_ERROR_NOT_SUPPORTED` and one line. Remote-write flushes are refused with one line: `CAN_FLUSH_REMOTE_WRITES`
 //! reads 0 through Flyt. Tensor maps are encoded by the server's driver, which validates them;
 //! the 128 bytes come back into the app's `CUtensorMap`.
 
@@ -74,7 +75,25 @@ fn queue(name: &str, stream: CUstream, ops: &[StreamMemOp], api: Api, ptsz: bool
     if ops.is_empty() {
         return Ok(());
     }
-    client.post(req::StreamMemOps { stream, ops }).map_err(driver_error)
+    let waits = ops.iter().any(StreamMemOp::is_wait);
+    client.post(req::StreamMemOps { stream, ops }).map_err(driver_error)?;
+    if waits && client.info.emulated && !client.graphs.any_capture() {
+        // The emulated device has run the ops already (work completes at submission), so asking
+        // now costs a round trip and changes nothing: a wait no earlier work satisfied fails
+        // here, at the call, with its line, rather than at some later synchronization.
+        if let Err(error) = client.call(req::StreamSynchronize { stream }) {
+            if error == flyt_protocol::CudaError::NOT_SUPPORTED {
+                crate::diagnostics::once(
+                    "memop-emulated-wait",
+                    &format!(
+                        "flyt: {name}: the server's emulated device runs work at submission, so a wait that no earlier work satisfied would never end (returning CUDA_ERROR_NOT_SUPPORTED)"
+                    ),
+                );
+            }
+            return Err(driver_error(error));
+        }
+    }
+    Ok(())
 }
 
 macro_rules! single_ops {

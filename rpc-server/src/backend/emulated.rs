@@ -1050,8 +1050,9 @@ impl Device for EmulatedDevice {
     /// Writes happen at submission, as all work here. A wait passes when its condition holds at
     /// submission; one that does not could only be satisfied by work submitted later, which a
     /// device with no queue cannot order after it, so it fails with `CUDA_ERROR_NOT_SUPPORTED`
-    /// (the session's deferred error, at the next synchronization) rather than pass. The ops
-    /// after it in its batch do not run; later requests on the stream do (nothing holds them).
+    /// (the session's deferred error; the driver front asks at once, so the app sees it at the
+    /// call) rather than pass. The ops after it in its batch do not run; later requests on the
+    /// stream do (nothing holds them).
     unsafe fn stream_mem_ops(&self, stream: u64, ops: &[StreamMemOp]) -> CudaResult<()> {
         let mut state = self.state();
         if state.graphs.captures.contains_key(&stream) {

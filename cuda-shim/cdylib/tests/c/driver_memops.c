@@ -1,7 +1,7 @@
 // Stream memory operations, tensor maps, stream and peer queries, peer copies, pool access and
 // context events through Flyt's libcuda.so.1 on the emulated device (no kernels): writes land
-// at submission and read back, satisfied waits pass, a wait no earlier write satisfied is
-// reported at the next synchronization (never passed), flushes of remote writes and tensor-map
+// at submission and read back, satisfied waits pass, a wait no earlier write satisfied fails
+// at the call (never passes), flushes of remote writes and tensor-map
 // encoding are refused clearly, and the one-device answers match the driver's.
 #include <stdint.h>
 #include <string.h>
@@ -89,8 +89,8 @@ static void stream_memory_operations(CUstream stream, CUdeviceptr d) {
     EXPECT(cuMemcpyDtoH(batch, d + 32, sizeof batch), CUDA_SUCCESS);
     CHECK("batch writes read back", (uint32_t)batch[0] == 77 && batch[1] == 0xfeedfacecafebeefull);
 
-    // 77 >= 78 does not hold, and nothing could ever make it: reported at the next
-    // synchronization, and the write behind it in the batch does not happen.
+    // 77 >= 78 does not hold, and nothing could ever make it: refused at the call, and the write
+    // behind it in the batch does not happen.
     memset(ops, 0, sizeof ops);
     ops[0].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
     ops[0].waitValue.address = d + 32;
@@ -99,11 +99,11 @@ static void stream_memory_operations(CUstream stream, CUdeviceptr d) {
     ops[1].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
     ops[1].writeValue.address = d + 32;
     ops[1].writeValue.value = 99;
-    EXPECT(cuStreamBatchMemOp(stream, 2, ops, 0), CUDA_SUCCESS);
-    CUresult reported = cuStreamSynchronize(stream);
+    CUresult reported = cuStreamBatchMemOp(stream, 2, ops, 0);
     uint32_t after = 0;
     EXPECT(cuMemcpyDtoH(&after, d + 32, 4), CUDA_SUCCESS);
-    CHECK("an unsatisfiable wait fails at synchronize", reported == CUDA_ERROR_NOT_SUPPORTED && after == 77);
+    CHECK("an unsatisfiable wait fails at the call", reported == CUDA_ERROR_NOT_SUPPORTED && after == 77);
+    EXPECT(cuStreamWaitValue32(stream, d + 32, 100, CU_STREAM_WAIT_VALUE_EQ), CUDA_ERROR_NOT_SUPPORTED);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
 
     // Mapped pinned memory (with the shared-memory channel): the host sees the stream's write.
