@@ -229,7 +229,7 @@ int main() {
     CHECK_CU(cuMemPoolGetAccess(&access, pool, &here));
     printf("default pool access from its device: %d\n", (int)access);
     CUmemAccessDesc desc = {here, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    CHECK_CU(cuMemPoolSetAccess(pool, &desc, 1));
+    printf("cuMemPoolSetAccess(read-write, its device): %s\n", cu_name(cuMemPoolSetAccess(pool, &desc, 1)));
     CUmemoryPool by_location;
     CHECK_CU(cuMemGetDefaultMemPool(&by_location, &here, CU_MEM_ALLOCATION_TYPE_PINNED));
     printf("cuMemGetDefaultMemPool is the device's default pool: %s\n", by_location == pool ? "yes" : "no");
