@@ -481,6 +481,25 @@ driver_functions! {
     cuMemAllocFromPoolAsync_ptsz(ptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream);
     cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream);
     cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream);
+    // --- peers, stream queries, pool access, CUDA 13's location-based pools, clusters ---
+    cuDeviceCanAccessPeer(can_access: *mut c_int, device: c_int, peer: c_int);
+    cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint);
+    cuCtxDisablePeerAccess(peer: CUcontext);
+    cuMemcpyPeer(dst: CUdeviceptr, dst_context: CUcontext, src: CUdeviceptr, src_context: CUcontext, count: usize);
+    cuMemcpyPeerAsync(dst: CUdeviceptr, dst_context: CUcontext, src: CUdeviceptr, src_context: CUcontext, count: usize, stream: CUstream);
+    cuStreamGetDevice(stream: CUstream, device: *mut c_int);
+    cuStreamGetDevice_ptsz(stream: CUstream, device: *mut c_int);
+    cuStreamGetId(stream: CUstream, id: *mut u64);
+    cuStreamGetId_ptsz(stream: CUstream, id: *mut u64);
+    cuMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize);
+    cuMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *mut MemLocation);
+    cuMemGetDefaultMemPool(pool: *mut *mut c_void, location: *mut MemLocation, kind: c_int);
+    cuMemGetMemPool(pool: *mut *mut c_void, location: *mut MemLocation, kind: c_int);
+    cuMemSetMemPool(location: *mut MemLocation, kind: c_int, pool: *mut c_void);
+    cuOccupancyMaxActiveClusters(clusters: *mut c_int, kernel: CUkernel, config: *const LaunchConfig);
+    cuOccupancyMaxPotentialClusterSize(size: *mut c_int, kernel: CUkernel, config: *const LaunchConfig);
+    cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, device: c_int);
+    cuDeviceGetByPCIBusId(device: *mut c_int, bus_id: *const c_char);
     cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int);
     cuDeviceGetMemPool(pool: *mut *mut c_void, device: c_int);
     cuDeviceSetMemPool(device: c_int, pool: *mut c_void);

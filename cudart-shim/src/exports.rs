@@ -265,6 +265,28 @@ macro_rules! cudart_exports {
                 cudaMemPoolTrimTo(pool: *mut c_void, keep: usize);
                 cudaMemPoolCreate(pool: *mut *mut c_void, props: *const c_void);
                 cudaMemPoolDestroy(pool: *mut c_void);
+                cudaMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize);
+                cudaMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *mut crate::api::cudaMemLocation);
+                cudaMemGetDefaultMemPool(pool: *mut *mut c_void, location: *mut crate::api::cudaMemLocation, kind: c_int);
+                cudaMemGetMemPool(pool: *mut *mut c_void, location: *mut crate::api::cudaMemLocation, kind: c_int);
+                cudaMemSetMemPool(location: *mut crate::api::cudaMemLocation, kind: c_int, pool: *mut c_void);
+                // --- peers (a session serves one device), stream queries, device identity ---
+                cudaDeviceCanAccessPeer(can_access: *mut c_int, device: c_int, peer: c_int);
+                cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint);
+                cudaDeviceDisablePeerAccess(peer: c_int);
+                cudaMemcpyPeer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize);
+                cudaMemcpyPeerAsync(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize, stream: cudaStream_t);
+                cudaStreamGetDevice(stream: cudaStream_t, device: *mut c_int);
+                cudaStreamGetDevice_ptsz(stream: cudaStream_t, device: *mut c_int);
+                cudaStreamGetId(stream: cudaStream_t, id: *mut u64);
+                cudaStreamGetId_ptsz(stream: cudaStream_t, id: *mut u64);
+                cudaOccupancyMaxActiveClusters(clusters: *mut c_int, func: *const c_void, config: *const crate::api::cudaLaunchConfig_t);
+                cudaOccupancyMaxPotentialClusterSize(size: *mut c_int, func: *const c_void, config: *const crate::api::cudaLaunchConfig_t);
+                cudaDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, device: c_int);
+                cudaDeviceGetByPCIBusId(device: *mut c_int, bus_id: *const c_char);
+                cudaChooseDevice(device: *mut c_int, prop: *const cudaDeviceProp);
+                cudaInitDevice(device: c_int, device_flags: c_uint, flags: c_uint);
+                cudaSetValidDevices(devices: *mut c_int, len: c_int);
                 // --- managed memory (see `api::managed`) ---
                 cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint);
                 cudaMemPrefetchAsync(dev_ptr: *const c_void, count: usize, location: crate::api::cudaMemLocation, flags: c_uint, stream: cudaStream_t);
@@ -299,11 +321,11 @@ macro_rules! cudart_exports {
             unsupported {
         __cudaGetProcAddress, __cudaRegisterHostVar, __cudaRegisterUnifiedTable,
         cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
-        cudaChooseDevice, cudaDestroyExternalMemory, cudaDestroyExternalSemaphore, cudaDeviceCanAccessPeer, cudaDeviceDisablePeerAccess,
-        cudaDeviceEnablePeerAccess, cudaDeviceFlushGPUDirectRDMAWrites, cudaDeviceGetByPCIBusId,
+        cudaDestroyExternalMemory, cudaDestroyExternalSemaphore,
+        cudaDeviceFlushGPUDirectRDMAWrites,
         cudaDeviceGetGraphMemAttribute,
         cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetNvSciSyncAttributes,
-        cudaDeviceGetP2PAtomicCapabilities, cudaDeviceGetPCIBusId,
+        cudaDeviceGetP2PAtomicCapabilities,
         cudaDeviceGetSharedMemConfig, cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceGraphMemTrim,
         cudaDeviceRegisterAsyncNotification, cudaDeviceSetGraphMemAttribute,
         cudaDeviceSetSharedMemConfig, cudaDeviceUnregisterAsyncNotification,
@@ -335,19 +357,17 @@ macro_rules! cudart_exports {
         cudaGraphMemcpyNodeSetParamsToSymbol, cudaGraphMemFreeNodeGetParams, cudaGraphMemsetNodeGetParams,
         cudaGraphNodeGetDependencies,
         cudaGraphNodeGetDependentNodes, cudaGraphNodeGetEnabled, cudaGraphNodeSetEnabled, cudaGraphNodeSetParams, cudaGraphReleaseUserObject,
-        cudaGraphRetainUserObject, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaInitDevice, cudaKernelSetAttributeForDevice, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
+        cudaGraphRetainUserObject, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaKernelSetAttributeForDevice, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
         cudaLogsRegisterCallback, cudaLogsUnregisterCallback,
         cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz, cudaMemcpyBatchAsync, cudaMemcpyBatchAsync_ptsz,
-        cudaMemcpyPeer, cudaMemcpyPeerAsync,
-        cudaMemGetDefaultMemPool, cudaMemGetMemPool, cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle, cudaMemPoolGetAccess,
+        cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle,
         cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
-        cudaMemPoolSetAccess, cudaMemSetMemPool, cudaMipmappedArrayGetMemoryRequirements,
+        cudaMipmappedArrayGetMemoryRequirements,
         cudaMipmappedArrayGetSparseProperties, cudaOccupancyAvailableDynamicSMemPerBlock,
-        cudaOccupancyMaxActiveClusters, cudaOccupancyMaxPotentialClusterSize, cudaSetValidDevices, cudaSignalExternalSemaphoresAsync,
-        cudaSignalExternalSemaphoresAsync_ptsz, cudaStreamGetDevice,
-        cudaStreamGetDevice_ptsz, cudaStreamGetId, cudaStreamGetId_ptsz,
+        cudaSignalExternalSemaphoresAsync,
+        cudaSignalExternalSemaphoresAsync_ptsz,
         cudaUserObjectCreate,
         cudaUserObjectRelease, cudaUserObjectRetain, cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,
         cudaWaitExternalSemaphoresAsync, cudaWaitExternalSemaphoresAsync_ptsz,

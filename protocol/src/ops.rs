@@ -319,6 +319,27 @@ macro_rules! for_each_op {
             109 GraphMemAttribute graph_mem_attribute [reply -] { attribute: u32, set: Option<u64> } -> { value: u64 };
             /// `cuDeviceGraphMemTrim`.
             110 GraphMemTrim graph_mem_trim [reply -] {} -> {};
+            // --- stream memory operations, tensor maps, context events, pool access, cluster
+            // occupancy (ids 120-139) ---
+            /// `cuStreamWriteValue*`, `cuStreamWaitValue*` and `cuStreamBatchMemOp`: the ops in
+            /// order on `stream`, each address in the session's device memory (or pinned host
+            /// memory mapped at the client's address).
+            120 StreamMemOps stream_mem_ops [noreply -] { stream: u64, ops: Vec<StreamMemOp> } -> {};
+            /// `cuTensorMapEncodeTiled`/`Im2col`/`Im2colWide`: the server's driver encodes (and
+            /// validates); the 128-byte `CUtensorMap` comes back.
+            121 TensorMapEncode tensor_map_encode [reply -] { encode: TensorMapParams } -> { map: Vec<u8> };
+            /// `cuTensorMapReplaceAddress` of the app's 128-byte map.
+            122 TensorMapReplaceAddress tensor_map_replace_address [reply -] { map: Vec<u8>, address: u64 } -> { map: Vec<u8> };
+            /// `cuCtxRecordEvent` (`wait` false) or `cuCtxWaitEvent` in the session's context
+            /// (answered: the driver refuses both during a capture, at the call).
+            123 ContextEvent context_event [reply -] { event: u64, wait: bool } -> {};
+            /// `cuMemPoolGetAccess` from the session's device, after `cuMemPoolSetAccess` with `set`
+            /// (`CUmemAccess_flags`) if given.
+            124 MemPoolAccess mem_pool_access [reply -] { pool: u64, set: Option<u32> } -> { flags: u32 };
+            /// `cuOccupancyMaxPotentialClusterSize` for a launch configuration.
+            125 OccupancyMaxPotentialClusterSize occupancy_max_potential_cluster_size [reply -] {
+                function: FunctionRef, grid: Dim3, block: Dim3, shared_mem: u32, attributes: Vec<LaunchAttribute>
+            } -> { cluster_size: i32 };
         }
     };
 }
@@ -404,6 +425,154 @@ impl LaunchAttribute {
 
     pub fn is_forwarded(&self) -> bool {
         Self::FORWARDED.contains(&self.id)
+    }
+}
+
+/// One operation of `cuStreamBatchMemOp` (the single-value calls are batches of one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamMemOp {
+    /// `CUstreamBatchMemOpType` (see [`mem_op`]).
+    pub kind: u32,
+    /// The word waited on or written (none for a barrier).
+    pub address: u64,
+    /// The value compared or written (the low 32 bits for 32-bit ops).
+    pub value: u64,
+    /// `CUstreamWaitValue_flags`, `CUstreamWriteValue_flags` or `CUstreamMemoryBarrier_flags`.
+    pub flags: u32,
+}
+
+/// `CUstreamBatchMemOpType` values and the flags Flyt serves.
+pub mod mem_op {
+    pub const WAIT_VALUE_32: u32 = 1;
+    pub const WRITE_VALUE_32: u32 = 2;
+    pub const FLUSH_REMOTE_WRITES: u32 = 3;
+    pub const WAIT_VALUE_64: u32 = 4;
+    pub const WRITE_VALUE_64: u32 = 5;
+    pub const BARRIER: u32 = 6;
+    /// `CU_STREAM_WAIT_VALUE_GEQ`, `EQ`, `AND`, `NOR`: the low bits of a wait's flags.
+    pub const WAIT_GEQ: u32 = 0;
+    pub const WAIT_EQ: u32 = 1;
+    pub const WAIT_AND: u32 = 2;
+    pub const WAIT_NOR: u32 = 3;
+    /// `CU_STREAM_WAIT_VALUE_FLUSH`.
+    pub const WAIT_FLUSH: u32 = 1 << 30;
+    /// `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER` (v1 entry points only).
+    pub const WRITE_NO_MEMORY_BARRIER: u32 = 1;
+    /// `CU_STREAM_MEMORY_BARRIER_TYPE_SYS`, `_GPU`.
+    pub const BARRIER_SYS: u32 = 0;
+    pub const BARRIER_GPU: u32 = 1;
+    /// The most operations one batch may hold (the driver's: "less than 256").
+    pub const MAX_BATCH: usize = 255;
+}
+
+impl StreamMemOp {
+    /// The bytes the op reads or writes at `address`: 4, 8, or `None` for ops on no address.
+    pub fn width(&self) -> Option<u64> {
+        match self.kind {
+            mem_op::WAIT_VALUE_32 | mem_op::WRITE_VALUE_32 => Some(4),
+            mem_op::WAIT_VALUE_64 | mem_op::WRITE_VALUE_64 => Some(8),
+            _ => None,
+        }
+    }
+
+    pub fn is_wait(&self) -> bool {
+        matches!(self.kind, mem_op::WAIT_VALUE_32 | mem_op::WAIT_VALUE_64)
+    }
+
+    /// Whether a wait's condition holds for `current`, the word at its address (compared at the
+    /// op's width, as the driver does; `GEQ` is cyclic).
+    pub fn wait_satisfied(&self, current: u64) -> bool {
+        let (current, value, signed) = match self.kind {
+            mem_op::WAIT_VALUE_32 => {
+                let (c, v) = (current as u32, self.value as u32);
+                (u64::from(c), u64::from(v), i64::from(c.wrapping_sub(v) as i32))
+            }
+            _ => (current, self.value, current.wrapping_sub(self.value) as i64),
+        };
+        let mask = if self.kind == mem_op::WAIT_VALUE_32 { u64::from(u32::MAX) } else { u64::MAX };
+        match self.flags & !mem_op::WAIT_FLUSH {
+            mem_op::WAIT_GEQ => signed >= 0,
+            mem_op::WAIT_EQ => current == value,
+            mem_op::WAIT_AND => current & value != 0,
+            mem_op::WAIT_NOR => !(current | value) & mask != 0,
+            _ => false,
+        }
+    }
+}
+
+/// `cuTensorMapEncode*`'s parameters (`CUtensorMapDataType`, `...Interleave`, `...Swizzle`,
+/// `...L2promotion` and `...FloatOOBfill` numbering). `strides` holds the `rank - 1` byte
+/// strides of dimensions 1 and up.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorMapParams {
+    pub data_type: u32,
+    pub rank: u32,
+    pub address: u64,
+    pub dims: Vec<u64>,
+    pub strides: Vec<u64>,
+    pub element_strides: Vec<u32>,
+    pub interleave: u32,
+    pub swizzle: u32,
+    pub l2_promotion: u32,
+    pub oob_fill: u32,
+    pub layout: TensorMapLayout,
+}
+
+/// What kind of tensor map, with the parameters only it takes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TensorMapLayout {
+    /// `cuTensorMapEncodeTiled`: the box, `rank` entries.
+    Tiled { box_dim: Vec<u32> },
+    /// `cuTensorMapEncodeIm2col`: the corners, `rank - 2` entries each.
+    Im2col { lower_corner: Vec<i32>, upper_corner: Vec<i32>, channels_per_pixel: u32, pixels_per_column: u32 },
+    /// `cuTensorMapEncodeIm2colWide` (`mode`: `CUtensorMapIm2ColWideMode`).
+    Im2colWide { lower_corner_width: i32, upper_corner_width: i32, channels_per_pixel: u32, pixels_per_column: u32, mode: u32 },
+}
+
+impl Default for TensorMapLayout {
+    fn default() -> Self {
+        Self::Tiled { box_dim: Vec::new() }
+    }
+}
+
+/// The size of a `CUtensorMap`.
+pub const TENSOR_MAP_SIZE: usize = 128;
+
+impl TensorMapParams {
+    /// The highest rank a tensor map takes.
+    pub const MAX_RANK: u32 = 5;
+
+    /// The bytes of one dimension-0 row of `elements` elements, or `None` for an unknown type.
+    fn row_bytes(data_type: u32, elements: u64) -> Option<u64> {
+        let bytes = |size: u64| elements.checked_mul(size);
+        match data_type {
+            0 => bytes(1),
+            1 | 6 | 9 => bytes(2),
+            2 | 3 | 7 | 10..=12 => bytes(4),
+            4 | 5 | 8 => bytes(8),
+            // Sub-byte types, packed 16 elements to 8 (`16U4_ALIGN8B`) or 16 bytes.
+            13 => elements.div_ceil(16).checked_mul(8),
+            14 | 15 => elements.div_ceil(16).checked_mul(16),
+            _ => None,
+        }
+    }
+
+    /// The bytes from `address` the tensor covers (its last element's end), or `None` when the
+    /// shape is malformed (wrong counts, an unknown type, overflow): what the server checks
+    /// against the session's memory before its driver sees the address.
+    pub fn global_span(&self) -> Option<u64> {
+        let rank = usize::try_from(self.rank).ok()?;
+        if rank == 0 || rank > Self::MAX_RANK as usize || self.dims.len() != rank || self.strides.len() != rank - 1 {
+            return None;
+        }
+        if self.dims.contains(&0) {
+            return None;
+        }
+        let mut end = Self::row_bytes(self.data_type, self.dims[0])?;
+        for (dim, stride) in self.dims[1..].iter().zip(&self.strides) {
+            end = end.checked_add((dim - 1).checked_mul(*stride)?)?;
+        }
+        Some(end)
     }
 }
 
@@ -1000,6 +1169,44 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn stream_waits_compare_as_the_driver_documents() {
+        let wait = |kind, value, flags| StreamMemOp { kind, address: 0, value, flags };
+        // GEQ is cyclic: (int32_t)(*addr - value) >= 0.
+        assert!(wait(mem_op::WAIT_VALUE_32, 5, mem_op::WAIT_GEQ).wait_satisfied(5));
+        assert!(!wait(mem_op::WAIT_VALUE_32, 6, mem_op::WAIT_GEQ).wait_satisfied(5));
+        assert!(wait(mem_op::WAIT_VALUE_32, 0xffff_fff0, mem_op::WAIT_GEQ).wait_satisfied(3), "wraps around");
+        assert!(wait(mem_op::WAIT_VALUE_64, u64::MAX - 1, mem_op::WAIT_GEQ).wait_satisfied(1));
+        // 32-bit ops look at the low word only.
+        assert!(wait(mem_op::WAIT_VALUE_32, 7, mem_op::WAIT_EQ).wait_satisfied(0xdead_0000_0000_0007));
+        assert!(wait(mem_op::WAIT_VALUE_32, 0b100, mem_op::WAIT_AND).wait_satisfied(0b110));
+        assert!(!wait(mem_op::WAIT_VALUE_32, 0b001, mem_op::WAIT_AND).wait_satisfied(0b110));
+        // NOR: ~(*addr | value) != 0, within the op's width.
+        assert!(wait(mem_op::WAIT_VALUE_32, 0xffff_0000, mem_op::WAIT_NOR).wait_satisfied(0));
+        assert!(!wait(mem_op::WAIT_VALUE_32, 0xffff_0000, mem_op::WAIT_NOR).wait_satisfied(0x0000_ffff));
+        assert!(wait(mem_op::WAIT_VALUE_64, 0xffff_0000, mem_op::WAIT_NOR).wait_satisfied(0x0000_ffff), "the high word is free");
+    }
+
+    #[test]
+    fn a_tensor_spans_its_last_element() {
+        let tiled = |data_type, dims: Vec<u64>, strides: Vec<u64>| TensorMapParams {
+            data_type,
+            rank: dims.len() as u32,
+            dims,
+            strides,
+            ..TensorMapParams::default()
+        };
+        // 16 floats per row, rows 64 bytes apart: the last row ends 15 * 64 + 64 bytes in.
+        assert_eq!(tiled(7, vec![16, 16], vec![64]).global_span(), Some(1024));
+        assert_eq!(tiled(0, vec![100], vec![]).global_span(), Some(100));
+        assert_eq!(tiled(13, vec![17], vec![]).global_span(), Some(16), "two packs of 16 4-bit elements");
+        assert_eq!(tiled(7, vec![16, 16], vec![]).global_span(), None, "a stride missing");
+        assert_eq!(tiled(99, vec![16], vec![]).global_span(), None, "an unknown type");
+        assert_eq!(tiled(7, vec![16, 0], vec![64]).global_span(), None, "an empty dimension");
+        assert_eq!(tiled(7, vec![1; 6], vec![1; 5]).global_span(), None, "rank 6");
+        assert_eq!(tiled(8, vec![u64::MAX, 2], vec![8]).global_span(), None, "overflow");
+    }
 
     #[test]
     fn ids_are_unique_and_ascending() {

@@ -27,6 +27,7 @@ use crate::waiters::Waiters;
 mod arrays;
 mod graphs;
 mod ipc;
+mod memops;
 mod pools;
 mod vmm;
 
@@ -403,6 +404,8 @@ pub struct Session<D: Device> {
     arrays: arrays::ArrayTable<D>,
     /// Other sessions' memory this one mapped.
     ipc: ipc::IpcTable,
+    /// Tensor maps the driver encoded, for `cuTensorMapReplaceAddress`.
+    tensor_maps: memops::TensorMaps,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -458,6 +461,7 @@ impl<D: Device> Session<D> {
             pools: pools::PoolTable::default(),
             arrays: arrays::ArrayTable::default(),
             ipc: ipc::IpcTable::default(),
+            tensor_maps: memops::TensorMaps::default(),
         }
     }
 
@@ -1486,6 +1490,37 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn stream_capture_dependencies(&mut self, request: req::StreamCaptureDependencies, reply: Responder<rep::StreamCaptureDependencies>) {
         self.capture_dependencies(request, reply);
+    }
+
+    fn stream_mem_ops(&mut self, request: req::StreamMemOps, reply: Responder<rep::StreamMemOps>) {
+        self.mem_ops(request, reply);
+    }
+
+    fn tensor_map_encode(&mut self, request: req::TensorMapEncode, reply: Responder<rep::TensorMapEncode>) {
+        self.encode_tensor_map(request, reply);
+    }
+
+    fn tensor_map_replace_address(&mut self, request: req::TensorMapReplaceAddress, reply: Responder<rep::TensorMapReplaceAddress>) {
+        self.replace_tensor_map_address(request, reply);
+    }
+
+    fn context_event(&mut self, request: req::ContextEvent, reply: Responder<rep::ContextEvent>) {
+        self.ctx_event(request, reply);
+    }
+
+    fn mem_pool_access(&mut self, request: req::MemPoolAccess, reply: Responder<rep::MemPoolAccess>) {
+        self.pool_access(request, reply);
+    }
+
+    fn occupancy_max_potential_cluster_size(
+        &mut self,
+        request: req::OccupancyMaxPotentialClusterSize,
+        reply: Responder<rep::OccupancyMaxPotentialClusterSize>,
+    ) {
+        let result = self.function(request.function).and_then(|(function, _)| {
+            self.device.occupancy_max_potential_cluster_size(function, request.grid, request.block, request.shared_mem, &request.attributes)
+        });
+        reply.send(result.map(|cluster_size| rep::OccupancyMaxPotentialClusterSize { cluster_size }));
     }
 
     fn ipc_get_mem_handle(&mut self, request: req::IpcGetMemHandle, reply: Responder<rep::IpcGetMemHandle>) {

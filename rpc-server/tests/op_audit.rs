@@ -13,7 +13,8 @@ use flyt_protocol::frame::{FrameLimits, read_full, read_message};
 use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::{
     ArrayDesc, Copy3d, CopySide, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, Op, OpClass, OpInfo, Pos3, Request, Resource,
-    SERVER_NODE_BIT, ShapedCopy, TextureDesc, capture_status, node_type, rep, req, split_reply,
+    SERVER_NODE_BIT, ShapedCopy, StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, capture_status, mem_op, node_type, rep, req,
+    split_reply,
 };
 
 mod raw;
@@ -665,6 +666,74 @@ macro_rules! probes {
     (ObjectDestroy, $v:ident) => {
         vec![refused(req::ObjectDestroy { handle: BOGUS_HANDLE, surface: false }, INVALID_VALUE)]
     };
+    // --- stream memory operations: every word in the session's memory, aligned; flags known ---
+    (StreamMemOps, $v:ident) => {
+        vec![
+            refused(req::StreamMemOps { stream: 0, ops: vec![write32(BOGUS_POINTER, 1)] }, INVALID_VALUE),
+            refused(req::StreamMemOps { stream: 0, ops: vec![write32($v.ptr + $v.len - 2, 1)] }, INVALID_VALUE),
+            refused(req::StreamMemOps { stream: 0, ops: vec![write32($v.ptr + 2, 1)] }, INVALID_VALUE),
+            refused(req::StreamMemOps { stream: BOGUS_HANDLE, ops: vec![write32($v.ptr, 1)] }, UNKNOWN_HANDLE),
+            refused(req::StreamMemOps { stream: 0, ops: Vec::new() }, INVALID_VALUE),
+            refused(req::StreamMemOps { stream: 0, ops: vec![write32($v.ptr, 1); 256] }, INVALID_VALUE),
+            refused(req::StreamMemOps { stream: 0, ops: vec![StreamMemOp { kind: 9, ..write32($v.ptr, 1) }] }, INVALID_VALUE),
+            refused(req::StreamMemOps { stream: 0, ops: vec![StreamMemOp { flags: 7, ..wait32($v.ptr, 0) }] }, INVALID_VALUE),
+            refused(req::StreamMemOps { stream: 0, ops: vec![StreamMemOp { flags: 1, ..write32($v.ptr, 0) }] }, INVALID_VALUE),
+            // Remote-write flushes: CAN_FLUSH_REMOTE_WRITES reads 0 through Flyt.
+            refused(
+                req::StreamMemOps { stream: 0, ops: vec![StreamMemOp { flags: mem_op::WAIT_FLUSH, ..wait32($v.ptr, 0) }] },
+                CudaError::NOT_SUPPORTED,
+            ),
+            refused(
+                req::StreamMemOps { stream: 0, ops: vec![StreamMemOp { kind: mem_op::BARRIER, address: 0, value: 0, flags: 2 }] },
+                INVALID_VALUE,
+            ),
+            Probe::Effect(stream_memory_operations_write_and_wait),
+        ]
+    };
+    (TensorMapEncode, $v:ident) => {
+        vec![
+            refused(req::TensorMapEncode { encode: tiled_map(BOGUS_POINTER) }, INVALID_VALUE),
+            refused(req::TensorMapEncode { encode: tiled_map($v.ptr + $v.len - 512) }, INVALID_VALUE),
+            refused(req::TensorMapEncode { encode: TensorMapParams { rank: 6, ..tiled_map($v.ptr) } }, INVALID_VALUE),
+            refused(req::TensorMapEncode { encode: TensorMapParams { data_type: 99, ..tiled_map($v.ptr) } }, INVALID_VALUE),
+            // In the session's memory: the emulated device has no driver to encode the GPU's
+            // descriptor format.
+            refused(req::TensorMapEncode { encode: tiled_map($v.ptr) }, CudaError::NOT_SUPPORTED),
+        ]
+    };
+    (TensorMapReplaceAddress, $v:ident) => {
+        vec![
+            refused(req::TensorMapReplaceAddress { map: vec![0; 64], address: $v.ptr }, INVALID_VALUE),
+            // A map the session did not encode: its span is unknown.
+            refused(req::TensorMapReplaceAddress { map: vec![0; 128], address: $v.ptr }, INVALID_VALUE),
+        ]
+    };
+    (ContextEvent, $v:ident) => {
+        vec![
+            refused(req::ContextEvent { event: BOGUS_HANDLE, wait: false }, UNKNOWN_HANDLE),
+            refused(req::ContextEvent { event: BOGUS_HANDLE, wait: true }, UNKNOWN_HANDLE),
+            Probe::Effect(a_context_event_records_and_waits),
+        ]
+    };
+    (MemPoolAccess, $v:ident) => {
+        vec![
+            refused(req::MemPoolAccess { pool: BOGUS_HANDLE, set: None }, INVALID_VALUE),
+            refused(req::MemPoolAccess { pool: 1, set: Some(7) }, INVALID_VALUE),
+            Probe::Effect(a_pool_is_read_write_on_its_device),
+        ]
+    };
+    (OccupancyMaxPotentialClusterSize, $v:ident) => {
+        vec![refused(
+            req::OccupancyMaxPotentialClusterSize {
+                function: BOGUS_FUNCTION,
+                grid: Dim3 { x: 2, y: 1, z: 1 },
+                block: Dim3 { x: 128, y: 1, z: 1 },
+                shared_mem: 0,
+                attributes: Vec::new(),
+            },
+            UNKNOWN_FUNCTION,
+        )]
+    };
 }
 
 macro_rules! audit_table {
@@ -1246,4 +1315,76 @@ fn a_capture_into_an_existing_graph_follows_its_nodes(socket: &str) {
     session.send(&req::GraphLaunch { exec: 300, stream }.into(), &[]);
     assert_eq!(read_back(&mut session, a + 1024, 128), vec![0x44; 128]);
     assert_eq!(read_back(&mut session, a + 2048, 128), vec![0x44; 128]);
+}
+
+fn write32(address: u64, value: u64) -> StreamMemOp {
+    StreamMemOp { kind: mem_op::WRITE_VALUE_32, address, value, flags: 0 }
+}
+
+fn wait32(address: u64, value: u64) -> StreamMemOp {
+    StreamMemOp { kind: mem_op::WAIT_VALUE_32, address, value, flags: mem_op::WAIT_GEQ }
+}
+
+/// A 2D float tensor of 16 x 16 (1 KiB) at `address`, tiled 8 x 8.
+fn tiled_map(address: u64) -> TensorMapParams {
+    TensorMapParams {
+        data_type: 7,
+        rank: 2,
+        address,
+        dims: vec![16, 16],
+        strides: vec![64],
+        element_strides: vec![1, 1],
+        layout: TensorMapLayout::Tiled { box_dim: vec![8, 8] },
+        ..TensorMapParams::default()
+    }
+}
+
+/// Writes land at submission, in order, at both widths; a wait whose condition holds passes; one
+/// that no earlier write satisfied fails (deferred, once) instead of passing, and the ops after
+/// it in its batch do not run.
+fn stream_memory_operations_write_and_wait(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    let write64 = StreamMemOp { kind: mem_op::WRITE_VALUE_64, address: a + 8, value: 0x1122_3344_5566_7788, flags: 0 };
+    let barrier = StreamMemOp { kind: mem_op::BARRIER, address: 0, value: 0, flags: mem_op::BARRIER_GPU };
+    session.send(&req::StreamMemOps { stream: 0, ops: vec![write32(a, 7), barrier, write64] }.into(), &[]);
+    let eq64 = StreamMemOp { kind: mem_op::WAIT_VALUE_64, address: a + 8, value: 0x1122_3344_5566_7788, flags: mem_op::WAIT_EQ };
+    let and = StreamMemOp { flags: mem_op::WAIT_AND, ..wait32(a, 4) };
+    let nor = StreamMemOp { flags: mem_op::WAIT_NOR, ..wait32(a, 0) };
+    session.send(&req::StreamMemOps { stream: 0, ops: vec![wait32(a, 7), eq64, and, nor] }.into(), &[]);
+    let deferred = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!((deferred.result.is_ok(), deferred.deferred), (true, None), "satisfied waits pass");
+    let bytes = read_back(&mut session, a, 16);
+    assert_eq!(bytes[..4], 7u32.to_le_bytes());
+    assert_eq!(bytes[8..], 0x1122_3344_5566_7788u64.to_le_bytes());
+    // 7 >= 8 does not hold (cyclically): the wait fails and the write after it does not run.
+    session.send(&req::StreamMemOps { stream: 0, ops: vec![wait32(a, 8), write32(a, 99)] }.into(), &[]);
+    let deferred = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!(deferred.deferred, Some(CudaError::NOT_SUPPORTED));
+    assert_eq!(read_back(&mut session, a, 4), 7u32.to_le_bytes());
+    assert_eq!(session.call_with_deferred(req::DeviceSynchronize {}).0.deferred, None, "reported once");
+}
+
+/// `cuCtxRecordEvent` fires the event over the context's work so far; `cuCtxWaitEvent` on it
+/// passes; neither is allowed while a stream captures.
+fn a_context_event_records_and_waits(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let (event, stream) = (0xE_0000_0042, 0x5_0000_0042);
+    session.send(&req::EventCreate { event, flags: 2 }.into(), &[]);
+    session.call(req::ContextEvent { event, wait: false }).0.unwrap();
+    session.call(req::ContextEvent { event, wait: true }).0.unwrap();
+    session.call(req::EventQuery { event }).0.unwrap();
+    session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
+    session.call(req::StreamBeginCapture { stream, mode: 2, thread_mode: 2, graph: 9, into: false, dependencies: Vec::new() }).0.unwrap();
+    assert_eq!(session.call(req::ContextEvent { event, wait: false }).0.err(), Some(CudaError::STREAM_CAPTURE_UNSUPPORTED));
+    assert_eq!(session.call(req::ContextEvent { event, wait: true }).0.err(), Some(CudaError::STREAM_CAPTURE_UNSUPPORTED));
+    session.call(req::StreamEndCapture { stream }).0.unwrap();
+}
+
+/// A pool's own device reads and writes it; that stays so when set again.
+fn a_pool_is_read_write_on_its_device(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    assert_eq!(session.call(req::MemPoolAccess { pool: 1, set: None }).0.unwrap().flags, 3);
+    session.call(req::MemPoolCreate { pool: 40 }).0.unwrap();
+    assert_eq!(session.call(req::MemPoolAccess { pool: 40, set: Some(3) }).0.unwrap().flags, 3);
 }

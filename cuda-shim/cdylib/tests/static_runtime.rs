@@ -324,3 +324,30 @@ fn managed_memory_through_the_driver_api() {
         }
     }
 }
+
+/// Stream memory operations, tensor maps, stream and peer queries, peer copies, pool access and
+/// context events on the emulated device (tests/c/driver_memops.c): writes read back, waits pass
+/// when satisfied and fail at the call otherwise, refusals are clear.
+#[test]
+fn stream_memory_operations_and_one_device_queries() {
+    let Some(runs) = run_with_and_without_channel("driver_memops") else {
+        return;
+    };
+    for (shm, code, stdout, stderr) in runs {
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("an unsatisfiable wait fails at the call: yes"), "{stdout}");
+        if shm == "on" {
+            assert!(stdout.contains("a write to mapped pinned memory seen by the host: yes"), "{stdout}\n{stderr}");
+        }
+        for line in [
+            "cuStreamWaitValue32_v2: flushing remote writes is not supported through Flyt",
+            "the server's device encodes no tensor maps",
+            "host memory pools are not supported through Flyt",
+            "managed memory pools are not supported through Flyt",
+            "cuStreamBatchMemOp_v2: the server's emulated device runs work at submission, so a wait that no earlier work satisfied would never end",
+        ] {
+            assert!(stderr.contains(line), "missing '{line}':\n{stderr}");
+        }
+    }
+}

@@ -252,6 +252,49 @@ pub unsafe fn cuCtxGetId(ctx: CUcontext, ctx_id: *mut c_ulonglong) -> CUresult {
     })())
 }
 
+// -- peer access: a session serves one device, which is not its own peer --
+
+pub unsafe fn cuDeviceCanAccessPeer(can_access_peer: *mut c_int, dev: CUdevice, peer_dev: CUdevice) -> CUresult {
+    finish((|| {
+        non_null([can_access_peer.cast()])?;
+        let contexts = contexts()?;
+        // Both must be devices of the session (INVALID_DEVICE otherwise).
+        contexts.primary(dev)?;
+        contexts.primary(peer_dev)?;
+        // A device does not access itself as a peer; there is no other device.
+        // SAFETY: checked non-NULL; the caller passes a writable int.
+        unsafe { write_out(can_access_peer, 0) }
+    })())
+}
+
+/// The current context and the peer one, both alive, and flags 0: what the driver checks before
+/// asking whether the devices are peers.
+fn peer_contexts(peer_context: CUcontext) -> DriverResult<(&'static Context, &'static Context)> {
+    let contexts = contexts()?;
+    let current = context::current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    current.usable()?;
+    let peer = contexts.lookup(peer_context)?;
+    peer.usable().map_err(|_| CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    Ok((current, peer))
+}
+
+/// Every context is on the session's one device, which `cuDeviceCanAccessPeer` says is not its
+/// own peer: `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`, as the driver answers for such a pair.
+pub unsafe fn cuCtxEnablePeerAccess(peer_context: CUcontext, flags: c_uint) -> CUresult {
+    finish((|| {
+        peer_contexts(peer_context)?;
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+    })())
+}
+
+/// Access to a peer was never enabled (it cannot be): `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`.
+pub unsafe fn cuCtxDisablePeerAccess(peer_context: CUcontext) -> CUresult {
+    finish(peer_contexts(peer_context).and(Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

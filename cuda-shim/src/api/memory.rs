@@ -12,7 +12,7 @@ use flyt_protocol::ops::req;
 use super::session::{client, resolve_stream, run, session_client};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
-use crate::generated::types::{CUdeviceptr, CUpointer_attribute, CUstream};
+use crate::generated::types::{CUcontext, CUdeviceptr, CUpointer_attribute, CUstream};
 
 /// `CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED`.
 const HOST_ALLOC_FLAGS: c_uint = 0x7;
@@ -118,6 +118,70 @@ copies! {
     cuMemcpyDtoDAsync_v2_ptsz(dst_device: CUdeviceptr, src_device: CUdeviceptr, h_stream) => Some(Direction::DeviceToDevice), Asynchronous, true;
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, h_stream) => None, Asynchronous, false;
     cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, h_stream) => None, Asynchronous, true;
+}
+
+/// `cuMemcpyPeer*`: a session serves one device, so both contexts are on it and the copy is a
+/// device-to-device copy (destroyed or unknown contexts are refused as the driver refuses them).
+#[expect(clippy::too_many_arguments, reason = "the driver's peer copy, its mode and the stream's resolution")]
+fn memcpy_peer(
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    count: usize,
+    stream: CUstream,
+    mode: Mode,
+    ptds: bool,
+) -> DriverResult {
+    let contexts = &crate::driver::driver().contexts;
+    crate::driver::driver().session()?;
+    contexts.lookup(dst_ctx)?.usable()?;
+    contexts.lookup(src_ctx)?.usable()?;
+    // SAFETY: both sides are device memory (checked by `memcpy` as the declared direction); no
+    // host buffer is touched.
+    unsafe { memcpy(dst, src, count, Some(Direction::DeviceToDevice), stream, mode, ptds) }
+}
+
+pub unsafe fn cuMemcpyPeer(
+    dst_device: CUdeviceptr,
+    dst_context: CUcontext,
+    src_device: CUdeviceptr,
+    src_context: CUcontext,
+    byte_count: usize,
+) -> CUresult {
+    run(|| memcpy_peer(dst_device, dst_context, src_device, src_context, byte_count, std::ptr::null_mut(), Mode::Synchronous, false))
+}
+
+pub unsafe fn cuMemcpyPeer_ptds(
+    dst_device: CUdeviceptr,
+    dst_context: CUcontext,
+    src_device: CUdeviceptr,
+    src_context: CUcontext,
+    byte_count: usize,
+) -> CUresult {
+    run(|| memcpy_peer(dst_device, dst_context, src_device, src_context, byte_count, std::ptr::null_mut(), Mode::Synchronous, true))
+}
+
+pub unsafe fn cuMemcpyPeerAsync(
+    dst_device: CUdeviceptr,
+    dst_context: CUcontext,
+    src_device: CUdeviceptr,
+    src_context: CUcontext,
+    byte_count: usize,
+    h_stream: CUstream,
+) -> CUresult {
+    run(|| memcpy_peer(dst_device, dst_context, src_device, src_context, byte_count, h_stream, Mode::Asynchronous, false))
+}
+
+pub unsafe fn cuMemcpyPeerAsync_ptsz(
+    dst_device: CUdeviceptr,
+    dst_context: CUcontext,
+    src_device: CUdeviceptr,
+    src_context: CUcontext,
+    byte_count: usize,
+    h_stream: CUstream,
+) -> CUresult {
+    run(|| memcpy_peer(dst_device, dst_context, src_device, src_context, byte_count, h_stream, Mode::Asynchronous, true))
 }
 
 /// A memset of `n` elements of `width` bytes, each the low `width` bytes of `pattern`. The

@@ -916,6 +916,36 @@ pub unsafe fn cuOccupancyMaxActiveClusters(num_clusters: *mut c_int, func: CUfun
     })
 }
 
+pub unsafe fn cuOccupancyMaxPotentialClusterSize(cluster_size: *mut c_int, func: CUfunction, config: *const CUlaunchConfig) -> CUresult {
+    run(|| {
+        non_null([cluster_size.cast(), config.cast()])?;
+        let function = function(func)?;
+        // SAFETY: checked non-NULL; the caller's configuration.
+        let config = unsafe { &*config };
+        // SAFETY: as above.
+        let attributes = unsafe { attributes_of(config) }?;
+        if let Some(attribute) = attributes.iter().find(|a| !a.is_forwarded()) {
+            crate::diagnostics::once(
+                &format!("occupancy-attribute-{}", attribute.id),
+                &format!("flyt: launch attribute {} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)", attribute.id),
+            );
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let (grid, block) = geometry(config);
+        let client = client()?;
+        let request = req::OccupancyMaxPotentialClusterSize {
+            function: function.reference(),
+            grid,
+            block,
+            shared_mem: config.sharedMemBytes,
+            attributes,
+        };
+        let size = client.call(request).map_err(driver_error)?.cluster_size;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(cluster_size, size) }
+    })
+}
+
 pub unsafe fn cuOccupancyAvailableDynamicSMemPerBlock(
     dynamic_smem_size: *mut usize,
     func: CUfunction,

@@ -5,12 +5,15 @@
 
 use std::ffi::{c_uint, c_void};
 
-use flyt_protocol::ops::DEFAULT_POOL;
+use flyt_protocol::ops::{DEFAULT_POOL, req};
 
 use super::session::{client, driver_error, resolve_stream, run, session_client};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
-use crate::generated::types::{CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream};
+use crate::generated::types::{
+    CUdevice, CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationType, CUmemLocation, CUmemPool_attribute, CUmemPoolProps,
+    CUmemoryPool, CUstream,
+};
 
 /// Pool handles are this plus the pool's id, far from the other handle kinds.
 const POOL_BASE: usize = 0x706f_0000_0000;
@@ -152,4 +155,110 @@ pub unsafe fn cuMemPoolCreate(pool: *mut CUmemoryPool, pool_props: *const CUmemP
 
 pub unsafe fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     run(|| session_client()?.pool_destroy(pool_id(pool)?).map_err(driver_error))
+}
+
+/// `CU_MEM_ALLOCATION_TYPE_MANAGED` and the host location types (`HOST`, `HOST_NUMA`,
+/// `HOST_NUMA_CURRENT`): pools Flyt does not serve (`HOST_MEMORY_POOLS_SUPPORTED` reads 0).
+const ALLOCATION_MANAGED: c_uint = 2;
+const LOCATION_NONE: c_uint = 0;
+const LOCATION_HOST_FIRST: c_uint = 2;
+const LOCATION_HOST_LAST: c_uint = 4;
+
+/// CUDA 13's location-based pool calls: the session's device's pinned pools are served; host
+/// and managed pools answer `CUDA_ERROR_NOT_SUPPORTED` with one line; anything else is invalid.
+fn check_pool_location(name: &str, location: *const CUmemLocation, kind: CUmemAllocationType) -> DriverResult {
+    non_null([location.cast()])?;
+    // SAFETY: checked non-NULL; the caller's location.
+    let location = unsafe { &*location };
+    let host = (LOCATION_HOST_FIRST..=LOCATION_HOST_LAST).contains(&location.r#type);
+    match (kind, location.r#type) {
+        (ALLOCATION_PINNED, LOCATION_DEVICE) => check_device(location.id),
+        (ALLOCATION_PINNED, _) if host => Err(not_served(name, "host memory pools")),
+        (ALLOCATION_MANAGED, LOCATION_NONE | LOCATION_DEVICE) => Err(not_served(name, "managed memory pools")),
+        (ALLOCATION_MANAGED, _) if host => Err(not_served(name, "managed memory pools")),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn not_served(name: &str, what: &str) -> CUresult {
+    crate::diagnostics::once(
+        &format!("{name}-{what}"),
+        &format!("flyt: {name}: {what} are not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"),
+    );
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+pub unsafe fn cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType) -> CUresult {
+    run(|| {
+        non_null([pool_out.cast()])?;
+        session_client()?;
+        check_pool_location("cuMemGetDefaultMemPool", location, type_)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(pool_out, pool_handle(DEFAULT_POOL)) }
+    })
+}
+
+pub unsafe fn cuMemGetMemPool(pool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType) -> CUresult {
+    run(|| {
+        non_null([pool.cast()])?;
+        let client = session_client()?;
+        check_pool_location("cuMemGetMemPool", location, type_)?;
+        let current = client.device_pool(None).map_err(driver_error)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(pool, pool_handle(current)) }
+    })
+}
+
+pub unsafe fn cuMemSetMemPool(location: *mut CUmemLocation, type_: CUmemAllocationType, pool: CUmemoryPool) -> CUresult {
+    run(|| {
+        let client = session_client()?;
+        check_pool_location("cuMemSetMemPool", location, type_)?;
+        client.device_pool(Some(pool_id(pool)?)).map(drop).map_err(driver_error)
+    })
+}
+
+/// `CUmemAccess_flags`: `PROT_NONE`, `PROT_READ`, `PROT_READWRITE`.
+const ACCESS_FLAGS: [c_uint; 3] = [0, 1, 3];
+
+/// A pool's access from a device location: only the session's device is one.
+fn check_access_location(location: &CUmemLocation) -> DriverResult {
+    if location.r#type != LOCATION_DEVICE {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    check_device(location.id)
+}
+
+pub unsafe fn cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize) -> CUresult {
+    run(|| {
+        let id = pool_id(pool)?;
+        if count == 0 {
+            return Ok(());
+        }
+        non_null([map.cast()])?;
+        // SAFETY: checked non-NULL; the caller passes `count` descriptors.
+        let descriptors = unsafe { std::slice::from_raw_parts(map, count) };
+        for desc in descriptors {
+            check_access_location(&desc.location)?;
+            if !ACCESS_FLAGS.contains(&desc.flags) {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+        }
+        let client = session_client()?;
+        for desc in descriptors {
+            client.call(req::MemPoolAccess { pool: id, set: Some(desc.flags) }).map_err(driver_error)?;
+        }
+        Ok(())
+    })
+}
+
+pub unsafe fn cuMemPoolGetAccess(flags: *mut CUmemAccess_flags, mem_pool: CUmemoryPool, location: *mut CUmemLocation) -> CUresult {
+    run(|| {
+        non_null([flags.cast(), location.cast()])?;
+        let id = pool_id(mem_pool)?;
+        // SAFETY: checked non-NULL; the caller's location.
+        check_access_location(unsafe { &*location })?;
+        let access = session_client()?.call(req::MemPoolAccess { pool: id, set: None }).map_err(driver_error)?.flags;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(flags, access) }
+    })
 }

@@ -9,7 +9,9 @@ use flyt_protocol::ops::req;
 use super::session::{client, driver_error, resolve_stream, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
-use crate::generated::types::{CUcontext, CUevent, CUfunc_cache, CUlimit, CUstream, CUstreamAttrID, CUstreamAttrValue};
+use crate::generated::types::{
+    CUcontext, CUdevice, CUevent, CUfunc_cache, CUgreenCtx, CUlimit, CUstream, CUstreamAttrID, CUstreamAttrValue,
+};
 
 /// `CU_STREAM_NON_BLOCKING` is the only stream flag.
 const STREAM_FLAGS: c_uint = 0x1;
@@ -24,8 +26,122 @@ fn create_stream(out: *mut CUstream, flags: c_uint, priority: c_int) -> DriverRe
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let id = flyt_client::streams::create_stream(client()?, flags, priority).map_err(driver_error)?;
+    if let Some(ctx) = crate::context::current() {
+        lock_contexts().insert(id, ctx.handle() as usize);
+    }
     // SAFETY: checked non-NULL; the caller's out-pointer.
     unsafe { write_out(out, id as usize as CUstream) }
+}
+
+/// The context each stream was created in, for `cuStreamGetCtx` (streams are the client's ids,
+/// shared with the runtime front, whose streams are made here too).
+static STREAM_CONTEXTS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<u64, usize>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn lock_contexts() -> std::sync::MutexGuard<'static, std::collections::HashMap<u64, usize>> {
+    STREAM_CONTEXTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A stream's context: the one it was created in; the default streams (NULL, legacy,
+/// per-thread) belong to the current context.
+fn stream_context(stream: CUstream, ptds: bool) -> DriverResult<&'static crate::context::Context> {
+    let client = client()?;
+    let handle = stream as usize;
+    let id = resolve_stream(client, stream, ptds)?;
+    let current = crate::context::current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    let default_stream = matches!(handle, 0 | flyt_client::streams::STREAM_LEGACY | flyt_client::streams::STREAM_PER_THREAD);
+    if default_stream {
+        return Ok(current);
+    }
+    let contexts = &crate::driver::driver().contexts;
+    match lock_contexts().get(&id) {
+        Some(ctx) => contexts.lookup(*ctx as CUcontext),
+        // Made before this table knew it (a per-thread stream of another thread): the device's
+        // primary context, as the session has one device.
+        None => contexts.primary(current.device()),
+    }
+}
+
+macro_rules! stream_contexts {
+    ($($name:ident, $ptds:literal;)*) => {$(
+        pub unsafe fn $name(h_stream: CUstream, pctx: *mut CUcontext) -> CUresult {
+            run(|| {
+                non_null([pctx.cast()])?;
+                let ctx = stream_context(h_stream, $ptds)?;
+                // SAFETY: checked non-NULL; the caller's out-pointer.
+                unsafe { write_out(pctx, ctx.handle()) }
+            })
+        }
+    )*};
+}
+
+stream_contexts! {
+    cuStreamGetCtx, false;
+    cuStreamGetCtx_ptsz, true;
+}
+
+macro_rules! stream_contexts_v2 {
+    ($($name:ident, $ptds:literal;)*) => {$(
+        /// Flyt makes no green contexts: `*p_green_ctx` is NULL.
+        pub unsafe fn $name(h_stream: CUstream, p_ctx: *mut CUcontext, p_green_ctx: *mut CUgreenCtx) -> CUresult {
+            run(|| {
+                if p_ctx.is_null() && p_green_ctx.is_null() {
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                }
+                let ctx = stream_context(h_stream, $ptds)?;
+                if !p_ctx.is_null() {
+                    // SAFETY: checked non-NULL; the caller's out-pointer.
+                    unsafe { write_out(p_ctx, ctx.handle())? };
+                }
+                if !p_green_ctx.is_null() {
+                    // SAFETY: as above.
+                    unsafe { write_out(p_green_ctx, std::ptr::null_mut())? };
+                }
+                Ok(())
+            })
+        }
+    )*};
+}
+
+stream_contexts_v2! {
+    cuStreamGetCtx_v2, false;
+    cuStreamGetCtx_v2_ptsz, true;
+}
+
+macro_rules! stream_devices {
+    ($($name:ident, $ptds:literal;)*) => {$(
+        pub unsafe fn $name(h_stream: CUstream, device: *mut CUdevice) -> CUresult {
+            run(|| {
+                non_null([device.cast()])?;
+                let ctx = stream_context(h_stream, $ptds)?;
+                // SAFETY: checked non-NULL; the caller's out-pointer.
+                unsafe { write_out(device, ctx.device()) }
+            })
+        }
+    )*};
+}
+
+stream_devices! {
+    cuStreamGetDevice, false;
+    cuStreamGetDevice_ptsz, true;
+}
+
+/// `cuCtxRecordEvent` / `cuCtxWaitEvent`: the session's context on the server is the one every
+/// context here stands for (one device).
+fn context_event(ctx: CUcontext, event: CUevent, wait: bool) -> DriverResult {
+    let client = client()?;
+    let contexts = &crate::driver::driver().contexts;
+    contexts.lookup_or_current(ctx)?.usable()?;
+    let event = flyt_client::streams::event_id(client, event as usize).map_err(driver_error)?;
+    client.call(req::ContextEvent { event, wait }).map(drop).map_err(driver_error)
+}
+
+pub unsafe fn cuCtxRecordEvent(h_ctx: CUcontext, h_event: CUevent) -> CUresult {
+    run(|| context_event(h_ctx, h_event, false))
+}
+
+pub unsafe fn cuCtxWaitEvent(h_ctx: CUcontext, h_event: CUevent) -> CUresult {
+    run(|| context_event(h_ctx, h_event, true))
 }
 
 pub unsafe fn cuStreamCreate(ph_stream: *mut CUstream, flags: c_uint) -> CUresult {
@@ -37,7 +153,11 @@ pub unsafe fn cuStreamCreateWithPriority(ph_stream: *mut CUstream, flags: c_uint
 }
 
 pub unsafe fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
-    run(|| flyt_client::streams::destroy_stream(client()?, h_stream as u64).map_err(driver_error))
+    run(|| {
+        flyt_client::streams::destroy_stream(client()?, h_stream as u64).map_err(driver_error)?;
+        lock_contexts().remove(&(h_stream as u64));
+        Ok(())
+    })
 }
 
 fn synchronize(stream: CUstream, ptds: bool) -> DriverResult {

@@ -160,6 +160,58 @@ pub unsafe fn cudaDeviceGetP2PAttribute(value: *mut c_int, attr: c_int, src: c_i
     cu!(cuDeviceGetP2PAttribute(value, attr, src, dst))
 }
 
+pub unsafe fn cudaDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, device: c_int) -> CudaResult<()> {
+    cu!(cuDeviceGetPCIBusId(bus_id, len, valid_device(device)?))
+}
+
+pub unsafe fn cudaDeviceGetByPCIBusId(device: *mut c_int, bus_id: *const c_char) -> CudaResult<()> {
+    cu!(cuDeviceGetByPCIBusId(device, bus_id))
+}
+
+/// The device that best matches `prop`: a session serves one device, so it is that one (the
+/// runtime's choice is a closest match, never a refusal).
+pub unsafe fn cudaChooseDevice(device: *mut c_int, prop: *const cudaDeviceProp) -> CudaResult<()> {
+    if device.is_null() || prop.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    valid_device(0)?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(device, 0) }
+}
+
+/// `cudaInitDeviceFlagsAreValid`: `device_flags` are applied as `cudaSetDeviceFlags`'s.
+const INIT_DEVICE_FLAGS_ARE_VALID: c_uint = 0x1;
+
+/// Sets the device's primary context up (retained, flags applied) without making it current.
+pub unsafe fn cudaInitDevice(device: c_int, device_flags: c_uint, flags: c_uint) -> CudaResult<()> {
+    let device = valid_device(device)?;
+    if flags & !INIT_DEVICE_FLAGS_ARE_VALID != 0 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    if flags & INIT_DEVICE_FLAGS_ARE_VALID != 0 {
+        if device_flags & !DEVICE_FLAGS != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        cu!(cuDevicePrimaryCtxSetFlags_v2(device, device_flags))?;
+    }
+    crate::driver::device_context(device).map(drop)
+}
+
+/// The devices the runtime may pick from when none was set: each must be a device of the
+/// session, which has one, so the choice is always that device.
+pub unsafe fn cudaSetValidDevices(devices: *mut c_int, len: c_int) -> CudaResult<()> {
+    let len = usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?;
+    if len == 0 {
+        return Ok(());
+    }
+    if devices.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the app passes `len` ordinals.
+    let list = unsafe { std::slice::from_raw_parts(devices, len) };
+    list.iter().try_for_each(|device| valid_device(*device).map(drop))
+}
+
 /// Profiling ranges go to the GPU server, where a profiler (nsys, ncu) may be attached.
 pub unsafe fn cudaProfilerStart() -> CudaResult<()> {
     cu_ctx!(cuProfilerStart())

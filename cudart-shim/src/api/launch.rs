@@ -192,6 +192,18 @@ pub struct cudaLaunchConfig_t {
     num_attrs: c_uint,
 }
 
+/// The driver's form of a launch configuration (their attributes share one layout).
+pub(super) fn driver_config(config: &cudaLaunchConfig_t) -> CudaResult<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid: [config.grid.x, config.grid.y, config.grid.z],
+        block: [config.block.x, config.block.y, config.block.z],
+        shared_mem: c_uint::try_from(config.dynamic_smem).map_err(|_| CudaError::INVALID_VALUE)?,
+        stream: config.stream,
+        attrs: config.attrs,
+        num_attrs: config.num_attrs,
+    })
+}
+
 /// `cudaLaunchKernelExC`: a launch with attributes (cooperative, clusters, priority...), which
 /// the driver checks and the server applies.
 ///
@@ -212,14 +224,7 @@ unsafe fn launch_ex(
     let found = by_host(func)?;
     let kernel =
         found.handle().map_err(|error| invalid_launch(config.grid, config.block, config.dynamic_smem, config.stream).unwrap_or(error))?;
-    let driver = LaunchConfig {
-        grid: [config.grid.x, config.grid.y, config.grid.z],
-        block: [config.block.x, config.block.y, config.block.z],
-        shared_mem: c_uint::try_from(config.dynamic_smem).map_err(|_| CudaError::INVALID_VALUE)?,
-        stream: config.stream,
-        attrs: config.attrs,
-        num_attrs: config.num_attrs,
-    };
+    let driver = driver_config(config)?;
     let extra = std::ptr::null_mut();
     if per_thread_default {
         cu_ctx!(cuLaunchKernelEx_ptsz(&driver, kernel, args, extra))

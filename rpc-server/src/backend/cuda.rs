@@ -12,7 +12,8 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, TextureDesc, ViewDesc,
+    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, StreamMemOp, TensorMapLayout,
+    TensorMapParams, TextureDesc, ViewDesc, mem_op,
 };
 
 use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, NodeWork, Side, TexResource};
@@ -97,6 +98,121 @@ impl RawDriver {
             })
         }
     }
+}
+
+/// A `CUtensorMap`: 128 bytes, 128-byte aligned as `cuda.h` declares it.
+#[repr(C, align(128))]
+struct TensorMap([u8; 128]);
+
+/// One `CUstreamBatchMemOpParams` (a 48-byte union), written field by field.
+type MemOpParams = [u64; 6];
+
+/// Entry points of stream memory operations, tensor maps and pool access, with enums as
+/// integers (every data type, swizzle or flag a newer header defines reaches the driver, which
+/// validates it); `None` when the driver lacks one (im2col-wide maps are CUDA 12.8's).
+struct RawExtras {
+    stream_batch_mem_op: Option<unsafe extern "C" fn(sys::CUstream, c_uint, *mut MemOpParams, c_uint) -> u32>,
+    #[allow(clippy::type_complexity, reason = "the driver's signature")]
+    encode_tiled: Option<
+        unsafe extern "C" fn(
+            *mut TensorMap,
+            c_uint,
+            u32,
+            *mut c_void,
+            *const u64,
+            *const u64,
+            *const u32,
+            *const u32,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+        ) -> u32,
+    >,
+    #[allow(clippy::type_complexity, reason = "the driver's signature")]
+    encode_im2col: Option<
+        unsafe extern "C" fn(
+            *mut TensorMap,
+            c_uint,
+            u32,
+            *mut c_void,
+            *const u64,
+            *const u64,
+            *const c_int,
+            *const c_int,
+            u32,
+            u32,
+            *const u32,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+        ) -> u32,
+    >,
+    #[allow(clippy::type_complexity, reason = "the driver's signature")]
+    encode_im2col_wide: Option<
+        unsafe extern "C" fn(
+            *mut TensorMap,
+            c_uint,
+            u32,
+            *mut c_void,
+            *const u64,
+            *const u64,
+            c_int,
+            c_int,
+            u32,
+            u32,
+            *const u32,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+        ) -> u32,
+    >,
+    replace_address: Option<unsafe extern "C" fn(*mut TensorMap, *mut c_void) -> u32>,
+    pool_get_access: Option<unsafe extern "C" fn(*mut c_uint, sys::CUmemoryPool, *mut sys::CUmemLocation) -> u32>,
+}
+
+impl RawExtras {
+    fn load() -> Self {
+        // SAFETY: `culib` was probed before (in `CudaDevice::open`); each symbol is looked up by
+        // its documented name and given its documented C signature, with enums as `unsigned`,
+        // `CUresult` as `unsigned` and the opaque structs as byte arrays of their size.
+        unsafe {
+            let lib = sys::culib();
+            macro_rules! symbol {
+                ($name:literal) => {
+                    lib.get(concat!($name, "\0").as_bytes()).ok().map(|symbol| *symbol)
+                };
+            }
+            Self {
+                stream_batch_mem_op: symbol!("cuStreamBatchMemOp_v2"),
+                encode_tiled: symbol!("cuTensorMapEncodeTiled"),
+                encode_im2col: symbol!("cuTensorMapEncodeIm2col"),
+                encode_im2col_wide: symbol!("cuTensorMapEncodeIm2colWide"),
+                replace_address: symbol!("cuTensorMapReplaceAddress"),
+                pool_get_access: symbol!("cuMemPoolGetAccess"),
+            }
+        }
+    }
+}
+
+/// The driver's form of a stream memory operation.
+fn mem_op_params(op: &StreamMemOp) -> MemOpParams {
+    let mut params = [0u64; 6];
+    match op.kind {
+        // `{ operation, flags }`, both 32-bit.
+        mem_op::BARRIER | mem_op::FLUSH_REMOTE_WRITES => params[0] = u64::from(op.kind) | (u64::from(op.flags) << 32),
+        // `{ operation; address; value or value64; flags; alias }`, little-endian.
+        _ => {
+            params[0] = u64::from(op.kind);
+            params[1] = op.address;
+            params[2] = if op.width() == Some(4) { op.value & u64::from(u32::MAX) } else { op.value };
+            params[3] = u64::from(op.flags);
+        }
+    }
+    params
 }
 
 /// The largest `CUjitInputType` (`CU_JIT_INPUT_NVVM`).
@@ -304,6 +420,7 @@ pub struct CudaDevice {
     /// The primary context, retained (again after a reset).
     context: AtomicPtr<sys::CUctx_st>,
     raw: RawDriver,
+    extras: RawExtras,
     pub(super) arrays: super::cuda_arrays::RawArrays,
     staging: Arc<StagingPool>,
 }
@@ -364,7 +481,7 @@ impl CudaDevice {
         // SAFETY: `context` is the primary context just retained.
         unsafe { result::ctx::set_current(context) }.map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let staging = StagingPool::new(staging_slots, copy_chunk).map_err(|error| format!("pinned staging: {error}"))?;
-        Ok(Self { ordinal, device, context: AtomicPtr::new(context), raw, arrays, staging: Arc::new(staging) })
+        Ok(Self { ordinal, device, context: AtomicPtr::new(context), raw, extras: RawExtras::load(), arrays, staging: Arc::new(staging) })
     }
 
     fn attribute(&self, attribute: u32) -> Option<i32> {
@@ -1522,6 +1639,150 @@ impl Device for CudaDevice {
 
     fn stream_attribute(&self, stream: Self::Stream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
         self.attribute_of_stream(stream_ptr(stream), attribute, set)
+    }
+
+    unsafe fn stream_mem_ops(&self, stream: Self::Stream, ops: &[StreamMemOp]) -> CudaResult<()> {
+        let batch = self.extras.stream_batch_mem_op.ok_or(CudaError::NOT_SUPPORTED)?;
+        let mut params: Vec<MemOpParams> = ops.iter().map(mem_op_params).collect();
+        let count = c_uint::try_from(params.len()).map_err(|_| CudaError::INVALID_VALUE)?;
+        // SAFETY: the session's stream; `params` holds `count` well-formed operations whose
+        // addresses the caller guarantees are the session's device memory or mapped host memory.
+        raw_check(unsafe { batch(stream.0, count, params.as_mut_ptr(), 0) })
+    }
+
+    fn tensor_map_encode(&self, encode: &TensorMapParams) -> CudaResult<[u8; 128]> {
+        let mut map = TensorMap([0; 128]);
+        let rank = encode.rank;
+        let rank_len = rank as usize;
+        // Counts the session checked with `global_span`; the element strides are checked here.
+        if encode.element_strides.len() != rank_len {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let address = encode.address as *mut c_void;
+        let (dims, strides, element_strides) = (encode.dims.as_ptr(), encode.strides.as_ptr(), encode.element_strides.as_ptr());
+        let (kind, interleave, swizzle, l2, oob) =
+            (encode.data_type, encode.interleave, encode.swizzle, encode.l2_promotion, encode.oob_fill);
+        let code = match &encode.layout {
+            TensorMapLayout::Tiled { box_dim } => {
+                let call = self.extras.encode_tiled.ok_or(CudaError::NOT_SUPPORTED)?;
+                if box_dim.len() != rank_len {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                // SAFETY: every array holds the count the driver reads for `rank`; the address
+                // lies in the session's device memory, which the driver only records.
+                unsafe {
+                    call(&mut map, kind, rank, address, dims, strides, box_dim.as_ptr(), element_strides, interleave, swizzle, l2, oob)
+                }
+            }
+            TensorMapLayout::Im2col { lower_corner, upper_corner, channels_per_pixel, pixels_per_column } => {
+                let call = self.extras.encode_im2col.ok_or(CudaError::NOT_SUPPORTED)?;
+                let corners = rank_len.checked_sub(2).ok_or(CudaError::INVALID_VALUE)?;
+                if lower_corner.len() != corners || upper_corner.len() != corners {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                // SAFETY: as above; the corners hold `rank - 2` entries each.
+                unsafe {
+                    call(
+                        &mut map,
+                        kind,
+                        rank,
+                        address,
+                        dims,
+                        strides,
+                        lower_corner.as_ptr(),
+                        upper_corner.as_ptr(),
+                        *channels_per_pixel,
+                        *pixels_per_column,
+                        element_strides,
+                        interleave,
+                        swizzle,
+                        l2,
+                        oob,
+                    )
+                }
+            }
+            TensorMapLayout::Im2colWide { lower_corner_width, upper_corner_width, channels_per_pixel, pixels_per_column, mode } => {
+                let call = self.extras.encode_im2col_wide.ok_or(CudaError::NOT_SUPPORTED)?;
+                // SAFETY: as above.
+                unsafe {
+                    call(
+                        &mut map,
+                        kind,
+                        rank,
+                        address,
+                        dims,
+                        strides,
+                        *lower_corner_width,
+                        *upper_corner_width,
+                        *channels_per_pixel,
+                        *pixels_per_column,
+                        element_strides,
+                        interleave,
+                        *mode,
+                        swizzle,
+                        l2,
+                        oob,
+                    )
+                }
+            }
+        };
+        raw_check(code)?;
+        Ok(map.0)
+    }
+
+    fn tensor_map_replace_address(&self, map: &[u8; 128], address: u64) -> CudaResult<[u8; 128]> {
+        let replace = self.extras.replace_address.ok_or(CudaError::NOT_SUPPORTED)?;
+        let mut map = TensorMap(*map);
+        // SAFETY: a 128-byte, 128-byte-aligned map of ours; the address lies in the session's
+        // device memory.
+        raw_check(unsafe { replace(&mut map, address as *mut c_void) })?;
+        Ok(map.0)
+    }
+
+    fn context_event(&self, event: Self::Event, wait: bool) -> CudaResult<()> {
+        let context = self.context.load(Ordering::Acquire);
+        // SAFETY: the session's primary context and one of its events.
+        check(unsafe {
+            if wait { sys::cuCtxWaitEvent(context, event.0).result() } else { sys::cuCtxRecordEvent(context, event.0).result() }
+        })
+    }
+
+    fn pool_access(&self, pool: Self::MemPool, set: Option<u32>) -> CudaResult<u32> {
+        use sys::CUmemAccess_flags as Access;
+        if let Some(flags) = set {
+            let flags = match flags {
+                0 => Access::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+                1 => Access::CU_MEM_ACCESS_FLAGS_PROT_READ,
+                3 => Access::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                _ => return Err(CudaError::INVALID_VALUE),
+            };
+            let desc = sys::CUmemAccessDesc { location: self.location(), flags };
+            // SAFETY: one of the session's pools; one descriptor.
+            check(unsafe { sys::cuMemPoolSetAccess(pool.0, &desc, 1).result() })?;
+        }
+        let get = self.extras.pool_get_access.ok_or(CudaError::NOT_SUPPORTED)?;
+        let mut flags: c_uint = 0;
+        let mut location = self.location();
+        // SAFETY: valid out-pointer and location; one of the session's pools.
+        raw_check(unsafe { get(&mut flags, pool.0, &mut location) })?;
+        Ok(flags)
+    }
+
+    fn occupancy_max_potential_cluster_size(
+        &self,
+        function: Self::Function,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        attributes: &[LaunchAttribute],
+    ) -> CudaResult<i32> {
+        let mut attributes = launch_attributes(attributes)?;
+        let config = launch_config(grid, block, shared_mem, std::ptr::null_mut(), &mut attributes)?;
+        let mut size = 0;
+        // SAFETY: `function` belongs to a loaded module; `config` and its attributes outlive the
+        // call; valid out-pointer.
+        check(unsafe { sys::cuOccupancyMaxPotentialClusterSize(&mut size, function.0, &config).result() })?;
+        Ok(size)
     }
 
     fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {

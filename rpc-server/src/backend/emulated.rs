@@ -10,8 +10,8 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, TextureDesc, ViewDesc,
-    capture_status,
+    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, StreamMemOp, TensorMapParams,
+    TextureDesc, ViewDesc, capture_status, mem_op,
 };
 
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
@@ -230,6 +230,12 @@ impl Device for EmulatedDevice {
             (attr::MAX_BLOCKS_PER_MULTIPROCESSOR, 32),
             // Stream-ordered allocation from pools (the pool methods below).
             (attr::MEMORY_POOLS_SUPPORTED, 1),
+            // Stream memory operations, 64-bit and NOR waits included (`stream_mem_ops`).
+            (attr::CAN_USE_STREAM_MEM_OPS_V1, 1),
+            (attr::CAN_USE_64_BIT_STREAM_MEM_OPS_V1, 1),
+            (attr::CAN_USE_STREAM_WAIT_VALUE_NOR_V1, 1),
+            (attr::CAN_USE_64_BIT_STREAM_MEM_OPS, 1),
+            (attr::CAN_USE_STREAM_WAIT_VALUE_NOR, 1),
         ];
         DeviceInfo {
             name: "Flyt Emulated Device (no GPU: kernels cannot run)".into(),
@@ -1186,6 +1192,77 @@ impl Device for EmulatedDevice {
 
     fn ipc_open_event(&self, _handle: &[u8; 64]) -> CudaResult<u64> {
         Err(CudaError::NOT_SUPPORTED)
+    }
+
+    /// Writes happen at submission, as all work here. A wait passes when its condition holds at
+    /// submission; one that does not could only be satisfied by work submitted later, which a
+    /// device with no queue cannot order after it, so it fails with `CUDA_ERROR_NOT_SUPPORTED`
+    /// (the session's deferred error; the driver front asks at once, so the app sees it at the
+    /// call) rather than pass. The ops after it in its batch do not run; later requests on the
+    /// stream do (nothing holds them).
+    unsafe fn stream_mem_ops(&self, stream: u64, ops: &[StreamMemOp]) -> CudaResult<()> {
+        let mut state = self.state();
+        if state.graphs.captures.contains_key(&stream) {
+            // The emulated graphs have no memory-operation nodes.
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        for op in ops {
+            let Some(width) = op.width() else { continue };
+            let bytes: &mut [u8] = match block_slice(&mut state.blocks, op.address, width) {
+                Ok(bytes) => bytes,
+                // SAFETY: not device memory, so (the caller guarantees) host memory of this
+                // process registered mapped at its address; work runs at once, so nothing else
+                // writes it meanwhile.
+                Err(_) => unsafe { std::slice::from_raw_parts_mut(op.address as *mut u8, width as usize) },
+            };
+            if op.is_wait() {
+                let mut word = [0u8; 8];
+                word[..bytes.len()].copy_from_slice(bytes);
+                if !op.wait_satisfied(u64::from_le_bytes(word)) {
+                    tracing::warn!(address = op.address, value = op.value, "a stream wait the emulated device can never satisfy");
+                    return Err(CudaError::NOT_SUPPORTED);
+                }
+            } else if op.kind == mem_op::WRITE_VALUE_32 || op.kind == mem_op::WRITE_VALUE_64 {
+                bytes.copy_from_slice(&op.value.to_le_bytes()[..bytes.len()]);
+            }
+        }
+        Ok(())
+    }
+
+    /// A `CUtensorMap` is the GPU's own descriptor format, which only a driver can encode.
+    fn tensor_map_encode(&self, _encode: &TensorMapParams) -> CudaResult<[u8; 128]> {
+        Err(NO_GPU_CODE)
+    }
+
+    fn tensor_map_replace_address(&self, _map: &[u8; 128], _address: u64) -> CudaResult<[u8; 128]> {
+        Err(NO_GPU_CODE)
+    }
+
+    fn context_event(&self, event: u64, wait: bool) -> CudaResult<()> {
+        if !self.state().graphs.captures.is_empty() {
+            return Err(CudaError::STREAM_CAPTURE_UNSUPPORTED);
+        }
+        if wait {
+            // Work completes at submission: nothing the event covers is pending.
+            return if self.state().events.contains_key(&event) { Ok(()) } else { Err(CudaError::INVALID_RESOURCE_HANDLE) };
+        }
+        // The context's work so far is the legacy stream's reach.
+        self.event_record(event, 0, 0)
+    }
+
+    /// The pool's own (and only) device always has read-write access.
+    fn pool_access(&self, pool: u64, set: Option<u32>) -> CudaResult<u32> {
+        if !self.state().pools.contains_key(&pool) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        match set {
+            None | Some(3) => Ok(3),
+            Some(_) => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    fn occupancy_max_potential_cluster_size(&self, _: (), _: Dim3, _: Dim3, _: u32, _: &[LaunchAttribute]) -> CudaResult<i32> {
+        Err(NO_GPU_CODE)
     }
 
     fn stream_attribute(&self, stream: u64, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, Pos3, Resource, TextureDesc, ViewDesc,
+    Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, Pos3, Resource, StreamMemOp,
+    TensorMapParams, TextureDesc, ViewDesc,
 };
 
 use crate::host_calls::HostCallSite;
@@ -402,4 +403,29 @@ pub trait Device: Send + Sync + 'static {
     fn ipc_close_mem(&self, ptr: u64) -> CudaResult<()>;
     fn ipc_event_handle(&self, event: Self::Event) -> CudaResult<[u8; 64]>;
     fn ipc_open_event(&self, handle: &[u8; 64]) -> CudaResult<Self::Event>;
+
+    // --- stream memory operations, tensor maps, context events, pool access ---
+    /// `cuStreamBatchMemOp`: the ops in order on `stream` (kinds and flags the session checked).
+    ///
+    /// # Safety
+    /// Every op's address lies in device memory of the session or in host memory of this process
+    /// registered mapped at that address, which stays mapped until the ops are done.
+    unsafe fn stream_mem_ops(&self, stream: Self::Stream, ops: &[StreamMemOp]) -> CudaResult<()>;
+    /// `cuTensorMapEncode*` of a tensor whose memory the session checked: the 128-byte map.
+    fn tensor_map_encode(&self, encode: &TensorMapParams) -> CudaResult<[u8; 128]>;
+    /// `cuTensorMapReplaceAddress` with an address the session checked.
+    fn tensor_map_replace_address(&self, map: &[u8; 128], address: u64) -> CudaResult<[u8; 128]>;
+    /// `cuCtxRecordEvent` (`wait` false) or `cuCtxWaitEvent` in the session's context.
+    fn context_event(&self, event: Self::Event, wait: bool) -> CudaResult<()>;
+    /// `cuMemPoolGetAccess` from the session's device after `cuMemPoolSetAccess` with `set`.
+    fn pool_access(&self, pool: Self::MemPool, set: Option<u32>) -> CudaResult<u32>;
+    /// `cuOccupancyMaxPotentialClusterSize` for a launch configuration.
+    fn occupancy_max_potential_cluster_size(
+        &self,
+        function: Self::Function,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: u32,
+        attributes: &[LaunchAttribute],
+    ) -> CudaResult<i32>;
 }

@@ -133,4 +133,9 @@ impl<D: Device> Session<D> {
         })();
         reply.send(result);
     }
+
+    pub(super) fn pool_access(&mut self, request: req::MemPoolAccess, reply: Responder<rep::MemPoolAccess>) {
+        let result = self.pool(request.pool).and_then(|pool| self.device.pool_access(pool, request.set));
+        reply.send(result.map(|flags| rep::MemPoolAccess { flags }));
+    }
 }

@@ -1561,6 +1561,32 @@ static void modules_kernels_symbols(void) {
                 cudaErrorNotSupported);
     EXPECT("no answer was written", blocks == -1);
 
+    AUDIT("cudaOccupancyMaxActiveClusters");
+    AUDIT("cudaOccupancyMaxPotentialClusterSize");
+    cudaLaunchConfig_t cluster_config;
+    memset(&cluster_config, 0, sizeof cluster_config);
+    cluster_config.gridDim.x = 4;
+    cluster_config.gridDim.y = cluster_config.gridDim.z = 1;
+    cluster_config.blockDim.x = 128;
+    cluster_config.blockDim.y = cluster_config.blockDim.z = 1;
+    int clusters = -1;
+    EXPECT_CODE("clusters into NULL", cudaOccupancyMaxActiveClusters(NULL, (const void *)fake_kernel, &cluster_config),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("clusters without a configuration", cudaOccupancyMaxActiveClusters(&clusters, (const void *)fake_kernel, NULL),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("clusters of a function that is no kernel",
+                cudaOccupancyMaxActiveClusters(&clusters, (const void *)not_a_kernel, &cluster_config), cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("clusters of a kernel the emulated device cannot load",
+                cudaOccupancyMaxActiveClusters(&clusters, (const void *)fake_kernel, &cluster_config), cudaErrorNotSupported);
+    EXPECT_CODE("cluster size into NULL", cudaOccupancyMaxPotentialClusterSize(NULL, (const void *)fake_kernel, &cluster_config),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("cluster size of a function that is no kernel",
+                cudaOccupancyMaxPotentialClusterSize(&clusters, (const void *)not_a_kernel, &cluster_config),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("cluster size of a kernel the emulated device cannot load",
+                cudaOccupancyMaxPotentialClusterSize(&clusters, (const void *)fake_kernel, &cluster_config), cudaErrorNotSupported);
+    EXPECT("no cluster answer was written", clusters == -1);
+
     /* Symbols: the size is the app's own registration; the address needs the loaded module. */
     AUDIT("cudaGetSymbolSize");
     EXPECT_CODE("size of a variable never registered", cudaGetSymbolSize(&size, unregistered_symbol), cudaErrorInvalidSymbol);
@@ -2321,8 +2347,135 @@ static void capture_to_graph(void) {
     OK("destroy the stream", cudaStreamDestroy(stream));
 }
 
+/* Peers (a session serves one device, which is not its own peer), stream queries, device
+ * identity, pool access and CUDA 13's location-based pools. */
+static void peers_and_queries(void) {
+    int count = 0;
+    OK("a device count", cudaGetDeviceCount(&count));
+
+    AUDIT("cudaDeviceCanAccessPeer");
+    int can = -1;
+    OK("cudaDeviceCanAccessPeer", cudaDeviceCanAccessPeer(&can, 0, 0));
+    EXPECT("a device is not its own peer", can == 0);
+    EXPECT_CODE("a peer that does not exist", cudaDeviceCanAccessPeer(&can, 0, count), cudaErrorInvalidDevice);
+    EXPECT_CODE("into NULL", cudaDeviceCanAccessPeer(NULL, 0, 0), cudaErrorInvalidValue);
+    AUDIT("cudaDeviceEnablePeerAccess");
+    EXPECT_CODE("the current device as its own peer", cudaDeviceEnablePeerAccess(0, 0), cudaErrorInvalidDevice);
+    EXPECT_CODE("flags", cudaDeviceEnablePeerAccess(0, 1), cudaErrorInvalidValue);
+    EXPECT_CODE("a peer that does not exist", cudaDeviceEnablePeerAccess(count, 0), cudaErrorInvalidDevice);
+    AUDIT("cudaDeviceDisablePeerAccess");
+    EXPECT_CODE("access never enabled", cudaDeviceDisablePeerAccess(0), cudaErrorPeerAccessNotEnabled);
+    EXPECT_CODE("a peer that does not exist", cudaDeviceDisablePeerAccess(count), cudaErrorInvalidDevice);
+
+    AUDIT("cudaMemcpyPeer");
+    AUDIT("cudaMemcpyPeerAsync");
+    unsigned char *a = NULL, *b = NULL;
+    cudaStream_t stream;
+    OK("a stream", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    OK("a", cudaMalloc((void **)&a, N));
+    OK("b", cudaMalloc((void **)&b, N));
+    OK("fill a", cudaMemset(a, 0x3c, N));
+    OK("cudaMemcpyPeer", cudaMemcpyPeer(b, 0, a, 0, N));
+    EXPECT("the peer copy landed", device_bytes_are(b, N, 0x3c));
+    OK("fill a again", cudaMemset(a, 0x3d, N));
+    OK("cudaMemcpyPeerAsync", cudaMemcpyPeerAsync(b, 0, a, 0, N, stream));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    EXPECT("the asynchronous peer copy landed", device_bytes_are(b, N, 0x3d));
+    EXPECT_CODE("a device that does not exist", cudaMemcpyPeer(b, count, a, 0, N), cudaErrorInvalidDevice);
+    EXPECT_CODE("past the end", cudaMemcpyPeer(b + 1, 0, a, 0, N), cudaErrorInvalidValue);
+
+    AUDIT("cudaStreamGetDevice");
+    AUDIT("cudaStreamGetDevice_ptsz");
+    int device = -1, device_ptsz = -1;
+    OK("cudaStreamGetDevice", cudaStreamGetDevice(stream, &device));
+    OK("cudaStreamGetDevice_ptsz", cudaStreamGetDevice_ptsz(NULL, &device_ptsz));
+    EXPECT("the streams are on device 0", device == 0 && device_ptsz == 0);
+    EXPECT_CODE("of a stream that does not exist", cudaStreamGetDevice(BOGUS_STREAM, &device), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("into NULL", cudaStreamGetDevice(stream, NULL), cudaErrorInvalidValue);
+    AUDIT("cudaStreamGetId");
+    AUDIT("cudaStreamGetId_ptsz");
+    unsigned long long id = 0, legacy = 0, per_thread = 0;
+    OK("cudaStreamGetId", cudaStreamGetId(stream, &id));
+    OK("of the legacy stream", cudaStreamGetId(cudaStreamLegacy, &legacy));
+    OK("cudaStreamGetId_ptsz", cudaStreamGetId_ptsz(NULL, &per_thread));
+    EXPECT("stream ids differ", id != 0 && legacy != 0 && per_thread != 0 && id != legacy && per_thread != legacy && id != per_thread);
+    EXPECT_CODE("of a stream that does not exist", cudaStreamGetId(BOGUS_STREAM, &id), cudaErrorInvalidResourceHandle);
+
+    AUDIT("cudaDeviceGetPCIBusId");
+    AUDIT("cudaDeviceGetByPCIBusId");
+    /* The emulated device is on no PCI bus: it reports no PCI location, and the driver answers
+     * as for a device without one. */
+    char bus[32] = {0};
+    EXPECT_CODE("the emulated device's bus id", cudaDeviceGetPCIBusId(bus, sizeof bus, 0), cudaErrorInvalidValue);
+    EXPECT("no bus id was written", bus[0] == 0);
+    int by_bus = -1;
+    EXPECT_CODE("a device that does not exist", cudaDeviceGetPCIBusId(bus, sizeof bus, count), cudaErrorInvalidDevice);
+    EXPECT_CODE("a bus id that names none", cudaDeviceGetByPCIBusId(&by_bus, "ffff:ff:1f.0"), cudaErrorInvalidDevice);
+    EXPECT_CODE("a bus id that is no bus id", cudaDeviceGetByPCIBusId(&by_bus, "bus"), cudaErrorInvalidValue);
+    EXPECT("no device was written", by_bus == -1);
+
+    AUDIT("cudaChooseDevice");
+    struct cudaDeviceProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.major = 9;
+    int chosen = -1;
+    OK("cudaChooseDevice", cudaChooseDevice(&chosen, &prop));
+    EXPECT("the session's device", chosen == 0);
+    EXPECT_CODE("without properties", cudaChooseDevice(&chosen, NULL), cudaErrorInvalidValue);
+    AUDIT("cudaInitDevice");
+    OK("cudaInitDevice", cudaInitDevice(0, 0, 0));
+    EXPECT_CODE("flags", cudaInitDevice(0, 0, 2), cudaErrorInvalidValue);
+    EXPECT_CODE("device flags that do not exist", cudaInitDevice(0, 0x1000, cudaInitDeviceFlagsAreValid), cudaErrorInvalidValue);
+    EXPECT_CODE("a device that does not exist", cudaInitDevice(count, 0, 0), cudaErrorInvalidDevice);
+    AUDIT("cudaSetValidDevices");
+    int valid[1] = {0};
+    OK("cudaSetValidDevices", cudaSetValidDevices(valid, 1));
+    int invalid[1] = {count};
+    EXPECT_CODE("a device that does not exist", cudaSetValidDevices(invalid, 1), cudaErrorInvalidDevice);
+    EXPECT_CODE("a list that is NULL", cudaSetValidDevices(NULL, 1), cudaErrorInvalidValue);
+
+    AUDIT("cudaMemGetDefaultMemPool");
+    AUDIT("cudaMemGetMemPool");
+    AUDIT("cudaMemSetMemPool");
+    AUDIT("cudaMemPoolSetAccess");
+    AUDIT("cudaMemPoolGetAccess");
+    struct cudaMemLocation dev0 = {cudaMemLocationTypeDevice, 0}, host = {cudaMemLocationTypeHost, 0};
+    cudaMemPool_t by_device = NULL, by_location = NULL, current = NULL, mine = NULL;
+    OK("the device's default pool", cudaDeviceGetDefaultMemPool(&by_device, 0));
+    OK("cudaMemGetDefaultMemPool", cudaMemGetDefaultMemPool(&by_location, &dev0, cudaMemAllocationTypePinned));
+    EXPECT("the same pool", by_device == by_location);
+    EXPECT_CODE("host memory pools", cudaMemGetDefaultMemPool(&by_location, &host, cudaMemAllocationTypePinned),
+                cudaErrorNotSupported);
+    struct cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    OK("a pool", cudaMemPoolCreate(&mine, &props));
+    OK("cudaMemSetMemPool", cudaMemSetMemPool(&dev0, cudaMemAllocationTypePinned, mine));
+    OK("cudaMemGetMemPool", cudaMemGetMemPool(&current, &dev0, cudaMemAllocationTypePinned));
+    EXPECT("the pool set is current", current == mine);
+    OK("the device agrees", cudaDeviceGetMemPool(&current, 0));
+    EXPECT("the device's current pool", current == mine);
+    EXPECT_CODE("an allocation type that does not exist", cudaMemGetMemPool(&current, &dev0, (enum cudaMemAllocationType)7),
+                cudaErrorInvalidValue);
+    struct cudaMemAccessDesc desc = {dev0, cudaMemAccessFlagsProtReadWrite};
+    OK("cudaMemPoolSetAccess", cudaMemPoolSetAccess(mine, &desc, 1));
+    enum cudaMemAccessFlags flags = cudaMemAccessFlagsProtNone;
+    OK("cudaMemPoolGetAccess", cudaMemPoolGetAccess(&flags, mine, &dev0));
+    EXPECT("the device reads and writes its pool", flags == cudaMemAccessFlagsProtReadWrite);
+    struct cudaMemAccessDesc elsewhere = {{cudaMemLocationTypeDevice, count}, cudaMemAccessFlagsProtReadWrite};
+    EXPECT_CODE("a device that does not exist", cudaMemPoolSetAccess(mine, &elsewhere, 1), cudaErrorInvalidDevice);
+    EXPECT_CODE("into NULL", cudaMemPoolGetAccess(NULL, mine, &dev0), cudaErrorInvalidValue);
+    OK("the default pool again", cudaMemSetMemPool(&dev0, cudaMemAllocationTypePinned, by_device));
+    OK("destroy the pool", cudaMemPoolDestroy(mine));
+    OK("free a", cudaFree(a));
+    OK("free b", cudaFree(b));
+    OK("destroy the stream", cudaStreamDestroy(stream));
+}
+
 int main(void) {
     device_and_errors();
+    peers_and_queries();
     memory();
     managed_memory();
     streams_and_events();

@@ -1,0 +1,147 @@
+//! Peers, stream queries, pool access, CUDA 13's location-based pools and cluster occupancy,
+//! through Flyt's driver. A session serves one device: it is not its own peer, so enabling peer
+//! access answers as the runtime does for the current device, and peer copies are copies within
+//! the device.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+
+use super::device::valid_device;
+use super::launch::{cudaLaunchConfig_t, driver_config};
+use super::managed::cudaMemLocation;
+use crate::driver::{CUdeviceptr, cu, cu_ctx, current_device, device_context};
+use crate::ffi::{cudaStream_t, write_out};
+use crate::registry::kernel_by_host;
+
+pub unsafe fn cudaDeviceCanAccessPeer(can_access: *mut c_int, device: c_int, peer: c_int) -> CudaResult<()> {
+    if can_access.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    cu!(cuDeviceCanAccessPeer(can_access, valid_device(device)?, valid_device(peer)?))
+}
+
+/// The runtime refuses the current device as its own peer with `cudaErrorInvalidDevice`; any
+/// other device is asked of the driver (there is none in a session).
+pub unsafe fn cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint) -> CudaResult<()> {
+    let peer = valid_device(peer)?;
+    if flags != 0 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    if peer == current_device() {
+        return Err(CudaError::INVALID_DEVICE);
+    }
+    let context = device_context(peer)?;
+    cu_ctx!(cuCtxEnablePeerAccess(context, 0))
+}
+
+pub unsafe fn cudaDeviceDisablePeerAccess(peer: c_int) -> CudaResult<()> {
+    let context = device_context(valid_device(peer)?)?;
+    cu_ctx!(cuCtxDisablePeerAccess(context))
+}
+
+pub unsafe fn cudaMemcpyPeer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize) -> CudaResult<()> {
+    let dst_context = device_context(valid_device(dst_device)?)?;
+    let src_context = device_context(valid_device(src_device)?)?;
+    cu_ctx!(cuMemcpyPeer(dst as CUdeviceptr, dst_context, src as CUdeviceptr, src_context, count))
+}
+
+pub unsafe fn cudaMemcpyPeerAsync(
+    dst: *mut c_void,
+    dst_device: c_int,
+    src: *const c_void,
+    src_device: c_int,
+    count: usize,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    let dst_context = device_context(valid_device(dst_device)?)?;
+    let src_context = device_context(valid_device(src_device)?)?;
+    cu_ctx!(cuMemcpyPeerAsync(dst as CUdeviceptr, dst_context, src as CUdeviceptr, src_context, count, stream))
+}
+
+pub unsafe fn cudaStreamGetDevice(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
+    cu_ctx!(cuStreamGetDevice(stream, device))
+}
+
+pub unsafe fn cudaStreamGetDevice_ptsz(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
+    cu_ctx!(cuStreamGetDevice_ptsz(stream, device))
+}
+
+pub unsafe fn cudaStreamGetId(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
+    cu_ctx!(cuStreamGetId(stream, id))
+}
+
+pub unsafe fn cudaStreamGetId_ptsz(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
+    cu_ctx!(cuStreamGetId_ptsz(stream, id))
+}
+
+/// `cudaMemAccessDesc` is the driver's `CUmemAccessDesc`.
+pub unsafe fn cudaMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize) -> CudaResult<()> {
+    cu_ctx!(cuMemPoolSetAccess(pool, descriptors, count))
+}
+
+pub unsafe fn cudaMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *mut cudaMemLocation) -> CudaResult<()> {
+    cu_ctx!(cuMemPoolGetAccess(flags, pool, location))
+}
+
+/// `cudaMemAllocationType` and `cudaMemLocationType` number as the driver's.
+pub unsafe fn cudaMemGetDefaultMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) -> CudaResult<()> {
+    cu_ctx!(cuMemGetDefaultMemPool(pool, location, kind))
+}
+
+pub unsafe fn cudaMemGetMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) -> CudaResult<()> {
+    cu_ctx!(cuMemGetMemPool(pool, location, kind))
+}
+
+pub unsafe fn cudaMemSetMemPool(location: *mut cudaMemLocation, kind: c_int, pool: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuMemSetMemPool(location, kind, pool))
+}
+
+/// The kernel registered for a host stub and the driver's form of the configuration.
+///
+/// # Safety
+/// A non-NULL `config` points at the app's configuration.
+unsafe fn cluster_query(
+    func: *const c_void,
+    config: *const cudaLaunchConfig_t,
+) -> CudaResult<(crate::driver::CUkernel, crate::driver::LaunchConfig)> {
+    if config.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let kernel = kernel_by_host(func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?.handle()?;
+    // SAFETY: checked non-NULL; the caller's contract.
+    Ok((kernel, driver_config(unsafe { &*config })?))
+}
+
+pub unsafe fn cudaOccupancyMaxActiveClusters(
+    clusters: *mut c_int,
+    func: *const c_void,
+    config: *const cudaLaunchConfig_t,
+) -> CudaResult<()> {
+    if clusters.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: forwarded contract.
+    let (kernel, config) = unsafe { cluster_query(func, config) }?;
+    let mut value = 0;
+    cu_ctx!(cuOccupancyMaxActiveClusters(&mut value, kernel, &config))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(clusters, value) }
+}
+
+pub unsafe fn cudaOccupancyMaxPotentialClusterSize(
+    size: *mut c_int,
+    func: *const c_void,
+    config: *const cudaLaunchConfig_t,
+) -> CudaResult<()> {
+    if size.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: forwarded contract.
+    let (kernel, config) = unsafe { cluster_query(func, config) }?;
+    let mut value = 0;
+    cu_ctx!(cuOccupancyMaxPotentialClusterSize(&mut value, kernel, &config))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(size, value) }
+}
