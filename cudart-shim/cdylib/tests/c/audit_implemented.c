@@ -2360,7 +2360,7 @@ static void peers_and_queries(void) {
     EXPECT_CODE("a peer that does not exist", cudaDeviceCanAccessPeer(&can, 0, count), cudaErrorInvalidDevice);
     EXPECT_CODE("into NULL", cudaDeviceCanAccessPeer(NULL, 0, 0), cudaErrorInvalidValue);
     AUDIT("cudaDeviceEnablePeerAccess");
-    EXPECT_CODE("the current device as its own peer", cudaDeviceEnablePeerAccess(0, 0), cudaErrorInvalidDevice);
+    EXPECT_CODE("the current device as its own peer", cudaDeviceEnablePeerAccess(0, 0), cudaErrorPeerAccessUnsupported);
     EXPECT_CODE("flags", cudaDeviceEnablePeerAccess(0, 1), cudaErrorInvalidValue);
     EXPECT_CODE("a peer that does not exist", cudaDeviceEnablePeerAccess(count, 0), cudaErrorInvalidDevice);
     AUDIT("cudaDeviceDisablePeerAccess");
