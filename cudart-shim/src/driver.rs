@@ -120,6 +120,18 @@ pub struct LaunchConfig {
     pub num_attrs: c_uint,
 }
 
+/// `CUgraphNodeParams` and the runtime's `cudaGraphNodeParams`: the node type, a union of 29
+/// 8-byte words (whose members differ for kernel, copy, memset and conditional nodes), a reserved
+/// word.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GraphNodeParams {
+    pub kind: c_int,
+    pub reserved0: [c_int; 3],
+    pub union: [u64; 29],
+    pub reserved2: i64,
+}
+
 pub type CUgraph = *mut c_void;
 pub type CUgraphNode = *mut c_void;
 pub type CUgraphExec = *mut c_void;
@@ -210,6 +222,8 @@ const _: () = {
     assert!(size_of::<MemLocation>() == 8);
     assert!(size_of::<Memcpy2D>() == 128);
     assert!(size_of::<Memcpy3D>() == 200);
+    assert!(size_of::<GraphNodeParams>() == 256);
+    assert!(size_of::<KernelNodeParams>() == 72);
     assert!(std::mem::offset_of!(Memcpy3D, reserved0) == 64);
     assert!(std::mem::offset_of!(Memcpy3D, reserved1) == 152);
     assert!(size_of::<Array3DDescriptor>() == 40);
@@ -470,6 +484,35 @@ driver_functions! {
     cuGraphExecDestroy(exec: CUgraphExec);
     cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut c_void);
     cuGraphDebugDotPrint(graph: CUgraph, path: *const c_char, flags: c_uint);
+    // Memory and conditional nodes (`cudaMemAllocNodeParams` and `cudaGraphEdgeData` have the
+    // driver's layouts), generic nodes, queries.
+    cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *mut c_void);
+    cuGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, ptr: CUdeviceptr);
+    cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut c_void);
+    cuGraphMemFreeNodeGetParams(node: CUgraphNode, ptr: *mut CUdeviceptr);
+    cuDeviceGraphMemTrim(device: c_int);
+    cuDeviceGetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void);
+    cuDeviceSetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void);
+    cuGraphConditionalHandleCreate(handle: *mut u64, graph: CUgraph, context: CUcontext, default_value: c_uint, flags: c_uint);
+    cuGraphAddNode_v2(
+        node: *mut CUgraphNode,
+        graph: CUgraph,
+        dependencies: *const CUgraphNode,
+        edges: *const c_void,
+        count: usize,
+        params: *mut GraphNodeParams,
+    );
+    cuGraphNodeSetParams(node: CUgraphNode, params: *mut GraphNodeParams);
+    cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut GraphNodeParams);
+    cuGraphNodeGetDependencies_v2(node: CUgraphNode, nodes: *mut CUgraphNode, edges: *mut c_void, count: *mut usize);
+    cuGraphNodeGetDependentNodes_v2(node: CUgraphNode, nodes: *mut CUgraphNode, edges: *mut c_void, count: *mut usize);
+    cuGraphGetEdges_v2(graph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edges: *mut c_void, count: *mut usize);
+    cuGraphNodeSetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: c_uint);
+    cuGraphNodeGetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: *mut c_uint);
+    cuGraphExecGetFlags(exec: CUgraphExec, flags: *mut u64);
+    cuGraphEventRecordNodeGetEvent(node: CUgraphNode, event: *mut CUevent);
+    cuGraphEventWaitNodeGetEvent(node: CUgraphNode, event: *mut CUevent);
+    cuGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph);
     cuLaunchHostFunc(stream: CUstream, function: HostFn, data: *mut c_void);
     cuLaunchHostFunc_ptsz(stream: CUstream, function: HostFn, data: *mut c_void);
     cuStreamAddCallback(stream: CUstream, callback: StreamCallback, data: *mut c_void, flags: c_uint);
@@ -745,6 +788,19 @@ pub fn in_context(mut call: impl FnMut(&Driver) -> CUresult) -> CudaResult<()> {
     }
     bind_context(driver, RESET_GENERATION.load(Ordering::Acquire))?;
     CudaError::check(call(driver))
+}
+
+/// The calling thread's context, set up as for any runtime call: what the runtime gives a driver
+/// call that names its context (a conditional handle, a generic copy or memset node).
+pub fn current_context() -> CudaResult<CUcontext> {
+    let mut current: CUcontext = std::ptr::null_mut();
+    in_context(|driver| {
+        // SAFETY: `current` is a local out-value.
+        let status = unsafe { (driver.cuCtxGetCurrent)(&mut current) };
+        // No context current: `in_context` binds the thread's primary context and asks again.
+        if status == 0 && current.is_null() { INVALID_CONTEXT } else { status }
+    })?;
+    Ok(current)
 }
 
 /// `cudaSetDevice`: the thread's device becomes `device` and its primary context current.

@@ -246,6 +246,26 @@ macro_rules! cudart_exports {
                 cudaGraphExecDestroy(exec: *mut c_void);
                 cudaGraphExecUpdate(exec: *mut c_void, graph: *mut c_void, info: *mut c_void);
                 cudaGraphDebugDotPrint(graph: *mut c_void, path: *const c_char, flags: c_uint);
+                cudaGraphAddMemAllocNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, params: *mut c_void);
+                cudaGraphAddMemFreeNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, ptr: *mut c_void);
+                cudaGraphMemAllocNodeGetParams(node: *mut c_void, params: *mut c_void);
+                cudaGraphMemFreeNodeGetParams(node: *mut c_void, ptr_out: *mut c_void);
+                cudaDeviceGraphMemTrim(device: c_int);
+                cudaDeviceGetGraphMemAttribute(device: c_int, attr: c_int, value: *mut c_void);
+                cudaDeviceSetGraphMemAttribute(device: c_int, attr: c_int, value: *mut c_void);
+                cudaGraphConditionalHandleCreate(handle: *mut u64, graph: *mut c_void, default_value: c_uint, flags: c_uint);
+                cudaGraphAddNode(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, edges: *const c_void, count: usize, params: *mut crate::driver::GraphNodeParams);
+                cudaGraphNodeSetParams(node: *mut c_void, params: *mut crate::driver::GraphNodeParams);
+                cudaGraphExecNodeSetParams(exec: *mut c_void, node: *mut c_void, params: *mut crate::driver::GraphNodeParams);
+                cudaGraphNodeGetDependencies(node: *mut c_void, dependencies: *mut *mut c_void, edges: *mut c_void, count: *mut usize);
+                cudaGraphNodeGetDependentNodes(node: *mut c_void, dependents: *mut *mut c_void, edges: *mut c_void, count: *mut usize);
+                cudaGraphGetEdges(graph: *mut c_void, from: *mut *mut c_void, to: *mut *mut c_void, edges: *mut c_void, count: *mut usize);
+                cudaGraphNodeSetEnabled(exec: *mut c_void, node: *mut c_void, enabled: c_uint);
+                cudaGraphNodeGetEnabled(exec: *mut c_void, node: *mut c_void, enabled: *mut c_uint);
+                cudaGraphExecGetFlags(exec: *mut c_void, flags: *mut u64);
+                cudaGraphEventRecordNodeGetEvent(node: *mut c_void, event: *mut cudaEvent_t);
+                cudaGraphEventWaitNodeGetEvent(node: *mut c_void, event: *mut cudaEvent_t);
+                cudaGraphChildGraphNodeGetGraph(node: *mut c_void, graph: *mut *mut c_void);
                 cudaLaunchHostFunc(stream: cudaStream_t, function: crate::driver::HostFn, data: *mut c_void);
                 cudaLaunchHostFunc_ptsz(stream: cudaStream_t, function: crate::driver::HostFn, data: *mut c_void);
                 cudaStreamAddCallback(stream: cudaStream_t, callback: crate::driver::StreamCallback, data: *mut c_void, flags: c_uint);
@@ -323,12 +343,9 @@ macro_rules! cudart_exports {
         cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
         cudaDestroyExternalMemory, cudaDestroyExternalSemaphore,
         cudaDeviceFlushGPUDirectRDMAWrites,
-        cudaDeviceGetGraphMemAttribute,
         cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetNvSciSyncAttributes,
         cudaDeviceGetP2PAtomicCapabilities,
-        cudaDeviceGetSharedMemConfig, cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceGraphMemTrim,
-        cudaDeviceRegisterAsyncNotification, cudaDeviceSetGraphMemAttribute,
-        cudaDeviceSetSharedMemConfig, cudaDeviceUnregisterAsyncNotification,
+        cudaDeviceGetSharedMemConfig, cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceRegisterAsyncNotification, cudaDeviceSetSharedMemConfig, cudaDeviceUnregisterAsyncNotification,
         cudaEGLStreamConsumerAcquireFrame, cudaEGLStreamConsumerConnect,
         cudaEGLStreamConsumerConnectWithFlags, cudaEGLStreamConsumerDisconnect,
         cudaEGLStreamConsumerReleaseFrame, cudaEGLStreamProducerConnect, cudaEGLStreamProducerDisconnect,
@@ -341,22 +358,19 @@ macro_rules! cudart_exports {
         cudaGLMapBufferObject, cudaGLMapBufferObjectAsync, cudaGLRegisterBufferObject,
         cudaGLSetBufferObjectMapFlags, cudaGLSetGLDevice, cudaGLUnmapBufferObject,
         cudaGLUnmapBufferObjectAsync, cudaGLUnregisterBufferObject, cudaGraphAddExternalSemaphoresSignalNode,
-        cudaGraphAddExternalSemaphoresWaitNode, cudaGraphAddMemAllocNode, cudaGraphAddMemcpyNodeFromSymbol, cudaGraphAddMemcpyNodeToSymbol, cudaGraphAddMemFreeNode,
-        cudaGraphAddNode, cudaGraphChildGraphNodeGetGraph, cudaGraphConditionalHandleCreate, cudaGraphEventRecordNodeGetEvent, cudaGraphEventWaitNodeGetEvent, cudaGraphExecExternalSemaphoresSignalNodeSetParams, cudaGraphExecExternalSemaphoresWaitNodeSetParams,
-        cudaGraphExecGetFlags, cudaGraphExecMemcpyNodeSetParamsFromSymbol, cudaGraphExecMemcpyNodeSetParamsToSymbol,
-        cudaGraphExecNodeSetParams, cudaGraphExternalSemaphoresSignalNodeGetParams, cudaGraphExternalSemaphoresSignalNodeSetParams,
+        cudaGraphAddExternalSemaphoresWaitNode, cudaGraphAddMemcpyNodeFromSymbol, cudaGraphAddMemcpyNodeToSymbol, cudaGraphExecExternalSemaphoresSignalNodeSetParams, cudaGraphExecExternalSemaphoresWaitNodeSetParams,
+        cudaGraphExecMemcpyNodeSetParamsFromSymbol, cudaGraphExecMemcpyNodeSetParamsToSymbol,
+        cudaGraphExternalSemaphoresSignalNodeGetParams, cudaGraphExternalSemaphoresSignalNodeSetParams,
         cudaGraphExternalSemaphoresWaitNodeGetParams, cudaGraphExternalSemaphoresWaitNodeSetParams,
-        cudaGraphGetEdges, cudaGraphHostNodeGetParams,
+        cudaGraphHostNodeGetParams,
         cudaGraphicsEGLRegisterImage, cudaGraphicsGLRegisterBuffer,
         cudaGraphicsGLRegisterImage, cudaGraphicsMapResources, cudaGraphicsResourceGetMappedEglFrame,
         cudaGraphicsResourceGetMappedMipmappedArray, cudaGraphicsResourceGetMappedPointer,
         cudaGraphicsResourceSetMapFlags, cudaGraphicsSubResourceGetMappedArray, cudaGraphicsUnmapResources,
         cudaGraphicsUnregisterResource, cudaGraphicsVDPAURegisterOutputSurface,
-        cudaGraphicsVDPAURegisterVideoSurface, cudaGraphKernelNodeCopyAttributes, cudaGraphKernelNodeGetAttribute, cudaGraphKernelNodeSetAttribute, cudaGraphMemAllocNodeGetParams,
-        cudaGraphMemcpyNodeGetParams, cudaGraphMemcpyNodeSetParamsFromSymbol,
-        cudaGraphMemcpyNodeSetParamsToSymbol, cudaGraphMemFreeNodeGetParams, cudaGraphMemsetNodeGetParams,
-        cudaGraphNodeGetDependencies,
-        cudaGraphNodeGetDependentNodes, cudaGraphNodeGetEnabled, cudaGraphNodeSetEnabled, cudaGraphNodeSetParams, cudaGraphReleaseUserObject,
+        cudaGraphicsVDPAURegisterVideoSurface, cudaGraphKernelNodeCopyAttributes, cudaGraphKernelNodeGetAttribute, cudaGraphKernelNodeSetAttribute, cudaGraphMemcpyNodeGetParams, cudaGraphMemcpyNodeSetParamsFromSymbol,
+        cudaGraphMemcpyNodeSetParamsToSymbol, cudaGraphMemsetNodeGetParams,
+        cudaGraphReleaseUserObject,
         cudaGraphRetainUserObject, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaKernelSetAttributeForDevice, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,

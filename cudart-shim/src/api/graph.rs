@@ -11,7 +11,10 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
 use super::arrays::{cudaExtent, cudaMemcpy3DParms, cudaPitchedPtr, cudaPos};
-use crate::driver::{CUgraph, CUgraphExec, CUgraphNode, HostFn, KernelNodeParams, MEMORYTYPE_UNIFIED, Memcpy3D, StreamCallback, cu_ctx};
+use crate::driver::{
+    CUcontext, CUdeviceptr, CUgraph, CUgraphExec, CUgraphNode, GraphNodeParams, HostFn, KernelNodeParams, MEMORYTYPE_UNIFIED, Memcpy3D,
+    StreamCallback, cu_ctx, current_context,
+};
 use crate::ffi::{cudaEvent_t, cudaMemcpyKind, cudaStream_t, dim3};
 use crate::registry::{host_function_of, kernel_by_host};
 
@@ -241,14 +244,14 @@ fn memcpy3d(src: &cudaPitchedPtr, src_pos: &cudaPos, dst: &cudaPitchedPtr, dst_p
 
 /// # Safety
 /// `params` is NULL or a readable `cudaMemcpy3DParms`.
-unsafe fn copy_params(params: *const cudaMemcpy3DParms) -> CudaResult<Memcpy3D> {
+unsafe fn copy_params(symbol: &str, params: *const cudaMemcpy3DParms) -> CudaResult<Memcpy3D> {
     if params.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
     // SAFETY: checked non-NULL; the app's struct.
     let p = unsafe { &*params };
     if !p.src_array.is_null() || !p.dst_array.is_null() {
-        return Err(super::unsupported_use("cudaGraphAddMemcpyNode", "CUDA arrays"));
+        return Err(super::unsupported_use(symbol, "CUDA arrays"));
     }
     Ok(memcpy3d(&p.src_ptr, &p.src_pos, &p.dst_ptr, &p.dst_pos, &p.extent))
 }
@@ -268,7 +271,7 @@ pub unsafe fn cudaGraphAddMemcpyNode(
     params: *const cudaMemcpy3DParms,
 ) -> CudaResult<()> {
     // SAFETY: the app's struct.
-    let copy = unsafe { copy_params(params) }?;
+    let copy = unsafe { copy_params("cudaGraphAddMemcpyNode", params) }?;
     cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, &copy, std::ptr::null_mut()))
 }
 
@@ -288,7 +291,7 @@ pub unsafe fn cudaGraphAddMemcpyNode1D(
 
 pub unsafe fn cudaGraphMemcpyNodeSetParams(node: CUgraphNode, params: *const cudaMemcpy3DParms) -> CudaResult<()> {
     // SAFETY: the app's struct.
-    let copy = unsafe { copy_params(params) }?;
+    let copy = unsafe { copy_params("cudaGraphMemcpyNodeSetParams", params) }?;
     cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
 }
 
@@ -304,7 +307,7 @@ pub unsafe fn cudaGraphMemcpyNodeSetParams1D(
 
 pub unsafe fn cudaGraphExecMemcpyNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const cudaMemcpy3DParms) -> CudaResult<()> {
     // SAFETY: the app's struct.
-    let copy = unsafe { copy_params(params) }?;
+    let copy = unsafe { copy_params("cudaGraphExecMemcpyNodeSetParams", params) }?;
     cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
 }
 
@@ -504,6 +507,266 @@ pub unsafe fn cudaGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, info: *mut 
 
 pub unsafe fn cudaGraphDebugDotPrint(graph: CUgraph, path: *const c_char, flags: c_uint) -> CudaResult<()> {
     cu_ctx!(cuGraphDebugDotPrint(graph, path, flags))
+}
+
+// --- memory nodes (`cudaMemAllocNodeParams` has the driver's layout; the driver writes `dptr`) ---
+
+pub unsafe fn cudaGraphAddMemAllocNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *mut c_void,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphAddMemAllocNode(node, graph, dependencies, count, params))
+}
+
+pub unsafe fn cudaGraphAddMemFreeNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    ptr: *mut c_void,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphAddMemFreeNode(node, graph, dependencies, count, ptr as CUdeviceptr))
+}
+
+pub unsafe fn cudaGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphMemAllocNodeGetParams(node, params))
+}
+
+/// `ptr_out` points to the app's `void *`, which is the driver's `CUdeviceptr`.
+pub unsafe fn cudaGraphMemFreeNodeGetParams(node: CUgraphNode, ptr_out: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphMemFreeNodeGetParams(node, ptr_out.cast()))
+}
+
+pub unsafe fn cudaDeviceGraphMemTrim(device: c_int) -> CudaResult<()> {
+    cu_ctx!(cuDeviceGraphMemTrim(device))
+}
+
+pub unsafe fn cudaDeviceGetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuDeviceGetGraphMemAttribute(device, attribute, value))
+}
+
+pub unsafe fn cudaDeviceSetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuDeviceSetGraphMemAttribute(device, attribute, value))
+}
+
+// --- conditional and generic nodes ---
+
+/// The runtime names no context: the handle belongs to the thread's, as in NVIDIA's runtime.
+pub unsafe fn cudaGraphConditionalHandleCreate(handle: *mut u64, graph: CUgraph, default_value: c_uint, flags: c_uint) -> CudaResult<()> {
+    let context = current_context()?;
+    cu_ctx!(cuGraphConditionalHandleCreate(handle, graph, context, default_value, flags))
+}
+
+/// `cudaGraphNodeType` values whose union members differ between the runtime and the driver, or
+/// carry an output.
+const NODE_KERNEL: c_int = 0;
+const NODE_MEMCPY: c_int = 1;
+const NODE_MEMSET: c_int = 2;
+const NODE_MEM_ALLOC: c_int = 10;
+const NODE_CONDITIONAL: c_int = 13;
+
+/// `cudaMemcpyNodeParams`: three reserved ints where the driver has one and a context.
+#[repr(C)]
+struct RuntimeMemcpyNodeParams {
+    flags: c_int,
+    reserved: [c_int; 3],
+    copy: cudaMemcpy3DParms,
+}
+
+/// `CUDA_MEMCPY_NODE_PARAMS`.
+#[repr(C)]
+struct MemcpyNodeParams {
+    flags: c_int,
+    reserved: c_int,
+    copy_ctx: CUcontext,
+    copy: Memcpy3D,
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS_v2`: the runtime's `cudaMemsetParamsV2` and a context.
+#[repr(C)]
+struct MemsetNodeParams {
+    dst: CUdeviceptr,
+    pitch: usize,
+    value: c_uint,
+    element_size: c_uint,
+    width: usize,
+    height: usize,
+    ctx: CUcontext,
+}
+
+/// `CUDA_CONDITIONAL_NODE_PARAMS`: the runtime's `cudaConditionalNodeParams` and a context.
+#[repr(C)]
+struct ConditionalNodeParams {
+    handle: u64,
+    kind: c_uint,
+    size: c_uint,
+    graphs_out: *mut CUgraph,
+    ctx: CUcontext,
+}
+
+/// `cudaMemAllocNodeParamsV2`, which is `CUDA_MEM_ALLOC_NODE_PARAMS_v2` (88 bytes of pool
+/// properties first).
+#[repr(C)]
+struct MemAllocNodeParams {
+    pool_props: [u64; 11],
+    access_descs: *const c_void,
+    access_desc_count: usize,
+    bytesize: usize,
+    dptr: CUdeviceptr,
+}
+
+// The sizes and offsets of the C structs (driver_types.h, cuda.h, x86_64).
+const _: () = {
+    assert!(std::mem::offset_of!(RuntimeMemcpyNodeParams, copy) == 16);
+    assert!(std::mem::offset_of!(MemcpyNodeParams, copy) == 16);
+    assert!(std::mem::offset_of!(MemsetNodeParams, ctx) == 40);
+    assert!(std::mem::offset_of!(ConditionalNodeParams, ctx) == 24);
+    assert!(std::mem::offset_of!(MemAllocNodeParams, dptr) == 112);
+};
+
+/// The union member of node parameters as a `T`.
+///
+/// # Safety
+/// `params` points to node parameters; reading or writing the member is the caller's to justify.
+unsafe fn member<T>(params: *mut GraphNodeParams) -> *mut T {
+    const { assert!(size_of::<T>() <= 29 * 8 && align_of::<T>() <= 8) };
+    // SAFETY: the caller's pointer; the union is 8-byte aligned and holds a `T` (asserted above).
+    unsafe { (&raw mut (*params).union).cast() }
+}
+
+/// The driver's node parameters for the runtime's: a kernel node names its kernel by the app's
+/// host stub, a copy node uses pitched pointers and positions, and copy, memset and conditional
+/// nodes name the thread's context, which the runtime's structs leave out. Other members (host,
+/// child graph, events, memory allocation and free) have the driver's layouts.
+///
+/// # Safety
+/// `params` is NULL or a readable `cudaGraphNodeParams`.
+unsafe fn node_params(symbol: &str, params: *mut GraphNodeParams) -> CudaResult<GraphNodeParams> {
+    if params.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the app's struct.
+    let mut driver = unsafe { params.read() };
+    let out = &raw mut driver;
+    // SAFETY: each arm reads the member the type names from the app's struct and writes the
+    // driver's member into the local copy, both within the 232-byte union.
+    unsafe {
+        match driver.kind {
+            NODE_KERNEL => {
+                let kernel = kernel_params(member::<cudaKernelNodeParams>(params))?;
+                member::<KernelNodeParams>(out).write(kernel);
+            }
+            NODE_MEMCPY => {
+                let app = member::<RuntimeMemcpyNodeParams>(params);
+                let copy = copy_params(symbol, &raw const (*app).copy)?;
+                (*out).union = [0; 29];
+                let node = MemcpyNodeParams { flags: (*app).flags, reserved: 0, copy_ctx: current_context()?, copy };
+                member::<MemcpyNodeParams>(out).write(node);
+            }
+            NODE_MEMSET => (*member::<MemsetNodeParams>(out)).ctx = current_context()?,
+            NODE_CONDITIONAL => (*member::<ConditionalNodeParams>(out)).ctx = current_context()?,
+            _ => {}
+        }
+    }
+    Ok(driver)
+}
+
+/// The runtime's `cudaGraphAddNode` takes edge data, as the driver's `_v2` does (and as the
+/// driver's `cudaGraphEdgeData` layout is).
+pub unsafe fn cudaGraphAddNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    edges: *const c_void,
+    count: usize,
+    params: *mut GraphNodeParams,
+) -> CudaResult<()> {
+    // SAFETY: the app's struct.
+    let mut driver = unsafe { node_params("cudaGraphAddNode", params) }?;
+    cu_ctx!(cuGraphAddNode_v2(node, graph, dependencies, edges, count, &mut driver))?;
+    // The driver's outputs go back to the app's struct: an allocation's address, a conditional
+    // node's body graphs (an array the driver keeps for the node's lifetime).
+    // SAFETY: `params` is the app's writable struct (non-NULL: `node_params` checked), of the type
+    // the driver read.
+    unsafe {
+        match driver.kind {
+            NODE_MEM_ALLOC => (*member::<MemAllocNodeParams>(params)).dptr = (*member::<MemAllocNodeParams>(&mut driver)).dptr,
+            NODE_CONDITIONAL => {
+                (*member::<ConditionalNodeParams>(params)).graphs_out = (*member::<ConditionalNodeParams>(&mut driver)).graphs_out;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+pub unsafe fn cudaGraphNodeSetParams(node: CUgraphNode, params: *mut GraphNodeParams) -> CudaResult<()> {
+    // SAFETY: the app's struct.
+    let mut driver = unsafe { node_params("cudaGraphNodeSetParams", params) }?;
+    cu_ctx!(cuGraphNodeSetParams(node, &mut driver))
+}
+
+pub unsafe fn cudaGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut GraphNodeParams) -> CudaResult<()> {
+    // SAFETY: the app's struct.
+    let mut driver = unsafe { node_params("cudaGraphExecNodeSetParams", params) }?;
+    cu_ctx!(cuGraphExecNodeSetParams(exec, node, &mut driver))
+}
+
+// --- queries (CUDA 13's forms take edge data, as the driver's `_v2` do) ---
+
+pub unsafe fn cudaGraphNodeGetDependencies(
+    node: CUgraphNode,
+    dependencies: *mut CUgraphNode,
+    edges: *mut c_void,
+    count: *mut usize,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphNodeGetDependencies_v2(node, dependencies, edges, count))
+}
+
+pub unsafe fn cudaGraphNodeGetDependentNodes(
+    node: CUgraphNode,
+    dependents: *mut CUgraphNode,
+    edges: *mut c_void,
+    count: *mut usize,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphNodeGetDependentNodes_v2(node, dependents, edges, count))
+}
+
+pub unsafe fn cudaGraphGetEdges(
+    graph: CUgraph,
+    from: *mut CUgraphNode,
+    to: *mut CUgraphNode,
+    edges: *mut c_void,
+    count: *mut usize,
+) -> CudaResult<()> {
+    cu_ctx!(cuGraphGetEdges_v2(graph, from, to, edges, count))
+}
+
+pub unsafe fn cudaGraphNodeSetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: c_uint) -> CudaResult<()> {
+    cu_ctx!(cuGraphNodeSetEnabled(exec, node, enabled))
+}
+
+pub unsafe fn cudaGraphNodeGetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: *mut c_uint) -> CudaResult<()> {
+    cu_ctx!(cuGraphNodeGetEnabled(exec, node, enabled))
+}
+
+pub unsafe fn cudaGraphExecGetFlags(exec: CUgraphExec, flags: *mut c_ulonglong) -> CudaResult<()> {
+    cu_ctx!(cuGraphExecGetFlags(exec, flags))
+}
+
+pub unsafe fn cudaGraphEventRecordNodeGetEvent(node: CUgraphNode, event: *mut cudaEvent_t) -> CudaResult<()> {
+    cu_ctx!(cuGraphEventRecordNodeGetEvent(node, event))
+}
+
+pub unsafe fn cudaGraphEventWaitNodeGetEvent(node: CUgraphNode, event: *mut cudaEvent_t) -> CudaResult<()> {
+    cu_ctx!(cuGraphEventWaitNodeGetEvent(node, event))
+}
+
+pub unsafe fn cudaGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph) -> CudaResult<()> {
+    cu_ctx!(cuGraphChildGraphNodeGetGraph(node, graph))
 }
 
 // --- host functions ---

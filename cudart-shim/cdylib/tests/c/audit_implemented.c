@@ -2473,6 +2473,248 @@ static void peers_and_queries(void) {
     OK("destroy the stream", cudaStreamDestroy(stream));
 }
 
+/* Launches `graph` once on `stream` and waits for it. */
+static void launch_once(cudaGraph_t graph, cudaStream_t stream) {
+    cudaGraphExec_t exec = NULL;
+    OK("instantiate", cudaGraphInstantiate(&exec, graph, 0));
+    OK("launch", cudaGraphLaunch(exec, stream));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    OK("destroy the exec", cudaGraphExecDestroy(exec));
+}
+
+/* Memory, conditional and generic graph nodes, graph queries and node getters (no kernels:
+ * memsets and copies do the work; the emulated device holds a conditional at the value each
+ * launch assigns). */
+static void graph_node_kinds(void) {
+    unsigned char *out = NULL;
+    cudaStream_t stream;
+    cudaEvent_t event;
+    cudaGraph_t graph = NULL, child = NULL, inner = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaGraphNode_t alloc_node, set_node, copy_node, free_node, unused, record, wait, child_node, empty;
+    cudaGraphNode_t nodes[4] = {NULL, NULL, NULL, NULL}, from[4], to[4];
+    cudaGraphEdgeData data[4];
+    size_t count = 0, room = 4;
+    OK("graph output memory", cudaMalloc((void **)&out, N));
+    OK("a stream", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    OK("an event", cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+
+    AUDIT("cudaGraphAddMemAllocNode");
+    AUDIT("cudaGraphAddMemFreeNode");
+    AUDIT("cudaGraphMemAllocNodeGetParams");
+    AUDIT("cudaGraphMemFreeNodeGetParams");
+    AUDIT("cudaGraphNodeGetDependencies");
+    AUDIT("cudaGraphNodeGetDependentNodes");
+    AUDIT("cudaGraphGetEdges");
+    OK("a graph", cudaGraphCreate(&graph, 0));
+    struct cudaMemAllocNodeParams alloc;
+    memset(&alloc, 0, sizeof alloc);
+    alloc.poolProps.allocType = cudaMemAllocationTypePinned;
+    alloc.poolProps.location.type = cudaMemLocationTypeDevice;
+    alloc.poolProps.location.id = 0;
+    alloc.bytesize = N;
+    EXPECT_CODE("cudaGraphAddMemAllocNode without parameters", cudaGraphAddMemAllocNode(&unused, graph, NULL, 0, NULL), cudaErrorInvalidValue);
+    struct cudaMemAllocNodeParams elsewhere = alloc;
+    elsewhere.poolProps.location.id = 5;
+    EXPECT_CODE("graph memory on a device the session lacks", cudaGraphAddMemAllocNode(&unused, graph, NULL, 0, &elsewhere),
+                cudaErrorInvalidDevice);
+    OK("cudaGraphAddMemAllocNode", cudaGraphAddMemAllocNode(&alloc_node, graph, NULL, 0, &alloc));
+    EXPECT("the allocation node gave an address", alloc.dptr != NULL);
+    struct cudaMemsetParams fill = {alloc.dptr, 0, 0x5a, 1, N, 1};
+    OK("fill the graph memory", cudaGraphAddMemsetNode(&set_node, graph, &alloc_node, 1, &fill));
+    OK("copy it out", cudaGraphAddMemcpyNode1D(&copy_node, graph, &set_node, 1, out, alloc.dptr, N, cudaMemcpyDeviceToDevice));
+    OK("cudaGraphAddMemFreeNode", cudaGraphAddMemFreeNode(&free_node, graph, &copy_node, 1, alloc.dptr));
+    EXPECT_CODE("a free node for memory no node made", cudaGraphAddMemFreeNode(&unused, graph, NULL, 0, out), cudaErrorInvalidValue);
+    struct cudaMemAllocNodeParams back;
+    memset(&back, 0, sizeof back);
+    OK("cudaGraphMemAllocNodeGetParams", cudaGraphMemAllocNodeGetParams(alloc_node, &back));
+    EXPECT("the allocation's parameters read back",
+           back.bytesize == N && back.dptr == alloc.dptr && back.poolProps.allocType == cudaMemAllocationTypePinned);
+    EXPECT_CODE("allocation parameters of a memset node", cudaGraphMemAllocNodeGetParams(set_node, &back), cudaErrorInvalidValue);
+    void *freed = NULL;
+    OK("cudaGraphMemFreeNodeGetParams", cudaGraphMemFreeNodeGetParams(free_node, &freed));
+    EXPECT("the free node names the allocation", freed == alloc.dptr);
+    OK("cudaGraphNodeGetDependencies (count)", cudaGraphNodeGetDependencies(copy_node, NULL, NULL, &count));
+    OK("cudaGraphNodeGetDependencies", cudaGraphNodeGetDependencies(copy_node, nodes, NULL, &room));
+    EXPECT("the copy depends on the memset alone", count == 1 && room == 1 && nodes[0] == set_node && nodes[1] == NULL);
+    room = 4;
+    OK("cudaGraphNodeGetDependentNodes", cudaGraphNodeGetDependentNodes(alloc_node, nodes, data, &room));
+    EXPECT("the memset depends on the allocation, by a default edge", room == 1 && nodes[0] == set_node && data[0].type == 0);
+    count = 4;
+    OK("cudaGraphGetEdges", cudaGraphGetEdges(graph, from, to, data, &count));
+    EXPECT("three default edges, the first from the allocation",
+           count == 3 && from[0] == alloc_node && to[0] == set_node && data[0].from_port == 0 && data[2].type == 0);
+    EXPECT_CODE("edges into one array without the other", cudaGraphGetEdges(graph, NULL, to, NULL, &count), cudaErrorInvalidValue);
+
+    AUDIT("cudaDeviceGetGraphMemAttribute");
+    AUDIT("cudaDeviceSetGraphMemAttribute");
+    AUDIT("cudaDeviceGraphMemTrim");
+    OK("clear the output", cudaMemset(out, 0, N));
+    launch_once(graph, stream);
+    EXPECT("graph memory was filled and copied out", device_bytes_are(out, N, 0x5a));
+    unsigned long long used = 0, zero = 0;
+    OK("cudaDeviceGetGraphMemAttribute", cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemHigh, &used));
+    EXPECT("graph memory counted", used >= N);
+    EXPECT_CODE("an attribute of a device the session lacks", cudaDeviceGetGraphMemAttribute(7, cudaGraphMemAttrUsedMemHigh, &used),
+                cudaErrorInvalidDevice);
+    OK("cudaDeviceSetGraphMemAttribute", cudaDeviceSetGraphMemAttribute(0, cudaGraphMemAttrUsedMemHigh, &zero));
+    EXPECT_CODE("the current use cannot be set", cudaDeviceSetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, &zero),
+                cudaErrorInvalidValue);
+    OK("destroy the graph", cudaGraphDestroy(graph));
+    OK("cudaDeviceGraphMemTrim", cudaDeviceGraphMemTrim(0));
+    EXPECT_CODE("trim a device the session lacks", cudaDeviceGraphMemTrim(7), cudaErrorInvalidDevice);
+
+    AUDIT("cudaGraphConditionalHandleCreate");
+    AUDIT("cudaGraphAddNode");
+    for (unsigned value = 0; value < 2; value++) {
+        cudaGraphConditionalHandle handle = 0;
+        OK("a conditional graph", cudaGraphCreate(&graph, 0));
+        OK("cudaGraphConditionalHandleCreate", cudaGraphConditionalHandleCreate(&handle, graph, value, cudaGraphCondAssignDefault));
+        struct cudaGraphNodeParams params;
+        memset(&params, 0, sizeof params);
+        params.type = cudaGraphNodeTypeConditional;
+        params.conditional.handle = handle;
+        params.conditional.type = cudaGraphCondTypeIf;
+        params.conditional.size = 1;
+        OK("cudaGraphAddNode (conditional IF)", cudaGraphAddNode(&unused, graph, NULL, NULL, 0, &params));
+        EXPECT("the conditional node has a body", params.conditional.phGraph_out != NULL && params.conditional.phGraph_out[0] != NULL);
+        if (params.conditional.phGraph_out == NULL) break;
+        struct cudaGraphNodeParams set;
+        memset(&set, 0, sizeof set);
+        set.type = cudaGraphNodeTypeMemset;
+        set.memset.dst = out;
+        set.memset.value = 0x11 + value;
+        set.memset.elementSize = 1;
+        set.memset.width = N;
+        set.memset.height = 1;
+        OK("cudaGraphAddNode (memset in the body)", cudaGraphAddNode(&unused, params.conditional.phGraph_out[0], NULL, NULL, 0, &set));
+        OK("clear the output", cudaMemset(out, 0, N));
+        launch_once(graph, stream);
+        EXPECT("the condition chose", value ? device_bytes_are(out, N, 0x12) : device_bytes_are(out, N, 0));
+        OK("destroy the conditional graph", cudaGraphDestroy(graph));
+    }
+
+    /* Generic allocation, memset, copy (the runtime's pitched form) and free nodes. */
+    AUDIT("cudaGraphNodeSetParams");
+    AUDIT("cudaGraphExecNodeSetParams");
+    OK("a generic graph", cudaGraphCreate(&graph, 0));
+    struct cudaGraphNodeParams generic;
+    memset(&generic, 0, sizeof generic);
+    generic.type = cudaGraphNodeTypeMemAlloc;
+    generic.alloc.poolProps = alloc.poolProps;
+    generic.alloc.bytesize = N;
+    OK("cudaGraphAddNode (allocation)", cudaGraphAddNode(&alloc_node, graph, NULL, NULL, 0, &generic));
+    EXPECT("the generic allocation gave an address", generic.alloc.dptr != NULL && generic.alloc.dptr != alloc.dptr);
+    void *memory = generic.alloc.dptr;
+    struct cudaGraphNodeParams set;
+    memset(&set, 0, sizeof set);
+    set.type = cudaGraphNodeTypeMemset;
+    set.memset.dst = memory;
+    set.memset.value = 0x33;
+    set.memset.elementSize = 1;
+    set.memset.width = N;
+    set.memset.height = 1;
+    cudaGraphEdgeData ported = {1, 0, 0, {0}};
+    EXPECT_CODE("an edge from a port", cudaGraphAddNode(&unused, graph, &alloc_node, &ported, 1, &set), cudaErrorNotSupported);
+    OK("cudaGraphAddNode (memset)", cudaGraphAddNode(&set_node, graph, &alloc_node, NULL, 1, &set));
+    struct cudaGraphNodeParams copy;
+    memset(&copy, 0, sizeof copy);
+    copy.type = cudaGraphNodeTypeMemcpy;
+    copy.memcpy.copyParams.srcPtr.ptr = memory;
+    copy.memcpy.copyParams.srcPtr.pitch = copy.memcpy.copyParams.srcPtr.xsize = N / 4;
+    copy.memcpy.copyParams.srcPtr.ysize = 4;
+    copy.memcpy.copyParams.dstPtr = copy.memcpy.copyParams.srcPtr;
+    copy.memcpy.copyParams.dstPtr.ptr = out;
+    copy.memcpy.copyParams.extent.width = N / 4;
+    copy.memcpy.copyParams.extent.height = 4;
+    copy.memcpy.copyParams.extent.depth = 1;
+    copy.memcpy.copyParams.kind = cudaMemcpyDeviceToDevice;
+    OK("cudaGraphAddNode (pitched copy)", cudaGraphAddNode(&copy_node, graph, &set_node, NULL, 1, &copy));
+    struct cudaGraphNodeParams release;
+    memset(&release, 0, sizeof release);
+    release.type = cudaGraphNodeTypeMemFree;
+    release.free.dptr = memory;
+    OK("cudaGraphAddNode (free)", cudaGraphAddNode(&free_node, graph, &copy_node, NULL, 1, &release));
+    struct cudaGraphNodeParams kernel;
+    memset(&kernel, 0, sizeof kernel);
+    kernel.type = cudaGraphNodeTypeKernel;
+    kernel.kernel.func = (void *)not_a_kernel;
+    kernel.kernel.gridDim.x = kernel.kernel.gridDim.y = kernel.kernel.gridDim.z = 1;
+    kernel.kernel.blockDim = kernel.kernel.gridDim;
+    EXPECT_CODE("cudaGraphAddNode (a kernel node of a host function)", cudaGraphAddNode(&unused, graph, NULL, NULL, 0, &kernel),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("cudaGraphAddNode without parameters", cudaGraphAddNode(&unused, graph, NULL, NULL, 0, NULL), cudaErrorInvalidValue);
+    OK("clear the output", cudaMemset(out, 0, N));
+    launch_once(graph, stream);
+    EXPECT("generic nodes allocated, filled, copied out", device_bytes_are(out, N, 0x33));
+    set.memset.value = 0x44;
+    OK("cudaGraphNodeSetParams (memset)", cudaGraphNodeSetParams(set_node, &set));
+    EXPECT_CODE("cudaGraphNodeSetParams without parameters", cudaGraphNodeSetParams(set_node, NULL), cudaErrorInvalidValue);
+    OK("cudaGraphInstantiate", cudaGraphInstantiate(&exec, graph, 0));
+    OK("launch", cudaGraphLaunch(exec, stream));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    EXPECT("the node's new value ran", device_bytes_are(out, N, 0x44));
+    set.memset.value = 0x55;
+    OK("cudaGraphExecNodeSetParams (memset)", cudaGraphExecNodeSetParams(exec, set_node, &set));
+    OK("launch", cudaGraphLaunch(exec, stream));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    EXPECT("the executable graph's new value ran", device_bytes_are(out, N, 0x55));
+    EXPECT_CODE("cudaGraphExecNodeSetParams of a kernel node from a host function", cudaGraphExecNodeSetParams(exec, set_node, &kernel),
+                cudaErrorInvalidDeviceFunction);
+    OK("destroy the exec", cudaGraphExecDestroy(exec));
+    OK("destroy the generic graph", cudaGraphDestroy(graph));
+
+    AUDIT("cudaGraphNodeSetEnabled");
+    AUDIT("cudaGraphNodeGetEnabled");
+    AUDIT("cudaGraphExecGetFlags");
+    AUDIT("cudaGraphEventRecordNodeGetEvent");
+    AUDIT("cudaGraphEventWaitNodeGetEvent");
+    AUDIT("cudaGraphChildGraphNodeGetGraph");
+    OK("a graph of getters", cudaGraphCreate(&graph, 0));
+    OK("a child graph", cudaGraphCreate(&child, 0));
+    OK("a node of the child", cudaGraphAddEmptyNode(&empty, child, NULL, 0));
+    struct cudaMemsetParams fill2 = {out, 0, 0x77, 1, N, 1};
+    OK("a memset", cudaGraphAddMemsetNode(&set_node, graph, NULL, 0, &fill2));
+    OK("an event record", cudaGraphAddEventRecordNode(&record, graph, &set_node, 1, event));
+    OK("an event wait", cudaGraphAddEventWaitNode(&wait, graph, &record, 1, event));
+    OK("a child graph node", cudaGraphAddChildGraphNode(&child_node, graph, &wait, 1, child));
+    cudaEvent_t got = NULL;
+    OK("cudaGraphEventRecordNodeGetEvent", cudaGraphEventRecordNodeGetEvent(record, &got));
+    EXPECT("the record node names the event", got == event);
+    got = NULL;
+    OK("cudaGraphEventWaitNodeGetEvent", cudaGraphEventWaitNodeGetEvent(wait, &got));
+    EXPECT("the wait node names the event", got == event);
+    EXPECT_CODE("the wait event of a record node", cudaGraphEventWaitNodeGetEvent(record, &got), cudaErrorInvalidValue);
+    OK("cudaGraphChildGraphNodeGetGraph", cudaGraphChildGraphNodeGetGraph(child_node, &inner));
+    count = 0;
+    OK("nodes of the child node's graph", cudaGraphGetNodes(inner, NULL, &count));
+    EXPECT("the child node's graph has its one node", inner != NULL && count == 1);
+    OK("instantiate with a flag", cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
+    unsigned long long flags = 0;
+    OK("cudaGraphExecGetFlags", cudaGraphExecGetFlags(exec, &flags));
+    EXPECT("the instantiation flags read back", flags == cudaGraphInstantiateFlagAutoFreeOnLaunch);
+    unsigned enabled = 9;
+    OK("cudaGraphNodeGetEnabled", cudaGraphNodeGetEnabled(exec, set_node, &enabled));
+    EXPECT("nodes start enabled", enabled == 1);
+    OK("cudaGraphNodeSetEnabled", cudaGraphNodeSetEnabled(exec, set_node, 0));
+    OK("enabled after it", cudaGraphNodeGetEnabled(exec, set_node, &enabled));
+    OK("clear the output", cudaMemset(out, 0, N));
+    OK("launch", cudaGraphLaunch(exec, stream));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    EXPECT("a disabled memset does not run", enabled == 0 && device_bytes_are(out, N, 0));
+    OK("enable it again", cudaGraphNodeSetEnabled(exec, set_node, 1));
+    OK("launch", cudaGraphLaunch(exec, stream));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    EXPECT("enabled again, it runs", device_bytes_are(out, N, 0x77));
+    EXPECT_CODE("an event node cannot be disabled", cudaGraphNodeSetEnabled(exec, record, 0), cudaErrorInvalidValue);
+    OK("destroy the exec", cudaGraphExecDestroy(exec));
+    OK("destroy the graph", cudaGraphDestroy(graph));
+    OK("destroy the child", cudaGraphDestroy(child));
+    OK("destroy the event", cudaEventDestroy(event));
+    OK("destroy the stream", cudaStreamDestroy(stream));
+    OK("free the output", cudaFree(out));
+}
+
 int main(void) {
     device_and_errors();
     peers_and_queries();
@@ -2480,6 +2722,7 @@ int main(void) {
     managed_memory();
     streams_and_events();
     graphs();
+    graph_node_kinds();
     pools();
     capture_to_graph();
     pitched_memory();
