@@ -901,13 +901,12 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st {
 }
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1 = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st;
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1;
+pub type CUgraphChildGraphNodeOwnership = c_uint;
 #[derive(Clone, Copy)]
 #[repr(C)]
-pub struct CUDA_MEMCPY_NODE_PARAMS_st {
-    pub flags: c_int,
-    pub reserved: c_int,
-    pub copyCtx: CUcontext,
-    pub copyParams: CUDA_MEMCPY3D,
+pub struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
+    pub graph: CUgraph,
+    pub ownership: CUgraphChildGraphNodeOwnership,
 }
 pub type CUgraphConditionalNodeType = c_uint;
 #[derive(Clone, Copy)]
@@ -919,12 +918,13 @@ pub struct CUDA_CONDITIONAL_NODE_PARAMS {
     pub phGraph_out: *mut CUgraph,
     pub ctx: CUcontext,
 }
-pub type CUgraphChildGraphNodeOwnership = c_uint;
 #[derive(Clone, Copy)]
 #[repr(C)]
-pub struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
-    pub graph: CUgraph,
-    pub ownership: CUgraphChildGraphNodeOwnership,
+pub struct CUDA_MEMCPY_NODE_PARAMS_st {
+    pub flags: c_int,
+    pub reserved: c_int,
+    pub copyCtx: CUcontext,
+    pub copyParams: CUDA_MEMCPY3D,
 }
 pub type CUDA_MEMCPY_NODE_PARAMS = CUDA_MEMCPY_NODE_PARAMS_st;
 pub type CUDA_CHILD_GRAPH_NODE_PARAMS = CUDA_CHILD_GRAPH_NODE_PARAMS_st;
