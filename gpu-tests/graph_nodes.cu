@@ -5,23 +5,9 @@
 // nodes whose condition a kernel sets; queries of dependencies, dependents and edges; a kernel node
 // disabled and enabled in the executable graph; instantiation flags, event and child graph
 // getters; graph memory attributes. Built with -lcuda.
-#include <cuda.h>
-
 #include <vector>
 
-#include "common.h"
-
-#define CHECK_CU(call)                                                                 \
-    do {                                                                               \
-        CUresult check_r_ = (call);                                                    \
-        if (check_r_ != CUDA_SUCCESS) {                                                \
-            const char *name_ = "?";                                                   \
-            cuGetErrorName(check_r_, &name_);                                          \
-            printf("FAIL: %s (line %d): %s\n", #call, __LINE__, name_);                \
-            printf("%s: FAIL\n", g_test_name);                                         \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+#include "driver_check.h"
 
 __global__ void fill(int *p, int n, int scale) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -1,21 +1,7 @@
 // JIT linking through the driver API (cuLink*), as nvrtc and Triton-style users do: two PTX
 // inputs, one calling a function the other defines, linked into one cubin, loaded and launched;
 // then a broken PTX input, whose error and error log must come back. Built with -lcuda.
-#include <cuda.h>
-
-#include "common.h"
-
-#define CHECK_CU(call)                                                                 \
-    do {                                                                               \
-        CUresult check_r_ = (call);                                                    \
-        if (check_r_ != CUDA_SUCCESS) {                                                \
-            const char *name_ = "?";                                                   \
-            cuGetErrorName(check_r_, &name_);                                          \
-            printf("FAIL: %s (line %d): %s\n", #call, __LINE__, name_);                \
-            printf("%s: FAIL\n", g_test_name);                                         \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+#include "driver_check.h"
 
 static const char scale_ptx[] =
     ".version 8.0\n.target sm_90\n.address_size 64\n"

@@ -6,21 +6,7 @@
 // failure instead of a hang); 64-bit writes and EQ/AND/NOR/GEQ waits; cuStreamBatchMemOp with
 // 32- and 64-bit writes, a GPU barrier and a wait, read back; misaligned and out-of-range
 // addresses and unknown flags (error names printed).
-#include <cuda.h>
-
-#include "common.h"
-
-#define CHECK_CU(call)                                                                 \
-    do {                                                                               \
-        CUresult check_r_ = (call);                                                    \
-        if (check_r_ != CUDA_SUCCESS) {                                                \
-            const char *name_ = "?";                                                   \
-            cuGetErrorName(check_r_, &name_);                                          \
-            printf("FAIL: %s (line %d): %s\n", #call, __LINE__, name_);                \
-            printf("%s: FAIL\n", g_test_name);                                         \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+#include "driver_check.h"
 
 static const char *cu_name(CUresult r) {
     const char *name = "?";

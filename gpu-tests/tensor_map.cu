@@ -10,21 +10,7 @@
 // invalid parameters (the driver validates them). Then cuDeviceCanAccessPeer,
 // cuCtxEnablePeerAccess/DisablePeerAccess, cuMemPoolGetAccess of the default pool,
 // cuStreamGetDevice/GetCtx and cudaStreamGetDevice/GetId, printed.
-#include <cuda.h>
-
-#include "common.h"
-
-#define CHECK_CU(call)                                                                 \
-    do {                                                                               \
-        CUresult check_r_ = (call);                                                    \
-        if (check_r_ != CUDA_SUCCESS) {                                                \
-            const char *name_ = "?";                                                   \
-            cuGetErrorName(check_r_, &name_);                                          \
-            printf("FAIL: %s (line %d): %s\n", #call, __LINE__, name_);                \
-            printf("%s: FAIL\n", g_test_name);                                         \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+#include "driver_check.h"
 
 static const char *cu_name(CUresult r) {
     const char *name = "?";

@@ -6,23 +6,9 @@
 // unmapped half (must fail; the error name is printed), the same handle mapped again at the same
 // place (its contents kept), one cuMemUnmap over both mappings, releases, cuMemAddressFree, and a
 // reservation at a fixed address hint. Built with -lcuda.
-#include <cuda.h>
-
 #include <vector>
 
-#include "common.h"
-
-#define CHECK_CU(call)                                                                 \
-    do {                                                                               \
-        CUresult check_r_ = (call);                                                    \
-        if (check_r_ != CUDA_SUCCESS) {                                                \
-            const char *name_ = "?";                                                   \
-            cuGetErrorName(check_r_, &name_);                                          \
-            printf("FAIL: %s (line %d): %s\n", #call, __LINE__, name_);                \
-            printf("%s: FAIL\n", g_test_name);                                         \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+#include "driver_check.h"
 
 static __host__ __device__ uint32_t word(size_t i, uint32_t seed) { return (uint32_t)i * 2654435761u + seed; }
 

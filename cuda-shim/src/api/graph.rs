@@ -243,6 +243,8 @@ fn event_params(client: &Client, event: CUevent, record: bool) -> DriverResult<N
 
 /// Adds a node to a graph and gives the app its handle.
 ///
+/// The node's id and, for a memory allocation node, the address the driver chose.
+///
 /// # Safety
 /// `out` is the caller's out-pointer; `dependencies` holds `count` handles.
 unsafe fn add_node(
@@ -252,18 +254,18 @@ unsafe fn add_node(
     dependencies: *const CUgraphNode,
     count: usize,
     params: NodeParams,
-) -> DriverResult<u64> {
+) -> DriverResult<(u64, u64)> {
     non_null([out.cast()])?;
     let graph = id_of(graph)?;
     // SAFETY: forwarded contract.
     let dependencies = unsafe { node_ids(dependencies, count) }?;
     let node = client.graphs.new_id();
     let kind = params.kind();
-    client.call(req::GraphAddNode { graph, node, dependencies, params }).map_err(driver_error)?;
+    let ptr = client.call(req::GraphAddNode { graph, node, dependencies, params }).map_err(driver_error)?.ptr;
     client.graphs.note_nodes([(node, kind)]);
     // SAFETY: checked non-NULL.
     unsafe { write_out(out, node_handle(node)) }?;
-    Ok(node)
+    Ok((node, ptr))
 }
 
 pub unsafe fn cuGraphCreate(ph_graph: *mut CUgraph, flags: c_uint) -> CUresult {
@@ -300,7 +302,7 @@ unsafe fn add_kernel_node(
     // SAFETY: forwarded contract.
     let (params, record) = unsafe { kernel_params(fields?) }?;
     // SAFETY: forwarded contract.
-    let node = unsafe { add_node(client, out, graph, dependencies, count, params) }?;
+    let (node, _) = unsafe { add_node(client, out, graph, dependencies, count, params) }?;
     kernel_nodes().get_or_insert_with(HashMap::new).insert(node, record);
     Ok(())
 }
@@ -1065,21 +1067,15 @@ unsafe fn add_node_with_outputs(
     alloc_out: *mut CUdeviceptr,
     bodies_out: *mut *mut CUgraph,
 ) -> DriverResult {
-    non_null([out.cast()])?;
     let client = client()?;
-    let graph_id = id_of(graph)?;
-    // SAFETY: forwarded contract.
-    let dependencies = unsafe { node_ids(dependencies, count) }?;
-    let node = client.graphs.new_id();
-    let kind = params.kind();
     let (size, bodies) = match &params {
         NodeParams::MemAlloc { size, .. } => (*size, Vec::new()),
         NodeParams::Conditional { bodies, .. } => (0, bodies.clone()),
         _ => (0, Vec::new()),
     };
     let free = if let NodeParams::MemFree { ptr } = params { Some(ptr) } else { None };
-    let ptr = client.call(req::GraphAddNode { graph: graph_id, node, dependencies, params }).map_err(driver_error)?.ptr;
-    client.graphs.note_nodes([(node, kind)]);
+    // SAFETY: forwarded contract.
+    let (node, ptr) = unsafe { add_node(client, out, graph, dependencies, count, params) }?;
     if size > 0 {
         // Graph memory: kernels and copies may name it while its graph lives.
         client.add_device_range(ptr, size, false);
@@ -1100,8 +1096,7 @@ unsafe fn add_node_with_outputs(
         }
         with_records(|records| records.bodies.insert(node, handles));
     }
-    // SAFETY: checked non-NULL.
-    unsafe { write_out(out, node_handle(node)) }
+    Ok(())
 }
 
 pub unsafe fn cuGraphAddMemAllocNode(

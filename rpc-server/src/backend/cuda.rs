@@ -867,13 +867,7 @@ impl Device for CudaDevice {
         shared_mem: u32,
         attributes: &[LaunchAttribute],
     ) -> CudaResult<i32> {
-        let mut attributes = launch_attributes(attributes)?;
-        let config = launch_config(grid, block, shared_mem, std::ptr::null_mut(), &mut attributes)?;
-        let mut clusters = 0;
-        // SAFETY: `function` belongs to a loaded module; `config` and its attributes outlive the
-        // call; valid out-pointer.
-        check(unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, function.0, &config).result() })?;
-        Ok(clusters)
+        cluster_occupancy(function, grid, block, shared_mem, attributes, sys::cuOccupancyMaxActiveClusters)
     }
 
     fn func_attributes(&self, function: Self::Function) -> CudaResult<FuncAttributes> {
@@ -1776,13 +1770,7 @@ impl Device for CudaDevice {
         shared_mem: u32,
         attributes: &[LaunchAttribute],
     ) -> CudaResult<i32> {
-        let mut attributes = launch_attributes(attributes)?;
-        let config = launch_config(grid, block, shared_mem, std::ptr::null_mut(), &mut attributes)?;
-        let mut size = 0;
-        // SAFETY: `function` belongs to a loaded module; `config` and its attributes outlive the
-        // call; valid out-pointer.
-        check(unsafe { sys::cuOccupancyMaxPotentialClusterSize(&mut size, function.0, &config).result() })?;
-        Ok(size)
+        cluster_occupancy(function, grid, block, shared_mem, attributes, sys::cuOccupancyMaxPotentialClusterSize)
     }
 
     fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {
@@ -1936,6 +1924,25 @@ fn launch_config(
         attrs: attributes.as_mut_ptr(),
         numAttrs: c_uint::try_from(attributes.len()).map_err(|_| CudaError::INVALID_VALUE)?,
     })
+}
+
+/// One of the driver's cluster occupancy queries (`cuOccupancyMaxActiveClusters`,
+/// `cuOccupancyMaxPotentialClusterSize`) for a launch configuration.
+fn cluster_occupancy(
+    function: Handle<sys::CUfunction>,
+    grid: Dim3,
+    block: Dim3,
+    shared_mem: u32,
+    attributes: &[LaunchAttribute],
+    query: unsafe fn(*mut c_int, sys::CUfunction, *const sys::CUlaunchConfig) -> sys::CUresult,
+) -> CudaResult<i32> {
+    let mut attributes = launch_attributes(attributes)?;
+    let config = launch_config(grid, block, shared_mem, std::ptr::null_mut(), &mut attributes)?;
+    let mut value = 0;
+    // SAFETY: `function` belongs to a loaded module; `config` and its attributes outlive the
+    // call; valid out-pointer.
+    check(unsafe { query(&mut value, function.0, &config).result() })?;
+    Ok(value)
 }
 
 /// A `CUmemAccess_flags` from its number.
