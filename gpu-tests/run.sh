@@ -37,6 +37,11 @@ usage: gpu-tests/run.sh [options]
   --device NAME       the server's --device (default: cuda; 'emulated' only checks the plumbing)
   --timeout SECONDS   limit for each program run (default: 120)
   --nvcc PATH         the compiler (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc)
+  --prebuilt DIR      the programs were built elsewhere (gpu-tests/build-with-nvcc: another nvcc
+                      than this machine's): run DIR's, build none (the helpers in tools/ are
+                      still built, into DIR); a program missing from DIR fails its rows
+  --native-lib DIR    put DIR first on the library path of native runs (the libcudart.so.13 of
+                      the toolkit that built --prebuilt programs, as an app ships its runtime)
   --no-hide           do not hide the local GPU from Flyt apps (default: every Flyt app runs in a
                       mount namespace where /dev/nvidia* and the NVIDIA driver libraries are hidden)
   --no-lib-check      do not LD_PRELOAD tools/maps_check.so into Flyt apps (default: check that no
@@ -96,6 +101,8 @@ KILL_TIME=180
 WARM_WORKERS=16
 BUDGET=480
 TLS=0
+PREBUILT=0
+NATIVE_LIB=
 
 need_value() { if [ $# -lt 2 ] || [ -z "$2" ]; then die "$1 needs a value"; fi; }
 need_number() { case $2 in '' | *[!0-9]*) die "$1 must be a whole number" ;; esac; }
@@ -113,6 +120,8 @@ while [ $# -gt 0 ]; do
         --device) need_value "$@"; DEVICE=$2; shift 2 ;;
         --timeout) need_value "$@"; need_number "$@"; TIMEOUT=$2; shift 2 ;;
         --nvcc) need_value "$@"; NVCC=$2; shift 2 ;;
+        --prebuilt) need_value "$@"; PREBUILT=1; BUILD=$2; shift 2 ;;
+        --native-lib) need_value "$@"; NATIVE_LIB=$2; shift 2 ;;
         --native-only) MODE=native; shift ;;
         --build-only) MODE=build; shift ;;
         --no-hide) HIDE=0; shift ;;
@@ -145,6 +154,14 @@ case $RUNTIME in shared | static) ;; *) die "--runtime: shared or static, not '$
 DIST=$(abspath "$DIST")
 OUT=$(abspath "$OUT")
 BUILD=$(abspath "$BUILD")
+if [ $PREBUILT = 1 ]; then
+    [ -d "$BUILD" ] || die "--prebuilt: $BUILD is not a folder"
+    [ "$MODE" = build ] && die "--prebuilt and --build-only exclude each other"
+fi
+if [ -n "$NATIVE_LIB" ]; then
+    [ -f "$NATIVE_LIB/libcudart.so.13" ] || die "--native-lib: no libcudart.so.13 in $NATIVE_LIB"
+    NATIVE_LIB=$(abspath "$NATIVE_LIB")
+fi
 
 IFS=, read -r -a TRANSPORT_LIST <<<"$TRANSPORTS"
 for t in "${TRANSPORT_LIST[@]}"; do
@@ -287,7 +304,7 @@ if [ $RUN_PAIR = 1 ]; then
 fi
 [ "$MODE" = flyt ] || SOAK_ON=()
 
-if [ -z "$NVCC" ]; then
+if [ -z "$NVCC" ] && [ $PREBUILT = 0 ]; then
     if command -v nvcc >/dev/null 2>&1; then
         NVCC=nvcc
     elif [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -373,7 +390,11 @@ GPU_LINE=
 if command -v nvidia-smi >/dev/null 2>&1; then
     GPU_LINE=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
 fi
-NVCC_LINE="$(command -v "$NVCC") ($("$NVCC" --version 2>/dev/null | grep -i release | head -n 1))"
+if [ $PREBUILT = 1 ]; then
+    NVCC_LINE="programs prebuilt in $BUILD by $(cat "$BUILD/nvcc.txt" 2>/dev/null || echo "an unrecorded nvcc")"
+else
+    NVCC_LINE="$(command -v "$NVCC") ($("$NVCC" --version 2>/dev/null | grep -i release | head -n 1))"
+fi
 {
     echo "gpu-tests run, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), mode $MODE, arch $ARCH, transports $TRANSPORTS"
     echo "command: $CMDLINE"
@@ -397,14 +418,19 @@ fi
 declare -A BUILT=()
 build_pids=()
 for n in "${TO_BUILD[@]}"; do
-    rm -f "$BUILD/$n"
     # shellcheck disable=SC2046,SC2086  # flags are deliberately word-split
     (
         set -x
         case $n in
             # A PyTorch script "builds" into a launcher that runs it with --python's interpreter.
-            torch_*) printf '#!/bin/sh\nexec %q %q "$@"\n' "$PYTHON" "$(source_of "$n")" >"$BUILD/$n" && chmod +x "$BUILD/$n" ;;
-            *) "$NVCC" -cudart="$RUNTIME" -arch="$ARCH" $(nvcc_flags_for "$n") ${NVCC_FLAGS:-} -o "$BUILD/$n" "$(source_of "$n")" ;;
+            torch_*) rm -f "$BUILD/$n" && printf '#!/bin/sh\nexec %q %q "$@"\n' "$PYTHON" "$(source_of "$n")" >"$BUILD/$n" && chmod +x "$BUILD/$n" ;;
+            # Built elsewhere by another nvcc (--prebuilt): taken as it is.
+            *) if [ $PREBUILT = 1 ]; then
+                   [ -x "$BUILD/$n" ] || { echo "--prebuilt: $BUILD/$n missing" >&2; exit 1; }
+               else
+                   rm -f "$BUILD/$n"
+                   "$NVCC" -cudart="$RUNTIME" -arch="$ARCH" $(nvcc_flags_for "$n") ${NVCC_FLAGS:-} -o "$BUILD/$n" "$(source_of "$n")"
+               fi ;;
         esac
     ) >"$TMP/$n.build" 2>&1 &
     build_pids+=($!)
@@ -626,6 +652,7 @@ run_prog() {
 }
 
 NATIVE_ENV=(-u FLYT_SERVER)
+[ -n "$NATIVE_LIB" ] && NATIVE_ENV+=("LD_LIBRARY_PATH=$NATIVE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
 flyt_env() { # transport -> env settings for a Flyt run
     local addr shm=off
     case $1 in

@@ -217,7 +217,16 @@ fn open_session() -> Result<Client, (CudaError, String)> {
     let wanted = shm::Wanted::from_env();
     let offered = match wanted {
         shm::Wanted::Off => None,
-        _ => match shm::create(wire.is_tcp()) {
+        // In a virtual machine given an ivshmem region, the segment is a slot of it; anywhere
+        // else (or if the region cannot be used), a file of this process.
+        _ => match shm::region_path()
+            .and_then(|path| {
+                shm::create_in_region(&path)
+                    .map_err(|reason| crate::diagnostics::once("ivshmem", &format!("flyt: ivshmem region unused: {reason}")))
+                    .ok()
+            })
+            .map_or_else(|| shm::create(wire.is_tcp()), Ok)
+        {
             Ok(offered) => Some(offered),
             Err(reason) if wanted == shm::Wanted::Required => {
                 return Err(unavailable(format!("FLYT_SHM=on but no shared-memory segment: {reason}")));
@@ -226,15 +235,14 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         },
     };
     let offer = offered.as_ref().map(|offered| ShmOffer {
-        path: offered.path.as_ref().map(|path| path.display().to_string()).unwrap_or_default(),
+        path: offered.path().map(|path| path.display().to_string()).unwrap_or_default(),
         size: offered.size as u64,
         staging: offered.staging as u64,
         rings: offered.rings as u64,
+        region: offered.claim(),
     });
     write_value(&mut wire, 0, &Hello::new(token, identity, offer)).map_err(|error| unavailable(format!("server {address}: {error}")))?;
-    if let (Some(offered), Wire::Unix(socket)) = (&offered, &wire)
-        && offered.path.is_none()
-    {
+    if let (Some(offered @ shm::Offered { source: shm::Source::Memfd, .. }), Wire::Unix(socket)) = (&offered, &wire) {
         shm::send_descriptor(socket, &offered.file).map_err(|error| unavailable(format!("sending the segment: {error}")))?;
     }
     let limits = FrameLimits { max_message: 16 << 20, max_bulk: 0 };
@@ -252,9 +260,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
     let shm = match offered {
         Some(offered) if info.shm_accepted => Some(shm::Channel::new(offered)),
         Some(offered) => {
-            if let Some(path) = &offered.path {
-                let _ = std::fs::remove_file(path);
-            }
+            offered.abandon();
             if wanted == shm::Wanted::Required {
                 let reason = info.shm_refusal.clone().unwrap_or_else(|| "the server declined it".into());
                 return Err(unavailable(format!("FLYT_SHM=on but the shared-memory channel is not available: {reason}")));

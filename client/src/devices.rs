@@ -12,7 +12,6 @@ use flyt_protocol::device::{DeviceInfo, attr};
 /// pools and GPUDirect RDMA, whose APIs answer not-supported errors.
 pub const NOT_THROUGH_FLYT: &[u32] = &[
     attr::CAN_MAP_HOST_MEMORY,
-    attr::MANAGED_MEMORY,
     attr::HOST_NATIVE_ATOMIC_SUPPORTED,
     attr::PAGEABLE_MEMORY_ACCESS,
     attr::CONCURRENT_MANAGED_ACCESS,
@@ -37,7 +36,13 @@ pub const NOT_THROUGH_FLYT: &[u32] = &[
 /// Capabilities among `NOT_THROUGH_FLYT` that the shared-memory channel gives: host memory kernels
 /// use in place (pinned blocks the server maps at the app's addresses), and managed memory made of
 /// such blocks, which the CPU and the GPU may use at the same time.
-pub const WITH_SHARED_MEMORY: &[u32] = &[attr::CAN_MAP_HOST_MEMORY, attr::MANAGED_MEMORY, attr::CONCURRENT_MANAGED_ACCESS];
+///
+/// `MANAGED_MEMORY` itself is reported as the device reports it on every transport: `__managed__`
+/// variables work over a socket too (through mirrors, `flyt_client::mirrors`), and NVIDIA's
+/// runtime from CUDA 13.5 on leaves their host pointers NULL on a device without managed memory
+/// (the program then crashes at its first use of one). `cuMemAllocManaged` over a socket alone
+/// answers an error with one line.
+pub const WITH_SHARED_MEMORY: &[u32] = &[attr::CAN_MAP_HOST_MEMORY, attr::CONCURRENT_MANAGED_ACCESS];
 
 /// A device attribute as the app sees it through Flyt: the device's value, or 0 for a capability
 /// in `NOT_THROUGH_FLYT` (unless `shared_memory`, the session having the channel, gives it);

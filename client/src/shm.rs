@@ -55,6 +55,17 @@ fn env_size(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|value| value.trim().parse::<usize>().ok()).unwrap_or(default)
 }
 
+/// Where a segment's memory comes from.
+pub enum Source {
+    /// A sealable memfd, passed over the Unix socket right after the hello.
+    Memfd,
+    /// A file in /dev/shm the server opens by its path (TCP to this host); unlinked as soon as
+    /// the server has it open.
+    Path(std::path::PathBuf),
+    /// A slot of this virtual machine's ivshmem region, which the server maps from its host.
+    Region { region: flyt_ring::region::GuestRegion, slot: u32 },
+}
+
 /// A mapped segment before the server has accepted it.
 pub struct Offered {
     pub file: File,
@@ -63,8 +74,7 @@ pub struct Offered {
     pub staging: usize,
     /// Capacity of each message ring at the segment's start (0: none).
     pub rings: usize,
-    /// For a path segment: the path to unlink once the server has it open.
-    pub path: Option<std::path::PathBuf>,
+    pub source: Source,
 }
 
 impl Offered {
@@ -72,17 +82,53 @@ impl Offered {
     fn first_slot(&self) -> usize {
         if self.rings == 0 { 0 } else { flyt_ring::area_len(self.rings).div_ceil(SLOT) * SLOT }
     }
+
+    /// The path the server opens, for a path segment.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match &self.source {
+            Source::Path(path) => Some(path),
+            Source::Memfd | Source::Region { .. } => None,
+        }
+    }
+
+    /// The claim on a region slot the server checks, for a region segment.
+    pub fn claim(&self) -> Option<flyt_protocol::handshake::RegionClaim> {
+        match &self.source {
+            Source::Region { region, slot } => Some(flyt_protocol::handshake::RegionClaim {
+                name: region.geometry.name.clone(),
+                token: region.geometry.token.clone(),
+                offset: region.geometry.slot_offset(*slot),
+            }),
+            Source::Memfd | Source::Path(_) => None,
+        }
+    }
+
+    /// Gives the segment up after the server declined it.
+    pub fn abandon(self) {
+        match &self.source {
+            Source::Path(path) => {
+                let _ = std::fs::remove_file(path);
+            }
+            Source::Region { region, slot } => region.release(*slot),
+            Source::Memfd => {}
+        }
+    }
+}
+
+/// Capacity of each ring and bytes of staging (rings included) from the environment, rounded.
+fn staging_layout() -> (usize, usize) {
+    let round = |bytes: usize| bytes.div_ceil(SLOT) * SLOT;
+    let rings = env_size("FLYT_SHM_RINGS", DEFAULT_RINGS);
+    let rings = if rings == 0 { 0 } else { rings.clamp(4096, 16 << 20).next_power_of_two() };
+    let ring_area = if rings == 0 { 0 } else { round(flyt_ring::area_len(rings)) };
+    (rings, ring_area + round(env_size("FLYT_SHM_STAGING", DEFAULT_STAGING).max(SLOT)))
 }
 
 /// Creates a segment: a sealable memfd (for Unix sockets) or a file in /dev/shm (for TCP to
 /// this host). Sizes come from `FLYT_SHM_SIZE` and `FLYT_SHM_STAGING` (bytes).
 pub fn create(as_path: bool) -> Result<Offered, String> {
-    let round = |bytes: usize| bytes.div_ceil(SLOT) * SLOT;
-    let rings = env_size("FLYT_SHM_RINGS", DEFAULT_RINGS);
-    let rings = if rings == 0 { 0 } else { rings.clamp(4096, 16 << 20).next_power_of_two() };
-    let ring_area = if rings == 0 { 0 } else { round(flyt_ring::area_len(rings)) };
-    let staging = ring_area + round(env_size("FLYT_SHM_STAGING", DEFAULT_STAGING).max(SLOT));
-    let size = round(env_size("FLYT_SHM_SIZE", DEFAULT_SIZE).max(staging + SLOT));
+    let (rings, staging) = staging_layout();
+    let size = (env_size("FLYT_SHM_SIZE", DEFAULT_SIZE).max(staging + SLOT)).div_ceil(SLOT) * SLOT;
     let (file, path) = if as_path {
         let path = std::path::PathBuf::from(format!(
             "/dev/shm/flyt-{}-{:x}",
@@ -113,8 +159,50 @@ pub fn create(as_path: bool) -> Result<Offered, String> {
         error
     };
     file.set_len(size as u64).map_err(|error| cleanup(format!("sizing the segment: {error}")))?;
-    let map = SegmentMap::new(&file, size).map_err(|error| cleanup(format!("mapping the segment: {error}")))?;
-    Ok(Offered { file, map, size, staging, rings, path })
+    let map = SegmentMap::new(&file, size, 0).map_err(|error| cleanup(format!("mapping the segment: {error}")))?;
+    let source = path.map_or(Source::Memfd, Source::Path);
+    Ok(Offered { file, map, size, staging, rings, source })
+}
+
+/// The ivshmem region to use, if any: `FLYT_IVSHMEM` names its file (a device's `resource2`, or
+/// a plain file in tests), `off` uses none, and unset or `auto` takes the first ivshmem device
+/// the guest's kernel lists (none on a host that is not a VM given one).
+pub fn region_path() -> Option<std::path::PathBuf> {
+    match std::env::var("FLYT_IVSHMEM").unwrap_or_default().trim() {
+        "off" | "0" | "no" | "false" => None,
+        "" | "auto" => flyt_ring::region::find_devices().into_iter().next(),
+        path => Some(path.into()),
+    }
+}
+
+/// Takes a slot of this VM's ivshmem region as the session's segment: the whole slot, its
+/// start the staging area (and rings), the rest pinned blocks.
+pub fn create_in_region(path: &std::path::Path) -> Result<Offered, String> {
+    let region = flyt_ring::region::GuestRegion::open(path).map_err(|error| error.to_string())?;
+    let slot = region.claim().map_err(|error| error.to_string())?;
+    let give_back = |error: String| {
+        region.release(slot);
+        error
+    };
+    let (rings, staging) = staging_layout();
+    let size = usize::try_from(region.geometry.slot_size).unwrap_or(0) / SLOT * SLOT;
+    if staging + SLOT > size {
+        return Err(give_back(format!(
+            "a slot of region {} holds {size} bytes, fewer than the {} staging needs",
+            region.geometry.name,
+            staging + SLOT
+        )));
+    }
+    let file = region.file.try_clone().map_err(|error| give_back(error.to_string()))?;
+    let map = SegmentMap::new(&file, size, region.geometry.slot_offset(slot))
+        .map_err(|error| give_back(format!("mapping slot {slot} of {}: {error}", path.display())))?;
+    if rings > 0 {
+        // A slot whose owner died may hold its rings' records: a leftover stamp would read as
+        // a record, so the ring area starts zeroed, as a new segment's does.
+        // SAFETY: the ring area lies at the start of the mapping just made, owned by no one else.
+        unsafe { std::ptr::write_bytes(map.as_mut_ptr(), 0, flyt_ring::area_len(rings)) };
+    }
+    Ok(Offered { file, map, size, staging, rings, source: Source::Region { region, slot } })
 }
 
 /// Where segments go when that is free: a part of the address space that neither this process
@@ -140,9 +228,11 @@ unsafe impl Send for SegmentMap {}
 unsafe impl Sync for SegmentMap {}
 
 impl SegmentMap {
-    /// Maps `file` at one of the quiet places when one is free, else where the kernel chooses.
-    fn new(file: &File, len: usize) -> std::io::Result<Self> {
+    /// Maps `len` bytes of `file` from `offset` at one of the quiet places when one is free,
+    /// else where the kernel chooses.
+    fn new(file: &File, len: usize, offset: u64) -> std::io::Result<Self> {
         use std::os::fd::AsRawFd;
+        let offset = libc::off_t::try_from(offset).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
         let map = |hint: usize, flags: libc::c_int| {
             // SAFETY: a fresh shared mapping of the whole file; with MAP_FIXED_NOREPLACE the kernel
             // refuses an address already in use instead of replacing what is there.
@@ -153,7 +243,7 @@ impl SegmentMap {
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_SHARED | flags,
                     file.as_raw_fd(),
-                    0,
+                    offset,
                 )
             }
         };
@@ -250,6 +340,9 @@ pub struct Channel {
     map: SegmentMap,
     size: usize,
     _file: File,
+    /// Where the memory came from (a region slot stays claimed while the channel lives).
+    _source: Source,
+    wake: flyt_ring::Wake,
     slots: Mutex<Vec<Slot>>,
     slot_freed: Condvar,
     /// Free extents of the pinned-block heap: offset -> length.
@@ -278,14 +371,18 @@ impl Channel {
         // SAFETY: the ring area is the start of this mapping, which lives as long as the channel
         // (the session's, i.e. the process's); `capacity` is the power of two offered and
         // accepted; the caller keeps `liveness` open.
-        unsafe { flyt_ring::Pair::new(self.ptr(0), capacity, flyt_ring::Side::Client, liveness, flyt_ring::spin_budget()).split() }
+        unsafe {
+            flyt_ring::Pair::new(self.ptr(0), capacity, flyt_ring::Side::Client, liveness, flyt_ring::spin_budget(), self.wake).split()
+        }
     }
 
     pub fn new(offered: Offered) -> Self {
-        if let Some(path) = &offered.path {
+        if let Some(path) = offered.path() {
             // The server has the file open: nothing needs the name any more.
             let _ = std::fs::remove_file(path);
         }
+        // The server of a region runs on the guest's host, another kernel: no shared futex.
+        let wake = if offered.claim().is_some() { flyt_ring::Wake::Doorbell } else { flyt_ring::Wake::Futex };
         let first = offered.first_slot();
         let slots =
             (0..(offered.staging - first) / SLOT).map(|index| Slot { offset: first + index * SLOT, fence: None, taken: false }).collect();
@@ -295,6 +392,8 @@ impl Channel {
             map: offered.map,
             size: offered.size,
             _file: offered.file,
+            _source: offered.source,
+            wake,
             slots: Mutex::new(slots),
             slot_freed: Condvar::new(),
             free: Mutex::new(free),

@@ -116,6 +116,47 @@ enum Command {
         #[arg(long = "name", required = true)]
         names: Vec<String>,
     },
+    /// A virtual machine's ivshmem region on this GPU host (the guest's shared-memory channel to
+    /// the host's rpc-servers). Needs no cluster manager.
+    Ivshmem {
+        #[command(subcommand)]
+        command: IvshmemCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum IvshmemCommand {
+    /// Make (or remake, with the VM stopped) a VM's region and its token file, and print the
+    /// QEMU options that give it to the VM.
+    Create {
+        /// The region's name (one per VM, e.g. the VM's name).
+        name: String,
+        /// The rpc-servers' --ivshmem-dir.
+        #[arg(long, default_value = "/dev/shm/flyt-ivshmem")]
+        dir: PathBuf,
+        /// Bytes in the region (a power of two), e.g. 4GiB.
+        #[arg(long, default_value = "4GiB", value_parser = power_of_two_bytes)]
+        size: u64,
+        /// Sessions of the VM at once (each takes an equal slot).
+        #[arg(long, default_value_t = 8)]
+        sessions: u32,
+    },
+}
+
+/// Parses a byte count with an optional KiB/MiB/GiB suffix that is a power of two.
+fn power_of_two_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, unit) = text.find(|c: char| !c.is_ascii_digit()).map_or((text, ""), |at| text.split_at(at));
+    let shift = match unit.trim() {
+        "" => 0,
+        "KiB" | "K" => 10,
+        "MiB" | "M" => 20,
+        "GiB" | "G" => 30,
+        "TiB" | "T" => 40,
+        other => return Err(format!("unknown unit '{other}' (use KiB, MiB, GiB or TiB)")),
+    };
+    let bytes = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(1 << shift)).ok_or_else(|| format!("'{text}' is not a size"))?;
+    if bytes.is_power_of_two() { Ok(bytes) } else { Err(format!("{text}: an ivshmem region is a power of two in size")) }
 }
 
 #[derive(Subcommand)]
@@ -164,12 +205,14 @@ enum CtlError {
     Json(serde_json::Error),
     /// cannot make the TLS files: {0}
     Tls(String),
+    /// cannot make the ivshmem region: {0}
+    Region(String),
 }
 
 impl CtlError {
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Refused(_) | Self::Tls(_) => 1,
+            Self::Refused(_) | Self::Tls(_) | Self::Region(_) => 1,
             Self::ReadKey(..) | Self::ShortKey(_) | Self::WrongKey(_) | Self::RemoteRefused(_) | Self::Usage(_) | Self::Json(_) => 2,
             Self::Unreachable { .. } | Self::Timeout { .. } | Self::Call { .. } => 3,
         }
@@ -291,6 +334,22 @@ async fn run(args: Args) -> Result<(), CtlError> {
     if let Command::TlsInit { dir, names } = &args.command {
         let (ca, cert, key) = flyt_daemon_kit::tls::generate(dir, names).map_err(CtlError::Tls)?;
         println!("ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"", ca.display(), cert.display(), key.display());
+        return Ok(());
+    }
+    if let Command::Ivshmem { command: IvshmemCommand::Create { name, dir, size, sessions } } = &args.command {
+        let path = flyt_ring::region::create(dir, name, *size, *sessions).map_err(|error| CtlError::Region(error.to_string()))?;
+        let mib = size >> 20;
+        println!(
+            "region {name}: {} ({mib} MiB, {sessions} sessions); token in {}",
+            path.display(),
+            flyt_ring::region::token_path(dir, name).display()
+        );
+        println!("QEMU options for the VM:");
+        println!(
+            "  -object memory-backend-file,id=flyt-{name},share=on,mem-path={},size={mib}M -device ivshmem-plain,memdev=flyt-{name}",
+            path.display()
+        );
+        println!("rpc-servers on this host: --ivshmem-dir {}", dir.display());
         return Ok(());
     }
     // One limit for everything: connecting, the handshake and the call.
@@ -425,7 +484,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
             }
         }
         // Made before connecting, above.
-        Command::TlsInit { .. } => {}
+        Command::TlsInit { .. } | Command::Ivshmem { .. } => {}
         Command::Drain { node } | Command::Undrain { node } => {
             let drained = matches!(args.command, Command::Drain { .. });
             let record = call(&args, deadline, client.set_drained(context(), node.clone(), drained)).await?.map_err(CtlError::Refused)?;

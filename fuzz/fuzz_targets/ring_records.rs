@@ -42,7 +42,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     // SAFETY: the mapping holds `area_len(CAPACITY)` bytes, page-aligned, alive until the halves
     // are dropped at the end of this run; the socket lives for the whole process.
     let (mut reader, mut writer) =
-        unsafe { Pair::new(area.as_mut_ptr(), CAPACITY, Side::Server, liveness().0.as_raw_fd(), Duration::ZERO) }.split();
+        unsafe { Pair::new(area.as_mut_ptr(), CAPACITY, Side::Server, liveness().0.as_raw_fd(), Duration::ZERO, flyt_ring::Wake::Futex) }.split();
     let mut buf = [0u8; 1000];
     for _ in 0..16 {
         match reader.try_read(&mut buf) {

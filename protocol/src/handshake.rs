@@ -7,7 +7,7 @@ use crate::device::DeviceInfo;
 /// Bytes that open every `Hello`, so a stray connection is refused at once.
 pub const MAGIC: [u8; 4] = *b"FLYT";
 /// Bumped whenever a message or the op table changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 14;
+pub const PROTOCOL_VERSION: u32 = 15;
 /// The CUDA runtime ABI the shim implements.
 pub const CUDA_ABI_MAJOR: u32 = 13;
 /// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
@@ -39,6 +39,19 @@ pub struct ShmOffer {
     /// Capacity of each of the two message rings at the start of the segment (see `flyt-ring`),
     /// or 0 to keep small messages on the socket.
     pub rings: u64,
+    /// The segment is a slot of a virtual machine's ivshmem region on the server's host (the
+    /// client runs in the guest), not a file of the client's own.
+    pub region: Option<RegionClaim>,
+}
+
+/// A guest's claim on a slot of its VM's ivshmem region (`flyt_ring::region`): the region's name
+/// on the host, its secret (read from the region's header, which only that VM and the host see),
+/// and where the slot starts in the region. The segment is `size` bytes from there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionClaim {
+    pub name: String,
+    pub token: String,
+    pub offset: u64,
 }
 
 /// The client's first frame.

@@ -1,8 +1,11 @@
 //! Two single-producer, single-consumer byte rings in a shared-memory segment, one per
 //! direction, carrying the same frames the socket would. A side that waits spins first (replies
-//! to small calls arrive within microseconds) and then sleeps on a futex, so an idle session costs
-//! no CPU. The socket the session was opened on stays open and tells each side when the other
-//! is gone: a ring is never the only thing standing between an app and a hang.
+//! to small calls arrive within microseconds) and then sleeps, so an idle session costs no CPU:
+//! on a futex when both sides share a kernel ([`Wake::Futex`]), or, when they do not (a virtual
+//! machine's guest and its host share only the memory of an ivshmem device), in `poll` on the
+//! session's socket, which the writer rings with one byte ([`Wake::Doorbell`]). The socket the
+//! session was opened on stays open and tells each side when the other is gone: a ring is never
+//! the only thing standing between an app and a hang.
 //!
 //! Layout at the ring area's start (`AREA_HEADER` bytes): the client-to-server header at 0 and
 //! the server-to-client header at `AREA_HEADER / 2`; then `capacity` bytes of client-to-server
@@ -17,6 +20,7 @@
 )]
 
 mod link;
+pub mod region;
 pub mod tls;
 
 pub use link::Link;
@@ -99,6 +103,21 @@ struct Header {
 
 const _: () = assert!(size_of::<Header>() <= AREA_HEADER / 2);
 
+/// How a side that sleeps is woken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// A futex on the ring's counters: both sides run on one kernel.
+    Futex,
+    /// One byte on the session's socket, after which the socket carries nothing else: the sides
+    /// run on different kernels (a guest and its host), which share no futex. A writer waiting
+    /// for room naps instead (a full ring is rare, and its doorbell would share the socket with
+    /// the reader's).
+    Doorbell,
+}
+
+/// How long a writer waiting for room naps between looks, under [`Wake::Doorbell`].
+const ROOM_NAP: Duration = Duration::from_micros(200);
+
 /// Which end of the pair this process is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
@@ -160,6 +179,7 @@ pub struct Pair {
     incoming: Ring,
     liveness: RawFd,
     spin: Duration,
+    wake: Wake,
 }
 
 // SAFETY: the rings live in shared memory accessed only through atomics and the single producer
@@ -200,8 +220,8 @@ impl Pair {
     /// two of at least 4096; `liveness` is the session's socket, open as long as the pair lives.
     /// The area should be all zero before either side first uses it (a leftover stamp reads as
     /// a record); whatever a peer writes there, this side gets data or errors, never an access
-    /// outside the area.
-    pub unsafe fn new(base: *mut u8, capacity: usize, side: Side, liveness: RawFd, spin: Duration) -> Self {
+    /// outside the area. Both sides must use the same `wake`.
+    pub unsafe fn new(base: *mut u8, capacity: usize, side: Side, liveness: RawFd, spin: Duration, wake: Wake) -> Self {
         let ring = |header_at: usize, data_at: usize| Ring {
             header: base.wrapping_add(header_at).cast(),
             data: base.wrapping_add(data_at),
@@ -213,7 +233,7 @@ impl Pair {
             Side::Client => (to_server, to_client),
             Side::Server => (to_client, to_server),
         };
-        Self { outgoing, incoming, liveness, spin }
+        Self { outgoing, incoming, liveness, spin, wake }
     }
 
     /// The reading and writing halves.
@@ -233,7 +253,9 @@ impl Pair {
         !(ready > 0 && poll.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLNVAL) != 0)
     }
 
-    /// Waits until `ready()` holds; `false` if the peer went away first.
+    /// Waits until `ready()` holds; `false` if the peer went away first. `sequence` and `asleep`
+    /// are the counter and flag of what is awaited: a record (`written`, `consumer_asleep`) or
+    /// room (`read`, `producer_asleep`).
     fn wait(&self, ring: &Ring, ready: impl Fn() -> bool, sequence: &AtomicU32, asleep: &AtomicU32) -> bool {
         let spin_until = Instant::now() + self.spin;
         while Instant::now() < spin_until {
@@ -242,6 +264,7 @@ impl Pair {
             }
             std::hint::spin_loop();
         }
+        let awaiting_record = std::ptr::eq(sequence, &ring.header().written.0);
         loop {
             let seen = sequence.load(Ordering::Acquire);
             asleep.store(1, Ordering::SeqCst);
@@ -249,13 +272,43 @@ impl Pair {
                 asleep.store(0, Ordering::SeqCst);
                 return true;
             }
-            futex_wait(sequence, seen, NAP);
+            match self.wake {
+                Wake::Futex => futex_wait(sequence, seen, NAP),
+                Wake::Doorbell if awaiting_record => self.await_doorbell(),
+                Wake::Doorbell => std::thread::sleep(ROOM_NAP),
+            }
             asleep.store(0, Ordering::SeqCst);
             if ready() {
                 return true;
             }
             if !self.peer_alive(ring) {
                 return false;
+            }
+        }
+    }
+
+    /// Sleeps until the socket has a doorbell byte (or the peer hangs up, or a nap passes) and
+    /// drains what is there: the bytes carry no meaning beyond "look at the ring".
+    fn await_doorbell(&self) {
+        let mut poll = libc::pollfd { fd: self.liveness, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one valid pollfd; the timeout is a plain number of milliseconds.
+        let ready = unsafe { libc::poll(&mut poll, 1, NAP.as_millis() as libc::c_int) };
+        if ready > 0 && poll.revents & libc::POLLIN != 0 {
+            let mut bytes = [0u8; 64];
+            // SAFETY: reads into a local buffer of the given length, without blocking.
+            while unsafe { libc::recv(self.liveness, bytes.as_mut_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT) } > 0 {}
+        }
+    }
+
+    /// Wakes the peer's sleeping reader after a record was published.
+    fn ring_doorbell(&self, ring: &Ring) {
+        match self.wake {
+            Wake::Futex => futex_wake(&ring.header().written.0),
+            Wake::Doorbell => {
+                // A full socket already holds doorbells the reader has not drained; a broken
+                // one is the peer's death, which the reader's checks report.
+                // SAFETY: sends one byte from a local buffer, without blocking or SIGPIPE.
+                let _ = unsafe { libc::send(self.liveness, b"w".as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
             }
         }
     }
@@ -374,7 +427,7 @@ impl RingReader {
             let header = self.pair.incoming.header();
             header.tail.0.store(self.next, Ordering::Release);
             header.read.0.fetch_add(1, Ordering::SeqCst);
-            if header.producer_asleep.0.load(Ordering::SeqCst) != 0 {
+            if self.pair.wake == Wake::Futex && header.producer_asleep.0.load(Ordering::SeqCst) != 0 {
                 futex_wake(&header.read.0);
             }
         }
@@ -449,7 +502,7 @@ impl RingWriter {
         // consumer sets that flag, then looks at the stamp): one of the two sees the other.
         header.written.0.fetch_add(1, Ordering::SeqCst);
         if header.consumer_asleep.0.load(Ordering::SeqCst) != 0 {
-            futex_wake(&header.written.0);
+            self.pair.ring_doorbell(ring);
         }
         Ok(payload as usize)
     }
@@ -484,8 +537,8 @@ mod tests {
         // SAFETY: the map holds `area_len(CAPACITY)` bytes and outlives the rings in each test.
         unsafe {
             (
-                Pair::new(base, CAPACITY, Side::Client, socket, Duration::from_micros(50)).split(),
-                Pair::new(base, CAPACITY, Side::Server, socket, Duration::from_micros(50)).split(),
+                Pair::new(base, CAPACITY, Side::Client, socket, Duration::from_micros(50), Wake::Futex).split(),
+                Pair::new(base, CAPACITY, Side::Server, socket, Duration::from_micros(50), Wake::Futex).split(),
             )
         }
     }
@@ -514,6 +567,50 @@ mod tests {
         client_in.read_exact(&mut back).unwrap();
         assert_eq!(back, message);
         echo.join().unwrap();
+    }
+
+    /// Sides on different kernels: each rings the other's end of the socket, and the readers
+    /// (which never spin here) sleep in `poll` on their own end.
+    #[test]
+    fn doorbells_on_the_socket_wake_sleeping_readers() {
+        let mut map = memmap2::MmapMut::map_anon(area_len(CAPACITY)).unwrap();
+        let (client_socket, server_socket) = std::os::unix::net::UnixStream::pair().unwrap();
+        let base = map.as_mut_ptr();
+        // SAFETY: the map holds `area_len(CAPACITY)` bytes and outlives the rings; each socket
+        // end outlives its side.
+        let ((mut client_in, mut client_out), (mut server_in, mut server_out)) = unsafe {
+            (
+                Pair::new(base, CAPACITY, Side::Client, client_socket.as_raw_fd(), Duration::ZERO, Wake::Doorbell).split(),
+                Pair::new(base, CAPACITY, Side::Server, server_socket.as_raw_fd(), Duration::ZERO, Wake::Doorbell).split(),
+            )
+        };
+        let echo = std::thread::spawn(move || {
+            for _ in 0..200 {
+                let mut frame = [0u8; 24];
+                server_in.read_exact(&mut frame).unwrap();
+                server_out.write_all(&frame).unwrap();
+            }
+            // Larger than the ring: the writer waits for room (naps, no doorbell) while the
+            // client drains it.
+            let big: Vec<u8> = (0..5 * CAPACITY).map(|i| (i % 253) as u8).collect();
+            server_out.write_all(&big).unwrap();
+        });
+        for round in 0..200u8 {
+            let frame = [round; 24];
+            client_out.write_all(&frame).unwrap();
+            let mut back = [0u8; 24];
+            client_in.read_exact(&mut back).unwrap();
+            assert_eq!(back, frame);
+        }
+        let mut big = vec![0u8; 5 * CAPACITY];
+        client_in.read_exact(&mut big).unwrap();
+        assert!(big.iter().enumerate().all(|(i, &b)| b == (i % 253) as u8));
+        echo.join().unwrap();
+        // Doorbells rang on the sockets (and nothing else crossed them), all drained or harmless.
+        let mut pending = [0u8; 4096];
+        client_socket.set_nonblocking(true).unwrap();
+        let left = (&client_socket).read(&mut pending).unwrap_or(0);
+        assert!(pending[..left].iter().all(|&b| b == b'w'), "only doorbell bytes cross the socket");
     }
 
     #[test]

@@ -100,6 +100,11 @@ pub struct ServerArgs {
     /// Serve Prometheus metrics at `http://ADDRESS/metrics` (`host:port`); off when unset.
     #[arg(long, env = "FLYT_RPC_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// Folder of the ivshmem regions of this host's virtual machines (`flytctl ivshmem create`):
+    /// a guest's session may use a slot of its VM's region, named and proven by the region's
+    /// token, as its shared-memory segment. Unset: guests' regions are refused.
+    #[arg(long, env = "FLYT_RPC_IVSHMEM_DIR")]
+    pub ivshmem_dir: Option<PathBuf>,
 }
 
 impl ServerArgs {

@@ -118,6 +118,9 @@ impl Server {
         if let Some(dir) = &self.image_cache {
             command.arg("--image-cache").arg(dir);
         }
+        if let Some(dir) = &args.ivshmem_dir {
+            command.arg("--ivshmem-dir").arg(dir);
+        }
         let sm_percentage = self.sm_percentage.load(Ordering::Acquire);
         if sm_percentage < 100 {
             command.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", sm_percentage.to_string());

@@ -78,10 +78,49 @@ struct Block {
     alias: Option<Alias>,
 }
 
+/// A session's hold on its VM's ivshmem region: a shared lock on the region file while the
+/// session lives. The last session to let go wipes the region's slots.
+#[derive(Debug)]
+pub struct RegionLease {
+    file: File,
+    name: String,
+}
+
+impl RegionLease {
+    /// Takes the shared lock (waiting while a session that just ended wipes the region).
+    pub fn take(file: &File, name: &str) -> Result<Self, String> {
+        let file = file.try_clone().map_err(|error| error.to_string())?;
+        // SAFETY: flock on a descriptor this struct owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH) } != 0 {
+            return Err(format!("locking region {name}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(Self { file, name: name.to_owned() })
+    }
+}
+
+impl Drop for RegionLease {
+    fn drop(&mut self) {
+        // Converting to an exclusive lock succeeds only when no other session holds the region
+        // (a failed conversion drops this session's lock, so of two ending at once, the later
+        // one wipes).
+        // SAFETY: flock on a descriptor this struct owns.
+        if unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            match flyt_ring::region::wipe_slots(&self.file) {
+                Ok(()) => tracing::info!(region = %self.name, "the VM's last session ended: region wiped"),
+                Err(error) => tracing::warn!(region = %self.name, %error, "wiping the region failed"),
+            }
+        }
+    }
+}
+
 /// A mapped segment.
 #[derive(Debug)]
 pub struct Segment {
     file: File,
+    /// Where the segment starts in `file` (a region slot's offset; 0 for a file of its own).
+    file_offset: u64,
+    /// Held while the segment is mapped, when it is a region slot.
+    _lease: Option<RegionLease>,
     map: memmap2::MmapRaw,
     size: u64,
     staging: u64,
@@ -93,6 +132,18 @@ impl Segment {
     /// Maps a segment of `size` bytes whose first `staging` bytes are the staging area. A memfd
     /// is sealed against shrinking first, so the client cannot make the mapping fault under us.
     pub fn map(file: File, size: u64, staging: u64, memfd: bool) -> Result<Self, String> {
+        Self::map_at(file, 0, size, staging, memfd, None)
+    }
+
+    /// Maps a slot of a VM's ivshmem region: `size` bytes from `offset` of the region file.
+    pub fn map_region(file: File, offset: u64, size: u64, staging: u64, lease: RegionLease) -> Result<Self, String> {
+        if !offset.is_multiple_of(PAGE) {
+            return Err(format!("a region slot at {offset} is not page aligned"));
+        }
+        Self::map_at(file, offset, size, staging, false, Some(lease))
+    }
+
+    fn map_at(file: File, file_offset: u64, size: u64, staging: u64, memfd: bool, lease: Option<RegionLease>) -> Result<Self, String> {
         if staging > size || !staging.is_multiple_of(PAGE) || !size.is_multiple_of(PAGE) || size == 0 {
             return Err(format!("segment of {size} bytes with {staging} staging bytes is not page aligned"));
         }
@@ -104,17 +155,21 @@ impl Segment {
             }
         }
         let actual = file.metadata().map_err(|error| error.to_string())?.len();
-        if actual < size {
-            return Err(format!("the segment holds {actual} bytes, not the {size} offered"));
+        if file_offset.checked_add(size).is_none_or(|end| actual < end) {
+            return Err(format!("the segment holds {actual} bytes, not the {size} offered from {file_offset}"));
         }
         let len = usize::try_from(size).map_err(|_| "segment too large".to_string())?;
-        let map = memmap2::MmapOptions::new().len(len).map_raw(&file).map_err(|error| format!("mapping the segment: {error}"))?;
+        let map = memmap2::MmapOptions::new()
+            .offset(file_offset)
+            .len(len)
+            .map_raw(&file)
+            .map_err(|error| format!("mapping the segment: {error}"))?;
         // Ask for huge pages where the kernel allows them for shared memory: DMA from pinned
         // memory in 4 KiB pages was measured slower (43 GB/s for 64 MiB) than native pinned
         // memory (55 GB/s). Refused or unsupported, it changes nothing.
         // SAFETY: advice on a mapping this struct owns; it never changes the mapping's contents.
         let _ = unsafe { libc::madvise(map.as_mut_ptr().cast(), len, libc::MADV_HUGEPAGE) };
-        Ok(Self { file, map, size, staging, registered: BTreeMap::new() })
+        Ok(Self { file, file_offset, _lease: lease, map, size, staging, registered: BTreeMap::new() })
     }
 
     /// Where `offset` lies in this process.
@@ -154,7 +209,7 @@ impl Segment {
         if overlaps_before || overlaps_after {
             return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED);
         }
-        let block = Block { len, alias: address.and_then(|address| Alias::map(&self.file, offset, len, address)) };
+        let block = Block { len, alias: address.and_then(|address| Alias::map(&self.file, self.file_offset + offset, len, address)) };
         let pinned = self.pinned_at(offset, &block);
         self.registered.insert(offset, block);
         Ok(pinned)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::frame::{encode_into, write_value};
-use flyt_protocol::handshake::{ClientIdentity, HelloReply, Notice, SessionInfo, ShmOffer};
+use flyt_protocol::handshake::{ClientIdentity, HelloReply, Notice, RegionClaim, SessionInfo, ShmOffer};
 use flyt_protocol::worker::{FromWorker, ToWorker};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, send};
 
@@ -54,6 +54,9 @@ pub struct WorkerArgs {
     /// Time every call for the latency histogram (the listener serves metrics).
     #[arg(long)]
     pub time_calls: bool,
+    /// The folder of this host's VMs' ivshmem regions (the server's `--ivshmem-dir`).
+    #[arg(long)]
+    pub ivshmem_dir: Option<std::path::PathBuf>,
 }
 
 fn send_to_listener(channel: &OwnedFd, message: &FromWorker) {
@@ -70,7 +73,51 @@ const MAX_SEGMENT: u64 = 1 << 40;
 /// Takes the client's shared-memory segment: a memfd that follows the hello over the Unix
 /// socket, or a path on this host. Pins its staging area. `Err` says why not, and the session
 /// goes on over the socket.
-fn accept_segment<D: Device>(connection: &Connection, offer: &ShmOffer, client: &ClientIdentity, device: &D) -> Result<Segment, String> {
+fn accept_segment<D: Device>(
+    connection: &Connection,
+    offer: &ShmOffer,
+    client: &ClientIdentity,
+    device: &D,
+    ivshmem_dir: Option<&std::path::Path>,
+) -> Result<Segment, String> {
+    if offer.size > MAX_SEGMENT {
+        return Err(format!("a segment of {} bytes is larger than this server maps", offer.size));
+    }
+    let segment = match &offer.region {
+        Some(claim) => accept_region(claim, offer, ivshmem_dir)?,
+        None => accept_file(connection, offer, client)?,
+    };
+    if segment.staging() > 0 {
+        let staging = usize::try_from(segment.staging()).map_err(|_| "staging too large".to_string())?;
+        // SAFETY: the staging area lies inside the mapping, which the session keeps.
+        unsafe { device.host_register(segment.ptr(0), staging, false) }.map_err(|error| format!("pinning the staging area: {error}"))?;
+    }
+    Ok(segment)
+}
+
+/// A slot of a VM's ivshmem region in the server's region folder: the claim must carry the
+/// region's token (the host's copy decides), and the slot must lie past the region's header.
+fn accept_region(claim: &RegionClaim, offer: &ShmOffer, ivshmem_dir: Option<&std::path::Path>) -> Result<Segment, String> {
+    use flyt_ring::region;
+    let dir = ivshmem_dir.ok_or("this server serves no ivshmem regions (no --ivshmem-dir)")?;
+    if !region::valid_name(&claim.name) {
+        return Err("the region name is not valid".into());
+    }
+    let token = region::host_token(dir, &claim.name).map_err(|_| format!("no ivshmem region named {}", claim.name))?;
+    if !region::same_token(&token, &claim.token) {
+        return Err(format!("the token does not open region {}", claim.name));
+    }
+    if claim.offset < region::FIRST_SLOT {
+        return Err("a session slot cannot overlap the region's header".into());
+    }
+    let path = dir.join(&claim.name);
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|error| format!("{}: {error}", path.display()))?;
+    let lease = crate::shm::RegionLease::take(&file, &claim.name)?;
+    Segment::map_region(file, claim.offset, offer.size, offer.staging, lease)
+}
+
+/// A memfd that follows the hello over the Unix socket, or a path on this host.
+fn accept_file(connection: &Connection, offer: &ShmOffer, client: &ClientIdentity) -> Result<Segment, String> {
     let memfd = offer.path.is_empty();
     let file = if memfd {
         if connection.is_tcp() {
@@ -84,16 +131,7 @@ fn accept_segment<D: Device>(connection: &Connection, offer: &ShmOffer, client: 
         }
         std::fs::OpenOptions::new().read(true).write(true).open(&offer.path).map_err(|error| format!("{}: {error}", offer.path))?
     };
-    if offer.size > MAX_SEGMENT {
-        return Err(format!("a segment of {} bytes is larger than this server maps", offer.size));
-    }
-    let segment = Segment::map(file, offer.size, offer.staging, memfd)?;
-    if segment.staging() > 0 {
-        let staging = usize::try_from(segment.staging()).map_err(|_| "staging too large".to_string())?;
-        // SAFETY: the staging area lies inside the mapping, which the session keeps.
-        unsafe { device.host_register(segment.ptr(0), staging, false) }.map_err(|error| format!("pinning the staging area: {error}"))?;
-    }
-    Ok(segment)
+    Segment::map(file, offer.size, offer.staging, memfd)
 }
 
 /// Largest ring a client may ask for.
@@ -113,11 +151,14 @@ fn ring_pair(segment: &Segment, offer: &ShmOffer, socket: &Connection) -> Option
         return None;
     }
     let fd = std::os::fd::AsFd::as_fd(socket).as_raw_fd();
+    // A region's client runs in a VM on this host, another kernel: no shared futex.
+    let wake = if offer.region.is_some() { flyt_ring::Wake::Doorbell } else { flyt_ring::Wake::Futex };
     // SAFETY: the ring area lies at the start of the staging area, inside the mapping the
     // session keeps for its whole life (the segment moves into the session, its mapping does
     // not move); the capacity was checked to be a power of two that fits; `fd` is the session's
     // socket, kept open by the connection halves that own the rings.
-    let pair = unsafe { flyt_ring::Pair::new(segment.ptr(0), capacity as usize, flyt_ring::Side::Server, fd, flyt_ring::spin_budget()) };
+    let pair =
+        unsafe { flyt_ring::Pair::new(segment.ptr(0), capacity as usize, flyt_ring::Side::Server, fd, flyt_ring::spin_budget(), wake) };
     Some(pair.split())
 }
 
@@ -230,7 +271,7 @@ fn serve<D: Device>(
     let connection = if secured { Connection::secured_from_fd(fd) } else { Connection::from_fd(fd, tcp) };
     let (shm, shm_refusal) = match &hello.shm {
         None => (None, None),
-        Some(offer) => match accept_segment(&connection, offer, &hello.client, &*device) {
+        Some(offer) => match accept_segment(&connection, offer, &hello.client, &*device, args.ivshmem_dir.as_deref()) {
             Ok(segment) => {
                 tracing::info!(session_id, size = offer.size, "shared-memory channel open");
                 (Some(segment), None)

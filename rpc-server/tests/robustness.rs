@@ -174,7 +174,7 @@ fn open_with_segment(socket: &str, real: u64, offered: u64, staging: u64) -> (Ra
     let fd = nix::sys::memfd::memfd_create(c"test-segment", nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING).unwrap();
     let file = std::fs::File::from(fd);
     file.set_len(real).unwrap();
-    let offer = flyt_protocol::handshake::ShmOffer { path: String::new(), size: offered, staging, rings: 0 };
+    let offer = flyt_protocol::handshake::ShmOffer { path: String::new(), size: offered, staging, rings: 0, region: None };
     let mut stream = UnixStream::connect(socket.trim_start_matches("unix:")).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write_value(&mut stream, 0, &Hello::new(None, identity("shm-test"), Some(offer))).unwrap();

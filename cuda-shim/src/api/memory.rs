@@ -277,6 +277,11 @@ mod pointer_attribute {
     pub const IS_GPU_DIRECT_RDMA_CAPABLE: u32 = 15;
     pub const ACCESS_FLAGS: u32 = 16;
     pub const MEMPOOL_HANDLE: u32 = 17;
+    /// The last attribute driver 580 (CUDA 13.0) knows, `IS_HW_DECOMPRESS_CAPABLE`. Newer
+    /// runtimes ask for later ones (CUDA 13.5's `cudaPointerGetAttributes` asks for 22,
+    /// `LOCALITY_DOMAIN_ORDINAL`), and take the 13.0 driver's `CUDA_ERROR_INVALID_VALUE` for them
+    /// as "not known here" (measured on an H100 with driver 580.159.04).
+    pub const LAST_KNOWN: u32 = 21;
 }
 
 /// `CU_POINTER_ACCESS_FLAG_READWRITE`.
@@ -328,6 +333,9 @@ unsafe fn write_attribute(
     several: bool,
 ) -> DriverResult {
     use pointer_attribute::*;
+    if attribute > LAST_KNOWN {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
     // SAFETY: per this function's contract, `data` holds the type each arm writes.
     unsafe {
         let Some(Known { start, len, device, device_accessible, managed }) = found else {
