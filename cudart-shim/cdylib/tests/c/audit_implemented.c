@@ -2715,6 +2715,144 @@ static void graph_node_kinds(void) {
     OK("free the output", cudaFree(out));
 }
 
+static int user_object_destroyed = 0;
+static void CUDART_CB user_object_destroy(void *weight) {
+    __atomic_add_fetch(&user_object_destroyed, *(int *)weight, __ATOMIC_SEQ_CST);
+}
+
+/* Node getters, kernel node attributes, symbol copy nodes and user objects (after
+ * modules_kernels_symbols registered fake_symbol). */
+static void graph_getters_and_user_objects(void) {
+    unsigned char *out = NULL;
+    cudaStream_t stream;
+    cudaGraph_t graph = NULL;
+    cudaGraphNode_t set_node, copy_node, host_node, unused;
+    OK("getter output memory", cudaMalloc((void **)&out, N));
+    OK("a stream", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    OK("a graph", cudaGraphCreate(&graph, 0));
+    struct cudaMemsetParams set = {0};
+    set.dst = out;
+    set.value = 0x3c;
+    set.elementSize = 1;
+    set.width = 512;
+    set.height = 1;
+    OK("a memset node", cudaGraphAddMemsetNode(&set_node, graph, NULL, 0, &set));
+    OK("a copy node", cudaGraphAddMemcpyNode1D(&copy_node, graph, &set_node, 1, out + 1024, out + 8, 256, cudaMemcpyDeviceToDevice));
+    volatile int runs = 0;
+    struct cudaHostNodeParams host = {count_host_call, (void *)&runs};
+    OK("a host node", cudaGraphAddHostNode(&host_node, graph, &copy_node, 1, &host));
+
+    AUDIT("cudaGraphMemsetNodeGetParams");
+    struct cudaMemsetParams set_back;
+    memset(&set_back, 0, sizeof set_back);
+    OK("cudaGraphMemsetNodeGetParams", cudaGraphMemsetNodeGetParams(set_node, &set_back));
+    EXPECT("the memset node reads back", set_back.dst == out && set_back.value == 0x3c && set_back.width == 512);
+    EXPECT_CODE("a copy node is not a memset node", cudaGraphMemsetNodeGetParams(copy_node, &set_back), cudaErrorInvalidValue);
+    AUDIT("cudaGraphMemcpyNodeGetParams");
+    struct cudaMemcpy3DParms copy_back;
+    memset(&copy_back, 0, sizeof copy_back);
+    OK("cudaGraphMemcpyNodeGetParams", cudaGraphMemcpyNodeGetParams(copy_node, &copy_back));
+    EXPECT("the copy node reads back",
+           copy_back.srcPtr.ptr == out + 8 && copy_back.dstPtr.ptr == out + 1024 && copy_back.extent.width == 256 &&
+               copy_back.extent.height == 1 && copy_back.kind == cudaMemcpyDefault);
+    EXPECT_CODE("a NULL struct", cudaGraphMemcpyNodeGetParams(copy_node, NULL), cudaErrorInvalidValue);
+    AUDIT("cudaGraphHostNodeGetParams");
+    struct cudaHostNodeParams host_back = {NULL, NULL};
+    OK("cudaGraphHostNodeGetParams", cudaGraphHostNodeGetParams(host_node, &host_back));
+    EXPECT("the host node reads back", host_back.fn == count_host_call && host_back.userData == (void *)&runs);
+
+    /* Kernel node attributes: the emulated device has no kernel nodes; events are refused. */
+    cudaLaunchAttributeValue value;
+    memset(&value, 0, sizeof value);
+    AUDIT("cudaGraphKernelNodeGetAttribute");
+    EXPECT_CODE("cudaGraphKernelNodeGetAttribute of a memset node",
+                cudaGraphKernelNodeGetAttribute(set_node, cudaLaunchAttributePriority, &value), cudaErrorInvalidValue);
+    AUDIT("cudaGraphKernelNodeSetAttribute");
+    EXPECT_CODE("cudaGraphKernelNodeSetAttribute of a memset node",
+                cudaGraphKernelNodeSetAttribute(set_node, cudaLaunchAttributePriority, &value), cudaErrorInvalidValue);
+    EXPECT_CODE("an event attribute", cudaGraphKernelNodeSetAttribute(set_node, cudaLaunchAttributeProgrammaticEvent, &value),
+                cudaErrorNotSupported);
+    AUDIT("cudaGraphKernelNodeCopyAttributes");
+    EXPECT_CODE("cudaGraphKernelNodeCopyAttributes between memset nodes", cudaGraphKernelNodeCopyAttributes(set_node, set_node),
+                cudaErrorInvalidValue);
+
+    /* Copy nodes to and from __device__ variables. */
+    unsigned char *bytes = out;
+#define GRAPH_SYMBOL_AUDIT(name, call_unknown, call_past_end, call_bad_kind, call_ok)                                   \
+    AUDIT(name);                                                                                                        \
+    EXPECT_CODE(name ": a variable never registered", call_unknown, cudaErrorInvalidSymbol);                             \
+    EXPECT_CODE(name ": past the variable's end", call_past_end, cudaErrorInvalidValue);                                \
+    EXPECT_CODE(name ": a direction symbols do not take", call_bad_kind, cudaErrorInvalidMemcpyDirection);              \
+    EXPECT_CODE(name ": a variable the emulated device cannot load", call_ok, cudaErrorNotSupported)
+    GRAPH_SYMBOL_AUDIT(
+        "cudaGraphAddMemcpyNodeToSymbol",
+        cudaGraphAddMemcpyNodeToSymbol(&unused, graph, NULL, 0, unregistered_symbol, bytes, 16, 0, cudaMemcpyDeviceToDevice),
+        cudaGraphAddMemcpyNodeToSymbol(&unused, graph, NULL, 0, fake_symbol, bytes, 16, 60, cudaMemcpyDeviceToDevice),
+        cudaGraphAddMemcpyNodeToSymbol(&unused, graph, NULL, 0, fake_symbol, bytes, 16, 0, cudaMemcpyDeviceToHost),
+        cudaGraphAddMemcpyNodeToSymbol(&unused, graph, NULL, 0, fake_symbol, bytes, 16, 0, cudaMemcpyDeviceToDevice));
+    GRAPH_SYMBOL_AUDIT(
+        "cudaGraphAddMemcpyNodeFromSymbol",
+        cudaGraphAddMemcpyNodeFromSymbol(&unused, graph, NULL, 0, bytes, unregistered_symbol, 16, 0, cudaMemcpyDeviceToDevice),
+        cudaGraphAddMemcpyNodeFromSymbol(&unused, graph, NULL, 0, bytes, fake_symbol, 65, 0, cudaMemcpyDeviceToDevice),
+        cudaGraphAddMemcpyNodeFromSymbol(&unused, graph, NULL, 0, bytes, fake_symbol, 16, 0, cudaMemcpyHostToDevice),
+        cudaGraphAddMemcpyNodeFromSymbol(&unused, graph, NULL, 0, bytes, fake_symbol, 16, 0, cudaMemcpyDefault));
+    GRAPH_SYMBOL_AUDIT("cudaGraphMemcpyNodeSetParamsToSymbol",
+                       cudaGraphMemcpyNodeSetParamsToSymbol(copy_node, unregistered_symbol, bytes, 16, 0, cudaMemcpyDefault),
+                       cudaGraphMemcpyNodeSetParamsToSymbol(copy_node, fake_symbol, bytes, 16, 49, cudaMemcpyDefault),
+                       cudaGraphMemcpyNodeSetParamsToSymbol(copy_node, fake_symbol, bytes, 16, 0, cudaMemcpyHostToHost),
+                       cudaGraphMemcpyNodeSetParamsToSymbol(copy_node, fake_symbol, bytes, 16, 0, cudaMemcpyDefault));
+    GRAPH_SYMBOL_AUDIT("cudaGraphMemcpyNodeSetParamsFromSymbol",
+                       cudaGraphMemcpyNodeSetParamsFromSymbol(copy_node, bytes, unregistered_symbol, 16, 0, cudaMemcpyDefault),
+                       cudaGraphMemcpyNodeSetParamsFromSymbol(copy_node, bytes, fake_symbol, 16, 49, cudaMemcpyDefault),
+                       cudaGraphMemcpyNodeSetParamsFromSymbol(copy_node, bytes, fake_symbol, 16, 0, cudaMemcpyHostToHost),
+                       cudaGraphMemcpyNodeSetParamsFromSymbol(copy_node, bytes, fake_symbol, 16, 0, cudaMemcpyDefault));
+    cudaGraphExec_t exec = NULL;
+    OK("instantiate", cudaGraphInstantiate(&exec, graph, 0));
+    GRAPH_SYMBOL_AUDIT(
+        "cudaGraphExecMemcpyNodeSetParamsToSymbol",
+        cudaGraphExecMemcpyNodeSetParamsToSymbol(exec, copy_node, unregistered_symbol, bytes, 16, 0, cudaMemcpyDefault),
+        cudaGraphExecMemcpyNodeSetParamsToSymbol(exec, copy_node, fake_symbol, bytes, 16, 49, cudaMemcpyDefault),
+        cudaGraphExecMemcpyNodeSetParamsToSymbol(exec, copy_node, fake_symbol, bytes, 16, 0, cudaMemcpyDeviceToHost),
+        cudaGraphExecMemcpyNodeSetParamsToSymbol(exec, copy_node, fake_symbol, bytes, 16, 0, cudaMemcpyDefault));
+    GRAPH_SYMBOL_AUDIT(
+        "cudaGraphExecMemcpyNodeSetParamsFromSymbol",
+        cudaGraphExecMemcpyNodeSetParamsFromSymbol(exec, copy_node, bytes, unregistered_symbol, 16, 0, cudaMemcpyDefault),
+        cudaGraphExecMemcpyNodeSetParamsFromSymbol(exec, copy_node, bytes, fake_symbol, 16, 49, cudaMemcpyDefault),
+        cudaGraphExecMemcpyNodeSetParamsFromSymbol(exec, copy_node, bytes, fake_symbol, 16, 0, cudaMemcpyHostToDevice),
+        cudaGraphExecMemcpyNodeSetParamsFromSymbol(exec, copy_node, bytes, fake_symbol, 16, 0, cudaMemcpyDefault));
+
+    /* User objects: the destructor runs once, after the app, the graph, the executable graph and
+     * its launch let go. */
+    int weight = 1;
+    cudaUserObject_t object = NULL;
+    AUDIT("cudaUserObjectCreate");
+    EXPECT_CODE("cudaUserObjectCreate without the required flag", cudaUserObjectCreate(&object, &weight, user_object_destroy, 1, 0),
+                cudaErrorInvalidValue);
+    OK("cudaUserObjectCreate", cudaUserObjectCreate(&object, &weight, user_object_destroy, 1, cudaUserObjectNoDestructorSync));
+    AUDIT("cudaGraphRetainUserObject");
+    OK("cudaGraphRetainUserObject", cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove));
+    EXPECT_CODE("cudaGraphRetainUserObject with unknown flags", cudaGraphRetainUserObject(graph, object, 1, 8), cudaErrorInvalidValue);
+    AUDIT("cudaGraphReleaseUserObject");
+    EXPECT_CODE("cudaGraphReleaseUserObject of more than the graph holds", cudaGraphReleaseUserObject(graph, object, 2),
+                cudaErrorInvalidValue);
+    AUDIT("cudaUserObjectRetain");
+    OK("cudaUserObjectRetain", cudaUserObjectRetain(object, 1));
+    AUDIT("cudaUserObjectRelease");
+    OK("cudaUserObjectRelease", cudaUserObjectRelease(object, 1));
+    OK("destroy the exec", cudaGraphExecDestroy(exec));
+    OK("instantiate again", cudaGraphInstantiate(&exec, graph, 0));
+    OK("launch", cudaGraphLaunch(exec, stream));
+    OK("destroy the graph", cudaGraphDestroy(graph));
+    OK("destroy the exec", cudaGraphExecDestroy(exec));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    for (int i = 0; i < 1000 && __atomic_load_n(&user_object_destroyed, __ATOMIC_SEQ_CST) < 1; i++) sleep_ms(1);
+    sleep_ms(20);
+    EXPECT("the destructor ran once", __atomic_load_n(&user_object_destroyed, __ATOMIC_SEQ_CST) == 1 && runs == 1);
+    EXPECT_CODE("released after it was destroyed", cudaUserObjectRelease(object, 1), cudaErrorInvalidValue);
+    OK("destroy the stream", cudaStreamDestroy(stream));
+    OK("free the output", cudaFree(out));
+}
+
 int main(void) {
     device_and_errors();
     peers_and_queries();
@@ -2728,6 +2866,7 @@ int main(void) {
     pitched_memory();
     arrays();
     modules_kernels_symbols();
+    graph_getters_and_user_objects();
     reset();
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
     return failures ? 1 : 0;
