@@ -528,6 +528,11 @@ driver_functions! {
     cuUserObjectRelease(object: *mut c_void, count: c_uint);
     cuGraphRetainUserObject(graph: CUgraph, object: *mut c_void, count: c_uint, flags: c_uint);
     cuGraphReleaseUserObject(graph: CUgraph, object: *mut c_void, count: c_uint);
+    // Entry points by name (the runtime's flags and statuses are the driver's numbers), kernel
+    // queries by device.
+    cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int);
+    cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, kernel: CUkernel, blocks: c_int, block_size: c_int);
+    cuKernelSetAttribute(attribute: c_int, value: c_int, kernel: CUkernel, device: c_int);
     cuLaunchHostFunc(stream: CUstream, function: HostFn, data: *mut c_void);
     cuLaunchHostFunc_ptsz(stream: CUstream, function: HostFn, data: *mut c_void);
     cuStreamAddCallback(stream: CUstream, callback: StreamCallback, data: *mut c_void, flags: c_uint);

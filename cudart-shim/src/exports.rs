@@ -283,6 +283,15 @@ macro_rules! cudart_exports {
                 cudaUserObjectRelease(object: *mut c_void, count: c_uint);
                 cudaGraphRetainUserObject(graph: *mut c_void, object: *mut c_void, count: c_uint, flags: c_uint);
                 cudaGraphReleaseUserObject(graph: *mut c_void, object: *mut c_void, count: c_uint);
+                // --- driver entry points, kernels by symbol, per-device kernel attributes ---
+                cudaGetDriverEntryPoint(symbol: *const c_char, func: *mut *mut c_void, flags: u64, status: *mut c_int);
+                cudaGetDriverEntryPoint_ptsz(symbol: *const c_char, func: *mut *mut c_void, flags: u64, status: *mut c_int);
+                cudaGetDriverEntryPointByVersion(symbol: *const c_char, func: *mut *mut c_void, version: c_uint, flags: u64, status: *mut c_int);
+                cudaGetDriverEntryPointByVersion_ptsz(symbol: *const c_char, func: *mut *mut c_void, version: c_uint, flags: u64, status: *mut c_int);
+                cudaGetFuncBySymbol(func: *mut *mut c_void, symbol: *const c_void);
+                cudaGetKernel(kernel: *mut cudaKernel_t, entry: *const c_void);
+                cudaOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, func: *const c_void, blocks: c_int, block_size: c_int);
+                cudaKernelSetAttributeForDevice(kernel: cudaKernel_t, attr: c_int, value: c_int, device: c_int);
                 cudaLaunchHostFunc(stream: cudaStream_t, function: crate::driver::HostFn, data: *mut c_void);
                 cudaLaunchHostFunc_ptsz(stream: cudaStream_t, function: crate::driver::HostFn, data: *mut c_void);
                 cudaStreamAddCallback(stream: cudaStream_t, callback: crate::driver::StreamCallback, data: *mut c_void, flags: c_uint);
@@ -368,10 +377,7 @@ macro_rules! cudart_exports {
         cudaEGLStreamConsumerReleaseFrame, cudaEGLStreamProducerConnect, cudaEGLStreamProducerDisconnect,
         cudaEGLStreamProducerPresentFrame, cudaEGLStreamProducerReturnFrame, cudaEventCreateFromEGLSync,
         cudaExternalMemoryGetMappedBuffer, cudaExternalMemoryGetMappedMipmappedArray, cudaFuncGetName, cudaFuncGetParamInfo,
-        cudaFuncSetSharedMemConfig, cudaGetDriverEntryPoint,
-        cudaGetDriverEntryPoint_ptsz, cudaGetDriverEntryPointByVersion,
-        cudaGetDriverEntryPointByVersion_ptsz, cudaGetExportTable, cudaGetFuncBySymbol, cudaGetKernel,
-        cudaGLGetDevices,
+        cudaFuncSetSharedMemConfig, cudaGetExportTable, cudaGLGetDevices,
         cudaGLMapBufferObject, cudaGLMapBufferObjectAsync, cudaGLRegisterBufferObject,
         cudaGLSetBufferObjectMapFlags, cudaGLSetGLDevice, cudaGLUnmapBufferObject,
         cudaGLUnmapBufferObjectAsync, cudaGLUnregisterBufferObject, cudaGraphAddExternalSemaphoresSignalNode,
@@ -383,7 +389,7 @@ macro_rules! cudart_exports {
         cudaGraphicsResourceGetMappedMipmappedArray, cudaGraphicsResourceGetMappedPointer,
         cudaGraphicsResourceSetMapFlags, cudaGraphicsSubResourceGetMappedArray, cudaGraphicsUnmapResources,
         cudaGraphicsUnregisterResource, cudaGraphicsVDPAURegisterOutputSurface,
-        cudaGraphicsVDPAURegisterVideoSurface, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaKernelSetAttributeForDevice, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
+        cudaGraphicsVDPAURegisterVideoSurface, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
         cudaLogsRegisterCallback, cudaLogsUnregisterCallback,
@@ -391,8 +397,7 @@ macro_rules! cudart_exports {
         cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle,
         cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
         cudaMipmappedArrayGetMemoryRequirements,
-        cudaMipmappedArrayGetSparseProperties, cudaOccupancyAvailableDynamicSMemPerBlock,
-        cudaSignalExternalSemaphoresAsync,
+        cudaMipmappedArrayGetSparseProperties, cudaSignalExternalSemaphoresAsync,
         cudaSignalExternalSemaphoresAsync_ptsz,
         cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,
         cudaWaitExternalSemaphoresAsync, cudaWaitExternalSemaphoresAsync_ptsz,

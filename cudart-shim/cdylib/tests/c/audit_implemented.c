@@ -110,6 +110,11 @@ extern cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void **dptrs, size_t
 extern cudaError_t cudaMemcpyArrayToArray_ptds(cudaArray_t dst, size_t w_dst, size_t h_dst, cudaArray_const_t src, size_t w_src,
                                                size_t h_src, size_t count, enum cudaMemcpyKind kind);
 
+extern cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **func, unsigned long long flags,
+                                                enum cudaDriverEntryPointQueryResult *status);
+extern cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **func, unsigned int version,
+                                                         unsigned long long flags, enum cudaDriverEntryPointQueryResult *status);
+
 static int failures = 0;
 
 #define AUDIT(name) printf("audited %s\n", name)
@@ -2853,6 +2858,61 @@ static void graph_getters_and_user_objects(void) {
     OK("free the output", cudaFree(out));
 }
 
+/* Driver entry points through Flyt's libcuda.so.1, kernels by symbol, per-device kernel
+ * attributes (the emulated device loads no kernel, so the calls that need one say so). */
+static void entry_points_and_kernels(void) {
+    void *legacy = NULL, *per_thread = NULL, *fn = NULL;
+    enum cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    AUDIT("cudaGetDriverEntryPoint");
+    OK("cudaGetDriverEntryPoint", cudaGetDriverEntryPoint("cuMemcpyAsync", &legacy, cudaEnableDefault, &status));
+    EXPECT("a driver function found", legacy != NULL && status == cudaDriverEntryPointSuccess);
+    OK("an unknown name", cudaGetDriverEntryPoint("cuNoSuchFunction", &fn, cudaEnableDefault, &status));
+    EXPECT("an unknown name: NULL and not found", fn == NULL && status == cudaDriverEntryPointSymbolNotFound);
+    EXPECT_CODE("no name", cudaGetDriverEntryPoint(NULL, &fn, cudaEnableDefault, &status), cudaErrorInvalidValue);
+    AUDIT("cudaGetDriverEntryPoint_ptsz");
+    OK("cudaGetDriverEntryPoint_ptsz", cudaGetDriverEntryPoint_ptsz("cuMemcpyAsync", &per_thread, cudaEnableDefault, NULL));
+    EXPECT("the per-thread default is another function", per_thread != NULL && per_thread != legacy);
+    AUDIT("cudaGetDriverEntryPointByVersion");
+    OK("cudaGetDriverEntryPointByVersion",
+       cudaGetDriverEntryPointByVersion("cuMemcpyAsync", &fn, 13000, cudaEnablePerThreadDefaultStream, &status));
+    EXPECT("per-thread by version", fn == per_thread && status == cudaDriverEntryPointSuccess);
+    OK("a version before the function",
+       cudaGetDriverEntryPointByVersion("cuStreamBeginCaptureToGraph", &fn, 12000, cudaEnableDefault, &status));
+    EXPECT("a version before the function: not sufficient", fn == NULL && status == cudaDriverEntryPointVersionNotSufficent);
+    AUDIT("cudaGetDriverEntryPointByVersion_ptsz");
+    OK("cudaGetDriverEntryPointByVersion_ptsz",
+       cudaGetDriverEntryPointByVersion_ptsz("cuMemcpyAsync", &fn, 13000, cudaEnableLegacyStream, &status));
+    EXPECT("legacy asked by the per-thread entry", fn == legacy);
+
+    cudaFunction_t function = NULL;
+    AUDIT("cudaGetFuncBySymbol");
+    EXPECT_CODE("a function that is no kernel", cudaGetFuncBySymbol(&function, (const void *)not_a_kernel),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("a kernel the emulated device cannot load", cudaGetFuncBySymbol(&function, (const void *)fake_kernel),
+                cudaErrorNotSupported);
+    cudaKernel_t kernel = NULL;
+    AUDIT("cudaGetKernel");
+    EXPECT_CODE("the kernel of a function that is no kernel", cudaGetKernel(&kernel, (const void *)not_a_kernel),
+                cudaErrorInvalidDeviceFunction);
+    OK("cudaGetKernel", cudaGetKernel(&kernel, (const void *)fake_kernel));
+    EXPECT("a kernel handle", kernel != NULL);
+    size_t smem = 0;
+    AUDIT("cudaOccupancyAvailableDynamicSMemPerBlock");
+    EXPECT_CODE("into NULL", cudaOccupancyAvailableDynamicSMemPerBlock(NULL, (const void *)fake_kernel, 1, 128), cudaErrorInvalidValue);
+    EXPECT_CODE("of a function that is no kernel",
+                cudaOccupancyAvailableDynamicSMemPerBlock(&smem, (const void *)not_a_kernel, 1, 128), cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("of a kernel the emulated device cannot load",
+                cudaOccupancyAvailableDynamicSMemPerBlock(&smem, (const void *)fake_kernel, 1, 128), cudaErrorNotSupported);
+    AUDIT("cudaKernelSetAttributeForDevice");
+    EXPECT_CODE("an unknown kernel handle",
+                cudaKernelSetAttributeForDevice((cudaKernel_t)0x7777, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024, 0),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("an attribute that cannot be set", cudaKernelSetAttributeForDevice(kernel, (enum cudaFuncAttribute)0, 1, 0),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("a kernel the emulated device cannot load",
+                cudaKernelSetAttributeForDevice(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024, 0), cudaErrorNotSupported);
+}
+
 int main(void) {
     device_and_errors();
     peers_and_queries();
@@ -2867,6 +2927,7 @@ int main(void) {
     arrays();
     modules_kernels_symbols();
     graph_getters_and_user_objects();
+    entry_points_and_kernels();
     reset();
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
     return failures ? 1 : 0;
