@@ -145,6 +145,11 @@ impl Graphs {
         }
     }
 
+    /// The app function registered as `call` (a host node's, for its parameters).
+    pub fn host_function(&self, call: u64) -> Option<HostFunction> {
+        lock(&self.host_functions).get(&call).map(|registered| registered.function)
+    }
+
     /// Registers an app function; its id goes to the server.
     pub fn register(&self, function: HostFunction, once: bool) -> u64 {
         let id = self.new_id();
@@ -199,7 +204,9 @@ impl Client {
         if self.graphs.any_capture() { self.post(req::CaptureMode { mode }) } else { Ok(()) }
     }
 
-    /// Launches an executable graph; the server will ask for its host-function nodes.
+    /// Launches an executable graph; the server will ask for its host-function nodes. A graph
+    /// that holds user objects holds them for the launch too, until a host function queued after
+    /// it on the stream lets them go (not when the launch is captured into another graph).
     pub fn launch_graph(&self, exec: u64, stream: u64) -> CudaResult<()> {
         let host_nodes = self.graphs.exec_host_nodes(exec);
         if host_nodes > 0 {
@@ -208,7 +215,27 @@ impl Client {
             self.conn.expect_notices(host_nodes as usize);
         }
         self.push_mirrors()?;
-        self.post(req::GraphLaunch { exec, stream })
+        let objects = crate::user_objects::user_objects();
+        let held = match self.capture_info(stream)?.status {
+            capture_status::NONE => objects.launch_references(exec),
+            _ => None,
+        };
+        let launched = self.post(req::GraphLaunch { exec, stream });
+        if let Some(token) = held {
+            let release = HostFunction::Plain { function: crate::user_objects::launch_done, user_data: token as usize };
+            if launched.is_err() {
+                // Nothing runs that could use the objects: the references go now.
+                objects.owner_gone(token);
+            } else if self.launch_host_function(stream, release).is_err() {
+                // The launch may still run: its references stay (a destructor that never runs
+                // rather than one that runs too early).
+                crate::diagnostics::once(
+                    "user-object-launch",
+                    "flyt: a graph launch's user object references could not be scheduled for release",
+                );
+            }
+        }
+        launched
     }
 
     /// `cuLaunchHostFunc`/`cuStreamAddCallback`: runs `function` here when `stream` reaches it.

@@ -29,4 +29,5 @@ pub mod shm;
 pub mod stats;
 pub mod streams;
 pub mod transfer;
+pub mod user_objects;
 pub mod vmm;

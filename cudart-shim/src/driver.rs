@@ -141,6 +141,8 @@ pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, c_uint, *mut c_v
 
 /// `CU_MEMORYTYPE_UNIFIED`: the driver tells host from device memory by the pointer.
 pub const MEMORYTYPE_UNIFIED: c_uint = 4;
+/// `CU_MEMORYTYPE_HOST`: the side of a copy is host memory (`srcHost`/`dstHost`).
+pub const MEMORYTYPE_HOST: c_uint = 1;
 /// `CU_MEMORYTYPE_ARRAY`: the side of a copy is a CUDA array.
 pub const MEMORYTYPE_ARRAY: c_uint = 3;
 
@@ -513,6 +515,24 @@ driver_functions! {
     cuGraphEventRecordNodeGetEvent(node: CUgraphNode, event: *mut CUevent);
     cuGraphEventWaitNodeGetEvent(node: CUgraphNode, event: *mut CUevent);
     cuGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph);
+    // Node getters, kernel node attributes (`cudaLaunchAttributeValue` is the driver's), user
+    // objects.
+    cuGraphHostNodeGetParams(node: CUgraphNode, params: *mut c_void);
+    cuGraphMemcpyNodeGetParams(node: CUgraphNode, params: *mut Memcpy3D);
+    cuGraphMemsetNodeGetParams(node: CUgraphNode, params: *mut c_void);
+    cuGraphKernelNodeGetAttribute(node: CUgraphNode, attribute: c_int, value: *mut c_void);
+    cuGraphKernelNodeSetAttribute(node: CUgraphNode, attribute: c_int, value: *const c_void);
+    cuGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode);
+    cuUserObjectCreate(object: *mut *mut c_void, ptr: *mut c_void, destroy: HostFn, refs: c_uint, flags: c_uint);
+    cuUserObjectRetain(object: *mut c_void, count: c_uint);
+    cuUserObjectRelease(object: *mut c_void, count: c_uint);
+    cuGraphRetainUserObject(graph: CUgraph, object: *mut c_void, count: c_uint, flags: c_uint);
+    cuGraphReleaseUserObject(graph: CUgraph, object: *mut c_void, count: c_uint);
+    // Entry points by name (the runtime's flags and statuses are the driver's numbers), kernel
+    // queries by device.
+    cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int);
+    cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, kernel: CUkernel, blocks: c_int, block_size: c_int);
+    cuKernelSetAttribute(attribute: c_int, value: c_int, kernel: CUkernel, device: c_int);
     cuLaunchHostFunc(stream: CUstream, function: HostFn, data: *mut c_void);
     cuLaunchHostFunc_ptsz(stream: CUstream, function: HostFn, data: *mut c_void);
     cuStreamAddCallback(stream: CUstream, callback: StreamCallback, data: *mut c_void, flags: c_uint);

@@ -266,6 +266,32 @@ macro_rules! cudart_exports {
                 cudaGraphEventRecordNodeGetEvent(node: *mut c_void, event: *mut cudaEvent_t);
                 cudaGraphEventWaitNodeGetEvent(node: *mut c_void, event: *mut cudaEvent_t);
                 cudaGraphChildGraphNodeGetGraph(node: *mut c_void, graph: *mut *mut c_void);
+                cudaGraphMemcpyNodeGetParams(node: *mut c_void, params: *mut crate::api::cudaMemcpy3DParms);
+                cudaGraphMemsetNodeGetParams(node: *mut c_void, params: *mut c_void);
+                cudaGraphHostNodeGetParams(node: *mut c_void, params: *mut c_void);
+                cudaGraphAddMemcpyNodeToSymbol(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, symbol: *const c_void, src: *const c_void, bytes: usize, offset: usize, kind: cudaMemcpyKind);
+                cudaGraphAddMemcpyNodeFromSymbol(node: *mut *mut c_void, graph: *mut c_void, dependencies: *const *mut c_void, count: usize, dst: *mut c_void, symbol: *const c_void, bytes: usize, offset: usize, kind: cudaMemcpyKind);
+                cudaGraphMemcpyNodeSetParamsToSymbol(node: *mut c_void, symbol: *const c_void, src: *const c_void, bytes: usize, offset: usize, kind: cudaMemcpyKind);
+                cudaGraphMemcpyNodeSetParamsFromSymbol(node: *mut c_void, dst: *mut c_void, symbol: *const c_void, bytes: usize, offset: usize, kind: cudaMemcpyKind);
+                cudaGraphExecMemcpyNodeSetParamsToSymbol(exec: *mut c_void, node: *mut c_void, symbol: *const c_void, src: *const c_void, bytes: usize, offset: usize, kind: cudaMemcpyKind);
+                cudaGraphExecMemcpyNodeSetParamsFromSymbol(exec: *mut c_void, node: *mut c_void, dst: *mut c_void, symbol: *const c_void, bytes: usize, offset: usize, kind: cudaMemcpyKind);
+                cudaGraphKernelNodeGetAttribute(node: *mut c_void, attribute: c_int, value: *mut c_void);
+                cudaGraphKernelNodeSetAttribute(node: *mut c_void, attribute: c_int, value: *const c_void);
+                cudaGraphKernelNodeCopyAttributes(dst: *mut c_void, src: *mut c_void);
+                cudaUserObjectCreate(object: *mut *mut c_void, ptr: *mut c_void, destroy: crate::driver::HostFn, refs: c_uint, flags: c_uint);
+                cudaUserObjectRetain(object: *mut c_void, count: c_uint);
+                cudaUserObjectRelease(object: *mut c_void, count: c_uint);
+                cudaGraphRetainUserObject(graph: *mut c_void, object: *mut c_void, count: c_uint, flags: c_uint);
+                cudaGraphReleaseUserObject(graph: *mut c_void, object: *mut c_void, count: c_uint);
+                // --- driver entry points, kernels by symbol, per-device kernel attributes ---
+                cudaGetDriverEntryPoint(symbol: *const c_char, func: *mut *mut c_void, flags: u64, status: *mut c_int);
+                cudaGetDriverEntryPoint_ptsz(symbol: *const c_char, func: *mut *mut c_void, flags: u64, status: *mut c_int);
+                cudaGetDriverEntryPointByVersion(symbol: *const c_char, func: *mut *mut c_void, version: c_uint, flags: u64, status: *mut c_int);
+                cudaGetDriverEntryPointByVersion_ptsz(symbol: *const c_char, func: *mut *mut c_void, version: c_uint, flags: u64, status: *mut c_int);
+                cudaGetFuncBySymbol(func: *mut *mut c_void, symbol: *const c_void);
+                cudaGetKernel(kernel: *mut cudaKernel_t, entry: *const c_void);
+                cudaOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, func: *const c_void, blocks: c_int, block_size: c_int);
+                cudaKernelSetAttributeForDevice(kernel: cudaKernel_t, attr: c_int, value: c_int, device: c_int);
                 cudaLaunchHostFunc(stream: cudaStream_t, function: crate::driver::HostFn, data: *mut c_void);
                 cudaLaunchHostFunc_ptsz(stream: cudaStream_t, function: crate::driver::HostFn, data: *mut c_void);
                 cudaStreamAddCallback(stream: cudaStream_t, callback: crate::driver::StreamCallback, data: *mut c_void, flags: c_uint);
@@ -351,27 +377,19 @@ macro_rules! cudart_exports {
         cudaEGLStreamConsumerReleaseFrame, cudaEGLStreamProducerConnect, cudaEGLStreamProducerDisconnect,
         cudaEGLStreamProducerPresentFrame, cudaEGLStreamProducerReturnFrame, cudaEventCreateFromEGLSync,
         cudaExternalMemoryGetMappedBuffer, cudaExternalMemoryGetMappedMipmappedArray, cudaFuncGetName, cudaFuncGetParamInfo,
-        cudaFuncSetSharedMemConfig, cudaGetDriverEntryPoint,
-        cudaGetDriverEntryPoint_ptsz, cudaGetDriverEntryPointByVersion,
-        cudaGetDriverEntryPointByVersion_ptsz, cudaGetExportTable, cudaGetFuncBySymbol, cudaGetKernel,
-        cudaGLGetDevices,
+        cudaFuncSetSharedMemConfig, cudaGetExportTable, cudaGLGetDevices,
         cudaGLMapBufferObject, cudaGLMapBufferObjectAsync, cudaGLRegisterBufferObject,
         cudaGLSetBufferObjectMapFlags, cudaGLSetGLDevice, cudaGLUnmapBufferObject,
         cudaGLUnmapBufferObjectAsync, cudaGLUnregisterBufferObject, cudaGraphAddExternalSemaphoresSignalNode,
-        cudaGraphAddExternalSemaphoresWaitNode, cudaGraphAddMemcpyNodeFromSymbol, cudaGraphAddMemcpyNodeToSymbol, cudaGraphExecExternalSemaphoresSignalNodeSetParams, cudaGraphExecExternalSemaphoresWaitNodeSetParams,
-        cudaGraphExecMemcpyNodeSetParamsFromSymbol, cudaGraphExecMemcpyNodeSetParamsToSymbol,
+        cudaGraphAddExternalSemaphoresWaitNode, cudaGraphExecExternalSemaphoresSignalNodeSetParams, cudaGraphExecExternalSemaphoresWaitNodeSetParams,
         cudaGraphExternalSemaphoresSignalNodeGetParams, cudaGraphExternalSemaphoresSignalNodeSetParams,
         cudaGraphExternalSemaphoresWaitNodeGetParams, cudaGraphExternalSemaphoresWaitNodeSetParams,
-        cudaGraphHostNodeGetParams,
         cudaGraphicsEGLRegisterImage, cudaGraphicsGLRegisterBuffer,
         cudaGraphicsGLRegisterImage, cudaGraphicsMapResources, cudaGraphicsResourceGetMappedEglFrame,
         cudaGraphicsResourceGetMappedMipmappedArray, cudaGraphicsResourceGetMappedPointer,
         cudaGraphicsResourceSetMapFlags, cudaGraphicsSubResourceGetMappedArray, cudaGraphicsUnmapResources,
         cudaGraphicsUnregisterResource, cudaGraphicsVDPAURegisterOutputSurface,
-        cudaGraphicsVDPAURegisterVideoSurface, cudaGraphKernelNodeCopyAttributes, cudaGraphKernelNodeGetAttribute, cudaGraphKernelNodeSetAttribute, cudaGraphMemcpyNodeGetParams, cudaGraphMemcpyNodeSetParamsFromSymbol,
-        cudaGraphMemcpyNodeSetParamsToSymbol, cudaGraphMemsetNodeGetParams,
-        cudaGraphReleaseUserObject,
-        cudaGraphRetainUserObject, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaKernelSetAttributeForDevice, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
+        cudaGraphicsVDPAURegisterVideoSurface, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
         cudaLogsRegisterCallback, cudaLogsUnregisterCallback,
@@ -379,11 +397,9 @@ macro_rules! cudart_exports {
         cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle,
         cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
         cudaMipmappedArrayGetMemoryRequirements,
-        cudaMipmappedArrayGetSparseProperties, cudaOccupancyAvailableDynamicSMemPerBlock,
-        cudaSignalExternalSemaphoresAsync,
+        cudaMipmappedArrayGetSparseProperties, cudaSignalExternalSemaphoresAsync,
         cudaSignalExternalSemaphoresAsync_ptsz,
-        cudaUserObjectCreate,
-        cudaUserObjectRelease, cudaUserObjectRetain, cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,
+        cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,
         cudaWaitExternalSemaphoresAsync, cudaWaitExternalSemaphoresAsync_ptsz,
             }
         }

@@ -319,6 +319,15 @@ macro_rules! for_each_op {
             109 GraphMemAttribute graph_mem_attribute [reply -] { attribute: u32, set: Option<u64> } -> { value: u64 };
             /// `cuDeviceGraphMemTrim`.
             110 GraphMemTrim graph_mem_trim [reply -] {} -> {};
+            /// `cuGraphMemcpyNodeGetParams`, `cuGraphMemsetNodeGetParams`, `cuGraphHostNodeGetParams`
+            /// of a node the client holds no record of (a captured or server-named node): the
+            /// parameters as the server's driver holds them, with the host function's client call id.
+            111 GraphNodeGetParams graph_node_get_params [reply -] { node: u64 } -> { params: NodeReadback };
+            /// `cuGraphKernelNodeGetAttribute` (a `CUlaunchAttributeID`), after
+            /// `cuGraphKernelNodeSetAttribute` with `set` (the 64-byte value) if given.
+            112 GraphKernelNodeAttribute graph_kernel_node_attribute [reply -] { node: u64, attribute: u32, set: Option<Vec<u8>> } -> { value: Vec<u8> };
+            /// `cuGraphKernelNodeCopyAttributes` from kernel node `src` to kernel node `dst`.
+            113 GraphKernelNodeCopyAttributes graph_kernel_node_copy_attributes [reply -] { dst: u64, src: u64 } -> {};
             // --- stream memory operations, tensor maps, context events, pool access, cluster
             // occupancy (ids 120-139) ---
             /// `cuStreamWriteValue*`, `cuStreamWaitValue*` and `cuStreamBatchMemOp`: the ops in
@@ -616,6 +625,52 @@ pub struct GraphEdge {
     pub from_port: u8,
     pub to_port: u8,
     pub kind: u8,
+}
+
+/// One side of a copy node as the server's driver holds it: `memory_type` is a `CUmemorytype`
+/// (device, unified, or host memory the server maps at the client's own address); arrays are
+/// not read back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCopySide {
+    pub memory_type: u32,
+    pub ptr: u64,
+    pub pos: Pos3,
+    pub pitch: u64,
+    pub height: u64,
+}
+
+/// A copy node's parameters as `CUDA_MEMCPY3D` has them (no arrays).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCopy {
+    pub src: NodeCopySide,
+    pub dst: NodeCopySide,
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+}
+
+/// What `GraphNodeGetParams` reads back from a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeReadback {
+    Memcpy(NodeCopy),
+    Memset(Memset2d),
+    /// A host node running the client's host function `call`.
+    Host {
+        call: u64,
+    },
+}
+
+/// `CUlaunchAttributeID`s of kernel nodes (`cuGraphKernelNodeSetAttribute`).
+pub mod kernel_node_attribute {
+    /// Names device memory: the server checks the window lies in the session's memory.
+    pub const ACCESS_POLICY_WINDOW: u32 = 1;
+    /// Carry events, which the server's driver could not take from the client: refused.
+    pub const PROGRAMMATIC_EVENT: u32 = 7;
+    pub const LAUNCH_COMPLETION_EVENT: u32 = 12;
+    /// Plain values forwarded to the server's driver (which says which ones kernel nodes take).
+    pub const FORWARDED: [u32; 13] = [1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 13, 14, 16];
+    /// The size of `CUlaunchAttributeValue`.
+    pub const VALUE_LEN: usize = 64;
 }
 
 /// `CUgraphNodeType` values.

@@ -1725,6 +1725,22 @@ impl<D: Device> OpHandler for Session<D> {
         self.graph_mem_trim(request, reply);
     }
 
+    fn graph_node_get_params(&mut self, request: req::GraphNodeGetParams, reply: Responder<rep::GraphNodeGetParams>) {
+        self.graph_node_get_params(request, reply);
+    }
+
+    fn graph_kernel_node_attribute(&mut self, request: req::GraphKernelNodeAttribute, reply: Responder<rep::GraphKernelNodeAttribute>) {
+        self.graph_kernel_node_attribute(request, reply);
+    }
+
+    fn graph_kernel_node_copy_attributes(
+        &mut self,
+        request: req::GraphKernelNodeCopyAttributes,
+        reply: Responder<rep::GraphKernelNodeCopyAttributes>,
+    ) {
+        self.graph_kernel_node_copy_attributes(request, reply);
+    }
+
     fn launch_host_func(&mut self, request: req::LaunchHostFunc, reply: Responder<rep::LaunchHostFunc>) {
         self.launch_host_func(request, reply);
     }

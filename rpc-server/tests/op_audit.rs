@@ -12,9 +12,9 @@ use flyt_protocol::CudaError;
 use flyt_protocol::frame::{FrameLimits, read_full, read_message};
 use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, CopySide, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, Op, OpClass, OpInfo, Pos3, Request, Resource,
-    SERVER_NODE_BIT, ShapedCopy, StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, capture_status, mem_op, node_type, rep, req,
-    split_reply,
+    ArrayDesc, Copy3d, CopySide, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, NodeReadback, Op, OpClass, OpInfo, Pos3, Request,
+    Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, capture_status, mem_op, node_type,
+    rep, req, split_reply,
 };
 
 mod raw;
@@ -482,6 +482,28 @@ macro_rules! probes {
             refused(req::GraphMemAttribute { attribute: 99, set: None }, INVALID_VALUE),
             refused(req::GraphMemAttribute { attribute: 0, set: Some(5) }, INVALID_VALUE),
         ]
+    };
+    (GraphNodeGetParams, $v:ident) => {
+        vec![
+            refused(req::GraphNodeGetParams { node: BOGUS_HANDLE }, INVALID_VALUE),
+            Probe::Effect(captured_nodes_read_back_their_parameters),
+        ]
+    };
+    (GraphKernelNodeAttribute, $v:ident) => {
+        vec![
+            refused(req::GraphKernelNodeAttribute { node: BOGUS_HANDLE, attribute: 8, set: None }, INVALID_VALUE),
+            refused(req::GraphKernelNodeAttribute { node: BOGUS_HANDLE, attribute: 99, set: None }, INVALID_VALUE),
+            refused(req::GraphKernelNodeAttribute { node: BOGUS_HANDLE, attribute: 7, set: Some(vec![0; 64]) }, CudaError::NOT_SUPPORTED),
+            refused(req::GraphKernelNodeAttribute { node: BOGUS_HANDLE, attribute: 8, set: Some(vec![0; 8]) }, INVALID_VALUE),
+            refused(
+                req::GraphKernelNodeAttribute { node: BOGUS_HANDLE, attribute: 1, set: Some(access_window(BOGUS_POINTER, 4096)) },
+                INVALID_VALUE,
+            ),
+            Probe::Effect(kernel_node_attributes_refuse_other_nodes),
+        ]
+    };
+    (GraphKernelNodeCopyAttributes, $v:ident) => {
+        vec![refused(req::GraphKernelNodeCopyAttributes { dst: BOGUS_HANDLE, src: BOGUS_HANDLE }, INVALID_VALUE)]
     };
     (GraphMemTrim, $v:ident) => {
         vec![Probe::Effect(graph_memory_trim_answers)]
@@ -1054,6 +1076,54 @@ fn a_capture_records_stream_work_into_a_graph(socket: &str) {
     session.call(req::GraphInstantiate { graph: 7, exec: 70, flags: 0 }).0.unwrap();
     session.send(&req::GraphLaunch { exec: 70, stream }.into(), &[]);
     assert_eq!(read_back(&mut session, a + 1024, 128), vec![0x33; 128]);
+}
+
+/// A captured graph's copy, memset and host nodes read back as the driver holds them (the host
+/// node as the client's call id); other nodes have no such parameters.
+fn captured_nodes_read_back_their_parameters(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    let stream = 0x5_0000_0001;
+    session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
+    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 7, into: false, dependencies: Vec::new() }).0.unwrap();
+    session.send(&req::Memset { dst: a, pattern: 0x33, width: 1, len: 128, stream }.into(), &[]);
+    session.send(&req::MemcpyDtoD { dst: a + 1024, src: a, len: 128, stream }.into(), &[]);
+    session.send(&req::LaunchHostFunc { stream, call: 55 }.into(), &[]);
+    assert_eq!(session.call(req::StreamEndCapture { stream }).0.unwrap().graph, 7);
+    let nodes = session.call(req::GraphNodes { graph: 7, roots: false }).0.unwrap().nodes;
+    assert_eq!(nodes.len(), 3);
+    for entry in nodes {
+        let params = session.call(req::GraphNodeGetParams { node: entry.node }).0.unwrap().params;
+        match params {
+            NodeReadback::Memset(set) => assert_eq!((set.dst, set.value, set.element_size, set.width), (a, 0x33, 1, 128)),
+            NodeReadback::Memcpy(copy) => {
+                assert_eq!((copy.src.ptr, copy.dst.ptr, copy.width, copy.height, copy.depth), (a, a + 1024, 128, 1, 1));
+            }
+            NodeReadback::Host { call } => assert_eq!(call, 55),
+        }
+    }
+    session.call(req::GraphCreate { graph: 8 }).0.unwrap();
+    session.call(req::GraphAddNode { graph: 8, node: 80, dependencies: vec![], params: NodeParams::Empty }).0.unwrap();
+    assert_eq!(session.call(req::GraphNodeGetParams { node: 80 }).0.err(), Some(INVALID_VALUE));
+}
+
+/// `CUaccessPolicyWindow` as a 64-byte attribute value.
+fn access_window(base: u64, len: u64) -> Vec<u8> {
+    let mut value = vec![0; 64];
+    value[..8].copy_from_slice(&base.to_le_bytes());
+    value[8..16].copy_from_slice(&len.to_le_bytes());
+    value
+}
+
+/// Kernel node attributes name kernel nodes: an empty node has none (the emulated device has no
+/// kernel nodes at all).
+fn kernel_node_attributes_refuse_other_nodes(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    session.call(req::GraphCreate { graph: 1 }).0.unwrap();
+    session.call(req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: NodeParams::Empty }).0.unwrap();
+    let read = session.call(req::GraphKernelNodeAttribute { node: 10, attribute: 8, set: None }).0;
+    assert_eq!(read.err(), Some(INVALID_VALUE));
+    assert_eq!(session.call(req::GraphKernelNodeCopyAttributes { dst: 10, src: 10 }).0.err(), Some(INVALID_VALUE));
 }
 
 /// A host copy cannot be part of a graph over a socket (its staging memory is reused): it is

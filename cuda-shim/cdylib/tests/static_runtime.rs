@@ -297,6 +297,10 @@ fn graph_memory_and_conditional_nodes_through_the_driver_api() {
             "IF with value 1: body ran",
             "IF with value 0: body skipped",
             "a disabled memset does not run: yes",
+            "copy node reads back as given: yes",
+            "captured memset, copy and host nodes read back: yes",
+            "legacy instantiate: empty log, no error node: yes",
+            "user object destroyed once, after its graph, executable graph and launch: yes",
         ] {
             assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
         }

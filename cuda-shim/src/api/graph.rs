@@ -15,7 +15,8 @@ use flyt_client::client::Client;
 use flyt_client::graphs::HostFunction;
 use flyt_client::launch::{Args, pack_args};
 use flyt_client::registry::Function;
-use flyt_protocol::ops::{Copy3d, Dim3, Memset2d, NodeParams, node_type, req};
+use flyt_client::user_objects::user_objects;
+use flyt_protocol::ops::{Copy3d, Dim3, Memset2d, NodeCopy, NodeParams, NodeReadback, node_type, req};
 
 use super::module::{extra_buffer, function, function_handle};
 use super::session::{client, driver_error, resolve_stream, run};
@@ -26,7 +27,7 @@ use crate::generated::types::{
     CUDA_KERNEL_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS_v1, CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEMCPY_NODE_PARAMS, CUDA_MEMCPY3D,
     CUDA_MEMSET_NODE_PARAMS, CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphConditionalHandle, CUgraphEdgeData, CUgraphExec,
     CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo, CUgraphMem_attribute, CUgraphNode, CUgraphNodeParams, CUgraphNodeType, CUhostFn,
-    CUmemAccessDesc, CUmemLocation, CUstream, CUstreamCallback, cuuint64_t,
+    CUkernelNodeAttrID, CUkernelNodeAttrValue, CUmemAccessDesc, CUmemLocation, CUstream, CUstreamCallback, CUuserObject, cuuint64_t,
 };
 
 /// The app's handle of a graph, node or executable graph id (0: NULL).
@@ -283,7 +284,12 @@ pub unsafe fn cuGraphCreate(ph_graph: *mut CUgraph, flags: c_uint) -> CUresult {
 }
 
 pub unsafe fn cuGraphDestroy(h_graph: CUgraph) -> CUresult {
-    run(|| client()?.post(req::GraphDestroy { graph: id_of(h_graph)? }).map_err(driver_error))
+    run(|| {
+        let graph = id_of(h_graph)?;
+        client()?.post(req::GraphDestroy { graph }).map_err(driver_error)?;
+        user_objects().owner_gone(graph);
+        Ok(())
+    })
 }
 
 /// Adds a kernel node and keeps its parameters for `cuGraphKernelNodeGetParams`.
@@ -342,8 +348,10 @@ pub unsafe fn cuGraphAddMemcpyNode(
         // SAFETY: the caller's struct; out-pointer and dependency array.
         unsafe {
             let params = memcpy_params(client, copy_params)?;
-            add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params).map(drop)
+            let (node, _) = add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params)?;
+            remember(node, AppParams::Copy(*copy_params));
         }
+        Ok(())
     })
 }
 
@@ -360,8 +368,10 @@ pub unsafe fn cuGraphAddMemsetNode(
         // SAFETY: as above.
         unsafe {
             let params = self::memset_params(memset_params)?;
-            add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params).map(drop)
+            let (node, _) = add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params)?;
+            remember(node, AppParams::Memset(*memset_params));
         }
+        Ok(())
     })
 }
 
@@ -377,8 +387,10 @@ pub unsafe fn cuGraphAddHostNode(
         // SAFETY: as above.
         unsafe {
             let params = host_params(client, node_params)?;
-            add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params).map(drop)
+            let (node, _) = add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params)?;
+            remember(node, AppParams::Host(*node_params));
         }
+        Ok(())
     })
 }
 
@@ -391,9 +403,12 @@ pub unsafe fn cuGraphAddChildGraphNode(
 ) -> CUresult {
     run(|| {
         let client = client()?;
-        let params = NodeParams::Child { graph: id_of(child_graph)? };
+        let child = id_of(child_graph)?;
         // SAFETY: the caller's out-pointer and dependency array.
-        unsafe { add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params) }.map(drop)
+        unsafe { add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, NodeParams::Child { graph: child }) }?;
+        // The node holds a copy of the child graph, and so its user objects.
+        user_objects().inherit(child, id_of(h_graph)?);
+        Ok(())
     })
 }
 
@@ -554,6 +569,7 @@ pub unsafe fn cuGraphDestroyNode(h_node: CUgraphNode) -> CUresult {
         if let Some(nodes) = kernel_nodes().as_mut() {
             nodes.remove(&node);
         }
+        with_records(|records| records.params.remove(&node));
         Ok(())
     })
 }
@@ -563,8 +579,17 @@ pub unsafe fn cuGraphClone(ph_graph_clone: *mut CUgraph, original_graph: CUgraph
         non_null([ph_graph_clone.cast()])?;
         let client = client()?;
         let clone = client.graphs.new_id();
-        let pairs = client.call(req::GraphClone { graph: id_of(original_graph)?, clone }).map_err(driver_error)?.nodes;
+        let original = id_of(original_graph)?;
+        let pairs = client.call(req::GraphClone { graph: original, clone }).map_err(driver_error)?.nodes;
         client.graphs.note_clone(clone, &pairs);
+        with_records(|records| {
+            for (original, copy) in &pairs {
+                if let Some(params) = records.params.get(original).copied() {
+                    records.params.insert(*copy, params);
+                }
+            }
+        });
+        user_objects().inherit(original, clone);
         // SAFETY: checked non-NULL.
         unsafe { write_out(ph_graph_clone, graph_handle(clone)) }
     })
@@ -585,8 +610,10 @@ fn instantiate(out: *mut CUgraphExec, graph: CUgraph, flags: u64) -> DriverResul
     non_null([out.cast()])?;
     let client = client()?;
     let exec = client.graphs.new_id();
-    let reply = client.call(req::GraphInstantiate { graph: id_of(graph)?, exec, flags }).map_err(driver_error)?;
+    let graph = id_of(graph)?;
+    let reply = client.call(req::GraphInstantiate { graph, exec, flags }).map_err(driver_error)?;
     client.graphs.set_exec_host_nodes(exec, reply.host_nodes);
+    user_objects().inherit(graph, exec);
     with_records(|records| records.exec_flags.insert(exec, flags));
     // SAFETY: checked non-NULL.
     unsafe { write_out(out, graph_handle(exec)) }?;
@@ -597,7 +624,12 @@ pub unsafe fn cuGraphInstantiateWithFlags(ph_graph_exec: *mut CUgraphExec, h_gra
     run(|| instantiate(ph_graph_exec, h_graph, flags).map(drop))
 }
 
-pub unsafe fn cuGraphInstantiate_v2(
+/// `cuGraphInstantiate` (CUDA 11's export, the same ABI) and `_v2`: flags 0, no error node, an
+/// empty log.
+///
+/// # Safety
+/// The optional out-pointers are NULL or the caller's (`log_buffer` with `buffer_size` bytes).
+unsafe fn instantiate_with_log(
     ph_graph_exec: *mut CUgraphExec,
     h_graph: CUgraph,
     ph_error_node: *mut CUgraphNode,
@@ -617,6 +649,28 @@ pub unsafe fn cuGraphInstantiate_v2(
         }
         Ok(())
     })
+}
+
+pub unsafe fn cuGraphInstantiate(
+    ph_graph_exec: *mut CUgraphExec,
+    h_graph: CUgraph,
+    ph_error_node: *mut CUgraphNode,
+    log_buffer: *mut c_char,
+    buffer_size: usize,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { instantiate_with_log(ph_graph_exec, h_graph, ph_error_node, log_buffer, buffer_size) }
+}
+
+pub unsafe fn cuGraphInstantiate_v2(
+    ph_graph_exec: *mut CUgraphExec,
+    h_graph: CUgraph,
+    ph_error_node: *mut CUgraphNode,
+    log_buffer: *mut c_char,
+    buffer_size: usize,
+) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { instantiate_with_log(ph_graph_exec, h_graph, ph_error_node, log_buffer, buffer_size) }
 }
 
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`.
@@ -683,7 +737,10 @@ pub unsafe fn cuGraphExecDestroy(h_graph_exec: CUgraphExec) -> CUresult {
         let client = client()?;
         let exec = id_of(h_graph_exec)?;
         client.graphs.forget_exec(exec);
-        client.post(req::GraphExecDestroy { exec }).map_err(driver_error)
+        client.post(req::GraphExecDestroy { exec }).map_err(driver_error)?;
+        // Launches in flight hold their own references (see `flyt_client::user_objects`).
+        user_objects().owner_gone(exec);
+        Ok(())
     })
 }
 
@@ -849,8 +906,14 @@ pub unsafe fn cuGraphKernelNodeGetParams_v2(h_node: CUgraphNode, node_params: *m
 }
 
 pub unsafe fn cuGraphMemsetNodeSetParams(h_node: CUgraphNode, node_params: *const CUDA_MEMSET_NODE_PARAMS) -> CUresult {
-    // SAFETY: the caller's struct.
-    run(|| set_params(std::ptr::null_mut(), h_node, unsafe { memset_params(node_params) }?))
+    run(|| {
+        // SAFETY: the caller's struct (read after `memset_params` checked it non-NULL).
+        unsafe {
+            set_params(std::ptr::null_mut(), h_node, memset_params(node_params)?)?;
+            remember(id_of(h_node)?, AppParams::Memset(*node_params));
+        }
+        Ok(())
+    })
 }
 
 pub unsafe fn cuGraphExecMemsetNodeSetParams(
@@ -867,8 +930,14 @@ pub unsafe fn cuGraphExecMemsetNodeSetParams(
 }
 
 pub unsafe fn cuGraphMemcpyNodeSetParams(h_node: CUgraphNode, node_params: *const CUDA_MEMCPY3D) -> CUresult {
-    // SAFETY: the caller's struct.
-    run(|| set_params(std::ptr::null_mut(), h_node, unsafe { memcpy_params(client()?, node_params) }?))
+    run(|| {
+        // SAFETY: the caller's struct (read after `memcpy_params` checked it non-NULL).
+        unsafe {
+            set_params(std::ptr::null_mut(), h_node, memcpy_params(client()?, node_params)?)?;
+            remember(id_of(h_node)?, AppParams::Copy(*node_params));
+        }
+        Ok(())
+    })
 }
 
 pub unsafe fn cuGraphExecMemcpyNodeSetParams(
@@ -885,8 +954,14 @@ pub unsafe fn cuGraphExecMemcpyNodeSetParams(
 }
 
 pub unsafe fn cuGraphHostNodeSetParams(h_node: CUgraphNode, node_params: *const CUDA_HOST_NODE_PARAMS) -> CUresult {
-    // SAFETY: the caller's struct.
-    run(|| set_params(std::ptr::null_mut(), h_node, unsafe { host_params(client()?, node_params) }?))
+    run(|| {
+        // SAFETY: the caller's struct (read after `host_params` checked it non-NULL).
+        unsafe {
+            set_params(std::ptr::null_mut(), h_node, host_params(client()?, node_params)?)?;
+            remember(id_of(h_node)?, AppParams::Host(*node_params));
+        }
+        Ok(())
+    })
 }
 
 pub unsafe fn cuGraphExecHostNodeSetParams(
@@ -1006,9 +1081,12 @@ struct NodeRecords {
     /// A conditional node's body graphs, in the array the app's `phGraph_out` points to.
     bodies: HashMap<u64, Box<[CUgraph]>>,
     exec_flags: HashMap<u64, u64>,
+    /// Copy, memset and host nodes' parameters as the app gave them.
+    params: HashMap<u64, AppParams>,
 }
 
-// SAFETY: the body arrays hold graph handles, which are ids, not pointers to memory.
+// SAFETY: the body arrays hold graph handles, which are ids, not pointers to memory; the app's
+// parameters are plain values this library never dereferences.
 unsafe impl Send for NodeRecords {}
 
 static NODE_RECORDS: Mutex<Option<NodeRecords>> = Mutex::new(None);
@@ -1066,7 +1144,7 @@ unsafe fn add_node_with_outputs(
     access: Box<[CUmemAccessDesc]>,
     alloc_out: *mut CUdeviceptr,
     bodies_out: *mut *mut CUgraph,
-) -> DriverResult {
+) -> DriverResult<u64> {
     let client = client()?;
     let (size, bodies) = match &params {
         NodeParams::MemAlloc { size, .. } => (*size, Vec::new()),
@@ -1096,7 +1174,7 @@ unsafe fn add_node_with_outputs(
         }
         with_records(|records| records.bodies.insert(node, handles));
     }
-    Ok(())
+    Ok(node)
 }
 
 pub unsafe fn cuGraphAddMemAllocNode(
@@ -1122,6 +1200,7 @@ pub unsafe fn cuGraphAddMemAllocNode(
                 std::ptr::null_mut(),
             )
         }
+        .map(drop)
     })
 }
 
@@ -1147,6 +1226,7 @@ pub unsafe fn cuGraphAddMemFreeNode(
                 std::ptr::null_mut(),
             )
         }
+        .map(drop)
     })
 }
 
@@ -1346,7 +1426,12 @@ unsafe fn add_generic(
                 _ => (std::ptr::null_mut(), std::ptr::null_mut()),
             };
             // SAFETY: forwarded contract.
-            unsafe { add_node_with_outputs(out, graph, dependencies, count, node, access, alloc_out, bodies_out) }
+            let node = unsafe { add_node_with_outputs(out, graph, dependencies, count, node, access, alloc_out, bodies_out) }?;
+            // SAFETY: the caller's struct, read as its type says.
+            if let Some(app) = unsafe { generic_app_params(params) } {
+                remember(node, app);
+            }
+            Ok(())
         }
     }
 }
@@ -1390,7 +1475,14 @@ unsafe fn set_generic(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraph
         }
         // A child graph node's graph changes through the graph it returns.
         Generic::Params(NodeParams::Child { .. }, _) if exec.is_null() => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-        Generic::Params(params, _) => set_params(exec, node, params),
+        Generic::Params(node_params, _) => {
+            set_params(exec, node, node_params)?;
+            // SAFETY: the caller's struct, read as its type says.
+            if let (true, Some(app)) = (exec.is_null(), unsafe { generic_app_params(params) }) {
+                remember(id_of(node)?, app);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -1580,4 +1672,223 @@ pub unsafe fn cuGraphChildGraphNodeGetGraph(h_node: CUgraphNode, ph_graph: *mut 
         // SAFETY: checked non-NULL.
         unsafe { write_out(ph_graph, graph_handle(graph)) }
     })
+}
+
+// --- node parameter getters, kernel node attributes, user objects ---
+
+/// A copy, memset or host node's parameters as the app gave them: the getters answer these
+/// (the server's driver holds them as Flyt rewrote them, offsets folded into addresses).
+#[derive(Clone, Copy)]
+enum AppParams {
+    Copy(CUDA_MEMCPY3D),
+    Memset(CUDA_MEMSET_NODE_PARAMS),
+    Host(CUDA_HOST_NODE_PARAMS),
+}
+
+fn remember(node: u64, params: AppParams) {
+    with_records(|records| records.params.insert(node, params));
+}
+
+/// The app's parameters of a generic copy, memset or host node.
+///
+/// # Safety
+/// `params` is a readable `CUgraphNodeParams` (the member its type names is valid).
+unsafe fn generic_app_params(params: *mut CUgraphNodeParams) -> Option<AppParams> {
+    // SAFETY: the caller's struct; each arm reads the member its type names.
+    unsafe {
+        Some(match (*params.cast::<GenericNodeParams>()).kind {
+            node_type::MEMCPY => AppParams::Copy((*member::<CUDA_MEMCPY_NODE_PARAMS>(params)).copyParams),
+            node_type::MEMSET => AppParams::Memset(*member::<CUDA_MEMSET_NODE_PARAMS>(params)),
+            node_type::HOST => AppParams::Host(*member::<CUDA_HOST_NODE_PARAMS>(params)),
+            _ => return None,
+        })
+    }
+}
+
+/// `CU_MEMORYTYPE_HOST`.
+const MEMORY_HOST: c_uint = 1;
+
+/// A copy node's parameters as the server's driver holds them, as a `CUDA_MEMCPY3D`.
+fn copy_from_server(copy: &NodeCopy) -> CUDA_MEMCPY3D {
+    // SAFETY: an all-zero `CUDA_MEMCPY3D` (integers and NULL pointers) is valid.
+    let mut params: CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+    let (src, dst) = (&copy.src, &copy.dst);
+    (params.srcXInBytes, params.srcY, params.srcZ) = (src.pos.x as usize, src.pos.y as usize, src.pos.z as usize);
+    (params.srcMemoryType, params.srcPitch, params.srcHeight) = (src.memory_type, src.pitch as usize, src.height as usize);
+    if src.memory_type == MEMORY_HOST {
+        params.srcHost = std::ptr::with_exposed_provenance(src.ptr as usize);
+    } else {
+        params.srcDevice = src.ptr;
+    }
+    (params.dstXInBytes, params.dstY, params.dstZ) = (dst.pos.x as usize, dst.pos.y as usize, dst.pos.z as usize);
+    (params.dstMemoryType, params.dstPitch, params.dstHeight) = (dst.memory_type, dst.pitch as usize, dst.height as usize);
+    if dst.memory_type == MEMORY_HOST {
+        params.dstHost = std::ptr::with_exposed_provenance_mut(dst.ptr as usize);
+    } else {
+        params.dstDevice = dst.ptr;
+    }
+    (params.WidthInBytes, params.Height, params.Depth) = (copy.width as usize, copy.height as usize, copy.depth as usize);
+    params
+}
+
+/// A copy, memset or host node's parameters of the `kind` asked: as the app gave them, or, for
+/// a node the app did not make (captured, or named by the server), as the server's driver holds
+/// them, with the host function translated back to the app's.
+fn node_params(node: CUgraphNode, kind: u32) -> DriverResult<AppParams> {
+    let client = client()?;
+    let node = id_of(node)?;
+    let params = match with_records(|records| records.params.get(&node).copied()) {
+        Some(params) => params,
+        None => match client.call(req::GraphNodeGetParams { node }).map_err(driver_error)?.params {
+            NodeReadback::Memcpy(copy) => AppParams::Copy(copy_from_server(&copy)),
+            NodeReadback::Memset(set) => AppParams::Memset(CUDA_MEMSET_NODE_PARAMS {
+                dst: set.dst,
+                pitch: set.pitch as usize,
+                value: set.value,
+                elementSize: c_uint::from(set.element_size),
+                width: set.width as usize,
+                height: set.height as usize,
+            }),
+            NodeReadback::Host { call } => match client.graphs.host_function(call) {
+                Some(HostFunction::Plain { function, user_data }) => AppParams::Host(CUDA_HOST_NODE_PARAMS {
+                    r#fn: Some(function),
+                    userData: std::ptr::with_exposed_provenance_mut(user_data),
+                }),
+                Some(HostFunction::StreamCallback { .. }) => {
+                    crate::diagnostics::once(
+                        "host-node-callback",
+                        "flyt: the parameters of a host node captured from cuStreamAddCallback cannot be read back",
+                    );
+                    return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+                }
+                None => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+            },
+        },
+    };
+    let matches = match params {
+        AppParams::Copy(_) => kind == node_type::MEMCPY,
+        AppParams::Memset(_) => kind == node_type::MEMSET,
+        AppParams::Host(_) => kind == node_type::HOST,
+    };
+    if matches { Ok(params) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
+}
+
+pub unsafe fn cuGraphMemcpyNodeGetParams(h_node: CUgraphNode, node_params: *mut CUDA_MEMCPY3D) -> CUresult {
+    run(|| {
+        non_null([node_params.cast()])?;
+        let AppParams::Copy(params) = self::node_params(h_node, node_type::MEMCPY)? else { return Err(CUresult::CUDA_ERROR_INVALID_VALUE) };
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(node_params, params) }
+    })
+}
+
+pub unsafe fn cuGraphMemsetNodeGetParams(h_node: CUgraphNode, node_params: *mut CUDA_MEMSET_NODE_PARAMS) -> CUresult {
+    run(|| {
+        non_null([node_params.cast()])?;
+        let AppParams::Memset(params) = self::node_params(h_node, node_type::MEMSET)? else {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        };
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(node_params, params) }
+    })
+}
+
+pub unsafe fn cuGraphHostNodeGetParams(h_node: CUgraphNode, node_params: *mut CUDA_HOST_NODE_PARAMS) -> CUresult {
+    run(|| {
+        non_null([node_params.cast()])?;
+        let AppParams::Host(params) = self::node_params(h_node, node_type::HOST)? else { return Err(CUresult::CUDA_ERROR_INVALID_VALUE) };
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(node_params, params) }
+    })
+}
+
+/// A kernel node attribute after setting it to `set`, if given: the server's driver holds them.
+/// Attributes that carry events are refused (the server's driver cannot take this process's
+/// events); an access policy window must cover the session's own memory.
+fn kernel_node_attribute(node: CUgraphNode, attribute: CUkernelNodeAttrID, set: Option<[u8; 64]>) -> DriverResult<[u8; 64]> {
+    use flyt_protocol::ops::kernel_node_attribute::{LAUNCH_COMPLETION_EVENT, PROGRAMMATIC_EVENT};
+    if attribute == PROGRAMMATIC_EVENT || attribute == LAUNCH_COMPLETION_EVENT {
+        crate::diagnostics::once("kernel-node-event-attribute", "flyt: kernel node attributes that carry events are not supported");
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let request = req::GraphKernelNodeAttribute { node: id_of(node)?, attribute, set: set.map(|value| value.to_vec()) };
+    let reply = client()?.call(request).map_err(driver_error)?;
+    reply.value.try_into().map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)
+}
+
+pub unsafe fn cuGraphKernelNodeGetAttribute(
+    h_node: CUgraphNode,
+    attr: CUkernelNodeAttrID,
+    value_out: *mut CUkernelNodeAttrValue,
+) -> CUresult {
+    run(|| {
+        non_null([value_out.cast()])?;
+        let bytes = kernel_node_attribute(h_node, attr, None)?;
+        // SAFETY: checked non-NULL; the caller's 64-byte `CUkernelNodeAttrValue`.
+        unsafe { write_out(value_out.cast::<[u8; 64]>(), bytes) }
+    })
+}
+
+pub unsafe fn cuGraphKernelNodeSetAttribute(
+    h_node: CUgraphNode,
+    attr: CUkernelNodeAttrID,
+    value: *const CUkernelNodeAttrValue,
+) -> CUresult {
+    run(|| {
+        non_null([value.cast()])?;
+        // SAFETY: checked non-NULL; a `CUkernelNodeAttrValue` is 64 bytes the caller owns.
+        let bytes = unsafe { value.cast::<[u8; 64]>().read_unaligned() };
+        kernel_node_attribute(h_node, attr, Some(bytes)).map(drop)
+    })
+}
+
+pub unsafe fn cuGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode) -> CUresult {
+    run(|| client()?.call(req::GraphKernelNodeCopyAttributes { dst: id_of(dst)?, src: id_of(src)? }).map(drop).map_err(driver_error))
+}
+
+/// `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`, the one flag (required) of `cuUserObjectCreate`.
+const USER_OBJECT_NO_DESTRUCTOR_SYNC: c_uint = 1;
+/// `CU_GRAPH_USER_OBJECT_MOVE`.
+const GRAPH_USER_OBJECT_MOVE: c_uint = 1;
+
+pub unsafe fn cuUserObjectCreate(
+    object_out: *mut CUuserObject,
+    ptr: *mut c_void,
+    destroy: CUhostFn,
+    initial_refcount: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    run(|| {
+        crate::driver::driver().alive()?;
+        non_null([object_out.cast()])?;
+        let destroy = destroy.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        if flags != USER_OBJECT_NO_DESTRUCTOR_SYNC {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let object = user_objects().create(ptr.expose_provenance(), destroy, initial_refcount).map_err(driver_error)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(object_out, graph_handle(object)) }
+    })
+}
+
+pub unsafe fn cuUserObjectRetain(object: CUuserObject, count: c_uint) -> CUresult {
+    run(|| user_objects().retain(id_of(object)?, count).map_err(driver_error))
+}
+
+pub unsafe fn cuUserObjectRelease(object: CUuserObject, count: c_uint) -> CUresult {
+    run(|| user_objects().release(id_of(object)?, count).map_err(driver_error))
+}
+
+pub unsafe fn cuGraphRetainUserObject(graph: CUgraph, object: CUuserObject, count: c_uint, flags: c_uint) -> CUresult {
+    run(|| {
+        if flags & !GRAPH_USER_OBJECT_MOVE != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let moved = flags & GRAPH_USER_OBJECT_MOVE != 0;
+        user_objects().owner_retain(id_of(graph)?, id_of(object)?, count, moved).map_err(driver_error)
+    })
+}
+
+pub unsafe fn cuGraphReleaseUserObject(graph: CUgraph, object: CUuserObject, count: c_uint) -> CUresult {
+    run(|| user_objects().owner_release(id_of(graph)?, id_of(object)?, count).map_err(driver_error))
 }

@@ -110,6 +110,7 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
                 "flyt: graph memcpy nodes with host memory or arrays are not supported (the server cannot reach this process's memory at launch)"
                     .to_string(),
                 "flyt: graph edges with ports or types other than the default are not supported".to_string(),
+                "flyt: kernel node attributes that carry events are not supported".to_string(),
                 "flyt: kernel fake_kernel cannot run: the server's emulated device has no GPU (cudaErrorNotSupported(801))".to_string(),
                 "flyt: cuMemGetDefaultMemPool: host memory pools are not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"
                     .to_string(),
@@ -127,7 +128,7 @@ fn every_unsupported_export_answers_not_supported_and_says_so_once() {
     let program = build(&scratch, "audit_unsupported", "audit_unsupported", &["-ldl"]);
     let server = emulated_server(&scratch);
     let names = exports(false);
-    assert!(names.len() > 100, "the table lists {} unsupported exports", names.len());
+    assert!(names.len() > 50, "the table lists {} unsupported exports", names.len());
     let list = scratch.join("unsupported.txt");
     std::fs::write(&list, names.iter().map(|name| format!("{name}\n")).collect::<String>()).unwrap();
     let (code, stdout, stderr) = run(&program, &[], &server.addresses[1], "auto", Some(&list));

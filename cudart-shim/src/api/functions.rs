@@ -1,15 +1,16 @@
 //! Kernel attributes and occupancy, through the driver (which asks the server once per kernel
 //! and keeps the answer).
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
+use flyt_protocol::handshake::RUNTIME_VERSION;
 
-use crate::driver::{CUkernel, cu_ctx};
-use crate::ffi::write_out;
+use crate::driver::{CUkernel, cu, cu_ctx};
+use crate::ffi::{cudaKernel_t, write_out};
 use crate::props::cudaFuncAttributes;
-use crate::registry::kernel_by_host;
+use crate::registry::{kernel_by_handle, kernel_by_host};
 
 /// `cudaFuncAttribute`: the settable ones run from `cudaFuncAttributeMaxDynamicSharedMemorySize`
 /// (8) to `cudaFuncAttributeClusterSchedulingPolicyPreference` (15), numbered as the driver's
@@ -119,4 +120,107 @@ pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     cu_ctx!(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&mut value, kernel, block_size, dynamic_smem, flags))?;
     // SAFETY: checked non-NULL above; the app's out-pointer.
     unsafe { write_out(blocks, value) }
+}
+
+/// `cudaEnableDefault`, `cudaEnableLegacyStream`, `cudaEnablePerThreadDefaultStream`: the
+/// driver's `CU_GET_PROC_ADDRESS_*` numbers; the default is the caller's build (legacy for the
+/// plain entry point, per-thread for `_ptsz`), as NVIDIA's runtime resolves it.
+fn entry_point_flags(flags: u64, per_thread: bool) -> u64 {
+    match flags {
+        0 if per_thread => 2,
+        0 => 1,
+        flags => flags,
+    }
+}
+
+/// A driver function of Flyt's `libcuda.so.1` by base name, as `cuGetProcAddress_v2` resolves it.
+fn driver_entry_point(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    version: c_uint,
+    flags: u64,
+    status: *mut c_int,
+    per_thread: bool,
+) -> CudaResult<()> {
+    if symbol.is_null() || func.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let version = c_int::try_from(version).map_err(|_| CudaError::INVALID_VALUE)?;
+    cu!(cuGetProcAddress_v2(symbol, func, version, entry_point_flags(flags, per_thread), status))
+}
+
+pub unsafe fn cudaGetDriverEntryPoint(symbol: *const c_char, func: *mut *mut c_void, flags: u64, status: *mut c_int) -> CudaResult<()> {
+    driver_entry_point(symbol, func, RUNTIME_VERSION.cast_unsigned(), flags, status, false)
+}
+
+pub unsafe fn cudaGetDriverEntryPoint_ptsz(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    flags: u64,
+    status: *mut c_int,
+) -> CudaResult<()> {
+    driver_entry_point(symbol, func, RUNTIME_VERSION.cast_unsigned(), flags, status, true)
+}
+
+pub unsafe fn cudaGetDriverEntryPointByVersion(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    version: c_uint,
+    flags: u64,
+    status: *mut c_int,
+) -> CudaResult<()> {
+    driver_entry_point(symbol, func, version, flags, status, false)
+}
+
+pub unsafe fn cudaGetDriverEntryPointByVersion_ptsz(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    version: c_uint,
+    flags: u64,
+    status: *mut c_int,
+) -> CudaResult<()> {
+    driver_entry_point(symbol, func, version, flags, status, true)
+}
+
+/// The driver's handle of a kernel by its host stub (a `CUkernel`, which the driver takes as a
+/// `CUfunction` too).
+pub unsafe fn cudaGetFuncBySymbol(func: *mut *mut c_void, symbol: *const c_void) -> CudaResult<()> {
+    if func.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let handle = kernel(symbol)?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(func, handle.cast()) }
+}
+
+/// The `cudaKernel_t` of a kernel by its host stub, as the launch stubs ask for it.
+pub unsafe fn cudaGetKernel(kernel: *mut cudaKernel_t, entry: *const c_void) -> CudaResult<()> {
+    // SAFETY: forwarded contract.
+    unsafe { super::launch::__cudaGetKernel(kernel, entry) }
+}
+
+pub unsafe fn cudaOccupancyAvailableDynamicSMemPerBlock(
+    size: *mut usize,
+    func: *const c_void,
+    blocks: c_int,
+    block_size: c_int,
+) -> CudaResult<()> {
+    if size.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let kernel = kernel(func)?;
+    let mut value = 0usize;
+    cu_ctx!(cuOccupancyAvailableDynamicSMemPerBlock(&mut value, kernel, blocks, block_size))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(size, value) }
+}
+
+/// A settable attribute of a `cudaKernel_t` this runtime gave out, for one device.
+pub unsafe fn cudaKernelSetAttributeForDevice(kernel: cudaKernel_t, attr: c_int, value: c_int, device: c_int) -> CudaResult<()> {
+    let registered = kernel_by_handle(kernel as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+    if !SETTABLE_ATTRIBUTES.contains(&attr) {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let handle = registered.handle()?;
+    cu_ctx!(cuKernelSetAttribute(attr, value, handle, device))
 }

@@ -12,8 +12,8 @@ use flyt_protocol::error::CudaResult;
 
 use super::arrays::{cudaExtent, cudaMemcpy3DParms, cudaPitchedPtr, cudaPos};
 use crate::driver::{
-    CUcontext, CUdeviceptr, CUgraph, CUgraphExec, CUgraphNode, GraphNodeParams, HostFn, KernelNodeParams, MEMORYTYPE_UNIFIED, Memcpy3D,
-    StreamCallback, cu_ctx, current_context,
+    CUcontext, CUdeviceptr, CUgraph, CUgraphExec, CUgraphNode, GraphNodeParams, HostFn, KernelNodeParams, MEMORYTYPE_ARRAY,
+    MEMORYTYPE_HOST, MEMORYTYPE_UNIFIED, Memcpy3D, StreamCallback, cu, cu_ctx, current_context,
 };
 use crate::ffi::{cudaEvent_t, cudaMemcpyKind, cudaStream_t, dim3};
 use crate::registry::{host_function_of, kernel_by_host};
@@ -320,6 +320,188 @@ pub unsafe fn cudaGraphExecMemcpyNodeSetParams1D(
     _kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy_1d(dst, src, bytes), std::ptr::null_mut()))
+}
+
+/// A copy node's parameters in the runtime's form: each side's pointer (device or host, as the
+/// driver says), position and pitch; the row width, which the driver's form lacks, is the pitch.
+pub unsafe fn cudaGraphMemcpyNodeGetParams(node: CUgraphNode, params: *mut cudaMemcpy3DParms) -> CudaResult<()> {
+    if params.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: all-zero is a valid value of these plain fields and NULL pointers.
+    let mut copy: Memcpy3D = unsafe { std::mem::zeroed() };
+    cu_ctx!(cuGraphMemcpyNodeGetParams(node, &mut copy))?;
+    if copy.src_memory_type == MEMORYTYPE_ARRAY || copy.dst_memory_type == MEMORYTYPE_ARRAY {
+        return Err(super::unsupported_use("cudaGraphMemcpyNodeGetParams", "CUDA arrays"));
+    }
+    let side = |memory_type: c_uint, host: *mut c_void, device: CUdeviceptr, pitch: usize, height: usize| cudaPitchedPtr {
+        ptr: if memory_type == MEMORYTYPE_HOST { host } else { std::ptr::with_exposed_provenance_mut(device as usize) },
+        pitch,
+        xsize: pitch,
+        ysize: height,
+    };
+    let value = cudaMemcpy3DParms {
+        src_array: std::ptr::null_mut(),
+        src_pos: cudaPos { x: copy.src_x_in_bytes, y: copy.src_y, z: copy.src_z },
+        src_ptr: side(copy.src_memory_type, copy.src_host.cast_mut(), copy.src_device, copy.src_pitch, copy.src_height),
+        dst_array: std::ptr::null_mut(),
+        dst_pos: cudaPos { x: copy.dst_x_in_bytes, y: copy.dst_y, z: copy.dst_z },
+        dst_ptr: side(copy.dst_memory_type, copy.dst_host, copy.dst_device, copy.dst_pitch, copy.dst_height),
+        extent: cudaExtent { width: copy.width_in_bytes, height: copy.height, depth: copy.depth },
+        kind: MEMCPY_DEFAULT,
+    };
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { params.write(value) };
+    Ok(())
+}
+
+/// `cudaMemcpyDefault`: the runtime's copy nodes read back with the kind the pointers imply.
+const MEMCPY_DEFAULT: cudaMemcpyKind = 4;
+
+/// A 1D copy node to or from a `__device__` variable: its address, `offset` in.
+fn symbol_copy(
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    to_symbol: bool,
+    other: *const c_void,
+) -> CudaResult<Memcpy3D> {
+    super::memory::symbol_direction(to_symbol, kind)?;
+    let address: *mut c_void = std::ptr::with_exposed_provenance_mut(super::memory::symbol_address(symbol, count, offset)? as usize);
+    Ok(if to_symbol { copy_1d(address, other, count) } else { copy_1d(other.cast_mut(), address, count) })
+}
+
+pub unsafe fn cudaGraphAddMemcpyNodeToSymbol(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    num_dependencies: usize,
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, &copy, std::ptr::null_mut()))
+}
+
+pub unsafe fn cudaGraphAddMemcpyNodeFromSymbol(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    num_dependencies: usize,
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, &copy, std::ptr::null_mut()))
+}
+
+pub unsafe fn cudaGraphMemcpyNodeSetParamsToSymbol(
+    node: CUgraphNode,
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
+}
+
+pub unsafe fn cudaGraphMemcpyNodeSetParamsFromSymbol(
+    node: CUgraphNode,
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
+}
+
+pub unsafe fn cudaGraphExecMemcpyNodeSetParamsToSymbol(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
+}
+
+pub unsafe fn cudaGraphExecMemcpyNodeSetParamsFromSymbol(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
+}
+
+// `cudaMemsetParams` and `cudaHostNodeParams` have the driver's layouts, and so have
+// `cudaLaunchAttributeValue` and the attribute numbers.
+
+pub unsafe fn cudaGraphMemsetNodeGetParams(node: CUgraphNode, params: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphMemsetNodeGetParams(node, params))
+}
+
+pub unsafe fn cudaGraphHostNodeGetParams(node: CUgraphNode, params: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphHostNodeGetParams(node, params))
+}
+
+pub unsafe fn cudaGraphKernelNodeGetAttribute(node: CUgraphNode, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphKernelNodeGetAttribute(node, attribute, value))
+}
+
+pub unsafe fn cudaGraphKernelNodeSetAttribute(node: CUgraphNode, attribute: c_int, value: *const c_void) -> CudaResult<()> {
+    cu_ctx!(cuGraphKernelNodeSetAttribute(node, attribute, value))
+}
+
+pub unsafe fn cudaGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode) -> CudaResult<()> {
+    cu_ctx!(cuGraphKernelNodeCopyAttributes(dst, src))
+}
+
+// User objects: the flags (`cudaUserObjectNoDestructorSync`, `cudaGraphUserObjectMove`) are
+// the driver's.
+
+pub unsafe fn cudaUserObjectCreate(
+    object: *mut *mut c_void,
+    ptr: *mut c_void,
+    destroy: HostFn,
+    refs: c_uint,
+    flags: c_uint,
+) -> CudaResult<()> {
+    cu!(cuUserObjectCreate(object, ptr, destroy, refs, flags))
+}
+
+pub unsafe fn cudaUserObjectRetain(object: *mut c_void, count: c_uint) -> CudaResult<()> {
+    cu!(cuUserObjectRetain(object, count))
+}
+
+pub unsafe fn cudaUserObjectRelease(object: *mut c_void, count: c_uint) -> CudaResult<()> {
+    cu!(cuUserObjectRelease(object, count))
+}
+
+pub unsafe fn cudaGraphRetainUserObject(graph: CUgraph, object: *mut c_void, count: c_uint, flags: c_uint) -> CudaResult<()> {
+    cu_ctx!(cuGraphRetainUserObject(graph, object, count, flags))
+}
+
+pub unsafe fn cudaGraphReleaseUserObject(graph: CUgraph, object: *mut c_void, count: c_uint) -> CudaResult<()> {
+    cu_ctx!(cuGraphReleaseUserObject(graph, object, count))
 }
 
 // `cudaMemsetParams` and `cudaHostNodeParams` have the driver's layouts.

@@ -380,13 +380,19 @@ pub unsafe fn cudaMemsetAsync_ptsz(dev_ptr: *mut c_void, value: c_int, count: us
 }
 
 /// A symbol's device address plus `offset`, with `count` bytes checked against its size.
-fn symbol_address(symbol: *const c_void, count: usize, offset: usize) -> CudaResult<u64> {
+pub(super) fn symbol_address(symbol: *const c_void, count: usize, offset: usize) -> CudaResult<u64> {
     let variable = variable_by_host(symbol as usize).ok_or(CudaError::INVALID_SYMBOL)?;
     let end = offset.checked_add(count).ok_or(CudaError::INVALID_VALUE)?;
     if end > variable.size {
         return Err(CudaError::INVALID_VALUE);
     }
     Ok(variable.address()? + offset as u64)
+}
+
+/// The directions a copy to (`to_symbol`) or from a `__device__` variable may take.
+pub(super) fn symbol_direction(to_symbol: bool, kind: cudaMemcpyKind) -> CudaResult<()> {
+    let allowed = if to_symbol { HOST_TO_DEVICE } else { DEVICE_TO_HOST };
+    if kind == allowed || matches!(kind, DEVICE_TO_DEVICE | DEFAULT) { Ok(()) } else { Err(CudaError::INVALID_MEMCPY_DIRECTION) }
 }
 
 #[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
@@ -400,9 +406,7 @@ fn to_symbol(
     mode: Mode,
     per_thread: bool,
 ) -> CudaResult<()> {
-    if !matches!(kind, HOST_TO_DEVICE | DEVICE_TO_DEVICE | DEFAULT) {
-        return Err(CudaError::INVALID_MEMCPY_DIRECTION);
-    }
+    symbol_direction(true, kind)?;
     let address = symbol_address(symbol, count, offset)?;
     memcpy(address as usize as *mut c_void, src, count, kind, stream, mode, per_thread)
 }
@@ -418,9 +422,7 @@ fn from_symbol(
     mode: Mode,
     per_thread: bool,
 ) -> CudaResult<()> {
-    if !matches!(kind, DEVICE_TO_HOST | DEVICE_TO_DEVICE | DEFAULT) {
-        return Err(CudaError::INVALID_MEMCPY_DIRECTION);
-    }
+    symbol_direction(false, kind)?;
     let address = symbol_address(symbol, count, offset)?;
     memcpy(dst, address as usize as *const c_void, count, kind, stream, mode, per_thread)
 }

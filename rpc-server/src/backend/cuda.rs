@@ -12,11 +12,11 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, StreamMemOp, TensorMapLayout,
-    TensorMapParams, TextureDesc, ViewDesc, mem_op,
+    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide, ParamInfo, Pos3,
+    StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, ViewDesc, mem_op, node_type,
 };
 
-use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, NodeWork, Side, TexResource};
+use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, NodeRead, NodeWork, Side, TexResource};
 use crate::host_calls::HostCallSite;
 
 /// A driver handle that may cross threads. CUDA driver handles are opaque pointers into the
@@ -171,6 +171,9 @@ struct RawExtras {
         ) -> u32,
     >,
     replace_address: Option<unsafe extern "C" fn(*mut TensorMap, *mut c_void) -> u32>,
+    kernel_node_set_attribute: Option<unsafe extern "C" fn(sys::CUgraphNode, c_uint, *const [u8; 64]) -> u32>,
+    kernel_node_get_attribute: Option<unsafe extern "C" fn(sys::CUgraphNode, c_uint, *mut [u8; 64]) -> u32>,
+    memcpy_node_get_params: Option<unsafe extern "C" fn(sys::CUgraphNode, *mut RawMemcpy3d) -> u32>,
     pool_get_access: Option<unsafe extern "C" fn(*mut c_uint, sys::CUmemoryPool, *mut sys::CUmemLocation) -> u32>,
 }
 
@@ -192,10 +195,60 @@ impl RawExtras {
                 encode_im2col: symbol!("cuTensorMapEncodeIm2col"),
                 encode_im2col_wide: symbol!("cuTensorMapEncodeIm2colWide"),
                 replace_address: symbol!("cuTensorMapReplaceAddress"),
+                kernel_node_set_attribute: symbol!("cuGraphKernelNodeSetAttribute"),
+                kernel_node_get_attribute: symbol!("cuGraphKernelNodeGetAttribute"),
+                memcpy_node_get_params: symbol!("cuGraphMemcpyNodeGetParams"),
                 pool_get_access: symbol!("cuMemPoolGetAccess"),
             }
         }
     }
+}
+
+/// One side of a `CUDA_MEMCPY3D` with its memory type as a number.
+#[repr(C)]
+#[derive(Default)]
+struct RawCopySide {
+    x: usize,
+    y: usize,
+    z: usize,
+    lod: usize,
+    memory_type: c_uint,
+    host: u64,
+    device: u64,
+    array: u64,
+    reserved: u64,
+    pitch: usize,
+    height: usize,
+}
+
+/// `CUDA_MEMCPY3D` as the driver writes it back, read without trusting its enum.
+#[repr(C)]
+#[derive(Default)]
+struct RawMemcpy3d {
+    src: RawCopySide,
+    dst: RawCopySide,
+    width: usize,
+    height: usize,
+    depth: usize,
+}
+
+const _: () = assert!(size_of::<RawMemcpy3d>() == size_of::<sys::CUDA_MEMCPY3D>());
+
+/// `CU_MEMORYTYPE_ARRAY`.
+const MEMORY_ARRAY: c_uint = 3;
+
+fn node_copy_side(side: &RawCopySide) -> CudaResult<NodeCopySide> {
+    if side.memory_type == MEMORY_ARRAY {
+        return Err(CudaError::NOT_SUPPORTED);
+    }
+    let ptr = if side.memory_type == 1 { side.host } else { side.device };
+    Ok(NodeCopySide {
+        memory_type: side.memory_type,
+        ptr,
+        pos: Pos3 { x: side.x as u64, y: side.y as u64, z: side.z as u64 },
+        pitch: side.pitch as u64,
+        height: side.height as u64,
+    })
 }
 
 /// The driver's form of a stream memory operation.
@@ -1296,6 +1349,63 @@ impl Device for CudaDevice {
     fn graph_mem_trim(&self) -> CudaResult<()> {
         // SAFETY: the session's device.
         check(unsafe { sys::cuDeviceGraphMemTrim(self.device).result() })
+    }
+
+    fn graph_node_read(&self, node: Self::GraphNode) -> CudaResult<NodeRead> {
+        match self.graph_node_kind(node)? {
+            node_type::MEMCPY => {
+                let read = self.extras.memcpy_node_get_params.ok_or(CudaError::NOT_SUPPORTED)?;
+                let mut raw = RawMemcpy3d::default();
+                // SAFETY: a copy node of the session's; `RawMemcpy3d` has the C struct's layout.
+                raw_check(unsafe { read(node.0, &mut raw) })?;
+                let (src, dst) = (node_copy_side(&raw.src)?, node_copy_side(&raw.dst)?);
+                Ok(NodeRead::Memcpy(NodeCopy { src, dst, width: raw.width as u64, height: raw.height as u64, depth: raw.depth as u64 }))
+            }
+            node_type::MEMSET => {
+                // SAFETY: an all-zero struct of integers is valid.
+                let mut params: sys::CUDA_MEMSET_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                // SAFETY: a memset node of the session's; valid out-pointer.
+                check(unsafe { sys::cuGraphMemsetNodeGetParams(node.0, &mut params).result() })?;
+                Ok(NodeRead::Memset(Memset2d {
+                    dst: params.dst,
+                    pitch: params.pitch as u64,
+                    value: params.value,
+                    element_size: u8::try_from(params.elementSize).map_err(|_| CudaError::UNKNOWN)?,
+                    width: params.width as u64,
+                    height: params.height as u64,
+                }))
+            }
+            node_type::HOST => {
+                let mut params = sys::CUDA_HOST_NODE_PARAMS { fn_: None, userData: std::ptr::null_mut() };
+                // SAFETY: a host node of the session's; valid out-pointer.
+                check(unsafe { sys::cuGraphHostNodeGetParams(node.0, &mut params).result() })?;
+                // Every host node the session made runs a site through `run_host_call`.
+                let ours =
+                    params.fn_.is_some_and(|function| std::ptr::fn_addr_eq(function, run_host_call as unsafe extern "C" fn(*mut c_void)));
+                Ok(NodeRead::Host(if ours { params.userData as usize } else { 0 }))
+            }
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    fn graph_kernel_node_attribute(&self, node: Self::GraphNode, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
+        let (set_attribute, get_attribute) = match (self.extras.kernel_node_set_attribute, self.extras.kernel_node_get_attribute) {
+            (Some(set), Some(get)) => (set, get),
+            _ => return Err(CudaError::NOT_SUPPORTED),
+        };
+        if let Some(value) = set {
+            // SAFETY: a node of the session's; a 64-byte value the session checked.
+            raw_check(unsafe { set_attribute(node.0, attribute, value) })?;
+        }
+        let mut value = [0u8; 64];
+        // SAFETY: as above; the driver writes at most a `CUkernelNodeAttrValue` (64 bytes).
+        raw_check(unsafe { get_attribute(node.0, attribute, &mut value) })?;
+        Ok(value)
+    }
+
+    fn graph_kernel_node_copy_attributes(&self, dst: Self::GraphNode, src: Self::GraphNode) -> CudaResult<()> {
+        // SAFETY: two nodes of the session's.
+        check(unsafe { sys::cuGraphKernelNodeCopyAttributes(dst.0, src.0).result() })
     }
 
     fn graph_node_set(&self, exec: Option<Self::GraphExec>, node: Self::GraphNode, work: NodeWork<'_, Self>) -> CudaResult<()> {

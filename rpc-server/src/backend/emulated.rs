@@ -10,12 +10,12 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, StreamMemOp, TensorMapParams,
-    TextureDesc, ViewDesc, capture_status, mem_op,
+    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide, ParamInfo, Pos3,
+    StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, capture_status, mem_op,
 };
 
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
-use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, NodeWork, Side, TexResource};
+use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, NodeRead, NodeWork, Side, TexResource};
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;
 
@@ -822,6 +822,32 @@ impl Device for EmulatedDevice {
 
     fn graph_mem_trim(&self) -> CudaResult<()> {
         Ok(())
+    }
+
+    fn graph_node_read(&self, node: u64) -> CudaResult<NodeRead> {
+        let state = self.state();
+        let side = |ptr: u64, pitch: u64, height: u64| NodeCopySide { memory_type: 2, ptr, pos: Pos3::default(), pitch, height };
+        match state.graphs.nodes.get(&node).map(|n| &n.work) {
+            Some(Work::Memcpy(copy)) => Ok(NodeRead::Memcpy(NodeCopy {
+                src: side(copy.src, copy.src_pitch, copy.src_height),
+                dst: side(copy.dst, copy.dst_pitch, copy.dst_height),
+                width: copy.width,
+                height: copy.height,
+                depth: copy.depth,
+            })),
+            Some(Work::Memset(set)) => Ok(NodeRead::Memset(*set)),
+            Some(Work::Host(site)) => Ok(NodeRead::Host(Arc::as_ptr(site) as usize)),
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    fn graph_kernel_node_attribute(&self, _node: u64, _attribute: u32, _set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
+        // Kernel nodes need GPU code: no node here is one.
+        Err(CudaError::INVALID_VALUE)
+    }
+
+    fn graph_kernel_node_copy_attributes(&self, _dst: u64, _src: u64) -> CudaResult<()> {
+        Err(CudaError::INVALID_VALUE)
     }
 
     fn graph_node_set(&self, exec: Option<u64>, node: u64, work: NodeWork<'_, Self>) -> CudaResult<()> {

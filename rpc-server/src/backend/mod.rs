@@ -62,6 +62,15 @@ pub struct AddedNode<D: Device + ?Sized> {
     pub bodies: Vec<D::Graph>,
 }
 
+/// A node's parameters as the backend reads them back (`GraphNodeGetParams`).
+pub enum NodeRead {
+    Memcpy(flyt_protocol::ops::NodeCopy),
+    Memset(Memset2d),
+    /// A host node's user data: the address of the `HostCallSite` it runs (the session finds
+    /// the site among its own).
+    Host(usize),
+}
+
 /// `CUgraphEdgeData`'s port and type fields.
 pub type EdgeData = [u8; 3];
 
@@ -313,6 +322,14 @@ pub trait Device: Send + Sync + 'static {
     fn graph_mem_attribute(&self, attribute: u32, set: Option<u64>) -> CudaResult<u64>;
     /// `cuDeviceGraphMemTrim`.
     fn graph_mem_trim(&self) -> CudaResult<()>;
+    /// A copy, memset or host node's parameters as the driver holds them; arrays are not read
+    /// back (`NOT_SUPPORTED`), other node types are `INVALID_VALUE`.
+    fn graph_node_read(&self, node: Self::GraphNode) -> CudaResult<NodeRead>;
+    /// `cuGraphKernelNodeGetAttribute`, after `cuGraphKernelNodeSetAttribute` with `set` (a
+    /// value the session checked) if given.
+    fn graph_kernel_node_attribute(&self, node: Self::GraphNode, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]>;
+    /// `cuGraphKernelNodeCopyAttributes`.
+    fn graph_kernel_node_copy_attributes(&self, dst: Self::GraphNode, src: Self::GraphNode) -> CudaResult<()>;
     /// A node's new parameters, in its graph (`exec` `None`) or in an executable graph.
     fn graph_node_set(&self, exec: Option<Self::GraphExec>, node: Self::GraphNode, work: NodeWork<'_, Self>) -> CudaResult<()>;
     fn graph_destroy_node(&self, node: Self::GraphNode) -> CudaResult<()>;

@@ -8,10 +8,13 @@ use std::sync::Arc;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{CaptureInfo, GraphEdge, GraphNodeEntry, NodeParams, SERVER_NODE_BIT, node_type, rep, req};
+use flyt_protocol::ops::{CaptureInfo, GraphEdge, GraphNodeEntry, NodeParams, NodeReadback, SERVER_NODE_BIT, node_type, rep, req};
 
 use super::{MAX_HANDLES, Responder, Session};
-use crate::backend::{Device, NodeWork};
+use crate::backend::{Device, NodeRead, NodeWork};
+
+/// `CU_MEMORYTYPE_HOST`.
+const MEMORY_HOST: u32 = 1;
 use crate::host_calls::{HostCallSite, HostCalls};
 use crate::memory::RangeKind;
 
@@ -543,6 +546,78 @@ impl<D: Device> Session<D> {
 
     pub(super) fn graph_mem_trim(&mut self, _request: req::GraphMemTrim, reply: Responder<rep::GraphMemTrim>) {
         reply.send(self.device.graph_mem_trim().map(|()| rep::GraphMemTrim {}));
+    }
+
+    pub(super) fn graph_node_get_params(&mut self, request: req::GraphNodeGetParams, reply: Responder<rep::GraphNodeGetParams>) {
+        let result = (|| {
+            let (node, _) = self.graphs.node(request.node)?;
+            Ok(match self.device.graph_node_read(node)? {
+                NodeRead::Memcpy(copy) => {
+                    // Host memory a captured copy names is the client's own only where the
+                    // segment is mapped at the client's address.
+                    for side in [&copy.src, &copy.dst] {
+                        let mapped = self.shm.as_ref().is_some_and(|segment| segment.aliases(side.ptr, 1));
+                        if side.memory_type == MEMORY_HOST && !mapped {
+                            return Err(CudaError::NOT_SUPPORTED);
+                        }
+                    }
+                    NodeReadback::Memcpy(copy)
+                }
+                NodeRead::Memset(set) => NodeReadback::Memset(set),
+                NodeRead::Host(site) => {
+                    let call = self.graphs.sites.iter().find(|(_, known)| Arc::as_ptr(known) as usize == site).map(|(call, _)| *call);
+                    NodeReadback::Host { call: call.ok_or(CudaError::INVALID_VALUE)? }
+                }
+            })
+        })();
+        reply.send(result.map(|params| rep::GraphNodeGetParams { params }));
+    }
+
+    /// A kernel node's attribute: forwarded values only (events are refused); an access
+    /// policy window must lie in the session's memory.
+    pub(super) fn graph_kernel_node_attribute(
+        &mut self,
+        request: req::GraphKernelNodeAttribute,
+        reply: Responder<rep::GraphKernelNodeAttribute>,
+    ) {
+        use flyt_protocol::ops::kernel_node_attribute::{
+            ACCESS_POLICY_WINDOW, FORWARDED, LAUNCH_COMPLETION_EVENT, PROGRAMMATIC_EVENT, VALUE_LEN,
+        };
+        let result = (|| {
+            if matches!(request.attribute, PROGRAMMATIC_EVENT | LAUNCH_COMPLETION_EVENT) {
+                return Err(CudaError::NOT_SUPPORTED);
+            }
+            if !FORWARDED.contains(&request.attribute) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let set = match &request.set {
+                Some(bytes) => Some(<[u8; VALUE_LEN]>::try_from(bytes.as_slice()).map_err(|_| CudaError::INVALID_VALUE)?),
+                None => None,
+            };
+            if let (Some(value), ACCESS_POLICY_WINDOW) = (&set, request.attribute) {
+                let word = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().unwrap_or_default());
+                let (base, len) = (word(0), word(8));
+                if len > 0 {
+                    self.ranges.check(base, len)?;
+                }
+            }
+            let (node, _) = self.graphs.node(request.node)?;
+            let value = self.device.graph_kernel_node_attribute(node, request.attribute, set.as_ref())?;
+            Ok(rep::GraphKernelNodeAttribute { value: value.to_vec() })
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn graph_kernel_node_copy_attributes(
+        &mut self,
+        request: req::GraphKernelNodeCopyAttributes,
+        reply: Responder<rep::GraphKernelNodeCopyAttributes>,
+    ) {
+        let result = (|| {
+            let ((dst, _), (src, _)) = (self.graphs.node(request.dst)?, self.graphs.node(request.src)?);
+            self.device.graph_kernel_node_copy_attributes(dst, src)
+        })();
+        reply.send(result.map(|()| rep::GraphKernelNodeCopyAttributes {}));
     }
 
     pub(super) fn graph_edges(&mut self, request: req::GraphEdges, reply: Responder<rep::GraphEdges>) {

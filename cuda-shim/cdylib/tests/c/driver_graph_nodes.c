@@ -1,8 +1,13 @@
 // Graph memory nodes, conditional nodes, generic node parameters and graph queries through
 // Flyt's libcuda.so.1 on the emulated device (no kernels: memsets and copies do the work). The
 // emulated device holds a conditional at the value each launch assigns (no kernel sets it).
+// Then the node parameter getters (of nodes the app made and of captured ones), kernel node
+// attributes on other nodes, the legacy cuGraphInstantiate and user objects.
+#define _DEFAULT_SOURCE
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "driver_expect.h"
 
@@ -48,6 +53,144 @@ static unsigned char run_and_read(CUgraph graph, CUdeviceptr d, CUstream s, unsi
     EXPECT(cuMemcpyDtoH(&first, d, 1), CUDA_SUCCESS);
     EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
     return first;
+}
+
+static void host_fn(void *data) { (*(int *)data)++; }
+
+static int destroyed = 0;
+static void destroy_fn(void *data) { __atomic_add_fetch(&destroyed, *(int *)data, __ATOMIC_SEQ_CST); }
+
+// Waits up to a second for the destructor count to reach `want`.
+static int destroyed_after_wait(int want) {
+    for (int i = 0; i < 1000 && __atomic_load_n(&destroyed, __ATOMIC_SEQ_CST) < want; i++) usleep(1000);
+    return __atomic_load_n(&destroyed, __ATOMIC_SEQ_CST);
+}
+
+static void getters_attributes_and_user_objects(CUcontext ctx, CUstream s, CUdeviceptr out, size_t N) {
+    // Nodes the app made read back as it gave them (a zero pitch stays zero, offsets stay offsets).
+    CUgraph g;
+    EXPECT(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+    CUDA_MEMSET_NODE_PARAMS fill = memset_of(out, 0x42, 256);
+    fill.pitch = 0;
+    CUgraphNode set_node, copy_node, host_node;
+    EXPECT(cuGraphAddMemsetNode(&set_node, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
+    CUDA_MEMCPY3D copy = copy_of(out + 4096, out, 256);
+    copy.srcXInBytes = 16;
+    EXPECT(cuGraphAddMemcpyNode(&copy_node, g, &set_node, 1, &copy, ctx), CUDA_SUCCESS);
+    int host_runs = 0;
+    CUDA_HOST_NODE_PARAMS host = {host_fn, &host_runs};
+    EXPECT(cuGraphAddHostNode(&host_node, g, &copy_node, 1, &host), CUDA_SUCCESS);
+    CUDA_MEMSET_NODE_PARAMS set_back;
+    memset(&set_back, 0xff, sizeof set_back);
+    EXPECT(cuGraphMemsetNodeGetParams(set_node, &set_back), CUDA_SUCCESS);
+    CHECK("memset node reads back as given", set_back.dst == out && set_back.value == 0x42 && set_back.pitch == 0 && set_back.width == 256 && set_back.elementSize == 1);
+    CUDA_MEMCPY3D copy_back;
+    EXPECT(cuGraphMemcpyNodeGetParams(copy_node, &copy_back), CUDA_SUCCESS);
+    CHECK("copy node reads back as given", copy_back.srcDevice == out && copy_back.srcXInBytes == 16 && copy_back.dstDevice == out + 4096 && copy_back.WidthInBytes == 256 && copy_back.srcMemoryType == CU_MEMORYTYPE_DEVICE);
+    CUDA_HOST_NODE_PARAMS host_back = {NULL, NULL};
+    EXPECT(cuGraphHostNodeGetParams(host_node, &host_back), CUDA_SUCCESS);
+    CHECK("host node reads back as given", host_back.fn == host_fn && host_back.userData == &host_runs);
+    EXPECT(cuGraphMemsetNodeGetParams(copy_node, &set_back), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuGraphHostNodeGetParams(set_node, &host_back), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuGraphMemcpyNodeGetParams(copy_node, NULL), CUDA_ERROR_INVALID_VALUE);
+    fill.value = 0x43;
+    EXPECT(cuGraphMemsetNodeSetParams(set_node, &fill), CUDA_SUCCESS);
+    EXPECT(cuGraphMemsetNodeGetParams(set_node, &set_back), CUDA_SUCCESS);
+    CHECK("memset node reads back its new value", set_back.value == 0x43);
+    CUgraph clone;
+    EXPECT(cuGraphClone(&clone, g), CUDA_SUCCESS);
+    CUgraphNode cloned_copy = NULL;
+    EXPECT(cuGraphNodeFindInClone(&cloned_copy, copy_node, clone), CUDA_SUCCESS);
+    EXPECT(cuGraphMemcpyNodeGetParams(cloned_copy, &copy_back), CUDA_SUCCESS);
+    CHECK("a clone's copy node reads back as the original", copy_back.srcXInBytes == 16 && copy_back.srcDevice == out);
+    EXPECT(cuGraphDestroy(clone), CUDA_SUCCESS);
+
+    // Kernel node attributes name kernel nodes (the emulated device has none); event attributes
+    // are refused.
+    CUkernelNodeAttrValue attr;
+    memset(&attr, 0, sizeof attr);
+    EXPECT(cuGraphKernelNodeGetAttribute(set_node, CU_LAUNCH_ATTRIBUTE_PRIORITY, &attr), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuGraphKernelNodeSetAttribute(set_node, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT, &attr), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT(cuGraphKernelNodeCopyAttributes(set_node, copy_node), CUDA_ERROR_INVALID_VALUE);
+
+    // The legacy cuGraphInstantiate: no error node, an empty log.
+    CUgraphExec exec;
+    CUgraphNode error_node = set_node;
+    char log[16] = "unwritten";
+    // cuda.h names cuGraphInstantiateWithFlags so now: CUDA 11 programs call the export itself.
+    typedef CUresult (*legacy_instantiate)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+    legacy_instantiate instantiate = (legacy_instantiate)dlsym(RTLD_DEFAULT, "cuGraphInstantiate");
+    CHECK("the legacy cuGraphInstantiate is exported", instantiate != NULL);
+    if (instantiate == NULL) return;
+    EXPECT(instantiate(&exec, g, &error_node, log, sizeof log), CUDA_SUCCESS);
+    CHECK("legacy instantiate: empty log, no error node", log[0] == 0 && error_node == NULL);
+    EXPECT(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+    CHECK("the host node ran once", host_runs == 1);
+    EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
+
+    // Captured nodes read back as the server's driver holds them, the host function as the app's.
+    CUgraph captured;
+    EXPECT(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8Async(out, 0x24, 512, s), CUDA_SUCCESS);
+    EXPECT(cuMemcpyDtoDAsync(out + 8192, out, 512, s), CUDA_SUCCESS);
+    EXPECT(cuLaunchHostFunc(s, host_fn, &host_runs), CUDA_SUCCESS);
+    EXPECT(cuStreamEndCapture(s, &captured), CUDA_SUCCESS);
+    CUgraphNode nodes[8];
+    size_t count = 8;
+    EXPECT(cuGraphGetNodes(captured, nodes, &count), CUDA_SUCCESS);
+    int seen = 0;
+    for (size_t i = 0; i < count; i++) {
+        CUgraphNodeType type;
+        EXPECT(cuGraphNodeGetType(nodes[i], &type), CUDA_SUCCESS);
+        if (type == CU_GRAPH_NODE_TYPE_MEMSET) {
+            EXPECT(cuGraphMemsetNodeGetParams(nodes[i], &set_back), CUDA_SUCCESS);
+            if (set_back.dst == out && set_back.value == 0x24 && set_back.elementSize == 1 && set_back.width * set_back.height == 512) seen |= 1;
+        } else if (type == CU_GRAPH_NODE_TYPE_MEMCPY) {
+            EXPECT(cuGraphMemcpyNodeGetParams(nodes[i], &copy_back), CUDA_SUCCESS);
+            if (copy_back.srcDevice + copy_back.srcXInBytes == out && copy_back.dstDevice + copy_back.dstXInBytes == out + 8192 && copy_back.WidthInBytes == 512) seen |= 2;
+        } else if (type == CU_GRAPH_NODE_TYPE_HOST) {
+            EXPECT(cuGraphHostNodeGetParams(nodes[i], &host_back), CUDA_SUCCESS);
+            if (host_back.fn == host_fn && host_back.userData == &host_runs) seen |= 4;
+        }
+    }
+    CHECK("captured memset, copy and host nodes read back", count == 3 && seen == 7);
+    EXPECT(cuGraphDestroy(captured), CUDA_SUCCESS);
+
+    // User objects: the destructor runs once, after the app, the graph, the executable graph and
+    // its launch let go.
+    int weight = 1;
+    CUuserObject object;
+    EXPECT(cuUserObjectCreate(&object, &weight, destroy_fn, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuUserObjectCreate(&object, &weight, destroy_fn, 0, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuUserObjectCreate(&object, &weight, destroy_fn, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC), CUDA_SUCCESS);
+    CUgraph holder;
+    EXPECT(cuGraphCreate(&holder, 0), CUDA_SUCCESS);
+    CUgraphNode holder_set;
+    CUDA_MEMSET_NODE_PARAMS fill3 = memset_of(out, 0x31, 256);
+    EXPECT(cuGraphAddMemsetNode(&holder_set, holder, NULL, 0, &fill3, ctx), CUDA_SUCCESS);
+    EXPECT(cuGraphRetainUserObject(holder, object, 1, CU_GRAPH_USER_OBJECT_MOVE), CUDA_SUCCESS);
+    EXPECT(cuGraphReleaseUserObject(holder, object, 2), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuUserObjectRetain(object, 2), CUDA_SUCCESS);
+    EXPECT(cuUserObjectRelease(object, 2), CUDA_SUCCESS);
+    EXPECT(cuGraphInstantiateWithFlags(&exec, holder, 0), CUDA_SUCCESS);
+    EXPECT(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    EXPECT(cuGraphDestroy(holder), CUDA_SUCCESS);
+    EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+    int after = destroyed_after_wait(1);
+    usleep(20000);
+    CHECK("user object destroyed once, after its graph, executable graph and launch", after == 1 && __atomic_load_n(&destroyed, __ATOMIC_SEQ_CST) == 1);
+    EXPECT(cuUserObjectRelease(object, 1), CUDA_ERROR_INVALID_VALUE);
+    // A graph's reference released by the app: the destructor runs then.
+    EXPECT(cuUserObjectCreate(&object, &weight, destroy_fn, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC), CUDA_SUCCESS);
+    EXPECT(cuGraphCreate(&holder, 0), CUDA_SUCCESS);
+    EXPECT(cuGraphRetainUserObject(holder, object, 1, 0), CUDA_SUCCESS);
+    EXPECT(cuUserObjectRelease(object, 1), CUDA_SUCCESS);
+    EXPECT(cuGraphReleaseUserObject(holder, object, 1), CUDA_SUCCESS);
+    CHECK("released by its graph, destroyed", destroyed_after_wait(2) == 2);
+    EXPECT(cuGraphDestroy(holder), CUDA_SUCCESS);
 }
 
 int main(void) {
@@ -210,6 +353,8 @@ int main(void) {
     EXPECT(cuGraphDestroy(eg), CUDA_SUCCESS);
     EXPECT(cuGraphDestroy(child), CUDA_SUCCESS);
     EXPECT(cuEventDestroy(ev), CUDA_SUCCESS);
+
+    getters_attributes_and_user_objects(ctx, s, out, N);
 
     EXPECT(cuMemFree(out), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(s), CUDA_SUCCESS);

@@ -110,6 +110,11 @@ extern cudaError_t cudaMemDiscardAndPrefetchBatchAsync_ptsz(void **dptrs, size_t
 extern cudaError_t cudaMemcpyArrayToArray_ptds(cudaArray_t dst, size_t w_dst, size_t h_dst, cudaArray_const_t src, size_t w_src,
                                                size_t h_src, size_t count, enum cudaMemcpyKind kind);
 
+extern cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **func, unsigned long long flags,
+                                                enum cudaDriverEntryPointQueryResult *status);
+extern cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **func, unsigned int version,
+                                                         unsigned long long flags, enum cudaDriverEntryPointQueryResult *status);
+
 static int failures = 0;
 
 #define AUDIT(name) printf("audited %s\n", name)
@@ -2717,6 +2722,199 @@ static void graph_node_kinds(void) {
     OK("free the output", cudaFree(out));
 }
 
+static int user_object_destroyed = 0;
+static void CUDART_CB user_object_destroy(void *weight) {
+    __atomic_add_fetch(&user_object_destroyed, *(int *)weight, __ATOMIC_SEQ_CST);
+}
+
+/* Node getters, kernel node attributes, symbol copy nodes and user objects (after
+ * modules_kernels_symbols registered fake_symbol). */
+static void graph_getters_and_user_objects(void) {
+    unsigned char *out = NULL;
+    cudaStream_t stream;
+    cudaGraph_t graph = NULL;
+    cudaGraphNode_t set_node, copy_node, host_node, unused;
+    OK("getter output memory", cudaMalloc((void **)&out, N));
+    OK("a stream", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    OK("a graph", cudaGraphCreate(&graph, 0));
+    struct cudaMemsetParams set = {0};
+    set.dst = out;
+    set.value = 0x3c;
+    set.elementSize = 1;
+    set.width = 512;
+    set.height = 1;
+    OK("a memset node", cudaGraphAddMemsetNode(&set_node, graph, NULL, 0, &set));
+    OK("a copy node", cudaGraphAddMemcpyNode1D(&copy_node, graph, &set_node, 1, out + 1024, out + 8, 256, cudaMemcpyDeviceToDevice));
+    volatile int runs = 0;
+    struct cudaHostNodeParams host = {count_host_call, (void *)&runs};
+    OK("a host node", cudaGraphAddHostNode(&host_node, graph, &copy_node, 1, &host));
+
+    AUDIT("cudaGraphMemsetNodeGetParams");
+    struct cudaMemsetParams set_back;
+    memset(&set_back, 0, sizeof set_back);
+    OK("cudaGraphMemsetNodeGetParams", cudaGraphMemsetNodeGetParams(set_node, &set_back));
+    EXPECT("the memset node reads back", set_back.dst == out && set_back.value == 0x3c && set_back.width == 512);
+    EXPECT_CODE("a copy node is not a memset node", cudaGraphMemsetNodeGetParams(copy_node, &set_back), cudaErrorInvalidValue);
+    AUDIT("cudaGraphMemcpyNodeGetParams");
+    struct cudaMemcpy3DParms copy_back;
+    memset(&copy_back, 0, sizeof copy_back);
+    OK("cudaGraphMemcpyNodeGetParams", cudaGraphMemcpyNodeGetParams(copy_node, &copy_back));
+    EXPECT("the copy node reads back",
+           copy_back.srcPtr.ptr == out + 8 && copy_back.dstPtr.ptr == out + 1024 && copy_back.extent.width == 256 &&
+               copy_back.extent.height == 1 && copy_back.kind == cudaMemcpyDefault);
+    EXPECT_CODE("a NULL struct", cudaGraphMemcpyNodeGetParams(copy_node, NULL), cudaErrorInvalidValue);
+    AUDIT("cudaGraphHostNodeGetParams");
+    struct cudaHostNodeParams host_back = {NULL, NULL};
+    OK("cudaGraphHostNodeGetParams", cudaGraphHostNodeGetParams(host_node, &host_back));
+    EXPECT("the host node reads back", host_back.fn == count_host_call && host_back.userData == (void *)&runs);
+
+    /* Kernel node attributes: the emulated device has no kernel nodes; events are refused. */
+    cudaLaunchAttributeValue value;
+    memset(&value, 0, sizeof value);
+    AUDIT("cudaGraphKernelNodeGetAttribute");
+    EXPECT_CODE("cudaGraphKernelNodeGetAttribute of a memset node",
+                cudaGraphKernelNodeGetAttribute(set_node, cudaLaunchAttributePriority, &value), cudaErrorInvalidValue);
+    AUDIT("cudaGraphKernelNodeSetAttribute");
+    EXPECT_CODE("cudaGraphKernelNodeSetAttribute of a memset node",
+                cudaGraphKernelNodeSetAttribute(set_node, cudaLaunchAttributePriority, &value), cudaErrorInvalidValue);
+    EXPECT_CODE("an event attribute", cudaGraphKernelNodeSetAttribute(set_node, cudaLaunchAttributeProgrammaticEvent, &value),
+                cudaErrorNotSupported);
+    AUDIT("cudaGraphKernelNodeCopyAttributes");
+    EXPECT_CODE("cudaGraphKernelNodeCopyAttributes between memset nodes", cudaGraphKernelNodeCopyAttributes(set_node, set_node),
+                cudaErrorInvalidValue);
+
+    /* Copy nodes to and from __device__ variables. */
+    unsigned char *bytes = out;
+#define GRAPH_SYMBOL_AUDIT(name, call_unknown, call_past_end, call_bad_kind, call_ok)                                   \
+    AUDIT(name);                                                                                                        \
+    EXPECT_CODE(name ": a variable never registered", call_unknown, cudaErrorInvalidSymbol);                             \
+    EXPECT_CODE(name ": past the variable's end", call_past_end, cudaErrorInvalidValue);                                \
+    EXPECT_CODE(name ": a direction symbols do not take", call_bad_kind, cudaErrorInvalidMemcpyDirection);              \
+    EXPECT_CODE(name ": a variable the emulated device cannot load", call_ok, cudaErrorNotSupported)
+    GRAPH_SYMBOL_AUDIT(
+        "cudaGraphAddMemcpyNodeToSymbol",
+        cudaGraphAddMemcpyNodeToSymbol(&unused, graph, NULL, 0, unregistered_symbol, bytes, 16, 0, cudaMemcpyDeviceToDevice),
+        cudaGraphAddMemcpyNodeToSymbol(&unused, graph, NULL, 0, fake_symbol, bytes, 16, 60, cudaMemcpyDeviceToDevice),
+        cudaGraphAddMemcpyNodeToSymbol(&unused, graph, NULL, 0, fake_symbol, bytes, 16, 0, cudaMemcpyDeviceToHost),
+        cudaGraphAddMemcpyNodeToSymbol(&unused, graph, NULL, 0, fake_symbol, bytes, 16, 0, cudaMemcpyDeviceToDevice));
+    GRAPH_SYMBOL_AUDIT(
+        "cudaGraphAddMemcpyNodeFromSymbol",
+        cudaGraphAddMemcpyNodeFromSymbol(&unused, graph, NULL, 0, bytes, unregistered_symbol, 16, 0, cudaMemcpyDeviceToDevice),
+        cudaGraphAddMemcpyNodeFromSymbol(&unused, graph, NULL, 0, bytes, fake_symbol, 65, 0, cudaMemcpyDeviceToDevice),
+        cudaGraphAddMemcpyNodeFromSymbol(&unused, graph, NULL, 0, bytes, fake_symbol, 16, 0, cudaMemcpyHostToDevice),
+        cudaGraphAddMemcpyNodeFromSymbol(&unused, graph, NULL, 0, bytes, fake_symbol, 16, 0, cudaMemcpyDefault));
+    GRAPH_SYMBOL_AUDIT("cudaGraphMemcpyNodeSetParamsToSymbol",
+                       cudaGraphMemcpyNodeSetParamsToSymbol(copy_node, unregistered_symbol, bytes, 16, 0, cudaMemcpyDefault),
+                       cudaGraphMemcpyNodeSetParamsToSymbol(copy_node, fake_symbol, bytes, 16, 49, cudaMemcpyDefault),
+                       cudaGraphMemcpyNodeSetParamsToSymbol(copy_node, fake_symbol, bytes, 16, 0, cudaMemcpyHostToHost),
+                       cudaGraphMemcpyNodeSetParamsToSymbol(copy_node, fake_symbol, bytes, 16, 0, cudaMemcpyDefault));
+    GRAPH_SYMBOL_AUDIT("cudaGraphMemcpyNodeSetParamsFromSymbol",
+                       cudaGraphMemcpyNodeSetParamsFromSymbol(copy_node, bytes, unregistered_symbol, 16, 0, cudaMemcpyDefault),
+                       cudaGraphMemcpyNodeSetParamsFromSymbol(copy_node, bytes, fake_symbol, 16, 49, cudaMemcpyDefault),
+                       cudaGraphMemcpyNodeSetParamsFromSymbol(copy_node, bytes, fake_symbol, 16, 0, cudaMemcpyHostToHost),
+                       cudaGraphMemcpyNodeSetParamsFromSymbol(copy_node, bytes, fake_symbol, 16, 0, cudaMemcpyDefault));
+    cudaGraphExec_t exec = NULL;
+    OK("instantiate", cudaGraphInstantiate(&exec, graph, 0));
+    GRAPH_SYMBOL_AUDIT(
+        "cudaGraphExecMemcpyNodeSetParamsToSymbol",
+        cudaGraphExecMemcpyNodeSetParamsToSymbol(exec, copy_node, unregistered_symbol, bytes, 16, 0, cudaMemcpyDefault),
+        cudaGraphExecMemcpyNodeSetParamsToSymbol(exec, copy_node, fake_symbol, bytes, 16, 49, cudaMemcpyDefault),
+        cudaGraphExecMemcpyNodeSetParamsToSymbol(exec, copy_node, fake_symbol, bytes, 16, 0, cudaMemcpyDeviceToHost),
+        cudaGraphExecMemcpyNodeSetParamsToSymbol(exec, copy_node, fake_symbol, bytes, 16, 0, cudaMemcpyDefault));
+    GRAPH_SYMBOL_AUDIT(
+        "cudaGraphExecMemcpyNodeSetParamsFromSymbol",
+        cudaGraphExecMemcpyNodeSetParamsFromSymbol(exec, copy_node, bytes, unregistered_symbol, 16, 0, cudaMemcpyDefault),
+        cudaGraphExecMemcpyNodeSetParamsFromSymbol(exec, copy_node, bytes, fake_symbol, 16, 49, cudaMemcpyDefault),
+        cudaGraphExecMemcpyNodeSetParamsFromSymbol(exec, copy_node, bytes, fake_symbol, 16, 0, cudaMemcpyHostToDevice),
+        cudaGraphExecMemcpyNodeSetParamsFromSymbol(exec, copy_node, bytes, fake_symbol, 16, 0, cudaMemcpyDefault));
+
+    /* User objects: the destructor runs once, after the app, the graph, the executable graph and
+     * its launch let go. */
+    int weight = 1;
+    cudaUserObject_t object = NULL;
+    AUDIT("cudaUserObjectCreate");
+    EXPECT_CODE("cudaUserObjectCreate without the required flag", cudaUserObjectCreate(&object, &weight, user_object_destroy, 1, 0),
+                cudaErrorInvalidValue);
+    OK("cudaUserObjectCreate", cudaUserObjectCreate(&object, &weight, user_object_destroy, 1, cudaUserObjectNoDestructorSync));
+    AUDIT("cudaGraphRetainUserObject");
+    OK("cudaGraphRetainUserObject", cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove));
+    EXPECT_CODE("cudaGraphRetainUserObject with unknown flags", cudaGraphRetainUserObject(graph, object, 1, 8), cudaErrorInvalidValue);
+    AUDIT("cudaGraphReleaseUserObject");
+    EXPECT_CODE("cudaGraphReleaseUserObject of more than the graph holds", cudaGraphReleaseUserObject(graph, object, 2),
+                cudaErrorInvalidValue);
+    AUDIT("cudaUserObjectRetain");
+    OK("cudaUserObjectRetain", cudaUserObjectRetain(object, 1));
+    AUDIT("cudaUserObjectRelease");
+    OK("cudaUserObjectRelease", cudaUserObjectRelease(object, 1));
+    OK("destroy the exec", cudaGraphExecDestroy(exec));
+    OK("instantiate again", cudaGraphInstantiate(&exec, graph, 0));
+    OK("launch", cudaGraphLaunch(exec, stream));
+    OK("destroy the graph", cudaGraphDestroy(graph));
+    OK("destroy the exec", cudaGraphExecDestroy(exec));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    for (int i = 0; i < 1000 && __atomic_load_n(&user_object_destroyed, __ATOMIC_SEQ_CST) < 1; i++) sleep_ms(1);
+    sleep_ms(20);
+    EXPECT("the destructor ran once", __atomic_load_n(&user_object_destroyed, __ATOMIC_SEQ_CST) == 1 && runs == 1);
+    EXPECT_CODE("released after it was destroyed", cudaUserObjectRelease(object, 1), cudaErrorInvalidValue);
+    OK("destroy the stream", cudaStreamDestroy(stream));
+    OK("free the output", cudaFree(out));
+}
+
+/* Driver entry points through Flyt's libcuda.so.1, kernels by symbol, per-device kernel
+ * attributes (the emulated device loads no kernel, so the calls that need one say so). */
+static void entry_points_and_kernels(void) {
+    void *legacy = NULL, *per_thread = NULL, *fn = NULL;
+    enum cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    AUDIT("cudaGetDriverEntryPoint");
+    OK("cudaGetDriverEntryPoint", cudaGetDriverEntryPoint("cuMemcpyAsync", &legacy, cudaEnableDefault, &status));
+    EXPECT("a driver function found", legacy != NULL && status == cudaDriverEntryPointSuccess);
+    OK("an unknown name", cudaGetDriverEntryPoint("cuNoSuchFunction", &fn, cudaEnableDefault, &status));
+    EXPECT("an unknown name: NULL and not found", fn == NULL && status == cudaDriverEntryPointSymbolNotFound);
+    EXPECT_CODE("no name", cudaGetDriverEntryPoint(NULL, &fn, cudaEnableDefault, &status), cudaErrorInvalidValue);
+    AUDIT("cudaGetDriverEntryPoint_ptsz");
+    OK("cudaGetDriverEntryPoint_ptsz", cudaGetDriverEntryPoint_ptsz("cuMemcpyAsync", &per_thread, cudaEnableDefault, NULL));
+    EXPECT("the per-thread default is another function", per_thread != NULL && per_thread != legacy);
+    AUDIT("cudaGetDriverEntryPointByVersion");
+    OK("cudaGetDriverEntryPointByVersion",
+       cudaGetDriverEntryPointByVersion("cuMemcpyAsync", &fn, 13000, cudaEnablePerThreadDefaultStream, &status));
+    EXPECT("per-thread by version", fn == per_thread && status == cudaDriverEntryPointSuccess);
+    OK("a version before the function",
+       cudaGetDriverEntryPointByVersion("cuStreamBeginCaptureToGraph", &fn, 12000, cudaEnableDefault, &status));
+    EXPECT("a version before the function: not sufficient", fn == NULL && status == cudaDriverEntryPointVersionNotSufficent);
+    AUDIT("cudaGetDriverEntryPointByVersion_ptsz");
+    OK("cudaGetDriverEntryPointByVersion_ptsz",
+       cudaGetDriverEntryPointByVersion_ptsz("cuMemcpyAsync", &fn, 13000, cudaEnableLegacyStream, &status));
+    EXPECT("legacy asked by the per-thread entry", fn == legacy);
+
+    cudaFunction_t function = NULL;
+    AUDIT("cudaGetFuncBySymbol");
+    EXPECT_CODE("a function that is no kernel", cudaGetFuncBySymbol(&function, (const void *)not_a_kernel),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("a kernel the emulated device cannot load", cudaGetFuncBySymbol(&function, (const void *)fake_kernel),
+                cudaErrorNotSupported);
+    cudaKernel_t kernel = NULL;
+    AUDIT("cudaGetKernel");
+    EXPECT_CODE("the kernel of a function that is no kernel", cudaGetKernel(&kernel, (const void *)not_a_kernel),
+                cudaErrorInvalidDeviceFunction);
+    OK("cudaGetKernel", cudaGetKernel(&kernel, (const void *)fake_kernel));
+    EXPECT("a kernel handle", kernel != NULL);
+    size_t smem = 0;
+    AUDIT("cudaOccupancyAvailableDynamicSMemPerBlock");
+    EXPECT_CODE("into NULL", cudaOccupancyAvailableDynamicSMemPerBlock(NULL, (const void *)fake_kernel, 1, 128), cudaErrorInvalidValue);
+    EXPECT_CODE("of a function that is no kernel",
+                cudaOccupancyAvailableDynamicSMemPerBlock(&smem, (const void *)not_a_kernel, 1, 128), cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("of a kernel the emulated device cannot load",
+                cudaOccupancyAvailableDynamicSMemPerBlock(&smem, (const void *)fake_kernel, 1, 128), cudaErrorNotSupported);
+    AUDIT("cudaKernelSetAttributeForDevice");
+    EXPECT_CODE("an unknown kernel handle",
+                cudaKernelSetAttributeForDevice((cudaKernel_t)0x7777, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024, 0),
+                cudaErrorInvalidDeviceFunction);
+    EXPECT_CODE("an attribute that cannot be set", cudaKernelSetAttributeForDevice(kernel, (enum cudaFuncAttribute)0, 1, 0),
+                cudaErrorInvalidValue);
+    EXPECT_CODE("a kernel the emulated device cannot load",
+                cudaKernelSetAttributeForDevice(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024, 0), cudaErrorNotSupported);
+}
+
 int main(void) {
     device_and_errors();
     peers_and_queries();
@@ -2730,6 +2928,8 @@ int main(void) {
     pitched_memory();
     arrays();
     modules_kernels_symbols();
+    graph_getters_and_user_objects();
+    entry_points_and_kernels();
     reset();
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
     return failures ? 1 : 0;
