@@ -664,6 +664,8 @@ pub enum NodeReadback {
 pub mod kernel_node_attribute {
     /// Names device memory: the server checks the window lies in the session's memory.
     pub const ACCESS_POLICY_WINDOW: u32 = 1;
+    /// Refused on the client when set: the server's packed-argument nodes cannot be cooperative.
+    pub const COOPERATIVE: u32 = 2;
     /// Carry events, which the server's driver could not take from the client: refused.
     pub const PROGRAMMATIC_EVENT: u32 = 7;
     pub const LAUNCH_COMPLETION_EVENT: u32 = 12;
@@ -829,6 +831,8 @@ pub struct ArrayDesc {
 /// `CUstreamAttrID` values a stream takes, and the size of a `CUstreamAttrValue`.
 pub mod stream_attribute {
     pub const ACCESS_POLICY_WINDOW: u32 = 1;
+    /// Refused on the client when set: the server's packed-argument nodes cannot be cooperative.
+    pub const COOPERATIVE: u32 = 2;
     pub const SYNCHRONIZATION_POLICY: u32 = 3;
     pub const PRIORITY: u32 = 8;
     pub const MEM_SYNC_DOMAIN_MAP: u32 = 9;
