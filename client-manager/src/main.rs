@@ -146,8 +146,8 @@ fn locate(socket: &std::path::Path, hold_seconds: u64) -> anyhow::Result<()> {
     };
     let reply = locate::ask(&mut stream, &LocateRequest { client })?;
     let json = match &reply {
-        LocateReply::Server { address, token, same_host, tls_ca } => {
-            serde_json::json!({ "address": address, "token": token, "same_host": same_host, "tls_ca": tls_ca })
+        LocateReply::Server { address, token, same_host, ivshmem, tls_ca } => {
+            serde_json::json!({ "address": address, "token": token, "same_host": same_host, "ivshmem": ivshmem, "tls_ca": tls_ca })
         }
         LocateReply::Refused { reason } => serde_json::json!({ "refused": reason }),
     };

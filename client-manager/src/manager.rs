@@ -24,7 +24,7 @@ use flyt_daemon_kit::{
 use flyt_protocol::{
     control::{
         auth::ServiceName,
-        cluster::{AllocateRequest, AllocationClients, ClientManagerReport, ClusterClientClient, Grant},
+        cluster::{AllocateRequest, AllocationClients, ClientManagerReport, ClusterClientClient, Grant, VmMode},
     },
     frame::{FrameHeader, FrameLimits, HEADER_LEN, decode_exact, write_value},
     handshake::ClientIdentity,
@@ -281,6 +281,7 @@ impl ClientManager {
                     address: grant.address,
                     token: grant.token,
                     same_host: grant.same_host,
+                    ivshmem: grant.mode == VmMode::SharedMemory,
                     tls_ca: self.config.tls.ca_file.clone(),
                 }
             }

@@ -181,7 +181,11 @@ fn set_keepalive(stream: &TcpStream) {
 
 /// Asks the local client manager which server to use: its address, the session token, and the
 /// cluster's CA when TCP sessions must use TLS.
-fn locate(identity: &ClientIdentity) -> Result<(String, Option<String>, Option<String>), String> {
+/// Where the session goes: the server's address, its token, the cluster's CA, and whether this
+/// host (a VM) may use its ivshmem region with that server.
+type Located = (String, Option<String>, Option<String>, bool);
+
+fn locate(identity: &ClientIdentity) -> Result<Located, String> {
     let socket = std::env::var("FLYT_CLIENT_MANAGER_SOCKET").unwrap_or_else(|_| DEFAULT_CLIENT_MANAGER_SOCKET.into());
     let mut stream = UnixStream::connect(&socket).map_err(|error| {
         format!("no FLYT_SERVER set and no client manager at {socket} ({error}): set FLYT_SERVER=host:port or start flyt-client-manager")
@@ -190,7 +194,9 @@ fn locate(identity: &ClientIdentity) -> Result<(String, Option<String>, Option<S
     write_value(&mut stream, 1, &LocateRequest { client: identity.clone() }).map_err(|error| format!("client manager: {error}"))?;
     let limits = FrameLimits { max_message: 64 << 10, max_bulk: 0 };
     match read_value::<LocateReply>(&mut stream, &limits) {
-        Ok((_, LocateReply::Server { address, token, tls_ca, .. })) => Ok((address, Some(token), (!tls_ca.is_empty()).then_some(tls_ca))),
+        Ok((_, LocateReply::Server { address, token, tls_ca, ivshmem, .. })) => {
+            Ok((address, Some(token), (!tls_ca.is_empty()).then_some(tls_ca), ivshmem))
+        }
         Ok((_, LocateReply::Refused { reason })) => Err(format!("no GPU for this client: {reason}")),
         Err(error) => Err(format!("client manager at {socket}: {error}")),
     }
@@ -206,8 +212,10 @@ fn open() -> Result<Client, CudaError> {
 fn open_session() -> Result<Client, (CudaError, String)> {
     let unavailable = |reason: String| (CudaError::DEVICES_UNAVAILABLE, reason);
     let identity = identity();
-    let (address, token, cluster_ca) = match std::env::var("FLYT_SERVER") {
-        Ok(address) if !address.is_empty() => (address, std::env::var("FLYT_TOKEN").ok(), None),
+    // A server named directly may be the VM's host (the region is tried and the server says);
+    // the client manager says whether it is (shared-mem mode) or not (RPC-only).
+    let (address, token, cluster_ca, ivshmem) = match std::env::var("FLYT_SERVER") {
+        Ok(address) if !address.is_empty() => (address, std::env::var("FLYT_TOKEN").ok(), None, true),
         _ => locate(&identity).map_err(unavailable)?,
     };
     // FLYT_TLS_CA wins over the client manager's word.
@@ -220,6 +228,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         // In a virtual machine given an ivshmem region, the segment is a slot of it; anywhere
         // else (or if the region cannot be used), a file of this process.
         _ => match shm::region_path()
+            .filter(|_| ivshmem)
             .and_then(|path| {
                 shm::create_in_region(&path)
                     .map_err(|reason| crate::diagnostics::once("ivshmem", &format!("flyt: ivshmem region unused: {reason}")))

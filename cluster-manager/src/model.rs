@@ -7,7 +7,7 @@ use std::{
 };
 
 use flyt_protocol::{
-    control::cluster::{AllocationRecord, ControlError, GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeView, VmRequirement},
+    control::cluster::{AllocationRecord, ControlError, GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeView, VmMode, VmRequirement},
     handshake::ClientIdentity,
 };
 
@@ -112,6 +112,13 @@ impl Model {
     /// The allocation serving `vm_ip`, if any.
     pub fn allocation_for_vm(&self, vm_ip: &str) -> Option<&AllocationRecord> {
         self.allocations.values().find(|allocation| allocation.vm_ip == vm_ip)
+    }
+
+    /// How `vm_ip` reaches `allocation`: shared-mem mode when the VM's host is the node's.
+    pub fn vm_mode(&self, vm_ip: &str, allocation: &AllocationRecord) -> VmMode {
+        let vm_host = self.vms.get(vm_ip).map_or("", |vm| vm.host_ip.as_str());
+        let node_host = self.nodes.get(&allocation.node_id).map_or("", |node| node.record.host_ip.as_str());
+        VmMode::between(vm_host, node_host)
     }
 
     /// An allocation by id, or the one serving a VM ip.
@@ -320,6 +327,28 @@ mod tests {
         // goes to the fullest GPU that fits.
         assert_eq!(allocate(&mut model, "x3", &vm("10.0.0.3", "192.0.2.9", 40, 1024)), ("a".into(), 0));
         assert_eq!(model.gpu_used("a", 0, None), (70, 2048, 2));
+    }
+
+    #[test]
+    fn a_vm_on_its_allocations_host_gets_shared_memory_mode() {
+        let mut model = model();
+        let (own, other, full) =
+            (vm("10.0.0.1", "192.0.2.2", 30, 1024), vm("10.0.0.3", "192.0.2.9", 30, 1024), vm("10.0.0.4", "192.0.2.1", 70, 1024));
+        for requirement in [&own, &other, &full] {
+            model.vms.insert(requirement.vm_ip.clone(), requirement.clone());
+        }
+        allocate(&mut model, "own", &own);
+        allocate(&mut model, "other", &other);
+        // Its own host ('a') has no room left for 70 SMs after the 30 above: placed elsewhere,
+        // it gets RPC-only mode.
+        allocate(&mut model, "filler", &vm("10.0.0.5", "192.0.2.1", 30, 1024));
+        allocate(&mut model, "full", &full);
+        let mode = |id: &str| model.vm_mode(&model.allocations[id].vm_ip, &model.allocations[id]);
+        assert_eq!(mode("own"), VmMode::SharedMemory);
+        assert_eq!(mode("other"), VmMode::RpcOnly);
+        assert_ne!(model.allocations["full"].node_id, "a");
+        assert_eq!(mode("full"), VmMode::RpcOnly);
+        assert_eq!(VmMode::between("", ""), VmMode::RpcOnly, "an unknown host is never the node's");
     }
 
     #[test]

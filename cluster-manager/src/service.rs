@@ -303,7 +303,8 @@ impl<S: Store> Cluster<S> {
         let expires_at = unix_now() + self.config.allocations.token_ttl_seconds;
         let token = token::issue(self.key.as_bytes(), &SessionClaims { allocation: allocation.id.clone(), expires_at })
             .map_err(|error| ControlError::Invalid(error.to_string()))?;
-        Ok(Grant { allocation_id: allocation.id.clone(), address, token, token_expires_at: expires_at, same_host })
+        let mode = model.vm_mode(&allocation.vm_ip, allocation);
+        Ok(Grant { allocation_id: allocation.id.clone(), address, token, token_expires_at: expires_at, same_host, mode })
     }
 
     async fn allocate(self: Arc<Self>, request: AllocateRequest) -> Result<Grant, ControlError> {
@@ -1021,6 +1022,7 @@ impl<S: Store> ClusterAdmin for ClusterService<S> {
             .map(|vm| VmView {
                 requirement: vm.clone(),
                 allocation: model.allocation_for_vm(&vm.vm_ip).cloned(),
+                mode: model.allocation_for_vm(&vm.vm_ip).map(|allocation| model.vm_mode(&vm.vm_ip, allocation)),
                 client_manager_connected: model.client_managers.contains_key(&vm.vm_ip),
             })
             .collect()

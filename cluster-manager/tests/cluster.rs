@@ -147,6 +147,16 @@ mod tests {
         assert_eq!((first["node_id"].as_str(), first["sm_percentage"].as_u64()), (Some("node-b"), Some(25)));
         let second = cluster.allocation_of("10.0.0.2").unwrap();
         assert_eq!((second["node_id"].as_str(), second["sm_percentage"].as_u64()), (Some("node-a"), Some(75)));
+        // On their own hosts, both VMs are told to use their ivshmem regions (shared-mem mode),
+        // and `flytctl list-vms` says so.
+        assert_eq!((reply1["ivshmem"].as_bool(), reply2["ivshmem"].as_bool()), (Some(true), Some(true)), "{reply1} {reply2}");
+        let (code, stdout, stderr) = cluster.flytctl(&["list-vms", "--json"]);
+        assert_eq!(code, 0, "{stderr}");
+        let vms: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let mode_of = |ip: &str| vms.as_array().unwrap().iter().find(|vm| vm["requirement"]["vm_ip"] == ip).map(|vm| vm["mode"].clone());
+        assert_eq!(mode_of("10.0.0.1"), Some(serde_json::json!("SharedMemory")), "{stdout}");
+        let (code, table, _) = cluster.flytctl(&["list-vms"]);
+        assert!(code == 0 && table.contains("MODE") && table.contains("shared-mem"), "{table}");
         let (refused, _) = cluster.locate(&vm3, 0);
         assert!(refused["refused"].as_str().unwrap().contains("unknown VM 10.0.0.3"), "{refused}");
         cluster.flytctl_ok(&["vm", "add", "10.0.0.3", "--host-ip", "127.0.0.9", "--compute-units", "90", "--memory-mib", "1024"]);

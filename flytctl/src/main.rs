@@ -22,7 +22,7 @@ use flyt_daemon_kit::{
 };
 use flyt_protocol::control::{
     auth::ServiceName,
-    cluster::{AllocationRecord, ClusterAdminClient, ControlError, NodeHealth, NodeView, VmRequirement, VmView},
+    cluster::{AllocationRecord, ClusterAdminClient, ControlError, NodeHealth, NodeView, VmMode, VmRequirement, VmView},
 };
 use serde::Serialize;
 
@@ -525,7 +525,7 @@ fn clients(allocation: &AllocationRecord) -> String {
 }
 
 fn vm_table(vms: &[VmView]) -> Table {
-    let mut out = table(&["VM", "HOST", "SMs", "MEMORY (MiB)", "ALLOCATION", "NODE/GPU", "CLIENTS", "CLIENT MANAGER"]);
+    let mut out = table(&["VM", "HOST", "SMs", "MEMORY (MiB)", "ALLOCATION", "NODE/GPU", "MODE", "CLIENTS", "CLIENT MANAGER"]);
     for vm in vms {
         let (allocation, place, users) = match &vm.allocation {
             Some(allocation) => (allocation.id.clone(), format!("{}/{}", allocation.node_id, allocation.gpu), clients(allocation)),
@@ -538,6 +538,7 @@ fn vm_table(vms: &[VmView]) -> Table {
             vm.requirement.memory.to_string(),
             allocation,
             place,
+            vm.mode.map_or("-", VmMode::name).to_string(),
             users,
             if vm.client_manager_connected { "connected" } else { "-" }.to_string(),
         ]);

@@ -200,7 +200,13 @@ mod tests {
         let folder = tempfile::tempdir().unwrap();
         let lib = fake_lib_dir(folder.path());
         let socket = folder.path().join("client-manager.sock");
-        let reply = LocateReply::Server { address: "unix:/x".into(), token: "secret".into(), same_host: true, tls_ca: String::new() };
+        let reply = LocateReply::Server {
+            address: "unix:/x".into(),
+            token: "secret".into(),
+            same_host: true,
+            ivshmem: false,
+            tls_ca: String::new(),
+        };
         let answered = client_manager(&socket, vec![reply]);
         let (code, stdout, stderr) = run_with_timeout(
             flyt(&[

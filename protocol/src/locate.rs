@@ -32,6 +32,9 @@ pub enum LocateReply {
         token: String,
         /// The server shares this host, so the shared-memory channel may be offered.
         same_host: bool,
+        /// This host is a VM on the server's GPU host: the VM's ivshmem region may carry the
+        /// bulk data (Flyt's shared-mem mode); `false` in RPC-only mode.
+        ivshmem: bool,
         /// The cluster's CA (a PEM file on this host) when the cluster runs TLS: a TCP session
         /// must use TLS and check the server's certificate against it. Empty: plain TCP.
         tls_ca: String,

@@ -182,6 +182,33 @@ pub struct Grant {
     pub token_expires_at: u64,
     /// Client and server share a kernel: the shared-memory channel may be offered.
     pub same_host: bool,
+    /// How the VM reaches its slice: through its ivshmem region when it runs on the
+    /// allocation's GPU host, else over the network only.
+    pub mode: VmMode,
+}
+
+/// How a VM reaches its GPU slice (Flyt's two modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VmMode {
+    /// The VM runs on the allocation's GPU host: calls over the network (TCP to its host),
+    /// bulk data through the VM's ivshmem region.
+    SharedMemory,
+    /// The VM runs elsewhere: every byte over the network.
+    RpcOnly,
+}
+
+impl VmMode {
+    /// The mode of a VM on host `vm_host` served from a node on host `node_host`.
+    pub fn between(vm_host: &str, node_host: &str) -> Self {
+        if !vm_host.is_empty() && vm_host == node_host { Self::SharedMemory } else { Self::RpcOnly }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SharedMemory => "shared-mem",
+            Self::RpcOnly => "rpc-only",
+        }
+    }
 }
 
 /// The clients of one allocation, as a client manager sees them.
@@ -254,6 +281,8 @@ pub struct NodeView {
 pub struct VmView {
     pub requirement: VmRequirement,
     pub allocation: Option<AllocationRecord>,
+    /// The mode the allocation gives the VM (`None` without one).
+    pub mode: Option<VmMode>,
     /// Its client manager heartbeats now.
     pub client_manager_connected: bool,
 }
