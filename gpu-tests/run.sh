@@ -10,7 +10,9 @@ usage() {
 usage: gpu-tests/run.sh [options]
   --dist DIR          Flyt binaries: DIR/lib/libcudart.so.13 and DIR/bin/flyt-rpc-server (default: dist)
   --arch SM           nvcc -arch value (default: sm_90)
-  --transports LIST   comma-separated, from tcp,unix,shm (default: tcp,unix,shm); shm is the Unix
+  --transports LIST   comma-separated, from tcp,unix,shm,vm (default: tcp,unix,shm); vm is TCP with
+                      the segment a slot of an ivshmem region (a VM guest's channel, the guest
+                      played by a process on the host); shm is the Unix
                       socket with the shared-memory channel required (FLYT_SHM=on), tcp and unix
                       run with it off
   --tls               the server requires TLS on TCP (a CA and certificate made for the run with
@@ -101,6 +103,7 @@ KILL_TIME=180
 WARM_WORKERS=16
 BUDGET=480
 TLS=0
+IVSHMEM_DIR= # the vm transport's region folder, in /dev/shm
 PREBUILT=0
 NATIVE_LIB=
 
@@ -165,7 +168,7 @@ fi
 
 IFS=, read -r -a TRANSPORT_LIST <<<"$TRANSPORTS"
 for t in "${TRANSPORT_LIST[@]}"; do
-    case $t in tcp | unix | shm) ;; *) die "unknown transport '$t' (tcp, unix, shm)" ;; esac
+    case $t in tcp | unix | shm | vm) ;; *) die "unknown transport '$t' (tcp, unix, shm, vm)" ;; esac
 done
 [ ${#TRANSPORT_LIST[@]} -gt 0 ] || die "no transports"
 
@@ -347,6 +350,7 @@ cleanup() {
         stop_server
     fi
     rm -rf "$TMP"
+    [ -z "$IVSHMEM_DIR" ] || rm -rf "$IVSHMEM_DIR"
 }
 trap cleanup EXIT
 trap 'echo "run.sh: interrupted" >&2; exit 130' INT TERM HUP
@@ -529,11 +533,20 @@ make_hide_list() {
 TCP_ADDR=
 UNIX_ADDR=
 start_server() {
-    local args=() t line addrs a deadline unix_listen=
+    local args=() t line addrs a deadline unix_listen= tcp_listen=
     for t in "${TRANSPORT_LIST[@]}"; do
         case $t in
-            tcp) args+=(--listen 127.0.0.1:0) ;;
+            tcp) [ -n "$tcp_listen" ] || { args+=(--listen 127.0.0.1:0); tcp_listen=1; } ;;
             unix | shm) [ -n "$unix_listen" ] || { args+=(--listen "unix:$TMP/flyt.sock"); unix_listen=1; } ;;
+            vm)
+                [ -n "$tcp_listen" ] || { args+=(--listen 127.0.0.1:0); tcp_listen=1; }
+                # The VM's ivshmem region, as the GPU host's operator makes it.
+                # In /dev/shm: the GPU driver pins only shared-memory pages.
+                IVSHMEM_DIR=/dev/shm/flyt-gpu-tests-$$
+                "$DIST/bin/flytctl" ivshmem create gpu-tests --dir "$IVSHMEM_DIR" --size 16GiB --sessions 8 >>"$LOG" 2>&1 ||
+                    { log "flytctl ivshmem create failed"; return 1; }
+                args+=(--ivshmem-dir "$IVSHMEM_DIR")
+                ;;
         esac
     done
     args+=(--warm-workers "$WARM_WORKERS")
@@ -573,7 +586,7 @@ start_server() {
     done
     for t in "${TRANSPORT_LIST[@]}"; do
         case $t in
-            tcp) [ -n "$TCP_ADDR" ] || { log "server printed no TCP address"; return 1; } ;;
+            tcp | vm) [ -n "$TCP_ADDR" ] || { log "server printed no TCP address"; return 1; } ;;
             unix | shm) [ -n "$UNIX_ADDR" ] || { log "server printed no unix: address"; return 1; } ;;
         esac
     done
@@ -659,6 +672,10 @@ flyt_env() { # transport -> env settings for a Flyt run
         tcp) addr=$TCP_ADDR ;;
         unix) addr=$UNIX_ADDR ;;
         shm) addr=$UNIX_ADDR shm=on ;;
+        # A VM guest's channel, the guest played by a process on the host: TCP, its segment a
+        # slot of the VM's ivshmem region (the file QEMU would map), wake-ups over the socket.
+        vm) addr=$TCP_ADDR shm=on
+            printf '%s\n' "FLYT_IVSHMEM=$IVSHMEM_DIR/gpu-tests" ;;
     esac
     # TRITON_LIBCUDA_PATH as `flyt run` sets it: Triton (torch.compile) loads the driver from there.
     printf '%s\n' "LD_LIBRARY_PATH=$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "FLYT_SERVER=$addr" "FLYT_SHM=$shm" \
@@ -1000,7 +1017,7 @@ for n in "${PROGS[@]}"; do
         fb=$TMP/$n.$t
         log_run "$n | $t" "$fb"
         unsupported=${EXPECT_UNSUPPORTED[$n]:-}
-        [ -z "$unsupported" ] && [ "$t" != shm ] && unsupported=${NEEDS_SHM_CHANNEL[$n]:-}
+        [ -z "$unsupported" ] && [ "$t" != shm ] && [ "$t" != vm ] && unsupported=${NEEDS_SHM_CHANNEL[$n]:-}
         if [ -n "$unsupported" ]; then
             compare_unsupported "$n" "$t" "$nb" "$fb" "$extra" "$unsupported"
         else

@@ -99,6 +99,13 @@ pub fn create(dir: &Path, name: &str, size: u64, slots: u32) -> io::Result<PathB
             .open(path)
     };
     let file = owner_only(&path)?;
+    if !pinnable(&file)? {
+        let _ = std::fs::remove_file(&path);
+        return Err(invalid(format!(
+            "{}: not in shared memory (tmpfs such as /dev/shm, or hugetlbfs): the GPU could not pin it",
+            dir.display()
+        )));
+    }
     file.set_len(size)?;
     let mut header = vec![0u8; HEADER_PAGE];
     header[..8].copy_from_slice(&MAGIC);
@@ -112,6 +119,23 @@ pub fn create(dir: &Path, name: &str, size: u64, slots: u32) -> io::Result<PathB
     std::os::unix::fs::FileExt::write_all_at(&file, &header, 0)?;
     std::io::Write::write_all(&mut owner_only(&token_path(dir, name))?, token.as_bytes())?;
     Ok(path)
+}
+
+/// Host side: whether the region file lives in memory the GPU driver can pin (tmpfs, as
+/// `/dev/shm`, or hugetlbfs). The kernel refuses long-term pins of a disk file's pages, so a
+/// region elsewhere would fail at the first pin with a bare "invalid argument".
+pub fn pinnable(file: &File) -> io::Result<bool> {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    // SAFETY: all-zero is a valid statfs to be filled.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs fills the struct for a descriptor this process owns.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &raw mut stat) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[allow(clippy::useless_conversion, reason = "f_type's width differs between targets")]
+    let kind = i64::from(stat.f_type);
+    Ok(kind == TMPFS_MAGIC || kind == HUGETLBFS_MAGIC)
 }
 
 /// Host side: the secret of region `name` in `dir`, from the token file only the host reads.
@@ -255,7 +279,7 @@ mod tests {
 
     #[test]
     fn a_region_is_made_read_claimed_and_wiped() {
-        let dir = std::env::temp_dir().join(format!("flyt-region-test-{}", std::process::id()));
+        let dir = std::path::PathBuf::from(format!("/dev/shm/flyt-region-test-{}", std::process::id()));
         let path = create(&dir, "vm-7", 1 << 30, 4).unwrap();
         let region = GuestRegion::open(&path).unwrap();
         assert_eq!(region.geometry.name, "vm-7");
@@ -286,6 +310,11 @@ mod tests {
         assert!(GuestRegion::open(&path).is_err());
         assert!(create(&dir, "../escape", 1 << 30, 4).is_err());
         assert!(create(&dir, "vm", 1 << 20, 4).is_err(), "too small");
+        let on_disk = std::env::current_dir().unwrap().join(format!("target/flyt-region-test-{}", std::process::id()));
+        if !pinnable(&File::open(std::env::current_dir().unwrap()).unwrap()).unwrap() {
+            assert!(create(&on_disk, "vm", 1 << 30, 4).unwrap_err().to_string().contains("not in shared memory"));
+        }
+        let _ = std::fs::remove_dir_all(&on_disk);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

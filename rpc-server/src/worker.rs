@@ -112,6 +112,9 @@ fn accept_region(claim: &RegionClaim, offer: &ShmOffer, ivshmem_dir: Option<&std
     }
     let path = dir.join(&claim.name);
     let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|error| format!("{}: {error}", path.display()))?;
+    if !region::pinnable(&file).map_err(|error| format!("{}: {error}", path.display()))? {
+        return Err(format!("region {} is not in shared memory (tmpfs or hugetlbfs): the GPU cannot pin it", claim.name));
+    }
     let lease = crate::shm::RegionLease::take(&file, &claim.name)?;
     Segment::map_region(file, claim.offset, offer.size, offer.staging, lease)
 }

@@ -64,7 +64,9 @@ fn set_up(name: &str) -> Option<(PathBuf, Guest)> {
         .status()
         .expect("a C compiler (cc) is needed for this test");
     assert!(status.success(), "compiling {source}");
-    let regions = scratch.join("regions");
+    // In shared memory, where a GPU host keeps regions (the driver pins only such pages).
+    let regions = PathBuf::from(format!("/dev/shm/flyt-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&regions);
     Some((scratch, Guest { program, lib, regions }))
 }
 
