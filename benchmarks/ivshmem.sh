@@ -30,7 +30,7 @@ cleanup() { [ -z "$server" ] || kill "$server" 2>/dev/null || true; rm -rf "$tmp
 trap cleanup EXIT
 nvcc -O2 -arch=sm_90 -cudart=shared -o "$tmp/copy" "$here/copy.cu"
 "$dist/bin/flytctl" ivshmem create bench --dir "$regions" --size 4GiB --sessions 2 >/dev/null
-"$dist/bin/flyt-rpc-server" --device cuda --listen 127.0.0.1:0 --ivshmem-dir "$regions" >"$tmp/server.out" 2>"$tmp/server.err" &
+FLYT_LOG=info "$dist/bin/flyt-rpc-server" --device cuda --listen 127.0.0.1:0 --ivshmem-dir "$regions" >"$tmp/server.out" 2>"$tmp/server.err" &
 server=$!
 for _ in $(seq 300); do grep -q '^flyt-rpc-server listening on ' "$tmp/server.out" && break; sleep 0.1; done
 address=$(sed -n 's/^flyt-rpc-server listening on //p' "$tmp/server.out" | awk '{print $1}')
