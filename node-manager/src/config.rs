@@ -65,6 +65,10 @@ pub struct RpcServerConfig {
     /// Host each rpc-server serves Prometheus metrics on (`/metrics`, port chosen by the server
     /// and reported to the cluster manager); empty: no metrics.
     pub metrics_host: String,
+    /// Folder of this host's VMs' ivshmem regions (`flytctl ivshmem create`), given to each
+    /// rpc-server: a guest whose allocation is on this host then moves its bulk data through its
+    /// region (shared-mem mode); empty: guests use the network only.
+    pub ivshmem_dir: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -115,6 +119,7 @@ impl Default for RpcServerConfig {
             stop_grace_seconds: 2,
             stop_on_exit: true,
             metrics_host: String::new(),
+            ivshmem_dir: String::new(),
         }
     }
 }

@@ -127,6 +127,7 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
         start_timeout: Duration::from_secs(config.rpc_server.start_timeout_seconds),
         stop_grace_seconds: config.rpc_server.stop_grace_seconds,
         metrics_host: (!config.rpc_server.metrics_host.is_empty()).then(|| config.rpc_server.metrics_host.clone()),
+        ivshmem_dir: (!config.rpc_server.ivshmem_dir.is_empty()).then(|| PathBuf::from(&config.rpc_server.ivshmem_dir)),
         tls: (!config.tls.ca_file.is_empty()).then(|| (absolute(&config.tls.cert_file), absolute(&config.tls.key_file))),
     };
     let servers = Arc::new(ServerManager::new(settings, key.clone()).with_context(|| format!("state directory {}", state_dir.display()))?);

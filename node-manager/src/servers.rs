@@ -90,6 +90,8 @@ pub struct LaunchSettings {
     pub stop_grace_seconds: u32,
     /// Host each server serves Prometheus metrics on (port chosen by the server); `None`: off.
     pub metrics_host: Option<String>,
+    /// The VMs' ivshmem region folder every server is given; `None`: off.
+    pub ivshmem_dir: Option<PathBuf>,
     /// Certificate and key the servers show TCP clients (TLS on the data plane), from `[tls]`.
     pub tls: Option<(PathBuf, PathBuf)>,
 }
@@ -308,6 +310,9 @@ impl ServerManager {
         }
         if let Some(host) = &settings.metrics_host {
             command.arg("--metrics-listen").arg(format!("{host}:0"));
+        }
+        if let Some(dir) = &settings.ivshmem_dir {
+            command.arg("--ivshmem-dir").arg(dir);
         }
         if settings.device == DeviceKind::Emulated {
             command.args(["--emulated-memory", &gpu.memory_bytes.to_string()]).args(["--emulated-sms", &gpu.sm_count.to_string()]);
@@ -659,6 +664,7 @@ mod tests {
             start_timeout: Duration::from_secs(5),
             stop_grace_seconds: 0,
             metrics_host: Some("0.0.0.0".into()),
+            ivshmem_dir: Some("/dev/shm/flyt-ivshmem".into()),
             tls: None,
         }
     }
@@ -690,6 +696,7 @@ mod tests {
             "--emulated-memory 8589934592",
             "--emulated-sms 40",
             "--metrics-listen 0.0.0.0:0",
+            "--ivshmem-dir /dev/shm/flyt-ivshmem",
         ] {
             assert!(args.contains(expected), "{expected} missing from {args}");
         }
