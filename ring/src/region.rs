@@ -279,7 +279,7 @@ mod tests {
 
     #[test]
     fn a_region_is_made_read_claimed_and_wiped() {
-        let dir = std::path::PathBuf::from(format!("/dev/shm/flyt-region-test-{}", std::process::id()));
+        let dir = std::path::PathBuf::from(format!("/dev/shm/region-unit-test-{}", std::process::id()));
         let path = create(&dir, "vm-7", 1 << 30, 4).unwrap();
         let region = GuestRegion::open(&path).unwrap();
         assert_eq!(region.geometry.name, "vm-7");

@@ -27,6 +27,13 @@ struct Guest {
     regions: PathBuf,
 }
 
+impl Drop for Guest {
+    /// The regions leave /dev/shm with the test, passed or failed.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.regions);
+    }
+}
+
 impl Guest {
     fn command(&self, server: &str, region: &Path, rounds: u32) -> Command {
         let mut command = Command::new(&self.program);
@@ -64,8 +71,9 @@ fn set_up(name: &str) -> Option<(PathBuf, Guest)> {
         .status()
         .expect("a C compiler (cc) is needed for this test");
     assert!(status.success(), "compiling {source}");
-    // In shared memory, where a GPU host keeps regions (the driver pins only such pages).
-    let regions = PathBuf::from(format!("/dev/shm/flyt-test-{name}-{}", std::process::id()));
+    // In shared memory, where a GPU host keeps regions (the driver pins only such pages). Not
+    // named `flyt-*`: other tests check that no Flyt segment outlives its session there.
+    let regions = PathBuf::from(format!("/dev/shm/regions-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&regions);
     Some((scratch, Guest { program, lib, regions }))
 }
