@@ -10,21 +10,7 @@ use std::time::Duration;
 use flyt_protocol::frame::{FrameLimits, read_message, read_value, write_frame, write_value};
 use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply};
 use flyt_protocol::ops::{Request, decode_reply, rep, req};
-use flyt_test_support::{Server, scratch_dir};
-
-fn scrape(address: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.0 200 OK"), "{response}");
-    response
-}
-
-/// The value of the series whose line starts with `series` (name and labels as printed).
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-}
+use flyt_test_support::{Server, scrape_metrics as scrape, scratch_dir, series_value as value};
 
 fn post(stream: &mut UnixStream, seq: u32, request: Request, bulk: &[u8]) {
     let mut message = Vec::new();

@@ -247,3 +247,20 @@ pub fn dashboard_series(prefixes: &[&str]) -> std::collections::BTreeSet<String>
 pub fn serves(text: &str, name: &str) -> bool {
     text.lines().any(|line| line.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
 }
+
+/// The body of `http://address/metrics`, after checking the answer is `200`.
+pub fn scrape_metrics(address: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap_or_else(|error| panic!("metrics at {address}: {error}"));
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").expect("send the scrape");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read the scrape");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("not HTTP: {text}"));
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    body.to_string()
+}
+
+/// The value of the series `name{labels}` (exactly as written) in a scrape.
+pub fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}

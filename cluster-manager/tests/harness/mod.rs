@@ -66,22 +66,7 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> O
     }
 }
 
-/// The body of `http://address/metrics`.
-pub fn scrape(address: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address).unwrap_or_else(|error| panic!("metrics at {address}: {error}"));
-    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("not HTTP: {text}"));
-    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
-    body.to_string()
-}
-
-/// The value of the series `name{labels}` (exactly as written) in `text`.
-pub fn series_value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
-}
+pub use flyt_test_support::{scrape_metrics as scrape, series_value};
 
 pub fn pid_alive(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -11,12 +11,12 @@
 
 #![allow(clippy::tests_outside_test_module, reason = "an integration test file is its own test crate")]
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flyt_test_support::{Server, artifact, run_with_timeout, scratch_dir};
+use flyt_test_support::{Server, artifact, run_with_timeout, scrape_metrics, scratch_dir, series_value};
 
 /// Where the first session slot starts in a region (after its header).
 const FIRST_SLOT: u64 = 2 << 20;
@@ -91,17 +91,9 @@ fn create_region(guest: &Guest, name: &str, size: &str, sessions: u32) -> PathBu
     guest.regions.join(name)
 }
 
-fn scrape(address: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(address).expect("metrics endpoint");
-    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").expect("scrape");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("scrape");
-    response
-}
-
 fn copied(text: &str, direction: &str, path: &str) -> f64 {
     let series = format!("flyt_rpc_copied_bytes_total{{allocation=\"vms\",direction=\"{direction}\",path=\"{path}\"}}");
-    text.lines().find_map(|line| line.strip_prefix(&series)?.trim().parse().ok()).unwrap_or(0.0)
+    series_value(text, &series).unwrap_or(0.0)
 }
 
 fn start_server(scratch: &Path, guest: &Guest, metrics: &str) -> Server {
@@ -150,7 +142,7 @@ fn a_guest_copies_through_its_ivshmem_region() {
         .expect("the program prints what it copied");
 
     // Every bulk byte went through the region: none through the socket.
-    let text = scrape(&metrics);
+    let text = scrape_metrics(&metrics);
     let through_region = copied(&text, "h2d", "shm") + copied(&text, "d2h", "shm");
     assert!(through_region >= copied_bytes, "{through_region} bytes through the region of {copied_bytes} copied:\n{text}");
     assert_eq!(copied(&text, "h2d", "socket") + copied(&text, "d2h", "socket"), 0.0, "{text}");

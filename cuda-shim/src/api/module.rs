@@ -891,26 +891,43 @@ pub unsafe fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     })
 }
 
+/// What both cluster queries send: the kernel, the configuration's geometry and shared memory,
+/// and its attributes, each of which must be one the server's driver is given.
+struct ClusterQuery {
+    function: flyt_protocol::ops::FunctionRef,
+    grid: Dim3,
+    block: Dim3,
+    shared_mem: u32,
+    attributes: Vec<LaunchAttribute>,
+}
+
+/// # Safety
+/// `config` is NULL or the caller's launch configuration, with `numAttrs` attributes.
+unsafe fn cluster_query(func: CUfunction, config: *const CUlaunchConfig) -> DriverResult<ClusterQuery> {
+    non_null([config.cast()])?;
+    let function = function(func)?;
+    // SAFETY: checked non-NULL; the caller's configuration.
+    let config = unsafe { &*config };
+    // SAFETY: as above.
+    let attributes = unsafe { attributes_of(config) }?;
+    if let Some(attribute) = attributes.iter().find(|a| !a.is_forwarded()) {
+        crate::diagnostics::once(
+            &format!("occupancy-attribute-{}", attribute.id),
+            &format!("flyt: launch attribute {} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)", attribute.id),
+        );
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let (grid, block) = geometry(config);
+    Ok(ClusterQuery { function: function.reference(), grid, block, shared_mem: config.sharedMemBytes, attributes })
+}
+
 pub unsafe fn cuOccupancyMaxActiveClusters(num_clusters: *mut c_int, func: CUfunction, config: *const CUlaunchConfig) -> CUresult {
     run(|| {
-        non_null([num_clusters.cast(), config.cast()])?;
-        let function = function(func)?;
-        // SAFETY: checked non-NULL; the caller's configuration.
-        let config = unsafe { &*config };
-        // SAFETY: as above.
-        let attributes = unsafe { attributes_of(config) }?;
-        if let Some(attribute) = attributes.iter().find(|a| !a.is_forwarded()) {
-            crate::diagnostics::once(
-                &format!("occupancy-attribute-{}", attribute.id),
-                &format!("flyt: launch attribute {} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)", attribute.id),
-            );
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
-        let (grid, block) = geometry(config);
-        let client = client()?;
-        let request =
-            req::OccupancyMaxActiveClusters { function: function.reference(), grid, block, shared_mem: config.sharedMemBytes, attributes };
-        let clusters = client.call(request).map_err(driver_error)?.clusters;
+        non_null([num_clusters.cast()])?;
+        // SAFETY: the caller's configuration, per the driver API's contract.
+        let ClusterQuery { function, grid, block, shared_mem, attributes } = unsafe { cluster_query(func, config) }?;
+        let request = req::OccupancyMaxActiveClusters { function, grid, block, shared_mem, attributes };
+        let clusters = client()?.call(request).map_err(driver_error)?.clusters;
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { write_out(num_clusters, clusters) }
     })
@@ -918,29 +935,11 @@ pub unsafe fn cuOccupancyMaxActiveClusters(num_clusters: *mut c_int, func: CUfun
 
 pub unsafe fn cuOccupancyMaxPotentialClusterSize(cluster_size: *mut c_int, func: CUfunction, config: *const CUlaunchConfig) -> CUresult {
     run(|| {
-        non_null([cluster_size.cast(), config.cast()])?;
-        let function = function(func)?;
-        // SAFETY: checked non-NULL; the caller's configuration.
-        let config = unsafe { &*config };
-        // SAFETY: as above.
-        let attributes = unsafe { attributes_of(config) }?;
-        if let Some(attribute) = attributes.iter().find(|a| !a.is_forwarded()) {
-            crate::diagnostics::once(
-                &format!("occupancy-attribute-{}", attribute.id),
-                &format!("flyt: launch attribute {} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)", attribute.id),
-            );
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
-        let (grid, block) = geometry(config);
-        let client = client()?;
-        let request = req::OccupancyMaxPotentialClusterSize {
-            function: function.reference(),
-            grid,
-            block,
-            shared_mem: config.sharedMemBytes,
-            attributes,
-        };
-        let size = client.call(request).map_err(driver_error)?.cluster_size;
+        non_null([cluster_size.cast()])?;
+        // SAFETY: the caller's configuration, per the driver API's contract.
+        let ClusterQuery { function, grid, block, shared_mem, attributes } = unsafe { cluster_query(func, config) }?;
+        let request = req::OccupancyMaxPotentialClusterSize { function, grid, block, shared_mem, attributes };
+        let size = client()?.call(request).map_err(driver_error)?.cluster_size;
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { write_out(cluster_size, size) }
     })
