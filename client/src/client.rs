@@ -202,6 +202,70 @@ fn locate(identity: &ClientIdentity) -> Result<Located, String> {
     }
 }
 
+/// Where the session was opened, to continue it after a move.
+struct Origin {
+    address: String,
+    token: Option<String>,
+    tls_ca: Option<String>,
+    identity: ClientIdentity,
+}
+
+static ORIGIN: OnceLock<Origin> = OnceLock::new();
+
+/// How long a moved session tries to reach its new server (`FLYT_RESUME_TIMEOUT`, seconds): a
+/// server restarting from its checkpoint may take a while.
+fn resume_timeout() -> Duration {
+    let seconds = std::env::var("FLYT_RESUME_TIMEOUT").ok().and_then(|value| value.parse().ok()).unwrap_or(600);
+    Duration::from_secs(seconds)
+}
+
+/// One attempt to continue snapshot `snapshot` at `address`: the connection's two halves.
+fn resume_at(origin: &Origin, address: &str, snapshot: &str) -> Result<(Wire, Wire), String> {
+    let mut wire = connect_wire(address, origin.tls_ca.as_deref())?;
+    wire.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|error| error.to_string())?;
+    let hello = Hello { resume: Some(snapshot.to_string()), ..Hello::new(origin.token.clone(), origin.identity.clone(), None) };
+    write_value(&mut wire, 0, &hello).map_err(|error| format!("server {address}: {error}"))?;
+    let limits = FrameLimits { max_message: 16 << 20, max_bulk: 0 };
+    match read_value::<HelloReply>(&mut wire, &limits) {
+        Ok((_, HelloReply::Accepted(_))) => {}
+        Ok((_, HelloReply::Refused { reason, .. })) => return Err(format!("{address} refused: {reason}")),
+        Err(error) => return Err(format!("{address}: {error}")),
+    }
+    wire.set_read_timeout(None).map_err(|error| error.to_string())?;
+    let reader = wire.try_clone().map_err(|error| error.to_string())?;
+    Ok((reader, wire))
+}
+
+/// Continues a moved session on `address` (or the server it had): retries until the server
+/// there has its snapshot, within `FLYT_RESUME_TIMEOUT`. The new connection's two halves.
+pub(crate) fn reconnect(address: Option<&str>, snapshot: &str) -> Result<(Wire, Wire), String> {
+    let origin = ORIGIN.get().ok_or("a move before the session opened")?;
+    let address = address.unwrap_or(&origin.address);
+    let deadline = std::time::Instant::now() + resume_timeout();
+    let mut told = false;
+    loop {
+        match resume_at(origin, address, snapshot) {
+            Ok(wires) => {
+                if told {
+                    crate::diagnostics::once("resumed", &format!("flyt: the session goes on at {address}"));
+                }
+                return Ok(wires);
+            }
+            Err(reason) if std::time::Instant::now() < deadline => {
+                if !told {
+                    crate::diagnostics::once(
+                        "resuming",
+                        &format!("flyt: waiting for the GPU server at {address} to continue this session ({reason})"),
+                    );
+                    told = true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(reason) => return Err(format!("the session could not continue at {address}: {reason}")),
+        }
+    }
+}
+
 fn open() -> Result<Client, CudaError> {
     open_session().map_err(|(error, reason)| {
         crate::diagnostics::once("session", &format!("flyt: {reason}"));
@@ -250,6 +314,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         rings: offered.rings as u64,
         region: offered.claim(),
     });
+    let _ = ORIGIN.set(Origin { address: address.clone(), token: token.clone(), tls_ca: tls_ca.clone(), identity: identity.clone() });
     write_value(&mut wire, 0, &Hello::new(token, identity, offer)).map_err(|error| unavailable(format!("server {address}: {error}")))?;
     if let (Some(offered @ shm::Offered { source: shm::Source::Memfd, .. }), Wire::Unix(socket)) = (&offered, &wire) {
         shm::send_descriptor(socket, &offered.file).map_err(|error| unavailable(format!("sending the segment: {error}")))?;

@@ -31,7 +31,7 @@ use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameHeader, FrameLimits, HEADER_LEN, read_full};
 use flyt_protocol::handshake::Notice;
-use flyt_protocol::ops::{Request, decode_reply, rep};
+use flyt_protocol::ops::{Request, decode_reply, rep, req};
 
 /// Bulk bytes above this are written straight from the app's buffer instead of being copied
 /// into the outgoing buffer.
@@ -151,6 +151,8 @@ type PendingMap = HashMap<u32, Arc<ReplySlot>, std::hash::BuildHasherDefault<Seq
 struct Outgoing {
     buf: Vec<u8>,
     next_seq: u32,
+    /// The server asked for a pause (a checkpoint or a move): new requests wait until it is over.
+    paused: bool,
 }
 
 struct WireHalf {
@@ -226,6 +228,8 @@ impl Inbound {
 pub struct Conn {
     writer: Mutex<WireHalf>,
     outgoing: Mutex<Outgoing>,
+    /// Signalled when a pause ends (with `outgoing`).
+    resumed: Condvar,
     pending: Mutex<PendingMap>,
     /// The reading half: held by whichever thread reads (a waiting app thread, or the receiver).
     inbound: Mutex<Inbound>,
@@ -289,7 +293,8 @@ impl Conn {
         let writes_directly = matches!(wire, Wire::RingOut(..));
         let conn = Arc::new(Self {
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
-            outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1 }),
+            outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1, paused: false }),
+            resumed: Condvar::new(),
             pending: Mutex::new(PendingMap::default()),
             inbound: Mutex::new(Inbound::new(reader)),
             detached: AtomicUsize::new(0),
@@ -351,6 +356,54 @@ impl Conn {
     /// Keeps an error for the next synchronizing call (the first one wins, as in CUDA).
     pub fn defer(&self, error: CudaError) {
         lock(&self.deferred).get_or_insert(error);
+    }
+
+    /// The outgoing buffer once no pause holds new requests (a checkpoint or a move of the
+    /// session: the app's calls wait, as if the GPU were busy, and go on afterwards).
+    fn unpaused(&self) -> CudaResult<std::sync::MutexGuard<'_, Outgoing>> {
+        let mut out = lock(&self.outgoing);
+        while out.paused {
+            self.check_alive()?;
+            out = self.resumed.wait_timeout(out, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        self.check_alive()?;
+        Ok(out)
+    }
+
+    /// The server's `Notice::Pause`: the last request goes out (`Pause`), new ones wait, and the
+    /// receiver reads until the server says how the pause ends.
+    fn pause(&self) {
+        let mut out = lock(&self.outgoing);
+        if !out.paused {
+            Self::enqueue(&mut out, &req::Pause {}.into(), &[]);
+            out.paused = true;
+            self.detached.fetch_add(1, Ordering::AcqRel);
+        }
+        drop(out);
+        self.wake_flusher();
+        self.wake_receiver();
+    }
+
+    /// The pause is over (`Notice::Resumed`, or the session continues on its new server).
+    fn resume(&self) {
+        let mut out = lock(&self.outgoing);
+        if out.paused {
+            out.paused = false;
+            self.detached.fetch_sub(1, Ordering::AcqRel);
+        }
+        drop(out);
+        self.resumed.notify_all();
+    }
+
+    /// The session moved: continues it on `address` (the same server when `None`) from its
+    /// snapshot, swapping both halves of the connection.
+    fn moved(&self, inbound: &mut Inbound, address: Option<String>, snapshot: &str) -> Result<(), String> {
+        let (reader, writer) = crate::client::reconnect(address.as_deref(), snapshot)?;
+        inbound.wire = reader;
+        (inbound.start, inbound.end) = (0, 0);
+        lock(&self.writer).wire = writer;
+        self.resume();
+        Ok(())
     }
 
     /// Appends one frame to the outgoing buffer; returns its sequence number.
@@ -428,7 +481,7 @@ impl Conn {
             return self.send_with_bulk(request, bulk, None).map(|_| ());
         }
         let queued = {
-            let mut out = lock(&self.outgoing);
+            let mut out = self.unpaused()?;
             Self::enqueue(&mut out, request, bulk);
             out.buf.len()
         };
@@ -461,7 +514,7 @@ impl Conn {
         if self.async_run.load(Ordering::Relaxed) != 0 {
             self.async_run.store(0, Ordering::Relaxed);
         }
-        let mut out = lock(&self.outgoing);
+        let mut out = self.unpaused()?;
         let slot = self.register(&out, destination, false);
         Self::enqueue(&mut out, request, &[]);
         Ok(slot)
@@ -472,7 +525,7 @@ impl Conn {
     /// failure becomes the deferred error.
     pub fn send_detached(self: &Arc<Self>, request: &Request, destination: HostDestination) -> CudaResult<()> {
         self.check_alive()?;
-        let mut out = lock(&self.outgoing);
+        let mut out = self.unpaused()?;
         self.register(&out, Some(destination), true);
         Self::enqueue(&mut out, request, &[]);
         Ok(())
@@ -482,7 +535,15 @@ impl Conn {
     /// once the kernel has the bytes, so the app may reuse its buffer.
     pub fn send_with_bulk(self: &Arc<Self>, request: &Request, bulk: &[u8], reply: Option<()>) -> CudaResult<Option<Arc<ReplySlot>>> {
         self.check_alive()?;
-        let mut writer = lock(&self.writer);
+        // The writing half is taken only once no pause holds requests (the pause's own request
+        // needs it), and the pause is checked again under both locks.
+        let mut writer = loop {
+            drop(self.unpaused()?);
+            let writer = lock(&self.writer);
+            if !lock(&self.outgoing).paused {
+                break writer;
+            }
+        };
         let writer = &mut *writer;
         let slot;
         {
@@ -615,6 +676,9 @@ impl Conn {
             match flyt_protocol::frame::decode_exact::<Notice>(message) {
                 Ok(Notice::Limits { devices }) => *lock(&self.resized_devices) = Some(devices),
                 Ok(Notice::Output { stdout, stderr }) => write_device_output(&stdout, &stderr),
+                Ok(Notice::Pause) => self.pause(),
+                Ok(Notice::Resumed) => self.resume(),
+                Ok(Notice::Moved { address, snapshot }) => self.moved(inbound, address, &snapshot)?,
                 Ok(Notice::HostCall { call, run }) => {
                     let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
                     match crate::client::existing_client() {

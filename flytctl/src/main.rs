@@ -5,6 +5,7 @@
 //! 2 bad usage; 3 the cluster manager cannot be reached or did not answer in time.
 #![forbid(unsafe_code)]
 
+mod sessions;
 mod top;
 
 use std::{
@@ -122,6 +123,12 @@ enum Command {
         #[command(subcommand)]
         command: IvshmemCommand,
     },
+    /// One rpc-server's sessions, through its control socket: list, checkpoint, restore,
+    /// release, migrate to another server. Needs no cluster manager.
+    Session {
+        #[command(subcommand)]
+        command: sessions::SessionCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -207,12 +214,14 @@ enum CtlError {
     Tls(String),
     /// cannot make the ivshmem region: {0}
     Region(String),
+    /// {0}
+    Session(String),
 }
 
 impl CtlError {
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Refused(_) | Self::Tls(_) | Self::Region(_) => 1,
+            Self::Refused(_) | Self::Tls(_) | Self::Region(_) | Self::Session(_) => 1,
             Self::ReadKey(..) | Self::ShortKey(_) | Self::WrongKey(_) | Self::RemoteRefused(_) | Self::Usage(_) | Self::Json(_) => 2,
             Self::Unreachable { .. } | Self::Timeout { .. } | Self::Call { .. } => 3,
         }
@@ -335,6 +344,10 @@ async fn run(args: Args) -> Result<(), CtlError> {
         let (ca, cert, key) = flyt_daemon_kit::tls::generate(dir, names).map_err(CtlError::Tls)?;
         println!("ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"", ca.display(), cert.display(), key.display());
         return Ok(());
+    }
+    if let Command::Session { command } = &args.command {
+        let key = load_key(&args)?;
+        return sessions::run(command, &key, Duration::from_secs(args.timeout_seconds), args.json).await.map_err(CtlError::Session);
     }
     if let Command::Ivshmem { command: IvshmemCommand::Create { name, dir, size, sessions } } = &args.command {
         let path = flyt_ring::region::create(dir, name, *size, *sessions).map_err(|error| CtlError::Region(error.to_string()))?;
@@ -484,7 +497,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
             }
         }
         // Made before connecting, above.
-        Command::TlsInit { .. } | Command::Ivshmem { .. } => {}
+        Command::TlsInit { .. } | Command::Ivshmem { .. } | Command::Session { .. } => {}
         Command::Drain { node } | Command::Undrain { node } => {
             let drained = matches!(args.command, Command::Drain { .. });
             let record = call(&args, deadline, client.set_drained(context(), node.clone(), drained)).await?.map_err(CtlError::Refused)?;

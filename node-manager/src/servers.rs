@@ -817,6 +817,24 @@ mod tests {
             Ok(self.status(context).await)
         }
 
+        async fn checkpoint(
+            self,
+            _: tarpc::context::Context,
+            _: u64,
+            _: String,
+            _: u64,
+        ) -> Result<flyt_protocol::control::rpc_server::SnapshotInfo, String> {
+            Err("not in this fake".into())
+        }
+
+        async fn restore(self, _: tarpc::context::Context, _: String, _: String) -> Result<(), String> {
+            Err("not in this fake".into())
+        }
+
+        async fn release(self, _: tarpc::context::Context, _: u64, _: Option<String>) -> Result<(), String> {
+            Err("not in this fake".into())
+        }
+
         async fn shutdown(self, _: tarpc::context::Context, _grace_seconds: u32) {}
     }
 

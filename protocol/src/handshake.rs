@@ -7,7 +7,7 @@ use crate::device::DeviceInfo;
 /// Bytes that open every `Hello`, so a stray connection is refused at once.
 pub const MAGIC: [u8; 4] = *b"FLYT";
 /// Bumped whenever a message or the op table changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 15;
+pub const PROTOCOL_VERSION: u32 = 16;
 /// The CUDA runtime ABI the shim implements.
 pub const CUDA_ABI_MAJOR: u32 = 13;
 /// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
@@ -64,12 +64,15 @@ pub struct Hello {
     pub token: Option<String>,
     pub client: ClientIdentity,
     pub shm: Option<ShmOffer>,
+    /// A moved session's snapshot to continue (`Notice::Moved`): the server restores it, or
+    /// finds it restored already, instead of starting an empty session.
+    pub resume: Option<String>,
 }
 
 impl Hello {
     /// A hello for this build's protocol.
     pub fn new(token: Option<String>, client: ClientIdentity, shm: Option<ShmOffer>) -> Self {
-        Self { magic: MAGIC, protocol_version: PROTOCOL_VERSION, cuda_abi_major: CUDA_ABI_MAJOR, token, client, shm }
+        Self { magic: MAGIC, protocol_version: PROTOCOL_VERSION, cuda_abi_major: CUDA_ABI_MAJOR, token, client, shm, resume: None }
     }
 }
 
@@ -117,4 +120,13 @@ pub enum Notice {
     /// A stream reached the app's host function `call` (`cuLaunchHostFunc`, a graph's host
     /// node): the client runs it and answers `HostCallDone { run }`; the stream waits till then.
     HostCall { call: u64, run: u64 },
+    /// The session is about to be checkpointed or moved: the client sends `Pause` after its last
+    /// request and then holds every new call until `Moved` or `Resumed`.
+    Pause,
+    /// The session's state now lives in snapshot `snapshot`: the client reconnects to `address`
+    /// (`None`: the server it had) with `Hello::resume` and goes on. The old connection ends.
+    Moved { address: Option<String>, snapshot: String },
+    /// The pause is over and the session goes on here (a checkpoint that stayed, or a move that
+    /// did not happen).
+    Resumed,
 }

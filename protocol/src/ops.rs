@@ -328,6 +328,10 @@ macro_rules! for_each_op {
             112 GraphKernelNodeAttribute graph_kernel_node_attribute [reply -] { node: u64, attribute: u32, set: Option<Vec<u8>> } -> { value: Vec<u8> };
             /// `cuGraphKernelNodeCopyAttributes` from kernel node `src` to kernel node `dst`.
             113 GraphKernelNodeCopyAttributes graph_kernel_node_copy_attributes [reply -] { dst: u64, src: u64 } -> {};
+            // --- checkpoint and migration (ids 114-119) ---
+            /// The client's answer to `Notice::Pause`: the last frame before the move; the
+            /// session drains its work and snapshots everything up to here.
+            114 Pause pause [noreply -] {} -> {};
             // --- stream memory operations, tensor maps, context events, pool access, cluster
             // occupancy (ids 120-139) ---
             /// `cuStreamWriteValue*`, `cuStreamWaitValue*` and `cuStreamBatchMemOp`: the ops in

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::control::rpc_server::SnapshotInfo;
+
 use crate::handshake::Hello;
 
 /// Listener to worker.
@@ -12,6 +14,15 @@ pub enum ToWorker {
     Serve { session_id: u64, hello: Box<Hello>, tcp: bool, peer: String, secured: bool },
     /// The allocation was resized: tell the client its new limits.
     Limits,
+    /// Pause the session's app, drain its work and write its snapshot into folder `dir`
+    /// (answered with `Checkpointed`); give up when the app makes no call within `timeout_ms`.
+    Checkpoint { dir: String, timeout_ms: u64 },
+    /// End the pause after `Checkpoint`: the app moves to `to` (`Some`, empty for this server
+    /// again) or goes on here (`None`).
+    Release { to: Option<String> },
+    /// (To a warm worker.) Restore the snapshot in file `path`, answer `Restored`, then wait for
+    /// the `Serve` of its app.
+    Restore { path: String },
 }
 
 /// Worker to listener.
@@ -21,4 +32,8 @@ pub enum FromWorker {
     Ready { pid: u32, total_mem: u64, sm_count: u32 },
     /// The device could not be opened; the worker exits.
     Failed { reason: String },
+    /// The answer to `Checkpoint`.
+    Checkpointed(Result<SnapshotInfo, String>),
+    /// The answer to `Restore`; after a failure the worker exits.
+    Restored(Result<(), String>),
 }

@@ -105,6 +105,10 @@ pub struct ServerArgs {
     /// token, as its shared-memory segment. Unset: guests' regions are refused.
     #[arg(long, env = "FLYT_RPC_IVSHMEM_DIR")]
     pub ivshmem_dir: Option<PathBuf>,
+    /// Folder of session snapshots (`flytctl ... checkpoint`): an app that reconnects with the
+    /// name of a snapshot in it continues from it here (after this server restarted, say).
+    #[arg(long, env = "FLYT_RPC_SNAPSHOT_DIR")]
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 impl ServerArgs {

@@ -8,7 +8,7 @@ use anyhow::Context;
 use flyt_daemon_kit::auth::ClusterKey;
 use flyt_daemon_kit::rpc::{ControlListener, Endpoint, accept_loop, serve_connection};
 use flyt_protocol::control::auth::ServiceName;
-use flyt_protocol::control::rpc_server::{RpcServerControl, RpcServerStatus};
+use flyt_protocol::control::rpc_server::{RpcServerControl, RpcServerStatus, SnapshotInfo};
 use tarpc::context::Context as CallContext;
 
 /// What the control socket controls: the listening server (the listener implements it; this module
@@ -18,6 +18,17 @@ pub trait Controlled: Send + Sync + 'static {
     fn status(&self) -> RpcServerStatus;
     /// Changes the memory quota and/or SM share; the status after the change, or why not.
     fn resize(self: Arc<Self>, memory_quota: Option<u64>, sm_percentage: Option<u32>) -> Result<RpcServerStatus, String>;
+    /// Pauses a session and writes its snapshot (blocks until written or refused).
+    fn checkpoint(self: Arc<Self>, session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String>;
+    /// Restores a snapshot into a worker that waits for its app (blocks until restored).
+    fn restore(self: Arc<Self>, dir: String, name: String) -> Result<(), String>;
+    /// Ends a checkpoint's pause: the app moves to `to` or goes on here.
+    fn release(self: Arc<Self>, session_id: u64, to: Option<String>) -> Result<(), String>;
+}
+
+/// Runs a blocking call of the server off the control runtime's only thread.
+async fn blocking<T: Send + 'static>(call: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, String> {
+    tokio::task::spawn_blocking(call).await.unwrap_or_else(|error| Err(format!("the call failed: {error}")))
 }
 
 #[derive(Clone)]
@@ -32,6 +43,21 @@ impl RpcServerControl for ControlHandler {
 
     async fn resize(self, _: CallContext, memory_quota: Option<u64>, sm_percentage: Option<u32>) -> Result<RpcServerStatus, String> {
         self.server.clone().resize(memory_quota, sm_percentage)
+    }
+
+    async fn checkpoint(self, _: CallContext, session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String> {
+        let server = self.server.clone();
+        blocking(move || server.checkpoint(session_id, dir, timeout_ms)).await
+    }
+
+    async fn restore(self, _: CallContext, dir: String, name: String) -> Result<(), String> {
+        let server = self.server.clone();
+        blocking(move || server.restore(dir, name)).await
+    }
+
+    async fn release(self, _: CallContext, session_id: u64, to: Option<String>) -> Result<(), String> {
+        let server = self.server.clone();
+        blocking(move || server.release(session_id, to)).await
     }
 
     async fn shutdown(self, _: CallContext, grace_seconds: u32) {

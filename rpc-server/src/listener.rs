@@ -25,11 +25,13 @@ use crate::backend::BackendKind;
 use crate::budget::{BUDGET_SLOTS, MemoryBudget, SharedBudget};
 use crate::config::ServerArgs;
 use crate::transport::Connection;
-use flyt_protocol::control::rpc_server::{RpcServerStatus, SessionStatus};
+use flyt_protocol::control::rpc_server::{RpcServerStatus, SessionStatus, SnapshotInfo};
 
 /// Handshakes in progress at once; more connections are closed at once (a flood of idle
 /// connections must not pin threads).
 const MAX_PENDING_HANDSHAKES: usize = 128;
+/// How long a restore (or a checkpoint's writing) may take: device memory by the tens of GiB.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
 
 struct WarmWorker {
     pid: u32,
@@ -77,6 +79,10 @@ pub struct Server {
     image_cache: Option<PathBuf>,
     /// Where the metrics endpoint listens, once bound.
     metrics_address: Mutex<Option<String>>,
+    /// Who waits for a worker's answer to a checkpoint or restore, by worker pid.
+    worker_answers: Mutex<HashMap<u32, std::sync::mpsc::Sender<FromWorker>>>,
+    /// Workers holding a restored session until its app reconnects, by snapshot name.
+    restored: Mutex<HashMap<String, WarmWorker>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -189,6 +195,9 @@ impl Server {
                 *lock(&self.device_facts) = (total_mem, sm_count);
                 lock(&self.warm).push_back(WarmWorker { pid, channel: channel.clone() });
             }
+            Some(FromWorker::Checkpointed(_) | FromWorker::Restored(_)) => {
+                *lock(&self.last_worker_failure) = Some("worker answered out of turn during start-up".into());
+            }
             Some(FromWorker::Failed { reason }) => {
                 tracing::error!(worker = pid, %reason, "worker could not open the device");
                 *lock(&self.last_worker_failure) = Some(reason);
@@ -198,8 +207,23 @@ impl Server {
             }
         }
         self.warm_changed.notify_all();
-        // Block until the worker exits (its end of the channel closes).
-        while matches!(recv(channel.as_raw_fd(), &mut buf, MsgFlags::empty()), Ok(len) if len > 0) {}
+        // Until the worker exits (its end of the channel closes), pass its answers on.
+        while let Ok(len) = recv(channel.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+            if len == 0 {
+                break;
+            }
+            match flyt_protocol::frame::decode_exact::<FromWorker>(&buf[..len]) {
+                Ok(answer) => match lock(&self.worker_answers).get(&pid) {
+                    Some(waiting) => {
+                        let _ = waiting.send(answer);
+                    }
+                    None => tracing::warn!(worker = pid, ?answer, "an answer nobody waits for"),
+                },
+                Err(error) => tracing::warn!(worker = pid, %error, "undecodable message from a worker"),
+            }
+        }
+        lock(&self.worker_answers).remove(&pid);
+        lock(&self.restored).retain(|_, worker| worker.pid != pid);
         let status = child.wait().map(|status| status.to_string()).unwrap_or_else(|error| error.to_string());
         lock(&self.warm).retain(|worker| worker.pid != pid);
         lock(&self.workers).remove(&pid);
@@ -353,11 +377,13 @@ impl Server {
         if let Err((error, reason)) = self.check_hello(&hello) {
             return Self::refuse(&mut connection, &peer, error, reason);
         }
-        let worker = match self.take_warm(Duration::from_secs(60)) {
+        let worker = match &hello.resume {
+            None => self.take_warm(Duration::from_secs(60)).map_err(|reason| format!("no GPU worker: {reason}")),
+            Some(name) => self.resumed_worker(name),
+        };
+        let worker = match worker {
             Ok(worker) => worker,
-            Err(reason) => {
-                return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, format!("no GPU worker: {reason}"));
-            }
+            Err(reason) => return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, reason),
         };
         let _ = connection.set_read_timeout(None);
         let session_id = self.next_session.fetch_add(1, Ordering::AcqRel);
@@ -397,6 +423,105 @@ impl Server {
             },
             worker.pid
         );
+    }
+
+    /// The worker that holds (or now restores) snapshot `name` for its app, which reconnected.
+    fn resumed_worker(self: &Arc<Self>, name: &str) -> Result<WarmWorker, String> {
+        if !crate::session::valid_snapshot_name(name) {
+            return Err("not a snapshot name".into());
+        }
+        if let Some(worker) = lock(&self.restored).remove(name) {
+            return Ok(worker);
+        }
+        match &self.args.snapshot_dir {
+            Some(dir) if crate::session::snapshot_path(dir, name).exists() => {
+                self.restore_into_worker(&crate::session::snapshot_path(dir, name))
+            }
+            _ => Err(format!("no snapshot {name} on this server")),
+        }
+    }
+
+    /// Sends a command to a worker and waits for its answer.
+    fn ask_worker(&self, pid: u32, channel: &OwnedFd, command: &ToWorker, timeout: Duration) -> Result<FromWorker, String> {
+        let (answer, answers) = std::sync::mpsc::channel();
+        lock(&self.worker_answers).insert(pid, answer);
+        let mut bytes = Vec::new();
+        encode_into(command, &mut bytes);
+        let outcome = match nix::sys::socket::send(channel.as_raw_fd(), &bytes, MsgFlags::empty()) {
+            Ok(_) => answers.recv_timeout(timeout).map_err(|_| "the worker did not answer (it ended, or timed out)".to_string()),
+            Err(error) => Err(format!("the worker is gone: {error}")),
+        };
+        lock(&self.worker_answers).remove(&pid);
+        outcome
+    }
+
+    /// Restores the snapshot at `path` into a warm worker, which then waits for its app.
+    fn restore_into_worker(self: &Arc<Self>, path: &std::path::Path) -> Result<WarmWorker, String> {
+        let worker = self.take_warm(Duration::from_secs(60)).map_err(|reason| format!("no GPU worker: {reason}"))?;
+        let command = ToWorker::Restore { path: path.display().to_string() };
+        match self.ask_worker(worker.pid, &worker.channel, &command, RESTORE_TIMEOUT) {
+            Ok(FromWorker::Restored(Ok(()))) => {
+                tracing::info!(worker = worker.pid, snapshot = %path.display(), "session restored");
+                Ok(worker)
+            }
+            outcome => {
+                if let Ok(pid) = i32::try_from(worker.pid) {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+                }
+                Err(match outcome {
+                    Ok(FromWorker::Restored(Err(reason))) | Err(reason) => format!("restoring {}: {reason}", path.display()),
+                    Ok(other) => format!("restoring {}: unexpected answer {other:?}", path.display()),
+                })
+            }
+        }
+    }
+
+    /// Pauses a session and writes its snapshot into `dir` (the `checkpoint` control call).
+    pub fn checkpoint(&self, session_id: u64, dir: &str, timeout_ms: u64) -> Result<SnapshotInfo, String> {
+        if !std::path::Path::new(dir).is_absolute() {
+            return Err(format!("the snapshot folder {dir:?} is not an absolute path"));
+        }
+        let (pid, channel) = self.session_worker(session_id)?;
+        let command = ToWorker::Checkpoint { dir: dir.to_string(), timeout_ms };
+        match self.ask_worker(pid, &channel, &command, Duration::from_millis(timeout_ms) + RESTORE_TIMEOUT)? {
+            FromWorker::Checkpointed(result) => result.map(|info| SnapshotInfo { session_id, ..info }),
+            other => Err(format!("unexpected answer {other:?}")),
+        }
+    }
+
+    /// Restores snapshot `name` from `dir` ahead of its app's reconnection (`restore`).
+    pub fn restore(self: &Arc<Self>, dir: &str, name: &str) -> Result<(), String> {
+        if !crate::session::valid_snapshot_name(name) {
+            return Err(format!("{name:?} is not a snapshot name"));
+        }
+        let path = crate::session::snapshot_path(std::path::Path::new(dir), name);
+        if !path.is_file() {
+            return Err(format!("no snapshot {} here", path.display()));
+        }
+        let worker = self.restore_into_worker(&path)?;
+        if let Some(old) = lock(&self.restored).insert(name.to_string(), worker)
+            && let Ok(pid) = i32::try_from(old.pid)
+        {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+        }
+        Ok(())
+    }
+
+    /// Ends a checkpoint's pause (`release`).
+    pub fn release(&self, session_id: u64, to: Option<String>) -> Result<(), String> {
+        let (_, channel) = self.session_worker(session_id)?;
+        let mut bytes = Vec::new();
+        encode_into(&ToWorker::Release { to }, &mut bytes);
+        nix::sys::socket::send(channel.as_raw_fd(), &bytes, MsgFlags::empty())
+            .map_err(|error| format!("the session's worker is gone: {error}"))?;
+        Ok(())
+    }
+
+    fn session_worker(&self, session_id: u64) -> Result<(u32, Arc<OwnedFd>), String> {
+        lock(&self.sessions)
+            .get(&session_id)
+            .map(|record| (record.worker_pid, record.channel.clone()))
+            .ok_or_else(|| format!("no session {session_id} on this server"))
     }
 
     fn accept_connection(self: &Arc<Self>, connection: Connection, peer: String) {
@@ -528,6 +653,18 @@ impl crate::control::Controlled for Server {
     fn resize(self: Arc<Self>, memory_quota: Option<u64>, sm_percentage: Option<u32>) -> Result<RpcServerStatus, String> {
         Server::resize(&self, memory_quota, sm_percentage)
     }
+
+    fn checkpoint(self: Arc<Self>, session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String> {
+        Server::checkpoint(&self, session_id, &dir, timeout_ms)
+    }
+
+    fn restore(self: Arc<Self>, dir: String, name: String) -> Result<(), String> {
+        Server::restore(&self, &dir, &name)
+    }
+
+    fn release(self: Arc<Self>, session_id: u64, to: Option<String>) -> Result<(), String> {
+        Server::release(&self, session_id, to)
+    }
 }
 
 fn bind(address: &str, server: &Server) -> anyhow::Result<(Bound, String)> {
@@ -654,6 +791,8 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         unix_paths: Mutex::new(Vec::new()),
         image_cache,
         metrics_address: Mutex::new(None),
+        worker_answers: Mutex::new(HashMap::new()),
+        restored: Mutex::new(HashMap::new()),
         args,
     });
 

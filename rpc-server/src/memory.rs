@@ -116,6 +116,11 @@ impl RangeMap {
         self.ranges.iter().filter(|(_, range)| range.kind == RangeKind::Allocation).map(|(start, _)| *start).collect()
     }
 
+    /// Every range of `kind`: (start, length), in address order.
+    pub fn of_kind(&self, kind: RangeKind) -> Vec<(u64, u64)> {
+        self.ranges.iter().filter(|(_, range)| range.kind == kind).map(|(start, range)| (*start, range.len)).collect()
+    }
+
     /// Forgets all allocations (after the device freed them).
     pub fn clear_allocations(&mut self) {
         self.ranges.retain(|_, range| range.kind != RangeKind::Allocation);

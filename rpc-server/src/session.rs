@@ -29,7 +29,10 @@ mod graphs;
 mod ipc;
 mod memops;
 mod pools;
+mod snapshot;
 mod vmm;
+
+pub use snapshot::{MoveControl, Restored, path_of as snapshot_path, restore, valid_name as valid_snapshot_name};
 
 /// Answers one request. Dropping it unanswered is a server bug, reported to the client as
 /// `cudaErrorUnknown` rather than leaving the client waiting.
@@ -234,7 +237,8 @@ struct LoadedModule<D: Device> {
     functions: Vec<CudaResult<Kernel<D>>>,
     /// The index of each kernel found by name, so asking twice gives the same index.
     function_names: HashMap<String, u32>,
-    variables: Vec<(u64, u64)>,
+    /// Variables the app asked for: name, address, size.
+    variables: Vec<(String, u64, u64)>,
 }
 
 /// A kernel of a loaded module and its parameter layout.
@@ -385,6 +389,13 @@ pub struct Session<D: Device> {
     ranges: RangeMap,
     streams: HashMap<u64, D::Stream>,
     events: HashMap<u64, D::Event>,
+    /// How each stream (flags, priority) and event (flags) was created: to make them again when
+    /// the session moves.
+    stream_params: HashMap<u64, (u32, i32)>,
+    event_flags: HashMap<u64, u32>,
+    /// Checkpoints asked for by the listener, and whether the session moved away (it ends).
+    moves: Arc<MoveControl>,
+    moved: bool,
     modules: HashMap<u32, LoadedModule<D>>,
     links: HashMap<u64, Linked<D>>,
     /// Private events for waiting on streams, reused.
@@ -451,6 +462,10 @@ impl<D: Device> Session<D> {
             ranges: RangeMap::default(),
             streams: HashMap::new(),
             events: HashMap::new(),
+            stream_params: HashMap::new(),
+            event_flags: HashMap::new(),
+            moves: Arc::new(MoveControl::default()),
+            moved: false,
             modules: HashMap::new(),
             links: HashMap::new(),
             spare_events: Arc::new(Mutex::new(Vec::new())),
@@ -493,6 +508,9 @@ impl<D: Device> Session<D> {
                 times.add(info.name, started.elapsed());
             }
             bulk.finish()?;
+            if self.moved {
+                return Ok(());
+            }
         }
     }
 
@@ -734,6 +752,8 @@ impl<D: Device> Session<D> {
                 self.budget.release(len);
             }
         }
+        self.stream_params.clear();
+        self.event_flags.clear();
         for (_, stream) in self.streams.drain() {
             let _ = self.device.stream_destroy(stream);
         }
@@ -770,7 +790,7 @@ impl<D: Device> Session<D> {
     /// addresses may move).
     fn reload_modules(&mut self) {
         for (id, loaded) in &mut self.modules {
-            for (address, size) in loaded.variables.drain(..) {
+            for (_, address, size) in loaded.variables.drain(..) {
                 self.ranges.remove_within(address, size, RangeKind::Variable);
             }
             match self.device.load_module(&loaded.image) {
@@ -794,6 +814,11 @@ impl<D: Device> Session<D> {
                 });
             }
         }
+    }
+
+    /// The session's pause and move, for the worker's command thread.
+    pub fn moves(&self) -> Arc<MoveControl> {
+        self.moves.clone()
     }
 
     /// The session's reply channel (for notices the client did not ask for).
@@ -1030,9 +1055,9 @@ impl<D: Device> OpHandler for Session<D> {
             return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
         };
         let result = self.device.variable(&loaded.module, &request.name).map(|(address, size, managed)| {
-            if !loaded.variables.contains(&(address, size)) {
+            if !loaded.variables.iter().any(|(_, known, _)| *known == address) {
                 self.ranges.insert(address, size, RangeKind::Variable);
-                loaded.variables.push((address, size));
+                loaded.variables.push((request.name.clone(), address, size));
             }
             rep::ModuleGetGlobal { address, size, managed }
         });
@@ -1127,7 +1152,7 @@ impl<D: Device> OpHandler for Session<D> {
     fn unregister_module(&mut self, request: req::UnregisterModule, reply: Responder<rep::UnregisterModule>) {
         let result = match self.modules.remove(&request.module) {
             Some(module) => {
-                for (address, size) in &module.variables {
+                for (_, address, size) in &module.variables {
                     self.ranges.remove_within(*address, *size, RangeKind::Variable);
                 }
                 self.device.unload_module(module.module)
@@ -1189,12 +1214,14 @@ impl<D: Device> OpHandler for Session<D> {
         } else {
             self.device.stream_create(request.flags, request.priority).map(|stream| {
                 self.streams.insert(request.stream, stream);
+                self.stream_params.insert(request.stream, (request.flags, request.priority));
             })
         };
         reply.send(result.map(|()| rep::StreamCreate {}));
     }
 
     fn stream_destroy(&mut self, request: req::StreamDestroy, reply: Responder<rep::StreamDestroy>) {
+        self.stream_params.remove(&request.stream);
         let result = match self.streams.remove(&request.stream) {
             Some(stream) => self.device.stream_destroy(stream),
             None => Err(CudaError::INVALID_RESOURCE_HANDLE),
@@ -1227,6 +1254,7 @@ impl<D: Device> OpHandler for Session<D> {
         } else {
             self.device.event_create(request.flags).map(|event| {
                 self.events.insert(request.event, event);
+                self.event_flags.insert(request.event, request.flags);
             })
         };
         reply.send(result.map(|()| rep::EventCreate {}));
@@ -1262,6 +1290,7 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn event_destroy(&mut self, request: req::EventDestroy, reply: Responder<rep::EventDestroy>) {
+        self.event_flags.remove(&request.event);
         let result = match self.events.remove(&request.event) {
             Some(event) => self.device.event_destroy(event),
             None => Err(CudaError::INVALID_RESOURCE_HANDLE),
@@ -1739,6 +1768,12 @@ impl<D: Device> OpHandler for Session<D> {
         reply: Responder<rep::GraphKernelNodeCopyAttributes>,
     ) {
         self.graph_kernel_node_copy_attributes(request, reply);
+    }
+
+    fn pause(&mut self, _request: req::Pause, reply: Responder<rep::Pause>) {
+        // A no-reply op: nothing goes out; the notices that follow tell the client what happened.
+        reply.send(Ok(rep::Pause {}));
+        self.moved = self.pause_for_checkpoint();
     }
 
     fn launch_host_func(&mut self, request: req::LaunchHostFunc, reply: Responder<rep::LaunchHostFunc>) {

@@ -187,26 +187,45 @@ fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> 
     file.ok_or_else(|| "the client offered a segment but sent no descriptor".into())
 }
 
-/// Tells the client its new limits whenever the listener says the allocation was resized.
-fn forward_limits<D: Device>(
+/// Follows the listener's commands during the session: tells the client its new limits whenever
+/// the allocation was resized, and runs checkpoints and their release.
+fn follow_commands<D: Device>(
     channel: OwnedFd,
-    outbox: Arc<crate::transport::Outbox>,
+    session: &Session<D>,
+    session_id: u64,
     device: Arc<D>,
     budget: Arc<SharedBudget>,
     sm_percentage: u32,
 ) {
-    let spawned = std::thread::Builder::new().name("flyt-limits".into()).spawn(move || {
+    let (outbox, moves) = (session.outbox(), session.moves());
+    let spawned = std::thread::Builder::new().name("flyt-commands".into()).spawn(move || {
         while let Some((command, _)) = receive_command(&channel) {
-            if command == ToWorker::Limits {
-                let notice = Notice::Limits { devices: vec![sliced_info(&*device, &*budget, sm_percentage)] };
-                let mut message = Vec::new();
-                encode_into(&notice, &mut message);
-                outbox.send_frame(0, &message, &[]);
+            match command {
+                ToWorker::Limits => {
+                    let notice = Notice::Limits { devices: vec![sliced_info(&*device, &*budget, sm_percentage)] };
+                    let mut message = Vec::new();
+                    encode_into(&notice, &mut message);
+                    outbox.send_frame(0, &message, &[]);
+                }
+                ToWorker::Checkpoint { dir, timeout_ms } => {
+                    let written = moves.checkpoint(&outbox, dir.into(), std::time::Duration::from_millis(timeout_ms));
+                    match &written {
+                        Ok(info) => tracing::info!(session_id, snapshot = %info.name, bytes = info.bytes, drain_us = info.drain_us, write_us = info.write_us, "checkpoint written"),
+                        Err(reason) => tracing::warn!(session_id, %reason, "checkpoint refused"),
+                    }
+                    send_to_listener(&channel, &FromWorker::Checkpointed(written));
+                }
+                ToWorker::Release { to } => {
+                    if let Err(reason) = moves.release(to) {
+                        tracing::warn!(session_id, %reason, "release ignored");
+                    }
+                }
+                ToWorker::Serve { .. } | ToWorker::Restore { .. } => tracing::warn!(session_id, "a command for a worker without a session, ignored"),
             }
         }
     });
     if spawned.is_err() {
-        tracing::warn!("no thread for resize notices: this session keeps its first limits");
+        tracing::warn!("no thread for the listener's commands: this session keeps its first limits and cannot be checkpointed");
     }
 }
 
@@ -266,7 +285,26 @@ fn serve<D: Device>(
     let info = sliced_info(&*device, &*budget, args.sm_percentage);
     let sm_count = u32::try_from(info.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(0)).unwrap_or(0);
     send_to_listener(&channel, &FromWorker::Ready { pid: std::process::id(), total_mem: info.total_mem, sm_count });
-    let Some((ToWorker::Serve { session_id, hello, tcp, peer, secured }, Some(fd))) = receive_command(&channel) else {
+    let mut command = receive_command(&channel);
+    // A moved session's snapshot first, when this worker is to continue one.
+    let mut restored = None;
+    if let Some((ToWorker::Restore { path }, _)) = &command {
+        let started = std::time::Instant::now();
+        let outcome = crate::session::restore(&*device, &*budget, std::path::Path::new(path), args.copy_chunk);
+        send_to_listener(&channel, &FromWorker::Restored(outcome.as_ref().map(|_| ()).map_err(Clone::clone)));
+        match outcome {
+            Ok(state) => {
+                tracing::info!(snapshot = %path, took_ms = started.elapsed().as_millis() as u64, "snapshot restored");
+                restored = Some((state, path.clone()));
+            }
+            Err(reason) => {
+                tracing::warn!(snapshot = %path, %reason, "snapshot not restored");
+                return 1;
+            }
+        }
+        command = receive_command(&channel);
+    }
+    let Some((ToWorker::Serve { session_id, hello, tcp, peer, secured }, Some(fd))) = command else {
         // The listener went away or shut the pool down: nothing to serve.
         return 0;
     };
@@ -339,7 +377,14 @@ fn serve<D: Device>(
         ..SessionConfig::default()
     };
     let mut session = Session::new(device.clone(), budget.clone(), writer, config, shm, output);
-    forward_limits(channel, session.outbox(), device, budget, args.sm_percentage);
+    if let Some((state, path)) = restored {
+        session.adopt(state);
+        // The app is back: its snapshot has served its purpose.
+        if let Err(error) = std::fs::remove_file(&path) {
+            tracing::warn!(snapshot = %path, %error, "snapshot not removed");
+        }
+    }
+    follow_commands(channel, &session, session_id, device, budget, args.sm_percentage);
     let outcome = session.serve(reader);
     let program = hello.client.program;
     match outcome {

@@ -505,6 +505,9 @@ macro_rules! probes {
     (GraphKernelNodeCopyAttributes, $v:ident) => {
         vec![refused(req::GraphKernelNodeCopyAttributes { dst: BOGUS_HANDLE, src: BOGUS_HANDLE }, INVALID_VALUE)]
     };
+    (Pause, $v:ident) => {
+        vec![Probe::Effect(an_unasked_pause_changes_nothing)]
+    };
     (GraphMemTrim, $v:ident) => {
         vec![Probe::Effect(graph_memory_trim_answers)]
     };
@@ -858,6 +861,15 @@ fn cache_config_is_kept(socket: &str) {
 }
 
 /// A trim with no graph memory held succeeds and leaves the usage at zero.
+/// `Pause` answers a checkpoint's pause notice; sent when no checkpoint asked for one, it is
+/// ignored and the session goes on.
+fn an_unasked_pause_changes_nothing(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    session.send(&req::Pause {}.into(), &[]);
+    let ptr = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    session.call(req::Free { ptr }).0.unwrap();
+}
+
 fn graph_memory_trim_answers(socket: &str) {
     let mut session = RawSession::open(socket, None).unwrap();
     session.call(req::GraphMemTrim {}).0.unwrap();

@@ -41,6 +41,22 @@ pub struct RpcServerStatus {
     pub metrics: Option<String>,
 }
 
+/// A session's snapshot, written by `checkpoint`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub session_id: u64,
+    /// The snapshot's name: its file in the snapshot folder is `<name>.flyt-snapshot`, and the
+    /// app presents the name when it reconnects.
+    pub name: String,
+    /// Bytes of the snapshot file, and of device memory in it.
+    pub bytes: u64,
+    pub device_bytes: u64,
+    /// From the pause request to the app's last call drained (the app holds new calls from
+    /// then on), and the snapshot's writing after it, in microseconds.
+    pub drain_us: u64,
+    pub write_us: u64,
+}
+
 /// What the node manager may ask of an rpc-server.
 #[tarpc::service]
 pub trait RpcServerControl {
@@ -52,4 +68,17 @@ pub trait RpcServerControl {
     async fn resize(memory_quota: Option<u64>, sm_percentage: Option<u32>) -> Result<RpcServerStatus, String>;
     /// Stops accepting sessions and ends running ones after `grace_seconds`, then exits.
     async fn shutdown(grace_seconds: u32);
+    /// Pauses session `session_id`'s app after its current call, drains its GPU work and writes
+    /// its snapshot into folder `dir` on this host. The app stays paused, the session still
+    /// held here, until `release`. Fails, the app going on, when the session holds what cannot
+    /// move (the reason says what) or its app makes no call within `timeout_ms`.
+    async fn checkpoint(session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String>;
+    /// Restores snapshot `name` from folder `dir` into a worker that waits for its app to
+    /// reconnect (`Hello::resume`); fails when the snapshot cannot live here (no room, another
+    /// GPU family, an address this device cannot give back).
+    async fn restore(dir: String, name: String) -> Result<(), String>;
+    /// Ends a paused session's pause: with `to`, the app reconnects to that address (or, when
+    /// empty, to this server again) to continue from its snapshot and the session ends here;
+    /// without it, the session goes on here.
+    async fn release(session_id: u64, to: Option<String>) -> Result<(), String>;
 }

@@ -476,6 +476,8 @@ pub struct CudaDevice {
     extras: RawExtras,
     pub(super) arrays: super::cuda_arrays::RawArrays,
     staging: Arc<StagingPool>,
+    /// Memory of a moved session, mapped at its old addresses.
+    restored: std::sync::Mutex<super::cuda_restore::RestoredMemory>,
 }
 
 // SAFETY: `context` is the device's primary context, which any thread may make current; the
@@ -534,7 +536,16 @@ impl CudaDevice {
         // SAFETY: `context` is the primary context just retained.
         unsafe { result::ctx::set_current(context) }.map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let staging = StagingPool::new(staging_slots, copy_chunk).map_err(|error| format!("pinned staging: {error}"))?;
-        Ok(Self { ordinal, device, context: AtomicPtr::new(context), raw, extras: RawExtras::load(), arrays, staging: Arc::new(staging) })
+        Ok(Self {
+            ordinal,
+            device,
+            context: AtomicPtr::new(context),
+            raw,
+            extras: RawExtras::load(),
+            arrays,
+            staging: Arc::new(staging),
+            restored: std::sync::Mutex::default(),
+        })
     }
 
     fn attribute(&self, attribute: u32) -> Option<i32> {
@@ -607,8 +618,17 @@ impl Device for CudaDevice {
     }
 
     fn free(&self, ptr: u64) -> CudaResult<()> {
+        if let Some(code) = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).free(ptr) {
+            return check(code.result());
+        }
         // SAFETY: `ptr` is the start of an allocation of this session (checked in the range map).
         check(unsafe { result::free_sync(ptr) })
+    }
+
+    fn restore_allocations(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+        let prop = self.allocation_prop(0).map_err(|error| error.to_string())?;
+        let access = sys::CUmemAccessDesc { location: self.location(), flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restore(allocations, &prop, &access)
     }
 
     fn mem_get_info(&self) -> CudaResult<(u64, u64)> {

@@ -20,8 +20,12 @@ use crate::host_calls::HostCallSite;
 use std::sync::Arc;
 
 /// First fake device address: far from where Linux places a process's heap and libraries, and
-/// 2 MiB-aligned like real allocations.
+/// 2 MiB-aligned like real allocations. Each worker starts at its own offset from it (a GPU's
+/// addresses differ between processes too), so a moved session's pointers are the same only if
+/// the restore put its memory back where it was.
 const BASE_ADDRESS: u64 = 0x7e00_0000_0000;
+/// Steps between workers' first addresses (4096 of them fit below 0x7f00_0000_0000).
+const BASE_STEP: u64 = 1 << 32;
 const ALIGNMENT: u64 = 2 << 20;
 
 /// Sizes of the emulated device.
@@ -129,7 +133,11 @@ impl EmulatedDevice {
     pub fn new(config: EmulatedConfig) -> Self {
         Self {
             config,
-            state: Mutex::new(State { next_address: BASE_ADDRESS, next_handle: 1, ..State::default() }),
+            state: Mutex::new(State {
+                next_address: BASE_ADDRESS + u64::from(std::process::id() % 4096) * BASE_STEP,
+                next_handle: 1,
+                ..State::default()
+            }),
             host: HostRunner::default(),
         }
     }
@@ -282,6 +290,26 @@ impl Device for EmulatedDevice {
         let mut state = self.state();
         let block = state.blocks.remove(&ptr).ok_or(CudaError::INVALID_VALUE)?;
         state.used -= block.len() as u64;
+        Ok(())
+    }
+
+    fn restore_allocations(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+        let mut state = self.state();
+        let total: u64 = allocations.iter().map(|(_, len)| len).sum();
+        if total > self.config.memory - state.used {
+            return Err(format!("{total} bytes do not fit this device"));
+        }
+        for &(ptr, len) in allocations {
+            let end = ptr.checked_add(len).ok_or("an allocation runs past the address space")?;
+            let overlaps = state.blocks.iter().any(|(start, block)| *start < end && ptr < start + block.len() as u64);
+            if overlaps {
+                return Err(format!("address {ptr:#x} is taken on this device"));
+            }
+            state.blocks.insert(ptr, vec![0; usize::try_from(len).map_err(|_| "allocation too large")?]);
+            state.used += len;
+            // New allocations go past every restored one.
+            state.next_address = state.next_address.max(end.div_ceil(ALIGNMENT) * ALIGNMENT);
+        }
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 
 pub mod cuda;
 mod cuda_arrays;
+mod cuda_restore;
 pub mod emulated;
 mod emulated_graphs;
 
@@ -165,6 +166,9 @@ pub trait Device: Send + Sync + 'static {
 
     fn malloc(&self, size: u64) -> CudaResult<u64>;
     fn free(&self, ptr: u64) -> CudaResult<()>;
+    /// Allocates a moved session's allocations (start, length) at those very addresses, so the
+    /// pointers its app holds stay valid; `Err` says why not. `free` frees them like any other.
+    fn restore_allocations(&self, allocations: &[(u64, u64)]) -> Result<(), String>;
     fn mem_get_info(&self) -> CudaResult<(u64, u64)>;
 
     /// A staging buffer of `len` bytes (at most the copy chunk); may wait for one to free up.

@@ -43,6 +43,15 @@ impl<D: Device> Default for ArrayTable<D> {
     }
 }
 
+impl<D: Device> ArrayTable<D> {
+    /// Why the session cannot move, if arrays or texture objects hold it.
+    pub(super) fn move_blocker(&self) -> Option<String> {
+        let arrays = self.arrays.len() + self.mipmaps.len();
+        (arrays > 0 || !self.objects.is_empty())
+            .then(|| format!("it holds {arrays} CUDA array(s) and {} texture or surface object(s)", self.objects.len()))
+    }
+}
+
 /// The bytes an array (all its levels) is charged: its elements, packed.
 fn array_bytes(desc: &ArrayDesc, levels: u32) -> CudaResult<u64> {
     (0..levels.max(1)).try_fold(0u64, |total, level| {

@@ -48,6 +48,15 @@ pub struct GraphTable<D: Device> {
 }
 
 impl<D: Device> GraphTable<D> {
+    /// Why the session cannot move, if graphs or captures hold it.
+    pub(super) fn move_blocker(&self) -> Option<String> {
+        if !self.captures.is_empty() {
+            return Some("a stream capture is under way".into());
+        }
+        (!self.graphs.is_empty() || !self.execs.is_empty())
+            .then(|| format!("it holds {} graph(s) and {} executable graph(s)", self.graphs.len(), self.execs.len()))
+    }
+
     pub fn new(host_calls: Arc<HostCalls>) -> Self {
         Self {
             graphs: HashMap::new(),

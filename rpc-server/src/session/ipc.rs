@@ -18,6 +18,19 @@ use crate::memory::RangeKind;
 #[derive(Default)]
 pub struct IpcTable {
     opened: HashMap<u64, u64>,
+    /// Allocations this session exported: another tenant may have them open.
+    exported: usize,
+}
+
+impl IpcTable {
+    /// Why the session cannot move, if IPC holds it: memory of other sessions it opened, or its
+    /// own memory that others may have opened (their mappings would not follow it).
+    pub(super) fn move_blocker(&self) -> Option<String> {
+        if !self.opened.is_empty() {
+            return Some(format!("it has {} IPC memory handle(s) of other processes open", self.opened.len()));
+        }
+        (self.exported > 0).then(|| format!("it exported {} allocation(s) through IPC handles other processes may hold", self.exported))
+    }
 }
 
 fn handle_bytes(handle: &[u8]) -> CudaResult<[u8; 64]> {
@@ -39,7 +52,9 @@ impl<D: Device> Session<D> {
             if self.ranges.kind_at(request.ptr) != Some(RangeKind::Allocation) {
                 return Err(CudaError::INVALID_VALUE);
             }
-            self.device.ipc_mem_handle(request.ptr).map(|handle| rep::IpcGetMemHandle { handle: handle.to_vec() })
+            let handle = self.device.ipc_mem_handle(request.ptr)?;
+            self.ipc.exported += 1;
+            Ok(rep::IpcGetMemHandle { handle: handle.to_vec() })
         })();
         reply.send(result);
     }

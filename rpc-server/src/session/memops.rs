@@ -25,6 +25,12 @@ pub struct TensorMaps {
 const TENSOR_MAPS_KEPT: usize = 4096;
 
 impl TensorMaps {
+    /// Why the session cannot move, if tensor maps hold it (they embed device addresses and
+    /// the driver's encoding).
+    pub(super) fn move_blocker(&self) -> Option<String> {
+        (!self.spans.is_empty()).then(|| format!("it encoded {} tensor map(s)", self.spans.len()))
+    }
+
     fn remember(&mut self, map: [u8; TENSOR_MAP_SIZE], span: u64) {
         if self.spans.insert(map, span).is_none() {
             self.order.push_back(map);

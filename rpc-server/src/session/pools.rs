@@ -23,6 +23,13 @@ impl<D: Device> Default for PoolTable<D> {
     }
 }
 
+impl<D: Device> PoolTable<D> {
+    /// Why the session cannot move, if its pools hold it (their memory is the driver's to place).
+    pub(super) fn move_blocker(&self) -> Option<String> {
+        (!self.pools.is_empty()).then(|| "it uses stream-ordered memory pools (cudaMallocAsync)".to_string())
+    }
+}
+
 impl<D: Device> Session<D> {
     /// A pool by id; the default pool is looked up on first use.
     fn pool(&mut self, id: u64) -> Result<D::MemPool, CudaError> {

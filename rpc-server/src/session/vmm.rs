@@ -32,6 +32,17 @@ impl<D: Device> Default for VmmTable<D> {
 }
 
 impl<D: Device> VmmTable<D> {
+    /// Why the session cannot move, if virtual memory management holds it.
+    pub(super) fn move_blocker(&self) -> Option<String> {
+        (!self.reservations.is_empty() || !self.handles.is_empty()).then(|| {
+            format!(
+                "it holds {} address reservation(s) and {} physical allocation(s) of its own (cuMemCreate)",
+                self.reservations.len(),
+                self.handles.len()
+            )
+        })
+    }
+
     /// Whether `[ptr, ptr + len)` lies inside one reservation.
     fn reserved(&self, ptr: u64, len: u64) -> bool {
         let Some(end) = ptr.checked_add(len) else { return false };

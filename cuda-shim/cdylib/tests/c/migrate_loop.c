@@ -1,0 +1,88 @@
+// migrate_loop: a program that keeps device memory, a stream and an event busy while its
+// session is checkpointed or moved under it. Allocations of several sizes; every round first
+// reads each one back and checks it still holds what the last round wrote (so memory that did
+// not come along, or came back at another address, fails), then writes a new pattern. Prints
+// its pointers at the start and at the end ("pointers: ..."), then "PASSED: 0 failure(s)".
+// Arguments: rounds, milliseconds between rounds, and MiB of one more allocation (default 0)
+// filled once at the start and checked at the end (for timing moves of much memory).
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "driver_expect.h"
+
+#define BUFFERS 5
+
+static unsigned char pattern(size_t i, unsigned round, unsigned buffer) {
+    return (unsigned char)((i * 131u + round * 7u + buffer * 29u) ^ (i >> 9));
+}
+
+static void print_pointers(const CUdeviceptr *buffers) {
+    printf("pointers:");
+    for (int b = 0; b < BUFFERS; b++) printf(" %llx", (unsigned long long)buffers[b]);
+    printf("\n");
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    int rounds = argc > 1 ? atoi(argv[1]) : 10;
+    int pause_ms = argc > 2 ? atoi(argv[2]) : 10;
+    CUcontext ctx;
+    EXPECT(cuInit(0), CUDA_SUCCESS);
+    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    const size_t sizes[BUFFERS] = {256, 4096, (1 << 20) + 3, 8 << 20, 300};
+    CUdeviceptr buffers[BUFFERS];
+    for (int b = 0; b < BUFFERS; b++) EXPECT(cuMemAlloc(&buffers[b], sizes[b]), CUDA_SUCCESS);
+    CUstream stream;
+    CUevent done;
+    EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    EXPECT(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    size_t big_len = (argc > 3 ? (size_t)atol(argv[3]) : 0) << 20;
+    CUdeviceptr big = 0;
+    if (big_len) {
+        EXPECT(cuMemAlloc(&big, big_len), CUDA_SUCCESS);
+        for (size_t at = 0; at < big_len; at += 1 << 20) EXPECT(cuMemsetD8(big + at, (unsigned char)(at >> 20), 1 << 20), CUDA_SUCCESS);
+        EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
+    }
+    print_pointers(buffers);
+    unsigned char *host = malloc(8 << 20), *back = malloc(8 << 20);
+    struct timespec nap = {0, (long)pause_ms * 1000000L};
+    for (int round = 0; round < rounds && failures == 0; round++) {
+        for (int b = 0; b < BUFFERS; b++) {
+            if (round > 0) {
+                EXPECT(cuMemcpyDtoHAsync(back, buffers[b], sizes[b], stream), CUDA_SUCCESS);
+                EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
+                for (size_t i = 0; i < sizes[b]; i++) {
+                    if (back[i] != pattern(i, round - 1, b)) {
+                        printf("FAIL round %d buffer %d: byte %zu is %u, expected %u\n", round, b, i, back[i],
+                               pattern(i, round - 1, b));
+                        failures++;
+                        break;
+                    }
+                }
+            }
+            for (size_t i = 0; i < sizes[b]; i++) host[i] = pattern(i, round, b);
+            EXPECT(cuMemcpyHtoDAsync(buffers[b], host, sizes[b], stream), CUDA_SUCCESS);
+        }
+        EXPECT(cuEventRecord(done, stream), CUDA_SUCCESS);
+        EXPECT(cuEventSynchronize(done), CUDA_SUCCESS);
+        nanosleep(&nap, NULL);
+    }
+    for (size_t at = 0; at < big_len && failures == 0; at += 1 << 20) {
+        unsigned char first = 0, last = 0;
+        EXPECT(cuMemcpyDtoH(&first, big + at, 1), CUDA_SUCCESS);
+        EXPECT(cuMemcpyDtoH(&last, big + at + (1 << 20) - 1, 1), CUDA_SUCCESS);
+        if (first != (unsigned char)(at >> 20) || last != (unsigned char)(at >> 20)) {
+            printf("FAIL: MiB %zu of the large allocation holds %u/%u\n", at >> 20, first, last);
+            failures++;
+        }
+    }
+    if (big) EXPECT(cuMemFree(big), CUDA_SUCCESS);
+    print_pointers(buffers);
+    for (int b = 0; b < BUFFERS; b++) EXPECT(cuMemFree(buffers[b]), CUDA_SUCCESS);
+    EXPECT(cuEventDestroy(done), CUDA_SUCCESS);
+    EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
+    printf("PASSED: %d failure(s)\n", failures);
+    return failures != 0;
+}

@@ -1,0 +1,244 @@
+//! Checkpoint, restore and live migration of a running app's session between rpc-servers,
+//! driven through their control sockets with `flytctl session ...`. The app (a driver-API
+//! program through Flyt's libcuda.so.1) keeps device memory of several sizes, a stream and an
+//! event, and checks every round that its memory still holds what it wrote the round before; its
+//! pointers must be the same at the end as at the start. The servers run the emulated device,
+//! whose workers each place memory at addresses of their own (as a GPU's do), so the pointers
+//! survive only if the restore put the memory back where it was.
+//!
+//! Skipped (with a line saying so) when `FLYT_CUDA_HOME` is not set; `tools/test` sets it.
+
+#![allow(clippy::tests_outside_test_module, reason = "an integration test file is its own test crate")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flyt_test_support::{Server, artifact, run_with_timeout, scratch_dir};
+
+const KEY: &str = "migration test cluster key, long enough";
+
+struct Setup {
+    scratch: PathBuf,
+    program: PathBuf,
+    lib: PathBuf,
+    key: PathBuf,
+    token: String,
+}
+
+fn set_up(name: &str) -> Option<Setup> {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return None;
+    };
+    let scratch = scratch_dir(name);
+    let lib = scratch.join("lib");
+    std::fs::create_dir_all(&lib).expect("lib dir");
+    std::os::unix::fs::symlink(artifact("libflyt_libcuda.so"), lib.join("libcuda.so.1")).expect("link libcuda.so.1");
+    let program = scratch.join("migrate_loop");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/migrate_loop.c");
+    let status = Command::new("cc")
+        .args(["-std=gnu11", "-Wall", "-Werror", "-O2"])
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg(source)
+        .arg("-o")
+        .arg(&program)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-l:libcuda.so.1")
+        .status()
+        .expect("a C compiler (cc) is needed for this test");
+    assert!(status.success(), "compiling {source}");
+    let key = scratch.join("cluster.key");
+    std::fs::write(&key, KEY).unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let claims = flyt_protocol::token::SessionClaims { allocation: "any".into(), expires_at: u64::MAX };
+    let token = flyt_protocol::token::issue(KEY.as_bytes(), &claims).unwrap();
+    Some(Setup { scratch, program, lib, key, token })
+}
+
+/// A server with a control socket, listening on a Unix socket and on TCP.
+struct Node {
+    server: Server,
+    control: String,
+    unix: String,
+    tcp: String,
+}
+
+fn start_node(setup: &Setup, name: &str, extra: &[&str]) -> Node {
+    let dir = setup.scratch.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let unix = format!("unix:{}", dir.join("data.sock").display());
+    let control = format!("unix:{}", dir.join("control.sock").display());
+    let key = setup.key.display().to_string();
+    let mut args =
+        vec!["--device", "emulated", "--listen", &unix, "--listen", "127.0.0.1:0", "--cluster-key-file", &key, "--control", &control];
+    args.extend_from_slice(extra);
+    let server = Server::start(&args, &dir);
+    let tcp = server.addresses.iter().find(|address| !address.starts_with("unix:")).cloned().expect("a TCP address");
+    Node { server, control, unix, tcp }
+}
+
+fn flytctl(setup: &Setup, args: &[&str]) -> (i32, String, String) {
+    let mut command = Command::new(artifact("flytctl"));
+    command.arg("--cluster-key-file").arg(&setup.key).args(args);
+    run_with_timeout(&mut command, Duration::from_secs(120))
+}
+
+/// The id of the one session on `node`, once there is one.
+fn session_on(setup: &Setup, node: &Node) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, out, err) = flytctl(setup, &["--json", "session", "list", "--control", &node.control]);
+        assert_eq!(code, 0, "session list: {err}");
+        let sessions: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        if let Some(id) = sessions.as_array().and_then(|list| list.first()).and_then(|session| session["session_id"].as_u64()) {
+            return id.to_string();
+        }
+        assert!(Instant::now() < deadline, "no session appeared on {}", node.control);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn start_app(setup: &Setup, server: &str, rounds: u32) -> Child {
+    Command::new(&setup.program)
+        .args([rounds.to_string(), "10".into()])
+        .env("LD_LIBRARY_PATH", &setup.lib)
+        .env("FLYT_SERVER", server)
+        .env("FLYT_TOKEN", &setup.token)
+        // The shared-memory channel cannot move yet: these sessions use the socket.
+        .env("FLYT_SHM", "off")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the app")
+}
+
+/// Waits for the app; its pointer lines must match and it must pass.
+fn finish_app(app: Child) -> String {
+    let output = app.wait_with_output().expect("app output");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success() && stdout.contains("PASSED: 0 failure(s)"), "app failed:\n{stdout}\n{stderr}");
+    let pointers: Vec<&str> = stdout.lines().filter(|line| line.starts_with("pointers:")).collect();
+    assert_eq!(pointers.len(), 2, "{stdout}");
+    assert_eq!(pointers[0], pointers[1], "the app's pointers changed:\n{stdout}");
+    stdout
+}
+
+fn snapshots(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map(|entries| entries.count()).unwrap_or(0)
+}
+
+#[test]
+fn a_running_app_moves_between_servers_and_keeps_its_pointers_and_memory() {
+    let Some(setup) = set_up("migration") else { return };
+    let a = start_node(&setup, "a", &[]);
+    let b = start_node(&setup, "b", &[]);
+    let dir = setup.scratch.join("snapshots");
+    let dir_arg = dir.display().to_string();
+    let app = start_app(&setup, &a.unix, 400);
+    // A -> B over TCP, B -> A over the Unix socket, twice.
+    let mut here = &a;
+    for (hop, (to, address)) in [(&b, &b.tcp), (&a, &a.unix), (&b, &b.tcp), (&a, &a.unix)].into_iter().enumerate() {
+        let session = session_on(&setup, here);
+        let (code, out, err) = flytctl(
+            &setup,
+            &["session", "migrate", "--control", &here.control, &session, "--to-control", &to.control, "--to", address, "--dir", &dir_arg],
+        );
+        assert_eq!(code, 0, "move {hop}: {out}{err}");
+        assert!(out.contains(&format!("moved to {address}")), "{out}");
+        here = to;
+    }
+    finish_app(app);
+    assert_eq!(snapshots(&dir), 0, "each snapshot is removed once its app is back");
+    assert!(b.server.log_text().contains("session restored"));
+}
+
+#[test]
+fn a_move_the_target_cannot_take_leaves_the_app_where_it_was() {
+    let Some(setup) = set_up("migration-refused") else { return };
+    let a = start_node(&setup, "a", &[]);
+    // Too small for the app's memory.
+    let small = start_node(&setup, "small", &["--memory-quota", "4MiB"]);
+    let dir = setup.scratch.join("snapshots");
+    let app = start_app(&setup, &a.unix, 150);
+    let session = session_on(&setup, &a);
+    let (code, out, err) = flytctl(
+        &setup,
+        &[
+            "session",
+            "migrate",
+            "--control",
+            &a.control,
+            &session,
+            "--to-control",
+            &small.control,
+            "--to",
+            &small.unix,
+            "--dir",
+            &dir.display().to_string(),
+        ],
+    );
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("stays where it was") && err.contains("quota"), "{err}");
+    // Unknown sessions and unreachable targets are clear errors too.
+    let (code, _, err) = flytctl(&setup, &["session", "checkpoint", "--control", &a.control, "999", "--to", &dir.display().to_string()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no session 999"), "{err}");
+    let missing = format!("unix:{}", setup.scratch.join("nobody.sock").display());
+    let (code, _, err) = flytctl(
+        &setup,
+        &[
+            "session",
+            "migrate",
+            "--control",
+            &a.control,
+            &session,
+            "--to-control",
+            &missing,
+            "--to",
+            "127.0.0.1:1",
+            "--dir",
+            &dir.display().to_string(),
+        ],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("nobody.sock"), "{err}");
+    finish_app(app);
+    assert_eq!(session_count(&setup, &small), 0);
+}
+
+fn session_count(setup: &Setup, node: &Node) -> usize {
+    let (_, out, _) = flytctl(setup, &["--json", "session", "list", "--control", &node.control]);
+    serde_json::from_str::<serde_json::Value>(&out).ok().and_then(|list| list.as_array().map(Vec::len)).unwrap_or(0)
+}
+
+#[test]
+fn a_checkpoint_survives_its_server_and_a_fresh_server_continues_the_app() {
+    let Some(setup) = set_up("migration-restart") else { return };
+    let dir = setup.scratch.join("snapshots");
+    let dir_arg = dir.display().to_string();
+    let mut first = start_node(&setup, "first", &[]);
+    let socket = first.unix.clone();
+    let app = start_app(&setup, &socket, 150);
+    let session = session_on(&setup, &first);
+    let (code, out, err) = flytctl(&setup, &["session", "checkpoint", "--control", &first.control, &session, "--to", &dir_arg, "--stop"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("checkpointed"), "{out}");
+    assert_eq!(snapshots(&dir), 1);
+    first.server.kill();
+    // The app waits (its calls held) until a server at its address has its snapshot.
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = std::fs::remove_file(socket.trim_start_matches("unix:"));
+    let fresh_dir = setup.scratch.join("first-again");
+    std::fs::create_dir_all(&fresh_dir).unwrap();
+    let control = format!("unix:{}", fresh_dir.join("control.sock").display());
+    let key = setup.key.display().to_string();
+    let fresh = Server::start(
+        &["--device", "emulated", "--listen", &socket, "--cluster-key-file", &key, "--control", &control, "--snapshot-dir", &dir_arg],
+        &fresh_dir,
+    );
+    finish_app(app);
+    assert!(fresh.log_text().contains("session restored"), "{}", fresh.log_text());
+    assert_eq!(snapshots(&dir), 0);
+}

@@ -1,0 +1,193 @@
+//! Device memory of a moved session, mapped back at the addresses its app holds.
+//!
+//! The source's allocations came from `cuMemAlloc`, which packs small ones into 2 MiB pages, so
+//! the allocations are grouped into page-aligned spans (each one physical allocation, mapped
+//! once) inside reservations made at the spans' own addresses. The driver honours an address
+//! hint for a large reservation but places small ones itself, so each reservation covers its
+//! spans rounded out to whole GiBs. An address the driver will not give back fails the restore
+//! before the app has moved.
+
+use std::collections::{BTreeMap, HashMap};
+
+use cudarc::driver::sys;
+
+/// Reservations are made in whole GiBs at GiB boundaries: large enough for the driver to take
+/// the address hint.
+const RESERVATION_ALIGN: u64 = 1 << 30;
+/// Spans closer than this share one reservation.
+const JOIN_GAP: u64 = 4 << 30;
+
+/// One physical allocation mapped over restored allocations.
+struct Span {
+    len: u64,
+    handle: sys::CUmemGenericAllocationHandle,
+    /// Restored allocations still alive in it: unmapped and released when the last is freed.
+    live: usize,
+}
+
+/// The restored memory of this worker's session.
+#[derive(Default)]
+pub(super) struct RestoredMemory {
+    spans: BTreeMap<u64, Span>,
+    /// Each restored allocation's span.
+    span_of: HashMap<u64, u64>,
+}
+
+fn round_down(value: u64, align: u64) -> u64 {
+    value / align * align
+}
+
+fn round_up(value: u64, align: u64) -> Option<u64> {
+    value.checked_add(align - 1).map(|value| value / align * align)
+}
+
+/// Page-aligned spans covering `allocations`, merged where they touch or overlap.
+fn spans(allocations: &[(u64, u64)], page: u64) -> Result<Vec<(u64, u64)>, String> {
+    let mut ends: Vec<(u64, u64)> = Vec::with_capacity(allocations.len());
+    for &(ptr, len) in allocations {
+        let end = ptr.checked_add(len.max(1)).and_then(|end| round_up(end, page)).ok_or("an allocation runs past the address space")?;
+        ends.push((round_down(ptr, page), end));
+    }
+    ends.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (start, end) in ends {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    Ok(merged)
+}
+
+/// GiB-aligned reservations covering `spans` (start, end), spans close together sharing one.
+fn reservations(spans: &[(u64, u64)]) -> Result<Vec<(u64, u64)>, String> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &(start, end) in spans {
+        let (start, end) = (round_down(start, RESERVATION_ALIGN), round_up(end, RESERVATION_ALIGN).ok_or("address overflow")?);
+        match out.last_mut() {
+            Some(last) if start <= last.1.saturating_add(JOIN_GAP) => last.1 = last.1.max(end),
+            _ => out.push((start, end)),
+        }
+    }
+    Ok(out)
+}
+
+impl RestoredMemory {
+    /// Maps memory under every allocation of `allocations` (start, length) at its address.
+    pub(super) fn restore(
+        &mut self,
+        allocations: &[(u64, u64)],
+        prop: &sys::CUmemAllocationProp,
+        access: &sys::CUmemAccessDesc,
+    ) -> Result<(), String> {
+        let mut page = 0usize;
+        // SAFETY: valid out-pointer and a complete properties struct.
+        let code = unsafe {
+            sys::cuMemGetAllocationGranularity(&mut page, prop, sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+        };
+        if code != sys::CUresult::CUDA_SUCCESS || page == 0 {
+            return Err(format!("cuMemGetAllocationGranularity: {code:?}"));
+        }
+        let spans = spans(allocations, page as u64)?;
+        for (start, end) in reservations(&spans)? {
+            let mut got: sys::CUdeviceptr = 0;
+            let len = (end - start) as usize;
+            // SAFETY: valid out-pointer; the hint is only a request.
+            let code = unsafe { sys::cuMemAddressReserve(&mut got, len, 0, start, 0) };
+            if code != sys::CUresult::CUDA_SUCCESS {
+                return Err(format!("reserving {len} bytes at {start:#x}: {code:?}"));
+            }
+            if got != start {
+                // SAFETY: the reservation just made, of `len` bytes.
+                unsafe { sys::cuMemAddressFree(got, len) };
+                return Err(format!("addresses {start:#x}..{end:#x} are taken on this device (the driver offered {got:#x})"));
+            }
+            // Reservations stay until the worker exits: they only hold addresses.
+        }
+        for (start, end) in spans {
+            let len = (end - start) as usize;
+            let mut handle: sys::CUmemGenericAllocationHandle = 0;
+            // SAFETY: valid out-pointer and a complete properties struct.
+            let code = unsafe { sys::cuMemCreate(&mut handle, len, prop, 0) };
+            if code != sys::CUresult::CUDA_SUCCESS {
+                return Err(format!("{len} bytes of device memory for the restored allocations at {start:#x}: {code:?}"));
+            }
+            // SAFETY: `start..end` lies inside a reservation made above and nothing is mapped
+            // there; the handle is `len` bytes. On failure the handle is released unmapped.
+            let code = unsafe {
+                let mut code = sys::cuMemMap(start, len, 0, handle, 0);
+                if code == sys::CUresult::CUDA_SUCCESS {
+                    code = sys::cuMemSetAccess(start, len, access, 1);
+                }
+                if code != sys::CUresult::CUDA_SUCCESS {
+                    sys::cuMemUnmap(start, len);
+                    sys::cuMemRelease(handle);
+                }
+                code
+            };
+            if code != sys::CUresult::CUDA_SUCCESS {
+                return Err(format!("mapping the restored memory at {start:#x}: {code:?}"));
+            }
+            self.spans.insert(start, Span { len: len as u64, handle, live: 0 });
+        }
+        for &(ptr, _) in allocations {
+            let Some((&start, span)) = self.spans.range_mut(..=ptr).next_back() else {
+                return Err(format!("no span holds {ptr:#x}"));
+            };
+            span.live += 1;
+            self.span_of.insert(ptr, start);
+        }
+        Ok(())
+    }
+
+    /// Frees a restored allocation; `None` when `ptr` is not one (the driver's `cuMemFree`
+    /// applies).
+    pub(super) fn free(&mut self, ptr: u64) -> Option<sys::CUresult> {
+        let start = self.span_of.remove(&ptr)?;
+        let span = self.spans.get_mut(&start)?;
+        span.live -= 1;
+        if span.live > 0 {
+            return Some(sys::CUresult::CUDA_SUCCESS);
+        }
+        let span = self.spans.remove(&start)?;
+        // SAFETY: the span was mapped by `restore` and no allocation in it is alive; the
+        // session freed the last one, so no queued work of the app uses it (cuMemFree
+        // semantics: the caller synchronized).
+        unsafe {
+            sys::cuCtxSynchronize();
+            let code = sys::cuMemUnmap(start, span.len as usize);
+            sys::cuMemRelease(span.handle);
+            Some(code)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: u64 = 2 << 20;
+
+    #[test]
+    fn allocations_sharing_a_page_share_a_span() {
+        let base = 0x7f00_0000_0000;
+        let spans = spans(&[(base + 512, 256), (base, 512), (base + PAGE + 4096, 3 * PAGE)], PAGE).unwrap();
+        // The first two share a page; the third starts in the next page, which touches it.
+        assert_eq!(spans, vec![(base, base + 5 * PAGE)]);
+        let apart = super::spans(&[(base, 256), (base + 4 * PAGE, 256)], PAGE).unwrap();
+        assert_eq!(apart, vec![(base, base + PAGE), (base + 4 * PAGE, base + 5 * PAGE)]);
+    }
+
+    #[test]
+    fn reservations_are_whole_gibs_and_join_near_spans() {
+        let gib = 1u64 << 30;
+        let near = reservations(&[
+            (0x7f00_0000_0000 + PAGE, 0x7f00_0000_0000 + 2 * PAGE),
+            (0x7f00_0000_0000 + 2 * gib, 0x7f00_0000_0000 + 2 * gib + PAGE),
+        ])
+        .unwrap();
+        assert_eq!(near, vec![(0x7f00_0000_0000, 0x7f00_0000_0000 + 3 * gib)]);
+        let far = reservations(&[(0x3_0200_0000, 0x3_0220_0000), (0x7f00_0000_0000, 0x7f00_0020_0000)]).unwrap();
+        assert_eq!(far, vec![(0x3_0000_0000, 0x3_4000_0000), (0x7f00_0000_0000, 0x7f00_4000_0000)]);
+    }
+}

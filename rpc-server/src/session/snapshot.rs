@@ -1,0 +1,450 @@
+//! Checkpoint and restore: a session written to one file and made again in another worker (on
+//! this server or another), with every pointer, stream, event, module and kernel its app holds
+//! valid as before. Device memory comes back at its old addresses (`Device::restore_allocations`);
+//! streams, events and modules are the client's own ids, mapped to new driver objects. What
+//! cannot be made again that way (graphs, pools, arrays, IPC, the shared-memory channel...)
+//! makes the checkpoint fail with the reason, before the app has paused for long.
+//!
+//! The pause: the control thread asks (`MoveControl::ask`) and sends `Notice::Pause`; the client
+//! answers with `Pause` after its last request and holds new calls; that op reaches the session
+//! in order, so everything before it is drained and in the snapshot. The session then waits for
+//! the decision: move (the client reconnects elsewhere with the snapshot's name) or stay.
+//!
+//! File: `FLYTSNP1`, the manifest's length (8 bytes, little-endian) and the manifest, then each
+//! allocation's bytes and each module variable's bytes in manifest order.
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::control::rpc_server::SnapshotInfo;
+use flyt_protocol::device::attr;
+use flyt_protocol::handshake::Notice;
+use serde::{Deserialize, Serialize};
+
+use super::{Kernel, LoadedModule, Session};
+use crate::backend::Device;
+use crate::budget::MemoryBudget;
+use crate::memory::RangeKind;
+
+const MAGIC: &[u8; 8] = b"FLYTSNP1";
+/// A snapshot's file in its folder is its name with this suffix.
+pub const SUFFIX: &str = ".flyt-snapshot";
+/// Largest manifest read back (module images are in it).
+const MAX_MANIFEST: u64 = 4 << 30;
+/// `cudaEventInterprocess`.
+const EVENT_INTERPROCESS: u32 = 0x4;
+/// How long a written session waits for `release` before it goes on where it is.
+const DECISION_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A kernel by name: its index and the attributes the app set.
+type KernelState = (String, u32, Vec<(u32, i32)>);
+
+#[derive(Serialize, Deserialize)]
+struct ModuleState {
+    id: u32,
+    image: Vec<u8>,
+    functions: Vec<KernelState>,
+    /// Variables the app asked for: name, address, size (their bytes follow in the file).
+    variables: Vec<(String, u64, u64)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    /// Compute capability: a snapshot restores on the same GPU family (major) only.
+    capability: (i32, i32),
+    emulated: bool,
+    allocations: Vec<(u64, u64)>,
+    modules: Vec<ModuleState>,
+    /// Stream id, flags, priority.
+    streams: Vec<(u64, u32, i32)>,
+    /// Event id, flags.
+    events: Vec<(u64, u32)>,
+    may_print: bool,
+}
+
+/// A snapshot name: 32 hex digits from the system's random source.
+fn new_name() -> Result<String, String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| random.read_exact(&mut bytes))
+        .map_err(|error| format!("no random name: {error}"))?;
+    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
+/// Whether `name` can be a snapshot's name (so it names a file in the folder and nothing else).
+pub fn valid_name(name: &str) -> bool {
+    name.len() == 32 && name.bytes().all(|byte| byte.is_ascii_hexdigit())
+}
+
+/// The file of snapshot `name` in `dir`.
+pub fn path_of(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}{SUFFIX}"))
+}
+
+/// The pause and move of one session, shared between the worker's command thread and the
+/// session's reader.
+#[derive(Default)]
+pub struct MoveControl {
+    state: Mutex<MoveState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct MoveState {
+    /// The folder of a checkpoint asked for and not yet over, and when it was asked.
+    asked: Option<(PathBuf, Instant)>,
+    /// The session took the request up (the client's `Pause` arrived).
+    taken: bool,
+    written: Option<Result<SnapshotInfo, String>>,
+    /// `Some(to)` once released: `to` as `release` gave it.
+    decision: Option<Option<String>>,
+}
+
+fn send_notice(outbox: &crate::transport::Outbox, notice: &Notice) {
+    let mut message = Vec::new();
+    flyt_protocol::frame::encode_into(notice, &mut message);
+    outbox.send_frame(0, &message, &[]);
+}
+
+impl MoveControl {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MoveState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Asks the session to checkpoint into `dir` and waits for the snapshot; gives up (the app
+    /// goes on) when the app makes no call within `timeout`.
+    pub fn checkpoint(&self, outbox: &crate::transport::Outbox, dir: PathBuf, timeout: Duration) -> Result<SnapshotInfo, String> {
+        let mut state = self.lock();
+        if state.asked.is_some() {
+            return Err("a checkpoint of this session is already under way".into());
+        }
+        *state = MoveState { asked: Some((dir, Instant::now())), ..MoveState::default() };
+        send_notice(outbox, &Notice::Pause);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(written) = state.written.take() {
+                if written.is_err() {
+                    state.asked = None;
+                }
+                return written;
+            }
+            let now = Instant::now();
+            if !state.taken && now >= deadline {
+                state.asked = None;
+                drop(state);
+                send_notice(outbox, &Notice::Resumed);
+                return Err(format!("the app made no CUDA call within {} ms; it goes on where it was", timeout.as_millis()));
+            }
+            let wait = if state.taken { Duration::from_secs(1) } else { deadline - now };
+            state = self.changed.wait_timeout(state, wait).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Decides a written session's fate; `Err` when none waits for it.
+    pub fn release(&self, to: Option<String>) -> Result<(), String> {
+        let mut state = self.lock();
+        if state.asked.is_none() || state.decision.is_some() {
+            return Err("the session is not paused by a checkpoint".into());
+        }
+        state.decision = Some(to);
+        self.changed.notify_all();
+        Ok(())
+    }
+}
+
+/// Copies device memory `[ptr, ptr + len)` into `out` through staging buffers.
+fn read_device<D: Device>(device: &D, chunk: u64, ptr: u64, len: u64, out: &mut impl Write) -> Result<(), String> {
+    let mut done = 0;
+    while done < len {
+        let step = (len - done).min(chunk) as usize;
+        let staging = device.staging(step).map_err(|error| format!("staging: {error}"))?;
+        let pending =
+            device.start_dtoh(ptr + done, staging, device.null_stream()).map_err(|error| format!("reading device memory: {error}"))?;
+        while !device.dtoh_done(&pending) {
+            std::hint::spin_loop();
+        }
+        let bytes = device.dtoh_bytes(&pending).map_err(|error| format!("reading device memory: {error}"))?;
+        out.write_all(bytes).map_err(|error| format!("writing the snapshot: {error}"))?;
+        done += step as u64;
+    }
+    Ok(())
+}
+
+/// Copies `len` bytes from `input` to device memory at `ptr` through staging buffers.
+fn write_device<D: Device>(device: &D, chunk: u64, ptr: u64, len: u64, input: &mut impl Read) -> Result<(), String> {
+    let mut done = 0;
+    while done < len {
+        let step = (len - done).min(chunk) as usize;
+        let mut staging = device.staging(step).map_err(|error| format!("staging: {error}"))?;
+        input.read_exact(&mut D::staging_bytes(&mut staging)[..step]).map_err(|error| format!("reading the snapshot: {error}"))?;
+        device.copy_htod(ptr + done, staging, device.null_stream()).map_err(|error| format!("writing device memory: {error}"))?;
+        done += step as u64;
+    }
+    Ok(())
+}
+
+fn capability<D: Device>(device: &D) -> (i32, i32) {
+    let info = device.info();
+    (info.attribute(attr::COMPUTE_CAPABILITY_MAJOR).unwrap_or(0), info.attribute(attr::COMPUTE_CAPABILITY_MINOR).unwrap_or(0))
+}
+
+/// A session's state made again in this worker, waiting for its app (`Session::adopt`).
+pub struct Restored<D: Device> {
+    allocations: Vec<(u64, u64)>,
+    modules: HashMap<u32, LoadedModule<D>>,
+    streams: Vec<(u64, D::Stream, u32, i32)>,
+    events: Vec<(u64, D::Event, u32)>,
+    may_print: bool,
+}
+
+/// Restores the snapshot at `path` on `device`, charging its memory to `budget`.
+pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, chunk: u64) -> Result<Restored<D>, String> {
+    let file = std::fs::File::open(path).map_err(|error| format!("{}: {error}", path.display()))?;
+    let mut input = BufReader::with_capacity(8 << 20, file);
+    let mut magic = [0u8; 8];
+    let mut len = [0u8; 8];
+    input.read_exact(&mut magic).and_then(|()| input.read_exact(&mut len)).map_err(|error| format!("{}: {error}", path.display()))?;
+    if &magic != MAGIC {
+        return Err(format!("{} is not a Flyt snapshot", path.display()));
+    }
+    let len = u64::from_le_bytes(len);
+    if len > MAX_MANIFEST {
+        return Err(format!("{}: manifest of {len} bytes", path.display()));
+    }
+    let mut bytes = vec![0u8; len as usize];
+    input.read_exact(&mut bytes).map_err(|error| format!("{}: {error}", path.display()))?;
+    let manifest: Manifest = flyt_protocol::frame::decode_exact(&bytes).map_err(|error| format!("{}: {error}", path.display()))?;
+    drop(bytes);
+    let here = capability(device);
+    if manifest.emulated != device.emulated() || manifest.capability.0 != here.0 {
+        return Err(format!(
+            "the snapshot is of a compute capability {}.{} {}device; this one is {}.{}{}",
+            manifest.capability.0,
+            manifest.capability.1,
+            if manifest.emulated { "emulated " } else { "" },
+            here.0,
+            here.1,
+            if device.emulated() { " (emulated)" } else { "" }
+        ));
+    }
+    let total: u64 = manifest.allocations.iter().map(|(_, len)| len).sum();
+    if !budget.try_reserve(total) {
+        return Err(format!("its {total} bytes of device memory exceed what this server's quota has free"));
+    }
+    device.restore_allocations(&manifest.allocations)?;
+    for &(ptr, len) in &manifest.allocations {
+        write_device(device, chunk, ptr, len, &mut input)?;
+    }
+    let mut modules = HashMap::new();
+    for state in manifest.modules {
+        let module = device.load_module(&state.image).map_err(|error| format!("module {} does not load here: {error}", state.id))?;
+        let count = state.functions.iter().map(|(_, index, _)| *index as usize + 1).max().unwrap_or(0);
+        let mut functions: Vec<_> = (0..count).map(|_| Err(CudaError::INVALID_DEVICE_FUNCTION)).collect();
+        let mut function_names = HashMap::new();
+        for (name, index, attributes_set) in state.functions {
+            functions[index as usize] = device.function(&module, &name).and_then(|(function, params)| {
+                for (attribute, value) in &attributes_set {
+                    device.func_set_attribute(function, *attribute, *value)?;
+                }
+                Ok(Kernel { attributes_set, ..Kernel::new(function, params) })
+            });
+            function_names.insert(name, index);
+        }
+        for (name, address, size) in &state.variables {
+            let (here, _, _) = device.variable(&module, name).map_err(|error| format!("module variable {name}: {error}"))?;
+            if here != *address {
+                return Err(format!("module variable {name} would move from {address:#x} to {here:#x} on this device"));
+            }
+            write_device(device, chunk, *address, *size, &mut input)?;
+        }
+        let loaded = LoadedModule { module, image: Arc::new(state.image), functions, function_names, variables: state.variables };
+        modules.insert(state.id, loaded);
+    }
+    let mut streams = Vec::new();
+    for (id, flags, priority) in manifest.streams {
+        streams.push((id, device.stream_create(flags, priority).map_err(|error| format!("stream: {error}"))?, flags, priority));
+    }
+    let mut events = Vec::new();
+    for (id, flags) in manifest.events {
+        events.push((id, device.event_create(flags).map_err(|error| format!("event: {error}"))?, flags));
+    }
+    device.synchronize().map_err(|error| format!("restoring device memory: {error}"))?;
+    Ok(Restored { allocations: manifest.allocations, modules, streams, events, may_print: manifest.may_print })
+}
+
+impl<D: Device> Session<D> {
+    /// Takes over a restored session's state (before the first request).
+    pub fn adopt(&mut self, restored: Restored<D>) {
+        for (ptr, len) in restored.allocations {
+            self.ranges.insert(ptr, len, RangeKind::Allocation);
+        }
+        for (id, loaded) in restored.modules {
+            for (_, address, size) in &loaded.variables {
+                self.ranges.insert(*address, *size, RangeKind::Variable);
+            }
+            self.modules.insert(id, loaded);
+        }
+        for (id, stream, flags, priority) in restored.streams {
+            self.streams.insert(id, stream);
+            self.stream_params.insert(id, (flags, priority));
+        }
+        for (id, event, flags) in restored.events {
+            self.events.insert(id, event);
+            self.event_flags.insert(id, flags);
+        }
+        self.may_print = restored.may_print;
+    }
+
+    /// Why this session cannot be made again elsewhere, if anything holds it.
+    fn move_blocker(&self) -> Option<String> {
+        if self.shm.is_some() {
+            return Some("its app uses the shared-memory channel, which cannot move yet".into());
+        }
+        if self.events.len() != self.event_flags.len() {
+            return Some("it opened IPC event handles of other processes".into());
+        }
+        if self.event_flags.values().any(|flags| flags & EVENT_INTERPROCESS != 0) {
+            return Some("it has interprocess events other processes may have opened".into());
+        }
+        if !self.links.is_empty() {
+            return Some(format!("{} JIT link(s) are under way", self.links.len()));
+        }
+        self.graphs
+            .move_blocker()
+            .or_else(|| self.vmm.move_blocker())
+            .or_else(|| self.pools.move_blocker())
+            .or_else(|| self.arrays.move_blocker())
+            .or_else(|| self.ipc.move_blocker())
+            .or_else(|| self.tensor_maps.move_blocker())
+    }
+
+    /// Drains the session's work and writes its snapshot into `dir`.
+    fn write_snapshot(&mut self, dir: &Path, asked_at: Instant) -> Result<SnapshotInfo, String> {
+        if let Some(reason) = self.move_blocker() {
+            return Err(format!("the session cannot move: {reason}"));
+        }
+        self.device.synchronize().map_err(|error| format!("the session's work failed ({error}): it cannot move"))?;
+        if self.may_print {
+            self.outbox.send_output();
+        }
+        self.outbox.send_ready();
+        if !self.waiters.wait_idle(Duration::from_secs(10)) {
+            return Err("a wait of the session did not finish".into());
+        }
+        let drain_us = asked_at.elapsed().as_micros() as u64;
+        let started = Instant::now();
+        let allocations = self.ranges.of_kind(RangeKind::Allocation);
+        let mut modules = Vec::new();
+        let mut ids: Vec<_> = self.modules.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let loaded = &self.modules[&id];
+            let mut functions: Vec<_> = loaded
+                .function_names
+                .iter()
+                .map(|(name, index)| {
+                    let attributes = loaded
+                        .functions
+                        .get(*index as usize)
+                        .and_then(|kernel| kernel.as_ref().ok())
+                        .map(|kernel| kernel.attributes_set.clone());
+                    (name.clone(), *index, attributes.unwrap_or_default())
+                })
+                .collect();
+            functions.sort_by_key(|(_, index, _)| *index);
+            modules.push(ModuleState { id, image: loaded.image.to_vec(), functions, variables: loaded.variables.clone() });
+        }
+        let mut streams: Vec<_> = self.stream_params.iter().map(|(id, (flags, priority))| (*id, *flags, *priority)).collect();
+        streams.sort_unstable();
+        let mut events: Vec<_> = self.event_flags.iter().map(|(id, flags)| (*id, *flags)).collect();
+        events.sort_unstable();
+        let device_bytes = allocations.iter().map(|(_, len)| len).sum::<u64>()
+            + modules.iter().flat_map(|module| module.variables.iter().map(|(_, _, size)| size)).sum::<u64>();
+        let manifest = Manifest {
+            capability: capability(&*self.device),
+            emulated: self.device.emulated(),
+            allocations,
+            modules,
+            streams,
+            events,
+            may_print: self.may_print,
+        };
+        let name = new_name()?;
+        std::fs::create_dir_all(dir).map_err(|error| format!("{}: {error}", dir.display()))?;
+        let path = path_of(dir, &name);
+        let partial = path.with_extension("partial");
+        let written: Result<u64, String> = (|| {
+            let file = std::fs::File::create(&partial).map_err(|error| format!("{}: {error}", partial.display()))?;
+            let mut out = BufWriter::with_capacity(8 << 20, file);
+            let mut bytes = Vec::new();
+            flyt_protocol::frame::encode_into(&manifest, &mut bytes);
+            let io = |error: std::io::Error| format!("{}: {error}", partial.display());
+            out.write_all(MAGIC).map_err(io)?;
+            out.write_all(&(bytes.len() as u64).to_le_bytes()).map_err(io)?;
+            out.write_all(&bytes).map_err(io)?;
+            let chunk = self.config.copy_chunk;
+            for &(ptr, len) in &manifest.allocations {
+                read_device(&*self.device, chunk, ptr, len, &mut out)?;
+            }
+            for module in &manifest.modules {
+                for (_, address, size) in &module.variables {
+                    read_device(&*self.device, chunk, *address, *size, &mut out)?;
+                }
+            }
+            let file = out.into_inner().map_err(|error| format!("{}: {error}", partial.display()))?;
+            file.sync_all().map_err(io)?;
+            let bytes = file.metadata().map_err(io)?.len();
+            std::fs::rename(&partial, &path).map_err(io)?;
+            Ok(bytes)
+        })();
+        let bytes = written.inspect_err(|_| {
+            let _ = std::fs::remove_file(&partial);
+        })?;
+        Ok(SnapshotInfo { session_id: 0, name, bytes, device_bytes, drain_us, write_us: started.elapsed().as_micros() as u64 })
+    }
+
+    /// The client's `Pause`: drains, writes the snapshot asked for and waits for the decision.
+    /// `true` when the session moved away and ends here.
+    pub(super) fn pause_for_checkpoint(&mut self) -> bool {
+        let control = self.moves.clone();
+        let (dir, asked_at) = {
+            let mut state = control.lock();
+            // A pause the control thread gave up on already (the client was told to resume).
+            let Some((dir, asked_at)) = state.asked.clone() else { return false };
+            state.taken = true;
+            (dir, asked_at)
+        };
+        let written = self.write_snapshot(&dir, asked_at);
+        let mut state = control.lock();
+        let name = written.as_ref().ok().map(|info| info.name.clone());
+        state.written = Some(written);
+        control.changed.notify_all();
+        let Some(name) = name else {
+            drop(state);
+            send_notice(&self.outbox, &Notice::Resumed);
+            return false;
+        };
+        let deadline = Instant::now() + DECISION_TIMEOUT;
+        while state.decision.is_none() && Instant::now() < deadline {
+            state = control.changed.wait_timeout(state, Duration::from_secs(1)).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        let decision = state.decision.take().flatten();
+        state.asked = None;
+        drop(state);
+        match decision {
+            Some(to) => {
+                tracing::info!(snapshot = %name, to = %to, "session moved");
+                send_notice(&self.outbox, &Notice::Moved { address: (!to.is_empty()).then_some(to), snapshot: name });
+                true
+            }
+            None => {
+                send_notice(&self.outbox, &Notice::Resumed);
+                false
+            }
+        }
+    }
+}
