@@ -9,7 +9,7 @@ use clap::Subcommand;
 use flyt_daemon_kit::auth::ClusterKey;
 use flyt_daemon_kit::rpc::{self, Endpoint};
 use flyt_protocol::control::auth::ServiceName;
-use flyt_protocol::control::rpc_server::{RpcServerControlClient, SnapshotInfo};
+use flyt_protocol::control::rpc_server::{RpcServerControlClient, SNAPSHOT_SUFFIX, SnapshotInfo};
 
 #[derive(Subcommand)]
 pub enum SessionCommand {
@@ -185,7 +185,7 @@ pub async fn run(command: &SessionCommand, key: &ClusterKey, timeout: Duration, 
             let restore_ms = restore_started.elapsed().as_secs_f64() * 1e3;
             if let Err(reason) = restored.and_then(|restored| restored) {
                 // The target cannot take it: the app goes on where it was.
-                let _ = std::fs::remove_file(std::path::Path::new(dir).join(format!("{}.flyt-snapshot", info.name)));
+                let _ = std::fs::remove_file(std::path::Path::new(dir).join(format!("{}{SNAPSHOT_SUFFIX}", info.name)));
                 source.release(rpc::deadline(timeout), *session, None).await.map_err(|error| failed(control, error))??;
                 return Err(format!("session {session} stays where it was: {reason}"));
             }

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
-use flyt_protocol::frame::encode_into;
 use flyt_protocol::handshake::Notice;
 
 use crate::transport::Outbox;
@@ -62,9 +61,7 @@ impl HostCalls {
                 bind();
                 for (call, run) in requests {
                     outbox.send_ready();
-                    let mut message = Vec::with_capacity(24);
-                    encode_into(&Notice::HostCall { call, run }, &mut message);
-                    outbox.send_frame(0, &message, &[]);
+                    outbox.send_notice(&Notice::HostCall { call, run });
                 }
             });
             match spawned {

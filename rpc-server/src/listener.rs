@@ -89,6 +89,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Sends one command to a worker (no descriptor with it).
+fn send_command(channel: &OwnedFd, command: &ToWorker) -> nix::Result<usize> {
+    let mut bytes = Vec::new();
+    encode_into(command, &mut bytes);
+    nix::sys::socket::send(channel.as_raw_fd(), &bytes, MsgFlags::empty())
+}
+
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
 }
@@ -445,9 +452,7 @@ impl Server {
     fn ask_worker(&self, pid: u32, channel: &OwnedFd, command: &ToWorker, timeout: Duration) -> Result<FromWorker, String> {
         let (answer, answers) = std::sync::mpsc::channel();
         lock(&self.worker_answers).insert(pid, answer);
-        let mut bytes = Vec::new();
-        encode_into(command, &mut bytes);
-        let outcome = match nix::sys::socket::send(channel.as_raw_fd(), &bytes, MsgFlags::empty()) {
+        let outcome = match send_command(channel, command) {
             Ok(_) => answers.recv_timeout(timeout).map_err(|_| "the worker did not answer (it ended, or timed out)".to_string()),
             Err(error) => Err(format!("the worker is gone: {error}")),
         };
@@ -510,10 +515,7 @@ impl Server {
     /// Ends a checkpoint's pause (`release`).
     pub fn release(&self, session_id: u64, to: Option<String>) -> Result<(), String> {
         let (_, channel) = self.session_worker(session_id)?;
-        let mut bytes = Vec::new();
-        encode_into(&ToWorker::Release { to }, &mut bytes);
-        nix::sys::socket::send(channel.as_raw_fd(), &bytes, MsgFlags::empty())
-            .map_err(|error| format!("the session's worker is gone: {error}"))?;
+        send_command(&channel, &ToWorker::Release { to }).map_err(|error| format!("the session's worker is gone: {error}"))?;
         Ok(())
     }
 
@@ -621,10 +623,8 @@ impl Server {
             }
             self.refill();
         }
-        let mut notice = Vec::new();
-        encode_into(&ToWorker::Limits, &mut notice);
         for record in lock(&self.sessions).values() {
-            let _ = nix::sys::socket::send(record.channel.as_raw_fd(), &notice, MsgFlags::empty());
+            let _ = send_command(&record.channel, &ToWorker::Limits);
         }
         Ok(self.status())
     }

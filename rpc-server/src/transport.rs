@@ -121,8 +121,13 @@ impl Outbox {
         if stdout.is_empty() && stderr.is_empty() {
             return;
         }
-        let mut message = Vec::with_capacity(stdout.len() + stderr.len() + 16);
-        flyt_protocol::frame::encode_into(&flyt_protocol::handshake::Notice::Output { stdout, stderr }, &mut message);
+        self.send_notice(&flyt_protocol::handshake::Notice::Output { stdout, stderr });
+    }
+
+    /// Sends a notice the client did not ask for (a frame with sequence number 0).
+    pub fn send_notice(&self, notice: &flyt_protocol::handshake::Notice) {
+        let mut message = Vec::new();
+        flyt_protocol::frame::encode_into(notice, &mut message);
         self.send_frame(0, &message, &[]);
     }
 

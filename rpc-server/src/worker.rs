@@ -202,10 +202,7 @@ fn follow_commands<D: Device>(
         while let Some((command, _)) = receive_command(&channel) {
             match command {
                 ToWorker::Limits => {
-                    let notice = Notice::Limits { devices: vec![sliced_info(&*device, &*budget, sm_percentage)] };
-                    let mut message = Vec::new();
-                    encode_into(&notice, &mut message);
-                    outbox.send_frame(0, &message, &[]);
+                    outbox.send_notice(&Notice::Limits { devices: vec![sliced_info(&*device, &*budget, sm_percentage)] });
                 }
                 ToWorker::Checkpoint { dir, timeout_ms } => {
                     let written = moves.checkpoint(&outbox, dir.into(), std::time::Duration::from_millis(timeout_ms));

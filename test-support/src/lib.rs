@@ -209,6 +209,31 @@ pub fn compile_c(source: &Path, output: &Path, lib_dir: &Path, extra: &[&str]) {
     assert!(status.success(), "compiling {} failed", source.display());
 }
 
+/// Builds a driver-API C program against Flyt's `libcuda.so.1`: a `lib` folder in `scratch`
+/// holding the library under that name (for `LD_LIBRARY_PATH`), and the program, linked to it,
+/// including `cuda.h` from the toolkit at `cuda`. Returns (program, lib folder).
+pub fn driver_program(source: &Path, cuda: &Path, scratch: &Path) -> (PathBuf, PathBuf) {
+    let lib = scratch.join("lib");
+    std::fs::create_dir_all(&lib).expect("lib dir");
+    let link = lib.join("libcuda.so.1");
+    if !link.exists() {
+        std::os::unix::fs::symlink(artifact("libflyt_libcuda.so"), &link).expect("link libcuda.so.1");
+    }
+    let program = scratch.join(source.file_stem().expect("a source file name"));
+    let status = Command::new("cc")
+        .args(["-std=gnu11", "-Wall", "-Werror", "-O2"])
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg(source)
+        .arg("-o")
+        .arg(&program)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-l:libcuda.so.1")
+        .status()
+        .expect("a C compiler (cc) is needed for this test");
+    assert!(status.success(), "compiling {}", source.display());
+    (program, lib)
+}
+
 /// Every defined dynamic function symbol of a library (`nm -D`), each as `name` or, where the
 /// library binds it to a version node, `name@@version`.
 pub fn exported_functions(library: &Path) -> std::collections::BTreeSet<String> {

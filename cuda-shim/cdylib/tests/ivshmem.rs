@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flyt_test_support::{Server, artifact, run_with_timeout, scrape_metrics, scratch_dir, series_value};
+use flyt_test_support::{Server, artifact, driver_program, run_with_timeout, scrape_metrics, scratch_dir, series_value};
 
 /// Where the first session slot starts in a region (after its header).
 const FIRST_SLOT: u64 = 2 << 20;
@@ -55,22 +55,8 @@ fn set_up(name: &str) -> Option<(PathBuf, Guest)> {
         return None;
     };
     let scratch = scratch_dir(name);
-    let lib = scratch.join("lib");
-    std::fs::create_dir_all(&lib).expect("lib dir");
-    std::os::unix::fs::symlink(artifact("libflyt_libcuda.so"), lib.join("libcuda.so.1")).expect("link libcuda.so.1");
-    let program = scratch.join("region_copies");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/region_copies.c");
-    let status = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Werror", "-O2"])
-        .arg(format!("-I{}", cuda.join("include").display()))
-        .arg(source)
-        .arg("-o")
-        .arg(&program)
-        .arg(format!("-L{}", lib.display()))
-        .arg("-l:libcuda.so.1")
-        .status()
-        .expect("a C compiler (cc) is needed for this test");
-    assert!(status.success(), "compiling {source}");
+    let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/region_copies.c"));
+    let (program, lib) = driver_program(source, &cuda, &scratch);
     // In shared memory, where a GPU host keeps regions (the driver pins only such pages). Not
     // named `flyt-*`: other tests check that no Flyt segment outlives its session there.
     let regions = PathBuf::from(format!("/dev/shm/regions-test-{name}-{}", std::process::id()));

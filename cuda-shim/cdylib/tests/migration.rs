@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flyt_test_support::{Server, artifact, run_with_timeout, scratch_dir};
+use flyt_test_support::{Server, artifact, driver_program, run_with_timeout, scratch_dir};
 
 const KEY: &str = "migration test cluster key, long enough";
 
@@ -32,22 +32,8 @@ fn set_up(name: &str) -> Option<Setup> {
         return None;
     };
     let scratch = scratch_dir(name);
-    let lib = scratch.join("lib");
-    std::fs::create_dir_all(&lib).expect("lib dir");
-    std::os::unix::fs::symlink(artifact("libflyt_libcuda.so"), lib.join("libcuda.so.1")).expect("link libcuda.so.1");
-    let program = scratch.join("migrate_loop");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/migrate_loop.c");
-    let status = Command::new("cc")
-        .args(["-std=gnu11", "-Wall", "-Werror", "-O2"])
-        .arg(format!("-I{}", cuda.join("include").display()))
-        .arg(source)
-        .arg("-o")
-        .arg(&program)
-        .arg(format!("-L{}", lib.display()))
-        .arg("-l:libcuda.so.1")
-        .status()
-        .expect("a C compiler (cc) is needed for this test");
-    assert!(status.success(), "compiling {source}");
+    let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/migrate_loop.c"));
+    let (program, lib) = driver_program(source, &cuda, &scratch);
     let key = scratch.join("cluster.key");
     std::fs::write(&key, KEY).unwrap();
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();

@@ -41,11 +41,14 @@ pub struct RpcServerStatus {
     pub metrics: Option<String>,
 }
 
+/// A snapshot's file in its folder is its name with this suffix.
+pub const SNAPSHOT_SUFFIX: &str = ".flyt-snapshot";
+
 /// A session's snapshot, written by `checkpoint`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotInfo {
     pub session_id: u64,
-    /// The snapshot's name: its file in the snapshot folder is `<name>.flyt-snapshot`, and the
+    /// The snapshot's name: its file in the snapshot folder is `<name>` and `SNAPSHOT_SUFFIX`, and the
     /// app presents the name when it reconnects.
     pub name: String,
     /// Bytes of the snapshot file, and of device memory in it.

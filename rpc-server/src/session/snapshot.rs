@@ -31,8 +31,6 @@ use crate::budget::MemoryBudget;
 use crate::memory::RangeKind;
 
 const MAGIC: &[u8; 8] = b"FLYTSNP1";
-/// A snapshot's file in its folder is its name with this suffix.
-pub const SUFFIX: &str = ".flyt-snapshot";
 /// Largest manifest read back (module images are in it).
 const MAX_MANIFEST: u64 = 4 << 30;
 /// `cudaEventInterprocess`.
@@ -82,7 +80,7 @@ pub fn valid_name(name: &str) -> bool {
 
 /// The file of snapshot `name` in `dir`.
 pub fn path_of(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!("{name}{SUFFIX}"))
+    dir.join(format!("{name}{}", flyt_protocol::control::rpc_server::SNAPSHOT_SUFFIX))
 }
 
 /// The pause and move of one session, shared between the worker's command thread and the
@@ -104,12 +102,6 @@ struct MoveState {
     decision: Option<Option<String>>,
 }
 
-fn send_notice(outbox: &crate::transport::Outbox, notice: &Notice) {
-    let mut message = Vec::new();
-    flyt_protocol::frame::encode_into(notice, &mut message);
-    outbox.send_frame(0, &message, &[]);
-}
-
 impl MoveControl {
     fn lock(&self) -> std::sync::MutexGuard<'_, MoveState> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -123,7 +115,7 @@ impl MoveControl {
             return Err("a checkpoint of this session is already under way".into());
         }
         *state = MoveState { asked: Some((dir, Instant::now())), ..MoveState::default() };
-        send_notice(outbox, &Notice::Pause);
+        outbox.send_notice(&Notice::Pause);
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(written) = state.written.take() {
@@ -136,7 +128,7 @@ impl MoveControl {
             if !state.taken && now >= deadline {
                 state.asked = None;
                 drop(state);
-                send_notice(outbox, &Notice::Resumed);
+                outbox.send_notice(&Notice::Resumed);
                 return Err(format!("the app made no CUDA call within {} ms; it goes on where it was", timeout.as_millis()));
             }
             let wait = if state.taken { Duration::from_secs(1) } else { deadline - now };
@@ -425,7 +417,7 @@ impl<D: Device> Session<D> {
         control.changed.notify_all();
         let Some(name) = name else {
             drop(state);
-            send_notice(&self.outbox, &Notice::Resumed);
+            self.outbox.send_notice(&Notice::Resumed);
             return false;
         };
         let deadline = Instant::now() + DECISION_TIMEOUT;
@@ -438,11 +430,11 @@ impl<D: Device> Session<D> {
         match decision {
             Some(to) => {
                 tracing::info!(snapshot = %name, to = %to, "session moved");
-                send_notice(&self.outbox, &Notice::Moved { address: (!to.is_empty()).then_some(to), snapshot: name });
+                self.outbox.send_notice(&Notice::Moved { address: (!to.is_empty()).then_some(to), snapshot: name });
                 true
             }
             None => {
-                send_notice(&self.outbox, &Notice::Resumed);
+                self.outbox.send_notice(&Notice::Resumed);
                 false
             }
         }
