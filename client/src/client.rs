@@ -219,21 +219,46 @@ fn resume_timeout() -> Duration {
     Duration::from_secs(seconds)
 }
 
-/// One attempt to continue snapshot `snapshot` at `address`: the connection's two halves.
-fn resume_at(origin: &Origin, address: &str, snapshot: &str) -> Result<(Wire, Wire), String> {
+/// One attempt to continue snapshot `snapshot` at `address`, with the session's shared-memory
+/// segment if it has one: the connection's two halves.
+fn resume_at(origin: &Origin, address: &str, snapshot: &str, channel: Option<&shm::Channel>) -> Result<(Wire, Wire), String> {
     let mut wire = connect_wire(address, origin.tls_ca.as_deref())?;
     wire.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|error| error.to_string())?;
-    let hello = Hello { resume: Some(snapshot.to_string()), ..Hello::new(origin.token.clone(), origin.identity.clone(), None) };
+    let offer = channel.map(|channel| channel.offer_again(matches!(wire, Wire::Unix(_)))).transpose()?;
+    let hello = Hello { resume: Some(snapshot.to_string()), ..Hello::new(origin.token.clone(), origin.identity.clone(), offer.clone()) };
+    if let Some(channel) = channel {
+        channel.clear_rings();
+    }
     write_value(&mut wire, 0, &hello).map_err(|error| format!("server {address}: {error}"))?;
+    if let (Some(channel), Some(offer), Wire::Unix(socket)) = (channel, &offer, &wire)
+        && offer.path.is_empty()
+    {
+        shm::send_descriptor(socket, channel.file()).map_err(|error| format!("sending the segment to {address}: {error}"))?;
+    }
     let limits = FrameLimits { max_message: 16 << 20, max_bulk: 0 };
-    match read_value::<HelloReply>(&mut wire, &limits) {
-        Ok((_, HelloReply::Accepted(_))) => {}
+    let info = match read_value::<HelloReply>(&mut wire, &limits) {
+        Ok((_, HelloReply::Accepted(info))) => info,
         Ok((_, HelloReply::Refused { reason, .. })) => return Err(format!("{address} refused: {reason}")),
         Err(error) => return Err(format!("{address}: {error}")),
+    };
+    if channel.is_some() && !info.shm_accepted {
+        return Err(format!("{address} did not take the session's shared memory back"));
     }
     wire.set_read_timeout(None).map_err(|error| error.to_string())?;
-    let reader = wire.try_clone().map_err(|error| error.to_string())?;
-    Ok((reader, wire))
+    match channel.filter(|_| info.rings) {
+        Some(channel) => {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&wire);
+            // SAFETY: `fd` is the new connection's socket, which both ring halves keep open (they
+            // hold the `Arc` below) for as long as they are used.
+            let (ring_in, ring_out) = unsafe { channel.rings(channel.ring_capacity(), fd) };
+            let socket = Arc::new(wire);
+            Ok((Wire::RingIn(ring_in, socket.clone()), Wire::RingOut(ring_out, socket)))
+        }
+        None => {
+            let reader = wire.try_clone().map_err(|error| error.to_string())?;
+            Ok((reader, wire))
+        }
+    }
 }
 
 /// Continues a moved session on `address` (or the server it had): retries until the server
@@ -241,10 +266,11 @@ fn resume_at(origin: &Origin, address: &str, snapshot: &str) -> Result<(Wire, Wi
 pub(crate) fn reconnect(address: Option<&str>, snapshot: &str) -> Result<(Wire, Wire), String> {
     let origin = ORIGIN.get().ok_or("a move before the session opened")?;
     let address = address.unwrap_or(&origin.address);
+    let channel = existing_client().and_then(|client| client.shm.as_ref());
     let deadline = std::time::Instant::now() + resume_timeout();
     let mut told = false;
     loop {
-        match resume_at(origin, address, snapshot) {
+        match resume_at(origin, address, snapshot, channel) {
             Ok(wires) => {
                 if told {
                     crate::diagnostics::once("resumed", &format!("flyt: the session goes on at {address}"));

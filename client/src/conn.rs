@@ -43,6 +43,9 @@ const FLUSH_AT: usize = 1 << 20;
 const DIRECT_BURST: usize = 16;
 /// How long the flusher keeps looking for more work before it sleeps.
 const FLUSHER_SPIN: Duration = Duration::from_micros(100);
+/// How long a moved session waits for its last server to close the connection (it frees the
+/// session's memory first) before the rings it used start over with the next one.
+const PEER_GONE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A socket to the server, or one half of the shared-memory rings.
 pub use flyt_ring::Link as Wire;
@@ -249,7 +252,7 @@ pub struct Conn {
     /// The shared-memory rings: writing costs no system call, so an asynchronous request is
     /// written by the calling thread itself when the writing half is free (no hand-off to the
     /// flusher, whose wake-up and lock traffic cost more than the write).
-    writes_directly: bool,
+    writes_directly: AtomicBool,
     /// Asynchronous requests since the last synchronous one: past `DIRECT_BURST` of them, a
     /// burst is under way and the flusher batches it (the server reads one large record
     /// faster than many small ones).
@@ -305,7 +308,7 @@ impl Conn {
             failure: OnceLock::new(),
             server,
             flush_wanted: AtomicBool::new(false),
-            writes_directly,
+            writes_directly: AtomicBool::new(writes_directly),
             async_run: AtomicUsize::new(0),
             flusher_asleep: Mutex::new(false),
             flusher_wake: Condvar::new(),
@@ -398,7 +401,21 @@ impl Conn {
     /// The session moved: continues it on `address` (the same server when `None`) from its
     /// snapshot, swapping both halves of the connection.
     fn moved(&self, inbound: &mut Inbound, address: Option<String>, snapshot: &str) -> Result<(), String> {
+        // The rings live in the session's segment, which the next server takes over: the last
+        // one must be gone (its socket closed) before they start over.
+        if matches!(inbound.wire, Wire::RingIn(..)) {
+            if !inbound.wire.wait_peer_gone(PEER_GONE_TIMEOUT) {
+                return Err(format!(
+                    "the GPU server {} did not let go of the session within {} s",
+                    self.server,
+                    PEER_GONE_TIMEOUT.as_secs()
+                ));
+            }
+            // Dropping these halves later must not mark the next connection's rings closed.
+            inbound.wire.retire_rings();
+        }
         let (reader, writer) = crate::client::reconnect(address.as_deref(), snapshot)?;
+        self.writes_directly.store(matches!(writer, Wire::RingOut(..)), Ordering::Relaxed);
         inbound.wire = reader;
         (inbound.start, inbound.end) = (0, 0);
         lock(&self.writer).wire = writer;
@@ -487,7 +504,7 @@ impl Conn {
         };
         if queued >= FLUSH_AT {
             self.flush()
-        } else if self.writes_directly
+        } else if self.writes_directly.load(Ordering::Relaxed)
             && self.async_run.fetch_add(1, Ordering::Relaxed) < DIRECT_BURST
             && let Ok(writer) = self.writer.try_lock()
         {

@@ -339,9 +339,12 @@ struct Slot {
 pub struct Channel {
     map: SegmentMap,
     size: usize,
-    _file: File,
+    staging: usize,
+    /// Capacity of each message ring (0: none).
+    rings: usize,
+    file: File,
     /// Where the memory came from (a region slot stays claimed while the channel lives).
-    _source: Source,
+    source: Source,
     wake: flyt_ring::Wake,
     slots: Mutex<Vec<Slot>>,
     slot_freed: Condvar,
@@ -391,13 +394,54 @@ impl Channel {
         Self {
             map: offered.map,
             size: offered.size,
-            _file: offered.file,
-            _source: offered.source,
+            staging: offered.staging,
+            rings: offered.rings,
+            file: offered.file,
+            source: offered.source,
             wake,
             slots: Mutex::new(slots),
             slot_freed: Condvar::new(),
             free: Mutex::new(free),
             copier: Copier::new(env_size("FLYT_COPY_THREADS", 4).clamp(1, 32)),
+        }
+    }
+
+    /// The same segment offered to the server a moved session continues on, which must be on this
+    /// host: a memfd goes over a Unix socket again (`send_descriptor` after the hello), anything
+    /// else is opened there through this process's descriptor of it. A VM's region slot does not
+    /// move (its server refuses the checkpoint).
+    pub fn offer_again(&self, over_unix_socket: bool) -> Result<flyt_protocol::handshake::ShmOffer, String> {
+        let path = match (&self.source, over_unix_socket) {
+            (Source::Region { .. }, _) => return Err("a VM's ivshmem slot cannot move to another server".into()),
+            (Source::Memfd, true) => String::new(),
+            _ => format!("/proc/{}/fd/{}", std::process::id(), self.file.as_raw_fd()),
+        };
+        Ok(flyt_protocol::handshake::ShmOffer {
+            path,
+            size: self.size as u64,
+            staging: self.staging as u64,
+            rings: self.rings as u64,
+            region: None,
+        })
+    }
+
+    /// The segment's descriptor, to send with an offer of it over a Unix socket.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Capacity of each message ring (0: none).
+    pub fn ring_capacity(&self) -> usize {
+        self.rings
+    }
+
+    /// Clears the ring area for a new server (a leftover stamp of the last one would read as a
+    /// record). Only once that server is gone: nobody else may use the rings meanwhile.
+    pub fn clear_rings(&self) {
+        if self.rings > 0 {
+            // SAFETY: the ring area lies at the start of the mapping this channel owns, inside
+            // its staging area; no peer uses it while the session moves.
+            unsafe { std::ptr::write_bytes(self.ptr(0), 0, flyt_ring::area_len(self.rings)) };
         }
     }
 

@@ -180,6 +180,9 @@ pub struct Pair {
     liveness: RawFd,
     spin: Duration,
     wake: Wake,
+    /// Set when the session moved on and the area belongs to the rings of its next connection:
+    /// this pair then leaves it as it is when dropped.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the rings live in shared memory accessed only through atomics and the single producer
@@ -233,7 +236,7 @@ impl Pair {
             Side::Client => (to_server, to_client),
             Side::Server => (to_client, to_server),
         };
-        Self { outgoing, incoming, liveness, spin, wake }
+        Self { outgoing, incoming, liveness, spin, wake, retired: std::sync::atomic::AtomicBool::new(false) }
     }
 
     /// The reading and writing halves.
@@ -316,6 +319,9 @@ impl Pair {
 
 impl Drop for Pair {
     fn drop(&mut self) {
+        if self.retired.load(Ordering::Acquire) {
+            return;
+        }
         for ring in [&self.outgoing, &self.incoming] {
             ring.header().closed.0.store(1, Ordering::Release);
             futex_wake(&ring.header().written.0);
@@ -349,6 +355,14 @@ pub struct RingWriter {
     head: u64,
     /// The consumer's `tail` as last read: what is known to be free without looking again.
     tail_seen: u64,
+}
+
+impl RingReader {
+    /// Gives the ring area up without closing it (see `Pair::retired`): both halves stop
+    /// touching it once dropped.
+    pub fn retire(&self) {
+        self.pair.retired.store(true, Ordering::Release);
+    }
 }
 
 impl RingReader {
@@ -442,6 +456,11 @@ impl Read for RingReader {
 }
 
 impl RingWriter {
+    /// As [`RingReader::retire`].
+    pub fn retire(&self) {
+        self.pair.retired.store(true, Ordering::Release);
+    }
+
     /// Bytes free for the next record, reading the consumer's `tail` again only when what was
     /// seen last does not cover `wanted` (each read of it is a cache-line transfer).
     fn free(&mut self, wanted: u64) -> io::Result<u64> {

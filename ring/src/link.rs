@@ -119,6 +119,46 @@ impl Link {
         usize::try_from(sent).map_err(|_| io::Error::last_os_error())
     }
 
+    /// Waits up to `timeout` for the peer to close the socket, discarding what it still sends
+    /// (a ring doorbell); whether it did.
+    pub fn wait_peer_gone(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut scrap = [0u8; 256];
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let mut poll = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
+            let millis = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX).max(1);
+            // SAFETY: one valid pollfd on this link's open socket.
+            if unsafe { libc::poll(&mut poll, 1, millis) } <= 0 {
+                continue;
+            }
+            // SAFETY: `scrap` is valid for writes of its length; the descriptor is this link's
+            // open socket.
+            let read = unsafe { libc::recv(self.as_raw_fd(), scrap.as_mut_ptr().cast(), scrap.len(), libc::MSG_DONTWAIT) };
+            match read {
+                0 => return true,
+                n if n > 0 => {}
+                _ => match io::Error::last_os_error().kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => {}
+                    _ => return true,
+                },
+            }
+        }
+    }
+
+    /// For a ring half: leaves the ring area as it is when the pair is dropped, for the rings of
+    /// the session's next connection over the same segment.
+    pub fn retire_rings(&self) {
+        match self {
+            Self::RingIn(reader, _) => reader.retire(),
+            Self::RingOut(writer, _) => writer.retire(),
+            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) => {}
+        }
+    }
+
     /// Shuts the socket down both ways (the peer sees the end at once).
     pub fn shutdown(&self) {
         match self {

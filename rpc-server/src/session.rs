@@ -853,6 +853,36 @@ impl<D: Device> Drop for Session<D> {
     }
 }
 
+/// Pins a block of the segment for the client: at the client's own address `mapped_at` as mapped
+/// memory when that address is free here and the device sees it there too (the device pointer,
+/// equal to `mapped_at`, is returned), else through the segment's view, for copies only (0).
+pub(crate) fn pin_block<D: Device>(segment: &mut Segment, device: &D, offset: u64, len: u64, mapped_at: Option<u64>) -> CudaResult<u64> {
+    let host_len = usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?;
+    let pinned = segment.add_block(offset, len, mapped_at)?;
+    if let Some(alias) = segment.alias(offset) {
+        // SAFETY: the alias maps the block (inside the segment, checked by `add_block`) until
+        // the block is removed, after it is unpinned.
+        let mapped = unsafe { device.host_register(pinned, host_len, true) }.and_then(|()| match device.host_device_pointer(pinned) {
+            Ok(device_pointer) if device_pointer == alias => Ok(()),
+            // Not the same address on the device: of no use to the client's kernels.
+            _ => {
+                // SAFETY: registered just above.
+                let _ = unsafe { device.host_unregister(pinned) };
+                Err(CudaError::NOT_SUPPORTED)
+            }
+        });
+        if mapped.is_ok() {
+            return Ok(alias);
+        }
+    }
+    // Pinned for copies only, through the segment's own view of the block.
+    let view = segment.drop_alias(offset).ok_or(CudaError::INVALID_VALUE)?;
+    // SAFETY: the block lies inside the mapped segment, which stays mapped for the session's life.
+    unsafe { device.host_register(view, host_len, false) }.map(|()| 0).inspect_err(|_| {
+        segment.remove_block(offset);
+    })
+}
+
 fn chunk_len(len: u64, chunk: u64) -> CudaResult<usize> {
     usize::try_from(len.min(chunk)).map_err(|_| CudaError::INVALID_VALUE)
 }
@@ -1365,34 +1395,8 @@ impl<D: Device> OpHandler for Session<D> {
         let Some(segment) = self.shm.as_mut() else {
             return reply.send(Err(CudaError::NOT_SUPPORTED));
         };
-        let device = &self.device;
-        let result = (|| {
-            let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
-            let pinned = segment.add_block(request.offset, request.len, (request.mapped_at != 0).then_some(request.mapped_at))?;
-            if let Some(alias) = segment.alias(request.offset) {
-                // SAFETY: the alias maps the block (inside the segment, checked by `add_block`)
-                // until the block is removed, after it is unpinned.
-                let mapped = unsafe { device.host_register(pinned, len, true) }.and_then(|()| match device.host_device_pointer(pinned) {
-                    Ok(device_pointer) if device_pointer == alias => Ok(()),
-                    // Not the same address on the device: of no use to the client's kernels.
-                    _ => {
-                        // SAFETY: registered just above.
-                        let _ = unsafe { device.host_unregister(pinned) };
-                        Err(CudaError::NOT_SUPPORTED)
-                    }
-                });
-                if mapped.is_ok() {
-                    return Ok(alias);
-                }
-            }
-            // Pinned for copies only, through the segment's own view of the block.
-            let view = segment.drop_alias(request.offset).ok_or(CudaError::INVALID_VALUE)?;
-            // SAFETY: the block lies inside the mapped segment, which stays mapped for the
-            // session's life.
-            unsafe { device.host_register(view, len, false) }.map(|()| 0).inspect_err(|_| {
-                segment.remove_block(request.offset);
-            })
-        })();
+        let mapped_at = (request.mapped_at != 0).then_some(request.mapped_at);
+        let result = pin_block(segment, &*self.device, request.offset, request.len, mapped_at);
         reply.send(result.map(|device_pointer| rep::ShmRegister { device_pointer }));
     }
 

@@ -120,7 +120,7 @@ pub struct Segment {
     /// Where the segment starts in `file` (a region slot's offset; 0 for a file of its own).
     file_offset: u64,
     /// Held while the segment is mapped, when it is a region slot.
-    _lease: Option<RegionLease>,
+    lease: Option<RegionLease>,
     map: memmap2::MmapRaw,
     size: u64,
     staging: u64,
@@ -169,7 +169,7 @@ impl Segment {
         // memory (55 GB/s). Refused or unsupported, it changes nothing.
         // SAFETY: advice on a mapping this struct owns; it never changes the mapping's contents.
         let _ = unsafe { libc::madvise(map.as_mut_ptr().cast(), len, libc::MADV_HUGEPAGE) };
-        Ok(Self { file, file_offset, _lease: lease, map, size, staging, registered: BTreeMap::new() })
+        Ok(Self { file, file_offset, lease, map, size, staging, registered: BTreeMap::new() })
     }
 
     /// Where `offset` lies in this process.
@@ -180,6 +180,21 @@ impl Segment {
 
     pub fn staging(&self) -> u64 {
         self.staging
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the segment is a slot of a VM's ivshmem region.
+    pub fn is_region(&self) -> bool {
+        self.lease.is_some()
+    }
+
+    /// Every pinned block: offset, length and the client's address it is mapped at (`None`:
+    /// pinned for copies only), for a snapshot of the session.
+    pub fn blocks(&self) -> Vec<(u64, u64, Option<u64>)> {
+        self.registered.iter().map(|(offset, block)| (*offset, block.len, block.alias.as_ref().map(Alias::address))).collect()
     }
 
     /// Checks that `[offset, offset + len)` is inside the segment and pinned (staging or a

@@ -5,6 +5,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
+use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::frame::{encode_into, write_value};
 use flyt_protocol::handshake::{ClientIdentity, HelloReply, Notice, RegionClaim, SessionInfo, ShmOffer};
@@ -307,7 +308,7 @@ fn serve<D: Device>(
     };
     // A TLS session reaches the worker as the local end of the listener's TLS pump.
     let connection = if secured { Connection::secured_from_fd(fd) } else { Connection::from_fd(fd, tcp) };
-    let (shm, shm_refusal) = match &hello.shm {
+    let (mut shm, shm_refusal) = match &hello.shm {
         None => (None, None),
         Some(offer) => match accept_segment(&connection, offer, &hello.client, &*device, args.ivshmem_dir.as_deref()) {
             Ok(segment) => {
@@ -320,6 +321,20 @@ fn serve<D: Device>(
             }
         },
     };
+    // A moved session continues only with the segment it had, its blocks pinned again.
+    if let Some((state, path)) = &restored
+        && let Err(reason) = state.reattach_segment(shm.as_mut(), &*device)
+    {
+        let reason = match &shm_refusal {
+            Some(refusal) => format!("{reason}: {refusal}"),
+            None => reason,
+        };
+        tracing::warn!(session_id, snapshot = %path, %reason, "moved session not continued");
+        if let Ok(mut writer) = connection.try_clone() {
+            let _ = write_value(&mut writer, 0, &HelloReply::Refused { error: CudaError::DEVICES_UNAVAILABLE.code(), reason });
+        }
+        return 1;
+    }
     // With rings in the segment, small messages leave the socket after the handshake; the socket
     // stays open only to tell when the client is gone.
     let rings = shm.as_ref().zip(hello.shm.as_ref()).and_then(|(segment, offer)| ring_pair(segment, offer, &connection));

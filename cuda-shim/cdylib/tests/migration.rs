@@ -85,14 +85,28 @@ fn session_on(setup: &Setup, node: &Node) -> String {
     }
 }
 
-fn start_app(setup: &Setup, server: &str, rounds: u32) -> Child {
+/// How the app reaches its server's memory.
+#[derive(Clone, Copy)]
+enum Channel {
+    /// Everything over the socket (`FLYT_SHM=off`), pageable host buffers.
+    Socket,
+    /// The shared-memory channel (required), page-locked host buffers and a mapped host page
+    /// the device reads: the segment must follow the session.
+    SharedMemory,
+}
+
+fn start_app(setup: &Setup, server: &str, rounds: u32, channel: Channel) -> Child {
+    let (shm, pinned) = match channel {
+        Channel::Socket => ("off", "0"),
+        Channel::SharedMemory => ("on", "1"),
+    };
     Command::new(&setup.program)
-        .args([rounds.to_string(), "10".into()])
+        .args([rounds.to_string(), "10".into(), "0".into(), pinned.into()])
         .env("LD_LIBRARY_PATH", &setup.lib)
         .env("FLYT_SERVER", server)
         .env("FLYT_TOKEN", &setup.token)
-        // The shared-memory channel cannot move yet: these sessions use the socket.
-        .env("FLYT_SHM", "off")
+        .env("FLYT_SHM", shm)
+        .env("FLYT_SHM_SIZE", (256u64 << 20).to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -115,15 +129,15 @@ fn snapshots(dir: &Path) -> usize {
     std::fs::read_dir(dir).map(|entries| entries.count()).unwrap_or(0)
 }
 
-#[test]
-fn a_running_app_moves_between_servers_and_keeps_its_pointers_and_memory() {
-    let Some(setup) = set_up("migration") else { return };
+/// Moves the app's session A -> B over TCP, B -> A over the Unix socket, twice; the app must
+/// pass with the same pointers.
+fn four_moves(name: &str, channel: Channel) {
+    let Some(setup) = set_up(name) else { return };
     let a = start_node(&setup, "a", &[]);
     let b = start_node(&setup, "b", &[]);
     let dir = setup.scratch.join("snapshots");
     let dir_arg = dir.display().to_string();
-    let app = start_app(&setup, &a.unix, 400);
-    // A -> B over TCP, B -> A over the Unix socket, twice.
+    let app = start_app(&setup, &a.unix, 400, channel);
     let mut here = &a;
     for (hop, (to, address)) in [(&b, &b.tcp), (&a, &a.unix), (&b, &b.tcp), (&a, &a.unix)].into_iter().enumerate() {
         let session = session_on(&setup, here);
@@ -135,9 +149,25 @@ fn a_running_app_moves_between_servers_and_keeps_its_pointers_and_memory() {
         assert!(out.contains(&format!("moved to {address}")), "{out}");
         here = to;
     }
-    finish_app(app);
+    let stdout = finish_app(app);
     assert_eq!(snapshots(&dir), 0, "each snapshot is removed once its app is back");
     assert!(b.server.log_text().contains("session restored"));
+    if matches!(channel, Channel::SharedMemory) {
+        assert!(stdout.contains(" mapped "), "the mapped page's device pointer is printed: {stdout}");
+        for node in [&a, &b] {
+            assert!(node.server.log_text().contains("shared-memory channel open"), "{}", node.server.log_text());
+        }
+    }
+}
+
+#[test]
+fn a_running_app_moves_between_servers_and_keeps_its_pointers_and_memory() {
+    four_moves("migration", Channel::Socket);
+}
+
+#[test]
+fn a_shared_memory_session_moves_with_its_segment_pinned_blocks_and_mapped_page() {
+    four_moves("migration-shm", Channel::SharedMemory);
 }
 
 #[test]
@@ -147,7 +177,7 @@ fn a_move_the_target_cannot_take_leaves_the_app_where_it_was() {
     // Too small for the app's memory.
     let small = start_node(&setup, "small", &["--memory-quota", "4MiB"]);
     let dir = setup.scratch.join("snapshots");
-    let app = start_app(&setup, &a.unix, 150);
+    let app = start_app(&setup, &a.unix, 150, Channel::Socket);
     let session = session_on(&setup, &a);
     let (code, out, err) = flytctl(
         &setup,
@@ -206,7 +236,8 @@ fn a_checkpoint_survives_its_server_and_a_fresh_server_continues_the_app() {
     let dir_arg = dir.display().to_string();
     let mut first = start_node(&setup, "first", &[]);
     let socket = first.unix.clone();
-    let app = start_app(&setup, &socket, 150);
+    // Over shared memory: the fresh server takes the app's segment back too.
+    let app = start_app(&setup, &socket, 150, Channel::SharedMemory);
     let session = session_on(&setup, &first);
     let (code, out, err) = flytctl(&setup, &["session", "checkpoint", "--control", &first.control, &session, "--to", &dir_arg, "--stop"]);
     assert_eq!(code, 0, "{out}{err}");

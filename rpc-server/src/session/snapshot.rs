@@ -2,7 +2,7 @@
 //! this server or another), with every pointer, stream, event, module and kernel its app holds
 //! valid as before. Device memory comes back at its old addresses (`Device::restore_allocations`);
 //! streams, events and modules are the client's own ids, mapped to new driver objects. What
-//! cannot be made again that way (graphs, pools, arrays, IPC, the shared-memory channel...)
+//! cannot be made again that way (graphs, pools, arrays, IPC, a VM's ivshmem region...)
 //! makes the checkpoint fail with the reason, before the app has paused for long.
 //!
 //! The pause: the control thread asks (`MoveControl::ask`) and sends `Notice::Pause`; the client
@@ -29,6 +29,7 @@ use super::{Kernel, LoadedModule, Session};
 use crate::backend::Device;
 use crate::budget::MemoryBudget;
 use crate::memory::RangeKind;
+use crate::shm::Segment;
 
 const MAGIC: &[u8; 8] = b"FLYTSNP1";
 /// Largest manifest read back (module images are in it).
@@ -50,6 +51,17 @@ struct ModuleState {
     variables: Vec<(String, u64, u64)>,
 }
 
+/// The session's shared-memory segment: the app offers the same one again when it reconnects,
+/// and its pinned blocks are pinned again where they were.
+#[derive(Serialize, Deserialize)]
+struct SegmentState {
+    size: u64,
+    staging: u64,
+    /// Offset, length and the app's address the block is mapped at for the device (0: pinned
+    /// for copies only).
+    blocks: Vec<(u64, u64, u64)>,
+}
+
 #[derive(Serialize, Deserialize)]
 struct Manifest {
     /// Compute capability: a snapshot restores on the same GPU family (major) only.
@@ -62,6 +74,7 @@ struct Manifest {
     /// Event id, flags.
     events: Vec<(u64, u32)>,
     may_print: bool,
+    segment: Option<SegmentState>,
 }
 
 /// A snapshot name: 32 hex digits from the system's random source.
@@ -191,6 +204,41 @@ pub struct Restored<D: Device> {
     streams: Vec<(u64, D::Stream, u32, i32)>,
     events: Vec<(u64, D::Event, u32)>,
     may_print: bool,
+    segment: Option<SegmentState>,
+}
+
+impl<D: Device> Restored<D> {
+    /// Takes the segment the app offered again back as the session's: the same size, its blocks
+    /// pinned again, each mapped block at the app's address of it (kernels use those pointers).
+    /// `Err` says why the session cannot continue with it.
+    pub fn reattach_segment(&self, segment: Option<&mut Segment>, device: &D) -> Result<(), String> {
+        match (&self.segment, segment) {
+            (None, None) => Ok(()),
+            (None, Some(_)) => Err("the app offered a shared-memory segment its session did not have".into()),
+            (Some(_), None) => {
+                Err("the session's shared-memory segment did not come back (the app must reconnect from the same host)".into())
+            }
+            (Some(state), Some(segment)) => {
+                if segment.size() != state.size || segment.staging() != state.staging {
+                    return Err(format!(
+                        "the app offered a segment of {} bytes ({} staging), not the session's {} ({})",
+                        segment.size(),
+                        segment.staging(),
+                        state.size,
+                        state.staging
+                    ));
+                }
+                for &(offset, len, mapped_at) in &state.blocks {
+                    let pinned = super::pin_block(segment, device, offset, len, (mapped_at != 0).then_some(mapped_at))
+                        .map_err(|error| format!("pinning {len} bytes at offset {offset} again: {error}"))?;
+                    if pinned != mapped_at {
+                        return Err(format!("the app's mapped host memory at {mapped_at:#x} cannot be mapped there on this server"));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Restores the snapshot at `path` on `device`, charging its memory to `budget`.
@@ -265,7 +313,7 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
         events.push((id, device.event_create(flags).map_err(|error| format!("event: {error}"))?, flags));
     }
     device.synchronize().map_err(|error| format!("restoring device memory: {error}"))?;
-    Ok(Restored { allocations: manifest.allocations, modules, streams, events, may_print: manifest.may_print })
+    Ok(Restored { allocations: manifest.allocations, modules, streams, events, may_print: manifest.may_print, segment: manifest.segment })
 }
 
 impl<D: Device> Session<D> {
@@ -293,8 +341,8 @@ impl<D: Device> Session<D> {
 
     /// Why this session cannot be made again elsewhere, if anything holds it.
     fn move_blocker(&self) -> Option<String> {
-        if self.shm.is_some() {
-            return Some("its app uses the shared-memory channel, which cannot move yet".into());
+        if self.shm.as_ref().is_some_and(Segment::is_region) {
+            return Some("its app uses a VM's ivshmem region, which cannot move yet".into());
         }
         if self.events.len() != self.event_flags.len() {
             return Some("it opened IPC event handles of other processes".into());
@@ -364,6 +412,11 @@ impl<D: Device> Session<D> {
             streams,
             events,
             may_print: self.may_print,
+            segment: self.shm.as_ref().map(|segment| SegmentState {
+                size: segment.size(),
+                staging: segment.staging(),
+                blocks: segment.blocks().into_iter().map(|(offset, len, alias)| (offset, len, alias.unwrap_or(0))).collect(),
+            }),
         };
         let name = new_name()?;
         std::fs::create_dir_all(dir).map_err(|error| format!("{}: {error}", dir.display()))?;

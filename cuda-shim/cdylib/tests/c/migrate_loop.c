@@ -3,8 +3,11 @@
 // reads each one back and checks it still holds what the last round wrote (so memory that did
 // not come along, or came back at another address, fails), then writes a new pattern. Prints
 // its pointers at the start and at the end ("pointers: ..."), then "PASSED: 0 failure(s)".
-// Arguments: rounds, milliseconds between rounds, and MiB of one more allocation (default 0)
-// filled once at the start and checked at the end (for timing moves of much memory).
+// Arguments: rounds, milliseconds between rounds, MiB of one more allocation (default 0) filled
+// once at the start and checked at the end (for timing moves of much memory), and "pinned" (1)
+// to copy through page-locked host memory (cuMemAllocHost) and keep a mapped host block
+// (cuMemHostAlloc DEVICEMAP) whose device pointer is printed with the others and read through
+// the device every round.
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -17,9 +20,10 @@ static unsigned char pattern(size_t i, unsigned round, unsigned buffer) {
     return (unsigned char)((i * 131u + round * 7u + buffer * 29u) ^ (i >> 9));
 }
 
-static void print_pointers(const CUdeviceptr *buffers) {
+static void print_pointers(const CUdeviceptr *buffers, CUdeviceptr mapped) {
     printf("pointers:");
     for (int b = 0; b < BUFFERS; b++) printf(" %llx", (unsigned long long)buffers[b]);
+    if (mapped) printf(" mapped %llx", (unsigned long long)mapped);
     printf("\n");
     fflush(stdout);
 }
@@ -45,9 +49,27 @@ int main(int argc, char **argv) {
         for (size_t at = 0; at < big_len; at += 1 << 20) EXPECT(cuMemsetD8(big + at, (unsigned char)(at >> 20), 1 << 20), CUDA_SUCCESS);
         EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
     }
-    print_pointers(buffers);
-    unsigned char *host = malloc(8 << 20), *back = malloc(8 << 20);
+    int pinned = argc > 4 && atoi(argv[4]) != 0;
+    unsigned char *host, *back, *mapped_host = NULL;
+    CUdeviceptr mapped = 0;
+    if (pinned) {
+        EXPECT(cuMemAllocHost((void **)&host, 16 << 20), CUDA_SUCCESS);
+        EXPECT(cuMemAllocHost((void **)&back, 8 << 20), CUDA_SUCCESS);
+        EXPECT(cuMemHostAlloc((void **)&mapped_host, 4096, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+        EXPECT(cuMemHostGetDevicePointer(&mapped, mapped_host, 0), CUDA_SUCCESS);
+    } else {
+        host = malloc(16 << 20);
+        back = malloc(8 << 20);
+    }
+    print_pointers(buffers, mapped);
     struct timespec nap = {0, (long)pause_ms * 1000000L};
+    // Each buffer's pattern has its own host range: an asynchronous copy from page-locked memory
+    // reads it after the call returns.
+    size_t at[BUFFERS], next = 0;
+    for (int b = 0; b < BUFFERS; b++) {
+        at[b] = next;
+        next += (sizes[b] + 4095) / 4096 * 4096;
+    }
     for (int round = 0; round < rounds && failures == 0; round++) {
         for (int b = 0; b < BUFFERS; b++) {
             if (round > 0) {
@@ -62,11 +84,20 @@ int main(int argc, char **argv) {
                     }
                 }
             }
-            for (size_t i = 0; i < sizes[b]; i++) host[i] = pattern(i, round, b);
-            EXPECT(cuMemcpyHtoDAsync(buffers[b], host, sizes[b], stream), CUDA_SUCCESS);
+            for (size_t i = 0; i < sizes[b]; i++) host[at[b] + i] = pattern(i, round, b);
+            EXPECT(cuMemcpyHtoDAsync(buffers[b], host + at[b], sizes[b], stream), CUDA_SUCCESS);
         }
         EXPECT(cuEventRecord(done, stream), CUDA_SUCCESS);
         EXPECT(cuEventSynchronize(done), CUDA_SUCCESS);
+        if (mapped) {
+            // The device reads the app's mapped page through its device pointer.
+            for (size_t i = 0; i < 4096; i++) mapped_host[i] = pattern(i, round, 7);
+            EXPECT(cuMemcpyDtoH(back, mapped, 4096), CUDA_SUCCESS);
+            if (memcmp(back, mapped_host, 4096) != 0) {
+                printf("FAIL round %d: the device does not see the mapped host page\n", round);
+                failures++;
+            }
+        }
         nanosleep(&nap, NULL);
     }
     for (size_t at = 0; at < big_len && failures == 0; at += 1 << 20) {
@@ -79,7 +110,17 @@ int main(int argc, char **argv) {
         }
     }
     if (big) EXPECT(cuMemFree(big), CUDA_SUCCESS);
-    print_pointers(buffers);
+    if (mapped) {
+        CUdeviceptr again = 0;
+        EXPECT(cuMemHostGetDevicePointer(&again, mapped_host, 0), CUDA_SUCCESS);
+        mapped = again;
+    }
+    print_pointers(buffers, mapped);
+    if (pinned) {
+        EXPECT(cuMemFreeHost(host), CUDA_SUCCESS);
+        EXPECT(cuMemFreeHost(back), CUDA_SUCCESS);
+        EXPECT(cuMemFreeHost(mapped_host), CUDA_SUCCESS);
+    }
     for (int b = 0; b < BUFFERS; b++) EXPECT(cuMemFree(buffers[b]), CUDA_SUCCESS);
     EXPECT(cuEventDestroy(done), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
