@@ -135,7 +135,12 @@ fn four_moves(name: &str, channel: Channel) {
     let Some(setup) = set_up(name) else { return };
     let a = start_node(&setup, "a", &[]);
     let b = start_node(&setup, "b", &[]);
-    let dir = setup.scratch.join("snapshots");
+    // Snapshots of the shared-memory run go to memory (tmpfs), where the device copies straight
+    // into the file's pinned pages; the other run's go through staging buffers to a disk folder.
+    let dir = match channel {
+        Channel::Socket => setup.scratch.join("snapshots"),
+        Channel::SharedMemory => PathBuf::from(format!("/dev/shm/flyt-test-snapshots-{}", std::process::id())),
+    };
     let dir_arg = dir.display().to_string();
     let app = start_app(&setup, &a.unix, 400, channel);
     let mut here = &a;
@@ -151,11 +156,14 @@ fn four_moves(name: &str, channel: Channel) {
     }
     let stdout = finish_app(app);
     assert_eq!(snapshots(&dir), 0, "each snapshot is removed once its app is back");
+    let _ = std::fs::remove_dir(&dir);
     assert!(b.server.log_text().contains("session restored"));
     if matches!(channel, Channel::SharedMemory) {
         assert!(stdout.contains(" mapped "), "the mapped page's device pointer is printed: {stdout}");
         for node in [&a, &b] {
-            assert!(node.server.log_text().contains("shared-memory channel open"), "{}", node.server.log_text());
+            let log = node.server.log_text();
+            assert!(log.contains("shared-memory channel open"), "{log}");
+            assert!(log.contains("copied straight into the snapshot file"), "tmpfs snapshots are written by the device: {log}");
         }
     }
 }

@@ -3,19 +3,19 @@
 //! The source's allocations came from `cuMemAlloc`, which packs small ones into 2 MiB pages, so
 //! the allocations are grouped into page-aligned spans (each one physical allocation, mapped
 //! once) inside reservations made at the spans' own addresses. The driver honours an address
-//! hint for a large reservation but places small ones itself, so each reservation covers its
-//! spans rounded out to whole GiBs. An address the driver will not give back fails the restore
-//! before the app has moved.
+//! hint for a large reservation but places small ones itself, so a reservation first covers its
+//! spans rounded out to whole GiBs; where the driver already uses part of that (it offers another
+//! address), the spans are reserved again with finer rounding, down to the spans themselves. An
+//! address the driver will not give back at all fails the restore before the app has moved.
 
 use std::collections::{BTreeMap, HashMap};
 
 use cudarc::driver::sys;
 
-/// Reservations are made in whole GiBs at GiB boundaries: large enough for the driver to take
-/// the address hint.
-const RESERVATION_ALIGN: u64 = 1 << 30;
-/// Spans closer than this share one reservation.
-const JOIN_GAP: u64 = 4 << 30;
+/// Rounding of reservations and how far apart spans may be and still share one, coarse first:
+/// whole GiBs (large enough for the driver to take the address hint), then finer where the
+/// driver already holds part of a GiB.
+const LEVELS: [(u64, u64); 4] = [(1 << 30, 4 << 30), (256 << 20, 0), (32 << 20, 0), (2 << 20, 0)];
 
 /// One physical allocation mapped over restored allocations.
 struct Span {
@@ -59,17 +59,56 @@ fn spans(allocations: &[(u64, u64)], page: u64) -> Result<Vec<(u64, u64)>, Strin
     Ok(merged)
 }
 
-/// GiB-aligned reservations covering `spans` (start, end), spans close together sharing one.
-fn reservations(spans: &[(u64, u64)]) -> Result<Vec<(u64, u64)>, String> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &(start, end) in spans {
-        let (start, end) = (round_down(start, RESERVATION_ALIGN), round_up(end, RESERVATION_ALIGN).ok_or("address overflow")?);
+/// Reservations covering `spans` (sorted start, end), rounded out to `align` and joined where
+/// they come within `gap`: each reservation's start, end and the spans it covers.
+fn reservations(spans: &[(u64, u64)], align: u64, gap: u64) -> Result<Vec<(u64, u64, std::ops::Range<usize>)>, String> {
+    let mut out: Vec<(u64, u64, std::ops::Range<usize>)> = Vec::new();
+    for (index, &(start, end)) in spans.iter().enumerate() {
+        let (start, end) = (round_down(start, align), round_up(end, align).ok_or("address overflow")?);
         match out.last_mut() {
-            Some(last) if start <= last.1.saturating_add(JOIN_GAP) => last.1 = last.1.max(end),
-            _ => out.push((start, end)),
+            Some(last) if start <= last.1.saturating_add(gap) => {
+                last.1 = last.1.max(end);
+                last.2.end = index + 1;
+            }
+            _ => out.push((start, end, index..index + 1)),
         }
     }
     Ok(out)
+}
+
+/// Reserves `start..end` exactly: `Ok(false)` when the driver offers another address (nothing
+/// is then held).
+fn reserve_exactly(start: u64, end: u64) -> Result<bool, String> {
+    let mut got: sys::CUdeviceptr = 0;
+    let len = (end - start) as usize;
+    // SAFETY: valid out-pointer; the hint is only a request.
+    let code = unsafe { sys::cuMemAddressReserve(&mut got, len, 0, start, 0) };
+    if code != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("reserving {len} bytes at {start:#x}: {code:?}"));
+    }
+    if got != start {
+        // SAFETY: the reservation just made, of `len` bytes.
+        unsafe { sys::cuMemAddressFree(got, len) };
+        return Ok(false);
+    }
+    // Reservations stay until the worker exits: they only hold addresses.
+    Ok(true)
+}
+
+/// Reserves the addresses of `spans` (sorted), coarsely rounded first (`LEVELS[level]`), more
+/// finely where the driver holds part of a coarse reservation.
+fn reserve_spans(spans: &[(u64, u64)], level: usize) -> Result<(), String> {
+    let (align, gap) = LEVELS[level];
+    for (start, end, covered) in reservations(spans, align, gap)? {
+        if reserve_exactly(start, end)? {
+            continue;
+        }
+        if level + 1 == LEVELS.len() {
+            return Err(format!("addresses {start:#x}..{end:#x} are taken on this device"));
+        }
+        reserve_spans(&spans[covered], level + 1)?;
+    }
+    Ok(())
 }
 
 impl RestoredMemory {
@@ -89,21 +128,7 @@ impl RestoredMemory {
             return Err(format!("cuMemGetAllocationGranularity: {code:?}"));
         }
         let spans = spans(allocations, page as u64)?;
-        for (start, end) in reservations(&spans)? {
-            let mut got: sys::CUdeviceptr = 0;
-            let len = (end - start) as usize;
-            // SAFETY: valid out-pointer; the hint is only a request.
-            let code = unsafe { sys::cuMemAddressReserve(&mut got, len, 0, start, 0) };
-            if code != sys::CUresult::CUDA_SUCCESS {
-                return Err(format!("reserving {len} bytes at {start:#x}: {code:?}"));
-            }
-            if got != start {
-                // SAFETY: the reservation just made, of `len` bytes.
-                unsafe { sys::cuMemAddressFree(got, len) };
-                return Err(format!("addresses {start:#x}..{end:#x} are taken on this device (the driver offered {got:#x})"));
-            }
-            // Reservations stay until the worker exits: they only hold addresses.
-        }
+        reserve_spans(&spans, 0)?;
         for (start, end) in spans {
             let len = (end - start) as usize;
             let mut handle: sys::CUmemGenericAllocationHandle = 0;
@@ -179,15 +204,21 @@ mod tests {
     }
 
     #[test]
-    fn reservations_are_whole_gibs_and_join_near_spans() {
+    fn reservations_are_rounded_and_join_near_spans() {
         let gib = 1u64 << 30;
-        let near = reservations(&[
-            (0x7f00_0000_0000 + PAGE, 0x7f00_0000_0000 + 2 * PAGE),
-            (0x7f00_0000_0000 + 2 * gib, 0x7f00_0000_0000 + 2 * gib + PAGE),
-        ])
-        .unwrap();
-        assert_eq!(near, vec![(0x7f00_0000_0000, 0x7f00_0000_0000 + 3 * gib)]);
-        let far = reservations(&[(0x3_0200_0000, 0x3_0220_0000), (0x7f00_0000_0000, 0x7f00_0020_0000)]).unwrap();
-        assert_eq!(far, vec![(0x3_0000_0000, 0x3_4000_0000), (0x7f00_0000_0000, 0x7f00_4000_0000)]);
+        let base = 0x7f00_0000_0000;
+        let spans = [(base + PAGE, base + 2 * PAGE), (base + 2 * gib, base + 2 * gib + PAGE)];
+        let (align, gap) = LEVELS[0];
+        assert_eq!(reservations(&spans, align, gap).unwrap(), vec![(base, base + 3 * gib, 0..2)]);
+        let far = reservations(&[(0x3_0200_0000, 0x3_0220_0000), (base, base + PAGE)], align, gap).unwrap();
+        assert_eq!(far, vec![(0x3_0000_0000, 0x3_4000_0000, 0..1), (base, base + gib, 1..2)]);
+        // Finer levels keep apart what the GiB level joined, down to the spans themselves.
+        let (align, gap) = LEVELS[1];
+        assert_eq!(
+            reservations(&spans, align, gap).unwrap(),
+            vec![(base, base + (256 << 20), 0..1), (base + 2 * gib, base + 2 * gib + (256 << 20), 1..2)]
+        );
+        let (align, gap) = LEVELS[LEVELS.len() - 1];
+        assert_eq!(reservations(&spans, align, gap).unwrap(), vec![(spans[0].0, spans[0].1, 0..1), (spans[1].0, spans[1].1, 1..2)]);
     }
 }

@@ -77,6 +77,13 @@ struct Manifest {
     segment: Option<SegmentState>,
 }
 
+/// The device ranges whose bytes follow the manifest, in file order: allocations, then each
+/// module's variables.
+fn manifest_ranges(manifest: &Manifest) -> Vec<(u64, u64)> {
+    let variables = manifest.modules.iter().flat_map(|module| module.variables.iter().map(|(_, address, size)| (*address, *size)));
+    manifest.allocations.iter().copied().chain(variables).collect()
+}
+
 /// A snapshot name: 32 hex digits from the system's random source.
 fn new_name() -> Result<String, String> {
     let mut bytes = [0u8; 16];
@@ -192,6 +199,78 @@ fn write_device<D: Device>(device: &D, chunk: u64, ptr: u64, len: u64, input: &m
     Ok(())
 }
 
+/// Bytes of a snapshot file pinned at once while device memory is copied straight into or out of it.
+const DIRECT_WINDOW: u64 = 1 << 30;
+
+/// Copies device `ranges` (address, length) to or from `file` from byte `data_at` on, in order,
+/// with no staging copy: the file's pages are mapped and pinned one window at a time and the
+/// GPU's copy engines move the bytes. For files in memory (tmpfs, as /dev/shm) only, which the
+/// driver can pin; `Ok(false)` when the first window cannot be pinned and nothing was copied
+/// (the caller then copies through staging).
+fn copy_direct<D: Device>(device: &D, file: &std::fs::File, data_at: u64, ranges: &[(u64, u64)], to_file: bool) -> Result<bool, String> {
+    if !flyt_ring::region::pinnable(file).unwrap_or(false) {
+        return Ok(false);
+    }
+    let total: u64 = ranges.iter().map(|(_, len)| len).sum();
+    if total == 0 {
+        return Ok(true);
+    }
+    let end = data_at + total;
+    let len = usize::try_from(end).map_err(|_| "snapshot too large".to_string())?;
+    let map = memmap2::MmapOptions::new().len(len).map_raw(file).map_err(|error| format!("mapping the snapshot: {error}"))?;
+    let page = 4096;
+    let (mut window, mut next) = (data_at / page * page, ranges.iter().copied());
+    let mut at = data_at;
+    let mut pending: Option<(u64, u64)> = None;
+    let mut first = true;
+    while window < end {
+        let window_end = (window + DIRECT_WINDOW).min(end);
+        let pinned = map.as_mut_ptr().wrapping_add(window as usize);
+        let pinned_len = (window_end - window) as usize;
+        // SAFETY: the window lies inside the mapping, which outlives its pinning (unpinned below).
+        if let Err(error) = unsafe { device.host_register(pinned, pinned_len, false) } {
+            if first {
+                return Ok(false);
+            }
+            return Err(format!("pinning the snapshot file: {error}"));
+        }
+        first = false;
+        let copied = (|| {
+            while at < window_end {
+                let (ptr, left) = match pending.take() {
+                    Some(piece) => piece,
+                    None => match next.next() {
+                        Some(range) => range,
+                        None => break,
+                    },
+                };
+                let step = left.min(window_end - at);
+                let host = map.as_mut_ptr().wrapping_add(at as usize);
+                // SAFETY: `host..host + step` lies in the pinned window; the device range is one of
+                // the session's own allocations or variables.
+                unsafe {
+                    if to_file {
+                        device.copy_to_host(host, ptr, step as usize, device.null_stream())
+                    } else {
+                        device.copy_from_host(ptr, host, step as usize, device.null_stream())
+                    }
+                }
+                .map_err(|error| format!("copying {step} bytes at {ptr:#x}: {error}"))?;
+                at += step;
+                if step < left {
+                    pending = Some((ptr + step, left - step));
+                }
+            }
+            device.synchronize().map_err(|error| format!("copying device memory: {error}"))
+        })();
+        // SAFETY: registered above; the copies that used it are done (or failed).
+        let _ = unsafe { device.host_unregister(pinned) };
+        copied?;
+        window = window_end;
+    }
+    Ok(true)
+}
+
 fn capability<D: Device>(device: &D) -> (i32, i32) {
     let info = device.info();
     (info.attribute(attr::COMPUTE_CAPABILITY_MAJOR).unwrap_or(0), info.attribute(attr::COMPUTE_CAPABILITY_MINOR).unwrap_or(0))
@@ -275,11 +354,11 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
     if !budget.try_reserve(total) {
         return Err(format!("its {total} bytes of device memory exceed what this server's quota has free"));
     }
-    device.restore_allocations(&manifest.allocations)?;
-    for &(ptr, len) in &manifest.allocations {
-        write_device(device, chunk, ptr, len, &mut input)?;
-    }
+    // Modules first, as the app's runtime loaded them before its first allocation: a fresh
+    // worker that loads the same images in the same order gets their variables at the same
+    // addresses, before restored allocations take any of the driver's address space.
     let mut modules = HashMap::new();
+    let mut variables = Vec::new();
     for state in manifest.modules {
         let module = device.load_module(&state.image).map_err(|error| format!("module {} does not load here: {error}", state.id))?;
         let count = state.functions.iter().map(|(_, index, _)| *index as usize + 1).max().unwrap_or(0);
@@ -299,10 +378,19 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
             if here != *address {
                 return Err(format!("module variable {name} would move from {address:#x} to {here:#x} on this device"));
             }
-            write_device(device, chunk, *address, *size, &mut input)?;
+            variables.push((*address, *size));
         }
         let loaded = LoadedModule { module, image: Arc::new(state.image), functions, function_names, variables: state.variables };
         modules.insert(state.id, loaded);
+    }
+    device.restore_allocations(&manifest.allocations)?;
+    let ranges: Vec<_> = manifest.allocations.iter().copied().chain(variables).collect();
+    let data_at = (MAGIC.len() + 8) as u64 + len;
+    let writable = std::fs::File::options().read(true).write(true).open(path).map_err(|error| format!("{}: {error}", path.display()))?;
+    if !copy_direct(device, &writable, data_at, &ranges, false)? {
+        for &(ptr, len) in &ranges {
+            write_device(device, chunk, ptr, len, &mut input)?;
+        }
     }
     let mut streams = Vec::new();
     for (id, flags, priority) in manifest.streams {
@@ -423,24 +511,28 @@ impl<D: Device> Session<D> {
         let path = path_of(dir, &name);
         let partial = path.with_extension("partial");
         let written: Result<u64, String> = (|| {
-            let file = std::fs::File::create(&partial).map_err(|error| format!("{}: {error}", partial.display()))?;
-            let mut out = BufWriter::with_capacity(8 << 20, file);
+            let io = |error: std::io::Error| format!("{}: {error}", partial.display());
+            let mut file = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&partial).map_err(io)?;
             let mut bytes = Vec::new();
             flyt_protocol::frame::encode_into(&manifest, &mut bytes);
-            let io = |error: std::io::Error| format!("{}: {error}", partial.display());
-            out.write_all(MAGIC).map_err(io)?;
-            out.write_all(&(bytes.len() as u64).to_le_bytes()).map_err(io)?;
-            out.write_all(&bytes).map_err(io)?;
-            let chunk = self.config.copy_chunk;
-            for &(ptr, len) in &manifest.allocations {
-                read_device(&*self.device, chunk, ptr, len, &mut out)?;
-            }
-            for module in &manifest.modules {
-                for (_, address, size) in &module.variables {
-                    read_device(&*self.device, chunk, *address, *size, &mut out)?;
+            file.write_all(MAGIC).map_err(io)?;
+            file.write_all(&(bytes.len() as u64).to_le_bytes()).map_err(io)?;
+            file.write_all(&bytes).map_err(io)?;
+            let data_at = (MAGIC.len() + 8 + bytes.len()) as u64;
+            let ranges = manifest_ranges(&manifest);
+            file.set_len(data_at + device_bytes).map_err(io)?;
+            if copy_direct(&*self.device, &file, data_at, &ranges, true)? {
+                tracing::info!(bytes = device_bytes, "device memory copied straight into the snapshot file's pinned pages");
+            } else {
+                file.set_len(data_at).map_err(io)?;
+                let mut out = BufWriter::with_capacity(8 << 20, &mut file);
+                std::io::Seek::seek(&mut out, std::io::SeekFrom::Start(data_at)).map_err(io)?;
+                let chunk = self.config.copy_chunk;
+                for &(ptr, len) in &ranges {
+                    read_device(&*self.device, chunk, ptr, len, &mut out)?;
                 }
+                out.flush().map_err(io)?;
             }
-            let file = out.into_inner().map_err(|error| format!("{}: {error}", partial.display()))?;
             file.sync_all().map_err(io)?;
             let bytes = file.metadata().map_err(io)?.len();
             std::fs::rename(&partial, &path).map_err(io)?;
