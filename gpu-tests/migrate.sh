@@ -1,29 +1,35 @@
 #!/usr/bin/env bash
-# migrate.sh --dist DIR --out DIR [--moves N] [--big-mib LIST]: live migration and
-# checkpoint/restore of a running app between two rpc-servers on this machine's GPU.
+# migrate.sh --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib LIST] [--skip LIST]:
+# live migration and checkpoint/restore of running apps between two rpc-servers on this machine's
+# GPU, the apps unable to see the GPU.
 #
-#   1. migrate_loop (driver API; device memory of several sizes, a stream, an event, each round
-#      checking what the last round wrote) runs natively, then through Flyt with the GPU hidden
-#      while `flytctl session migrate` moves it N times between the two servers, alternating TCP
-#      and the Unix socket. Its pointers at the start and end must be equal and its output the
-#      native one.
-#   2. The same app is checkpointed with --stop, its server killed, a fresh server started with
-#      --snapshot-dir: the app must go on and pass.
-#   3. For each size in --big-mib: one move of an app holding that much more memory, timed
-#      (pause = drain + snapshot + restore), beside the GPU's native copy bandwidth.
+#   app-shm, app-socket: migration/migrate_app.cu (nvcc, static runtime; MIB of device memory in
+#      many sizes, four streams, events, module globals, kernels every round) runs natively, then
+#      through Flyt while `flytctl session migrate` moves it N times between the two servers,
+#      alternating TCP and the Unix socket: once over the shared-memory channel (its segment, its
+#      page-locked buffer and its rings follow it), once with FLYT_SHM=off. Its output must be
+#      the native one and its pointers (allocations and symbols) the same at the end as at the start.
+#   restart: the same app checkpointed with --stop, its server killed, a fresh server started with
+#      --snapshot-dir: the app must go on and print the native output.
+#   big: for each size in --big-mib, one timed move of migrate_loop (driver API) holding that much
+#      more memory (pause = drain + snapshot + restore).
+# Snapshots go to /dev/shm, where the GPU copies straight into the files' pinned pages.
 # A short table is printed last; everything else goes to OUT.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-DIST= OUT= MOVES=10 BIG="1024 10240"
+DIST= OUT= MOVES=10 APP_MIB=10240 BIG="1024 10240" SKIP=
 while [ $# -gt 0 ]; do
     case $1 in
     --dist) DIST=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --moves) MOVES=$2; shift 2 ;;
+    --app-mib) APP_MIB=$2; shift 2 ;;
     --big-mib) BIG=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--big-mib 'MIB ...']" >&2; exit 2 ;;
+    --skip) SKIP=$2; shift 2 ;;
+    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket restart big']" >&2; exit 2 ;;
     esac
 done
+skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
 [ -n "$DIST" ] && [ -n "$OUT" ] || { echo "--dist and --out are needed" >&2; exit 2; }
 DIST=$(cd "$DIST" && pwd)
 mkdir -p "$OUT"
@@ -39,6 +45,8 @@ row() { ROWS+=("$(printf '| %-44s | %-6s | %s |' "$1" "$2" "$3")"); }
 # --- build -------------------------------------------------------------------------------------
 cc -std=gnu11 -O2 -Wall -I"$CUDA_INC" -I"$here/../cuda-shim/cdylib/tests/c" \
     "$here/../cuda-shim/cdylib/tests/c/migrate_loop.c" -o "$W/migrate_loop" -L"$DIST/lib" -l:libcuda.so.1 || { echo "build failed"; exit 1; }
+NVCC=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+"$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_app" "$here/migration/migrate_app.cu" || { echo "nvcc failed"; exit 1; }
 # Hide the GPU from Flyt's apps: device nodes and the driver's libcuda files.
 HIDE=$W/hide.list
 : >"$HIDE"
@@ -67,60 +75,90 @@ session_of() { # CONTROL-NAME -> the one session id
         sleep 0.05
     done
 }
-flyt_app() { # SERVER-ADDRESS ARGS... (GPU hidden)
+flyt_loop() { # SERVER-ADDRESS ARGS... (GPU hidden)
     local server=$1; shift
     "$W/hide_gpu" "$HIDE" -- env LD_LIBRARY_PATH="$W/lib" FLYT_SERVER="$server" FLYT_TOKEN="$TOKEN" FLYT_SHM=off "$W/migrate_loop" "$@"
 }
+flyt_app() { # SHM(on|off) SERVER-ADDRESS ARGS... (GPU hidden)
+    local shm=$1 server=$2; shift 2
+    "$W/hide_gpu" "$HIDE" -- env LD_LIBRARY_PATH="$W/lib" FLYT_SERVER="$server" FLYT_TOKEN="$TOKEN" FLYT_SHM="$shm" "$W/migrate_app" "$@"
+}
+same_output() { # NATIVE FLYT: the same lines but the pointer lines, and pointers equal start to end
+    local p1 p2
+    p1=$(grep '^pointers' "$2" | head -1); p2=$(grep '^pointers' "$2" | tail -1)
+    [ -n "$p1" ] && [ "$p1" = "$p2" ] || return 1
+    cmp -s <(grep -v '^pointers' "$1") <(grep -v '^pointers' "$2")
+}
+ROUNDS=200
 
-# --- 1. ten moves of a running app ----------------------------------------------------------------
-"$W/migrate_loop" 600 10 >"$OUT/native.out" 2>&1
-start_server a; A=$SRV_PID
-start_server b; B=$SRV_PID
-flyt_app "unix:$W/a.sock" 600 10 >"$OUT/moved.out" 2>"$OUT/moved.err" &
-APP=$!
-here_name=a moved=0 refused=0
-: >"$OUT/moves.log"
-for i in $(seq "$MOVES"); do
-    sleep 0.3
-    if [ $here_name = a ]; then to=b; else to=a; fi
-    if [ $((i % 2)) = 1 ]; then addr=$(cat "$W/$to.tcp"); else addr="unix:$W/$to.sock"; fi
-    id=$(session_of $here_name)
-    if CTL session migrate --control "unix:$W/$here_name.ctl" "$id" --to-control "unix:$W/$to.ctl" --to "$addr" --dir "$SNAP" >>"$OUT/moves.log" 2>&1; then
-        moved=$((moved + 1)); here_name=$to
-    else
-        refused=$((refused + 1))
-    fi
+# --- the app natively ---------------------------------------------------------------------------
+if ! skipped app-shm || ! skipped app-socket || ! skipped restart; then
+    "$W/migrate_app" "$APP_MIB" $ROUNDS 0 >"$OUT/native.out" 2>&1 || echo "native run failed: $(tail -2 "$OUT/native.out")"
+fi
+
+# --- 1. moves of a running app ------------------------------------------------------------------
+for mode in shm socket; do
+    skipped "app-$mode" && continue
+    if [ $mode = shm ]; then shm=on; else shm=off; fi
+    start_server a; A=$SRV_PID
+    start_server b; B=$SRV_PID
+    gate=$W/gate-$mode
+    flyt_app $shm "unix:$W/a.sock" "$APP_MIB" $ROUNDS 5 "$gate" >"$OUT/$mode.out" 2>"$OUT/$mode.err" &
+    APP=$!
+    for _ in $(seq 1200); do grep -q holding "$OUT/$mode.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
+    here_name=a moved=0 refused=0 pauses=()
+    : >"$OUT/moves-$mode.log"
+    for i in $(seq "$MOVES"); do
+        sleep 0.3
+        if [ $here_name = a ]; then to=b; else to=a; fi
+        if [ $((i % 2)) = 1 ]; then addr=$(cat "$W/$to.tcp"); else addr="unix:$W/$to.sock"; fi
+        id=$(session_of $here_name)
+        if CTL --json session migrate --control "unix:$W/$here_name.ctl" "$id" --to-control "unix:$W/$to.ctl" --to "$addr" --dir "$SNAP" >"$W/move.json" 2>>"$OUT/moves-$mode.log"; then
+            moved=$((moved + 1)); here_name=$to
+            cat "$W/move.json" >>"$OUT/moves-$mode.log"
+            pauses+=("$(python3 -c "import json; print('%.0f' % json.load(open('$W/move.json'))['total_ms'])")")
+        else
+            refused=$((refused + 1))
+        fi
+    done
+    touch "$gate"
+    wait $APP; rc=$?
+    same=no; same_output "$OUT/native.out" "$OUT/$mode.out" && same=yes
+    if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
+    median=$(printf '%s\n' "${pauses[@]}" | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "-"}')
+    row "migrate_app $APP_MIB MiB ($mode): $MOVES moves tcp/unix" $r "moved $moved, refused $refused, output and pointers as native: $same, exit $rc, move total median $median ms (each: ${pauses[*]})"
+    kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
 done
-wait $APP; rc=$?
-p1=$(grep '^pointers' "$OUT/moved.out" | head -1); p2=$(grep '^pointers' "$OUT/moved.out" | tail -1)
-same_ptr=no; [ -n "$p1" ] && [ "$p1" = "$p2" ] && same_ptr=yes
-grep -v '^pointers' "$OUT/native.out" >"$W/n" ; grep -v '^pointers' "$OUT/moved.out" >"$W/m"
-if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same_ptr = yes ] && cmp -s "$W/n" "$W/m"; then r=PASS; else r=FAIL; fi
-row "migrate_loop: $MOVES moves (tcp/unix) mid-run" $r "moved $moved, refused $refused, pointers equal: $same_ptr, exit $rc"
-kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
 
 # --- 2. checkpoint, kill the server, restore on a fresh one --------------------------------------
-start_server c; C=$SRV_PID
-flyt_app "unix:$W/c.sock" 300 10 >"$OUT/restart.out" 2>"$OUT/restart.err" &
-APP=$!
-sleep 0.5
-id=$(session_of c)
-CTL session checkpoint --control "unix:$W/c.ctl" "$id" --to "$SNAP" --stop >"$OUT/checkpoint.log" 2>&1
-ck=$?
-kill -9 $C; wait $C 2>/dev/null
-sleep 0.5
-start_server c --snapshot-dir "$SNAP"; C=$SRV_PID
-wait $APP; rc=$?
-p1=$(grep '^pointers' "$OUT/restart.out" | head -1); p2=$(grep '^pointers' "$OUT/restart.out" | tail -1)
-if [ $ck = 0 ] && [ $rc = 0 ] && [ -n "$p1" ] && [ "$p1" = "$p2" ]; then r=PASS; else r=FAIL; fi
-row "checkpoint --stop, server killed, fresh server" $r "checkpoint rc $ck, app exit $rc: $(head -c 150 "$OUT/checkpoint.log" | tr '\n' ' ')"
-kill $C 2>/dev/null; wait $C 2>/dev/null
+if ! skipped restart; then
+    start_server c; C=$SRV_PID
+    gate=$W/gate-restart
+    flyt_app on "unix:$W/c.sock" "$APP_MIB" $ROUNDS 5 "$gate" >"$OUT/restart.out" 2>"$OUT/restart.err" &
+    APP=$!
+    for _ in $(seq 1200); do grep -q holding "$OUT/restart.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
+    id=$(session_of c)
+    CTL session checkpoint --control "unix:$W/c.ctl" "$id" --to "$SNAP" --stop >"$OUT/checkpoint.log" 2>&1
+    ck=$?
+    kill -9 $C; wait $C 2>/dev/null
+    sleep 0.5
+    started=$(date +%s%N)
+    start_server c --snapshot-dir "$SNAP"; C=$SRV_PID
+    touch "$gate"
+    wait $APP; rc=$?
+    same=no; same_output "$OUT/native.out" "$OUT/restart.out" && same=yes
+    if [ $ck = 0 ] && [ $rc = 0 ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
+    row "checkpoint --stop, server killed, fresh server" $r "checkpoint rc $ck, app exit $rc, output and pointers as native: $same: $(head -c 200 "$OUT/checkpoint.log" | tr '\n' ' ')"
+    kill $C 2>/dev/null; wait $C 2>/dev/null
+    rm -rf "$SNAP"
+fi
 
 # --- 3. timed moves of much memory -----------------------------------------------------------------
 for mib in $BIG; do
+    skipped big && break
     start_server a; A=$SRV_PID
     start_server b; B=$SRV_PID
-    flyt_app "unix:$W/a.sock" 150 20 "$mib" >"$OUT/big$mib.out" 2>"$OUT/big$mib.err" &
+    flyt_loop "unix:$W/a.sock" 150 20 "$mib" >"$OUT/big$mib.out" 2>"$OUT/big$mib.err" &
     APP=$!
     id=
     for _ in $(seq 600); do grep -q '^pointers' "$OUT/big$mib.out" 2>/dev/null && break; sleep 0.1; done

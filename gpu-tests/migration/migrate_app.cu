@@ -1,4 +1,5 @@
-// migrate_app: a CUDA runtime program to move while it runs (gpu-tests/migrate.sh). It holds
+// migrate_app: a CUDA runtime program to move while it runs (gpu-tests/migrate.sh; kept out of
+// run.sh, whose native and Flyt outputs would differ in its pointer lines). It holds
 // device memory in many sizes (arg 1: MiB in all), four streams (one of high priority), events
 // that chain them, and a module with globals (__device__ state the kernels update, a
 // __constant__ table the host rewrites, both read back with cudaMemcpyFromSymbol). Every round
@@ -9,10 +10,14 @@
 // symbols' addresses are printed at the start and at the end ("pointers: ..."): a move must keep
 // them.
 //
-// Arguments: MiB (default 1024), rounds (default 300), milliseconds between rounds (default 10).
+// Arguments: MiB (default 1024), rounds (default 300), milliseconds between rounds (default 10),
+// and a gate file: halfway, the program keeps its streams busy with kernels on a scratch buffer
+// (which the output does not show) until that file exists, so a script can move it as often as
+// it likes mid-run.
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <unistd.h>
 #include <vector>
 
 #define CHECK(call)                                                                          \
@@ -53,6 +58,10 @@ __global__ void step_table(unsigned int round) {
     g_table[t] = g_table[t] * 1664525u + 1013904223u + round + t;
 }
 
+__global__ void churn(unsigned int *scratch, size_t words) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x) scratch[i] += 1;
+}
+
 // Sum of data[i] * (i | 1) over [start, start + len), modulo 2^64: order does not matter.
 __global__ void checksum(const unsigned int *data, size_t start, size_t len, unsigned long long *out) {
     unsigned long long sum = 0;
@@ -82,6 +91,7 @@ int main(int argc, char **argv) {
     size_t total = (size_t)(argc > 1 ? atol(argv[1]) : 1024) << 20;
     int rounds = argc > 2 ? atoi(argv[2]) : 300;
     int pause_ms = argc > 3 ? atoi(argv[3]) : 10;
+    const char *gate = argc > 4 ? argv[4] : NULL;
     const size_t sizes[] = {4096, 65536 + 128, (1 << 20) + 12, 64 << 20, 512 << 20};
     std::vector<unsigned int *> buffers;
     std::vector<size_t> words;
@@ -116,7 +126,19 @@ int main(int argc, char **argv) {
     print_pointers(buffers);
     const size_t window = 1 << 16;
     struct timespec nap = {pause_ms / 1000, (long)(pause_ms % 1000) * 1000000L};
+    unsigned int *scratch;
+    CHECK(cudaMalloc(&scratch, 16 << 20));
     for (int round = 0; round < rounds; round++) {
+        if (gate && round == rounds / 2) {
+            fprintf(stderr, "holding at round %d until %s exists\n", round, gate);
+            for (int turn = 0; access(gate, F_OK) != 0; turn++) {
+                churn<<<64, 256, 0, streams[turn % nstreams]>>>(scratch, (16 << 20) / 4);
+                CHECK(cudaEventRecord(joined[0], streams[turn % nstreams]));
+                CHECK(cudaEventSynchronize(joined[0]));
+                nanosleep(&nap, NULL);
+            }
+            CHECK(cudaDeviceSynchronize());
+        }
         if (round % 50 == 25) {
             // No kernel may read the table while it changes.
             CHECK(cudaDeviceSynchronize());
@@ -167,6 +189,7 @@ int main(int argc, char **argv) {
     print_pointers(buffers);
     for (unsigned int *buffer : buffers) CHECK(cudaFree(buffer));
     CHECK(cudaFree(sums));
+    CHECK(cudaFree(scratch));
     CHECK(cudaFreeHost(host_sums));
     CHECK(cudaEventDestroy(stepped));
     for (int s = 0; s < nstreams; s++) {
