@@ -1,6 +1,7 @@
 //! `metrics_listen`: Prometheus metrics of the cluster at `http://host:port/metrics`: nodes by
 //! health, GPUs, free and total compute units and memory, allocations by state, placements
-//! granted and refused, node calls that failed, and each store operation's latency and failures.
+//! granted and refused, moves done and refused, node calls that failed, and each store
+//! operation's latency and failures.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,6 +33,9 @@ const STORE_OPS: [&str; 7] = ["load", "put_vm", "remove_vm", "put_node", "put_gp
 pub struct ClusterMetrics {
     pub placements_granted: AtomicU64,
     pub placements_refused: AtomicU64,
+    /// `migrate` calls that moved the allocation, and those that left it where it was.
+    pub moves_done: AtomicU64,
+    pub moves_refused: AtomicU64,
     pub node_call_failures: AtomicU64,
     store_latency: Vec<Histogram>,
     store_failures: Vec<AtomicU64>,
@@ -42,6 +46,8 @@ impl Default for ClusterMetrics {
         Self {
             placements_granted: AtomicU64::new(0),
             placements_refused: AtomicU64::new(0),
+            moves_done: AtomicU64::new(0),
+            moves_refused: AtomicU64::new(0),
             node_call_failures: AtomicU64::new(0),
             store_latency: STORE_OPS.iter().map(|_| Histogram::new(&CONTROL_LATENCY_BOUNDS)).collect(),
             store_failures: STORE_OPS.iter().map(|_| AtomicU64::new(0)).collect(),
@@ -131,6 +137,7 @@ pub struct Snapshot {
     pub allocations_starting: u64,
     pub allocations_running: u64,
     pub allocations_resizing: u64,
+    pub allocations_moving: u64,
 }
 
 /// The exposition text.
@@ -162,13 +169,14 @@ pub fn render(metrics: &ClusterMetrics, snapshot: &Snapshot) -> String {
     registry.register("client_managers", "Client managers reporting", Series::gauge(Labels::new(), snapshot.client_managers));
     registry.register(
         "allocations",
-        "Allocations by state (resizing ones are also counted as running)",
+        "Allocations by state (resizing and moving ones are also counted as running)",
         by(
             "state",
             &[
                 ("starting", snapshot.allocations_starting),
                 ("running", snapshot.allocations_running),
                 ("resizing", snapshot.allocations_resizing),
+                ("moving", snapshot.allocations_moving),
             ],
         ),
     );
@@ -177,6 +185,14 @@ pub fn render(metrics: &ClusterMetrics, snapshot: &Snapshot) -> String {
         "placements_refused",
         "Allocation requests refused (no room, unknown VM, a node that failed...)",
         counter(&metrics.placements_refused),
+    );
+    registry.register(
+        "moves",
+        "Allocations moved to another node (`flytctl migrate`), and moves that left them where they were",
+        Series::Counters(vec![
+            (vec![("outcome", "moved".to_string())], metrics.moves_done.load(Ordering::Relaxed)),
+            (vec![("outcome", "refused".to_string())], metrics.moves_refused.load(Ordering::Relaxed)),
+        ]),
     );
     registry.register("node_call_failures", "Calls to node managers that failed to reach them", counter(&metrics.node_call_failures));
     registry.register(

@@ -53,6 +53,29 @@ pub fn sm_percentage(compute_units: u32, sm_count: u32) -> u32 {
     (u64::from(compute_units) * 100).div_ceil(u64::from(sm_count)).clamp(1, 100) as u32
 }
 
+/// Whether `allocation` holds room on GPU `gpu` of `node_id`: its own GPU, and both ends of a
+/// move under way.
+fn holds_gpu(allocation: &AllocationRecord, node_id: &str, gpu: u32) -> bool {
+    let on = |node: &str, index: u32| node == node_id && index == gpu;
+    on(&allocation.node_id, allocation.gpu)
+        || allocation
+            .pending_move
+            .as_ref()
+            .is_some_and(|pending| on(&pending.from_node, pending.from_gpu) || on(&pending.to_node, pending.to_gpu))
+}
+
+/// The data-plane address an app reaches a server by, out of the server's `addresses`: its
+/// Unix socket when the app shares the server's kernel and one is offered, else TCP.
+pub fn data_address(addresses: &[String], same_host: bool) -> Option<String> {
+    let unix = addresses.iter().find(|address| address.starts_with("unix:"));
+    let tcp = addresses.iter().find(|address| !address.starts_with("unix:"));
+    match (same_host, unix, tcp) {
+        (true, Some(unix), _) | (_, Some(unix), None) => Some(unix.clone()),
+        (_, _, Some(tcp)) => Some(tcp.clone()),
+        (_, None, None) => None,
+    }
+}
+
 /// Marks an allocation idle from `now` when it has no client and no session, busy otherwise.
 pub fn refresh_idle(allocation: &mut AllocationRecord, now: u64) {
     if allocation.clients.is_empty() && allocation.sessions == 0 {
@@ -96,17 +119,18 @@ impl Model {
 
     /// SMs, MiB and allocation count given out of one GPU, leaving out `except` (an allocation
     /// being resized). An allocation with a resize under way counts with the larger of its two
-    /// sizes, so nothing placed meanwhile can overcommit the GPU whichever way the resize ends.
+    /// sizes, so nothing placed meanwhile can overcommit the GPU whichever way the resize ends;
+    /// one with a move under way counts on both GPUs of the move, whichever way it ends.
     pub fn gpu_used(&self, node_id: &str, gpu: u32, except: Option<&str>) -> (u32, u64, u32) {
-        self.allocations
-            .values()
-            .filter(|allocation| allocation.node_id == node_id && allocation.gpu == gpu && Some(allocation.id.as_str()) != except)
-            .fold((0, 0, 0), |(units, memory, count), allocation| {
+        self.allocations.values().filter(|allocation| holds_gpu(allocation, node_id, gpu) && Some(allocation.id.as_str()) != except).fold(
+            (0, 0, 0),
+            |(units, memory, count), allocation| {
                 let pending = allocation.pending_resize.as_ref();
                 let held_units = pending.map_or(allocation.compute_units, |size| size.compute_units.max(allocation.compute_units));
                 let held_memory = pending.map_or(allocation.memory, |size| size.memory.max(allocation.memory));
                 (units + held_units, memory + held_memory, count + 1)
-            })
+            },
+        )
     }
 
     /// The allocation serving `vm_ip`, if any.
@@ -218,6 +242,61 @@ impl Model {
         Ok(())
     }
 
+    /// Checks that `allocation` can move to node `to_node`: GPU `to_gpu` there, or the GPU
+    /// placement would pick (the fullest that holds the slice). Returns that GPU and the
+    /// slice's MPS percentage on it (the same SMs of another GPU).
+    pub fn check_move(&self, allocation: &AllocationRecord, to_node: &str, to_gpu: Option<u32>) -> Result<(u32, u32), ControlError> {
+        let node = self.nodes.get(to_node).ok_or_else(|| ControlError::UnknownNode(to_node.to_string()))?;
+        if node.record.health != NodeHealth::Up {
+            return Err(ControlError::NodeUnreachable {
+                node: to_node.to_string(),
+                reason: "it is marked down (its node manager sends no heartbeat)".into(),
+            });
+        }
+        if node.record.drained {
+            return Err(ControlError::Invalid(format!("node {to_node} is drained and takes no allocation (`flytctl undrain {to_node}`)")));
+        }
+        if allocation.node_id == to_node {
+            return Err(ControlError::Invalid(format!(
+                "allocation {} already runs on {to_node} (moving to another GPU of the same node is not supported)",
+                allocation.id
+            )));
+        }
+        if let Some(index) = to_gpu
+            && !node.gpus.iter().any(|gpu| gpu.index == index)
+        {
+            return Err(ControlError::Invalid(format!("node {to_node} has no GPU {index}")));
+        }
+        let units = allocation.pending_resize.map_or(allocation.compute_units, |size| size.compute_units.max(allocation.compute_units));
+        let memory = allocation.pending_resize.map_or(allocation.memory, |size| size.memory.max(allocation.memory));
+        let mut best: Option<(u32, u32, u32)> = None;
+        let mut closest: Option<(u64, String)> = None;
+        for gpu in node.gpus.iter().filter(|gpu| to_gpu.is_none_or(|index| gpu.index == index)) {
+            let (used_units, used_memory, _) = self.gpu_used(to_node, gpu.index, Some(&allocation.id));
+            let free_units = gpu.sm_count.saturating_sub(used_units);
+            let free_memory = (gpu.memory_bytes / MIB).saturating_sub(used_memory);
+            if free_units >= units && free_memory >= memory {
+                if best.is_none_or(|(fewest, _, _)| free_units < fewest) {
+                    best = Some((free_units, gpu.index, sm_percentage(units, gpu.sm_count)));
+                }
+            } else {
+                let shortfall = u64::from(units.saturating_sub(free_units)) * 1000 / u64::from(units.max(1))
+                    + memory.saturating_sub(free_memory) * 1000 / memory.max(1);
+                if closest.as_ref().is_none_or(|(fewest, _)| shortfall < *fewest) {
+                    closest = Some((shortfall, format!("{to_node} GPU {} has {free_units} SMs and {free_memory} MiB free", gpu.index)));
+                }
+            }
+        }
+        match (best, closest) {
+            (Some((_, gpu, percentage)), _) => Ok((gpu, percentage)),
+            (None, closest) => Err(ControlError::TargetFull(format!(
+                "{}; allocation {} needs {units} SMs and {memory} MiB",
+                closest.map_or_else(|| format!("{to_node} reports no GPU"), |(_, hint)| hint),
+                allocation.id
+            ))),
+        }
+    }
+
     /// A node with what is given out of each GPU.
     pub fn node_view(&self, node: &NodeEntry, now: Instant) -> NodeView {
         let gpus = node
@@ -306,6 +385,7 @@ mod tests {
                 idle_since: None,
                 pending_resize: None,
                 metrics: None,
+                pending_move: None,
             },
         );
         (node_id, gpu)
@@ -390,6 +470,55 @@ mod tests {
         assert_eq!(model.gpu_used("a", 0, None), (60, 4096, 1));
         let error = model.place(&vm("10.0.0.2", "192.0.2.1", 30, 1024)).map(|(node, _)| node);
         assert_eq!(error.ok().as_deref(), Some("b"), "only 20 SMs are free on a while x1 may grow to 60");
+    }
+
+    #[test]
+    fn a_move_needs_a_known_up_undrained_other_node_with_room() {
+        let mut model = model();
+        model.nodes.insert("c".into(), node("c", "192.0.2.3", &[(20, 16_384)]));
+        allocate(&mut model, "x1", &vm("10.0.0.1", "192.0.2.1", 30, 4096));
+        allocate(&mut model, "x2", &vm("10.0.0.2", "192.0.2.2", 60, 4096));
+        let x1 = model.allocations["x1"].clone();
+        assert_eq!(x1.node_id, "a");
+        // Node b: GPU 0 has 20 SMs left, GPU 1 (40 SMs of 8 GiB) all 40: only GPU 1 holds 30.
+        assert_eq!(model.check_move(&x1, "b", None).unwrap(), (1, 75));
+        let full = model.check_move(&x1, "b", Some(0)).unwrap_err().to_string();
+        assert!(full.starts_with("target full: b GPU 0 has 20 SMs and 12288 MiB free"), "{full}");
+        let full = model.check_move(&x1, "c", None).unwrap_err().to_string();
+        assert!(full.contains("needs 30 SMs and 4096 MiB"), "{full}");
+        assert!(matches!(model.check_move(&x1, "z", None), Err(ControlError::UnknownNode(_))));
+        assert!(model.check_move(&x1, "b", Some(7)).unwrap_err().to_string().contains("no GPU 7"));
+        assert!(model.check_move(&x1, "a", None).unwrap_err().to_string().contains("already runs on a"));
+        model.nodes.get_mut("b").unwrap().record.drained = true;
+        assert!(model.check_move(&x1, "b", None).unwrap_err().to_string().contains("drained"));
+        model.nodes.get_mut("b").unwrap().record.health = NodeHealth::Down;
+        assert!(matches!(model.check_move(&x1, "b", None), Err(ControlError::NodeUnreachable { .. })));
+    }
+
+    #[test]
+    fn a_move_under_way_holds_room_on_both_gpus() {
+        let mut model = model();
+        allocate(&mut model, "x1", &vm("10.0.0.1", "192.0.2.1", 30, 4096));
+        model.allocations.get_mut("x1").unwrap().pending_move = Some(flyt_protocol::control::cluster::PendingMove {
+            from_node: "a".into(),
+            from_gpu: 0,
+            to_node: "b".into(),
+            to_gpu: 1,
+            to_sm_percentage: 75,
+            phase: flyt_protocol::control::cluster::MovePhase::Copying,
+        });
+        assert_eq!(model.gpu_used("a", 0, None), (30, 4096, 1));
+        assert_eq!(model.gpu_used("b", 1, None), (30, 4096, 1));
+        assert_eq!(model.gpu_used("b", 0, None), (0, 0, 0));
+    }
+
+    #[test]
+    fn apps_on_the_servers_host_get_its_unix_socket() {
+        let both = vec!["192.0.2.1:4000".to_string(), "unix:/run/flyt/servers/x.sock".to_string()];
+        assert_eq!(data_address(&both, true).as_deref(), Some("unix:/run/flyt/servers/x.sock"));
+        assert_eq!(data_address(&both, false).as_deref(), Some("192.0.2.1:4000"));
+        assert_eq!(data_address(&both[1..], false).as_deref(), Some("unix:/run/flyt/servers/x.sock"));
+        assert_eq!(data_address(&[], true), None);
     }
 
     #[test]

@@ -19,6 +19,8 @@
 //! | `Starting` | adopted: `Running` with its address | started again (idempotent), or released when the node refuses |
 //! | `Running` + `pending_resize` | resized again, then committed | released after two reports without it |
 //! | `Running`, size differs from the server's | the server is resized back to the stored size | |
+//! | `Running` + `pending_move` `Copying` | rolled back: paused apps go on at the source, the target's server is stopped | |
+//! | `Running` + `pending_move` `Switching` | finished: paused apps are sent to the target, the source's server is stopped | |
 //! | nothing (released, or never stored) | told to stop | |
 //!
 //! All steps on one VM's allocation hold that VM's lock; a node report never changes an
@@ -49,9 +51,10 @@ use flyt_protocol::{
     control::{
         auth::ServiceName,
         cluster::{
-            AllocateRequest, AllocationRecord, AllocationState, ClientHeartbeatReply, ClientManagerReport, ClusterAdmin, ClusterClient,
-            ClusterNode, ClusterStatus, ControlError, Grant, NodeHealth, NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration,
-            NodeView, RegisterReply, ServerReport, SliceSize, VmRequirement, VmView,
+            AfterCheckpoint, AllocateRequest, AllocationRecord, AllocationState, CheckpointReport, ClientHeartbeatReply,
+            ClientManagerReport, ClusterAdmin, ClusterClient, ClusterNode, ClusterStatus, ControlError, Grant, MoveReport, NodeHealth,
+            NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration, NodeView, RegisterReply, ServerReport, SliceSize,
+            VmRequirement, VmView,
         },
         node::{NodeManagerControlClient, ServerSpec},
     },
@@ -63,9 +66,11 @@ use tokio::sync::Mutex;
 use crate::{
     config::ClusterManagerConfig,
     metrics::{ClusterMetrics, Snapshot},
-    model::{Model, NodeEntry, add_client, refresh_idle, sm_percentage},
+    model::{Model, NodeEntry, add_client, data_address, refresh_idle, sm_percentage},
     store::Store,
 };
+
+mod moves;
 
 /// Node reports in a row that must lack a running allocation's server before it is released.
 const MISSING_REPORTS_BEFORE_RELEASE: u32 = 2;
@@ -135,7 +140,7 @@ enum Step {
 
 /// An allocation with no step left under way.
 fn settled(allocation: &AllocationRecord) -> bool {
-    allocation.state == AllocationState::Running && allocation.pending_resize.is_none()
+    allocation.state == AllocationState::Running && allocation.pending_resize.is_none() && allocation.pending_move.is_none()
 }
 
 impl<S: Store> Cluster<S> {
@@ -279,12 +284,19 @@ impl<S: Store> Cluster<S> {
         model.granted.remove(allocation_id);
         tracing::info!(allocation = allocation_id, vm = %allocation.vm_ip, node = %allocation.node_id, reason, "allocation released");
         failpoint::hit("release.removed");
-        let cluster = self.clone();
-        let node_id = allocation.node_id.clone();
-        let down = model.nodes.get(&node_id).is_none_or(|node| node.record.health == NodeHealth::Down);
-        if !down {
-            let id = allocation_id.to_string();
-            tokio::spawn(async move { cluster.stop_on_node(&node_id, &id).await });
+        // Both ends of a move under way run a server of the allocation.
+        let mut nodes = vec![allocation.node_id.clone()];
+        if let Some(pending) = &allocation.pending_move {
+            nodes.extend([pending.from_node.clone(), pending.to_node.clone()]);
+            nodes.sort();
+            nodes.dedup();
+        }
+        for node_id in nodes {
+            let down = model.nodes.get(&node_id).is_none_or(|node| node.record.health == NodeHealth::Down);
+            if !down {
+                let (cluster, id) = (self.clone(), allocation_id.to_string());
+                tokio::spawn(async move { cluster.stop_on_node(&node_id, &id).await });
+            }
         }
         Ok(())
     }
@@ -292,14 +304,8 @@ impl<S: Store> Cluster<S> {
     fn grant(&self, model: &Model, allocation: &AllocationRecord, client_boot_id: &str) -> Result<Grant, ControlError> {
         let node_boot_id = model.nodes.get(&allocation.node_id).map(|node| node.record.boot_id.as_str()).unwrap_or("");
         let same_host = !client_boot_id.is_empty() && node_boot_id == client_boot_id;
-        let unix = allocation.addresses.iter().find(|address| address.starts_with("unix:"));
-        let tcp = allocation.addresses.iter().find(|address| !address.starts_with("unix:"));
-        let address = match (same_host, unix, tcp) {
-            (true, Some(unix), _) => unix.clone(),
-            (_, _, Some(tcp)) => tcp.clone(),
-            (_, Some(unix), None) => unix.clone(),
-            (_, None, None) => return Err(ControlError::Spawn(format!("allocation {} has no address", allocation.id))),
-        };
+        let address = data_address(&allocation.addresses, same_host)
+            .ok_or_else(|| ControlError::Spawn(format!("allocation {} has no address", allocation.id)))?;
         let expires_at = unix_now() + self.config.allocations.token_ttl_seconds;
         let token = token::issue(self.key.as_bytes(), &SessionClaims { allocation: allocation.id.clone(), expires_at })
             .map_err(|error| ControlError::Invalid(error.to_string()))?;
@@ -361,6 +367,7 @@ impl<S: Store> Cluster<S> {
                 idle_since: None,
                 pending_resize: None,
                 metrics: None,
+                pending_move: None,
             };
             // Stored before the node hears of it: whatever happens next, a restart finds it.
             self.store.put_allocation(&allocation).await.map_err(store_error)?;
@@ -384,8 +391,12 @@ impl<S: Store> Cluster<S> {
     /// allocation gets its server (the node's start is idempotent: a server it already runs,
     /// or is still starting, is reported as is) and becomes `Running`, or is released when the
     /// node refuses. A pending resize is applied again and committed, or rolled back when the
-    /// node refuses.
+    /// node refuses. A move left `Copying` is rolled back, one left `Switching` finished.
     async fn settle_locked(self: &Arc<Self>, id: &str, unreachable: WhenUnreachable) -> Result<(), ControlError> {
+        let Some(allocation) = self.model.lock().await.allocations.get(id).cloned() else { return Ok(()) };
+        if allocation.pending_move.is_some() {
+            self.settle_move_locked(id).await?;
+        }
         let Some(allocation) = self.model.lock().await.allocations.get(id).cloned() else { return Ok(()) };
         if allocation.state == AllocationState::Starting {
             let spec = ServerSpec {
@@ -548,7 +559,10 @@ impl<S: Store> Cluster<S> {
                 continue;
             };
             if allocation.node_id != node_id {
-                stop.push(server.allocation_id.clone());
+                // The other end of a move under way keeps its server until the move is over.
+                if !allocation.pending_move.as_ref().is_some_and(|pending| pending.involves(node_id)) {
+                    stop.push(server.allocation_id.clone());
+                }
                 continue;
             }
             let mut updated = allocation.clone();
@@ -560,7 +574,7 @@ impl<S: Store> Cluster<S> {
                 }
                 updated.pid = server.pid;
                 updated.addresses = server.addresses.clone();
-                if updated.pending_resize.is_some() {
+                if updated.pending_resize.is_some() || updated.pending_move.is_some() {
                     steps.push((updated.id.clone(), Step::Settle));
                 } else if server.memory_quota_bytes != updated.memory.saturating_mul(MIB) || server.sm_percentage != updated.sm_percentage {
                     steps.push((updated.id.clone(), Step::Repair));
@@ -588,7 +602,10 @@ impl<S: Store> Cluster<S> {
         let running_here: Vec<String> = model
             .allocations
             .values()
-            .filter(|allocation| allocation.node_id == node_id && allocation.state == AllocationState::Running)
+            // A move under way owns the allocation's servers until it is over.
+            .filter(|allocation| {
+                allocation.node_id == node_id && allocation.state == AllocationState::Running && allocation.pending_move.is_none()
+            })
             .map(|allocation| allocation.id.clone())
             .collect();
         for id in running_here {
@@ -922,6 +939,9 @@ impl<S: Store> Cluster<S> {
             if allocation.pending_resize.is_some() {
                 snapshot.allocations_resizing += 1;
             }
+            if allocation.pending_move.is_some() {
+                snapshot.allocations_moving += 1;
+            }
         }
         snapshot
     }
@@ -1081,6 +1101,31 @@ impl<S: Store> ClusterAdmin for ClusterService<S> {
         memory: Option<u64>,
     ) -> Result<AllocationRecord, ControlError> {
         detached(self.0.clone().change_config(target, compute_units, memory)).await.unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn migrate(
+        self,
+        _: Context,
+        target: String,
+        to_node: String,
+        to_gpu: Option<u32>,
+        timeout_ms: u64,
+    ) -> Result<MoveReport, ControlError> {
+        let metrics = self.0.metrics.clone();
+        let moved = detached(self.0.clone().migrate(target, to_node, to_gpu, timeout_ms)).await.unwrap_or_else(|| Err(cancelled()));
+        ClusterMetrics::count(if moved.is_ok() { &metrics.moves_done } else { &metrics.moves_refused });
+        moved
+    }
+
+    async fn checkpoint(
+        self,
+        _: Context,
+        target: String,
+        dir: String,
+        timeout_ms: u64,
+        after: AfterCheckpoint,
+    ) -> Result<CheckpointReport, ControlError> {
+        detached(self.0.clone().checkpoint(target, dir, timeout_ms, after)).await.unwrap_or_else(|| Err(cancelled()))
     }
 
     async fn set_drained(self, _: Context, node_id: String, drained: bool) -> Result<NodeRecord, ControlError> {

@@ -1,8 +1,9 @@
 //! The control plane end to end: a cluster manager, node managers (emulated devices), client
 //! managers and real `flyt-rpc-server`s, all separate processes on loopback
-//! (`harness`), and what survives what (`recovery`): crashes at every step of placement,
+//! (`harness`), what survives what (`recovery`): crashes at every step of placement,
 //! resize and release on both stores, a node manager killed mid-start, a cluster manager away
-//! or stopped, a node manager restarted.
+//! or stopped, a node manager restarted; and allocations moved between nodes with a running
+//! app (`migration`).
 //!
 //! Binaries: the Flyt binaries are looked up next to this package's `flyt-cluster-manager`
 //! (so build them first: `cargo build -p flyt-cluster-manager -p flyt-node-manager
@@ -13,6 +14,8 @@
 
 #[cfg(test)]
 mod harness;
+#[cfg(test)]
+mod migration;
 #[cfg(test)]
 mod recovery;
 

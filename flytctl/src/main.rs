@@ -5,6 +5,7 @@
 //! 2 bad usage; 3 the cluster manager cannot be reached or did not answer in time.
 #![forbid(unsafe_code)]
 
+mod migrate;
 mod sessions;
 mod top;
 
@@ -23,7 +24,9 @@ use flyt_daemon_kit::{
 };
 use flyt_protocol::control::{
     auth::ServiceName,
-    cluster::{AllocationRecord, ClusterAdminClient, ControlError, NodeHealth, NodeView, VmMode, VmRequirement, VmView},
+    cluster::{
+        AfterCheckpoint, AllocationRecord, ClusterAdminClient, ControlError, MovePhase, NodeHealth, NodeView, VmMode, VmRequirement, VmView,
+    },
 };
 use serde::Serialize;
 
@@ -71,6 +74,7 @@ enum Command {
     /// GPU nodes with each GPU's capacity and what is allocated on it.
     ListServernodes,
     /// Running allocations (one rpc-server each).
+    #[command(alias = "list-allocations")]
     ListVirtServers,
     /// Resize a running allocation (by allocation id or VM ip); the VM keeps the new size.
     ChangeConfig {
@@ -82,6 +86,42 @@ enum Command {
         /// New device memory in MiB.
         #[arg(long)]
         memory_mib: Option<u64>,
+    },
+    /// Move a running allocation (by allocation id or VM ip) with its apps to another node:
+    /// same id, size and tokens. Each app pauses at its next CUDA call, its session is
+    /// checkpointed, copied and restored there, and it goes on with every pointer as it was. If
+    /// anything fails, the apps go on where they were and the reason is printed.
+    Migrate {
+        /// Allocation id or VM ip.
+        target: String,
+        /// The node to move to (`flytctl list-servernodes`), or NODE/GPU for one of its GPUs.
+        #[arg(long, value_parser = migrate::parse_destination)]
+        to: migrate::Destination,
+        /// Give up (the apps going on where they were) when an app makes no CUDA call within
+        /// this many milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        timeout_ms: u64,
+    },
+    /// Checkpoint every session of a running allocation (by allocation id or VM ip) into a
+    /// folder on its node, then let the apps go on (--resume, the default) or end their
+    /// sessions (--stop).
+    Checkpoint {
+        /// Allocation id or VM ip.
+        target: String,
+        /// Folder for the snapshots: an absolute path on the allocation's node.
+        #[arg(long)]
+        to: String,
+        /// Give up on a session (its app going on) when its app makes no CUDA call within this
+        /// many milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        timeout_ms: u64,
+        /// The apps go on where they are; the snapshots are backups (the default).
+        #[arg(long, conflicts_with = "stop")]
+        resume: bool,
+        /// End the sessions: each app reconnects to its server's address and waits until a
+        /// server there restores its snapshot (`flytctl session restore`).
+        #[arg(long)]
+        stop: bool,
     },
     /// Per-VM requirements (Flyt's vm_required_resources).
     Vm {
@@ -429,6 +469,39 @@ async fn run(args: Args) -> Result<(), CtlError> {
             }
             println!("{}", allocation_table(std::slice::from_ref(&allocation)));
         }
+        Command::Migrate { target, to, timeout_ms } => {
+            // A move outlives the usual limit: device memory by the tens of GiB travels.
+            let deadline = Instant::now() + migrate::LONG_CALL;
+            let mut long = context();
+            long.deadline = deadline;
+            let moving = client.migrate(long, target.clone(), to.node.clone(), to.gpu, *timeout_ms);
+            let report = call(&args, deadline, moving).await?.map_err(CtlError::Refused)?;
+            if args.json {
+                return print_json(&report);
+            }
+            migrate::print_move(&report);
+        }
+        Command::Checkpoint { target, to, timeout_ms, resume: _, stop } => {
+            let after = if *stop { AfterCheckpoint::Stop } else { AfterCheckpoint::Resume };
+            let deadline = Instant::now() + migrate::LONG_CALL;
+            let mut long = context();
+            long.deadline = deadline;
+            let checkpointing = client.checkpoint(long, target.clone(), to.clone(), *timeout_ms, after);
+            let report = call(&args, deadline, checkpointing).await?.map_err(CtlError::Refused)?;
+            if args.json {
+                print_json(&report)?;
+            } else {
+                migrate::print_checkpoint(&report, after);
+            }
+            if !report.failed.is_empty() {
+                return Err(CtlError::Session(format!(
+                    "{} of {} session(s) of allocation {} could not be checkpointed",
+                    report.failed.len(),
+                    report.failed.len() + report.snapshots.len(),
+                    report.allocation_id
+                )));
+            }
+        }
         Command::Vm { command: VmCommand::Add { vm_ip, host_ip, compute_units, memory_mib } } => {
             let requirement =
                 VmRequirement { vm_ip: vm_ip.clone(), host_ip: host_ip.clone(), compute_units: *compute_units, memory: *memory_mib };
@@ -606,9 +679,11 @@ fn allocation_table(allocations: &[AllocationRecord]) -> Table {
             allocation.compute_units.to_string(),
             allocation.sm_percentage.to_string(),
             allocation.memory.to_string(),
-            match (allocation.state, &allocation.pending_resize) {
-                (_, Some(size)) => format!("resizing to {} SMs, {} MiB", size.compute_units, size.memory),
-                (state, None) => format!("{state:?}").to_lowercase(),
+            match (allocation.state, &allocation.pending_resize, &allocation.pending_move) {
+                (_, _, Some(pending)) if pending.phase == MovePhase::Copying => format!("moving to {}/{}", pending.to_node, pending.to_gpu),
+                (_, _, Some(pending)) => format!("moving from {}/{}", pending.from_node, pending.from_gpu),
+                (_, Some(size), None) => format!("resizing to {} SMs, {} MiB", size.compute_units, size.memory),
+                (state, None, None) => format!("{state:?}").to_lowercase(),
             },
             allocation.addresses.join(" "),
             allocation.metrics.as_ref().map_or_else(|| "-".to_string(), |address| format!("http://{address}/metrics")),

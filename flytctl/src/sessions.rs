@@ -104,7 +104,7 @@ fn failed(control: &str, error: tarpc::client::RpcError) -> String {
     format!("rpc-server control {control}: {error}")
 }
 
-fn print_snapshot(info: &SnapshotInfo, json: bool) {
+pub(crate) fn print_snapshot(info: &SnapshotInfo, json: bool) {
     if json {
         println!("{}", serde_json::to_string_pretty(info).unwrap_or_default());
     } else {

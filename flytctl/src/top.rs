@@ -207,6 +207,7 @@ mod tests {
             created_at: 0,
             idle_since: None,
             pending_resize: None,
+            pending_move: None,
             metrics: Some("127.0.0.1:1".into()),
         }
     }

@@ -24,6 +24,9 @@ pub struct NodeManagerConfig {
     pub cluster_key_file: String,
     /// Records of running rpc-servers (pid, control socket) and their logs.
     pub state_dir: String,
+    /// Where sessions' snapshots are written and received when allocations move between nodes
+    /// (one folder per allocation, removed after the move); empty: `<state_dir>/snapshots`.
+    pub snapshot_dir: String,
     /// `auto` (the CUDA driver if it sees a GPU, else emulated), `cuda` or `emulated`.
     pub device: String,
     /// GPUs to report when the device is emulated.
@@ -98,6 +101,7 @@ impl Default for NodeManagerConfig {
             control_listen: "0.0.0.0:7071".into(),
             cluster_key_file: "/etc/flyt/cluster.key".into(),
             state_dir: "/var/lib/flyt/node-manager".into(),
+            snapshot_dir: String::new(),
             device: "auto".into(),
             emulated_gpus: vec![EmulatedGpu { name: "Flyt Emulated GPU".into(), memory_mib: 16_384, sm_count: 80 }],
             cuda_library: "libcuda.so.1".into(),

@@ -18,6 +18,7 @@ mod metrics;
 mod mps;
 mod servers;
 mod service;
+mod snapshots;
 
 use std::{
     path::{Path, PathBuf},
@@ -121,6 +122,7 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
         key_file,
         servers_dir: state_dir.join("servers"),
         image_cache_dir: state_dir.join("images"),
+        snapshot_dir: if config.snapshot_dir.is_empty() { state_dir.join("snapshots") } else { absolute(&config.snapshot_dir) },
         device,
         gpus: gpus.clone(),
         env,

@@ -35,7 +35,7 @@ use flyt_protocol::control::{
     auth::ServiceName,
     cluster::{ControlError, GpuInfo, ServerReport},
     node::ServerSpec,
-    rpc_server::RpcServerControlClient,
+    rpc_server::{RpcServerControlClient, SessionStatus, SnapshotInfo},
 };
 use nix::{
     sys::signal::{Signal, kill, killpg},
@@ -44,6 +44,8 @@ use nix::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+use crate::snapshots::SnapshotStore;
+
 /// What `flyt-rpc-server` prints on stdout once it listens.
 pub const READY_PREFIX: &str = "flyt-rpc-server listening on ";
 const MIB: u64 = 1 << 20;
@@ -51,6 +53,11 @@ const MIB: u64 = 1 << 20;
 const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 /// Deadline of resize calls.
 const RESIZE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline of session listings and releases.
+const SESSION_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// What a checkpoint's writing or a restore may take beyond the app's pause: the rpc-server
+/// allows 600 s for device memory by the tens of GiB.
+const SNAPSHOT_CALL_TIMEOUT: Duration = Duration::from_secs(660);
 
 /// Which backend the rpc-servers of this node use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +89,8 @@ pub struct LaunchSettings {
     /// The module image cache all servers of this node share (large images clients loaded,
     /// by content: a session on any of them need not send one again).
     pub image_cache_dir: PathBuf,
+    /// Snapshots of sessions of allocations moving to or from this node, a folder each.
+    pub snapshot_dir: PathBuf,
     pub device: DeviceKind,
     pub gpus: Vec<GpuInfo>,
     /// Extra environment (MPS directories).
@@ -158,9 +167,10 @@ pub struct ServerManager {
     lifecycle: Mutex<()>,
     /// Held by resizes: a record is corrected from a server's status only when none runs.
     resizing: Mutex<()>,
+    snapshots: SnapshotStore,
 }
 
-fn valid_allocation_id(id: &str) -> bool {
+pub(crate) fn valid_allocation_id(id: &str) -> bool {
     // Ids become file names: nothing but these characters, so no path can escape the folder.
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
 }
@@ -233,7 +243,8 @@ impl ServerManager {
         for id in servers.keys() {
             let _ = flyt_daemon_kit::fs::remove_stale_temporaries(&Self::record_path(&settings, id));
         }
-        Ok(Self { settings, key, servers: Mutex::new(servers), lifecycle: Mutex::new(()), resizing: Mutex::new(()) })
+        let snapshots = SnapshotStore::new(settings.snapshot_dir.clone());
+        Ok(Self { settings, key, servers: Mutex::new(servers), lifecycle: Mutex::new(()), resizing: Mutex::new(()), snapshots })
     }
 
     /// Stops rpc-servers started from this state folder that no record describes: their node
@@ -507,6 +518,80 @@ impl ServerManager {
         Ok(Self::report(&record, Some(&usage)))
     }
 
+    /// This node's snapshot folders.
+    pub fn snapshots(&self) -> &SnapshotStore {
+        &self.snapshots
+    }
+
+    /// The cluster key this node proves itself with (to other node managers too).
+    pub fn key(&self) -> &ClusterKey {
+        &self.key
+    }
+
+    /// The control client of allocation `id`'s server, or why there is none.
+    async fn control_of(&self, id: &str) -> Result<RpcServerControlClient, ControlError> {
+        if !self.servers.lock().await.contains_key(id) {
+            return Err(ControlError::UnknownAllocation(id.to_string()));
+        }
+        self.control(id).await.ok_or_else(|| ControlError::Server(format!("the rpc-server of {id} does not answer on its control socket")))
+    }
+
+    /// A failed control call: the connection is dropped (the next call reconnects).
+    async fn control_call_failed(&self, id: &str, what: &str, error: &tarpc::client::RpcError) -> ControlError {
+        self.forget_control(id).await;
+        ControlError::Server(format!("{what} on the rpc-server of {id} failed: {error}"))
+    }
+
+    /// The live sessions of allocation `id`'s server.
+    pub async fn sessions(&self, id: &str) -> Result<Vec<SessionStatus>, ControlError> {
+        let control = self.control_of(id).await?;
+        match control.status(rpc::deadline(SESSION_CALL_TIMEOUT)).await {
+            Ok(status) => Ok(status.sessions),
+            Err(error) => Err(self.control_call_failed(id, "the status query", &error).await),
+        }
+    }
+
+    /// Pauses a session of allocation `id`'s server and writes its snapshot into `dir`.
+    pub async fn checkpoint(&self, id: &str, session_id: u64, dir: &Path, timeout_ms: u64) -> Result<SnapshotInfo, ControlError> {
+        let control = self.control_of(id).await?;
+        let deadline = rpc::deadline(Duration::from_millis(timeout_ms) + SNAPSHOT_CALL_TIMEOUT);
+        match control.checkpoint(deadline, session_id, dir.display().to_string(), timeout_ms).await {
+            Ok(Ok(info)) => {
+                tracing::info!(allocation = id, session_id, snapshot = %info.name, bytes = info.bytes, dir = %dir.display(), "session checkpointed");
+                Ok(info)
+            }
+            Ok(Err(reason)) => Err(ControlError::Server(format!("session {session_id}: {reason}"))),
+            Err(error) => Err(self.control_call_failed(id, &format!("the checkpoint of session {session_id}"), &error).await),
+        }
+    }
+
+    /// Restores snapshot `name` from `dir` into allocation `id`'s server, where it waits for
+    /// its app.
+    pub async fn restore(&self, id: &str, dir: &str, name: &str) -> Result<(), ControlError> {
+        let control = self.control_of(id).await?;
+        match control.restore(rpc::deadline(SNAPSHOT_CALL_TIMEOUT), dir.to_string(), name.to_string()).await {
+            Ok(Ok(())) => {
+                tracing::info!(allocation = id, snapshot = name, "snapshot restored; it waits for its app");
+                Ok(())
+            }
+            Ok(Err(reason)) => Err(ControlError::Server(reason)),
+            Err(error) => Err(self.control_call_failed(id, &format!("the restore of snapshot {name}"), &error).await),
+        }
+    }
+
+    /// Ends a checkpoint's pause: the app moves to `to` or goes on here.
+    pub async fn release(&self, id: &str, session_id: u64, to: Option<String>) -> Result<(), ControlError> {
+        let control = self.control_of(id).await?;
+        match control.release(rpc::deadline(SESSION_CALL_TIMEOUT), session_id, to.clone()).await {
+            Ok(Ok(())) => {
+                tracing::info!(allocation = id, session_id, to = to.as_deref().unwrap_or("(stays here)"), "session released");
+                Ok(())
+            }
+            Ok(Err(reason)) => Err(ControlError::Server(reason)),
+            Err(error) => Err(self.control_call_failed(id, &format!("the release of session {session_id}"), &error).await),
+        }
+    }
+
     /// Stops a server: asks it to shut down (sessions get the grace period), then SIGTERM,
     /// then SIGKILL to its process group. An unknown allocation is already stopped.
     pub async fn stop(&self, id: &str) -> Result<(), ControlError> {
@@ -539,6 +624,10 @@ impl ServerManager {
             let _ = child.try_wait();
         }
         Self::remove_files(&self.settings, id);
+        // Snapshots of a move from or to this server have served their purpose.
+        if let Err(error) = self.snapshots.discard(id) {
+            tracing::warn!(allocation = id, %error, "snapshots not removed");
+        }
         tracing::info!(allocation = id, pid = server.record.pid, "rpc-server stopped");
         Ok(())
     }
@@ -628,7 +717,7 @@ impl ServerManager {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::os::unix::{fs::PermissionsExt, process::CommandExt};
 
     use super::*;
@@ -651,6 +740,7 @@ mod tests {
             key_file: folder.join("key"),
             servers_dir: folder.join("servers"),
             image_cache_dir: folder.join("images"),
+            snapshot_dir: folder.join("snapshots"),
             device: DeviceKind::Emulated,
             gpus: vec![GpuInfo {
                 index: 0,
@@ -671,6 +761,11 @@ mod tests {
 
     fn key() -> ClusterKey {
         ClusterKey::from_bytes(b"0123456789abcdef0123").unwrap()
+    }
+
+    /// A manager of stand-in servers in `folder` (for other modules' tests).
+    pub(crate) fn test_manager(folder: &Path) -> ServerManager {
+        ServerManager::new(settings(folder, STAND_IN), key()).unwrap()
     }
 
     fn spec(id: &str) -> ServerSpec {
@@ -778,8 +873,12 @@ mod tests {
     /// Each resize call: (memory quota in bytes, SM percentage).
     type ResizeCalls = std::sync::Arc<std::sync::Mutex<Vec<(Option<u64>, Option<u32>)>>>;
 
+    /// The snapshot calls the fake received, in order (`checkpoint 1 /dir`, `restore /dir NAME`,
+    /// `release 1 Some("addr")`).
+    type MoveCalls = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
     #[derive(Clone)]
-    struct FakeControl(ResizeCalls);
+    struct FakeControl(ResizeCalls, MoveCalls);
 
     impl flyt_protocol::control::rpc_server::RpcServerControl for FakeControl {
         async fn status(self, _: tarpc::context::Context) -> flyt_protocol::control::rpc_server::RpcServerStatus {
@@ -820,19 +919,25 @@ mod tests {
         async fn checkpoint(
             self,
             _: tarpc::context::Context,
-            _: u64,
-            _: String,
+            session_id: u64,
+            dir: String,
             _: u64,
         ) -> Result<flyt_protocol::control::rpc_server::SnapshotInfo, String> {
-            Err("not in this fake".into())
+            self.1.lock().unwrap().push(format!("checkpoint {session_id} {dir}"));
+            if session_id != 1 {
+                return Err(format!("no session {session_id} on this server"));
+            }
+            Ok(SnapshotInfo { session_id, name: "ab".repeat(16), bytes: 100, device_bytes: 64, drain_us: 1, write_us: 2 })
         }
 
-        async fn restore(self, _: tarpc::context::Context, _: String, _: String) -> Result<(), String> {
-            Err("not in this fake".into())
+        async fn restore(self, _: tarpc::context::Context, dir: String, name: String) -> Result<(), String> {
+            self.1.lock().unwrap().push(format!("restore {dir} {name}"));
+            Ok(())
         }
 
-        async fn release(self, _: tarpc::context::Context, _: u64, _: Option<String>) -> Result<(), String> {
-            Err("not in this fake".into())
+        async fn release(self, _: tarpc::context::Context, session_id: u64, to: Option<String>) -> Result<(), String> {
+            self.1.lock().unwrap().push(format!("release {session_id} {to:?}"));
+            Ok(())
         }
 
         async fn shutdown(self, _: tarpc::context::Context, _grace_seconds: u32) {}
@@ -849,7 +954,7 @@ mod tests {
 
         let socket = folder.path().join("servers").join("alloc-6.control.sock");
         let listener = rpc::ControlListener::bind(&Endpoint::Unix(socket), 0o600).await.unwrap();
-        let calls = FakeControl(Default::default());
+        let calls = FakeControl(Default::default(), Default::default());
         let served = calls.clone();
         let server = tokio::spawn(rpc::accept_loop(listener, key(), vec![ServiceName::RpcServerControl], move |_, stream| {
             let service = served.clone();
@@ -873,7 +978,29 @@ mod tests {
         assert_eq!((reports[0].memory_quota_bytes, reports[0].sm_percentage), (3072 * MIB, 75));
         let record: ServerRecord = serde_json::from_slice(&fs::read(folder.path().join("servers/alloc-6.json")).unwrap()).unwrap();
         assert_eq!((record.memory, record.sm_percentage), (3072, 75));
+
+        // The steps of a move reach the server as asked, and its refusals come back with the reason.
+        assert_eq!(manager.sessions("alloc-6").await.unwrap()[0].session_id, 1);
+        let folder_of_moves = manager.snapshots().prepare("alloc-6").unwrap();
+        let info = manager.checkpoint("alloc-6", 1, &folder_of_moves, 500).await.unwrap();
+        manager.restore("alloc-6", "/snapshots", &info.name).await.unwrap();
+        manager.release("alloc-6", 1, Some("192.0.2.8:4000".into())).await.unwrap();
+        let refused = manager.checkpoint("alloc-6", 2, &folder_of_moves, 500).await.unwrap_err().to_string();
+        assert!(refused.contains("session 2: no session 2"), "{refused}");
+        assert!(matches!(manager.sessions("alloc-x").await, Err(ControlError::UnknownAllocation(_))));
+        assert_eq!(
+            calls.1.lock().unwrap().clone(),
+            vec![
+                format!("checkpoint 1 {}", folder_of_moves.display()),
+                format!("restore /snapshots {}", info.name),
+                "release 1 Some(\"192.0.2.8:4000\")".to_string(),
+                format!("checkpoint 2 {}", folder_of_moves.display()),
+            ]
+        );
+        // Stopping the server takes its snapshot folder with it.
         server.abort();
+        manager.stop("alloc-6").await.unwrap();
+        assert!(!folder_of_moves.exists());
         signal(report.pid, Signal::SIGKILL, false);
     }
 

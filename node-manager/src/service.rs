@@ -5,7 +5,8 @@ use std::sync::Arc;
 use flyt_daemon_kit::rpc::detached;
 use flyt_protocol::control::{
     cluster::{ControlError, ServerReport},
-    node::{NodeManagerControl, ServerSpec},
+    node::{FetchedSnapshot, NodeManagerControl, ServerSpec, SessionSnapshot, SnapshotChunk},
+    rpc_server::SessionStatus,
 };
 use tarpc::context::Context;
 
@@ -41,5 +42,60 @@ impl NodeManagerControl for NodeService {
 
     async fn list_servers(self, _: Context) -> Vec<ServerReport> {
         self.0.reports().await
+    }
+
+    async fn list_sessions(self, _: Context, allocation_id: String) -> Result<Vec<SessionStatus>, ControlError> {
+        self.0.sessions(&allocation_id).await
+    }
+
+    async fn checkpoint_session(
+        self,
+        _: Context,
+        allocation_id: String,
+        session_id: u64,
+        dir: Option<String>,
+        timeout_ms: u64,
+    ) -> Result<SessionSnapshot, ControlError> {
+        // Detached: the app is paused until someone releases it; the answer must not be lost
+        // to a caller that gave up waiting halfway.
+        detached(async move {
+            let dir = match dir {
+                Some(dir) => std::path::PathBuf::from(dir),
+                None => self.0.snapshots().prepare(&allocation_id)?,
+            };
+            let info = self.0.checkpoint(&allocation_id, session_id, &dir, timeout_ms).await?;
+            Ok(SessionSnapshot { dir: dir.display().to_string(), info })
+        })
+        .await
+        .unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn fetch_snapshot(self, _: Context, allocation_id: String, from: String, name: String) -> Result<FetchedSnapshot, ControlError> {
+        detached(async move { self.0.snapshots().fetch(self.0.key(), &allocation_id, &from, &name).await })
+            .await
+            .unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn snapshot_chunk(
+        self,
+        _: Context,
+        allocation_id: String,
+        name: String,
+        offset: u64,
+        len: u64,
+    ) -> Result<SnapshotChunk, ControlError> {
+        self.0.snapshots().chunk(&allocation_id, &name, offset, len).await
+    }
+
+    async fn restore_snapshot(self, _: Context, allocation_id: String, dir: String, name: String) -> Result<(), ControlError> {
+        detached(async move { self.0.restore(&allocation_id, &dir, &name).await }).await.unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn release_session(self, _: Context, allocation_id: String, session_id: u64, to: Option<String>) -> Result<(), ControlError> {
+        detached(async move { self.0.release(&allocation_id, session_id, to).await }).await.unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn discard_snapshots(self, _: Context, allocation_id: String) -> Result<(), ControlError> {
+        self.0.snapshots().discard(&allocation_id)
     }
 }

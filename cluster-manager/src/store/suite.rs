@@ -3,7 +3,9 @@
 use std::future::Future;
 
 use flyt_protocol::{
-    control::cluster::{AllocationRecord, AllocationState, GpuInfo, GpuRecord, NodeHealth, NodeRecord, SliceSize, VmRequirement},
+    control::cluster::{
+        AllocationRecord, AllocationState, GpuInfo, GpuRecord, MovePhase, NodeHealth, NodeRecord, PendingMove, SliceSize, VmRequirement,
+    },
     handshake::ClientIdentity,
 };
 
@@ -47,6 +49,7 @@ fn allocation(id: &str) -> AllocationRecord {
         idle_since: None,
         pending_resize: None,
         metrics: Some("127.0.0.1:9464".into()),
+        pending_move: None,
     }
 }
 
@@ -99,6 +102,15 @@ where
     resized.idle_since = Some(500);
     resized.clients.clear();
     resized.pending_resize = Some(SliceSize { compute_units: 60, memory: 4096, sm_percentage: 75 });
+    // A move under way is stored as such too (a restart rolls it back or finishes it).
+    resized.pending_move = Some(PendingMove {
+        from_node: "node-a".into(),
+        from_gpu: 0,
+        to_node: "node-b".into(),
+        to_gpu: 1,
+        to_sm_percentage: 50,
+        phase: MovePhase::Switching,
+    });
     store.put_allocation(&resized).await.unwrap();
     assert_eq!(store.load().await.unwrap().allocations, vec![allocation("alloc-1"), resized.clone()]);
     assert!(store.remove_allocation("alloc-1").await.unwrap());

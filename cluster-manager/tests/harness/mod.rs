@@ -580,7 +580,9 @@ impl Cluster {
                     (u32::try_from(allocation["pid"].as_u64().unwrap()).unwrap(), allocation["id"].as_str().unwrap().to_string())
                 })
                 .collect();
-            let settled = allocations.iter().all(|allocation| allocation["state"] == "Running" && allocation["pending_resize"].is_null());
+            let settled = allocations.iter().all(|allocation| {
+                allocation["state"] == "Running" && allocation["pending_resize"].is_null() && allocation["pending_move"].is_null()
+            });
             if settled && servers == owned {
                 return allocations;
             }

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::rpc_server::SnapshotInfo;
 use crate::handshake::ClientIdentity;
 
 /// Flyt's per-VM requirement (`vm_required_resources`): what a client VM gets when it asks.
@@ -161,6 +162,93 @@ pub struct AllocationRecord {
     /// Where its rpc-server serves Prometheus metrics (`host:port`), as last reported.
     #[serde(default)]
     pub metrics: Option<String>,
+    /// A move to another node stored before its first step (the GPUs of both ends keep room
+    /// for the slice meanwhile); cleared when it is finished or rolled back. A restarted
+    /// cluster manager rolls a move back while it is `Copying` and finishes it once `Switching`.
+    #[serde(default)]
+    pub pending_move: Option<PendingMove>,
+}
+
+/// Where a move between nodes stands; each phase is stored before the steps it leads to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MovePhase {
+    /// The target's rpc-server is started and the sessions are checkpointed and restored
+    /// there; the record still names the source, where the apps are (paused at most). Rolled
+    /// back after a crash or a refusal: the paused apps go on at the source, the target's
+    /// server is stopped.
+    Copying,
+    /// Every session was restored on the target and the record names the target (new apps
+    /// are sent there); the apps are released to it and the source's server is stopped.
+    /// Finished after a crash.
+    Switching,
+}
+
+/// A move of an allocation's rpc-server, with its apps, from one GPU to another node's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingMove {
+    pub from_node: String,
+    pub from_gpu: u32,
+    pub to_node: String,
+    pub to_gpu: u32,
+    /// The slice's MPS active-thread percentage on the target GPU (same SMs, another GPU).
+    pub to_sm_percentage: u32,
+    pub phase: MovePhase,
+}
+
+impl PendingMove {
+    /// Whether node `node_id` runs one of the move's two servers.
+    pub fn involves(&self, node_id: &str) -> bool {
+        self.from_node == node_id || self.to_node == node_id
+    }
+}
+
+/// One session that moved with its allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MovedSession {
+    pub snapshot: SnapshotInfo,
+    /// Copying the snapshot file from the source node to the target node (0 on one host), and
+    /// restoring it on the target, in microseconds.
+    pub transfer_us: u64,
+    pub restore_us: u64,
+    /// The data-plane address its app was sent to.
+    pub to: String,
+}
+
+/// What `migrate` did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveReport {
+    /// The allocation as stored after the move (same id, new node, GPU and addresses).
+    pub allocation: AllocationRecord,
+    pub from_node: String,
+    pub from_gpu: u32,
+    pub sessions: Vec<MovedSession>,
+    /// Sessions opened on the source while the move ran that could not follow (with why):
+    /// they ended with the source's server.
+    pub left_behind: Vec<String>,
+    /// From the request to the source's server stopped, in microseconds.
+    pub total_us: u64,
+}
+
+/// What becomes of the apps after `checkpoint`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AfterCheckpoint {
+    /// They go on where they are (the snapshots are backups).
+    Resume,
+    /// Their sessions end: each app reconnects to its server's address and waits until a server
+    /// there restores its snapshot.
+    Stop,
+}
+
+/// What `checkpoint` did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointReport {
+    pub allocation_id: String,
+    pub node_id: String,
+    /// The folder on that node holding the snapshots.
+    pub dir: String,
+    pub snapshots: Vec<SnapshotInfo>,
+    /// Sessions that could not be checkpointed (their apps go on), with why.
+    pub failed: Vec<(u64, String)>,
 }
 
 /// The client manager asks for the VM's GPU slice.
@@ -330,6 +418,10 @@ pub enum ControlError {
     Store(String),
     /// invalid request: {0}
     Invalid(String),
+    /// target full: {0}
+    TargetFull(String),
+    /// the allocation stays where it was, its apps running there: {0}
+    MoveFailed(String),
 }
 
 /// Calls node managers make.
@@ -367,4 +459,11 @@ pub trait ClusterAdmin {
     async fn change_config(target: String, compute_units: Option<u32>, memory: Option<u64>) -> Result<AllocationRecord, ControlError>;
     /// Drains (no new allocations) or undrains a node.
     async fn set_drained(node_id: String, drained: bool) -> Result<NodeRecord, ControlError>;
+    /// Moves a running allocation (by allocation id or VM ip), its apps included, to node
+    /// `to_node` (GPU `to_gpu`, or the one placement picks there): same id, size and tokens.
+    /// Each app is paused for at most `timeout_ms` waiting for its next CUDA call.
+    async fn migrate(target: String, to_node: String, to_gpu: Option<u32>, timeout_ms: u64) -> Result<MoveReport, ControlError>;
+    /// Checkpoints every session of a running allocation into folder `dir` on its node, then
+    /// lets the apps go on or stops their sessions.
+    async fn checkpoint(target: String, dir: String, timeout_ms: u64, after: AfterCheckpoint) -> Result<CheckpointReport, ControlError>;
 }

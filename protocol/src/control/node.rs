@@ -3,7 +3,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::cluster::{ControlError, ServerReport};
+use super::{
+    cluster::{ControlError, ServerReport},
+    rpc_server::{SessionStatus, SnapshotInfo},
+};
+
+/// Bytes of one `snapshot_chunk` answer: well under the control plane's frame limit.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 2 << 20;
 
 /// What to start for one allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,6 +20,31 @@ pub struct ServerSpec {
     pub memory: u64,
     /// MPS active-thread percentage, 1..=100.
     pub sm_percentage: u32,
+}
+
+/// A session's snapshot written on a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSnapshot {
+    /// The folder on the node holding its file.
+    pub dir: String,
+    pub info: SnapshotInfo,
+}
+
+/// A piece of a snapshot file, for another node manager.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotChunk {
+    /// The whole file's length, so the reader knows when it has it all.
+    pub total: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// A snapshot copied from another node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchedSnapshot {
+    /// The folder on this node now holding its file.
+    pub dir: String,
+    pub bytes: u64,
+    pub took_us: u64,
 }
 
 /// What the cluster manager may ask of a node manager.
@@ -28,4 +59,28 @@ pub trait NodeManagerControl {
     async fn stop_server(allocation_id: String) -> Result<(), ControlError>;
     /// The servers it runs now.
     async fn list_servers() -> Vec<ServerReport>;
+    /// The live sessions of an allocation's server.
+    async fn list_sessions(allocation_id: String) -> Result<Vec<SessionStatus>, ControlError>;
+    /// Pauses a session of an allocation's server and writes its snapshot into `dir` on this
+    /// host (`None`: this node's snapshot folder for the allocation); the app stays paused until
+    /// `release_session`.
+    async fn checkpoint_session(
+        allocation_id: String,
+        session_id: u64,
+        dir: Option<String>,
+        timeout_ms: u64,
+    ) -> Result<SessionSnapshot, ControlError>;
+    /// Copies snapshot `name` of an allocation from the node manager at `from` (its control
+    /// address) into this node's snapshot folder for the allocation, in chunks.
+    async fn fetch_snapshot(allocation_id: String, from: String, name: String) -> Result<FetchedSnapshot, ControlError>;
+    /// Bytes `offset..offset + len` (at most [`SNAPSHOT_CHUNK_BYTES`]) of snapshot `name` in this
+    /// node's snapshot folder for the allocation: what `fetch_snapshot` on another node reads.
+    async fn snapshot_chunk(allocation_id: String, name: String, offset: u64, len: u64) -> Result<SnapshotChunk, ControlError>;
+    /// Restores snapshot `name` from folder `dir` on this host into the allocation's server,
+    /// where it waits for its app.
+    async fn restore_snapshot(allocation_id: String, dir: String, name: String) -> Result<(), ControlError>;
+    /// Ends a checkpoint's pause: the app reconnects to `to`, or goes on here without it.
+    async fn release_session(allocation_id: String, session_id: u64, to: Option<String>) -> Result<(), ControlError>;
+    /// Removes this node's snapshot folder for the allocation (idempotent).
+    async fn discard_snapshots(allocation_id: String) -> Result<(), ControlError>;
 }

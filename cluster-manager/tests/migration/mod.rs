@@ -1,0 +1,218 @@
+//! `flytctl migrate` and `flytctl checkpoint` with an app running through the cluster: a
+//! driver-API program through Flyt's `libcuda.so.1` (`cuda-shim/cdylib/tests/c/migrate_loop.c`)
+//! that asks its client manager for its GPU, keeps device memory, a stream and an event, and
+//! checks every round that its memory holds what it wrote the round before; its pointers must be
+//! the same at its end as at its start. The emulated device places each worker's memory at
+//! addresses of its own, so the pointers survive only if the move put the memory back where
+//! it was.
+//!
+//! Skipped (with a line saying so) when `FLYT_CUDA_HOME` is not set; `tools/test` sets it.
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use crate::harness::{Cluster, Options, Value, binary, pid_alive, wait_until};
+
+const VM: &str = "10.0.0.1";
+
+/// The app, killed if the test ends before it does.
+struct App(Option<Child>);
+
+impl App {
+    fn start(program: &Path, lib: &Path, client_manager: &Path, rounds: u32) -> Self {
+        let child = Command::new(program)
+            .args([rounds.to_string(), "10".into()])
+            .env("LD_LIBRARY_PATH", lib)
+            .env("FLYT_CLIENT_MANAGER_SOCKET", client_manager)
+            .env_remove("FLYT_SERVER")
+            .env_remove("FLYT_TOKEN")
+            // The shared-memory channel cannot move yet: the session uses its socket.
+            .env("FLYT_SHM", "off")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the app");
+        Self(Some(child))
+    }
+
+    /// Waits for the app's end: it must pass, with the same pointers at its end as at its start.
+    fn finish(mut self) {
+        let output = self.0.take().unwrap().wait_with_output().expect("the app's output");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success() && stdout.contains("PASSED: 0 failure(s)"), "the app failed:\n{stdout}\n{stderr}");
+        let pointers: Vec<&str> = stdout.lines().filter(|line| line.starts_with("pointers:")).collect();
+        assert!(pointers.len() == 2 && pointers[0] == pointers[1], "the app's pointers changed:\n{stdout}");
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// An rpc-server that gives every session 4 MiB whatever its node manager asks: a node whose
+/// servers cannot restore the app's memory.
+fn small_server(cluster: &Cluster) -> PathBuf {
+    let path = cluster.path("small-rpc-server");
+    let script = format!(
+        "#!/bin/sh\nprevious=\nfor argument in \"$@\"; do\n  shift\n  if [ \"$previous\" = --memory-quota ]; then argument=4194304; fi\n  set -- \"$@\" \"$argument\"\n  previous=$argument\ndone\nexec '{}' \"$@\"\n",
+        binary("flyt-rpc-server").display()
+    );
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn number(value: &Value) -> u64 {
+    value.as_u64().unwrap_or_else(|| panic!("not a number: {value}"))
+}
+
+/// The VM's allocation once its server reports `sessions` sessions.
+fn with_sessions(cluster: &Cluster, node: &str, sessions: u64) -> Value {
+    wait_until(&format!("{sessions} session(s) on {node}"), Duration::from_secs(30), || {
+        cluster.allocation_of(VM).filter(|allocation| allocation["node_id"] == node && allocation["sessions"] == sessions)
+    })
+}
+
+/// A refused move: exit 1 with `message` in one line (returned), and the allocation as it was.
+fn refused(cluster: &Cluster, args: &[&str], message: &str, before: &Value) -> String {
+    let mut all = vec!["migrate"];
+    all.extend_from_slice(args);
+    let (code, stdout, stderr) = cluster.flytctl(&all);
+    assert!(code == 1 && stderr.contains(message), "flytctl {all:?}: exit {code}, expected {message:?}: {stdout}{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    let now = cluster.allocation_of(VM).expect("the allocation");
+    assert_eq!((&now["id"], &now["node_id"], &now["pid"]), (&before["id"], &before["node_id"], &before["pid"]), "{all:?}");
+    assert!(now["pending_move"].is_null(), "{now}");
+    stderr
+}
+
+/// Kills the cluster manager, starts one that dies at `point` of the move `args` asks for,
+/// and starts a plain one after it died there.
+fn crash_mid_move(cluster: &mut Cluster, point: &str, args: &[&str]) {
+    cluster.cluster_manager().kill();
+    cluster.start_cluster_manager_with(&[("FLYT_FAILPOINT", point.to_string())]);
+    let mut all = vec!["migrate"];
+    all.extend_from_slice(args);
+    let (code, _, stderr) = cluster.flytctl(&all);
+    assert_eq!(code, 3, "{point}: the cluster manager should have died during the move: {stderr}");
+    assert!(cluster.cluster_manager().wait_exit(Duration::from_secs(10)).is_some(), "{point}");
+    assert!(cluster.log("cluster-manager").contains(&format!("fail point {point} reached")), "{point}");
+    cluster.start_cluster_manager();
+}
+
+/// A running app moves from node-a to node-b; moves to a full, unknown, drained or refusing
+/// node, or of an unknown allocation, fail with one line and leave it running where it was;
+/// `flytctl checkpoint` writes its snapshot and lets it go on; a cluster manager that dies mid-move
+/// rolls the move back (before the switch) or finishes it (after), the app going on either way.
+#[test]
+fn a_running_app_moves_with_its_allocation_and_failed_moves_leave_it_running() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("SKIPPED a_running_app_moves_with_its_allocation: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let mut cluster = Cluster::new(Options::default());
+    cluster.start_node("node-a", "127.0.0.1", 40, 4096);
+    cluster.start_node("node-b", "127.0.0.2", 80, 8192);
+    // Too few SMs for the VM's 20.
+    cluster.start_node("node-c", "127.0.0.3", 10, 8192);
+    let small = small_server(&cluster).display().to_string();
+    cluster.start_node_with("node-d", "127.0.0.4", 80, 8192, &[("FLYT_NODE_MANAGER_RPC_SERVER_BINARY", small)]);
+    for node in ["node-a", "node-b", "node-c", "node-d"] {
+        cluster.wait_node_up(node);
+    }
+    // On a host with no GPU node: the fullest GPU that fits it is node-a's.
+    cluster.flytctl_ok(&["vm", "add", VM, "--host-ip", "192.0.2.10", "--compute-units", "20", "--memory-mib", "1024"]);
+    let socket = cluster.start_client_manager(VM);
+    // A client that holds the allocation for the whole test (the app alone would leave it idle
+    // between its end and the next step).
+    let (holder, _) = cluster.locate(&socket, 600);
+    assert!(holder["address"].is_string(), "{holder}");
+
+    let scratch = cluster.path("app");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../cuda-shim/cdylib/tests/c/migrate_loop.c"));
+    let (program, lib) = flyt_test_support::driver_program(source, &cuda, &scratch);
+    let app = App::start(&program, &lib, &socket, 400);
+    let before = with_sessions(&cluster, "node-a", 1);
+    let id = before["id"].as_str().unwrap().to_string();
+
+    // --- refusals: one line each, and the app goes on where it was.
+    refused(&cluster, &[VM, "--to", "node-c"], "target full: node-c GPU 0 has 10 SMs and 8192 MiB free", &before);
+    refused(&cluster, &[VM, "--to", "node-z"], "unknown node node-z", &before);
+    refused(&cluster, &["10.9.9.9", "--to", "node-b"], "unknown allocation or VM 10.9.9.9", &before);
+    refused(&cluster, &[VM, "--to", "node-b/3"], "node node-b has no GPU 3", &before);
+    cluster.flytctl_ok(&["drain", "node-b"]);
+    refused(&cluster, &[VM, "--to", "node-b"], "node node-b is drained", &before);
+    cluster.flytctl_ok(&["undrain", "node-b"]);
+    // node-d starts its server but cannot restore the app's 9 MiB in 4: the app was paused and
+    // checkpointed, and goes on at node-a; node-d's server is gone.
+    let stderr = refused(
+        &cluster,
+        &[VM, "--to", "node-d"],
+        "the allocation stays where it was, its apps running there: node-d refused to restore session",
+        &before,
+    );
+    assert!(stderr.contains("quota"), "{stderr}");
+    wait_until("node-d's server stops", Duration::from_secs(10), || {
+        (cluster.rpc_servers() == vec![(u32::try_from(number(&before["pid"])).unwrap(), id.clone())]).then_some(())
+    });
+    with_sessions(&cluster, "node-a", 1);
+
+    // --- the move: same allocation, node-b's server, the old one gone, new apps sent there.
+    let (code, stdout, stderr) = cluster.flytctl(&["migrate", &id, "--to", "node-b"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    eprintln!("flytctl migrate {id} --to node-b:\n{stdout}");
+    let after = cluster.allocation_of(VM).expect("the allocation after the move");
+    let address = after["addresses"][0].as_str().unwrap().to_string();
+    assert!(stdout.contains(&format!("moved to {address}: snapshot ")), "{stdout}");
+    assert!(stdout.contains(&format!("allocation {id} moved from node-a/0 to node-b/0 with 1 app in ")), "{stdout}");
+    assert_eq!((after["id"].as_str(), after["node_id"].as_str(), number(&after["sm_percentage"])), (Some(id.as_str()), Some("node-b"), 25));
+    assert!(after["pending_move"].is_null() && after["pid"] != before["pid"], "{after}");
+    assert!(!pid_alive(u32::try_from(number(&before["pid"])).unwrap()), "the old server still runs");
+    assert_eq!(cluster.rpc_servers(), vec![(u32::try_from(number(&after["pid"])).unwrap(), id.clone())]);
+    let (located, _) = cluster.locate(&socket, 0);
+    assert_eq!(located["address"].as_str(), Some(address.as_str()), "{located}");
+    let table = cluster.flytctl_ok(&["list-allocations"]);
+    assert!(table.contains("node-b/0"), "{table}");
+    with_sessions(&cluster, "node-b", 1);
+
+    // --- checkpoint: a snapshot file in the folder, and the app goes on.
+    let snapshots = cluster.path("snapshots");
+    let folder = snapshots.display().to_string();
+    let (code, stdout, stderr) = cluster.flytctl(&["checkpoint", VM, "--to", &folder]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    eprintln!("flytctl checkpoint {VM} --to {folder}:\n{stdout}");
+    assert!(stdout.contains(&format!("allocation {id}: 1 snapshot(s) in {folder} on node-b; the apps go on")), "{stdout}");
+    let files: Vec<String> =
+        std::fs::read_dir(&snapshots).unwrap().map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(files.len() == 1 && files[0].ends_with(".flyt-snapshot") && stdout.contains(&files[0][..32]), "{files:?} {stdout}");
+    let (code, _, stderr) = cluster.flytctl(&["checkpoint", "10.9.9.9", "--to", &folder]);
+    assert!(code == 1 && stderr.contains("unknown allocation or VM 10.9.9.9"), "{stderr}");
+    let (code, _, stderr) = cluster.flytctl(&["checkpoint", VM, "--to", "snapshots"]);
+    assert!(code == 1 && stderr.contains("must be an absolute path"), "{stderr}");
+
+    // --- the cluster manager dies after the app's session was restored on node-a but before
+    // the switch: the move is rolled back and the app goes on at node-b.
+    crash_mid_move(&mut cluster, "move.copied", &[VM, "--to", "node-a"]);
+    let settled = cluster.wait_settled("rolled back");
+    assert_eq!(settled[0]["node_id"], "node-b", "{settled:?}");
+    with_sessions(&cluster, "node-b", 1);
+    // ... dies after the switch: the move is finished and the app goes on at node-a.
+    crash_mid_move(&mut cluster, "move.switched", &[VM, "--to", "node-a"]);
+    let settled = cluster.wait_settled("finished");
+    assert_eq!((settled[0]["node_id"].as_str(), settled[0]["id"].as_str()), (Some("node-a"), Some(id.as_str())), "{settled:?}");
+    with_sessions(&cluster, "node-a", 1);
+    app.finish();
+    let log = cluster.log("cluster-manager");
+    assert!(log.contains("rolling back a move left under way") && log.contains("finishing a move left under way"), "{log}");
+}

@@ -1,0 +1,106 @@
+//! `flytctl migrate` and `flytctl checkpoint`: an allocation's apps moved to another node, or
+//! checkpointed where they are. The cluster manager drives the node managers; flytctl asks
+//! and prints what was done.
+
+use std::time::Duration;
+
+use flyt_protocol::control::cluster::{AfterCheckpoint, CheckpointReport, MoveReport};
+
+use crate::sessions::print_snapshot;
+
+/// How long flytctl waits for a move or a checkpoint: device memory by the tens of GiB may have
+/// to be written and copied.
+pub const LONG_CALL: Duration = Duration::from_secs(1800);
+
+/// Where `--to` of `migrate` points: a node, and a GPU there or the one placement picks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Destination {
+    pub node: String,
+    pub gpu: Option<u32>,
+}
+
+/// Parses `NODE` or `NODE/GPU`.
+pub fn parse_destination(text: &str) -> Result<Destination, String> {
+    let (node, gpu) = match text.rsplit_once('/') {
+        Some((node, gpu)) => {
+            let gpu = gpu.parse::<u32>().map_err(|_| format!("`{text}`: the GPU after `/` must be a number (NODE or NODE/GPU)"))?;
+            (node, Some(gpu))
+        }
+        None => (text, None),
+    };
+    if node.is_empty() {
+        return Err(format!("`{text}`: name a node (NODE or NODE/GPU; `flytctl list-servernodes` shows them)"));
+    }
+    Ok(Destination { node: node.to_string(), gpu })
+}
+
+fn milliseconds(micros: u64) -> f64 {
+    micros as f64 / 1e3
+}
+
+/// One line per moved session, one for the allocation, and one per session left behind.
+pub fn print_move(report: &MoveReport) {
+    for session in &report.sessions {
+        let snapshot = &session.snapshot;
+        println!(
+            "session {} moved to {}: snapshot {} bytes ({} of device memory); drain {:.1} ms, write {:.1} ms, copy {:.1} ms, restore {:.1} ms",
+            snapshot.session_id,
+            session.to,
+            snapshot.bytes,
+            snapshot.device_bytes,
+            milliseconds(snapshot.drain_us),
+            milliseconds(snapshot.write_us),
+            milliseconds(session.transfer_us),
+            milliseconds(session.restore_us)
+        );
+    }
+    for reason in &report.left_behind {
+        println!("left behind (ended with the old server): {reason}");
+    }
+    let allocation = &report.allocation;
+    let sessions = match report.sessions.len() {
+        0 => "no running app".to_string(),
+        1 => "1 app".to_string(),
+        count => format!("{count} apps"),
+    };
+    println!(
+        "allocation {} moved from {}/{} to {}/{} with {sessions} in {:.1} ms; it is served at {}",
+        allocation.id,
+        report.from_node,
+        report.from_gpu,
+        allocation.node_id,
+        allocation.gpu,
+        milliseconds(report.total_us),
+        allocation.addresses.join(" ")
+    );
+}
+
+/// One line per snapshot and per session that could not be checkpointed, then a summary.
+pub fn print_checkpoint(report: &CheckpointReport, after: AfterCheckpoint) {
+    for snapshot in &report.snapshots {
+        print_snapshot(snapshot, false);
+    }
+    for (session, reason) in &report.failed {
+        println!("session {session} not checkpointed (its app goes on): {reason}");
+    }
+    let then = match after {
+        AfterCheckpoint::Resume => "the apps go on",
+        AfterCheckpoint::Stop => {
+            "their sessions ended: each app waits at its server's address until a server there restores its snapshot (flytctl session restore)"
+        }
+    };
+    println!("allocation {}: {} snapshot(s) in {} on {}; {then}", report.allocation_id, report.snapshots.len(), report.dir, report.node_id);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_are_a_node_and_maybe_a_gpu() {
+        assert_eq!(parse_destination("node-b"), Ok(Destination { node: "node-b".into(), gpu: None }));
+        assert_eq!(parse_destination("gpu-host.example/3"), Ok(Destination { node: "gpu-host.example".into(), gpu: Some(3) }));
+        assert!(parse_destination("node-b/x").unwrap_err().contains("must be a number"));
+        assert!(parse_destination("/1").unwrap_err().contains("name a node"));
+    }
+}
