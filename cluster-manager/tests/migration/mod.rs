@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use crate::harness::{Cluster, Options, Value, binary, pid_alive, wait_until};
+use crate::harness::{Cluster, Options, Value, binary, pid_alive, scrape, series_value, wait_until};
 
 const VM: &str = "10.0.0.1";
 
@@ -93,6 +93,7 @@ fn refused(cluster: &Cluster, args: &[&str], message: &str, before: &Value) -> S
     let now = cluster.allocation_of(VM).expect("the allocation");
     assert_eq!((&now["id"], &now["node_id"], &now["pid"]), (&before["id"], &before["node_id"], &before["pid"]), "{all:?}");
     assert!(now["pending_move"].is_null(), "{now}");
+    eprintln!("flytctl {}: {stderr}", all.join(" "));
     stderr
 }
 
@@ -110,10 +111,12 @@ fn crash_mid_move(cluster: &mut Cluster, point: &str, args: &[&str]) {
     cluster.start_cluster_manager();
 }
 
-/// A running app moves from node-a to node-b; moves to a full, unknown, drained or refusing
-/// node, or of an unknown allocation, fail with one line and leave it running where it was;
-/// `flytctl checkpoint` writes its snapshot and lets it go on; a cluster manager that dies mid-move
-/// rolls the move back (before the switch) or finishes it (after), the app going on either way.
+/// A running app moves from node-a to node-b (another host: the snapshot streams between the
+/// node managers) and on to node-e (node-b's host: no copy); moves to a full, unknown, drained
+/// or refusing node, or of an unknown allocation, fail with one line and leave it running where
+/// it was; `flytctl checkpoint` writes its snapshot and lets it go on; a cluster manager that
+/// dies mid-move rolls the move back (before the switch) or finishes it (after), the app going
+/// on either way.
 #[test]
 fn a_running_app_moves_with_its_allocation_and_failed_moves_leave_it_running() {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
@@ -127,7 +130,9 @@ fn a_running_app_moves_with_its_allocation_and_failed_moves_leave_it_running() {
     cluster.start_node("node-c", "127.0.0.3", 10, 8192);
     let small = small_server(&cluster).display().to_string();
     cluster.start_node_with("node-d", "127.0.0.4", 80, 8192, &[("FLYT_NODE_MANAGER_RPC_SERVER_BINARY", small)]);
-    for node in ["node-a", "node-b", "node-c", "node-d"] {
+    // On node-b's host: a move between them passes its snapshots through node-b's folder.
+    cluster.start_node("node-e", "127.0.0.2", 80, 8192);
+    for node in ["node-a", "node-b", "node-c", "node-d", "node-e"] {
         cluster.wait_node_up(node);
     }
     // On a host with no GPU node: the fullest GPU that fits it is node-a's.
@@ -200,13 +205,22 @@ fn a_running_app_moves_with_its_allocation_and_failed_moves_leave_it_running() {
     assert!(code == 1 && stderr.contains("unknown allocation or VM 10.9.9.9"), "{stderr}");
     let (code, _, stderr) = cluster.flytctl(&["checkpoint", VM, "--to", "snapshots"]);
     assert!(code == 1 && stderr.contains("must be an absolute path"), "{stderr}");
+    let text = scrape(&cluster.cluster_manager().metrics_address());
+    assert_eq!(series_value(&text, "flyt_cluster_moves_total{outcome=\"moved\"}"), Some(1.0), "{text}");
+    assert_eq!(series_value(&text, "flyt_cluster_moves_total{outcome=\"refused\"}"), Some(6.0), "{text}");
+
+    // --- to another node of the same host: no copy between node managers.
+    let (code, stdout, stderr) = cluster.flytctl(&["migrate", VM, "--to", "node-e"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains(", copy 0.0 ms, ") && stdout.contains("from node-b/0 to node-e/0 with 1 app"), "{stdout}");
+    with_sessions(&cluster, "node-e", 1);
 
     // --- the cluster manager dies after the app's session was restored on node-a but before
-    // the switch: the move is rolled back and the app goes on at node-b.
+    // the switch: the move is rolled back and the app goes on at node-e.
     crash_mid_move(&mut cluster, "move.copied", &[VM, "--to", "node-a"]);
     let settled = cluster.wait_settled("rolled back");
-    assert_eq!(settled[0]["node_id"], "node-b", "{settled:?}");
-    with_sessions(&cluster, "node-b", 1);
+    assert_eq!(settled[0]["node_id"], "node-e", "{settled:?}");
+    with_sessions(&cluster, "node-e", 1);
     // ... dies after the switch: the move is finished and the app goes on at node-a.
     crash_mid_move(&mut cluster, "move.switched", &[VM, "--to", "node-a"]);
     let settled = cluster.wait_settled("finished");
