@@ -389,7 +389,16 @@ impl<S: Store> Cluster<S> {
                     copied.iter().map(|copy| copy.session.clone()).collect(),
                     copied.into_iter().map(|copy| (copy.session.session_id, copy)).collect(),
                 ),
-                None => (self.sessions_on(&source.node_id, id).await?, BTreeMap::new()),
+                None => match self.sessions_on(&source.node_id, id).await {
+                    Ok(sessions) => (sessions, BTreeMap::new()),
+                    Err(error @ ControlError::NodeUnreachable { .. }) => return Err(error),
+                    // The source's server is gone already (stopped before the crash, or exited):
+                    // nobody is left to send.
+                    Err(error) => {
+                        tracing::info!(allocation = id, node = %source.node_id, %error, "no session left at the source");
+                        (Vec::new(), BTreeMap::new())
+                    }
+                },
             };
             let mut released = BTreeSet::new();
             for session in sessions {
@@ -399,13 +408,22 @@ impl<S: Store> Cluster<S> {
                         released.insert(session.session_id);
                         moved.extend(copies.remove(&session.session_id).map(|copy| copy.sent_to(to)));
                     }
-                    Err(error @ ControlError::NodeUnreachable { .. }) => return Err(error),
+                    Err(ControlError::NodeUnreachable { node, reason }) => {
+                        return Err(ControlError::NodeUnreachable {
+                            node,
+                            reason: format!(
+                                "{reason}; allocation {id} already runs on {}, and its apps are sent there once this node answers",
+                                target.node_id
+                            ),
+                        });
+                    }
                     Err(error) => left_behind.push(format!("session {} could not be released to {to}: {error}", session.session_id)),
                 }
             }
             failpoint::hit("move.released");
             // Sessions still at the source once the released apps left were opened meanwhile (or
-            // were not paused when a restarted cluster manager told them): they move the same way.
+            // were not paused when a restarted cluster manager told them, and ignored it): they
+            // move the same way.
             let stayed = self.wait_for_departures(&source.node_id, id, &released).await;
             let mut released_again = BTreeSet::new();
             for session in stayed {
@@ -442,7 +460,7 @@ impl<S: Store> Cluster<S> {
     }
 
     /// Waits (bounded) until the sessions `leaving` are gone from `node_id`'s server of `id`;
-    /// returns the other sessions it has then.
+    /// returns the sessions it still has then.
     async fn wait_for_departures(&self, node_id: &str, id: &str, leaving: &BTreeSet<u64>) -> Vec<SessionStatus> {
         let deadline = Instant::now() + DEPARTURE_TIMEOUT;
         loop {
@@ -454,7 +472,7 @@ impl<S: Store> Cluster<S> {
                 }
             };
             if !sessions.iter().any(|session| leaving.contains(&session.session_id)) || Instant::now() >= deadline {
-                return sessions.into_iter().filter(|session| !leaving.contains(&session.session_id)).collect();
+                return sessions;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
