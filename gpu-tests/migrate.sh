@@ -40,7 +40,7 @@ SNAP=/dev/shm/flyt-migrate-snap-$$
 trap 'pkill -f "$W/" 2>/dev/null; rm -rf "$W" "$SNAP"' EXIT
 CUDA_INC=${CUDA_HOME:-/usr/local/cuda}/include
 ROWS=()
-row() { ROWS+=("$(printf '| %-44s | %-6s | %s |' "$1" "$2" "$3")"); }
+row() { ROWS+=("$(printf '| %-44s | %-6s | %s |' "$1" "$2" "$3")"); printf '%s\n' "${ROWS[-1]}" >>"$OUT/rows.md"; }
 
 # --- build -------------------------------------------------------------------------------------
 cc -std=gnu11 -O2 -Wall -I"$CUDA_INC" -I"$here/../cuda-shim/cdylib/tests/c" \
@@ -81,7 +81,7 @@ flyt_loop() { # SERVER-ADDRESS ARGS... (GPU hidden)
 }
 flyt_app() { # SHM(on|off) SERVER-ADDRESS ARGS... (GPU hidden)
     local shm=$1 server=$2; shift 2
-    "$W/hide_gpu" "$HIDE" -- env LD_LIBRARY_PATH="$W/lib" FLYT_SERVER="$server" FLYT_TOKEN="$TOKEN" FLYT_SHM="$shm" "$W/migrate_app" "$@"
+    "$W/hide_gpu" "$HIDE" -- env LD_LIBRARY_PATH="$W/lib" FLYT_SERVER="$server" FLYT_TOKEN="$TOKEN" FLYT_SHM="$shm" FLYT_RESUME_TIMEOUT=120 "$W/migrate_app" "$@"
 }
 same_output() { # NATIVE FLYT: the same lines but the pointer lines, and pointers equal start to end
     local p1 p2

@@ -128,6 +128,54 @@ impl RangeMap {
     }
 }
 
+/// Module variables of a moved session that live at other addresses than the app knows them
+/// by: a fresh worker's driver places a module's variables where it likes, while the app (its
+/// runtime caches every symbol's address) keeps using the old ones. Copies and memsets that
+/// name a variable by its old address, and kernel arguments that hold one, are sent to the new
+/// one; the old addresses stay reserved, so no allocation can take them.
+#[derive(Debug, Default)]
+pub struct MovedVariables {
+    /// App address -> (length, address here).
+    by_app_address: BTreeMap<u64, (u64, u64)>,
+}
+
+impl MovedVariables {
+    pub fn insert(&mut self, app_address: u64, len: u64, here: u64) {
+        if app_address != here {
+            self.by_app_address.insert(app_address, (len, here));
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_app_address.is_empty()
+    }
+
+    /// Where `ptr`, as the app knows it, lies on this device.
+    pub fn here(&self, ptr: u64) -> u64 {
+        if self.by_app_address.is_empty() {
+            return ptr;
+        }
+        match self.by_app_address.range(..=ptr).next_back() {
+            Some((start, (len, here))) if ptr - start < *len => here + (ptr - start),
+            _ => ptr,
+        }
+    }
+
+    /// The app's address of a variable that lives at `here`, when it moved.
+    pub fn app_address(&self, here: u64) -> Option<u64> {
+        self.by_app_address.iter().find(|(_, (_, at))| *at == here).map(|(app, _)| *app)
+    }
+
+    /// Forgets the variable the app knows at `app_address` (its module is gone).
+    pub fn remove(&mut self, app_address: u64) {
+        self.by_app_address.remove(&app_address);
+    }
+
+    pub fn clear(&mut self) {
+        self.by_app_address.clear();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +226,20 @@ mod tests {
         assert_eq!(map.check(0x9000, 0x10), Ok(()));
         map.remove_within(0x9000, 0x100, RangeKind::Variable);
         assert_eq!(map.check(0x9000, 1), Err(CudaError::INVALID_VALUE));
+    }
+
+    #[test]
+    fn moved_variables_send_old_addresses_to_new_ones() {
+        let mut moved = MovedVariables::default();
+        assert_eq!(moved.here(0x1000), 0x1000);
+        moved.insert(0x7f00_0000_0000, 256, 0x7e00_0000_0100);
+        moved.insert(0x5000, 16, 0x5000);
+        assert_eq!(moved.here(0x7f00_0000_0000), 0x7e00_0000_0100);
+        assert_eq!(moved.here(0x7f00_0000_00ff), 0x7e00_0000_01ff);
+        assert_eq!(moved.here(0x7f00_0000_0100), 0x7f00_0000_0100, "past the variable");
+        assert_eq!(moved.here(0x5008), 0x5008, "a variable that stayed is not translated");
+        assert_eq!(moved.app_address(0x7e00_0000_0100), Some(0x7f00_0000_0000));
+        moved.remove(0x7f00_0000_0000);
+        assert!(moved.is_empty());
     }
 }

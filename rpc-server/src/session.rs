@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::backend::Device;
 use crate::budget::MemoryBudget;
 use crate::images::ImageCache;
-use crate::memory::{RangeKind, RangeMap};
+use crate::memory::{MovedVariables, RangeKind, RangeMap};
 use crate::shm::Segment;
 use crate::transport::{Connection, Outbox};
 use crate::waiters::Waiters;
@@ -396,6 +396,8 @@ pub struct Session<D: Device> {
     /// Checkpoints asked for by the listener, and whether the session moved away (it ends).
     moves: Arc<MoveControl>,
     moved: bool,
+    /// Variables at other addresses than the app knows them by, after a move.
+    moved_variables: MovedVariables,
     modules: HashMap<u32, LoadedModule<D>>,
     links: HashMap<u64, Linked<D>>,
     /// Private events for waiting on streams, reused.
@@ -466,6 +468,7 @@ impl<D: Device> Session<D> {
             event_flags: HashMap::new(),
             moves: Arc::new(MoveControl::default()),
             moved: false,
+            moved_variables: MovedVariables::default(),
             modules: HashMap::new(),
             links: HashMap::new(),
             spare_events: Arc::new(Mutex::new(Vec::new())),
@@ -789,6 +792,7 @@ impl<D: Device> Session<D> {
     /// by name, so the app's handles keep working. Variables are found again when asked (their
     /// addresses may move).
     fn reload_modules(&mut self) {
+        self.moved_variables.clear();
         for (id, loaded) in &mut self.modules {
             for (_, address, size) in loaded.variables.drain(..) {
                 self.ranges.remove_within(address, size, RangeKind::Variable);
@@ -931,6 +935,7 @@ impl<D: Device> OpHandler for Session<D> {
         let len = bulk.remaining();
         let result = (|| {
             self.ranges.check(request.dst, len)?;
+            let dst = self.moved_variables.here(request.dst);
             let stream = self.stream(request.stream)?;
             self.refuse_while_capturing(stream)?;
             let mut offset = 0;
@@ -942,7 +947,7 @@ impl<D: Device> OpHandler for Session<D> {
                     // The connection broke; the session ends after this op.
                     return Ok(());
                 }
-                self.device.copy_htod(request.dst + offset, staging, stream)?;
+                self.device.copy_htod(dst + offset, staging, stream)?;
                 offset += piece;
             }
             Ok(())
@@ -962,7 +967,7 @@ impl<D: Device> OpHandler for Session<D> {
             let stream = self.stream(request.stream)?;
             self.refuse_while_capturing(stream)?;
             let staging = self.device.staging(chunk_len(request.len, self.config.copy_chunk)?)?;
-            self.device.start_dtoh(request.src, staging, stream)
+            self.device.start_dtoh(self.moved_variables.here(request.src), staging, stream)
         })();
         let copy = match started {
             Ok(copy) => copy,
@@ -978,7 +983,10 @@ impl<D: Device> OpHandler for Session<D> {
             .check(request.src, request.len)
             .and_then(|()| self.ranges.check(request.dst, request.len))
             .and_then(|()| self.stream(request.stream))
-            .and_then(|stream| self.device.copy_dtod(request.dst, request.src, request.len, stream));
+            .and_then(|stream| {
+                let (dst, src) = (self.moved_variables.here(request.dst), self.moved_variables.here(request.src));
+                self.device.copy_dtod(dst, src, request.len, stream)
+            });
         reply.send(result.map(|()| rep::MemcpyDtoD {}));
     }
 
@@ -994,7 +1002,7 @@ impl<D: Device> OpHandler for Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             }
             let stream = self.stream(request.stream)?;
-            let (dst, pattern, width, len) = (request.dst, request.pattern, request.width, request.len);
+            let (dst, pattern, width, len) = (self.moved_variables.here(request.dst), request.pattern, request.width, request.len);
             if device_memory {
                 return self.device.memset(dst, pattern, width, len, stream);
             }
@@ -1084,7 +1092,10 @@ impl<D: Device> OpHandler for Session<D> {
         let Some(loaded) = self.modules.get_mut(&request.module) else {
             return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
         };
-        let result = self.device.variable(&loaded.module, &request.name).map(|(address, size, managed)| {
+        let moved = &self.moved_variables;
+        let result = self.device.variable(&loaded.module, &request.name).map(|(here, size, managed)| {
+            // A variable that moved keeps the address the app first got.
+            let address = moved.app_address(here).unwrap_or(here);
             if !loaded.variables.iter().any(|(_, known, _)| *known == address) {
                 self.ranges.insert(address, size, RangeKind::Variable);
                 loaded.variables.push((request.name.clone(), address, size));
@@ -1184,6 +1195,7 @@ impl<D: Device> OpHandler for Session<D> {
             Some(module) => {
                 for (_, address, size) in &module.variables {
                     self.ranges.remove_within(*address, *size, RangeKind::Variable);
+                    self.moved_variables.remove(*address);
                 }
                 self.device.unload_module(module.module)
             }
@@ -1199,6 +1211,13 @@ impl<D: Device> OpHandler for Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             }
             let stream = self.stream(request.stream)?;
+            if !self.moved_variables.is_empty() {
+                // A pointer argument may name a variable by the address the app knows it by.
+                for word in request.args.chunks_exact_mut(8) {
+                    let value = u64::from_le_bytes(<[u8; 8]>::try_from(&*word).unwrap_or_default());
+                    word.copy_from_slice(&self.moved_variables.here(value).to_le_bytes());
+                }
+            }
             self.device.launch(function, request.grid, request.block, request.shared_mem, stream, &mut request.args, &request.attributes)
         });
         if let (Some(stats), Ok(())) = (&self.config.stats, &result) {
@@ -1429,7 +1448,7 @@ impl<D: Device> OpHandler for Session<D> {
             let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
             // SAFETY: the source range is pinned segment memory (checked above), mapped while
             // it is pinned; the destination was validated against the session's ranges.
-            unsafe { self.device.copy_from_host(request.dst, source, len, stream) }
+            unsafe { self.device.copy_from_host(self.moved_variables.here(request.dst), source, len, stream) }
         })();
         if result.is_ok() {
             self.count_copy(crate::stats::Copied::HostToDeviceShm, request.len);
@@ -1451,7 +1470,7 @@ impl<D: Device> OpHandler for Session<D> {
             }
             let len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
             // SAFETY: as in `shm_copy_htod`, the other way round.
-            unsafe { self.device.copy_to_host(target, request.src, len, stream) }
+            unsafe { self.device.copy_to_host(target, self.moved_variables.here(request.src), len, stream) }
         })();
         if result.is_ok() {
             self.count_copy(crate::stats::Copied::DeviceToHostShm, request.len);

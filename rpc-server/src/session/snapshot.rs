@@ -284,6 +284,8 @@ pub struct Restored<D: Device> {
     events: Vec<(u64, D::Event, u32)>,
     may_print: bool,
     segment: Option<SegmentState>,
+    /// App address, length and address here of each module variable.
+    moved_variables: Vec<(u64, u64, u64)>,
 }
 
 impl<D: Device> Restored<D> {
@@ -354,11 +356,16 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
     if !budget.try_reserve(total) {
         return Err(format!("its {total} bytes of device memory exceed what this server's quota has free"));
     }
-    // Modules first, as the app's runtime loaded them before its first allocation: a fresh
-    // worker that loads the same images in the same order gets their variables at the same
-    // addresses, before restored allocations take any of the driver's address space.
+    // The allocations at their addresses first, and the addresses the app knows its variables by
+    // (held, so no allocation takes them): a fresh worker's driver places modules' variables
+    // where it likes, and the session then sends the app's addresses there (`MovedVariables`).
+    let held: Vec<_> =
+        manifest.modules.iter().flat_map(|module| module.variables.iter().map(|(_, address, size)| (*address, *size))).collect();
+    let reserved: Vec<_> = manifest.allocations.iter().copied().chain(held).collect();
+    device.restore_allocations(&reserved)?;
     let mut modules = HashMap::new();
-    let mut variables = Vec::new();
+    let mut moved_variables = Vec::new();
+    let mut variables_here = Vec::new();
     for state in manifest.modules {
         let module = device.load_module(&state.image).map_err(|error| format!("module {} does not load here: {error}", state.id))?;
         let count = state.functions.iter().map(|(_, index, _)| *index as usize + 1).max().unwrap_or(0);
@@ -374,17 +381,17 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
             function_names.insert(name, index);
         }
         for (name, address, size) in &state.variables {
-            let (here, _, _) = device.variable(&module, name).map_err(|error| format!("module variable {name}: {error}"))?;
-            if here != *address {
-                return Err(format!("module variable {name} would move from {address:#x} to {here:#x} on this device"));
+            let (here, here_size, _) = device.variable(&module, name).map_err(|error| format!("module variable {name}: {error}"))?;
+            if here_size != *size {
+                return Err(format!("module variable {name} has {here_size} bytes here, not {size}"));
             }
-            variables.push((*address, *size));
+            moved_variables.push((*address, *size, here));
+            variables_here.push((here, *size));
         }
         let loaded = LoadedModule { module, image: Arc::new(state.image), functions, function_names, variables: state.variables };
         modules.insert(state.id, loaded);
     }
-    device.restore_allocations(&manifest.allocations)?;
-    let ranges: Vec<_> = manifest.allocations.iter().copied().chain(variables).collect();
+    let ranges: Vec<_> = manifest.allocations.iter().copied().chain(variables_here).collect();
     let data_at = (MAGIC.len() + 8) as u64 + len;
     let writable = std::fs::File::options().read(true).write(true).open(path).map_err(|error| format!("{}: {error}", path.display()))?;
     if !copy_direct(device, &writable, data_at, &ranges, false)? {
@@ -401,7 +408,15 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
         events.push((id, device.event_create(flags).map_err(|error| format!("event: {error}"))?, flags));
     }
     device.synchronize().map_err(|error| format!("restoring device memory: {error}"))?;
-    Ok(Restored { allocations: manifest.allocations, modules, streams, events, may_print: manifest.may_print, segment: manifest.segment })
+    Ok(Restored {
+        allocations: manifest.allocations,
+        modules,
+        streams,
+        events,
+        may_print: manifest.may_print,
+        segment: manifest.segment,
+        moved_variables,
+    })
 }
 
 impl<D: Device> Session<D> {
@@ -425,6 +440,9 @@ impl<D: Device> Session<D> {
             self.event_flags.insert(id, flags);
         }
         self.may_print = restored.may_print;
+        for (app_address, len, here) in restored.moved_variables {
+            self.moved_variables.insert(app_address, len, here);
+        }
     }
 
     /// Why this session cannot be made again elsewhere, if anything holds it.
@@ -519,7 +537,8 @@ impl<D: Device> Session<D> {
             file.write_all(&(bytes.len() as u64).to_le_bytes()).map_err(io)?;
             file.write_all(&bytes).map_err(io)?;
             let data_at = (MAGIC.len() + 8 + bytes.len()) as u64;
-            let ranges = manifest_ranges(&manifest);
+            // Variables that moved before are read where they live now.
+            let ranges: Vec<_> = manifest_ranges(&manifest).into_iter().map(|(ptr, len)| (self.moved_variables.here(ptr), len)).collect();
             file.set_len(data_at + device_bytes).map_err(io)?;
             if copy_direct(&*self.device, &file, data_at, &ranges, true)? {
                 tracing::info!(bytes = device_bytes, "device memory copied straight into the snapshot file's pinned pages");
