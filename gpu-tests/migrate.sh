@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# migrate.sh --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib LIST] [--skip LIST]:
+# migrate.sh --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib LIST] [--skip LIST]
+#            [--snapshots PARENT-DIR]:
 # live migration and checkpoint/restore of running apps between two rpc-servers on this machine's
 # GPU, the apps unable to see the GPU.
 #
@@ -13,11 +14,11 @@
 #      --snapshot-dir: the app must go on and print the native output.
 #   big: for each size in --big-mib, one timed move of migrate_loop (driver API) holding that much
 #      more memory (pause = drain + snapshot + restore).
-# Snapshots go to /dev/shm, where the GPU copies straight into the files' pinned pages.
+# Snapshots go to /dev/shm (or --snapshots), where the GPU copies straight into the files' pinned pages.
 # A short table is printed last; everything else goes to OUT.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-DIST= OUT= MOVES=10 APP_MIB=10240 BIG="1024 10240" SKIP=
+DIST= OUT= MOVES=10 APP_MIB=10240 BIG="1024 10240" SKIP= SNAP_PARENT=/dev/shm
 while [ $# -gt 0 ]; do
     case $1 in
     --dist) DIST=$2; shift 2 ;;
@@ -26,7 +27,8 @@ while [ $# -gt 0 ]; do
     --app-mib) APP_MIB=$2; shift 2 ;;
     --big-mib) BIG=$2; shift 2 ;;
     --skip) SKIP=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket restart big']" >&2; exit 2 ;;
+    --snapshots) SNAP_PARENT=$2; shift 2 ;;
+    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket restart big'] [--snapshots PARENT-DIR]" >&2; exit 2 ;;
     esac
 done
 skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -35,8 +37,9 @@ DIST=$(cd "$DIST" && pwd)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 W=$(mktemp -d /tmp/flyt-migrate.XXXXXX)
-# Snapshots go through shared memory (a folder both servers of this host read).
-SNAP=/dev/shm/flyt-migrate-snap-$$
+# Snapshots go through shared memory (a folder both servers of this host read), or a folder on
+# disk (--snapshots DIR: copied through staging buffers, as the GPU cannot pin a disk file).
+SNAP=$SNAP_PARENT/flyt-migrate-snap-$$
 trap 'pkill -f "$W/" 2>/dev/null; rm -rf "$W" "$SNAP"' EXIT
 CUDA_INC=${CUDA_HOME:-/usr/local/cuda}/include
 ROWS=()
