@@ -32,6 +32,9 @@ use flyt_protocol::control::rpc_server::{RpcServerStatus, SessionStatus, Snapsho
 const MAX_PENDING_HANDSHAKES: usize = 128;
 /// How long a restore (or a checkpoint's writing) may take: device memory by the tens of GiB.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a restored session waits for its app: one that never comes back (it died, or its
+/// move was called off) frees its worker and memory after this.
+const RESTORED_CLAIM_TIMEOUT: Duration = Duration::from_secs(900);
 
 struct WarmWorker {
     pid: u32,
@@ -83,6 +86,13 @@ pub struct Server {
     worker_answers: Mutex<HashMap<u32, std::sync::mpsc::Sender<FromWorker>>>,
     /// Workers holding a restored session until its app reconnects, by snapshot name.
     restored: Mutex<HashMap<String, WarmWorker>>,
+}
+
+/// Asks a worker process to end (SIGTERM).
+fn stop_worker(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -470,9 +480,7 @@ impl Server {
                 Ok(worker)
             }
             outcome => {
-                if let Ok(pid) = i32::try_from(worker.pid) {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
-                }
+                stop_worker(worker.pid);
                 Err(match outcome {
                     Ok(FromWorker::Restored(Err(reason))) | Err(reason) => format!("restoring {}: {reason}", path.display()),
                     Ok(other) => format!("restoring {}: unexpected answer {other:?}", path.display()),
@@ -504,10 +512,24 @@ impl Server {
             return Err(format!("no snapshot {} here", path.display()));
         }
         let worker = self.restore_into_worker(&path)?;
-        if let Some(old) = lock(&self.restored).insert(name.to_string(), worker)
-            && let Ok(pid) = i32::try_from(old.pid)
-        {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+        let pid = worker.pid;
+        if let Some(old) = lock(&self.restored).insert(name.to_string(), worker) {
+            stop_worker(old.pid);
+        }
+        let (listener, snapshot) = (Arc::downgrade(self), name.to_string());
+        let spawned = std::thread::Builder::new().name("flyt-restored".into()).spawn(move || {
+            std::thread::sleep(RESTORED_CLAIM_TIMEOUT);
+            let Some(listener) = listener.upgrade() else { return };
+            let mut restored = lock(&listener.restored);
+            if restored.get(&snapshot).is_some_and(|worker| worker.pid == pid) {
+                restored.remove(&snapshot);
+                drop(restored);
+                tracing::warn!(%snapshot, worker = pid, "no app came back for the restored session: its worker stops");
+                stop_worker(pid);
+            }
+        });
+        if spawned.is_err() {
+            tracing::warn!(snapshot = %name, "no timer for the restored session: it waits for its app until the server stops");
         }
         Ok(())
     }
@@ -546,9 +568,7 @@ impl Server {
     fn shutdown(&self) {
         self.shutting_down.store(true, Ordering::Release);
         for pid in lock(&self.workers).keys() {
-            if let Ok(pid) = i32::try_from(*pid) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
-            }
+            stop_worker(*pid);
         }
         for path in lock(&self.unix_paths).iter() {
             let _ = std::fs::remove_file(path);
@@ -617,9 +637,7 @@ impl Server {
             tracing::info!(sm_percentage = percentage, "SM share changed: replacing warm workers");
             let retired: Vec<u32> = lock(&self.warm).drain(..).map(|worker| worker.pid).collect();
             for pid in retired {
-                if let Ok(pid) = i32::try_from(pid) {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
-                }
+                stop_worker(pid);
             }
             self.refill();
         }
