@@ -13,7 +13,8 @@
 #   restart: the same app checkpointed with --stop, its server killed, a fresh server started with
 #      --snapshot-dir: the app must go on and print the native output.
 #   big: for each size in --big-mib, one timed move of migrate_loop (driver API) holding that much
-#      more memory (pause = drain + snapshot + restore).
+#      more memory (pause = drain + snapshot + restore), GPU to GPU and through the snapshot file.
+# Moves go GPU to GPU where they can (flytctl session migrate --copy auto): both servers use this GPU.
 # Snapshots go to /dev/shm (or --snapshots), where the GPU copies straight into the files' pinned pages.
 # A short table is printed last; everything else goes to OUT.
 set -u
@@ -119,7 +120,7 @@ for mode in shm socket; do
         if CTL --json session migrate --control "unix:$W/$here_name.ctl" "$id" --to-control "unix:$W/$to.ctl" --to "$addr" --dir "$SNAP" >"$W/move.json" 2>>"$OUT/moves-$mode.log"; then
             moved=$((moved + 1)); here_name=$to
             cat "$W/move.json" >>"$OUT/moves-$mode.log"
-            pauses+=("$(python3 -c "import json; print('%.0f' % json.load(open('$W/move.json'))['total_ms'])")")
+            pauses+=("$(python3 -c "import json; j=json.load(open('$W/move.json')); print('%.0f%s' % (j['total_ms'], '' if j.get('copy') == 'device' else 'f'))")")
         else
             refused=$((refused + 1))
         fi
@@ -128,8 +129,8 @@ for mode in shm socket; do
     wait $APP; rc=$?
     same=no; same_output "$OUT/native.out" "$OUT/$mode.out" && same=yes
     if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
-    median=$(printf '%s\n' "${pauses[@]}" | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "-"}')
-    row "migrate_app $APP_MIB MiB ($mode): $MOVES moves tcp/unix" $r "moved $moved, refused $refused, output and pointers as native: $same, exit $rc, move total median $median ms (each: ${pauses[*]})"
+    median=$(printf '%s\n' "${pauses[@]}" | tr -d f | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "-"}')
+    row "migrate_app $APP_MIB MiB ($mode): $MOVES moves tcp/unix" $r "moved $moved, refused $refused, output and pointers as native: $same, exit $rc, move total median $median ms (each, f: through the file: ${pauses[*]})"
     kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
 done
 
@@ -156,30 +157,29 @@ if ! skipped restart; then
     rm -rf "$SNAP"
 fi
 
-# --- 3. timed moves of much memory -----------------------------------------------------------------
+# --- 3. timed moves of much memory, GPU to GPU and through the snapshot file ---------------------
 for mib in $BIG; do
     skipped big && break
-    start_server a; A=$SRV_PID
-    start_server b; B=$SRV_PID
-    flyt_loop "unix:$W/a.sock" 150 20 "$mib" >"$OUT/big$mib.out" 2>"$OUT/big$mib.err" &
-    APP=$!
-    id=
-    for _ in $(seq 600); do grep -q '^pointers' "$OUT/big$mib.out" 2>/dev/null && break; sleep 0.1; done
-    id=$(session_of a)
-    started=$(date +%s.%N)
-    CTL --json session migrate --control "unix:$W/a.ctl" "$id" --to-control "unix:$W/b.ctl" --to "unix:$W/b.sock" --dir "$SNAP" >"$OUT/big$mib.json" 2>&1
-    mrc=$?
-    ended=$(date +%s.%N)
-    wait $APP; arc=$?
-    if [ $mrc = 0 ] && [ $arc = 0 ]; then
-        r=PASS
-        detail=$(python3 -c "import json,sys; j=json.load(open('$OUT/big$mib.json')); s=j['snapshot']; print('drain %.1f ms, snapshot %.0f ms, restore %.0f ms, total %.0f ms (%.2f GB/s through the snapshot file)' % (s['drain_us']/1e3, s['write_us']/1e3, j['restore_ms'], j['total_ms'], s['device_bytes']/1e9/((s['write_us']/1e6)+j['restore_ms']/1e3)))" 2>&1)
-    else
-        r=FAIL; detail="app exit $arc: $(head -c 200 "$OUT/big$mib.json" | tr '\n' ' ')"
-    fi
-    row "move of an app holding $mib MiB more" $r "$detail"
-    kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
-    rm -rf "$SNAP"
+    for copy in device file; do
+        start_server a; A=$SRV_PID
+        start_server b; B=$SRV_PID
+        flyt_loop "unix:$W/a.sock" 150 20 "$mib" >"$OUT/big$mib-$copy.out" 2>"$OUT/big$mib-$copy.err" &
+        APP=$!
+        for _ in $(seq 600); do grep -q '^pointers' "$OUT/big$mib-$copy.out" 2>/dev/null && break; sleep 0.1; done
+        id=$(session_of a)
+        CTL --json session migrate --control "unix:$W/a.ctl" "$id" --to-control "unix:$W/b.ctl" --to "unix:$W/b.sock" --dir "$SNAP" --copy $copy >"$OUT/big$mib-$copy.json" 2>&1
+        mrc=$?
+        wait $APP; arc=$?
+        if [ $mrc = 0 ] && [ $arc = 0 ]; then
+            r=PASS
+            detail=$(python3 -c "import json,sys; j=json.load(open('$OUT/big$mib-$copy.json')); s=j['snapshot']; print('drain %.1f ms, snapshot %.0f ms, restore %.0f ms, total %.0f ms (%.2f GB/s)' % (s['drain_us']/1e3, s['write_us']/1e3, j['restore_ms'], j['total_ms'], s['device_bytes']/1e9/((s['write_us']/1e6)+j['restore_ms']/1e3)))" 2>&1)
+        else
+            r=FAIL; detail="app exit $arc: $(head -c 200 "$OUT/big$mib-$copy.json" | tr '\n' ' ')"
+        fi
+        row "move of an app holding $mib MiB more ($copy)" $r "$detail"
+        kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
+        rm -rf "$SNAP"
+    done
 done
 
 {

@@ -83,7 +83,19 @@ pub enum SessionCommand {
         dir: String,
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
+        /// How device memory travels: `device` (GPU to GPU: both servers on one GPU or peers),
+        /// `file` (through the snapshot), `auto` (the GPU when it can, else the file).
+        #[arg(long, value_enum, default_value_t = Copy::Auto)]
+        copy: Copy,
     },
+}
+
+/// How a move carries device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Copy {
+    Auto,
+    Device,
+    File,
 }
 
 /// Connects to an rpc-server's control socket.
@@ -174,32 +186,67 @@ pub async fn run(command: &SessionCommand, key: &ClusterKey, timeout: Duration, 
             let client = connect(control, key, timeout).await?;
             client.release(rpc::deadline(timeout), *session, to.clone()).await.map_err(|error| failed(control, error))?
         }
-        SessionCommand::Migrate { control, session, to_control, to, dir, timeout_ms } => {
+        SessionCommand::Migrate { control, session, to_control, to, dir, timeout_ms, copy } => {
             let started = Instant::now();
             let source = connect(control, key, timeout).await?;
             let target = connect(to_control, key, timeout).await?;
-            let info =
-                source.checkpoint(long_call(), *session, dir.clone(), *timeout_ms).await.map_err(|error| failed(control, error))??;
-            let restore_started = Instant::now();
-            let restored = target.restore(long_call(), dir.clone(), info.name.clone()).await.map_err(|error| failed(to_control, error));
-            let restore_ms = restore_started.elapsed().as_secs_f64() * 1e3;
-            if let Err(reason) = restored.and_then(|restored| restored) {
-                // The target cannot take it: the app goes on where it was.
-                let _ = std::fs::remove_file(std::path::Path::new(dir).join(format!("{}{SNAPSHOT_SUFFIX}", info.name)));
-                source.release(rpc::deadline(timeout), *session, None).await.map_err(|error| failed(control, error))??;
-                return Err(format!("session {session} stays where it was: {reason}"));
+            let snapshot_file = |name: &str| std::path::Path::new(dir).join(format!("{name}{SNAPSHOT_SUFFIX}"));
+            // GPU to GPU first when allowed; a device or target that cannot (another GPU, the
+            // emulated device) leaves the app going on, and the file carries it instead.
+            let attempts: &[bool] = match copy {
+                Copy::Auto => &[true, false],
+                Copy::Device => &[true],
+                Copy::File => &[false],
+            };
+            let mut last_error = String::new();
+            let mut moved = None;
+            for (attempt, &on_device) in attempts.iter().enumerate() {
+                let last = attempt + 1 == attempts.len();
+                let checkpoint = if on_device {
+                    source.checkpoint_on_device(long_call(), *session, dir.clone(), *timeout_ms).await
+                } else {
+                    source.checkpoint(long_call(), *session, dir.clone(), *timeout_ms).await
+                };
+                let info = match checkpoint.map_err(|error| failed(control, error))? {
+                    Ok(info) => info,
+                    Err(reason) if !last => {
+                        last_error = reason;
+                        continue;
+                    }
+                    Err(reason) => return Err(reason),
+                };
+                let restore_started = Instant::now();
+                let restored = target.restore(long_call(), dir.clone(), info.name.clone()).await.map_err(|error| failed(to_control, error));
+                let restore_ms = restore_started.elapsed().as_secs_f64() * 1e3;
+                match restored.and_then(|restored| restored) {
+                    Ok(()) => {
+                        moved = Some((info, restore_ms, on_device));
+                        break;
+                    }
+                    Err(reason) => {
+                        // The target cannot take it: the app goes on where it was.
+                        let _ = std::fs::remove_file(snapshot_file(&info.name));
+                        source.release(rpc::deadline(timeout), *session, None).await.map_err(|error| failed(control, error))??;
+                        last_error = reason;
+                    }
+                }
             }
+            let Some((info, restore_ms, on_device)) = moved else {
+                return Err(format!("session {session} stays where it was: {last_error}"));
+            };
             source.release(rpc::deadline(timeout), *session, Some(to.clone())).await.map_err(|error| failed(control, error))??;
             let total_ms = started.elapsed().as_secs_f64() * 1e3;
             if json {
                 let report = serde_json::json!({
                     "snapshot": info, "restore_ms": restore_ms, "total_ms": total_ms, "to": to,
+                    "copy": if on_device { "device" } else { "file" },
                 });
                 println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
             } else {
                 println!(
-                    "session {session} moved to {to}: {} bytes of device memory; drain {:.1} ms, snapshot {:.1} ms, restore {restore_ms:.1} ms, total {total_ms:.1} ms",
+                    "session {session} moved to {to}: {} bytes of device memory ({}); drain {:.1} ms, snapshot {:.1} ms, restore {restore_ms:.1} ms, total {total_ms:.1} ms",
                     info.device_bytes,
+                    if on_device { "GPU to GPU" } else { "through the snapshot file" },
                     info.drain_us as f64 / 1e3,
                     info.write_us as f64 / 1e3
                 );

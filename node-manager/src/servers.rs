@@ -930,6 +930,16 @@ pub(crate) mod tests {
             Ok(SnapshotInfo { session_id, name: "ab".repeat(16), bytes: 100, device_bytes: 64, drain_us: 1, write_us: 2 })
         }
 
+        async fn checkpoint_on_device(
+            self,
+            _: tarpc::context::Context,
+            _: u64,
+            _: String,
+            _: u64,
+        ) -> Result<flyt_protocol::control::rpc_server::SnapshotInfo, String> {
+            Err("the node manager does not move sessions on one GPU".into())
+        }
+
         async fn restore(self, _: tarpc::context::Context, dir: String, name: String) -> Result<(), String> {
             self.1.lock().unwrap().push(format!("restore {dir} {name}"));
             Ok(())

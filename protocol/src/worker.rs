@@ -16,7 +16,9 @@ pub enum ToWorker {
     Limits,
     /// Pause the session's app, drain its work and write its snapshot into folder `dir`
     /// (answered with `Checkpointed`); give up when the app makes no call within `timeout_ms`.
-    Checkpoint { dir: String, timeout_ms: u64 },
+    /// With `on_device`, the allocations' bytes stay on the GPU, handed to a worker on the same
+    /// GPU that restores the snapshot (a move on one node), instead of going into the file.
+    Checkpoint { dir: String, timeout_ms: u64, on_device: bool },
     /// End the pause after `Checkpoint`: the app moves to `to` (`Some`, empty for this server
     /// again) or goes on here (`None`).
     Release { to: Option<String> },

@@ -19,7 +19,7 @@ pub trait Controlled: Send + Sync + 'static {
     /// Changes the memory quota and/or SM share; the status after the change, or why not.
     fn resize(self: Arc<Self>, memory_quota: Option<u64>, sm_percentage: Option<u32>) -> Result<RpcServerStatus, String>;
     /// Pauses a session and writes its snapshot (blocks until written or refused).
-    fn checkpoint(self: Arc<Self>, session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String>;
+    fn checkpoint(self: Arc<Self>, session_id: u64, dir: String, timeout_ms: u64, on_device: bool) -> Result<SnapshotInfo, String>;
     /// Restores a snapshot into a worker that waits for its app (blocks until restored).
     fn restore(self: Arc<Self>, dir: String, name: String) -> Result<(), String>;
     /// Ends a checkpoint's pause: the app moves to `to` or goes on here.
@@ -47,7 +47,12 @@ impl RpcServerControl for ControlHandler {
 
     async fn checkpoint(self, _: CallContext, session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String> {
         let server = self.server.clone();
-        blocking(move || server.checkpoint(session_id, dir, timeout_ms)).await
+        blocking(move || server.checkpoint(session_id, dir, timeout_ms, false)).await
+    }
+
+    async fn checkpoint_on_device(self, _: CallContext, session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String> {
+        let server = self.server.clone();
+        blocking(move || server.checkpoint(session_id, dir, timeout_ms, true)).await
     }
 
     async fn restore(self, _: CallContext, dir: String, name: String) -> Result<(), String> {

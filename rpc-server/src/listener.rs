@@ -490,12 +490,12 @@ impl Server {
     }
 
     /// Pauses a session and writes its snapshot into `dir` (the `checkpoint` control call).
-    pub fn checkpoint(&self, session_id: u64, dir: &str, timeout_ms: u64) -> Result<SnapshotInfo, String> {
+    pub fn checkpoint(&self, session_id: u64, dir: &str, timeout_ms: u64, on_device: bool) -> Result<SnapshotInfo, String> {
         if !std::path::Path::new(dir).is_absolute() {
             return Err(format!("the snapshot folder {dir:?} is not an absolute path"));
         }
         let (pid, channel) = self.session_worker(session_id)?;
-        let command = ToWorker::Checkpoint { dir: dir.to_string(), timeout_ms };
+        let command = ToWorker::Checkpoint { dir: dir.to_string(), timeout_ms, on_device };
         match self.ask_worker(pid, &channel, &command, Duration::from_millis(timeout_ms) + RESTORE_TIMEOUT)? {
             FromWorker::Checkpointed(result) => result.map(|info| SnapshotInfo { session_id, ..info }),
             other => Err(format!("unexpected answer {other:?}")),
@@ -672,8 +672,8 @@ impl crate::control::Controlled for Server {
         Server::resize(&self, memory_quota, sm_percentage)
     }
 
-    fn checkpoint(self: Arc<Self>, session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String> {
-        Server::checkpoint(&self, session_id, &dir, timeout_ms)
+    fn checkpoint(self: Arc<Self>, session_id: u64, dir: String, timeout_ms: u64, on_device: bool) -> Result<SnapshotInfo, String> {
+        Server::checkpoint(&self, session_id, &dir, timeout_ms, on_device)
     }
 
     fn restore(self: Arc<Self>, dir: String, name: String) -> Result<(), String> {

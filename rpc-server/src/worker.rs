@@ -205,8 +205,8 @@ fn follow_commands<D: Device>(
                 ToWorker::Limits => {
                     outbox.send_notice(&Notice::Limits { devices: vec![sliced_info(&*device, &*budget, sm_percentage)] });
                 }
-                ToWorker::Checkpoint { dir, timeout_ms } => {
-                    let written = moves.checkpoint(&outbox, dir.into(), std::time::Duration::from_millis(timeout_ms));
+                ToWorker::Checkpoint { dir, timeout_ms, on_device } => {
+                    let written = moves.checkpoint(&outbox, dir.into(), std::time::Duration::from_millis(timeout_ms), on_device);
                     match &written {
                         Ok(info) => tracing::info!(session_id, snapshot = %info.name, bytes = info.bytes, drain_us = info.drain_us, write_us = info.write_us, "checkpoint written"),
                         Err(reason) => tracing::warn!(session_id, %reason, "checkpoint refused"),

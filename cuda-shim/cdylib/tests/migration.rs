@@ -205,6 +205,27 @@ fn a_move_the_target_cannot_take_leaves_the_app_where_it_was() {
     );
     assert_ne!(code, 0, "{out}");
     assert!(err.contains("stays where it was") && err.contains("quota"), "{err}");
+    // GPU to GPU only: the emulated device shares no memory between workers.
+    let (code, out, err) = flytctl(
+        &setup,
+        &[
+            "session",
+            "migrate",
+            "--control",
+            &a.control,
+            &session,
+            "--to-control",
+            &small.control,
+            "--to",
+            &small.unix,
+            "--dir",
+            &dir.display().to_string(),
+            "--copy",
+            "device",
+        ],
+    );
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("cannot be handed over on this GPU"), "{err}");
     // Unknown sessions and unreachable targets are clear errors too.
     let (code, _, err) = flytctl(&setup, &["session", "checkpoint", "--control", &a.control, "999", "--to", &dir.display().to_string()]);
     assert_ne!(code, 0);

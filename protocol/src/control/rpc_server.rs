@@ -76,6 +76,12 @@ pub trait RpcServerControl {
     /// held here, until `release`. Fails, the app going on, when the session holds what cannot
     /// move (the reason says what) or its app makes no call within `timeout_ms`.
     async fn checkpoint(session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String>;
+    /// `checkpoint` for a move to a server on this same GPU: the snapshot file holds no device
+    /// memory; the paused session hands its allocations over on the device (CUDA IPC handles,
+    /// and descriptors of its physical memory through a socket beside the snapshot), and the
+    /// restoring worker copies them GPU to GPU. Fails on a device that cannot share memory
+    /// between processes (the emulated one): a file checkpoint then does.
+    async fn checkpoint_on_device(session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String>;
     /// Restores snapshot `name` from folder `dir` into a worker that waits for its app to
     /// reconnect (`Hello::resume`); fails when the snapshot cannot live here (no room, another
     /// GPU family, an address this device cannot give back).

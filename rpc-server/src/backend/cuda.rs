@@ -625,8 +625,99 @@ impl Device for CudaDevice {
         check(unsafe { result::free_sync(ptr) })
     }
 
+    fn export_for_move(&self, allocations: &[(u64, u64)]) -> CudaResult<super::MovedMemory> {
+        let restored = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut moved = super::MovedMemory::default();
+        let mut exported = std::collections::HashSet::new();
+        for &(ptr, len) in allocations {
+            match restored.span_of(ptr) {
+                Some((start, span_len, handle)) => {
+                    if exported.insert(start) {
+                        let mut fd: std::ffi::c_int = -1;
+                        // SAFETY: a physical allocation this worker made with a POSIX descriptor
+                        // as its shareable handle type; valid out-pointer for the descriptor.
+                        check(unsafe {
+                            sys::cuMemExportToShareableHandle(
+                                (&raw mut fd).cast(),
+                                handle,
+                                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                0,
+                            )
+                            .result()
+                        })?;
+                        // SAFETY: the driver just made this descriptor for us; nothing else owns it.
+                        moved.spans.push((start, span_len, unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }));
+                    }
+                }
+                None => moved.ipc.push((ptr, len, self.ipc_mem_handle(ptr)?)),
+            }
+        }
+        Ok(moved)
+    }
+
+    fn import_for_move(&self, moved: super::MovedMemory) -> Result<(), String> {
+        let access = sys::CUmemAccessDesc { location: self.location(), flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        let null = self.null_stream();
+        let mut opened = Vec::new();
+        let mut mapped = Vec::new();
+        let outcome = (|| {
+            for (ptr, len, handle) in &moved.ipc {
+                // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: the source may sit on a peer GPU.
+                let (source, available) =
+                    self.ipc_open_mem(handle, 1).map_err(|error| format!("opening the allocation at {ptr:#x}: {error}"))?;
+                opened.push(source);
+                if available < *len {
+                    return Err(format!("the allocation at {ptr:#x} holds {available} bytes, not {len}"));
+                }
+                self.copy_dtod(*ptr, source, *len, null).map_err(|error| format!("copying {len} bytes to {ptr:#x}: {error}"))?;
+            }
+            for (start, len, fd) in &moved.spans {
+                let mut handle: sys::CUmemGenericAllocationHandle = 0;
+                let mut at: sys::CUdeviceptr = 0;
+                let size = *len as usize;
+                // SAFETY: valid out-pointers; the descriptor came from the source worker's
+                // export; what is imported and mapped is undone below once the copy is done.
+                unsafe {
+                    check(
+                        sys::cuMemImportFromShareableHandle(
+                            &mut handle,
+                            std::os::fd::AsRawFd::as_raw_fd(fd) as usize as *mut std::ffi::c_void,
+                            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                        )
+                        .result(),
+                    )
+                    .map_err(|error| format!("importing the memory at {start:#x}: {error}"))?;
+                    if let Err(error) = check(sys::cuMemAddressReserve(&mut at, size, 0, 0, 0).result()) {
+                        sys::cuMemRelease(handle);
+                        return Err(format!("addresses for the memory at {start:#x}: {error}"));
+                    }
+                    mapped.push((at, size, handle));
+                    check(sys::cuMemMap(at, size, 0, handle, 0).result())
+                        .map_err(|error| format!("mapping the memory at {start:#x}: {error}"))?;
+                    check(sys::cuMemSetAccess(at, size, &access, 1).result())
+                        .map_err(|error| format!("access to the memory at {start:#x}: {error}"))?;
+                }
+                self.copy_dtod(*start, at, *len, null).map_err(|error| format!("copying {len} bytes to {start:#x}: {error}"))?;
+            }
+            self.synchronize().map_err(|error| format!("copying the moved memory: {error}"))
+        })();
+        for source in opened {
+            let _ = self.ipc_close_mem(source);
+        }
+        for (at, size, handle) in mapped {
+            // SAFETY: mapped (or reserved only) above; the copies from it are done or failed.
+            unsafe {
+                sys::cuMemUnmap(at, size);
+                sys::cuMemAddressFree(at, size);
+                sys::cuMemRelease(handle);
+            }
+        }
+        outcome
+    }
+
     fn restore_allocations(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
-        let prop = self.allocation_prop(0).map_err(|error| error.to_string())?;
+        // Shareable as a descriptor, so a later move on this GPU can hand the memory over.
+        let prop = self.allocation_prop(1).map_err(|error| error.to_string())?;
         let access = sys::CUmemAccessDesc { location: self.location(), flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restore(allocations, &prop, &access)
     }

@@ -165,6 +165,12 @@ impl RestoredMemory {
         Ok(())
     }
 
+    /// The span (start, length, physical handle) holding restored allocation `ptr`.
+    pub(super) fn span_of(&self, ptr: u64) -> Option<(u64, u64, sys::CUmemGenericAllocationHandle)> {
+        let start = *self.span_of.get(&ptr)?;
+        self.spans.get(&start).map(|span| (start, span.len, span.handle))
+    }
+
     /// Frees a restored allocation; `None` when `ptr` is not one (the driver's `cuMemFree`
     /// applies).
     pub(super) fn free(&mut self, ptr: u64) -> Option<sys::CUresult> {

@@ -293,6 +293,15 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
+    fn export_for_move(&self, _allocations: &[(u64, u64)]) -> CudaResult<super::MovedMemory> {
+        // Each worker's memory is its own process's: nothing to share.
+        Err(CudaError::NOT_SUPPORTED)
+    }
+
+    fn import_for_move(&self, _moved: super::MovedMemory) -> Result<(), String> {
+        Err("the emulated device shares no memory between workers".into())
+    }
+
     fn restore_allocations(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
         let mut state = self.state();
         let total: u64 = allocations.iter().map(|(_, len)| len).sum();

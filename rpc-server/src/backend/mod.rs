@@ -132,6 +132,16 @@ pub enum BackendKind {
 /// What a device backend does for a session. Every method is called from the session's reader
 /// thread except the waits (queries polled until done, then `event_synchronize`/`synchronize`),
 /// which run on waiter threads that called `bind_thread` first.
+/// A paused session's device memory, exported for a worker on the same GPU that restores it.
+#[derive(Debug, Default)]
+pub struct MovedMemory {
+    /// Driver allocations (`cuMemAlloc`): address, length and CUDA IPC handle.
+    pub ipc: Vec<(u64, u64, [u8; 64])>,
+    /// Physical allocations of a session restored before: start, length and a descriptor of the
+    /// memory (`cuMemExportToShareableHandle`).
+    pub spans: Vec<(u64, u64, std::os::fd::OwnedFd)>,
+}
+
 pub trait Device: Send + Sync + 'static {
     type Stream: Copy + Send + Sync + 'static;
     type Event: Copy + PartialEq + Send + Sync + 'static;
@@ -169,6 +179,11 @@ pub trait Device: Send + Sync + 'static {
     /// Allocates a moved session's allocations (start, length) at those very addresses, so the
     /// pointers its app holds stay valid; `Err` says why not. `free` frees them like any other.
     fn restore_allocations(&self, allocations: &[(u64, u64)]) -> Result<(), String>;
+    /// Exports the memory of `allocations` for another worker on this GPU (a move on one node).
+    fn export_for_move(&self, allocations: &[(u64, u64)]) -> CudaResult<MovedMemory>;
+    /// Copies another worker's exported memory into this worker's restored allocations at the
+    /// same addresses, GPU to GPU.
+    fn import_for_move(&self, moved: MovedMemory) -> Result<(), String>;
     fn mem_get_info(&self) -> CudaResult<(u64, u64)>;
 
     /// A staging buffer of `len` bytes (at most the copy chunk); may wait for one to free up.

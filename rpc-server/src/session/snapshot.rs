@@ -75,13 +75,122 @@ struct Manifest {
     events: Vec<(u64, u32)>,
     may_print: bool,
     segment: Option<SegmentState>,
+    /// Device memory left on the GPU for a worker there: the file then holds no allocation bytes.
+    handover: Option<HandoverState>,
 }
 
-/// The device ranges whose bytes follow the manifest, in file order: allocations, then each
-/// module's variables.
+/// A paused session's device memory handed to a worker on the same GPU.
+#[derive(Serialize, Deserialize)]
+struct HandoverState {
+    /// Driver allocations: address, length, CUDA IPC handle (64 bytes).
+    ipc: Vec<(u64, u64, Vec<u8>)>,
+    /// Physical allocations (start, length) whose descriptors the paused worker gives, in this
+    /// order, to whoever connects to `socket`.
+    spans: Vec<(u64, u64)>,
+    socket: Option<String>,
+}
+
+/// The paused worker's side of a handover: a socket beside the snapshot that gives the
+/// descriptors of its physical allocations to the worker restoring it; closed and removed (the
+/// descriptors too) when dropped, once the session's fate is decided.
+struct HandoverSocket {
+    path: PathBuf,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HandoverSocket {
+    fn serve(path: PathBuf, fds: Vec<std::os::fd::OwnedFd>) -> Result<Self, String> {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).map_err(|error| format!("{}: {error}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|error| format!("{}: {error}", path.display()))?;
+        listener.set_nonblocking(true).map_err(|error| error.to_string())?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("flyt-handover".into())
+            .spawn(move || {
+                while !stopped.load(std::sync::atomic::Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            if let Err(error) = send_descriptors(&stream, &fds) {
+                                tracing::warn!(%error, "handing device memory over failed");
+                            }
+                        }
+                        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+                        Err(error) => {
+                            tracing::warn!(%error, "the handover socket failed");
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|error| format!("no handover thread: {error}"))?;
+        Ok(Self { path, stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for HandoverSocket {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Descriptors per message (the kernel takes at most 253).
+const FDS_PER_MESSAGE: usize = 200;
+
+fn send_descriptors(stream: &std::os::unix::net::UnixStream, fds: &[std::os::fd::OwnedFd]) -> Result<(), String> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    use std::os::fd::AsRawFd;
+    stream.set_nonblocking(false).map_err(|error| error.to_string())?;
+    for chunk in fds.chunks(FDS_PER_MESSAGE) {
+        let raw: Vec<_> = chunk.iter().map(AsRawFd::as_raw_fd).collect();
+        let byte = [b'H'];
+        sendmsg::<()>(stream.as_raw_fd(), &[std::io::IoSlice::new(&byte)], &[ControlMessage::ScmRights(&raw)], MsgFlags::empty(), None)
+            .map_err(|error| error.to_string())?;
+    }
+    Ok(())
+}
+
+/// Takes `count` descriptors from the paused worker's handover socket at `path`.
+fn receive_descriptors(path: &str, count: usize) -> Result<Vec<std::os::fd::OwnedFd>, String> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let stream =
+        std::os::unix::net::UnixStream::connect(path).map_err(|error| format!("the paused session's handover at {path}: {error}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|error| error.to_string())?;
+    let mut fds = Vec::with_capacity(count);
+    while fds.len() < count {
+        let mut byte = [0u8; 1];
+        let mut space = nix::cmsg_space!([std::os::fd::RawFd; FDS_PER_MESSAGE]);
+        let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+        let message = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+            .map_err(|error| format!("the paused session's handover: {error}"))?;
+        if message.bytes == 0 {
+            return Err(format!("the paused session handed over {} of {count} descriptors", fds.len()));
+        }
+        for cmsg in message.cmsgs().map_err(|error| error.to_string())? {
+            if let ControlMessageOwned::ScmRights(raw) = cmsg {
+                // SAFETY: SCM_RIGHTS just installed these descriptors in this process.
+                fds.extend(raw.into_iter().map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }));
+            }
+        }
+    }
+    Ok(fds)
+}
+
+/// The device ranges whose bytes follow the manifest, in file order: allocations (unless handed
+/// over on the GPU), then each module's variables.
 fn manifest_ranges(manifest: &Manifest) -> Vec<(u64, u64)> {
     let variables = manifest.modules.iter().flat_map(|module| module.variables.iter().map(|(_, address, size)| (*address, *size)));
-    manifest.allocations.iter().copied().chain(variables).collect()
+    // Allocations handed over on the GPU are not in the file.
+    let allocations = if manifest.handover.is_some() { &[][..] } else { &manifest.allocations[..] };
+    allocations.iter().copied().chain(variables).collect()
 }
 
 /// A snapshot name: 32 hex digits from the system's random source.
@@ -113,8 +222,9 @@ pub struct MoveControl {
 
 #[derive(Default)]
 struct MoveState {
-    /// The folder of a checkpoint asked for and not yet over, and when it was asked.
-    asked: Option<(PathBuf, Instant)>,
+    /// The folder of a checkpoint asked for and not yet over, when it was asked, and whether
+    /// the device memory stays on the GPU for a worker there (`checkpoint_on_device`).
+    asked: Option<(PathBuf, Instant, bool)>,
     /// The session took the request up (the client's `Pause` arrived).
     taken: bool,
     written: Option<Result<SnapshotInfo, String>>,
@@ -129,12 +239,18 @@ impl MoveControl {
 
     /// Asks the session to checkpoint into `dir` and waits for the snapshot; gives up (the app
     /// goes on) when the app makes no call within `timeout`.
-    pub fn checkpoint(&self, outbox: &crate::transport::Outbox, dir: PathBuf, timeout: Duration) -> Result<SnapshotInfo, String> {
+    pub fn checkpoint(
+        &self,
+        outbox: &crate::transport::Outbox,
+        dir: PathBuf,
+        timeout: Duration,
+        on_device: bool,
+    ) -> Result<SnapshotInfo, String> {
         let mut state = self.lock();
         if state.asked.is_some() {
             return Err("a checkpoint of this session is already under way".into());
         }
-        *state = MoveState { asked: Some((dir, Instant::now())), ..MoveState::default() };
+        *state = MoveState { asked: Some((dir, Instant::now(), on_device)), ..MoveState::default() };
         outbox.send_notice(&Notice::Pause);
         let deadline = Instant::now() + timeout;
         loop {
@@ -391,7 +507,25 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
         let loaded = LoadedModule { module, image: Arc::new(state.image), functions, function_names, variables: state.variables };
         modules.insert(state.id, loaded);
     }
-    let ranges: Vec<_> = manifest.allocations.iter().copied().chain(variables_here).collect();
+    let ranges: Vec<_> = match &manifest.handover {
+        None => manifest.allocations.iter().copied().chain(variables_here).collect(),
+        Some(handover) => {
+            let spans = match &handover.socket {
+                Some(socket) => receive_descriptors(socket, handover.spans.len())?,
+                None => Vec::new(),
+            };
+            let mut ipc = Vec::with_capacity(handover.ipc.len());
+            for (ptr, len, handle) in &handover.ipc {
+                let handle = <[u8; 64]>::try_from(handle.as_slice()).map_err(|_| format!("a bad IPC handle for {ptr:#x}"))?;
+                ipc.push((*ptr, *len, handle));
+            }
+            let spans = handover.spans.iter().zip(spans).map(|((start, len), fd)| (*start, *len, fd)).collect();
+            let started = Instant::now();
+            device.import_for_move(crate::backend::MovedMemory { ipc, spans })?;
+            tracing::info!(took_us = started.elapsed().as_micros() as u64, "device memory copied from the paused session, GPU to GPU");
+            variables_here
+        }
+    };
     let data_at = (MAGIC.len() + 8) as u64 + len;
     let writable = std::fs::File::options().read(true).write(true).open(path).map_err(|error| format!("{}: {error}", path.display()))?;
     if !copy_direct(device, &writable, data_at, &ranges, false)? {
@@ -469,7 +603,7 @@ impl<D: Device> Session<D> {
     }
 
     /// Drains the session's work and writes its snapshot into `dir`.
-    fn write_snapshot(&mut self, dir: &Path, asked_at: Instant) -> Result<SnapshotInfo, String> {
+    fn write_snapshot(&mut self, dir: &Path, asked_at: Instant, on_device: bool) -> Result<(SnapshotInfo, Option<HandoverSocket>), String> {
         if let Some(reason) = self.move_blocker() {
             return Err(format!("the session cannot move: {reason}"));
         }
@@ -510,6 +644,24 @@ impl<D: Device> Session<D> {
         events.sort_unstable();
         let device_bytes = allocations.iter().map(|(_, len)| len).sum::<u64>()
             + modules.iter().flat_map(|module| module.variables.iter().map(|(_, _, size)| size)).sum::<u64>();
+        let name = new_name()?;
+        std::fs::create_dir_all(dir).map_err(|error| format!("{}: {error}", dir.display()))?;
+        let path = path_of(dir, &name);
+        // Handed over on the GPU: the file keeps the variables' bytes only.
+        let moved = match on_device {
+            true => Some(
+                self.device
+                    .export_for_move(&allocations)
+                    .map_err(|error| format!("its device memory cannot be handed over on this GPU: {error}"))?,
+            ),
+            false => None,
+        };
+        let socket_path = path.with_extension("handover");
+        let handover = moved.as_ref().map(|moved| HandoverState {
+            ipc: moved.ipc.iter().map(|(ptr, len, handle)| (*ptr, *len, handle.to_vec())).collect(),
+            spans: moved.spans.iter().map(|(start, len, _)| (*start, *len)).collect(),
+            socket: (!moved.spans.is_empty()).then(|| socket_path.display().to_string()),
+        });
         let manifest = Manifest {
             capability: capability(&*self.device),
             emulated: self.device.emulated(),
@@ -523,10 +675,8 @@ impl<D: Device> Session<D> {
                 staging: segment.staging(),
                 blocks: segment.blocks().into_iter().map(|(offset, len, alias)| (offset, len, alias.unwrap_or(0))).collect(),
             }),
+            handover,
         };
-        let name = new_name()?;
-        std::fs::create_dir_all(dir).map_err(|error| format!("{}: {error}", dir.display()))?;
-        let path = path_of(dir, &name);
         let partial = path.with_extension("partial");
         let written: Result<u64, String> = (|| {
             let io = |error: std::io::Error| format!("{}: {error}", partial.display());
@@ -539,9 +689,10 @@ impl<D: Device> Session<D> {
             let data_at = (MAGIC.len() + 8 + bytes.len()) as u64;
             // Variables that moved before are read where they live now.
             let ranges: Vec<_> = manifest_ranges(&manifest).into_iter().map(|(ptr, len)| (self.moved_variables.here(ptr), len)).collect();
-            file.set_len(data_at + device_bytes).map_err(io)?;
+            let file_bytes: u64 = ranges.iter().map(|(_, len)| len).sum();
+            file.set_len(data_at + file_bytes).map_err(io)?;
             if copy_direct(&*self.device, &file, data_at, &ranges, true)? {
-                tracing::info!(bytes = device_bytes, "device memory copied straight into the snapshot file's pinned pages");
+                tracing::info!(bytes = file_bytes, "device memory copied straight into the snapshot file's pinned pages");
             } else {
                 file.set_len(data_at).map_err(io)?;
                 let mut out = BufWriter::with_capacity(8 << 20, &mut file);
@@ -560,21 +711,35 @@ impl<D: Device> Session<D> {
         let bytes = written.inspect_err(|_| {
             let _ = std::fs::remove_file(&partial);
         })?;
-        Ok(SnapshotInfo { session_id: 0, name, bytes, device_bytes, drain_us, write_us: started.elapsed().as_micros() as u64 })
+        let socket = match moved {
+            Some(moved) if !moved.spans.is_empty() => {
+                let fds = moved.spans.into_iter().map(|(_, _, fd)| fd).collect();
+                Some(HandoverSocket::serve(socket_path, fds).inspect_err(|_| {
+                    let _ = std::fs::remove_file(&path);
+                })?)
+            }
+            _ => None,
+        };
+        let info = SnapshotInfo { session_id: 0, name, bytes, device_bytes, drain_us, write_us: started.elapsed().as_micros() as u64 };
+        Ok((info, socket))
     }
 
     /// The client's `Pause`: drains, writes the snapshot asked for and waits for the decision.
     /// `true` when the session moved away and ends here.
     pub(super) fn pause_for_checkpoint(&mut self) -> bool {
         let control = self.moves.clone();
-        let (dir, asked_at) = {
+        let (dir, asked_at, on_device) = {
             let mut state = control.lock();
             // A pause the control thread gave up on already (the client was told to resume).
-            let Some((dir, asked_at)) = state.asked.clone() else { return false };
+            let Some((dir, asked_at, on_device)) = state.asked.clone() else { return false };
             state.taken = true;
-            (dir, asked_at)
+            (dir, asked_at, on_device)
         };
-        let written = self.write_snapshot(&dir, asked_at);
+        // The handover of device memory, if any, lives until the decision.
+        let (written, _handover) = match self.write_snapshot(&dir, asked_at, on_device) {
+            Ok((info, handover)) => (Ok(info), handover),
+            Err(reason) => (Err(reason), None),
+        };
         let mut state = control.lock();
         let name = written.as_ref().ok().map(|info| info.name.clone());
         state.written = Some(written);
