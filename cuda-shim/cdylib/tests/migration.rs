@@ -70,6 +70,15 @@ fn flytctl(setup: &Setup, args: &[&str]) -> (i32, String, String) {
     run_with_timeout(&mut command, Duration::from_secs(120))
 }
 
+/// `flytctl session migrate` of `session` from the server at `control` to `to_control`, the app
+/// to reconnect at `to`, with snapshots in `dir` and `extra` options.
+fn migrate(setup: &Setup, control: &str, session: &str, to_control: &str, to: &str, dir: &Path, extra: &[&str]) -> (i32, String, String) {
+    let dir = dir.display().to_string();
+    let mut args = vec!["session", "migrate", "--control", control, session, "--to-control", to_control, "--to", to, "--dir", &dir];
+    args.extend_from_slice(extra);
+    flytctl(setup, &args)
+}
+
 /// The id of the one session on `node`, once there is one.
 fn session_on(setup: &Setup, node: &Node) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -141,15 +150,11 @@ fn four_moves(name: &str, channel: Channel) {
         Channel::Socket => setup.scratch.join("snapshots"),
         Channel::SharedMemory => PathBuf::from(format!("/dev/shm/flyt-test-snapshots-{}", std::process::id())),
     };
-    let dir_arg = dir.display().to_string();
     let app = start_app(&setup, &a.unix, 400, channel);
     let mut here = &a;
     for (hop, (to, address)) in [(&b, &b.tcp), (&a, &a.unix), (&b, &b.tcp), (&a, &a.unix)].into_iter().enumerate() {
         let session = session_on(&setup, here);
-        let (code, out, err) = flytctl(
-            &setup,
-            &["session", "migrate", "--control", &here.control, &session, "--to-control", &to.control, "--to", address, "--dir", &dir_arg],
-        );
+        let (code, out, err) = migrate(&setup, &here.control, &session, &to.control, address, &dir, &[]);
         assert_eq!(code, 0, "move {hop}: {out}{err}");
         assert!(out.contains(&format!("moved to {address}")), "{out}");
         here = to;
@@ -187,43 +192,11 @@ fn a_move_the_target_cannot_take_leaves_the_app_where_it_was() {
     let dir = setup.scratch.join("snapshots");
     let app = start_app(&setup, &a.unix, 150, Channel::Socket);
     let session = session_on(&setup, &a);
-    let (code, out, err) = flytctl(
-        &setup,
-        &[
-            "session",
-            "migrate",
-            "--control",
-            &a.control,
-            &session,
-            "--to-control",
-            &small.control,
-            "--to",
-            &small.unix,
-            "--dir",
-            &dir.display().to_string(),
-        ],
-    );
+    let (code, out, err) = migrate(&setup, &a.control, &session, &small.control, &small.unix, &dir, &[]);
     assert_ne!(code, 0, "{out}");
     assert!(err.contains("stays where it was") && err.contains("quota"), "{err}");
     // GPU to GPU only: the emulated device shares no memory between workers.
-    let (code, out, err) = flytctl(
-        &setup,
-        &[
-            "session",
-            "migrate",
-            "--control",
-            &a.control,
-            &session,
-            "--to-control",
-            &small.control,
-            "--to",
-            &small.unix,
-            "--dir",
-            &dir.display().to_string(),
-            "--copy",
-            "device",
-        ],
-    );
+    let (code, out, err) = migrate(&setup, &a.control, &session, &small.control, &small.unix, &dir, &["--copy", "device"]);
     assert_ne!(code, 0, "{out}");
     assert!(err.contains("cannot be handed over on this GPU"), "{err}");
     // Unknown sessions and unreachable targets are clear errors too.
@@ -231,22 +204,7 @@ fn a_move_the_target_cannot_take_leaves_the_app_where_it_was() {
     assert_ne!(code, 0);
     assert!(err.contains("no session 999"), "{err}");
     let missing = format!("unix:{}", setup.scratch.join("nobody.sock").display());
-    let (code, _, err) = flytctl(
-        &setup,
-        &[
-            "session",
-            "migrate",
-            "--control",
-            &a.control,
-            &session,
-            "--to-control",
-            &missing,
-            "--to",
-            "127.0.0.1:1",
-            "--dir",
-            &dir.display().to_string(),
-        ],
-    );
+    let (code, _, err) = migrate(&setup, &a.control, &session, &missing, "127.0.0.1:1", &dir, &[]);
     assert_ne!(code, 0);
     assert!(err.contains("nobody.sock"), "{err}");
     finish_app(app);

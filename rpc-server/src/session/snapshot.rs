@@ -740,15 +740,16 @@ impl<D: Device> Session<D> {
             Ok((info, handover)) => (Ok(info), handover),
             Err(reason) => (Err(reason), None),
         };
-        let mut state = control.lock();
         let name = written.as_ref().ok().map(|info| info.name.clone());
+        if name.is_none() {
+            // Before the control thread hears of the failure: a checkpoint it is asked for next
+            // (the file after a refused GPU handover) must find its pause after this one's end.
+            self.outbox.send_notice(&Notice::Resumed);
+        }
+        let mut state = control.lock();
         state.written = Some(written);
         control.changed.notify_all();
-        let Some(name) = name else {
-            drop(state);
-            self.outbox.send_notice(&Notice::Resumed);
-            return false;
-        };
+        let Some(name) = name else { return false };
         let deadline = Instant::now() + DECISION_TIMEOUT;
         while state.decision.is_none() && Instant::now() < deadline {
             state = control.changed.wait_timeout(state, Duration::from_secs(1)).unwrap_or_else(|e| e.into_inner()).0;
