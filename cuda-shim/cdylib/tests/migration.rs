@@ -138,6 +138,15 @@ fn snapshots(dir: &Path) -> usize {
     std::fs::read_dir(dir).map(|entries| entries.count()).unwrap_or(0)
 }
 
+/// Removes a folder when dropped, a failed test's too (other tests look for leftovers in /dev/shm).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Moves the app's session A -> B over TCP, B -> A over the Unix socket, twice; the app must
 /// pass with the same pointers.
 fn four_moves(name: &str, channel: Channel) {
@@ -148,8 +157,9 @@ fn four_moves(name: &str, channel: Channel) {
     // into the file's pinned pages; the other run's go through staging buffers to a disk folder.
     let dir = match channel {
         Channel::Socket => setup.scratch.join("snapshots"),
-        Channel::SharedMemory => PathBuf::from(format!("/dev/shm/flyt-test-snapshots-{}", std::process::id())),
+        Channel::SharedMemory => PathBuf::from(format!("/dev/shm/migration-test-snapshots-{}", std::process::id())),
     };
+    let _cleanup = RemoveOnDrop(dir.clone());
     let app = start_app(&setup, &a.unix, 400, channel);
     let mut here = &a;
     for (hop, (to, address)) in [(&b, &b.tcp), (&a, &a.unix), (&b, &b.tcp), (&a, &a.unix)].into_iter().enumerate() {
@@ -161,7 +171,6 @@ fn four_moves(name: &str, channel: Channel) {
     }
     let stdout = finish_app(app);
     assert_eq!(snapshots(&dir), 0, "each snapshot is removed once its app is back");
-    let _ = std::fs::remove_dir(&dir);
     assert!(b.server.log_text().contains("session restored"));
     if matches!(channel, Channel::SharedMemory) {
         assert!(stdout.contains(" mapped "), "the mapped page's device pointer is printed: {stdout}");

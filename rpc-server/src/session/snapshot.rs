@@ -247,6 +247,11 @@ impl MoveControl {
         on_device: bool,
     ) -> Result<SnapshotInfo, String> {
         let mut state = self.lock();
+        // A checkpoint just released (the app going on after a refused move, say) ends first.
+        let settle = Instant::now() + Duration::from_secs(10);
+        while state.asked.is_some() && state.decision.is_some() && Instant::now() < settle {
+            state = self.changed.wait_timeout(state, Duration::from_millis(50)).unwrap_or_else(|e| e.into_inner()).0;
+        }
         if state.asked.is_some() {
             return Err("a checkpoint of this session is already under way".into());
         }
@@ -755,9 +760,9 @@ impl<D: Device> Session<D> {
             state = control.changed.wait_timeout(state, Duration::from_secs(1)).unwrap_or_else(|e| e.into_inner()).0;
         }
         let decision = state.decision.take().flatten();
-        state.asked = None;
-        drop(state);
-        match decision {
+        // The app hears how this pause ends before another checkpoint may begin (below), so a
+        // next pause never reaches it ahead of this one's end.
+        let moved = match decision {
             Some(to) => {
                 tracing::info!(snapshot = %name, to = %to, "session moved");
                 self.outbox.send_notice(&Notice::Moved { address: (!to.is_empty()).then_some(to), snapshot: name });
@@ -767,6 +772,9 @@ impl<D: Device> Session<D> {
                 self.outbox.send_notice(&Notice::Resumed);
                 false
             }
-        }
+        };
+        state.asked = None;
+        control.changed.notify_all();
+        moved
     }
 }
