@@ -53,8 +53,8 @@ use flyt_protocol::{
         cluster::{
             AfterCheckpoint, AllocateRequest, AllocationRecord, AllocationState, CheckpointReport, ClientHeartbeatReply,
             ClientManagerReport, ClusterAdmin, ClusterClient, ClusterNode, ClusterStatus, ControlError, Grant, MoveReport, NodeHealth,
-            NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration, NodeView, RegisterReply, ServerReport, SliceSize,
-            VmRequirement, VmView,
+            NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration, NodeView, RegisterReply, RestartReport, ServerReport,
+            SliceSize, VmRequirement, VmView,
         },
         node::{NodeManagerControlClient, ServerSpec},
     },
@@ -1126,6 +1126,10 @@ impl<S: Store> ClusterAdmin for ClusterService<S> {
         after: AfterCheckpoint,
     ) -> Result<CheckpointReport, ControlError> {
         detached(self.0.clone().checkpoint(target, dir, timeout_ms, after)).await.unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn restart_server(self, _: Context, target: String, timeout_ms: u64) -> Result<RestartReport, ControlError> {
+        detached(self.0.clone().restart_server(target, timeout_ms)).await.unwrap_or_else(|| Err(cancelled()))
     }
 
     async fn set_drained(self, _: Context, node_id: String, drained: bool) -> Result<NodeRecord, ControlError> {

@@ -123,6 +123,18 @@ enum Command {
         #[arg(long)]
         stop: bool,
     },
+    /// Replace a running allocation's (by allocation id or VM ip) rpc-server with a fresh
+    /// process of the node's rpc-server binary (an upgrade, say), on the same addresses. Each app
+    /// pauses at its next CUDA call, is checkpointed, and goes on at the new server with every
+    /// pointer as it was. If an app cannot be checkpointed, all go on at the old server.
+    RestartServer {
+        /// Allocation id or VM ip.
+        target: String,
+        /// Give up (the apps going on at the old server) when an app makes no CUDA call within
+        /// this many milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        timeout_ms: u64,
+    },
     /// Per-VM requirements (Flyt's vm_required_resources).
     Vm {
         #[command(subcommand)]
@@ -501,6 +513,18 @@ async fn run(args: Args) -> Result<(), CtlError> {
                     report.allocation_id
                 )));
             }
+        }
+        Command::RestartServer { target, timeout_ms } => {
+            // Device memory by the tens of GiB is written and read back.
+            let deadline = Instant::now() + migrate::LONG_CALL;
+            let mut long = context();
+            long.deadline = deadline;
+            let restarting = client.restart_server(long, target.clone(), *timeout_ms);
+            let report = call(&args, deadline, restarting).await?.map_err(CtlError::Refused)?;
+            if args.json {
+                return print_json(&report);
+            }
+            migrate::print_restart(&report);
         }
         Command::Vm { command: VmCommand::Add { vm_ip, host_ip, compute_units, memory_mib } } => {
             let requirement =

@@ -1,10 +1,10 @@
-//! `flytctl migrate` and `flytctl checkpoint`: an allocation's apps moved to another node, or
-//! checkpointed where they are. The cluster manager drives the node managers; flytctl asks
+//! `flytctl migrate`, `flytctl checkpoint` and `flytctl restart-server`: an allocation's apps
+//! moved to another node, checkpointed where they are, or carried over to a fresh rpc-server. The cluster manager drives the node managers; flytctl asks
 //! and prints what was done.
 
 use std::time::Duration;
 
-use flyt_protocol::control::cluster::{AfterCheckpoint, CheckpointReport, MoveReport};
+use flyt_protocol::control::cluster::{AfterCheckpoint, CheckpointReport, MoveReport, RestartReport};
 
 use crate::sessions::print_snapshot;
 
@@ -58,11 +58,7 @@ pub fn print_move(report: &MoveReport) {
         println!("left behind (ended with the old server): {reason}");
     }
     let allocation = &report.allocation;
-    let sessions = match report.sessions.len() {
-        0 => "no running app".to_string(),
-        1 => "1 app".to_string(),
-        count => format!("{count} apps"),
-    };
+    let sessions = apps(report.sessions.len());
     println!(
         "allocation {} moved from {}/{} to {}/{} with {sessions} in {:.1} ms; it is served at {}",
         allocation.id,
@@ -73,6 +69,38 @@ pub fn print_move(report: &MoveReport) {
         milliseconds(report.total_us),
         allocation.addresses.join(" ")
     );
+}
+
+fn apps(count: usize) -> String {
+    match count {
+        0 => "no running app".to_string(),
+        1 => "1 app".to_string(),
+        count => format!("{count} apps"),
+    }
+}
+
+/// A summary line, then one line per session carried over.
+pub fn print_restart(report: &RestartReport) {
+    println!(
+        "allocation {}: rpc-server restarted (pid {} -> {}) with {} carried over in {:.1} ms; it is served at {}",
+        report.allocation_id,
+        report.old_pid,
+        report.new_pid,
+        apps(report.sessions.len()),
+        milliseconds(report.total_us),
+        report.addresses.join(" ")
+    );
+    for snapshot in &report.sessions {
+        println!(
+            "session {} carried over: snapshot {} ({} bytes, {} of device memory); drain {:.1} ms, write {:.1} ms",
+            snapshot.session_id,
+            snapshot.name,
+            snapshot.bytes,
+            snapshot.device_bytes,
+            milliseconds(snapshot.drain_us),
+            milliseconds(snapshot.write_us)
+        );
+    }
 }
 
 /// One line per snapshot and per session that could not be checkpointed, then a summary.

@@ -33,7 +33,7 @@ use flyt_daemon_kit::{
 };
 use flyt_protocol::control::{
     auth::ServiceName,
-    cluster::{ControlError, GpuInfo, ServerReport},
+    cluster::{ControlError, GpuInfo, RestartReport, ServerReport},
     node::ServerSpec,
     rpc_server::{RpcServerControlClient, SessionStatus, SnapshotInfo},
 };
@@ -55,6 +55,8 @@ const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 const RESIZE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deadline of session listings and releases.
 const SESSION_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long released apps get to leave a server being restarted.
+const DEPARTURE_TIMEOUT: Duration = Duration::from_secs(15);
 /// What a checkpoint's writing or a restore may take beyond the app's pause: the rpc-server
 /// allows 600 s for device memory by the tens of GiB.
 const SNAPSHOT_CALL_TIMEOUT: Duration = Duration::from_secs(660);
@@ -156,6 +158,8 @@ struct ManagedServer {
     /// Our child (reaped with `try_wait`); `None` for a server adopted after a restart.
     child: Option<Child>,
     control: Option<RpcServerControlClient>,
+    /// Being replaced by a fresh process (`restart`): kept and reported while none runs.
+    restarting: bool,
 }
 
 /// This node's rpc-servers.
@@ -188,6 +192,34 @@ fn advertise(address: &str, host: &str) -> String {
         }
     }
     address.to_string()
+}
+
+/// The port of the TCP address among a server's `addresses` (`host:port`; the others are
+/// `unix:` paths).
+fn tcp_port(addresses: &[String]) -> Option<u16> {
+    let address = addresses.iter().find(|address| !address.starts_with("unix:"))?;
+    address.rsplit_once(':')?.1.parse().ok().filter(|port| *port != 0)
+}
+
+/// What a failed step says, without repeating "the rpc-server refused".
+fn reason(error: ControlError) -> String {
+    match error {
+        ControlError::Server(reason) => reason,
+        other => other.to_string(),
+    }
+}
+
+/// Moves every file of folder `from` into folder `to` (one file system).
+fn move_files(from: &Path, to: &Path) -> std::io::Result<()> {
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        fs::rename(entry.path(), to.join(entry.file_name()))?;
+    }
+    Ok(())
+}
+
+fn micros_since(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 fn last_lines(path: &Path, count: usize) -> String {
@@ -227,7 +259,7 @@ impl ServerManager {
             match record {
                 Some(record) if valid_allocation_id(&record.allocation_id) && process_alive(record.pid, record.start_time) => {
                     tracing::info!(allocation = %record.allocation_id, pid = record.pid, "adopting a running rpc-server");
-                    servers.insert(record.allocation_id.clone(), ManagedServer { record, child: None, control: None });
+                    servers.insert(record.allocation_id.clone(), ManagedServer { record, child: None, control: None, restarting: false });
                 }
                 Some(record) => {
                     tracing::info!(allocation = %record.allocation_id, pid = record.pid, "a recorded rpc-server is gone; forgetting it");
@@ -296,11 +328,13 @@ impl ServerManager {
         }
     }
 
-    /// The command line of the server for `spec` on `gpu`.
-    fn command(&self, spec: &ServerSpec, gpu: &GpuInfo, control_socket: &Path) -> Command {
+    /// The command line of the server for `spec` on `gpu`, listening on TCP port `tcp_port` (0:
+    /// one the system picks) and restoring the snapshots of `snapshot_dir` for apps that come
+    /// back with their names.
+    fn command(&self, spec: &ServerSpec, gpu: &GpuInfo, control_socket: &Path, tcp_port: u16, snapshot_dir: Option<&Path>) -> Command {
         let settings = &self.settings;
         let mut command = Command::new(&settings.binary);
-        command.arg("--listen").arg(format!("{}:0", settings.listen_host));
+        command.arg("--listen").arg(format!("{}:{tcp_port}", settings.listen_host));
         if let Some(folder) = &settings.socket_dir {
             command.arg("--listen").arg(format!("unix:{}", folder.join(format!("{}.sock", spec.allocation_id)).display()));
         }
@@ -324,6 +358,9 @@ impl ServerManager {
         }
         if let Some(dir) = &settings.ivshmem_dir {
             command.arg("--ivshmem-dir").arg(dir);
+        }
+        if let Some(dir) = snapshot_dir {
+            command.arg("--snapshot-dir").arg(dir);
         }
         if settings.device == DeviceKind::Emulated {
             command.args(["--emulated-memory", &gpu.memory_bytes.to_string()]).args(["--emulated-sms", &gpu.sm_count.to_string()]);
@@ -352,6 +389,36 @@ impl ServerManager {
         if spec.sm_percentage == 0 || spec.sm_percentage > 100 || spec.memory == 0 || spec.memory.saturating_mul(MIB) > gpu.memory_bytes {
             return Err(ControlError::Invalid(format!("GPU {} cannot give {} MiB at {}% SMs", gpu.index, spec.memory, spec.sm_percentage)));
         }
+        let (child, addresses) = self.spawn(&spec, &gpu, 0, None).await?;
+        let id = &spec.allocation_id;
+        let pid = child.id();
+        failpoint::hit("node.listening");
+        let record = ServerRecord {
+            allocation_id: id.clone(),
+            pid,
+            start_time: process_start_time(pid),
+            control_socket: self.settings.servers_dir.join(format!("{id}.control.sock")),
+            addresses,
+            gpu: gpu.index,
+            memory: spec.memory,
+            sm_percentage: spec.sm_percentage,
+        };
+        self.write_record(&record)?;
+        let report = Self::report(&record, None);
+        self.servers.lock().await.insert(id.clone(), ManagedServer { record, child: Some(child), control: None, restarting: false });
+        Ok(report)
+    }
+
+    /// Runs the server for `spec` on `gpu` (see [`Self::command`]) and waits until it listens;
+    /// returns it with its advertised addresses. A server that does not come up is killed and
+    /// its files removed.
+    async fn spawn(
+        &self,
+        spec: &ServerSpec,
+        gpu: &GpuInfo,
+        tcp_port: u16,
+        snapshot_dir: Option<&Path>,
+    ) -> Result<(Child, Vec<String>), ControlError> {
         let id = &spec.allocation_id;
         let dir = &self.settings.servers_dir;
         let out_path = dir.join(format!("{id}.out"));
@@ -366,7 +433,7 @@ impl ServerManager {
             .append(true)
             .open(&log_path)
             .map_err(|error| spawn_error(format!("cannot open {}: {error}", log_path.display())))?;
-        let mut command = self.command(&spec, &gpu, &control_socket);
+        let mut command = self.command(spec, gpu, &control_socket, tcp_port, snapshot_dir);
         // A group of its own: signals meant for the node manager's group do not reach it.
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
@@ -377,30 +444,15 @@ impl ServerManager {
         tracing::info!(allocation = %id, pid, gpu = gpu.index, memory_mib = spec.memory, sm_percentage = spec.sm_percentage, "rpc-server started");
         failpoint::hit("node.spawned");
 
-        let addresses = match self.wait_until_listening(&mut child, &out_path, &log_path).await {
-            Ok(addresses) => addresses,
+        match self.wait_until_listening(&mut child, &out_path, &log_path).await {
+            Ok(addresses) => Ok((child, addresses)),
             Err(error) => {
                 signal(pid, Signal::SIGKILL, true);
                 let _ = child.wait();
                 Self::remove_files(&self.settings, id);
-                return Err(error);
+                Err(error)
             }
-        };
-        failpoint::hit("node.listening");
-        let record = ServerRecord {
-            allocation_id: id.clone(),
-            pid,
-            start_time: process_start_time(pid),
-            control_socket,
-            addresses,
-            gpu: gpu.index,
-            memory: spec.memory,
-            sm_percentage: spec.sm_percentage,
-        };
-        self.write_record(&record)?;
-        let report = Self::report(&record, None);
-        self.servers.lock().await.insert(id.clone(), ManagedServer { record, child: Some(child), control: None });
-        Ok(report)
+        }
     }
 
     fn write_record(&self, record: &ServerRecord) -> Result<(), ControlError> {
@@ -603,7 +655,19 @@ impl ServerManager {
             let Some(server) = self.servers.lock().await.remove(id) else { return Ok(()) };
             server
         };
-        let grace = self.settings.stop_grace_seconds;
+        Self::end_process(id, &mut server, control, self.settings.stop_grace_seconds).await;
+        Self::remove_files(&self.settings, id);
+        // Snapshots of a move from or to this server have served their purpose.
+        if let Err(error) = self.snapshots.discard(id) {
+            tracing::warn!(allocation = id, %error, "snapshots not removed");
+        }
+        tracing::info!(allocation = id, pid = server.record.pid, "rpc-server stopped");
+        Ok(())
+    }
+
+    /// Ends a server's process: asks it to shut down (sessions get `grace` seconds), then
+    /// SIGTERM, then SIGKILL to its process group; returns once it is gone.
+    async fn end_process(id: &str, server: &mut ManagedServer, control: Option<RpcServerControlClient>, grace: u32) {
         if let Some(control) = control {
             let _ = control.shutdown(rpc::deadline(Duration::from_secs(1)), grace).await;
         } else {
@@ -623,13 +687,133 @@ impl ServerManager {
         if let Some(child) = &mut server.child {
             let _ = child.try_wait();
         }
-        Self::remove_files(&self.settings, id);
-        // Snapshots of a move from or to this server have served their purpose.
-        if let Err(error) = self.snapshots.discard(id) {
-            tracing::warn!(allocation = id, %error, "snapshots not removed");
+    }
+
+    /// Replaces allocation `id`'s server with a fresh process of the configured binary on the
+    /// same addresses (same TCP port, same Unix socket), its sessions carried over. Every
+    /// session is checkpointed at once into a folder of this restart's own; when one cannot be,
+    /// the others go on where they are and the server keeps running untouched. Then each app is
+    /// released to reconnect to the address it used (it retries until a server there has its
+    /// snapshot), the old server is stopped, and the new one, given that folder, restores each
+    /// snapshot when its app comes back.
+    pub async fn restart(&self, id: &str, timeout_ms: u64) -> Result<RestartReport, ControlError> {
+        let started = Instant::now();
+        let old = self.servers.lock().await.get(id).map(|server| server.record.clone());
+        let old = old.ok_or_else(|| ControlError::UnknownAllocation(id.to_string()))?;
+        let port = tcp_port(&old.addresses).ok_or_else(|| {
+            ControlError::Server(format!("the rpc-server of {id} has no TCP port to keep (addresses {:?})", old.addresses))
+        })?;
+        let gpu = self
+            .settings
+            .gpus
+            .iter()
+            .find(|gpu| gpu.index == old.gpu)
+            .cloned()
+            .ok_or_else(|| ControlError::Invalid(format!("this node has no GPU {} any more", old.gpu)))?;
+        let sessions = self.sessions(id).await?;
+        // Snapshots are written into a folder of this restart's own, and moved to the folder
+        // restarted servers restore from only once the old server is gone: the old one, itself
+        // maybe a restarted server, must not restore the apps it releases.
+        let folder = self.snapshots.prepare(id)?;
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let dir = folder.join(format!("restart-{stamp}"));
+        let restored = folder.join("restarted");
+        for path in [&dir, &restored] {
+            flyt_daemon_kit::fs::create_dir_with_mode(path, 0o700)
+                .map_err(|error| ControlError::Server(format!("cannot create {}: {error}", path.display())))?;
         }
-        tracing::info!(allocation = id, pid = server.record.pid, "rpc-server stopped");
-        Ok(())
+
+        let outcomes =
+            futures::future::join_all(sessions.iter().map(|session| self.checkpoint(id, session.session_id, &dir, timeout_ms))).await;
+        let mut paused = Vec::new();
+        let mut failures = Vec::new();
+        for (session, outcome) in sessions.iter().zip(outcomes) {
+            match outcome {
+                Ok(info) => paused.push(info),
+                Err(error) => failures.push(format!("session {}: {}", session.session_id, reason(error))),
+            }
+        }
+        if !failures.is_empty() {
+            for info in &paused {
+                if let Err(error) = self.release(id, info.session_id, None).await {
+                    tracing::warn!(allocation = id, session_id = info.session_id, %error, "a paused app could not be told to go on");
+                }
+            }
+            let _ = fs::remove_dir_all(&dir);
+            return Err(ControlError::Server(format!("not restarted (its apps go on there): {}", failures.join("; "))));
+        }
+        for info in &paused {
+            // Empty: the app reconnects to the address it used, where the new server will be.
+            if let Err(error) = self.release(id, info.session_id, Some(String::new())).await {
+                tracing::warn!(allocation = id, session_id = info.session_id, %error, "a checkpointed app could not be released; it ends with the old server");
+            }
+        }
+        // A release is answered before the app hears of it: the old server stays until the apps
+        // have left it (bounded), or they would lose their connection mid-way.
+        let leaving: Vec<u64> = paused.iter().map(|info| info.session_id).collect();
+        let deadline = Instant::now() + DEPARTURE_TIMEOUT;
+        while !leaving.is_empty() && Instant::now() < deadline {
+            match self.sessions(id).await {
+                Ok(sessions) if sessions.iter().any(|session| leaving.contains(&session.session_id)) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                _ => break,
+            }
+        }
+
+        let _one_at_a_time = self.lifecycle.lock().await;
+        let control = self.control(id).await;
+        let mut old_server = {
+            let mut servers = self.servers.lock().await;
+            let server = servers.get_mut(id).ok_or_else(|| ControlError::UnknownAllocation(id.to_string()))?;
+            // Reported as it was while no process serves it: the cluster manager must not take
+            // the allocation for gone.
+            server.restarting = true;
+            server.control = None;
+            ManagedServer { record: server.record.clone(), child: server.child.take(), control: None, restarting: false }
+        };
+        // Its sessions were all released: nothing is left to give a grace period to.
+        Self::end_process(id, &mut old_server, control, 0).await;
+        tracing::info!(allocation = id, pid = old.pid, "rpc-server stopped for its restart");
+        // Beside the snapshots of an earlier restart whose apps have not come back yet.
+        if let Err(error) = move_files(&dir, &restored) {
+            tracing::warn!(allocation = id, %error, "snapshots not handed to the new server; their apps will fail");
+        }
+        let _ = fs::remove_dir(&dir);
+        let spec = ServerSpec { allocation_id: id.to_string(), gpu: old.gpu, memory: old.memory, sm_percentage: old.sm_percentage };
+        let (child, addresses) = match self.spawn(&spec, &gpu, port, Some(&restored)).await {
+            Ok(started) => started,
+            Err(error) => {
+                // Gone: reported missing, the cluster manager releases the allocation.
+                self.servers.lock().await.remove(id);
+                Self::remove_files(&self.settings, id);
+                return Err(ControlError::Spawn(format!(
+                    "the old rpc-server of {id} is stopped and its new one did not start (its apps fail): {}",
+                    reason(error)
+                )));
+            }
+        };
+        if addresses != old.addresses {
+            tracing::warn!(allocation = id, before = ?old.addresses, after = ?addresses, "the restarted rpc-server listens elsewhere");
+        }
+        let pid = child.id();
+        let record = ServerRecord { pid, start_time: process_start_time(pid), addresses: addresses.clone(), ..old.clone() };
+        if let Err(error) = self.write_record(&record) {
+            tracing::warn!(allocation = id, %error, "the restarted rpc-server runs unrecorded");
+        }
+        if let Some(server) = self.servers.lock().await.get_mut(id) {
+            *server = ManagedServer { record, child: Some(child), control: None, restarting: false };
+        }
+        tracing::info!(allocation = id, old_pid = old.pid, pid, sessions = paused.len(), "rpc-server restarted; its apps come back to it");
+        Ok(RestartReport {
+            allocation_id: id.to_string(),
+            node_id: String::new(),
+            old_pid: old.pid,
+            new_pid: pid,
+            addresses,
+            sessions: paused,
+            total_us: micros_since(started),
+        })
     }
 
     /// Every running server with its sessions; servers that exited are forgotten (and so
@@ -639,7 +823,7 @@ impl ServerManager {
         let records: Vec<ServerRecord> = {
             let mut servers = self.servers.lock().await;
             for (id, server) in servers.iter_mut() {
-                if !server.alive() {
+                if !server.restarting && !server.alive() {
                     exited.push(id.clone());
                 }
             }
@@ -727,6 +911,14 @@ pub(crate) mod tests {
     const STAND_IN: &str =
         "#!/bin/sh\necho \"$@\" > \"$0.args\"\necho \"flyt-rpc-server listening on 0.0.0.0:45678 unix:/tmp/x.sock\"\nexec sleep 600\n";
     const FAILING: &str = "#!/bin/sh\necho 'error: no such device' >&2\nexit 3\n";
+
+    #[test]
+    fn a_restart_keeps_the_port_of_the_tcp_address() {
+        assert_eq!(tcp_port(&["unix:/run/flyt/a.sock".into(), "192.0.2.7:4000".into()]), Some(4000));
+        assert_eq!(tcp_port(&["[2001:db8::7]:4001".into()]), Some(4001));
+        assert_eq!(tcp_port(&["unix:/run/flyt/a.sock".into()]), None);
+        assert_eq!(tcp_port(&["192.0.2.7:0".into()]), None);
+    }
 
     fn settings(folder: &Path, script: &str) -> LaunchSettings {
         let binary = folder.join("rpc-server");

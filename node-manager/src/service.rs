@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use flyt_daemon_kit::rpc::detached;
 use flyt_protocol::control::{
-    cluster::{ControlError, ServerReport},
+    cluster::{ControlError, RestartReport, ServerReport},
     node::{FetchedSnapshot, NodeManagerControl, ServerSpec, SessionSnapshot, SnapshotChunk},
     rpc_server::SessionStatus,
 };
@@ -97,5 +97,11 @@ impl NodeManagerControl for NodeService {
 
     async fn discard_snapshots(self, _: Context, allocation_id: String) -> Result<(), ControlError> {
         self.0.snapshots().discard(&allocation_id)
+    }
+
+    async fn restart_server(self, _: Context, allocation_id: String, timeout_ms: u64) -> Result<RestartReport, ControlError> {
+        // Detached: apps are paused and released along the way; a caller that gives up must
+        // not leave them without a server.
+        detached(async move { self.0.restart(&allocation_id, timeout_ms).await }).await.unwrap_or_else(|| Err(cancelled()))
     }
 }

@@ -23,6 +23,11 @@
 //! server is stopped, the move is cleared, and the caller is told why. A cluster manager that
 //! dies mid-move rolls a `Copying` move back and finishes a `Switching` one when it is back
 //! ([`Cluster::settle_move_locked`], run at the node's next report or the VM's next request).
+//!
+//! A restart of an allocation's rpc-server (`flytctl restart-server`) is one step of its node
+//! manager (checkpoint every session, release the apps to the address they used, replace the
+//! process, same addresses); the cluster manager holds the VM's lock meanwhile, so node reports
+//! leave the allocation alone, and stores the new server's pid afterwards.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -36,7 +41,7 @@ use flyt_daemon_kit::{failpoint, rpc};
 use flyt_protocol::control::{
     cluster::{
         AfterCheckpoint, AllocationState, CheckpointReport, ControlError, MovePhase, MoveReport, MovedSession, NodeHealth, PendingMove,
-        ServerReport,
+        RestartReport, ServerReport,
     },
     node::{FetchedSnapshot, NodeManagerControlClient, ServerSpec, SessionSnapshot},
     rpc_server::{SessionStatus, SnapshotInfo},
@@ -550,6 +555,48 @@ impl<S: Store> Cluster<S> {
             }
         }
         tracing::info!(allocation = %id, node = %report.node_id, dir = %report.dir, snapshots = report.snapshots.len(), failed = report.failed.len(), ?after, "allocation checkpointed");
+        Ok(report)
+    }
+
+    /// Replaces allocation `target`'s rpc-server with a fresh process on the same addresses, its
+    /// apps carried over (see [`NodeManagerControl::restart_server`]).
+    ///
+    /// [`NodeManagerControl::restart_server`]: flyt_protocol::control::node::NodeManagerControl::restart_server
+    pub(super) async fn restart_server(self: Arc<Self>, target: String, timeout_ms: u64) -> Result<RestartReport, ControlError> {
+        let (id, vm_ip) = self.find_target(&target).await?;
+        let vm_lock = self.vm_lock(&vm_ip);
+        let _one_at_a_time = vm_lock.lock().await;
+        self.settle_before_admin_step(&id).await?;
+        let node_id = {
+            let model = self.model.lock().await;
+            let allocation = model.allocations.get(&id).ok_or_else(|| ControlError::UnknownAllocation(target.clone()))?;
+            if allocation.state != AllocationState::Running {
+                return Err(ControlError::Invalid(format!("allocation {id} is still starting; try again")));
+            }
+            if let Some(pending) = &allocation.pending_move {
+                return Err(ControlError::Invalid(format!(
+                    "allocation {id} is moving to {}; try again once the move is over",
+                    pending.to_node
+                )));
+            }
+            allocation.node_id.clone()
+        };
+        let deadline = rpc::deadline(MOVE_CALL_TIMEOUT + Duration::from_millis(timeout_ms));
+        let call_id = id.clone();
+        let mut report = self.node_call(&node_id, |node| async move { node.restart_server(deadline, call_id, timeout_ms).await }).await?;
+        report.node_id.clone_from(&node_id);
+        let mut model = self.model.lock().await;
+        if let Some(mut allocation) = model.allocations.get(&id).cloned() {
+            allocation.pid = report.new_pid;
+            allocation.addresses.clone_from(&report.addresses);
+            // The new server's metrics port is its own, and its apps are on their way back to
+            // it: the next report names the one and counts the others.
+            allocation.metrics = None;
+            allocation.sessions = 0;
+            self.store.put_allocation(&allocation).await.map_err(store_error)?;
+            model.allocations.insert(id.clone(), allocation);
+        }
+        tracing::info!(allocation = %id, node = %node_id, old_pid = report.old_pid, pid = report.new_pid, sessions = report.sessions.len(), "rpc-server restarted with its apps");
         Ok(report)
     }
 }

@@ -1,6 +1,6 @@
-//! `flytctl migrate` and `flytctl checkpoint` with an app running through the cluster: a
-//! driver-API program through Flyt's `libcuda.so.1` (`cuda-shim/cdylib/tests/c/migrate_loop.c`)
-//! that asks its client manager for its GPU, keeps device memory, a stream and an event, and
+//! `flytctl migrate`, `flytctl checkpoint` and `flytctl restart-server` with an app running
+//! through the cluster: a driver-API program through Flyt's `libcuda.so.1`
+//! (`cuda-shim/cdylib/tests/c/migrate_loop.c`) that asks its client manager for its GPU, keeps device memory, a stream and an event, and
 //! checks every round that its memory holds what it wrote the round before; its pointers must be
 //! the same at its end as at its start. The emulated device places each worker's memory at
 //! addresses of its own, so the pointers survive only if the move put the memory back where
@@ -229,4 +229,64 @@ fn a_running_app_moves_with_its_allocation_and_failed_moves_leave_it_running() {
     app.finish();
     let log = cluster.log("cluster-manager");
     assert!(log.contains("rolling back a move left under way") && log.contains("finishing a move left under way"), "{log}");
+}
+
+/// `flytctl restart-server`: the allocation's rpc-server is replaced by a fresh process on the
+/// same addresses, twice, and the running app goes on at each new one with its pointers as they
+/// were; a restart of an unknown allocation fails with one line.
+#[test]
+fn a_restarted_rpc_server_keeps_its_addresses_and_its_running_app() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("SKIPPED a_restarted_rpc_server_keeps_its_addresses_and_its_running_app: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let mut cluster = Cluster::new(Options::default());
+    cluster.start_node("node-a", "127.0.0.1", 40, 4096);
+    cluster.wait_node_up("node-a");
+    cluster.flytctl_ok(&["vm", "add", VM, "--host-ip", "192.0.2.10", "--compute-units", "20", "--memory-mib", "1024"]);
+    let socket = cluster.start_client_manager(VM);
+    let (holder, _) = cluster.locate(&socket, 600);
+    assert!(holder["address"].is_string(), "{holder}");
+
+    let scratch = cluster.path("app");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../cuda-shim/cdylib/tests/c/migrate_loop.c"));
+    let (program, lib) = flyt_test_support::driver_program(source, &cuda, &scratch);
+    let app = App::start(&program, &lib, &socket, 300);
+    let mut before = with_sessions(&cluster, "node-a", 1);
+    let id = before["id"].as_str().unwrap().to_string();
+
+    let (code, _, stderr) = cluster.flytctl(&["restart-server", "10.9.9.9"]);
+    assert!(code == 1 && stderr.contains("unknown allocation or VM 10.9.9.9"), "exit {code}: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+
+    // Twice: the second restart's old server was itself given the first one's snapshots.
+    for target in [id.as_str(), VM] {
+        let old_pid = number(&before["pid"]);
+        let (code, stdout, stderr) = cluster.flytctl(&["restart-server", target]);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        eprintln!("flytctl restart-server {target}:\n{stdout}");
+        let after = cluster.allocation_of(VM).expect("the allocation after the restart");
+        let new_pid = number(&after["pid"]);
+        assert_ne!(new_pid, old_pid, "{after}");
+        assert!(
+            stdout.contains(&format!("allocation {id}: rpc-server restarted (pid {old_pid} -> {new_pid}) with 1 app carried over in ")),
+            "{stdout}"
+        );
+        assert!(stdout.contains("session ") && stdout.contains(" carried over: snapshot "), "{stdout}");
+        assert_eq!(
+            (&after["id"], &after["node_id"], &after["addresses"]),
+            (&before["id"], &before["node_id"], &before["addresses"]),
+            "{after}"
+        );
+        assert!(!pid_alive(u32::try_from(old_pid).unwrap()), "the old server still runs");
+        assert_eq!(cluster.rpc_servers(), vec![(u32::try_from(new_pid).unwrap(), id.clone())]);
+        let (located, _) = cluster.locate(&socket, 0);
+        assert_eq!(located["address"], before["addresses"][0], "{located}");
+        // The app is back on the new server, and node reports leave the allocation as it is.
+        before = wait_until("the app back on the new server", Duration::from_secs(30), || {
+            cluster.allocation_of(VM).filter(|allocation| number(&allocation["pid"]) == new_pid && allocation["sessions"] == 1)
+        });
+    }
+    app.finish();
 }

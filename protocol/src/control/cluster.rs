@@ -251,6 +251,24 @@ pub struct CheckpointReport {
     pub failed: Vec<(u64, String)>,
 }
 
+/// What `restart_server` did: the allocation's rpc-server replaced by a fresh process (of the
+/// binary its node manager runs now) on the same addresses, its apps carried over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartReport {
+    pub allocation_id: String,
+    /// Filled in by the cluster manager (empty in a node manager's answer).
+    pub node_id: String,
+    pub old_pid: u32,
+    pub new_pid: u32,
+    /// Where the new server listens: the old server's addresses.
+    pub addresses: Vec<String>,
+    /// One snapshot per app carried over; each app reconnected (or reconnects) to the new server
+    /// with its name.
+    pub sessions: Vec<SnapshotInfo>,
+    /// From the request to the new server listening, in microseconds.
+    pub total_us: u64,
+}
+
 /// The client manager asks for the VM's GPU slice.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocateRequest {
@@ -466,4 +484,10 @@ pub trait ClusterAdmin {
     /// Checkpoints every session of a running allocation into folder `dir` on its node, then
     /// lets the apps go on or stops their sessions.
     async fn checkpoint(target: String, dir: String, timeout_ms: u64, after: AfterCheckpoint) -> Result<CheckpointReport, ControlError>;
+    /// Replaces a running allocation's (by allocation id or VM ip) rpc-server with a fresh
+    /// process on the same addresses (an upgrade of the rpc-server binary, say); its apps pause,
+    /// are checkpointed and go on at the new server with every pointer as it was. Each app is
+    /// paused for at most `timeout_ms` waiting for its next CUDA call; if one does not pause,
+    /// all go on at the old server, which keeps running.
+    async fn restart_server(target: String, timeout_ms: u64) -> Result<RestartReport, ControlError>;
 }

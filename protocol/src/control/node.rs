@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    cluster::{ControlError, ServerReport},
+    cluster::{ControlError, RestartReport, ServerReport},
     rpc_server::{SessionStatus, SnapshotInfo},
 };
 
@@ -83,4 +83,8 @@ pub trait NodeManagerControl {
     async fn release_session(allocation_id: String, session_id: u64, to: Option<String>) -> Result<(), ControlError>;
     /// Removes this node's snapshot folder for the allocation (idempotent).
     async fn discard_snapshots(allocation_id: String) -> Result<(), ControlError>;
+    /// Replaces the allocation's rpc-server with a fresh process on the same addresses, its
+    /// sessions checkpointed into this node's snapshot folder and continued there; when a
+    /// session cannot be checkpointed, every app goes on at the old server, untouched.
+    async fn restart_server(allocation_id: String, timeout_ms: u64) -> Result<RestartReport, ControlError>;
 }
