@@ -1,10 +1,10 @@
-//! `flytctl migrate`, `flytctl checkpoint` and `flytctl restart-server` with an app running
-//! through the cluster: a driver-API program through Flyt's `libcuda.so.1`
+//! `flytctl migrate`, `flytctl checkpoint` and `flytctl restart-server` with an app running through
+//! the cluster: a driver-API program through Flyt's `libcuda.so.1`
 //! (`cuda-shim/cdylib/tests/c/migrate_loop.c`) that asks its client manager for its GPU, keeps
-//! device memory, a stream and an event, and checks every round that its memory holds what it wrote the round before; its pointers must be
-//! the same at its end as at its start. The emulated device places each worker's memory at
-//! addresses of its own, so the pointers survive only if the move put the memory back where
-//! it was.
+//! device memory, a stream and an event, and checks every round that its memory holds what it wrote
+//! the round before; its pointers must be the same at its end as at its start. The emulated device
+//! places each worker's memory at addresses of its own, so the pointers survive only if the move
+//! put the memory back where it was.
 //!
 //! Skipped (with a line saying so) when `FLYT_CUDA_HOME` is not set; `tools/test` sets it.
 
