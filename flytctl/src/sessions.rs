@@ -84,7 +84,7 @@ pub enum SessionCommand {
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
         /// How device memory travels: `device` (GPU to GPU: both servers on one GPU or peers),
-        /// `file` (through the snapshot), `auto` (the GPU when it can, else the file).
+        /// `file` (through the snapshot), `auto` (the GPU when it can, twice, else the file).
         #[arg(long, value_enum, default_value_t = Copy::Auto)]
         copy: Copy,
     },
@@ -193,8 +193,10 @@ pub async fn run(command: &SessionCommand, key: &ClusterKey, timeout: Duration, 
             let snapshot_file = |name: &str| std::path::Path::new(dir).join(format!("{name}{SNAPSHOT_SUFFIX}"));
             // GPU to GPU first when allowed; a device or target that cannot (another GPU, the
             // emulated device) leaves the app going on, and the file carries it instead.
+            // Twice on the GPU: a target worker whose driver already holds part of the app's
+            // addresses refuses, and the next worker's layout differs (the file costs seconds).
             let attempts: &[bool] = match copy {
-                Copy::Auto => &[true, false],
+                Copy::Auto => &[true, true, false],
                 Copy::Device => &[true],
                 Copy::File => &[false],
             };
