@@ -7,7 +7,9 @@ use std::{
 };
 
 use flyt_protocol::{
-    control::cluster::{AllocationRecord, ControlError, GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeView, VmMode, VmRequirement},
+    control::cluster::{
+        AllocationRecord, AllocationState, ControlError, GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeView, VmMode, VmRequirement,
+    },
     handshake::ClientIdentity,
 };
 
@@ -94,6 +96,16 @@ pub fn add_client(allocation: &mut AllocationRecord, client: &ClientIdentity, no
 }
 
 impl Model {
+    /// Allocation `id` (asked for as `target`), once it runs: admin steps (resize, move,
+    /// checkpoint, restart) wait until it has started.
+    pub fn running(&self, id: &str, target: &str) -> Result<&AllocationRecord, ControlError> {
+        let allocation = self.allocations.get(id).ok_or_else(|| ControlError::UnknownAllocation(target.to_string()))?;
+        if allocation.state != AllocationState::Running {
+            return Err(ControlError::Invalid(format!("allocation {id} is still starting; try again")));
+        }
+        Ok(allocation)
+    }
+
     /// The model a restarted cluster manager starts from: nodes get a fresh lease (they have a
     /// node timeout to report in before they are declared down) and down nodes a fresh grace
     /// period.
@@ -328,8 +340,6 @@ impl Model {
 
 #[cfg(test)]
 mod tests {
-    use flyt_protocol::control::cluster::AllocationState;
-
     use super::*;
 
     fn node(id: &str, host_ip: &str, gpus: &[(u32, u64)]) -> NodeEntry {

@@ -881,10 +881,7 @@ impl<S: Store> Cluster<S> {
         }
         let size = {
             let mut model = self.model.lock().await;
-            let mut allocation = model.allocations.get(&id).cloned().ok_or_else(|| ControlError::UnknownAllocation(target.clone()))?;
-            if allocation.state != AllocationState::Running {
-                return Err(ControlError::Invalid(format!("allocation {id} is still starting; try again")));
-            }
+            let mut allocation = model.running(&id, &target)?.clone();
             let units = compute_units.unwrap_or(allocation.compute_units);
             let memory_mib = memory.unwrap_or(allocation.memory);
             model.check_resize(&allocation, units, memory_mib)?;

@@ -85,14 +85,14 @@ pub enum SessionCommand {
         timeout_ms: u64,
         /// How device memory travels: `device` (GPU to GPU: both servers on one GPU or peers),
         /// `file` (through the snapshot), `auto` (the GPU when it can, twice, else the file).
-        #[arg(long, value_enum, default_value_t = Copy::Auto)]
-        copy: Copy,
+        #[arg(long, value_enum, default_value_t = CopyVia::Auto)]
+        copy: CopyVia,
     },
 }
 
 /// How a move carries device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Copy {
+pub enum CopyVia {
     Auto,
     Device,
     File,
@@ -196,9 +196,9 @@ pub async fn run(command: &SessionCommand, key: &ClusterKey, timeout: Duration, 
             // Twice on the GPU: a target worker whose driver already holds part of the app's
             // addresses refuses, and the next worker's layout differs (the file costs seconds).
             let attempts: &[bool] = match copy {
-                Copy::Auto => &[true, true, false],
-                Copy::Device => &[true],
-                Copy::File => &[false],
+                CopyVia::Auto => &[true, true, false],
+                CopyVia::Device => &[true],
+                CopyVia::File => &[false],
             };
             let mut last_error = String::new();
             let mut moved = None;

@@ -369,6 +369,16 @@ impl ServerManager {
         command
     }
 
+    /// GPU `index` of this node.
+    fn gpu(&self, index: u32) -> Result<GpuInfo, ControlError> {
+        self.settings
+            .gpus
+            .iter()
+            .find(|gpu| gpu.index == index)
+            .cloned()
+            .ok_or_else(|| ControlError::Invalid(format!("this node has no GPU {index}")))
+    }
+
     /// Starts the server for `spec` and waits until it listens; an already running server for
     /// the allocation is reported as it is.
     pub async fn start(&self, spec: ServerSpec) -> Result<ServerReport, ControlError> {
@@ -379,13 +389,7 @@ impl ServerManager {
         if let Some(server) = self.servers.lock().await.get(&spec.allocation_id) {
             return Ok(Self::report(&server.record, None));
         }
-        let gpu = self
-            .settings
-            .gpus
-            .iter()
-            .find(|gpu| gpu.index == spec.gpu)
-            .cloned()
-            .ok_or_else(|| ControlError::Invalid(format!("this node has no GPU {}", spec.gpu)))?;
+        let gpu = self.gpu(spec.gpu)?;
         if spec.sm_percentage == 0 || spec.sm_percentage > 100 || spec.memory == 0 || spec.memory.saturating_mul(MIB) > gpu.memory_bytes {
             return Err(ControlError::Invalid(format!("GPU {} cannot give {} MiB at {}% SMs", gpu.index, spec.memory, spec.sm_percentage)));
         }
@@ -703,13 +707,7 @@ impl ServerManager {
         let port = tcp_port(&old.addresses).ok_or_else(|| {
             ControlError::Server(format!("the rpc-server of {id} has no TCP port to keep (addresses {:?})", old.addresses))
         })?;
-        let gpu = self
-            .settings
-            .gpus
-            .iter()
-            .find(|gpu| gpu.index == old.gpu)
-            .cloned()
-            .ok_or_else(|| ControlError::Invalid(format!("this node has no GPU {} any more", old.gpu)))?;
+        let gpu = self.gpu(old.gpu)?;
         let sessions = self.sessions(id).await?;
         // Snapshots are written into a folder of this restart's own, and moved to the folder
         // restarted servers restore from only once the old server is gone: the old one, itself

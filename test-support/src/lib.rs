@@ -209,16 +209,22 @@ pub fn compile_c(source: &Path, output: &Path, lib_dir: &Path, extra: &[&str]) {
     assert!(status.success(), "compiling {} failed", source.display());
 }
 
-/// Builds a driver-API C program against Flyt's `libcuda.so.1`: a `lib` folder in `scratch`
-/// holding the library under that name (for `LD_LIBRARY_PATH`), and the program, linked to it,
-/// including `cuda.h` from the toolkit at `cuda`. Returns (program, lib folder).
-pub fn driver_program(source: &Path, cuda: &Path, scratch: &Path) -> (PathBuf, PathBuf) {
+/// A `lib` folder in `scratch` holding this build's driver library under the name programs load,
+/// `libcuda.so.1` (for `LD_LIBRARY_PATH`).
+pub fn driver_lib(scratch: &Path) -> PathBuf {
     let lib = scratch.join("lib");
     std::fs::create_dir_all(&lib).expect("lib dir");
     let link = lib.join("libcuda.so.1");
     if !link.exists() {
         std::os::unix::fs::symlink(artifact("libflyt_libcuda.so"), &link).expect("link libcuda.so.1");
     }
+    lib
+}
+
+/// Builds a driver-API C program against Flyt's `libcuda.so.1` (in `driver_lib(scratch)`),
+/// including `cuda.h` from the toolkit at `cuda`. Returns (program, lib folder).
+pub fn driver_program(source: &Path, cuda: &Path, scratch: &Path) -> (PathBuf, PathBuf) {
+    let lib = driver_lib(scratch);
     let program = scratch.join(source.file_stem().expect("a source file name"));
     let status = Command::new("cc")
         .args(["-std=gnu11", "-Wall", "-Werror", "-O2"])

@@ -40,8 +40,8 @@ use std::{
 use flyt_daemon_kit::{failpoint, rpc};
 use flyt_protocol::control::{
     cluster::{
-        AfterCheckpoint, AllocationState, CheckpointReport, ControlError, MovePhase, MoveReport, MovedSession, NodeHealth, PendingMove,
-        RestartReport, ServerReport,
+        AfterCheckpoint, CheckpointReport, ControlError, MovePhase, MoveReport, MovedSession, NodeHealth, PendingMove, RestartReport,
+        ServerReport,
     },
     node::{FetchedSnapshot, NodeManagerControlClient, ServerSpec, SessionSnapshot},
     rpc_server::{SessionStatus, SnapshotInfo},
@@ -182,10 +182,7 @@ impl<S: Store> Cluster<S> {
         self.settle_before_admin_step(&id).await?;
         let (memory, pending) = {
             let mut model = self.model.lock().await;
-            let mut allocation = model.allocations.get(&id).cloned().ok_or_else(|| ControlError::UnknownAllocation(target.clone()))?;
-            if allocation.state != AllocationState::Running {
-                return Err(ControlError::Invalid(format!("allocation {id} is still starting; try again")));
-            }
+            let mut allocation = model.running(&id, &target)?.clone();
             let (to_gpu, to_sm_percentage) = model.check_move(&allocation, &to_node, to_gpu)?;
             let pending = PendingMove {
                 from_node: allocation.node_id.clone(),
@@ -517,14 +514,7 @@ impl<S: Store> Cluster<S> {
         let vm_lock = self.vm_lock(&vm_ip);
         let _one_at_a_time = vm_lock.lock().await;
         self.settle_before_admin_step(&id).await?;
-        let node_id = {
-            let model = self.model.lock().await;
-            let allocation = model.allocations.get(&id).ok_or_else(|| ControlError::UnknownAllocation(target.clone()))?;
-            if allocation.state != AllocationState::Running {
-                return Err(ControlError::Invalid(format!("allocation {id} is still starting; try again")));
-            }
-            allocation.node_id.clone()
-        };
+        let node_id = self.model.lock().await.running(&id, &target)?.node_id.clone();
         let sessions = self.sessions_on(&node_id, &id).await?;
         let decision = match after {
             AfterCheckpoint::Resume => None,
@@ -569,10 +559,7 @@ impl<S: Store> Cluster<S> {
         self.settle_before_admin_step(&id).await?;
         let node_id = {
             let model = self.model.lock().await;
-            let allocation = model.allocations.get(&id).ok_or_else(|| ControlError::UnknownAllocation(target.clone()))?;
-            if allocation.state != AllocationState::Running {
-                return Err(ControlError::Invalid(format!("allocation {id} is still starting; try again")));
-            }
+            let allocation = model.running(&id, &target)?;
             if let Some(pending) = &allocation.pending_move {
                 return Err(ControlError::Invalid(format!(
                     "allocation {id} is moving to {}; try again once the move is over",

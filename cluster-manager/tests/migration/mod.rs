@@ -30,7 +30,8 @@ impl App {
             .env("FLYT_CLIENT_MANAGER_SOCKET", client_manager)
             .env_remove("FLYT_SERVER")
             .env_remove("FLYT_TOKEN")
-            // The shared-memory channel cannot move yet: the session uses its socket.
+            // Moves between nodes cannot carry the shared-memory channel (it needs one host):
+            // the session uses its socket.
             .env("FLYT_SHM", "off")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -70,6 +71,23 @@ fn small_server(cluster: &Cluster) -> PathBuf {
     std::fs::write(&path, script).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path
+}
+
+/// VM `VM` (20 SMs, 1 GiB, on a host with no GPU node), its client manager, a client holding its
+/// allocation for the whole test (the app alone would leave it idle between its end and the next
+/// step), and `migrate_loop` running `rounds` rounds through it. The client manager's socket and
+/// the app.
+fn vm_running_app(cluster: &mut Cluster, cuda: &Path, rounds: u32) -> (PathBuf, App) {
+    cluster.flytctl_ok(&["vm", "add", VM, "--host-ip", "192.0.2.10", "--compute-units", "20", "--memory-mib", "1024"]);
+    let socket = cluster.start_client_manager(VM);
+    let (holder, _) = cluster.locate(&socket, 600);
+    assert!(holder["address"].is_string(), "{holder}");
+    let scratch = cluster.path("app");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../cuda-shim/cdylib/tests/c/migrate_loop.c"));
+    let (program, lib) = flyt_test_support::driver_program(source, cuda, &scratch);
+    let app = App::start(&program, &lib, &socket, rounds);
+    (socket, app)
 }
 
 fn number(value: &Value) -> u64 {
@@ -136,18 +154,7 @@ fn a_running_app_moves_with_its_allocation_and_failed_moves_leave_it_running() {
         cluster.wait_node_up(node);
     }
     // On a host with no GPU node: the fullest GPU that fits it is node-a's.
-    cluster.flytctl_ok(&["vm", "add", VM, "--host-ip", "192.0.2.10", "--compute-units", "20", "--memory-mib", "1024"]);
-    let socket = cluster.start_client_manager(VM);
-    // A client that holds the allocation for the whole test (the app alone would leave it idle
-    // between its end and the next step).
-    let (holder, _) = cluster.locate(&socket, 600);
-    assert!(holder["address"].is_string(), "{holder}");
-
-    let scratch = cluster.path("app");
-    std::fs::create_dir_all(&scratch).unwrap();
-    let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../cuda-shim/cdylib/tests/c/migrate_loop.c"));
-    let (program, lib) = flyt_test_support::driver_program(source, &cuda, &scratch);
-    let app = App::start(&program, &lib, &socket, 400);
+    let (socket, app) = vm_running_app(&mut cluster, &cuda, 400);
     let before = with_sessions(&cluster, "node-a", 1);
     let id = before["id"].as_str().unwrap().to_string();
 
@@ -243,16 +250,7 @@ fn a_restarted_rpc_server_keeps_its_addresses_and_its_running_app() {
     let mut cluster = Cluster::new(Options::default());
     cluster.start_node("node-a", "127.0.0.1", 40, 4096);
     cluster.wait_node_up("node-a");
-    cluster.flytctl_ok(&["vm", "add", VM, "--host-ip", "192.0.2.10", "--compute-units", "20", "--memory-mib", "1024"]);
-    let socket = cluster.start_client_manager(VM);
-    let (holder, _) = cluster.locate(&socket, 600);
-    assert!(holder["address"].is_string(), "{holder}");
-
-    let scratch = cluster.path("app");
-    std::fs::create_dir_all(&scratch).unwrap();
-    let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../cuda-shim/cdylib/tests/c/migrate_loop.c"));
-    let (program, lib) = flyt_test_support::driver_program(source, &cuda, &scratch);
-    let app = App::start(&program, &lib, &socket, 300);
+    let (socket, app) = vm_running_app(&mut cluster, &cuda, 300);
     let mut before = with_sessions(&cluster, "node-a", 1);
     let id = before["id"].as_str().unwrap().to_string();
 

@@ -11,32 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use flyt_test_support::{Server, artifact, run_with_timeout, scratch_dir};
+use flyt_test_support::{Server, driver_lib, driver_program, run_with_timeout, scratch_dir};
 
-/// A folder holding the build output under the name programs load, `libcuda.so.1`.
-fn driver_lib_dir(scratch: &Path) -> PathBuf {
-    let dir = scratch.join("lib");
-    std::fs::create_dir_all(&dir).expect("lib dir");
-    std::os::unix::fs::symlink(artifact("libflyt_libcuda.so"), dir.join("libcuda.so.1")).expect("link libcuda.so.1");
-    dir
-}
-
-/// Compiles `tests/c/NAME.c` against CUDA 13's cuda.h, linked with Flyt's libcuda.so.1 in `lib`.
-fn compile_driver_program(cuda: &Path, scratch: &Path, lib: &Path, name: &str) -> PathBuf {
-    let program = scratch.join(name);
+/// Compiles `tests/c/NAME.c` against CUDA 13's cuda.h, linked with Flyt's libcuda.so.1; the
+/// program and its lib folder.
+fn compile_driver_program(cuda: &Path, scratch: &Path, name: &str) -> (PathBuf, PathBuf) {
     let source = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
-    let status = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Werror", "-O1"])
-        .arg(format!("-I{}", cuda.join("include").display()))
-        .arg(&source)
-        .arg("-o")
-        .arg(&program)
-        .arg(format!("-L{}", lib.display()))
-        .arg("-l:libcuda.so.1")
-        .status()
-        .expect("a C compiler (cc) is needed for this test");
-    assert!(status.success(), "compiling {source}");
-    program
+    driver_program(Path::new(&source), cuda, scratch)
 }
 
 #[test]
@@ -60,7 +41,7 @@ fn a_static_cudart_program_runs_over_flyt() {
     let linked = Command::new("readelf").arg("-d").arg(&program).output().expect("readelf");
     assert!(!String::from_utf8_lossy(&linked.stdout).contains("libcudart"), "the program must not link a shared runtime");
 
-    let lib = driver_lib_dir(&scratch);
+    let lib = driver_lib(&scratch);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--listen", &socket], &scratch);
     for address in &server.addresses {
@@ -119,7 +100,7 @@ fn a_cuda12_static_runtime_program_runs_over_flyt() {
         .expect("run c++");
     assert!(status.success(), "c++ {source} with CUDA 12.9's static runtime");
 
-    let lib = driver_lib_dir(&scratch);
+    let lib = driver_lib(&scratch);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
     let (code, stdout, stderr) = run_with_timeout(
@@ -149,8 +130,7 @@ fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
         return;
     };
     let scratch = scratch_dir("driver-modules");
-    let lib = driver_lib_dir(&scratch);
-    let program = compile_driver_program(&cuda, &scratch, &lib, "driver_modules");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_modules");
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
     let address = &server.addresses[0];
     let run = || {
@@ -200,8 +180,7 @@ fn run_with_and_without_channel(name: &str) -> Option<Vec<(&'static str, i32, St
         return None;
     };
     let scratch = scratch_dir(&name.replace('_', "-"));
-    let lib = driver_lib_dir(&scratch);
-    let program = compile_driver_program(&cuda, &scratch, &lib, name);
+    let (program, lib) = compile_driver_program(&cuda, &scratch, name);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
     let runs = ["on", "off"]
