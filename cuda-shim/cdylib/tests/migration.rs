@@ -27,13 +27,18 @@ struct Setup {
 }
 
 fn set_up(name: &str) -> Option<Setup> {
+    set_up_with(name, "migrate_loop.c")
+}
+
+/// The scratch folder, the driver program built from `tests/c/<source>` and a session token.
+fn set_up_with(name: &str, source: &str) -> Option<Setup> {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
         eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
         return None;
     };
     let scratch = scratch_dir(name);
-    let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/migrate_loop.c"));
-    let (program, lib) = driver_program(source, &cuda, &scratch);
+    let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c")).join(source);
+    let (program, lib) = driver_program(&source, &cuda, &scratch);
     let key = scratch.join("cluster.key");
     std::fs::write(&key, KEY).unwrap();
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
@@ -109,8 +114,12 @@ fn start_app(setup: &Setup, server: &str, rounds: u32, channel: Channel) -> Chil
         Channel::Socket => ("off", "0"),
         Channel::SharedMemory => ("on", "1"),
     };
+    spawn_app(setup, server, &[&rounds.to_string(), "10", "0", pinned], shm)
+}
+
+fn spawn_app(setup: &Setup, server: &str, args: &[&str], shm: &str) -> Child {
     Command::new(&setup.program)
-        .args([rounds.to_string(), "10".into(), "0".into(), pinned.into()])
+        .args(args)
         .env("LD_LIBRARY_PATH", &setup.lib)
         .env("FLYT_SERVER", server)
         .env("FLYT_TOKEN", &setup.token)
@@ -254,4 +263,23 @@ fn a_checkpoint_survives_its_server_and_a_fresh_server_continues_the_app() {
     finish_app(app);
     assert!(fresh.log_text().contains("session restored"), "{}", fresh.log_text());
     assert_eq!(snapshots(&dir), 0);
+}
+
+#[test]
+fn pools_arrays_and_texture_objects_move_with_their_session() {
+    let Some(setup) = set_up_with("migration-objects", "migrate_objects.c") else { return };
+    let a = start_node(&setup, "a", &[]);
+    let b = start_node(&setup, "b", &[]);
+    let dir = setup.scratch.join("snapshots");
+    let app = spawn_app(&setup, &a.unix, &["300", "10"], "off");
+    let mut here = &a;
+    for (hop, (to, address)) in [(&b, &b.tcp), (&a, &a.unix), (&b, &b.unix)].into_iter().enumerate() {
+        let session = session_on(&setup, here);
+        let (code, out, err) = migrate(&setup, &here.control, &session, &to.control, address, &dir, &[]);
+        assert_eq!(code, 0, "move {hop}: {out}{err}");
+        here = to;
+    }
+    let stdout = finish_app(app);
+    assert!(stdout.contains(" objects "), "{stdout}");
+    assert!(b.server.log_text().contains("session restored"));
 }

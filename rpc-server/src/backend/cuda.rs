@@ -1768,6 +1768,22 @@ impl Device for CudaDevice {
     }
 
     fn free_async(&self, ptr: u64, stream: Self::Stream) -> CudaResult<()> {
+        let mut restored = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if restored.span_of(ptr).is_some() {
+            // A pool allocation that moved here is restored memory now. Freeing it now keeps
+            // stream order: its span stays mapped until its last allocation goes, and that
+            // waits for the device. A capture would need a free node for it, which the driver
+            // makes only for its own pools' memory.
+            let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            // SAFETY: one of the session's streams; valid out-pointer.
+            check(unsafe { sys::cuStreamIsCapturing(stream.0, &mut status).result() })?;
+            if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                tracing::warn!(ptr, "a stream-ordered free of memory that moved here cannot be captured");
+                return Err(CudaError::STREAM_CAPTURE_UNSUPPORTED);
+            }
+            return restored.free(ptr).map_or(Ok(()), |code| check(code.result()));
+        }
+        drop(restored);
         // SAFETY: an allocation of the session's (checked), freed once.
         check(unsafe { sys::cuMemFreeAsync(ptr, stream.0).result() })
     }

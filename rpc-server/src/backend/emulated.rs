@@ -77,6 +77,9 @@ struct State {
     mipmaps: HashMap<u64, Vec<EmulatedArray>>,
     /// Live texture (`false`) and surface (`true`) objects.
     objects: HashMap<u64, bool>,
+    /// The last object handle given: objects are numbered apart from other handles, from 1,
+    /// as the driver numbers them.
+    last_object: u64,
     /// Stream attributes set, by stream and `CUstreamAttrID` (unset ones read as zeros).
     stream_attributes: HashMap<(u64, u32), [u8; 64]>,
 }
@@ -93,6 +96,12 @@ impl State {
     fn new_handle(&mut self) -> u64 {
         self.next_handle += 1;
         self.next_handle
+    }
+
+    fn new_object(&mut self, surface: bool) -> u64 {
+        self.last_object += 1;
+        self.objects.insert(self.last_object, surface);
+        self.last_object
     }
 
     /// Records `work` as a node of the capture `stream` is in, if it is in one.
@@ -1442,17 +1451,11 @@ impl Device for EmulatedDevice {
 
     /// A handle kernels could name; the emulated device runs no kernels to read through it.
     fn tex_create(&self, _resource: TexResource<Self>, _texture: &TextureDesc, _view: Option<&ViewDesc>) -> CudaResult<u64> {
-        let mut state = self.state();
-        let handle = state.new_handle();
-        state.objects.insert(handle, false);
-        Ok(handle)
+        Ok(self.state().new_object(false))
     }
 
     fn surf_create(&self, _array: EmulatedArray) -> CudaResult<u64> {
-        let mut state = self.state();
-        let handle = state.new_handle();
-        state.objects.insert(handle, true);
-        Ok(handle)
+        Ok(self.state().new_object(true))
     }
 
     fn object_destroy(&self, handle: u64, surface: bool) -> CudaResult<()> {

@@ -2,12 +2,19 @@
 //! texture and surface objects for a session. Array ids are the client's; every copy's box is
 //! checked against the session's ranges or the array's extent before it reaches the device, and
 //! arrays count in the quota from creation to destruction.
+//!
+//! A session moves with its arrays (their bytes in the snapshot) and its texture and surface
+//! objects. Kernels take those objects by the driver's handle, which the app holds, so each is
+//! made again under the same handle: in handle order, the driver's lower handles taken by
+//! fillers until it gives the one wanted (a restore fails if it has passed it).
 
 use std::collections::HashMap;
+use std::io::{Read, Write};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{ArrayDesc, CopySide, Pos3, Resource, ShapedCopy, rep, req};
+use flyt_protocol::ops::{ArrayDesc, CopySide, Pos3, Resource, ShapedCopy, TextureDesc, ViewDesc, rep, req};
+use serde::{Deserialize, Serialize};
 
 use super::{BulkIn, MAX_HANDLES, Responder, Session, chunk_len};
 use crate::backend::{Device, Extent, Side, TexResource};
@@ -17,24 +24,50 @@ use crate::memory::RangeKind;
 struct ArrayEntry<D: Device> {
     array: D::Array,
     desc: ArrayDesc,
-    /// The mipmapped array it is a level of (it goes with that one).
-    level_of: Option<u64>,
+    /// The mipmapped array and level it is (it goes with that one).
+    level_of: Option<(u64, u32)>,
 }
 
 struct MipmapEntry<D: Device> {
     mipmap: D::Mipmap,
     desc: ArrayDesc,
+    count: u32,
     /// The ids its levels were given.
     levels: Vec<u64>,
     charged: u64,
+}
+
+/// A texture or surface object as the app made it (array ids are the session's).
+#[derive(Clone, Serialize, Deserialize)]
+enum Object {
+    Texture { resource: Resource, texture: TextureDesc, view: Option<ViewDesc> },
+    Surface { array: u64 },
+}
+
+impl Object {
+    fn is_surface(&self) -> bool {
+        matches!(self, Self::Surface { .. })
+    }
 }
 
 /// The session's arrays and objects.
 pub struct ArrayTable<D: Device> {
     arrays: HashMap<u64, ArrayEntry<D>>,
     mipmaps: HashMap<u64, MipmapEntry<D>>,
-    /// Texture (`false`) and surface (`true`) objects the session made.
-    objects: HashMap<u64, bool>,
+    /// Texture and surface objects the session made, by the driver's handle.
+    objects: HashMap<u64, Object>,
+}
+
+/// The session's arrays and objects in a snapshot; the arrays' bytes follow in the file, each
+/// array whole, then each mipmapped array level by level.
+#[derive(Serialize, Deserialize)]
+pub(super) struct ArraysState {
+    /// Id and descriptor.
+    arrays: Vec<(u64, ArrayDesc)>,
+    /// Id, descriptor, level count and the levels the app named (id, level).
+    mipmaps: Vec<(u64, ArrayDesc, u32, Vec<(u64, u32)>)>,
+    /// By handle, ascending.
+    objects: Vec<(u64, Object)>,
 }
 
 impl<D: Device> Default for ArrayTable<D> {
@@ -44,12 +77,184 @@ impl<D: Device> Default for ArrayTable<D> {
 }
 
 impl<D: Device> ArrayTable<D> {
-    /// Why the session cannot move, if arrays or texture objects hold it.
-    pub(super) fn move_blocker(&self) -> Option<String> {
-        let arrays = self.arrays.len() + self.mipmaps.len();
-        (arrays > 0 || !self.objects.is_empty())
-            .then(|| format!("it holds {arrays} CUDA array(s) and {} texture or surface object(s)", self.objects.len()))
+    pub(super) fn state(&self) -> ArraysState {
+        let mut arrays: Vec<_> =
+            self.arrays.iter().filter(|(_, entry)| entry.level_of.is_none()).map(|(id, entry)| (*id, entry.desc)).collect();
+        arrays.sort_unstable_by_key(|(id, _)| *id);
+        let mut mipmaps: Vec<_> = self
+            .mipmaps
+            .iter()
+            .map(|(id, entry)| {
+                let levels = entry.levels.iter().filter_map(|level| Some((*level, self.arrays.get(level)?.level_of?.1))).collect();
+                (*id, entry.desc, entry.count, levels)
+            })
+            .collect();
+        mipmaps.sort_unstable_by_key(|(id, ..)| *id);
+        let mut objects: Vec<_> = self.objects.iter().map(|(handle, object)| (*handle, object.clone())).collect();
+        objects.sort_unstable_by_key(|(handle, _)| *handle);
+        ArraysState { arrays, mipmaps, objects }
     }
+
+    /// Every array of the session with the descriptor of its bytes, in snapshot file order.
+    fn in_file_order(&self, state: &ArraysState, device: &D) -> CudaResult<Vec<(D::Array, ArrayDesc)>> {
+        let mut out = Vec::new();
+        for (id, desc) in &state.arrays {
+            out.push((self.arrays.get(id).ok_or(CudaError::INVALID_VALUE)?.array, *desc));
+        }
+        for (id, desc, count, _) in &state.mipmaps {
+            let mipmap = self.mipmaps.get(id).ok_or(CudaError::INVALID_VALUE)?.mipmap;
+            for level in 0..(*count).max(1) {
+                out.push((device.mipmap_level(mipmap, level)?, desc.level(level)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes the bytes of the arrays of `state` to `out` (after the session drained).
+    pub(super) fn write_bytes(&self, state: &ArraysState, device: &D, chunk: u64, out: &mut impl Write) -> Result<(), String> {
+        let arrays = self.in_file_order(state, device).map_err(|error| format!("the session's arrays: {error}"))?;
+        for (array, desc) in arrays {
+            for (pos, extent) in pieces(&desc, chunk)? {
+                let len = (extent.width * extent.height) as usize;
+                let staging = device.staging(len).map_err(|error| format!("staging: {error}"))?;
+                let pending = device
+                    .start_shaped_to_staged(Side::Array { array, pos }, extent, staging, device.null_stream())
+                    .map_err(|error| format!("reading an array: {error}"))?;
+                while !device.dtoh_done(&pending) {
+                    std::hint::spin_loop();
+                }
+                let bytes = device.dtoh_bytes(&pending).map_err(|error| format!("reading an array: {error}"))?;
+                out.write_all(&bytes[..len]).map_err(|error| format!("writing the snapshot: {error}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the arrays and objects of `state` again on `device`, filling the arrays from
+    /// `input` (their bytes in the quota are `state_bytes`).
+    pub(super) fn restore(device: &D, state: ArraysState, chunk: u64, input: &mut impl Read) -> Result<Self, String> {
+        let mut table = Self::default();
+        let made = (|| {
+            for (id, desc) in &state.arrays {
+                let array = device.array_create(desc).map_err(|error| format!("array {id}: {error}"))?;
+                table.arrays.insert(*id, ArrayEntry { array, desc: *desc, level_of: None });
+            }
+            for (id, desc, count, levels) in &state.mipmaps {
+                let mipmap = device.mipmap_create(desc, *count).map_err(|error| format!("mipmapped array {id}: {error}"))?;
+                let bytes = array_bytes(desc, *count).map_err(|error| format!("mipmapped array {id}: {error}"))?;
+                table.mipmaps.insert(*id, MipmapEntry { mipmap, desc: *desc, count: *count, levels: Vec::new(), charged: bytes });
+                for &(level_id, level) in levels {
+                    let array = device.mipmap_level(mipmap, level).map_err(|error| format!("level {level} of array {id}: {error}"))?;
+                    table.arrays.insert(level_id, ArrayEntry { array, desc: desc.level(level), level_of: Some((*id, level)) });
+                    if let Some(entry) = table.mipmaps.get_mut(id) {
+                        entry.levels.push(level_id);
+                    }
+                }
+            }
+            let arrays = table.in_file_order(&state, device).map_err(|error| format!("the session's arrays: {error}"))?;
+            for (array, desc) in arrays {
+                for (pos, extent) in pieces(&desc, chunk)? {
+                    let len = (extent.width * extent.height) as usize;
+                    let mut staging = device.staging(len).map_err(|error| format!("staging: {error}"))?;
+                    input.read_exact(&mut D::staging_bytes(&mut staging)[..len]).map_err(|error| format!("reading the snapshot: {error}"))?;
+                    device
+                        .copy_staged_to_shaped(Side::Array { array, pos }, extent, staging, device.null_stream())
+                        .map_err(|error| format!("writing an array: {error}"))?;
+                }
+            }
+            table.remake_objects(device, &state.objects)
+        })();
+        match made {
+            Ok(()) => Ok(table),
+            Err(error) => {
+                table.destroy_all(device);
+                Err(error)
+            }
+        }
+    }
+
+    /// Makes `object` on `device` with the arrays of this table.
+    fn make_object(&self, device: &D, object: &Object) -> Result<u64, String> {
+        let array = |id: &u64| self.arrays.get(id).map(|entry| entry.array).ok_or(format!("an object names array {id}, which is gone"));
+        let made = match object {
+            Object::Texture { resource, texture, view } => {
+                let resource = match resource {
+                    Resource::Array { array: id } => TexResource::Array(array(id)?),
+                    Resource::Mipmapped { array: id } => TexResource::Mipmapped(
+                        self.mipmaps.get(id).map(|entry| entry.mipmap).ok_or(format!("a texture names mipmapped array {id}, which is gone"))?,
+                    ),
+                    memory => TexResource::Memory(*memory),
+                };
+                device.tex_create(resource, texture, view.as_ref())
+            }
+            Object::Surface { array: id } => device.surf_create(array(id)?),
+        };
+        made.map_err(|error| format!("a texture or surface object: {error}"))
+    }
+
+    /// Makes `objects` (ascending handles) again under their handles.
+    fn remake_objects(&mut self, device: &D, objects: &[(u64, Object)]) -> Result<(), String> {
+        let mut fillers = Vec::new();
+        let made = (|| {
+            for (handle, object) in objects {
+                loop {
+                    let made = self.make_object(device, object)?;
+                    if made == *handle {
+                        self.objects.insert(made, object.clone());
+                        break;
+                    }
+                    fillers.push((made, object.is_surface()));
+                    if made > *handle || fillers.len() > MAX_HANDLES {
+                        return Err(format!("texture or surface object {handle} cannot be made again under its handle here (the driver gives {made})"));
+                    }
+                }
+            }
+            Ok(())
+        })();
+        for (handle, surface) in fillers {
+            let _ = device.object_destroy(handle, surface);
+        }
+        made
+    }
+
+    /// Destroys everything in the table (a restore that failed).
+    fn destroy_all(&mut self, device: &D) {
+        for (handle, object) in self.objects.drain() {
+            let _ = device.object_destroy(handle, object.is_surface());
+        }
+        for (_, entry) in self.arrays.drain() {
+            if entry.level_of.is_none() {
+                let _ = device.array_destroy(entry.array);
+            }
+        }
+        for (_, entry) in self.mipmaps.drain() {
+            let _ = device.mipmap_destroy(entry.mipmap);
+        }
+    }
+}
+
+/// An array's bytes cut into copies of whole rows of at most `chunk` bytes (one row at least),
+/// slice by slice: each copy's position and box.
+fn pieces(desc: &ArrayDesc, chunk: u64) -> Result<Vec<(Pos3, Extent)>, String> {
+    let (width, height, depth) = desc.extent().ok_or("an array of an unknown format")?;
+    let rows = (chunk / width.max(1)).max(1);
+    let mut out = Vec::new();
+    for z in 0..depth {
+        let mut y = 0;
+        while y < height {
+            let take = rows.min(height - y);
+            out.push((Pos3 { x: 0, y, z }, Extent { width, height: take, depth: 1 }));
+            y += take;
+        }
+    }
+    Ok(out)
+}
+
+/// Bytes of the arrays of `state` in a snapshot file.
+pub(super) fn state_bytes(state: &ArraysState) -> u64 {
+    let arrays = state.arrays.iter().map(|(_, desc)| array_bytes(desc, 1).unwrap_or(0));
+    let mipmaps = state.mipmaps.iter().map(|(_, desc, count, _)| array_bytes(desc, *count).unwrap_or(0));
+    arrays.chain(mipmaps).sum()
 }
 
 /// The bytes an array (all its levels) is charged: its elements, packed.
@@ -91,8 +296,8 @@ impl<D: Device> Session<D> {
 
     /// Destroys the session's arrays and objects (it ends, or the device resets).
     pub(super) fn release_arrays(&mut self) {
-        for (handle, surface) in self.arrays.objects.drain() {
-            let _ = self.device.object_destroy(handle, surface);
+        for (handle, object) in self.arrays.objects.drain() {
+            let _ = self.device.object_destroy(handle, object.is_surface());
         }
         for (_, entry) in self.arrays.arrays.drain() {
             if entry.level_of.is_none() {
@@ -293,7 +498,7 @@ impl<D: Device> Session<D> {
                     self.arrays.arrays.insert(request.array, ArrayEntry { array, desc, level_of: None });
                 }),
                 Some(levels) => self.device.mipmap_create(&desc, levels).map(|mipmap| {
-                    self.arrays.mipmaps.insert(request.array, MipmapEntry { mipmap, desc, levels: Vec::new(), charged: bytes });
+                    self.arrays.mipmaps.insert(request.array, MipmapEntry { mipmap, desc, count: levels, levels: Vec::new(), charged: bytes });
                 }),
             };
             if made.is_err() {
@@ -337,7 +542,7 @@ impl<D: Device> Session<D> {
             let entry = self.arrays.mipmaps.get(&request.mipmap).ok_or(CudaError::INVALID_VALUE)?;
             let array = self.device.mipmap_level(entry.mipmap, request.level)?;
             let desc = entry.desc.level(request.level);
-            self.arrays.arrays.insert(request.array, ArrayEntry { array, desc, level_of: Some(request.mipmap) });
+            self.arrays.arrays.insert(request.array, ArrayEntry { array, desc, level_of: Some((request.mipmap, request.level)) });
             if let Some(entry) = self.arrays.mipmaps.get_mut(&request.mipmap) {
                 entry.levels.push(request.array);
             }
@@ -366,7 +571,8 @@ impl<D: Device> Session<D> {
                 }
             };
             let handle = self.device.tex_create(resource, &request.texture, request.view.as_ref())?;
-            self.arrays.objects.insert(handle, false);
+            let object = Object::Texture { resource: request.resource, texture: request.texture, view: request.view };
+            self.arrays.objects.insert(handle, object);
             Ok(rep::TexObjectCreate { handle })
         })();
         reply.send(result);
@@ -379,7 +585,7 @@ impl<D: Device> Session<D> {
             }
             let array = self.arrays.arrays.get(&request.array).ok_or(CudaError::INVALID_VALUE)?.array;
             let handle = self.device.surf_create(array)?;
-            self.arrays.objects.insert(handle, true);
+            self.arrays.objects.insert(handle, Object::Surface { array: request.array });
             Ok(rep::SurfObjectCreate { handle })
         })();
         reply.send(result);
@@ -387,7 +593,7 @@ impl<D: Device> Session<D> {
 
     pub(super) fn drop_object(&mut self, request: req::ObjectDestroy, reply: Responder<rep::ObjectDestroy>) {
         let result = match self.arrays.objects.get(&request.handle) {
-            Some(surface) if *surface == request.surface => self.device.object_destroy(request.handle, request.surface).map(|()| {
+            Some(object) if object.is_surface() == request.surface => self.device.object_destroy(request.handle, request.surface).map(|()| {
                 self.arrays.objects.remove(&request.handle);
             }),
             _ => Err(CudaError::INVALID_VALUE),

@@ -1,32 +1,94 @@
 //! Stream-ordered allocation and memory pools for a session: pools under client-chosen ids
 //! (`DEFAULT_POOL` is the device's default), allocations counted in the quota from the
-//! allocation to the free and checked like any other.
+//! allocation to the free and checked like any other. A session moves with its pools: each is
+//! made again with the attributes and access the app set, and the pools' live allocations come
+//! back at their addresses with the session's other allocations (the device frees those in
+//! stream order too).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::ops::{DEFAULT_POOL, rep, req};
+
+use serde::{Deserialize, Serialize};
 
 use super::{MAX_HANDLES, Responder, Session};
 use crate::backend::Device;
 use crate::memory::RangeKind;
 
+/// Pool attributes an app may set (reuse policies and the release threshold): the ones a moved
+/// pool gets again.
+const SETTABLE_ATTRIBUTES: std::ops::RangeInclusive<u32> = 1..=4;
+
+/// What the app set on one pool.
+#[derive(Clone, Default, Serialize, Deserialize)]
+struct PoolSettings {
+    attributes: BTreeMap<u32, u64>,
+    access: Option<u32>,
+}
+
 /// The session's pools and which one the device allocates from.
 pub struct PoolTable<D: Device> {
     pools: HashMap<u64, D::MemPool>,
+    settings: HashMap<u64, PoolSettings>,
     current: u64,
 }
 
 impl<D: Device> Default for PoolTable<D> {
     fn default() -> Self {
-        Self { pools: HashMap::new(), current: DEFAULT_POOL }
+        Self { pools: HashMap::new(), settings: HashMap::new(), current: DEFAULT_POOL }
     }
 }
 
+/// The session's pools in a snapshot: each pool's id (the default one too, when the app named
+/// it) and settings, and the current pool.
+#[derive(Serialize, Deserialize)]
+pub(super) struct PoolsState {
+    pools: Vec<(u64, PoolSettings)>,
+    current: u64,
+}
+
 impl<D: Device> PoolTable<D> {
-    /// Why the session cannot move, if its pools hold it (their memory is the driver's to place).
-    pub(super) fn move_blocker(&self) -> Option<String> {
-        (!self.pools.is_empty()).then(|| "it uses stream-ordered memory pools (cudaMallocAsync)".to_string())
+    pub(super) fn state(&self) -> PoolsState {
+        let mut pools: Vec<_> = self.pools.keys().map(|id| (*id, self.settings.get(id).cloned().unwrap_or_default())).collect();
+        pools.sort_unstable_by_key(|(id, _)| *id);
+        PoolsState { pools, current: self.current }
+    }
+
+    /// Makes the pools of `state` again on `device` (a fresh worker's).
+    pub(super) fn restore(device: &D, state: PoolsState) -> Result<Self, String> {
+        let mut table = Self { current: state.current, ..Self::default() };
+        let made = (|| {
+            for (id, settings) in state.pools {
+                let pool = match id {
+                    DEFAULT_POOL => device.default_pool(),
+                    _ => device.pool_create(),
+                }
+                .map_err(|error| format!("memory pool {id}: {error}"))?;
+                table.pools.insert(id, pool);
+                for (&attribute, &value) in &settings.attributes {
+                    device.pool_attribute(pool, attribute, Some(value)).map_err(|error| format!("memory pool {id}'s attribute {attribute}: {error}"))?;
+                }
+                if let Some(flags) = settings.access {
+                    device.pool_access(pool, Some(flags)).map_err(|error| format!("memory pool {id}'s access: {error}"))?;
+                }
+                table.settings.insert(id, settings);
+            }
+            if table.current != DEFAULT_POOL {
+                let pool = *table.pools.get(&table.current).ok_or("the current memory pool is not among the session's")?;
+                device.set_current_pool(pool).map_err(|error| format!("the current memory pool: {error}"))?;
+            }
+            Ok(())
+        })();
+        if let Err(error) = made {
+            for (id, pool) in table.pools.drain() {
+                if id != DEFAULT_POOL {
+                    let _ = device.pool_destroy(pool);
+                }
+            }
+            return Err(error);
+        }
+        Ok(table)
     }
 }
 
@@ -52,6 +114,7 @@ impl<D: Device> Session<D> {
                 let _ = self.device.pool_destroy(pool);
             }
         }
+        self.pools.settings.clear();
         self.pools.current = DEFAULT_POOL;
     }
 
@@ -89,7 +152,13 @@ impl<D: Device> Session<D> {
     }
 
     pub(super) fn pool_attribute(&mut self, request: req::MemPoolAttribute, reply: Responder<rep::MemPoolAttribute>) {
-        let result = self.pool(request.pool).and_then(|pool| self.device.pool_attribute(pool, request.attribute, request.value));
+        let id = if request.pool == 0 { self.pools.current } else { request.pool };
+        let result = self.pool(id).and_then(|pool| self.device.pool_attribute(pool, request.attribute, request.value));
+        if let (Ok(_), Some(value)) = (&result, request.value) {
+            if SETTABLE_ATTRIBUTES.contains(&request.attribute) {
+                self.pools.settings.entry(id).or_default().attributes.insert(request.attribute, value);
+            }
+        }
         reply.send(result.map(|value| rep::MemPoolAttribute { value }));
     }
 
@@ -117,6 +186,7 @@ impl<D: Device> Session<D> {
                 let pool = *pool;
                 self.device.pool_destroy(pool).map(|()| {
                     self.pools.pools.remove(&request.pool);
+                    self.pools.settings.remove(&request.pool);
                     // The device goes back to its default pool, as the driver does.
                     if self.pools.current == request.pool {
                         self.pools.current = DEFAULT_POOL;
@@ -142,7 +212,11 @@ impl<D: Device> Session<D> {
     }
 
     pub(super) fn pool_access(&mut self, request: req::MemPoolAccess, reply: Responder<rep::MemPoolAccess>) {
-        let result = self.pool(request.pool).and_then(|pool| self.device.pool_access(pool, request.set));
+        let id = if request.pool == 0 { self.pools.current } else { request.pool };
+        let result = self.pool(id).and_then(|pool| self.device.pool_access(pool, request.set));
+        if let (Ok(_), Some(flags)) = (&result, request.set) {
+            self.pools.settings.entry(id).or_default().access = Some(flags);
+        }
         reply.send(result.map(|flags| rep::MemPoolAccess { flags }));
     }
 }

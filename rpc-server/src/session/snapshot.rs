@@ -1,17 +1,19 @@
 //! Checkpoint and restore: a session written to one file and made again in another worker (on
 //! this server or another), with every pointer, stream, event, module and kernel its app holds
-//! valid as before. Device memory comes back at its old addresses (`Device::restore_allocations`);
-//! streams, events and modules are the client's own ids, mapped to new driver objects. What
-//! cannot be made again that way (graphs, pools, arrays, IPC, a VM's ivshmem region...)
-//! makes the checkpoint fail with the reason, before the app has paused for long.
+//! valid as before. Device memory comes back at its old addresses (`Device::restore_allocations`,
+//! stream-ordered allocations of pools too); streams, events, modules, pools and arrays are the
+//! client's own ids, mapped to new driver objects; texture and surface objects come back under
+//! their handles. What cannot be made again that way (graphs, VMM, IPC, a VM's ivshmem
+//! region...) makes the checkpoint fail with the reason, before the app has paused for long.
 //!
 //! The pause: the control thread asks (`MoveControl::ask`) and sends `Notice::Pause`; the client
 //! answers with `Pause` after its last request and holds new calls; that op reaches the session
 //! in order, so everything before it is drained and in the snapshot. The session then waits for
 //! the decision: move (the client reconnects elsewhere with the snapshot's name) or stay.
 //!
-//! File: `FLYTSNP1`, the manifest's length (8 bytes, little-endian) and the manifest, then each
-//! allocation's bytes and each module variable's bytes in manifest order.
+//! File: `FLYTSNP2`, the manifest's length (8 bytes, little-endian) and the manifest, then each
+//! allocation's bytes and each module variable's bytes in manifest order, then the arrays'
+//! bytes (`ArraysState`).
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -31,7 +33,7 @@ use crate::budget::MemoryBudget;
 use crate::memory::RangeKind;
 use crate::shm::Segment;
 
-const MAGIC: &[u8; 8] = b"FLYTSNP1";
+const MAGIC: &[u8; 8] = b"FLYTSNP2";
 /// Largest manifest read back (module images are in it).
 const MAX_MANIFEST: u64 = 4 << 30;
 /// `cudaEventInterprocess`.
@@ -75,6 +77,8 @@ struct Manifest {
     events: Vec<(u64, u32)>,
     may_print: bool,
     segment: Option<SegmentState>,
+    pools: super::pools::PoolsState,
+    arrays: super::arrays::ArraysState,
     /// Device memory left on the GPU for a worker there: the file then holds no allocation bytes.
     handover: Option<HandoverState>,
 }
@@ -407,6 +411,8 @@ pub struct Restored<D: Device> {
     segment: Option<SegmentState>,
     /// App address, length and address here of each module variable.
     moved_variables: Vec<(u64, u64, u64)>,
+    pools: super::pools::PoolTable<D>,
+    arrays: super::arrays::ArrayTable<D>,
 }
 
 impl<D: Device> Restored<D> {
@@ -473,7 +479,7 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
             if device.emulated() { " (emulated)" } else { "" }
         ));
     }
-    let total: u64 = manifest.allocations.iter().map(|(_, len)| len).sum();
+    let total: u64 = manifest.allocations.iter().map(|(_, len)| len).sum::<u64>() + super::arrays::state_bytes(&manifest.arrays);
     if !budget.try_reserve(total) {
         return Err(format!("its {total} bytes of device memory exceed what this server's quota has free"));
     }
@@ -533,11 +539,16 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
     };
     let data_at = (MAGIC.len() + 8) as u64 + len;
     let writable = std::fs::File::options().read(true).write(true).open(path).map_err(|error| format!("{}: {error}", path.display()))?;
-    if !copy_direct(device, &writable, data_at, &ranges, false)? {
+    if copy_direct(device, &writable, data_at, &ranges, false)? {
+        let arrays_at = data_at + ranges.iter().map(|(_, len)| len).sum::<u64>();
+        std::io::Seek::seek(&mut input, std::io::SeekFrom::Start(arrays_at)).map_err(|error| format!("{}: {error}", path.display()))?;
+    } else {
         for &(ptr, len) in &ranges {
             write_device(device, chunk, ptr, len, &mut input)?;
         }
     }
+    let pools = super::pools::PoolTable::restore(device, manifest.pools)?;
+    let arrays = super::arrays::ArrayTable::restore(device, manifest.arrays, chunk, &mut input)?;
     let mut streams = Vec::new();
     for (id, flags, priority) in manifest.streams {
         streams.push((id, device.stream_create(flags, priority).map_err(|error| format!("stream: {error}"))?, flags, priority));
@@ -555,6 +566,8 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
         may_print: manifest.may_print,
         segment: manifest.segment,
         moved_variables,
+        pools,
+        arrays,
     })
 }
 
@@ -579,6 +592,8 @@ impl<D: Device> Session<D> {
             self.event_flags.insert(id, flags);
         }
         self.may_print = restored.may_print;
+        self.pools = restored.pools;
+        self.arrays = restored.arrays;
         for (app_address, len, here) in restored.moved_variables {
             self.moved_variables.insert(app_address, len, here);
         }
@@ -601,8 +616,6 @@ impl<D: Device> Session<D> {
         self.graphs
             .move_blocker()
             .or_else(|| self.vmm.move_blocker())
-            .or_else(|| self.pools.move_blocker())
-            .or_else(|| self.arrays.move_blocker())
             .or_else(|| self.ipc.move_blocker())
             .or_else(|| self.tensor_maps.move_blocker())
     }
@@ -647,8 +660,10 @@ impl<D: Device> Session<D> {
         streams.sort_unstable();
         let mut events: Vec<_> = self.event_flags.iter().map(|(id, flags)| (*id, *flags)).collect();
         events.sort_unstable();
+        let arrays = self.arrays.state();
         let device_bytes = allocations.iter().map(|(_, len)| len).sum::<u64>()
-            + modules.iter().flat_map(|module| module.variables.iter().map(|(_, _, size)| size)).sum::<u64>();
+            + modules.iter().flat_map(|module| module.variables.iter().map(|(_, _, size)| size)).sum::<u64>()
+            + super::arrays::state_bytes(&arrays);
         let name = new_name()?;
         std::fs::create_dir_all(dir).map_err(|error| format!("{}: {error}", dir.display()))?;
         let path = path_of(dir, &name);
@@ -680,6 +695,8 @@ impl<D: Device> Session<D> {
                 staging: segment.staging(),
                 blocks: segment.blocks().into_iter().map(|(offset, len, alias)| (offset, len, alias.unwrap_or(0))).collect(),
             }),
+            pools: self.pools.state(),
+            arrays,
             handover,
         };
         let partial = path.with_extension("partial");
@@ -696,18 +713,24 @@ impl<D: Device> Session<D> {
             let ranges: Vec<_> = manifest_ranges(&manifest).into_iter().map(|(ptr, len)| (self.moved_variables.here(ptr), len)).collect();
             let file_bytes: u64 = ranges.iter().map(|(_, len)| len).sum();
             file.set_len(data_at + file_bytes).map_err(io)?;
-            if copy_direct(&*self.device, &file, data_at, &ranges, true)? {
+            let chunk = self.config.copy_chunk;
+            let direct = copy_direct(&*self.device, &file, data_at, &ranges, true)?;
+            if direct {
                 tracing::info!(bytes = file_bytes, "device memory copied straight into the snapshot file's pinned pages");
             } else {
                 file.set_len(data_at).map_err(io)?;
-                let mut out = BufWriter::with_capacity(8 << 20, &mut file);
-                std::io::Seek::seek(&mut out, std::io::SeekFrom::Start(data_at)).map_err(io)?;
-                let chunk = self.config.copy_chunk;
+            }
+            let mut out = BufWriter::with_capacity(8 << 20, &mut file);
+            let arrays_at = if direct { data_at + file_bytes } else { data_at };
+            std::io::Seek::seek(&mut out, std::io::SeekFrom::Start(arrays_at)).map_err(io)?;
+            if !direct {
                 for &(ptr, len) in &ranges {
                     read_device(&*self.device, chunk, ptr, len, &mut out)?;
                 }
-                out.flush().map_err(io)?;
             }
+            self.arrays.write_bytes(&manifest.arrays, &*self.device, chunk, &mut out)?;
+            out.flush().map_err(io)?;
+            drop(out);
             file.sync_all().map_err(io)?;
             let bytes = file.metadata().map_err(io)?.len();
             std::fs::rename(&partial, &path).map_err(io)?;
