@@ -10,6 +10,9 @@
 #      alternating TCP and the Unix socket: once over the shared-memory channel (its segment, its
 #      page-locked buffer and its rings follow it), once with FLYT_SHM=off. Its output must be
 #      the native one and its pointers (allocations and symbols) the same at the end as at the start.
+#   objects: migration/migrate_objects.cu (memory pools and stream-ordered allocations, arrays,
+#      a mipmapped array, texture and surface objects read and written by kernels) moved N times
+#      the same way over the shared-memory channel; output as native, pointers and handles kept.
 #   restart: the same app checkpointed with --stop, its server killed, a fresh server started with
 #      --snapshot-dir: the app must go on and print the native output.
 #   big: for each size in --big-mib, one timed move of migrate_loop (driver API) holding that much
@@ -29,7 +32,7 @@ while [ $# -gt 0 ]; do
     --big-mib) BIG=$2; shift 2 ;;
     --skip) SKIP=$2; shift 2 ;;
     --snapshots) SNAP_PARENT=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket restart big'] [--snapshots PARENT-DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects restart big'] [--snapshots PARENT-DIR]" >&2; exit 2 ;;
     esac
 done
 skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -51,6 +54,7 @@ cc -std=gnu11 -O2 -Wall -I"$CUDA_INC" -I"$here/../cuda-shim/cdylib/tests/c" \
     "$here/../cuda-shim/cdylib/tests/c/migrate_loop.c" -o "$W/migrate_loop" -L"$DIST/lib" -l:libcuda.so.1 || { echo "build failed"; exit 1; }
 NVCC=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
 "$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_app" "$here/migration/migrate_app.cu" || { echo "nvcc failed"; exit 1; }
+"$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_objects" "$here/migration/migrate_objects.cu" || { echo "nvcc failed"; exit 1; }
 # Hide the GPU from Flyt's apps: device nodes and the driver's libcuda files.
 HIDE=$W/hide.list
 : >"$HIDE"
@@ -85,8 +89,28 @@ flyt_loop() { # SERVER-ADDRESS ARGS... (GPU hidden)
 }
 flyt_app() { # SHM(on|off) SERVER-ADDRESS ARGS... (GPU hidden)
     local shm=$1 server=$2; shift 2
-    "$W/hide_gpu" "$HIDE" -- env LD_LIBRARY_PATH="$W/lib" FLYT_SERVER="$server" FLYT_TOKEN="$TOKEN" FLYT_SHM="$shm" FLYT_RESUME_TIMEOUT=120 "$W/migrate_app" "$@"
+    "$W/hide_gpu" "$HIDE" -- env LD_LIBRARY_PATH="$W/lib" FLYT_SERVER="$server" FLYT_TOKEN="$TOKEN" FLYT_SHM="$shm" FLYT_RESUME_TIMEOUT=120 "${PROGRAM:-$W/migrate_app}" "$@"
 }
+move_around() { # LOG: MOVES moves of the one session between servers a and b (it starts on a),
+    # alternating TCP and the Unix socket; sets moved, refused and pauses (ms each, f: through the file)
+    local log=$1 here_name=a to addr id i
+    moved=0 refused=0 pauses=()
+    : >"$log"
+    for i in $(seq "$MOVES"); do
+        sleep 0.3
+        if [ $here_name = a ]; then to=b; else to=a; fi
+        if [ $((i % 2)) = 1 ]; then addr=$(cat "$W/$to.tcp"); else addr="unix:$W/$to.sock"; fi
+        id=$(session_of $here_name)
+        if CTL --json session migrate --control "unix:$W/$here_name.ctl" "$id" --to-control "unix:$W/$to.ctl" --to "$addr" --dir "$SNAP" >"$W/move.json" 2>>"$log"; then
+            moved=$((moved + 1)); here_name=$to
+            cat "$W/move.json" >>"$log"
+            pauses+=("$(python3 -c "import json; j=json.load(open('$W/move.json')); print('%.0f%s' % (j['total_ms'], '' if j.get('copy') == 'device' else 'f'))")")
+        else
+            refused=$((refused + 1))
+        fi
+    done
+}
+median_of() { printf '%s\n' "$@" | tr -d f | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "-"}'; }
 same_output() { # NATIVE FLYT: the same lines but the pointer lines, and pointers equal start to end
     local p1 p2
     p1=$(grep '^pointers' "$2" | head -1); p2=$(grep '^pointers' "$2" | tail -1)
@@ -110,29 +134,34 @@ for mode in shm socket; do
     flyt_app $shm "unix:$W/a.sock" "$APP_MIB" $ROUNDS 5 "$gate" >"$OUT/$mode.out" 2>"$OUT/$mode.err" &
     APP=$!
     for _ in $(seq 1200); do grep -q holding "$OUT/$mode.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
-    here_name=a moved=0 refused=0 pauses=()
-    : >"$OUT/moves-$mode.log"
-    for i in $(seq "$MOVES"); do
-        sleep 0.3
-        if [ $here_name = a ]; then to=b; else to=a; fi
-        if [ $((i % 2)) = 1 ]; then addr=$(cat "$W/$to.tcp"); else addr="unix:$W/$to.sock"; fi
-        id=$(session_of $here_name)
-        if CTL --json session migrate --control "unix:$W/$here_name.ctl" "$id" --to-control "unix:$W/$to.ctl" --to "$addr" --dir "$SNAP" >"$W/move.json" 2>>"$OUT/moves-$mode.log"; then
-            moved=$((moved + 1)); here_name=$to
-            cat "$W/move.json" >>"$OUT/moves-$mode.log"
-            pauses+=("$(python3 -c "import json; j=json.load(open('$W/move.json')); print('%.0f%s' % (j['total_ms'], '' if j.get('copy') == 'device' else 'f'))")")
-        else
-            refused=$((refused + 1))
-        fi
-    done
+    move_around "$OUT/moves-$mode.log"
     touch "$gate"
     wait $APP; rc=$?
     same=no; same_output "$OUT/native.out" "$OUT/$mode.out" && same=yes
     if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
-    median=$(printf '%s\n' "${pauses[@]}" | tr -d f | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "-"}')
+    median=$(median_of "${pauses[@]}")
     row "migrate_app $APP_MIB MiB ($mode): $MOVES moves tcp/unix" $r "moved $moved, refused $refused, output and pointers as native: $same, exit $rc, move total median $median ms (each, f: through the file: ${pauses[*]})"
     kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
 done
+
+# --- 1b. moves of an app with pools, arrays and texture objects ---------------------------------
+if ! skipped objects; then
+    "$W/migrate_objects" $ROUNDS 5 >"$OUT/objects-native.out" 2>&1 || echo "native objects run failed: $(tail -2 "$OUT/objects-native.out")"
+    start_server a; A=$SRV_PID
+    start_server b; B=$SRV_PID
+    gate=$W/gate-objects
+    PROGRAM=$W/migrate_objects flyt_app on "unix:$W/a.sock" $ROUNDS 5 "$gate" >"$OUT/objects.out" 2>"$OUT/objects.err" &
+    APP=$!
+    for _ in $(seq 600); do grep -q holding "$OUT/objects.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
+    move_around "$OUT/moves-objects.log"
+    touch "$gate"
+    wait $APP; rc=$?
+    same=no; same_output "$OUT/objects-native.out" "$OUT/objects.out" && same=yes
+    if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
+    row "migrate_objects (pools, arrays, textures): $MOVES moves" $r "moved $moved, refused $refused, output, pointers and handles as native: $same, exit $rc, move total median $(median_of "${pauses[@]}") ms (${pauses[*]})"
+    kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
+    rm -rf "$SNAP"
+fi
 
 # --- 2. checkpoint, kill the server, restore on a fresh one --------------------------------------
 if ! skipped restart; then

@@ -19,6 +19,31 @@ use flyt_protocol::ops::{
 use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, NodeRead, NodeWork, Side, TexResource};
 use crate::host_calls::HostCallSite;
 
+/// Physical memory mapped for a while (`CudaDevice::map_anywhere`): unmapped, its addresses
+/// freed and its handle released when dropped.
+struct TemporaryMapping {
+    at: sys::CUdeviceptr,
+    len: usize,
+    handle: sys::CUmemGenericAllocationHandle,
+    mapped: bool,
+}
+
+impl Drop for TemporaryMapping {
+    fn drop(&mut self) {
+        // SAFETY: what `map_anywhere` made, undone once; no copy uses it any more (the owner
+        // synchronized or failed first).
+        unsafe {
+            if self.mapped {
+                sys::cuMemUnmap(self.at, self.len);
+            }
+            if self.at != 0 {
+                sys::cuMemAddressFree(self.at, self.len);
+            }
+            sys::cuMemRelease(self.handle);
+        }
+    }
+}
+
 /// A driver handle that may cross threads. CUDA driver handles are opaque pointers into the
 /// driver, which documents its API as thread-safe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -488,6 +513,56 @@ unsafe impl Sync for CudaDevice {}
 
 impl CudaDevice {
     /// The session's device as a memory location.
+    /// Maps physical allocation `handle` (of `len` bytes; taken over, released with the
+    /// mapping) at addresses the driver picks, readable and writable by this device.
+    fn map_anywhere(&self, handle: sys::CUmemGenericAllocationHandle, len: u64) -> CudaResult<TemporaryMapping> {
+        let mut mapping = TemporaryMapping { at: 0, len: len as usize, handle, mapped: false };
+        let access = sys::CUmemAccessDesc { location: self.location(), flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        // SAFETY: valid out-pointer; the reservation is `len` bytes, the handle's size; the
+        // mapping covers it whole. What is done is undone when `mapping` drops.
+        unsafe {
+            check(sys::cuMemAddressReserve(&mut mapping.at, mapping.len, 0, 0, 0).result())?;
+            check(sys::cuMemMap(mapping.at, mapping.len, 0, handle, 0).result())?;
+            mapping.mapped = true;
+            check(sys::cuMemSetAccess(mapping.at, mapping.len, &access, 1).result())?;
+        }
+        Ok(mapping)
+    }
+
+    /// A copy of `len` bytes at `ptr` in new physical memory, for a worker on this GPU: its
+    /// descriptor keeps it alive (its handle here is released).
+    fn copy_for_move(&self, ptr: u64, len: u64) -> CudaResult<super::MovedSpan> {
+        let prop = self.allocation_prop(1)?;
+        let mut page = 0usize;
+        // SAFETY: valid out-pointer and a complete properties struct.
+        check(unsafe {
+            sys::cuMemGetAllocationGranularity(&mut page, &prop, sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+                .result()
+        })?;
+        let size = len.div_ceil(page.max(1) as u64) * page.max(1) as u64;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer and a complete properties struct.
+        check(unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0).result() })?;
+        let copy = self.map_anywhere(handle, size)?;
+        self.copy_dtod(copy.at, ptr, len, self.null_stream())?;
+        self.synchronize()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: the allocation was made with a POSIX descriptor as its shareable handle type;
+        // valid out-pointer for the descriptor.
+        check(unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&raw mut fd).cast(),
+                handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+            .result()
+        })?;
+        // SAFETY: the driver just made this descriptor for us; nothing else owns it.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(super::MovedSpan { start: ptr, len: size, copy_len: len, fd })
+    }
+
     fn location(&self) -> sys::CUmemLocation {
         sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.device }
     }
@@ -646,17 +721,21 @@ impl Device for CudaDevice {
                             .result()
                         })?;
                         // SAFETY: the driver just made this descriptor for us; nothing else owns it.
-                        moved.spans.push((start, span_len, unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }));
+                        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+                        moved.spans.push(super::MovedSpan { start, len: span_len, copy_len: span_len, fd });
                     }
                 }
-                None => moved.ipc.push((ptr, len, self.ipc_mem_handle(ptr)?)),
+                None => match self.ipc_mem_handle(ptr) {
+                    Ok(handle) => moved.ipc.push((ptr, len, handle)),
+                    // Memory the driver shares by no IPC handle (a pool's) goes over in a copy.
+                    Err(_) => moved.spans.push(self.copy_for_move(ptr, len)?),
+                },
             }
         }
         Ok(moved)
     }
 
     fn import_for_move(&self, moved: super::MovedMemory) -> Result<(), String> {
-        let access = sys::CUmemAccessDesc { location: self.location(), flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         let null = self.null_stream();
         let mut opened = Vec::new();
         let mut mapped = Vec::new();
@@ -671,47 +750,32 @@ impl Device for CudaDevice {
                 }
                 self.copy_dtod(*ptr, source, *len, null).map_err(|error| format!("copying {len} bytes to {ptr:#x}: {error}"))?;
             }
-            for (start, len, fd) in &moved.spans {
+            for span in &moved.spans {
+                let start = span.start;
                 let mut handle: sys::CUmemGenericAllocationHandle = 0;
-                let mut at: sys::CUdeviceptr = 0;
-                let size = *len as usize;
-                // SAFETY: valid out-pointers; the descriptor came from the source worker's
-                // export; what is imported and mapped is undone below once the copy is done.
-                unsafe {
-                    check(
-                        sys::cuMemImportFromShareableHandle(
-                            &mut handle,
-                            std::os::fd::AsRawFd::as_raw_fd(fd) as usize as *mut std::ffi::c_void,
-                            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                        )
-                        .result(),
+                // SAFETY: valid out-pointer; the descriptor came from the source worker's export.
+                check(unsafe {
+                    sys::cuMemImportFromShareableHandle(
+                        &mut handle,
+                        std::os::fd::AsRawFd::as_raw_fd(&span.fd) as usize as *mut std::ffi::c_void,
+                        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                     )
-                    .map_err(|error| format!("importing the memory at {start:#x}: {error}"))?;
-                    if let Err(error) = check(sys::cuMemAddressReserve(&mut at, size, 0, 0, 0).result()) {
-                        sys::cuMemRelease(handle);
-                        return Err(format!("addresses for the memory at {start:#x}: {error}"));
-                    }
-                    mapped.push((at, size, handle));
-                    check(sys::cuMemMap(at, size, 0, handle, 0).result())
-                        .map_err(|error| format!("mapping the memory at {start:#x}: {error}"))?;
-                    check(sys::cuMemSetAccess(at, size, &access, 1).result())
-                        .map_err(|error| format!("access to the memory at {start:#x}: {error}"))?;
-                }
-                self.copy_dtod(*start, at, *len, null).map_err(|error| format!("copying {len} bytes to {start:#x}: {error}"))?;
+                    .result()
+                })
+                .map_err(|error| format!("importing the memory at {start:#x}: {error}"))?;
+                let source = self.map_anywhere(handle, span.len).map_err(|error| format!("mapping the memory at {start:#x}: {error}"))?;
+                let at = source.at;
+                mapped.push(source);
+                self.copy_dtod(start, at, span.copy_len, null)
+                    .map_err(|error| format!("copying {} bytes to {start:#x}: {error}", span.copy_len))?;
             }
             self.synchronize().map_err(|error| format!("copying the moved memory: {error}"))
         })();
         for source in opened {
             let _ = self.ipc_close_mem(source);
         }
-        for (at, size, handle) in mapped {
-            // SAFETY: mapped (or reserved only) above; the copies from it are done or failed.
-            unsafe {
-                sys::cuMemUnmap(at, size);
-                sys::cuMemAddressFree(at, size);
-                sys::cuMemRelease(handle);
-            }
-        }
+        // The copies from the mappings are done (or failed): they go.
+        drop(mapped);
         outcome
     }
 

@@ -137,9 +137,21 @@ pub enum BackendKind {
 pub struct MovedMemory {
     /// Driver allocations (`cuMemAlloc`): address, length and CUDA IPC handle.
     pub ipc: Vec<(u64, u64, [u8; 64])>,
-    /// Physical allocations of a session restored before: start, length and a descriptor of the
-    /// memory (`cuMemExportToShareableHandle`).
-    pub spans: Vec<(u64, u64, std::os::fd::OwnedFd)>,
+    /// Physical memory shared by descriptor: spans of a session restored before, and copies of
+    /// allocations the driver shares by no IPC handle (a pool's).
+    pub spans: Vec<MovedSpan>,
+}
+
+/// Physical memory of a paused session handed over by descriptor (`cuMemExportToShareableHandle`).
+#[derive(Debug)]
+pub struct MovedSpan {
+    /// Where its bytes go: the app's address.
+    pub start: u64,
+    /// Its size (whole pages).
+    pub len: u64,
+    /// How many of its bytes are the app's.
+    pub copy_len: u64,
+    pub fd: std::os::fd::OwnedFd,
 }
 
 pub trait Device: Send + Sync + 'static {

@@ -88,9 +88,9 @@ struct Manifest {
 struct HandoverState {
     /// Driver allocations: address, length, CUDA IPC handle (64 bytes).
     ipc: Vec<(u64, u64, Vec<u8>)>,
-    /// Physical allocations (start, length) whose descriptors the paused worker gives, in this
-    /// order, to whoever connects to `socket`.
-    spans: Vec<(u64, u64)>,
+    /// Physical memory (start, length, bytes of the app's) whose descriptors the paused worker
+    /// gives, in this order, to whoever connects to `socket`.
+    spans: Vec<(u64, u64, u64)>,
     socket: Option<String>,
 }
 
@@ -530,7 +530,12 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
                 let handle = <[u8; 64]>::try_from(handle.as_slice()).map_err(|_| format!("a bad IPC handle for {ptr:#x}"))?;
                 ipc.push((*ptr, *len, handle));
             }
-            let spans = handover.spans.iter().zip(spans).map(|((start, len), fd)| (*start, *len, fd)).collect();
+            let spans = handover
+                .spans
+                .iter()
+                .zip(spans)
+                .map(|(&(start, len, copy_len), fd)| crate::backend::MovedSpan { start, len, copy_len, fd })
+                .collect();
             let started = Instant::now();
             device.import_for_move(crate::backend::MovedMemory { ipc, spans })?;
             tracing::info!(took_us = started.elapsed().as_micros() as u64, "device memory copied from the paused session, GPU to GPU");
@@ -679,7 +684,7 @@ impl<D: Device> Session<D> {
         let socket_path = path.with_extension("handover");
         let handover = moved.as_ref().map(|moved| HandoverState {
             ipc: moved.ipc.iter().map(|(ptr, len, handle)| (*ptr, *len, handle.to_vec())).collect(),
-            spans: moved.spans.iter().map(|(start, len, _)| (*start, *len)).collect(),
+            spans: moved.spans.iter().map(|span| (span.start, span.len, span.copy_len)).collect(),
             socket: (!moved.spans.is_empty()).then(|| socket_path.display().to_string()),
         });
         let manifest = Manifest {
@@ -741,7 +746,7 @@ impl<D: Device> Session<D> {
         })?;
         let socket = match moved {
             Some(moved) if !moved.spans.is_empty() => {
-                let fds = moved.spans.into_iter().map(|(_, _, fd)| fd).collect();
+                let fds = moved.spans.into_iter().map(|span| span.fd).collect();
                 Some(HandoverSocket::serve(socket_path, fds).inspect_err(|_| {
                     let _ = std::fs::remove_file(&path);
                 })?)
