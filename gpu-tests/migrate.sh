@@ -54,7 +54,7 @@ cc -std=gnu11 -O2 -Wall -I"$CUDA_INC" -I"$here/../cuda-shim/cdylib/tests/c" \
     "$here/../cuda-shim/cdylib/tests/c/migrate_loop.c" -o "$W/migrate_loop" -L"$DIST/lib" -l:libcuda.so.1 || { echo "build failed"; exit 1; }
 NVCC=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
 "$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_app" "$here/migration/migrate_app.cu" || { echo "nvcc failed"; exit 1; }
-"$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_objects" "$here/migration/migrate_objects.cu" || { echo "nvcc failed"; exit 1; }
+"$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_objects" "$here/migration/migrate_objects.cu" -lcuda || { echo "nvcc failed"; exit 1; }
 # Hide the GPU from Flyt's apps: device nodes and the driver's libcuda files.
 HIDE=$W/hide.list
 : >"$HIDE"

@@ -2,7 +2,9 @@
 // "objects"), holding what plain allocations do not: stream-ordered allocations from the default
 // memory pool and from a pool of its own (made current, both with attributes it set), a 2D array
 // read through a texture object, a mipmapped array read through a texture at level 1, and an
-// array kernels write and read through a surface object. Every round a kernel reads the
+// array kernels write and read through a surface object, and memory it maps itself with the
+// driver's virtual memory API (a reservation, two physical allocations, one of them released
+// while mapped). Every round a kernel reads the
 // textures and the surface and steps the pool memory and the surface; every tenth round the
 // checksums come back and are printed. Integer arithmetic and point sampling only, so the output
 // is the same natively and through Flyt, moved or not. The pool pointers and the objects'
@@ -11,6 +13,7 @@
 // Arguments: rounds (default 200), milliseconds between rounds (default 10), and a gate file:
 // halfway, the program keeps a stream busy with kernels on a scratch buffer (which the output
 // does not show) until that file exists, so a script can move it as often as it likes mid-run.
+#include <cuda.h>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -28,6 +31,20 @@
 constexpr int W = 64, H = 32;                 // the 2D array and the surface, in elements
 constexpr int MW = 32, MH = 16;               // level 0 of the mipmapped array
 constexpr size_t WORDS_A = 1 << 20, WORDS_B = 3000;  // pool allocations, in words
+
+#define CHECK_DRIVER(call)                                                  \
+    do {                                                                    \
+        CUresult check_result = (call);                                     \
+        if (check_result != CUDA_SUCCESS) {                                 \
+            printf("FAIL line %d: %s: %d\n", __LINE__, #call, check_result); \
+            exit(1);                                                        \
+        }                                                                   \
+    } while (0)
+
+__global__ void step_mapped(unsigned *v, size_t words, const unsigned *a, unsigned round) {
+    for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < words; i += gridDim.x * blockDim.x)
+        v[i] = v[i] * 134775813u + a[i % WORDS_A] + round;
+}
 
 __global__ void step(unsigned *a, unsigned *b, cudaTextureObject_t plane, cudaTextureObject_t mip,
                      cudaSurfaceObject_t surface, unsigned round) {
@@ -132,12 +149,33 @@ int main(int argc, char **argv) {
     cudaSurfaceObject_t surface;
     CHECK(cudaCreateSurfaceObject(&surface, &res));
 
+    // Memory mapped with the driver's virtual memory API.
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t page = 0;
+    CHECK_DRIVER(cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUdeviceptr reserved = 0;
+    CHECK_DRIVER(cuMemAddressReserve(&reserved, 4 * page, 0, 0, 0));
+    CUmemGenericAllocationHandle physical[2];
+    for (int m = 0; m < 2; m++) {
+        CHECK_DRIVER(cuMemCreate(&physical[m], page, &prop, 0));
+        CHECK_DRIVER(cuMemMap(reserved + m * page, page, 0, physical[m], 0));
+    }
+    CUmemAccessDesc readwrite = {prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK_DRIVER(cuMemSetAccess(reserved, 2 * page, &readwrite, 1));
+    CHECK_DRIVER(cuMemRelease(physical[1]));
+    unsigned *v = (unsigned *)reserved;
+    size_t words_v = 2 * page / 4;
+    CHECK(cudaMemsetAsync(v, 0, 2 * page, stream));
+
     unsigned long long *sums, *sums_host;
     unsigned *scratch;
-    CHECK(cudaMalloc((void **)&sums, 3 * sizeof(unsigned long long)));
+    CHECK(cudaMalloc((void **)&sums, 4 * sizeof(unsigned long long)));
     CHECK(cudaMalloc((void **)&scratch, 1024 * 4));
-    CHECK(cudaMallocHost((void **)&sums_host, 3 * sizeof(unsigned long long)));
-    printf("pointers: %p %p objects %llu %llu %llu\n", (void *)a, (void *)b, (unsigned long long)plane_tex,
+    CHECK(cudaMallocHost((void **)&sums_host, 4 * sizeof(unsigned long long)));
+    printf("pointers: %p %p %p objects %llu %llu %llu\n", (void *)a, (void *)b, (void *)v, (unsigned long long)plane_tex,
            (unsigned long long)mip_tex, (unsigned long long)surface);
     fflush(stdout);
 
@@ -145,15 +183,18 @@ int main(int argc, char **argv) {
     for (int round = 0; round < rounds; round++) {
         step<<<64, 256, 0, stream>>>(a, b, plane_tex, mip_tex, surface, round);
         stir<<<H, W, 0, stream>>>(a, surface, round);
+        step_mapped<<<64, 256, 0, stream>>>(v, words_v, a, round);
         CHECK(cudaGetLastError());
         if (round % 10 == 9) {
-            CHECK(cudaMemsetAsync(sums, 0, 3 * sizeof(unsigned long long), stream));
+            CHECK(cudaMemsetAsync(sums, 0, 4 * sizeof(unsigned long long), stream));
             checksum<<<64, 256, 0, stream>>>(a, WORDS_A, sums);
             checksum<<<8, 256, 0, stream>>>(b, WORDS_B, sums + 1);
             surface_sum<<<H, W, 0, stream>>>(surface, sums + 2);
-            CHECK(cudaMemcpyAsync(sums_host, sums, 3 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+            checksum<<<64, 256, 0, stream>>>(v, words_v, sums + 3);
+            CHECK(cudaMemcpyAsync(sums_host, sums, 4 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
             CHECK(cudaStreamSynchronize(stream));
-            printf("round %d: pool %016llx %016llx surface %016llx\n", round + 1, sums_host[0], sums_host[1], sums_host[2]);
+            printf("round %d: pool %016llx %016llx surface %016llx mapped %016llx\n", round + 1, sums_host[0], sums_host[1], sums_host[2],
+                   sums_host[3]);
             fflush(stdout);
         }
         if (gate && round == rounds / 2) {
@@ -172,8 +213,11 @@ int main(int argc, char **argv) {
     cudaMemPool_t current;
     CHECK(cudaDeviceGetMemPool(&current, 0));
     printf("pool threshold %llu, own pool current: %s\n", got, current == own ? "yes" : "no");
-    printf("pointers: %p %p objects %llu %llu %llu\n", (void *)a, (void *)b, (unsigned long long)plane_tex,
+    printf("pointers: %p %p %p objects %llu %llu %llu\n", (void *)a, (void *)b, (void *)v, (unsigned long long)plane_tex,
            (unsigned long long)mip_tex, (unsigned long long)surface);
+    CHECK_DRIVER(cuMemUnmap(reserved, 2 * page));
+    CHECK_DRIVER(cuMemRelease(physical[0]));
+    CHECK_DRIVER(cuMemAddressFree(reserved, 4 * page));
     CHECK(cudaFreeAsync(a, stream));
     CHECK(cudaFreeAsync(b, stream));
     CHECK(cudaMallocAsync((void **)&a, 1 << 20, stream));

@@ -779,11 +779,11 @@ impl Device for CudaDevice {
         outcome
     }
 
-    fn restore_allocations(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+    fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String> {
         // Shareable as a descriptor, so a later move on this GPU can hand the memory over.
         let prop = self.allocation_prop(1).map_err(|error| error.to_string())?;
         let access = sys::CUmemAccessDesc { location: self.location(), flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-        self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restore(allocations, &prop, &access)
+        self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restore(allocations, reservations, &prop, &access)
     }
 
     fn mem_get_info(&self) -> CudaResult<(u64, u64)> {
@@ -1762,6 +1762,10 @@ impl Device for CudaDevice {
     }
 
     fn mem_address_free(&self, ptr: u64, size: u64) -> CudaResult<()> {
+        if self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).forget_reservation(ptr, size) {
+            // Inside a larger reservation of the restore's, which holds the addresses on.
+            return Ok(());
+        }
         // SAFETY: a whole reservation of the session's with nothing mapped (checked by it).
         check(unsafe { sys::cuMemAddressFree(ptr, size as usize).result() })
     }

@@ -7,6 +7,8 @@
 //! spans rounded out to whole GiBs; where the driver already uses part of that (it offers another
 //! address), the spans are reserved again with finer rounding, down to the spans themselves. An
 //! address the driver will not give back at all fails the restore before the app has moved.
+//! The app's own address reservations (`cuMemAddressReserve`) are held the same way, and its
+//! mappings are made again inside them.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -31,6 +33,8 @@ pub(super) struct RestoredMemory {
     spans: BTreeMap<u64, Span>,
     /// Each restored allocation's span.
     span_of: HashMap<u64, u64>,
+    /// The app's reservations (start, length), inside reservations made here.
+    app_reservations: std::collections::HashSet<(u64, u64)>,
 }
 
 fn round_down(value: u64, align: u64) -> u64 {
@@ -112,10 +116,12 @@ fn reserve_spans(spans: &[(u64, u64)], level: usize) -> Result<(), String> {
 }
 
 impl RestoredMemory {
-    /// Maps memory under every allocation of `allocations` (start, length) at its address.
+    /// Maps memory under every allocation of `allocations` (start, length) at its address, and
+    /// holds the addresses of `reservations` (the app's, whole pages) for their mappings.
     pub(super) fn restore(
         &mut self,
         allocations: &[(u64, u64)],
+        reservations: &[(u64, u64)],
         prop: &sys::CUmemAllocationProp,
         access: &sys::CUmemAccessDesc,
     ) -> Result<(), String> {
@@ -128,7 +134,9 @@ impl RestoredMemory {
             return Err(format!("cuMemGetAllocationGranularity: {code:?}"));
         }
         let spans = spans(allocations, page as u64)?;
-        reserve_spans(&spans, 0)?;
+        let everything: Vec<_> = allocations.iter().chain(reservations).copied().collect();
+        reserve_spans(&self::spans(&everything, page as u64)?, 0)?;
+        self.app_reservations.extend(reservations.iter().copied());
         for (start, end) in spans {
             let len = (end - start) as usize;
             let mut handle: sys::CUmemGenericAllocationHandle = 0;
@@ -163,6 +171,12 @@ impl RestoredMemory {
             self.span_of.insert(ptr, start);
         }
         Ok(())
+    }
+
+    /// Forgets the app's reservation `ptr..ptr + len` if it is one restored here (its addresses
+    /// stay held until the worker exits); `false` when it is not.
+    pub(super) fn forget_reservation(&mut self, ptr: u64, len: u64) -> bool {
+        self.app_reservations.remove(&(ptr, len))
     }
 
     /// The span (start, length, physical handle) holding restored allocation `ptr`.

@@ -311,16 +311,27 @@ impl Device for EmulatedDevice {
         Err("the emulated device shares no memory between workers".into())
     }
 
-    fn restore_allocations(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+    fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String> {
         let mut state = self.state();
         let total: u64 = allocations.iter().map(|(_, len)| len).sum();
         if total > self.config.memory - state.used {
             return Err(format!("{total} bytes do not fit this device"));
         }
+        let taken = |state: &State, ptr: u64, end: u64| {
+            state.blocks.iter().any(|(start, block)| *start < end && ptr < start + block.len() as u64)
+                || state.reserved.iter().any(|(start, len)| *start < end && ptr < start + len)
+        };
+        for &(ptr, len) in reservations {
+            let end = ptr.checked_add(len).ok_or("a reservation runs past the address space")?;
+            if taken(&state, ptr, end) {
+                return Err(format!("addresses {ptr:#x}..{end:#x} are taken on this device"));
+            }
+            state.reserved.insert(ptr, len);
+            state.next_address = state.next_address.max(end.div_ceil(ALIGNMENT) * ALIGNMENT);
+        }
         for &(ptr, len) in allocations {
             let end = ptr.checked_add(len).ok_or("an allocation runs past the address space")?;
-            let overlaps = state.blocks.iter().any(|(start, block)| *start < end && ptr < start + block.len() as u64);
-            if overlaps {
+            if taken(&state, ptr, end) {
                 return Err(format!("address {ptr:#x} is taken on this device"));
             }
             state.blocks.insert(ptr, vec![0; usize::try_from(len).map_err(|_| "allocation too large")?]);

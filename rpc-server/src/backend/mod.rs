@@ -189,8 +189,10 @@ pub trait Device: Send + Sync + 'static {
     fn malloc(&self, size: u64) -> CudaResult<u64>;
     fn free(&self, ptr: u64) -> CudaResult<()>;
     /// Allocates a moved session's allocations (start, length) at those very addresses, so the
-    /// pointers its app holds stay valid; `Err` says why not. `free` frees them like any other.
-    fn restore_allocations(&self, allocations: &[(u64, u64)]) -> Result<(), String>;
+    /// pointers its app holds stay valid, and reserves its own address reservations
+    /// (`cuMemAddressReserve`) there too, for its mappings to be made again; `Err` says why not.
+    /// `free` and `mem_address_free` free them like any other.
+    fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String>;
     /// Exports the memory of `allocations` for another worker on this GPU (a move on one node).
     fn export_for_move(&self, allocations: &[(u64, u64)]) -> CudaResult<MovedMemory>;
     /// Copies another worker's exported memory into this worker's restored allocations at the

@@ -58,14 +58,17 @@ pub struct ArrayTable<D: Device> {
     objects: HashMap<u64, Object>,
 }
 
+/// A mipmapped array in a snapshot: id, descriptor, level count and the levels the app named
+/// (id, level).
+type MipmapState = (u64, ArrayDesc, u32, Vec<(u64, u32)>);
+
 /// The session's arrays and objects in a snapshot; the arrays' bytes follow in the file, each
 /// array whole, then each mipmapped array level by level.
 #[derive(Serialize, Deserialize)]
 pub(super) struct ArraysState {
     /// Id and descriptor.
     arrays: Vec<(u64, ArrayDesc)>,
-    /// Id, descriptor, level count and the levels the app named (id, level).
-    mipmaps: Vec<(u64, ArrayDesc, u32, Vec<(u64, u32)>)>,
+    mipmaps: Vec<MipmapState>,
     /// By handle, ascending.
     objects: Vec<(u64, Object)>,
 }
@@ -156,7 +159,9 @@ impl<D: Device> ArrayTable<D> {
                 for (pos, extent) in pieces(&desc, chunk)? {
                     let len = (extent.width * extent.height) as usize;
                     let mut staging = device.staging(len).map_err(|error| format!("staging: {error}"))?;
-                    input.read_exact(&mut D::staging_bytes(&mut staging)[..len]).map_err(|error| format!("reading the snapshot: {error}"))?;
+                    input
+                        .read_exact(&mut D::staging_bytes(&mut staging)[..len])
+                        .map_err(|error| format!("reading the snapshot: {error}"))?;
                     device
                         .copy_staged_to_shaped(Side::Array { array, pos }, extent, staging, device.null_stream())
                         .map_err(|error| format!("writing an array: {error}"))?;
@@ -181,7 +186,10 @@ impl<D: Device> ArrayTable<D> {
                 let resource = match resource {
                     Resource::Array { array: id } => TexResource::Array(array(id)?),
                     Resource::Mipmapped { array: id } => TexResource::Mipmapped(
-                        self.mipmaps.get(id).map(|entry| entry.mipmap).ok_or(format!("a texture names mipmapped array {id}, which is gone"))?,
+                        self.mipmaps
+                            .get(id)
+                            .map(|entry| entry.mipmap)
+                            .ok_or(format!("a texture names mipmapped array {id}, which is gone"))?,
                     ),
                     memory => TexResource::Memory(*memory),
                 };
@@ -205,7 +213,9 @@ impl<D: Device> ArrayTable<D> {
                     }
                     fillers.push((made, object.is_surface()));
                     if made > *handle || fillers.len() > MAX_HANDLES {
-                        return Err(format!("texture or surface object {handle} cannot be made again under its handle here (the driver gives {made})"));
+                        return Err(format!(
+                            "texture or surface object {handle} cannot be made again under its handle here (the driver gives {made})"
+                        ));
                     }
                 }
             }
@@ -498,7 +508,9 @@ impl<D: Device> Session<D> {
                     self.arrays.arrays.insert(request.array, ArrayEntry { array, desc, level_of: None });
                 }),
                 Some(levels) => self.device.mipmap_create(&desc, levels).map(|mipmap| {
-                    self.arrays.mipmaps.insert(request.array, MipmapEntry { mipmap, desc, count: levels, levels: Vec::new(), charged: bytes });
+                    self.arrays
+                        .mipmaps
+                        .insert(request.array, MipmapEntry { mipmap, desc, count: levels, levels: Vec::new(), charged: bytes });
                 }),
             };
             if made.is_err() {
@@ -593,9 +605,11 @@ impl<D: Device> Session<D> {
 
     pub(super) fn drop_object(&mut self, request: req::ObjectDestroy, reply: Responder<rep::ObjectDestroy>) {
         let result = match self.arrays.objects.get(&request.handle) {
-            Some(object) if object.is_surface() == request.surface => self.device.object_destroy(request.handle, request.surface).map(|()| {
-                self.arrays.objects.remove(&request.handle);
-            }),
+            Some(object) if object.is_surface() == request.surface => {
+                self.device.object_destroy(request.handle, request.surface).map(|()| {
+                    self.arrays.objects.remove(&request.handle);
+                })
+            }
             _ => Err(CudaError::INVALID_VALUE),
         };
         reply.send(result.map(|()| rep::ObjectDestroy {}));

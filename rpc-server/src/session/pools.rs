@@ -67,7 +67,9 @@ impl<D: Device> PoolTable<D> {
                 .map_err(|error| format!("memory pool {id}: {error}"))?;
                 table.pools.insert(id, pool);
                 for (&attribute, &value) in &settings.attributes {
-                    device.pool_attribute(pool, attribute, Some(value)).map_err(|error| format!("memory pool {id}'s attribute {attribute}: {error}"))?;
+                    device
+                        .pool_attribute(pool, attribute, Some(value))
+                        .map_err(|error| format!("memory pool {id}'s attribute {attribute}: {error}"))?;
                 }
                 if let Some(flags) = settings.access {
                     device.pool_access(pool, Some(flags)).map_err(|error| format!("memory pool {id}'s access: {error}"))?;
@@ -154,10 +156,10 @@ impl<D: Device> Session<D> {
     pub(super) fn pool_attribute(&mut self, request: req::MemPoolAttribute, reply: Responder<rep::MemPoolAttribute>) {
         let id = if request.pool == 0 { self.pools.current } else { request.pool };
         let result = self.pool(id).and_then(|pool| self.device.pool_attribute(pool, request.attribute, request.value));
-        if let (Ok(_), Some(value)) = (&result, request.value) {
-            if SETTABLE_ATTRIBUTES.contains(&request.attribute) {
-                self.pools.settings.entry(id).or_default().attributes.insert(request.attribute, value);
-            }
+        if let (Ok(_), Some(value)) = (&result, request.value)
+            && SETTABLE_ATTRIBUTES.contains(&request.attribute)
+        {
+            self.pools.settings.entry(id).or_default().attributes.insert(request.attribute, value);
         }
         reply.send(result.map(|value| rep::MemPoolAttribute { value }));
     }

@@ -1,10 +1,11 @@
 //! Checkpoint and restore: a session written to one file and made again in another worker (on
 //! this server or another), with every pointer, stream, event, module and kernel its app holds
 //! valid as before. Device memory comes back at its old addresses (`Device::restore_allocations`,
-//! stream-ordered allocations of pools too); streams, events, modules, pools and arrays are the
-//! client's own ids, mapped to new driver objects; texture and surface objects come back under
-//! their handles. What cannot be made again that way (graphs, VMM, IPC, a VM's ivshmem
-//! region...) makes the checkpoint fail with the reason, before the app has paused for long.
+//! stream-ordered allocations of pools too, and the app's own reservations and mappings);
+//! streams, events, modules, pools, arrays and physical allocations are the client's own ids,
+//! mapped to new driver objects; texture and surface objects come back under their handles.
+//! What cannot be made again that way (graphs, IPC, a VM's ivshmem region...) makes the
+//! checkpoint fail with the reason, before the app has paused for long.
 //!
 //! The pause: the control thread asks (`MoveControl::ask`) and sends `Notice::Pause`; the client
 //! answers with `Pause` after its last request and holds new calls; that op reaches the session
@@ -12,8 +13,8 @@
 //! the decision: move (the client reconnects elsewhere with the snapshot's name) or stay.
 //!
 //! File: `FLYTSNP2`, the manifest's length (8 bytes, little-endian) and the manifest, then each
-//! allocation's bytes and each module variable's bytes in manifest order, then the arrays'
-//! bytes (`ArraysState`).
+//! allocation's bytes, each mapping's bytes and each module variable's bytes in manifest order,
+//! then the arrays' bytes (`ArraysState`).
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -79,6 +80,7 @@ struct Manifest {
     segment: Option<SegmentState>,
     pools: super::pools::PoolsState,
     arrays: super::arrays::ArraysState,
+    vmm: super::vmm::VmmState,
     /// Device memory left on the GPU for a worker there: the file then holds no allocation bytes.
     handover: Option<HandoverState>,
 }
@@ -192,9 +194,12 @@ fn receive_descriptors(path: &str, count: usize) -> Result<Vec<std::os::fd::Owne
 /// over on the GPU), then each module's variables.
 fn manifest_ranges(manifest: &Manifest) -> Vec<(u64, u64)> {
     let variables = manifest.modules.iter().flat_map(|module| module.variables.iter().map(|(_, address, size)| (*address, *size)));
-    // Allocations handed over on the GPU are not in the file.
-    let allocations = if manifest.handover.is_some() { &[][..] } else { &manifest.allocations[..] };
-    allocations.iter().copied().chain(variables).collect()
+    // Allocations and mappings handed over on the GPU are not in the file.
+    let moved = match manifest.handover {
+        Some(_) => Vec::new(),
+        None => manifest.allocations.iter().copied().chain(manifest.vmm.mapped()).collect(),
+    };
+    moved.into_iter().chain(variables).collect()
 }
 
 /// A snapshot name: 32 hex digits from the system's random source.
@@ -413,6 +418,7 @@ pub struct Restored<D: Device> {
     moved_variables: Vec<(u64, u64, u64)>,
     pools: super::pools::PoolTable<D>,
     arrays: super::arrays::ArrayTable<D>,
+    vmm: super::vmm::VmmTable<D>,
 }
 
 impl<D: Device> Restored<D> {
@@ -465,7 +471,7 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
     }
     let mut bytes = vec![0u8; len as usize];
     input.read_exact(&mut bytes).map_err(|error| format!("{}: {error}", path.display()))?;
-    let manifest: Manifest = flyt_protocol::frame::decode_exact(&bytes).map_err(|error| format!("{}: {error}", path.display()))?;
+    let mut manifest: Manifest = flyt_protocol::frame::decode_exact(&bytes).map_err(|error| format!("{}: {error}", path.display()))?;
     drop(bytes);
     let here = capability(device);
     if manifest.emulated != device.emulated() || manifest.capability.0 != here.0 {
@@ -479,7 +485,9 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
             if device.emulated() { " (emulated)" } else { "" }
         ));
     }
-    let total: u64 = manifest.allocations.iter().map(|(_, len)| len).sum::<u64>() + super::arrays::state_bytes(&manifest.arrays);
+    let total: u64 = manifest.allocations.iter().map(|(_, len)| len).sum::<u64>()
+        + super::arrays::state_bytes(&manifest.arrays)
+        + manifest.vmm.charged();
     if !budget.try_reserve(total) {
         return Err(format!("its {total} bytes of device memory exceed what this server's quota has free"));
     }
@@ -489,7 +497,9 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
     let held: Vec<_> =
         manifest.modules.iter().flat_map(|module| module.variables.iter().map(|(_, address, size)| (*address, *size))).collect();
     let reserved: Vec<_> = manifest.allocations.iter().copied().chain(held).collect();
-    device.restore_allocations(&reserved)?;
+    device.restore_allocations(&reserved, manifest.vmm.reservations())?;
+    let mapped = manifest.vmm.mapped();
+    let vmm = super::vmm::VmmTable::restore(device, std::mem::take(&mut manifest.vmm))?;
     let mut modules = HashMap::new();
     let mut moved_variables = Vec::new();
     let mut variables_here = Vec::new();
@@ -519,7 +529,7 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
         modules.insert(state.id, loaded);
     }
     let ranges: Vec<_> = match &manifest.handover {
-        None => manifest.allocations.iter().copied().chain(variables_here).collect(),
+        None => manifest.allocations.iter().copied().chain(mapped).chain(variables_here).collect(),
         Some(handover) => {
             let spans = match &handover.socket {
                 Some(socket) => receive_descriptors(socket, handover.spans.len())?,
@@ -573,6 +583,7 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
         moved_variables,
         pools,
         arrays,
+        vmm,
     })
 }
 
@@ -599,6 +610,10 @@ impl<D: Device> Session<D> {
         self.may_print = restored.may_print;
         self.pools = restored.pools;
         self.arrays = restored.arrays;
+        for (start, len) in restored.vmm.mapped() {
+            self.ranges.insert(start, len, RangeKind::Mapping);
+        }
+        self.vmm = restored.vmm;
         for (app_address, len, here) in restored.moved_variables {
             self.moved_variables.insert(app_address, len, here);
         }
@@ -618,11 +633,7 @@ impl<D: Device> Session<D> {
         if !self.links.is_empty() {
             return Some(format!("{} JIT link(s) are under way", self.links.len()));
         }
-        self.graphs
-            .move_blocker()
-            .or_else(|| self.vmm.move_blocker())
-            .or_else(|| self.ipc.move_blocker())
-            .or_else(|| self.tensor_maps.move_blocker())
+        self.graphs.move_blocker().or_else(|| self.ipc.move_blocker()).or_else(|| self.tensor_maps.move_blocker())
     }
 
     /// Drains the session's work and writes its snapshot into `dir`.
@@ -666,7 +677,8 @@ impl<D: Device> Session<D> {
         let mut events: Vec<_> = self.event_flags.iter().map(|(id, flags)| (*id, *flags)).collect();
         events.sort_unstable();
         let arrays = self.arrays.state();
-        let device_bytes = allocations.iter().map(|(_, len)| len).sum::<u64>()
+        let vmm = self.vmm.state();
+        let device_bytes = allocations.iter().chain(&vmm.mapped()).map(|(_, len)| len).sum::<u64>()
             + modules.iter().flat_map(|module| module.variables.iter().map(|(_, _, size)| size)).sum::<u64>()
             + super::arrays::state_bytes(&arrays);
         let name = new_name()?;
@@ -676,7 +688,7 @@ impl<D: Device> Session<D> {
         let moved = match on_device {
             true => Some(
                 self.device
-                    .export_for_move(&allocations)
+                    .export_for_move(&allocations.iter().copied().chain(vmm.mapped()).collect::<Vec<_>>())
                     .map_err(|error| format!("its device memory cannot be handed over on this GPU: {error}"))?,
             ),
             false => None,
@@ -702,6 +714,7 @@ impl<D: Device> Session<D> {
             }),
             pools: self.pools.state(),
             arrays,
+            vmm,
             handover,
         };
         let partial = path.with_extension("partial");

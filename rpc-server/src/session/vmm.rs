@@ -2,26 +2,44 @@
 //! physical allocations under client-chosen ids, counted in the quota; every range checked
 //! against the session's own reservations and mappings before the driver sees it, so a tenant can
 //! map, unmap or free only what it made.
+//!
+//! A session moves with all of it: its reservations are held at their addresses where it goes
+//! (`Device::restore_allocations`), each physical allocation is made again (one the app released
+//! but still maps, too, for as long as it is mapped), each mapping is made at its address with
+//! its offset and access, and the mapped bytes travel like allocations' bytes.
 
 use std::collections::{BTreeMap, HashMap};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::ops::{rep, req};
+use serde::{Deserialize, Serialize};
 
 use super::{MAX_HANDLES, Responder, Session};
 use crate::backend::Device;
 use crate::memory::RangeKind;
 
-/// One mapping: its length.
-#[derive(Clone, Copy)]
+/// A physical allocation: its size and the shareable handle types it was made with.
+#[derive(Clone, Copy, Serialize, Deserialize)]
+struct Physical {
+    size: u64,
+    handle_types: u32,
+}
+
+/// One mapping: its length, and what it maps (the app's id of the physical allocation, which it
+/// may have released since) from which offset, with the access last set.
+#[derive(Clone, Copy, Serialize, Deserialize)]
 struct Mapping {
     len: u64,
+    physical: u64,
+    of: Physical,
+    offset: u64,
+    access: Option<u32>,
 }
 
 /// The session's reservations, physical allocations and mappings.
 pub struct VmmTable<D: Device> {
     reservations: BTreeMap<u64, u64>,
-    handles: HashMap<u64, (D::MemHandle, u64)>,
+    handles: HashMap<u64, (D::MemHandle, Physical)>,
     mappings: BTreeMap<u64, Mapping>,
 }
 
@@ -31,16 +49,103 @@ impl<D: Device> Default for VmmTable<D> {
     }
 }
 
+/// The session's virtual memory in a snapshot; the mapped bytes are in the file with the
+/// allocations' (`mapped`).
+#[derive(Default, Serialize, Deserialize)]
+pub(super) struct VmmState {
+    /// Start and length.
+    reservations: Vec<(u64, u64)>,
+    /// The app's id of each physical allocation it holds.
+    handles: Vec<(u64, Physical)>,
+    /// By start.
+    mappings: Vec<(u64, Mapping)>,
+}
+
+impl VmmState {
+    pub(super) fn reservations(&self) -> &[(u64, u64)] {
+        &self.reservations
+    }
+
+    /// The mapped ranges (start, length), whose bytes move.
+    pub(super) fn mapped(&self) -> Vec<(u64, u64)> {
+        self.mappings.iter().map(|(start, mapping)| (*start, mapping.len)).collect()
+    }
+
+    /// The bytes of physical allocations the app holds (the quota's share).
+    pub(super) fn charged(&self) -> u64 {
+        self.handles.iter().map(|(_, physical)| physical.size).sum()
+    }
+}
+
 impl<D: Device> VmmTable<D> {
-    /// Why the session cannot move, if virtual memory management holds it.
-    pub(super) fn move_blocker(&self) -> Option<String> {
-        (!self.reservations.is_empty() || !self.handles.is_empty()).then(|| {
-            format!(
-                "it holds {} address reservation(s) and {} physical allocation(s) of its own (cuMemCreate)",
-                self.reservations.len(),
-                self.handles.len()
-            )
-        })
+    pub(super) fn state(&self) -> VmmState {
+        let mut handles: Vec<_> = self.handles.iter().map(|(id, (_, physical))| (*id, *physical)).collect();
+        handles.sort_unstable_by_key(|(id, _)| *id);
+        VmmState {
+            reservations: self.reservations.iter().map(|(start, len)| (*start, *len)).collect(),
+            handles,
+            mappings: self.mappings.iter().map(|(start, mapping)| (*start, *mapping)).collect(),
+        }
+    }
+
+    /// Makes the physical allocations and mappings of `state` again on `device`, whose
+    /// `restore_allocations` holds the reservations; the mapped bytes are copied after.
+    pub(super) fn restore(device: &D, state: VmmState) -> Result<Self, String> {
+        let mut table = Self { reservations: state.reservations.iter().copied().collect(), ..Self::default() };
+        // Physical allocations the app released but still maps: made for their mappings only.
+        let mut unheld: HashMap<u64, D::MemHandle> = HashMap::new();
+        let made = (|| {
+            for (id, physical) in &state.handles {
+                let handle = device
+                    .mem_create(physical.size, physical.handle_types)
+                    .map_err(|error| format!("physical allocation {id}: {error}"))?;
+                table.handles.insert(*id, (handle, *physical));
+            }
+            for (start, mapping) in &state.mappings {
+                let handle = match table.handles.get(&mapping.physical) {
+                    Some((handle, _)) => *handle,
+                    None => match unheld.get(&mapping.physical) {
+                        Some(handle) => *handle,
+                        None => {
+                            let handle = device
+                                .mem_create(mapping.of.size, mapping.of.handle_types)
+                                .map_err(|error| format!("physical allocation {}: {error}", mapping.physical))?;
+                            unheld.insert(mapping.physical, handle);
+                            handle
+                        }
+                    },
+                };
+                device
+                    .mem_map(*start, mapping.len, mapping.offset, handle)
+                    .map_err(|error| format!("the mapping at {start:#x}: {error}"))?;
+                table.mappings.insert(*start, *mapping);
+                if let Some(flags) = mapping.access {
+                    device
+                        .mem_set_access(*start, mapping.len, flags)
+                        .map_err(|error| format!("access to the mapping at {start:#x}: {error}"))?;
+                }
+            }
+            Ok(())
+        })();
+        // Mapped, their memory stays until unmapped, as where the app made them.
+        for (_, handle) in unheld {
+            let _ = device.mem_release(handle);
+        }
+        if let Err(error) = made {
+            for (start, mapping) in std::mem::take(&mut table.mappings) {
+                let _ = device.mem_unmap(start, mapping.len);
+            }
+            for (_, (handle, _)) in table.handles.drain() {
+                let _ = device.mem_release(handle);
+            }
+            return Err(error);
+        }
+        Ok(table)
+    }
+
+    /// The mapped ranges, for the session's range map.
+    pub(super) fn mapped(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.mappings.iter().map(|(start, mapping)| (*start, mapping.len))
     }
 
     /// Whether `[ptr, ptr + len)` lies inside one reservation.
@@ -72,7 +177,7 @@ impl<D: Device> VmmTable<D> {
     fn forget(&mut self) -> u64 {
         self.reservations.clear();
         self.mappings.clear();
-        self.handles.drain().map(|(_, (_, size))| size).sum()
+        self.handles.drain().map(|(_, (_, physical))| physical.size).sum()
     }
 }
 
@@ -137,7 +242,7 @@ impl<D: Device> Session<D> {
             }
             match self.device.mem_create(request.size, request.handle_types) {
                 Ok(handle) => {
-                    self.vmm.handles.insert(request.handle, (handle, request.size));
+                    self.vmm.handles.insert(request.handle, (handle, Physical { size: request.size, handle_types: request.handle_types }));
                     Ok(rep::MemCreate {})
                 }
                 Err(error) => {
@@ -153,8 +258,8 @@ impl<D: Device> Session<D> {
         let result = match self.vmm.handles.remove(&request.handle) {
             // Still mapped, the driver keeps the memory until it is unmapped; the quota counts it
             // from creation to release.
-            Some((handle, size)) => self.device.mem_release(handle).map(|()| {
-                self.budget.release(size);
+            Some((handle, physical)) => self.device.mem_release(handle).map(|()| {
+                self.budget.release(physical.size);
                 rep::MemRelease {}
             }),
             None => Err(CudaError::INVALID_VALUE),
@@ -164,8 +269,8 @@ impl<D: Device> Session<D> {
 
     pub(super) fn vmm_map(&mut self, request: req::MemMap, reply: Responder<rep::MemMap>) {
         let result = (|| {
-            let (handle, size) = *self.vmm.handles.get(&request.handle).ok_or(CudaError::INVALID_VALUE)?;
-            let within = request.offset.checked_add(request.size).is_some_and(|end| end <= size);
+            let (handle, physical) = *self.vmm.handles.get(&request.handle).ok_or(CudaError::INVALID_VALUE)?;
+            let within = request.offset.checked_add(request.size).is_some_and(|end| end <= physical.size);
             if request.size == 0
                 || !within
                 || !self.vmm.reserved(request.ptr, request.size)
@@ -174,7 +279,8 @@ impl<D: Device> Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             }
             self.device.mem_map(request.ptr, request.size, request.offset, handle)?;
-            self.vmm.mappings.insert(request.ptr, Mapping { len: request.size });
+            let mapping = Mapping { len: request.size, physical: request.handle, of: physical, offset: request.offset, access: None };
+            self.vmm.mappings.insert(request.ptr, mapping);
             self.ranges.insert(request.ptr, request.size, RangeKind::Mapping);
             Ok(rep::MemMap {})
         })();
@@ -202,7 +308,15 @@ impl<D: Device> Session<D> {
 
     pub(super) fn vmm_set_access(&mut self, request: req::MemSetAccess, reply: Responder<rep::MemSetAccess>) {
         let result = if self.vmm.whole_mappings(request.ptr, request.size) {
-            self.device.mem_set_access(request.ptr, request.size, request.flags).map(|()| rep::MemSetAccess {})
+            self.device.mem_set_access(request.ptr, request.size, request.flags).map(|()| {
+                let starts: Vec<u64> = self.vmm.overlapping(request.ptr, request.size).map(|(start, _)| start).collect();
+                for start in starts {
+                    if let Some(mapping) = self.vmm.mappings.get_mut(&start) {
+                        mapping.access = Some(request.flags);
+                    }
+                }
+                rep::MemSetAccess {}
+            })
         } else {
             Err(CudaError::INVALID_VALUE)
         };

@@ -2,7 +2,8 @@
 // (one of its own, current for the device, and the default one) with attributes it set and
 // stream-ordered allocations from both; a 2D array, a layered 3D array and a mipmapped array
 // with two levels it named; texture objects over an array and over linear memory, and a surface
-// object. It is checkpointed or moved under it. Every round it reads back what the round before
+// object; an address reservation of its own with two physical allocations mapped in it, one of
+// which it has released (the mapping keeps it). It is checkpointed or moved under it. Every round it reads back what the round before
 // wrote into each allocation and array, then writes a new pattern. At the end it checks the
 // pools' attributes and the current pool, frees the pool allocations in stream order, allocates
 // from the pools again and destroys its objects by the handles it was given (the server knows
@@ -15,6 +16,7 @@
 #include "driver_expect.h"
 
 #define POOLED 3
+#define MAPPED 2
 
 static unsigned char pattern(size_t i, unsigned round, unsigned what) {
     return (unsigned char)((i * 37u + round * 11u + what * 53u) ^ (i >> 7));
@@ -50,9 +52,10 @@ static void array_copy(struct array_bytes *a, unsigned char *host, int to_array)
     EXPECT(cuMemcpy3D(&c), CUDA_SUCCESS);
 }
 
-static void print_pointers(const CUdeviceptr *pooled, CUtexObject t1, CUtexObject t2, CUsurfObject s) {
+static void print_pointers(const CUdeviceptr *pooled, CUdeviceptr reserved, CUtexObject t1, CUtexObject t2, CUsurfObject s) {
     printf("pointers:");
     for (int p = 0; p < POOLED; p++) printf(" %llx", (unsigned long long)pooled[p]);
+    printf(" reserved %llx", (unsigned long long)reserved);
     printf(" objects %llu %llu %llu\n", (unsigned long long)t1, (unsigned long long)t2, (unsigned long long)s);
     fflush(stdout);
 }
@@ -134,7 +137,25 @@ int main(int argc, char **argv) {
     res.res.array.hArray = layers;
     CUsurfObject surface = 0;
     EXPECT(cuSurfObjectCreate(&surface, &res), CUDA_SUCCESS);
-    print_pointers(pooled, on_plane, on_linear, surface);
+    // Virtual memory: a reservation, two physical allocations mapped side by side, one released.
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    size_t page = 0;
+    EXPECT(cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    CUdeviceptr reserved = 0;
+    EXPECT(cuMemAddressReserve(&reserved, 4 * page, 0, 0, 0), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle physical[MAPPED];
+    CUmemAccessDesc access = {prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    for (int m = 0; m < MAPPED; m++) {
+        EXPECT(cuMemCreate(&physical[m], page, &prop, 0), CUDA_SUCCESS);
+        EXPECT(cuMemMap(reserved + m * page, page, 0, physical[m], 0), CUDA_SUCCESS);
+    }
+    EXPECT(cuMemSetAccess(reserved, MAPPED * page, &access, 1), CUDA_SUCCESS);
+    EXPECT(cuMemRelease(physical[1]), CUDA_SUCCESS);
+    print_pointers(pooled, reserved, on_plane, on_linear, surface);
 
     size_t largest = pooled_len[1];
     unsigned char *host = malloc(largest), *back = malloc(largest);
@@ -155,6 +176,21 @@ int main(int argc, char **argv) {
             }
             for (size_t i = 0; i < pooled_len[p]; i++) host[i] = pattern(i, round, p);
             EXPECT(cuMemcpyHtoD(pooled[p], host, pooled_len[p]), CUDA_SUCCESS);
+        }
+        for (int m = 0; m < MAPPED; m++) {
+            CUdeviceptr at = reserved + m * page + 1000;
+            if (round > 0) {
+                EXPECT(cuMemcpyDtoH(back, at, 4096), CUDA_SUCCESS);
+                for (size_t i = 0; i < 4096; i++) {
+                    if (back[i] != pattern(i, round - 1, 20 + m)) {
+                        printf("FAIL round %d mapping %d: byte %zu is %u, expected %u\n", round, m, i, back[i], pattern(i, round - 1, 20 + m));
+                        failures++;
+                        break;
+                    }
+                }
+            }
+            for (size_t i = 0; i < 4096; i++) host[i] = pattern(i, round, 20 + m);
+            EXPECT(cuMemcpyHtoD(at, host, 4096), CUDA_SUCCESS);
         }
         for (int a = 0; a < 4; a++) {
             size_t len = arrays[a].width * arrays[a].height * arrays[a].depth;
@@ -198,7 +234,7 @@ int main(int argc, char **argv) {
         printf("FAIL: the device's current pool is not the app's\n");
         failures++;
     }
-    print_pointers(pooled, on_plane, on_linear, surface);
+    print_pointers(pooled, reserved, on_plane, on_linear, surface);
     for (int p = 0; p < POOLED; p++) EXPECT(cuMemFreeAsync(pooled[p], stream), CUDA_SUCCESS);
     CUdeviceptr fresh = 0;
     EXPECT(cuMemAllocAsync(&fresh, 1 << 20, stream), CUDA_SUCCESS);
@@ -211,6 +247,9 @@ int main(int argc, char **argv) {
     }
     EXPECT(cuMemFreeAsync(fresh, stream), CUDA_SUCCESS);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
+    EXPECT(cuMemUnmap(reserved, MAPPED * page), CUDA_SUCCESS);
+    EXPECT(cuMemRelease(physical[0]), CUDA_SUCCESS);
+    EXPECT(cuMemAddressFree(reserved, 4 * page), CUDA_SUCCESS);
     EXPECT(cuTexObjectDestroy(on_plane), CUDA_SUCCESS);
     EXPECT(cuTexObjectDestroy(on_linear), CUDA_SUCCESS);
     EXPECT(cuSurfObjectDestroy(surface), CUDA_SUCCESS);
