@@ -12,7 +12,8 @@
 #      the native one and its pointers (allocations and symbols) the same at the end as at the start.
 #   objects: migration/migrate_objects.cu (memory pools and stream-ordered allocations, arrays,
 #      a mipmapped array, texture and surface objects read and written by kernels) moved N times
-#      the same way over the shared-memory channel; output as native, pointers and handles kept.
+#      the same way over the shared-memory channel (every other move through the snapshot file);
+#      output as native, pointers and handles kept.
 #   restart: the same app checkpointed with --stop, its server killed, a fresh server started with
 #      --snapshot-dir: the app must go on and print the native output.
 #   big: for each size in --big-mib, one timed move of migrate_loop (driver API) holding that much
@@ -91,17 +92,18 @@ flyt_app() { # SHM(on|off) SERVER-ADDRESS ARGS... (GPU hidden)
     local shm=$1 server=$2; shift 2
     "$W/hide_gpu" "$HIDE" -- env LD_LIBRARY_PATH="$W/lib" FLYT_SERVER="$server" FLYT_TOKEN="$TOKEN" FLYT_SHM="$shm" FLYT_RESUME_TIMEOUT=120 "${PROGRAM:-$W/migrate_app}" "$@"
 }
-move_around() { # LOG: MOVES moves of the one session between servers a and b (it starts on a),
-    # alternating TCP and the Unix socket; sets moved, refused and pauses (ms each, f: through the file)
-    local log=$1 here_name=a to addr id i
+move_around() { # LOG [ODD-COPY]: MOVES moves of the one session between servers a and b (it starts
+    # on a), alternating TCP and the Unix socket, odd moves with --copy ODD-COPY if given (else
+    # auto); sets moved, refused and pauses (ms each, f: through the file)
+    local log=$1 odd_copy=${2:-auto} here_name=a to addr id i copy
     moved=0 refused=0 pauses=()
     : >"$log"
     for i in $(seq "$MOVES"); do
         sleep 0.3
         if [ $here_name = a ]; then to=b; else to=a; fi
-        if [ $((i % 2)) = 1 ]; then addr=$(cat "$W/$to.tcp"); else addr="unix:$W/$to.sock"; fi
+        if [ $((i % 2)) = 1 ]; then addr=$(cat "$W/$to.tcp") copy=$odd_copy; else addr="unix:$W/$to.sock" copy=auto; fi
         id=$(session_of $here_name)
-        if CTL --json session migrate --control "unix:$W/$here_name.ctl" "$id" --to-control "unix:$W/$to.ctl" --to "$addr" --dir "$SNAP" >"$W/move.json" 2>>"$log"; then
+        if CTL --json session migrate --control "unix:$W/$here_name.ctl" "$id" --to-control "unix:$W/$to.ctl" --to "$addr" --dir "$SNAP" --copy $copy >"$W/move.json" 2>>"$log"; then
             moved=$((moved + 1)); here_name=$to
             cat "$W/move.json" >>"$log"
             pauses+=("$(python3 -c "import json; j=json.load(open('$W/move.json')); print('%.0f%s' % (j['total_ms'], '' if j.get('copy') == 'device' else 'f'))")")
@@ -153,7 +155,8 @@ if ! skipped objects; then
     PROGRAM=$W/migrate_objects flyt_app on "unix:$W/a.sock" $ROUNDS 5 "$gate" >"$OUT/objects.out" 2>"$OUT/objects.err" &
     APP=$!
     for _ in $(seq 600); do grep -q holding "$OUT/objects.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
-    move_around "$OUT/moves-objects.log"
+    # Every other move through the snapshot file: arrays, pools and mappings both ways.
+    move_around "$OUT/moves-objects.log" file
     touch "$gate"
     wait $APP; rc=$?
     same=no; same_output "$OUT/objects-native.out" "$OUT/objects.out" && same=yes
