@@ -44,6 +44,24 @@ impl Drop for TemporaryMapping {
     }
 }
 
+/// A descriptor of physical allocation `handle`, which this worker made with a POSIX descriptor
+/// as its shareable handle type; the memory lives while the descriptor does.
+fn export_descriptor(handle: sys::CUmemGenericAllocationHandle) -> CudaResult<std::os::fd::OwnedFd> {
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: valid out-pointer for the descriptor; the driver checks the handle and its type.
+    check(unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&raw mut fd).cast(),
+            handle,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+        .result()
+    })?;
+    // SAFETY: the driver just made this descriptor for us; nothing else owns it.
+    Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
 /// A driver handle that may cross threads. CUDA driver handles are opaque pointers into the
 /// driver, which documents its API as thread-safe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -546,21 +564,7 @@ impl CudaDevice {
         let copy = self.map_anywhere(handle, size)?;
         self.copy_dtod(copy.at, ptr, len, self.null_stream())?;
         self.synchronize()?;
-        let mut fd: std::ffi::c_int = -1;
-        // SAFETY: the allocation was made with a POSIX descriptor as its shareable handle type;
-        // valid out-pointer for the descriptor.
-        check(unsafe {
-            sys::cuMemExportToShareableHandle(
-                (&raw mut fd).cast(),
-                handle,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-            .result()
-        })?;
-        // SAFETY: the driver just made this descriptor for us; nothing else owns it.
-        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        Ok(super::MovedSpan { start: ptr, len: size, copy_len: len, fd })
+        Ok(super::MovedSpan { start: ptr, len: size, copy_len: len, fd: export_descriptor(handle)? })
     }
 
     fn location(&self) -> sys::CUmemLocation {
@@ -708,20 +712,7 @@ impl Device for CudaDevice {
             match restored.span_of(ptr) {
                 Some((start, span_len, handle)) => {
                     if exported.insert(start) {
-                        let mut fd: std::ffi::c_int = -1;
-                        // SAFETY: a physical allocation this worker made with a POSIX descriptor
-                        // as its shareable handle type; valid out-pointer for the descriptor.
-                        check(unsafe {
-                            sys::cuMemExportToShareableHandle(
-                                (&raw mut fd).cast(),
-                                handle,
-                                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                0,
-                            )
-                            .result()
-                        })?;
-                        // SAFETY: the driver just made this descriptor for us; nothing else owns it.
-                        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+                        let fd = export_descriptor(handle)?;
                         moved.spans.push(super::MovedSpan { start, len: span_len, copy_len: span_len, fd });
                     }
                 }
