@@ -530,7 +530,6 @@ unsafe impl Send for CudaDevice {}
 unsafe impl Sync for CudaDevice {}
 
 impl CudaDevice {
-    /// The session's device as a memory location.
     /// Maps physical allocation `handle` (of `len` bytes; taken over, released with the
     /// mapping) at addresses the driver picks, readable and writable by this device.
     fn map_anywhere(&self, handle: sys::CUmemGenericAllocationHandle, len: u64) -> CudaResult<TemporaryMapping> {
@@ -551,13 +550,8 @@ impl CudaDevice {
     /// descriptor keeps it alive (its handle here is released).
     fn copy_for_move(&self, ptr: u64, len: u64) -> CudaResult<super::MovedSpan> {
         let prop = self.allocation_prop(1)?;
-        let mut page = 0usize;
-        // SAFETY: valid out-pointer and a complete properties struct.
-        check(unsafe {
-            sys::cuMemGetAllocationGranularity(&mut page, &prop, sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-                .result()
-        })?;
-        let size = len.div_ceil(page.max(1) as u64) * page.max(1) as u64;
+        let page = self.mem_granularity(false)?.max(1);
+        let size = len.div_ceil(page) * page;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and a complete properties struct.
         check(unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0).result() })?;
@@ -567,6 +561,7 @@ impl CudaDevice {
         Ok(super::MovedSpan { start: ptr, len: size, copy_len: len, fd: export_descriptor(handle)? })
     }
 
+    /// The session's device as a memory location.
     fn location(&self) -> sys::CUmemLocation {
         sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.device }
     }

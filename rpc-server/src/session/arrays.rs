@@ -134,48 +134,38 @@ impl<D: Device> ArrayTable<D> {
     }
 
     /// Makes the arrays and objects of `state` again on `device`, filling the arrays from
-    /// `input` (their bytes in the quota are `state_bytes`).
+    /// `input` (their bytes in the quota are `state_bytes`). A worker whose restore fails exits,
+    /// and the driver frees what it made.
     pub(super) fn restore(device: &D, state: ArraysState, chunk: u64, input: &mut impl Read) -> Result<Self, String> {
         let mut table = Self::default();
-        let made = (|| {
-            for (id, desc) in &state.arrays {
-                let array = device.array_create(desc).map_err(|error| format!("array {id}: {error}"))?;
-                table.arrays.insert(*id, ArrayEntry { array, desc: *desc, level_of: None });
+        for (id, desc) in &state.arrays {
+            let array = device.array_create(desc).map_err(|error| format!("array {id}: {error}"))?;
+            table.arrays.insert(*id, ArrayEntry { array, desc: *desc, level_of: None });
+        }
+        for (id, desc, count, levels) in &state.mipmaps {
+            let mipmap = device.mipmap_create(desc, *count).map_err(|error| format!("mipmapped array {id}: {error}"))?;
+            let charged = array_bytes(desc, *count).map_err(|error| format!("mipmapped array {id}: {error}"))?;
+            let mut named = Vec::new();
+            for &(level_id, level) in levels {
+                let array = device.mipmap_level(mipmap, level).map_err(|error| format!("level {level} of array {id}: {error}"))?;
+                table.arrays.insert(level_id, ArrayEntry { array, desc: desc.level(level), level_of: Some((*id, level)) });
+                named.push(level_id);
             }
-            for (id, desc, count, levels) in &state.mipmaps {
-                let mipmap = device.mipmap_create(desc, *count).map_err(|error| format!("mipmapped array {id}: {error}"))?;
-                let bytes = array_bytes(desc, *count).map_err(|error| format!("mipmapped array {id}: {error}"))?;
-                table.mipmaps.insert(*id, MipmapEntry { mipmap, desc: *desc, count: *count, levels: Vec::new(), charged: bytes });
-                for &(level_id, level) in levels {
-                    let array = device.mipmap_level(mipmap, level).map_err(|error| format!("level {level} of array {id}: {error}"))?;
-                    table.arrays.insert(level_id, ArrayEntry { array, desc: desc.level(level), level_of: Some((*id, level)) });
-                    if let Some(entry) = table.mipmaps.get_mut(id) {
-                        entry.levels.push(level_id);
-                    }
-                }
-            }
-            let arrays = table.in_file_order(&state, device).map_err(|error| format!("the session's arrays: {error}"))?;
-            for (array, desc) in arrays {
-                for (pos, extent) in pieces(&desc, chunk)? {
-                    let len = (extent.width * extent.height) as usize;
-                    let mut staging = device.staging(len).map_err(|error| format!("staging: {error}"))?;
-                    input
-                        .read_exact(&mut D::staging_bytes(&mut staging)[..len])
-                        .map_err(|error| format!("reading the snapshot: {error}"))?;
-                    device
-                        .copy_staged_to_shaped(Side::Array { array, pos }, extent, staging, device.null_stream())
-                        .map_err(|error| format!("writing an array: {error}"))?;
-                }
-            }
-            table.remake_objects(device, &state.objects)
-        })();
-        match made {
-            Ok(()) => Ok(table),
-            Err(error) => {
-                table.destroy_all(device);
-                Err(error)
+            table.mipmaps.insert(*id, MipmapEntry { mipmap, desc: *desc, count: *count, levels: named, charged });
+        }
+        let arrays = table.in_file_order(&state, device).map_err(|error| format!("the session's arrays: {error}"))?;
+        for (array, desc) in arrays {
+            for (pos, extent) in pieces(&desc, chunk)? {
+                let len = (extent.width * extent.height) as usize;
+                let mut staging = device.staging(len).map_err(|error| format!("staging: {error}"))?;
+                input.read_exact(&mut D::staging_bytes(&mut staging)[..len]).map_err(|error| format!("reading the snapshot: {error}"))?;
+                device
+                    .copy_staged_to_shaped(Side::Array { array, pos }, extent, staging, device.null_stream())
+                    .map_err(|error| format!("writing an array: {error}"))?;
             }
         }
+        table.remake_objects(device, &state.objects)?;
+        Ok(table)
     }
 
     /// Makes `object` on `device` with the arrays of this table.
@@ -225,21 +215,6 @@ impl<D: Device> ArrayTable<D> {
             let _ = device.object_destroy(handle, surface);
         }
         made
-    }
-
-    /// Destroys everything in the table (a restore that failed).
-    fn destroy_all(&mut self, device: &D) {
-        for (handle, object) in self.objects.drain() {
-            let _ = device.object_destroy(handle, object.is_surface());
-        }
-        for (_, entry) in self.arrays.drain() {
-            if entry.level_of.is_none() {
-                let _ = device.array_destroy(entry.array);
-            }
-        }
-        for (_, entry) in self.mipmaps.drain() {
-            let _ = device.mipmap_destroy(entry.mipmap);
-        }
     }
 }
 

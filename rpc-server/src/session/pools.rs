@@ -55,40 +55,30 @@ impl<D: Device> PoolTable<D> {
         PoolsState { pools, current: self.current }
     }
 
-    /// Makes the pools of `state` again on `device` (a fresh worker's).
+    /// Makes the pools of `state` again on `device` (a fresh worker's; one whose restore fails
+    /// exits, and the driver frees what it made).
     pub(super) fn restore(device: &D, state: PoolsState) -> Result<Self, String> {
         let mut table = Self { current: state.current, ..Self::default() };
-        let made = (|| {
-            for (id, settings) in state.pools {
-                let pool = match id {
-                    DEFAULT_POOL => device.default_pool(),
-                    _ => device.pool_create(),
-                }
-                .map_err(|error| format!("memory pool {id}: {error}"))?;
-                table.pools.insert(id, pool);
-                for (&attribute, &value) in &settings.attributes {
-                    device
-                        .pool_attribute(pool, attribute, Some(value))
-                        .map_err(|error| format!("memory pool {id}'s attribute {attribute}: {error}"))?;
-                }
-                if let Some(flags) = settings.access {
-                    device.pool_access(pool, Some(flags)).map_err(|error| format!("memory pool {id}'s access: {error}"))?;
-                }
-                table.settings.insert(id, settings);
+        for (id, settings) in state.pools {
+            let pool = match id {
+                DEFAULT_POOL => device.default_pool(),
+                _ => device.pool_create(),
             }
-            if table.current != DEFAULT_POOL {
-                let pool = *table.pools.get(&table.current).ok_or("the current memory pool is not among the session's")?;
-                device.set_current_pool(pool).map_err(|error| format!("the current memory pool: {error}"))?;
+            .map_err(|error| format!("memory pool {id}: {error}"))?;
+            table.pools.insert(id, pool);
+            for (&attribute, &value) in &settings.attributes {
+                device
+                    .pool_attribute(pool, attribute, Some(value))
+                    .map_err(|error| format!("memory pool {id}'s attribute {attribute}: {error}"))?;
             }
-            Ok(())
-        })();
-        if let Err(error) = made {
-            for (id, pool) in table.pools.drain() {
-                if id != DEFAULT_POOL {
-                    let _ = device.pool_destroy(pool);
-                }
+            if let Some(flags) = settings.access {
+                device.pool_access(pool, Some(flags)).map_err(|error| format!("memory pool {id}'s access: {error}"))?;
             }
-            return Err(error);
+            table.settings.insert(id, settings);
+        }
+        if table.current != DEFAULT_POOL {
+            let pool = *table.pools.get(&table.current).ok_or("the current memory pool is not among the session's")?;
+            device.set_current_pool(pool).map_err(|error| format!("the current memory pool: {error}"))?;
         }
         Ok(table)
     }

@@ -89,56 +89,34 @@ impl<D: Device> VmmTable<D> {
     }
 
     /// Makes the physical allocations and mappings of `state` again on `device`, whose
-    /// `restore_allocations` holds the reservations; the mapped bytes are copied after.
+    /// `restore_allocations` holds the reservations; the mapped bytes are copied after. A worker
+    /// whose restore fails exits, and the driver frees what it made.
     pub(super) fn restore(device: &D, state: VmmState) -> Result<Self, String> {
         let mut table = Self { reservations: state.reservations.iter().copied().collect(), ..Self::default() };
+        let create = |id: u64, physical: Physical| {
+            device.mem_create(physical.size, physical.handle_types).map_err(|error| format!("physical allocation {id}: {error}"))
+        };
+        for &(id, physical) in &state.handles {
+            table.handles.insert(id, (create(id, physical)?, physical));
+        }
         // Physical allocations the app released but still maps: made for their mappings only.
         let mut unheld: HashMap<u64, D::MemHandle> = HashMap::new();
-        let made = (|| {
-            for (id, physical) in &state.handles {
-                let handle = device
-                    .mem_create(physical.size, physical.handle_types)
-                    .map_err(|error| format!("physical allocation {id}: {error}"))?;
-                table.handles.insert(*id, (handle, *physical));
-            }
-            for (start, mapping) in &state.mappings {
-                let handle = match table.handles.get(&mapping.physical) {
-                    Some((handle, _)) => *handle,
-                    None => match unheld.get(&mapping.physical) {
-                        Some(handle) => *handle,
-                        None => {
-                            let handle = device
-                                .mem_create(mapping.of.size, mapping.of.handle_types)
-                                .map_err(|error| format!("physical allocation {}: {error}", mapping.physical))?;
-                            unheld.insert(mapping.physical, handle);
-                            handle
-                        }
-                    },
-                };
+        for &(start, mapping) in &state.mappings {
+            let handle = match (table.handles.get(&mapping.physical), unheld.get(&mapping.physical)) {
+                (Some((handle, _)), _) | (None, Some(handle)) => *handle,
+                (None, None) => *unheld.entry(mapping.physical).or_insert(create(mapping.physical, mapping.of)?),
+            };
+            device.mem_map(start, mapping.len, mapping.offset, handle).map_err(|error| format!("the mapping at {start:#x}: {error}"))?;
+            table.mappings.insert(start, mapping);
+            if let Some(flags) = mapping.access {
                 device
-                    .mem_map(*start, mapping.len, mapping.offset, handle)
-                    .map_err(|error| format!("the mapping at {start:#x}: {error}"))?;
-                table.mappings.insert(*start, *mapping);
-                if let Some(flags) = mapping.access {
-                    device
-                        .mem_set_access(*start, mapping.len, flags)
-                        .map_err(|error| format!("access to the mapping at {start:#x}: {error}"))?;
-                }
+                    .mem_set_access(start, mapping.len, flags)
+                    .map_err(|error| format!("access to the mapping at {start:#x}: {error}"))?;
             }
-            Ok(())
-        })();
-        // Mapped, their memory stays until unmapped, as where the app made them.
-        for (_, handle) in unheld {
-            let _ = device.mem_release(handle);
         }
-        if let Err(error) = made {
-            for (start, mapping) in std::mem::take(&mut table.mappings) {
-                let _ = device.mem_unmap(start, mapping.len);
-            }
-            for (_, (handle, _)) in table.handles.drain() {
-                let _ = device.mem_release(handle);
-            }
-            return Err(error);
+        // Mapped, their memory stays until unmapped, as where the app made them.
+        for handle in unheld.into_values() {
+            let _ = device.mem_release(handle);
         }
         Ok(table)
     }
@@ -309,11 +287,9 @@ impl<D: Device> Session<D> {
     pub(super) fn vmm_set_access(&mut self, request: req::MemSetAccess, reply: Responder<rep::MemSetAccess>) {
         let result = if self.vmm.whole_mappings(request.ptr, request.size) {
             self.device.mem_set_access(request.ptr, request.size, request.flags).map(|()| {
-                let starts: Vec<u64> = self.vmm.overlapping(request.ptr, request.size).map(|(start, _)| start).collect();
-                for start in starts {
-                    if let Some(mapping) = self.vmm.mappings.get_mut(&start) {
-                        mapping.access = Some(request.flags);
-                    }
+                // Whole mappings, the first at `ptr`.
+                for mapping in self.vmm.mappings.range_mut(request.ptr..request.ptr + request.size).map(|(_, mapping)| mapping) {
+                    mapping.access = Some(request.flags);
                 }
                 rep::MemSetAccess {}
             })
