@@ -25,10 +25,13 @@ struct Runs {
     finished: HashSet<u64>,
 }
 
+type Link = (Arc<Outbox>, Arc<dyn Fn() + Send + Sync>);
+
 /// A session's host calls in progress.
 pub struct HostCalls {
-    outbox: Arc<Outbox>,
-    bind: Arc<dyn Fn() + Send + Sync>,
+    /// Where announcements go, and what makes the device current on the announcer thread: set
+    /// later for a restored session's graphs, which are made before its connection.
+    link: OnceLock<Link>,
     announce: OnceLock<Option<Announcer>>,
     next_run: AtomicU64,
     runs: Mutex<Runs>,
@@ -40,9 +43,15 @@ pub struct HostCalls {
 impl HostCalls {
     /// `bind` makes the device current on the announcer thread.
     pub fn new(outbox: Arc<Outbox>, bind: Arc<dyn Fn() + Send + Sync>) -> Arc<Self> {
+        let calls = Self::unlinked();
+        let _ = calls.link.set((outbox, bind));
+        calls
+    }
+
+    /// Host calls whose session is not connected yet (`link_as` connects them).
+    pub fn unlinked() -> Arc<Self> {
         Arc::new(Self {
-            outbox,
-            bind,
+            link: OnceLock::new(),
             announce: OnceLock::new(),
             next_run: AtomicU64::new(1),
             runs: Mutex::new(Runs::default()),
@@ -51,12 +60,19 @@ impl HostCalls {
         })
     }
 
+    /// Announces through the session `other` belongs to (once; a linked one stays as it is).
+    pub fn link_as(&self, other: &Self) {
+        if let Some(link) = other.link.get() {
+            let _ = self.link.set(link.clone());
+        }
+    }
+
     /// The announcer thread, started with the session's first host call (most sessions have
     /// none, and a thread's stack takes address space the session's mapped blocks may need).
     fn announcer(&self) -> Option<&Announcer> {
         let started = self.announce.get_or_init(|| {
+            let (outbox, bind) = self.link.get()?.clone();
             let (announce, requests) = channel::<(u64, u64)>();
-            let (outbox, bind) = (self.outbox.clone(), self.bind.clone());
             let spawned = std::thread::Builder::new().name("flyt-host-calls".into()).spawn(move || {
                 bind();
                 for (call, run) in requests {

@@ -16,7 +16,7 @@ use flyt_protocol::ops::{
     StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, ViewDesc, mem_op, node_type,
 };
 
-use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, NodeRead, NodeWork, Side, TexResource};
+use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side, TexResource};
 use crate::host_calls::HostCallSite;
 
 /// Physical memory mapped for a while (`CudaDevice::map_anywhere`): unmapped, its addresses
@@ -1549,6 +1549,63 @@ impl Device for CudaDevice {
         }
     }
 
+    fn graph_kernel_node_read(
+        &self,
+        node: Self::GraphNode,
+        layout: &dyn Fn(Self::Function) -> Option<Vec<ParamInfo>>,
+    ) -> CudaResult<KernelRead<Self>> {
+        // SAFETY: an all-zero struct of integers and pointers is valid.
+        let mut params: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: a node of the session's; valid out-pointer. The arrays it points to belong to
+        // the node, which outlives this call.
+        check(unsafe { sys::cuGraphKernelNodeGetParams_v2(node.0, &mut params).result() })?;
+        let function = Handle(params.func);
+        let layout = if params.func.is_null() { None } else { layout(function) };
+        let layout = layout.ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+        let len = layout.iter().map(|param| param.offset as usize + param.size as usize).max().unwrap_or(0);
+        let mut args = vec![0u8; len];
+        if !params.extra.is_null() {
+            let (mut buffer, mut size): (*const u8, usize) = (std::ptr::null(), 0);
+            // SAFETY: the node's `extra` array: key/value pairs up to CU_LAUNCH_PARAM_END, the
+            // buffer pointer's value `size` readable bytes (the node's copy of the arguments).
+            unsafe {
+                for pair in 0..4 {
+                    let key = *params.extra.add(2 * pair) as usize;
+                    match key {
+                        0 => break,
+                        1 => buffer = (*params.extra.add(2 * pair + 1)).cast(),
+                        2 => size = *(*params.extra.add(2 * pair + 1)).cast::<usize>(),
+                        _ => return Err(CudaError::NOT_SUPPORTED),
+                    }
+                }
+                if buffer.is_null() || size < len {
+                    return Err(CudaError::NOT_SUPPORTED);
+                }
+                std::ptr::copy_nonoverlapping(buffer, args.as_mut_ptr(), len);
+            }
+        } else if !layout.is_empty() {
+            if params.kernelParams.is_null() {
+                return Err(CudaError::NOT_SUPPORTED);
+            }
+            for (index, param) in layout.iter().enumerate() {
+                let at = param.offset as usize;
+                // SAFETY: the node's `kernelParams` has one pointer per parameter of its kernel,
+                // each to `param.size` bytes of the node's copy of that argument.
+                unsafe {
+                    let value = (*params.kernelParams.add(index)).cast::<u8>();
+                    std::ptr::copy_nonoverlapping(value, args[at..at + param.size as usize].as_mut_ptr(), param.size as usize);
+                }
+            }
+        }
+        Ok(KernelRead {
+            function,
+            grid: Dim3 { x: params.gridDimX, y: params.gridDimY, z: params.gridDimZ },
+            block: Dim3 { x: params.blockDimX, y: params.blockDimY, z: params.blockDimZ },
+            shared_mem: params.sharedMemBytes,
+            args,
+        })
+    }
+
     fn graph_kernel_node_attribute(&self, node: Self::GraphNode, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
         let (set_attribute, get_attribute) = match (self.extras.kernel_node_set_attribute, self.extras.kernel_node_get_attribute) {
             (Some(set), Some(get)) => (set, get),
@@ -1611,21 +1668,32 @@ impl Device for CudaDevice {
         check(unsafe { sys::cuGraphDestroyNode(node.0).result() })
     }
 
-    fn graph_edges(&self, graph: Self::Graph, from: &[Self::GraphNode], to: &[Self::GraphNode], remove: bool) -> CudaResult<()> {
-        if from.len() != to.len() {
+    fn graph_edges(
+        &self,
+        graph: Self::Graph,
+        from: &[Self::GraphNode],
+        to: &[Self::GraphNode],
+        data: Option<&[EdgeData]>,
+        remove: bool,
+    ) -> CudaResult<()> {
+        if from.len() != to.len() || data.is_some_and(|data| data.len() != from.len()) {
             return Err(CudaError::INVALID_VALUE);
         }
         if from.is_empty() {
             return Ok(());
         }
         let (from_ptr, to_ptr) = (from.as_ptr().cast::<sys::CUgraphNode>(), to.as_ptr().cast::<sys::CUgraphNode>());
-        // SAFETY: two arrays of `from.len()` nodes of the session's graph; no edge data (plain
-        // full dependencies).
+        let data: Option<Vec<sys::CUgraphEdgeData>> = data.map(|data| {
+            data.iter().map(|[from_port, to_port, type_]| sys::CUgraphEdgeData { from_port: *from_port, to_port: *to_port, type_: *type_, reserved: [0; 5] }).collect()
+        });
+        let data_ptr = data.as_ref().map_or(std::ptr::null(), |data| data.as_ptr());
+        // SAFETY: two arrays of `from.len()` nodes of the session's graph, and NULL (plain full
+        // dependencies) or as many edge data entries.
         let code = unsafe {
             if remove {
-                sys::cuGraphRemoveDependencies_v2(graph.0, from_ptr, to_ptr, std::ptr::null(), from.len())
+                sys::cuGraphRemoveDependencies_v2(graph.0, from_ptr, to_ptr, data_ptr, from.len())
             } else {
-                sys::cuGraphAddDependencies_v2(graph.0, from_ptr, to_ptr, std::ptr::null(), from.len())
+                sys::cuGraphAddDependencies_v2(graph.0, from_ptr, to_ptr, data_ptr, from.len())
             }
         };
         check(code.result())

@@ -15,7 +15,7 @@ use flyt_protocol::ops::{
 };
 
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
-use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, NodeRead, NodeWork, Side, TexResource};
+use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side, TexResource};
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;
 
@@ -898,6 +898,11 @@ impl Device for EmulatedDevice {
         }
     }
 
+    fn graph_kernel_node_read(&self, _node: u64, _layout: &dyn Fn(()) -> Option<Vec<ParamInfo>>) -> CudaResult<KernelRead<Self>> {
+        // Kernel nodes need GPU code: no node here is one.
+        Err(CudaError::INVALID_VALUE)
+    }
+
     fn graph_kernel_node_attribute(&self, _node: u64, _attribute: u32, _set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
         // Kernel nodes need GPU code: no node here is one.
         Err(CudaError::INVALID_VALUE)
@@ -959,7 +964,11 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    fn graph_edges(&self, graph: u64, from: &[u64], to: &[u64], remove: bool) -> CudaResult<()> {
+    fn graph_edges(&self, graph: u64, from: &[u64], to: &[u64], data: Option<&[EdgeData]>, remove: bool) -> CudaResult<()> {
+        // Every edge here is a plain full dependency (ports belong to kernels' programmatic launches).
+        if data.is_some_and(|data| data.len() != from.len() || data.iter().any(|edge| *edge != [0; 3])) {
+            return Err(CudaError::NOT_SUPPORTED);
+        }
         let mut state = self.state();
         let in_graph = |node: &u64| state.graphs.nodes.get(node).is_some_and(|n| n.graph == graph);
         if from.len() != to.len() || !from.iter().chain(to).all(in_graph) {

@@ -72,6 +72,15 @@ pub enum NodeRead {
     Host(usize),
 }
 
+/// A kernel node's launch as the driver holds it, its arguments packed by the kernel's layout.
+pub struct KernelRead<D: Device + ?Sized> {
+    pub function: D::Function,
+    pub grid: Dim3,
+    pub block: Dim3,
+    pub shared_mem: u32,
+    pub args: Vec<u8>,
+}
+
 /// `CUgraphEdgeData`'s port and type fields.
 pub type EdgeData = [u8; 3];
 
@@ -160,7 +169,7 @@ pub trait Device: Send + Sync + 'static {
     type Module: Send + 'static;
     /// A JIT link in progress (`cuLink*`).
     type Link: Send + 'static;
-    type Function: Copy + Send + Sync + 'static;
+    type Function: Copy + Eq + std::hash::Hash + Send + Sync + 'static;
     /// A host buffer the device copies from or into asynchronously (pinned memory on CUDA).
     type Staging: Send + 'static;
     /// A device-to-host copy in flight.
@@ -358,6 +367,13 @@ pub trait Device: Send + Sync + 'static {
     /// A copy, memset or host node's parameters as the driver holds them; arrays are not read
     /// back (`NOT_SUPPORTED`), other node types are `INVALID_VALUE`.
     fn graph_node_read(&self, node: Self::GraphNode) -> CudaResult<NodeRead>;
+    /// A kernel node's launch, its arguments packed as `layout` (the session's parameter layout
+    /// of the node's kernel; `None`: not a kernel of the session's) says.
+    fn graph_kernel_node_read(
+        &self,
+        node: Self::GraphNode,
+        layout: &dyn Fn(Self::Function) -> Option<Vec<ParamInfo>>,
+    ) -> CudaResult<KernelRead<Self>>;
     /// `cuGraphKernelNodeGetAttribute`, after `cuGraphKernelNodeSetAttribute` with `set` (a
     /// value the session checked) if given.
     fn graph_kernel_node_attribute(&self, node: Self::GraphNode, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]>;
@@ -366,7 +382,16 @@ pub trait Device: Send + Sync + 'static {
     /// A node's new parameters, in its graph (`exec` `None`) or in an executable graph.
     fn graph_node_set(&self, exec: Option<Self::GraphExec>, node: Self::GraphNode, work: NodeWork<'_, Self>) -> CudaResult<()>;
     fn graph_destroy_node(&self, node: Self::GraphNode) -> CudaResult<()>;
-    fn graph_edges(&self, graph: Self::Graph, from: &[Self::GraphNode], to: &[Self::GraphNode], remove: bool) -> CudaResult<()>;
+    /// Adds (or removes) the edges `from[i] -> to[i]`, with `data` for each if given (plain full
+    /// dependencies if not).
+    fn graph_edges(
+        &self,
+        graph: Self::Graph,
+        from: &[Self::GraphNode],
+        to: &[Self::GraphNode],
+        data: Option<&[EdgeData]>,
+        remove: bool,
+    ) -> CudaResult<()>;
     /// The graph's nodes (or its root nodes) with their `CUgraphNodeType`s.
     fn graph_nodes(&self, graph: Self::Graph, roots: bool) -> CudaResult<Vec<(Self::GraphNode, u32)>>;
     /// The graph a child-graph node holds.

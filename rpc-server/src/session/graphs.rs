@@ -11,12 +11,29 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{CaptureInfo, GraphEdge, GraphNodeEntry, NodeParams, NodeReadback, SERVER_NODE_BIT, node_type, rep, req};
 
 use super::{MAX_HANDLES, Responder, Session};
+
+mod moves;
+pub use moves::{GraphsState, Resolve};
 use crate::backend::{Device, NodeRead, NodeWork};
 
 /// `CU_MEMORYTYPE_HOST`.
 const MEMORY_HOST: u32 = 1;
 use crate::host_calls::{HostCallSite, HostCalls};
 use crate::memory::RangeKind;
+
+/// An executable graph, with what makes it again on another server.
+struct Exec<D: Device> {
+    exec: D::GraphExec,
+    flags: u64,
+    /// A copy of the graph it runs, kept as the executable graph changes (the app may change or
+    /// destroy its own graph), or why there is none and the session cannot move.
+    shadow: Result<D::Graph, String>,
+    /// The app's graph `shadow` was copied from (its nodes are found in the copy).
+    cloned_from: Option<u64>,
+    /// Nodes the app names this executable graph's nodes by, where those are not the app's own
+    /// nodes: after a move, the executable graph is made from `shadow`, whose nodes these are.
+    translate: HashMap<u64, D::GraphNode>,
+}
 
 /// The session's graph objects.
 pub struct GraphTable<D: Device> {
@@ -25,7 +42,7 @@ pub struct GraphTable<D: Device> {
     /// Each node with the id of its graph.
     nodes: HashMap<u64, (D::GraphNode, u64)>,
     node_ids: HashMap<D::GraphNode, u64>,
-    execs: HashMap<u64, D::GraphExec>,
+    execs: HashMap<u64, Exec<D>>,
     /// The graph each capture (by its origin stream) records into.
     captures: HashMap<u64, u64>,
     /// Captures that were refused work (host-memory copies): they end invalidated, never as a
@@ -53,8 +70,13 @@ impl<D: Device> GraphTable<D> {
         if !self.captures.is_empty() {
             return Some("a stream capture is under way".into());
         }
-        (!self.graphs.is_empty() || !self.execs.is_empty())
-            .then(|| format!("it holds {} graph(s) and {} executable graph(s)", self.graphs.len(), self.execs.len()))
+        if !self.memory.is_empty() {
+            return Some("its graphs allocate graph memory (memory nodes), whose addresses the driver picks".into());
+        }
+        if !self.conditionals.is_empty() {
+            return Some("its graphs have conditional nodes, whose handles kernels hold".into());
+        }
+        self.execs.values().find_map(|exec| exec.shadow.as_ref().err().map(|reason| format!("an executable graph cannot move: {reason}")))
     }
 
     pub fn new(host_calls: Arc<HostCalls>) -> Self {
@@ -76,6 +98,11 @@ impl<D: Device> GraphTable<D> {
         }
     }
 
+    /// The host-function site for the client's `call`, kept while the session lives.
+    fn site(&mut self, call: u64) -> Arc<HostCallSite> {
+        self.sites.entry(call).or_insert_with(|| HostCallSite::new(call, &self.host_calls)).clone()
+    }
+
     fn is_owned(&self, graph: u64) -> bool {
         self.owned.values().any(|graphs| graphs.contains(&graph))
     }
@@ -85,7 +112,16 @@ impl<D: Device> GraphTable<D> {
     }
 
     fn exec(&self, id: u64) -> CudaResult<D::GraphExec> {
-        self.execs.get(&id).copied().ok_or(CudaError::INVALID_VALUE)
+        self.execs.get(&id).map(|exec| exec.exec).ok_or(CudaError::INVALID_VALUE)
+    }
+
+    /// An executable graph and its node the app names `node` by.
+    fn exec_node(&self, exec: u64, node: u64) -> CudaResult<(D::GraphExec, D::GraphNode)> {
+        let record = self.execs.get(&exec).ok_or(CudaError::INVALID_VALUE)?;
+        match record.translate.get(&node) {
+            Some(translated) => Ok((record.exec, *translated)),
+            None => Ok((record.exec, self.node(node)?.0)),
+        }
     }
 
     /// A node by id, with its graph's id.
@@ -131,6 +167,9 @@ impl<D: Device> GraphTable<D> {
     fn forget_graph(&mut self, id: u64) -> Option<(D::Graph, Vec<(u64, u64)>)> {
         let graph = self.graphs.remove(&id)?;
         self.graph_ids.remove(&graph);
+        for exec in self.execs.values_mut().filter(|exec| exec.cloned_from == Some(id)) {
+            exec.cloned_from = None;
+        }
         let nodes = &mut self.nodes;
         let mut removed = Vec::new();
         self.node_ids.retain(|_, node_id| match nodes.get(node_id) {
@@ -162,7 +201,7 @@ impl<D: Device> GraphTable<D> {
     /// Everything, destroyed (the session ends or its device is reset).
     pub fn release(&mut self, device: &D) {
         for (_, exec) in self.execs.drain() {
-            let _ = device.graph_exec_destroy(exec);
+            destroy_exec(device, exec);
         }
         let ids: Vec<u64> = self.graphs.keys().copied().collect();
         for id in ids {
@@ -177,6 +216,14 @@ impl<D: Device> GraphTable<D> {
         self.conditionals.clear();
         self.captures.clear();
         self.spoiled.clear();
+    }
+}
+
+/// Destroys an executable graph and its copy of its graph.
+fn destroy_exec<D: Device>(device: &D, exec: Exec<D>) {
+    let _ = device.graph_exec_destroy(exec.exec);
+    if let Ok(shadow) = exec.shadow {
+        let _ = device.graph_destroy(shadow);
     }
 }
 
@@ -201,8 +248,7 @@ impl<D: Device> Session<D> {
 
     /// The host-function site for the client's `call`, kept for graphs that may run it.
     fn kept_site(&mut self, call: u64) -> Arc<HostCallSite> {
-        let table = &mut self.graphs;
-        table.sites.entry(call).or_insert_with(|| HostCallSite::new(call, &table.host_calls)).clone()
+        self.graphs.site(call)
     }
 
     /// Checks a node's parameters and resolves its ids; the kernel arguments stay in `params`.
@@ -515,11 +561,8 @@ impl<D: Device> Session<D> {
     }
 
     pub(super) fn graph_node_enabled(&mut self, request: req::GraphNodeEnabled, reply: Responder<rep::GraphNodeEnabled>) {
-        let result = (|| {
-            let exec = self.graphs.exec(request.exec)?;
-            let (node, _) = self.graphs.node(request.node)?;
-            self.device.graph_node_enabled(exec, node, request.set)
-        })();
+        let result =
+            self.graphs.exec_node(request.exec, request.node).and_then(|(exec, node)| self.device.graph_node_enabled(exec, node, request.set));
         reply.send(result.map(|enabled| rep::GraphNodeEnabled { enabled }));
     }
 
@@ -634,7 +677,7 @@ impl<D: Device> Session<D> {
             let graph = self.graphs.graph(request.graph)?;
             let from = self.graphs.nodes_of(&request.from, request.graph)?;
             let to = self.graphs.nodes_of(&request.to, request.graph)?;
-            self.device.graph_edges(graph, &from, &to, request.remove)
+            self.device.graph_edges(graph, &from, &to, None, request.remove)
         })();
         reply.send(result.map(|()| rep::GraphEdges {}));
     }
@@ -678,7 +721,9 @@ impl<D: Device> Session<D> {
             let graph = self.graphs.graph(request.graph)?;
             let host_nodes = self.host_nodes(graph, 0)?;
             let exec = self.device.graph_instantiate(graph, request.flags)?;
-            self.graphs.execs.insert(request.exec, exec);
+            let shadow = self.shadow_of(graph, request.flags);
+            let cloned_from = Some(request.graph);
+            self.graphs.execs.insert(request.exec, Exec { exec, flags: request.flags, shadow, cloned_from, translate: HashMap::new() });
             Ok(rep::GraphInstantiate { host_nodes })
         })();
         reply.send(result);
@@ -697,8 +742,7 @@ impl<D: Device> Session<D> {
     }
 
     pub(super) fn graph_exec_destroy(&mut self, request: req::GraphExecDestroy, reply: Responder<rep::GraphExecDestroy>) {
-        let result =
-            self.graphs.execs.remove(&request.exec).ok_or(CudaError::INVALID_VALUE).and_then(|exec| self.device.graph_exec_destroy(exec));
+        let result = self.graphs.execs.remove(&request.exec).ok_or(CudaError::INVALID_VALUE).map(|exec| destroy_exec(&*self.device, exec));
         reply.send(result.map(|()| rep::GraphExecDestroy {}));
     }
 
@@ -708,6 +752,19 @@ impl<D: Device> Session<D> {
             let graph = self.graphs.graph(request.graph)?;
             let host_nodes = self.host_nodes(graph, 0)?;
             let update = self.device.graph_exec_update(exec, graph);
+            if update.result.is_ok() {
+                // The executable graph now runs `graph`'s work: its copy follows.
+                let flags = self.graphs.execs.get(&request.exec).map_or(0, |record| record.flags);
+                let shadow = self.shadow_of(graph, flags);
+                if let Some(record) = self.graphs.execs.get_mut(&request.exec) {
+                    let old = std::mem::replace(&mut record.shadow, shadow);
+                    record.cloned_from = Some(request.graph);
+                    record.translate.clear();
+                    if let Ok(old) = old {
+                        let _ = self.device.graph_destroy(old);
+                    }
+                }
+            }
             let error_node = update.error_node.map_or(0, |node| self.graphs.node_ids.get(&node).copied().unwrap_or(0));
             // The outcome travels in the reply either way: the app reads the status and node too.
             Ok(rep::GraphExecUpdate { error: update.result.err(), status: update.status, error_node, host_nodes })
@@ -717,11 +774,17 @@ impl<D: Device> Session<D> {
 
     pub(super) fn graph_node_set_params(&mut self, mut request: req::GraphNodeSetParams, reply: Responder<rep::GraphNodeSetParams>) {
         let result = (|| {
-            let (node, _) = self.graphs.node(request.node)?;
-            let exec = if request.exec == 0 { None } else { Some(self.graphs.exec(request.exec)?) };
+            let (exec, node) = match request.exec {
+                0 => (None, self.graphs.node(request.node)?.0),
+                exec => self.graphs.exec_node(exec, request.node).map(|(exec, node)| (Some(exec), node))?,
+            };
             let mut site = None;
             let work = self.node_work(&mut request.params, &mut site)?;
-            self.device.graph_node_set(exec, node, work)
+            self.device.graph_node_set(exec, node, work)?;
+            if exec.is_some() {
+                self.mirror_exec_params(request.exec, request.node, &mut request.params);
+            }
+            Ok(())
         })();
         reply.send(result.map(|()| rep::GraphNodeSetParams {}));
     }

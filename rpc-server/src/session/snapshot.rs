@@ -2,17 +2,17 @@
 //! this server or another), with every pointer, stream, event, module and kernel its app holds
 //! valid as before. Device memory comes back at its old addresses (`Device::restore_allocations`,
 //! stream-ordered allocations of pools too, and the app's own reservations and mappings);
-//! streams, events, modules, pools, arrays and physical allocations are the client's own ids,
-//! mapped to new driver objects; texture and surface objects come back under their handles.
-//! What cannot be made again that way (graphs, IPC, a VM's ivshmem region...) makes the
-//! checkpoint fail with the reason, before the app has paused for long.
+//! streams, events, modules, pools, arrays, physical allocations, graphs and executable graphs
+//! are the client's own ids, mapped to new driver objects; texture and surface objects come back
+//! under their handles. What cannot be made again that way (IPC, graph memory, a VM's ivshmem
+//! region...) makes the checkpoint fail with the reason, before the app has paused for long.
 //!
 //! The pause: the control thread asks (`MoveControl::ask`) and sends `Notice::Pause`; the client
 //! answers with `Pause` after its last request and holds new calls; that op reaches the session
 //! in order, so everything before it is drained and in the snapshot. The session then waits for
 //! the decision: move (the client reconnects elsewhere with the snapshot's name) or stay.
 //!
-//! File: `FLYTSNP2`, the manifest's length (8 bytes, little-endian) and the manifest, then each
+//! File: `FLYTSNP3`, the manifest's length (8 bytes, little-endian) and the manifest, then each
 //! allocation's bytes, each mapping's bytes and each module variable's bytes in manifest order,
 //! then the arrays' bytes (`ArraysState`).
 
@@ -34,7 +34,7 @@ use crate::budget::MemoryBudget;
 use crate::memory::RangeKind;
 use crate::shm::Segment;
 
-const MAGIC: &[u8; 8] = b"FLYTSNP2";
+const MAGIC: &[u8; 8] = b"FLYTSNP3";
 /// Largest manifest read back (module images are in it).
 const MAX_MANIFEST: u64 = 4 << 30;
 /// `cudaEventInterprocess`.
@@ -81,6 +81,7 @@ struct Manifest {
     pools: super::pools::PoolsState,
     arrays: super::arrays::ArraysState,
     vmm: super::vmm::VmmState,
+    graphs: super::graphs::GraphsState,
     /// Device memory left on the GPU for a worker there: the file then holds no allocation bytes.
     handover: Option<HandoverState>,
 }
@@ -419,6 +420,7 @@ pub struct Restored<D: Device> {
     pools: super::pools::PoolTable<D>,
     arrays: super::arrays::ArrayTable<D>,
     vmm: super::vmm::VmmTable<D>,
+    graphs: super::graphs::GraphTable<D>,
 }
 
 impl<D: Device> Restored<D> {
@@ -572,6 +574,13 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
     for (id, flags) in manifest.events {
         events.push((id, device.event_create(flags).map_err(|error| format!("event: {error}"))?, flags));
     }
+    let kernel = |function: flyt_protocol::ops::FunctionRef| {
+        let kernel = modules.get(&function.module)?.functions.get(function.index as usize)?.as_ref().ok()?;
+        Some((kernel.function, kernel.args_len))
+    };
+    let event = |id: u64| events.iter().find(|(known, _, _)| *known == id).map(|(_, event, _)| *event);
+    let resolve = super::graphs::Resolve { kernel: &kernel, event: &event };
+    let graphs = super::graphs::GraphTable::restore(device, manifest.graphs, crate::host_calls::HostCalls::unlinked(), &resolve)?;
     device.synchronize().map_err(|error| format!("restoring device memory: {error}"))?;
     Ok(Restored {
         allocations: manifest.allocations,
@@ -584,6 +593,7 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
         pools,
         arrays,
         vmm,
+        graphs,
     })
 }
 
@@ -614,6 +624,9 @@ impl<D: Device> Session<D> {
             self.ranges.insert(start, len, RangeKind::Mapping);
         }
         self.vmm = restored.vmm;
+        // Host nodes of the graphs made again announce through this session's connection.
+        restored.graphs.host_calls.link_as(&self.graphs.host_calls);
+        self.graphs = restored.graphs;
         for (app_address, len, here) in restored.moved_variables {
             self.moved_variables.insert(app_address, len, here);
         }
@@ -678,6 +691,7 @@ impl<D: Device> Session<D> {
         events.sort_unstable();
         let arrays = self.arrays.state();
         let vmm = self.vmm.state();
+        let graphs = self.graphs_state().map_err(|reason| format!("the session cannot move: {reason}"))?;
         let device_bytes = allocations.iter().chain(&vmm.mapped()).map(|(_, len)| len).sum::<u64>()
             + modules.iter().flat_map(|module| module.variables.iter().map(|(_, _, size)| size)).sum::<u64>()
             + super::arrays::state_bytes(&arrays);
@@ -715,6 +729,7 @@ impl<D: Device> Session<D> {
             pools: self.pools.state(),
             arrays,
             vmm,
+            graphs,
             handover,
         };
         let partial = path.with_extension("partial");
