@@ -156,6 +156,10 @@ struct Outgoing {
     next_seq: u32,
     /// The server asked for a pause (a checkpoint or a move): new requests wait until it is over.
     paused: bool,
+    /// The `Pause` is owed until the host functions streams will reach have returned: the
+    /// server drains the session's work before it writes it, and a host function's end is the
+    /// client's answer, which must reach it first.
+    pause_owed: bool,
 }
 
 struct WireHalf {
@@ -296,7 +300,7 @@ impl Conn {
         let writes_directly = matches!(wire, Wire::RingOut(..));
         let conn = Arc::new(Self {
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
-            outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1, paused: false }),
+            outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1, paused: false, pause_owed: false }),
             resumed: Condvar::new(),
             pending: Mutex::new(PendingMap::default()),
             inbound: Mutex::new(Inbound::new(reader)),
@@ -378,7 +382,11 @@ impl Conn {
     fn pause(&self) {
         let mut out = lock(&self.outgoing);
         if !out.paused {
-            Self::enqueue(&mut out, &req::Pause {}.into(), &[]);
+            if host_functions_pending() {
+                out.pause_owed = true;
+            } else {
+                Self::enqueue(&mut out, &req::Pause {}.into(), &[]);
+            }
             out.paused = true;
             self.detached.fetch_add(1, Ordering::AcqRel);
         }
@@ -390,6 +398,7 @@ impl Conn {
     /// The pause is over (`Notice::Resumed`, or the session continues on its new server).
     fn resume(&self) {
         let mut out = lock(&self.outgoing);
+        out.pause_owed = false;
         if out.paused {
             out.paused = false;
             self.detached.fetch_sub(1, Ordering::AcqRel);
@@ -492,6 +501,21 @@ impl Conn {
     }
 
     /// Queues an asynchronous request (no reply expected).
+    /// Sends a host function's end (`HostCallDone`) even during a pause, and the owed `Pause`
+    /// after the last one.
+    pub fn send_host_call_done(self: &Arc<Self>, request: &Request) -> CudaResult<()> {
+        self.check_alive()?;
+        {
+            let mut out = lock(&self.outgoing);
+            Self::enqueue(&mut out, request, &[]);
+            if out.pause_owed && !host_functions_pending() {
+                out.pause_owed = false;
+                Self::enqueue(&mut out, &req::Pause {}.into(), &[]);
+            }
+        }
+        self.flush()
+    }
+
     pub fn send_async(self: &Arc<Self>, request: &Request, bulk: &[u8]) -> CudaResult<()> {
         self.check_alive()?;
         if bulk.len() > ZERO_COPY_BULK {
@@ -806,4 +830,9 @@ fn receive_loop(conn: &Weak<Conn>) {
         }
         conn.hand_over();
     }
+}
+
+/// Whether host functions that streams will reach have yet to return.
+fn host_functions_pending() -> bool {
+    crate::client::existing_client().is_some_and(|client| client.graphs.host_functions_pending())
 }

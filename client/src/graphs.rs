@@ -261,8 +261,7 @@ impl Client {
         let sent = self.graphs.runner.get().is_some_and(|runner| lock(runner).send((call, run)).is_ok());
         if !sent {
             // No runner: answer at once so the stream is not held forever.
-            let _ = self.post(req::HostCallDone { run });
-            let _ = self.conn.flush();
+            let _ = self.conn.send_host_call_done(&req::HostCallDone { run }.into());
         }
     }
 
@@ -282,8 +281,7 @@ impl Client {
                     let Some(client) = crate::client::existing_client() else { return };
                     client.run_host_function(call);
                     client.graphs.one_returned();
-                    let _ = client.post(req::HostCallDone { run });
-                    let _ = client.conn.flush();
+                    let _ = client.conn.send_host_call_done(&req::HostCallDone { run }.into());
                 }
             })
             .map_err(|_| flyt_protocol::CudaError::OPERATING_SYSTEM)?;

@@ -283,3 +283,21 @@ fn pools_arrays_and_texture_objects_move_with_their_session() {
     assert!(stdout.contains(" objects "), "{stdout}");
     assert!(b.server.log_text().contains("session restored"));
 }
+
+#[test]
+fn graphs_and_executable_graphs_move_with_their_session() {
+    let Some(setup) = set_up_with("migration-graphs", "migrate_graphs.c") else { return };
+    let a = start_node(&setup, "a", &[]);
+    let b = start_node(&setup, "b", &[]);
+    let dir = setup.scratch.join("snapshots");
+    let app = spawn_app(&setup, &a.unix, &["300", "10"], "off");
+    let mut here = &a;
+    for (hop, (to, address)) in [(&b, &b.tcp), (&a, &a.unix), (&b, &b.unix)].into_iter().enumerate() {
+        let session = session_on(&setup, here);
+        let (code, out, err) = migrate(&setup, &here.control, &session, &to.control, address, &dir, &[]);
+        assert_eq!(code, 0, "move {hop}: {out}{err}");
+        here = to;
+    }
+    finish_app(app);
+    assert!(b.server.log_text().contains("session restored"));
+}

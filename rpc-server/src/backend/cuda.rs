@@ -1684,7 +1684,14 @@ impl Device for CudaDevice {
         }
         let (from_ptr, to_ptr) = (from.as_ptr().cast::<sys::CUgraphNode>(), to.as_ptr().cast::<sys::CUgraphNode>());
         let data: Option<Vec<sys::CUgraphEdgeData>> = data.map(|data| {
-            data.iter().map(|[from_port, to_port, type_]| sys::CUgraphEdgeData { from_port: *from_port, to_port: *to_port, type_: *type_, reserved: [0; 5] }).collect()
+            data.iter()
+                .map(|[from_port, to_port, type_]| sys::CUgraphEdgeData {
+                    from_port: *from_port,
+                    to_port: *to_port,
+                    type_: *type_,
+                    reserved: [0; 5],
+                })
+                .collect()
         });
         let data_ptr = data.as_ref().map_or(std::ptr::null(), |data| data.as_ptr());
         // SAFETY: two arrays of `from.len()` nodes of the session's graph, and NULL (plain full

@@ -13,8 +13,8 @@ use flyt_protocol::ops::{CaptureInfo, GraphEdge, GraphNodeEntry, NodeParams, Nod
 use super::{MAX_HANDLES, Responder, Session};
 
 mod moves;
-pub use moves::{GraphsState, Resolve};
 use crate::backend::{Device, NodeRead, NodeWork};
+pub use moves::{GraphsState, Resolve};
 
 /// `CU_MEMORYTYPE_HOST`.
 const MEMORY_HOST: u32 = 1;
@@ -561,8 +561,10 @@ impl<D: Device> Session<D> {
     }
 
     pub(super) fn graph_node_enabled(&mut self, request: req::GraphNodeEnabled, reply: Responder<rep::GraphNodeEnabled>) {
-        let result =
-            self.graphs.exec_node(request.exec, request.node).and_then(|(exec, node)| self.device.graph_node_enabled(exec, node, request.set));
+        let result = self
+            .graphs
+            .exec_node(request.exec, request.node)
+            .and_then(|(exec, node)| self.device.graph_node_enabled(exec, node, request.set));
         reply.send(result.map(|enabled| rep::GraphNodeEnabled { enabled }));
     }
 

@@ -14,7 +14,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use flyt_protocol::CudaError;
-use flyt_protocol::ops::{Copy3d, Dim3, FunctionRef, Memset2d, NodeCopy, NodeCopySide, NodeParams, ParamInfo, kernel_node_attribute, node_type};
+use flyt_protocol::ops::{
+    Copy3d, Dim3, FunctionRef, Memset2d, NodeCopy, NodeCopySide, NodeParams, ParamInfo, kernel_node_attribute, node_type,
+};
 use serde::{Deserialize, Serialize};
 
 use super::{Exec, GraphTable};
@@ -263,7 +265,9 @@ impl<D: Device> Session<D> {
                     Ok(NodeRead::Memcpy(copy)) => {
                         NodeSpec::Memcpy(device_copy(&copy).ok_or("a copy node copies host memory, which the new server does not have")?)
                     }
-                    Err(CudaError::NOT_SUPPORTED) => return Err("a copy node copies an array, which cannot be named after a move yet".into()),
+                    Err(CudaError::NOT_SUPPORTED) => {
+                        return Err("a copy node copies an array, which cannot be named after a move yet".into());
+                    }
                     _ => return Err("a copy node cannot be read".into()),
                 },
                 node_type::MEMSET => match self.device.graph_node_read(*node) {
