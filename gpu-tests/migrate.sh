@@ -14,6 +14,9 @@
 #      a mipmapped array, texture and surface objects read and written by kernels) moved N times
 #      the same way over the shared-memory channel (every other move through the snapshot file);
 #      output as native, pointers and handles kept.
+#   graphs: migration/migrate_graphs.cu (a graph captured from two streams, a graph built by the
+#      API whose executable graph the app changes, graph launches in flight while it moves) moved
+#      N times the same way; output as native, pointers kept.
 #   restart: the same app checkpointed with --stop, its server killed, a fresh server started with
 #      --snapshot-dir: the app must go on and print the native output.
 #   big: for each size in --big-mib, one timed move of migrate_loop (driver API) holding that much
@@ -33,7 +36,7 @@ while [ $# -gt 0 ]; do
     --big-mib) BIG=$2; shift 2 ;;
     --skip) SKIP=$2; shift 2 ;;
     --snapshots) SNAP_PARENT=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects restart big'] [--snapshots PARENT-DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs restart big'] [--snapshots PARENT-DIR]" >&2; exit 2 ;;
     esac
 done
 skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -56,6 +59,7 @@ cc -std=gnu11 -O2 -Wall -I"$CUDA_INC" -I"$here/../cuda-shim/cdylib/tests/c" \
 NVCC=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
 "$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_app" "$here/migration/migrate_app.cu" || { echo "nvcc failed"; exit 1; }
 "$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_objects" "$here/migration/migrate_objects.cu" -lcuda || { echo "nvcc failed"; exit 1; }
+"$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_graphs" "$here/migration/migrate_graphs.cu" || { echo "nvcc failed"; exit 1; }
 # Hide the GPU from Flyt's apps: device nodes and the driver's libcuda files.
 HIDE=$W/hide.list
 : >"$HIDE"
@@ -162,6 +166,26 @@ if ! skipped objects; then
     same=no; same_output "$OUT/objects-native.out" "$OUT/objects.out" && same=yes
     if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
     row "migrate_objects (pools, arrays, textures): $MOVES moves" $r "moved $moved, refused $refused, output, pointers and handles as native: $same, exit $rc, move total median $(median_of "${pauses[@]}") ms (${pauses[*]})"
+    kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
+    rm -rf "$SNAP"
+fi
+
+# --- 1c. moves of an app holding CUDA graphs, with graph launches in flight -----------------------
+if ! skipped graphs; then
+    "$W/migrate_graphs" $ROUNDS 5 >"$OUT/graphs-native.out" 2>&1 || echo "native graphs run failed: $(tail -2 "$OUT/graphs-native.out")"
+    start_server a; A=$SRV_PID
+    start_server b; B=$SRV_PID
+    gate=$W/gate-graphs
+    PROGRAM=$W/migrate_graphs flyt_app on "unix:$W/a.sock" $ROUNDS 5 "$gate" >"$OUT/graphs.out" 2>"$OUT/graphs.err" &
+    APP=$!
+    for _ in $(seq 600); do grep -q holding "$OUT/graphs.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
+    # Every other move through the snapshot file.
+    move_around "$OUT/moves-graphs.log" file
+    touch "$gate"
+    wait $APP; rc=$?
+    same=no; same_output "$OUT/graphs-native.out" "$OUT/graphs.out" && same=yes
+    if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
+    row "migrate_graphs (captured and built graphs, launches in flight): $MOVES moves" $r "moved $moved, refused $refused, output and pointers as native: $same, exit $rc, move total median $(median_of "${pauses[@]}") ms (${pauses[*]})"
     kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
     rm -rf "$SNAP"
 fi
