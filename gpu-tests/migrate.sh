@@ -17,6 +17,8 @@
 #   graphs: migration/migrate_graphs.cu (a graph captured from two streams, a graph built by the
 #      API whose executable graph the app changes, graph launches in flight while it moves) moved
 #      N times the same way; output as native, pointers kept.
+#   torch-graph (with --python): migration/migrate_torch_graph.py, a PyTorch MLP captured into a
+#      CUDA graph and replayed (replays in flight while it moves), moved N times the same way.
 #   restart: the same app checkpointed with --stop, its server killed, a fresh server started with
 #      --snapshot-dir: the app must go on and print the native output.
 #   big: for each size in --big-mib, one timed move of migrate_loop (driver API) holding that much
@@ -26,7 +28,7 @@
 # A short table is printed last; everything else goes to OUT.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-DIST= OUT= MOVES=10 APP_MIB=10240 BIG="1024 10240" SKIP= SNAP_PARENT=/dev/shm
+DIST= OUT= MOVES=10 APP_MIB=10240 BIG="1024 10240" SKIP= SNAP_PARENT=/dev/shm PYTHON=
 while [ $# -gt 0 ]; do
     case $1 in
     --dist) DIST=$2; shift 2 ;;
@@ -36,7 +38,8 @@ while [ $# -gt 0 ]; do
     --big-mib) BIG=$2; shift 2 ;;
     --skip) SKIP=$2; shift 2 ;;
     --snapshots) SNAP_PARENT=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs restart big'] [--snapshots PARENT-DIR]" >&2; exit 2 ;;
+    --python) PYTHON=$2; shift 2 ;;
+    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph restart big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH]" >&2; exit 2 ;;
     esac
 done
 skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -186,6 +189,26 @@ if ! skipped graphs; then
     same=no; same_output "$OUT/graphs-native.out" "$OUT/graphs.out" && same=yes
     if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
     row "migrate_graphs (captured and built graphs, launches in flight): $MOVES moves" $r "moved $moved, refused $refused, output and pointers as native: $same, exit $rc, move total median $(median_of "${pauses[@]}") ms (${pauses[*]})"
+    kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
+    rm -rf "$SNAP"
+fi
+
+# --- 1d. moves of a PyTorch program replaying a CUDA graph (with --python) ----------------------
+if [ -n "$PYTHON" ] && ! skipped torch-graph; then
+    script=$here/migration/migrate_torch_graph.py
+    "$PYTHON" "$script" $ROUNDS 5 >"$OUT/torch-graph-native.out" 2>&1 || echo "native torch-graph run failed: $(tail -2 "$OUT/torch-graph-native.out")"
+    start_server a; A=$SRV_PID
+    start_server b; B=$SRV_PID
+    gate=$W/gate-torch-graph
+    PROGRAM=$PYTHON flyt_app on "unix:$W/a.sock" "$script" $ROUNDS 5 "$gate" >"$OUT/torch-graph.out" 2>"$OUT/torch-graph.err" &
+    APP=$!
+    for _ in $(seq 1200); do grep -q holding "$OUT/torch-graph.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
+    move_around "$OUT/moves-torch-graph.log" file
+    touch "$gate"
+    wait $APP; rc=$?
+    same=no; same_output "$OUT/torch-graph-native.out" "$OUT/torch-graph.out" && same=yes
+    if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
+    row "PyTorch CUDA graph replaying: $MOVES moves" $r "moved $moved, refused $refused, output and pointers as native: $same, exit $rc, move total median $(median_of "${pauses[@]}") ms (${pauses[*]})"
     kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
     rm -rf "$SNAP"
 fi

@@ -45,8 +45,8 @@ static void count_run(void *data) { __atomic_add_fetch((int *)data, 1, __ATOMIC_
 
 static unsigned checksum(const unsigned *device, unsigned *host) {
     CHECK(cudaMemcpy(host, device, WORDS * sizeof(unsigned), cudaMemcpyDeviceToHost));
-    unsigned sum = 0;
-    for (size_t i = 0; i < WORDS; i++) sum = sum * 31u + host[i];
+    unsigned sum = 2166136261u;
+    for (size_t i = 0; i < WORDS; i++) sum = (sum ^ host[i]) * 16777619u;
     return sum;
 }
 
