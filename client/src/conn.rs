@@ -502,12 +502,15 @@ impl Conn {
 
     /// Queues an asynchronous request (no reply expected).
     /// Sends a host function's end (`HostCallDone`) even during a pause, and the owed `Pause`
-    /// after the last one.
-    pub fn send_host_call_done(self: &Arc<Self>, request: &Request) -> CudaResult<()> {
+    /// after the last one. `returned` counts the function as returned, in the same hold of the
+    /// outgoing buffer as the enqueue, so a `Pause` is never queued between the two (the
+    /// server would then drain before this end, which it must wait for).
+    pub fn send_host_call_done(self: &Arc<Self>, request: &Request, returned: impl FnOnce()) -> CudaResult<()> {
         self.check_alive()?;
         {
             let mut out = lock(&self.outgoing);
             Self::enqueue(&mut out, request, &[]);
+            returned();
             if out.pause_owed && !host_functions_pending() {
                 out.pause_owed = false;
                 Self::enqueue(&mut out, &req::Pause {}.into(), &[]);

@@ -261,7 +261,7 @@ impl Client {
         let sent = self.graphs.runner.get().is_some_and(|runner| lock(runner).send((call, run)).is_ok());
         if !sent {
             // No runner: answer at once so the stream is not held forever.
-            let _ = self.conn.send_host_call_done(&req::HostCallDone { run }.into());
+            let _ = self.conn.send_host_call_done(&req::HostCallDone { run }.into(), || {});
         }
     }
 
@@ -280,8 +280,7 @@ impl Client {
                 for (call, run) in receiver {
                     let Some(client) = crate::client::existing_client() else { return };
                     client.run_host_function(call);
-                    client.graphs.one_returned();
-                    let _ = client.conn.send_host_call_done(&req::HostCallDone { run }.into());
+                    let _ = client.conn.send_host_call_done(&req::HostCallDone { run }.into(), || client.graphs.one_returned());
                 }
             })
             .map_err(|_| flyt_protocol::CudaError::OPERATING_SYSTEM)?;
