@@ -153,64 +153,30 @@ for mode in shm socket; do
     kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
 done
 
-# --- 1b. moves of an app with pools, arrays and texture objects ---------------------------------
-if ! skipped objects; then
-    "$W/migrate_objects" $ROUNDS 5 >"$OUT/objects-native.out" 2>&1 || echo "native objects run failed: $(tail -2 "$OUT/objects-native.out")"
+# --- 1b-1d. moves of apps holding pools, arrays, textures and graphs --------------------------
+moved_row() { # NAME LABEL PROGRAM [ARGS...]: PROGRAM ARGS ROUNDS 5 natively, then through Flyt,
+    # held at its gate while it moves MOVES times (every other move through the snapshot file)
+    local name=$1 label=$2 program=$3 gate=$W/gate-$1 rc same r
+    shift 3
+    "$program" "$@" $ROUNDS 5 >"$OUT/$name-native.out" 2>&1 || echo "native $name run failed: $(tail -2 "$OUT/$name-native.out")"
     start_server a; A=$SRV_PID
     start_server b; B=$SRV_PID
-    gate=$W/gate-objects
-    PROGRAM=$W/migrate_objects flyt_app on "unix:$W/a.sock" $ROUNDS 5 "$gate" >"$OUT/objects.out" 2>"$OUT/objects.err" &
+    PROGRAM=$program flyt_app on "unix:$W/a.sock" "$@" $ROUNDS 5 "$gate" >"$OUT/$name.out" 2>"$OUT/$name.err" &
     APP=$!
-    for _ in $(seq 600); do grep -q holding "$OUT/objects.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
-    # Every other move through the snapshot file: arrays, pools and mappings both ways.
-    move_around "$OUT/moves-objects.log" file
+    for _ in $(seq 1200); do grep -q holding "$OUT/$name.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
+    move_around "$OUT/moves-$name.log" file
     touch "$gate"
     wait $APP; rc=$?
-    same=no; same_output "$OUT/objects-native.out" "$OUT/objects.out" && same=yes
+    same=no; same_output "$OUT/$name-native.out" "$OUT/$name.out" && same=yes
     if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
-    row "migrate_objects (pools, arrays, textures): $MOVES moves" $r "moved $moved, refused $refused, output, pointers and handles as native: $same, exit $rc, move total median $(median_of "${pauses[@]}") ms (${pauses[*]})"
+    row "$label: $MOVES moves" $r "moved $moved, refused $refused, output, pointers and handles as native: $same, exit $rc, move total median $(median_of "${pauses[@]}") ms (${pauses[*]})"
     kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
     rm -rf "$SNAP"
-fi
-
-# --- 1c. moves of an app holding CUDA graphs, with graph launches in flight -----------------------
-if ! skipped graphs; then
-    "$W/migrate_graphs" $ROUNDS 5 >"$OUT/graphs-native.out" 2>&1 || echo "native graphs run failed: $(tail -2 "$OUT/graphs-native.out")"
-    start_server a; A=$SRV_PID
-    start_server b; B=$SRV_PID
-    gate=$W/gate-graphs
-    PROGRAM=$W/migrate_graphs flyt_app on "unix:$W/a.sock" $ROUNDS 5 "$gate" >"$OUT/graphs.out" 2>"$OUT/graphs.err" &
-    APP=$!
-    for _ in $(seq 600); do grep -q holding "$OUT/graphs.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
-    # Every other move through the snapshot file.
-    move_around "$OUT/moves-graphs.log" file
-    touch "$gate"
-    wait $APP; rc=$?
-    same=no; same_output "$OUT/graphs-native.out" "$OUT/graphs.out" && same=yes
-    if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
-    row "migrate_graphs (captured and built graphs, launches in flight): $MOVES moves" $r "moved $moved, refused $refused, output and pointers as native: $same, exit $rc, move total median $(median_of "${pauses[@]}") ms (${pauses[*]})"
-    kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
-    rm -rf "$SNAP"
-fi
-
-# --- 1d. moves of a PyTorch program replaying a CUDA graph (with --python) ----------------------
+}
+skipped objects || moved_row objects "migrate_objects (pools, arrays, textures)" "$W/migrate_objects"
+skipped graphs || moved_row graphs "migrate_graphs (captured and built graphs, launches in flight)" "$W/migrate_graphs"
 if [ -n "$PYTHON" ] && ! skipped torch-graph; then
-    script=$here/migration/migrate_torch_graph.py
-    "$PYTHON" "$script" $ROUNDS 5 >"$OUT/torch-graph-native.out" 2>&1 || echo "native torch-graph run failed: $(tail -2 "$OUT/torch-graph-native.out")"
-    start_server a; A=$SRV_PID
-    start_server b; B=$SRV_PID
-    gate=$W/gate-torch-graph
-    PROGRAM=$PYTHON flyt_app on "unix:$W/a.sock" "$script" $ROUNDS 5 "$gate" >"$OUT/torch-graph.out" 2>"$OUT/torch-graph.err" &
-    APP=$!
-    for _ in $(seq 1200); do grep -q holding "$OUT/torch-graph.err" 2>/dev/null && break; kill -0 $APP 2>/dev/null || break; sleep 0.1; done
-    move_around "$OUT/moves-torch-graph.log" file
-    touch "$gate"
-    wait $APP; rc=$?
-    same=no; same_output "$OUT/torch-graph-native.out" "$OUT/torch-graph.out" && same=yes
-    if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
-    row "PyTorch CUDA graph replaying: $MOVES moves" $r "moved $moved, refused $refused, output and pointers as native: $same, exit $rc, move total median $(median_of "${pauses[@]}") ms (${pauses[*]})"
-    kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
-    rm -rf "$SNAP"
+    moved_row torch-graph "PyTorch CUDA graph replaying" "$PYTHON" "$here/migration/migrate_torch_graph.py"
 fi
 
 # --- 2. checkpoint, kill the server, restore on a fresh one --------------------------------------
