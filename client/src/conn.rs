@@ -520,13 +520,22 @@ impl Conn {
     }
 
     pub fn send_async(self: &Arc<Self>, request: &Request, bulk: &[u8]) -> CudaResult<()> {
-        self.check_alive()?;
         if bulk.len() > ZERO_COPY_BULK {
+            self.check_alive()?;
             return self.send_with_bulk(request, bulk, None).map(|_| ());
         }
+        self.send_async_with(request, bulk, || {})
+    }
+
+    /// `send_async` (small bulk only) that runs `enqueued` in the same hold of the outgoing
+    /// buffer as the request is queued: host functions a launch adds count as pending only once
+    /// the launch is queued, so a pause never waits for a launch it holds back.
+    pub fn send_async_with(self: &Arc<Self>, request: &Request, bulk: &[u8], enqueued: impl FnOnce()) -> CudaResult<()> {
+        self.check_alive()?;
         let queued = {
             let mut out = self.unpaused()?;
             Self::enqueue(&mut out, request, bulk);
+            enqueued();
             out.buf.len()
         };
         if queued >= FLUSH_AT {

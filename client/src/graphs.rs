@@ -211,7 +211,6 @@ impl Client {
         let host_nodes = self.graphs.exec_host_nodes(exec);
         if host_nodes > 0 {
             self.start_host_runner()?;
-            self.graphs.add_outstanding(host_nodes as usize);
             self.conn.expect_notices(host_nodes as usize);
         }
         self.push_mirrors()?;
@@ -220,7 +219,8 @@ impl Client {
             capture_status::NONE => objects.launch_references(exec),
             _ => None,
         };
-        let launched = self.post(req::GraphLaunch { exec, stream });
+        let launched =
+            self.conn.send_async_with(&req::GraphLaunch { exec, stream }.into(), &[], || self.graphs.add_outstanding(host_nodes as usize));
         if let Some(token) = held {
             let release = HostFunction::Plain { function: crate::user_objects::launch_done, user_data: token as usize };
             if launched.is_err() {
@@ -244,10 +244,10 @@ impl Client {
         let captured = self.capture_info(stream)?.status != capture_status::NONE;
         let call = self.graphs.register(function, !captured);
         if !captured {
-            self.graphs.add_outstanding(1);
             self.conn.expect_notices(1);
         }
-        self.post(req::LaunchHostFunc { stream, call })
+        let outstanding = if captured { 0 } else { 1 };
+        self.conn.send_async_with(&req::LaunchHostFunc { stream, call }.into(), &[], || self.graphs.add_outstanding(outstanding))
     }
 
     /// A host node's function (kept while the session lives: graphs may run it at any launch).
