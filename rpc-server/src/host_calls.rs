@@ -70,8 +70,12 @@ impl HostCalls {
     /// The announcer thread, started with the session's first host call (most sessions have
     /// none, and a thread's stack takes address space the session's mapped blocks may need).
     fn announcer(&self) -> Option<&Announcer> {
-        let started = self.announce.get_or_init(|| {
-            let (outbox, bind) = self.link.get()?.clone();
+        if let Some(started) = self.announce.get() {
+            return started.as_ref();
+        }
+        // Not before the session is linked (a restored session's graphs run nothing till then).
+        let (outbox, bind) = self.link.get()?.clone();
+        let started = self.announce.get_or_init(move || {
             let (announce, requests) = channel::<(u64, u64)>();
             let spawned = std::thread::Builder::new().name("flyt-host-calls".into()).spawn(move || {
                 bind();

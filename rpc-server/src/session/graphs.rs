@@ -11,15 +11,15 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{CaptureInfo, GraphEdge, GraphNodeEntry, NodeParams, NodeReadback, SERVER_NODE_BIT, node_type, rep, req};
 
 use super::{MAX_HANDLES, Responder, Session};
+use crate::backend::{Device, NodeRead, NodeWork};
+use crate::host_calls::{HostCallSite, HostCalls};
+use crate::memory::RangeKind;
 
 mod moves;
-use crate::backend::{Device, NodeRead, NodeWork};
 pub use moves::{GraphsState, Resolve};
 
 /// `CU_MEMORYTYPE_HOST`.
 const MEMORY_HOST: u32 = 1;
-use crate::host_calls::{HostCallSite, HostCalls};
-use crate::memory::RangeKind;
 
 /// An executable graph, with what makes it again on another server.
 struct Exec<D: Device> {
@@ -201,7 +201,7 @@ impl<D: Device> GraphTable<D> {
     /// Everything, destroyed (the session ends or its device is reset).
     pub fn release(&mut self, device: &D) {
         for (_, exec) in self.execs.drain() {
-            destroy_exec(device, exec);
+            let _ = destroy_exec(device, exec);
         }
         let ids: Vec<u64> = self.graphs.keys().copied().collect();
         for id in ids {
@@ -219,12 +219,13 @@ impl<D: Device> GraphTable<D> {
     }
 }
 
-/// Destroys an executable graph and its copy of its graph.
-fn destroy_exec<D: Device>(device: &D, exec: Exec<D>) {
-    let _ = device.graph_exec_destroy(exec.exec);
+/// Destroys an executable graph and its copy of its graph; the driver's answer for the
+/// executable graph (the copy is the session's own business).
+fn destroy_exec<D: Device>(device: &D, exec: Exec<D>) -> CudaResult<()> {
     if let Ok(shadow) = exec.shadow {
         let _ = device.graph_destroy(shadow);
     }
+    device.graph_exec_destroy(exec.exec)
 }
 
 impl<D: Device> Session<D> {
@@ -744,7 +745,8 @@ impl<D: Device> Session<D> {
     }
 
     pub(super) fn graph_exec_destroy(&mut self, request: req::GraphExecDestroy, reply: Responder<rep::GraphExecDestroy>) {
-        let result = self.graphs.execs.remove(&request.exec).ok_or(CudaError::INVALID_VALUE).map(|exec| destroy_exec(&*self.device, exec));
+        let result =
+            self.graphs.execs.remove(&request.exec).ok_or(CudaError::INVALID_VALUE).and_then(|exec| destroy_exec(&*self.device, exec));
         reply.send(result.map(|()| rep::GraphExecDestroy {}));
     }
 

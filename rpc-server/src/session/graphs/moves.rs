@@ -189,7 +189,7 @@ impl<D: Device> Session<D> {
         ids.sort_unstable();
         let mut graphs = Vec::with_capacity(ids.len());
         for id in ids {
-            graphs.push((id, self.describe(self.graphs.graphs[&id], true, &kernels, 0)?));
+            graphs.push((id, self.describe(self.graphs.graphs[&id], true, &kernels, 0)?.0));
         }
         let mut exec_ids: Vec<u64> = self.graphs.execs.keys().copied().collect();
         exec_ids.sort_unstable();
@@ -203,15 +203,8 @@ impl<D: Device> Session<D> {
     fn exec_state(&self, id: u64, kernels: &Kernels<D>) -> Result<ExecState, String> {
         let record = &self.graphs.execs[&id];
         let shadow = *record.shadow.as_ref().map_err(|reason| format!("an executable graph cannot move: {reason}"))?;
-        let graph = self.describe(shadow, false, kernels, 0)?;
-        let position: HashMap<D::GraphNode, u32> = self
-            .device
-            .graph_nodes(shadow, false)
-            .map_err(|error| format!("an executable graph's nodes: {error}"))?
-            .into_iter()
-            .enumerate()
-            .map(|(index, (node, _))| (node, index as u32))
-            .collect();
+        let (graph, listed) = self.describe(shadow, false, kernels, 0)?;
+        let position: HashMap<D::GraphNode, u32> = listed.into_iter().enumerate().map(|(index, node)| (node, index as u32)).collect();
         let mut nodes: Vec<(u64, u32)> = record.translate.iter().filter_map(|(id, node)| Some((*id, *position.get(node)?))).collect();
         if let Some(from) = record.cloned_from {
             for (node_id, (node, of)) in &self.graphs.nodes {
@@ -237,9 +230,9 @@ impl<D: Device> Session<D> {
         Ok(ExecState { id, flags: record.flags, graph, nodes, disabled })
     }
 
-    /// A graph read back from the driver; `named`: with the app's ids of its nodes and child
-    /// graphs (an executable graph's copy has none).
-    fn describe(&self, graph: D::Graph, named: bool, kernels: &Kernels<D>, depth: u32) -> Result<Shape, String> {
+    /// A graph read back from the driver, and its nodes in the shape's order; `named`: with the
+    /// app's ids of its nodes and child graphs (an executable graph's copy has none).
+    fn describe(&self, graph: D::Graph, named: bool, kernels: &Kernels<D>, depth: u32) -> Result<(Shape, Vec<D::GraphNode>), String> {
         if depth > MAX_DEPTH {
             return Err("child graphs nest too deep".into());
         }
@@ -290,7 +283,7 @@ impl<D: Device> Session<D> {
                 node_type::GRAPH => {
                     let child = self.device.graph_child(*node).map_err(|error| format!("a child graph node: {error}"))?;
                     let id = if named { self.graphs.graph_ids.get(&child).copied() } else { None };
-                    NodeSpec::Child { id, graph: self.describe(child, named, kernels, depth + 1)? }
+                    NodeSpec::Child { id, graph: self.describe(child, named, kernels, depth + 1)?.0 }
                 }
                 other => return Err(format!("a graph node of type {other} cannot be made again elsewhere")),
             };
@@ -305,7 +298,7 @@ impl<D: Device> Session<D> {
             };
             edges.push((*from, *to, data));
         }
-        Ok(Shape { nodes, edges })
+        Ok((Shape { nodes, edges }, listed.into_iter().map(|(node, _)| node).collect()))
     }
 }
 
