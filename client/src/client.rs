@@ -133,10 +133,16 @@ fn identity() -> ClientIdentity {
     }
 }
 
-/// Connects to the server; over TCP with `tls_ca`, through TLS checked against that CA.
+/// Connects to the server; over TCP with `tls_ca`, through TLS checked against that CA. In a VM,
+/// `serial:PORT` is a virtio-serial port its host connects to the server's Unix socket.
 fn connect_wire(address: &str, tls_ca: Option<&str>) -> Result<Wire, String> {
     if let Some(path) = address.strip_prefix("unix:") {
         return UnixStream::connect(path).map(Wire::Unix).map_err(|error| format!("cannot connect to {path}: {error}"));
+    }
+    if let Some(port) = address.strip_prefix("serial:") {
+        return flyt_ring::serial::open_port(std::path::Path::new(port))
+            .map(Wire::Serial)
+            .map_err(|error| format!("cannot open the serial port {port}: {error}"));
     }
     let address = address.strip_prefix("tcp:").unwrap_or(address);
     let targets = address.to_socket_addrs().map_err(|error| format!("bad server address '{address}': {error}"))?;

@@ -21,6 +21,7 @@
 
 mod link;
 pub mod region;
+pub mod serial;
 pub mod tls;
 
 pub use link::Link;

@@ -1,4 +1,5 @@
-//! The byte stream between a shim and its rpc-server: a TCP or Unix socket, or one half of the
+//! The byte stream between a shim and its rpc-server: a TCP or Unix socket, a VM guest's serial
+//! port (through a socket pair), or one half of the
 //! shared-memory rings (holding the socket open to tell when the peer is gone). Both ends use this
 //! one type.
 
@@ -19,6 +20,10 @@ pub enum Link {
     /// and decrypts from the TCP socket (`crate::tls`). Read and written as a Unix socket; a TCP
     /// session in every other respect (the peer is remote).
     Secured(UnixStream),
+    /// A VM guest's virtio-serial port to its host's server: the local end of a socket pair whose
+    /// other end pump threads connect to the port (`crate::serial`). Read and written as a Unix
+    /// socket; the peer runs on another kernel (no descriptor passing, no shared futex).
+    Serial(UnixStream),
     /// The rings' reading half; the socket stays open to tell when the peer is gone.
     RingIn(RingReader, Arc<Link>),
     /// The rings' writing half.
@@ -44,7 +49,7 @@ impl Link {
     pub fn is_secured(&self) -> bool {
         match self {
             Self::Secured(_) => true,
-            Self::Tcp(_) | Self::Unix(_) => false,
+            Self::Tcp(_) | Self::Unix(_) | Self::Serial(_) => false,
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.is_secured(),
         }
     }
@@ -55,6 +60,7 @@ impl Link {
             Self::Tcp(stream) => Self::Tcp(stream.try_clone()?),
             Self::Unix(stream) => Self::Unix(stream.try_clone()?),
             Self::Secured(stream) => Self::Secured(stream.try_clone()?),
+            Self::Serial(stream) => Self::Serial(stream.try_clone()?),
             Self::RingIn(..) | Self::RingOut(..) => {
                 return Err(io::Error::other("ring halves are not cloned"));
             }
@@ -64,14 +70,15 @@ impl Link {
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
             Self::Tcp(stream) => stream.set_read_timeout(timeout),
-            Self::Unix(stream) | Self::Secured(stream) => stream.set_read_timeout(timeout),
+            Self::Unix(stream) | Self::Secured(stream) | Self::Serial(stream) => stream.set_read_timeout(timeout),
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.set_read_timeout(timeout),
         }
     }
 
+    /// Whether the peer is remote (another host or kernel): TCP, or a guest's serial port.
     pub fn is_tcp(&self) -> bool {
         match self {
-            Self::Tcp(_) | Self::Secured(_) => true,
+            Self::Tcp(_) | Self::Secured(_) | Self::Serial(_) => true,
             Self::Unix(_) => false,
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.is_tcp(),
         }
@@ -82,7 +89,7 @@ impl Link {
         match self {
             Self::RingIn(reader, _) => reader.try_read(buf),
             Self::RingOut(..) => Err(wrong_half()),
-            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) => {
+            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) | Self::Serial(_) => {
                 // SAFETY: `buf` is valid for writes of its length; the descriptor is this
                 // link's open socket.
                 let read = unsafe { libc::recv(self.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
@@ -95,7 +102,9 @@ impl Link {
     /// wait as usual (their messages are small; bulk data goes through the segment).
     pub fn write_vectored_nonblocking(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
-            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) => self.send_vectored(bufs, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT),
+            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) | Self::Serial(_) => {
+                self.send_vectored(bufs, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+            }
             _ => self.write_vectored(bufs),
         }
     }
@@ -155,7 +164,7 @@ impl Link {
         match self {
             Self::RingIn(reader, _) => reader.retire(),
             Self::RingOut(writer, _) => writer.retire(),
-            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) => {}
+            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) | Self::Serial(_) => {}
         }
     }
 
@@ -163,7 +172,7 @@ impl Link {
     pub fn shutdown(&self) {
         match self {
             Self::Tcp(stream) => drop(stream.shutdown(std::net::Shutdown::Both)),
-            Self::Unix(stream) | Self::Secured(stream) => drop(stream.shutdown(std::net::Shutdown::Both)),
+            Self::Unix(stream) | Self::Secured(stream) | Self::Serial(stream) => drop(stream.shutdown(std::net::Shutdown::Both)),
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.shutdown(),
         }
     }
@@ -173,7 +182,7 @@ impl AsFd for Link {
     fn as_fd(&self) -> BorrowedFd<'_> {
         match self {
             Self::Tcp(stream) => stream.as_fd(),
-            Self::Unix(stream) | Self::Secured(stream) => stream.as_fd(),
+            Self::Unix(stream) | Self::Secured(stream) | Self::Serial(stream) => stream.as_fd(),
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.as_fd(),
         }
     }
@@ -189,7 +198,7 @@ impl Read for Link {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Self::Tcp(stream) => stream.read(buf),
-            Self::Unix(stream) | Self::Secured(stream) => stream.read(buf),
+            Self::Unix(stream) | Self::Secured(stream) | Self::Serial(stream) => stream.read(buf),
             Self::RingIn(reader, _) => reader.read(buf),
             Self::RingOut(..) => Err(wrong_half()),
         }
@@ -207,7 +216,7 @@ impl Write for Link {
         match self {
             Self::RingOut(writer, _) => return writer.write_vectored(bufs),
             Self::RingIn(..) => return Err(wrong_half()),
-            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) => {}
+            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) | Self::Serial(_) => {}
         }
         self.send_vectored(bufs, libc::MSG_NOSIGNAL)
     }

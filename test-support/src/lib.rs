@@ -3,6 +3,8 @@
 //! `flyt-rpc-server` running for the length of a test.
 #![forbid(unsafe_code)]
 
+pub mod guest;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
