@@ -63,7 +63,7 @@ impl Initramfs {
         let busybox = ["/bin/busybox", "/usr/bin/busybox"].into_iter().map(Path::new).find(|path| path.exists());
         let busybox = busybox.expect("busybox is needed for the guest (Debian: busybox-static; .ci/fetch-guest-kernel installs it)");
         image.add_program(busybox, "/bin/busybox", None);
-        for applet in ["sh", "mount", "insmod", "cat", "echo", "poweroff", "sleep", "timeout", "kill", "ls"] {
+        for applet in ["sh", "mount", "insmod", "cat", "echo", "poweroff", "sleep", "timeout", "kill", "ls", "ip"] {
             image.entries.insert(format!("bin/{applet}"), Entry::Symlink("busybox".into()));
         }
         for module in &kernel.modules {
@@ -202,11 +202,15 @@ pub struct Vm {
 
 impl Vm {
     /// Boots `kernel` with `initrd` and the QEMU options in `devices` (ivshmem regions, serial
-    /// ports), with no network card at all: whatever reaches the host goes through `devices`.
+    /// ports). Unless `devices` gives it one (`-nic ...`), the guest has no network card at all:
+    /// whatever reaches the host goes through `devices`.
     pub fn boot(kernel: &GuestKernel, initrd: &Path, devices: &[String]) -> Self {
         let mut command = Command::new("qemu-system-x86_64");
+        if !devices.iter().any(|option| option == "-nic") {
+            command.args(["-nic", "none"]);
+        }
         command
-            .args(["-accel", "tcg", "-m", "512", "-smp", "1", "-nic", "none", "-no-reboot"])
+            .args(["-accel", "tcg", "-m", "512", "-smp", "1", "-no-reboot"])
             .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
             .arg("-kernel")
             .arg(&kernel.vmlinuz)

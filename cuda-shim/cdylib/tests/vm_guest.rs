@@ -32,6 +32,7 @@ struct Setup {
     /// The guest programs built here, and Flyt's library folder they link against.
     copies: PathBuf,
     scribble: PathBuf,
+    bandwidth: PathBuf,
     lib: PathBuf,
     regions: PathBuf,
 }
@@ -53,11 +54,13 @@ fn set_up(name: &str) -> Option<Setup> {
     let sources = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c"));
     let (copies, lib) = driver_program(&sources.join("region_copies.c"), &cuda, &scratch);
     let (scribble, _) = driver_program(&sources.join("region_scribble.c"), &cuda, &scratch);
+    let benchmarks = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../benchmarks"));
+    let (bandwidth, _) = driver_program(&benchmarks.join("guest_copy.c"), &cuda, &scratch);
     // In shared memory, where a GPU host keeps regions; not named `flyt-*` (other tests check
     // that no Flyt segment outlives its session there).
     let regions = PathBuf::from(format!("/dev/shm/regions-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&regions);
-    Some(Setup { scratch, kernel, copies, scribble, lib, regions })
+    Some(Setup { scratch, kernel, copies, scribble, bandwidth, lib, regions })
 }
 
 impl Setup {
@@ -78,7 +81,8 @@ impl Setup {
         (self.regions.join(name), options.split_whitespace().map(str::to_string).collect())
     }
 
-    /// A server on a Unix socket (the guests' serial ports connect to it) that serves the regions.
+    /// A server on a Unix socket (the guests' serial ports connect to it) and on TCP (for guests
+    /// with a network card) that serves the regions.
     fn start_server(&self, metrics: &str) -> Server {
         let socket = format!("unix:{}", self.scratch.join("rpc.sock").display());
         let regions = self.regions.display().to_string();
@@ -90,6 +94,8 @@ impl Setup {
                 "1GiB",
                 "--listen",
                 &socket,
+                "--listen",
+                "127.0.0.1:0",
                 "--ivshmem-dir",
                 &regions,
                 "--allocation",
@@ -109,6 +115,7 @@ impl Setup {
         let mut image = Initramfs::new(&self.kernel, &self.scratch);
         image.add_program(&self.copies, &format!("{GUEST_BIN_DIR}/region_copies"), Some(&self.lib));
         image.add_program(&self.scribble, &format!("{GUEST_BIN_DIR}/region_scribble"), Some(&self.lib));
+        image.add_program(&self.bandwidth, &format!("{GUEST_BIN_DIR}/guest_copy"), Some(&self.lib));
         let script = format!("{}{body}\necho flyt-guest-done\npoweroff -f\n", init_prelude(&self.kernel));
         image.add_text("/init", &script, 0o755);
         let path = self.scratch.join(format!("{name}.cpio"));
@@ -262,4 +269,57 @@ fn a_guest_that_scribbles_over_its_region_harms_only_its_own_session() {
         }
         assert!(wiped(), "{name} wiped\n{}", context());
     }
+}
+
+/// Not a test but a measurement (`benchmarks/vm-guest.sh` runs it): copy bandwidth from a booted
+/// guest through its ivshmem region (control on a serial port) and through TCP alone (QEMU's
+/// user-mode network, the guest's only other way out), with the guest's own memcpy beside them,
+/// and the same program on the host through the same region as the reference.
+/// Prints the table; asserts only that every run completed.
+#[test]
+#[ignore = "a benchmark: benchmarks/vm-guest.sh"]
+fn guest_copy_bandwidth() {
+    let Some(setup) = set_up("vm-guest-bandwidth") else { return };
+    let reps = std::env::var("FLYT_GUEST_REPS").unwrap_or_else(|_| "9".into());
+    let (region, mut devices) = setup.create_region("vm-a", "256MiB", 2);
+    let metrics = free_port();
+    let server = setup.start_server(&metrics);
+    let port = server.addresses[1].rsplit_once(':').expect("host:port").1.to_string();
+    // The reference without emulation: the same program on the host, through the same region.
+    let (code, on_host, stderr) = flyt_test_support::run_with_timeout(
+        Command::new(&setup.bandwidth)
+            .args(["host-ivshmem", &reps])
+            .env("LD_LIBRARY_PATH", &setup.lib)
+            .env("FLYT_SERVER", &server.addresses[1])
+            .env("FLYT_SHM", "on")
+            .env("FLYT_IVSHMEM", &region),
+        Duration::from_secs(600),
+    );
+    assert_eq!(code, 0, "{on_host}\n{stderr}");
+    devices.extend(serial_ports(&server, 1, "vm-a"));
+    devices.extend(["-nic".into(), "user,model=virtio-net-pci".into()]);
+    // QEMU's user-mode network: the guest is 10.0.2.15, and 10.0.2.2 is the host's loopback.
+    let body = format!(
+        "ip link set lo up; ip addr add 10.0.2.15/24 dev eth0; ip link set eth0 up\n\
+         {env} guest_copy ivshmem {reps}\n\
+         FLYT_SERVER=10.0.2.2:{port} FLYT_SHM=off FLYT_IVSHMEM=off guest_copy tcp {reps}",
+        env = session_env(0),
+    );
+    let image = setup.image("bandwidth", &body);
+    let mut vm = Vm::boot(&setup.kernel, &image, &devices);
+    let (console, powered_off) = vm.wait(Duration::from_secs(1200));
+    let context = || format!("guest console:\n{console}\nserver log:\n{}", server.log_text());
+    assert!(powered_off && console.matches("guest_copy done").count() == 2, "{}", context());
+    let text = scrape_metrics(&metrics);
+    let (region, socket) =
+        (copied(&text, "h2d", "shm") + copied(&text, "d2h", "shm"), copied(&text, "h2d", "socket") + copied(&text, "d2h", "socket"));
+    println!("| channel | memory | direction | bytes | median GB/s | p90 GB/s |");
+    println!("| --- | --- | --- | ---: | ---: | ---: |");
+    for line in on_host.lines().chain(console.lines()).filter_map(|line| line.trim().strip_prefix("bw ")) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if let [channel, memory, direction, bytes, median, p90] = fields[..] {
+            println!("| {channel} | {memory} | {direction} | {bytes} | {median} | {p90} |");
+        }
+    }
+    println!("server counters: {region:.0} bytes through the region, {socket:.0} through sockets");
 }
