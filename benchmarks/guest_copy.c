@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
             seconds[r] = now() - start;
             if (other[bytes - 1] != pageable[bytes - 1]) printf("FAIL memcpy\n"); // and the copy is used
         }
-        report("guest-memcpy", "pageable", "-", bytes, seconds, reps);
+        report(channel, "memcpy", "-", bytes, seconds, reps);
     }
     printf("guest_copy done\n");
     return 0;

@@ -31,11 +31,16 @@ impl GuestKernel {
             eprintln!("skipped: FLYT_GUEST_KERNEL is not set (tools/test sets it with .ci/fetch-guest-kernel)");
             return None;
         };
+        Some(Self::at(&dir))
+    }
+
+    /// The kernel in `dir`, laid out as `.ci/fetch-guest-kernel` leaves it.
+    pub fn at(dir: &Path) -> Self {
         let vmlinuz = dir.join("vmlinuz");
         assert!(vmlinuz.exists(), "FLYT_GUEST_KERNEL={} has no vmlinuz: run .ci/fetch-guest-kernel", dir.display());
         let order = std::fs::read_to_string(dir.join("modules.order")).unwrap_or_default();
         let modules = order.lines().filter(|line| !line.is_empty()).map(|name| dir.join("modules").join(name)).collect();
-        Some(Self { vmlinuz, modules })
+        Self { vmlinuz, modules }
     }
 }
 
@@ -194,6 +199,20 @@ pub fn init_prelude(kernel: &GuestKernel) -> String {
     script
 }
 
+/// Writes to `out` the initramfs of a guest whose `/init` runs `body` after [`init_prelude`],
+/// prints `flyt-guest-done` and powers off; `programs` go to [`GUEST_BIN_DIR`] under their own
+/// names, with what they load (Flyt's libraries from `libs`).
+pub fn write_image(kernel: &GuestKernel, scratch: &Path, programs: &[PathBuf], libs: &Path, body: &str, out: &Path) {
+    let mut image = Initramfs::new(kernel, scratch);
+    for program in programs {
+        let name = program.file_name().expect("a program file").to_string_lossy().into_owned();
+        image.add_program(program, &format!("{GUEST_BIN_DIR}/{name}"), Some(libs));
+    }
+    let script = format!("{}{body}\necho flyt-guest-done\npoweroff -f\n", init_prelude(kernel));
+    image.add_text("/init", &script, 0o755);
+    image.write(out);
+}
+
 /// A booted guest: QEMU under TCG, its serial console captured.
 pub struct Vm {
     child: Child,
@@ -210,8 +229,8 @@ impl Vm {
             command.args(["-nic", "none"]);
         }
         command
-            .args(["-accel", "tcg", "-m", "512", "-smp", "1", "-no-reboot"])
-            .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
+            .args(["-accel", "tcg", "-m", "512", "-smp", "2", "-no-reboot"])
+            .args(["-display", "none", "-vga", "none", "-monitor", "none", "-serial", "stdio"])
             .arg("-kernel")
             .arg(&kernel.vmlinuz)
             .arg("-initrd")

@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use flyt_test_support::guest::{GUEST_BIN_DIR, GuestKernel, Initramfs, Vm, init_prelude};
+use flyt_test_support::guest::{GuestKernel, Vm, write_image};
 use flyt_test_support::{Server, artifact, driver_program, scrape_metrics, scratch_dir, series_value};
 
 /// Where the first session slot starts in a region (after its header).
@@ -112,14 +112,9 @@ impl Setup {
 
     /// The initramfs of a guest whose `/init` runs `body` after the prelude, then powers off.
     fn image(&self, name: &str, body: &str) -> PathBuf {
-        let mut image = Initramfs::new(&self.kernel, &self.scratch);
-        image.add_program(&self.copies, &format!("{GUEST_BIN_DIR}/region_copies"), Some(&self.lib));
-        image.add_program(&self.scribble, &format!("{GUEST_BIN_DIR}/region_scribble"), Some(&self.lib));
-        image.add_program(&self.bandwidth, &format!("{GUEST_BIN_DIR}/guest_copy"), Some(&self.lib));
-        let script = format!("{}{body}\necho flyt-guest-done\npoweroff -f\n", init_prelude(&self.kernel));
-        image.add_text("/init", &script, 0o755);
         let path = self.scratch.join(format!("{name}.cpio"));
-        image.write(&path);
+        let programs = [self.copies.clone(), self.scribble.clone(), self.bandwidth.clone()];
+        write_image(&self.kernel, &self.scratch, &programs, &self.lib, body, &path);
         path
     }
 }
@@ -281,7 +276,9 @@ fn a_guest_that_scribbles_over_its_region_harms_only_its_own_session() {
 fn guest_copy_bandwidth() {
     let Some(setup) = set_up("vm-guest-bandwidth") else { return };
     let reps = std::env::var("FLYT_GUEST_REPS").unwrap_or_else(|_| "9".into());
-    let (region, mut devices) = setup.create_region("vm-a", "256MiB", 2);
+    // Slots large enough that the 64 MiB pinned buffer is a block of the region (a slot keeps
+    // 96 MiB for staging and rings; pinned memory that does not fit is staged like pageable).
+    let (region, mut devices) = setup.create_region("vm-a", "512MiB", 2);
     let metrics = free_port();
     let server = setup.start_server(&metrics);
     let port = server.addresses[1].rsplit_once(':').expect("host:port").1.to_string();
