@@ -88,10 +88,10 @@ run() {
     [ "$device" != cuda ] || "$pack/guest_copy" native "$reps" >>"$out"
     LD_LIBRARY_PATH=$dist/lib FLYT_SERVER=127.0.0.1:$port FLYT_SHM=on FLYT_IVSHMEM=$regions/vm1 "$pack/guest_copy" host-ivshmem "$reps" >>"$out"
     LD_LIBRARY_PATH=$dist/lib FLYT_SERVER=127.0.0.1:$port FLYT_SHM=off FLYT_IVSHMEM=off "$pack/guest_copy" host-tcp "$reps" >>"$out"
-    boot() { # label accel...
-        local label=$1
-        shift
-        QEMU_MODULE_DIR=$q/modules timeout 400 "$q/lib/ld-linux-x86-64.so.2" --library-path "$q/lib" "$q/qemu-system-x86_64" -L "$q/firmware" \
+    boot() { # label seconds accel...
+        local label=$1 seconds=$2
+        shift 2
+        QEMU_MODULE_DIR=$q/modules timeout "$seconds" "$q/lib/ld-linux-x86-64.so.2" --library-path "$q/lib" "$q/qemu-system-x86_64" -L "$q/firmware" \
             "$@" -m 1024 -smp 2 -no-reboot -display none -vga none -monitor none -serial stdio \
             -kernel "$pack/vmlinuz" -initrd "$pack/initrd.cpio.gz" \
             -append "console=ttyS0 quiet panic=-1 flyt_reps=$reps flyt_label=$label" \
@@ -104,8 +104,8 @@ run() {
         # The guest's sessions end with QEMU: its region is wiped before the next guest starts.
         sleep 2
     }
-    boot tcg -accel tcg
-    if [ -w /dev/kvm ]; then boot kvm -accel kvm; else echo "no /dev/kvm: no KVM guest" >&2; fi
+    boot tcg 400 -accel tcg
+    if [ -w /dev/kvm ]; then boot kvm 120 -accel kvm; else echo "no /dev/kvm: no KVM guest" >&2; fi
     echo "server: $(grep -c 'region wiped' "$tmp/server.err") region wipes; $(grep -c 'session .* opened' "$tmp/server.err") sessions" >&2
     echo "| run | memory | direction | MiB | median GB/s | p90 GB/s |"
     echo "| --- | --- | --- | ---: | ---: | ---: |"

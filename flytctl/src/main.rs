@@ -410,10 +410,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
             flyt_ring::region::token_path(dir, name).display()
         );
         println!("QEMU options for the VM:");
-        println!(
-            "  -object memory-backend-file,id=flyt-{name},share=on,mem-path={},size={mib}M -device ivshmem-plain,memdev=flyt-{name}",
-            path.display()
-        );
+        println!("  {}", flyt_ring::region::qemu_options(&path, name, *size));
         println!("rpc-servers on this host: --ivshmem-dir {}", dir.display());
         return Ok(());
     }

@@ -72,6 +72,20 @@ pub struct RpcServerConfig {
     /// rpc-server: a guest whose allocation is on this host then moves its bulk data through its
     /// region (shared-mem mode); empty: guests use the network only.
     pub ivshmem_dir: String,
+    /// The regions of this host's VMs, made in `ivshmem_dir` at start-up when missing (and kept,
+    /// token and all, when present), so each exists before its VM boots.
+    pub ivshmem_regions: Vec<IvshmemRegion>,
+}
+
+/// A VM's ivshmem region, as `flytctl ivshmem create NAME --size --sessions` would make it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IvshmemRegion {
+    pub name: String,
+    /// A power of two, as a PCI BAR is.
+    pub size_mib: u64,
+    /// How many of the VM's sessions it serves at once.
+    pub sessions: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -124,6 +138,7 @@ impl Default for RpcServerConfig {
             stop_on_exit: true,
             metrics_host: String::new(),
             ivshmem_dir: String::new(),
+            ivshmem_regions: Vec::new(),
         }
     }
 }
@@ -157,5 +172,18 @@ mod tests {
         for setting in flyt_daemon_kit::config::settings::<NodeManagerConfig>(ENV_PREFIX).unwrap() {
             assert!(text.contains(&setting.variable), "{} does not mention {}", EXAMPLE, setting.variable);
         }
+    }
+
+    /// A host's VM regions can be declared from the environment too (a TOML array of tables).
+    #[test]
+    fn ivshmem_regions_come_from_the_environment() {
+        let env = [(
+            "FLYT_NODE_MANAGER_RPC_SERVER_IVSHMEM_REGIONS".to_string(),
+            r#"[{ name = "vm1", size_mib = 4096, sessions = 8 }]"#.to_string(),
+        )];
+        let config: NodeManagerConfig = flyt_daemon_kit::config::load(None, ENV_PREFIX, env).unwrap();
+        assert_eq!(config.rpc_server.ivshmem_regions, vec![IvshmemRegion { name: "vm1".into(), size_mib: 4096, sessions: 8 }]);
+        let bad = [("FLYT_NODE_MANAGER_RPC_SERVER_IVSHMEM_REGIONS".to_string(), r#"[{ name = "vm1", size = 4096 }]"#.to_string())];
+        assert!(flyt_daemon_kit::config::load::<NodeManagerConfig>(None, ENV_PREFIX, bad).is_err());
     }
 }

@@ -16,6 +16,7 @@ mod cuda_probe;
 mod discovery;
 mod metrics;
 mod mps;
+mod regions;
 mod servers;
 mod service;
 mod snapshots;
@@ -112,6 +113,10 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
         mps::start(&config.mps)?;
         tracing::info!(pipe_directory = %config.mps.pipe_directory, "MPS control daemon running");
         env.extend(mps::environment(&config.mps));
+    }
+    // Before any server: a VM's region must exist before the VM boots, and a server before it.
+    for line in regions::prepare(&config.rpc_server).map_err(anyhow::Error::msg)? {
+        tracing::info!("{line}");
     }
     let state_dir = absolute(&config.state_dir);
     let settings = LaunchSettings {

@@ -919,8 +919,11 @@ pub(crate) mod tests {
     }
 
     fn settings(folder: &Path, script: &str) -> LaunchSettings {
-        let binary = folder.join("rpc-server");
-        fs::write(&binary, script).unwrap();
+        // Written by `cp`, not by this process: a test thread forking meanwhile would inherit a
+        // descriptor open for writing, and running the script then fails with "text file busy".
+        let (source, binary) = (folder.join("rpc-server.source"), folder.join("rpc-server"));
+        fs::write(&source, script).unwrap();
+        assert!(Command::new("cp").arg(&source).arg(&binary).status().unwrap().success());
         fs::set_permissions(&binary, fs::Permissions::from_mode(0o755)).unwrap();
         LaunchSettings {
             binary: binary.display().to_string(),

@@ -121,6 +121,41 @@ pub fn create(dir: &Path, name: &str, size: u64, slots: u32) -> io::Result<PathB
     Ok(path)
 }
 
+/// Host side, for a region an operator declares (the node manager's `ivshmem_regions`): makes
+/// region `name` if it is not there, and keeps it if it is, with its token, so a VM that has it
+/// mapped keeps working across restarts. Whether it was made now. A region that exists with
+/// another size or session count is an error: remaking it would cut off the VM that uses it.
+pub fn ensure(dir: &Path, name: &str, size: u64, slots: u32) -> io::Result<(PathBuf, bool)> {
+    let path = dir.join(name);
+    if !path.exists() {
+        return create(dir, name, size, slots).map(|path| (path, true));
+    }
+    let existing = GuestRegion::open(&path)?.geometry;
+    if existing.size != size || existing.slots != slots || existing.name != name || host_token(dir, name).is_err() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "region {name} exists as {} MiB for {} sessions{}, not {} MiB for {slots}: remake it (remove {} and its .token) while its VM is stopped",
+                existing.size >> 20,
+                existing.slots,
+                if host_token(dir, name).is_err() { ", without its token file" } else { "" },
+                size >> 20,
+                path.display()
+            ),
+        ));
+    }
+    Ok((path, false))
+}
+
+/// The QEMU options that give a VM region `name` at `path`, of `size` bytes.
+pub fn qemu_options(path: &Path, name: &str, size: u64) -> String {
+    format!(
+        "-object memory-backend-file,id=flyt-{name},share=on,mem-path={},size={}M -device ivshmem-plain,memdev=flyt-{name}",
+        path.display(),
+        size >> 20
+    )
+}
+
 /// Host side: whether the region file lives in memory the GPU driver can pin (tmpfs, as
 /// `/dev/shm`, or hugetlbfs). The kernel refuses long-term pins of a disk file's pages, so a
 /// region elsewhere would fail at the first pin with a bare "invalid argument".
@@ -304,6 +339,15 @@ mod tests {
         std::os::unix::fs::FileExt::read_exact_at(&region.file, &mut back, region.geometry.slot_offset(1)).unwrap();
         assert!(back.iter().all(|&b| b == 0));
         assert!(GuestRegion::open(&path).is_ok(), "the header survives a wipe");
+
+        // Declared again with the same geometry, it is kept, token and all; with another, refused.
+        let token = host_token(&dir, "vm-7").unwrap();
+        assert_eq!(ensure(&dir, "vm-7", 1 << 30, 4).unwrap(), (path.clone(), false));
+        assert_eq!(host_token(&dir, "vm-7").unwrap(), token);
+        let error = ensure(&dir, "vm-7", 1 << 30, 2).unwrap_err().to_string();
+        assert!(error.contains("exists as 1024 MiB for 4 sessions, not 1024 MiB for 2"), "{error}");
+        let (made, created) = ensure(&dir, "vm-8", 256 << 20, 2).unwrap();
+        assert!(created && GuestRegion::open(&made).is_ok());
 
         // A damaged header is refused, not trusted.
         std::os::unix::fs::FileExt::write_all_at(&region.file, &u64::MAX.to_le_bytes(), 24).unwrap();
