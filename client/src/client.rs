@@ -298,6 +298,42 @@ pub(crate) fn reconnect(address: Option<&str>, snapshot: &str) -> Result<(Wire, 
     }
 }
 
+/// How long a session on a VM's serial port waits for its host to connect the port again.
+const SERIAL_RECONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A serial port carries one session per connection its host makes, and the host learns of no
+/// app's exit: an earlier app's session may still own the stream. Its server ends that session
+/// on seeing this one's hello (not a doorbell) and closes the connection; QEMU connects the port
+/// again (`reconnect=SECONDS`), and the hello goes out once more on the fresh stream.
+fn serial_handshake_again(address: &str, hello: &Hello, limits: &FrameLimits) -> Result<(Wire, HelloReply), String> {
+    let deadline = std::time::Instant::now() + SERIAL_RECONNECT_TIMEOUT;
+    let mut last = String::from("the port did not open again");
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        // The first attempt's pumps may hold the port a moment longer (it opens exclusively).
+        let mut wire = match connect_wire(address, None) {
+            Ok(wire) => wire,
+            Err(reason) => {
+                last = reason;
+                continue;
+            }
+        };
+        let _ = wire.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+        if let Err(error) = write_value(&mut wire, 0, hello) {
+            last = error.to_string();
+            continue;
+        }
+        match read_value::<HelloReply>(&mut wire, limits) {
+            Ok((_, reply)) => return Ok((wire, reply)),
+            Err(error) => last = error.to_string(),
+        }
+    }
+    Err(format!(
+        "nor within {} s on the port again ({last}): does QEMU connect the port again (its chardev's reconnect=1)?",
+        SERIAL_RECONNECT_TIMEOUT.as_secs()
+    ))
+}
+
 fn open() -> Result<Client, CudaError> {
     open_session().map_err(|(error, reason)| {
         crate::diagnostics::once("session", &format!("flyt: {reason}"));
@@ -347,14 +383,22 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         region: offered.claim(),
     });
     let _ = ORIGIN.set(Origin { address: address.clone(), token: token.clone(), tls_ca: tls_ca.clone(), identity: identity.clone() });
-    write_value(&mut wire, 0, &Hello::new(token, identity, offer)).map_err(|error| unavailable(format!("server {address}: {error}")))?;
+    let hello = Hello::new(token, identity, offer);
+    write_value(&mut wire, 0, &hello).map_err(|error| unavailable(format!("server {address}: {error}")))?;
     if let (Some(offered @ shm::Offered { source: shm::Source::Memfd, .. }), Wire::Unix(socket)) = (&offered, &wire) {
         shm::send_descriptor(socket, &offered.file).map_err(|error| unavailable(format!("sending the segment: {error}")))?;
     }
     let limits = FrameLimits { max_message: 16 << 20, max_bulk: 0 };
-    let reply: HelloReply = read_value(&mut wire, &limits)
-        .map(|(_, reply)| reply)
-        .map_err(|error| unavailable(format!("server {address} did not complete the handshake: {error}")))?;
+    let reply = match read_value::<HelloReply>(&mut wire, &limits) {
+        Ok((_, reply)) => reply,
+        Err(error) if matches!(wire, Wire::Serial(_)) => {
+            let (again, reply) = serial_handshake_again(&address, &hello, &limits)
+                .map_err(|reason| unavailable(format!("server {address} did not complete the handshake: {error}; {reason}")))?;
+            wire = again;
+            reply
+        }
+        Err(error) => return Err(unavailable(format!("server {address} did not complete the handshake: {error}"))),
+    };
     let info = match reply {
         HelloReply::Accepted(info) => info,
         HelloReply::Refused { error, reason } => {

@@ -116,6 +116,10 @@ pub enum Wake {
     Doorbell,
 }
 
+/// The one byte a doorbell is; any other byte on the socket of a ring session is not this
+/// session's.
+const DOORBELL: u8 = b'w';
+
 /// How long a writer waiting for room naps between looks, under [`Wake::Doorbell`].
 const ROOM_NAP: Duration = Duration::from_micros(200);
 
@@ -278,7 +282,11 @@ impl Pair {
             }
             match self.wake {
                 Wake::Futex => futex_wait(sequence, seen, NAP),
-                Wake::Doorbell if awaiting_record => self.await_doorbell(),
+                Wake::Doorbell if awaiting_record => {
+                    if !self.await_doorbell() {
+                        return false;
+                    }
+                }
                 Wake::Doorbell => std::thread::sleep(ROOM_NAP),
             }
             asleep.store(0, Ordering::SeqCst);
@@ -292,16 +300,26 @@ impl Pair {
     }
 
     /// Sleeps until the socket has a doorbell byte (or the peer hangs up, or a nap passes) and
-    /// drains what is there: the bytes carry no meaning beyond "look at the ring".
-    fn await_doorbell(&self) {
+    /// drains what is there: the bytes carry no meaning beyond "look at the ring". `false` when
+    /// something other than doorbells arrived: the stream no longer belongs to this session (a
+    /// VM guest's serial port, say, opened by a new program after this session's app exited,
+    /// which nothing told the host), so the session ends rather than swallow the newcomer's bytes.
+    fn await_doorbell(&self) -> bool {
         let mut poll = libc::pollfd { fd: self.liveness, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
         // SAFETY: one valid pollfd; the timeout is a plain number of milliseconds.
         let ready = unsafe { libc::poll(&mut poll, 1, NAP.as_millis() as libc::c_int) };
         if ready > 0 && poll.revents & libc::POLLIN != 0 {
             let mut bytes = [0u8; 64];
-            // SAFETY: reads into a local buffer of the given length, without blocking.
-            while unsafe { libc::recv(self.liveness, bytes.as_mut_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT) } > 0 {}
+            loop {
+                // SAFETY: reads into a local buffer of the given length, without blocking.
+                let read = unsafe { libc::recv(self.liveness, bytes.as_mut_ptr().cast(), bytes.len(), libc::MSG_DONTWAIT) };
+                let Ok(read @ 1..) = usize::try_from(read) else { break };
+                if bytes[..read].iter().any(|&byte| byte != DOORBELL) {
+                    return false;
+                }
+            }
         }
+        true
     }
 
     /// Wakes the peer's sleeping reader after a record was published.
@@ -312,7 +330,7 @@ impl Pair {
                 // A full socket already holds doorbells the reader has not drained; a broken
                 // one is the peer's death, which the reader's checks report.
                 // SAFETY: sends one byte from a local buffer, without blocking or SIGPIPE.
-                let _ = unsafe { libc::send(self.liveness, b"w".as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+                let _ = unsafe { libc::send(self.liveness, [DOORBELL].as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
             }
         }
     }

@@ -3,9 +3,12 @@
 //! server's Unix socket). A port is a character device, not a socket, so the session reads and
 //! writes one end of a Unix socket pair ([`crate::Link::Serial`]) and two pump threads move the
 //! bytes between the other end and the port. Doorbells ([`crate::Wake::Doorbell`]) travel the same
-//! way. A port carries one session per connection QEMU makes: a program that opens it after
-//! another one's session would continue that stream, so a guest gives each concurrent session a
-//! port of its own (the port opens exclusively: a busy one is refused, not shared).
+//! way. A port carries one session per connection QEMU makes, and the host learns of no exit in
+//! the guest: a program that opens the port after another one's session finds that session
+//! still owning the stream. Its hello ends it (the server takes anything but doorbells on a ring
+//! session's stream as the end), the server closes the connection, QEMU connects the port again
+//! (its chardev's `reconnect=SECONDS`), and the client says hello once more. Concurrent sessions
+//! each need a port of their own (a port opens exclusively: a busy one is refused).
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -17,6 +20,14 @@ use std::path::Path;
 /// session's end of the socket pair.
 pub fn open_port(path: &Path) -> io::Result<UnixStream> {
     let port = File::options().read(true).write(true).open(path)?;
+    // A port whose host end is not connected reports a hang-up. What is written to it then is
+    // not lost: QEMU delivers it once it connects again, where it would land in the middle of
+    // the next session's stream. So nothing is written until the host is there.
+    let mut poll = libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(&port), events: libc::POLLOUT, revents: 0 };
+    // SAFETY: one valid pollfd on the port this function holds open; no timeout.
+    if unsafe { libc::poll(&mut poll, 1, 0) } > 0 && poll.revents & libc::POLLHUP != 0 {
+        return Err(io::Error::new(io::ErrorKind::NotConnected, "its host end is not connected"));
+    }
     let (session, pump_end) = UnixStream::pair()?;
     let port_in = port.try_clone()?;
     let pump_in = pump_end.try_clone()?;

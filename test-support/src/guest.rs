@@ -112,6 +112,9 @@ impl Initramfs {
     /// paths, those found in `libs` (Flyt's, stripped of debug info) in [`GUEST_LIB_DIR`].
     pub fn add_program(&mut self, host: &Path, at: &str, libs: Option<&Path>) {
         self.add_stripped(host, at, 0o755);
+        // Absolute, so ldd names what it finds there by absolute paths too.
+        let libs = libs.map(|libs| std::path::absolute(libs).expect("the libraries' folder"));
+        let libs = libs.as_deref();
         let mut ldd = Command::new("ldd");
         ldd.arg(host);
         if let Some(libs) = libs {

@@ -120,14 +120,15 @@ impl Setup {
 }
 
 /// QEMU options for virtio-serial ports named `flyt.0`, `flyt.1`, ... each connected to the
-/// server's Unix socket (one session per port).
+/// server's Unix socket, and connected again when the server closes a connection (a port
+/// carries one session per connection).
 fn serial_ports(server: &Server, count: usize, vm: &str) -> Vec<String> {
     let socket = server.addresses[0].strip_prefix("unix:").expect("a Unix socket").to_string();
     let mut options = vec!["-device".to_string(), "virtio-serial-pci".to_string()];
     for port in 0..count {
         options.extend([
             "-chardev".into(),
-            format!("socket,id={vm}-port{port},path={socket}"),
+            format!("socket,id={vm}-port{port},path={socket},reconnect=1"),
             "-device".into(),
             format!("virtserialport,chardev={vm}-port{port},name=flyt.{port}"),
         ]);
@@ -171,7 +172,9 @@ fn a_booted_guest_copies_through_its_ivshmem_region_with_no_network() {
     let server = setup.start_server(&metrics);
     devices.extend(serial_ports(&server, 2, "vm-a"));
 
-    // Two sessions of the VM at once, each on its own port, sharing the region's two slots.
+    // Two sessions of the VM at once, each on its own port, sharing the region's two slots; then
+    // a third on the first port, which an exited app's session still held (the host learns of
+    // no exit in the guest): that session ends, QEMU connects the port again, the third runs.
     let body = format!(
         "{env0} region_copies 3 > /tmp/first.out 2>&1 &\n\
          first=$!\n\
@@ -179,7 +182,10 @@ fn a_booted_guest_copies_through_its_ivshmem_region_with_no_network() {
          echo second-exit=$?\n\
          wait $first\n\
          echo first-exit=$?\n\
-         cat /tmp/first.out /tmp/second.out",
+         cat /tmp/first.out /tmp/second.out\n\
+         {env0} region_copies 1 > /tmp/third.out 2>&1\n\
+         echo third-exit=$?\n\
+         cat /tmp/third.out",
         env0 = session_env(0),
         env1 = session_env(1),
     );
@@ -192,7 +198,8 @@ fn a_booted_guest_copies_through_its_ivshmem_region_with_no_network() {
     assert!(powered_off && console.contains("flyt-guest-done"), "the guest ran to its end in {took:?}\n{}", context());
     assert_eq!(marker(&console, "first-exit"), Some("0"), "{}", context());
     assert_eq!(marker(&console, "second-exit"), Some("0"), "{}", context());
-    assert_eq!(console.matches("PASSED: 0 failure(s)").count(), 2, "{}", context());
+    assert_eq!(marker(&console, "third-exit"), Some("0"), "{}", context());
+    assert_eq!(console.matches("PASSED: 0 failure(s)").count(), 3, "{}", context());
     let copied_bytes: f64 =
         console.lines().filter_map(|line| line.trim().strip_prefix("copied ")?.split_whitespace().next()?.parse::<f64>().ok()).sum();
     assert!(copied_bytes > 0.0, "{}", context());
@@ -207,7 +214,7 @@ fn a_booted_guest_copies_through_its_ivshmem_region_with_no_network() {
     assert!(server.wait_for_log("region wiped", Duration::from_secs(20)), "{}", context());
     assert!(read_at(&region, FIRST_SLOT, 1 << 20).iter().all(|&b| b == 0), "the first slot is wiped");
     assert_eq!(&read_at(&region, 0, 8), b"FLYTVMR1");
-    eprintln!("guest booted, copied {copied_bytes} bytes in two sessions and powered off in {took:?}");
+    eprintln!("guest booted, copied {copied_bytes} bytes in three sessions and powered off in {took:?}");
 }
 
 #[test]
