@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod guest;
+pub mod regions;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

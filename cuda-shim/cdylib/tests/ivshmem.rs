@@ -16,22 +16,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flyt_test_support::{Server, artifact, driver_program, run_with_timeout, scrape_metrics, scratch_dir, series_value};
-
-/// Where the first session slot starts in a region (after its header).
-const FIRST_SLOT: u64 = 2 << 20;
+use flyt_test_support::regions::{FIRST_SLOT, Regions, copied, free_port, read_at};
+use flyt_test_support::{Server, driver_program, run_with_timeout, scrape_metrics, scratch_dir};
 
 struct Guest {
     program: PathBuf,
     lib: PathBuf,
-    regions: PathBuf,
-}
-
-impl Drop for Guest {
-    /// The regions leave /dev/shm with the test, passed or failed.
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.regions);
-    }
+    regions: Regions,
 }
 
 impl Guest {
@@ -57,60 +48,17 @@ fn set_up(name: &str) -> Option<(PathBuf, Guest)> {
     let scratch = scratch_dir(name);
     let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/region_copies.c"));
     let (program, lib) = driver_program(source, &cuda, &scratch);
-    // In shared memory, where a GPU host keeps regions (the driver pins only such pages). Not
-    // named `flyt-*`: other tests check that no Flyt segment outlives its session there.
-    let regions = PathBuf::from(format!("/dev/shm/regions-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&regions);
+    let regions = Regions::new(name);
     Some((scratch, Guest { program, lib, regions }))
 }
 
 /// `flytctl ivshmem create NAME` in the guest's region folder: the operator's command.
 fn create_region(guest: &Guest, name: &str, size: &str, sessions: u32) -> PathBuf {
-    let output = Command::new(artifact("flytctl"))
-        .args(["ivshmem", "create", name, "--size", size, "--sessions", &sessions.to_string(), "--dir"])
-        .arg(&guest.regions)
-        .output()
-        .expect("run flytctl");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "flytctl ivshmem create: {stdout}{}", String::from_utf8_lossy(&output.stderr));
-    assert!(stdout.contains("-device ivshmem-plain,memdev=flyt-"), "the QEMU options are printed: {stdout}");
-    guest.regions.join(name)
-}
-
-fn copied(text: &str, direction: &str, path: &str) -> f64 {
-    let series = format!("flyt_rpc_copied_bytes_total{{allocation=\"vms\",direction=\"{direction}\",path=\"{path}\"}}");
-    series_value(text, &series).unwrap_or(0.0)
+    guest.regions.create(name, size, sessions).0
 }
 
 fn start_server(scratch: &Path, guest: &Guest, metrics: &str) -> Server {
-    let regions = guest.regions.display().to_string();
-    Server::start(
-        &[
-            "--device",
-            "emulated",
-            "--emulated-memory",
-            "1GiB",
-            "--listen",
-            "127.0.0.1:0",
-            "--ivshmem-dir",
-            &regions,
-            "--allocation",
-            "vms",
-            "--metrics-listen",
-            metrics,
-        ],
-        scratch,
-    )
-}
-
-fn free_port() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").to_string()
-}
-
-fn read_at(file: &Path, offset: u64, len: usize) -> Vec<u8> {
-    let mut bytes = vec![0u8; len];
-    std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(file).expect("region"), &mut bytes, offset).expect("read");
-    bytes
+    guest.regions.start_server(&["127.0.0.1:0"], metrics, scratch, &[])
 }
 
 #[test]

@@ -16,10 +16,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use flyt_test_support::guest::{GuestKernel, Vm, write_image};
-use flyt_test_support::{Server, artifact, driver_program, scrape_metrics, scratch_dir, series_value};
-
-/// Where the first session slot starts in a region (after its header).
-const FIRST_SLOT: u64 = 2 << 20;
+use flyt_test_support::regions::{FIRST_SLOT, Regions, copied, free_port, read_at};
+use flyt_test_support::{Server, driver_program, scrape_metrics, scratch_dir};
 /// How long a guest may take, boot to power-off (TCG on a 2-core CI machine is slow).
 const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -34,14 +32,7 @@ struct Setup {
     scribble: PathBuf,
     bandwidth: PathBuf,
     lib: PathBuf,
-    regions: PathBuf,
-}
-
-impl Drop for Setup {
-    /// The regions leave /dev/shm with the test, passed or failed.
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.regions);
-    }
+    regions: Regions,
 }
 
 fn set_up(name: &str) -> Option<Setup> {
@@ -56,58 +47,17 @@ fn set_up(name: &str) -> Option<Setup> {
     let (scribble, _) = driver_program(&sources.join("region_scribble.c"), &cuda, &scratch);
     let benchmarks = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../benchmarks"));
     let (bandwidth, _) = driver_program(&benchmarks.join("guest_copy.c"), &cuda, &scratch);
-    // In shared memory, where a GPU host keeps regions; not named `flyt-*` (other tests check
-    // that no Flyt segment outlives its session there).
-    let regions = PathBuf::from(format!("/dev/shm/regions-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&regions);
+    let regions = Regions::new(name);
     Some(Setup { scratch, kernel, copies, scribble, bandwidth, lib, regions })
 }
 
 impl Setup {
-    /// `flytctl ivshmem create NAME`: the region file and the QEMU options the operator is told
-    /// to give the VM.
-    fn create_region(&self, name: &str, size: &str, sessions: u32) -> (PathBuf, Vec<String>) {
-        let output = Command::new(artifact("flytctl"))
-            .args(["ivshmem", "create", name, "--size", size, "--sessions", &sessions.to_string(), "--dir"])
-            .arg(&self.regions)
-            .output()
-            .expect("run flytctl");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "flytctl ivshmem create: {stdout}{}", String::from_utf8_lossy(&output.stderr));
-        let options = stdout
-            .lines()
-            .find(|line| line.trim_start().starts_with("-object memory-backend-file"))
-            .unwrap_or_else(|| panic!("flytctl prints the QEMU options: {stdout}"));
-        (self.regions.join(name), options.split_whitespace().map(str::to_string).collect())
-    }
-
     /// A server on a Unix socket (the guests' serial ports connect to it) and on TCP (for guests
     /// with a network card) that serves the regions.
     fn start_server(&self, metrics: &str) -> Server {
         let socket = format!("unix:{}", self.scratch.join("rpc.sock").display());
-        let regions = self.regions.display().to_string();
-        Server::start(
-            &[
-                "--device",
-                "emulated",
-                "--emulated-memory",
-                "1GiB",
-                "--listen",
-                &socket,
-                "--listen",
-                "127.0.0.1:0",
-                "--ivshmem-dir",
-                &regions,
-                "--allocation",
-                "vms",
-                "--metrics-listen",
-                metrics,
-                // QEMU connects a port when the VM starts; its guest speaks once it has booted.
-                "--handshake-timeout-secs",
-                "600",
-            ],
-            &self.scratch,
-        )
+        // QEMU connects a port when the VM starts; its guest speaks once it has booted.
+        self.regions.start_server(&[&socket, "127.0.0.1:0"], metrics, &self.scratch, &["--handshake-timeout-secs", "600"])
     }
 
     /// The initramfs of a guest whose `/init` runs `body` after the prelude, then powers off.
@@ -136,21 +86,6 @@ fn serial_ports(server: &Server, count: usize, vm: &str) -> Vec<String> {
     options
 }
 
-fn free_port() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").to_string()
-}
-
-fn copied(text: &str, direction: &str, path: &str) -> f64 {
-    let series = format!("flyt_rpc_copied_bytes_total{{allocation=\"vms\",direction=\"{direction}\",path=\"{path}\"}}");
-    series_value(text, &series).unwrap_or(0.0)
-}
-
-fn read_at(file: &Path, offset: u64, len: usize) -> Vec<u8> {
-    let mut bytes = vec![0u8; len];
-    std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(file).expect("region"), &mut bytes, offset).expect("read");
-    bytes
-}
-
 /// The value after `key=` on the guest console line that starts with it.
 fn marker<'a>(console: &'a str, key: &str) -> Option<&'a str> {
     console.lines().find_map(|line| line.trim().strip_prefix(key)?.strip_prefix('='))
@@ -167,7 +102,7 @@ fn session_env(port: usize) -> String {
 fn a_booted_guest_copies_through_its_ivshmem_region_with_no_network() {
     let Some(setup) = set_up("vm-guest-copies") else { return };
     let _one_at_a_time = GUESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let (region, mut devices) = setup.create_region("vm-a", "256MiB", 2);
+    let (region, mut devices) = setup.regions.create("vm-a", "256MiB", 2);
     let metrics = free_port();
     let server = setup.start_server(&metrics);
     devices.extend(serial_ports(&server, 2, "vm-a"));
@@ -221,8 +156,8 @@ fn a_booted_guest_copies_through_its_ivshmem_region_with_no_network() {
 fn a_guest_that_scribbles_over_its_region_harms_only_its_own_session() {
     let Some(setup) = set_up("vm-guest-scribble") else { return };
     let _one_at_a_time = GUESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let (_, mut devices_a) = setup.create_region("vm-a", "256MiB", 2);
-    let (_, mut devices_b) = setup.create_region("vm-b", "256MiB", 2);
+    let (_, mut devices_a) = setup.regions.create("vm-a", "256MiB", 2);
+    let (_, mut devices_b) = setup.regions.create("vm-b", "256MiB", 2);
     let metrics = free_port();
     let server = setup.start_server(&metrics);
     devices_a.extend(serial_ports(&server, 1, "vm-a"));
@@ -285,7 +220,7 @@ fn guest_copy_bandwidth() {
     let reps = std::env::var("FLYT_GUEST_REPS").unwrap_or_else(|_| "9".into());
     // Slots large enough that the 64 MiB pinned buffer is a block of the region (a slot keeps
     // 96 MiB for staging and rings; pinned memory that does not fit is staged like pageable).
-    let (region, mut devices) = setup.create_region("vm-a", "512MiB", 2);
+    let (region, mut devices) = setup.regions.create("vm-a", "512MiB", 2);
     let metrics = free_port();
     let server = setup.start_server(&metrics);
     let port = server.addresses[1].rsplit_once(':').expect("host:port").1.to_string();
