@@ -21,6 +21,8 @@
 #      CUDA graph and replayed (replays in flight while it moves), moved N times the same way.
 #   restart: the same app checkpointed with --stop, its server killed, a fresh server started with
 #      --snapshot-dir: the app must go on and print the native output.
+#   cluster-restart: the same app through tools/local-cluster (flyt run), its allocation's server
+#      replaced by `flytctl restart-server` while it runs: native output, pointers kept.
 #   big: for each size in --big-mib, one timed move of migrate_loop (driver API) holding that much
 #      more memory (pause = drain + snapshot + restore), GPU to GPU and through the snapshot file.
 # Moves go GPU to GPU where they can (flytctl session migrate --copy auto): both servers use this GPU.
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
     --skip) SKIP=$2; shift 2 ;;
     --snapshots) SNAP_PARENT=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph restart big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH]" >&2; exit 2 ;;
+    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph restart cluster-restart big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH]" >&2; exit 2 ;;
     esac
 done
 skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -129,7 +131,7 @@ same_output() { # NATIVE FLYT: the same lines but the pointer lines, and pointer
 ROUNDS=200
 
 # --- the app natively ---------------------------------------------------------------------------
-if ! skipped app-shm || ! skipped app-socket || ! skipped restart; then
+if ! skipped app-shm || ! skipped app-socket || ! skipped restart || ! skipped cluster-restart; then
     "$W/migrate_app" "$APP_MIB" $ROUNDS 0 >"$OUT/native.out" 2>&1 || echo "native run failed: $(tail -2 "$OUT/native.out")"
 fi
 
@@ -200,6 +202,39 @@ if ! skipped restart; then
     row "checkpoint --stop, server killed, fresh server" $r "checkpoint rc $ck, app exit $rc, output and pointers as native: $same: $(head -c 200 "$OUT/checkpoint.log" | tr '\n' ' ')"
     kill $C 2>/dev/null; wait $C 2>/dev/null
     rm -rf "$SNAP"
+fi
+
+# --- 2b. flytctl restart-server under a local cluster ---------------------------------------------
+# The app runs through `flyt run` of tools/local-cluster (cluster manager on its embedded store,
+# node manager serving this GPU, client manager), held at its gate while `flytctl restart-server`
+# replaces its allocation's rpc-server (the node manager checkpoints, stops, restarts, restores).
+if ! skipped cluster-restart; then
+    bin=$W/cluster-bin
+    mkdir -p "$bin"
+    for b in flyt flyt-rpc-server flytctl flyt-cluster-manager flyt-node-manager flyt-client-manager; do ln -sf "$DIST/bin/$b" "$bin/$b"; done
+    ln -sf "$DIST/lib/libcudart.so.13" "$bin/libcudart.so"
+    ln -sf "$DIST/lib/libcuda.so.1" "$bin/libflyt_libcuda.so"
+    ln -sf "$DIST/lib/libnvidia-ml.so.1" "$bin/libflyt_nvml_lib.so"
+    gate=$W/gate-cluster
+    cat >"$W/cluster_inner.sh" <<INNER
+#!/usr/bin/env bash
+# Under flyt run: the app (GPU hidden) held at its gate while its server is replaced.
+"$W/hide_gpu" "$HIDE" -- env FLYT_RESUME_TIMEOUT=120 "$W/migrate_app" $APP_MIB $ROUNDS 5 "$gate" >"$OUT/cluster-restart.out" 2>"$OUT/cluster-restart.err" &
+app=\$!
+for _ in \$(seq 1200); do grep -q holding "$OUT/cluster-restart.err" 2>/dev/null && break; kill -0 \$app 2>/dev/null || break; sleep 0.1; done
+started=\$(date +%s%N)
+"$DIST/bin/flytctl" restart-server 127.0.0.1 >"$OUT/restart-server.log" 2>&1
+echo "restart-server rc=\$? in \$(( (\$(date +%s%N) - started) / 1000000 )) ms" >>"$OUT/restart-server.log"
+touch "$gate"
+wait \$app
+INNER
+    chmod +x "$W/cluster_inner.sh"
+    "$here/../tools/local-cluster" --bin-dir "$bin" -- "$W/cluster_inner.sh" >"$OUT/cluster.log" 2>&1
+    rc=$?
+    same=no; same_output "$OUT/native.out" "$OUT/cluster-restart.out" && same=yes
+    restarted=no; grep -q "rpc-server restarted" "$OUT/restart-server.log" && restarted=yes
+    if [ $rc = 0 ] && [ $same = yes ] && [ $restarted = yes ]; then r=PASS; else r=FAIL; fi
+    row "restart-server under a local cluster" $r "server replaced: $restarted, app exit $rc, output and pointers as native: $same: $(grep -m1 'rpc-server restarted\|rc=' "$OUT/restart-server.log" | head -c 220)"
 fi
 
 # --- 3. timed moves of much memory, GPU to GPU and through the snapshot file ---------------------
