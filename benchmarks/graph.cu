@@ -5,6 +5,9 @@
 //                  alone (p50 over the same launches, the sync excluded)
 //   graph_vs_stream the same 1000 kernels launched one by one + cudaStreamSynchronize, median of 20 rounds
 //                  (5 quick): what the graph saves
+//   graph_update   llama.cpp's pattern: every step captures the graph again with new arguments,
+//                  cudaGraphExecUpdate's the executable graph in place, launches it and syncs; 100 steps
+//                  (20 quick), the p50 of each part and of the whole step
 // Every kernel adds 1 to a counter, checked at the end.
 // Options: --quick (200 launches), --nodes N (default 1000), --launches L (default 1000), --cap-s S.
 #include "common.h"
@@ -99,10 +102,59 @@ static int run(const bench::Args &args) {
         bench::note("graph: the same %d kernels launched one by one + sync: median %.3f ms", nodes, bench::median(ms));
     });
 
+    bench::section("graph_update", [&] {
+        const int steps = quick ? 20 : 100;
+        auto capture = [&](int add) {
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+            for (int i = 0; i < nodes; i++) tiny<<<1, 32, 0, s>>>(d, add);
+            CK(cudaStreamEndCapture(s, &g));
+            return g;
+        };
+        cudaGraph_t first = capture(1);
+        cudaGraphExec_t exec;
+        CK(cudaGraphInstantiate(&exec, first, 0));
+        CK(cudaGraphDestroy(first));
+        std::vector<double> capture_ms, update_ms, launch_ms, step_ms;
+        for (int step = 0; step < steps; step++) {
+            const int add = 1 + step % 2;
+            auto t0 = Clock::now();
+            cudaGraph_t g = capture(add);
+            auto t1 = Clock::now();
+            cudaGraphExecUpdateResultInfo info;
+            CK(cudaGraphExecUpdate(exec, g, &info));
+            if (info.result != cudaGraphExecUpdateSuccess) {
+                bench::note("graph: update %d did not apply (result %d)", step, int(info.result));
+                ok = false;
+            }
+            auto t2 = Clock::now();
+            CK(cudaGraphLaunch(exec, s));
+            CK(cudaStreamSynchronize(s));
+            auto t3 = Clock::now();
+            CK(cudaGraphDestroy(g));
+            want += (long long)add * nodes;
+            capture_ms.push_back(bench::us_between(t0, t1) / 1e3);
+            update_ms.push_back(bench::us_between(t1, t2) / 1e3);
+            launch_ms.push_back(bench::us_between(t2, t3) / 1e3);
+            step_ms.push_back(bench::us_between(t0, t3) / 1e3);
+        }
+        CK(cudaGraphExecDestroy(exec));
+        bench::Json("graph_update")
+            .integer("nodes", nodes)
+            .integer("steps", steps)
+            .num("capture_p50_ms", bench::median(capture_ms))
+            .num("update_p50_ms", bench::median(update_ms))
+            .num("launch_p50_ms", bench::median(launch_ms))
+            .num("step_p50_ms", bench::median(step_ms))
+            .emit();
+        bench::note("graph: %d steps of capture + update + launch + sync: p50 %.3f ms (capture %.3f, update %.3f, launch + sync %.3f)",
+                    steps, bench::median(step_ms), bench::median(capture_ms), bench::median(update_ms), bench::median(launch_ms));
+    });
+
     int got = 0;
     CK(cudaMemcpy(&got, d, sizeof(int), cudaMemcpyDeviceToHost));
-    ok = got == want;
-    if (!ok) bench::note("graph: counter is %d, expected %lld", got, want);
+    ok = ok && got == want;
+    if (got != want) bench::note("graph: counter is %d, expected %lld", got, want);
     bench::Json("graph_check").boolean("ok", ok).emit();
     CK(cudaStreamDestroy(s));
     CK(cudaFree(d));

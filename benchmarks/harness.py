@@ -809,6 +809,9 @@ def build_rows(d):
     row("graph of 1000 kernel nodes: cudaGraphInstantiate", "ms", lambda t: v(t, "graph", "graph_launch", "instantiate_ms"))
     row("graph comparison: the same 1000 kernels launched one by one + sync, p50", "ms",
         lambda t: v(t, "graph", "graph_vs_stream", "p50_ms"))
+    row("graph of 1000 kernel nodes updated every step (capture + cudaGraphExecUpdate + launch + sync), p50", "ms",
+        lambda t: v(t, "graph", "graph_update", "step_p50_ms"))
+    row("the same: cudaGraphExecUpdate alone, p50", "ms", lambda t: v(t, "graph", "graph_update", "update_p50_ms"))
     row("CUDA IPC: cudaIpcOpenMemHandle of a handle the process has open (cached reopen) p50", "us",
         lambda t: v(t, "ipc", "ipc_reopen", "p50_us"), {"sockets": ("max", 5), "shm": ("max", 5)})
     row("CUDA IPC: cached reopen p99", "us", lambda t: v(t, "ipc", "ipc_reopen", "p99_us"))
