@@ -25,14 +25,26 @@ const MEMORY_HOST: u32 = 1;
 struct Exec<D: Device> {
     exec: D::GraphExec,
     flags: u64,
-    /// A copy of the graph it runs, kept as the executable graph changes (the app may change or
-    /// destroy its own graph), or why there is none and the session cannot move.
-    shadow: Result<D::Graph, String>,
-    /// The app's graph `shadow` was copied from (its nodes are found in the copy).
+    /// What makes the graph it runs again after a move.
+    shadow: Shadow<D::Graph>,
+    /// The app's graph `shadow` was copied from (its nodes are found in the copy), or is.
     cloned_from: Option<u64>,
     /// Nodes the app names this executable graph's nodes by, where those are not the app's own
     /// nodes: after a move, the executable graph is made from `shadow`, whose nodes these are.
     translate: HashMap<u64, D::GraphNode>,
+}
+
+/// An executable graph's record of the graph it runs.
+enum Shadow<G> {
+    /// The session's own copy, kept as the executable graph changes.
+    Copy(G),
+    /// Still exactly the app's graph `cloned_from`, a plain one (no child graphs, graph memory or
+    /// conditional nodes): copied only when the app is about to change it or the executable
+    /// graph's own nodes change, and taken over when the app destroys it. An app that updates its
+    /// executable graph every step from a graph it then destroys pays no copy.
+    App,
+    /// Why there is none: the session cannot move.
+    Refused(String),
 }
 
 /// The session's graph objects.
@@ -76,7 +88,10 @@ impl<D: Device> GraphTable<D> {
         if !self.conditionals.is_empty() {
             return Some("its graphs have conditional nodes, whose handles kernels hold".into());
         }
-        self.execs.values().find_map(|exec| exec.shadow.as_ref().err().map(|reason| format!("an executable graph cannot move: {reason}")))
+        self.execs.values().find_map(|exec| match &exec.shadow {
+            Shadow::Refused(reason) => Some(format!("an executable graph cannot move: {reason}")),
+            Shadow::Copy(_) | Shadow::App => None,
+        })
     }
 
     pub fn new(host_calls: Arc<HostCalls>) -> Self {
@@ -222,7 +237,7 @@ impl<D: Device> GraphTable<D> {
 /// Destroys an executable graph and its copy of its graph; the driver's answer for the
 /// executable graph (the copy is the session's own business).
 fn destroy_exec<D: Device>(device: &D, exec: Exec<D>) -> CudaResult<()> {
-    if let Ok(shadow) = exec.shadow {
+    if let Shadow::Copy(shadow) = exec.shadow {
         let _ = device.graph_destroy(shadow);
     }
     device.graph_exec_destroy(exec.exec)
@@ -356,6 +371,7 @@ impl<D: Device> Session<D> {
                 if self.graphs.captures.values().any(|captured| *captured == request.graph) {
                     return Err(CudaError::ILLEGAL_STATE);
                 }
+                self.detach_execs(request.graph);
                 Some((graph, self.graphs.nodes_of(&request.dependencies, request.graph)?))
             } else {
                 self.graphs.new_id_allowed(request.graph)?;
@@ -464,7 +480,22 @@ impl<D: Device> Session<D> {
             true => Err(CudaError::ILLEGAL_STATE),
             // A graph a node owns goes with that node's graph.
             false if self.graphs.is_owned(request.graph) => Err(CudaError::INVALID_VALUE),
-            false => self.forget_graph(request.graph).ok_or(CudaError::INVALID_VALUE).and_then(|graph| self.device.graph_destroy(graph)),
+            false => {
+                // An executable graph whose record is still this graph takes it over; any other
+                // gets its own copy first.
+                let heir = self.graphs.execs.iter().find(|(_, exec)| Self::runs_app_graph(exec, request.graph)).map(|(id, _)| *id);
+                if let Some(heir) = heir {
+                    self.detach_execs_except(request.graph, Some(heir));
+                }
+                let forgotten = self.forget_graph(request.graph).ok_or(CudaError::INVALID_VALUE);
+                match (forgotten, heir.and_then(|heir| self.graphs.execs.get_mut(&heir))) {
+                    (Ok(graph), Some(exec)) => {
+                        exec.shadow = Shadow::Copy(graph);
+                        Ok(())
+                    }
+                    (forgotten, _) => forgotten.and_then(|graph| self.device.graph_destroy(graph)),
+                }
+            }
         };
         reply.send(result.map(|()| rep::GraphDestroy {}));
     }
@@ -477,6 +508,7 @@ impl<D: Device> Session<D> {
             }
             let graph = self.graphs.graph(request.graph)?;
             let dependencies = self.graphs.nodes_of(&request.dependencies, request.graph)?;
+            self.detach_execs(request.graph);
             let mut site = None;
             let bodies = match &request.params {
                 NodeParams::Conditional { bodies, .. } => bodies.clone(),
@@ -656,7 +688,10 @@ impl<D: Device> Session<D> {
                     self.ranges.check(base, len)?;
                 }
             }
-            let (node, _) = self.graphs.node(request.node)?;
+            let (node, graph) = self.graphs.node(request.node)?;
+            if set.is_some() {
+                self.detach_execs(graph);
+            }
             let value = self.device.graph_kernel_node_attribute(node, request.attribute, set.as_ref())?;
             Ok(rep::GraphKernelNodeAttribute { value: value.to_vec() })
         })();
@@ -669,7 +704,8 @@ impl<D: Device> Session<D> {
         reply: Responder<rep::GraphKernelNodeCopyAttributes>,
     ) {
         let result = (|| {
-            let ((dst, _), (src, _)) = (self.graphs.node(request.dst)?, self.graphs.node(request.src)?);
+            let ((dst, graph), (src, _)) = (self.graphs.node(request.dst)?, self.graphs.node(request.src)?);
+            self.detach_execs(graph);
             self.device.graph_kernel_node_copy_attributes(dst, src)
         })();
         reply.send(result.map(|()| rep::GraphKernelNodeCopyAttributes {}));
@@ -680,6 +716,7 @@ impl<D: Device> Session<D> {
             let graph = self.graphs.graph(request.graph)?;
             let from = self.graphs.nodes_of(&request.from, request.graph)?;
             let to = self.graphs.nodes_of(&request.to, request.graph)?;
+            self.detach_execs(request.graph);
             self.device.graph_edges(graph, &from, &to, None, request.remove)
         })();
         reply.send(result.map(|()| rep::GraphEdges {}));
@@ -764,7 +801,7 @@ impl<D: Device> Session<D> {
                     let old = std::mem::replace(&mut record.shadow, shadow);
                     record.cloned_from = Some(request.graph);
                     record.translate.clear();
-                    if let Ok(old) = old {
+                    if let Shadow::Copy(old) = old {
                         let _ = self.device.graph_destroy(old);
                     }
                 }
@@ -779,7 +816,11 @@ impl<D: Device> Session<D> {
     pub(super) fn graph_node_set_params(&mut self, mut request: req::GraphNodeSetParams, reply: Responder<rep::GraphNodeSetParams>) {
         let result = (|| {
             let (exec, node) = match request.exec {
-                0 => (None, self.graphs.node(request.node)?.0),
+                0 => {
+                    let (node, graph) = self.graphs.node(request.node)?;
+                    self.detach_execs(graph);
+                    (None, node)
+                }
                 exec => self.graphs.exec_node(exec, request.node).map(|(exec, node)| (Some(exec), node))?,
             };
             let mut site = None;
@@ -799,7 +840,8 @@ impl<D: Device> Session<D> {
     }
 
     pub(super) fn graph_destroy_node(&mut self, request: req::GraphDestroyNode, reply: Responder<rep::GraphDestroyNode>) {
-        let result = self.graphs.node(request.node).and_then(|(node, _)| {
+        let result = self.graphs.node(request.node).and_then(|(node, graph)| {
+            self.detach_execs(graph);
             self.device.graph_destroy_node(node)?;
             self.graphs.nodes.remove(&request.node);
             self.graphs.node_ids.remove(&node);

@@ -2,8 +2,8 @@
 //! nodes' parameters, kernels by module and index with their packed arguments, edges with their
 //! data) and made again node by node in the restoring worker, where the app's ids name the new
 //! graphs and nodes. An executable graph cannot be read back, so the session keeps a copy of the
-//! graph it runs (`Exec::shadow`, cloned at instantiation and update and changed along with the
-//! executable graph's nodes); the restoring worker instantiates that copy and sends the app's
+//! graph it runs (`Exec::shadow`: the app's own graph while that is plain and unchanged, else a
+//! clone, changed along with the executable graph's nodes); the restoring worker instantiates that copy and sends the app's
 //! node ids to its nodes.
 //!
 //! What the driver could not make again at the same addresses or handles makes the checkpoint
@@ -19,7 +19,7 @@ use flyt_protocol::ops::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{Exec, GraphTable};
+use super::{Exec, GraphTable, Shadow};
 use crate::backend::{Device, EdgeData, NodeRead, NodeWork};
 use crate::host_calls::HostCalls;
 use crate::session::Session;
@@ -137,21 +137,85 @@ fn device_copy(copy: &NodeCopy) -> Option<Copy3d> {
 }
 
 impl<D: Device> Session<D> {
-    /// The copy an executable graph made with `flags` keeps of `graph`, or why it has none.
-    pub(super) fn shadow_of(&self, graph: D::Graph, flags: u64) -> Result<D::Graph, String> {
+    /// What an executable graph made with `flags` from `graph` keeps of it: nothing yet for a
+    /// plain graph (it is the record until the app changes it), else a copy, or why it has none.
+    pub(super) fn shadow_of(&self, graph: D::Graph, flags: u64) -> Shadow<D::Graph> {
         if flags & DEVICE_LAUNCH != 0 {
-            return Err("it is launched from the device, whose kernels hold its handle".into());
+            return Shadow::Refused("it is launched from the device, whose kernels hold its handle".into());
         }
-        self.device
-            .graph_clone(graph)
-            .map_err(|error| format!("its graph cannot be copied ({error}): graphs with memory or conditional nodes do not move"))
+        let plain = |kind: &u32| {
+            matches!(
+                *kind,
+                node_type::KERNEL
+                    | node_type::MEMCPY
+                    | node_type::MEMSET
+                    | node_type::HOST
+                    | node_type::EMPTY
+                    | node_type::WAIT_EVENT
+                    | node_type::EVENT_RECORD
+            )
+        };
+        // A graph a node owns goes when that node's graph goes: an executable graph keeps a copy.
+        let owned = self.graphs.graph_ids.get(&graph).is_some_and(|id| self.graphs.is_owned(*id));
+        if !owned && self.device.graph_nodes(graph, false).is_ok_and(|nodes| nodes.iter().all(|(_, kind)| plain(kind))) {
+            return Shadow::App;
+        }
+        self.clone_shadow(graph)
+    }
+
+    fn clone_shadow(&self, graph: D::Graph) -> Shadow<D::Graph> {
+        match self.device.graph_clone(graph) {
+            Ok(copy) => Shadow::Copy(copy),
+            Err(error) => {
+                Shadow::Refused(format!("its graph cannot be copied ({error}): graphs with memory or conditional nodes do not move"))
+            }
+        }
+    }
+
+    /// Whether `exec`'s record is still the app's graph `graph`.
+    pub(super) fn runs_app_graph(exec: &Exec<D>, graph: u64) -> bool {
+        matches!(exec.shadow, Shadow::App) && exec.cloned_from == Some(graph)
+    }
+
+    /// The app is about to change its graph `graph`: executable graphs whose record it still is
+    /// get their own copy of it first.
+    pub(super) fn detach_execs(&mut self, graph: u64) {
+        self.detach_execs_except(graph, None);
+    }
+
+    /// [`detach_execs`](Self::detach_execs) but for `except` (which takes the graph over).
+    pub(super) fn detach_execs_except(&mut self, graph: u64, except: Option<u64>) {
+        let Ok(driver_graph) = self.graphs.graph(graph) else { return };
+        let ids: Vec<u64> = self
+            .graphs
+            .execs
+            .iter()
+            .filter(|(id, exec)| Some(**id) != except && Self::runs_app_graph(exec, graph))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let copy = self.clone_shadow(driver_graph);
+            if let Some(exec) = self.graphs.execs.get_mut(&id) {
+                exec.shadow = copy;
+            }
+        }
     }
 
     /// Makes the same change in an executable graph's copy of its graph as `params` just made
     /// in the executable graph; an executable graph whose copy cannot follow cannot move.
     pub(super) fn mirror_exec_params(&mut self, exec: u64, node: u64, params: &mut NodeParams) {
+        if let Some(from) =
+            self.graphs.execs.get(&exec).filter(|record| matches!(record.shadow, Shadow::App)).and_then(|record| record.cloned_from)
+        {
+            // The executable graph is about to differ from the app's graph: it needs its own copy.
+            let copy =
+                self.graphs.graph(from).map_or_else(|_| Shadow::Refused("its graph is gone".into()), |graph| self.clone_shadow(graph));
+            if let Some(record) = self.graphs.execs.get_mut(&exec) {
+                record.shadow = copy;
+            }
+        }
         let Some(record) = self.graphs.execs.get(&exec) else { return };
-        let Ok(shadow) = record.shadow else { return };
+        let Shadow::Copy(shadow) = record.shadow else { return };
         let counterpart = match (record.translate.get(&node), self.graphs.node(node), record.cloned_from) {
             (Some(translated), _, _) => Ok(*translated),
             (None, Ok((original, of)), Some(from)) if of == from => self.device.graph_node_in_clone(original, shadow),
@@ -165,7 +229,7 @@ impl<D: Device> Session<D> {
         if let Err(error) = mirrored {
             let _ = self.device.graph_destroy(shadow);
             if let Some(record) = self.graphs.execs.get_mut(&exec) {
-                record.shadow = Err(format!("a change to one of its nodes could not be followed in its copy ({error})"));
+                record.shadow = Shadow::Refused(format!("a change to one of its nodes could not be followed in its copy ({error})"));
             }
         }
     }
@@ -202,14 +266,21 @@ impl<D: Device> Session<D> {
 
     fn exec_state(&self, id: u64, kernels: &Kernels<D>) -> Result<ExecState, String> {
         let record = &self.graphs.execs[&id];
-        let shadow = *record.shadow.as_ref().map_err(|reason| format!("an executable graph cannot move: {reason}"))?;
+        // The app's own graph where it is still the record: its nodes are the executable graph's.
+        let (shadow, is_app_graph) = match (&record.shadow, record.cloned_from) {
+            (Shadow::Copy(shadow), _) => (*shadow, false),
+            (Shadow::App, Some(from)) => (self.graphs.graph(from).map_err(|_| "an executable graph's graph is gone".to_string())?, true),
+            (Shadow::App, None) => return Err("an executable graph's graph is gone".into()),
+            (Shadow::Refused(reason), _) => return Err(format!("an executable graph cannot move: {reason}")),
+        };
         let (graph, listed) = self.describe(shadow, false, kernels, 0)?;
         let position: HashMap<D::GraphNode, u32> = listed.into_iter().enumerate().map(|(index, node)| (node, index as u32)).collect();
         let mut nodes: Vec<(u64, u32)> = record.translate.iter().filter_map(|(id, node)| Some((*id, *position.get(node)?))).collect();
         if let Some(from) = record.cloned_from {
             for (node_id, (node, of)) in &self.graphs.nodes {
+                let counterpart = if is_app_graph { Ok(*node) } else { self.device.graph_node_in_clone(*node, shadow) };
                 if *of == from
-                    && let Ok(copy) = self.device.graph_node_in_clone(*node, shadow)
+                    && let Ok(copy) = counterpart
                     && let Some(index) = position.get(&copy)
                 {
                     nodes.push((*node_id, *index));
@@ -333,7 +404,7 @@ impl<D: Device> GraphTable<D> {
             for (id, index) in &exec.nodes {
                 translate.insert(*id, node_at(*index)?);
             }
-            table.execs.insert(exec.id, Exec { exec: made, flags: exec.flags, shadow: Ok(shadow), cloned_from: None, translate });
+            table.execs.insert(exec.id, Exec { exec: made, flags: exec.flags, shadow: Shadow::Copy(shadow), cloned_from: None, translate });
         }
         Ok(table)
     }
