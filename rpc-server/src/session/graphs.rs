@@ -348,20 +348,31 @@ impl<D: Device> Session<D> {
         Some(graph)
     }
 
-    /// Host-function nodes of `graph` and of its children, each of which a launch runs once.
-    fn host_nodes(&self, graph: D::Graph, depth: u32) -> CudaResult<u32> {
+    /// Host-function nodes of `graph` and of its children (each of which a launch runs once),
+    /// and whether `graph` is plain: kernels, copies, memsets, host, empty and event nodes only
+    /// (see `Shadow::App`). One listing serves both: instantiation and update pay it.
+    fn census(&self, graph: D::Graph, depth: u32) -> CudaResult<(u32, bool)> {
         if depth > 64 {
             return Err(CudaError::INVALID_VALUE);
         }
-        let mut count = 0;
+        let (mut count, mut plain) = (0, true);
         for (node, kind) in self.device.graph_nodes(graph, false)? {
-            count += match kind {
-                node_type::HOST => 1,
-                node_type::GRAPH => self.host_nodes(self.device.graph_child(node)?, depth + 1)?,
-                _ => 0,
-            };
+            match kind {
+                node_type::HOST => count += 1,
+                node_type::GRAPH => {
+                    count += self.census(self.device.graph_child(node)?, depth + 1)?.0;
+                    plain = false;
+                }
+                node_type::KERNEL
+                | node_type::MEMCPY
+                | node_type::MEMSET
+                | node_type::EMPTY
+                | node_type::WAIT_EVENT
+                | node_type::EVENT_RECORD => {}
+                _ => plain = false,
+            }
         }
-        Ok(count)
+        Ok((count, plain))
     }
 
     pub(super) fn begin_capture(&mut self, request: req::StreamBeginCapture, reply: Responder<rep::StreamBeginCapture>) {
@@ -759,9 +770,9 @@ impl<D: Device> Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             }
             let graph = self.graphs.graph(request.graph)?;
-            let host_nodes = self.host_nodes(graph, 0)?;
+            let (host_nodes, plain) = self.census(graph, 0)?;
             let exec = self.device.graph_instantiate(graph, request.flags)?;
-            let shadow = self.shadow_of(graph, request.flags);
+            let shadow = self.shadow_of(graph, request.flags, plain);
             let cloned_from = Some(request.graph);
             self.graphs.execs.insert(request.exec, Exec { exec, flags: request.flags, shadow, cloned_from, translate: HashMap::new() });
             Ok(rep::GraphInstantiate { host_nodes })
@@ -791,12 +802,12 @@ impl<D: Device> Session<D> {
         let result = (|| {
             let exec = self.graphs.exec(request.exec)?;
             let graph = self.graphs.graph(request.graph)?;
-            let host_nodes = self.host_nodes(graph, 0)?;
+            let (host_nodes, plain) = self.census(graph, 0)?;
             let update = self.device.graph_exec_update(exec, graph);
             if update.result.is_ok() {
                 // The executable graph now runs `graph`'s work: its copy follows.
                 let flags = self.graphs.execs.get(&request.exec).map_or(0, |record| record.flags);
-                let shadow = self.shadow_of(graph, flags);
+                let shadow = self.shadow_of(graph, flags, plain);
                 if let Some(record) = self.graphs.execs.get_mut(&request.exec) {
                     let old = std::mem::replace(&mut record.shadow, shadow);
                     record.cloned_from = Some(request.graph);

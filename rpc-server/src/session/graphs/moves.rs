@@ -138,26 +138,14 @@ fn device_copy(copy: &NodeCopy) -> Option<Copy3d> {
 
 impl<D: Device> Session<D> {
     /// What an executable graph made with `flags` from `graph` keeps of it: nothing yet for a
-    /// plain graph (it is the record until the app changes it), else a copy, or why it has none.
-    pub(super) fn shadow_of(&self, graph: D::Graph, flags: u64) -> Shadow<D::Graph> {
+    /// `plain` graph (it is the record until the app changes it), else a copy, or why it has none.
+    pub(super) fn shadow_of(&self, graph: D::Graph, flags: u64, plain: bool) -> Shadow<D::Graph> {
         if flags & DEVICE_LAUNCH != 0 {
             return Shadow::Refused("it is launched from the device, whose kernels hold its handle".into());
         }
-        let plain = |kind: &u32| {
-            matches!(
-                *kind,
-                node_type::KERNEL
-                    | node_type::MEMCPY
-                    | node_type::MEMSET
-                    | node_type::HOST
-                    | node_type::EMPTY
-                    | node_type::WAIT_EVENT
-                    | node_type::EVENT_RECORD
-            )
-        };
         // A graph a node owns goes when that node's graph goes: an executable graph keeps a copy.
         let owned = self.graphs.graph_ids.get(&graph).is_some_and(|id| self.graphs.is_owned(*id));
-        if !owned && self.device.graph_nodes(graph, false).is_ok_and(|nodes| nodes.iter().all(|(_, kind)| plain(kind))) {
+        if plain && !owned {
             return Shadow::App;
         }
         self.clone_shadow(graph)
