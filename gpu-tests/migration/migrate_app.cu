@@ -20,14 +20,7 @@
 #include <unistd.h>
 #include <vector>
 
-#define CHECK(call)                                                                          \
-    do {                                                                                     \
-        cudaError_t check_error = (call);                                                    \
-        if (check_error != cudaSuccess) {                                                    \
-            printf("FAIL line %d: %s: %s\n", __LINE__, #call, cudaGetErrorString(check_error)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "../common.h"  // CHECK
 
 __device__ unsigned int g_launches;
 __device__ unsigned int g_table[256];

@@ -18,14 +18,7 @@
 #include <ctime>
 #include <unistd.h>
 
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        cudaError_t check_error = (call);                                                        \
-        if (check_error != cudaSuccess) {                                                        \
-            printf("FAIL line %d: %s: %s\n", __LINE__, #call, cudaGetErrorString(check_error)); \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#include "../common.h"  // CHECK
 
 constexpr size_t WORDS = 1 << 20;
 constexpr int GRID = 256, BLOCK = 256;

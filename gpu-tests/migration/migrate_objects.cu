@@ -19,14 +19,7 @@
 #include <ctime>
 #include <unistd.h>
 
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        cudaError_t check_error = (call);                                                        \
-        if (check_error != cudaSuccess) {                                                        \
-            printf("FAIL line %d: %s: %s\n", __LINE__, #call, cudaGetErrorString(check_error)); \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#include "../common.h"  // CHECK
 
 constexpr int W = 64, H = 32;                 // the 2D array and the surface, in elements
 constexpr int MW = 32, MH = 16;               // level 0 of the mipmapped array

@@ -220,6 +220,8 @@ pub fn write_image(kernel: &GuestKernel, scratch: &Path, programs: &[PathBuf], l
 pub struct Vm {
     child: Child,
     console: Arc<Mutex<String>>,
+    /// The threads reading QEMU's output; they end with its pipes.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Vm {
@@ -245,11 +247,12 @@ impl Vm {
             .stderr(Stdio::piped());
         let mut child = command.spawn().expect("qemu-system-x86_64 is needed for this test (.ci/fetch-guest-kernel installs it)");
         let console = Arc::new(Mutex::new(String::new()));
+        let mut readers = Vec::new();
         for mut stream in
             [Box::new(child.stdout.take().expect("stdout")) as Box<dyn Read + Send>, Box::new(child.stderr.take().expect("stderr"))]
         {
             let console = console.clone();
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 let mut buffer = [0u8; 4096];
                 while let Ok(read) = stream.read(&mut buffer) {
                     if read == 0 {
@@ -257,9 +260,9 @@ impl Vm {
                     }
                     console.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push_str(&String::from_utf8_lossy(&buffer[..read]));
                 }
-            });
+            }));
         }
-        Self { child, console }
+        Self { child, console, readers }
     }
 
     /// What the guest printed so far.
@@ -282,8 +285,10 @@ impl Vm {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        // The console threads finish with the pipes.
-        std::thread::sleep(Duration::from_millis(100));
+        // QEMU is gone: its pipes close and the readers end with all it printed.
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
         (self.console(), ended)
     }
 }

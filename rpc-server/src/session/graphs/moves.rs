@@ -173,7 +173,6 @@ impl<D: Device> Session<D> {
 
     /// [`detach_execs`](Self::detach_execs) but for `except` (which takes the graph over).
     pub(super) fn detach_execs_except(&mut self, graph: u64, except: Option<u64>) {
-        let Ok(driver_graph) = self.graphs.graph(graph) else { return };
         let ids: Vec<u64> = self
             .graphs
             .execs
@@ -182,26 +181,25 @@ impl<D: Device> Session<D> {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            let copy = self.clone_shadow(driver_graph);
-            if let Some(exec) = self.graphs.execs.get_mut(&id) {
-                exec.shadow = copy;
-            }
+            self.detach_exec(id);
+        }
+    }
+
+    /// Gives executable graph `exec` its own copy of the app's graph it records, if it records one.
+    fn detach_exec(&mut self, exec: u64) {
+        let Some(record) = self.graphs.execs.get(&exec) else { return };
+        let (Shadow::App, Some(from)) = (&record.shadow, record.cloned_from) else { return };
+        let copy = self.graphs.graph(from).map_or_else(|_| Shadow::Refused("its graph is gone".into()), |graph| self.clone_shadow(graph));
+        if let Some(record) = self.graphs.execs.get_mut(&exec) {
+            record.shadow = copy;
         }
     }
 
     /// Makes the same change in an executable graph's copy of its graph as `params` just made
     /// in the executable graph; an executable graph whose copy cannot follow cannot move.
     pub(super) fn mirror_exec_params(&mut self, exec: u64, node: u64, params: &mut NodeParams) {
-        if let Some(from) =
-            self.graphs.execs.get(&exec).filter(|record| matches!(record.shadow, Shadow::App)).and_then(|record| record.cloned_from)
-        {
-            // The executable graph is about to differ from the app's graph: it needs its own copy.
-            let copy =
-                self.graphs.graph(from).map_or_else(|_| Shadow::Refused("its graph is gone".into()), |graph| self.clone_shadow(graph));
-            if let Some(record) = self.graphs.execs.get_mut(&exec) {
-                record.shadow = copy;
-            }
-        }
+        // The executable graph is about to differ from the app's graph: it needs its own copy.
+        self.detach_exec(exec);
         let Some(record) = self.graphs.execs.get(&exec) else { return };
         let Shadow::Copy(shadow) = record.shadow else { return };
         let counterpart = match (record.translate.get(&node), self.graphs.node(node), record.cloned_from) {
