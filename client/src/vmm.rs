@@ -15,6 +15,9 @@ use crate::client::Client;
 
 /// A physical allocation: its size, requested handle types, and references (its creation, and
 /// each `cuMemRetainAllocationHandle`).
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub const POSIX_FD: u32 = 0x1;
+
 #[derive(Clone, Copy)]
 pub struct Physical {
     pub size: u64,
@@ -78,6 +81,24 @@ impl Client {
             physical.remove(&handle);
         }
         self.call(req::MemRelease { handle }).map(drop)
+    }
+
+    /// `cuMemExportToShareableHandle`: what the app is to hold, opaque here (only a server can
+    /// use it: `mem_import`).
+    pub fn mem_export(&self, handle: u64) -> CudaResult<Vec<u8>> {
+        if !lock(&self.vmm.physical).contains_key(&handle) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        self.call(req::MemExport { handle }).map(|reply| reply.shareable)
+    }
+
+    /// `cuMemImportFromShareableHandle` of what another process's `mem_export` gave: the
+    /// allocation's id in this process.
+    pub fn mem_import(&self, shareable: Vec<u8>) -> CudaResult<u64> {
+        let handle = self.vmm.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let size = self.call(req::MemImport { handle, shareable })?.size;
+        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types: POSIX_FD, refs: 1 });
+        Ok(handle)
     }
 
     pub fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> CudaResult<()> {

@@ -333,7 +333,7 @@ macro_rules! for_each_op {
             /// session drains its work and snapshots everything up to here.
             114 Pause pause [noreply -] {} -> {};
             // --- stream memory operations, tensor maps, context events, pool access, cluster
-            // occupancy (ids 120-139) ---
+            // occupancy, shareable VMM handles (ids 120-139) ---
             /// `cuStreamWriteValue*`, `cuStreamWaitValue*` and `cuStreamBatchMemOp`: the ops in
             /// order on `stream`, each address in the session's device memory (or pinned host
             /// memory mapped at the client's address).
@@ -353,6 +353,14 @@ macro_rules! for_each_op {
             125 OccupancyMaxPotentialClusterSize occupancy_max_potential_cluster_size [reply -] {
                 function: FunctionRef, grid: Dim3, block: Dim3, shared_mem: u32, attributes: Vec<LaunchAttribute>
             } -> { cluster_size: i32 };
+            /// `cuMemExportToShareableHandle` (a POSIX file descriptor) of a physical allocation
+            /// made with that handle type: `shareable` is opaque to the client, which hands the app
+            /// a descriptor holding it; only a server can use it (`MemImport`).
+            126 MemExport mem_export [reply -] { handle: u64 } -> { shareable: Vec<u8> };
+            /// `cuMemImportFromShareableHandle` of what another session's `MemExport` gave, under
+            /// the client-chosen `handle`; the allocation's size comes back. Imported memory stays
+            /// in the exporter's quota.
+            127 MemImport mem_import [reply -] { handle: u64, shareable: Vec<u8> } -> { size: u64 };
         }
     };
 }

@@ -17,6 +17,7 @@ pub mod memory;
 pub mod metrics;
 pub mod output;
 pub mod session;
+pub mod shareable;
 pub mod shm;
 pub mod stats;
 pub mod transport;

@@ -1660,6 +1660,14 @@ impl<D: Device> OpHandler for Session<D> {
         self.vmm_create(request, reply);
     }
 
+    fn mem_export(&mut self, request: req::MemExport, reply: Responder<rep::MemExport>) {
+        self.vmm_export(request, reply);
+    }
+
+    fn mem_import(&mut self, request: req::MemImport, reply: Responder<rep::MemImport>) {
+        self.vmm_import(request, reply);
+    }
+
     fn mem_release(&mut self, request: req::MemRelease, reply: Responder<rep::MemRelease>) {
         self.vmm_release(request, reply);
     }

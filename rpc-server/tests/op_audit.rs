@@ -54,6 +54,15 @@ const INVALID_VALUE: CudaError = CudaError::INVALID_VALUE;
 const UNKNOWN_HANDLE: CudaError = CudaError::INVALID_RESOURCE_HANDLE;
 const UNKNOWN_FUNCTION: CudaError = CudaError::INVALID_DEVICE_FUNCTION;
 
+/// A well-formed shareable handle naming a socket no worker serves.
+fn unserved_shareable() -> Vec<u8> {
+    let mut shareable = b"FLYTSHR1".to_vec();
+    shareable.extend_from_slice(&[9; 16]);
+    shareable.push(19);
+    shareable.extend_from_slice(b"flyt-vmm-1-nobody00");
+    shareable
+}
+
 /// The probes of one op, by its name in the table.
 macro_rules! probes {
     (Malloc, $v:ident) => {
@@ -341,6 +350,17 @@ macro_rules! probes {
         vec![
             refused(req::MemCreate { handle: 0, size: 2 << 20, handle_types: 0 }, INVALID_VALUE),
             refused(req::MemCreate { handle: 7, size: u64::MAX & !((2 << 20) - 1), handle_types: 0 }, CudaError::MEMORY_ALLOCATION),
+        ]
+    };
+    (MemExport, $v:ident) => {
+        vec![refused(req::MemExport { handle: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    (MemImport, $v:ident) => {
+        // A shareable must name a live export of some worker, with its token.
+        vec![
+            refused(req::MemImport { handle: 0, shareable: unserved_shareable() }, INVALID_VALUE),
+            refused(req::MemImport { handle: 9, shareable: vec![0; 40] }, INVALID_VALUE),
+            refused(req::MemImport { handle: 9, shareable: unserved_shareable() }, INVALID_VALUE),
         ]
     };
     (MemRelease, $v:ident) => {

@@ -238,6 +238,48 @@ fn virtual_memory_management_through_the_driver_api() {
     }
 }
 
+/// A physical allocation shared between two processes through a POSIX descriptor: on one
+/// server with and without the shared-memory channel, and between two servers (two tenants of
+/// one device; the importer over TCP), on the emulated device, whose shareable allocations are
+/// memory files both workers map.
+#[test]
+fn physical_allocations_shared_between_processes() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("driver-vmm-share");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_vmm_share");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    let other_scratch = scratch.join("other");
+    std::fs::create_dir_all(&other_scratch).expect("scratch");
+    let other = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &other_scratch);
+    for (shm, importer) in [("on", None), ("off", None), ("on", Some(&other.addresses[0]))] {
+        let mut command = Command::new(&program);
+        command.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm);
+        if let Some(address) = importer {
+            command.env("IMPORTER_FLYT_SERVER", address);
+        }
+        let (code, stdout, stderr) = run_with_timeout(&mut command, Duration::from_secs(60));
+        let run = format!("FLYT_SHM={shm}, importer on {importer:?}");
+        assert_eq!(code, 0, "{run}\n{stdout}\n{stderr}");
+        for line in [
+            "exported as a descriptor: yes",
+            "imported handle types: 1",
+            "importer reads the exporter's bytes: yes",
+            "exporter sees the importer's writes: yes",
+            "imported mapping outlives the export: yes",
+            "importer PASSED: 0 failure(s)",
+            "exporter PASSED: 0 failure(s)",
+            "PASSED: both processes",
+        ] {
+            assert!(stdout.contains(line), "{run}: missing '{line}':\n{stdout}\n{stderr}");
+        }
+        assert!(stderr.contains("virtual memory with shareable handles other than a POSIX file descriptor is not supported"), "{stderr}");
+    }
+}
+
 /// Pitched memory, 3D copies, 2D memsets, arrays and texture and surface objects through the
 /// driver API, over the socket and the shared-memory channel, on the emulated device.
 #[test]

@@ -4,14 +4,14 @@
 //! (other locations, shareable handles other than a POSIX file descriptor, compression) are
 //! refused at the call with one line.
 
-use std::ffi::{c_ulonglong, c_void};
+use std::ffi::{c_int, c_ulonglong, c_void};
 
 use super::session::{client, driver_error, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{
-    CUdeviceptr, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationProp, CUmemAllocationProp_st_allocFlags,
-    CUmemGenericAllocationHandle, CUmemLocation,
+    CUdeviceptr, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp,
+    CUmemAllocationProp_st_allocFlags, CUmemGenericAllocationHandle, CUmemLocation,
 };
 
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`, `CU_MEM_LOCATION_TYPE_DEVICE`.
@@ -19,6 +19,12 @@ const ALLOCATION_PINNED: u32 = 1;
 const LOCATION_DEVICE: u32 = 1;
 /// `CU_MEM_HANDLE_TYPE_NONE` and `_POSIX_FILE_DESCRIPTOR`.
 const HANDLE_TYPES_SUPPORTED: u32 = 0x1;
+const POSIX_FD: u32 = 0x1;
+/// What a shareable handle's descriptor holds first: a sealed memory file of Flyt's, holding
+/// what the server gave for the export (the driver's own descriptor stays on the server).
+const SHAREABLE_MAGIC: &[u8; 8] = b"FLYTMEMH";
+/// More than any server's shareable (a socket name and a token).
+const MAX_SHAREABLE: usize = 256;
 
 fn refuse(what: &str) -> CUresult {
     crate::diagnostics::once(
@@ -178,5 +184,68 @@ pub unsafe fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationP
         };
         // SAFETY: checked non-NULL.
         unsafe { write_out(prop, value) }
+    })
+}
+
+/// A sealed memory file holding `shareable`: the descriptor the app holds and may pass to
+/// another process (over a Unix socket, or by inheritance), as it would the driver's.
+fn shareable_file(shareable: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {
+    use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+    use nix::sys::memfd::{MFdFlags, memfd_create};
+    let fd = memfd_create("flyt-shareable-memory", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
+    let mut file = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut file, SHAREABLE_MAGIC)?;
+    std::io::Write::write_all(&mut file, shareable)?;
+    let seals = SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_SEAL;
+    fcntl(&file, FcntlArg::F_ADD_SEALS(seals))?;
+    Ok(file.into())
+}
+
+/// What a shareable handle's descriptor holds, if it is one of Flyt's.
+fn read_shareable(fd: std::os::fd::RawFd) -> Option<Vec<u8>> {
+    // SAFETY: the app's descriptor, borrowed for this call only (it stays the app's).
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let mut buf = [0u8; SHAREABLE_MAGIC.len() + MAX_SHAREABLE];
+    let len = nix::sys::uio::pread(fd, &mut buf, 0).ok()?;
+    buf[..len].strip_prefix(SHAREABLE_MAGIC.as_slice()).map(<[u8]>::to_vec)
+}
+
+pub unsafe fn cuMemExportToShareableHandle(
+    shareable_handle: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    handle_type: CUmemAllocationHandleType,
+    flags: c_ulonglong,
+) -> CUresult {
+    run(|| {
+        non_null([shareable_handle.cast()])?;
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if handle_type != POSIX_FD {
+            return Err(refuse("shareable handles other than a POSIX file descriptor"));
+        }
+        let shareable = client()?.mem_export(handle).map_err(driver_error)?;
+        let fd = shareable_file(&shareable).map_err(|_| CUresult::CUDA_ERROR_OPERATING_SYSTEM)?;
+        // SAFETY: checked non-NULL; for a POSIX descriptor the caller's out-pointer is an `int`.
+        unsafe { write_out(shareable_handle.cast::<c_int>(), std::os::fd::IntoRawFd::into_raw_fd(fd)) }
+    })
+}
+
+pub unsafe fn cuMemImportFromShareableHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut c_void,
+    sh_handle_type: CUmemAllocationHandleType,
+) -> CUresult {
+    run(|| {
+        non_null([handle.cast()])?;
+        if sh_handle_type != POSIX_FD {
+            return Err(refuse("shareable handles other than a POSIX file descriptor"));
+        }
+        // A POSIX descriptor travels as the pointer's value.
+        let fd = c_int::try_from(os_handle as usize).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let shareable = read_shareable(fd).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let imported = client()?.mem_import(shareable).map_err(driver_error)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(handle, imported) }
     })
 }

@@ -361,7 +361,7 @@ macro_rules! for_each_driver_api {
             implemented cuMemDiscardAndPrefetchBatchAsync_ptsz [cuMemDiscardAndPrefetchBatchAsync 1 ptsz per_thread] (dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetch_locs: *mut CUmemLocation, prefetch_loc_idxs: *mut usize, num_prefetch_locs: usize, flags: c_ulonglong, h_stream: CUstream);
             implemented cuMemDiscardBatchAsync [cuMemDiscardBatchAsync 1 legacy current] (dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: c_ulonglong, h_stream: CUstream);
             implemented cuMemDiscardBatchAsync_ptsz [cuMemDiscardBatchAsync 1 ptsz per_thread] (dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: c_ulonglong, h_stream: CUstream);
-            unsupported cuMemExportToShareableHandle [cuMemExportToShareableHandle 1 legacy current] (shareable_handle: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: CUmemAllocationHandleType, flags: c_ulonglong);
+            implemented cuMemExportToShareableHandle [cuMemExportToShareableHandle 1 legacy current] (shareable_handle: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: CUmemAllocationHandleType, flags: c_ulonglong);
             unsupported cuMemFree [cuMemFree 1 legacy internal] (dptr: CUdeviceptr_v1);
             implemented cuMemFreeAsync [cuMemFreeAsync 1 legacy current] (dptr: CUdeviceptr, h_stream: CUstream);
             implemented cuMemFreeAsync_ptsz [cuMemFreeAsync 1 ptsz per_thread] (dptr: CUdeviceptr, h_stream: CUstream);
@@ -386,7 +386,7 @@ macro_rules! for_each_driver_api {
             implemented cuMemHostRegister [cuMemHostRegister 1 legacy internal] (p: *mut c_void, bytesize: usize, flags: c_uint);
             implemented cuMemHostRegister_v2 [cuMemHostRegister 2 legacy current] (p: *mut c_void, bytesize: usize, flags: c_uint);
             implemented cuMemHostUnregister [cuMemHostUnregister 1 legacy current] (p: *mut c_void);
-            unsupported cuMemImportFromShareableHandle [cuMemImportFromShareableHandle 1 legacy current] (handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, sh_handle_type: CUmemAllocationHandleType);
+            implemented cuMemImportFromShareableHandle [cuMemImportFromShareableHandle 1 legacy current] (handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, sh_handle_type: CUmemAllocationHandleType);
             implemented cuMemMap [cuMemMap 1 legacy current] (ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong);
             unsupported cuMemMapArrayAsync [cuMemMapArrayAsync 1 legacy current] (map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream);
             unsupported cuMemMapArrayAsync_ptsz [cuMemMapArrayAsync 1 ptsz per_thread] (map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream);

@@ -1860,6 +1860,42 @@ impl Device for CudaDevice {
         check(unsafe { sys::cuMemSetAccess(ptr, size as usize, &desc, 1).result() })
     }
 
+    fn mem_export(&self, handle: u64) -> CudaResult<std::os::fd::OwnedFd> {
+        let mut fd: c_int = -1;
+        // SAFETY: a handle of the session's; for a POSIX descriptor the driver writes an `int`
+        // through the out-pointer.
+        check(unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&raw mut fd).cast(),
+                handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+            .result()
+        })?;
+        if fd < 0 {
+            return Err(CudaError::UNKNOWN);
+        }
+        // SAFETY: the driver just opened `fd` for this process; nothing else owns it.
+        Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+    }
+
+    fn mem_import(&self, fd: std::os::fd::BorrowedFd<'_>, _size: u64) -> CudaResult<u64> {
+        let mut handle = 0;
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        // SAFETY: valid out-pointer; a POSIX descriptor travels as the pointer's value, and the
+        // driver only reads it (the descriptor stays ours).
+        check(unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                raw as usize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+            .result()
+        })?;
+        Ok(handle)
+    }
+
     fn default_pool(&self) -> CudaResult<Self::MemPool> {
         let mut pool = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the session's device.

@@ -51,10 +51,12 @@ const EVENT_DISABLE_TIMING: u32 = 0x2;
 const EVENT_INTERPROCESS: u32 = 0x4;
 /// `cudaEventRecordExternal` / `cudaEventWaitExternal`: meaningful only in stream capture.
 const EXTERNAL: u32 = 0x1;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const POSIX_FD: u32 = 0x1;
 
 #[derive(Default)]
 struct State {
-    blocks: HashMap<u64, Vec<u8>>,
+    blocks: HashMap<u64, Block>,
     next_address: u64,
     used: u64,
     events: HashMap<u64, Event>,
@@ -69,7 +71,7 @@ struct State {
     /// Virtual memory management: reserved ranges, physical allocations (their bytes, or `None`
     /// while mapped, when the bytes are a block at the mapping's address) and mappings.
     reserved: HashMap<u64, u64>,
-    physical: HashMap<u64, (u64, Option<Vec<u8>>)>,
+    physical: HashMap<u64, (u64, Option<Block>)>,
     mapped: HashMap<u64, u64>,
     /// Memory pools: each one's attributes (`CUmemPool_attribute` to value). Pool 1 is the default.
     pools: HashMap<u64, HashMap<u32, u64>>,
@@ -157,9 +159,55 @@ impl EmulatedDevice {
     }
 }
 
+/// A block of emulated device memory: the worker's own, or a shared mapping of a file, which a
+/// physical allocation made with a POSIX shareable handle type is, so another worker can import
+/// it (`mem_export`) and both see the same bytes.
+enum Block {
+    Heap(Vec<u8>),
+    Shared { map: memmap2::MmapMut, file: std::fs::File },
+}
+
+impl Block {
+    /// `len` zeroed bytes in a memory file of their own.
+    fn shared(len: usize) -> CudaResult<Self> {
+        let fd = nix::sys::memfd::memfd_create("flyt-emulated-vmm", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        let file = std::fs::File::from(fd);
+        file.set_len(len as u64).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        Self::map(file, len)
+    }
+
+    fn map(file: std::fs::File, len: usize) -> CudaResult<Self> {
+        // SAFETY: a shared mapping of a memory file: other workers may write it concurrently,
+        // which a GPU's memory allows too; the bytes are only ever copied, never borrowed as
+        // typed data.
+        let map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&file) }.map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        Ok(Self::Shared { map, file })
+    }
+}
+
+impl std::ops::Deref for Block {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Heap(bytes) => bytes,
+            Self::Shared { map, .. } => map,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Block {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Self::Heap(bytes) => bytes,
+            Self::Shared { map, .. } => map,
+        }
+    }
+}
+
 /// Finds the block holding `[ptr, ptr + len)`; the session validated the range already, so a
 /// miss here is a bookkeeping bug reported as an invalid value, not a crash.
-fn block_slice(blocks: &mut HashMap<u64, Vec<u8>>, ptr: u64, len: u64) -> CudaResult<&mut [u8]> {
+fn block_slice(blocks: &mut HashMap<u64, Block>, ptr: u64, len: u64) -> CudaResult<&mut [u8]> {
     let (base, block) = blocks
         .iter_mut()
         .find(|(base, block)| ptr >= **base && ptr - **base + len <= block.len() as u64)
@@ -291,7 +339,7 @@ impl Device for EmulatedDevice {
         state.used += size;
         // `vec![0; n]` asks for zeroed pages, which the kernel maps lazily: a large allocation
         // costs nothing until it is written.
-        state.blocks.insert(address, vec![0; len]);
+        state.blocks.insert(address, Block::Heap(vec![0; len]));
         Ok(address)
     }
 
@@ -334,7 +382,7 @@ impl Device for EmulatedDevice {
             if taken(&state, ptr, end) {
                 return Err(format!("address {ptr:#x} is taken on this device"));
             }
-            state.blocks.insert(ptr, vec![0; usize::try_from(len).map_err(|_| "allocation too large")?]);
+            state.blocks.insert(ptr, Block::Heap(vec![0; usize::try_from(len).map_err(|_| "allocation too large")?]));
             state.used += len;
             // New allocations go past every restored one.
             state.next_address = state.next_address.max(end.div_ceil(ALIGNMENT) * ALIGNMENT);
@@ -1148,9 +1196,10 @@ impl Device for EmulatedDevice {
             return Err(CudaError::MEMORY_ALLOCATION);
         }
         let len = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        let bytes = if handle_types & POSIX_FD != 0 { Block::shared(len)? } else { Block::Heap(vec![0; len]) };
         state.used += size;
         let handle = state.new_handle();
-        state.physical.insert(handle, (size, Some(vec![0; len])));
+        state.physical.insert(handle, (size, Some(bytes)));
         Ok(handle)
     }
 
@@ -1195,6 +1244,39 @@ impl Device for EmulatedDevice {
     fn mem_set_access(&self, _ptr: u64, _size: u64, flags: u32) -> CudaResult<()> {
         // PROT_NONE, READ, READWRITE; host memory is always accessible here.
         if matches!(flags, 0 | 1 | 3) { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
+    }
+
+    fn mem_export(&self, handle: u64) -> CudaResult<std::os::fd::OwnedFd> {
+        let state = self.state();
+        let file = match state.physical.get(&handle) {
+            Some((_, Some(Block::Shared { file, .. }))) => file,
+            Some((_, None)) => {
+                match state.mapped.iter().find(|(_, mapped)| **mapped == handle).and_then(|(ptr, _)| state.blocks.get(ptr)) {
+                    Some(Block::Shared { file, .. }) => file,
+                    _ => return Err(CudaError::INVALID_VALUE),
+                }
+            }
+            // Made without a shareable handle type.
+            Some(_) => return Err(CudaError::INVALID_VALUE),
+            None => return Err(CudaError::INVALID_VALUE),
+        };
+        file.try_clone().map(std::os::fd::OwnedFd::from).map_err(|_| CudaError::OPERATING_SYSTEM)
+    }
+
+    fn mem_import(&self, fd: std::os::fd::BorrowedFd<'_>, size: u64) -> CudaResult<u64> {
+        let file = std::fs::File::from(fd.try_clone_to_owned().map_err(|_| CudaError::OPERATING_SYSTEM)?);
+        let len = usize::try_from(size).map_err(|_| CudaError::INVALID_VALUE)?;
+        if size == 0 || file.metadata().map(|meta| meta.len()).unwrap_or(0) < size {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let bytes = Block::map(file, len)?;
+        // Counted by this worker's device until released, like its own allocations (the
+        // session's quota is the exporter's business, not this device's).
+        let mut state = self.state();
+        state.used += size;
+        let handle = state.new_handle();
+        state.physical.insert(handle, (size, Some(bytes)));
+        Ok(handle)
     }
 
     fn default_pool(&self) -> CudaResult<u64> {
@@ -1515,7 +1597,7 @@ fn flat(side: Side<EmulatedDevice>) -> Flat {
 ///
 /// # Safety
 /// Host sides are mapped memory of this process covering the box.
-unsafe fn copy_rows(blocks: &mut HashMap<u64, Vec<u8>>, src: Flat, dst: Flat, extent: Extent) -> CudaResult<()> {
+unsafe fn copy_rows(blocks: &mut HashMap<u64, Block>, src: Flat, dst: Flat, extent: Extent) -> CudaResult<()> {
     let width = usize::try_from(extent.width).map_err(|_| CudaError::INVALID_VALUE)?;
     let mut row = vec![0u8; width];
     let offset = |pitch: u64, height: u64, y: u64, z: u64| (z * height + y) * pitch;
@@ -1585,7 +1667,7 @@ fn emulated_work(work: NodeWork<'_, EmulatedDevice>) -> CudaResult<Work> {
 }
 
 /// A 3D copy, row by row (the session checked both sides' spans).
-fn copy_3d(blocks: &mut HashMap<u64, Vec<u8>>, copy: &Copy3d) -> CudaResult<()> {
+fn copy_3d(blocks: &mut HashMap<u64, Block>, copy: &Copy3d) -> CudaResult<()> {
     for z in 0..copy.depth {
         for y in 0..copy.height {
             let src = copy.src + z * copy.src_pitch * copy.src_height + y * copy.src_pitch;
@@ -1598,7 +1680,7 @@ fn copy_3d(blocks: &mut HashMap<u64, Vec<u8>>, copy: &Copy3d) -> CudaResult<()> 
 }
 
 /// A 2D memset, row by row.
-fn memset_2d(blocks: &mut HashMap<u64, Vec<u8>>, set: &Memset2d) -> CudaResult<()> {
+fn memset_2d(blocks: &mut HashMap<u64, Block>, set: &Memset2d) -> CudaResult<()> {
     let row_len = set.width * u64::from(set.element_size);
     for y in 0..set.height {
         fill_elements(block_slice(blocks, set.dst + y * set.pitch, row_len)?, set.value, set.element_size);

@@ -422,6 +422,12 @@ pub trait Device: Send + Sync + 'static {
     fn mem_unmap(&self, ptr: u64, size: u64) -> CudaResult<()>;
     /// `CUmemAccess_flags` for the session's device.
     fn mem_set_access(&self, ptr: u64, size: u64, flags: u32) -> CudaResult<()>;
+    /// `cuMemExportToShareableHandle` as a POSIX file descriptor (the handle was made with that
+    /// type).
+    fn mem_export(&self, handle: Self::MemHandle) -> CudaResult<std::os::fd::OwnedFd>;
+    /// `cuMemImportFromShareableHandle` of a descriptor another worker's `mem_export` made, for
+    /// an allocation of `size` bytes.
+    fn mem_import(&self, fd: std::os::fd::BorrowedFd<'_>, size: u64) -> CudaResult<Self::MemHandle>;
 
     // --- stream-ordered allocation ---
     fn default_pool(&self) -> CudaResult<Self::MemPool>;

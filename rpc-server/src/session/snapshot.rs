@@ -646,7 +646,11 @@ impl<D: Device> Session<D> {
         if !self.links.is_empty() {
             return Some(format!("{} JIT link(s) are under way", self.links.len()));
         }
-        self.graphs.move_blocker().or_else(|| self.ipc.move_blocker()).or_else(|| self.tensor_maps.move_blocker())
+        self.graphs
+            .move_blocker()
+            .or_else(|| self.ipc.move_blocker())
+            .or_else(|| self.vmm.move_blocker())
+            .or_else(|| self.tensor_maps.move_blocker())
     }
 
     /// Drains the session's work and writes its snapshot into `dir`.

@@ -9,6 +9,7 @@
 //! its offset and access, and the mapped bytes travel like allocations' bytes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::AsFd;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::ops::{rep, req};
@@ -17,13 +18,19 @@ use serde::{Deserialize, Serialize};
 use super::{MAX_HANDLES, Responder, Session};
 use crate::backend::Device;
 use crate::memory::RangeKind;
+use crate::shareable::Exports;
 
-/// A physical allocation: its size and the shareable handle types it was made with.
+/// A physical allocation: its size and the shareable handle types it was made with; `imported`
+/// from another session's export (in that session's quota, not this one's).
 #[derive(Clone, Copy, Serialize, Deserialize)]
 struct Physical {
     size: u64,
     handle_types: u32,
+    imported: bool,
 }
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, the one shareable handle type served.
+const POSIX_FD: u32 = 0x1;
 
 /// One mapping: its length, and what it maps (the app's id of the physical allocation, which it
 /// may have released since) from which offset, with the access last set.
@@ -41,11 +48,12 @@ pub struct VmmTable<D: Device> {
     reservations: BTreeMap<u64, u64>,
     handles: HashMap<u64, (D::MemHandle, Physical)>,
     mappings: BTreeMap<u64, Mapping>,
+    exports: Exports,
 }
 
 impl<D: Device> Default for VmmTable<D> {
     fn default() -> Self {
-        Self { reservations: BTreeMap::new(), handles: HashMap::new(), mappings: BTreeMap::new() }
+        Self { reservations: BTreeMap::new(), handles: HashMap::new(), mappings: BTreeMap::new(), exports: Exports::default() }
     }
 }
 
@@ -73,11 +81,21 @@ impl VmmState {
 
     /// The bytes of physical allocations the app holds (the quota's share).
     pub(super) fn charged(&self) -> u64 {
-        self.handles.iter().map(|(_, physical)| physical.size).sum()
+        self.handles.iter().filter(|(_, physical)| !physical.imported).map(|(_, physical)| physical.size).sum()
     }
 }
 
 impl<D: Device> VmmTable<D> {
+    /// Why the session cannot move, if shared memory holds it: allocations of other sessions it
+    /// imported, or its own that others may have imported (neither would follow it).
+    pub(super) fn move_blocker(&self) -> Option<String> {
+        let imported = self.handles.values().filter(|(_, physical)| physical.imported).count();
+        if imported > 0 {
+            return Some(format!("it holds {imported} physical allocation(s) imported from other processes"));
+        }
+        self.exports.any().then(|| "it exported physical allocations other processes may have imported".to_string())
+    }
+
     pub(super) fn state(&self) -> VmmState {
         let mut handles: Vec<_> = self.handles.iter().map(|(id, (_, physical))| (*id, *physical)).collect();
         handles.sort_unstable_by_key(|(id, _)| *id);
@@ -155,7 +173,7 @@ impl<D: Device> VmmTable<D> {
     fn forget(&mut self) -> u64 {
         self.reservations.clear();
         self.mappings.clear();
-        self.handles.drain().map(|(_, (_, physical))| physical.size).sum()
+        self.handles.drain().filter(|(_, (_, physical))| !physical.imported).map(|(_, (_, physical))| physical.size).sum()
     }
 }
 
@@ -220,7 +238,8 @@ impl<D: Device> Session<D> {
             }
             match self.device.mem_create(request.size, request.handle_types) {
                 Ok(handle) => {
-                    self.vmm.handles.insert(request.handle, (handle, Physical { size: request.size, handle_types: request.handle_types }));
+                    let physical = Physical { size: request.size, handle_types: request.handle_types, imported: false };
+                    self.vmm.handles.insert(request.handle, (handle, physical));
                     Ok(rep::MemCreate {})
                 }
                 Err(error) => {
@@ -237,11 +256,45 @@ impl<D: Device> Session<D> {
             // Still mapped, the driver keeps the memory until it is unmapped; the quota counts it
             // from creation to release.
             Some((handle, physical)) => self.device.mem_release(handle).map(|()| {
-                self.budget.release(physical.size);
+                self.vmm.exports.revoke(request.handle);
+                if !physical.imported {
+                    self.budget.release(physical.size);
+                }
                 rep::MemRelease {}
             }),
             None => Err(CudaError::INVALID_VALUE),
         };
+        reply.send(result);
+    }
+
+    pub(super) fn vmm_export(&mut self, request: req::MemExport, reply: Responder<rep::MemExport>) {
+        let result = (|| {
+            let (handle, physical) = *self.vmm.handles.get(&request.handle).ok_or(CudaError::INVALID_VALUE)?;
+            // Made without the POSIX handle type (or imported: its exporter shares it).
+            if physical.handle_types & POSIX_FD == 0 || physical.imported {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let fd = self.device.mem_export(handle)?;
+            let shareable = self.vmm.exports.publish(request.handle, fd, physical.size).map_err(|error| {
+                tracing::warn!(%error, "could not serve an exported allocation");
+                CudaError::OPERATING_SYSTEM
+            })?;
+            Ok(rep::MemExport { shareable })
+        })();
+        reply.send(result);
+    }
+
+    pub(super) fn vmm_import(&mut self, request: req::MemImport, reply: Responder<rep::MemImport>) {
+        let result = (|| {
+            if request.handle == 0 || self.vmm.handles.contains_key(&request.handle) || self.vmm.handles.len() >= MAX_HANDLES {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let (fd, size) = crate::shareable::fetch(&request.shareable).ok_or(CudaError::INVALID_VALUE)?;
+            let handle = self.device.mem_import(fd.as_fd(), size)?;
+            let physical = Physical { size, handle_types: POSIX_FD, imported: true };
+            self.vmm.handles.insert(request.handle, (handle, physical));
+            Ok(rep::MemImport { size })
+        })();
         reply.send(result);
     }
 
