@@ -15,9 +15,6 @@ use crate::client::Client;
 
 /// A physical allocation: its size, requested handle types, and references (its creation, and
 /// each `cuMemRetainAllocationHandle`).
-/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
-pub const POSIX_FD: u32 = 0x1;
-
 #[derive(Clone, Copy)]
 pub struct Physical {
     pub size: u64,
@@ -97,7 +94,9 @@ impl Client {
     pub fn mem_import(&self, shareable: Vec<u8>) -> CudaResult<u64> {
         let handle = self.vmm.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let size = self.call(req::MemImport { handle, shareable })?.size;
-        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types: POSIX_FD, refs: 1 });
+        // The driver reports no requested handle types for an imported allocation (H100, driver
+        // 580).
+        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types: 0, refs: 1 });
         Ok(handle)
     }
 
