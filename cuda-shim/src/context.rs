@@ -83,6 +83,15 @@ impl Context {
         self.flags.load(Ordering::Relaxed)
     }
 
+    /// `cuCtxSetFlags`: the flags `cuCtxGetFlags` answers from now on.
+    pub fn set_flags(&self, flags: u32) -> DriverResult {
+        if flags & !CTX_FLAGS_MASK != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        self.flags.store(flags, Ordering::Relaxed);
+        Ok(())
+    }
+
     pub fn is_primary(&self) -> bool {
         self.primary
     }

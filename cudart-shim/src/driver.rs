@@ -408,6 +408,9 @@ driver_functions! {
     cuFuncSetAttribute(function: CUkernel, attribute: c_int, value: c_int);
     cuFuncSetCacheConfig(function: CUkernel, config: c_uint);
     cuCtxSetCacheConfig(config: c_uint);
+    cuCtxGetSharedMemConfig(config: *mut c_uint);
+    cuCtxSetSharedMemConfig(config: c_uint);
+    cuFuncSetSharedMemConfig(function: CUkernel, config: c_uint);
     cuCtxGetCacheConfig(config: *mut c_uint);
     cuCtxResetPersistingL2Cache();
     cuProfilerStart();
@@ -647,6 +650,8 @@ driver_functions! {
     cuMemcpy3D_v2(copy: *const Memcpy3D);
     cuMemcpy3D_v2_ptds(copy: *const Memcpy3D);
     cuMemcpy3DAsync_v2(copy: *const Memcpy3D, stream: CUstream);
+    cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: CUstream);
+    cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: CUstream);
     cuMemcpy3DAsync_v2_ptsz(copy: *const Memcpy3D, stream: CUstream);
     // `CUDA_MEMCPY3D_PEER` is `CUDA_MEMCPY3D` with the source and destination contexts in its
     // two reserved fields.

@@ -46,6 +46,8 @@ macro_rules! cudart_exports {
                 cudaDeviceSetLimit(limit: c_int, value: usize);
                 cudaDeviceGetLimit(value: *mut usize, limit: c_int);
                 cudaDeviceSetCacheConfig(config: c_int);
+                cudaDeviceSetSharedMemConfig(config: c_int);
+                cudaDeviceGetSharedMemConfig(config: *mut c_int);
                 cudaDeviceGetCacheConfig(config: *mut c_int);
                 cudaCtxResetPersistingL2Cache();
                 cudaDeviceGetP2PAttribute(value: *mut c_int, attr: c_int, src: c_int, dst: c_int);
@@ -184,6 +186,7 @@ macro_rules! cudart_exports {
                 cudaFuncGetAttributes(attributes: *mut cudaFuncAttributes, func: *const c_void);
                 cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_int);
                 cudaFuncSetCacheConfig(func: *const c_void, config: c_int);
+                cudaFuncSetSharedMemConfig(func: *const c_void, config: c_int);
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize);
                 cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize, flags: c_uint);
                 // --- stream capture, graphs and host functions (see `api::graph`) ---
@@ -322,6 +325,8 @@ macro_rules! cudart_exports {
                 cudaDeviceDisablePeerAccess(peer: c_int);
                 cudaMemcpyPeer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize);
                 cudaMemcpyPeerAsync(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize, stream: cudaStream_t);
+                cudaMemcpyBatchAsync(dsts: *const *mut c_void, srcs: *const *const c_void, sizes: *const usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: cudaStream_t);
+                cudaMemcpyBatchAsync_ptsz(dsts: *const *mut c_void, srcs: *const *const c_void, sizes: *const usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: cudaStream_t);
                 cudaStreamGetDevice(stream: cudaStream_t, device: *mut c_int);
                 cudaStreamGetDevice_ptsz(stream: cudaStream_t, device: *mut c_int);
                 cudaStreamGetId(stream: cudaStream_t, id: *mut u64);
@@ -371,13 +376,13 @@ macro_rules! cudart_exports {
         cudaDeviceFlushGPUDirectRDMAWrites,
         cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetNvSciSyncAttributes,
         cudaDeviceGetP2PAtomicCapabilities,
-        cudaDeviceGetSharedMemConfig, cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceRegisterAsyncNotification, cudaDeviceSetSharedMemConfig, cudaDeviceUnregisterAsyncNotification,
+        cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceRegisterAsyncNotification, cudaDeviceUnregisterAsyncNotification,
         cudaEGLStreamConsumerAcquireFrame, cudaEGLStreamConsumerConnect,
         cudaEGLStreamConsumerConnectWithFlags, cudaEGLStreamConsumerDisconnect,
         cudaEGLStreamConsumerReleaseFrame, cudaEGLStreamProducerConnect, cudaEGLStreamProducerDisconnect,
         cudaEGLStreamProducerPresentFrame, cudaEGLStreamProducerReturnFrame, cudaEventCreateFromEGLSync,
         cudaExternalMemoryGetMappedBuffer, cudaExternalMemoryGetMappedMipmappedArray, cudaFuncGetName, cudaFuncGetParamInfo,
-        cudaFuncSetSharedMemConfig, cudaGetExportTable, cudaGLGetDevices,
+        cudaGetExportTable, cudaGLGetDevices,
         cudaGLMapBufferObject, cudaGLMapBufferObjectAsync, cudaGLRegisterBufferObject,
         cudaGLSetBufferObjectMapFlags, cudaGLSetGLDevice, cudaGLUnmapBufferObject,
         cudaGLUnmapBufferObjectAsync, cudaGLUnregisterBufferObject, cudaGraphAddExternalSemaphoresSignalNode,
@@ -393,7 +398,7 @@ macro_rules! cudart_exports {
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
         cudaLogsRegisterCallback, cudaLogsUnregisterCallback,
-        cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz, cudaMemcpyBatchAsync, cudaMemcpyBatchAsync_ptsz,
+        cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz,
         cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle,
         cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
         cudaMipmappedArrayGetMemoryRequirements,

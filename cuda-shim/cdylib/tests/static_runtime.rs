@@ -238,6 +238,23 @@ fn virtual_memory_management_through_the_driver_api() {
     }
 }
 
+/// Batch copies and the small context calls through the driver API, over the socket and the
+/// shared-memory channel, on the emulated device.
+#[test]
+fn batch_copies_and_context_settings_through_the_driver_api() {
+    let Some(runs) = run_with_and_without_channel("driver_batch") else {
+        return;
+    };
+    for (shm, code, stdout, stderr) in runs {
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        for line in
+            ["batch round trip: equal", "failing copy: 2", "context flags read back: yes", "banks: four bytes", "PASSED: 0 failure(s)"]
+        {
+            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
+        }
+    }
+}
+
 /// A physical allocation shared between two processes through a POSIX descriptor: on one
 /// server with and without the shared-memory channel, and between two servers (two tenants of
 /// one device; the importer over TCP), on the emulated device, whose shareable allocations are

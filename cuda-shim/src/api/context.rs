@@ -7,7 +7,7 @@ use crate::CUresult;
 use crate::context::{self, API_VERSION, Context};
 use crate::driver::driver;
 use crate::ffi::{DriverResult, finish, non_null, write_out};
-use crate::generated::types::{CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam};
+use crate::generated::types::{CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUsharedconfig};
 
 fn contexts() -> DriverResult<&'static crate::context::Contexts> {
     let driver = driver();
@@ -231,6 +231,33 @@ pub unsafe fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
         let ctx = usable(std::ptr::null_mut())?;
         // SAFETY: checked non-NULL; the caller passes a writable unsigned int.
         unsafe { write_out(flags, ctx.flags()) }
+    })())
+}
+
+pub unsafe fn cuCtxSetFlags(flags: c_uint) -> CUresult {
+    finish(usable(std::ptr::null_mut()).and_then(|ctx| ctx.set_flags(flags)))
+}
+
+/// `CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE` .. `_EIGHT_BYTE_BANK_SIZE`.
+const SHARED_MEM_CONFIGS: std::ops::RangeInclusive<CUsharedconfig> = 0..=2;
+/// `CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE`.
+const FOUR_BYTE_BANKS: CUsharedconfig = 1;
+
+/// Shared memory banks are 4 bytes wide on every GPU since Maxwell, where the bank size cannot be
+/// configured: the driver answers 4-byte banks and takes any valid setting without effect.
+pub unsafe fn cuCtxGetSharedMemConfig(config: *mut CUsharedconfig) -> CUresult {
+    finish((|| {
+        non_null([config.cast()])?;
+        usable(std::ptr::null_mut())?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(config, FOUR_BYTE_BANKS) }
+    })())
+}
+
+pub unsafe fn cuCtxSetSharedMemConfig(config: CUsharedconfig) -> CUresult {
+    finish((|| {
+        usable(std::ptr::null_mut())?;
+        if SHARED_MEM_CONFIGS.contains(&config) { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
     })())
 }
 

@@ -12,7 +12,7 @@ use flyt_protocol::ops::req;
 use super::session::{client, resolve_stream, run, session_client};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
-use crate::generated::types::{CUcontext, CUdeviceptr, CUpointer_attribute, CUstream};
+use crate::generated::types::{CUcontext, CUdeviceptr, CUmemcpyAttributes, CUpointer_attribute, CUstream};
 
 /// `CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED`.
 const HOST_ALLOC_FLAGS: c_uint = 0x7;
@@ -118,6 +118,119 @@ copies! {
     cuMemcpyDtoDAsync_v2_ptsz(dst_device: CUdeviceptr, src_device: CUdeviceptr, h_stream) => Some(Direction::DeviceToDevice), Asynchronous, true;
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, h_stream) => None, Asynchronous, false;
     cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, h_stream) => None, Asynchronous, true;
+}
+
+/// `CUmemcpyAttributes` (cuda.h 12.8+; opaque in the generated types).
+#[repr(C)]
+pub struct MemcpyAttributes {
+    src_access_order: c_uint,
+    src_loc_hint: [u32; 2],
+    dst_loc_hint: [u32; 2],
+    flags: c_uint,
+}
+
+/// `CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`, `_DURING_API_CALL`, `_ANY`.
+const ACCESS_ORDER_STREAM: c_uint = 1;
+const ACCESS_ORDER_DURING_CALL: c_uint = 2;
+const ACCESS_ORDER_ANY: c_uint = 3;
+/// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`, a hint.
+const MEMCPY_FLAGS: c_uint = 0x1;
+
+/// `cuMemcpyBatchAsync*`: the copies one after the other on `stream` (the batch runs in stream
+/// order; the driver may order copies within it as it likes, so this order is one it could
+/// choose). A host source whose attributes say it may be gone once the call returns
+/// (`DURING_API_CALL`) is read before the call returns. On a failure, `fail_idx` names the copy.
+///
+/// # Safety
+/// The arrays hold `count` (`num_attrs`) elements and every host side is valid for its size,
+/// per the driver API's contract.
+#[expect(clippy::too_many_arguments, reason = "the driver's batch copy, with the stream's resolution")]
+unsafe fn memcpy_batch(
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const MemcpyAttributes,
+    attrs_idxs: *const usize,
+    num_attrs: usize,
+    fail_idx: *mut usize,
+    stream: CUstream,
+    ptds: bool,
+) -> DriverResult {
+    let fail_at = |index: usize| {
+        if !fail_idx.is_null() {
+            // SAFETY: checked non-NULL; the caller's out-pointer.
+            unsafe { fail_idx.write(index) };
+        }
+    };
+    fail_at(usize::MAX);
+    non_null([dsts.cast(), srcs.cast(), sizes.cast(), attrs.cast(), attrs_idxs.cast()])?;
+    let client = client()?;
+    // The legacy NULL stream (id 0 on the wire) is refused, as the driver documents.
+    let legacy = resolve_stream(client, stream, ptds)? == 0;
+    if count == 0 || num_attrs == 0 || num_attrs > count || legacy {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's arrays of `count` and `num_attrs` elements.
+    let (dsts, srcs, sizes, attrs, starts) = unsafe {
+        (
+            std::slice::from_raw_parts(dsts, count),
+            std::slice::from_raw_parts(srcs, count),
+            std::slice::from_raw_parts(sizes, count),
+            std::slice::from_raw_parts(attrs, num_attrs),
+            std::slice::from_raw_parts(attrs_idxs, num_attrs),
+        )
+    };
+    let ordered =
+        starts.first() == Some(&0) && starts.windows(2).all(|pair| pair[0] < pair[1]) && starts.iter().all(|&start| start < count);
+    let valid = |attr: &MemcpyAttributes| {
+        matches!(attr.src_access_order, ACCESS_ORDER_STREAM | ACCESS_ORDER_DURING_CALL | ACCESS_ORDER_ANY)
+            && attr.flags & !MEMCPY_FLAGS == 0
+    };
+    if !ordered || !attrs.iter().all(valid) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    for (index, ((&dst, &src), &size)) in dsts.iter().zip(srcs).zip(sizes).enumerate() {
+        let attr = &attrs[starts.partition_point(|&start| start <= index) - 1];
+        let read_now = attr.src_access_order == ACCESS_ORDER_DURING_CALL && !client.is_device_pointer(src);
+        let mode = if read_now { Mode::Synchronous } else { Mode::Asynchronous };
+        // SAFETY: forwarded contract.
+        if let Err(error) = unsafe { memcpy(dst, src, size, None, stream, mode, ptds) } {
+            fail_at(index);
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+macro_rules! batch_copies {
+    ($($name:ident ($($fail_idx:ident)?) => $ptds:literal;)*) => {$(
+        #[allow(clippy::too_many_arguments, reason = "the driver's signature")]
+        pub unsafe fn $name(
+            dsts: *mut CUdeviceptr,
+            srcs: *mut CUdeviceptr,
+            sizes: *mut usize,
+            count: usize,
+            attrs: *mut CUmemcpyAttributes,
+            attrs_idxs: *mut usize,
+            num_attrs: usize,
+            $($fail_idx: *mut usize,)?
+            h_stream: CUstream,
+        ) -> CUresult {
+            #[allow(unused_mut, unused_assignments, reason = "only the first version reports the failing copy")]
+            let mut fail_idx: *mut usize = std::ptr::null_mut();
+            $(fail_idx = $fail_idx;)?
+            // SAFETY: the caller's arrays, per the driver API's contract.
+            run(|| unsafe { memcpy_batch(dsts, srcs, sizes, count, attrs.cast(), attrs_idxs, num_attrs, fail_idx, h_stream, $ptds) })
+        }
+    )*};
+}
+
+batch_copies! {
+    cuMemcpyBatchAsync(fail_idx) => false;
+    cuMemcpyBatchAsync_ptsz(fail_idx) => true;
+    cuMemcpyBatchAsync_v2() => false;
+    cuMemcpyBatchAsync_v2_ptsz() => true;
 }
 
 /// `cuMemcpyPeer*`: a session serves one device, so both contexts are on it and the copy is a

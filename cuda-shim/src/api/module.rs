@@ -25,7 +25,7 @@ use crate::driver::driver;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{
     CUdevice, CUdeviceptr, CUfunc_cache, CUfunction, CUfunction_attribute, CUfunctionLoadingState, CUjit_option, CUkernel, CUlaunchConfig,
-    CUlibrary, CUlibraryOption, CUmodule, CUmoduleLoadingMode, CUoccupancyB2DSize, CUstream,
+    CUlibrary, CUlibraryOption, CUmodule, CUmoduleLoadingMode, CUoccupancyB2DSize, CUsharedconfig, CUstream,
 };
 
 /// Module handles are this plus the client core's module id; function handles this plus its
@@ -654,6 +654,15 @@ fn set_cache_config(function: &Function, config: CUfunc_cache) -> DriverResult {
 
 pub unsafe fn cuFuncSetCacheConfig(hfunc: CUfunction, config: CUfunc_cache) -> CUresult {
     run(|| set_cache_config(&*function(hfunc)?, config))
+}
+
+/// Without effect, as on every GPU since Maxwell (see `cuCtxSetSharedMemConfig`); the function
+/// and the value are checked.
+pub unsafe fn cuFuncSetSharedMemConfig(hfunc: CUfunction, config: CUsharedconfig) -> CUresult {
+    run(|| {
+        function(hfunc)?;
+        if (0..=2).contains(&config) { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
+    })
 }
 
 /// CUDA 13's runtime asks this way (`cudaFuncSetCacheConfig` on a registered kernel).

@@ -160,6 +160,12 @@ pub unsafe fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
     })
 }
 
+/// The CUDA 3.x entry point, the same call as `_v2` (programs built before CUDA 4.0 name it).
+pub unsafe fn cuStreamDestroy(h_stream: CUstream) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuStreamDestroy_v2(h_stream) }
+}
+
 fn synchronize(stream: CUstream, ptds: bool) -> DriverResult {
     let client = client()?;
     let stream = resolve_stream(client, stream, ptds)?;
@@ -315,6 +321,12 @@ pub unsafe fn cuEventDestroy_v2(h_event: CUevent) -> CUresult {
         }
         client.post(req::EventDestroy { event: id }).map_err(driver_error)
     })
+}
+
+/// The CUDA 3.x entry point, the same call as `_v2` (programs built before CUDA 4.0 name it).
+pub unsafe fn cuEventDestroy(h_event: CUevent) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { cuEventDestroy_v2(h_event) }
 }
 
 pub unsafe fn cuCtxSynchronize() -> CUresult {

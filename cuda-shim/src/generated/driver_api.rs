@@ -58,7 +58,7 @@ macro_rules! for_each_driver_api {
             implemented cuCtxGetFlags [cuCtxGetFlags 1 legacy current] (flags: *mut c_uint);
             implemented cuCtxGetId [cuCtxGetId 1 legacy current] (ctx: CUcontext, ctx_id: *mut c_ulonglong);
             implemented cuCtxGetLimit [cuCtxGetLimit 1 legacy current] (pvalue: *mut usize, limit: CUlimit);
-            unsupported cuCtxGetSharedMemConfig [cuCtxGetSharedMemConfig 1 legacy current] (p_config: *mut CUsharedconfig);
+            implemented cuCtxGetSharedMemConfig [cuCtxGetSharedMemConfig 1 legacy current] (p_config: *mut CUsharedconfig);
             implemented cuCtxGetStreamPriorityRange [cuCtxGetStreamPriorityRange 1 legacy current] (least_priority: *mut c_int, greatest_priority: *mut c_int);
             implemented cuCtxPopCurrent [cuCtxPopCurrent 1 legacy internal] (pctx: *mut CUcontext);
             implemented cuCtxPopCurrent_v2 [cuCtxPopCurrent 2 legacy current] (pctx: *mut CUcontext);
@@ -68,9 +68,9 @@ macro_rules! for_each_driver_api {
             implemented cuCtxResetPersistingL2Cache [cuCtxResetPersistingL2Cache 1 legacy current] ();
             implemented cuCtxSetCacheConfig [cuCtxSetCacheConfig 1 legacy current] (config: CUfunc_cache);
             implemented cuCtxSetCurrent [cuCtxSetCurrent 1 legacy current] (ctx: CUcontext);
-            unsupported cuCtxSetFlags [cuCtxSetFlags 1 legacy current] (flags: c_uint);
+            implemented cuCtxSetFlags [cuCtxSetFlags 1 legacy current] (flags: c_uint);
             implemented cuCtxSetLimit [cuCtxSetLimit 1 legacy current] (limit: CUlimit, value: usize);
-            unsupported cuCtxSetSharedMemConfig [cuCtxSetSharedMemConfig 1 legacy current] (config: CUsharedconfig);
+            implemented cuCtxSetSharedMemConfig [cuCtxSetSharedMemConfig 1 legacy current] (config: CUsharedconfig);
             implemented cuCtxSynchronize [cuCtxSynchronize 1 legacy current] ();
             implemented cuCtxSynchronize_v2 [cuCtxSynchronize 2 legacy current] (ctx: CUcontext);
             implemented cuCtxWaitEvent [cuCtxWaitEvent 1 legacy current] (h_ctx: CUcontext, h_event: CUevent);
@@ -127,7 +127,7 @@ macro_rules! for_each_driver_api {
             unsupported cuEGLStreamProducerPresentFrame [cuEGLStreamProducerPresentFrame 1 legacy current] (conn: *mut CUeglStreamConnection, eglframe: CUeglFrame, p_stream: *mut CUstream);
             unsupported cuEGLStreamProducerReturnFrame [cuEGLStreamProducerReturnFrame 1 legacy current] (conn: *mut CUeglStreamConnection, eglframe: *mut CUeglFrame, p_stream: *mut CUstream);
             implemented cuEventCreate [cuEventCreate 1 legacy current] (ph_event: *mut CUevent, flags: c_uint);
-            unsupported cuEventDestroy [cuEventDestroy 1 legacy internal] (h_event: CUevent);
+            implemented cuEventDestroy [cuEventDestroy 1 legacy internal] (h_event: CUevent);
             implemented cuEventDestroy_v2 [cuEventDestroy 2 legacy current] (h_event: CUevent);
             implemented cuEventElapsedTime [cuEventElapsedTime 1 legacy internal] (p_milliseconds: *mut f32, h_start: CUevent, h_end: CUevent);
             implemented cuEventElapsedTime_v2 [cuEventElapsedTime 2 legacy current] (p_milliseconds: *mut f32, h_start: CUevent, h_end: CUevent);
@@ -149,7 +149,7 @@ macro_rules! for_each_driver_api {
             implemented cuFuncSetAttribute [cuFuncSetAttribute 1 legacy current] (hfunc: CUfunction, attrib: CUfunction_attribute, value: c_int);
             unsupported cuFuncSetBlockShape [cuFuncSetBlockShape 1 legacy current] (hfunc: CUfunction, x: c_int, y: c_int, z: c_int);
             implemented cuFuncSetCacheConfig [cuFuncSetCacheConfig 1 legacy current] (hfunc: CUfunction, config: CUfunc_cache);
-            unsupported cuFuncSetSharedMemConfig [cuFuncSetSharedMemConfig 1 legacy current] (hfunc: CUfunction, config: CUsharedconfig);
+            implemented cuFuncSetSharedMemConfig [cuFuncSetSharedMemConfig 1 legacy current] (hfunc: CUfunction, config: CUsharedconfig);
             unsupported cuFuncSetSharedSize [cuFuncSetSharedSize 1 legacy current] (hfunc: CUfunction, bytes: c_uint);
             unsupported cuGLCtxCreate [cuGLCtxCreate 1 legacy internal] (p_ctx: *mut CUcontext, flags: c_uint, device: CUdevice);
             unsupported cuGLCtxCreate_v2 [cuGLCtxCreate 2 legacy current] (p_ctx: *mut CUcontext, flags: c_uint, device: CUdevice);
@@ -326,12 +326,12 @@ macro_rules! for_each_driver_api {
             implemented cuLibraryLoadData [cuLibraryLoadData 1 legacy current] (library: *mut CUlibrary, code: *const c_void, jit_options: *mut CUjit_option, jit_options_values: *mut *mut c_void, num_jit_options: c_uint, library_options: *mut CUlibraryOption, library_option_values: *mut *mut c_void, num_library_options: c_uint);
             implemented cuLibraryLoadFromFile [cuLibraryLoadFromFile 1 legacy current] (library: *mut CUlibrary, file_name: *const c_char, jit_options: *mut CUjit_option, jit_options_values: *mut *mut c_void, num_jit_options: c_uint, library_options: *mut CUlibraryOption, library_option_values: *mut *mut c_void, num_library_options: c_uint);
             implemented cuLibraryUnload [cuLibraryUnload 1 legacy current] (library: CUlibrary);
-            unsupported cuLinkAddData [cuLinkAddData 1 legacy internal] (state: CUlinkState, type_: CUjitInputType, data: *mut c_void, size: usize, name: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
+            implemented cuLinkAddData [cuLinkAddData 1 legacy internal] (state: CUlinkState, type_: CUjitInputType, data: *mut c_void, size: usize, name: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
             implemented cuLinkAddData_v2 [cuLinkAddData 2 legacy current] (state: CUlinkState, type_: CUjitInputType, data: *mut c_void, size: usize, name: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
-            unsupported cuLinkAddFile [cuLinkAddFile 1 legacy internal] (state: CUlinkState, type_: CUjitInputType, path: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
+            implemented cuLinkAddFile [cuLinkAddFile 1 legacy internal] (state: CUlinkState, type_: CUjitInputType, path: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
             implemented cuLinkAddFile_v2 [cuLinkAddFile 2 legacy current] (state: CUlinkState, type_: CUjitInputType, path: *const c_char, num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void);
             implemented cuLinkComplete [cuLinkComplete 1 legacy current] (state: CUlinkState, cubin_out: *mut *mut c_void, size_out: *mut usize);
-            unsupported cuLinkCreate [cuLinkCreate 1 legacy internal] (num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void, state_out: *mut CUlinkState);
+            implemented cuLinkCreate [cuLinkCreate 1 legacy internal] (num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void, state_out: *mut CUlinkState);
             implemented cuLinkCreate_v2 [cuLinkCreate 2 legacy current] (num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void, state_out: *mut CUlinkState);
             implemented cuLinkDestroy [cuLinkDestroy 1 legacy current] (state: CUlinkState);
             unsupported cuLogsCurrent [cuLogsCurrent 1 legacy current] (iterator_out: *mut CUlogIterator, flags: c_uint);
@@ -452,10 +452,10 @@ macro_rules! for_each_driver_api {
             implemented cuMemcpyAtoHAsync_v2_ptsz [cuMemcpyAtoHAsync 2 ptsz per_thread] (dst_host: *mut c_void, src_array: CUarray, src_offset: usize, byte_count: usize, h_stream: CUstream);
             implemented cuMemcpyAtoH_v2 [cuMemcpyAtoH 2 legacy current] (dst_host: *mut c_void, src_array: CUarray, src_offset: usize, byte_count: usize);
             implemented cuMemcpyAtoH_v2_ptds [cuMemcpyAtoH 2 ptds per_thread] (dst_host: *mut c_void, src_array: CUarray, src_offset: usize, byte_count: usize);
-            unsupported cuMemcpyBatchAsync [cuMemcpyBatchAsync 1 legacy internal] (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrs_idxs: *mut usize, num_attrs: usize, fail_idx: *mut usize, h_stream: CUstream);
-            unsupported cuMemcpyBatchAsync_ptsz [cuMemcpyBatchAsync 1 ptsz internal] (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrs_idxs: *mut usize, num_attrs: usize, fail_idx: *mut usize, h_stream: CUstream);
-            unsupported cuMemcpyBatchAsync_v2 [cuMemcpyBatchAsync 2 legacy current] (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrs_idxs: *mut usize, num_attrs: usize, h_stream: CUstream);
-            unsupported cuMemcpyBatchAsync_v2_ptsz [cuMemcpyBatchAsync 2 ptsz per_thread] (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrs_idxs: *mut usize, num_attrs: usize, h_stream: CUstream);
+            implemented cuMemcpyBatchAsync [cuMemcpyBatchAsync 1 legacy internal] (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrs_idxs: *mut usize, num_attrs: usize, fail_idx: *mut usize, h_stream: CUstream);
+            implemented cuMemcpyBatchAsync_ptsz [cuMemcpyBatchAsync 1 ptsz internal] (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrs_idxs: *mut usize, num_attrs: usize, fail_idx: *mut usize, h_stream: CUstream);
+            implemented cuMemcpyBatchAsync_v2 [cuMemcpyBatchAsync 2 legacy current] (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrs_idxs: *mut usize, num_attrs: usize, h_stream: CUstream);
+            implemented cuMemcpyBatchAsync_v2_ptsz [cuMemcpyBatchAsync 2 ptsz per_thread] (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrs_idxs: *mut usize, num_attrs: usize, h_stream: CUstream);
             unsupported cuMemcpyDtoA [cuMemcpyDtoA 1 legacy internal] (dst_array: CUarray, dst_offset: c_uint, src_device: CUdeviceptr_v1, byte_count: c_uint);
             implemented cuMemcpyDtoA_v2 [cuMemcpyDtoA 2 legacy current] (dst_array: CUarray, dst_offset: usize, src_device: CUdeviceptr, byte_count: usize);
             implemented cuMemcpyDtoA_v2_ptds [cuMemcpyDtoA 2 ptds per_thread] (dst_array: CUarray, dst_offset: usize, src_device: CUdeviceptr, byte_count: usize);
@@ -580,7 +580,7 @@ macro_rules! for_each_driver_api {
             implemented cuStreamCopyAttributes_ptsz [cuStreamCopyAttributes 1 ptsz per_thread] (dst: CUstream, src: CUstream);
             implemented cuStreamCreate [cuStreamCreate 1 legacy current] (ph_stream: *mut CUstream, flags: c_uint);
             implemented cuStreamCreateWithPriority [cuStreamCreateWithPriority 1 legacy current] (ph_stream: *mut CUstream, flags: c_uint, priority: c_int);
-            unsupported cuStreamDestroy [cuStreamDestroy 1 legacy internal] (h_stream: CUstream);
+            implemented cuStreamDestroy [cuStreamDestroy 1 legacy internal] (h_stream: CUstream);
             implemented cuStreamDestroy_v2 [cuStreamDestroy 2 legacy current] (h_stream: CUstream);
             implemented cuStreamEndCapture [cuStreamEndCapture 1 legacy current] (h_stream: CUstream, ph_graph: *mut CUgraph);
             implemented cuStreamEndCapture_ptsz [cuStreamEndCapture 1 ptsz per_thread] (h_stream: CUstream, ph_graph: *mut CUgraph);

@@ -144,6 +144,18 @@ pub unsafe fn cudaDeviceSetCacheConfig(config: c_int) -> CudaResult<()> {
     cu_ctx!(cuCtxSetCacheConfig(config))
 }
 
+pub unsafe fn cudaDeviceSetSharedMemConfig(config: c_int) -> CudaResult<()> {
+    let config = c_uint::try_from(config).map_err(|_| CudaError::INVALID_VALUE)?;
+    cu_ctx!(cuCtxSetSharedMemConfig(config))
+}
+
+pub unsafe fn cudaDeviceGetSharedMemConfig(config: *mut c_int) -> CudaResult<()> {
+    let mut found = 0;
+    cu_ctx!(cuCtxGetSharedMemConfig(&mut found))?;
+    // SAFETY: the app's out-pointer.
+    unsafe { write_out(config, c_int::try_from(found).unwrap_or(0)) }
+}
+
 pub unsafe fn cudaDeviceGetCacheConfig(config: *mut c_int) -> CudaResult<()> {
     let mut found = 0;
     cu_ctx!(cuCtxGetCacheConfig(&mut found))?;

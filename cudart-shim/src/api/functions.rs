@@ -95,6 +95,13 @@ pub unsafe fn cudaFuncSetCacheConfig(func: *const c_void, config: c_int) -> Cuda
     cu_ctx!(cuFuncSetCacheConfig(kernel, config))
 }
 
+pub unsafe fn cudaFuncSetSharedMemConfig(func: *const c_void, config: c_int) -> CudaResult<()> {
+    let registered = kernel_by_host(func as usize).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
+    let config = c_uint::try_from(config).map_err(|_| CudaError::INVALID_VALUE)?;
+    let kernel = registered.handle()?;
+    cu_ctx!(cuFuncSetSharedMemConfig(kernel, config))
+}
+
 pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessor(
     blocks: *mut c_int,
     func: *const c_void,

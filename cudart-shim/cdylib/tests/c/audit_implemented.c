@@ -293,6 +293,15 @@ static void device_and_errors(void) {
     EXPECT("the cache preference set is the one read", cache == cudaFuncCachePreferL1);
     OK("cudaDeviceSetCacheConfig(prefer none)", cudaDeviceSetCacheConfig(cudaFuncCachePreferNone));
 
+    AUDIT("cudaDeviceSetSharedMemConfig");
+    AUDIT("cudaDeviceGetSharedMemConfig");
+    /* Bank sizes are fixed at 4 bytes since Maxwell: a valid setting is taken without effect. */
+    enum cudaSharedMemConfig banks = cudaSharedMemBankSizeEightByte;
+    EXPECT_CODE("a bank size past the last", cudaDeviceSetSharedMemConfig((enum cudaSharedMemConfig)3), cudaErrorInvalidValue);
+    OK("cudaDeviceSetSharedMemConfig(eight bytes)", cudaDeviceSetSharedMemConfig(cudaSharedMemBankSizeEightByte));
+    OK("cudaDeviceGetSharedMemConfig", cudaDeviceGetSharedMemConfig(&banks));
+    EXPECT("banks are four bytes wide", banks == cudaSharedMemBankSizeFourByte);
+
     AUDIT("cudaCtxResetPersistingL2Cache");
     OK("cudaCtxResetPersistingL2Cache", cudaCtxResetPersistingL2Cache());
     AUDIT("cudaProfilerStart");
@@ -388,6 +397,30 @@ static void memory(void) {
     OK("cudaMemcpyAsync_ptsz D2H", cudaMemcpyAsync_ptsz(host_b, dev, N, cudaMemcpyDeviceToHost, NULL));
     OK("sync the per-thread stream", cudaStreamSynchronize_ptsz(NULL));
     EXPECT("memcpyAsync_ptsz round trip", memcmp(host_a, host_b, N) == 0);
+
+    /* A batch: two halves up, then two halves down, in one call each; its checks. */
+    AUDIT("cudaMemcpyBatchAsync");
+    AUDIT("cudaMemcpyBatchAsync_ptsz");
+    {
+        fill(host_a, N, 6);
+        memset(host_b, 0, N);
+        void *up_dsts[2] = {dev, (char *)dev + N / 2}, *down_dsts[2] = {host_b, host_b + N / 2};
+        const void *up_srcs[2] = {host_a, host_a + N / 2}, *down_srcs[2] = {dev, (char *)dev + N / 2};
+        size_t sizes[2] = {N / 2, N / 2}, first[1] = {0}, bad_first[1] = {1};
+        struct cudaMemcpyAttributes attrs[1];
+        memset(attrs, 0, sizeof attrs);
+        EXPECT_CODE("a batch without a source access order", cudaMemcpyBatchAsync(up_dsts, up_srcs, sizes, 2, attrs, first, 1, stream),
+                    cudaErrorInvalidValue);
+        attrs[0].srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        EXPECT_CODE("a batch whose first attributes start past copy 0",
+                    cudaMemcpyBatchAsync(up_dsts, up_srcs, sizes, 2, attrs, bad_first, 1, stream), cudaErrorInvalidValue);
+        EXPECT_CODE("a batch on the legacy stream", cudaMemcpyBatchAsync(up_dsts, up_srcs, sizes, 2, attrs, first, 1, cudaStreamLegacy),
+                    cudaErrorInvalidValue);
+        OK("cudaMemcpyBatchAsync up", cudaMemcpyBatchAsync(up_dsts, up_srcs, sizes, 2, attrs, first, 1, stream));
+        OK("cudaMemcpyBatchAsync_ptsz down", cudaMemcpyBatchAsync_ptsz(down_dsts, down_srcs, sizes, 2, attrs, first, 1, stream));
+        OK("sync", cudaStreamSynchronize(stream));
+        EXPECT("batch round trip by the sync", memcmp(host_a, host_b, N) == 0);
+    }
 
     /* Pitched copies: 16 rows of 100 bytes, host pitch 128 -> device pitch 256 -> host pitch 100. */
     AUDIT("cudaMemcpy2D");
@@ -1550,6 +1583,11 @@ static void modules_kernels_symbols(void) {
                 cudaFuncSetCacheConfig((const void *)not_a_kernel, cudaFuncCachePreferL1), cudaErrorInvalidResourceHandle);
     EXPECT_CODE("a cache preference for a kernel the emulated device cannot load",
                 cudaFuncSetCacheConfig((const void *)fake_kernel, cudaFuncCachePreferL1), cudaErrorNotSupported);
+    AUDIT("cudaFuncSetSharedMemConfig");
+    EXPECT_CODE("a bank size for a function that is no kernel",
+                cudaFuncSetSharedMemConfig((const void *)not_a_kernel, cudaSharedMemBankSizeFourByte), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("a bank size for a kernel the emulated device cannot load",
+                cudaFuncSetSharedMemConfig((const void *)fake_kernel, cudaSharedMemBankSizeFourByte), cudaErrorNotSupported);
     AUDIT("cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     EXPECT_CODE("occupancy into NULL", cudaOccupancyMaxActiveBlocksPerMultiprocessor(NULL, (const void *)fake_kernel, 128, 0),
                 cudaErrorInvalidValue);
