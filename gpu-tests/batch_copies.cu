@@ -2,7 +2,8 @@
 // (the first half read in stream order, the second during the call, whose sources are then
 // overwritten at once), a kernel doubling every word, the 8 slices down in one call (device-to-host
 // and a device-to-device copy in the same batch), checked word by word; then the errors CUDA
-// documents: no source access order, attributes not starting at copy 0, the legacy stream.
+// documents: no source access order, attributes not starting at copy 0, the legacy stream. Then
+// 3D batches (cudaMemcpy3DBatchAsync) from host rows into an array, the array into device memory.
 #include <vector>
 
 #include "common.h"
@@ -57,6 +58,45 @@ int main() {
     size_t wrong = 0;
     for (size_t i = 0; i < N; i++) wrong += down[i] != expected[i] * 2;
     printf("batch up, kernel, batch down: %zu wrong words of %zu\n", wrong, N);
+
+    // 3D batches: a 64x32x4 box of words from host rows of 80 words into an array, the array into
+    // packed device memory, and that back to the host.
+    {
+        const size_t W = 64, H = 32, D = 4, ROW = 80;
+        std::vector<uint32_t> box(ROW * H * D), out(W * H * D, 0);
+        for (size_t i = 0; i < box.size(); i++) box[i] = (uint32_t)i * 40503u + 11;
+        cudaChannelFormatDesc desc = cudaCreateChannelDesc<uint32_t>();
+        cudaArray_t array;
+        CHECK(cudaMalloc3DArray(&array, &desc, make_cudaExtent(W, H, D)));
+        cudaMemcpy3DBatchOp ops[2] = {};
+        ops[0].src.type = cudaMemcpyOperandTypePointer;
+        ops[0].src.op.ptr.ptr = box.data();
+        ops[0].src.op.ptr.rowLength = ROW;
+        ops[0].dst.type = cudaMemcpyOperandTypeArray;
+        ops[0].dst.op.array.array = array;
+        ops[0].extent = make_cudaExtent(W, H, D);
+        ops[0].srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        CHECK(cudaMemcpy3DBatchAsync(1, ops, 0, stream));
+        ops[1].src.type = cudaMemcpyOperandTypeArray;
+        ops[1].src.op.array.array = array;
+        ops[1].dst.type = cudaMemcpyOperandTypePointer;
+        ops[1].dst.op.ptr.ptr = dev;
+        ops[1].extent = make_cudaExtent(W, H, D);
+        ops[1].srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        CHECK(cudaMemcpy3DBatchAsync(1, ops + 1, 0, stream));
+        CHECK(cudaMemcpyAsync(out.data(), dev, out.size() * 4, cudaMemcpyDeviceToHost, stream));
+        CHECK(cudaStreamSynchronize(stream));
+        size_t wrong3d = 0;
+        for (size_t z = 0; z < D; z++)
+            for (size_t y = 0; y < H; y++)
+                for (size_t x = 0; x < W; x++) wrong3d += out[(z * H + y) * W + x] != box[(z * H + y) * ROW + x];
+        printf("3D batches through an array: %zu wrong words of %zu\n", wrong3d, out.size());
+        wrong += wrong3d;
+        ops[1].extent.depth = 0;
+        printf("a 3D copy of depth 0: %s\n", cudaGetErrorName(cudaMemcpy3DBatchAsync(1, ops + 1, 0, stream)));
+        cudaGetLastError();
+        CHECK(cudaFreeArray(array));
+    }
 
     cudaMemcpyAttributes none[1] = {};
     size_t late[1] = {1};

@@ -405,6 +405,8 @@ driver_functions! {
     cuLaunchKernelEx(config: *const LaunchConfig, function: CUkernel, params: *mut *mut c_void, extra: *mut *mut c_void);
     cuLaunchKernelEx_ptsz(config: *const LaunchConfig, function: CUkernel, params: *mut *mut c_void, extra: *mut *mut c_void);
     cuFuncGetAttribute(value: *mut c_int, attribute: c_int, function: CUkernel);
+    cuFuncGetName(name: *mut *const c_char, function: CUkernel);
+    cuFuncGetParamInfo(function: CUkernel, index: usize, offset: *mut usize, size: *mut usize);
     cuFuncSetAttribute(function: CUkernel, attribute: c_int, value: c_int);
     cuFuncSetCacheConfig(function: CUkernel, config: c_uint);
     cuCtxSetCacheConfig(config: c_uint);
@@ -651,6 +653,8 @@ driver_functions! {
     cuMemcpy3D_v2_ptds(copy: *const Memcpy3D);
     cuMemcpy3DAsync_v2(copy: *const Memcpy3D, stream: CUstream);
     cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: CUstream);
+    cuMemcpy3DBatchAsync_v2(num_ops: usize, ops: *mut c_void, flags: u64, stream: CUstream);
+    cuMemcpy3DBatchAsync_v2_ptsz(num_ops: usize, ops: *mut c_void, flags: u64, stream: CUstream);
     cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: CUstream);
     cuMemcpy3DAsync_v2_ptsz(copy: *const Memcpy3D, stream: CUstream);
     // `CUDA_MEMCPY3D_PEER` is `CUDA_MEMCPY3D` with the source and destination contexts in its

@@ -187,6 +187,8 @@ macro_rules! cudart_exports {
                 cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_int);
                 cudaFuncSetCacheConfig(func: *const c_void, config: c_int);
                 cudaFuncSetSharedMemConfig(func: *const c_void, config: c_int);
+                cudaFuncGetName(name: *mut *const c_char, func: *const c_void);
+                cudaFuncGetParamInfo(func: *const c_void, index: usize, offset: *mut usize, size: *mut usize);
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize);
                 cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize, flags: c_uint);
                 // --- stream capture, graphs and host functions (see `api::graph`) ---
@@ -326,6 +328,8 @@ macro_rules! cudart_exports {
                 cudaMemcpyPeer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize);
                 cudaMemcpyPeerAsync(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, count: usize, stream: cudaStream_t);
                 cudaMemcpyBatchAsync(dsts: *const *mut c_void, srcs: *const *const c_void, sizes: *const usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: cudaStream_t);
+                cudaMemcpy3DBatchAsync(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t);
+                cudaMemcpy3DBatchAsync_ptsz(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t);
                 cudaMemcpyBatchAsync_ptsz(dsts: *const *mut c_void, srcs: *const *const c_void, sizes: *const usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: cudaStream_t);
                 cudaStreamGetDevice(stream: cudaStream_t, device: *mut c_int);
                 cudaStreamGetDevice_ptsz(stream: cudaStream_t, device: *mut c_int);
@@ -381,7 +385,7 @@ macro_rules! cudart_exports {
         cudaEGLStreamConsumerConnectWithFlags, cudaEGLStreamConsumerDisconnect,
         cudaEGLStreamConsumerReleaseFrame, cudaEGLStreamProducerConnect, cudaEGLStreamProducerDisconnect,
         cudaEGLStreamProducerPresentFrame, cudaEGLStreamProducerReturnFrame, cudaEventCreateFromEGLSync,
-        cudaExternalMemoryGetMappedBuffer, cudaExternalMemoryGetMappedMipmappedArray, cudaFuncGetName, cudaFuncGetParamInfo,
+        cudaExternalMemoryGetMappedBuffer, cudaExternalMemoryGetMappedMipmappedArray,
         cudaGetExportTable, cudaGLGetDevices,
         cudaGLMapBufferObject, cudaGLMapBufferObjectAsync, cudaGLRegisterBufferObject,
         cudaGLSetBufferObjectMapFlags, cudaGLSetGLDevice, cudaGLUnmapBufferObject,
@@ -398,7 +402,6 @@ macro_rules! cudart_exports {
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
         cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
         cudaLogsRegisterCallback, cudaLogsUnregisterCallback,
-        cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz,
         cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle,
         cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
         cudaMipmappedArrayGetMemoryRequirements,

@@ -130,11 +130,11 @@ pub struct MemcpyAttributes {
 }
 
 /// `CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`, `_DURING_API_CALL`, `_ANY`.
-const ACCESS_ORDER_STREAM: c_uint = 1;
-const ACCESS_ORDER_DURING_CALL: c_uint = 2;
-const ACCESS_ORDER_ANY: c_uint = 3;
+pub(super) const ACCESS_ORDER_STREAM: c_uint = 1;
+pub(super) const ACCESS_ORDER_DURING_CALL: c_uint = 2;
+pub(super) const ACCESS_ORDER_ANY: c_uint = 3;
 /// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`, a hint.
-const MEMCPY_FLAGS: c_uint = 0x1;
+pub(super) const MEMCPY_FLAGS: c_uint = 0x1;
 
 /// `cuMemcpyBatchAsync*`: the copies one after the other on `stream` (the batch runs in stream
 /// order; the driver may order copies within it as it likes, so this order is one it could

@@ -1,7 +1,7 @@
 //! Pitched allocations, 2D memsets and shaped copies: `cuMemcpy2D*`, `cuMemcpy3D*` (and peer),
 //! and the 1D copies to and from arrays, all one path (`flyt_client::shaped`).
 
-use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
+use std::ffi::{c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
 
 use flyt_client::shaped::{self, Shape, Side};
 use flyt_client::transfer::Mode;
@@ -10,7 +10,7 @@ use flyt_protocol::ops::{Memset2d, Pos3, req};
 use super::session::{client, resolve_stream, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
-use crate::generated::types::{CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER, CUarray, CUdeviceptr, CUstream};
+use crate::generated::types::{CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMCPY3D_BATCH_OP, CUDA_MEMCPY3D_PEER, CUarray, CUdeviceptr, CUstream};
 
 /// `CUmemorytype`: where one side of a copy lives.
 mod memory_type {
@@ -109,6 +109,205 @@ unsafe fn memcpy_3d_peer(p_copy: *const CUDA_MEMCPY3D_PEER, stream: CUstream, mo
     let shape = shape_3d!(unsafe { &*p_copy });
     // SAFETY: forwarded contract.
     unsafe { copy(shape, stream, mode, ptds) }
+}
+
+/// `CUmemcpy3DOperand` and `CUDA_MEMCPY3D_BATCH_OP` (cuda.h 12.8+; opaque in the generated types).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PointerOperand {
+    ptr: CUdeviceptr,
+    row_length: usize,
+    layer_height: usize,
+    loc_hint: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ArrayOperand {
+    array: CUarray,
+    offset: [usize; 3],
+}
+
+#[repr(C)]
+union OperandBody {
+    ptr: PointerOperand,
+    array: ArrayOperand,
+}
+
+#[repr(C)]
+struct Operand {
+    kind: c_uint,
+    body: OperandBody,
+}
+
+#[repr(C)]
+pub struct BatchOp3d {
+    src: Operand,
+    dst: Operand,
+    extent: [usize; 3],
+    src_access_order: c_uint,
+    flags: c_uint,
+}
+
+const _: () = assert!(size_of::<BatchOp3d>() == 112 && size_of::<Operand>() == 40);
+
+/// `CU_MEMCPY_OPERAND_TYPE_POINTER`, `_ARRAY`.
+const OPERAND_POINTER: c_uint = 1;
+const OPERAND_ARRAY: c_uint = 2;
+
+impl Operand {
+    /// The array this operand names, if it is one.
+    fn array(&self) -> DriverResult<Option<CUarray>> {
+        match self.kind {
+            // SAFETY: the type says which member the caller filled.
+            OPERAND_ARRAY => Ok(Some(unsafe { self.body.array }.array)),
+            OPERAND_POINTER => Ok(None),
+            _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// This operand as one side of a box `extent` elements of `element` bytes, and where in it
+    /// the copy starts.
+    fn side(&self, extent: [usize; 3], element: u64) -> DriverResult<(Side, Pos3)> {
+        if self.kind == OPERAND_ARRAY {
+            // SAFETY: the type says which member the caller filled.
+            let array = unsafe { self.body.array };
+            let [x, y, z] = array.offset.map(|v| v as u64);
+            let side = side(memory_type::ARRAY, std::ptr::null(), 0, array.array, 0, 0)?;
+            return Ok((side, Pos3 { x: x * element, y, z }));
+        }
+        // SAFETY: a pointer operand (`array` checked the type).
+        let operand = unsafe { self.body.ptr };
+        let [width, height, _] = extent;
+        let longer = |given: usize, least: usize| {
+            if given == 0 {
+                Ok(least)
+            } else if given >= least {
+                Ok(given)
+            } else {
+                Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+            }
+        };
+        let pitch = longer(operand.row_length, width)? as u64 * element;
+        let rows = longer(operand.layer_height, height)?;
+        let side = side(memory_type::UNIFIED, std::ptr::null(), operand.ptr, std::ptr::null_mut(), pitch as usize, rows)?;
+        Ok((side, Pos3 { x: 0, y: 0, z: 0 }))
+    }
+}
+
+/// One `CUDA_MEMCPY3D_BATCH_OP` as a shape, and whether its source must be read before the call
+/// returns.
+fn batch_shape(op: &BatchOp3d) -> DriverResult<(Shape, bool)> {
+    use super::memory::{ACCESS_ORDER_ANY, ACCESS_ORDER_DURING_CALL, ACCESS_ORDER_STREAM, MEMCPY_FLAGS};
+    if op.extent.contains(&0)
+        || !matches!(op.src_access_order, ACCESS_ORDER_STREAM | ACCESS_ORDER_DURING_CALL | ACCESS_ORDER_ANY)
+        || op.flags & !MEMCPY_FLAGS != 0
+    {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // Elements are bytes between pointers, an array's elements otherwise (both arrays alike).
+    let element_of = |array: CUarray| {
+        client()?.array_desc(array as u64).map_err(super::session::driver_error)?.element_size().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    };
+    let element = match (op.src.array()?, op.dst.array()?) {
+        (None, None) => 1,
+        (Some(array), None) | (None, Some(array)) => element_of(array)?,
+        (Some(src), Some(dst)) => {
+            let size = element_of(src)?;
+            if element_of(dst)? != size {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            size
+        }
+    };
+    let (src, src_pos) = op.src.side(op.extent, element)?;
+    let (dst, dst_pos) = op.dst.side(op.extent, element)?;
+    let read_now = op.src_access_order == ACCESS_ORDER_DURING_CALL && matches!(src, Side::Host { .. });
+    let [width, height, depth] = op.extent.map(|v| v as u64);
+    Ok((Shape { src, src_pos, dst, dst_pos, width: width * element, height, depth }, read_now))
+}
+
+/// `cuMemcpy3DBatchAsync*`: the copies one after the other on `stream` (an order the driver could
+/// choose); `fail_idx` names a failing copy.
+///
+/// # Safety
+/// `ops` holds `count` operations whose host sides are valid, per the driver API's contract.
+unsafe fn memcpy_3d_batch(
+    count: usize,
+    ops: *const BatchOp3d,
+    fail_idx: *mut usize,
+    flags: u64,
+    stream: CUstream,
+    ptds: bool,
+) -> DriverResult {
+    let fail_at = |index: usize| {
+        if !fail_idx.is_null() {
+            // SAFETY: checked non-NULL; the caller's out-pointer.
+            unsafe { fail_idx.write(index) };
+        }
+    };
+    fail_at(usize::MAX);
+    non_null([ops.cast()])?;
+    // The legacy NULL stream (id 0 on the wire) is refused, as the driver documents.
+    if count == 0 || flags != 0 || resolve_stream(client()?, stream, ptds)? == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's array of `count` operations.
+    let ops = unsafe { std::slice::from_raw_parts(ops, count) };
+    for (index, op) in ops.iter().enumerate() {
+        let result = batch_shape(op).and_then(|(shape, read_now)| {
+            let mode = if read_now { Mode::Synchronous } else { Mode::Asynchronous };
+            // SAFETY: forwarded contract.
+            unsafe { copy(shape, stream, mode, ptds) }
+        });
+        if let Err(error) = result {
+            fail_at(index);
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+pub unsafe fn cuMemcpy3DBatchAsync(
+    num_ops: usize,
+    op_list: *mut CUDA_MEMCPY3D_BATCH_OP,
+    fail_idx: *mut usize,
+    flags: c_ulonglong,
+    h_stream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's operations, per the driver API's contract.
+    run(|| unsafe { memcpy_3d_batch(num_ops, op_list.cast(), fail_idx, flags, h_stream, false) })
+}
+
+pub unsafe fn cuMemcpy3DBatchAsync_ptsz(
+    num_ops: usize,
+    op_list: *mut CUDA_MEMCPY3D_BATCH_OP,
+    fail_idx: *mut usize,
+    flags: c_ulonglong,
+    h_stream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's operations, per the driver API's contract.
+    run(|| unsafe { memcpy_3d_batch(num_ops, op_list.cast(), fail_idx, flags, h_stream, true) })
+}
+
+pub unsafe fn cuMemcpy3DBatchAsync_v2(
+    num_ops: usize,
+    op_list: *mut CUDA_MEMCPY3D_BATCH_OP,
+    flags: c_ulonglong,
+    h_stream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's operations, per the driver API's contract.
+    run(|| unsafe { memcpy_3d_batch(num_ops, op_list.cast(), std::ptr::null_mut(), flags, h_stream, false) })
+}
+
+pub unsafe fn cuMemcpy3DBatchAsync_v2_ptsz(
+    num_ops: usize,
+    op_list: *mut CUDA_MEMCPY3D_BATCH_OP,
+    flags: c_ulonglong,
+    h_stream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's operations, per the driver API's contract.
+    run(|| unsafe { memcpy_3d_batch(num_ops, op_list.cast(), std::ptr::null_mut(), flags, h_stream, true) })
 }
 
 macro_rules! descriptor_copies {

@@ -428,10 +428,10 @@ macro_rules! for_each_driver_api {
             unsupported cuMemcpy3DAsync [cuMemcpy3DAsync 1 legacy internal] (p_copy: *const CUDA_MEMCPY3D_v1, h_stream: CUstream);
             implemented cuMemcpy3DAsync_v2 [cuMemcpy3DAsync 2 legacy current] (p_copy: *const CUDA_MEMCPY3D, h_stream: CUstream);
             implemented cuMemcpy3DAsync_v2_ptsz [cuMemcpy3DAsync 2 ptsz per_thread] (p_copy: *const CUDA_MEMCPY3D, h_stream: CUstream);
-            unsupported cuMemcpy3DBatchAsync [cuMemcpy3DBatchAsync 1 legacy internal] (num_ops: usize, op_list: *mut CUDA_MEMCPY3D_BATCH_OP, fail_idx: *mut usize, flags: c_ulonglong, h_stream: CUstream);
-            unsupported cuMemcpy3DBatchAsync_ptsz [cuMemcpy3DBatchAsync 1 ptsz internal] (num_ops: usize, op_list: *mut CUDA_MEMCPY3D_BATCH_OP, fail_idx: *mut usize, flags: c_ulonglong, h_stream: CUstream);
-            unsupported cuMemcpy3DBatchAsync_v2 [cuMemcpy3DBatchAsync 2 legacy current] (num_ops: usize, op_list: *mut CUDA_MEMCPY3D_BATCH_OP, flags: c_ulonglong, h_stream: CUstream);
-            unsupported cuMemcpy3DBatchAsync_v2_ptsz [cuMemcpy3DBatchAsync 2 ptsz per_thread] (num_ops: usize, op_list: *mut CUDA_MEMCPY3D_BATCH_OP, flags: c_ulonglong, h_stream: CUstream);
+            implemented cuMemcpy3DBatchAsync [cuMemcpy3DBatchAsync 1 legacy internal] (num_ops: usize, op_list: *mut CUDA_MEMCPY3D_BATCH_OP, fail_idx: *mut usize, flags: c_ulonglong, h_stream: CUstream);
+            implemented cuMemcpy3DBatchAsync_ptsz [cuMemcpy3DBatchAsync 1 ptsz internal] (num_ops: usize, op_list: *mut CUDA_MEMCPY3D_BATCH_OP, fail_idx: *mut usize, flags: c_ulonglong, h_stream: CUstream);
+            implemented cuMemcpy3DBatchAsync_v2 [cuMemcpy3DBatchAsync 2 legacy current] (num_ops: usize, op_list: *mut CUDA_MEMCPY3D_BATCH_OP, flags: c_ulonglong, h_stream: CUstream);
+            implemented cuMemcpy3DBatchAsync_v2_ptsz [cuMemcpy3DBatchAsync 2 ptsz per_thread] (num_ops: usize, op_list: *mut CUDA_MEMCPY3D_BATCH_OP, flags: c_ulonglong, h_stream: CUstream);
             implemented cuMemcpy3DPeer [cuMemcpy3DPeer 1 legacy current] (p_copy: *const CUDA_MEMCPY3D_PEER);
             implemented cuMemcpy3DPeerAsync [cuMemcpy3DPeerAsync 1 legacy current] (p_copy: *const CUDA_MEMCPY3D_PEER, h_stream: CUstream);
             implemented cuMemcpy3DPeerAsync_ptsz [cuMemcpy3DPeerAsync 1 ptsz per_thread] (p_copy: *const CUDA_MEMCPY3D_PEER, h_stream: CUstream);

@@ -95,6 +95,19 @@ pub unsafe fn cudaFuncSetCacheConfig(func: *const c_void, config: c_int) -> Cuda
     cu_ctx!(cuFuncSetCacheConfig(kernel, config))
 }
 
+pub unsafe fn cudaFuncGetName(name: *mut *const c_char, func: *const c_void) -> CudaResult<()> {
+    if name.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let kernel = kernel(func)?;
+    cu_ctx!(cuFuncGetName(name, kernel))
+}
+
+pub unsafe fn cudaFuncGetParamInfo(func: *const c_void, index: usize, offset: *mut usize, size: *mut usize) -> CudaResult<()> {
+    let kernel = kernel(func)?;
+    cu_ctx!(cuFuncGetParamInfo(kernel, index, offset, size))
+}
+
 pub unsafe fn cudaFuncSetSharedMemConfig(func: *const c_void, config: c_int) -> CudaResult<()> {
     let registered = kernel_by_host(func as usize).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
     let config = c_uint::try_from(config).map_err(|_| CudaError::INVALID_VALUE)?;

@@ -192,3 +192,13 @@ pub unsafe fn cudaMemcpyBatchAsync_ptsz(
         stream
     ))
 }
+
+/// `cudaMemcpy3DBatchAsync`: the driver's; `cudaMemcpy3DBatchOp` is `CUDA_MEMCPY3D_BATCH_OP` field
+/// for field (this front's arrays are the driver's).
+pub unsafe fn cudaMemcpy3DBatchAsync(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuMemcpy3DBatchAsync_v2(num_ops, op_list, flags, stream))
+}
+
+pub unsafe fn cudaMemcpy3DBatchAsync_ptsz(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuMemcpy3DBatchAsync_v2_ptsz(num_ops, op_list, flags, stream))
+}

@@ -16,6 +16,9 @@
 #undef cuMemcpyBatchAsync
 #undef cuEventDestroy
 #undef cuStreamDestroy
+#undef cuMemcpy3DBatchAsync
+CUresult cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP *opList, size_t *failIdx, unsigned long long flags,
+                              CUstream hStream);
 CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs,
                             size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream hStream);
 CUresult cuEventDestroy(CUevent event);
@@ -67,6 +70,56 @@ int main(void) {
     size_t too_long[PARTS] = {16, 16, N, 16};
     EXPECT(cuMemcpyBatchAsync(back_dsts, back_srcs, too_long, PARTS, attrs, starts, 1, &fail, stream), CUDA_ERROR_INVALID_VALUE);
     printf("failing copy: %zu\n", fail);
+
+    // 3D batches: a box of 16x8x2 words from a host buffer with longer rows into device memory
+    // and into an array, then both back into packed host buffers.
+    {
+        enum { W = 16, H = 8, D = 2, ROW = 20 };
+        uint32_t *box = malloc(ROW * H * D * 4), *from_dev = calloc(W * H * D, 4), *from_array = calloc(W * H * D, 4);
+        for (int i = 0; i < ROW * H * D; i++) box[i] = (uint32_t)i * 2654435761u;
+        CUDA_ARRAY3D_DESCRIPTOR desc = {W, H, D, CU_AD_FORMAT_UNSIGNED_INT32, 1, 0};
+        CUarray array;
+        EXPECT(cuArray3DCreate(&array, &desc), CUDA_SUCCESS);
+        CUDA_MEMCPY3D_BATCH_OP ops[4];
+        memset(ops, 0, sizeof ops);
+        CUmemcpy3DOperand host_in = {.type = CU_MEMCPY_OPERAND_TYPE_POINTER};
+        host_in.op.ptr.ptr = (CUdeviceptr)(uintptr_t)box;
+        host_in.op.ptr.rowLength = ROW * 4;
+        CUmemcpy3DOperand device = {.type = CU_MEMCPY_OPERAND_TYPE_POINTER};
+        device.op.ptr.ptr = dev;
+        CUmemcpy3DOperand in_array = {.type = CU_MEMCPY_OPERAND_TYPE_ARRAY};
+        in_array.op.array.array = array;
+        CUmemcpy3DOperand array_in = host_in;
+        array_in.op.ptr.rowLength = ROW;
+        ops[0].src = host_in, ops[0].dst = device, ops[0].extent = (CUextent3D){W * 4, H, D};
+        ops[1].src = array_in, ops[1].dst = in_array, ops[1].extent = (CUextent3D){W, H, D};
+        for (int i = 0; i < 2; i++) ops[i].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        EXPECT(cuMemcpy3DBatchAsync_v2(2, ops, 0, stream), CUDA_SUCCESS);
+        CUmemcpy3DOperand dev_out = {.type = CU_MEMCPY_OPERAND_TYPE_POINTER}, arr_out = dev_out;
+        dev_out.op.ptr.ptr = (CUdeviceptr)(uintptr_t)from_dev;
+        arr_out.op.ptr.ptr = (CUdeviceptr)(uintptr_t)from_array;
+        ops[2].src = device, ops[2].dst = dev_out, ops[2].extent = (CUextent3D){W * 4, H, D};
+        ops[3].src = in_array, ops[3].dst = arr_out, ops[3].extent = (CUextent3D){W, H, D};
+        for (int i = 2; i < 4; i++) ops[i].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        EXPECT(cuMemcpy3DBatchAsync_v2(2, ops + 2, 0, stream), CUDA_SUCCESS);
+        EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
+        int same = 1;
+        for (int z = 0; z < D; z++)
+            for (int y = 0; y < H; y++)
+                for (int x = 0; x < W; x++) {
+                    uint32_t want = box[(z * H + y) * ROW + x];
+                    same &= from_dev[(z * H + y) * W + x] == want && from_array[(z * H + y) * W + x] == want;
+                }
+        printf("3D batch through device memory and an array: %s\n", same ? "equal" : "DIFFERENT");
+        ops[2].extent.depth = 0;
+        EXPECT(cuMemcpy3DBatchAsync(2, ops + 2, &fail, 0, stream), CUDA_ERROR_INVALID_VALUE);
+        printf("failing 3D copy: %zu\n", fail);
+        EXPECT(cuMemcpy3DBatchAsync_v2(2, ops + 2, 0, CU_STREAM_LEGACY), CUDA_ERROR_INVALID_VALUE);
+        EXPECT(cuArrayDestroy(array), CUDA_SUCCESS);
+        free(box);
+        free(from_dev);
+        free(from_array);
+    }
 
     unsigned int flags = 0;
     EXPECT(cuCtxSetFlags(CU_CTX_SCHED_BLOCKING_SYNC), CUDA_SUCCESS);

@@ -8,6 +8,8 @@
  * The test (audit.rs) compares the `audited` names with the export table and requires no
  * `FAILED` line. */
 #include <cuda_runtime_api.h>
+/* The bank size calls are deprecated (fixed since Maxwell) but still exported and called. */
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +44,10 @@ extern cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count
                                         cudaStream_t stream);
 extern cudaError_t cudaMemset_ptds(void *dev, int value, size_t count);
 extern cudaError_t cudaMemsetAsync_ptsz(void *dev, int value, size_t count, cudaStream_t stream);
+extern cudaError_t cudaMemcpyBatchAsync_ptsz(void *const *dsts, const void *const *srcs, const size_t *sizes, size_t count,
+                                             struct cudaMemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, cudaStream_t stream);
+extern cudaError_t cudaMemcpy3DBatchAsync_ptsz(size_t numOps, struct cudaMemcpy3DBatchOp *opList, unsigned long long flags,
+                                               cudaStream_t stream);
 extern cudaError_t cudaMemcpyToSymbol_ptds(const void *symbol, const void *src, size_t count, size_t offset,
                                            enum cudaMemcpyKind kind);
 extern cudaError_t cudaMemcpyFromSymbol_ptds(void *dst, const void *symbol, size_t count, size_t offset,
@@ -420,6 +426,30 @@ static void memory(void) {
         OK("cudaMemcpyBatchAsync_ptsz down", cudaMemcpyBatchAsync_ptsz(down_dsts, down_srcs, sizes, 2, attrs, first, 1, stream));
         OK("sync", cudaStreamSynchronize(stream));
         EXPECT("batch round trip by the sync", memcmp(host_a, host_b, N) == 0);
+    }
+
+    /* A 3D batch: the buffer as 16 rows of 256 bytes up and down, each in one call. */
+    AUDIT("cudaMemcpy3DBatchAsync");
+    AUDIT("cudaMemcpy3DBatchAsync_ptsz");
+    {
+        fill(host_a, N, 7);
+        memset(host_b, 0, N);
+        struct cudaMemcpy3DBatchOp op;
+        memset(&op, 0, sizeof op);
+        op.src.type = cudaMemcpyOperandTypePointer;
+        op.src.op.ptr.ptr = host_a;
+        op.dst.type = cudaMemcpyOperandTypePointer;
+        op.dst.op.ptr.ptr = dev;
+        op.extent = (struct cudaExtent){256, N / 256, 1};
+        EXPECT_CODE("a 3D batch without a source access order", cudaMemcpy3DBatchAsync(1, &op, 0, stream), cudaErrorInvalidValue);
+        op.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        EXPECT_CODE("a 3D batch on the legacy stream", cudaMemcpy3DBatchAsync(1, &op, 0, cudaStreamLegacy), cudaErrorInvalidValue);
+        OK("cudaMemcpy3DBatchAsync up", cudaMemcpy3DBatchAsync(1, &op, 0, stream));
+        op.src.op.ptr.ptr = dev;
+        op.dst.op.ptr.ptr = host_b;
+        OK("cudaMemcpy3DBatchAsync_ptsz down", cudaMemcpy3DBatchAsync_ptsz(1, &op, 0, stream));
+        OK("sync", cudaStreamSynchronize(stream));
+        EXPECT("3D batch round trip by the sync", memcmp(host_a, host_b, N) == 0);
     }
 
     /* Pitched copies: 16 rows of 100 bytes, host pitch 128 -> device pitch 256 -> host pitch 100. */
@@ -1583,6 +1613,21 @@ static void modules_kernels_symbols(void) {
                 cudaFuncSetCacheConfig((const void *)not_a_kernel, cudaFuncCachePreferL1), cudaErrorInvalidResourceHandle);
     EXPECT_CODE("a cache preference for a kernel the emulated device cannot load",
                 cudaFuncSetCacheConfig((const void *)fake_kernel, cudaFuncCachePreferL1), cudaErrorNotSupported);
+    AUDIT("cudaFuncGetName");
+    AUDIT("cudaFuncGetParamInfo");
+    {
+        const char *name = NULL;
+        size_t offset = 0, size = 0;
+        EXPECT_CODE("the name of a function that is no kernel", cudaFuncGetName(&name, (const void *)not_a_kernel),
+                    cudaErrorInvalidDeviceFunction);
+        EXPECT_CODE("the name into NULL", cudaFuncGetName(NULL, (const void *)fake_kernel), cudaErrorInvalidValue);
+        EXPECT_CODE("the name of a kernel the emulated device cannot load", cudaFuncGetName(&name, (const void *)fake_kernel),
+                    cudaErrorNotSupported);
+        EXPECT_CODE("a parameter of a function that is no kernel", cudaFuncGetParamInfo((const void *)not_a_kernel, 0, &offset, &size),
+                    cudaErrorInvalidDeviceFunction);
+        EXPECT_CODE("a parameter of a kernel the emulated device cannot load",
+                    cudaFuncGetParamInfo((const void *)fake_kernel, 0, &offset, &size), cudaErrorNotSupported);
+    }
     AUDIT("cudaFuncSetSharedMemConfig");
     EXPECT_CODE("a bank size for a function that is no kernel",
                 cudaFuncSetSharedMemConfig((const void *)not_a_kernel, cudaSharedMemBankSizeFourByte), cudaErrorInvalidResourceHandle);
