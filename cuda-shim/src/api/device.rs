@@ -7,7 +7,10 @@ use flyt_protocol::device::{DeviceInfo, attr};
 use crate::CUresult;
 use crate::driver::driver;
 use crate::ffi::{DriverResult, finish, non_null, write_out};
-use crate::generated::types::{CUdevice, CUdevice_P2PAttribute, CUdevice_attribute, CUdevprop, CUuuid};
+use crate::generated::types::{
+    CUdevice, CUdevice_P2PAttribute, CUdevice_attribute, CUdevprop, CUexecAffinityParam, CUexecAffinityParam_st_param,
+    CUexecAffinitySmCount, CUexecAffinityType, CUuuid,
+};
 
 fn with_device<T>(dev: CUdevice, f: impl FnOnce(&DeviceInfo) -> DriverResult<T>) -> DriverResult<T> {
     f(driver().session()?.device(dev)?)
@@ -133,6 +136,42 @@ pub unsafe fn cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, d
         let value = with_device(dev, |info| served_attribute(info, attrib))?;
         // SAFETY: checked non-NULL; the caller passes a writable int.
         unsafe { write_out(pi, value) }
+    })())
+}
+
+/// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`, the one execution affinity type.
+const AFFINITY_SM_COUNT: CUexecAffinityType = 0;
+
+/// Contexts limited to fewer SMs are refused (`cuCtxCreate_v3`): the session's slice is its SM
+/// share, so Flyt does not offer the affinity.
+pub unsafe fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, type_: CUexecAffinityType, dev: CUdevice) -> CUresult {
+    finish((|| {
+        non_null([pi.cast()])?;
+        with_device(dev, |_| Ok(()))?;
+        if type_ != AFFINITY_SM_COUNT {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(pi, 0) }
+    })())
+}
+
+/// The current context's SM count: every SM of the session's slice (no context is limited).
+pub unsafe fn cuCtxGetExecAffinity(p_exec_affinity: *mut CUexecAffinityParam, type_: CUexecAffinityType) -> CUresult {
+    finish((|| {
+        non_null([p_exec_affinity.cast()])?;
+        let ctx = crate::context::current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+        ctx.usable()?;
+        if type_ != AFFINITY_SM_COUNT {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let sms = with_device(ctx.device(), |info| attribute(info, attr::MULTIPROCESSOR_COUNT))?;
+        let value = CUexecAffinityParam {
+            r#type: AFFINITY_SM_COUNT,
+            param: CUexecAffinityParam_st_param { smCount: CUexecAffinitySmCount { val: c_uint::try_from(sms).unwrap_or(0) } },
+        };
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(p_exec_affinity, value) }
     })())
 }
 

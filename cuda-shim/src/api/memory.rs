@@ -42,6 +42,7 @@ pub unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
             return flyt_client::managed::free(client, dptr).map_err(super::session::driver_error);
         }
         client.remove_allocation(dptr).map_err(super::session::driver_error)?;
+        sync_memops().remove(&dptr);
         client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error)
     })
 }
@@ -379,6 +380,7 @@ mod pointer_attribute {
     pub const MEMORY_TYPE: u32 = 2;
     pub const DEVICE_POINTER: u32 = 3;
     pub const HOST_POINTER: u32 = 4;
+    pub const SYNC_MEMOPS: u32 = 6;
     pub const BUFFER_ID: u32 = 7;
     pub const IS_MANAGED: u32 = 8;
     pub const DEVICE_ORDINAL: u32 = 9;
@@ -495,6 +497,7 @@ unsafe fn write_attribute(
             BUFFER_ID if device => {
                 write_out(data.cast::<u64>(), client()?.ranges.buffer_id(ptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?)
             }
+            SYNC_MEMOPS => write_out(data.cast::<c_uint>(), c_uint::from(sync_memops().contains(&start))),
             // CUDA IPC and GPUDirect RDMA need the GPU in this process: not capable, so apps
             // take their other paths; nor is memory from cuMemAlloc exportable or pooled.
             IS_LEGACY_CUDA_IPC_CAPABLE | IS_GPU_DIRECT_RDMA_CAPABLE => write_out(data.cast::<c_uint>(), 0),
@@ -504,6 +507,32 @@ unsafe fn write_attribute(
             _ => Err(crate::diagnostics::unsupported(&format!("cuPointerGetAttribute attribute {attribute}"))),
         }
     }
+}
+
+/// Allocations (by start) whose `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` the app set.
+fn sync_memops() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u64>> {
+    static SET: std::sync::Mutex<std::collections::BTreeSet<u64>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    SET.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`, the one attribute that can be set: Flyt's synchronous
+/// copies and memsets always wait for their work, so the setting is recorded and read back.
+pub unsafe fn cuPointerSetAttribute(value: *const c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) -> CUresult {
+    run(|| {
+        non_null([value.cast()])?;
+        let found = known(session_client()?, ptr).filter(|found| found.device).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        if attribute != pointer_attribute::SYNC_MEMOPS {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: checked non-NULL; for this attribute the value is an unsigned int (a boolean).
+        let set = unsafe { value.cast::<c_uint>().read_unaligned() } != 0;
+        if set {
+            sync_memops().insert(found.start);
+        } else {
+            sync_memops().remove(&found.start);
+        }
+        Ok(())
+    })
 }
 
 pub unsafe fn cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) -> CUresult {

@@ -54,7 +54,7 @@ macro_rules! for_each_driver_api {
             unsupported cuCtxGetDevResource [cuCtxGetDevResource 1 legacy current] (h_ctx: CUcontext, resource: *mut CUdevResource, type_: CUdevResourceType);
             implemented cuCtxGetDevice [cuCtxGetDevice 1 legacy current] (device: *mut CUdevice);
             implemented cuCtxGetDevice_v2 [cuCtxGetDevice 2 legacy current] (device: *mut CUdevice, ctx: CUcontext);
-            unsupported cuCtxGetExecAffinity [cuCtxGetExecAffinity 1 legacy current] (p_exec_affinity: *mut CUexecAffinityParam, type_: CUexecAffinityType);
+            implemented cuCtxGetExecAffinity [cuCtxGetExecAffinity 1 legacy current] (p_exec_affinity: *mut CUexecAffinityParam, type_: CUexecAffinityType);
             implemented cuCtxGetFlags [cuCtxGetFlags 1 legacy current] (flags: *mut c_uint);
             implemented cuCtxGetId [cuCtxGetId 1 legacy current] (ctx: CUcontext, ctx_id: *mut c_ulonglong);
             implemented cuCtxGetLimit [cuCtxGetLimit 1 legacy current] (pvalue: *mut usize, limit: CUlimit);
@@ -86,7 +86,7 @@ macro_rules! for_each_driver_api {
             implemented cuDeviceGetCount [cuDeviceGetCount 1 legacy current] (count: *mut c_int);
             implemented cuDeviceGetDefaultMemPool [cuDeviceGetDefaultMemPool 1 legacy current] (pool_out: *mut CUmemoryPool, dev: CUdevice);
             unsupported cuDeviceGetDevResource [cuDeviceGetDevResource 1 legacy current] (device: CUdevice, resource: *mut CUdevResource, type_: CUdevResourceType);
-            unsupported cuDeviceGetExecAffinitySupport [cuDeviceGetExecAffinitySupport 1 legacy current] (pi: *mut c_int, type_: CUexecAffinityType, dev: CUdevice);
+            implemented cuDeviceGetExecAffinitySupport [cuDeviceGetExecAffinitySupport 1 legacy current] (pi: *mut c_int, type_: CUexecAffinityType, dev: CUdevice);
             implemented cuDeviceGetGraphMemAttribute [cuDeviceGetGraphMemAttribute 1 legacy current] (device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);
             unsupported cuDeviceGetHostAtomicCapabilities [cuDeviceGetHostAtomicCapabilities 1 legacy current] (capabilities: *mut c_uint, operations: *const CUatomicOperation, count: c_uint, dev: CUdevice);
             implemented cuDeviceGetLuid [cuDeviceGetLuid 1 legacy current] (luid: *mut c_char, device_node_mask: *mut c_uint, dev: CUdevice);
@@ -556,7 +556,7 @@ macro_rules! for_each_driver_api {
             unsupported cuParamSetv [cuParamSetv 1 legacy current] (hfunc: CUfunction, offset: c_int, ptr: *mut c_void, numbytes: c_uint);
             implemented cuPointerGetAttribute [cuPointerGetAttribute 1 legacy current] (data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
             implemented cuPointerGetAttributes [cuPointerGetAttributes 1 legacy current] (num_attributes: c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut c_void, ptr: CUdeviceptr);
-            unsupported cuPointerSetAttribute [cuPointerSetAttribute 1 legacy current] (value: *const c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
+            implemented cuPointerSetAttribute [cuPointerSetAttribute 1 legacy current] (value: *const c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
             unsupported cuProfilerInitialize [cuProfilerInitialize 1 legacy current] (config_file: *const c_char, output_file: *const c_char, output_mode: CUoutput_mode);
             implemented cuProfilerStart [cuProfilerStart 1 legacy current] ();
             implemented cuProfilerStop [cuProfilerStop 1 legacy current] ();

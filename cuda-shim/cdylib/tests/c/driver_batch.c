@@ -132,6 +132,23 @@ int main(void) {
     printf("banks: %s\n", banks == CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE ? "four bytes" : "OTHER");
     EXPECT(cuCtxSetSharedMemConfig((CUsharedconfig)7), CUDA_ERROR_INVALID_VALUE);
 
+    int supported = -1, sms = 0;
+    EXPECT(cuDeviceGetExecAffinitySupport(&supported, CU_EXEC_AFFINITY_TYPE_SM_COUNT, device), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetExecAffinitySupport(&supported, (CUexecAffinityType)5, device), CUDA_ERROR_INVALID_VALUE);
+    CUexecAffinityParam affinity;
+    memset(&affinity, 0, sizeof affinity);
+    EXPECT(cuCtxGetExecAffinity(&affinity, CU_EXEC_AFFINITY_TYPE_SM_COUNT), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), CUDA_SUCCESS);
+    printf("affinity: supported %d, the context's SMs are the device's: %s\n", supported,
+           affinity.param.smCount.val == (unsigned)sms ? "yes" : "no");
+
+    unsigned int sync = 1, read_back = 0;
+    EXPECT(cuPointerSetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, dev + 64), CUDA_SUCCESS);
+    EXPECT(cuPointerGetAttribute(&read_back, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, dev), CUDA_SUCCESS);
+    printf("sync memops read back: %u\n", read_back);
+    EXPECT(cuPointerSetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)(uintptr_t)up), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuPointerSetAttribute(&sync, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev), CUDA_ERROR_INVALID_VALUE);
+
     CUevent event;
     EXPECT(cuEventCreate(&event, 0), CUDA_SUCCESS);
     EXPECT(cuEventDestroy(event), CUDA_SUCCESS);
