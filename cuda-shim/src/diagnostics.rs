@@ -12,6 +12,7 @@ pub fn once(key: &str, line: &str) -> bool {
     let first = said.get_or_insert_with(HashSet::new).insert(key.to_string());
     if first {
         eprintln!("{line}");
+        crate::logs::record(crate::logs::ERROR, line);
     }
     first
 }

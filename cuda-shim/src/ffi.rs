@@ -55,12 +55,12 @@ pub fn boundary<R: PanicDefault>(symbol: &'static str, body: impl FnOnce() -> R)
         }
     };
     flyt_client::stats::finish(symbol, started);
-    if trace_errors()
-        && let Some(code) = result.failure()
-    {
-        // Not-ready answers are how queries poll, not failures.
-        if code != CUresult::CUDA_ERROR_NOT_READY {
-            eprintln!("flyt trace: {symbol} returned {}", crate::api::init::error_name(code));
+    // Not-ready answers are how queries poll, not failures.
+    if let Some(code) = result.failure().filter(|code| *code != CUresult::CUDA_ERROR_NOT_READY) {
+        let line = format!("{symbol} returned {}", crate::api::init::error_name(code));
+        crate::logs::record(crate::logs::ERROR, &line);
+        if trace_errors() {
+            eprintln!("flyt trace: {line}");
         }
     }
     result

@@ -28,6 +28,7 @@ pub mod export_tables;
 pub mod exports;
 pub mod ffi;
 pub mod integrity;
+pub mod logs;
 pub mod proc_address;
 pub mod testing;
 

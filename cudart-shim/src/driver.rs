@@ -406,6 +406,11 @@ driver_functions! {
     cuLaunchKernelEx_ptsz(config: *const LaunchConfig, function: CUkernel, params: *mut *mut c_void, extra: *mut *mut c_void);
     cuFuncGetAttribute(value: *mut c_int, attribute: c_int, function: CUkernel);
     cuFuncGetName(name: *mut *const c_char, function: CUkernel);
+    cuLogsRegisterCallback(callback: *const c_void, data: *mut c_void, handle: *mut *mut c_void);
+    cuLogsUnregisterCallback(handle: *mut c_void);
+    cuLogsCurrent(iterator: *mut c_uint, flags: c_uint);
+    cuLogsDumpToFile(iterator: *mut c_uint, path: *const c_char, flags: c_uint);
+    cuLogsDumpToMemory(iterator: *mut c_uint, buffer: *mut c_char, size: *mut usize, flags: c_uint);
     cuFuncGetParamInfo(function: CUkernel, index: usize, offset: *mut usize, size: *mut usize);
     cuFuncSetAttribute(function: CUkernel, attribute: c_int, value: c_int);
     cuFuncSetCacheConfig(function: CUkernel, config: c_uint);

@@ -188,6 +188,12 @@ macro_rules! cudart_exports {
                 cudaFuncSetCacheConfig(func: *const c_void, config: c_int);
                 cudaFuncSetSharedMemConfig(func: *const c_void, config: c_int);
                 cudaFuncGetName(name: *mut *const c_char, func: *const c_void);
+                // --- the error log (the driver's) ---
+                cudaLogsRegisterCallback(callback: *const c_void, data: *mut c_void, handle: *mut *mut c_void);
+                cudaLogsUnregisterCallback(handle: *mut c_void);
+                cudaLogsCurrent(iterator: *mut c_uint, flags: c_uint);
+                cudaLogsDumpToFile(iterator: *mut c_uint, path: *const c_char, flags: c_uint);
+                cudaLogsDumpToMemory(iterator: *mut c_uint, buffer: *mut c_char, size: *mut usize, flags: c_uint);
                 cudaFuncGetParamInfo(func: *const c_void, index: usize, offset: *mut usize, size: *mut usize);
                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize);
                 cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks: *mut c_int, func: *const c_void, block_size: c_int, dynamic_smem: usize, flags: c_uint);
@@ -400,8 +406,7 @@ macro_rules! cudart_exports {
         cudaGraphicsUnregisterResource, cudaGraphicsVDPAURegisterOutputSurface,
         cudaGraphicsVDPAURegisterVideoSurface, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
         cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
-        cudaLibraryUnload, cudaLogsCurrent, cudaLogsDumpToFile, cudaLogsDumpToMemory,
-        cudaLogsRegisterCallback, cudaLogsUnregisterCallback,
+        cudaLibraryUnload,
         cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle,
         cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
         cudaMipmappedArrayGetMemoryRequirements,

@@ -334,11 +334,11 @@ macro_rules! for_each_driver_api {
             implemented cuLinkCreate [cuLinkCreate 1 legacy internal] (num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void, state_out: *mut CUlinkState);
             implemented cuLinkCreate_v2 [cuLinkCreate 2 legacy current] (num_options: c_uint, options: *mut CUjit_option, option_values: *mut *mut c_void, state_out: *mut CUlinkState);
             implemented cuLinkDestroy [cuLinkDestroy 1 legacy current] (state: CUlinkState);
-            unsupported cuLogsCurrent [cuLogsCurrent 1 legacy current] (iterator_out: *mut CUlogIterator, flags: c_uint);
-            unsupported cuLogsDumpToFile [cuLogsDumpToFile 1 legacy current] (iterator: *mut CUlogIterator, path_to_file: *const c_char, flags: c_uint);
-            unsupported cuLogsDumpToMemory [cuLogsDumpToMemory 1 legacy current] (iterator: *mut CUlogIterator, buffer: *mut c_char, size: *mut usize, flags: c_uint);
-            unsupported cuLogsRegisterCallback [cuLogsRegisterCallback 1 legacy current] (callback_func: CUlogsCallback, user_data: *mut c_void, callback_out: *mut CUlogsCallbackHandle);
-            unsupported cuLogsUnregisterCallback [cuLogsUnregisterCallback 1 legacy current] (callback: CUlogsCallbackHandle);
+            implemented cuLogsCurrent [cuLogsCurrent 1 legacy current] (iterator_out: *mut CUlogIterator, flags: c_uint);
+            implemented cuLogsDumpToFile [cuLogsDumpToFile 1 legacy current] (iterator: *mut CUlogIterator, path_to_file: *const c_char, flags: c_uint);
+            implemented cuLogsDumpToMemory [cuLogsDumpToMemory 1 legacy current] (iterator: *mut CUlogIterator, buffer: *mut c_char, size: *mut usize, flags: c_uint);
+            implemented cuLogsRegisterCallback [cuLogsRegisterCallback 1 legacy current] (callback_func: CUlogsCallback, user_data: *mut c_void, callback_out: *mut CUlogsCallbackHandle);
+            implemented cuLogsUnregisterCallback [cuLogsUnregisterCallback 1 legacy current] (callback: CUlogsCallbackHandle);
             implemented cuMemAddressFree [cuMemAddressFree 1 legacy current] (ptr: CUdeviceptr, size: usize);
             implemented cuMemAddressReserve [cuMemAddressReserve 1 legacy current] (ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: c_ulonglong);
             implemented cuMemAdvise [cuMemAdvise 1 legacy internal] (dev_ptr: CUdeviceptr, count: usize, advice: CUmem_advise, device: CUdevice);

@@ -2,11 +2,14 @@
 //! other pure helpers.
 
 use std::collections::HashMap;
-use std::ffi::{CString, c_char, c_int};
+use std::ffi::{CString, c_char, c_int, c_uint, c_void};
+
+use flyt_protocol::error::CudaResult;
 use std::sync::LazyLock;
 
 use flyt_protocol::error::{message_of, name_of};
 
+use crate::driver::cu;
 use crate::ffi::{cudaChannelFormatDesc, cudaError_t, peek_last_error, take_last_error};
 
 /// NUL-terminated copies of the names and messages, built once; the pointers handed to the app
@@ -40,4 +43,26 @@ pub unsafe fn cudaGetErrorString(error: cudaError_t) -> *const c_char {
 
 pub unsafe fn cudaCreateChannelDesc(x: c_int, y: c_int, z: c_int, w: c_int, f: c_int) -> cudaChannelFormatDesc {
     cudaChannelFormatDesc { x, y, z, w, f }
+}
+
+// The error log is the driver's (`cuLogs*`): the runtime's functions are the same calls.
+
+pub unsafe fn cudaLogsRegisterCallback(callback: *const c_void, data: *mut c_void, handle: *mut *mut c_void) -> CudaResult<()> {
+    cu!(cuLogsRegisterCallback(callback, data, handle))
+}
+
+pub unsafe fn cudaLogsUnregisterCallback(handle: *mut c_void) -> CudaResult<()> {
+    cu!(cuLogsUnregisterCallback(handle))
+}
+
+pub unsafe fn cudaLogsCurrent(iterator: *mut c_uint, flags: c_uint) -> CudaResult<()> {
+    cu!(cuLogsCurrent(iterator, flags))
+}
+
+pub unsafe fn cudaLogsDumpToFile(iterator: *mut c_uint, path: *const c_char, flags: c_uint) -> CudaResult<()> {
+    cu!(cuLogsDumpToFile(iterator, path, flags))
+}
+
+pub unsafe fn cudaLogsDumpToMemory(iterator: *mut c_uint, buffer: *mut c_char, size: *mut usize, flags: c_uint) -> CudaResult<()> {
+    cu!(cuLogsDumpToMemory(iterator, buffer, size, flags))
 }

@@ -26,6 +26,13 @@ CUresult cuStreamDestroy(CUstream stream);
 
 enum { N = 1 << 16, PARTS = 4 };
 
+static int logged_failures = 0;
+static void CUDA_CB on_log(void *data, CUlogLevel level, char *message, size_t length) {
+    (void)level;
+    if (data == &logged_failures && strstr(message, "cuMemAlloc_v2 returned CUDA_ERROR_INVALID_VALUE") && strlen(message) == length)
+        logged_failures++;
+}
+
 int main(void) {
     CUdevice device;
     CUcontext ctx;
@@ -148,6 +155,24 @@ int main(void) {
     printf("sync memops read back: %u\n", read_back);
     EXPECT(cuPointerSetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)(uintptr_t)up), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuPointerSetAttribute(&sync, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev), CUDA_ERROR_INVALID_VALUE);
+
+    // The error log: a failing call reaches a callback and a dump from an iterator.
+    CUlogsCallbackHandle handle = NULL;
+    CUlogIterator iterator = 0;
+    EXPECT(cuLogsRegisterCallback(on_log, &logged_failures, &handle), CUDA_SUCCESS);
+    EXPECT(cuLogsCurrent(&iterator, 0), CUDA_SUCCESS);
+    EXPECT(cuMemAlloc(&dev, 0), CUDA_ERROR_INVALID_VALUE);
+    char logged[4096];
+    size_t logged_size = sizeof logged;
+    EXPECT(cuLogsDumpToMemory(&iterator, logged, &logged_size, 0), CUDA_SUCCESS);
+    printf("log: callback saw the failure %d time(s); the dump holds it: %s\n", logged_failures,
+           strstr(logged, "cuMemAlloc_v2 returned CUDA_ERROR_INVALID_VALUE") && logged_size == strlen(logged) ? "yes" : "no");
+    logged_size = sizeof logged;
+    EXPECT(cuLogsDumpToMemory(&iterator, logged, &logged_size, 0), CUDA_SUCCESS);
+    printf("log: nothing new after the iterator: %s\n", logged_size == 0 ? "yes" : "no");
+    EXPECT(cuLogsUnregisterCallback(handle), CUDA_SUCCESS);
+    EXPECT(cuLogsUnregisterCallback(handle), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuLogsCurrent(&iterator, 1), CUDA_ERROR_INVALID_VALUE);
 
     CUevent event;
     EXPECT(cuEventCreate(&event, 0), CUDA_SUCCESS);

@@ -194,6 +194,12 @@ static void not_a_kernel(void) { stub_calls += 2; }
 static char fake_symbol[64];
 static char unregistered_symbol[64];
 
+static int log_callback_calls = 0;
+static void log_callback(void *data, cudaLogLevel level, char *message, size_t length) {
+    (void)data, (void)level, (void)message, (void)length;
+    log_callback_calls++;
+}
+
 static void device_and_errors(void) {
     int count = -1, device = -1, value = 0;
     unsigned flags = 0;
@@ -307,6 +313,42 @@ static void device_and_errors(void) {
     OK("cudaDeviceSetSharedMemConfig(eight bytes)", cudaDeviceSetSharedMemConfig(cudaSharedMemBankSizeEightByte));
     OK("cudaDeviceGetSharedMemConfig", cudaDeviceGetSharedMemConfig(&banks));
     EXPECT("banks are four bytes wide", banks == cudaSharedMemBankSizeFourByte);
+
+    /* The error log: a failing call is in a dump from an iterator taken before it. */
+    AUDIT("cudaLogsRegisterCallback");
+    AUDIT("cudaLogsUnregisterCallback");
+    AUDIT("cudaLogsCurrent");
+    AUDIT("cudaLogsDumpToMemory");
+    AUDIT("cudaLogsDumpToFile");
+    {
+        cudaLogIterator iterator = 0;
+        cudaLogsCallbackHandle handle = NULL;
+        EXPECT_CODE("register no callback", cudaLogsRegisterCallback(NULL, NULL, &handle), cudaErrorInvalidValue);
+        OK("cudaLogsRegisterCallback", cudaLogsRegisterCallback(log_callback, NULL, &handle));
+        OK("cudaLogsCurrent", cudaLogsCurrent(&iterator, 0));
+        EXPECT_CODE("cudaLogsCurrent with flags", cudaLogsCurrent(&iterator, 1), cudaErrorInvalidValue);
+        EXPECT_CODE("a cache preference past the last (logged)", cudaDeviceSetCacheConfig((enum cudaFuncCache)9), cudaErrorInvalidValue);
+        cudaGetLastError();
+        char text[4096];
+        size_t size = sizeof text;
+        cudaLogIterator from = iterator;
+        OK("cudaLogsDumpToMemory", cudaLogsDumpToMemory(&iterator, text, &size, 0));
+        EXPECT("the failure is in the dump", strstr(text, "cuCtxSetCacheConfig returned CUDA_ERROR_INVALID_VALUE") != NULL);
+        EXPECT("the callback saw it", log_callback_calls > 0);
+        char path[] = "/tmp/flyt-audit-logs-XXXXXX";
+        int fd = mkstemp(path);
+        EXPECT("a temporary file", fd >= 0);
+        if (fd >= 0) close(fd);
+        OK("cudaLogsDumpToFile", cudaLogsDumpToFile(&from, path, 0));
+        FILE *file = fopen(path, "r");
+        size_t read = file ? fread(text, 1, sizeof text - 1, file) : 0;
+        text[read] = 0;
+        if (file) fclose(file);
+        unlink(path);
+        EXPECT("the file holds the failure", strstr(text, "cuCtxSetCacheConfig returned CUDA_ERROR_INVALID_VALUE") != NULL);
+        OK("cudaLogsUnregisterCallback", cudaLogsUnregisterCallback(handle));
+        EXPECT_CODE("unregister twice", cudaLogsUnregisterCallback(handle), cudaErrorInvalidValue);
+    }
 
     AUDIT("cudaCtxResetPersistingL2Cache");
     OK("cudaCtxResetPersistingL2Cache", cudaCtxResetPersistingL2Cache());
