@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# PyTorch's nccl backend with one rank per GPU of this machine, natively and through Flyt: one
+# flyt-rpc-server per GPU (--gpu i), rank i's process a tenant of server i over the shared-memory
+# channel (FLYT_SHM=on), seeing its one GPU as device 0; the ranks' outputs compared with the
+# native run's. NCCL's transport choice is logged (NCCL_DEBUG=INFO) to OUT. The local GPUs are not
+# hidden from the Flyt ranks (Flyt's libraries come first on their library path).
+# Not yet run: no machine with several GPUs was lent when it was written (2026-11-24).
+#   gpu-tests/nccl-ranks.sh --dist DIR --out DIR [--python P] [--ranks N]
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DIST=dist OUT=gpu-tests/results/nccl-ranks PY=/opt/torch/.venv/bin/python RANKS=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --dist) DIST=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --python) PY=$2; shift 2 ;;
+        --ranks) RANKS=$2; shift 2 ;;
+        *) echo "usage: $0 --dist DIR --out DIR [--python P] [--ranks N]" >&2; exit 2 ;;
+    esac
+done
+DIST=$(cd "$DIST" && pwd)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+[ -n "$RANKS" ] || RANKS=$(nvidia-smi -L | wc -l)
+if [ "$RANKS" -lt 2 ]; then
+    echo "nccl-ranks: $RANKS GPU(s) here; needs 2 or more" >&2
+    exit 2
+fi
+TMP=$(mktemp -d /tmp/flyt-nccl-ranks.XXXXXX)
+servers=()
+cleanup() {
+    for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+port=$((29600 + RANDOM % 300))
+
+# run_ranks LABEL ENV_FOR_RANK: starts every rank, waits, keeps each one's output.
+run_ranks() {
+    local label=$1 pids=() r
+    for ((r = 0; r < RANKS; r++)); do
+        env RANK=$r WORLD_SIZE=$RANKS MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_DEBUG=INFO $(rank_env "$label" $r) \
+            timeout 300 "$PY" "$here/torch/nccl.py" >"$OUT/$label.rank$r.out" 2>"$OUT/$label.rank$r.err" &
+        pids+=($!)
+    done
+    local rc=0
+    for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=1; done
+    port=$((port + 1))
+    return $rc
+}
+rank_env() {
+    if [ "$1" = native ]; then
+        echo "DEVICE=$2"
+    else
+        echo "DEVICE=0 LD_LIBRARY_PATH=$DIST/lib FLYT_SERVER=unix:$TMP/gpu$2.sock FLYT_SHM=on"
+    fi
+}
+
+run_ranks native; native_rc=$?
+for ((r = 0; r < RANKS; r++)); do
+    "$DIST/bin/flyt-rpc-server" --device cuda --gpu $r --listen "unix:$TMP/gpu$r.sock" >"$OUT/server$r.log" 2>&1 &
+    servers+=($!)
+done
+for ((r = 0; r < RANKS; r++)); do
+    for _ in $(seq 100); do [ -S "$TMP/gpu$r.sock" ] && break; sleep 0.1; done
+done
+run_ranks flyt; flyt_rc=$?
+
+echo "| rank | native | flyt | same output |"
+echo "| --- | --- | --- | --- |"
+all=0
+for ((r = 0; r < RANKS; r++)); do
+    same=no
+    cmp -s "$OUT/native.rank$r.out" "$OUT/flyt.rank$r.out" && same=yes
+    [ $same = yes ] || all=1
+    echo "| $r | $(tail -1 "$OUT/native.rank$r.out") | $(tail -1 "$OUT/flyt.rank$r.out") | $same |"
+done
+echo "NCCL transports through Flyt: $(grep -ho 'via [A-Za-z/]*[A-Za-z]' "$OUT"/flyt.rank*.err | sort | uniq -c | tr '\n' ' ')"
+[ $native_rc = 0 ] && [ $flyt_rc = 0 ] && [ $all = 0 ]
