@@ -348,7 +348,20 @@ driver_functions! {
         library_values: *mut *mut c_void,
         library_count: c_uint,
     );
+    cuLibraryLoadFromFile(
+        library: *mut CUlibrary,
+        file_name: *const c_char,
+        jit_options: *mut c_int,
+        jit_values: *mut *mut c_void,
+        jit_count: c_uint,
+        library_options: *mut c_int,
+        library_values: *mut *mut c_void,
+        library_count: c_uint,
+    );
     cuLibraryUnload(library: CUlibrary);
+    cuLibraryGetKernelCount(count: *mut c_uint, library: CUlibrary);
+    cuLibraryEnumerateKernels(kernels: *mut CUkernel, count: c_uint, library: CUlibrary);
+    cuKernelGetName(name: *mut *const c_char, kernel: CUkernel);
     cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char);
     cuLibraryGetGlobal(ptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);
     cuLibraryGetManaged(ptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);

@@ -188,6 +188,15 @@ macro_rules! cudart_exports {
                 cudaFuncSetCacheConfig(func: *const c_void, config: c_int);
                 cudaFuncSetSharedMemConfig(func: *const c_void, config: c_int);
                 cudaFuncGetName(name: *mut *const c_char, func: *const c_void);
+                // --- libraries the app loads ---
+                cudaLibraryLoadData(library: *mut *mut c_void, code: *const c_void, jit_options: *mut c_int, jit_values: *mut *mut c_void, jit_count: c_uint, library_options: *mut c_int, library_values: *mut *mut c_void, library_count: c_uint);
+                cudaLibraryLoadFromFile(library: *mut *mut c_void, file_name: *const c_char, jit_options: *mut c_int, jit_values: *mut *mut c_void, jit_count: c_uint, library_options: *mut c_int, library_values: *mut *mut c_void, library_count: c_uint);
+                cudaLibraryUnload(library: *mut c_void);
+                cudaLibraryGetKernel(kernel: *mut cudaKernel_t, library: *mut c_void, name: *const c_char);
+                cudaLibraryGetKernelCount(count: *mut c_uint, library: *mut c_void);
+                cudaLibraryEnumerateKernels(kernels: *mut cudaKernel_t, num_kernels: c_uint, library: *mut c_void);
+                cudaLibraryGetGlobal(dev_ptr: *mut *mut c_void, bytes: *mut usize, library: *mut c_void, name: *const c_char);
+                cudaLibraryGetManaged(dev_ptr: *mut *mut c_void, bytes: *mut usize, library: *mut c_void, name: *const c_char);
                 // --- the error log (the driver's) ---
                 cudaLogsRegisterCallback(callback: *const c_void, data: *mut c_void, handle: *mut *mut c_void);
                 cudaLogsUnregisterCallback(handle: *mut c_void);
@@ -404,9 +413,8 @@ macro_rules! cudart_exports {
         cudaGraphicsResourceGetMappedMipmappedArray, cudaGraphicsResourceGetMappedPointer,
         cudaGraphicsResourceSetMapFlags, cudaGraphicsSubResourceGetMappedArray, cudaGraphicsUnmapResources,
         cudaGraphicsUnregisterResource, cudaGraphicsVDPAURegisterOutputSurface,
-        cudaGraphicsVDPAURegisterVideoSurface, cudaImportExternalMemory, cudaImportExternalSemaphore, cudaLibraryEnumerateKernels, cudaLibraryGetGlobal, cudaLibraryGetKernel, cudaLibraryGetKernelCount,
-        cudaLibraryGetManaged, cudaLibraryGetUnifiedFunction, cudaLibraryLoadData, cudaLibraryLoadFromFile,
-        cudaLibraryUnload,
+        cudaGraphicsVDPAURegisterVideoSurface, cudaImportExternalMemory, cudaImportExternalSemaphore,
+        cudaLibraryGetUnifiedFunction,
         cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle,
         cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
         cudaMipmappedArrayGetMemoryRequirements,

@@ -47,9 +47,17 @@ impl FatBinary {
     }
 }
 
-/// A registered kernel: its fat binary and name, and its driver handle once looked up.
+/// Where a kernel comes from: a registered fat binary (by index), or a library the app loaded
+/// (`cudaLibraryLoadData`; the driver's `CUlibrary`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    FatBinary(usize),
+    Library(usize),
+}
+
+/// A registered kernel: its source and name, and its driver handle once looked up.
 pub struct Kernel {
-    fat_binary: usize,
+    source: Source,
     name: CString,
     handle: OnceLock<CudaResult<usize>>,
 }
@@ -142,10 +150,37 @@ pub unsafe fn c_name(name: *const c_char) -> Option<CString> {
 }
 
 pub fn add_kernel(fat_binary: usize, host_function: usize, name: CString) {
-    let kernel = Arc::new(Kernel { fat_binary, name, handle: OnceLock::new() });
+    let kernel = Arc::new(Kernel { source: Source::FatBinary(fat_binary), name, handle: OnceLock::new() });
     let mut registry = write();
     registry.handles.insert(Arc::as_ptr(&kernel) as usize, kernel.clone());
     registry.kernels.insert(host_function, kernel);
+}
+
+/// The kernel `name` of a library the app loaded, as a `cudaKernel_t`: found through the driver
+/// (an unknown name fails here, as the runtime's lookup does), and the same handle for the same
+/// kernel every time. The handle also names the kernel wherever the runtime takes a kernel's host
+/// function (`cudaLaunchKernel((const void *)kernel, ...)`).
+pub fn library_kernel(library: CUlibrary, name: &CStr) -> CudaResult<*mut c_void> {
+    let source = Source::Library(library as usize);
+    if let Some(found) = read().handles.values().find(|kernel| kernel.source == source && kernel.name.as_c_str() == name) {
+        return Ok(found.runtime_handle());
+    }
+    let mut driver_kernel: CUkernel = std::ptr::null_mut();
+    cu!(cuLibraryGetKernel(&mut driver_kernel, library, name.as_ptr()))?;
+    let kernel = Arc::new(Kernel { source, name: name.to_owned(), handle: OnceLock::from(Ok(driver_kernel as usize)) });
+    let handle = kernel.runtime_handle();
+    let mut registry = write();
+    registry.handles.insert(handle as usize, kernel.clone());
+    registry.kernels.insert(handle as usize, kernel);
+    Ok(handle)
+}
+
+/// Forgets the kernels of a library the app unloaded.
+pub fn forget_library(library: CUlibrary) {
+    let source = Source::Library(library as usize);
+    let mut registry = write();
+    registry.handles.retain(|_, kernel| kernel.source != source);
+    registry.kernels.retain(|_, kernel| kernel.source != source);
 }
 
 pub fn add_variable(fat_binary: usize, host_variable: usize, name: CString, size: usize) {
@@ -208,8 +243,11 @@ impl Kernel {
         if let Some(found) = self.handle.get() {
             return found.map(|handle| handle as CUkernel);
         }
-        let found = fat_binary(self.fat_binary).and_then(|fat_binary| {
-            let library = fat_binary.library()?;
+        let library = match self.source {
+            Source::FatBinary(index) => fat_binary(index).and_then(|fat_binary| fat_binary.library()),
+            Source::Library(library) => Ok(library as CUlibrary),
+        };
+        let found = library.and_then(|library| {
             let mut kernel: CUkernel = std::ptr::null_mut();
             cu!(cuLibraryGetKernel(&mut kernel, library, self.name.as_ptr())).map(|()| kernel as usize)
         });

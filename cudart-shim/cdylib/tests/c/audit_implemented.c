@@ -1670,6 +1670,38 @@ static void modules_kernels_symbols(void) {
         EXPECT_CODE("a parameter of a kernel the emulated device cannot load",
                     cudaFuncGetParamInfo((const void *)fake_kernel, 0, &offset, &size), cudaErrorNotSupported);
     }
+    /* Libraries the app loads: lazily, as the driver does, so the load succeeds and the first
+     * lookup is where the emulated device says it runs no GPU code. */
+    AUDIT("cudaLibraryLoadData");
+    AUDIT("cudaLibraryLoadFromFile");
+    AUDIT("cudaLibraryUnload");
+    AUDIT("cudaLibraryGetKernel");
+    AUDIT("cudaLibraryGetKernelCount");
+    AUDIT("cudaLibraryEnumerateKernels");
+    AUDIT("cudaLibraryGetGlobal");
+    AUDIT("cudaLibraryGetManaged");
+    {
+        static const char ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .global .u32 g;\n.visible .entry k() { ret; }\n";
+        cudaLibrary_t library = NULL;
+        cudaKernel_t kernel = NULL, kernels[2];
+        unsigned int count = 0;
+        void *global = NULL;
+        size_t bytes = 0;
+        EXPECT_CODE("load into NULL", cudaLibraryLoadData(NULL, ptx, NULL, NULL, 0, NULL, NULL, 0), cudaErrorInvalidValue);
+        EXPECT_CODE("load a file that is not there", cudaLibraryLoadFromFile(&library, "/nonexistent/flyt.cubin", NULL, NULL, 0, NULL, NULL, 0),
+                    cudaErrorFileNotFound);
+        OK("cudaLibraryLoadData", cudaLibraryLoadData(&library, ptx, NULL, NULL, 0, NULL, NULL, 0));
+        EXPECT_CODE("a kernel into NULL", cudaLibraryGetKernel(NULL, library, "k"), cudaErrorInvalidValue);
+        EXPECT_CODE("a kernel the emulated device cannot load", cudaLibraryGetKernel(&kernel, library, "k"), cudaErrorNotSupported);
+        EXPECT_CODE("the count of kernels it cannot load", cudaLibraryGetKernelCount(&count, library), cudaErrorNotSupported);
+        EXPECT_CODE("enumerate into NULL", cudaLibraryEnumerateKernels(NULL, 2, library), cudaErrorInvalidValue);
+        EXPECT_CODE("enumerate kernels it cannot load", cudaLibraryEnumerateKernels(kernels, 2, library), cudaErrorNotSupported);
+        EXPECT_CODE("a global it cannot load", cudaLibraryGetGlobal(&global, &bytes, library, "g"), cudaErrorNotSupported);
+        EXPECT_CODE("a managed variable it cannot load", cudaLibraryGetManaged(&global, &bytes, library, "g"), cudaErrorNotSupported);
+        OK("cudaLibraryUnload", cudaLibraryUnload(library));
+        EXPECT_CODE("unload twice", cudaLibraryUnload(library), cudaErrorInvalidResourceHandle);
+        cudaGetLastError();
+    }
     AUDIT("cudaFuncSetSharedMemConfig");
     EXPECT_CODE("a bank size for a function that is no kernel",
                 cudaFuncSetSharedMemConfig((const void *)not_a_kernel, cudaSharedMemBankSizeFourByte), cudaErrorInvalidResourceHandle);
