@@ -160,13 +160,13 @@ pub fn add_kernel(fat_binary: usize, host_function: usize, name: CString) {
 /// (an unknown name fails here, as the runtime's lookup does), and the same handle for the same
 /// kernel every time. The handle also names the kernel wherever the runtime takes a kernel's host
 /// function (`cudaLaunchKernel((const void *)kernel, ...)`).
-pub fn library_kernel(library: CUlibrary, name: &CStr) -> CudaResult<*mut c_void> {
-    let source = Source::Library(library as usize);
+pub fn library_kernel(library: usize, name: &CStr) -> CudaResult<*mut c_void> {
+    let source = Source::Library(library);
     if let Some(found) = read().handles.values().find(|kernel| kernel.source == source && kernel.name.as_c_str() == name) {
         return Ok(found.runtime_handle());
     }
     let mut driver_kernel: CUkernel = std::ptr::null_mut();
-    cu!(cuLibraryGetKernel(&mut driver_kernel, library, name.as_ptr()))?;
+    cu!(cuLibraryGetKernel(&mut driver_kernel, library as CUlibrary, name.as_ptr()))?;
     let kernel = Arc::new(Kernel { source, name: name.to_owned(), handle: OnceLock::from(Ok(driver_kernel as usize)) });
     let handle = kernel.runtime_handle();
     let mut registry = write();
@@ -176,8 +176,8 @@ pub fn library_kernel(library: CUlibrary, name: &CStr) -> CudaResult<*mut c_void
 }
 
 /// Forgets the kernels of a library the app unloaded.
-pub fn forget_library(library: CUlibrary) {
-    let source = Source::Library(library as usize);
+pub fn forget_library(library: usize) {
+    let source = Source::Library(library);
     let mut registry = write();
     registry.handles.retain(|_, kernel| kernel.source != source);
     registry.kernels.retain(|_, kernel| kernel.source != source);

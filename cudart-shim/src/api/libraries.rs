@@ -43,7 +43,7 @@ pub unsafe fn cudaLibraryLoadFromFile(
 
 pub unsafe fn cudaLibraryUnload(library: CUlibrary) -> CudaResult<()> {
     cu!(cuLibraryUnload(library))?;
-    registry::forget_library(library);
+    registry::forget_library(library as usize);
     Ok(())
 }
 
@@ -52,7 +52,7 @@ pub unsafe fn cudaLibraryGetKernel(kernel: *mut cudaKernel_t, library: CUlibrary
         return Err(CudaError::INVALID_VALUE);
     }
     // SAFETY: checked non-NULL; the app's NUL-terminated name.
-    let handle = registry::library_kernel(library, unsafe { CStr::from_ptr(name) })?;
+    let handle = registry::library_kernel(library as usize, unsafe { CStr::from_ptr(name) })?;
     // SAFETY: checked non-NULL.
     unsafe { write_out(kernel, handle) }
 }
@@ -74,7 +74,7 @@ pub unsafe fn cudaLibraryEnumerateKernels(kernels: *mut cudaKernel_t, num_kernel
             return Err(CudaError::UNKNOWN);
         }
         // SAFETY: the driver's NUL-terminated name of a kernel of this library.
-        let handle = registry::library_kernel(library, unsafe { CStr::from_ptr(name) })?;
+        let handle = registry::library_kernel(library as usize, unsafe { CStr::from_ptr(name) })?;
         // SAFETY: the app's array of `num_kernels` handles.
         unsafe { kernels.add(index).write(handle) };
     }
