@@ -194,6 +194,28 @@ impl UserObjects {
         }
     }
 
+    /// `owner`'s references become a copy of those `from` holds, its old ones released (an
+    /// executable graph updated from graph `from`, as CUDA's programming guide has it). Launches
+    /// in flight keep their own.
+    pub fn replace(&self, owner: u64, from: u64) {
+        let mut state = self.lock();
+        let new = state.held.get(&from).cloned().unwrap_or_default();
+        for (object, count) in &new {
+            if let Some(entry) = state.objects.get_mut(object) {
+                entry.refs = entry.refs.saturating_add(*count);
+            }
+        }
+        let old = if new.is_empty() { state.held.remove(&owner) } else { state.held.insert(owner, new) };
+        let mut dead = Vec::new();
+        for (object, count) in old.into_iter().flatten() {
+            if let Ok(Some(object)) = Self::drop_refs(&mut state, object, count) {
+                dead.push(object);
+            }
+        }
+        drop(state);
+        self.destroy(dead);
+    }
+
     /// A launch of executable graph `exec`: if it holds references, a copy for the launch and
     /// the token `launch_done` releases it with.
     pub fn launch_references(&self, exec: u64) -> Option<u64> {
@@ -233,6 +255,40 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert_eq!(DESTROYED.load(Ordering::SeqCst), total);
+    }
+
+    static UPDATED_AWAY: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn count_update(ptr: *mut std::ffi::c_void) {
+        UPDATED_AWAY.fetch_add(ptr as usize, Ordering::SeqCst);
+    }
+
+    fn wait_for_update(total: usize) {
+        for _ in 0..1000 {
+            if UPDATED_AWAY.load(Ordering::SeqCst) >= total {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(UPDATED_AWAY.load(Ordering::SeqCst), total);
+    }
+
+    #[test]
+    fn an_update_swaps_the_executable_graphs_references_for_the_new_graphs() {
+        let objects = UserObjects::default();
+        // Destructor arguments 1 (the old graph's object) and 10 (the new one's) tell them apart.
+        let (old, new) = (objects.create(1, count_update, 1).unwrap(), objects.create(10, count_update, 1).unwrap());
+        let (graph_a, graph_b, exec) = (10_001, 10_002, 10_003);
+        objects.owner_retain(graph_a, old, 1, true).unwrap();
+        objects.owner_retain(graph_b, new, 1, true).unwrap();
+        objects.inherit(graph_a, exec);
+        objects.owner_gone(graph_a);
+        objects.replace(exec, graph_b);
+        // The old object's last reference was the executable graph's: it is destroyed.
+        wait_for_update(1);
+        objects.owner_gone(graph_b);
+        objects.owner_gone(exec);
+        wait_for_update(11);
     }
 
     #[test]

@@ -753,6 +753,8 @@ fn exec_update(exec: CUgraphExec, graph: CUgraph) -> DriverResult<(Result<(), CU
     let result = match reply.error {
         None => {
             client.graphs.set_exec_host_nodes(exec, reply.host_nodes);
+            // The new graph's user object references replace the executable graph's.
+            user_objects().replace(exec, id_of(graph)?);
             Ok(())
         }
         Some(error) => Err(driver_error(error)),
