@@ -429,6 +429,9 @@ driver_functions! {
     cuFuncSetCacheConfig(function: CUkernel, config: c_uint);
     cuCtxSetCacheConfig(config: c_uint);
     cuCtxGetSharedMemConfig(config: *mut c_uint);
+    cuDeviceGetTexture1DLinearMaxWidth(width: *mut usize, format: c_uint, channels: c_uint, device: c_int);
+    cuDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, device: c_int);
+    cuDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, src: c_int, dst: c_int);
     cuCtxSetSharedMemConfig(config: c_uint);
     cuFuncSetSharedMemConfig(function: CUkernel, config: c_uint);
     cuCtxGetCacheConfig(config: *mut c_uint);

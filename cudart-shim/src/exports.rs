@@ -48,6 +48,9 @@ macro_rules! cudart_exports {
                 cudaDeviceSetCacheConfig(config: c_int);
                 cudaDeviceSetSharedMemConfig(config: c_int);
                 cudaDeviceGetSharedMemConfig(config: *mut c_int);
+                cudaDeviceGetTexture1DLinearMaxWidth(width: *mut usize, desc: *const cudaChannelFormatDesc, device: c_int);
+                cudaDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, device: c_int);
+                cudaDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, src: c_int, dst: c_int);
                 cudaDeviceGetCacheConfig(config: *mut c_int);
                 cudaCtxResetPersistingL2Cache();
                 cudaDeviceGetP2PAttribute(value: *mut c_int, attr: c_int, src: c_int, dst: c_int);
@@ -393,9 +396,8 @@ macro_rules! cudart_exports {
         cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
         cudaDestroyExternalMemory, cudaDestroyExternalSemaphore,
         cudaDeviceFlushGPUDirectRDMAWrites,
-        cudaDeviceGetHostAtomicCapabilities, cudaDeviceGetNvSciSyncAttributes,
-        cudaDeviceGetP2PAtomicCapabilities,
-        cudaDeviceGetTexture1DLinearMaxWidth, cudaDeviceRegisterAsyncNotification, cudaDeviceUnregisterAsyncNotification,
+        cudaDeviceGetNvSciSyncAttributes,
+        cudaDeviceRegisterAsyncNotification, cudaDeviceUnregisterAsyncNotification,
         cudaEGLStreamConsumerAcquireFrame, cudaEGLStreamConsumerConnect,
         cudaEGLStreamConsumerConnectWithFlags, cudaEGLStreamConsumerDisconnect,
         cudaEGLStreamConsumerReleaseFrame, cudaEGLStreamProducerConnect, cudaEGLStreamProducerDisconnect,

@@ -361,6 +361,12 @@ macro_rules! for_each_op {
             /// the client-chosen `handle`; the allocation's size comes back. Imported memory stays
             /// in the exporter's quota.
             127 MemImport mem_import [reply -] { handle: u64, shareable: Vec<u8> } -> { size: u64 };
+            /// `cuDeviceGetTexture1DLinearMaxWidth` for elements of `format` (`CUarray_format`)
+            /// with `channels` channels.
+            128 Texture1DLinearMaxWidth texture_1d_linear_max_width [reply -] { format: u32, channels: u32 } -> { width: u64 };
+            /// `cuDeviceGetHostAtomicCapabilities` of `operations` (`CUatomicOperation`s), or with
+            /// `peer`, `cuDeviceGetP2PAtomicCapabilities` of the session's device with itself.
+            129 AtomicCapabilities atomic_capabilities [reply -] { operations: Vec<u32>, peer: bool } -> { capabilities: Vec<u32> };
         }
     };
 }

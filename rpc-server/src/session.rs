@@ -1660,6 +1660,21 @@ impl<D: Device> OpHandler for Session<D> {
         self.vmm_create(request, reply);
     }
 
+    fn texture_1d_linear_max_width(&mut self, request: req::Texture1DLinearMaxWidth, reply: Responder<rep::Texture1DLinearMaxWidth>) {
+        let width = self.device.texture_1d_linear_max_width(request.format, request.channels);
+        reply.send(width.map(|width| rep::Texture1DLinearMaxWidth { width }));
+    }
+
+    fn atomic_capabilities(&mut self, request: req::AtomicCapabilities, reply: Responder<rep::AtomicCapabilities>) {
+        // The driver's own limit on one query is far below this; it keeps hostile sizes out.
+        let result = if request.operations.is_empty() || request.operations.len() > 1024 {
+            Err(CudaError::INVALID_VALUE)
+        } else {
+            self.device.atomic_capabilities(&request.operations, request.peer).map(|capabilities| rep::AtomicCapabilities { capabilities })
+        };
+        reply.send(result);
+    }
+
     fn mem_export(&mut self, request: req::MemExport, reply: Responder<rep::MemExport>) {
         self.vmm_export(request, reply);
     }

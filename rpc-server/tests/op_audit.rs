@@ -363,6 +363,16 @@ macro_rules! probes {
             refused(req::MemImport { handle: 9, shareable: unserved_shareable() }, INVALID_VALUE),
         ]
     };
+    (Texture1DLinearMaxWidth, $v:ident) => {
+        // The emulated device has no texture hardware to describe.
+        vec![refused(req::Texture1DLinearMaxWidth { format: 0x20, channels: 1 }, CudaError::NOT_SUPPORTED)]
+    };
+    (AtomicCapabilities, $v:ident) => {
+        vec![
+            refused(req::AtomicCapabilities { operations: Vec::new(), peer: false }, INVALID_VALUE),
+            refused(req::AtomicCapabilities { operations: vec![0; 4096], peer: true }, INVALID_VALUE),
+        ]
+    };
     (MemRelease, $v:ident) => {
         vec![refused(req::MemRelease { handle: BOGUS_HANDLE }, INVALID_VALUE)]
     };

@@ -7,9 +7,11 @@ use flyt_protocol::device::{DeviceInfo, attr};
 use crate::CUresult;
 use crate::driver::driver;
 use crate::ffi::{DriverResult, finish, non_null, write_out};
+use flyt_protocol::ops::req;
+
 use crate::generated::types::{
-    CUdevice, CUdevice_P2PAttribute, CUdevice_attribute, CUdevprop, CUexecAffinityParam, CUexecAffinityParam_st_param,
-    CUexecAffinitySmCount, CUexecAffinityType, CUuuid,
+    CUarray_format, CUatomicOperation, CUdevice, CUdevice_P2PAttribute, CUdevice_attribute, CUdevprop, CUexecAffinityParam,
+    CUexecAffinityParam_st_param, CUexecAffinitySmCount, CUexecAffinityType, CUuuid,
 };
 
 fn with_device<T>(dev: CUdevice, f: impl FnOnce(&DeviceInfo) -> DriverResult<T>) -> DriverResult<T> {
@@ -172,6 +174,73 @@ pub unsafe fn cuCtxGetExecAffinity(p_exec_affinity: *mut CUexecAffinityParam, ty
         };
         // SAFETY: checked non-NULL.
         unsafe { write_out(p_exec_affinity, value) }
+    })())
+}
+
+pub unsafe fn cuDeviceGetTexture1DLinearMaxWidth(
+    max_width_in_elements: *mut usize,
+    format: CUarray_format,
+    num_channels: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    finish((|| {
+        non_null([max_width_in_elements.cast()])?;
+        with_device(dev, |_| Ok(()))?;
+        let request = req::Texture1DLinearMaxWidth { format, channels: num_channels };
+        let width = super::session::client()?.call(request).map_err(super::session::driver_error)?.width;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(max_width_in_elements, usize::try_from(width).unwrap_or(usize::MAX)) }
+    })())
+}
+
+/// The server driver's answer for `count` operations.
+///
+/// # Safety
+/// `capabilities` and `operations` hold `count` entries, per the driver API's contract.
+unsafe fn atomic_capabilities(capabilities: *mut c_uint, operations: *const CUatomicOperation, count: c_uint, peer: bool) -> DriverResult {
+    non_null([capabilities.cast(), operations.cast()])?;
+    if count == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: per this function's contract.
+    let operations = unsafe { std::slice::from_raw_parts(operations, count as usize) }.to_vec();
+    let request = req::AtomicCapabilities { operations, peer };
+    let found = super::session::client()?.call(request).map_err(super::session::driver_error)?.capabilities;
+    if found.len() != count as usize {
+        return Err(CUresult::CUDA_ERROR_UNKNOWN);
+    }
+    // SAFETY: per this function's contract; `found` holds `count` entries.
+    unsafe { std::ptr::copy_nonoverlapping(found.as_ptr(), capabilities, found.len()) };
+    Ok(())
+}
+
+pub unsafe fn cuDeviceGetHostAtomicCapabilities(
+    capabilities: *mut c_uint,
+    operations: *const CUatomicOperation,
+    count: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    finish((|| {
+        with_device(dev, |_| Ok(()))?;
+        // SAFETY: forwarded contract.
+        unsafe { atomic_capabilities(capabilities, operations, count, false) }
+    })())
+}
+
+/// A session serves one device: the only pair is the device with itself, which the server's
+/// driver answers for.
+pub unsafe fn cuDeviceGetP2PAtomicCapabilities(
+    capabilities: *mut c_uint,
+    operations: *const CUatomicOperation,
+    count: c_uint,
+    src_device: CUdevice,
+    dst_device: CUdevice,
+) -> CUresult {
+    finish((|| {
+        with_device(src_device, |_| Ok(()))?;
+        with_device(dst_device, |_| Ok(()))?;
+        // SAFETY: forwarded contract.
+        unsafe { atomic_capabilities(capabilities, operations, count, true) }
     })())
 }
 

@@ -8,7 +8,7 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::handshake::RUNTIME_VERSION;
 
 use crate::driver::{cu, cu_ctx, current_device};
-use crate::ffi::write_out;
+use crate::ffi::{cudaChannelFormatDesc, write_out};
 use crate::props::{Identity, cudaDeviceProp, device_prop};
 
 /// The number of devices: asking opens the session.
@@ -154,6 +154,36 @@ pub unsafe fn cudaDeviceGetSharedMemConfig(config: *mut c_int) -> CudaResult<()>
     cu_ctx!(cuCtxGetSharedMemConfig(&mut found))?;
     // SAFETY: the app's out-pointer.
     unsafe { write_out(config, c_int::try_from(found).unwrap_or(0)) }
+}
+
+/// The channel description as the driver's format and channel count.
+pub unsafe fn cudaDeviceGetTexture1DLinearMaxWidth(width: *mut usize, desc: *const cudaChannelFormatDesc, device: c_int) -> CudaResult<()> {
+    if desc.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the app's descriptor.
+    let (format, channels) = super::arrays::array_format(unsafe { &*desc })?;
+    cu!(cuDeviceGetTexture1DLinearMaxWidth(width, format, channels, device))
+}
+
+/// `cudaAtomicOperation` values are the driver's `CUatomicOperation`s.
+pub unsafe fn cudaDeviceGetHostAtomicCapabilities(
+    capabilities: *mut c_uint,
+    operations: *const c_uint,
+    count: c_uint,
+    device: c_int,
+) -> CudaResult<()> {
+    cu!(cuDeviceGetHostAtomicCapabilities(capabilities, operations, count, device))
+}
+
+pub unsafe fn cudaDeviceGetP2PAtomicCapabilities(
+    capabilities: *mut c_uint,
+    operations: *const c_uint,
+    count: c_uint,
+    src: c_int,
+    dst: c_int,
+) -> CudaResult<()> {
+    cu!(cuDeviceGetP2PAtomicCapabilities(capabilities, operations, count, src, dst))
 }
 
 pub unsafe fn cudaDeviceGetCacheConfig(config: *mut c_int) -> CudaResult<()> {

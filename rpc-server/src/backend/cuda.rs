@@ -106,6 +106,9 @@ struct RawDriver {
     module_get_function_count: unsafe extern "C" fn(*mut c_uint, sys::CUmodule) -> u32,
     module_enumerate_functions: unsafe extern "C" fn(*mut sys::CUfunction, c_uint, sys::CUmodule) -> u32,
     func_get_name: unsafe extern "C" fn(*mut *const c_char, sys::CUfunction) -> u32,
+    texture_1d_linear_max_width: unsafe extern "C" fn(*mut usize, c_uint, c_uint, c_int) -> u32,
+    host_atomic_capabilities: unsafe extern "C" fn(*mut c_uint, *const c_uint, c_uint, c_int) -> u32,
+    p2p_atomic_capabilities: unsafe extern "C" fn(*mut c_uint, *const c_uint, c_uint, c_int, c_int) -> u32,
 }
 
 pub(super) fn raw_check(code: u32) -> CudaResult<()> {
@@ -138,6 +141,9 @@ impl RawDriver {
                 module_get_function_count: symbol!("cuModuleGetFunctionCount"),
                 module_enumerate_functions: symbol!("cuModuleEnumerateFunctions"),
                 func_get_name: symbol!("cuFuncGetName"),
+                texture_1d_linear_max_width: symbol!("cuDeviceGetTexture1DLinearMaxWidth"),
+                host_atomic_capabilities: symbol!("cuDeviceGetHostAtomicCapabilities"),
+                p2p_atomic_capabilities: symbol!("cuDeviceGetP2PAtomicCapabilities"),
             })
         }
     }
@@ -1064,6 +1070,28 @@ impl Device for CudaDevice {
         let config = launch_config(grid, block, shared_mem, stream_ptr(stream), &mut attributes)?;
         // SAFETY: as above; `config` points at `attributes`, which outlive the call.
         check(unsafe { sys::cuLaunchKernelEx(&config, function.0, std::ptr::null_mut(), extra_ptr).result() })
+    }
+
+    fn texture_1d_linear_max_width(&self, format: u32, channels: u32) -> CudaResult<u64> {
+        let mut width = 0usize;
+        // SAFETY: valid out-pointer; the format and channel count are plain values the driver checks.
+        raw_check(unsafe { (self.raw.texture_1d_linear_max_width)(&mut width, format, channels, self.device) })?;
+        Ok(width as u64)
+    }
+
+    fn atomic_capabilities(&self, operations: &[u32], peer: bool) -> CudaResult<Vec<u32>> {
+        let count = c_uint::try_from(operations.len()).map_err(|_| CudaError::INVALID_VALUE)?;
+        let mut capabilities = vec![0; operations.len()];
+        // SAFETY: both arrays hold `count` entries; the operations are plain values the driver checks.
+        let code = unsafe {
+            if peer {
+                (self.raw.p2p_atomic_capabilities)(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.device, self.device)
+            } else {
+                (self.raw.host_atomic_capabilities)(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.device)
+            }
+        };
+        raw_check(code)?;
+        Ok(capabilities)
     }
 
     fn available_dynamic_smem(&self, function: Self::Function, num_blocks: i32, block_size: i32) -> CudaResult<u64> {

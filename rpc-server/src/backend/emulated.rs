@@ -515,6 +515,16 @@ impl Device for EmulatedDevice {
         Err(NO_GPU_CODE)
     }
 
+    fn texture_1d_linear_max_width(&self, _format: u32, _channels: u32) -> CudaResult<u64> {
+        // No texture hardware to describe.
+        Err(NO_GPU_CODE)
+    }
+
+    fn atomic_capabilities(&self, _operations: &[u32], _peer: bool) -> CudaResult<Vec<u32>> {
+        // No kernels, so no atomics to describe.
+        Err(NO_GPU_CODE)
+    }
+
     fn available_dynamic_smem(&self, _: (), _: i32, _: i32) -> CudaResult<u64> {
         Err(NO_GPU_CODE)
     }

@@ -281,6 +281,11 @@ pub trait Device: Send + Sync + 'static {
         args: &mut [u8],
         attributes: &[LaunchAttribute],
     ) -> CudaResult<()>;
+    /// `cuDeviceGetTexture1DLinearMaxWidth` (`format`: a `CUarray_format`).
+    fn texture_1d_linear_max_width(&self, format: u32, channels: u32) -> CudaResult<u64>;
+    /// `cuDeviceGetHostAtomicCapabilities` of `operations` (`CUatomicOperation`s), or with `peer`
+    /// `cuDeviceGetP2PAtomicCapabilities` of the device with itself.
+    fn atomic_capabilities(&self, operations: &[u32], peer: bool) -> CudaResult<Vec<u32>>;
     /// `cuOccupancyAvailableDynamicSMemPerBlock`.
     fn available_dynamic_smem(&self, function: Self::Function, num_blocks: i32, block_size: i32) -> CudaResult<u64>;
     /// `cuOccupancyMaxActiveClusters` for a launch configuration.

@@ -350,6 +350,28 @@ static void device_and_errors(void) {
         EXPECT_CODE("unregister twice", cudaLogsUnregisterCallback(handle), cudaErrorInvalidValue);
     }
 
+    /* Texture width and atomic capabilities are the server driver's; the emulated device has
+     * neither texture hardware nor kernels to describe. */
+    AUDIT("cudaDeviceGetTexture1DLinearMaxWidth");
+    AUDIT("cudaDeviceGetHostAtomicCapabilities");
+    AUDIT("cudaDeviceGetP2PAtomicCapabilities");
+    {
+        size_t width = 0;
+        struct cudaChannelFormatDesc floats = cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
+        EXPECT_CODE("a width for no description", cudaDeviceGetTexture1DLinearMaxWidth(&width, NULL, 0), cudaErrorInvalidValue);
+        EXPECT_CODE("a width on another device", cudaDeviceGetTexture1DLinearMaxWidth(&width, &floats, 3), cudaErrorInvalidDevice);
+        EXPECT_CODE("a width the emulated device cannot give", cudaDeviceGetTexture1DLinearMaxWidth(&width, &floats, 0), cudaErrorNotSupported);
+        unsigned int caps[2];
+        enum cudaAtomicOperation ops[2] = {cudaAtomicOperationIntegerAdd, cudaAtomicOperationFloatAdd};
+        EXPECT_CODE("capabilities of no operations", cudaDeviceGetHostAtomicCapabilities(caps, ops, 0, 0), cudaErrorInvalidValue);
+        EXPECT_CODE("host atomics the emulated device cannot describe", cudaDeviceGetHostAtomicCapabilities(caps, ops, 2, 0),
+                    cudaErrorNotSupported);
+        EXPECT_CODE("peer atomics with a device not there", cudaDeviceGetP2PAtomicCapabilities(caps, ops, 2, 0, 1), cudaErrorInvalidDevice);
+        EXPECT_CODE("peer atomics the emulated device cannot describe", cudaDeviceGetP2PAtomicCapabilities(caps, ops, 2, 0, 0),
+                    cudaErrorNotSupported);
+        cudaGetLastError();
+    }
+
     AUDIT("cudaCtxResetPersistingL2Cache");
     OK("cudaCtxResetPersistingL2Cache", cudaCtxResetPersistingL2Cache());
     AUDIT("cudaProfilerStart");
