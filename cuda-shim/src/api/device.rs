@@ -177,6 +177,7 @@ pub unsafe fn cuCtxGetExecAffinity(p_exec_affinity: *mut CUexecAffinityParam, ty
     })())
 }
 
+/// Device queries: no current context needed, as the driver answers them before any.
 pub unsafe fn cuDeviceGetTexture1DLinearMaxWidth(
     max_width_in_elements: *mut usize,
     format: CUarray_format,
@@ -187,7 +188,7 @@ pub unsafe fn cuDeviceGetTexture1DLinearMaxWidth(
         non_null([max_width_in_elements.cast()])?;
         with_device(dev, |_| Ok(()))?;
         let request = req::Texture1DLinearMaxWidth { format, channels: num_channels };
-        let width = super::session::client()?.call(request).map_err(super::session::driver_error)?.width;
+        let width = super::session::session_client()?.call(request).map_err(super::session::driver_error)?.width;
         // SAFETY: checked non-NULL.
         unsafe { write_out(max_width_in_elements, usize::try_from(width).unwrap_or(usize::MAX)) }
     })())
@@ -205,7 +206,7 @@ unsafe fn atomic_capabilities(capabilities: *mut c_uint, operations: *const CUat
     // SAFETY: per this function's contract.
     let operations = unsafe { std::slice::from_raw_parts(operations, count as usize) }.to_vec();
     let request = req::AtomicCapabilities { operations, peer };
-    let found = super::session::client()?.call(request).map_err(super::session::driver_error)?.capabilities;
+    let found = super::session::session_client()?.call(request).map_err(super::session::driver_error)?.capabilities;
     if found.len() != count as usize {
         return Err(CUresult::CUDA_ERROR_UNKNOWN);
     }
