@@ -478,6 +478,41 @@ impl Client {
         self.ranges.add(start, len, freeable);
     }
 
+    /// Makes a device allocation of `len` bytes with `allocate` at an address no host memory of
+    /// this process holds (see `ranges::Reservations`), and records it: one that lands on host
+    /// memory is kept aside while another is made (so the server cannot hand the same address
+    /// back), then freed with `free`. After 8 such landings the allocation fails.
+    pub fn place_allocation(
+        &self,
+        len: u64,
+        mut allocate: impl FnMut() -> CudaResult<u64>,
+        free: impl Fn(u64) -> CudaResult<()>,
+    ) -> CudaResult<u64> {
+        const TRIES: usize = 8;
+        let mut aside = Vec::new();
+        let placed = loop {
+            let ptr = match allocate() {
+                Ok(ptr) => ptr,
+                Err(error) => break Err(error),
+            };
+            if ptr == 0 || self.ranges.try_add(ptr, len, true) {
+                break Ok(ptr);
+            }
+            aside.push(ptr);
+            if aside.len() == TRIES {
+                crate::diagnostics::once(
+                    "allocation-over-host-memory",
+                    "flyt: the GPU server's device addresses kept landing on this process's host memory; an allocation failed",
+                );
+                break Err(CudaError::MEMORY_ALLOCATION);
+            }
+        };
+        for ptr in aside {
+            let _ = free(ptr);
+        }
+        placed
+    }
+
     /// Forgets an allocation that starts exactly at `start`.
     pub fn remove_allocation(&self, start: u64) -> CudaResult<()> {
         self.ranges.remove_allocation(start)

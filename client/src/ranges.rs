@@ -34,11 +34,149 @@ fn range(len: u64, freeable: bool) -> Range {
     Range { len, freeable, mapped: false, id: new_buffer_id() }
 }
 
+/// Device addresses are the server's: nothing stops this process from mapping host memory at the
+/// same numbers, and a host pointer that is also a device range's address would be taken for device
+/// memory (a copy would go the wrong way, silently under `cudaMemcpyDefault`). So every device
+/// range's 2 MiB chunks are reserved in this process (`PROT_NONE`, no memory behind them) while
+/// the range lives: host memory can no longer land there, and a device range that lands on host
+/// memory the process already has is seen (`claim` fails) and can be given back.
+const CHUNK: u64 = 2 << 20;
+
+#[derive(Default)]
+struct Reservations {
+    /// Chunk index to the number of live ranges in it.
+    chunks: std::collections::HashMap<u64, u32>,
+    /// This kernel treats `MAP_FIXED_NOREPLACE` as a hint (before Linux 4.17): nothing is reserved.
+    unsupported: bool,
+}
+
+/// The outcome of reserving one run of chunks.
+enum Reserved {
+    Done,
+    /// Something of this process's is mapped there.
+    Taken,
+    /// The address cannot be mapped here at all (outside this process's address space): no host
+    /// memory can be there either.
+    Impossible,
+    /// The kernel ignores `MAP_FIXED_NOREPLACE`.
+    Unsupported,
+}
+
+fn reserve(start: u64, len: u64) -> Reserved {
+    let (Ok(addr), Ok(size)) = (usize::try_from(start), usize::try_from(len)) else { return Reserved::Impossible };
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE;
+    // SAFETY: a fresh anonymous mapping with no access; MAP_FIXED_NOREPLACE never replaces an
+    // existing mapping (it fails with EEXIST instead).
+    let got = unsafe { libc::mmap(addr as *mut libc::c_void, size, libc::PROT_NONE, flags, -1, 0) };
+    if got == libc::MAP_FAILED {
+        return if std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) { Reserved::Taken } else { Reserved::Impossible };
+    }
+    if got as usize != addr {
+        // SAFETY: the mapping the kernel just made elsewhere, ours alone.
+        unsafe { libc::munmap(got, size) };
+        return Reserved::Unsupported;
+    }
+    Reserved::Done
+}
+
+fn unreserve(chunk: u64, count: u64) {
+    // SAFETY: chunks this process reserved itself, with nothing else in them.
+    unsafe { libc::munmap((chunk * CHUNK) as usize as *mut libc::c_void, (count * CHUNK) as usize) };
+}
+
+impl Reservations {
+    fn span(start: u64, len: u64) -> std::ops::RangeInclusive<u64> {
+        start / CHUNK..=start.saturating_add(len.max(1) - 1) / CHUNK
+    }
+
+    /// Reserves the chunks of `[start, start + len)` not reserved yet; false if host memory of
+    /// this process is already there (nothing is reserved then).
+    fn claim(&mut self, start: u64, len: u64) -> bool {
+        if self.unsupported {
+            return true;
+        }
+        let span = Self::span(start, len);
+        let mut made: Vec<(u64, u64)> = Vec::new();
+        let mut chunk = *span.start();
+        while chunk <= *span.end() {
+            if self.chunks.contains_key(&chunk) {
+                chunk += 1;
+                continue;
+            }
+            let first = chunk;
+            while chunk <= *span.end() && !self.chunks.contains_key(&chunk) {
+                chunk += 1;
+            }
+            match reserve(first * CHUNK, (chunk - first) * CHUNK) {
+                Reserved::Done => made.push((first, chunk - first)),
+                Reserved::Impossible => {}
+                Reserved::Unsupported => {
+                    self.unsupported = true;
+                    made.into_iter().for_each(|(first, count)| unreserve(first, count));
+                    return true;
+                }
+                Reserved::Taken => {
+                    made.into_iter().for_each(|(first, count)| unreserve(first, count));
+                    return false;
+                }
+            }
+        }
+        for chunk in span {
+            *self.chunks.entry(chunk).or_default() += 1;
+        }
+        true
+    }
+
+    /// Gives back the chunks of `[start, start + len)` no other range holds.
+    fn release(&mut self, start: u64, len: u64) {
+        if self.unsupported {
+            return;
+        }
+        for chunk in Self::span(start, len) {
+            match self.chunks.get_mut(&chunk) {
+                Some(count) if *count > 1 => *count -= 1,
+                Some(_) => {
+                    self.chunks.remove(&chunk);
+                    unreserve(chunk, 1);
+                }
+                None => {}
+            }
+        }
+    }
+}
+
 /// Start address to its range.
 #[derive(Default)]
-pub struct DeviceRanges(RwLock<BTreeMap<u64, Range>>);
+pub struct DeviceRanges(RwLock<BTreeMap<u64, Range>>, std::sync::Mutex<Reservations>);
 
 impl DeviceRanges {
+    fn reservations(&self) -> std::sync::MutexGuard<'_, Reservations> {
+        self.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a device allocation if its addresses are free in this process (see
+    /// `Reservations`); false, recording nothing, if host memory of the process is there.
+    pub fn try_add(&self, start: u64, len: u64, freeable: bool) -> bool {
+        if !self.reservations().claim(start, len) {
+            return false;
+        }
+        self.write().insert(start, range(len, freeable));
+        true
+    }
+
+    /// Reserves a range recorded anyway (the app already holds its address); says once when host
+    /// memory of the process is there too.
+    fn claim_or_warn(&self, start: u64, len: u64) {
+        if !self.reservations().claim(start, len) {
+            crate::diagnostics::once(
+                "device-range-overlaps-host",
+                &format!(
+                    "flyt: device memory at {start:#x} ({len} bytes) overlaps host memory of this process; copies between the two cannot be told apart"
+                ),
+            );
+        }
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, Range>> {
         self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -49,50 +187,80 @@ impl DeviceRanges {
 
     /// Records a device allocation (or a module variable when `!freeable`).
     pub fn add(&self, start: u64, len: u64, freeable: bool) {
+        self.claim_or_warn(start, len);
         self.write().insert(start, range(len, freeable));
     }
 
     /// Records module variables as `(address, size)`.
     pub fn add_variables(&self, variables: impl Iterator<Item = (u64, u64)>) {
-        let mut ranges = self.write();
         for (start, len) in variables {
-            ranges.insert(start, range(len, false));
+            self.add(start, len, false);
         }
     }
 
     /// Records physical memory mapped at `start` (`cuMemMap`).
     pub fn add_mapping(&self, start: u64, len: u64) {
+        self.claim_or_warn(start, len);
         self.write().insert(start, Range { mapped: true, ..range(len, false) });
+    }
+
+    /// Forgets the given ranges' reservations (they were removed).
+    fn released(&self, removed: impl IntoIterator<Item = (u64, u64)>) {
+        let mut reservations = self.reservations();
+        for (start, len) in removed {
+            reservations.release(start, len);
+        }
     }
 
     /// Forgets the mappings inside `[start, start + len)` (`cuMemUnmap`).
     pub fn remove_mappings(&self, start: u64, len: u64) {
-        self.write().retain(|begin, range| !(range.mapped && *begin >= start && *begin < start.saturating_add(len)));
+        let mut removed = Vec::new();
+        self.write().retain(|begin, range| {
+            let keep = !(range.mapped && *begin >= start && *begin < start.saturating_add(len));
+            if !keep {
+                removed.push((*begin, range.len));
+            }
+            keep
+        });
+        self.released(removed);
     }
 
     /// Forgets a module variable at `start` (its module was unloaded).
     pub fn remove_variable(&self, start: u64) {
-        let mut ranges = self.write();
-        if ranges.get(&start).is_some_and(|range| !range.freeable) {
-            ranges.remove(&start);
-        }
+        let removed = {
+            let mut ranges = self.write();
+            match ranges.get(&start) {
+                Some(range) if !range.freeable => ranges.remove(&start),
+                _ => None,
+            }
+        };
+        self.released(removed.map(|range| (start, range.len)));
     }
 
     /// Forgets an allocation that starts exactly at `start`; anything else is CUDA's invalid value.
     pub fn remove_allocation(&self, start: u64) -> CudaResult<()> {
-        let mut ranges = self.write();
-        match ranges.get(&start) {
-            Some(range) if range.freeable => {
-                ranges.remove(&start);
-                Ok(())
+        let removed = {
+            let mut ranges = self.write();
+            match ranges.get(&start) {
+                Some(range) if range.freeable => ranges.remove(&start),
+                _ => return Err(CudaError::INVALID_VALUE),
             }
-            _ => Err(CudaError::INVALID_VALUE),
-        }
+        };
+        self.released(removed.map(|range| (start, range.len)));
+        Ok(())
     }
 
     /// Forgets every allocation and mapping (a device reset), keeping module variables.
     pub fn forget_allocations(&self) {
-        self.write().retain(|_, range| !range.freeable && !range.mapped);
+        let mut removed = Vec::new();
+        self.write().retain(|start, range| {
+            let keep = !range.freeable && !range.mapped;
+            if !keep {
+                removed.push((*start, range.len));
+            }
+            keep
+        });
+        self.released(removed);
     }
 
     /// Bytes of device memory the process's allocations hold.
@@ -140,6 +308,63 @@ impl DeviceRanges {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A free, chunk-aligned stretch of this process's address space of `chunks` chunks.
+    fn free_stretch(chunks: u64) -> u64 {
+        let len = ((chunks + 1) * CHUNK) as usize;
+        // SAFETY: a fresh anonymous mapping, unmapped at once: only its address is kept.
+        let got = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(got, libc::MAP_FAILED);
+        // SAFETY: the mapping just made.
+        unsafe { libc::munmap(got, len) };
+        (got as u64).div_ceil(CHUNK) * CHUNK
+    }
+
+    /// Whether host memory can be mapped at `addr` now.
+    fn host_can_map(addr: u64) -> bool {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces a mapping; a made one is unmapped at once.
+        let got = unsafe { libc::mmap(addr as usize as *mut libc::c_void, 4096, libc::PROT_READ, flags, -1, 0) };
+        if got == libc::MAP_FAILED {
+            return false;
+        }
+        // SAFETY: the mapping just made.
+        unsafe { libc::munmap(got, 4096) };
+        got as u64 == addr
+    }
+
+    #[test]
+    fn device_ranges_keep_host_memory_out_and_are_refused_over_it() {
+        let ranges = DeviceRanges::default();
+        let base = free_stretch(4);
+        assert!(ranges.try_add(base + 512, 3 * CHUNK, true));
+        assert!(!host_can_map(base + CHUNK), "a device range's addresses are reserved");
+        // Two ranges in one chunk share its reservation.
+        assert!(ranges.try_add(base + 3 * CHUNK + 4096, 4096, true));
+        ranges.remove_allocation(base + 512).unwrap();
+        assert!(host_can_map(base + CHUNK), "given back with its range");
+        assert!(!host_can_map(base + 3 * CHUNK), "the chunk another range still holds stays reserved");
+        ranges.remove_allocation(base + 3 * CHUNK + 4096).unwrap();
+        assert!(host_can_map(base + 3 * CHUNK));
+        // Host memory there first: the device range is refused and nothing is recorded.
+        // SAFETY: a fresh anonymous mapping at a free address, unmapped below.
+        let host = unsafe {
+            libc::mmap(
+                (base + CHUNK) as usize as *mut libc::c_void,
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(host as u64, base + CHUNK);
+        assert!(!ranges.try_add(base, 2 * CHUNK, true));
+        assert_eq!(ranges.find(base), None);
+        assert!(host_can_map(base), "a refused range leaves no reservation behind");
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(host, 4096) };
+    }
 
     #[test]
     fn ranges_find_check_and_free() {

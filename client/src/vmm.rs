@@ -159,11 +159,8 @@ static NEXT_POOL: AtomicU64 = AtomicU64::new(flyt_protocol::ops::DEFAULT_POOL + 
 impl Client {
     /// `cuMemAllocAsync` (`pool` 0: the device's current pool) / `cuMemAllocFromPoolAsync`.
     pub fn alloc_async(&self, size: u64, stream: u64, pool: u64) -> CudaResult<u64> {
-        let ptr = self.call(req::MemAllocAsync { size, stream, pool })?.ptr;
-        if ptr != 0 {
-            self.ranges.add(ptr, size, true);
-        }
-        Ok(ptr)
+        let allocate = || self.call(req::MemAllocAsync { size, stream, pool }).map(|reply| reply.ptr);
+        self.place_allocation(size, allocate, |ptr| self.post(req::MemFreeAsync { ptr, stream }))
     }
 
     /// `cuMemFreeAsync`: the pointer is the app's no more from here on.

@@ -25,8 +25,11 @@ pub unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let client = client()?;
-        let ptr = client.call(req::Malloc { size: bytesize as u64 }).map_err(super::session::driver_error)?.ptr;
-        client.add_device_range(ptr, bytesize as u64, true);
+        let size = bytesize as u64;
+        let allocate = || client.call(req::Malloc { size }).map(|reply| reply.ptr);
+        let ptr = client
+            .place_allocation(size, allocate, |ptr| client.call(req::Free { ptr }).map(drop))
+            .map_err(super::session::driver_error)?;
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { write_out(dptr, ptr) }
     })
