@@ -247,30 +247,25 @@ mod tests {
         DESTROYED.fetch_add(ptr as usize, Ordering::SeqCst);
     }
 
-    fn wait_for(total: usize) {
+    /// Waits (up to a second) for `counter` to reach `total`, which it must then be.
+    fn wait_until(counter: &AtomicUsize, total: usize) {
         for _ in 0..1000 {
-            if DESTROYED.load(Ordering::SeqCst) >= total {
+            if counter.load(Ordering::SeqCst) >= total {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        assert_eq!(DESTROYED.load(Ordering::SeqCst), total);
+        assert_eq!(counter.load(Ordering::SeqCst), total);
+    }
+
+    fn wait_for(total: usize) {
+        wait_until(&DESTROYED, total);
     }
 
     static UPDATED_AWAY: AtomicUsize = AtomicUsize::new(0);
 
     unsafe extern "C" fn count_update(ptr: *mut std::ffi::c_void) {
         UPDATED_AWAY.fetch_add(ptr as usize, Ordering::SeqCst);
-    }
-
-    fn wait_for_update(total: usize) {
-        for _ in 0..1000 {
-            if UPDATED_AWAY.load(Ordering::SeqCst) >= total {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        assert_eq!(UPDATED_AWAY.load(Ordering::SeqCst), total);
     }
 
     #[test]
@@ -285,10 +280,10 @@ mod tests {
         objects.owner_gone(graph_a);
         objects.replace(exec, graph_b);
         // The old object's last reference was the executable graph's: it is destroyed.
-        wait_for_update(1);
+        wait_until(&UPDATED_AWAY, 1);
         objects.owner_gone(graph_b);
         objects.owner_gone(exec);
-        wait_for_update(11);
+        wait_until(&UPDATED_AWAY, 11);
     }
 
     #[test]
