@@ -198,6 +198,17 @@ impl DeviceRanges {
         }
     }
 
+    /// Reserves a virtual range of the server's (`cuMemAddressReserve`) in this process, with no
+    /// device range recorded: host memory cannot land where mappings will go.
+    pub fn reserve_addresses(&self, start: u64, len: u64) {
+        self.claim_or_warn(start, len);
+    }
+
+    /// Gives back what `reserve_addresses` reserved (`cuMemAddressFree`).
+    pub fn free_addresses(&self, start: u64, len: u64) {
+        self.released([(start, len)]);
+    }
+
     /// Records physical memory mapped at `start` (`cuMemMap`).
     pub fn add_mapping(&self, start: u64, len: u64) {
         self.claim_or_warn(start, len);

@@ -35,6 +35,8 @@ pub struct Vmm {
     next_id: AtomicU64,
     physical: Mutex<HashMap<u64, Physical>>,
     mappings: Mutex<BTreeMap<u64, Mapping>>,
+    /// Address reservations (start to size), reserved in this process too.
+    reservations: Mutex<BTreeMap<u64, u64>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -47,11 +49,18 @@ impl Client {
     }
 
     pub fn mem_address_reserve(&self, size: u64, alignment: u64, addr: u64) -> CudaResult<u64> {
-        self.call(req::MemAddressReserve { size, alignment, addr }).map(|reply| reply.ptr)
+        let ptr = self.call(req::MemAddressReserve { size, alignment, addr })?.ptr;
+        self.ranges.reserve_addresses(ptr, size);
+        lock(&self.vmm.reservations).insert(ptr, size);
+        Ok(ptr)
     }
 
     pub fn mem_address_free(&self, ptr: u64, size: u64) -> CudaResult<()> {
-        self.call(req::MemAddressFree { ptr, size }).map(drop)
+        self.call(req::MemAddressFree { ptr, size })?;
+        if lock(&self.vmm.reservations).remove(&ptr).is_some() {
+            self.ranges.free_addresses(ptr, size);
+        }
+        Ok(())
     }
 
     /// A new physical allocation; its id (never 0).
@@ -150,6 +159,9 @@ impl Client {
     pub fn forget_vmm(&self) {
         lock(&self.vmm.physical).clear();
         lock(&self.vmm.mappings).clear();
+        for (start, size) in std::mem::take(&mut *lock(&self.vmm.reservations)) {
+            self.ranges.free_addresses(start, size);
+        }
     }
 }
 
