@@ -90,13 +90,15 @@ impl Reservations {
     }
 
     /// Reserves the chunks of `[start, start + len)` not reserved yet; false if host memory of
-    /// this process is already there (nothing is reserved then).
+    /// this process is already there (nothing is reserved then). Chunks that cannot be mapped
+    /// here at all are not counted, so `release` never unmaps what this process did not map.
     fn claim(&mut self, start: u64, len: u64) -> bool {
         if self.unsupported {
             return true;
         }
         let span = Self::span(start, len);
         let mut made: Vec<(u64, u64)> = Vec::new();
+        let mut unmappable: Vec<(u64, u64)> = Vec::new();
         let mut chunk = *span.start();
         while chunk <= *span.end() {
             if self.chunks.contains_key(&chunk) {
@@ -109,7 +111,7 @@ impl Reservations {
             }
             match reserve(first * CHUNK, (chunk - first) * CHUNK) {
                 Reserved::Done => made.push((first, chunk - first)),
-                Reserved::Impossible => {}
+                Reserved::Impossible => unmappable.push((first, chunk - first)),
                 Reserved::Unsupported => {
                     self.unsupported = true;
                     made.into_iter().for_each(|(first, count)| unreserve(first, count));
@@ -121,7 +123,7 @@ impl Reservations {
                 }
             }
         }
-        for chunk in span {
+        for chunk in span.filter(|chunk| !unmappable.iter().any(|(first, count)| (*first..first + count).contains(chunk))) {
             *self.chunks.entry(chunk).or_default() += 1;
         }
         true
@@ -375,6 +377,16 @@ mod tests {
         assert!(host_can_map(base), "a refused range leaves no reservation behind");
         // SAFETY: the mapping made above.
         unsafe { libc::munmap(host, 4096) };
+    }
+
+    #[test]
+    fn chunks_that_cannot_be_mapped_are_not_counted() {
+        let mut reservations = Reservations::default();
+        // Kernel addresses, which no process may map.
+        const KERNEL: u64 = 0xffff_f000_0000_0000;
+        assert!(reservations.claim(KERNEL, 0x100));
+        assert!(reservations.chunks.is_empty(), "nothing was reserved, so nothing is counted to unmap later");
+        reservations.release(KERNEL, 0x100);
     }
 
     #[test]

@@ -152,7 +152,9 @@ pub fn fetch(shareable: &[u8]) -> Option<(OwnedFd, u64)> {
         }
     }
     let size = u64::from_le_bytes(size);
-    (received == 8 && size > 0).then_some(())?;
+    if received != 8 || size == 0 {
+        return None;
+    }
     Some((fd?, size))
 }
 

@@ -239,7 +239,7 @@ pub unsafe fn cuCtxSetFlags(flags: c_uint) -> CUresult {
 }
 
 /// `CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE` .. `_EIGHT_BYTE_BANK_SIZE`.
-const SHARED_MEM_CONFIGS: std::ops::RangeInclusive<CUsharedconfig> = 0..=2;
+pub(super) const SHARED_MEM_CONFIGS: std::ops::RangeInclusive<CUsharedconfig> = 0..=2;
 /// `CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE`.
 const FOUR_BYTE_BANKS: CUsharedconfig = 1;
 

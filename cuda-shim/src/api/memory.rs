@@ -134,11 +134,37 @@ pub struct MemcpyAttributes {
 }
 
 /// `CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`, `_DURING_API_CALL`, `_ANY`.
-pub(super) const ACCESS_ORDER_STREAM: c_uint = 1;
+const ACCESS_ORDER_STREAM: c_uint = 1;
 pub(super) const ACCESS_ORDER_DURING_CALL: c_uint = 2;
-pub(super) const ACCESS_ORDER_ANY: c_uint = 3;
+const ACCESS_ORDER_ANY: c_uint = 3;
 /// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`, a hint.
-pub(super) const MEMCPY_FLAGS: c_uint = 0x1;
+const MEMCPY_FLAGS: c_uint = 0x1;
+
+/// Whether a batch copy's source access order and flags are ones the driver takes.
+pub(super) fn valid_batch_attributes(src_access_order: c_uint, flags: c_uint) -> bool {
+    matches!(src_access_order, ACCESS_ORDER_STREAM | ACCESS_ORDER_DURING_CALL | ACCESS_ORDER_ANY) && flags & !MEMCPY_FLAGS == 0
+}
+
+/// A batch's optional out-parameter for the index of the failing copy: `usize::MAX` (no copy
+/// failed, or the batch as a whole) until a copy fails.
+pub(super) struct FailIndex(*mut usize);
+
+impl FailIndex {
+    /// # Safety
+    /// `out` is NULL or the caller's writable out-pointer.
+    pub(super) unsafe fn new(out: *mut usize) -> Self {
+        let index = Self(out);
+        index.set(usize::MAX);
+        index
+    }
+
+    pub(super) fn set(&self, index: usize) {
+        if !self.0.is_null() {
+            // SAFETY: non-NULL; the caller's out-pointer (see `new`).
+            unsafe { self.0.write(index) };
+        }
+    }
+}
 
 /// `cuMemcpyBatchAsync*`: the copies one after the other on `stream` (the batch runs in stream
 /// order; the driver may order copies within it as it likes, so this order is one it could
@@ -161,13 +187,8 @@ unsafe fn memcpy_batch(
     stream: CUstream,
     ptds: bool,
 ) -> DriverResult {
-    let fail_at = |index: usize| {
-        if !fail_idx.is_null() {
-            // SAFETY: checked non-NULL; the caller's out-pointer.
-            unsafe { fail_idx.write(index) };
-        }
-    };
-    fail_at(usize::MAX);
+    // SAFETY: the caller's optional out-pointer.
+    let fail_idx = unsafe { FailIndex::new(fail_idx) };
     non_null([dsts.cast(), srcs.cast(), sizes.cast(), attrs.cast(), attrs_idxs.cast()])?;
     let client = client()?;
     // The legacy NULL stream (id 0 on the wire) is refused, as the driver documents.
@@ -187,11 +208,7 @@ unsafe fn memcpy_batch(
     };
     let ordered =
         starts.first() == Some(&0) && starts.windows(2).all(|pair| pair[0] < pair[1]) && starts.iter().all(|&start| start < count);
-    let valid = |attr: &MemcpyAttributes| {
-        matches!(attr.src_access_order, ACCESS_ORDER_STREAM | ACCESS_ORDER_DURING_CALL | ACCESS_ORDER_ANY)
-            && attr.flags & !MEMCPY_FLAGS == 0
-    };
-    if !ordered || !attrs.iter().all(valid) {
+    if !ordered || !attrs.iter().all(|attr| valid_batch_attributes(attr.src_access_order, attr.flags)) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     for (index, ((&dst, &src), &size)) in dsts.iter().zip(srcs).zip(sizes).enumerate() {
@@ -200,7 +217,7 @@ unsafe fn memcpy_batch(
         let mode = if read_now { Mode::Synchronous } else { Mode::Asynchronous };
         // SAFETY: forwarded contract.
         if let Err(error) = unsafe { memcpy(dst, src, size, None, stream, mode, ptds) } {
-            fail_at(index);
+            fail_idx.set(index);
             return Err(error);
         }
     }

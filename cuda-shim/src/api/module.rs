@@ -661,7 +661,7 @@ pub unsafe fn cuFuncSetCacheConfig(hfunc: CUfunction, config: CUfunc_cache) -> C
 pub unsafe fn cuFuncSetSharedMemConfig(hfunc: CUfunction, config: CUsharedconfig) -> CUresult {
     run(|| {
         function(hfunc)?;
-        if (0..=2).contains(&config) { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
+        if super::context::SHARED_MEM_CONFIGS.contains(&config) { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
     })
 }
 

@@ -198,11 +198,8 @@ impl Operand {
 /// One `CUDA_MEMCPY3D_BATCH_OP` as a shape, and whether its source must be read before the call
 /// returns.
 fn batch_shape(op: &BatchOp3d) -> DriverResult<(Shape, bool)> {
-    use super::memory::{ACCESS_ORDER_ANY, ACCESS_ORDER_DURING_CALL, ACCESS_ORDER_STREAM, MEMCPY_FLAGS};
-    if op.extent.contains(&0)
-        || !matches!(op.src_access_order, ACCESS_ORDER_STREAM | ACCESS_ORDER_DURING_CALL | ACCESS_ORDER_ANY)
-        || op.flags & !MEMCPY_FLAGS != 0
-    {
+    use super::memory::{ACCESS_ORDER_DURING_CALL, valid_batch_attributes};
+    if op.extent.contains(&0) || !valid_batch_attributes(op.src_access_order, op.flags) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     // Elements are bytes between pointers, an array's elements otherwise (both arrays alike).
@@ -240,13 +237,8 @@ unsafe fn memcpy_3d_batch(
     stream: CUstream,
     ptds: bool,
 ) -> DriverResult {
-    let fail_at = |index: usize| {
-        if !fail_idx.is_null() {
-            // SAFETY: checked non-NULL; the caller's out-pointer.
-            unsafe { fail_idx.write(index) };
-        }
-    };
-    fail_at(usize::MAX);
+    // SAFETY: the caller's optional out-pointer.
+    let fail_idx = unsafe { super::memory::FailIndex::new(fail_idx) };
     non_null([ops.cast()])?;
     // The legacy NULL stream (id 0 on the wire) is refused, as the driver documents.
     if count == 0 || flags != 0 || resolve_stream(client()?, stream, ptds)? == 0 {
@@ -261,7 +253,7 @@ unsafe fn memcpy_3d_batch(
             unsafe { copy(shape, stream, mode, ptds) }
         });
         if let Err(error) = result {
-            fail_at(index);
+            fail_idx.set(index);
             return Err(error);
         }
     }
