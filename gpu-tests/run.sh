@@ -632,6 +632,11 @@ server_children() { # number of live child processes of the server (its workers)
     echo "${n:-0}"
 }
 
+gpu_apps() { # the processes holding GPU 0's memory, as "PID:MiB PID:MiB ...", or nothing
+    command -v nvidia-smi >/dev/null 2>&1 || return 0
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -i 0 2>/dev/null | tr -d ' ' | tr ',' ':' | sort -n | tr '\n' ' '
+}
+
 gpu_mem_used() { # MiB in use on GPU 0, or nothing without nvidia-smi
     command -v nvidia-smi >/dev/null 2>&1 || return 0
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -n 1 | tr -d ' '

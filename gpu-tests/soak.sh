@@ -181,7 +181,7 @@ kill_slot() {
 }
 
 soak_kills() {
-    local s pids=() m0 c0 m1 c1 i total done_ skipped notready selfexit bad opened closed reclaimed
+    local s pids=() m0 c0 m1 c1 a0 a1 i total done_ skipped notready selfexit bad opened closed reclaimed
     local result=PASS notes=() label
     if [ -z "${BUILT[churn]:-}" ]; then
         soak_skip_row "$KILLS kills" "churn did not build"
@@ -194,7 +194,8 @@ soak_kills() {
     fi
     echo "soak: $KILLS abrupt kills of churn, $KILL_PAR at a time, transports $TRANSPORTS"
     read -r m0 c0 < <(settle 60)
-    slog "kills: before: GPU memory used ${m0:-?} MiB, server workers $c0"
+    a0=$(gpu_apps)
+    slog "kills: before: GPU memory used ${m0:-?} MiB, server workers $c0; processes (pid:MiB): ${a0:-none}"
     rm -f "$TMP"/kills.*
     KILL_DEADLINE=$((SECONDS + KILL_TIME))
     [ "$KILL_DEADLINE" -gt $((START_SECONDS + BUDGET)) ] && KILL_DEADLINE=$((START_SECONDS + BUDGET))
@@ -229,7 +230,8 @@ soak_kills() {
     done
     reclaimed=$(server_log_plain | grep -E 'session [0-9]+ closed' | grep 'program=churn' |
         sed -n 's/.*leaked_bytes_reclaimed=\([0-9][0-9]*\).*/\1/p' | awk '{s += $1} END {print s + 0}')
-    slog "kills: after: GPU memory used ${m1:-?} MiB, server workers $c1, churn sessions opened $opened closed $closed, reclaimed $reclaimed bytes"
+    a1=$(gpu_apps)
+    slog "kills: after: GPU memory used ${m1:-?} MiB, server workers $c1, churn sessions opened $opened closed $closed, reclaimed $reclaimed bytes; processes (pid:MiB): ${a1:-none}"
     notes+=("$done_ killed (of $total; ${wall} s)")
     [ "$done_" -lt "$KILLS" ] && { result=FAIL; notes+=("only $done_ of $KILLS kills done (${skipped} not started: --kill-time $KILL_TIME s or --budget $BUDGET s reached)"); }
     [ "$notready" -gt 0 ] && { result=FAIL; notes+=("$notready apps never printed 'churn: ready'"); }
@@ -240,6 +242,8 @@ soak_kills() {
         notes+=("GPU memory not measured (no nvidia-smi)")
     else
         notes+=("GPU memory used $m0 MiB before, $m1 MiB after ($((m1 - m0)) MiB leaked)")
+        # Where memory went: the processes holding it (the server's listener and workers).
+        [ "$m1" = "$m0" ] || notes+=("processes before: ${a0:-none}; after: ${a1:-none}")
         [ "$m1" = "$m0" ] || result=FAIL
     fi
     notes+=("server workers $c0 before, $c1 after")

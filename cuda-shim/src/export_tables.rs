@@ -183,9 +183,11 @@ tables! {
     14 PYTORCH_UNKNOWN_69A28E9F "(unnamed, requested with PyTorch)" "69a28e9f-2449-8b47-b030-c5da330ea4e9" [34 sized] {}
     15 NCCL_UNKNOWN_1734DC26 "(unnamed, requested by NCCL)" "1734dc26-800d-4745-8726-c0f1e7dd8bca" [17 sized] {}
     16 NCCL_UNKNOWN_DA9151D3 "(unnamed, requested by NCCL)" "da9151d3-3ae6-cc41-a5c0-4f26d533e328" [7 sized] {}
-    17 FLYT "Flyt (for Flyt's NVML)" "466c7974-4e56-4d4c-8000-000000000001" [3 sized] {
+    17 FLYT "Flyt (for Flyt's NVML)" "466c7974-4e56-4d4c-8000-000000000001" [5 sized] {
         1 => flyt_mem_info,
         2 => flyt_process_memory,
+        3 => flyt_tenant_processes,
+        4 => flyt_utilization,
     }
 }
 
@@ -227,6 +229,45 @@ unsafe extern "C" fn flyt_process_memory(device: c_int, bytes: *mut u64) -> CUre
             let held = session_for(device)?.ranges.allocated_bytes();
             // SAFETY: the caller's out-pointer (checked by `write_out`).
             unsafe { write_out(bytes, held) }
+        })())
+    })
+}
+
+unsafe extern "C" fn flyt_tenant_processes(device: c_int, pids: *mut u32, bytes: *mut u64, count: *mut u32) -> CUresult {
+    boundary("Flyt[3]", || {
+        finish((|| {
+            if count.is_null() {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            let reply = session_for(device)?.call(flyt_protocol::ops::req::TenantProcesses {}).map_err(crate::client_source::to_driver)?;
+            // SAFETY: the caller's in/out count, checked non-NULL above.
+            let room = unsafe { *count } as usize;
+            if room > 0 && (pids.is_null() || bytes.is_null()) {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            for (index, process) in reply.processes.iter().take(room).enumerate() {
+                // SAFETY: `index < room`, the number of entries the caller's arrays hold.
+                unsafe {
+                    pids.add(index).write(process.pid);
+                    bytes.add(index).write(process.device_bytes);
+                }
+            }
+            // SAFETY: as above.
+            unsafe { write_out(count, u32::try_from(reply.processes.len()).unwrap_or(u32::MAX)) }
+        })())
+    })
+}
+
+unsafe extern "C" fn flyt_utilization(device: c_int, kernels: *mut u32, copies: *mut u32) -> CUresult {
+    boundary("Flyt[4]", || {
+        finish((|| {
+            let reply =
+                session_for(device)?.call(flyt_protocol::ops::req::TenantUtilization {}).map_err(crate::client_source::to_driver)?;
+            // SAFETY: the caller's out-pointers (checked by `write_out`).
+            unsafe {
+                write_out(kernels, reply.kernels)?;
+                write_out(copies, reply.copies)
+            }
         })())
     })
 }

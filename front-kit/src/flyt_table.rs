@@ -12,7 +12,7 @@ use std::ffi::c_int;
 pub const UUID: [u8; 16] = [0x46, 0x6c, 0x79, 0x74, 0x4e, 0x56, 0x4d, 0x4c, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01];
 
 /// Words in the table, its size word included.
-pub const WORDS: usize = 3;
+pub const WORDS: usize = 5;
 
 /// Entry 1: a device's memory as its session sees it (the slice's quota as total; free within
 /// it), without a context. Returns a `CUresult`.
@@ -23,3 +23,16 @@ pub type MemInfo = unsafe extern "C" fn(device: c_int, free: *mut u64, total: *m
 /// `CUresult`.
 pub const PROCESS_MEMORY: usize = 2;
 pub type ProcessMemory = unsafe extern "C" fn(device: c_int, bytes: *mut u64) -> u32;
+
+/// Entry 3: the app processes of the tenant whose slice the device is (one per live session,
+/// this process's too) and the device memory each holds, without a context. Fills up to
+/// `*count` entries of `pids` and `bytes` and sets `*count` to how many there are. Returns a
+/// `CUresult`.
+pub const TENANT_PROCESSES: usize = 3;
+pub type TenantProcesses = unsafe extern "C" fn(device: c_int, pids: *mut u32, bytes: *mut u64, count: *mut u32) -> u32;
+
+/// Entry 4: the percentages of the last second in which the tenant had kernels (`kernels`) and
+/// copies or memsets (`copies`) queued on the device and not yet seen done, without a context.
+/// Returns a `CUresult`.
+pub const UTILIZATION: usize = 4;
+pub type Utilization = unsafe extern "C" fn(device: c_int, kernels: *mut u32, copies: *mut u32) -> u32;

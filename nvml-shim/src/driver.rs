@@ -31,7 +31,8 @@ struct Driver {
     device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CUresult,
     driver_get_version: unsafe extern "C" fn(*mut c_int) -> CUresult,
     mem_info: flyt_table::MemInfo,
-    process_memory: flyt_table::ProcessMemory,
+    tenant_processes: flyt_table::TenantProcesses,
+    utilization: flyt_table::Utilization,
     _library: libloading::Library,
 }
 
@@ -64,10 +65,11 @@ fn load() -> std::result::Result<Driver, String> {
         return Err(format!("Flyt's driver table has {words} words, fewer than the {} this NVML needs", flyt_table::WORDS));
     }
     // SAFETY: entries within the table's size, each a function of the type flyt_table names.
-    let (mem_info, process_memory) = unsafe {
+    let (mem_info, tenant_processes, utilization) = unsafe {
         (
             std::mem::transmute::<usize, flyt_table::MemInfo>(*table.add(flyt_table::MEM_INFO)),
-            std::mem::transmute::<usize, flyt_table::ProcessMemory>(*table.add(flyt_table::PROCESS_MEMORY)),
+            std::mem::transmute::<usize, flyt_table::TenantProcesses>(*table.add(flyt_table::TENANT_PROCESSES)),
+            std::mem::transmute::<usize, flyt_table::Utilization>(*table.add(flyt_table::UTILIZATION)),
         )
     };
     Ok(Driver {
@@ -77,7 +79,8 @@ fn load() -> std::result::Result<Driver, String> {
         device_get_attribute: symbol!("cuDeviceGetAttribute"),
         driver_get_version: symbol!("cuDriverGetVersion"),
         mem_info,
-        process_memory,
+        tenant_processes,
+        utilization,
         _library: library,
     })
 }
@@ -168,12 +171,31 @@ pub fn memory(device: c_int) -> Result<(u64, u64)> {
     Ok((free, total))
 }
 
-/// Device memory this process's allocations hold.
-pub fn process_memory(device: c_int) -> Result<u64> {
-    let mut bytes = 0u64;
-    // SAFETY: a valid out-pointer; the entry's contract is flyt_table's.
-    check(unsafe { (driver()?.process_memory)(device, &mut bytes) })?;
-    Ok(bytes)
+/// The tenant's app processes on the device that hold device memory, with what each holds.
+pub fn tenant_processes(device: c_int) -> Result<Vec<(c_uint, u64)>> {
+    let driver = driver()?;
+    let mut room = 64u32;
+    loop {
+        let (mut pids, mut bytes) = (vec![0u32; room as usize], vec![0u64; room as usize]);
+        let mut count = room;
+        // SAFETY: arrays of `count` entries and a valid in/out count; flyt_table's contract.
+        check(unsafe { (driver.tenant_processes)(device, pids.as_mut_ptr(), bytes.as_mut_ptr(), &mut count) })?;
+        if count <= room {
+            // A session that opened but holds nothing has made no allocation yet: NVML lists a
+            // process once it uses the device (a monitoring tool asking NVML is not listed).
+            let listed = pids.into_iter().zip(bytes).take(count as usize).filter(|(_, bytes)| *bytes > 0);
+            return Ok(listed.collect());
+        }
+        room = count;
+    }
+}
+
+/// `(kernels, copies)`: percentages of the last second the tenant had such work queued.
+pub fn utilization(device: c_int) -> Result<(c_uint, c_uint)> {
+    let (mut kernels, mut copies) = (0u32, 0u32);
+    // SAFETY: valid out-pointers; the entry's contract is flyt_table's.
+    check(unsafe { (driver()?.utilization)(device, &mut kernels, &mut copies) })?;
+    Ok((kernels, copies))
 }
 
 /// Parses a PCI bus id as NVML accepts it: `[domain:]bus:device[.function]`, hexadecimal, any case.

@@ -2,7 +2,8 @@
 //! PyTorch and monitoring tools make for the GPU slice the process's Flyt session serves, and holds
 //! no session of its own: it is a front over Flyt's `libcuda.so.1` ([`driver`]), so every answer
 //! agrees with the driver's (device count, names, UUIDs, PCI ids, driver version) and memory is the
-//! slice's (its quota as total). Everything else NVML offers answers `NVML_ERROR_NOT_SUPPORTED`
+//! slice's (its quota as total); processes and utilization are the tenant's, as the slice's server
+//! counts them. Everything else NVML offers answers `NVML_ERROR_NOT_SUPPORTED`
 //! with one line naming the function; nothing is invented.
 //!
 //! Device handles are values Flyt chooses; a handle it never gave out is refused, never read.
@@ -396,6 +397,26 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: NvmlDevice, memory: 
     })
 }
 
+/// `nvmlUtilization_t`.
+#[repr(C)]
+pub struct NvmlUtilization {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// The slice's utilization over the last second, as Flyt's server measures it for the tenant:
+/// `gpu` the share of time its kernels were queued and not yet seen done, `memory` the same for
+/// its copies and memsets. (NVIDIA's own counters cover the whole GPU and, under MPS, cannot
+/// tell tenants apart.)
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: NvmlDevice, utilization: *mut NvmlUtilization) -> NvmlReturn {
+    run("nvmlDeviceGetUtilizationRates", || {
+        let (gpu, memory) = driver::utilization(index_of(device)?)?;
+        // SAFETY: the caller's out-pointer (checked by `write`).
+        unsafe { write(utilization, NvmlUtilization { gpu, memory }) }
+    })
+}
+
 /// `nvmlProcessInfo_v1_t`.
 #[repr(C)]
 pub struct NvmlProcessInfoV1 {
@@ -415,11 +436,11 @@ pub struct NvmlProcessInfo {
 /// Not in a MIG instance.
 const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
 
-/// The processes of this tenant that NVML can tell of: this one, while it holds device memory on
-/// the device. (Other processes of the tenant are served by other sessions; they are not listed.)
-fn own_processes(device: NvmlDevice) -> Result<Vec<(c_uint, u64)>> {
-    let held = driver::process_memory(index_of(device)?)?;
-    Ok(if held > 0 { vec![(std::process::id(), held)] } else { Vec::new() })
+/// The processes of this tenant that use the device: one per live session of the slice's server,
+/// this one too, each with the device memory its allocations hold. Their pids are as each app's
+/// host knows them (an app on another host has a pid of that host).
+fn tenant_processes(device: NvmlDevice) -> Result<Vec<(c_uint, u64)>> {
+    driver::tenant_processes(index_of(device)?)
 }
 
 /// Fills a process list the NVML way: `count` in is the room, out is the number of entries (with
@@ -455,7 +476,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     infos: *mut NvmlProcessInfo,
 ) -> NvmlReturn {
     run("nvmlDeviceGetComputeRunningProcesses_v3", || {
-        let processes = own_processes(device)?;
+        let processes = tenant_processes(device)?;
         // SAFETY: the caller's count and array.
         unsafe {
             fill_processes(count, infos, &processes, |pid, used_gpu_memory| NvmlProcessInfo {
@@ -485,7 +506,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     infos: *mut NvmlProcessInfoV1,
 ) -> NvmlReturn {
     run("nvmlDeviceGetComputeRunningProcesses", || {
-        let processes = own_processes(device)?;
+        let processes = tenant_processes(device)?;
         // SAFETY: the caller's count and array.
         unsafe { fill_processes(count, infos, &processes, |pid, used_gpu_memory| NvmlProcessInfoV1 { pid, used_gpu_memory }) }
     })
@@ -551,7 +572,7 @@ macro_rules! unsupported {
 unsupported! {
     nvmlSystemGetDriverVersion nvmlSystemGetNVMLVersion nvmlSystemGetProcessName
     nvmlDeviceGetPciInfo nvmlDeviceGetPciInfo_v2 nvmlDeviceGetMinorNumber nvmlDeviceGetSerial nvmlDeviceGetBoardId
-    nvmlDeviceGetBrand nvmlDeviceGetArchitecture nvmlDeviceGetUtilizationRates nvmlDeviceGetTemperature
+    nvmlDeviceGetBrand nvmlDeviceGetArchitecture nvmlDeviceGetTemperature
     nvmlDeviceGetPowerUsage nvmlDeviceGetTotalEnergyConsumption nvmlDeviceGetPowerManagementLimit
     nvmlDeviceGetEnforcedPowerLimit nvmlDeviceGetClockInfo nvmlDeviceGetMaxClockInfo nvmlDeviceGetFanSpeed
     nvmlDeviceGetPerformanceState nvmlDeviceGetPersistenceMode nvmlDeviceGetComputeMode nvmlDeviceGetEccMode

@@ -367,8 +367,21 @@ macro_rules! for_each_op {
             /// `cuDeviceGetHostAtomicCapabilities` of `operations` (`CUatomicOperation`s), or with
             /// `peer`, `cuDeviceGetP2PAtomicCapabilities` of the session's device with itself.
             129 AtomicCapabilities atomic_capabilities [reply -] { operations: Vec<u32>, peer: bool } -> { capabilities: Vec<u32> };
+            /// NVML's process list for the session's slice: the app process of each live session of
+            /// the tenant (this server) and the device memory its allocations hold.
+            130 TenantProcesses tenant_processes [reply -] {} -> { processes: Vec<TenantProcess> };
+            /// NVML's utilization for the session's slice: the percentages of the last second in
+            /// which the tenant had kernels, and copies or memsets, queued and not yet seen done.
+            131 TenantUtilization tenant_utilization [reply -] {} -> { kernels: u32, copies: u32 };
         }
     };
+}
+
+/// An app process of the tenant, as NVML lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantProcess {
+    pub pid: u32,
+    pub device_bytes: u64,
 }
 
 /// A JIT option and its value, as the driver takes it in a pointer-sized slot.

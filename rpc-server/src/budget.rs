@@ -1,11 +1,17 @@
-//! Device-memory budgets: one quota per rpc-server (one allocation), shared by all of its
-//! sessions, which run in separate worker processes. The counters live in a shared memory page
-//! the listener creates and every worker maps; each worker also keeps its own slot so the
-//! listener can take back what a dead worker held.
+//! The tenant page: what the sessions of one rpc-server (one allocation, one tenant) share across
+//! their worker processes. The listener creates it and every worker maps it; each worker writes
+//! only its own slot, so the listener can take back what a dead worker held.
+//!
+//! - **Memory budget:** one quota for all sessions together, and the bytes each holds.
+//! - **Owners:** the app process each session serves, for NVML's process list.
+//! - **Activity:** when each session had kernels or copies queued and not yet seen done, for
+//!   NVML's utilization (see [`crate::activity`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What a session may allocate.
+use crate::activity::{KINDS, WINDOW_TICKS, Work};
+
+/// What a session may allocate, and what it tells the tenant's other sessions.
 pub trait MemoryBudget: Send + Sync {
     /// Reserves `bytes`, or says no if that would pass the quota.
     fn try_reserve(&self, bytes: u64) -> bool;
@@ -14,19 +20,17 @@ pub trait MemoryBudget: Send + Sync {
     fn limit(&self) -> Option<u64>;
     /// Bytes reserved by all sessions together.
     fn used(&self) -> u64;
-}
-
-/// A budget in this process's memory (tests, and a server with a single session).
-#[derive(Debug)]
-pub struct LocalBudget {
-    limit: Option<u64>,
-    used: AtomicU64,
-}
-
-impl LocalBudget {
-    pub fn new(limit: Option<u64>) -> Self {
-        Self { limit, used: AtomicU64::new(0) }
-    }
+    /// Names the app process this worker's session serves.
+    fn set_owner(&self, app_pid: u32);
+    /// The app processes of the tenant's live sessions with the device memory each holds.
+    fn processes(&self) -> Vec<(u32, u64)>;
+    /// This session has had `work` queued since `tick` (0: no longer).
+    fn set_active_since(&self, work: Work, tick: u64);
+    /// This session had `work` queued through the ticks `from..=to`.
+    fn mark_active(&self, work: Work, from: u64, to: u64);
+    /// Per kind of work, the ticks of the window ending at `now` in which any of the tenant's
+    /// sessions had such work queued (0 to `WINDOW_TICKS`).
+    fn active_ticks(&self, now: u64) -> [u32; KINDS];
 }
 
 /// Adds `bytes` to `used` unless that passes `limit`; exact under concurrency.
@@ -41,43 +45,10 @@ pub fn reserve_within(used: &AtomicU64, limit: Option<u64>, bytes: u64) -> bool 
     .is_ok()
 }
 
-impl MemoryBudget for LocalBudget {
-    fn try_reserve(&self, bytes: u64) -> bool {
-        reserve_within(&self.used, self.limit, bytes)
-    }
-
-    fn release(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
-    }
-
-    fn limit(&self) -> Option<u64> {
-        self.limit
-    }
-
-    fn used(&self) -> u64 {
-        self.used.load(Ordering::Acquire)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reservations_stop_exactly_at_the_quota() {
-        let budget = LocalBudget::new(Some(100));
-        assert!(budget.try_reserve(60));
-        assert!(!budget.try_reserve(41));
-        assert!(budget.try_reserve(40));
-        assert!(!budget.try_reserve(1));
-        budget.release(60);
-        assert_eq!(budget.used(), 40);
-        assert!(LocalBudget::new(None).try_reserve(u64::MAX));
-    }
-}
-
-/// The budget page shared by the listener and its workers: `[limit, used, slot 0, slot 1...]`,
-/// each an `AtomicU64`. `limit == u64::MAX` means no quota.
+/// The page shared by the listener and its workers, `AtomicU64` words:
+/// `[limit, used, held per slot.., owner per slot.., active-since per slot and kind..,
+/// ring per kind..]`. `limit == u64::MAX` means no quota; an owner or active-since of 0, none.
+/// A ring holds, per tick of the window, the tick's number when some session was active in it.
 pub struct SharedBudget {
     map: memmap2::MmapMut,
     slot: usize,
@@ -85,7 +56,11 @@ pub struct SharedBudget {
 
 /// Sessions that can hold memory at once (one slot per live worker).
 pub const BUDGET_SLOTS: usize = 500;
-const PAGE_WORDS: usize = 2 + BUDGET_SLOTS;
+const HELD: usize = 2;
+const OWNERS: usize = HELD + BUDGET_SLOTS;
+const ACTIVE_SINCE: usize = OWNERS + BUDGET_SLOTS;
+const RINGS: usize = ACTIVE_SINCE + BUDGET_SLOTS * KINDS;
+const PAGE_WORDS: usize = RINGS + KINDS * WINDOW_TICKS as usize;
 const NO_LIMIT: u64 = u64::MAX;
 
 impl SharedBudget {
@@ -118,6 +93,15 @@ impl SharedBudget {
         unsafe { std::slice::from_raw_parts(self.map.as_ptr().cast::<AtomicU64>(), PAGE_WORDS) }
     }
 
+    fn active_since_word(&self, slot: usize, work: Work) -> &AtomicU64 {
+        &self.words()[ACTIVE_SINCE + slot * KINDS + work as usize]
+    }
+
+    fn ring(&self, work: Work) -> &[AtomicU64] {
+        let start = RINGS + work as usize * WINDOW_TICKS as usize;
+        &self.words()[start..start + WINDOW_TICKS as usize]
+    }
+
     /// Changes the quota for every session (a session above it keeps what it has).
     pub fn set_limit(&self, limit: Option<u64>) {
         self.words()[0].store(limit.unwrap_or(NO_LIMIT), Ordering::Release);
@@ -125,14 +109,20 @@ impl SharedBudget {
 
     /// Bytes a worker's slot holds.
     pub fn slot_used(&self, slot: usize) -> u64 {
-        self.words().get(2 + slot).map_or(0, |word| word.load(Ordering::Acquire))
+        self.words().get(HELD + slot).map_or(0, |word| word.load(Ordering::Acquire))
     }
 
-    /// Takes back what a dead worker held.
+    /// Takes back what a dead worker held, and forgets its app and its activity.
     pub fn reclaim(&self, slot: usize) {
-        if let Some(word) = self.words().get(2 + slot) {
-            let held = word.swap(0, Ordering::AcqRel);
-            self.words()[1].fetch_sub(held, Ordering::AcqRel);
+        if slot >= BUDGET_SLOTS {
+            return;
+        }
+        let words = self.words();
+        let held = words[HELD + slot].swap(0, Ordering::AcqRel);
+        words[1].fetch_sub(held, Ordering::AcqRel);
+        words[OWNERS + slot].store(0, Ordering::Release);
+        for work in Work::ALL {
+            self.active_since_word(slot, work).store(0, Ordering::Release);
         }
     }
 }
@@ -143,13 +133,13 @@ impl MemoryBudget for SharedBudget {
         if !reserve_within(&words[1], self.limit(), bytes) {
             return false;
         }
-        words[2 + self.slot].fetch_add(bytes, Ordering::AcqRel);
+        words[HELD + self.slot].fetch_add(bytes, Ordering::AcqRel);
         true
     }
 
     fn release(&self, bytes: u64) {
         let words = self.words();
-        words[2 + self.slot].fetch_sub(bytes, Ordering::AcqRel);
+        words[HELD + self.slot].fetch_sub(bytes, Ordering::AcqRel);
         words[1].fetch_sub(bytes, Ordering::AcqRel);
     }
 
@@ -163,16 +153,67 @@ impl MemoryBudget for SharedBudget {
     fn used(&self) -> u64 {
         self.words()[1].load(Ordering::Acquire)
     }
+
+    fn set_owner(&self, app_pid: u32) {
+        self.words()[OWNERS + self.slot].store(u64::from(app_pid), Ordering::Release);
+    }
+
+    fn processes(&self) -> Vec<(u32, u64)> {
+        let words = self.words();
+        (0..BUDGET_SLOTS)
+            .filter_map(|slot| {
+                let pid = u32::try_from(words[OWNERS + slot].load(Ordering::Acquire)).ok().filter(|pid| *pid != 0)?;
+                Some((pid, words[HELD + slot].load(Ordering::Acquire)))
+            })
+            .collect()
+    }
+
+    fn set_active_since(&self, work: Work, tick: u64) {
+        self.active_since_word(self.slot, work).store(tick, Ordering::Release);
+    }
+
+    fn mark_active(&self, work: Work, from: u64, to: u64) {
+        let ring = self.ring(work);
+        // Only the window's ticks can still be read; a later tick in a word wins, so a slow
+        // writer cannot wipe another session's newer mark.
+        for tick in from.max(to.saturating_sub(WINDOW_TICKS - 1))..=to {
+            ring[(tick % WINDOW_TICKS) as usize].fetch_max(tick, Ordering::AcqRel);
+        }
+    }
+
+    fn active_ticks(&self, now: u64) -> [u32; KINDS] {
+        let first = now.saturating_sub(WINDOW_TICKS - 1);
+        Work::ALL.map(|work| {
+            let mut active = [false; WINDOW_TICKS as usize];
+            for word in self.ring(work) {
+                let tick = word.load(Ordering::Acquire);
+                if (first..=now).contains(&tick) {
+                    active[(tick - first) as usize] = true;
+                }
+            }
+            for slot in 0..BUDGET_SLOTS {
+                let since = self.active_since_word(slot, work).load(Ordering::Acquire);
+                if since != 0 && since <= now {
+                    active[(since.max(first) - first) as usize..].fill(true);
+                }
+            }
+            active.iter().filter(|active| **active).count() as u32
+        })
+    }
 }
 
 #[cfg(test)]
 mod shared_tests {
     use super::*;
 
+    fn page() -> (std::fs::File, SharedBudget) {
+        let (fd, listener) = SharedBudget::create(Some(100)).unwrap();
+        (std::fs::File::from(fd), listener)
+    }
+
     #[test]
     fn workers_share_one_quota_and_dead_workers_are_reclaimed() {
-        let (fd, listener) = SharedBudget::create(Some(100)).unwrap();
-        let file = std::fs::File::from(fd);
+        let (file, listener) = page();
         let first = SharedBudget::map(&file, 1).unwrap();
         let second = SharedBudget::map(&file, 2).unwrap();
         assert!(first.try_reserve(70));
@@ -185,5 +226,45 @@ mod shared_tests {
         listener.set_limit(Some(50));
         assert!(!second.try_reserve(1));
         assert_eq!(second.limit(), Some(50));
+    }
+
+    #[test]
+    fn the_tenants_processes_are_its_live_sessions_apps() {
+        let (file, listener) = page();
+        let first = SharedBudget::map(&file, 1).unwrap();
+        let second = SharedBudget::map(&file, 7).unwrap();
+        assert!(first.try_reserve(40));
+        first.set_owner(4242);
+        second.set_owner(77);
+        let mut processes = listener.processes();
+        processes.sort_unstable();
+        assert_eq!(processes, vec![(77, 0), (4242, 40)]);
+        listener.reclaim(1);
+        assert_eq!(second.processes(), vec![(77, 0)]);
+    }
+
+    #[test]
+    fn activity_is_the_union_of_the_sessions_over_the_window() {
+        let (file, listener) = page();
+        let first = SharedBudget::map(&file, 1).unwrap();
+        let second = SharedBudget::map(&file, 2).unwrap();
+        // Closed stretches 1000..=1019 and 1010..=1029 overlap: 30 ticks, not 40.
+        first.mark_active(Work::Kernels, 1000, 1019);
+        second.mark_active(Work::Kernels, 1010, 1029);
+        assert_eq!(listener.active_ticks(1099), [30, 0]);
+        // A stretch still open counts up to now; one from before the window counts from its start.
+        second.set_active_since(Work::Copies, 1090);
+        assert_eq!(listener.active_ticks(1099), [30, 10]);
+        first.set_active_since(Work::Copies, 5);
+        assert_eq!(listener.active_ticks(1099), [30, 100]);
+        // Ticks that left the window no longer count, whatever the ring still holds.
+        first.set_active_since(Work::Copies, 0);
+        second.set_active_since(Work::Copies, 0);
+        assert_eq!(listener.active_ticks(1119), [10, 0]);
+        // A dead worker's open stretch ends with it.
+        second.set_active_since(Work::Kernels, 1115);
+        assert_eq!(listener.active_ticks(1119), [15, 0]);
+        listener.reclaim(2);
+        assert_eq!(listener.active_ticks(1119), [10, 0]);
     }
 }

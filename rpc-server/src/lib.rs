@@ -6,6 +6,7 @@
     reason = "Flyt runs on 64-bit Linux only: sizes and addresses cross the wire as u64 and fit usize"
 )]
 
+pub mod activity;
 pub mod backend;
 pub mod budget;
 pub mod config;

@@ -17,6 +17,7 @@ use flyt_protocol::frame::{FrameError, FrameLimits, read_full, read_message};
 use flyt_protocol::ops::{BulkDirection, CACHED_IMAGE_MIN, JitOption, LinkOutcome, Op, OpClass, ParamInfo, Request, rep, req};
 use serde::Serialize;
 
+use crate::activity::{Activity, Mark, Work};
 use crate::backend::Device;
 use crate::budget::MemoryBudget;
 use crate::images::ImageCache;
@@ -392,6 +393,8 @@ pub struct Session<D: Device> {
     /// The stream an op named last (0: the legacy stream): a device synchronize polls it last,
     /// the others (likely idle) while its work runs.
     last_stream: AtomicU64,
+    /// Work queued and not yet seen done, for NVML's utilization.
+    activity: Arc<Mutex<Activity>>,
     events: HashMap<u64, D::Event>,
     /// How each stream (flags, priority) and event (flags) was created: to make them again when
     /// the session moves.
@@ -461,6 +464,7 @@ impl<D: Device> Session<D> {
         let host_calls = crate::host_calls::HostCalls::new(outbox.clone(), bind.clone());
         Self {
             device,
+            activity: Arc::new(Mutex::new(Activity::new(budget.clone()))),
             budget,
             outbox,
             waiters: Waiters::new(bind),
@@ -522,8 +526,10 @@ impl<D: Device> Session<D> {
         }
     }
 
-    /// Counts copied bytes for the metrics endpoint.
-    fn count_copy(&self, how: crate::stats::Copied, bytes: u64) {
+    /// A copy was queued on `stream`: its bytes count for the metrics endpoint, its time for
+    /// NVML's utilization.
+    fn count_copy(&self, stream: u64, how: crate::stats::Copied, bytes: u64) {
+        self.queued(stream, Work::Copies);
         if let Some(stats) = &self.config.stats {
             stats.copied(how, bytes);
         }
@@ -571,6 +577,7 @@ impl<D: Device> Session<D> {
     /// flushes it).
     fn when_stream_done(&self, stream: u64, flush_output: bool, answer: impl FnOnce(CudaResult<()>) + Send + 'static) {
         let flush_output = flush_output && self.may_print;
+        let answer = self.seeing_done(self.activity().mark(Some(stream)), answer);
         let stream = match self.stream(stream) {
             Ok(stream) => stream,
             Err(error) => return answer(Err(error)),
@@ -653,6 +660,7 @@ impl<D: Device> Session<D> {
     /// then returns at once, reports the device's sticky error, and flushes device printf output,
     /// which is sent before the answer.
     fn when_device_idle(&self, answer: impl FnOnce(CudaResult<()>) + Send + 'static) {
+        let answer = self.seeing_done(self.activity().mark(None), answer);
         let device = self.device.clone();
         // The stream that took work last is polled last: the others are seen idle while its work
         // runs, so its completion is seen without another query after it (measured on an H100:
@@ -724,7 +732,9 @@ impl<D: Device> Session<D> {
 
     /// Holds a device-to-host copy's reply in the outbox until the copy is done, then sends it
     /// with the bytes (`done` on success).
-    fn hold_copy<R: Serialize + Send + 'static>(&self, copy: D::PendingCopy, blocking: bool, reply: Responder<R>, done: R) {
+    /// The copy's sighting also tells the activity account that `stream`'s work up to it is done.
+    fn hold_copy<R: Serialize + Send + 'static>(&self, copy: D::PendingCopy, stream: u64, blocking: bool, reply: Responder<R>, done: R) {
+        let seen = self.seeing_done(self.activity().mark(Some(stream)), |_| {});
         let held = Arc::new(HeldCopy {
             device: self.device.clone(),
             copy,
@@ -742,9 +752,35 @@ impl<D: Device> Session<D> {
                     // reply is sent.
                     let _ = held.device.dtoh_bytes(&held.copy);
                 }
+                seen(Ok(()));
                 outbox.send_ready();
             },
         );
+    }
+
+    fn activity(&self) -> std::sync::MutexGuard<'_, Activity> {
+        self.activity.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `work` was queued on `stream` (for NVML's utilization).
+    fn queued(&self, stream: u64, work: Work) {
+        self.activity().queued(stream, work);
+    }
+
+    /// `answer`, which also tells the activity account that the work `mark` names is done when
+    /// the wait ends well.
+    fn seeing_done(
+        &self,
+        mark: Mark,
+        answer: impl FnOnce(CudaResult<()>) + Send + 'static,
+    ) -> impl FnOnce(CudaResult<()>) + Send + 'static {
+        let activity = self.activity.clone();
+        move |result: CudaResult<()>| {
+            if result.is_ok() {
+                activity.lock().unwrap_or_else(std::sync::PoisonError::into_inner).done(&mark);
+            }
+            answer(result);
+        }
     }
 
     fn private_event(&self) -> CudaResult<D::Event> {
@@ -966,7 +1002,7 @@ impl<D: Device> OpHandler for Session<D> {
             Ok(())
         })();
         if result.is_ok() {
-            self.count_copy(crate::stats::Copied::HostToDeviceSocket, len);
+            self.count_copy(request.stream, crate::stats::Copied::HostToDeviceSocket, len);
         }
         reply.send(result.map(|()| rep::MemcpyHtoD {}));
     }
@@ -986,8 +1022,8 @@ impl<D: Device> OpHandler for Session<D> {
             Ok(copy) => copy,
             Err(error) => return reply.send(Err(error)),
         };
-        self.count_copy(crate::stats::Copied::DeviceToHostSocket, request.len);
-        self.hold_copy(copy, request.blocking, reply, rep::MemcpyDtoH {});
+        self.count_copy(request.stream, crate::stats::Copied::DeviceToHostSocket, request.len);
+        self.hold_copy(copy, request.stream, request.blocking, reply, rep::MemcpyDtoH {});
     }
 
     fn memcpy_dtod(&mut self, request: req::MemcpyDtoD, reply: Responder<rep::MemcpyDtoD>) {
@@ -1000,6 +1036,9 @@ impl<D: Device> OpHandler for Session<D> {
                 let (dst, src) = (self.moved_variables.here(request.dst), self.moved_variables.here(request.src));
                 self.device.copy_dtod(dst, src, request.len, stream)
             });
+        if result.is_ok() {
+            self.queued(request.stream, Work::Copies);
+        }
         reply.send(result.map(|()| rep::MemcpyDtoD {}));
     }
 
@@ -1023,6 +1062,9 @@ impl<D: Device> OpHandler for Session<D> {
             // mapped (checked above); a block is unmapped only after the device is synchronized.
             unsafe { self.device.memset_mapped_host(dst, pattern, width, len, stream) }
         })();
+        if result.is_ok() {
+            self.queued(request.stream, Work::Copies);
+        }
         reply.send(result.map(|()| rep::Memset {}));
     }
 
@@ -1233,8 +1275,11 @@ impl<D: Device> OpHandler for Session<D> {
             }
             self.device.launch(function, request.grid, request.block, request.shared_mem, stream, &mut request.args, &request.attributes)
         });
-        if let (Some(stats), Ok(())) = (&self.config.stats, &result) {
-            stats.kernel();
+        if result.is_ok() {
+            self.queued(request.stream, Work::Kernels);
+            if let Some(stats) = &self.config.stats {
+                stats.kernel();
+            }
         }
         reply.send(result.map(|()| rep::Launch {}));
     }
@@ -1288,6 +1333,7 @@ impl<D: Device> OpHandler for Session<D> {
             Some(stream) => self.device.stream_destroy(stream),
             None => Err(CudaError::INVALID_RESOURCE_HANDLE),
         };
+        self.activity().stream_destroyed(request.stream);
         reply.send(result.map(|()| rep::StreamDestroy {}));
     }
 
@@ -1296,8 +1342,9 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn stream_query(&mut self, request: req::StreamQuery, reply: Responder<rep::StreamQuery>) {
+        let mark = self.activity().mark(Some(request.stream));
         let result = self.stream(request.stream).and_then(|stream| self.device.stream_query(stream));
-        reply.send(result.map(|()| rep::StreamQuery {}));
+        self.seeing_done(mark, move |result| reply.send(result.map(|()| rep::StreamQuery {})))(result);
     }
 
     fn stream_wait_event(&mut self, request: req::StreamWaitEvent, reply: Responder<rep::StreamWaitEvent>) {
@@ -1327,6 +1374,9 @@ impl<D: Device> OpHandler for Session<D> {
             .event(request.event)
             .and_then(|event| Ok((event, self.stream(request.stream)?)))
             .and_then(|(event, stream)| self.device.event_record(event, stream, request.flags));
+        if result.is_ok() {
+            self.activity().event_recorded(request.event, request.stream);
+        }
         reply.send(result.map(|()| rep::EventRecord {}));
     }
 
@@ -1335,12 +1385,15 @@ impl<D: Device> OpHandler for Session<D> {
             Ok(event) => event,
             Err(error) => return reply.send(Err(error)),
         };
-        self.when_event_done(event, self.may_print, false, move |result| reply.send(result.map(|()| rep::EventSynchronize {})));
+        let answer = self
+            .seeing_done(self.activity().event_mark(request.event), move |result| reply.send(result.map(|()| rep::EventSynchronize {})));
+        self.when_event_done(event, self.may_print, false, answer);
     }
 
     fn event_query(&mut self, request: req::EventQuery, reply: Responder<rep::EventQuery>) {
+        let mark = self.activity().event_mark(request.event);
         let result = self.event(request.event).and_then(|event| self.device.event_query(event));
-        reply.send(result.map(|()| rep::EventQuery {}));
+        self.seeing_done(mark, move |result| reply.send(result.map(|()| rep::EventQuery {})))(result);
     }
 
     fn event_elapsed_time(&mut self, request: req::EventElapsedTime, reply: Responder<rep::EventElapsedTime>) {
@@ -1353,6 +1406,7 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn event_destroy(&mut self, request: req::EventDestroy, reply: Responder<rep::EventDestroy>) {
         self.event_flags.remove(&request.event);
+        self.activity().event_destroyed(request.event);
         let result = match self.events.remove(&request.event) {
             Some(event) => self.device.event_destroy(event),
             None => Err(CudaError::INVALID_RESOURCE_HANDLE),
@@ -1379,6 +1433,7 @@ impl<D: Device> OpHandler for Session<D> {
             tracing::warn!("device reset with a waiter still busy");
         }
         self.release_everything();
+        self.activity().forget_all();
         // Errors of work queued before the reset went with its context.
         let _ = self.outbox.take_deferred();
         // The private events go with the context.
@@ -1464,7 +1519,7 @@ impl<D: Device> OpHandler for Session<D> {
             unsafe { self.device.copy_from_host(self.moved_variables.here(request.dst), source, len, stream) }
         })();
         if result.is_ok() {
-            self.count_copy(crate::stats::Copied::HostToDeviceShm, request.len);
+            self.count_copy(request.stream, crate::stats::Copied::HostToDeviceShm, request.len);
         }
         reply.send(result.map(|()| rep::ShmCopyHtoD {}));
     }
@@ -1486,7 +1541,7 @@ impl<D: Device> OpHandler for Session<D> {
             unsafe { self.device.copy_to_host(target, self.moved_variables.here(request.src), len, stream) }
         })();
         if result.is_ok() {
-            self.count_copy(crate::stats::Copied::DeviceToHostShm, request.len);
+            self.count_copy(request.stream, crate::stats::Copied::DeviceToHostShm, request.len);
         }
         reply.send(result.map(|()| rep::ShmCopyDtoH {}));
     }
@@ -1686,6 +1741,17 @@ impl<D: Device> OpHandler for Session<D> {
             self.device.atomic_capabilities(&request.operations, request.peer).map(|capabilities| rep::AtomicCapabilities { capabilities })
         };
         reply.send(result);
+    }
+
+    fn tenant_processes(&mut self, _request: req::TenantProcesses, reply: Responder<rep::TenantProcesses>) {
+        let processes =
+            self.budget.processes().into_iter().map(|(pid, device_bytes)| flyt_protocol::ops::TenantProcess { pid, device_bytes });
+        reply.send(Ok(rep::TenantProcesses { processes: processes.collect() }));
+    }
+
+    fn tenant_utilization(&mut self, _request: req::TenantUtilization, reply: Responder<rep::TenantUtilization>) {
+        let [kernels, copies] = crate::activity::utilization(&*self.budget);
+        reply.send(Ok(rep::TenantUtilization { kernels, copies }));
     }
 
     fn mem_export(&mut self, request: req::MemExport, reply: Responder<rep::MemExport>) {

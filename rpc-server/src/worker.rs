@@ -306,6 +306,8 @@ fn serve<D: Device>(
         // The listener went away or shut the pool down: nothing to serve.
         return 0;
     };
+    // NVML's process list names the app this session serves.
+    budget.set_owner(hello.client.pid);
     // A TLS session reaches the worker as the local end of the listener's TLS pump.
     let connection = if secured { Connection::secured_from_fd(fd) } else { Connection::from_fd(fd, tcp) };
     let (mut shm, shm_refusal) = match &hello.shm {

@@ -373,6 +373,12 @@ macro_rules! probes {
             refused(req::AtomicCapabilities { operations: vec![0; 4096], peer: true }, INVALID_VALUE),
         ]
     };
+    (TenantProcesses, $v:ident) => {
+        vec![Probe::Effect(tenant_processes_are_the_sessions_apps)]
+    };
+    (TenantUtilization, $v:ident) => {
+        vec![Probe::Effect(tenant_utilization_counts_queued_copies)]
+    };
     (MemRelease, $v:ident) => {
         vec![refused(req::MemRelease { handle: BOGUS_HANDLE }, INVALID_VALUE)]
     };
@@ -878,6 +884,47 @@ fn mem_get_info_counts_allocations(socket: &str) {
     assert_eq!((before.free - after.free, after.total), (8 << 20, before.total));
     session.call(req::Free { ptr }).0.unwrap();
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before.free);
+}
+
+/// Every live session of the server is listed with its app's pid and the memory it holds; a
+/// closed one no longer is.
+fn tenant_processes_are_the_sessions_apps(socket: &str) {
+    let pid = std::process::id();
+    let held = |session: &mut RawSession| -> Vec<u64> {
+        let processes = session.call(req::TenantProcesses {}).0.unwrap().processes;
+        let mut ours: Vec<u64> = processes.iter().filter(|process| process.pid == pid).map(|process| process.device_bytes).collect();
+        ours.sort_unstable();
+        ours
+    };
+    let mut first = RawSession::open(socket, None).unwrap();
+    let mut second = RawSession::open(socket, None).unwrap();
+    let ptr = first.call(req::Malloc { size: 24 << 20 }).0.unwrap().ptr;
+    second.call(req::Malloc { size: 20 << 20 }).0.unwrap();
+    // Other probes' sessions of this process may be listed too, with other sizes.
+    let listed = held(&mut second);
+    assert!(listed.contains(&(24 << 20)) && listed.contains(&(20 << 20)), "{listed:?}");
+    first.call(req::Free { ptr }).0.unwrap();
+    assert!(held(&mut second).contains(&0));
+    drop(first);
+    for _ in 0..200 {
+        if !held(&mut second).contains(&0) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("a closed session is still listed: {:?}", held(&mut second));
+}
+
+/// A queued memset counts as copy time until the session sees it done, and stays in the window.
+fn tenant_utilization_counts_queued_copies(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let ptr = session.call(req::Malloc { size: 1 << 20 }).0.unwrap().ptr;
+    session.send(&Request::from(req::Memset { dst: ptr, pattern: 7, width: 1, len: 1 << 20, stream: 0 }), &[]);
+    let busy = session.call(req::TenantUtilization {}).0.unwrap();
+    assert!((1..=100).contains(&busy.copies) && busy.kernels <= 100, "{busy:?}");
+    session.call(req::DeviceSynchronize {}).0.unwrap();
+    let after = session.call(req::TenantUtilization {}).0.unwrap();
+    assert!((1..=100).contains(&after.copies), "{after:?}");
 }
 
 /// The context's cache preference reads back as set, and a reset returns it to "prefer none".

@@ -42,7 +42,38 @@ fn nvml_answers_agree_with_the_driver_and_invent_nothing() {
     );
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
-    assert!(stderr.contains("nvmlDeviceGetUtilizationRates is not supported through Flyt"), "{stderr}");
+    assert!(stderr.contains("nvmlDeviceGetTemperature is not supported through Flyt"), "{stderr}");
+}
+
+#[test]
+fn the_process_list_is_the_tenants() {
+    let Some((program, scratch)) = build("nvml-tenant") else { return };
+    let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
+    let peer_bytes = 24u64 << 20;
+    // Another app of the tenant, holding memory on the same server.
+    let mut peer = Command::new(&program)
+        .args(["hold", &peer_bytes.to_string()])
+        .env("LD_LIBRARY_PATH", shim_lib_dir())
+        .env("FLYT_SERVER", &server.addresses[0])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the peer");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(peer.stdout.take().expect("peer stdout")), &mut line).expect("peer output");
+    assert_eq!(line.trim(), "held");
+    let (code, stdout, stderr) = run_with_timeout(
+        Command::new(&program)
+            .env("LD_LIBRARY_PATH", shim_lib_dir())
+            .env("FLYT_SERVER", &server.addresses[0])
+            .env("FLYT_TEST_PEER_PID", peer.id().to_string())
+            .env("FLYT_TEST_PEER_BYTES", peer_bytes.to_string()),
+        Duration::from_secs(60),
+    );
+    drop(peer.stdin.take());
+    assert!(peer.wait().expect("peer exit").success());
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
 }
 
 #[test]

@@ -347,6 +347,9 @@ impl<D: Device> Session<D> {
             let stream = self.stream(request.stream)?;
             self.device.memset_2d(&set, stream)
         })();
+        if result.is_ok() {
+            self.queued(request.stream, crate::activity::Work::Copies);
+        }
         reply.send(result.map(|()| rep::Memset2D {}));
     }
 
@@ -362,6 +365,9 @@ impl<D: Device> Session<D> {
             // SAFETY: no host side (`device_side` refuses them).
             unsafe { self.device.copy_shaped(src, dst, extent(&copy), stream) }
         })();
+        if result.is_ok() {
+            self.queued(request.stream, crate::activity::Work::Copies);
+        }
         reply.send(result.map(|()| rep::MemcpyShaped {}));
     }
 
@@ -392,7 +398,7 @@ impl<D: Device> Session<D> {
                 return Ok(());
             }
             self.device.copy_staged_to_shaped(dst, extent(&copy), staging, stream)?;
-            self.count_copy(crate::stats::Copied::HostToDeviceSocket, len);
+            self.count_copy(request.stream, crate::stats::Copied::HostToDeviceSocket, len);
             Ok(())
         })();
         reply.send(result.map(|()| rep::MemcpyHtoShaped {}));
@@ -415,8 +421,8 @@ impl<D: Device> Session<D> {
         })();
         match started {
             Ok((pending, len)) => {
-                self.count_copy(crate::stats::Copied::DeviceToHostSocket, len);
-                self.hold_copy(pending, request.blocking, reply, rep::MemcpyShapedToH {});
+                self.count_copy(request.stream, crate::stats::Copied::DeviceToHostSocket, len);
+                self.hold_copy(pending, request.stream, request.blocking, reply, rep::MemcpyShapedToH {});
             }
             Err(error) => reply.send(Err(error)),
         }
@@ -454,7 +460,7 @@ impl<D: Device> Session<D> {
             // it is pinned; the other side was checked by `device_side`.
             unsafe { self.device.copy_shaped(src, dst, extent(&copy), stream) }?;
             let how = if to_host { crate::stats::Copied::DeviceToHostShm } else { crate::stats::Copied::HostToDeviceShm };
-            self.count_copy(how, copy.packed_len().unwrap_or(0));
+            self.count_copy(request.stream, how, copy.packed_len().unwrap_or(0));
             Ok(())
         })();
         reply.send(result.map(|()| rep::ShmCopyShaped {}));

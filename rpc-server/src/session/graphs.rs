@@ -783,6 +783,9 @@ impl<D: Device> Session<D> {
     pub(super) fn graph_launch(&mut self, request: req::GraphLaunch, reply: Responder<rep::GraphLaunch>) {
         let result = self.graphs.exec(request.exec).and_then(|exec| Ok((exec, self.stream(request.stream)?)));
         let result = result.and_then(|(exec, stream)| self.device.graph_launch(exec, stream));
+        if result.is_ok() {
+            self.queued(request.stream, crate::activity::Work::Kernels);
+        }
         reply.send(result.map(|()| rep::GraphLaunch {}));
     }
 

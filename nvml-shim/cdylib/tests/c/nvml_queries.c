@@ -1,11 +1,17 @@
 // Flyt's NVML against the emulated device, beside Flyt's driver: every answer must agree with the
 // driver's (count, name, UUID, PCI ids, driver version, memory), NVML must make no context, the
-// process list must show this process once it holds memory, and what NVML cannot answer must be an
-// error, never made up. Built against CUDA 13's nvml.h and cuda.h.
+// process list must show the tenant's processes (this one once it holds memory, and the peer
+// FLYT_TEST_PEER_PID names, which holds FLYT_TEST_PEER_BYTES), utilization must count queued
+// copies, and what NVML cannot answer must be an error, never made up. Built against CUDA 13's
+// nvml.h and cuda.h.
+//
+// `nvml_queries hold BYTES` is that peer: it allocates BYTES, prints "held", and waits for its
+// standard input to close.
 #include <cuda.h>
 #include <dlfcn.h>
 #include <nvml.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -30,7 +36,31 @@ static int failures = 0;
         }                                                 \
     } while (0)
 
-int main(void) {
+static int hold(size_t bytes) {
+    CUcontext context;
+    CUdeviceptr allocation;
+    if (cuInit(0) || cuDevicePrimaryCtxRetain(&context, 0) || cuCtxSetCurrent(context) || cuMemAlloc(&allocation, bytes)) return 1;
+    printf("held\n");
+    fflush(stdout);
+    char line[16];
+    while (fgets(line, sizeof line, stdin)) {
+    }
+    return cuMemFree(allocation) != CUDA_SUCCESS;
+}
+
+/// Finds `pid` in a process list; its index or -1.
+static int find_process(const nvmlProcessInfo_t *processes, unsigned count, unsigned pid) {
+    for (unsigned i = 0; i < count; i++)
+        if (processes[i].pid == pid) return (int)i;
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "hold") == 0) return hold((size_t)strtoull(argv[2], NULL, 0));
+    const char *peer_text = getenv("FLYT_TEST_PEER_PID"), *peer_bytes_text = getenv("FLYT_TEST_PEER_BYTES");
+    const unsigned peer = peer_text ? (unsigned)strtoul(peer_text, NULL, 0) : 0;
+    const unsigned long long peer_bytes = peer_bytes_text ? strtoull(peer_bytes_text, NULL, 0) : 0;
+    const unsigned others = peer ? 1 : 0;
     unsigned count = 99;
     EXPECT(nvmlDeviceGetCount_v2(&count), NVML_ERROR_UNINITIALIZED);
     EXPECT(nvmlShutdown(), NVML_ERROR_UNINITIALIZED);
@@ -110,10 +140,15 @@ int main(void) {
     EXPECT(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
     EXPECT(active, 0);
 
+    // Before this process holds memory, only the peer (when there is one) is listed.
     nvmlProcessInfo_t processes[4];
     unsigned process_count = 4;
     EXPECT(nvmlDeviceGetComputeRunningProcesses_v3(device, &process_count, processes), NVML_SUCCESS);
-    EXPECT(process_count, 0);
+    EXPECT(process_count, others);
+    if (peer) {
+        int at = find_process(processes, process_count, peer);
+        CHECK(at >= 0 && processes[at].usedGpuMemory == peer_bytes, "the peer %u holding %llu is listed", peer, peer_bytes);
+    }
 
     // Memory: the slice as the driver's session sees it.
     CUcontext context;
@@ -139,12 +174,13 @@ int main(void) {
     // This process now holds memory on the device, and is listed with it.
     process_count = 0;
     EXPECT(nvmlDeviceGetComputeRunningProcesses_v3(device, &process_count, NULL), NVML_ERROR_INSUFFICIENT_SIZE);
-    EXPECT(process_count, 1);
+    EXPECT(process_count, 1 + others);
     process_count = 4;
     EXPECT(nvmlDeviceGetComputeRunningProcesses_v3(device, &process_count, processes), NVML_SUCCESS);
-    EXPECT(process_count, 1);
-    CHECK(processes[0].pid == (unsigned)getpid() && processes[0].usedGpuMemory == held, "process %u holding %llu", processes[0].pid,
-          processes[0].usedGpuMemory);
+    EXPECT(process_count, 1 + others);
+    int self = find_process(processes, process_count, (unsigned)getpid());
+    CHECK(self >= 0 && processes[self].usedGpuMemory == held, "this process holding %llu is listed", (unsigned long long)held);
+    CHECK(!peer || find_process(processes, process_count, peer) >= 0, "the peer is still listed");
     // The unversioned symbol takes the v1 struct (PyTorch's out-of-memory report looks it up so);
     // nvml.h maps the name to _v3, so it is found the way PyTorch finds it.
     typedef nvmlReturn_t (*processes_v1)(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *);
@@ -153,15 +189,26 @@ int main(void) {
     nvmlProcessInfo_v1_t old_processes[2];
     process_count = 2;
     if (get_processes_v1) EXPECT(get_processes_v1(device, &process_count, old_processes), NVML_SUCCESS);
-    CHECK(process_count == 1 && old_processes[0].usedGpuMemory == held, "v1 process list");
+    CHECK(process_count == 1 + others && (old_processes[0].usedGpuMemory == held || old_processes[others].usedGpuMemory == held),
+          "v1 process list");
     process_count = 4;
     EXPECT(nvmlDeviceGetGraphicsRunningProcesses_v3(device, &process_count, processes), NVML_SUCCESS);
     EXPECT(process_count, 0);
+
+    // Utilization: a copy queued and waited for counts as memory time within the last second.
+    // (The emulated device runs no kernels, so none of their time can be counted.)
+    nvmlUtilization_t utilization = {101, 101};
+    EXPECT(nvmlDeviceGetUtilizationRates(device, &utilization), NVML_SUCCESS);
+    CHECK(utilization.gpu <= 100 && utilization.memory <= 100, "utilization %u%% %u%%", utilization.gpu, utilization.memory);
+    EXPECT(cuMemsetD8(allocation, 7, held), CUDA_SUCCESS);
+    EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
+    EXPECT(nvmlDeviceGetUtilizationRates(device, &utilization), NVML_SUCCESS);
+    CHECK(utilization.memory >= 1 && utilization.memory <= 100 && utilization.gpu == 0, "after a memset: gpu %u%%, memory %u%%",
+          utilization.gpu, utilization.memory);
+    EXPECT(nvmlDeviceGetUtilizationRates(device, NULL), NVML_ERROR_INVALID_ARGUMENT);
     EXPECT(cuMemFree(allocation), CUDA_SUCCESS);
 
     // What Flyt cannot tell is an error at the call, never a made-up value.
-    nvmlUtilization_t utilization;
-    EXPECT(nvmlDeviceGetUtilizationRates(device, &utilization), NVML_ERROR_NOT_SUPPORTED);
     unsigned temperature;
     EXPECT(nvmlDeviceGetTemperature(device, NVML_TEMPERATURE_GPU, &temperature), NVML_ERROR_NOT_SUPPORTED);
     CHECK(strcmp(nvmlErrorString(NVML_ERROR_NOT_SUPPORTED), "Not Supported") == 0, "error string");
