@@ -637,6 +637,15 @@ gpu_apps() { # the processes holding GPU 0's memory, as "PID:MiB PID:MiB ...", o
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -i 0 2>/dev/null | tr -d ' ' | tr ',' ':' | sort -n | tr '\n' ' '
 }
 
+nvidia_fd_holders() { # the processes with NVIDIA device files open, as "PID(COMM):FDS ..."
+    local p n out=""
+    for p in /proc/[0-9]*; do
+        n=$(find "$p/fd" -maxdepth 1 -lname '/dev/nvidia*' 2>/dev/null | wc -l)
+        [ "$n" -gt 0 ] && out+="${p#/proc/}($(cat "$p/comm" 2>/dev/null)):$n "
+    done
+    printf '%s' "$out"
+}
+
 gpu_mem_used() { # MiB in use on GPU 0, or nothing without nvidia-smi
     command -v nvidia-smi >/dev/null 2>&1 || return 0
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -n 1 | tr -d ' '

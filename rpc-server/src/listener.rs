@@ -242,7 +242,12 @@ impl Server {
         lock(&self.worker_answers).remove(&pid);
         lock(&self.restored).retain(|_, worker| worker.pid != pid);
         let status = child.wait().map(|status| status.to_string()).unwrap_or_else(|error| error.to_string());
-        lock(&self.warm).retain(|worker| worker.pid != pid);
+        let was_warm = {
+            let mut warm = lock(&self.warm);
+            let before = warm.len();
+            warm.retain(|worker| worker.pid != pid);
+            warm.len() < before
+        };
         lock(&self.workers).remove(&pid);
         let ended: Vec<u64> = lock(&self.sessions).iter().filter(|(_, record)| record.worker_pid == pid).map(|(id, _)| *id).collect();
         for session_id in ended {
@@ -265,6 +270,13 @@ impl Server {
             retired.add(&counts);
         }
         lock(&self.free_slots).push(slot);
+        // A warm worker that died unused (killed, or its GPU failed) is replaced now, not when
+        // a session next takes one; a worker that failed to start is not, or a broken device
+        // would be retried without end.
+        if was_warm {
+            tracing::warn!(worker = pid, %status, "a warm worker exited; starting another");
+            self.refill();
+        }
     }
 
     /// Takes a warm worker, starting more as needed; `Err` explains why none is available.

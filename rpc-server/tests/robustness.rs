@@ -168,6 +168,34 @@ fn a_dead_worker_ends_only_its_session() {
     RawSession::open(&socket, None).expect("new sessions still start").round_trip(7);
 }
 
+#[test]
+fn warm_workers_that_die_unused_are_replaced() {
+    let scratch = flyt_test_support::scratch_dir("warm-replaced");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = flyt_test_support::Server::start(&["--device", "emulated", "--listen", &socket, "--warm-workers", "3"], &scratch);
+    let children = || -> Vec<String> {
+        let out = std::process::Command::new("pgrep").args(["-P", &server.pid().to_string()]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while children().len() < 3 {
+        assert!(std::time::Instant::now() < deadline, "the warm workers did not start: {:?}", children());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let first = children();
+    std::process::Command::new("kill").arg("-KILL").args(&first).status().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = children();
+        if now.len() == 3 && now.iter().all(|pid| !first.contains(pid)) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "warm workers {first:?} killed, now {now:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    RawSession::open(&socket, None).expect("sessions still start").round_trip(3);
+}
+
 /// Opens a session offering a memfd segment that really holds `real` bytes but claims `offered`.
 fn open_with_segment(socket: &str, real: u64, offered: u64, staging: u64) -> (RawSession, std::fs::File) {
     use std::os::fd::AsRawFd;
