@@ -180,6 +180,18 @@ kill_slot() {
     done
 }
 
+# Kills the server's idle workers and waits until the N it starts in their place hold their
+# contexts (nvidia-smi lists them).
+replace_warm_workers() {
+    local n=$1 i
+    [ "$n" -gt 0 ] || return 0
+    pkill -KILL -P "$SERVER_PID" 2>/dev/null
+    for ((i = 0; i < 600; i++)); do
+        [ "$(server_children)" -ge "$n" ] && [ "$(gpu_apps | wc -w)" -ge "$n" ] && break
+        sleep 0.1
+    done
+}
+
 soak_kills() {
     local s pids=() m0 c0 m1 c1 m2 c2 a0 a1 i total done_ skipped notready selfexit bad opened closed reclaimed
     local result=PASS notes=() label
@@ -193,6 +205,9 @@ soak_kills() {
         return
     fi
     echo "soak: $KILLS abrupt kills of churn, $KILL_PAR at a time, transports $TRANSPORTS"
+    # Both readings are taken with warm workers started on a quiet GPU (see below).
+    read -r m0 c0 < <(settle 60)
+    replace_warm_workers "$c0"
     read -r m0 c0 < <(settle 60)
     a0=$(gpu_apps)
     slog "kills: before: processes with NVIDIA device files open: $(nvidia_fd_holders)"
@@ -241,17 +256,10 @@ soak_kills() {
     [ "$selfexit" -gt 0 ] && [ "$bad" = 0 ] && notes+=("$selfexit apps ended before their kill")
     # The warm workers started during the soak hold contexts made among a thousand others coming
     # and going: the driver's own share of them (not booked to any process by nvidia-smi) can be a
-    # few MiB larger than that of workers started on a quiet GPU. Whether anything leaked is read
-    # after they are replaced by fresh ones, as before the soak.
-    local wait_refill
-    if [ "$c1" -gt 0 ]; then
-        pkill -KILL -P "$SERVER_PID" 2>/dev/null
-        # Until the new ones hold their contexts (nvidia-smi lists them).
-        for ((wait_refill = 0; wait_refill < 600; wait_refill++)); do
-            [ "$(server_children)" -ge "$c0" ] && [ "$(gpu_apps | wc -w)" -ge "$c0" ] && break
-            sleep 0.1
-        done
-    fi
+    # few MiB larger than that of workers started on a quiet GPU (seen: 2-12 MiB, after the kills
+    # and after the tenants soak). Whether anything leaked is read after they are replaced by
+    # fresh ones, as they were before the soak.
+    replace_warm_workers "$c0"
     read -r m2 c2 < <(settle 60)
     slog "kills: after replacing the warm workers: GPU memory used ${m2:-?} MiB, server workers $c2; processes (pid:MiB): $(gpu_apps)"
     if [ "$m0" = - ] || [ "$m2" = - ]; then
