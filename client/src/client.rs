@@ -119,6 +119,26 @@ pub fn existing_client() -> Option<&'static Client> {
     CLIENT.get().and_then(|client| client.as_ref().ok())
 }
 
+/// What the driver front does when the server says the tenant holds `bytes` over its quota.
+static OVER_BUDGET: OnceLock<fn(u64)> = OnceLock::new();
+
+/// Installs the over-budget handler (once; later calls keep the first).
+pub fn on_over_budget(handler: fn(u64)) {
+    let _ = OVER_BUDGET.set(handler);
+}
+
+/// The server's over-budget notice, read by whichever thread read the connection: the handler
+/// must not block it (the driver front hands the notice to a thread of its own).
+pub(crate) fn over_budget(bytes: u64) {
+    match OVER_BUDGET.get() {
+        Some(handler) => handler(bytes),
+        None => crate::diagnostics::once(
+            "over-budget",
+            &format!("flyt: the slice's memory quota is now {bytes} bytes below what the tenant holds"),
+        ),
+    }
+}
+
 fn identity() -> ClientIdentity {
     let read = |path: &str| std::fs::read_to_string(path).map(|text| text.trim().to_string()).unwrap_or_default();
     let program = std::env::current_exe()

@@ -731,6 +731,7 @@ impl Conn {
                 Ok(Notice::Output { stdout, stderr }) => write_device_output(&stdout, &stderr),
                 Ok(Notice::Pause) => self.pause(),
                 Ok(Notice::Resumed) => self.resume(),
+                Ok(Notice::OverBudget { bytes }) => crate::client::over_budget(bytes),
                 Ok(Notice::Moved { address, snapshot }) => self.moved(inbound, address, &snapshot)?,
                 Ok(Notice::HostCall { call, run }) => {
                     let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));

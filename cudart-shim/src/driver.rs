@@ -430,6 +430,8 @@ driver_functions! {
     cuCtxSetCacheConfig(config: c_uint);
     cuCtxGetSharedMemConfig(config: *mut c_uint);
     cuDeviceGetTexture1DLinearMaxWidth(width: *mut usize, format: c_uint, channels: c_uint, device: c_int);
+    cuDeviceRegisterAsyncNotification(device: c_int, callback_func: *mut c_void, user_data: *mut c_void, callback: *mut *mut c_void);
+    cuDeviceUnregisterAsyncNotification(device: c_int, callback: *mut c_void);
     cuDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, device: c_int);
     cuDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, src: c_int, dst: c_int);
     cuCtxSetSharedMemConfig(config: c_uint);

@@ -49,6 +49,8 @@ macro_rules! cudart_exports {
                 cudaDeviceSetSharedMemConfig(config: c_int);
                 cudaDeviceGetSharedMemConfig(config: *mut c_int);
                 cudaDeviceGetTexture1DLinearMaxWidth(width: *mut usize, desc: *const cudaChannelFormatDesc, device: c_int);
+                cudaDeviceRegisterAsyncNotification(device: c_int, callback_func: *mut c_void, user_data: *mut c_void, callback: *mut *mut c_void);
+                cudaDeviceUnregisterAsyncNotification(device: c_int, callback: *mut c_void);
                 cudaDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, device: c_int);
                 cudaDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, src: c_int, dst: c_int);
                 cudaDeviceGetCacheConfig(config: *mut c_int);
@@ -397,7 +399,6 @@ macro_rules! cudart_exports {
         cudaDestroyExternalMemory, cudaDestroyExternalSemaphore,
         cudaDeviceFlushGPUDirectRDMAWrites,
         cudaDeviceGetNvSciSyncAttributes,
-        cudaDeviceRegisterAsyncNotification, cudaDeviceUnregisterAsyncNotification,
         cudaEGLStreamConsumerAcquireFrame, cudaEGLStreamConsumerConnect,
         cudaEGLStreamConsumerConnectWithFlags, cudaEGLStreamConsumerDisconnect,
         cudaEGLStreamConsumerReleaseFrame, cudaEGLStreamProducerConnect, cudaEGLStreamProducerDisconnect,

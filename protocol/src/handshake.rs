@@ -129,4 +129,7 @@ pub enum Notice {
     /// The pause is over and the session goes on here (a checkpoint that stayed, or a move that
     /// did not happen).
     Resumed,
+    /// The slice's memory quota was lowered below what the tenant's sessions hold: they hold
+    /// `bytes` more than the quota now allows (CUDA's over-budget notification).
+    OverBudget { bytes: u64 },
 }

@@ -204,6 +204,10 @@ fn follow_commands<D: Device>(
             match command {
                 ToWorker::Limits => {
                     outbox.send_notice(&Notice::Limits { devices: vec![sliced_info(&*device, &*budget, sm_percentage)] });
+                    // A lower quota does not take memory back; the app is told how far over it is.
+                    if let Some(bytes) = budget.limit().and_then(|limit| budget.used().checked_sub(limit)).filter(|bytes| *bytes > 0) {
+                        outbox.send_notice(&Notice::OverBudget { bytes });
+                    }
                 }
                 ToWorker::Checkpoint { dir, timeout_ms, on_device } => {
                     let written = moves.checkpoint(&outbox, dir.into(), std::time::Duration::from_millis(timeout_ms), on_device);

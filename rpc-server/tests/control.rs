@@ -69,7 +69,19 @@ fn open_session(socket: &str) -> UnixStream {
 #[tokio::test]
 async fn status_and_live_resize_through_the_control_socket() {
     let (server, socket, control, key) = start();
-    let mut session = std::thread::spawn(move || open_session(&socket)).join().unwrap();
+    // The session holds 48 MiB of its 64 MiB quota.
+    let mut session = std::thread::spawn(move || {
+        let mut session = open_session(&socket);
+        let mut request = Vec::new();
+        Request::from(req::Malloc { size: 48 << 20 }).encode(&mut request);
+        write_frame(&mut session, 1, &request, &[]).unwrap();
+        let mut message = Vec::new();
+        read_message(&mut session, &FrameLimits::default(), &mut message).unwrap();
+        decode_reply::<rep::Malloc>(&message).unwrap().result.expect("48 MiB within the quota");
+        session
+    })
+    .join()
+    .unwrap();
     let key = ClusterKey::load(&key).unwrap();
     let stream = connect(&Endpoint::Unix(control.clone()), &key, ServiceName::RpcServerControl).await.expect("authenticated");
     let client = RpcServerControlClient::new(tarpc::client::Config::default(), transport(stream)).spawn();
@@ -89,16 +101,21 @@ async fn status_and_live_resize_through_the_control_socket() {
         let header = read_message(&mut session, &FrameLimits::default(), &mut message).unwrap();
         assert_eq!(header.seq, 0, "a notice");
         let Notice::Limits { devices } = flyt_protocol::frame::decode_exact(&message).unwrap() else { panic!("expected a limits notice") };
+        // 48 MiB held under 32 MiB: the session is told it is 16 MiB over.
+        let header = read_message(&mut session, &FrameLimits::default(), &mut message).unwrap();
+        assert_eq!(header.seq, 0, "a notice");
+        let over = flyt_protocol::frame::decode_exact::<Notice>(&message).unwrap();
         let mut request = Vec::new();
-        Request::from(req::Malloc { size: 40 << 20 }).encode(&mut request);
-        write_frame(&mut session, 1, &request, &[]).unwrap();
+        Request::from(req::Malloc { size: 4 << 20 }).encode(&mut request);
+        write_frame(&mut session, 2, &request, &[]).unwrap();
         read_message(&mut session, &FrameLimits::default(), &mut message).unwrap();
-        (devices[0].total_mem, decode_reply::<rep::Malloc>(&message).unwrap().result)
+        (devices[0].total_mem, over, decode_reply::<rep::Malloc>(&message).unwrap().result)
     })
     .join()
     .unwrap();
     assert_eq!(seen.0, 32 << 20);
-    assert_eq!(seen.1, Err(flyt_protocol::CudaError::MEMORY_ALLOCATION));
+    assert_eq!(seen.1, Notice::OverBudget { bytes: 16 << 20 });
+    assert_eq!(seen.2, Err(flyt_protocol::CudaError::MEMORY_ALLOCATION));
 
     // Without the key, the control socket says nothing.
     let stranger = ClusterKey::from_bytes(b"not the cluster key, but long enough").unwrap();

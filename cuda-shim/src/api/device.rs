@@ -10,8 +10,8 @@ use crate::ffi::{DriverResult, finish, non_null, write_out};
 use flyt_protocol::ops::req;
 
 use crate::generated::types::{
-    CUarray_format, CUatomicOperation, CUdevice, CUdevice_P2PAttribute, CUdevice_attribute, CUdevprop, CUexecAffinityParam,
-    CUexecAffinityParam_st_param, CUexecAffinitySmCount, CUexecAffinityType, CUuuid,
+    CUarray_format, CUasyncCallback, CUasyncCallbackHandle, CUasyncNotificationInfo, CUatomicOperation, CUdevice, CUdevice_P2PAttribute,
+    CUdevice_attribute, CUdevprop, CUexecAffinityParam, CUexecAffinityParam_st_param, CUexecAffinitySmCount, CUexecAffinityType, CUuuid,
 };
 
 fn with_device<T>(dev: CUdevice, f: impl FnOnce(&DeviceInfo) -> DriverResult<T>) -> DriverResult<T> {
@@ -424,4 +424,106 @@ mod tests {
     }
 
     use super::super::init::cuInit;
+}
+
+// -- Async notifications (`cuDeviceRegisterAsyncNotification`) --
+//
+// The one notification CUDA defines is "over budget": the process holds more device memory than
+// its budget. Through Flyt the budget is the slice's quota, shared by the tenant's sessions; an
+// operator who lowers it below what the tenant holds makes the server tell each session how far
+// over it is (`Notice::OverBudget`). The notice arrives with the next reply the app reads, and
+// the callbacks run on a thread of Flyt's, as the driver runs them on one of its own.
+
+/// `CUasyncNotificationInfo` for `CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET`: the type, then the
+/// union whose over-budget member is one `unsigned long long`.
+#[repr(C)]
+struct OverBudgetInfo {
+    notification_type: c_uint,
+    bytes_over_budget: u64,
+}
+
+const _: () = assert!(size_of::<OverBudgetInfo>() == 16);
+
+/// `CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET`.
+const OVER_BUDGET: c_uint = 1;
+
+type AsyncCallback = unsafe extern "C" fn(*mut CUasyncNotificationInfo, *mut std::ffi::c_void, CUasyncCallbackHandle);
+
+struct Registration {
+    handle: usize,
+    callback: AsyncCallback,
+    /// The app's pointer, handed back untouched.
+    user_data: usize,
+}
+
+/// Registered callbacks. The lock is held while they run, so that once
+/// `cuDeviceUnregisterAsyncNotification` returns its callback runs no more.
+static REGISTRATIONS: std::sync::Mutex<Vec<Registration>> = std::sync::Mutex::new(Vec::new());
+static NEXT_HANDLE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+thread_local! {
+    /// Set on the thread that runs the callbacks: they may not register or unregister.
+    static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn registrations() -> std::sync::MutexGuard<'static, Vec<Registration>> {
+    REGISTRATIONS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The server's over-budget notice: every registered callback hears it, on a thread of its own
+/// (the thread that read the notice is reading the app's replies).
+fn notify_over_budget(bytes: u64) {
+    let spawned = std::thread::Builder::new().name("flyt-notify".into()).spawn(move || {
+        IN_CALLBACK.with(|flag| flag.set(true));
+        let registered = registrations();
+        for registration in registered.iter() {
+            let mut info = OverBudgetInfo { notification_type: OVER_BUDGET, bytes_over_budget: bytes };
+            let handle: CUasyncCallbackHandle = std::ptr::without_provenance_mut(registration.handle);
+            // SAFETY: the app registered this callback with this user data, for exactly this
+            // call; the info lives across the call and has CUasyncNotificationInfo's layout.
+            unsafe { (registration.callback)((&raw mut info).cast(), std::ptr::without_provenance_mut(registration.user_data), handle) };
+        }
+    });
+    if spawned.is_err() {
+        crate::diagnostics::once("over-budget", "flyt: no thread for the over-budget notification: callbacks not run");
+    }
+}
+
+pub unsafe fn cuDeviceRegisterAsyncNotification(
+    device: CUdevice,
+    callback_func: CUasyncCallback,
+    user_data: *mut std::ffi::c_void,
+    callback: *mut CUasyncCallbackHandle,
+) -> CUresult {
+    finish((|| {
+        if IN_CALLBACK.with(std::cell::Cell::get) {
+            return Err(CUresult::CUDA_ERROR_NOT_PERMITTED);
+        }
+        let (Some(function), false) = (callback_func, callback.is_null()) else {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        };
+        with_device(device, |_| Ok(()))?;
+        flyt_client::client::on_over_budget(notify_over_budget);
+        // Handles are small counters shifted clear of NULL; the app only hands them back.
+        let handle = NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 4;
+        registrations().push(Registration { handle, callback: function, user_data: user_data as usize });
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(callback, std::ptr::without_provenance_mut(handle)) }
+    })())
+}
+
+pub unsafe fn cuDeviceUnregisterAsyncNotification(device: CUdevice, callback: CUasyncCallbackHandle) -> CUresult {
+    finish((|| {
+        if IN_CALLBACK.with(std::cell::Cell::get) {
+            return Err(CUresult::CUDA_ERROR_NOT_PERMITTED);
+        }
+        with_device(device, |_| Ok(()))?;
+        let mut registered = registrations();
+        let index = registered
+            .iter()
+            .position(|registration| registration.handle == callback as usize)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        registered.remove(index);
+        Ok(())
+    })())
 }

@@ -109,12 +109,12 @@ macro_rules! for_each_driver_api {
             implemented cuDevicePrimaryCtxRetain [cuDevicePrimaryCtxRetain 1 legacy current] (pctx: *mut CUcontext, dev: CUdevice);
             implemented cuDevicePrimaryCtxSetFlags [cuDevicePrimaryCtxSetFlags 1 legacy internal] (dev: CUdevice, flags: c_uint);
             implemented cuDevicePrimaryCtxSetFlags_v2 [cuDevicePrimaryCtxSetFlags 2 legacy current] (dev: CUdevice, flags: c_uint);
-            unsupported cuDeviceRegisterAsyncNotification [cuDeviceRegisterAsyncNotification 1 legacy current] (device: CUdevice, callback_func: CUasyncCallback, user_data: *mut c_void, callback: *mut CUasyncCallbackHandle);
+            implemented cuDeviceRegisterAsyncNotification [cuDeviceRegisterAsyncNotification 1 legacy current] (device: CUdevice, callback_func: CUasyncCallback, user_data: *mut c_void, callback: *mut CUasyncCallbackHandle);
             implemented cuDeviceSetGraphMemAttribute [cuDeviceSetGraphMemAttribute 1 legacy current] (device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);
             implemented cuDeviceSetMemPool [cuDeviceSetMemPool 1 legacy current] (dev: CUdevice, pool: CUmemoryPool);
             implemented cuDeviceTotalMem [cuDeviceTotalMem 1 legacy internal] (bytes: *mut c_uint, dev: CUdevice);
             implemented cuDeviceTotalMem_v2 [cuDeviceTotalMem 2 legacy current] (bytes: *mut usize, dev: CUdevice);
-            unsupported cuDeviceUnregisterAsyncNotification [cuDeviceUnregisterAsyncNotification 1 legacy current] (device: CUdevice, callback: CUasyncCallbackHandle);
+            implemented cuDeviceUnregisterAsyncNotification [cuDeviceUnregisterAsyncNotification 1 legacy current] (device: CUdevice, callback: CUasyncCallbackHandle);
             implemented cuDriverGetVersion [cuDriverGetVersion 1 legacy current] (driver_version: *mut c_int);
             opaque cuEGLApiInit [cuEGLApiInit 1 legacy unknown] ();
             unsupported cuEGLStreamConsumerAcquireFrame [cuEGLStreamConsumerAcquireFrame 1 legacy current] (conn: *mut CUeglStreamConnection, p_cuda_resource: *mut CUgraphicsResource, p_stream: *mut CUstream, timeout: c_uint);

@@ -1,7 +1,7 @@
 //! Device queries and device-wide calls, through the driver, which answers attributes and
 //! properties in the process (fetched once per session).
 
-use std::ffi::{c_char, c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
@@ -164,6 +164,20 @@ pub unsafe fn cudaDeviceGetTexture1DLinearMaxWidth(width: *mut usize, desc: *con
     // SAFETY: checked non-NULL; the app's descriptor.
     let (format, channels) = super::arrays::array_format(unsafe { &*desc })?;
     cu!(cuDeviceGetTexture1DLinearMaxWidth(width, format, channels, device))
+}
+
+/// The runtime's callback, info and handle have the driver's layout: the driver's own calls serve.
+pub unsafe fn cudaDeviceRegisterAsyncNotification(
+    device: c_int,
+    callback_func: *mut c_void,
+    user_data: *mut c_void,
+    callback: *mut *mut c_void,
+) -> CudaResult<()> {
+    cu!(cuDeviceRegisterAsyncNotification(device, callback_func, user_data, callback))
+}
+
+pub unsafe fn cudaDeviceUnregisterAsyncNotification(device: c_int, callback: *mut c_void) -> CudaResult<()> {
+    cu!(cuDeviceUnregisterAsyncNotification(device, callback))
 }
 
 /// `cudaAtomicOperation` values are the driver's `CUatomicOperation`s.

@@ -194,6 +194,10 @@ static void not_a_kernel(void) { stub_calls += 2; }
 static char fake_symbol[64];
 static char unregistered_symbol[64];
 
+static void audit_async_callback(cudaAsyncNotificationInfo_t *info, void *data, cudaAsyncCallbackHandle_t handle) {
+    (void)info, (void)data, (void)handle;
+}
+
 static int log_callback_calls = 0;
 static void log_callback(void *data, cudaLogLevel level, char *message, size_t length) {
     (void)data, (void)level, (void)message, (void)length;
@@ -348,6 +352,23 @@ static void device_and_errors(void) {
         EXPECT("the file holds the failure", strstr(text, "cuCtxSetCacheConfig returned CUDA_ERROR_INVALID_VALUE") != NULL);
         OK("cudaLogsUnregisterCallback", cudaLogsUnregisterCallback(handle));
         EXPECT_CODE("unregister twice", cudaLogsUnregisterCallback(handle), cudaErrorInvalidValue);
+    }
+
+    /* Async notifications: registered and unregistered through the driver (the over-budget
+     * notice itself is tested with the driver's, cuda-shim's tests/notifications.rs). */
+    AUDIT("cudaDeviceRegisterAsyncNotification");
+    AUDIT("cudaDeviceUnregisterAsyncNotification");
+    {
+        cudaAsyncCallbackHandle_t handle = NULL, second = NULL;
+        EXPECT_CODE("register no callback", cudaDeviceRegisterAsyncNotification(0, NULL, NULL, &handle), cudaErrorInvalidValue);
+        EXPECT_CODE("register on another device", cudaDeviceRegisterAsyncNotification(3, audit_async_callback, NULL, &handle),
+                    cudaErrorInvalidDevice);
+        EXPECT_CODE("register", cudaDeviceRegisterAsyncNotification(0, audit_async_callback, NULL, &handle), cudaSuccess);
+        EXPECT_CODE("register another", cudaDeviceRegisterAsyncNotification(0, audit_async_callback, NULL, &second), cudaSuccess);
+        EXPECT("two registrations get two handles", handle != second);
+        EXPECT_CODE("unregister", cudaDeviceUnregisterAsyncNotification(0, handle), cudaSuccess);
+        EXPECT_CODE("unregister twice", cudaDeviceUnregisterAsyncNotification(0, handle), cudaErrorInvalidValue);
+        EXPECT_CODE("unregister the other", cudaDeviceUnregisterAsyncNotification(0, second), cudaSuccess);
     }
 
     /* Texture width and atomic capabilities are the server driver's; the emulated device has
