@@ -53,9 +53,25 @@ struct Queued {
     kinds: [bool; KINDS],
 }
 
-/// Where a wait began: the streams it covers and their submissions at that moment.
+/// Where a wait began: the streams it covers and their submissions at that moment. A wait on one
+/// stream (the common case, on every synchronize) allocates nothing.
 #[derive(Debug, Default)]
-pub struct Mark(Vec<(u64, u64)>);
+pub enum Mark {
+    #[default]
+    Nothing,
+    One((u64, u64)),
+    Many(Vec<(u64, u64)>),
+}
+
+impl Mark {
+    fn covered(&self) -> &[(u64, u64)] {
+        match self {
+            Mark::Nothing => &[],
+            Mark::One(pair) => std::slice::from_ref(pair),
+            Mark::Many(pairs) => pairs,
+        }
+    }
+}
 
 /// One session's queued work, per stream, not yet seen done.
 pub struct Activity {
@@ -88,14 +104,18 @@ impl Activity {
     pub fn mark(&self, stream: Option<u64>) -> Mark {
         let submits = |(stream, queued): (&u64, &Queued)| (*stream, queued.submits);
         match stream {
-            Some(stream) => Mark(self.streams.get_key_value(&stream).map(submits).into_iter().collect()),
-            None => Mark(self.streams.iter().map(submits).collect()),
+            Some(stream) => self.streams.get_key_value(&stream).map_or(Mark::Nothing, |queued| Mark::One(submits(queued))),
+            None if self.streams.is_empty() => Mark::Nothing,
+            None => Mark::Many(self.streams.iter().map(submits).collect()),
         }
     }
 
     /// The wait that began at `mark` ended well: what it covered is done.
     pub fn done(&mut self, mark: &Mark) {
-        for (stream, submits) in &mark.0 {
+        if matches!(mark, Mark::Nothing) {
+            return;
+        }
+        for (stream, submits) in mark.covered() {
             if self.streams.get(stream).is_some_and(|queued| queued.submits == *submits) {
                 self.streams.remove(stream);
             }
@@ -110,7 +130,7 @@ impl Activity {
 
     /// A wait for `event`: the work queued before its record.
     pub fn event_mark(&self, event: u64) -> Mark {
-        Mark(self.events.get(&event).copied().into_iter().collect())
+        self.events.get(&event).map_or(Mark::Nothing, |pair| Mark::One(*pair))
     }
 
     pub fn event_destroyed(&mut self, event: u64) {

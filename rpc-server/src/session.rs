@@ -774,9 +774,10 @@ impl<D: Device> Session<D> {
         mark: Mark,
         answer: impl FnOnce(CudaResult<()>) + Send + 'static,
     ) -> impl FnOnce(CudaResult<()>) + Send + 'static {
-        let activity = self.activity.clone();
+        // Nothing queued, nothing to tell: no reference taken on the account.
+        let activity = (!matches!(mark, Mark::Nothing)).then(|| self.activity.clone());
         move |result: CudaResult<()>| {
-            if result.is_ok() {
+            if let (Ok(()), Some(activity)) = (&result, activity) {
                 activity.lock().unwrap_or_else(std::sync::PoisonError::into_inner).done(&mark);
             }
             answer(result);
