@@ -18,32 +18,7 @@ use flyt_test_support::{Server, scratch_dir};
 const KEY: &str = "control-socket test key, long enough";
 
 fn start() -> (Server, String, std::path::PathBuf, std::path::PathBuf) {
-    let scratch = scratch_dir("control");
-    let key = scratch.join("cluster.key");
-    std::fs::write(&key, KEY).unwrap();
-    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let socket = format!("unix:{}", scratch.join("data.sock").display());
-    let control = scratch.join("control.sock");
-    let control_arg = format!("unix:{}", control.display());
-    let key_arg = key.display().to_string();
-    let server = Server::start(
-        &[
-            "--device",
-            "emulated",
-            "--listen",
-            &socket,
-            "--memory-quota",
-            "64MiB",
-            "--sm-percentage",
-            "50",
-            "--cluster-key-file",
-            &key_arg,
-            "--control",
-            &control_arg,
-        ],
-        &scratch,
-    );
-    (server, socket, control, key)
+    flyt_test_support::controlled_server(&scratch_dir("control"), KEY, "64MiB", &["--sm-percentage", "50"])
 }
 
 fn open_session(socket: &str) -> UnixStream {

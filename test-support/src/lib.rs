@@ -74,6 +74,34 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// An emulated-device server with a memory quota, a cluster key and the control socket the node
+/// manager uses: `(server, data socket address, control socket path, key file)`. The key file
+/// holds `key` with the mode the daemons require (0600); `extra` arguments are added.
+pub fn controlled_server(scratch: &Path, key: &str, quota: &str, extra: &[&str]) -> (Server, String, PathBuf, PathBuf) {
+    let key_file = scratch.join("cluster.key");
+    std::fs::write(&key_file, key).expect("write the cluster key");
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("key file mode");
+    let socket = format!("unix:{}", scratch.join("data.sock").display());
+    let control = scratch.join("control.sock");
+    let control_arg = format!("unix:{}", control.display());
+    let key_arg = key_file.display().to_string();
+    let mut args = vec![
+        "--device",
+        "emulated",
+        "--listen",
+        &socket,
+        "--memory-quota",
+        quota,
+        "--cluster-key-file",
+        &key_arg,
+        "--control",
+        &control_arg,
+    ];
+    args.extend_from_slice(extra);
+    let server = Server::start(&args, scratch);
+    (server, socket, control, key_file)
+}
+
 /// A running `flyt-rpc-server`, stopped when dropped.
 pub struct Server {
     child: Child,

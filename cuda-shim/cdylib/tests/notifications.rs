@@ -13,7 +13,7 @@ use flyt_daemon_kit::auth::ClusterKey;
 use flyt_daemon_kit::rpc::{Endpoint, connect, deadline, transport};
 use flyt_protocol::control::auth::ServiceName;
 use flyt_protocol::control::rpc_server::RpcServerControlClient;
-use flyt_test_support::{Server, driver_program, scratch_dir};
+use flyt_test_support::{driver_program, scratch_dir};
 
 const KEY: &str = "notification test key, long enough";
 
@@ -37,28 +37,7 @@ fn a_lowered_quota_reaches_the_apps_callbacks() {
     let scratch = scratch_dir("notifications");
     let source = format!("{}/tests/c/driver_notifications.c", env!("CARGO_MANIFEST_DIR"));
     let (program, lib) = driver_program(Path::new(&source), &cuda, &scratch);
-    let key = scratch.join("cluster.key");
-    std::fs::write(&key, KEY).unwrap();
-    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let socket = format!("unix:{}", scratch.join("data.sock").display());
-    let control = scratch.join("control.sock");
-    let control_arg = format!("unix:{}", control.display());
-    let key_arg = key.display().to_string();
-    let _server = Server::start(
-        &[
-            "--device",
-            "emulated",
-            "--listen",
-            &socket,
-            "--memory-quota",
-            "64MiB",
-            "--cluster-key-file",
-            &key_arg,
-            "--control",
-            &control_arg,
-        ],
-        &scratch,
-    );
+    let (_server, socket, control, key) = flyt_test_support::controlled_server(&scratch, KEY, "64MiB", &[]);
     let token = flyt_protocol::token::issue(
         KEY.as_bytes(),
         &flyt_protocol::token::SessionClaims { allocation: "any".into(), expires_at: u64::MAX },

@@ -53,10 +53,13 @@ int main(void) {
     char line[16];
     if (!fgets(line, sizeof line, stdin)) return 2;
 
-    // The notice comes with the next reply the program reads.
+    // The notice comes with a reply the program reads: the server sends it when it has applied
+    // the resize, which may be just after the reply to a call made at once.
     size_t free_bytes = 0, total = 0;
-    EXPECT(cuMemGetInfo(&free_bytes, &total), CUDA_SUCCESS);
-    for (int i = 0; i < 500 && !(calls[0] && calls[1]); i++) usleep(10000);
+    for (int i = 0; i < 500 && !(calls[0] && calls[1]); i++) {
+        EXPECT(cuMemGetInfo(&free_bytes, &total), CUDA_SUCCESS);
+        usleep(10000);
+    }
     printf("quota now %zu MiB\n", total >> 20);
     printf("callbacks heard: %d %d\n", calls[0], calls[1]);
     printf("over budget by %llu MiB and %llu MiB\n", over_by[0] >> 20, over_by[1] >> 20);
