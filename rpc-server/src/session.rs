@@ -762,8 +762,12 @@ impl<D: Device> Session<D> {
         self.activity.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// `work` was queued on `stream` (for NVML's utilization).
+    /// `work` was queued on `stream` (for NVML's utilization). Work a capture records does not
+    /// run, and no wait would ever see it done: it does not count.
     fn queued(&self, stream: u64, work: Work) {
+        if self.capturing(stream) {
+            return;
+        }
         self.activity().queued(stream, work);
     }
 

@@ -925,6 +925,15 @@ fn tenant_utilization_counts_queued_copies(socket: &str) {
     session.call(req::DeviceSynchronize {}).0.unwrap();
     let after = session.call(req::TenantUtilization {}).0.unwrap();
     assert!((1..=100).contains(&after.copies), "{after:?}");
+    // A captured memset never runs: it must not count, or the stretch would stay open for good.
+    session.send(&Request::from(req::StreamCreate { stream: 77, flags: 1, priority: 0 }), &[]);
+    let capture = req::StreamBeginCapture { stream: 77, mode: 2, thread_mode: 0, graph: 78, into: false, dependencies: Vec::new() };
+    session.call(capture).0.unwrap();
+    session.send(&Request::from(req::Memset { dst: ptr, pattern: 9, width: 1, len: 1 << 20, stream: 77 }), &[]);
+    session.call(req::StreamEndCapture { stream: 77 }).0.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let later = session.call(req::TenantUtilization {}).0.unwrap();
+    assert_eq!((later.kernels, later.copies), (0, 0), "a second after, with only a captured memset since");
 }
 
 /// The context's cache preference reads back as set, and a reset returns it to "prefer none".

@@ -244,6 +244,11 @@ fn destroy_exec<D: Device>(device: &D, exec: Exec<D>) -> CudaResult<()> {
 }
 
 impl<D: Device> Session<D> {
+    /// Whether the app's `stream` is capturing (asked of the driver only while a capture is on).
+    pub(super) fn capturing(&self, stream: u64) -> bool {
+        !self.graphs.captures.is_empty() && self.stream(stream).is_ok_and(|stream| self.device.capturing(stream))
+    }
+
     /// Refuses host-memory copies on a stream that is capturing (or may not be used during a
     /// capture): the staging memory they would record is reused, so such a graph would copy
     /// garbage. The capture then ends invalidated, as CUDA ends one that met an unsupported call.
