@@ -93,6 +93,10 @@ pub struct Cluster<S> {
     vm_locks: StdMutex<HashMap<String, Arc<Mutex<()>>>>,
     /// Allocations with a background step scheduled (one at a time each).
     scheduled: StdMutex<HashSet<String>>,
+    /// Per allocation, the pid of the rpc-server a restart replaced, until a node report names
+    /// the new one: a report the node made before the restart may arrive after it, and must not
+    /// put the old server back.
+    replaced_pids: StdMutex<HashMap<String, u32>>,
     node_clients: Mutex<HashMap<String, (String, NodeManagerControlClient)>>,
     metrics: Arc<ClusterMetrics>,
 }
@@ -177,6 +181,7 @@ impl<S: Store> Cluster<S> {
             started: Instant::now(),
             vm_locks: StdMutex::new(HashMap::new()),
             scheduled: StdMutex::new(HashSet::new()),
+            replaced_pids: StdMutex::new(HashMap::new()),
             node_clients: Mutex::new(HashMap::new()),
             metrics,
         }))
@@ -564,6 +569,17 @@ impl<S: Store> Cluster<S> {
                     stop.push(server.allocation_id.clone());
                 }
                 continue;
+            }
+            {
+                let mut replaced = self.replaced_pids.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                match replaced.get(&server.allocation_id) {
+                    // Made before the restart: it says nothing of the server now running.
+                    Some(old) if *old == server.pid => continue,
+                    Some(_) if server.pid == allocation.pid => {
+                        replaced.remove(&server.allocation_id);
+                    }
+                    _ => {}
+                }
             }
             let mut updated = allocation.clone();
             // A step under way owns the allocation's state; the report only updates usage.

@@ -573,6 +573,7 @@ impl<S: Store> Cluster<S> {
         let mut report = self.node_call(&node_id, |node| async move { node.restart_server(deadline, call_id, timeout_ms).await }).await?;
         report.node_id.clone_from(&node_id);
         let mut model = self.model.lock().await;
+        self.replaced_pids.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(id.clone(), report.old_pid);
         if let Some(mut allocation) = model.allocations.get(&id).cloned() {
             allocation.pid = report.new_pid;
             allocation.addresses.clone_from(&report.addresses);
