@@ -69,6 +69,8 @@ pub struct Server {
     warm_changed: Condvar,
     last_worker_failure: Mutex<Option<String>>,
     starting: AtomicUsize,
+    /// Held while topping the warm pool up, so two refills never both count the same gap.
+    refilling: Mutex<()>,
     sessions: Mutex<HashMap<u64, SessionRecord>>,
     workers: Mutex<HashMap<u32, usize>>,
     next_session: AtomicU64,
@@ -206,12 +208,15 @@ impl Server {
             .ok()
             .filter(|len| *len > 0)
             .and_then(|len| flyt_protocol::frame::decode_exact::<FromWorker>(&buf[..len]).ok());
+        // A ready worker joins the warm pool before it stops counting as starting, so a refill
+        // meanwhile never sees it in neither and starts one too many.
+        if let Some(FromWorker::Ready { total_mem, sm_count, .. }) = &first {
+            *lock(&self.device_facts) = (*total_mem, *sm_count);
+            lock(&self.warm).push_back(WarmWorker { pid, channel: channel.clone() });
+        }
         self.starting.fetch_sub(1, Ordering::AcqRel);
         match first {
-            Some(FromWorker::Ready { total_mem, sm_count, .. }) => {
-                *lock(&self.device_facts) = (total_mem, sm_count);
-                lock(&self.warm).push_back(WarmWorker { pid, channel: channel.clone() });
-            }
+            Some(FromWorker::Ready { .. }) => {}
             Some(FromWorker::Checkpointed(_) | FromWorker::Restored(_)) => {
                 *lock(&self.last_worker_failure) = Some("worker answered out of turn during start-up".into());
             }
@@ -317,6 +322,7 @@ impl Server {
         if self.shutting_down.load(Ordering::Acquire) {
             return;
         }
+        let _one_at_a_time = lock(&self.refilling);
         let have = lock(&self.warm).len() + self.starting.load(Ordering::Acquire);
         for _ in have..self.args.warm_workers {
             if let Err(error) = self.spawn_worker() {
@@ -811,6 +817,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         warm_changed: Condvar::new(),
         last_worker_failure: Mutex::new(None),
         starting: AtomicUsize::new(0),
+        refilling: Mutex::new(()),
         sessions: Mutex::new(HashMap::new()),
         workers: Mutex::new(HashMap::new()),
         next_session: AtomicU64::new(1),
