@@ -183,11 +183,12 @@ kill_slot() {
 # Kills the server's idle workers and waits until the N it starts in their place hold their
 # contexts (nvidia-smi lists them).
 replace_warm_workers() {
-    local n=$1 i
+    local n=$1 i smi=0
     [ "$n" -gt 0 ] || return 0
+    command -v nvidia-smi >/dev/null 2>&1 && smi=1
     pkill -KILL -P "$SERVER_PID" 2>/dev/null
     for ((i = 0; i < 600; i++)); do
-        [ "$(server_children)" -ge "$n" ] && [ "$(gpu_apps | wc -w)" -ge "$n" ] && break
+        [ "$(server_children)" -ge "$n" ] && { [ $smi = 0 ] || [ "$(gpu_apps | wc -w)" -ge "$n" ]; } && break
         sleep 0.1
     done
 }
@@ -207,7 +208,7 @@ soak_kills() {
     echo "soak: $KILLS abrupt kills of churn, $KILL_PAR at a time, transports $TRANSPORTS"
     # Both readings are taken with warm workers started on a quiet GPU (see below).
     read -r m0 c0 < <(settle 60)
-    replace_warm_workers "$c0"
+    replace_warm_workers "$WARM_WORKERS"
     read -r m0 c0 < <(settle 60)
     a0=$(gpu_apps)
     slog "kills: before: processes with NVIDIA device files open: $(nvidia_fd_holders)"
@@ -259,7 +260,7 @@ soak_kills() {
     # few MiB larger than that of workers started on a quiet GPU (seen: 2-12 MiB, after the kills
     # and after the tenants soak). Whether anything leaked is read after they are replaced by
     # fresh ones, as they were before the soak.
-    replace_warm_workers "$c0"
+    replace_warm_workers "$WARM_WORKERS"
     read -r m2 c2 < <(settle 60)
     slog "kills: after replacing the warm workers: GPU memory used ${m2:-?} MiB, server workers $c2; processes (pid:MiB): $(gpu_apps)"
     if [ "$m0" = - ] || [ "$m2" = - ]; then
