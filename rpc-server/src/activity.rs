@@ -110,6 +110,21 @@ impl Activity {
         }
     }
 
+    /// A wait on the legacy stream: CUDA's legacy stream waits for every blocking stream, so
+    /// the wait covers those too (`blocking`: the streams created without
+    /// `CU_STREAM_NON_BLOCKING`).
+    pub fn mark_legacy(&self, blocking: impl Iterator<Item = u64>) -> Mark {
+        let pairs: Vec<(u64, u64)> = std::iter::once(0)
+            .chain(blocking)
+            .filter_map(|stream| self.streams.get(&stream).map(|queued| (stream, queued.submits)))
+            .collect();
+        match pairs.as_slice() {
+            [] => Mark::Nothing,
+            [pair] => Mark::One(*pair),
+            _ => Mark::Many(pairs),
+        }
+    }
+
     /// The wait that began at `mark` ended well: what it covered is done.
     pub fn done(&mut self, mark: &Mark) {
         if matches!(mark, Mark::Nothing) {

@@ -577,7 +577,7 @@ impl<D: Device> Session<D> {
     /// flushes it).
     fn when_stream_done(&self, stream: u64, flush_output: bool, answer: impl FnOnce(CudaResult<()>) + Send + 'static) {
         let flush_output = flush_output && self.may_print;
-        let answer = self.seeing_done(self.activity().mark(Some(stream)), answer);
+        let answer = self.seeing_done(self.wait_mark(stream), answer);
         let stream = match self.stream(stream) {
             Ok(stream) => stream,
             Err(error) => return answer(Err(error)),
@@ -734,7 +734,7 @@ impl<D: Device> Session<D> {
     /// with the bytes (`done` on success).
     /// The copy's sighting also tells the activity account that `stream`'s work up to it is done.
     fn hold_copy<R: Serialize + Send + 'static>(&self, copy: D::PendingCopy, stream: u64, blocking: bool, reply: Responder<R>, done: R) {
-        let seen = self.seeing_done(self.activity().mark(Some(stream)), |_| {});
+        let seen = self.seeing_done(self.wait_mark(stream), |_| {});
         let held = Arc::new(HeldCopy {
             device: self.device.clone(),
             copy,
@@ -760,6 +760,17 @@ impl<D: Device> Session<D> {
 
     fn activity(&self) -> std::sync::MutexGuard<'_, Activity> {
         self.activity.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What a wait on the app's `stream` covers in the activity account: the stream, and for the
+    /// legacy stream (0) every blocking stream too.
+    fn wait_mark(&self, stream: u64) -> Mark {
+        const NON_BLOCKING: u32 = 1;
+        let activity = self.activity();
+        if stream != 0 {
+            return activity.mark(Some(stream));
+        }
+        activity.mark_legacy(self.stream_params.iter().filter(|(_, (flags, _))| flags & NON_BLOCKING == 0).map(|(id, _)| *id))
     }
 
     /// `work` was queued on `stream` (for NVML's utilization). Work a capture records does not
@@ -1347,7 +1358,7 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn stream_query(&mut self, request: req::StreamQuery, reply: Responder<rep::StreamQuery>) {
-        let mark = self.activity().mark(Some(request.stream));
+        let mark = self.wait_mark(request.stream);
         let result = self.stream(request.stream).and_then(|stream| self.device.stream_query(stream));
         self.seeing_done(mark, move |result| reply.send(result.map(|()| rep::StreamQuery {})))(result);
     }

@@ -934,6 +934,20 @@ fn tenant_utilization_counts_queued_copies(socket: &str) {
     std::thread::sleep(std::time::Duration::from_millis(1100));
     let later = session.call(req::TenantUtilization {}).0.unwrap();
     assert_eq!((later.kernels, later.copies), (0, 0), "a second after, with only a captured memset since");
+    // A wait on the legacy stream covers the blocking streams too (as CUDA's legacy stream waits
+    // for them), but not a non-blocking one.
+    session.send(&Request::from(req::StreamCreate { stream: 79, flags: 0, priority: 0 }), &[]);
+    session.send(&Request::from(req::Memset { dst: ptr, pattern: 3, width: 1, len: 1 << 20, stream: 79 }), &[]);
+    session.call(req::StreamSynchronize { stream: 0 }).0.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let legacy = session.call(req::TenantUtilization {}).0.unwrap();
+    assert_eq!(legacy.copies, 0, "a second after a legacy-stream wait covered the blocking stream's memset");
+    session.send(&Request::from(req::Memset { dst: ptr, pattern: 4, width: 1, len: 1 << 20, stream: 77 }), &[]);
+    session.call(req::StreamSynchronize { stream: 0 }).0.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let open = session.call(req::TenantUtilization {}).0.unwrap();
+    assert_eq!(open.copies, 100, "a non-blocking stream's memset is not covered by a legacy-stream wait");
+    session.call(req::StreamSynchronize { stream: 77 }).0.unwrap();
 }
 
 /// The context's cache preference reads back as set, and a reset returns it to "prefer none".
