@@ -100,28 +100,20 @@ impl Activity {
         }
     }
 
-    /// A wait for what `stream` has queued so far, or with `None`, for every stream.
-    pub fn mark(&self, stream: Option<u64>) -> Mark {
-        let submits = |(stream, queued): (&u64, &Queued)| (*stream, queued.submits);
-        match stream {
-            Some(stream) => self.streams.get_key_value(&stream).map_or(Mark::Nothing, |queued| Mark::One(submits(queued))),
-            None if self.streams.is_empty() => Mark::Nothing,
-            None => Mark::Many(self.streams.iter().map(submits).collect()),
-        }
+    /// A wait for what `stream` has queued so far.
+    pub fn mark(&self, stream: u64) -> Mark {
+        self.streams.get(&stream).map_or(Mark::Nothing, |queued| Mark::One((stream, queued.submits)))
     }
 
-    /// A wait on the legacy stream: CUDA's legacy stream waits for every blocking stream, so
-    /// the wait covers those too (`blocking`: the streams created without
-    /// `CU_STREAM_NON_BLOCKING`).
-    pub fn mark_legacy(&self, blocking: impl Iterator<Item = u64>) -> Mark {
-        let pairs: Vec<(u64, u64)> = std::iter::once(0)
-            .chain(blocking)
-            .filter_map(|stream| self.streams.get(&stream).map(|queued| (stream, queued.submits)))
-            .collect();
-        match pairs.as_slice() {
-            [] => Mark::Nothing,
-            [pair] => Mark::One(*pair),
-            _ => Mark::Many(pairs),
+    /// A wait for what every stream `covers` accepts has queued so far (all of them for a device
+    /// synchronize; the blocking ones for a wait on the legacy stream). Only streams with work
+    /// queued are looked at, and one of them allocates nothing.
+    pub fn mark_where(&self, covers: impl Fn(u64) -> bool) -> Mark {
+        let mut covered = self.streams.iter().filter(|(stream, _)| covers(**stream)).map(|(stream, queued)| (*stream, queued.submits));
+        match (covered.next(), covered.next()) {
+            (None, _) => Mark::Nothing,
+            (Some(pair), None) => Mark::One(pair),
+            (Some(first), Some(second)) => Mark::Many([first, second].into_iter().chain(covered).collect()),
         }
     }
 
@@ -201,14 +193,14 @@ mod tests {
         let (board, mut activity) = activity();
         assert_eq!(board.active_ticks(tick_now()), [0, 0]);
         activity.queued(5, Work::Kernels);
-        let before_more = activity.mark(Some(5));
+        let before_more = activity.mark(5);
         activity.queued(5, Work::Kernels);
         activity.queued(9, Work::Copies);
         assert_eq!(board.active_ticks(tick_now()).map(|ticks| ticks >= 1), [true, true]);
         // A wait that began before the second launch does not cover it.
         activity.done(&before_more);
         assert!(activity.since[Work::Kernels as usize].is_some());
-        activity.done(&activity.mark(Some(5)));
+        activity.done(&activity.mark(5));
         assert!(activity.since[Work::Kernels as usize].is_none());
         assert!(activity.since[Work::Copies as usize].is_some());
         // An event recorded behind the copy covers it.
@@ -225,7 +217,7 @@ mod tests {
         let (board, mut activity) = activity();
         activity.queued(1, Work::Kernels);
         activity.queued(2, Work::Kernels);
-        activity.done(&activity.mark(None));
+        activity.done(&activity.mark_where(|_| true));
         assert_eq!(activity.since, [None, None]);
         activity.queued(3, Work::Copies);
         drop(activity);

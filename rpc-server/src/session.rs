@@ -660,7 +660,7 @@ impl<D: Device> Session<D> {
     /// then returns at once, reports the device's sticky error, and flushes device printf output,
     /// which is sent before the answer.
     fn when_device_idle(&self, answer: impl FnOnce(CudaResult<()>) + Send + 'static) {
-        let answer = self.seeing_done(self.activity().mark(None), answer);
+        let answer = self.seeing_done(self.activity().mark_where(|_| true), answer);
         let device = self.device.clone();
         // The stream that took work last is polled last: the others are seen idle while its work
         // runs, so its completion is seen without another query after it (measured on an H100:
@@ -768,9 +768,10 @@ impl<D: Device> Session<D> {
         const NON_BLOCKING: u32 = 1;
         let activity = self.activity();
         if stream != 0 {
-            return activity.mark(Some(stream));
+            return activity.mark(stream);
         }
-        activity.mark_legacy(self.stream_params.iter().filter(|(_, (flags, _))| flags & NON_BLOCKING == 0).map(|(id, _)| *id))
+        let blocking = |id: u64| id == 0 || self.stream_params.get(&id).is_some_and(|(flags, _)| flags & NON_BLOCKING == 0);
+        activity.mark_where(blocking)
     }
 
     /// `work` was queued on `stream` (for NVML's utilization). Work a capture records does not
