@@ -522,7 +522,9 @@ impl Client {
             if aside.len() == TRIES {
                 crate::diagnostics::once(
                     "allocation-over-host-memory",
-                    "flyt: the GPU server's device addresses kept landing on this process's host memory; an allocation failed",
+                    &format!(
+                        "flyt: the GPU server's device addresses kept landing on this process's host memory (last at {ptr:#x}); an allocation failed"
+                    ),
                 );
                 break Err(CudaError::MEMORY_ALLOCATION);
             }

@@ -7,6 +7,7 @@
 )]
 
 pub mod activity;
+pub mod address_space;
 pub mod backend;
 pub mod budget;
 pub mod config;

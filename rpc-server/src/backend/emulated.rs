@@ -19,12 +19,12 @@ use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;
 
-/// First fake device address: far from where Linux places a process's heap and libraries, and
-/// 2 MiB-aligned like real allocations. Each worker starts at its own offset from it (a GPU's
-/// addresses differ between processes too), so a moved session's pointers are the same only if
-/// the restore put its memory back where it was.
-const BASE_ADDRESS: u64 = 0x7e00_0000_0000;
-/// Steps between workers' first addresses (4096 of them fit below 0x7f00_0000_0000).
+/// First fake device address: below the device ceiling, as a worker's real device addresses are
+/// (`address_space`), and 2 MiB-aligned like real allocations. Each worker starts at its own
+/// offset from it (a GPU's addresses differ between processes too), so a moved session's pointers
+/// are the same only if the restore put its memory back where it was.
+const BASE_ADDRESS: u64 = 0x3000_0000_0000;
+/// Steps between workers' first addresses (4096 of them fit below the ceiling, 0x4000_0000_0000).
 const BASE_STEP: u64 = 1 << 32;
 const ALIGNMENT: u64 = 2 << 20;
 
