@@ -56,6 +56,10 @@ ORDER = ["micro", "copy", "matmul", "micro_static", "copy_static", "matmul_stati
 # Programs run as several processes in a row (records tagged with the run): start-up is measured
 # per process, and PyTorch's second run shows what a warm image cache saves.
 REPEATS = {"first_kernel": (7, 5), "torch": (2, 2)}
+# Programs run in rounds, each round over every transport in turn (native, unix, tcp, shm, then
+# again), so a drift of the machine over the minute a program takes on all transports lands on
+# every column alike; each figure of theirs is the median over the rounds (default, quick).
+ROUNDS = {"micro": (5, 2)}
 # What FLYT_STATS=1 prints about module images at exit.
 IMAGES_LINE = re.compile(r"module images: (\d+) sent \((\d+) bytes\)")
 IDLE_SESSIONS = (64, 16)  # apps in the "64 idle sessions" measurement: default, quick
@@ -183,7 +187,7 @@ class Runner:
                 cmd += ["--reps", str(reps)]
         return cmd
 
-    def run_program(self, prog, transport):
+    def run_program(self, prog, transport, round_=0):
         if not self.a.dist_ok and transport != "native":
             return
         if transport != "native" and not self.server_alive():
@@ -203,6 +207,7 @@ class Runner:
                                self.env_for(transport, extra), timeout)
             for record in one["records"]:
                 record["run"] = run
+                record["round"] = round_
             images = IMAGES_LINE.search(one["stderr"])
             if images:
                 one["records"].append({"bench": "images", "run": run, "sent": int(images[1]), "bytes": int(images[2])})
@@ -215,6 +220,10 @@ class Runner:
                     res.update(rc=one.get("rc"), timed_out=one.get("timed_out"))
                     break
         res["stderr_tail"] = tail(res.pop("stderr"), 4000)
+        earlier = self.runs[transport].get(prog) if round_ > 0 else None
+        if earlier:
+            res["records"] = earlier["records"] + res["records"]
+            res["stderr_tail"] = tail(earlier.get("stderr_tail", "") + res["stderr_tail"], 4000)
         self.runs[transport][prog] = res
 
     def run_all(self):
@@ -265,15 +274,17 @@ class Runner:
                     if failures[t] < 2:
                         self.run_idle(t)
                 continue
-            for t in live:
-                if failures[t] >= 2:
-                    self.runs[t][prog] = {"rc": None, "skipped": f"{t} failed twice in a row", "records": [],
-                                          "stderr_tail": ""}
-                    continue
-                self.run_program(prog, t)
-                r = self.runs[t][prog]
-                bad = r.get("timed_out") or (r.get("rc") not in (0, None) and not r.get("records"))
-                failures[t] = failures[t] + 1 if bad else 0
+            for round_ in range(ROUNDS.get(prog, (1, 1))[1 if a.quick else 0]):
+                for t in live:
+                    if failures[t] >= 2:
+                        if round_ == 0:
+                            self.runs[t][prog] = {"rc": None, "skipped": f"{t} failed twice in a row", "records": [],
+                                                  "stderr_tail": ""}
+                        continue
+                    self.run_program(prog, t, round_)
+                    r = self.runs[t][prog]
+                    bad = r.get("timed_out") or (r.get("rc") not in (0, None) and not r.get("records"))
+                    failures[t] = failures[t] + 1 if bad else 0
             # FLYT_STATS=1: the launch-heavy app once more per Flyt transport, its stderr kept
             if prog == "launch_heavy":
                 for t in live:
@@ -638,6 +649,11 @@ class Data:
         return combine(values) if values else None
 
     def value(self, transport, prog, bench, field, **match):
+        if prog in ROUNDS:
+            values = [r[field] for r in self.records(transport, prog)
+                      if r.get("bench") == bench and all(r.get(k) == v for k, v in match.items())
+                      and isinstance(r.get(field), (int, float))]
+            return float(statistics.median(values)) if values else None
         r = self.find(transport, prog, bench, **match)
         v = r.get(field) if r else None
         return float(v) if isinstance(v, (int, float)) else None
@@ -961,6 +977,11 @@ def render_md(d, rows):
     lines.append("- sockets = the Unix-socket and TCP-loopback columns; shm = Unix socket + shared-memory channel. "
                  "Ratio = Flyt / native. Raw stream = `raw_stream.c` over the same kind of socket, 1 MiB writes "
                  "(H2D compared with client->server, D2H with server->client).")
+    rounds = {prog: len({r.get("round", 0) for r in d.records("native", prog)}) for prog in ROUNDS}
+    for prog, n in rounds.items():
+        if n > 1:
+            lines.append(f"- `{prog}` ran in {n} rounds, each over every transport in turn; its rows show the median "
+                         "over the rounds of each figure.")
     lines.append("")
     lines.append("| metric | native | unix | tcp | shm | ratio vs native | target | pass/fail |")
     lines.append("| --- | ---: | ---: | ---: | ---: | --- | --- | --- |")

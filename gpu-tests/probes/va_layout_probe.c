@@ -3,7 +3,8 @@
 // Prints the pointers cuMemAlloc returns, the process's mappings around them, and what happens
 // to later allocations after (a) an mmap(PROT_NONE) reservation and (b) a cuMemAddressReserve
 // covering the place the next allocation would go.
-//   nvcc -o va_layout_probe va_layout_probe.c -lcuda && ./va_layout_probe
+//   nvcc -o va_layout_probe va_layout_probe.c -lcuda && ./va_layout_probe [--list]
+// --list: only the allocations' addresses, one line each (`device-addresses.sh` runs it through Flyt).
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <errno.h>
@@ -58,24 +59,29 @@ static void summary(const char *when) {
            total / 1073741824.0, biggest / 1073741824.0, big_start);
 }
 
-int main(void) {
-    summary("start");
+int main(int argc, char **argv) {
+    int list_only = argc > 1 && strcmp(argv[1], "--list") == 0;
+    if (!list_only) summary("start");
     CHECK(cuInit(0));
-    summary("after cuInit");
+    if (!list_only) summary("after cuInit");
     CUdevice dev;
     CUcontext ctx;
     CHECK(cuDeviceGet(&dev, 0));
     CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
-    summary("after context");
+    if (!list_only) summary("after context");
     CUdeviceptr p[16];
     size_t sizes[] = {2 << 20, 2 << 20, 2 << 20, 64 << 20, 64 << 20, 1ULL << 30, 1ULL << 30, 4 << 10};
     for (int i = 0; i < 8; i++) {
         CHECK(cuMemAlloc(&p[i], sizes[i]));
         char what[64];
         snprintf(what, sizeof what, "cuMemAlloc %zu KiB", sizes[i] >> 10);
-        where(what, p[i]);
+        if (list_only)
+            printf("device address %#llx (%zu KiB)\n", (unsigned long long)p[i], sizes[i] >> 10);
+        else
+            where(what, p[i]);
     }
+    if (list_only) return 0;
     summary("after allocations");
 
     // (a) Reserve with mmap where the next 2 MiB allocation would go.
