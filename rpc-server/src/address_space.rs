@@ -9,15 +9,21 @@
 //! over shared memory, 2026-11-25).
 //!
 //! So a worker, before it loads the driver, reserves every free part of the address space from
-//! [`DEVICE_CEILING`] up to its stack (no access, no memory behind it; where its heap cannot grow,
-//! malloc maps instead). Every later mapping of the worker, the driver's device addresses included, then lies
-//! below the ceiling, where Linux places nothing of an ordinary process: apps map their
-//! libraries near the top (up to 1 TiB below their stack with address randomization), their
-//! program and heap near `0x5555_5555_0000`, and Flyt's client its shared segment in
-//! `0x2000_0000_0000..0x3000_0000_0000`.
+//! a ceiling (`0x3100_0000_0000` to `0x4000_0000_0000`) up to its stack (no access, no memory
+//! behind it; where its heap cannot grow, malloc maps instead). Every later mapping of the
+//! worker, the driver's device addresses included, then lies below the ceiling, where Linux
+//! places nothing of an ordinary process: apps map their libraries near the top (up to 1 TiB
+//! below their stack with address randomization), their program and heap near
+//! `0x5555_5555_0000`, and Flyt's client its shared segment in `0x2000_0000_0000..0x3000_0000_0000`.
 
-/// Every mapping the worker makes after [`keep_mappings_low`] lies below this address.
-pub const DEVICE_CEILING: u64 = 0x4000_0000_0000;
+/// Every mapping the worker makes after [`keep_mappings_low`] lies below its ceiling, an address
+/// it picks at random (whole GiBs) between these two: a moved session's allocations are mapped
+/// again at their addresses in another worker, whose own device addresses must then lie
+/// elsewhere (as address randomization placed them before).
+const HIGHEST_CEILING: u64 = 0x4000_0000_0000;
+/// A TiB above the part of the address space where the client places its shared segments.
+const LOWEST_CEILING: u64 = 0x3100_0000_0000;
+const GIB: u64 = 1 << 30;
 /// Left free below the stack for it to grow: Linux starts its mappings at least this far below.
 const STACK_ROOM: u64 = 128 << 20;
 
@@ -40,15 +46,15 @@ fn parse_maps(text: &str) -> Vec<Mapping> {
         .collect()
 }
 
-/// The free ranges of `[DEVICE_CEILING, stack - STACK_ROOM)`. The heap's room is among them:
-/// where `brk` cannot grow, malloc maps its memory instead (below the ceiling).
-fn ranges_to_reserve(maps: &[Mapping]) -> Vec<(u64, u64)> {
+/// The free ranges of `[ceiling, stack - STACK_ROOM)`. The heap's room is among them: where `brk`
+/// cannot grow, malloc maps its memory instead (below the ceiling).
+fn ranges_to_reserve(maps: &[Mapping], ceiling: u64) -> Vec<(u64, u64)> {
     let Some(stack) = maps.iter().find(|mapping| mapping.name == "[stack]") else { return Vec::new() };
     let top = stack.start.saturating_sub(STACK_ROOM);
     let mut occupied: Vec<(u64, u64)> = maps.iter().map(|mapping| (mapping.start, mapping.end)).collect();
     occupied.sort_unstable();
     let mut free = Vec::new();
-    let mut cursor = DEVICE_CEILING;
+    let mut cursor = ceiling;
     for (start, end) in occupied {
         if start >= top {
             break;
@@ -95,13 +101,23 @@ fn reserve(start: u64, end: u64) -> Reserved {
     Reserved::Done
 }
 
-/// Reserves the free address space above [`DEVICE_CEILING`] (see the module's comment); returns
-/// the bytes reserved. Best effort: a range that cannot be reserved is left as it is.
-pub fn keep_mappings_low() -> std::io::Result<u64> {
+/// A ceiling between the lowest and the highest, in whole GiBs.
+fn random_ceiling() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the system's random source for each process.
+    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    LOWEST_CEILING + random % ((HIGHEST_CEILING - LOWEST_CEILING) / GIB + 1) * GIB
+}
+
+/// Reserves the free address space above a ceiling picked at random (see the module's comment);
+/// returns the ceiling and the bytes reserved. Best effort: a range that cannot be reserved is
+/// left as it is.
+pub fn keep_mappings_low() -> std::io::Result<(u64, u64)> {
     let maps = parse_maps(&std::fs::read_to_string("/proc/self/maps")?);
+    let ceiling = random_ceiling();
     let mut reserved = 0;
     let mut held = held();
-    for (start, end) in ranges_to_reserve(&maps) {
+    for (start, end) in ranges_to_reserve(&maps, ceiling) {
         match reserve(start, end) {
             Reserved::Done => {
                 held.push((start, end));
@@ -112,7 +128,7 @@ pub fn keep_mappings_low() -> std::io::Result<u64> {
         }
     }
     held.sort_unstable();
-    Ok(reserved)
+    Ok((ceiling, reserved))
 }
 
 /// Gives back the held parts of `[start, end)`, so that something may be mapped exactly there
@@ -177,9 +193,9 @@ mod tests {
     #[test]
     fn the_free_space_above_the_ceiling_is_reserved() {
         assert_eq!(
-            ranges_to_reserve(&maps()),
+            ranges_to_reserve(&maps(), HIGHEST_CEILING),
             vec![
-                (DEVICE_CEILING, 0x5555_0000_0000),
+                (HIGHEST_CEILING, 0x5555_0000_0000),
                 (0x5555_0001_0000, 0x5555_0200_0000),
                 (0x5555_0210_0000, 0x7f00_0000_0000),
                 (0x7f00_1000_0000, 0x7f00_2000_0000),
@@ -189,9 +205,16 @@ mod tests {
     }
 
     #[test]
+    fn ceilings_are_whole_gibs_in_their_range_and_differ() {
+        let ceilings: std::collections::HashSet<u64> = (0..64).map(|_| random_ceiling()).collect();
+        assert!(ceilings.iter().all(|c| (LOWEST_CEILING..=HIGHEST_CEILING).contains(c) && c.is_multiple_of(GIB)));
+        assert!(ceilings.len() > 32, "{}", ceilings.len());
+    }
+
+    #[test]
     fn nothing_is_reserved_without_a_stack_line() {
         let maps: Vec<Mapping> = maps().into_iter().filter(|mapping| mapping.name != "[stack]").collect();
-        assert!(ranges_to_reserve(&maps).is_empty());
+        assert!(ranges_to_reserve(&maps, HIGHEST_CEILING).is_empty());
     }
 
     /// In a child process (the reservation would change where this process's other tests map):
@@ -211,11 +234,12 @@ mod tests {
         if std::env::var_os("FLYT_ADDRESS_SPACE_CHILD").is_none() {
             return;
         }
-        let reserved = keep_mappings_low().expect("maps readable");
+        let (ceiling, reserved) = keep_mappings_low().expect("maps readable");
+        assert!((LOWEST_CEILING..=HIGHEST_CEILING).contains(&ceiling) && ceiling.is_multiple_of(GIB), "{ceiling:#x}");
         assert!(reserved > 1 << 40, "{reserved}");
         for len in [4 << 10, 1 << 20, 1 << 30] {
             let map = memmap2::MmapMut::map_anon(len).expect("a mapping");
-            assert!((map.as_ptr() as u64) < DEVICE_CEILING, "{:p}", map.as_ptr());
+            assert!((map.as_ptr() as u64) < ceiling, "{:p}", map.as_ptr());
         }
         // A place given back can be mapped at exactly; held again once unmapped.
         let place =

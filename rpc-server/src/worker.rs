@@ -419,7 +419,9 @@ fn serve<D: Device>(
 pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i32 {
     // Before the driver loads: its device addresses must not land where apps keep host memory.
     match crate::address_space::keep_mappings_low() {
-        Ok(bytes) => tracing::debug!(bytes, "address space above the device ceiling reserved"),
+        Ok((ceiling, bytes)) => {
+            tracing::debug!(ceiling = format!("{ceiling:#x}"), bytes, "address space above the device ceiling reserved")
+        }
         Err(error) => tracing::warn!(%error, "device addresses may land among the app's mappings"),
     }
     // SAFETY: the listener placed the channel and the budget page at these descriptors before

@@ -24,7 +24,7 @@ use std::sync::Arc;
 /// offset from it (a GPU's addresses differ between processes too), so a moved session's pointers
 /// are the same only if the restore put its memory back where it was.
 const BASE_ADDRESS: u64 = 0x3000_0000_0000;
-/// Steps between workers' first addresses (4096 of them fit below the ceiling, 0x4000_0000_0000).
+/// Steps between workers' first addresses (4096 of them fit below 0x4000_0000_0000).
 const BASE_STEP: u64 = 1 << 32;
 const ALIGNMENT: u64 = 2 << 20;
 
