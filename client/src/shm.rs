@@ -206,12 +206,12 @@ pub fn create_in_region(path: &std::path::Path) -> Result<Offered, String> {
 }
 
 /// Where segments go when that is free: a part of the address space that neither this process
-/// nor the server's worker normally uses (below where programs and the heap are loaded, far
-/// above where CUDA and the kernel place mappings). The server maps each pinned block at the
-/// app's own address of it (so kernels can use the app's pointers); that address is then very
-/// likely free in the server too, where an address the kernel chose here, among this process's
-/// libraries, often is not.
-const QUIET_BASE: usize = 0x2000_0000_0000;
+/// nor the server's worker normally uses (below where the worker's mappings start, a third of the
+/// address space up, and where programs and the heap are loaded). The server maps each pinned
+/// block at the app's own address of it (so kernels can use the app's pointers); that address is
+/// then very likely free in the server too, where an address the kernel chose here, among this
+/// process's libraries, often is not.
+const QUIET_BASE: usize = 0x1000_0000_0000;
 /// Candidate places in the quiet part, 64 GiB apart (16 TiB in all).
 const QUIET_STRIDE: usize = 64 << 30;
 const QUIET_PLACES: usize = 256;

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Probe: where a Flyt worker's device addresses lie, next to where the driver puts them natively.
 # Runs va_layout_probe --list natively and through a local flyt-rpc-server over shared memory,
-# and shows a warm worker's mappings from its ceiling up (its reservation, from a random ceiling
-# between 0x3100_0000_0000 and 0x4000_0000_0000; see
+# and shows where a warm worker's mappings start (the bottom-up layout: see
 # rpc-server/src/address_space.rs).
 #   bash gpu-tests/probes/device-addresses.sh DIST OUTDIR
 set -u
@@ -22,8 +21,9 @@ FLYT_SERVER="unix:$sock" FLYT_SHM=on LD_LIBRARY_PATH="$dist/lib" "$out/va" --lis
 status=$?
 worker=$(pgrep -P "$server" | head -1)
 if [ -n "$worker" ]; then
-    echo "== a warm worker's mappings at or above 0x310000000000 (first 8)"
-    awk '{split($1, r, "-"); if (length(r[1]) > 12 || (length(r[1]) == 12 && r[1] >= "310000000000")) print}' "/proc/$worker/maps" | head -8
+    echo "== a warm worker's first 6 mappings and its libcuda"
+    head -6 "/proc/$worker/maps"
+    grep -m1 libcuda "/proc/$worker/maps"
 fi
 kill "$server"
 wait "$server" 2>/dev/null

@@ -26,9 +26,6 @@ const ALIAS_RANGE: std::ops::Range<u64> = 1 << 16..1 << 47;
 pub struct Alias {
     address: u64,
     len: usize,
-    /// The parts of this worker's reservation above the device ceiling it was mapped over
-    /// (`address_space`), held again when it goes.
-    given: Vec<(u64, u64)>,
 }
 
 impl Alias {
@@ -40,7 +37,6 @@ impl Alias {
             return None;
         }
         let (len, offset) = (usize::try_from(len).ok()?, libc::off_t::try_from(offset).ok()?);
-        let given = crate::address_space::give_back(address, end);
         // SAFETY: a new shared mapping of the segment file; MAP_FIXED_NOREPLACE fails instead of
         // replacing anything already mapped at that address, so no memory of ours changes.
         let mapped = unsafe {
@@ -54,15 +50,11 @@ impl Alias {
             )
         };
         if mapped == libc::MAP_FAILED {
-            crate::address_space::hold_again(&given);
             return None;
         }
         // Kernels before 4.17 take the flag as a hint and may map elsewhere: not ours to keep.
-        let alias = Self { address: mapped as u64, len, given };
-        if alias.address != address {
-            return None;
-        }
-        Some(alias)
+        let alias = Self { address: mapped as u64, len };
+        (alias.address == address).then_some(alias)
     }
 
     pub fn address(&self) -> u64 {
@@ -74,7 +66,6 @@ impl Drop for Alias {
     fn drop(&mut self) {
         // SAFETY: the mapping was made by `Alias::map` and is unmapped once, here.
         let _ = unsafe { libc::munmap(self.address as *mut libc::c_void, self.len) };
-        crate::address_space::hold_again(&self.given);
     }
 }
 

@@ -417,13 +417,6 @@ fn serve<D: Device>(
 
 /// Runs a worker process to its end; returns the exit code.
 pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i32 {
-    // Before the driver loads: its device addresses must not land where apps keep host memory.
-    match crate::address_space::keep_mappings_low() {
-        Ok((ceiling, bytes)) => {
-            tracing::debug!(ceiling = format!("{ceiling:#x}"), bytes, "address space above the device ceiling reserved")
-        }
-        Err(error) => tracing::warn!(%error, "device addresses may land among the app's mappings"),
-    }
     // SAFETY: the listener placed the channel and the budget page at these descriptors before
     // exec (`listener::spawn_worker`), and nothing else in this process owns them.
     let (channel, budget_file) = unsafe { (OwnedFd::from_raw_fd(CHANNEL_FD), std::fs::File::from_raw_fd(BUDGET_FD)) };

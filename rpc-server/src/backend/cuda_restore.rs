@@ -85,18 +85,14 @@ fn reservations(spans: &[(u64, u64)], align: u64, gap: u64) -> Result<Vec<(u64, 
 fn reserve_exactly(start: u64, end: u64) -> Result<bool, String> {
     let mut got: sys::CUdeviceptr = 0;
     let len = (end - start) as usize;
-    // Addresses from a server before the device ceiling lie in this worker's own reservation.
-    let given = crate::address_space::give_back(start, end);
     // SAFETY: valid out-pointer; the hint is only a request.
     let code = unsafe { sys::cuMemAddressReserve(&mut got, len, 0, start, 0) };
     if code != sys::CUresult::CUDA_SUCCESS {
-        crate::address_space::hold_again(&given);
         return Err(format!("reserving {len} bytes at {start:#x}: {code:?}"));
     }
     if got != start {
         // SAFETY: the reservation just made, of `len` bytes.
         unsafe { sys::cuMemAddressFree(got, len) };
-        crate::address_space::hold_again(&given);
         return Ok(false);
     }
     // Reservations stay until the worker exits: they only hold addresses.
@@ -114,7 +110,14 @@ fn reserve_spans(spans: &[(u64, u64)], level: usize) -> Result<(), String> {
         if level + 1 == LEVELS.len() {
             return Err(format!("addresses {start:#x}..{end:#x} are taken on this device"));
         }
-        reserve_spans(&spans[covered], level + 1)?;
+        if let Err(error) = reserve_spans(&spans[covered.clone()], level + 1) {
+            if level > 0 {
+                return Err(error);
+            }
+            // What holds the place here, for the operator (and for whoever reads the log).
+            let (first, last) = (spans[covered.start].0, spans[covered.end - 1].1);
+            return Err(format!("{error} (here: {})", crate::address_space::describe(first, last)));
+        }
     }
     Ok(())
 }

@@ -19,12 +19,13 @@ use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;
 
-/// First fake device address: below the device ceiling, as a worker's real device addresses are
-/// (`address_space`), and 2 MiB-aligned like real allocations. Each worker starts at its own
-/// offset from it (a GPU's addresses differ between processes too), so a moved session's pointers
-/// are the same only if the restore put its memory back where it was.
-const BASE_ADDRESS: u64 = 0x3000_0000_0000;
-/// Steps between workers' first addresses (4096 of them fit below 0x4000_0000_0000).
+/// First fake device address: where a worker's real device addresses lie (`address_space`: the
+/// bottom-up layout starts at a third of the address space), and 2 MiB-aligned like real
+/// allocations. Each worker starts at its own offset from it (a GPU's addresses differ between
+/// processes too), so a moved session's pointers are the same only if the restore put its
+/// memory back where it was.
+const BASE_ADDRESS: u64 = 0x2b00_0000_0000;
+/// Steps between workers' first addresses (4096 of them: 16 TiB).
 const BASE_STEP: u64 = 1 << 32;
 const ALIGNMENT: u64 = 2 << 20;
 
