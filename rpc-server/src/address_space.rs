@@ -24,7 +24,8 @@
 const ADDR_COMPAT_LAYOUT: libc::c_ulong = 0x0200000;
 
 /// Makes the next `exec` of this process use the bottom-up layout. Only async-signal-safe calls:
-/// it runs between fork and exec.
+/// it runs between fork and exec. It can be refused (Docker's default seccomp profile allows
+/// `personality` with a few values only): the worker then checks [`is_bottom_up`] and says so.
 pub fn bottom_up_layout_after_exec() -> std::io::Result<()> {
     // SAFETY: personality(0xffffffff) only reads the persona; setting it changes nothing but how
     // the next exec lays out the address space.
@@ -56,6 +57,28 @@ fn parse_maps(text: &str) -> Vec<Mapping> {
             Some(Mapping { start: u64::from_str_radix(start, 16).ok()?, end: u64::from_str_radix(end, 16).ok()?, name })
         })
         .collect()
+}
+
+/// Whether this process may ask for the bottom-up layout (tried and undone: it only affects the
+/// next exec).
+pub fn bottom_up_allowed() -> bool {
+    // SAFETY: personality(0xffffffff) only reads the persona.
+    let current = unsafe { libc::personality(0xffff_ffff) };
+    if current == -1 {
+        return false;
+    }
+    // SAFETY: the persona only changes how a later exec lays out memory; it is set back at once.
+    let allowed = unsafe { libc::personality(current as libc::c_ulong | ADDR_COMPAT_LAYOUT) } != -1;
+    // SAFETY: as above.
+    unsafe { libc::personality(current as libc::c_ulong) };
+    allowed
+}
+
+/// Whether this process runs with the bottom-up layout.
+pub fn is_bottom_up() -> bool {
+    // SAFETY: personality(0xffffffff) only reads the persona.
+    let current = unsafe { libc::personality(0xffff_ffff) };
+    current != -1 && current as libc::c_ulong & ADDR_COMPAT_LAYOUT != 0
 }
 
 /// What this worker has mapped over `[start, end)`, from `/proc/self/maps` (a few mappings), for
@@ -102,6 +125,9 @@ mod tests {
         // SAFETY: the hook only calls personality(2).
         unsafe { command.pre_exec(bottom_up_layout_after_exec) };
         let output = command.output().expect("cat runs");
+        assert!(!is_bottom_up(), "this process keeps the default layout");
+        assert!(bottom_up_allowed());
+        assert!(!is_bottom_up(), "asking leaves the layout as it was");
         let maps = parse_maps(&String::from_utf8_lossy(&output.stdout));
         let libc_map = maps.iter().find(|mapping| mapping.name.contains("libc")).expect("libc mapped");
         assert!((0x2aaa_0000_0000..0x2c00_0000_0000).contains(&libc_map.start), "{:#x}", libc_map.start);

@@ -172,8 +172,9 @@ impl Server {
                 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // Device addresses away from where apps map their libraries (`address_space`).
-                crate::address_space::bottom_up_layout_after_exec()?;
+                // Device addresses away from where apps map their libraries (`address_space`);
+                // where it is refused the worker says so and runs anyway.
+                let _ = crate::address_space::bottom_up_layout_after_exec();
                 // The listener blocks termination signals to take them on one thread; the worker
                 // must receive them.
                 let mut none: libc::sigset_t = std::mem::zeroed();
@@ -790,6 +791,11 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     };
     if args.listen.is_empty() {
         bail!("nothing to listen on: give --listen host:port or --listen unix:/path");
+    }
+    if !crate::address_space::bottom_up_allowed() {
+        tracing::warn!(
+            "personality(ADDR_COMPAT_LAYOUT) is refused here (as by Docker's default seccomp profile): workers keep the default address-space layout, and an app whose host memory lies where the driver puts device memory has allocations fail"
+        );
     }
     let image_cache = match args.image_cache_dir() {
         None => None,
