@@ -5,8 +5,10 @@
 // addressing) and cudaMallocHost memory used the same way, cudaMemsetAsync/cudaMemcpyAsync on mapped
 // memory, host writes seen by a later kernel, kernel writes seen by the host after a sync.
 //
-// Through Flyt this needs the shared-memory channel (the GPU server on the app's host): over a
-// socket alone cudaHostAlloc(cudaHostAllocMapped) fails loudly, which gpu-tests/run.sh expects.
+// Through Flyt the cudaMallocHost part needs the shared-memory channel (the GPU server on the
+// app's host): over a socket alone mapped memory is mirrored device memory, but cudaMallocHost
+// memory is not device-accessible, and the memset into it fails loudly, which gpu-tests/run.sh
+// expects.
 #include "common.h"
 
 __global__ void write_squares(unsigned *out, unsigned n, unsigned salt) {

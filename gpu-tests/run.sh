@@ -205,17 +205,13 @@ STDERR_COMPARE=(assert_fail printf)
 #   [some_program]='cu(da)?(SomeCall|OtherCall)'
 # None at the moment.
 declare -A EXPECT_UNSUPPORTED=()
-# Programs whose kernels use host memory in place (cudaHostAllocMapped, cudaMallocManaged; cuDNN allocates such
-# memory): through Flyt they need the shared-memory channel (transport shm); over a socket alone
-# they must fail loudly like the programs above.
+# Programs whose kernels use host memory in place (cudaMallocManaged, pinned memory not asked for
+# as mapped): through Flyt they need the shared-memory channel (transport shm); over a socket alone
+# they must fail loudly like the programs above. Mapped memory (cudaHostAllocMapped, which cuDNN
+# and NCCL allocate) is mirrored device memory over a socket, exchanged at launches and syncs.
 declare -A NEEDS_SHM_CHANNEL=(
-    [mapped_memory]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
+    [mapped_memory]='pinned host memory is device-accessible only over the shared-memory channel'
     [managed_memory]='cuMemAllocManaged needs the shared-memory channel'
-    # NCCL's proxy shares flags with its kernels in mapped host memory.
-    [torch_nccl]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
-    [torch_conv]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
-    # bf16 attention goes to cuDNN (the fp32 training before it passes over every transport).
-    [torch_transformer]='cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP'
 )
 # The tenants row's mix: programs (with arguments) whose output does not depend on timing under load.
 TENANT_MIX=("hello_flyt" "vector_add" "kernel_args" "errors" "printf" "assert_fail" "memcpy_kinds"

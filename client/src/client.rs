@@ -592,6 +592,15 @@ impl Client {
             {
                 Ok(())
             }
+            (Some(host), _) if !host.device_mapped => {
+                // Natively all pinned memory is mapped (unified addressing); here only blocks
+                // of the shared-memory channel are, and mapped memory asked for as such.
+                crate::diagnostics::once(
+                    "pinned-not-mapped",
+                    "flyt: pinned host memory is device-accessible only over the shared-memory channel, or when allocated as mapped memory (CU_MEMHOSTALLOC_DEVICEMAP) (returning CUDA_ERROR_INVALID_VALUE)",
+                );
+                Err(CudaError::INVALID_VALUE)
+            }
             _ => Err(CudaError::INVALID_VALUE),
         }
     }

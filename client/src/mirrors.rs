@@ -12,8 +12,16 @@
 //!   meanwhile to other bytes survive.
 //!
 //! Copies to and from the variable's address reach the mirror, as host memory (the runtime's
-//! symbol copies included); a memset is done on the device and fetched at the next sync. Managed
+//! symbol copies included); a memset or a stream memory operation is done on the device and
+//! fetched at the next sync (host changes are sent before stream memory operations too). Managed
 //! allocations (`cuMemAllocManaged`) are not mirrored: they are shared pages (`managed.rs`).
+//!
+//! Mapped pinned memory (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_DEVICEMAP`, as cuDNN asks for it)
+//! is mirrored the same way when it cannot be a block of the shared-memory segment (the GPU on
+//! another host): device memory on the server, whose address is the pointer the app gets for
+//! both sides, with the mirror's pages at that address here ([`Client::mirror_host_alloc`]).
+//! Kernels and the host see each other's writes at launches and synchronizations, not while a
+//! kernel runs: a kernel that waits for the host to write the memory meanwhile waits forever.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -36,6 +44,53 @@ struct Mirror {
     address: u64,
     /// What host and device last agreed the variable holds.
     snapshot: Vec<u8>,
+    /// Mapped pinned memory rather than a module's variable.
+    allocation: Option<MirroredAllocation>,
+}
+
+/// The device memory behind mirrored mapped memory, and the mirror's pages.
+struct MirroredAllocation {
+    /// What `Malloc` returned (the mirror starts at its first 2 MiB boundary).
+    device_base: u64,
+    /// Bytes of the mirror's mapping at the mirror's address.
+    mapped_len: usize,
+}
+
+/// Mirrored mapped memory takes whole 2 MiB chunks: no other device range shares them, so the
+/// chunks this process reserves for device ranges (`ranges.rs`) never meet the mirror's pages.
+const CHUNK: u64 = 2 << 20;
+
+fn round_up(value: u64, align: u64) -> Option<u64> {
+    value.checked_add(align - 1).map(|value| value / align * align)
+}
+
+/// Maps `len` bytes of private memory at exactly `address`; false if anything is there already.
+fn map_pages(address: u64, len: usize) -> bool {
+    // SAFETY: a private anonymous mapping at an address the kernel checks is free
+    // (MAP_FIXED_NOREPLACE never replaces an existing mapping).
+    let mapped = unsafe {
+        libc::mmap(
+            address as usize as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if mapped as usize as u64 == address {
+        return true;
+    }
+    if mapped != libc::MAP_FAILED {
+        // SAFETY: the mapping just made (an old kernel placed it elsewhere).
+        unsafe { libc::munmap(mapped, len) };
+    }
+    false
+}
+
+fn unmap_pages(allocation: &MirroredAllocation, address: u64) {
+    // SAFETY: the mirror's own mapping, made by `map_pages`, unmapped once, when the mirror goes.
+    unsafe { libc::munmap(address as usize as *mut libc::c_void, allocation.mapped_len) };
 }
 
 #[derive(Default)]
@@ -77,20 +132,27 @@ impl Mirrors {
     /// pointers into them, as natively it holds pointers into freed managed memory).
     pub fn forget_module(&self, client: &Client, module: u32) {
         let mut state = self.lock();
-        let (gone, kept): (Vec<Mirror>, Vec<Mirror>) = std::mem::take(&mut state.mirrors).into_iter().partition(|m| m.module == module);
+        let (gone, kept): (Vec<Mirror>, Vec<Mirror>) =
+            std::mem::take(&mut state.mirrors).into_iter().partition(|m| m.module == module && m.allocation.is_none());
         state.mirrors = kept;
         self.any.store(!state.mirrors.is_empty(), Ordering::Relaxed);
         drop(state);
         forget_ranges(client, &gone);
     }
 
-    /// Forgets every mirror (a device reset: modules are loaded again and variables may move).
+    /// Forgets every mirror (a device reset: modules are loaded again and variables may move;
+    /// mapped memory goes with the context, as natively).
     pub fn forget_all(&self, client: &Client) {
         let mut state = self.lock();
         let gone = std::mem::take(&mut state.mirrors);
         state.stream = None;
         self.any.store(false, Ordering::Relaxed);
         drop(state);
+        for mirror in &gone {
+            if let Some(allocation) = &mirror.allocation {
+                unmap_pages(allocation, mirror.address);
+            }
+        }
         forget_ranges(client, &gone);
     }
 }
@@ -161,7 +223,7 @@ impl Client {
         self.read_variable(address, &mut snapshot, stream)?;
         // SAFETY: the mirror's pages were mapped above, writable, for `len` bytes at `address`.
         unsafe { std::ptr::copy_nonoverlapping(snapshot.as_ptr(), address as usize as *mut u8, len) };
-        state.mirrors.push(Mirror { module, address, snapshot });
+        state.mirrors.push(Mirror { module, address, snapshot, allocation: None });
         self.mirrors.any.store(true, Ordering::Relaxed);
         drop(state);
         self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(
@@ -170,6 +232,91 @@ impl Client {
         );
         self.managed.add_mirror(address, size);
         Ok(())
+    }
+
+    /// Mapped pinned memory of `size` bytes without the shared-memory channel (see the module's
+    /// comment): device memory in whole 2 MiB chunks, zeroed, with the mirror's pages at its
+    /// address. A place where this process has memory already is kept aside while another is
+    /// tried, as for any device allocation (`Client::place_allocation`).
+    pub fn mirror_host_alloc(&self, size: usize, flags: u32) -> CudaResult<*mut u8> {
+        const TRIES: usize = 8;
+        let mapped = round_up(size.max(1) as u64, CHUNK).ok_or(CudaError::MEMORY_ALLOCATION)?;
+        let mapped_len = usize::try_from(mapped).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        let mut aside = Vec::new();
+        let placed = loop {
+            let (device_base, address) = match self.chunk_aligned_allocation(mapped) {
+                Ok(placed) => placed,
+                Err(error) => break Err(error),
+            };
+            if map_pages(address, mapped_len) {
+                break Ok((device_base, address));
+            }
+            aside.push(device_base);
+            if aside.len() == TRIES {
+                crate::diagnostics::once(
+                    "mirror-over-host-memory",
+                    &format!(
+                        "flyt: mapped host memory: the GPU server's device addresses kept landing on this process's memory (last at {address:#x})"
+                    ),
+                );
+                break Err(CudaError::MEMORY_ALLOCATION);
+            }
+        };
+        for ptr in aside {
+            let _ = self.call_plain(req::Free { ptr });
+        }
+        let (device_base, address) = placed?;
+        let allocation = MirroredAllocation { device_base, mapped_len };
+        let mut state = self.mirrors.lock();
+        // The mirror's pages are zero: so is the device's side, from the start.
+        let zeroed = self.mirror_stream(&mut state).and_then(|stream| {
+            self.post(req::Memset { dst: address, pattern: 0, width: 1, len: mapped, stream })?;
+            self.call_plain(req::StreamSynchronize { stream }).map(drop)
+        });
+        if let Err(error) = zeroed {
+            drop(state);
+            unmap_pages(&allocation, address);
+            let _ = self.call_plain(req::Free { ptr: device_base });
+            return Err(error);
+        }
+        state.mirrors.push(Mirror { module: 0, address, snapshot: vec![0; size], allocation: Some(allocation) });
+        self.mirrors.any.store(true, Ordering::Relaxed);
+        drop(state);
+        crate::diagnostics::once(
+            "mirrored-mapped-memory",
+            "flyt: mapped host memory without the shared-memory channel: kernels and the host see each other's writes at launches and synchronizations only",
+        );
+        self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(
+            address as usize,
+            HostAllocation { len: size.max(1), flags, segment_offset: None, registered: false, device_mapped: true, managed: false },
+        );
+        Ok(address as usize as *mut u8)
+    }
+
+    /// Device memory of `len` bytes (whole chunks) starting on a chunk boundary: the allocation's
+    /// own start and that boundary.
+    fn chunk_aligned_allocation(&self, len: u64) -> CudaResult<(u64, u64)> {
+        let ptr = self.call_plain(req::Malloc { size: len })?.ptr;
+        if ptr.is_multiple_of(CHUNK) {
+            return Ok((ptr, ptr));
+        }
+        self.call_plain(req::Free { ptr })?;
+        let ptr = self.call_plain(req::Malloc { size: len + CHUNK })?.ptr;
+        Ok((ptr, round_up(ptr, CHUNK).ok_or(CudaError::MEMORY_ALLOCATION)?))
+    }
+
+    /// Frees mapped memory [`Client::mirror_host_alloc`] made at `address`; `None` if there is
+    /// none there.
+    pub fn free_mirrored_host(&self, address: u64) -> Option<CudaResult<()>> {
+        let mut state = self.mirrors.lock();
+        let index = state.mirrors.iter().position(|mirror| mirror.address == address && mirror.allocation.is_some())?;
+        let mirror = state.mirrors.swap_remove(index);
+        self.mirrors.any.store(!state.mirrors.is_empty(), Ordering::Relaxed);
+        drop(state);
+        self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(address as usize));
+        let allocation = mirror.allocation?;
+        unmap_pages(&allocation, address);
+        Some(self.call_plain(req::Free { ptr: allocation.device_base }).map(drop))
     }
 
     /// Reads `bytes.len()` bytes of the device at `address` on the mirrors' stream.

@@ -57,16 +57,18 @@ pub fn host_alloc(client: &Client, size: usize, flags: u32) -> CudaResult<*mut u
 
 /// Host memory kernels use at its address here: a segment block the server mapped at that address,
 /// recorded as mapped pinned memory or as managed memory (`managed`, `flags` its attach flags).
-/// Fails with `NOT_SUPPORTED` where it cannot be had (no channel: the GPU is on another host, or
-/// the address is taken in the server) and `MEMORY_ALLOCATION` when the segment is full.
+/// Where no such block can be had (no channel: the GPU is on another host, or the address is
+/// taken in the server), mapped pinned memory is mirrored device memory (`mirrors.rs`) and
+/// managed memory fails with `NOT_SUPPORTED`; `MEMORY_ALLOCATION` when the segment is full.
 pub(crate) fn mapped_block(client: &Client, size: usize, flags: u32, managed: bool) -> CudaResult<*mut u8> {
+    let unmapped = |client: &Client| if managed { Err(CudaError::NOT_SUPPORTED) } else { client.mirror_host_alloc(size, flags) };
     if client.shm.is_none() {
-        return Err(CudaError::NOT_SUPPORTED);
+        return unmapped(client);
     }
     let block = segment_block(client, size).ok_or(CudaError::MEMORY_ALLOCATION)?;
     if !block.device_mapped {
         release_block(client, block.offset, block.len)?;
-        return Err(CudaError::NOT_SUPPORTED);
+        return unmapped(client);
     }
     let allocation =
         HostAllocation { len: size.max(1), flags, segment_offset: Some(block.offset), registered: false, device_mapped: true, managed };
@@ -151,6 +153,9 @@ pub fn memset(client: &Client, dst: u64, pattern: u32, width: u8, len: u64, stre
 /// Frees pinned host memory [`host_alloc`] gave out. Memory the app registered is the app's to
 /// free, not ours: invalid value, as is any other pointer.
 pub fn host_free(client: &Client, address: usize) -> CudaResult<()> {
+    if let Some(freed) = client.free_mirrored_host(address as u64) {
+        return freed;
+    }
     let allocation = {
         let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if allocations.get(&address).is_none_or(|allocation| allocation.registered || allocation.managed) {

@@ -6,7 +6,6 @@ use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
 
 use flyt_client::client::Client;
 use flyt_client::transfer::{self, Direction, Mode};
-use flyt_protocol::CudaError;
 use flyt_protocol::ops::req;
 
 use super::session::{client, resolve_stream, run, session_client};
@@ -16,7 +15,6 @@ use crate::generated::types::{CUcontext, CUdeviceptr, CUmemcpyAttributes, CUpoin
 
 /// `CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED`.
 const HOST_ALLOC_FLAGS: c_uint = 0x7;
-const HOST_ALLOC_DEVICEMAP: c_uint = 0x2;
 
 pub unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     run(|| {
@@ -367,17 +365,9 @@ fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) -> DriverRes
     if flags & !HOST_ALLOC_FLAGS != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let ptr = transfer::host_alloc(client()?, bytesize, flags).map_err(|error| {
-        // Mapped memory is host memory kernels use in place: it needs the GPU's server on this
-        // host, sharing the app's pages at the app's addresses.
-        if flags & HOST_ALLOC_DEVICEMAP != 0 && error == CudaError::NOT_SUPPORTED {
-            crate::diagnostics::once(
-                "cuMemHostAlloc mapped",
-                "flyt: cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP needs the shared-memory channel (GPU server on this host) with the block's address free in the server (returning CUDA_ERROR_NOT_SUPPORTED)",
-            );
-        }
-        super::session::driver_error(error)
-    })?;
+    // Mapped memory is shared pages when the GPU's server is on this host, mirrored device
+    // memory otherwise (`flyt_client::mirrors`).
+    let ptr = transfer::host_alloc(client()?, bytesize, flags).map_err(super::session::driver_error)?;
     // SAFETY: checked non-NULL; the caller's out-pointer.
     unsafe { write_out(pp, ptr.cast()) }
 }

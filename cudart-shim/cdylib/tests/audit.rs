@@ -87,11 +87,11 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
             "implemented exports without an audit entry in tests/c/audit_implemented.c: {missing:?}\n\
              audited names that are no implemented export: {unknown:?}"
         );
-        // Each refusal said so, once, and nothing else was printed. Mapped and managed memory
-        // are refused only without the channel.
+        // Each refusal said so, once, and nothing else was printed. Managed memory is refused
+        // only without the channel, where mapped memory is mirrored (and says so).
         let channel_refusals = (shm == "off").then(|| {
             [
-                "flyt: cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP needs the shared-memory channel (GPU server on this host) with the block's address free in the server (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
+                "flyt: mapped host memory without the shared-memory channel: kernels and the host see each other's writes at launches and synchronizations only".to_string(),
                 "flyt: cuMemAllocManaged needs the shared-memory channel (the GPU server on this host, the block's address free in the server): managed memory is not served over a socket alone (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
             ]
         });

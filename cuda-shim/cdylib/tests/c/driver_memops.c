@@ -106,9 +106,11 @@ static void stream_memory_operations(CUstream stream, CUdeviceptr d) {
     EXPECT(cuStreamWaitValue32(stream, d + 32, 100, CU_STREAM_WAIT_VALUE_EQ), CUDA_ERROR_NOT_SUPPORTED);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
 
-    // Mapped pinned memory (with the shared-memory channel): the host sees the stream's write.
+    // Mapped pinned memory (shared pages with the channel, mirrored without it): the host sees
+    // the stream's write after a sync, and a wait sees the host's write made before it.
     volatile uint32_t *flag = NULL;
-    if (cuMemHostAlloc((void **)&flag, 4096, CU_MEMHOSTALLOC_DEVICEMAP) == CUDA_SUCCESS) {
+    EXPECT(cuMemHostAlloc((void **)&flag, 4096, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+    if (flag != NULL) {
         CUdeviceptr flag_device = 0;
         EXPECT(cuMemHostGetDevicePointer(&flag_device, (void *)flag, 0), CUDA_SUCCESS);
         flag[0] = 0;

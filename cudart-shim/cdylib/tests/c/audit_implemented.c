@@ -614,41 +614,37 @@ static void memory(void) {
     AUDIT("cudaHostAlloc");
     EXPECT_CODE("unknown flag", cudaHostAlloc((void **)&alloc, N, 0x10), cudaErrorInvalidValue);
     /* Mapped memory: over the shared-memory channel the server maps the block at the app's
-       address, so kernels use the app's pointer (unified addressing); over a socket alone the
-       GPU cannot reach the app's memory, and the call says so. */
+       address, so kernels use the app's pointer (unified addressing); over a socket alone it is
+       device memory mirrored at the same address here, exchanged at launches and syncs. */
     const char *shm = getenv("FLYT_SHM");
     int channel = shm && strcmp(shm, "on") == 0;
     void *device_view = NULL;
-    if (channel) {
-        OK("mapped memory over the channel", cudaHostAlloc((void **)&mapped, N, cudaHostAllocMapped));
-        OK("its flags", cudaHostGetFlags(&flags, mapped));
-        EXPECT("mapped flag kept", flags == cudaHostAllocMapped);
-        AUDIT("cudaHostGetDevicePointer");
-        OK("cudaHostGetDevicePointer", cudaHostGetDevicePointer(&device_view, mapped + 8, 0));
-        EXPECT("the device sees it at its host address", device_view == mapped + 8);
-        OK("attributes of mapped memory", cudaPointerGetAttributes(&attributes, mapped + 8));
-        EXPECT("mapped memory: host memory with a device pointer",
-               attributes.type == cudaMemoryTypeHost && attributes.devicePointer == mapped + 8 && attributes.hostPointer == mapped + 8);
-        EXPECT_CODE("flags must be 0", cudaHostGetDevicePointer(&device_view, mapped, 1), cudaErrorInvalidValue);
-        EXPECT_CODE("into NULL", cudaHostGetDevicePointer(NULL, mapped, 0), cudaErrorInvalidValue);
-        EXPECT_CODE("pageable memory has none", cudaHostGetDevicePointer(&device_view, host_a, 0), cudaErrorInvalidValue);
-        EXPECT_CODE("device memory is no host memory", cudaHostGetDevicePointer(&device_view, dev, 0), cudaErrorInvalidValue);
-        fill(mapped, N, 7);
-        OK("H2D from mapped memory", cudaMemcpy(dev, mapped, N, cudaMemcpyHostToDevice));
-        memset(host_b, 0, N);
-        OK("D2H", cudaMemcpy(host_b, dev, N, cudaMemcpyDeviceToHost));
-        EXPECT("mapped round trip", memcmp(mapped, host_b, N) == 0);
-        OK("memset of mapped memory (the device writes the app's pages)", cudaMemset(mapped + 16, 0x5a, 100));
-        int memset_ok = mapped[15] != 0x5a && mapped[116] != 0x5a;
-        for (int i = 16; i < 116; i++) memset_ok &= mapped[i] == 0x5a;
-        EXPECT("memset landed in place", memset_ok);
-        EXPECT_CODE("memset past the block", cudaMemset(mapped + N - 4, 0, 4096 * 4), cudaErrorInvalidValue);
-        OK("cudaFreeHost of mapped memory", cudaFreeHost(mapped));
-        EXPECT_CODE("freed mapped memory has no device pointer", cudaHostGetDevicePointer(&device_view, mapped, 0), cudaErrorInvalidValue);
-    } else {
-        EXPECT_CODE("mapped memory over a socket alone", cudaHostAlloc((void **)&mapped, N, cudaHostAllocMapped), cudaErrorNotSupported);
-        EXPECT("nothing handed out", mapped == NULL);
-        AUDIT("cudaHostGetDevicePointer");
+    OK("mapped memory", cudaHostAlloc((void **)&mapped, N, cudaHostAllocMapped));
+    OK("its flags", cudaHostGetFlags(&flags, mapped));
+    EXPECT("mapped flag kept", flags == cudaHostAllocMapped);
+    AUDIT("cudaHostGetDevicePointer");
+    OK("cudaHostGetDevicePointer", cudaHostGetDevicePointer(&device_view, mapped + 8, 0));
+    EXPECT("the device sees it at its host address", device_view == mapped + 8);
+    OK("attributes of mapped memory", cudaPointerGetAttributes(&attributes, mapped + 8));
+    EXPECT("mapped memory: host memory with a device pointer",
+           attributes.type == cudaMemoryTypeHost && attributes.devicePointer == mapped + 8 && attributes.hostPointer == mapped + 8);
+    EXPECT_CODE("flags must be 0", cudaHostGetDevicePointer(&device_view, mapped, 1), cudaErrorInvalidValue);
+    EXPECT_CODE("into NULL", cudaHostGetDevicePointer(NULL, mapped, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("pageable memory has none", cudaHostGetDevicePointer(&device_view, host_a, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("device memory is no host memory", cudaHostGetDevicePointer(&device_view, dev, 0), cudaErrorInvalidValue);
+    fill(mapped, N, 7);
+    OK("H2D from mapped memory", cudaMemcpy(dev, mapped, N, cudaMemcpyHostToDevice));
+    memset(host_b, 0, N);
+    OK("D2H", cudaMemcpy(host_b, dev, N, cudaMemcpyDeviceToHost));
+    EXPECT("mapped round trip", memcmp(mapped, host_b, N) == 0);
+    OK("memset of mapped memory (the device writes the app's pages)", cudaMemset(mapped + 16, 0x5a, 100));
+    int memset_ok = mapped[15] != 0x5a && mapped[116] != 0x5a;
+    for (int i = 16; i < 116; i++) memset_ok &= mapped[i] == 0x5a;
+    EXPECT("memset landed in place", memset_ok);
+    EXPECT_CODE("memset past the block", cudaMemset(mapped + N - 4, 0, 4096 * 4), cudaErrorInvalidValue);
+    OK("cudaFreeHost of mapped memory", cudaFreeHost(mapped));
+    EXPECT_CODE("freed mapped memory has no device pointer", cudaHostGetDevicePointer(&device_view, mapped, 0), cudaErrorInvalidValue);
+    if (!channel) {
         EXPECT_CODE("pinned memory the GPU cannot reach has no device pointer", cudaHostGetDevicePointer(&device_view, pinned, 0),
                     cudaErrorInvalidValue);
     }
