@@ -478,6 +478,44 @@ fn open_session() -> Result<Client, (CudaError, String)> {
     })
 }
 
+/// Makes a device allocation with `allocate` until `claim` takes its place (it fails where host
+/// memory of this process lies at the allocation's `address`). One that lands on host memory is
+/// kept aside while another is made (so the server cannot hand the same address back), then freed
+/// with `free`. After 8 such landings the allocation fails.
+pub(crate) fn place_off_host<T: Copy>(
+    mut allocate: impl FnMut() -> CudaResult<T>,
+    mut claim: impl FnMut(T) -> bool,
+    address: impl Fn(T) -> u64,
+    free: impl Fn(T),
+) -> CudaResult<T> {
+    const TRIES: usize = 8;
+    let mut aside = Vec::new();
+    let placed = loop {
+        let placed = match allocate() {
+            Ok(placed) => placed,
+            Err(error) => break Err(error),
+        };
+        if claim(placed) {
+            break Ok(placed);
+        }
+        aside.push(placed);
+        if aside.len() == TRIES {
+            crate::diagnostics::once(
+                "allocation-over-host-memory",
+                &format!(
+                    "flyt: the GPU server's device addresses kept landing on this process's host memory (last at {:#x}); an allocation failed",
+                    address(placed)
+                ),
+            );
+            break Err(CudaError::MEMORY_ALLOCATION);
+        }
+    };
+    for placed in aside {
+        free(placed);
+    }
+    placed
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -499,40 +537,21 @@ impl Client {
     }
 
     /// Makes a device allocation of `len` bytes with `allocate` at an address no host memory of
-    /// this process holds (see `ranges::Reservations`), and records it: one that lands on host
-    /// memory is kept aside while another is made (so the server cannot hand the same address
-    /// back), then freed with `free`. After 8 such landings the allocation fails.
+    /// this process holds (see `ranges::Reservations`), and records it; see [`place_off_host`].
     pub fn place_allocation(
         &self,
         len: u64,
-        mut allocate: impl FnMut() -> CudaResult<u64>,
+        allocate: impl FnMut() -> CudaResult<u64>,
         free: impl Fn(u64) -> CudaResult<()>,
     ) -> CudaResult<u64> {
-        const TRIES: usize = 8;
-        let mut aside = Vec::new();
-        let placed = loop {
-            let ptr = match allocate() {
-                Ok(ptr) => ptr,
-                Err(error) => break Err(error),
-            };
-            if ptr == 0 || self.ranges.try_add(ptr, len, true) {
-                break Ok(ptr);
-            }
-            aside.push(ptr);
-            if aside.len() == TRIES {
-                crate::diagnostics::once(
-                    "allocation-over-host-memory",
-                    &format!(
-                        "flyt: the GPU server's device addresses kept landing on this process's host memory (last at {ptr:#x}); an allocation failed"
-                    ),
-                );
-                break Err(CudaError::MEMORY_ALLOCATION);
-            }
-        };
-        for ptr in aside {
-            let _ = free(ptr);
-        }
-        placed
+        place_off_host(
+            allocate,
+            |ptr| ptr == 0 || self.ranges.try_add(ptr, len, true),
+            |ptr| ptr,
+            |ptr| {
+                let _ = free(ptr);
+            },
+        )
     }
 
     /// Forgets an allocation that starts exactly at `start`.

@@ -237,35 +237,18 @@ impl Client {
     /// Mapped pinned memory of `size` bytes without the shared-memory channel (see the module's
     /// comment): device memory in whole 2 MiB chunks, zeroed, with the mirror's pages at its
     /// address. A place where this process has memory already is kept aside while another is
-    /// tried, as for any device allocation (`Client::place_allocation`).
+    /// tried, as for any device allocation (`client::place_off_host`).
     pub fn mirror_host_alloc(&self, size: usize, flags: u32) -> CudaResult<*mut u8> {
-        const TRIES: usize = 8;
         let mapped = round_up(size.max(1) as u64, CHUNK).ok_or(CudaError::MEMORY_ALLOCATION)?;
         let mapped_len = usize::try_from(mapped).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
-        let mut aside = Vec::new();
-        let placed = loop {
-            let (device_base, address) = match self.chunk_aligned_allocation(mapped) {
-                Ok(placed) => placed,
-                Err(error) => break Err(error),
-            };
-            if map_pages(address, mapped_len) {
-                break Ok((device_base, address));
-            }
-            aside.push(device_base);
-            if aside.len() == TRIES {
-                crate::diagnostics::once(
-                    "mirror-over-host-memory",
-                    &format!(
-                        "flyt: mapped host memory: the GPU server's device addresses kept landing on this process's memory (last at {address:#x})"
-                    ),
-                );
-                break Err(CudaError::MEMORY_ALLOCATION);
-            }
-        };
-        for ptr in aside {
-            let _ = self.call_plain(req::Free { ptr });
-        }
-        let (device_base, address) = placed?;
+        let (device_base, address) = crate::client::place_off_host(
+            || self.chunk_aligned_allocation(mapped),
+            |(_, address)| map_pages(address, mapped_len),
+            |(_, address)| address,
+            |(device_base, _)| {
+                let _ = self.call_plain(req::Free { ptr: device_base });
+            },
+        )?;
         let allocation = MirroredAllocation { device_base, mapped_len };
         let mut state = self.mirrors.lock();
         // The mirror's pages are zero: so is the device's side, from the start.
