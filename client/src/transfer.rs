@@ -339,7 +339,12 @@ pub unsafe fn copy(
             }
             outcome?;
             match mode {
-                Mode::Synchronous => deferred.or_else(|| client.conn.take_deferred()).map_or(Ok(()), Err),
+                Mode::Synchronous => {
+                    deferred.or_else(|| client.conn.take_deferred()).map_or(Ok(()), Err)?;
+                    // A blocking copy waited for the work before it, which may have written
+                    // mirrored memory (`mirrors.rs`).
+                    client.pull_mirrors(false)
+                }
                 // Not a sync point: the error waits for the next one.
                 Mode::Asynchronous => {
                     if let Some(error) = deferred {

@@ -173,7 +173,7 @@ int main(void) {
 
     // Pinned host memory: over the shared-memory channel the server maps it at the app's address
     // (unified addressing), so it has a device pointer, its own address; over a socket alone the
-    // GPU cannot reach it, and mapped memory is refused with a line.
+    // GPU cannot reach it, and mapped memory is mirrored device memory.
     const char *shm = getenv("FLYT_SHM");
     int channel = shm && strcmp(shm, "on") == 0;
     void *mapped = NULL, *pinned = NULL;
@@ -195,6 +195,14 @@ int main(void) {
     const unsigned char *bytes = mapped;
     CHECK("the device's write seen by the host", bytes[4100] == 0x5a && bytes[4115] == 0x5a);
     CHECK("the host's writes around it kept", bytes[4099] == 7 && bytes[4116] == 7 && bytes[3 * 4096 + 4] == 7);
+    // A blocking copy waits for the work before it: a device write queued before it is seen after it.
+    unsigned char word[4];
+    CUdeviceptr scratch = 0;
+    EXPECT(cuMemAlloc(&scratch, 4), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8Async((CUdeviceptr)(size_t)mapped + 200, 0x33, 4, NULL), CUDA_SUCCESS);
+    EXPECT(cuMemcpyDtoH(word, scratch, 4), CUDA_SUCCESS);
+    CHECK("a device write seen after a blocking copy", bytes[200] == 0x33 && bytes[203] == 0x33);
+    EXPECT(cuMemFree(scratch), CUDA_SUCCESS);
     EXPECT(cuMemFreeHost(mapped), CUDA_SUCCESS);
     EXPECT(cuMemHostGetDevicePointer(&mapped_device, mapped, 0), CUDA_ERROR_INVALID_VALUE);
     if (channel) {
