@@ -191,23 +191,7 @@ impl Client {
             if state.pages.contains(&page) {
                 continue;
             }
-            // SAFETY: a private anonymous mapping at an address the kernel checks is free
-            // (MAP_FIXED_NOREPLACE never replaces an existing mapping).
-            let mapped = unsafe {
-                libc::mmap(
-                    page as usize as *mut libc::c_void,
-                    PAGE as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                    -1,
-                    0,
-                )
-            };
-            if mapped as usize as u64 != page {
-                if mapped != libc::MAP_FAILED {
-                    // SAFETY: the mapping just made (an old kernel placed it elsewhere).
-                    unsafe { libc::munmap(mapped, PAGE as usize) };
-                }
+            if !map_pages(page, PAGE as usize) {
                 crate::diagnostics::once(
                     "managed-variable-address",
                     &format!(

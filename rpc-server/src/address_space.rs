@@ -23,21 +23,27 @@
 /// `personality(2)`'s flag for the bottom-up layout.
 const ADDR_COMPAT_LAYOUT: libc::c_ulong = 0x0200000;
 
-/// Makes the next `exec` of this process use the bottom-up layout. Only async-signal-safe calls:
-/// it runs between fork and exec. It can be refused (Docker's default seccomp profile allows
-/// `personality` with a few values only): the worker then checks [`is_bottom_up`] and says so.
-pub fn bottom_up_layout_after_exec() -> std::io::Result<()> {
-    // SAFETY: personality(0xffffffff) only reads the persona; setting it changes nothing but how
-    // the next exec lays out the address space.
+/// Adds the bottom-up flag to this process's persona, which only changes how its next exec lays
+/// out memory; returns the persona it had. Only async-signal-safe calls (it runs between fork and
+/// exec). It can be refused: Docker's default seccomp profile allows `personality` with a few
+/// values only, and the listener says so once ([`bottom_up_allowed`]).
+fn add_bottom_up() -> std::io::Result<libc::c_ulong> {
+    // SAFETY: personality(0xffffffff) only reads the persona.
     let current = unsafe { libc::personality(0xffff_ffff) };
     if current == -1 {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: as above.
-    if unsafe { libc::personality(current as libc::c_ulong | ADDR_COMPAT_LAYOUT) } == -1 {
+    let current = current as libc::c_ulong;
+    // SAFETY: the persona only changes how a later exec lays out memory.
+    if unsafe { libc::personality(current | ADDR_COMPAT_LAYOUT) } == -1 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(())
+    Ok(current)
+}
+
+/// Makes the next `exec` of this process use the bottom-up layout (see [`add_bottom_up`]).
+pub fn bottom_up_layout_after_exec() -> std::io::Result<()> {
+    add_bottom_up().map(drop)
 }
 
 /// One line of `/proc/self/maps`: its range and what it maps.
@@ -59,26 +65,13 @@ fn parse_maps(text: &str) -> Vec<Mapping> {
         .collect()
 }
 
-/// Whether this process may ask for the bottom-up layout (tried and undone: it only affects the
-/// next exec).
+/// Whether this process may ask for the bottom-up layout (asked, then set back).
 pub fn bottom_up_allowed() -> bool {
-    // SAFETY: personality(0xffffffff) only reads the persona.
-    let current = unsafe { libc::personality(0xffff_ffff) };
-    if current == -1 {
-        return false;
-    }
-    // SAFETY: the persona only changes how a later exec lays out memory; it is set back at once.
-    let allowed = unsafe { libc::personality(current as libc::c_ulong | ADDR_COMPAT_LAYOUT) } != -1;
-    // SAFETY: as above.
-    unsafe { libc::personality(current as libc::c_ulong) };
-    allowed
-}
-
-/// Whether this process runs with the bottom-up layout.
-pub fn is_bottom_up() -> bool {
-    // SAFETY: personality(0xffffffff) only reads the persona.
-    let current = unsafe { libc::personality(0xffff_ffff) };
-    current != -1 && current as libc::c_ulong & ADDR_COMPAT_LAYOUT != 0
+    add_bottom_up().is_ok_and(|before| {
+        // SAFETY: back to the persona this process had.
+        unsafe { libc::personality(before) };
+        true
+    })
 }
 
 /// What this worker has mapped over `[start, end)`, from `/proc/self/maps` (a few mappings), for
@@ -99,6 +92,13 @@ pub fn describe(start: u64, end: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether this process runs with the bottom-up layout.
+    fn is_bottom_up() -> bool {
+        // SAFETY: personality(0xffffffff) only reads the persona.
+        let current = unsafe { libc::personality(0xffff_ffff) };
+        current != -1 && current as libc::c_ulong & ADDR_COMPAT_LAYOUT != 0
+    }
 
     const MAPS: &str = "\
 5555_0000_0000-5555_0000_4000 r--p 00000000 08:01 1 /usr/bin/flyt rpc-server

@@ -155,9 +155,9 @@ impl Server {
         // short-lived handshake thread. A waiting worker exits when the listener's end of its
         // channel closes; a serving one finishes its session.
         // SAFETY: between fork and exec only async-signal-safe calls run (fcntl, dup2,
-        // personality, sigprocmask), on descriptors this process owns. The descriptors are first copied above
-        // 10 so that placing them at 3 and 4 cannot overwrite one with the other, and dup2 clears
-        // close-on-exec on the copies the worker keeps (3, 4 and 5).
+        // personality, sigprocmask), on descriptors this process owns. The descriptors are first
+        // copied above 10 so that placing them at 3 and 4 cannot overwrite one with the other, and
+        // dup2 clears close-on-exec on the copies the worker keeps (3, 4 and 5).
         unsafe {
             command.pre_exec(move || {
                 let channel = libc::fcntl(channel_raw, libc::F_DUPFD_CLOEXEC, 10);
@@ -173,7 +173,7 @@ impl Server {
                     return Err(std::io::Error::last_os_error());
                 }
                 // Device addresses away from where apps map their libraries (`address_space`);
-                // where it is refused the worker says so and runs anyway.
+                // where it is refused (the listener said so at start) the worker runs anyway.
                 let _ = crate::address_space::bottom_up_layout_after_exec();
                 // The listener blocks termination signals to take them on one thread; the worker
                 // must receive them.
