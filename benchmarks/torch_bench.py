@@ -3,7 +3,10 @@ start of the script (before `import torch`) to a first result from the GPU. Prin
 per line, like the C programs. Checks what it measures: the training loss must fall, and the GPU's
 inference must match the same model run on the CPU.
 
-    python torch_bench.py [--quick]
+    python torch_bench.py [--quick] [--infer-only]
+
+--infer-only skips the training (the inference then runs an untrained model: same kernels, same
+timing) for diagnostics that repeat the inference row many times.
 """
 
 import time
@@ -11,6 +14,8 @@ import time
 STARTED = time.perf_counter()
 
 import json  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 
@@ -54,6 +59,9 @@ def main():
         optimizer.step()
         return loss.item()
 
+    if "--infer-only" in sys.argv:
+        infer(model, vocab, seq, quick)
+        return
     losses = [step() for _ in range(5)]
     times = []
     for _ in range(10 if quick else 30):
@@ -66,22 +74,32 @@ def main():
     emit("torch_train_step", p50_ms=statistics.median(times), min_ms=min(times), steps=len(times),
          first_loss=losses[0], last_loss=losses[-1])
 
+    infer(model, vocab, seq, quick)
+
+
+def infer(model, vocab, seq, quick):
     model.eval()
     sample = torch.randint(0, vocab, (1, seq), device="cuda")
     times = []
     with torch.no_grad():
         for _ in range(10):
             model(sample).argmax(-1).cpu()
+        cpu, usage = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         for _ in range(20 if quick else 100):
             t = time.perf_counter()
             model(sample).argmax(-1).cpu()
             times.append((time.perf_counter() - t) * 1e3)
+        # What the process spent meanwhile (all its threads): tells a slow run that burned CPU from
+        # one that waited or was preempted.
+        cpu, after = (time.process_time() - cpu) * 1e3 / len(times), resource.getrusage(resource.RUSAGE_SELF)
         on_gpu = model(sample).cpu()
         on_cpu = model.cpu()(sample.cpu())
     if not torch.allclose(on_gpu, on_cpu, rtol=1e-2, atol=1e-2):
         worst = (on_gpu - on_cpu).abs().max().item()
         raise SystemExit(f"torch_bench: the GPU's inference differs from the CPU's (max difference {worst:g})")
-    emit("torch_infer_b1", p50_ms=statistics.median(times), min_ms=min(times), n=len(times))
+    emit("torch_infer_b1", p50_ms=statistics.median(times), min_ms=min(times), n=len(times), cpu_ms_per_step=cpu,
+         involuntary_switches=after.ru_nivcsw - usage.ru_nivcsw, voluntary_switches=after.ru_nvcsw - usage.ru_nvcsw,
+         load_1min=os.getloadavg()[0])
 
 
 if __name__ == "__main__":
