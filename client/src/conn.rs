@@ -687,11 +687,12 @@ impl Conn {
     /// Reads and handles frames until `done()`; polls without blocking until `spin_until`, then
     /// blocks. `Err` is the connection's failure.
     fn read_until(&self, inbound: &mut Inbound, done: impl Fn() -> bool, spin_until: Instant) -> Result<(), String> {
+        let mut spinning = flyt_ring::SpinDeadline::new(spin_until);
         while !done() {
             if self.failure.get().is_some() {
                 return Ok(());
             }
-            let wait = Instant::now() >= spin_until;
+            let wait = !spinning.keep_spinning();
             if !self.read_frame(inbound, wait)? {
                 std::hint::spin_loop();
             }

@@ -48,6 +48,37 @@ pub fn spin_budget() -> Duration {
     })
 }
 
+/// Looks between two clock reads of a [`SpinDeadline`].
+const LOOKS_PER_CLOCK_READ: u32 = 16;
+
+/// The end of a spin-wait that reads the clock only on every 16th look: a clock read costs 20-50
+/// ns on the GPU VMs, as much as the poll it guards, and whatever a look costs is added to the
+/// latency of the reply being waited for. The deadline is seen at most 15 looks late.
+pub struct SpinDeadline {
+    until: Instant,
+    looks: u32,
+    passed: bool,
+}
+
+impl SpinDeadline {
+    pub fn new(until: Instant) -> Self {
+        Self { until, looks: 0, passed: false }
+    }
+
+    pub fn after(budget: Duration) -> Self {
+        Self::new(Instant::now() + budget)
+    }
+
+    /// `true` while the deadline has not been seen to pass (the first look reads the clock).
+    pub fn keep_spinning(&mut self) -> bool {
+        if !self.passed && self.looks.is_multiple_of(LOOKS_PER_CLOCK_READ) {
+            self.passed = Instant::now() >= self.until;
+        }
+        self.looks = self.looks.wrapping_add(1);
+        !self.passed
+    }
+}
+
 /// Bytes of the area that hold the two headers.
 pub const AREA_HEADER: usize = 4096;
 
@@ -265,8 +296,8 @@ impl Pair {
     /// are the counter and flag of what is awaited: a record (`written`, `consumer_asleep`) or
     /// room (`read`, `producer_asleep`).
     fn wait(&self, ring: &Ring, ready: impl Fn() -> bool, sequence: &AtomicU32, asleep: &AtomicU32) -> bool {
-        let spin_until = Instant::now() + self.spin;
-        while Instant::now() < spin_until {
+        let mut spinning = SpinDeadline::after(self.spin);
+        while spinning.keep_spinning() {
             if ready() {
                 return true;
             }
@@ -579,6 +610,17 @@ mod tests {
                 Pair::new(base, CAPACITY, Side::Server, socket, Duration::from_micros(50), Wake::Futex).split(),
             )
         }
+    }
+
+    #[test]
+    fn a_spin_deadline_reads_the_clock_at_the_first_look_and_sees_it_pass_within_16() {
+        assert!(!SpinDeadline::new(Instant::now()).keep_spinning(), "a deadline already passed ends the spin at once");
+        let mut spinning = SpinDeadline::after(Duration::from_millis(300));
+        assert!((0..100).all(|_| spinning.keep_spinning()), "100 looks take far less than 300 ms");
+        std::thread::sleep(Duration::from_millis(310));
+        let looks_after = (0..=LOOKS_PER_CLOCK_READ).take_while(|_| spinning.keep_spinning()).count();
+        assert!(looks_after < LOOKS_PER_CLOCK_READ as usize, "seen {looks_after} looks late");
+        assert!(!spinning.keep_spinning(), "a passed deadline stays passed");
     }
 
     #[test]

@@ -307,10 +307,10 @@ struct SpinningReader(Connection);
 
 impl Read for SpinningReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let spin_until = Instant::now() + flyt_ring::spin_budget();
+        let mut spinning = flyt_ring::SpinDeadline::after(flyt_ring::spin_budget());
         loop {
             match self.0.read_nonblocking(buf) {
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < spin_until => {
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock && spinning.keep_spinning() => {
                     std::hint::spin_loop();
                 }
                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
@@ -558,12 +558,12 @@ impl<D: Device> Session<D> {
 
     /// Polls `ready` for up to the inline-wait budget; `true` if it became ready.
     fn ready_soon(&self, mut ready: impl FnMut() -> bool) -> bool {
-        let started = Instant::now();
+        let mut spinning = flyt_ring::SpinDeadline::after(self.config.inline_wait);
         loop {
             if ready() {
                 return true;
             }
-            if started.elapsed() >= self.config.inline_wait {
+            if !spinning.keep_spinning() {
                 return false;
             }
             std::hint::spin_loop();
