@@ -4,7 +4,7 @@
 // whose body kernel counts to 10 and clears the condition itself (cudaGraphSetConditional), and IF
 // nodes whose condition a kernel sets; queries of dependencies, dependents and edges; a kernel node
 // disabled and enabled in the executable graph; instantiation flags, event and child graph
-// getters; graph memory attributes. Built with -lcuda.
+// getters; graph memory attributes; batch memory operation nodes. Built with -lcuda.
 #include <vector>
 
 #include "driver_check.h"
@@ -39,6 +39,94 @@ static cudaGraphNode_t add_kernel(cudaGraph_t g, const cudaGraphNode_t *deps, si
     cudaGraphNode_t node;
     CHECK(cudaGraphAddKernelNode(&node, g, deps, ndeps, &p));
     return node;
+}
+
+static CUstreamBatchMemOpParams write32(CUdeviceptr address, unsigned value) {
+    CUstreamBatchMemOpParams op = {};
+    op.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    op.writeValue.address = address;
+    op.writeValue.value = value;
+    return op;
+}
+
+// Batch memory operation nodes (driver API): writes and a wait, then a kernel that reads what
+// they wrote; their parameters read back, changed in the executable graph; a node captured from
+// cuStreamWriteValue32.
+static void batch_mem_op_nodes(cudaStream_t s) {
+    int *words = nullptr;
+    CHECK(cudaMalloc(&words, 64));
+    CHECK(cudaMemset(words, 0, 64));
+    CUdeviceptr flag = (CUdeviceptr)words, wide = flag + 8;
+    CUstreamBatchMemOpParams ops[3] = {write32(flag, 41), {}, {}};
+    ops[1].operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    ops[1].writeValue.address = wide;
+    ops[1].writeValue.value64 = 0x0102030405060708ull;
+    ops[2].operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    ops[2].waitValue.address = flag;
+    ops[2].waitValue.value = 41;
+    ops[2].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    CUDA_BATCH_MEM_OP_NODE_PARAMS params = {};
+    CHECK_CU(cuCtxGetCurrent(&params.ctx));
+    params.count = 3;
+    params.paramArray = ops;
+    cudaGraph_t g;
+    CHECK(cudaGraphCreate(&g, 0));
+    CUgraphNode memops;
+    CHECK_CU(cuGraphAddBatchMemOpNode(&memops, (CUgraph)g, nullptr, 0, &params));
+    void *args[] = {&words};
+    cudaGraphNode_t dep = (cudaGraphNode_t)memops;
+    add_kernel(g, &dep, 1, (void *)add_one, 1, 1, args);
+    CUgraphNodeType type;
+    CHECK_CU(cuGraphNodeGetType(memops, &type));
+    CUDA_BATCH_MEM_OP_NODE_PARAMS back = {};
+    CHECK_CU(cuGraphBatchMemOpNodeGetParams(memops, &back));
+    printf("batch node: type %d, %u ops, first writes %u, flags %u\n", (int)type, back.count, back.paramArray[0].writeValue.value,
+           back.flags);
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    int got = 0;
+    unsigned long long got_wide = 0;
+    CHECK(cudaMemcpy(&got, words, 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(&got_wide, words + 2, 8, cudaMemcpyDeviceToHost));
+    printf("after launch: flag %d, wide %llx\n", got, got_wide);
+    ops[0] = write32(flag, 99);
+    ops[2].waitValue.value = 99;
+    CHECK_CU(cuGraphExecBatchMemOpNodeSetParams((CUgraphExec)exec, memops, &params));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaMemcpy(&got, words, 4, cudaMemcpyDeviceToHost));
+    CHECK_CU(cuGraphBatchMemOpNodeGetParams(memops, &back));
+    printf("executable graph changed: flag %d; graph's node still writes %u\n", got, back.paramArray[0].writeValue.value);
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(g));
+
+    cudaGraph_t captured;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    CHECK_CU(cuStreamWriteValue32((CUstream)s, flag + 16, 7, 0));
+    CHECK(cudaStreamEndCapture(s, &captured));
+    size_t count = 0;
+    CHECK(cudaGraphGetNodes(captured, nullptr, &count));
+    std::vector<cudaGraphNode_t> nodes(count);
+    CHECK(cudaGraphGetNodes(captured, nodes.data(), &count));
+    for (cudaGraphNode_t node : nodes) {
+        CHECK_CU(cuGraphNodeGetType((CUgraphNode)node, &type));
+        if (type == CU_GRAPH_NODE_TYPE_BATCH_MEM_OP) {
+            CHECK_CU(cuGraphBatchMemOpNodeGetParams((CUgraphNode)node, &back));
+            printf("captured batch node: %u op(s), writes %u\n", back.count, back.paramArray[0].writeValue.value);
+        } else {
+            printf("captured node of type %d\n", (int)type);
+        }
+    }
+    CHECK(cudaGraphInstantiate(&exec, captured, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaMemcpy(&got, words + 4, 4, cudaMemcpyDeviceToHost));
+    printf("captured write ran: %d\n", got);
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(captured));
+    CHECK(cudaFree(words));
 }
 
 int main() {
@@ -210,6 +298,8 @@ int main() {
     CHECK(cudaGraphDestroy(child));
     CHECK(cudaEventDestroy(ev));
     CHECK_CU(cuDeviceGraphMemTrim(0));
+
+    batch_mem_op_nodes(s);
 
     CHECK(cudaFree(counter));
     CHECK(cudaFree(out));

@@ -48,6 +48,7 @@ impl Client {
     pub fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {
         let reply = self.call(req::MallocPitch { width, height, element_size })?;
         self.add_device_range(reply.ptr, reply.pitch * height, true);
+        self.ranges.mark_legacy_ipc(reply.ptr);
         Ok((reply.ptr, reply.pitch))
     }
 

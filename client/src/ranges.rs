@@ -18,6 +18,9 @@ struct Range {
     freeable: bool,
     /// Physical memory mapped into a reserved range (`cuMemMap`): adjacent mappings are one range.
     mapped: bool,
+    /// Made by `cuMemAlloc` or `cuMemAllocPitch`: memory `cuIpcGetMemHandle` exports (pool
+    /// allocations and mappings it refuses, as natively).
+    legacy_ipc: bool,
     id: u64,
 }
 
@@ -31,7 +34,7 @@ pub fn new_buffer_id() -> u64 {
 }
 
 fn range(len: u64, freeable: bool) -> Range {
-    Range { len, freeable, mapped: false, id: new_buffer_id() }
+    Range { len, freeable, mapped: false, legacy_ipc: false, id: new_buffer_id() }
 }
 
 /// Device addresses are the server's: nothing stops this process from mapping host memory at the
@@ -291,6 +294,18 @@ impl DeviceRanges {
     /// The range holding `ptr`, as `(start, len)`.
     pub fn find(&self, ptr: u64) -> Option<(u64, u64)> {
         self.holding(ptr).map(|(start, range)| (start, range.len))
+    }
+
+    /// Marks the allocation at `start` as made by `cuMemAlloc` or `cuMemAllocPitch`.
+    pub fn mark_legacy_ipc(&self, start: u64) {
+        if let Some(range) = self.write().get_mut(&start) {
+            range.legacy_ipc = true;
+        }
+    }
+
+    /// Whether the range holding `ptr` is memory `cuIpcGetMemHandle` exports.
+    pub fn legacy_ipc_capable(&self, ptr: u64) -> bool {
+        self.holding(ptr).is_some_and(|(_, range)| range.legacy_ipc)
     }
 
     /// The buffer id of the range holding `ptr`.

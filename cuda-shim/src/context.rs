@@ -302,6 +302,16 @@ pub fn current() -> Option<&'static Context> {
     STACK.try_with(|stack| stack.borrow().last().copied()).ok().flatten()
 }
 
+/// The context the session's objects belong to, as the driver names it to a thread: the current
+/// one, or device 0's primary one for a thread without a context (a thread that asks before any
+/// other call, as PyTorch's pin-memory thread does). The session is one address space.
+pub fn current_or_primary() -> DriverResult<&'static Context> {
+    match current() {
+        Some(context) => Ok(context),
+        None => crate::driver::driver().contexts.primary(0),
+    }
+}
+
 /// `cuCtxSetCurrent`: replaces the top of the stack (pushes onto an empty one); `None` pops.
 pub fn set_current(ctx: Option<&'static Context>) -> DriverResult {
     STACK

@@ -519,6 +519,38 @@ impl StreamMemOp {
         matches!(self.kind, mem_op::WAIT_VALUE_32 | mem_op::WAIT_VALUE_64)
     }
 
+    /// The op a driver's `CUstreamBatchMemOpParams` (a 48-byte union, read as six words)
+    /// describes: wait and write ops are `{ operation; address; value or value64; flags; alias }`,
+    /// barriers and flushes `{ operation, flags }`, each field little-endian.
+    pub fn from_driver_words(words: &[u64; 6]) -> Self {
+        let kind = words[0] as u32;
+        let mut op = match kind {
+            mem_op::WAIT_VALUE_32 | mem_op::WRITE_VALUE_32 | mem_op::WAIT_VALUE_64 | mem_op::WRITE_VALUE_64 => {
+                Self { kind, address: words[1], value: words[2], flags: words[3] as u32 }
+            }
+            _ => Self { kind, address: 0, value: 0, flags: (words[0] >> 32) as u32 },
+        };
+        if op.width() == Some(4) {
+            op.value &= u64::from(u32::MAX);
+        }
+        op
+    }
+
+    /// The driver's form of the op ([`StreamMemOp::from_driver_words`] reversed).
+    pub fn driver_words(&self) -> [u64; 6] {
+        let mut words = [0u64; 6];
+        match self.width() {
+            Some(width) => {
+                words[0] = u64::from(self.kind);
+                words[1] = self.address;
+                words[2] = if width == 4 { self.value & u64::from(u32::MAX) } else { self.value };
+                words[3] = u64::from(self.flags);
+            }
+            None => words[0] = u64::from(self.kind) | (u64::from(self.flags) << 32),
+        }
+        words
+    }
+
     /// Whether a wait's condition holds for `current`, the word at its address (compared at the
     /// op's width, as the driver does; `GEQ` is cyclic).
     pub fn wait_satisfied(&self, current: u64) -> bool {
@@ -689,6 +721,9 @@ pub enum NodeReadback {
     Host {
         call: u64,
     },
+    BatchMemOp {
+        ops: Vec<StreamMemOp>,
+    },
 }
 
 /// `CUlaunchAttributeID`s of kernel nodes (`cuGraphKernelNodeSetAttribute`).
@@ -718,6 +753,7 @@ pub mod node_type {
     pub const EVENT_RECORD: u32 = 7;
     pub const MEM_ALLOC: u32 = 10;
     pub const MEM_FREE: u32 = 11;
+    pub const BATCH_MEM_OP: u32 = 12;
     pub const CONDITIONAL: u32 = 13;
 }
 
@@ -1005,6 +1041,10 @@ pub enum NodeParams {
         size: u32,
         bodies: Vec<u64>,
     },
+    /// `cuGraphAddBatchMemOpNode`: the operations of a `cuStreamBatchMemOp`, in order (v2 flags).
+    BatchMemOp {
+        ops: Vec<StreamMemOp>,
+    },
 }
 
 impl NodeParams {
@@ -1022,6 +1062,7 @@ impl NodeParams {
             Self::MemAlloc { .. } => node_type::MEM_ALLOC,
             Self::MemFree { .. } => node_type::MEM_FREE,
             Self::Conditional { .. } => node_type::CONDITIONAL,
+            Self::BatchMemOp { .. } => node_type::BATCH_MEM_OP,
         }
     }
 }

@@ -1115,6 +1115,11 @@ fn a_graph_of_copies_runs_in_dependency_order(socket: &str) {
     assert_eq!((clean.result.is_ok(), clean.deferred), (true, None));
 }
 
+/// A 32-bit write of 1 to `address`.
+fn write_word(address: u64) -> StreamMemOp {
+    StreamMemOp { kind: mem_op::WRITE_VALUE_32, address, value: 1, flags: 0 }
+}
+
 /// Node ids, dependencies and ranges are checked: a dependency from another graph, a memset
 /// past the end of an allocation, a copy with rows wider than its pitch, an id reused.
 fn graph_nodes_are_checked_before_the_driver_sees_them(socket: &str) {
@@ -1145,6 +1150,24 @@ fn graph_nodes_are_checked_before_the_driver_sees_them(socket: &str) {
         req::GraphAddNode { graph: 1, node: 20, dependencies: vec![], params: NodeParams::Empty },
         req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: NodeParams::Child { graph: BOGUS_HANDLE } },
         req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: NodeParams::EventRecord { event: BOGUS_HANDLE } },
+        // Batch memory operations: none, too many, a word past the allocation, a misaligned
+        // one, a flush of remote writes, a write with v1 flags.
+        req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: NodeParams::BatchMemOp { ops: vec![] } },
+        req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: NodeParams::BatchMemOp { ops: vec![write_word(a); 256] } },
+        req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: NodeParams::BatchMemOp { ops: vec![write_word(a + 4096)] } },
+        req::GraphAddNode { graph: 1, node: 10, dependencies: vec![], params: NodeParams::BatchMemOp { ops: vec![write_word(a + 2)] } },
+        req::GraphAddNode {
+            graph: 1,
+            node: 10,
+            dependencies: vec![],
+            params: NodeParams::BatchMemOp { ops: vec![StreamMemOp { kind: mem_op::FLUSH_REMOTE_WRITES, ..StreamMemOp::default() }] },
+        },
+        req::GraphAddNode {
+            graph: 1,
+            node: 10,
+            dependencies: vec![],
+            params: NodeParams::BatchMemOp { ops: vec![StreamMemOp { flags: mem_op::WRITE_NO_MEMORY_BARRIER, ..write_word(a) }] },
+        },
     ];
     for request in refusals {
         let what = format!("{request:?}");
@@ -1190,8 +1213,8 @@ fn a_capture_records_stream_work_into_a_graph(socket: &str) {
     assert_eq!(read_back(&mut session, a + 1024, 128), vec![0x33; 128]);
 }
 
-/// A captured graph's copy, memset and host nodes read back as the driver holds them (the host
-/// node as the client's call id); other nodes have no such parameters.
+/// A captured graph's copy, memset, host and batch memory operation nodes read back as the
+/// driver holds them (the host node as the client's call id); other nodes have no such parameters.
 fn captured_nodes_read_back_their_parameters(socket: &str) {
     let mut session = RawSession::open(socket, None).unwrap();
     let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
@@ -1201,9 +1224,10 @@ fn captured_nodes_read_back_their_parameters(socket: &str) {
     session.send(&req::Memset { dst: a, pattern: 0x33, width: 1, len: 128, stream }.into(), &[]);
     session.send(&req::MemcpyDtoD { dst: a + 1024, src: a, len: 128, stream }.into(), &[]);
     session.send(&req::LaunchHostFunc { stream, call: 55 }.into(), &[]);
+    session.send(&req::StreamMemOps { stream, ops: vec![write_word(a + 2048)] }.into(), &[]);
     assert_eq!(session.call(req::StreamEndCapture { stream }).0.unwrap().graph, 7);
     let nodes = session.call(req::GraphNodes { graph: 7, roots: false }).0.unwrap().nodes;
-    assert_eq!(nodes.len(), 3);
+    assert_eq!(nodes.len(), 4);
     for entry in nodes {
         let params = session.call(req::GraphNodeGetParams { node: entry.node }).0.unwrap().params;
         match params {
@@ -1212,6 +1236,7 @@ fn captured_nodes_read_back_their_parameters(socket: &str) {
                 assert_eq!((copy.src.ptr, copy.dst.ptr, copy.width, copy.height, copy.depth), (a, a + 1024, 128, 1, 1));
             }
             NodeReadback::Host { call } => assert_eq!(call, 55),
+            NodeReadback::BatchMemOp { ops } => assert_eq!(ops, vec![write_word(a + 2048)]),
         }
     }
     session.call(req::GraphCreate { graph: 8 }).0.unwrap();

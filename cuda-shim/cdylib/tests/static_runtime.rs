@@ -335,6 +335,13 @@ fn graph_memory_and_conditional_nodes_through_the_driver_api() {
             "captured memset, copy and host nodes read back: yes",
             "legacy instantiate: empty log, no error node: yes",
             "user object destroyed once, after its graph, executable graph and launch: yes",
+            "batch node reads back as given: yes",
+            "batch node wrote both words: yes",
+            "executable graph's batch node changed, graph's kept: yes",
+            "graph's batch node changed: yes",
+            "generic batch node reads back: yes",
+            "both batch nodes ran: yes",
+            "captured batch node reads back and runs at launch only: yes",
         ] {
             assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
         }

@@ -16,18 +16,19 @@ use flyt_client::graphs::HostFunction;
 use flyt_client::launch::{Args, pack_args};
 use flyt_client::registry::Function;
 use flyt_client::user_objects::user_objects;
-use flyt_protocol::ops::{Copy3d, Dim3, Memset2d, NodeCopy, NodeParams, NodeReadback, node_type, req};
+use flyt_protocol::ops::{Copy3d, Dim3, Memset2d, NodeCopy, NodeParams, NodeReadback, StreamMemOp, node_type, req};
 
 use super::module::{extra_buffer, function, function_handle};
 use super::session::{client, driver_error, resolve_stream, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{
-    CUDA_CHILD_GRAPH_NODE_PARAMS, CUDA_CONDITIONAL_NODE_PARAMS, CUDA_GRAPH_INSTANTIATE_PARAMS, CUDA_HOST_NODE_PARAMS,
-    CUDA_KERNEL_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS_v1, CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEMCPY_NODE_PARAMS, CUDA_MEMCPY3D,
-    CUDA_MEMSET_NODE_PARAMS, CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphConditionalHandle, CUgraphEdgeData, CUgraphExec,
-    CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo, CUgraphMem_attribute, CUgraphNode, CUgraphNodeParams, CUgraphNodeType, CUhostFn,
-    CUkernelNodeAttrID, CUkernelNodeAttrValue, CUmemAccessDesc, CUmemLocation, CUstream, CUstreamCallback, CUuserObject, cuuint64_t,
+    CUDA_BATCH_MEM_OP_NODE_PARAMS, CUDA_BATCH_MEM_OP_NODE_PARAMS_v2, CUDA_CHILD_GRAPH_NODE_PARAMS, CUDA_CONDITIONAL_NODE_PARAMS,
+    CUDA_GRAPH_INSTANTIATE_PARAMS, CUDA_HOST_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS_v1, CUDA_MEM_ALLOC_NODE_PARAMS,
+    CUDA_MEMCPY_NODE_PARAMS, CUDA_MEMCPY3D, CUDA_MEMSET_NODE_PARAMS, CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph,
+    CUgraphConditionalHandle, CUgraphEdgeData, CUgraphExec, CUgraphExecUpdateResult, CUgraphExecUpdateResultInfo, CUgraphMem_attribute,
+    CUgraphNode, CUgraphNodeParams, CUgraphNodeType, CUhostFn, CUkernelNodeAttrID, CUkernelNodeAttrValue, CUmemAccessDesc, CUmemLocation,
+    CUstream, CUstreamCallback, CUuserObject, cuuint64_t,
 };
 
 /// The app's handle of a graph, node or executable graph id (0: NULL).
@@ -372,6 +373,101 @@ pub unsafe fn cuGraphAddMemsetNode(
             remember(node, AppParams::Memset(*memset_params));
         }
         Ok(())
+    })
+}
+
+/// A batch memory operation node's parameters: `cuStreamBatchMemOp_v2`'s operations on the
+/// session's device memory, no flags; the context is the session's.
+///
+/// # Safety
+/// `params` is NULL or the caller's struct, whose `paramArray` holds `count` operations.
+unsafe fn batch_node_params(name: &str, params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) -> DriverResult<(NodeParams, Box<[[u64; 6]]>)> {
+    non_null([params.cast()])?;
+    // SAFETY: checked non-NULL; the caller's struct.
+    let p = unsafe { &*params };
+    if p.flags != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: forwarded contract.
+    let ops = unsafe { super::memops::node_ops(name, p.count, p.paramArray) }?;
+    let words = ops.iter().map(StreamMemOp::driver_words).collect();
+    Ok((NodeParams::BatchMemOp { ops }, words))
+}
+
+pub unsafe fn cuGraphAddBatchMemOpNode(
+    ph_graph_node: *mut CUgraphNode,
+    h_graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    num_dependencies: usize,
+    node_params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
+) -> CUresult {
+    run(|| {
+        let client = client()?;
+        // SAFETY: the caller's struct, out-pointer and dependency array.
+        unsafe {
+            let (params, words) = batch_node_params("cuGraphAddBatchMemOpNode", node_params)?;
+            let (node, _) = add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params)?;
+            with_records(|records| records.batch_ops.insert(node, words));
+        }
+        Ok(())
+    })
+}
+
+pub unsafe fn cuGraphBatchMemOpNodeSetParams(h_node: CUgraphNode, node_params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) -> CUresult {
+    run(|| {
+        // SAFETY: the caller's struct.
+        let (params, words) = unsafe { batch_node_params("cuGraphBatchMemOpNodeSetParams", node_params) }?;
+        set_params(std::ptr::null_mut(), h_node, params)?;
+        let node = id_of(h_node)?;
+        // The old array ends here, as the driver's does.
+        with_records(|records| records.batch_ops.insert(node, words));
+        Ok(())
+    })
+}
+
+pub unsafe fn cuGraphExecBatchMemOpNodeSetParams(
+    h_graph_exec: CUgraphExec,
+    h_node: CUgraphNode,
+    node_params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
+) -> CUresult {
+    run(|| {
+        non_null([h_graph_exec.cast()])?;
+        // SAFETY: the caller's struct.
+        let (params, _) = unsafe { batch_node_params("cuGraphExecBatchMemOpNodeSetParams", node_params) }?;
+        set_params(h_graph_exec, h_node, params)
+    })
+}
+
+/// The node's operations as the app gave them, or, for a node the app did not make (captured
+/// from `cuStreamBatchMemOp`), as the server's driver holds them: kept here, where the array the
+/// getter hands out lives.
+fn batch_node_words(node: u64) -> DriverResult<(*const [u64; 6], usize)> {
+    if let Some(found) = with_records(|records| records.batch_ops.get(&node).map(|words| (words.as_ptr(), words.len()))) {
+        return Ok(found);
+    }
+    let NodeReadback::BatchMemOp { ops } = client()?.call(req::GraphNodeGetParams { node }).map_err(driver_error)?.params else {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    };
+    let words: Box<[[u64; 6]]> = ops.iter().map(StreamMemOp::driver_words).collect();
+    Ok(with_records(|records| {
+        let words = records.batch_ops.entry(node).or_insert(words);
+        (words.as_ptr(), words.len())
+    }))
+}
+
+pub unsafe fn cuGraphBatchMemOpNodeGetParams(h_node: CUgraphNode, node_params_out: *mut CUDA_BATCH_MEM_OP_NODE_PARAMS) -> CUresult {
+    run(|| {
+        non_null([node_params_out.cast()])?;
+        let (words, count) = batch_node_words(id_of(h_node)?)?;
+        let params = CUDA_BATCH_MEM_OP_NODE_PARAMS {
+            ctx: crate::context::current_or_primary()?.handle(),
+            count: c_uint::try_from(count).map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?,
+            // The driver's array is the node's and not the app's to change: so is this one.
+            paramArray: words.cast_mut().cast(),
+            flags: 0,
+        };
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(node_params_out, params) }
     })
 }
 
@@ -1085,6 +1181,9 @@ struct NodeRecords {
     exec_flags: HashMap<u64, u64>,
     /// Copy, memset and host nodes' parameters as the app gave them.
     params: HashMap<u64, AppParams>,
+    /// Batch memory operation nodes' operations in the driver's form: the array
+    /// `cuGraphBatchMemOpNodeGetParams` hands out, valid until the node's parameters change.
+    batch_ops: HashMap<u64, Box<[[u64; 6]]>>,
 }
 
 // SAFETY: the body arrays hold graph handles, which are ids, not pointers to memory; the app's
@@ -1379,11 +1478,12 @@ unsafe fn generic_params(client: &Client, params: *mut CUgraphNodeParams) -> Dri
                     NodeParams::Conditional { handle: conditional.handle, kind: conditional.r#type, size: conditional.size, bodies };
                 Generic::Params(params, Box::new([]))
             }
+            node_type::BATCH_MEM_OP => {
+                let batch = member::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v2>(params).cast::<CUDA_BATCH_MEM_OP_NODE_PARAMS>();
+                Generic::Params(batch_node_params("cuGraphAddNode", batch)?.0, Box::new([]))
+            }
             _ => {
-                crate::diagnostics::once(
-                    "graph-node-type",
-                    "flyt: graph nodes for external semaphores and batched memory operations are not supported",
-                );
+                crate::diagnostics::once("graph-node-type", "flyt: graph nodes for external semaphores are not supported");
                 return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
             }
         })
@@ -1478,10 +1578,16 @@ unsafe fn set_generic(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraph
         // A child graph node's graph changes through the graph it returns.
         Generic::Params(NodeParams::Child { .. }, _) if exec.is_null() => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
         Generic::Params(node_params, _) => {
+            let batch = matches!(node_params, NodeParams::BatchMemOp { .. });
             set_params(exec, node, node_params)?;
             // SAFETY: the caller's struct, read as its type says.
             if let (true, Some(app)) = (exec.is_null(), unsafe { generic_app_params(params) }) {
                 remember(id_of(node)?, app);
+            }
+            if batch && exec.is_null() {
+                // The getter reads the new operations back (the old array ends here, as natively).
+                let node = id_of(node)?;
+                with_records(|records| records.batch_ops.remove(&node));
             }
             Ok(())
         }
@@ -1765,6 +1871,7 @@ fn node_params(node: CUgraphNode, kind: u32) -> DriverResult<AppParams> {
                 }
                 None => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
             },
+            NodeReadback::BatchMemOp { .. } => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
         },
     };
     let matches = match params {

@@ -128,19 +128,35 @@ single_ops! {
     cuStreamWaitValue64_v2_ptsz(cuuint64_t) => mem_op::WAIT_VALUE_64, V2, true;
 }
 
-/// One `CUstreamBatchMemOpParams` (a 48-byte union) as the op it describes: wait and write ops
-/// are `{ operation; address; value or value64; flags; alias }`, barriers and flushes
-/// `{ operation, flags }`.
-fn decode_batch_op(words: &[u64; 6]) -> StreamMemOp {
-    let kind = words[0] as u32;
-    match kind {
-        mem_op::WAIT_VALUE_32 | mem_op::WRITE_VALUE_32 | mem_op::WAIT_VALUE_64 | mem_op::WRITE_VALUE_64 => {
-            let value =
-                if matches!(kind, mem_op::WAIT_VALUE_32 | mem_op::WRITE_VALUE_32) { words[2] & u64::from(u32::MAX) } else { words[2] };
-            StreamMemOp { kind, address: words[1], value, flags: words[3] as u32 }
-        }
-        _ => StreamMemOp { kind, address: 0, value: 0, flags: (words[0] >> 32) as u32 },
+/// The operations of a batch memory operation node (`cuGraphAddBatchMemOpNode` and its
+/// setters), checked as `cuStreamBatchMemOp_v2`'s. Their words must be device memory of the
+/// session: a graph outlives the pinned host blocks it could name, so host memory is refused with
+/// one line.
+///
+/// # Safety
+/// A non-NULL `params` points at `count` 48-byte unions.
+pub(crate) unsafe fn node_ops(name: &str, count: c_uint, params: *const CUstreamBatchMemOpParams) -> DriverResult<Vec<StreamMemOp>> {
+    if count == 0 || count as usize > mem_op::MAX_BATCH {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
+    non_null([params.cast()])?;
+    let client = client()?;
+    // SAFETY: checked non-NULL; the caller's `count` 48-byte, 8-byte-aligned unions.
+    let words = unsafe { std::slice::from_raw_parts(params.cast::<[u64; 6]>(), count as usize) };
+    let ops = words
+        .iter()
+        .map(|words| checked_op(client, name, StreamMemOp::from_driver_words(words), Api::V2))
+        .collect::<DriverResult<Vec<_>>>()?;
+    if ops.iter().any(|op| op.width().is_some() && client.device_range(op.address).is_none()) {
+        crate::diagnostics::once(
+            "memop-node-host",
+            &format!(
+                "flyt: {name}: batch memory operation nodes on host memory are not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"
+            ),
+        );
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(ops)
 }
 
 fn batch(
@@ -161,7 +177,7 @@ fn batch(
     non_null([params.cast()])?;
     // SAFETY: checked non-NULL; the caller passes `count` 48-byte, 8-byte-aligned unions.
     let words = unsafe { std::slice::from_raw_parts(params.cast::<[u64; 6]>(), count as usize) };
-    let ops: Vec<StreamMemOp> = words.iter().map(decode_batch_op).collect();
+    let ops: Vec<StreamMemOp> = words.iter().map(StreamMemOp::from_driver_words).collect();
     queue(name, stream, &ops, api, ptsz)
 }
 

@@ -28,6 +28,7 @@ pub unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult
         let ptr = client
             .place_allocation(size, allocate, |ptr| client.call(req::Free { ptr }).map(drop))
             .map_err(super::session::driver_error)?;
+        client.ranges.mark_legacy_ipc(ptr);
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { write_out(dptr, ptr) }
     })
@@ -427,14 +428,17 @@ struct Known {
     device_accessible: bool,
     /// Managed memory, with its buffer id.
     managed: Option<u64>,
+    /// Memory `cuIpcGetMemHandle` exports (from `cuMemAlloc` or `cuMemAllocPitch`).
+    legacy_ipc: bool,
 }
 
 fn known(client: &Client, ptr: u64) -> Option<Known> {
     if let Some((start, len)) = client.device_range(ptr) {
-        return Some(Known { start, len, device: true, device_accessible: true, managed: None });
+        let legacy_ipc = client.ranges.legacy_ipc_capable(ptr);
+        return Some(Known { start, len, device: true, device_accessible: true, managed: None, legacy_ipc });
     }
     if let Some((start, len, buffer_id)) = client.managed.holding(ptr, 1) {
-        return Some(Known { start, len, device: true, device_accessible: true, managed: Some(buffer_id) });
+        return Some(Known { start, len, device: true, device_accessible: true, managed: Some(buffer_id), legacy_ipc: false });
     }
     client.host_allocation(ptr as usize).map(|host| Known {
         start: host.start as u64,
@@ -442,6 +446,7 @@ fn known(client: &Client, ptr: u64) -> Option<Known> {
         device: false,
         device_accessible: host.device_mapped,
         managed: None,
+        legacy_ipc: false,
     })
 }
 
@@ -463,7 +468,7 @@ unsafe fn write_attribute(
     }
     // SAFETY: per this function's contract, `data` holds the type each arm writes.
     unsafe {
-        let Some(Known { start, len, device, device_accessible, managed }) = found else {
+        let Some(Known { start, len, device, device_accessible, managed, legacy_ipc }) = found else {
             return match attribute {
                 CONTEXT | HOST_POINTER | MEMPOOL_HANDLE => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
                 DEVICE_POINTER | RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), 0),
@@ -477,16 +482,7 @@ unsafe fn write_attribute(
             };
         };
         match attribute {
-            // The context the memory belongs to: the session's memory is one address space, so
-            // the current context, or device 0's primary one for a thread without a context
-            // (a thread that asks before any other call, as PyTorch's pin-memory thread does).
-            CONTEXT => {
-                let context = match crate::context::current() {
-                    Some(context) => context,
-                    None => crate::driver::driver().contexts.primary(0)?,
-                };
-                write_out(data.cast(), context.handle())
-            }
+            CONTEXT => write_out(data.cast(), crate::context::current_or_primary()?.handle()),
             MEMORY_TYPE => write_out(data.cast::<c_uint>(), if device { MEMORYTYPE_DEVICE } else { MEMORYTYPE_HOST }),
             // Unified addressing: mapped host memory has its host address on the device too.
             DEVICE_POINTER if device_accessible => write_out(data.cast::<CUdeviceptr>(), ptr),
@@ -508,9 +504,10 @@ unsafe fn write_attribute(
                 write_out(data.cast::<u64>(), client()?.ranges.buffer_id(ptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?)
             }
             SYNC_MEMOPS => write_out(data.cast::<c_uint>(), c_uint::from(sync_memops().contains(&start))),
-            // CUDA IPC and GPUDirect RDMA need the GPU in this process: not capable, so apps
-            // take their other paths; nor is memory from cuMemAlloc exportable or pooled.
-            IS_LEGACY_CUDA_IPC_CAPABLE | IS_GPU_DIRECT_RDMA_CAPABLE => write_out(data.cast::<c_uint>(), 0),
+            // CUDA IPC works between sessions on one GPU, for the memory the driver exports;
+            // GPUDirect RDMA needs a NIC on the GPU's host, which the app does not drive.
+            IS_LEGACY_CUDA_IPC_CAPABLE => write_out(data.cast::<c_uint>(), c_uint::from(legacy_ipc)),
+            IS_GPU_DIRECT_RDMA_CAPABLE => write_out(data.cast::<c_uint>(), 0),
             ALLOWED_HANDLE_TYPES => write_out(data.cast::<u64>(), 0),
             MEMPOOL_HANDLE => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
             ACCESS_FLAGS => write_out(data.cast::<c_uint>(), ACCESS_READ_WRITE),

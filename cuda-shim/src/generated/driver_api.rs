@@ -172,7 +172,7 @@ macro_rules! for_each_driver_api {
             implemented cuGetExportTable [cuGetExportTable 1 legacy current] (pp_export_table: *mut *const c_void, p_export_table_id: *const CUuuid);
             implemented cuGetProcAddress [cuGetProcAddress 1 legacy internal] (symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t);
             implemented cuGetProcAddress_v2 [cuGetProcAddress 2 legacy current] (symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t, symbol_status: *mut CUdriverProcAddressQueryResult);
-            unsupported cuGraphAddBatchMemOpNode [cuGraphAddBatchMemOpNode 1 legacy current] (ph_graph_node: *mut CUgraphNode, h_graph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS);
+            implemented cuGraphAddBatchMemOpNode [cuGraphAddBatchMemOpNode 1 legacy current] (ph_graph_node: *mut CUgraphNode, h_graph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS);
             implemented cuGraphAddChildGraphNode [cuGraphAddChildGraphNode 1 legacy current] (ph_graph_node: *mut CUgraphNode, h_graph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, child_graph: CUgraph);
             implemented cuGraphAddDependencies [cuGraphAddDependencies 1 legacy internal] (h_graph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, num_dependencies: usize);
             implemented cuGraphAddDependencies_v2 [cuGraphAddDependencies 2 legacy current] (h_graph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edge_data: *const CUgraphEdgeData, num_dependencies: usize);
@@ -190,8 +190,8 @@ macro_rules! for_each_driver_api {
             implemented cuGraphAddMemsetNode [cuGraphAddMemsetNode 1 legacy current] (ph_graph_node: *mut CUgraphNode, h_graph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, memset_params: *const CUDA_MEMSET_NODE_PARAMS, ctx: CUcontext);
             implemented cuGraphAddNode [cuGraphAddNode 1 legacy internal] (ph_graph_node: *mut CUgraphNode, h_graph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *mut CUgraphNodeParams);
             implemented cuGraphAddNode_v2 [cuGraphAddNode 2 legacy current] (ph_graph_node: *mut CUgraphNode, h_graph: CUgraph, dependencies: *const CUgraphNode, dependency_data: *const CUgraphEdgeData, num_dependencies: usize, node_params: *mut CUgraphNodeParams);
-            unsupported cuGraphBatchMemOpNodeGetParams [cuGraphBatchMemOpNodeGetParams 1 legacy current] (h_node: CUgraphNode, node_params_out: *mut CUDA_BATCH_MEM_OP_NODE_PARAMS);
-            unsupported cuGraphBatchMemOpNodeSetParams [cuGraphBatchMemOpNodeSetParams 1 legacy current] (h_node: CUgraphNode, node_params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS);
+            implemented cuGraphBatchMemOpNodeGetParams [cuGraphBatchMemOpNodeGetParams 1 legacy current] (h_node: CUgraphNode, node_params_out: *mut CUDA_BATCH_MEM_OP_NODE_PARAMS);
+            implemented cuGraphBatchMemOpNodeSetParams [cuGraphBatchMemOpNodeSetParams 1 legacy current] (h_node: CUgraphNode, node_params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS);
             implemented cuGraphChildGraphNodeGetGraph [cuGraphChildGraphNodeGetGraph 1 legacy current] (h_node: CUgraphNode, ph_graph: *mut CUgraph);
             implemented cuGraphClone [cuGraphClone 1 legacy current] (ph_graph_clone: *mut CUgraph, original_graph: CUgraph);
             implemented cuGraphConditionalHandleCreate [cuGraphConditionalHandleCreate 1 legacy current] (p_handle_out: *mut CUgraphConditionalHandle, h_graph: CUgraph, ctx: CUcontext, default_launch_value: c_uint, flags: c_uint);
@@ -203,7 +203,7 @@ macro_rules! for_each_driver_api {
             implemented cuGraphEventRecordNodeSetEvent [cuGraphEventRecordNodeSetEvent 1 legacy current] (h_node: CUgraphNode, event: CUevent);
             implemented cuGraphEventWaitNodeGetEvent [cuGraphEventWaitNodeGetEvent 1 legacy current] (h_node: CUgraphNode, event_out: *mut CUevent);
             implemented cuGraphEventWaitNodeSetEvent [cuGraphEventWaitNodeSetEvent 1 legacy current] (h_node: CUgraphNode, event: CUevent);
-            unsupported cuGraphExecBatchMemOpNodeSetParams [cuGraphExecBatchMemOpNodeSetParams 1 legacy current] (h_graph_exec: CUgraphExec, h_node: CUgraphNode, node_params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS);
+            implemented cuGraphExecBatchMemOpNodeSetParams [cuGraphExecBatchMemOpNodeSetParams 1 legacy current] (h_graph_exec: CUgraphExec, h_node: CUgraphNode, node_params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS);
             implemented cuGraphExecChildGraphNodeSetParams [cuGraphExecChildGraphNodeSetParams 1 legacy current] (h_graph_exec: CUgraphExec, h_node: CUgraphNode, child_graph: CUgraph);
             implemented cuGraphExecDestroy [cuGraphExecDestroy 1 legacy current] (h_graph_exec: CUgraphExec);
             implemented cuGraphExecEventRecordNodeSetEvent [cuGraphExecEventRecordNodeSetEvent 1 legacy current] (h_graph_exec: CUgraphExec, h_node: CUgraphNode, event: CUevent);

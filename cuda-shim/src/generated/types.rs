@@ -322,8 +322,18 @@ pub struct CUgraph_st {
 pub type CUgraph = *mut CUgraph_st;
 /// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
 #[repr(C)]
-pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st {
+pub struct CUstreamBatchMemOpParams_union {
     _opaque: [u8; 0],
+}
+pub type CUstreamBatchMemOpParams_v1 = CUstreamBatchMemOpParams_union;
+pub type CUstreamBatchMemOpParams = CUstreamBatchMemOpParams_v1;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st {
+    pub ctx: CUcontext,
+    pub count: c_uint,
+    pub paramArray: *mut CUstreamBatchMemOpParams,
+    pub flags: c_uint,
 }
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v1 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st;
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1;
@@ -777,13 +787,6 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st {
 pub type CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1 = CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st;
 pub type CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS = CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_v1;
 pub type CUstreamCallback = Option<unsafe extern "C" fn(h_stream: CUstream, status: CUresult, user_data: *mut c_void)>;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
-#[repr(C)]
-pub struct CUstreamBatchMemOpParams_union {
-    _opaque: [u8; 0],
-}
-pub type CUstreamBatchMemOpParams_v1 = CUstreamBatchMemOpParams_union;
-pub type CUstreamBatchMemOpParams = CUstreamBatchMemOpParams_v1;
 pub type CUstreamCaptureMode = c_uint;
 pub type CUstreamAttrID = CUlaunchAttributeID;
 pub type CUstreamAttrValue_v1 = CUlaunchAttributeValue;
@@ -901,6 +904,14 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st {
 }
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1 = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st;
 pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_v1;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st {
+    pub ctx: CUcontext,
+    pub count: c_uint,
+    pub paramArray: *mut CUstreamBatchMemOpParams,
+    pub flags: c_uint,
+}
 pub type CUgraphChildGraphNodeOwnership = c_uint;
 #[derive(Clone, Copy)]
 #[repr(C)]
@@ -928,9 +939,12 @@ pub struct CUDA_MEMCPY_NODE_PARAMS_st {
 }
 pub type CUDA_MEMCPY_NODE_PARAMS = CUDA_MEMCPY_NODE_PARAMS_st;
 pub type CUDA_CHILD_GRAPH_NODE_PARAMS = CUDA_CHILD_GRAPH_NODE_PARAMS_st;
+pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v2 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st;
 
 const _: () = assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 40 && align_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 8);
 const _: () = assert!(size_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 24 && align_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 8);
+const _: () = assert!(size_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st>() == 32 && align_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st>() == 8);
+const _: () = assert!(size_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st>() == 32 && align_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st>() == 8);
 const _: () = assert!(size_of::<CUDA_CHILD_GRAPH_NODE_PARAMS_st>() == 16 && align_of::<CUDA_CHILD_GRAPH_NODE_PARAMS_st>() == 8);
 const _: () = assert!(size_of::<CUDA_CONDITIONAL_NODE_PARAMS>() == 32 && align_of::<CUDA_CONDITIONAL_NODE_PARAMS>() == 8);
 const _: () = assert!(size_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() == 32 && align_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() == 8);

@@ -156,11 +156,25 @@ struct TensorMap([u8; 128]);
 /// One `CUstreamBatchMemOpParams` (a 48-byte union), written field by field.
 type MemOpParams = [u64; 6];
 
+/// `CUDA_BATCH_MEM_OP_NODE_PARAMS` with its array as [`MemOpParams`].
+#[repr(C)]
+struct RawBatchNodeParams {
+    ctx: sys::CUcontext,
+    count: c_uint,
+    param_array: *mut MemOpParams,
+    flags: c_uint,
+}
+
 /// Entry points of stream memory operations, tensor maps and pool access, with enums as
 /// integers (every data type, swizzle or flag a newer header defines reaches the driver, which
 /// validates it); `None` when the driver lacks one (im2col-wide maps are CUDA 12.8's).
 struct RawExtras {
     stream_batch_mem_op: Option<unsafe extern "C" fn(sys::CUstream, c_uint, *mut MemOpParams, c_uint) -> u32>,
+    add_batch_node:
+        Option<unsafe extern "C" fn(*mut sys::CUgraphNode, sys::CUgraph, *const sys::CUgraphNode, usize, *const RawBatchNodeParams) -> u32>,
+    batch_node_set_params: Option<unsafe extern "C" fn(sys::CUgraphNode, *const RawBatchNodeParams) -> u32>,
+    exec_batch_node_set_params: Option<unsafe extern "C" fn(sys::CUgraphExec, sys::CUgraphNode, *const RawBatchNodeParams) -> u32>,
+    batch_node_get_params: Option<unsafe extern "C" fn(sys::CUgraphNode, *mut RawBatchNodeParams) -> u32>,
     #[allow(clippy::type_complexity, reason = "the driver's signature")]
     encode_tiled: Option<
         unsafe extern "C" fn(
@@ -240,6 +254,10 @@ impl RawExtras {
             }
             Self {
                 stream_batch_mem_op: symbol!("cuStreamBatchMemOp_v2"),
+                add_batch_node: symbol!("cuGraphAddBatchMemOpNode"),
+                batch_node_set_params: symbol!("cuGraphBatchMemOpNodeSetParams"),
+                exec_batch_node_set_params: symbol!("cuGraphExecBatchMemOpNodeSetParams"),
+                batch_node_get_params: symbol!("cuGraphBatchMemOpNodeGetParams"),
                 encode_tiled: symbol!("cuTensorMapEncodeTiled"),
                 encode_im2col: symbol!("cuTensorMapEncodeIm2col"),
                 encode_im2col_wide: symbol!("cuTensorMapEncodeIm2colWide"),
@@ -300,21 +318,10 @@ fn node_copy_side(side: &RawCopySide) -> CudaResult<NodeCopySide> {
     })
 }
 
-/// The driver's form of a stream memory operation.
-fn mem_op_params(op: &StreamMemOp) -> MemOpParams {
-    let mut params = [0u64; 6];
-    match op.kind {
-        // `{ operation, flags }`, both 32-bit.
-        mem_op::BARRIER | mem_op::FLUSH_REMOTE_WRITES => params[0] = u64::from(op.kind) | (u64::from(op.flags) << 32),
-        // `{ operation; address; value or value64; flags; alias }`, little-endian.
-        _ => {
-            params[0] = u64::from(op.kind);
-            params[1] = op.address;
-            params[2] = if op.width() == Some(4) { op.value & u64::from(u32::MAX) } else { op.value };
-            params[3] = u64::from(op.flags);
-        }
-    }
-    params
+/// A batch memory operation node's parameters over `array` (which must outlive their use).
+fn batch_node_params(context: sys::CUcontext, array: &mut [MemOpParams]) -> CudaResult<RawBatchNodeParams> {
+    let count = c_uint::try_from(array.len()).map_err(|_| CudaError::INVALID_VALUE)?;
+    Ok(RawBatchNodeParams { ctx: context, count, param_array: array.as_mut_ptr(), flags: 0 })
 }
 
 /// The largest `CUjitInputType` (`CU_JIT_INPUT_NVVM`).
@@ -1432,6 +1439,13 @@ impl Device for CudaDevice {
                     }
                     code
                 }
+                NodeWork::BatchMemOp(ops) => {
+                    let add = self.extras.add_batch_node.ok_or(CudaError::NOT_SUPPORTED)?;
+                    let mut array: Vec<MemOpParams> = ops.iter().map(StreamMemOp::driver_words).collect();
+                    let params = batch_node_params(context, &mut array)?;
+                    raw_check(add(&mut node, graph.0, deps, count, &params))?;
+                    sys::CUresult::CUDA_SUCCESS
+                }
             }
         };
         check(code.result())?;
@@ -1573,6 +1587,19 @@ impl Device for CudaDevice {
                     params.fn_.is_some_and(|function| std::ptr::fn_addr_eq(function, run_host_call as unsafe extern "C" fn(*mut c_void)));
                 Ok(NodeRead::Host(if ours { params.userData as usize } else { 0 }))
             }
+            node_type::BATCH_MEM_OP => {
+                let read = self.extras.batch_node_get_params.ok_or(CudaError::NOT_SUPPORTED)?;
+                let mut params = RawBatchNodeParams { ctx: std::ptr::null_mut(), count: 0, param_array: std::ptr::null_mut(), flags: 0 };
+                // SAFETY: a batch memory operation node of the session's; valid out-pointer.
+                raw_check(unsafe { read(node.0, &mut params) })?;
+                if params.param_array.is_null() || params.count as usize > mem_op::MAX_BATCH {
+                    return Err(CudaError::UNKNOWN);
+                }
+                // SAFETY: the driver's array of `count` operations, owned by the node and valid
+                // until its parameters change (the session's thread does that, not meanwhile).
+                let array = unsafe { std::slice::from_raw_parts(params.param_array, params.count as usize) };
+                Ok(NodeRead::BatchMemOp(array.iter().map(StreamMemOp::from_driver_words).collect()))
+            }
             _ => Err(CudaError::INVALID_VALUE),
         }
     }
@@ -1685,6 +1712,15 @@ impl Device for CudaDevice {
                 // Memory and conditional nodes take no new parameters, as natively.
                 (_, NodeWork::MemAlloc { .. } | NodeWork::MemFree(_) | NodeWork::Conditional { .. }) => {
                     return Err(CudaError::INVALID_VALUE);
+                }
+                (exec, NodeWork::BatchMemOp(ops)) => {
+                    let mut array: Vec<MemOpParams> = ops.iter().map(StreamMemOp::driver_words).collect();
+                    let params = batch_node_params(context, &mut array)?;
+                    raw_check(match exec {
+                        Some(exec) => self.extras.exec_batch_node_set_params.ok_or(CudaError::NOT_SUPPORTED)?(exec.0, node.0, &params),
+                        None => self.extras.batch_node_set_params.ok_or(CudaError::NOT_SUPPORTED)?(node.0, &params),
+                    })?;
+                    sys::CUresult::CUDA_SUCCESS
                 }
             }
         };
@@ -2067,7 +2103,7 @@ impl Device for CudaDevice {
 
     unsafe fn stream_mem_ops(&self, stream: Self::Stream, ops: &[StreamMemOp]) -> CudaResult<()> {
         let batch = self.extras.stream_batch_mem_op.ok_or(CudaError::NOT_SUPPORTED)?;
-        let mut params: Vec<MemOpParams> = ops.iter().map(mem_op_params).collect();
+        let mut params: Vec<MemOpParams> = ops.iter().map(StreamMemOp::driver_words).collect();
         let count = c_uint::try_from(params.len()).map_err(|_| CudaError::INVALID_VALUE)?;
         // SAFETY: the session's stream; `params` holds `count` well-formed operations whose
         // addresses the caller guarantees are the session's device memory or mapped host memory.

@@ -953,6 +953,7 @@ impl Device for EmulatedDevice {
             })),
             Some(Work::Memset(set)) => Ok(NodeRead::Memset(*set)),
             Some(Work::Host(site)) => Ok(NodeRead::Host(Arc::as_ptr(site) as usize)),
+            Some(Work::BatchMemOp(ops)) => Ok(NodeRead::BatchMemOp(ops.clone())),
             _ => Err(CudaError::INVALID_VALUE),
         }
     }
@@ -1107,6 +1108,7 @@ impl Device for EmulatedDevice {
             match work {
                 Work::Memcpy(copy) => copy_3d(&mut state.blocks, &copy)?,
                 Work::Memset(set) => memset_2d(&mut state.blocks, &set)?,
+                Work::BatchMemOp(ops) => run_node_mem_ops(&mut state.blocks, &ops)?,
                 Work::EventRecord(event) => {
                     if let Some(event) = state.events.get_mut(&event) {
                         event.recorded = Some(Instant::now());
@@ -1388,8 +1390,13 @@ impl Device for EmulatedDevice {
     unsafe fn stream_mem_ops(&self, stream: u64, ops: &[StreamMemOp]) -> CudaResult<()> {
         let mut state = self.state();
         if state.graphs.captures.contains_key(&stream) {
-            // The emulated graphs have no memory-operation nodes.
-            return Err(CudaError::NOT_SUPPORTED);
+            // A captured batch becomes a node, which runs on device memory only here.
+            if !ops.iter().all(|op| op.width().is_none_or(|width| block_slice(&mut state.blocks, op.address, width).is_ok())) {
+                return Err(CudaError::NOT_SUPPORTED);
+            }
+            if let Some(captured) = state.capture(stream, || Work::BatchMemOp(ops.to_vec())) {
+                return captured;
+            }
         }
         for op in ops {
             let Some(width) = op.width() else { continue };
@@ -1400,16 +1407,7 @@ impl Device for EmulatedDevice {
                 // writes it meanwhile.
                 Err(_) => unsafe { std::slice::from_raw_parts_mut(op.address as *mut u8, width as usize) },
             };
-            if op.is_wait() {
-                let mut word = [0u8; 8];
-                word[..bytes.len()].copy_from_slice(bytes);
-                if !op.wait_satisfied(u64::from_le_bytes(word)) {
-                    tracing::warn!(address = op.address, value = op.value, "a stream wait the emulated device can never satisfy");
-                    return Err(CudaError::NOT_SUPPORTED);
-                }
-            } else if op.kind == mem_op::WRITE_VALUE_32 || op.kind == mem_op::WRITE_VALUE_64 {
-                bytes.copy_from_slice(&op.value.to_le_bytes()[..bytes.len()]);
-            }
+            apply_mem_op(op, bytes)?;
         }
         Ok(())
     }
@@ -1672,9 +1670,38 @@ fn emulated_work(work: NodeWork<'_, EmulatedDevice>) -> CudaResult<Work> {
         NodeWork::EventRecord(event) => Work::EventRecord(event),
         NodeWork::EventWait(event) => Work::EventWait(event),
         NodeWork::Host(site) => Work::Host(site.clone()),
+        NodeWork::BatchMemOp(ops) => Work::BatchMemOp(ops.to_vec()),
         // Added through `graph_add_node` only: they take no new parameters.
         NodeWork::MemAlloc { .. } | NodeWork::MemFree(_) | NodeWork::Conditional { .. } => return Err(CudaError::INVALID_VALUE),
     })
+}
+
+/// One memory operation on its word. Work here runs at submission: a wait passes when its
+/// condition holds then; one that does not could only be satisfied by work submitted later, which
+/// a device with no queue cannot order after it, so it fails with `CUDA_ERROR_NOT_SUPPORTED`
+/// rather than pass.
+fn apply_mem_op(op: &StreamMemOp, bytes: &mut [u8]) -> CudaResult<()> {
+    if op.is_wait() {
+        let mut word = [0u8; 8];
+        word[..bytes.len()].copy_from_slice(bytes);
+        if !op.wait_satisfied(u64::from_le_bytes(word)) {
+            tracing::warn!(address = op.address, value = op.value, "a stream wait the emulated device can never satisfy");
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+    } else if op.kind == mem_op::WRITE_VALUE_32 || op.kind == mem_op::WRITE_VALUE_64 {
+        bytes.copy_from_slice(&op.value.to_le_bytes()[..bytes.len()]);
+    }
+    Ok(())
+}
+
+/// A batch memory operation node's operations, on device memory (the session checked it).
+fn run_node_mem_ops(blocks: &mut HashMap<u64, Block>, ops: &[StreamMemOp]) -> CudaResult<()> {
+    for op in ops {
+        if let Some(width) = op.width() {
+            apply_mem_op(op, block_slice(blocks, op.address, width)?)?;
+        }
+    }
+    Ok(())
 }
 
 /// A 3D copy, row by row (the session checked both sides' spans).

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{Copy3d, Memset2d, capture_status, node_type};
+use flyt_protocol::ops::{Copy3d, Memset2d, StreamMemOp, capture_status, node_type};
 
 use crate::host_calls::HostCallSite;
 
@@ -42,6 +42,8 @@ pub enum Work {
         kind: u32,
         bodies: Vec<u64>,
     },
+    /// Memory operations on device memory, in order.
+    BatchMemOp(Vec<StreamMemOp>),
 }
 
 impl Work {
@@ -57,6 +59,7 @@ impl Work {
             Self::MemAlloc { .. } => node_type::MEM_ALLOC,
             Self::MemFree(_) => node_type::MEM_FREE,
             Self::Conditional { .. } => node_type::CONDITIONAL,
+            Self::BatchMemOp(_) => node_type::BATCH_MEM_OP,
         }
     }
 }

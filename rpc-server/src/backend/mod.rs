@@ -52,6 +52,8 @@ pub enum NodeWork<'a, D: Device + ?Sized> {
         kind: u32,
         size: u32,
     },
+    /// Memory operations whose addresses the session checked (as `stream_mem_ops`'s), in order.
+    BatchMemOp(&'a [StreamMemOp]),
 }
 
 /// A node the backend added, with what the driver made along with it.
@@ -70,6 +72,7 @@ pub enum NodeRead {
     /// A host node's user data: the address of the `HostCallSite` it runs (the session finds
     /// the site among its own).
     Host(usize),
+    BatchMemOp(Vec<StreamMemOp>),
 }
 
 /// A kernel node's launch as the driver holds it, its arguments packed by the kernel's layout.

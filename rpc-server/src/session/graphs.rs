@@ -339,6 +339,10 @@ impl<D: Device> Session<D> {
                 }
                 NodeWork::Conditional { handle: *handle, kind: *kind, size: *size }
             }
+            NodeParams::BatchMemOp { ops } => {
+                self.check_node_mem_ops(ops)?;
+                NodeWork::BatchMemOp(ops.as_slice())
+            }
         })
     }
 
@@ -671,6 +675,7 @@ impl<D: Device> Session<D> {
                     let call = self.graphs.sites.iter().find(|(_, known)| Arc::as_ptr(known) as usize == site).map(|(call, _)| *call);
                     NodeReadback::Host { call: call.ok_or(CudaError::INVALID_VALUE)? }
                 }
+                NodeRead::BatchMemOp(ops) => NodeReadback::BatchMemOp { ops },
             })
         })();
         reply.send(result.map(|params| rep::GraphNodeGetParams { params }));

@@ -75,6 +75,21 @@ impl<D: Device> Session<D> {
         }
     }
 
+    /// The operations of a batch memory operation node: as a batch's, on the session's device
+    /// memory only (a graph outlives the pinned host blocks it could name).
+    pub(super) fn check_node_mem_ops(&self, ops: &[StreamMemOp]) -> CudaResult<()> {
+        if ops.is_empty() || ops.len() > mem_op::MAX_BATCH {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        for op in ops {
+            self.check_mem_op(op)?;
+            if let Some(width) = op.width() {
+                self.ranges.check(op.address, width)?;
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn mem_ops(&mut self, request: req::StreamMemOps, reply: Responder<rep::StreamMemOps>) {
         let result = (|| {
             if request.ops.is_empty() || request.ops.len() > mem_op::MAX_BATCH {

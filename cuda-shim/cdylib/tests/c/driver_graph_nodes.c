@@ -2,7 +2,8 @@
 // Flyt's libcuda.so.1 on the emulated device (no kernels: memsets and copies do the work). The
 // emulated device holds a conditional at the value each launch assigns (no kernel sets it).
 // Then the node parameter getters (of nodes the app made and of captured ones), kernel node
-// attributes on other nodes, the legacy cuGraphInstantiate and user objects.
+// attributes on other nodes, the legacy cuGraphInstantiate and user objects; batch memory
+// operation nodes.
 #define _DEFAULT_SOURCE
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -193,6 +194,146 @@ static void getters_attributes_and_user_objects(CUcontext ctx, CUstream s, CUdev
     EXPECT(cuGraphDestroy(holder), CUDA_SUCCESS);
 }
 
+static CUstreamBatchMemOpParams write_op(CUdeviceptr address, unsigned long long value, int wide) {
+    CUstreamBatchMemOpParams op;
+    memset(&op, 0, sizeof op);
+    op.operation = wide ? CU_STREAM_MEM_OP_WRITE_VALUE_64 : CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    op.writeValue.address = address;
+    if (wide)
+        op.writeValue.value64 = value;
+    else
+        op.writeValue.value = (cuuint32_t)value;
+    return op;
+}
+
+// Batch memory operation nodes: made, read back, changed in the graph and in an executable
+// graph, through the generic entry points too, and captured from cuStreamBatchMemOp; the
+// emulated device runs their writes and checks their waits at launch.
+static void batch_mem_op_nodes(CUcontext ctx, CUstream s) {
+    CUdeviceptr words;
+    EXPECT(cuMemAlloc(&words, 64), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8(words, 0, 64), CUDA_SUCCESS);
+    CUgraph g;
+    EXPECT(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+    CUstreamBatchMemOpParams ops[3];
+    ops[0] = write_op(words, 0x11223344u, 0);
+    ops[1] = write_op(words + 8, 0x0102030405060708ull, 1);
+    memset(&ops[2], 0, sizeof ops[2]);
+    ops[2].operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    ops[2].waitValue.address = words;
+    ops[2].waitValue.value = 0x11223344u;
+    ops[2].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    CUDA_BATCH_MEM_OP_NODE_PARAMS params;
+    memset(&params, 0, sizeof params);
+    params.ctx = ctx;
+    params.count = 3;
+    params.paramArray = ops;
+    CUgraphNode node;
+    EXPECT(cuGraphAddBatchMemOpNode(&node, g, NULL, 0, &params), CUDA_SUCCESS);
+    CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+    EXPECT(cuGraphNodeGetType(node, &type), CUDA_SUCCESS);
+    CHECK("batch memory operation node type", type == CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
+    CUDA_BATCH_MEM_OP_NODE_PARAMS back;
+    memset(&back, 0, sizeof back);
+    EXPECT(cuGraphBatchMemOpNodeGetParams(node, &back), CUDA_SUCCESS);
+    CHECK("batch node reads back as given",
+          back.count == 3 && back.paramArray != NULL && back.flags == 0 &&
+              back.paramArray[0].writeValue.address == words && back.paramArray[0].writeValue.value == 0x11223344u &&
+              back.paramArray[1].writeValue.value64 == 0x0102030405060708ull &&
+              back.paramArray[2].operation == CU_STREAM_MEM_OP_WAIT_VALUE_32 &&
+              back.paramArray[2].waitValue.flags == CU_STREAM_WAIT_VALUE_EQ);
+
+    CUgraphExec exec;
+    EXPECT(cuGraphInstantiate(&exec, g, 0), CUDA_SUCCESS);
+    EXPECT(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+    unsigned int low = 0;
+    unsigned long long wide = 0;
+    EXPECT(cuMemcpyDtoH(&low, words, 4), CUDA_SUCCESS);
+    EXPECT(cuMemcpyDtoH(&wide, words + 8, 8), CUDA_SUCCESS);
+    CHECK("batch node wrote both words", low == 0x11223344u && wide == 0x0102030405060708ull);
+
+    // A new value in the executable graph only; then in the graph (read back from there).
+    ops[0] = write_op(words, 0x55u, 0);
+    ops[2].waitValue.value = 0x55u;
+    EXPECT(cuGraphExecBatchMemOpNodeSetParams(exec, node, &params), CUDA_SUCCESS);
+    EXPECT(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+    EXPECT(cuMemcpyDtoH(&low, words, 4), CUDA_SUCCESS);
+    EXPECT(cuGraphBatchMemOpNodeGetParams(node, &back), CUDA_SUCCESS);
+    CHECK("executable graph's batch node changed, graph's kept", low == 0x55u && back.paramArray[0].writeValue.value == 0x11223344u);
+    ops[0] = write_op(words, 0x66u, 0);
+    ops[2].waitValue.value = 0x66u;
+    EXPECT(cuGraphBatchMemOpNodeSetParams(node, &params), CUDA_SUCCESS);
+    EXPECT(cuGraphBatchMemOpNodeGetParams(node, &back), CUDA_SUCCESS);
+    CHECK("graph's batch node changed", back.count == 3 && back.paramArray[0].writeValue.value == 0x66u);
+
+    // Refused as the driver refuses them: flags, an empty batch, memory that is not the
+    // session's; NOT_SUPPORTED (with its line) for a flush of remote writes.
+    params.flags = 1;
+    EXPECT(cuGraphBatchMemOpNodeSetParams(node, &params), CUDA_ERROR_INVALID_VALUE);
+    params.flags = 0;
+    params.count = 0;
+    EXPECT(cuGraphAddBatchMemOpNode(&node, g, NULL, 0, &params), CUDA_ERROR_INVALID_VALUE);
+    params.count = 1;
+    CUstreamBatchMemOpParams stray = write_op((CUdeviceptr)0x1000, 1, 0);
+    params.paramArray = &stray;
+    EXPECT(cuGraphAddBatchMemOpNode(&node, g, NULL, 0, &params), CUDA_ERROR_INVALID_VALUE);
+    memset(&stray, 0, sizeof stray);
+    stray.operation = CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES;
+    EXPECT(cuGraphAddBatchMemOpNode(&node, g, NULL, 0, &params), CUDA_ERROR_NOT_SUPPORTED);
+
+    // The generic entry point makes the same node.
+    CUstreamBatchMemOpParams one = write_op(words + 16, 0x77u, 0);
+    CUgraphNodeParams generic;
+    memset(&generic, 0, sizeof generic);
+    generic.type = CU_GRAPH_NODE_TYPE_BATCH_MEM_OP;
+    generic.memOp.ctx = ctx;
+    generic.memOp.count = 1;
+    generic.memOp.paramArray = &one;
+    CUgraphNode generic_node;
+    EXPECT(cuGraphAddNode(&generic_node, g, NULL, NULL, 0, &generic), CUDA_SUCCESS);
+    EXPECT(cuGraphBatchMemOpNodeGetParams(generic_node, &back), CUDA_SUCCESS);
+    CHECK("generic batch node reads back", back.count == 1 && back.paramArray[0].writeValue.address == words + 16);
+    EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    EXPECT(cuGraphInstantiate(&exec, g, 0), CUDA_SUCCESS);
+    EXPECT(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+    unsigned int third = 0;
+    EXPECT(cuMemcpyDtoH(&low, words, 4), CUDA_SUCCESS);
+    EXPECT(cuMemcpyDtoH(&third, words + 16, 4), CUDA_SUCCESS);
+    CHECK("both batch nodes ran", low == 0x66u && third == 0x77u);
+    EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
+
+    // Captured from cuStreamBatchMemOp: a node the getter reads back from the server.
+    CUgraph captured;
+    CUstreamBatchMemOpParams later = write_op(words + 24, 0x99u, 0);
+    EXPECT(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    EXPECT(cuStreamBatchMemOp(s, 1, &later, 0), CUDA_SUCCESS);
+    EXPECT(cuStreamEndCapture(s, &captured), CUDA_SUCCESS);
+    CUgraphNode nodes[4];
+    size_t count = 4;
+    EXPECT(cuGraphGetNodes(captured, nodes, &count), CUDA_SUCCESS);
+    type = CU_GRAPH_NODE_TYPE_EMPTY;
+    if (count == 1) EXPECT(cuGraphNodeGetType(nodes[0], &type), CUDA_SUCCESS);
+    memset(&back, 0, sizeof back);
+    if (type == CU_GRAPH_NODE_TYPE_BATCH_MEM_OP) EXPECT(cuGraphBatchMemOpNodeGetParams(nodes[0], &back), CUDA_SUCCESS);
+    unsigned int before = 1;
+    EXPECT(cuMemcpyDtoH(&before, words + 24, 4), CUDA_SUCCESS);
+    EXPECT(cuGraphInstantiate(&exec, captured, 0), CUDA_SUCCESS);
+    EXPECT(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+    unsigned int after = 0;
+    EXPECT(cuMemcpyDtoH(&after, words + 24, 4), CUDA_SUCCESS);
+    CHECK("captured batch node reads back and runs at launch only",
+          count == 1 && back.count == 1 && back.paramArray != NULL && back.paramArray[0].writeValue.value == 0x99u && before == 0 &&
+              after == 0x99u);
+    EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    EXPECT(cuGraphDestroy(captured), CUDA_SUCCESS);
+    EXPECT(cuMemFree(words), CUDA_SUCCESS);
+}
+
 int main(void) {
     CUcontext ctx;
     EXPECT(cuInit(0), CUDA_SUCCESS);
@@ -355,6 +496,7 @@ int main(void) {
     EXPECT(cuEventDestroy(ev), CUDA_SUCCESS);
 
     getters_attributes_and_user_objects(ctx, s, out, N);
+    batch_mem_op_nodes(ctx, s);
 
     EXPECT(cuMemFree(out), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(s), CUDA_SUCCESS);

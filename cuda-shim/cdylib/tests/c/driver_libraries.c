@@ -144,9 +144,20 @@ int main(void) {
     EXPECT(cuPointerGetAttribute(&id_b, CU_POINTER_ATTRIBUTE_BUFFER_ID, pitched + 100), CUDA_SUCCESS);
     EXPECT(cuPointerGetAttribute(&id_c, CU_POINTER_ATTRIBUTE_BUFFER_ID, other), CUDA_SUCCESS);
     CHECK("buffer ids", id_a != 0 && id_a == id_b && id_a != id_c);
-    unsigned int ipc = 1;
-    EXPECT(cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pitched), CUDA_SUCCESS);
-    CHECK("no CUDA IPC through Flyt", ipc == 0);
+    // CUDA IPC (between sessions on one GPU) exports cuMemAlloc and cuMemAllocPitch memory, not
+    // pool allocations, as natively.
+    unsigned int ipc = 0;
+    EXPECT(cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pitched + 8), CUDA_SUCCESS);
+    CHECK("pitched memory is CUDA IPC capable", ipc == 1);
+    ipc = 0;
+    EXPECT(cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, other), CUDA_SUCCESS);
+    CHECK("cuMemAlloc memory is CUDA IPC capable", ipc == 1);
+    CUdeviceptr pooled = 0;
+    EXPECT(cuMemAllocAsync(&pooled, 4096, NULL), CUDA_SUCCESS);
+    ipc = 1;
+    EXPECT(cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pooled), CUDA_SUCCESS);
+    CHECK("a pool allocation is not CUDA IPC capable", ipc == 0);
+    EXPECT(cuMemFreeAsync(pooled, NULL), CUDA_SUCCESS);
     EXPECT(cuPointerGetAttribute(&host_pointer, CU_POINTER_ATTRIBUTE_HOST_POINTER, pitched), CUDA_ERROR_INVALID_VALUE);
 
     // Memsets of 2- and 4-byte elements whose bytes differ (PyTorch's fill_ of a half or int

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::ops::{
-    Copy3d, Dim3, FunctionRef, Memset2d, NodeCopy, NodeCopySide, NodeParams, ParamInfo, kernel_node_attribute, node_type,
+    Copy3d, Dim3, FunctionRef, Memset2d, NodeCopy, NodeCopySide, NodeParams, ParamInfo, StreamMemOp, kernel_node_attribute, node_type,
 };
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +81,8 @@ enum NodeSpec {
         id: Option<u64>,
         graph: Shape,
     },
+    /// Memory operations on the session's device memory.
+    BatchMemOp(Vec<StreamMemOp>),
 }
 
 impl NodeSpec {
@@ -94,6 +96,7 @@ impl NodeSpec {
             Self::EventWait(_) => node_type::WAIT_EVENT,
             Self::Host(_) => node_type::HOST,
             Self::Child { .. } => node_type::GRAPH,
+            Self::BatchMemOp(_) => node_type::BATCH_MEM_OP,
         }
     }
 }
@@ -342,6 +345,15 @@ impl<D: Device> Session<D> {
                     let id = if named { self.graphs.graph_ids.get(&child).copied() } else { None };
                     NodeSpec::Child { id, graph: self.describe(child, named, kernels, depth + 1)?.0 }
                 }
+                node_type::BATCH_MEM_OP => match self.device.graph_node_read(*node) {
+                    Ok(NodeRead::BatchMemOp(ops)) => {
+                        if ops.iter().any(|op| op.width().is_some_and(|width| self.ranges.check(op.address, width).is_err())) {
+                            return Err("a batch memory operation node names host memory, which the new server does not have".into());
+                        }
+                        NodeSpec::BatchMemOp(ops)
+                    }
+                    _ => return Err("a batch memory operation node cannot be read".into()),
+                },
                 other => return Err(format!("a graph node of type {other} cannot be made again elsewhere")),
             };
             let id = if named { self.graphs.node_ids.get(node).copied() } else { None };
@@ -438,6 +450,7 @@ impl<D: Device> GraphTable<D> {
                     child = Some(staged);
                     NodeWork::Child(staged)
                 }
+                NodeSpec::BatchMemOp(ops) => NodeWork::BatchMemOp(ops),
             };
             let added = device.graph_add_node(graph, &[], work);
             if let Some(staged) = child {
