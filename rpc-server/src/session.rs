@@ -557,13 +557,17 @@ impl<D: Device> Session<D> {
     }
 
     /// Polls `ready` for up to the inline-wait budget; `true` if it became ready.
+    ///
+    /// The clock is read on every poll (not as `flyt_ring::SpinDeadline` does): each poll is a
+    /// driver call of a few hundred nanoseconds, and the budget is short, so 15 polls past it
+    /// would keep the reader from the socket noticeably longer than asked.
     fn ready_soon(&self, mut ready: impl FnMut() -> bool) -> bool {
-        let mut spinning = flyt_ring::SpinDeadline::after(self.config.inline_wait);
+        let started = Instant::now();
         loop {
             if ready() {
                 return true;
             }
-            if !spinning.keep_spinning() {
+            if started.elapsed() >= self.config.inline_wait {
                 return false;
             }
             std::hint::spin_loop();
