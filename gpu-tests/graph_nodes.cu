@@ -4,7 +4,8 @@
 // whose body kernel counts to 10 and clears the condition itself (cudaGraphSetConditional), and IF
 // nodes whose condition a kernel sets; queries of dependencies, dependents and edges; a kernel node
 // disabled and enabled in the executable graph; instantiation flags, event and child graph
-// getters; graph memory attributes; batch memory operation nodes. Built with -lcuda.
+// getters; graph memory attributes; batch memory operation nodes; a programmatic edge. Built
+// with -lcuda.
 #include <vector>
 
 #include "driver_check.h"
@@ -29,6 +30,19 @@ __global__ void set_condition(cudaGraphConditionalHandle handle, unsigned value)
 
 __global__ void add_one(int *p) { *p += 1; }
 
+// A producer and a consumer joined by a programmatic edge: the consumer may start early and
+// waits for the producer's trigger before it reads.
+__global__ void produce(int *p) {
+    p[0] = 5;
+    __threadfence();
+    cudaTriggerProgrammaticLaunchCompletion();
+}
+
+__global__ void consume(int *p) {
+    cudaGridDependencySynchronize();
+    p[1] = p[0] + 1;
+}
+
 static cudaGraphNode_t add_kernel(cudaGraph_t g, const cudaGraphNode_t *deps, size_t ndeps, void *func, dim3 grid, dim3 block,
                                   void **args) {
     cudaKernelNodeParams p = {};
@@ -52,6 +66,39 @@ static CUstreamBatchMemOpParams write32(CUdeviceptr address, unsigned value) {
 // Batch memory operation nodes (driver API): writes and a wait, then a kernel that reads what
 // they wrote; their parameters read back, changed in the executable graph; a node captured from
 // cuStreamWriteValue32.
+// Graph edges with data (driver API): a programmatic edge between two kernel nodes, read back
+// and run.
+static void programmatic_edge(cudaStream_t s) {
+    int *pair = nullptr;
+    CHECK(cudaMalloc(&pair, 2 * sizeof(int)));
+    CHECK(cudaMemset(pair, 0, 2 * sizeof(int)));
+    cudaGraph_t g;
+    CHECK(cudaGraphCreate(&g, 0));
+    void *args[] = {&pair};
+    cudaGraphNode_t producer = add_kernel(g, nullptr, 0, (void *)produce, 1, 1, args);
+    cudaGraphNode_t consumer = add_kernel(g, nullptr, 0, (void *)consume, 1, 1, args);
+    CUgraphEdgeData edge = {};
+    edge.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+    edge.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    CUgraphNode from = (CUgraphNode)producer, to = (CUgraphNode)consumer;
+    CHECK_CU(cuGraphAddDependencies_v2((CUgraph)g, &from, &to, &edge, 1));
+    CUgraphNode edge_from[2], edge_to[2];
+    CUgraphEdgeData data[2] = {};
+    size_t count = 2;
+    CHECK_CU(cuGraphGetEdges_v2((CUgraph)g, edge_from, edge_to, data, &count));
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    int got[2] = {0, 0};
+    CHECK(cudaMemcpy(got, pair, sizeof got, cudaMemcpyDeviceToHost));
+    printf("programmatic edge: %zu edge(s), from port %d, type %d; consumer read %d\n", count, (int)data[0].from_port,
+           (int)data[0].type, got[1]);
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(g));
+    CHECK(cudaFree(pair));
+}
+
 static void batch_mem_op_nodes(cudaStream_t s) {
     int *words = nullptr;
     CHECK(cudaMalloc(&words, 64));
@@ -300,6 +347,7 @@ int main() {
     CHECK_CU(cuDeviceGraphMemTrim(0));
 
     batch_mem_op_nodes(s);
+    programmatic_edge(s);
 
     CHECK(cudaFree(counter));
     CHECK(cudaFree(out));

@@ -183,8 +183,10 @@ macro_rules! for_each_op {
             /// `cuGraphAdd*Node`: a node of `graph` after `dependencies`, named `node`.
             /// `ptr`: a memory allocation node's address (0 for other nodes).
             56 GraphAddNode graph_add_node [reply -] { graph: u64, node: u64, dependencies: Vec<u64>, params: NodeParams } -> { ptr: u64 };
-            /// `cuGraphAddDependencies` (`remove`: `cuGraphRemoveDependencies`): edges `from[i]` -> `to[i]`.
-            57 GraphEdges graph_edges [reply -] { graph: u64, from: Vec<u64>, to: Vec<u64>, remove: bool } -> {};
+            /// `cuGraphAddDependencies_v2` (`remove`: `cuGraphRemoveDependencies_v2`): edges
+            /// `from[i]` -> `to[i]`, each with `data[i]` (from port, to port, type), or none at all
+            /// (plain full dependencies).
+            57 GraphEdges graph_edges [reply -] { graph: u64, from: Vec<u64>, to: Vec<u64>, data: Vec<[u8; 3]>, remove: bool } -> {};
             /// `cuGraphGetNodes` (`roots`: `cuGraphGetRootNodes`), each with its `CUgraphNodeType`.
             58 GraphNodes graph_nodes [reply -] { graph: u64, roots: bool } -> { nodes: Vec<GraphNodeEntry> };
             /// `cuGraphClone`: `clone` names the copy; `nodes` pairs each original node with its copy.

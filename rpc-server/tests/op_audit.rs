@@ -466,7 +466,7 @@ macro_rules! probes {
         ]
     };
     (GraphEdges, $v:ident) => {
-        vec![refused(req::GraphEdges { graph: BOGUS_HANDLE, from: vec![1], to: vec![2], remove: false }, INVALID_VALUE)]
+        vec![refused(req::GraphEdges { graph: BOGUS_HANDLE, from: vec![1], to: vec![2], data: vec![], remove: false }, INVALID_VALUE)]
     };
     (GraphNodes, $v:ident) => {
         vec![refused(req::GraphNodes { graph: BOGUS_HANDLE, roots: false }, INVALID_VALUE)]
@@ -1181,6 +1181,15 @@ fn graph_nodes_are_checked_before_the_driver_sees_them(socket: &str) {
         Some(UNKNOWN_FUNCTION)
     );
     assert_eq!(session.call(req::GraphNodes { graph: 1, roots: false }).0.unwrap().nodes, vec![]);
+    // Edge data: one entry per edge; the emulated device has no kernel nodes, so no edge with a
+    // port or a type (programmatic launches) is one it can make; default data is a plain edge.
+    session.call(req::GraphAddNode { graph: 1, node: 11, dependencies: vec![], params: NodeParams::Empty }).0.unwrap();
+    session.call(req::GraphAddNode { graph: 1, node: 12, dependencies: vec![], params: NodeParams::Empty }).0.unwrap();
+    let edge = |data: Vec<[u8; 3]>| req::GraphEdges { graph: 1, from: vec![11], to: vec![12], data, remove: false };
+    assert_eq!(session.call(edge(vec![[0, 0, 1], [0, 0, 1]])).0.err(), Some(INVALID_VALUE));
+    assert_eq!(session.call(edge(vec![[1, 0, 1]])).0.err(), Some(CudaError::NOT_SUPPORTED));
+    session.call(edge(vec![[0, 0, 0]])).0.unwrap();
+    assert_eq!(session.call(req::GraphNodes { graph: 1, roots: true }).0.unwrap().nodes.len(), 1);
 }
 
 /// Work queued on a capturing stream is recorded, not run; the capture's status, graph and

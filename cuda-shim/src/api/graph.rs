@@ -548,7 +548,23 @@ pub unsafe fn cuGraphAddEventWaitNode(
     })
 }
 
-/// Adds or removes edges; edge data, if given, must be the default (a full dependency).
+/// The app's edge data for `count` edges as (from port, to port, type), which the server's
+/// driver checks (programmatic edges join kernel nodes); empty when NULL or all default (plain
+/// full dependencies).
+///
+/// # Safety
+/// `data` is NULL or holds `count` entries.
+unsafe fn edge_kinds(data: *const CUgraphEdgeData, count: usize) -> Vec<[u8; 3]> {
+    if data.is_null() || count == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the caller's array of `count` entries.
+    let data = unsafe { std::slice::from_raw_parts(data, count) };
+    let kinds: Vec<[u8; 3]> = data.iter().map(|edge| [edge.from_port, edge.to_port, edge.r#type]).collect();
+    if kinds.iter().all(|kind| *kind == [0; 3]) { Vec::new() } else { kinds }
+}
+
+/// Adds or removes edges, with the app's edge data if it gave any.
 ///
 /// # Safety
 /// `from`/`to` hold `count` handles; `edges` is NULL or holds `count` entries.
@@ -560,20 +576,28 @@ unsafe fn edges(
     count: usize,
     remove: bool,
 ) -> DriverResult {
-    if !edges.is_null() && count > 0 {
-        /// `CUgraphEdgeData`: from port, to port, type, 5 reserved bytes; all zero by default.
-        const EDGE_DATA_LEN: usize = 8;
-        // SAFETY: the caller's array of `count` 8-byte entries.
-        let bytes = unsafe { std::slice::from_raw_parts(edges.cast::<u8>(), count * EDGE_DATA_LEN) };
-        if bytes.iter().any(|byte| *byte != 0) {
-            crate::diagnostics::once("graph-edge-data", "flyt: graph edges with ports or types other than the default are not supported");
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
-    }
     let client = client()?;
     // SAFETY: forwarded contract.
-    let (from, to) = unsafe { (node_ids(from, count)?, node_ids(to, count)?) };
-    client.call(req::GraphEdges { graph: id_of(graph)?, from, to, remove }).map(drop).map_err(driver_error)
+    let (from, to, data) = unsafe { (node_ids(from, count)?, node_ids(to, count)?, edge_kinds(edges, count)) };
+    add_edges(client, req::GraphEdges { graph: id_of(graph)?, from, to, data, remove })
+}
+
+/// Sends a `GraphEdges`. A device that answers "not supported" to edge data is the emulated
+/// one (a driver checks ports and types against the nodes' kinds): said once.
+fn add_edges(client: &Client, request: req::GraphEdges) -> DriverResult {
+    let with_data = !request.data.is_empty();
+    match client.call(request) {
+        Ok(_) => Ok(()),
+        Err(error) => {
+            if with_data && error == flyt_protocol::CudaError::NOT_SUPPORTED {
+                crate::diagnostics::once(
+                    "graph-edge-data",
+                    "flyt: the GPU server's emulated device has no kernel nodes, so no graph edge with a port or a type (returning CUDA_ERROR_NOT_SUPPORTED)",
+                );
+            }
+            Err(driver_error(error))
+        }
+    }
 }
 
 pub unsafe fn cuGraphAddDependencies(
@@ -1502,14 +1526,40 @@ unsafe fn add_generic(
     count: usize,
     params: *mut CUgraphNodeParams,
 ) -> DriverResult {
-    if !edge_data.is_null() && count > 0 {
-        // SAFETY: the caller's array of `count` entries.
-        let data = unsafe { std::slice::from_raw_parts(edge_data, count) };
-        if data.iter().any(|edge| edge.from_port != 0 || edge.to_port != 0 || edge.r#type != 0) {
-            crate::diagnostics::once("graph-edge-data", "flyt: graph edges with ports or types other than the default are not supported");
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
+    // SAFETY: forwarded contract.
+    let kinds = unsafe { edge_kinds(edge_data, count) };
+    if kinds.is_empty() {
+        // SAFETY: forwarded contract.
+        return unsafe { add_generic_node(out, graph, dependencies, count, params) };
     }
+    // Edges with data: the node first, then its dependencies with their data, as
+    // `cuGraphAddDependencies_v2` adds them; a refused edge takes the new node back out.
+    // SAFETY: forwarded contract (no dependencies: none read).
+    unsafe { add_generic_node(out, graph, std::ptr::null(), 0, params) }?;
+    // SAFETY: `out` was written by the call above.
+    let node = unsafe { *out };
+    let client = client()?;
+    // SAFETY: forwarded contract.
+    let from = unsafe { node_ids(dependencies, count) }?;
+    let request = req::GraphEdges { graph: id_of(graph)?, from, to: vec![id_of(node)?; count], data: kinds, remove: false };
+    add_edges(client, request).inspect_err(|_| {
+        if let Ok(node) = id_of(node) {
+            let _ = client.call(req::GraphDestroyNode { node });
+        }
+    })
+}
+
+/// `add_generic` without edge data.
+///
+/// # Safety
+/// As `add_generic`'s.
+unsafe fn add_generic_node(
+    out: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    count: usize,
+    params: *mut CUgraphNodeParams,
+) -> DriverResult {
     let client = client()?;
     // SAFETY: forwarded contract.
     match unsafe { generic_params(client, params) }? {

@@ -109,7 +109,7 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
                 "flyt: ignoring a fatbinary in a format this runtime does not know".to_string(),
                 "flyt: graph memcpy nodes with host memory or arrays are not supported (the server cannot reach this process's memory at launch)"
                     .to_string(),
-                "flyt: graph edges with ports or types other than the default are not supported".to_string(),
+                "flyt: the GPU server's emulated device has no kernel nodes, so no graph edge with a port or a type (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
                 "flyt: kernel node attributes that carry events are not supported".to_string(),
                 "flyt: kernel fake_kernel cannot run: the server's emulated device has no GPU (cudaErrorNotSupported(801))".to_string(),
                 "flyt: cuMemGetDefaultMemPool: host memory pools are not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"

@@ -737,8 +737,12 @@ impl<D: Device> Session<D> {
             let graph = self.graphs.graph(request.graph)?;
             let from = self.graphs.nodes_of(&request.from, request.graph)?;
             let to = self.graphs.nodes_of(&request.to, request.graph)?;
+            if !request.data.is_empty() && request.data.len() != from.len() {
+                return Err(CudaError::INVALID_VALUE);
+            }
             self.detach_execs(request.graph);
-            self.device.graph_edges(graph, &from, &to, None, request.remove)
+            let data = (!request.data.is_empty()).then_some(request.data.as_slice());
+            self.device.graph_edges(graph, &from, &to, data, request.remove)
         })();
         reply.send(result.map(|()| rep::GraphEdges {}));
     }

@@ -334,6 +334,44 @@ static void batch_mem_op_nodes(CUcontext ctx, CUstream s) {
     EXPECT(cuMemFree(words), CUDA_SUCCESS);
 }
 
+// Edge data reaches the server's device: default data is a plain edge; a programmatic edge is
+// one only kernel nodes take, and the emulated device has none, so it refuses it, and a node
+// added with such a dependency is taken back out.
+static void edge_data(CUcontext ctx, CUdeviceptr out) {
+    CUgraph g;
+    EXPECT(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+    CUDA_MEMSET_NODE_PARAMS fill = memset_of(out, 1, 64);
+    CUgraphNode a, b;
+    EXPECT(cuGraphAddMemsetNode(&a, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
+    EXPECT(cuGraphAddMemsetNode(&b, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
+    CUgraphEdgeData plain, programmatic;
+    memset(&plain, 0, sizeof plain);
+    memset(&programmatic, 0, sizeof programmatic);
+    programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+    programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    CUresult refused = cuGraphAddDependencies(g, &a, &b, &programmatic, 1);
+    EXPECT(cuGraphAddDependencies(g, &a, &b, &plain, 1), CUDA_SUCCESS);
+    size_t edges = 0;
+    EXPECT(cuGraphGetEdges(g, NULL, NULL, NULL, &edges), CUDA_SUCCESS);
+    CUgraphNodeParams params;
+    memset(&params, 0, sizeof params);
+    params.type = CU_GRAPH_NODE_TYPE_MEMSET;
+    params.memset.dst = fill.dst;
+    params.memset.pitch = fill.pitch;
+    params.memset.value = fill.value;
+    params.memset.elementSize = fill.elementSize;
+    params.memset.width = fill.width;
+    params.memset.height = fill.height;
+    params.memset.ctx = ctx;
+    CUgraphNode c = NULL;
+    CUresult refused_node = cuGraphAddNode(&c, g, &a, &programmatic, 1, &params);
+    size_t nodes = 0;
+    EXPECT(cuGraphGetNodes(g, NULL, &nodes), CUDA_SUCCESS);
+    CHECK("edge data reaches the device: programmatic refused, plain made, no node left behind",
+          refused == CUDA_ERROR_NOT_SUPPORTED && edges == 1 && refused_node == CUDA_ERROR_NOT_SUPPORTED && nodes == 2);
+    EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
+}
+
 int main(void) {
     CUcontext ctx;
     EXPECT(cuInit(0), CUDA_SUCCESS);
@@ -497,6 +535,7 @@ int main(void) {
 
     getters_attributes_and_user_objects(ctx, s, out, N);
     batch_mem_op_nodes(ctx, s);
+    edge_data(ctx, out);
 
     EXPECT(cuMemFree(out), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(s), CUDA_SUCCESS);
