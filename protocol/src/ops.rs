@@ -1303,6 +1303,39 @@ mod tests {
 
     use super::*;
 
+    /// The driver's 48-byte form: where each field sits (as `cuda.h` lays out
+    /// `CUstreamBatchMemOpParams`), and back again.
+    #[test]
+    fn memory_operations_take_the_driver_layout_and_come_back() {
+        let write = StreamMemOp { kind: mem_op::WRITE_VALUE_32, address: 0x7f00_0000_1000, value: 0xdead_beef_0000_0042, flags: 0 };
+        let words = write.driver_words();
+        assert_eq!(words, [2, 0x7f00_0000_1000, 0x42, 0, 0, 0], "a 32-bit value keeps its low word only");
+        assert_eq!(StreamMemOp::from_driver_words(&words), StreamMemOp { value: 0x42, ..write });
+        let wait = StreamMemOp { kind: mem_op::WAIT_VALUE_64, address: 0x1000, value: u64::MAX - 1, flags: mem_op::WAIT_NOR };
+        assert_eq!(wait.driver_words(), [4, 0x1000, u64::MAX - 1, 3, 0, 0]);
+        assert_eq!(StreamMemOp::from_driver_words(&wait.driver_words()), wait);
+        // Barriers and flushes are `{ operation, flags }` in the first word.
+        let barrier = StreamMemOp { kind: mem_op::BARRIER, address: 0, value: 0, flags: mem_op::BARRIER_GPU };
+        assert_eq!(barrier.driver_words(), [6 | (1 << 32), 0, 0, 0, 0, 0]);
+        assert_eq!(StreamMemOp::from_driver_words(&barrier.driver_words()), barrier);
+        // A 32-bit write read from the driver ignores the union's high bytes there.
+        assert_eq!(StreamMemOp::from_driver_words(&[2, 0x2000, 0xffff_ffff_0000_0007, 0, 0, 0]).value, 7);
+    }
+
+    proptest! {
+        #[test]
+        fn every_operation_survives_the_driver_layout(kind in 1u32..=6, address: u64, value: u64, flags in 0u32..4) {
+            let mut op = StreamMemOp { kind, address, value, flags };
+            if op.width().is_none() {
+                op.address = 0;
+                op.value = 0;
+            } else if op.width() == Some(4) {
+                op.value &= u64::from(u32::MAX);
+            }
+            prop_assert_eq!(StreamMemOp::from_driver_words(&op.driver_words()), op);
+        }
+    }
+
     #[test]
     fn stream_waits_compare_as_the_driver_documents() {
         let wait = |kind, value, flags| StreamMemOp { kind, address: 0, value, flags };
