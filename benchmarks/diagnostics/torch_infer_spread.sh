@@ -29,6 +29,10 @@ native_env=(LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})
 infer "native" "${native_env[@]}"
 infer "native pinned cpu $app_cpu" "${native_env[@]}" taskset -c $app_cpu
 for placement in free sibling other; do
+    if [ "$placement" = sibling ] && [ -z "$sibling" ]; then
+        echo "(no hardware-thread sibling of CPU $app_cpu: no SMT here, the sibling placement is skipped)"
+        continue
+    fi
     case $placement in
         free) server_pin=() app_pin=() ;;
         sibling) server_pin=(taskset -c "$sibling") app_pin=(taskset -c $app_cpu) ;;

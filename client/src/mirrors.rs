@@ -100,6 +100,10 @@ struct State {
     pages: BTreeSet<u64>,
     /// The stream exchanges run on, made at the first one.
     stream: Option<u64>,
+    /// Where the bytes of one mirror are read to be compared with its snapshot; swapped with
+    /// the snapshot when they differ. Reused: a mirror of mapped memory is 2 MiB, read at every
+    /// launch and sync point.
+    scratch: Vec<u8>,
 }
 
 #[derive(Default)]
@@ -306,13 +310,14 @@ impl Client {
         let mut state = self.mirrors.lock();
         let stream = self.mirror_stream(&mut state)?;
         let mut sent = false;
-        for mirror in &mut state.mirrors {
-            let mut now = vec![0u8; mirror.snapshot.len()];
+        let State { mirrors, scratch, .. } = &mut *state;
+        for mirror in mirrors.iter_mut() {
+            scratch.resize(mirror.snapshot.len(), 0);
             // SAFETY: the mirror's pages stay mapped for the life of the process.
-            unsafe { std::ptr::copy_nonoverlapping(mirror.address as usize as *const u8, now.as_mut_ptr(), now.len()) };
-            if now != mirror.snapshot {
-                self.conn.send_async(&req::MemcpyHtoD { dst: mirror.address, stream }.into(), &now)?;
-                mirror.snapshot = now;
+            unsafe { std::ptr::copy_nonoverlapping(mirror.address as usize as *const u8, scratch.as_mut_ptr(), scratch.len()) };
+            if *scratch != mirror.snapshot {
+                self.conn.send_async(&req::MemcpyHtoD { dst: mirror.address, stream }.into(), scratch)?;
+                std::mem::swap(scratch, &mut mirror.snapshot);
                 sent = true;
             }
         }
@@ -338,16 +343,17 @@ impl Client {
         }
         let mut state = self.mirrors.lock();
         let stream = self.mirror_stream(&mut state)?;
-        for mirror in &mut state.mirrors {
-            let mut device = vec![0u8; mirror.snapshot.len()];
-            self.read_variable(mirror.address, &mut device, stream)?;
+        let State { mirrors, scratch, .. } = &mut *state;
+        for mirror in mirrors.iter_mut() {
+            scratch.resize(mirror.snapshot.len(), 0);
+            self.read_variable(mirror.address, scratch, stream)?;
             // Only the device's changes are written: the app's threads may be writing other bytes
             // of the mirror meanwhile, so it is written as raw memory, never borrowed.
-            for (offset, byte) in device_changes(&mirror.snapshot, &device) {
+            for (offset, byte) in device_changes(&mirror.snapshot, scratch) {
                 // SAFETY: inside the mirror, whose pages stay mapped for the life of the process.
                 unsafe { (mirror.address as usize as *mut u8).add(offset).write(byte) };
             }
-            mirror.snapshot = device;
+            std::mem::swap(scratch, &mut mirror.snapshot);
         }
         Ok(())
     }

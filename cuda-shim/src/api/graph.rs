@@ -381,7 +381,7 @@ pub unsafe fn cuGraphAddMemsetNode(
 ///
 /// # Safety
 /// `params` is NULL or the caller's struct, whose `paramArray` holds `count` operations.
-unsafe fn batch_node_params(name: &str, params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) -> DriverResult<(NodeParams, Box<[[u64; 6]]>)> {
+unsafe fn batch_node_params(name: &str, params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) -> DriverResult<NodeParams> {
     non_null([params.cast()])?;
     // SAFETY: checked non-NULL; the caller's struct.
     let p = unsafe { &*params };
@@ -390,8 +390,24 @@ unsafe fn batch_node_params(name: &str, params: *const CUDA_BATCH_MEM_OP_NODE_PA
     }
     // SAFETY: forwarded contract.
     let ops = unsafe { super::memops::node_ops(name, p.count, p.paramArray) }?;
-    let words = ops.iter().map(StreamMemOp::driver_words).collect();
-    Ok((NodeParams::BatchMemOp { ops }, words))
+    Ok(NodeParams::BatchMemOp { ops })
+}
+
+/// A batch memory operation node's operations in the driver's form, kept for its getter (the
+/// array it hands out); `None` for other nodes.
+fn batch_words(params: &NodeParams) -> Option<Box<[[u64; 6]]>> {
+    match params {
+        NodeParams::BatchMemOp { ops } => Some(ops.iter().map(StreamMemOp::driver_words).collect()),
+        _ => None,
+    }
+}
+
+/// Keeps what [`batch_words`] made for `node`; the array it replaces ends here, as the driver's
+/// does when a node's parameters change.
+fn remember_batch(node: u64, words: Option<Box<[[u64; 6]]>>) {
+    if let Some(words) = words {
+        with_records(|records| records.batch_ops.insert(node, words));
+    }
 }
 
 pub unsafe fn cuGraphAddBatchMemOpNode(
@@ -405,9 +421,10 @@ pub unsafe fn cuGraphAddBatchMemOpNode(
         let client = client()?;
         // SAFETY: the caller's struct, out-pointer and dependency array.
         unsafe {
-            let (params, words) = batch_node_params("cuGraphAddBatchMemOpNode", node_params)?;
+            let params = batch_node_params("cuGraphAddBatchMemOpNode", node_params)?;
+            let words = batch_words(&params);
             let (node, _) = add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params)?;
-            with_records(|records| records.batch_ops.insert(node, words));
+            remember_batch(node, words);
         }
         Ok(())
     })
@@ -416,11 +433,10 @@ pub unsafe fn cuGraphAddBatchMemOpNode(
 pub unsafe fn cuGraphBatchMemOpNodeSetParams(h_node: CUgraphNode, node_params: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) -> CUresult {
     run(|| {
         // SAFETY: the caller's struct.
-        let (params, words) = unsafe { batch_node_params("cuGraphBatchMemOpNodeSetParams", node_params) }?;
+        let params = unsafe { batch_node_params("cuGraphBatchMemOpNodeSetParams", node_params) }?;
+        let words = batch_words(&params);
         set_params(std::ptr::null_mut(), h_node, params)?;
-        let node = id_of(h_node)?;
-        // The old array ends here, as the driver's does.
-        with_records(|records| records.batch_ops.insert(node, words));
+        remember_batch(id_of(h_node)?, words);
         Ok(())
     })
 }
@@ -433,8 +449,7 @@ pub unsafe fn cuGraphExecBatchMemOpNodeSetParams(
     run(|| {
         non_null([h_graph_exec.cast()])?;
         // SAFETY: the caller's struct.
-        let (params, _) = unsafe { batch_node_params("cuGraphExecBatchMemOpNodeSetParams", node_params) }?;
-        set_params(h_graph_exec, h_node, params)
+        set_params(h_graph_exec, h_node, unsafe { batch_node_params("cuGraphExecBatchMemOpNodeSetParams", node_params) }?)
     })
 }
 
@@ -1504,7 +1519,7 @@ unsafe fn generic_params(client: &Client, params: *mut CUgraphNodeParams) -> Dri
             }
             node_type::BATCH_MEM_OP => {
                 let batch = member::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v2>(params).cast::<CUDA_BATCH_MEM_OP_NODE_PARAMS>();
-                Generic::Params(batch_node_params("cuGraphAddNode", batch)?.0, Box::new([]))
+                Generic::Params(batch_node_params("cuGraphAddNode", batch)?, Box::new([]))
             }
             _ => {
                 crate::diagnostics::once("graph-node-type", "flyt: graph nodes for external semaphores are not supported");
@@ -1577,12 +1592,14 @@ unsafe fn add_generic_node(
                 },
                 _ => (std::ptr::null_mut(), std::ptr::null_mut()),
             };
+            let words = batch_words(&node);
             // SAFETY: forwarded contract.
             let node = unsafe { add_node_with_outputs(out, graph, dependencies, count, node, access, alloc_out, bodies_out) }?;
             // SAFETY: the caller's struct, read as its type says.
             if let Some(app) = unsafe { generic_app_params(params) } {
                 remember(node, app);
             }
+            remember_batch(node, words);
             Ok(())
         }
     }
@@ -1628,16 +1645,14 @@ unsafe fn set_generic(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraph
         // A child graph node's graph changes through the graph it returns.
         Generic::Params(NodeParams::Child { .. }, _) if exec.is_null() => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
         Generic::Params(node_params, _) => {
-            let batch = matches!(node_params, NodeParams::BatchMemOp { .. });
+            let words = batch_words(&node_params);
             set_params(exec, node, node_params)?;
-            // SAFETY: the caller's struct, read as its type says.
-            if let (true, Some(app)) = (exec.is_null(), unsafe { generic_app_params(params) }) {
-                remember(id_of(node)?, app);
-            }
-            if batch && exec.is_null() {
-                // The getter reads the new operations back (the old array ends here, as natively).
-                let node = id_of(node)?;
-                with_records(|records| records.batch_ops.remove(&node));
+            if exec.is_null() {
+                // SAFETY: the caller's struct, read as its type says.
+                if let Some(app) = unsafe { generic_app_params(params) } {
+                    remember(id_of(node)?, app);
+                }
+                remember_batch(id_of(node)?, words);
             }
             Ok(())
         }

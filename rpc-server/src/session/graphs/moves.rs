@@ -346,8 +346,10 @@ impl<D: Device> Session<D> {
                     NodeSpec::Child { id, graph: self.describe(child, named, kernels, depth + 1)?.0 }
                 }
                 node_type::BATCH_MEM_OP => match self.device.graph_node_read(*node) {
+                    // What a node the app adds may hold (the session's device memory) is what
+                    // the new server can make again.
                     Ok(NodeRead::BatchMemOp(ops)) => {
-                        if ops.iter().any(|op| op.width().is_some_and(|width| self.ranges.check(op.address, width).is_err())) {
+                        if self.check_node_mem_ops(&ops).is_err() {
                             return Err("a batch memory operation node names host memory, which the new server does not have".into());
                         }
                         NodeSpec::BatchMemOp(ops)
