@@ -98,6 +98,7 @@ impl ReplySlot {
     }
 
     fn complete(&self, reply: CudaResult<Vec<u8>>) {
+        flyt_ring::timeline::mark(flyt_ring::timeline::Stage::ReplyRead);
         *self.reply.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reply);
         self.done.store(true, Ordering::Release);
         self.wake();
@@ -544,7 +545,9 @@ impl Conn {
             && self.async_run.fetch_add(1, Ordering::Relaxed) < DIRECT_BURST
             && let Ok(writer) = self.writer.try_lock()
         {
-            self.write_locked(writer, &[])
+            let written = self.write_locked(writer, &[]);
+            flyt_ring::timeline::mark(flyt_ring::timeline::Stage::Posted);
+            written
         } else {
             self.wake_flusher();
             Ok(())
@@ -622,9 +625,14 @@ impl Conn {
 
     /// Sends a request and waits for its reply message.
     pub fn call(self: &Arc<Self>, request: &Request) -> CudaResult<Vec<u8>> {
+        use flyt_ring::timeline::{Stage, mark};
+        mark(Stage::CallEnter);
         let slot = self.send_for_reply(request, None)?;
         self.flush()?;
-        slot.wait()
+        mark(Stage::CallSent);
+        let reply = slot.wait();
+        mark(Stage::CallReturn);
+        reply
     }
 
     /// Waits until `slot` is answered: reads the connection for everyone while no other thread

@@ -85,6 +85,7 @@ impl Client {
     /// `args` is what the driver API's `cuLaunchKernel` requires: with `Pointers`, for each kernel
     /// parameter, a readable pointer to a value of that parameter's size.
     pub unsafe fn launch(&self, function: &Function, config: Config, args: Args<'_>) -> CudaResult<()> {
+        flyt_ring::timeline::mark(flyt_ring::timeline::Stage::LaunchEnter);
         self.limits()?.check(&config)?;
         if let Some(attribute) = config.attributes.iter().find(|a| !a.is_forwarded()) {
             crate::diagnostics::once(

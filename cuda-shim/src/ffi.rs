@@ -43,6 +43,7 @@ impl PanicDefault for std::ffi::c_int {
 
 /// Runs `body`, turning a panic into `R::on_panic()` and one line on stderr naming `symbol`.
 pub fn boundary<R: PanicDefault>(symbol: &'static str, body: impl FnOnce() -> R) -> R {
+    flyt_ring::timeline::mark(flyt_ring::timeline::Stage::ExportEnter);
     let started = flyt_client::stats::start();
     let result = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
@@ -63,6 +64,7 @@ pub fn boundary<R: PanicDefault>(symbol: &'static str, body: impl FnOnce() -> R)
             eprintln!("flyt trace: {line}");
         }
     }
+    flyt_ring::timeline::mark(flyt_ring::timeline::Stage::ExportReturn);
     result
 }
 

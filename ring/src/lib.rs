@@ -22,6 +22,7 @@
 mod link;
 pub mod region;
 pub mod serial;
+pub mod timeline;
 pub mod tls;
 
 pub use link::Link;

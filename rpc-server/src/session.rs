@@ -505,6 +505,7 @@ impl<D: Device> Session<D> {
                 Err(FrameError::Closed) => return Ok(()),
                 Err(error) => return Err(error),
             };
+            flyt_ring::timeline::mark(flyt_ring::timeline::Stage::FrameRead);
             let request = Request::decode(&message)?;
             let info = request.info();
             if header.bulk_len != 0 && info.bulk != BulkDirection::In {
@@ -516,6 +517,7 @@ impl<D: Device> Session<D> {
             }
             let started = (op_times.is_some() || self.config.time_calls).then(Instant::now);
             dispatch(self, request, header.seq, started, &mut bulk, &outbox);
+            flyt_ring::timeline::mark(flyt_ring::timeline::Stage::Dispatched);
             if let (Some(times), Some(started)) = (op_times.as_mut(), started) {
                 times.add(info.name, started.elapsed());
             }
@@ -565,6 +567,7 @@ impl<D: Device> Session<D> {
         let started = Instant::now();
         loop {
             if ready() {
+                flyt_ring::timeline::mark(flyt_ring::timeline::Stage::WaitDone);
                 return true;
             }
             if started.elapsed() >= self.config.inline_wait {

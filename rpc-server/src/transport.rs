@@ -182,6 +182,7 @@ impl Outbox {
         if let Err(error) = write_all_vectored(&mut *writer, &mut slices) {
             tracing::debug!(%error, "reply not delivered");
         }
+        flyt_ring::timeline::mark(flyt_ring::timeline::Stage::ReplyWritten);
     }
 }
 

@@ -1054,9 +1054,10 @@ impl Device for CudaDevice {
         ];
         let extra_ptr = if args.is_empty() { std::ptr::null_mut() } else { extra.as_mut_ptr() };
         if attributes.is_empty() {
+            flyt_ring::timeline::mark(flyt_ring::timeline::Stage::DriverLaunch);
             // SAFETY: `function` belongs to a loaded module; `args` has exactly the layout's size
             // (checked by the session), and `extra` and `size` outlive the call, which copies them.
-            return check(unsafe {
+            let launched = check(unsafe {
                 sys::cuLaunchKernel(
                     function.0,
                     grid.x,
@@ -1072,6 +1073,8 @@ impl Device for CudaDevice {
                 )
                 .result()
             });
+            flyt_ring::timeline::mark(flyt_ring::timeline::Stage::DriverLaunched);
+            return launched;
         }
         let mut attributes = launch_attributes(attributes)?;
         let config = launch_config(grid, block, shared_mem, stream_ptr(stream), &mut attributes)?;
