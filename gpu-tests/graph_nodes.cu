@@ -71,7 +71,8 @@ static CUstreamBatchMemOpParams write32(CUdeviceptr address, unsigned value) {
 static void programmatic_edge(cudaStream_t s) {
     int *pair = nullptr;
     CHECK(cudaMalloc(&pair, 2 * sizeof(int)));
-    CHECK(cudaMemset(pair, 0, 2 * sizeof(int)));
+    // On the stream the graph runs on: it does not wait for the legacy stream (non-blocking).
+    CHECK(cudaMemsetAsync(pair, 0, 2 * sizeof(int), s));
     cudaGraph_t g;
     CHECK(cudaGraphCreate(&g, 0));
     void *args[] = {&pair};
@@ -102,7 +103,7 @@ static void programmatic_edge(cudaStream_t s) {
 static void batch_mem_op_nodes(cudaStream_t s) {
     int *words = nullptr;
     CHECK(cudaMalloc(&words, 64));
-    CHECK(cudaMemset(words, 0, 64));
+    CHECK(cudaMemsetAsync(words, 0, 64, s));
     CUdeviceptr flag = (CUdeviceptr)words, wide = flag + 8;
     CUstreamBatchMemOpParams ops[3] = {write32(flag, 41), {}, {}};
     ops[1].operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
@@ -186,7 +187,7 @@ int main() {
     const int n = 1 << 20;
     int *out = nullptr;
     CHECK(cudaMalloc(&out, n * sizeof(int)));
-    CHECK(cudaMemset(out, 0, n * sizeof(int)));
+    CHECK(cudaMemsetAsync(out, 0, n * sizeof(int), s));
 
     // 1. Graph memory: alloc -> fill -> out += it -> free, launched three times.
     cudaGraph_t g;
@@ -261,7 +262,7 @@ int main() {
     // 2. A WHILE loop the body kernel ends, and IF nodes a kernel decides.
     int *counter = nullptr;
     CHECK(cudaMalloc(&counter, 3 * sizeof(int)));
-    CHECK(cudaMemset(counter, 0, 3 * sizeof(int)));
+    CHECK(cudaMemsetAsync(counter, 0, 3 * sizeof(int), s));
     cudaGraph_t w;
     CHECK(cudaGraphCreate(&w, 0));
     CUgraphConditionalHandle loop;

@@ -78,7 +78,7 @@ int main() {
     const int n = 1 << 20;
     int *out = nullptr;
     CHECK(cudaMalloc(&out, n * sizeof(int)));
-    CHECK(cudaMemset(out, 0, n * sizeof(int)));
+    CHECK(cudaMemsetAsync(out, 0, n * sizeof(int), s));
 
     // 1. Graph memory: alloc -> fill (generic kernel node) -> out += it -> free (generic), launched
     // three times.
@@ -164,7 +164,7 @@ int main() {
     // 2. A WHILE loop the body kernel ends, and IF nodes a kernel decides.
     int *counter = nullptr;
     CHECK(cudaMalloc(&counter, 3 * sizeof(int)));
-    CHECK(cudaMemset(counter, 0, 3 * sizeof(int)));
+    CHECK(cudaMemsetAsync(counter, 0, 3 * sizeof(int), s));
     cudaGraph_t w;
     CHECK(cudaGraphCreate(&w, 0));
     cudaGraphConditionalHandle loop;

@@ -177,7 +177,12 @@ impl MemoryBudget for SharedBudget {
         // Only the window's ticks can still be read; a later tick in a word wins, so a slow
         // writer cannot wipe another session's newer mark.
         for tick in from.max(to.saturating_sub(WINDOW_TICKS - 1))..=to {
-            ring[(tick % WINDOW_TICKS) as usize].fetch_max(tick, Ordering::AcqRel);
+            let word = &ring[(tick % WINDOW_TICKS) as usize];
+            // Most stretches end in a tick some wait already marked: a load leaves the shared
+            // line unowned, where a read-modify-write would take it from the other sessions.
+            if word.load(Ordering::Acquire) < tick {
+                word.fetch_max(tick, Ordering::AcqRel);
+            }
         }
     }
 

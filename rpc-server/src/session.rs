@@ -36,6 +36,10 @@ mod vmm;
 
 pub use snapshot::{MoveControl, Restored, path_of as snapshot_path, restore, valid_name as valid_snapshot_name};
 
+/// The session's handle maps, looked up on every launch, copy and wait: keys are ids the app
+/// chose, hashed quickly (a colliding app slows only its own session, in its own worker).
+pub(crate) type IdMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Answers one request. Dropping it unanswered is a server bug, reported to the client as
 /// `cudaErrorUnknown` rather than leaving the client waiting.
 pub struct Responder<T: Serialize> {
@@ -389,24 +393,24 @@ pub struct Session<D: Device> {
     waiters: Waiters,
     config: SessionConfig,
     ranges: RangeMap,
-    streams: HashMap<u64, D::Stream>,
+    streams: IdMap<u64, D::Stream>,
     /// The stream an op named last (0: the legacy stream): a device synchronize polls it last,
     /// the others (likely idle) while its work runs.
     last_stream: AtomicU64,
     /// Work queued and not yet seen done, for NVML's utilization.
     activity: Arc<Mutex<Activity>>,
-    events: HashMap<u64, D::Event>,
+    events: IdMap<u64, D::Event>,
     /// How each stream (flags, priority) and event (flags) was created: to make them again when
     /// the session moves.
-    stream_params: HashMap<u64, (u32, i32)>,
-    event_flags: HashMap<u64, u32>,
+    stream_params: IdMap<u64, (u32, i32)>,
+    event_flags: IdMap<u64, u32>,
     /// Checkpoints asked for by the listener, and whether the session moved away (it ends).
     moves: Arc<MoveControl>,
     moved: bool,
     /// Variables at other addresses than the app knows them by, after a move.
     moved_variables: MovedVariables,
-    modules: HashMap<u32, LoadedModule<D>>,
-    links: HashMap<u64, Linked<D>>,
+    modules: IdMap<u32, LoadedModule<D>>,
+    links: IdMap<u64, Linked<D>>,
     /// Private events for waiting on streams, reused.
     spare_events: Arc<Mutex<Vec<D::Event>>>,
     /// The shared-memory segment, when the client shares this host.
@@ -470,16 +474,16 @@ impl<D: Device> Session<D> {
             waiters: Waiters::new(bind),
             config,
             ranges: RangeMap::default(),
-            streams: HashMap::new(),
+            streams: IdMap::default(),
             last_stream: AtomicU64::new(0),
-            events: HashMap::new(),
-            stream_params: HashMap::new(),
-            event_flags: HashMap::new(),
+            events: IdMap::default(),
+            stream_params: IdMap::default(),
+            event_flags: IdMap::default(),
             moves: Arc::new(MoveControl::default()),
             moved: false,
             moved_variables: MovedVariables::default(),
-            modules: HashMap::new(),
-            links: HashMap::new(),
+            modules: IdMap::default(),
+            links: IdMap::default(),
             spare_events: Arc::new(Mutex::new(Vec::new())),
             shm,
             may_print: false,
@@ -800,10 +804,14 @@ impl<D: Device> Session<D> {
         // Nothing queued, nothing to tell: no reference taken on the account.
         let activity = (!matches!(mark, Mark::Nothing)).then(|| self.activity.clone());
         move |result: CudaResult<()>| {
-            if let (Ok(()), Some(activity)) = (&result, activity) {
+            let seen_done = result.is_ok();
+            // The app is answered first: the account's bookkeeping (a lock, the tenant page) is
+            // not on the wait's path. Work the app queues after this answer counts as newer
+            // than `mark`, so a late `done` cannot close it.
+            answer(result);
+            if let (true, Some(activity)) = (seen_done, activity) {
                 activity.lock().unwrap_or_else(std::sync::PoisonError::into_inner).done(&mark);
             }
-            answer(result);
         }
     }
 
