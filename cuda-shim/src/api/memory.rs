@@ -43,7 +43,7 @@ pub unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         if client.host_allocation(dptr as usize).is_some_and(|host| host.managed) {
             return flyt_client::managed::free(client, dptr).map_err(super::session::driver_error);
         }
-        client.remove_allocation(dptr).map_err(super::session::driver_error)?;
+        client.forget_allocation(dptr).map_err(super::session::driver_error)?;
         sync_memops().remove(&dptr);
         client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error)
     })
