@@ -284,7 +284,7 @@ impl Client {
         match imports.get_mut(&reply.ptr) {
             Some(refs) => *refs += 1,
             None => {
-                self.add_device_range(reply.ptr, reply.size, true);
+                self.ranges.add_imported(reply.ptr, reply.size);
                 imports.insert(reply.ptr, 1);
             }
         }
