@@ -45,6 +45,10 @@ pub struct Vmm {
     /// Other processes' pool allocations this process imported: address to references (each
     /// import of an allocation imported already is one more; each free drops one).
     pool_imports: Mutex<HashMap<u64, u32>>,
+    /// Live pool allocations, own and imported: address to the pool's id (pointer attributes).
+    pool_of: Mutex<HashMap<u64, u64>>,
+    /// The device's current pool (0 until set: the default pool), as the session's replies say.
+    current_pool: AtomicU64,
 }
 
 /// A pool that takes part in sharing between processes.
@@ -179,6 +183,8 @@ impl Client {
         lock(&self.vmm.mappings).clear();
         lock(&self.vmm.shared_pools).clear();
         lock(&self.vmm.pool_imports).clear();
+        lock(&self.vmm.pool_of).clear();
+        self.vmm.current_pool.store(0, Ordering::Relaxed);
         for (start, size) in std::mem::take(&mut *lock(&self.vmm.reservations)) {
             self.ranges.free_addresses(start, size);
         }
@@ -192,7 +198,25 @@ impl Client {
     /// `cuMemAllocAsync` (`pool` 0: the device's current pool) / `cuMemAllocFromPoolAsync`.
     pub fn alloc_async(&self, size: u64, stream: u64, pool: u64) -> CudaResult<u64> {
         let allocate = || self.call(req::MemAllocAsync { size, stream, pool }).map(|reply| reply.ptr);
-        self.place_allocation(size, allocate, |ptr| self.post(req::MemFreeAsync { ptr, stream }))
+        let ptr = self.place_allocation(size, allocate, |ptr| self.post(req::MemFreeAsync { ptr, stream }))?;
+        if ptr != 0 {
+            let pool = if pool == 0 { self.current_pool() } else { pool };
+            lock(&self.vmm.pool_of).insert(ptr, pool);
+        }
+        Ok(ptr)
+    }
+
+    /// The device's current pool, as this process last heard.
+    fn current_pool(&self) -> u64 {
+        match self.vmm.current_pool.load(Ordering::Relaxed) {
+            0 => flyt_protocol::ops::DEFAULT_POOL,
+            pool => pool,
+        }
+    }
+
+    /// The pool the allocation starting at `start` came from (own or imported), if any.
+    pub fn allocation_pool(&self, start: u64) -> Option<u64> {
+        lock(&self.vmm.pool_of).get(&start).copied()
     }
 
     /// `cuMemFreeAsync`: the pointer is the app's no more from here on.
@@ -215,7 +239,9 @@ impl Client {
             }
             imports.remove(&ptr);
         }
-        self.ranges.remove_allocation(ptr)
+        self.ranges.remove_allocation(ptr)?;
+        lock(&self.vmm.pool_of).remove(&ptr);
+        Ok(())
     }
 
     pub fn pool_attribute(&self, pool: u64, attribute: u32, value: Option<u64>) -> CudaResult<u64> {
@@ -240,12 +266,19 @@ impl Client {
     pub fn pool_destroy(&self, pool: u64) -> CudaResult<()> {
         self.call(req::MemPoolDestroy { pool })?;
         lock(&self.vmm.shared_pools).remove(&pool);
+        // The device goes back to its default pool, as the session does.
+        let _ = self.vmm.current_pool.compare_exchange(pool, 0, Ordering::Relaxed, Ordering::Relaxed);
         Ok(())
     }
 
     /// How `pool` takes part in sharing between processes, if it does.
     pub fn shared_pool(&self, pool: u64) -> Option<SharedPool> {
         lock(&self.vmm.shared_pools).get(&pool).copied()
+    }
+
+    /// The shareable handle types of `pool`'s allocations (`CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES`).
+    pub fn pool_handle_types(&self, pool: u64) -> u32 {
+        if self.shared_pool(pool).is_some() { POSIX_FD } else { 0 }
     }
 
     /// `cuMemPoolExportToShareableHandle`: what the app is to hold, opaque here (only a server
@@ -286,6 +319,7 @@ impl Client {
             None => {
                 self.ranges.add_imported(reply.ptr, reply.size);
                 imports.insert(reply.ptr, 1);
+                lock(&self.vmm.pool_of).insert(reply.ptr, pool);
             }
         }
         Ok(reply.ptr)
@@ -293,6 +327,8 @@ impl Client {
 
     /// The device's current pool, after making it `set` if given.
     pub fn device_pool(&self, set: Option<u64>) -> CudaResult<u64> {
-        self.call(req::DeviceMemPool { set }).map(|reply| reply.pool)
+        let pool = self.call(req::DeviceMemPool { set })?.pool;
+        self.vmm.current_pool.store(pool, Ordering::Relaxed);
+        Ok(pool)
     }
 }

@@ -324,6 +324,8 @@ fn memory_pools_shared_between_processes() {
             "pool handle types: 1",
             "exported the pool as a descriptor: yes",
             "one allocation, one export data: yes",
+            "allocation's pool and handle types: its pool, 1 (a plain pool's: its pool, 0)",
+            "imported allocation's pool and handle types: the imported pool, 1",
             "imported pool read-write on its device: yes",
             "importer reads the exporter's bytes: yes",
             "exporter sees the importer's writes: yes",

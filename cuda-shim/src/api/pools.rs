@@ -24,7 +24,7 @@ use flyt_client::vmm::{POSIX_FD, SharedPool};
 /// Pool handles are this plus the pool's id, far from the other handle kinds.
 const POOL_BASE: usize = 0x706f_0000_0000;
 
-fn pool_handle(id: u64) -> CUmemoryPool {
+pub(super) fn pool_handle(id: u64) -> CUmemoryPool {
     std::ptr::without_provenance_mut(POOL_BASE + id as usize)
 }
 

@@ -114,6 +114,14 @@ static int exporter(int sock) {
     EXPECT(cuMemPoolExportToShareableHandle(&fd, shared, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemAllocFromPoolAsync(&ptr, SIZE, shared, stream), CUDA_SUCCESS);
     EXPECT(cuMemPoolExportPointer(&data, ptr + 4096), CUDA_ERROR_INVALID_VALUE);
+    unsigned long long allowed = 99, plain_allowed = 99;
+    CUmemoryPool of = NULL, plain_of = NULL;
+    EXPECT(cuPointerGetAttribute(&allowed, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, ptr + 64), CUDA_SUCCESS);
+    EXPECT(cuPointerGetAttribute(&of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, ptr), CUDA_SUCCESS);
+    EXPECT(cuPointerGetAttribute(&plain_allowed, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, plain_ptr), CUDA_SUCCESS);
+    EXPECT(cuPointerGetAttribute(&plain_of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, plain_ptr), CUDA_SUCCESS);
+    printf("allocation's pool and handle types: %s, %llu (a plain pool's: %s, %llu)\n", of == shared ? "its pool" : "other", allowed,
+           plain_of == plain ? "its pool" : "other", plain_allowed);
     unsigned char *bytes = malloc(SIZE), *back = malloc(SIZE);
     for (size_t i = 0; i < SIZE; i++) bytes[i] = (unsigned char)(i * 7 + 3);
     EXPECT(cuMemcpyHtoDAsync(ptr, bytes, SIZE, stream), CUDA_SUCCESS);
@@ -180,6 +188,11 @@ static int importer(int sock) {
     EXPECT(cuDeviceGetDefaultMemPool(&default_pool, 0), CUDA_SUCCESS);
     EXPECT(cuMemPoolImportPointer(&refused, default_pool, &data), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemPoolImportPointer(&ptr, pool, &data), CUDA_SUCCESS);
+    unsigned long long allowed = 99;
+    CUmemoryPool of = NULL;
+    EXPECT(cuPointerGetAttribute(&allowed, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, ptr), CUDA_SUCCESS);
+    EXPECT(cuPointerGetAttribute(&of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, ptr), CUDA_SUCCESS);
+    printf("imported allocation's pool and handle types: %s, %llu\n", of == pool ? "the imported pool" : "other", allowed);
 
     unsigned char *back = malloc(SIZE), *expected = malloc(SIZE);
     for (size_t i = 0; i < SIZE; i++) expected[i] = (unsigned char)(i * 7 + 3);
