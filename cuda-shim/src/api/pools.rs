@@ -10,6 +10,7 @@
 
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
+use flyt_client::vmm::{POSIX_FD, SharedPool};
 use flyt_protocol::ops::{DEFAULT_POOL, req};
 
 use super::session::{client, driver_error, resolve_stream, run, session_client};
@@ -19,7 +20,6 @@ use crate::generated::types::{
     CUdevice, CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
     CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData, CUmemoryPool, CUstream,
 };
-use flyt_client::vmm::{POSIX_FD, SharedPool};
 
 /// Pool handles are this plus the pool's id, far from the other handle kinds.
 const POOL_BASE: usize = 0x706f_0000_0000;
