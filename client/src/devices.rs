@@ -24,7 +24,6 @@ pub const NOT_THROUGH_FLYT: &[u32] = &[
     attr::GPU_DIRECT_RDMA_SUPPORTED,
     attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
     attr::GPU_DIRECT_RDMA_WRITES_ORDERING,
-    attr::MEMORY_POOL_SUPPORTED_HANDLE_TYPES,
     attr::DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED,
     attr::IPC_EVENT_SUPPORT,
     attr::HOST_NUMA_MEMORY_POOLS_SUPPORTED,
@@ -44,11 +43,21 @@ pub const NOT_THROUGH_FLYT: &[u32] = &[
 /// answers an error with one line.
 pub const WITH_SHARED_MEMORY: &[u32] = &[attr::CAN_MAP_HOST_MEMORY, attr::CONCURRENT_MANAGED_ACCESS];
 
+/// Capabilities that are sets of bits, of which Flyt serves some: the device's value masked.
+/// Memory pools are shared between processes through a POSIX file descriptor, as physical
+/// allocations are (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`), not through fabric or Windows
+/// handles.
+pub const SERVED_IN_PART: &[(u32, i32)] = &[(attr::MEMORY_POOL_SUPPORTED_HANDLE_TYPES, 0x1)];
+
 /// A device attribute as the app sees it through Flyt: the device's value, or 0 for a capability
-/// in `NOT_THROUGH_FLYT` (unless `shared_memory`, the session having the channel, gives it);
-/// `None` when the device did not report the attribute.
+/// in `NOT_THROUGH_FLYT` (unless `shared_memory`, the session having the channel, gives it), or
+/// the bits Flyt serves of one in `SERVED_IN_PART`; `None` when the device did not report the
+/// attribute.
 pub fn served_attribute(info: &DeviceInfo, id: u32, shared_memory: bool) -> Option<i32> {
     let value = info.attribute(id)?;
+    if let Some((_, mask)) = SERVED_IN_PART.iter().find(|(part, _)| *part == id) {
+        return Some(value & mask);
+    }
     let served = !NOT_THROUGH_FLYT.contains(&id) || (shared_memory && WITH_SHARED_MEMORY.contains(&id));
     Some(if served { value } else { 0 })
 }
@@ -65,7 +74,13 @@ mod tests {
             luid: [0; 8],
             luid_device_node_mask: 0,
             total_mem: 1 << 30,
-            attributes: vec![(attr::CAN_MAP_HOST_MEMORY, 1), (attr::MEMORY_POOLS_SUPPORTED, 1), (attr::HOST_REGISTER_SUPPORTED, 1)],
+            attributes: vec![
+                (attr::CAN_MAP_HOST_MEMORY, 1),
+                (attr::MEMORY_POOLS_SUPPORTED, 1),
+                (attr::HOST_REGISTER_SUPPORTED, 1),
+                // POSIX file descriptors and fabric handles.
+                (attr::MEMORY_POOL_SUPPORTED_HANDLE_TYPES, 0x9),
+            ],
         };
         assert_eq!(served_attribute(&info, attr::CAN_MAP_HOST_MEMORY, false), Some(0));
         assert_eq!(served_attribute(&info, attr::CAN_MAP_HOST_MEMORY, true), Some(1));
@@ -74,5 +89,7 @@ mod tests {
         // cudaHostRegister works for copies: reported as the device reports it.
         assert_eq!(served_attribute(&info, attr::HOST_REGISTER_SUPPORTED, false), Some(1));
         assert_eq!(served_attribute(&info, attr::COOPERATIVE_LAUNCH, false), None, "not reported stays unknown");
+        // Pools are shared through POSIX file descriptors, not fabric handles.
+        assert_eq!(served_attribute(&info, attr::MEMORY_POOL_SUPPORTED_HANDLE_TYPES, false), Some(0x1));
     }
 }

@@ -21,6 +21,9 @@ struct Range {
     /// Made by `cuMemAlloc` or `cuMemAllocPitch`: memory `cuIpcGetMemHandle` exports (pool
     /// allocations and mappings it refuses, as natively).
     legacy_ipc: bool,
+    /// Another process's pool allocation, imported (`cuMemPoolImportPointer`): freeable here, held
+    /// by its exporter.
+    imported: bool,
     id: u64,
 }
 
@@ -34,7 +37,7 @@ pub fn new_buffer_id() -> u64 {
 }
 
 fn range(len: u64, freeable: bool) -> Range {
-    Range { len, freeable, mapped: false, legacy_ipc: false, id: new_buffer_id() }
+    Range { len, freeable, mapped: false, legacy_ipc: false, imported: false, id: new_buffer_id() }
 }
 
 /// Device addresses are the server's: nothing stops this process from mapping host memory at the
@@ -196,6 +199,13 @@ impl DeviceRanges {
         self.write().insert(start, range(len, freeable));
     }
 
+    /// Records another process's pool allocation this process imported: freeable, not among the
+    /// bytes this process holds (`allocated_bytes`), as its exporter holds them.
+    pub fn add_imported(&self, start: u64, len: u64) {
+        self.claim_or_warn(start, len);
+        self.write().insert(start, Range { imported: true, ..range(len, true) });
+    }
+
     /// Records module variables as `(address, size)`.
     pub fn add_variables(&self, variables: impl Iterator<Item = (u64, u64)>) {
         for (start, len) in variables {
@@ -279,9 +289,9 @@ impl DeviceRanges {
         self.released(removed);
     }
 
-    /// Bytes of device memory the process's allocations hold.
+    /// Bytes of device memory the process's allocations hold (not what it imported).
     pub fn allocated_bytes(&self) -> u64 {
-        self.read().values().filter(|range| range.freeable).map(|range| range.len).sum()
+        self.read().values().filter(|range| range.freeable && !range.imported).map(|range| range.len).sum()
     }
 
     /// The range holding `ptr`, with its start.
@@ -402,6 +412,17 @@ mod tests {
         assert!(reservations.claim(KERNEL, 0x100));
         assert!(reservations.chunks.is_empty(), "nothing was reserved, so nothing is counted to unmap later");
         reservations.release(KERNEL, 0x100);
+    }
+
+    #[test]
+    fn imported_pool_memory_is_freeable_and_not_held_here() {
+        let ranges = DeviceRanges::default();
+        ranges.add(0x1000, 0x100, true);
+        ranges.add_imported(0x4000, 0x200);
+        assert_eq!(ranges.allocated_bytes(), 0x100, "the exporter holds imported memory");
+        assert!(ranges.check(0x4000, 0x200).is_ok());
+        assert_eq!(ranges.remove_allocation(0x4000), Ok(()));
+        assert_eq!(ranges.find(0x4000), None);
     }
 
     #[test]

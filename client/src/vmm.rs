@@ -13,6 +13,9 @@ use flyt_protocol::ops::req;
 
 use crate::client::Client;
 
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, the one shareable handle type served.
+pub const POSIX_FD: u32 = 0x1;
+
 /// A physical allocation: its size, requested handle types, and references (its creation, and
 /// each `cuMemRetainAllocationHandle`).
 #[derive(Clone, Copy)]
@@ -37,6 +40,25 @@ pub struct Vmm {
     mappings: Mutex<BTreeMap<u64, Mapping>>,
     /// Address reservations (start to size), reserved in this process too.
     reservations: Mutex<BTreeMap<u64, u64>>,
+    /// Pools made with a shareable handle type, and pools imported from other processes.
+    shared_pools: Mutex<HashMap<u64, SharedPool>>,
+    /// Other processes' pool allocations this process imported: address to references (each
+    /// import of an allocation imported already is one more; each free drops one).
+    pool_imports: Mutex<HashMap<u64, u32>>,
+    /// Live pool allocations, own and imported: address to the pool's id (pointer attributes).
+    pool_of: Mutex<HashMap<u64, u64>>,
+    /// The device's current pool (0 until set: the default pool), as the session's replies say.
+    current_pool: AtomicU64,
+}
+
+/// A pool that takes part in sharing between processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedPool {
+    /// Made with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: it can be exported.
+    Exportable,
+    /// Imported from another process: allocations of that process can be imported from it, and
+    /// it makes none of its own.
+    Imported,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -155,10 +177,14 @@ impl Client {
         Ok(handle)
     }
 
-    /// Forgets what a device reset took with the context.
+    /// Forgets what a device reset took with the context (pools too: the session destroys them).
     pub fn forget_vmm(&self) {
         lock(&self.vmm.physical).clear();
         lock(&self.vmm.mappings).clear();
+        lock(&self.vmm.shared_pools).clear();
+        lock(&self.vmm.pool_imports).clear();
+        lock(&self.vmm.pool_of).clear();
+        self.vmm.current_pool.store(0, Ordering::Relaxed);
         for (start, size) in std::mem::take(&mut *lock(&self.vmm.reservations)) {
             self.ranges.free_addresses(start, size);
         }
@@ -172,7 +198,25 @@ impl Client {
     /// `cuMemAllocAsync` (`pool` 0: the device's current pool) / `cuMemAllocFromPoolAsync`.
     pub fn alloc_async(&self, size: u64, stream: u64, pool: u64) -> CudaResult<u64> {
         let allocate = || self.call(req::MemAllocAsync { size, stream, pool }).map(|reply| reply.ptr);
-        self.place_allocation(size, allocate, |ptr| self.post(req::MemFreeAsync { ptr, stream }))
+        let ptr = self.place_allocation(size, allocate, |ptr| self.post(req::MemFreeAsync { ptr, stream }))?;
+        if ptr != 0 {
+            let pool = if pool == 0 { self.current_pool() } else { pool };
+            lock(&self.vmm.pool_of).insert(ptr, pool);
+        }
+        Ok(ptr)
+    }
+
+    /// The device's current pool, as this process last heard.
+    fn current_pool(&self) -> u64 {
+        match self.vmm.current_pool.load(Ordering::Relaxed) {
+            0 => flyt_protocol::ops::DEFAULT_POOL,
+            pool => pool,
+        }
+    }
+
+    /// The pool the allocation starting at `start` came from (own or imported), if any.
+    pub fn allocation_pool(&self, start: u64) -> Option<u64> {
+        lock(&self.vmm.pool_of).get(&start).copied()
     }
 
     /// `cuMemFreeAsync`: the pointer is the app's no more from here on.
@@ -180,8 +224,24 @@ impl Client {
         if ptr == 0 {
             return Ok(());
         }
-        self.ranges.remove_allocation(ptr)?;
+        self.forget_allocation(ptr)?;
         self.post(req::MemFreeAsync { ptr, stream })
+    }
+
+    /// Forgets the allocation at `ptr` as `cuMemFree` and `cuMemFreeAsync` do: an imported pool
+    /// allocation imported more than once stays (one reference fewer).
+    pub fn forget_allocation(&self, ptr: u64) -> CudaResult<()> {
+        let mut imports = lock(&self.vmm.pool_imports);
+        if let Some(refs) = imports.get_mut(&ptr) {
+            *refs -= 1;
+            if *refs > 0 {
+                return Ok(());
+            }
+            imports.remove(&ptr);
+        }
+        self.ranges.remove_allocation(ptr)?;
+        lock(&self.vmm.pool_of).remove(&ptr);
+        Ok(())
     }
 
     pub fn pool_attribute(&self, pool: u64, attribute: u32, value: Option<u64>) -> CudaResult<u64> {
@@ -192,18 +252,83 @@ impl Client {
         self.call(req::MemPoolTrim { pool, keep }).map(drop)
     }
 
-    /// A new pool of pinned memory on the session's device; its id.
-    pub fn pool_create(&self) -> CudaResult<u64> {
+    /// A new pool of pinned memory on the session's device, shareable through `handle_types`
+    /// (none, or `POSIX_FD`); its id.
+    pub fn pool_create(&self, handle_types: u32) -> CudaResult<u64> {
         let pool = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
-        self.call(req::MemPoolCreate { pool }).map(|_| pool)
+        self.call(req::MemPoolCreate { pool, handle_types })?;
+        if handle_types & POSIX_FD != 0 {
+            lock(&self.vmm.shared_pools).insert(pool, SharedPool::Exportable);
+        }
+        Ok(pool)
     }
 
     pub fn pool_destroy(&self, pool: u64) -> CudaResult<()> {
-        self.call(req::MemPoolDestroy { pool }).map(drop)
+        self.call(req::MemPoolDestroy { pool })?;
+        lock(&self.vmm.shared_pools).remove(&pool);
+        // The device goes back to its default pool, as the session does.
+        let _ = self.vmm.current_pool.compare_exchange(pool, 0, Ordering::Relaxed, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How `pool` takes part in sharing between processes, if it does.
+    pub fn shared_pool(&self, pool: u64) -> Option<SharedPool> {
+        lock(&self.vmm.shared_pools).get(&pool).copied()
+    }
+
+    /// The shareable handle types of `pool`'s allocations (`CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES`).
+    pub fn pool_handle_types(&self, pool: u64) -> u32 {
+        if self.shared_pool(pool).is_some() { POSIX_FD } else { 0 }
+    }
+
+    /// `cuMemPoolExportToShareableHandle`: what the app is to hold, opaque here (only a server
+    /// can use it: `pool_import`).
+    pub fn pool_export(&self, pool: u64) -> CudaResult<Vec<u8>> {
+        if self.shared_pool(pool) != Some(SharedPool::Exportable) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        self.call(req::MemPoolExport { pool }).map(|reply| reply.shareable)
+    }
+
+    /// `cuMemPoolImportFromShareableHandle` of what another process's `pool_export` gave: the
+    /// pool's id in this process.
+    pub fn pool_import(&self, shareable: Vec<u8>) -> CudaResult<u64> {
+        let pool = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
+        self.call(req::MemPoolImport { pool, shareable })?;
+        lock(&self.vmm.shared_pools).insert(pool, SharedPool::Imported);
+        Ok(pool)
+    }
+
+    /// `cuMemPoolExportPointer` of the start of an allocation of an exportable pool: the 64 bytes
+    /// of `CUmemPoolPtrExportData`, opaque here.
+    pub fn pool_export_pointer(&self, ptr: u64) -> CudaResult<[u8; 64]> {
+        let data = self.call(req::MemPoolExportPointer { ptr })?.data;
+        data.try_into().map_err(|_| CudaError::UNKNOWN)
+    }
+
+    /// `cuMemPoolImportPointer` of another process's export data from the pool it imported:
+    /// the memory's address here, a device range until freed (`cuMemFree`, `cuMemFreeAsync`).
+    pub fn pool_import_pointer(&self, pool: u64, data: [u8; 64]) -> CudaResult<u64> {
+        if self.shared_pool(pool) != Some(SharedPool::Imported) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let mut imports = lock(&self.vmm.pool_imports);
+        let reply = self.call(req::MemPoolImportPointer { pool, data: data.to_vec() })?;
+        match imports.get_mut(&reply.ptr) {
+            Some(refs) => *refs += 1,
+            None => {
+                self.ranges.add_imported(reply.ptr, reply.size);
+                imports.insert(reply.ptr, 1);
+                lock(&self.vmm.pool_of).insert(reply.ptr, pool);
+            }
+        }
+        Ok(reply.ptr)
     }
 
     /// The device's current pool, after making it `set` if given.
     pub fn device_pool(&self, set: Option<u64>) -> CudaResult<u64> {
-        self.call(req::DeviceMemPool { set }).map(|reply| reply.pool)
+        let pool = self.call(req::DeviceMemPool { set })?.pool;
+        self.vmm.current_pool.store(pool, Ordering::Relaxed);
+        Ok(pool)
     }
 }

@@ -599,6 +599,11 @@ driver_functions! {
     cuMemPoolTrimTo(pool: *mut c_void, keep: usize);
     cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void);
     cuMemPoolDestroy(pool: *mut c_void);
+    // Pools shared between processes: the runtime's export data is the driver's 64 bytes.
+    cuMemPoolExportToShareableHandle(handle: *mut c_void, pool: *mut c_void, handle_type: c_int, flags: u64);
+    cuMemPoolImportFromShareableHandle(pool: *mut *mut c_void, handle: *mut c_void, handle_type: c_int, flags: u64);
+    cuMemPoolExportPointer(data: *mut c_void, ptr: CUdeviceptr);
+    cuMemPoolImportPointer(ptr: *mut CUdeviceptr, pool: *mut c_void, data: *mut c_void);
     // --- managed memory (see `api::managed`: the runtime's enums and `cudaMemLocation` are the
     // driver's) ---
     cuMemAllocManaged(ptr: *mut CUdeviceptr, size: usize, flags: c_uint);

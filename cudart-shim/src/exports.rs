@@ -336,6 +336,10 @@ macro_rules! cudart_exports {
                 cudaMemPoolTrimTo(pool: *mut c_void, keep: usize);
                 cudaMemPoolCreate(pool: *mut *mut c_void, props: *const c_void);
                 cudaMemPoolDestroy(pool: *mut c_void);
+                cudaMemPoolExportToShareableHandle(handle: *mut c_void, pool: *mut c_void, handle_type: c_int, flags: c_uint);
+                cudaMemPoolImportFromShareableHandle(pool: *mut *mut c_void, handle: *mut c_void, handle_type: c_int, flags: c_uint);
+                cudaMemPoolExportPointer(data: *mut c_void, ptr: *mut c_void);
+                cudaMemPoolImportPointer(ptr: *mut *mut c_void, pool: *mut c_void, data: *mut c_void);
                 cudaMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize);
                 cudaMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *mut crate::api::cudaMemLocation);
                 cudaMemGetDefaultMemPool(pool: *mut *mut c_void, location: *mut crate::api::cudaMemLocation, kind: c_int);
@@ -418,8 +422,6 @@ macro_rules! cudart_exports {
         cudaGraphicsUnregisterResource, cudaGraphicsVDPAURegisterOutputSurface,
         cudaGraphicsVDPAURegisterVideoSurface, cudaImportExternalMemory, cudaImportExternalSemaphore,
         cudaLibraryGetUnifiedFunction,
-        cudaMemPoolExportPointer, cudaMemPoolExportToShareableHandle,
-        cudaMemPoolImportFromShareableHandle, cudaMemPoolImportPointer,
         cudaMipmappedArrayGetMemoryRequirements,
         cudaMipmappedArrayGetSparseProperties, cudaSignalExternalSemaphoresAsync,
         cudaSignalExternalSemaphoresAsync_ptsz,

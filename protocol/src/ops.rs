@@ -250,8 +250,9 @@ macro_rules! for_each_op {
             80 MemPoolAttribute mem_pool_attribute [reply -] { pool: u64, attribute: u32, value: Option<u64> } -> { value: u64 };
             /// `cuMemPoolTrimTo`.
             81 MemPoolTrim mem_pool_trim [reply -] { pool: u64, keep: u64 } -> {};
-            /// `cuMemPoolCreate` of a pool of pinned memory on the session's device.
-            82 MemPoolCreate mem_pool_create [reply -] { pool: u64 } -> {};
+            /// `cuMemPoolCreate` of a pool of pinned memory on the session's device, with the
+            /// shareable handle types its props ask for (none, or a POSIX file descriptor).
+            82 MemPoolCreate mem_pool_create [reply -] { pool: u64, handle_types: u32 } -> {};
             /// `cuMemPoolDestroy`.
             83 MemPoolDestroy mem_pool_destroy [reply -] { pool: u64 } -> {};
             /// `cuDeviceSetMemPool` (`pool` set), and the device's current pool either way.
@@ -335,7 +336,7 @@ macro_rules! for_each_op {
             /// session drains its work and snapshots everything up to here.
             114 Pause pause [noreply -] {} -> {};
             // --- stream memory operations, tensor maps, context events, pool access, cluster
-            // occupancy, shareable VMM handles (ids 120-139) ---
+            // occupancy, shareable VMM handles, NVML's tenant, memory pool IPC (ids 120-139) ---
             /// `cuStreamWriteValue*`, `cuStreamWaitValue*` and `cuStreamBatchMemOp`: the ops in
             /// order on `stream`, each address in the session's device memory (or pinned host
             /// memory mapped at the client's address).
@@ -375,6 +376,20 @@ macro_rules! for_each_op {
             /// NVML's utilization for the session's slice: the percentages of the last second in
             /// which the tenant had kernels, and copies or memsets, queued and not yet seen done.
             131 TenantUtilization tenant_utilization [reply -] {} -> { kernels: u32, copies: u32 };
+            /// `cuMemPoolExportToShareableHandle` (a POSIX file descriptor) of a pool made with that
+            /// handle type: `shareable` is opaque to the client, as `MemExport`'s is.
+            132 MemPoolExport mem_pool_export [reply -] { pool: u64 } -> { shareable: Vec<u8> };
+            /// `cuMemPoolImportFromShareableHandle` of what another session's `MemPoolExport` gave,
+            /// under the client-chosen `pool`: a pool to import pointers from, never to allocate from.
+            133 MemPoolImport mem_pool_import [reply -] { pool: u64, shareable: Vec<u8> } -> {};
+            /// `cuMemPoolExportPointer` of a live allocation (its start) of a pool made with a POSIX
+            /// file descriptor handle type: the 64 bytes of `CUmemPoolPtrExportData`, opaque to the
+            /// client.
+            134 MemPoolExportPointer mem_pool_export_pointer [reply -] { ptr: u64 } -> { data: Vec<u8> };
+            /// `cuMemPoolImportPointer` of another session's `MemPoolExportPointer` data from the
+            /// imported `pool` it came from: the memory's address here and its size. Imported
+            /// memory stays in the exporter's quota; `Free` and `MemFreeAsync` end the import.
+            135 MemPoolImportPointer mem_pool_import_pointer [reply -] { pool: u64, data: Vec<u8> } -> { ptr: u64, size: u64 };
         }
     };
 }

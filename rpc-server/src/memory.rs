@@ -14,8 +14,9 @@ pub enum RangeKind {
     Variable,
     /// Physical memory mapped into a reserved range (`cuMemMap`): copyable until unmapped.
     Mapping,
-    /// Memory another session exported, opened with `cuIpcOpenMemHandle`: copyable until
-    /// closed, never freed here, not in this session's quota.
+    /// Memory another session exported, opened with `cuIpcOpenMemHandle` (copyable until
+    /// closed) or imported from its pool with `cuMemPoolImportPointer` (until freed): never
+    /// freed as an allocation, not in this session's quota.
     Imported,
     /// A memory allocation node's memory: copyable while its graph lives, counted against the
     /// quota until then, never freed with `cuMemFree` here.

@@ -997,8 +997,12 @@ impl<D: Device> OpHandler for Session<D> {
         if request.ptr == 0 {
             return reply.send(Ok(rep::Free {}));
         }
+        if let Some(freed) = self.free_pool_import(request.ptr, None) {
+            return reply.send(freed.map(|()| rep::Free {}));
+        }
         let result = self.ranges.remove_allocation(request.ptr).and_then(|len| {
             self.budget.release(len);
+            self.forget_pool_allocation(request.ptr);
             self.device.free(request.ptr)
         });
         reply.send(result.map(|()| rep::Free {}));
@@ -1792,6 +1796,22 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn mem_import(&mut self, request: req::MemImport, reply: Responder<rep::MemImport>) {
         self.vmm_import(request, reply);
+    }
+
+    fn mem_pool_export(&mut self, request: req::MemPoolExport, reply: Responder<rep::MemPoolExport>) {
+        self.pool_export(request, reply);
+    }
+
+    fn mem_pool_import(&mut self, request: req::MemPoolImport, reply: Responder<rep::MemPoolImport>) {
+        self.pool_import(request, reply);
+    }
+
+    fn mem_pool_export_pointer(&mut self, request: req::MemPoolExportPointer, reply: Responder<rep::MemPoolExportPointer>) {
+        self.pool_export_pointer(request, reply);
+    }
+
+    fn mem_pool_import_pointer(&mut self, request: req::MemPoolImportPointer, reply: Responder<rep::MemPoolImportPointer>) {
+        self.pool_import_pointer(request, reply);
     }
 
     fn mem_release(&mut self, request: req::MemRelease, reply: Responder<rep::MemRelease>) {

@@ -63,6 +63,14 @@ fn unserved_shareable() -> Vec<u8> {
     shareable
 }
 
+/// Export data of a pool allocation as Flyt makes it, with `token`.
+fn export_data(token: &[u8; 16]) -> Vec<u8> {
+    let mut data = b"FLYTPTR1".to_vec();
+    data.extend_from_slice(token);
+    data.resize(64, 0);
+    data
+}
+
 /// The probes of one op, by its name in the table.
 macro_rules! probes {
     (Malloc, $v:ident) => {
@@ -327,7 +335,11 @@ macro_rules! probes {
         vec![refused(req::MemPoolTrim { pool: BOGUS_HANDLE, keep: 0 }, INVALID_VALUE)]
     };
     (MemPoolCreate, $v:ident) => {
-        vec![refused(req::MemPoolCreate { pool: 1 }, INVALID_VALUE)]
+        // The default pool's id, and a shareable handle type other than a POSIX descriptor.
+        vec![
+            refused(req::MemPoolCreate { pool: 1, handle_types: 0 }, INVALID_VALUE),
+            refused(req::MemPoolCreate { pool: 77, handle_types: 0x8 }, INVALID_VALUE),
+        ]
     };
     (MemPoolDestroy, $v:ident) => {
         // The default pool is the device's, not the app's to destroy.
@@ -354,6 +366,37 @@ macro_rules! probes {
     };
     (MemExport, $v:ident) => {
         vec![refused(req::MemExport { handle: BOGUS_HANDLE }, INVALID_VALUE)]
+    };
+    // --- memory pools shared between sessions: only pools made with the POSIX handle type, only
+    // live allocations of theirs, only exports their exporter still serves ---
+    (MemPoolExport, $v:ident) => {
+        // The default pool has no shareable handle type.
+        vec![
+            refused(req::MemPoolExport { pool: BOGUS_HANDLE }, INVALID_VALUE),
+            refused(req::MemPoolExport { pool: 1 }, INVALID_VALUE),
+            Probe::Effect(a_pool_allocation_is_shared_between_sessions),
+        ]
+    };
+    (MemPoolImport, $v:ident) => {
+        vec![
+            refused(req::MemPoolImport { pool: 1, shareable: unserved_shareable() }, INVALID_VALUE),
+            refused(req::MemPoolImport { pool: 900, shareable: vec![0; 40] }, INVALID_VALUE),
+            refused(req::MemPoolImport { pool: 900, shareable: unserved_shareable() }, INVALID_VALUE),
+        ]
+    };
+    (MemPoolExportPointer, $v:ident) => {
+        // cuMemAlloc memory is no pool's.
+        vec![
+            refused(req::MemPoolExportPointer { ptr: BOGUS_POINTER }, INVALID_VALUE),
+            refused(req::MemPoolExportPointer { ptr: $v.ptr }, INVALID_VALUE),
+        ]
+    };
+    (MemPoolImportPointer, $v:ident) => {
+        // Only into a pool imported from another session.
+        vec![
+            refused(req::MemPoolImportPointer { pool: 1, data: export_data(&[7; 16]) }, INVALID_VALUE),
+            refused(req::MemPoolImportPointer { pool: BOGUS_HANDLE, data: export_data(&[7; 16]) }, INVALID_VALUE),
+        ]
     };
     (MemImport, $v:ident) => {
         // A shareable must name a live export of some worker, with its token.
@@ -1363,7 +1406,7 @@ fn stream_ordered_allocations_count_in_the_quota(socket: &str) {
     session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
     let before = session.call(req::MemGetInfo {}).0.unwrap().free;
     let a = session.call(req::MemAllocAsync { size: 1 << 20, stream, pool: 0 }).0.unwrap().ptr;
-    session.call(req::MemPoolCreate { pool: 2 }).0.unwrap();
+    session.call(req::MemPoolCreate { pool: 2, handle_types: 0 }).0.unwrap();
     let b = session.call(req::MemAllocAsync { size: 1 << 20, stream, pool: 2 }).0.unwrap().ptr;
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before - (2 << 20));
     session.send(&req::Memset { dst: b, pattern: 0x61, width: 1, len: 1 << 20, stream }.into(), &[]);
@@ -1601,6 +1644,120 @@ fn a_context_event_records_and_waits(socket: &str) {
 fn a_pool_is_read_write_on_its_device(socket: &str) {
     let mut session = RawSession::open(socket, None).unwrap();
     assert_eq!(session.call(req::MemPoolAccess { pool: 1, set: None }).0.unwrap().flags, 3);
-    session.call(req::MemPoolCreate { pool: 40 }).0.unwrap();
+    session.call(req::MemPoolCreate { pool: 40, handle_types: 0 }).0.unwrap();
     assert_eq!(session.call(req::MemPoolAccess { pool: 40, set: Some(3) }).0.unwrap().flags, 3);
+}
+
+/// A pool made with the POSIX handle type is exported by one session and imported by another (two
+/// workers of one server, the emulated device backing such pools with memory files); an
+/// allocation of it exported by the one is imported by the other, whose copies and memsets reach
+/// the same bytes. Refused: pools and allocations without the
+/// handle type, an interior pointer, allocating from an imported pool or making it the device's,
+/// export data of another pool's allocation, forged or malformed data, an export its exporter
+/// ended (the allocation freed, the pool destroyed), and a physical allocation's shareable
+/// handle given as a pool's.
+fn a_pool_allocation_is_shared_between_sessions(socket: &str) {
+    const MIB: u64 = 1 << 20;
+    let mut exporter = RawSession::open(socket, None).unwrap();
+    let mut importer = RawSession::open(socket, None).unwrap();
+    let stream = 0x5_0000_0001;
+    exporter.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
+    let exporter_before = exporter.call(req::MemGetInfo {}).0.unwrap().free;
+    exporter.call(req::MemPoolCreate { pool: 2, handle_types: 1 }).0.unwrap();
+    exporter.call(req::MemPoolCreate { pool: 3, handle_types: 0 }).0.unwrap();
+    let a = exporter.call(req::MemAllocAsync { size: MIB, stream, pool: 2 }).0.unwrap().ptr;
+    let plain = exporter.call(req::MemAllocAsync { size: MIB, stream, pool: 3 }).0.unwrap().ptr;
+    exporter.send(&req::Memset { dst: a, pattern: 0x37, width: 1, len: MIB, stream }.into(), &[]);
+    exporter.call(req::StreamSynchronize { stream }).0.unwrap();
+
+    assert_eq!(exporter.call(req::MemPoolExport { pool: 3 }).0.err(), Some(INVALID_VALUE), "a pool without the handle type");
+    assert_eq!(exporter.call(req::MemPoolExportPointer { ptr: plain }).0.err(), Some(INVALID_VALUE), "its allocation");
+    assert_eq!(exporter.call(req::MemPoolExportPointer { ptr: a + 4096 }).0.err(), Some(INVALID_VALUE), "an interior pointer");
+    let shareable = exporter.call(req::MemPoolExport { pool: 2 }).0.unwrap().shareable;
+    let data = exporter.call(req::MemPoolExportPointer { ptr: a }).0.unwrap().data;
+    assert_eq!(data.len(), 64);
+    assert_eq!(exporter.call(req::MemPoolExportPointer { ptr: a }).0.unwrap().data, data, "one allocation, one export");
+
+    // Pool ids are each session's own.
+    importer.call(req::MemPoolImport { pool: 2, shareable: shareable.clone() }).0.unwrap();
+    assert_eq!(importer.call(req::MemPoolImport { pool: 2, shareable: shareable.clone() }).0.err(), Some(INVALID_VALUE), "a taken id");
+    assert_eq!(importer.call(req::MemAllocAsync { size: MIB, stream: 0, pool: 2 }).0.err(), Some(INVALID_VALUE), "an imported pool");
+    assert_eq!(importer.call(req::DeviceMemPool { set: Some(2) }).0.err(), Some(INVALID_VALUE), "the device's pool");
+    assert_eq!(importer.call(req::MemPoolAccess { pool: 2, set: None }).0.unwrap().flags, 3, "read-write on its device");
+    let mut forged = data.clone();
+    forged[8] ^= 1;
+    for bad in [forged, vec![0; 64], data[..63].to_vec(), [&data[..], &[0]].concat()] {
+        assert_eq!(importer.call(req::MemPoolImportPointer { pool: 2, data: bad }).0.err(), Some(INVALID_VALUE), "forged export data");
+    }
+    assert_eq!(importer.call(req::MemPoolImportPointer { pool: 1, data: data.clone() }).0.err(), Some(INVALID_VALUE), "not imported");
+
+    let imported = importer.call(req::MemPoolImportPointer { pool: 2, data: data.clone() }).0.unwrap();
+    assert_eq!(imported.size, MIB);
+    assert_eq!(exporter.call(req::MemGetInfo {}).0.unwrap().free, exporter_before - 2 * MIB);
+    assert_eq!(read_back(&mut importer, imported.ptr + 100, 16), vec![0x37; 16], "the exporter's bytes");
+    importer.send(&req::Memset { dst: imported.ptr + MIB / 2, pattern: 0x5a, width: 1, len: MIB / 2, stream: 0 }.into(), &[]);
+    importer.call(req::StreamSynchronize { stream: 0 }).0.unwrap();
+    assert_eq!(read_back(&mut exporter, a + MIB / 2, 16), vec![0x5a; 16], "the importer's writes");
+    assert_eq!(read_back(&mut exporter, a + MIB / 2 - 16, 16), vec![0x37; 16]);
+    let (past_end, _) = importer.call(req::MemcpyDtoH { src: imported.ptr + MIB - 8, len: 16, stream: 0, blocking: true });
+    assert_eq!(past_end.err(), Some(INVALID_VALUE), "the imported range ends where the allocation does");
+
+    // Imported again: the same memory, one more reference; each free drops one.
+    let again = importer.call(req::MemPoolImportPointer { pool: 2, data: data.clone() }).0.unwrap();
+    assert_eq!(again.ptr, imported.ptr);
+    importer.call(req::Free { ptr: imported.ptr }).0.unwrap();
+    assert_eq!(read_back(&mut importer, imported.ptr, 16), vec![0x37; 16], "one import left");
+    importer.send(&req::MemFreeAsync { ptr: imported.ptr, stream: 0 }.into(), &[]);
+    let (freed, _) = importer.call(req::MemcpyDtoH { src: imported.ptr, len: 16, stream: 0, blocking: true });
+    assert_eq!(freed.err(), Some(INVALID_VALUE), "freed by its importer");
+    assert_eq!(importer.call(req::Free { ptr: imported.ptr }).0.err(), Some(INVALID_VALUE), "freed twice");
+
+    // Another pool's allocation is not this pool's to import.
+    exporter.call(req::MemPoolCreate { pool: 4, handle_types: 1 }).0.unwrap();
+    let other = exporter.call(req::MemAllocAsync { size: MIB, stream, pool: 4 }).0.unwrap().ptr;
+    let other_data = exporter.call(req::MemPoolExportPointer { ptr: other }).0.unwrap().data;
+    assert_eq!(importer.call(req::MemPoolImportPointer { pool: 2, data: other_data }).0.err(), Some(INVALID_VALUE), "another pool's");
+
+    // The exporter's free ends the allocation's export, its pool's destruction the pool's.
+    exporter.send(&req::MemFreeAsync { ptr: a, stream }.into(), &[]);
+    exporter.call(req::StreamSynchronize { stream }).0.unwrap();
+    assert_eq!(importer.call(req::MemPoolImportPointer { pool: 2, data }).0.err(), Some(INVALID_VALUE), "a freed allocation");
+    exporter.call(req::MemPoolDestroy { pool: 2 }).0.unwrap();
+    assert_eq!(importer.call(req::MemPoolImport { pool: 5, shareable }).0.err(), Some(INVALID_VALUE), "a destroyed pool");
+    importer.call(req::MemPoolDestroy { pool: 2 }).0.unwrap();
+
+    // A physical allocation's shareable handle opens no pool.
+    exporter.call(req::MemCreate { handle: 7, size: 2 * MIB, handle_types: 1 }).0.unwrap();
+    let physical = exporter.call(req::MemExport { handle: 7 }).0.unwrap().shareable;
+    assert_eq!(importer.call(req::MemPoolImport { pool: 6, shareable: physical }).0.err(), Some(INVALID_VALUE), "a physical allocation's");
+    exporter.call(req::MemRelease { handle: 7 }).0.unwrap();
+
+    exporter.call(req::Free { ptr: plain }).0.unwrap();
+    exporter.call(req::Free { ptr: other }).0.unwrap();
+    assert_eq!(exporter.call(req::MemGetInfo {}).0.unwrap().free, exporter_before, "freed memory leaves the quota");
+}
+
+/// Pool memory another session of the tenant imported is counted once in the tenant's quota (the
+/// exporter's allocation), not again for the import; the importer's free gives nothing back, the
+/// exporter's does.
+#[test]
+fn imported_pool_memory_is_counted_once_in_the_quota() {
+    const MIB: u64 = 1 << 20;
+    let (_server, socket) = emulated_server("op-audit-pool-quota", &["--memory-quota", "64MiB"]);
+    let mut exporter = RawSession::open(&socket, None).unwrap();
+    let mut importer = RawSession::open(&socket, None).unwrap();
+    let free = |session: &mut RawSession| session.call(req::MemGetInfo {}).0.unwrap().free;
+    let before = free(&mut importer);
+    exporter.call(req::MemPoolCreate { pool: 2, handle_types: 1 }).0.unwrap();
+    let ptr = exporter.call(req::MemAllocAsync { size: 8 * MIB, stream: 0, pool: 2 }).0.unwrap().ptr;
+    let shareable = exporter.call(req::MemPoolExport { pool: 2 }).0.unwrap().shareable;
+    let data = exporter.call(req::MemPoolExportPointer { ptr }).0.unwrap().data;
+    assert_eq!(free(&mut importer), before - 8 * MIB, "the exporter's allocation");
+    importer.call(req::MemPoolImport { pool: 2, shareable }).0.unwrap();
+    let imported = importer.call(req::MemPoolImportPointer { pool: 2, data }).0.unwrap().ptr;
+    assert_eq!(free(&mut importer), before - 8 * MIB, "the import is not counted again");
+    importer.call(req::Free { ptr: imported }).0.unwrap();
+    assert_eq!(free(&mut importer), before - 8 * MIB, "the importer's free gives back nothing");
+    exporter.call(req::Free { ptr }).0.unwrap();
+    assert_eq!(free(&mut importer), before);
 }

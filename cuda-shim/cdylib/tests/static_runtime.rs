@@ -293,6 +293,67 @@ fn physical_allocations_shared_between_processes() {
     }
 }
 
+/// A memory pool and an allocation of it shared between two processes: the pool's POSIX
+/// descriptor and the allocation's export data sent over a Unix socket; on one server with and
+/// without the shared-memory channel, and between two servers (two tenants of one device; the
+/// importer over TCP), on the emulated device, whose shareable pools are memory files. Each
+/// refusal says why, once.
+#[test]
+fn memory_pools_shared_between_processes() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("driver-pool-share");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_pool_share");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    let other_scratch = scratch.join("other");
+    std::fs::create_dir_all(&other_scratch).expect("scratch");
+    let other = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &other_scratch);
+    for (shm, importer) in [("on", None), ("off", None), ("on", Some(&other.addresses[0]))] {
+        let mut command = Command::new(&program);
+        command.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm);
+        if let Some(address) = importer {
+            command.env("IMPORTER_FLYT_SERVER", address);
+        }
+        let (code, stdout, stderr) = run_with_timeout(&mut command, Duration::from_secs(60));
+        let run = format!("FLYT_SHM={shm}, importer on {importer:?}");
+        assert_eq!(code, 0, "{run}\n{stdout}\n{stderr}");
+        for line in [
+            "pool handle types: 1",
+            "exported the pool as a descriptor: yes",
+            "one allocation, one export data: yes",
+            "allocation's pool and handle types: its pool, 1 (a plain pool's: its pool, 0)",
+            "imported allocation's pool and handle types: the imported pool, 1",
+            "imported pool read-write on its device: yes",
+            "importer reads the exporter's bytes: yes",
+            "exporter sees the importer's writes: yes",
+            "imported again at the same address: yes",
+            "freed twice, once per import: yes",
+            "importer PASSED: 0 failure(s)",
+            "exporter PASSED: 0 failure(s)",
+            "PASSED: both processes",
+        ] {
+            assert!(stdout.contains(line), "{run}: missing '{line}':\n{stdout}\n{stderr}");
+        }
+        let refused = |what: &str| format!("{what} (returning CUDA_ERROR_INVALID_VALUE)");
+        for line in [
+            "flyt: memory pools with shareable handles other than a POSIX file descriptor, or a size limit, are not supported (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
+            "flyt: memory pools with shareable handles other than a POSIX file descriptor are not supported (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
+            refused("flyt: cuMemPoolExportToShareableHandle: the pool was not made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
+            refused("flyt: cuMemPoolExportPointer: the pointer is not the start of a live allocation of a pool made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
+            refused("flyt: cuMemPoolImportFromShareableHandle: the descriptor is not a shareable handle a memory pool was exported as through Flyt"),
+            refused("flyt: cuMemPoolImportFromShareableHandle: the descriptor names no memory pool its exporter still shares"),
+            refused("flyt: cuMemAllocFromPoolAsync: an imported pool makes no allocations"),
+            refused("flyt: cuMemPoolImportPointer: the pool was not imported with cuMemPoolImportFromShareableHandle"),
+            refused("flyt: cuMemPoolImportPointer: the export data names no live allocation of the pool it was imported from"),
+        ] {
+            assert_eq!(stderr.matches(line.as_str()).count(), 1, "{run}: '{line}' once:\n{stderr}");
+        }
+    }
+}
+
 /// Pitched memory, 3D copies, 2D memsets, arrays and texture and surface objects through the
 /// driver API, over the socket and the shared-memory channel, on the emulated device.
 #[test]

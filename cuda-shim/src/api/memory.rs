@@ -43,7 +43,7 @@ pub unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         if client.host_allocation(dptr as usize).is_some_and(|host| host.managed) {
             return flyt_client::managed::free(client, dptr).map_err(super::session::driver_error);
         }
-        client.remove_allocation(dptr).map_err(super::session::driver_error)?;
+        client.forget_allocation(dptr).map_err(super::session::driver_error)?;
         sync_memops().remove(&dptr);
         client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error)
     })
@@ -508,8 +508,19 @@ unsafe fn write_attribute(
             // GPUDirect RDMA needs a NIC on the GPU's host, which the app does not drive.
             IS_LEGACY_CUDA_IPC_CAPABLE => write_out(data.cast::<c_uint>(), c_uint::from(legacy_ipc)),
             IS_GPU_DIRECT_RDMA_CAPABLE => write_out(data.cast::<c_uint>(), 0),
-            ALLOWED_HANDLE_TYPES => write_out(data.cast::<u64>(), 0),
-            MEMPOOL_HANDLE => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
+            // A pool allocation's: its pool, and the handle types it was made with (shareable
+            // pools' allocations are exported with cuMemPoolExportPointer).
+            ALLOWED_HANDLE_TYPES | MEMPOOL_HANDLE => {
+                let client = session_client()?;
+                let pool = if device { client.allocation_pool(start) } else { None };
+                match attribute {
+                    ALLOWED_HANDLE_TYPES => write_out(data.cast::<u64>(), pool.map_or(0, |pool| u64::from(client.pool_handle_types(pool)))),
+                    _ => write_out(
+                        data.cast::<*mut c_void>(),
+                        pool.map_or(std::ptr::null_mut(), |pool| super::pools::pool_handle(pool).cast()),
+                    ),
+                }
+            }
             ACCESS_FLAGS => write_out(data.cast::<c_uint>(), ACCESS_READ_WRITE),
             _ => Err(crate::diagnostics::unsupported(&format!("cuPointerGetAttribute attribute {attribute}"))),
         }

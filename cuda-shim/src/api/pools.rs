@@ -2,23 +2,29 @@
 //! driver allocates from the session's pools, each allocation counted in the quota until it is
 //! freed. Pool handles are the client's ids; the device's default pool is `DEFAULT_POOL`. Pools
 //! belong to the device: asking about them needs no current context, as with the driver.
+//!
+//! Pools made with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` are shared between processes as
+//! natively: the exporter's descriptor is a sealed memory file naming the export (as for
+//! physical allocations, `super::vmm`), and `CUmemPoolPtrExportData` holds a token the pool's
+//! exporter serves (`rpc-server/src/shareable.rs`). A refusal of one of these says why, once.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
+use flyt_client::vmm::{POSIX_FD, SharedPool};
 use flyt_protocol::ops::{DEFAULT_POOL, req};
 
 use super::session::{client, driver_error, resolve_stream, run, session_client};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{
-    CUdevice, CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationType, CUmemLocation, CUmemPool_attribute, CUmemPoolProps,
-    CUmemoryPool, CUstream,
+    CUdevice, CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
+    CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData, CUmemoryPool, CUstream,
 };
 
 /// Pool handles are this plus the pool's id, far from the other handle kinds.
 const POOL_BASE: usize = 0x706f_0000_0000;
 
-fn pool_handle(id: u64) -> CUmemoryPool {
+pub(super) fn pool_handle(id: u64) -> CUmemoryPool {
     std::ptr::without_provenance_mut(POOL_BASE + id as usize)
 }
 
@@ -65,6 +71,9 @@ fn alloc(dptr: *mut CUdeviceptr, size: usize, pool: u64, stream: CUstream, ptsz:
     }
     let client = session_client()?;
     let stream = resolve_stream(client, stream, ptsz)?;
+    if client.shared_pool(pool) == Some(SharedPool::Imported) {
+        return Err(invalid("cuMemAllocFromPoolAsync", "an imported pool makes no allocations"));
+    }
     let ptr = client.alloc_async(size as u64, stream, pool).map_err(driver_error)?;
     // SAFETY: checked non-NULL.
     unsafe { write_out(dptr, ptr) }
@@ -139,15 +148,15 @@ pub unsafe fn cuMemPoolCreate(pool: *mut CUmemoryPool, pool_props: *const CUmemP
         if props.allocType != ALLOCATION_PINNED || props.location.r#type != LOCATION_DEVICE {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        if props.handleTypes != 0 || props.maxSize != 0 {
+        if props.handleTypes & !POSIX_FD != 0 || props.maxSize != 0 {
             crate::diagnostics::once(
                 "pool-props",
-                "flyt: memory pools with shareable handles or a size limit are not supported (returning CUDA_ERROR_NOT_SUPPORTED)",
+                "flyt: memory pools with shareable handles other than a POSIX file descriptor, or a size limit, are not supported (returning CUDA_ERROR_NOT_SUPPORTED)",
             );
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
         check_device(props.location.id)?;
-        let id = session_client()?.pool_create().map_err(driver_error)?;
+        let id = session_client()?.pool_create(props.handleTypes).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(pool, pool_handle(id)) }
     })
@@ -260,5 +269,115 @@ pub unsafe fn cuMemPoolGetAccess(flags: *mut CUmemAccess_flags, mem_pool: CUmemo
         let access = session_client()?.call(req::MemPoolAccess { pool: id, set: None }).map_err(driver_error)?.flags;
         // SAFETY: checked non-NULL.
         unsafe { write_out(flags, access) }
+    })
+}
+
+// --- memory pools shared between processes ---
+
+/// `CUDA_ERROR_NOT_SUPPORTED` for a shareable handle type other than a POSIX file descriptor,
+/// with its line.
+fn other_handle_type() -> CUresult {
+    crate::diagnostics::once(
+        "pool-handle-type",
+        "flyt: memory pools with shareable handles other than a POSIX file descriptor are not supported (returning CUDA_ERROR_NOT_SUPPORTED)",
+    );
+    CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `CUDA_ERROR_INVALID_VALUE` from `name`, with a line saying `why` (once per function and reason).
+fn invalid(name: &str, why: &str) -> CUresult {
+    crate::diagnostics::once(&format!("{name}: {why}"), &format!("flyt: {name}: {why} (returning CUDA_ERROR_INVALID_VALUE)"));
+    CUresult::CUDA_ERROR_INVALID_VALUE
+}
+
+/// The session's answer, an invalid value said as `why`.
+fn refused_as<T>(result: flyt_protocol::error::CudaResult<T>, name: &str, why: &str) -> DriverResult<T> {
+    result.map_err(|error| match error {
+        flyt_protocol::CudaError::INVALID_VALUE => invalid(name, why),
+        error => driver_error(error),
+    })
+}
+
+const NOT_EXPORTABLE: &str = "the pool was not made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR";
+
+pub unsafe fn cuMemPoolExportToShareableHandle(
+    handle_out: *mut c_void,
+    pool: CUmemoryPool,
+    handle_type: CUmemAllocationHandleType,
+    flags: c_ulonglong,
+) -> CUresult {
+    const NAME: &str = "cuMemPoolExportToShareableHandle";
+    run(|| {
+        non_null([handle_out.cast()])?;
+        let id = pool_id(pool)?;
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if handle_type != POSIX_FD {
+            return Err(other_handle_type());
+        }
+        let client = session_client()?;
+        if client.shared_pool(id) != Some(SharedPool::Exportable) {
+            return Err(invalid(NAME, NOT_EXPORTABLE));
+        }
+        let shareable = refused_as(client.pool_export(id), NAME, NOT_EXPORTABLE)?;
+        let fd = super::vmm::shareable_file(&shareable).map_err(|_| CUresult::CUDA_ERROR_OPERATING_SYSTEM)?;
+        // SAFETY: checked non-NULL; for a POSIX descriptor the caller's out-pointer is an `int`.
+        unsafe { write_out(handle_out.cast::<c_int>(), std::os::fd::IntoRawFd::into_raw_fd(fd)) }
+    })
+}
+
+pub unsafe fn cuMemPoolImportFromShareableHandle(
+    pool_out: *mut CUmemoryPool,
+    handle: *mut c_void,
+    handle_type: CUmemAllocationHandleType,
+    flags: c_ulonglong,
+) -> CUresult {
+    const NAME: &str = "cuMemPoolImportFromShareableHandle";
+    run(|| {
+        non_null([pool_out.cast()])?;
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if handle_type != POSIX_FD {
+            return Err(other_handle_type());
+        }
+        // A POSIX descriptor travels as the pointer's value.
+        let fd = c_int::try_from(handle as usize).map_err(|_| invalid(NAME, "the handle is not a file descriptor"))?;
+        let shareable = super::vmm::read_shareable(fd)
+            .ok_or_else(|| invalid(NAME, "the descriptor is not a shareable handle a memory pool was exported as through Flyt"))?;
+        let client = session_client()?;
+        let id = refused_as(client.pool_import(shareable), NAME, "the descriptor names no memory pool its exporter still shares")?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(pool_out, pool_handle(id)) }
+    })
+}
+
+pub unsafe fn cuMemPoolExportPointer(share_data_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr) -> CUresult {
+    const NAME: &str = "cuMemPoolExportPointer";
+    run(|| {
+        non_null([share_data_out.cast()])?;
+        let why = "the pointer is not the start of a live allocation of a pool made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR";
+        let data = refused_as(session_client()?.pool_export_pointer(ptr), NAME, why)?;
+        // SAFETY: checked non-NULL; the caller's export data.
+        unsafe { write_out(share_data_out, CUmemPoolPtrExportData { reserved: data }) }
+    })
+}
+
+pub unsafe fn cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, share_data: *mut CUmemPoolPtrExportData) -> CUresult {
+    const NAME: &str = "cuMemPoolImportPointer";
+    run(|| {
+        non_null([ptr_out.cast(), share_data.cast()])?;
+        let id = pool_id(pool)?;
+        let client = session_client()?;
+        if client.shared_pool(id) != Some(SharedPool::Imported) {
+            return Err(invalid(NAME, "the pool was not imported with cuMemPoolImportFromShareableHandle"));
+        }
+        // SAFETY: checked non-NULL; the caller's export data, read whole.
+        let data = unsafe { share_data.read() }.reserved;
+        let why = "the export data names no live allocation of the pool it was imported from";
+        let ptr = refused_as(client.pool_import_pointer(id, data), NAME, why)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(ptr_out, ptr) }
     })
 }

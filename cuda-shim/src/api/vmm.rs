@@ -189,7 +189,7 @@ pub unsafe fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationP
 
 /// A sealed memory file holding `shareable`: the descriptor the app holds and may pass to
 /// another process (over a Unix socket, or by inheritance), as it would the driver's.
-fn shareable_file(shareable: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {
+pub(super) fn shareable_file(shareable: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {
     use nix::fcntl::{FcntlArg, SealFlag, fcntl};
     use nix::sys::memfd::{MFdFlags, memfd_create};
     let fd = memfd_create("flyt-shareable-memory", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
@@ -202,7 +202,7 @@ fn shareable_file(shareable: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {
 }
 
 /// What a shareable handle's descriptor holds, if it is one of Flyt's.
-fn read_shareable(fd: std::os::fd::RawFd) -> Option<Vec<u8>> {
+pub(super) fn read_shareable(fd: std::os::fd::RawFd) -> Option<Vec<u8>> {
     // SAFETY: the app's descriptor, borrowed for this call only (it stays the app's).
     let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     let mut buf = [0u8; SHAREABLE_MAGIC.len() + MAX_SHAREABLE];

@@ -392,12 +392,12 @@ macro_rules! for_each_driver_api {
             unsupported cuMemMapArrayAsync_ptsz [cuMemMapArrayAsync 1 ptsz per_thread] (map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream);
             implemented cuMemPoolCreate [cuMemPoolCreate 1 legacy current] (pool: *mut CUmemoryPool, pool_props: *const CUmemPoolProps);
             implemented cuMemPoolDestroy [cuMemPoolDestroy 1 legacy current] (pool: CUmemoryPool);
-            unsupported cuMemPoolExportPointer [cuMemPoolExportPointer 1 legacy current] (share_data_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr);
-            unsupported cuMemPoolExportToShareableHandle [cuMemPoolExportToShareableHandle 1 legacy current] (handle_out: *mut c_void, pool: CUmemoryPool, handle_type: CUmemAllocationHandleType, flags: c_ulonglong);
+            implemented cuMemPoolExportPointer [cuMemPoolExportPointer 1 legacy current] (share_data_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr);
+            implemented cuMemPoolExportToShareableHandle [cuMemPoolExportToShareableHandle 1 legacy current] (handle_out: *mut c_void, pool: CUmemoryPool, handle_type: CUmemAllocationHandleType, flags: c_ulonglong);
             implemented cuMemPoolGetAccess [cuMemPoolGetAccess 1 legacy current] (flags: *mut CUmemAccess_flags, mem_pool: CUmemoryPool, location: *mut CUmemLocation);
             implemented cuMemPoolGetAttribute [cuMemPoolGetAttribute 1 legacy current] (pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
-            unsupported cuMemPoolImportFromShareableHandle [cuMemPoolImportFromShareableHandle 1 legacy current] (pool_out: *mut CUmemoryPool, handle: *mut c_void, handle_type: CUmemAllocationHandleType, flags: c_ulonglong);
-            unsupported cuMemPoolImportPointer [cuMemPoolImportPointer 1 legacy current] (ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, share_data: *mut CUmemPoolPtrExportData);
+            implemented cuMemPoolImportFromShareableHandle [cuMemPoolImportFromShareableHandle 1 legacy current] (pool_out: *mut CUmemoryPool, handle: *mut c_void, handle_type: CUmemAllocationHandleType, flags: c_ulonglong);
+            implemented cuMemPoolImportPointer [cuMemPoolImportPointer 1 legacy current] (ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, share_data: *mut CUmemPoolPtrExportData);
             implemented cuMemPoolSetAccess [cuMemPoolSetAccess 1 legacy current] (pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize);
             implemented cuMemPoolSetAttribute [cuMemPoolSetAttribute 1 legacy current] (pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
             implemented cuMemPoolTrimTo [cuMemPoolTrimTo 1 legacy current] (pool: CUmemoryPool, min_bytes_to_keep: usize);

@@ -667,10 +667,10 @@ pub struct CUarrayMapInfo_st {
 }
 pub type CUarrayMapInfo_v1 = CUarrayMapInfo_st;
 pub type CUarrayMapInfo = CUarrayMapInfo_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUmemPoolPtrExportData_st {
-    _opaque: [u8; 0],
+    pub reserved: [c_uchar; 64],
 }
 pub type CUmemPoolPtrExportData_v1 = CUmemPoolPtrExportData_st;
 pub type CUmemPoolPtrExportData = CUmemPoolPtrExportData_v1;
@@ -975,4 +975,5 @@ const _: () = assert!(size_of::<CUmemAccessDesc_st>() == 12 && align_of::<CUmemA
 const _: () = assert!(size_of::<CUmemAllocationProp_st>() == 32 && align_of::<CUmemAllocationProp_st>() == 8);
 const _: () = assert!(size_of::<CUmemLocation_st>() == 8 && align_of::<CUmemLocation_st>() == 4);
 const _: () = assert!(size_of::<CUmemPoolProps_st>() == 88 && align_of::<CUmemPoolProps_st>() == 8);
+const _: () = assert!(size_of::<CUmemPoolPtrExportData_st>() == 64 && align_of::<CUmemPoolPtrExportData_st>() == 1);
 const _: () = assert!(size_of::<CUuuid_st>() == 16 && align_of::<CUuuid_st>() == 1);

@@ -114,6 +114,17 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
                 "flyt: kernel fake_kernel cannot run: the server's emulated device has no GPU (cudaErrorNotSupported(801))".to_string(),
                 "flyt: cuMemGetDefaultMemPool: host memory pools are not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"
                     .to_string(),
+                "flyt: memory pools with shareable handles other than a POSIX file descriptor are not supported (returning CUDA_ERROR_NOT_SUPPORTED)"
+                    .to_string(),
+                "flyt: cuMemPoolExportToShareableHandle: the pool was not made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (returning CUDA_ERROR_INVALID_VALUE)"
+                    .to_string(),
+                "flyt: cuMemPoolImportFromShareableHandle: the descriptor is not a shareable handle a memory pool was exported as through Flyt (returning CUDA_ERROR_INVALID_VALUE)"
+                    .to_string(),
+                "flyt: cuMemAllocFromPoolAsync: an imported pool makes no allocations (returning CUDA_ERROR_INVALID_VALUE)".to_string(),
+                "flyt: cuMemPoolExportPointer: the pointer is not the start of a live allocation of a pool made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (returning CUDA_ERROR_INVALID_VALUE)"
+                    .to_string(),
+                "flyt: cuMemPoolImportPointer: the export data names no live allocation of the pool it was imported from (returning CUDA_ERROR_INVALID_VALUE)"
+                    .to_string(),
             ]
             .into_iter()
             .chain(channel_refusals.into_iter().flatten())

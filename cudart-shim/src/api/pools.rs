@@ -1,7 +1,7 @@
 //! Stream-ordered allocation and memory pools: Flyt's driver does the work; the pointers become
 //! the runtime's device ranges like those of `cudaMalloc`.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
@@ -74,4 +74,33 @@ pub unsafe fn cudaMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) ->
 
 pub unsafe fn cudaMemPoolDestroy(pool: *mut c_void) -> CudaResult<()> {
     cu_ctx!(cuMemPoolDestroy(pool))
+}
+
+// --- pools shared between processes: the runtime's handle types and export data are the
+// driver's ---
+
+pub unsafe fn cudaMemPoolExportToShareableHandle(
+    handle: *mut c_void,
+    pool: *mut c_void,
+    handle_type: c_int,
+    flags: c_uint,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemPoolExportToShareableHandle(handle, pool, handle_type, u64::from(flags)))
+}
+
+pub unsafe fn cudaMemPoolImportFromShareableHandle(
+    pool: *mut *mut c_void,
+    handle: *mut c_void,
+    handle_type: c_int,
+    flags: c_uint,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemPoolImportFromShareableHandle(pool, handle, handle_type, u64::from(flags)))
+}
+
+pub unsafe fn cudaMemPoolExportPointer(data: *mut c_void, ptr: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuMemPoolExportPointer(data, ptr as CUdeviceptr))
+}
+
+pub unsafe fn cudaMemPoolImportPointer(ptr: *mut *mut c_void, pool: *mut c_void, data: *mut c_void) -> CudaResult<()> {
+    allocate(ptr, |device| cu_ctx!(cuMemPoolImportPointer(device, pool, data)))
 }

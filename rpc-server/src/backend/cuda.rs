@@ -1970,12 +1970,18 @@ impl Device for CudaDevice {
         Ok(Handle(pool))
     }
 
-    fn pool_create(&self) -> CudaResult<Self::MemPool> {
-        // SAFETY: all-zero pool properties are valid (no handle types, no size limit); type and
-        // location are set below.
+    fn pool_create(&self, handle_types: u32) -> CudaResult<Self::MemPool> {
+        use sys::CUmemAllocationHandleType as Types;
+        // SAFETY: all-zero pool properties are valid (no handle types, no size limit); type,
+        // location and handle types are set below.
         let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
         props.location = self.location();
+        props.handleTypes = match handle_types {
+            0 => Types::CU_MEM_HANDLE_TYPE_NONE,
+            1 => Types::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            _ => return Err(CudaError::NOT_SUPPORTED),
+        };
         let mut pool = std::ptr::null_mut();
         // SAFETY: valid out-pointer and properties.
         check(unsafe { sys::cuMemPoolCreate(&mut pool, &props).result() })?;
@@ -2053,6 +2059,61 @@ impl Device for CudaDevice {
     fn pool_trim(&self, pool: Self::MemPool, keep: u64) -> CudaResult<()> {
         // SAFETY: the session's pool.
         check(unsafe { sys::cuMemPoolTrimTo(pool.0, keep as usize).result() })
+    }
+
+    fn pool_export(&self, pool: Self::MemPool) -> CudaResult<std::os::fd::OwnedFd> {
+        let mut fd: c_int = -1;
+        // SAFETY: a pool of the session's made with the POSIX handle type (checked); for a POSIX
+        // descriptor the driver writes an `int` through the out-pointer.
+        check(unsafe {
+            sys::cuMemPoolExportToShareableHandle(
+                (&raw mut fd).cast(),
+                pool.0,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+            .result()
+        })?;
+        if fd < 0 {
+            return Err(CudaError::UNKNOWN);
+        }
+        // SAFETY: the driver just opened `fd` for this process; nothing else owns it.
+        Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+    }
+
+    fn pool_import(&self, fd: std::os::fd::BorrowedFd<'_>) -> CudaResult<Self::MemPool> {
+        let mut pool = std::ptr::null_mut();
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        // SAFETY: valid out-pointer; a POSIX descriptor travels as the pointer's value, and the
+        // driver only reads it (the descriptor stays ours).
+        check(unsafe {
+            sys::cuMemPoolImportFromShareableHandle(
+                &mut pool,
+                raw as usize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+            .result()
+        })?;
+        Ok(Handle(pool))
+    }
+
+    fn pool_export_pointer(&self, ptr: u64) -> CudaResult<[u8; 64]> {
+        let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
+        // SAFETY: the start of a live allocation of a shareable pool of the session's (checked);
+        // valid out-pointer.
+        check(unsafe { sys::cuMemPoolExportPointer(&mut data, ptr).result() })?;
+        Ok(data.reserved)
+    }
+
+    fn pool_import_pointer(&self, pool: Self::MemPool, data: &[u8; 64], _size: u64) -> CudaResult<u64> {
+        let mut share = sys::CUmemPoolPtrExportData { reserved: *data };
+        let mut ptr = 0;
+        // SAFETY: a pool the session imported; export data its exporter's driver made for an
+        // allocation of that pool (served by the exporting worker, never the app's bytes);
+        // valid out-pointers.
+        check(unsafe { sys::cuMemPoolImportPointer(&mut ptr, pool.0, &mut share).result() })?;
+        Ok(ptr)
     }
 
     fn ipc_mem_handle(&self, ptr: u64) -> CudaResult<[u8; 64]> {

@@ -76,6 +76,12 @@ struct State {
     mapped: HashMap<u64, u64>,
     /// Memory pools: each one's attributes (`CUmemPool_attribute` to value). Pool 1 is the default.
     pools: HashMap<u64, HashMap<u32, u64>>,
+    /// The memory files of pools made with a POSIX shareable handle type, and of pools imported
+    /// from other workers: their allocations are spans of the file, so another worker that
+    /// imported the pool maps the same bytes.
+    pool_files: HashMap<u64, PoolFile>,
+    /// Allocations in a pool's memory file, by address: the pool and the span's offset.
+    pool_spans: HashMap<u64, (u64, u64)>,
     /// Mipmapped arrays: their levels.
     mipmaps: HashMap<u64, Vec<EmulatedArray>>,
     /// Live texture (`false`) and surface (`true`) objects.
@@ -86,6 +92,22 @@ struct State {
     /// Stream attributes set, by stream and `CUstreamAttrID` (unset ones read as zeros).
     stream_attributes: HashMap<(u64, u32), [u8; 64]>,
 }
+
+/// A shareable pool's memory file: allocations take spans of it, one after the other (a freed
+/// span is not used again: the emulated device serves tests, not long runs).
+struct PoolFile {
+    file: std::fs::File,
+    /// Where the next allocation's span starts.
+    end: u64,
+    /// Imported from another worker: no allocations of its own.
+    imported: bool,
+}
+
+/// Spans of a pool's memory file start at page boundaries, where a mapping may start.
+const POOL_SPAN_ALIGNMENT: u64 = 64 << 10;
+/// What the emulated device's export data of a pool allocation opens with (the span's offset
+/// and length follow).
+const POOL_EXPORT_MAGIC: &[u8; 8] = b"EMUPOOL1";
 
 /// An emulated array: a block of device memory holding its rows packed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,20 +193,36 @@ enum Block {
 impl Block {
     /// `len` zeroed bytes in a memory file of their own.
     fn shared(len: usize) -> CudaResult<Self> {
-        let fd = nix::sys::memfd::memfd_create("flyt-emulated-vmm", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-            .map_err(|_| CudaError::MEMORY_ALLOCATION)?;
-        let file = std::fs::File::from(fd);
-        file.set_len(len as u64).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
-        Self::map(file, len)
+        let file = memory_file("flyt-emulated-vmm", len as u64)?;
+        Self::map(file, 0, len)
     }
 
-    fn map(file: std::fs::File, len: usize) -> CudaResult<Self> {
+    /// `len` bytes of `file` from `offset` (a multiple of the page size).
+    fn map(file: std::fs::File, offset: u64, len: usize) -> CudaResult<Self> {
         // SAFETY: a shared mapping of a memory file: other workers may write it concurrently,
         // which a GPU's memory allows too; the bytes are only ever copied, never borrowed as
         // typed data.
-        let map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&file) }.map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        let map =
+            unsafe { memmap2::MmapOptions::new().offset(offset).len(len).map_mut(&file) }.map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         Ok(Self::Shared { map, file })
     }
+}
+
+/// A memory file of `len` zeroed bytes.
+fn memory_file(name: &str, len: u64) -> CudaResult<std::fs::File> {
+    let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+    let file = std::fs::File::from(fd);
+    file.set_len(len).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+    Ok(file)
+}
+
+/// Places `block` (`size` bytes) at the device's next address: its address.
+fn place(state: &mut State, size: u64, block: Block) -> u64 {
+    let address = state.next_address;
+    state.next_address += size.max(1).div_ceil(ALIGNMENT) * ALIGNMENT;
+    state.used += size;
+    state.blocks.insert(address, block);
+    address
 }
 
 impl std::ops::Deref for Block {
@@ -296,6 +334,8 @@ impl Device for EmulatedDevice {
             (attr::MAX_BLOCKS_PER_MULTIPROCESSOR, 32),
             // Stream-ordered allocation from pools (the pool methods below).
             (attr::MEMORY_POOLS_SUPPORTED, 1),
+            // Pools shared between processes through a POSIX file descriptor (their memory files).
+            (attr::MEMORY_POOL_SUPPORTED_HANDLE_TYPES, POSIX_FD as i32),
             // Stream memory operations, 64-bit and NOR waits included (`stream_mem_ops`).
             (attr::CAN_USE_STREAM_MEM_OPS_V1, 1),
             (attr::CAN_USE_64_BIT_STREAM_MEM_OPS_V1, 1),
@@ -331,23 +371,20 @@ impl Device for EmulatedDevice {
 
     fn malloc(&self, size: u64) -> CudaResult<u64> {
         let mut state = self.state();
-        if size > self.config.memory - state.used {
+        if size > self.config.memory.saturating_sub(state.used) {
             return Err(CudaError::MEMORY_ALLOCATION);
         }
         let len = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
-        let address = state.next_address;
-        state.next_address += size.max(1).div_ceil(ALIGNMENT) * ALIGNMENT;
-        state.used += size;
         // `vec![0; n]` asks for zeroed pages, which the kernel maps lazily: a large allocation
         // costs nothing until it is written.
-        state.blocks.insert(address, Block::Heap(vec![0; len]));
-        Ok(address)
+        Ok(place(&mut state, size, Block::Heap(vec![0; len])))
     }
 
     fn free(&self, ptr: u64) -> CudaResult<()> {
         let mut state = self.state();
         let block = state.blocks.remove(&ptr).ok_or(CudaError::INVALID_VALUE)?;
         state.used -= block.len() as u64;
+        state.pool_spans.remove(&ptr);
         Ok(())
     }
 
@@ -363,7 +400,7 @@ impl Device for EmulatedDevice {
     fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String> {
         let mut state = self.state();
         let total: u64 = allocations.iter().map(|(_, len)| len).sum();
-        if total > self.config.memory - state.used {
+        if total > self.config.memory.saturating_sub(state.used) {
             return Err(format!("{total} bytes do not fit this device"));
         }
         let taken = |state: &State, ptr: u64, end: u64| {
@@ -392,7 +429,7 @@ impl Device for EmulatedDevice {
     }
 
     fn mem_get_info(&self) -> CudaResult<(u64, u64)> {
-        Ok((self.config.memory - self.state().used, self.config.memory))
+        Ok((self.config.memory.saturating_sub(self.state().used), self.config.memory))
     }
 
     fn staging(&self, len: usize) -> CudaResult<Vec<u8>> {
@@ -664,6 +701,7 @@ impl Device for EmulatedDevice {
         // stale pointer from before never names new memory).
         let mut state = self.state();
         state.blocks.clear();
+        state.pool_spans.clear();
         state.used = 0;
         state.events.clear();
         state.limits.clear();
@@ -1205,7 +1243,7 @@ impl Device for EmulatedDevice {
             return Err(CudaError::INVALID_VALUE);
         }
         let mut state = self.state();
-        if size > self.config.memory - state.used {
+        if size > self.config.memory.saturating_sub(state.used) {
             return Err(CudaError::MEMORY_ALLOCATION);
         }
         let len = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
@@ -1282,7 +1320,7 @@ impl Device for EmulatedDevice {
         if size == 0 || file.metadata().map(|meta| meta.len()).unwrap_or(0) < size {
             return Err(CudaError::INVALID_VALUE);
         }
-        let bytes = Block::map(file, len)?;
+        let bytes = Block::map(file, 0, len)?;
         // Counted by this worker's device until released, like its own allocations (the
         // session's quota is the exporter's business, not this device's).
         let mut state = self.state();
@@ -1297,27 +1335,65 @@ impl Device for EmulatedDevice {
         Ok(1)
     }
 
-    fn pool_create(&self) -> CudaResult<u64> {
+    fn pool_create(&self, handle_types: u32) -> CudaResult<u64> {
+        let file = match handle_types {
+            0 => None,
+            POSIX_FD => Some(memory_file("flyt-emulated-pool", 0)?),
+            _ => return Err(CudaError::NOT_SUPPORTED),
+        };
         let mut state = self.state();
         let pool = state.new_handle();
         state.pools.insert(pool, HashMap::new());
+        if let Some(file) = file {
+            state.pool_files.insert(pool, PoolFile { file, end: 0, imported: false });
+        }
         Ok(pool)
     }
 
     fn pool_destroy(&self, pool: u64) -> CudaResult<()> {
-        self.state().pools.remove(&pool).map(drop).ok_or(CudaError::INVALID_VALUE)
+        let mut state = self.state();
+        // Allocations still live keep their spans mapped (and the file with them).
+        state.pool_files.remove(&pool);
+        state.pools.remove(&pool).map(drop).ok_or(CudaError::INVALID_VALUE)
     }
 
     fn set_current_pool(&self, pool: u64) -> CudaResult<()> {
-        if self.state().pools.contains_key(&pool) { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
+        let state = self.state();
+        if state.pools.contains_key(&pool) && !state.pool_files.get(&pool).is_some_and(|file| file.imported) {
+            Ok(())
+        } else {
+            Err(CudaError::INVALID_VALUE)
+        }
     }
 
     fn alloc_async(&self, size: u64, pool: u64, _stream: u64) -> CudaResult<u64> {
         // Work completes at submission: a stream-ordered allocation is an allocation now.
-        if !self.state().pools.contains_key(&pool) {
+        let mut guard = self.state();
+        let state = &mut *guard;
+        if !state.pools.contains_key(&pool) {
             return Err(CudaError::INVALID_VALUE);
         }
-        self.malloc(size)
+        let Some(pool_file) = state.pool_files.get_mut(&pool) else {
+            drop(guard);
+            return self.malloc(size);
+        };
+        // An imported pool makes no allocations.
+        if pool_file.imported {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        if size > self.config.memory.saturating_sub(state.used) {
+            return Err(CudaError::MEMORY_ALLOCATION);
+        }
+        let len = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        let offset = pool_file.end;
+        let end = offset + size.max(1).div_ceil(POOL_SPAN_ALIGNMENT) * POOL_SPAN_ALIGNMENT;
+        pool_file.file.set_len(end).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        pool_file.end = end;
+        let file = pool_file.file.try_clone().map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        let block = Block::map(file, offset, len)?;
+        let address = place(state, size, block);
+        state.pool_spans.insert(address, (pool, offset));
+        Ok(address)
     }
 
     fn free_async(&self, ptr: u64, _stream: u64) -> CudaResult<()> {
@@ -1348,6 +1424,59 @@ impl Device for EmulatedDevice {
 
     fn pool_trim(&self, pool: u64, _keep: u64) -> CudaResult<()> {
         if self.state().pools.contains_key(&pool) { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
+    }
+
+    fn pool_export(&self, pool: u64) -> CudaResult<std::os::fd::OwnedFd> {
+        let state = self.state();
+        match state.pool_files.get(&pool) {
+            Some(PoolFile { file, imported: false, .. }) => {
+                file.try_clone().map(std::os::fd::OwnedFd::from).map_err(|_| CudaError::OPERATING_SYSTEM)
+            }
+            // Made without a shareable handle type, or imported.
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    fn pool_import(&self, fd: std::os::fd::BorrowedFd<'_>) -> CudaResult<u64> {
+        let file = std::fs::File::from(fd.try_clone_to_owned().map_err(|_| CudaError::OPERATING_SYSTEM)?);
+        let mut state = self.state();
+        let pool = state.new_handle();
+        state.pools.insert(pool, HashMap::new());
+        state.pool_files.insert(pool, PoolFile { file, end: 0, imported: true });
+        Ok(pool)
+    }
+
+    fn pool_export_pointer(&self, ptr: u64) -> CudaResult<[u8; 64]> {
+        let state = self.state();
+        let (_, offset) = state.pool_spans.get(&ptr).ok_or(CudaError::INVALID_VALUE)?;
+        let len = state.blocks.get(&ptr).ok_or(CudaError::INVALID_VALUE)?.len() as u64;
+        let mut data = [0; 64];
+        data[..8].copy_from_slice(POOL_EXPORT_MAGIC);
+        data[8..16].copy_from_slice(&offset.to_le_bytes());
+        data[16..24].copy_from_slice(&len.to_le_bytes());
+        Ok(data)
+    }
+
+    fn pool_import_pointer(&self, pool: u64, data: &[u8; 64], size: u64) -> CudaResult<u64> {
+        let field = |at: usize| data[at..at + 8].try_into().map(u64::from_le_bytes).map_err(|_| CudaError::INVALID_VALUE);
+        let (offset, len) = (field(8)?, field(16)?);
+        if &data[..8] != POOL_EXPORT_MAGIC || len != size || size == 0 || offset % POOL_SPAN_ALIGNMENT != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let mut state = self.state();
+        let file = match state.pool_files.get(&pool) {
+            Some(PoolFile { file, imported: true, .. }) => file,
+            _ => return Err(CudaError::INVALID_VALUE),
+        };
+        let end = offset.checked_add(size).ok_or(CudaError::INVALID_VALUE)?;
+        if file.metadata().map(|meta| meta.len()).unwrap_or(0) < end {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let file = file.try_clone().map_err(|_| CudaError::OPERATING_SYSTEM)?;
+        let block = Block::map(file, offset, usize::try_from(size).map_err(|_| CudaError::INVALID_VALUE)?)?;
+        // Counted by this worker's device until freed, like its own allocations (the session's
+        // quota is the exporter's business, not this device's).
+        Ok(place(&mut state, size, block))
     }
 
     fn launch_host_call(&self, stream: u64, site: &Arc<HostCallSite>, _kept: bool) -> CudaResult<()> {

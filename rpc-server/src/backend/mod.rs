@@ -439,8 +439,9 @@ pub trait Device: Send + Sync + 'static {
 
     // --- stream-ordered allocation ---
     fn default_pool(&self) -> CudaResult<Self::MemPool>;
-    /// A pool of pinned memory on the session's device.
-    fn pool_create(&self) -> CudaResult<Self::MemPool>;
+    /// A pool of pinned memory on the session's device, shareable through `handle_types` (none,
+    /// or a POSIX file descriptor).
+    fn pool_create(&self, handle_types: u32) -> CudaResult<Self::MemPool>;
     fn pool_destroy(&self, pool: Self::MemPool) -> CudaResult<()>;
     /// Makes `pool` the device's current pool (what `cuMemAllocAsync` takes from).
     fn set_current_pool(&self, pool: Self::MemPool) -> CudaResult<()>;
@@ -449,6 +450,18 @@ pub trait Device: Send + Sync + 'static {
     /// Reads a `CUmemPool_attribute`, after setting it to `set` if given.
     fn pool_attribute(&self, pool: Self::MemPool, attribute: u32, set: Option<u64>) -> CudaResult<u64>;
     fn pool_trim(&self, pool: Self::MemPool, keep: u64) -> CudaResult<()>;
+    /// `cuMemPoolExportToShareableHandle` as a POSIX file descriptor (the pool was made with that
+    /// type).
+    fn pool_export(&self, pool: Self::MemPool) -> CudaResult<std::os::fd::OwnedFd>;
+    /// `cuMemPoolImportFromShareableHandle` of a descriptor another worker's `pool_export` made:
+    /// a pool to import allocations from, which makes none.
+    fn pool_import(&self, fd: std::os::fd::BorrowedFd<'_>) -> CudaResult<Self::MemPool>;
+    /// `cuMemPoolExportPointer` of a live allocation of a pool made with a shareable handle type.
+    fn pool_export_pointer(&self, ptr: u64) -> CudaResult<[u8; 64]>;
+    /// `cuMemPoolImportPointer` from an imported pool of what another worker's
+    /// `pool_export_pointer` of an allocation of `size` bytes of that pool made: its address
+    /// here, freed with `free` or `free_async`.
+    fn pool_import_pointer(&self, pool: Self::MemPool, data: &[u8; 64], size: u64) -> CudaResult<u64>;
 
     // --- pitched memory, shaped copies, arrays, textures and surfaces (the session checks every
     // range, array bound and handle first) ---

@@ -1,13 +1,24 @@
 //! Stream-ordered allocation and memory pools for a session: pools under client-chosen ids
 //! (`DEFAULT_POOL` is the device's default), allocations counted in the quota from the
 //! allocation to the free and checked like any other. A session moves with its pools: each is
-//! made again with the attributes and access the app set, and the pools' live allocations come
-//! back at their addresses with the session's other allocations (the device frees those in
-//! stream order too).
+//! made again with the attributes, access and handle types the app set, and the pools' live
+//! allocations come back at their addresses with the session's other allocations (the device
+//! frees those in stream order too).
+//!
+//! Pools made with a POSIX file descriptor handle type are shared between sessions (of any
+//! rpc-server of the host) as physical allocations are (`crate::shareable`): the driver's
+//! descriptor of an exported pool, and its export data of each exported allocation, stay in this
+//! worker, served by token to the worker of a session that imported the pool. An importing
+//! session holds the imported pool (it allocates nothing) and the allocations it imported from
+//! it: device ranges of their own kind (`RangeKind::Imported`), copyable and usable by kernels
+//! until the app frees them, in the exporter's quota, not this session's. A session that
+//! exported or imported pools cannot move.
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::AsFd;
 
 use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{DEFAULT_POOL, rep, req};
 
 use serde::{Deserialize, Serialize};
@@ -15,6 +26,10 @@ use serde::{Deserialize, Serialize};
 use super::{MAX_HANDLES, Responder, Session};
 use crate::backend::Device;
 use crate::memory::RangeKind;
+use crate::shareable::{EXPORT_DATA_LEN, Exports, Kind};
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, the one shareable handle type served.
+const POSIX_FD: u32 = 0x1;
 
 /// Pool attributes an app may set (reuse policies and the release threshold): the ones a moved
 /// pool gets again.
@@ -25,6 +40,17 @@ const SETTABLE_ATTRIBUTES: std::ops::RangeInclusive<u32> = 1..=4;
 struct PoolSettings {
     attributes: BTreeMap<u32, u64>,
     access: Option<u32>,
+    /// The shareable handle types it was made with.
+    handle_types: u32,
+}
+
+/// Another session's pool allocation this one imported.
+struct Import {
+    size: u64,
+    /// The app's export data it was imported with: importing it again gives the same memory.
+    data: [u8; EXPORT_DATA_LEN],
+    /// Its imports not yet freed.
+    refs: u32,
 }
 
 /// The session's pools and which one the device allocates from.
@@ -32,11 +58,29 @@ pub struct PoolTable<D: Device> {
     pools: HashMap<u64, D::MemPool>,
     settings: HashMap<u64, PoolSettings>,
     current: u64,
+    /// Live allocations of pools made with a shareable handle type: address to the pool and the
+    /// size, for their exports.
+    shareable: HashMap<u64, (u64, u64)>,
+    /// Pools imported from other sessions: what their exporter gave (naming its worker and the
+    /// export), to ask it for the pools' allocations.
+    imported: HashMap<u64, Vec<u8>>,
+    /// Other sessions' pool allocations this one imported, by address here.
+    imports: HashMap<u64, Import>,
+    /// This session's exported pools and pool allocations.
+    exports: Exports,
 }
 
 impl<D: Device> Default for PoolTable<D> {
     fn default() -> Self {
-        Self { pools: HashMap::new(), settings: HashMap::new(), current: DEFAULT_POOL }
+        Self {
+            pools: HashMap::new(),
+            settings: HashMap::new(),
+            current: DEFAULT_POOL,
+            shareable: HashMap::new(),
+            imported: HashMap::new(),
+            imports: HashMap::new(),
+            exports: Exports::default(),
+        }
     }
 }
 
@@ -49,6 +93,18 @@ pub(super) struct PoolsState {
 }
 
 impl<D: Device> PoolTable<D> {
+    /// Why the session cannot move, if shared pools hold it: pools or allocations of other
+    /// sessions it imported, or its own that others may have imported (neither would follow it).
+    pub(super) fn move_blocker(&self) -> Option<String> {
+        if !self.imports.is_empty() {
+            return Some(format!("it holds {} memory pool allocation(s) imported from other processes", self.imports.len()));
+        }
+        if !self.imported.is_empty() {
+            return Some(format!("it holds {} memory pool(s) imported from other processes", self.imported.len()));
+        }
+        self.exports.any().then(|| "it exported memory pools other processes may have imported".to_string())
+    }
+
     pub(super) fn state(&self) -> PoolsState {
         let mut pools: Vec<_> = self.pools.keys().map(|id| (*id, self.settings.get(id).cloned().unwrap_or_default())).collect();
         pools.sort_unstable_by_key(|(id, _)| *id);
@@ -62,7 +118,7 @@ impl<D: Device> PoolTable<D> {
         for (id, settings) in state.pools {
             let pool = match id {
                 DEFAULT_POOL => device.default_pool(),
-                _ => device.pool_create(),
+                _ => device.pool_create(settings.handle_types),
             }
             .map_err(|error| format!("memory pool {id}: {error}"))?;
             table.pools.insert(id, pool);
@@ -99,15 +155,51 @@ impl<D: Device> Session<D> {
         Ok(pool)
     }
 
-    /// Destroys the pools the session created (it ends).
+    /// Destroys the pools the session created or imported, frees what it imported from them
+    /// and ends its exports (it ends, or the device resets).
     pub(super) fn release_pools(&mut self) {
+        for (ptr, import) in self.pools.imports.drain() {
+            self.ranges.remove_within(ptr, import.size, RangeKind::Imported);
+            let _ = self.device.free(ptr);
+        }
         for (id, pool) in self.pools.pools.drain() {
             if id != DEFAULT_POOL {
                 let _ = self.device.pool_destroy(pool);
             }
         }
+        self.pools.exports.clear();
+        self.pools.shareable.clear();
+        self.pools.imported.clear();
         self.pools.settings.clear();
         self.pools.current = DEFAULT_POOL;
+    }
+
+    /// `cuMemFree` (`stream` `None`) or `cuMemFreeAsync` of an allocation the session imported
+    /// from another session's pool: one reference fewer, freed on the device with the last. `None`
+    /// for any other pointer.
+    pub(super) fn free_pool_import(&mut self, ptr: u64, stream: Option<D::Stream>) -> Option<CudaResult<()>> {
+        let import = self.pools.imports.get_mut(&ptr)?;
+        if import.refs > 1 {
+            import.refs -= 1;
+            return Some(Ok(()));
+        }
+        let result = match stream {
+            Some(stream) => self.device.free_async(ptr, stream),
+            None => self.device.free(ptr),
+        };
+        if result.is_ok() {
+            let size = import.size;
+            self.pools.imports.remove(&ptr);
+            self.ranges.remove_within(ptr, size, RangeKind::Imported);
+        }
+        Some(result)
+    }
+
+    /// Forgets the allocation at `ptr`, freed by the app, as a pool allocation others may import.
+    pub(super) fn forget_pool_allocation(&mut self, ptr: u64) {
+        if self.pools.shareable.remove(&ptr).is_some() {
+            self.pools.exports.revoke_pointer(ptr);
+        }
     }
 
     pub(super) fn pool_alloc_async(&mut self, request: req::MemAllocAsync, reply: Responder<rep::MemAllocAsync>) {
@@ -116,13 +208,21 @@ impl<D: Device> Session<D> {
                 return Ok(rep::MemAllocAsync { ptr: 0 });
             }
             let stream = self.stream(request.stream)?;
-            let pool = self.pool(request.pool)?;
+            let id = if request.pool == 0 { self.pools.current } else { request.pool };
+            let pool = self.pool(id)?;
+            // An imported pool makes no allocations, as natively.
+            if self.pools.imported.contains_key(&id) {
+                return Err(CudaError::INVALID_VALUE);
+            }
             if !self.budget.try_reserve(request.size) {
                 return Err(CudaError::MEMORY_ALLOCATION);
             }
             match self.device.alloc_async(request.size, pool, stream) {
                 Ok(ptr) => {
                     self.ranges.insert(ptr, request.size, RangeKind::Allocation);
+                    if self.pools.settings.get(&id).is_some_and(|settings| settings.handle_types & POSIX_FD != 0) {
+                        self.pools.shareable.insert(ptr, (id, request.size));
+                    }
                     Ok(rep::MemAllocAsync { ptr })
                 }
                 Err(error) => {
@@ -136,8 +236,12 @@ impl<D: Device> Session<D> {
 
     pub(super) fn pool_free_async(&mut self, request: req::MemFreeAsync, reply: Responder<rep::MemFreeAsync>) {
         let result = self.stream(request.stream).and_then(|stream| {
+            if let Some(freed) = self.free_pool_import(request.ptr, Some(stream)) {
+                return freed;
+            }
             let len = self.ranges.remove_allocation(request.ptr)?;
             self.budget.release(len);
+            self.forget_pool_allocation(request.ptr);
             self.device.free_async(request.ptr, stream)
         });
         reply.send(result.map(|()| rep::MemFreeAsync {}));
@@ -159,16 +263,24 @@ impl<D: Device> Session<D> {
         reply.send(result.map(|()| rep::MemPoolTrim {}));
     }
 
+    /// Whether `pool` is a fresh id for a pool of the app's.
+    fn new_pool_id(&self, pool: u64) -> bool {
+        pool > DEFAULT_POOL && !self.pools.pools.contains_key(&pool) && self.pools.pools.len() < MAX_HANDLES
+    }
+
     pub(super) fn pool_create(&mut self, request: req::MemPoolCreate, reply: Responder<rep::MemPoolCreate>) {
-        let result =
-            if request.pool <= DEFAULT_POOL || self.pools.pools.contains_key(&request.pool) || self.pools.pools.len() >= MAX_HANDLES {
-                Err(CudaError::INVALID_VALUE)
-            } else {
-                self.device.pool_create().map(|pool| {
-                    self.pools.pools.insert(request.pool, pool);
-                    rep::MemPoolCreate {}
-                })
-            };
+        // No handle type, or a POSIX file descriptor (the client refuses the others first).
+        let result = if !self.new_pool_id(request.pool) || request.handle_types & !POSIX_FD != 0 {
+            Err(CudaError::INVALID_VALUE)
+        } else {
+            self.device.pool_create(request.handle_types).map(|pool| {
+                self.pools.pools.insert(request.pool, pool);
+                if request.handle_types != 0 {
+                    self.pools.settings.entry(request.pool).or_default().handle_types = request.handle_types;
+                }
+                rep::MemPoolCreate {}
+            })
+        };
         reply.send(result);
     }
 
@@ -179,6 +291,11 @@ impl<D: Device> Session<D> {
                 self.device.pool_destroy(pool).map(|()| {
                     self.pools.pools.remove(&request.pool);
                     self.pools.settings.remove(&request.pool);
+                    // Its exports end (its allocations' too); what was imported from it stays
+                    // until freed, as the driver keeps a pool until its allocations are gone.
+                    self.pools.exports.revoke(request.pool);
+                    self.pools.shareable.retain(|_, (pool, _)| *pool != request.pool);
+                    self.pools.imported.remove(&request.pool);
                     // The device goes back to its default pool, as the driver does.
                     if self.pools.current == request.pool {
                         self.pools.current = DEFAULT_POOL;
@@ -194,6 +311,10 @@ impl<D: Device> Session<D> {
     pub(super) fn pool_current(&mut self, request: req::DeviceMemPool, reply: Responder<rep::DeviceMemPool>) {
         let result = (|| {
             if let Some(id) = request.set {
+                // An imported pool makes no allocations: it cannot be the device's pool.
+                if self.pools.imported.contains_key(&id) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
                 let pool = self.pool(id.max(DEFAULT_POOL))?;
                 self.device.set_current_pool(pool)?;
                 self.pools.current = id.max(DEFAULT_POOL);
@@ -210,5 +331,124 @@ impl<D: Device> Session<D> {
             self.pools.settings.entry(id).or_default().access = Some(flags);
         }
         reply.send(result.map(|flags| rep::MemPoolAccess { flags }));
+    }
+}
+
+impl<D: Device> Session<D> {
+    /// `cuMemPoolExportToShareableHandle` of a pool of the app's made with the POSIX handle type.
+    pub(super) fn pool_export(&mut self, request: req::MemPoolExport, reply: Responder<rep::MemPoolExport>) {
+        let result = (|| {
+            let pool = *self.pools.pools.get(&request.pool).ok_or(CudaError::INVALID_VALUE)?;
+            let handle_types = self.pools.settings.get(&request.pool).map_or(0, |settings| settings.handle_types);
+            // Made without the handle type (the default pool too), or imported: its exporter
+            // shares it.
+            if handle_types & POSIX_FD == 0 || self.pools.imported.contains_key(&request.pool) {
+                tracing::debug!(pool = request.pool, "export refused: the pool was not made with a POSIX file descriptor handle type");
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let fd = self.device.pool_export(pool)?;
+            let shareable = self.pools.exports.publish(Kind::Pool, request.pool, fd, 0).map_err(|error| {
+                tracing::warn!(%error, "could not serve an exported memory pool");
+                CudaError::OPERATING_SYSTEM
+            })?;
+            Ok(rep::MemPoolExport { shareable })
+        })();
+        reply.send(result);
+    }
+
+    /// `cuMemPoolImportFromShareableHandle` of another session's live export, under the app's
+    /// new id.
+    pub(super) fn pool_import(&mut self, request: req::MemPoolImport, reply: Responder<rep::MemPoolImport>) {
+        let result = (|| {
+            if !self.new_pool_id(request.pool) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let Some(fd) = crate::shareable::fetch_pool(&request.shareable) else {
+                tracing::debug!("pool import refused: not a live export of a memory pool");
+                return Err(CudaError::INVALID_VALUE);
+            };
+            let pool = self.device.pool_import(fd.as_fd())?;
+            self.pools.pools.insert(request.pool, pool);
+            self.pools.settings.entry(request.pool).or_default().handle_types = POSIX_FD;
+            self.pools.imported.insert(request.pool, request.shareable);
+            Ok(rep::MemPoolImport {})
+        })();
+        reply.send(result);
+    }
+
+    /// `cuMemPoolExportPointer` of the start of a live allocation of a pool of the app's made with
+    /// the POSIX handle type (exported yet or not, as natively).
+    pub(super) fn pool_export_pointer(&mut self, request: req::MemPoolExportPointer, reply: Responder<rep::MemPoolExportPointer>) {
+        let result = (|| {
+            let Some(&(pool, size)) = self.pools.shareable.get(&request.ptr) else {
+                tracing::debug!(ptr = request.ptr, "pointer export refused: not the start of a live allocation of a shareable pool");
+                return Err(CudaError::INVALID_VALUE);
+            };
+            let driver_data = self.device.pool_export_pointer(request.ptr)?;
+            let data = self.pools.exports.publish_pointer(pool, request.ptr, driver_data, size).map_err(|error| {
+                tracing::warn!(%error, "could not serve an exported pool allocation");
+                CudaError::OPERATING_SYSTEM
+            })?;
+            Ok(rep::MemPoolExportPointer { data: data.to_vec() })
+        })();
+        reply.send(result);
+    }
+
+    /// `cuMemPoolImportPointer` of export data of an allocation of the pool `request.pool` was
+    /// imported from, while its exporter serves it: a device range of this session's, in the
+    /// exporter's quota. Importing it again gives the same address, one more reference.
+    pub(super) fn pool_import_pointer(&mut self, request: req::MemPoolImportPointer, reply: Responder<rep::MemPoolImportPointer>) {
+        let result = (|| {
+            let shareable = self.pools.imported.get(&request.pool).ok_or_else(|| {
+                tracing::debug!(pool = request.pool, "pointer import refused: not an imported pool");
+                CudaError::INVALID_VALUE
+            })?;
+            if !crate::shareable::is_export_data(&request.data) {
+                tracing::debug!("pointer import refused: not export data Flyt made");
+                return Err(CudaError::INVALID_VALUE);
+            }
+            if let Some((ptr, import)) = self.pools.imports.iter_mut().find(|(_, import)| import.data[..] == request.data[..]) {
+                import.refs += 1;
+                return Ok(rep::MemPoolImportPointer { ptr: *ptr, size: import.size });
+            }
+            if self.pools.imports.len() >= MAX_HANDLES {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let Some((driver_data, size)) = crate::shareable::fetch_pointer(shareable, &request.data) else {
+                tracing::debug!("pointer import refused: not a live export of an allocation of this pool");
+                return Err(CudaError::INVALID_VALUE);
+            };
+            let pool = *self.pools.pools.get(&request.pool).ok_or(CudaError::INVALID_VALUE)?;
+            let ptr = self.device.pool_import_pointer(pool, &driver_data, size)?;
+            let data = request.data.as_slice().try_into().map_err(|_| CudaError::INVALID_VALUE)?;
+            self.ranges.insert(ptr, size, RangeKind::Imported);
+            self.pools.imports.insert(ptr, Import { size, data, refs: 1 });
+            Ok(rep::MemPoolImportPointer { ptr, size })
+        })();
+        reply.send(result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::emulated::EmulatedDevice;
+
+    fn memfd() -> std::os::fd::OwnedFd {
+        nix::sys::memfd::memfd_create("flyt-test-pool", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).expect("memfd")
+    }
+
+    #[test]
+    fn shared_pools_keep_their_session_from_moving_and_say_why() {
+        let mut table = PoolTable::<EmulatedDevice>::default();
+        assert_eq!(table.move_blocker(), None);
+        table.exports.publish(Kind::Pool, 2, memfd(), 0).expect("publish");
+        assert_eq!(table.move_blocker().as_deref(), Some("it exported memory pools other processes may have imported"));
+        table.exports.revoke(2);
+        assert_eq!(table.move_blocker(), None, "an export its pool's destruction ended holds nothing");
+        table.imported.insert(3, Vec::new());
+        assert_eq!(table.move_blocker().as_deref(), Some("it holds 1 memory pool(s) imported from other processes"));
+        table.imports.insert(0x1000, Import { size: 4096, data: [0; EXPORT_DATA_LEN], refs: 1 });
+        assert_eq!(table.move_blocker().as_deref(), Some("it holds 1 memory pool allocation(s) imported from other processes"));
     }
 }

@@ -650,6 +650,7 @@ impl<D: Device> Session<D> {
             .move_blocker()
             .or_else(|| self.ipc.move_blocker())
             .or_else(|| self.vmm.move_blocker())
+            .or_else(|| self.pools.move_blocker())
             .or_else(|| self.tensor_maps.move_blocker())
     }
 

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::{MAX_HANDLES, Responder, Session};
 use crate::backend::Device;
 use crate::memory::RangeKind;
-use crate::shareable::Exports;
+use crate::shareable::{Exports, Kind};
 
 /// A physical allocation: its size and the shareable handle types it was made with; `imported`
 /// from another session's export (in that session's quota, not this one's).
@@ -173,6 +173,7 @@ impl<D: Device> VmmTable<D> {
     fn forget(&mut self) -> u64 {
         self.reservations.clear();
         self.mappings.clear();
+        self.exports.clear();
         self.handles.drain().filter(|(_, (_, physical))| !physical.imported).map(|(_, (_, physical))| physical.size).sum()
     }
 }
@@ -275,7 +276,7 @@ impl<D: Device> Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             }
             let fd = self.device.mem_export(handle)?;
-            let shareable = self.vmm.exports.publish(request.handle, fd, physical.size).map_err(|error| {
+            let shareable = self.vmm.exports.publish(Kind::Physical, request.handle, fd, physical.size).map_err(|error| {
                 tracing::warn!(%error, "could not serve an exported allocation");
                 CudaError::OPERATING_SYSTEM
             })?;

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 /* The bank size calls are deprecated (fixed since Maxwell) but still exported and called. */
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1553,6 +1554,59 @@ static void pools(void) {
     OK("the current pool after the destroy", cudaDeviceGetMemPool(&current, 0));
     EXPECT("back to the default pool", current == pool);
     EXPECT_CODE("the default pool is not the program's to destroy", cudaMemPoolDestroy(pool), cudaErrorInvalidValue);
+
+    /* Pools shared between processes through a POSIX file descriptor; here the process imports
+     * its own export (driver_pool_share.c shares one between two processes). */
+    int handle_types = -1;
+    OK("the pool handle types", cudaDeviceGetAttribute(&handle_types, cudaDevAttrMemoryPoolSupportedHandleTypes, 0));
+    EXPECT("pools are shared through POSIX descriptors", handle_types == cudaMemHandleTypePosixFileDescriptor);
+    AUDIT("cudaMemPoolExportToShareableHandle");
+    AUDIT("cudaMemPoolImportFromShareableHandle");
+    AUDIT("cudaMemPoolExportPointer");
+    AUDIT("cudaMemPoolImportPointer");
+    cudaMemPool_t shared = NULL, imported = NULL, refused = NULL;
+    props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+    OK("a pool to share", cudaMemPoolCreate(&shared, &props));
+    OK("an allocation to share", cudaMallocFromPoolAsync((void **)&a, N, shared, stream));
+    OK("its bytes", cudaMemsetAsync(a, 0x6b, N, stream));
+    OK("synchronize", cudaStreamSynchronize(stream));
+    int fd = -1;
+    EXPECT_CODE("a fabric handle", cudaMemPoolExportToShareableHandle(&fd, shared, cudaMemHandleTypeFabric, 0), cudaErrorNotSupported);
+    EXPECT_CODE("a pool made without the handle type",
+                cudaMemPoolExportToShareableHandle(&fd, pool, cudaMemHandleTypePosixFileDescriptor, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("into NULL", cudaMemPoolExportToShareableHandle(NULL, shared, cudaMemHandleTypePosixFileDescriptor, 0),
+                cudaErrorInvalidValue);
+    OK("cudaMemPoolExportToShareableHandle", cudaMemPoolExportToShareableHandle(&fd, shared, cudaMemHandleTypePosixFileDescriptor, 0));
+    int pipe_fds[2] = {-1, -1};
+    EXPECT("a pipe", pipe(pipe_fds) == 0);
+    EXPECT_CODE("a descriptor that is no pool's",
+                cudaMemPoolImportFromShareableHandle(&refused, (void *)(intptr_t)pipe_fds[0], cudaMemHandleTypePosixFileDescriptor, 0),
+                cudaErrorInvalidValue);
+    OK("cudaMemPoolImportFromShareableHandle",
+       cudaMemPoolImportFromShareableHandle(&imported, (void *)(intptr_t)fd, cudaMemHandleTypePosixFileDescriptor, 0));
+    EXPECT_CODE("an imported pool makes no allocations", cudaMallocFromPoolAsync((void **)&b, N, imported, stream),
+                cudaErrorInvalidValue);
+    struct cudaMemPoolPtrExportData data, forged;
+    void *plain = NULL;
+    OK("cudaMalloc memory", cudaMalloc(&plain, N));
+    EXPECT_CODE("cudaMalloc memory is no pool's", cudaMemPoolExportPointer(&data, plain), cudaErrorInvalidValue);
+    OK("cudaMemPoolExportPointer", cudaMemPoolExportPointer(&data, a));
+    forged = data;
+    forged.reserved[10] ^= 1;
+    EXPECT_CODE("forged export data", cudaMemPoolImportPointer((void **)&b, imported, &forged), cudaErrorInvalidValue);
+    OK("cudaMemPoolImportPointer", cudaMemPoolImportPointer((void **)&b, imported, &data));
+    EXPECT("the import holds the allocation's bytes", device_bytes_are(b, N, 0x6b));
+    OK("write through the import", cudaMemset(b, 0x6c, N));
+    EXPECT("the allocation holds the import's writes", device_bytes_are(a, N, 0x6c));
+    OK("the importer frees first", cudaFree(b));
+    OK("then the exporter", cudaFreeAsync(a, stream));
+    OK("synchronize the frees", cudaStreamSynchronize(stream));
+    OK("destroy the imported pool", cudaMemPoolDestroy(imported));
+    OK("destroy the shared pool", cudaMemPoolDestroy(shared));
+    OK("free the plain memory", cudaFree(plain));
+    close(fd);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
     OK("destroy the pool stream", cudaStreamDestroy(stream));
 }
 
