@@ -13,12 +13,13 @@ use flyt_protocol::ops::req;
 
 use crate::client::Client;
 
-/// A physical allocation: its size, requested handle types, and references (its creation, and
-/// each `cuMemRetainAllocationHandle`).
+/// A physical allocation: its size, requested handle types, usage (`CU_MEM_CREATE_USAGE_*`),
+/// and references (its creation, and each `cuMemRetainAllocationHandle`).
 #[derive(Clone, Copy)]
 pub struct Physical {
     pub size: u64,
     pub handle_types: u32,
+    pub usage: u32,
     refs: u32,
 }
 
@@ -64,10 +65,10 @@ impl Client {
     }
 
     /// A new physical allocation; its id (never 0).
-    pub fn mem_create(&self, size: u64, handle_types: u32) -> CudaResult<u64> {
+    pub fn mem_create(&self, size: u64, handle_types: u32, usage: u32) -> CudaResult<u64> {
         let handle = self.vmm.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        self.call(req::MemCreate { handle, size, handle_types })?;
-        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types, refs: 1 });
+        self.call(req::MemCreate { handle, size, handle_types, usage })?;
+        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types, usage, refs: 1 });
         Ok(handle)
     }
 
@@ -105,7 +106,7 @@ impl Client {
         let size = self.call(req::MemImport { handle, shareable })?.size;
         // The driver reports no requested handle types for an imported allocation (H100, driver
         // 580).
-        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types: 0, refs: 1 });
+        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types: 0, usage: 0, refs: 1 });
         Ok(handle)
     }
 
