@@ -347,7 +347,8 @@ fn subresource_bytes(desc: &ArrayDesc, levels: u32, properties: &SparsePropertie
                 return Err(CudaError::INVALID_VALUE);
             }
             let mut tiles = 1u64;
-            for axis in 0..3 {
+            // A 2D array's tiles are one element deep, whatever depth the driver reports.
+            for axis in 0..if three_d { 3 } else { 2 } {
                 let (tile, at, len, dim) = (u64::from(properties.tile[axis]), u64::from(offset[axis]), u64::from(extent[axis]), dims[axis]);
                 let end = at + len;
                 // Whole tiles from a tile's start, up to the level's edge (the last tile may
