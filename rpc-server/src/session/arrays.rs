@@ -105,7 +105,6 @@ pub(super) struct ArraysState {
     /// By handle, ascending.
     objects: Vec<(u64, Object)>,
     /// The planes the app named: id, its array's id, plane.
-    #[serde(default)]
     planes: Vec<(u64, u64, u32)>,
 }
 

@@ -27,7 +27,6 @@ use crate::shareable::Exports;
 struct Physical {
     size: u64,
     handle_types: u32,
-    #[serde(default)]
     usage: u32,
     imported: bool,
 }
