@@ -339,6 +339,7 @@ fn planar_and_sparse_arrays_through_the_driver_api() {
             "a tile pool's usage read back: yes",
             "tile map on this device: CUDA_ERROR_NOT_SUPPORTED",
             "deferred map on this device: CUDA_ERROR_NOT_SUPPORTED",
+            "copy into a sparse array on this device: CUDA_ERROR_NOT_SUPPORTED",
             "host memory to decompress: refused, index 1: yes",
             "decompression on this device: CUDA_ERROR_NOT_SUPPORTED, index SIZE_MAX",
             "PASSED: 0 failure(s)",
@@ -349,6 +350,7 @@ fn planar_and_sparse_arrays_through_the_driver_api() {
             "flyt: a mipmapped CUDA array of a planar (NV12) format is not supported through Flyt",
             "flyt: cuMemMapArrayAsync: the server's emulated device maps no memory into sparse or deferred-mapping arrays",
             "flyt: cuMemBatchDecompressAsync: the server's emulated device has no decompression engine",
+            "flyt: a copy to or from a sparse or deferred-mapping array: the server's emulated device maps no memory into one",
         ] {
             assert_eq!(stderr.matches(line).count(), 1, "FLYT_SHM={shm}: '{line}' once:\n{stderr}");
         }

@@ -215,6 +215,19 @@ static void sparse(CUstream stream) {
     whole.subresourceType = 99;  // ignored for a deferred-mapping array
     printf("deferred map on this device: %s\n", name_of(cuMemMapArrayAsync_ptsz(&whole, 1, stream)));
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
+    // Nothing is mapped into the sparse array here, so no copy into it can mean anything: refused
+    // at the call.
+    static float tile[128 * 128];
+    CUDA_MEMCPY2D into;
+    memset(&into, 0, sizeof into);
+    into.srcMemoryType = CU_MEMORYTYPE_HOST;
+    into.srcHost = tile;
+    into.srcPitch = 128 * sizeof(float);
+    into.dstMemoryType = CU_MEMORYTYPE_ARRAY;
+    into.dstArray = array;
+    into.WidthInBytes = 128 * sizeof(float);
+    into.Height = 128;
+    printf("copy into a sparse array on this device: %s\n", name_of(cuMemcpy2D(&into)));
 
     EXPECT(cuArrayDestroy(level), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMipmappedArrayDestroy(mipmap), CUDA_SUCCESS);
