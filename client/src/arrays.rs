@@ -3,6 +3,11 @@
 //! `CUmipmappedArray` values) and their descriptors are kept here, so descriptor queries and
 //! copy bounds are answered without a round trip. Texture and surface objects are the driver's
 //! own values on the server: kernels take them as arguments.
+//!
+//! A planar array's planes (`cuArrayGetPlane`) and a mipmapped array's levels are arrays of their
+//! own ids, parts of their array: they go with it and cannot be destroyed alone. Sparse and
+//! deferred-mapping arrays get their memory from `cuMemMapArrayAsync` (`map_arrays`), onto
+//! physical allocations made as tile pools.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,12 +15,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{ArrayDesc, Memset2d, Resource, TextureDesc, ViewDesc, req};
+use flyt_protocol::ops::{
+    ArrayDesc, ArrayMap, DecompressOp, Memset2d, Resource, SparseProperties, Subresource, TextureDesc, ViewDesc, array_flags,
+    decompress_algorithm, mem_usage, req,
+};
 
 use crate::client::Client;
 
 /// Array ids live apart from every other handle range the app may hold.
 const ARRAY_ID_BASE: u64 = 0xA_0000_0000;
+
+/// What an array is a part of (it goes with that one).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PartOf {
+    /// A level of this mipmapped array.
+    Level(u64),
+    /// A plane of this planar array.
+    Plane(u64),
+}
 
 /// An array or mipmapped array this process made.
 #[derive(Clone)]
@@ -23,8 +40,15 @@ struct ArrayInfo {
     desc: ArrayDesc,
     /// `Some(levels)` for a mipmapped array, with the ids its levels were given.
     mipmap: Option<(u32, HashMap<u32, u64>)>,
-    /// The mipmapped array this is a level of.
-    level_of: Option<u64>,
+    part_of: Option<PartOf>,
+    /// The ids a planar array's planes were given, by plane.
+    planes: HashMap<u32, u64>,
+}
+
+impl ArrayInfo {
+    fn new(desc: ArrayDesc, mipmap: Option<(u32, HashMap<u32, u64>)>, part_of: Option<PartOf>) -> Self {
+        Self { desc, mipmap, part_of, planes: HashMap::new() }
+    }
 }
 
 #[derive(Default)]
@@ -70,28 +94,131 @@ impl Client {
     pub fn array_create(&self, desc: ArrayDesc, levels: Option<u32>) -> CudaResult<u64> {
         let array = self.arrays.new_id();
         self.call(req::ArrayCreate { array, desc, levels })?;
-        let info = ArrayInfo { desc, mipmap: levels.map(|levels| (levels, HashMap::new())), level_of: None };
+        let info = ArrayInfo::new(desc, levels.map(|levels| (levels, HashMap::new())), None);
         lock(&self.arrays.arrays).insert(array, info);
         Ok(array)
     }
 
-    /// Destroys an array or a mipmapped array (with its levels); a level alone cannot be.
+    /// Destroys an array (with its planes) or a mipmapped array (with its levels); a level or a
+    /// plane alone cannot be.
     pub fn array_destroy(&self, array: u64, mipmapped: bool) -> CudaResult<()> {
         {
             let arrays = lock(&self.arrays.arrays);
             match arrays.get(&array) {
-                Some(info) if info.level_of.is_none() && info.mipmap.is_some() == mipmapped => {}
+                Some(info) if info.part_of.is_none() && info.mipmap.is_some() == mipmapped => {}
                 _ => return Err(CudaError::INVALID_VALUE),
             }
         }
         self.call(req::ArrayDestroy { array })?;
         let mut arrays = lock(&self.arrays.arrays);
-        if let Some(ArrayInfo { mipmap: Some((_, levels)), .. }) = arrays.remove(&array) {
-            for level in levels.values() {
-                arrays.remove(level);
+        if let Some(info) = arrays.remove(&array) {
+            let levels = info.mipmap.map(|(_, levels)| levels).unwrap_or_default();
+            for part in levels.values().chain(info.planes.values()) {
+                arrays.remove(part);
             }
         }
         Ok(())
+    }
+
+    /// The array of plane `plane` of a planar array (the same id each time it is asked), with
+    /// the descriptor the server's driver gives it.
+    pub fn array_plane(&self, array: u64, plane: u32) -> CudaResult<u64> {
+        {
+            let arrays = lock(&self.arrays.arrays);
+            let info = arrays.get(&array).filter(|info| info.part_of.is_none() && info.mipmap.is_none()).ok_or(CudaError::INVALID_VALUE)?;
+            let planes = info.desc.planes().ok_or(CudaError::INVALID_VALUE)?;
+            if plane as usize >= planes.len() {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            if let Some(known) = info.planes.get(&plane) {
+                return Ok(*known);
+            }
+        }
+        let plane_array = self.arrays.new_id();
+        let desc = self.call(req::ArrayGetPlane { array, plane, plane_array })?.desc;
+        let mut arrays = lock(&self.arrays.arrays);
+        arrays.get_mut(&array).ok_or(CudaError::INVALID_VALUE)?.planes.insert(plane, plane_array);
+        arrays.insert(plane_array, ArrayInfo::new(desc, None, Some(PartOf::Plane(array))));
+        Ok(plane_array)
+    }
+
+    /// The descriptor and level count (1: an array) of an array or mipmapped array of this
+    /// process that is no part of another (`mipmapped` says which it must be).
+    fn whole_array(&self, array: u64, mipmapped: bool) -> CudaResult<(ArrayDesc, u32)> {
+        match lock(&self.arrays.arrays).get(&array) {
+            Some(info) if info.part_of.is_none() && info.mipmap.is_some() == mipmapped => {
+                Ok((info.desc, info.mipmap.as_ref().map_or(1, |(levels, _)| *levels)))
+            }
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    /// `cuArrayGetSparseProperties` (`cuMipmappedArrayGetSparseProperties` with `mipmapped`) of
+    /// a sparse array: not of a level, whose mipmapped array has them.
+    pub fn sparse_properties(&self, array: u64, mipmapped: bool) -> CudaResult<SparseProperties> {
+        let (desc, _) = self.whole_array(array, mipmapped)?;
+        if desc.flags & array_flags::SPARSE == 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        self.call(req::ArraySparseProperties { array }).map(|reply| reply.properties)
+    }
+
+    /// `cuArrayGetMemoryRequirements` (`cuMipmappedArrayGetMemoryRequirements` with
+    /// `mipmapped`) of a deferred-mapping array: size and alignment.
+    pub fn memory_requirements(&self, array: u64, mipmapped: bool) -> CudaResult<(u64, u64)> {
+        let (desc, _) = self.whole_array(array, mipmapped)?;
+        if desc.flags & array_flags::DEFERRED_MAPPING == 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        self.call(req::ArrayMemoryRequirements { array }).map(|reply| (reply.size, reply.alignment))
+    }
+
+    /// `cuMemMapArrayAsync`: each entry names a sparse or deferred-mapping array of this process
+    /// (a deferred-mapping one is mapped whole: the driver ignores its subresource) and, to map,
+    /// a physical allocation made as a tile pool; the session's device is the only device.
+    /// The server checks each subresource against the array's tiles and answers at once.
+    pub fn map_arrays(&self, mut maps: Vec<ArrayMap>, stream: u64) -> CudaResult<()> {
+        if maps.is_empty() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        for map in &mut maps {
+            let (desc, _) = self.whole_array(map.array, map.mipmapped)?;
+            if !desc.is_mapped_later() || map.device_mask != 1 {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            if desc.flags & array_flags::DEFERRED_MAPPING != 0 {
+                map.subresource = Subresource::Whole;
+            }
+            if let Some((handle, _)) = map.memory {
+                let physical = self.mem_physical(handle).ok_or(CudaError::INVALID_VALUE)?;
+                if physical.usage & mem_usage::TILE_POOL == 0 {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+            }
+        }
+        self.call(req::MemMapArray { maps, stream }).map(drop)
+    }
+
+    /// `cuMemBatchDecompressAsync`: every buffer must be device memory of the session. An error
+    /// comes with the index of the operation it is about (`u64::MAX`: the batch as a whole).
+    pub fn batch_decompress(&self, ops: Vec<DecompressOp>, stream: u64) -> Result<(), (CudaError, u64)> {
+        if ops.is_empty() {
+            return Err((CudaError::INVALID_VALUE, u64::MAX));
+        }
+        for (index, op) in ops.iter().enumerate() {
+            let checked = self
+                .check_device_range(op.src, op.src_len)
+                .and_then(|()| self.check_device_range(op.dst, op.dst_len.max(1)))
+                .and_then(|()| self.check_device_range(op.dst_act_bytes, 4));
+            let known = matches!(op.algo, decompress_algorithm::DEFLATE | decompress_algorithm::SNAPPY | decompress_algorithm::LZ4);
+            if op.src_len == 0 || !known || checked.is_err() {
+                return Err((CudaError::INVALID_VALUE, index as u64));
+            }
+        }
+        match self.call(req::MemBatchDecompress { ops, stream }) {
+            Ok(reply) => reply.error.map_or(Ok(()), |error| Err((error, reply.error_index))),
+            Err(error) => Err((error, u64::MAX)),
+        }
     }
 
     /// The array of level `level` of a mipmapped array (the same id each time it is asked).
@@ -115,7 +242,7 @@ impl Client {
         if let Some(ArrayInfo { mipmap: Some((_, known)), .. }) = arrays.get_mut(&mipmap) {
             known.insert(level, array);
         }
-        arrays.insert(array, ArrayInfo { desc, mipmap: None, level_of: Some(mipmap) });
+        arrays.insert(array, ArrayInfo::new(desc, None, Some(PartOf::Level(mipmap))));
         Ok(array)
     }
 

@@ -8,8 +8,9 @@ use flyt_protocol::device::{DeviceInfo, attr};
 /// memory, unless the session has the shared-memory channel: `WITH_SHARED_MEMORY`; pageable
 /// memory, registered memory at its own address, host atomics: the GPU is in another process,
 /// often on another machine, and a host address handed to a kernel would name the server's
-/// memory), sparse and deferred-mapping arrays, external semaphores, IPC events, host memory
-/// pools and GPUDirect RDMA, whose APIs answer not-supported errors.
+/// memory), external semaphores, IPC events, host memory pools and GPUDirect RDMA, whose APIs
+/// answer not-supported errors. Sparse and deferred-mapping arrays are served
+/// (`cuMemMapArrayAsync`): reported as the device reports them.
 pub const NOT_THROUGH_FLYT: &[u32] = &[
     attr::CAN_MAP_HOST_MEMORY,
     attr::HOST_NATIVE_ATOMIC_SUPPORTED,
@@ -19,12 +20,10 @@ pub const NOT_THROUGH_FLYT: &[u32] = &[
     attr::CAN_FLUSH_REMOTE_WRITES,
     attr::PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
     attr::DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
-    attr::SPARSE_CUDA_ARRAY_SUPPORTED,
     attr::TIMELINE_SEMAPHORE_INTEROP_SUPPORTED,
     attr::GPU_DIRECT_RDMA_SUPPORTED,
     attr::GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
     attr::GPU_DIRECT_RDMA_WRITES_ORDERING,
-    attr::DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED,
     attr::IPC_EVENT_SUPPORT,
     attr::HOST_NUMA_MEMORY_POOLS_SUPPORTED,
     attr::HOST_NUMA_MULTINODE_IPC_SUPPORTED,

@@ -152,10 +152,22 @@ impl Client {
                 let (start, len) = size.pitched_span(pos, pitch, height).ok_or(CudaError::INVALID_VALUE)?;
                 self.check_device_range(ptr.checked_add(start).ok_or(CudaError::INVALID_VALUE)?, len)
             }
-            Side::Array { array } => match size.fits_array(pos, &self.array_desc(array)?) {
-                true => Ok(()),
-                false => Err(CudaError::INVALID_VALUE),
-            },
+            Side::Array { array } => {
+                let desc = self.array_desc(array)?;
+                if !size.fits_array(pos, &desc) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                if desc.is_mapped_later() && self.info.emulated {
+                    // Its device maps no memory into such an array: refused at the call, as the
+                    // server would refuse it at the next synchronization.
+                    crate::diagnostics::once(
+                        "emulated-sparse-copy",
+                        "flyt: a copy to or from a sparse or deferred-mapping array: the server's emulated device maps no memory into one (returning CUDA_ERROR_NOT_SUPPORTED)",
+                    );
+                    return Err(CudaError::NOT_SUPPORTED);
+                }
+                Ok(())
+            }
             Side::Host { pitch, height, .. } => size.pitched_span(pos, pitch, height).map(drop).ok_or(CudaError::INVALID_VALUE),
         }
     }

@@ -16,12 +16,13 @@ use crate::client::Client;
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, the one shareable handle type served.
 pub const POSIX_FD: u32 = 0x1;
 
-/// A physical allocation: its size, requested handle types, and references (its creation, and
-/// each `cuMemRetainAllocationHandle`).
+/// A physical allocation: its size, requested handle types, usage (`CU_MEM_CREATE_USAGE_*`),
+/// and references (its creation, and each `cuMemRetainAllocationHandle`).
 #[derive(Clone, Copy)]
 pub struct Physical {
     pub size: u64,
     pub handle_types: u32,
+    pub usage: u32,
     refs: u32,
 }
 
@@ -86,10 +87,10 @@ impl Client {
     }
 
     /// A new physical allocation; its id (never 0).
-    pub fn mem_create(&self, size: u64, handle_types: u32) -> CudaResult<u64> {
+    pub fn mem_create(&self, size: u64, handle_types: u32, usage: u32) -> CudaResult<u64> {
         let handle = self.vmm.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        self.call(req::MemCreate { handle, size, handle_types })?;
-        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types, refs: 1 });
+        self.call(req::MemCreate { handle, size, handle_types, usage })?;
+        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types, usage, refs: 1 });
         Ok(handle)
     }
 
@@ -127,7 +128,7 @@ impl Client {
         let size = self.call(req::MemImport { handle, shareable })?.size;
         // The driver reports no requested handle types for an imported allocation (H100, driver
         // 580).
-        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types: 0, refs: 1 });
+        lock(&self.vmm.physical).insert(handle, Physical { size, handle_types: 0, usage: 0, refs: 1 });
         Ok(handle)
     }
 

@@ -697,6 +697,16 @@ driver_functions! {
     cuMipmappedArrayCreate(mipmapped: *mut CUmipmappedArray, descriptor: *const Array3DDescriptor, levels: c_uint);
     cuMipmappedArrayGetLevel(level_array: *mut CUarray, mipmapped: CUmipmappedArray, level: c_uint);
     cuMipmappedArrayDestroy(mipmapped: CUmipmappedArray);
+    // The runtime's sparse properties and memory requirements have the driver's layout.
+    cuArrayGetPlane(plane: *mut CUarray, array: CUarray, plane_index: c_uint);
+    cuArrayGetSparseProperties(properties: *mut crate::api::cudaArraySparseProperties, array: CUarray);
+    cuMipmappedArrayGetSparseProperties(properties: *mut crate::api::cudaArraySparseProperties, mipmapped: CUmipmappedArray);
+    cuArrayGetMemoryRequirements(requirements: *mut crate::api::cudaArrayMemoryRequirements, array: CUarray, device: c_int);
+    cuMipmappedArrayGetMemoryRequirements(
+        requirements: *mut crate::api::cudaArrayMemoryRequirements,
+        mipmapped: CUmipmappedArray,
+        device: c_int,
+    );
     cuTexObjectCreate(texture: *mut u64, resource: *const ResourceDesc, desc: *const TextureDesc, view: *const ResourceViewDesc);
     cuTexObjectDestroy(texture: u64);
     cuTexObjectGetResourceDesc(resource: *mut ResourceDesc, texture: u64);

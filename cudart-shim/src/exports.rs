@@ -113,6 +113,11 @@ macro_rules! cudart_exports {
                 cudaFreeMipmappedArray(mipmapped: cudaMipmappedArray_t);
                 cudaArrayGetInfo(desc: *mut cudaChannelFormatDesc, extent: *mut crate::api::cudaExtent, flags: *mut c_uint, array: cudaArray_t);
                 cudaGetChannelDesc(desc: *mut cudaChannelFormatDesc, array: cudaArray_t);
+                cudaArrayGetPlane(plane_array: *mut cudaArray_t, array: cudaArray_t, plane: c_uint);
+                cudaArrayGetSparseProperties(properties: *mut crate::api::cudaArraySparseProperties, array: cudaArray_t);
+                cudaMipmappedArrayGetSparseProperties(properties: *mut crate::api::cudaArraySparseProperties, mipmapped: cudaMipmappedArray_t);
+                cudaArrayGetMemoryRequirements(requirements: *mut crate::api::cudaArrayMemoryRequirements, array: cudaArray_t, device: c_int);
+                cudaMipmappedArrayGetMemoryRequirements(requirements: *mut crate::api::cudaArrayMemoryRequirements, mipmapped: cudaMipmappedArray_t, device: c_int);
                 cudaMemcpy2DToArray(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind);
                 cudaMemcpy2DToArray_ptds(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind);
                 cudaMemcpy2DToArrayAsync(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind, stream: cudaStream_t);
@@ -399,7 +404,6 @@ macro_rules! cudart_exports {
             }
             unsupported {
         __cudaGetProcAddress, __cudaRegisterHostVar, __cudaRegisterUnifiedTable,
-        cudaArrayGetMemoryRequirements, cudaArrayGetPlane, cudaArrayGetSparseProperties,
         cudaDestroyExternalMemory, cudaDestroyExternalSemaphore,
         cudaDeviceFlushGPUDirectRDMAWrites,
         cudaDeviceGetNvSciSyncAttributes,
@@ -422,8 +426,7 @@ macro_rules! cudart_exports {
         cudaGraphicsUnregisterResource, cudaGraphicsVDPAURegisterOutputSurface,
         cudaGraphicsVDPAURegisterVideoSurface, cudaImportExternalMemory, cudaImportExternalSemaphore,
         cudaLibraryGetUnifiedFunction,
-        cudaMipmappedArrayGetMemoryRequirements,
-        cudaMipmappedArrayGetSparseProperties, cudaSignalExternalSemaphoresAsync,
+        cudaSignalExternalSemaphoresAsync,
         cudaSignalExternalSemaphoresAsync_ptsz,
         cudaVDPAUGetDevice, cudaVDPAUSetVDPAUDevice,
         cudaWaitExternalSemaphoresAsync, cudaWaitExternalSemaphoresAsync_ptsz,

@@ -229,7 +229,9 @@ macro_rules! for_each_op {
             72 MemAddressFree mem_address_free [reply -] { ptr: u64, size: u64 } -> {};
             /// `cuMemCreate` of pinned device memory, counted in the quota; `handle_types` is the
             /// prop's `requestedHandleTypes` (none, or a POSIX file descriptor).
-            73 MemCreate mem_create [reply -] { handle: u64, size: u64, handle_types: u32 } -> {};
+            /// `usage`: the prop's `allocFlags.usage` (`CU_MEM_CREATE_USAGE_*`: a tile pool for
+            /// sparse arrays, memory for hardware decompression).
+            73 MemCreate mem_create [reply -] { handle: u64, size: u64, handle_types: u32, usage: u32 } -> {};
             /// `cuMemRelease`: the last reference; the memory goes once it is unmapped.
             74 MemRelease mem_release [reply -] { handle: u64 } -> {};
             /// `cuMemMap` of `[offset, offset + size)` of a handle at `ptr`, inside a reservation.
@@ -390,6 +392,25 @@ macro_rules! for_each_op {
             /// imported `pool` it came from: the memory's address here and its size. Imported
             /// memory stays in the exporter's quota; `Free` and `MemFreeAsync` end the import.
             135 MemPoolImportPointer mem_pool_import_pointer [reply -] { pool: u64, data: Vec<u8> } -> { ptr: u64, size: u64 };
+            // --- planar, sparse and deferred-mapping arrays, batch decompression (ids 140-149) ---
+            /// `cuArrayGetPlane`: plane `plane` of `array` (a planar format such as NV12), named
+            /// `plane_array`, and its descriptor. A plane belongs to its array and goes with it.
+            140 ArrayGetPlane array_get_plane [reply -] { array: u64, plane: u32, plane_array: u64 } -> { desc: ArrayDesc };
+            /// `cuArrayGetSparseProperties`, `cuMipmappedArrayGetSparseProperties` of a sparse
+            /// array or mipmapped array of the session.
+            141 ArraySparseProperties array_sparse_properties [reply -] { array: u64 } -> { properties: SparseProperties };
+            /// `cuArrayGetMemoryRequirements`, `cuMipmappedArrayGetMemoryRequirements` of a
+            /// deferred-mapping array or mipmapped array, on the session's device.
+            142 ArrayMemoryRequirements array_memory_requirements [reply -] { array: u64 } -> { size: u64, alignment: u64 };
+            /// `cuMemMapArrayAsync`: the maps and unmaps in order on `stream`, arrays and physical
+            /// allocations by the client's ids (answered: the driver checks them at the call).
+            143 MemMapArray mem_map_array [reply -] { maps: Vec<ArrayMap>, stream: u64 } -> {};
+            /// `cuMemBatchDecompressAsync` on `stream`, every buffer in the session's memory. What
+            /// the driver answered is `error` and `error_index` (`u64::MAX`: the batch as a whole);
+            /// a refusal of the session's own is the reply's error.
+            144 MemBatchDecompress mem_batch_decompress [reply -] { ops: Vec<DecompressOp>, stream: u64 } -> {
+                error: Option<CudaError>, error_index: u64
+            };
         }
     };
 }
@@ -925,7 +946,7 @@ pub mod stream_attribute {
     pub const VALUE_LEN: usize = 64;
 }
 
-/// `CUarray_format` values with plain elements (the ones Flyt serves).
+/// `CUarray_format` values with plain elements, and the planar ones (the ones Flyt serves).
 pub mod array_format {
     pub const UNSIGNED_INT8: u32 = 0x01;
     pub const UNSIGNED_INT16: u32 = 0x02;
@@ -935,6 +956,8 @@ pub mod array_format {
     pub const SIGNED_INT32: u32 = 0x0a;
     pub const HALF: u32 = 0x10;
     pub const FLOAT: u32 = 0x20;
+    /// 8-bit YUV 4:2:0, semi-planar: a luma plane and an interleaved chroma plane.
+    pub const NV12: u32 = 0xb0;
 }
 
 /// `CUDA_ARRAY3D_*` flags.
@@ -943,6 +966,84 @@ pub mod array_flags {
     pub const SURFACE_LDST: u32 = 0x02;
     pub const CUBEMAP: u32 = 0x04;
     pub const TEXTURE_GATHER: u32 = 0x08;
+    /// Tiles and mip tail mapped onto tile-pool memory with `cuMemMapArrayAsync`.
+    pub const SPARSE: u32 = 0x40;
+    /// The whole array mapped onto memory with `cuMemMapArrayAsync`.
+    pub const DEFERRED_MAPPING: u32 = 0x80;
+}
+
+/// `CU_MEM_CREATE_USAGE_*`: what a physical allocation (`cuMemCreate`) is for.
+pub mod mem_usage {
+    /// A tile pool: memory `cuMemMapArrayAsync` maps sparse arrays' tiles onto.
+    pub const TILE_POOL: u32 = 0x1;
+    /// Buffers of hardware decompression (`cuMemBatchDecompressAsync`).
+    pub const HW_DECOMPRESS: u32 = 0x2;
+    pub const ALL: u32 = TILE_POOL | HW_DECOMPRESS;
+}
+
+/// The bytes of one tile of a sparse array (every format and shape), and the alignment of
+/// memory mapped into one.
+pub const SPARSE_TILE_BYTES: u64 = 64 << 10;
+
+/// `CUDA_ARRAY_SPARSE_PROPERTIES`: the tile's extent in elements, where the mip tail begins, its
+/// size in bytes, and `CU_ARRAY_SPARSE_PROPERTIES_SINGLE_MIPTAIL`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SparseProperties {
+    pub tile: [u32; 3],
+    pub miptail_first_level: u32,
+    pub miptail_size: u64,
+    pub flags: u32,
+}
+
+impl SparseProperties {
+    /// `CU_ARRAY_SPARSE_PROPERTIES_SINGLE_MIPTAIL`.
+    pub const SINGLE_MIPTAIL: u32 = 0x1;
+}
+
+/// What one `cuMemMapArrayAsync` entry maps or unmaps in its array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Subresource {
+    /// Whole tiles of a level (`CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL`): offsets and
+    /// extents in elements (x, y, z).
+    SparseLevel { level: u32, layer: u32, offset: [u32; 3], extent: [u32; 3] },
+    /// Bytes of the mip tail (`CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL`).
+    Miptail { layer: u32, offset: u64, size: u64 },
+    /// A deferred-mapping array, whole (the driver ignores the subresource fields).
+    Whole,
+}
+
+/// One `CUarrayMapInfo`, with the client's ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayMap {
+    /// A sparse or deferred-mapping array, or with `mipmapped` such a mipmapped array.
+    pub array: u64,
+    pub mipmapped: bool,
+    pub subresource: Subresource,
+    /// `Some((physical allocation, offset in it))` maps (`CU_MEM_OPERATION_TYPE_MAP`); `None`
+    /// unmaps.
+    pub memory: Option<(u64, u64)>,
+    /// `deviceBitMask` in the app's numbering: the session's device is device 0.
+    pub device_mask: u32,
+}
+
+/// One `CUmemDecompressParams`: `src_len` compressed bytes at `src` decompressed into `dst`
+/// (`dst_len`: the size expected, 0 if the app gave none), the size written going into the
+/// 32-bit word at `dst_act_bytes`; `algo` is a `CUmemDecompressAlgorithm`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecompressOp {
+    pub src: u64,
+    pub src_len: u64,
+    pub dst: u64,
+    pub dst_len: u64,
+    pub dst_act_bytes: u64,
+    pub algo: u32,
+}
+
+/// `CUmemDecompressAlgorithm` values.
+pub mod decompress_algorithm {
+    pub const DEFLATE: u32 = 1 << 0;
+    pub const SNAPPY: u32 = 1 << 1;
+    pub const LZ4: u32 = 1 << 2;
 }
 
 impl ArrayDesc {
@@ -961,6 +1062,47 @@ impl ArrayDesc {
     /// Width in bytes, rows and slices (layers, cube faces) as copies address them.
     pub fn extent(&self) -> Option<(u64, u64, u64)> {
         Some((self.width.checked_mul(self.element_size()?)?, self.height.max(1), self.depth.max(1)))
+    }
+
+    /// Whether the format is planar (`cuArrayGetPlane` names its planes).
+    pub fn is_planar(&self) -> bool {
+        self.format == array_format::NV12
+    }
+
+    /// The descriptors of a planar array's planes as CUDA documents them: for NV12 a luma plane
+    /// of the array's size, one 8-bit channel, and a chroma plane of half its width and height
+    /// (rounded up, as 4:2:0 chroma is), two 8-bit channels; `None` for other formats. The
+    /// planes keep the array's flags.
+    pub fn planes(&self) -> Option<[Self; 2]> {
+        if !self.is_planar() {
+            return None;
+        }
+        let luma = Self { format: array_format::UNSIGNED_INT8, channels: 1, ..*self };
+        let chroma = Self { width: self.width.div_ceil(2), height: self.height.div_ceil(2), channels: 2, ..luma };
+        Some([luma, chroma])
+    }
+
+    /// Whether the array's memory is mapped by `cuMemMapArrayAsync` (sparse or deferred mapping)
+    /// rather than its own.
+    pub fn is_mapped_later(&self) -> bool {
+        self.flags & (array_flags::SPARSE | array_flags::DEFERRED_MAPPING) != 0
+    }
+
+    /// Layers (or cube faces) of a layered or cubemap array; 0 for other arrays.
+    pub fn layers(&self) -> u64 {
+        if self.flags & (array_flags::LAYERED | array_flags::CUBEMAP) != 0 { self.depth.max(1) } else { 0 }
+    }
+
+    /// The bytes of the array's elements, packed, over `levels` mipmap levels (planes summed),
+    /// or `None` for a format Flyt does not serve or on overflow.
+    pub fn packed_bytes(&self, levels: u32) -> Option<u64> {
+        if let Some(planes) = self.planes() {
+            return planes.iter().try_fold(0u64, |total, plane| total.checked_add(plane.packed_bytes(levels)?));
+        }
+        (0..levels.max(1)).try_fold(0u64, |total, level| {
+            let (width, height, depth) = self.level(level).extent()?;
+            total.checked_add(width.checked_mul(height)?.checked_mul(depth)?)
+        })
     }
 
     /// The descriptor of mipmap level `level`: each dimension halves, down to 1 (layers and
@@ -1390,6 +1532,24 @@ mod tests {
     }
 
     #[test]
+    fn an_nv12_array_has_a_luma_and_a_half_size_chroma_plane() {
+        let nv12 = ArrayDesc { width: 64, height: 31, depth: 0, format: array_format::NV12, channels: 3, flags: array_flags::SURFACE_LDST };
+        let [luma, chroma] = nv12.planes().expect("planar");
+        assert_eq!((luma.width, luma.height, luma.format, luma.channels), (64, 31, array_format::UNSIGNED_INT8, 1));
+        assert_eq!((chroma.width, chroma.height, chroma.format, chroma.channels), (32, 16, array_format::UNSIGNED_INT8, 2));
+        assert_eq!(chroma.flags, array_flags::SURFACE_LDST, "planes keep the array's flags");
+        assert_eq!(nv12.element_size(), None, "the array itself is copied plane by plane");
+        assert_eq!(nv12.packed_bytes(1), Some(64 * 31 + 32 * 16 * 2));
+        let float = ArrayDesc { width: 8, height: 8, depth: 0, format: array_format::FLOAT, channels: 1, flags: 0 };
+        assert_eq!(float.planes(), None);
+        assert_eq!(float.packed_bytes(3), Some(256 + 64 + 16), "three levels");
+        assert_eq!(ArrayDesc { format: 0x91, ..float }.packed_bytes(1), None);
+        assert!(ArrayDesc { flags: array_flags::SPARSE, ..float }.is_mapped_later());
+        assert_eq!(ArrayDesc { depth: 6, flags: array_flags::CUBEMAP, ..float }.layers(), 6);
+        assert_eq!(ArrayDesc { depth: 6, ..float }.layers(), 0);
+    }
+
+    #[test]
     fn ids_are_unique_and_ascending() {
         assert!(OPS.windows(2).all(|pair| pair[0].id < pair[1].id), "{OPS:?}");
     }
@@ -1416,6 +1576,38 @@ mod tests {
             }
             .into(),
             req::DeviceSynchronize {}.into(),
+            req::MemMapArray {
+                maps: vec![
+                    ArrayMap {
+                        array: 0xA_0000_0001,
+                        mipmapped: false,
+                        subresource: Subresource::SparseLevel { level: 0, layer: 0, offset: [128, 0, 0], extent: [128, 128, 1] },
+                        memory: Some((3, 64 << 10)),
+                        device_mask: 1,
+                    },
+                    ArrayMap {
+                        array: 9,
+                        mipmapped: true,
+                        subresource: Subresource::Miptail { layer: 0, offset: 0, size: 65536 },
+                        memory: None,
+                        device_mask: 1,
+                    },
+                ],
+                stream: 0,
+            }
+            .into(),
+            req::MemBatchDecompress {
+                ops: vec![DecompressOp {
+                    src: 0x1000,
+                    src_len: 100,
+                    dst: 0x2000,
+                    dst_len: 0,
+                    dst_act_bytes: 0x3000,
+                    algo: decompress_algorithm::LZ4,
+                }],
+                stream: 5,
+            }
+            .into(),
         ]
     }
 

@@ -1747,6 +1747,26 @@ impl<D: Device> OpHandler for Session<D> {
         self.drop_object(request, reply);
     }
 
+    fn array_get_plane(&mut self, request: req::ArrayGetPlane, reply: Responder<rep::ArrayGetPlane>) {
+        self.array_plane(request, reply);
+    }
+
+    fn array_sparse_properties(&mut self, request: req::ArraySparseProperties, reply: Responder<rep::ArraySparseProperties>) {
+        self.array_sparse(request, reply);
+    }
+
+    fn array_memory_requirements(&mut self, request: req::ArrayMemoryRequirements, reply: Responder<rep::ArrayMemoryRequirements>) {
+        self.array_requirements(request, reply);
+    }
+
+    fn mem_map_array(&mut self, request: req::MemMapArray, reply: Responder<rep::MemMapArray>) {
+        self.map_arrays(request, reply);
+    }
+
+    fn mem_batch_decompress(&mut self, request: req::MemBatchDecompress, reply: Responder<rep::MemBatchDecompress>) {
+        self.decompress(request, reply);
+    }
+
     // --- virtual memory management (session/vmm.rs) ---
     fn mem_granularity(&mut self, request: req::MemGranularity, reply: Responder<rep::MemGranularity>) {
         self.vmm_granularity(request, reply);

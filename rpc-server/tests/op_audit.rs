@@ -12,9 +12,9 @@ use flyt_protocol::CudaError;
 use flyt_protocol::frame::{FrameLimits, read_full, read_message};
 use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, CopySide, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, NodeReadback, Op, OpClass, OpInfo, Pos3, Request,
-    Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, capture_status, mem_op, node_type,
-    rep, req, split_reply,
+    ArrayDesc, ArrayMap, Copy3d, CopySide, DecompressOp, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, NodeReadback, Op, OpClass,
+    OpInfo, Pos3, Request, Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, Subresource, TensorMapLayout, TensorMapParams, TextureDesc,
+    array_flags, array_format, capture_status, decompress_algorithm, mem_op, mem_usage, node_type, rep, req, split_reply,
 };
 
 mod raw;
@@ -360,8 +360,13 @@ macro_rules! probes {
     };
     (MemCreate, $v:ident) => {
         vec![
-            refused(req::MemCreate { handle: 0, size: 2 << 20, handle_types: 0 }, INVALID_VALUE),
-            refused(req::MemCreate { handle: 7, size: u64::MAX & !((2 << 20) - 1), handle_types: 0 }, CudaError::MEMORY_ALLOCATION),
+            refused(req::MemCreate { handle: 0, size: 2 << 20, handle_types: 0, usage: 0 }, INVALID_VALUE),
+            refused(
+                req::MemCreate { handle: 7, size: u64::MAX & !((2 << 20) - 1), handle_types: 0, usage: 0 },
+                CudaError::MEMORY_ALLOCATION,
+            ),
+            // A usage CUDA does not define.
+            refused(req::MemCreate { handle: 7, size: 2 << 20, handle_types: 0, usage: 0x8 }, INVALID_VALUE),
         ]
     };
     (MemExport, $v:ident) => {
@@ -824,6 +829,71 @@ macro_rules! probes {
             refused(req::MemPoolAccess { pool: BOGUS_HANDLE, set: None }, INVALID_VALUE),
             refused(req::MemPoolAccess { pool: 1, set: Some(7) }, INVALID_VALUE),
             Probe::Effect(a_pool_is_read_write_on_its_device),
+        ]
+    };
+    // --- planar, sparse and deferred-mapping arrays: only the session's arrays, whole tiles of
+    // its tile pools; decompression of the session's memory ---
+    (ArrayGetPlane, $v:ident) => {
+        vec![
+            refused(req::ArrayGetPlane { array: BOGUS_HANDLE, plane: 0, plane_array: 9 }, INVALID_VALUE),
+            Probe::Effect(planar_arrays_are_copied_plane_by_plane),
+        ]
+    };
+    (ArraySparseProperties, $v:ident) => {
+        vec![
+            refused(req::ArraySparseProperties { array: BOGUS_HANDLE }, INVALID_VALUE),
+            Probe::Effect(sparse_arrays_map_whole_tiles_of_tile_pools_only),
+        ]
+    };
+    (ArrayMemoryRequirements, $v:ident) => {
+        vec![
+            refused(req::ArrayMemoryRequirements { array: BOGUS_HANDLE }, INVALID_VALUE),
+            Probe::Effect(sparse_arrays_map_whole_tiles_of_tile_pools_only),
+        ]
+    };
+    (MemMapArray, $v:ident) => {
+        vec![
+            refused(req::MemMapArray { maps: Vec::new(), stream: 0 }, INVALID_VALUE),
+            refused(
+                req::MemMapArray {
+                    maps: vec![ArrayMap {
+                        array: BOGUS_HANDLE,
+                        mipmapped: false,
+                        subresource: Subresource::Miptail { layer: 0, offset: 0, size: 65536 },
+                        memory: None,
+                        device_mask: 1,
+                    }],
+                    stream: 0,
+                },
+                INVALID_VALUE,
+            ),
+            Probe::Effect(sparse_arrays_map_whole_tiles_of_tile_pools_only),
+        ]
+    };
+    (MemBatchDecompress, $v:ident) => {
+        vec![
+            refused(req::MemBatchDecompress { ops: Vec::new(), stream: 0 }, INVALID_VALUE),
+            refused(req::MemBatchDecompress { ops: vec![decompress($v.ptr); 5000], stream: 0 }, INVALID_VALUE),
+            refused(
+                req::MemBatchDecompress { ops: vec![DecompressOp { src: BOGUS_POINTER, ..decompress($v.ptr) }], stream: 0 },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::MemBatchDecompress { ops: vec![DecompressOp { src_len: $v.len + 1, ..decompress($v.ptr) }], stream: 0 },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::MemBatchDecompress { ops: vec![DecompressOp { dst: $v.ptr + $v.len, ..decompress($v.ptr) }], stream: 0 },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::MemBatchDecompress { ops: vec![DecompressOp { dst_act_bytes: $v.ptr + 2, ..decompress($v.ptr) }], stream: 0 },
+                INVALID_VALUE,
+            ),
+            refused(req::MemBatchDecompress { ops: vec![DecompressOp { algo: 8, ..decompress($v.ptr) }], stream: 0 }, INVALID_VALUE),
+            refused(req::MemBatchDecompress { ops: vec![DecompressOp { src_len: 0, ..decompress($v.ptr) }], stream: 0 }, INVALID_VALUE),
+            refused(req::MemBatchDecompress { ops: vec![decompress($v.ptr)], stream: BOGUS_HANDLE }, UNKNOWN_HANDLE),
+            Probe::Effect(a_decompression_gets_the_devices_own_answer),
         ]
     };
     (OccupancyMaxPotentialClusterSize, $v:ident) => {
@@ -1359,8 +1429,8 @@ fn virtual_memory_maps_physical_allocations_into_reserved_ranges(socket: &str) {
     assert!(granularity.is_power_of_two(), "{granularity}");
     let before = session.call(req::MemGetInfo {}).0.unwrap().free;
     let base = session.call(req::MemAddressReserve { size: 4 * granularity, alignment: 0, addr: 0 }).0.unwrap().ptr;
-    session.call(req::MemCreate { handle: 1, size: 2 * granularity, handle_types: 0 }).0.unwrap();
-    session.call(req::MemCreate { handle: 2, size: 2 * granularity, handle_types: 1 }).0.unwrap();
+    session.call(req::MemCreate { handle: 1, size: 2 * granularity, handle_types: 0, usage: 0 }).0.unwrap();
+    session.call(req::MemCreate { handle: 2, size: 2 * granularity, handle_types: 1, usage: 0 }).0.unwrap();
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before - 4 * granularity, "created memory counts in the quota");
     let refusals = [
         req::MemMap { ptr: base + granularity, size: 4 * granularity, offset: 0, handle: 1 },
@@ -1760,4 +1830,180 @@ fn imported_pool_memory_is_counted_once_in_the_quota() {
     assert_eq!(free(&mut importer), before - 8 * MIB, "the importer's free gives back nothing");
     exporter.call(req::Free { ptr }).0.unwrap();
     assert_eq!(free(&mut importer), before);
+/// A decompression of 100 bytes at `ptr` into 1 KiB after them, its size written at `ptr + 2048`.
+fn decompress(ptr: u64) -> DecompressOp {
+    DecompressOp { src: ptr, src_len: 100, dst: ptr + 1024, dst_len: 1024, dst_act_bytes: ptr + 2048, algo: decompress_algorithm::LZ4 }
+}
+
+/// A batch the session accepts reaches the device, whose own answer comes back in the reply
+/// with the index it names: the emulated device, like a GPU without the engine, has none.
+fn a_decompression_gets_the_devices_own_answer(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let ptr = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    let reply = session.call(req::MemBatchDecompress { ops: vec![decompress(ptr); 2], stream: 0 }).0.unwrap();
+    assert_eq!((reply.error, reply.error_index), (Some(CudaError::NOT_SUPPORTED), u64::MAX), "the batch as a whole");
+    session.call(req::Free { ptr }).0.unwrap();
+}
+
+/// An NV12 array counts in the quota with both planes; each plane is an array of the session
+/// (named once), copied to and from byte for byte, which a texture can read and which goes with
+/// its array; the array itself is no box to copy.
+fn planar_arrays_are_copied_plane_by_plane(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let before = session.call(req::MemGetInfo {}).0.unwrap().free;
+    let nv12 = ArrayDesc { width: 64, height: 32, depth: 0, format: array_format::NV12, channels: 3, flags: 0 };
+    session.call(req::ArrayCreate { array: 60, desc: nv12, levels: None }).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before - 64 * 32 - 32 * 16 * 2, "luma and chroma in the quota");
+    assert_eq!(session.call(req::ArrayCreate { array: 66, desc: nv12, levels: Some(2) }).0.err(), Some(CudaError::NOT_SUPPORTED));
+    assert_eq!(session.call(req::ArrayGetPlane { array: 60, plane: 2, plane_array: 61 }).0.err(), Some(INVALID_VALUE), "two planes");
+    let luma = session.call(req::ArrayGetPlane { array: 60, plane: 0, plane_array: 61 }).0.unwrap().desc;
+    assert_eq!((luma.width, luma.height, luma.depth, luma.format, luma.channels), (64, 32, 0, array_format::UNSIGNED_INT8, 1));
+    let chroma = session.call(req::ArrayGetPlane { array: 60, plane: 1, plane_array: 62 }).0.unwrap().desc;
+    assert_eq!((chroma.width, chroma.height, chroma.format, chroma.channels), (32, 16, array_format::UNSIGNED_INT8, 2));
+    let again = session.call(req::ArrayGetPlane { array: 60, plane: 0, plane_array: 61 }).0;
+    assert_eq!(again.err(), Some(INVALID_VALUE), "an id already taken");
+    let of_plane = session.call(req::ArrayGetPlane { array: 61, plane: 0, plane_array: 63 }).0;
+    assert_eq!(of_plane.err(), Some(INVALID_VALUE), "a plane has no planes");
+    session.call(req::ArrayCreate { array: 64, desc: float_array(8, 8), levels: None }).0.unwrap();
+    assert_eq!(session.call(req::ArrayGetPlane { array: 64, plane: 0, plane_array: 65 }).0.err(), Some(INVALID_VALUE), "not planar");
+    // Each plane holds its own bytes.
+    let luma_bytes: Vec<u8> = (0..64u32 * 32).map(|i| (i * 7 + 3).to_le_bytes()[0]).collect();
+    let chroma_bytes: Vec<u8> = (0..64u32 * 16).map(|i| (i * 5 + 1).to_le_bytes()[0]).collect();
+    session.send(&req::MemcpyHtoShaped { copy: host_box(false, CopySide::Array { array: 61 }, 64, 32), stream: 0 }.into(), &luma_bytes);
+    session.send(&req::MemcpyHtoShaped { copy: host_box(false, CopySide::Array { array: 62 }, 64, 16), stream: 0 }.into(), &chroma_bytes);
+    let (luma_back, bytes) =
+        session.call(req::MemcpyShapedToH { copy: host_box(true, CopySide::Array { array: 61 }, 64, 32), stream: 0, blocking: true });
+    luma_back.unwrap();
+    assert_eq!(bytes, luma_bytes, "luma plane");
+    let (chroma_back, bytes) =
+        session.call(req::MemcpyShapedToH { copy: host_box(true, CopySide::Array { array: 62 }, 64, 16), stream: 0, blocking: true });
+    chroma_back.unwrap();
+    assert_eq!(bytes, chroma_bytes, "chroma plane");
+    let past =
+        session.call(req::MemcpyShapedToH { copy: host_box(true, CopySide::Array { array: 62 }, 64, 17), stream: 0, blocking: true });
+    assert_eq!(past.0.err(), Some(INVALID_VALUE), "a box past the chroma plane's rows");
+    let whole =
+        session.call(req::MemcpyShapedToH { copy: host_box(true, CopySide::Array { array: 60 }, 16, 1), stream: 0, blocking: true });
+    assert_eq!(whole.0.err(), Some(INVALID_VALUE), "the array is copied plane by plane");
+    let texture = session
+        .call(req::TexObjectCreate { resource: Resource::Array { array: 61 }, texture: TextureDesc::default(), view: None })
+        .0
+        .unwrap();
+    session.call(req::ObjectDestroy { handle: texture.handle, surface: false }).0.unwrap();
+    assert_eq!(session.call(req::ArrayDestroy { array: 61 }).0.err(), Some(INVALID_VALUE), "a plane goes with its array");
+    session.call(req::ArrayDestroy { array: 60 }).0.unwrap();
+    let gone =
+        session.call(req::MemcpyShapedToH { copy: host_box(true, CopySide::Array { array: 62 }, 64, 16), stream: 0, blocking: true });
+    assert_eq!(gone.0.err(), Some(INVALID_VALUE), "the planes went with it");
+    session.call(req::ArrayDestroy { array: 64 }).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "everything left the quota");
+}
+
+/// Sparse and deferred-mapping arrays hold no memory of their own; their layouts are answered
+/// (64 KiB tiles, a mip tail, a size rounded up to tiles), and a map names whole tiles (or the
+/// mip tail, or a deferred array whole) of the session's own arrays onto the session's tile
+/// pools, inside them and aligned, for its one device. Every other entry is refused before the
+/// device sees it; the emulated device refuses the maps it is sent, and copies into such arrays.
+fn sparse_arrays_map_whole_tiles_of_tile_pools_only(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let before = session.call(req::MemGetInfo {}).0.unwrap().free;
+    let sparse = ArrayDesc { flags: array_flags::SPARSE, ..float_array(1000, 600) };
+    session.call(req::ArrayCreate { array: 50, desc: sparse, levels: None }).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "a sparse array holds no memory of its own");
+    let properties = session.call(req::ArraySparseProperties { array: 50 }).0.unwrap().properties;
+    assert_eq!((properties.tile, properties.miptail_size), ([128, 128, 1], 0), "64 KiB tiles of floats");
+    session.call(req::ArrayCreate { array: 51, desc: float_array(8, 8), levels: None }).0.unwrap();
+    assert_eq!(session.call(req::ArraySparseProperties { array: 51 }).0.err(), Some(INVALID_VALUE), "not sparse");
+    assert_eq!(session.call(req::ArrayMemoryRequirements { array: 50 }).0.err(), Some(INVALID_VALUE), "not deferred");
+    // Levels 0-3 of 1024 x 1024 floats hold whole tiles; 64 x 64 and below are the mip tail.
+    let mipmapped = ArrayDesc { flags: array_flags::SPARSE, ..float_array(1024, 1024) };
+    session.call(req::ArrayCreate { array: 52, desc: mipmapped, levels: Some(8) }).0.unwrap();
+    let tail = session.call(req::ArraySparseProperties { array: 52 }).0.unwrap().properties;
+    assert_eq!((tail.miptail_first_level, tail.miptail_size), (4, 65536));
+    session.call(req::MipmappedArrayLevel { mipmap: 52, level: 0, array: 53 }).0.unwrap();
+    assert_eq!(session.call(req::ArraySparseProperties { array: 53 }).0.err(), Some(INVALID_VALUE), "a level: its mipmapped array's");
+    let deferred = ArrayDesc { flags: array_flags::DEFERRED_MAPPING, ..float_array(100, 100) };
+    session.call(req::ArrayCreate { array: 54, desc: deferred, levels: None }).0.unwrap();
+    let requirements = session.call(req::ArrayMemoryRequirements { array: 54 }).0.unwrap();
+    assert_eq!((requirements.size, requirements.alignment), (65536, 65536), "100 x 100 floats in one 128 x 128 tile");
+
+    let granularity = session.call(req::MemGranularity { recommended: false }).0.unwrap().granularity;
+    let pool = 2 * granularity;
+    session.call(req::MemCreate { handle: 1, size: pool, handle_types: 0, usage: mem_usage::TILE_POOL }).0.unwrap();
+    session.call(req::MemCreate { handle: 2, size: granularity, handle_types: 0, usage: 0 }).0.unwrap();
+    let level = |offset: [u32; 3], extent: [u32; 3]| Subresource::SparseLevel { level: 0, layer: 0, offset, extent };
+    let map = |array: u64, mipmapped: bool, subresource: Subresource, memory: Option<(u64, u64)>| ArrayMap {
+        array,
+        mipmapped,
+        subresource,
+        memory,
+        device_mask: 1,
+    };
+    let tile = level([0, 0, 0], [128, 128, 1]);
+    let good = map(50, false, tile, Some((1, 0)));
+    let refusals = [
+        ("an offset inside a tile", map(50, false, level([64, 0, 0], [128, 128, 1]), Some((1, 0)))),
+        ("part of a tile inside the array", map(50, false, level([0, 0, 0], [100, 128, 1]), Some((1, 0)))),
+        ("tiles past the array's edge", map(50, false, level([896, 0, 0], [256, 128, 1]), Some((1, 0)))),
+        ("depth in a 2D array", map(50, false, level([0, 0, 0], [128, 128, 2]), Some((1, 0)))),
+        (
+            "level 1 of an array",
+            map(50, false, Subresource::SparseLevel { level: 1, layer: 0, offset: [0; 3], extent: [128, 128, 1] }, Some((1, 0))),
+        ),
+        (
+            "layer 1 of an unlayered array",
+            map(50, false, Subresource::SparseLevel { level: 0, layer: 1, offset: [0; 3], extent: [128, 128, 1] }, Some((1, 0))),
+        ),
+        ("memory that is no tile pool", map(50, false, tile, Some((2, 0)))),
+        ("an unknown allocation", map(50, false, tile, Some((BOGUS_HANDLE, 0)))),
+        ("an offset inside a tile of the pool", map(50, false, tile, Some((1, 4096)))),
+        ("tiles past the pool's end", map(50, false, level([0, 0, 0], [256, 256, 1]), Some((1, pool - 65536)))),
+        ("another device", ArrayMap { device_mask: 2, ..good }),
+        ("an array as a mipmapped array", map(50, true, tile, Some((1, 0)))),
+        ("a sparse array whole", map(50, false, Subresource::Whole, Some((1, 0)))),
+        ("an array with memory of its own", map(51, false, tile, Some((1, 0)))),
+        ("a level of a mipmapped array", map(53, false, tile, Some((1, 0)))),
+        (
+            "a level in the mip tail",
+            map(52, true, Subresource::SparseLevel { level: 4, layer: 0, offset: [0; 3], extent: [64, 64, 1] }, Some((1, 0))),
+        ),
+        ("more than the mip tail", map(52, true, Subresource::Miptail { layer: 0, offset: 0, size: 131072 }, Some((1, 0)))),
+        ("part of a tile of the mip tail", map(52, true, Subresource::Miptail { layer: 0, offset: 0, size: 4096 }, Some((1, 0)))),
+        ("a deferred array by its tiles", map(54, false, tile, Some((1, 0)))),
+        ("a deferred array at an unaligned offset", map(54, false, Subresource::Whole, Some((1, 4096)))),
+    ];
+    for (what, bad) in refusals {
+        assert_eq!(session.call(req::MemMapArray { maps: vec![bad], stream: 0 }).0.err(), Some(INVALID_VALUE), "{what}");
+        // One bad entry refuses the batch.
+        assert_eq!(session.call(req::MemMapArray { maps: vec![good, bad], stream: 0 }).0.err(), Some(INVALID_VALUE), "{what} in a batch");
+    }
+    let on_unknown_stream = session.call(req::MemMapArray { maps: vec![good], stream: BOGUS_HANDLE }).0;
+    assert_eq!(on_unknown_stream.err(), Some(UNKNOWN_HANDLE));
+    // What the session accepts reaches the device: the emulated device maps nothing.
+    let accepted = [
+        ("the edge tiles, up to the array's edge", map(50, false, level([896, 512, 0], [104, 88, 1]), Some((1, 0)))),
+        ("a tile unmapped", map(50, false, tile, None)),
+        ("the mip tail", map(52, true, Subresource::Miptail { layer: 0, offset: 0, size: 65536 }, Some((1, 65536)))),
+        (
+            "a level above the mip tail",
+            map(52, true, Subresource::SparseLevel { level: 3, layer: 0, offset: [0; 3], extent: [128, 128, 1] }, Some((1, 0))),
+        ),
+        ("a deferred array whole", map(54, false, Subresource::Whole, Some((1, 0)))),
+    ];
+    for (what, ok) in accepted {
+        assert_eq!(session.call(req::MemMapArray { maps: vec![ok], stream: 0 }).0.err(), Some(CudaError::NOT_SUPPORTED), "{what}");
+    }
+    // Nothing can be mapped into a sparse array here, so no copy into one means anything.
+    let ptr = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    let into_sparse = device_box(ptr, 512, 8, 512, 8, 1, CopySide::Array { array: 50 });
+    session.send(&req::MemcpyShaped { copy: into_sparse, stream: 0 }.into(), &[]);
+    let refused = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert_eq!(refused.deferred, Some(CudaError::NOT_SUPPORTED), "a copy into a sparse array on the emulated device");
+    for array in [50, 51, 52, 54] {
+        session.call(req::ArrayDestroy { array }).0.unwrap();
+    }
+    session.call(req::Free { ptr }).0.unwrap();
+    session.call(req::MemRelease { handle: 1 }).0.unwrap();
+    session.call(req::MemRelease { handle: 2 }).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "everything left the quota");
 }

@@ -272,6 +272,23 @@ fn pools_arrays_and_texture_objects_move_with_their_session() {
     assert!(restored_on_b);
 }
 
+/// Sparse arrays do not move yet (what is mapped into them is the driver's to know): a move of a
+/// session holding one is refused with that reason, and the app goes on where it was.
+#[test]
+fn a_session_with_a_sparse_array_stays_where_it_is_and_says_why() {
+    let Some(setup) = set_up_with("migration-sparse", "migrate_objects.c") else { return };
+    let a = start_node(&setup, "a", &[]);
+    let b = start_node(&setup, "b", &[]);
+    let dir = setup.scratch.join("snapshots");
+    let app = spawn_app(&setup, &a.unix, &["150", "10", "sparse"], "off");
+    let session = session_on(&setup, &a);
+    let (code, out, err) = migrate(&setup, &a.control, &session, &b.control, &b.unix, &dir, &[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("1 sparse or deferred-mapping CUDA array(s), whose mappings do not move yet"), "{err}");
+    finish_app(app);
+    assert_eq!(session_count(&setup, &b), 0);
+}
+
 #[test]
 fn graphs_and_executable_graphs_move_with_their_session() {
     let Some((_, restored_on_b)) = moved_three_times("migration-graphs", "migrate_graphs.c") else { return };

@@ -372,7 +372,49 @@ fn arrays_and_shaped_copies_through_the_driver_api() {
         ] {
             assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
         }
-        assert!(stderr.contains("a CUDA array of a block-compressed, NV12 or packed format is not supported"), "{stderr}");
+        assert!(stderr.contains("a CUDA array of a block-compressed or packed format is not supported"), "{stderr}");
+    }
+}
+
+/// NV12 arrays and their planes, sparse and deferred-mapping arrays (properties, memory
+/// requirements, tile pools and map entries) and batch decompression through the driver API,
+/// over the socket and the shared-memory channel, on the emulated device (which maps no memory
+/// into arrays and has no decompression engine: its refusals say so once).
+#[test]
+fn planar_and_sparse_arrays_through_the_driver_api() {
+    let Some(runs) = run_with_and_without_channel("driver_planar_sparse") else {
+        return;
+    };
+    for (shm, code, stdout, stderr) in runs {
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        for line in [
+            "NV12 descriptor read back: yes",
+            "luma plane: 64 x 32, format 1, 1 channel(s)",
+            "chroma plane: 32 x 16, format 1, 2 channel(s)",
+            "luma plane round trip: yes",
+            "chroma plane round trip, on a stream: yes",
+            "chroma element 5 is its U, V pair: yes",
+            "sparse tile: 128 x 128 x 1, mip tail 0 bytes",
+            "mip tail from level 4, 65536 bytes",
+            "memory requirements: 65536 bytes, aligned to 65536",
+            "a tile pool's usage read back: yes",
+            "tile map on this device: CUDA_ERROR_NOT_SUPPORTED",
+            "deferred map on this device: CUDA_ERROR_NOT_SUPPORTED",
+            "copy into a sparse array on this device: CUDA_ERROR_NOT_SUPPORTED",
+            "host memory to decompress: refused, index 1: yes",
+            "decompression on this device: CUDA_ERROR_NOT_SUPPORTED, index SIZE_MAX",
+            "PASSED: 0 failure(s)",
+        ] {
+            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
+        }
+        for line in [
+            "flyt: a mipmapped CUDA array of a planar (NV12) format is not supported through Flyt",
+            "flyt: cuMemMapArrayAsync: the server's emulated device maps no memory into sparse or deferred-mapping arrays",
+            "flyt: cuMemBatchDecompressAsync: the server's emulated device has no decompression engine",
+            "flyt: a copy to or from a sparse or deferred-mapping array: the server's emulated device maps no memory into one",
+        ] {
+            assert_eq!(stderr.matches(line).count(), 1, "FLYT_SHM={shm}: '{line}' once:\n{stderr}");
+        }
     }
 }
 

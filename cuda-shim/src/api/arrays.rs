@@ -2,19 +2,26 @@
 //! ids (`flyt_client::arrays`); texture and surface objects are the server driver's values,
 //! which kernels take as arguments. The descriptors an object was made with are kept here, so
 //! the `Get*Desc` queries answer what the app gave without a round trip.
+//!
+//! Planar arrays (NV12) are made whole and used plane by plane (`cuArrayGetPlane`: each plane
+//! an array of the client's, part of its array). Sparse and deferred-mapping arrays get their
+//! memory from `cuMemMapArrayAsync`, whose entries name the app's array and physical allocation
+//! handles: each is translated and checked here and again by the server.
 
 use std::collections::HashMap;
 use std::ffi::c_uint;
 use std::sync::{LazyLock, Mutex};
 
-use flyt_protocol::ops::{ArrayDesc, Resource, TextureDesc, ViewDesc};
+use flyt_protocol::CudaError;
+use flyt_protocol::ops::{ArrayDesc, ArrayMap, Resource, SparseProperties, Subresource, TextureDesc, ViewDesc};
 
-use super::session::{client, run};
+use super::session::{client, driver_error, resolve_stream, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{
-    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUDA_RESOURCE_DESC, CUDA_RESOURCE_VIEW_DESC, CUDA_TEXTURE_DESC, CUarray,
-    CUmipmappedArray, CUsurfObject, CUtexObject,
+    CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY_MEMORY_REQUIREMENTS, CUDA_ARRAY_SPARSE_PROPERTIES, CUDA_ARRAY_SPARSE_PROPERTIES_st_tileExtent,
+    CUDA_ARRAY3D_DESCRIPTOR, CUDA_RESOURCE_DESC, CUDA_RESOURCE_VIEW_DESC, CUDA_TEXTURE_DESC, CUarray, CUarrayMapInfo, CUdevice,
+    CUmipmappedArray, CUstream, CUsurfObject, CUtexObject,
 };
 
 /// `CUresourcetype`.
@@ -46,13 +53,20 @@ fn objects() -> std::sync::MutexGuard<'static, HashMap<u64, Described>> {
 }
 
 fn create(desc: ArrayDesc, levels: Option<u32>) -> DriverResult<u64> {
-    if desc.width == 0 || !matches!(desc.channels, 1 | 2 | 4) {
+    if desc.width == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    if desc.element_size().is_none() {
-        return Err(crate::diagnostics::unsupported("a CUDA array of a block-compressed, NV12 or packed format"));
+    if desc.is_planar() {
+        // Its channel count is the driver's to judge (NVIDIA's runtime describes NV12 with three).
+        if levels.is_some() {
+            return Err(crate::diagnostics::unsupported("a mipmapped CUDA array of a planar (NV12) format"));
+        }
+    } else if !matches!(desc.channels, 1 | 2 | 4) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    } else if desc.element_size().is_none() {
+        return Err(crate::diagnostics::unsupported("a CUDA array of a block-compressed or packed format"));
     }
-    client()?.array_create(desc, levels).map_err(super::session::driver_error)
+    client()?.array_create(desc, levels).map_err(driver_error)
 }
 
 pub unsafe fn cuArrayCreate_v2(p_handle: *mut CUarray, p_allocate_array: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
@@ -301,4 +315,144 @@ pub unsafe fn cuTexObjectGetResourceViewDesc(p_res_view_desc: *mut CUDA_RESOURCE
 pub unsafe fn cuSurfObjectGetResourceDesc(p_res_desc: *mut CUDA_RESOURCE_DESC, surf_object: CUsurfObject) -> CUresult {
     // SAFETY: the caller's out-pointer (NULL is refused by `write_out`).
     run(|| unsafe { write_out(p_res_desc, described(surf_object, Some(true))?.resource) })
+}
+
+pub unsafe fn cuArrayGetPlane(p_plane_array: *mut CUarray, h_array: CUarray, plane_idx: c_uint) -> CUresult {
+    run(|| {
+        non_null([p_plane_array.cast()])?;
+        let plane = client()?.array_plane(h_array as u64, plane_idx).map_err(driver_error)?;
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(p_plane_array, plane as usize as CUarray) }
+    })
+}
+
+fn sparse_properties(array: u64, mipmapped: bool, out: *mut CUDA_ARRAY_SPARSE_PROPERTIES) -> DriverResult {
+    non_null([out.cast()])?;
+    let p: SparseProperties = client()?.sparse_properties(array, mipmapped).map_err(driver_error)?;
+    let value = CUDA_ARRAY_SPARSE_PROPERTIES {
+        tileExtent: CUDA_ARRAY_SPARSE_PROPERTIES_st_tileExtent { width: p.tile[0], height: p.tile[1], depth: p.tile[2] },
+        miptailFirstLevel: p.miptail_first_level,
+        miptailSize: p.miptail_size,
+        flags: p.flags,
+        reserved: [0; 4],
+    };
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(out, value) }
+}
+
+pub unsafe fn cuArrayGetSparseProperties(sparse_properties_out: *mut CUDA_ARRAY_SPARSE_PROPERTIES, array: CUarray) -> CUresult {
+    run(|| sparse_properties(array as u64, false, sparse_properties_out))
+}
+
+pub unsafe fn cuMipmappedArrayGetSparseProperties(
+    sparse_properties_out: *mut CUDA_ARRAY_SPARSE_PROPERTIES,
+    mipmap: CUmipmappedArray,
+) -> CUresult {
+    run(|| sparse_properties(mipmap as u64, true, sparse_properties_out))
+}
+
+/// Memory requirements on `device`, which must be the session's.
+fn memory_requirements(array: u64, mipmapped: bool, device: CUdevice, out: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS) -> DriverResult {
+    non_null([out.cast()])?;
+    crate::driver::driver().session()?.device(device)?;
+    let (size, alignment) = client()?.memory_requirements(array, mipmapped).map_err(driver_error)?;
+    let to_usize = |value: u64| usize::try_from(value).map_err(|_| CUresult::CUDA_ERROR_UNKNOWN);
+    let value = CUDA_ARRAY_MEMORY_REQUIREMENTS { size: to_usize(size)?, alignment: to_usize(alignment)?, reserved: [0; 4] };
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { write_out(out, value) }
+}
+
+pub unsafe fn cuArrayGetMemoryRequirements(
+    memory_requirements_out: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,
+    array: CUarray,
+    device: CUdevice,
+) -> CUresult {
+    run(|| memory_requirements(array as u64, false, device, memory_requirements_out))
+}
+
+pub unsafe fn cuMipmappedArrayGetMemoryRequirements(
+    memory_requirements_out: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,
+    mipmap: CUmipmappedArray,
+    device: CUdevice,
+) -> CUresult {
+    run(|| memory_requirements(mipmap as u64, true, device, memory_requirements_out))
+}
+
+/// `CUresourcetype`, `CUarraySparseSubresourceType` and `CUmemOperationType` values of a map
+/// entry.
+const SUBRESOURCE_SPARSE_LEVEL: c_uint = 0;
+const SUBRESOURCE_MIPTAIL: c_uint = 1;
+const OPERATION_MAP: c_uint = 1;
+const OPERATION_UNMAP: c_uint = 2;
+
+/// One `CUarrayMapInfo` on the wire: the union members read are the ones its type fields name;
+/// flags and reserved words must be zero, a map names a generic handle and an unmap none.
+fn array_map(info: &CUarrayMapInfo) -> DriverResult<ArrayMap> {
+    let invalid = CUresult::CUDA_ERROR_INVALID_VALUE;
+    if info.flags != 0 || info.reserved != [0; 2] {
+        return Err(invalid);
+    }
+    // SAFETY: each union read is of the member the entry's type field names; all are plain
+    // integers and handles (the handles are the client's ids, never dereferenced).
+    let (array, mipmapped, subresource, handle) = unsafe {
+        let (array, mipmapped) = match info.resourceType {
+            resource_type::ARRAY => (info.resource.array as u64, false),
+            resource_type::MIPMAPPED_ARRAY => (info.resource.mipmap as u64, true),
+            _ => return Err(invalid),
+        };
+        let subresource = match info.subresourceType {
+            SUBRESOURCE_SPARSE_LEVEL => {
+                let level = info.subresource.sparseLevel;
+                Subresource::SparseLevel {
+                    level: level.level,
+                    layer: level.layer,
+                    offset: [level.offsetX, level.offsetY, level.offsetZ],
+                    extent: [level.extentWidth, level.extentHeight, level.extentDepth],
+                }
+            }
+            SUBRESOURCE_MIPTAIL => {
+                let tail = info.subresource.miptail;
+                Subresource::Miptail { layer: tail.layer, offset: tail.offset, size: tail.size }
+            }
+            // The driver ignores the subresource of a deferred-mapping array (the client
+            // checks that this one is).
+            _ => Subresource::Whole,
+        };
+        (array, mipmapped, subresource, info.memHandle.memHandle)
+    };
+    let memory = match info.memOperationType {
+        OPERATION_MAP if info.memHandleType == 0 => Some((handle, info.offset)),
+        OPERATION_UNMAP if handle == 0 => None,
+        _ => return Err(invalid),
+    };
+    Ok(ArrayMap { array, mipmapped, subresource, memory, device_mask: info.deviceBitMask })
+}
+
+fn map_arrays(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream, per_thread: bool) -> DriverResult {
+    if count == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    non_null([map_info_list.cast()])?;
+    // SAFETY: checked non-NULL; the caller's array of `count` entries.
+    let infos = unsafe { std::slice::from_raw_parts(map_info_list, count as usize) };
+    let maps = infos.iter().map(array_map).collect::<DriverResult<Vec<_>>>()?;
+    let client = client()?;
+    let stream = resolve_stream(client, h_stream, per_thread)?;
+    client.map_arrays(maps, stream).map_err(|error| {
+        if error == CudaError::NOT_SUPPORTED && client.info.emulated {
+            crate::diagnostics::once(
+                "map-array-emulated",
+                "flyt: cuMemMapArrayAsync: the server's emulated device maps no memory into sparse or deferred-mapping arrays (returning CUDA_ERROR_NOT_SUPPORTED)",
+            );
+        }
+        driver_error(error)
+    })
+}
+
+pub unsafe fn cuMemMapArrayAsync(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream) -> CUresult {
+    run(|| map_arrays(map_info_list, count, h_stream, false))
+}
+
+pub unsafe fn cuMemMapArrayAsync_ptsz(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream) -> CUresult {
+    run(|| map_arrays(map_info_list, count, h_stream, true))
 }

@@ -10,6 +10,7 @@
 mod arrays;
 mod capture;
 mod context;
+mod decompress;
 mod device;
 mod graph;
 pub(crate) mod init;
@@ -29,6 +30,7 @@ mod vmm;
 pub use arrays::*;
 pub use capture::*;
 pub use context::*;
+pub use decompress::*;
 pub use device::*;
 pub use graph::*;
 pub use init::*;

@@ -6,6 +6,8 @@
 
 use std::ffi::{c_int, c_ulonglong, c_void};
 
+use flyt_protocol::ops::mem_usage;
+
 use super::session::{client, driver_error, run};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
@@ -42,11 +44,12 @@ fn device_location(location: &CUmemLocation) -> DriverResult {
     if location.id != 0 { Err(CUresult::CUDA_ERROR_INVALID_DEVICE) } else { Ok(()) }
 }
 
-/// Checks allocation properties; the requested handle types.
+/// Checks allocation properties; the requested handle types and the usage
+/// (`CU_MEM_CREATE_USAGE_*`: a tile pool for sparse arrays, decompression buffers).
 ///
 /// # Safety
 /// `prop` is NULL or a readable `CUmemAllocationProp`.
-unsafe fn allocation_prop(prop: *const CUmemAllocationProp) -> DriverResult<u32> {
+unsafe fn allocation_prop(prop: *const CUmemAllocationProp) -> DriverResult<(u32, u32)> {
     non_null([prop.cast()])?;
     // SAFETY: checked non-NULL; the caller's struct.
     let p = unsafe { &*prop };
@@ -60,7 +63,11 @@ unsafe fn allocation_prop(prop: *const CUmemAllocationProp) -> DriverResult<u32>
     if p.allocFlags.compressionType != 0 {
         return Err(refuse("compression"));
     }
-    Ok(p.requestedHandleTypes)
+    let usage = u32::from(p.allocFlags.usage);
+    if usage & !mem_usage::ALL != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok((p.requestedHandleTypes, usage))
 }
 
 pub unsafe fn cuMemGetAllocationGranularity(
@@ -109,8 +116,8 @@ pub unsafe fn cuMemCreate(
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the caller's struct.
-        let handle_types = unsafe { allocation_prop(prop) }?;
-        let created = client()?.mem_create(size as u64, handle_types).map_err(driver_error)?;
+        let (handle_types, usage) = unsafe { allocation_prop(prop) }?;
+        let created = client()?.mem_create(size as u64, handle_types, usage).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(handle, created) }
     })
@@ -180,7 +187,12 @@ pub unsafe fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationP
             requestedHandleTypes: physical.handle_types,
             location: CUmemLocation { r#type: LOCATION_DEVICE, id: 0 },
             win32HandleMetaData: std::ptr::null_mut(),
-            allocFlags: CUmemAllocationProp_st_allocFlags { compressionType: 0, gpuDirectRDMACapable: 0, usage: 0, reserved: [0; 4] },
+            allocFlags: CUmemAllocationProp_st_allocFlags {
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: u16::try_from(physical.usage).unwrap_or(0),
+                reserved: [0; 4],
+            },
         };
         // SAFETY: checked non-NULL.
         unsafe { write_out(prop, value) }

@@ -24,9 +24,9 @@ macro_rules! for_each_driver_api {
             implemented cuArrayDestroy [cuArrayDestroy 1 legacy current] (h_array: CUarray);
             unsupported cuArrayGetDescriptor [cuArrayGetDescriptor 1 legacy internal] (p_array_descriptor: *mut CUDA_ARRAY_DESCRIPTOR_v1, h_array: CUarray);
             implemented cuArrayGetDescriptor_v2 [cuArrayGetDescriptor 2 legacy current] (p_array_descriptor: *mut CUDA_ARRAY_DESCRIPTOR, h_array: CUarray);
-            unsupported cuArrayGetMemoryRequirements [cuArrayGetMemoryRequirements 1 legacy current] (memory_requirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, device: CUdevice);
-            unsupported cuArrayGetPlane [cuArrayGetPlane 1 legacy current] (p_plane_array: *mut CUarray, h_array: CUarray, plane_idx: c_uint);
-            unsupported cuArrayGetSparseProperties [cuArrayGetSparseProperties 1 legacy current] (sparse_properties: *mut CUDA_ARRAY_SPARSE_PROPERTIES, array: CUarray);
+            implemented cuArrayGetMemoryRequirements [cuArrayGetMemoryRequirements 1 legacy current] (memory_requirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, device: CUdevice);
+            implemented cuArrayGetPlane [cuArrayGetPlane 1 legacy current] (p_plane_array: *mut CUarray, h_array: CUarray, plane_idx: c_uint);
+            implemented cuArrayGetSparseProperties [cuArrayGetSparseProperties 1 legacy current] (sparse_properties: *mut CUDA_ARRAY_SPARSE_PROPERTIES, array: CUarray);
             unsupported cuCheckpointProcessCheckpoint [cuCheckpointProcessCheckpoint 1 legacy current] (pid: c_int, args: *mut CUcheckpointCheckpointArgs);
             unsupported cuCheckpointProcessGetRestoreThreadId [cuCheckpointProcessGetRestoreThreadId 1 legacy current] (pid: c_int, tid: *mut c_int);
             unsupported cuCheckpointProcessGetState [cuCheckpointProcessGetState 1 legacy current] (pid: c_int, state: *mut CUprocessState);
@@ -354,8 +354,8 @@ macro_rules! for_each_driver_api {
             unsupported cuMemAllocPitch [cuMemAllocPitch 1 legacy internal] (dptr: *mut CUdeviceptr_v1, p_pitch: *mut c_uint, width_in_bytes: c_uint, height: c_uint, element_size_bytes: c_uint);
             implemented cuMemAllocPitch_v2 [cuMemAllocPitch 2 legacy current] (dptr: *mut CUdeviceptr, p_pitch: *mut usize, width_in_bytes: usize, height: usize, element_size_bytes: c_uint);
             implemented cuMemAlloc_v2 [cuMemAlloc 2 legacy current] (dptr: *mut CUdeviceptr, bytesize: usize);
-            unsupported cuMemBatchDecompressAsync [cuMemBatchDecompressAsync 1 legacy current] (params_array: *mut CUmemDecompressParams, count: usize, flags: c_uint, error_index: *mut usize, stream: CUstream);
-            unsupported cuMemBatchDecompressAsync_ptsz [cuMemBatchDecompressAsync 1 ptsz per_thread] (params_array: *mut CUmemDecompressParams, count: usize, flags: c_uint, error_index: *mut usize, stream: CUstream);
+            implemented cuMemBatchDecompressAsync [cuMemBatchDecompressAsync 1 legacy current] (params_array: *mut CUmemDecompressParams, count: usize, flags: c_uint, error_index: *mut usize, stream: CUstream);
+            implemented cuMemBatchDecompressAsync_ptsz [cuMemBatchDecompressAsync 1 ptsz per_thread] (params_array: *mut CUmemDecompressParams, count: usize, flags: c_uint, error_index: *mut usize, stream: CUstream);
             implemented cuMemCreate [cuMemCreate 1 legacy current] (handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: c_ulonglong);
             implemented cuMemDiscardAndPrefetchBatchAsync [cuMemDiscardAndPrefetchBatchAsync 1 legacy current] (dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetch_locs: *mut CUmemLocation, prefetch_loc_idxs: *mut usize, num_prefetch_locs: usize, flags: c_ulonglong, h_stream: CUstream);
             implemented cuMemDiscardAndPrefetchBatchAsync_ptsz [cuMemDiscardAndPrefetchBatchAsync 1 ptsz per_thread] (dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetch_locs: *mut CUmemLocation, prefetch_loc_idxs: *mut usize, num_prefetch_locs: usize, flags: c_ulonglong, h_stream: CUstream);
@@ -388,8 +388,8 @@ macro_rules! for_each_driver_api {
             implemented cuMemHostUnregister [cuMemHostUnregister 1 legacy current] (p: *mut c_void);
             implemented cuMemImportFromShareableHandle [cuMemImportFromShareableHandle 1 legacy current] (handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, sh_handle_type: CUmemAllocationHandleType);
             implemented cuMemMap [cuMemMap 1 legacy current] (ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong);
-            unsupported cuMemMapArrayAsync [cuMemMapArrayAsync 1 legacy current] (map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream);
-            unsupported cuMemMapArrayAsync_ptsz [cuMemMapArrayAsync 1 ptsz per_thread] (map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream);
+            implemented cuMemMapArrayAsync [cuMemMapArrayAsync 1 legacy current] (map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream);
+            implemented cuMemMapArrayAsync_ptsz [cuMemMapArrayAsync 1 ptsz per_thread] (map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream);
             implemented cuMemPoolCreate [cuMemPoolCreate 1 legacy current] (pool: *mut CUmemoryPool, pool_props: *const CUmemPoolProps);
             implemented cuMemPoolDestroy [cuMemPoolDestroy 1 legacy current] (pool: CUmemoryPool);
             implemented cuMemPoolExportPointer [cuMemPoolExportPointer 1 legacy current] (share_data_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr);
@@ -521,8 +521,8 @@ macro_rules! for_each_driver_api {
             implemented cuMipmappedArrayCreate [cuMipmappedArrayCreate 1 legacy current] (p_handle: *mut CUmipmappedArray, p_mipmapped_array_desc: *const CUDA_ARRAY3D_DESCRIPTOR, num_mipmap_levels: c_uint);
             implemented cuMipmappedArrayDestroy [cuMipmappedArrayDestroy 1 legacy current] (h_mipmapped_array: CUmipmappedArray);
             implemented cuMipmappedArrayGetLevel [cuMipmappedArrayGetLevel 1 legacy current] (p_level_array: *mut CUarray, h_mipmapped_array: CUmipmappedArray, level: c_uint);
-            unsupported cuMipmappedArrayGetMemoryRequirements [cuMipmappedArrayGetMemoryRequirements 1 legacy current] (memory_requirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, mipmap: CUmipmappedArray, device: CUdevice);
-            unsupported cuMipmappedArrayGetSparseProperties [cuMipmappedArrayGetSparseProperties 1 legacy current] (sparse_properties: *mut CUDA_ARRAY_SPARSE_PROPERTIES, mipmap: CUmipmappedArray);
+            implemented cuMipmappedArrayGetMemoryRequirements [cuMipmappedArrayGetMemoryRequirements 1 legacy current] (memory_requirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, mipmap: CUmipmappedArray, device: CUdevice);
+            implemented cuMipmappedArrayGetSparseProperties [cuMipmappedArrayGetSparseProperties 1 legacy current] (sparse_properties: *mut CUDA_ARRAY_SPARSE_PROPERTIES, mipmap: CUmipmappedArray);
             implemented cuModuleEnumerateFunctions [cuModuleEnumerateFunctions 1 legacy current] (functions: *mut CUfunction, num_functions: c_uint, mod_: CUmodule);
             implemented cuModuleGetFunction [cuModuleGetFunction 1 legacy current] (hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char);
             implemented cuModuleGetFunctionCount [cuModuleGetFunctionCount 1 legacy current] (count: *mut c_uint, mod_: CUmodule);

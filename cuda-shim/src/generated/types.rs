@@ -50,19 +50,32 @@ pub struct CUDA_ARRAY_DESCRIPTOR_st {
 }
 pub type CUDA_ARRAY_DESCRIPTOR_v2 = CUDA_ARRAY_DESCRIPTOR_st;
 pub type CUDA_ARRAY_DESCRIPTOR = CUDA_ARRAY_DESCRIPTOR_v2;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_ARRAY_MEMORY_REQUIREMENTS_st {
-    _opaque: [u8; 0],
+    pub size: usize,
+    pub alignment: usize,
+    pub reserved: [c_uint; 4],
 }
 pub type CUDA_ARRAY_MEMORY_REQUIREMENTS_v1 = CUDA_ARRAY_MEMORY_REQUIREMENTS_st;
 pub type CUDA_ARRAY_MEMORY_REQUIREMENTS = CUDA_ARRAY_MEMORY_REQUIREMENTS_v1;
 pub type CUdevice_v1 = c_int;
 pub type CUdevice = CUdevice_v1;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_ARRAY_SPARSE_PROPERTIES_st_tileExtent {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+}
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_ARRAY_SPARSE_PROPERTIES_st {
-    _opaque: [u8; 0],
+    pub tileExtent: CUDA_ARRAY_SPARSE_PROPERTIES_st_tileExtent,
+    pub miptailFirstLevel: c_uint,
+    pub miptailSize: c_ulonglong,
+    pub flags: c_uint,
+    pub reserved: [c_uint; 4],
 }
 pub type CUDA_ARRAY_SPARSE_PROPERTIES_v1 = CUDA_ARRAY_SPARSE_PROPERTIES_st;
 pub type CUDA_ARRAY_SPARSE_PROPERTIES = CUDA_ARRAY_SPARSE_PROPERTIES_v1;
@@ -631,10 +644,18 @@ pub struct CUlogsCallbackEntry_st {
 }
 pub type CUlogsCallbackHandle = *mut CUlogsCallbackEntry_st;
 pub type CUmem_advise = c_uint;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type cuuint32_t = u32;
+pub type CUmemDecompressAlgorithm = c_uint;
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUmemDecompressParams_st {
-    _opaque: [u8; 0],
+    pub srcNumBytes: usize,
+    pub dstNumBytes: usize,
+    pub dstActBytes: *mut cuuint32_t,
+    pub src: *const c_void,
+    pub dst: *mut c_void,
+    pub algo: CUmemDecompressAlgorithm,
+    pub padding: [c_uchar; 20],
 }
 pub type CUmemDecompressParams = CUmemDecompressParams_st;
 pub type CUmemGenericAllocationHandle_v1 = c_ulonglong;
@@ -660,10 +681,60 @@ pub type CUmemAllocationProp_v1 = CUmemAllocationProp_st;
 pub type CUmemAllocationProp = CUmemAllocationProp_v1;
 pub type CUmemAllocationGranularity_flags = c_uint;
 pub type CUmemRangeHandleType = c_uint;
-/// Opaque here: passed by pointer only (add it to LAYOUTS in the generator for fields).
+pub type CUresourcetype = c_uint;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub union CUarrayMapInfo_st_resource {
+    pub mipmap: CUmipmappedArray,
+    pub array: CUarray,
+}
+pub type CUarraySparseSubresourceType = c_uint;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUarrayMapInfo_st_subresource_sparseLevel {
+    pub level: c_uint,
+    pub layer: c_uint,
+    pub offsetX: c_uint,
+    pub offsetY: c_uint,
+    pub offsetZ: c_uint,
+    pub extentWidth: c_uint,
+    pub extentHeight: c_uint,
+    pub extentDepth: c_uint,
+}
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUarrayMapInfo_st_subresource_miptail {
+    pub layer: c_uint,
+    pub offset: c_ulonglong,
+    pub size: c_ulonglong,
+}
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub union CUarrayMapInfo_st_subresource {
+    pub sparseLevel: CUarrayMapInfo_st_subresource_sparseLevel,
+    pub miptail: CUarrayMapInfo_st_subresource_miptail,
+}
+pub type CUmemOperationType = c_uint;
+pub type CUmemHandleType = c_uint;
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub union CUarrayMapInfo_st_memHandle {
+    pub memHandle: CUmemGenericAllocationHandle,
+}
+#[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUarrayMapInfo_st {
-    _opaque: [u8; 0],
+    pub resourceType: CUresourcetype,
+    pub resource: CUarrayMapInfo_st_resource,
+    pub subresourceType: CUarraySparseSubresourceType,
+    pub subresource: CUarrayMapInfo_st_subresource,
+    pub memOperationType: CUmemOperationType,
+    pub memHandleType: CUmemHandleType,
+    pub memHandle: CUarrayMapInfo_st_memHandle,
+    pub offset: c_ulonglong,
+    pub deviceBitMask: c_uint,
+    pub flags: c_uint,
+    pub reserved: [c_uint; 2],
 }
 pub type CUarrayMapInfo_v1 = CUarrayMapInfo_st;
 pub type CUarrayMapInfo = CUarrayMapInfo_v1;
@@ -792,10 +863,8 @@ pub type CUstreamAttrID = CUlaunchAttributeID;
 pub type CUstreamAttrValue_v1 = CUlaunchAttributeValue;
 pub type CUstreamAttrValue = CUstreamAttrValue_v1;
 pub type CUstreamCaptureStatus = c_uint;
-pub type cuuint32_t = u32;
 pub type CUsurfObject_v1 = c_ulonglong;
 pub type CUsurfObject = CUsurfObject_v1;
-pub type CUresourcetype = c_uint;
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CUDA_RESOURCE_DESC_st_res_array {
@@ -943,6 +1012,8 @@ pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v2 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st;
 
 const _: () = assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 40 && align_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 8);
 const _: () = assert!(size_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 24 && align_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 8);
+const _: () = assert!(size_of::<CUDA_ARRAY_MEMORY_REQUIREMENTS_st>() == 32 && align_of::<CUDA_ARRAY_MEMORY_REQUIREMENTS_st>() == 8);
+const _: () = assert!(size_of::<CUDA_ARRAY_SPARSE_PROPERTIES_st>() == 48 && align_of::<CUDA_ARRAY_SPARSE_PROPERTIES_st>() == 8);
 const _: () = assert!(size_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st>() == 32 && align_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st>() == 8);
 const _: () = assert!(size_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st>() == 32 && align_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st>() == 8);
 const _: () = assert!(size_of::<CUDA_CHILD_GRAPH_NODE_PARAMS_st>() == 16 && align_of::<CUDA_CHILD_GRAPH_NODE_PARAMS_st>() == 8);
@@ -960,6 +1031,7 @@ const _: () = assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v1_st>() == 120 && al
 const _: () = assert!(size_of::<CUDA_RESOURCE_DESC_st>() == 144 && align_of::<CUDA_RESOURCE_DESC_st>() == 8);
 const _: () = assert!(size_of::<CUDA_RESOURCE_VIEW_DESC_st>() == 112 && align_of::<CUDA_RESOURCE_VIEW_DESC_st>() == 8);
 const _: () = assert!(size_of::<CUDA_TEXTURE_DESC_st>() == 104 && align_of::<CUDA_TEXTURE_DESC_st>() == 4);
+const _: () = assert!(size_of::<CUarrayMapInfo_st>() == 96 && align_of::<CUarrayMapInfo_st>() == 8);
 const _: () = assert!(size_of::<CUctxCigParam_st>() == 16 && align_of::<CUctxCigParam_st>() == 8);
 const _: () = assert!(size_of::<CUctxCreateParams_st>() == 24 && align_of::<CUctxCreateParams_st>() == 8);
 const _: () = assert!(size_of::<CUdevprop_st>() == 56 && align_of::<CUdevprop_st>() == 4);
@@ -973,6 +1045,7 @@ const _: () = assert!(size_of::<CUipcMemHandle_st>() == 64 && align_of::<CUipcMe
 const _: () = assert!(size_of::<CUlaunchConfig_st>() == 56 && align_of::<CUlaunchConfig_st>() == 8);
 const _: () = assert!(size_of::<CUmemAccessDesc_st>() == 12 && align_of::<CUmemAccessDesc_st>() == 4);
 const _: () = assert!(size_of::<CUmemAllocationProp_st>() == 32 && align_of::<CUmemAllocationProp_st>() == 8);
+const _: () = assert!(size_of::<CUmemDecompressParams_st>() == 64 && align_of::<CUmemDecompressParams_st>() == 8);
 const _: () = assert!(size_of::<CUmemLocation_st>() == 8 && align_of::<CUmemLocation_st>() == 4);
 const _: () = assert!(size_of::<CUmemPoolProps_st>() == 88 && align_of::<CUmemPoolProps_st>() == 8);
 const _: () = assert!(size_of::<CUmemPoolPtrExportData_st>() == 64 && align_of::<CUmemPoolPtrExportData_st>() == 1);

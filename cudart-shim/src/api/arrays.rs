@@ -493,6 +493,97 @@ pub unsafe fn cudaGetChannelDesc(desc: *mut cudaChannelFormatDesc, array: CUarra
     unsafe { write_out(desc, channel_desc(d.format, d.num_channels)) }
 }
 
+// --- planes, sparse properties and memory requirements (the driver's, struct for struct) ---
+
+/// `cudaArraySparseProperties`: `CUDA_ARRAY_SPARSE_PROPERTIES`'s layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct cudaArraySparseProperties {
+    tile_extent: [c_uint; 3],
+    miptail_first_level: c_uint,
+    miptail_size: u64,
+    flags: c_uint,
+    reserved: [c_uint; 4],
+}
+
+/// `cudaArrayMemoryRequirements`: `CUDA_ARRAY_MEMORY_REQUIREMENTS`'s layout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct cudaArrayMemoryRequirements {
+    size: usize,
+    alignment: usize,
+    reserved: [c_uint; 4],
+}
+
+const _: () = assert!(size_of::<cudaArraySparseProperties>() == 48 && size_of::<cudaArrayMemoryRequirements>() == 32);
+
+/// A plane of a planar (NV12) array: an array of its own, part of `array` (it goes with it).
+pub unsafe fn cudaArrayGetPlane(plane_array: *mut CUarray, array: CUarray, plane: c_uint) -> CudaResult<()> {
+    if plane_array.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    if array.is_null() {
+        return Err(CudaError::INVALID_RESOURCE_HANDLE);
+    }
+    let mut out: CUarray = std::ptr::null_mut();
+    cu_ctx!(cuArrayGetPlane(&mut out, array, plane))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(plane_array, out) }
+}
+
+pub unsafe fn cudaArrayGetSparseProperties(properties: *mut cudaArraySparseProperties, array: CUarray) -> CudaResult<()> {
+    if properties.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut out = cudaArraySparseProperties::default();
+    cu_ctx!(cuArrayGetSparseProperties(&mut out, array))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(properties, out) }
+}
+
+pub unsafe fn cudaMipmappedArrayGetSparseProperties(
+    properties: *mut cudaArraySparseProperties,
+    mipmapped: CUmipmappedArray,
+) -> CudaResult<()> {
+    if properties.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut out = cudaArraySparseProperties::default();
+    cu_ctx!(cuMipmappedArrayGetSparseProperties(&mut out, mipmapped))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(properties, out) }
+}
+
+pub unsafe fn cudaArrayGetMemoryRequirements(
+    requirements: *mut cudaArrayMemoryRequirements,
+    array: CUarray,
+    device: c_int,
+) -> CudaResult<()> {
+    if requirements.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let device = valid_device(device)?;
+    let mut out = cudaArrayMemoryRequirements::default();
+    cu_ctx!(cuArrayGetMemoryRequirements(&mut out, array, device))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(requirements, out) }
+}
+
+pub unsafe fn cudaMipmappedArrayGetMemoryRequirements(
+    requirements: *mut cudaArrayMemoryRequirements,
+    mipmapped: CUmipmappedArray,
+    device: c_int,
+) -> CudaResult<()> {
+    if requirements.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let device = valid_device(device)?;
+    let mut out = cudaArrayMemoryRequirements::default();
+    cu_ctx!(cuMipmappedArrayGetMemoryRequirements(&mut out, mipmapped, device))?;
+    // SAFETY: checked non-NULL; the app's out-pointer.
+    unsafe { write_out(requirements, out) }
+}
+
 // --- 2D copies to, from and between arrays (offsets and widths in bytes, as the driver's) ---
 
 /// A pitched copy with an array on one side or both: checked as `cudaMemcpy2D` checks its

@@ -12,11 +12,13 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide, ParamInfo, Pos3,
-    StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, ViewDesc, mem_op, node_type,
+    ArrayDesc, Copy3d, DecompressOp, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide,
+    ParamInfo, Pos3, SparseProperties, StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, ViewDesc, mem_op, node_type,
 };
 
-use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side, TexResource};
+use super::{
+    AddedNode, ArrayMapWork, ArrayRef, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side, TexResource,
+};
 use crate::host_calls::HostCallSite;
 
 /// Physical memory mapped for a while (`CudaDevice::map_anywhere`): unmapped, its addresses
@@ -1898,10 +1900,12 @@ impl Device for CudaDevice {
         check(unsafe { sys::cuMemAddressFree(ptr, size as usize).result() })
     }
 
-    fn mem_create(&self, size: u64, handle_types: u32) -> CudaResult<u64> {
+    fn mem_create(&self, size: u64, handle_types: u32, usage: u32) -> CudaResult<u64> {
+        let mut prop = self.allocation_prop(handle_types)?;
+        prop.allocFlags.usage = u16::try_from(usage).map_err(|_| CudaError::INVALID_VALUE)?;
         let mut handle = 0;
         // SAFETY: valid out-pointer and a complete properties struct.
-        check(unsafe { sys::cuMemCreate(&mut handle, size as usize, &self.allocation_prop(handle_types)?, 0).result() })?;
+        check(unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0).result() })?;
         Ok(handle)
     }
 
@@ -2369,6 +2373,26 @@ impl Device for CudaDevice {
 
     fn object_destroy(&self, handle: u64, surface: bool) -> CudaResult<()> {
         self.destroy_object(handle, surface)
+    }
+
+    fn array_plane(&self, array: Self::Array, _desc: &ArrayDesc, plane: u32) -> CudaResult<(Self::Array, ArrayDesc)> {
+        self.plane(array, plane)
+    }
+
+    fn sparse_properties(&self, target: ArrayRef<Self>, _desc: &ArrayDesc, _levels: u32) -> CudaResult<SparseProperties> {
+        self.sparse_of(target)
+    }
+
+    fn memory_requirements(&self, target: ArrayRef<Self>, _desc: &ArrayDesc, _levels: u32) -> CudaResult<(u64, u64)> {
+        self.requirements_of(target, self.device)
+    }
+
+    fn map_arrays(&self, maps: &[ArrayMapWork<Self>], stream: Self::Stream) -> CudaResult<()> {
+        self.map_array_work(maps, stream.0, self.device)
+    }
+
+    fn batch_decompress(&self, ops: &[DecompressOp], stream: Self::Stream) -> Result<(), (CudaError, u64)> {
+        self.decompress(ops, stream.0)
     }
 
     fn launch_host_call(&self, stream: Self::Stream, site: &Arc<HostCallSite>, kept: bool) -> CudaResult<()> {

@@ -8,10 +8,10 @@ use std::ffi::{c_int, c_uint};
 use cudarc::driver::sys;
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{ArrayDesc, Resource, TextureDesc, ViewDesc};
+use flyt_protocol::ops::{ArrayDesc, DecompressOp, Resource, SparseProperties, Subresource, TextureDesc, ViewDesc};
 
 use super::cuda::{CudaDevice, Handle, check, raw_check};
-use super::{Extent, Side, TexResource};
+use super::{ArrayMapWork, ArrayRef, Extent, Side, TexResource};
 
 /// `CUDA_ARRAY3D_DESCRIPTOR`.
 #[repr(C)]
@@ -61,7 +61,90 @@ struct RawViewDesc {
     reserved: [c_uint; 16],
 }
 
-const _: () = assert!(size_of::<RawResourceDesc>() == 144 && size_of::<RawTextureDesc>() == 104 && size_of::<RawViewDesc>() == 112);
+/// `CUDA_ARRAY_SPARSE_PROPERTIES`.
+#[repr(C)]
+#[derive(Default)]
+struct RawSparseProperties {
+    tile: [c_uint; 3],
+    miptail_first_level: c_uint,
+    miptail_size: u64,
+    flags: c_uint,
+    reserved: [c_uint; 4],
+}
+
+/// `CUDA_ARRAY_MEMORY_REQUIREMENTS`.
+#[repr(C)]
+#[derive(Default)]
+struct RawMemoryRequirements {
+    size: usize,
+    alignment: usize,
+    reserved: [c_uint; 4],
+}
+
+/// `CUarrayMapInfo`'s `subresource.miptail`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RawMiptail {
+    layer: c_uint,
+    offset: u64,
+    size: u64,
+}
+
+/// `CUarrayMapInfo`'s `subresource`: `sparseLevel` (level, layer, offsets, extents) or
+/// `miptail`.
+#[repr(C)]
+union RawSubresource {
+    sparse_level: [c_uint; 8],
+    miptail: RawMiptail,
+}
+
+/// `CUarrayMapInfo`, its enums as `unsigned`.
+#[repr(C)]
+struct RawArrayMapInfo {
+    resource_type: c_uint,
+    /// `resource`: the `CUarray` or `CUmipmappedArray`.
+    resource: *mut std::ffi::c_void,
+    subresource_type: c_uint,
+    subresource: RawSubresource,
+    mem_operation_type: c_uint,
+    mem_handle_type: c_uint,
+    mem_handle: u64,
+    offset: u64,
+    device_bit_mask: c_uint,
+    flags: c_uint,
+    reserved: [c_uint; 2],
+}
+
+/// `CUmemDecompressParams`, its pointers as addresses.
+#[repr(C)]
+struct RawDecompressParams {
+    src_num_bytes: usize,
+    dst_num_bytes: usize,
+    dst_act_bytes: u64,
+    src: u64,
+    dst: u64,
+    algo: c_uint,
+    padding: [u8; 20],
+}
+
+// The sizes and offsets `cuda.h` gives them (x86_64, checked with the C compiler).
+const _: () = {
+    assert!(size_of::<RawResourceDesc>() == 144 && size_of::<RawTextureDesc>() == 104 && size_of::<RawViewDesc>() == 112);
+    assert!(size_of::<RawSparseProperties>() == 48 && size_of::<RawMemoryRequirements>() == 32);
+    assert!(size_of::<RawArrayMapInfo>() == 96);
+    assert!(std::mem::offset_of!(RawArrayMapInfo, subresource) == 24);
+    assert!(std::mem::offset_of!(RawArrayMapInfo, mem_operation_type) == 56);
+    assert!(std::mem::offset_of!(RawArrayMapInfo, mem_handle) == 64);
+    assert!(std::mem::offset_of!(RawArrayMapInfo, device_bit_mask) == 80);
+    assert!(std::mem::offset_of!(RawMiptail, offset) == 8 && std::mem::offset_of!(RawMiptail, size) == 16);
+    assert!(size_of::<RawDecompressParams>() == 64 && std::mem::offset_of!(RawDecompressParams, algo) == 40);
+};
+
+/// `CUarraySparseSubresourceType`, `CUmemOperationType`.
+const SUBRESOURCE_SPARSE_LEVEL: c_uint = 0;
+const SUBRESOURCE_MIPTAIL: c_uint = 1;
+const OPERATION_MAP: c_uint = 1;
+const OPERATION_UNMAP: c_uint = 2;
 
 /// `CUresourcetype`.
 mod resource_type {
@@ -79,6 +162,15 @@ pub struct RawArrays {
     surf_object_create: unsafe extern "C" fn(*mut u64, *const RawResourceDesc) -> u32,
     stream_set_attribute: unsafe extern "C" fn(sys::CUstream, c_uint, *const [u8; 64]) -> u32,
     stream_get_attribute: unsafe extern "C" fn(sys::CUstream, c_uint, *mut [u8; 64]) -> u32,
+    array_get_descriptor: unsafe extern "C" fn(*mut RawArrayDesc, sys::CUarray) -> u32,
+    // Newer than some drivers a server may run on: `None` answers not-supported.
+    array_get_plane: Option<unsafe extern "C" fn(*mut sys::CUarray, sys::CUarray, c_uint) -> u32>,
+    array_sparse_properties: Option<unsafe extern "C" fn(*mut RawSparseProperties, sys::CUarray) -> u32>,
+    mipmap_sparse_properties: Option<unsafe extern "C" fn(*mut RawSparseProperties, sys::CUmipmappedArray) -> u32>,
+    array_memory_requirements: Option<unsafe extern "C" fn(*mut RawMemoryRequirements, sys::CUarray, sys::CUdevice) -> u32>,
+    mipmap_memory_requirements: Option<unsafe extern "C" fn(*mut RawMemoryRequirements, sys::CUmipmappedArray, sys::CUdevice) -> u32>,
+    map_array: Option<unsafe extern "C" fn(*mut RawArrayMapInfo, c_uint, sys::CUstream) -> u32>,
+    batch_decompress: Option<unsafe extern "C" fn(*mut RawDecompressParams, usize, c_uint, *mut usize, sys::CUstream) -> u32>,
 }
 
 impl RawArrays {
@@ -92,6 +184,11 @@ impl RawArrays {
                     *lib.get(concat!($name, "\0").as_bytes()).map_err(|error| format!("{}: {error}", $name))?
                 };
             }
+            macro_rules! optional {
+                ($name:literal) => {
+                    lib.get(concat!($name, "\0").as_bytes()).ok().map(|symbol| *symbol)
+                };
+            }
             Ok(Self {
                 array_3d_create: symbol!("cuArray3DCreate_v2"),
                 mipmapped_array_create: symbol!("cuMipmappedArrayCreate"),
@@ -99,6 +196,14 @@ impl RawArrays {
                 surf_object_create: symbol!("cuSurfObjectCreate"),
                 stream_set_attribute: symbol!("cuStreamSetAttribute"),
                 stream_get_attribute: symbol!("cuStreamGetAttribute"),
+                array_get_descriptor: symbol!("cuArray3DGetDescriptor_v2"),
+                array_get_plane: optional!("cuArrayGetPlane"),
+                array_sparse_properties: optional!("cuArrayGetSparseProperties"),
+                mipmap_sparse_properties: optional!("cuMipmappedArrayGetSparseProperties"),
+                array_memory_requirements: optional!("cuArrayGetMemoryRequirements"),
+                mipmap_memory_requirements: optional!("cuMipmappedArrayGetMemoryRequirements"),
+                map_array: optional!("cuMemMapArrayAsync"),
+                batch_decompress: optional!("cuMemBatchDecompressAsync"),
             })
         }
     }
@@ -320,6 +425,133 @@ impl CudaDevice {
     pub(super) fn destroy_object(&self, handle: u64, surface: bool) -> CudaResult<()> {
         // SAFETY: a texture or surface object this session created, destroyed once.
         check(unsafe { if surface { sys::cuSurfObjectDestroy(handle) } else { sys::cuTexObjectDestroy(handle) } }.result())
+    }
+
+    pub(super) fn plane(&self, array: Handle<sys::CUarray>, plane: u32) -> CudaResult<(Handle<sys::CUarray>, ArrayDesc)> {
+        let get_plane = self.arrays.array_get_plane.ok_or(CudaError::NOT_SUPPORTED)?;
+        let mut plane_array = std::ptr::null_mut();
+        // SAFETY: a planar array of the session's; valid out-pointer.
+        raw_check(unsafe { get_plane(&mut plane_array, array.0, plane) })?;
+        let mut raw = RawArrayDesc { width: 0, height: 0, depth: 0, format: 0, channels: 0, flags: 0 };
+        // SAFETY: the plane just given; valid out-pointer to a whole descriptor.
+        raw_check(unsafe { (self.arrays.array_get_descriptor)(&mut raw, plane_array) })?;
+        let desc = ArrayDesc {
+            width: raw.width as u64,
+            height: raw.height as u64,
+            depth: raw.depth as u64,
+            format: raw.format,
+            channels: raw.channels,
+            flags: raw.flags,
+        };
+        Ok((Handle::new(plane_array), desc))
+    }
+
+    pub(super) fn sparse_of(&self, target: ArrayRef<Self>) -> CudaResult<SparseProperties> {
+        let mut raw = RawSparseProperties::default();
+        // SAFETY: a sparse array or mipmapped array of the session's; valid out-pointer.
+        let code = unsafe {
+            match target {
+                ArrayRef::Array(array) => (self.arrays.array_sparse_properties.ok_or(CudaError::NOT_SUPPORTED)?)(&mut raw, array.0),
+                ArrayRef::Mipmap(mipmap) => (self.arrays.mipmap_sparse_properties.ok_or(CudaError::NOT_SUPPORTED)?)(&mut raw, mipmap.0),
+            }
+        };
+        raw_check(code)?;
+        Ok(SparseProperties {
+            tile: raw.tile,
+            miptail_first_level: raw.miptail_first_level,
+            miptail_size: raw.miptail_size,
+            flags: raw.flags,
+        })
+    }
+
+    pub(super) fn requirements_of(&self, target: ArrayRef<Self>, device: sys::CUdevice) -> CudaResult<(u64, u64)> {
+        let mut raw = RawMemoryRequirements::default();
+        // SAFETY: a deferred-mapping array or mipmapped array of the session's, on its device;
+        // valid out-pointer.
+        let code = unsafe {
+            match target {
+                ArrayRef::Array(array) => {
+                    (self.arrays.array_memory_requirements.ok_or(CudaError::NOT_SUPPORTED)?)(&mut raw, array.0, device)
+                }
+                ArrayRef::Mipmap(mipmap) => {
+                    (self.arrays.mipmap_memory_requirements.ok_or(CudaError::NOT_SUPPORTED)?)(&mut raw, mipmap.0, device)
+                }
+            }
+        };
+        raw_check(code)?;
+        Ok((raw.size as u64, raw.alignment as u64))
+    }
+
+    /// `cuMemMapArrayAsync` for `device` (its ordinal's bit).
+    pub(super) fn map_array_work(&self, maps: &[ArrayMapWork<Self>], stream: sys::CUstream, device: sys::CUdevice) -> CudaResult<()> {
+        let map_array = self.arrays.map_array.ok_or(CudaError::NOT_SUPPORTED)?;
+        let device_bit_mask = u32::try_from(device).ok().and_then(|ordinal| 1u32.checked_shl(ordinal)).ok_or(CudaError::INVALID_DEVICE)?;
+        let mut raw: Vec<RawArrayMapInfo> = maps
+            .iter()
+            .map(|map| {
+                let (resource_type, resource) = match map.target {
+                    ArrayRef::Array(array) => (resource_type::ARRAY, array.0.cast()),
+                    ArrayRef::Mipmap(mipmap) => (resource_type::MIPMAPPED_ARRAY, mipmap.0.cast()),
+                };
+                let (subresource_type, subresource) = match map.subresource {
+                    Subresource::SparseLevel { level, layer, offset, extent } => (
+                        SUBRESOURCE_SPARSE_LEVEL,
+                        RawSubresource { sparse_level: [level, layer, offset[0], offset[1], offset[2], extent[0], extent[1], extent[2]] },
+                    ),
+                    Subresource::Miptail { layer, offset, size } => {
+                        (SUBRESOURCE_MIPTAIL, RawSubresource { miptail: RawMiptail { layer, offset, size } })
+                    }
+                    // Ignored by the driver for a deferred-mapping array.
+                    Subresource::Whole => (SUBRESOURCE_SPARSE_LEVEL, RawSubresource { sparse_level: [0; 8] }),
+                };
+                let (mem_operation_type, mem_handle, offset) = match map.memory {
+                    Some((handle, offset)) => (OPERATION_MAP, handle, offset),
+                    None => (OPERATION_UNMAP, 0, 0),
+                };
+                RawArrayMapInfo {
+                    resource_type,
+                    resource,
+                    subresource_type,
+                    subresource,
+                    mem_operation_type,
+                    mem_handle_type: 0,
+                    mem_handle,
+                    offset,
+                    device_bit_mask,
+                    flags: 0,
+                    reserved: [0; 2],
+                }
+            })
+            .collect();
+        let count = c_uint::try_from(raw.len()).map_err(|_| CudaError::INVALID_VALUE)?;
+        // SAFETY: `count` complete entries naming arrays and tile pools of the session's, their
+        // subresources and offsets checked by it; a stream of the session's.
+        raw_check(unsafe { map_array(raw.as_mut_ptr(), count, stream) })
+    }
+
+    pub(super) fn decompress(&self, ops: &[DecompressOp], stream: sys::CUstream) -> Result<(), (CudaError, u64)> {
+        let whole = |error| (error, u64::MAX);
+        let batch_decompress = self.arrays.batch_decompress.ok_or(whole(CudaError::NOT_SUPPORTED))?;
+        let size = |value: u64| usize::try_from(value).map_err(|_| whole(CudaError::INVALID_VALUE));
+        let mut raw = ops
+            .iter()
+            .map(|op| {
+                Ok(RawDecompressParams {
+                    src_num_bytes: size(op.src_len)?,
+                    dst_num_bytes: size(op.dst_len)?,
+                    dst_act_bytes: op.dst_act_bytes,
+                    src: op.src,
+                    dst: op.dst,
+                    algo: op.algo,
+                    padding: [0; 20],
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut index = usize::MAX;
+        // SAFETY: complete parameters whose buffers lie in the session's memory (checked by it);
+        // `index` is a valid out-pointer; a stream of the session's.
+        let code = unsafe { batch_decompress(raw.as_mut_ptr(), raw.len(), 0, &mut index, stream) };
+        raw_check(code).map_err(|error| (error, if index == usize::MAX { u64::MAX } else { index as u64 }))
     }
 
     pub(super) fn attribute_of_stream(&self, stream: sys::CUstream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {

@@ -10,12 +10,15 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide, ParamInfo, Pos3,
-    StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, capture_status, mem_op,
+    ArrayDesc, Copy3d, DecompressOp, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide,
+    ParamInfo, Pos3, SPARSE_TILE_BYTES, SparseProperties, StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, array_flags, capture_status,
+    mem_op, mem_usage,
 };
 
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
-use super::{AddedNode, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side, TexResource};
+use super::{
+    AddedNode, ArrayMapWork, ArrayRef, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side, TexResource,
+};
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;
 
@@ -109,12 +112,16 @@ const POOL_SPAN_ALIGNMENT: u64 = 64 << 10;
 /// and length follow).
 const POOL_EXPORT_MAGIC: &[u8; 8] = b"EMUPOOL1";
 
-/// An emulated array: a block of device memory holding its rows packed.
+/// An emulated array: a block of device memory holding its rows packed (a planar array's planes
+/// one after the other, luma first), or no memory at all for a sparse or deferred-mapping array,
+/// whose memory would be mapped into it (`unbacked`: this device maps none, so copies to and from
+/// it are refused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EmulatedArray {
     base: u64,
     pitch: u64,
     height: u64,
+    unbacked: bool,
 }
 
 impl State {
@@ -1238,8 +1245,10 @@ impl Device for EmulatedDevice {
         }
     }
 
-    fn mem_create(&self, size: u64, handle_types: u32) -> CudaResult<u64> {
-        if size == 0 || !size.is_multiple_of(ALIGNMENT) || handle_types > 1 {
+    /// `usage` (a tile pool, decompression buffers) changes nothing here: this device maps no
+    /// tiles and decompresses nothing, and refuses those calls.
+    fn mem_create(&self, size: u64, handle_types: u32, usage: u32) -> CudaResult<u64> {
+        if size == 0 || !size.is_multiple_of(ALIGNMENT) || handle_types > 1 || usage & !mem_usage::ALL != 0 {
             return Err(CudaError::INVALID_VALUE);
         }
         let mut state = self.state();
@@ -1605,7 +1614,7 @@ impl Device for EmulatedDevice {
 
     unsafe fn copy_shaped(&self, src: Side<Self>, dst: Side<Self>, extent: Extent, stream: u64) -> CudaResult<()> {
         let mut state = self.state();
-        let (src, dst) = (flat(src), flat(dst));
+        let (src, dst) = (flat(src)?, flat(dst)?);
         if let (Flat::Device(src_ptr, src_pitch, src_height), Flat::Device(dst_ptr, dst_pitch, dst_height)) = (src, dst) {
             let copy = Copy3d {
                 src: src_ptr,
@@ -1632,28 +1641,44 @@ impl Device for EmulatedDevice {
     fn copy_staged_to_shaped(&self, dst: Side<Self>, extent: Extent, mut src: Vec<u8>, _stream: u64) -> CudaResult<()> {
         let host = Flat::Host(src.as_mut_ptr(), extent.width, extent.height);
         // SAFETY: the host side is the staging vector, which holds the packed box.
-        unsafe { copy_rows(&mut self.state().blocks, host, flat(dst), extent) }
+        unsafe { copy_rows(&mut self.state().blocks, host, flat(dst)?, extent) }
     }
 
     fn start_shaped_to_staged(&self, src: Side<Self>, extent: Extent, mut dst: Vec<u8>, _stream: u64) -> CudaResult<CudaResult<Vec<u8>>> {
         let host = Flat::Host(dst.as_mut_ptr(), extent.width, extent.height);
         // SAFETY: the host side is the staging vector, sized for the packed box.
-        unsafe { copy_rows(&mut self.state().blocks, flat(src), host, extent) }?;
+        unsafe { copy_rows(&mut self.state().blocks, flat(src)?, host, extent) }?;
         Ok(Ok(dst))
     }
 
     fn array_create(&self, desc: &ArrayDesc) -> CudaResult<EmulatedArray> {
-        let (width, height, depth) = desc.extent().ok_or(CudaError::INVALID_VALUE)?;
         if desc.width == 0 {
             return Err(CudaError::INVALID_VALUE);
         }
+        if let Some([luma, _]) = desc.planes() {
+            // NV12 as NVIDIA's runtime describes it (three channels), one 2D image whose
+            // memory is its own.
+            if desc.channels != 3 || desc.height == 0 || desc.depth != 0 || desc.is_mapped_later() {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let base = self.malloc(desc.packed_bytes(1).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
+            return Ok(EmulatedArray { base, pitch: luma.width, height: luma.height, unbacked: false });
+        }
+        let (width, height, depth) = desc.extent().ok_or(CudaError::INVALID_VALUE)?;
+        if desc.is_mapped_later() {
+            // Sparse arrays are 2D, 2D layered or 3D.
+            if desc.flags & array_flags::SPARSE != 0 && desc.height == 0 {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            return Ok(EmulatedArray { base: 0, pitch: width, height, unbacked: true });
+        }
         let base =
             self.malloc(width.checked_mul(height).and_then(|bytes| bytes.checked_mul(depth)).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
-        Ok(EmulatedArray { base, pitch: width, height })
+        Ok(EmulatedArray { base, pitch: width, height, unbacked: false })
     }
 
     fn array_destroy(&self, array: EmulatedArray) -> CudaResult<()> {
-        self.free(array.base)
+        if array.unbacked { Ok(()) } else { self.free(array.base) }
     }
 
     fn mipmap_create(&self, desc: &ArrayDesc, levels: u32) -> CudaResult<u64> {
@@ -1663,7 +1688,7 @@ impl Device for EmulatedDevice {
                 Ok(array) => made.push(array),
                 Err(error) => {
                     for array in made {
-                        let _ = self.free(array.base);
+                        let _ = self.array_destroy(array);
                     }
                     return Err(error);
                 }
@@ -1684,7 +1709,7 @@ impl Device for EmulatedDevice {
     fn mipmap_destroy(&self, mipmap: u64) -> CudaResult<()> {
         let levels = self.state().mipmaps.remove(&mipmap).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
         for array in levels {
-            self.free(array.base)?;
+            self.array_destroy(array)?;
         }
         Ok(())
     }
@@ -1696,6 +1721,74 @@ impl Device for EmulatedDevice {
 
     fn surf_create(&self, _array: EmulatedArray) -> CudaResult<u64> {
         Ok(self.state().new_object(true))
+    }
+
+    /// An NV12 array's planes lie in its block, luma rows then chroma rows, each packed.
+    fn array_plane(&self, array: EmulatedArray, desc: &ArrayDesc, plane: u32) -> CudaResult<(EmulatedArray, ArrayDesc)> {
+        let planes = desc.planes().ok_or(CudaError::INVALID_VALUE)?;
+        let plane_desc = *planes.get(plane as usize).ok_or(CudaError::INVALID_VALUE)?;
+        let (luma_width, luma_height, _) = planes[0].extent().ok_or(CudaError::INVALID_VALUE)?;
+        let (width, height, _) = plane_desc.extent().ok_or(CudaError::INVALID_VALUE)?;
+        let offset = if plane == 0 { 0 } else { luma_width * luma_height };
+        Ok((EmulatedArray { base: array.base + offset, pitch: width, height, unbacked: false }, plane_desc))
+    }
+
+    /// Tiles of 64 KiB shaped as NVIDIA's sparse tiles are for the element size; a mipmapped
+    /// array's mip tail begins at its first level smaller than a tile in any dimension, and holds
+    /// the levels from there packed, per layer, rounded up to whole tiles.
+    fn sparse_properties(&self, _target: ArrayRef<Self>, desc: &ArrayDesc, levels: u32) -> CudaResult<SparseProperties> {
+        if desc.flags & array_flags::SPARSE == 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let tile = sparse_tile(desc).ok_or(CudaError::INVALID_VALUE)?;
+        let fits = |level: &ArrayDesc| {
+            let depth = if desc.layers() == 0 && desc.depth > 0 { level.depth } else { 1 };
+            level.width >= u64::from(tile[0]) && level.height.max(1) >= u64::from(tile[1]) && depth >= u64::from(tile[2])
+        };
+        let mut properties = SparseProperties { tile, ..SparseProperties::default() };
+        if levels > 1 {
+            let first = (0..levels).find(|level| !fits(&desc.level(*level))).unwrap_or(levels);
+            let per_layer = (first..levels).try_fold(0u64, |total, level| {
+                let (width, height, depth) = desc.level(level).extent()?;
+                let slices = if desc.layers() == 0 { depth } else { 1 };
+                total.checked_add(width.checked_mul(height)?.checked_mul(slices)?)
+            });
+            properties.miptail_first_level = first;
+            properties.miptail_size = per_layer.ok_or(CudaError::INVALID_VALUE)?.next_multiple_of(SPARSE_TILE_BYTES);
+        }
+        Ok(properties)
+    }
+
+    /// Each level's extent rounded up to whole 64 KiB tiles (shaped as for sparse arrays), all
+    /// layers, the total in whole tiles; mapped memory aligned to a tile.
+    fn memory_requirements(&self, _target: ArrayRef<Self>, desc: &ArrayDesc, levels: u32) -> CudaResult<(u64, u64)> {
+        if desc.flags & array_flags::DEFERRED_MAPPING == 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let element = desc.element_size().ok_or(CudaError::INVALID_VALUE)?;
+        let tile = sparse_tile(desc).unwrap_or([1, 1, 1]).map(u64::from);
+        let three_d = desc.layers() == 0 && desc.depth > 0;
+        let size = (0..levels.max(1)).try_fold(0u64, |total, level| {
+            let level = desc.level(level);
+            let rows = if desc.height == 0 { 1 } else { level.height.next_multiple_of(tile[1]) };
+            let slices = if three_d { level.depth.next_multiple_of(tile[2]) } else { desc.layers().max(1) };
+            let bytes = level.width.next_multiple_of(tile[0]).checked_mul(element)?.checked_mul(rows)?.checked_mul(slices)?;
+            total.checked_add(bytes)
+        });
+        Ok((size.ok_or(CudaError::INVALID_VALUE)?.next_multiple_of(SPARSE_TILE_BYTES), SPARSE_TILE_BYTES))
+    }
+
+    /// Mapping memory into an array's tiles is the GPU's page tables' work, which this device
+    /// cannot do.
+    fn map_arrays(&self, _maps: &[ArrayMapWork<Self>], _stream: u64) -> CudaResult<()> {
+        tracing::warn!("cuMemMapArrayAsync refused: the emulated device maps no memory into sparse or deferred-mapping arrays");
+        Err(CudaError::NOT_SUPPORTED)
+    }
+
+    /// Decompression is a hardware engine's work: this device has none, as a GPU without one
+    /// answers.
+    fn batch_decompress(&self, _ops: &[DecompressOp], _stream: u64) -> Result<(), (CudaError, u64)> {
+        Err((CudaError::NOT_SUPPORTED, u64::MAX))
     }
 
     fn object_destroy(&self, handle: u64, surface: bool) -> CudaResult<()> {
@@ -1721,14 +1814,40 @@ enum Flat {
     Host(*mut u8, u64, u64),
 }
 
-fn flat(side: Side<EmulatedDevice>) -> Flat {
-    match side {
+/// `NOT_SUPPORTED` for an array without memory of its own (sparse, deferred mapping): nothing
+/// can be mapped into it here, so no copy to or from it can mean anything.
+fn flat(side: Side<EmulatedDevice>) -> CudaResult<Flat> {
+    Ok(match side {
         Side::Device { ptr, pitch, height } => Flat::Device(ptr, pitch, height),
+        Side::Array { array, .. } if array.unbacked => {
+            tracing::warn!("a copy to or from a sparse or deferred-mapping array refused: the emulated device maps no memory into one");
+            return Err(CudaError::NOT_SUPPORTED);
+        }
         Side::Array { array, pos } => {
             Flat::Device(array.base + (pos.z * array.height + pos.y) * array.pitch + pos.x, array.pitch, array.height)
         }
         Side::Host { ptr, pitch, height } => Flat::Host(ptr, pitch, height),
-    }
+    })
+}
+
+/// The extent (elements) of a 64 KiB sparse tile of `desc`'s elements: the shapes of NVIDIA's
+/// sparse tiles (and the standard 64 KiB swizzle), for 2D and 2D layered arrays or for 3D ones;
+/// `None` for an element size without one.
+fn sparse_tile(desc: &ArrayDesc) -> Option<[u32; 3]> {
+    let three_d = desc.layers() == 0 && desc.depth > 0;
+    Some(match (three_d, desc.element_size()?) {
+        (false, 1) => [256, 256, 1],
+        (false, 2) => [256, 128, 1],
+        (false, 4) => [128, 128, 1],
+        (false, 8) => [128, 64, 1],
+        (false, 16) => [64, 64, 1],
+        (true, 1) => [64, 32, 32],
+        (true, 2) => [32, 32, 32],
+        (true, 4) => [32, 32, 16],
+        (true, 8) => [32, 16, 16],
+        (true, 16) => [16, 16, 16],
+        _ => return None,
+    })
 }
 
 /// Copies a box row by row (through a buffer: the sides may be one block).

@@ -10,11 +10,12 @@ mod emulated_graphs;
 
 use std::sync::Arc;
 
+use flyt_protocol::CudaError;
 use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    Copy3d, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, Pos3, Resource, StreamMemOp,
-    TensorMapParams, TextureDesc, ViewDesc,
+    ArrayDesc, Copy3d, DecompressOp, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, Pos3, Resource,
+    SparseProperties, StreamMemOp, Subresource, TensorMapParams, TextureDesc, ViewDesc,
 };
 
 use crate::host_calls::HostCallSite;
@@ -113,6 +114,29 @@ pub enum TexResource<D: Device + ?Sized> {
     Mipmapped(D::Mipmap),
     /// Device memory (`Resource::Linear` or `Resource::Pitch2d`) the session checked.
     Memory(Resource),
+}
+
+/// An array or a mipmapped array, as the sparse queries and `cuMemMapArrayAsync` name them.
+pub enum ArrayRef<D: Device + ?Sized> {
+    Array(D::Array),
+    Mipmap(D::Mipmap),
+}
+
+impl<D: Device + ?Sized> Clone for ArrayRef<D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D: Device + ?Sized> Copy for ArrayRef<D> {}
+
+/// One map or unmap of `cuMemMapArrayAsync`, checked by the session: the subresource lies in the
+/// array, the memory in the tile pool.
+pub struct ArrayMapWork<D: Device + ?Sized> {
+    pub target: ArrayRef<D>,
+    pub subresource: Subresource,
+    /// The tile pool and the offset in it; `None` unmaps.
+    pub memory: Option<(D::MemHandle, u64)>,
 }
 
 /// A stream's capture, as `cuStreamGetCaptureInfo` tells it.
@@ -423,8 +447,9 @@ pub trait Device: Send + Sync + 'static {
     fn mem_granularity(&self, recommended: bool) -> CudaResult<u64>;
     fn mem_address_reserve(&self, size: u64, alignment: u64, addr: u64) -> CudaResult<u64>;
     fn mem_address_free(&self, ptr: u64, size: u64) -> CudaResult<()>;
-    /// Pinned memory on the session's device; `handle_types`: `CUmemAllocationHandleType` bits.
-    fn mem_create(&self, size: u64, handle_types: u32) -> CudaResult<Self::MemHandle>;
+    /// Pinned memory on the session's device; `handle_types`: `CUmemAllocationHandleType` bits;
+    /// `usage`: `CU_MEM_CREATE_USAGE_*` bits the session checked.
+    fn mem_create(&self, size: u64, handle_types: u32, usage: u32) -> CudaResult<Self::MemHandle>;
     fn mem_release(&self, handle: Self::MemHandle) -> CudaResult<()>;
     fn mem_map(&self, ptr: u64, size: u64, offset: u64, handle: Self::MemHandle) -> CudaResult<()>;
     fn mem_unmap(&self, ptr: u64, size: u64) -> CudaResult<()>;
@@ -494,6 +519,22 @@ pub trait Device: Send + Sync + 'static {
     fn tex_create(&self, resource: TexResource<Self>, texture: &TextureDesc, view: Option<&ViewDesc>) -> CudaResult<u64>;
     fn surf_create(&self, array: Self::Array) -> CudaResult<u64>;
     fn object_destroy(&self, handle: u64, surface: bool) -> CudaResult<()>;
+    /// `cuArrayGetPlane`: plane `plane` of a planar array of descriptor `desc`, and the plane's
+    /// descriptor (the driver's). The plane belongs to the array and goes with it.
+    fn array_plane(&self, array: Self::Array, desc: &ArrayDesc, plane: u32) -> CudaResult<(Self::Array, ArrayDesc)>;
+    /// `cuArrayGetSparseProperties`/`cuMipmappedArrayGetSparseProperties` of a sparse array or
+    /// mipmapped array of descriptor `desc` (its level 0) with `levels` levels (1: an array).
+    fn sparse_properties(&self, target: ArrayRef<Self>, desc: &ArrayDesc, levels: u32) -> CudaResult<SparseProperties>;
+    /// `cuArrayGetMemoryRequirements`/`cuMipmappedArrayGetMemoryRequirements` of a
+    /// deferred-mapping array or mipmapped array (as for `sparse_properties`) on the session's
+    /// device: size and alignment.
+    fn memory_requirements(&self, target: ArrayRef<Self>, desc: &ArrayDesc, levels: u32) -> CudaResult<(u64, u64)>;
+    /// `cuMemMapArrayAsync` on `stream`, for the session's device.
+    fn map_arrays(&self, maps: &[ArrayMapWork<Self>], stream: Self::Stream) -> CudaResult<()>;
+    /// `cuMemBatchDecompressAsync` on `stream` of buffers the session checked; an error comes
+    /// with the index of the operation it is about (`u64::MAX`: the batch as a whole), as the
+    /// driver answers.
+    fn batch_decompress(&self, ops: &[DecompressOp], stream: Self::Stream) -> Result<(), (CudaError, u64)>;
     /// `cuStreamGetAttribute` after `cuStreamSetAttribute` with `set`, if given (an attribute
     /// and value the session checked).
     fn stream_attribute(&self, stream: Self::Stream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]>;

@@ -3,30 +3,63 @@
 //! checked against the session's ranges or the array's extent before it reaches the device, and
 //! arrays count in the quota from creation to destruction.
 //!
-//! A session moves with its arrays (their bytes in the snapshot) and its texture and surface
-//! objects. Kernels take those objects by the driver's handle, which the app holds, so each is
-//! made again under the same handle: in handle order, the driver's lower handles taken by
-//! fillers until it gives the one wanted (a restore fails if it has passed it).
+//! A planar array (NV12) is copied plane by plane: `cuArrayGetPlane` names each plane an array of
+//! the session, part of its array as a mipmapped array's levels are of theirs (it goes with it,
+//! and cannot be destroyed alone). Sparse and deferred-mapping arrays have no memory of their
+//! own: `cuMemMapArrayAsync` maps tile-pool memory of the session's (`cuMemCreate`, counted in
+//! the quota there) into them, each entry checked against the array's tiles, levels, layers and
+//! mip tail and the pool's size first.
+//!
+//! A session moves with its arrays (their bytes in the snapshot, a planar array's plane by plane)
+//! and its texture and surface objects. Kernels take those objects by the driver's handle, which
+//! the app holds, so each is made again under the same handle: in handle order, the driver's
+//! lower handles taken by fillers until it gives the one wanted (a restore fails if it has passed
+//! it). Sparse and deferred-mapping arrays do not move yet: what is mapped into them is the
+//! driver's to know, and a session holding one refuses to move.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{ArrayDesc, CopySide, Pos3, Resource, ShapedCopy, TextureDesc, ViewDesc, rep, req};
+use flyt_protocol::ops::{
+    ArrayDesc, ArrayMap, CopySide, DecompressOp, Pos3, Resource, SPARSE_TILE_BYTES, ShapedCopy, SparseProperties, Subresource, TextureDesc,
+    ViewDesc, array_flags, decompress_algorithm, rep, req,
+};
 use serde::{Deserialize, Serialize};
 
 use super::{BulkIn, MAX_HANDLES, Responder, Session, chunk_len};
-use crate::backend::{Device, Extent, Side, TexResource};
+use crate::backend::{ArrayMapWork, ArrayRef, Device, Extent, Side, TexResource};
 use crate::memory::RangeKind;
 
-/// An array the session named: its own, or a level of one of its mipmapped arrays.
+/// What an array the session named is a part of; it goes with that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PartOf {
+    /// A level of a mipmapped array.
+    Level { mipmap: u64, level: u32 },
+    /// A plane of a planar array.
+    Plane { array: u64, plane: u32 },
+}
+
+/// An array the session named: its own, a level of one of its mipmapped arrays, or a plane of one
+/// of its planar arrays.
 struct ArrayEntry<D: Device> {
     array: D::Array,
     desc: ArrayDesc,
-    /// The mipmapped array and level it is (it goes with that one).
-    level_of: Option<(u64, u32)>,
+    part_of: Option<PartOf>,
+    /// The ids its planes were given (a planar array).
+    planes: Vec<u64>,
 }
+
+impl<D: Device> ArrayEntry<D> {
+    fn own(array: D::Array, desc: ArrayDesc) -> Self {
+        Self { array, desc, part_of: None, planes: Vec::new() }
+    }
+}
+
+/// Most entries one `cuMemMapArrayAsync` or `cuMemBatchDecompressAsync` may carry: far more than
+/// apps batch, few enough that a hostile count costs the worker little.
+const MAX_BATCH: usize = 4096;
 
 struct MipmapEntry<D: Device> {
     mipmap: D::Mipmap,
@@ -63,7 +96,7 @@ pub struct ArrayTable<D: Device> {
 type MipmapState = (u64, ArrayDesc, u32, Vec<(u64, u32)>);
 
 /// The session's arrays and objects in a snapshot; the arrays' bytes follow in the file, each
-/// array whole, then each mipmapped array level by level.
+/// array whole (a planar one plane by plane), then each mipmapped array level by level.
 #[derive(Serialize, Deserialize)]
 pub(super) struct ArraysState {
     /// Id and descriptor.
@@ -71,6 +104,8 @@ pub(super) struct ArraysState {
     mipmaps: Vec<MipmapState>,
     /// By handle, ascending.
     objects: Vec<(u64, Object)>,
+    /// The planes the app named: id, its array's id, plane.
+    planes: Vec<(u64, u64, u32)>,
 }
 
 impl<D: Device> Default for ArrayTable<D> {
@@ -80,29 +115,59 @@ impl<D: Device> Default for ArrayTable<D> {
 }
 
 impl<D: Device> ArrayTable<D> {
+    /// Why the session cannot move, if its arrays hold it: sparse and deferred-mapping arrays,
+    /// whose mappings onto physical memory only the driver knows.
+    pub(super) fn move_blocker(&self) -> Option<String> {
+        let own = self.arrays.values().filter(|entry| entry.part_of.is_none()).map(|entry| &entry.desc);
+        let mapped = own.chain(self.mipmaps.values().map(|entry| &entry.desc)).filter(|desc| desc.is_mapped_later()).count();
+        (mapped > 0).then(|| format!("it holds {mapped} sparse or deferred-mapping CUDA array(s), whose mappings do not move yet"))
+    }
+
     pub(super) fn state(&self) -> ArraysState {
         let mut arrays: Vec<_> =
-            self.arrays.iter().filter(|(_, entry)| entry.level_of.is_none()).map(|(id, entry)| (*id, entry.desc)).collect();
+            self.arrays.iter().filter(|(_, entry)| entry.part_of.is_none()).map(|(id, entry)| (*id, entry.desc)).collect();
         arrays.sort_unstable_by_key(|(id, _)| *id);
+        let level_of = |id: &u64| match self.arrays.get(id)?.part_of? {
+            PartOf::Level { level, .. } => Some(level),
+            PartOf::Plane { .. } => None,
+        };
         let mut mipmaps: Vec<_> = self
             .mipmaps
             .iter()
             .map(|(id, entry)| {
-                let levels = entry.levels.iter().filter_map(|level| Some((*level, self.arrays.get(level)?.level_of?.1))).collect();
+                let levels = entry.levels.iter().filter_map(|level| Some((*level, level_of(level)?))).collect();
                 (*id, entry.desc, entry.count, levels)
             })
             .collect();
         mipmaps.sort_unstable_by_key(|(id, ..)| *id);
         let mut objects: Vec<_> = self.objects.iter().map(|(handle, object)| (*handle, object.clone())).collect();
         objects.sort_unstable_by_key(|(handle, _)| *handle);
-        ArraysState { arrays, mipmaps, objects }
+        let mut planes: Vec<_> = self
+            .arrays
+            .iter()
+            .filter_map(|(id, entry)| match entry.part_of? {
+                PartOf::Plane { array, plane } => Some((*id, array, plane)),
+                PartOf::Level { .. } => None,
+            })
+            .collect();
+        planes.sort_unstable();
+        ArraysState { arrays, mipmaps, objects, planes }
     }
 
-    /// Every array of the session with the descriptor of its bytes, in snapshot file order.
+    /// Every array of the session with the descriptor of its bytes, in snapshot file order (a
+    /// planar array's planes in plane order).
     fn in_file_order(&self, state: &ArraysState, device: &D) -> CudaResult<Vec<(D::Array, ArrayDesc)>> {
         let mut out = Vec::new();
         for (id, desc) in &state.arrays {
-            out.push((self.arrays.get(id).ok_or(CudaError::INVALID_VALUE)?.array, *desc));
+            let array = self.arrays.get(id).ok_or(CudaError::INVALID_VALUE)?.array;
+            match desc.planes() {
+                Some(planes) => {
+                    for plane in (0u32..).take(planes.len()) {
+                        out.push(device.array_plane(array, desc, plane)?);
+                    }
+                }
+                None => out.push((array, *desc)),
+            }
         }
         for (id, desc, count, _) in &state.mipmaps {
             let mipmap = self.mipmaps.get(id).ok_or(CudaError::INVALID_VALUE)?.mipmap;
@@ -140,15 +205,27 @@ impl<D: Device> ArrayTable<D> {
         let mut table = Self::default();
         for (id, desc) in &state.arrays {
             let array = device.array_create(desc).map_err(|error| format!("array {id}: {error}"))?;
-            table.arrays.insert(*id, ArrayEntry { array, desc: *desc, level_of: None });
+            table.arrays.insert(*id, ArrayEntry::own(array, *desc));
+        }
+        for &(plane_id, of, plane) in &state.planes {
+            let parent = table.arrays.get(&of).ok_or(format!("plane {plane_id} names array {of}, which is gone"))?;
+            let (array, desc) =
+                device.array_plane(parent.array, &parent.desc, plane).map_err(|error| format!("plane {plane} of array {of}: {error}"))?;
+            table
+                .arrays
+                .insert(plane_id, ArrayEntry { array, desc, part_of: Some(PartOf::Plane { array: of, plane }), planes: Vec::new() });
+            if let Some(parent) = table.arrays.get_mut(&of) {
+                parent.planes.push(plane_id);
+            }
         }
         for (id, desc, count, levels) in &state.mipmaps {
             let mipmap = device.mipmap_create(desc, *count).map_err(|error| format!("mipmapped array {id}: {error}"))?;
-            let charged = array_bytes(desc, *count).map_err(|error| format!("mipmapped array {id}: {error}"))?;
+            let charged = charge(desc, *count).map_err(|error| format!("mipmapped array {id}: {error}"))?;
             let mut named = Vec::new();
             for &(level_id, level) in levels {
                 let array = device.mipmap_level(mipmap, level).map_err(|error| format!("level {level} of array {id}: {error}"))?;
-                table.arrays.insert(level_id, ArrayEntry { array, desc: desc.level(level), level_of: Some((*id, level)) });
+                let part_of = Some(PartOf::Level { mipmap: *id, level });
+                table.arrays.insert(level_id, ArrayEntry { array, desc: desc.level(level), part_of, planes: Vec::new() });
                 named.push(level_id);
             }
             table.mipmaps.insert(*id, MipmapEntry { mipmap, desc: *desc, count: *count, levels: named, charged });
@@ -237,21 +314,63 @@ fn pieces(desc: &ArrayDesc, chunk: u64) -> Result<Vec<(Pos3, Extent)>, String> {
 
 /// Bytes of the arrays of `state` in a snapshot file.
 pub(super) fn state_bytes(state: &ArraysState) -> u64 {
-    let arrays = state.arrays.iter().map(|(_, desc)| array_bytes(desc, 1).unwrap_or(0));
-    let mipmaps = state.mipmaps.iter().map(|(_, desc, count, _)| array_bytes(desc, *count).unwrap_or(0));
+    let arrays = state.arrays.iter().map(|(_, desc)| charge(desc, 1).unwrap_or(0));
+    let mipmaps = state.mipmaps.iter().map(|(_, desc, count, _)| charge(desc, *count).unwrap_or(0));
     arrays.chain(mipmaps).sum()
 }
 
-/// The bytes an array (all its levels) is charged: its elements, packed.
-fn array_bytes(desc: &ArrayDesc, levels: u32) -> CudaResult<u64> {
-    (0..levels.max(1)).try_fold(0u64, |total, level| {
-        let (width, height, depth) = desc.level(level).extent().ok_or(CudaError::INVALID_VALUE)?;
-        width
-            .checked_mul(height)
-            .and_then(|bytes| bytes.checked_mul(depth))
-            .and_then(|bytes| total.checked_add(bytes))
-            .ok_or(CudaError::INVALID_VALUE)
-    })
+/// The bytes an array (all its levels, all its planes) is charged: its elements, packed. A sparse
+/// or deferred-mapping array is charged nothing: its memory is the tile pools mapped into it,
+/// charged when they were made.
+fn charge(desc: &ArrayDesc, levels: u32) -> CudaResult<u64> {
+    let bytes = desc.packed_bytes(levels).ok_or(CudaError::INVALID_VALUE)?;
+    Ok(if desc.is_mapped_later() { 0 } else { bytes })
+}
+
+/// Checks one `cuMemMapArrayAsync` entry's subresource against its array's sparse layout
+/// (`properties`; `levels` 1 for an array) and returns the bytes of tile pool it maps: whole
+/// tiles of a level inside its extent (rounded up to tiles), or whole tiles of the mip tail.
+fn subresource_bytes(desc: &ArrayDesc, levels: u32, properties: &SparseProperties, subresource: &Subresource) -> CudaResult<u64> {
+    let layers = desc.layers();
+    let layer_ok = |layer: u32, per_layer: bool| if per_layer && layers > 0 { u64::from(layer) < layers } else { layer == 0 };
+    match *subresource {
+        Subresource::SparseLevel { level, layer, offset, extent } => {
+            let in_tail = properties.miptail_size > 0 && level >= properties.miptail_first_level;
+            if level >= levels || in_tail || !layer_ok(layer, true) || desc.height == 0 {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let shape = desc.level(level);
+            let three_d = layers == 0 && desc.depth > 0;
+            let dims = [shape.width, shape.height, if three_d { shape.depth } else { 1 }];
+            if !three_d && (offset[2] != 0 || extent[2] != 1) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let mut tiles = 1u64;
+            // A 2D array's tiles are one element deep, whatever depth the driver reports.
+            for axis in 0..if three_d { 3 } else { 2 } {
+                let (tile, at, len, dim) = (u64::from(properties.tile[axis]), u64::from(offset[axis]), u64::from(extent[axis]), dims[axis]);
+                let end = at + len;
+                // Whole tiles from a tile's start, up to the level's edge (the last tile may
+                // hang over it).
+                let aligned = tile > 0 && at.is_multiple_of(tile) && (len.is_multiple_of(tile) || end == dim);
+                if !aligned || len == 0 || end > dim.next_multiple_of(tile) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                tiles = tiles.checked_mul(len.div_ceil(tile)).ok_or(CudaError::INVALID_VALUE)?;
+            }
+            tiles.checked_mul(SPARSE_TILE_BYTES).ok_or(CudaError::INVALID_VALUE)
+        }
+        Subresource::Miptail { layer, offset, size } => {
+            let per_layer = properties.flags & SparseProperties::SINGLE_MIPTAIL == 0;
+            let within = offset.checked_add(size).is_some_and(|end| end <= properties.miptail_size);
+            let whole_tiles = offset.is_multiple_of(SPARSE_TILE_BYTES) && size.is_multiple_of(SPARSE_TILE_BYTES);
+            if size == 0 || !within || !whole_tiles || !layer_ok(layer, per_layer) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            Ok(size)
+        }
+        Subresource::Whole => Err(CudaError::INVALID_VALUE),
+    }
 }
 
 fn extent(copy: &ShapedCopy) -> Extent {
@@ -285,8 +404,8 @@ impl<D: Device> Session<D> {
             let _ = self.device.object_destroy(handle, object.is_surface());
         }
         for (_, entry) in self.arrays.arrays.drain() {
-            if entry.level_of.is_none() {
-                if let Ok(bytes) = array_bytes(&entry.desc, 1) {
+            if entry.part_of.is_none() {
+                if let Ok(bytes) = charge(&entry.desc, 1) {
                     self.budget.release(bytes);
                 }
                 let _ = self.device.array_destroy(entry.array);
@@ -475,18 +594,20 @@ impl<D: Device> Session<D> {
             let desc = request.desc;
             match desc.element_size() {
                 Some(_) => {}
-                // Block-compressed, NV12 and the newer packed formats are not served.
-                None if matches!(desc.channels, 1 | 2 | 4) => return Err(CudaError::NOT_SUPPORTED),
+                // Planar arrays (NV12) are copied plane by plane; not mipmapped.
+                None if desc.is_planar() && request.levels.is_none() => {}
+                // Block-compressed and the newer packed formats are not served.
+                None if desc.is_planar() || matches!(desc.channels, 1 | 2 | 4) => return Err(CudaError::NOT_SUPPORTED),
                 None => return Err(CudaError::INVALID_VALUE),
             }
             let levels = request.levels.unwrap_or(1);
-            let bytes = array_bytes(&desc, levels)?;
+            let bytes = charge(&desc, levels)?;
             if !self.budget.try_reserve(bytes) {
                 return Err(CudaError::MEMORY_ALLOCATION);
             }
             let made = match request.levels {
                 None => self.device.array_create(&desc).map(|array| {
-                    self.arrays.arrays.insert(request.array, ArrayEntry { array, desc, level_of: None });
+                    self.arrays.arrays.insert(request.array, ArrayEntry::own(array, desc));
                 }),
                 Some(levels) => self.device.mipmap_create(&desc, levels).map(|mipmap| {
                     self.arrays
@@ -505,14 +626,18 @@ impl<D: Device> Session<D> {
     pub(super) fn drop_array(&mut self, request: req::ArrayDestroy, reply: Responder<rep::ArrayDestroy>) {
         let result = (|| {
             if let Some(entry) = self.arrays.arrays.get(&request.array) {
-                if entry.level_of.is_some() {
-                    // A level goes with its mipmapped array.
+                if entry.part_of.is_some() {
+                    // A level goes with its mipmapped array, a plane with its array.
                     return Err(CudaError::INVALID_VALUE);
                 }
                 let (array, desc) = (entry.array, entry.desc);
                 self.device.array_destroy(array)?;
-                self.arrays.arrays.remove(&request.array);
-                self.budget.release(array_bytes(&desc, 1)?);
+                if let Some(entry) = self.arrays.arrays.remove(&request.array) {
+                    for plane in entry.planes {
+                        self.arrays.arrays.remove(&plane);
+                    }
+                }
+                self.budget.release(charge(&desc, 1)?);
                 return Ok(());
             }
             let entry = self.arrays.mipmaps.get(&request.array).ok_or(CudaError::INVALID_VALUE)?;
@@ -535,7 +660,8 @@ impl<D: Device> Session<D> {
             let entry = self.arrays.mipmaps.get(&request.mipmap).ok_or(CudaError::INVALID_VALUE)?;
             let array = self.device.mipmap_level(entry.mipmap, request.level)?;
             let desc = entry.desc.level(request.level);
-            self.arrays.arrays.insert(request.array, ArrayEntry { array, desc, level_of: Some((request.mipmap, request.level)) });
+            let part_of = Some(PartOf::Level { mipmap: request.mipmap, level: request.level });
+            self.arrays.arrays.insert(request.array, ArrayEntry { array, desc, part_of, planes: Vec::new() });
             if let Some(entry) = self.arrays.mipmaps.get_mut(&request.mipmap) {
                 entry.levels.push(request.array);
             }
@@ -594,5 +720,149 @@ impl<D: Device> Session<D> {
             _ => Err(CudaError::INVALID_VALUE),
         };
         reply.send(result.map(|()| rep::ObjectDestroy {}));
+    }
+
+    /// Whether `id` names a fresh array id: not 0 and not taken.
+    fn fresh_array_id(&self, id: u64) -> bool {
+        id != 0
+            && !self.arrays.arrays.contains_key(&id)
+            && !self.arrays.mipmaps.contains_key(&id)
+            && self.arrays.arrays.len() + self.arrays.mipmaps.len() < MAX_HANDLES
+    }
+
+    pub(super) fn array_plane(&mut self, request: req::ArrayGetPlane, reply: Responder<rep::ArrayGetPlane>) {
+        let result = (|| {
+            if !self.fresh_array_id(request.plane_array) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            // An array of the session's own (not a level or a plane) of a planar format.
+            let entry = self.arrays.arrays.get(&request.array).filter(|entry| entry.part_of.is_none()).ok_or(CudaError::INVALID_VALUE)?;
+            let planes = entry.desc.planes().ok_or(CudaError::INVALID_VALUE)?;
+            if request.plane as usize >= planes.len() {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let (array, desc) = self.device.array_plane(entry.array, &entry.desc, request.plane)?;
+            if desc.extent().is_none() {
+                // A plane of elements copies could not be checked against.
+                return Err(CudaError::NOT_SUPPORTED);
+            }
+            let part_of = Some(PartOf::Plane { array: request.array, plane: request.plane });
+            self.arrays.arrays.insert(request.plane_array, ArrayEntry { array, desc, part_of, planes: Vec::new() });
+            if let Some(entry) = self.arrays.arrays.get_mut(&request.array) {
+                entry.planes.push(request.plane_array);
+            }
+            Ok(rep::ArrayGetPlane { desc })
+        })();
+        reply.send(result);
+    }
+
+    /// An array of the session's own (not a level or a plane) or a mipmapped array, with its
+    /// descriptor and level count (1 for an array).
+    fn whole_array(&self, id: u64) -> CudaResult<(ArrayRef<D>, ArrayDesc, u32)> {
+        if let Some(entry) = self.arrays.arrays.get(&id) {
+            return match entry.part_of {
+                None => Ok((ArrayRef::Array(entry.array), entry.desc, 1)),
+                Some(_) => Err(CudaError::INVALID_VALUE),
+            };
+        }
+        let entry = self.arrays.mipmaps.get(&id).ok_or(CudaError::INVALID_VALUE)?;
+        Ok((ArrayRef::Mipmap(entry.mipmap), entry.desc, entry.count))
+    }
+
+    pub(super) fn array_sparse(&mut self, request: req::ArraySparseProperties, reply: Responder<rep::ArraySparseProperties>) {
+        let result = self.whole_array(request.array).and_then(|(target, desc, levels)| {
+            if desc.flags & array_flags::SPARSE == 0 {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            self.device.sparse_properties(target, &desc, levels)
+        });
+        reply.send(result.map(|properties| rep::ArraySparseProperties { properties }));
+    }
+
+    pub(super) fn array_requirements(&mut self, request: req::ArrayMemoryRequirements, reply: Responder<rep::ArrayMemoryRequirements>) {
+        let result = self.whole_array(request.array).and_then(|(target, desc, levels)| {
+            if desc.flags & array_flags::DEFERRED_MAPPING == 0 {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            self.device.memory_requirements(target, &desc, levels)
+        });
+        reply.send(result.map(|(size, alignment)| rep::ArrayMemoryRequirements { size, alignment }));
+    }
+
+    /// Checks one `cuMemMapArrayAsync` entry and resolves its ids: a sparse array's tiles or mip
+    /// tail, or a deferred-mapping array whole, onto a tile pool of the session's inside its
+    /// size, for the session's device only.
+    fn array_map_work(&self, map: &ArrayMap) -> CudaResult<ArrayMapWork<D>> {
+        let (target, desc, levels) = self.whole_array(map.array)?;
+        if map.mipmapped != matches!(target, ArrayRef::Mipmap(_)) || map.device_mask != 1 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let deferred = desc.flags & array_flags::DEFERRED_MAPPING != 0;
+        let (bytes, alignment) = if deferred {
+            if map.subresource != Subresource::Whole {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            self.device.memory_requirements(target, &desc, levels)?
+        } else if desc.flags & array_flags::SPARSE != 0 {
+            let properties = self.device.sparse_properties(target, &desc, levels)?;
+            (subresource_bytes(&desc, levels, &properties, &map.subresource)?, SPARSE_TILE_BYTES)
+        } else {
+            return Err(CudaError::INVALID_VALUE);
+        };
+        let memory = match map.memory {
+            Some((id, offset)) => {
+                let (handle, size) = self.vmm.tile_pool(id).ok_or(CudaError::INVALID_VALUE)?;
+                let within = offset.checked_add(bytes).is_some_and(|end| end <= size);
+                if !within || alignment == 0 || !offset.is_multiple_of(alignment) {
+                    return Err(CudaError::INVALID_VALUE);
+                }
+                Some((handle, offset))
+            }
+            None => None,
+        };
+        Ok(ArrayMapWork { target, subresource: map.subresource, memory })
+    }
+
+    pub(super) fn map_arrays(&mut self, request: req::MemMapArray, reply: Responder<rep::MemMapArray>) {
+        let result = (|| {
+            if request.maps.is_empty() || request.maps.len() > MAX_BATCH {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let work = request.maps.iter().map(|map| self.array_map_work(map)).collect::<CudaResult<Vec<_>>>()?;
+            let stream = self.stream(request.stream)?;
+            self.device.map_arrays(&work, stream)
+        })();
+        reply.send(result.map(|()| rep::MemMapArray {}));
+    }
+
+    /// Checks one decompression: every buffer in the session's memory, a known algorithm.
+    fn check_decompress(&self, op: &DecompressOp) -> CudaResult<()> {
+        use decompress_algorithm::{DEFLATE, LZ4, SNAPPY};
+        if op.src_len == 0 || !matches!(op.algo, DEFLATE | SNAPPY | LZ4) || !op.dst_act_bytes.is_multiple_of(4) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        self.ranges.check(op.src, op.src_len)?;
+        // The destination's size is a hint the app may leave out; its first byte at least is
+        // the session's (a kernel could write as far, too).
+        self.ranges.check(op.dst, op.dst_len.max(1))?;
+        self.ranges.check(op.dst_act_bytes, 4)
+    }
+
+    pub(super) fn decompress(&mut self, request: req::MemBatchDecompress, reply: Responder<rep::MemBatchDecompress>) {
+        let result = (|| {
+            if request.ops.is_empty() || request.ops.len() > MAX_BATCH {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            request.ops.iter().try_for_each(|op| self.check_decompress(op))?;
+            let stream = self.stream(request.stream)?;
+            Ok(match self.device.batch_decompress(&request.ops, stream) {
+                Ok(()) => rep::MemBatchDecompress { error: None, error_index: u64::MAX },
+                Err((error, index)) => rep::MemBatchDecompress { error: Some(error), error_index: index },
+            })
+        })();
+        if result.as_ref().is_ok_and(|reply| reply.error.is_none()) {
+            self.queued(request.stream, crate::activity::Work::Copies);
+        }
+        reply.send(result);
     }
 }

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsFd;
 
 use flyt_protocol::CudaError;
-use flyt_protocol::ops::{rep, req};
+use flyt_protocol::ops::{mem_usage, rep, req};
 use serde::{Deserialize, Serialize};
 
 use super::{MAX_HANDLES, Responder, Session};
@@ -20,12 +20,14 @@ use crate::backend::Device;
 use crate::memory::RangeKind;
 use crate::shareable::{Exports, Kind};
 
-/// A physical allocation: its size and the shareable handle types it was made with; `imported`
-/// from another session's export (in that session's quota, not this one's).
+/// A physical allocation: its size, the shareable handle types and usage (`CU_MEM_CREATE_USAGE_*`)
+/// it was made with; `imported` from another session's export (in that session's quota, not this
+/// one's).
 #[derive(Clone, Copy, Serialize, Deserialize)]
 struct Physical {
     size: u64,
     handle_types: u32,
+    usage: u32,
     imported: bool,
 }
 
@@ -112,7 +114,9 @@ impl<D: Device> VmmTable<D> {
     pub(super) fn restore(device: &D, state: VmmState) -> Result<Self, String> {
         let mut table = Self { reservations: state.reservations.iter().copied().collect(), ..Self::default() };
         let create = |id: u64, physical: Physical| {
-            device.mem_create(physical.size, physical.handle_types).map_err(|error| format!("physical allocation {id}: {error}"))
+            device
+                .mem_create(physical.size, physical.handle_types, physical.usage)
+                .map_err(|error| format!("physical allocation {id}: {error}"))
         };
         for &(id, physical) in &state.handles {
             table.handles.insert(id, (create(id, physical)?, physical));
@@ -137,6 +141,13 @@ impl<D: Device> VmmTable<D> {
             let _ = device.mem_release(handle);
         }
         Ok(table)
+    }
+
+    /// A physical allocation the app holds that was made as a tile pool (sparse arrays' tiles
+    /// are mapped onto it): its handle and size.
+    pub(super) fn tile_pool(&self, id: u64) -> Option<(D::MemHandle, u64)> {
+        let (handle, physical) = self.handles.get(&id)?;
+        (physical.usage & mem_usage::TILE_POOL != 0 && !physical.imported).then_some((*handle, physical.size))
     }
 
     /// The mapped ranges, for the session's range map.
@@ -229,6 +240,7 @@ impl<D: Device> Session<D> {
         let result = (|| {
             if request.handle == 0
                 || request.size == 0
+                || request.usage & !mem_usage::ALL != 0
                 || self.vmm.handles.contains_key(&request.handle)
                 || self.vmm.handles.len() >= MAX_HANDLES
             {
@@ -237,9 +249,10 @@ impl<D: Device> Session<D> {
             if !self.budget.try_reserve(request.size) {
                 return Err(CudaError::MEMORY_ALLOCATION);
             }
-            match self.device.mem_create(request.size, request.handle_types) {
+            match self.device.mem_create(request.size, request.handle_types, request.usage) {
                 Ok(handle) => {
-                    let physical = Physical { size: request.size, handle_types: request.handle_types, imported: false };
+                    let physical =
+                        Physical { size: request.size, handle_types: request.handle_types, usage: request.usage, imported: false };
                     self.vmm.handles.insert(request.handle, (handle, physical));
                     Ok(rep::MemCreate {})
                 }
@@ -292,7 +305,7 @@ impl<D: Device> Session<D> {
             }
             let (fd, size) = crate::shareable::fetch(&request.shareable).ok_or(CudaError::INVALID_VALUE)?;
             let handle = self.device.mem_import(fd.as_fd(), size)?;
-            let physical = Physical { size, handle_types: POSIX_FD, imported: true };
+            let physical = Physical { size, handle_types: POSIX_FD, usage: 0, imported: true };
             self.vmm.handles.insert(request.handle, (handle, physical));
             Ok(rep::MemImport { size })
         })();

@@ -1,14 +1,15 @@
 // migrate_objects: a program whose session holds what a plain allocation does not: memory pools
 // (one of its own, current for the device, and the default one) with attributes it set and
-// stream-ordered allocations from both; a 2D array, a layered 3D array and a mipmapped array
-// with two levels it named; texture objects over an array and over linear memory, and a surface
+// stream-ordered allocations from both; a 2D array, a layered 3D array, a mipmapped array
+// with two levels it named and an NV12 array with both its planes named; texture objects over an array and over linear memory, and a surface
 // object; an address reservation of its own with two physical allocations mapped in it, one of
 // which it has released (the mapping keeps it). It is checkpointed or moved under it. Every round it reads back what the round before
 // wrote into each allocation and array, then writes a new pattern. At the end it checks the
 // pools' attributes and the current pool, frees the pool allocations in stream order, allocates
 // from the pools again and destroys its objects by the handles it was given (the server knows
 // them only if they came back under those handles). Prints "pointers: ..." at the start and at
-// the end, then "PASSED: 0 failure(s)". Arguments: rounds, milliseconds between rounds.
+// the end, then "PASSED: 0 failure(s)". Arguments: rounds, milliseconds between rounds, and
+// `sparse` to hold a sparse array too from its first call on (such a session cannot move).
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -63,11 +64,16 @@ static void print_pointers(const CUdeviceptr *pooled, CUdeviceptr reserved, CUte
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 10;
     int pause_ms = argc > 2 ? atoi(argv[2]) : 10;
+    int with_sparse = argc > 3 && strcmp(argv[3], "sparse") == 0;
     CUcontext ctx;
     CUdevice device = 0;
     EXPECT(cuInit(0), CUDA_SUCCESS);
     EXPECT(cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
     EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    // The session's first call, so a move asked for once the session exists finds it.
+    CUarray sparse = NULL;
+    CUDA_ARRAY3D_DESCRIPTOR sparse_desc = {1024, 1024, 0, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_SPARSE};
+    if (with_sparse) EXPECT(cuArray3DCreate(&sparse, &sparse_desc), CUDA_SUCCESS);
     CUstream stream;
     EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 
@@ -103,8 +109,15 @@ int main(int argc, char **argv) {
     EXPECT(cuMipmappedArrayCreate(&mip, &mip_desc, 3), CUDA_SUCCESS);
     EXPECT(cuMipmappedArrayGetLevel(&level0, mip, 0), CUDA_SUCCESS);
     EXPECT(cuMipmappedArrayGetLevel(&level2, mip, 2), CUDA_SUCCESS);
-    struct array_bytes arrays[4] = {
-        {plane, 64 * 4, 32, 1}, {layers, 16 * 4, 8, 4}, {level0, 32 * 4, 16, 1}, {level2, 8 * 4, 4, 1}};
+    // An NV12 frame: its planes move with it (luma 64 x 32 bytes, chroma 32 x 16 U, V pairs).
+    CUDA_ARRAY3D_DESCRIPTOR nv12_desc = {64, 32, 0, CU_AD_FORMAT_NV12, 3, 0};
+    CUarray frame, luma, chroma;
+    EXPECT(cuArray3DCreate(&frame, &nv12_desc), CUDA_SUCCESS);
+    EXPECT(cuArrayGetPlane(&luma, frame, 0), CUDA_SUCCESS);
+    EXPECT(cuArrayGetPlane(&chroma, frame, 1), CUDA_SUCCESS);
+#define ARRAYS 6
+    struct array_bytes arrays[ARRAYS] = {{plane, 64 * 4, 32, 1},  {layers, 16 * 4, 8, 4}, {level0, 32 * 4, 16, 1},
+                                         {level2, 8 * 4, 4, 1}, {luma, 64, 32, 1},      {chroma, 32 * 2, 16, 1}};
 
     // Objects: a texture over the plane, one over a pool allocation, a surface over the layers.
     CUDA_RESOURCE_DESC res;
@@ -192,7 +205,7 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < 4096; i++) host[i] = pattern(i, round, 20 + m);
             EXPECT(cuMemcpyHtoD(at, host, 4096), CUDA_SUCCESS);
         }
-        for (int a = 0; a < 4; a++) {
+        for (int a = 0; a < ARRAYS; a++) {
             size_t len = arrays[a].width * arrays[a].height * arrays[a].depth;
             if (round > 0) {
                 array_copy(&arrays[a], back, 0);
@@ -256,6 +269,9 @@ int main(int argc, char **argv) {
     EXPECT(cuArrayDestroy(plane), CUDA_SUCCESS);
     EXPECT(cuArrayDestroy(layers), CUDA_SUCCESS);
     EXPECT(cuMipmappedArrayDestroy(mip), CUDA_SUCCESS);
+    EXPECT(cuArrayDestroy(luma), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuArrayDestroy(frame), CUDA_SUCCESS);
+    if (with_sparse) EXPECT(cuArrayDestroy(sparse), CUDA_SUCCESS);
     EXPECT(cuDeviceSetMemPool(device, fallback), CUDA_SUCCESS);
     EXPECT(cuMemPoolDestroy(own), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);

@@ -2407,6 +2407,64 @@ static void arrays(void) {
     OK("out of the level", cudaMemcpy2DFromArray(host_b, 64, level, 0, 0, 64, 16, cudaMemcpyDeviceToHost));
     EXPECT("a level holds its bytes", memcmp(host_a, host_b, 1024) == 0);
 
+    /* The planes of an NV12 array; sparse and deferred-mapping arrays (the driver's answers). */
+    struct cudaChannelFormatDesc nv12 = cudaCreateChannelDesc(8, 8, 8, 0, cudaChannelFormatKindNV12);
+    cudaArray_t frame = NULL, luma = NULL, chroma = NULL, sparse_array = NULL, deferred = NULL;
+    OK("an NV12 array", cudaMallocArray(&frame, &nv12, 64, 32, 0));
+    AUDIT("cudaArrayGetPlane");
+    EXPECT_CODE("a plane into NULL", cudaArrayGetPlane(NULL, frame, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("a plane of no array", cudaArrayGetPlane(&luma, NULL, 0), cudaErrorInvalidResourceHandle);
+    EXPECT_CODE("a third plane", cudaArrayGetPlane(&luma, frame, 2), cudaErrorInvalidValue);
+    EXPECT_CODE("a plane of a float array", cudaArrayGetPlane(&luma, array, 0), cudaErrorInvalidValue);
+    OK("cudaArrayGetPlane", cudaArrayGetPlane(&luma, frame, 0));
+    OK("the chroma plane", cudaArrayGetPlane(&chroma, frame, 1));
+    OK("the chroma plane's info", cudaArrayGetInfo(&got, &extent, &flags, chroma));
+    EXPECT("chroma: half the size, two 8-bit channels",
+           extent.width == 32 && extent.height == 16 && got.x == 8 && got.y == 8 && got.z == 0 && got.f == cudaChannelFormatKindUnsigned);
+    fill(host_a, N, 43);
+    OK("into the luma plane", cudaMemcpy2DToArray(luma, 0, 0, host_a, 64, 64, 32, cudaMemcpyHostToDevice));
+    memset(host_b, 0, N);
+    OK("out of it", cudaMemcpy2DFromArray(host_b, 64, luma, 0, 0, 64, 32, cudaMemcpyDeviceToHost));
+    EXPECT("the luma plane holds its bytes", memcmp(host_a, host_b, 2048) == 0);
+    EXPECT_CODE("a plane goes with its array", cudaFreeArray(luma), cudaErrorInvalidValue);
+    OK("free the NV12 array", cudaFreeArray(frame));
+    EXPECT_CODE("its planes went with it", cudaArrayGetInfo(&got, &extent, &flags, chroma), cudaErrorInvalidValue);
+
+    struct cudaArraySparseProperties sparse_props;
+    struct cudaArrayMemoryRequirements requirements;
+    cudaMipmappedArray_t sparse_mipmap = NULL, deferred_mipmap = NULL;
+    AUDIT("cudaArrayGetSparseProperties");
+    OK("a sparse array", cudaMallocArray(&sparse_array, &f32, 1000, 600, cudaArraySparse));
+    EXPECT_CODE("properties into NULL", cudaArrayGetSparseProperties(NULL, sparse_array), cudaErrorInvalidValue);
+    EXPECT_CODE("properties of an array that is not sparse", cudaArrayGetSparseProperties(&sparse_props, array), cudaErrorInvalidValue);
+    OK("cudaArrayGetSparseProperties", cudaArrayGetSparseProperties(&sparse_props, sparse_array));
+    EXPECT("64 KiB tiles of floats",
+           sparse_props.tileExtent.width == 128 && sparse_props.tileExtent.height == 128 && sparse_props.tileExtent.depth == 1);
+    AUDIT("cudaMipmappedArrayGetSparseProperties");
+    EXPECT_CODE("a mipmapped array that is not sparse", cudaMipmappedArrayGetSparseProperties(&sparse_props, mipmap),
+                cudaErrorInvalidValue);
+    OK("a sparse mipmapped array", cudaMallocMipmappedArray(&sparse_mipmap, &f32, extent_of(1024, 1024, 0), 8, cudaArraySparse));
+    OK("cudaMipmappedArrayGetSparseProperties", cudaMipmappedArrayGetSparseProperties(&sparse_props, sparse_mipmap));
+    EXPECT("its mip tail", sparse_props.miptailFirstLevel == 4 && sparse_props.miptailSize == 65536);
+    AUDIT("cudaArrayGetMemoryRequirements");
+    OK("a deferred-mapping array", cudaMallocArray(&deferred, &f32, 100, 100, cudaArrayDeferredMapping));
+    EXPECT_CODE("requirements into NULL", cudaArrayGetMemoryRequirements(NULL, deferred, 0), cudaErrorInvalidValue);
+    EXPECT_CODE("requirements on no device", cudaArrayGetMemoryRequirements(&requirements, deferred, 7), cudaErrorInvalidDevice);
+    EXPECT_CODE("requirements of a sparse array", cudaArrayGetMemoryRequirements(&requirements, sparse_array, 0), cudaErrorInvalidValue);
+    OK("cudaArrayGetMemoryRequirements", cudaArrayGetMemoryRequirements(&requirements, deferred, 0));
+    EXPECT("a size of whole tiles", requirements.size == 65536 && requirements.alignment == 65536);
+    AUDIT("cudaMipmappedArrayGetMemoryRequirements");
+    EXPECT_CODE("a mipmapped array that is not deferred", cudaMipmappedArrayGetMemoryRequirements(&requirements, sparse_mipmap, 0),
+                cudaErrorInvalidValue);
+    OK("a deferred-mapping mipmapped array",
+       cudaMallocMipmappedArray(&deferred_mipmap, &f32, extent_of(256, 256, 0), 2, cudaArrayDeferredMapping));
+    OK("cudaMipmappedArrayGetMemoryRequirements", cudaMipmappedArrayGetMemoryRequirements(&requirements, deferred_mipmap, 0));
+    EXPECT("two levels of whole tiles", requirements.size == 5 * 65536 && requirements.alignment == 65536);
+    OK("free the sparse array", cudaFreeArray(sparse_array));
+    OK("free the deferred-mapping array", cudaFreeArray(deferred));
+    OK("free the sparse mipmapped array", cudaFreeMipmappedArray(sparse_mipmap));
+    OK("free the deferred-mapping mipmapped array", cudaFreeMipmappedArray(deferred_mipmap));
+
     /* Texture objects: what they were made with comes back. */
     cudaTextureObject_t texture = 0, linear = 0, linear_int = 0, viewed = 0, mipmapped = 0, integer = 0;
     struct cudaResourceDesc res, linear_res, bad_res, res_back;
