@@ -1731,3 +1731,16 @@ fn a_pool_is_read_write_on_its_device(socket: &str) {
     session.call(req::MemPoolCreate { pool: 40 }).0.unwrap();
     assert_eq!(session.call(req::MemPoolAccess { pool: 40, set: Some(3) }).0.unwrap().flags, 3);
 }
+
+/// Under an SM share, the device's SM resource is the share the device reports (MPS gives a GPU
+/// context its share; the emulated device is made with it), and splits divide that.
+#[test]
+fn an_sm_share_is_the_device_resource() {
+    let (_server, socket) = emulated_server("op-audit-sm-share", &["--sm-percentage", "25"]);
+    let mut session = RawSession::open(&socket, None).expect("session");
+    let reported = session.info.devices[0].attribute(flyt_protocol::device::attr::MULTIPROCESSOR_COUNT);
+    let resource = session.call(req::DevResourceGet { green: 0, kind: dev_resource::SM }).0.unwrap().resource;
+    assert_eq!((reported, resource.sm_count), (Some(33), 33));
+    let counted = session.call(req::DevResourceSplit { input: resource.id, groups: None, flags: 0, min_count: 8 }).0.unwrap();
+    assert_eq!(counted.count, 4);
+}
