@@ -75,12 +75,7 @@ pub fn destroy(client: &Client, green: u64, streams: &[u64]) -> CudaResult<()> {
 /// A stream of green context `green` with the front's checked `flags` and `priority` (clamped
 /// to the device's range, as CUDA does): its id.
 pub fn create_stream(client: &Client, green: u64, flags: u32, priority: i32) -> CudaResult<u64> {
-    let priority = if priority == 0 {
-        0
-    } else {
-        let (least, greatest) = crate::streams::priority_range(client)?;
-        priority.clamp(greatest.min(least), least.max(greatest))
-    };
+    let priority = crate::streams::clamped_priority(client, priority)?;
     let stream = client.new_stream_id();
     client.call(req::GreenStreamCreate { green, stream, flags, priority })?;
     lock(&client.streams).insert(stream, StreamInfo { flags, priority });

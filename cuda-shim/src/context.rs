@@ -272,7 +272,8 @@ impl Contexts {
     }
 
     /// `cuDevicePrimaryCtxReset`: the context becomes inactive whatever its count, its storage destructors
-    /// run; the handle stays the same (flags are kept).
+    /// run; the handle stays the same (flags are kept). The device's green contexts, which hold the
+    /// primary context, die with it (the server destroyed them).
     pub fn primary_reset(&self, device: i32) -> DriverResult {
         let ctx = self.primary(device)?;
         let entries = {
@@ -281,6 +282,14 @@ impl Contexts {
             std::mem::take(&mut state.cls)
         };
         ctx.run_cls_destructors(entries);
+        let greens: Vec<usize> = self.greens.read().unwrap_or_else(std::sync::PoisonError::into_inner).iter().copied().collect();
+        for address in greens {
+            // SAFETY: recorded in `create_green` from a leaked `&'static GreenContext`, never freed.
+            let green: &'static GreenContext = unsafe { &*(address as *const GreenContext) };
+            if green.context.device == device && green.context.usable().is_ok() {
+                let _ = Self::kill(green.context);
+            }
+        }
         Ok(())
     }
 
@@ -509,6 +518,10 @@ mod tests {
         assert!(current().is_none());
         assert_eq!(ctx.usable(), Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED));
         assert_eq!(c.destroy_green(green), Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED));
+        // A reset of the primary context ends the device's green contexts too.
+        let other = c.create_green(0, 9, 0x5_0000_000b).unwrap();
+        c.primary_reset(0).unwrap();
+        assert_eq!(other.context().usable(), Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED));
     }
 
     static DESTROYED: AtomicUsize = AtomicUsize::new(0);

@@ -240,7 +240,7 @@ fn wait_for_file(path: &Path) {
 
 /// A session holding a green context is not checkpointed (its SM partition cannot be made again
 /// on a target yet), with the reason, and the app goes on; once it destroyed the green context,
-/// the session is checkpointed.
+/// the session is checkpointed (and goes on).
 #[test]
 fn a_session_with_a_green_context_does_not_move_until_it_is_destroyed() {
     let Some(setup) = set_up_with("migration-green", "driver_green.c") else { return };
@@ -257,7 +257,7 @@ fn a_session_with_a_green_context_does_not_move_until_it_is_destroyed() {
     assert!(err.contains("cannot move") && err.contains("green context"), "{err}");
     std::fs::write(marker.with_extension("next"), b"").unwrap();
     wait_for_file(&marker.with_extension("freed"));
-    let (code, out, err) = flytctl(&setup, &["session", "checkpoint", "--control", &a.control, &session, "--to", &dir_arg]);
+    let (code, out, err) = flytctl(&setup, &["session", "checkpoint", "--control", &a.control, &session, "--to", &dir_arg, "--resume"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("checkpointed"), "{out}");
     std::fs::write(marker.with_extension("end"), b"").unwrap();
