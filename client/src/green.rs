@@ -7,8 +7,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use flyt_protocol::ops::{DevResource, rep, req};
 use flyt_protocol::error::CudaResult;
+use flyt_protocol::ops::{DevResource, rep, req};
 
 use crate::client::{Client, StreamInfo};
 
@@ -87,4 +87,3 @@ pub fn event(client: &Client, green: u64, event: usize, wait: bool) -> CudaResul
     let event = crate::streams::event_id(client, event)?;
     client.call(req::GreenCtxEvent { green, event, wait }).map(drop)
 }
-

@@ -190,13 +190,7 @@ fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> 
 
 /// Follows the listener's commands during the session: tells the client its new limits whenever
 /// the allocation was resized, and runs checkpoints and their release.
-fn follow_commands<D: Device>(
-    channel: OwnedFd,
-    session: &Session<D>,
-    session_id: u64,
-    device: Arc<D>,
-    budget: Arc<SharedBudget>,
-) {
+fn follow_commands<D: Device>(channel: OwnedFd, session: &Session<D>, session_id: u64, device: Arc<D>, budget: Arc<SharedBudget>) {
     let (outbox, moves) = (session.outbox(), session.moves());
     let spawned = std::thread::Builder::new().name("flyt-commands".into()).spawn(move || {
         while let Some((command, _)) = receive_command(&channel) {

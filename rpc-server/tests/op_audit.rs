@@ -13,8 +13,8 @@ use flyt_protocol::frame::{FrameLimits, read_full, read_message};
 use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::{
     ArrayDesc, Copy3d, CopySide, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, NodeReadback, Op, OpClass, OpInfo, Pos3, Request,
-    Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, capture_status, dev_resource, mem_op,
-    node_type, rep, req, split_reply,
+    Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, capture_status, dev_resource,
+    mem_op, node_type, rep, req, split_reply,
 };
 
 mod raw;
@@ -808,12 +808,18 @@ macro_rules! probes {
     };
     (GreenCtxCreate, $v:ident) => {
         vec![
-            refused(req::GreenCtxCreate { green: 0x6_0000_0001, desc: BOGUS_HANDLE, flags: 1, default_stream: 0x5_0000_0100 }, INVALID_VALUE),
+            refused(
+                req::GreenCtxCreate { green: 0x6_0000_0001, desc: BOGUS_HANDLE, flags: 1, default_stream: 0x5_0000_0100 },
+                INVALID_VALUE,
+            ),
             refused(req::GreenCtxCreate { green: 0x6_0000_0001, desc: 0, flags: 1, default_stream: 0x5_0000_0100 }, INVALID_VALUE),
         ]
     };
     (GreenCtxDestroy, $v:ident) => {
-        vec![refused(req::GreenCtxDestroy { green: BOGUS_HANDLE }, INVALID_CONTEXT), refused(req::GreenCtxDestroy { green: 0 }, INVALID_CONTEXT)]
+        vec![
+            refused(req::GreenCtxDestroy { green: BOGUS_HANDLE }, INVALID_CONTEXT),
+            refused(req::GreenCtxDestroy { green: 0 }, INVALID_CONTEXT),
+        ]
     };
     (GreenStreamCreate, $v:ident) => {
         vec![refused(req::GreenStreamCreate { green: BOGUS_HANDLE, stream: 0x5_0000_0101, flags: 1, priority: 0 }, INVALID_CONTEXT)]
@@ -1717,8 +1723,14 @@ fn bad_splits_and_descriptors_are_refused(socket: &str) {
     assert_eq!(again.err(), Some(CudaError::INVALID_RESOURCE_CONFIGURATION));
     let desc = |session: &mut RawSession, desc, resources| session.call(req::DevResourceDesc { desc, resources }).0.err();
     // Outputs of two splits, one twice, or the device with a group.
-    assert_eq!(desc(&mut session, 0xD_0000_0020, vec![first.groups[0].id, second.groups[1].id]), Some(CudaError::INVALID_RESOURCE_CONFIGURATION));
-    assert_eq!(desc(&mut session, 0xD_0000_0021, vec![first.groups[0].id, first.groups[0].id]), Some(CudaError::INVALID_RESOURCE_CONFIGURATION));
+    assert_eq!(
+        desc(&mut session, 0xD_0000_0020, vec![first.groups[0].id, second.groups[1].id]),
+        Some(CudaError::INVALID_RESOURCE_CONFIGURATION)
+    );
+    assert_eq!(
+        desc(&mut session, 0xD_0000_0021, vec![first.groups[0].id, first.groups[0].id]),
+        Some(CudaError::INVALID_RESOURCE_CONFIGURATION)
+    );
     assert_eq!(desc(&mut session, 0xD_0000_0022, vec![device.id, first.groups[0].id]), Some(CudaError::INVALID_RESOURCE_CONFIGURATION));
     // Outputs of one split, the remainder included, make one descriptor.
     assert_eq!(desc(&mut session, 0xD_0000_0023, vec![first.groups[0].id, first.groups[1].id, first.remaining.id]), None);

@@ -382,7 +382,11 @@ fn green_contexts_through_the_driver_api() {
     for (shm, code, stdout, stderr) in runs {
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
-        for line in ["device SMs: 132 (attribute 132), min partition 8, alignment 2", "groups of 16 SMs that fit: 8", "NULL-stream work in the green context: yes"] {
+        for line in [
+            "device SMs: 132 (attribute 132), min partition 8, alignment 2",
+            "groups of 16 SMs that fit: 8",
+            "NULL-stream work in the green context: yes",
+        ] {
             assert!(stdout.contains(line), "missing '{line}':\n{stdout}");
         }
         assert!(!stderr.contains("is not supported through Flyt"), "{stderr}");

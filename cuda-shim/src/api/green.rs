@@ -16,9 +16,7 @@ use crate::CUresult;
 use crate::context::{Context, GreenContext};
 use crate::driver::driver;
 use crate::ffi::{DriverResult, non_null, write_out};
-use crate::generated::types::{
-    CUcontext, CUdevResource, CUdevResourceDesc, CUdevResourceType, CUdevice, CUevent, CUgreenCtx, CUstream,
-};
+use crate::generated::types::{CUcontext, CUdevResource, CUdevResourceDesc, CUdevResourceType, CUdevice, CUevent, CUgreenCtx, CUstream};
 
 /// `CUdevResource` as cuda.h 13.0 lays it out (`CUdevResource_v1`): the type, 92 bytes left to the
 /// driver, and a 48-byte union whose first three words are `CUdevSmResource`.

@@ -2261,7 +2261,13 @@ impl Device for CudaDevice {
         super::cuda_green::resource_facts(resource)
     }
 
-    fn sm_resource_split(&self, input: &Self::Resource, groups: Option<u32>, flags: u32, min_count: u32) -> CudaResult<super::SmSplit<Self>> {
+    fn sm_resource_split(
+        &self,
+        input: &Self::Resource,
+        groups: Option<u32>,
+        flags: u32,
+        min_count: u32,
+    ) -> CudaResult<super::SmSplit<Self>> {
         self.split_resource(input, groups, flags, min_count)
     }
 

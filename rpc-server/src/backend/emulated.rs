@@ -10,8 +10,8 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, DevResource, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide, ParamInfo, Pos3,
-    StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, capture_status, dev_resource, mem_op,
+    ArrayDesc, Copy3d, DevResource, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide,
+    ParamInfo, Pos3, StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, capture_status, dev_resource, mem_op,
 };
 
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};

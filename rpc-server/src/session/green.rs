@@ -51,9 +51,8 @@ impl<D: Device> Default for GreenTable<D> {
 impl<D: Device> GreenTable<D> {
     /// Why the session cannot move, if green contexts hold it.
     pub(super) fn move_blocker(&self) -> Option<String> {
-        (!self.greens.is_empty()).then(|| {
-            format!("it made {} green context(s), whose SM partitions cannot be made again on the target yet", self.greens.len())
-        })
+        (!self.greens.is_empty())
+            .then(|| format!("it made {} green context(s), whose SM partitions cannot be made again on the target yet", self.greens.len()))
     }
 
     /// A resource the driver wrote, under the id the client will name it by (the same id for
