@@ -96,6 +96,8 @@ pub struct Client {
     pub managed: crate::managed::Managed,
     /// Mirrors of `__managed__` variables.
     pub mirrors: crate::mirrors::Mirrors,
+    /// Resource descriptors and green contexts.
+    pub greens: crate::green::Greens,
 }
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
@@ -475,6 +477,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         ipc: crate::ipc::Ipc::default(),
         managed: crate::managed::Managed::default(),
         mirrors: crate::mirrors::Mirrors::default(),
+        greens: crate::green::Greens::default(),
     })
 }
 

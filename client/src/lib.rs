@@ -16,6 +16,7 @@ pub use flyt_front_kit::diagnostics;
 pub mod conn;
 pub mod devices;
 pub mod graphs;
+pub mod green;
 pub mod images;
 pub mod ipc;
 pub mod launch;

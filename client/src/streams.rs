@@ -76,15 +76,19 @@ pub fn priority_range(client: &Client) -> CudaResult<(i32, i32)> {
     Ok(*client.priority_range.get_or_init(|| (reply.least, reply.greatest)))
 }
 
+/// A stream priority clamped to the device's range, as CUDA does.
+pub(crate) fn clamped_priority(client: &Client, priority: i32) -> CudaResult<i32> {
+    if priority == 0 {
+        return Ok(0);
+    }
+    let (least, greatest) = priority_range(client)?;
+    Ok(priority.clamp(greatest.min(least), least.max(greatest)))
+}
+
 /// Creates a stream with the front's checked `flags` and `priority` (clamped to the device's
 /// range, as CUDA does): its id, with no round trip.
 pub fn create_stream(client: &Client, flags: u32, priority: i32) -> CudaResult<u64> {
-    let priority = if priority == 0 {
-        0
-    } else {
-        let (least, greatest) = priority_range(client)?;
-        priority.clamp(greatest.min(least), least.max(greatest))
-    };
+    let priority = clamped_priority(client, priority)?;
     let id = client.new_stream_id();
     client.post(req::StreamCreate { stream: id, flags, priority })?;
     client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id, StreamInfo { flags, priority });

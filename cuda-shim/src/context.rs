@@ -1,10 +1,12 @@
 //! Contexts, answered entirely in the process: one primary context per device (retained and released
-//! with a count), contexts made by `cuCtxCreate`, each thread's context stack, and context-local storage
+//! with a count), contexts made by `cuCtxCreate`, green contexts (made on the server) and the
+//! contexts `cuCtxFromGreenCtx` gives for them, each thread's context stack, and context-local storage
 //! (the runtime's per-context state, looked up on every launch).
 //!
 //! A `CUcontext` handed out is the address of a [`Context`] that stays allocated for the life of the
 //! process (destroyed ones are only marked dead), so NVIDIA code that reads inside a handle, or a stale
-//! handle used after destruction, always reads valid memory.
+//! handle used after destruction, always reads valid memory; a `CUgreenCtx` is the address of a
+//! [`GreenContext`], kept the same way.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -14,7 +16,7 @@ use std::sync::{Mutex, OnceLock, RwLock};
 
 use crate::CUresult;
 use crate::ffi::DriverResult;
-use crate::generated::types::CUcontext;
+use crate::generated::types::{CUcontext, CUgreenCtx};
 
 /// The API version `cuCtxGetApiVersion` reports: every context of a current driver has the 3.2 ABI.
 pub const API_VERSION: u32 = 3020;
@@ -47,6 +49,8 @@ pub struct Context {
     id: u64,
     device: i32,
     primary: bool,
+    /// For a context converted from a green context: that green context.
+    green: OnceLock<&'static GreenContext>,
     flags: AtomicU32,
     /// `state.dead`, readable without the lock: every call that reaches the GPU checks it.
     destroyed: AtomicBool,
@@ -61,6 +65,7 @@ impl Context {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             device,
             primary,
+            green: OnceLock::new(),
             flags: AtomicU32::new(flags),
             destroyed: AtomicBool::new(false),
             state: Mutex::new(State::default()),
@@ -94,6 +99,11 @@ impl Context {
 
     pub fn is_primary(&self) -> bool {
         self.primary
+    }
+
+    /// The green context this context was converted from (`cuCtxFromGreenCtx`), if it was.
+    pub fn green(&self) -> Option<&'static GreenContext> {
+        self.green.get().copied()
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -153,11 +163,44 @@ impl Context {
     }
 }
 
-/// Every context ever handed out, and the primary contexts by device.
+/// What a `CUgreenCtx` points at: a green context the server made, under the client's id, with
+/// the context that stands for it (`cuCtxFromGreenCtx`) and the server's stream of the work the
+/// app queues on the NULL stream while that context is current.
+#[repr(C)]
+pub struct GreenContext {
+    /// Zeros, first, as in [`Context`].
+    readable: [u64; 32],
+    id: u64,
+    default_stream: u64,
+    context: &'static Context,
+}
+
+impl GreenContext {
+    pub fn handle(&'static self) -> CUgreenCtx {
+        std::ptr::from_ref(self).cast_mut().cast()
+    }
+
+    /// Its id on the wire.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn default_stream(&self) -> u64 {
+        self.default_stream
+    }
+
+    /// The context `cuCtxFromGreenCtx` gives (destroyed with the green context).
+    pub fn context(&self) -> &'static Context {
+        self.context
+    }
+}
+
+/// Every context ever handed out, the primary contexts by device, and every green context.
 #[derive(Default)]
 pub struct Contexts {
     known: RwLock<HashSet<usize>>,
     primaries: OnceLock<Vec<&'static Context>>,
+    greens: RwLock<HashSet<usize>>,
 }
 
 thread_local! {
@@ -229,7 +272,8 @@ impl Contexts {
     }
 
     /// `cuDevicePrimaryCtxReset`: the context becomes inactive whatever its count, its storage destructors
-    /// run; the handle stays the same (flags are kept).
+    /// run; the handle stays the same (flags are kept). The device's green contexts, which hold the
+    /// primary context, die with it (the server destroyed them).
     pub fn primary_reset(&self, device: i32) -> DriverResult {
         let ctx = self.primary(device)?;
         let entries = {
@@ -238,6 +282,14 @@ impl Contexts {
             std::mem::take(&mut state.cls)
         };
         ctx.run_cls_destructors(entries);
+        let greens: Vec<usize> = self.greens.read().unwrap_or_else(std::sync::PoisonError::into_inner).iter().copied().collect();
+        for address in greens {
+            // SAFETY: recorded in `create_green` from a leaked `&'static GreenContext`, never freed.
+            let green: &'static GreenContext = unsafe { &*(address as *const GreenContext) };
+            if green.context.device == device && green.context.usable().is_ok() {
+                let _ = Self::kill(green.context);
+            }
+        }
         Ok(())
     }
 
@@ -270,12 +322,19 @@ impl Contexts {
     }
 
     /// `cuCtxDestroy`: marks the context dead, pops it if it is this thread's current one, and runs its
-    /// storage destructors. Primary contexts cannot be destroyed this way.
+    /// storage destructors. Primary contexts, and those of green contexts (which go with their green
+    /// context), cannot be destroyed this way.
     pub fn destroy(&self, handle: CUcontext) -> DriverResult {
         let ctx = self.lookup(handle)?;
-        if ctx.primary {
+        if ctx.primary || ctx.green().is_some() {
             return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
         }
+        Self::kill(ctx)
+    }
+
+    /// Marks a context dead, pops it if it is this thread's current one, and runs its storage
+    /// destructors.
+    fn kill(ctx: &'static Context) -> DriverResult {
         let entries = {
             let mut state = ctx.state();
             if state.dead {
@@ -293,6 +352,39 @@ impl Contexts {
         });
         ctx.run_cls_destructors(entries);
         Ok(())
+    }
+
+    // -- green contexts --
+
+    /// A green context the server made for `device` under `id`, with its NULL stream's stream.
+    pub fn create_green(&self, device: i32, id: u64, default_stream: u64) -> DriverResult<&'static GreenContext> {
+        self.primary(device)?;
+        let context = Context::new(device, false, 0);
+        let green = Box::leak(Box::new(GreenContext { readable: [0; 32], id, default_stream, context }));
+        let _ = context.green.set(green);
+        self.remember(context);
+        self.greens.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(green as *const GreenContext as usize);
+        Ok(green)
+    }
+
+    /// The green context a handle names, or CUDA_ERROR_INVALID_CONTEXT for anything this driver
+    /// did not hand out.
+    pub fn lookup_green(&self, handle: CUgreenCtx) -> DriverResult<&'static GreenContext> {
+        let address = handle as usize;
+        if self.greens.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&address) {
+            // SAFETY: `address` was recorded in `create_green` from a leaked `&'static GreenContext`,
+            // never freed.
+            Ok(unsafe { &*(address as *const GreenContext) })
+        } else {
+            Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+        }
+    }
+
+    /// `cuGreenCtxDestroy`, once the server destroyed it: its context dies as `cuCtxDestroy`
+    /// makes a context die.
+    pub fn destroy_green(&self, green: &'static GreenContext) -> DriverResult {
+        green.context.usable()?;
+        Self::kill(green.context)
     }
 }
 
@@ -403,6 +495,33 @@ mod tests {
         let handle: CUcontext = std::ptr::from_mut(&mut not_a_context).cast();
         assert_eq!(c.lookup(handle).err(), Some(CUresult::CUDA_ERROR_INVALID_CONTEXT));
         assert_eq!(c.lookup_or_current(std::ptr::null_mut()).err(), Some(CUresult::CUDA_ERROR_INVALID_CONTEXT));
+    }
+
+    #[test]
+    fn a_green_context_has_a_context_of_its_own_that_goes_with_it() {
+        let c = contexts(1);
+        let green = c.create_green(0, 7, 0x5_0000_0009).unwrap();
+        assert_eq!(c.create_green(1, 8, 0x5_0000_000a).err(), Some(CUresult::CUDA_ERROR_INVALID_DEVICE));
+        assert!(std::ptr::eq(c.lookup_green(green.handle()).unwrap(), green));
+        let ctx = green.context();
+        assert!(std::ptr::eq(c.lookup(ctx.handle()).unwrap(), ctx), "its context is a context of this driver");
+        assert!(std::ptr::eq(ctx.green().unwrap(), green));
+        assert!(!ctx.is_primary() && c.primary(0).unwrap().green().is_none());
+        assert_eq!((green.id(), green.default_stream()), (7, 0x5_0000_0009));
+        // Neither handle passes for the other.
+        assert_eq!(c.lookup_green(ctx.handle().cast()).err(), Some(CUresult::CUDA_ERROR_INVALID_CONTEXT));
+        assert_eq!(c.lookup(green.handle().cast()).err(), Some(CUresult::CUDA_ERROR_INVALID_CONTEXT));
+        // Only the green context's destruction ends its context, popping it when current.
+        assert_eq!(c.destroy(ctx.handle()), Err(CUresult::CUDA_ERROR_INVALID_CONTEXT));
+        push(ctx).unwrap();
+        c.destroy_green(green).unwrap();
+        assert!(current().is_none());
+        assert_eq!(ctx.usable(), Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED));
+        assert_eq!(c.destroy_green(green), Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED));
+        // A reset of the primary context ends the device's green contexts too.
+        let other = c.create_green(0, 9, 0x5_0000_000b).unwrap();
+        c.primary_reset(0).unwrap();
+        assert_eq!(other.context().usable(), Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED));
     }
 
     static DESTROYED: AtomicUsize = AtomicUsize::new(0);

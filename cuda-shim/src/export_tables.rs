@@ -445,8 +445,10 @@ unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut 
 
 // -- GreenContext --
 
-/// Entry 2 (`cuCtxGetType`): every context here is a plain one (type 0); `primary` is written only for
-/// green contexts, so never.
+/// Entry 2 (`cuCtxGetType`): a plain context is type 0, and `primary` is written only for green
+/// contexts. What the driver answers for a green context's context has not been measured yet, so
+/// one answers as a plain context (its public API, `cuStreamGetCtx_v2`, `cuStreamGetGreenCtx` and
+/// ToolsContext entry 4, tells it apart).
 unsafe extern "C" fn green_context_type(ctx: CUcontext, kind: *mut c_uint, _primary: *mut CUcontext) -> CUresult {
     boundary("GreenContext[2]", || {
         finish((|| {
@@ -507,8 +509,8 @@ extern "C" fn runtime_log_message(_component: *const c_char, _level: c_int, _for
 // -- ToolsContext (cuBLAS, cuBLASLt, cuSOLVER, cuFFT, PyTorch) --
 
 /// Entry 4, called before most library calls: what kind of context `ctx` is, as a 64-bit word:
-/// 1 a primary context, 2 a created one, 3 a green one, 0 for NULL (measured on driver 580 by
-/// `gpu-tests/probes/tools_probe.c`; every context here is primary or created).
+/// 1 a primary context, 2 a created one, 3 a green one (`cuCtxFromGreenCtx`'s), 0 for NULL
+/// (measured on driver 580 by `gpu-tests/probes/tools_probe.c`).
 unsafe extern "C" fn tools_context_kind(ctx: CUcontext, out: *mut u64) -> CUresult {
     boundary("ToolsContext[4]", || {
         finish((|| {
@@ -516,10 +518,15 @@ unsafe extern "C" fn tools_context_kind(ctx: CUcontext, out: *mut u64) -> CUresu
             driver.alive()?;
             let kind = if ctx.is_null() {
                 0
-            } else if driver.contexts.lookup(ctx)?.is_primary() {
-                1
             } else {
-                2
+                let ctx = driver.contexts.lookup(ctx)?;
+                if ctx.is_primary() {
+                    1
+                } else if ctx.green().is_some() {
+                    3
+                } else {
+                    2
+                }
             };
             // SAFETY: the caller passes NULL or a writable 64-bit word.
             unsafe { write_out(out, kind) }

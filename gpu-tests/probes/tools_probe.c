@@ -8,6 +8,7 @@
 
 typedef uint64_t (*fn6)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
 static const unsigned char TOOLS_CONTEXT[16] = {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2};
+static const unsigned char GREEN_CONTEXT[16] = {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e};
 static const unsigned char TOOLS_MODULE[16] = {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e};
 
 static void words(const char *label, const void *p, int n) {
@@ -82,6 +83,22 @@ int main(void) {
         out = 0xabababababababab;
         r = is_ctx((uint64_t)green_ctx, (uint64_t)&out, 0, 0, 0, 0);
         printf("  green ctx %p: r=%lu out=%#lx\n", (void *)green_ctx, r, out);
+        // GreenContext[2] (ctx, &type, &primary) and [3] (): what Flyt answers for a green
+        // context's context is not measured yet (cuda-shim/src/export_tables.rs).
+        const uint64_t *gc = NULL;
+        if (!cuGetExportTable((const void **)&gc, (const CUuuid *)GREEN_CONTEXT)) {
+            CUresult (*ctx_type)(CUcontext, unsigned *, CUcontext *) = (CUresult(*)(CUcontext, unsigned *, CUcontext *))gc[2];
+            int (*supported)(void) = (int (*)(void))gc[3];
+            CUcontext labels2[2] = {ctx, green_ctx};
+            for (int i = 0; i < 2; i++) {
+                unsigned kind = 0xabababab;
+                CUcontext primary = (CUcontext)(uintptr_t)0xcdcdcdcd;
+                CUresult t = ctx_type(labels2[i], &kind, &primary);
+                printf("GreenContext[2] (%s): r=%d type=%u primary=%s\n", i ? "green ctx" : "primary ctx", t, kind,
+                       primary == ctx ? "the primary ctx" : primary == (CUcontext)(uintptr_t)0xcdcdcdcd ? "untouched" : "other");
+            }
+            printf("GreenContext[3] (): %d\n", supported());
+        }
     }
     cuCtxSetCurrent(ctx);
     cuCtxDestroy(other);

@@ -411,8 +411,61 @@ macro_rules! for_each_op {
             144 MemBatchDecompress mem_batch_decompress [reply -] { ops: Vec<DecompressOp>, stream: u64 } -> {
                 error: Option<CudaError>, error_index: u64
             };
+            // --- green contexts (ids 150-159): SM resources as the server's driver describes them
+            // (named by the server's ids: their bytes stay there), descriptors and green contexts
+            // named by client-chosen ids ---
+            /// `cuDeviceGetDevResource`/`cuCtxGetDevResource` (`green` 0: the session's context,
+            /// as the server's driver reports it for the worker: under MPS, the tenant's SM share)
+            /// or `cuGreenCtxGetDevResource` of green context `green`; `kind`: a `CUdevResourceType`.
+            150 DevResourceGet dev_resource_get [reply -] { green: u64, kind: u32 } -> { resource: DevResource };
+            /// `cuDevSmResourceSplitByCount` of a resource the server described: `groups` of them
+            /// asked for (`None`: the app's result array is NULL, only count them). The created
+            /// groups, how many there are (or would be), and what is left over.
+            151 DevResourceSplit dev_resource_split [reply -] { input: u64, groups: Option<u32>, flags: u32, min_count: u32 } -> {
+                groups: Vec<DevResource>, count: u32, remaining: DevResource
+            };
+            /// `cuDevResourceGenerateDesc` of resources the server described, named `desc`.
+            152 DevResourceDesc dev_resource_desc [reply -] { desc: u64, resources: Vec<u64> } -> {};
+            /// `cuGreenCtxCreate` from descriptor `desc`, named `green`. `default_stream` names a
+            /// stream the server makes in it: the client sends the work the app queues on the NULL
+            /// stream there while the green context is current.
+            153 GreenCtxCreate green_ctx_create [reply -] { green: u64, desc: u64, flags: u32, default_stream: u64 } -> {};
+            /// `cuGreenCtxDestroy`: its default stream goes with it, and any stream of it the app
+            /// left (natively they leak, unusable).
+            154 GreenCtxDestroy green_ctx_destroy [reply -] { green: u64 } -> {};
+            /// `cuGreenCtxStreamCreate`, or `cuStreamCreate` while the green context is current: a
+            /// stream of green context `green` named `stream`.
+            155 GreenStreamCreate green_stream_create [reply -] { green: u64, stream: u64, flags: u32, priority: i32 } -> {};
+            /// `cuGreenCtxRecordEvent` (`wait` false) or `cuGreenCtxWaitEvent`.
+            156 GreenCtxEvent green_ctx_event [reply -] { green: u64, event: u64, wait: bool } -> {};
         }
     };
+}
+
+/// A device resource (`CUdevResource`) as the server's driver described it: the server keeps
+/// the driver's bytes under `id`; the client writes the public fields into the app's struct.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevResource {
+    pub id: u64,
+    /// `CUdevResourceType` (see [`dev_resource`]).
+    pub kind: u32,
+    /// `CUdevSmResource`'s fields (for an SM resource).
+    pub sm_count: u32,
+    pub min_partition_size: u32,
+    pub coscheduled_alignment: u32,
+}
+
+/// `CUdevResourceType` values, the split and green context flags.
+pub mod dev_resource {
+    pub const INVALID: u32 = 0;
+    pub const SM: u32 = 1;
+    /// `CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING`, `_MAX_POTENTIAL_CLUSTER_SIZE`.
+    pub const SPLIT_IGNORE_SM_COSCHEDULING: u32 = 0x1;
+    pub const SPLIT_MAX_POTENTIAL_CLUSTER_SIZE: u32 = 0x2;
+    /// `CU_GREEN_CTX_DEFAULT_STREAM`: required by `cuGreenCtxCreate`.
+    pub const GREEN_CTX_DEFAULT_STREAM: u32 = 0x1;
+    /// Most groups one split may ask for: more than any GPU has SMs.
+    pub const MAX_GROUPS: u32 = 1024;
 }
 
 /// An app process of the tenant, as NVML lists it.
@@ -1608,6 +1661,8 @@ mod tests {
                 stream: 5,
             }
             .into(),
+            req::DevResourceSplit { input: 9, groups: Some(4), flags: dev_resource::SPLIT_IGNORE_SM_COSCHEDULING, min_count: 8 }.into(),
+            req::GreenStreamCreate { green: 2, stream: 0x5_0000_0003, flags: 1, priority: -1 }.into(),
         ]
     }
 

@@ -28,6 +28,7 @@ use crate::waiters::Waiters;
 
 mod arrays;
 mod graphs;
+mod green;
 mod ipc;
 mod memops;
 mod pools;
@@ -430,6 +431,8 @@ pub struct Session<D: Device> {
     ipc: ipc::IpcTable,
     /// Tensor maps the driver encoded, for `cuTensorMapReplaceAddress`.
     tensor_maps: memops::TensorMaps,
+    /// Green contexts, their streams, and the resources and descriptors they are made from.
+    green: green::GreenTable<D>,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -493,6 +496,7 @@ impl<D: Device> Session<D> {
             arrays: arrays::ArrayTable::default(),
             ipc: ipc::IpcTable::default(),
             tensor_maps: memops::TensorMaps::default(),
+            green: green::GreenTable::default(),
         }
     }
 
@@ -836,6 +840,7 @@ impl<D: Device> Session<D> {
                 self.budget.release(len);
             }
         }
+        self.release_green();
         self.stream_params.clear();
         self.event_flags.clear();
         for (_, stream) in self.streams.drain() {
@@ -1365,6 +1370,7 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn stream_destroy(&mut self, request: req::StreamDestroy, reply: Responder<rep::StreamDestroy>) {
         self.stream_params.remove(&request.stream);
+        self.green.forget_stream(request.stream);
         let result = match self.streams.remove(&request.stream) {
             Some(stream) => self.device.stream_destroy(stream),
             None => Err(CudaError::INVALID_RESOURCE_HANDLE),
@@ -1662,6 +1668,34 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn context_event(&mut self, request: req::ContextEvent, reply: Responder<rep::ContextEvent>) {
         self.ctx_event(request, reply);
+    }
+
+    fn dev_resource_get(&mut self, request: req::DevResourceGet, reply: Responder<rep::DevResourceGet>) {
+        self.get_dev_resource(request, reply);
+    }
+
+    fn dev_resource_split(&mut self, request: req::DevResourceSplit, reply: Responder<rep::DevResourceSplit>) {
+        self.split_dev_resource(request, reply);
+    }
+
+    fn dev_resource_desc(&mut self, request: req::DevResourceDesc, reply: Responder<rep::DevResourceDesc>) {
+        self.generate_resource_desc(request, reply);
+    }
+
+    fn green_ctx_create(&mut self, request: req::GreenCtxCreate, reply: Responder<rep::GreenCtxCreate>) {
+        self.create_green_ctx(request, reply);
+    }
+
+    fn green_ctx_destroy(&mut self, request: req::GreenCtxDestroy, reply: Responder<rep::GreenCtxDestroy>) {
+        self.destroy_green_ctx(request, reply);
+    }
+
+    fn green_stream_create(&mut self, request: req::GreenStreamCreate, reply: Responder<rep::GreenStreamCreate>) {
+        self.create_green_stream(request, reply);
+    }
+
+    fn green_ctx_event(&mut self, request: req::GreenCtxEvent, reply: Responder<rep::GreenCtxEvent>) {
+        self.green_ctx_event_op(request, reply);
     }
 
     fn mem_pool_access(&mut self, request: req::MemPoolAccess, reply: Responder<rep::MemPoolAccess>) {

@@ -190,20 +190,13 @@ fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> 
 
 /// Follows the listener's commands during the session: tells the client its new limits whenever
 /// the allocation was resized, and runs checkpoints and their release.
-fn follow_commands<D: Device>(
-    channel: OwnedFd,
-    session: &Session<D>,
-    session_id: u64,
-    device: Arc<D>,
-    budget: Arc<SharedBudget>,
-    sm_percentage: u32,
-) {
+fn follow_commands<D: Device>(channel: OwnedFd, session: &Session<D>, session_id: u64, device: Arc<D>, budget: Arc<SharedBudget>) {
     let (outbox, moves) = (session.outbox(), session.moves());
     let spawned = std::thread::Builder::new().name("flyt-commands".into()).spawn(move || {
         while let Some((command, _)) = receive_command(&channel) {
             match command {
                 ToWorker::Limits => {
-                    outbox.send_notice(&Notice::Limits { devices: vec![sliced_info(&*device, &*budget, sm_percentage)] });
+                    outbox.send_notice(&Notice::Limits { devices: vec![sliced_info(&*device, &*budget)] });
                     // A lower quota does not take memory back; the app is told how far over it is.
                     if let Some(bytes) = budget.limit().and_then(|limit| budget.used().checked_sub(limit)).filter(|bytes| *bytes > 0) {
                         outbox.send_notice(&Notice::OverBudget { bytes });
@@ -256,20 +249,24 @@ fn receive_command(channel: &OwnedFd) -> Option<(ToWorker, Option<OwnedFd>)> {
 }
 
 /// The session's view of the device: its slice, not the whole card.
-fn sliced_info<D: Device>(device: &D, budget: &dyn MemoryBudget, sm_percentage: u32) -> DeviceInfo {
+fn sliced_info<D: Device>(device: &D, budget: &dyn MemoryBudget) -> DeviceInfo {
     let mut info = device.info();
     if let Some(limit) = budget.limit() {
         info.total_mem = info.total_mem.min(limit);
     }
     // On a GPU, MPS itself reports the SM share to the context (the worker runs with
     // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): the driver's count is the truth. The emulated device
-    // has no MPS, so it scales its own count.
-    if device.emulated() && sm_percentage < 100 {
-        let full = info.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(1);
-        let share = i32::try_from(u64::from(sm_percentage) * u64::try_from(full).unwrap_or(1) / 100).unwrap_or(1);
-        info.set_attribute(attr::MULTIPROCESSOR_COUNT, share.max(1));
-    }
+    // has no MPS: it is made with the share's SMs (`emulated_sms`), so its attribute and its SM
+    // resources (green contexts) agree.
     info
+}
+
+/// The SMs of an emulated device of `sms` SMs that a tenant with an `sm_percentage` share sees.
+fn emulated_sms(sms: u32, sm_percentage: u32) -> u32 {
+    if sm_percentage >= 100 {
+        return sms;
+    }
+    u32::try_from(u64::from(sm_percentage) * u64::from(sms) / 100).unwrap_or(sms).max(1)
 }
 
 fn serve<D: Device>(
@@ -284,7 +281,7 @@ fn serve<D: Device>(
         return 1;
     }
     let device = Arc::new(device);
-    let info = sliced_info(&*device, &*budget, args.sm_percentage);
+    let info = sliced_info(&*device, &*budget);
     let sm_count = u32::try_from(info.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(0)).unwrap_or(0);
     send_to_listener(&channel, &FromWorker::Ready { pid: std::process::id(), total_mem: info.total_mem, sm_count });
     let mut command = receive_command(&channel);
@@ -402,7 +399,7 @@ fn serve<D: Device>(
             tracing::warn!(snapshot = %path, %error, "snapshot not removed");
         }
     }
-    follow_commands(channel, &session, session_id, device, budget, args.sm_percentage);
+    follow_commands(channel, &session, session_id, device, budget);
     let outcome = session.serve(reader);
     let program = hello.client.program;
     match outcome {
@@ -429,7 +426,7 @@ pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i3
     };
     match args.backend {
         BackendKind::Emulated => {
-            let config = EmulatedConfig { memory: args.emulated_memory, sms: args.emulated_sms };
+            let config = EmulatedConfig { memory: args.emulated_memory, sms: emulated_sms(args.emulated_sms, args.sm_percentage) };
             serve(EmulatedDevice::new(config), args, channel, budget, output)
         }
         BackendKind::Cuda | BackendKind::Auto => {

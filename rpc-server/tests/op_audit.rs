@@ -15,6 +15,9 @@ use flyt_protocol::ops::{
     ArrayDesc, ArrayMap, Copy3d, CopySide, DecompressOp, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, NodeReadback, Op, OpClass,
     OpInfo, Pos3, Request, Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, Subresource, TensorMapLayout, TensorMapParams, TextureDesc,
     array_flags, array_format, capture_status, decompress_algorithm, mem_op, mem_usage, node_type, rep, req, split_reply,
+    ArrayDesc, Copy3d, CopySide, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, NodeReadback, Op, OpClass, OpInfo, Pos3, Request,
+    Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, capture_status, dev_resource,
+    mem_op, node_type, rep, req, split_reply,
 };
 
 mod raw;
@@ -53,6 +56,8 @@ fn refused_with_bulk(request: impl Into<Request>, bulk: &[u8], error: CudaError)
 const INVALID_VALUE: CudaError = CudaError::INVALID_VALUE;
 const UNKNOWN_HANDLE: CudaError = CudaError::INVALID_RESOURCE_HANDLE;
 const UNKNOWN_FUNCTION: CudaError = CudaError::INVALID_DEVICE_FUNCTION;
+/// The driver's `CUDA_ERROR_INVALID_CONTEXT` (201 in both numberings).
+const INVALID_CONTEXT: CudaError = CudaError::DEVICE_UNINITIALIZED;
 
 /// A well-formed shareable handle naming a socket no worker serves.
 fn unserved_shareable() -> Vec<u8> {
@@ -894,6 +899,49 @@ macro_rules! probes {
             refused(req::MemBatchDecompress { ops: vec![DecompressOp { src_len: 0, ..decompress($v.ptr) }], stream: 0 }, INVALID_VALUE),
             refused(req::MemBatchDecompress { ops: vec![decompress($v.ptr)], stream: BOGUS_HANDLE }, UNKNOWN_HANDLE),
             Probe::Effect(a_decompression_gets_the_devices_own_answer),
+    (DevResourceGet, $v:ident) => {
+        vec![
+            refused(req::DevResourceGet { green: 0, kind: 2 }, CudaError::INVALID_RESOURCE_TYPE),
+            refused(req::DevResourceGet { green: 0, kind: 0 }, CudaError::INVALID_RESOURCE_TYPE),
+            refused(req::DevResourceGet { green: BOGUS_HANDLE, kind: dev_resource::SM }, INVALID_CONTEXT),
+            Probe::Effect(green_contexts_partition_the_device_and_hold_streams),
+        ]
+    };
+    (DevResourceSplit, $v:ident) => {
+        vec![
+            refused(req::DevResourceSplit { input: BOGUS_HANDLE, groups: Some(2), flags: 0, min_count: 8 }, INVALID_VALUE),
+            refused(req::DevResourceSplit { input: 0, groups: None, flags: 0, min_count: 8 }, INVALID_VALUE),
+            Probe::Effect(bad_splits_and_descriptors_are_refused),
+        ]
+    };
+    (DevResourceDesc, $v:ident) => {
+        vec![
+            refused(req::DevResourceDesc { desc: 0xD_0000_0001, resources: vec![BOGUS_HANDLE] }, INVALID_VALUE),
+            refused(req::DevResourceDesc { desc: 0xD_0000_0001, resources: Vec::new() }, INVALID_VALUE),
+        ]
+    };
+    (GreenCtxCreate, $v:ident) => {
+        vec![
+            refused(
+                req::GreenCtxCreate { green: 0x6_0000_0001, desc: BOGUS_HANDLE, flags: 1, default_stream: 0x5_0000_0100 },
+                INVALID_VALUE,
+            ),
+            refused(req::GreenCtxCreate { green: 0x6_0000_0001, desc: 0, flags: 1, default_stream: 0x5_0000_0100 }, INVALID_VALUE),
+        ]
+    };
+    (GreenCtxDestroy, $v:ident) => {
+        vec![
+            refused(req::GreenCtxDestroy { green: BOGUS_HANDLE }, INVALID_CONTEXT),
+            refused(req::GreenCtxDestroy { green: 0 }, INVALID_CONTEXT),
+        ]
+    };
+    (GreenStreamCreate, $v:ident) => {
+        vec![refused(req::GreenStreamCreate { green: BOGUS_HANDLE, stream: 0x5_0000_0101, flags: 1, priority: 0 }, INVALID_CONTEXT)]
+    };
+    (GreenCtxEvent, $v:ident) => {
+        vec![
+            refused(req::GreenCtxEvent { green: BOGUS_HANDLE, event: $v.event, wait: false }, INVALID_CONTEXT),
+            refused(req::GreenCtxEvent { green: BOGUS_HANDLE, event: $v.event, wait: true }, INVALID_CONTEXT),
         ]
     };
     (OccupancyMaxPotentialClusterSize, $v:ident) => {
@@ -1710,6 +1758,98 @@ fn a_context_event_records_and_waits(socket: &str) {
     session.call(req::StreamEndCapture { stream }).0.unwrap();
 }
 
+/// The device's SMs (the emulated device's 132) split into groups, a descriptor of one group, a
+/// green context of it whose resource is that group; streams made in it (its default stream and
+/// the app's) copy and memset as any stream does, its events record and wait; destroying it takes
+/// its streams along, and a session holding one does not move.
+fn green_contexts_partition_the_device_and_hold_streams(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let device = session.call(req::DevResourceGet { green: 0, kind: dev_resource::SM }).0.unwrap().resource;
+    assert_eq!((device.kind, device.sm_count, device.min_partition_size), (dev_resource::SM, 132, 8));
+    // The same resource asked again is the same id.
+    assert_eq!(session.call(req::DevResourceGet { green: 0, kind: dev_resource::SM }).0.unwrap().resource.id, device.id);
+    let counted = session.call(req::DevResourceSplit { input: device.id, groups: None, flags: 0, min_count: 16 }).0.unwrap();
+    assert_eq!((counted.count, counted.groups.len()), (8, 0));
+    let split = session.call(req::DevResourceSplit { input: device.id, groups: Some(2), flags: 0, min_count: 16 }).0.unwrap();
+    assert_eq!((split.count, split.groups.len(), split.remaining.sm_count), (2, 2, 100));
+    assert!(split.groups.iter().all(|group| group.sm_count == 16 && group.id != device.id));
+    assert_ne!(split.groups[0].id, split.groups[1].id);
+    let desc = 0xD_0000_0010;
+    session.call(req::DevResourceDesc { desc, resources: vec![split.groups[0].id] }).0.unwrap();
+    // The descriptor's id is taken; green context flags must ask for the default stream.
+    assert_eq!(session.call(req::DevResourceDesc { desc, resources: vec![split.groups[1].id] }).0.err(), Some(INVALID_VALUE));
+    let (green, default_stream, stream) = (0x6_0000_0010, 0x5_0000_0110, 0x5_0000_0111);
+    assert_eq!(session.call(req::GreenCtxCreate { green, desc, flags: 0, default_stream }).0.err(), Some(INVALID_VALUE));
+    session.call(req::GreenCtxCreate { green, desc, flags: 1, default_stream }).0.unwrap();
+    assert_eq!(session.call(req::GreenCtxCreate { green, desc, flags: 1, default_stream: 0x5_0000_0112 }).0.err(), Some(INVALID_VALUE));
+    let own = session.call(req::DevResourceGet { green, kind: dev_resource::SM }).0.unwrap().resource;
+    assert_eq!(own.sm_count, 16);
+    // Its own resource splits again (a split's output does not).
+    assert_eq!(session.call(req::DevResourceSplit { input: own.id, groups: None, flags: 0, min_count: 8 }).0.unwrap().count, 2);
+    session.call(req::GreenStreamCreate { green, stream, flags: 1, priority: 0 }).0.unwrap();
+    assert_eq!(session.call(req::GreenStreamCreate { green, stream, flags: 1, priority: 0 }).0.err(), Some(INVALID_VALUE));
+    let ptr = session.call(req::Malloc { size: 64 }).0.unwrap().ptr;
+    session.send(&req::Memset { dst: ptr, pattern: 0x5a, width: 1, len: 64, stream }.into(), &[]);
+    session.send(&req::MemcpyDtoD { dst: ptr, src: ptr + 32, len: 16, stream: default_stream }.into(), &[]);
+    session.call(req::StreamSynchronize { stream }).0.unwrap();
+    let (result, bytes) = session.call(req::MemcpyDtoH { src: ptr, len: 64, stream: default_stream, blocking: true });
+    result.unwrap();
+    assert_eq!(bytes, vec![0x5a; 64]);
+    let event = 0xE_0000_0110;
+    session.send(&req::EventCreate { event, flags: 0 }.into(), &[]);
+    session.call(req::GreenCtxEvent { green, event, wait: false }).0.unwrap();
+    session.call(req::GreenCtxEvent { green, event, wait: true }).0.unwrap();
+    session.call(req::EventQuery { event }).0.unwrap();
+    assert_eq!(session.call(req::GreenCtxEvent { green, event: BOGUS_HANDLE, wait: false }).0.err(), Some(UNKNOWN_HANDLE));
+    session.send(&req::StreamWaitEvent { stream, event, flags: 0 }.into(), &[]);
+    session.call(req::DeviceSynchronize {}).0.unwrap();
+    session.call(req::GreenCtxDestroy { green }).0.unwrap();
+    // Its streams went with it; so did the green context.
+    assert_eq!(session.call(req::StreamSynchronize { stream }).0.err(), Some(UNKNOWN_HANDLE));
+    assert_eq!(session.call(req::StreamSynchronize { stream: default_stream }).0.err(), Some(UNKNOWN_HANDLE));
+    assert_eq!(session.call(req::GreenCtxDestroy { green }).0.err(), Some(INVALID_CONTEXT));
+    assert_eq!(session.call(req::DevResourceGet { green, kind: dev_resource::SM }).0.err(), Some(INVALID_CONTEXT));
+    assert_eq!(session.call(req::GreenStreamCreate { green, stream: 0x5_0000_0113, flags: 1, priority: 0 }).0.err(), Some(INVALID_CONTEXT));
+    session.call(req::Free { ptr }).0.unwrap();
+}
+
+/// Splits that ask too much, and descriptors of resources that do not go together, are refused
+/// with the driver's errors.
+fn bad_splits_and_descriptors_are_refused(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let device = session.call(req::DevResourceGet { green: 0, kind: dev_resource::SM }).0.unwrap().resource;
+    let split = |session: &mut RawSession, groups, flags, min_count| {
+        session.call(req::DevResourceSplit { input: device.id, groups, flags, min_count }).0.map(|reply| reply.count)
+    };
+    // More SMs than the device has, unknown flags, no group.
+    assert_eq!(split(&mut session, Some(1), 0, 133), Err(INVALID_VALUE));
+    assert_eq!(split(&mut session, Some(1), 0x10, 8), Err(INVALID_VALUE));
+    assert_eq!(split(&mut session, Some(0), 0, 8), Err(INVALID_VALUE));
+    // No group of that size fits.
+    assert_eq!(split(&mut session, Some(1), 0, 132), Err(CudaError::INVALID_RESOURCE_CONFIGURATION));
+    // More groups asked than fit: as many as fit (an app's huge array costs the server nothing).
+    assert_eq!(split(&mut session, Some(u32::MAX), 0, 64), Ok(2));
+    assert_eq!(split(&mut session, None, dev_resource::SPLIT_IGNORE_SM_COSCHEDULING, 1), Ok(66));
+    let first = session.call(req::DevResourceSplit { input: device.id, groups: Some(2), flags: 0, min_count: 8 }).0.unwrap();
+    let second = session.call(req::DevResourceSplit { input: device.id, groups: Some(2), flags: 0, min_count: 8 }).0.unwrap();
+    // A split's output is not split again.
+    let again = session.call(req::DevResourceSplit { input: first.groups[0].id, groups: Some(1), flags: 0, min_count: 8 }).0;
+    assert_eq!(again.err(), Some(CudaError::INVALID_RESOURCE_CONFIGURATION));
+    let desc = |session: &mut RawSession, desc, resources| session.call(req::DevResourceDesc { desc, resources }).0.err();
+    // Outputs of two splits, one twice, or the device with a group.
+    assert_eq!(
+        desc(&mut session, 0xD_0000_0020, vec![first.groups[0].id, second.groups[1].id]),
+        Some(CudaError::INVALID_RESOURCE_CONFIGURATION)
+    );
+    assert_eq!(
+        desc(&mut session, 0xD_0000_0021, vec![first.groups[0].id, first.groups[0].id]),
+        Some(CudaError::INVALID_RESOURCE_CONFIGURATION)
+    );
+    assert_eq!(desc(&mut session, 0xD_0000_0022, vec![device.id, first.groups[0].id]), Some(CudaError::INVALID_RESOURCE_CONFIGURATION));
+    // Outputs of one split, the remainder included, make one descriptor.
+    assert_eq!(desc(&mut session, 0xD_0000_0023, vec![first.groups[0].id, first.groups[1].id, first.remaining.id]), None);
+}
+
 /// A pool's own device reads and writes it; that stays so when set again.
 fn a_pool_is_read_write_on_its_device(socket: &str) {
     let mut session = RawSession::open(socket, None).unwrap();
@@ -2006,4 +2146,15 @@ fn sparse_arrays_map_whole_tiles_of_tile_pools_only(socket: &str) {
     session.call(req::MemRelease { handle: 1 }).0.unwrap();
     session.call(req::MemRelease { handle: 2 }).0.unwrap();
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "everything left the quota");
+/// Under an SM share, the device's SM resource is the share the device reports (MPS gives a GPU
+/// context its share; the emulated device is made with it), and splits divide that.
+#[test]
+fn an_sm_share_is_the_device_resource() {
+    let (_server, socket) = emulated_server("op-audit-sm-share", &["--sm-percentage", "25"]);
+    let mut session = RawSession::open(&socket, None).expect("session");
+    let reported = session.info.devices[0].attribute(flyt_protocol::device::attr::MULTIPROCESSOR_COUNT);
+    let resource = session.call(req::DevResourceGet { green: 0, kind: dev_resource::SM }).0.unwrap().resource;
+    assert_eq!((reported, resource.sm_count), (Some(33), 33));
+    let counted = session.call(req::DevResourceSplit { input: resource.id, groups: None, flags: 0, min_count: 8 }).0.unwrap();
+    assert_eq!(counted.count, 4);
 }

@@ -229,6 +229,43 @@ fn a_move_the_target_cannot_take_leaves_the_app_where_it_was() {
     assert_eq!(session_count(&setup, &small), 0);
 }
 
+/// Waits (at most a minute) for `path` to appear.
+fn wait_for_file(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} did not appear", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A session holding a green context is not checkpointed (its SM partition cannot be made again
+/// on a target yet), with the reason, and the app goes on; once it destroyed the green context,
+/// the session is checkpointed (and goes on).
+#[test]
+fn a_session_with_a_green_context_does_not_move_until_it_is_destroyed() {
+    let Some(setup) = set_up_with("migration-green", "driver_green.c") else { return };
+    let a = start_node(&setup, "a", &[]);
+    let dir = setup.scratch.join("snapshots");
+    let dir_arg = dir.display().to_string();
+    let marker = setup.scratch.join("green-marker");
+    let marker_arg = marker.display().to_string();
+    let app = spawn_app(&setup, &a.unix, &["hold", &marker_arg], "off");
+    wait_for_file(&marker);
+    let session = session_on(&setup, &a);
+    let (code, out, err) = flytctl(&setup, &["session", "checkpoint", "--control", &a.control, &session, "--to", &dir_arg]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("cannot move") && err.contains("green context"), "{err}");
+    std::fs::write(marker.with_extension("next"), b"").unwrap();
+    wait_for_file(&marker.with_extension("freed"));
+    let (code, out, err) = flytctl(&setup, &["session", "checkpoint", "--control", &a.control, &session, "--to", &dir_arg, "--resume"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("checkpointed"), "{out}");
+    std::fs::write(marker.with_extension("end"), b"").unwrap();
+    let output = app.wait_with_output().expect("app output");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+}
+
 fn session_count(setup: &Setup, node: &Node) -> usize {
     let (_, out, _) = flytctl(setup, &["--json", "session", "list", "--control", &node.control]);
     serde_json::from_str::<serde_json::Value>(&out).ok().and_then(|list| list.as_array().map(Vec::len)).unwrap_or(0)

@@ -474,6 +474,28 @@ fn managed_memory_through_the_driver_api() {
     }
 }
 
+/// Green contexts on the emulated device (tests/c/driver_green.c): the device's SMs split into
+/// groups, a green context of one, streams in it (its context current: the NULL stream too) that
+/// copy and memset, events through it, and its destruction taking its context and streams along.
+#[test]
+fn green_contexts_through_the_driver_api() {
+    let Some(runs) = run_with_and_without_channel("driver_green") else {
+        return;
+    };
+    for (shm, code, stdout, stderr) in runs {
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
+        for line in [
+            "device SMs: 132 (attribute 132), min partition 8, alignment 2",
+            "groups of 16 SMs that fit: 8",
+            "NULL-stream work in the green context: yes",
+        ] {
+            assert!(stdout.contains(line), "missing '{line}':\n{stdout}");
+        }
+        assert!(!stderr.contains("is not supported through Flyt"), "{stderr}");
+    }
+}
+
 /// Stream memory operations, tensor maps, stream and peer queries, peer copies, pool access and
 /// context events on the emulated device (tests/c/driver_memops.c): writes read back, waits pass
 /// when satisfied and fail at the call otherwise, refusals are clear.

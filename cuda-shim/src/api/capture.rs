@@ -30,12 +30,18 @@ fn thread_mode() -> CUstreamCaptureMode {
     CAPTURE_MODE.try_with(Cell::get).unwrap_or(CAPTURE_MODE_GLOBAL)
 }
 
+/// The stream a capture begins on: the legacy stream is the legacy stream (which the driver
+/// refuses to capture) in a green context too.
+fn capture_stream(client: &flyt_client::client::Client, stream: CUstream, ptsz: bool) -> DriverResult<u64> {
+    if super::session::is_legacy_stream(client, stream, ptsz)? { Ok(0) } else { resolve_stream(client, stream, ptsz) }
+}
+
 fn begin(stream: CUstream, mode: CUstreamCaptureMode, ptsz: bool) -> DriverResult {
     if mode > CAPTURE_MODE_RELAXED {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let client = client()?;
-    let stream = resolve_stream(client, stream, ptsz)?;
+    let stream = capture_stream(client, stream, ptsz)?;
     client.begin_capture(stream, mode, thread_mode(), None).map(drop).map_err(driver_error)
 }
 
@@ -60,7 +66,7 @@ unsafe fn begin_to_graph(
         return Err(crate::diagnostics::unsupported("cuStreamBeginCaptureToGraph with edge data"));
     }
     let client = client()?;
-    let stream = resolve_stream(client, stream, ptsz)?;
+    let stream = capture_stream(client, stream, ptsz)?;
     // SAFETY: forwarded contract.
     let nodes = unsafe { super::graph::node_ids(dependencies, count) }?;
     let graph = super::graph::id_of(graph)?;

@@ -125,7 +125,7 @@ unsafe fn prefetch_batch(
 
 /// Batches take a stream the app created or a per-thread default stream, never the legacy one.
 fn check_batch_stream(client: &flyt_client::client::Client, stream: CUstream, ptsz: bool) -> DriverResult {
-    if resolve_stream(client, stream, ptsz)? == 0 { Err(CUresult::CUDA_ERROR_INVALID_VALUE) } else { Ok(()) }
+    if super::session::is_legacy_stream(client, stream, ptsz)? { Err(CUresult::CUDA_ERROR_INVALID_VALUE) } else { Ok(()) }
 }
 
 /// Every range of a batch is managed memory.
@@ -309,8 +309,9 @@ pub unsafe fn cuMemRangeGetAttributes(
 /// here the CPU and the GPU may always share it, so the call is checked and changes nothing.
 fn attach(stream: CUstream, ptr: CUdeviceptr, length: usize, flags: c_uint, ptsz: bool) -> DriverResult {
     let client = client()?;
-    let stream_id = resolve_stream(client, stream, ptsz)?;
-    if ![ATTACH_GLOBAL, ATTACH_HOST, ATTACH_SINGLE].contains(&flags) || (flags == ATTACH_SINGLE && stream_id == 0) {
+    resolve_stream(client, stream, ptsz)?;
+    let legacy = super::session::is_legacy_stream(client, stream, ptsz)?;
+    if ![ATTACH_GLOBAL, ATTACH_HOST, ATTACH_SINGLE].contains(&flags) || (flags == ATTACH_SINGLE && legacy) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     // The whole allocation: its start with length 0 or its size.

@@ -191,7 +191,7 @@ unsafe fn memcpy_batch(
     non_null([dsts.cast(), srcs.cast(), sizes.cast(), attrs.cast(), attrs_idxs.cast()])?;
     let client = client()?;
     // The legacy NULL stream (id 0 on the wire) is refused, as the driver documents.
-    let legacy = resolve_stream(client, stream, ptds)? == 0;
+    let legacy = super::session::is_legacy_stream(client, stream, ptds)?;
     if count == 0 || num_attrs == 0 || num_attrs > count || legacy {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }

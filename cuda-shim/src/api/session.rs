@@ -36,7 +36,21 @@ pub(super) fn client() -> DriverResult<&'static Client> {
 
 /// The wire id of a stream handle: NULL is the legacy stream, or the thread's own default stream
 /// for the `_ptds`/`_ptsz` entry points; `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` are what
-/// they say; anything else must be a stream this process created.
+/// they say; anything else must be a stream this process created. While a green context is
+/// current (`cuCtxFromGreenCtx`), NULL, legacy and per-thread stand for its own stream, made with
+/// it on the server, so the work runs on the green context's SMs.
 pub(super) fn resolve_stream(client: &Client, stream: CUstream, per_thread_default: bool) -> DriverResult<u64> {
+    use flyt_client::streams::{STREAM_LEGACY, STREAM_PER_THREAD};
+    if matches!(stream as usize, 0 | STREAM_LEGACY | STREAM_PER_THREAD)
+        && let Some(green) = crate::context::current().and_then(crate::context::Context::green)
+    {
+        return Ok(green.default_stream());
+    }
     flyt_client::streams::resolve(client, stream as usize, per_thread_default).map_err(driver_error)
+}
+
+/// Whether a stream handle names the legacy NULL stream itself, whichever context is current:
+/// the calls the driver refuses on it (batches, captures) refuse it in a green context too.
+pub(super) fn is_legacy_stream(client: &Client, stream: CUstream, per_thread_default: bool) -> DriverResult<bool> {
+    flyt_client::streams::resolve(client, stream as usize, per_thread_default).map(|id| id == 0).map_err(driver_error)
 }

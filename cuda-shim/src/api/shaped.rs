@@ -241,7 +241,7 @@ unsafe fn memcpy_3d_batch(
     let fail_idx = unsafe { super::memory::FailIndex::new(fail_idx) };
     non_null([ops.cast()])?;
     // The legacy NULL stream (id 0 on the wire) is refused, as the driver documents.
-    if count == 0 || flags != 0 || resolve_stream(client()?, stream, ptds)? == 0 {
+    if count == 0 || flags != 0 || super::session::is_legacy_stream(client()?, stream, ptds)? {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: the caller's array of `count` operations.

@@ -20,17 +20,36 @@ const EVENT_FLAGS: c_uint = 0x7;
 const EVENT_DISABLE_TIMING: c_uint = 0x2;
 const EVENT_INTERPROCESS: c_uint = 0x4;
 
+/// A stream made in the current context: on the server, one of the green context's when that
+/// is a green context's.
 fn create_stream(out: *mut CUstream, flags: c_uint, priority: c_int) -> DriverResult {
     non_null([out.cast()])?;
     if flags & !STREAM_FLAGS != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    let id = flyt_client::streams::create_stream(client()?, flags, priority).map_err(driver_error)?;
-    if let Some(ctx) = crate::context::current() {
-        lock_contexts().insert(id, ctx.handle() as usize);
+    let client = client()?;
+    let current = crate::context::current();
+    let id = match current.and_then(crate::context::Context::green) {
+        Some(green) => flyt_client::green::create_stream(client, green.id(), flags, priority),
+        None => flyt_client::streams::create_stream(client, flags, priority),
+    }
+    .map_err(driver_error)?;
+    if let Some(ctx) = current {
+        remember_stream_context(id, ctx);
     }
     // SAFETY: checked non-NULL; the caller's out-pointer.
     unsafe { write_out(out, id as usize as CUstream) }
+}
+
+/// Records the context a stream was made in.
+pub(super) fn remember_stream_context(stream: u64, ctx: &'static crate::context::Context) {
+    lock_contexts().insert(stream, ctx.handle() as usize);
+}
+
+/// The streams made in `ctx` (a green context's, which go with it).
+pub(super) fn streams_of(ctx: &'static crate::context::Context) -> Vec<u64> {
+    let handle = ctx.handle() as usize;
+    lock_contexts().iter().filter(|(_, made_in)| **made_in == handle).map(|(stream, _)| *stream).collect()
 }
 
 /// The context each stream was created in, for `cuStreamGetCtx` (streams are the client's ids,
@@ -42,15 +61,18 @@ fn lock_contexts() -> std::sync::MutexGuard<'static, std::collections::HashMap<u
     STREAM_CONTEXTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Whether a handle is one of the default streams (NULL, legacy, per-thread).
+fn is_default_stream(stream: CUstream) -> bool {
+    matches!(stream as usize, 0 | flyt_client::streams::STREAM_LEGACY | flyt_client::streams::STREAM_PER_THREAD)
+}
+
 /// A stream's context: the one it was created in; the default streams (NULL, legacy,
 /// per-thread) belong to the current context.
-fn stream_context(stream: CUstream, ptds: bool) -> DriverResult<&'static crate::context::Context> {
+pub(super) fn stream_context(stream: CUstream, ptds: bool) -> DriverResult<&'static crate::context::Context> {
     let client = client()?;
-    let handle = stream as usize;
     let id = resolve_stream(client, stream, ptds)?;
     let current = crate::context::current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
-    let default_stream = matches!(handle, 0 | flyt_client::streams::STREAM_LEGACY | flyt_client::streams::STREAM_PER_THREAD);
-    if default_stream {
+    if is_default_stream(stream) {
         return Ok(current);
     }
     let contexts = &crate::driver::driver().contexts;
@@ -82,20 +104,29 @@ stream_contexts! {
 
 macro_rules! stream_contexts_v2 {
     ($($name:ident, $ptds:literal;)*) => {$(
-        /// Flyt makes no green contexts: `*p_green_ctx` is NULL.
+        /// A green context's stream answers the green context and the device's primary context
+        /// (`CU_STREAM_PER_THREAD` while a green context is current is an invalid handle, as
+        /// documented); any other stream its context and NULL.
         pub unsafe fn $name(h_stream: CUstream, p_ctx: *mut CUcontext, p_green_ctx: *mut CUgreenCtx) -> CUresult {
             run(|| {
                 if p_ctx.is_null() && p_green_ctx.is_null() {
                     return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
                 }
                 let ctx = stream_context(h_stream, $ptds)?;
+                let (ctx, green) = match ctx.green() {
+                    Some(_) if h_stream as usize == flyt_client::streams::STREAM_PER_THREAD => {
+                        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+                    }
+                    Some(green) => (crate::driver::driver().contexts.primary(ctx.device())?.handle(), green.handle()),
+                    None => (ctx.handle(), std::ptr::null_mut()),
+                };
                 if !p_ctx.is_null() {
                     // SAFETY: checked non-NULL; the caller's out-pointer.
-                    unsafe { write_out(p_ctx, ctx.handle())? };
+                    unsafe { write_out(p_ctx, ctx)? };
                 }
                 if !p_green_ctx.is_null() {
                     // SAFETY: as above.
-                    unsafe { write_out(p_green_ctx, std::ptr::null_mut())? };
+                    unsafe { write_out(p_green_ctx, green)? };
                 }
                 Ok(())
             })
@@ -127,11 +158,16 @@ stream_devices! {
 }
 
 /// `cuCtxRecordEvent` / `cuCtxWaitEvent`: the session's context on the server is the one every
-/// context here stands for (one device).
+/// context here stands for (one device), except a green context's, whose work alone the event
+/// covers (or waits), as `cuGreenCtxRecordEvent` does.
 fn context_event(ctx: CUcontext, event: CUevent, wait: bool) -> DriverResult {
     let client = client()?;
     let contexts = &crate::driver::driver().contexts;
-    contexts.lookup_or_current(ctx)?.usable()?;
+    let ctx = contexts.lookup_or_current(ctx)?;
+    ctx.usable()?;
+    if let Some(green) = ctx.green() {
+        return flyt_client::green::event(client, green.id(), event as usize, wait).map_err(driver_error);
+    }
     let event = flyt_client::streams::event_id(client, event as usize).map_err(driver_error)?;
     client.call(req::ContextEvent { event, wait }).map(drop).map_err(driver_error)
 }
@@ -152,10 +188,22 @@ pub unsafe fn cuStreamCreateWithPriority(ph_stream: *mut CUstream, flags: c_uint
     run(|| create_stream(ph_stream, flags, priority))
 }
 
+/// A stream of a green context destroyed before it is `CUDA_ERROR_CONTEXT_IS_DESTROYED` (it went
+/// with its green context on the server), as natively.
 pub unsafe fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
     run(|| {
-        flyt_client::streams::destroy_stream(client()?, h_stream as u64).map_err(driver_error)?;
-        lock_contexts().remove(&(h_stream as u64));
+        let client = client()?;
+        let id = h_stream as u64;
+        let made_in = lock_contexts().get(&id).copied();
+        if let Some(ctx) = made_in.and_then(|ctx| crate::driver::driver().contexts.lookup(ctx as CUcontext).ok())
+            && ctx.green().is_some()
+            && ctx.usable().is_err()
+        {
+            lock_contexts().remove(&id);
+            return Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        }
+        flyt_client::streams::destroy_stream(client, id).map_err(driver_error)?;
+        lock_contexts().remove(&id);
         Ok(())
     })
 }

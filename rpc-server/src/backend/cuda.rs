@@ -533,6 +533,7 @@ pub struct CudaDevice {
     raw: RawDriver,
     extras: RawExtras,
     pub(super) arrays: super::cuda_arrays::RawArrays,
+    pub(super) green: super::cuda_green::RawGreen,
     staging: Arc<StagingPool>,
     /// Memory of a moved session, mapped at its old addresses.
     restored: std::sync::Mutex<super::cuda_restore::RestoredMemory>,
@@ -632,9 +633,19 @@ impl CudaDevice {
             raw,
             extras: RawExtras::load(),
             arrays,
+            green: super::cuda_green::RawGreen::load(),
             staging: Arc::new(staging),
             restored: std::sync::Mutex::default(),
         })
+    }
+
+    /// The device's primary context, current on the session's threads.
+    pub(super) fn primary_context(&self) -> sys::CUcontext {
+        self.context.load(Ordering::Acquire)
+    }
+
+    pub(super) fn device(&self) -> sys::CUdevice {
+        self.device
     }
 
     fn attribute(&self, attribute: u32) -> Option<i32> {
@@ -665,6 +676,9 @@ impl Device for CudaDevice {
     type MemPool = Handle<sys::CUmemoryPool>;
     type Array = Handle<sys::CUarray>;
     type Mipmap = Handle<sys::CUmipmappedArray>;
+    type Resource = super::cuda_green::RawResource;
+    type ResourceDesc = Handle<sys::CUdevResourceDesc>;
+    type GreenCtx = super::cuda_green::GreenHandle;
 
     fn info(&self) -> DeviceInfo {
         let name = result::device::get_name(self.device).unwrap_or_else(|_| format!("GPU {}", self.ordinal));
@@ -2305,6 +2319,44 @@ impl Device for CudaDevice {
         attributes: &[LaunchAttribute],
     ) -> CudaResult<i32> {
         cluster_occupancy(function, grid, block, shared_mem, attributes, sys::cuOccupancyMaxPotentialClusterSize)
+    }
+
+    fn dev_resource(&self, green: Option<Self::GreenCtx>, kind: u32) -> CudaResult<Self::Resource> {
+        self.green_resource(green, kind)
+    }
+
+    fn resource_facts(resource: &Self::Resource) -> flyt_protocol::ops::DevResource {
+        super::cuda_green::resource_facts(resource)
+    }
+
+    fn sm_resource_split(
+        &self,
+        input: &Self::Resource,
+        groups: Option<u32>,
+        flags: u32,
+        min_count: u32,
+    ) -> CudaResult<super::SmSplit<Self>> {
+        self.split_resource(input, groups, flags, min_count)
+    }
+
+    fn resource_desc(&self, resources: &[Self::Resource]) -> CudaResult<Self::ResourceDesc> {
+        self.describe_resources(resources).map(Handle)
+    }
+
+    fn green_create(&self, desc: Self::ResourceDesc, flags: u32) -> CudaResult<Self::GreenCtx> {
+        self.new_green(desc.0, flags)
+    }
+
+    fn green_stream_create(&self, green: Self::GreenCtx, flags: u32, priority: i32) -> CudaResult<Self::Stream> {
+        self.new_green_stream(green, flags, priority)
+    }
+
+    fn green_event(&self, green: Self::GreenCtx, event: Self::Event, wait: bool) -> CudaResult<()> {
+        self.green_event_op(green, event.0, wait)
+    }
+
+    fn green_destroy(&self, green: Self::GreenCtx) -> CudaResult<()> {
+        self.drop_green(green)
     }
 
     fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {

@@ -10,14 +10,16 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, DecompressOp, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide,
-    ParamInfo, Pos3, SPARSE_TILE_BYTES, SparseProperties, StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, array_flags, capture_status,
-    mem_op, mem_usage,
+    ArrayDesc, Copy3d, DecompressOp, DevResource, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy,
+    NodeCopySide, ParamInfo, Pos3, SPARSE_TILE_BYTES, SparseProperties, StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, array_flags,
+    capture_status, dev_resource, mem_op, mem_usage,
 };
 
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
+use super::emulated_green::EmulatedResource;
 use super::{
-    AddedNode, ArrayMapWork, ArrayRef, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side, TexResource,
+    AddedNode, ArrayMapWork, ArrayRef, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side, SmSplit,
+    TexResource,
 };
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;
@@ -94,6 +96,9 @@ struct State {
     last_object: u64,
     /// Stream attributes set, by stream and `CUstreamAttrID` (unset ones read as zeros).
     stream_attributes: HashMap<(u64, u32), [u8; 64]>,
+    /// Resource descriptors and green contexts, each with the SMs it holds.
+    resource_descs: HashMap<u64, u32>,
+    greens: HashMap<u64, u32>,
 }
 
 /// A shareable pool's memory file: allocations take spans of it, one after the other (a freed
@@ -302,6 +307,9 @@ impl Device for EmulatedDevice {
     type MemPool = u64;
     type Array = EmulatedArray;
     type Mipmap = u64;
+    type Resource = EmulatedResource;
+    type ResourceDesc = u64;
+    type GreenCtx = u64;
 
     fn info(&self) -> DeviceInfo {
         let sms = i32::try_from(self.config.sms).unwrap_or(i32::MAX);
@@ -713,6 +721,8 @@ impl Device for EmulatedDevice {
         state.events.clear();
         state.limits.clear();
         state.cache_config = 0;
+        state.resource_descs.clear();
+        state.greens.clear();
         Ok(())
     }
 
@@ -1584,6 +1594,66 @@ impl Device for EmulatedDevice {
 
     fn occupancy_max_potential_cluster_size(&self, _: (), _: Dim3, _: Dim3, _: u32, _: &[LaunchAttribute]) -> CudaResult<i32> {
         Err(NO_GPU_CODE)
+    }
+
+    fn dev_resource(&self, green: Option<u64>, kind: u32) -> CudaResult<EmulatedResource> {
+        if kind != dev_resource::SM {
+            return Err(CudaError::INVALID_RESOURCE_TYPE);
+        }
+        let sm_count = match green {
+            None => self.config.sms,
+            Some(green) => *self.state().greens.get(&green).ok_or(CudaError::DEVICE_UNINITIALIZED)?,
+        };
+        Ok(EmulatedResource::whole(sm_count))
+    }
+
+    fn resource_facts(resource: &EmulatedResource) -> DevResource {
+        resource.facts()
+    }
+
+    fn sm_resource_split(&self, input: &EmulatedResource, groups: Option<u32>, flags: u32, min_count: u32) -> CudaResult<SmSplit<Self>> {
+        let instance = self.state().new_handle();
+        let (groups, count, remaining) = super::emulated_green::split(input, groups, flags, min_count, instance)?;
+        Ok(SmSplit { groups, count, remaining })
+    }
+
+    fn resource_desc(&self, resources: &[EmulatedResource]) -> CudaResult<u64> {
+        let sms = super::emulated_green::described_sms(resources)?;
+        let mut state = self.state();
+        let desc = state.new_handle();
+        state.resource_descs.insert(desc, sms);
+        Ok(desc)
+    }
+
+    fn green_create(&self, desc: u64, flags: u32) -> CudaResult<u64> {
+        let mut state = self.state();
+        let sms = *state.resource_descs.get(&desc).ok_or(CudaError::INVALID_VALUE)?;
+        if flags != dev_resource::GREEN_CTX_DEFAULT_STREAM {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let green = state.new_handle();
+        state.greens.insert(green, sms);
+        Ok(green)
+    }
+
+    /// A stream like any other of the device (whose work never runs on SMs).
+    fn green_stream_create(&self, green: u64, flags: u32, priority: i32) -> CudaResult<u64> {
+        if !self.state().greens.contains_key(&green) {
+            return Err(CudaError::DEVICE_UNINITIALIZED);
+        }
+        self.stream_create(flags, priority)
+    }
+
+    /// As the context-wide events: the green context's work is done at submission too.
+    fn green_event(&self, green: u64, event: u64, wait: bool) -> CudaResult<()> {
+        if !self.state().greens.contains_key(&green) {
+            return Err(CudaError::DEVICE_UNINITIALIZED);
+        }
+        self.context_event(event, wait)
+    }
+
+    fn green_destroy(&self, green: u64) -> CudaResult<()> {
+        self.state().greens.remove(&green).map(drop).ok_or(CudaError::DEVICE_UNINITIALIZED)
     }
 
     fn stream_attribute(&self, stream: u64, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {

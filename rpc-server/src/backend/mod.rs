@@ -4,9 +4,11 @@
 
 pub mod cuda;
 mod cuda_arrays;
+mod cuda_green;
 mod cuda_restore;
 pub mod emulated;
 mod emulated_graphs;
+mod emulated_green;
 
 use std::sync::Arc;
 
@@ -14,8 +16,8 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::DeviceInfo;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, DecompressOp, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, Pos3, Resource,
-    SparseProperties, StreamMemOp, Subresource, TensorMapParams, TextureDesc, ViewDesc,
+    ArrayDesc, Copy3d, DecompressOp, DevResource, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, ParamInfo, Pos3,
+    Resource, SparseProperties, StreamMemOp, Subresource, TensorMapParams, TextureDesc, ViewDesc,
 };
 
 use crate::host_calls::HostCallSite;
@@ -212,6 +214,12 @@ pub trait Device: Send + Sync + 'static {
     type Array: Copy + Send + Sync + 'static;
     /// A mipmapped array (`CUmipmappedArray`).
     type Mipmap: Copy + Send + Sync + 'static;
+    /// A device resource as the driver described it (`CUdevResource`, the driver's own bytes).
+    type Resource: Clone + Eq + std::hash::Hash + Send + 'static;
+    /// A resource descriptor (`CUdevResourceDesc`).
+    type ResourceDesc: Copy + Send + 'static;
+    /// A green context (`CUgreenCtx`) and what it stands for in the driver.
+    type GreenCtx: Copy + Send + 'static;
 
     /// The device as the hardware reports it (the session applies its slice on top).
     fn info(&self) -> DeviceInfo;
@@ -571,4 +579,32 @@ pub trait Device: Send + Sync + 'static {
         shared_mem: u32,
         attributes: &[LaunchAttribute],
     ) -> CudaResult<i32>;
+
+    // --- green contexts (the session checks every id first) ---
+    /// `cuCtxGetDevResource` of the session's context (`green` `None`: under MPS, the tenant's
+    /// share), or `cuGreenCtxGetDevResource`; `kind` is a `CUdevResourceType`.
+    fn dev_resource(&self, green: Option<Self::GreenCtx>, kind: u32) -> CudaResult<Self::Resource>;
+    /// A resource's public fields (`id` left 0).
+    fn resource_facts(resource: &Self::Resource) -> DevResource;
+    /// `cuDevSmResourceSplitByCount`: `groups` asked for (`None`: counted only).
+    fn sm_resource_split(&self, input: &Self::Resource, groups: Option<u32>, flags: u32, min_count: u32) -> CudaResult<SmSplit<Self>>;
+    /// `cuDevResourceGenerateDesc`.
+    fn resource_desc(&self, resources: &[Self::Resource]) -> CudaResult<Self::ResourceDesc>;
+    /// `cuGreenCtxCreate` on the session's device.
+    fn green_create(&self, desc: Self::ResourceDesc, flags: u32) -> CudaResult<Self::GreenCtx>;
+    /// A stream of the green context: `cuGreenCtxStreamCreate` for a non-blocking one, else the
+    /// stream `cuStreamCreate` makes while the green context is current.
+    fn green_stream_create(&self, green: Self::GreenCtx, flags: u32, priority: i32) -> CudaResult<Self::Stream>;
+    /// `cuGreenCtxRecordEvent` (`wait` false) or `cuGreenCtxWaitEvent`.
+    fn green_event(&self, green: Self::GreenCtx, event: Self::Event, wait: bool) -> CudaResult<()>;
+    /// `cuGreenCtxDestroy` (its streams were destroyed first).
+    fn green_destroy(&self, green: Self::GreenCtx) -> CudaResult<()>;
+}
+
+/// What `cuDevSmResourceSplitByCount` made: the groups (none when only counting), how many
+/// there are or would be, and the rest.
+pub struct SmSplit<D: Device + ?Sized> {
+    pub groups: Vec<D::Resource>,
+    pub count: u32,
+    pub remaining: D::Resource,
 }

@@ -653,6 +653,7 @@ impl<D: Device> Session<D> {
             .or_else(|| self.pools.move_blocker())
             .or_else(|| self.tensor_maps.move_blocker())
             .or_else(|| self.arrays.move_blocker())
+            .or_else(|| self.green.move_blocker())
     }
 
     /// Drains the session's work and writes its snapshot into `dir`.
