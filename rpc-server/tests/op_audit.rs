@@ -14,10 +14,7 @@ use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::{
     ArrayDesc, ArrayMap, Copy3d, CopySide, DecompressOp, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, NodeReadback, Op, OpClass,
     OpInfo, Pos3, Request, Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, Subresource, TensorMapLayout, TensorMapParams, TextureDesc,
-    array_flags, array_format, capture_status, decompress_algorithm, mem_op, mem_usage, node_type, rep, req, split_reply,
-    ArrayDesc, Copy3d, CopySide, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, NodeReadback, Op, OpClass, OpInfo, Pos3, Request,
-    Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, TensorMapLayout, TensorMapParams, TextureDesc, capture_status, dev_resource,
-    mem_op, node_type, rep, req, split_reply,
+    array_flags, array_format, capture_status, decompress_algorithm, dev_resource, mem_op, mem_usage, node_type, rep, req, split_reply,
 };
 
 mod raw;
@@ -899,6 +896,8 @@ macro_rules! probes {
             refused(req::MemBatchDecompress { ops: vec![DecompressOp { src_len: 0, ..decompress($v.ptr) }], stream: 0 }, INVALID_VALUE),
             refused(req::MemBatchDecompress { ops: vec![decompress($v.ptr)], stream: BOGUS_HANDLE }, UNKNOWN_HANDLE),
             Probe::Effect(a_decompression_gets_the_devices_own_answer),
+        ]
+    };
     (DevResourceGet, $v:ident) => {
         vec![
             refused(req::DevResourceGet { green: 0, kind: 2 }, CudaError::INVALID_RESOURCE_TYPE),
@@ -1937,7 +1936,7 @@ fn a_pool_allocation_is_shared_between_sessions(socket: &str) {
     importer.call(req::MemPoolDestroy { pool: 2 }).0.unwrap();
 
     // A physical allocation's shareable handle opens no pool.
-    exporter.call(req::MemCreate { handle: 7, size: 2 * MIB, handle_types: 1 }).0.unwrap();
+    exporter.call(req::MemCreate { handle: 7, size: 2 * MIB, handle_types: 1, usage: 0 }).0.unwrap();
     let physical = exporter.call(req::MemExport { handle: 7 }).0.unwrap().shareable;
     assert_eq!(importer.call(req::MemPoolImport { pool: 6, shareable: physical }).0.err(), Some(INVALID_VALUE), "a physical allocation's");
     exporter.call(req::MemRelease { handle: 7 }).0.unwrap();
@@ -1970,6 +1969,8 @@ fn imported_pool_memory_is_counted_once_in_the_quota() {
     assert_eq!(free(&mut importer), before - 8 * MIB, "the importer's free gives back nothing");
     exporter.call(req::Free { ptr }).0.unwrap();
     assert_eq!(free(&mut importer), before);
+}
+
 /// A decompression of 100 bytes at `ptr` into 1 KiB after them, its size written at `ptr + 2048`.
 fn decompress(ptr: u64) -> DecompressOp {
     DecompressOp { src: ptr, src_len: 100, dst: ptr + 1024, dst_len: 1024, dst_act_bytes: ptr + 2048, algo: decompress_algorithm::LZ4 }
@@ -2146,6 +2147,8 @@ fn sparse_arrays_map_whole_tiles_of_tile_pools_only(socket: &str) {
     session.call(req::MemRelease { handle: 1 }).0.unwrap();
     session.call(req::MemRelease { handle: 2 }).0.unwrap();
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "everything left the quota");
+}
+
 /// Under an SM share, the device's SM resource is the share the device reports (MPS gives a GPU
 /// context its share; the emulated device is made with it), and splits divide that.
 #[test]
