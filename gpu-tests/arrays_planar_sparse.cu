@@ -80,9 +80,27 @@ static void print_desc(const char *what, CUarray array) {
 
 static void planar() {
     const int W = 256, H = 128;
-    CUDA_ARRAY3D_DESCRIPTOR desc = {W, H, 0, CU_AD_FORMAT_NV12, 3, 0};
-    CUarray frame, luma, chroma, again;
-    CHECK_CU(cuArray3DCreate(&frame, &desc));
+    // The driver documents no descriptor for NV12 arrays; each candidate's answer is printed (the
+    // same GPU and driver answer the same natively and through Flyt), the first accepted is used.
+    const CUDA_ARRAY3D_DESCRIPTOR candidates[] = {
+        {W, H, 0, CU_AD_FORMAT_NV12, 3, 0},
+        {W, H, 0, CU_AD_FORMAT_NV12, 3, CUDA_ARRAY3D_SURFACE_LDST},
+        {W, H, 0, CU_AD_FORMAT_NV12, 1, 0},
+        {W, H, 0, CU_AD_FORMAT_NV12, 2, 0},
+    };
+    CUarray frame = nullptr, luma, chroma, again;
+    for (const CUDA_ARRAY3D_DESCRIPTOR &desc : candidates) {
+        CUresult made = cuArray3DCreate(&frame, &desc);
+        const char *made_name = "?";
+        cuGetErrorName(made, &made_name);
+        printf("NV12 array of %u channel(s), flags 0x%x: %s\n", desc.NumChannels, desc.Flags, made_name);
+        if (made == CUDA_SUCCESS) break;
+        frame = nullptr;
+    }
+    if (!frame) {
+        printf("no NV12 array on this GPU: planes not tried\n");
+        return;
+    }
     print_desc("NV12 array", frame);
     CHECK_CU(cuArrayGetPlane(&luma, frame, 0));
     CHECK_CU(cuArrayGetPlane(&chroma, frame, 1));
