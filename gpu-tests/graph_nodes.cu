@@ -4,8 +4,9 @@
 // whose body kernel counts to 10 and clears the condition itself (cudaGraphSetConditional), and IF
 // nodes whose condition a kernel sets; queries of dependencies, dependents and edges; a kernel node
 // disabled and enabled in the executable graph; instantiation flags, event and child graph
-// getters; graph memory attributes; batch memory operation nodes; a programmatic edge. Built
-// with -lcuda.
+// getters; graph memory attributes; batch memory operation nodes; a programmatic edge; stream
+// capture with edge data (into an existing graph after a programmatic edge, and dependencies
+// updated with one). Built with -lcuda.
 #include <vector>
 
 #include "driver_check.h"
@@ -63,9 +64,6 @@ static CUstreamBatchMemOpParams write32(CUdeviceptr address, unsigned value) {
     return op;
 }
 
-// Batch memory operation nodes (driver API): writes and a wait, then a kernel that reads what
-// they wrote; their parameters read back, changed in the executable graph; a node captured from
-// cuStreamWriteValue32.
 // Graph edges with data (driver API): a programmatic edge between two kernel nodes, read back
 // and run.
 static void programmatic_edge(cudaStream_t s) {
@@ -100,6 +98,113 @@ static void programmatic_edge(cudaStream_t s) {
     CHECK(cudaFree(pair));
 }
 
+// A capture's first dependency and its edge data, as cuStreamGetCaptureInfo gives them (the
+// edge data is the default, all zero, where the driver gives none).
+static size_t capture_dependency(cudaStream_t s, CUgraphNode *node, CUgraphEdgeData *data) {
+    CUstreamCaptureStatus status;
+    const CUgraphNode *deps = nullptr;
+    const CUgraphEdgeData *edges = nullptr;
+    size_t count = 0;
+    CHECK_CU(cuStreamGetCaptureInfo_v3((CUstream)s, &status, nullptr, nullptr, &deps, &edges, &count));
+    *data = {};
+    if (count > 0) {
+        *node = deps[0];
+        if (edges != nullptr) *data = edges[0];
+    }
+    return count;
+}
+
+// The name of what cuStreamGetCaptureInfo answers when asked for dependencies without their
+// edge data (CUDA_ERROR_LOSSY_QUERY where some is not the default).
+static const char *lossy_query(cudaStream_t s) {
+    CUstreamCaptureStatus status;
+    const CUgraphNode *deps = nullptr;
+    size_t count = 0;
+    const char *name = "?";
+    cuGetErrorName(cuStreamGetCaptureInfo_v3((CUstream)s, &status, nullptr, nullptr, &deps, nullptr, &count), &name);
+    return name;
+}
+
+// The one edge of a graph of two nodes, run: its port and type, and what the consumer read.
+static void print_captured_edge(const char *what, cudaGraph_t g, cudaStream_t s, int *pair) {
+    CUgraphNode from[2], to[2];
+    CUgraphEdgeData data[2] = {};
+    size_t count = 2;
+    CHECK_CU(cuGraphGetEdges_v2((CUgraph)g, from, to, data, &count));
+    size_t nodes = 0;
+    CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    int got[2] = {0, 0};
+    CHECK(cudaMemcpy(got, pair, sizeof got, cudaMemcpyDeviceToHost));
+    printf("%s: %zu node(s), %zu edge(s), from port %d, to port %d, type %d; consumer read %d\n", what, nodes, count,
+           (int)data[0].from_port, (int)data[0].to_port, (int)data[0].type, got[1]);
+    CHECK(cudaGraphExecDestroy(exec));
+}
+
+// Stream capture with edge data (driver API): a capture into an existing graph whose first
+// captured kernel follows a producer kernel node through a programmatic edge
+// (cuStreamBeginCaptureToGraph with dependency data), and a capture whose dependencies are set
+// again with a programmatic edge (cuStreamUpdateCaptureDependencies_v2); the capture's
+// dependencies and edge data read back (cuStreamGetCaptureInfo), the captured edges read back
+// (cuGraphGetEdges_v2), and the graphs run.
+static void capture_with_edge_data(cudaStream_t s) {
+    int *pair = nullptr;
+    CHECK(cudaMalloc(&pair, 2 * sizeof(int)));
+    CUgraphEdgeData edge = {};
+    edge.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+    edge.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    void *args[] = {&pair};
+
+    // 1. Into an existing graph, after its producer node by a programmatic edge.
+    CHECK(cudaMemsetAsync(pair, 0, 2 * sizeof(int), s));
+    cudaGraph_t g;
+    CHECK(cudaGraphCreate(&g, 0));
+    CUgraphNode producer = (CUgraphNode)add_kernel(g, nullptr, 0, (void *)produce, 1, 1, args);
+    CHECK_CU(cuStreamBeginCaptureToGraph((CUstream)s, (CUgraph)g, &producer, &edge, 1, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUgraphNode first = nullptr;
+    CUgraphEdgeData first_data;
+    size_t count = capture_dependency(s, &first, &first_data);
+    printf("capture into a graph begins after %zu node(s), the producer: %s, from port %d, type %d; without edge data: %s\n", count,
+           first == producer ? "yes" : "no", (int)first_data.from_port, (int)first_data.type, lossy_query(s));
+    consume<<<1, 1, 0, s>>>(pair);
+    CHECK(cudaGetLastError());
+    cudaGraph_t ended;
+    CHECK(cudaStreamEndCapture(s, &ended));
+    printf("the capture ended in the app's graph: %s\n", ended == g ? "yes" : "no");
+    print_captured_edge("captured after a programmatic edge", g, s, pair);
+    CHECK(cudaGraphDestroy(g));
+
+    // 2. A capture whose dependencies are set again, to the captured producer by a programmatic
+    // edge.
+    CHECK(cudaMemsetAsync(pair, 0, 2 * sizeof(int), s));
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    produce<<<1, 1, 0, s>>>(pair);
+    CHECK(cudaGetLastError());
+    CUgraphNode captured_producer = nullptr;
+    CUgraphEdgeData plain;
+    count = capture_dependency(s, &captured_producer, &plain);
+    printf("after the captured producer: %zu dependency, from port %d, type %d\n", count, (int)plain.from_port, (int)plain.type);
+    CHECK_CU(cuStreamUpdateCaptureDependencies_v2((CUstream)s, &captured_producer, &edge, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+    CUgraphNode again = nullptr;
+    CUgraphEdgeData again_data;
+    count = capture_dependency(s, &again, &again_data);
+    printf("dependencies updated with edge data: %zu, the producer: %s, from port %d, type %d; without edge data: %s\n", count,
+           again == captured_producer ? "yes" : "no", (int)again_data.from_port, (int)again_data.type, lossy_query(s));
+    consume<<<1, 1, 0, s>>>(pair);
+    CHECK(cudaGetLastError());
+    cudaGraph_t captured;
+    CHECK(cudaStreamEndCapture(s, &captured));
+    print_captured_edge("captured with updated dependencies", captured, s, pair);
+    CHECK(cudaGraphDestroy(captured));
+    CHECK(cudaFree(pair));
+}
+
+// Batch memory operation nodes (driver API): writes and a wait, then a kernel that reads what
+// they wrote; their parameters read back, changed in the executable graph; a node captured from
+// cuStreamWriteValue32.
 static void batch_mem_op_nodes(cudaStream_t s) {
     int *words = nullptr;
     CHECK(cudaMalloc(&words, 64));
@@ -349,6 +454,7 @@ int main() {
 
     batch_mem_op_nodes(s);
     programmatic_edge(s);
+    capture_with_edge_data(s);
 
     CHECK(cudaFree(counter));
     CHECK(cudaFree(out));

@@ -158,15 +158,26 @@ impl Graphs {
     }
 }
 
+/// Where `cuStreamBeginCaptureToGraph` records: the app's graph, the first captured work
+/// following `dependencies` (nodes of it), with `data` for each (from port, to port, type) or
+/// none at all (plain full dependencies).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CaptureInto {
+    pub graph: u64,
+    pub dependencies: Vec<u64>,
+    pub data: Vec<[u8; 3]>,
+}
+
 impl Client {
     /// Begins a capture of `stream` into a new graph, or into an existing one after some of its
-    /// nodes (`into`); the graph's id.
-    pub fn begin_capture(&self, stream: u64, mode: u32, thread_mode: u32, into: Option<(u64, Vec<u64>)>) -> CudaResult<u64> {
-        let (graph, dependencies, into) = match into {
-            Some((graph, dependencies)) => (graph, dependencies, true),
-            None => (self.graphs.new_id(), Vec::new(), false),
+    /// nodes, with their edge data (none, or one entry each: from port, to port, type) (`into`);
+    /// the graph's id.
+    pub fn begin_capture(&self, stream: u64, mode: u32, thread_mode: u32, into: Option<CaptureInto>) -> CudaResult<u64> {
+        let (graph, dependencies, data, into) = match into {
+            Some(CaptureInto { graph, dependencies, data }) => (graph, dependencies, data, true),
+            None => (self.graphs.new_id(), Vec::new(), Vec::new(), false),
         };
-        self.call(req::StreamBeginCapture { stream, mode, thread_mode, graph, into, dependencies })?;
+        self.call(req::StreamBeginCapture { stream, mode, thread_mode, graph, into, dependencies, data })?;
         lock(&self.graphs.captures).insert(stream, graph);
         self.graphs.active_captures.fetch_add(1, Ordering::AcqRel);
         Ok(graph)
@@ -192,10 +203,10 @@ impl Client {
         self.call(req::StreamCaptureInfo { stream }).map(|reply| reply.info)
     }
 
-    /// `cuStreamUpdateCaptureDependencies`: the capture's next work follows `dependencies`
-    /// (`set`) or these as well.
-    pub fn update_capture_dependencies(&self, stream: u64, dependencies: Vec<u64>, set: bool) -> CudaResult<()> {
-        self.call(req::StreamCaptureDependencies { stream, dependencies, set }).map(drop)
+    /// `cuStreamUpdateCaptureDependencies_v2`: the capture's next work follows `dependencies`
+    /// (`set`) or these as well, with their edge data (none, or one entry each).
+    pub fn update_capture_dependencies(&self, stream: u64, dependencies: Vec<u64>, data: Vec<[u8; 3]>, set: bool) -> CudaResult<()> {
+        self.call(req::StreamCaptureDependencies { stream, dependencies, data, set }).map(drop)
     }
 
     /// Tells the server the calling thread's capture interaction mode, which its checks of

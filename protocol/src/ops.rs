@@ -164,9 +164,10 @@ macro_rules! for_each_op {
             /// `cuStreamBeginCapture`: the graph being captured is named `graph`. `thread_mode`: the
             /// calling thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
             /// `into`: `cuStreamBeginCaptureToGraph`, `graph` is an existing graph and the first
-            /// captured work follows `dependencies`, nodes of it.
+            /// captured work follows `dependencies`, nodes of it, each with `data[i]` (from port,
+            /// to port, type), or none at all (plain full dependencies).
             50 StreamBeginCapture stream_begin_capture [reply -] {
-                stream: u64, mode: u32, thread_mode: u32, graph: u64, into: bool, dependencies: Vec<u64>
+                stream: u64, mode: u32, thread_mode: u32, graph: u64, into: bool, dependencies: Vec<u64>, data: Vec<[u8; 3]>
             } -> {};
             /// `cuStreamEndCapture`: the captured graph's id (the one its capture began with).
             51 StreamEndCapture stream_end_capture [reply -] { stream: u64 } -> { graph: u64 };
@@ -305,9 +306,12 @@ macro_rules! for_each_op {
             101 IpcGetEventHandle ipc_get_event_handle [reply -] { event: u64 } -> { handle: Vec<u8> };
             /// `cuIpcOpenEventHandle`, named `event`.
             102 IpcOpenEventHandle ipc_open_event_handle [reply -] { handle: Vec<u8>, event: u64 } -> {};
-            /// `cuStreamUpdateCaptureDependencies`: the capture's next work follows `dependencies`
-            /// (`set`) or these as well.
-            103 StreamCaptureDependencies stream_capture_dependencies [reply -] { stream: u64, dependencies: Vec<u64>, set: bool } -> {};
+            /// `cuStreamUpdateCaptureDependencies_v2`: the capture's next work follows
+            /// `dependencies` (`set`) or these as well, each with `data[i]` (from port, to port,
+            /// type), or none at all (plain full dependencies).
+            103 StreamCaptureDependencies stream_capture_dependencies [reply -] {
+                stream: u64, dependencies: Vec<u64>, data: Vec<[u8; 3]>, set: bool
+            } -> {};
             // --- graph nodes beyond kernels and copies, and graph queries ---
             /// `cuGraphConditionalHandleCreate`: the driver's handle (kernels take it as an argument).
             104 GraphConditionalHandle graph_conditional_handle [reply -] { graph: u64, default_value: u32, flags: u32 } -> { handle: u64 };
@@ -761,6 +765,9 @@ pub struct CaptureInfo {
     pub id: u64,
     pub graph: u64,
     pub dependencies: Vec<u64>,
+    /// The edge data (from port, to port, type) of each dependency as the driver gave it, or
+    /// none where it gave none (a NULL array).
+    pub data: Vec<[u8; 3]>,
 }
 
 /// A node of a graph and its `CUgraphNodeType`.

@@ -446,11 +446,27 @@ macro_rules! probes {
     (StreamBeginCapture, $v:ident) => {
         vec![
             refused(
-                req::StreamBeginCapture { stream: BOGUS_HANDLE, mode: 0, thread_mode: 0, graph: 9, into: false, dependencies: Vec::new() },
+                req::StreamBeginCapture {
+                    stream: BOGUS_HANDLE,
+                    mode: 0,
+                    thread_mode: 0,
+                    graph: 9,
+                    into: false,
+                    dependencies: Vec::new(),
+                    data: Vec::new(),
+                },
                 UNKNOWN_HANDLE,
             ),
             refused(
-                req::StreamBeginCapture { stream: $v.stream, mode: 0, thread_mode: 0, graph: 0, into: false, dependencies: Vec::new() },
+                req::StreamBeginCapture {
+                    stream: $v.stream,
+                    mode: 0,
+                    thread_mode: 0,
+                    graph: 0,
+                    into: false,
+                    dependencies: Vec::new(),
+                    data: Vec::new(),
+                },
                 INVALID_VALUE,
             ),
             refused(
@@ -461,21 +477,59 @@ macro_rules! probes {
                     graph: SERVER_NODE_BIT | 9,
                     into: false,
                     dependencies: Vec::new(),
+                    data: Vec::new(),
                 },
                 INVALID_VALUE,
             ),
             refused(
-                req::StreamBeginCapture { stream: $v.stream, mode: 7, thread_mode: 0, graph: 9, into: false, dependencies: Vec::new() },
+                req::StreamBeginCapture {
+                    stream: $v.stream,
+                    mode: 7,
+                    thread_mode: 0,
+                    graph: 9,
+                    into: false,
+                    dependencies: Vec::new(),
+                    data: Vec::new(),
+                },
                 INVALID_VALUE,
             ),
             // The legacy stream synchronizes with every stream: it cannot be captured.
             refused(
-                req::StreamBeginCapture { stream: 0, mode: 0, thread_mode: 0, graph: 9, into: false, dependencies: Vec::new() },
+                req::StreamBeginCapture {
+                    stream: 0,
+                    mode: 0,
+                    thread_mode: 0,
+                    graph: 9,
+                    into: false,
+                    dependencies: Vec::new(),
+                    data: Vec::new(),
+                },
                 CudaError::STREAM_CAPTURE_UNSUPPORTED,
             ),
             // Into a graph the session does not have, or after a node that is not in it.
             refused(
-                req::StreamBeginCapture { stream: $v.stream, mode: 0, thread_mode: 0, graph: 9, into: true, dependencies: Vec::new() },
+                req::StreamBeginCapture {
+                    stream: $v.stream,
+                    mode: 0,
+                    thread_mode: 0,
+                    graph: 9,
+                    into: true,
+                    dependencies: Vec::new(),
+                    data: Vec::new(),
+                },
+                INVALID_VALUE,
+            ),
+            // Edge data annotates dependencies: a new graph has none.
+            refused(
+                req::StreamBeginCapture {
+                    stream: $v.stream,
+                    mode: 0,
+                    thread_mode: 0,
+                    graph: 9,
+                    into: false,
+                    dependencies: Vec::new(),
+                    data: vec![[0, 0, 0]],
+                },
                 INVALID_VALUE,
             ),
             Probe::Effect(a_capture_into_an_existing_graph_follows_its_nodes),
@@ -491,9 +545,15 @@ macro_rules! probes {
     };
     (StreamCaptureDependencies, $v:ident) => {
         vec![
-            refused(req::StreamCaptureDependencies { stream: BOGUS_HANDLE, dependencies: Vec::new(), set: true }, UNKNOWN_HANDLE),
+            refused(
+                req::StreamCaptureDependencies { stream: BOGUS_HANDLE, dependencies: Vec::new(), data: Vec::new(), set: true },
+                UNKNOWN_HANDLE,
+            ),
             // Not capturing.
-            refused(req::StreamCaptureDependencies { stream: $v.stream, dependencies: Vec::new(), set: true }, CudaError::ILLEGAL_STATE),
+            refused(
+                req::StreamCaptureDependencies { stream: $v.stream, dependencies: Vec::new(), data: Vec::new(), set: true },
+                CudaError::ILLEGAL_STATE,
+            ),
         ]
     };
     (StreamCaptureInfo, $v:ident) => {
@@ -1087,7 +1147,8 @@ fn tenant_utilization_counts_queued_copies(socket: &str) {
     assert!((1..=100).contains(&after.copies), "{after:?}");
     // A captured memset never runs: it must not count, or the stretch would stay open for good.
     session.send(&Request::from(req::StreamCreate { stream: 77, flags: 1, priority: 0 }), &[]);
-    let capture = req::StreamBeginCapture { stream: 77, mode: 2, thread_mode: 0, graph: 78, into: false, dependencies: Vec::new() };
+    let capture =
+        req::StreamBeginCapture { stream: 77, mode: 2, thread_mode: 0, graph: 78, into: false, dependencies: Vec::new(), data: Vec::new() };
     session.call(capture).0.unwrap();
     session.send(&Request::from(req::Memset { dst: ptr, pattern: 9, width: 1, len: 1 << 20, stream: 77 }), &[]);
     session.call(req::StreamEndCapture { stream: 77 }).0.unwrap();
@@ -1363,7 +1424,18 @@ fn a_capture_records_stream_work_into_a_graph(socket: &str) {
     session.send(&req::StreamCreate { stream: side, flags: 1, priority: 0 }.into(), &[]);
     session.send(&req::EventCreate { event: fork, flags: 2 }.into(), &[]);
     session.send(&req::EventCreate { event: join, flags: 2 }.into(), &[]);
-    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 7, into: false, dependencies: Vec::new() }).0.unwrap();
+    session
+        .call(req::StreamBeginCapture {
+            stream,
+            mode: 0,
+            thread_mode: 0,
+            graph: 7,
+            into: false,
+            dependencies: Vec::new(),
+            data: Vec::new(),
+        })
+        .0
+        .unwrap();
     session.send(&req::Memset { dst: a, pattern: 0x33, width: 1, len: 128, stream }.into(), &[]);
     session.send(&req::EventRecord { event: fork, stream, flags: 0 }.into(), &[]);
     session.send(&req::StreamWaitEvent { stream: side, event: fork, flags: 0 }.into(), &[]);
@@ -1389,7 +1461,18 @@ fn captured_nodes_read_back_their_parameters(socket: &str) {
     let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
     let stream = 0x5_0000_0001;
     session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
-    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 7, into: false, dependencies: Vec::new() }).0.unwrap();
+    session
+        .call(req::StreamBeginCapture {
+            stream,
+            mode: 0,
+            thread_mode: 0,
+            graph: 7,
+            into: false,
+            dependencies: Vec::new(),
+            data: Vec::new(),
+        })
+        .0
+        .unwrap();
     session.send(&req::Memset { dst: a, pattern: 0x33, width: 1, len: 128, stream }.into(), &[]);
     session.send(&req::MemcpyDtoD { dst: a + 1024, src: a, len: 128, stream }.into(), &[]);
     session.send(&req::LaunchHostFunc { stream, call: 55 }.into(), &[]);
@@ -1439,7 +1522,18 @@ fn a_capture_that_met_a_host_copy_ends_invalidated(socket: &str) {
     let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
     let stream = 0x5_0000_0001;
     session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
-    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 7, into: false, dependencies: Vec::new() }).0.unwrap();
+    session
+        .call(req::StreamBeginCapture {
+            stream,
+            mode: 0,
+            thread_mode: 0,
+            graph: 7,
+            into: false,
+            dependencies: Vec::new(),
+            data: Vec::new(),
+        })
+        .0
+        .unwrap();
     session.send(&req::MemcpyHtoD { dst: a, stream }.into(), &[1; 64]);
     assert_eq!(session.call(req::StreamEndCapture { stream }).0.err(), Some(CudaError::STREAM_CAPTURE_INVALIDATED));
     let deferred = session.call_with_deferred(req::DeviceSynchronize {}).0;
@@ -1668,6 +1762,8 @@ fn stream_attributes_read_back_as_set(socket: &str) {
 
 /// `cuStreamBeginCaptureToGraph`: captured work lands in the app's graph after the nodes named;
 /// `cuStreamUpdateCaptureDependencies` moves where the next work goes; the graph stays the app's.
+/// Edge data goes along, one entry per dependency: the emulated device has no kernel nodes, so
+/// it refuses a port or a type (programmatic launches), and default data is no data.
 fn a_capture_into_an_existing_graph_follows_its_nodes(socket: &str) {
     let mut session = RawSession::open(socket, None).unwrap();
     let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
@@ -1675,18 +1771,39 @@ fn a_capture_into_an_existing_graph_follows_its_nodes(socket: &str) {
     session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
     session.call(req::GraphCreate { graph: 30 }).0.unwrap();
     session.call(req::GraphAddNode { graph: 30, node: 31, dependencies: Vec::new(), params: memset_node(a, 0x44, 128) }).0.unwrap();
-    let wrong = req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 30, into: true, dependencies: vec![99] };
-    assert_eq!(session.call(wrong).0.err(), Some(INVALID_VALUE), "a dependency that is no node of the graph");
-    session.call(req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 30, into: true, dependencies: vec![31] }).0.unwrap();
+    let begin = |dependencies: Vec<u64>, data: Vec<[u8; 3]>| req::StreamBeginCapture {
+        stream,
+        mode: 0,
+        thread_mode: 0,
+        graph: 30,
+        into: true,
+        dependencies,
+        data,
+    };
+    assert_eq!(session.call(begin(vec![99], Vec::new())).0.err(), Some(INVALID_VALUE), "a dependency that is no node of the graph");
+    assert_eq!(session.call(begin(vec![31], vec![[0; 3], [0; 3]])).0.err(), Some(INVALID_VALUE), "edge data for two dependencies of one");
+    assert_eq!(session.call(begin(vec![31], vec![[1, 0, 1]])).0.err(), Some(CudaError::NOT_SUPPORTED), "a programmatic dependency");
+    assert_eq!(session.call(req::StreamCaptureInfo { stream }).0.unwrap().info.status, capture_status::NONE, "no capture begun");
+    session.call(begin(vec![31], vec![[0; 3]])).0.unwrap();
     session.send(&req::MemcpyDtoD { dst: a + 1024, src: a, len: 128, stream }.into(), &[]);
     let info = session.call(req::StreamCaptureInfo { stream }).0.unwrap().info;
-    assert_eq!((info.graph, info.dependencies.len()), (30, 1));
+    assert_eq!((info.graph, info.dependencies.len(), info.data), (30, 1, Vec::new()), "plain dependencies carry no edge data");
     // The next work goes after the memset again, beside the copy, not after it.
-    session.call(req::StreamCaptureDependencies { stream, dependencies: vec![31], set: true }).0.unwrap();
+    let update = |data: Vec<[u8; 3]>| req::StreamCaptureDependencies { stream, dependencies: vec![31], data, set: true };
+    assert_eq!(session.call(update(vec![[0; 3], [0; 3]])).0.err(), Some(INVALID_VALUE), "edge data for two dependencies of one");
+    assert_eq!(session.call(update(vec![[0, 2, 1]])).0.err(), Some(CudaError::NOT_SUPPORTED), "a programmatic dependency");
+    session.call(update(vec![[0; 3]])).0.unwrap();
+    let info = session.call(req::StreamCaptureInfo { stream }).0.unwrap().info;
+    assert_eq!((info.dependencies, info.data), (vec![31], Vec::new()));
     session.send(&req::MemcpyDtoD { dst: a + 2048, src: a, len: 128, stream }.into(), &[]);
     assert_eq!(session.call(req::StreamEndCapture { stream }).0.unwrap().graph, 30);
     assert_eq!(session.call(req::GraphNodes { graph: 30, roots: false }).0.unwrap().nodes.len(), 3);
     assert_eq!(session.call(req::GraphNodes { graph: 30, roots: true }).0.unwrap().nodes.len(), 1, "the memset is the one root");
+    let edges = session.call(req::GraphGetEdges { graph: 30 }).0.unwrap().edges;
+    assert!(
+        edges.len() == 2 && edges.iter().all(|edge| edge.from == 31 && [edge.from_port, edge.to_port, edge.kind] == [0; 3]),
+        "{edges:?}"
+    );
     session.call(req::GraphInstantiate { graph: 30, exec: 300, flags: 0 }).0.unwrap();
     session.send(&req::GraphLaunch { exec: 300, stream }.into(), &[]);
     assert_eq!(read_back(&mut session, a + 1024, 128), vec![0x44; 128]);
@@ -1751,7 +1868,18 @@ fn a_context_event_records_and_waits(socket: &str) {
     session.call(req::ContextEvent { event, wait: true }).0.unwrap();
     session.call(req::EventQuery { event }).0.unwrap();
     session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
-    session.call(req::StreamBeginCapture { stream, mode: 2, thread_mode: 2, graph: 9, into: false, dependencies: Vec::new() }).0.unwrap();
+    session
+        .call(req::StreamBeginCapture {
+            stream,
+            mode: 2,
+            thread_mode: 2,
+            graph: 9,
+            into: false,
+            dependencies: Vec::new(),
+            data: Vec::new(),
+        })
+        .0
+        .unwrap();
     assert_eq!(session.call(req::ContextEvent { event, wait: false }).0.err(), Some(CudaError::STREAM_CAPTURE_UNSUPPORTED));
     assert_eq!(session.call(req::ContextEvent { event, wait: true }).0.err(), Some(CudaError::STREAM_CAPTURE_UNSUPPORTED));
     session.call(req::StreamEndCapture { stream }).0.unwrap();

@@ -2,11 +2,13 @@
 //! goes to the server as always and becomes nodes of the graph there. While no capture is
 //! active in the process (the common case: libraries ask before every enqueue), the queries are
 //! answered here without a round trip; during one, the server answers (it also knows the streams
-//! that joined a capture through events).
+//! that joined a capture through events). Edge data (ports and types of programmatic launches)
+//! goes to the server's driver with the dependencies it annotates, and comes back with them.
 
 use std::cell::Cell;
 use std::ffi::c_uint;
 
+use flyt_client::graphs::CaptureInto;
 use flyt_protocol::ops::capture_status;
 
 use super::session::{client, driver_error, resolve_stream, run};
@@ -21,9 +23,11 @@ const CAPTURE_MODE_RELAXED: CUstreamCaptureMode = 2;
 thread_local! {
     /// This thread's capture interaction mode (GLOBAL until exchanged).
     static CAPTURE_MODE: Cell<CUstreamCaptureMode> = const { Cell::new(CAPTURE_MODE_GLOBAL) };
-    /// The dependencies `cuStreamGetCaptureInfo` last gave this thread (valid until its next
-    /// call, as the driver's array is valid until the next call on the stream).
-    static DEPENDENCIES: std::cell::RefCell<Vec<CUgraphNode>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The dependencies `cuStreamGetCaptureInfo` last gave this thread and their edge data
+    /// (valid until its next call, as the driver's arrays are valid until the next call on the
+    /// stream).
+    static DEPENDENCIES: std::cell::RefCell<(Vec<CUgraphNode>, Vec<CUgraphEdgeData>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 fn thread_mode() -> CUstreamCaptureMode {
@@ -45,11 +49,12 @@ fn begin(stream: CUstream, mode: CUstreamCaptureMode, ptsz: bool) -> DriverResul
     client.begin_capture(stream, mode, thread_mode(), None).map(drop).map_err(driver_error)
 }
 
-/// `cuStreamBeginCaptureToGraph`: into the app's graph, after `count` of its nodes. Edge data
-/// (ports, edge types) is not served.
+/// `cuStreamBeginCaptureToGraph`: into the app's graph, after `count` of its nodes, with their
+/// edge data if given (which the server's driver checks).
 ///
 /// # Safety
-/// `dependencies` holds `count` node handles (or is NULL with `count` 0).
+/// `dependencies` holds `count` node handles (or is NULL with `count` 0); `edge_data` is NULL
+/// or holds `count` entries.
 unsafe fn begin_to_graph(
     stream: CUstream,
     graph: CUgraph,
@@ -62,15 +67,16 @@ unsafe fn begin_to_graph(
     if mode > CAPTURE_MODE_RELAXED {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    if !edge_data.is_null() {
-        return Err(crate::diagnostics::unsupported("cuStreamBeginCaptureToGraph with edge data"));
-    }
     let client = client()?;
     let stream = capture_stream(client, stream, ptsz)?;
     // SAFETY: forwarded contract.
-    let nodes = unsafe { super::graph::node_ids(dependencies, count) }?;
+    let (dependencies, data) = unsafe { (super::graph::node_ids(dependencies, count)?, super::graph::edge_kinds(edge_data, count)) };
     let graph = super::graph::id_of(graph)?;
-    client.begin_capture(stream, mode, thread_mode(), Some((graph, nodes))).map(drop).map_err(driver_error)
+    let with_data = !data.is_empty();
+    client
+        .begin_capture(stream, mode, thread_mode(), Some(CaptureInto { graph, dependencies, data }))
+        .map(drop)
+        .map_err(|error| super::graph::edge_data_refused(with_data, error))
 }
 
 macro_rules! begin_to_graph {
@@ -95,10 +101,11 @@ begin_to_graph! {
 }
 
 /// `cuStreamUpdateCaptureDependencies*`: `flags` is `CU_STREAM_ADD_CAPTURE_DEPENDENCIES` (0) or
-/// `CU_STREAM_SET_CAPTURE_DEPENDENCIES` (1).
+/// `CU_STREAM_SET_CAPTURE_DEPENDENCIES` (1); the edge data, if given, goes along.
 ///
 /// # Safety
-/// `dependencies` holds `count` node handles (or is NULL with `count` 0).
+/// `dependencies` holds `count` node handles (or is NULL with `count` 0); `edge_data` is NULL
+/// or holds `count` entries.
 unsafe fn update_dependencies(
     stream: CUstream,
     dependencies: *const CUgraphNode,
@@ -110,14 +117,12 @@ unsafe fn update_dependencies(
     if flags > 1 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    if !edge_data.is_null() {
-        return Err(crate::diagnostics::unsupported("cuStreamUpdateCaptureDependencies_v2 with edge data"));
-    }
     let client = client()?;
     let stream = resolve_stream(client, stream, ptsz)?;
     // SAFETY: forwarded contract.
-    let nodes = unsafe { super::graph::node_ids(dependencies, count) }?;
-    client.update_capture_dependencies(stream, nodes, flags == 1).map_err(driver_error)
+    let (nodes, data) = unsafe { (super::graph::node_ids(dependencies, count)?, super::graph::edge_kinds(edge_data, count)) };
+    let with_data = !data.is_empty();
+    client.update_capture_dependencies(stream, nodes, data, flags == 1).map_err(|error| super::graph::edge_data_refused(with_data, error))
 }
 
 pub unsafe fn cuStreamUpdateCaptureDependencies(
@@ -210,16 +215,36 @@ struct InfoOut {
 
 fn capture_info(stream: CUstream, out: InfoOut, ptsz: bool) -> DriverResult {
     non_null([out.status.cast()])?;
+    // The edge data parallels the dependencies: asked for alone, it is an invalid value.
+    if !out.edges.is_null() && out.dependencies.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
     let client = client()?;
     let stream = resolve_stream(client, stream, ptsz)?;
     let info = client.capture_info(stream).map_err(driver_error)?;
     let active = info.status != capture_status::NONE;
+    if !info.data.is_empty() && info.data.len() != info.dependencies.len() {
+        return Err(CUresult::CUDA_ERROR_UNKNOWN);
+    }
+    // Dependencies asked for without their edge data, where some is not the default, would
+    // lose it: the driver refuses such a query.
+    if active && !out.dependencies.is_null() && out.edges.is_null() && info.data.iter().any(|edge| *edge != [0; 3]) {
+        return Err(CUresult::CUDA_ERROR_LOSSY_QUERY);
+    }
     let nodes: Vec<CUgraphNode> = info.dependencies.iter().map(|id| super::graph::node_handle(*id)).collect();
-    let (nodes_ptr, count) = DEPENDENCIES
+    let edges: Vec<CUgraphEdgeData> = info
+        .data
+        .iter()
+        .map(|[from_port, to_port, kind]| CUgraphEdgeData { from_port: *from_port, to_port: *to_port, r#type: *kind, reserved: [0; 5] })
+        .collect();
+    let (nodes_ptr, edges_ptr, count) = DEPENDENCIES
         .try_with(|kept| {
             let mut kept = kept.borrow_mut();
-            *kept = nodes;
-            (if kept.is_empty() { std::ptr::null() } else { kept.as_ptr() }, kept.len())
+            *kept = (nodes, edges);
+            let (nodes, edges) = &*kept;
+            // The driver's NULL edge data (plain full dependencies) stays NULL.
+            let edges_ptr = if edges.is_empty() { std::ptr::null() } else { edges.as_ptr() };
+            (if nodes.is_empty() { std::ptr::null() } else { nodes.as_ptr() }, edges_ptr, nodes.len())
         })
         .map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
     // SAFETY: each pointer is checked non-NULL by `write_out` or here; they are the caller's
@@ -237,8 +262,7 @@ fn capture_info(stream: CUstream, out: InfoOut, ptsz: bool) -> DriverResult {
                 write_out(out.dependencies, nodes_ptr)?;
             }
             if !out.edges.is_null() {
-                // All edges are plain full dependencies: the driver gives NULL for those.
-                write_out(out.edges, std::ptr::null())?;
+                write_out(out.edges, edges_ptr)?;
             }
             if !out.count.is_null() {
                 write_out(out.count, count)?;

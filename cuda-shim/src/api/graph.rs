@@ -569,7 +569,7 @@ pub unsafe fn cuGraphAddEventWaitNode(
 ///
 /// # Safety
 /// `data` is NULL or holds `count` entries.
-unsafe fn edge_kinds(data: *const CUgraphEdgeData, count: usize) -> Vec<[u8; 3]> {
+pub(super) unsafe fn edge_kinds(data: *const CUgraphEdgeData, count: usize) -> Vec<[u8; 3]> {
     if data.is_null() || count == 0 {
         return Vec::new();
     }
@@ -597,22 +597,23 @@ unsafe fn edges(
     add_edges(client, req::GraphEdges { graph: id_of(graph)?, from, to, data, remove })
 }
 
-/// Sends a `GraphEdges`. A device that answers "not supported" to edge data is the emulated
-/// one (a driver checks ports and types against the nodes' kinds): said once.
+/// Sends a `GraphEdges`.
 fn add_edges(client: &Client, request: req::GraphEdges) -> DriverResult {
     let with_data = !request.data.is_empty();
-    match client.call(request) {
-        Ok(_) => Ok(()),
-        Err(error) => {
-            if with_data && error == flyt_protocol::CudaError::NOT_SUPPORTED {
-                crate::diagnostics::once(
-                    "graph-edge-data",
-                    "flyt: the GPU server's emulated device has no kernel nodes, so no graph edge with a port or a type (returning CUDA_ERROR_NOT_SUPPORTED)",
-                );
-            }
-            Err(driver_error(error))
-        }
+    client.call(request).map(drop).map_err(|error| edge_data_refused(with_data, error))
+}
+
+/// The driver's error for a call that carried edge data (`with_data`) or not. A device that
+/// answers "not supported" to edge data is the emulated one (a driver checks ports and types
+/// against the nodes' kinds): said once.
+pub(super) fn edge_data_refused(with_data: bool, error: flyt_protocol::CudaError) -> CUresult {
+    if with_data && error == flyt_protocol::CudaError::NOT_SUPPORTED {
+        crate::diagnostics::once(
+            "graph-edge-data",
+            "flyt: the GPU server's emulated device has no kernel nodes, so no graph edge with a port or a type (returning CUDA_ERROR_NOT_SUPPORTED)",
+        );
     }
+    driver_error(error)
 }
 
 pub unsafe fn cuGraphAddDependencies(

@@ -104,8 +104,6 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
                     .to_string(),
                 "flyt: CUDA IPC on a GPU server without a GPU (the emulated device) is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"
                     .to_string(),
-                "flyt: cuStreamBeginCaptureToGraph with edge data is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"
-                    .to_string(),
                 "flyt: ignoring a fatbinary in a format this runtime does not know".to_string(),
                 "flyt: graph memcpy nodes with host memory or arrays are not supported (the server cannot reach this process's memory at launch)"
                     .to_string(),

@@ -17,7 +17,8 @@ use flyt_protocol::ops::{
 };
 
 use super::{
-    AddedNode, ArrayMapWork, ArrayRef, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side, TexResource,
+    AddedNode, ArrayMapWork, ArrayRef, Capture, CaptureInto, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side,
+    TexResource,
 };
 use crate::host_calls::HostCallSite;
 
@@ -1303,24 +1304,41 @@ impl Device for CudaDevice {
         Ok(value as u64)
     }
 
-    fn capture_begin(&self, stream: Self::Stream, mode: u32, into: Option<(Self::Graph, &[Self::GraphNode])>) -> CudaResult<()> {
+    fn capture_begin(&self, stream: Self::Stream, mode: u32, into: Option<CaptureInto<'_, Self>>) -> CudaResult<()> {
         let mode = capture_mode(mode)?;
-        let Some((graph, nodes)) = into else {
+        let Some(into) = into else {
             // SAFETY: the stream is the null stream or one of the session's.
             return check(unsafe { sys::cuStreamBeginCapture_v2(stream.0, mode).result() });
         };
-        let nodes: Vec<sys::CUgraphNode> = nodes.iter().map(|node| node.0).collect();
-        // SAFETY: the session's stream, graph and nodes of that graph; no edge data (default
-        // edges).
-        check(unsafe { sys::cuStreamBeginCaptureToGraph(stream.0, graph.0, nodes.as_ptr(), std::ptr::null(), nodes.len(), mode).result() })
+        if into.data.is_some_and(|data| data.len() != into.dependencies.len()) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let nodes: Vec<sys::CUgraphNode> = into.dependencies.iter().map(|node| node.0).collect();
+        let data = into.data.map(driver_edge_data);
+        let data_ptr = data.as_ref().map_or(std::ptr::null(), |data| data.as_ptr());
+        // SAFETY: the session's stream, graph and nodes of that graph; NULL (plain full
+        // dependencies) or as many edge data entries as nodes (checked above).
+        check(unsafe { sys::cuStreamBeginCaptureToGraph(stream.0, into.graph.0, nodes.as_ptr(), data_ptr, nodes.len(), mode).result() })
     }
 
-    fn capture_dependencies(&self, stream: Self::Stream, nodes: &[Self::GraphNode], set: bool) -> CudaResult<()> {
+    fn capture_dependencies(
+        &self,
+        stream: Self::Stream,
+        nodes: &[Self::GraphNode],
+        data: Option<&[EdgeData]>,
+        set: bool,
+    ) -> CudaResult<()> {
+        if data.is_some_and(|data| data.len() != nodes.len()) {
+            return Err(CudaError::INVALID_VALUE);
+        }
         let mut nodes: Vec<sys::CUgraphNode> = nodes.iter().map(|node| node.0).collect();
+        let data = data.map(driver_edge_data);
+        let data_ptr = data.as_ref().map_or(std::ptr::null(), |data| data.as_ptr());
         // CU_STREAM_SET_CAPTURE_DEPENDENCIES (1) or CU_STREAM_ADD_CAPTURE_DEPENDENCIES (0).
-        // SAFETY: the session's capturing stream and nodes of its graph.
+        // SAFETY: the session's capturing stream and nodes of its graph; NULL (plain full
+        // dependencies) or as many edge data entries as nodes (checked above).
         check(unsafe {
-            sys::cuStreamUpdateCaptureDependencies_v2(stream.0, nodes.as_mut_ptr(), std::ptr::null(), nodes.len(), u32::from(set)).result()
+            sys::cuStreamUpdateCaptureDependencies_v2(stream.0, nodes.as_mut_ptr(), data_ptr, nodes.len(), u32::from(set)).result()
         })
     }
 
@@ -1336,9 +1354,12 @@ impl Device for CudaDevice {
         let mut id = 0u64;
         let mut graph = std::ptr::null_mut();
         let mut dependencies: *const sys::CUgraphNode = std::ptr::null();
+        let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
         let mut count = 0usize;
         // SAFETY: valid out-pointers; the status is written as the C enum's 32-bit value and read
-        // as a number, so a status this build does not know is no invalid Rust enum.
+        // as a number, so a status this build does not know is no invalid Rust enum. The edge
+        // data is asked for too: without it the driver refuses (LOSSY_QUERY) a capture whose
+        // dependencies carry some.
         check(unsafe {
             sys::cuStreamGetCaptureInfo_v3(
                 stream.0,
@@ -1346,7 +1367,7 @@ impl Device for CudaDevice {
                 &mut id,
                 &mut graph,
                 &mut dependencies,
-                std::ptr::null_mut(),
+                &mut edges,
                 &mut count,
             )
             .result()
@@ -1357,7 +1378,14 @@ impl Device for CudaDevice {
             // SAFETY: the driver's array of `count` nodes, valid until the next call on the stream.
             unsafe { std::slice::from_raw_parts(dependencies, count) }.iter().map(|node| Handle(*node)).collect()
         };
-        Ok(Capture { status, id, graph: (!graph.is_null()).then_some(Handle(graph)), dependencies })
+        let data = if edges.is_null() || count == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the driver's array of `count` edge data entries, parallel to the nodes and
+            // valid as long.
+            unsafe { std::slice::from_raw_parts(edges, count) }.iter().map(|edge| [edge.from_port, edge.to_port, edge.type_]).collect()
+        };
+        Ok(Capture { status, id, graph: (!graph.is_null()).then_some(Handle(graph)), dependencies, data })
     }
 
     fn capturing(&self, stream: Self::Stream) -> bool {
@@ -1766,16 +1794,7 @@ impl Device for CudaDevice {
             return Ok(());
         }
         let (from_ptr, to_ptr) = (from.as_ptr().cast::<sys::CUgraphNode>(), to.as_ptr().cast::<sys::CUgraphNode>());
-        let data: Option<Vec<sys::CUgraphEdgeData>> = data.map(|data| {
-            data.iter()
-                .map(|[from_port, to_port, type_]| sys::CUgraphEdgeData {
-                    from_port: *from_port,
-                    to_port: *to_port,
-                    type_: *type_,
-                    reserved: [0; 5],
-                })
-                .collect()
-        });
+        let data = data.map(driver_edge_data);
         let data_ptr = data.as_ref().map_or(std::ptr::null(), |data| data.as_ptr());
         // SAFETY: two arrays of `from.len()` nodes of the session's graph, and NULL (plain full
         // dependencies) or as many edge data entries.
@@ -2560,6 +2579,18 @@ fn access_flags(flags: u32) -> CudaResult<sys::CUmemAccess_flags> {
         3 => Access::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         _ => return Err(CudaError::INVALID_VALUE),
     })
+}
+
+/// The driver's `CUgraphEdgeData` for ports and types (reserved bytes zero).
+fn driver_edge_data(data: &[EdgeData]) -> Vec<sys::CUgraphEdgeData> {
+    data.iter()
+        .map(|[from_port, to_port, type_]| sys::CUgraphEdgeData {
+            from_port: *from_port,
+            to_port: *to_port,
+            type_: *type_,
+            reserved: [0; 5],
+        })
+        .collect()
 }
 
 /// An all-zero `CUgraphEdgeData` (a full dependency), to be filled in by the driver.

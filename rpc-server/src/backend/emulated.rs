@@ -18,8 +18,8 @@ use flyt_protocol::ops::{
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
 use super::emulated_green::EmulatedResource;
 use super::{
-    AddedNode, ArrayMapWork, ArrayRef, Capture, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side, SmSplit,
-    TexResource,
+    AddedNode, ArrayMapWork, ArrayRef, Capture, CaptureInto, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side,
+    SmSplit, TexResource,
 };
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;
@@ -281,6 +281,16 @@ fn fill_elements(target: &mut [u8], pattern: u32, width: u8) {
 }
 
 const NO_GPU_CODE: CudaError = CudaError::NOT_SUPPORTED;
+
+/// Edge data for `nodes` (graph edges, a capture's dependencies): every edge here is a plain
+/// full dependency, as ports and types belong to kernels' programmatic launches and this device
+/// has no kernel nodes; all-default data is as good as none.
+fn plain_edges(nodes: &[u64], data: Option<&[EdgeData]>) -> CudaResult<()> {
+    match data {
+        Some(data) if data.len() != nodes.len() || data.iter().any(|edge| *edge != [0; 3]) => Err(CudaError::NOT_SUPPORTED),
+        _ => Ok(()),
+    }
+}
 
 /// A link step on the emulated device: it has no JIT compiler or linker, and says so in the
 /// error log the app reads.
@@ -764,9 +774,12 @@ impl Device for EmulatedDevice {
         Ok(self.state().limits.get(&limit).copied().unwrap_or(default))
     }
 
-    fn capture_begin(&self, stream: u64, mode: u32, into: Option<(u64, &[u64])>) -> CudaResult<()> {
+    fn capture_begin(&self, stream: u64, mode: u32, into: Option<CaptureInto<'_, Self>>) -> CudaResult<()> {
         if mode > 2 {
             return Err(CudaError::INVALID_VALUE);
+        }
+        if let Some(into) = &into {
+            plain_edges(into.dependencies, into.data)?;
         }
         // The legacy stream cannot be captured (it synchronizes with every other stream).
         if stream == 0 {
@@ -777,7 +790,7 @@ impl Device for EmulatedDevice {
             return Err(CudaError::ILLEGAL_STATE);
         }
         let (graph, tail) = match into {
-            Some((graph, nodes)) if state.graphs.graphs.contains_key(&graph) => (graph, nodes.to_vec()),
+            Some(into) if state.graphs.graphs.contains_key(&into.graph) => (into.graph, into.dependencies.to_vec()),
             Some(_) => return Err(CudaError::INVALID_VALUE),
             None => {
                 let graph = state.new_handle();
@@ -791,7 +804,8 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    fn capture_dependencies(&self, stream: u64, nodes: &[u64], set: bool) -> CudaResult<()> {
+    fn capture_dependencies(&self, stream: u64, nodes: &[u64], data: Option<&[EdgeData]>, set: bool) -> CudaResult<()> {
+        plain_edges(nodes, data)?;
         let mut state = self.state();
         let capture = state.graphs.captures.get_mut(&stream).ok_or(CudaError::ILLEGAL_STATE)?;
         if set {
@@ -821,9 +835,11 @@ impl Device for EmulatedDevice {
         let state = self.state();
         Ok(match state.graphs.captures.get(&stream) {
             Some(capture) => {
-                Capture { status: capture_status::ACTIVE, id: capture.id, graph: Some(capture.graph), dependencies: capture.tail.clone() }
+                let dependencies = capture.tail.clone();
+                // Every dependency is a plain full one: no edge data (a NULL array).
+                Capture { status: capture_status::ACTIVE, id: capture.id, graph: Some(capture.graph), dependencies, data: Vec::new() }
             }
-            None => Capture { status: state.graphs.status(stream), id: 0, graph: None, dependencies: Vec::new() },
+            None => Capture { status: state.graphs.status(stream), id: 0, graph: None, dependencies: Vec::new(), data: Vec::new() },
         })
     }
 
@@ -1080,10 +1096,7 @@ impl Device for EmulatedDevice {
     }
 
     fn graph_edges(&self, graph: u64, from: &[u64], to: &[u64], data: Option<&[EdgeData]>, remove: bool) -> CudaResult<()> {
-        // Every edge here is a plain full dependency (ports belong to kernels' programmatic launches).
-        if data.is_some_and(|data| data.len() != from.len() || data.iter().any(|edge| *edge != [0; 3])) {
-            return Err(CudaError::NOT_SUPPORTED);
-        }
+        plain_edges(from, data)?;
         let mut state = self.state();
         let in_graph = |node: &u64| state.graphs.nodes.get(node).is_some_and(|n| n.graph == graph);
         if from.len() != to.len() || !from.iter().chain(to).all(in_graph) {

@@ -141,12 +141,23 @@ pub struct ArrayMapWork<D: Device + ?Sized> {
     pub memory: Option<(D::MemHandle, u64)>,
 }
 
-/// A stream's capture, as `cuStreamGetCaptureInfo` tells it.
+/// A stream's capture, as `cuStreamGetCaptureInfo_v3` tells it.
 pub struct Capture<D: Device + ?Sized> {
     pub status: u32,
     pub id: u64,
     pub graph: Option<D::Graph>,
     pub dependencies: Vec<D::GraphNode>,
+    /// The edge data of each dependency, or none where the driver gave none (a NULL array).
+    pub data: Vec<EdgeData>,
+}
+
+/// Where `cuStreamBeginCaptureToGraph` records: an existing graph, the first captured work
+/// following `dependencies` (nodes of it), each with `data[i]` if given (plain full
+/// dependencies if not).
+pub struct CaptureInto<'a, D: Device + ?Sized> {
+    pub graph: D::Graph,
+    pub dependencies: &'a [D::GraphNode],
+    pub data: Option<&'a [EdgeData]>,
 }
 
 /// What `cuGraphExecUpdate` came to: a `CUgraphExecUpdateResult` and the node it names.
@@ -372,9 +383,11 @@ pub trait Device: Send + Sync + 'static {
     // --- stream capture and graphs ---
     /// `cuStreamBeginCapture` in `mode` (`CUstreamCaptureMode`); `into`: an existing graph and
     /// the nodes of it the first captured work follows (`cuStreamBeginCaptureToGraph`).
-    fn capture_begin(&self, stream: Self::Stream, mode: u32, into: Option<(Self::Graph, &[Self::GraphNode])>) -> CudaResult<()>;
-    /// `cuStreamUpdateCaptureDependencies`: replace (`set`) or add to the capture's dependencies.
-    fn capture_dependencies(&self, stream: Self::Stream, nodes: &[Self::GraphNode], set: bool) -> CudaResult<()>;
+    fn capture_begin(&self, stream: Self::Stream, mode: u32, into: Option<CaptureInto<'_, Self>>) -> CudaResult<()>;
+    /// `cuStreamUpdateCaptureDependencies_v2`: replace (`set`) or add to the capture's
+    /// dependencies, with `data` for each if given (plain full dependencies if not).
+    fn capture_dependencies(&self, stream: Self::Stream, nodes: &[Self::GraphNode], data: Option<&[EdgeData]>, set: bool)
+    -> CudaResult<()>;
     fn capture_end(&self, stream: Self::Stream) -> CudaResult<Self::Graph>;
     fn capture_info(&self, stream: Self::Stream) -> CudaResult<Capture<Self>>;
     /// Whether work queued on `stream` now would be captured rather than run (or may not be

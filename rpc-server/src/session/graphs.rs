@@ -11,7 +11,7 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{CaptureInfo, GraphEdge, GraphNodeEntry, NodeParams, NodeReadback, SERVER_NODE_BIT, node_type, rep, req};
 
 use super::{MAX_HANDLES, Responder, Session};
-use crate::backend::{Device, NodeRead, NodeWork};
+use crate::backend::{CaptureInto, Device, EdgeData, NodeRead, NodeWork};
 use crate::host_calls::{HostCallSite, HostCalls};
 use crate::memory::RangeKind;
 
@@ -234,6 +234,16 @@ impl<D: Device> GraphTable<D> {
     }
 }
 
+/// The app's edge data for `count` edges or dependencies: none (plain full dependencies), or
+/// one entry each.
+fn edge_data(data: &[EdgeData], count: usize) -> CudaResult<Option<&[EdgeData]>> {
+    match data.len() {
+        0 => Ok(None),
+        len if len == count => Ok(Some(data)),
+        _ => Err(CudaError::INVALID_VALUE),
+    }
+}
+
 /// Destroys an executable graph and its copy of its graph; the driver's answer for the
 /// executable graph (the copy is the session's own business).
 fn destroy_exec<D: Device>(device: &D, exec: Exec<D>) -> CudaResult<()> {
@@ -386,6 +396,7 @@ impl<D: Device> Session<D> {
 
     pub(super) fn begin_capture(&mut self, request: req::StreamBeginCapture, reply: Responder<rep::StreamBeginCapture>) {
         let result = (|| {
+            let data = edge_data(&request.data, request.dependencies.len())?;
             let into = if request.into {
                 let graph = self.graphs.graph(request.graph)?;
                 if self.graphs.captures.values().any(|captured| *captured == request.graph) {
@@ -402,7 +413,8 @@ impl<D: Device> Session<D> {
             };
             let stream = self.stream(request.stream)?;
             self.device.exchange_capture_mode(request.thread_mode)?;
-            self.device.capture_begin(stream, request.mode, into.as_ref().map(|(graph, nodes)| (*graph, nodes.as_slice())))?;
+            let target = into.as_ref().map(|(graph, nodes)| CaptureInto { graph: *graph, dependencies: nodes.as_slice(), data });
+            self.device.capture_begin(stream, request.mode, target)?;
             if into.is_some() {
                 self.graphs.captured_into.insert(request.graph);
             } else {
@@ -457,7 +469,8 @@ impl<D: Device> Session<D> {
         let result = self.stream(request.stream).and_then(|stream| self.device.capture_info(stream)).map(|capture| {
             let graph = capture.graph.and_then(|graph| self.graphs.graph_ids.get(&graph).copied()).unwrap_or(0);
             let dependencies = capture.dependencies.into_iter().map(|node| self.graphs.node_id(node, graph)).collect();
-            rep::StreamCaptureInfo { info: CaptureInfo { status: capture.status, id: capture.id, graph, dependencies } }
+            let info = CaptureInfo { status: capture.status, id: capture.id, graph, dependencies, data: capture.data };
+            rep::StreamCaptureInfo { info }
         });
         reply.send(result);
     }
@@ -468,11 +481,12 @@ impl<D: Device> Session<D> {
         reply: Responder<rep::StreamCaptureDependencies>,
     ) {
         let result = (|| {
+            let data = edge_data(&request.data, request.dependencies.len())?;
             let stream = self.stream(request.stream)?;
             let info = self.device.capture_info(stream)?;
             let graph = info.graph.and_then(|graph| self.graphs.graph_ids.get(&graph).copied()).ok_or(CudaError::ILLEGAL_STATE)?;
             let nodes = self.graphs.nodes_of(&request.dependencies, graph)?;
-            self.device.capture_dependencies(stream, &nodes, request.set)
+            self.device.capture_dependencies(stream, &nodes, data, request.set)
         })();
         reply.send(result.map(|()| rep::StreamCaptureDependencies {}));
     }
@@ -737,11 +751,8 @@ impl<D: Device> Session<D> {
             let graph = self.graphs.graph(request.graph)?;
             let from = self.graphs.nodes_of(&request.from, request.graph)?;
             let to = self.graphs.nodes_of(&request.to, request.graph)?;
-            if !request.data.is_empty() && request.data.len() != from.len() {
-                return Err(CudaError::INVALID_VALUE);
-            }
+            let data = edge_data(&request.data, from.len())?;
             self.detach_execs(request.graph);
-            let data = (!request.data.is_empty()).then_some(request.data.as_slice());
             self.device.graph_edges(graph, &from, &to, data, request.remove)
         })();
         reply.send(result.map(|()| rep::GraphEdges {}));

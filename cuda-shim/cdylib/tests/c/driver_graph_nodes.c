@@ -3,7 +3,7 @@
 // emulated device holds a conditional at the value each launch assigns (no kernel sets it).
 // Then the node parameter getters (of nodes the app made and of captured ones), kernel node
 // attributes on other nodes, the legacy cuGraphInstantiate and user objects; batch memory
-// operation nodes.
+// operation nodes; graph edges and capture dependencies with edge data.
 #define _DEFAULT_SOURCE
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -372,6 +372,58 @@ static void edge_data(CUcontext ctx, CUdeviceptr out) {
     EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
 }
 
+// Capture into a graph of the app's with edge data. Default data is no data: the captured work
+// follows the node as with NULL, and the capture's dependencies read back without edge data. A
+// programmatic dependency reaches the server's device, which has no kernel nodes and refuses it
+// when the capture begins (none begins) and when its dependencies are updated (it goes on).
+static void capture_edge_data(CUcontext ctx, CUstream s, CUdeviceptr out) {
+    CUgraph g;
+    EXPECT(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+    CUDA_MEMSET_NODE_PARAMS fill = memset_of(out, 3, 64);
+    CUgraphNode first;
+    EXPECT(cuGraphAddMemsetNode(&first, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
+    CUgraphEdgeData plain, programmatic;
+    memset(&plain, 0, sizeof plain);
+    memset(&programmatic, 0, sizeof programmatic);
+    programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+    programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+
+    CUresult refused_begin = cuStreamBeginCaptureToGraph(s, g, &first, &programmatic, 1, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    EXPECT(cuStreamIsCapturing(s, &status), CUDA_SUCCESS);
+    int not_begun = status == CU_STREAM_CAPTURE_STATUS_NONE;
+
+    EXPECT(cuStreamBeginCaptureToGraph(s, g, &first, &plain, 1, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    const CUgraphNode *deps = NULL;
+    const CUgraphEdgeData *data = &plain;
+    size_t count = 0;
+    EXPECT(cuStreamGetCaptureInfo(s, &status, NULL, NULL, &deps, &data, &count), CUDA_SUCCESS);
+    int plain_info = status == CU_STREAM_CAPTURE_STATUS_ACTIVE && count == 1 && deps != NULL && deps[0] == first && data == NULL;
+    EXPECT(cuStreamGetCaptureInfo(s, &status, NULL, NULL, NULL, &data, &count), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuMemsetD8Async(out, 4, 64, s), CUDA_SUCCESS);
+    CUresult refused_update = cuStreamUpdateCaptureDependencies(s, &first, &programmatic, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+    EXPECT(cuStreamUpdateCaptureDependencies(s, &first, &plain, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES), CUDA_SUCCESS);
+    EXPECT(cuStreamGetCaptureInfo(s, &status, NULL, NULL, &deps, &data, &count), CUDA_SUCCESS);
+    int updated = count == 1 && deps[0] == first && data == NULL;
+    EXPECT(cuMemsetD8Async(out, 5, 64, s), CUDA_SUCCESS);
+    CUgraph ended = NULL;
+    EXPECT(cuStreamEndCapture(s, &ended), CUDA_SUCCESS);
+
+    size_t nodes = 0, roots = 0, edges = 2;
+    CUgraphNode from[2], to[2];
+    CUgraphEdgeData edge_data[2];
+    memset(edge_data, 0xff, sizeof edge_data);
+    EXPECT(cuGraphGetNodes(g, NULL, &nodes), CUDA_SUCCESS);
+    EXPECT(cuGraphGetRootNodes(g, NULL, &roots), CUDA_SUCCESS);
+    EXPECT(cuGraphGetEdges(g, from, to, edge_data, &edges), CUDA_SUCCESS);
+    int plain_edges = edges == 2 && from[0] == first && from[1] == first && edge_data[0].type == 0 && edge_data[0].from_port == 0 &&
+                      edge_data[1].type == 0 && edge_data[1].from_port == 0;
+    CHECK("capture edge data: default data is none, programmatic refused by the device",
+          refused_begin == CUDA_ERROR_NOT_SUPPORTED && not_begun && plain_info && refused_update == CUDA_ERROR_NOT_SUPPORTED && updated &&
+              ended == g && nodes == 3 && roots == 1 && plain_edges);
+    EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
+}
+
 int main(void) {
     CUcontext ctx;
     EXPECT(cuInit(0), CUDA_SUCCESS);
@@ -536,6 +588,7 @@ int main(void) {
     getters_attributes_and_user_objects(ctx, s, out, N);
     batch_mem_op_nodes(ctx, s);
     edge_data(ctx, out);
+    capture_edge_data(ctx, s, out);
 
     EXPECT(cuMemFree(out), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(s), CUDA_SUCCESS);

@@ -2627,7 +2627,9 @@ static void reset(void) {
 }
 
 // Capture into a graph of the app's, after one of its nodes, and moving the capture's
-// dependencies (memsets are captured on the emulated device; nothing runs here).
+// dependencies (memsets are captured on the emulated device; nothing runs here). Edge data goes
+// to the server's device: default data is none; a programmatic edge is refused there, as the
+// emulated device has no kernel nodes.
 static void capture_to_graph(void) {
     cudaStream_t stream = NULL;
     void *memory = NULL;
@@ -2637,14 +2639,28 @@ static void capture_to_graph(void) {
     cudaGraphNode_t first = NULL;
     OK("a graph of the app's", cudaGraphCreate(&graph, 0));
     OK("its first node", cudaGraphAddEmptyNode(&first, graph, NULL, 0));
+    cudaGraphEdgeData plain, programmatic;
+    memset(&plain, 0, sizeof plain);
+    memset(&programmatic, 0, sizeof programmatic);
+    programmatic.from_port = cudaGraphKernelNodePortProgrammatic;
+    programmatic.type = cudaGraphDependencyTypeProgrammatic;
     AUDIT("cudaStreamBeginCaptureToGraph");
-    EXPECT_CODE("edge data", cudaStreamBeginCaptureToGraph(stream, graph, &first, (const cudaGraphEdgeData *)&first, 1, cudaStreamCaptureModeGlobal),
-                cudaErrorNotSupported);
+    EXPECT_CODE("a programmatic edge on a device without kernel nodes",
+                cudaStreamBeginCaptureToGraph(stream, graph, &first, &programmatic, 1, cudaStreamCaptureModeGlobal), cudaErrorNotSupported);
     OK("cudaStreamBeginCaptureToGraph", cudaStreamBeginCaptureToGraph(stream, graph, &first, NULL, 1, cudaStreamCaptureModeGlobal));
     OK("a memset captured", cudaMemsetAsync(memory, 1, 4096, stream));
     AUDIT("cudaStreamUpdateCaptureDependencies");
     EXPECT_CODE("an unknown flag", cudaStreamUpdateCaptureDependencies(stream, &first, NULL, 1, 7), cudaErrorInvalidValue);
-    OK("set the dependencies back to the first node", cudaStreamUpdateCaptureDependencies(stream, &first, NULL, 1, cudaStreamSetCaptureDependencies));
+    EXPECT_CODE("a programmatic dependency on a device without kernel nodes",
+                cudaStreamUpdateCaptureDependencies(stream, &first, &programmatic, 1, cudaStreamSetCaptureDependencies), cudaErrorNotSupported);
+    OK("set the dependencies back to the first node, with default edge data",
+       cudaStreamUpdateCaptureDependencies(stream, &first, &plain, 1, cudaStreamSetCaptureDependencies));
+    const cudaGraphNode_t *deps = NULL;
+    const cudaGraphEdgeData *edges = &plain;
+    size_t count = 0;
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    OK("the capture's dependencies with their edge data", cudaStreamGetCaptureInfo(stream, &status, NULL, NULL, &deps, &edges, &count));
+    EXPECT("the first node, by a default edge (no edge data)", count == 1 && deps[0] == first && edges == NULL);
     OK("a second memset captured", cudaMemsetAsync(memory, 2, 4096, stream));
     OK("end the capture", cudaStreamEndCapture(stream, &ended));
     EXPECT("the capture ended in the app's graph", ended == graph);
