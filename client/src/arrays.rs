@@ -201,9 +201,9 @@ impl Client {
 
     /// `cuMemBatchDecompressAsync`: every buffer must be device memory of the session. An error
     /// comes with the index of the operation it is about (`u64::MAX`: the batch as a whole).
-    pub fn batch_decompress(&self, ops: Vec<DecompressOp>, stream: u64) -> Result<(), (CudaError, u64)> {
+    pub fn batch_decompress(&self, ops: Vec<DecompressOp>, stream: u64) -> Result<(), (CudaError, Option<u64>)> {
         if ops.is_empty() {
-            return Err((CudaError::INVALID_VALUE, u64::MAX));
+            return Err((CudaError::INVALID_VALUE, Some(u64::MAX)));
         }
         for (index, op) in ops.iter().enumerate() {
             let checked = self
@@ -212,12 +212,12 @@ impl Client {
                 .and_then(|()| self.check_device_range(op.dst_act_bytes, 4));
             let known = matches!(op.algo, decompress_algorithm::DEFLATE | decompress_algorithm::SNAPPY | decompress_algorithm::LZ4);
             if op.src_len == 0 || !known || checked.is_err() {
-                return Err((CudaError::INVALID_VALUE, index as u64));
+                return Err((CudaError::INVALID_VALUE, Some(index as u64)));
             }
         }
         match self.call(req::MemBatchDecompress { ops, stream }) {
             Ok(reply) => reply.error.map_or(Ok(()), |error| Err((error, reply.error_index))),
-            Err(error) => Err((error, u64::MAX)),
+            Err(error) => Err((error, Some(u64::MAX))),
         }
     }
 

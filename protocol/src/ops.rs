@@ -410,10 +410,11 @@ macro_rules! for_each_op {
             /// allocations by the client's ids (answered: the driver checks them at the call).
             143 MemMapArray mem_map_array [reply -] { maps: Vec<ArrayMap>, stream: u64 } -> {};
             /// `cuMemBatchDecompressAsync` on `stream`, every buffer in the session's memory. What
-            /// the driver answered is `error` and `error_index` (`u64::MAX`: the batch as a whole);
-            /// a refusal of the session's own is the reply's error.
+            /// the driver answered is `error` and `error_index` (`u64::MAX`: the batch as a whole;
+            /// `None`: the driver left the app's index as it was); a refusal of the session's own
+            /// is the reply's error.
             144 MemBatchDecompress mem_batch_decompress [reply -] { ops: Vec<DecompressOp>, stream: u64 } -> {
-                error: Option<CudaError>, error_index: u64
+                error: Option<CudaError>, error_index: Option<u64>
             };
             // --- green contexts (ids 150-159): SM resources as the server's driver describes them
             // (named by the server's ids: their bytes stay there), descriptors and green contexts

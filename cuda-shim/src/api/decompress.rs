@@ -14,9 +14,9 @@ use crate::ffi::{DriverResult, non_null};
 use crate::generated::types::{CUmemDecompressParams, CUstream};
 
 /// Writes the index an error is about where the app asked for it (`errorIndex` may be NULL):
-/// `SIZE_MAX` for the batch as a whole.
-fn report_index(error_index: *mut usize, index: u64) {
-    if !error_index.is_null() {
+/// `SIZE_MAX` for the batch as a whole; `None` leaves it as the server's driver left its own.
+fn report_index(error_index: *mut usize, index: Option<u64>) {
+    if let (false, Some(index)) = (error_index.is_null(), index) {
         let index = usize::try_from(index).unwrap_or(usize::MAX);
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { error_index.write(index) };
@@ -31,15 +31,15 @@ fn decompress(
     stream: CUstream,
     per_thread: bool,
 ) -> DriverResult {
-    let fail = |error: CUresult, index: u64| {
+    let fail = |error: CUresult, index: Option<u64>| {
         report_index(error_index, index);
         Err(error)
     };
     if count == 0 || flags != 0 {
-        return fail(CUresult::CUDA_ERROR_INVALID_VALUE, u64::MAX);
+        return fail(CUresult::CUDA_ERROR_INVALID_VALUE, Some(u64::MAX));
     }
     if non_null([params_array.cast()]).is_err() {
-        return fail(CUresult::CUDA_ERROR_INVALID_VALUE, u64::MAX);
+        return fail(CUresult::CUDA_ERROR_INVALID_VALUE, Some(u64::MAX));
     }
     // SAFETY: checked non-NULL; the caller's array of `count` operations.
     let params = unsafe { std::slice::from_raw_parts(params_array, count) };
@@ -47,7 +47,7 @@ fn decompress(
     for (index, p) in params.iter().enumerate() {
         // The unused bytes must be zero, as the driver documents.
         if p.padding != [0; 20] {
-            return fail(CUresult::CUDA_ERROR_INVALID_VALUE, index as u64);
+            return fail(CUresult::CUDA_ERROR_INVALID_VALUE, Some(index as u64));
         }
         ops.push(DecompressOp {
             src: p.src as u64,

@@ -190,7 +190,9 @@ pub unsafe fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationP
             allocFlags: CUmemAllocationProp_st_allocFlags {
                 compressionType: 0,
                 gpuDirectRDMACapable: 0,
-                usage: u16::try_from(physical.usage).unwrap_or(0),
+                // The driver does not read the usage back (0 for a tile pool: driver 580 on an
+                // H200, natively).
+                usage: 0,
                 reserved: [0; 4],
             },
         };

@@ -2462,7 +2462,7 @@ impl Device for CudaDevice {
         self.map_array_work(maps, stream.0, self.device)
     }
 
-    fn batch_decompress(&self, ops: &[DecompressOp], stream: Self::Stream) -> Result<(), (CudaError, u64)> {
+    fn batch_decompress(&self, ops: &[DecompressOp], stream: Self::Stream) -> Result<(), (CudaError, Option<u64>)> {
         self.decompress(ops, stream.0)
     }
 

@@ -529,8 +529,8 @@ impl CudaDevice {
         raw_check(unsafe { map_array(raw.as_mut_ptr(), count, stream) })
     }
 
-    pub(super) fn decompress(&self, ops: &[DecompressOp], stream: sys::CUstream) -> Result<(), (CudaError, u64)> {
-        let whole = |error| (error, u64::MAX);
+    pub(super) fn decompress(&self, ops: &[DecompressOp], stream: sys::CUstream) -> Result<(), (CudaError, Option<u64>)> {
+        let whole = |error| (error, Some(u64::MAX));
         let batch_decompress = self.arrays.batch_decompress.ok_or(whole(CudaError::NOT_SUPPORTED))?;
         let size = |value: u64| usize::try_from(value).map_err(|_| whole(CudaError::INVALID_VALUE));
         let mut raw = ops
@@ -547,11 +547,15 @@ impl CudaDevice {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut index = usize::MAX;
+        // A value the driver never writes (it writes an entry's index or SIZE_MAX): still there
+        // after an error, the driver left the app's index alone (an H200 without the engine
+        // does), and so does the app's copy.
+        const UNTOUCHED: usize = usize::MAX - 1;
+        let mut index = UNTOUCHED;
         // SAFETY: complete parameters whose buffers lie in the session's memory (checked by it);
         // `index` is a valid out-pointer; a stream of the session's.
         let code = unsafe { batch_decompress(raw.as_mut_ptr(), raw.len(), 0, &mut index, stream) };
-        raw_check(code).map_err(|error| (error, if index == usize::MAX { u64::MAX } else { index as u64 }))
+        raw_check(code).map_err(|error| (error, (index != UNTOUCHED).then_some(index as u64)))
     }
 
     pub(super) fn attribute_of_stream(&self, stream: sys::CUstream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {

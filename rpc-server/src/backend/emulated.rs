@@ -1870,8 +1870,9 @@ impl Device for EmulatedDevice {
 
     /// Decompression is a hardware engine's work: this device has none, as a GPU without one
     /// answers.
-    fn batch_decompress(&self, _ops: &[DecompressOp], _stream: u64) -> Result<(), (CudaError, u64)> {
-        Err((CudaError::NOT_SUPPORTED, u64::MAX))
+    fn batch_decompress(&self, _ops: &[DecompressOp], _stream: u64) -> Result<(), (CudaError, Option<u64>)> {
+        // As a GPU without the engine answers (driver 580 on an H200): the index left alone.
+        Err((CudaError::NOT_SUPPORTED, None))
     }
 
     fn object_destroy(&self, handle: u64, surface: bool) -> CudaResult<()> {

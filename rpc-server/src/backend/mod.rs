@@ -555,7 +555,7 @@ pub trait Device: Send + Sync + 'static {
     /// `cuMemBatchDecompressAsync` on `stream` of buffers the session checked; an error comes
     /// with the index of the operation it is about (`u64::MAX`: the batch as a whole), as the
     /// driver answers.
-    fn batch_decompress(&self, ops: &[DecompressOp], stream: Self::Stream) -> Result<(), (CudaError, u64)>;
+    fn batch_decompress(&self, ops: &[DecompressOp], stream: Self::Stream) -> Result<(), (CudaError, Option<u64>)>;
     /// `cuStreamGetAttribute` after `cuStreamSetAttribute` with `set`, if given (an attribute
     /// and value the session checked).
     fn stream_attribute(&self, stream: Self::Stream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]>;

@@ -856,7 +856,7 @@ impl<D: Device> Session<D> {
             request.ops.iter().try_for_each(|op| self.check_decompress(op))?;
             let stream = self.stream(request.stream)?;
             Ok(match self.device.batch_decompress(&request.ops, stream) {
-                Ok(()) => rep::MemBatchDecompress { error: None, error_index: u64::MAX },
+                Ok(()) => rep::MemBatchDecompress { error: None, error_index: None },
                 Err((error, index)) => rep::MemBatchDecompress { error: Some(error), error_index: index },
             })
         })();
