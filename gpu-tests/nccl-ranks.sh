@@ -40,7 +40,9 @@ port=$((29600 + RANDOM % 300))
 run_ranks() {
     local label=$1 pids=() r
     for ((r = 0; r < RANKS; r++)); do
-        env RANK=$r WORLD_SIZE=$RANKS MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_DEBUG=INFO $(rank_env "$label" $r) \
+        # NCCL writes its log to stdout unless told otherwise: the ranks' stdout stays comparable.
+        env RANK=$r WORLD_SIZE=$RANKS MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$OUT/$label.rank$r.nccl" \
+            $(rank_env "$label" $r) \
             timeout 300 "$PY" "$here/torch/nccl.py" >"$OUT/$label.rank$r.out" 2>"$OUT/$label.rank$r.err" &
         pids+=($!)
     done
@@ -76,5 +78,5 @@ for ((r = 0; r < RANKS; r++)); do
     [ $same = yes ] || all=1
     echo "| $r | $(tail -1 "$OUT/native.rank$r.out") | $(tail -1 "$OUT/flyt.rank$r.out") | $same |"
 done
-echo "NCCL transports through Flyt: $(grep -ho 'via [A-Za-z/]*[A-Za-z]' "$OUT"/flyt.rank*.err | sort | uniq -c | tr '\n' ' ')"
+echo "NCCL transports through Flyt: $(grep -ho 'via [A-Za-z/]*[A-Za-z]' "$OUT"/flyt.rank*.nccl | sort | uniq -c | tr '\n' ' ')"
 [ $native_rc = 0 ] && [ $flyt_rc = 0 ] && [ $all = 0 ]

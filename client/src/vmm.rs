@@ -67,8 +67,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Client {
-    pub fn mem_granularity(&self, recommended: bool) -> CudaResult<u64> {
-        self.call(req::MemGranularity { recommended }).map(|reply| reply.granularity)
+    /// With `host`: of pinned memory on the GPU host's NUMA node nearest the device.
+    pub fn mem_granularity(&self, recommended: bool, host: bool) -> CudaResult<u64> {
+        self.call(req::MemGranularity { recommended, host }).map(|reply| reply.granularity)
     }
 
     pub fn mem_address_reserve(&self, size: u64, alignment: u64, addr: u64) -> CudaResult<u64> {

@@ -221,9 +221,11 @@ macro_rules! for_each_op {
             69 HostCallDone host_call_done [noreply -] { run: u64 } -> {};
             // --- virtual memory management (`cuMem*`): physical allocations under client-chosen ids,
             // mapped into address ranges the session reserved ---
-            /// `cuMemGetAllocationGranularity` for pinned device memory (`recommended`: the
-            /// recommended granularity, else the minimum).
-            70 MemGranularity mem_granularity [reply -] { recommended: bool } -> { granularity: u64 };
+            /// `cuMemGetAllocationGranularity` for pinned device memory, or with `host` for pinned
+            /// memory of the GPU host's NUMA node nearest the device (a query NCCL makes before it
+            /// tries such an allocation; `recommended`: the recommended granularity, else the
+            /// minimum).
+            70 MemGranularity mem_granularity [reply -] { recommended: bool, host: bool } -> { granularity: u64 };
             /// `cuMemAddressReserve`: `addr` is a hint (0: none).
             71 MemAddressReserve mem_address_reserve [reply -] { size: u64, alignment: u64, addr: u64 } -> { ptr: u64 };
             /// `cuMemAddressFree` of a whole reservation, nothing mapped in it.

@@ -1566,7 +1566,7 @@ fn a_host_call_holds_its_stream_until_answered(socket: &str) {
 /// session's own whole mappings are refused; releasing gives the quota back.
 fn virtual_memory_maps_physical_allocations_into_reserved_ranges(socket: &str) {
     let mut session = RawSession::open(socket, None).unwrap();
-    let granularity = session.call(req::MemGranularity { recommended: false }).0.unwrap().granularity;
+    let granularity = session.call(req::MemGranularity { recommended: false, host: false }).0.unwrap().granularity;
     assert!(granularity.is_power_of_two(), "{granularity}");
     let before = session.call(req::MemGetInfo {}).0.unwrap().free;
     let base = session.call(req::MemAddressReserve { size: 4 * granularity, alignment: 0, addr: 0 }).0.unwrap().ptr;
@@ -2196,7 +2196,7 @@ fn sparse_arrays_map_whole_tiles_of_tile_pools_only(socket: &str) {
     let requirements = session.call(req::ArrayMemoryRequirements { array: 54 }).0.unwrap();
     assert_eq!((requirements.size, requirements.alignment), (65536, 65536), "100 x 100 floats in one 128 x 128 tile");
 
-    let granularity = session.call(req::MemGranularity { recommended: false }).0.unwrap().granularity;
+    let granularity = session.call(req::MemGranularity { recommended: false, host: false }).0.unwrap().granularity;
     let pool = 2 * granularity;
     session.call(req::MemCreate { handle: 1, size: pool, handle_types: 0, usage: mem_usage::TILE_POOL }).0.unwrap();
     session.call(req::MemCreate { handle: 2, size: granularity, handle_types: 0, usage: 0 }).0.unwrap();

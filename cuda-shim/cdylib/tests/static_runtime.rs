@@ -220,6 +220,7 @@ fn virtual_memory_management_through_the_driver_api() {
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         for line in [
             "granularity a power of two: yes",
+            "host granularity a power of two: yes",
             "access read back: read-write",
             "second allocation holds the copy: yes",
             "retained handle is the second allocation: yes",

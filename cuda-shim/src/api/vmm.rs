@@ -19,6 +19,10 @@ use crate::generated::types::{
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`, `CU_MEM_LOCATION_TYPE_DEVICE`.
 const ALLOCATION_PINNED: u32 = 1;
 const LOCATION_DEVICE: u32 = 1;
+/// `CU_MEM_LOCATION_TYPE_HOST`, `_HOST_NUMA` and `_HOST_NUMA_CURRENT`.
+const LOCATION_HOST: u32 = 2;
+const LOCATION_HOST_NUMA: u32 = 3;
+const LOCATION_HOST_NUMA_CURRENT: u32 = 4;
 /// `CU_MEM_HANDLE_TYPE_NONE` and `_POSIX_FILE_DESCRIPTOR`.
 const HANDLE_TYPES_SUPPORTED: u32 = 0x1;
 const POSIX_FD: u32 = 0x1;
@@ -77,12 +81,21 @@ pub unsafe fn cuMemGetAllocationGranularity(
 ) -> CUresult {
     run(|| {
         non_null([granularity.cast()])?;
-        // SAFETY: the caller's struct.
-        unsafe { allocation_prop(prop) }?;
+        non_null([prop.cast()])?;
+        // SAFETY: checked non-NULL; the caller's struct.
+        let mut device_prop = unsafe { prop.read() };
+        // Host memory is asked about too: NCCL asks before it tries a host allocation (which
+        // `cuMemCreate` refuses, so NCCL takes its other path), and stops if the query fails.
+        let host = matches!(device_prop.location.r#type, LOCATION_HOST | LOCATION_HOST_NUMA | LOCATION_HOST_NUMA_CURRENT);
+        if host {
+            device_prop.location = CUmemLocation { r#type: LOCATION_DEVICE, id: 0 };
+        }
+        // SAFETY: a local struct.
+        unsafe { allocation_prop(&device_prop) }?;
         if option > 1 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let value = client()?.mem_granularity(option == 1).map_err(driver_error)?;
+        let value = client()?.mem_granularity(option == 1, host).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(granularity, value as usize) }
     })

@@ -567,7 +567,7 @@ impl CudaDevice {
     /// descriptor keeps it alive (its handle here is released).
     fn copy_for_move(&self, ptr: u64, len: u64) -> CudaResult<super::MovedSpan> {
         let prop = self.allocation_prop(1)?;
-        let page = self.mem_granularity(false)?.max(1);
+        let page = self.mem_granularity(false, false)?.max(1);
         let size = len.div_ceil(page) * page;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and a complete properties struct.
@@ -1905,15 +1905,20 @@ impl Device for CudaDevice {
         text
     }
 
-    fn mem_granularity(&self, recommended: bool) -> CudaResult<u64> {
+    fn mem_granularity(&self, recommended: bool, host: bool) -> CudaResult<u64> {
         let option = if recommended {
             sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
         } else {
             sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM
         };
+        let mut prop = self.allocation_prop(0)?;
+        if host {
+            let node = self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID as u32).unwrap_or(-1).max(0);
+            prop.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, id: node };
+        }
         let mut granularity = 0usize;
         // SAFETY: valid out-pointer and a complete properties struct.
-        check(unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &self.allocation_prop(0)?, option).result() })?;
+        check(unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, option).result() })?;
         Ok(granularity as u64)
     }
 

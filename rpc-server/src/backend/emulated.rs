@@ -1235,8 +1235,9 @@ impl Device for EmulatedDevice {
         Ok(text)
     }
 
-    fn mem_granularity(&self, _recommended: bool) -> CudaResult<u64> {
-        Ok(ALIGNMENT)
+    fn mem_granularity(&self, _recommended: bool, host: bool) -> CudaResult<u64> {
+        // Host memory comes in pages.
+        Ok(if host { 4096 } else { ALIGNMENT })
     }
 
     fn mem_address_reserve(&self, size: u64, alignment: u64, addr: u64) -> CudaResult<u64> {

@@ -465,7 +465,8 @@ pub trait Device: Send + Sync + 'static {
 
     // --- virtual memory management (the session checks every range against its reservations
     // and mappings first) ---
-    fn mem_granularity(&self, recommended: bool) -> CudaResult<u64>;
+    /// With `host`: of pinned memory on the GPU host's NUMA node nearest the device.
+    fn mem_granularity(&self, recommended: bool, host: bool) -> CudaResult<u64>;
     fn mem_address_reserve(&self, size: u64, alignment: u64, addr: u64) -> CudaResult<u64>;
     fn mem_address_free(&self, ptr: u64, size: u64) -> CudaResult<()>;
     /// Pinned memory on the session's device; `handle_types`: `CUmemAllocationHandleType` bits;

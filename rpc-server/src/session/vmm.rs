@@ -208,7 +208,7 @@ impl<D: Device> Session<D> {
     }
 
     pub(super) fn vmm_granularity(&mut self, request: req::MemGranularity, reply: Responder<rep::MemGranularity>) {
-        reply.send(self.device.mem_granularity(request.recommended).map(|granularity| rep::MemGranularity { granularity }));
+        reply.send(self.device.mem_granularity(request.recommended, request.host).map(|granularity| rep::MemGranularity { granularity }));
     }
 
     pub(super) fn vmm_address_reserve(&mut self, request: req::MemAddressReserve, reply: Responder<rep::MemAddressReserve>) {

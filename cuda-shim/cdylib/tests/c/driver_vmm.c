@@ -23,8 +23,14 @@ int main(void) {
     size_t granularity = 0;
     EXPECT(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
     printf("granularity a power of two: %s\n", granularity && !(granularity & (granularity - 1)) ? "yes" : "no");
-    prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
-    EXPECT(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_ERROR_NOT_SUPPORTED);
+    // Host memory: its granularity is answered (NCCL stops if the query fails), an allocation
+    // of it refused (NCCL then takes its /dev/shm path).
+    size_t host_granularity = 0;
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    EXPECT(cuMemGetAllocationGranularity(&host_granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    printf("host granularity a power of two: %s\n", host_granularity && !(host_granularity & (host_granularity - 1)) ? "yes" : "no");
+    CUmemGenericAllocationHandle host_memory;
+    EXPECT(cuMemCreate(&host_memory, host_granularity, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 
     CUdeviceptr base = 0;
