@@ -125,28 +125,23 @@ impl RawDriver {
         // enums as `int` and `CUresult` as `unsigned`, which share their ABI.
         unsafe {
             let lib = sys::culib();
-            macro_rules! symbol {
-                ($name:literal) => {
-                    *lib.get(concat!($name, "\0").as_bytes()).map_err(|error| format!("{}: {error}", $name))?
-                };
-            }
             Ok(Self {
-                device_get_attribute: symbol!("cuDeviceGetAttribute"),
-                func_get_attribute: symbol!("cuFuncGetAttribute"),
-                func_set_attribute: symbol!("cuFuncSetAttribute"),
-                ctx_get_limit: symbol!("cuCtxGetLimit"),
-                ctx_set_limit: symbol!("cuCtxSetLimit"),
-                func_get_param_info: symbol!("cuFuncGetParamInfo"),
-                link_create: symbol!("cuLinkCreate_v2"),
-                link_add_data: symbol!("cuLinkAddData_v2"),
-                link_complete: symbol!("cuLinkComplete"),
-                link_destroy: symbol!("cuLinkDestroy"),
-                module_get_function_count: symbol!("cuModuleGetFunctionCount"),
-                module_enumerate_functions: symbol!("cuModuleEnumerateFunctions"),
-                func_get_name: symbol!("cuFuncGetName"),
-                texture_1d_linear_max_width: symbol!("cuDeviceGetTexture1DLinearMaxWidth"),
-                host_atomic_capabilities: symbol!("cuDeviceGetHostAtomicCapabilities"),
-                p2p_atomic_capabilities: symbol!("cuDeviceGetP2PAtomicCapabilities"),
+                device_get_attribute: required_symbol!(lib, "cuDeviceGetAttribute"),
+                func_get_attribute: required_symbol!(lib, "cuFuncGetAttribute"),
+                func_set_attribute: required_symbol!(lib, "cuFuncSetAttribute"),
+                ctx_get_limit: required_symbol!(lib, "cuCtxGetLimit"),
+                ctx_set_limit: required_symbol!(lib, "cuCtxSetLimit"),
+                func_get_param_info: required_symbol!(lib, "cuFuncGetParamInfo"),
+                link_create: required_symbol!(lib, "cuLinkCreate_v2"),
+                link_add_data: required_symbol!(lib, "cuLinkAddData_v2"),
+                link_complete: required_symbol!(lib, "cuLinkComplete"),
+                link_destroy: required_symbol!(lib, "cuLinkDestroy"),
+                module_get_function_count: required_symbol!(lib, "cuModuleGetFunctionCount"),
+                module_enumerate_functions: required_symbol!(lib, "cuModuleEnumerateFunctions"),
+                func_get_name: required_symbol!(lib, "cuFuncGetName"),
+                texture_1d_linear_max_width: required_symbol!(lib, "cuDeviceGetTexture1DLinearMaxWidth"),
+                host_atomic_capabilities: required_symbol!(lib, "cuDeviceGetHostAtomicCapabilities"),
+                p2p_atomic_capabilities: required_symbol!(lib, "cuDeviceGetP2PAtomicCapabilities"),
             })
         }
     }
@@ -250,25 +245,20 @@ impl RawExtras {
         // `CUresult` as `unsigned` and the opaque structs as byte arrays of their size.
         unsafe {
             let lib = sys::culib();
-            macro_rules! symbol {
-                ($name:literal) => {
-                    lib.get(concat!($name, "\0").as_bytes()).ok().map(|symbol| *symbol)
-                };
-            }
             Self {
-                stream_batch_mem_op: symbol!("cuStreamBatchMemOp_v2"),
-                add_batch_node: symbol!("cuGraphAddBatchMemOpNode"),
-                batch_node_set_params: symbol!("cuGraphBatchMemOpNodeSetParams"),
-                exec_batch_node_set_params: symbol!("cuGraphExecBatchMemOpNodeSetParams"),
-                batch_node_get_params: symbol!("cuGraphBatchMemOpNodeGetParams"),
-                encode_tiled: symbol!("cuTensorMapEncodeTiled"),
-                encode_im2col: symbol!("cuTensorMapEncodeIm2col"),
-                encode_im2col_wide: symbol!("cuTensorMapEncodeIm2colWide"),
-                replace_address: symbol!("cuTensorMapReplaceAddress"),
-                kernel_node_set_attribute: symbol!("cuGraphKernelNodeSetAttribute"),
-                kernel_node_get_attribute: symbol!("cuGraphKernelNodeGetAttribute"),
-                memcpy_node_get_params: symbol!("cuGraphMemcpyNodeGetParams"),
-                pool_get_access: symbol!("cuMemPoolGetAccess"),
+                stream_batch_mem_op: optional_symbol!(lib, "cuStreamBatchMemOp_v2"),
+                add_batch_node: optional_symbol!(lib, "cuGraphAddBatchMemOpNode"),
+                batch_node_set_params: optional_symbol!(lib, "cuGraphBatchMemOpNodeSetParams"),
+                exec_batch_node_set_params: optional_symbol!(lib, "cuGraphExecBatchMemOpNodeSetParams"),
+                batch_node_get_params: optional_symbol!(lib, "cuGraphBatchMemOpNodeGetParams"),
+                encode_tiled: optional_symbol!(lib, "cuTensorMapEncodeTiled"),
+                encode_im2col: optional_symbol!(lib, "cuTensorMapEncodeIm2col"),
+                encode_im2col_wide: optional_symbol!(lib, "cuTensorMapEncodeIm2colWide"),
+                replace_address: optional_symbol!(lib, "cuTensorMapReplaceAddress"),
+                kernel_node_set_attribute: optional_symbol!(lib, "cuGraphKernelNodeSetAttribute"),
+                kernel_node_get_attribute: optional_symbol!(lib, "cuGraphKernelNodeGetAttribute"),
+                memcpy_node_get_params: optional_symbol!(lib, "cuGraphMemcpyNodeGetParams"),
+                pool_get_access: optional_symbol!(lib, "cuMemPoolGetAccess"),
             }
         }
     }

@@ -179,31 +179,21 @@ impl RawArrays {
         // documented C signature with the descriptors declared above.
         unsafe {
             let lib = sys::culib();
-            macro_rules! symbol {
-                ($name:literal) => {
-                    *lib.get(concat!($name, "\0").as_bytes()).map_err(|error| format!("{}: {error}", $name))?
-                };
-            }
-            macro_rules! optional {
-                ($name:literal) => {
-                    lib.get(concat!($name, "\0").as_bytes()).ok().map(|symbol| *symbol)
-                };
-            }
             Ok(Self {
-                array_3d_create: symbol!("cuArray3DCreate_v2"),
-                mipmapped_array_create: symbol!("cuMipmappedArrayCreate"),
-                tex_object_create: symbol!("cuTexObjectCreate"),
-                surf_object_create: symbol!("cuSurfObjectCreate"),
-                stream_set_attribute: symbol!("cuStreamSetAttribute"),
-                stream_get_attribute: symbol!("cuStreamGetAttribute"),
-                array_get_descriptor: symbol!("cuArray3DGetDescriptor_v2"),
-                array_get_plane: optional!("cuArrayGetPlane"),
-                array_sparse_properties: optional!("cuArrayGetSparseProperties"),
-                mipmap_sparse_properties: optional!("cuMipmappedArrayGetSparseProperties"),
-                array_memory_requirements: optional!("cuArrayGetMemoryRequirements"),
-                mipmap_memory_requirements: optional!("cuMipmappedArrayGetMemoryRequirements"),
-                map_array: optional!("cuMemMapArrayAsync"),
-                batch_decompress: optional!("cuMemBatchDecompressAsync"),
+                array_3d_create: required_symbol!(lib, "cuArray3DCreate_v2"),
+                mipmapped_array_create: required_symbol!(lib, "cuMipmappedArrayCreate"),
+                tex_object_create: required_symbol!(lib, "cuTexObjectCreate"),
+                surf_object_create: required_symbol!(lib, "cuSurfObjectCreate"),
+                stream_set_attribute: required_symbol!(lib, "cuStreamSetAttribute"),
+                stream_get_attribute: required_symbol!(lib, "cuStreamGetAttribute"),
+                array_get_descriptor: required_symbol!(lib, "cuArray3DGetDescriptor_v2"),
+                array_get_plane: optional_symbol!(lib, "cuArrayGetPlane"),
+                array_sparse_properties: optional_symbol!(lib, "cuArrayGetSparseProperties"),
+                mipmap_sparse_properties: optional_symbol!(lib, "cuMipmappedArrayGetSparseProperties"),
+                array_memory_requirements: optional_symbol!(lib, "cuArrayGetMemoryRequirements"),
+                mipmap_memory_requirements: optional_symbol!(lib, "cuMipmappedArrayGetMemoryRequirements"),
+                map_array: optional_symbol!(lib, "cuMemMapArrayAsync"),
+                batch_decompress: optional_symbol!(lib, "cuMemBatchDecompressAsync"),
             })
         }
     }

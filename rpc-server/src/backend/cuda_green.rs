@@ -59,22 +59,17 @@ impl RawGreen {
         // `CUdevResource` as `RawResource`, which has its size and alignment.
         unsafe {
             let lib = sys::culib();
-            macro_rules! symbol {
-                ($name:literal) => {
-                    lib.get(concat!($name, "\0").as_bytes()).ok().map(|symbol| *symbol)
-                };
-            }
             Self {
-                ctx_get_resource: symbol!("cuCtxGetDevResource"),
-                green_get_resource: symbol!("cuGreenCtxGetDevResource"),
-                split: symbol!("cuDevSmResourceSplitByCount"),
-                generate_desc: symbol!("cuDevResourceGenerateDesc"),
-                create: symbol!("cuGreenCtxCreate"),
-                destroy: symbol!("cuGreenCtxDestroy"),
-                to_context: symbol!("cuCtxFromGreenCtx"),
-                stream_create: symbol!("cuGreenCtxStreamCreate"),
-                record_event: symbol!("cuGreenCtxRecordEvent"),
-                wait_event: symbol!("cuGreenCtxWaitEvent"),
+                ctx_get_resource: optional_symbol!(lib, "cuCtxGetDevResource"),
+                green_get_resource: optional_symbol!(lib, "cuGreenCtxGetDevResource"),
+                split: optional_symbol!(lib, "cuDevSmResourceSplitByCount"),
+                generate_desc: optional_symbol!(lib, "cuDevResourceGenerateDesc"),
+                create: optional_symbol!(lib, "cuGreenCtxCreate"),
+                destroy: optional_symbol!(lib, "cuGreenCtxDestroy"),
+                to_context: optional_symbol!(lib, "cuCtxFromGreenCtx"),
+                stream_create: optional_symbol!(lib, "cuGreenCtxStreamCreate"),
+                record_event: optional_symbol!(lib, "cuGreenCtxRecordEvent"),
+                wait_event: optional_symbol!(lib, "cuGreenCtxWaitEvent"),
             }
         }
     }

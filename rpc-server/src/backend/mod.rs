@@ -2,6 +2,21 @@
 //! device for machines without a GPU. The session layer (`session.rs`) implements the op table
 //! once, with validation, quotas and handle maps; a backend only provides these primitives.
 
+/// A driver function looked up by name in `$lib` (NVIDIA's driver library, loaded at run time):
+/// `required_symbol!` fails the load with the name, `optional_symbol!` gives `None` where this
+/// driver lacks it. Only inside an `unsafe` block whose SAFETY comment gives each symbol its C
+/// signature.
+macro_rules! required_symbol {
+    ($lib:expr, $name:literal) => {
+        *$lib.get(concat!($name, "\0").as_bytes()).map_err(|error| format!("{}: {error}", $name))?
+    };
+}
+macro_rules! optional_symbol {
+    ($lib:expr, $name:literal) => {
+        $lib.get(concat!($name, "\0").as_bytes()).ok().map(|symbol| *symbol)
+    };
+}
+
 pub mod cuda;
 mod cuda_arrays;
 mod cuda_green;
