@@ -21,9 +21,12 @@ struct Range {
     /// Made by `cuMemAlloc` or `cuMemAllocPitch`: memory `cuIpcGetMemHandle` exports (pool
     /// allocations and mappings it refuses, as natively).
     legacy_ipc: bool,
-    /// Another process's pool allocation, imported (`cuMemPoolImportPointer`): freeable here, held
-    /// by its exporter.
-    imported: bool,
+    /// Another process's pool allocation, imported (`cuMemPoolImportPointer`): how many times
+    /// (each import of one imported already is one more; each free drops one). 0: this
+    /// process's own. Freeable here, held by its exporter.
+    imports: u32,
+    /// A pool allocation's pool (own or imported), for its pointer attributes.
+    pool: Option<u64>,
     id: u64,
 }
 
@@ -37,7 +40,7 @@ pub fn new_buffer_id() -> u64 {
 }
 
 fn range(len: u64, freeable: bool) -> Range {
-    Range { len, freeable, mapped: false, legacy_ipc: false, imported: false, id: new_buffer_id() }
+    Range { len, freeable, mapped: false, legacy_ipc: false, imports: 0, pool: None, id: new_buffer_id() }
 }
 
 /// Device addresses are the server's: nothing stops this process from mapping host memory at the
@@ -199,11 +202,41 @@ impl DeviceRanges {
         self.write().insert(start, range(len, freeable));
     }
 
-    /// Records another process's pool allocation this process imported: freeable, not among the
-    /// bytes this process holds (`allocated_bytes`), as its exporter holds them.
-    pub fn add_imported(&self, start: u64, len: u64) {
+    /// Records another process's allocation of `pool` this process imported: freeable, not among
+    /// the bytes this process holds (`allocated_bytes`), as its exporter holds them. Imported
+    /// again, it holds one more reference.
+    pub fn add_imported(&self, start: u64, len: u64, pool: u64) {
+        let mut ranges = self.write();
+        if let Some(range) = ranges.get_mut(&start).filter(|range| range.imports > 0) {
+            range.imports += 1;
+            return;
+        }
         self.claim_or_warn(start, len);
-        self.write().insert(start, Range { imported: true, ..range(len, true) });
+        ranges.insert(start, Range { imports: 1, pool: Some(pool), ..range(len, true) });
+    }
+
+    /// Drops one reference of an allocation imported more than once: `true` while it stays (a
+    /// free then does nothing more), `false` for anything else, which a free removes.
+    pub fn drop_import(&self, start: u64) -> bool {
+        match self.write().get_mut(&start) {
+            Some(range) if range.imports > 1 => {
+                range.imports -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Records the pool the allocation at `start` came from.
+    pub fn set_pool(&self, start: u64, pool: u64) {
+        if let Some(range) = self.write().get_mut(&start) {
+            range.pool = Some(pool);
+        }
+    }
+
+    /// The pool of the allocation that starts at `start`, if it is a pool allocation.
+    pub fn pool(&self, start: u64) -> Option<u64> {
+        self.read().get(&start).and_then(|range| range.pool)
     }
 
     /// Records module variables as `(address, size)`.
@@ -291,7 +324,7 @@ impl DeviceRanges {
 
     /// Bytes of device memory the process's allocations hold (not what it imported).
     pub fn allocated_bytes(&self) -> u64 {
-        self.read().values().filter(|range| range.freeable && !range.imported).map(|range| range.len).sum()
+        self.read().values().filter(|range| range.freeable && range.imports == 0).map(|range| range.len).sum()
     }
 
     /// The range holding `ptr`, with its start.
@@ -418,9 +451,13 @@ mod tests {
     fn imported_pool_memory_is_freeable_and_not_held_here() {
         let ranges = DeviceRanges::default();
         ranges.add(0x1000, 0x100, true);
-        ranges.add_imported(0x4000, 0x200);
+        ranges.add_imported(0x4000, 0x200, 7);
         assert_eq!(ranges.allocated_bytes(), 0x100, "the exporter holds imported memory");
         assert!(ranges.check(0x4000, 0x200).is_ok());
+        assert_eq!(ranges.pool(0x4000), Some(7));
+        ranges.add_imported(0x4000, 0x200, 7);
+        assert!(ranges.drop_import(0x4000), "imported twice: the first free leaves it");
+        assert!(!ranges.drop_import(0x4000), "the last free removes it");
         assert_eq!(ranges.remove_allocation(0x4000), Ok(()));
         assert_eq!(ranges.find(0x4000), None);
     }

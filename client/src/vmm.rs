@@ -43,11 +43,6 @@ pub struct Vmm {
     reservations: Mutex<BTreeMap<u64, u64>>,
     /// Pools made with a shareable handle type, and pools imported from other processes.
     shared_pools: Mutex<HashMap<u64, SharedPool>>,
-    /// Other processes' pool allocations this process imported: address to references (each
-    /// import of an allocation imported already is one more; each free drops one).
-    pool_imports: Mutex<HashMap<u64, u32>>,
-    /// Live pool allocations, own and imported: address to the pool's id (pointer attributes).
-    pool_of: Mutex<HashMap<u64, u64>>,
     /// The device's current pool (0 until set: the default pool), as the session's replies say.
     current_pool: AtomicU64,
 }
@@ -184,8 +179,6 @@ impl Client {
         lock(&self.vmm.physical).clear();
         lock(&self.vmm.mappings).clear();
         lock(&self.vmm.shared_pools).clear();
-        lock(&self.vmm.pool_imports).clear();
-        lock(&self.vmm.pool_of).clear();
         self.vmm.current_pool.store(0, Ordering::Relaxed);
         for (start, size) in std::mem::take(&mut *lock(&self.vmm.reservations)) {
             self.ranges.free_addresses(start, size);
@@ -203,7 +196,7 @@ impl Client {
         let ptr = self.place_allocation(size, allocate, |ptr| self.post(req::MemFreeAsync { ptr, stream }))?;
         if ptr != 0 {
             let pool = if pool == 0 { self.current_pool() } else { pool };
-            lock(&self.vmm.pool_of).insert(ptr, pool);
+            self.ranges.set_pool(ptr, pool);
         }
         Ok(ptr)
     }
@@ -218,7 +211,7 @@ impl Client {
 
     /// The pool the allocation starting at `start` came from (own or imported), if any.
     pub fn allocation_pool(&self, start: u64) -> Option<u64> {
-        lock(&self.vmm.pool_of).get(&start).copied()
+        self.ranges.pool(start)
     }
 
     /// `cuMemFreeAsync`: the pointer is the app's no more from here on.
@@ -233,17 +226,10 @@ impl Client {
     /// Forgets the allocation at `ptr` as `cuMemFree` and `cuMemFreeAsync` do: an imported pool
     /// allocation imported more than once stays (one reference fewer).
     pub fn forget_allocation(&self, ptr: u64) -> CudaResult<()> {
-        let mut imports = lock(&self.vmm.pool_imports);
-        if let Some(refs) = imports.get_mut(&ptr) {
-            *refs -= 1;
-            if *refs > 0 {
-                return Ok(());
-            }
-            imports.remove(&ptr);
+        if self.ranges.drop_import(ptr) {
+            return Ok(());
         }
-        self.ranges.remove_allocation(ptr)?;
-        lock(&self.vmm.pool_of).remove(&ptr);
-        Ok(())
+        self.ranges.remove_allocation(ptr)
     }
 
     pub fn pool_attribute(&self, pool: u64, attribute: u32, value: Option<u64>) -> CudaResult<u64> {
@@ -314,16 +300,8 @@ impl Client {
         if self.shared_pool(pool) != Some(SharedPool::Imported) {
             return Err(CudaError::INVALID_VALUE);
         }
-        let mut imports = lock(&self.vmm.pool_imports);
         let reply = self.call(req::MemPoolImportPointer { pool, data: data.to_vec() })?;
-        match imports.get_mut(&reply.ptr) {
-            Some(refs) => *refs += 1,
-            None => {
-                self.ranges.add_imported(reply.ptr, reply.size);
-                imports.insert(reply.ptr, 1);
-                lock(&self.vmm.pool_of).insert(reply.ptr, pool);
-            }
-        }
+        self.ranges.add_imported(reply.ptr, reply.size, pool);
         Ok(reply.ptr)
     }
 

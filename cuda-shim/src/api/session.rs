@@ -40,8 +40,7 @@ pub(super) fn client() -> DriverResult<&'static Client> {
 /// current (`cuCtxFromGreenCtx`), NULL, legacy and per-thread stand for its own stream, made with
 /// it on the server, so the work runs on the green context's SMs.
 pub(super) fn resolve_stream(client: &Client, stream: CUstream, per_thread_default: bool) -> DriverResult<u64> {
-    use flyt_client::streams::{STREAM_LEGACY, STREAM_PER_THREAD};
-    if matches!(stream as usize, 0 | STREAM_LEGACY | STREAM_PER_THREAD)
+    if super::stream::is_default_stream(stream)
         && let Some(green) = crate::context::current().and_then(crate::context::Context::green)
     {
         return Ok(green.default_stream());

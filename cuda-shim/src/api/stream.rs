@@ -62,7 +62,7 @@ fn lock_contexts() -> std::sync::MutexGuard<'static, std::collections::HashMap<u
 }
 
 /// Whether a handle is one of the default streams (NULL, legacy, per-thread).
-fn is_default_stream(stream: CUstream) -> bool {
+pub(super) fn is_default_stream(stream: CUstream) -> bool {
     matches!(stream as usize, 0 | flyt_client::streams::STREAM_LEGACY | flyt_client::streams::STREAM_PER_THREAD)
 }
 
