@@ -17,6 +17,7 @@ pub mod conn;
 pub mod devices;
 pub mod graphs;
 pub mod green;
+pub mod host_files;
 pub mod images;
 pub mod ipc;
 pub mod launch;

@@ -301,9 +301,12 @@ impl OwnerOnly for std::fs::OpenOptions {
 
 /// Sends the memfd to the server: one byte carrying it as `SCM_RIGHTS`, right after the hello.
 pub fn send_descriptor(socket: &std::os::unix::net::UnixStream, file: &File) -> std::io::Result<()> {
-    let fd = file.as_raw_fd();
-    let byte = [b'S'];
-    let mut iov = libc::iovec { iov_base: byte.as_ptr().cast_mut().cast(), iov_len: 1 };
+    send_with_descriptor(socket, file.as_raw_fd(), b"S")
+}
+
+/// Sends `payload` (in one piece) with descriptor `fd` riding along as `SCM_RIGHTS`.
+pub fn send_with_descriptor(socket: &std::os::unix::net::UnixStream, fd: std::os::fd::RawFd, payload: &[u8]) -> std::io::Result<()> {
+    let mut iov = libc::iovec { iov_base: payload.as_ptr().cast_mut().cast(), iov_len: payload.len() };
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) } as usize;
     let mut control = vec![0u8; space];
@@ -313,19 +316,22 @@ pub fn send_descriptor(socket: &std::os::unix::net::UnixStream, file: &File) -> 
     header.msg_iovlen = 1;
     header.msg_control = control.as_mut_ptr().cast();
     header.msg_controllen = space;
-    // SAFETY: the header points at live buffers sized above; CMSG_FIRSTHDR is non-null because
-    // the control buffer has room for one header; we write one int (the descriptor) into it.
-    unsafe {
+    // SAFETY: the header points at live buffers sized above (the kernel only reads the payload);
+    // CMSG_FIRSTHDR is non-null because the control buffer has room for one header; we write
+    // one int (the descriptor) into it.
+    let sent = unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&header);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
         (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as usize;
         libc::CMSG_DATA(cmsg).cast::<libc::c_int>().write_unaligned(fd);
-        if libc::sendmsg(socket.as_raw_fd(), &header, libc::MSG_NOSIGNAL) != 1 {
-            return Err(std::io::Error::last_os_error());
-        }
+        libc::sendmsg(socket.as_raw_fd(), &header, libc::MSG_NOSIGNAL)
+    };
+    match usize::try_from(sent) {
+        Ok(sent) if sent == payload.len() => Ok(()),
+        Ok(_) => Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "the descriptor's message went out in part")),
+        Err(_) => Err(std::io::Error::last_os_error()),
     }
-    Ok(())
 }
 
 /// A staging slot's state: where it is and the fence of the last copy that used it.

@@ -14,6 +14,7 @@ use flyt_protocol::ops::{decode_reply, rep, req};
 
 use crate::client::{Client, HostAllocation};
 use crate::conn::{HostDestination, ReplySlot};
+use crate::host_files::{self, Unmappable};
 use crate::shm::{Channel, HeldSlot, SLOT};
 
 /// Pinned host memory is page aligned, like the driver's.
@@ -174,28 +175,53 @@ pub fn host_free(client: &Client, address: usize) -> CudaResult<()> {
     Ok(())
 }
 
+/// `CU_MEMHOSTREGISTER_DEVICEMAP` (`cudaHostRegisterMapped`): kernels will use the memory in place.
+pub const HOST_REGISTER_DEVICEMAP: u32 = 0x2;
+
 /// Registers the app's own memory (`cudaHostRegister`, `cuMemHostRegister`; `flags` as the front
-/// checked them). The GPU is on another machine or process, so nothing is pinned for it: the range
-/// is remembered as registered host memory (so pointer attributes and host flags answer as CUDA
-/// does), and copies from or to it go through the channel like any host memory.
-pub fn host_register(client: &Client, start: usize, size: usize, flags: u32) -> CudaResult<()> {
+/// checked them). The GPU is in another process, so for copies nothing is pinned: the range is
+/// remembered as registered host memory (so pointer attributes and host flags answer as CUDA
+/// does), and copies from or to it go through the channel like any host memory. Mapped for
+/// kernels (`CU_MEMHOSTREGISTER_DEVICEMAP`) it must be memory the server can map as well: a
+/// shared mapping of a file, over the shared-memory channel ([`host_files`]); anything else is
+/// refused with the reason.
+pub fn host_register(client: &Client, start: usize, size: usize, flags: u32) -> Result<(), Unmappable> {
     let end = start.checked_add(size).ok_or(CudaError::INVALID_VALUE)?;
-    let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let overlaps = allocations.range(..end).next_back().is_some_and(|(begin, allocation)| begin + allocation.len > start);
-    if overlaps {
-        return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED);
+    let overlaps = |allocations: &std::collections::BTreeMap<usize, HostAllocation>| {
+        allocations.range(..end).next_back().is_some_and(|(begin, allocation)| begin + allocation.len > start)
+    };
+    if overlaps(&client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner)) {
+        return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED.into());
     }
-    allocations
-        .insert(start, HostAllocation { len: size, flags, segment_offset: None, registered: true, device_mapped: false, managed: false });
+    let device_mapped = flags & HOST_REGISTER_DEVICEMAP != 0;
+    if device_mapped {
+        host_files::register(client, start, size)?;
+    }
+    let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Another thread may have registered the range meanwhile.
+    if overlaps(&allocations) {
+        drop(allocations);
+        if device_mapped {
+            host_files::unregister(client, start)?;
+        }
+        return Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED.into());
+    }
+    allocations.insert(start, HostAllocation { len: size, flags, segment_offset: None, registered: true, device_mapped, managed: false });
     Ok(())
 }
 
-/// Forgets memory [`host_register`] registered, by its start address.
+/// Forgets memory [`host_register`] registered, by its start address (and has the server unmap
+/// it, if it mapped it for kernels).
 pub fn host_unregister(client: &Client, start: usize) -> CudaResult<()> {
     let mut allocations = client.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     match allocations.get(&start) {
         Some(allocation) if allocation.registered => {
+            let mapped = allocation.device_mapped;
             allocations.remove(&start);
+            drop(allocations);
+            if mapped {
+                host_files::unregister(client, start)?;
+            }
             Ok(())
         }
         _ => Err(CudaError::HOST_MEMORY_NOT_REGISTERED),

@@ -3,7 +3,8 @@
 //! - [`ops`]: the data-plane op table (`for_each_op!`), expanded here into request/reply types and
 //!   their codec, and in the rpc-server into the handler trait every device backend implements.
 //! - [`frame`]: the lean length-prefixed framing shared by shim, rpc-server and client manager.
-//! - [`handshake`], [`device`], [`token`], [`locate`]: session set-up.
+//! - [`handshake`], [`device`], [`token`], [`locate`]: session set-up; [`deposit`]: a file the app
+//!   maps, handed to its worker.
 //! - [`error`]: `cudaError_t` as data, with the runtime's own names and messages.
 //! - [`control`]: control-plane services (tarpc traits) between the daemons and `flytctl`.
 //!
@@ -15,6 +16,7 @@
 )]
 
 pub mod control;
+pub mod deposit;
 pub mod device;
 pub mod error;
 pub mod frame;

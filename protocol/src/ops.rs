@@ -445,6 +445,15 @@ macro_rules! for_each_op {
             155 GreenStreamCreate green_stream_create [reply -] { green: u64, stream: u64, flags: u32, priority: i32 } -> {};
             /// `cuGreenCtxRecordEvent` (`wait` false) or `cuGreenCtxWaitEvent`.
             156 GreenCtxEvent green_ctx_event [reply -] { green: u64, event: u64, wait: bool } -> {};
+            // --- the app's shared file mappings as mapped host memory (same host; see `deposit`) ---
+            /// A one-use ticket for handing the worker a descriptor: its socket's name and a token.
+            157 ShmFileTicket shm_file_ticket [reply -] {} -> { socket: String, token: [u8; 16] };
+            /// `cuMemHostRegister` of the app's shared mapping of a file: maps `len` bytes of the
+            /// file deposited under `token`, from `file_offset`, at the app's address `mapped_at`
+            /// (page aligned) and registers them mapped; `device_pointer` is `mapped_at`.
+            158 ShmRegisterFile shm_register_file [reply -] { token: [u8; 16], file_offset: u64, len: u64, mapped_at: u64 } -> { device_pointer: u64 };
+            /// `cuMemHostUnregister` of a range `ShmRegisterFile` mapped at `mapped_at`.
+            159 ShmUnregisterFile shm_unregister_file [noreply -] { mapped_at: u64 } -> {};
         }
     };
 }

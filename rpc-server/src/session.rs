@@ -1543,6 +1543,60 @@ impl<D: Device> OpHandler for Session<D> {
         reply.send(result.map(|()| rep::ShmUnregister {}));
     }
 
+    fn shm_file_ticket(&mut self, _request: req::ShmFileTicket, reply: Responder<rep::ShmFileTicket>) {
+        // Only a session with a segment of its own is on the app's host (a VM's is not).
+        if self.shm.as_ref().is_none_or(Segment::is_region) {
+            return reply.send(Err(CudaError::NOT_SUPPORTED));
+        }
+        let ticket = self.vmm.socket().ticket().map_err(|error| {
+            tracing::warn!(%error, "no deposit ticket");
+            CudaError::OPERATING_SYSTEM
+        });
+        reply.send(ticket.map(|(socket, token)| rep::ShmFileTicket { socket, token }));
+    }
+
+    fn shm_register_file(&mut self, request: req::ShmRegisterFile, reply: Responder<rep::ShmRegisterFile>) {
+        let result = (|| {
+            let segment = self.shm.as_mut().filter(|segment| !segment.is_region()).ok_or(CudaError::NOT_SUPPORTED)?;
+            let file = std::fs::File::from(self.vmm.socket().take_deposit(&request.token).ok_or(CudaError::INVALID_VALUE)?);
+            let metadata = file.metadata().map_err(|_| CudaError::INVALID_VALUE)?;
+            let end = request.file_offset.checked_add(request.len).ok_or(CudaError::INVALID_VALUE)?;
+            if !metadata.is_file() || end > metadata.len() {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let host_len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
+            let pinned = segment.add_file(&file, request.file_offset, request.len, request.mapped_at)?;
+            // SAFETY: the file is mapped at `pinned` until it is removed, after it is unpinned.
+            let registered = unsafe { self.device.host_register(pinned, host_len, true) }.and_then(|()| {
+                if self.device.host_device_pointer(pinned) == Ok(request.mapped_at) {
+                    return Ok(request.mapped_at);
+                }
+                // SAFETY: registered just above.
+                let _ = unsafe { self.device.host_unregister(pinned) };
+                Err(CudaError::NOT_SUPPORTED)
+            });
+            if registered.is_err() {
+                segment.remove_file(request.mapped_at);
+            }
+            registered
+        })();
+        reply.send(result.map(|device_pointer| rep::ShmRegisterFile { device_pointer }));
+    }
+
+    fn shm_unregister_file(&mut self, request: req::ShmUnregisterFile, reply: Responder<rep::ShmUnregisterFile>) {
+        let Some(segment) = self.shm.as_mut() else {
+            return reply.send(Err(CudaError::NOT_SUPPORTED));
+        };
+        let result = match segment.remove_file(request.mapped_at) {
+            // As for a block: no work may still use the pages when they are unpinned, and the
+            // mapping goes after (when `_alias` drops).
+            // SAFETY: the file was registered by this session at `mapped_at`.
+            Some(_alias) => self.device.synchronize().and_then(|()| unsafe { self.device.host_unregister(request.mapped_at as *mut u8) }),
+            None => Err(CudaError::HOST_MEMORY_NOT_REGISTERED),
+        };
+        reply.send(result.map(|()| rep::ShmUnregisterFile {}));
+    }
+
     fn shm_copy_htod(&mut self, request: req::ShmCopyHtoD, reply: Responder<rep::ShmCopyHtoD>) {
         let result = (|| {
             let segment = self.shm.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;

@@ -11,13 +11,16 @@
 //! until the exporter releases the allocation (or destroys the pool) or its session ends (the
 //! worker exits).
 //!
+//! The same socket takes descriptors the other way (`flyt_protocol::deposit`): the session's app
+//! hands its worker a file it maps itself, under a one-use ticket the worker issued.
+//!
 //! A pool allocation's export data (the driver's 64 bytes) stays in the exporting worker too,
 //! under a token of its own: the app's `CUmemPoolPtrExportData` holds that token. An importer
 //! asks for it with a token of the allocation's pool besides (natively, export data is of use
 //! only with the pool it came from, imported), and gets the driver's bytes and the allocation's
 //! size. Exporting one allocation again gives the same data, as the driver's data is the same.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
@@ -25,6 +28,7 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use flyt_protocol::deposit;
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 
 const MAGIC: &[u8; 8] = b"FLYTSHR1";
@@ -32,16 +36,19 @@ const MAGIC: &[u8; 8] = b"FLYTSHR1";
 const POINTER_MAGIC: &[u8; 8] = b"FLYTPTR1";
 /// `CUmemPoolPtrExportData`'s size.
 pub const EXPORT_DATA_LEN: usize = 64;
-const TOKEN_LEN: usize = 16;
+const TOKEN_LEN: usize = deposit::TOKEN_LEN;
 /// Longest socket name a shareable may carry (`flyt-vmm-PID-NONCE` is far shorter).
 const MAX_NAME: usize = 64;
 /// Every exporting worker's socket (physical allocations and pools alike).
-const NAME_PREFIX: &str = "flyt-vmm-";
+const NAME_PREFIX: &str = deposit::SOCKET_PREFIX;
+/// Tickets for deposits a worker keeps at most: an app registers one file at a time, so older
+/// unused ones are dropped.
+const MAX_TICKETS: usize = 8;
 /// How long either side waits for the other on the socket.
 const PEER_TIMEOUT: Duration = Duration::from_secs(2);
 /// An importer's request: the token, the kind it expects, and (for a pool allocation) a token of
 /// its pool's.
-const REQUEST_LEN: usize = 2 * TOKEN_LEN + 1;
+const REQUEST_LEN: usize = deposit::REQUEST_LEN;
 /// The exporter's answer: whether it shares it, the size, and a pool allocation's export data
 /// (zeros otherwise); a descriptor rides along with `SCM_RIGHTS`.
 const REPLY_LEN: usize = 1 + 8 + EXPORT_DATA_LEN;
@@ -76,10 +83,16 @@ struct Export {
     owner: u64,
 }
 
-/// This worker's exports and the socket that serves them (started with the first export).
+/// Deposit tickets issued to the session's app, oldest first, each with the descriptor once
+/// deposited.
+type Tickets = VecDeque<(Token, Option<OwnedFd>)>;
+
+/// This worker's exports and the socket that serves them (started with the first export or
+/// ticket).
 #[derive(Default)]
 pub struct Exports {
     table: Arc<Mutex<HashMap<Token, Export>>>,
+    tickets: Arc<Mutex<Tickets>>,
     socket_name: OnceLock<String>,
 }
 
@@ -174,6 +187,25 @@ impl Exports {
         !lock(&self.table).is_empty()
     }
 
+    /// A one-use ticket for the app to deposit a descriptor with: the socket's name and the token.
+    pub fn ticket(&self) -> io::Result<(String, Token)> {
+        let name = self.socket()?.to_owned();
+        let token = random_token()?;
+        let mut tickets = lock(&self.tickets);
+        if tickets.len() >= MAX_TICKETS {
+            tickets.pop_front();
+        }
+        tickets.push_back((token, None));
+        Ok((name, token))
+    }
+
+    /// The descriptor deposited under `token`, which is used up.
+    pub fn take_deposit(&self, token: &Token) -> Option<OwnedFd> {
+        let mut tickets = lock(&self.tickets);
+        let index = tickets.iter().position(|(issued, fd)| issued == token && fd.is_some())?;
+        tickets.remove(index)?.1
+    }
+
     /// The serving socket's name, bound (and its thread started) on first use.
     fn socket(&self) -> io::Result<&str> {
         if let Some(name) = self.socket_name.get() {
@@ -182,10 +214,10 @@ impl Exports {
         let nonce = random_token()?;
         let name = format!("{NAME_PREFIX}{}-{:016x}", std::process::id(), u64::from_le_bytes(nonce[..8].try_into().unwrap_or_default()));
         let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
-        let table = self.table.clone();
+        let (table, tickets) = (self.table.clone(), self.tickets.clone());
         std::thread::Builder::new().name("flyt-exports".into()).spawn(move || {
             for stream in listener.incoming().flatten() {
-                if let Err(error) = serve_one(stream, &table) {
+                if let Err(error) = serve_one(stream, &table, &tickets) {
                     tracing::debug!(%error, "a shareable handle request failed");
                 }
             }
@@ -207,16 +239,63 @@ fn find<'a>(table: &'a HashMap<Token, Export>, request: &[u8; REQUEST_LEN]) -> O
     Some(export)
 }
 
-/// Answers one importer: the export's size, its data or descriptor, or a refusal for anything
-/// that is not a live export of the kind asked for.
-fn serve_one(mut stream: UnixStream, table: &Mutex<HashMap<Token, Export>>) -> io::Result<()> {
+/// Answers one importer (the export's size, its data or descriptor, or a refusal for anything
+/// that is not a live export of the kind asked for) or one deposit (kept if its ticket is
+/// waiting for one).
+fn serve_one(stream: UnixStream, table: &Mutex<HashMap<Token, Export>>, tickets: &Mutex<Tickets>) -> io::Result<()> {
     stream.set_read_timeout(Some(PEER_TIMEOUT))?;
     stream.set_write_timeout(Some(PEER_TIMEOUT))?;
+    let (request, fd) = read_request(&stream)?;
+    if request[TOKEN_LEN] == deposit::KIND {
+        return accept_deposit(stream, &request, fd, tickets);
+    }
+    drop(fd);
+    serve_export(stream, &request, table)
+}
+
+/// The request's bytes and the descriptor that rode along, if any.
+fn read_request(stream: &UnixStream) -> io::Result<([u8; REQUEST_LEN], Option<OwnedFd>)> {
     let mut request = [0; REQUEST_LEN];
-    stream.read_exact(&mut request)?;
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [io::IoSliceMut::new(&mut request)];
+    let message = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let received = message.bytes;
+    let mut fd = None;
+    for cmsg in message.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            for raw in fds {
+                // SAFETY: SCM_RIGHTS just installed `raw` in this process; nothing else owns it
+                // (extra descriptors are closed when dropped).
+                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                fd.get_or_insert(owned);
+            }
+        }
+    }
+    // The request is sent in one piece; a short one is no request.
+    if received != REQUEST_LEN {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a request of {received} bytes")));
+    }
+    Ok((request, fd))
+}
+
+/// Keeps a deposited descriptor under its ticket, if the ticket was issued and has none yet.
+fn accept_deposit(mut stream: UnixStream, request: &[u8; REQUEST_LEN], fd: Option<OwnedFd>, tickets: &Mutex<Tickets>) -> io::Result<()> {
+    let token = &request[..TOKEN_LEN];
+    let mut accepted = 0;
+    if let Some(fd) = fd {
+        let mut tickets = lock(tickets);
+        if let Some((_, slot)) = tickets.iter_mut().find(|(issued, slot)| issued.as_slice() == token && slot.is_none()) {
+            *slot = Some(fd);
+            accepted = deposit::ACCEPTED;
+        }
+    }
+    stream.write_all(&[accepted])
+}
+
+fn serve_export(mut stream: UnixStream, request: &[u8; REQUEST_LEN], table: &Mutex<HashMap<Token, Export>>) -> io::Result<()> {
     let table = lock(table);
     let mut reply = [0u8; REPLY_LEN];
-    let Some(export) = find(&table, &request) else {
+    let Some(export) = find(&table, request) else {
         return stream.write_all(&reply);
     };
     reply[0] = 1;

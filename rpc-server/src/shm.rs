@@ -6,6 +6,10 @@
 //! address the app sees it at, when that address is free in this process, and pinned there as
 //! mapped memory: with unified addressing its device pointer is then that same address, so a
 //! kernel given the app's host pointer reads and writes the app's pages, as on a local GPU.
+//!
+//! The app's own shared mappings of files (a `/dev/shm` file NCCL's ranks all map) are mapped
+//! the same way, from the descriptor the app handed over (`flyt_protocol::deposit`), and kept
+//! with the segment: kernels, memsets and memory operations take them as they take blocks.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -126,6 +130,9 @@ pub struct Segment {
     staging: u64,
     /// Blocks pinned on the client's request, by offset.
     registered: BTreeMap<u64, Block>,
+    /// The app's shared file mappings, mapped here at the app's address and pinned mapped, by
+    /// address.
+    files: BTreeMap<u64, Alias>,
 }
 
 impl Segment {
@@ -169,7 +176,7 @@ impl Segment {
         // memory (55 GB/s). Refused or unsupported, it changes nothing.
         // SAFETY: advice on a mapping this struct owns; it never changes the mapping's contents.
         let _ = unsafe { libc::madvise(map.as_mut_ptr().cast(), len, libc::MADV_HUGEPAGE) };
-        Ok(Self { file, file_offset, lease, map, size, staging, registered: BTreeMap::new() })
+        Ok(Self { file, file_offset, lease, map, size, staging, registered: BTreeMap::new(), files: BTreeMap::new() })
     }
 
     /// Where `offset` lies in this process.
@@ -239,7 +246,7 @@ impl Segment {
     /// (memory kernels and memsets may use, as device memory).
     pub fn aliases(&self, address: u64, len: u64) -> bool {
         let Some(end) = address.checked_add(len) else { return false };
-        self.registered.values().filter_map(|block| block.alias.as_ref()).any(|alias| {
+        self.registered.values().filter_map(|block| block.alias.as_ref()).chain(self.files.values()).any(|alias| {
             let start = alias.address();
             address >= start && end <= start + alias.len as u64
         })
@@ -265,6 +272,29 @@ impl Segment {
         Some((self.pinned_at(offset, &block), block.alias))
     }
 
+    /// Maps `len` bytes of the app's `file` from `offset` at the app's `address`, where its own
+    /// shared mapping of the file is; the address to pin (mapped). `NOT_SUPPORTED` when that
+    /// address is taken here or the file cannot be mapped so (say, a read-only descriptor).
+    pub fn add_file(&mut self, file: &File, offset: u64, len: u64, address: u64) -> CudaResult<*mut u8> {
+        if len == 0 || !offset.is_multiple_of(PAGE) || !address.is_multiple_of(PAGE) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let alias = Alias::map(file, offset, len, address).ok_or(CudaError::NOT_SUPPORTED)?;
+        self.files.insert(address, alias);
+        Ok(address as *mut u8)
+    }
+
+    /// Forgets the file mapped at `address`; it stays mapped until the returned guard is dropped,
+    /// so the caller unpins it first.
+    pub fn remove_file(&mut self, address: u64) -> Option<Alias> {
+        self.files.remove(&address)
+    }
+
+    /// Whether any file of the app is mapped here.
+    pub fn has_files(&self) -> bool {
+        !self.files.is_empty()
+    }
+
     /// Every pinned address, staging first, for unpinning at the end.
     pub fn pinned_blocks(&self) -> Vec<*mut u8> {
         self.pins().into_iter().map(|pin| pin.ptr).collect()
@@ -279,7 +309,8 @@ impl Segment {
             len: block.len as usize,
             mapped: block.alias.is_some(),
         });
-        staging.into_iter().chain(blocks).collect()
+        let files = self.files.values().map(|alias| Pin { ptr: alias.address() as *mut u8, len: alias.len, mapped: true });
+        staging.into_iter().chain(blocks).chain(files).collect()
     }
 }
 

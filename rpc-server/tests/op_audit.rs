@@ -238,6 +238,15 @@ macro_rules! probes {
     (ShmUnregister, $v:ident) => {
         vec![refused(req::ShmUnregister { offset: 0 }, CudaError::NOT_SUPPORTED)]
     };
+    (ShmFileTicket, $v:ident) => {
+        vec![refused(req::ShmFileTicket {}, CudaError::NOT_SUPPORTED)]
+    };
+    (ShmRegisterFile, $v:ident) => {
+        vec![refused(req::ShmRegisterFile { token: [7; 16], file_offset: 0, len: 4096, mapped_at: 1 << 40 }, CudaError::NOT_SUPPORTED)]
+    };
+    (ShmUnregisterFile, $v:ident) => {
+        vec![refused(req::ShmUnregisterFile { mapped_at: 1 << 40 }, CudaError::NOT_SUPPORTED)]
+    };
     (ShmCopyHtoD, $v:ident) => {
         vec![refused(req::ShmCopyHtoD { dst: $v.ptr, offset: 0, len: 16, stream: 0 }, CudaError::NOT_SUPPORTED)]
     };

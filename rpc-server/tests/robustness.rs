@@ -290,3 +290,88 @@ fn bad_segments_and_offsets_get_clear_errors() {
     assert!(_file.set_len(4096).is_err(), "the server seals the segment against shrinking");
     session.round_trip(9);
 }
+
+/// Hands `fd` to the worker under `token` (as `flyt_client::host_files` does); whether the worker
+/// kept it.
+fn deposit(socket: &str, token: &[u8; 16], fd: std::os::fd::RawFd) -> bool {
+    use std::io::Read;
+    use std::os::linux::net::SocketAddrExt;
+    let address = std::os::unix::net::SocketAddr::from_abstract_name(socket.as_bytes()).unwrap();
+    let Ok(mut stream) = UnixStream::connect_addr(&address) else { return false };
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let request = flyt_protocol::deposit::request(token);
+    let fds = [fd];
+    nix::sys::socket::sendmsg::<()>(
+        std::os::fd::AsRawFd::as_raw_fd(&stream),
+        &[std::io::IoSlice::new(&request)],
+        &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .unwrap();
+    let mut answer = [0u8];
+    stream.read_exact(&mut answer).is_ok() && answer[0] == flyt_protocol::deposit::ACCEPTED
+}
+
+/// The app's own files, handed over by descriptor and mapped at the app's address: only tickets
+/// the worker issued take a descriptor, once; what is not a file, a range past its end and an
+/// unknown token are refused; a good one is mapped where asked, written through, unmapped.
+#[test]
+fn deposited_files_are_checked_before_they_are_mapped() {
+    use std::os::fd::AsRawFd;
+    let (_server, socket) = emulated_server("shm-files", &[]);
+    let (mut plain, _) = open_with_segment(&socket, 4096, 1 << 30, 0);
+    assert_eq!(plain.call(req::ShmFileTicket {}).0.map(drop), Err(CudaError::NOT_SUPPORTED), "no segment, no tickets");
+    let (mut session, _segment) = open_with_segment(&socket, 16 << 20, 16 << 20, 8 << 20);
+    assert!(session.info.shm_accepted);
+
+    let scratch = scratch_dir("shm-files-data");
+    let path = scratch.join("shared");
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    file.set_len(8192).unwrap();
+    const FREE: u64 = 0x6e00_0000_0000;
+    let register = |session: &mut RawSession, token, file_offset, len, mapped_at| {
+        session.call(req::ShmRegisterFile { token, file_offset, len, mapped_at }).0.map(|reply| reply.device_pointer)
+    };
+
+    assert_eq!(register(&mut session, [9; 16], 0, 4096, FREE), Err(CudaError::INVALID_VALUE), "a token never issued");
+    let ticket = session.call(req::ShmFileTicket {}).0.expect("a ticket");
+    assert!(ticket.socket.starts_with(flyt_protocol::deposit::SOCKET_PREFIX), "{}", ticket.socket);
+    assert!(!deposit(&ticket.socket, &[9; 16], file.as_raw_fd()), "a token the worker did not issue");
+    assert!(deposit(&ticket.socket, &ticket.token, file.as_raw_fd()));
+    assert!(!deposit(&ticket.socket, &ticket.token, file.as_raw_fd()), "a ticket takes one descriptor");
+    assert_eq!(register(&mut session, ticket.token, 4096, 8192, FREE), Err(CudaError::INVALID_VALUE), "past the file's end");
+    assert_eq!(register(&mut session, ticket.token, 0, 4096, FREE), Err(CudaError::INVALID_VALUE), "a ticket is used once");
+
+    let (reader, _writer) = std::io::pipe().unwrap();
+    let ticket = session.call(req::ShmFileTicket {}).0.unwrap();
+    assert!(deposit(&ticket.socket, &ticket.token, reader.as_raw_fd()));
+    assert_eq!(register(&mut session, ticket.token, 0, 4096, FREE), Err(CudaError::INVALID_VALUE), "a pipe is no file");
+
+    let ticket = session.call(req::ShmFileTicket {}).0.unwrap();
+    assert!(deposit(&ticket.socket, &ticket.token, file.as_raw_fd()));
+    assert_eq!(register(&mut session, ticket.token, 0, 4096, FREE + 1), Err(CudaError::INVALID_VALUE), "unaligned");
+    let ticket = session.call(req::ShmFileTicket {}).0.unwrap();
+    assert!(deposit(&ticket.socket, &ticket.token, file.as_raw_fd()));
+    assert_eq!(register(&mut session, ticket.token, 4096, 4096, FREE), Ok(FREE));
+    // A memset at the app's address lands in the file's second page.
+    session.send(&req::Memset { dst: FREE + 16, pattern: 0x77, width: 1, len: 8, stream: 0 }.into(), &[]);
+    assert_eq!(session.call_with_deferred(req::DeviceSynchronize {}).0.deferred, None);
+    let mut back = [0u8; 10];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut back, 4096 + 15).unwrap();
+    assert_eq!(back, [0, 0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0]);
+    // The address is taken now: a second file there is refused, and nothing of the first moves.
+    let ticket = session.call(req::ShmFileTicket {}).0.unwrap();
+    assert!(deposit(&ticket.socket, &ticket.token, file.as_raw_fd()));
+    assert_eq!(register(&mut session, ticket.token, 0, 4096, FREE), Err(CudaError::NOT_SUPPORTED));
+
+    session.send(&req::ShmUnregisterFile { mapped_at: FREE }.into(), &[]);
+    session.send(&req::Memset { dst: FREE, pattern: 1, width: 1, len: 8, stream: 0 }.into(), &[]);
+    assert_eq!(session.call_with_deferred(req::DeviceSynchronize {}).0.deferred, Some(CudaError::INVALID_VALUE), "unmapped");
+    session.send(&req::ShmUnregisterFile { mapped_at: FREE }.into(), &[]);
+    assert_eq!(session.call_with_deferred(req::DeviceSynchronize {}).0.deferred, Some(CudaError::HOST_MEMORY_NOT_REGISTERED));
+    let ticket = session.call(req::ShmFileTicket {}).0.unwrap();
+    assert!(deposit(&ticket.socket, &ticket.token, file.as_raw_fd()));
+    assert_eq!(register(&mut session, ticket.token, 0, 8192, FREE), Ok(FREE), "the address is free again");
+    session.round_trip(10);
+}

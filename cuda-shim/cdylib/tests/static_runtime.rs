@@ -476,6 +476,36 @@ fn managed_memory_through_the_driver_api() {
     }
 }
 
+/// The app's own shared file mapping registered mapped (tests/c/driver_host_files.c), as NCCL's
+/// ranks register their /dev/shm segment: with the channel the server maps the same file at the
+/// same address (a device memset lands in the file); without it, and for private memory, a clear
+/// refusal.
+#[test]
+fn shared_file_mappings_registered_for_the_device() {
+    let Some(runs) = run_with_and_without_channel("driver_host_files") else {
+        return;
+    };
+    for (shm, code, stdout, stderr) in runs {
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
+        if shm == "on" {
+            assert!(stderr.contains("this memory is the process's own"), "private memory:\n{stderr}");
+            for line in [
+                "channel: yes",
+                "device pointer is the host pointer: yes",
+                "a memset through the device pointer is in the file (another mapping): yes",
+                "registered again and set again: yes",
+            ] {
+                assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
+            }
+            assert!(stderr.contains("the mapped file was removed"), "{stderr}");
+        } else {
+            assert!(stdout.contains("channel: no (CUDA_ERROR_NOT_SUPPORTED)"), "{stdout}\n{stderr}");
+            assert!(stderr.contains("only over the shared-memory channel"), "{stderr}");
+        }
+    }
+}
+
 /// Green contexts on the emulated device (tests/c/driver_green.c): the device's SMs split into
 /// groups, a green context of one, streams in it (its context current: the NULL stream too) that
 /// copy and memset, events through it, and its destruction taking its context and streams along.

@@ -5,6 +5,7 @@
 use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
 
 use flyt_client::client::Client;
+use flyt_client::host_files::Unmappable;
 use flyt_client::transfer::{self, Direction, Mode};
 use flyt_protocol::ops::req;
 
@@ -611,21 +612,27 @@ pub unsafe fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize
 /// `CU_MEMHOSTREGISTER_PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY`.
 const HOST_REGISTER_FLAGS: c_uint = 0xf;
 
-/// Registers the app's memory for copies (see `flyt_client::transfer::host_register`). Mapped
-/// memory (kernels dereference it) and I/O memory (another device's registers) need the GPU in
-/// this process: refused with one line.
+/// Registers the app's memory (see `flyt_client::transfer::host_register`): for copies, and
+/// mapped for kernels (`DEVICEMAP`) where the server can map it too. What cannot be mapped, and
+/// I/O memory (another device's registers, which need the GPU in this process), is refused with
+/// one line.
 fn host_register(symbol: &str, p: *mut c_void, bytesize: usize, flags: c_uint) -> DriverResult {
     if p.is_null() || bytesize == 0 || flags & !HOST_REGISTER_FLAGS != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    for (flag, name) in [(0x2, "CU_MEMHOSTREGISTER_DEVICEMAP"), (0x4, "CU_MEMHOSTREGISTER_IOMEMORY")] {
-        if flags & flag != 0 {
-            let line = format!("flyt: {symbol} with {name} is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)");
-            crate::diagnostics::once(&format!("{symbol} {name}"), &line);
-            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
-        }
+    let refuse = |what: &str, why: &str| {
+        let line = format!("flyt: {symbol} with {what} is not supported through Flyt: {why} (returning CUDA_ERROR_NOT_SUPPORTED)");
+        crate::diagnostics::once(&format!("{symbol} {what} {why}"), &line);
+        Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
+    };
+    if flags & 0x4 != 0 {
+        return refuse("CU_MEMHOSTREGISTER_IOMEMORY", "I/O memory needs the GPU in this process");
     }
-    transfer::host_register(client()?, p as usize, bytesize, flags).map_err(super::session::driver_error)
+    match transfer::host_register(client()?, p as usize, bytesize, flags) {
+        Ok(()) => Ok(()),
+        Err(Unmappable::Refused(why)) => refuse("CU_MEMHOSTREGISTER_DEVICEMAP", why),
+        Err(Unmappable::Cuda(error)) => Err(super::session::driver_error(error)),
+    }
 }
 
 pub unsafe fn cuMemHostRegister(p: *mut c_void, bytesize: usize, flags: c_uint) -> CUresult {

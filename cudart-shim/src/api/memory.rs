@@ -103,17 +103,15 @@ pub unsafe fn cudaFreeHost(ptr: *mut c_void) -> CudaResult<()> {
     cu_ctx!(cuMemFreeHost(ptr))
 }
 
-/// Registers the app's memory for copies (kernels cannot dereference it: the GPU is elsewhere).
+/// Registers the app's memory, as the driver API does it (`cuMemHostRegister`: mapped only where
+/// the server can map it too, refused with the reason otherwise).
 pub unsafe fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
     if ptr.is_null() || size == 0 || flags & !HOST_REGISTER_FLAGS != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    // Mapped (kernels dereference it) and I/O memory (another device's registers) need the GPU
-    // in this process; read-only and portable hold for copies as they are.
-    for (flag, name) in [(0x2, "cudaHostRegisterMapped"), (0x4, "cudaHostRegisterIoMemory")] {
-        if flags & flag != 0 {
-            return Err(super::unsupported_use("cudaHostRegister", name));
-        }
+    // I/O memory (another device's registers) needs the GPU in this process.
+    if flags & 0x4 != 0 {
+        return Err(super::unsupported_use("cudaHostRegister", "cudaHostRegisterIoMemory"));
     }
     cu_ctx!(cuMemHostRegister_v2(ptr, size, flags))
 }

@@ -637,6 +637,9 @@ impl<D: Device> Session<D> {
         if self.shm.as_ref().is_some_and(Segment::is_region) {
             return Some("its app uses a VM's ivshmem region, which cannot move yet".into());
         }
+        if self.shm.as_ref().is_some_and(Segment::has_files) {
+            return Some("its app registered shared file mappings of its own, which the server maps from their descriptors".into());
+        }
         if self.events.len() != self.event_flags.len() {
             return Some("it opened IPC event handles of other processes".into());
         }

@@ -53,6 +53,14 @@ pub struct VmmTable<D: Device> {
     exports: Exports,
 }
 
+impl<D: Device> VmmTable<D> {
+    /// The worker's socket for descriptors, which also takes the app's deposits (one socket per
+    /// worker serves both).
+    pub(super) fn socket(&self) -> &Exports {
+        &self.exports
+    }
+}
+
 impl<D: Device> Default for VmmTable<D> {
     fn default() -> Self {
         Self { reservations: BTreeMap::new(), handles: HashMap::new(), mappings: BTreeMap::new(), exports: Exports::default() }

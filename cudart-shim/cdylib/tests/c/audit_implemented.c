@@ -686,7 +686,7 @@ static void memory(void) {
     EXPECT_CODE("register NULL", cudaHostRegister(NULL, 4096, 0), cudaErrorInvalidValue);
     EXPECT_CODE("register 0 bytes", cudaHostRegister(mine, 0, 0), cudaErrorInvalidValue);
     EXPECT_CODE("unknown flag", cudaHostRegister(mine, 1 << 16, 0x10), cudaErrorInvalidValue);
-    EXPECT_CODE("mapped (kernels cannot reach the app's memory)", cudaHostRegister(mine, 1 << 16, cudaHostRegisterMapped),
+    EXPECT_CODE("mapped (kernels cannot reach the app's private memory)", cudaHostRegister(mine, 1 << 16, cudaHostRegisterMapped),
                 cudaErrorNotSupported);
     EXPECT_CODE("I/O memory", cudaHostRegister(mine, 1 << 16, cudaHostRegisterIoMemory), cudaErrorNotSupported);
     EXPECT_CODE("a refused registration registers nothing", cudaHostGetFlags(&flags, mine), cudaErrorInvalidValue);

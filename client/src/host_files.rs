@@ -1,0 +1,237 @@
+//! The app's own shared mappings of files, registered as mapped host memory. NCCL's ranks on one
+//! host share a `/dev/shm` file this way: each maps it and registers it with
+//! `CU_MEMHOSTREGISTER_DEVICEMAP`, and kernels of every rank read and write the same pages.
+//!
+//! Memory the app maps privately lives only in this process, out of the server's reach; a shared
+//! file mapping is the file's pages, which the worker can map too. So over the shared-memory
+//! channel (the worker on this host) the file's descriptor goes to the worker
+//! (`flyt_protocol::deposit`), which maps the same pages at the same address and registers them
+//! there: the device pointer is the app's pointer, as under unified addressing natively, and the
+//! app, its kernels and every other process mapping the file see one set of pages.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::{SocketAddr, UnixStream};
+use std::time::Duration;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::deposit;
+use flyt_protocol::ops::req;
+
+use crate::client::Client;
+
+const PAGE: usize = 4096;
+/// How long the worker's socket may take to take the descriptor.
+const DEPOSIT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a range cannot be mapped for the server's GPU, for the app's one-line message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unmappable {
+    /// A CUDA error on the way (the connection failed, or the server refused a bad request).
+    Cuda(CudaError),
+    /// The range is not what a worker can map, and why.
+    Refused(&'static str),
+}
+
+impl From<CudaError> for Unmappable {
+    fn from(error: CudaError) -> Self {
+        Self::Cuda(error)
+    }
+}
+
+/// One line of `/proc/self/maps`: a mapping of a file.
+#[derive(Debug, PartialEq, Eq)]
+struct Mapping {
+    start: usize,
+    end: usize,
+    writable: bool,
+    shared: bool,
+    file_offset: u64,
+    /// `major:minor` of the file's device, as the kernel prints them.
+    device: (u32, u32),
+    inode: u64,
+    path: String,
+}
+
+/// Parses one line of `/proc/PID/maps`; `None` for anonymous mappings and lines it cannot read.
+fn parse_line(line: &str) -> Option<Mapping> {
+    let mut fields = line.splitn(6, ' ');
+    let (range, perms, offset, device, inode) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+    let path = fields.next().unwrap_or("").trim_start();
+    let (start, end) = range.split_once('-')?;
+    let (major, minor) = device.split_once(':')?;
+    let inode = inode.parse().ok()?;
+    if inode == 0 || !path.starts_with('/') {
+        return None;
+    }
+    let perms = perms.as_bytes();
+    Some(Mapping {
+        start: usize::from_str_radix(start, 16).ok()?,
+        end: usize::from_str_radix(end, 16).ok()?,
+        writable: perms.get(1) == Some(&b'w'),
+        shared: perms.get(3) == Some(&b's'),
+        file_offset: u64::from_str_radix(offset, 16).ok()?,
+        device: (u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?),
+        inode,
+        path: path.to_owned(),
+    })
+}
+
+/// The one mapping of this process that holds all of `[start, end)`, if it maps a file.
+fn mapping_of(maps: &str, start: usize, end: usize) -> Option<Mapping> {
+    maps.lines().filter_map(parse_line).find(|mapping| mapping.start <= start && end <= mapping.end)
+}
+
+/// Opens the file `mapping` maps, checked to be that very file (not another one put at its
+/// path since).
+fn open_mapped_file(mapping: &Mapping) -> Result<File, Unmappable> {
+    let gone = Unmappable::Refused("the mapped file was removed or cannot be opened again (it is handed to the server by descriptor)");
+    if mapping.path.ends_with(" (deleted)") {
+        return Err(gone);
+    }
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&mapping.path).map_err(|_| gone)?;
+    let metadata = file.metadata().map_err(|_| Unmappable::Cuda(CudaError::OPERATING_SYSTEM))?;
+    let device = (libc::major(metadata.dev()), libc::minor(metadata.dev()));
+    if metadata.ino() != mapping.inode || device != mapping.device {
+        return Err(Unmappable::Refused("the mapped file's path names another file now"));
+    }
+    Ok(file)
+}
+
+/// Sends `file` to the worker under a fresh ticket; the ticket's token.
+fn deposit(client: &Client, file: &File) -> Result<[u8; deposit::TOKEN_LEN], Unmappable> {
+    let ticket = client.call(req::ShmFileTicket {}).map_err(|error| match error {
+        CudaError::NOT_SUPPORTED => Unmappable::Refused("the server cannot map this host's files (the app runs in a VM)"),
+        error => Unmappable::Cuda(error),
+    })?;
+    // The server names its own socket; anything else is not ours to connect to.
+    if !ticket.socket.starts_with(deposit::SOCKET_PREFIX) {
+        return Err(Unmappable::Cuda(CudaError::UNKNOWN));
+    }
+    let unreachable = Unmappable::Refused("the server's socket for descriptors is out of reach (another network namespace?)");
+    let address = SocketAddr::from_abstract_name(ticket.socket.as_bytes()).map_err(|_| CudaError::UNKNOWN)?;
+    let mut socket = UnixStream::connect_addr(&address).map_err(|_| unreachable)?;
+    socket.set_read_timeout(Some(DEPOSIT_TIMEOUT)).map_err(|_| CudaError::OPERATING_SYSTEM)?;
+    socket.set_write_timeout(Some(DEPOSIT_TIMEOUT)).map_err(|_| CudaError::OPERATING_SYSTEM)?;
+    crate::shm::send_with_descriptor(&socket, file.as_raw_fd(), &deposit::request(&ticket.token))
+        .map_err(|_| Unmappable::Cuda(CudaError::OPERATING_SYSTEM))?;
+    let mut answer = [0u8];
+    socket.read_exact(&mut answer).map_err(|_| Unmappable::Cuda(CudaError::OPERATING_SYSTEM))?;
+    let _ = socket.flush();
+    if answer[0] != deposit::ACCEPTED {
+        return Err(Unmappable::Cuda(CudaError::UNKNOWN));
+    }
+    Ok(ticket.token)
+}
+
+/// The pages holding `[start, start + len)`.
+pub fn page_span(start: usize, len: usize) -> Option<(usize, usize)> {
+    let first = start & !(PAGE - 1);
+    let end = start.checked_add(len)?.checked_next_multiple_of(PAGE)?;
+    Some((first, end - first))
+}
+
+/// Has the worker map the pages of `[start, start + len)` (the app's shared mapping of a file)
+/// at the same address and register them mapped. Refused for memory that is no shared, writable
+/// mapping of one file, and without the shared-memory channel (the worker on another host).
+pub fn register(client: &Client, start: usize, len: usize) -> Result<(), Unmappable> {
+    if client.shm.is_none() {
+        return Err(Unmappable::Refused("the server's GPU reaches the app's own memory only over the shared-memory channel (FLYT_SHM, same host)"));
+    }
+    let (first, span) = page_span(start, len).ok_or(CudaError::INVALID_VALUE)?;
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|_| CudaError::OPERATING_SYSTEM)?;
+    let mapping = mapping_of(&maps, first, first + span)
+        .filter(|mapping| mapping.shared)
+        .ok_or(Unmappable::Refused("only a shared mapping of a file (like NCCL's /dev/shm segments) can be mapped for the server's GPU; this memory is the process's own"))?;
+    if !mapping.writable {
+        return Err(Unmappable::Refused("read-only file mappings are not mapped for the server's GPU"));
+    }
+    let file = open_mapped_file(&mapping)?;
+    let token = deposit(client, &file)?;
+    let file_offset = mapping.file_offset + (first - mapping.start) as u64;
+    let reply = client
+        .call(req::ShmRegisterFile { token, file_offset, len: span as u64, mapped_at: first as u64 })
+        .map_err(|error| match error {
+            CudaError::NOT_SUPPORTED => Unmappable::Refused("the server could not map the file at the app's address"),
+            error => Unmappable::Cuda(error),
+        })?;
+    if reply.device_pointer != first as u64 {
+        return Err(Unmappable::Cuda(CudaError::UNKNOWN));
+    }
+    Ok(())
+}
+
+/// Unmaps on the worker what [`register`] mapped for the range starting at `start`.
+pub fn unregister(client: &Client, start: usize) -> Result<(), CudaError> {
+    client.post(req::ShmUnregisterFile { mapped_at: (start & !(PAGE - 1)) as u64 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_file_mapping_is_read_from_its_maps_line() {
+        let line = "7f1234560000-7f1234570000 rw-s 00002000 00:1a 4242                       /dev/shm/nccl-a b";
+        let mapping = parse_line(line).expect("a file mapping");
+        assert_eq!(
+            mapping,
+            Mapping {
+                start: 0x7f12_3456_0000,
+                end: 0x7f12_3457_0000,
+                writable: true,
+                shared: true,
+                file_offset: 0x2000,
+                device: (0, 0x1a),
+                inode: 4242,
+                path: "/dev/shm/nccl-a b".into(),
+            }
+        );
+        assert!(!parse_line("7f1234560000-7f1234570000 r--p 00000000 103:02 99 /usr/lib/libc.so.6").expect("a file").shared);
+        assert_eq!(parse_line("7ffd0000-7ffe0000 rw-p 00000000 00:00 0                          [stack]"), None);
+        assert_eq!(parse_line("55550000-55560000 rw-p 00000000 00:00 0 "), None, "anonymous");
+        assert_eq!(parse_line("garbage"), None);
+    }
+
+    #[test]
+    fn the_mapping_must_hold_the_whole_range() {
+        let maps = "1000-3000 rw-s 00000000 00:1a 7 /dev/shm/a\n3000-5000 rw-s 00000000 00:1a 8 /dev/shm/b\n";
+        assert_eq!(mapping_of(maps, 0x1000, 0x3000).map(|mapping| mapping.inode), Some(7));
+        assert_eq!(mapping_of(maps, 0x3000, 0x4000).map(|mapping| mapping.inode), Some(8));
+        assert_eq!(mapping_of(maps, 0x2000, 0x4000), None, "two files");
+    }
+
+    #[test]
+    fn a_range_is_widened_to_its_pages() {
+        assert_eq!(page_span(0x1000, 1), Some((0x1000, 0x1000)));
+        assert_eq!(page_span(0x1ff0, 0x20), Some((0x1000, 0x2000)));
+        assert_eq!(page_span(0x2000, 0x2000), Some((0x2000, 0x2000)));
+        assert_eq!(page_span(usize::MAX - 10, 100), None);
+    }
+
+    #[test]
+    fn a_file_mapped_here_is_found_and_opened_as_itself() {
+        let path = std::env::temp_dir().join(format!("flyt-host-files-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("file");
+        file.set_len(2 * PAGE as u64).expect("size");
+        let map = unsafe_free_map(&file);
+        let start = map.as_ptr() as usize;
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let mapping = mapping_of(&maps, start, start + 2 * PAGE).expect("the mapping");
+        assert!(mapping.shared && mapping.writable);
+        let opened = open_mapped_file(&mapping).expect("opened");
+        assert_eq!(opened.metadata().expect("stat").ino(), file.metadata().expect("stat").ino());
+        std::fs::remove_file(&path).expect("removed");
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let deleted = mapping_of(&maps, start, start + PAGE).expect("still mapped");
+        assert!(matches!(open_mapped_file(&deleted), Err(Unmappable::Refused(_))), "a removed file is not opened by path");
+    }
+
+    fn unsafe_free_map(file: &File) -> memmap2::MmapMut {
+        // SAFETY: a test's own file, not truncated while mapped.
+        unsafe { memmap2::MmapMut::map_mut(file) }.expect("mapped")
+    }
+}

@@ -1,0 +1,104 @@
+// The app's own shared mapping of a file, registered mapped (as NCCL's ranks register their
+// /dev/shm segment): with the shared-memory channel the server maps the same file at the same
+// address, so a memset through the device pointer lands in the file, where a second mapping of
+// it in this process sees it; without the channel, a clear refusal. Private memory registered
+// mapped is refused either way (it lives in this process only); registered for copies it works.
+//
+// Prints `channel: yes` when the registration worked, `channel: no` when it was refused.
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "driver_expect.h"
+
+#define CHECK(what, condition)                                      \
+    do {                                                            \
+        int ok_ = (condition);                                      \
+        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
+        if (!ok_) failures++;                                       \
+    } while (0)
+
+#define PAGE 4096
+
+static int all_words(const unsigned char *bytes, size_t words, uint32_t value) {
+    for (size_t i = 0; i < words; i++) {
+        uint32_t word;
+        memcpy(&word, bytes + 4 * i, 4);
+        if (word != value) return 0;
+    }
+    return 1;
+}
+
+int main(void) {
+    CUcontext ctx;
+    EXPECT(cuInit(0), CUDA_SUCCESS);
+    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+
+    const char *dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    char path[256];
+    snprintf(path, sizeof path, "%s/flyt-host-files-%d", dir, (int)getpid());
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 || ftruncate(fd, 4 * PAGE) != 0) {
+        printf("FAIL: no file at %s\n", path);
+        return 1;
+    }
+    unsigned char *first = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    unsigned char *second = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (first == MAP_FAILED || second == MAP_FAILED) {
+        printf("FAIL: mmap\n");
+        return 1;
+    }
+    // Not page aligned, as NCCL's offsets need not be: the pages around it are mapped.
+    unsigned char *range = first + PAGE + 256;
+    size_t len = 2 * PAGE;
+    CUresult registered = cuMemHostRegister(range, len, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+    printf("channel: %s (%s)\n", registered == CUDA_SUCCESS ? "yes" : "no", name_of(registered));
+    if (registered == CUDA_SUCCESS) {
+        CUdeviceptr device = 0;
+        EXPECT(cuMemHostGetDevicePointer(&device, range, 0), CUDA_SUCCESS);
+        CHECK("device pointer is the host pointer", device == (CUdeviceptr)(uintptr_t)range);
+        unsigned int flags = 0;
+        EXPECT(cuMemHostGetFlags(&flags, range), CUDA_SUCCESS);
+        CHECK("flags read back", flags == (CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+        EXPECT(cuMemsetD32(device, 0xabcd1234u, len / 4), CUDA_SUCCESS);
+        EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
+        CHECK("a memset through the device pointer is in the file (another mapping)", all_words(second + PAGE + 256, len / 4, 0xabcd1234u));
+        CHECK("and in the registered mapping", all_words(range, len / 4, 0xabcd1234u));
+        CHECK("bytes around it untouched", second[PAGE + 255] == 0 && second[PAGE + 256 + len] == 0);
+        EXPECT(cuMemHostRegister(range + 8, 16, CU_MEMHOSTREGISTER_DEVICEMAP), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        EXPECT(cuMemHostUnregister(range), CUDA_SUCCESS);
+        EXPECT(cuMemsetD32((CUdeviceptr)(uintptr_t)range, 1, 4), CUDA_ERROR_INVALID_VALUE);
+        EXPECT(cuMemHostUnregister(range), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+        // The server let go of its mapping: the same pages map again.
+        EXPECT(cuMemHostRegister(range, len, CU_MEMHOSTREGISTER_DEVICEMAP), CUDA_SUCCESS);
+        EXPECT(cuMemsetD8((CUdeviceptr)(uintptr_t)range, 0x5a, 8), CUDA_SUCCESS);
+        EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
+        CHECK("registered again and set again", second[PAGE + 256] == 0x5a && second[PAGE + 263] == 0x5a && second[PAGE + 264] == 0x34);
+        EXPECT(cuMemHostUnregister(range), CUDA_SUCCESS);
+    } else {
+        EXPECT(registered, CUDA_ERROR_NOT_SUPPORTED);
+    }
+    // Registered for copies only, the same memory is fine anywhere.
+    EXPECT(cuMemHostRegister(range, len, 0), CUDA_SUCCESS);
+    EXPECT(cuMemHostUnregister(range), CUDA_SUCCESS);
+
+    // Private memory lives in this process only.
+    unsigned char *own = mmap(NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT(cuMemHostRegister(own, 2 * PAGE, CU_MEMHOSTREGISTER_DEVICEMAP), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT(cuMemHostRegister(own, 2 * PAGE, 0), CUDA_SUCCESS);
+    EXPECT(cuMemHostUnregister(own), CUDA_SUCCESS);
+    munmap(own, 2 * PAGE);
+
+    // A removed file is not opened again by its path.
+    unlink(path);
+    EXPECT(cuMemHostRegister(range, len, CU_MEMHOSTREGISTER_DEVICEMAP), CUDA_ERROR_NOT_SUPPORTED);
+    munmap(first, 4 * PAGE);
+    munmap(second, 4 * PAGE);
+    printf("PASSED: %d failure(s)\n", failures);
+    return failures != 0;
+}
