@@ -17,9 +17,10 @@
 
 static const unsigned N = 1 << 18;
 static const size_t HALF = N * sizeof(unsigned);
-// The file: an unaligned header, then the child's half, then the parent's results.
+// The file: an unaligned header, then the child's half, then the parent's results, then 4 bytes
+// into a last page (as NCCL's segments end).
 static const size_t OFFSET = 192;
-static const size_t FILE_BYTES = OFFSET + 2 * HALF + 4096;
+static const size_t FILE_BYTES = OFFSET + 2 * HALF + 4;
 
 __global__ void write_pattern(unsigned *out, unsigned n, unsigned salt) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -34,18 +35,20 @@ __global__ void sum_and_double(const unsigned *in, unsigned *doubled, unsigned n
     }
 }
 
-static unsigned char *map_file(const char *path) {
-    int fd = open(path, O_RDWR);
-    if (fd < 0) return nullptr;
-    void *p = mmap(nullptr, FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+// Maps the file; its descriptor stays open in *fd.
+static unsigned char *map_file(const char *path, int *fd) {
+    *fd = open(path, O_RDWR);
+    if (*fd < 0) return nullptr;
+    void *p = mmap(nullptr, FILE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
     return p == MAP_FAILED ? nullptr : (unsigned char *)p;
 }
 
 // The other process: writes the pattern into the first half with a kernel, through the mapping.
 static int child(const char *path) {
-    unsigned char *file = map_file(path);
+    int fd = -1;
+    unsigned char *file = map_file(path, &fd);
     if (!file) return 2;
+    close(fd);
     unsigned *half = (unsigned *)(file + OFFSET);
     if (cudaHostRegister(half, HALF, cudaHostRegisterMapped | cudaHostRegisterPortable) != cudaSuccess) return 3;
     unsigned *device = nullptr;
@@ -79,7 +82,9 @@ int main() {
         g_failures++;
     }
 
-    unsigned char *file = map_file(path);
+    // Removed before it is registered, its descriptor still open, as NCCL's last rank to attach
+    // does it.
+    unsigned char *file = map_file(path, &fd);
     EXPECT(file != nullptr, "map %s", path);
     unlink(path);
     if (!file) return test_finish();
@@ -116,6 +121,7 @@ int main() {
     printf("memset seen by the host: %s\n", results[0] == 0x5a5a5a5au && results[1023] == 0x5a5a5a5au && results[1024] != 0x5a5a5a5au ? "yes" : "no");
     CHECK(cudaHostUnregister(half));
     expect_err("unregistering it twice", cudaHostUnregister(half), cudaErrorHostMemoryNotRegistered);
+    cudaGetLastError();
     CHECK(cudaHostRegister(half, HALF, cudaHostRegisterMapped));
     write_pattern<<<(N + 255) / 256, 256, 0, stream>>>(half, N, 100);
     CHECK_LAUNCH();
@@ -137,5 +143,6 @@ int main() {
     CHECK(cudaStreamDestroy(stream));
     CHECK(cudaFree(total));
     munmap(file, FILE_BYTES);
+    close(fd);
     return test_finish();
 }

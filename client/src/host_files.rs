@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
@@ -85,20 +85,48 @@ fn mapping_of(maps: &str, start: usize, end: usize) -> Option<Mapping> {
     maps.lines().filter_map(parse_line).find(|mapping| mapping.start <= start && end <= mapping.end)
 }
 
-/// Opens the file `mapping` maps, checked to be that very file (not another one put at its
-/// path since).
+/// Whether `file` is the file `mapping` maps.
+fn is_mapped_file(file: &File, mapping: &Mapping) -> bool {
+    file.metadata().is_ok_and(|metadata| {
+        metadata.ino() == mapping.inode && (libc::major(metadata.dev()), libc::minor(metadata.dev())) == mapping.device
+    })
+}
+
+/// The file `mapping` maps, opened for reading and writing and checked to be that very file: by
+/// its path, or, when it was removed since (NCCL's last rank to attach removes its segment before
+/// registering it) or its path names another file now, through a descriptor of it the app still
+/// holds.
 fn open_mapped_file(mapping: &Mapping) -> Result<File, Unmappable> {
-    let gone = Unmappable::Refused("the mapped file was removed or cannot be opened again (it is handed to the server by descriptor)");
-    if mapping.path.ends_with(" (deleted)") {
-        return Err(gone);
-    }
-    let file = std::fs::OpenOptions::new().read(true).write(true).open(&mapping.path).map_err(|_| gone)?;
-    let metadata = file.metadata().map_err(|_| Unmappable::Cuda(CudaError::OPERATING_SYSTEM))?;
-    let device = (libc::major(metadata.dev()), libc::minor(metadata.dev()));
-    if metadata.ino() != mapping.inode || device != mapping.device {
-        return Err(Unmappable::Refused("the mapped file's path names another file now"));
-    }
-    Ok(file)
+    let by_path = (!mapping.path.ends_with(" (deleted)"))
+        .then(|| std::fs::OpenOptions::new().read(true).write(true).open(&mapping.path).ok())
+        .flatten()
+        .filter(|file| is_mapped_file(file, mapping));
+    by_path.or_else(|| held_descriptor(mapping)).ok_or(Unmappable::Refused(
+        "the mapped file was removed and no descriptor of it is open for writing (it is handed to the server by descriptor)",
+    ))
+}
+
+/// A duplicate of a descriptor of this process open for reading and writing on the file `mapping`
+/// maps.
+fn held_descriptor(mapping: &Mapping) -> Option<File> {
+    let entries = std::fs::read_dir("/proc/self/fd").ok()?;
+    entries.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<libc::c_int>().ok()).find_map(|fd| {
+        // SAFETY: plain syscalls on a descriptor number; if another thread closed or reused it
+        // meanwhile, they fail or duplicate another file, which the checks below reject. The
+        // duplicate is ours alone.
+        let duplicate = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 || flags & libc::O_ACCMODE != libc::O_RDWR {
+                return None;
+            }
+            let duplicate = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0);
+            if duplicate < 0 {
+                return None;
+            }
+            File::from_raw_fd(duplicate)
+        };
+        is_mapped_file(&duplicate, mapping).then_some(duplicate)
+    })
 }
 
 /// Sends `file` to the worker under a fresh ticket; the ticket's token.
@@ -227,7 +255,11 @@ mod tests {
         std::fs::remove_file(&path).expect("removed");
         let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
         let deleted = mapping_of(&maps, start, start + PAGE).expect("still mapped");
-        assert!(matches!(open_mapped_file(&deleted), Err(Unmappable::Refused(_))), "a removed file is not opened by path");
+        assert!(deleted.path.ends_with(" (deleted)"), "{}", deleted.path);
+        let held = open_mapped_file(&deleted).expect("found through the descriptor still open");
+        assert_eq!(held.metadata().expect("stat").ino(), file.metadata().expect("stat").ino());
+        drop((held, opened, file));
+        assert!(matches!(open_mapped_file(&deleted), Err(Unmappable::Refused(_))), "no descriptor left");
     }
 
     fn unsafe_free_map(file: &File) -> memmap2::MmapMut {

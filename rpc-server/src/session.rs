@@ -1561,7 +1561,9 @@ impl<D: Device> OpHandler for Session<D> {
             let file = std::fs::File::from(self.vmm.socket().take_deposit(&request.token).ok_or(CudaError::INVALID_VALUE)?);
             let metadata = file.metadata().map_err(|_| CudaError::INVALID_VALUE)?;
             let end = request.file_offset.checked_add(request.len).ok_or(CudaError::INVALID_VALUE)?;
-            if !metadata.is_file() || end > metadata.len() {
+            // Mapped pages may run past the end into the file's last page (NCCL's segments end
+            // 4 bytes into one), never past it.
+            if !metadata.is_file() || end > metadata.len().next_multiple_of(crate::shm::PAGE) {
                 return Err(CudaError::INVALID_VALUE);
             }
             let host_len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;

@@ -19,7 +19,7 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
 /// Pinned blocks are page aligned (the client allocates them so).
-const PAGE: u64 = 4096;
+pub const PAGE: u64 = 4096;
 
 /// Lowest and highest (exclusive) addresses a block may be mapped at: above the kernel's
 /// `mmap_min_addr` and inside the 47-bit user address space.

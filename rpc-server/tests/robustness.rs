@@ -373,5 +373,13 @@ fn deposited_files_are_checked_before_they_are_mapped() {
     let ticket = session.call(req::ShmFileTicket {}).0.unwrap();
     assert!(deposit(&ticket.socket, &ticket.token, file.as_raw_fd()));
     assert_eq!(register(&mut session, ticket.token, 0, 8192, FREE), Ok(FREE), "the address is free again");
+    // A file ending inside its last page maps up to that page's end.
+    file.set_len(4096 + 4).unwrap();
+    let ticket = session.call(req::ShmFileTicket {}).0.unwrap();
+    assert!(deposit(&ticket.socket, &ticket.token, file.as_raw_fd()));
+    assert_eq!(register(&mut session, ticket.token, 0, 8192, FREE + (1 << 20)), Ok(FREE + (1 << 20)));
+    let ticket = session.call(req::ShmFileTicket {}).0.unwrap();
+    assert!(deposit(&ticket.socket, &ticket.token, file.as_raw_fd()));
+    assert_eq!(register(&mut session, ticket.token, 0, 3 * 4096, FREE + (2 << 20)), Err(CudaError::INVALID_VALUE), "a page past it");
     session.round_trip(10);
 }

@@ -495,6 +495,7 @@ fn shared_file_mappings_registered_for_the_device() {
                 "device pointer is the host pointer: yes",
                 "a memset through the device pointer is in the file (another mapping): yes",
                 "registered again and set again: yes",
+                "a removed file registered through its descriptor, its last bytes set: yes",
             ] {
                 assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
             }

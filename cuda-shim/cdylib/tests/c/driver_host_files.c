@@ -42,13 +42,14 @@ int main(void) {
     char path[256];
     snprintf(path, sizeof path, "%s/flyt-host-files-%d", dir, (int)getpid());
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 || ftruncate(fd, 4 * PAGE) != 0) {
+    // 4 bytes into its last page, as NCCL's segments end.
+    size_t file_len = 3 * PAGE + 4;
+    if (fd < 0 || ftruncate(fd, file_len) != 0) {
         printf("FAIL: no file at %s\n", path);
         return 1;
     }
-    unsigned char *first = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    unsigned char *second = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+    unsigned char *first = mmap(NULL, file_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    unsigned char *second = mmap(NULL, file_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (first == MAP_FAILED || second == MAP_FAILED) {
         printf("FAIL: mmap\n");
         return 1;
@@ -94,11 +95,24 @@ int main(void) {
     EXPECT(cuMemHostUnregister(own), CUDA_SUCCESS);
     munmap(own, 2 * PAGE);
 
-    // A removed file is not opened again by its path.
+    // Removed, the file is found through the descriptor still open (NCCL's last rank to attach
+    // removes the file before it registers it), here the whole mapping up to the file's end.
     unlink(path);
+    CUresult held = cuMemHostRegister(first, file_len, CU_MEMHOSTREGISTER_DEVICEMAP);
+    if (registered == CUDA_SUCCESS) {
+        EXPECT(held, CUDA_SUCCESS);
+        EXPECT(cuMemsetD8((CUdeviceptr)(uintptr_t)(first + file_len - 4), 0x11, 4), CUDA_SUCCESS);
+        EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
+        CHECK("a removed file registered through its descriptor, its last bytes set", second[file_len - 4] == 0x11 && second[file_len - 1] == 0x11 && second[file_len - 5] != 0x11);
+        EXPECT(cuMemHostUnregister(first), CUDA_SUCCESS);
+    } else {
+        EXPECT(held, CUDA_ERROR_NOT_SUPPORTED);
+    }
+    // With no descriptor left it cannot be handed over.
+    close(fd);
     EXPECT(cuMemHostRegister(range, len, CU_MEMHOSTREGISTER_DEVICEMAP), CUDA_ERROR_NOT_SUPPORTED);
-    munmap(first, 4 * PAGE);
-    munmap(second, 4 * PAGE);
+    munmap(first, file_len);
+    munmap(second, file_len);
     printf("PASSED: %d failure(s)\n", failures);
     return failures != 0;
 }
