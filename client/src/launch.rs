@@ -153,7 +153,13 @@ fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub unsafe fn pack_args(function: &Function, args: Args<'_>) -> CudaResult<Vec<u8>> {
     let layout = &function.layout;
     Ok(match args {
-        Args::Packed(buffer) => buffer.get(..layout.args_len).ok_or(CudaError::INVALID_VALUE)?.to_vec(),
+        // The driver takes a buffer shorter than the parameters (NCCL passes the bytes of its
+        // work arguments it filled, under a larger declared parameter): the rest reads as zeros.
+        Args::Packed(buffer) => {
+            let mut packed = buffer.get(..layout.args_len).unwrap_or(buffer).to_vec();
+            packed.resize(layout.args_len, 0);
+            packed
+        }
         Args::Pointers(pointers) => {
             let mut packed = vec![0u8; layout.args_len];
             if !layout.params.is_empty() && pointers.is_null() {
@@ -175,4 +181,33 @@ pub unsafe fn pack_args(function: &Function, args: Args<'_>) -> CudaResult<Vec<u
             packed
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use flyt_protocol::ops::ParamInfo;
+
+    use super::*;
+    use crate::registry::{Function, Layout};
+
+    fn function(params: Vec<ParamInfo>) -> Function {
+        Function { module: 1, index: 0, name: "k".into(), handle: 0, layout: Arc::new(Layout::new(params)), attributes: Mutex::new(None) }
+    }
+
+    #[test]
+    fn a_packed_buffer_is_cut_or_padded_to_the_parameters() {
+        let kernel = function(vec![ParamInfo { offset: 0, size: 8 }, ParamInfo { offset: 8, size: 4096 }]);
+        let head = [1u8; 20];
+        // SAFETY: packed arguments are a plain slice.
+        let packed = unsafe { pack_args(&kernel, Args::Packed(&head)) }.expect("a short buffer");
+        assert_eq!(packed.len(), 8 + 4096);
+        assert_eq!(&packed[..20], &head);
+        assert!(packed[20..].iter().all(|byte| *byte == 0), "the rest reads as zeros");
+        let long = vec![2u8; 5000];
+        // SAFETY: as above.
+        let packed = unsafe { pack_args(&kernel, Args::Packed(&long)) }.expect("a long buffer");
+        assert_eq!(packed, vec![2u8; 8 + 4096]);
+    }
 }
