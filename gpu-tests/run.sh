@@ -184,6 +184,10 @@ case $SOAK in
         ;;
 esac
 
+# A Flyt session is served one GPU (the server's first): on a host with several, the native
+# reference runs see that one too, or device counts and peer answers would differ by design.
+[ -n "${CUDA_VISIBLE_DEVICES+set}" ] || export CUDA_VISIBLE_DEVICES=0
+
 if [ "$MODE" = flyt ]; then
     [ -f "$DIST/lib/libcudart.so.13" ] || die "$DIST/lib/libcudart.so.13 not found (--dist)"
     [ -f "$DIST/lib/libcuda.so.1" ] || die "$DIST/lib/libcuda.so.1 not found (--dist)"
