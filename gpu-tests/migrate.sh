@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # migrate.sh --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib LIST] [--skip LIST]
-#            [--snapshots PARENT-DIR]:
+#            [--snapshots PARENT-DIR] [--gpus A,B]:
 # live migration and checkpoint/restore of running apps between two rpc-servers on this machine's
-# GPU, the apps unable to see the GPU.
+# GPU (or, with --gpus A,B, server a on GPU A and server b on GPU B), the apps unable to see the GPU.
 #
 #   app-shm, app-socket: migration/migrate_app.cu (nvcc, static runtime; MIB of device memory in
 #      many sizes, four streams, events, module globals, kernels every round) runs natively, then
@@ -25,12 +25,13 @@
 #      replaced by `flytctl restart-server` while it runs: native output, pointers kept.
 #   big: for each size in --big-mib, one timed move of migrate_loop (driver API) holding that much
 #      more memory (pause = drain + snapshot + restore), GPU to GPU and through the snapshot file.
-# Moves go GPU to GPU where they can (flytctl session migrate --copy auto): both servers use this GPU.
+# Moves go GPU to GPU where they can (flytctl session migrate --copy auto): both servers use this
+# GPU, or with --gpus the source's memory is imported on the target's GPU and copied peer to peer.
 # Snapshots go to /dev/shm (or --snapshots), where the GPU copies straight into the files' pinned pages.
 # A short table is printed last; everything else goes to OUT.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-DIST= OUT= MOVES=10 APP_MIB=10240 BIG="1024 10240" SKIP= SNAP_PARENT=/dev/shm PYTHON=
+DIST= OUT= MOVES=10 APP_MIB=10240 BIG="1024 10240" SKIP= SNAP_PARENT=/dev/shm PYTHON= GPUS=0,0
 while [ $# -gt 0 ]; do
     case $1 in
     --dist) DIST=$2; shift 2 ;;
@@ -41,10 +42,13 @@ while [ $# -gt 0 ]; do
     --skip) SKIP=$2; shift 2 ;;
     --snapshots) SNAP_PARENT=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph restart cluster-restart big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH]" >&2; exit 2 ;;
+    --gpus) GPUS=$2; shift 2 ;;
+    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph restart cluster-restart big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH] [--gpus A,B]" >&2; exit 2 ;;
     esac
 done
 skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
+IFS=, read -r GPU_A GPU_B <<<"$GPUS"
+[[ "$GPU_A" =~ ^[0-9]+$ && "$GPU_B" =~ ^[0-9]+$ ]] || { echo "--gpus takes two GPU indexes, A,B" >&2; exit 2; }
 [ -n "$DIST" ] && [ -n "$OUT" ] || { echo "--dist and --out are needed" >&2; exit 2; }
 DIST=$(cd "$DIST" && pwd)
 mkdir -p "$OUT"
@@ -78,9 +82,11 @@ CTL() { "$DIST/bin/flytctl" --cluster-key-file "$W/key" "$@"; }
 TOKEN=$(CTL session token)
 
 start_server() { # NAME [extra args] -> sets SRV_PID; listens on unix:$W/NAME.sock and a TCP port
-    local name=$1; shift
+    # (server b on GPU B, the others on GPU A)
+    local name=$1 gpu=$GPU_A; shift
+    [ "$name" = b ] && gpu=$GPU_B
     rm -f "$W/$name.sock" "$W/$name.ctl"
-    FLYT_LOG=info "$DIST/bin/flyt-rpc-server" --device "${FLYT_MIGRATE_DEVICE:-cuda}" --listen "unix:$W/$name.sock" --listen 127.0.0.1:0 \
+    FLYT_LOG=info "$DIST/bin/flyt-rpc-server" --device "${FLYT_MIGRATE_DEVICE:-cuda}" --gpu "$gpu" --listen "unix:$W/$name.sock" --listen 127.0.0.1:0 \
         --cluster-key-file "$W/key" --control "unix:$W/$name.ctl" "$@" >"$W/$name.ready" 2>>"$OUT/$name.log" &
     SRV_PID=$!
     for _ in $(seq 200); do grep -q listening "$W/$name.ready" 2>/dev/null && break; sleep 0.1; done
