@@ -268,22 +268,22 @@ impl Model {
         if node.record.drained {
             return Err(ControlError::Invalid(format!("node {to_node} is drained and takes no allocation (`flytctl undrain {to_node}`)")));
         }
-        if allocation.node_id == to_node {
-            return Err(ControlError::Invalid(format!(
-                "allocation {} already runs on {to_node} (moving to another GPU of the same node is not supported)",
-                allocation.id
-            )));
-        }
         if let Some(index) = to_gpu
             && !node.gpus.iter().any(|gpu| gpu.index == index)
         {
             return Err(ControlError::Invalid(format!("node {to_node} has no GPU {index}")));
         }
+        // Within its node, an allocation moves to another GPU only.
+        let same_node = allocation.node_id == to_node;
+        if same_node && (to_gpu == Some(allocation.gpu) || node.gpus.iter().all(|gpu| gpu.index == allocation.gpu)) {
+            return Err(ControlError::Invalid(format!("allocation {} already runs on {to_node}/{}", allocation.id, allocation.gpu)));
+        }
         let units = allocation.pending_resize.map_or(allocation.compute_units, |size| size.compute_units.max(allocation.compute_units));
         let memory = allocation.pending_resize.map_or(allocation.memory, |size| size.memory.max(allocation.memory));
         let mut best: Option<(u32, u32, u32)> = None;
         let mut closest: Option<(u64, String)> = None;
-        for gpu in node.gpus.iter().filter(|gpu| to_gpu.is_none_or(|index| gpu.index == index)) {
+        let candidates = node.gpus.iter().filter(|gpu| to_gpu.is_none_or(|index| gpu.index == index) && !(same_node && gpu.index == allocation.gpu));
+        for gpu in candidates {
             let (used_units, used_memory, _) = self.gpu_used(to_node, gpu.index, Some(&allocation.id));
             let free_units = gpu.sm_count.saturating_sub(used_units);
             let free_memory = (gpu.memory_bytes / MIB).saturating_sub(used_memory);

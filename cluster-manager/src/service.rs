@@ -56,7 +56,7 @@ use flyt_protocol::{
             NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration, NodeView, RegisterReply, RestartReport, ServerReport,
             SliceSize, VmRequirement, VmView,
         },
-        node::{NodeManagerControlClient, ServerSpec},
+        node::{NodeManagerControlClient, ServerRef, ServerSpec},
     },
     token::{self, SessionClaims},
 };
@@ -260,13 +260,14 @@ impl<S: Store> Cluster<S> {
         }
     }
 
-    /// Asks a node manager to stop an allocation's server; failures are logged (the node's next
-    /// report lists the server, and the reply tells it to stop).
-    async fn stop_on_node(&self, node_id: &str, allocation_id: &str) {
+    /// Asks a node manager to stop an allocation's server on GPU `gpu` (`None`: every server of
+    /// it there); failures are logged (the node's next report lists the server, and the reply
+    /// tells it to stop).
+    async fn stop_on_node(&self, node_id: &str, allocation_id: &str, gpu: Option<u32>) {
         let result = async {
             let address = self.node_address(node_id).await?;
             let client = self.node_client(node_id, &address).await?;
-            match client.stop_server(rpc::deadline(NODE_CALL_TIMEOUT), allocation_id.to_string()).await {
+            match client.stop_server(rpc::deadline(NODE_CALL_TIMEOUT), ServerRef::new(allocation_id, gpu)).await {
                 Ok(result) => result,
                 Err(error) => Err(self.node_call_failed(node_id, &address, &error).await),
             }
@@ -300,7 +301,7 @@ impl<S: Store> Cluster<S> {
             let down = model.nodes.get(&node_id).is_none_or(|node| node.record.health == NodeHealth::Down);
             if !down {
                 let (cluster, id) = (self.clone(), allocation_id.to_string());
-                tokio::spawn(async move { cluster.stop_on_node(&node_id, &id).await });
+                tokio::spawn(async move { cluster.stop_on_node(&node_id, &id, None).await });
             }
         }
         Ok(())
@@ -450,7 +451,7 @@ impl<S: Store> Cluster<S> {
         let mut model = self.model.lock().await;
         let Some(mut allocation) = model.allocations.get(id).cloned() else {
             drop(model);
-            self.stop_on_node(node_id, id).await;
+            self.stop_on_node(node_id, id, Some(report.gpu)).await;
             return Err(ControlError::Spawn(format!("allocation {id} was released while its server started")));
         };
         allocation.state = AllocationState::Running;
@@ -547,26 +548,27 @@ impl<S: Store> Cluster<S> {
 
     /// Applies a node's server list: updates usage, adopts servers of allocations left
     /// `Starting`, releases allocations whose server is gone, and returns the servers to stop
-    /// (no allocation, or one placed elsewhere) with the steps to schedule.
+    /// (no allocation, or one placed on another node or GPU) with the steps to schedule.
     async fn reconcile_servers(
         self: &Arc<Self>,
         model: &mut Model,
         node_id: &str,
         servers: &[ServerReport],
-    ) -> Result<(Vec<String>, Vec<(String, Step)>), ControlError> {
+    ) -> Result<(Vec<ServerRef>, Vec<(String, Step)>), ControlError> {
         let now = unix_now();
-        let reported: BTreeSet<&str> = servers.iter().map(|server| server.allocation_id.as_str()).collect();
+        // Each allocation's server on its own GPU (a move between this node's GPUs runs two).
+        let reported: BTreeSet<(&str, u32)> = servers.iter().map(|server| (server.allocation_id.as_str(), server.gpu)).collect();
         let mut stop = Vec::new();
         let mut steps = Vec::new();
         for server in servers {
             let Some(allocation) = model.allocations.get(&server.allocation_id) else {
-                stop.push(server.allocation_id.clone());
+                stop.push(ServerRef::new(&server.allocation_id, Some(server.gpu)));
                 continue;
             };
-            if allocation.node_id != node_id {
+            if allocation.node_id != node_id || allocation.gpu != server.gpu {
                 // The other end of a move under way keeps its server until the move is over.
-                if !allocation.pending_move.as_ref().is_some_and(|pending| pending.involves(node_id)) {
-                    stop.push(server.allocation_id.clone());
+                if !allocation.pending_move.as_ref().is_some_and(|pending| pending.involves(node_id, server.gpu)) {
+                    stop.push(ServerRef::new(&server.allocation_id, Some(server.gpu)));
                 }
                 continue;
             }
@@ -608,24 +610,24 @@ impl<S: Store> Cluster<S> {
         for allocation in model.allocations.values() {
             if allocation.node_id == node_id
                 && allocation.state == AllocationState::Starting
-                && !reported.contains(allocation.id.as_str())
+                && !reported.contains(&(allocation.id.as_str(), allocation.gpu))
                 && !self.vm_busy(&allocation.vm_ip)
             {
                 steps.push((allocation.id.clone(), Step::Settle));
             }
         }
         let mut vanished = Vec::new();
-        let running_here: Vec<String> = model
+        let running_here: Vec<(String, u32)> = model
             .allocations
             .values()
             // A move under way owns the allocation's servers until it is over.
             .filter(|allocation| {
                 allocation.node_id == node_id && allocation.state == AllocationState::Running && allocation.pending_move.is_none()
             })
-            .map(|allocation| allocation.id.clone())
+            .map(|allocation| (allocation.id.clone(), allocation.gpu))
             .collect();
-        for id in running_here {
-            if reported.contains(id.as_str()) {
+        for (id, gpu) in running_here {
+            if reported.contains(&(id.as_str(), gpu)) {
                 model.missing_reports.remove(&id);
                 continue;
             }

@@ -10,6 +10,7 @@ use flyt_daemon_kit::{
 use flyt_protocol::control::{
     auth::ServiceName,
     cluster::{ClusterNodeClient, GpuInfo, NodeHeartbeat, NodeHeartbeatReply, NodeRegistration},
+    node::ServerRef,
 };
 
 use crate::servers::ServerManager;
@@ -28,11 +29,11 @@ pub struct NodeIdentity {
 /// stall hears from this node well within its node timeout.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-fn stop_in_background(servers: &Arc<ServerManager>, ids: Vec<String>) {
-    for id in ids {
+fn stop_in_background(servers: &Arc<ServerManager>, stop: Vec<ServerRef>) {
+    for server in stop {
         let servers = servers.clone();
-        tracing::info!(allocation = %id, "no allocation of the cluster owns this server: stopping it");
-        tokio::spawn(async move { servers.stop(&id).await });
+        tracing::info!(server = %server, "no allocation of the cluster runs this server: stopping it");
+        tokio::spawn(async move { servers.stop_server(&server).await });
     }
 }
 

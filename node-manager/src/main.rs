@@ -191,7 +191,7 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
     if config.rpc_server.stop_on_exit {
         servers.stop_all().await;
     } else {
-        tracing::info!(servers = ?servers.allocation_ids().await, "leaving rpc-servers running for the next node manager to adopt");
+        tracing::info!(servers = ?servers.server_names().await, "leaving rpc-servers running for the next node manager to adopt");
     }
     if config.mps.enabled
         && config.mps.stop_on_exit

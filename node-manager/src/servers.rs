@@ -34,7 +34,7 @@ use flyt_daemon_kit::{
 use flyt_protocol::control::{
     auth::ServiceName,
     cluster::{ControlError, GpuInfo, RestartReport, ServerReport},
-    node::ServerSpec,
+    node::{ServerRef, ServerSpec},
     rpc_server::{RpcServerControlClient, SessionStatus, SnapshotInfo},
 };
 use nix::{
@@ -133,9 +133,9 @@ struct Usage {
     metrics: Option<String>,
 }
 
-/// Processes started with a `--control unix:<servers_dir>/<id>.control.sock` argument: the
-/// rpc-servers of this state folder, by pid, with their allocation. (Their workers run with
-/// other arguments and are stopped with their server's process group.)
+/// Processes started with a `--control unix:<servers_dir>/<name>.control.sock` argument: the
+/// rpc-servers of this state folder, by pid, with their names (see [`server_name`]). (Their
+/// workers run with other arguments and are stopped with their server's process group.)
 fn servers_started_in(servers_dir: &Path) -> Vec<(u32, String)> {
     let prefix = format!("unix:{}/", servers_dir.display());
     let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
@@ -148,7 +148,7 @@ fn servers_started_in(servers_dir: &Path) -> Vec<(u32, String)> {
             let position = arguments.iter().position(|argument| *argument == b"--control")?;
             let control = std::str::from_utf8(arguments.get(position + 1)?).ok()?;
             let id = control.strip_prefix(&prefix)?.strip_suffix(".control.sock")?;
-            valid_allocation_id(id).then(|| (pid, id.to_string()))
+            valid_server_name(id).then(|| (pid, id.to_string()))
         })
         .collect()
 }
@@ -172,6 +172,22 @@ pub struct ServerManager {
     /// Held by resizes: a record is corrected from a server's status only when none runs.
     resizing: Mutex<()>,
     snapshots: SnapshotStore,
+}
+
+/// The name of an allocation's server on GPU `gpu`, where `taken` says which names are in use:
+/// the allocation's id, or, beside a server of it on another GPU (a move between this node's
+/// GPUs), the id with the GPU after a `~`. Names become file names (records, sockets).
+fn server_name(allocation_id: &str, gpu: u32, taken: impl Fn(&str) -> bool) -> String {
+    if taken(allocation_id) { format!("{allocation_id}~gpu{gpu}") } else { allocation_id.to_string() }
+}
+
+/// Whether `name` is a server name [`server_name`] makes (checked where names come from files
+/// and command lines).
+fn valid_server_name(name: &str) -> bool {
+    match name.split_once('~') {
+        Some((id, gpu)) => valid_allocation_id(id) && gpu.strip_prefix("gpu").is_some_and(|digits| digits.parse::<u32>().is_ok()),
+        None => valid_allocation_id(name),
+    }
 }
 
 pub(crate) fn valid_allocation_id(id: &str) -> bool {
@@ -256,17 +272,22 @@ impl ServerManager {
                 continue;
             }
             let record: Option<ServerRecord> = fs::read(&path).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+            // The record's file is named after its server.
+            let name = path.file_stem().and_then(|stem| stem.to_str()).unwrap_or_default().to_string();
+            let named = |record: &ServerRecord| {
+                valid_server_name(&name) && valid_allocation_id(&record.allocation_id) && name.split('~').next() == Some(record.allocation_id.as_str())
+            };
             match record {
-                Some(record) if valid_allocation_id(&record.allocation_id) && process_alive(record.pid, record.start_time) => {
-                    tracing::info!(allocation = %record.allocation_id, pid = record.pid, "adopting a running rpc-server");
-                    servers.insert(record.allocation_id.clone(), ManagedServer { record, child: None, control: None, restarting: false });
+                Some(record) if named(&record) && process_alive(record.pid, record.start_time) => {
+                    tracing::info!(allocation = %record.allocation_id, server = %name, pid = record.pid, "adopting a running rpc-server");
+                    servers.insert(name, ManagedServer { record, child: None, control: None, restarting: false });
                 }
-                Some(record) => {
+                Some(record) if named(&record) => {
                     tracing::info!(allocation = %record.allocation_id, pid = record.pid, "a recorded rpc-server is gone; forgetting it");
-                    Self::remove_files(&settings, &record.allocation_id);
+                    Self::remove_files(&settings, &name);
                 }
-                None => {
-                    tracing::warn!(path = %path.display(), "unreadable server record; removing it");
+                _ => {
+                    tracing::warn!(path = %path.display(), "unreadable server record, or one not named after its allocation; removing it");
                     let _ = fs::remove_file(&path);
                 }
             }
@@ -328,15 +349,23 @@ impl ServerManager {
         }
     }
 
-    /// The command line of the server for `spec` on `gpu`, listening on TCP port `tcp_port` (0:
-    /// one the system picks) and restoring the snapshots of `snapshot_dir` for apps that come
-    /// back with their names.
-    fn command(&self, spec: &ServerSpec, gpu: &GpuInfo, control_socket: &Path, tcp_port: u16, snapshot_dir: Option<&Path>) -> Command {
+    /// The command line of server `name` for `spec` on `gpu`, listening on TCP port `tcp_port`
+    /// (0: one the system picks) and restoring the snapshots of `snapshot_dir` for apps that
+    /// come back with their names.
+    fn command(
+        &self,
+        name: &str,
+        spec: &ServerSpec,
+        gpu: &GpuInfo,
+        control_socket: &Path,
+        tcp_port: u16,
+        snapshot_dir: Option<&Path>,
+    ) -> Command {
         let settings = &self.settings;
         let mut command = Command::new(&settings.binary);
         command.arg("--listen").arg(format!("{}:{tcp_port}", settings.listen_host));
         if let Some(folder) = &settings.socket_dir {
-            command.arg("--listen").arg(format!("unix:{}", folder.join(format!("{}.sock", spec.allocation_id)).display()));
+            command.arg("--listen").arg(format!("unix:{}", folder.join(format!("{name}.sock")).display()));
         }
         command
             .args(["--device", settings.device.flag()])
@@ -380,20 +409,29 @@ impl ServerManager {
     }
 
     /// Starts the server for `spec` and waits until it listens; an already running server for
-    /// the allocation is reported as it is.
+    /// the allocation on that GPU is reported as it is. One on another GPU runs on beside it (a
+    /// move between this node's GPUs), under a name of its own.
     pub async fn start(&self, spec: ServerSpec) -> Result<ServerReport, ControlError> {
         if !valid_allocation_id(&spec.allocation_id) {
             return Err(ControlError::Invalid(format!("bad allocation id {:?}", spec.allocation_id)));
         }
         let _one_at_a_time = self.lifecycle.lock().await;
-        if let Some(server) = self.servers.lock().await.get(&spec.allocation_id) {
-            return Ok(Self::report(&server.record, None));
-        }
+        let name = {
+            let servers = self.servers.lock().await;
+            let mut mine = servers.values().filter(|server| server.record.allocation_id == spec.allocation_id);
+            if let Some(server) = mine.clone().find(|server| server.record.gpu == spec.gpu) {
+                return Ok(Self::report(&server.record, None));
+            }
+            if mine.nth(1).is_some() {
+                return Err(ControlError::Invalid(format!("allocation {} already runs two servers on this node", spec.allocation_id)));
+            }
+            server_name(&spec.allocation_id, spec.gpu, |name| servers.contains_key(name))
+        };
         let gpu = self.gpu(spec.gpu)?;
         if spec.sm_percentage == 0 || spec.sm_percentage > 100 || spec.memory == 0 || spec.memory.saturating_mul(MIB) > gpu.memory_bytes {
             return Err(ControlError::Invalid(format!("GPU {} cannot give {} MiB at {}% SMs", gpu.index, spec.memory, spec.sm_percentage)));
         }
-        let (child, addresses) = self.spawn(&spec, &gpu, 0, None).await?;
+        let (child, addresses) = self.spawn(&name, &spec, &gpu, 0, None).await?;
         let id = &spec.allocation_id;
         let pid = child.id();
         failpoint::hit("node.listening");
@@ -401,29 +439,64 @@ impl ServerManager {
             allocation_id: id.clone(),
             pid,
             start_time: process_start_time(pid),
-            control_socket: self.settings.servers_dir.join(format!("{id}.control.sock")),
+            control_socket: self.settings.servers_dir.join(format!("{name}.control.sock")),
             addresses,
             gpu: gpu.index,
             memory: spec.memory,
             sm_percentage: spec.sm_percentage,
         };
-        self.write_record(&record)?;
+        self.write_record(&name, &record)?;
         let report = Self::report(&record, None);
-        self.servers.lock().await.insert(id.clone(), ManagedServer { record, child: Some(child), control: None, restarting: false });
+        self.servers.lock().await.insert(name, ManagedServer { record, child: Some(child), control: None, restarting: false });
         Ok(report)
     }
 
-    /// Runs the server for `spec` on `gpu` (see [`Self::command`]) and waits until it listens;
-    /// returns it with its advertised addresses. A server that does not come up is killed and
-    /// its files removed.
+    /// The name of the allocation's server `server` names: the one on its GPU, or its only one.
+    pub async fn name_of(&self, server: &ServerRef) -> Result<String, ControlError> {
+        let servers = self.servers.lock().await;
+        let matching: Vec<(&String, u32)> = servers
+            .iter()
+            .filter(|(_, managed)| managed.record.allocation_id == server.allocation_id && server.gpu.is_none_or(|gpu| managed.record.gpu == gpu))
+            .map(|(name, managed)| (name, managed.record.gpu))
+            .collect();
+        match matching.as_slice() {
+            [(name, _)] => Ok((*name).clone()),
+            [] => Err(ControlError::UnknownAllocation(server.to_string())),
+            several => {
+                let gpus: Vec<String> = several.iter().map(|(_, gpu)| gpu.to_string()).collect();
+                Err(ControlError::Invalid(format!("allocation {} runs servers on GPUs {} of this node: name one", server.allocation_id, gpus.join(" and "))))
+            }
+        }
+    }
+
+    /// Stops the allocation's server `server` names, or all of its servers here.
+    pub async fn stop_server(&self, server: &ServerRef) -> Result<(), ControlError> {
+        let names: Vec<String> = self
+            .servers
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, managed)| managed.record.allocation_id == server.allocation_id && server.gpu.is_none_or(|gpu| managed.record.gpu == gpu))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in names {
+            self.stop(&name).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs server `name` for `spec` on `gpu` (see [`Self::command`]) and waits until it
+    /// listens; returns it with its advertised addresses. A server that does not come up is
+    /// killed and its files removed.
     async fn spawn(
         &self,
+        name: &str,
         spec: &ServerSpec,
         gpu: &GpuInfo,
         tcp_port: u16,
         snapshot_dir: Option<&Path>,
     ) -> Result<(Child, Vec<String>), ControlError> {
-        let id = &spec.allocation_id;
+        let id = name;
         let dir = &self.settings.servers_dir;
         let out_path = dir.join(format!("{id}.out"));
         let log_path = dir.join(format!("{id}.log"));
@@ -437,7 +510,7 @@ impl ServerManager {
             .append(true)
             .open(&log_path)
             .map_err(|error| spawn_error(format!("cannot open {}: {error}", log_path.display())))?;
-        let mut command = self.command(spec, gpu, &control_socket, tcp_port, snapshot_dir);
+        let mut command = self.command(name, spec, gpu, &control_socket, tcp_port, snapshot_dir);
         // A group of its own: signals meant for the node manager's group do not reach it.
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
@@ -445,7 +518,7 @@ impl ServerManager {
             .spawn()
             .map_err(|error| spawn_error(format!("cannot run {}: {error} (set [rpc_server] binary)", self.settings.binary)))?;
         let pid = child.id();
-        tracing::info!(allocation = %id, pid, gpu = gpu.index, memory_mib = spec.memory, sm_percentage = spec.sm_percentage, "rpc-server started");
+        tracing::info!(allocation = %spec.allocation_id, server = %id, pid, gpu = gpu.index, memory_mib = spec.memory, sm_percentage = spec.sm_percentage, "rpc-server started");
         failpoint::hit("node.spawned");
 
         match self.wait_until_listening(&mut child, &out_path, &log_path).await {
@@ -459,9 +532,9 @@ impl ServerManager {
         }
     }
 
-    fn write_record(&self, record: &ServerRecord) -> Result<(), ControlError> {
+    fn write_record(&self, name: &str, record: &ServerRecord) -> Result<(), ControlError> {
         let bytes = serde_json::to_vec_pretty(record).map_err(|error| spawn_error(error.to_string()))?;
-        write_atomic(&Self::record_path(&self.settings, &record.allocation_id), &bytes, 0o600)
+        write_atomic(&Self::record_path(&self.settings, name), &bytes, 0o600)
             .map_err(|error| spawn_error(format!("cannot record the server in {}: {error}", self.settings.servers_dir.display())))
     }
 
@@ -562,7 +635,7 @@ impl ServerManager {
         }
         let record = server.record.clone();
         drop(servers);
-        self.write_record(&record)?;
+        self.write_record(id, &record)?;
         tracing::info!(allocation = id, memory_mib = record.memory, sm_percentage = record.sm_percentage, "rpc-server resized");
         let usage = Usage {
             sessions: u32::try_from(status.sessions.len()).unwrap_or(u32::MAX),
@@ -662,7 +735,7 @@ impl ServerManager {
         Self::end_process(id, &mut server, control, self.settings.stop_grace_seconds).await;
         Self::remove_files(&self.settings, id);
         // Snapshots of a move from or to this server have served their purpose.
-        if let Err(error) = self.snapshots.discard(id) {
+        if let Err(error) = self.snapshots.discard(&server.record.allocation_id) {
             tracing::warn!(allocation = id, %error, "snapshots not removed");
         }
         tracing::info!(allocation = id, pid = server.record.pid, "rpc-server stopped");
@@ -712,7 +785,7 @@ impl ServerManager {
         // Snapshots are written into a folder of this restart's own, and moved to the folder
         // restarted servers restore from only once the old server is gone: the old one, itself
         // maybe a restarted server, must not restore the apps it releases.
-        let folder = self.snapshots.prepare(id)?;
+        let folder = self.snapshots.prepare(&old.allocation_id)?;
         let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
         let dir = folder.join(format!("restart-{stamp}"));
         let restored = folder.join("restarted");
@@ -778,8 +851,8 @@ impl ServerManager {
             tracing::warn!(allocation = id, %error, "snapshots not handed to the new server; their apps will fail");
         }
         let _ = fs::remove_dir(&dir);
-        let spec = ServerSpec { allocation_id: id.to_string(), gpu: old.gpu, memory: old.memory, sm_percentage: old.sm_percentage };
-        let (child, addresses) = match self.spawn(&spec, &gpu, port, Some(&restored)).await {
+        let spec = ServerSpec { allocation_id: old.allocation_id.clone(), gpu: old.gpu, memory: old.memory, sm_percentage: old.sm_percentage };
+        let (child, addresses) = match self.spawn(id, &spec, &gpu, port, Some(&restored)).await {
             Ok(started) => started,
             Err(error) => {
                 // Gone: reported missing, the cluster manager releases the allocation.
@@ -796,7 +869,7 @@ impl ServerManager {
         }
         let pid = child.id();
         let record = ServerRecord { pid, start_time: process_start_time(pid), addresses: addresses.clone(), ..old.clone() };
-        if let Err(error) = self.write_record(&record) {
+        if let Err(error) = self.write_record(id, &record) {
             tracing::warn!(allocation = id, %error, "the restarted rpc-server runs unrecorded");
         }
         if let Some(server) = self.servers.lock().await.get_mut(id) {
@@ -804,7 +877,7 @@ impl ServerManager {
         }
         tracing::info!(allocation = id, old_pid = old.pid, pid, sessions = paused.len(), "rpc-server restarted; its apps come back to it");
         Ok(RestartReport {
-            allocation_id: id.to_string(),
+            allocation_id: old.allocation_id.clone(),
             node_id: String::new(),
             old_pid: old.pid,
             new_pid: pid,
@@ -818,7 +891,7 @@ impl ServerManager {
     /// reported missing to the cluster manager, which releases their allocations).
     pub async fn reports(&self) -> Vec<ServerReport> {
         let mut exited = Vec::new();
-        let records: Vec<ServerRecord> = {
+        let records: Vec<(String, ServerRecord)> = {
             let mut servers = self.servers.lock().await;
             for (id, server) in servers.iter_mut() {
                 if !server.restarting && !server.alive() {
@@ -831,38 +904,38 @@ impl ServerManager {
                     tracing::warn!(allocation = %id, pid = server.record.pid, ?status, "rpc-server exited");
                 }
             }
-            servers.values().map(|server| server.record.clone()).collect()
+            servers.iter().map(|(name, server)| (name.clone(), server.record.clone())).collect()
         };
         for id in &exited {
             Self::remove_files(&self.settings, id);
         }
         // In parallel and bounded: a hung server must not delay the heartbeat past the lease.
-        futures::future::join_all(records.iter().map(|record| async move {
-            let usage = tokio::time::timeout(STATUS_TIMEOUT, self.usage(&record.allocation_id)).await.ok().flatten();
+        futures::future::join_all(records.iter().map(|(name, record)| async move {
+            let usage = tokio::time::timeout(STATUS_TIMEOUT, self.usage(name)).await.ok().flatten();
             let Some(usage) = usage else { return Self::report(record, None) };
             // The server's own slice wins over the record (a resize cut short by a crash of
             // this node manager left the record behind).
-            let record = self.correct_record(record, usage.memory_quota / MIB, usage.sm_percentage).await;
+            let record = self.correct_record(name, record, usage.memory_quota / MIB, usage.sm_percentage).await;
             Self::report(&record, Some(&usage))
         }))
         .await
     }
 
     /// Rewrites a server's record when the server reports another slice; returns the record.
-    async fn correct_record(&self, record: &ServerRecord, memory: u64, sm_percentage: u32) -> ServerRecord {
+    async fn correct_record(&self, name: &str, record: &ServerRecord, memory: u64, sm_percentage: u32) -> ServerRecord {
         if (record.memory, record.sm_percentage) == (memory, sm_percentage) || memory == 0 {
             return record.clone();
         }
         // A resize under way writes the record itself.
         let Ok(_resizing) = self.resizing.try_lock() else { return record.clone() };
         let mut servers = self.servers.lock().await;
-        let Some(server) = servers.get_mut(&record.allocation_id) else { return record.clone() };
+        let Some(server) = servers.get_mut(name) else { return record.clone() };
         tracing::info!(allocation = %record.allocation_id, memory_mib = memory, sm_percentage, "the record of this rpc-server was behind its slice; corrected");
         server.record.memory = memory;
         server.record.sm_percentage = sm_percentage;
         let corrected = server.record.clone();
         drop(servers);
-        if let Err(error) = self.write_record(&corrected) {
+        if let Err(error) = self.write_record(name, &corrected) {
             tracing::warn!(allocation = %corrected.allocation_id, %error, "cannot rewrite the server's record");
         }
         corrected
@@ -886,14 +959,15 @@ impl ServerManager {
         }
     }
 
-    /// Ids of the servers this manager runs.
-    pub async fn allocation_ids(&self) -> Vec<String> {
+    /// Names of the servers this manager runs (their allocations' ids, but beside a server on
+    /// another GPU).
+    pub async fn server_names(&self) -> Vec<String> {
         self.servers.lock().await.keys().cloned().collect()
     }
 
     /// Stops every server (node manager shutdown).
     pub async fn stop_all(&self) {
-        let ids = self.allocation_ids().await;
+        let ids = self.server_names().await;
         futures::future::join_all(ids.iter().map(|id| self.stop(id))).await;
     }
 }
@@ -1002,6 +1076,57 @@ pub(crate) mod tests {
         assert!(!settings.servers_dir.join("alloc-1.json").exists());
         assert!(adopted.reports().await.is_empty());
         adopted.stop("alloc-1").await.unwrap();
+    }
+
+    #[test]
+    fn a_second_server_of_an_allocation_is_named_after_its_gpu() {
+        assert_eq!(server_name("alloc-1", 1, |_| false), "alloc-1");
+        assert_eq!(server_name("alloc-1", 1, |name| name == "alloc-1"), "alloc-1~gpu1");
+        for good in ["alloc-1", "alloc-1~gpu0", "a_b~gpu12"] {
+            assert!(valid_server_name(good), "{good}");
+        }
+        for bad in ["", "alloc-1~", "alloc-1~gpu", "alloc-1~gpux", "~gpu1", "a/b~gpu1", "alloc-1~cpu1", "a~gpu1~gpu2"] {
+            assert!(!valid_server_name(bad), "{bad}");
+        }
+    }
+
+    /// A move between two GPUs of the node: the allocation's second server runs beside the
+    /// first under its own name, each is named by its GPU (unnamed, the call is ambiguous), and
+    /// a restarted manager adopts both.
+    #[tokio::test]
+    async fn an_allocation_runs_a_server_on_each_of_two_gpus_during_a_move() {
+        let folder = tempfile::tempdir().unwrap();
+        let mut settings = settings(folder.path(), STAND_IN);
+        let second = GpuInfo { index: 1, uuid: "GPU-f".into(), ..settings.gpus[0].clone() };
+        settings.gpus.push(second);
+        let manager = ServerManager::new(settings.clone(), key()).unwrap();
+        let first = manager.start(spec("alloc-3")).await.unwrap();
+        let other = manager.start(ServerSpec { gpu: 1, ..spec("alloc-3") }).await.unwrap();
+        assert_ne!(first.pid, other.pid);
+        assert_eq!(manager.start(ServerSpec { gpu: 1, ..spec("alloc-3") }).await.unwrap().pid, other.pid, "idempotent per GPU");
+        let error = manager.start(ServerSpec { gpu: 0, ..spec("alloc-4") }).await;
+        assert!(error.is_ok(), "another allocation is unaffected: {error:?}");
+        assert!(settings.servers_dir.join("alloc-3~gpu1.json").exists());
+        assert_eq!(manager.name_of(&ServerRef::new("alloc-3", Some(1))).await.unwrap(), "alloc-3~gpu1");
+        assert_eq!(manager.name_of(&ServerRef::new("alloc-3", Some(0))).await.unwrap(), "alloc-3");
+        let ambiguous = manager.name_of(&ServerRef::new("alloc-3", None)).await.unwrap_err().to_string();
+        assert!(ambiguous.contains("runs servers on GPUs 0 and 1"), "{ambiguous}");
+        assert!(manager.name_of(&ServerRef::new("alloc-3", Some(2))).await.is_err());
+
+        drop(manager);
+        let adopted = ServerManager::new(settings.clone(), key()).unwrap();
+        let mut reports: Vec<(String, u32, u32)> =
+            adopted.reports().await.into_iter().map(|report| (report.allocation_id, report.gpu, report.pid)).collect();
+        reports.sort();
+        assert_eq!(reports[..2], [("alloc-3".to_string(), 0, first.pid), ("alloc-3".to_string(), 1, other.pid)]);
+        // The source's server stops; the target's is then the allocation's only one.
+        adopted.stop_server(&ServerRef::new("alloc-3", Some(0))).await.unwrap();
+        assert!(!process_alive(first.pid, None) && process_alive(other.pid, None));
+        assert_eq!(adopted.name_of(&ServerRef::new("alloc-3", None)).await.unwrap(), "alloc-3~gpu1");
+        adopted.stop_server(&ServerRef::new("alloc-3", None)).await.unwrap();
+        adopted.stop_server(&ServerRef::new("alloc-4", None)).await.unwrap();
+        assert!(!process_alive(other.pid, None));
+        assert!(adopted.reports().await.is_empty());
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use flyt_daemon_kit::rpc::detached;
 use flyt_protocol::control::{
     cluster::{ControlError, RestartReport, ServerReport},
-    node::{FetchedSnapshot, NodeManagerControl, ServerSpec, SessionSnapshot, SnapshotChunk},
+    node::{FetchedSnapshot, NodeManagerControl, ServerRef, ServerSpec, SessionSnapshot, SnapshotChunk},
     rpc_server::SessionStatus,
 };
 use tarpc::context::Context;
@@ -33,25 +33,30 @@ impl NodeManagerControl for NodeService {
         memory: Option<u64>,
         sm_percentage: Option<u32>,
     ) -> Result<ServerReport, ControlError> {
-        detached(async move { self.0.resize(&allocation_id, memory, sm_percentage).await }).await.unwrap_or_else(|| Err(cancelled()))
+        detached(async move {
+            let name = self.0.name_of(&ServerRef::new(&allocation_id, None)).await?;
+            self.0.resize(&name, memory, sm_percentage).await
+        })
+        .await
+        .unwrap_or_else(|| Err(cancelled()))
     }
 
-    async fn stop_server(self, _: Context, allocation_id: String) -> Result<(), ControlError> {
-        detached(async move { self.0.stop(&allocation_id).await }).await.unwrap_or_else(|| Err(cancelled()))
+    async fn stop_server(self, _: Context, server: ServerRef) -> Result<(), ControlError> {
+        detached(async move { self.0.stop_server(&server).await }).await.unwrap_or_else(|| Err(cancelled()))
     }
 
     async fn list_servers(self, _: Context) -> Vec<ServerReport> {
         self.0.reports().await
     }
 
-    async fn list_sessions(self, _: Context, allocation_id: String) -> Result<Vec<SessionStatus>, ControlError> {
-        self.0.sessions(&allocation_id).await
+    async fn list_sessions(self, _: Context, server: ServerRef) -> Result<Vec<SessionStatus>, ControlError> {
+        self.0.sessions(&self.0.name_of(&server).await?).await
     }
 
     async fn checkpoint_session(
         self,
         _: Context,
-        allocation_id: String,
+        server: ServerRef,
         session_id: u64,
         dir: Option<String>,
         timeout_ms: u64,
@@ -59,11 +64,12 @@ impl NodeManagerControl for NodeService {
         // Detached: the app is paused until someone releases it; the answer must not be lost
         // to a caller that gave up waiting halfway.
         detached(async move {
+            let name = self.0.name_of(&server).await?;
             let dir = match dir {
                 Some(dir) => std::path::PathBuf::from(dir),
-                None => self.0.snapshots().prepare(&allocation_id)?,
+                None => self.0.snapshots().prepare(&server.allocation_id)?,
             };
-            let info = self.0.checkpoint(&allocation_id, session_id, &dir, timeout_ms).await?;
+            let info = self.0.checkpoint(&name, session_id, &dir, timeout_ms).await?;
             Ok(SessionSnapshot { dir: dir.display().to_string(), info })
         })
         .await
@@ -87,12 +93,14 @@ impl NodeManagerControl for NodeService {
         self.0.snapshots().chunk(&allocation_id, &name, offset, len).await
     }
 
-    async fn restore_snapshot(self, _: Context, allocation_id: String, dir: String, name: String) -> Result<(), ControlError> {
-        detached(async move { self.0.restore(&allocation_id, &dir, &name).await }).await.unwrap_or_else(|| Err(cancelled()))
+    async fn restore_snapshot(self, _: Context, server: ServerRef, dir: String, name: String) -> Result<(), ControlError> {
+        detached(async move { self.0.restore(&self.0.name_of(&server).await?, &dir, &name).await }).await.unwrap_or_else(|| Err(cancelled()))
     }
 
-    async fn release_session(self, _: Context, allocation_id: String, session_id: u64, to: Option<String>) -> Result<(), ControlError> {
-        detached(async move { self.0.release(&allocation_id, session_id, to).await }).await.unwrap_or_else(|| Err(cancelled()))
+    async fn release_session(self, _: Context, server: ServerRef, session_id: u64, to: Option<String>) -> Result<(), ControlError> {
+        detached(async move { self.0.release(&self.0.name_of(&server).await?, session_id, to).await })
+            .await
+            .unwrap_or_else(|| Err(cancelled()))
     }
 
     async fn discard_snapshots(self, _: Context, allocation_id: String) -> Result<(), ControlError> {
@@ -102,6 +110,8 @@ impl NodeManagerControl for NodeService {
     async fn restart_server(self, _: Context, allocation_id: String, timeout_ms: u64) -> Result<RestartReport, ControlError> {
         // Detached: apps are paused and released along the way; a caller that gives up must
         // not leave them without a server.
-        detached(async move { self.0.restart(&allocation_id, timeout_ms).await }).await.unwrap_or_else(|| Err(cancelled()))
+        detached(async move { self.0.restart(&self.0.name_of(&ServerRef::new(&allocation_id, None)).await?, timeout_ms).await })
+            .await
+            .unwrap_or_else(|| Err(cancelled()))
     }
 }

@@ -43,7 +43,7 @@ use flyt_protocol::control::{
         AfterCheckpoint, CheckpointReport, ControlError, MovePhase, MoveReport, MovedSession, NodeHealth, PendingMove, RestartReport,
         ServerReport,
     },
-    node::{FetchedSnapshot, NodeManagerControlClient, ServerSpec, SessionSnapshot},
+    node::{FetchedSnapshot, NodeManagerControlClient, ServerRef, ServerSpec, SessionSnapshot},
     rpc_server::{SessionStatus, SnapshotInfo},
 };
 
@@ -61,6 +61,8 @@ const STRAGGLER_PAUSE_MS: u64 = 30_000;
 /// One end of a move, as the cluster manager knows the node.
 struct NodeEnd {
     node_id: String,
+    /// The GPU of the node the allocation's server at this end serves.
+    gpu: u32,
     host_ip: String,
     boot_id: String,
     control_address: String,
@@ -101,22 +103,24 @@ impl<S: Store> Cluster<S> {
         }
     }
 
-    async fn sessions_on(&self, node_id: &str, id: &str) -> Result<Vec<SessionStatus>, ControlError> {
-        let id = id.to_string();
-        self.node_call(node_id, |node| async move { node.list_sessions(rpc::deadline(NODE_CALL_TIMEOUT), id).await }).await
+    /// The sessions of allocation `id`'s server on `node_id` (on its GPU `gpu`).
+    async fn sessions_on(&self, node_id: &str, id: &str, gpu: u32) -> Result<Vec<SessionStatus>, ControlError> {
+        let server = ServerRef::new(id, Some(gpu));
+        self.node_call(node_id, |node| async move { node.list_sessions(rpc::deadline(NODE_CALL_TIMEOUT), server).await }).await
     }
 
     async fn checkpoint_on(
         &self,
         node_id: &str,
         id: &str,
+        gpu: u32,
         session_id: u64,
         dir: Option<String>,
         timeout_ms: u64,
     ) -> Result<SessionSnapshot, ControlError> {
-        let id = id.to_string();
+        let server = ServerRef::new(id, Some(gpu));
         let deadline = rpc::deadline(MOVE_CALL_TIMEOUT + Duration::from_millis(timeout_ms));
-        self.node_call(node_id, |node| async move { node.checkpoint_session(deadline, id, session_id, dir, timeout_ms).await }).await
+        self.node_call(node_id, |node| async move { node.checkpoint_session(deadline, server, session_id, dir, timeout_ms).await }).await
     }
 
     async fn fetch_on(&self, node_id: &str, id: &str, from: &str, name: &str) -> Result<FetchedSnapshot, ControlError> {
@@ -124,14 +128,15 @@ impl<S: Store> Cluster<S> {
         self.node_call(node_id, |node| async move { node.fetch_snapshot(rpc::deadline(MOVE_CALL_TIMEOUT), id, from, name).await }).await
     }
 
-    async fn restore_on(&self, node_id: &str, id: &str, dir: &str, name: &str) -> Result<(), ControlError> {
-        let (id, dir, name) = (id.to_string(), dir.to_string(), name.to_string());
-        self.node_call(node_id, |node| async move { node.restore_snapshot(rpc::deadline(MOVE_CALL_TIMEOUT), id, dir, name).await }).await
+    async fn restore_on(&self, node_id: &str, id: &str, gpu: u32, dir: &str, name: &str) -> Result<(), ControlError> {
+        let (server, dir, name) = (ServerRef::new(id, Some(gpu)), dir.to_string(), name.to_string());
+        self.node_call(node_id, |node| async move { node.restore_snapshot(rpc::deadline(MOVE_CALL_TIMEOUT), server, dir, name).await })
+            .await
     }
 
-    async fn release_on(&self, node_id: &str, id: &str, session_id: u64, to: Option<String>) -> Result<(), ControlError> {
-        let id = id.to_string();
-        self.node_call(node_id, |node| async move { node.release_session(rpc::deadline(NODE_CALL_TIMEOUT), id, session_id, to).await })
+    async fn release_on(&self, node_id: &str, id: &str, gpu: u32, session_id: u64, to: Option<String>) -> Result<(), ControlError> {
+        let server = ServerRef::new(id, Some(gpu));
+        self.node_call(node_id, |node| async move { node.release_session(rpc::deadline(NODE_CALL_TIMEOUT), server, session_id, to).await })
             .await
     }
 
@@ -140,11 +145,12 @@ impl<S: Store> Cluster<S> {
         self.node_call(node_id, |node| async move { node.discard_snapshots(rpc::deadline(NODE_CALL_TIMEOUT), id).await }).await
     }
 
-    async fn node_end(&self, node_id: &str) -> Result<NodeEnd, ControlError> {
+    async fn node_end(&self, node_id: &str, gpu: u32) -> Result<NodeEnd, ControlError> {
         let model = self.model.lock().await;
         let node = model.nodes.get(node_id).ok_or_else(|| ControlError::UnknownNode(node_id.to_string()))?;
         Ok(NodeEnd {
             node_id: node_id.to_string(),
+            gpu,
             host_ip: node.record.host_ip.clone(),
             boot_id: node.record.boot_id.clone(),
             control_address: node.record.control_address.clone(),
@@ -257,12 +263,13 @@ impl<S: Store> Cluster<S> {
             .await
             .map_err(|error| format!("{} could not start a server for it: {error}", pending.to_node))?;
         failpoint::hit("move.target_started");
-        let (source, target) = match (self.node_end(&pending.from_node).await, self.node_end(&pending.to_node).await) {
+        let ends = (self.node_end(&pending.from_node, pending.from_gpu).await, self.node_end(&pending.to_node, pending.to_gpu).await);
+        let (source, target) = match ends {
             (Ok(source), Ok(target)) => (source, target),
             (Err(error), _) | (_, Err(error)) => return Err(error.to_string()),
         };
         let sessions = self
-            .sessions_on(&source.node_id, id)
+            .sessions_on(&source.node_id, id, source.gpu)
             .await
             .map_err(|error| format!("its sessions on {} could not be listed: {error}", source.node_id))?;
         let outcomes =
@@ -287,7 +294,7 @@ impl<S: Store> Cluster<S> {
         timeout_ms: u64,
     ) -> Result<CopiedSession, String> {
         let session_id = session.session_id;
-        let snapshot = self.checkpoint_on(&source.node_id, id, session_id, None, timeout_ms).await.map_err(|error| {
+        let snapshot = self.checkpoint_on(&source.node_id, id, source.gpu, session_id, None, timeout_ms).await.map_err(|error| {
             format!("session {session_id} ({} pid {}) cannot be checkpointed: {error}", session.client.program, session.client.pid)
         })?;
         let name = snapshot.info.name.clone();
@@ -305,7 +312,7 @@ impl<S: Store> Cluster<S> {
             (fetched.dir, micros_since(copy_started))
         };
         let restore_started = Instant::now();
-        self.restore_on(&target.node_id, id, &dir, &name)
+        self.restore_on(&target.node_id, id, target.gpu, &dir, &name)
             .await
             .map_err(|error| format!("{} refused to restore session {session_id}: {error}", target.node_id))?;
         Ok(CopiedSession { session, snapshot: snapshot.info, transfer_us, restore_us: micros_since(restore_started) })
@@ -316,10 +323,10 @@ impl<S: Store> Cluster<S> {
     /// an app nobody could release resumes by itself within ten minutes, and a target server
     /// left running is stopped at its node's next report.
     async fn roll_back_move(&self, id: &str, pending: &PendingMove) {
-        match self.sessions_on(&pending.from_node, id).await {
+        match self.sessions_on(&pending.from_node, id, pending.from_gpu).await {
             Ok(sessions) => {
                 for session in sessions {
-                    if let Err(error) = self.release_on(&pending.from_node, id, session.session_id, None).await {
+                    if let Err(error) = self.release_on(&pending.from_node, id, pending.from_gpu, session.session_id, None).await {
                         tracing::warn!(allocation = id, session = session.session_id, %error, "a paused app could not be released; it resumes by itself within ten minutes");
                     }
                 }
@@ -328,7 +335,7 @@ impl<S: Store> Cluster<S> {
                 tracing::warn!(allocation = id, node = %pending.from_node, %error, "the source's sessions could not be listed; paused apps resume by themselves within ten minutes");
             }
         }
-        self.stop_on_node(&pending.to_node, id).await;
+        self.stop_on_node(&pending.to_node, id, Some(pending.to_gpu)).await;
         if let Err(error) = self.discard_on(&pending.from_node, id).await {
             tracing::warn!(allocation = id, node = %pending.from_node, %error, "the move's snapshots were not removed");
         }
@@ -380,7 +387,8 @@ impl<S: Store> Cluster<S> {
         let mut moved = Vec::new();
         let mut left_behind = Vec::new();
         if source_up {
-            let (source, target) = (self.node_end(&pending.from_node).await?, self.node_end(&pending.to_node).await?);
+            let (source, target) =
+                (self.node_end(&pending.from_node, pending.from_gpu).await?, self.node_end(&pending.to_node, pending.to_gpu).await?);
             let addresses = self.model.lock().await.allocations.get(id).map(|allocation| allocation.addresses.clone()).unwrap_or_default();
             let address_for = |session: &SessionStatus| {
                 let same_host = !session.client.boot_id.is_empty() && session.client.boot_id == target.boot_id;
@@ -391,7 +399,7 @@ impl<S: Store> Cluster<S> {
                     copied.iter().map(|copy| copy.session.clone()).collect(),
                     copied.into_iter().map(|copy| (copy.session.session_id, copy)).collect(),
                 ),
-                None => match self.sessions_on(&source.node_id, id).await {
+                None => match self.sessions_on(&source.node_id, id, source.gpu).await {
                     Ok(sessions) => (sessions, BTreeMap::new()),
                     Err(error @ ControlError::NodeUnreachable { .. }) => return Err(error),
                     // The source's server is gone already (stopped before the crash, or exited):
@@ -405,7 +413,7 @@ impl<S: Store> Cluster<S> {
             let mut released = BTreeSet::new();
             for session in sessions {
                 let to = address_for(&session);
-                match self.release_on(&source.node_id, id, session.session_id, Some(to.clone())).await {
+                match self.release_on(&source.node_id, id, source.gpu, session.session_id, Some(to.clone())).await {
                     Ok(()) => {
                         released.insert(session.session_id);
                         moved.extend(copies.remove(&session.session_id).map(|copy| copy.sent_to(to)));
@@ -426,13 +434,13 @@ impl<S: Store> Cluster<S> {
             // Sessions still at the source once the released apps left were opened meanwhile (or
             // were not paused when a restarted cluster manager told them, and ignored it): they
             // move the same way.
-            let stayed = self.wait_for_departures(&source.node_id, id, &released).await;
+            let stayed = self.wait_for_departures(&source, id, &released).await;
             let mut released_again = BTreeSet::new();
             for session in stayed {
                 let session_id = session.session_id;
                 let to = address_for(&session);
                 match self.copy_session(id, session, &source, &target, STRAGGLER_PAUSE_MS).await {
-                    Ok(copy) => match self.release_on(&source.node_id, id, session_id, Some(to.clone())).await {
+                    Ok(copy) => match self.release_on(&source.node_id, id, source.gpu, session_id, Some(to.clone())).await {
                         Ok(()) => {
                             released_again.insert(session_id);
                             moved.push(copy.sent_to(to));
@@ -440,7 +448,7 @@ impl<S: Store> Cluster<S> {
                         Err(error) => left_behind.push(format!("session {session_id} could not be released to {to}: {error}")),
                     },
                     Err(reason) => {
-                        let _ = self.release_on(&source.node_id, id, session_id, None).await;
+                        let _ = self.release_on(&source.node_id, id, source.gpu, session_id, None).await;
                         left_behind.push(reason);
                     }
                 }
@@ -448,9 +456,9 @@ impl<S: Store> Cluster<S> {
             if !left_behind.is_empty() {
                 tracing::warn!(allocation = id, ?left_behind, "sessions that could not follow end with the source's server");
             }
-            self.wait_for_departures(&source.node_id, id, &released_again).await;
+            self.wait_for_departures(&source, id, &released_again).await;
         }
-        self.stop_on_node(&pending.from_node, id).await;
+        self.stop_on_node(&pending.from_node, id, Some(pending.from_gpu)).await;
         let mut model = self.model.lock().await;
         if let Some(mut allocation) = model.allocations.get(id).cloned() {
             allocation.pending_move = None;
@@ -461,12 +469,12 @@ impl<S: Store> Cluster<S> {
         Ok((moved, left_behind))
     }
 
-    /// Waits (bounded) until the sessions `leaving` are gone from `node_id`'s server of `id`;
+    /// Waits (bounded) until the sessions `leaving` are gone from the server of `id` at `end`;
     /// returns the sessions it still has then.
-    async fn wait_for_departures(&self, node_id: &str, id: &str, leaving: &BTreeSet<u64>) -> Vec<SessionStatus> {
-        let deadline = Instant::now() + DEPARTURE_TIMEOUT;
+    async fn wait_for_departures(&self, end: &NodeEnd, id: &str, leaving: &BTreeSet<u64>) -> Vec<SessionStatus> {
+        let (node_id, deadline) = (end.node_id.as_str(), Instant::now() + DEPARTURE_TIMEOUT);
         loop {
-            let sessions = match self.sessions_on(node_id, id).await {
+            let sessions = match self.sessions_on(node_id, id, end.gpu).await {
                 Ok(sessions) => sessions,
                 Err(error) => {
                     tracing::warn!(allocation = id, node = node_id, %error, "the source's sessions could not be listed");
@@ -514,8 +522,12 @@ impl<S: Store> Cluster<S> {
         let vm_lock = self.vm_lock(&vm_ip);
         let _one_at_a_time = vm_lock.lock().await;
         self.settle_before_admin_step(&id).await?;
-        let node_id = self.model.lock().await.running(&id, &target)?.node_id.clone();
-        let sessions = self.sessions_on(&node_id, &id).await?;
+        let (node_id, gpu) = {
+            let model = self.model.lock().await;
+            let allocation = model.running(&id, &target)?;
+            (allocation.node_id.clone(), allocation.gpu)
+        };
+        let sessions = self.sessions_on(&node_id, &id, gpu).await?;
         let decision = match after {
             AfterCheckpoint::Resume => None,
             // Empty: the app reconnects to its server's address and waits for its snapshot there.
@@ -526,11 +538,11 @@ impl<S: Store> Cluster<S> {
             let (node_id, id, dir, decision) = (&node_id, &id, dir.clone(), decision.clone());
             async move {
                 let snapshot = cluster
-                    .checkpoint_on(node_id, id, session.session_id, Some(dir), timeout_ms)
+                    .checkpoint_on(node_id, id, gpu, session.session_id, Some(dir), timeout_ms)
                     .await
                     .map_err(|error| error.to_string())?;
                 cluster
-                    .release_on(node_id, id, session.session_id, decision)
+                    .release_on(node_id, id, gpu, session.session_id, decision)
                     .await
                     .map_err(|error| format!("checkpointed as {} but still paused: {error}", snapshot.info.name))?;
                 Ok::<_, String>(snapshot.info)

@@ -288,3 +288,47 @@ fn a_restarted_rpc_server_keeps_its_addresses_and_its_running_app() {
     }
     app.finish();
 }
+
+/// A node with two GPUs: the running app's allocation moves to the other GPU of its node and
+/// back (`--to node` picks the GPU it does not run on), one server at a time outside a move; its
+/// current GPU, and a node of one GPU it runs on, are refused with one line.
+#[test]
+fn an_allocation_moves_between_the_gpus_of_its_node() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("SKIPPED an_allocation_moves_between_the_gpus_of_its_node: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let mut cluster = Cluster::new(Options::default());
+    let two_gpus = "[{ name = \"Emulated A0\", memory_mib = 4096, sm_count = 40 }, { name = \"Emulated A1\", memory_mib = 4096, sm_count = 40 }]";
+    cluster.start_node_with("node-a", "127.0.0.1", 40, 4096, &[("FLYT_NODE_MANAGER_EMULATED_GPUS", two_gpus.to_string())]);
+    cluster.wait_node_up("node-a");
+    let (socket, app) = vm_running_app(&mut cluster, &cuda, 400);
+    let mut before = with_sessions(&cluster, "node-a", 1);
+    let id = before["id"].as_str().unwrap().to_string();
+
+    for round in 0..2 {
+        let (from, to) = (number(&before["gpu"]), 1 - number(&before["gpu"]));
+        refused(&cluster, &[VM, "--to", &format!("node-a/{from}")], &format!("already runs on node-a/{from}"), &before);
+        // The first move names the GPU, the second lets placement pick the other one.
+        let target = if round == 0 { format!("node-a/{to}") } else { "node-a".to_string() };
+        let (code, stdout, stderr) = cluster.flytctl(&["migrate", &id, "--to", &target]);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        eprintln!("flytctl migrate {id} --to {target}:\n{stdout}");
+        assert!(stdout.contains(&format!("allocation {id} moved from node-a/{from} to node-a/{to} with 1 app in ")), "{stdout}");
+        let after = cluster.allocation_of(VM).expect("the allocation after the move");
+        assert_eq!((after["node_id"].as_str(), number(&after["gpu"])), (Some("node-a"), to), "{after}");
+        assert!(after["pending_move"].is_null() && after["pid"] != before["pid"], "{after}");
+        assert!(!pid_alive(u32::try_from(number(&before["pid"])).unwrap()), "the old server still runs");
+        // One server again, under the name its node gave it beside the old one.
+        let servers = cluster.rpc_servers();
+        assert_eq!(servers.len(), 1, "{servers:?}");
+        assert_eq!(servers[0].0, u32::try_from(number(&after["pid"])).unwrap(), "{servers:?}");
+        assert!(servers[0].1 == id || servers[0].1 == format!("{id}~gpu{to}"), "{servers:?}");
+        let (located, _) = cluster.locate(&socket, 0);
+        assert_eq!(located["address"], after["addresses"][0], "{located}");
+        before = wait_until("the app on the new server", Duration::from_secs(30), || {
+            cluster.allocation_of(VM).filter(|allocation| allocation["pid"] == after["pid"] && allocation["sessions"] == 1)
+        });
+    }
+    app.finish();
+}

@@ -83,8 +83,9 @@ pub struct NodeRegistration {
 /// The cluster manager's answer to a registration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterReply {
-    /// Reported servers whose allocation the cluster does not know: stop them.
-    pub stop: Vec<String>,
+    /// Reported servers whose allocation the cluster does not know (or that run where the
+    /// allocation is not): stop them.
+    pub stop: Vec<super::node::ServerRef>,
     /// How often to send heartbeats, in milliseconds.
     pub heartbeat_interval_ms: u64,
 }
@@ -101,7 +102,7 @@ pub struct NodeHeartbeat {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeHeartbeatReply {
     /// Carry on; stop these servers, whose allocations the cluster no longer holds.
-    Ok { stop: Vec<String> },
+    Ok { stop: Vec<super::node::ServerRef> },
     /// The cluster manager does not know this node (or its boot changed): register again.
     RegisterAgain,
 }
@@ -196,9 +197,9 @@ pub struct PendingMove {
 }
 
 impl PendingMove {
-    /// Whether node `node_id` runs one of the move's two servers.
-    pub fn involves(&self, node_id: &str) -> bool {
-        self.from_node == node_id || self.to_node == node_id
+    /// Whether GPU `gpu` of node `node_id` runs one of the move's two servers.
+    pub fn involves(&self, node_id: &str, gpu: u32) -> bool {
+        (self.from_node == node_id && self.from_gpu == gpu) || (self.to_node == node_id && self.to_gpu == gpu)
     }
 }
 

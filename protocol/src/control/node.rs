@@ -22,6 +22,30 @@ pub struct ServerSpec {
     pub sm_percentage: u32,
 }
 
+/// An allocation's rpc-server on a node: on GPU `gpu`, or (`None`) whichever it runs (all of them
+/// for a stop). An allocation has one server, and two on one node while it moves between that
+/// node's GPUs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerRef {
+    pub allocation_id: String,
+    pub gpu: Option<u32>,
+}
+
+impl ServerRef {
+    pub fn new(allocation_id: &str, gpu: Option<u32>) -> Self {
+        Self { allocation_id: allocation_id.to_string(), gpu }
+    }
+}
+
+impl std::fmt::Display for ServerRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.gpu {
+            Some(gpu) => write!(f, "{} (GPU {gpu})", self.allocation_id),
+            None => f.write_str(&self.allocation_id),
+        }
+    }
+}
+
 /// A session's snapshot written on a node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionSnapshot {
@@ -50,22 +74,24 @@ pub struct FetchedSnapshot {
 /// What the cluster manager may ask of a node manager.
 #[tarpc::service]
 pub trait NodeManagerControl {
-    /// Starts the allocation's rpc-server and waits until it listens (idempotent: an already
-    /// running server for the allocation is reported as is).
+    /// Starts the allocation's rpc-server on the spec's GPU and waits until it listens
+    /// (idempotent: an already running server for the allocation on that GPU is reported as is;
+    /// one on another GPU of the node keeps running beside it, for a move between them).
     async fn start_server(spec: ServerSpec) -> Result<ServerReport, ControlError>;
     /// Changes a running server's quota and/or SM share.
     async fn resize_server(allocation_id: String, memory: Option<u64>, sm_percentage: Option<u32>) -> Result<ServerReport, ControlError>;
-    /// Stops a server (idempotent: an unknown allocation is already stopped).
-    async fn stop_server(allocation_id: String) -> Result<(), ControlError>;
+    /// Stops a server, or every server of the allocation (idempotent: an unknown one is already
+    /// stopped).
+    async fn stop_server(server: ServerRef) -> Result<(), ControlError>;
     /// The servers it runs now.
     async fn list_servers() -> Vec<ServerReport>;
     /// The live sessions of an allocation's server.
-    async fn list_sessions(allocation_id: String) -> Result<Vec<SessionStatus>, ControlError>;
+    async fn list_sessions(server: ServerRef) -> Result<Vec<SessionStatus>, ControlError>;
     /// Pauses a session of an allocation's server and writes its snapshot into `dir` on this
     /// host (`None`: this node's snapshot folder for the allocation); the app stays paused until
     /// `release_session`.
     async fn checkpoint_session(
-        allocation_id: String,
+        server: ServerRef,
         session_id: u64,
         dir: Option<String>,
         timeout_ms: u64,
@@ -78,9 +104,9 @@ pub trait NodeManagerControl {
     async fn snapshot_chunk(allocation_id: String, name: String, offset: u64, len: u64) -> Result<SnapshotChunk, ControlError>;
     /// Restores snapshot `name` from folder `dir` on this host into the allocation's server,
     /// where it waits for its app.
-    async fn restore_snapshot(allocation_id: String, dir: String, name: String) -> Result<(), ControlError>;
+    async fn restore_snapshot(server: ServerRef, dir: String, name: String) -> Result<(), ControlError>;
     /// Ends a checkpoint's pause: the app reconnects to `to`, or goes on here without it.
-    async fn release_session(allocation_id: String, session_id: u64, to: Option<String>) -> Result<(), ControlError>;
+    async fn release_session(server: ServerRef, session_id: u64, to: Option<String>) -> Result<(), ControlError>;
     /// Removes this node's snapshot folder for the allocation (idempotent).
     async fn discard_snapshots(allocation_id: String) -> Result<(), ControlError>;
     /// Replaces the allocation's rpc-server with a fresh process on the same addresses, its
