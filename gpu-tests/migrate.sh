@@ -23,6 +23,8 @@
 #      --snapshot-dir: the app must go on and print the native output.
 #   cluster-restart: the same app through tools/local-cluster (flyt run), its allocation's server
 #      replaced by `flytctl restart-server` while it runs: native output, pointers kept.
+#   cluster-move (two GPUs or more): the same app through tools/local-cluster, its allocation
+#      moved by `flytctl migrate` to GPU 1 of the node and back: native output, pointers kept.
 #   big: for each size in --big-mib, one timed move of migrate_loop (driver API) holding that much
 #      more memory (pause = drain + snapshot + restore), GPU to GPU and through the snapshot file.
 # Moves go GPU to GPU where they can (flytctl session migrate --copy auto): both servers use this
@@ -43,7 +45,7 @@ while [ $# -gt 0 ]; do
     --snapshots) SNAP_PARENT=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
     --gpus) GPUS=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph restart cluster-restart big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH] [--gpus A,B]" >&2; exit 2 ;;
+    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph restart cluster-restart cluster-move big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH] [--gpus A,B]" >&2; exit 2 ;;
     esac
 done
 skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -137,7 +139,7 @@ same_output() { # NATIVE FLYT: the same lines but the pointer lines, and pointer
 ROUNDS=200
 
 # --- the app natively ---------------------------------------------------------------------------
-if ! skipped app-shm || ! skipped app-socket || ! skipped restart || ! skipped cluster-restart; then
+if ! skipped app-shm || ! skipped app-socket || ! skipped restart || ! skipped cluster-restart || ! skipped cluster-move; then
     "$W/migrate_app" "$APP_MIB" $ROUNDS 0 >"$OUT/native.out" 2>&1 || echo "native run failed: $(tail -2 "$OUT/native.out")"
 fi
 
@@ -241,6 +243,40 @@ INNER
     restarted=no; grep -q "rpc-server restarted" "$OUT/restart-server.log" && restarted=yes
     if [ $rc = 0 ] && [ $same = yes ] && [ $restarted = yes ]; then r=PASS; else r=FAIL; fi
     row "restart-server under a local cluster" $r "server replaced: $restarted, app exit $rc, output and pointers as native: $same: $(grep -m1 'rpc-server restarted\|rc=' "$OUT/restart-server.log" | head -c 220)"
+fi
+
+# --- 2c. flytctl migrate between this host's GPUs under a local cluster -----------------------------
+# With two GPUs or more: the app runs through `flyt run` of tools/local-cluster while
+# `flytctl migrate` moves its allocation to GPU 1 of the node and back (placement picks GPU 0).
+if ! skipped cluster-move && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+    bin=$W/cluster-bin
+    mkdir -p "$bin"
+    for b in flyt flyt-rpc-server flytctl flyt-cluster-manager flyt-node-manager flyt-client-manager; do ln -sf "$DIST/bin/$b" "$bin/$b"; done
+    ln -sf "$DIST/lib/libcudart.so.13" "$bin/libcudart.so"
+    ln -sf "$DIST/lib/libcuda.so.1" "$bin/libflyt_libcuda.so"
+    ln -sf "$DIST/lib/libnvidia-ml.so.1" "$bin/libflyt_nvml_lib.so"
+    gate=$W/gate-cluster-move
+    cat >"$W/cluster_move.sh" <<INNER
+#!/usr/bin/env bash
+# Under flyt run: the app (GPU hidden) held at its gate while its allocation moves GPU 0 -> 1 -> 0.
+"$W/hide_gpu" "$HIDE" -- env FLYT_RESUME_TIMEOUT=120 "$W/migrate_app" $APP_MIB $ROUNDS 5 "$gate" >"$OUT/cluster-move.out" 2>"$OUT/cluster-move.err" &
+app=\$!
+for _ in \$(seq 1200); do grep -q holding "$OUT/cluster-move.err" 2>/dev/null && break; kill -0 \$app 2>/dev/null || break; sleep 0.1; done
+for to in local/1 local; do
+    "$DIST/bin/flytctl" migrate 127.0.0.1 --to \$to >>"$OUT/cluster-move.log" 2>&1
+    echo "migrate --to \$to rc=\$?" >>"$OUT/cluster-move.log"
+    sleep 0.5
+done
+touch "$gate"
+wait \$app
+INNER
+    chmod +x "$W/cluster_move.sh"
+    "$here/../tools/local-cluster" --bin-dir "$bin" -- "$W/cluster_move.sh" >"$OUT/cluster-move-cluster.log" 2>&1
+    rc=$?
+    same=no; same_output "$OUT/native.out" "$OUT/cluster-move.out" && same=yes
+    moves=$(grep -c 'rc=0$' "$OUT/cluster-move.log" 2>/dev/null)
+    if [ $rc = 0 ] && [ $same = yes ] && [ "$moves" = 2 ]; then r=PASS; else r=FAIL; fi
+    row "flytctl migrate GPU 0 -> 1 -> 0 of one node" $r "moves ok: $moves of 2, app exit $rc, output and pointers as native: $same: $(grep -o 'moved from [^ ]* to [^ ]* with [0-9]* app in [0-9.]* ms' "$OUT/cluster-move.log" | tr '\n' ';')"
 fi
 
 # --- 3. timed moves of much memory, GPU to GPU and through the snapshot file ---------------------
