@@ -87,14 +87,15 @@ enum Command {
         #[arg(long)]
         memory_mib: Option<u64>,
     },
-    /// Move a running allocation (by allocation id or VM ip) with its apps to another node:
-    /// same id, size and tokens. Each app pauses at its next CUDA call, its session is
+    /// Move a running allocation (by allocation id or VM ip) with its apps to another node or
+    /// another GPU of its node: same id, size and tokens. Each app pauses at its next CUDA call, its session is
     /// checkpointed, copied and restored there, and it goes on with every pointer as it was. If
     /// anything fails, the apps go on where they were and the reason is printed.
     Migrate {
         /// Allocation id or VM ip.
         target: String,
-        /// The node to move to (`flytctl list-servernodes`), or NODE/GPU for one of its GPUs.
+        /// The node to move to (`flytctl list-servernodes`), or NODE/GPU for one of its GPUs
+        /// (its own node: a GPU other than the one it runs on).
         #[arg(long, value_parser = migrate::parse_destination)]
         to: migrate::Destination,
         /// Give up (the apps going on where they were) when an app makes no CUDA call within
