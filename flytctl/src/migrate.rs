@@ -42,15 +42,19 @@ fn milliseconds(micros: u64) -> f64 {
 pub fn print_move(report: &MoveReport) {
     for session in &report.sessions {
         let snapshot = &session.snapshot;
+        let copy = if session.gpu_to_gpu {
+            format!("{} of device memory GPU to GPU in the restore", snapshot.device_bytes)
+        } else {
+            format!("copy {:.1} ms", milliseconds(session.transfer_us))
+        };
         println!(
-            "session {} moved to {}: snapshot {} bytes ({} of device memory); drain {:.1} ms, write {:.1} ms, copy {:.1} ms, restore {:.1} ms",
+            "session {} moved to {}: snapshot {} bytes ({} of device memory); drain {:.1} ms, write {:.1} ms, {copy}, restore {:.1} ms",
             snapshot.session_id,
             session.to,
             snapshot.bytes,
             snapshot.device_bytes,
             milliseconds(snapshot.drain_us),
             milliseconds(snapshot.write_us),
-            milliseconds(session.transfer_us),
             milliseconds(session.restore_us)
         );
     }

@@ -680,11 +680,18 @@ impl ServerManager {
         }
     }
 
-    /// Pauses a session of allocation `id`'s server and writes its snapshot into `dir`.
-    pub async fn checkpoint(&self, id: &str, session_id: u64, dir: &Path, timeout_ms: u64) -> Result<SnapshotInfo, ControlError> {
+    /// Pauses a session of server `id` and writes its snapshot into `dir` (`on_device`: without
+    /// its device memory, which a server of this host copies GPU to GPU).
+    pub async fn checkpoint(&self, id: &str, session_id: u64, dir: &Path, timeout_ms: u64, on_device: bool) -> Result<SnapshotInfo, ControlError> {
         let control = self.control_of(id).await?;
         let deadline = rpc::deadline(Duration::from_millis(timeout_ms) + SNAPSHOT_CALL_TIMEOUT);
-        match control.checkpoint(deadline, session_id, dir.display().to_string(), timeout_ms).await {
+        let (dir_text, context) = (dir.display().to_string(), deadline);
+        let checkpoint = if on_device {
+            control.checkpoint_on_device(context, session_id, dir_text, timeout_ms).await
+        } else {
+            control.checkpoint(context, session_id, dir_text, timeout_ms).await
+        };
+        match checkpoint {
             Ok(Ok(info)) => {
                 tracing::info!(allocation = id, session_id, snapshot = %info.name, bytes = info.bytes, dir = %dir.display(), "session checkpointed");
                 Ok(info)
@@ -795,7 +802,7 @@ impl ServerManager {
         }
 
         let outcomes =
-            futures::future::join_all(sessions.iter().map(|session| self.checkpoint(id, session.session_id, &dir, timeout_ms))).await;
+            futures::future::join_all(sessions.iter().map(|session| self.checkpoint(id, session.session_id, &dir, timeout_ms, false))).await;
         let mut paused = Vec::new();
         let mut failures = Vec::new();
         for (session, outcome) in sessions.iter().zip(outcomes) {
@@ -1310,10 +1317,10 @@ pub(crate) mod tests {
         // The steps of a move reach the server as asked, and its refusals come back with the reason.
         assert_eq!(manager.sessions("alloc-6").await.unwrap()[0].session_id, 1);
         let folder_of_moves = manager.snapshots().prepare("alloc-6").unwrap();
-        let info = manager.checkpoint("alloc-6", 1, &folder_of_moves, 500).await.unwrap();
+        let info = manager.checkpoint("alloc-6", 1, &folder_of_moves, 500, false).await.unwrap();
         manager.restore("alloc-6", "/snapshots", &info.name).await.unwrap();
         manager.release("alloc-6", 1, Some("192.0.2.8:4000".into())).await.unwrap();
-        let refused = manager.checkpoint("alloc-6", 2, &folder_of_moves, 500).await.unwrap_err().to_string();
+        let refused = manager.checkpoint("alloc-6", 2, &folder_of_moves, 500, false).await.unwrap_err().to_string();
         assert!(refused.contains("session 2: no session 2"), "{refused}");
         assert!(matches!(manager.sessions("alloc-x").await, Err(ControlError::UnknownAllocation(_))));
         assert_eq!(

@@ -60,6 +60,7 @@ impl NodeManagerControl for NodeService {
         session_id: u64,
         dir: Option<String>,
         timeout_ms: u64,
+        on_device: bool,
     ) -> Result<SessionSnapshot, ControlError> {
         // Detached: the app is paused until someone releases it; the answer must not be lost
         // to a caller that gave up waiting halfway.
@@ -69,7 +70,7 @@ impl NodeManagerControl for NodeService {
                 Some(dir) => std::path::PathBuf::from(dir),
                 None => self.0.snapshots().prepare(&server.allocation_id)?,
             };
-            let info = self.0.checkpoint(&name, session_id, &dir, timeout_ms).await?;
+            let info = self.0.checkpoint(&name, session_id, &dir, timeout_ms, on_device).await?;
             Ok(SessionSnapshot { dir: dir.display().to_string(), info })
         })
         .await

@@ -74,12 +74,13 @@ struct CopiedSession {
     snapshot: SnapshotInfo,
     transfer_us: u64,
     restore_us: u64,
+    gpu_to_gpu: bool,
 }
 
 impl CopiedSession {
     /// The session once its app was sent to `to`.
     fn sent_to(self, to: String) -> MovedSession {
-        MovedSession { snapshot: self.snapshot, transfer_us: self.transfer_us, restore_us: self.restore_us, to }
+        MovedSession { snapshot: self.snapshot, transfer_us: self.transfer_us, restore_us: self.restore_us, to, gpu_to_gpu: self.gpu_to_gpu }
     }
 }
 
@@ -117,10 +118,12 @@ impl<S: Store> Cluster<S> {
         session_id: u64,
         dir: Option<String>,
         timeout_ms: u64,
+        on_device: bool,
     ) -> Result<SessionSnapshot, ControlError> {
         let server = ServerRef::new(id, Some(gpu));
         let deadline = rpc::deadline(MOVE_CALL_TIMEOUT + Duration::from_millis(timeout_ms));
-        self.node_call(node_id, |node| async move { node.checkpoint_session(deadline, server, session_id, dir, timeout_ms).await }).await
+        self.node_call(node_id, |node| async move { node.checkpoint_session(deadline, server, session_id, dir, timeout_ms, on_device).await })
+            .await
     }
 
     async fn fetch_on(&self, node_id: &str, id: &str, from: &str, name: &str) -> Result<FetchedSnapshot, ControlError> {
@@ -284,7 +287,9 @@ impl<S: Store> Cluster<S> {
         Ok((server, copied.into_iter().filter_map(Result::ok).collect()))
     }
 
-    /// Checkpoints one session at the source (its app pauses) and restores it on the target.
+    /// Checkpoints one session at the source (its app pauses) and restores it on the target:
+    /// GPU to GPU when both ends share a host, else (or when that fails, the app going on
+    /// meanwhile) through the snapshot file.
     async fn copy_session(
         &self,
         id: &str,
@@ -293,15 +298,23 @@ impl<S: Store> Cluster<S> {
         target: &NodeEnd,
         timeout_ms: u64,
     ) -> Result<CopiedSession, String> {
+        let one_host = source.host_ip == target.host_ip && source.boot_id == target.boot_id;
+        if one_host {
+            match self.copy_session_on_device(id, &session, source, target, timeout_ms).await {
+                Ok(copied) => return Ok(copied),
+                Err(reason) => {
+                    tracing::info!(allocation = id, session = session.session_id, %reason, "not GPU to GPU; through the snapshot file");
+                }
+            }
+        }
         let session_id = session.session_id;
-        let snapshot = self.checkpoint_on(&source.node_id, id, source.gpu, session_id, None, timeout_ms).await.map_err(|error| {
+        let snapshot = self.checkpoint_on(&source.node_id, id, source.gpu, session_id, None, timeout_ms, false).await.map_err(|error| {
             format!("session {session_id} ({} pid {}) cannot be checkpointed: {error}", session.client.program, session.client.pid)
         })?;
         let name = snapshot.info.name.clone();
         let copy_started = Instant::now();
         // On one host the target reads the source's folder; between hosts its node manager
         // pulls the file into its own.
-        let one_host = source.host_ip == target.host_ip && source.boot_id == target.boot_id;
         let (dir, transfer_us) = if one_host {
             (snapshot.dir.clone(), 0)
         } else {
@@ -315,7 +328,38 @@ impl<S: Store> Cluster<S> {
         self.restore_on(&target.node_id, id, target.gpu, &dir, &name)
             .await
             .map_err(|error| format!("{} refused to restore session {session_id}: {error}", target.node_id))?;
-        Ok(CopiedSession { session, snapshot: snapshot.info, transfer_us, restore_us: micros_since(restore_started) })
+        Ok(CopiedSession { session, snapshot: snapshot.info, transfer_us, restore_us: micros_since(restore_started), gpu_to_gpu: false })
+    }
+
+    /// [`Self::copy_session`] GPU to GPU: the snapshot holds no device memory, which the
+    /// target's worker copies from the paused source's. A refusal leaves the app going on at the
+    /// source, with why.
+    async fn copy_session_on_device(
+        &self,
+        id: &str,
+        session: &SessionStatus,
+        source: &NodeEnd,
+        target: &NodeEnd,
+        timeout_ms: u64,
+    ) -> Result<CopiedSession, String> {
+        let session_id = session.session_id;
+        let snapshot =
+            self.checkpoint_on(&source.node_id, id, source.gpu, session_id, None, timeout_ms, true).await.map_err(|error| error.to_string())?;
+        let restore_started = Instant::now();
+        if let Err(error) = self.restore_on(&target.node_id, id, target.gpu, &snapshot.dir, &snapshot.info.name).await {
+            // The target cannot take it: the app goes on at the source until the file carries it.
+            if let Err(release) = self.release_on(&source.node_id, id, source.gpu, session_id, None).await {
+                return Err(format!("{error}; and the paused session could not be released: {release}"));
+            }
+            return Err(error.to_string());
+        }
+        Ok(CopiedSession {
+            session: session.clone(),
+            snapshot: snapshot.info,
+            transfer_us: 0,
+            restore_us: micros_since(restore_started),
+            gpu_to_gpu: true,
+        })
     }
 
     /// Undoes a move that did not get to `Switching`: every app goes on at the source, the
@@ -538,7 +582,7 @@ impl<S: Store> Cluster<S> {
             let (node_id, id, dir, decision) = (&node_id, &id, dir.clone(), decision.clone());
             async move {
                 let snapshot = cluster
-                    .checkpoint_on(node_id, id, gpu, session.session_id, Some(dir), timeout_ms)
+                    .checkpoint_on(node_id, id, gpu, session.session_id, Some(dir), timeout_ms, false)
                     .await
                     .map_err(|error| error.to_string())?;
                 cluster

@@ -331,4 +331,7 @@ fn an_allocation_moves_between_the_gpus_of_its_node() {
         });
     }
     app.finish();
+    // One host: each move tried GPU to GPU first, which the emulated device refuses.
+    let log = cluster.log("cluster-manager");
+    assert_eq!(log.matches("not GPU to GPU; through the snapshot file").count(), 2, "{log}");
 }

@@ -213,6 +213,9 @@ pub struct MovedSession {
     pub restore_us: u64,
     /// The data-plane address its app was sent to.
     pub to: String,
+    /// Its device memory went GPU to GPU on one host (the snapshot file held none of it).
+    #[serde(default)]
+    pub gpu_to_gpu: bool,
 }
 
 /// What `migrate` did.

@@ -89,12 +89,14 @@ pub trait NodeManagerControl {
     async fn list_sessions(server: ServerRef) -> Result<Vec<SessionStatus>, ControlError>;
     /// Pauses a session of an allocation's server and writes its snapshot into `dir` on this
     /// host (`None`: this node's snapshot folder for the allocation); the app stays paused until
-    /// `release_session`.
+    /// `release_session`. `on_device`: the device memory stays on the GPU for a server of this
+    /// host to copy GPU to GPU (`RpcServerControl::checkpoint_on_device`).
     async fn checkpoint_session(
         server: ServerRef,
         session_id: u64,
         dir: Option<String>,
         timeout_ms: u64,
+        on_device: bool,
     ) -> Result<SessionSnapshot, ControlError>;
     /// Copies snapshot `name` of an allocation from the node manager at `from` (its control
     /// address) into this node's snapshot folder for the allocation, in chunks.

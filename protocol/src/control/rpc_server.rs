@@ -76,7 +76,8 @@ pub trait RpcServerControl {
     /// held here, until `release`. Fails, the app going on, when the session holds what cannot
     /// move (the reason says what) or its app makes no call within `timeout_ms`.
     async fn checkpoint(session_id: u64, dir: String, timeout_ms: u64) -> Result<SnapshotInfo, String>;
-    /// `checkpoint` for a move to a server on this same GPU: the snapshot file holds no device
+    /// `checkpoint` for a move to a server on this host (this GPU or another it reaches peer to
+    /// peer): the snapshot file holds no device
     /// memory; the paused session hands its allocations over on the device (CUDA IPC handles,
     /// and descriptors of its physical memory through a socket beside the snapshot), and the
     /// restoring worker copies them GPU to GPU. Fails on a device that cannot share memory
