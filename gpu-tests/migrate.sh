@@ -267,6 +267,8 @@ for to in local/1 local; do
     echo "migrate --to \$to rc=\$?" >>"$OUT/cluster-move.log"
     sleep 0.5
 done
+# Why a move did not go GPU to GPU, if one did not (the cluster manager's log).
+grep -h "not GPU to GPU" "\$(dirname "\$FLYTCTL_ADMIN_SOCKET")"/*.log >>"$OUT/cluster-move.log" 2>/dev/null
 touch "$gate"
 wait \$app
 INNER

@@ -299,13 +299,18 @@ impl<S: Store> Cluster<S> {
         timeout_ms: u64,
     ) -> Result<CopiedSession, String> {
         let one_host = source.host_ip == target.host_ip && source.boot_id == target.boot_id;
-        if one_host {
+        // Twice GPU to GPU: a target worker whose driver already holds part of the app's
+        // addresses refuses, and the next worker's layout differs (the file costs seconds).
+        for attempt in [1, 2].into_iter().filter(|_| one_host) {
             match self.copy_session_on_device(id, &session, source, target, timeout_ms).await {
                 Ok(copied) => return Ok(copied),
                 Err(reason) => {
-                    tracing::info!(allocation = id, session = session.session_id, %reason, "not GPU to GPU; through the snapshot file");
+                    tracing::info!(allocation = id, session = session.session_id, attempt, %reason, "not GPU to GPU");
                 }
             }
+        }
+        if one_host {
+            tracing::info!(allocation = id, session = session.session_id, "not GPU to GPU; through the snapshot file");
         }
         let session_id = session.session_id;
         let snapshot = self.checkpoint_on(&source.node_id, id, source.gpu, session_id, None, timeout_ms, false).await.map_err(|error| {
