@@ -106,11 +106,31 @@ struct HandoverSocket {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// The longest socket path `sockaddr_un` takes (108 bytes with its NUL).
+const SOCKET_PATH_MAX: usize = 107;
+
+/// A path to bind or connect the socket at `path` by: `path` itself, or, when it is longer than
+/// a socket address holds (a deep snapshot folder), the same file through a descriptor of its
+/// folder (`/proc/self/fd/N/NAME`), which is held open beside it.
+fn socket_address(path: &Path) -> Result<(PathBuf, Option<std::fs::File>), String> {
+    if path.as_os_str().len() <= SOCKET_PATH_MAX {
+        return Ok((path.to_path_buf(), None));
+    }
+    let (folder, name) = match (path.parent(), path.file_name()) {
+        (Some(folder), Some(name)) => (folder, name),
+        _ => return Err(format!("{}: not a file's path", path.display())),
+    };
+    let folder = std::fs::File::open(folder).map_err(|error| format!("{}: {error}", folder.display()))?;
+    let short = Path::new("/proc/self/fd").join(std::os::fd::AsRawFd::as_raw_fd(&folder).to_string()).join(name);
+    Ok((short, Some(folder)))
+}
+
 impl HandoverSocket {
     fn serve(path: PathBuf, fds: Vec<std::os::fd::OwnedFd>) -> Result<Self, String> {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::remove_file(&path);
-        let listener = std::os::unix::net::UnixListener::bind(&path).map_err(|error| format!("{}: {error}", path.display()))?;
+        let (address, _folder) = socket_address(&path)?;
+        let listener = std::os::unix::net::UnixListener::bind(&address).map_err(|error| format!("{}: {error}", path.display()))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(|error| format!("{}: {error}", path.display()))?;
         listener.set_nonblocking(true).map_err(|error| error.to_string())?;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -168,8 +188,9 @@ fn send_descriptors(stream: &std::os::unix::net::UnixStream, fds: &[std::os::fd:
 fn receive_descriptors(path: &str, count: usize) -> Result<Vec<std::os::fd::OwnedFd>, String> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     use std::os::fd::{AsRawFd, FromRawFd};
+    let (address, _folder) = socket_address(Path::new(path))?;
     let stream =
-        std::os::unix::net::UnixStream::connect(path).map_err(|error| format!("the paused session's handover at {path}: {error}"))?;
+        std::os::unix::net::UnixStream::connect(&address).map_err(|error| format!("the paused session's handover at {path}: {error}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|error| error.to_string())?;
     let mut fds = Vec::with_capacity(count);
     while fds.len() < count {
@@ -842,5 +863,28 @@ impl<D: Device> Session<D> {
         state.asked = None;
         control.changed.notify_all();
         moved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_beside_a_snapshot_deep_in_folders_is_bound_and_reached() {
+        let scratch = tempfile::tempdir().unwrap();
+        let folder = scratch.path().join("a-folder-name-long-enough-to-matter").join("snapshots").join("alloc-0123456789abcdef");
+        std::fs::create_dir_all(&folder).unwrap();
+        let path = folder.join("0123456789abcdef0123456789abcdef.handover");
+        assert!(path.as_os_str().len() > SOCKET_PATH_MAX, "{}", path.display());
+        let (address, _held) = socket_address(&path).unwrap();
+        assert!(address.as_os_str().len() <= SOCKET_PATH_MAX, "{}", address.display());
+        let listener = std::os::unix::net::UnixListener::bind(&address).unwrap();
+        assert!(path.exists(), "bound at the snapshot's own path");
+        let (address, _held) = socket_address(&path).unwrap();
+        let _client = std::os::unix::net::UnixStream::connect(&address).unwrap();
+        assert!(listener.accept().is_ok());
+        let short = scratch.path().join("x.handover");
+        assert_eq!(socket_address(&short).unwrap().0, short, "a short path is used as it is");
     }
 }
