@@ -181,6 +181,11 @@ fn server_name(allocation_id: &str, gpu: u32, taken: impl Fn(&str) -> bool) -> S
     if taken(allocation_id) { format!("{allocation_id}~gpu{gpu}") } else { allocation_id.to_string() }
 }
 
+/// Whether `server` names the server `record` describes.
+fn names(server: &ServerRef, record: &ServerRecord) -> bool {
+    record.allocation_id == server.allocation_id && server.gpu.is_none_or(|gpu| record.gpu == gpu)
+}
+
 /// Whether `name` is a server name [`server_name`] makes (checked where names come from files
 /// and command lines).
 fn valid_server_name(name: &str) -> bool {
@@ -456,7 +461,7 @@ impl ServerManager {
         let servers = self.servers.lock().await;
         let matching: Vec<(&String, u32)> = servers
             .iter()
-            .filter(|(_, managed)| managed.record.allocation_id == server.allocation_id && server.gpu.is_none_or(|gpu| managed.record.gpu == gpu))
+            .filter(|(_, managed)| names(server, &managed.record))
             .map(|(name, managed)| (name, managed.record.gpu))
             .collect();
         match matching.as_slice() {
@@ -476,7 +481,7 @@ impl ServerManager {
             .lock()
             .await
             .iter()
-            .filter(|(_, managed)| managed.record.allocation_id == server.allocation_id && server.gpu.is_none_or(|gpu| managed.record.gpu == gpu))
+            .filter(|(_, managed)| names(server, &managed.record))
             .map(|(name, _)| name.clone())
             .collect();
         for name in names {
