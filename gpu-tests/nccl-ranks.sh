@@ -5,17 +5,20 @@
 # native run's. NCCL's transport choice is logged (NCCL_DEBUG=INFO) to OUT. The local GPUs are not
 # hidden from the Flyt ranks (Flyt's libraries come first on their library path).
 # Not yet run: no machine with several GPUs was lent when it was written (2026-11-24).
-#   gpu-tests/nccl-ranks.sh --dist DIR --out DIR [--python P] [--ranks N]
+#   gpu-tests/nccl-ranks.sh --dist DIR --out DIR [--python P] [--ranks N] [--script PY]
+# --script runs another script the same way (benchmarks/nccl_allreduce.py: timings, printed for
+# both runs rather than compared).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-DIST=dist OUT=gpu-tests/results/nccl-ranks PY=/opt/torch/.venv/bin/python RANKS=
+DIST=dist OUT=gpu-tests/results/nccl-ranks PY=/opt/torch/.venv/bin/python RANKS= SCRIPT=$here/torch/nccl.py
 while [ $# -gt 0 ]; do
     case $1 in
         --dist) DIST=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --python) PY=$2; shift 2 ;;
         --ranks) RANKS=$2; shift 2 ;;
-        *) echo "usage: $0 --dist DIR --out DIR [--python P] [--ranks N]" >&2; exit 2 ;;
+        --script) SCRIPT=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
+        *) echo "usage: $0 --dist DIR --out DIR [--python P] [--ranks N] [--script PY]" >&2; exit 2 ;;
     esac
 done
 DIST=$(cd "$DIST" && pwd)
@@ -43,7 +46,7 @@ run_ranks() {
         # NCCL writes its log to stdout unless told otherwise: the ranks' stdout stays comparable.
         env RANK=$r WORLD_SIZE=$RANKS MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$OUT/$label.rank$r.nccl" \
             $(rank_env "$label" $r) \
-            timeout 300 "$PY" "$here/torch/nccl.py" >"$OUT/$label.rank$r.out" 2>"$OUT/$label.rank$r.err" &
+            timeout 300 "$PY" "$SCRIPT" >"$OUT/$label.rank$r.out" 2>"$OUT/$label.rank$r.err" &
         pids+=($!)
     done
     local rc=0
