@@ -10,7 +10,7 @@
 //! app, its kernels and every other process mapping the file see one set of pages.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::MetadataExt;
@@ -148,7 +148,6 @@ fn deposit(client: &Client, file: &File) -> Result<[u8; deposit::TOKEN_LEN], Unm
         .map_err(|_| Unmappable::Cuda(CudaError::OPERATING_SYSTEM))?;
     let mut answer = [0u8];
     socket.read_exact(&mut answer).map_err(|_| Unmappable::Cuda(CudaError::OPERATING_SYSTEM))?;
-    let _ = socket.flush();
     if answer[0] != deposit::ACCEPTED {
         return Err(Unmappable::Cuda(CudaError::UNKNOWN));
     }
@@ -167,7 +166,9 @@ pub fn page_span(start: usize, len: usize) -> Option<(usize, usize)> {
 /// mapping of one file, and without the shared-memory channel (the worker on another host).
 pub fn register(client: &Client, start: usize, len: usize) -> Result<(), Unmappable> {
     if client.shm.is_none() {
-        return Err(Unmappable::Refused("the server's GPU reaches the app's own memory only over the shared-memory channel (FLYT_SHM, same host)"));
+        return Err(Unmappable::Refused(
+            "the server's GPU reaches the app's own memory only over the shared-memory channel (FLYT_SHM, same host)",
+        ));
     }
     let (first, span) = page_span(start, len).ok_or(CudaError::INVALID_VALUE)?;
     let maps = std::fs::read_to_string("/proc/self/maps").map_err(|_| CudaError::OPERATING_SYSTEM)?;
@@ -180,12 +181,13 @@ pub fn register(client: &Client, start: usize, len: usize) -> Result<(), Unmappa
     let file = open_mapped_file(&mapping)?;
     let token = deposit(client, &file)?;
     let file_offset = mapping.file_offset + (first - mapping.start) as u64;
-    let reply = client
-        .call(req::ShmRegisterFile { token, file_offset, len: span as u64, mapped_at: first as u64 })
-        .map_err(|error| match error {
-            CudaError::NOT_SUPPORTED => Unmappable::Refused("the server could not map the file at the app's address"),
-            error => Unmappable::Cuda(error),
-        })?;
+    let reply =
+        client.call(req::ShmRegisterFile { token, file_offset, len: span as u64, mapped_at: first as u64 }).map_err(
+            |error| match error {
+                CudaError::NOT_SUPPORTED => Unmappable::Refused("the server could not map the file at the app's address"),
+                error => Unmappable::Cuda(error),
+            },
+        )?;
     if reply.device_pointer != first as u64 {
         return Err(Unmappable::Cuda(CudaError::UNKNOWN));
     }

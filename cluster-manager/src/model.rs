@@ -282,7 +282,8 @@ impl Model {
         let memory = allocation.pending_resize.map_or(allocation.memory, |size| size.memory.max(allocation.memory));
         let mut best: Option<(u32, u32, u32)> = None;
         let mut closest: Option<(u64, String)> = None;
-        let candidates = node.gpus.iter().filter(|gpu| to_gpu.is_none_or(|index| gpu.index == index) && !(same_node && gpu.index == allocation.gpu));
+        let candidates =
+            node.gpus.iter().filter(|gpu| to_gpu.is_none_or(|index| gpu.index == index) && !(same_node && gpu.index == allocation.gpu));
         for gpu in candidates {
             let (used_units, used_memory, _) = self.gpu_used(to_node, gpu.index, Some(&allocation.id));
             let free_units = gpu.sm_count.saturating_sub(used_units);

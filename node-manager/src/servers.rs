@@ -280,7 +280,9 @@ impl ServerManager {
             // The record's file is named after its server.
             let name = path.file_stem().and_then(|stem| stem.to_str()).unwrap_or_default().to_string();
             let named = |record: &ServerRecord| {
-                valid_server_name(&name) && valid_allocation_id(&record.allocation_id) && name.split('~').next() == Some(record.allocation_id.as_str())
+                valid_server_name(&name)
+                    && valid_allocation_id(&record.allocation_id)
+                    && name.split('~').next() == Some(record.allocation_id.as_str())
             };
             match record {
                 Some(record) if named(&record) && process_alive(record.pid, record.start_time) => {
@@ -469,21 +471,19 @@ impl ServerManager {
             [] => Err(ControlError::UnknownAllocation(server.to_string())),
             several => {
                 let gpus: Vec<String> = several.iter().map(|(_, gpu)| gpu.to_string()).collect();
-                Err(ControlError::Invalid(format!("allocation {} runs servers on GPUs {} of this node: name one", server.allocation_id, gpus.join(" and "))))
+                Err(ControlError::Invalid(format!(
+                    "allocation {} runs servers on GPUs {} of this node: name one",
+                    server.allocation_id,
+                    gpus.join(" and ")
+                )))
             }
         }
     }
 
     /// Stops the allocation's server `server` names, or all of its servers here.
     pub async fn stop_server(&self, server: &ServerRef) -> Result<(), ControlError> {
-        let names: Vec<String> = self
-            .servers
-            .lock()
-            .await
-            .iter()
-            .filter(|(_, managed)| names(server, &managed.record))
-            .map(|(name, _)| name.clone())
-            .collect();
+        let names: Vec<String> =
+            self.servers.lock().await.iter().filter(|(_, managed)| names(server, &managed.record)).map(|(name, _)| name.clone()).collect();
         for name in names {
             self.stop(&name).await?;
         }
@@ -687,7 +687,14 @@ impl ServerManager {
 
     /// Pauses a session of server `id` and writes its snapshot into `dir` (`on_device`: without
     /// its device memory, which a server of this host copies GPU to GPU).
-    pub async fn checkpoint(&self, id: &str, session_id: u64, dir: &Path, timeout_ms: u64, on_device: bool) -> Result<SnapshotInfo, ControlError> {
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        session_id: u64,
+        dir: &Path,
+        timeout_ms: u64,
+        on_device: bool,
+    ) -> Result<SnapshotInfo, ControlError> {
         let control = self.control_of(id).await?;
         let deadline = rpc::deadline(Duration::from_millis(timeout_ms) + SNAPSHOT_CALL_TIMEOUT);
         let (dir_text, context) = (dir.display().to_string(), deadline);
@@ -807,7 +814,8 @@ impl ServerManager {
         }
 
         let outcomes =
-            futures::future::join_all(sessions.iter().map(|session| self.checkpoint(id, session.session_id, &dir, timeout_ms, false))).await;
+            futures::future::join_all(sessions.iter().map(|session| self.checkpoint(id, session.session_id, &dir, timeout_ms, false)))
+                .await;
         let mut paused = Vec::new();
         let mut failures = Vec::new();
         for (session, outcome) in sessions.iter().zip(outcomes) {
@@ -863,7 +871,8 @@ impl ServerManager {
             tracing::warn!(allocation = id, %error, "snapshots not handed to the new server; their apps will fail");
         }
         let _ = fs::remove_dir(&dir);
-        let spec = ServerSpec { allocation_id: old.allocation_id.clone(), gpu: old.gpu, memory: old.memory, sm_percentage: old.sm_percentage };
+        let spec =
+            ServerSpec { allocation_id: old.allocation_id.clone(), gpu: old.gpu, memory: old.memory, sm_percentage: old.sm_percentage };
         let (child, addresses) = match self.spawn(id, &spec, &gpu, port, Some(&restored)).await {
             Ok(started) => started,
             Err(error) => {

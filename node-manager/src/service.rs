@@ -95,7 +95,9 @@ impl NodeManagerControl for NodeService {
     }
 
     async fn restore_snapshot(self, _: Context, server: ServerRef, dir: String, name: String) -> Result<(), ControlError> {
-        detached(async move { self.0.restore(&self.0.name_of(&server).await?, &dir, &name).await }).await.unwrap_or_else(|| Err(cancelled()))
+        detached(async move { self.0.restore(&self.0.name_of(&server).await?, &dir, &name).await })
+            .await
+            .unwrap_or_else(|| Err(cancelled()))
     }
 
     async fn release_session(self, _: Context, server: ServerRef, session_id: u64, to: Option<String>) -> Result<(), ControlError> {

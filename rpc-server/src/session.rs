@@ -860,14 +860,12 @@ impl<D: Device> Session<D> {
         for pin in segment.pins() {
             // SAFETY: each pin lies inside the session's mapping (checked when it was added) and
             // stays mapped until it is removed, after it is unpinned.
-            let pinned = unsafe { self.device.host_register(pin.ptr, pin.len, pin.mapped) }.and_then(|()| match pin.mapped {
-                true if self.device.host_device_pointer(pin.ptr) != Ok(pin.ptr as u64) => {
-                    // SAFETY: registered just above.
-                    let _ = unsafe { self.device.host_unregister(pin.ptr) };
-                    Err(CudaError::NOT_SUPPORTED)
+            let pinned = unsafe {
+                match pin.mapped {
+                    true => register_mapped(&*self.device, pin.ptr, pin.len),
+                    false => self.device.host_register(pin.ptr, pin.len, false),
                 }
-                _ => Ok(()),
-            });
+            };
             if let Err(error) = pinned {
                 tracing::error!(%error, len = pin.len, mapped = pin.mapped, "host memory not pinned again after a device reset");
             }
@@ -943,6 +941,22 @@ impl<D: Device> Drop for Session<D> {
     }
 }
 
+/// Registers `[ptr, ptr + len)` as mapped host memory, kept only when the device sees it at that
+/// same address (unified addressing), as the client's kernels use it; `NOT_SUPPORTED` otherwise.
+///
+/// # Safety
+/// The range is mapped in this process and stays mapped until it is unregistered.
+unsafe fn register_mapped<D: Device>(device: &D, ptr: *mut u8, len: usize) -> CudaResult<()> {
+    // SAFETY: the caller's contract.
+    unsafe { device.host_register(ptr, len, true) }?;
+    if device.host_device_pointer(ptr) == Ok(ptr as u64) {
+        return Ok(());
+    }
+    // SAFETY: registered just above.
+    let _ = unsafe { device.host_unregister(ptr) };
+    Err(CudaError::NOT_SUPPORTED)
+}
+
 /// Pins a block of the segment for the client: at the client's own address `mapped_at` as mapped
 /// memory when that address is free here and the device sees it there too (the device pointer,
 /// equal to `mapped_at`, is returned), else through the segment's view, for copies only (0).
@@ -950,18 +964,10 @@ pub(crate) fn pin_block<D: Device>(segment: &mut Segment, device: &D, offset: u6
     let host_len = usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?;
     let pinned = segment.add_block(offset, len, mapped_at)?;
     if let Some(alias) = segment.alias(offset) {
+        // Kept only where the device sees it at the client's address, as its kernels use it.
         // SAFETY: the alias maps the block (inside the segment, checked by `add_block`) until
         // the block is removed, after it is unpinned.
-        let mapped = unsafe { device.host_register(pinned, host_len, true) }.and_then(|()| match device.host_device_pointer(pinned) {
-            Ok(device_pointer) if device_pointer == alias => Ok(()),
-            // Not the same address on the device: of no use to the client's kernels.
-            _ => {
-                // SAFETY: registered just above.
-                let _ = unsafe { device.host_unregister(pinned) };
-                Err(CudaError::NOT_SUPPORTED)
-            }
-        });
-        if mapped.is_ok() {
+        if unsafe { register_mapped(device, pinned, host_len) }.is_ok() {
             return Ok(alias);
         }
     }
@@ -1569,14 +1575,7 @@ impl<D: Device> OpHandler for Session<D> {
             let host_len = usize::try_from(request.len).map_err(|_| CudaError::INVALID_VALUE)?;
             let pinned = segment.add_file(&file, request.file_offset, request.len, request.mapped_at)?;
             // SAFETY: the file is mapped at `pinned` until it is removed, after it is unpinned.
-            let registered = unsafe { self.device.host_register(pinned, host_len, true) }.and_then(|()| {
-                if self.device.host_device_pointer(pinned) == Ok(request.mapped_at) {
-                    return Ok(request.mapped_at);
-                }
-                // SAFETY: registered just above.
-                let _ = unsafe { self.device.host_unregister(pinned) };
-                Err(CudaError::NOT_SUPPORTED)
-            });
+            let registered = unsafe { register_mapped(&*self.device, pinned, host_len) }.map(|()| request.mapped_at);
             if registered.is_err() {
                 segment.remove_file(request.mapped_at);
             }

@@ -80,7 +80,13 @@ struct CopiedSession {
 impl CopiedSession {
     /// The session once its app was sent to `to`.
     fn sent_to(self, to: String) -> MovedSession {
-        MovedSession { snapshot: self.snapshot, transfer_us: self.transfer_us, restore_us: self.restore_us, to, gpu_to_gpu: self.gpu_to_gpu }
+        MovedSession {
+            snapshot: self.snapshot,
+            transfer_us: self.transfer_us,
+            restore_us: self.restore_us,
+            to,
+            gpu_to_gpu: self.gpu_to_gpu,
+        }
     }
 }
 
@@ -110,20 +116,23 @@ impl<S: Store> Cluster<S> {
         self.node_call(node_id, |node| async move { node.list_sessions(rpc::deadline(NODE_CALL_TIMEOUT), server).await }).await
     }
 
+    /// Checkpoints session `session_id` of `server` on `node_id` (see
+    /// `NodeManagerControl::checkpoint_session`).
     async fn checkpoint_on(
         &self,
         node_id: &str,
-        id: &str,
-        gpu: u32,
+        server: ServerRef,
         session_id: u64,
         dir: Option<String>,
         timeout_ms: u64,
         on_device: bool,
     ) -> Result<SessionSnapshot, ControlError> {
-        let server = ServerRef::new(id, Some(gpu));
         let deadline = rpc::deadline(MOVE_CALL_TIMEOUT + Duration::from_millis(timeout_ms));
-        self.node_call(node_id, |node| async move { node.checkpoint_session(deadline, server, session_id, dir, timeout_ms, on_device).await })
-            .await
+        self.node_call(
+            node_id,
+            |node| async move { node.checkpoint_session(deadline, server, session_id, dir, timeout_ms, on_device).await },
+        )
+        .await
     }
 
     async fn fetch_on(&self, node_id: &str, id: &str, from: &str, name: &str) -> Result<FetchedSnapshot, ControlError> {
@@ -313,9 +322,12 @@ impl<S: Store> Cluster<S> {
             tracing::info!(allocation = id, session = session.session_id, "not GPU to GPU; through the snapshot file");
         }
         let session_id = session.session_id;
-        let snapshot = self.checkpoint_on(&source.node_id, id, source.gpu, session_id, None, timeout_ms, false).await.map_err(|error| {
-            format!("session {session_id} ({} pid {}) cannot be checkpointed: {error}", session.client.program, session.client.pid)
-        })?;
+        let snapshot = self
+            .checkpoint_on(&source.node_id, ServerRef::new(id, Some(source.gpu)), session_id, None, timeout_ms, false)
+            .await
+            .map_err(|error| {
+                format!("session {session_id} ({} pid {}) cannot be checkpointed: {error}", session.client.program, session.client.pid)
+            })?;
         let name = snapshot.info.name.clone();
         let copy_started = Instant::now();
         // On one host the target reads the source's folder; between hosts its node manager
@@ -348,8 +360,10 @@ impl<S: Store> Cluster<S> {
         timeout_ms: u64,
     ) -> Result<CopiedSession, String> {
         let session_id = session.session_id;
-        let snapshot =
-            self.checkpoint_on(&source.node_id, id, source.gpu, session_id, None, timeout_ms, true).await.map_err(|error| error.to_string())?;
+        let snapshot = self
+            .checkpoint_on(&source.node_id, ServerRef::new(id, Some(source.gpu)), session_id, None, timeout_ms, true)
+            .await
+            .map_err(|error| error.to_string())?;
         let restore_started = Instant::now();
         if let Err(error) = self.restore_on(&target.node_id, id, target.gpu, &snapshot.dir, &snapshot.info.name).await {
             // The target cannot take it: the app goes on at the source until the file carries it.
@@ -587,7 +601,7 @@ impl<S: Store> Cluster<S> {
             let (node_id, id, dir, decision) = (&node_id, &id, dir.clone(), decision.clone());
             async move {
                 let snapshot = cluster
-                    .checkpoint_on(node_id, id, gpu, session.session_id, Some(dir), timeout_ms, false)
+                    .checkpoint_on(node_id, ServerRef::new(id, Some(gpu)), session.session_id, Some(dir), timeout_ms, false)
                     .await
                     .map_err(|error| error.to_string())?;
                 cluster

@@ -299,7 +299,8 @@ fn an_allocation_moves_between_the_gpus_of_its_node() {
         return;
     };
     let mut cluster = Cluster::new(Options::default());
-    let two_gpus = "[{ name = \"Emulated A0\", memory_mib = 4096, sm_count = 40 }, { name = \"Emulated A1\", memory_mib = 4096, sm_count = 40 }]";
+    let two_gpus =
+        "[{ name = \"Emulated A0\", memory_mib = 4096, sm_count = 40 }, { name = \"Emulated A1\", memory_mib = 4096, sm_count = 40 }]";
     cluster.start_node_with("node-a", "127.0.0.1", 40, 4096, &[("FLYT_NODE_MANAGER_EMULATED_GPUS", two_gpus.to_string())]);
     cluster.wait_node_up("node-a");
     let (socket, app) = vm_running_app(&mut cluster, &cuda, 400);
