@@ -21,6 +21,9 @@ pub const GUEST_BIN_DIR: &str = "/opt/flyt/bin";
 pub struct GuestKernel {
     pub vmlinuz: PathBuf,
     pub modules: Vec<PathBuf>,
+    /// The package and version the kernel came from (`kernel.txt`), shown with every console
+    /// so a guest that fails to boot after Debian changed its kernel says which one it was.
+    pub description: String,
 }
 
 impl GuestKernel {
@@ -40,7 +43,12 @@ impl GuestKernel {
         assert!(vmlinuz.exists(), "FLYT_GUEST_KERNEL={} has no vmlinuz: run .ci/fetch-guest-kernel", dir.display());
         let order = std::fs::read_to_string(dir.join("modules.order")).unwrap_or_default();
         let modules = order.lines().filter(|line| !line.is_empty()).map(|name| dir.join("modules").join(name)).collect();
-        Self { vmlinuz, modules }
+        let description = std::fs::read_to_string(dir.join("kernel.txt"))
+            .map(|text| text.trim().to_string())
+            .unwrap_or_else(|_| "unknown (no kernel.txt: fetched before .ci/fetch-guest-kernel recorded it)".into());
+        let names: Vec<&str> = order.lines().filter(|line| !line.is_empty()).collect();
+        let description = format!("{description}; modules loaded in order: {}", names.join(" "));
+        Self { vmlinuz, modules, description }
     }
 }
 
@@ -220,6 +228,8 @@ pub fn write_image(kernel: &GuestKernel, scratch: &Path, programs: &[PathBuf], l
 pub struct Vm {
     child: Child,
     console: Arc<Mutex<String>>,
+    /// Which kernel it booted, the console's first line.
+    kernel: String,
     /// The threads reading QEMU's output; they end with its pipes.
     readers: Vec<std::thread::JoinHandle<()>>,
 }
@@ -262,12 +272,13 @@ impl Vm {
                 }
             }));
         }
-        Self { child, console, readers }
+        Self { child, console, readers, kernel: kernel.description.clone() }
     }
 
-    /// What the guest printed so far.
+    /// What the guest printed so far, after a line naming the kernel it booted.
     pub fn console(&self) -> String {
-        self.console.lock().unwrap_or_else(std::sync::PoisonError::into_inner).replace('\r', "")
+        let printed = self.console.lock().unwrap_or_else(std::sync::PoisonError::into_inner).replace('\r', "");
+        format!("[guest kernel: {}]\n{printed}", self.kernel)
     }
 
     /// Waits for the guest to power off (bounded: a hung guest is stopped); its console output and
