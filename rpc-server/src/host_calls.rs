@@ -6,10 +6,11 @@
 //! thread may make no CUDA call, so an announcer thread of the session sends (checking which
 //! copies are done is one).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use flyt_protocol::handshake::Notice;
 
@@ -21,7 +22,8 @@ type Announcer = Mutex<Sender<(u64, u64)>>;
 /// Host calls announced to the client and those it has answered.
 #[derive(Default)]
 struct Runs {
-    waiting: HashSet<u64>,
+    /// Each announced run and when it was announced.
+    waiting: HashMap<u64, Instant>,
     finished: HashSet<u64>,
 }
 
@@ -36,6 +38,8 @@ pub struct HostCalls {
     next_run: AtomicU64,
     runs: Mutex<Runs>,
     wake: Condvar,
+    /// Told whenever a run starts waiting or the session ends (`wait_unanswered`).
+    announced: Condvar,
     /// The session is ending: nothing will answer any more, so every held stream is let go.
     closed: AtomicBool,
 }
@@ -56,6 +60,7 @@ impl HostCalls {
             next_run: AtomicU64::new(1),
             runs: Mutex::new(Runs::default()),
             wake: Condvar::new(),
+            announced: Condvar::new(),
             closed: AtomicBool::new(false),
         })
     }
@@ -102,7 +107,8 @@ impl HostCalls {
     /// Runs the app's function `call` and returns when it has (or the session ended).
     fn run(&self, call: u64) {
         let run = self.next_run.fetch_add(1, Ordering::Relaxed);
-        self.runs().waiting.insert(run);
+        self.runs().waiting.insert(run, Instant::now());
+        self.announced.notify_all();
         let sent = self
             .announcer()
             .is_some_and(|announce| announce.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send((call, run)).is_ok());
@@ -120,7 +126,7 @@ impl HostCalls {
     /// The client's `HostCallDone`; a run that is not waiting is refused.
     pub fn done(&self, run: u64) -> flyt_protocol::error::CudaResult<()> {
         let mut runs = self.runs();
-        if !runs.waiting.contains(&run) || !runs.finished.insert(run) {
+        if !runs.waiting.contains_key(&run) || !runs.finished.insert(run) {
             return Err(flyt_protocol::CudaError::INVALID_VALUE);
         }
         drop(runs);
@@ -133,6 +139,33 @@ impl HostCalls {
         self.closed.store(true, Ordering::Release);
         let _guard = self.runs();
         self.wake.notify_all();
+        self.announced.notify_all();
+    }
+
+    /// Whether the announcer has started (the session has reached a host function).
+    pub fn started(&self) -> bool {
+        self.announce.get().is_some()
+    }
+
+    /// Waits until a host call has waited longer than `patience` for the client's answer
+    /// (`true`), or the session ends (`false`). The session's read-ahead helper waits here: an
+    /// answer that long in coming may be stuck behind a call that blocks the session's thread.
+    pub fn wait_unanswered(&self, patience: Duration) -> bool {
+        let mut runs = self.runs();
+        loop {
+            if self.closed.load(Ordering::Acquire) {
+                return false;
+            }
+            let now = Instant::now();
+            let oldest = runs.waiting.iter().filter(|(run, _)| !runs.finished.contains(run)).map(|(_, since)| *since).min();
+            runs = match oldest {
+                Some(since) if now.duration_since(since) >= patience => return true,
+                Some(since) => {
+                    self.announced.wait_timeout(runs, patience - now.duration_since(since)).unwrap_or_else(std::sync::PoisonError::into_inner).0
+                }
+                None => self.announced.wait(runs).unwrap_or_else(std::sync::PoisonError::into_inner),
+            };
+        }
     }
 }
 

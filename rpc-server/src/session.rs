@@ -5,7 +5,7 @@
 //! session ends, however it ends.
 
 use std::collections::HashMap;
-use std::io::{BufReader, Read};
+use std::io::Read;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::frame::{FrameError, FrameLimits, read_full, read_message};
+use flyt_protocol::frame::{FrameError, FrameLimits, read_full};
 use flyt_protocol::ops::{BulkDirection, CACHED_IMAGE_MIN, JitOption, LinkOutcome, Op, OpClass, ParamInfo, Request, rep, req};
 use serde::Serialize;
 
@@ -29,6 +29,7 @@ use crate::waiters::Waiters;
 mod arrays;
 mod graphs;
 mod green;
+mod intake;
 mod ipc;
 mod memops;
 mod pools;
@@ -308,26 +309,6 @@ fn fit(text: &mut String, size: u32) {
 /// Reads the client's requests, polling without blocking for the spin budget before it sleeps:
 /// while an app is busy its next request is microseconds away, and a sleeping reader's wake-up
 /// would be paid on every synchronous call.
-struct SpinningReader(Connection);
-
-impl Read for SpinningReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let mut spinning = flyt_ring::SpinDeadline::after(flyt_ring::spin_budget());
-        loop {
-            match self.0.read_nonblocking(buf) {
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock && spinning.keep_spinning() => {
-                    std::hint::spin_loop();
-                }
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
-                    return self.0.read(buf);
-                }
-                Ok(0) if buf.is_empty() => return Ok(0),
-                outcome => return outcome,
-            }
-        }
-    }
-}
-
 /// `FLYT_RPC_OP_TIMES=1`: how long the reader spent handling each op (decode excluded, the
 /// inline answer included), logged when the session ends. For finding where a round trip's time
 /// goes on the server; off by default.
@@ -503,23 +484,30 @@ impl<D: Device> Session<D> {
     /// Reads and handles requests until the client leaves (`Ok`) or breaks the protocol
     /// (`Err`, with the reason to log).
     pub fn serve(&mut self, reader: Connection) -> Result<(), FrameError> {
-        let mut reader = BufReader::with_capacity(256 << 10, SpinningReader(reader));
+        let intake = intake::Intake::new(reader, self.config.limits);
         let mut message = Vec::with_capacity(4096);
         let outbox = self.outbox.clone();
         let mut op_times = OpTimes::from_env();
         loop {
-            let header = match read_message(&mut reader, &self.config.limits, &mut message) {
-                Ok(header) => header,
+            // A session that has reached host functions has its frames read ahead while its
+            // thread is held in the driver (intake.rs says why).
+            if self.graphs.host_calls.started() {
+                intake.start_read_ahead(self.graphs.host_calls.clone(), self.config.stats.clone());
+            }
+            let mut next = match intake.next(&mut message) {
+                Ok(next) => next,
                 Err(FrameError::Closed) => return Ok(()),
                 Err(error) => return Err(error),
             };
+            let header = next.header;
             flyt_ring::timeline::mark(flyt_ring::timeline::Stage::FrameRead);
             let request = Request::decode(&message)?;
             let info = request.info();
             if header.bulk_len != 0 && info.bulk != BulkDirection::In {
                 return Err(FrameError::Decode(format!("{} carries {} unexpected bulk bytes", info.name, header.bulk_len)));
             }
-            let mut bulk = BulkIn::new(&mut reader, header.bulk_len);
+            let mut bulk_source = next.bulk_reader();
+            let mut bulk = BulkIn::new(&mut *bulk_source, header.bulk_len);
             if let Some(stats) = &self.config.stats {
                 stats.call(info.id);
             }

@@ -554,3 +554,19 @@ fn stream_memory_operations_and_one_device_queries() {
         }
     }
 }
+
+/// Stream callbacks from several threads, each starting a thread that frees its memory and
+/// stream while other callbacks still hold their streams (NVIDIA's simpleCallback): the free
+/// waits for the device, the device for the callbacks, and the callbacks' answers must still
+/// reach the server. Hung before the server read ahead for them.
+#[test]
+fn callbacks_whose_threads_free_memory_do_not_hang() {
+    let Some(runs) = run_with_and_without_channel("driver_host_callbacks") else {
+        return;
+    };
+    for (shm, code, stdout, stderr) in runs {
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("workloads finished: 8 of 8, results right: 8"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+    }
+}

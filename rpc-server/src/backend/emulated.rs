@@ -406,6 +406,9 @@ impl Device for EmulatedDevice {
     }
 
     fn free(&self, ptr: u64) -> CudaResult<()> {
+        // cuMemFree waits for the device's work, host functions included (cudaFree
+        // synchronizes): so does this device, or a test could not see what that wait costs.
+        self.host.wait(u64::MAX);
         let mut state = self.state();
         let block = state.blocks.remove(&ptr).ok_or(CudaError::INVALID_VALUE)?;
         state.used -= block.len() as u64;

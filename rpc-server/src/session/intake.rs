@@ -1,0 +1,202 @@
+//! The session's incoming frames. The session's thread reads them itself; but a driver call it
+//! makes may wait for the device (`cuMemFree` synchronizes, a copy on the legacy stream waits
+//! for every blocking stream), while a stream the device waits for is held by one of the app's
+//! host functions until the client's `HostCallDone`, which sits unread behind that call: the
+//! driver and the app would wait for each other forever. So once a host call has waited a while
+//! for its answer, a read-ahead thread takes the reader whenever the session's thread is busy,
+//! answers `HostCallDone` at once and queues every other frame, in order, for the session.
+
+use std::collections::VecDeque;
+use std::io::{BufReader, Read};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use flyt_protocol::frame::{FrameError, FrameHeader, FrameLimits, read_full, read_message};
+use flyt_protocol::ops::Request;
+
+use crate::host_calls::HostCalls;
+use crate::transport::Connection;
+
+/// How long a host call waits for its answer before the read-ahead thread looks for it.
+const PATIENCE: Duration = Duration::from_millis(2);
+/// Frames queued ahead at most; past it the read-ahead waits for the session's thread.
+const MAX_AHEAD: usize = 4096;
+/// Bulk bytes held ahead at most; a frame with more is left for the session's thread to read.
+const MAX_AHEAD_BYTES: u64 = 64 << 20;
+
+/// A connection read that spins for the ring or socket's spin budget before it blocks.
+pub(super) struct SpinningReader(pub(super) Connection);
+
+impl Read for SpinningReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut spinning = flyt_ring::SpinDeadline::after(flyt_ring::spin_budget());
+        loop {
+            match self.0.read_nonblocking(buf) {
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock && spinning.keep_spinning() => {
+                    std::hint::spin_loop();
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                    return self.0.read(buf);
+                }
+                Ok(0) if buf.is_empty() => return Ok(0),
+                outcome => return outcome,
+            }
+        }
+    }
+}
+
+/// A frame read ahead: its bulk bytes with it, or still in the stream (`None`: a large one,
+/// after which nothing more is read ahead until the session has taken it).
+enum Ahead {
+    Frame { header: FrameHeader, message: Vec<u8>, bulk: Option<Vec<u8>> },
+    Failed(FrameError),
+}
+
+pub(super) struct Reading {
+    reader: BufReader<SpinningReader>,
+    ahead: VecDeque<Ahead>,
+    ahead_bytes: u64,
+    /// The last frame queued left its bulk in the stream.
+    bulk_in_stream: bool,
+}
+
+/// The session's side of its connection's incoming half.
+pub(super) struct Intake {
+    reading: Mutex<Reading>,
+    limits: FrameLimits,
+    /// The session's thread wants the reader: the read-ahead lets go of it.
+    session_waits: AtomicBool,
+    read_ahead_started: AtomicBool,
+}
+
+/// The next frame for the session: its header is in `message`'s companion, its bulk either in
+/// `bulk` or still to be read from the reader the guard holds.
+pub(super) struct Next<'a> {
+    pub header: FrameHeader,
+    pub bulk: Option<Vec<u8>>,
+    /// Held while the bulk is still in the stream (the handler reads it through it).
+    pub guard: Option<MutexGuard<'a, Reading>>,
+}
+
+impl<'a> Next<'a> {
+    /// Where the handler reads the frame's bulk bytes from.
+    pub fn bulk_reader(&mut self) -> Box<dyn Read + '_> {
+        match (&mut self.guard, &self.bulk) {
+            (Some(guard), None) => Box::new(&mut guard.reader),
+            (_, Some(bytes)) => Box::new(std::io::Cursor::new(bytes.as_slice())),
+            (None, None) => Box::new(std::io::empty()),
+        }
+    }
+}
+
+impl Intake {
+    pub fn new(connection: Connection, limits: FrameLimits) -> Arc<Self> {
+        Arc::new(Self {
+            reading: Mutex::new(Reading {
+                reader: BufReader::with_capacity(256 << 10, SpinningReader(connection)),
+                ahead: VecDeque::new(),
+                ahead_bytes: 0,
+                bulk_in_stream: false,
+            }),
+            limits,
+            session_waits: AtomicBool::new(false),
+            read_ahead_started: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Reading> {
+        self.reading.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The session's next frame, its message in `message`.
+    pub fn next(&self, message: &mut Vec<u8>) -> Result<Next<'_>, FrameError> {
+        self.session_waits.store(true, Ordering::Relaxed);
+        let mut reading = self.lock();
+        self.session_waits.store(false, Ordering::Relaxed);
+        match reading.ahead.pop_front() {
+            Some(Ahead::Failed(error)) => Err(error),
+            Some(Ahead::Frame { header, message: bytes, bulk }) => {
+                *message = bytes;
+                if let Some(bytes) = &bulk {
+                    reading.ahead_bytes -= bytes.len() as u64;
+                }
+                if bulk.is_none() && header.bulk_len != 0 {
+                    // The large frame the read-ahead stopped at: its bulk follows in the stream.
+                    reading.bulk_in_stream = false;
+                    return Ok(Next { header, bulk: None, guard: Some(reading) });
+                }
+                Ok(Next { header, bulk, guard: None })
+            }
+            None => {
+                let header = read_message(&mut reading.reader, &self.limits, message)?;
+                let guard = (header.bulk_len != 0).then_some(reading);
+                Ok(Next { header, bulk: None, guard })
+            }
+        }
+    }
+
+    /// Starts the read-ahead thread for a session that has reached host functions (once).
+    pub fn start_read_ahead(self: &Arc<Self>, calls: Arc<HostCalls>, stats: Option<Arc<crate::stats::SlotStats>>) {
+        if self.read_ahead_started.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let intake = self.clone();
+        let spawned = std::thread::Builder::new().name("flyt-read-ahead".into()).spawn(move || intake.read_ahead(&calls, stats.as_deref()));
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "no read-ahead thread: a host function waiting behind a device-wide wait may hang");
+        }
+    }
+
+    fn read_ahead(&self, calls: &HostCalls, stats: Option<&crate::stats::SlotStats>) {
+        let mut message = Vec::new();
+        while calls.wait_unanswered(PATIENCE) {
+            // The session's thread holds the reader while it reads: then it will see the answer.
+            let guard = if self.session_waits.load(Ordering::Relaxed) { None } else { self.reading.try_lock().ok() };
+            let Some(mut reading) = guard else {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            if reading.bulk_in_stream || reading.ahead.len() >= MAX_AHEAD {
+                drop(reading);
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            let header = match read_message(&mut reading.reader, &self.limits, &mut message) {
+                Ok(header) => header,
+                Err(error) => {
+                    reading.ahead.push_back(Ahead::Failed(error));
+                    return;
+                }
+            };
+            if header.bulk_len == 0
+                && let Ok(Request::HostCallDone(done)) = Request::decode(&message)
+            {
+                if let Some(stats) = stats {
+                    stats.call(Request::HostCallDone(done.clone()).info().id);
+                }
+                // A run nobody waits for is the client's mistake; the session's own handling
+                // would refuse it, and a no-reply op has nobody to tell.
+                if calls.done(done.run).is_err() {
+                    tracing::debug!(run = done.run, "HostCallDone for no waiting run");
+                }
+                continue;
+            }
+            let bulk = if header.bulk_len == 0 {
+                Some(Vec::new())
+            } else if reading.ahead_bytes + header.bulk_len <= MAX_AHEAD_BYTES {
+                let mut bytes = vec![0u8; header.bulk_len as usize];
+                if let Err(error) = read_full(&mut reading.reader, &mut bytes, false) {
+                    reading.ahead.push_back(Ahead::Failed(error));
+                    return;
+                }
+                reading.ahead_bytes += header.bulk_len;
+                Some(bytes)
+            } else {
+                reading.bulk_in_stream = true;
+                None
+            };
+            reading.ahead.push_back(Ahead::Frame { header, message: std::mem::take(&mut message), bulk });
+        }
+    }
+}
