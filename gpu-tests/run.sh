@@ -33,7 +33,8 @@ usage: gpu-tests/run.sh [options]
                       both: each library's own runtime reaches the GPU through Flyt's libcuda.so.1,
                       as Flyt's libcudart.so.13 does (one session per process)
   --no-libraries      leave out the programs in libraries/ (CI: its toolkit has no CUDA libraries)
-  --python PATH       also run the PyTorch scripts in torch/ (as torch_NAME) with this Python, which
+  --python PATH       also run the PyTorch scripts in torch/ (as torch_NAME) and the framework
+                      scripts in frameworks/ (JAX, CuPy, Triton, ...; as fw_NAME) with this Python, which
                       has torch (e.g. /opt/torch/.venv/bin/python); PyTorch brings its own CUDA
                       runtime, so through Flyt they reach the GPU through Flyt's libcuda.so.1
   --device NAME       the server's --device (default: cuda; 'emulated' only checks the plumbing)
@@ -229,7 +230,7 @@ nvcc_flags_for() {
         per_thread_stream) echo "--default-stream per-thread" ;;
         # A driver API program: linked against the toolkit's libcuda stub (NVCC_FLAGS may name
         # another folder holding a libcuda.so).
-        jit_link | vmm | vmm_share | graph_nodes | graph_getters | stream_memops | tensor_map | arrays_planar_sparse | green_contexts | launch_extra) echo "-L$(dirname "$(command -v "$NVCC")")/../lib64/stubs -lcuda" ;;
+        jit_link | vmm | vmm_share | no_context | graph_nodes | graph_getters | stream_memops | tensor_map | arrays_planar_sparse | green_contexts | launch_extra) echo "-L$(dirname "$(command -v "$NVCC")")/../lib64/stubs -lcuda" ;;
         *)
             if [ -f "$here/libraries/$1.cu" ]; then
                 echo "$(sed -n '1s|^// link: ||p' "$here/libraries/$1.cu") -Xlinker -rpath=$(dirname "$(command -v "$NVCC")")/../lib64"
@@ -237,9 +238,10 @@ nvcc_flags_for() {
             ;;
     esac
 }
-source_of() { # the source of program $1: a .cu file, or torch/NAME.py for torch_NAME
+source_of() { # the source of program $1: a .cu file, torch/NAME.py for torch_NAME, frameworks/NAME.py for fw_NAME
     case $1 in
         torch_*) echo "$here/torch/${1#torch_}.py" ;;
+        fw_*) echo "$here/frameworks/${1#fw_}.py" ;;
         *) if [ -f "$here/libraries/$1.cu" ]; then echo "$here/libraries/$1.cu"; else echo "$here/$1.cu"; fi ;;
     esac
 }
@@ -271,6 +273,9 @@ if [ -n "$PYTHON" ]; then
     [ -x "$PYTHON" ] || die "--python: $PYTHON is not executable"
     for f in "$here"/torch/*.py; do
         [ -e "$f" ] && ALL+=("torch_$(basename "$f" .py)")
+    done
+    for f in "$here"/frameworks/*.py; do
+        [ -e "$f" ] && ALL+=("fw_$(basename "$f" .py)")
     done
 fi
 
@@ -428,7 +433,7 @@ for n in "${TO_BUILD[@]}"; do
         set -x
         case $n in
             # A PyTorch script "builds" into a launcher that runs it with --python's interpreter.
-            torch_*) rm -f "$BUILD/$n" && printf '#!/bin/sh\nexec %q %q "$@"\n' "$PYTHON" "$(source_of "$n")" >"$BUILD/$n" && chmod +x "$BUILD/$n" ;;
+            torch_* | fw_*) rm -f "$BUILD/$n" && printf '#!/bin/sh\nexec %q %q "$@"\n' "$PYTHON" "$(source_of "$n")" >"$BUILD/$n" && chmod +x "$BUILD/$n" ;;
             # Built elsewhere by another nvcc (--prebuilt): taken as it is.
             *) if [ $PREBUILT = 1 ]; then
                    [ -x "$BUILD/$n" ] || { echo "--prebuilt: $BUILD/$n missing" >&2; exit 1; }
@@ -760,7 +765,7 @@ maps_problem() {
         fi
     done
     # PyTorch maps its own CUDA runtime, whichever --runtime the .cu programs use.
-    case $(basename "$base") in torch_*)
+    case $(basename "$base") in torch_* | fw_*)
         [ $used_flyt = 1 ] || echo "the app did not map Flyt's $flyt_cuda"
         return 0
         ;;
@@ -827,8 +832,10 @@ compare_unsupported() {
     local prog=$1 tr=$2 nb=$3 fb=$4 extra=${5:-} pattern=$6 nrc frc result=PASS notes=() named m
     nrc=$(cat "$nb.rc")
     frc=$(cat "$fb.rc")
-    # A PyTorch script torch_NAME says "NAME: PASS".
-    if [ "$nrc" != 0 ] || ! tail -n 1 "$nb.out" | grep -q "^${prog#torch_}: PASS\$"; then
+    # A Python script torch_NAME or fw_NAME says "NAME: PASS".
+    local short=${prog#torch_}
+    short=${short#fw_}
+    if [ "$nrc" != 0 ] || ! tail -n 1 "$nb.out" | grep -q "^${short}: PASS\$"; then
         result=FAIL
         notes+=("native run failed")
     fi

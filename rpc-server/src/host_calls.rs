@@ -40,6 +40,8 @@ pub struct HostCalls {
     wake: Condvar,
     /// Told whenever a run starts waiting or the session ends (`wait_unanswered`).
     announced: Condvar,
+    /// A host function has been named to the device (a site made): one may run from now on.
+    used: AtomicBool,
     /// The session is ending: nothing will answer any more, so every held stream is let go.
     closed: AtomicBool,
 }
@@ -61,6 +63,7 @@ impl HostCalls {
             runs: Mutex::new(Runs::default()),
             wake: Condvar::new(),
             announced: Condvar::new(),
+            used: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         })
     }
@@ -142,9 +145,9 @@ impl HostCalls {
         self.announced.notify_all();
     }
 
-    /// Whether the announcer has started (the session has reached a host function).
-    pub fn started(&self) -> bool {
-        self.announce.get().is_some()
+    /// Whether the session has named a host function to the device (one may run from now on).
+    pub fn used(&self) -> bool {
+        self.used.load(Ordering::Relaxed)
     }
 
     /// Waits until a host call has waited longer than `patience` for the client's answer
@@ -161,7 +164,10 @@ impl HostCalls {
             runs = match oldest {
                 Some(since) if now.duration_since(since) >= patience => return true,
                 Some(since) => {
-                    self.announced.wait_timeout(runs, patience - now.duration_since(since)).unwrap_or_else(std::sync::PoisonError::into_inner).0
+                    self.announced
+                        .wait_timeout(runs, patience - now.duration_since(since))
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0
                 }
                 None => self.announced.wait(runs).unwrap_or_else(std::sync::PoisonError::into_inner),
             };
@@ -177,6 +183,7 @@ pub struct HostCallSite {
 
 impl HostCallSite {
     pub fn new(call: u64, calls: &Arc<HostCalls>) -> Arc<Self> {
+        calls.used.store(true, Ordering::Relaxed);
         Arc::new(Self { call, calls: calls.clone() })
     }
 

@@ -5,7 +5,6 @@
 //! session ends, however it ends.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -132,13 +131,13 @@ impl<T: Serialize> Drop for Responder<T> {
 /// The raw bytes that follow a request. Whatever the handler leaves unread is discarded, so the
 /// stream stays in step.
 pub struct BulkIn<'a> {
-    reader: &'a mut dyn Read,
+    reader: Box<dyn intake::BulkSource + 'a>,
     remaining: u64,
     failure: Option<FrameError>,
 }
 
 impl<'a> BulkIn<'a> {
-    fn new(reader: &'a mut dyn Read, len: u64) -> Self {
+    fn new(reader: Box<dyn intake::BulkSource + 'a>, len: u64) -> Self {
         Self { reader, remaining: len, failure: None }
     }
 
@@ -154,6 +153,9 @@ impl<'a> BulkIn<'a> {
         match read_full(&mut self.reader, buf, false) {
             Ok(()) => {
                 self.remaining -= buf.len() as u64;
+                if self.remaining == 0 {
+                    self.reader.release();
+                }
                 true
             }
             Err(error) => {
@@ -489,25 +491,38 @@ impl<D: Device> Session<D> {
         let outbox = self.outbox.clone();
         let mut op_times = OpTimes::from_env();
         loop {
-            // A session that has reached host functions has its frames read ahead while its
-            // thread is held in the driver (intake.rs says why).
-            if self.graphs.host_calls.started() {
+            // A session that has named host functions to the device has its frames read ahead
+            // while its thread is held in the driver (intake.rs says why): checked before each
+            // frame, so the read-ahead runs before any host function can.
+            if self.graphs.host_calls.used() {
                 intake.start_read_ahead(self.graphs.host_calls.clone(), self.config.stats.clone());
             }
-            let mut next = match intake.next(&mut message) {
+            let next = match intake.next(&mut message) {
                 Ok(next) => next,
-                Err(FrameError::Closed) => return Ok(()),
-                Err(error) => return Err(error),
+                Err(FrameError::Closed) => {
+                    intake.end();
+                    return Ok(());
+                }
+                Err(error) => {
+                    intake.end();
+                    return Err(error);
+                }
             };
             let header = next.header;
             flyt_ring::timeline::mark(flyt_ring::timeline::Stage::FrameRead);
-            let request = Request::decode(&message)?;
+            let request = match Request::decode(&message) {
+                Ok(request) => request,
+                Err(error) => {
+                    intake.end();
+                    return Err(error);
+                }
+            };
             let info = request.info();
             if header.bulk_len != 0 && info.bulk != BulkDirection::In {
+                intake.end();
                 return Err(FrameError::Decode(format!("{} carries {} unexpected bulk bytes", info.name, header.bulk_len)));
             }
-            let mut bulk_source = next.bulk_reader();
-            let mut bulk = BulkIn::new(&mut *bulk_source, header.bulk_len);
+            let mut bulk = BulkIn::new(next.into_bulk(), header.bulk_len);
             if let Some(stats) = &self.config.stats {
                 stats.call(info.id);
             }
@@ -517,8 +532,12 @@ impl<D: Device> Session<D> {
             if let (Some(times), Some(started)) = (op_times.as_mut(), started) {
                 times.add(info.name, started.elapsed());
             }
-            bulk.finish()?;
+            if let Err(error) = bulk.finish() {
+                intake.end();
+                return Err(error);
+            }
             if self.moved {
+                intake.end();
                 return Ok(());
             }
         }

@@ -92,7 +92,11 @@ fn built_in_modules_are_skipped_and_compressed_ones_read() {
     std::fs::create_dir_all(dir.join("kernel/drivers/virtio")).unwrap();
     let status = Command::new("sh")
         .arg("-c")
-        .arg(format!("gzip -c {} > {}", plain.join("virtio-pci.ko").display(), dir.join("kernel/drivers/virtio/virtio-pci.ko.gz").display()))
+        .arg(format!(
+            "gzip -c {} > {}",
+            plain.join("virtio-pci.ko").display(),
+            dir.join("kernel/drivers/virtio/virtio-pci.ko.gz").display()
+        ))
         .status()
         .unwrap();
     assert!(status.success());

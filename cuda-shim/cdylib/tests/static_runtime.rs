@@ -567,6 +567,50 @@ fn callbacks_whose_threads_free_memory_do_not_hang() {
     for (shm, code, stdout, stderr) in runs {
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         assert!(stdout.contains("workloads finished: 8 of 8, results right: 8"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(
+            stdout.contains("module load behind a running host function returned; the function had run: yes"),
+            "FLYT_SHM={shm}\n{stdout}\n{stderr}"
+        );
         assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+    }
+}
+
+/// A client killed while its session's thread waits behind a host function that never returns
+/// (a second thread's cuMemFree waits for the device): the server lets the held stream go, ends
+/// the session and gives its memory back, rather than keeping a worker stuck for good.
+#[test]
+fn a_client_killed_while_its_session_waits_ends_the_session() {
+    use std::io::{BufRead, BufReader};
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("orphan");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_orphan");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    for shm in ["off", "on"] {
+        let mut child = Command::new(&program)
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("FLYT_SERVER", &server.addresses[0])
+            .env("FLYT_SHM", shm)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run driver_orphan");
+        let mut line = String::new();
+        let read = BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line);
+        let ended_before = server.log_text().matches("session ended by the client").count();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(read.is_ok() && line.trim() == "held", "FLYT_SHM={shm}: the program printed {line:?}\n{}", server.log_text());
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while server.log_text().matches("session ended by the client").count() == ended_before && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(
+            server.log_text().matches("session ended by the client").count() > ended_before,
+            "FLYT_SHM={shm}: the session did not end after its client was killed:\n{}",
+            server.log_text()
+        );
     }
 }

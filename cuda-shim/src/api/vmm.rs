@@ -8,7 +8,7 @@ use std::ffi::{c_int, c_ulonglong, c_void};
 
 use flyt_protocol::ops::mem_usage;
 
-use super::session::{client, driver_error, run};
+use super::session::{driver_error, run, session_client};
 use crate::CUresult;
 use crate::ffi::{DriverResult, non_null, write_out};
 use crate::generated::types::{
@@ -23,8 +23,12 @@ const LOCATION_DEVICE: u32 = 1;
 const LOCATION_HOST: u32 = 2;
 const LOCATION_HOST_NUMA: u32 = 3;
 const LOCATION_HOST_NUMA_CURRENT: u32 = 4;
-/// `CU_MEM_HANDLE_TYPE_NONE` and `_POSIX_FILE_DESCRIPTOR`.
-const HANDLE_TYPES_SUPPORTED: u32 = 0x1;
+/// `CU_MEM_HANDLE_TYPE_NONE`, `_POSIX_FILE_DESCRIPTOR` and `_FABRIC`.
+const HANDLE_TYPES_SUPPORTED: u32 = 0x1 | FABRIC;
+/// `CU_MEM_HANDLE_TYPE_FABRIC`: asked for by XLA's allocator on every GPU (the driver creates
+/// such memory and answers its granularity on machines without a fabric too); made here as
+/// the other types ask, and only its export is refused.
+const FABRIC: u32 = 0x8;
 const POSIX_FD: u32 = 0x1;
 /// What a shareable handle's descriptor holds first: a sealed memory file of Flyt's, holding
 /// what the server gave for the export (the driver's own descriptor stays on the server).
@@ -71,7 +75,7 @@ unsafe fn allocation_prop(prop: *const CUmemAllocationProp) -> DriverResult<(u32
     if usage & !mem_usage::ALL != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    Ok((p.requestedHandleTypes, usage))
+    Ok((p.requestedHandleTypes & !FABRIC, usage))
 }
 
 pub unsafe fn cuMemGetAllocationGranularity(
@@ -95,7 +99,7 @@ pub unsafe fn cuMemGetAllocationGranularity(
         if option > 1 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let value = client()?.mem_granularity(option == 1, host).map_err(driver_error)?;
+        let value = session_client()?.mem_granularity(option == 1, host).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(granularity, value as usize) }
     })
@@ -107,14 +111,14 @@ pub unsafe fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment:
         if flags != 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let reserved = client()?.mem_address_reserve(size as u64, alignment as u64, addr).map_err(driver_error)?;
+        let reserved = session_client()?.mem_address_reserve(size as u64, alignment as u64, addr).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(ptr, reserved) }
     })
 }
 
 pub unsafe fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
-    run(|| client()?.mem_address_free(ptr, size as u64).map_err(driver_error))
+    run(|| session_client()?.mem_address_free(ptr, size as u64).map_err(driver_error))
 }
 
 pub unsafe fn cuMemCreate(
@@ -130,14 +134,14 @@ pub unsafe fn cuMemCreate(
         }
         // SAFETY: the caller's struct.
         let (handle_types, usage) = unsafe { allocation_prop(prop) }?;
-        let created = client()?.mem_create(size as u64, handle_types, usage).map_err(driver_error)?;
+        let created = session_client()?.mem_create(size as u64, handle_types, usage).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(handle, created) }
     })
 }
 
 pub unsafe fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
-    run(|| client()?.mem_release(handle).map_err(driver_error))
+    run(|| session_client()?.mem_release(handle).map_err(driver_error))
 }
 
 pub unsafe fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong) -> CUresult {
@@ -145,12 +149,12 @@ pub unsafe fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUm
         if flags != 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        client()?.mem_map(ptr, size as u64, offset as u64, handle).map_err(driver_error)
+        session_client()?.mem_map(ptr, size as u64, offset as u64, handle).map_err(driver_error)
     })
 }
 
 pub unsafe fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
-    run(|| client()?.mem_unmap(ptr, size as u64).map_err(driver_error))
+    run(|| session_client()?.mem_unmap(ptr, size as u64).map_err(driver_error))
 }
 
 pub unsafe fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult {
@@ -167,7 +171,7 @@ pub unsafe fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAc
             flags = Some(desc.flags);
         }
         let flags = flags.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        client()?.mem_set_access(ptr, size as u64, flags).map_err(driver_error)
+        session_client()?.mem_set_access(ptr, size as u64, flags).map_err(driver_error)
     })
 }
 
@@ -176,7 +180,7 @@ pub unsafe fn cuMemGetAccess(flags: *mut c_ulonglong, location: *const CUmemLoca
         non_null([flags.cast(), location.cast()])?;
         // SAFETY: checked non-NULL; the caller's location.
         device_location(unsafe { &*location })?;
-        let access = client()?.mem_access(ptr).map_err(driver_error)?;
+        let access = session_client()?.mem_access(ptr).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(flags, c_ulonglong::from(access)) }
     })
@@ -185,7 +189,7 @@ pub unsafe fn cuMemGetAccess(flags: *mut c_ulonglong, location: *const CUmemLoca
 pub unsafe fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult {
     run(|| {
         non_null([handle.cast()])?;
-        let retained = client()?.mem_retain(addr as u64).map_err(driver_error)?;
+        let retained = session_client()?.mem_retain(addr as u64).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(handle, retained) }
     })
@@ -194,7 +198,7 @@ pub unsafe fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHan
 pub unsafe fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) -> CUresult {
     run(|| {
         non_null([prop.cast()])?;
-        let physical = client()?.mem_physical(handle).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let physical = session_client()?.mem_physical(handle).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         let value = CUmemAllocationProp {
             r#type: ALLOCATION_PINNED,
             requestedHandleTypes: physical.handle_types,
@@ -251,7 +255,7 @@ pub unsafe fn cuMemExportToShareableHandle(
         if handle_type != POSIX_FD {
             return Err(refuse("shareable handles other than a POSIX file descriptor"));
         }
-        let shareable = client()?.mem_export(handle).map_err(driver_error)?;
+        let shareable = session_client()?.mem_export(handle).map_err(driver_error)?;
         let fd = shareable_file(&shareable).map_err(|_| CUresult::CUDA_ERROR_OPERATING_SYSTEM)?;
         // SAFETY: checked non-NULL; for a POSIX descriptor the caller's out-pointer is an `int`.
         unsafe { write_out(shareable_handle.cast::<c_int>(), std::os::fd::IntoRawFd::into_raw_fd(fd)) }
@@ -271,7 +275,7 @@ pub unsafe fn cuMemImportFromShareableHandle(
         // A POSIX descriptor travels as the pointer's value.
         let fd = c_int::try_from(os_handle as usize).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
         let shareable = read_shareable(fd).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        let imported = client()?.mem_import(shareable).map_err(driver_error)?;
+        let imported = session_client()?.mem_import(shareable).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(handle, imported) }
     })

@@ -8,9 +8,10 @@
 
 use std::collections::VecDeque;
 use std::io::{BufReader, Read};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flyt_protocol::frame::{FrameError, FrameHeader, FrameLimits, read_full, read_message};
 use flyt_protocol::ops::Request;
@@ -24,6 +25,8 @@ const PATIENCE: Duration = Duration::from_millis(2);
 const MAX_AHEAD: usize = 4096;
 /// Bulk bytes held ahead at most; a frame with more is left for the session's thread to read.
 const MAX_AHEAD_BYTES: u64 = 64 << 20;
+/// How long a worker outlives its client while the session's thread is held in the driver.
+const ORPHAN_GRACE: Duration = Duration::from_secs(10);
 
 /// A connection read that spins for the ring or socket's spin budget before it blocks.
 pub(super) struct SpinningReader(pub(super) Connection);
@@ -68,6 +71,8 @@ pub(super) struct Intake {
     /// The session's thread wants the reader: the read-ahead lets go of it.
     session_waits: AtomicBool,
     read_ahead_started: AtomicBool,
+    /// The session's thread has returned: the watch ends.
+    ended: AtomicBool,
 }
 
 /// The next frame for the session: its header is in `message`'s companion, its bulk either in
@@ -80,19 +85,49 @@ pub(super) struct Next<'a> {
 }
 
 impl<'a> Next<'a> {
-    /// Where the handler reads the frame's bulk bytes from.
-    pub fn bulk_reader(&mut self) -> Box<dyn Read + '_> {
-        match (&mut self.guard, &self.bulk) {
-            (Some(guard), None) => Box::new(&mut guard.reader),
-            (_, Some(bytes)) => Box::new(std::io::Cursor::new(bytes.as_slice())),
+    /// Where the handler reads the frame's bulk bytes from. A bulk still in the stream holds
+    /// the reader until its last byte is read (`BulkSource::release`), not until the handler
+    /// returns: the handler's driver calls after it may wait for a host function whose answer
+    /// the read-ahead must be free to read.
+    pub fn into_bulk(self) -> Box<dyn BulkSource + 'a> {
+        match (self.guard, self.bulk) {
+            (Some(guard), None) => Box::new(Held(Some(guard))),
+            (_, Some(bytes)) => Box::new(std::io::Cursor::new(bytes)),
             (None, None) => Box::new(std::io::empty()),
         }
     }
 }
 
+/// A frame's bulk bytes, and a way to let the reader go once they have all been read.
+pub trait BulkSource: Read {
+    fn release(&mut self) {}
+}
+
+impl BulkSource for std::io::Cursor<Vec<u8>> {}
+impl BulkSource for std::io::Empty {}
+
+/// The reader itself, held while a frame's bulk is read from the stream.
+struct Held<'a>(Option<MutexGuard<'a, Reading>>);
+
+impl Read for Held<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match &mut self.0 {
+            Some(reading) => reading.reader.read(buf),
+            None => Ok(0),
+        }
+    }
+}
+
+impl BulkSource for Held<'_> {
+    fn release(&mut self) {
+        self.0 = None;
+    }
+}
+
 impl Intake {
     pub fn new(connection: Connection, limits: FrameLimits) -> Arc<Self> {
-        Arc::new(Self {
+        let socket = connection.as_fd().try_clone_to_owned();
+        let intake = Arc::new(Self {
             reading: Mutex::new(Reading {
                 reader: BufReader::with_capacity(256 << 10, SpinningReader(connection)),
                 ahead: VecDeque::new(),
@@ -102,7 +137,58 @@ impl Intake {
             limits,
             session_waits: AtomicBool::new(false),
             read_ahead_started: AtomicBool::new(false),
-        })
+            ended: AtomicBool::new(false),
+        });
+        match socket {
+            Ok(socket) => {
+                let watched = intake.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("flyt-client-watch".into())
+                    .stack_size(64 << 10)
+                    .spawn(move || watched.watch_client(&socket));
+                if let Err(error) = spawned {
+                    tracing::warn!(%error, "no client watch: a worker held in the driver outlives its client");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "no client watch: a worker held in the driver outlives its client"),
+        }
+        intake
+    }
+
+    /// The session's thread is done with the connection.
+    pub fn end(&self) {
+        self.ended.store(true, Ordering::Relaxed);
+    }
+
+    /// Ends the worker when its client has gone and the session's thread has not noticed within
+    /// `ORPHAN_GRACE`: it is held in the driver (a kernel that never ends, a wait on something
+    /// only the app would have done), and the GPU memory it holds would stay taken from every
+    /// other tenant. A reading session thread sees the end of the connection at once.
+    fn watch_client(&self, socket: &OwnedFd) {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        // nix names no POLLRDHUP: the peer shut its end (a killed client's socket shows it).
+        let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
+        let mut gone_since: Option<Instant> = None;
+        while !self.ended.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_secs(1));
+            let mut fds = [PollFd::new(socket.as_fd(), rdhup)];
+            let hung_up = poll(&mut fds, PollTimeout::ZERO).is_ok()
+                && fds[0].revents().is_some_and(|events| events.intersects(rdhup | PollFlags::POLLHUP | PollFlags::POLLERR));
+            if !hung_up {
+                gone_since = None;
+                continue;
+            }
+            let since = *gone_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= ORPHAN_GRACE && !self.ended.load(Ordering::Relaxed) {
+                tracing::error!(
+                    grace_s = ORPHAN_GRACE.as_secs(),
+                    "the client is gone and the session's thread is held in the driver: ending the worker so its GPU memory goes back"
+                );
+                // SAFETY: _exit ends the process at once; no Rust state is touched after it. The
+                // driver's exit handlers could wait for the very work that holds the session.
+                unsafe { libc::_exit(3) };
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Reading> {
@@ -165,6 +251,9 @@ impl Intake {
             let header = match read_message(&mut reading.reader, &self.limits, &mut message) {
                 Ok(header) => header,
                 Err(error) => {
+                    // Nobody will answer the host calls any more: let their streams go, so a
+                    // session thread waiting behind them returns and sees the end too.
+                    calls.close();
                     reading.ahead.push_back(Ahead::Failed(error));
                     return;
                 }

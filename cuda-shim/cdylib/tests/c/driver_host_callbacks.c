@@ -47,6 +47,11 @@ static void *postprocess(void *arg) {
     return NULL;
 }
 
+static void CUDA_CB slow_host_function(void *data) {
+    usleep(300000);
+    *(volatile int *)data = 1;
+}
+
 static void CUDA_CB callback(CUstream stream, CUresult status, void *data) {
     (void)stream;
     (void)status;
@@ -109,6 +114,21 @@ int main(void) {
     }
     printf("workloads finished: %d of %d, results right: %d\n", done, WORKLOADS, right);
     if (right != WORKLOADS) failures++;
+
+    // A module load (its image the request's bulk) waits for the device, so for a host
+    // function still running: the function's answer must get past the load's request.
+    static const char ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry nothing()\n{\n ret;\n}\n";
+    CUstream stream;
+    CUmodule module;
+    volatile int ran = 0;
+    EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    EXPECT(cuLaunchHostFunc(stream, slow_host_function, (void *)&ran), CUDA_SUCCESS);
+    usleep(50000);
+    CUresult loaded = cuModuleLoadData(&module, ptx);
+    printf("module load behind a running host function returned; the function had run: %s\n", ran ? "yes" : "no");
+    if (loaded == CUDA_SUCCESS) cuModuleUnload(module);
+    EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
+    EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
     printf("PASSED: %d failure(s)\n", failures);
     return failures != 0;
 }
