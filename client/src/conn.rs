@@ -21,7 +21,8 @@
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -49,6 +50,18 @@ const PEER_GONE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A socket to the server, or one half of the shared-memory rings.
 pub use flyt_ring::Link as Wire;
+
+/// How long calls wait for a server that sends nothing at all (`FLYT_REPLY_TIMEOUT`, seconds;
+/// 0: for ever). A live server says it is alive about once a second while replies are due
+/// (`Notice::Alive`), however long the GPU work takes, so only a server that stopped (a frozen
+/// or unreachable host, a stopped process) runs into it.
+fn reply_timeout() -> Option<Duration> {
+    static TIMEOUT: OnceLock<Option<Duration>> = OnceLock::new();
+    *TIMEOUT.get_or_init(|| {
+        let seconds = std::env::var("FLYT_REPLY_TIMEOUT").ok().and_then(|value| value.trim().parse::<u64>().ok()).unwrap_or(30);
+        (seconds > 0).then(|| Duration::from_secs(seconds))
+    })
+}
 
 /// Where the bulk bytes of a device-to-host reply go: an app buffer.
 #[derive(Clone, Copy)]
@@ -269,6 +282,10 @@ pub struct Conn {
     flusher_wake: Condvar,
     /// The session's devices as the server last described them after a resize.
     pub resized_devices: Mutex<Option<Vec<DeviceInfo>>>,
+    /// Frames read from the server so far: the watchdog tells a silent server by it.
+    frames_read: AtomicU64,
+    /// The connection's socket, shut down by the watchdog to wake whatever waits on it.
+    socket: Option<OwnedFd>,
 }
 
 fn put_header(buf: &mut [u8], header: FrameHeader) {
@@ -302,6 +319,7 @@ impl Conn {
     /// Starts the receiver and flusher threads on a handshaken connection's two halves.
     pub fn start(reader: Wire, wire: Wire, server: String) -> io::Result<Arc<Self>> {
         let writes_directly = matches!(wire, Wire::RingOut(..));
+        let socket = wire.as_fd().try_clone_to_owned().ok();
         let conn = Arc::new(Self {
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
             outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1, paused: false, pause_owed: false }),
@@ -321,7 +339,13 @@ impl Conn {
             flusher_asleep: Mutex::new(false),
             flusher_wake: Condvar::new(),
             resized_devices: Mutex::new(None),
+            frames_read: AtomicU64::new(0),
+            socket,
         });
+        if let Some(timeout) = reply_timeout() {
+            let watched = Arc::downgrade(&conn);
+            std::thread::Builder::new().name("flyt-watchdog".into()).stack_size(64 << 10).spawn(move || watchdog(&watched, timeout))?;
+        }
         let receiver = Arc::downgrade(&conn);
         std::thread::Builder::new().name("flyt-receiver".into()).spawn(move || receive_loop(&receiver))?;
         let flusher = conn.clone();
@@ -726,6 +750,7 @@ impl Conn {
             inbound.buf[inbound.start..inbound.start + HEADER_LEN].try_into().map_err(|_| "short header".to_string())?;
         let header = FrameHeader::decode(&header_bytes, &limits).map_err(|error| error.to_string())?;
         inbound.start += HEADER_LEN;
+        self.frames_read.fetch_add(1, Ordering::Relaxed);
         let mut message = std::mem::take(&mut inbound.message);
         message.clear();
         message.resize(header.message_len as usize, 0);
@@ -744,6 +769,7 @@ impl Conn {
                 Ok(Notice::Pause) => self.pause(),
                 Ok(Notice::Resumed) => self.resume(),
                 Ok(Notice::OverBudget { bytes }) => crate::client::over_budget(bytes),
+                Ok(Notice::Alive) => {}
                 Ok(Notice::Moved { address, snapshot }) => self.moved(inbound, address, &snapshot)?,
                 Ok(Notice::HostCall { call, run }) => {
                     let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
@@ -854,6 +880,39 @@ fn receive_loop(conn: &Weak<Conn>) {
             conn.fail(reason);
         }
         conn.hand_over();
+    }
+}
+
+/// Fails the connection when replies are due and the server has sent nothing for `timeout`:
+/// every waiting call returns `CUDA_ERROR_DEVICE_UNAVAILABLE` with one line saying why, rather
+/// than waiting for ever. Shutting the socket down wakes the threads blocked on it (a ring's
+/// reader sees its peer gone).
+fn watchdog(conn: &Weak<Conn>, timeout: Duration) {
+    let tick = Duration::from_secs(1).min(timeout);
+    let mut seen = 0;
+    let mut silent_since: Option<Instant> = None;
+    loop {
+        std::thread::sleep(tick);
+        let Some(conn) = conn.upgrade() else { return };
+        if conn.failure.get().is_some() {
+            return;
+        }
+        let read = conn.frames_read.load(Ordering::Relaxed);
+        let waiting = lock(&conn.pending).len();
+        if read != seen || waiting == 0 {
+            seen = read;
+            silent_since = None;
+            continue;
+        }
+        let since = *silent_since.get_or_insert_with(Instant::now);
+        if since.elapsed() + tick > timeout {
+            conn.fail(format!("it sent nothing for {} s while {waiting} call(s) waited for it (FLYT_REPLY_TIMEOUT)", timeout.as_secs()));
+            if let Some(socket) = &conn.socket {
+                // SAFETY: shutdown on a descriptor this connection owns a duplicate of.
+                unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RDWR) };
+            }
+            return;
+        }
     }
 }
 

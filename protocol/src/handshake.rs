@@ -7,7 +7,7 @@ use crate::device::DeviceInfo;
 /// Bytes that open every `Hello`, so a stray connection is refused at once.
 pub const MAGIC: [u8; 4] = *b"FLYT";
 /// Bumped whenever a message or the op table changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 23;
+pub const PROTOCOL_VERSION: u32 = 24;
 /// The CUDA runtime ABI the shim implements.
 pub const CUDA_ABI_MAJOR: u32 = 13;
 /// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
@@ -132,4 +132,8 @@ pub enum Notice {
     /// The slice's memory quota was lowered below what the tenant's sessions hold: they hold
     /// `bytes` more than the quota now allows (CUDA's over-budget notification).
     OverBudget { bytes: u64 },
+    /// Sent about once a second while replies the client waits for are still to come and
+    /// nothing else was sent: the server is alive and the work is long (a kernel, a wait). A
+    /// client that hears nothing at all for its reply timeout takes the server for gone.
+    Alive,
 }

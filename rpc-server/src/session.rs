@@ -56,6 +56,9 @@ pub struct Responder<T: Serialize> {
 
 impl<T: Serialize> Responder<T> {
     fn new(seq: u32, class: OpClass, op: u16, started: Option<Instant>, outbox: Arc<Outbox>) -> Self {
+        if class != OpClass::NoReply {
+            outbox.reply_awaited();
+        }
         Self { seq, class, op, started, outbox, answered: false, _reply: PhantomData }
     }
 
@@ -486,7 +489,7 @@ impl<D: Device> Session<D> {
     /// Reads and handles requests until the client leaves (`Ok`) or breaks the protocol
     /// (`Err`, with the reason to log).
     pub fn serve(&mut self, reader: Connection) -> Result<(), FrameError> {
-        let intake = intake::Intake::new(reader, self.config.limits);
+        let intake = intake::Intake::new(reader, self.config.limits, self.outbox.clone());
         let mut message = Vec::with_capacity(4096);
         let outbox = self.outbox.clone();
         let mut op_times = OpTimes::from_env();

@@ -60,6 +60,10 @@ pub struct Outbox {
     any_pending: std::sync::atomic::AtomicBool,
     output: Option<std::sync::Arc<crate::output::Capture>>,
     stats: Option<std::sync::Arc<crate::stats::SlotStats>>,
+    /// Requests taken up whose replies have not been sent: the client is waiting for them.
+    awaited: std::sync::atomic::AtomicU64,
+    /// Frames written so far (`keep_alive` tells silence from traffic by it).
+    frames_sent: std::sync::atomic::AtomicU64,
 }
 
 impl Outbox {
@@ -75,7 +79,24 @@ impl Outbox {
             any_pending: std::sync::atomic::AtomicBool::new(false),
             output,
             stats,
+            awaited: std::sync::atomic::AtomicU64::new(0),
+            frames_sent: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// A request that will be answered was taken up.
+    pub fn reply_awaited(&self) {
+        self.awaited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Sends `Notice::Alive` when the client waits for replies and nothing was sent since the
+    /// last look (`frames_seen`, the caller's): called about once a second.
+    pub fn keep_alive(&self, frames_seen: &mut u64) {
+        let sent = self.frames_sent.load(std::sync::atomic::Ordering::Relaxed);
+        if self.awaited.load(std::sync::atomic::Ordering::Relaxed) > 0 && sent == *frames_seen {
+            self.send_notice(&flyt_protocol::handshake::Notice::Alive);
+        }
+        *frames_seen = self.frames_sent.load(std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The worker's counters for the listener's metrics endpoint (none when the page could not be mapped).
@@ -163,6 +184,7 @@ impl Outbox {
             OpClass::Reply => None,
             OpClass::SyncPoint => self.take_deferred(),
         };
+        let _ = self.awaited.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |n| n.checked_sub(1));
         let mut message = Vec::with_capacity(64);
         encode_reply(result, deferred, &mut message);
         self.send_frame(seq, &message, bulk);
@@ -178,6 +200,7 @@ impl Outbox {
         }
         .encode();
         let mut writer = lock_spinning(&self.writer);
+        self.frames_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut slices = [io::IoSlice::new(&header), io::IoSlice::new(message), io::IoSlice::new(bulk)];
         if let Err(error) = write_all_vectored(&mut *writer, &mut slices) {
             tracing::debug!(%error, "reply not delivered");

@@ -614,3 +614,67 @@ fn a_client_killed_while_its_session_waits_ends_the_session() {
         );
     }
 }
+
+/// No call waits for ever for a server that stopped: with `FLYT_REPLY_TIMEOUT=3`, a call to a
+/// server whose worker is stopped (SIGSTOP) fails with `CUDA_ERROR_DEVICE_UNAVAILABLE` and the
+/// reason, while a 4 s wait on a live server succeeds (it says it is alive while the work lasts).
+#[test]
+fn a_stopped_server_is_an_error_within_the_reply_timeout() {
+    use std::io::{BufRead, BufReader, Write};
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("reply-timeout");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_reply_timeout");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    for shm in ["off", "on"] {
+        let (code, stdout, stderr) = run_with_timeout(
+            Command::new(&program)
+                .arg("long")
+                .env("LD_LIBRARY_PATH", &lib)
+                .env("FLYT_SERVER", &server.addresses[0])
+                .env("FLYT_SHM", shm)
+                .env("FLYT_REPLY_TIMEOUT", "2"),
+            Duration::from_secs(30),
+        );
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("a 4 s wait: CUDA_SUCCESS after 4 s"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+
+        let opened = server.log_text().matches("opened:").count();
+        let mut child = Command::new(&program)
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("FLYT_SERVER", &server.addresses[0])
+            .env("FLYT_SHM", shm)
+            .env("FLYT_REPLY_TIMEOUT", "3")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run driver_reply_timeout");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("ready");
+        assert_eq!(line.trim(), "ready", "FLYT_SHM={shm}: {}", server.log_text());
+        // The session's worker: the pid the listener logged for the session that just opened.
+        let log = server.log_text();
+        let opening = log.lines().filter(|l| l.contains("opened:")).nth(opened).expect("the session's log line").to_string();
+        let worker: i32 =
+            opening.rsplit("worker=").next().and_then(|w| w.split_whitespace().next()).and_then(|w| w.parse().ok()).expect("worker pid");
+        // SAFETY: signals a process this test's server started.
+        unsafe { libc::kill(worker, libc::SIGSTOP) };
+        child.stdin.take().expect("stdin").write_all(b"go\n").expect("write");
+        let started = std::time::Instant::now();
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+        let mut stderr = String::new();
+        let _ = std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr);
+        let _ = child.wait();
+        // SAFETY: as above; the worker then sees its client gone and ends.
+        unsafe { libc::kill(worker, libc::SIGCONT) };
+        assert!(started.elapsed() < Duration::from_secs(10), "FLYT_SHM={shm}: took {:?}", started.elapsed());
+        assert!(rest.contains("a call to a stopped server: CUDA_ERROR_DEVICE_UNAVAILABLE within"), "FLYT_SHM={shm}\n{rest}\n{stderr}");
+        assert!(stderr.contains("sent nothing for 3 s"), "FLYT_SHM={shm}\n{stderr}");
+    }
+}

@@ -125,7 +125,7 @@ impl BulkSource for Held<'_> {
 }
 
 impl Intake {
-    pub fn new(connection: Connection, limits: FrameLimits) -> Arc<Self> {
+    pub fn new(connection: Connection, limits: FrameLimits, outbox: Arc<crate::transport::Outbox>) -> Arc<Self> {
         let socket = connection.as_fd().try_clone_to_owned();
         let intake = Arc::new(Self {
             reading: Mutex::new(Reading {
@@ -145,7 +145,7 @@ impl Intake {
                 let spawned = std::thread::Builder::new()
                     .name("flyt-client-watch".into())
                     .stack_size(64 << 10)
-                    .spawn(move || watched.watch_client(&socket));
+                    .spawn(move || watched.watch_client(&socket, &outbox));
                 if let Err(error) = spawned {
                     tracing::warn!(%error, "no client watch: a worker held in the driver outlives its client");
                 }
@@ -160,17 +160,20 @@ impl Intake {
         self.ended.store(true, Ordering::Relaxed);
     }
 
-    /// Ends the worker when its client has gone and the session's thread has not noticed within
+    /// Tells a waiting client, about once a second, that the server is alive (`Outbox::keep_alive`),
+    /// and ends the worker when its client has gone and the session's thread has not noticed within
     /// `ORPHAN_GRACE`: it is held in the driver (a kernel that never ends, a wait on something
     /// only the app would have done), and the GPU memory it holds would stay taken from every
     /// other tenant. A reading session thread sees the end of the connection at once.
-    fn watch_client(&self, socket: &OwnedFd) {
+    fn watch_client(&self, socket: &OwnedFd, outbox: &crate::transport::Outbox) {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         // nix names no POLLRDHUP: the peer shut its end (a killed client's socket shows it).
         let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
         let mut gone_since: Option<Instant> = None;
+        let mut frames_seen = 0;
         while !self.ended.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_secs(1));
+            outbox.keep_alive(&mut frames_seen);
             let mut fds = [PollFd::new(socket.as_fd(), rdhup)];
             let hung_up = poll(&mut fds, PollTimeout::ZERO).is_ok()
                 && fds[0].revents().is_some_and(|events| events.intersects(rdhup | PollFlags::POLLHUP | PollFlags::POLLERR));
