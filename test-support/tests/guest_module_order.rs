@@ -2,6 +2,8 @@
 //! checked on made-up modules (a `.modinfo`-like run of NUL-terminated strings is all it reads)
 //! whose dependencies differ from the fixed list the fetch script once used.
 
+#![allow(clippy::tests_outside_test_module, reason = "an integration test file is its own test crate")]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
