@@ -166,12 +166,17 @@ impl Model {
     /// each, the GPU with the least free SMs that still fits (so big slices stay possible).
     /// The error names what is missing.
     pub fn place(&self, vm: &VmRequirement) -> Result<(String, u32), ControlError> {
+        self.place_avoiding(vm, &[])
+    }
+
+    /// `place`, leaving out the nodes in `avoid` (ones that did not answer a start).
+    pub fn place_avoiding(&self, vm: &VmRequirement, avoid: &[String]) -> Result<(String, u32), ControlError> {
         let wanted_bytes = vm.memory.saturating_mul(MIB);
         let mut best: Option<(bool, u32, &str, u32)> = None;
         let mut closest: Option<(u64, String)> = None;
         let (mut up, mut drained, mut gpus) = (0, 0, 0);
         for (node_id, node) in &self.nodes {
-            if node.record.health != NodeHealth::Up {
+            if node.record.health != NodeHealth::Up || avoid.contains(node_id) {
                 continue;
             }
             up += 1;

@@ -47,6 +47,7 @@ use flyt_daemon_kit::{
     host::unix_now,
     rpc::{self, Endpoint, detached},
 };
+use flyt_protocol::handshake::ClientIdentity;
 use flyt_protocol::{
     control::{
         auth::ServiceName,
@@ -125,6 +126,13 @@ fn new_allocation_id() -> String {
 }
 
 /// What a step does when the node manager cannot be reached.
+/// A placement whose node does not answer is asked again after this, then twice as long each
+/// time up to `PLACEMENT_RETRY_MAX`.
+const PLACEMENT_RETRY_FIRST: Duration = Duration::from_millis(100);
+const PLACEMENT_RETRY_MAX: Duration = Duration::from_secs(1);
+/// The app's answer leaves this long before its request's deadline, so it arrives in time.
+const PLACEMENT_ANSWER_MARGIN: Duration = Duration::from_millis(500);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WhenUnreachable {
     /// An app (or admin) waits: give up now, releasing a placement that never started.
@@ -319,7 +327,95 @@ impl<S: Store> Cluster<S> {
         Ok(Grant { allocation_id: allocation.id.clone(), address, token, token_expires_at: expires_at, same_host, mode })
     }
 
-    async fn allocate(self: Arc<Self>, request: AllocateRequest) -> Result<Grant, ControlError> {
+    /// A new `Starting` allocation of `vm` on `node_id`'s GPU `gpu_index`, stored before the
+    /// node hears of it (whatever happens next, a restart finds it); its id.
+    async fn new_allocation(
+        &self,
+        model: &mut Model,
+        vm: &VmRequirement,
+        node_id: &str,
+        gpu_index: u32,
+        client: &ClientIdentity,
+        now: u64,
+    ) -> Result<String, ControlError> {
+        let sm_count = model.nodes[node_id].gpus.iter().find(|gpu| gpu.index == gpu_index).map_or(0, |gpu| gpu.sm_count);
+        let allocation = AllocationRecord {
+            id: new_allocation_id(),
+            vm_ip: vm.vm_ip.clone(),
+            node_id: node_id.to_string(),
+            gpu: gpu_index,
+            compute_units: vm.compute_units,
+            memory: vm.memory,
+            sm_percentage: sm_percentage(vm.compute_units, sm_count),
+            state: AllocationState::Starting,
+            addresses: Vec::new(),
+            pid: 0,
+            clients: vec![client.clone()],
+            sessions: 0,
+            created_at: now,
+            idle_since: None,
+            pending_resize: None,
+            metrics: None,
+            pending_move: None,
+        };
+        self.store.put_allocation(&allocation).await.map_err(store_error)?;
+        tracing::info!(allocation = %allocation.id, vm = %vm.vm_ip, node = %node_id, gpu = gpu_index, compute_units = vm.compute_units, memory_mib = vm.memory, "placing");
+        let id = allocation.id.clone();
+        model.allocations.insert(id.clone(), allocation);
+        Ok(id)
+    }
+
+    /// Starts a new placement's server while the app waits (until `deadline`, its request's). A
+    /// node that does not answer (its node manager restarting, say) is asked again, backing
+    /// off; once it has not answered for `node_timeout_ms`, another node that fits takes the
+    /// placement. Only when the deadline comes is the app told, with the node named.
+    async fn start_placed(self: &Arc<Self>, first: String, request: &AllocateRequest, deadline: Instant) -> Result<String, ControlError> {
+        let node_timeout = Duration::from_millis(self.config.leases.node_timeout_ms);
+        let mut id = first;
+        let mut pause = PLACEMENT_RETRY_FIRST;
+        let mut failing_since: Option<Instant> = None;
+        let mut avoid: Vec<String> = Vec::new();
+        loop {
+            let error = match self.settle_locked(&id, WhenUnreachable::Retry).await {
+                Ok(()) => return Ok(id),
+                Err(error @ ControlError::NodeUnreachable { .. }) => error,
+                Err(other) => return Err(other),
+            };
+            let Some(node) = self.model.lock().await.allocations.get(&id).map(|allocation| allocation.node_id.clone()) else {
+                return Err(error);
+            };
+            if Instant::now() + pause + PLACEMENT_ANSWER_MARGIN >= deadline {
+                tracing::warn!(allocation = %id, node = %node, %error, "the node did not answer while the app waited: giving up");
+                let mut model = self.model.lock().await;
+                self.release_locked(&mut model, &id, "its node did not answer").await?;
+                return Err(error);
+            }
+            let since = *failing_since.get_or_insert_with(|| {
+                tracing::warn!(allocation = %id, node = %node, %error, "the node does not answer: asking again until it does, while the app waits");
+                Instant::now()
+            });
+            if since.elapsed() >= node_timeout && !avoid.contains(&node) {
+                avoid.push(node.clone());
+                let mut model = self.model.lock().await;
+                let vm = model.vms.get(&request.vm_ip).cloned().ok_or_else(|| ControlError::UnknownVm(request.vm_ip.clone()))?;
+                match model.place_avoiding(&vm, &avoid) {
+                    Ok((other, gpu)) => {
+                        tracing::warn!(allocation = %id, node = %node, to = %other, "the node did not answer within node_timeout_ms: placing the app on another node");
+                        self.release_locked(&mut model, &id, "its node did not answer").await?;
+                        id = self.new_allocation(&mut model, &vm, &other, gpu, &request.client, unix_now()).await?;
+                        failing_since = None;
+                        pause = PLACEMENT_RETRY_FIRST;
+                        continue;
+                    }
+                    Err(_) => tracing::info!(allocation = %id, node = %node, "no other node fits: waiting for this one"),
+                }
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(PLACEMENT_RETRY_MAX);
+        }
+    }
+
+    async fn allocate(self: Arc<Self>, request: AllocateRequest, deadline: Instant) -> Result<Grant, ControlError> {
         let vm_lock = self.vm_lock(&request.vm_ip);
         let _one_at_a_time = vm_lock.lock().await;
         let now = unix_now();
@@ -342,7 +438,9 @@ impl<S: Store> Cluster<S> {
                 }
             }
         }
-        let allocation_id = {
+        let mut pause = PLACEMENT_RETRY_FIRST;
+        let mut waiting = false;
+        let allocation_id = loop {
             let mut model = self.model.lock().await;
             let vm = model.vms.get(&request.vm_ip).cloned().ok_or_else(|| ControlError::UnknownVm(request.vm_ip.clone()))?;
             if let Some(existing) = model.allocation_for_vm(&vm.vm_ip).map(|allocation| allocation.id.clone()) {
@@ -354,35 +452,43 @@ impl<S: Store> Cluster<S> {
                 model.allocations.insert(existing, allocation);
                 return grant;
             }
-            let (node_id, gpu_index) = model.place(&vm)?;
-            let sm_count = model.nodes[&node_id].gpus.iter().find(|gpu| gpu.index == gpu_index).map_or(0, |gpu| gpu.sm_count);
-            let allocation = AllocationRecord {
-                id: new_allocation_id(),
-                vm_ip: vm.vm_ip.clone(),
-                node_id: node_id.clone(),
-                gpu: gpu_index,
-                compute_units: vm.compute_units,
-                memory: vm.memory,
-                sm_percentage: sm_percentage(vm.compute_units, sm_count),
-                state: AllocationState::Starting,
-                addresses: Vec::new(),
-                pid: 0,
-                clients: vec![request.client.clone()],
-                sessions: 0,
-                created_at: now,
-                idle_since: None,
-                pending_resize: None,
-                metrics: None,
-                pending_move: None,
-            };
-            // Stored before the node hears of it: whatever happens next, a restart finds it.
-            self.store.put_allocation(&allocation).await.map_err(store_error)?;
-            tracing::info!(allocation = %allocation.id, vm = %vm.vm_ip, node = %node_id, gpu = gpu_index, compute_units = vm.compute_units, memory_mib = vm.memory, "placing");
-            model.allocations.insert(allocation.id.clone(), allocation.clone());
-            allocation.id
+            match model.place(&vm) {
+                Ok((node_id, gpu_index)) => break self.new_allocation(&mut model, &vm, &node_id, gpu_index, &request.client, now).await?,
+                // Nothing fits while a node is down but within its grace: it may come back
+                // (a node manager restarting), so the app waits for it, as for a node that
+                // does not answer a start.
+                Err(error @ ControlError::NoCapacity(_)) => {
+                    let grace = Duration::from_secs(self.config.leases.node_grace_seconds);
+                    let down: Vec<String> = model
+                        .nodes
+                        .iter()
+                        .filter(|(_, node)| {
+                            node.record.health == NodeHealth::Down && node.down_since.is_some_and(|since| since.elapsed() < grace)
+                        })
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    if down.is_empty() {
+                        return Err(error);
+                    }
+                    if Instant::now() + pause + PLACEMENT_ANSWER_MARGIN >= deadline {
+                        return Err(ControlError::NodeUnreachable {
+                            node: down.join(", "),
+                            reason: format!("it sends no heartbeat, and nothing else fits ({error})"),
+                        });
+                    }
+                    if !waiting {
+                        waiting = true;
+                        tracing::warn!(vm = %vm.vm_ip, nodes = ?down, %error, "nothing fits while nodes are down: waiting for them, while the app waits");
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+            drop(model);
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(PLACEMENT_RETRY_MAX);
         };
         failpoint::hit("place.stored_starting");
-        self.settle_locked(&allocation_id, WhenUnreachable::GiveUp).await?;
+        let allocation_id = self.start_placed(allocation_id, &request, deadline).await?;
         let mut model = self.model.lock().await;
         let allocation = model
             .allocations
@@ -666,8 +772,16 @@ impl<S: Store> Cluster<S> {
         self.store.put_node(&record).await.map_err(store_error)?;
         self.store.put_gpus(&record.node_id, &registration.gpus).await.map_err(store_error)?;
         let kept = model.allocations.values().filter(|allocation| allocation.node_id == registration.node_id).count();
+        let grace = Duration::from_secs(self.config.leases.node_grace_seconds);
+        let down_for = model.nodes.get(&registration.node_id).and_then(|node| node.down_since).map(|since| since.elapsed());
         if previous.is_some_and(|(_, health)| health == NodeHealth::Down) {
-            tracing::info!(node = %record.node_id, control = %record.control_address, servers = registration.servers.len(), allocations_kept = kept, "node is back within its grace period");
+            // Back in time: its allocations were kept; back late: they were released already.
+            let message = if down_for.is_some_and(|down| down < grace) {
+                "node is back within its grace period"
+            } else {
+                "node is back after its grace period ran out: its allocations were released"
+            };
+            tracing::info!(node = %record.node_id, control = %record.control_address, servers = registration.servers.len(), allocations_kept = kept, down_s = down_for.map_or(0, |down| down.as_secs()), "{message}");
         } else {
             tracing::info!(node = %record.node_id, host_ip = %record.host_ip, control = %record.control_address, gpus = registration.gpus.len(), servers = registration.servers.len(), "node registered");
         }
@@ -1028,9 +1142,9 @@ impl<S: Store> ClusterNode for ClusterService<S> {
 }
 
 impl<S: Store> ClusterClient for ClusterService<S> {
-    async fn allocate(self, _: Context, request: AllocateRequest) -> Result<Grant, ControlError> {
+    async fn allocate(self, context: Context, request: AllocateRequest) -> Result<Grant, ControlError> {
         let metrics = self.0.metrics.clone();
-        let granted = detached(self.0.allocate(request)).await.unwrap_or_else(|| Err(cancelled()));
+        let granted = detached(self.0.allocate(request, context.deadline)).await.unwrap_or_else(|| Err(cancelled()));
         ClusterMetrics::count(if granted.is_ok() { &metrics.placements_granted } else { &metrics.placements_refused });
         granted
     }

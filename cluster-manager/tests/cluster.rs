@@ -279,6 +279,9 @@ mod tests {
         cluster.start_node("node-b", "127.0.0.2", 80, 8192);
         wait_until("the restarted node-b stops its orphan", Duration::from_secs(15), || (!pid_alive(orphan)).then_some(()));
         assert_eq!(cluster.node_health("node-b").as_deref(), Some("Up"));
+        let log = cluster.log("cluster-manager");
+        assert!(log.contains("node is back after its grace period ran out"), "{log}");
+        assert!(!log.contains("node is back within its grace period"), "{log}");
 
         // --- drain: a drained node gets no new allocation.
         cluster.flytctl_ok(&["drain", "node-b"]);

@@ -59,7 +59,7 @@ struct Args {
     json: bool,
     /// Give up on the cluster manager after this many seconds (connection, handshake and call
     /// together).
-    #[arg(long, env = "FLYTCTL_TIMEOUT_SECONDS", default_value_t = 30, global = true)]
+    #[arg(long, env = "FLYTCTL_TIMEOUT_SECONDS", default_value_t = 30, global = true, value_parser = clap::value_parser!(u64).range(1..))]
     timeout_seconds: u64,
     #[command(subcommand)]
     command: Command,
@@ -715,4 +715,18 @@ fn allocation_table(allocations: &[AllocationRecord]) -> Table {
         ]);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Args;
+
+    #[test]
+    fn a_zero_timeout_is_refused_by_the_parser() {
+        let refused = Args::try_parse_from(["flytctl", "--timeout-seconds", "0", "status"]).err().expect("--timeout-seconds 0 accepted");
+        assert!(refused.to_string().contains("--timeout-seconds"), "{refused}");
+        assert!(Args::try_parse_from(["flytctl", "--timeout-seconds", "1", "status"]).is_ok());
+    }
 }

@@ -40,6 +40,16 @@ fn one_node_one_vm(store: StoreKind, node_env: &[(&str, String)]) -> (Cluster, P
     (cluster, socket)
 }
 
+/// `one_node_one_vm` whose apps wait at most `request_timeout_seconds` for a placement.
+fn one_node_one_vm_with(store: StoreKind, request_timeout_seconds: u64) -> (Cluster, PathBuf) {
+    let mut cluster = Cluster::new(Options { store, request_timeout_seconds, ..Options::default() });
+    cluster.start_node("node-a", "127.0.0.1", 80, 8192);
+    cluster.wait_node_up("node-a");
+    cluster.flytctl_ok(&["vm", "add", VM, "--host-ip", "127.0.0.1", "--compute-units", "20", "--memory-mib", "1024"]);
+    let socket = cluster.start_client_manager(VM);
+    (cluster, socket)
+}
+
 /// Replaces the cluster manager by one that dies at `point`.
 fn arm_cluster_manager(cluster: &mut Cluster, point: &str) {
     cluster.cluster_manager().kill();
@@ -148,23 +158,58 @@ fn node_manager_crashes(store: StoreKind) {
             cluster.start_node_with("node-a", "127.0.0.1", 80, 8192, &[("FLYT_FAILPOINT", point.to_string())]);
             cluster.wait_node_up("node-a");
         }
-        let (refused, _) = cluster.locate(&socket, 0);
+        // The app waits while its node manager dies mid-start and comes back: the cluster
+        // manager asks the node again until it answers, within the app's request timeout.
+        let pending = cluster.start_locate(&socket, 600);
         let status = cluster.node("node-a").wait_exit(Duration::from_secs(20)).unwrap_or_else(|| panic!("node-a never reached {point}"));
         assert_eq!(status.signal(), Some(9), "{point}: {status:?}");
-        let reason = refused["refused"].as_str().unwrap_or_else(|| panic!("{point}: {refused}"));
-        assert!(reason.contains("node-a"), "{point}: {reason}");
         assert!(!cluster.rpc_servers().is_empty() || point == SPAWN_STEPS[0], "{point}: the server should outlive its node manager");
 
         cluster.start_node("node-a", "127.0.0.1", 80, 8192);
-        cluster.wait_node_up("node-a");
-        wait_until(&format!("{point}: the unrecorded server is stopped"), Duration::from_secs(15), || {
-            (cluster.rpc_servers().is_empty() && cluster.allocation_of(VM).is_none()).then_some(())
-        });
-        let (reply, _) = cluster.locate(&socket, 600);
-        assert_eq!(session_view(&reply), (1024 * MIB, 20), "{point}");
+        let reply = pending.answer(Duration::from_secs(25));
+        assert_eq!(session_view(&reply), (1024 * MIB, 20), "{point}: {reply}");
         cluster.wait_settled(point);
+        assert_eq!(cluster.rpc_servers().len(), 1, "{point}: the unrecorded server is stopped, one serves the app");
         release_everything(&mut cluster);
     }
+}
+
+/// An app that asks while its node manager is down for 2 s gets its server once the node
+/// manager is back; one whose node stays down past the request timeout gets an error naming
+/// the node.
+fn an_app_waits_out_a_node_manager_restart(store: StoreKind) {
+    let (mut cluster, socket) = one_node_one_vm_with(store, 6);
+    cluster.node("node-a").kill();
+    let started = Instant::now();
+    let pending = cluster.start_locate(&socket, 600);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(pending.answered_within(Duration::from_millis(10)).is_none(), "answered while the node manager was down");
+    cluster.start_node("node-a", "127.0.0.1", 80, 8192);
+    let reply = pending.answer(Duration::from_secs(15));
+    assert_eq!(session_view(&reply), (1024 * MIB, 20), "{reply}");
+    assert!(started.elapsed() < Duration::from_secs(6), "took {:?}", started.elapsed());
+    assert!(cluster.log("cluster-manager").contains("the node does not answer: asking again until it does"));
+    cluster.wait_settled("after the restart");
+    release_everything(&mut cluster);
+
+    cluster.node("node-a").kill();
+    let started = Instant::now();
+    let (refused, _) = cluster.locate(&socket, 0);
+    let reason = refused["refused"].as_str().unwrap_or_else(|| panic!("{refused}"));
+    assert!(reason.contains("node-a") && reason.contains("did not answer"), "{reason}");
+    assert!(started.elapsed() >= Duration::from_secs(4) && started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert!(cluster.allocation_of(VM).is_none(), "the placement that never started is released");
+}
+
+#[test]
+fn an_app_waits_out_a_node_manager_restart_embedded_store() {
+    an_app_waits_out_a_node_manager_restart(StoreKind::Embedded);
+}
+
+#[test]
+fn an_app_waits_out_a_node_manager_restart_mongodb_store() {
+    let Some(store) = StoreKind::mongo_from_env("node-restart-placement") else { return };
+    an_app_waits_out_a_node_manager_restart(store);
 }
 
 #[test]
