@@ -69,7 +69,10 @@ impl Client {
         if self.info.emulated {
             crate::diagnostics::once(
                 "emulated-launch",
-                &format!("flyt: kernel {kernel} cannot run: the server's emulated device has no GPU ({error:?})"),
+                &format!(
+                    "flyt: the kernel {} did not run: the Flyt server's GPU is emulated (no GPU there: memory and copies work, kernels do not) ({error:?})",
+                    readable_name(kernel)
+                ),
             );
         }
     }
@@ -209,5 +212,20 @@ mod tests {
         // SAFETY: as above.
         let packed = unsafe { pack_args(&kernel, Args::Packed(&long)) }.expect("a long buffer");
         assert_eq!(packed, vec![2u8; 8 + 4096]);
+    }
+}
+
+/// A kernel's name as its source spells it (`vector_add(float const*, float*, int)`), not
+/// mangled (`_Z10vector_addPKfPfi`); a name that is not a C++ symbol is kept as it is.
+pub fn readable_name(symbol: &str) -> String {
+    cpp_demangle::Symbol::new(symbol).ok().and_then(|parsed| parsed.demangle(&cpp_demangle::DemangleOptions::default()).ok()).unwrap_or_else(|| symbol.to_string())
+}
+
+#[cfg(test)]
+mod name_tests {
+    #[test]
+    fn mangled_kernel_names_read_as_the_source_spells_them() {
+        assert_eq!(super::readable_name("_Z10vector_addPKfS0_Pfi"), "vector_add(float const*, float const*, float*, int)");
+        assert_eq!(super::readable_name("fake_kernel"), "fake_kernel");
     }
 }

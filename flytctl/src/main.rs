@@ -57,6 +57,9 @@ struct Args {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// Tables as wide as their contents (by default they fit 120 columns, long cells wrapped).
+    #[arg(long, global = true)]
+    wide: bool,
     /// Give up on the cluster manager after this many seconds (connection, handshake and call
     /// together).
     #[arg(long, env = "FLYTCTL_TIMEOUT_SECONDS", default_value_t = 30, global = true, value_parser = clap::value_parser!(u64).range(1..))]
@@ -386,13 +389,23 @@ fn print_json<T: Serialize>(value: &T) -> Result<(), CtlError> {
     Ok(())
 }
 
+/// `--wide`: tables as wide as their contents.
+static WIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Columns a table fits in unless `--wide`.
+const TABLE_WIDTH: u16 = 120;
+
 fn table(header: &[&str]) -> Table {
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header(header.to_vec());
+    if !WIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        table.set_content_arrangement(comfy_table::ContentArrangement::Dynamic).set_width(TABLE_WIDTH);
+    }
     table
 }
 
 async fn run(args: Args) -> Result<(), CtlError> {
+    WIDE.store(args.wide, std::sync::atomic::Ordering::Relaxed);
     if let Command::TlsInit { dir, names } = &args.command {
         let (ca, cert, key) = flyt_daemon_kit::tls::generate(dir, names).map_err(CtlError::Tls)?;
         println!("ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"", ca.display(), cert.display(), key.display());
@@ -728,5 +741,20 @@ mod tests {
         let refused = Args::try_parse_from(["flytctl", "--timeout-seconds", "0", "status"]).err().expect("--timeout-seconds 0 accepted");
         assert!(refused.to_string().contains("--timeout-seconds"), "{refused}");
         assert!(Args::try_parse_from(["flytctl", "--timeout-seconds", "1", "status"]).is_ok());
+    }
+
+    #[test]
+    fn tables_fit_120_columns_unless_wide() {
+        let long = "127.0.0.1:39891 unix:/tmp/flyt-local-cluster.yUxRod/sockets/alloc-343f047567.sock".to_string();
+        let row = || vec![long.clone(), long.clone(), "flyt run hello_flyt[8358], hello_flyt[8382]".to_string()];
+        let mut narrow = super::table(&["ADDRESS", "AGAIN", "CLIENTS"]);
+        narrow.add_row(row());
+        let widest = narrow.to_string().lines().map(|line| line.chars().count()).max().unwrap_or(0);
+        assert!(widest <= 120, "{widest} columns:\n{narrow}");
+        super::WIDE.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut wide = super::table(&["ADDRESS", "AGAIN", "CLIENTS"]);
+        super::WIDE.store(false, std::sync::atomic::Ordering::Relaxed);
+        wide.add_row(row());
+        assert!(wide.to_string().lines().any(|line| line.chars().count() > 120), "{wide}");
     }
 }

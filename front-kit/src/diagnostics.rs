@@ -10,6 +10,10 @@ static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 pub fn once(key: &str, line: &str) {
     let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if said.get_or_insert_with(HashSet::new).insert(key.to_string()) {
+        // What the app printed before goes out first, so the note lands where it happened
+        // (the app's stdout is fully buffered in a pipe; stderr is not).
+        // SAFETY: fflush(NULL) flushes every C stream of the process; it takes no pointer.
+        unsafe { libc::fflush(std::ptr::null_mut()) };
         eprintln!("{line}");
     }
 }

@@ -117,7 +117,7 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
                     .to_string(),
                 "flyt: the GPU server's emulated device has no kernel nodes, so no graph edge with a port or a type (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
                 "flyt: kernel node attributes that carry events are not supported".to_string(),
-                "flyt: kernel fake_kernel cannot run: the server's emulated device has no GPU (cudaErrorNotSupported(801))".to_string(),
+                "flyt: the kernel fake_kernel did not run: the Flyt server's GPU is emulated (no GPU there: memory and copies work, kernels do not) (cudaErrorNotSupported(801))".to_string(),
                 "flyt: cuMemGetDefaultMemPool: host memory pools are not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"
                     .to_string(),
                 "flyt: memory pools with shareable handles other than a POSIX file descriptor are not supported (returning CUDA_ERROR_NOT_SUPPORTED)"
