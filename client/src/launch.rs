@@ -218,7 +218,10 @@ mod tests {
 /// A kernel's name as its source spells it (`vector_add(float const*, float*, int)`), not
 /// mangled (`_Z10vector_addPKfPfi`); a name that is not a C++ symbol is kept as it is.
 pub fn readable_name(symbol: &str) -> String {
-    cpp_demangle::Symbol::new(symbol).ok().and_then(|parsed| parsed.demangle(&cpp_demangle::DemangleOptions::default()).ok()).unwrap_or_else(|| symbol.to_string())
+    cpp_demangle::Symbol::new(symbol)
+        .ok()
+        .and_then(|parsed| parsed.demangle(&cpp_demangle::DemangleOptions::default()).ok())
+        .unwrap_or_else(|| symbol.to_string())
 }
 
 #[cfg(test)]

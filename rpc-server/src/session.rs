@@ -1021,6 +1021,9 @@ impl<D: Device> OpHandler for Session<D> {
         if let Some(freed) = self.free_pool_import(request.ptr, None) {
             return reply.send(freed.map(|()| rep::Free {}));
         }
+        if self.ranges.kind_at(request.ptr) == Some(RangeKind::GraphMemory) && self.graphs.is_graph_memory(request.ptr) {
+            return reply.send(self.device.free_graph_memory(request.ptr).map(|()| rep::Free {}));
+        }
         let result = self.ranges.remove_allocation(request.ptr).and_then(|len| {
             self.budget.release(len);
             self.forget_pool_allocation(request.ptr);

@@ -44,7 +44,11 @@ pub unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         if client.host_allocation(dptr as usize).is_some_and(|host| host.managed) {
             return flyt_client::managed::free(client, dptr).map_err(super::session::driver_error);
         }
-        client.forget_allocation(dptr).map_err(super::session::driver_error)?;
+        if client.forget_allocation(dptr).is_err() {
+            // Not an allocation of this process's: graph memory is freed outside its graph too
+            // (after a launch), which the server knows; anything else it refuses.
+            return client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error);
+        }
         sync_memops().remove(&dptr);
         client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error)
     })

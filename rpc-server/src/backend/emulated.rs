@@ -405,6 +405,13 @@ impl Device for EmulatedDevice {
         Ok(place(&mut state, size, Block::Heap(vec![0; len])))
     }
 
+    fn free_graph_memory(&self, _ptr: u64) -> CudaResult<()> {
+        // Graph memory lives with its node here (no GPU to map it at launch): only the wait a
+        // free makes is left to do.
+        self.host.wait(u64::MAX);
+        Ok(())
+    }
+
     fn free(&self, ptr: u64) -> CudaResult<()> {
         // cuMemFree waits for the device's work, host functions included (cudaFree
         // synchronizes): so does this device, or a test could not see what that wait costs.

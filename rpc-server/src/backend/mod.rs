@@ -258,6 +258,11 @@ pub trait Device: Send + Sync + 'static {
 
     fn malloc(&self, size: u64) -> CudaResult<u64>;
     fn free(&self, ptr: u64) -> CudaResult<()>;
+    /// Frees graph memory outside its graph (`cudaFree` after a launch): what the launch
+    /// allocated goes back; the address stays the graph's, for its next launch.
+    fn free_graph_memory(&self, ptr: u64) -> CudaResult<()> {
+        self.free(ptr)
+    }
     /// Allocates a moved session's allocations (start, length) at those very addresses, so the
     /// pointers its app holds stay valid, and reserves its own address reservations
     /// (`cuMemAddressReserve`) there too, for its mappings to be made again; `Err` says why not.

@@ -77,6 +77,11 @@ pub struct GraphTable<D: Device> {
 }
 
 impl<D: Device> GraphTable<D> {
+    /// Whether `ptr` is the start of memory a graph's allocation node made.
+    pub fn is_graph_memory(&self, ptr: u64) -> bool {
+        self.memory.contains_key(&ptr)
+    }
+
     /// Why the session cannot move, if graphs or captures hold it.
     pub(super) fn move_blocker(&self) -> Option<String> {
         if !self.captures.is_empty() {

@@ -499,6 +499,34 @@ int main(void) {
     EXPECT(cuGraphAddMemFreeNode(&unused, g, NULL, 0, out), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
 
+    // Graph memory with no free node is freed outside the graph after each launch, with
+    // cuMemFree (cudaFree), and the graph runs again; a pointer nobody made is still refused.
+    CUgraph kept;
+    CUgraphNode kept_alloc, kept_set;
+    CUDA_MEM_ALLOC_NODE_PARAMS kept_params = alloc;
+    kept_params.dptr = 0;
+    EXPECT(cuGraphCreate(&kept, 0), CUDA_SUCCESS);
+    EXPECT(cuGraphAddMemAllocNode(&kept_alloc, kept, NULL, 0, &kept_params), CUDA_SUCCESS);
+    CUDA_MEMSET_NODE_PARAMS kept_fill = fill;
+    kept_fill.dst = kept_params.dptr;
+    EXPECT(cuGraphAddMemsetNode(&kept_set, kept, &kept_alloc, 1, &kept_fill, ctx), CUDA_SUCCESS);
+    CUgraphExec kept_exec;
+    EXPECT(cuGraphInstantiateWithFlags(&kept_exec, kept, 0), CUDA_SUCCESS);
+    int freed_outside = 1;
+    for (int round = 0; round < 2; round++) {
+        EXPECT(cuGraphLaunch(kept_exec, s), CUDA_SUCCESS);
+        EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+        CUresult r = cuMemFree(kept_params.dptr);
+        if (r != CUDA_SUCCESS) {
+            printf("FAIL: cuMemFree of graph memory after launch %d: %s\n", round, name_of(r));
+            freed_outside = 0;
+        }
+    }
+    CHECK("graph memory freed with cuMemFree after each launch", freed_outside);
+    EXPECT(cuMemFree(kept_params.dptr + 4096), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuGraphExecDestroy(kept_exec), CUDA_SUCCESS);
+    EXPECT(cuGraphDestroy(kept), CUDA_SUCCESS);
+
     // Conditional IF nodes through cuGraphAddNode: the body runs when the handle's value is set.
     for (unsigned value = 0; value < 2; value++) {
         CUgraph cg;
