@@ -692,22 +692,17 @@ fn node_table(nodes: &[NodeView]) -> Table {
 }
 
 fn allocation_table(allocations: &[AllocationRecord]) -> Table {
-    let mut out = table(&[
-        "ALLOCATION",
-        "VM",
-        "NODE/GPU",
-        "SMs",
-        "SM %",
-        "MEMORY (MiB)",
-        "STATE",
-        "ADDRESS",
-        "METRICS",
-        "PID",
-        "SESSIONS",
-        "CLIENTS",
-    ]);
+    // Addresses, metrics and the clients' names make rows hundreds of columns wide: they show
+    // with --wide; the default keeps to what fits 120 columns.
+    let wide = WIDE.load(std::sync::atomic::Ordering::Relaxed);
+    let mut header = vec!["ALLOCATION", "VM", "NODE/GPU", "SMs", "SM %", "MEMORY (MiB)", "STATE"];
+    if wide {
+        header.extend(["ADDRESS", "METRICS"]);
+    }
+    header.extend(["PID", "SESSIONS", "CLIENTS"]);
+    let mut out = table(&header);
     for allocation in allocations {
-        out.add_row(vec![
+        let mut row = vec![
             allocation.id.clone(),
             allocation.vm_ip.clone(),
             format!("{}/{}", allocation.node_id, allocation.gpu),
@@ -720,12 +715,15 @@ fn allocation_table(allocations: &[AllocationRecord]) -> Table {
                 (_, Some(size), None) => format!("resizing to {} SMs, {} MiB", size.compute_units, size.memory),
                 (state, None, None) => format!("{state:?}").to_lowercase(),
             },
-            allocation.addresses.join(" "),
-            allocation.metrics.as_ref().map_or_else(|| "-".to_string(), |address| format!("http://{address}/metrics")),
-            allocation.pid.to_string(),
-            allocation.sessions.to_string(),
-            clients(allocation),
-        ]);
+        ];
+        if wide {
+            row.push(allocation.addresses.join(" "));
+            row.push(allocation.metrics.as_ref().map_or_else(|| "-".to_string(), |address| format!("http://{address}/metrics")));
+        }
+        row.push(allocation.pid.to_string());
+        row.push(allocation.sessions.to_string());
+        row.push(if wide { clients(allocation) } else { allocation.clients.len().to_string() });
+        out.add_row(row);
     }
     out
 }
