@@ -400,6 +400,11 @@ fn table(header: &[&str]) -> Table {
     table.load_preset(UTF8_FULL_CONDENSED).set_header(header.to_vec());
     if !WIDE.load(std::sync::atomic::Ordering::Relaxed) {
         table.set_content_arrangement(comfy_table::ContentArrangement::Dynamic).set_width(TABLE_WIDTH);
+        // Headings stay whole; long cells (notes, addresses) take the wrapping.
+        for (column, heading) in table.column_iter_mut().zip(header) {
+            let width = u16::try_from(heading.chars().count().min(24)).unwrap_or(24);
+            column.set_constraint(comfy_table::ColumnConstraint::LowerBoundary(comfy_table::Width::Fixed(width)));
+        }
     }
     table
 }
