@@ -218,6 +218,7 @@ declare -A NEEDS_SHM_CHANNEL=(
     [mapped_memory]='pinned host memory is device-accessible only over the shared-memory channel'
     [managed_memory]='cuMemAllocManaged needs the shared-memory channel'
     [shared_file_mapped]='reaches the app.s own memory only over the shared-memory channel'
+    [mapped_malloc]='reaches the app.s own memory only over the shared-memory channel'
 )
 # The tenants row's mix: programs (with arguments) whose output does not depend on timing under load.
 TENANT_MIX=("hello_flyt" "vector_add" "kernel_args" "errors" "printf" "assert_fail" "memcpy_kinds"

@@ -8,6 +8,13 @@
 //! (`flyt_protocol::deposit`), which maps the same pages at the same address and registers them
 //! there: the device pointer is the app's pointer, as under unified addressing natively, and the
 //! app, its kernels and every other process mapping the file see one set of pages.
+//!
+//! The process's own anonymous memory (`malloc`'d, `mmap`'d privately) registered so is made such
+//! a mapping first: its pages' contents go into a memory file that is then mapped over them at the
+//! same address (`rebacked`), so the app keeps its pointer and its bytes and the worker maps the
+//! same pages. Writes another thread makes to those pages during the swap are lost (natively
+//! registering never touches the memory), and a child forked afterwards shares these pages with
+//! its parent instead of copying them.
 
 use std::fs::File;
 use std::io::Read;
@@ -78,6 +85,79 @@ fn parse_line(line: &str) -> Option<Mapping> {
         inode,
         path: path.to_owned(),
     })
+}
+
+/// Whether every byte of `[start, end)` lies in this process's private, writable, anonymous memory
+/// (`malloc`'s heap and its mapped chunks, private `mmap`s; not the stack).
+fn private_anonymous(maps: &str, start: usize, end: usize) -> bool {
+    let mut covered = start;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        let path = fields.nth(3).unwrap_or("");
+        let Some((from, to)) = range.split_once('-') else { continue };
+        let (Ok(from), Ok(to)) = (usize::from_str_radix(from, 16), usize::from_str_radix(to, 16)) else { continue };
+        if to <= covered || from >= end {
+            continue;
+        }
+        let anonymous = path.is_empty() || path == "[heap]";
+        if from > covered || !anonymous || !perms.starts_with("rw") || perms.as_bytes().get(3) != Some(&b'p') {
+            return false;
+        }
+        covered = to;
+        if covered >= end {
+            return true;
+        }
+    }
+    false
+}
+
+/// Puts a memory file holding the same bytes in place of the private pages `[first, first +
+/// span)`; the file. The pages are the process's own, checked by the caller against its maps.
+fn rebacked(first: usize, span: usize) -> Result<File, Unmappable> {
+    // SAFETY: memfd_create with a NUL-terminated name and plain flags.
+    let fd = unsafe { libc::memfd_create(c"flyt-registered".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Unmappable::Cuda(CudaError::OPERATING_SYSTEM));
+    }
+    // SAFETY: a descriptor just made, owned by nothing else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(span as u64).map_err(|_| CudaError::OPERATING_SYSTEM)?;
+    // SAFETY: the caller checked that `[first, first + span)` is readable memory of this process.
+    let contents = unsafe { std::slice::from_raw_parts(first as *const u8, span) };
+    std::os::unix::fs::FileExt::write_all_at(&file, contents, 0).map_err(|_| CudaError::OPERATING_SYSTEM)?;
+    // SAFETY: MAP_FIXED replaces exactly the pages whose bytes the file now holds, with the same
+    // protection; the app's pointers into them stay valid and read the same bytes.
+    let mapped = unsafe {
+        libc::mmap(
+            first as *mut libc::c_void,
+            span,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if mapped as usize != first {
+        return Err(Unmappable::Cuda(CudaError::OPERATING_SYSTEM));
+    }
+    Ok(file)
+}
+
+/// Has the worker map `file` (`len` bytes from `file_offset`) at `first` and register it mapped.
+fn register_file(client: &Client, file: &File, file_offset: u64, first: usize, span: usize) -> Result<(), Unmappable> {
+    let token = deposit(client, file)?;
+    let reply =
+        client.call(req::ShmRegisterFile { token, file_offset, len: span as u64, mapped_at: first as u64 }).map_err(
+            |error| match error {
+                CudaError::NOT_SUPPORTED => Unmappable::Refused("the server could not map the file at the app's address"),
+                error => Unmappable::Cuda(error),
+            },
+        )?;
+    if reply.device_pointer != first as u64 {
+        return Err(Unmappable::Cuda(CudaError::UNKNOWN));
+    }
+    Ok(())
 }
 
 /// The one mapping of this process that holds all of `[start, end)`, if it maps a file.
@@ -161,9 +241,10 @@ pub fn page_span(start: usize, len: usize) -> Option<(usize, usize)> {
     Some((first, end - first))
 }
 
-/// Has the worker map the pages of `[start, start + len)` (the app's shared mapping of a file)
-/// at the same address and register them mapped. Refused for memory that is no shared, writable
-/// mapping of one file, and without the shared-memory channel (the worker on another host).
+/// Has the worker map the pages of `[start, start + len)` (the app's shared mapping of a file, or
+/// its anonymous memory, made one first) at the same address and register them mapped. Refused
+/// for private file mappings, the stack, read-only mappings, and without the shared-memory
+/// channel (the worker on another host).
 pub fn register(client: &Client, start: usize, len: usize) -> Result<(), Unmappable> {
     if client.shm.is_none() {
         return Err(Unmappable::Refused(
@@ -172,26 +253,21 @@ pub fn register(client: &Client, start: usize, len: usize) -> Result<(), Unmappa
     }
     let (first, span) = page_span(start, len).ok_or(CudaError::INVALID_VALUE)?;
     let maps = std::fs::read_to_string("/proc/self/maps").map_err(|_| CudaError::OPERATING_SYSTEM)?;
-    let mapping = mapping_of(&maps, first, first + span)
-        .filter(|mapping| mapping.shared)
-        .ok_or(Unmappable::Refused("only a shared mapping of a file (like NCCL's /dev/shm segments) can be mapped for the server's GPU; this memory is the process's own"))?;
+    let Some(mapping) = mapping_of(&maps, first, first + span).filter(|mapping| mapping.shared) else {
+        if private_anonymous(&maps, first, first + span) {
+            let file = rebacked(first, span)?;
+            return register_file(client, &file, 0, first, span);
+        }
+        return Err(Unmappable::Refused(
+            "only the process's anonymous memory or a shared mapping of a file can be mapped for the server's GPU; this is a private file mapping or the stack",
+        ));
+    };
     if !mapping.writable {
         return Err(Unmappable::Refused("read-only file mappings are not mapped for the server's GPU"));
     }
     let file = open_mapped_file(&mapping)?;
-    let token = deposit(client, &file)?;
     let file_offset = mapping.file_offset + (first - mapping.start) as u64;
-    let reply =
-        client.call(req::ShmRegisterFile { token, file_offset, len: span as u64, mapped_at: first as u64 }).map_err(
-            |error| match error {
-                CudaError::NOT_SUPPORTED => Unmappable::Refused("the server could not map the file at the app's address"),
-                error => Unmappable::Cuda(error),
-            },
-        )?;
-    if reply.device_pointer != first as u64 {
-        return Err(Unmappable::Cuda(CudaError::UNKNOWN));
-    }
-    Ok(())
+    register_file(client, &file, file_offset, first, span)
 }
 
 /// Unmaps on the worker what [`register`] mapped for the range starting at `start`.
@@ -224,6 +300,18 @@ mod tests {
         assert_eq!(parse_line("7ffd0000-7ffe0000 rw-p 00000000 00:00 0                          [stack]"), None);
         assert_eq!(parse_line("55550000-55560000 rw-p 00000000 00:00 0 "), None, "anonymous");
         assert_eq!(parse_line("garbage"), None);
+    }
+
+    #[test]
+    fn anonymous_memory_is_told_from_files_and_the_stack() {
+        let maps = "7f0000000000-7f0000004000 rw-p 00000000 00:00 0 \n\
+                    7f0000004000-7f0000008000 rw-p 00000000 00:00 0                          [heap]\n\
+                    7f0000008000-7f000000a000 rw-p 00000000 08:01 42                         /usr/lib/x.so\n\
+                    7ffc00000000-7ffc00004000 rw-p 00000000 00:00 0                          [stack]\n";
+        assert!(private_anonymous(maps, 0x7f00_0000_1000, 0x7f00_0000_6000), "heap after an anonymous mapping");
+        assert!(!private_anonymous(maps, 0x7f00_0000_7000, 0x7f00_0000_9000), "runs into a file");
+        assert!(!private_anonymous(maps, 0x7ffc_0000_0000, 0x7ffc_0000_1000), "the stack");
+        assert!(!private_anonymous(maps, 0x7f00_0001_0000, 0x7f00_0001_1000), "unmapped");
     }
 
     #[test]

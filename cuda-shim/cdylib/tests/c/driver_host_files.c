@@ -1,8 +1,9 @@
 // The app's own shared mapping of a file, registered mapped (as NCCL's ranks register their
 // /dev/shm segment): with the shared-memory channel the server maps the same file at the same
 // address, so a memset through the device pointer lands in the file, where a second mapping of
-// it in this process sees it; without the channel, a clear refusal. Private memory registered
-// mapped is refused either way (it lives in this process only); registered for copies it works.
+// it in this process sees it; without the channel, a clear refusal. The process's own malloc'd
+// memory registered mapped works the same way with the channel (its pages become a shared mapping
+// in place, bytes kept); registered for copies it works everywhere.
 //
 // Prints `channel: yes` when the registration worked, `channel: no` when it was refused.
 #include <fcntl.h>
@@ -88,12 +89,37 @@ int main(void) {
     EXPECT(cuMemHostRegister(range, len, 0), CUDA_SUCCESS);
     EXPECT(cuMemHostUnregister(range), CUDA_SUCCESS);
 
-    // Private memory lives in this process only.
-    unsigned char *own = mmap(NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    EXPECT(cuMemHostRegister(own, 2 * PAGE, CU_MEMHOSTREGISTER_DEVICEMAP), CUDA_ERROR_NOT_SUPPORTED);
-    EXPECT(cuMemHostRegister(own, 2 * PAGE, 0), CUDA_SUCCESS);
-    EXPECT(cuMemHostUnregister(own), CUDA_SUCCESS);
-    munmap(own, 2 * PAGE);
+    // The process's own memory (malloc'd: not page aligned): with the channel its pages become a
+    // shared mapping of a memory file in place, their bytes kept, and the server maps them too.
+    size_t own_len = 5 * PAGE + 100;
+    unsigned char *own = malloc(own_len + 64);
+    unsigned char *buffer = own + 40;
+    for (size_t i = 0; i < own_len; i++) buffer[i] = (unsigned char)(i * 7);
+    CUresult own_registered = cuMemHostRegister(buffer, own_len, CU_MEMHOSTREGISTER_DEVICEMAP);
+    if (registered == CUDA_SUCCESS) {
+        EXPECT(own_registered, CUDA_SUCCESS);
+        int kept = 1;
+        for (size_t i = 0; i < own_len; i++) kept &= buffer[i] == (unsigned char)(i * 7);
+        CHECK("malloc'd memory registered mapped keeps its bytes", kept);
+        CUdeviceptr device = 0;
+        EXPECT(cuMemHostGetDevicePointer(&device, buffer, 0), CUDA_SUCCESS);
+        CHECK("malloc'd memory's device pointer is its host pointer", device == (CUdeviceptr)(uintptr_t)buffer);
+        EXPECT(cuMemsetD8(device + PAGE, 0x77, 3 * PAGE), CUDA_SUCCESS);
+        EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
+        int seen = buffer[PAGE - 1] == (unsigned char)((PAGE - 1) * 7) && buffer[PAGE] == 0x77 && buffer[4 * PAGE - 1] == 0x77 &&
+                   buffer[4 * PAGE] == (unsigned char)(4 * PAGE * 7);
+        CHECK("a memset through its device pointer is seen by the host", seen);
+        buffer[10] = 0x42;
+        EXPECT(cuMemcpyDtoH(&seen, device + 10, 1), CUDA_SUCCESS);
+        CHECK("and the host's writes by the device", (seen & 0xff) == 0x42);
+        EXPECT(cuMemHostUnregister(buffer), CUDA_SUCCESS);
+        CHECK("still the app's memory after unregistering", buffer[PAGE] == 0x77 && buffer[10] == 0x42);
+    } else {
+        EXPECT(own_registered, CUDA_ERROR_NOT_SUPPORTED);
+    }
+    EXPECT(cuMemHostRegister(buffer, own_len, 0), CUDA_SUCCESS);
+    EXPECT(cuMemHostUnregister(buffer), CUDA_SUCCESS);
+    free(own);
 
     // Removed, the file is found through the descriptor still open (NCCL's last rank to attach
     // removes the file before it registers it), here the whole mapping up to the file's end.
