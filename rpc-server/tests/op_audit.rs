@@ -793,9 +793,19 @@ macro_rules! probes {
                 req::TexObjectCreate { resource: Resource::Array { array: BOGUS_HANDLE }, texture: TextureDesc::default(), view: None },
                 INVALID_VALUE,
             ),
+            // Past the allocation's end is allowed (as the driver allows); memory not the
+            // session's, or an extent past the address space, is not.
             refused(
                 req::TexObjectCreate {
-                    resource: Resource::Linear { ptr: $v.ptr, format: 0x20, channels: 1, size: $v.len + 4 },
+                    resource: Resource::Linear { ptr: 0x10, format: 0x20, channels: 1, size: 4 },
+                    texture: TextureDesc::default(),
+                    view: None,
+                },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::TexObjectCreate {
+                    resource: Resource::Linear { ptr: $v.ptr, format: 0x20, channels: 1, size: u64::MAX },
                     texture: TextureDesc::default(),
                     view: None,
                 },

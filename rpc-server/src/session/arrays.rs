@@ -680,12 +680,17 @@ impl<D: Device> Session<D> {
                 Resource::Mipmapped { array } => {
                     TexResource::Mipmapped(self.arrays.mipmaps.get(&array).ok_or(CudaError::INVALID_VALUE)?.mipmap)
                 }
+                // The memory must be the session's; its extent may run past the allocation, as
+                // the driver allows (NVIDIA's convolutionFFT2D declares its spectrum textures a
+                // padding wider than the buffer): what a kernel fetches there is its own context's.
                 Resource::Linear { ptr, size, .. } => {
-                    self.ranges.check(ptr, size)?;
+                    self.ranges.check(ptr, 1)?;
+                    size.checked_add(ptr).ok_or(CudaError::INVALID_VALUE)?;
                     TexResource::Memory(request.resource)
                 }
                 Resource::Pitch2d { ptr, pitch, height, .. } => {
-                    self.ranges.check(ptr, pitch.checked_mul(height).ok_or(CudaError::INVALID_VALUE)?)?;
+                    self.ranges.check(ptr, 1)?;
+                    pitch.checked_mul(height).and_then(|bytes| bytes.checked_add(ptr)).ok_or(CudaError::INVALID_VALUE)?;
                     TexResource::Memory(request.resource)
                 }
             };

@@ -246,8 +246,14 @@ int main(void) {
     res.res.linear.format = CU_AD_FORMAT_FLOAT;
     res.res.linear.numChannels = 1;
     res.res.linear.sizeInBytes = volume_len + 4;
+    // A linear texture declared wider than its buffer is made, as the driver makes it (NVIDIA's
+    // convolutionFFT2D pads its spectrum textures so); one over memory not the session's is not.
     CUtexObject beyond = 0;
+    EXPECT(cuTexObjectCreate(&beyond, &res, &tex, NULL), CUDA_SUCCESS);
+    EXPECT(cuTexObjectDestroy(beyond), CUDA_SUCCESS);
+    res.res.linear.devPtr = 0x10;
     EXPECT(cuTexObjectCreate(&beyond, &res, &tex, NULL), CUDA_ERROR_INVALID_VALUE);
+    res.res.linear.devPtr = flat;
     res.resType = CU_RESOURCE_TYPE_ARRAY;
     res.res.array.hArray = volume;
     CUsurfObject surface = 0;
