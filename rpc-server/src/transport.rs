@@ -94,7 +94,13 @@ impl Outbox {
     pub fn keep_alive(&self, frames_seen: &mut u64) {
         let sent = self.frames_sent.load(std::sync::atomic::Ordering::Relaxed);
         if self.awaited.load(std::sync::atomic::Ordering::Relaxed) > 0 && sent == *frames_seen {
-            self.send_notice(&flyt_protocol::handshake::Notice::Alive);
+            // A writer holding the connection (a client not reading fills the socket) is
+            // traffic already; the caller must not block behind it.
+            if let Ok(mut writer) = self.writer.try_lock() {
+                let mut message = Vec::new();
+                flyt_protocol::frame::encode_into(&flyt_protocol::handshake::Notice::Alive, &mut message);
+                self.write_frame(&mut writer, 0, &message, &[]);
+            }
         }
         *frames_seen = self.frames_sent.load(std::sync::atomic::Ordering::Relaxed);
     }
@@ -193,19 +199,24 @@ impl Outbox {
     /// Writes a whole frame; a dead client is noticed by the reader, so a failed write is
     /// only logged here.
     pub fn send_frame(&self, seq: u32, message: &[u8], bulk: &[u8]) {
+        let mut writer = lock_spinning(&self.writer);
+        self.write_frame(&mut writer, seq, message, bulk);
+        flyt_ring::timeline::mark(flyt_ring::timeline::Stage::ReplyWritten);
+    }
+
+    /// Writes one frame on the connection `writer` holds.
+    fn write_frame(&self, writer: &mut Connection, seq: u32, message: &[u8], bulk: &[u8]) {
         let header = flyt_protocol::frame::FrameHeader {
             message_len: u32::try_from(message.len()).unwrap_or(u32::MAX),
             seq,
             bulk_len: bulk.len() as u64,
         }
         .encode();
-        let mut writer = lock_spinning(&self.writer);
         self.frames_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut slices = [io::IoSlice::new(&header), io::IoSlice::new(message), io::IoSlice::new(bulk)];
-        if let Err(error) = write_all_vectored(&mut *writer, &mut slices) {
+        if let Err(error) = write_all_vectored(writer, &mut slices) {
             tracing::debug!(%error, "reply not delivered");
         }
-        flyt_ring::timeline::mark(flyt_ring::timeline::Stage::ReplyWritten);
     }
 }
 
