@@ -115,13 +115,7 @@ fn private_anonymous(maps: &str, start: usize, end: usize) -> bool {
 /// Puts a memory file holding the same bytes in place of the private pages `[first, first +
 /// span)`; the file. The pages are the process's own, checked by the caller against its maps.
 fn rebacked(first: usize, span: usize) -> Result<File, Unmappable> {
-    // SAFETY: memfd_create with a NUL-terminated name and plain flags.
-    let fd = unsafe { libc::memfd_create(c"flyt-registered".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(Unmappable::Cuda(CudaError::OPERATING_SYSTEM));
-    }
-    // SAFETY: a descriptor just made, owned by nothing else.
-    let file = unsafe { File::from_raw_fd(fd) };
+    let file = crate::shm::memory_file(c"flyt-registered", libc::MFD_CLOEXEC).map_err(|_| CudaError::OPERATING_SYSTEM)?;
     file.set_len(span as u64).map_err(|_| CudaError::OPERATING_SYSTEM)?;
     // SAFETY: the caller checked that `[first, first + span)` is readable memory of this process.
     let contents = unsafe { std::slice::from_raw_parts(first as *const u8, span) };

@@ -144,13 +144,7 @@ pub fn create(as_path: bool) -> Result<Offered, String> {
             .map_err(|error| format!("{}: {error}", path.display()))?;
         (file, Some(path))
     } else {
-        // SAFETY: memfd_create with a NUL-terminated name and plain flags.
-        let fd = unsafe { libc::memfd_create(c"flyt-shm".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        if fd < 0 {
-            return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` was just created and is owned by nobody else.
-        (unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) }, None)
+        (memory_file(c"flyt-shm", libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING).map_err(|error| format!("memfd_create: {error}"))?, None)
     };
     let cleanup = |error: String| {
         if let Some(path) = &path {
@@ -636,6 +630,17 @@ impl Copier {
             std::hint::spin_loop();
         }
     }
+}
+
+/// A new memory file (`memfd_create`) named `name`, with `flags`.
+pub(crate) fn memory_file(name: &std::ffi::CStr, flags: libc::c_uint) -> std::io::Result<File> {
+    // SAFETY: memfd_create with a NUL-terminated name and plain flags.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nobody else.
+    Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 #[cfg(test)]

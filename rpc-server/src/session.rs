@@ -311,9 +311,6 @@ fn fit(text: &mut String, size: u32) {
     text.truncate(len);
 }
 
-/// Reads the client's requests, polling without blocking for the spin budget before it sleeps:
-/// while an app is busy its next request is microseconds away, and a sleeping reader's wake-up
-/// would be paid on every synchronous call.
 /// `FLYT_RPC_OP_TIMES=1`: how long the reader spent handling each op (decode excluded, the
 /// inline answer included), logged when the session ends. For finding where a round trip's time
 /// goes on the server; off by default.
@@ -490,6 +487,12 @@ impl<D: Device> Session<D> {
     /// (`Err`, with the reason to log).
     pub fn serve(&mut self, reader: Connection) -> Result<(), FrameError> {
         let intake = intake::Intake::new(reader, self.config.limits, self.outbox.clone());
+        let outcome = self.serve_frames(&intake);
+        intake.end();
+        outcome
+    }
+
+    fn serve_frames(&mut self, intake: &Arc<intake::Intake>) -> Result<(), FrameError> {
         let mut message = Vec::with_capacity(4096);
         let outbox = self.outbox.clone();
         let mut op_times = OpTimes::from_env();
@@ -502,27 +505,14 @@ impl<D: Device> Session<D> {
             }
             let next = match intake.next(&mut message) {
                 Ok(next) => next,
-                Err(FrameError::Closed) => {
-                    intake.end();
-                    return Ok(());
-                }
-                Err(error) => {
-                    intake.end();
-                    return Err(error);
-                }
+                Err(FrameError::Closed) => return Ok(()),
+                Err(error) => return Err(error),
             };
             let header = next.header;
             flyt_ring::timeline::mark(flyt_ring::timeline::Stage::FrameRead);
-            let request = match Request::decode(&message) {
-                Ok(request) => request,
-                Err(error) => {
-                    intake.end();
-                    return Err(error);
-                }
-            };
+            let request = Request::decode(&message)?;
             let info = request.info();
             if header.bulk_len != 0 && info.bulk != BulkDirection::In {
-                intake.end();
                 return Err(FrameError::Decode(format!("{} carries {} unexpected bulk bytes", info.name, header.bulk_len)));
             }
             let mut bulk = BulkIn::new(next.into_bulk(), header.bulk_len);
@@ -535,12 +525,8 @@ impl<D: Device> Session<D> {
             if let (Some(times), Some(started)) = (op_times.as_mut(), started) {
                 times.add(info.name, started.elapsed());
             }
-            if let Err(error) = bulk.finish() {
-                intake.end();
-                return Err(error);
-            }
+            bulk.finish()?;
             if self.moved {
-                intake.end();
                 return Ok(());
             }
         }

@@ -166,17 +166,12 @@ impl Intake {
     /// only the app would have done), and the GPU memory it holds would stay taken from every
     /// other tenant. A reading session thread sees the end of the connection at once.
     fn watch_client(&self, socket: &OwnedFd, outbox: &crate::transport::Outbox) {
-        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-        // nix names no POLLRDHUP: the peer shut its end (a killed client's socket shows it).
-        let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
         let mut gone_since: Option<Instant> = None;
         let mut frames_seen = 0;
         while !self.ended.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_secs(1));
             outbox.keep_alive(&mut frames_seen);
-            let mut fds = [PollFd::new(socket.as_fd(), rdhup)];
-            let hung_up = poll(&mut fds, PollTimeout::ZERO).is_ok()
-                && fds[0].revents().is_some_and(|events| events.intersects(rdhup | PollFlags::POLLHUP | PollFlags::POLLERR));
+            let hung_up = flyt_ring::peer_hung_up(socket.as_fd());
             if !hung_up {
                 gone_since = None;
                 continue;
@@ -227,7 +222,8 @@ impl Intake {
 
     /// Starts the read-ahead thread for a session that has reached host functions (once).
     pub fn start_read_ahead(self: &Arc<Self>, calls: Arc<HostCalls>, stats: Option<Arc<crate::stats::SlotStats>>) {
-        if self.read_ahead_started.swap(true, Ordering::Relaxed) {
+        // Checked before every frame once host functions are in use: a load, not a swap.
+        if self.read_ahead_started.load(Ordering::Relaxed) || self.read_ahead_started.swap(true, Ordering::Relaxed) {
             return;
         }
         let intake = self.clone();
