@@ -43,6 +43,8 @@ usage: gpu-tests/run.sh [options]
   --prebuilt DIR      the programs were built elsewhere (gpu-tests/build-with-nvcc: another nvcc
                       than this machine's): run DIR's, build none (the helpers in tools/ are
                       still built, into DIR); a program missing from DIR fails its rows
+  --apps DIR          also run the executables in DIR as programs of their own name, built
+                      elsewhere (NVIDIA's cuda-samples: gpu-tests/nvidia-samples.sh builds them)
   --native-lib DIR    put DIR first on the library path of native runs (the libcudart.so.13 of
                       the toolkit that built --prebuilt programs, as an app ships its runtime)
   --no-hide           do not hide the local GPU from Flyt apps (default: every Flyt app runs in a
@@ -107,6 +109,7 @@ TLS=0
 IVSHMEM_DIR= # the vm transport's region folder, in /dev/shm
 PREBUILT=0
 NATIVE_LIB=
+APPS=
 
 need_value() { if [ $# -lt 2 ] || [ -z "$2" ]; then die "$1 needs a value"; fi; }
 need_number() { case $2 in '' | *[!0-9]*) die "$1 must be a whole number" ;; esac; }
@@ -126,6 +129,7 @@ while [ $# -gt 0 ]; do
         --nvcc) need_value "$@"; NVCC=$2; shift 2 ;;
         --prebuilt) need_value "$@"; PREBUILT=1; BUILD=$2; shift 2 ;;
         --native-lib) need_value "$@"; NATIVE_LIB=$2; shift 2 ;;
+        --apps) need_value "$@"; APPS=$2; shift 2 ;;
         --native-only) MODE=native; shift ;;
         --build-only) MODE=build; shift ;;
         --no-hide) HIDE=0; shift ;;
@@ -266,6 +270,18 @@ done
 if [ $LIBRARIES = 1 ]; then
     for f in "$here"/libraries/*.cu; do
         [ -e "$f" ] && ALL+=("$(basename "$f" .cu)")
+    done
+fi
+
+# Outside programs (--apps), taken as they are.
+declare -A APP_PATH=()
+if [ -n "${APPS:-}" ]; then
+    [ -d "$APPS" ] || die "--apps: $APPS is not a folder"
+    for f in "$APPS"/*; do
+        [ -f "$f" ] && [ -x "$f" ] || continue
+        n=$(basename "$f")
+        APP_PATH[$n]=$(abspath "$f")
+        ALL+=("$n")
     done
 fi
 
@@ -435,8 +451,11 @@ for n in "${TO_BUILD[@]}"; do
         case $n in
             # A PyTorch script "builds" into a launcher that runs it with --python's interpreter.
             torch_* | fw_*) rm -f "$BUILD/$n" && printf '#!/bin/sh\nexec %q %q "$@"\n' "$PYTHON" "$(source_of "$n")" >"$BUILD/$n" && chmod +x "$BUILD/$n" ;;
-            # Built elsewhere by another nvcc (--prebuilt): taken as it is.
-            *) if [ $PREBUILT = 1 ]; then
+            # An outside program (--apps): taken as it is.
+            *) if [ -n "${APP_PATH[$n]:-}" ]; then
+                   cp "${APP_PATH[$n]}" "$BUILD/$n"
+               # Built elsewhere by another nvcc (--prebuilt): taken as it is.
+               elif [ $PREBUILT = 1 ]; then
                    [ -x "$BUILD/$n" ] || { echo "--prebuilt: $BUILD/$n missing" >&2; exit 1; }
                else
                    rm -f "$BUILD/$n"

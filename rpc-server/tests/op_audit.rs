@@ -331,6 +331,7 @@ macro_rules! probes {
             refused(req::MemAllocAsync { size: 4096, stream: 0, pool: BOGUS_HANDLE }, INVALID_VALUE),
             refused(req::MemAllocAsync { size: u64::MAX, stream: 0, pool: 0 }, CudaError::MEMORY_ALLOCATION),
             Probe::Effect(stream_ordered_allocations_count_in_the_quota),
+            Probe::Effect(captured_allocations_are_graph_memory),
         ]
     };
     (MemFreeAsync, $v:ident) => {
@@ -1654,6 +1655,32 @@ fn stream_ordered_allocations_count_in_the_quota(socket: &str) {
     let clean = session.call_with_deferred(req::DeviceSynchronize {}).0;
     assert_eq!((clean.result.is_ok(), clean.deferred), (true, None));
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "freed memory leaves the quota");
+}
+
+/// A stream-ordered allocation on a capturing stream is graph memory (an allocation node): the
+/// app may free it outside the graph after every launch, with cudaFree or in stream order, and it
+/// counts in the quota until its graph is destroyed (NVIDIA's graphMemoryNodes; a second cudaFree
+/// was refused when it was taken for an ordinary allocation).
+fn captured_allocations_are_graph_memory(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let stream = 0x5_0000_0002;
+    session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
+    let before = session.call(req::MemGetInfo {}).0.unwrap().free;
+    let begin =
+        req::StreamBeginCapture { stream, mode: 0, thread_mode: 0, graph: 21, into: false, dependencies: Vec::new(), data: Vec::new() };
+    session.call(begin).0.unwrap();
+    let ptr = session.call(req::MemAllocAsync { size: 1 << 20, stream, pool: 0 }).0.unwrap().ptr;
+    assert_eq!(session.call(req::StreamEndCapture { stream }).0.unwrap().graph, 21);
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before - (1 << 20), "graph memory counts");
+    for round in 0..2 {
+        assert!(session.call(req::Free { ptr }).0.is_ok(), "cudaFree of graph memory, round {round}");
+        session.send(&req::MemFreeAsync { ptr, stream }.into(), &[]);
+        let synced = session.call_with_deferred(req::StreamSynchronize { stream }).0;
+        assert_eq!((synced.result.is_ok(), synced.deferred), (true, None), "a free in stream order, round {round}");
+    }
+    session.send(&req::GraphDestroy { graph: 21 }.into(), &[]);
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "its graph gone, the quota is back");
+    assert_eq!(session.call(req::Free { ptr }).0.err(), Some(INVALID_VALUE), "no longer the session's memory");
 }
 
 /// A box of `width` bytes x `height` rows x `depth` slices from pitched device memory at `ptr` to

@@ -449,6 +449,7 @@ fn graph_memory_and_conditional_nodes_through_the_driver_api() {
             "captured batch node reads back and runs at launch only: yes",
             "edge data reaches the device: programmatic refused, plain made, no node left behind: yes",
             "capture edge data: default data is none, programmatic refused by the device: yes",
+            "a capture ended with a NULL graph pointer ends, its node recorded: yes",
         ] {
             assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
         }

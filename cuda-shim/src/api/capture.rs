@@ -183,15 +183,18 @@ pub unsafe fn cuStreamBeginCapture_v2_ptsz(h_stream: CUstream, mode: CUstreamCap
     run(|| begin(h_stream, mode, true))
 }
 
+/// `graph` may be NULL: the driver then ends the capture all the same (NVIDIA's
+/// graphConditionalNodes does so after capturing into a conditional node's body graph).
 fn end(stream: CUstream, graph: *mut CUgraph, ptsz: bool) -> DriverResult {
-    non_null([graph.cast()])?;
     let client = client()?;
     let stream = resolve_stream(client, stream, ptsz)?;
     let ended = client.end_capture(stream);
-    // The driver writes NULL when the capture ends without a graph (invalidated).
-    let handle = ended.as_ref().map_or(std::ptr::null_mut(), |id| super::graph::graph_handle(*id));
-    // SAFETY: checked non-NULL; the caller's out-pointer.
-    unsafe { write_out(graph, handle) }?;
+    if !graph.is_null() {
+        // The driver writes NULL when the capture ends without a graph (invalidated).
+        let handle = ended.as_ref().map_or(std::ptr::null_mut(), |id| super::graph::graph_handle(*id));
+        // SAFETY: checked non-NULL; the caller's out-pointer.
+        unsafe { write_out(graph, handle) }?;
+    }
     ended.map(drop).map_err(driver_error)
 }
 

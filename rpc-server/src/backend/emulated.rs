@@ -412,6 +412,16 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
+    fn free_graph_memory_async(&self, ptr: u64, stream: u64) -> CudaResult<()> {
+        // A free node in a capture; outside one, as `free_graph_memory`: the memory stays with
+        // its graph, and work completes at submission.
+        let mut state = self.state();
+        if !state.graph_memory.contains(&ptr) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        state.capture(stream, || Work::MemFree(ptr)).unwrap_or(Ok(()))
+    }
+
     fn free(&self, ptr: u64) -> CudaResult<()> {
         // cuMemFree waits for the device's work, host functions included (cudaFree
         // synchronizes): so does this device, or a test could not see what that wait costs.
@@ -1412,7 +1422,17 @@ impl Device for EmulatedDevice {
         }
     }
 
-    fn alloc_async(&self, size: u64, pool: u64, _stream: u64) -> CudaResult<u64> {
+    fn alloc_async(&self, size: u64, pool: u64, stream: u64) -> CudaResult<u64> {
+        if self.state().graphs.captures.contains_key(&stream) {
+            // An allocation node of the capture, holding its memory as an added one does.
+            let ptr = self.malloc(size)?;
+            let mut state = self.state();
+            state.graph_memory.insert(ptr);
+            return match state.capture(stream, || Work::MemAlloc { ptr, size }) {
+                Some(Ok(())) | None => Ok(ptr),
+                Some(Err(error)) => Err(error),
+            };
+        }
         // Work completes at submission: a stream-ordered allocation is an allocation now.
         let mut guard = self.state();
         let state = &mut *guard;

@@ -263,6 +263,11 @@ pub trait Device: Send + Sync + 'static {
     fn free_graph_memory(&self, ptr: u64) -> CudaResult<()> {
         self.free(ptr)
     }
+    /// Frees graph memory in stream order: a free node when `stream` captures, else what a
+    /// launch allocated, once the stream reaches the free.
+    fn free_graph_memory_async(&self, ptr: u64, stream: Self::Stream) -> CudaResult<()> {
+        self.free_async(ptr, stream)
+    }
     /// Allocates a moved session's allocations (start, length) at those very addresses, so the
     /// pointers its app holds stay valid, and reserves its own address reservations
     /// (`cuMemAddressReserve`) there too, for its mappings to be made again; `Err` says why not.

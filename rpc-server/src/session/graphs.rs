@@ -282,6 +282,29 @@ impl<D: Device> Session<D> {
         Err(CudaError::STREAM_CAPTURE_UNSUPPORTED)
     }
 
+    /// The graph a capture on `stream` records into, by the app's id (a stream joined to a
+    /// capture through an event has no capture of its own here).
+    fn capture_graph(&self, stream: D::Stream) -> Option<u64> {
+        if self.graphs.captures.is_empty() || !self.device.capturing(stream) {
+            return None;
+        }
+        let graph = self.device.capture_info(stream).ok()?.graph?;
+        self.graphs.graph_ids.get(&graph).copied()
+    }
+
+    /// Records memory a stream-ordered allocation made on a capturing stream: an allocation
+    /// node of the captured graph, whose memory each launch allocates again at that address and
+    /// the app may free outside the graph after any launch. It lives, and counts against the
+    /// quota, until its graph is forgotten. `false` when `stream` is not capturing.
+    pub(super) fn record_captured_allocation(&mut self, stream: D::Stream, ptr: u64, size: u64) -> bool {
+        let Some(graph) = self.capture_graph(stream) else {
+            return false;
+        };
+        self.ranges.insert(ptr, size, RangeKind::GraphMemory);
+        self.graphs.memory.insert(ptr, (size, graph));
+        true
+    }
+
     /// The host-function site for the client's `call`, kept for graphs that may run it.
     fn kept_site(&mut self, call: u64) -> Arc<HostCallSite> {
         self.graphs.site(call)

@@ -218,6 +218,7 @@ impl<D: Device> Session<D> {
                 return Err(CudaError::MEMORY_ALLOCATION);
             }
             match self.device.alloc_async(request.size, pool, stream) {
+                Ok(ptr) if self.record_captured_allocation(stream, ptr, request.size) => Ok(rep::MemAllocAsync { ptr }),
                 Ok(ptr) => {
                     self.ranges.insert(ptr, request.size, RangeKind::Allocation);
                     if self.pools.settings.get(&id).is_some_and(|settings| settings.handle_types & POSIX_FD != 0) {
@@ -238,6 +239,11 @@ impl<D: Device> Session<D> {
         let result = self.stream(request.stream).and_then(|stream| {
             if let Some(freed) = self.free_pool_import(request.ptr, Some(stream)) {
                 return freed;
+            }
+            // Graph memory, freed in a capture (a free node) or in stream order after a launch:
+            // each launch allocates it again at its address, so it stays known until its graph goes.
+            if self.ranges.kind_at(request.ptr) == Some(RangeKind::GraphMemory) && self.graphs.is_graph_memory(request.ptr) {
+                return self.device.free_graph_memory_async(request.ptr, stream);
             }
             let len = self.ranges.remove_allocation(request.ptr)?;
             self.budget.release(len);

@@ -421,6 +421,15 @@ static void capture_edge_data(CUcontext ctx, CUstream s, CUdeviceptr out) {
     CHECK("capture edge data: default data is none, programmatic refused by the device",
           refused_begin == CUDA_ERROR_NOT_SUPPORTED && not_begun && plain_info && refused_update == CUDA_ERROR_NOT_SUPPORTED && updated &&
               ended == g && nodes == 3 && roots == 1 && plain_edges);
+
+    // Ended with no out-pointer, as NVIDIA's graphConditionalNodes ends a capture into a body
+    // graph: the driver ends it all the same (checked on an H200, 2026-11-28).
+    EXPECT(cuStreamBeginCaptureToGraph(s, g, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8Async(out, 6, 64, s), CUDA_SUCCESS);
+    EXPECT(cuStreamEndCapture(s, NULL), CUDA_SUCCESS);
+    EXPECT(cuStreamIsCapturing(s, &status), CUDA_SUCCESS);
+    EXPECT(cuGraphGetNodes(g, NULL, &nodes), CUDA_SUCCESS);
+    CHECK("a capture ended with a NULL graph pointer ends, its node recorded", status == CU_STREAM_CAPTURE_STATUS_NONE && nodes == 4);
     EXPECT(cuGraphDestroy(g), CUDA_SUCCESS);
 }
 
