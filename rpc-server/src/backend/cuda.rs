@@ -4,12 +4,12 @@
 //! All `unsafe` in the server lives here, at the driver's FFI edge.
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use cudarc::driver::{result, sys};
 use flyt_protocol::CudaError;
-use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE};
+use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE, PeerLink};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
     ArrayDesc, Copy3d, DecompressOp, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide,
@@ -515,12 +515,20 @@ pub struct PendingCopy {
     staging: Staging,
 }
 
-/// One GPU, through its primary context.
-pub struct CudaDevice {
+/// One GPU of the session, through its primary context.
+struct Gpu {
     ordinal: c_int,
     device: sys::CUdevice,
     /// The primary context, retained (again after a reset).
     context: AtomicPtr<sys::CUctx_st>,
+}
+
+/// The session's GPUs, one driver for all of them (as in an app's own process): the current one
+/// (`select_device`) is the one whose primary context is current on the session's thread, so
+/// every driver call below acts on it, as the app's call would on its current device.
+pub struct CudaDevice {
+    gpus: Vec<Gpu>,
+    current: AtomicUsize,
     raw: RawDriver,
     extras: RawExtras,
     pub(super) arrays: super::cuda_arrays::RawArrays,
@@ -570,7 +578,7 @@ impl CudaDevice {
 
     /// The session's device as a memory location.
     fn location(&self) -> sys::CUmemLocation {
-        sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.device }
+        sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.gpu().device }
     }
 
     /// Properties of pinned memory on the session's device; `handle_types`: none or a POSIX file
@@ -596,8 +604,8 @@ impl CudaDevice {
         })
     }
 
-    /// Opens GPU `ordinal`; `Err` says in words why not (no driver, no such GPU...).
-    pub fn open(ordinal: u32, staging_slots: usize, copy_chunk: usize) -> Result<Self, String> {
+    /// Opens GPUs `ordinals` (the first current); `Err` says in words why not (no driver, no such GPU...).
+    pub fn open(ordinals: &[u32], staging_slots: usize, copy_chunk: usize) -> Result<Self, String> {
         // SAFETY: probing only tries to dlopen libcuda; cudarc's other entry points panic when the
         // library is missing, so nothing else is called before this check passes.
         if !unsafe { sys::is_culib_present() } {
@@ -607,20 +615,30 @@ impl CudaDevice {
         let arrays = super::cuda_arrays::RawArrays::load()?;
         result::init().map_err(|error| format!("cuInit failed: {error}"))?;
         let count = result::device::get_count().map_err(|error| format!("cuDeviceGetCount: {error}"))?;
-        let ordinal = c_int::try_from(ordinal).map_err(|_| "GPU ordinal too large".to_string())?;
-        if ordinal >= count {
-            return Err(format!("GPU {ordinal} does not exist ({count} visible)"));
+        if ordinals.is_empty() {
+            return Err("no GPU named".into());
         }
-        let device = result::device::get(ordinal).map_err(|error| format!("cuDeviceGet: {error}"))?;
-        // SAFETY: `device` was returned by cuDeviceGet above.
-        let context = unsafe { result::primary_ctx::retain(device) }.map_err(|error| format!("cuDevicePrimaryCtxRetain: {error}"))?;
-        // SAFETY: `context` is the primary context just retained.
-        unsafe { result::ctx::set_current(context) }.map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
+        let mut gpus = Vec::with_capacity(ordinals.len());
+        for (index, ordinal) in ordinals.iter().enumerate() {
+            let ordinal = c_int::try_from(*ordinal).map_err(|_| "GPU ordinal too large".to_string())?;
+            if ordinal >= count {
+                return Err(format!("GPU {ordinal} does not exist ({count} visible)"));
+            }
+            if ordinals[..index].contains(&(ordinal as u32)) {
+                return Err(format!("GPU {ordinal} named twice"));
+            }
+            let device = result::device::get(ordinal).map_err(|error| format!("cuDeviceGet: {error}"))?;
+            // SAFETY: `device` was returned by cuDeviceGet above.
+            let context = unsafe { result::primary_ctx::retain(device) }.map_err(|error| format!("cuDevicePrimaryCtxRetain: {error}"))?;
+            gpus.push(Gpu { ordinal, device, context: AtomicPtr::new(context) });
+        }
+        // SAFETY: the first GPU's primary context, just retained.
+        unsafe { result::ctx::set_current(gpus[0].context.load(Ordering::Acquire)) }
+            .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let staging = StagingPool::new(staging_slots, copy_chunk).map_err(|error| format!("pinned staging: {error}"))?;
         Ok(Self {
-            ordinal,
-            device,
-            context: AtomicPtr::new(context),
+            gpus,
+            current: AtomicUsize::new(0),
             raw,
             extras: RawExtras::load(),
             arrays,
@@ -630,21 +648,44 @@ impl CudaDevice {
         })
     }
 
+    /// The current GPU.
+    fn gpu(&self) -> &Gpu {
+        &self.gpus[self.current.load(Ordering::Relaxed).min(self.gpus.len() - 1)]
+    }
+
     /// The device's primary context, current on the session's threads.
     pub(super) fn primary_context(&self) -> sys::CUcontext {
-        self.context.load(Ordering::Acquire)
+        self.gpu().context.load(Ordering::Acquire)
     }
 
     pub(super) fn device(&self) -> sys::CUdevice {
-        self.device
+        self.gpu().device
     }
 
     fn attribute(&self, attribute: u32) -> Option<i32> {
+        self.attribute_of(self.gpu().device, attribute)
+    }
+
+    fn attribute_of(&self, device: sys::CUdevice, attribute: u32) -> Option<i32> {
         let mut value: c_int = 0;
         let attribute = c_int::try_from(attribute).ok()?;
         // SAFETY: `value` is a valid out-pointer; an unknown attribute is an error code, not UB.
-        let code = unsafe { (self.raw.device_get_attribute)(&mut value, attribute, self.device) };
+        let code = unsafe { (self.raw.device_get_attribute)(&mut value, attribute, device) };
         (code == 0).then_some(value)
+    }
+
+    fn info_of(&self, gpu: &Gpu) -> DeviceInfo {
+        let name = result::device::get_name(gpu.device).unwrap_or_else(|_| format!("GPU {}", gpu.ordinal));
+        let uuid = result::device::get_uuid(gpu.device).map(|uuid| uuid.bytes.map(|b| b as u8)).unwrap_or([0; 16]);
+        let mut luid = [0 as std::ffi::c_char; 8];
+        let mut luid_device_node_mask: c_uint = 0;
+        // SAFETY: valid out-pointers of the documented sizes; failure (no LUID on Linux) leaves
+        // them zeroed, as the runtime reports.
+        let _ = unsafe { sys::cuDeviceGetLuid(luid.as_mut_ptr(), &mut luid_device_node_mask, gpu.device) };
+        // SAFETY: `gpu.device` came from cuDeviceGet.
+        let total_mem = unsafe { result::device::total_mem(gpu.device) }.unwrap_or(0) as u64;
+        let attributes = (1..=LAST_ATTRIBUTE).filter_map(|id| Some((id, self.attribute_of(gpu.device, id)?))).collect();
+        DeviceInfo { name, uuid, luid: luid.map(|b| b as u8), luid_device_node_mask, total_mem, attributes }
     }
 }
 
@@ -672,17 +713,61 @@ impl Device for CudaDevice {
     type GreenCtx = super::cuda_green::GreenHandle;
 
     fn info(&self) -> DeviceInfo {
-        let name = result::device::get_name(self.device).unwrap_or_else(|_| format!("GPU {}", self.ordinal));
-        let uuid = result::device::get_uuid(self.device).map(|uuid| uuid.bytes.map(|b| b as u8)).unwrap_or([0; 16]);
-        let mut luid = [0 as std::ffi::c_char; 8];
-        let mut luid_device_node_mask: c_uint = 0;
-        // SAFETY: valid out-pointers of the documented sizes; failure (no LUID on Linux) leaves
-        // them zeroed, as the runtime reports.
-        let _ = unsafe { sys::cuDeviceGetLuid(luid.as_mut_ptr(), &mut luid_device_node_mask, self.device) };
-        // SAFETY: `self.device` came from cuDeviceGet.
-        let total_mem = unsafe { result::device::total_mem(self.device) }.unwrap_or(0) as u64;
-        let attributes = (1..=LAST_ATTRIBUTE).filter_map(|id| Some((id, self.attribute(id)?))).collect();
-        DeviceInfo { name, uuid, luid: luid.map(|b| b as u8), luid_device_node_mask, total_mem, attributes }
+        self.info_of(self.gpu())
+    }
+
+    fn device_count(&self) -> usize {
+        self.gpus.len()
+    }
+
+    fn current_device(&self) -> usize {
+        self.current.load(Ordering::Relaxed)
+    }
+
+    fn select_device(&self, index: usize) -> CudaResult<()> {
+        let gpu = self.gpus.get(index).ok_or(CudaError::INVALID_DEVICE)?;
+        // SAFETY: that GPU's primary context, retained in `open` (or `reset`) and never released.
+        check(unsafe { result::ctx::set_current(gpu.context.load(Ordering::Acquire)) })?;
+        self.current.store(index, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn infos(&self) -> Vec<DeviceInfo> {
+        self.gpus.iter().map(|gpu| self.info_of(gpu)).collect()
+    }
+
+    fn peer_links(&self) -> Vec<PeerLink> {
+        let mut links = Vec::new();
+        for (from, a) in self.gpus.iter().enumerate() {
+            for (to, b) in self.gpus.iter().enumerate().filter(|(to, _)| *to != from) {
+                let p2p = |attribute: sys::CUdevice_P2PAttribute| {
+                    let mut value: c_int = 0;
+                    // SAFETY: valid out-pointer; both devices came from cuDeviceGet.
+                    let code = unsafe { sys::cuDeviceGetP2PAttribute(&mut value, attribute, a.device, b.device) };
+                    if code == sys::CUresult::CUDA_SUCCESS { value } else { 0 }
+                };
+                use sys::CUdevice_P2PAttribute as P2p;
+                links.push(PeerLink {
+                    from: from as u32,
+                    to: to as u32,
+                    access_supported: p2p(P2p::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED),
+                    performance_rank: p2p(P2p::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK),
+                    native_atomics: p2p(P2p::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED),
+                    array_access: p2p(P2p::CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED),
+                });
+            }
+        }
+        links
+    }
+
+    fn peer_access(&self, peer: usize, enable: bool, flags: u32) -> CudaResult<()> {
+        let peer = self.gpus.get(peer).ok_or(CudaError::INVALID_DEVICE)?;
+        let context = peer.context.load(Ordering::Acquire);
+        // SAFETY: the peer GPU's primary context, retained and never released; the current
+        // context is the current GPU's (the session's thread).
+        check(unsafe {
+            if enable { sys::cuCtxEnablePeerAccess(context, flags).result() } else { sys::cuCtxDisablePeerAccess(context).result() }
+        })
     }
 
     fn driver_version(&self) -> i32 {
@@ -698,7 +783,7 @@ impl Device for CudaDevice {
 
     fn bind_thread(&self) -> CudaResult<()> {
         // SAFETY: the primary context, retained in `open` (or `reset`) and never released.
-        check(unsafe { result::ctx::set_current(self.context.load(Ordering::Acquire)) })
+        check(unsafe { result::ctx::set_current(self.gpu().context.load(Ordering::Acquire)) })
     }
 
     fn null_stream(&self) -> Self::Stream {
@@ -1092,7 +1177,7 @@ impl Device for CudaDevice {
     fn texture_1d_linear_max_width(&self, format: u32, channels: u32) -> CudaResult<u64> {
         let mut width = 0usize;
         // SAFETY: valid out-pointer; the format and channel count are plain values the driver checks.
-        raw_check(unsafe { (self.raw.texture_1d_linear_max_width)(&mut width, format, channels, self.device) })?;
+        raw_check(unsafe { (self.raw.texture_1d_linear_max_width)(&mut width, format, channels, self.gpu().device) })?;
         Ok(width as u64)
     }
 
@@ -1102,9 +1187,15 @@ impl Device for CudaDevice {
         // SAFETY: both arrays hold `count` entries; the operations are plain values the driver checks.
         let code = unsafe {
             if peer {
-                (self.raw.p2p_atomic_capabilities)(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.device, self.device)
+                (self.raw.p2p_atomic_capabilities)(
+                    capabilities.as_mut_ptr(),
+                    operations.as_ptr(),
+                    count,
+                    self.gpu().device,
+                    self.gpu().device,
+                )
             } else {
-                (self.raw.host_atomic_capabilities)(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.device)
+                (self.raw.host_atomic_capabilities)(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.gpu().device)
             }
         };
         raw_check(code)?;
@@ -1242,12 +1333,12 @@ impl Device for CudaDevice {
     fn reset(&self) -> CudaResult<()> {
         // SAFETY: the session waited for its work and drops every handle it held on this
         // context; the staging slots are all free (checked again by `remake`).
-        check(unsafe { sys::cuDevicePrimaryCtxReset_v2(self.device).result() })?;
+        check(unsafe { sys::cuDevicePrimaryCtxReset_v2(self.gpu().device).result() })?;
         // A reset leaves the context inactive until it is retained again; the count it had is
         // kept, so this one more is never released (the process holds it until it exits).
-        // SAFETY: `self.device` came from cuDeviceGet.
-        let context = unsafe { result::primary_ctx::retain(self.device) }.map_err(driver_error)?;
-        self.context.store(context, Ordering::Release);
+        // SAFETY: `self.gpu().device` came from cuDeviceGet.
+        let context = unsafe { result::primary_ctx::retain(self.gpu().device) }.map_err(driver_error)?;
+        self.gpu().context.store(context, Ordering::Release);
         self.bind_thread()?;
         self.staging.remake()
     }
@@ -1418,7 +1509,7 @@ impl Device for CudaDevice {
         // dangling pointer).
         let deps = if dependencies.is_empty() { std::ptr::null() } else { dependencies.as_ptr().cast::<sys::CUgraphNode>() };
         let count = dependencies.len();
-        let context = self.context.load(Ordering::Acquire);
+        let context = self.gpu().context.load(Ordering::Acquire);
         // SAFETY: (every arm) `graph` and the dependencies are the session's, of that graph
         // (`Handle` is a transparent newtype, so the slice is an array of `CUgraphNode`); the
         // parameter structs live across the call, which copies them; device ranges were
@@ -1491,7 +1582,7 @@ impl Device for CudaDevice {
 
     fn graph_conditional_handle(&self, graph: Self::Graph, default_value: u32, flags: u32) -> CudaResult<u64> {
         let mut handle = 0;
-        let context = self.context.load(Ordering::Acquire);
+        let context = self.gpu().context.load(Ordering::Acquire);
         // SAFETY: the session's graph in the device's context; valid out-pointer.
         check(unsafe { sys::cuGraphConditionalHandleCreate(&mut handle, graph.0, context, default_value, flags).result() })?;
         Ok(handle)
@@ -1578,17 +1669,17 @@ impl Device for CudaDevice {
         if let Some(mut value) = set {
             // SAFETY: a 64-bit value, as every graph memory attribute is; the driver checks
             // which ones may be set (only the high watermarks, reset with 0).
-            check(unsafe { sys::cuDeviceSetGraphMemAttribute(self.device, attr, (&raw mut value).cast()).result() })?;
+            check(unsafe { sys::cuDeviceSetGraphMemAttribute(self.gpu().device, attr, (&raw mut value).cast()).result() })?;
         }
         let mut value = 0u64;
         // SAFETY: a 64-bit out-value.
-        check(unsafe { sys::cuDeviceGetGraphMemAttribute(self.device, attr, (&raw mut value).cast()).result() })?;
+        check(unsafe { sys::cuDeviceGetGraphMemAttribute(self.gpu().device, attr, (&raw mut value).cast()).result() })?;
         Ok(value)
     }
 
     fn graph_mem_trim(&self) -> CudaResult<()> {
         // SAFETY: the session's device.
-        check(unsafe { sys::cuDeviceGraphMemTrim(self.device).result() })
+        check(unsafe { sys::cuDeviceGraphMemTrim(self.gpu().device).result() })
     }
 
     fn graph_node_read(&self, node: Self::GraphNode) -> CudaResult<NodeRead> {
@@ -1719,7 +1810,7 @@ impl Device for CudaDevice {
     }
 
     fn graph_node_set(&self, exec: Option<Self::GraphExec>, node: Self::GraphNode, work: NodeWork<'_, Self>) -> CudaResult<()> {
-        let context = self.context.load(Ordering::Acquire);
+        let context = self.gpu().context.load(Ordering::Acquire);
         // SAFETY: (every arm) the node and executable graph are the session's; parameter
         // structs outlive the call, which copies them; device ranges were checked.
         let code = unsafe {
@@ -1998,7 +2089,7 @@ impl Device for CudaDevice {
     fn default_pool(&self) -> CudaResult<Self::MemPool> {
         let mut pool = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the session's device.
-        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.device).result() })?;
+        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.gpu().device).result() })?;
         Ok(Handle(pool))
     }
 
@@ -2027,7 +2118,7 @@ impl Device for CudaDevice {
 
     fn set_current_pool(&self, pool: Self::MemPool) -> CudaResult<()> {
         // SAFETY: the session's device and one of its pools.
-        check(unsafe { sys::cuDeviceSetMemPool(self.device, pool.0).result() })
+        check(unsafe { sys::cuDeviceSetMemPool(self.gpu().device, pool.0).result() })
     }
 
     fn alloc_async(&self, size: u64, pool: Self::MemPool, stream: Self::Stream) -> CudaResult<u64> {
@@ -2296,7 +2387,7 @@ impl Device for CudaDevice {
     }
 
     fn context_event(&self, event: Self::Event, wait: bool) -> CudaResult<()> {
-        let context = self.context.load(Ordering::Acquire);
+        let context = self.gpu().context.load(Ordering::Acquire);
         // SAFETY: the session's primary context and one of its events.
         check(unsafe {
             if wait { sys::cuCtxWaitEvent(context, event.0).result() } else { sys::cuCtxRecordEvent(context, event.0).result() }
@@ -2450,11 +2541,11 @@ impl Device for CudaDevice {
     }
 
     fn memory_requirements(&self, target: ArrayRef<Self>, _desc: &ArrayDesc, _levels: u32) -> CudaResult<(u64, u64)> {
-        self.requirements_of(target, self.device)
+        self.requirements_of(target, self.gpu().device)
     }
 
     fn map_arrays(&self, maps: &[ArrayMapWork<Self>], stream: Self::Stream) -> CudaResult<()> {
-        self.map_array_work(maps, stream.0, self.device)
+        self.map_array_work(maps, stream.0, self.gpu().device)
     }
 
     fn batch_decompress(&self, ops: &[DecompressOp], stream: Self::Stream) -> Result<(), (CudaError, Option<u64>)> {
