@@ -88,6 +88,7 @@ int main() {
         CHECK(cudaSetDevice(0));
         CHECK(cudaDeviceEnablePeerAccess(1, 0));
         printf("enable again: %s\n", cudaGetErrorName(cudaDeviceEnablePeerAccess(1, 0)));
+        cudaGetLastError();  // that error is also the runtime's last error: cleared
         unsigned long long *total;
         CHECK(cudaMalloc(&total, sizeof *total));
         CHECK(cudaMemset(total, 0, sizeof *total));

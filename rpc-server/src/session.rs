@@ -402,7 +402,8 @@ pub struct Session<D: Device> {
     elsewhere: IdMap<(u32, usize), LoadedModule<D>>,
     links: IdMap<u64, Linked<D>>,
     /// Private events for waiting on streams, reused.
-    spare_events: Arc<Mutex<Vec<D::Event>>>,
+    /// By the device (index) whose context made each: an event is recorded only on streams of its context.
+    spare_events: Arc<Mutex<Vec<(usize, D::Event)>>>,
     /// The shared-memory segment, when the client shares this host.
     shm: Option<Segment>,
     /// Whether a loaded module may print (device `printf` or `assert`): only then do
@@ -661,12 +662,12 @@ impl<D: Device> Session<D> {
                 return answer(state);
             }
         }
-        let event = match self.private_event() {
-            Ok(event) => event,
+        let (gpu, event) = match self.private_event(stream) {
+            Ok(made) => made,
             Err(error) => return answer(Err(error)),
         };
         let spare = self.spare_events.clone();
-        let recycle = move |event| spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
+        let recycle = move |event| spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((gpu, event));
         if let Err(error) = self.device.event_record(event, stream, 0) {
             recycle(event);
             return answer(Err(error));
@@ -781,7 +782,7 @@ impl<D: Device> Session<D> {
         let streams = &streams[idle_up_to..];
         let mut events = Vec::with_capacity(streams.len());
         for stream in streams {
-            match self.private_event().and_then(|event| self.device.event_record(event, *stream, 0).map(|()| event)) {
+            match self.private_event(*stream).and_then(|(gpu, event)| self.device.event_record(event, *stream, 0).map(|()| (gpu, event))) {
                 Ok(event) => events.push(event),
                 Err(error) => {
                     let spare = self.spare_events.clone();
@@ -792,7 +793,7 @@ impl<D: Device> Session<D> {
         }
         let spare = self.spare_events.clone();
         self.waiters.run(move || {
-            crate::waiters::wait_until(|| events.iter().all(|event| device.event_query(*event) != Err(CudaError::NOT_READY)));
+            crate::waiters::wait_until(|| events.iter().all(|(_, event)| device.event_query(*event) != Err(CudaError::NOT_READY)));
             spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(events);
             finish(&device, Err(CudaError::NOT_READY));
         });
@@ -872,12 +873,15 @@ impl<D: Device> Session<D> {
         }
     }
 
-    fn private_event(&self) -> CudaResult<D::Event> {
-        let recycled = self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
-        match recycled {
-            Some(event) => Ok(event),
+    /// An event of the session's own, made by `stream`'s device (so it can be recorded there),
+    /// with that device's index.
+    fn private_event(&self, stream: D::Stream) -> CudaResult<(usize, D::Event)> {
+        let gpu = self.device.stream_device(stream);
+        let mut spare = self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match spare.iter().rposition(|(made_on, _)| *made_on == gpu) {
+            Some(at) => Ok(spare.swap_remove(at)),
             // cudaEventDisableTiming: waits need no timestamps, and untimed events are cheaper.
-            None => self.device.event_create(0x2),
+            None => self.device.event_create_on(gpu, 0x2).map(|event| (gpu, event)),
         }
     }
 
@@ -988,7 +992,7 @@ impl<D: Device> Drop for Session<D> {
         for module in self.modules.drain().map(|(_, module)| module).chain(self.elsewhere.drain().map(|(_, module)| module)) {
             let _ = self.device.unload_module(module.module);
         }
-        for event in self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain(..) {
+        for (_, event) in self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain(..) {
             let _ = self.device.event_destroy(event);
         }
         if let Some(segment) = &self.shm {

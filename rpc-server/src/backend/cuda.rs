@@ -379,13 +379,29 @@ struct StagingPool {
 struct Slot {
     ptr: *mut u8,
     capacity: usize,
-    /// Recorded after the slot's last copy; replaced after a context reset.
-    event: AtomicPtr<sys::CUevent_st>,
+    /// One event per GPU of the session (an event is recorded only on streams of its own
+    /// context), the one of the last copy's stream recorded after it; replaced after a reset.
+    events: Vec<AtomicPtr<sys::CUevent_st>>,
+    /// Which of `events` the last copy recorded.
+    last: AtomicUsize,
 }
 
 impl Slot {
+    /// The event of the slot's last copy.
     fn event(&self) -> sys::CUevent {
-        self.event.load(Ordering::Acquire)
+        self.events[self.last.load(Ordering::Acquire).min(self.events.len() - 1)].load(Ordering::Acquire)
+    }
+
+    /// Records the slot's last copy, queued on `stream` of GPU `gpu`.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of GPU `gpu`'s context (or NULL with that context current).
+    unsafe fn record_after(&self, stream: sys::CUstream, gpu: usize) -> CudaResult<()> {
+        let gpu = gpu.min(self.events.len() - 1);
+        // SAFETY: the event was created in the pool for that GPU's context, like the stream.
+        check(unsafe { result::event::record(self.events[gpu].load(Ordering::Acquire), stream) })?;
+        self.last.store(gpu, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -432,42 +448,58 @@ impl Drop for Staging {
 }
 
 impl StagingPool {
-    fn new(slots: usize, capacity: usize) -> CudaResult<Self> {
+    /// Slots with an event for each of `contexts` (the session's GPUs'), the first current.
+    fn new(slots: usize, capacity: usize, contexts: &[sys::CUcontext]) -> CudaResult<Self> {
         let total = slots.checked_mul(capacity).ok_or(CudaError::INVALID_VALUE)?;
         let mut memory = memmap2::MmapMut::map_anon(total.max(1)).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         let base = memory.as_mut_ptr();
         let made = (0..slots)
-            .map(|index| Slot { ptr: base.wrapping_add(index * capacity), capacity, event: AtomicPtr::new(std::ptr::null_mut()) })
+            .map(|index| Slot {
+                ptr: base.wrapping_add(index * capacity),
+                capacity,
+                events: contexts.iter().map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+                last: AtomicUsize::new(0),
+            })
             .collect();
         let pool = Self { memory, state: Mutex::new(vec![false; slots]), slots: made, freed: Condvar::new() };
-        pool.pin()?;
+        pool.pin(contexts, 0)?;
         Ok(pool)
     }
 
-    /// Pins the memory and gives every slot a new event (at start, and after a context reset,
-    /// which unpinned the one and destroyed the others).
-    fn pin(&self) -> CudaResult<()> {
+    /// Pins the memory and gives every slot new events, one in each of `contexts` (at start,
+    /// and after a context reset, which unpinned the one and destroyed the others); leaves
+    /// `contexts[current]` current.
+    fn pin(&self, contexts: &[sys::CUcontext], current: usize) -> CudaResult<()> {
         if self.slots.is_empty() {
             return Ok(());
         }
         // SAFETY: a context is current on the calling thread; the mapping stays for the
-        // process's life. CU_MEMHOSTREGISTER_PORTABLE, as `host_register` pins.
-        check(unsafe { sys::cuMemHostRegister_v2(self.memory.as_ptr() as *mut c_void, self.memory.len(), 0x01).result() })?;
-        for slot in &self.slots {
-            let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(driver_error)?;
-            slot.event.store(event, Ordering::Release);
+        // process's life. CU_MEMHOSTREGISTER_PORTABLE, as `host_register` pins: every context
+        // of the process sees it pinned. Still pinned (another GPU's context kept it) is fine.
+        let pinned = check(unsafe { sys::cuMemHostRegister_v2(self.memory.as_ptr() as *mut c_void, self.memory.len(), 0x01).result() });
+        if pinned.is_err() && pinned != Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED) {
+            return pinned;
         }
-        Ok(())
+        for (gpu, context) in contexts.iter().enumerate() {
+            // SAFETY: a primary context of the session, retained and never released.
+            check(unsafe { result::ctx::set_current(*context) })?;
+            for slot in &self.slots {
+                let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(driver_error)?;
+                slot.events[gpu].store(event, Ordering::Release);
+            }
+        }
+        // SAFETY: as above.
+        check(unsafe { result::ctx::set_current(contexts[current.min(contexts.len() - 1)]) })
     }
 
     /// After a context reset: pins the memory again with new events. Refused while a slot is
     /// held, as its holder may still use the old event.
-    fn remake(&self) -> CudaResult<()> {
+    fn remake(&self, contexts: &[sys::CUcontext], current: usize) -> CudaResult<()> {
         let held = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if held.iter().any(|taken| *taken) {
             return Err(CudaError::NOT_PERMITTED);
         }
-        let pinned = self.pin();
+        let pinned = self.pin(contexts, current);
         drop(held);
         pinned
     }
@@ -635,7 +667,8 @@ impl CudaDevice {
         // SAFETY: the first GPU's primary context, just retained.
         unsafe { result::ctx::set_current(gpus[0].context.load(Ordering::Acquire)) }
             .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
-        let staging = StagingPool::new(staging_slots, copy_chunk).map_err(|error| format!("pinned staging: {error}"))?;
+        let contexts: Vec<sys::CUcontext> = gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
+        let staging = StagingPool::new(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
         Ok(Self {
             gpus,
             current: AtomicUsize::new(0),
@@ -651,6 +684,21 @@ impl CudaDevice {
     /// The current GPU.
     fn gpu(&self) -> &Gpu {
         &self.gpus[self.current.load(Ordering::Relaxed).min(self.gpus.len() - 1)]
+    }
+
+    /// The GPU whose context `stream` belongs to: the current one for the legacy stream (and for
+    /// a stream of a green context).
+    fn stream_gpu(&self, stream: Handle<sys::CUstream>) -> usize {
+        let current = self.current.load(Ordering::Relaxed);
+        if self.gpus.len() == 1 || stream.0.is_null() {
+            return current;
+        }
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the stream is one of the session's, alive.
+        if unsafe { sys::cuStreamGetCtx(stream.0, &mut context) } != sys::CUresult::CUDA_SUCCESS {
+            return current;
+        }
+        self.gpus.iter().position(|gpu| gpu.context.load(Ordering::Acquire) == context).unwrap_or(current)
     }
 
     /// The device's primary context, current on the session's threads.
@@ -758,6 +806,26 @@ impl Device for CudaDevice {
             }
         }
         links
+    }
+
+    fn stream_device(&self, stream: Self::Stream) -> usize {
+        self.stream_gpu(stream)
+    }
+
+    fn event_create_on(&self, device: usize, flags: u32) -> CudaResult<Self::Event> {
+        let current = self.current_device();
+        if device == current {
+            return self.event_create(flags);
+        }
+        let gpu = self.gpus.get(device).ok_or(CudaError::INVALID_DEVICE)?;
+        // SAFETY: primary contexts of the session, retained and never released; the current one
+        // is made current again before returning.
+        unsafe {
+            check(result::ctx::set_current(gpu.context.load(Ordering::Acquire)))?;
+            let made = self.event_create(flags);
+            check(result::ctx::set_current(self.gpus[current].context.load(Ordering::Acquire)))?;
+            made
+        }
     }
 
     fn peer_access(&self, peer: usize, enable: bool, flags: u32) -> CudaResult<()> {
@@ -896,7 +964,7 @@ impl Device for CudaDevice {
         // the slot from being reused (`StagingPool::take` waits on it) before the DMA is done.
         unsafe {
             check(sys::cuMemcpyHtoDAsync_v2(dst, slot.ptr as *const c_void, src.len, stream_ptr(stream)).result())?;
-            check(result::event::record(slot.event(), stream_ptr(stream)))
+            slot.record_after(stream_ptr(stream), self.stream_gpu(stream))
         }
     }
 
@@ -906,7 +974,7 @@ impl Device for CudaDevice {
         // the held staging slot, which stays held until `finish_dtoh` has waited for the event.
         unsafe {
             check(sys::cuMemcpyDtoHAsync_v2(slot.ptr as *mut c_void, src, dst.len, stream_ptr(stream)).result())?;
-            check(result::event::record(slot.event(), stream_ptr(stream)))?;
+            slot.record_after(stream_ptr(stream), self.stream_gpu(stream))?;
         }
         Ok(PendingCopy { staging: dst })
     }
@@ -1340,7 +1408,8 @@ impl Device for CudaDevice {
         let context = unsafe { result::primary_ctx::retain(self.gpu().device) }.map_err(driver_error)?;
         self.gpu().context.store(context, Ordering::Release);
         self.bind_thread()?;
-        self.staging.remake()
+        let contexts: Vec<sys::CUcontext> = self.gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
+        self.staging.remake(&contexts, self.current_device())
     }
 
     fn func_set_cache_config(&self, function: Self::Function, config: u32) -> CudaResult<()> {
@@ -2485,7 +2554,7 @@ impl Device for CudaDevice {
         // being reused before the DMA is done, as in `copy_htod`.
         unsafe {
             self.shaped(host, dst, extent, stream_ptr(stream))?;
-            check(result::event::record(slot.event(), stream_ptr(stream)))
+            slot.record_after(stream_ptr(stream), self.stream_gpu(stream))
         }
     }
 
@@ -2495,7 +2564,7 @@ impl Device for CudaDevice {
         // SAFETY: as in `start_dtoh`: the held staging slot stays held until the event was waited.
         unsafe {
             self.shaped(src, host, extent, stream_ptr(stream))?;
-            check(result::event::record(slot.event(), stream_ptr(stream)))?;
+            slot.record_after(stream_ptr(stream), self.stream_gpu(stream))?;
         }
         Ok(PendingCopy { staging: dst })
     }

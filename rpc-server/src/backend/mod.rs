@@ -274,6 +274,14 @@ pub trait Device: Send + Sync + 'static {
     fn peer_links(&self) -> Vec<flyt_protocol::device::PeerLink> {
         Vec::new()
     }
+    /// The device (index) whose context `stream` belongs to.
+    fn stream_device(&self, _stream: Self::Stream) -> usize {
+        self.current_device()
+    }
+    /// An event made in device `device`'s context (`event_create` makes it in the current one).
+    fn event_create_on(&self, _device: usize, flags: u32) -> CudaResult<Self::Event> {
+        self.event_create(flags)
+    }
     /// Lets kernels of the current device use device `peer`'s memory (`enable`), or no longer.
     fn peer_access(&self, _peer: usize, _enable: bool, _flags: u32) -> CudaResult<()> {
         Err(CudaError::INVALID_DEVICE)
