@@ -107,6 +107,39 @@ int main(void) {
     EXPECT(cuCtxDisablePeerAccess(ctx1), CUDA_SUCCESS);
     EXPECT(cuCtxDisablePeerAccess(ctx1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
 
+    // Physical memory on device 1 made while device 0 is current, mapped, readable by both.
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 1;
+    size_t granularity = 0;
+    EXPECT(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle physical = 0;
+    CUdeviceptr mapped = 0;
+    EXPECT(cuMemCreate(&physical, granularity, &prop, 0), CUDA_SUCCESS);
+    EXPECT(cuMemAddressReserve(&mapped, granularity, 0, 0, 0), CUDA_SUCCESS);
+    EXPECT(cuMemMap(mapped, granularity, 0, physical, 0), CUDA_SUCCESS);
+    CUmemAccessDesc both[2];
+    memset(both, 0, sizeof both);
+    for (int d = 0; d < 2; d++) {
+        both[d].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        both[d].location.id = d;
+        both[d].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    EXPECT(cuMemSetAccess(mapped, granularity, both, 2), CUDA_SUCCESS);
+    both[0].location.id = 5;
+    EXPECT(cuMemSetAccess(mapped, granularity, both, 1), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT(cuMemsetD8(mapped, 0x66, granularity), CUDA_SUCCESS);
+    EXPECT(cuMemcpyDtoH(host, mapped, 64), CUDA_SUCCESS);
+    unsigned long long access_flags = 0;
+    CUmemLocation on_one = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
+    EXPECT(cuMemGetAccess(&access_flags, &on_one, mapped), CUDA_SUCCESS);
+    CHECK("physical memory of device 1 mapped for both", host[0] == 0x66 && host[63] == 0x66 && access_flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    EXPECT(cuMemUnmap(mapped, granularity), CUDA_SUCCESS);
+    EXPECT(cuMemRelease(physical), CUDA_SUCCESS);
+    EXPECT(cuMemAddressFree(mapped, granularity), CUDA_SUCCESS);
+
     struct worker workers[2] = {{ctx0, on0, 0x10, 0}, {ctx1, on1, 0x80, 0}};
     pthread_t threads[2];
     for (int i = 0; i < 2; i++) pthread_create(&threads[i], NULL, work_on, &workers[i]);
