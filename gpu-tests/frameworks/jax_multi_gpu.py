@@ -56,7 +56,8 @@ def step(p, xb, yb):
 
 
 pstep = jax.pmap(step, axis_name="i")
-replicated = jax.device_put_replicated(params, devices)
+# Replicated: one copy per device, stacked along the axis pmap splits.
+replicated = jax.tree_util.tree_map(lambda w: jnp.stack([w] * n), params)
 losses = []
 for _ in range(20):
     replicated, loss = pstep(replicated, data, target)
