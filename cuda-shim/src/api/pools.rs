@@ -32,7 +32,8 @@ fn pool_id(pool: CUmemoryPool) -> DriverResult<u64> {
     (pool as usize).checked_sub(POOL_BASE).filter(|id| *id > 0).map(|id| id as u64).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
-/// The session's one device.
+/// The device whose default pool the session's pool ids name (other devices' default pools are
+/// not served yet: a clear error rather than the wrong device's memory).
 fn check_device(dev: CUdevice) -> DriverResult {
     if dev == 0 { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_DEVICE) }
 }
@@ -155,8 +156,8 @@ pub unsafe fn cuMemPoolCreate(pool: *mut CUmemoryPool, pool_props: *const CUmemP
             );
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
-        check_device(props.location.id)?;
-        let id = session_client()?.pool_create(props.handleTypes).map_err(driver_error)?;
+        // Made on the location's device, whichever is current (NCCL makes one per GPU).
+        let id = super::vmm::on_device(props.location.id, || session_client()?.pool_create(props.handleTypes).map_err(driver_error))?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(pool, pool_handle(id)) }
     })

@@ -57,7 +57,7 @@ fn device_location(location: &CUmemLocation) -> DriverResult<i32> {
 
 /// Runs `call` with the calling thread's requests made on the app's device `device` (what a
 /// location names, whichever device is current), then as before.
-fn on_device<T>(device: i32, call: impl FnOnce() -> DriverResult<T>) -> DriverResult<T> {
+pub(crate) fn on_device<T>(device: i32, call: impl FnOnce() -> DriverResult<T>) -> DriverResult<T> {
     let client = session_client()?;
     let server = client.server_device(usize::try_from(device).unwrap_or(usize::MAX)).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
     let before = flyt_client::devices::thread_device();

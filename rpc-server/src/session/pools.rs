@@ -209,7 +209,12 @@ impl<D: Device> Session<D> {
             }
             let stream = self.stream(request.stream)?;
             let id = if request.pool == 0 { self.pools.current } else { request.pool };
-            let pool = self.pool(id)?;
+            // The session's pool ids name the first device's pools; the current pool of another
+            // device is that device's default one.
+            let pool = match (request.pool, id, self.device.current_device()) {
+                (0, DEFAULT_POOL, device) if device != 0 => self.device.default_pool()?,
+                _ => self.pool(id)?,
+            };
             // An imported pool makes no allocations, as natively.
             if self.pools.imported.contains_key(&id) {
                 return Err(CudaError::INVALID_VALUE);
