@@ -533,11 +533,11 @@ impl Conn {
     /// after the last one. `returned` counts the function as returned, in the same hold of the
     /// outgoing buffer as the enqueue, so a `Pause` is never queued between the two (the
     /// server would then drain before this end, which it must wait for).
-    pub fn send_host_call_done(self: &Arc<Self>, request: &Request, returned: impl FnOnce()) -> CudaResult<()> {
+    pub fn send_host_call_done(self: &Arc<Self>, request: &Request, bulk: &[u8], returned: impl FnOnce()) -> CudaResult<()> {
         self.check_alive()?;
         {
             let mut out = lock(&self.outgoing);
-            Self::enqueue(&mut out, request, &[]);
+            Self::enqueue(&mut out, request, bulk);
             returned();
             if out.pause_owed && !host_functions_pending() {
                 out.pause_owed = false;
@@ -762,8 +762,17 @@ impl Conn {
 
     fn dispatch(&self, inbound: &mut Inbound, header: FrameHeader, message: &[u8]) -> Result<(), String> {
         if header.seq == 0 {
-            inbound.skip(header.bulk_len).map_err(|_| "connection ended inside a notice".to_string())?;
-            match flyt_protocol::frame::decode_exact::<Notice>(message) {
+            let notice = flyt_protocol::frame::decode_exact::<Notice>(message);
+            // A graph's device-to-host copy brings the app's bytes; other notices bring none.
+            let mut bytes = Vec::new();
+            if matches!(notice, Ok(Notice::HostCopyOut { host, .. }) if host.width.checked_mul(host.rows).and_then(|n| n.checked_mul(host.depth)) == Some(header.bulk_len))
+            {
+                bytes.resize(usize::try_from(header.bulk_len).map_err(|_| "a host copy too large".to_string())?, 0);
+                inbound.read_exact(&mut bytes).map_err(|_| "connection ended inside a notice".to_string())?;
+            } else {
+                inbound.skip(header.bulk_len).map_err(|_| "connection ended inside a notice".to_string())?;
+            }
+            match notice {
                 Ok(Notice::Limits { devices }) => *lock(&self.resized_devices) = Some(devices),
                 Ok(Notice::Output { stdout, stderr }) => write_device_output(&stdout, &stderr),
                 Ok(Notice::Pause) => self.pause(),
@@ -774,8 +783,22 @@ impl Conn {
                 Ok(Notice::HostCall { call, run }) => {
                     let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
                     match crate::client::existing_client() {
-                        Some(client) => client.host_call_arrived(call, run),
+                        Some(client) => client.host_call_arrived(crate::graphs::HostJob::Call { call, run }),
                         None => return Err("a host function call before the session opened".into()),
+                    }
+                }
+                Ok(Notice::HostCopyOut { run, host }) => {
+                    let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
+                    match crate::client::existing_client() {
+                        Some(client) => client.host_call_arrived(crate::graphs::HostJob::CopyOut { run, host, bytes }),
+                        None => return Err("a graph host copy before the session opened".into()),
+                    }
+                }
+                Ok(Notice::HostCopyIn { run, host }) => {
+                    let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
+                    match crate::client::existing_client() {
+                        Some(client) => client.host_call_arrived(crate::graphs::HostJob::CopyIn { run, host }),
+                        None => return Err("a graph host copy before the session opened".into()),
                     }
                 }
                 Err(error) => return Err(format!("undecodable notice: {error}")),

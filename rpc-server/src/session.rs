@@ -826,6 +826,10 @@ impl<D: Device> Session<D> {
 
     fn release_everything(&mut self) {
         self.graphs.release(&*self.device);
+        for (address, len) in self.graphs.take_staging() {
+            let _ = self.device.graph_staging_free(address);
+            self.budget.release(len);
+        }
         self.release_vmm();
         self.release_pools();
         self.release_arrays();
@@ -2067,5 +2071,13 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn host_call_done(&mut self, request: req::HostCallDone, reply: Responder<rep::HostCallDone>) {
         self.host_call_done(request, reply);
+    }
+
+    fn capture_host_copy(&mut self, request: req::CaptureHostCopy, reply: Responder<rep::CaptureHostCopy>) {
+        self.capture_host_copy(request, reply);
+    }
+
+    fn host_copy_done(&mut self, request: req::HostCopyDone, bulk: &mut BulkIn<'_>, reply: Responder<rep::HostCopyDone>) {
+        self.host_copy_done(request, bulk, reply);
     }
 }

@@ -405,6 +405,20 @@ impl Device for EmulatedDevice {
         Ok(place(&mut state, size, Block::Heap(vec![0; len])))
     }
 
+    /// A block of this device's memory, which is this process's own: its bytes are the host's.
+    fn graph_staging_alloc(&self, len: u64) -> CudaResult<(u64, *mut u8)> {
+        let address = self.malloc(len)?;
+        let mut state = self.state();
+        let host = state.blocks.get_mut(&address).map(|block| block.as_mut_ptr()).ok_or(CudaError::UNKNOWN)?;
+        Ok((address, host))
+    }
+
+    fn graph_staging_free(&self, address: u64) -> CudaResult<()> {
+        // A graph's host node may still be queued on the host thread: it reads this block.
+        self.host.wait(u64::MAX);
+        self.free(address)
+    }
+
     fn free_graph_memory(&self, _ptr: u64) -> CudaResult<()> {
         // Graph memory lives with its node here (no GPU to map it at launch): only the wait a
         // free makes is left to do.
@@ -1207,7 +1221,14 @@ impl Device for EmulatedDevice {
                 }
                 Work::Host(site) => {
                     drop(state);
+                    let copy = site.is_copy();
                     self.host.submit(stream, site)?;
+                    if copy {
+                        // A host copy's half on the host: the graph's next work (its copy out
+                        // of staging, or the next launch's copy into it) must follow it, and
+                        // work here runs at submission.
+                        self.host.wait(self.host.mark());
+                    }
                 }
                 // Graph memory is held by its node here; conditionals were inlined by `flatten`.
                 Work::Empty | Work::EventWait(_) | Work::Child(_) | Work::MemAlloc { .. } | Work::MemFree(_) | Work::Conditional { .. } => {
