@@ -1602,6 +1602,7 @@ fn host_copy_nodes_run_through_the_client(socket: &str) {
     let (input, output) = (0x7f00_1000_0000, 0x7f00_2000_0000);
     let add = |node: u64, dependencies: Vec<u64>, copy: HostCopy| req::GraphAddNode { graph: 1, node, dependencies, params: NodeParams::HostMemcpy(copy) };
     session.call(req::GraphCreate { graph: 1 }).0.unwrap();
+    let free_before = session.call(req::MemGetInfo {}).0.unwrap().free;
     for (request, error) in [
         (add(9, vec![], host_copy(input, a, 1 << 40, false)), INVALID_VALUE),
         (add(9, vec![], host_copy(input, a + 4000, 200, false)), INVALID_VALUE),
@@ -1613,6 +1614,7 @@ fn host_copy_nodes_run_through_the_client(socket: &str) {
     }
     session.call(add(10, vec![], host_copy(input, a, 64, false))).0.unwrap();
     session.call(add(11, vec![10], host_copy(output, a, 64, true))).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, free_before - 128, "staging counts in the quota");
     let nodes = session.call(req::GraphNodes { graph: 1, roots: false }).0.unwrap().nodes;
     assert!(nodes.iter().all(|entry| entry.kind == node_type::MEMCPY), "{nodes:?}");
     let NodeReadback::Memcpy(back) = session.call(req::GraphNodeGetParams { node: 11 }).0.unwrap().params else { panic!("a copy") };
@@ -1635,9 +1637,11 @@ fn host_copy_nodes_run_through_the_client(socket: &str) {
         assert_eq!((synchronized.result, synchronized.deferred), (Ok(rep::StreamSynchronize {}), Some(INVALID_VALUE)));
         assert_eq!(read_back(&mut session, a, 64), vec![launch + 1; 64]);
     }
-    session.send(&req::GraphExecDestroy { exec: 5 }.into(), &[]);
+    // The executable graph holds the staging after its graph is gone; then nothing does.
     session.send(&req::GraphDestroy { graph: 1 }.into(), &[]);
-    session.call(req::DeviceSynchronize {}).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, free_before - 128, "the executable graph still copies");
+    session.send(&req::GraphExecDestroy { exec: 5 }.into(), &[]);
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, free_before, "staging freed with the last holder");
 }
 
 /// A host function holds its stream: the server tells the client to run it, the stream is busy

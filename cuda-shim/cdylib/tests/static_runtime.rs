@@ -236,6 +236,8 @@ fn graph_copies_with_host_memory_through_the_driver_api() {
             "MemcpyNodeSetParams: a new instantiation copies to the new buffer: yes",
             "a host copy larger than its device memory is refused: yes",
             "a clone copies with host memory too: yes",
+            "a generic copy node from host memory ran: yes",
+            "cuGraphExecUpdate: the copies name the new graph's host buffers: yes",
         ] {
             assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}' in:\n{stdout}\n{stderr}");
         }

@@ -865,8 +865,14 @@ impl Device for CudaDevice {
         let mut host: *mut c_void = std::ptr::null_mut();
         // SAFETY: a query into a local out-variable (the driver checks `address`).
         check(unsafe { sys::cuPointerGetAttribute((&raw mut host).cast(), sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER, address).result() })?;
-        // SAFETY: the session frees staging once no graph that names it can run; cuMemFreeHost
-        // waits for the device's work that uses it.
+        // A launch of an executable graph destroyed since may still copy through it: the
+        // device's work ends first (the session's read-ahead answers host calls meanwhile).
+        // SAFETY: a plain synchronization of the current context.
+        if let Err(error) = check(unsafe { sys::cuCtxSynchronize().result() }) {
+            tracing::warn!(%error, "synchronizing before freeing a graph copy's staging");
+        }
+        // SAFETY: no graph or executable graph that names it is left, and the device's work is
+        // done (or failed, and runs no more).
         check(unsafe { sys::cuMemFreeHost(host).result() })
     }
 

@@ -84,11 +84,13 @@ pub struct GraphTable<D: Device> {
     /// Copy nodes with the app's host memory, as the app gave them (each is a child graph node
     /// to the driver: the copy through staging and its host half; see `host_copy_graph`).
     host_copies: HashMap<u64, HostCopy>,
-    /// The staging those copies go through (address, bytes): graphs, their clones and
-    /// executable graphs share it, so it lives, counted in the quota, until the session ends.
-    staging: Vec<(u64, u64)>,
-    /// The host halves of those copies: the driver's host nodes name them.
-    copy_sites: Vec<Arc<HostCallSite>>,
+    /// The staging those copies go through, by address: its bytes, counted in the quota, and
+    /// the host half of its copy, which the driver's host node names.
+    staging: HashMap<u64, (u64, Arc<HostCallSite>)>,
+    /// The staging each graph and executable graph (by the app's id) may run a copy through:
+    /// its own nodes', its children's and conditional bodies', what it was cloned, instantiated
+    /// or updated from. Staging no graph or executable graph holds is freed.
+    staging_holders: HashMap<u64, HashSet<u64>>,
 }
 
 impl<D: Device> GraphTable<D> {
@@ -134,8 +136,8 @@ impl<D: Device> GraphTable<D> {
             conditionals: HashSet::new(),
             memory: HashMap::new(),
             host_copies: HashMap::new(),
-            staging: Vec::new(),
-            copy_sites: Vec::new(),
+            staging: HashMap::new(),
+            staging_holders: HashMap::new(),
         }
     }
 
@@ -208,6 +210,7 @@ impl<D: Device> GraphTable<D> {
     fn forget_graph(&mut self, id: u64) -> Option<(D::Graph, Vec<(u64, u64)>)> {
         let graph = self.graphs.remove(&id)?;
         self.graph_ids.remove(&graph);
+        self.staging_holders.remove(&id);
         for exec in self.execs.values_mut().filter(|exec| exec.cloned_from == Some(id)) {
             exec.cloned_from = None;
         }
@@ -266,7 +269,39 @@ impl<D: Device> GraphTable<D> {
     /// The staging of host copies, given back (the session ends or its device is reset, after
     /// every graph is gone): (address, bytes) pairs the caller frees and releases.
     pub fn take_staging(&mut self) -> Vec<(u64, u64)> {
-        std::mem::take(&mut self.staging)
+        self.staging_holders.clear();
+        self.staging.drain().map(|(address, (len, _))| (address, len)).collect()
+    }
+
+    /// Staging no graph or executable graph holds any more, forgotten here: (address, bytes)
+    /// pairs the caller frees and releases.
+    fn unheld_staging(&mut self) -> Vec<(u64, u64)> {
+        if self.staging.is_empty() {
+            return Vec::new();
+        }
+        let held: HashSet<u64> = self.staging_holders.values().flatten().copied().collect();
+        let unheld: Vec<u64> = self.staging.keys().filter(|address| !held.contains(address)).copied().collect();
+        unheld.into_iter().filter_map(|address| self.staging.remove(&address).map(|(len, _)| (address, len))).collect()
+    }
+
+    /// `graph` (or an executable graph) may run a copy through the staging at `address`; so may
+    /// the graphs whose nodes own `graph` (a conditional node's body, a child graph named back).
+    fn hold(&mut self, holder: u64, address: u64) {
+        let mut at = Some(holder);
+        for _ in 0..64 {
+            let Some(graph) = at else { break };
+            self.staging_holders.entry(graph).or_default().insert(address);
+            at = self.owned.iter().find(|(_, graphs)| graphs.contains(&graph)).and_then(|(node, _)| self.nodes.get(node)).map(|(_, of)| *of);
+        }
+    }
+
+    /// `holder` may run whatever `from` may (a child graph node, a clone, an instantiation or
+    /// an update).
+    fn hold_as(&mut self, holder: u64, from: u64) {
+        let addresses: Vec<u64> = self.staging_holders.get(&from).map(|set| set.iter().copied().collect()).unwrap_or_default();
+        for address in addresses {
+            self.hold(holder, address);
+        }
     }
 }
 
@@ -425,6 +460,7 @@ impl<D: Device> Session<D> {
             self.ranges.remove_within(ptr, 1, RangeKind::GraphMemory);
             self.budget.release(size);
         }
+        self.free_unheld_staging();
         Some(graph)
     }
 
@@ -605,7 +641,7 @@ impl<D: Device> Session<D> {
             let dependencies = self.graphs.nodes_of(&request.dependencies, request.graph)?;
             self.detach_execs(request.graph);
             if let NodeParams::HostMemcpy(host) = request.params {
-                let node = self.add_host_copy(graph, &dependencies, &host)?;
+                let node = self.add_host_copy(graph, request.graph, &dependencies, &host)?;
                 self.graphs.add_node(request.node, node, request.graph);
                 self.graphs.host_copies.insert(request.node, host);
                 return Ok(rep::GraphAddNode { ptr: 0 });
@@ -631,6 +667,9 @@ impl<D: Device> Session<D> {
                 }
             };
             self.graphs.add_node(request.node, added.node, request.graph);
+            if let NodeParams::Child { graph: child } = request.params {
+                self.graphs.hold_as(request.graph, child);
+            }
             if memory > 0 {
                 self.ranges.insert(added.ptr, memory, RangeKind::GraphMemory);
                 self.graphs.memory.insert(added.ptr, (memory, request.graph));
@@ -856,6 +895,7 @@ impl<D: Device> Session<D> {
             let graph = self.graphs.graph(request.graph)?;
             let clone = self.device.graph_clone(graph)?;
             self.graphs.add_graph(request.clone, clone);
+            self.graphs.hold_as(request.clone, request.graph);
             let originals: Vec<(u64, D::GraphNode)> =
                 self.graphs.nodes.iter().filter(|(_, (_, of))| *of == request.graph).map(|(id, (node, _))| (*id, *node)).collect();
             let mut pairs = Vec::with_capacity(originals.len());
@@ -884,6 +924,7 @@ impl<D: Device> Session<D> {
             let shadow = self.shadow_of(graph, request.flags, plain);
             let cloned_from = Some(request.graph);
             self.graphs.execs.insert(request.exec, Exec { exec, flags: request.flags, shadow, cloned_from, translate: HashMap::new() });
+            self.graphs.hold_as(request.exec, request.graph);
             Ok(rep::GraphInstantiate { host_nodes })
         })();
         reply.send(result);
@@ -907,6 +948,9 @@ impl<D: Device> Session<D> {
     pub(super) fn graph_exec_destroy(&mut self, request: req::GraphExecDestroy, reply: Responder<rep::GraphExecDestroy>) {
         let result =
             self.graphs.execs.remove(&request.exec).ok_or(CudaError::INVALID_VALUE).and_then(|exec| destroy_exec(&*self.device, exec));
+        if self.graphs.staging_holders.remove(&request.exec).is_some() {
+            self.free_unheld_staging();
+        }
         reply.send(result.map(|()| rep::GraphExecDestroy {}));
     }
 
@@ -917,6 +961,7 @@ impl<D: Device> Session<D> {
             let (host_nodes, plain) = self.census(graph, 0)?;
             let update = self.device.graph_exec_update(exec, graph);
             if update.result.is_ok() {
+                self.graphs.hold_as(request.exec, request.graph);
                 // The executable graph now runs `graph`'s work: its copy follows.
                 let flags = self.graphs.execs.get(&request.exec).map_or(0, |record| record.flags);
                 let shadow = self.shadow_of(graph, flags, plain);
@@ -938,18 +983,18 @@ impl<D: Device> Session<D> {
 
     pub(super) fn graph_node_set_params(&mut self, mut request: req::GraphNodeSetParams, reply: Responder<rep::GraphNodeSetParams>) {
         let result = (|| {
-            let (exec, node) = match request.exec {
+            let (exec, node, holder) = match request.exec {
                 0 => {
                     let (node, graph) = self.graphs.node(request.node)?;
                     self.detach_execs(graph);
-                    (None, node)
+                    (None, node, graph)
                 }
-                exec => self.graphs.exec_node(exec, request.node).map(|(exec, node)| (Some(exec), node))?,
+                exec => self.graphs.exec_node(exec, request.node).map(|(exec, node)| (Some(exec), node, request.exec))?,
             };
             let current = self.graphs.host_copies.get(&request.node).copied();
             match (&request.params, current) {
                 (NodeParams::HostMemcpy(host), Some(current)) if host.to_host == current.to_host => {
-                    self.set_host_copy(exec, node, host)?;
+                    self.set_host_copy(exec, holder, node, host)?;
                     if exec.is_none() {
                         self.graphs.host_copies.insert(request.node, *host);
                     }
@@ -991,10 +1036,10 @@ impl<D: Device> Session<D> {
     /// The device's copy of a copy with the app's host memory, to or from new staging, and the
     /// host half that sends the staged bytes to the client or fetches them: the device side is
     /// checked against the session's memory and the staging counted in its quota.
-    fn host_copy_parts(&mut self, host: &HostCopy) -> CudaResult<(Copy3d, Arc<HostCallSite>)> {
+    fn host_copy_parts(&mut self, host: &HostCopy) -> CudaResult<(Copy3d, Arc<HostCallSite>, u64)> {
         let copy = host.copy;
         let len = host.packed_len().filter(|len| *len > 0).ok_or(CudaError::INVALID_VALUE)?;
-        if len > MAX_HOST_COPY {
+        if len > MAX_HOST_COPY || usize::try_from(len).is_err() {
             return Err(CudaError::INVALID_VALUE);
         }
         let (device, pitch, height) =
@@ -1021,26 +1066,41 @@ impl<D: Device> Session<D> {
                 return Err(error);
             }
         };
-        self.graphs.staging.push((address, len));
         let (width, rows, depth) = (copy.width, copy.height, copy.depth);
         let device_copy = if host.to_host {
             Copy3d { src: device, src_pitch: pitch, src_height: height, dst: address, dst_pitch: width, dst_height: rows, width, height: rows, depth }
         } else {
             Copy3d { src: address, src_pitch: width, src_height: rows, dst: device, dst_pitch: pitch, dst_height: height, width, height: rows, depth }
         };
-        let len = usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?;
-        let staged = StagedCopy { staging: Staging { host: staging, len }, host: shape, to_host: host.to_host };
+        let staged = StagedCopy { staging: Staging { host: staging, len: len as usize }, host: shape, to_host: host.to_host };
         let site = HostCallSite::for_copy(staged, &self.graphs.host_calls);
-        self.graphs.copy_sites.push(site.clone());
-        Ok((device_copy, site))
+        self.graphs.staging.insert(address, (len, site.clone()));
+        Ok((device_copy, site, address))
+    }
+
+    /// Frees the staging no graph or executable graph holds any more (after the device's work
+    /// that may use it: `graph_staging_free` waits for it).
+    fn free_unheld_staging(&mut self) {
+        for (address, len) in self.graphs.unheld_staging() {
+            if let Err(error) = self.device.graph_staging_free(address) {
+                tracing::warn!(%error, "freeing a graph copy's staging");
+            }
+            self.budget.release(len);
+        }
     }
 
     /// A graph that runs a copy with the app's host memory: the device's copy then the host
     /// half (device to host), or the other way round. The caller adds it as a child graph node
     /// (the driver copies it) and destroys it.
-    fn host_copy_graph(&mut self, host: &HostCopy) -> CudaResult<D::Graph> {
-        let (copy, site) = self.host_copy_parts(host)?;
-        let graph = self.device.graph_create()?;
+    fn host_copy_graph(&mut self, host: &HostCopy) -> CudaResult<(D::Graph, u64)> {
+        let (copy, site, address) = self.host_copy_parts(host)?;
+        let graph = match self.device.graph_create() {
+            Ok(graph) => graph,
+            Err(error) => {
+                self.free_unheld_staging();
+                return Err(error);
+            }
+        };
         let built = if host.to_host {
             self.device
                 .graph_add_node(graph, &[], NodeWork::Memcpy(copy))
@@ -1051,33 +1111,51 @@ impl<D: Device> Session<D> {
                 .and_then(|first| self.device.graph_add_node(graph, &[first.node], NodeWork::Memcpy(copy)))
         };
         match built {
-            Ok(_) => Ok(graph),
+            Ok(_) => Ok((graph, address)),
             Err(error) => {
                 let _ = self.device.graph_destroy(graph);
+                self.free_unheld_staging();
                 Err(error)
             }
         }
     }
 
-    /// Adds a copy with the app's host memory to `graph` after `dependencies`: one child graph
-    /// node to the driver.
-    fn add_host_copy(&mut self, graph: D::Graph, dependencies: &[D::GraphNode], host: &HostCopy) -> CudaResult<D::GraphNode> {
-        let child = self.host_copy_graph(host)?;
+    /// Adds a copy with the app's host memory to `graph` (the app's `id`) after `dependencies`:
+    /// one child graph node to the driver.
+    fn add_host_copy(&mut self, graph: D::Graph, id: u64, dependencies: &[D::GraphNode], host: &HostCopy) -> CudaResult<D::GraphNode> {
+        let (child, address) = self.host_copy_graph(host)?;
         let added = self.device.graph_add_node(graph, dependencies, NodeWork::Child(child));
         let _ = self.device.graph_destroy(child);
-        Ok(added?.node)
+        match added {
+            Ok(added) => {
+                self.graphs.hold(id, address);
+                Ok(added.node)
+            }
+            Err(error) => {
+                self.free_unheld_staging();
+                Err(error)
+            }
+        }
     }
 
     /// New parameters of a copy with the app's host memory (same direction): in an executable
     /// graph its child graph is replaced; in a graph its copy and host half are changed in place.
-    fn set_host_copy(&mut self, exec: Option<D::GraphExec>, node: D::GraphNode, host: &HostCopy) -> CudaResult<()> {
+    /// `holder`: the app's id of the executable graph, or of the node's graph.
+    fn set_host_copy(&mut self, exec: Option<D::GraphExec>, holder: u64, node: D::GraphNode, host: &HostCopy) -> CudaResult<()> {
         if let Some(exec) = exec {
-            let child = self.host_copy_graph(host)?;
+            let (child, address) = self.host_copy_graph(host)?;
             let set = self.device.graph_node_set(Some(exec), node, NodeWork::Child(child));
             let _ = self.device.graph_destroy(child);
+            if set.is_ok() {
+                self.graphs.hold(holder, address);
+            } else {
+                self.free_unheld_staging();
+            }
             return set;
         }
-        let (copy, site) = self.host_copy_parts(host)?;
+        let (copy, site, address) = self.host_copy_parts(host)?;
+        // Held before the nodes change: a failure halfway leaves a node that may name it.
+        self.graphs.hold(holder, address);
         let inner = self.device.graph_child(node)?;
         for (inner_node, kind) in self.device.graph_nodes(inner, false)? {
             match kind {
@@ -1103,7 +1181,7 @@ impl<D: Device> Session<D> {
             }
             let graph = info.graph.ok_or(CudaError::ILLEGAL_STATE)?;
             let id = self.graphs.graph_ids.get(&graph).copied().ok_or(CudaError::ILLEGAL_STATE)?;
-            let node = self.add_host_copy(graph, &info.dependencies, &request.copy)?;
+            let node = self.add_host_copy(graph, id, &info.dependencies, &request.copy)?;
             let node_id = self.graphs.node_id(node, id);
             self.graphs.host_copies.insert(node_id, request.copy);
             self.device.capture_dependencies(stream, &[node], None, true)

@@ -223,6 +223,52 @@ static void explicit_nodes(CUcontext ctx, CUstream s, CUdeviceptr a) {
     free(other);
 }
 
+// A generic copy node (cuGraphAddNode) with a host source, and cuGraphExecUpdate to a graph of the
+// same shape whose copies name other host buffers (the first graph then destroyed: its staging goes
+// with the executable graph's own).
+static CUgraph in_and_out(CUcontext ctx, CUdeviceptr a, unsigned char *in, unsigned char *out, size_t n) {
+    CUgraph graph;
+    EXPECT(cuGraphCreate(&graph, 0), CUDA_SUCCESS);
+    CUgraphNodeParams generic;
+    memset(&generic, 0, sizeof generic);
+    generic.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+    generic.memcpy.copyCtx = ctx;
+    generic.memcpy.copyParams = host_copy(in, a, n, 0);
+    CUgraphNode up, down;
+    EXPECT(cuGraphAddNode(&up, graph, NULL, NULL, 0, &generic), CUDA_SUCCESS);
+    CUDA_MEMCPY3D back = host_copy(out, a, n, 1);
+    EXPECT(cuGraphAddMemcpyNode(&down, graph, &up, 1, &back, ctx), CUDA_SUCCESS);
+    return graph;
+}
+
+static void generic_nodes_and_update(CUcontext ctx, CUstream s, CUdeviceptr a) {
+    const size_t n = 4096;
+    unsigned char *in1 = malloc(n), *out1 = malloc(n), *in2 = malloc(n), *out2 = malloc(n);
+    memset(in1, 0x61, n);
+    memset(in2, 0x62, n);
+    memset(out1, 0, n);
+    memset(out2, 0, n);
+    CUgraph first = in_and_out(ctx, a, in1, out1, n), second = in_and_out(ctx, a, in2, out2, n);
+    CUgraphExec exec;
+    EXPECT(cuGraphInstantiate(&exec, first, 0), CUDA_SUCCESS);
+    EXPECT(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+    CHECK("a generic copy node from host memory ran", all_are(out1, n, 0x61));
+    CUgraphExecUpdateResultInfo info;
+    EXPECT(cuGraphExecUpdate(exec, second, &info), CUDA_SUCCESS);
+    EXPECT(cuGraphDestroy(second), CUDA_SUCCESS);
+    EXPECT(cuGraphDestroy(first), CUDA_SUCCESS);
+    memset(out1, 0, n);
+    EXPECT(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+    CHECK("cuGraphExecUpdate: the copies name the new graph's host buffers", all_are(out2, n, 0x62) && all_are(out1, n, 0));
+    EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    free(in1);
+    free(out1);
+    free(in2);
+    free(out2);
+}
+
 int main(void) {
     CUcontext ctx;
     EXPECT(cuInit(0), CUDA_SUCCESS);
@@ -237,6 +283,7 @@ int main(void) {
 
     captured_copies(s, a, b, N);
     explicit_nodes(ctx, s, a);
+    generic_nodes_and_update(ctx, s, a);
 
     EXPECT(cuMemFree(a), CUDA_SUCCESS);
     EXPECT(cuMemFree(b), CUDA_SUCCESS);
