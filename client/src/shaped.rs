@@ -258,7 +258,8 @@ fn host_device_copy(shape: &Shape) -> Option<(Copy3d, bool)> {
     };
     let (src, src_pitch, src_height) = flat(shape.src, shape.src_pos)?;
     let (dst, dst_pitch, dst_height) = flat(shape.dst, shape.dst_pos)?;
-    let copy = Copy3d { src, src_pitch, src_height, dst, dst_pitch, dst_height, width: shape.width, height: shape.height, depth: shape.depth };
+    let copy =
+        Copy3d { src, src_pitch, src_height, dst, dst_pitch, dst_height, width: shape.width, height: shape.height, depth: shape.depth };
     Some((copy, to_host))
 }
 

@@ -401,6 +401,17 @@ pub fn captured_host_copy(client: &Client, copy: Copy3d, to_host: bool, stream: 
     if !client.graphs.any_capture() || client.capture_info(stream)?.status == capture_status::NONE {
         return Ok(false);
     }
+    // Pinned memory of the shared-memory segment is mapped in the server: the driver's own
+    // capture names it there, which needs no round trip per launch.
+    let (host, pitch, height) =
+        if to_host { (copy.dst, copy.dst_pitch, copy.dst_height) } else { (copy.src, copy.src_pitch, copy.src_height) };
+    if let Some(channel) = &client.shm
+        && let Some(span) = copy.span(pitch, height)
+        && let (Ok(host), Ok(span)) = (usize::try_from(host), usize::try_from(span))
+        && channel.offset_of(host, span).is_some()
+    {
+        return Ok(false);
+    }
     client.ensure_host_runner()?;
     client.call(req::CaptureHostCopy { stream, copy: HostCopy { copy, to_host } })?;
     Ok(true)

@@ -25,11 +25,21 @@ use crate::transport::Outbox;
 
 /// What the announcer thread tells the client.
 enum Announce {
-    Call { call: u64, run: u64 },
+    Call {
+        call: u64,
+        run: u64,
+    },
     /// A device-to-host copy's bytes for the app's `host` memory.
-    CopyOut { run: u64, host: HostBox, bytes: Vec<u8> },
+    CopyOut {
+        run: u64,
+        host: HostBox,
+        bytes: Vec<u8>,
+    },
     /// A host-to-device copy wants the app's `host` bytes.
-    CopyIn { run: u64, host: HostBox },
+    CopyIn {
+        run: u64,
+        host: HostBox,
+    },
 }
 
 /// The announcer thread's queue.

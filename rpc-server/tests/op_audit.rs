@@ -12,9 +12,10 @@ use flyt_protocol::CudaError;
 use flyt_protocol::frame::{FrameLimits, read_full, read_message};
 use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::{
-    ArrayDesc, ArrayMap, Copy3d, CopySide, DecompressOp, Dim3, FunctionRef, HostCopy, JitOption, Memset2d, NodeParams, NodeReadback, Op, OpClass,
-    OpInfo, Pos3, Request, Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, Subresource, TensorMapLayout, TensorMapParams, TextureDesc,
-    array_flags, array_format, capture_status, decompress_algorithm, dev_resource, mem_op, mem_usage, node_type, rep, req, split_reply,
+    ArrayDesc, ArrayMap, Copy3d, CopySide, DecompressOp, Dim3, FunctionRef, HostCopy, JitOption, Memset2d, NodeParams, NodeReadback, Op,
+    OpClass, OpInfo, Pos3, Request, Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, Subresource, TensorMapLayout, TensorMapParams,
+    TextureDesc, array_flags, array_format, capture_status, decompress_algorithm, dev_resource, mem_op, mem_usage, node_type, rep, req,
+    split_reply,
 };
 
 mod raw;
@@ -1585,7 +1586,7 @@ fn next_notice(session: &mut RawSession) -> (Notice, Vec<u8>) {
     let mut message = Vec::new();
     let header = read_message(&mut session.stream, &FrameLimits::default(), &mut message).expect("a notice");
     assert_eq!(header.seq, 0, "a notice");
-    let mut bulk = vec![0; header.bulk_len as usize];
+    let mut bulk = vec![0; usize::try_from(header.bulk_len).expect("a bulk length that fits in memory")];
     read_full(&mut session.stream, &mut bulk, false).expect("the notice's bytes");
     (flyt_protocol::frame::decode_exact::<Notice>(&message).expect("a notice"), bulk)
 }
@@ -1600,7 +1601,12 @@ fn host_copy_nodes_run_through_the_client(socket: &str) {
     let stream = 0x5_0000_0002;
     session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
     let (input, output) = (0x7f00_1000_0000, 0x7f00_2000_0000);
-    let add = |node: u64, dependencies: Vec<u64>, copy: HostCopy| req::GraphAddNode { graph: 1, node, dependencies, params: NodeParams::HostMemcpy(copy) };
+    let add = |node: u64, dependencies: Vec<u64>, copy: HostCopy| req::GraphAddNode {
+        graph: 1,
+        node,
+        dependencies,
+        params: NodeParams::HostMemcpy(copy),
+    };
     session.call(req::GraphCreate { graph: 1 }).0.unwrap();
     let free_before = session.call(req::MemGetInfo {}).0.unwrap().free;
     for (request, error) in [

@@ -236,7 +236,10 @@ unsafe fn memcpy_params(client: &Client, params: *const CUDA_MEMCPY3D) -> Driver
         (CopyMemory::Device, CopyMemory::Host) => NodeParams::HostMemcpy(HostCopy { copy, to_host: true }),
         (CopyMemory::Host, CopyMemory::Device) => NodeParams::HostMemcpy(HostCopy { copy, to_host: false }),
         (CopyMemory::Host, CopyMemory::Host) => {
-            crate::diagnostics::once("graph-host-to-host-copy", "flyt: graph memcpy nodes from host memory to host memory are not supported");
+            crate::diagnostics::once(
+                "graph-host-to-host-copy",
+                "flyt: graph memcpy nodes from host memory to host memory are not supported",
+            );
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
     })

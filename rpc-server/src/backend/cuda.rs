@@ -864,7 +864,10 @@ impl Device for CudaDevice {
     fn graph_staging_free(&self, address: u64) -> CudaResult<()> {
         let mut host: *mut c_void = std::ptr::null_mut();
         // SAFETY: a query into a local out-variable (the driver checks `address`).
-        check(unsafe { sys::cuPointerGetAttribute((&raw mut host).cast(), sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER, address).result() })?;
+        check(unsafe {
+            sys::cuPointerGetAttribute((&raw mut host).cast(), sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER, address)
+                .result()
+        })?;
         // A launch of an executable graph destroyed since may still copy through it: the
         // device's work ends first (the session's read-ahead answers host calls meanwhile).
         // SAFETY: a plain synchronization of the current context.

@@ -291,7 +291,8 @@ impl<D: Device> GraphTable<D> {
         for _ in 0..64 {
             let Some(graph) = at else { break };
             self.staging_holders.entry(graph).or_default().insert(address);
-            at = self.owned.iter().find(|(_, graphs)| graphs.contains(&graph)).and_then(|(node, _)| self.nodes.get(node)).map(|(_, of)| *of);
+            at =
+                self.owned.iter().find(|(_, graphs)| graphs.contains(&graph)).and_then(|(node, _)| self.nodes.get(node)).map(|(_, of)| *of);
         }
     }
 
@@ -1068,9 +1069,29 @@ impl<D: Device> Session<D> {
         };
         let (width, rows, depth) = (copy.width, copy.height, copy.depth);
         let device_copy = if host.to_host {
-            Copy3d { src: device, src_pitch: pitch, src_height: height, dst: address, dst_pitch: width, dst_height: rows, width, height: rows, depth }
+            Copy3d {
+                src: device,
+                src_pitch: pitch,
+                src_height: height,
+                dst: address,
+                dst_pitch: width,
+                dst_height: rows,
+                width,
+                height: rows,
+                depth,
+            }
         } else {
-            Copy3d { src: address, src_pitch: width, src_height: rows, dst: device, dst_pitch: pitch, dst_height: height, width, height: rows, depth }
+            Copy3d {
+                src: address,
+                src_pitch: width,
+                src_height: rows,
+                dst: device,
+                dst_pitch: pitch,
+                dst_height: height,
+                width,
+                height: rows,
+                depth,
+            }
         };
         let staged = StagedCopy { staging: Staging { host: staging, len: len as usize }, host: shape, to_host: host.to_host };
         let site = HostCallSite::for_copy(staged, &self.graphs.host_calls);
