@@ -826,9 +826,11 @@ impl<D: Device> Session<D> {
 
     fn release_everything(&mut self) {
         self.graphs.release(&*self.device);
-        for (address, len) in self.graphs.take_staging() {
+        for (address, len, site) in self.graphs.take_staging() {
             let _ = self.device.graph_staging_free(address);
             self.budget.release(len);
+            // The host half goes after its staging, once no work can run it.
+            drop(site);
         }
         self.release_vmm();
         self.release_pools();

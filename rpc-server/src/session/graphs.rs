@@ -267,21 +267,23 @@ impl<D: Device> GraphTable<D> {
     }
 
     /// The staging of host copies, given back (the session ends or its device is reset, after
-    /// every graph is gone): (address, bytes) pairs the caller frees and releases.
-    pub fn take_staging(&mut self) -> Vec<(u64, u64)> {
+    /// every graph is gone): address, bytes and host half, which the caller frees, releases and
+    /// drops in that order.
+    pub fn take_staging(&mut self) -> Vec<(u64, u64, Arc<HostCallSite>)> {
         self.staging_holders.clear();
-        self.staging.drain().map(|(address, (len, _))| (address, len)).collect()
+        self.staging.drain().map(|(address, (len, site))| (address, len, site)).collect()
     }
 
-    /// Staging no graph or executable graph holds any more, forgotten here: (address, bytes)
-    /// pairs the caller frees and releases.
-    fn unheld_staging(&mut self) -> Vec<(u64, u64)> {
+    /// Staging no graph or executable graph holds any more, forgotten here: its address, bytes
+    /// and host half, which the caller keeps until the staging is freed (a launch in flight may
+    /// still run it).
+    fn unheld_staging(&mut self) -> Vec<(u64, u64, Arc<HostCallSite>)> {
         if self.staging.is_empty() {
             return Vec::new();
         }
         let held: HashSet<u64> = self.staging_holders.values().flatten().copied().collect();
         let unheld: Vec<u64> = self.staging.keys().filter(|address| !held.contains(address)).copied().collect();
-        unheld.into_iter().filter_map(|address| self.staging.remove(&address).map(|(len, _)| (address, len))).collect()
+        unheld.into_iter().filter_map(|address| self.staging.remove(&address).map(|(len, site)| (address, len, site))).collect()
     }
 
     /// `graph` (or an executable graph) may run a copy through the staging at `address`; so may
@@ -1102,11 +1104,13 @@ impl<D: Device> Session<D> {
     /// Frees the staging no graph or executable graph holds any more (after the device's work
     /// that may use it: `graph_staging_free` waits for it).
     fn free_unheld_staging(&mut self) {
-        for (address, len) in self.graphs.unheld_staging() {
+        for (address, len, site) in self.graphs.unheld_staging() {
             if let Err(error) = self.device.graph_staging_free(address) {
                 tracing::warn!(%error, "freeing a graph copy's staging");
             }
             self.budget.release(len);
+            // Only now: the driver's host node names the site until its work is done.
+            drop(site);
         }
     }
 
