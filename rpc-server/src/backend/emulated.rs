@@ -542,18 +542,29 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, len: usize, _stream: u64) -> CudaResult<()> {
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, len: usize, stream: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        if state.graphs.captures.contains_key(&stream) {
+            // The emulated graphs record device-to-device copies only (a copy with host memory
+            // is a host copy node the session builds); never run now as if recorded.
+            return Err(CudaError::NOT_SUPPORTED);
+        }
         // SAFETY: the caller guarantees `src..src+len` is mapped host memory.
         let source = unsafe { std::slice::from_raw_parts(src, len) };
-        block_slice(&mut self.state().blocks, dst, len as u64)?.copy_from_slice(source);
+        block_slice(&mut state.blocks, dst, len as u64)?.copy_from_slice(source);
         Ok(())
     }
 
-    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize, _stream: u64) -> CudaResult<()> {
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize, stream: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        if state.graphs.captures.contains_key(&stream) {
+            // As in `copy_from_host`.
+            return Err(CudaError::NOT_SUPPORTED);
+        }
         // SAFETY: the caller guarantees `dst..dst+len` is mapped host memory nothing else writes
         // during the copy.
         let target = unsafe { std::slice::from_raw_parts_mut(dst, len) };
-        target.copy_from_slice(block_slice(&mut self.state().blocks, src, len as u64)?);
+        target.copy_from_slice(block_slice(&mut state.blocks, src, len as u64)?);
         Ok(())
     }
 
