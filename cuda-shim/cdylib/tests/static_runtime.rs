@@ -228,6 +228,7 @@ fn graph_copies_with_host_memory_through_the_driver_api() {
             "launch 1: first half 11, second half 119",
             "launch 2: first half 12, second half 119",
             "every launch copied the host source of that moment, and back: yes",
+            "captured pitched copies with host boxes ran at each launch: yes",
             "a copy node with host memory is a copy node: yes",
             "GetParams returns the host pointer and pitch as given: yes",
             "explicit host copies ran in order at every launch, pitch kept, host node after them: yes",

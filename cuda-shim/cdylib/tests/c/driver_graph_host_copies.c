@@ -103,6 +103,57 @@ static void captured_copies(CUstream s, CUdeviceptr a, CUdeviceptr b, size_t n) 
     free(out);
 }
 
+// A captured pitched copy: a host box (rows wider than the copy) up into a's rows and back down
+// into another box with another pitch, each launch copying the box's bytes of that moment.
+static void captured_2d(CUstream s, CUdeviceptr a) {
+    enum { ROWS = 16, WIDTH = 40, UP_PITCH = 64, DOWN_PITCH = 56, DEVICE_PITCH = 48 };
+    unsigned char *up = malloc(ROWS * UP_PITCH), *down = malloc(ROWS * DOWN_PITCH);
+    memset(down, 0xee, ROWS * DOWN_PITCH);
+    CUDA_MEMCPY2D to_device, to_host;
+    memset(&to_device, 0, sizeof to_device);
+    to_device.srcMemoryType = CU_MEMORYTYPE_HOST;
+    to_device.srcHost = up;
+    to_device.srcPitch = UP_PITCH;
+    to_device.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    to_device.dstDevice = a;
+    to_device.dstPitch = DEVICE_PITCH;
+    to_device.WidthInBytes = WIDTH;
+    to_device.Height = ROWS;
+    memset(&to_host, 0, sizeof to_host);
+    to_host.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    to_host.srcDevice = a;
+    to_host.srcPitch = DEVICE_PITCH;
+    to_host.dstMemoryType = CU_MEMORYTYPE_HOST;
+    to_host.dstHost = down;
+    to_host.dstPitch = DOWN_PITCH;
+    to_host.WidthInBytes = WIDTH;
+    to_host.Height = ROWS;
+    CUgraph graph;
+    EXPECT(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    EXPECT(cuMemcpy2DAsync(&to_device, s), CUDA_SUCCESS);
+    EXPECT(cuMemcpy2DAsync(&to_host, s), CUDA_SUCCESS);
+    EXPECT(cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
+    CUgraphExec exec;
+    EXPECT(cuGraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
+    int good = 0;
+    for (int launch = 0; launch < 2; launch++) {
+        for (int i = 0; i < ROWS * UP_PITCH; i++) up[i] = (unsigned char)(i * 7 + launch);
+        EXPECT(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+        EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+        int ok = 1;
+        for (int r = 0; r < ROWS; r++) {
+            if (memcmp(down + r * DOWN_PITCH, up + r * UP_PITCH, WIDTH) != 0) ok = 0;
+            if (!all_are(down + r * DOWN_PITCH + WIDTH, DOWN_PITCH - WIDTH, 0xee)) ok = 0;
+        }
+        good += ok;
+    }
+    CHECK("captured pitched copies with host boxes ran at each launch", good == 2);
+    EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    EXPECT(cuGraphDestroy(graph), CUDA_SUCCESS);
+    free(up);
+    free(down);
+}
+
 // Explicit nodes: host -> a (1D), memset of a's first 16 bytes, a -> host (pitched 2D into a
 // host box with a wider pitch), then a host node that reads the destination.
 static void explicit_nodes(CUcontext ctx, CUstream s, CUdeviceptr a) {
@@ -282,6 +333,7 @@ int main(void) {
     EXPECT(cuMemAlloc(&b, N), CUDA_SUCCESS);
 
     captured_copies(s, a, b, N);
+    captured_2d(s, a);
     explicit_nodes(ctx, s, a);
     generic_nodes_and_update(ctx, s, a);
 
