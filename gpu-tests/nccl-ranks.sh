@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# PyTorch's nccl backend with one rank per GPU of this machine, natively and through Flyt: one
-# flyt-rpc-server per GPU (--gpu i), rank i's process a tenant of server i over the shared-memory
-# channel (FLYT_SHM=on), seeing its one GPU as device 0; the ranks' outputs compared with the
-# native run's. NCCL's transport choice is logged (NCCL_DEBUG=INFO) to OUT. The local GPUs are not
-# hidden from the Flyt ranks (Flyt's libraries come first on their library path).
-# Not yet run: no machine with several GPUs was lent when it was written (2026-11-24).
+# PyTorch's nccl backend with one rank per GPU of this machine, natively and through Flyt, as
+# torchrun --nproc-per-node N runs it: one flyt-rpc-server serving all N GPUs (--gpu 0,..,N-1),
+# every rank a tenant of it over the shared-memory channel (FLYT_SHM=on) seeing all N GPUs and
+# using GPU RANK (DEVICE), as natively; the ranks' outputs compared with the native run's. NCCL's
+# transport choice is logged (NCCL_DEBUG=INFO) to OUT. The local GPUs are not hidden from the
+# Flyt ranks (Flyt's libraries come first on their library path).
 #   gpu-tests/nccl-ranks.sh --dist DIR --out DIR [--python P] [--ranks N] [--script PY]
 # --script runs another script the same way (benchmarks/nccl_allreduce.py: timings, printed for
 # both runs rather than compared).
@@ -58,18 +58,15 @@ rank_env() {
     if [ "$1" = native ]; then
         echo "DEVICE=$2"
     else
-        echo "DEVICE=0 LD_LIBRARY_PATH=$DIST/lib FLYT_SERVER=unix:$TMP/gpu$2.sock FLYT_SHM=on"
+        echo "DEVICE=$2 LD_LIBRARY_PATH=$DIST/lib FLYT_SERVER=unix:$TMP/gpus.sock FLYT_SHM=on"
     fi
 }
 
 run_ranks native; native_rc=$?
-for ((r = 0; r < RANKS; r++)); do
-    "$DIST/bin/flyt-rpc-server" --device cuda --gpu $r --listen "unix:$TMP/gpu$r.sock" >"$OUT/server$r.log" 2>&1 &
-    servers+=($!)
-done
-for ((r = 0; r < RANKS; r++)); do
-    for _ in $(seq 100); do [ -S "$TMP/gpu$r.sock" ] && break; sleep 0.1; done
-done
+gpus=$(seq -s, 0 $((RANKS - 1)))
+"$DIST/bin/flyt-rpc-server" --device cuda --gpu "$gpus" --listen "unix:$TMP/gpus.sock" >"$OUT/server.log" 2>&1 &
+servers+=($!)
+for _ in $(seq 100); do [ -S "$TMP/gpus.sock" ] && break; sleep 0.1; done
 run_ranks flyt; flyt_rc=$?
 
 echo "| rank | native | flyt | same output |"

@@ -45,6 +45,9 @@ usage: gpu-tests/run.sh [options]
                       still built, into DIR); a program missing from DIR fails its rows
   --apps DIR          also run the executables in DIR as programs of their own name, built
                       elsewhere (NVIDIA's cuda-samples: gpu-tests/nvidia-samples.sh builds them)
+  --gpus LIST         the GPUs (comma-separated ordinals) every run sees: natively through
+                      CUDA_VISIBLE_DEVICES, through Flyt as the one server's GPUs, in one session
+                      (default: 0)
   --native-lib DIR    put DIR first on the library path of native runs (the libcudart.so.13 of
                       the toolkit that built --prebuilt programs, as an app ships its runtime)
   --no-hide           do not hide the local GPU from Flyt apps (default: every Flyt app runs in a
@@ -110,6 +113,7 @@ IVSHMEM_DIR= # the vm transport's region folder, in /dev/shm
 PREBUILT=0
 NATIVE_LIB=
 APPS=
+GPUS=
 
 need_value() { if [ $# -lt 2 ] || [ -z "$2" ]; then die "$1 needs a value"; fi; }
 need_number() { case $2 in '' | *[!0-9]*) die "$1 must be a whole number" ;; esac; }
@@ -130,6 +134,7 @@ while [ $# -gt 0 ]; do
         --prebuilt) need_value "$@"; PREBUILT=1; BUILD=$2; shift 2 ;;
         --native-lib) need_value "$@"; NATIVE_LIB=$2; shift 2 ;;
         --apps) need_value "$@"; APPS=$2; shift 2 ;;
+        --gpus) need_value "$@"; GPUS=$2; shift 2 ;;
         --native-only) MODE=native; shift ;;
         --build-only) MODE=build; shift ;;
         --no-hide) HIDE=0; shift ;;
@@ -189,9 +194,16 @@ case $SOAK in
         ;;
 esac
 
-# A Flyt session is served one GPU (the server's first): on a host with several, the native
-# reference runs see that one too, or device counts and peer answers would differ by design.
-[ -n "${CUDA_VISIBLE_DEVICES+set}" ] || export CUDA_VISIBLE_DEVICES=0
+# A Flyt session is served the server's GPUs (its first unless --gpus names several): on a host
+# with more, the native reference runs see those too, or device counts and peer answers would
+# differ by design. The server sees them renumbered from 0, as CUDA_VISIBLE_DEVICES makes it.
+if [ -n "$GPUS" ]; then
+    export CUDA_VISIBLE_DEVICES=$GPUS
+else
+    [ -n "${CUDA_VISIBLE_DEVICES+set}" ] || export CUDA_VISIBLE_DEVICES=0
+fi
+IFS=, read -r -a gpu_names <<<"$CUDA_VISIBLE_DEVICES"
+SERVER_GPUS=$(seq -s, 0 $((${#gpu_names[@]} - 1)))
 
 if [ "$MODE" = flyt ]; then
     [ -f "$DIST/lib/libcudart.so.13" ] || die "$DIST/lib/libcudart.so.13 not found (--dist)"
@@ -575,7 +587,7 @@ start_server() {
                 ;;
         esac
     done
-    args+=(--warm-workers "$WARM_WORKERS")
+    args+=(--warm-workers "$WARM_WORKERS" --gpu "$SERVER_GPUS")
     if [ "$TLS" = 1 ]; then
         "$DIST/bin/flytctl" tls-init --dir "$TMP/tls" --name 127.0.0.1 >/dev/null || { log "flytctl tls-init failed"; return 1; }
         args+=(--tls-cert "$TMP/tls/cert.pem" --tls-key "$TMP/tls/key.pem")

@@ -98,6 +98,9 @@ pub struct Client {
     pub mirrors: crate::mirrors::Mirrors,
     /// Resource descriptors and green contexts.
     pub greens: crate::green::Greens,
+    /// The session's devices the app sees (`CUDA_VISIBLE_DEVICES`), as server indices in the
+    /// app's order: the app's device `i` is the server's `visible[i]`.
+    visible: Vec<u32>,
 }
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
@@ -459,7 +462,18 @@ fn open_session() -> Result<Client, (CudaError, String)> {
     if info.devices.is_empty() {
         return Err(unavailable("the server has no device".into()));
     }
+    let visible = crate::devices::visible_devices(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(), &info.devices);
+    if visible.is_empty() {
+        return Err(unavailable(format!(
+            "CUDA_VISIBLE_DEVICES={} names none of the session's {} device(s)",
+            std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default(),
+            info.devices.len()
+        )));
+    }
+    // Threads that name no device use the app's device 0.
+    crate::devices::set_default_device(visible[0]);
     Ok(Client {
+        visible,
         conn,
         info,
         ranges: DeviceRanges::default(),
@@ -524,14 +538,41 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Client {
+    /// The devices the app sees.
     pub fn device_count(&self) -> usize {
-        self.info.devices.len()
+        self.visible.len()
     }
 
-    /// A device as the session sees it now (its slice, updated when the allocation is resized).
+    /// The app's device `index` as the session sees it now (its slice, updated when the
+    /// allocation is resized).
     pub fn device(&self, index: usize) -> Option<flyt_protocol::device::DeviceInfo> {
+        let server = *self.visible.get(index)? as usize;
         let resized = self.conn.resized_devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        resized.as_ref().unwrap_or(&self.info.devices).get(index).cloned()
+        resized.as_ref().unwrap_or(&self.info.devices).get(server).cloned()
+    }
+
+    /// The server's index of the app's device `index`.
+    pub fn server_device(&self, index: usize) -> Option<u32> {
+        self.visible.get(index).copied()
+    }
+
+    /// The app's index of the server's device `server`, if the app sees it.
+    pub fn app_device(&self, server: u32) -> Option<usize> {
+        self.visible.iter().position(|visible| *visible == server)
+    }
+
+    /// Makes the app's device `index` the one the calling thread's requests run on.
+    pub fn set_thread_device(&self, index: usize) {
+        if let Some(server) = self.server_device(index) {
+            crate::devices::set_thread_device(server);
+        }
+    }
+
+    /// What the driver answers for the app's devices `from` and `to` (`None`: the same device,
+    /// or one the app does not see).
+    pub fn peer_link(&self, from: usize, to: usize) -> Option<&flyt_protocol::device::PeerLink> {
+        let (from, to) = (self.server_device(from)?, self.server_device(to)?);
+        self.info.peers.iter().find(|link| link.from == from && link.to == to)
     }
 
     /// Records a device allocation (or a module variable when `!freeable`).

@@ -177,6 +177,9 @@ struct Outgoing {
     /// server drains the session's work before it writes it, and a host function's end is the
     /// client's answer, which must reach it first.
     pause_owed: bool,
+    /// The device the server runs the next request on: the last `SetDevice` sent (the session
+    /// starts on its first device).
+    device: u32,
 }
 
 struct WireHalf {
@@ -322,7 +325,7 @@ impl Conn {
         let socket = wire.as_fd().try_clone_to_owned().ok();
         let conn = Arc::new(Self {
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
-            outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1, paused: false, pause_owed: false }),
+            outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1, paused: false, pause_owed: false, device: 0 }),
             resumed: Condvar::new(),
             pending: Mutex::new(PendingMap::default()),
             inbound: Mutex::new(Inbound::new(reader)),
@@ -413,7 +416,7 @@ impl Conn {
             if host_functions_pending() {
                 out.pause_owed = true;
             } else {
-                Self::enqueue(&mut out, &req::Pause {}.into(), &[]);
+                Self::enqueue_anywhere(&mut out, &req::Pause {}.into(), &[]);
             }
             out.paused = true;
             self.detached.fetch_add(1, Ordering::AcqRel);
@@ -460,18 +463,44 @@ impl Conn {
         Ok(())
     }
 
-    /// Appends one frame to the outgoing buffer; returns its sequence number.
+    /// Appends one frame to the outgoing buffer, after a `SetDevice` when the calling thread's
+    /// device is not the one the server runs requests on; returns the request's sequence number.
     fn enqueue(out: &mut Outgoing, request: &Request, bulk: &[u8]) -> u32 {
+        Self::follow_thread_device(out);
         let seq = out.next_seq;
         // Sequence 0 is reserved for server notices.
         out.next_seq = out.next_seq.wrapping_add(1).max(1);
+        Self::put(out, seq, request, bulk);
+        seq
+    }
+
+    /// Appends a `SetDevice` when the calling thread's device is not the one the server runs
+    /// requests on.
+    fn follow_thread_device(out: &mut Outgoing) {
+        let device = crate::devices::thread_device();
+        if device != out.device {
+            out.device = device;
+            // Sequence 0: a frame no reply answers (its failure is the deferred error), which
+            // leaves the numbers the caller registered its reply under as they were.
+            Self::put(out, 0, &req::SetDevice { index: device }.into(), &[]);
+        }
+    }
+
+    /// Appends one frame whatever the thread's device (a message about the session itself, or
+    /// the answer to one the server sent, which names what it answers).
+    fn enqueue_anywhere(out: &mut Outgoing, request: &Request, bulk: &[u8]) {
+        let seq = out.next_seq;
+        out.next_seq = out.next_seq.wrapping_add(1).max(1);
+        Self::put(out, seq, request, bulk);
+    }
+
+    fn put(out: &mut Outgoing, seq: u32, request: &Request, bulk: &[u8]) {
         let start = out.buf.len();
         out.buf.resize(start + HEADER_LEN, 0);
         request.encode(&mut out.buf);
         let message_len = u32::try_from(out.buf.len() - start - HEADER_LEN).unwrap_or(u32::MAX);
         put_header(&mut out.buf[start..], FrameHeader { message_len, seq, bulk_len: bulk.len() as u64 });
         out.buf.extend_from_slice(bulk);
-        seq
     }
 
     /// Writes everything queued so far (and `tail`, straight from its buffer) in order.
@@ -537,11 +566,11 @@ impl Conn {
         self.check_alive()?;
         {
             let mut out = lock(&self.outgoing);
-            Self::enqueue(&mut out, request, bulk);
+            Self::enqueue_anywhere(&mut out, request, bulk);
             returned();
             if out.pause_owed && !host_functions_pending() {
                 out.pause_owed = false;
-                Self::enqueue(&mut out, &req::Pause {}.into(), &[]);
+                Self::enqueue_anywhere(&mut out, &req::Pause {}.into(), &[]);
             }
         }
         self.flush()
@@ -633,6 +662,7 @@ impl Conn {
             let mut out = lock(&self.outgoing);
             slot = reply.map(|()| self.register(&out, None, false));
             // Header and message now, bulk bytes straight from the app's buffer after them.
+            Self::follow_thread_device(&mut out);
             let start = out.buf.len();
             let seq = Self::enqueue(&mut out, request, &[]);
             let message_len = u32::try_from(out.buf.len() - start - HEADER_LEN).unwrap_or(u32::MAX);

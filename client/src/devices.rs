@@ -1,7 +1,71 @@
 //! How the session's devices look to the app, whichever front asks: capabilities Flyt cannot
 //! serve read 0.
 
+use std::cell::Cell;
+
 use flyt_protocol::device::{DeviceInfo, attr};
+
+/// The server's index of the app's device 0, which threads that never chose a device use.
+static DEFAULT_DEVICE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+thread_local! {
+    /// The session device (the server's index) the calling thread's requests run on, once set.
+    static THREAD_DEVICE: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// Sets the device of threads that never chose one (the app's device 0).
+pub fn set_default_device(server_index: u32) {
+    DEFAULT_DEVICE.store(server_index, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Sets the session device (the server's index) the calling thread's requests run on: the driver
+/// front sets it whenever the thread's current context changes. The connection tells the server
+/// before the thread's next request when it differs from the last one sent (`req::SetDevice`).
+pub fn set_thread_device(server_index: u32) {
+    let _ = THREAD_DEVICE.try_with(|device| device.set(Some(server_index)));
+}
+
+/// The calling thread's session device (the server's index): the app's device 0 for a thread
+/// that never chose one.
+pub fn thread_device() -> u32 {
+    THREAD_DEVICE.try_with(Cell::get).ok().flatten().unwrap_or_else(|| DEFAULT_DEVICE.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// A device's UUID as `nvidia-smi -L` and `CUDA_VISIBLE_DEVICES` write it.
+pub fn uuid_text(uuid: &[u8; 16]) -> String {
+    let hex: String = uuid.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+/// `CUDA_VISIBLE_DEVICES` applied to the session's devices as the driver applies it to a
+/// machine's: a comma-separated list of indices or UUIDs (`GPU-` and a prefix naming one device),
+/// in the order given; the list ends at the first entry that names no device (or one already
+/// named). The result: server indices, in the app's order. Unset: every device, in order.
+pub fn visible_devices(spec: Option<&str>, devices: &[DeviceInfo]) -> Vec<u32> {
+    let Some(spec) = spec else {
+        return (0..devices.len() as u32).collect();
+    };
+    let mut visible: Vec<u32> = Vec::new();
+    for entry in spec.split(',').map(str::trim) {
+        let found = if let Ok(index) = entry.parse::<u32>() {
+            (index < devices.len() as u32).then_some(index)
+        } else if entry.len() > 4 && entry[..4].eq_ignore_ascii_case("GPU-") {
+            let prefix = entry.to_ascii_lowercase();
+            let mut matching = devices.iter().enumerate().filter(|(_, info)| uuid_text(&info.uuid).to_ascii_lowercase().starts_with(&prefix));
+            match (matching.next(), matching.next()) {
+                (Some((index, _)), None) => Some(index as u32),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        match found {
+            Some(index) if !visible.contains(&index) => visible.push(index),
+            _ => break,
+        }
+    }
+    visible
+}
 
 /// Capabilities the GPU has but the app cannot use through Flyt, reported as 0 so that an app
 /// that asks takes the path Flyt serves: host memory the GPU reaches directly (mapped and managed
@@ -64,6 +128,25 @@ pub fn served_attribute(info: &DeviceInfo, id: u32, shared_memory: bool) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn device(uuid: [u8; 16]) -> DeviceInfo {
+        DeviceInfo { name: "GPU".into(), uuid, luid: [0; 8], luid_device_node_mask: 0, total_mem: 1, attributes: Vec::new() }
+    }
+
+    #[test]
+    fn cuda_visible_devices_selects_as_the_driver_does() {
+        let devices = [device([0xab; 16]), device([0x12; 16]), device([0xac; 16])];
+        assert_eq!(uuid_text(&[0x12; 16]), "GPU-12121212-1212-1212-1212-121212121212");
+        assert_eq!(visible_devices(None, &devices), vec![0, 1, 2]);
+        assert_eq!(visible_devices(Some("2,0"), &devices), vec![2, 0]);
+        assert_eq!(visible_devices(Some("1,7,0"), &devices), vec![1], "the list ends at a device that does not exist");
+        assert_eq!(visible_devices(Some("0,0,1"), &devices), vec![0], "or at one already named");
+        assert_eq!(visible_devices(Some("GPU-1212,0"), &devices), vec![1, 0], "a UUID prefix naming one device");
+        assert_eq!(visible_devices(Some("GPU-a"), &devices), Vec::<u32>::new(), "a prefix naming two names none");
+        assert_eq!(visible_devices(Some("GPU-ABABABAB"), &devices), vec![0], "case does not matter");
+        assert_eq!(visible_devices(Some(""), &devices), Vec::<u32>::new());
+        assert_eq!(visible_devices(Some("-1"), &devices), Vec::<u32>::new());
+    }
 
     #[test]
     fn capabilities_flyt_does_not_serve_read_zero() {

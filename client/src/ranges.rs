@@ -28,6 +28,8 @@ struct Range {
     /// A pool allocation's pool (own or imported), for its pointer attributes.
     pool: Option<u64>,
     id: u64,
+    /// The session device (the server's index) it was made on: the thread's when it was recorded.
+    device: u32,
 }
 
 /// Buffer ids, unique in the process (`CU_POINTER_ATTRIBUTE_BUFFER_ID`): an address reused by a
@@ -40,7 +42,16 @@ pub fn new_buffer_id() -> u64 {
 }
 
 fn range(len: u64, freeable: bool) -> Range {
-    Range { len, freeable, mapped: false, legacy_ipc: false, imports: 0, pool: None, id: new_buffer_id() }
+    Range {
+        len,
+        freeable,
+        mapped: false,
+        legacy_ipc: false,
+        imports: 0,
+        pool: None,
+        id: new_buffer_id(),
+        device: crate::devices::thread_device(),
+    }
 }
 
 /// Device addresses are the server's: nothing stops this process from mapping host memory at the
@@ -354,6 +365,11 @@ impl DeviceRanges {
     /// The buffer id of the range holding `ptr`.
     pub fn buffer_id(&self, ptr: u64) -> Option<u64> {
         self.holding(ptr).map(|(_, range)| range.id)
+    }
+
+    /// The session device (the server's index) the range holding `ptr` was made on.
+    pub fn device_of(&self, ptr: u64) -> Option<u32> {
+        self.holding(ptr).map(|(_, range)| range.device)
     }
 
     /// Checks that `[ptr, ptr + len)` lies inside one range, or a run of adjacent mappings.

@@ -60,8 +60,8 @@ pub struct Module {
 #[derive(Default)]
 struct Found {
     functions: HashMap<String, Arc<Function>>,
-    /// `(address, size, managed)`.
-    variables: HashMap<String, (u64, u64, bool)>,
+    /// `(address, size, managed)` by name and session device (each device has its own copy).
+    variables: HashMap<(String, u32), (u64, u64, bool)>,
     /// Every kernel's name, once asked for.
     names: Option<Arc<Vec<String>>>,
 }
@@ -220,7 +220,7 @@ pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &s
     let (registration, found) = {
         let registry = read();
         let module = live(&registry, id)?;
-        if let Some(global) = lock(&module.found).variables.get(name) {
+        if let Some(global) = lock(&module.found).variables.get(&(name.to_owned(), crate::devices::thread_device())) {
             return Ok(*global);
         }
         send_if_unsent(conn, module);
@@ -230,7 +230,7 @@ pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &s
     if !reply.managed {
         ranges.add_variables(std::iter::once((reply.address, reply.size)));
     }
-    lock(&found).variables.insert(name.to_owned(), (reply.address, reply.size, reply.managed));
+    lock(&found).variables.insert((name.to_owned(), crate::devices::thread_device()), (reply.address, reply.size, reply.managed));
     Ok((reply.address, reply.size, reply.managed))
 }
 

@@ -419,18 +419,32 @@ pub fn set_current(ctx: Option<&'static Context>) -> DriverResult {
                 }
             }
         })
-        .map_err(|_| CUresult::CUDA_ERROR_DEINITIALIZED)
+        .map_err(|_| CUresult::CUDA_ERROR_DEINITIALIZED)?;
+    follow_current_device();
+    Ok(())
 }
 
 pub fn push(ctx: &'static Context) -> DriverResult {
-    STACK.try_with(|stack| stack.borrow_mut().push(ctx)).map_err(|_| CUresult::CUDA_ERROR_DEINITIALIZED)
+    STACK.try_with(|stack| stack.borrow_mut().push(ctx)).map_err(|_| CUresult::CUDA_ERROR_DEINITIALIZED)?;
+    follow_current_device();
+    Ok(())
 }
 
 pub fn pop() -> DriverResult<&'static Context> {
-    STACK
+    let popped = STACK
         .try_with(|stack| stack.borrow_mut().pop())
         .map_err(|_| CUresult::CUDA_ERROR_DEINITIALIZED)?
-        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    follow_current_device();
+    Ok(popped)
+}
+
+/// Tells the session which device the thread's requests run on now: its current context's (the
+/// first device without one). A thread's work then reaches the server with that device current.
+fn follow_current_device() {
+    if let Some(client) = flyt_client::client::existing_client() {
+        client.set_thread_device(current().map_or(0, |ctx| ctx.device().max(0) as usize));
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 """PyTorch's nccl backend through Flyt, one process per GPU: a process group of one rank (one GPU
 per tenant), or of WORLD_SIZE ranks started by gpu-tests/nccl-ranks.sh (RANK, and DEVICE: the
-process's device, 0 through Flyt where each tenant sees its one GPU); an all-reduce, a broadcast,
+process's device among the allocation's GPUs, which every rank sees); an all-reduce, a broadcast,
 an all-gather and a reduce-scatter on CUDA tensors, each checked against the expected values. The
 group meets over a store on the loopback interface."""
 import os

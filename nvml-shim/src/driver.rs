@@ -29,6 +29,7 @@ struct Driver {
     device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CUresult,
     device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], c_int) -> CUresult,
     device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CUresult,
+    device_get_p2p_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int, c_int) -> CUresult,
     driver_get_version: unsafe extern "C" fn(*mut c_int) -> CUresult,
     mem_info: flyt_table::MemInfo,
     tenant_processes: flyt_table::TenantProcesses,
@@ -77,6 +78,7 @@ fn load() -> std::result::Result<Driver, String> {
         device_get_name: symbol!("cuDeviceGetName"),
         device_get_uuid: symbol!("cuDeviceGetUuid_v2"),
         device_get_attribute: symbol!("cuDeviceGetAttribute"),
+        device_get_p2p_attribute: symbol!("cuDeviceGetP2PAttribute"),
         driver_get_version: symbol!("cuDriverGetVersion"),
         mem_info,
         tenant_processes,
@@ -105,6 +107,18 @@ fn check(status: CUresult) -> Result {
         _ if (700..800).contains(&status) => Err(NVML_ERROR_GPU_IS_LOST),
         _ => Err(NVML_ERROR_UNKNOWN),
     }
+}
+
+/// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED` and `_NATIVE_ATOMIC_SUPPORTED`.
+pub const P2P_ACCESS_SUPPORTED: c_int = 2;
+pub const P2P_NATIVE_ATOMIC_SUPPORTED: c_int = 3;
+
+/// A peer attribute of two different devices, as the session's driver answers it.
+pub fn p2p_attribute(attribute: c_int, from: c_int, to: c_int) -> Result<c_int> {
+    let mut value = 0;
+    // SAFETY: a valid out-pointer; the driver checks the devices.
+    check(unsafe { (driver()?.device_get_p2p_attribute)(&mut value, attribute, from, to) })?;
+    Ok(value)
 }
 
 pub fn device_count() -> Result<c_int> {

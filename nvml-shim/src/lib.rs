@@ -296,17 +296,34 @@ const P2P_STATUS_OK: c_int = 0;
 /// `NVML_P2P_CAPS_INDEX_PCI`, the last capability index NVML defines.
 const P2P_CAPS_INDEX_LAST: c_uint = 4;
 
-/// Peer-to-peer capabilities between two devices. A session has one device per GPU slice, so the
-/// only pair is a device with itself, which NCCL asks about while it maps the topology: answered
-/// as NVIDIA's NVML answers it on an H100 (measured 2026-11-24): "not supported" for every
-/// capability index it defines, and OK for indices past them.
+/// `NVML_P2P_CAPS_INDEX_READ`, `_WRITE`, `_NVLINK`, `_ATOMICS`.
+const P2P_CAPS_INDEX_READ: c_uint = 0;
+const P2P_CAPS_INDEX_WRITE: c_uint = 1;
+const P2P_CAPS_INDEX_ATOMICS: c_uint = 3;
+
+/// Peer-to-peer capabilities between two devices, which NCCL asks about while it maps the
+/// topology. A device with itself is answered as NVIDIA's NVML answers it on an H100 (measured
+/// 2026-11-24): "not supported" for every capability index it defines, and OK for indices past
+/// them. Two devices of the session: reads and writes as the driver's peer access, atomics as its
+/// native atomics; NVLink and the PCI path are not known through the driver API ("not supported",
+/// so NCCL judges the link by its own measures).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(device1: NvmlDevice, device2: NvmlDevice, index: c_uint, status: *mut c_int) -> NvmlReturn {
     run("nvmlDeviceGetP2PStatus", || {
-        if index_of(device1)? != index_of(device2)? {
-            return Err(NVML_ERROR_INVALID_ARGUMENT);
-        }
-        let answer = if index <= P2P_CAPS_INDEX_LAST { P2P_STATUS_NOT_SUPPORTED } else { P2P_STATUS_OK };
+        let (first, second) = (index_of(device1)?, index_of(device2)?);
+        let answer = if first != second {
+            let supported = |attribute| driver::p2p_attribute(attribute, first, second).map(|value| value != 0);
+            let yes = match index {
+                P2P_CAPS_INDEX_READ | P2P_CAPS_INDEX_WRITE => supported(driver::P2P_ACCESS_SUPPORTED)?,
+                P2P_CAPS_INDEX_ATOMICS => supported(driver::P2P_NATIVE_ATOMIC_SUPPORTED)?,
+                _ => false,
+            };
+            if yes { P2P_STATUS_OK } else { P2P_STATUS_NOT_SUPPORTED }
+        } else if index <= P2P_CAPS_INDEX_LAST {
+            P2P_STATUS_NOT_SUPPORTED
+        } else {
+            P2P_STATUS_OK
+        };
         // SAFETY: the caller's out-pointer.
         unsafe { write(status, answer) }
     })

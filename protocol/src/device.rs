@@ -33,6 +33,35 @@ impl DeviceInfo {
     }
 }
 
+/// What the driver answers for a pair of the session's devices (`cuDeviceGetP2PAttribute`,
+/// `cuDeviceCanAccessPeer`), from device `from` to device `to` (indices into the session's devices).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerLink {
+    pub from: u32,
+    pub to: u32,
+    /// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED`: `to`'s memory can be mapped for `from`.
+    pub access_supported: i32,
+    /// `CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK`.
+    pub performance_rank: i32,
+    /// `CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED`.
+    pub native_atomics: i32,
+    /// `CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED`.
+    pub array_access: i32,
+}
+
+impl PeerLink {
+    /// `CUdevice_P2PAttribute`'s value for this pair, `None` for an attribute it does not know.
+    pub fn attribute(&self, attribute: u32) -> Option<i32> {
+        match attribute {
+            1 => Some(self.performance_rank),
+            2 => Some(self.access_supported),
+            3 => Some(self.native_atomics),
+            4 => Some(self.array_access),
+            _ => None,
+        }
+    }
+}
+
 /// Highest `cudaDeviceAttr` value CUDA 13.0 defines; servers query `1..=LAST_ATTRIBUTE`.
 pub const LAST_ATTRIBUTE: u32 = 147;
 

@@ -7,7 +7,7 @@ use crate::device::DeviceInfo;
 /// Bytes that open every `Hello`, so a stray connection is refused at once.
 pub const MAGIC: [u8; 4] = *b"FLYT";
 /// Bumped whenever a message or the op table changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 25;
+pub const PROTOCOL_VERSION: u32 = 26;
 /// The CUDA runtime ABI the shim implements.
 pub const CUDA_ABI_MAJOR: u32 = 13;
 /// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
@@ -83,8 +83,10 @@ pub struct SessionInfo {
     pub server_version: String,
     /// `cudaDriverGetVersion` on the server.
     pub driver_version: i32,
-    /// The devices of this session (an rpc-server serves one GPU slice, so one device).
+    /// The devices of this session: the GPUs of its allocation on this server, in order.
     pub devices: Vec<DeviceInfo>,
+    /// The driver's answers for each ordered pair of those devices (none for one device).
+    pub peers: Vec<crate::device::PeerLink>,
     /// Largest bulk payload per frame the server accepts for copies; bigger copies are chunked.
     pub copy_chunk: u64,
     /// Whether the offered shared-memory segment was accepted.

@@ -454,14 +454,23 @@ macro_rules! for_each_op {
             158 ShmRegisterFile shm_register_file [reply -] { token: [u8; 16], file_offset: u64, len: u64, mapped_at: u64 } -> { device_pointer: u64 };
             /// `cuMemHostUnregister` of a range `ShmRegisterFile` mapped at `mapped_at`.
             159 ShmUnregisterFile shm_unregister_file [noreply -] { mapped_at: u64 } -> {};
+            // --- a session on several GPUs ---
+            /// The device the requests after it run on, an index into the session's devices: sent
+            /// by the client, under the same hold of the connection as the request that follows,
+            /// whenever the calling thread's device differs from the last one sent. An index
+            /// outside the session's devices is refused (the deferred error) and changes nothing.
+            170 SetDevice set_device [noreply -] { index: u32 } -> {};
+            /// `cuCtxEnablePeerAccess` (`enable`) / `cuCtxDisablePeerAccess`: kernels of the current
+            /// device may (no longer) use device `peer`'s memory.
+            171 PeerAccess peer_access [reply -] { peer: u32, enable: bool, flags: u32 } -> {};
             // --- graph copies with the app's host memory ---
             /// A copy between device memory and the app's host memory on a capturing `stream`:
             /// the capture records a node that copies through server staging and the client
             /// (`NodeParams::HostMemcpy`) each time the graph runs.
-            160 CaptureHostCopy capture_host_copy [reply -] { stream: u64, copy: HostCopy } -> {};
+            180 CaptureHostCopy capture_host_copy [reply -] { stream: u64, copy: HostCopy } -> {};
             /// A host-to-device copy node ran its host half (`Notice::HostCopyIn { run, .. }`): the
             /// app's bytes, packed, follow as bulk.
-            161 HostCopyDone host_copy_done [noreply bulk_in] { run: u64 } -> {};
+            181 HostCopyDone host_copy_done [noreply bulk_in] { run: u64 } -> {};
         }
     };
 }

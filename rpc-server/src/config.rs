@@ -42,9 +42,10 @@ pub struct ServerArgs {
     /// Which device serves sessions.
     #[arg(long, env = "FLYT_RPC_DEVICE", value_enum, default_value = "auto")]
     pub device: BackendKind,
-    /// CUDA ordinal of the GPU this server serves.
-    #[arg(long, env = "FLYT_RPC_GPU", default_value_t = 0)]
-    pub gpu: u32,
+    /// CUDA ordinals of the GPUs this server serves, comma-separated: each session sees them as
+    /// its devices 0, 1, ... in this order (with `--device emulated`, that many emulated GPUs).
+    #[arg(long, env = "FLYT_RPC_GPU", value_delimiter = ',', default_value = "0", num_args = 1..)]
+    pub gpu: Vec<u32>,
     /// Device memory all sessions together may hold (default: the whole GPU).
     #[arg(long, env = "FLYT_RPC_MEMORY_QUOTA")]
     pub memory_quota: Option<ByteSize>,

@@ -128,7 +128,7 @@ impl Server {
         command
             .arg("worker")
             .args(["--backend", if backend == BackendKind::Emulated { "emulated" } else { "cuda" }])
-            .args(["--gpu", &args.gpu.to_string()])
+            .args(["--gpu", &gpu_list(&args.gpu)])
             .args(["--budget-slot", &slot.to_string()])
             .args(["--copy-chunk", &args.copy_chunk.0.to_string()])
             .args(["--staging-slots", &args.staging_slots.to_string()])
@@ -630,7 +630,7 @@ impl Server {
                 BackendKind::Emulated => "emulated".into(),
                 _ => "cuda".into(),
             },
-            gpu: self.args.gpu,
+            gpu: self.args.gpu.first().copied().unwrap_or(0),
             listen: lock(&self.announced).clone(),
             memory_quota: self.budget.limit().unwrap_or(total_mem),
             sm_percentage: self.sm_percentage.load(Ordering::Acquire),
@@ -870,7 +870,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     if let Some(endpoint) = &server.args.control {
         crate::control::start(server.clone(), endpoint, server.args.cluster_key_file.as_deref())?;
     }
-    tracing::info!(backend = ?*lock(&server.backend), gpu = server.args.gpu, "serving");
+    tracing::info!(backend = ?*lock(&server.backend), gpu = %gpu_list(&server.args.gpu), "serving");
     let mut stdout = std::io::stdout();
     writeln!(stdout, "flyt-rpc-server listening on {}", announced.join(" "))?;
     stdout.flush()?;
@@ -879,4 +879,9 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     tracing::info!(?signal, "shutting down");
     server.shutdown();
     Ok(())
+}
+
+/// GPU ordinals as `--gpu` takes them.
+fn gpu_list(gpus: &[u32]) -> String {
+    gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }

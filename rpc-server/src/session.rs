@@ -243,6 +243,8 @@ const MAX_HANDLES: usize = 1 << 16;
 
 struct LoadedModule<D: Device> {
     module: D::Module,
+    /// The device it was loaded on (`elsewhere` holds its loads on the session's other devices).
+    device: usize,
     /// Kept to load the module again after a device reset, which unloads it on the device while
     /// the app keeps its handles (CUDA's libraries outlive a reset).
     image: Arc<Vec<u8>>,
@@ -394,9 +396,14 @@ pub struct Session<D: Device> {
     /// Variables at other addresses than the app knows them by, after a move.
     moved_variables: MovedVariables,
     modules: IdMap<u32, LoadedModule<D>>,
+    /// Modules loaded again on another of the session's devices than their own, by (id, device
+    /// index): a module is per device in the driver, while the app's handles (a library's
+    /// kernels) are not, so a kernel launched on another device loads its image there first.
+    elsewhere: IdMap<(u32, usize), LoadedModule<D>>,
     links: IdMap<u64, Linked<D>>,
     /// Private events for waiting on streams, reused.
-    spare_events: Arc<Mutex<Vec<D::Event>>>,
+    /// By the device (index) whose context made each: an event is recorded only on streams of its context.
+    spare_events: Arc<Mutex<Vec<(usize, D::Event)>>>,
     /// The shared-memory segment, when the client shares this host.
     shm: Option<Segment>,
     /// Whether a loaded module may print (device `printf` or `assert`): only then do
@@ -469,6 +476,7 @@ impl<D: Device> Session<D> {
             moved: false,
             moved_variables: MovedVariables::default(),
             modules: IdMap::default(),
+            elsewhere: IdMap::default(),
             links: IdMap::default(),
             spare_events: Arc::new(Mutex::new(Vec::new())),
             shm,
@@ -553,13 +561,63 @@ impl<D: Device> Session<D> {
         self.events.get(&id).copied().ok_or(CudaError::INVALID_RESOURCE_HANDLE)
     }
 
-    fn function(&self, function: flyt_protocol::ops::FunctionRef) -> CudaResult<(D::Function, u64)> {
-        let module = self.modules.get(&function.module).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+    fn function(&mut self, function: flyt_protocol::ops::FunctionRef) -> CudaResult<(D::Function, u64)> {
         let index = usize::try_from(function.index).map_err(|_| CudaError::INVALID_DEVICE_FUNCTION)?;
-        match module.functions.get(index).ok_or(CudaError::INVALID_DEVICE_FUNCTION)? {
+        let module = self.module_here(function.module)?;
+        if index >= module.functions.len() {
+            // Found by name on the module's own device after this device's load was made.
+            let home = self.modules.get(&function.module).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+            let name = home.function_names.iter().find(|(_, at)| **at as usize == index).map(|(name, _)| name.clone());
+            let name = name.ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+            let device = self.device.clone();
+            let module = self.module_here(function.module)?;
+            while module.functions.len() <= index {
+                module.functions.push(Err(CudaError::INVALID_DEVICE_FUNCTION));
+            }
+            module.functions[index] = device.function(&module.module, &name).map(|(function, params)| Kernel::new(function, params));
+            module.function_names.insert(name, function.index);
+        }
+        match self.module_here(function.module)?.functions.get(index).ok_or(CudaError::INVALID_DEVICE_FUNCTION)? {
             Ok(kernel) => Ok((kernel.function, kernel.args_len)),
             Err(error) => Err(*error),
         }
+    }
+
+    /// Module `id` as loaded on the current device: its own load there, or a load of its image
+    /// made now, with the kernels found on its own device at the same indices.
+    fn module_here(&mut self, id: u32) -> CudaResult<&mut LoadedModule<D>> {
+        let current = self.device.current_device();
+        let home = self.modules.get(&id).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+        if home.device == current {
+            return self.modules.get_mut(&id).ok_or(CudaError::INVALID_DEVICE_FUNCTION);
+        }
+        if !self.elsewhere.contains_key(&(id, current)) {
+            let module = self.device.load_module(&home.image)?;
+            let mut functions: Vec<CudaResult<Kernel<D>>> =
+                (0..home.functions.len()).map(|_| Err(CudaError::INVALID_DEVICE_FUNCTION)).collect();
+            for (name, index) in &home.function_names {
+                let kernel = self.device.function(&module, name).and_then(|(function, params)| {
+                    let attributes_set =
+                        home.functions.get(*index as usize).and_then(|k| k.as_ref().ok()).map(|k| k.attributes_set.clone());
+                    for (attribute, value) in attributes_set.iter().flatten() {
+                        self.device.func_set_attribute(function, *attribute, *value)?;
+                    }
+                    Ok(Kernel { attributes_set: attributes_set.unwrap_or_default(), ..Kernel::new(function, params) })
+                });
+                functions[*index as usize] = kernel;
+            }
+            let loaded = LoadedModule {
+                module,
+                device: current,
+                image: home.image.clone(),
+                functions,
+                function_names: home.function_names.clone(),
+                variables: Vec::new(),
+            };
+            tracing::debug!(module = id, device = current, "module loaded on another device of the session");
+            self.elsewhere.insert((id, current), loaded);
+        }
+        self.elsewhere.get_mut(&(id, current)).ok_or(CudaError::INVALID_DEVICE_FUNCTION)
     }
 
     /// Polls `ready` for up to the inline-wait budget; `true` if it became ready.
@@ -604,12 +662,12 @@ impl<D: Device> Session<D> {
                 return answer(state);
             }
         }
-        let event = match self.private_event() {
-            Ok(event) => event,
+        let (gpu, event) = match self.private_event(stream) {
+            Ok(made) => made,
             Err(error) => return answer(Err(error)),
         };
         let spare = self.spare_events.clone();
-        let recycle = move |event| spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event);
+        let recycle = move |event| spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((gpu, event));
         if let Err(error) = self.device.event_record(event, stream, 0) {
             recycle(event);
             return answer(Err(error));
@@ -724,7 +782,7 @@ impl<D: Device> Session<D> {
         let streams = &streams[idle_up_to..];
         let mut events = Vec::with_capacity(streams.len());
         for stream in streams {
-            match self.private_event().and_then(|event| self.device.event_record(event, *stream, 0).map(|()| event)) {
+            match self.private_event(*stream).and_then(|(gpu, event)| self.device.event_record(event, *stream, 0).map(|()| (gpu, event))) {
                 Ok(event) => events.push(event),
                 Err(error) => {
                     let spare = self.spare_events.clone();
@@ -735,7 +793,7 @@ impl<D: Device> Session<D> {
         }
         let spare = self.spare_events.clone();
         self.waiters.run(move || {
-            crate::waiters::wait_until(|| events.iter().all(|event| device.event_query(*event) != Err(CudaError::NOT_READY)));
+            crate::waiters::wait_until(|| events.iter().all(|(_, event)| device.event_query(*event) != Err(CudaError::NOT_READY)));
             spare.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(events);
             finish(&device, Err(CudaError::NOT_READY));
         });
@@ -815,12 +873,15 @@ impl<D: Device> Session<D> {
         }
     }
 
-    fn private_event(&self) -> CudaResult<D::Event> {
-        let recycled = self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
-        match recycled {
-            Some(event) => Ok(event),
+    /// An event of the session's own, made by `stream`'s device (so it can be recorded there),
+    /// with that device's index.
+    fn private_event(&self, stream: D::Stream) -> CudaResult<(usize, D::Event)> {
+        let gpu = self.device.stream_device(stream);
+        let mut spare = self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match spare.iter().rposition(|(made_on, _)| *made_on == gpu) {
+            Some(at) => Ok(spare.swap_remove(at)),
             // cudaEventDisableTiming: waits need no timestamps, and untimed events are cheaper.
-            None => self.device.event_create(0x2),
+            None => self.device.event_create_on(gpu, 0x2).map(|event| (gpu, event)),
         }
     }
 
@@ -879,6 +940,13 @@ impl<D: Device> Session<D> {
     /// addresses may move).
     fn reload_modules(&mut self) {
         self.moved_variables.clear();
+        // Loads on other devices are made again when next used there.
+        for (_, module) in std::mem::take(&mut self.elsewhere) {
+            for (_, address, size) in &module.variables {
+                self.ranges.remove_within(*address, *size, RangeKind::Variable);
+            }
+            let _ = self.device.unload_module(module.module);
+        }
         for (id, loaded) in &mut self.modules {
             for (_, address, size) in loaded.variables.drain(..) {
                 self.ranges.remove_within(address, size, RangeKind::Variable);
@@ -927,10 +995,10 @@ impl<D: Device> Drop for Session<D> {
         // Nobody answers host functions any more: let the streams that wait for one go on.
         self.graphs.host_calls.close();
         self.release_everything();
-        for (_, module) in self.modules.drain() {
+        for module in self.modules.drain().map(|(_, module)| module).chain(self.elsewhere.drain().map(|(_, module)| module)) {
             let _ = self.device.unload_module(module.module);
         }
-        for event in self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain(..) {
+        for (_, event) in self.spare_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).drain(..) {
             let _ = self.device.event_destroy(event);
         }
         if let Some(segment) = &self.shm {
@@ -1158,7 +1226,9 @@ impl<D: Device> OpHandler for Session<D> {
                 return reply.send(Err(error));
             }
         };
-        let loaded = LoadedModule::<D> { module, image, functions: Vec::new(), function_names: HashMap::new(), variables: Vec::new() };
+        let device = self.device.current_device();
+        let loaded =
+            LoadedModule::<D> { module, device, image, functions: Vec::new(), function_names: HashMap::new(), variables: Vec::new() };
         self.modules.insert(request.module, loaded);
         reply.send(Ok(rep::RegisterModule { image_needed: false }));
     }
@@ -1196,18 +1266,24 @@ impl<D: Device> OpHandler for Session<D> {
     }
 
     fn module_get_global(&mut self, request: req::ModuleGetGlobal, reply: Responder<rep::ModuleGetGlobal>) {
-        let Some(loaded) = self.modules.get_mut(&request.module) else {
+        if !self.modules.contains_key(&request.module) {
             return reply.send(Err(CudaError::INVALID_RESOURCE_HANDLE));
+        }
+        // A variable is per device: the current device's copy.
+        let device = self.device.clone();
+        let found = match self.module_here(request.module) {
+            Ok(loaded) => device.variable(&loaded.module, &request.name),
+            Err(error) => return reply.send(Err(error)),
         };
-        let moved = &self.moved_variables;
-        let result = self.device.variable(&loaded.module, &request.name).map(|(here, size, managed)| {
+        let result = found.and_then(|(here, size, managed)| {
             // A variable that moved keeps the address the app first got.
-            let address = moved.app_address(here).unwrap_or(here);
+            let address = self.moved_variables.app_address(here).unwrap_or(here);
+            let loaded = self.module_here(request.module)?;
             if !loaded.variables.iter().any(|(_, known, _)| *known == address) {
-                self.ranges.insert(address, size, RangeKind::Variable);
                 loaded.variables.push((request.name.clone(), address, size));
+                self.ranges.insert(address, size, RangeKind::Variable);
             }
-            rep::ModuleGetGlobal { address, size, managed }
+            Ok(rep::ModuleGetGlobal { address, size, managed })
         });
         reply.send(result);
     }
@@ -1300,11 +1376,17 @@ impl<D: Device> OpHandler for Session<D> {
     fn unregister_module(&mut self, request: req::UnregisterModule, reply: Responder<rep::UnregisterModule>) {
         let result = match self.modules.remove(&request.module) {
             Some(module) => {
-                for (_, address, size) in &module.variables {
-                    self.ranges.remove_within(*address, *size, RangeKind::Variable);
-                    self.moved_variables.remove(*address);
+                let others: Vec<(u32, usize)> = self.elsewhere.keys().filter(|(id, _)| *id == request.module).copied().collect();
+                let loads = others.into_iter().filter_map(|key| self.elsewhere.remove(&key));
+                let mut result = Ok(());
+                for module in std::iter::once(module).chain(loads.collect::<Vec<_>>()) {
+                    for (_, address, size) in &module.variables {
+                        self.ranges.remove_within(*address, *size, RangeKind::Variable);
+                        self.moved_variables.remove(*address);
+                    }
+                    result = result.and(self.device.unload_module(module.module));
                 }
-                self.device.unload_module(module.module)
+                result
             }
             None => Err(CudaError::INVALID_VALUE),
         };
@@ -1349,8 +1431,8 @@ impl<D: Device> OpHandler for Session<D> {
             .function(request.function)
             .and_then(|(function, _)| self.device.func_set_attribute(function, request.attribute, request.value));
         if result.is_ok()
-            && let Some(Ok(kernel)) =
-                self.modules.get_mut(&request.function.module).and_then(|module| module.functions.get_mut(request.function.index as usize))
+            && let Ok(module) = self.module_here(request.function.module)
+            && let Some(Ok(kernel)) = module.functions.get_mut(request.function.index as usize)
         {
             kernel.attributes_set.retain(|(attribute, _)| *attribute != request.attribute);
             kernel.attributes_set.push((request.attribute, request.value));
@@ -1654,6 +1736,21 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn shm_fence(&mut self, request: req::ShmFence, reply: Responder<rep::ShmFence>) {
         self.when_stream_done(request.stream, false, move |done| reply.send(done.map(|()| rep::ShmFence {})));
+    }
+
+    // --- a session on several GPUs ---
+    fn set_device(&mut self, request: req::SetDevice, reply: Responder<rep::SetDevice>) {
+        let index = usize::try_from(request.index).unwrap_or(usize::MAX);
+        let result = if index == self.device.current_device() { Ok(()) } else { self.device.select_device(index) };
+        if result.is_err() {
+            tracing::warn!(index = request.index, devices = self.device.device_count(), "a device outside the session's refused");
+        }
+        reply.send(result.map(|()| rep::SetDevice {}));
+    }
+
+    fn peer_access(&mut self, request: req::PeerAccess, reply: Responder<rep::PeerAccess>) {
+        let peer = usize::try_from(request.peer).unwrap_or(usize::MAX);
+        reply.send(self.device.peer_access(peer, request.enable, request.flags).map(|()| rep::PeerAccess {}));
     }
 
     // --- stream-ordered allocation (session/pools.rs) ---

@@ -32,8 +32,9 @@ pub const STATS_FD: i32 = 5;
 pub struct WorkerArgs {
     #[arg(long, value_enum)]
     pub backend: BackendKind,
-    #[arg(long, default_value_t = 0)]
-    pub gpu: u32,
+    /// The session's GPUs (CUDA ordinals, or with the emulated backend, how many).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub gpu: Vec<u32>,
     #[arg(long)]
     pub budget_slot: usize,
     #[arg(long)]
@@ -196,7 +197,7 @@ fn follow_commands<D: Device>(channel: OwnedFd, session: &Session<D>, session_id
         while let Some((command, _)) = receive_command(&channel) {
             match command {
                 ToWorker::Limits => {
-                    outbox.send_notice(&Notice::Limits { devices: vec![sliced_info(&*device, &*budget)] });
+                    outbox.send_notice(&Notice::Limits { devices: sliced_infos(&*device, &*budget) });
                     // A lower quota does not take memory back; the app is told how far over it is.
                     if let Some(bytes) = budget.limit().and_then(|limit| budget.used().checked_sub(limit)).filter(|bytes| *bytes > 0) {
                         outbox.send_notice(&Notice::OverBudget { bytes });
@@ -249,16 +250,18 @@ fn receive_command(channel: &OwnedFd) -> Option<(ToWorker, Option<OwnedFd>)> {
 }
 
 /// The session's view of the device: its slice, not the whole card.
-fn sliced_info<D: Device>(device: &D, budget: &dyn MemoryBudget) -> DeviceInfo {
-    let mut info = device.info();
+fn sliced_infos<D: Device>(device: &D, budget: &dyn MemoryBudget) -> Vec<DeviceInfo> {
+    let mut infos = device.infos();
     if let Some(limit) = budget.limit() {
-        info.total_mem = info.total_mem.min(limit);
+        for info in &mut infos {
+            info.total_mem = info.total_mem.min(limit);
+        }
     }
     // On a GPU, MPS itself reports the SM share to the context (the worker runs with
     // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): the driver's count is the truth. The emulated device
     // has no MPS: it is made with the share's SMs (`emulated_sms`), so its attribute and its SM
     // resources (green contexts) agree.
-    info
+    infos
 }
 
 /// The SMs of an emulated device of `sms` SMs that a tenant with an `sm_percentage` share sees.
@@ -281,9 +284,11 @@ fn serve<D: Device>(
         return 1;
     }
     let device = Arc::new(device);
-    let info = sliced_info(&*device, &*budget);
-    let sm_count = u32::try_from(info.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(0)).unwrap_or(0);
-    send_to_listener(&channel, &FromWorker::Ready { pid: std::process::id(), total_mem: info.total_mem, sm_count });
+    let infos = sliced_infos(&*device, &*budget);
+    // The listener's status reports the first GPU (a server's slice of each is the same).
+    let first = &infos[0];
+    let sm_count = u32::try_from(first.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(0)).unwrap_or(0);
+    send_to_listener(&channel, &FromWorker::Ready { pid: std::process::id(), total_mem: first.total_mem, sm_count });
     let mut command = receive_command(&channel);
     // A moved session's snapshot first, when this worker is to continue one.
     let mut restored = None;
@@ -346,7 +351,8 @@ fn serve<D: Device>(
         session_id,
         server_version: env!("CARGO_PKG_VERSION").into(),
         driver_version: device.driver_version(),
-        devices: vec![info],
+        devices: infos,
+        peers: device.peer_links(),
         copy_chunk: args.copy_chunk,
         shm_accepted: shm.is_some(),
         shm_refusal,
@@ -426,12 +432,16 @@ pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i3
     };
     match args.backend {
         BackendKind::Emulated => {
-            let config = EmulatedConfig { memory: args.emulated_memory, sms: emulated_sms(args.emulated_sms, args.sm_percentage) };
+            let config = EmulatedConfig {
+                memory: args.emulated_memory,
+                sms: emulated_sms(args.emulated_sms, args.sm_percentage),
+                devices: args.gpu.len().max(1),
+            };
             serve(EmulatedDevice::new(config), args, channel, budget, output)
         }
         BackendKind::Cuda | BackendKind::Auto => {
             let chunk = usize::try_from(args.copy_chunk).unwrap_or(4 << 20);
-            match CudaDevice::open(args.gpu, args.staging_slots, chunk) {
+            match CudaDevice::open(&args.gpu, args.staging_slots, chunk) {
                 Ok(device) => serve(device, args, channel, budget, output),
                 Err(reason) => {
                     send_to_listener(&channel, &FromWorker::Failed { reason });

@@ -335,6 +335,19 @@ macro_rules! probes {
             Probe::Effect(captured_allocations_are_graph_memory),
         ]
     };
+    // --- several devices: this server has one ---
+    (SetDevice, $v:ident) => {
+        vec![
+            refused(req::SetDevice { index: 1 }, CudaError::INVALID_DEVICE),
+            refused(req::SetDevice { index: u32::MAX }, CudaError::INVALID_DEVICE),
+        ]
+    };
+    (PeerAccess, $v:ident) => {
+        vec![
+            refused(req::PeerAccess { peer: 0, enable: true, flags: 0 }, CudaError::INVALID_DEVICE),
+            refused(req::PeerAccess { peer: 3, enable: false, flags: 0 }, CudaError::INVALID_DEVICE),
+        ]
+    };
     (MemFreeAsync, $v:ident) => {
         vec![refused(req::MemFreeAsync { ptr: BOGUS_POINTER, stream: 0 }, INVALID_VALUE)]
     };

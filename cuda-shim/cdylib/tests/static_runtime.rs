@@ -721,3 +721,53 @@ fn a_stopped_server_is_an_error_within_the_reply_timeout() {
         assert!(stderr.contains("sent nothing for 3 s"), "FLYT_SHM={shm}\n{stderr}");
     }
 }
+
+/// Two GPUs in one session (an emulated server with `--gpu 0,1`), over the socket and the
+/// channel: both devices, their peer answers, allocations per device named by their attributes,
+/// copies between them, peer access and two threads on two devices at once; under
+/// `CUDA_VISIBLE_DEVICES=1` the app sees the second device alone, as its device 0.
+#[test]
+fn two_devices_in_one_session_through_the_driver_api() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("two-devices");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_two_devices");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--gpu", "0,1", "--listen", &socket], &scratch);
+    let run = |shm: &str, visible: Option<&str>| {
+        let mut command = Command::new(&program);
+        command.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm);
+        match visible {
+            Some(visible) => command.env("CUDA_VISIBLE_DEVICES", visible),
+            None => command.env_remove("CUDA_VISIBLE_DEVICES"),
+        };
+        run_with_timeout(&mut command, Duration::from_secs(60))
+    };
+    for shm in ["on", "off"] {
+        let (code, stdout, stderr) = run(shm, None);
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        for line in [
+            "devices: 2",
+            "device 1: Flyt Emulated Device 1",
+            "two identities: yes",
+            "peer answers: 0 and 1 are peers, a device is not its own: yes",
+            "allocations on the current device, named by their attributes: yes",
+            "disjoint addresses: yes",
+            "copies between the devices: yes",
+            "two threads on two devices at once: yes",
+            "physical memory of device 1 mapped for both: yes",
+            "PASSED: 0 failure(s)",
+        ] {
+            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
+        }
+    }
+    let (code, stdout, stderr) = run("off", Some("1"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("devices: 1\ndevice 0: Flyt Emulated Device 1"), "the second device alone, as device 0:\n{stdout}\n{stderr}");
+    let (code, stdout, stderr) = run("off", Some("1,0"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("device 0: Flyt Emulated Device 1") && stdout.contains("device 1: Flyt Emulated Device 0"), "{stdout}");
+    assert!(stdout.contains("PASSED: 0 failure(s)"), "reordered, everything holds:\n{stdout}\n{stderr}");
+}

@@ -279,23 +279,30 @@ pub unsafe fn cuCtxGetId(ctx: CUcontext, ctx_id: *mut c_ulonglong) -> CUresult {
     })())
 }
 
-// -- peer access: a session serves one device, which is not its own peer --
+// -- peer access between the session's devices, as the server's driver answers it --
+
+/// The driver's answers for the app's devices `from` and `to` (both checked as the session's).
+fn peer_link(from: CUdevice, to: CUdevice) -> DriverResult<Option<flyt_protocol::device::PeerLink>> {
+    let contexts = contexts()?;
+    // Both must be devices of the session (INVALID_DEVICE otherwise).
+    contexts.primary(from)?;
+    contexts.primary(to)?;
+    let client = flyt_client::client::client().map_err(crate::client_source::to_driver)?;
+    Ok(client.peer_link(from as usize, to as usize).cloned())
+}
 
 pub unsafe fn cuDeviceCanAccessPeer(can_access_peer: *mut c_int, dev: CUdevice, peer_dev: CUdevice) -> CUresult {
     finish((|| {
         non_null([can_access_peer.cast()])?;
-        let contexts = contexts()?;
-        // Both must be devices of the session (INVALID_DEVICE otherwise).
-        contexts.primary(dev)?;
-        contexts.primary(peer_dev)?;
-        // A device does not access itself as a peer; there is no other device.
+        // A device is not its own peer.
+        let can = peer_link(dev, peer_dev)?.is_some_and(|link| link.access_supported != 0);
         // SAFETY: checked non-NULL; the caller passes a writable int.
-        unsafe { write_out(can_access_peer, 0) }
+        unsafe { write_out(can_access_peer, c_int::from(can)) }
     })())
 }
 
-/// The current context and the peer one, both alive, and flags 0: what the driver checks before
-/// asking whether the devices are peers.
+/// The current context and the peer one, both alive: what the driver checks before asking
+/// whether the devices are peers.
 fn peer_contexts(peer_context: CUcontext) -> DriverResult<(&'static Context, &'static Context)> {
     let contexts = contexts()?;
     let current = context::current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
@@ -305,21 +312,32 @@ fn peer_contexts(peer_context: CUcontext) -> DriverResult<(&'static Context, &'s
     Ok((current, peer))
 }
 
-/// Every context is on the session's one device, which `cuDeviceCanAccessPeer` says is not its
-/// own peer: `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`, as the driver answers for such a pair.
-pub unsafe fn cuCtxEnablePeerAccess(peer_context: CUcontext, flags: c_uint) -> CUresult {
-    finish((|| {
-        peer_contexts(peer_context)?;
-        if flags != 0 {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
-    })())
+/// Asks the server's driver to let the current device's kernels use the peer's memory (or no
+/// longer); a pair that is no peers (the same device, or no path between them) is refused here as
+/// the driver refuses it.
+fn peer_access(peer_context: CUcontext, enable: bool, flags: c_uint) -> DriverResult {
+    let (current, peer) = peer_contexts(peer_context)?;
+    if flags != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let link = peer_link(current.device(), peer.device())?;
+    match link {
+        None if enable => return Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED),
+        None => return Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED),
+        Some(link) if link.access_supported == 0 && enable => return Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED),
+        Some(_) => {}
+    }
+    let client = flyt_client::client::client().map_err(crate::client_source::to_driver)?;
+    let peer = client.server_device(peer.device() as usize).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+    client.call(flyt_protocol::ops::req::PeerAccess { peer, enable, flags }).map(drop).map_err(crate::client_source::to_driver)
 }
 
-/// Access to a peer was never enabled (it cannot be): `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`.
+pub unsafe fn cuCtxEnablePeerAccess(peer_context: CUcontext, flags: c_uint) -> CUresult {
+    finish(peer_access(peer_context, true, flags))
+}
+
 pub unsafe fn cuCtxDisablePeerAccess(peer_context: CUcontext) -> CUresult {
-    finish(peer_contexts(peer_context).and(Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)))
+    finish(peer_access(peer_context, false, 0))
 }
 
 #[cfg(test)]

@@ -332,11 +332,11 @@ pub unsafe fn cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice) -> CUre
     })())
 }
 
-/// Peer attributes between two devices: the session has one device, and a device is no peer of
-/// itself (the driver answers `CUDA_ERROR_INVALID_DEVICE` for that too).
+/// Peer attributes between two of the session's devices, as the server's driver answered them;
+/// a device is no peer of itself (`CUDA_ERROR_INVALID_DEVICE`, as the driver answers).
 pub unsafe fn cuDeviceGetP2PAttribute(
     value: *mut c_int,
-    _attrib: CUdevice_P2PAttribute,
+    attrib: CUdevice_P2PAttribute,
     src_device: CUdevice,
     dst_device: CUdevice,
 ) -> CUresult {
@@ -345,7 +345,11 @@ pub unsafe fn cuDeviceGetP2PAttribute(
         let session = driver().session()?;
         session.device(src_device)?;
         session.device(dst_device)?;
-        Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
+        let client = flyt_client::client::client().map_err(crate::client_source::to_driver)?;
+        let link = client.peer_link(src_device as usize, dst_device as usize).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+        let answer = link.attribute(attrib).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: checked non-NULL; the caller passes a writable int.
+        unsafe { write_out(value, answer) }
     })())
 }
 

@@ -435,15 +435,18 @@ struct Known {
     managed: Option<u64>,
     /// Memory `cuIpcGetMemHandle` exports (from `cuMemAlloc` or `cuMemAllocPitch`).
     legacy_ipc: bool,
+    /// The app's device it lives on (device memory; 0 otherwise).
+    ordinal: i32,
 }
 
 fn known(client: &Client, ptr: u64) -> Option<Known> {
     if let Some((start, len)) = client.device_range(ptr) {
         let legacy_ipc = client.ranges.legacy_ipc_capable(ptr);
-        return Some(Known { start, len, device: true, device_accessible: true, managed: None, legacy_ipc });
+        let ordinal = client.ranges.device_of(ptr).and_then(|server| client.app_device(server)).unwrap_or(0) as i32;
+        return Some(Known { start, len, device: true, device_accessible: true, managed: None, legacy_ipc, ordinal });
     }
     if let Some((start, len, buffer_id)) = client.managed.holding(ptr, 1) {
-        return Some(Known { start, len, device: true, device_accessible: true, managed: Some(buffer_id), legacy_ipc: false });
+        return Some(Known { start, len, device: true, device_accessible: true, managed: Some(buffer_id), legacy_ipc: false, ordinal: 0 });
     }
     client.host_allocation(ptr as usize).map(|host| Known {
         start: host.start as u64,
@@ -452,6 +455,7 @@ fn known(client: &Client, ptr: u64) -> Option<Known> {
         device_accessible: host.device_mapped,
         managed: None,
         legacy_ipc: false,
+        ordinal: 0,
     })
 }
 
@@ -473,7 +477,7 @@ unsafe fn write_attribute(
     }
     // SAFETY: per this function's contract, `data` holds the type each arm writes.
     unsafe {
-        let Some(Known { start, len, device, device_accessible, managed, legacy_ipc }) = found else {
+        let Some(Known { start, len, device, device_accessible, managed, legacy_ipc, ordinal }) = found else {
             return match attribute {
                 CONTEXT | HOST_POINTER | MEMPOOL_HANDLE => write_out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
                 DEVICE_POINTER | RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), 0),
@@ -487,7 +491,12 @@ unsafe fn write_attribute(
             };
         };
         match attribute {
-            CONTEXT => write_out(data.cast(), crate::context::current_or_primary()?.handle()),
+            // The device's primary context unless the current context is on that device.
+            CONTEXT => {
+                let current = crate::context::current_or_primary()?;
+                let context = if current.device() == ordinal { current } else { crate::driver::driver().contexts.primary(ordinal)? };
+                write_out(data.cast(), context.handle())
+            }
             MEMORY_TYPE => write_out(data.cast::<c_uint>(), if device { MEMORYTYPE_DEVICE } else { MEMORYTYPE_HOST }),
             // Unified addressing: mapped host memory has its host address on the device too.
             DEVICE_POINTER if device_accessible => write_out(data.cast::<CUdeviceptr>(), ptr),
@@ -500,7 +509,7 @@ unsafe fn write_attribute(
             DEVICE_POINTER | HOST_POINTER => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
             IS_MANAGED => write_out(data.cast::<c_uint>(), c_uint::from(managed.is_some())),
             MAPPED => write_out(data.cast::<c_uint>(), 1),
-            DEVICE_ORDINAL => write_out(data.cast::<i32>(), 0),
+            DEVICE_ORDINAL => write_out(data.cast::<i32>(), ordinal),
             RANGE_START_ADDR => write_out(data.cast::<CUdeviceptr>(), start),
             RANGE_SIZE => write_out(data.cast::<usize>(), len as usize),
             BUFFER_ID if managed.is_some() => write_out(data.cast::<u64>(), managed.unwrap_or_default()),

@@ -44,12 +44,30 @@ fn refuse(what: &str) -> CUresult {
     CUresult::CUDA_ERROR_NOT_SUPPORTED
 }
 
-/// The session's device as a location (its only one).
-fn device_location(location: &CUmemLocation) -> DriverResult {
+/// A device of the session as a location: its ordinal.
+fn device_location(location: &CUmemLocation) -> DriverResult<i32> {
     if location.r#type != LOCATION_DEVICE {
         return Err(refuse("a location other than the device"));
     }
-    if location.id != 0 { Err(CUresult::CUDA_ERROR_INVALID_DEVICE) } else { Ok(()) }
+    match session_client()?.server_device(usize::try_from(location.id).unwrap_or(usize::MAX)) {
+        Some(_) => Ok(location.id),
+        None => Err(CUresult::CUDA_ERROR_INVALID_DEVICE),
+    }
+}
+
+/// Runs `call` with the calling thread's requests made on the app's device `device` (what a
+/// location names, whichever device is current), then as before.
+fn on_device<T>(device: i32, call: impl FnOnce() -> DriverResult<T>) -> DriverResult<T> {
+    let client = session_client()?;
+    let server = client.server_device(usize::try_from(device).unwrap_or(usize::MAX)).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+    let before = flyt_client::devices::thread_device();
+    if server == before {
+        return call();
+    }
+    flyt_client::devices::set_thread_device(server);
+    let result = call();
+    flyt_client::devices::set_thread_device(before);
+    result
 }
 
 /// Checks allocation properties; the requested handle types and the usage
@@ -57,14 +75,14 @@ fn device_location(location: &CUmemLocation) -> DriverResult {
 ///
 /// # Safety
 /// `prop` is NULL or a readable `CUmemAllocationProp`.
-unsafe fn allocation_prop(prop: *const CUmemAllocationProp) -> DriverResult<(u32, u32)> {
+unsafe fn allocation_prop(prop: *const CUmemAllocationProp) -> DriverResult<(u32, u32, i32)> {
     non_null([prop.cast()])?;
     // SAFETY: checked non-NULL; the caller's struct.
     let p = unsafe { &*prop };
     if p.r#type != ALLOCATION_PINNED {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    device_location(&p.location)?;
+    let device = device_location(&p.location)?;
     if p.requestedHandleTypes & !HANDLE_TYPES_SUPPORTED != 0 {
         return Err(refuse("shareable handles other than a POSIX file descriptor"));
     }
@@ -75,7 +93,7 @@ unsafe fn allocation_prop(prop: *const CUmemAllocationProp) -> DriverResult<(u32
     if usage & !mem_usage::ALL != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    Ok((p.requestedHandleTypes & !FABRIC, usage))
+    Ok((p.requestedHandleTypes & !FABRIC, usage, device))
 }
 
 pub unsafe fn cuMemGetAllocationGranularity(
@@ -95,11 +113,11 @@ pub unsafe fn cuMemGetAllocationGranularity(
             device_prop.location = CUmemLocation { r#type: LOCATION_DEVICE, id: 0 };
         }
         // SAFETY: a local struct.
-        unsafe { allocation_prop(&device_prop) }?;
+        let (_, _, device) = unsafe { allocation_prop(&device_prop) }?;
         if option > 1 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let value = session_client()?.mem_granularity(option == 1, host).map_err(driver_error)?;
+        let value = on_device(device, || session_client()?.mem_granularity(option == 1, host).map_err(driver_error))?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(granularity, value as usize) }
     })
@@ -133,8 +151,8 @@ pub unsafe fn cuMemCreate(
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the caller's struct.
-        let (handle_types, usage) = unsafe { allocation_prop(prop) }?;
-        let created = session_client()?.mem_create(size as u64, handle_types, usage).map_err(driver_error)?;
+        let (handle_types, usage, device) = unsafe { allocation_prop(prop) }?;
+        let created = on_device(device, || session_client()?.mem_create(size as u64, handle_types, usage).map_err(driver_error))?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(handle, created) }
     })
@@ -165,13 +183,14 @@ pub unsafe fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAc
         non_null([desc.cast()])?;
         // SAFETY: the caller's array of `count` descriptors.
         let descs = unsafe { std::slice::from_raw_parts(desc, count) };
-        let mut flags = None;
         for desc in descs {
             device_location(&desc.location)?;
-            flags = Some(desc.flags);
         }
-        let flags = flags.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        session_client()?.mem_set_access(ptr, size as u64, flags).map_err(driver_error)
+        // Each device's access, set with that device current on the server.
+        for desc in descs {
+            on_device(desc.location.id, || session_client()?.mem_set_access(ptr, size as u64, desc.flags).map_err(driver_error))?;
+        }
+        Ok(())
     })
 }
 
@@ -179,8 +198,8 @@ pub unsafe fn cuMemGetAccess(flags: *mut c_ulonglong, location: *const CUmemLoca
     run(|| {
         non_null([flags.cast(), location.cast()])?;
         // SAFETY: checked non-NULL; the caller's location.
-        device_location(unsafe { &*location })?;
-        let access = session_client()?.mem_access(ptr).map_err(driver_error)?;
+        let device = device_location(unsafe { &*location })?;
+        let access = on_device(device, || session_client()?.mem_access(ptr).map_err(driver_error))?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(flags, c_ulonglong::from(access)) }
     })

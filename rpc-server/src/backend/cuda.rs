@@ -4,12 +4,12 @@
 //! All `unsafe` in the server lives here, at the driver's FFI edge.
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use cudarc::driver::{result, sys};
 use flyt_protocol::CudaError;
-use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE};
+use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE, PeerLink};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
     ArrayDesc, Copy3d, DecompressOp, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy, NodeCopySide,
@@ -379,13 +379,29 @@ struct StagingPool {
 struct Slot {
     ptr: *mut u8,
     capacity: usize,
-    /// Recorded after the slot's last copy; replaced after a context reset.
-    event: AtomicPtr<sys::CUevent_st>,
+    /// One event per GPU of the session (an event is recorded only on streams of its own
+    /// context), the one of the last copy's stream recorded after it; replaced after a reset.
+    events: Vec<AtomicPtr<sys::CUevent_st>>,
+    /// Which of `events` the last copy recorded.
+    last: AtomicUsize,
 }
 
 impl Slot {
+    /// The event of the slot's last copy.
     fn event(&self) -> sys::CUevent {
-        self.event.load(Ordering::Acquire)
+        self.events[self.last.load(Ordering::Acquire).min(self.events.len() - 1)].load(Ordering::Acquire)
+    }
+
+    /// Records the slot's last copy, queued on `stream` of GPU `gpu`.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of GPU `gpu`'s context (or NULL with that context current).
+    unsafe fn record_after(&self, stream: sys::CUstream, gpu: usize) -> CudaResult<()> {
+        let gpu = gpu.min(self.events.len() - 1);
+        // SAFETY: the event was created in the pool for that GPU's context, like the stream.
+        check(unsafe { result::event::record(self.events[gpu].load(Ordering::Acquire), stream) })?;
+        self.last.store(gpu, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -432,42 +448,58 @@ impl Drop for Staging {
 }
 
 impl StagingPool {
-    fn new(slots: usize, capacity: usize) -> CudaResult<Self> {
+    /// Slots with an event for each of `contexts` (the session's GPUs'), the first current.
+    fn new(slots: usize, capacity: usize, contexts: &[sys::CUcontext]) -> CudaResult<Self> {
         let total = slots.checked_mul(capacity).ok_or(CudaError::INVALID_VALUE)?;
         let mut memory = memmap2::MmapMut::map_anon(total.max(1)).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         let base = memory.as_mut_ptr();
         let made = (0..slots)
-            .map(|index| Slot { ptr: base.wrapping_add(index * capacity), capacity, event: AtomicPtr::new(std::ptr::null_mut()) })
+            .map(|index| Slot {
+                ptr: base.wrapping_add(index * capacity),
+                capacity,
+                events: contexts.iter().map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+                last: AtomicUsize::new(0),
+            })
             .collect();
         let pool = Self { memory, state: Mutex::new(vec![false; slots]), slots: made, freed: Condvar::new() };
-        pool.pin()?;
+        pool.pin(contexts, 0)?;
         Ok(pool)
     }
 
-    /// Pins the memory and gives every slot a new event (at start, and after a context reset,
-    /// which unpinned the one and destroyed the others).
-    fn pin(&self) -> CudaResult<()> {
+    /// Pins the memory and gives every slot new events, one in each of `contexts` (at start,
+    /// and after a context reset, which unpinned the one and destroyed the others); leaves
+    /// `contexts[current]` current.
+    fn pin(&self, contexts: &[sys::CUcontext], current: usize) -> CudaResult<()> {
         if self.slots.is_empty() {
             return Ok(());
         }
         // SAFETY: a context is current on the calling thread; the mapping stays for the
-        // process's life. CU_MEMHOSTREGISTER_PORTABLE, as `host_register` pins.
-        check(unsafe { sys::cuMemHostRegister_v2(self.memory.as_ptr() as *mut c_void, self.memory.len(), 0x01).result() })?;
-        for slot in &self.slots {
-            let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(driver_error)?;
-            slot.event.store(event, Ordering::Release);
+        // process's life. CU_MEMHOSTREGISTER_PORTABLE, as `host_register` pins: every context
+        // of the process sees it pinned. Still pinned (another GPU's context kept it) is fine.
+        let pinned = check(unsafe { sys::cuMemHostRegister_v2(self.memory.as_ptr() as *mut c_void, self.memory.len(), 0x01).result() });
+        if pinned.is_err() && pinned != Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED) {
+            return pinned;
         }
-        Ok(())
+        for (gpu, context) in contexts.iter().enumerate() {
+            // SAFETY: a primary context of the session, retained and never released.
+            check(unsafe { result::ctx::set_current(*context) })?;
+            for slot in &self.slots {
+                let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(driver_error)?;
+                slot.events[gpu].store(event, Ordering::Release);
+            }
+        }
+        // SAFETY: as above.
+        check(unsafe { result::ctx::set_current(contexts[current.min(contexts.len() - 1)]) })
     }
 
     /// After a context reset: pins the memory again with new events. Refused while a slot is
     /// held, as its holder may still use the old event.
-    fn remake(&self) -> CudaResult<()> {
+    fn remake(&self, contexts: &[sys::CUcontext], current: usize) -> CudaResult<()> {
         let held = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if held.iter().any(|taken| *taken) {
             return Err(CudaError::NOT_PERMITTED);
         }
-        let pinned = self.pin();
+        let pinned = self.pin(contexts, current);
         drop(held);
         pinned
     }
@@ -515,12 +547,20 @@ pub struct PendingCopy {
     staging: Staging,
 }
 
-/// One GPU, through its primary context.
-pub struct CudaDevice {
+/// One GPU of the session, through its primary context.
+struct Gpu {
     ordinal: c_int,
     device: sys::CUdevice,
     /// The primary context, retained (again after a reset).
     context: AtomicPtr<sys::CUctx_st>,
+}
+
+/// The session's GPUs, one driver for all of them (as in an app's own process): the current one
+/// (`select_device`) is the one whose primary context is current on the session's thread, so
+/// every driver call below acts on it, as the app's call would on its current device.
+pub struct CudaDevice {
+    gpus: Vec<Gpu>,
+    current: AtomicUsize,
     raw: RawDriver,
     extras: RawExtras,
     pub(super) arrays: super::cuda_arrays::RawArrays,
@@ -570,7 +610,7 @@ impl CudaDevice {
 
     /// The session's device as a memory location.
     fn location(&self) -> sys::CUmemLocation {
-        sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.device }
+        sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.gpu().device }
     }
 
     /// Properties of pinned memory on the session's device; `handle_types`: none or a POSIX file
@@ -596,8 +636,8 @@ impl CudaDevice {
         })
     }
 
-    /// Opens GPU `ordinal`; `Err` says in words why not (no driver, no such GPU...).
-    pub fn open(ordinal: u32, staging_slots: usize, copy_chunk: usize) -> Result<Self, String> {
+    /// Opens GPUs `ordinals` (the first current); `Err` says in words why not (no driver, no such GPU...).
+    pub fn open(ordinals: &[u32], staging_slots: usize, copy_chunk: usize) -> Result<Self, String> {
         // SAFETY: probing only tries to dlopen libcuda; cudarc's other entry points panic when the
         // library is missing, so nothing else is called before this check passes.
         if !unsafe { sys::is_culib_present() } {
@@ -607,20 +647,31 @@ impl CudaDevice {
         let arrays = super::cuda_arrays::RawArrays::load()?;
         result::init().map_err(|error| format!("cuInit failed: {error}"))?;
         let count = result::device::get_count().map_err(|error| format!("cuDeviceGetCount: {error}"))?;
-        let ordinal = c_int::try_from(ordinal).map_err(|_| "GPU ordinal too large".to_string())?;
-        if ordinal >= count {
-            return Err(format!("GPU {ordinal} does not exist ({count} visible)"));
+        if ordinals.is_empty() {
+            return Err("no GPU named".into());
         }
-        let device = result::device::get(ordinal).map_err(|error| format!("cuDeviceGet: {error}"))?;
-        // SAFETY: `device` was returned by cuDeviceGet above.
-        let context = unsafe { result::primary_ctx::retain(device) }.map_err(|error| format!("cuDevicePrimaryCtxRetain: {error}"))?;
-        // SAFETY: `context` is the primary context just retained.
-        unsafe { result::ctx::set_current(context) }.map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
-        let staging = StagingPool::new(staging_slots, copy_chunk).map_err(|error| format!("pinned staging: {error}"))?;
+        let mut gpus = Vec::with_capacity(ordinals.len());
+        for (index, ordinal) in ordinals.iter().enumerate() {
+            let ordinal = c_int::try_from(*ordinal).map_err(|_| "GPU ordinal too large".to_string())?;
+            if ordinal >= count {
+                return Err(format!("GPU {ordinal} does not exist ({count} visible)"));
+            }
+            if ordinals[..index].contains(&(ordinal as u32)) {
+                return Err(format!("GPU {ordinal} named twice"));
+            }
+            let device = result::device::get(ordinal).map_err(|error| format!("cuDeviceGet: {error}"))?;
+            // SAFETY: `device` was returned by cuDeviceGet above.
+            let context = unsafe { result::primary_ctx::retain(device) }.map_err(|error| format!("cuDevicePrimaryCtxRetain: {error}"))?;
+            gpus.push(Gpu { ordinal, device, context: AtomicPtr::new(context) });
+        }
+        // SAFETY: the first GPU's primary context, just retained.
+        unsafe { result::ctx::set_current(gpus[0].context.load(Ordering::Acquire)) }
+            .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
+        let contexts: Vec<sys::CUcontext> = gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
+        let staging = StagingPool::new(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
         Ok(Self {
-            ordinal,
-            device,
-            context: AtomicPtr::new(context),
+            gpus,
+            current: AtomicUsize::new(0),
             raw,
             extras: RawExtras::load(),
             arrays,
@@ -630,21 +681,59 @@ impl CudaDevice {
         })
     }
 
+    /// The current GPU.
+    fn gpu(&self) -> &Gpu {
+        &self.gpus[self.current.load(Ordering::Relaxed).min(self.gpus.len() - 1)]
+    }
+
+    /// The GPU whose context `stream` belongs to: the current one for the legacy stream (and for
+    /// a stream of a green context).
+    fn stream_gpu(&self, stream: Handle<sys::CUstream>) -> usize {
+        let current = self.current.load(Ordering::Relaxed);
+        if self.gpus.len() == 1 || stream.0.is_null() {
+            return current;
+        }
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the stream is one of the session's, alive.
+        if unsafe { sys::cuStreamGetCtx(stream.0, &mut context) } != sys::CUresult::CUDA_SUCCESS {
+            return current;
+        }
+        self.gpus.iter().position(|gpu| gpu.context.load(Ordering::Acquire) == context).unwrap_or(current)
+    }
+
     /// The device's primary context, current on the session's threads.
     pub(super) fn primary_context(&self) -> sys::CUcontext {
-        self.context.load(Ordering::Acquire)
+        self.gpu().context.load(Ordering::Acquire)
     }
 
     pub(super) fn device(&self) -> sys::CUdevice {
-        self.device
+        self.gpu().device
     }
 
     fn attribute(&self, attribute: u32) -> Option<i32> {
+        self.attribute_of(self.gpu().device, attribute)
+    }
+
+    fn attribute_of(&self, device: sys::CUdevice, attribute: u32) -> Option<i32> {
         let mut value: c_int = 0;
         let attribute = c_int::try_from(attribute).ok()?;
         // SAFETY: `value` is a valid out-pointer; an unknown attribute is an error code, not UB.
-        let code = unsafe { (self.raw.device_get_attribute)(&mut value, attribute, self.device) };
+        let code = unsafe { (self.raw.device_get_attribute)(&mut value, attribute, device) };
         (code == 0).then_some(value)
+    }
+
+    fn info_of(&self, gpu: &Gpu) -> DeviceInfo {
+        let name = result::device::get_name(gpu.device).unwrap_or_else(|_| format!("GPU {}", gpu.ordinal));
+        let uuid = result::device::get_uuid(gpu.device).map(|uuid| uuid.bytes.map(|b| b as u8)).unwrap_or([0; 16]);
+        let mut luid = [0 as std::ffi::c_char; 8];
+        let mut luid_device_node_mask: c_uint = 0;
+        // SAFETY: valid out-pointers of the documented sizes; failure (no LUID on Linux) leaves
+        // them zeroed, as the runtime reports.
+        let _ = unsafe { sys::cuDeviceGetLuid(luid.as_mut_ptr(), &mut luid_device_node_mask, gpu.device) };
+        // SAFETY: `gpu.device` came from cuDeviceGet.
+        let total_mem = unsafe { result::device::total_mem(gpu.device) }.unwrap_or(0) as u64;
+        let attributes = (1..=LAST_ATTRIBUTE).filter_map(|id| Some((id, self.attribute_of(gpu.device, id)?))).collect();
+        DeviceInfo { name, uuid, luid: luid.map(|b| b as u8), luid_device_node_mask, total_mem, attributes }
     }
 }
 
@@ -672,17 +761,81 @@ impl Device for CudaDevice {
     type GreenCtx = super::cuda_green::GreenHandle;
 
     fn info(&self) -> DeviceInfo {
-        let name = result::device::get_name(self.device).unwrap_or_else(|_| format!("GPU {}", self.ordinal));
-        let uuid = result::device::get_uuid(self.device).map(|uuid| uuid.bytes.map(|b| b as u8)).unwrap_or([0; 16]);
-        let mut luid = [0 as std::ffi::c_char; 8];
-        let mut luid_device_node_mask: c_uint = 0;
-        // SAFETY: valid out-pointers of the documented sizes; failure (no LUID on Linux) leaves
-        // them zeroed, as the runtime reports.
-        let _ = unsafe { sys::cuDeviceGetLuid(luid.as_mut_ptr(), &mut luid_device_node_mask, self.device) };
-        // SAFETY: `self.device` came from cuDeviceGet.
-        let total_mem = unsafe { result::device::total_mem(self.device) }.unwrap_or(0) as u64;
-        let attributes = (1..=LAST_ATTRIBUTE).filter_map(|id| Some((id, self.attribute(id)?))).collect();
-        DeviceInfo { name, uuid, luid: luid.map(|b| b as u8), luid_device_node_mask, total_mem, attributes }
+        self.info_of(self.gpu())
+    }
+
+    fn device_count(&self) -> usize {
+        self.gpus.len()
+    }
+
+    fn current_device(&self) -> usize {
+        self.current.load(Ordering::Relaxed)
+    }
+
+    fn select_device(&self, index: usize) -> CudaResult<()> {
+        let gpu = self.gpus.get(index).ok_or(CudaError::INVALID_DEVICE)?;
+        // SAFETY: that GPU's primary context, retained in `open` (or `reset`) and never released.
+        check(unsafe { result::ctx::set_current(gpu.context.load(Ordering::Acquire)) })?;
+        self.current.store(index, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn infos(&self) -> Vec<DeviceInfo> {
+        self.gpus.iter().map(|gpu| self.info_of(gpu)).collect()
+    }
+
+    fn peer_links(&self) -> Vec<PeerLink> {
+        let mut links = Vec::new();
+        for (from, a) in self.gpus.iter().enumerate() {
+            for (to, b) in self.gpus.iter().enumerate().filter(|(to, _)| *to != from) {
+                let p2p = |attribute: sys::CUdevice_P2PAttribute| {
+                    let mut value: c_int = 0;
+                    // SAFETY: valid out-pointer; both devices came from cuDeviceGet.
+                    let code = unsafe { sys::cuDeviceGetP2PAttribute(&mut value, attribute, a.device, b.device) };
+                    if code == sys::CUresult::CUDA_SUCCESS { value } else { 0 }
+                };
+                use sys::CUdevice_P2PAttribute as P2p;
+                links.push(PeerLink {
+                    from: from as u32,
+                    to: to as u32,
+                    access_supported: p2p(P2p::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED),
+                    performance_rank: p2p(P2p::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK),
+                    native_atomics: p2p(P2p::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED),
+                    array_access: p2p(P2p::CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED),
+                });
+            }
+        }
+        links
+    }
+
+    fn stream_device(&self, stream: Self::Stream) -> usize {
+        self.stream_gpu(stream)
+    }
+
+    fn event_create_on(&self, device: usize, flags: u32) -> CudaResult<Self::Event> {
+        let current = self.current_device();
+        if device == current {
+            return self.event_create(flags);
+        }
+        let gpu = self.gpus.get(device).ok_or(CudaError::INVALID_DEVICE)?;
+        // SAFETY: primary contexts of the session, retained and never released; the current one
+        // is made current again before returning.
+        unsafe {
+            check(result::ctx::set_current(gpu.context.load(Ordering::Acquire)))?;
+            let made = self.event_create(flags);
+            check(result::ctx::set_current(self.gpus[current].context.load(Ordering::Acquire)))?;
+            made
+        }
+    }
+
+    fn peer_access(&self, peer: usize, enable: bool, flags: u32) -> CudaResult<()> {
+        let peer = self.gpus.get(peer).ok_or(CudaError::INVALID_DEVICE)?;
+        let context = peer.context.load(Ordering::Acquire);
+        // SAFETY: the peer GPU's primary context, retained and never released; the current
+        // context is the current GPU's (the session's thread).
+        check(unsafe {
+            if enable { sys::cuCtxEnablePeerAccess(context, flags).result() } else { sys::cuCtxDisablePeerAccess(context).result() }
+        })
     }
 
     fn driver_version(&self) -> i32 {
@@ -698,7 +851,7 @@ impl Device for CudaDevice {
 
     fn bind_thread(&self) -> CudaResult<()> {
         // SAFETY: the primary context, retained in `open` (or `reset`) and never released.
-        check(unsafe { result::ctx::set_current(self.context.load(Ordering::Acquire)) })
+        check(unsafe { result::ctx::set_current(self.gpu().context.load(Ordering::Acquire)) })
     }
 
     fn null_stream(&self) -> Self::Stream {
@@ -811,7 +964,7 @@ impl Device for CudaDevice {
         // the slot from being reused (`StagingPool::take` waits on it) before the DMA is done.
         unsafe {
             check(sys::cuMemcpyHtoDAsync_v2(dst, slot.ptr as *const c_void, src.len, stream_ptr(stream)).result())?;
-            check(result::event::record(slot.event(), stream_ptr(stream)))
+            slot.record_after(stream_ptr(stream), self.stream_gpu(stream))
         }
     }
 
@@ -821,7 +974,7 @@ impl Device for CudaDevice {
         // the held staging slot, which stays held until `finish_dtoh` has waited for the event.
         unsafe {
             check(sys::cuMemcpyDtoHAsync_v2(slot.ptr as *mut c_void, src, dst.len, stream_ptr(stream)).result())?;
-            check(result::event::record(slot.event(), stream_ptr(stream)))?;
+            slot.record_after(stream_ptr(stream), self.stream_gpu(stream))?;
         }
         Ok(PendingCopy { staging: dst })
     }
@@ -868,11 +1021,24 @@ impl Device for CudaDevice {
             sys::cuPointerGetAttribute((&raw mut host).cast(), sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER, address)
                 .result()
         })?;
-        // A launch of an executable graph destroyed since may still copy through it: the
-        // device's work ends first (the session's read-ahead answers host calls meanwhile).
-        // SAFETY: a plain synchronization of the current context.
-        if let Err(error) = check(unsafe { sys::cuCtxSynchronize().result() }) {
-            tracing::warn!(%error, "synchronizing before freeing a graph copy's staging");
+        // A launch of an executable graph destroyed since may still copy through it, on any of
+        // the session's GPUs: their work ends first (the session's read-ahead answers host
+        // calls meanwhile).
+        for gpu in &self.gpus {
+            let context = gpu.context.load(Ordering::Acquire);
+            // SAFETY: the session's primary contexts, retained while it lives; each pushed
+            // context is popped again, so the current one stays current.
+            let synchronized = unsafe {
+                check(sys::cuCtxPushCurrent_v2(context).result()).and_then(|()| {
+                    let synchronized = check(sys::cuCtxSynchronize().result());
+                    let mut popped: sys::CUcontext = std::ptr::null_mut();
+                    let _ = sys::cuCtxPopCurrent_v2(&mut popped);
+                    synchronized
+                })
+            };
+            if let Err(error) = synchronized {
+                tracing::warn!(%error, "synchronizing before freeing a graph copy's staging");
+            }
         }
         // SAFETY: no graph or executable graph that names it is left, and the device's work is
         // done (or failed, and runs no more).
@@ -1128,7 +1294,7 @@ impl Device for CudaDevice {
     fn texture_1d_linear_max_width(&self, format: u32, channels: u32) -> CudaResult<u64> {
         let mut width = 0usize;
         // SAFETY: valid out-pointer; the format and channel count are plain values the driver checks.
-        raw_check(unsafe { (self.raw.texture_1d_linear_max_width)(&mut width, format, channels, self.device) })?;
+        raw_check(unsafe { (self.raw.texture_1d_linear_max_width)(&mut width, format, channels, self.gpu().device) })?;
         Ok(width as u64)
     }
 
@@ -1138,9 +1304,15 @@ impl Device for CudaDevice {
         // SAFETY: both arrays hold `count` entries; the operations are plain values the driver checks.
         let code = unsafe {
             if peer {
-                (self.raw.p2p_atomic_capabilities)(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.device, self.device)
+                (self.raw.p2p_atomic_capabilities)(
+                    capabilities.as_mut_ptr(),
+                    operations.as_ptr(),
+                    count,
+                    self.gpu().device,
+                    self.gpu().device,
+                )
             } else {
-                (self.raw.host_atomic_capabilities)(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.device)
+                (self.raw.host_atomic_capabilities)(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.gpu().device)
             }
         };
         raw_check(code)?;
@@ -1278,14 +1450,15 @@ impl Device for CudaDevice {
     fn reset(&self) -> CudaResult<()> {
         // SAFETY: the session waited for its work and drops every handle it held on this
         // context; the staging slots are all free (checked again by `remake`).
-        check(unsafe { sys::cuDevicePrimaryCtxReset_v2(self.device).result() })?;
+        check(unsafe { sys::cuDevicePrimaryCtxReset_v2(self.gpu().device).result() })?;
         // A reset leaves the context inactive until it is retained again; the count it had is
         // kept, so this one more is never released (the process holds it until it exits).
-        // SAFETY: `self.device` came from cuDeviceGet.
-        let context = unsafe { result::primary_ctx::retain(self.device) }.map_err(driver_error)?;
-        self.context.store(context, Ordering::Release);
+        // SAFETY: `self.gpu().device` came from cuDeviceGet.
+        let context = unsafe { result::primary_ctx::retain(self.gpu().device) }.map_err(driver_error)?;
+        self.gpu().context.store(context, Ordering::Release);
         self.bind_thread()?;
-        self.staging.remake()
+        let contexts: Vec<sys::CUcontext> = self.gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
+        self.staging.remake(&contexts, self.current_device())
     }
 
     fn func_set_cache_config(&self, function: Self::Function, config: u32) -> CudaResult<()> {
@@ -1454,7 +1627,7 @@ impl Device for CudaDevice {
         // dangling pointer).
         let deps = if dependencies.is_empty() { std::ptr::null() } else { dependencies.as_ptr().cast::<sys::CUgraphNode>() };
         let count = dependencies.len();
-        let context = self.context.load(Ordering::Acquire);
+        let context = self.gpu().context.load(Ordering::Acquire);
         // SAFETY: (every arm) `graph` and the dependencies are the session's, of that graph
         // (`Handle` is a transparent newtype, so the slice is an array of `CUgraphNode`); the
         // parameter structs live across the call, which copies them; device ranges were
@@ -1527,7 +1700,7 @@ impl Device for CudaDevice {
 
     fn graph_conditional_handle(&self, graph: Self::Graph, default_value: u32, flags: u32) -> CudaResult<u64> {
         let mut handle = 0;
-        let context = self.context.load(Ordering::Acquire);
+        let context = self.gpu().context.load(Ordering::Acquire);
         // SAFETY: the session's graph in the device's context; valid out-pointer.
         check(unsafe { sys::cuGraphConditionalHandleCreate(&mut handle, graph.0, context, default_value, flags).result() })?;
         Ok(handle)
@@ -1614,17 +1787,17 @@ impl Device for CudaDevice {
         if let Some(mut value) = set {
             // SAFETY: a 64-bit value, as every graph memory attribute is; the driver checks
             // which ones may be set (only the high watermarks, reset with 0).
-            check(unsafe { sys::cuDeviceSetGraphMemAttribute(self.device, attr, (&raw mut value).cast()).result() })?;
+            check(unsafe { sys::cuDeviceSetGraphMemAttribute(self.gpu().device, attr, (&raw mut value).cast()).result() })?;
         }
         let mut value = 0u64;
         // SAFETY: a 64-bit out-value.
-        check(unsafe { sys::cuDeviceGetGraphMemAttribute(self.device, attr, (&raw mut value).cast()).result() })?;
+        check(unsafe { sys::cuDeviceGetGraphMemAttribute(self.gpu().device, attr, (&raw mut value).cast()).result() })?;
         Ok(value)
     }
 
     fn graph_mem_trim(&self) -> CudaResult<()> {
         // SAFETY: the session's device.
-        check(unsafe { sys::cuDeviceGraphMemTrim(self.device).result() })
+        check(unsafe { sys::cuDeviceGraphMemTrim(self.gpu().device).result() })
     }
 
     fn graph_node_read(&self, node: Self::GraphNode) -> CudaResult<NodeRead> {
@@ -1755,7 +1928,7 @@ impl Device for CudaDevice {
     }
 
     fn graph_node_set(&self, exec: Option<Self::GraphExec>, node: Self::GraphNode, work: NodeWork<'_, Self>) -> CudaResult<()> {
-        let context = self.context.load(Ordering::Acquire);
+        let context = self.gpu().context.load(Ordering::Acquire);
         // SAFETY: (every arm) the node and executable graph are the session's; parameter
         // structs outlive the call, which copies them; device ranges were checked.
         let code = unsafe {
@@ -2034,7 +2207,7 @@ impl Device for CudaDevice {
     fn default_pool(&self) -> CudaResult<Self::MemPool> {
         let mut pool = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the session's device.
-        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.device).result() })?;
+        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.gpu().device).result() })?;
         Ok(Handle(pool))
     }
 
@@ -2063,7 +2236,7 @@ impl Device for CudaDevice {
 
     fn set_current_pool(&self, pool: Self::MemPool) -> CudaResult<()> {
         // SAFETY: the session's device and one of its pools.
-        check(unsafe { sys::cuDeviceSetMemPool(self.device, pool.0).result() })
+        check(unsafe { sys::cuDeviceSetMemPool(self.gpu().device, pool.0).result() })
     }
 
     fn alloc_async(&self, size: u64, pool: Self::MemPool, stream: Self::Stream) -> CudaResult<u64> {
@@ -2332,7 +2505,7 @@ impl Device for CudaDevice {
     }
 
     fn context_event(&self, event: Self::Event, wait: bool) -> CudaResult<()> {
-        let context = self.context.load(Ordering::Acquire);
+        let context = self.gpu().context.load(Ordering::Acquire);
         // SAFETY: the session's primary context and one of its events.
         check(unsafe {
             if wait { sys::cuCtxWaitEvent(context, event.0).result() } else { sys::cuCtxRecordEvent(context, event.0).result() }
@@ -2430,7 +2603,7 @@ impl Device for CudaDevice {
         // being reused before the DMA is done, as in `copy_htod`.
         unsafe {
             self.shaped(host, dst, extent, stream_ptr(stream))?;
-            check(result::event::record(slot.event(), stream_ptr(stream)))
+            slot.record_after(stream_ptr(stream), self.stream_gpu(stream))
         }
     }
 
@@ -2440,7 +2613,7 @@ impl Device for CudaDevice {
         // SAFETY: as in `start_dtoh`: the held staging slot stays held until the event was waited.
         unsafe {
             self.shaped(src, host, extent, stream_ptr(stream))?;
-            check(result::event::record(slot.event(), stream_ptr(stream)))?;
+            slot.record_after(stream_ptr(stream), self.stream_gpu(stream))?;
         }
         Ok(PendingCopy { staging: dst })
     }
@@ -2486,11 +2659,11 @@ impl Device for CudaDevice {
     }
 
     fn memory_requirements(&self, target: ArrayRef<Self>, _desc: &ArrayDesc, _levels: u32) -> CudaResult<(u64, u64)> {
-        self.requirements_of(target, self.device)
+        self.requirements_of(target, self.gpu().device)
     }
 
     fn map_arrays(&self, maps: &[ArrayMapWork<Self>], stream: Self::Stream) -> CudaResult<()> {
-        self.map_array_work(maps, stream.0, self.device)
+        self.map_array_work(maps, stream.0, self.gpu().device)
     }
 
     fn batch_decompress(&self, ops: &[DecompressOp], stream: Self::Stream) -> Result<(), (CudaError, Option<u64>)> {

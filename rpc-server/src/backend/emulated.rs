@@ -39,6 +39,9 @@ const ALIGNMENT: u64 = 2 << 20;
 pub struct EmulatedConfig {
     pub memory: u64,
     pub sms: u32,
+    /// How many GPUs the session has. They share one address space (as one driver's devices
+    /// do) and, here, one memory of `memory` bytes.
+    pub devices: usize,
 }
 
 /// An event: whether it keeps time (`cudaEventDisableTiming` not set) and when it last fired.
@@ -156,6 +159,10 @@ pub struct EmulatedDevice {
     config: EmulatedConfig,
     state: Mutex<State>,
     host: HostRunner,
+    /// The current device's index.
+    current: std::sync::atomic::AtomicUsize,
+    /// Peer access enabled, as (from, to) device indices.
+    peers_enabled: Mutex<HashSet<(usize, usize)>>,
 }
 
 impl EmulatedDevice {
@@ -185,7 +192,79 @@ impl EmulatedDevice {
                 ..State::default()
             }),
             host: HostRunner::default(),
+            current: std::sync::atomic::AtomicUsize::new(0),
+            peers_enabled: Mutex::default(),
         }
+    }
+
+    /// The device's shape and identity (`info_of` names each of several apart).
+    fn device_info(&self) -> DeviceInfo {
+        let sms = i32::try_from(self.config.sms).unwrap_or(i32::MAX);
+        // A Hopper-like shape, so apps that size their launches from properties behave.
+        let attributes = vec![
+            (attr::MAX_THREADS_PER_BLOCK, 1024),
+            (attr::MAX_BLOCK_DIM_X, 1024),
+            (attr::MAX_BLOCK_DIM_Y, 1024),
+            (attr::MAX_BLOCK_DIM_Z, 64),
+            (attr::MAX_GRID_DIM_X, i32::MAX),
+            (attr::MAX_GRID_DIM_Y, 65535),
+            (attr::MAX_GRID_DIM_Z, 65535),
+            (attr::MAX_SHARED_MEMORY_PER_BLOCK, 48 << 10),
+            (attr::TOTAL_CONSTANT_MEMORY, 64 << 10),
+            (attr::WARP_SIZE, 32),
+            (attr::MAX_PITCH, i32::MAX),
+            (attr::MAX_REGISTERS_PER_BLOCK, 65536),
+            (attr::CLOCK_RATE, 1_980_000),
+            (attr::TEXTURE_ALIGNMENT, 512),
+            (attr::MULTIPROCESSOR_COUNT, sms),
+            (attr::CAN_MAP_HOST_MEMORY, 1),
+            (attr::MANAGED_MEMORY, 1),
+            (attr::CONCURRENT_MANAGED_ACCESS, 1),
+            (attr::CONCURRENT_KERNELS, 1),
+            (attr::MEMORY_CLOCK_RATE, 3_201_000),
+            (attr::GLOBAL_MEMORY_BUS_WIDTH, 6144),
+            (attr::L2_CACHE_SIZE, 60 << 20),
+            (attr::MAX_THREADS_PER_MULTIPROCESSOR, 2048),
+            (attr::ASYNC_ENGINE_COUNT, 2),
+            (attr::UNIFIED_ADDRESSING, 1),
+            (attr::COMPUTE_CAPABILITY_MAJOR, 9),
+            (attr::COMPUTE_CAPABILITY_MINOR, 0),
+            (attr::STREAM_PRIORITIES_SUPPORTED, 1),
+            (attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 228 << 10),
+            (attr::MAX_REGISTERS_PER_MULTIPROCESSOR, 65536),
+            (attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 227 << 10),
+            (attr::MAX_BLOCKS_PER_MULTIPROCESSOR, 32),
+            // Stream-ordered allocation from pools (the pool methods below).
+            (attr::MEMORY_POOLS_SUPPORTED, 1),
+            // Pools shared between processes through a POSIX file descriptor (their memory files).
+            (attr::MEMORY_POOL_SUPPORTED_HANDLE_TYPES, POSIX_FD as i32),
+            // Stream memory operations, 64-bit and NOR waits included (`stream_mem_ops`).
+            (attr::CAN_USE_STREAM_MEM_OPS_V1, 1),
+            (attr::CAN_USE_64_BIT_STREAM_MEM_OPS_V1, 1),
+            (attr::CAN_USE_STREAM_WAIT_VALUE_NOR_V1, 1),
+            (attr::CAN_USE_64_BIT_STREAM_MEM_OPS, 1),
+            (attr::CAN_USE_STREAM_WAIT_VALUE_NOR, 1),
+        ];
+        DeviceInfo {
+            name: "Flyt Emulated Device (no GPU: kernels cannot run)".into(),
+            uuid: *b"flyt-emulated-00",
+            luid: [0; 8],
+            luid_device_node_mask: 0,
+            total_mem: self.config.memory,
+            attributes,
+        }
+    }
+
+    /// Device `index` as `info` reports it.
+    fn info_of(&self, index: usize) -> DeviceInfo {
+        let mut info = self.device_info();
+        if self.config.devices > 1 {
+            info.name = format!("Flyt Emulated Device {index} (no GPU: kernels cannot run)");
+            let digit = b'0' + (index % 10) as u8;
+            info.uuid[14] = b'0' + (index / 10 % 10) as u8;
+            info.uuid[15] = digit;
+        }
+        info
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -322,59 +401,46 @@ impl Device for EmulatedDevice {
     type GreenCtx = u64;
 
     fn info(&self) -> DeviceInfo {
-        let sms = i32::try_from(self.config.sms).unwrap_or(i32::MAX);
-        // A Hopper-like shape, so apps that size their launches from properties behave.
-        let attributes = vec![
-            (attr::MAX_THREADS_PER_BLOCK, 1024),
-            (attr::MAX_BLOCK_DIM_X, 1024),
-            (attr::MAX_BLOCK_DIM_Y, 1024),
-            (attr::MAX_BLOCK_DIM_Z, 64),
-            (attr::MAX_GRID_DIM_X, i32::MAX),
-            (attr::MAX_GRID_DIM_Y, 65535),
-            (attr::MAX_GRID_DIM_Z, 65535),
-            (attr::MAX_SHARED_MEMORY_PER_BLOCK, 48 << 10),
-            (attr::TOTAL_CONSTANT_MEMORY, 64 << 10),
-            (attr::WARP_SIZE, 32),
-            (attr::MAX_PITCH, i32::MAX),
-            (attr::MAX_REGISTERS_PER_BLOCK, 65536),
-            (attr::CLOCK_RATE, 1_980_000),
-            (attr::TEXTURE_ALIGNMENT, 512),
-            (attr::MULTIPROCESSOR_COUNT, sms),
-            (attr::CAN_MAP_HOST_MEMORY, 1),
-            (attr::MANAGED_MEMORY, 1),
-            (attr::CONCURRENT_MANAGED_ACCESS, 1),
-            (attr::CONCURRENT_KERNELS, 1),
-            (attr::MEMORY_CLOCK_RATE, 3_201_000),
-            (attr::GLOBAL_MEMORY_BUS_WIDTH, 6144),
-            (attr::L2_CACHE_SIZE, 60 << 20),
-            (attr::MAX_THREADS_PER_MULTIPROCESSOR, 2048),
-            (attr::ASYNC_ENGINE_COUNT, 2),
-            (attr::UNIFIED_ADDRESSING, 1),
-            (attr::COMPUTE_CAPABILITY_MAJOR, 9),
-            (attr::COMPUTE_CAPABILITY_MINOR, 0),
-            (attr::STREAM_PRIORITIES_SUPPORTED, 1),
-            (attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 228 << 10),
-            (attr::MAX_REGISTERS_PER_MULTIPROCESSOR, 65536),
-            (attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 227 << 10),
-            (attr::MAX_BLOCKS_PER_MULTIPROCESSOR, 32),
-            // Stream-ordered allocation from pools (the pool methods below).
-            (attr::MEMORY_POOLS_SUPPORTED, 1),
-            // Pools shared between processes through a POSIX file descriptor (their memory files).
-            (attr::MEMORY_POOL_SUPPORTED_HANDLE_TYPES, POSIX_FD as i32),
-            // Stream memory operations, 64-bit and NOR waits included (`stream_mem_ops`).
-            (attr::CAN_USE_STREAM_MEM_OPS_V1, 1),
-            (attr::CAN_USE_64_BIT_STREAM_MEM_OPS_V1, 1),
-            (attr::CAN_USE_STREAM_WAIT_VALUE_NOR_V1, 1),
-            (attr::CAN_USE_64_BIT_STREAM_MEM_OPS, 1),
-            (attr::CAN_USE_STREAM_WAIT_VALUE_NOR, 1),
-        ];
-        DeviceInfo {
-            name: "Flyt Emulated Device (no GPU: kernels cannot run)".into(),
-            uuid: *b"flyt-emulated-00",
-            luid: [0; 8],
-            luid_device_node_mask: 0,
-            total_mem: self.config.memory,
-            attributes,
+        self.info_of(self.current.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn device_count(&self) -> usize {
+        self.config.devices.max(1)
+    }
+
+    fn current_device(&self) -> usize {
+        self.current.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn select_device(&self, index: usize) -> CudaResult<()> {
+        if index >= self.device_count() {
+            return Err(CudaError::INVALID_DEVICE);
+        }
+        self.current.store(index, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn infos(&self) -> Vec<DeviceInfo> {
+        (0..self.device_count()).map(|index| self.info_of(index)).collect()
+    }
+
+    fn peer_links(&self) -> Vec<flyt_protocol::device::PeerLink> {
+        let count = self.device_count() as u32;
+        let pairs = (0..count).flat_map(|from| (0..count).filter(move |to| *to != from).map(move |to| (from, to)));
+        // One host memory: every device reaches every other's, with no atomics across them.
+        pairs.map(|(from, to)| flyt_protocol::device::PeerLink { from, to, access_supported: 1, ..Default::default() }).collect()
+    }
+
+    fn peer_access(&self, peer: usize, enable: bool, _flags: u32) -> CudaResult<()> {
+        let current = self.current_device();
+        if peer >= self.device_count() || peer == current {
+            return Err(CudaError::INVALID_DEVICE);
+        }
+        let mut enabled = self.peers_enabled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match enable {
+            true if !enabled.insert((current, peer)) => Err(CudaError::PEER_ACCESS_ALREADY_ENABLED),
+            false if !enabled.remove(&(current, peer)) => Err(CudaError::PEER_ACCESS_NOT_ENABLED),
+            _ => Ok(()),
         }
     }
 

@@ -254,6 +254,39 @@ pub trait Device: Send + Sync + 'static {
     /// Makes the device current on the calling thread.
     fn bind_thread(&self) -> CudaResult<()>;
 
+    /// The session's GPUs: how many (a backend serves one unless it says otherwise).
+    fn device_count(&self) -> usize {
+        1
+    }
+    /// The index of the current one, on which every call below acts.
+    fn current_device(&self) -> usize {
+        0
+    }
+    /// Makes device `index` current (on the calling thread: the session's).
+    fn select_device(&self, index: usize) -> CudaResult<()> {
+        if index == 0 { Ok(()) } else { Err(CudaError::INVALID_DEVICE) }
+    }
+    /// Every device, as `info` reports the current one.
+    fn infos(&self) -> Vec<DeviceInfo> {
+        vec![self.info()]
+    }
+    /// The driver's answers for each ordered pair of devices.
+    fn peer_links(&self) -> Vec<flyt_protocol::device::PeerLink> {
+        Vec::new()
+    }
+    /// The device (index) whose context `stream` belongs to.
+    fn stream_device(&self, _stream: Self::Stream) -> usize {
+        self.current_device()
+    }
+    /// An event made in device `device`'s context (`event_create` makes it in the current one).
+    fn event_create_on(&self, _device: usize, flags: u32) -> CudaResult<Self::Event> {
+        self.event_create(flags)
+    }
+    /// Lets kernels of the current device use device `peer`'s memory (`enable`), or no longer.
+    fn peer_access(&self, _peer: usize, _enable: bool, _flags: u32) -> CudaResult<()> {
+        Err(CudaError::INVALID_DEVICE)
+    }
+
     fn null_stream(&self) -> Self::Stream;
 
     fn malloc(&self, size: u64) -> CudaResult<u64>;

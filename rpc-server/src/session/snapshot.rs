@@ -548,7 +548,8 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
             moved_variables.push((*address, *size, here));
             variables_here.push((here, *size));
         }
-        let loaded = LoadedModule { module, image: Arc::new(state.image), functions, function_names, variables: state.variables };
+        let loaded =
+            LoadedModule { module, device: 0, image: Arc::new(state.image), functions, function_names, variables: state.variables };
         modules.insert(state.id, loaded);
     }
     let ranges: Vec<_> = match &manifest.handover {
@@ -669,6 +670,9 @@ impl<D: Device> Session<D> {
         }
         if !self.links.is_empty() {
             return Some(format!("{} JIT link(s) are under way", self.links.len()));
+        }
+        if self.device.device_count() > 1 {
+            return Some("it has several GPUs (moving those is not built yet)".into());
         }
         self.graphs
             .move_blocker()
