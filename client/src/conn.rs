@@ -416,7 +416,7 @@ impl Conn {
             if host_functions_pending() {
                 out.pause_owed = true;
             } else {
-                Self::enqueue_anywhere(&mut out, &req::Pause {}.into());
+                Self::enqueue_anywhere(&mut out, &req::Pause {}.into(), &[]);
             }
             out.paused = true;
             self.detached.fetch_add(1, Ordering::AcqRel);
@@ -486,11 +486,12 @@ impl Conn {
         }
     }
 
-    /// Appends one frame whatever the thread's device (a message about the session itself).
-    fn enqueue_anywhere(out: &mut Outgoing, request: &Request) {
+    /// Appends one frame whatever the thread's device (a message about the session itself, or
+    /// the answer to one the server sent, which names what it answers).
+    fn enqueue_anywhere(out: &mut Outgoing, request: &Request, bulk: &[u8]) {
         let seq = out.next_seq;
         out.next_seq = out.next_seq.wrapping_add(1).max(1);
-        Self::put(out, seq, request, &[]);
+        Self::put(out, seq, request, bulk);
     }
 
     fn put(out: &mut Outgoing, seq: u32, request: &Request, bulk: &[u8]) {
@@ -561,15 +562,15 @@ impl Conn {
     /// after the last one. `returned` counts the function as returned, in the same hold of the
     /// outgoing buffer as the enqueue, so a `Pause` is never queued between the two (the
     /// server would then drain before this end, which it must wait for).
-    pub fn send_host_call_done(self: &Arc<Self>, request: &Request, returned: impl FnOnce()) -> CudaResult<()> {
+    pub fn send_host_call_done(self: &Arc<Self>, request: &Request, bulk: &[u8], returned: impl FnOnce()) -> CudaResult<()> {
         self.check_alive()?;
         {
             let mut out = lock(&self.outgoing);
-            Self::enqueue_anywhere(&mut out, request);
+            Self::enqueue_anywhere(&mut out, request, bulk);
             returned();
             if out.pause_owed && !host_functions_pending() {
                 out.pause_owed = false;
-                Self::enqueue_anywhere(&mut out, &req::Pause {}.into());
+                Self::enqueue_anywhere(&mut out, &req::Pause {}.into(), &[]);
             }
         }
         self.flush()
@@ -791,8 +792,17 @@ impl Conn {
 
     fn dispatch(&self, inbound: &mut Inbound, header: FrameHeader, message: &[u8]) -> Result<(), String> {
         if header.seq == 0 {
-            inbound.skip(header.bulk_len).map_err(|_| "connection ended inside a notice".to_string())?;
-            match flyt_protocol::frame::decode_exact::<Notice>(message) {
+            let notice = flyt_protocol::frame::decode_exact::<Notice>(message);
+            // A graph's device-to-host copy brings the app's bytes; other notices bring none.
+            let mut bytes = Vec::new();
+            if matches!(notice, Ok(Notice::HostCopyOut { host, .. }) if host.width.checked_mul(host.rows).and_then(|n| n.checked_mul(host.depth)) == Some(header.bulk_len))
+            {
+                bytes.resize(usize::try_from(header.bulk_len).map_err(|_| "a host copy too large".to_string())?, 0);
+                inbound.read_exact(&mut bytes).map_err(|_| "connection ended inside a notice".to_string())?;
+            } else {
+                inbound.skip(header.bulk_len).map_err(|_| "connection ended inside a notice".to_string())?;
+            }
+            match notice {
                 Ok(Notice::Limits { devices }) => *lock(&self.resized_devices) = Some(devices),
                 Ok(Notice::Output { stdout, stderr }) => write_device_output(&stdout, &stderr),
                 Ok(Notice::Pause) => self.pause(),
@@ -803,8 +813,22 @@ impl Conn {
                 Ok(Notice::HostCall { call, run }) => {
                     let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
                     match crate::client::existing_client() {
-                        Some(client) => client.host_call_arrived(call, run),
+                        Some(client) => client.host_call_arrived(crate::graphs::HostJob::Call { call, run }),
                         None => return Err("a host function call before the session opened".into()),
+                    }
+                }
+                Ok(Notice::HostCopyOut { run, host }) => {
+                    let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
+                    match crate::client::existing_client() {
+                        Some(client) => client.host_call_arrived(crate::graphs::HostJob::CopyOut { run, host, bytes }),
+                        None => return Err("a graph host copy before the session opened".into()),
+                    }
+                }
+                Ok(Notice::HostCopyIn { run, host }) => {
+                    let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
+                    match crate::client::existing_client() {
+                        Some(client) => client.host_call_arrived(crate::graphs::HostJob::CopyIn { run, host }),
+                        None => return Err("a graph host copy before the session opened".into()),
                     }
                 }
                 Err(error) => return Err(format!("undecodable notice: {error}")),

@@ -10,7 +10,7 @@ use std::sync::mpsc::{Sender, channel};
 use std::sync::{Condvar, Mutex, OnceLock};
 
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{CaptureInfo, capture_status, req};
+use flyt_protocol::ops::{CaptureInfo, HostBox, capture_status, req};
 
 use crate::client::Client;
 
@@ -21,6 +21,16 @@ pub enum HostFunction {
     Plain { function: unsafe extern "C" fn(*mut std::ffi::c_void), user_data: usize },
     /// `cuStreamAddCallback`: `fn(stream, CUDA_SUCCESS, user_data)`.
     StreamCallback { function: unsafe extern "C" fn(*mut std::ffi::c_void, u32, *mut std::ffi::c_void), stream: usize, user_data: usize },
+}
+
+/// What the host-function thread does, in the order the server asked.
+pub enum HostJob {
+    /// Runs the app's function `call`.
+    Call { call: u64, run: u64 },
+    /// A graph's device-to-host copy: writes `bytes` (packed) at the app's `host` rows.
+    CopyOut { run: u64, host: HostBox, bytes: Vec<u8> },
+    /// A graph's host-to-device copy: reads the app's `host` rows and sends them.
+    CopyIn { run: u64, host: HostBox },
 }
 
 struct Registered {
@@ -44,7 +54,7 @@ pub struct Graphs {
     /// `(clone, original node)` to the clone's node.
     clones: Mutex<HashMap<(u64, u64), u64>>,
     host_functions: Mutex<HashMap<u64, Registered>>,
-    runner: OnceLock<Mutex<Sender<(u64, u64)>>>,
+    runner: OnceLock<Mutex<Sender<HostJob>>>,
     /// Host functions that streams will reach and that have not returned yet.
     outstanding: AtomicUsize,
     /// Held to wait for `outstanding` to reach zero.
@@ -267,12 +277,17 @@ impl Client {
         Ok(self.graphs.register(function, false))
     }
 
-    /// The server reached host function `call` (run `run`): queues it for the runner thread.
-    pub(crate) fn host_call_arrived(&self, call: u64, run: u64) {
-        let sent = self.graphs.runner.get().is_some_and(|runner| lock(runner).send((call, run)).is_ok());
+    /// The server reached a host function or a graph's host copy: queues it for the runner
+    /// thread, which runs them in the order they came.
+    pub(crate) fn host_call_arrived(&self, job: HostJob) {
+        let run = match &job {
+            HostJob::Call { run, .. } | HostJob::CopyOut { run, .. } | HostJob::CopyIn { run, .. } => *run,
+        };
+        let sent = self.graphs.runner.get().is_some_and(|runner| lock(runner).send(job).is_ok());
         if !sent {
-            // No runner: answer at once so the stream is not held forever.
-            let _ = self.conn.send_host_call_done(&req::HostCallDone { run }.into(), || {});
+            // No runner: answer at once so the stream is not held forever (a host-to-device
+            // copy's staging then stays as it was).
+            let _ = self.conn.send_host_call_done(&req::HostCallDone { run }.into(), &[], || {});
         }
     }
 
@@ -280,7 +295,7 @@ impl Client {
         if self.graphs.runner.get().is_some() {
             return Ok(());
         }
-        let (sender, receiver) = channel::<(u64, u64)>();
+        let (sender, receiver) = channel::<HostJob>();
         if self.graphs.runner.set(Mutex::new(sender)).is_err() {
             return Ok(());
         }
@@ -288,14 +303,33 @@ impl Client {
             .name("flyt-host-functions".into())
             .spawn(move || {
                 IN_HOST_FUNCTION.with(|flag| flag.set(true));
-                for (call, run) in receiver {
+                for job in receiver {
                     let Some(client) = crate::client::existing_client() else { return };
-                    client.run_host_function(call);
-                    let _ = client.conn.send_host_call_done(&req::HostCallDone { run }.into(), || client.graphs.one_returned());
+                    let returned = || client.graphs.one_returned();
+                    let _ = match job {
+                        HostJob::Call { call, run } => {
+                            client.run_host_function(call);
+                            client.conn.send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
+                        }
+                        HostJob::CopyOut { run, host, bytes } => {
+                            write_host_rows(&host, &bytes);
+                            client.conn.send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
+                        }
+                        HostJob::CopyIn { run, host } => {
+                            let bytes = read_host_rows(&host);
+                            client.conn.send_host_call_done(&req::HostCopyDone { run }.into(), &bytes, returned)
+                        }
+                    };
                 }
             })
             .map_err(|_| flyt_protocol::CudaError::OPERATING_SYSTEM)?;
         Ok(())
+    }
+
+    /// Starts the thread that runs host functions and graph host copies (a graph with a copy
+    /// node of host memory needs it before its first launch).
+    pub fn ensure_host_runner(&self) -> CudaResult<()> {
+        self.start_host_runner()
     }
 
     fn run_host_function(&self, call: u64) {
@@ -323,4 +357,33 @@ impl Client {
             }
         }
     }
+}
+
+/// Writes a graph's device-to-host copy into the app's memory, row by row (`bytes` packed).
+fn write_host_rows(host: &HostBox, bytes: &[u8]) {
+    let width = usize::try_from(host.width).unwrap_or(0);
+    let Some(rows) = host.row_addresses() else { return };
+    if width == 0 || rows.len().checked_mul(width) != Some(bytes.len()) {
+        crate::diagnostics::once("graph-host-copy-size", "flyt: a graph's copy to host memory came with the wrong number of bytes");
+        return;
+    }
+    for (row, piece) in rows.iter().zip(bytes.chunks_exact(width)) {
+        // SAFETY: the app named these rows of its host memory in a copy node (or a captured
+        // copy) as its destination; CUDA's contract is that they stay valid and writable while
+        // the graph can run, and the node runs now.
+        unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), std::ptr::with_exposed_provenance_mut::<u8>(*row as usize), width) };
+    }
+}
+
+/// Reads the app's memory a graph's host-to-device copy takes, packed.
+fn read_host_rows(host: &HostBox) -> Vec<u8> {
+    let width = usize::try_from(host.width).unwrap_or(0);
+    let Some(rows) = host.row_addresses() else { return Vec::new() };
+    let mut bytes = Vec::with_capacity(rows.len().saturating_mul(width));
+    for row in rows {
+        // SAFETY: the app named these rows of its host memory as a copy node's source; CUDA's
+        // contract is that they stay valid and readable while the graph can run.
+        bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(std::ptr::with_exposed_provenance::<u8>(row as usize), width) });
+    }
+    bytes
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{BoxSize, CopySide, Pos3, ShapedCopy, decode_reply, rep, req};
+use flyt_protocol::ops::{BoxSize, Copy3d, CopySide, Pos3, ShapedCopy, decode_reply, rep, req};
 
 use crate::client::Client;
 use crate::conn::{HostDestination, ReplySlot};
@@ -194,6 +194,11 @@ pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode, sync:
     if shape.width == 0 || shape.height == 0 || shape.depth == 0 {
         return Ok(());
     }
+    if let Some((copy, to_host)) = host_device_copy(&shape)
+        && crate::transfer::captured_host_copy(client, copy, to_host, stream)?
+    {
+        return Ok(());
+    }
     match (shape.src, shape.dst) {
         (Side::Host { ptr: src, pitch: src_pitch, height: src_height }, Side::Host { ptr: dst, pitch: dst_pitch, height: dst_height }) => {
             // After the stream's earlier work, on the CPU, row by row.
@@ -232,6 +237,30 @@ pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode, sync:
         }
         _ => Err(CudaError::INVALID_VALUE),
     }
+}
+
+/// A copy between host and device memory as one `Copy3d`, positions folded into the
+/// addresses (a capture records it as a graph's host copy); `true`: device to host.
+fn host_device_copy(shape: &Shape) -> Option<(Copy3d, bool)> {
+    let flat = |side: Side, pos: Pos3| -> Option<(u64, u64, u64)> {
+        let (ptr, pitch, height) = match side {
+            Side::Device { ptr, pitch, height } => (ptr, pitch, height),
+            Side::Host { ptr, pitch, height } => (ptr as u64, pitch, height),
+            Side::Array { .. } => return None,
+        };
+        let (start, _) = shape.size().pitched_span(pos, pitch, height)?;
+        Some((ptr.checked_add(start)?, pitch, height))
+    };
+    let to_host = match (shape.src, shape.dst) {
+        (Side::Device { .. }, Side::Host { .. }) => true,
+        (Side::Host { .. }, Side::Device { .. }) => false,
+        _ => return None,
+    };
+    let (src, src_pitch, src_height) = flat(shape.src, shape.src_pos)?;
+    let (dst, dst_pitch, dst_height) = flat(shape.dst, shape.dst_pos)?;
+    let copy =
+        Copy3d { src, src_pitch, src_height, dst, dst_pitch, dst_height, width: shape.width, height: shape.height, depth: shape.depth };
+    Some((copy, to_host))
 }
 
 /// The wire description of a piece whose host side is packed (or in the segment at its own

@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{decode_reply, rep, req};
+use flyt_protocol::ops::{Copy3d, HostCopy, capture_status, decode_reply, rep, req};
 
 use crate::client::{Client, HostAllocation};
 use crate::conn::{HostDestination, ReplySlot};
@@ -300,6 +300,9 @@ pub unsafe fn copy(
         }
         Direction::HostToDevice => {
             client.check_device_range(dst_address, len)?;
+            if captured_host_copy(client, Copy3d::flat(dst_address, src_address, len), false, stream)? {
+                return Ok(());
+            }
             if let Some(channel) = &client.shm {
                 // SAFETY: forwarded contract.
                 return unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode, sync) };
@@ -322,6 +325,9 @@ pub unsafe fn copy(
         }
         Direction::DeviceToHost => {
             client.check_device_range(src_address, len)?;
+            if captured_host_copy(client, Copy3d::flat(dst_address, src_address, len), true, stream)? {
+                return Ok(());
+            }
             if let Some(channel) = &client.shm {
                 // SAFETY: forwarded contract.
                 return unsafe { shm_to_host(client, channel, dst.cast(), src_address, count, stream, mode, sync) };
@@ -386,6 +392,29 @@ pub unsafe fn copy(
             client.post(req::MemcpyDtoD { dst: dst_address, src: src_address, len, stream })
         }
     }
+}
+
+/// A copy between device memory and the app's host memory on a capturing stream: the capture
+/// records it as a node that copies the app's memory each time the graph runs, as natively
+/// (the bytes do not travel now). `false` when `stream` is not capturing.
+pub fn captured_host_copy(client: &Client, copy: Copy3d, to_host: bool, stream: u64) -> CudaResult<bool> {
+    if !client.graphs.any_capture() || client.capture_info(stream)?.status == capture_status::NONE {
+        return Ok(false);
+    }
+    // Pinned memory of the shared-memory segment is mapped in the server: the driver's own
+    // capture names it there, which needs no round trip per launch.
+    let (host, pitch, height) =
+        if to_host { (copy.dst, copy.dst_pitch, copy.dst_height) } else { (copy.src, copy.src_pitch, copy.src_height) };
+    if let Some(channel) = &client.shm
+        && let Some(span) = copy.span(pitch, height)
+        && let (Ok(host), Ok(span)) = (usize::try_from(host), usize::try_from(span))
+        && channel.offset_of(host, span).is_some()
+    {
+        return Ok(false);
+    }
+    client.ensure_host_runner()?;
+    client.call(req::CaptureHostCopy { stream, copy: HostCopy { copy, to_host } })?;
+    Ok(true)
 }
 
 /// Checks a fence reply (a staging slot's copy is done).

@@ -7,7 +7,7 @@ use crate::device::DeviceInfo;
 /// Bytes that open every `Hello`, so a stray connection is refused at once.
 pub const MAGIC: [u8; 4] = *b"FLYT";
 /// Bumped whenever a message or the op table changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 25;
+pub const PROTOCOL_VERSION: u32 = 26;
 /// The CUDA runtime ABI the shim implements.
 pub const CUDA_ABI_MAJOR: u32 = 13;
 /// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
@@ -122,6 +122,13 @@ pub enum Notice {
     /// A stream reached the app's host function `call` (`cuLaunchHostFunc`, a graph's host
     /// node): the client runs it and answers `HostCallDone { run }`; the stream waits till then.
     HostCall { call: u64, run: u64 },
+    /// A graph's device-to-host copy into the app's memory ran (`NodeParams::HostMemcpy`): its
+    /// bytes, packed, follow as bulk; the client writes them at `host` and answers
+    /// `HostCallDone { run }`, in order with host functions. The stream waits till then.
+    HostCopyOut { run: u64, host: crate::ops::HostBox },
+    /// A graph's host-to-device copy from the app's memory is about to run: the client reads
+    /// `host` and answers `HostCopyDone { run }` with the bytes, packed.
+    HostCopyIn { run: u64, host: crate::ops::HostBox },
     /// The session is about to be checkpointed or moved: the client sends `Pause` after its last
     /// request and then holds every new call until `Moved` or `Resumed`.
     Pause,

@@ -463,6 +463,14 @@ macro_rules! for_each_op {
             /// `cuCtxEnablePeerAccess` (`enable`) / `cuCtxDisablePeerAccess`: kernels of the current
             /// device may (no longer) use device `peer`'s memory.
             171 PeerAccess peer_access [reply -] { peer: u32, enable: bool, flags: u32 } -> {};
+            // --- graph copies with the app's host memory ---
+            /// A copy between device memory and the app's host memory on a capturing `stream`:
+            /// the capture records a node that copies through server staging and the client
+            /// (`NodeParams::HostMemcpy`) each time the graph runs.
+            180 CaptureHostCopy capture_host_copy [reply -] { stream: u64, copy: HostCopy } -> {};
+            /// A host-to-device copy node ran its host half (`Notice::HostCopyIn { run, .. }`): the
+            /// app's bytes, packed, follow as bulk.
+            181 HostCopyDone host_copy_done [noreply bulk_in] { run: u64 } -> {};
         }
     };
 }
@@ -892,6 +900,11 @@ pub struct Copy3d {
 }
 
 impl Copy3d {
+    /// A plain copy of `len` bytes from `src` to `dst`.
+    pub fn flat(dst: u64, src: u64, len: u64) -> Self {
+        Self { src, src_pitch: len, src_height: 1, dst, dst_pitch: len, dst_height: 1, width: len, height: 1, depth: 1 }
+    }
+
     /// The bytes from `base` that a side with this pitch and height covers, or `None` on
     /// overflow (the server validates that span).
     pub fn span(&self, pitch: u64, slice_height: u64) -> Option<u64> {
@@ -1285,6 +1298,59 @@ pub enum NodeParams {
     BatchMemOp {
         ops: Vec<StreamMemOp>,
     },
+    /// A copy node between device memory and the app's host memory: the server copies through
+    /// staging of its own and asks the client for, or sends it, the host bytes when it runs.
+    HostMemcpy(HostCopy),
+}
+
+/// A copy between device memory and the app's host memory, as a graph runs it: `copy`'s
+/// device side is the session's memory, its host side the app's address (never read here).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostCopy {
+    pub copy: Copy3d,
+    /// Device to host (`copy.dst` is the host side), else host to device (`copy.src` is).
+    pub to_host: bool,
+}
+
+impl HostCopy {
+    /// The host side: the app's rows, as `HostBox`.
+    pub fn host_box(&self) -> HostBox {
+        let c = &self.copy;
+        let (ptr, pitch, height) = if self.to_host { (c.dst, c.dst_pitch, c.dst_height) } else { (c.src, c.src_pitch, c.src_height) };
+        HostBox { ptr, pitch, height, width: c.width, rows: c.height, depth: c.depth }
+    }
+
+    /// The bytes of the box, packed (`None` on overflow).
+    pub fn packed_len(&self) -> Option<u64> {
+        self.copy.width.checked_mul(self.copy.height)?.checked_mul(self.copy.depth)
+    }
+}
+
+/// Rows of the app's host memory a graph's host copy writes or reads: `depth` slices of `rows`
+/// rows of `width` bytes, rows `pitch` apart and slices `pitch * height` apart, from `ptr`.
+/// Travels packed (rows back to back).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostBox {
+    pub ptr: u64,
+    pub pitch: u64,
+    pub height: u64,
+    pub width: u64,
+    pub rows: u64,
+    pub depth: u64,
+}
+
+impl HostBox {
+    /// The address of each row in order (`None` on overflow).
+    pub fn row_addresses(&self) -> Option<Vec<u64>> {
+        let mut rows = Vec::new();
+        for z in 0..self.depth {
+            let slice = z.checked_mul(self.pitch)?.checked_mul(self.height)?;
+            for y in 0..self.rows {
+                rows.push(self.ptr.checked_add(slice.checked_add(y.checked_mul(self.pitch)?)?)?);
+            }
+        }
+        Some(rows)
+    }
 }
 
 impl NodeParams {
@@ -1303,6 +1369,7 @@ impl NodeParams {
             Self::MemFree { .. } => node_type::MEM_FREE,
             Self::Conditional { .. } => node_type::CONDITIONAL,
             Self::BatchMemOp { .. } => node_type::BATCH_MEM_OP,
+            Self::HostMemcpy(_) => node_type::MEMCPY,
         }
     }
 }
@@ -1638,7 +1705,7 @@ mod tests {
     #[test]
     fn every_bulk_in_op_is_a_request_with_bulk() {
         let bulk_in: Vec<_> = OPS.iter().filter(|op| op.bulk == BulkDirection::In).map(|op| op.name).collect();
-        assert_eq!(bulk_in, ["MemcpyHtoD", "RegisterModule", "LinkAdd", "MemcpyHtoShaped"]);
+        assert_eq!(bulk_in, ["MemcpyHtoD", "RegisterModule", "LinkAdd", "MemcpyHtoShaped", "HostCopyDone"]);
     }
 
     fn sample_requests() -> Vec<Request> {

@@ -5,6 +5,12 @@
 //! before are sent first, so the function sees their bytes, as natively. The driver's callback
 //! thread may make no CUDA call, so an announcer thread of the session sends (checking which
 //! copies are done is one).
+//!
+//! A graph's copy between device memory and the app's host memory runs the same way: the graph
+//! copies between the device and staging memory of this process, and a host node beside that
+//! copy sends the staged bytes to the client (`Notice::HostCopyOut`) or asks it for them
+//! (`Notice::HostCopyIn`, answered by `HostCopyDone` with the bytes), holding the stream until
+//! the client has written or read the app's memory.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,11 +19,31 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use flyt_protocol::handshake::Notice;
+use flyt_protocol::ops::HostBox;
 
 use crate::transport::Outbox;
 
-/// The announcer thread's queue: `(call, run)` pairs.
-type Announcer = Mutex<Sender<(u64, u64)>>;
+/// What the announcer thread tells the client.
+enum Announce {
+    Call {
+        call: u64,
+        run: u64,
+    },
+    /// A device-to-host copy's bytes for the app's `host` memory.
+    CopyOut {
+        run: u64,
+        host: HostBox,
+        bytes: Vec<u8>,
+    },
+    /// A host-to-device copy wants the app's `host` bytes.
+    CopyIn {
+        run: u64,
+        host: HostBox,
+    },
+}
+
+/// The announcer thread's queue.
+type Announcer = Mutex<Sender<Announce>>;
 
 /// Host calls announced to the client and those it has answered.
 #[derive(Default)]
@@ -25,6 +51,10 @@ struct Runs {
     /// Each announced run and when it was announced.
     waiting: HashMap<u64, Instant>,
     finished: HashSet<u64>,
+    /// Runs of host-to-device copies that wait for the app's bytes (how many), and the bytes
+    /// once they came.
+    wanted: HashMap<u64, usize>,
+    arrived: HashMap<u64, Vec<u8>>,
 }
 
 type Link = (Arc<Outbox>, Arc<dyn Fn() + Send + Sync>);
@@ -84,12 +114,16 @@ impl HostCalls {
         // Not before the session is linked (a restored session's graphs run nothing till then).
         let (outbox, bind) = self.link.get()?.clone();
         let started = self.announce.get_or_init(move || {
-            let (announce, requests) = channel::<(u64, u64)>();
+            let (announce, requests) = channel::<Announce>();
             let spawned = std::thread::Builder::new().name("flyt-host-calls".into()).spawn(move || {
                 bind();
-                for (call, run) in requests {
+                for request in requests {
                     outbox.send_ready();
-                    outbox.send_notice(&Notice::HostCall { call, run });
+                    match request {
+                        Announce::Call { call, run } => outbox.send_notice(&Notice::HostCall { call, run }),
+                        Announce::CopyOut { run, host, bytes } => outbox.send_notice_with(&Notice::HostCopyOut { run, host }, &bytes),
+                        Announce::CopyIn { run, host } => outbox.send_notice(&Notice::HostCopyIn { run, host }),
+                    }
                 }
             });
             match spawned {
@@ -107,34 +141,67 @@ impl HostCalls {
         self.runs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Runs the app's function `call` and returns when it has (or the session ended).
-    fn run(&self, call: u64) {
+    /// Tells the client `what` (made for the run's number) and returns when it has answered (or
+    /// the session ended); the bytes a host-to-device copy's answer brought, if any.
+    fn run(&self, wanted: Option<usize>, what: impl FnOnce(u64) -> Announce) -> Option<Vec<u8>> {
         let run = self.next_run.fetch_add(1, Ordering::Relaxed);
-        self.runs().waiting.insert(run, Instant::now());
+        {
+            let mut runs = self.runs();
+            runs.waiting.insert(run, Instant::now());
+            if let Some(len) = wanted {
+                runs.wanted.insert(run, len);
+            }
+        }
         self.announced.notify_all();
         let sent = self
             .announcer()
-            .is_some_and(|announce| announce.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send((call, run)).is_ok());
-        if !sent {
-            self.runs().waiting.remove(&run);
-            return;
-        }
+            .is_some_and(|announce| announce.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send(what(run)).is_ok());
         let mut runs = self.runs();
-        while !runs.finished.remove(&run) && !self.closed.load(Ordering::Acquire) {
-            runs = self.wake.wait(runs).unwrap_or_else(std::sync::PoisonError::into_inner);
+        if sent {
+            while !runs.finished.remove(&run) && !self.closed.load(Ordering::Acquire) {
+                runs = self.wake.wait(runs).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
         }
         runs.waiting.remove(&run);
+        runs.wanted.remove(&run);
+        runs.arrived.remove(&run)
     }
 
     /// The client's `HostCallDone`; a run that is not waiting is refused.
     pub fn done(&self, run: u64) -> flyt_protocol::error::CudaResult<()> {
+        self.finish(run, None)
+    }
+
+    /// The client's `HostCopyDone` with the app's bytes: refused for a run that waits for no
+    /// bytes or for other than as many as its copy takes.
+    pub fn copy_done(&self, run: u64, bytes: Vec<u8>) -> flyt_protocol::error::CudaResult<()> {
+        self.finish(run, Some(bytes))
+    }
+
+    fn finish(&self, run: u64, bytes: Option<Vec<u8>>) -> flyt_protocol::error::CudaResult<()> {
         let mut runs = self.runs();
-        if !runs.waiting.contains_key(&run) || !runs.finished.insert(run) {
+        let expected = runs.wanted.get(&run).copied();
+        // A copy's run answered without bytes (the client could not read them) leaves its
+        // staging as it was; bytes come only for a copy's run, as many as it takes.
+        let fits = match (&bytes, expected) {
+            (None, _) => true,
+            (Some(bytes), Some(len)) => bytes.len() == len,
+            (Some(_), None) => false,
+        };
+        if !fits || !runs.waiting.contains_key(&run) || !runs.finished.insert(run) {
             return Err(flyt_protocol::CudaError::INVALID_VALUE);
+        }
+        if let Some(bytes) = bytes {
+            runs.arrived.insert(run, bytes);
         }
         drop(runs);
         self.wake.notify_all();
         Ok(())
+    }
+
+    /// How many bytes run `run` waits for (a host-to-device copy's), if it waits for any.
+    pub fn bytes_wanted(&self, run: u64) -> Option<usize> {
+        self.runs().wanted.get(&run).copied()
     }
 
     /// Lets every held stream go (the session ends).
@@ -175,20 +242,68 @@ impl HostCalls {
     }
 }
 
+/// Staging memory of this process a graph's host copy goes through, `len` bytes at `host`.
+pub struct Staging {
+    pub host: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: the staging memory is this process's own and lives as long as the session's graph
+// table holds it (never freed while a graph that names it can run); only the host node of its
+// copy touches it from the host, while its stream is held, after or before the device's copy.
+unsafe impl Send for Staging {}
+// SAFETY: as for `Send`: one host node at a time reads or writes it.
+unsafe impl Sync for Staging {}
+
+/// A graph's copy between the device and the app's host memory, as its host node runs it.
+pub struct StagedCopy {
+    pub staging: Staging,
+    pub host: HostBox,
+    /// Device to host: the staged bytes go to the app; else the app's bytes come to staging.
+    pub to_host: bool,
+}
+
 /// One host function as a stream or graph node names it: what the driver's callback gets.
 pub struct HostCallSite {
     pub call: u64,
     calls: Arc<HostCalls>,
+    /// The host half of a graph's host copy, instead of an app function.
+    pub copy: Option<StagedCopy>,
 }
 
 impl HostCallSite {
     pub fn new(call: u64, calls: &Arc<HostCalls>) -> Arc<Self> {
         calls.used.store(true, Ordering::Relaxed);
-        Arc::new(Self { call, calls: calls.clone() })
+        Arc::new(Self { call, calls: calls.clone(), copy: None })
+    }
+
+    /// The host half of a graph's copy with the app's host memory.
+    pub fn for_copy(copy: StagedCopy, calls: &Arc<HostCalls>) -> Arc<Self> {
+        calls.used.store(true, Ordering::Relaxed);
+        Arc::new(Self { call: 0, calls: calls.clone(), copy: Some(copy) })
     }
 
     /// Runs it (from the driver's callback thread, or the emulated device's).
     pub fn run(&self) {
-        self.calls.run(self.call);
+        let Some(copy) = &self.copy else {
+            self.calls.run(None, |run| Announce::Call { call: self.call, run });
+            return;
+        };
+        let (staging, len) = (copy.staging.host, copy.staging.len);
+        if copy.to_host {
+            // SAFETY: the staging memory holds `len` bytes (see `Staging`); the device's copy
+            // into it is done, as this host node follows it, and nothing else writes it now.
+            let bytes = unsafe { std::slice::from_raw_parts(staging, len) }.to_vec();
+            self.calls.run(None, |run| Announce::CopyOut { run, host: copy.host, bytes });
+        } else if let Some(bytes) = self.calls.run(Some(len), |run| Announce::CopyIn { run, host: copy.host }) {
+            // SAFETY: as above; the device's copy out of staging follows this node, and
+            // `finish` took only `len` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), staging, len.min(bytes.len())) };
+        }
+    }
+
+    /// Whether it is the host half of a graph's host copy (the emulated device waits for it).
+    pub fn is_copy(&self) -> bool {
+        self.copy.is_some()
     }
 }

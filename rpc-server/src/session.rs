@@ -887,6 +887,12 @@ impl<D: Device> Session<D> {
 
     fn release_everything(&mut self) {
         self.graphs.release(&*self.device);
+        for (address, len, site) in self.graphs.take_staging() {
+            let _ = self.device.graph_staging_free(address);
+            self.budget.release(len);
+            // The host half goes after its staging, once no work can run it.
+            drop(site);
+        }
         self.release_vmm();
         self.release_pools();
         self.release_arrays();
@@ -2164,5 +2170,13 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn host_call_done(&mut self, request: req::HostCallDone, reply: Responder<rep::HostCallDone>) {
         self.host_call_done(request, reply);
+    }
+
+    fn capture_host_copy(&mut self, request: req::CaptureHostCopy, reply: Responder<rep::CaptureHostCopy>) {
+        self.capture_host_copy(request, reply);
+    }
+
+    fn host_copy_done(&mut self, request: req::HostCopyDone, bulk: &mut BulkIn<'_>, reply: Responder<rep::HostCopyDone>) {
+        self.host_copy_done(request, bulk, reply);
     }
 }

@@ -153,9 +153,14 @@ impl Outbox {
 
     /// Sends a notice the client did not ask for (a frame with sequence number 0).
     pub fn send_notice(&self, notice: &flyt_protocol::handshake::Notice) {
+        self.send_notice_with(notice, &[]);
+    }
+
+    /// Sends a notice with bulk bytes after it.
+    pub fn send_notice_with(&self, notice: &flyt_protocol::handshake::Notice, bulk: &[u8]) {
         let mut message = Vec::new();
         flyt_protocol::frame::encode_into(notice, &mut message);
-        self.send_frame(0, &message, &[]);
+        self.send_frame(0, &message, bulk);
     }
 
     /// Records an asynchronous op's failure; like CUDA, the first one is the one reported.

@@ -12,9 +12,10 @@ use flyt_protocol::CudaError;
 use flyt_protocol::frame::{FrameLimits, read_full, read_message};
 use flyt_protocol::handshake::Notice;
 use flyt_protocol::ops::{
-    ArrayDesc, ArrayMap, Copy3d, CopySide, DecompressOp, Dim3, FunctionRef, JitOption, Memset2d, NodeParams, NodeReadback, Op, OpClass,
-    OpInfo, Pos3, Request, Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, Subresource, TensorMapLayout, TensorMapParams, TextureDesc,
-    array_flags, array_format, capture_status, decompress_algorithm, dev_resource, mem_op, mem_usage, node_type, rep, req, split_reply,
+    ArrayDesc, ArrayMap, Copy3d, CopySide, DecompressOp, Dim3, FunctionRef, HostCopy, JitOption, Memset2d, NodeParams, NodeReadback, Op,
+    OpClass, OpInfo, Pos3, Request, Resource, SERVER_NODE_BIT, ShapedCopy, StreamMemOp, Subresource, TensorMapLayout, TensorMapParams,
+    TextureDesc, array_flags, array_format, capture_status, decompress_algorithm, dev_resource, mem_op, mem_usage, node_type, rep, req,
+    split_reply,
 };
 
 mod raw;
@@ -689,6 +690,18 @@ macro_rules! probes {
     (HostCallDone, $v:ident) => {
         // Only a run the server is waiting for can be answered.
         vec![refused(req::HostCallDone { run: 4242 }, INVALID_VALUE)]
+    };
+    (CaptureHostCopy, $v:ident) => {
+        vec![
+            refused(req::CaptureHostCopy { stream: BOGUS_HANDLE, copy: host_copy(0x1000, $v.ptr, 64, true) }, UNKNOWN_HANDLE),
+            // Not capturing.
+            refused(req::CaptureHostCopy { stream: $v.stream, copy: host_copy(0x1000, $v.ptr, 64, true) }, INVALID_VALUE),
+            Probe::Effect(host_copy_nodes_run_through_the_client),
+        ]
+    };
+    (HostCopyDone, $v:ident) => {
+        // Only a host-to-device copy's run the server is waiting for, with its bytes.
+        vec![refused(req::HostCopyDone { run: 4242 }, INVALID_VALUE)]
     };
     // --- pitched memory, shaped copies, arrays, textures and surfaces ---
     (MallocPitch, $v:ident) => {
@@ -1573,6 +1586,81 @@ fn a_capture_that_met_a_host_copy_ends_invalidated(socket: &str) {
     assert_eq!(deferred.deferred, Some(CudaError::STREAM_CAPTURE_UNSUPPORTED));
     assert_eq!(session.call(req::GraphNodes { graph: 7, roots: false }).0.err(), Some(INVALID_VALUE), "no graph is left");
     assert_eq!(read_back(&mut session, a, 64), vec![0; 64]);
+}
+
+/// A copy between `device` and the app's `host` memory of `len` bytes (`to_host`: device to host).
+fn host_copy(host: u64, device: u64, len: u64, to_host: bool) -> HostCopy {
+    let copy = if to_host { Copy3d::flat(host, device, len) } else { Copy3d::flat(device, host, len) };
+    HostCopy { copy, to_host }
+}
+
+/// The next frame, a notice, with its bulk bytes.
+fn next_notice(session: &mut RawSession) -> (Notice, Vec<u8>) {
+    let mut message = Vec::new();
+    let header = read_message(&mut session.stream, &FrameLimits::default(), &mut message).expect("a notice");
+    assert_eq!(header.seq, 0, "a notice");
+    let mut bulk = vec![0; usize::try_from(header.bulk_len).expect("a bulk length that fits in memory")];
+    read_full(&mut session.stream, &mut bulk, false).expect("the notice's bytes");
+    (flyt_protocol::frame::decode_exact::<Notice>(&message).expect("a notice"), bulk)
+}
+
+/// Copies with the app's host memory run through the client at every launch: a host-to-device
+/// node asks for the bytes (`HostCopyIn`) and holds its stream until they come, a device-to-host
+/// node after it sends them (`HostCopyOut`); the nodes read back as copies with the app's host
+/// addresses. Absurd sizes, device memory outside the session and wrong answers are refused.
+fn host_copy_nodes_run_through_the_client(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let a = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
+    let stream = 0x5_0000_0002;
+    session.send(&req::StreamCreate { stream, flags: 1, priority: 0 }.into(), &[]);
+    let (input, output) = (0x7f00_1000_0000, 0x7f00_2000_0000);
+    let add = |node: u64, dependencies: Vec<u64>, copy: HostCopy| req::GraphAddNode {
+        graph: 1,
+        node,
+        dependencies,
+        params: NodeParams::HostMemcpy(copy),
+    };
+    session.call(req::GraphCreate { graph: 1 }).0.unwrap();
+    let free_before = session.call(req::MemGetInfo {}).0.unwrap().free;
+    for (request, error) in [
+        (add(9, vec![], host_copy(input, a, 1 << 40, false)), INVALID_VALUE),
+        (add(9, vec![], host_copy(input, a + 4000, 200, false)), INVALID_VALUE),
+        (add(9, vec![], host_copy(input, BOGUS_POINTER, 64, false)), INVALID_VALUE),
+        (add(9, vec![], host_copy(0, a, 64, false)), INVALID_VALUE),
+    ] {
+        let what = format!("{request:?}");
+        assert_eq!(session.call(request).0.err(), Some(error), "{what}");
+    }
+    session.call(add(10, vec![], host_copy(input, a, 64, false))).0.unwrap();
+    session.call(add(11, vec![10], host_copy(output, a, 64, true))).0.unwrap();
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, free_before - 128, "staging counts in the quota");
+    let nodes = session.call(req::GraphNodes { graph: 1, roots: false }).0.unwrap().nodes;
+    assert!(nodes.iter().all(|entry| entry.kind == node_type::MEMCPY), "{nodes:?}");
+    let NodeReadback::Memcpy(back) = session.call(req::GraphNodeGetParams { node: 11 }).0.unwrap().params else { panic!("a copy") };
+    assert_eq!((back.dst.memory_type, back.dst.ptr, back.src.memory_type, back.src.ptr), (1, output, 2, a));
+    let host_nodes = session.call(req::GraphInstantiate { graph: 1, exec: 5, flags: 0 }).0.unwrap().host_nodes;
+    assert_eq!(host_nodes, 2, "each copy has a host half");
+    for launch in 0..2u8 {
+        session.send(&req::GraphLaunch { exec: 5, stream }.into(), &[]);
+        let (Notice::HostCopyIn { run, host }, bulk) = next_notice(&mut session) else { panic!("not a copy in") };
+        assert_eq!((host.ptr, host.width, host.rows, host.depth, bulk.len()), (input, 64, 1, 1, 0));
+        // Too few bytes are refused (the emulated device holds the session's thread in the
+        // launch till the copy is answered, so the refusal is told at the next sync point);
+        // the stream waits on for the right answer.
+        session.send(&req::HostCopyDone { run }.into(), &[1; 63]);
+        session.send(&req::HostCopyDone { run }.into(), &[launch + 1; 64]);
+        let (Notice::HostCopyOut { run, host }, bulk) = next_notice(&mut session) else { panic!("not a copy out") };
+        assert_eq!((host.ptr, bulk), (output, vec![launch + 1; 64]), "launch {launch}");
+        session.send(&req::HostCallDone { run }.into(), &[]);
+        let synchronized = session.call_with_deferred(req::StreamSynchronize { stream }).0;
+        assert_eq!((synchronized.result, synchronized.deferred), (Ok(rep::StreamSynchronize {}), Some(INVALID_VALUE)));
+        assert_eq!(read_back(&mut session, a, 64), vec![launch + 1; 64]);
+    }
+    // The executable graph holds the staging after its graph is gone; then nothing does.
+    session.send(&req::GraphDestroy { graph: 1 }.into(), &[]);
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, free_before - 128, "the executable graph still copies");
+    session.send(&req::GraphExecDestroy { exec: 5 }.into(), &[]);
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, free_before, "staging freed with the last holder");
 }
 
 /// A host function holds its stream: the server tells the client to run it, the stream is busy

@@ -209,6 +209,43 @@ fn library_needs_pitched_copies_stream_ids_and_tool_entries() {
     }
 }
 
+/// Graphs that copy with the app's pageable host memory, over the socket and the shared-memory
+/// channel, on the emulated device: captured host-to-device and device-to-host copies around
+/// device work copy the host memory of each launch's moment; explicit copy nodes (1D, pitched
+/// 2D) with host sides read back as given and take new buffers in an executable graph.
+#[test]
+fn graph_copies_with_host_memory_through_the_driver_api() {
+    let Some(runs) = run_with_and_without_channel("driver_graph_host_copies") else {
+        return;
+    };
+    for (shm, code, stdout, stderr) in runs {
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
+        for line in [
+            "the capture left the host destination alone: yes",
+            "captured host copies read back with their host pointers: yes",
+            "launch 0: first half 10, second half 119",
+            "launch 1: first half 11, second half 119",
+            "launch 2: first half 12, second half 119",
+            "every launch copied the host source of that moment, and back: yes",
+            "captured pitched copies with host boxes ran at each launch: yes",
+            "a copy node with host memory is a copy node: yes",
+            "GetParams returns the host pointer and pitch as given: yes",
+            "explicit host copies ran in order at every launch, pitch kept, host node after them: yes",
+            "ExecMemcpyNodeSetParams: the copy lands in the new buffer only: yes",
+            "the graph's node still names its own buffer: yes",
+            "MemcpyNodeSetParams: a new instantiation copies to the new buffer: yes",
+            "a host copy larger than its device memory is refused: yes",
+            "a clone copies with host memory too: yes",
+            "a generic copy node from host memory ran: yes",
+            "cuGraphExecUpdate: the copies name the new graph's host buffers: yes",
+        ] {
+            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}' in:\n{stdout}\n{stderr}");
+        }
+        assert!(!stderr.contains("not supported"), "FLYT_SHM={shm}: {stderr}");
+    }
+}
+
 /// Virtual memory management through the driver API, over the socket and the shared-memory
 /// channel, on the emulated device.
 #[test]

@@ -16,7 +16,7 @@ use flyt_client::graphs::HostFunction;
 use flyt_client::launch::{Args, pack_args};
 use flyt_client::registry::Function;
 use flyt_client::user_objects::user_objects;
-use flyt_protocol::ops::{Copy3d, Dim3, Memset2d, NodeCopy, NodeParams, NodeReadback, StreamMemOp, node_type, req};
+use flyt_protocol::ops::{Copy3d, Dim3, HostCopy, Memset2d, NodeCopy, NodeParams, NodeReadback, StreamMemOp, node_type, req};
 
 use super::module::{extra_buffer, function, function_handle};
 use super::session::{client, driver_error, resolve_stream, run};
@@ -170,24 +170,40 @@ unsafe fn kernel_params(fields: KernelFields) -> DriverResult<(NodeParams, Kerne
 const MEMORY_DEVICE: c_uint = 2;
 const MEMORY_UNIFIED: c_uint = 4;
 
-/// One side of a copy node: its address with the offsets applied, if it is device memory.
+/// Where one side of a copy node lies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CopyMemory {
+    Device,
+    /// The app's host memory: the server copies through staging and this process when the
+    /// graph runs.
+    Host,
+}
+
+/// One side of a copy node: its address with the offsets applied, and what memory it is.
+#[expect(clippy::too_many_arguments, reason = "one side of a CUDA_MEMCPY3D, field by field")]
 fn copy_side(
     client: &Client,
     memory_type: c_uint,
     device: u64,
+    host: u64,
     x: usize,
     y: usize,
     z: usize,
     pitch: u64,
     height: u64,
-) -> DriverResult<u64> {
-    let device_memory = memory_type == MEMORY_DEVICE || (memory_type == MEMORY_UNIFIED && client.is_device_pointer(device));
-    if !device_memory {
-        crate::diagnostics::once(
-            "graph-host-copy",
-            "flyt: graph memcpy nodes with host memory or arrays are not supported (the server cannot reach this process's memory at launch)",
-        );
-        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+) -> DriverResult<(u64, CopyMemory)> {
+    let (base, memory) = match memory_type {
+        MEMORY_DEVICE => (device, CopyMemory::Device),
+        MEMORY_UNIFIED if client.is_device_pointer(device) => (device, CopyMemory::Device),
+        MEMORY_UNIFIED => (device, CopyMemory::Host),
+        MEMORY_HOST => (host, CopyMemory::Host),
+        _ => {
+            crate::diagnostics::once("graph-array-copy", "flyt: graph memcpy nodes with arrays are not supported");
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+    };
+    if base == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let offset = (z as u64)
         .checked_mul(pitch)
@@ -195,7 +211,7 @@ fn copy_side(
         .and_then(|slices| slices.checked_add((y as u64).checked_mul(pitch)?))
         .and_then(|rows| rows.checked_add(x as u64))
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    device.checked_add(offset).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    Ok((base.checked_add(offset).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?, memory))
 }
 
 /// # Safety
@@ -210,9 +226,23 @@ unsafe fn memcpy_params(client: &Client, params: *const CUDA_MEMCPY3D) -> Driver
     let slice_height = |rows: usize| if depth == 1 { (rows as u64).max(height) } else { rows as u64 };
     let (src_pitch, src_height) = (pitch(p.srcPitch), slice_height(p.srcHeight));
     let (dst_pitch, dst_height) = (pitch(p.dstPitch), slice_height(p.dstHeight));
-    let src = copy_side(client, p.srcMemoryType, p.srcDevice, p.srcXInBytes, p.srcY, p.srcZ, src_pitch, src_height)?;
-    let dst = copy_side(client, p.dstMemoryType, p.dstDevice, p.dstXInBytes, p.dstY, p.dstZ, dst_pitch, dst_height)?;
-    Ok(NodeParams::Memcpy(Copy3d { src, src_pitch, src_height, dst, dst_pitch, dst_height, width, height, depth }))
+    let (src, src_memory) =
+        copy_side(client, p.srcMemoryType, p.srcDevice, p.srcHost as u64, p.srcXInBytes, p.srcY, p.srcZ, src_pitch, src_height)?;
+    let (dst, dst_memory) =
+        copy_side(client, p.dstMemoryType, p.dstDevice, p.dstHost as u64, p.dstXInBytes, p.dstY, p.dstZ, dst_pitch, dst_height)?;
+    let copy = Copy3d { src, src_pitch, src_height, dst, dst_pitch, dst_height, width, height, depth };
+    Ok(match (src_memory, dst_memory) {
+        (CopyMemory::Device, CopyMemory::Device) => NodeParams::Memcpy(copy),
+        (CopyMemory::Device, CopyMemory::Host) => NodeParams::HostMemcpy(HostCopy { copy, to_host: true }),
+        (CopyMemory::Host, CopyMemory::Device) => NodeParams::HostMemcpy(HostCopy { copy, to_host: false }),
+        (CopyMemory::Host, CopyMemory::Host) => {
+            crate::diagnostics::once(
+                "graph-host-to-host-copy",
+                "flyt: graph memcpy nodes from host memory to host memory are not supported",
+            );
+            return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        }
+    })
 }
 
 /// # Safety

@@ -996,6 +996,55 @@ impl Device for CudaDevice {
         check(unsafe { result::memcpy_dtod_async(dst, src, len, stream_ptr(stream)) })
     }
 
+    /// Pinned host memory mapped for the device (`CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP`), named
+    /// by its device pointer.
+    fn graph_staging_alloc(&self, len: u64) -> CudaResult<(u64, *mut u8)> {
+        let len = usize::try_from(len).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: an allocation into a local out-variable.
+        check(unsafe { sys::cuMemHostAlloc(&mut host, len, 0x01 | 0x02).result() })?;
+        let mut device_pointer: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was just allocated mapped; a query into a local out-variable.
+        let mapped = check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_pointer, host, 0).result() });
+        if let Err(error) = mapped {
+            // SAFETY: `host` came from cuMemHostAlloc above and nothing names it.
+            let _ = unsafe { sys::cuMemFreeHost(host).result() };
+            return Err(error);
+        }
+        Ok((device_pointer, host.cast()))
+    }
+
+    fn graph_staging_free(&self, address: u64) -> CudaResult<()> {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a query into a local out-variable (the driver checks `address`).
+        check(unsafe {
+            sys::cuPointerGetAttribute((&raw mut host).cast(), sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER, address)
+                .result()
+        })?;
+        // A launch of an executable graph destroyed since may still copy through it, on any of
+        // the session's GPUs: their work ends first (the session's read-ahead answers host
+        // calls meanwhile).
+        for gpu in &self.gpus {
+            let context = gpu.context.load(Ordering::Acquire);
+            // SAFETY: the session's primary contexts, retained while it lives; each pushed
+            // context is popped again, so the current one stays current.
+            let synchronized = unsafe {
+                check(sys::cuCtxPushCurrent_v2(context).result()).and_then(|()| {
+                    let synchronized = check(sys::cuCtxSynchronize().result());
+                    let mut popped: sys::CUcontext = std::ptr::null_mut();
+                    let _ = sys::cuCtxPopCurrent_v2(&mut popped);
+                    synchronized
+                })
+            };
+            if let Err(error) = synchronized {
+                tracing::warn!(%error, "synchronizing before freeing a graph copy's staging");
+            }
+        }
+        // SAFETY: no graph or executable graph that names it is left, and the device's work is
+        // done (or failed, and runs no more).
+        check(unsafe { sys::cuMemFreeHost(host).result() })
+    }
+
     unsafe fn host_register(&self, ptr: *mut u8, len: usize, mapped: bool) -> CudaResult<()> {
         // CU_MEMHOSTREGISTER_PORTABLE (usable from any context of this process), and DEVICEMAP.
         let flags = if mapped { 0x01 | 0x02 } else { 0x01 };

@@ -471,6 +471,20 @@ impl Device for EmulatedDevice {
         Ok(place(&mut state, size, Block::Heap(vec![0; len])))
     }
 
+    /// A block of this device's memory, which is this process's own: its bytes are the host's.
+    fn graph_staging_alloc(&self, len: u64) -> CudaResult<(u64, *mut u8)> {
+        let address = self.malloc(len)?;
+        let mut state = self.state();
+        let host = state.blocks.get_mut(&address).map(|block| block.as_mut_ptr()).ok_or(CudaError::UNKNOWN)?;
+        Ok((address, host))
+    }
+
+    fn graph_staging_free(&self, address: u64) -> CudaResult<()> {
+        // A graph's host node may still be queued on the host thread: it reads this block.
+        self.host.wait(u64::MAX);
+        self.free(address)
+    }
+
     fn free_graph_memory(&self, _ptr: u64) -> CudaResult<()> {
         // Graph memory lives with its node here (no GPU to map it at launch): only the wait a
         // free makes is left to do.
@@ -594,18 +608,29 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, len: usize, _stream: u64) -> CudaResult<()> {
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, len: usize, stream: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        if state.graphs.captures.contains_key(&stream) {
+            // The emulated graphs record device-to-device copies only (a copy with host memory
+            // is a host copy node the session builds); never run now as if recorded.
+            return Err(CudaError::NOT_SUPPORTED);
+        }
         // SAFETY: the caller guarantees `src..src+len` is mapped host memory.
         let source = unsafe { std::slice::from_raw_parts(src, len) };
-        block_slice(&mut self.state().blocks, dst, len as u64)?.copy_from_slice(source);
+        block_slice(&mut state.blocks, dst, len as u64)?.copy_from_slice(source);
         Ok(())
     }
 
-    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize, _stream: u64) -> CudaResult<()> {
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize, stream: u64) -> CudaResult<()> {
+        let mut state = self.state();
+        if state.graphs.captures.contains_key(&stream) {
+            // As in `copy_from_host`.
+            return Err(CudaError::NOT_SUPPORTED);
+        }
         // SAFETY: the caller guarantees `dst..dst+len` is mapped host memory nothing else writes
         // during the copy.
         let target = unsafe { std::slice::from_raw_parts_mut(dst, len) };
-        target.copy_from_slice(block_slice(&mut self.state().blocks, src, len as u64)?);
+        target.copy_from_slice(block_slice(&mut state.blocks, src, len as u64)?);
         Ok(())
     }
 
@@ -1273,7 +1298,14 @@ impl Device for EmulatedDevice {
                 }
                 Work::Host(site) => {
                     drop(state);
+                    let copy = site.is_copy();
                     self.host.submit(stream, site)?;
+                    if copy {
+                        // A host copy's half on the host: the graph's next work (its copy out
+                        // of staging, or the next launch's copy into it) must follow it, and
+                        // work here runs at submission.
+                        self.host.wait(self.host.mark());
+                    }
                 }
                 // Graph memory is held by its node here; conditionals were inlined by `flatten`.
                 Work::Empty | Work::EventWait(_) | Work::Child(_) | Work::MemAlloc { .. } | Work::MemFree(_) | Work::Conditional { .. } => {

@@ -291,6 +291,12 @@ pub trait Device: Send + Sync + 'static {
 
     fn malloc(&self, size: u64) -> CudaResult<u64>;
     fn free(&self, ptr: u64) -> CudaResult<()>;
+    /// Staging for a graph's copy with the app's host memory: `len` bytes of this process's
+    /// memory that copy nodes name by the returned address (as device memory), and its host
+    /// pointer, valid until `graph_staging_free`.
+    fn graph_staging_alloc(&self, len: u64) -> CudaResult<(u64, *mut u8)>;
+    /// Frees staging `graph_staging_alloc` gave, once no graph that names it can run.
+    fn graph_staging_free(&self, address: u64) -> CudaResult<()>;
     /// Frees graph memory outside its graph (`cudaFree` after a launch): what the launch
     /// allocated goes back; the address stays the graph's, for its next launch.
     fn free_graph_memory(&self, ptr: u64) -> CudaResult<()> {

@@ -8,11 +8,14 @@ use std::sync::Arc;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{CaptureInfo, GraphEdge, GraphNodeEntry, NodeParams, NodeReadback, SERVER_NODE_BIT, node_type, rep, req};
+use flyt_protocol::ops::{
+    CaptureInfo, Copy3d, GraphEdge, GraphNodeEntry, HostCopy, NodeCopy, NodeCopySide, NodeParams, NodeReadback, Pos3, SERVER_NODE_BIT,
+    node_type, rep, req,
+};
 
 use super::{MAX_HANDLES, Responder, Session};
 use crate::backend::{CaptureInto, Device, EdgeData, NodeRead, NodeWork};
-use crate::host_calls::{HostCallSite, HostCalls};
+use crate::host_calls::{HostCallSite, HostCalls, StagedCopy, Staging};
 use crate::memory::RangeKind;
 
 mod moves;
@@ -20,6 +23,10 @@ pub use moves::{GraphsState, Resolve};
 
 /// `CU_MEMORYTYPE_HOST`.
 const MEMORY_HOST: u32 = 1;
+/// `CU_MEMORYTYPE_DEVICE`.
+const MEMORY_DEVICE: u32 = 2;
+/// The most bytes one copy with the app's host memory moves (its bytes travel as one frame's bulk).
+const MAX_HOST_COPY: u64 = 1 << 30;
 
 /// An executable graph, with what makes it again on another server.
 struct Exec<D: Device> {
@@ -74,6 +81,16 @@ pub struct GraphTable<D: Device> {
     conditionals: HashSet<u64>,
     /// Memory allocation nodes' memory: its size and the graph whose node made it.
     memory: HashMap<u64, (u64, u64)>,
+    /// Copy nodes with the app's host memory, as the app gave them (each is a child graph node
+    /// to the driver: the copy through staging and its host half; see `host_copy_graph`).
+    host_copies: HashMap<u64, HostCopy>,
+    /// The staging those copies go through, by address: its bytes, counted in the quota, and
+    /// the host half of its copy, which the driver's host node names.
+    staging: HashMap<u64, (u64, Arc<HostCallSite>)>,
+    /// The staging each graph and executable graph (by the app's id) may run a copy through:
+    /// its own nodes', its children's and conditional bodies', what it was cloned, instantiated
+    /// or updated from. Staging no graph or executable graph holds is freed.
+    staging_holders: HashMap<u64, HashSet<u64>>,
 }
 
 impl<D: Device> GraphTable<D> {
@@ -92,6 +109,9 @@ impl<D: Device> GraphTable<D> {
         }
         if !self.conditionals.is_empty() {
             return Some("its graphs have conditional nodes, whose handles kernels hold".into());
+        }
+        if !self.staging.is_empty() {
+            return Some("its graphs copy with the app's host memory, through staging this worker holds".into());
         }
         self.execs.values().find_map(|exec| match &exec.shadow {
             Shadow::Refused(reason) => Some(format!("an executable graph cannot move: {reason}")),
@@ -115,6 +135,9 @@ impl<D: Device> GraphTable<D> {
             owned: HashMap::new(),
             conditionals: HashSet::new(),
             memory: HashMap::new(),
+            host_copies: HashMap::new(),
+            staging: HashMap::new(),
+            staging_holders: HashMap::new(),
         }
     }
 
@@ -187,6 +210,7 @@ impl<D: Device> GraphTable<D> {
     fn forget_graph(&mut self, id: u64) -> Option<(D::Graph, Vec<(u64, u64)>)> {
         let graph = self.graphs.remove(&id)?;
         self.graph_ids.remove(&graph);
+        self.staging_holders.remove(&id);
         for exec in self.execs.values_mut().filter(|exec| exec.cloned_from == Some(id)) {
             exec.cloned_from = None;
         }
@@ -201,6 +225,9 @@ impl<D: Device> GraphTable<D> {
             _ => true,
         });
         let mut memory: Vec<(u64, u64)> = Vec::new();
+        for node in &removed {
+            self.host_copies.remove(node);
+        }
         for node in removed {
             for owned in self.owned.remove(&node).unwrap_or_default() {
                 if let Some((_, more)) = self.forget_graph(owned) {
@@ -236,6 +263,48 @@ impl<D: Device> GraphTable<D> {
         self.conditionals.clear();
         self.captures.clear();
         self.spoiled.clear();
+        self.host_copies.clear();
+    }
+
+    /// The staging of host copies, given back (the session ends or its device is reset, after
+    /// every graph is gone): address, bytes and host half, which the caller frees, releases and
+    /// drops in that order.
+    pub fn take_staging(&mut self) -> Vec<(u64, u64, Arc<HostCallSite>)> {
+        self.staging_holders.clear();
+        self.staging.drain().map(|(address, (len, site))| (address, len, site)).collect()
+    }
+
+    /// Staging no graph or executable graph holds any more, forgotten here: its address, bytes
+    /// and host half, which the caller keeps until the staging is freed (a launch in flight may
+    /// still run it).
+    fn unheld_staging(&mut self) -> Vec<(u64, u64, Arc<HostCallSite>)> {
+        if self.staging.is_empty() {
+            return Vec::new();
+        }
+        let held: HashSet<u64> = self.staging_holders.values().flatten().copied().collect();
+        let unheld: Vec<u64> = self.staging.keys().filter(|address| !held.contains(address)).copied().collect();
+        unheld.into_iter().filter_map(|address| self.staging.remove(&address).map(|(len, site)| (address, len, site))).collect()
+    }
+
+    /// `graph` (or an executable graph) may run a copy through the staging at `address`; so may
+    /// the graphs whose nodes own `graph` (a conditional node's body, a child graph named back).
+    fn hold(&mut self, holder: u64, address: u64) {
+        let mut at = Some(holder);
+        for _ in 0..64 {
+            let Some(graph) = at else { break };
+            self.staging_holders.entry(graph).or_default().insert(address);
+            at =
+                self.owned.iter().find(|(_, graphs)| graphs.contains(&graph)).and_then(|(node, _)| self.nodes.get(node)).map(|(_, of)| *of);
+        }
+    }
+
+    /// `holder` may run whatever `from` may (a child graph node, a clone, an instantiation or
+    /// an update).
+    fn hold_as(&mut self, holder: u64, from: u64) {
+        let addresses: Vec<u64> = self.staging_holders.get(&from).map(|set| set.iter().copied().collect()).unwrap_or_default();
+        for address in addresses {
+            self.hold(holder, address);
+        }
     }
 }
 
@@ -381,6 +450,8 @@ impl<D: Device> Session<D> {
                 self.check_node_mem_ops(ops)?;
                 NodeWork::BatchMemOp(ops.as_slice())
             }
+            // Made by `add_host_copy` and `set_host_copy`, not as one node of the driver's.
+            NodeParams::HostMemcpy(_) => return Err(CudaError::INVALID_VALUE),
         })
     }
 
@@ -392,6 +463,7 @@ impl<D: Device> Session<D> {
             self.ranges.remove_within(ptr, 1, RangeKind::GraphMemory);
             self.budget.release(size);
         }
+        self.free_unheld_staging();
         Some(graph)
     }
 
@@ -571,6 +643,12 @@ impl<D: Device> Session<D> {
             let graph = self.graphs.graph(request.graph)?;
             let dependencies = self.graphs.nodes_of(&request.dependencies, request.graph)?;
             self.detach_execs(request.graph);
+            if let NodeParams::HostMemcpy(host) = request.params {
+                let node = self.add_host_copy(graph, request.graph, &dependencies, &host)?;
+                self.graphs.add_node(request.node, node, request.graph);
+                self.graphs.host_copies.insert(request.node, host);
+                return Ok(rep::GraphAddNode { ptr: 0 });
+            }
             let mut site = None;
             let bodies = match &request.params {
                 NodeParams::Conditional { bodies, .. } => bodies.clone(),
@@ -592,6 +670,9 @@ impl<D: Device> Session<D> {
                 }
             };
             self.graphs.add_node(request.node, added.node, request.graph);
+            if let NodeParams::Child { graph: child } = request.params {
+                self.graphs.hold_as(request.graph, child);
+            }
             if memory > 0 {
                 self.ranges.insert(added.ptr, memory, RangeKind::GraphMemory);
                 self.graphs.memory.insert(added.ptr, (memory, request.graph));
@@ -666,6 +747,9 @@ impl<D: Device> Session<D> {
     pub(super) fn graph_node_object(&mut self, request: req::GraphNodeObject, reply: Responder<rep::GraphNodeObject>) {
         let result = (|| {
             let (node, _) = self.graphs.node(request.node)?;
+            if self.graphs.host_copies.contains_key(&request.node) {
+                return Err(CudaError::INVALID_VALUE);
+            }
             match self.device.graph_node_kind(node)? {
                 node_type::EVENT_RECORD | node_type::WAIT_EVENT => {
                     let event = self.device.graph_node_event(node)?;
@@ -700,6 +784,9 @@ impl<D: Device> Session<D> {
     pub(super) fn graph_node_get_params(&mut self, request: req::GraphNodeGetParams, reply: Responder<rep::GraphNodeGetParams>) {
         let result = (|| {
             let (node, _) = self.graphs.node(request.node)?;
+            if let Some(host) = self.graphs.host_copies.get(&request.node) {
+                return Ok(NodeReadback::Memcpy(app_copy(host)));
+            }
             Ok(match self.device.graph_node_read(node)? {
                 NodeRead::Memcpy(copy) => {
                     // Host memory a captured copy names is the client's own only where the
@@ -788,8 +875,15 @@ impl<D: Device> Session<D> {
 
     pub(super) fn graph_nodes(&mut self, request: req::GraphNodes, reply: Responder<rep::GraphNodes>) {
         let result = self.graphs.graph(request.graph).and_then(|graph| self.device.graph_nodes(graph, request.roots)).map(|nodes| {
-            let nodes =
-                nodes.into_iter().map(|(node, kind)| GraphNodeEntry { node: self.graphs.node_id(node, request.graph), kind }).collect();
+            let nodes = nodes
+                .into_iter()
+                .map(|(node, kind)| {
+                    let node = self.graphs.node_id(node, request.graph);
+                    // A copy with host memory is a child graph to the driver, a copy to the app.
+                    let kind = if self.graphs.host_copies.contains_key(&node) { node_type::MEMCPY } else { kind };
+                    GraphNodeEntry { node, kind }
+                })
+                .collect();
             rep::GraphNodes { nodes }
         });
         reply.send(result);
@@ -804,12 +898,17 @@ impl<D: Device> Session<D> {
             let graph = self.graphs.graph(request.graph)?;
             let clone = self.device.graph_clone(graph)?;
             self.graphs.add_graph(request.clone, clone);
+            self.graphs.hold_as(request.clone, request.graph);
             let originals: Vec<(u64, D::GraphNode)> =
                 self.graphs.nodes.iter().filter(|(_, (_, of))| *of == request.graph).map(|(id, (node, _))| (*id, *node)).collect();
             let mut pairs = Vec::with_capacity(originals.len());
             for (id, node) in originals {
                 let copy = self.device.graph_node_in_clone(node, clone)?;
-                pairs.push((id, self.graphs.node_id(copy, request.clone)));
+                let copy = self.graphs.node_id(copy, request.clone);
+                if let Some(host) = self.graphs.host_copies.get(&id).copied() {
+                    self.graphs.host_copies.insert(copy, host);
+                }
+                pairs.push((id, copy));
             }
             Ok(rep::GraphClone { nodes: pairs })
         })();
@@ -828,6 +927,7 @@ impl<D: Device> Session<D> {
             let shadow = self.shadow_of(graph, request.flags, plain);
             let cloned_from = Some(request.graph);
             self.graphs.execs.insert(request.exec, Exec { exec, flags: request.flags, shadow, cloned_from, translate: HashMap::new() });
+            self.graphs.hold_as(request.exec, request.graph);
             Ok(rep::GraphInstantiate { host_nodes })
         })();
         reply.send(result);
@@ -851,6 +951,9 @@ impl<D: Device> Session<D> {
     pub(super) fn graph_exec_destroy(&mut self, request: req::GraphExecDestroy, reply: Responder<rep::GraphExecDestroy>) {
         let result =
             self.graphs.execs.remove(&request.exec).ok_or(CudaError::INVALID_VALUE).and_then(|exec| destroy_exec(&*self.device, exec));
+        if self.graphs.staging_holders.remove(&request.exec).is_some() {
+            self.free_unheld_staging();
+        }
         reply.send(result.map(|()| rep::GraphExecDestroy {}));
     }
 
@@ -861,6 +964,7 @@ impl<D: Device> Session<D> {
             let (host_nodes, plain) = self.census(graph, 0)?;
             let update = self.device.graph_exec_update(exec, graph);
             if update.result.is_ok() {
+                self.graphs.hold_as(request.exec, request.graph);
                 // The executable graph now runs `graph`'s work: its copy follows.
                 let flags = self.graphs.execs.get(&request.exec).map_or(0, |record| record.flags);
                 let shadow = self.shadow_of(graph, flags, plain);
@@ -882,14 +986,28 @@ impl<D: Device> Session<D> {
 
     pub(super) fn graph_node_set_params(&mut self, mut request: req::GraphNodeSetParams, reply: Responder<rep::GraphNodeSetParams>) {
         let result = (|| {
-            let (exec, node) = match request.exec {
+            let (exec, node, holder) = match request.exec {
                 0 => {
                     let (node, graph) = self.graphs.node(request.node)?;
                     self.detach_execs(graph);
-                    (None, node)
+                    (None, node, graph)
                 }
-                exec => self.graphs.exec_node(exec, request.node).map(|(exec, node)| (Some(exec), node))?,
+                exec => self.graphs.exec_node(exec, request.node).map(|(exec, node)| (Some(exec), node, request.exec))?,
             };
+            let current = self.graphs.host_copies.get(&request.node).copied();
+            match (&request.params, current) {
+                (NodeParams::HostMemcpy(host), Some(current)) if host.to_host == current.to_host => {
+                    self.set_host_copy(exec, holder, node, host)?;
+                    if exec.is_none() {
+                        self.graphs.host_copies.insert(request.node, *host);
+                    }
+                    return Ok(());
+                }
+                // A copy with host memory stays one, in its direction, as its node's shape
+                // (a copy beside a host node) is fixed.
+                (NodeParams::HostMemcpy(_), _) | (_, Some(_)) => return Err(CudaError::INVALID_VALUE),
+                _ => {}
+            }
             let mut site = None;
             let work = self.node_work(&mut request.params, &mut site)?;
             self.device.graph_node_set(exec, node, work)?;
@@ -910,11 +1028,204 @@ impl<D: Device> Session<D> {
         let result = self.graphs.node(request.node).and_then(|(node, graph)| {
             self.detach_execs(graph);
             self.device.graph_destroy_node(node)?;
+            self.graphs.host_copies.remove(&request.node);
             self.graphs.nodes.remove(&request.node);
             self.graphs.node_ids.remove(&node);
             Ok(rep::GraphDestroyNode {})
         });
         reply.send(result);
+    }
+
+    /// The device's copy of a copy with the app's host memory, to or from new staging, and the
+    /// host half that sends the staged bytes to the client or fetches them: the device side is
+    /// checked against the session's memory and the staging counted in its quota.
+    fn host_copy_parts(&mut self, host: &HostCopy) -> CudaResult<(Copy3d, Arc<HostCallSite>, u64)> {
+        let copy = host.copy;
+        let len = host.packed_len().filter(|len| *len > 0).ok_or(CudaError::INVALID_VALUE)?;
+        if len > MAX_HOST_COPY || usize::try_from(len).is_err() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (device, pitch, height) =
+            if host.to_host { (copy.src, copy.src_pitch, copy.src_height) } else { (copy.dst, copy.dst_pitch, copy.dst_height) };
+        let shape = host.host_box();
+        for (pitch, height) in [(pitch, height), (shape.pitch, shape.height)] {
+            if (copy.height > 1 && copy.width > pitch) || (copy.depth > 1 && copy.height > height) {
+                return Err(CudaError::INVALID_PITCH_VALUE);
+            }
+        }
+        let host_end = copy.span(shape.pitch, shape.height).and_then(|span| shape.ptr.checked_add(span));
+        if shape.ptr == 0 || host_end.is_none() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        self.ranges.check(device, copy.span(pitch, height).ok_or(CudaError::INVALID_VALUE)?)?;
+        let device = self.moved_variables.here(device);
+        if !self.budget.try_reserve(len) {
+            return Err(CudaError::MEMORY_ALLOCATION);
+        }
+        let (address, staging) = match self.device.graph_staging_alloc(len) {
+            Ok(staging) => staging,
+            Err(error) => {
+                self.budget.release(len);
+                return Err(error);
+            }
+        };
+        let (width, rows, depth) = (copy.width, copy.height, copy.depth);
+        let device_copy = if host.to_host {
+            Copy3d {
+                src: device,
+                src_pitch: pitch,
+                src_height: height,
+                dst: address,
+                dst_pitch: width,
+                dst_height: rows,
+                width,
+                height: rows,
+                depth,
+            }
+        } else {
+            Copy3d {
+                src: address,
+                src_pitch: width,
+                src_height: rows,
+                dst: device,
+                dst_pitch: pitch,
+                dst_height: height,
+                width,
+                height: rows,
+                depth,
+            }
+        };
+        let staged = StagedCopy { staging: Staging { host: staging, len: len as usize }, host: shape, to_host: host.to_host };
+        let site = HostCallSite::for_copy(staged, &self.graphs.host_calls);
+        self.graphs.staging.insert(address, (len, site.clone()));
+        Ok((device_copy, site, address))
+    }
+
+    /// Frees the staging no graph or executable graph holds any more (after the device's work
+    /// that may use it: `graph_staging_free` waits for it).
+    fn free_unheld_staging(&mut self) {
+        for (address, len, site) in self.graphs.unheld_staging() {
+            if let Err(error) = self.device.graph_staging_free(address) {
+                tracing::warn!(%error, "freeing a graph copy's staging");
+            }
+            self.budget.release(len);
+            // Only now: the driver's host node names the site until its work is done.
+            drop(site);
+        }
+    }
+
+    /// A graph that runs a copy with the app's host memory: the device's copy then the host
+    /// half (device to host), or the other way round. The caller adds it as a child graph node
+    /// (the driver copies it) and destroys it.
+    fn host_copy_graph(&mut self, host: &HostCopy) -> CudaResult<(D::Graph, u64)> {
+        let (copy, site, address) = self.host_copy_parts(host)?;
+        let graph = match self.device.graph_create() {
+            Ok(graph) => graph,
+            Err(error) => {
+                self.free_unheld_staging();
+                return Err(error);
+            }
+        };
+        let built = if host.to_host {
+            self.device
+                .graph_add_node(graph, &[], NodeWork::Memcpy(copy))
+                .and_then(|first| self.device.graph_add_node(graph, &[first.node], NodeWork::Host(&site)))
+        } else {
+            self.device
+                .graph_add_node(graph, &[], NodeWork::Host(&site))
+                .and_then(|first| self.device.graph_add_node(graph, &[first.node], NodeWork::Memcpy(copy)))
+        };
+        match built {
+            Ok(_) => Ok((graph, address)),
+            Err(error) => {
+                let _ = self.device.graph_destroy(graph);
+                self.free_unheld_staging();
+                Err(error)
+            }
+        }
+    }
+
+    /// Adds a copy with the app's host memory to `graph` (the app's `id`) after `dependencies`:
+    /// one child graph node to the driver.
+    fn add_host_copy(&mut self, graph: D::Graph, id: u64, dependencies: &[D::GraphNode], host: &HostCopy) -> CudaResult<D::GraphNode> {
+        let (child, address) = self.host_copy_graph(host)?;
+        let added = self.device.graph_add_node(graph, dependencies, NodeWork::Child(child));
+        let _ = self.device.graph_destroy(child);
+        match added {
+            Ok(added) => {
+                self.graphs.hold(id, address);
+                Ok(added.node)
+            }
+            Err(error) => {
+                self.free_unheld_staging();
+                Err(error)
+            }
+        }
+    }
+
+    /// New parameters of a copy with the app's host memory (same direction): in an executable
+    /// graph its child graph is replaced; in a graph its copy and host half are changed in place.
+    /// `holder`: the app's id of the executable graph, or of the node's graph.
+    fn set_host_copy(&mut self, exec: Option<D::GraphExec>, holder: u64, node: D::GraphNode, host: &HostCopy) -> CudaResult<()> {
+        if let Some(exec) = exec {
+            let (child, address) = self.host_copy_graph(host)?;
+            let set = self.device.graph_node_set(Some(exec), node, NodeWork::Child(child));
+            let _ = self.device.graph_destroy(child);
+            if set.is_ok() {
+                self.graphs.hold(holder, address);
+            } else {
+                self.free_unheld_staging();
+            }
+            return set;
+        }
+        let (copy, site, address) = self.host_copy_parts(host)?;
+        // Held before the nodes change: a failure halfway leaves a node that may name it.
+        self.graphs.hold(holder, address);
+        let inner = self.device.graph_child(node)?;
+        for (inner_node, kind) in self.device.graph_nodes(inner, false)? {
+            match kind {
+                node_type::MEMCPY => self.device.graph_node_set(None, inner_node, NodeWork::Memcpy(copy))?,
+                node_type::HOST => self.device.graph_node_set(None, inner_node, NodeWork::Host(&site))?,
+                _ => return Err(CudaError::INVALID_VALUE),
+            }
+        }
+        Ok(())
+    }
+
+    /// `CaptureHostCopy`: the capture records a copy with the app's host memory as a node after
+    /// the stream's captured work, and the stream's next captured work follows it.
+    pub(super) fn capture_host_copy(&mut self, request: req::CaptureHostCopy, reply: Responder<rep::CaptureHostCopy>) {
+        let result = (|| {
+            let stream = self.stream(request.stream)?;
+            if self.graphs.captures.is_empty() || !self.device.capturing(stream) {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let info = self.device.capture_info(stream)?;
+            if info.status != flyt_protocol::ops::capture_status::ACTIVE {
+                return Err(CudaError::STREAM_CAPTURE_INVALIDATED);
+            }
+            let graph = info.graph.ok_or(CudaError::ILLEGAL_STATE)?;
+            let id = self.graphs.graph_ids.get(&graph).copied().ok_or(CudaError::ILLEGAL_STATE)?;
+            let node = self.add_host_copy(graph, id, &info.dependencies, &request.copy)?;
+            let node_id = self.graphs.node_id(node, id);
+            self.graphs.host_copies.insert(node_id, request.copy);
+            self.device.capture_dependencies(stream, &[node], None, true)
+        })();
+        reply.send(result.map(|()| rep::CaptureHostCopy {}));
+    }
+
+    /// `HostCopyDone` the session's thread read (the read-ahead takes most): the app's bytes
+    /// for a host-to-device copy's staging.
+    pub(super) fn host_copy_done(&mut self, request: req::HostCopyDone, bulk: &mut super::BulkIn<'_>, reply: Responder<rep::HostCopyDone>) {
+        let result = match self.graphs.host_calls.bytes_wanted(request.run) {
+            Some(len) if len as u64 == bulk.remaining() => match bulk.read_all() {
+                Some(bytes) => self.graphs.host_calls.copy_done(request.run, bytes),
+                // The connection broke: the session ends after this op.
+                None => Ok(()),
+            },
+            _ => Err(CudaError::INVALID_VALUE),
+        };
+        reply.send(result.map(|()| rep::HostCopyDone {}));
     }
 
     pub(super) fn launch_host_func(&mut self, request: req::LaunchHostFunc, reply: Responder<rep::LaunchHostFunc>) {
@@ -929,5 +1240,19 @@ impl<D: Device> Session<D> {
 
     pub(super) fn host_call_done(&mut self, request: req::HostCallDone, reply: Responder<rep::HostCallDone>) {
         reply.send(self.graphs.host_calls.done(request.run).map(|()| rep::HostCallDone {}));
+    }
+}
+
+/// A copy with the app's host memory as the app gave it (`cuGraphMemcpyNodeGetParams`).
+fn app_copy(host: &HostCopy) -> NodeCopy {
+    let c = &host.copy;
+    let side = |memory_type: u32, ptr: u64, pitch: u64, height: u64| NodeCopySide { memory_type, ptr, pos: Pos3::default(), pitch, height };
+    let (src_type, dst_type) = if host.to_host { (MEMORY_DEVICE, MEMORY_HOST) } else { (MEMORY_HOST, MEMORY_DEVICE) };
+    NodeCopy {
+        src: side(src_type, c.src, c.src_pitch, c.src_height),
+        dst: side(dst_type, c.dst, c.dst_pitch, c.dst_height),
+        width: c.width,
+        height: c.height,
+        depth: c.depth,
     }
 }

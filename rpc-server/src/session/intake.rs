@@ -4,7 +4,8 @@
 //! host functions until the client's `HostCallDone`, which sits unread behind that call: the
 //! driver and the app would wait for each other forever. So once a host call has waited a while
 //! for its answer, a read-ahead thread takes the reader whenever the session's thread is busy,
-//! answers `HostCallDone` at once and queues every other frame, in order, for the session.
+//! answers `HostCallDone` (and `HostCopyDone`, with its bytes) at once and queues every other
+//! frame, in order, for the session.
 
 use std::collections::VecDeque;
 use std::io::{BufReader, Read};
@@ -267,6 +268,22 @@ impl Intake {
                 // would refuse it, and a no-reply op has nobody to tell.
                 if calls.done(done.run).is_err() {
                     tracing::debug!(run = done.run, "HostCallDone for no waiting run");
+                }
+                continue;
+            }
+            // A host-to-device graph copy's bytes, which its held stream waits for.
+            if header.bulk_len != 0
+                && let Ok(Request::HostCopyDone(done)) = Request::decode(&message)
+                && calls.bytes_wanted(done.run).is_some_and(|len| len as u64 == header.bulk_len)
+            {
+                let mut bytes = vec![0u8; header.bulk_len as usize];
+                if let Err(error) = read_full(&mut reading.reader, &mut bytes, false) {
+                    calls.close();
+                    reading.ahead.push_back(Ahead::Failed(error));
+                    return;
+                }
+                if calls.copy_done(done.run, bytes).is_err() {
+                    tracing::debug!(run = done.run, "HostCopyDone for no waiting run");
                 }
                 continue;
             }

@@ -1350,8 +1350,9 @@ static void graphs(void) {
     struct cudaMemsetParams memset_params = {a, 0, 0x5a, 1, N, 1};
     OK("cudaGraphAddMemsetNode", cudaGraphAddMemsetNode(&set, graph, NULL, 0, &memset_params));
     OK("cudaGraphAddMemcpyNode1D", cudaGraphAddMemcpyNode1D(&copy, graph, &set, 1, b, a, N, cudaMemcpyDeviceToDevice));
-    EXPECT_CODE("a copy node with host memory", cudaGraphAddMemcpyNode1D(&found, graph, NULL, 0, host_a, a, N, cudaMemcpyDeviceToHost),
-                cudaErrorNotSupported);
+    cudaGraphNode_t to_host;
+    memset(host_a, 0, N);
+    OK("a copy node into host memory", cudaGraphAddMemcpyNode1D(&to_host, graph, &copy, 1, host_a, b, N, cudaMemcpyDeviceToHost));
     struct cudaMemcpy3DParms copy3d;
     memset(&copy3d, 0, sizeof copy3d);
     copy3d.srcPtr.ptr = b;
@@ -1397,6 +1398,9 @@ static void graphs(void) {
     OK("synchronize the built graph", cudaStreamSynchronize(stream));
     EXPECT("the memset and the copies ran", device_bytes_are(a, N, 0x5a) && device_bytes_are(b, N, 0x5a));
     EXPECT("the host node ran once per launch", host_calls == 2);
+    int host_copied = 1;
+    for (size_t i = 0; i < N; i++) host_copied &= host_a[i] == 0x5a;
+    EXPECT("the copy node into host memory wrote the device's bytes", host_copied);
     cudaGraphInstantiateParams instantiate = {0, stream, NULL, cudaGraphInstantiateError};
     OK("cudaGraphInstantiateWithParams", cudaGraphInstantiateWithParams(&other, graph, &instantiate));
     EXPECT("instantiated", instantiate.result_out == cudaGraphInstantiateSuccess);
