@@ -13,15 +13,22 @@
 //!
 //! Copies to and from the variable's address reach the mirror, as host memory (the runtime's
 //! symbol copies included); a memset or a stream memory operation is done on the device and
-//! fetched at the next sync (host changes are sent before stream memory operations too). Managed
-//! allocations (`cuMemAllocManaged`) are not mirrored: they are shared pages (`managed.rs`).
+//! fetched at the next sync (host changes are sent before stream memory operations too).
 //!
 //! Mapped pinned memory (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_DEVICEMAP`, as cuDNN asks for it)
-//! is mirrored the same way when it cannot be a block of the shared-memory segment (the GPU on
-//! another host): device memory on the server, whose address is the pointer the app gets for
-//! both sides, with the mirror's pages at that address here ([`Client::mirror_host_alloc`]).
-//! Kernels and the host see each other's writes at launches and synchronizations, not while a
-//! kernel runs: a kernel that waits for the host to write the memory meanwhile waits forever.
+//! and managed allocations (`cuMemAllocManaged`, `managed.rs`) are mirrored the same way when
+//! they cannot be blocks of the shared-memory segment (the GPU on another host): device memory on
+//! the server, whose address is the pointer the app gets for both sides, with the mirror's pages
+//! at that address here ([`Client::mirror_alloc`]). Kernels and the host see each other's writes
+//! at launches and synchronizations, not while a kernel runs: a kernel that waits for the host to
+//! write the memory meanwhile waits forever. Copies take mirrored managed memory as device memory
+//! (the host's changes sent first, the device's fetched at the next sync point); memsets of any
+//! mirror send the host's changes first.
+//!
+//! Cost: an exchange compares page by page against the snapshot and sends only runs of changed
+//! pages, in pieces of the connection's copy chunk; a fetch reads the device's bytes piece by
+//! piece (nothing is fetched unless device work may have written since the last fetch) and writes
+//! only the bytes the device changed. The snapshot (as large as the mirror) goes when it is freed.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -48,12 +55,14 @@ struct Mirror {
     allocation: Option<MirroredAllocation>,
 }
 
-/// The device memory behind mirrored mapped memory, and the mirror's pages.
+/// The device memory behind mirrored mapped or managed memory, and the mirror's pages.
 struct MirroredAllocation {
     /// What `Malloc` returned (the mirror starts at its first 2 MiB boundary).
     device_base: u64,
     /// Bytes of the mirror's mapping at the mirror's address.
     mapped_len: usize,
+    /// Managed memory (freed with `cuMemFree`), not mapped pinned memory (`cuMemFreeHost`).
+    managed: bool,
 }
 
 /// Mirrored mapped memory takes whole 2 MiB chunks: no other device range shares them, so the
@@ -100,9 +109,8 @@ struct State {
     pages: BTreeSet<u64>,
     /// The stream exchanges run on, made at the first one.
     stream: Option<u64>,
-    /// Where the bytes of one mirror are read to be compared with its snapshot; swapped with
-    /// the snapshot when they differ. Reused: a mirror of mapped memory is 2 MiB, read at every
-    /// launch and sync point.
+    /// Where one piece of a mirror's device bytes is read to be compared with its snapshot.
+    /// Reused, at most one copy chunk long.
     scratch: Vec<u8>,
 }
 
@@ -123,6 +131,14 @@ fn device_changes<'a>(snapshot: &'a [u8], device: &'a [u8]) -> impl Iterator<Ite
 impl Mirrors {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a mirror with device memory of its own (mapped or managed) holds `ptr`.
+    pub fn holds_allocation(&self, ptr: u64) -> bool {
+        self.any.load(Ordering::Relaxed)
+            && self.lock().mirrors.iter().any(|mirror| {
+                mirror.allocation.as_ref().is_some_and(|allocation| ptr.wrapping_sub(mirror.address) < allocation.mapped_len as u64)
+            })
     }
 
     /// Whether a launch or memset may have changed a mirrored variable on the device.
@@ -222,11 +238,12 @@ impl Client {
         Ok(())
     }
 
-    /// Mapped pinned memory of `size` bytes without the shared-memory channel (see the module's
-    /// comment): device memory in whole 2 MiB chunks, zeroed, with the mirror's pages at its
-    /// address. A place where this process has memory already is kept aside while another is
-    /// tried, as for any device allocation (`client::place_off_host`).
-    pub fn mirror_host_alloc(&self, size: usize, flags: u32) -> CudaResult<*mut u8> {
+    /// Mapped pinned memory (or, `managed`, managed memory) of `size` bytes without the
+    /// shared-memory channel (see the module's comment): device memory in whole 2 MiB chunks,
+    /// zeroed, with the mirror's pages at its address. A place where this process has memory
+    /// already is kept aside while another is tried, as for any device allocation
+    /// (`client::place_off_host`).
+    pub fn mirror_alloc(&self, size: usize, flags: u32, managed: bool) -> CudaResult<*mut u8> {
         let mapped = round_up(size.max(1) as u64, CHUNK).ok_or(CudaError::MEMORY_ALLOCATION)?;
         let mapped_len = usize::try_from(mapped).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         let (device_base, address) = crate::client::place_off_host(
@@ -237,7 +254,7 @@ impl Client {
                 let _ = self.call_plain(req::Free { ptr: device_base });
             },
         )?;
-        let allocation = MirroredAllocation { device_base, mapped_len };
+        let allocation = MirroredAllocation { device_base, mapped_len, managed };
         let mut state = self.mirrors.lock();
         // The mirror's pages are zero: so is the device's side, from the start.
         let zeroed = self.mirror_stream(&mut state).and_then(|stream| {
@@ -253,13 +270,20 @@ impl Client {
         state.mirrors.push(Mirror { module: 0, address, snapshot: vec![0; size], allocation: Some(allocation) });
         self.mirrors.any.store(true, Ordering::Relaxed);
         drop(state);
-        crate::diagnostics::once(
-            "mirrored-mapped-memory",
-            "flyt: mapped host memory without the shared-memory channel: kernels and the host see each other's writes at launches and synchronizations only",
-        );
+        if managed {
+            crate::diagnostics::once(
+                "mirrored-managed-memory",
+                "flyt: managed memory without the shared-memory channel: kernels and the host see each other's writes at launches, copies and synchronizations only (concurrentManagedAccess reads 0)",
+            );
+        } else {
+            crate::diagnostics::once(
+                "mirrored-mapped-memory",
+                "flyt: mapped host memory without the shared-memory channel: kernels and the host see each other's writes at launches and synchronizations only",
+            );
+        }
         self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(
             address as usize,
-            HostAllocation { len: size.max(1), flags, segment_offset: None, registered: false, device_mapped: true, managed: false },
+            HostAllocation { len: size.max(1), flags, segment_offset: None, registered: false, device_mapped: true, managed },
         );
         Ok(address as usize as *mut u8)
     }
@@ -276,11 +300,13 @@ impl Client {
         Ok((ptr, round_up(ptr, CHUNK).ok_or(CudaError::MEMORY_ALLOCATION)?))
     }
 
-    /// Frees mapped memory [`Client::mirror_host_alloc`] made at `address`; `None` if there is
-    /// none there.
-    pub fn free_mirrored_host(&self, address: u64) -> Option<CudaResult<()>> {
+    /// Frees mapped (or, `managed`, managed) memory [`Client::mirror_alloc`] made at `address`;
+    /// `None` if there is none there. Its snapshot goes with it.
+    pub fn free_mirrored(&self, address: u64, managed: bool) -> Option<CudaResult<()>> {
         let mut state = self.mirrors.lock();
-        let index = state.mirrors.iter().position(|mirror| mirror.address == address && mirror.allocation.is_some())?;
+        let index = state.mirrors.iter().position(|mirror| {
+            mirror.address == address && mirror.allocation.as_ref().is_some_and(|allocation| allocation.managed == managed)
+        })?;
         let mirror = state.mirrors.swap_remove(index);
         self.mirrors.any.store(!state.mirrors.is_empty(), Ordering::Relaxed);
         drop(state);
@@ -290,15 +316,75 @@ impl Client {
         Some(self.call_plain(req::Free { ptr: allocation.device_base }).map(drop))
     }
 
-    /// Reads `bytes.len()` bytes of the device at `address` on the mirrors' stream.
+    /// The most bytes one exchange message carries.
+    fn mirror_chunk(&self) -> usize {
+        usize::try_from(self.info.copy_chunk.max(PAGE)).unwrap_or(PAGE as usize)
+    }
+
+    /// Reads `bytes.len()` bytes of the device at `address` on the mirrors' stream, a copy chunk
+    /// at a time.
     fn read_variable(&self, address: u64, bytes: &mut [u8], stream: u64) -> CudaResult<()> {
-        if bytes.is_empty() {
+        let chunk = self.mirror_chunk();
+        for (index, piece) in bytes.chunks_mut(chunk).enumerate() {
+            // SAFETY: `piece` is ours and outlives the call, which waits for the copy.
+            let destination = unsafe { HostDestination::new(piece.as_mut_ptr(), piece.len()) };
+            let request = req::MemcpyDtoH { src: address + (index * chunk) as u64, len: piece.len() as u64, stream, blocking: true };
+            self.call_into(request, destination)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the pages of every mirror the host changed since the last exchange (runs of changed
+    /// pages, a copy chunk at a time) and waits until the device has them. The snapshot takes the
+    /// bytes sent. True if anything was sent.
+    fn send_host_changes_locked(&self, state: &mut State) -> CudaResult<bool> {
+        let stream = self.mirror_stream(state)?;
+        let chunk = self.mirror_chunk();
+        let mut page = [0u8; PAGE as usize];
+        let mut sent = false;
+        for mirror in state.mirrors.iter_mut() {
+            let len = mirror.snapshot.len();
+            let mut runs = Vec::new();
+            let mut run_start = None;
+            for offset in (0..len).step_by(PAGE as usize) {
+                let end = (offset + PAGE as usize).min(len);
+                let current = &mut page[..end - offset];
+                // SAFETY: inside the mirror, whose pages stay mapped while it is listed; read as
+                // raw memory (the app's threads may be writing it).
+                unsafe { std::ptr::copy_nonoverlapping((mirror.address as usize as *const u8).add(offset), current.as_mut_ptr(), current.len()) };
+                let changed = *current != mirror.snapshot[offset..end];
+                if changed {
+                    mirror.snapshot[offset..end].copy_from_slice(current);
+                    run_start.get_or_insert(offset);
+                } else if let Some(start) = run_start.take() {
+                    runs.push(start..offset);
+                }
+            }
+            if let Some(start) = run_start {
+                runs.push(start..len);
+            }
+            for run in runs {
+                for (index, piece) in mirror.snapshot[run.clone()].chunks(chunk).enumerate() {
+                    let dst = mirror.address + (run.start + index * chunk) as u64;
+                    self.conn.send_async(&req::MemcpyHtoD { dst, stream }.into(), piece)?;
+                }
+                sent = true;
+            }
+        }
+        if sent {
+            self.call_plain(req::StreamSynchronize { stream })?;
+        }
+        Ok(sent)
+    }
+
+    /// Before device work that reads or writes mirrored memory other than a launch (a copy, a
+    /// memset, a prefetch to the device): sends the host's changes, so the device has them first
+    /// and a later exchange cannot overwrite what the work writes.
+    pub fn send_host_changes(&self) -> CudaResult<()> {
+        if !self.mirrors.any.load(Ordering::Relaxed) {
             return Ok(());
         }
-        // SAFETY: `bytes` is ours and outlives the call, which waits for the copy.
-        let destination = unsafe { HostDestination::new(bytes.as_mut_ptr(), bytes.len()) };
-        let request = req::MemcpyDtoH { src: address, len: bytes.len() as u64, stream, blocking: true };
-        self.call_into(request, destination).map(drop)
+        self.send_host_changes_locked(&mut self.mirrors.lock()).map(drop)
     }
 
     /// Before a launch: sends the bytes of each variable the host changed, and waits until the
@@ -307,24 +393,7 @@ impl Client {
         if !self.mirrors.any.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let mut state = self.mirrors.lock();
-        let stream = self.mirror_stream(&mut state)?;
-        let mut sent = false;
-        let State { mirrors, scratch, .. } = &mut *state;
-        for mirror in mirrors.iter_mut() {
-            scratch.resize(mirror.snapshot.len(), 0);
-            // SAFETY: the mirror's pages stay mapped for the life of the process.
-            unsafe { std::ptr::copy_nonoverlapping(mirror.address as usize as *const u8, scratch.as_mut_ptr(), scratch.len()) };
-            if *scratch != mirror.snapshot {
-                self.conn.send_async(&req::MemcpyHtoD { dst: mirror.address, stream }.into(), scratch)?;
-                std::mem::swap(scratch, &mut mirror.snapshot);
-                sent = true;
-            }
-        }
-        if sent {
-            self.call_plain(req::StreamSynchronize { stream })?;
-        }
-        drop(state);
+        self.send_host_changes_locked(&mut self.mirrors.lock())?;
         self.mirrors.device_dirty.store(true, Ordering::Release);
         Ok(())
     }
@@ -343,17 +412,24 @@ impl Client {
         }
         let mut state = self.mirrors.lock();
         let stream = self.mirror_stream(&mut state)?;
+        let chunk = self.mirror_chunk();
         let State { mirrors, scratch, .. } = &mut *state;
         for mirror in mirrors.iter_mut() {
-            scratch.resize(mirror.snapshot.len(), 0);
-            self.read_variable(mirror.address, scratch, stream)?;
-            // Only the device's changes are written: the app's threads may be writing other bytes
-            // of the mirror meanwhile, so it is written as raw memory, never borrowed.
-            for (offset, byte) in device_changes(&mirror.snapshot, scratch) {
-                // SAFETY: inside the mirror, whose pages stay mapped for the life of the process.
-                unsafe { (mirror.address as usize as *mut u8).add(offset).write(byte) };
+            for (index, agreed) in mirror.snapshot.chunks_mut(chunk).enumerate() {
+                let offset = index * chunk;
+                scratch.resize(agreed.len(), 0);
+                self.read_variable(mirror.address + offset as u64, scratch, stream)?;
+                if *scratch == *agreed {
+                    continue;
+                }
+                // Only the device's changes are written: the app's threads may be writing other
+                // bytes of the mirror meanwhile, so it is written as raw memory, never borrowed.
+                for (at, byte) in device_changes(agreed, scratch) {
+                    // SAFETY: inside the mirror, whose pages stay mapped while it is listed.
+                    unsafe { (mirror.address as usize as *mut u8).add(offset + at).write(byte) };
+                }
+                agreed.copy_from_slice(scratch);
             }
-            std::mem::swap(scratch, &mut mirror.snapshot);
         }
         Ok(())
     }
