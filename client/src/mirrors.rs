@@ -128,6 +128,35 @@ fn device_changes<'a>(snapshot: &'a [u8], device: &'a [u8]) -> impl Iterator<Ite
     snapshot.iter().zip(device).enumerate().filter(|(_, (agreed, theirs))| agreed != theirs).map(|(offset, (_, theirs))| (offset, *theirs))
 }
 
+/// The runs of whole pages (the last one possibly short) at `current` that differ from
+/// `snapshot`, which takes their bytes.
+///
+/// # Safety
+/// `current` is readable for `snapshot.len()` bytes. It is read as raw memory, a page at a time,
+/// and what was read is what the snapshot keeps (the app's threads may be writing meanwhile).
+unsafe fn take_changed_pages(current: *const u8, snapshot: &mut [u8]) -> Vec<std::ops::Range<usize>> {
+    let len = snapshot.len();
+    let mut page = [0u8; PAGE as usize];
+    let mut runs = Vec::new();
+    let mut run_start = None;
+    for offset in (0..len).step_by(PAGE as usize) {
+        let end = (offset + PAGE as usize).min(len);
+        let read = &mut page[..end - offset];
+        // SAFETY: `offset..end` lies inside the `len` readable bytes (this function's contract).
+        unsafe { std::ptr::copy_nonoverlapping(current.add(offset), read.as_mut_ptr(), read.len()) };
+        if *read != snapshot[offset..end] {
+            snapshot[offset..end].copy_from_slice(read);
+            run_start.get_or_insert(offset);
+        } else if let Some(start) = run_start.take() {
+            runs.push(start..offset);
+        }
+    }
+    if let Some(start) = run_start {
+        runs.push(start..len);
+    }
+    runs
+}
+
 impl Mirrors {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -340,29 +369,11 @@ impl Client {
     fn send_host_changes_locked(&self, state: &mut State) -> CudaResult<bool> {
         let stream = self.mirror_stream(state)?;
         let chunk = self.mirror_chunk();
-        let mut page = [0u8; PAGE as usize];
         let mut sent = false;
         for mirror in state.mirrors.iter_mut() {
-            let len = mirror.snapshot.len();
-            let mut runs = Vec::new();
-            let mut run_start = None;
-            for offset in (0..len).step_by(PAGE as usize) {
-                let end = (offset + PAGE as usize).min(len);
-                let current = &mut page[..end - offset];
-                // SAFETY: inside the mirror, whose pages stay mapped while it is listed; read as
-                // raw memory (the app's threads may be writing it).
-                unsafe { std::ptr::copy_nonoverlapping((mirror.address as usize as *const u8).add(offset), current.as_mut_ptr(), current.len()) };
-                let changed = *current != mirror.snapshot[offset..end];
-                if changed {
-                    mirror.snapshot[offset..end].copy_from_slice(current);
-                    run_start.get_or_insert(offset);
-                } else if let Some(start) = run_start.take() {
-                    runs.push(start..offset);
-                }
-            }
-            if let Some(start) = run_start {
-                runs.push(start..len);
-            }
+            // SAFETY: the mirror's pages stay mapped while it is listed, `snapshot.len()` bytes
+            // from its address.
+            let runs = unsafe { take_changed_pages(mirror.address as usize as *const u8, &mut mirror.snapshot) };
             for run in runs {
                 for (index, piece) in mirror.snapshot[run.clone()].chunks(chunk).enumerate() {
                     let dst = mirror.address + (run.start + index * chunk) as u64;
@@ -446,6 +457,29 @@ mod tests {
             mirror[offset] = byte;
         }
         *snapshot = device.to_vec();
+    }
+
+    #[test]
+    fn only_runs_of_changed_pages_are_taken() {
+        let page = PAGE as usize;
+        // Five pages and a bit: the last page is short.
+        let len = 5 * page + 100;
+        let mut host = vec![0u8; len];
+        let mut snapshot = host.clone();
+        // SAFETY: `host` holds `len` bytes.
+        let take = |host: &[u8], snapshot: &mut Vec<u8>| unsafe { take_changed_pages(host.as_ptr(), snapshot) };
+        assert!(take(&host, &mut snapshot).is_empty());
+        // Pages 1 and 2 (one run), page 4, and the short last page (one run with page 4).
+        host[page + 5] = 1;
+        host[3 * page - 1] = 2;
+        host[4 * page] = 3;
+        host[len - 1] = 4;
+        assert_eq!(take(&host, &mut snapshot), [page..3 * page, 4 * page..len]);
+        assert_eq!(snapshot, host);
+        // Nothing changed since: nothing to send.
+        assert!(take(&host, &mut snapshot).is_empty());
+        host[0] = 9;
+        assert_eq!(take(&host, &mut snapshot), [0..page]);
     }
 
     #[test]
