@@ -44,9 +44,13 @@ fn a_static_cudart_program_runs_over_flyt() {
     let lib = driver_lib(&scratch);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--listen", &socket], &scratch);
+    // Over TCP without the channel (as from another host), over the Unix socket with it.
     for address in &server.addresses {
-        let (code, stdout, stderr) =
-            run_with_timeout(Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address), Duration::from_secs(120));
+        let shm = if address.starts_with("unix:") { "on" } else { "off" };
+        let (code, stdout, stderr) = run_with_timeout(
+            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address).env("FLYT_SHM", shm),
+            Duration::from_secs(120),
+        );
         assert_eq!(code, 0, "over {address}:\n{stdout}\n{stderr}");
         for line in [
             "devices: 1",
@@ -60,6 +64,7 @@ fn a_static_cudart_program_runs_over_flyt() {
             "host functions: ran 5 of 5 times, memset node ran",
             "CUDA call in a host function: cudaErrorNotPermitted",
             "stream-ordered allocation: ok",
+            "managed memory: ok",
             "kernel launch: refused",
             "PASSED: 0 failure(s)",
         ] {
@@ -103,8 +108,9 @@ fn a_cuda12_static_runtime_program_runs_over_flyt() {
     let lib = driver_lib(&scratch);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    // Without the channel: managed memory is mirrored device memory.
     let (code, stdout, stderr) = run_with_timeout(
-        Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]),
+        Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", "off"),
         Duration::from_secs(120),
     );
     assert_eq!(code, 0, "{stdout}\n{stderr}");
@@ -115,6 +121,7 @@ fn a_cuda12_static_runtime_program_runs_over_flyt() {
         "round trip: equal",
         "memset: ok",
         "async copies: ok, elapsed time measured",
+        "managed memory: ok",
         "PASSED: 0 failure(s)",
     ] {
         assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
