@@ -51,7 +51,8 @@ pub fn visible_devices(spec: Option<&str>, devices: &[DeviceInfo]) -> Vec<u32> {
             (index < devices.len() as u32).then_some(index)
         } else if entry.len() > 4 && entry[..4].eq_ignore_ascii_case("GPU-") {
             let prefix = entry.to_ascii_lowercase();
-            let mut matching = devices.iter().enumerate().filter(|(_, info)| uuid_text(&info.uuid).to_ascii_lowercase().starts_with(&prefix));
+            let mut matching =
+                devices.iter().enumerate().filter(|(_, info)| uuid_text(&info.uuid).to_ascii_lowercase().starts_with(&prefix));
             match (matching.next(), matching.next()) {
                 (Some((index, _)), None) => Some(index as u32),
                 _ => None,

@@ -346,8 +346,11 @@ pub fn forget(client: &Client) {
     let starts: Vec<u64> = {
         let mut allocations = client.managed.lock();
         // Mirrored allocations go with the mirrors (`Mirrors::forget_all`).
-        let starts =
-            allocations.iter().filter(|(_, allocation)| !allocation.mirrored && !allocation.device_backed).map(|(start, _)| *start).collect();
+        let starts = allocations
+            .iter()
+            .filter(|(_, allocation)| !allocation.mirrored && !allocation.device_backed)
+            .map(|(start, _)| *start)
+            .collect();
         allocations.retain(|_, allocation| allocation.mirrored);
         starts
     };

@@ -479,7 +479,7 @@ mod tests {
         // Nothing changed since: nothing to send.
         assert!(take(&host, &mut snapshot).is_empty());
         host[0] = 9;
-        assert_eq!(take(&host, &mut snapshot), [0..page]);
+        assert_eq!(take(&host, &mut snapshot), vec![std::ops::Range { start: 0, end: page }]);
     }
 
     #[test]

@@ -498,6 +498,7 @@ fn managed_memory_through_the_driver_api() {
             "batch prefetch: second half to device 0: yes",
             "odd-sized allocation: host bytes kept, memset to its end seen: yes",
             "copies into and out of an odd-sized allocation: yes",
+            "2D copies into and out of managed memory: yes",
             "48 allocations filled, read through the device and freed: yes",
             "64 MiB allocation: host fill, memset and copy out agree: yes",
         ] {
