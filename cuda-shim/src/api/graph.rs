@@ -181,7 +181,9 @@ fn copy_side(
     pitch: u64,
     height: u64,
 ) -> DriverResult<u64> {
-    let device_memory = memory_type == MEMORY_DEVICE || (memory_type == MEMORY_UNIFIED && client.is_device_pointer(device));
+    // Mirrored managed memory is device memory to copies (its host changes go at the launch).
+    let device_memory = memory_type == MEMORY_DEVICE
+        || (memory_type == MEMORY_UNIFIED && (client.is_device_pointer(device) || client.managed.device_backed(device, 1)));
     if !device_memory {
         crate::diagnostics::once(
             "graph-host-copy",
