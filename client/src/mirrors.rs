@@ -29,8 +29,13 @@
 //! pages, in pieces of the connection's copy chunk; a fetch reads the device's bytes piece by
 //! piece (nothing is fetched unless device work may have written since the last fetch) and writes
 //! only the bytes the device changed. The snapshot (as large as the mirror) goes when it is freed.
+//!
+//! A mirror with device memory of its own takes whole 2 MiB chunks; managed allocations up to
+//! 1 MiB share such blocks (whole pages each, first fit), so many small ones do not take 2 MiB of
+//! device memory each. A block goes with its last allocation; `cuMemFree` of any other address
+//! inside a block is refused in the front, so the server never frees a block under live memory.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -63,6 +68,25 @@ struct MirroredAllocation {
     mapped_len: usize,
     /// Managed memory (freed with `cuMemFree`), not mapped pinned memory (`cuMemFreeHost`).
     managed: bool,
+    /// A block small managed allocations share: each one's offset and length (whole pages). The
+    /// block goes when its last allocation is freed. `None`: one allocation, at the start.
+    pieces: Option<BTreeMap<usize, usize>>,
+}
+
+/// Managed allocations up to this size share 2 MiB blocks (a block each would take 2 MiB of
+/// device memory per allocation).
+const SHARED_MAX: usize = (CHUNK / 2) as usize;
+
+/// A free place of `need` bytes among `pieces` of a block of `len` bytes: first fit.
+fn free_place(pieces: &BTreeMap<usize, usize>, len: usize, need: usize) -> Option<usize> {
+    let mut cursor = 0;
+    for (&offset, &piece) in pieces {
+        if offset - cursor >= need {
+            return Some(cursor);
+        }
+        cursor = offset + piece;
+    }
+    (len - cursor >= need).then_some(cursor)
 }
 
 /// Mirrored mapped memory takes whole 2 MiB chunks: no other device range shares them, so the
@@ -272,33 +296,13 @@ impl Client {
     /// zeroed, with the mirror's pages at its address. A place where this process has memory
     /// already is kept aside while another is tried, as for any device allocation
     /// (`client::place_off_host`).
+    /// Managed allocations of at most [`SHARED_MAX`] bytes take whole pages of shared blocks.
     pub fn mirror_alloc(&self, size: usize, flags: u32, managed: bool) -> CudaResult<*mut u8> {
-        let mapped = round_up(size.max(1) as u64, CHUNK).ok_or(CudaError::MEMORY_ALLOCATION)?;
-        let mapped_len = usize::try_from(mapped).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
-        let (device_base, address) = crate::client::place_off_host(
-            || self.chunk_aligned_allocation(mapped),
-            |(_, address)| map_pages(address, mapped_len),
-            |(_, address)| address,
-            |(device_base, _)| {
-                let _ = self.call_plain(req::Free { ptr: device_base });
-            },
-        )?;
-        let allocation = MirroredAllocation { device_base, mapped_len, managed };
-        let mut state = self.mirrors.lock();
-        // The mirror's pages are zero: so is the device's side, from the start.
-        let zeroed = self.mirror_stream(&mut state).and_then(|stream| {
-            self.post(req::Memset { dst: address, pattern: 0, width: 1, len: mapped, stream })?;
-            self.call_plain(req::StreamSynchronize { stream }).map(drop)
-        });
-        if let Err(error) = zeroed {
-            drop(state);
-            unmap_pages(&allocation, address);
-            let _ = self.call_plain(req::Free { ptr: device_base });
-            return Err(error);
-        }
-        state.mirrors.push(Mirror { module: 0, address, snapshot: vec![0; size], allocation: Some(allocation) });
-        self.mirrors.any.store(true, Ordering::Relaxed);
-        drop(state);
+        let shared = managed && size <= SHARED_MAX;
+        let address = match shared.then(|| self.place_in_shared_block(size)).flatten() {
+            Some(address) => address,
+            None => self.new_mirrored_block(size, managed, shared)?,
+        };
         if managed {
             crate::diagnostics::once(
                 "mirrored-managed-memory",
@@ -315,6 +319,60 @@ impl Client {
             HostAllocation { len: size.max(1), flags, segment_offset: None, registered: false, device_mapped: true, managed },
         );
         Ok(address as usize as *mut u8)
+    }
+
+    /// Whole pages for `size` bytes in a shared block with room, zeroed; `None` if none has room.
+    fn place_in_shared_block(&self, size: usize) -> Option<u64> {
+        let need = round_up(size.max(1) as u64, PAGE)? as usize;
+        let mut state = self.mirrors.lock();
+        for mirror in state.mirrors.iter_mut() {
+            let Some(allocation) = mirror.allocation.as_mut() else { continue };
+            let mapped_len = allocation.mapped_len;
+            let Some(pieces) = allocation.pieces.as_mut() else { continue };
+            let Some(offset) = free_place(pieces, mapped_len, need) else { continue };
+            pieces.insert(offset, need);
+            let address = mirror.address + offset as u64;
+            // A freed allocation's bytes may be there: zeroed as a host write (sent at the next
+            // exchange), as a new block is zero.
+            // SAFETY: inside the block's mapping, which lives while the block is listed.
+            unsafe { std::ptr::write_bytes(address as usize as *mut u8, 0, need) };
+            return Some(address);
+        }
+        None
+    }
+
+    /// A new mirrored block for `size` bytes (`shared`: a 2 MiB block small managed allocations
+    /// share, this one at its start): its address.
+    fn new_mirrored_block(&self, size: usize, managed: bool, shared: bool) -> CudaResult<u64> {
+        let mapped = round_up(size.max(1) as u64, CHUNK).ok_or(CudaError::MEMORY_ALLOCATION)?;
+        let mapped_len = usize::try_from(mapped).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        let (device_base, address) = crate::client::place_off_host(
+            || self.chunk_aligned_allocation(mapped),
+            |(_, address)| map_pages(address, mapped_len),
+            |(_, address)| address,
+            |(device_base, _)| {
+                let _ = self.call_plain(req::Free { ptr: device_base });
+            },
+        )?;
+        let pieces = shared.then(|| BTreeMap::from([(0, round_up(size.max(1) as u64, PAGE).unwrap_or(PAGE) as usize)]));
+        let allocation = MirroredAllocation { device_base, mapped_len, managed, pieces };
+        let mut state = self.mirrors.lock();
+        // The mirror's pages are zero: so is the device's side, from the start.
+        let zeroed = self.mirror_stream(&mut state).and_then(|stream| {
+            self.post(req::Memset { dst: address, pattern: 0, width: 1, len: mapped, stream })?;
+            self.call_plain(req::StreamSynchronize { stream }).map(drop)
+        });
+        if let Err(error) = zeroed {
+            drop(state);
+            unmap_pages(&allocation, address);
+            let _ = self.call_plain(req::Free { ptr: device_base });
+            return Err(error);
+        }
+        // A shared block's snapshot covers all of it: later allocations use the rest.
+        let snapshot = vec![0; if shared { mapped_len } else { size }];
+        state.mirrors.push(Mirror { module: 0, address, snapshot, allocation: Some(allocation) });
+        self.mirrors.any.store(true, Ordering::Relaxed);
+        Ok(address)
     }
 
     /// Device memory of `len` bytes (whole chunks) starting on a chunk boundary: the allocation's
@@ -334,14 +392,33 @@ impl Client {
     pub fn free_mirrored(&self, address: u64, managed: bool) -> Option<CudaResult<()>> {
         let mut state = self.mirrors.lock();
         let index = state.mirrors.iter().position(|mirror| {
-            mirror.address == address && mirror.allocation.as_ref().is_some_and(|allocation| allocation.managed == managed)
+            mirror.allocation.as_ref().is_some_and(|allocation| {
+                allocation.managed == managed
+                    && match &allocation.pieces {
+                        None => mirror.address == address,
+                        Some(pieces) => address
+                            .checked_sub(mirror.address)
+                            .is_some_and(|offset| pieces.contains_key(&usize::try_from(offset).unwrap_or(usize::MAX))),
+                    }
+            })
         })?;
+        let mirror = &mut state.mirrors[index];
+        if let Some(pieces) = mirror.allocation.as_mut().and_then(|allocation| allocation.pieces.as_mut()) {
+            pieces.remove(&((address - mirror.address) as usize));
+            if !pieces.is_empty() {
+                // The block stays for its other allocations.
+                drop(state);
+                self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(address as usize));
+                return Some(Ok(()));
+            }
+        }
+        let block = mirror.address;
         let mirror = state.mirrors.swap_remove(index);
         self.mirrors.any.store(!state.mirrors.is_empty(), Ordering::Relaxed);
         drop(state);
         self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(address as usize));
         let allocation = mirror.allocation?;
-        unmap_pages(&allocation, address);
+        unmap_pages(&allocation, block);
         Some(self.call_plain(req::Free { ptr: allocation.device_base }).map(drop))
     }
 
@@ -457,6 +534,23 @@ mod tests {
             mirror[offset] = byte;
         }
         *snapshot = device.to_vec();
+    }
+
+    #[test]
+    fn shared_blocks_place_first_fit_in_whole_pages() {
+        let page = PAGE as usize;
+        let mut pieces = BTreeMap::new();
+        assert_eq!(free_place(&pieces, 4 * page, 4 * page), Some(0));
+        assert_eq!(free_place(&pieces, 4 * page, 5 * page), None);
+        pieces.insert(0, page);
+        pieces.insert(2 * page, page);
+        // The hole between the two, then the end.
+        assert_eq!(free_place(&pieces, 4 * page, page), Some(page));
+        assert_eq!(free_place(&pieces, 4 * page, 2 * page), None);
+        pieces.insert(page, page);
+        assert_eq!(free_place(&pieces, 4 * page, page), Some(3 * page));
+        pieces.insert(3 * page, page);
+        assert_eq!(free_place(&pieces, 4 * page, page), None);
     }
 
     #[test]

@@ -226,9 +226,41 @@ int main(void) {
         EXPECT(cuMemcpyDtoH(back, d, bytes), CUDA_SUCCESS);
         for (size_t i = 0; i < bytes; i++) many_ok &= back[i] == (unsigned char)(k + 1);
     }
+    // Every other one freed, new ones made in their place: none overlaps one still live.
+    for (int k = 1; k < MANY; k += 2) EXPECT(cuMemFree(many[k]), CUDA_SUCCESS);
+    for (int k = 1; k < MANY; k += 2) {
+        EXPECT(cuMemAllocManaged(&many[k], 3000, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+        memset((void *)(uintptr_t)many[k], 0xc0 + k, 3000);
+    }
+    for (int k = 0; k < MANY; k++) {
+        size_t bytes = k % 2 ? 3000 : 1000 + (size_t)k * 4099;
+        unsigned char want = k % 2 ? (unsigned char)(0xc0 + k) : (unsigned char)(k + 1);
+        EXPECT(cuMemcpy(d, many[k], bytes), CUDA_SUCCESS);
+        EXPECT(cuMemcpyDtoH(back, d, bytes), CUDA_SUCCESS);
+        for (size_t i = 0; i < bytes; i++) many_ok &= back[i] == want;
+    }
     for (int k = 0; k < MANY; k++) EXPECT(cuMemFree(many[k]), CUDA_SUCCESS);
     CHECK("48 allocations filled, read through the device and freed", many_ok);
     EXPECT(cuMemFree(many[0]), CUDA_ERROR_INVALID_VALUE);
+    // A second free of one of two small allocations (which may share device memory), and
+    // cuMemFree of mapped memory, are refused and harm neither.
+    CUdeviceptr first = 0, second = 0;
+    EXPECT(cuMemAllocManaged(&first, 100, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    EXPECT(cuMemAllocManaged(&second, 100, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    EXPECT(cuMemFree(first), CUDA_SUCCESS);
+    EXPECT(cuMemFree(first), CUDA_ERROR_INVALID_VALUE);
+    void *mapped = NULL;
+    EXPECT(cuMemHostAlloc(&mapped, 4096, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+    EXPECT(cuMemFree((CUdeviceptr)(uintptr_t)mapped), CUDA_ERROR_INVALID_VALUE);
+    memset((void *)(uintptr_t)second, 0x3c, 100);
+    memset(mapped, 0x4d, 4096);
+    unsigned char kept = 0;
+    EXPECT(cuMemcpyDtoH(&kept, second + 99, 1), CUDA_SUCCESS);
+    EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
+    CHECK("bad frees refused, the memory beside them kept", kept == 0x3c && ((unsigned char *)mapped)[4095] == 0x4d);
+    EXPECT(cuMemFreeHost(mapped), CUDA_SUCCESS);
+    EXPECT(cuMemFree(second), CUDA_SUCCESS);
+    EXPECT(cuMemFree(second), CUDA_ERROR_INVALID_VALUE);
 
     // A large allocation (copied in pieces): the host fills it, a memset in its middle and a
     // copy out at its end see the latest bytes on both sides.
