@@ -323,7 +323,13 @@ pub unsafe fn copy(
             check_device_range(dst_address, managed_dst)?;
             if let Some(channel) = &client.shm {
                 // SAFETY: forwarded contract.
-                return unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode, sync) };
+                unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode, sync) }?;
+                if managed_dst && mode == Mode::Synchronous {
+                    // Mirrored managed memory beside the channel (the server could not map a
+                    // block at its address): the host reads it once the copy returns.
+                    client.pull_mirrors(false)?;
+                }
+                return Ok(());
             }
             if mode == Mode::Asynchronous && client.graphs.host_functions_pending() && client.host_allocation(src as usize).is_some() {
                 client.graphs.wait_for_host_functions();
