@@ -226,13 +226,14 @@ STDERR_COMPARE=(assert_fail printf)
 #   [some_program]='cu(da)?(SomeCall|OtherCall)'
 # None at the moment.
 declare -A EXPECT_UNSUPPORTED=()
-# Programs whose kernels use host memory in place (cudaMallocManaged, pinned memory not asked for
-# as mapped): through Flyt they need the shared-memory channel (transport shm); over a socket alone
-# they must fail loudly like the programs above. Mapped memory (cudaHostAllocMapped, which cuDNN
-# and NCCL allocate) is mirrored device memory over a socket, exchanged at launches and syncs.
+# Programs whose kernels use host memory in place (pinned memory not asked for as mapped, the
+# app's own memory): through Flyt they need the shared-memory channel (transport shm); over a
+# socket alone they must fail loudly like the programs above. Mapped memory (cudaHostAllocMapped,
+# which cuDNN and NCCL allocate) and managed memory (cudaMallocManaged: managed_memory runs as
+# natively on every transport) are mirrored device memory over a socket, exchanged at launches,
+# copies and syncs.
 declare -A NEEDS_SHM_CHANNEL=(
     [mapped_memory]='pinned host memory is device-accessible only over the shared-memory channel'
-    [managed_memory]='cuMemAllocManaged needs the shared-memory channel'
     [shared_file_mapped]='reaches the app.s own memory only over the shared-memory channel'
     [mapped_malloc]='reaches the app.s own memory only over the shared-memory channel'
 )

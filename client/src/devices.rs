@@ -104,7 +104,9 @@ pub const NOT_THROUGH_FLYT: &[u32] = &[
 /// variables work over a socket too (through mirrors, `flyt_client::mirrors`), and NVIDIA's
 /// runtime from CUDA 13.5 on leaves their host pointers NULL on a device without managed memory
 /// (the program then crashes at its first use of one). `cuMemAllocManaged` over a socket alone
-/// answers an error with one line.
+/// gives mirrored memory (`flyt_client::managed`), coherent at launches, copies and
+/// synchronizations only: `CONCURRENT_MANAGED_ACCESS` reads 0 there, so programs synchronize
+/// before the host touches it.
 pub const WITH_SHARED_MEMORY: &[u32] = &[attr::CAN_MAP_HOST_MEMORY, attr::CONCURRENT_MANAGED_ACCESS];
 
 /// Capabilities that are sets of bits, of which Flyt serves some: the device's value masked.

@@ -1,13 +1,22 @@
-//! Managed memory (`cuMemAllocManaged`, `cudaMallocManaged`) when the app shares a host with its
-//! GPU server: a block of the shared-memory segment that the server mapped at the app's own
-//! address, so the CPU and the GPU use the same pages at the same address, concurrently, as
-//! managed memory allows. Kernels reach it over the bus rather than from device memory: correct,
-//! possibly slower than native, where pages migrate. Without the channel (the GPU on another
-//! host) allocation fails with `NOT_SUPPORTED`, and the front prints why.
+//! Managed memory (`cuMemAllocManaged`, `cudaMallocManaged`). Two backings:
+//!
+//! - With the shared-memory channel (the app shares a host with its GPU server): a block of the
+//!   segment that the server mapped at the app's own address, so the CPU and the GPU use the same
+//!   pages at the same address, concurrently, as managed memory allows. Kernels reach it over the
+//!   bus rather than from device memory: correct, possibly slower than native, where pages migrate.
+//! - Without it (a socket alone, TCP: the GPU possibly on another host), or where the server cannot
+//!   map the block at the app's address: a mirror (`mirrors.rs`), device memory on the server whose
+//!   address is the app's pointer on both sides, with private pages at that address here. Host
+//!   and device see each other's writes at the points where CUDA makes managed memory coherent
+//!   for a program without concurrent access (launches, synchronizations, copies, memsets,
+//!   prefetches), so `CONCURRENT_MANAGED_ACCESS` reads 0 for such sessions (`devices.rs`). Copies
+//!   take such memory as device memory (`transfer::classify`), after the host's changes are sent.
 //!
 //! Prefetches and advice change where native pages live, never what they hold; here the pages
-//! stay where they are. Both are checked as CUDA checks them and recorded per page, so the range
-//! queries (`cuMemRangeGetAttribute`) answer what the app asked for.
+//! stay where they are (a prefetch of mirrored memory to the device sends the host's changes; one
+//! to the CPU needs nothing more than the fetch every synchronization after device work does).
+//! Both are checked as CUDA checks them and recorded per page, so the range queries
+//! (`cuMemRangeGetAttribute`) answer what the app asked for.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -123,6 +132,8 @@ struct Allocation {
     buffer_id: u64,
     /// A `__managed__` variable's mirror (`mirrors.rs`): the module's, never freed by the app.
     mirrored: bool,
+    /// An allocation mirrored over device memory (`mirrors.rs`), not a segment block.
+    device_backed: bool,
     /// Per page, made at the first advice or prefetch.
     pages: Option<Vec<PageState>>,
 }
@@ -164,7 +175,10 @@ impl Managed {
 
     /// Records a `__managed__` variable's mirror, so hints and pointer queries take it as managed.
     pub fn add_mirror(&self, address: u64, len: u64) {
-        self.insert(address, Allocation { len: len.max(1), buffer_id: crate::ranges::new_buffer_id(), mirrored: true, pages: None });
+        self.insert(
+            address,
+            Allocation { len: len.max(1), buffer_id: crate::ranges::new_buffer_id(), mirrored: true, device_backed: false, pages: None },
+        );
     }
 
     pub fn forget_mirror(&self, address: u64) {
@@ -180,6 +194,19 @@ impl Managed {
         let (start, allocation) = allocations.range(..=ptr).next_back()?;
         let end = ptr.checked_add(len.max(1))?;
         (end <= start + allocation.len).then_some((*start, allocation.len, allocation.buffer_id))
+    }
+
+    /// Whether `[ptr, ptr + len)` lies in one managed allocation mirrored over device memory: a
+    /// copy takes it as device memory.
+    pub fn device_backed(&self, ptr: u64, len: u64) -> bool {
+        if !self.ever.load(Ordering::Relaxed) {
+            return false;
+        }
+        let allocations = self.lock();
+        let Some((start, allocation)) = allocations.range(..=ptr).next_back() else {
+            return false;
+        };
+        allocation.device_backed && ptr.checked_add(len.max(1)).is_some_and(|end| end <= start + allocation.len)
     }
 
     /// Applies `change` to every page of `[ptr, ptr + len)`, which must lie in one allocation.
@@ -271,24 +298,37 @@ impl Managed {
     }
 }
 
-/// Managed memory of `size` bytes: a segment block the server mapped at this address. `flags` is
-/// `CU_MEM_ATTACH_GLOBAL` or `CU_MEM_ATTACH_HOST`, as the front checked.
+/// Managed memory of `size` bytes: a segment block the server mapped at this address, or where
+/// there is none (no channel, or the address taken in the server), mirrored device memory.
+/// `flags` is `CU_MEM_ATTACH_GLOBAL` or `CU_MEM_ATTACH_HOST`, as the front checked.
 pub fn alloc(client: &Client, size: usize, flags: u32) -> CudaResult<u64> {
-    let ptr = crate::transfer::mapped_block(client, size, flags, true)?;
-    client
-        .managed
-        .insert(ptr as u64, Allocation { len: size as u64, buffer_id: crate::ranges::new_buffer_id(), mirrored: false, pages: None });
+    let (ptr, device_backed) = match crate::transfer::mapped_block(client, size, flags, true) {
+        Ok(ptr) => (ptr, false),
+        Err(CudaError::NOT_SUPPORTED) => (client.mirror_alloc(size, flags, true)?, true),
+        Err(error) => return Err(error),
+    };
+    let allocation =
+        Allocation { len: size as u64, buffer_id: crate::ranges::new_buffer_id(), mirrored: false, device_backed, pages: None };
+    client.managed.insert(ptr as u64, allocation);
     Ok(ptr as u64)
 }
 
 /// Frees managed memory [`alloc`] gave out, after the device's work is done (`cuMemFree`
-/// synchronizes, and a kernel may still be using the pages).
+/// synchronizes, and a kernel may still be using the pages). Anything else (a pointer inside an
+/// allocation, one freed already, a `__managed__` variable) is an invalid value.
 pub fn free(client: &Client, ptr: u64) -> CudaResult<()> {
-    if client.managed.lock().get(&ptr).is_none_or(|allocation| allocation.mirrored) {
+    let device_backed = match client.managed.lock().get(&ptr) {
+        Some(allocation) if !allocation.mirrored => allocation.device_backed,
+        _ => return Err(CudaError::INVALID_VALUE),
+    };
+    client.call(req::DeviceSynchronize {})?;
+    // Another thread may have freed it meanwhile: only the one that removes it frees it.
+    if client.managed.lock().remove(&ptr).is_none() {
         return Err(CudaError::INVALID_VALUE);
     }
-    client.call(req::DeviceSynchronize {})?;
-    client.managed.lock().remove(&ptr);
+    if device_backed {
+        return client.free_mirrored(ptr, true).unwrap_or(Err(CudaError::INVALID_VALUE));
+    }
     release(client, ptr)
 }
 
@@ -305,7 +345,12 @@ fn release(client: &Client, ptr: u64) -> CudaResult<()> {
 pub fn forget(client: &Client) {
     let starts: Vec<u64> = {
         let mut allocations = client.managed.lock();
-        let starts = allocations.iter().filter(|(_, allocation)| !allocation.mirrored).map(|(start, _)| *start).collect();
+        // Mirrored allocations go with the mirrors (`Mirrors::forget_all`).
+        let starts = allocations
+            .iter()
+            .filter(|(_, allocation)| !allocation.mirrored && !allocation.device_backed)
+            .map(|(start, _)| *start)
+            .collect();
         allocations.retain(|_, allocation| allocation.mirrored);
         starts
     };
@@ -328,7 +373,7 @@ mod tests {
     #[test]
     fn page_records_answer_only_what_the_whole_range_shares() {
         let managed = Managed::default();
-        managed.insert(0x10000, Allocation { len: 4 * PAGE, buffer_id: 1, mirrored: false, pages: None });
+        managed.insert(0x10000, Allocation { len: 4 * PAGE, buffer_id: 1, mirrored: false, device_backed: false, pages: None });
         let device = Location { kind: location_type::DEVICE, id: 0 };
         managed.update(0x10000, 2 * PAGE, |page| page.last_prefetch = device).unwrap();
         managed.update(0x10000 + PAGE, PAGE, |page| page.read_mostly = true).unwrap();

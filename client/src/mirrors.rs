@@ -13,17 +13,29 @@
 //!
 //! Copies to and from the variable's address reach the mirror, as host memory (the runtime's
 //! symbol copies included); a memset or a stream memory operation is done on the device and
-//! fetched at the next sync (host changes are sent before stream memory operations too). Managed
-//! allocations (`cuMemAllocManaged`) are not mirrored: they are shared pages (`managed.rs`).
+//! fetched at the next sync (host changes are sent before stream memory operations too).
 //!
 //! Mapped pinned memory (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_DEVICEMAP`, as cuDNN asks for it)
-//! is mirrored the same way when it cannot be a block of the shared-memory segment (the GPU on
-//! another host): device memory on the server, whose address is the pointer the app gets for
-//! both sides, with the mirror's pages at that address here ([`Client::mirror_host_alloc`]).
-//! Kernels and the host see each other's writes at launches and synchronizations, not while a
-//! kernel runs: a kernel that waits for the host to write the memory meanwhile waits forever.
+//! and managed allocations (`cuMemAllocManaged`, `managed.rs`) are mirrored the same way when
+//! they cannot be blocks of the shared-memory segment (the GPU on another host): device memory on
+//! the server, whose address is the pointer the app gets for both sides, with the mirror's pages
+//! at that address here ([`Client::mirror_alloc`]). Kernels and the host see each other's writes
+//! at launches and synchronizations, not while a kernel runs: a kernel that waits for the host to
+//! write the memory meanwhile waits forever. Copies take mirrored managed memory as device memory
+//! (the host's changes sent first, the device's fetched at the next sync point); memsets of any
+//! mirror send the host's changes first.
+//!
+//! Cost: an exchange compares page by page against the snapshot and sends only runs of changed
+//! pages, in pieces of the connection's copy chunk; a fetch reads the device's bytes piece by
+//! piece (nothing is fetched unless device work may have written since the last fetch) and writes
+//! only the bytes the device changed. The snapshot (as large as the mirror) goes when it is freed.
+//!
+//! A mirror with device memory of its own takes whole 2 MiB chunks; managed allocations up to
+//! 1 MiB share such blocks (whole pages each, first fit), so many small ones do not take 2 MiB of
+//! device memory each. A block goes with its last allocation; `cuMemFree` of any other address
+//! inside a block is refused in the front, so the server never frees a block under live memory.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -48,12 +60,33 @@ struct Mirror {
     allocation: Option<MirroredAllocation>,
 }
 
-/// The device memory behind mirrored mapped memory, and the mirror's pages.
+/// The device memory behind mirrored mapped or managed memory, and the mirror's pages.
 struct MirroredAllocation {
     /// What `Malloc` returned (the mirror starts at its first 2 MiB boundary).
     device_base: u64,
     /// Bytes of the mirror's mapping at the mirror's address.
     mapped_len: usize,
+    /// Managed memory (freed with `cuMemFree`), not mapped pinned memory (`cuMemFreeHost`).
+    managed: bool,
+    /// A block small managed allocations share: each one's offset and length (whole pages). The
+    /// block goes when its last allocation is freed. `None`: one allocation, at the start.
+    pieces: Option<BTreeMap<usize, usize>>,
+}
+
+/// Managed allocations up to this size share 2 MiB blocks (a block each would take 2 MiB of
+/// device memory per allocation).
+const SHARED_MAX: usize = (CHUNK / 2) as usize;
+
+/// A free place of `need` bytes among `pieces` of a block of `len` bytes: first fit.
+fn free_place(pieces: &BTreeMap<usize, usize>, len: usize, need: usize) -> Option<usize> {
+    let mut cursor = 0;
+    for (&offset, &piece) in pieces {
+        if offset - cursor >= need {
+            return Some(cursor);
+        }
+        cursor = offset + piece;
+    }
+    (len - cursor >= need).then_some(cursor)
 }
 
 /// Mirrored mapped memory takes whole 2 MiB chunks: no other device range shares them, so the
@@ -100,9 +133,8 @@ struct State {
     pages: BTreeSet<u64>,
     /// The stream exchanges run on, made at the first one.
     stream: Option<u64>,
-    /// Where the bytes of one mirror are read to be compared with its snapshot; swapped with
-    /// the snapshot when they differ. Reused: a mirror of mapped memory is 2 MiB, read at every
-    /// launch and sync point.
+    /// Where one piece of a mirror's device bytes is read to be compared with its snapshot.
+    /// Reused, at most one copy chunk long.
     scratch: Vec<u8>,
 }
 
@@ -120,9 +152,46 @@ fn device_changes<'a>(snapshot: &'a [u8], device: &'a [u8]) -> impl Iterator<Ite
     snapshot.iter().zip(device).enumerate().filter(|(_, (agreed, theirs))| agreed != theirs).map(|(offset, (_, theirs))| (offset, *theirs))
 }
 
+/// The runs of whole pages (the last one possibly short) at `current` that differ from
+/// `snapshot`, which takes their bytes.
+///
+/// # Safety
+/// `current` is readable for `snapshot.len()` bytes. It is read as raw memory, a page at a time,
+/// and what was read is what the snapshot keeps (the app's threads may be writing meanwhile).
+unsafe fn take_changed_pages(current: *const u8, snapshot: &mut [u8]) -> Vec<std::ops::Range<usize>> {
+    let len = snapshot.len();
+    let mut page = [0u8; PAGE as usize];
+    let mut runs = Vec::new();
+    let mut run_start = None;
+    for offset in (0..len).step_by(PAGE as usize) {
+        let end = (offset + PAGE as usize).min(len);
+        let read = &mut page[..end - offset];
+        // SAFETY: `offset..end` lies inside the `len` readable bytes (this function's contract).
+        unsafe { std::ptr::copy_nonoverlapping(current.add(offset), read.as_mut_ptr(), read.len()) };
+        if *read != snapshot[offset..end] {
+            snapshot[offset..end].copy_from_slice(read);
+            run_start.get_or_insert(offset);
+        } else if let Some(start) = run_start.take() {
+            runs.push(start..offset);
+        }
+    }
+    if let Some(start) = run_start {
+        runs.push(start..len);
+    }
+    runs
+}
+
 impl Mirrors {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a mirror with device memory of its own (mapped or managed) holds `ptr`.
+    pub fn holds_allocation(&self, ptr: u64) -> bool {
+        self.any.load(Ordering::Relaxed)
+            && self.lock().mirrors.iter().any(|mirror| {
+                mirror.allocation.as_ref().is_some_and(|allocation| ptr.wrapping_sub(mirror.address) < allocation.mapped_len as u64)
+            })
     }
 
     /// Whether a launch or memset may have changed a mirrored variable on the device.
@@ -222,11 +291,59 @@ impl Client {
         Ok(())
     }
 
-    /// Mapped pinned memory of `size` bytes without the shared-memory channel (see the module's
-    /// comment): device memory in whole 2 MiB chunks, zeroed, with the mirror's pages at its
-    /// address. A place where this process has memory already is kept aside while another is
-    /// tried, as for any device allocation (`client::place_off_host`).
-    pub fn mirror_host_alloc(&self, size: usize, flags: u32) -> CudaResult<*mut u8> {
+    /// Mapped pinned memory (or, `managed`, managed memory) of `size` bytes without the
+    /// shared-memory channel (see the module's comment): device memory in whole 2 MiB chunks,
+    /// zeroed, with the mirror's pages at its address. A place where this process has memory
+    /// already is kept aside while another is tried, as for any device allocation
+    /// (`client::place_off_host`).
+    /// Managed allocations of at most [`SHARED_MAX`] bytes take whole pages of shared blocks.
+    pub fn mirror_alloc(&self, size: usize, flags: u32, managed: bool) -> CudaResult<*mut u8> {
+        let shared = managed && size <= SHARED_MAX;
+        let address = match shared.then(|| self.place_in_shared_block(size)).flatten() {
+            Some(address) => address,
+            None => self.new_mirrored_block(size, managed, shared)?,
+        };
+        if managed {
+            crate::diagnostics::once(
+                "mirrored-managed-memory",
+                "flyt: managed memory without the shared-memory channel: kernels and the host see each other's writes at launches, copies and synchronizations only (concurrentManagedAccess reads 0)",
+            );
+        } else {
+            crate::diagnostics::once(
+                "mirrored-mapped-memory",
+                "flyt: mapped host memory without the shared-memory channel: kernels and the host see each other's writes at launches and synchronizations only",
+            );
+        }
+        self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(
+            address as usize,
+            HostAllocation { len: size.max(1), flags, segment_offset: None, registered: false, device_mapped: true, managed },
+        );
+        Ok(address as usize as *mut u8)
+    }
+
+    /// Whole pages for `size` bytes in a shared block with room, zeroed; `None` if none has room.
+    fn place_in_shared_block(&self, size: usize) -> Option<u64> {
+        let need = round_up(size.max(1) as u64, PAGE)? as usize;
+        let mut state = self.mirrors.lock();
+        for mirror in state.mirrors.iter_mut() {
+            let Some(allocation) = mirror.allocation.as_mut() else { continue };
+            let mapped_len = allocation.mapped_len;
+            let Some(pieces) = allocation.pieces.as_mut() else { continue };
+            let Some(offset) = free_place(pieces, mapped_len, need) else { continue };
+            pieces.insert(offset, need);
+            let address = mirror.address + offset as u64;
+            // A freed allocation's bytes may be there: zeroed as a host write (sent at the next
+            // exchange), as a new block is zero.
+            // SAFETY: inside the block's mapping, which lives while the block is listed.
+            unsafe { std::ptr::write_bytes(address as usize as *mut u8, 0, need) };
+            return Some(address);
+        }
+        None
+    }
+
+    /// A new mirrored block for `size` bytes (`shared`: a 2 MiB block small managed allocations
+    /// share, this one at its start): its address.
+    fn new_mirrored_block(&self, size: usize, managed: bool, shared: bool) -> CudaResult<u64> {
         let mapped = round_up(size.max(1) as u64, CHUNK).ok_or(CudaError::MEMORY_ALLOCATION)?;
         let mapped_len = usize::try_from(mapped).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         let (device_base, address) = crate::client::place_off_host(
@@ -237,7 +354,8 @@ impl Client {
                 let _ = self.call_plain(req::Free { ptr: device_base });
             },
         )?;
-        let allocation = MirroredAllocation { device_base, mapped_len };
+        let pieces = shared.then(|| BTreeMap::from([(0, round_up(size.max(1) as u64, PAGE).unwrap_or(PAGE) as usize)]));
+        let allocation = MirroredAllocation { device_base, mapped_len, managed, pieces };
         let mut state = self.mirrors.lock();
         // The mirror's pages are zero: so is the device's side, from the start.
         let zeroed = self.mirror_stream(&mut state).and_then(|stream| {
@@ -250,18 +368,11 @@ impl Client {
             let _ = self.call_plain(req::Free { ptr: device_base });
             return Err(error);
         }
-        state.mirrors.push(Mirror { module: 0, address, snapshot: vec![0; size], allocation: Some(allocation) });
+        // A shared block's snapshot covers all of it: later allocations use the rest.
+        let snapshot = vec![0; if shared { mapped_len } else { size }];
+        state.mirrors.push(Mirror { module: 0, address, snapshot, allocation: Some(allocation) });
         self.mirrors.any.store(true, Ordering::Relaxed);
-        drop(state);
-        crate::diagnostics::once(
-            "mirrored-mapped-memory",
-            "flyt: mapped host memory without the shared-memory channel: kernels and the host see each other's writes at launches and synchronizations only",
-        );
-        self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(
-            address as usize,
-            HostAllocation { len: size.max(1), flags, segment_offset: None, registered: false, device_mapped: true, managed: false },
-        );
-        Ok(address as usize as *mut u8)
+        Ok(address)
     }
 
     /// Device memory of `len` bytes (whole chunks) starting on a chunk boundary: the allocation's
@@ -276,29 +387,92 @@ impl Client {
         Ok((ptr, round_up(ptr, CHUNK).ok_or(CudaError::MEMORY_ALLOCATION)?))
     }
 
-    /// Frees mapped memory [`Client::mirror_host_alloc`] made at `address`; `None` if there is
-    /// none there.
-    pub fn free_mirrored_host(&self, address: u64) -> Option<CudaResult<()>> {
+    /// Frees mapped (or, `managed`, managed) memory [`Client::mirror_alloc`] made at `address`;
+    /// `None` if there is none there. Its snapshot goes with it.
+    pub fn free_mirrored(&self, address: u64, managed: bool) -> Option<CudaResult<()>> {
         let mut state = self.mirrors.lock();
-        let index = state.mirrors.iter().position(|mirror| mirror.address == address && mirror.allocation.is_some())?;
+        let index = state.mirrors.iter().position(|mirror| {
+            mirror.allocation.as_ref().is_some_and(|allocation| {
+                allocation.managed == managed
+                    && match &allocation.pieces {
+                        None => mirror.address == address,
+                        Some(pieces) => address
+                            .checked_sub(mirror.address)
+                            .is_some_and(|offset| pieces.contains_key(&usize::try_from(offset).unwrap_or(usize::MAX))),
+                    }
+            })
+        })?;
+        let mirror = &mut state.mirrors[index];
+        if let Some(pieces) = mirror.allocation.as_mut().and_then(|allocation| allocation.pieces.as_mut()) {
+            pieces.remove(&((address - mirror.address) as usize));
+            if !pieces.is_empty() {
+                // The block stays for its other allocations.
+                drop(state);
+                self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(address as usize));
+                return Some(Ok(()));
+            }
+        }
+        let block = mirror.address;
         let mirror = state.mirrors.swap_remove(index);
         self.mirrors.any.store(!state.mirrors.is_empty(), Ordering::Relaxed);
         drop(state);
         self.host_allocations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(address as usize));
         let allocation = mirror.allocation?;
-        unmap_pages(&allocation, address);
+        unmap_pages(&allocation, block);
         Some(self.call_plain(req::Free { ptr: allocation.device_base }).map(drop))
     }
 
-    /// Reads `bytes.len()` bytes of the device at `address` on the mirrors' stream.
+    /// The most bytes one exchange message carries.
+    fn mirror_chunk(&self) -> usize {
+        usize::try_from(self.info.copy_chunk.max(PAGE)).unwrap_or(PAGE as usize)
+    }
+
+    /// Reads `bytes.len()` bytes of the device at `address` on the mirrors' stream, a copy chunk
+    /// at a time.
     fn read_variable(&self, address: u64, bytes: &mut [u8], stream: u64) -> CudaResult<()> {
-        if bytes.is_empty() {
+        let chunk = self.mirror_chunk();
+        for (index, piece) in bytes.chunks_mut(chunk).enumerate() {
+            // SAFETY: `piece` is ours and outlives the call, which waits for the copy.
+            let destination = unsafe { HostDestination::new(piece.as_mut_ptr(), piece.len()) };
+            let request = req::MemcpyDtoH { src: address + (index * chunk) as u64, len: piece.len() as u64, stream, blocking: true };
+            self.call_into(request, destination)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the pages of every mirror the host changed since the last exchange (runs of changed
+    /// pages, a copy chunk at a time) and waits until the device has them. The snapshot takes the
+    /// bytes sent. True if anything was sent.
+    fn send_host_changes_locked(&self, state: &mut State) -> CudaResult<bool> {
+        let stream = self.mirror_stream(state)?;
+        let chunk = self.mirror_chunk();
+        let mut sent = false;
+        for mirror in state.mirrors.iter_mut() {
+            // SAFETY: the mirror's pages stay mapped while it is listed, `snapshot.len()` bytes
+            // from its address.
+            let runs = unsafe { take_changed_pages(mirror.address as usize as *const u8, &mut mirror.snapshot) };
+            for run in runs {
+                for (index, piece) in mirror.snapshot[run.clone()].chunks(chunk).enumerate() {
+                    let dst = mirror.address + (run.start + index * chunk) as u64;
+                    self.conn.send_async(&req::MemcpyHtoD { dst, stream }.into(), piece)?;
+                }
+                sent = true;
+            }
+        }
+        if sent {
+            self.call_plain(req::StreamSynchronize { stream })?;
+        }
+        Ok(sent)
+    }
+
+    /// Before device work that reads or writes mirrored memory other than a launch (a copy, a
+    /// memset, a prefetch to the device): sends the host's changes, so the device has them first
+    /// and a later exchange cannot overwrite what the work writes.
+    pub fn send_host_changes(&self) -> CudaResult<()> {
+        if !self.mirrors.any.load(Ordering::Relaxed) {
             return Ok(());
         }
-        // SAFETY: `bytes` is ours and outlives the call, which waits for the copy.
-        let destination = unsafe { HostDestination::new(bytes.as_mut_ptr(), bytes.len()) };
-        let request = req::MemcpyDtoH { src: address, len: bytes.len() as u64, stream, blocking: true };
-        self.call_into(request, destination).map(drop)
+        self.send_host_changes_locked(&mut self.mirrors.lock()).map(drop)
     }
 
     /// Before a launch: sends the bytes of each variable the host changed, and waits until the
@@ -307,24 +481,7 @@ impl Client {
         if !self.mirrors.any.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let mut state = self.mirrors.lock();
-        let stream = self.mirror_stream(&mut state)?;
-        let mut sent = false;
-        let State { mirrors, scratch, .. } = &mut *state;
-        for mirror in mirrors.iter_mut() {
-            scratch.resize(mirror.snapshot.len(), 0);
-            // SAFETY: the mirror's pages stay mapped for the life of the process.
-            unsafe { std::ptr::copy_nonoverlapping(mirror.address as usize as *const u8, scratch.as_mut_ptr(), scratch.len()) };
-            if *scratch != mirror.snapshot {
-                self.conn.send_async(&req::MemcpyHtoD { dst: mirror.address, stream }.into(), scratch)?;
-                std::mem::swap(scratch, &mut mirror.snapshot);
-                sent = true;
-            }
-        }
-        if sent {
-            self.call_plain(req::StreamSynchronize { stream })?;
-        }
-        drop(state);
+        self.send_host_changes_locked(&mut self.mirrors.lock())?;
         self.mirrors.device_dirty.store(true, Ordering::Release);
         Ok(())
     }
@@ -343,17 +500,24 @@ impl Client {
         }
         let mut state = self.mirrors.lock();
         let stream = self.mirror_stream(&mut state)?;
+        let chunk = self.mirror_chunk();
         let State { mirrors, scratch, .. } = &mut *state;
         for mirror in mirrors.iter_mut() {
-            scratch.resize(mirror.snapshot.len(), 0);
-            self.read_variable(mirror.address, scratch, stream)?;
-            // Only the device's changes are written: the app's threads may be writing other bytes
-            // of the mirror meanwhile, so it is written as raw memory, never borrowed.
-            for (offset, byte) in device_changes(&mirror.snapshot, scratch) {
-                // SAFETY: inside the mirror, whose pages stay mapped for the life of the process.
-                unsafe { (mirror.address as usize as *mut u8).add(offset).write(byte) };
+            for (index, agreed) in mirror.snapshot.chunks_mut(chunk).enumerate() {
+                let offset = index * chunk;
+                scratch.resize(agreed.len(), 0);
+                self.read_variable(mirror.address + offset as u64, scratch, stream)?;
+                if *scratch == *agreed {
+                    continue;
+                }
+                // Only the device's changes are written: the app's threads may be writing other
+                // bytes of the mirror meanwhile, so it is written as raw memory, never borrowed.
+                for (at, byte) in device_changes(agreed, scratch) {
+                    // SAFETY: inside the mirror, whose pages stay mapped while it is listed.
+                    unsafe { (mirror.address as usize as *mut u8).add(offset + at).write(byte) };
+                }
+                agreed.copy_from_slice(scratch);
             }
-            std::mem::swap(scratch, &mut mirror.snapshot);
         }
         Ok(())
     }
@@ -370,6 +534,46 @@ mod tests {
             mirror[offset] = byte;
         }
         *snapshot = device.to_vec();
+    }
+
+    #[test]
+    fn shared_blocks_place_first_fit_in_whole_pages() {
+        let page = PAGE as usize;
+        let mut pieces = BTreeMap::new();
+        assert_eq!(free_place(&pieces, 4 * page, 4 * page), Some(0));
+        assert_eq!(free_place(&pieces, 4 * page, 5 * page), None);
+        pieces.insert(0, page);
+        pieces.insert(2 * page, page);
+        // The hole between the two, then the end.
+        assert_eq!(free_place(&pieces, 4 * page, page), Some(page));
+        assert_eq!(free_place(&pieces, 4 * page, 2 * page), None);
+        pieces.insert(page, page);
+        assert_eq!(free_place(&pieces, 4 * page, page), Some(3 * page));
+        pieces.insert(3 * page, page);
+        assert_eq!(free_place(&pieces, 4 * page, page), None);
+    }
+
+    #[test]
+    fn only_runs_of_changed_pages_are_taken() {
+        let page = PAGE as usize;
+        // Five pages and a bit: the last page is short.
+        let len = 5 * page + 100;
+        let mut host = vec![0u8; len];
+        let mut snapshot = host.clone();
+        // SAFETY: `host` holds `len` bytes.
+        let take = |host: &[u8], snapshot: &mut Vec<u8>| unsafe { take_changed_pages(host.as_ptr(), snapshot) };
+        assert!(take(&host, &mut snapshot).is_empty());
+        // Pages 1 and 2 (one run), page 4, and the short last page (one run with page 4).
+        host[page + 5] = 1;
+        host[3 * page - 1] = 2;
+        host[4 * page] = 3;
+        host[len - 1] = 4;
+        assert_eq!(take(&host, &mut snapshot), [page..3 * page, 4 * page..len]);
+        assert_eq!(snapshot, host);
+        // Nothing changed since: nothing to send.
+        assert!(take(&host, &mut snapshot).is_empty());
+        host[0] = 9;
+        assert_eq!(take(&host, &mut snapshot), vec![std::ops::Range { start: 0, end: page }]);
     }
 
     #[test]

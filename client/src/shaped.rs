@@ -150,7 +150,12 @@ impl Client {
         match side {
             Side::Device { ptr, pitch, height } => {
                 let (start, len) = size.pitched_span(pos, pitch, height).ok_or(CudaError::INVALID_VALUE)?;
-                self.check_device_range(ptr.checked_add(start).ok_or(CudaError::INVALID_VALUE)?, len)
+                let first = ptr.checked_add(start).ok_or(CudaError::INVALID_VALUE)?;
+                // Mirrored managed memory is device memory to copies (`transfer::classify`).
+                if self.managed.device_backed(first, len) {
+                    return Ok(());
+                }
+                self.check_device_range(first, len)
             }
             Side::Array { array } => {
                 let desc = self.array_desc(array)?;
@@ -199,6 +204,16 @@ pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode, sync:
     {
         return Ok(());
     }
+    // Mirrored managed memory on a device side: the host's changes go first, and the device's
+    // bytes reach the mirror at the next sync point (`transfer::copy`).
+    let managed = |side: Side| matches!(side, Side::Device { ptr, .. } if client.managed.device_backed(ptr, 1));
+    let managed_dst = managed(shape.dst);
+    if managed(shape.src) || managed_dst {
+        client.send_host_changes()?;
+    }
+    if managed_dst {
+        client.mirrors.note_device_write();
+    }
     match (shape.src, shape.dst) {
         (Side::Host { ptr: src, pitch: src_pitch, height: src_height }, Side::Host { ptr: dst, pitch: dst_pitch, height: dst_height }) => {
             // After the stream's earlier work, on the CPU, row by row.
@@ -225,7 +240,12 @@ pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode, sync:
                 height: shape.height,
                 depth: shape.depth,
             };
-            client.post(req::MemcpyShaped { copy, stream })
+            client.post(req::MemcpyShaped { copy, stream })?;
+            if managed_dst && mode == Mode::Synchronous {
+                // The host reads managed memory once a synchronous copy returns.
+                sync(stream)?;
+            }
+            Ok(())
         }
         (Side::Host { ptr, pitch, height }, _) => {
             // SAFETY: forwarded contract.

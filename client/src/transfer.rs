@@ -60,9 +60,10 @@ pub fn host_alloc(client: &Client, size: usize, flags: u32) -> CudaResult<*mut u
 /// recorded as mapped pinned memory or as managed memory (`managed`, `flags` its attach flags).
 /// Where no such block can be had (no channel: the GPU is on another host, or the address is
 /// taken in the server), mapped pinned memory is mirrored device memory (`mirrors.rs`) and
-/// managed memory fails with `NOT_SUPPORTED`; `MEMORY_ALLOCATION` when the segment is full.
+/// managed memory fails with `NOT_SUPPORTED` (`managed::alloc` mirrors it then, recording it as
+/// managed); `MEMORY_ALLOCATION` when the segment is full.
 pub(crate) fn mapped_block(client: &Client, size: usize, flags: u32, managed: bool) -> CudaResult<*mut u8> {
-    let unmapped = |client: &Client| if managed { Err(CudaError::NOT_SUPPORTED) } else { client.mirror_host_alloc(size, flags) };
+    let unmapped = |client: &Client| if managed { Err(CudaError::NOT_SUPPORTED) } else { client.mirror_alloc(size, flags, false) };
     if client.shm.is_none() {
         return unmapped(client);
     }
@@ -117,9 +118,12 @@ fn release_block(client: &Client, offset: usize, len: usize) -> CudaResult<()> {
 }
 
 /// Where a copy goes by its pointers alone: memory the session knows as device memory is device
-/// memory, anything else host memory (unified addressing).
+/// memory, and so is managed memory mirrored over device memory (`mirrors.rs`: the device holds
+/// its latest bytes once the host's changes are sent); anything else host memory (unified
+/// addressing).
 pub fn classify(client: &Client, dst: u64, src: u64) -> Direction {
-    match (client.is_device_pointer(dst), client.is_device_pointer(src)) {
+    let device = |ptr: u64| client.is_device_pointer(ptr) || client.managed.device_backed(ptr, 1);
+    match (device(dst), device(src)) {
         (false, false) => Direction::HostToHost,
         (true, false) => Direction::HostToDevice,
         (false, true) => Direction::DeviceToHost,
@@ -133,8 +137,11 @@ pub fn classify(client: &Client, dst: u64, src: u64) -> Direction {
 pub fn declared_fits(client: &Client, declared: Direction, found: Direction, dst: u64, src: u64) -> bool {
     let (declared_dst, declared_src) = declared.device_sides();
     let (found_dst, found_src) = found.device_sides();
+    // Managed memory is both: mirrored, it is copied as the device memory it is (`classify`).
     let fits = |declared: bool, found: bool, ptr: u64| {
-        declared == found || (declared && !found && client.host_allocation(ptr as usize).is_some_and(|host| host.device_mapped))
+        declared == found
+            || (declared && !found && client.host_allocation(ptr as usize).is_some_and(|host| host.device_mapped))
+            || (!declared && found && client.managed.device_backed(ptr, 1))
     };
     fits(declared_dst, found_dst, dst) && fits(declared_src, found_src, src)
 }
@@ -147,6 +154,10 @@ pub fn memset(client: &Client, dst: u64, pattern: u32, width: u8, len: u64, stre
         return Ok(());
     }
     client.check_device_accessible(dst, len)?;
+    if client.mirrors.holds_allocation(dst) {
+        // Host changes to the mirror first, or a later exchange would overwrite what this writes.
+        client.send_host_changes()?;
+    }
     client.mirrors.note_device_write();
     client.post(req::Memset { dst, pattern, width, len, stream })
 }
@@ -154,7 +165,7 @@ pub fn memset(client: &Client, dst: u64, pattern: u32, width: u8, len: u64, stre
 /// Frees pinned host memory [`host_alloc`] gave out. Memory the app registered is the app's to
 /// free, not ours: invalid value, as is any other pointer.
 pub fn host_free(client: &Client, address: usize) -> CudaResult<()> {
-    if let Some(freed) = client.free_mirrored_host(address as u64) {
+    if let Some(freed) = client.free_mirrored(address as u64, false) {
         return freed;
     }
     let allocation = {
@@ -286,6 +297,16 @@ pub unsafe fn copy(
     let (dst_address, src_address, len) = (dst as u64, src as u64, count as u64);
     client.managed.check_copy_side(dst_address, len)?;
     client.managed.check_copy_side(src_address, len)?;
+    // Mirrored managed memory is copied on the device (`classify`): the host's changes go first,
+    // and the device's bytes reach the mirror at the next sync point.
+    let (managed_dst, managed_src) = (client.managed.device_backed(dst_address, len), client.managed.device_backed(src_address, len));
+    if managed_dst || managed_src {
+        client.send_host_changes()?;
+    }
+    if managed_dst {
+        client.mirrors.note_device_write();
+    }
+    let check_device_range = |ptr: u64, managed: bool| if managed { Ok(()) } else { client.check_device_range(ptr, len) };
     let chunk = client.info.copy_chunk.max(4096);
     match direction {
         Direction::HostToHost => {
@@ -299,13 +320,19 @@ pub unsafe fn copy(
             Ok(())
         }
         Direction::HostToDevice => {
-            client.check_device_range(dst_address, len)?;
+            check_device_range(dst_address, managed_dst)?;
             if captured_host_copy(client, Copy3d::flat(dst_address, src_address, len), false, stream)? {
                 return Ok(());
             }
             if let Some(channel) = &client.shm {
                 // SAFETY: forwarded contract.
-                return unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode, sync) };
+                unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode, sync) }?;
+                if managed_dst && mode == Mode::Synchronous {
+                    // Mirrored managed memory beside the channel (the server could not map a
+                    // block at its address): the host reads it once the copy returns.
+                    client.pull_mirrors(false)?;
+                }
+                return Ok(());
             }
             if mode == Mode::Asynchronous && client.graphs.host_functions_pending() && client.host_allocation(src as usize).is_some() {
                 client.graphs.wait_for_host_functions();
@@ -324,7 +351,7 @@ pub unsafe fn copy(
             Ok(())
         }
         Direction::DeviceToHost => {
-            client.check_device_range(src_address, len)?;
+            check_device_range(src_address, managed_src)?;
             if captured_host_copy(client, Copy3d::flat(dst_address, src_address, len), true, stream)? {
                 return Ok(());
             }
@@ -387,9 +414,14 @@ pub unsafe fn copy(
             }
         }
         Direction::DeviceToDevice => {
-            client.check_device_range(src_address, len)?;
-            client.check_device_range(dst_address, len)?;
-            client.post(req::MemcpyDtoD { dst: dst_address, src: src_address, len, stream })
+            check_device_range(src_address, managed_src)?;
+            check_device_range(dst_address, managed_dst)?;
+            client.post(req::MemcpyDtoD { dst: dst_address, src: src_address, len, stream })?;
+            if managed_dst && mode == Mode::Synchronous {
+                // The host reads managed memory once a synchronous copy returns.
+                sync(stream)?;
+            }
+            Ok(())
         }
     }
 }

@@ -44,9 +44,13 @@ fn a_static_cudart_program_runs_over_flyt() {
     let lib = driver_lib(&scratch);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--listen", &socket], &scratch);
+    // Over TCP without the channel (as from another host), over the Unix socket with it.
     for address in &server.addresses {
-        let (code, stdout, stderr) =
-            run_with_timeout(Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address), Duration::from_secs(120));
+        let shm = if address.starts_with("unix:") { "on" } else { "off" };
+        let (code, stdout, stderr) = run_with_timeout(
+            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address).env("FLYT_SHM", shm),
+            Duration::from_secs(120),
+        );
         assert_eq!(code, 0, "over {address}:\n{stdout}\n{stderr}");
         for line in [
             "devices: 1",
@@ -60,6 +64,7 @@ fn a_static_cudart_program_runs_over_flyt() {
             "host functions: ran 5 of 5 times, memset node ran",
             "CUDA call in a host function: cudaErrorNotPermitted",
             "stream-ordered allocation: ok",
+            "managed memory: ok",
             "kernel launch: refused",
             "PASSED: 0 failure(s)",
         ] {
@@ -103,8 +108,9 @@ fn a_cuda12_static_runtime_program_runs_over_flyt() {
     let lib = driver_lib(&scratch);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
+    // Without the channel: managed memory is mirrored device memory.
     let (code, stdout, stderr) = run_with_timeout(
-        Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]),
+        Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", "off"),
         Duration::from_secs(120),
     );
     assert_eq!(code, 0, "{stdout}\n{stderr}");
@@ -115,6 +121,7 @@ fn a_cuda12_static_runtime_program_runs_over_flyt() {
         "round trip: equal",
         "memset: ok",
         "async copies: ok, elapsed time measured",
+        "managed memory: ok",
         "PASSED: 0 failure(s)",
     ] {
         assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
@@ -456,7 +463,6 @@ fn planar_and_sparse_arrays_through_the_driver_api() {
     }
 }
 
-/// Managed memory through the driver API on the emulated device: shared pages with the channel,
 /// Graph memory nodes, conditional nodes, generic node parameters and graph queries, on every
 /// transport (the emulated device runs the memsets and copies).
 #[test]
@@ -493,25 +499,54 @@ fn graph_memory_and_conditional_nodes_through_the_driver_api() {
     }
 }
 
-/// a clear refusal without it.
+/// Managed memory through the driver API on the emulated device: shared pages with the channel,
+/// mirrored device memory over a socket alone and over TCP (without the channel, as from another
+/// host), coherent at synchronizations (the
+/// device reports no concurrent managed access there).
 #[test]
 fn managed_memory_through_the_driver_api() {
-    let Some(runs) = run_with_and_without_channel("driver_managed") else {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
         return;
     };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
-        if shm == "on" {
-            for line in
-                ["memset seen by the host: yes", "accessed by device 0 and the host: yes", "batch prefetch: second half to device 0: yes"]
-            {
-                assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
-            }
-        } else {
-            assert!(stdout.contains("managed memory refused without the channel: yes"), "{stdout}\n{stderr}");
-            assert!(stderr.contains("cuMemAllocManaged needs the shared-memory channel"), "{stderr}");
+    let scratch = scratch_dir("driver-managed");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_managed");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", &socket, "--listen", "127.0.0.1:0"], &scratch);
+    let tcp = server.addresses.iter().find(|address| !address.starts_with("unix:")).expect("a TCP address");
+    for (transport, address, shm) in [("channel", &socket, "on"), ("socket", &socket, "off"), ("tcp", tcp, "off")] {
+        let (code, stdout, stderr) = run_with_timeout(
+            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address).env("FLYT_SHM", shm),
+            Duration::from_secs(120),
+        );
+        assert_eq!(code, 0, "{transport}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("PASSED: 0 failure(s)"), "{transport}:\n{stdout}\n{stderr}");
+        for line in [
+            "memset seen by the host: yes",
+            "device-to-device copy into managed memory: yes",
+            "unified copy from managed memory: yes",
+            "pointer is managed, device memory type, same device pointer: yes",
+            "managed memory's device ordinal is 0: yes",
+            "pointer attributes in a batch: managed, device type: yes",
+            "prefetch to the CPU: device writes seen after the stream synchronized: yes",
+            "stream memory operation on managed memory seen by the host: yes",
+            "a copy out of managed memory reads the host's last write: yes",
+            "accessed by device 0 and the host: yes",
+            "batch prefetch: second half to device 0: yes",
+            "odd-sized allocation: host bytes kept, memset to its end seen: yes",
+            "copies into and out of an odd-sized allocation: yes",
+            "2D copies into and out of managed memory: yes",
+            "48 allocations filled, read through the device and freed: yes",
+            "bad frees refused, the memory beside them kept: yes",
+            "64 MiB allocation: host fill, memset and copy out agree: yes",
+        ] {
+            assert!(stdout.contains(line), "{transport}: missing '{line}':\n{stdout}\n{stderr}");
         }
+        let channel = transport == "channel";
+        let concurrent = if channel { "concurrent managed access: 1" } else { "concurrent managed access: 0" };
+        assert!(stdout.contains(concurrent), "{transport}: '{concurrent}':\n{stdout}\n{stderr}");
+        assert_eq!(stderr.contains("managed memory without the shared-memory channel"), !channel, "{transport}:\n{stderr}");
+        assert!(!stderr.contains("cuMemAllocManaged"), "{transport}: no refusal:\n{stderr}");
     }
 }
 

@@ -192,9 +192,10 @@ fn copy_side(
     pitch: u64,
     height: u64,
 ) -> DriverResult<(u64, CopyMemory)> {
+    // Mirrored managed memory is device memory to copies (its host changes go at the launch).
     let (base, memory) = match memory_type {
         MEMORY_DEVICE => (device, CopyMemory::Device),
-        MEMORY_UNIFIED if client.is_device_pointer(device) => (device, CopyMemory::Device),
+        MEMORY_UNIFIED if client.is_device_pointer(device) || client.managed.device_backed(device, 1) => (device, CopyMemory::Device),
         MEMORY_UNIFIED => (device, CopyMemory::Host),
         MEMORY_HOST => (host, CopyMemory::Host),
         _ => {

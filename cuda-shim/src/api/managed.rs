@@ -1,7 +1,7 @@
 //! Managed memory (`cuMemAllocManaged`) and its hints: prefetches, advice, stream attachment and
 //! the range queries. The memory is a block of the shared-memory segment mapped at the same
-//! address in the app and the server (`flyt_client::managed`), so it needs the GPU's server on
-//! this host; the hints are checked and recorded, and move nothing.
+//! address in the app and the server, or without the channel mirrored device memory
+//! (`flyt_client::managed`); the hints are checked and recorded, and move nothing.
 #![allow(clippy::too_many_arguments, reason = "the driver API's batch signatures")]
 
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
@@ -21,11 +21,12 @@ pub unsafe fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: 
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let ptr = managed::alloc(client()?, bytesize, flags).map_err(|error| {
-            let (key, line) = match error {
-                CudaError::NOT_SUPPORTED => ("cuMemAllocManaged channel", "flyt: cuMemAllocManaged needs the shared-memory channel (the GPU server on this host, the block's address free in the server): managed memory is not served over a socket alone (returning CUDA_ERROR_NOT_SUPPORTED)"),
-                _ => ("cuMemAllocManaged full", "flyt: cuMemAllocManaged: the shared-memory segment is full (FLYT_SHM_SIZE sets its size; returning CUDA_ERROR_OUT_OF_MEMORY)"),
-            };
-            crate::diagnostics::once(key, line);
+            if error == CudaError::MEMORY_ALLOCATION {
+                crate::diagnostics::once(
+                    "cuMemAllocManaged full",
+                    "flyt: cuMemAllocManaged: no room for managed memory (the shared-memory segment, FLYT_SHM_SIZE sets its size, or the device; returning CUDA_ERROR_OUT_OF_MEMORY)",
+                );
+            }
             driver_error(error)
         })?;
         // SAFETY: checked non-NULL; the caller's out-pointer.
@@ -43,7 +44,13 @@ fn prefetch(ptr: CUdeviceptr, count: usize, to: Location, flags: c_ulonglong, st
     if flags != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    client.managed.prefetch(client, ptr, count as u64, to).map_err(driver_error)
+    client.managed.prefetch(client, ptr, count as u64, to).map_err(driver_error)?;
+    // Mirrored managed memory (no channel): to the device, the host's changes go now; to the CPU,
+    // the next synchronization after device work fetches the device's bytes anyway.
+    if to.kind == managed::location_type::DEVICE && client.managed.device_backed(ptr, count as u64) {
+        client.send_host_changes().map_err(driver_error)?;
+    }
+    Ok(())
 }
 
 pub unsafe fn cuMemPrefetchAsync(dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, h_stream: CUstream) -> CUresult {

@@ -44,6 +44,12 @@ pub unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         if client.host_allocation(dptr as usize).is_some_and(|host| host.managed) {
             return flyt_client::managed::free(client, dptr).map_err(super::session::driver_error);
         }
+        if client.mirrors.holds_allocation(dptr) {
+            // Inside a mirror's device memory (mapped memory, or managed memory freed already, in
+            // a block others still use): no allocation of the app's, and the server must not free
+            // the block.
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
         if client.forget_allocation(dptr).is_err() {
             // Not an allocation of this process's: graph memory is freed outside its graph too
             // (after a launch), which the server knows; anything else it refuses.

@@ -33,8 +33,20 @@ fn side(kind: u32, host: *const c_void, device: CUdeviceptr, array: CUarray, pit
         memory_type::HOST if client.is_device_pointer(host as u64) => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
         memory_type::HOST => host_side(host),
         memory_type::DEVICE if device == 0 => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        // Host memory kernels use at its address (mapped or managed, as in one-dimensional
+        // copies: `transfer::declared_fits`) is copied as the host memory it is here.
+        memory_type::DEVICE
+            if !client.is_device_pointer(device)
+                && !client.managed.device_backed(device, 1)
+                && client.host_allocation(device as usize).is_some_and(|host| host.device_mapped) =>
+        {
+            host_side(device as usize as *const c_void)
+        }
         memory_type::DEVICE => Ok(Side::Device { ptr: device, pitch, height }),
-        memory_type::UNIFIED if client.is_device_pointer(device) => Ok(Side::Device { ptr: device, pitch, height }),
+        // Mirrored managed memory is device memory to copies (`transfer::classify`).
+        memory_type::UNIFIED if client.is_device_pointer(device) || client.managed.device_backed(device, 1) => {
+            Ok(Side::Device { ptr: device, pitch, height })
+        }
         memory_type::UNIFIED => host_side(device as usize as *const c_void),
         memory_type::ARRAY if array.is_null() => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
         memory_type::ARRAY => Ok(Side::Array { array: array as u64 }),

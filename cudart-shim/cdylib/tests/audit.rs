@@ -87,8 +87,8 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
             "implemented exports without an audit entry in tests/c/audit_implemented.c: {missing:?}\n\
              audited names that are no implemented export: {unknown:?}"
         );
-        // Each refusal said so, once, and nothing else was printed. Managed memory is refused
-        // only without the channel, where mapped memory is mirrored (and says so).
+        // Each refusal said so, once, and nothing else was printed. Without the channel mapped
+        // and managed memory are mirrored (and say so).
         // Memory the app allocated itself, registered mapped: served with the channel, refused
         // with the reason without it.
         let mapped_refusal = (shm == "off").then(|| {
@@ -97,7 +97,7 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
         let channel_refusals = (shm == "off").then(|| {
             [
                 "flyt: mapped host memory without the shared-memory channel: kernels and the host see each other's writes at launches and synchronizations only".to_string(),
-                "flyt: cuMemAllocManaged needs the shared-memory channel (the GPU server on this host, the block's address free in the server): managed memory is not served over a socket alone (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
+                "flyt: managed memory without the shared-memory channel: kernels and the host see each other's writes at launches, copies and synchronizations only (concurrentManagedAccess reads 0)".to_string(),
             ]
         });
         assert_stderr_lines(

@@ -216,6 +216,38 @@ int main(void) {
         if (!ok) failures++;
     }
 
+    // Managed memory through NVIDIA's runtime (cuMemAllocManaged underneath): shared pages with
+    // the channel, mirrored device memory without it; the same answers either way.
+    {
+        const size_t m_len = 10000;  // no page multiple
+        unsigned char *m = NULL, *d = NULL, *out = (unsigned char *)malloc(m_len);
+        CHECK(cudaMallocManaged((void **)&m, m_len, cudaMemAttachGlobal), cudaSuccess);
+        CHECK(cudaMalloc((void **)&d, m_len), cudaSuccess);
+        for (size_t i = 0; i < m_len; i++) m[i] = (unsigned char)(i * 3);
+        CHECK(cudaMemsetAsync(m + 5000, 0x7e, 100, stream), cudaSuccess);
+        struct cudaMemLocation cpu;
+        memset(&cpu, 0, sizeof cpu);
+        cpu.type = cudaMemLocationTypeHost;
+        CHECK(cudaMemPrefetchAsync(m, m_len, cpu, 0, stream), cudaSuccess);
+        CHECK(cudaStreamSynchronize(stream), cudaSuccess);
+        int ok = m[4999] == (unsigned char)(4999 * 3) && m[5000] == 0x7e && m[5099] == 0x7e && m[5100] == (unsigned char)(5100 * 3);
+        m[9999] = 0x55;
+        CHECK(cudaMemcpy(d, m, m_len, cudaMemcpyDefault), cudaSuccess);
+        CHECK(cudaMemcpy(out, d, m_len, cudaMemcpyDeviceToHost), cudaSuccess);
+        ok &= memcmp(out, m, m_len) == 0 && out[9999] == 0x55;
+        CHECK(cudaMemset(d, 0x11, m_len), cudaSuccess);
+        CHECK(cudaMemcpy(m, d, 64, cudaMemcpyDeviceToDevice), cudaSuccess);
+        ok &= m[0] == 0x11 && m[63] == 0x11 && m[64] == (unsigned char)(64 * 3);
+        struct cudaPointerAttributes managed_attributes;
+        CHECK(cudaPointerGetAttributes(&managed_attributes, m + 7), cudaSuccess);
+        ok &= managed_attributes.type == cudaMemoryTypeManaged && managed_attributes.devicePointer == m + 7;
+        CHECK(cudaFree(m), cudaSuccess);
+        CHECK(cudaFree(d), cudaSuccess);
+        free(out);
+        printf("managed memory: %s\n", ok ? "ok" : "WRONG");
+        if (!ok) failures++;
+    }
+
     // NVIDIA's runtime loaded this program's fat binary through cuLibraryLoadData; the kernel is
     // looked up at its first launch, where the emulated device's refusal must surface.
 #ifdef __CUDACC__

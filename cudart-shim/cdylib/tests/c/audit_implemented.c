@@ -731,9 +731,9 @@ static struct cudaMemLocation location(enum cudaMemLocationType type, int id) {
 }
 
 /* Managed memory: over the shared-memory channel a block the server maps at the app's address, so
-   the host and the device use the same bytes; over a socket alone the call says it is not
-   served. Prefetches and advice move nothing here, but are checked as CUDA checks them and read
-   back through the range queries. */
+   the host and the device use the same bytes; over a socket alone device memory mirrored at the
+   same address, coherent at copies and synchronizations. Prefetches and advice move nothing
+   here, but are checked as CUDA checks them and read back through the range queries. */
 static void managed_memory(void) {
     const char *shm = getenv("FLYT_SHM");
     int channel = shm && strcmp(shm, "on") == 0;
@@ -749,8 +749,8 @@ static void managed_memory(void) {
     int can_manage = -1, concurrent = -1;
     OK("cudaDeviceGetAttribute(managed memory)", cudaDeviceGetAttribute(&can_manage, cudaDevAttrManagedMemory, 0));
     OK("cudaDeviceGetAttribute(concurrent managed access)", cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, 0));
-    // Managed memory is claimed on every transport (`__managed__` variables work through
-    // mirrors); concurrent access, which managed allocations need, only with the channel.
+    // Managed memory is claimed on every transport (mirrors without the channel); concurrent
+    // access only with the channel, where host and device share the pages.
     EXPECT("the device claims managed memory, concurrent access only with the channel", can_manage == 1 && concurrent == channel);
     EXPECT_CODE("into NULL", cudaMallocManaged(NULL, N, cudaMemAttachGlobal), cudaErrorInvalidValue);
     EXPECT_CODE("0 bytes", cudaMallocManaged((void **)&managed, 0, cudaMemAttachGlobal), cudaErrorInvalidValue);
@@ -785,15 +785,6 @@ static void managed_memory(void) {
                 cudaMemPrefetchBatchAsync(not_managed, one_size, 1, (struct cudaMemLocation *)&device0, first, 1, 0, stream),
                 cudaErrorInvalidValue);
     EXPECT_CODE("a batch discard of device memory", cudaMemDiscardBatchAsync(not_managed, one_size, 1, 0, stream), cudaErrorInvalidValue);
-
-    if (!channel) {
-        EXPECT_CODE("managed memory over a socket alone", cudaMallocManaged((void **)&managed, N, cudaMemAttachGlobal),
-                    cudaErrorNotSupported);
-        EXPECT("nothing handed out", managed == NULL);
-        OK("cudaFree", cudaFree(dev));
-        OK("cudaStreamDestroy", cudaStreamDestroy(stream));
-        return;
-    }
 
     OK("cudaMallocManaged", cudaMallocManaged((void **)&managed, M, cudaMemAttachGlobal));
     OK("cudaMallocManaged attached to the host", cudaMallocManaged((void **)&other, N, cudaMemAttachHost));
