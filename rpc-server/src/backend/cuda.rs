@@ -22,6 +22,9 @@ use super::{
 };
 use crate::host_calls::HostCallSite;
 
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`: the server's own allocations while the app captures.
+const CAPTURE_MODE_RELAXED: u32 = 2;
+
 /// Physical memory mapped for a while (`CudaDevice::map_anywhere`): unmapped, its addresses
 /// freed and its handle released when dropped.
 struct TemporaryMapping {
@@ -1001,8 +1004,13 @@ impl Device for CudaDevice {
     fn graph_staging_alloc(&self, len: u64) -> CudaResult<(u64, *mut u8)> {
         let len = usize::try_from(len).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         let mut host: *mut c_void = std::ptr::null_mut();
+        // Made while the app captures (a captured host copy), whose global mode forbids pinned
+        // allocations on this thread: the allocation is the server's, outside the app's graph.
+        let app_mode = self.exchange_capture_mode(CAPTURE_MODE_RELAXED)?;
         // SAFETY: an allocation into a local out-variable.
-        check(unsafe { sys::cuMemHostAlloc(&mut host, len, 0x01 | 0x02).result() })?;
+        let allocated = check(unsafe { sys::cuMemHostAlloc(&mut host, len, 0x01 | 0x02).result() });
+        self.exchange_capture_mode(app_mode)?;
+        allocated?;
         let mut device_pointer: sys::CUdeviceptr = 0;
         // SAFETY: `host` was just allocated mapped; a query into a local out-variable.
         let mapped = check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_pointer, host, 0).result() });
@@ -1040,9 +1048,12 @@ impl Device for CudaDevice {
                 tracing::warn!(%error, "synchronizing before freeing a graph copy's staging");
             }
         }
+        let app_mode = self.exchange_capture_mode(CAPTURE_MODE_RELAXED)?;
         // SAFETY: no graph or executable graph that names it is left, and the device's work is
         // done (or failed, and runs no more).
-        check(unsafe { sys::cuMemFreeHost(host).result() })
+        let freed = check(unsafe { sys::cuMemFreeHost(host).result() });
+        self.exchange_capture_mode(app_mode)?;
+        freed
     }
 
     unsafe fn host_register(&self, ptr: *mut u8, len: usize, mapped: bool) -> CudaResult<()> {
