@@ -333,6 +333,7 @@ macro_rules! probes {
             refused(req::MemAllocAsync { size: u64::MAX, stream: 0, pool: 0 }, CudaError::MEMORY_ALLOCATION),
             Probe::Effect(stream_ordered_allocations_count_in_the_quota),
             Probe::Effect(captured_allocations_are_graph_memory),
+            Probe::Effect(graph_memory_lives_with_the_executable_graph),
         ]
     };
     // --- several devices: this server has one ---
@@ -1782,6 +1783,27 @@ fn captured_allocations_are_graph_memory(socket: &str) {
     session.send(&req::GraphDestroy { graph: 21 }.into(), &[]);
     assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "its graph gone, the quota is back");
     assert_eq!(session.call(req::Free { ptr }).0.err(), Some(INVALID_VALUE), "no longer the session's memory");
+}
+
+/// An executable graph keeps allocating its graph's memory after the graph is destroyed (NVIDIA's
+/// graphMemoryNodes destroys the graph right after instantiating it, then frees the memory with
+/// cudaFree after launches): the memory stays the session's, and counted, until the executable
+/// graph goes.
+fn graph_memory_lives_with_the_executable_graph(socket: &str) {
+    let mut session = RawSession::open(socket, None).unwrap();
+    let before = session.call(req::MemGetInfo {}).0.unwrap().free;
+    session.call(req::GraphCreate { graph: 31 }).0.unwrap();
+    let alloc = NodeParams::MemAlloc { size: 1 << 20, access: None };
+    let ptr = session.call(req::GraphAddNode { graph: 31, node: 310, dependencies: vec![], params: alloc }).0.unwrap().ptr;
+    session.call(req::GraphInstantiate { graph: 31, exec: 311, flags: 0 }).0.unwrap();
+    session.send(&req::GraphDestroy { graph: 31 }.into(), &[]);
+    for round in 0..2 {
+        assert!(session.call(req::Free { ptr }).0.is_ok(), "cudaFree of the executable graph's memory, round {round}");
+    }
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before - (1 << 20), "still counted");
+    session.send(&req::GraphExecDestroy { exec: 311 }.into(), &[]);
+    assert_eq!(session.call(req::Free { ptr }).0.err(), Some(INVALID_VALUE), "gone with the executable graph");
+    assert_eq!(session.call(req::MemGetInfo {}).0.unwrap().free, before, "and no longer counted");
 }
 
 /// A box of `width` bytes x `height` rows x `depth` slices from pitched device memory at `ptr` to

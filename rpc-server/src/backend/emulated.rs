@@ -308,6 +308,20 @@ fn memory_file(name: &str, len: u64) -> CudaResult<std::fs::File> {
 }
 
 /// Places `block` (`size` bytes) at the device's next address: its address.
+/// Frees the graph memory no node holds any more (clones and executable graphs' private copies
+/// share their original's).
+fn free_unheld_graph_memory(state: &mut State) {
+    let held: HashSet<u64> =
+        state.graphs.nodes.values().filter_map(|n| if let Work::MemAlloc { ptr, .. } = n.work { Some(ptr) } else { None }).collect();
+    let unheld: Vec<u64> = state.graph_memory.iter().copied().filter(|ptr| !held.contains(ptr)).collect();
+    for ptr in unheld {
+        state.graph_memory.remove(&ptr);
+        if let Some(block) = state.blocks.remove(&ptr) {
+            state.used -= block.len() as u64;
+        }
+    }
+}
+
 fn place(state: &mut State, size: u64, block: Block) -> u64 {
     let address = state.next_address;
     state.next_address += size.max(1).div_ceil(ALIGNMENT) * ALIGNMENT;
@@ -978,16 +992,7 @@ impl Device for EmulatedDevice {
     fn graph_destroy(&self, graph: u64) -> CudaResult<()> {
         let mut state = self.state();
         state.graphs.destroy(graph);
-        // Graph memory no node holds any more (clones share their original's) is freed.
-        let held: HashSet<u64> =
-            state.graphs.nodes.values().filter_map(|n| if let Work::MemAlloc { ptr, .. } = n.work { Some(ptr) } else { None }).collect();
-        let unheld: Vec<u64> = state.graph_memory.iter().copied().filter(|ptr| !held.contains(ptr)).collect();
-        for ptr in unheld {
-            state.graph_memory.remove(&ptr);
-            if let Some(block) = state.blocks.remove(&ptr) {
-                state.used -= block.len() as u64;
-            }
-        }
+        free_unheld_graph_memory(&mut state);
         Ok(())
     }
 
@@ -1324,6 +1329,7 @@ impl Device for EmulatedDevice {
         if let Some(private) = state.graphs.execs.remove(&exec) {
             state.graphs.destroy(private);
         }
+        free_unheld_graph_memory(&mut state);
         Ok(())
     }
 

@@ -79,8 +79,12 @@ pub struct GraphTable<D: Device> {
     owned: HashMap<u64, Vec<u64>>,
     /// Conditional handles the driver made for this session.
     conditionals: HashSet<u64>,
-    /// Memory allocation nodes' memory: its size and the graph whose node made it.
+    /// Memory allocation nodes' memory: its size and the graph whose node made it (0 once that
+    /// graph is gone while executable graphs made from it still allocate it at launch).
     memory: HashMap<u64, (u64, u64)>,
+    /// The graph memory each executable graph allocates when it runs (made from a graph that
+    /// had it): it stays the session's while the executable graph lives, graph or no graph.
+    exec_memory: HashMap<u64, Vec<u64>>,
     /// Copy nodes with the app's host memory, as the app gave them (each is a child graph node
     /// to the driver: the copy through staging and its host half; see `host_copy_graph`).
     host_copies: HashMap<u64, HostCopy>,
@@ -135,6 +139,7 @@ impl<D: Device> GraphTable<D> {
             owned: HashMap::new(),
             conditionals: HashSet::new(),
             memory: HashMap::new(),
+            exec_memory: HashMap::new(),
             host_copies: HashMap::new(),
             staging: HashMap::new(),
             staging_holders: HashMap::new(),
@@ -235,14 +240,46 @@ impl<D: Device> GraphTable<D> {
                 }
             }
         }
+        let exec_memory = &self.exec_memory;
         self.memory.retain(|ptr, (size, of)| {
-            let keep = *of != id;
-            if !keep {
-                memory.push((*ptr, *size));
+            if *of != id {
+                return true;
             }
-            keep
+            // An executable graph made from it still allocates it: kept, without its graph.
+            if exec_memory.values().any(|held| held.contains(ptr)) {
+                *of = 0;
+                return true;
+            }
+            memory.push((*ptr, *size));
+            false
         });
         Some((graph, memory))
+    }
+
+    /// Records the graph memory `exec` allocates when it runs: `graph`'s.
+    fn hold_memory(&mut self, exec: u64, graph: u64) {
+        let held: Vec<u64> = self.memory.iter().filter(|(_, (_, of))| *of == graph).map(|(ptr, _)| *ptr).collect();
+        if !held.is_empty() {
+            self.exec_memory.insert(exec, held);
+        }
+    }
+
+    /// Forgets what `exec` held; the graph memory no graph or other executable graph holds any
+    /// more is returned (start, size) for release.
+    fn release_exec_memory(&mut self, exec: u64) -> Vec<(u64, u64)> {
+        let Some(held) = self.exec_memory.remove(&exec) else {
+            return Vec::new();
+        };
+        let mut freed = Vec::new();
+        for ptr in held {
+            let orphan = self.memory.get(&ptr).is_some_and(|(_, of)| *of == 0);
+            if orphan && !self.exec_memory.values().any(|others| others.contains(&ptr)) {
+                if let Some((size, _)) = self.memory.remove(&ptr) {
+                    freed.push((ptr, size));
+                }
+            }
+        }
+        freed
     }
 
     /// Everything, destroyed (the session ends or its device is reset).
@@ -260,6 +297,7 @@ impl<D: Device> GraphTable<D> {
             }
         }
         self.memory.clear();
+        self.exec_memory.clear();
         self.conditionals.clear();
         self.captures.clear();
         self.spoiled.clear();
@@ -674,8 +712,15 @@ impl<D: Device> Session<D> {
                 self.graphs.hold_as(request.graph, child);
             }
             if memory > 0 {
-                self.ranges.insert(added.ptr, memory, RangeKind::GraphMemory);
-                self.graphs.memory.insert(added.ptr, (memory, request.graph));
+                match self.graphs.memory.get(&added.ptr).copied() {
+                    // The driver gave this graph's node an address one of its freed allocations
+                    // had (as NVIDIA's graphMemoryNodes checks): one range, counted once.
+                    Some((known, of)) if of == request.graph && known >= memory => self.budget.release(memory),
+                    _ => {
+                        self.ranges.insert(added.ptr, memory, RangeKind::GraphMemory);
+                        self.graphs.memory.insert(added.ptr, (memory, request.graph));
+                    }
+                }
             }
             if !bodies.is_empty() {
                 for (id, body) in bodies.iter().zip(added.bodies) {
@@ -927,6 +972,7 @@ impl<D: Device> Session<D> {
             let shadow = self.shadow_of(graph, request.flags, plain);
             let cloned_from = Some(request.graph);
             self.graphs.execs.insert(request.exec, Exec { exec, flags: request.flags, shadow, cloned_from, translate: HashMap::new() });
+            self.graphs.hold_memory(request.exec, request.graph);
             self.graphs.hold_as(request.exec, request.graph);
             Ok(rep::GraphInstantiate { host_nodes })
         })();
@@ -953,6 +999,10 @@ impl<D: Device> Session<D> {
             self.graphs.execs.remove(&request.exec).ok_or(CudaError::INVALID_VALUE).and_then(|exec| destroy_exec(&*self.device, exec));
         if self.graphs.staging_holders.remove(&request.exec).is_some() {
             self.free_unheld_staging();
+        }
+        for (ptr, size) in self.graphs.release_exec_memory(request.exec) {
+            self.ranges.remove_within(ptr, 1, RangeKind::GraphMemory);
+            self.budget.release(size);
         }
         reply.send(result.map(|()| rep::GraphExecDestroy {}));
     }
@@ -997,7 +1047,12 @@ impl<D: Device> Session<D> {
             let current = self.graphs.host_copies.get(&request.node).copied();
             match (&request.params, current) {
                 (NodeParams::HostMemcpy(host), Some(current)) if host.to_host == current.to_host => {
-                    self.set_host_copy(exec, holder, node, host)?;
+                    // The driver updates only 1D copies in an executable graph; what it refuses
+                    // of the copy inside is refused as it refuses the app's own copy node.
+                    self.set_host_copy(exec, holder, node, host).map_err(|error| match (exec, error) {
+                        (Some(_), CudaError::GRAPH_EXEC_UPDATE_FAILURE) => CudaError::INVALID_VALUE,
+                        (_, error) => error,
+                    })?;
                     if exec.is_none() {
                         self.graphs.host_copies.insert(request.node, *host);
                     }
