@@ -60,6 +60,7 @@ pub fn sm_percentage(compute_units: u32, sm_count: u32) -> u32 {
 fn holds_gpu(allocation: &AllocationRecord, node_id: &str, gpu: u32) -> bool {
     let on = |node: &str, index: u32| node == node_id && index == gpu;
     on(&allocation.node_id, allocation.gpu)
+        || (allocation.node_id == node_id && allocation.extra_gpus.contains(&gpu))
         || allocation
             .pending_move
             .as_ref()
@@ -185,6 +186,18 @@ impl Model {
                 continue;
             }
             let other_host = node.record.host_ip != vm.host_ip;
+            let fitting = self.fitting_gpus(vm, node_id);
+            if vm.gpus > 1 && (fitting.len() as u32) < vm.gpus {
+                gpus += node.gpus.len();
+                if !fitting.is_empty() || node.gpus.len() as u32 >= vm.gpus {
+                    let hint = format!("{node_id} has {} of the {} GPUs with room for the slice", fitting.len(), vm.gpus);
+                    let shortfall = u64::from(vm.gpus - fitting.len() as u32) * 1000;
+                    if closest.as_ref().is_none_or(|(best_shortfall, _)| shortfall < *best_shortfall) {
+                        closest = Some((shortfall, hint));
+                    }
+                }
+                continue;
+            }
             for gpu in &node.gpus {
                 gpus += 1;
                 let (used_units, used_memory, _) = self.gpu_used(node_id, gpu.index, None);
@@ -195,7 +208,7 @@ impl Model {
                     if best.is_none_or(|current| candidate < current) {
                         best = Some(candidate);
                     }
-                } else {
+                } else if vm.gpus <= 1 {
                     let units_short = vm.compute_units.saturating_sub(free_units);
                     let bytes_short = wanted_bytes.saturating_sub(free_bytes);
                     // Permille of the request missing: the closest miss is the most useful hint.
@@ -223,7 +236,10 @@ impl Model {
         if let Some((_, _, node_id, gpu)) = best {
             return Ok((node_id.to_string(), gpu));
         }
-        let need = format!("VM {} needs {} SMs and {} MiB on one GPU", vm.vm_ip, vm.compute_units, vm.memory);
+        let need = match vm.gpus {
+            0 | 1 => format!("VM {} needs {} SMs and {} MiB on one GPU", vm.vm_ip, vm.compute_units, vm.memory),
+            n => format!("VM {} needs {n} GPUs of one node with {} SMs and {} MiB each", vm.vm_ip, vm.compute_units, vm.memory),
+        };
         let why = if up == 0 {
             "no node manager is up: start flyt-node-manager on a GPU host".to_string()
         } else if up == drained {
@@ -236,25 +252,60 @@ impl Model {
         Err(ControlError::NoCapacity(format!("{need}; {why}")))
     }
 
+    /// The GPUs of `node_id` with room for one of `vm`'s slices, the fullest first (so whole GPUs
+    /// stay free for larger slices).
+    fn fitting_gpus(&self, vm: &VmRequirement, node_id: &str) -> Vec<u32> {
+        let Some(node) = self.nodes.get(node_id) else {
+            return Vec::new();
+        };
+        let wanted_bytes = vm.memory.saturating_mul(MIB);
+        let mut fitting: Vec<(u32, u32)> = node
+            .gpus
+            .iter()
+            .filter_map(|gpu| {
+                let (used_units, used_memory, _) = self.gpu_used(node_id, gpu.index, None);
+                let free_units = gpu.sm_count.saturating_sub(used_units);
+                let free_bytes = gpu.memory_bytes.saturating_sub(used_memory.saturating_mul(MIB));
+                (free_units >= vm.compute_units && free_bytes >= wanted_bytes).then_some((free_units, gpu.index))
+            })
+            .collect();
+        fitting.sort_unstable();
+        fitting.into_iter().map(|(_, index)| index).collect()
+    }
+
+    /// The other GPUs of a several-GPU allocation of `vm` on `node_id` beside `first` (placement
+    /// chose the node because it has them): none for a one-GPU VM.
+    pub fn extra_gpus(&self, vm: &VmRequirement, node_id: &str, first: u32) -> Result<Vec<u32>, ControlError> {
+        let wanted = usize::try_from(vm.gpus.saturating_sub(1)).unwrap_or(usize::MAX);
+        let extra: Vec<u32> = self.fitting_gpus(vm, node_id).into_iter().filter(|gpu| *gpu != first).take(wanted).collect();
+        if extra.len() < wanted {
+            return Err(ControlError::NoCapacity(format!("{node_id} no longer has {} GPUs with room for VM {}", vm.gpus, vm.vm_ip)));
+        }
+        Ok(extra)
+    }
+
     /// Checks that `allocation` can grow or shrink to `compute_units` SMs and `memory` MiB on
     /// its GPU.
     pub fn check_resize(&self, allocation: &AllocationRecord, compute_units: u32, memory: u64) -> Result<(), ControlError> {
-        let gpu = self
-            .nodes
-            .get(&allocation.node_id)
-            .and_then(|node| node.gpus.iter().find(|gpu| gpu.index == allocation.gpu))
-            .ok_or_else(|| ControlError::UnknownNode(allocation.node_id.clone()))?;
         if compute_units == 0 || memory == 0 {
             return Err(ControlError::Invalid("compute units and memory must be above 0".into()));
         }
-        let (used_units, used_memory, _) = self.gpu_used(&allocation.node_id, allocation.gpu, Some(&allocation.id));
-        let free_units = gpu.sm_count.saturating_sub(used_units);
-        let free_memory = (gpu.memory_bytes / MIB).saturating_sub(used_memory);
-        if compute_units > free_units || memory > free_memory {
-            return Err(ControlError::NoCapacity(format!(
-                "{} GPU {} has {free_units} SMs and {free_memory} MiB available for allocation {} (asked {compute_units} SMs and {memory} MiB)",
-                allocation.node_id, allocation.gpu, allocation.id
-            )));
+        // Every GPU of the allocation gets the new size.
+        for index in std::iter::once(allocation.gpu).chain(allocation.extra_gpus.iter().copied()) {
+            let gpu = self
+                .nodes
+                .get(&allocation.node_id)
+                .and_then(|node| node.gpus.iter().find(|gpu| gpu.index == index))
+                .ok_or_else(|| ControlError::UnknownNode(allocation.node_id.clone()))?;
+            let (used_units, used_memory, _) = self.gpu_used(&allocation.node_id, index, Some(&allocation.id));
+            let free_units = gpu.sm_count.saturating_sub(used_units);
+            let free_memory = (gpu.memory_bytes / MIB).saturating_sub(used_memory);
+            if compute_units > free_units || memory > free_memory {
+                return Err(ControlError::NoCapacity(format!(
+                    "{} GPU {index} has {free_units} SMs and {free_memory} MiB available for allocation {} (asked {compute_units} SMs and {memory} MiB)",
+                    allocation.node_id, allocation.id
+                )));
+            }
         }
         Ok(())
     }
@@ -377,7 +428,7 @@ mod tests {
     }
 
     fn vm(ip: &str, host_ip: &str, units: u32, memory: u64) -> VmRequirement {
-        VmRequirement { vm_ip: ip.into(), host_ip: host_ip.into(), compute_units: units, memory }
+        VmRequirement { vm_ip: ip.into(), host_ip: host_ip.into(), compute_units: units, memory, gpus: 1 }
     }
 
     fn allocate(model: &mut Model, id: &str, vm: &VmRequirement) -> (String, u32) {
@@ -389,6 +440,7 @@ mod tests {
                 vm_ip: vm.vm_ip.clone(),
                 node_id: node_id.clone(),
                 gpu,
+                extra_gpus: Vec::new(),
                 compute_units: vm.compute_units,
                 memory: vm.memory,
                 sm_percentage: 0,
@@ -404,6 +456,8 @@ mod tests {
                 pending_move: None,
             },
         );
+        let extra_gpus = model.extra_gpus(vm, &node_id, gpu).unwrap();
+        model.allocations.get_mut(id).unwrap().extra_gpus = extra_gpus;
         (node_id, gpu)
     }
 
@@ -423,6 +477,34 @@ mod tests {
         // goes to the fullest GPU that fits.
         assert_eq!(allocate(&mut model, "x3", &vm("10.0.0.3", "192.0.2.9", 40, 1024)), ("a".into(), 0));
         assert_eq!(model.gpu_used("a", 0, None), (70, 2048, 2));
+    }
+
+    #[test]
+    fn several_gpus_go_to_one_node_that_has_them() {
+        let mut model = model();
+        model.nodes.insert("c".into(), node("c", "192.0.2.3", &[(80, 16_384), (80, 16_384), (80, 16_384)]));
+        let two = VmRequirement { gpus: 2, ..vm("10.0.0.1", "192.0.2.1", 50, 4096) };
+        // 'a' (the VM's host) has one GPU; 'b' two, one too small for 50 SMs: 'c'.
+        let (node, first) = allocate(&mut model, "pair", &two);
+        assert_eq!(node, "c");
+        let extra = model.allocations["pair"].extra_gpus.clone();
+        assert_eq!(extra.len(), 1);
+        assert_ne!(extra[0], first);
+        // Each of its GPUs counts the slice.
+        for gpu in std::iter::once(first).chain(extra.iter().copied()) {
+            assert_eq!(model.gpu_used("c", gpu, None), (50, 4096, 1), "GPU {gpu}");
+        }
+        // Three 30-SM slices: only 'c' has three GPUs with room (30, 30 and 80 SMs free).
+        let three = VmRequirement { gpus: 3, ..vm("10.0.0.2", "192.0.2.3", 30, 4096) };
+        assert_eq!(allocate(&mut model, "triple", &three).0, "c");
+        // Another fits nowhere, and the error says how close the best node came ('b': two).
+        let error = model.place(&VmRequirement { gpus: 3, ..vm("10.0.0.3", "192.0.2.3", 30, 4096) }).unwrap_err().to_string();
+        assert!(error.contains("needs 3 GPUs of one node with 30 SMs and 4096 MiB each"), "{error}");
+        assert!(error.contains("b has 2 of the 3 GPUs with room"), "{error}");
+        // A resize must fit on every GPU of the allocation.
+        let pair = model.allocations["pair"].clone();
+        assert!(model.check_resize(&pair, 50, 4096).is_ok());
+        assert!(model.check_resize(&pair, 51, 4096).is_err(), "two of its GPUs have no SM to spare");
     }
 
     #[test]

@@ -339,11 +339,14 @@ impl<S: Store> Cluster<S> {
         now: u64,
     ) -> Result<String, ControlError> {
         let sm_count = model.nodes[node_id].gpus.iter().find(|gpu| gpu.index == gpu_index).map_or(0, |gpu| gpu.sm_count);
+        // The other GPUs of a several-GPU allocation: on the node placement chose for it.
+        let extra_gpus = model.extra_gpus(vm, node_id, gpu_index)?;
         let allocation = AllocationRecord {
             id: new_allocation_id(),
             vm_ip: vm.vm_ip.clone(),
             node_id: node_id.to_string(),
             gpu: gpu_index,
+            extra_gpus,
             compute_units: vm.compute_units,
             memory: vm.memory,
             sm_percentage: sm_percentage(vm.compute_units, sm_count),
@@ -514,6 +517,7 @@ impl<S: Store> Cluster<S> {
             let spec = ServerSpec {
                 allocation_id: allocation.id.clone(),
                 gpu: allocation.gpu,
+                extra_gpus: allocation.extra_gpus.clone(),
                 memory: allocation.memory,
                 sm_percentage: allocation.sm_percentage,
             };

@@ -87,6 +87,72 @@ mod tests {
         });
     }
 
+    /// A VM of two GPUs: placed on the node that has two with room, served by one rpc-server
+    /// started with both (`--gpu 0,1`), listed with both; a VM of three on a two-GPU node is
+    /// refused with what is missing, and a move of the pair is refused with the reason.
+    #[test]
+    fn a_vm_of_two_gpus_gets_one_server_with_both() {
+        let mut cluster = Cluster::new(Options::default());
+        let gpus =
+            "[{ name = \"Emulated 0\", memory_mib = 4096, sm_count = 40 }, { name = \"Emulated 1\", memory_mib = 4096, sm_count = 40 }]";
+        cluster.start_node_with("node-a", "127.0.0.1", 40, 4096, &[("FLYT_NODE_MANAGER_EMULATED_GPUS", gpus.to_string())]);
+        cluster.start_node("node-b", "127.0.0.2", 80, 8192);
+        wait_until("both nodes registered", Duration::from_secs(15), || {
+            (cluster.node_health("node-a").as_deref() == Some("Up") && cluster.node_health("node-b").as_deref() == Some("Up")).then_some(())
+        });
+        let added = cluster.flytctl_ok(&[
+            "vm",
+            "add",
+            "10.0.0.1",
+            "--host-ip",
+            "127.0.0.2",
+            "--compute-units",
+            "20",
+            "--memory-mib",
+            "1024",
+            "--gpus",
+            "2",
+        ]);
+        assert!(added.contains("2 GPUs of 20 SMs and 1024 MiB each"), "{added}");
+        let listed = cluster.flytctl_ok(&["vm", "list"]);
+        assert!(listed.lines().any(|line| line.contains("10.0.0.1") && line.contains(" 2 ")), "{listed}");
+        let vm = cluster.start_client_manager("10.0.0.1");
+        let (granted, _) = cluster.locate(&vm, 0);
+        assert!(granted["token"].is_string(), "{granted}");
+        // node-b is the VM's host but has one GPU: node-a, both of its GPUs.
+        let allocation = cluster.allocation_of("10.0.0.1").unwrap();
+        assert_eq!(allocation["node_id"], "node-a", "{allocation}");
+        let mut gpus: Vec<u64> = vec![allocation["gpu"].as_u64().unwrap()];
+        gpus.extend(allocation["extra_gpus"].as_array().unwrap().iter().map(|gpu| gpu.as_u64().unwrap()));
+        gpus.sort_unstable();
+        assert_eq!(gpus, vec![0, 1], "{allocation}");
+        let cmdline = fs::read_to_string(format!("/proc/{}/cmdline", allocation["pid"])).unwrap().replace('\0', " ");
+        assert!(cmdline.contains(&format!("--gpu {},{}", allocation["gpu"], allocation["extra_gpus"][0])), "{cmdline}");
+        let table = cluster.flytctl_ok(&["list-allocations"]);
+        assert!(table.contains(&format!("node-a/{},{}", allocation["gpu"], allocation["extra_gpus"][0])), "{table}");
+        // Three GPUs fit no node.
+        cluster.flytctl_ok(&[
+            "vm",
+            "add",
+            "10.0.0.2",
+            "--host-ip",
+            "127.0.0.1",
+            "--compute-units",
+            "10",
+            "--memory-mib",
+            "512",
+            "--gpus",
+            "3",
+        ]);
+        let other = cluster.start_client_manager("10.0.0.2");
+        let (refused, _) = cluster.locate(&other, 0);
+        let reason = refused["refused"].as_str().unwrap_or_default().to_string();
+        assert!(reason.contains("needs 3 GPUs of one node"), "{refused}");
+        // Moving an allocation of several GPUs is refused with the reason.
+        let (code, _, stderr) = cluster.flytctl(&["migrate", "10.0.0.1", "--to", "node-b"]);
+        assert!(code != 0 && stderr.contains("several GPUs"), "exit {code}: {stderr}");
+    }
+
     /// The admin API is offered on TCP only with TLS: a cluster manager asked for it without
     /// [tls] does not start, and says why.
     #[test]

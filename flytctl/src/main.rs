@@ -236,6 +236,10 @@ enum VmCommand {
         /// Device memory in MiB.
         #[arg(long)]
         memory_mib: u64,
+        /// GPUs, each a slice of these SMs and memory, all on one node: the VM's apps see them
+        /// as devices 0..N-1.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+        gpus: u32,
     },
     /// List VM requirements.
     List,
@@ -542,14 +546,22 @@ async fn run(args: Args) -> Result<(), CtlError> {
             }
             migrate::print_restart(&report);
         }
-        Command::Vm { command: VmCommand::Add { vm_ip, host_ip, compute_units, memory_mib } } => {
-            let requirement =
-                VmRequirement { vm_ip: vm_ip.clone(), host_ip: host_ip.clone(), compute_units: *compute_units, memory: *memory_mib };
+        Command::Vm { command: VmCommand::Add { vm_ip, host_ip, compute_units, memory_mib, gpus } } => {
+            let requirement = VmRequirement {
+                vm_ip: vm_ip.clone(),
+                host_ip: host_ip.clone(),
+                compute_units: *compute_units,
+                memory: *memory_mib,
+                gpus: *gpus,
+            };
             call(&args, deadline, client.add_vm(context(), requirement.clone())).await?.map_err(CtlError::Refused)?;
             if args.json {
                 return print_json(&requirement);
             }
-            println!("VM {vm_ip} added: {compute_units} SMs, {memory_mib} MiB, host {host_ip}");
+            match gpus {
+                1 => println!("VM {vm_ip} added: {compute_units} SMs, {memory_mib} MiB, host {host_ip}"),
+                n => println!("VM {vm_ip} added: {n} GPUs of {compute_units} SMs and {memory_mib} MiB each, host {host_ip}"),
+            }
         }
         Command::Vm { command: VmCommand::List } => {
             let vms: Vec<VmRequirement> =
@@ -557,9 +569,15 @@ async fn run(args: Args) -> Result<(), CtlError> {
             if args.json {
                 return print_json(&vms);
             }
-            let mut out = table(&["VM", "HOST", "SMs", "MEMORY (MiB)"]);
+            let mut out = table(&["VM", "HOST", "GPUs", "SMs", "MEMORY (MiB)"]);
             for vm in &vms {
-                out.add_row(vec![vm.vm_ip.clone(), vm.host_ip.clone(), vm.compute_units.to_string(), vm.memory.to_string()]);
+                out.add_row(vec![
+                    vm.vm_ip.clone(),
+                    vm.host_ip.clone(),
+                    vm.gpus.to_string(),
+                    vm.compute_units.to_string(),
+                    vm.memory.to_string(),
+                ]);
             }
             println!("{out}");
         }
@@ -710,7 +728,15 @@ fn allocation_table(allocations: &[AllocationRecord]) -> Table {
         let mut row = vec![
             allocation.id.clone(),
             allocation.vm_ip.clone(),
-            format!("{}/{}", allocation.node_id, allocation.gpu),
+            format!(
+                "{}/{}",
+                allocation.node_id,
+                std::iter::once(allocation.gpu)
+                    .chain(allocation.extra_gpus.iter().copied())
+                    .map(|gpu| gpu.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
             allocation.compute_units.to_string(),
             allocation.sm_percentage.to_string(),
             allocation.memory.to_string(),

@@ -198,6 +198,7 @@ mod tests {
             vm_ip: "10.0.0.1".into(),
             node_id: "n".into(),
             gpu: 0,
+            extra_gpus: Vec::new(),
             compute_units: 10,
             memory: 64,
             sm_percentage: 10,

@@ -117,6 +117,9 @@ pub struct ServerRecord {
     pub control_socket: PathBuf,
     pub addresses: Vec<String>,
     pub gpu: u32,
+    /// The allocation's other GPUs this server serves after `gpu`.
+    #[serde(default)]
+    pub extra_gpus: Vec<u32>,
     pub memory: u64,
     pub sm_percentage: u32,
 }
@@ -376,7 +379,14 @@ impl ServerManager {
         }
         command
             .args(["--device", settings.device.flag()])
-            .args(["--gpu", &gpu.index.to_string()])
+            .args([
+                "--gpu",
+                &std::iter::once(gpu.index)
+                    .chain(spec.extra_gpus.iter().copied())
+                    .map(|index| index.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ])
             .args(["--memory-quota", &spec.memory.saturating_mul(MIB).to_string()])
             .args(["--sm-percentage", &spec.sm_percentage.to_string()])
             .arg("--cluster-key-file")
@@ -438,6 +448,15 @@ impl ServerManager {
         if spec.sm_percentage == 0 || spec.sm_percentage > 100 || spec.memory == 0 || spec.memory.saturating_mul(MIB) > gpu.memory_bytes {
             return Err(ControlError::Invalid(format!("GPU {} cannot give {} MiB at {}% SMs", gpu.index, spec.memory, spec.sm_percentage)));
         }
+        for (at, extra) in spec.extra_gpus.iter().enumerate() {
+            let other = self.gpu(*extra)?;
+            if *extra == spec.gpu || spec.extra_gpus[..at].contains(extra) {
+                return Err(ControlError::Invalid(format!("GPU {extra} named twice for allocation {}", spec.allocation_id)));
+            }
+            if spec.memory.saturating_mul(MIB) > other.memory_bytes {
+                return Err(ControlError::Invalid(format!("GPU {extra} cannot give {} MiB", spec.memory)));
+            }
+        }
         let (child, addresses) = self.spawn(&name, &spec, &gpu, 0, None).await?;
         let id = &spec.allocation_id;
         let pid = child.id();
@@ -449,6 +468,7 @@ impl ServerManager {
             control_socket: self.settings.servers_dir.join(format!("{name}.control.sock")),
             addresses,
             gpu: gpu.index,
+            extra_gpus: spec.extra_gpus.clone(),
             memory: spec.memory,
             sm_percentage: spec.sm_percentage,
         };
@@ -871,8 +891,13 @@ impl ServerManager {
             tracing::warn!(allocation = id, %error, "snapshots not handed to the new server; their apps will fail");
         }
         let _ = fs::remove_dir(&dir);
-        let spec =
-            ServerSpec { allocation_id: old.allocation_id.clone(), gpu: old.gpu, memory: old.memory, sm_percentage: old.sm_percentage };
+        let spec = ServerSpec {
+            allocation_id: old.allocation_id.clone(),
+            gpu: old.gpu,
+            extra_gpus: old.extra_gpus.clone(),
+            memory: old.memory,
+            sm_percentage: old.sm_percentage,
+        };
         let (child, addresses) = match self.spawn(id, &spec, &gpu, port, Some(&restored)).await {
             Ok(started) => started,
             Err(error) => {
@@ -1057,7 +1082,7 @@ pub(crate) mod tests {
     }
 
     fn spec(id: &str) -> ServerSpec {
-        ServerSpec { allocation_id: id.into(), gpu: 0, memory: 1024, sm_percentage: 25 }
+        ServerSpec { allocation_id: id.into(), gpu: 0, extra_gpus: Vec::new(), memory: 1024, sm_percentage: 25 }
     }
 
     #[tokio::test]

@@ -201,6 +201,12 @@ impl<S: Store> Cluster<S> {
         let (memory, pending) = {
             let mut model = self.model.lock().await;
             let mut allocation = model.running(&id, &target)?.clone();
+            if !allocation.extra_gpus.is_empty() {
+                return Err(ControlError::Invalid(format!(
+                    "allocation {id} has {} GPUs: moving an allocation of several GPUs is not supported yet",
+                    allocation.extra_gpus.len() + 1
+                )));
+            }
             let (to_gpu, to_sm_percentage) = model.check_move(&allocation, &to_node, to_gpu)?;
             let pending = PendingMove {
                 from_node: allocation.node_id.clone(),
@@ -269,7 +275,13 @@ impl<S: Store> Cluster<S> {
         pending: &PendingMove,
         timeout_ms: u64,
     ) -> Result<(ServerReport, Vec<CopiedSession>), String> {
-        let spec = ServerSpec { allocation_id: id.to_string(), gpu: pending.to_gpu, memory, sm_percentage: pending.to_sm_percentage };
+        let spec = ServerSpec {
+            allocation_id: id.to_string(),
+            gpu: pending.to_gpu,
+            extra_gpus: Vec::new(),
+            memory,
+            sm_percentage: pending.to_sm_percentage,
+        };
         let server = self
             .start_on_node(&pending.to_node, spec)
             .await

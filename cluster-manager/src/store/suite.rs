@@ -12,7 +12,7 @@ use flyt_protocol::{
 use super::Store;
 
 fn vm(ip: &str, units: u32) -> VmRequirement {
-    VmRequirement { vm_ip: ip.into(), host_ip: "192.0.2.1".into(), compute_units: units, memory: 2048 }
+    VmRequirement { vm_ip: ip.into(), host_ip: "192.0.2.1".into(), compute_units: units, memory: 2048, gpus: 1 }
 }
 
 fn gpu(index: u32) -> GpuInfo {
@@ -37,6 +37,7 @@ fn allocation(id: &str) -> AllocationRecord {
         vm_ip: "10.0.0.1".into(),
         node_id: "node-a".into(),
         gpu: 0,
+        extra_gpus: vec![1],
         compute_units: 20,
         memory: 1024,
         sm_percentage: 25,

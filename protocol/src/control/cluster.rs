@@ -21,6 +21,13 @@ pub struct VmRequirement {
     pub compute_units: u32,
     /// Device memory in MiB.
     pub memory: u64,
+    /// How many GPUs, each a slice of `compute_units` SMs and `memory` MiB, all on one node.
+    #[serde(default = "one_gpu")]
+    pub gpus: u32,
+}
+
+fn one_gpu() -> u32 {
+    1
 }
 
 /// One GPU as its node manager discovered it.
@@ -138,6 +145,10 @@ pub struct AllocationRecord {
     pub vm_ip: String,
     pub node_id: String,
     pub gpu: u32,
+    /// The allocation's other GPUs on its node, each a slice of the same size: its server
+    /// serves `gpu` first, then these, to each session as its devices in that order.
+    #[serde(default)]
+    pub extra_gpus: Vec<u32>,
     /// SMs of the slice.
     pub compute_units: u32,
     /// Device memory of the slice, in MiB (the rpc-server's exact quota).

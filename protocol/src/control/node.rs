@@ -16,6 +16,9 @@ pub const SNAPSHOT_CHUNK_BYTES: u64 = 2 << 20;
 pub struct ServerSpec {
     pub allocation_id: String,
     pub gpu: u32,
+    /// The allocation's other GPUs on this node, served after `gpu` by the same server.
+    #[serde(default)]
+    pub extra_gpus: Vec<u32>,
     /// Exact per-session device memory quota, in MiB.
     pub memory: u64,
     /// MPS active-thread percentage, 1..=100.
