@@ -186,12 +186,13 @@ impl Model {
                 continue;
             }
             let other_host = node.record.host_ip != vm.host_ip;
-            let fitting = self.fitting_gpus(vm, node_id);
-            if vm.gpus > 1 && (fitting.len() as u32) < vm.gpus {
+            let fitting = u32::try_from(self.fitting_gpus(vm, node_id).len()).unwrap_or(u32::MAX);
+            let on_node = u32::try_from(node.gpus.len()).unwrap_or(u32::MAX);
+            if vm.gpus > 1 && fitting < vm.gpus {
                 gpus += node.gpus.len();
-                if !fitting.is_empty() || node.gpus.len() as u32 >= vm.gpus {
-                    let hint = format!("{node_id} has {} of the {} GPUs with room for the slice", fitting.len(), vm.gpus);
-                    let shortfall = u64::from(vm.gpus - fitting.len() as u32) * 1000;
+                if fitting > 0 || on_node >= vm.gpus {
+                    let hint = format!("{node_id} has {fitting} of the {} GPUs with room for the slice", vm.gpus);
+                    let shortfall = u64::from(vm.gpus - fitting) * 1000;
                     if closest.as_ref().is_none_or(|(best_shortfall, _)| shortfall < *best_shortfall) {
                         closest = Some((shortfall, hint));
                     }
