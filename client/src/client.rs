@@ -69,35 +69,35 @@ pub struct StreamInfo {
 
 /// The live session.
 pub struct Client {
-    pub conn: Arc<Conn>,
-    pub info: SessionInfo,
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) info: SessionInfo,
     /// Device ranges the app may copy to or from: allocations and module variables.
-    pub ranges: DeviceRanges,
-    pub host_allocations: Mutex<BTreeMap<usize, HostAllocation>>,
-    pub streams: Mutex<HashMap<u64, StreamInfo>>,
-    pub events: Mutex<HashMap<u64, u32>>,
+    pub(crate) ranges: DeviceRanges,
+    pub(crate) host_allocations: Mutex<BTreeMap<usize, HostAllocation>>,
+    pub(crate) streams: Mutex<HashMap<u64, StreamInfo>>,
+    pub(crate) events: Mutex<HashMap<u64, u32>>,
     next_stream: AtomicU64,
     next_event: AtomicU64,
     /// Bumped by `cudaDeviceReset`, which destroys every per-thread default stream.
-    pub reset_generation: AtomicU64,
+    pub(crate) reset_generation: AtomicU64,
     /// The shared-memory channel, when the server shares this host.
-    pub shm: Option<crate::shm::Channel>,
+    pub(crate) shm: Option<crate::shm::Channel>,
     /// `(least, greatest)` stream priority, asked of the server once.
-    pub priority_range: OnceLock<(i32, i32)>,
+    pub(crate) priority_range: OnceLock<(i32, i32)>,
     /// Graphs, captures and host functions.
-    pub graphs: crate::graphs::Graphs,
+    pub(crate) graphs: crate::graphs::Graphs,
     /// Virtual memory management.
-    pub vmm: crate::vmm::Vmm,
+    pub(crate) vmm: crate::vmm::Vmm,
     /// Arrays and mipmapped arrays.
-    pub arrays: crate::arrays::Arrays,
+    pub(crate) arrays: crate::arrays::Arrays,
     /// CUDA IPC mappings this process opened.
-    pub ipc: crate::ipc::Ipc,
+    pub(crate) ipc: crate::ipc::Ipc,
     /// Managed allocations and the advice given for them.
-    pub managed: crate::managed::Managed,
+    pub(crate) managed: crate::managed::Managed,
     /// Mirrors of `__managed__` variables.
-    pub mirrors: crate::mirrors::Mirrors,
+    pub(crate) mirrors: crate::mirrors::Mirrors,
     /// Resource descriptors and green contexts.
-    pub greens: crate::green::Greens,
+    pub(crate) greens: crate::green::Greens,
     /// The session's devices the app sees (`CUDA_VISIBLE_DEVICES`), as server indices in the
     /// app's order: the app's device `i` is the server's `visible[i]`.
     visible: Vec<u32>,
@@ -538,6 +538,111 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Client {
+    // --- what the driver front asks of the session (its fields are the client's own) ---
+
+    /// The server's `cudaDriverGetVersion`.
+    pub fn driver_version(&self) -> i32 {
+        self.info.driver_version
+    }
+
+    /// Whether the server's device is the emulated one (kernels cannot run).
+    pub fn emulated(&self) -> bool {
+        self.info.emulated
+    }
+
+    /// Whether the session has the shared-memory channel.
+    pub fn has_shared_memory(&self) -> bool {
+        self.shm.is_some()
+    }
+
+    /// Graphs, captures and host functions.
+    pub fn graphs(&self) -> &crate::graphs::Graphs {
+        &self.graphs
+    }
+
+    /// Managed allocations and the advice given for them.
+    pub fn managed(&self) -> &crate::managed::Managed {
+        &self.managed
+    }
+
+    /// Mirrors of `__managed__` variables, managed memory and mapped memory without the channel.
+    pub fn mirrors(&self) -> &crate::mirrors::Mirrors {
+        &self.mirrors
+    }
+
+    /// Marks the allocation at `ptr` as one `cuIpcGetMemHandle` exports (`cuMemAlloc`'s).
+    pub fn mark_legacy_ipc(&self, ptr: u64) {
+        self.ranges.mark_legacy_ipc(ptr);
+    }
+
+    /// Whether the device range holding `ptr` is one `cuIpcGetMemHandle` exports.
+    pub fn legacy_ipc_capable(&self, ptr: u64) -> bool {
+        self.ranges.legacy_ipc_capable(ptr)
+    }
+
+    /// The app's device the device range holding `ptr` was made on.
+    pub fn device_of(&self, ptr: u64) -> Option<usize> {
+        self.ranges.device_of(ptr).and_then(|server| self.app_device(server))
+    }
+
+    /// The buffer id of the device range holding `ptr` (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
+    pub fn buffer_id(&self, ptr: u64) -> Option<u64> {
+        self.ranges.buffer_id(ptr)
+    }
+
+    /// Bytes of device memory this process holds.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.ranges.allocated_bytes()
+    }
+
+    /// An event's creation flags, if it is one of the app's.
+    pub fn event_flags(&self, event: u64) -> Option<u32> {
+        self.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&event).copied()
+    }
+
+    /// Forgets an app's event; `false` when it was none.
+    pub fn forget_event(&self, event: u64) -> bool {
+        self.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&event).is_some()
+    }
+
+    /// A stream's flags and priority as the app created it (the default streams have neither).
+    pub fn stream_info(&self, stream: u64) -> StreamInfo {
+        self.streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&stream)
+            .copied()
+            .unwrap_or(StreamInfo { flags: 0, priority: 0 })
+    }
+
+    /// Loads a module image now (`lazy`: at the first use of something in it).
+    pub fn load_module(&self, image: crate::registry::Image, lazy: bool) -> CudaResult<u32> {
+        crate::registry::load(Some(&self.conn), image, lazy)
+    }
+
+    /// Unloads a module: its kernels and variables become unusable, its mirrors go.
+    pub fn unload_module(&self, id: u32) -> CudaResult<()> {
+        crate::registry::unload(Some(&self.conn), Some(&self.ranges), id)?;
+        self.mirrors.forget_module(self, id);
+        Ok(())
+    }
+
+    /// A kernel of a live module by name.
+    pub fn function_by_name(&self, module: u32, name: &str) -> CudaResult<Arc<crate::registry::Function>> {
+        crate::registry::function_by_name(&self.conn, module, name)
+    }
+
+    /// The names of a live module's kernels, in the driver's order.
+    pub fn function_names(&self, module: u32) -> CudaResult<Arc<Vec<String>>> {
+        crate::registry::function_names(&self.conn, module)
+    }
+
+    /// A variable of a live module by name on the calling thread's device: `(address, size,
+    /// managed)`; a device variable becomes a range copies may reach.
+    pub fn global_by_name(&self, module: u32, name: &str) -> CudaResult<(u64, u64, bool)> {
+        crate::registry::global_by_name(&self.conn, &self.ranges, module, name)
+    }
+
     /// The devices the app sees.
     pub fn device_count(&self) -> usize {
         self.visible.len()

@@ -16,7 +16,7 @@ impl DeviceSource for ClientDevices {
     /// The newest version this library's tables serve until a session is open; then the server's
     /// driver version when it is older (a program then sees what the remote driver can run).
     fn driver_version(&self) -> i32 {
-        flyt_client::client::existing_client().map_or(MAX_VERSION, |client| client.info.driver_version.clamp(1000, MAX_VERSION))
+        flyt_client::client::existing_client().map_or(MAX_VERSION, |client| client.driver_version().clamp(1000, MAX_VERSION))
     }
 
     fn open(&self) -> Result<Vec<DeviceInfo>, Unavailable> {

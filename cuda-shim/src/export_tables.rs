@@ -226,7 +226,7 @@ unsafe extern "C" fn flyt_mem_info(device: c_int, free: *mut u64, total: *mut u6
 unsafe extern "C" fn flyt_process_memory(device: c_int, bytes: *mut u64) -> CUresult {
     boundary("Flyt[2]", || {
         finish((|| {
-            let held = session_for(device)?.ranges.allocated_bytes();
+            let held = session_for(device)?.allocated_bytes();
             // SAFETY: the caller's out-pointer (checked by `write_out`).
             unsafe { write_out(bytes, held) }
         })())

@@ -439,7 +439,7 @@ fn map_arrays(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstr
     let client = client()?;
     let stream = resolve_stream(client, h_stream, per_thread)?;
     client.map_arrays(maps, stream).map_err(|error| {
-        if error == CudaError::NOT_SUPPORTED && client.info.emulated {
+        if error == CudaError::NOT_SUPPORTED && client.emulated() {
             crate::diagnostics::once(
                 "map-array-emulated",
                 "flyt: cuMemMapArrayAsync: the server's emulated device maps no memory into sparse or deferred-mapping arrays (returning CUDA_ERROR_NOT_SUPPORTED)",

@@ -63,7 +63,7 @@ fn decompress(
     match client.batch_decompress(ops, stream) {
         Ok(()) => Ok(()),
         Err((error, index)) => {
-            if error == CudaError::NOT_SUPPORTED && client.info.emulated {
+            if error == CudaError::NOT_SUPPORTED && client.emulated() {
                 crate::diagnostics::once(
                     "decompress-emulated",
                     "flyt: cuMemBatchDecompressAsync: the server's emulated device has no decompression engine (returning CUDA_ERROR_NOT_SUPPORTED)",

@@ -34,8 +34,8 @@ fn served_attribute(info: &DeviceInfo, id: u32) -> DriverResult<i32> {
     }
     // Mapped and managed memory are had over the shared-memory channel (the server maps pinned
     // blocks at the app's addresses), so the device's answer stands when the session has it.
-    let shared_memory =
-        flyt_client::devices::WITH_SHARED_MEMORY.contains(&id) && flyt_client::client::client().is_ok_and(|client| client.shm.is_some());
+    let shared_memory = flyt_client::devices::WITH_SHARED_MEMORY.contains(&id)
+        && flyt_client::client::client().is_ok_and(|client| client.has_shared_memory());
     Ok(flyt_client::devices::served_attribute(info, id, shared_memory).unwrap_or(0))
 }
 

@@ -195,7 +195,7 @@ fn copy_side(
     // Mirrored managed memory is device memory to copies (its host changes go at the launch).
     let (base, memory) = match memory_type {
         MEMORY_DEVICE => (device, CopyMemory::Device),
-        MEMORY_UNIFIED if client.is_device_pointer(device) || client.managed.device_backed(device, 1) => (device, CopyMemory::Device),
+        MEMORY_UNIFIED if client.is_device_pointer(device) || client.managed().device_backed(device, 1) => (device, CopyMemory::Device),
         MEMORY_UNIFIED => (device, CopyMemory::Host),
         MEMORY_HOST => (host, CopyMemory::Host),
         _ => {
@@ -292,10 +292,10 @@ unsafe fn add_node(
     let graph = id_of(graph)?;
     // SAFETY: forwarded contract.
     let dependencies = unsafe { node_ids(dependencies, count) }?;
-    let node = client.graphs.new_id();
+    let node = client.graphs().new_id();
     let kind = params.kind();
     let ptr = client.call(req::GraphAddNode { graph, node, dependencies, params }).map_err(driver_error)?.ptr;
-    client.graphs.note_nodes([(node, kind)]);
+    client.graphs().note_nodes([(node, kind)]);
     // SAFETY: checked non-NULL.
     unsafe { write_out(out, node_handle(node)) }?;
     Ok((node, ptr))
@@ -308,7 +308,7 @@ pub unsafe fn cuGraphCreate(ph_graph: *mut CUgraph, flags: c_uint) -> CUresult {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let client = client()?;
-        let graph = client.graphs.new_id();
+        let graph = client.graphs().new_id();
         client.call(req::GraphCreate { graph }).map_err(driver_error)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(ph_graph, graph_handle(graph)) }
@@ -695,7 +695,7 @@ fn list_nodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize, roots:
     non_null([count.cast()])?;
     let client = client()?;
     let listed = client.call(req::GraphNodes { graph: id_of(graph)?, roots }).map_err(driver_error)?.nodes;
-    client.graphs.note_nodes(listed.iter().map(|entry| (entry.node, entry.kind)));
+    client.graphs().note_nodes(listed.iter().map(|entry| (entry.node, entry.kind)));
     // SAFETY: `count` checked non-NULL; `nodes` (when not NULL) has room for `*count` handles,
     // the caller's contract.
     unsafe {
@@ -721,7 +721,7 @@ pub unsafe fn cuGraphGetRootNodes(h_graph: CUgraph, root_nodes: *mut CUgraphNode
 pub unsafe fn cuGraphNodeGetType(h_node: CUgraphNode, type_: *mut CUgraphNodeType) -> CUresult {
     run(|| {
         non_null([type_.cast()])?;
-        let kind = client()?.graphs.node_kind(id_of(h_node)?).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let kind = client()?.graphs().node_kind(id_of(h_node)?).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(type_, kind as CUgraphNodeType) }
     })
@@ -732,7 +732,7 @@ pub unsafe fn cuGraphDestroyNode(h_node: CUgraphNode) -> CUresult {
         let client = client()?;
         let node = id_of(h_node)?;
         client.call(req::GraphDestroyNode { node }).map_err(driver_error)?;
-        client.graphs.forget_node(node);
+        client.graphs().forget_node(node);
         if let Some(nodes) = kernel_nodes().as_mut() {
             nodes.remove(&node);
         }
@@ -745,10 +745,10 @@ pub unsafe fn cuGraphClone(ph_graph_clone: *mut CUgraph, original_graph: CUgraph
     run(|| {
         non_null([ph_graph_clone.cast()])?;
         let client = client()?;
-        let clone = client.graphs.new_id();
+        let clone = client.graphs().new_id();
         let original = id_of(original_graph)?;
         let pairs = client.call(req::GraphClone { graph: original, clone }).map_err(driver_error)?.nodes;
-        client.graphs.note_clone(clone, &pairs);
+        client.graphs().note_clone(clone, &pairs);
         with_records(|records| {
             for (original, copy) in &pairs {
                 if let Some(params) = records.params.get(original).copied() {
@@ -767,7 +767,7 @@ pub unsafe fn cuGraphNodeFindInClone(ph_node: *mut CUgraphNode, h_original_node:
         non_null([ph_node.cast()])?;
         let client = client()?;
         let found =
-            client.graphs.node_in_clone(id_of(h_cloned_graph)?, id_of(h_original_node)?).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            client.graphs().node_in_clone(id_of(h_cloned_graph)?, id_of(h_original_node)?).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(ph_node, node_handle(found)) }
     })
@@ -776,10 +776,10 @@ pub unsafe fn cuGraphNodeFindInClone(ph_node: *mut CUgraphNode, h_original_node:
 fn instantiate(out: *mut CUgraphExec, graph: CUgraph, flags: u64) -> DriverResult<u64> {
     non_null([out.cast()])?;
     let client = client()?;
-    let exec = client.graphs.new_id();
+    let exec = client.graphs().new_id();
     let graph = id_of(graph)?;
     let reply = client.call(req::GraphInstantiate { graph, exec, flags }).map_err(driver_error)?;
-    client.graphs.set_exec_host_nodes(exec, reply.host_nodes);
+    client.graphs().set_exec_host_nodes(exec, reply.host_nodes);
     user_objects().inherit(graph, exec);
     with_records(|records| records.exec_flags.insert(exec, flags));
     // SAFETY: checked non-NULL.
@@ -903,7 +903,7 @@ pub unsafe fn cuGraphExecDestroy(h_graph_exec: CUgraphExec) -> CUresult {
     run(|| {
         let client = client()?;
         let exec = id_of(h_graph_exec)?;
-        client.graphs.forget_exec(exec);
+        client.graphs().forget_exec(exec);
         client.post(req::GraphExecDestroy { exec }).map_err(driver_error)?;
         // Launches in flight hold their own references (see `flyt_client::user_objects`).
         user_objects().owner_gone(exec);
@@ -919,7 +919,7 @@ fn exec_update(exec: CUgraphExec, graph: CUgraph) -> DriverResult<(Result<(), CU
     let node = if reply.error_node == 0 { std::ptr::null_mut() } else { node_handle(reply.error_node) };
     let result = match reply.error {
         None => {
-            client.graphs.set_exec_host_nodes(exec, reply.host_nodes);
+            client.graphs().set_exec_host_nodes(exec, reply.host_nodes);
             // The new graph's user object references replace the executable graph's.
             user_objects().replace(exec, id_of(graph)?);
             Ok(())
@@ -1016,7 +1016,7 @@ pub unsafe fn cuGraphExecKernelNodeSetParams_v2(
 fn kernel_node_params(node: CUgraphNode) -> DriverResult<(CUDA_KERNEL_NODE_PARAMS_v1, Option<*mut c_void>)> {
     let client = client()?;
     let node = id_of(node)?;
-    if client.graphs.node_kind(node).is_none_or(|kind| kind != flyt_protocol::ops::node_type::KERNEL) {
+    if client.graphs().node_kind(node).is_none_or(|kind| kind != flyt_protocol::ops::node_type::KERNEL) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let mut nodes = kernel_nodes();
@@ -1544,7 +1544,7 @@ unsafe fn generic_params(client: &Client, params: *mut CUgraphNodeParams) -> Dri
             node_type::MEM_FREE => Generic::Params(NodeParams::MemFree { ptr: *member::<CUdeviceptr>(params) }, Box::new([])),
             node_type::CONDITIONAL => {
                 let conditional = &*member::<CUDA_CONDITIONAL_NODE_PARAMS>(params);
-                let bodies = (0..conditional.size.min(1024)).map(|_| client.graphs.new_id()).collect();
+                let bodies = (0..conditional.size.min(1024)).map(|_| client.graphs().new_id()).collect();
                 let params =
                     NodeParams::Conditional { handle: conditional.handle, kind: conditional.r#type, size: conditional.size, bodies };
                 Generic::Params(params, Box::new([]))
@@ -1854,7 +1854,7 @@ fn node_event(node: CUgraphNode, event_out: *mut CUevent, record: bool) -> Drive
     non_null([event_out.cast()])?;
     let wanted = if record { node_type::EVENT_RECORD } else { node_type::WAIT_EVENT };
     let client = client()?;
-    if client.graphs.node_kind(id_of(node)?).is_some_and(|kind| kind != wanted) {
+    if client.graphs().node_kind(id_of(node)?).is_some_and(|kind| kind != wanted) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let event = node_object(node)?;
@@ -1954,7 +1954,7 @@ fn node_params(node: CUgraphNode, kind: u32) -> DriverResult<AppParams> {
                 width: set.width as usize,
                 height: set.height as usize,
             }),
-            NodeReadback::Host { call } => match client.graphs.host_function(call) {
+            NodeReadback::Host { call } => match client.graphs().host_function(call) {
                 Some(HostFunction::Plain { function, user_data }) => AppParams::Host(CUDA_HOST_NODE_PARAMS {
                     r#fn: Some(function),
                     userData: std::ptr::with_exposed_provenance_mut(user_data),

@@ -44,10 +44,10 @@ fn prefetch(ptr: CUdeviceptr, count: usize, to: Location, flags: c_ulonglong, st
     if flags != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    client.managed.prefetch(client, ptr, count as u64, to).map_err(driver_error)?;
+    client.managed().prefetch(client, ptr, count as u64, to).map_err(driver_error)?;
     // Mirrored managed memory (no channel): to the device, the host's changes go now; to the CPU,
     // the next synchronization after device work fetches the device's bytes anyway.
-    if to.kind == managed::location_type::DEVICE && client.managed.device_backed(ptr, count as u64) {
+    if to.kind == managed::location_type::DEVICE && client.managed().device_backed(ptr, count as u64) {
         client.send_host_changes().map_err(driver_error)?;
     }
     Ok(())
@@ -137,7 +137,7 @@ fn check_batch_stream(client: &flyt_client::client::Client, stream: CUstream, pt
 
 /// Every range of a batch is managed memory.
 fn check_batch(client: &flyt_client::client::Client, ranges: &[(u64, u64)]) -> DriverResult {
-    ranges.iter().try_for_each(|(ptr, size)| client.managed.check(*ptr, *size).map(drop).map_err(driver_error))
+    ranges.iter().try_for_each(|(ptr, size)| client.managed().check(*ptr, *size).map(drop).map_err(driver_error))
 }
 
 pub unsafe fn cuMemPrefetchBatchAsync(
@@ -231,7 +231,7 @@ pub unsafe fn cuMemDiscardAndPrefetchBatchAsync_ptsz(
 
 fn advise(ptr: CUdeviceptr, count: usize, advice: CUmem_advise, to: Location) -> DriverResult {
     let client = client()?;
-    client.managed.advise(client, ptr, count as u64, advice, to).map_err(driver_error)
+    client.managed().advise(client, ptr, count as u64, advice, to).map_err(driver_error)
 }
 
 pub unsafe fn cuMemAdvise(dev_ptr: CUdeviceptr, count: usize, advice: CUmem_advise, device: CUdevice) -> CUresult {
@@ -255,7 +255,7 @@ unsafe fn write_range_attribute(
     count: usize,
 ) -> DriverResult {
     let client = client()?;
-    let value = client.managed.range_attribute(client, ptr, count as u64, attribute).map_err(driver_error)?;
+    let value = client.managed().range_attribute(client, ptr, count as u64, attribute).map_err(driver_error)?;
     let ints = data.cast::<c_int>();
     match value {
         RangeValue::Int(value) if size == size_of::<c_int>() => {
@@ -322,7 +322,7 @@ fn attach(stream: CUstream, ptr: CUdeviceptr, length: usize, flags: c_uint, ptsz
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     // The whole allocation: its start with length 0 or its size.
-    let (start, len) = client.managed.check(ptr, 1).map_err(driver_error)?;
+    let (start, len) = client.managed().check(ptr, 1).map_err(driver_error)?;
     if start != ptr || (length != 0 && length as u64 != len) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }

@@ -80,8 +80,8 @@ fn queue(name: &str, stream: CUstream, ops: &[StreamMemOp], api: Api, ptsz: bool
     // it, and is fetched at the next sync after they write it.
     client.push_mirrors().map_err(driver_error)?;
     client.post(req::StreamMemOps { stream, ops }).map_err(driver_error)?;
-    client.mirrors.note_device_write();
-    if waits && client.info.emulated && !client.graphs.any_capture() {
+    client.mirrors().note_device_write();
+    if waits && client.emulated() && !client.graphs().any_capture() {
         // The emulated device has run the ops already (work completes at submission), so asking
         // now costs a round trip and changes nothing: a wait no earlier work satisfied fails
         // here, at the call, with its line, rather than at some later synchronization.

@@ -29,7 +29,7 @@ pub unsafe fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult
         let ptr = client
             .place_allocation(size, allocate, |ptr| client.call(req::Free { ptr }).map(drop))
             .map_err(super::session::driver_error)?;
-        client.ranges.mark_legacy_ipc(ptr);
+        client.mark_legacy_ipc(ptr);
         // SAFETY: checked non-NULL; the caller's out-pointer.
         unsafe { write_out(dptr, ptr) }
     })
@@ -44,7 +44,7 @@ pub unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         if client.host_allocation(dptr as usize).is_some_and(|host| host.managed) {
             return flyt_client::managed::free(client, dptr).map_err(super::session::driver_error);
         }
-        if client.mirrors.holds_allocation(dptr) {
+        if client.mirrors().holds_allocation(dptr) {
             // Inside a mirror's device memory (mapped memory, or managed memory freed already, in
             // a block others still use): no allocation of the app's, and the server must not free
             // the block.
@@ -447,11 +447,11 @@ struct Known {
 
 fn known(client: &Client, ptr: u64) -> Option<Known> {
     if let Some((start, len)) = client.device_range(ptr) {
-        let legacy_ipc = client.ranges.legacy_ipc_capable(ptr);
-        let ordinal = client.ranges.device_of(ptr).and_then(|server| client.app_device(server)).unwrap_or(0) as i32;
+        let legacy_ipc = client.legacy_ipc_capable(ptr);
+        let ordinal = client.device_of(ptr).unwrap_or(0) as i32;
         return Some(Known { start, len, device: true, device_accessible: true, managed: None, legacy_ipc, ordinal });
     }
-    if let Some((start, len, buffer_id)) = client.managed.holding(ptr, 1) {
+    if let Some((start, len, buffer_id)) = client.managed().holding(ptr, 1) {
         return Some(Known { start, len, device: true, device_accessible: true, managed: Some(buffer_id), legacy_ipc: false, ordinal: 0 });
     }
     client.host_allocation(ptr as usize).map(|host| Known {
@@ -520,9 +520,7 @@ unsafe fn write_attribute(
             RANGE_SIZE => write_out(data.cast::<usize>(), len as usize),
             BUFFER_ID if managed.is_some() => write_out(data.cast::<u64>(), managed.unwrap_or_default()),
             // Pinned host blocks live in this process, not in the session's device ranges.
-            BUFFER_ID if device => {
-                write_out(data.cast::<u64>(), client()?.ranges.buffer_id(ptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?)
-            }
+            BUFFER_ID if device => write_out(data.cast::<u64>(), client()?.buffer_id(ptr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?),
             SYNC_MEMOPS => write_out(data.cast::<c_uint>(), c_uint::from(sync_memops().contains(&start))),
             // CUDA IPC works between sessions on one GPU, for the memory the driver exports;
             // GPUDirect RDMA needs a NIC on the GPU's host, which the app does not drive.
@@ -613,7 +611,7 @@ pub unsafe fn cuPointerGetAttributes(
 pub unsafe fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) -> CUresult {
     run(|| {
         let client = client()?;
-        let managed = || client.managed.holding(dptr, 1).map(|(start, len, _)| (start, len));
+        let managed = || client.managed().holding(dptr, 1).map(|(start, len, _)| (start, len));
         let (start, len) = client.device_range(dptr).or_else(managed).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
         // Either out-pointer may be NULL: the caller wants only the other.
         if !pbase.is_null() {

@@ -115,7 +115,7 @@ fn load_module(module: *mut CUmodule, image: Option<Image>) -> DriverResult {
     non_null([module.cast()])?;
     let image = image.ok_or(CUresult::CUDA_ERROR_INVALID_IMAGE)?;
     let client = client()?;
-    let id = registry::load(Some(&client.conn), image, false).map_err(driver_error)?;
+    let id = client.load_module(image, false).map_err(driver_error)?;
     // SAFETY: checked non-NULL; the caller's out-pointer.
     unsafe { write_out(module, module_handle(id)) }
 }
@@ -187,12 +187,11 @@ pub unsafe fn cuModuleUnload(hmod: CUmodule) -> CUresult {
 
 fn unload(id: u32) -> DriverResult {
     driver().session()?;
-    let client = flyt_client::client::existing_client();
-    registry::unload(client.map(|c| &c.conn), client.map(|c| &c.ranges), id).map_err(driver_error)?;
-    if let Some(client) = client {
-        client.mirrors.forget_module(client, id);
+    match flyt_client::client::existing_client() {
+        Some(client) => client.unload_module(id).map_err(driver_error),
+        // No session yet: only lazily loaded modules exist, none of them sent.
+        None => registry::unload(None, None, id).map_err(driver_error),
     }
-    Ok(())
 }
 
 /// Entry 1 of the CudartInterface export table: a module from a fat binary the runtime registered.
@@ -252,8 +251,12 @@ unsafe fn load_library(
     driver().session()?;
     let lazy = lazy_loading();
     let image = image(preserved)?;
-    let conn = if lazy { None } else { Some(&flyt_client::client::client().map_err(driver_error)?.conn) };
-    let id = registry::load(conn, image, lazy).map_err(driver_error)?;
+    let id = if lazy {
+        registry::load(None, image, true)
+    } else {
+        flyt_client::client::client().map_err(driver_error)?.load_module(image, false)
+    };
+    let id = id.map_err(driver_error)?;
     // SAFETY: checked non-NULL; the caller's out-pointer.
     unsafe { write_out(library, module_handle(id)) }
 }
@@ -369,7 +372,7 @@ fn find_function<T>(out: *mut *mut T, id: u32, name: *const c_char, needs_contex
     non_null([out.cast()])?;
     let name = name_of(name)?;
     let client = if needs_context { client()? } else { session_client()? };
-    let found = registry::function_by_name(&client.conn, id, &name);
+    let found = client.function_by_name(id, &name);
     let function = found.inspect_err(|error| client.note_unrunnable(&name, *error)).map_err(|error| match error {
         // A kernel the module lacks: the driver's "named symbol not found".
         flyt_protocol::CudaError::INVALID_DEVICE_FUNCTION => CUresult::CUDA_ERROR_NOT_FOUND,
@@ -399,14 +402,14 @@ pub unsafe fn cuKernelGetFunction(p_func: *mut CUfunction, kernel: CUkernel) -> 
 /// The names of a module's kernels, in the driver's order, with the session that knows them.
 fn kernel_names(id: u32, needs_context: bool) -> DriverResult<(&'static Client, Arc<Vec<String>>)> {
     let client = if needs_context { client()? } else { session_client()? };
-    let names = registry::function_names(&client.conn, id).map_err(driver_error)?;
+    let names = client.function_names(id).map_err(driver_error)?;
     Ok((client, names))
 }
 
 /// The first `limit` kernels of a module, each with its handle (found as by name).
 fn kernels_of(id: u32, needs_context: bool, limit: usize) -> DriverResult<Vec<Arc<Function>>> {
     let (client, names) = kernel_names(id, needs_context)?;
-    names.iter().take(limit).map(|name| registry::function_by_name(&client.conn, id, name).map_err(driver_error)).collect()
+    names.iter().take(limit).map(|name| client.function_by_name(id, name).map_err(driver_error)).collect()
 }
 
 /// The number of kernels: their names suffice, no lookups.
@@ -468,7 +471,7 @@ fn find_global(
     managed_only: bool,
 ) -> DriverResult {
     let name = name_of(name)?;
-    let (address, size, managed) = registry::global_by_name(&client.conn, &client.ranges, id, &name).map_err(|error| match error {
+    let (address, size, managed) = client.global_by_name(id, &name).map_err(|error| match error {
         flyt_protocol::CudaError::INVALID_SYMBOL => CUresult::CUDA_ERROR_NOT_FOUND,
         other => driver_error(other),
     })?;

@@ -37,14 +37,14 @@ fn side(kind: u32, host: *const c_void, device: CUdeviceptr, array: CUarray, pit
         // copies: `transfer::declared_fits`) is copied as the host memory it is here.
         memory_type::DEVICE
             if !client.is_device_pointer(device)
-                && !client.managed.device_backed(device, 1)
+                && !client.managed().device_backed(device, 1)
                 && client.host_allocation(device as usize).is_some_and(|host| host.device_mapped) =>
         {
             host_side(device as usize as *const c_void)
         }
         memory_type::DEVICE => Ok(Side::Device { ptr: device, pitch, height }),
         // Mirrored managed memory is device memory to copies (`transfer::classify`).
-        memory_type::UNIFIED if client.is_device_pointer(device) || client.managed.device_backed(device, 1) => {
+        memory_type::UNIFIED if client.is_device_pointer(device) || client.managed().device_backed(device, 1) => {
             Ok(Side::Device { ptr: device, pitch, height })
         }
         memory_type::UNIFIED => host_side(device as usize as *const c_void),

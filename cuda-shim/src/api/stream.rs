@@ -341,11 +341,8 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> DriverResult {
     let client = client()?;
     let start = flyt_client::streams::event_id(client, start as usize).map_err(driver_error)?;
     let end = flyt_client::streams::event_id(client, end as usize).map_err(driver_error)?;
-    {
-        let events = client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if [start, end].iter().any(|id| events.get(id).is_none_or(|flags| flags & EVENT_DISABLE_TIMING != 0)) {
-            return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
-        }
+    if [start, end].iter().any(|id| client.event_flags(*id).is_none_or(|flags| flags & EVENT_DISABLE_TIMING != 0)) {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
     let reply = client.call(req::EventElapsedTime { start, end }).map_err(driver_error)?;
     // SAFETY: checked non-NULL; the caller's out-pointer.
@@ -364,7 +361,7 @@ pub unsafe fn cuEventDestroy_v2(h_event: CUevent) -> CUresult {
     run(|| {
         let client = client()?;
         let id = h_event as u64;
-        if client.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id).is_none() {
+        if !client.forget_event(id) {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
         }
         client.post(req::EventDestroy { event: id }).map_err(driver_error)
@@ -435,8 +432,7 @@ pub unsafe fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
 fn stream_info(stream: CUstream, ptds: bool) -> DriverResult<flyt_client::client::StreamInfo> {
     let client = client()?;
     let id = resolve_stream(client, stream, ptds)?;
-    let streams = client.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    Ok(streams.get(&id).copied().unwrap_or(flyt_client::client::StreamInfo { flags: 0, priority: 0 }))
+    Ok(client.stream_info(id))
 }
 
 macro_rules! stream_queries {
