@@ -108,20 +108,40 @@ static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
 /// The session, opened on first use. A failure is permanent for the process, as CUDA's own
 /// initialization errors are, and its one-line reason was printed when it happened.
 pub fn client() -> CudaResult<&'static Client> {
-    let mut opened_now = false;
-    let client = CLIENT.get_or_init(|| {
-        opened_now = true;
-        open()
-    });
+    let client = CLIENT.get_or_init(open);
     match client {
-        Ok(client) => Ok(client),
+        Ok(client) => {
+            // Attached before any thread that got the session sends work (a load once set).
+            client.conn.attach(client);
+            Ok(client)
+        }
         Err(error) => Err(*error),
+    }
+}
+
+impl crate::conn::SessionLink for Client {
+    fn host_job(&self, job: crate::graphs::HostJob) {
+        self.host_call_arrived(job);
+    }
+
+    fn host_functions_pending(&self) -> bool {
+        self.graphs.host_functions_pending()
+    }
+
+    fn over_budget(&self, bytes: u64) {
+        over_budget(bytes);
+    }
+
+    fn reconnect(&self, address: Option<&str>, snapshot: &str) -> Result<(Wire, Wire), String> {
+        reconnect(address, snapshot, self.shm.as_ref())
     }
 }
 
 /// The session if one is open; never opens one.
 pub fn existing_client() -> Option<&'static Client> {
-    CLIENT.get().and_then(|client| client.as_ref().ok())
+    let client = CLIENT.get().and_then(|client| client.as_ref().ok())?;
+    client.conn.attach(client);
+    Some(client)
 }
 
 /// What the driver front does when the server says the tenant holds `bytes` over its quota.
@@ -134,7 +154,7 @@ pub fn on_over_budget(handler: fn(u64)) {
 
 /// The server's over-budget notice, read by whichever thread read the connection: the handler
 /// must not block it (the driver front hands the notice to a thread of its own).
-pub(crate) fn over_budget(bytes: u64) {
+fn over_budget(bytes: u64) {
     match OVER_BUDGET.get() {
         Some(handler) => handler(bytes),
         None => crate::diagnostics::once(
@@ -294,10 +314,9 @@ fn resume_at(origin: &Origin, address: &str, snapshot: &str, channel: Option<&sh
 
 /// Continues a moved session on `address` (or the server it had): retries until the server
 /// there has its snapshot, within `FLYT_RESUME_TIMEOUT`. The new connection's two halves.
-pub(crate) fn reconnect(address: Option<&str>, snapshot: &str) -> Result<(Wire, Wire), String> {
+fn reconnect(address: Option<&str>, snapshot: &str, channel: Option<&crate::shm::Channel>) -> Result<(Wire, Wire), String> {
     let origin = ORIGIN.get().ok_or("a move before the session opened")?;
     let address = address.unwrap_or(&origin.address);
-    let channel = existing_client().and_then(|client| client.shm.as_ref());
     let deadline = std::time::Instant::now() + resume_timeout();
     let mut told = false;
     loop {

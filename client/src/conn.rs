@@ -252,7 +252,24 @@ impl Inbound {
 }
 
 /// A live connection.
+/// What the connection hands to, and asks of, the session it carries. The session is made after
+/// its connection and attaches itself once made (`Conn::attach`): the connection never reaches up
+/// into the session's module.
+pub trait SessionLink: Send + Sync {
+    /// A host function, or a graph's host copy, the server's stream reached.
+    fn host_job(&self, job: crate::graphs::HostJob);
+    /// Whether host functions that streams will reach have yet to return.
+    fn host_functions_pending(&self) -> bool;
+    /// The server says the tenant holds `bytes` over its quota.
+    fn over_budget(&self, bytes: u64);
+    /// The session moved: both halves of a connection to `address` (the same server when
+    /// `None`), the session resumed there from `snapshot`.
+    fn reconnect(&self, address: Option<&str>, snapshot: &str) -> Result<(Wire, Wire), String>;
+}
+
 pub struct Conn {
+    /// The session this connection carries, once it is made.
+    session: OnceLock<&'static dyn SessionLink>,
     writer: Mutex<WireHalf>,
     outgoing: Mutex<Outgoing>,
     /// Signalled when a pause ends (with `outgoing`).
@@ -324,6 +341,7 @@ impl Conn {
         let writes_directly = matches!(wire, Wire::RingOut(..));
         let socket = wire.as_fd().try_clone_to_owned().ok();
         let conn = Arc::new(Self {
+            session: OnceLock::new(),
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
             outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1, paused: false, pause_owed: false, device: 0 }),
             resumed: Condvar::new(),
@@ -354,6 +372,30 @@ impl Conn {
         let flusher = conn.clone();
         std::thread::Builder::new().name("flyt-flusher".into()).spawn(move || flusher.flush_loop())?;
         Ok(conn)
+    }
+
+    /// Attaches the session this connection carries (once; notices that need it fail before).
+    pub fn attach(&self, session: &'static dyn SessionLink) {
+        if self.session.get().is_none() {
+            let _ = self.session.set(session);
+        }
+    }
+
+    /// Whether host functions that streams will reach have yet to return.
+    fn host_functions_pending(&self) -> bool {
+        self.session.get().is_some_and(|session| session.host_functions_pending())
+    }
+
+    /// Hands a host job to the session.
+    fn host_job(&self, job: crate::graphs::HostJob) -> Result<(), String> {
+        let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
+        match self.session.get() {
+            Some(session) => {
+                session.host_job(job);
+                Ok(())
+            }
+            None => Err("a host function call before the session opened".into()),
+        }
     }
 
     fn check_alive(&self) -> CudaResult<()> {
@@ -413,7 +455,7 @@ impl Conn {
     fn pause(&self) {
         let mut out = lock(&self.outgoing);
         if !out.paused {
-            if host_functions_pending() {
+            if self.host_functions_pending() {
                 out.pause_owed = true;
             } else {
                 Self::enqueue_anywhere(&mut out, &req::Pause {}.into(), &[]);
@@ -454,7 +496,8 @@ impl Conn {
             // Dropping these halves later must not mark the next connection's rings closed.
             inbound.wire.retire_rings();
         }
-        let (reader, writer) = crate::client::reconnect(address.as_deref(), snapshot)?;
+        let session = self.session.get().ok_or("a move before the session opened")?;
+        let (reader, writer) = session.reconnect(address.as_deref(), snapshot)?;
         self.writes_directly.store(matches!(writer, Wire::RingOut(..)), Ordering::Relaxed);
         inbound.wire = reader;
         (inbound.start, inbound.end) = (0, 0);
@@ -568,7 +611,7 @@ impl Conn {
             let mut out = lock(&self.outgoing);
             Self::enqueue_anywhere(&mut out, request, bulk);
             returned();
-            if out.pause_owed && !host_functions_pending() {
+            if out.pause_owed && !self.host_functions_pending() {
                 out.pause_owed = false;
                 Self::enqueue_anywhere(&mut out, &req::Pause {}.into(), &[]);
             }
@@ -807,30 +850,18 @@ impl Conn {
                 Ok(Notice::Output { stdout, stderr }) => write_device_output(&stdout, &stderr),
                 Ok(Notice::Pause) => self.pause(),
                 Ok(Notice::Resumed) => self.resume(),
-                Ok(Notice::OverBudget { bytes }) => crate::client::over_budget(bytes),
+                Ok(Notice::OverBudget { bytes }) => match self.session.get() {
+                    Some(session) => session.over_budget(bytes),
+                    None => crate::diagnostics::once(
+                        "over-budget",
+                        &format!("flyt: the slice's memory quota is now {bytes} bytes below what the tenant holds"),
+                    ),
+                },
                 Ok(Notice::Alive) => {}
                 Ok(Notice::Moved { address, snapshot }) => self.moved(inbound, address, &snapshot)?,
-                Ok(Notice::HostCall { call, run }) => {
-                    let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
-                    match crate::client::existing_client() {
-                        Some(client) => client.host_call_arrived(crate::graphs::HostJob::Call { call, run }),
-                        None => return Err("a host function call before the session opened".into()),
-                    }
-                }
-                Ok(Notice::HostCopyOut { run, host }) => {
-                    let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
-                    match crate::client::existing_client() {
-                        Some(client) => client.host_call_arrived(crate::graphs::HostJob::CopyOut { run, host, bytes }),
-                        None => return Err("a graph host copy before the session opened".into()),
-                    }
-                }
-                Ok(Notice::HostCopyIn { run, host }) => {
-                    let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
-                    match crate::client::existing_client() {
-                        Some(client) => client.host_call_arrived(crate::graphs::HostJob::CopyIn { run, host }),
-                        None => return Err("a graph host copy before the session opened".into()),
-                    }
-                }
+                Ok(Notice::HostCall { call, run }) => self.host_job(crate::graphs::HostJob::Call { call, run })?,
+                Ok(Notice::HostCopyOut { run, host }) => self.host_job(crate::graphs::HostJob::CopyOut { run, host, bytes })?,
+                Ok(Notice::HostCopyIn { run, host }) => self.host_job(crate::graphs::HostJob::CopyIn { run, host })?,
                 Err(error) => return Err(format!("undecodable notice: {error}")),
             }
             return Ok(());
@@ -967,9 +998,4 @@ fn watchdog(conn: &Weak<Conn>, timeout: Duration) {
             return;
         }
     }
-}
-
-/// Whether host functions that streams will reach have yet to return.
-fn host_functions_pending() -> bool {
-    crate::client::existing_client().is_some_and(|client| client.graphs.host_functions_pending())
 }
