@@ -559,6 +559,11 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Client {
     // --- what the driver front asks of the session (its fields are the client's own) ---
 
+    /// Waits for `stream`'s work (a synchronizing call: earlier work's errors arrive here).
+    pub fn sync_stream(&self, stream: u64) -> CudaResult<()> {
+        self.call(flyt_protocol::ops::req::StreamSynchronize { stream }).map(drop)
+    }
+
     /// The server's `cudaDriverGetVersion`.
     pub fn driver_version(&self) -> i32 {
         self.info.driver_version

@@ -187,13 +187,12 @@ fn wire_side(side: Side) -> CopySide {
     }
 }
 
-/// Any shaped copy. `sync` is the front's synchronizing call on a stream (see
-/// [`crate::transfer::copy`]).
+/// Any shaped copy (synchronous ones end as [`crate::transfer::copy`]'s do).
 ///
 /// # Safety
 /// Host sides are valid for the box they describe, as the CUDA contract requires; for an
 /// asynchronous copy they stay valid until the app synchronizes.
-pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode, sync: &dyn Fn(u64) -> CudaResult<()>) -> CudaResult<()> {
+pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode) -> CudaResult<()> {
     client.check_side(shape.src, shape.src_pos, &shape)?;
     client.check_side(shape.dst, shape.dst_pos, &shape)?;
     if shape.width == 0 || shape.height == 0 || shape.depth == 0 {
@@ -217,7 +216,7 @@ pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode, sync:
     match (shape.src, shape.dst) {
         (Side::Host { ptr: src, pitch: src_pitch, height: src_height }, Side::Host { ptr: dst, pitch: dst_pitch, height: dst_height }) => {
             // After the stream's earlier work, on the CPU, row by row.
-            sync(stream)?;
+            client.sync_stream(stream)?;
             let piece = Piece { offset: Pos3::default(), width: shape.width, height: 1, depth: 1 };
             for z in 0..shape.depth {
                 for y in 0..shape.height {
@@ -243,17 +242,17 @@ pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode, sync:
             client.post(req::MemcpyShaped { copy, stream })?;
             if managed_dst && mode == Mode::Synchronous {
                 // The host reads managed memory once a synchronous copy returns.
-                sync(stream)?;
+                client.sync_stream(stream)?;
             }
             Ok(())
         }
         (Side::Host { ptr, pitch, height }, _) => {
             // SAFETY: forwarded contract.
-            unsafe { to_device(client, shape, (ptr, pitch, height), stream, mode, sync) }
+            unsafe { to_device(client, shape, (ptr, pitch, height), stream, mode) }
         }
         (_, Side::Host { ptr, pitch, height }) => {
             // SAFETY: forwarded contract.
-            unsafe { to_host(client, shape, (ptr, pitch, height), stream, mode, sync) }
+            unsafe { to_host(client, shape, (ptr, pitch, height), stream, mode) }
         }
         _ => Err(CudaError::INVALID_VALUE),
     }
@@ -313,14 +312,7 @@ fn in_place(client: &Client, channel: &Channel, shape: &Shape, host: (*mut u8, u
 ///
 /// # Safety
 /// As [`copy`].
-unsafe fn to_device(
-    client: &Client,
-    shape: Shape,
-    host: (*mut u8, u64, u64),
-    stream: u64,
-    mode: Mode,
-    sync: &dyn Fn(u64) -> CudaResult<()>,
-) -> CudaResult<()> {
+unsafe fn to_device(client: &Client, shape: Shape, host: (*mut u8, u64, u64), stream: u64, mode: Mode) -> CudaResult<()> {
     if let Some(channel) = &client.shm {
         if !in_place(client, channel, &shape, host, false, stream)? {
             for piece in pieces(shape.width, shape.height, shape.depth, SLOT as u64) {
@@ -355,7 +347,7 @@ unsafe fn to_device(
         }
     }
     match mode {
-        Mode::Synchronous => sync(stream),
+        Mode::Synchronous => client.sync_stream(stream),
         Mode::Asynchronous => client.conn.flush(),
     }
 }
@@ -373,18 +365,11 @@ fn fence(client: &Client, stream: u64) -> CudaResult<Arc<ReplySlot>> {
 ///
 /// # Safety
 /// As [`copy`].
-unsafe fn to_host(
-    client: &Client,
-    shape: Shape,
-    host: (*mut u8, u64, u64),
-    stream: u64,
-    mode: Mode,
-    sync: &dyn Fn(u64) -> CudaResult<()>,
-) -> CudaResult<()> {
+unsafe fn to_host(client: &Client, shape: Shape, host: (*mut u8, u64, u64), stream: u64, mode: Mode) -> CudaResult<()> {
     if let Some(channel) = &client.shm {
         if in_place(client, channel, &shape, host, true, stream)? {
             return match mode {
-                Mode::Synchronous => sync(stream),
+                Mode::Synchronous => client.sync_stream(stream),
                 Mode::Asynchronous => client.conn.flush(),
             };
         }
@@ -426,7 +411,7 @@ unsafe fn to_host(
             outcome = outcome.and(finish(entry));
         }
         outcome?;
-        return if mode == Mode::Synchronous { sync(stream) } else { Ok(()) };
+        return if mode == Mode::Synchronous { client.sync_stream(stream) } else { Ok(()) };
     }
     let chunk = client.info.copy_chunk.max(4096);
     let all = pieces(shape.width, shape.height, shape.depth, chunk);

@@ -270,14 +270,13 @@ pub enum Mode {
 }
 
 /// Any copy, once the front has resolved the stream and classified the pointers (see
-/// [`classify`]). `sync` is the front's synchronizing call on a stream: a synchronous copy ends
-/// with it, so it reports errors of earlier work as the front's other sync points do.
+/// [`classify`]). A synchronous copy ends with a stream synchronize, so it reports errors of
+/// earlier work as the other sync points do.
 ///
 /// # Safety
 /// The host side (`dst` or `src`, per the direction) is valid for `count` bytes, as the CUDA
 /// contract requires; for an asynchronous device-to-host copy it stays valid until the app
 /// synchronizes.
-#[expect(clippy::too_many_arguments, reason = "a copy's whole description, shared by both fronts")]
 pub unsafe fn copy(
     client: &Client,
     dst: *mut c_void,
@@ -286,7 +285,6 @@ pub unsafe fn copy(
     direction: Direction,
     stream: u64,
     mode: Mode,
-    sync: &dyn Fn(u64) -> CudaResult<()>,
 ) -> CudaResult<()> {
     if count == 0 {
         return Ok(());
@@ -313,7 +311,7 @@ pub unsafe fn copy(
             // Stream-ordered and synchronous with the host, as in CUDA: the stream's earlier
             // work (a kernel writing mapped memory, a device-to-host copy into the source) is
             // done first, then the CPU copies.
-            sync(stream)?;
+            client.sync_stream(stream)?;
             // SAFETY: both are host buffers of `count` bytes per this function's contract;
             // `copy` allows overlap.
             unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };
@@ -326,7 +324,7 @@ pub unsafe fn copy(
             }
             if let Some(channel) = &client.shm {
                 // SAFETY: forwarded contract.
-                unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode, sync) }?;
+                unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode) }?;
                 if managed_dst && mode == Mode::Synchronous {
                     // Mirrored managed memory beside the channel (the server could not map a
                     // block at its address): the host reads it once the copy returns.
@@ -346,7 +344,7 @@ pub unsafe fn copy(
             }
             if mode == Mode::Synchronous {
                 // cudaMemcpy reports errors of earlier work, and the copy is done when it returns.
-                sync(stream)?;
+                client.sync_stream(stream)?;
             }
             Ok(())
         }
@@ -357,7 +355,7 @@ pub unsafe fn copy(
             }
             if let Some(channel) = &client.shm {
                 // SAFETY: forwarded contract.
-                return unsafe { shm_to_host(client, channel, dst.cast(), src_address, count, stream, mode, sync) };
+                return unsafe { shm_to_host(client, channel, dst.cast(), src_address, count, stream, mode) };
             }
             // Into pageable memory even cudaMemcpyAsync returns only once the copy is done (CUDA
             // documents it); into pinned or registered memory it returns at once and the bytes
@@ -419,7 +417,7 @@ pub unsafe fn copy(
             client.post(req::MemcpyDtoD { dst: dst_address, src: src_address, len, stream })?;
             if managed_dst && mode == Mode::Synchronous {
                 // The host reads managed memory once a synchronous copy returns.
-                sync(stream)?;
+                client.sync_stream(stream)?;
             }
             Ok(())
         }
@@ -468,7 +466,6 @@ fn fence(client: &Client, stream: u64) -> CudaResult<std::sync::Arc<ReplySlot>> 
 ///
 /// # Safety
 /// `src` is readable for `count` bytes until this returns.
-#[expect(clippy::too_many_arguments, reason = "the copy's description and the front's sync")]
 unsafe fn shm_to_device(
     client: &Client,
     channel: &Channel,
@@ -477,7 +474,6 @@ unsafe fn shm_to_device(
     count: usize,
     stream: u64,
     mode: Mode,
-    sync: &dyn Fn(u64) -> CudaResult<()>,
 ) -> CudaResult<()> {
     if let Some(offset) = channel.offset_of(src as usize, count) {
         client.post(req::ShmCopyHtoD { dst, offset: offset as u64, len: count as u64, stream })?;
@@ -502,7 +498,7 @@ unsafe fn shm_to_device(
         }
     }
     if mode == Mode::Synchronous {
-        sync(stream)?;
+        client.sync_stream(stream)?;
     } else {
         client.conn.flush()?;
     }
@@ -515,21 +511,11 @@ unsafe fn shm_to_device(
 /// # Safety
 /// `dst` is writable for `count` bytes until this returns (or, for a pinned block copied
 /// asynchronously, until the app synchronizes).
-#[expect(clippy::too_many_arguments, reason = "the copy's description and the front's sync")]
-unsafe fn shm_to_host(
-    client: &Client,
-    channel: &Channel,
-    dst: *mut u8,
-    src: u64,
-    count: usize,
-    stream: u64,
-    mode: Mode,
-    sync: &dyn Fn(u64) -> CudaResult<()>,
-) -> CudaResult<()> {
+unsafe fn shm_to_host(client: &Client, channel: &Channel, dst: *mut u8, src: u64, count: usize, stream: u64, mode: Mode) -> CudaResult<()> {
     if let Some(offset) = channel.offset_of(dst as usize, count) {
         client.post(req::ShmCopyDtoH { src, offset: offset as u64, len: count as u64, stream })?;
         return match mode {
-            Mode::Synchronous => sync(stream),
+            Mode::Synchronous => client.sync_stream(stream),
             Mode::Asynchronous => client.conn.flush(),
         };
     }
@@ -577,7 +563,7 @@ unsafe fn shm_to_host(
     if mode == Mode::Synchronous {
         // Deliver errors of earlier asynchronous work and flush device printf output, as a
         // synchronous copy does (the stream is idle: the fences above said so).
-        sync(stream)?;
+        client.sync_stream(stream)?;
     }
     Ok(())
 }

@@ -97,9 +97,8 @@ unsafe fn memcpy(dst: u64, src: u64, count: usize, declared: Option<Direction>, 
         Some(declared) if declared == found || transfer::declared_fits(client, declared, found, dst, src) => found,
         Some(_) => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
     };
-    let sync = |stream| client.call(req::StreamSynchronize { stream }).map(|_| ());
     // SAFETY: forwarded contract.
-    unsafe { transfer::copy(client, dst as usize as *mut c_void, src as usize as *const c_void, count, direction, stream, mode, &sync) }
+    unsafe { transfer::copy(client, dst as usize as *mut c_void, src as usize as *const c_void, count, direction, stream, mode) }
         .map_err(super::session::driver_error)
 }
 

@@ -5,7 +5,7 @@ use std::ffi::{c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
 
 use flyt_client::shaped::{self, Shape, Side};
 use flyt_client::transfer::Mode;
-use flyt_protocol::ops::{Memset2d, Pos3, req};
+use flyt_protocol::ops::{Memset2d, Pos3};
 
 use super::session::{client, resolve_stream, run};
 use crate::CUresult;
@@ -61,9 +61,8 @@ fn side(kind: u32, host: *const c_void, device: CUdeviceptr, array: CUarray, pit
 unsafe fn copy(shape: Shape, stream: CUstream, mode: Mode, ptds: bool) -> DriverResult {
     let client = client()?;
     let stream = resolve_stream(client, stream, ptds)?;
-    let sync = |stream| client.call(req::StreamSynchronize { stream }).map(|_| ());
     // SAFETY: forwarded contract.
-    unsafe { shaped::copy(client, shape, stream, mode, &sync) }.map_err(super::session::driver_error)
+    unsafe { shaped::copy(client, shape, stream, mode) }.map_err(super::session::driver_error)
 }
 
 /// # Safety
