@@ -1,4 +1,4 @@
-//! Kernel launches, for both fronts: the configuration checked against the device's limits at
+//! Kernel launches: the configuration checked against the device's limits at
 //! the call (as CUDA does, instead of failing later at a sync point), the arguments packed by the
 //! kernel's parameter layout, and one asynchronous message: no round trip.
 

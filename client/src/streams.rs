@@ -1,6 +1,6 @@
 //! Stream and event handles. Their ids are chosen here, so creating one costs no round trip (the
-//! server learns of it from an asynchronous request); both fronts hand the same ids to the app
-//! as `CUstream`/`cudaStream_t` and `CUevent`/`cudaEvent_t`.
+//! server learns of it from an asynchronous request); the driver front hands them to the app as
+//! `CUstream` and `CUevent` (the runtime front passes those on as `cudaStream_t`/`cudaEvent_t`).
 
 use std::cell::Cell;
 

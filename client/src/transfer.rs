@@ -1,6 +1,6 @@
 //! Copies in every direction, memsets and pinned host memory, over the socket or the
-//! shared-memory channel: the paths both fronts use. The fronts check their ABI's arguments
-//! (kinds, flags, handles), resolve the stream and classify the pointers; what happens then is here.
+//! shared-memory channel. The driver front checks its ABI's arguments (kinds, flags, handles),
+//! resolves the stream and classifies the pointers; what happens then is here.
 //!
 //! Copies larger than the server's chunk travel as several frames, so a large copy never holds
 //! up another thread's small calls for more than a chunk.
