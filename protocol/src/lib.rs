@@ -6,7 +6,8 @@
 //! - [`handshake`], [`device`], [`token`], [`locate`]: session set-up; [`deposit`]: a file the app
 //!   maps, handed to its worker.
 //! - [`error`]: `cudaError_t` as data, with the runtime's own names and messages.
-//! - [`control`]: control-plane services (tarpc traits) between the daemons and `flytctl`.
+//! - `control` (feature `control`): control-plane services (tarpc traits) between the daemons
+//!   and `flytctl`; the libraries loaded into apps build without it, so they carry no async runtime.
 //!
 //! No I/O policy lives here: framing works over any `Read`/`Write`, and nothing touches CUDA.
 #![forbid(unsafe_code)]
@@ -15,6 +16,7 @@
     reason = "Flyt runs on 64-bit Linux only: sizes and addresses cross the wire as u64 and fit usize"
 )]
 
+#[cfg(feature = "control")]
 pub mod control;
 pub mod deposit;
 pub mod device;
