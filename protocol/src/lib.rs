@@ -26,6 +26,8 @@ pub mod handshake;
 pub mod locate;
 pub mod ops;
 pub mod token;
+/// The listener's and its workers' messages (the server's; they name control-plane types).
+#[cfg(feature = "control")]
 pub mod worker;
 mod generated {
     #[rustfmt::skip]
