@@ -1,8 +1,6 @@
 //! The C ABI edge: the panic boundary every export and export-table entry goes through, and the
 //! early-return helpers for pointer arguments.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
 use crate::CUresult;
 
 /// What an entry point returns if its body panicked (a bug in Flyt): never unwinds into C.
@@ -45,16 +43,7 @@ impl PanicDefault for std::ffi::c_int {
 pub fn boundary<R: PanicDefault>(symbol: &'static str, body: impl FnOnce() -> R) -> R {
     flyt_ring::timeline::mark(flyt_ring::timeline::Stage::ExportEnter);
     let started = flyt_client::stats::start();
-    let result = match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(value) => value,
-        Err(_) => {
-            crate::diagnostics::once(
-                &format!("panic:{symbol}"),
-                &format!("flyt: internal error in {symbol} (a bug in Flyt; returning an error)"),
-            );
-            R::on_panic()
-        }
-    };
+    let result = flyt_front_kit::ffi::catch_panic(symbol, body, R::on_panic);
     flyt_client::stats::finish(symbol, started);
     // Not-ready answers are how queries poll, not failures.
     if let Some(code) = result.failure().filter(|code| *code != CUresult::CUDA_ERROR_NOT_READY) {
@@ -91,12 +80,8 @@ pub fn finish(result: DriverResult) -> CUresult {
 /// # Safety
 /// `ptr` is NULL or valid for a write of `T` (the caller's contract for the driver function).
 pub unsafe fn write_out<T>(ptr: *mut T, value: T) -> DriverResult {
-    if ptr.is_null() {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-NULL, and valid for writes per this function's contract.
-    unsafe { ptr.write(value) };
-    Ok(())
+    // SAFETY: forwarded contract.
+    unsafe { flyt_front_kit::ffi::write_out(ptr, value, CUresult::CUDA_ERROR_INVALID_VALUE) }
 }
 
 /// Fails with CUDA_ERROR_INVALID_VALUE if any pointer is NULL (checked before anything is written, so

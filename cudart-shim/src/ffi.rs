@@ -5,7 +5,6 @@
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
@@ -103,19 +102,10 @@ impl PanicValue for cudaChannelFormatDesc {
 /// Runs an export's body; a panic never crosses into the app: it is reported once on stderr and
 /// becomes `cudaErrorUnknown` (or the return type's failing value).
 pub fn boundary<R: PanicValue>(symbol: &'static str, body: impl FnOnce() -> R) -> R {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(value) => value,
-        Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|text| text.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            crate::diagnostics::once(symbol, &format!("flyt: internal error in {symbol}: {message}"));
-            set_last_error(CudaError::UNKNOWN);
-            R::on_panic()
-        }
-    }
+    flyt_front_kit::ffi::catch_panic(symbol, body, || {
+        set_last_error(CudaError::UNKNOWN);
+        R::on_panic()
+    })
 }
 
 /// Converts a checked export's result to `cudaError_t`, recording failures as the last error.
@@ -137,12 +127,8 @@ pub fn finish(result: CudaResult<()>) -> cudaError_t {
 /// # Safety
 /// `out` is NULL or valid for a write of `T`, as the CUDA API contract requires of the caller.
 pub unsafe fn write_out<T>(out: *mut T, value: T) -> CudaResult<()> {
-    if out.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    // SAFETY: non-null, and valid for writes per this function's contract.
-    unsafe { out.write_unaligned(value) };
-    Ok(())
+    // SAFETY: forwarded contract.
+    unsafe { flyt_front_kit::ffi::write_out(out, value, CudaError::INVALID_VALUE) }
 }
 
 /// A host buffer the app passed, as a byte slice (`len == 0` with NULL is an empty slice).

@@ -4,4 +4,5 @@
 
 pub mod diagnostics;
 pub mod driver_library;
+pub mod ffi;
 pub mod flyt_table;

@@ -15,7 +15,6 @@
 pub mod driver;
 
 use std::ffi::{CStr, c_char, c_int, c_uint};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use flyt_front_kit::diagnostics;
@@ -70,14 +69,7 @@ fn run(name: &'static str, body: impl FnOnce() -> Result) -> NvmlReturn {
 
 /// As [`run`], for the calls NVML answers before `nvmlInit`.
 fn run_uninitialized(name: &'static str, body: impl FnOnce() -> Result) -> NvmlReturn {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => NVML_SUCCESS,
-        Ok(Err(code)) => code,
-        Err(_) => {
-            diagnostics::once(name, &format!("flyt: internal error in {name}"));
-            NVML_ERROR_UNKNOWN
-        }
-    }
+    flyt_front_kit::ffi::catch_panic(name, || body().err().unwrap_or(NVML_SUCCESS), || NVML_ERROR_UNKNOWN)
 }
 
 /// Writes `value` through an out-pointer the app passed.
@@ -85,12 +77,8 @@ fn run_uninitialized(name: &'static str, body: impl FnOnce() -> Result) -> NvmlR
 /// # Safety
 /// `ptr` is NULL or valid for a write of `T`.
 unsafe fn write<T>(ptr: *mut T, value: T) -> Result {
-    if ptr.is_null() {
-        return Err(NVML_ERROR_INVALID_ARGUMENT);
-    }
-    // SAFETY: non-NULL and writable, per the caller's contract.
-    unsafe { ptr.write(value) };
-    Ok(())
+    // SAFETY: forwarded contract.
+    unsafe { flyt_front_kit::ffi::write_out(ptr, value, NVML_ERROR_INVALID_ARGUMENT) }
 }
 
 /// Copies `text` and its NUL into a C buffer of `length` bytes, or `INSUFFICIENT_SIZE`.
