@@ -241,6 +241,9 @@ flyt_protocol::for_each_op!(define_handler);
 /// the worker's memory.
 const MAX_HANDLES: usize = 1 << 16;
 
+/// Private events for waits, each with the device (index) whose context made it.
+type SpareEvents<D> = Arc<Mutex<Vec<(usize, <D as Device>::Event)>>>;
+
 struct LoadedModule<D: Device> {
     module: D::Module,
     /// The device it was loaded on (`elsewhere` holds its loads on the session's other devices).
@@ -401,9 +404,9 @@ pub struct Session<D: Device> {
     /// kernels) are not, so a kernel launched on another device loads its image there first.
     elsewhere: IdMap<(u32, usize), LoadedModule<D>>,
     links: IdMap<u64, Linked<D>>,
-    /// Private events for waiting on streams, reused.
-    /// By the device (index) whose context made each: an event is recorded only on streams of its context.
-    spare_events: Arc<Mutex<Vec<(usize, D::Event)>>>,
+    /// Private events for waiting on streams, reused by streams of the device that made them (an
+    /// event is recorded only on streams of its context).
+    spare_events: SpareEvents<D>,
     /// The shared-memory segment, when the client shares this host.
     shm: Option<Segment>,
     /// Whether a loaded module may print (device `printf` or `assert`): only then do
@@ -563,24 +566,26 @@ impl<D: Device> Session<D> {
 
     fn function(&mut self, function: flyt_protocol::ops::FunctionRef) -> CudaResult<(D::Function, u64)> {
         let index = usize::try_from(function.index).map_err(|_| CudaError::INVALID_DEVICE_FUNCTION)?;
-        let module = self.module_here(function.module)?;
-        if index >= module.functions.len() {
-            // Found by name on the module's own device after this device's load was made.
-            let home = self.modules.get(&function.module).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
-            let name = home.function_names.iter().find(|(_, at)| **at as usize == index).map(|(name, _)| name.clone());
-            let name = name.ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
-            let device = self.device.clone();
-            let module = self.module_here(function.module)?;
-            while module.functions.len() <= index {
-                module.functions.push(Err(CudaError::INVALID_DEVICE_FUNCTION));
-            }
-            module.functions[index] = device.function(&module.module, &name).map(|(function, params)| Kernel::new(function, params));
-            module.function_names.insert(name, function.index);
+        if let Some(kernel) = self.module_here(function.module)?.functions.get(index) {
+            return kernel.as_ref().map(|kernel| (kernel.function, kernel.args_len)).map_err(|error| *error);
         }
-        match self.module_here(function.module)?.functions.get(index).ok_or(CudaError::INVALID_DEVICE_FUNCTION)? {
-            Ok(kernel) => Ok((kernel.function, kernel.args_len)),
-            Err(error) => Err(*error),
-        }
+        self.find_here(function.module, index)
+    }
+
+    /// A kernel the module's own device found by name after the current device's load of it was
+    /// made: found in that load too, at the same index.
+    fn find_here(&mut self, id: u32, index: usize) -> CudaResult<(D::Function, u64)> {
+        let home = self.modules.get(&id).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+        let name = home.function_names.iter().find(|(_, at)| **at as usize == index).map(|(name, _)| name.clone());
+        let name = name.ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+        let device = self.device.clone();
+        let module = self.module_here(id)?;
+        module.functions.resize_with(index + 1, || Err(CudaError::INVALID_DEVICE_FUNCTION));
+        let kernel = device.function(&module.module, &name).map(|(function, params)| Kernel::new(function, params));
+        let found = kernel.as_ref().map(|kernel| (kernel.function, kernel.args_len)).map_err(|error| *error);
+        module.functions[index] = kernel;
+        module.function_names.insert(name, u32::try_from(index).unwrap_or(u32::MAX));
+        found
     }
 
     /// Module `id` as loaded on the current device: its own load there, or a load of its image

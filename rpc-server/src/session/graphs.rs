@@ -273,10 +273,11 @@ impl<D: Device> GraphTable<D> {
         let mut freed = Vec::new();
         for ptr in held {
             let orphan = self.memory.get(&ptr).is_some_and(|(_, of)| *of == 0);
-            if orphan && !self.exec_memory.values().any(|others| others.contains(&ptr)) {
-                if let Some((size, _)) = self.memory.remove(&ptr) {
-                    freed.push((ptr, size));
-                }
+            if orphan
+                && !self.exec_memory.values().any(|others| others.contains(&ptr))
+                && let Some((size, _)) = self.memory.remove(&ptr)
+            {
+                freed.push((ptr, size));
             }
         }
         freed
