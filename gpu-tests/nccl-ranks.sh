@@ -5,12 +5,13 @@
 # using GPU RANK (DEVICE), as natively; the ranks' outputs compared with the native run's. NCCL's
 # transport choice is logged (NCCL_DEBUG=INFO) to OUT. The local GPUs are not hidden from the
 # Flyt ranks (Flyt's libraries come first on their library path).
-#   gpu-tests/nccl-ranks.sh --dist DIR --out DIR [--python P] [--ranks N] [--script PY]
+#   gpu-tests/nccl-ranks.sh --dist DIR --out DIR [--python P] [--ranks N] [--script PY] [--timeout S]
 # --script runs another script the same way (benchmarks/nccl_allreduce.py: timings, printed for
-# both runs rather than compared).
+# both runs rather than compared). A rank still running after --timeout seconds (default 300) has
+# its threads' stacks (and the server's) written to OUT/LABEL.rankN.stacks before it is stopped.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-DIST=dist OUT=gpu-tests/results/nccl-ranks PY=/opt/torch/.venv/bin/python RANKS= SCRIPT=$here/torch/nccl.py
+DIST=dist OUT=gpu-tests/results/nccl-ranks PY=/opt/torch/.venv/bin/python RANKS= SCRIPT=$here/torch/nccl.py LIMIT=300
 while [ $# -gt 0 ]; do
     case $1 in
         --dist) DIST=$2; shift 2 ;;
@@ -18,7 +19,8 @@ while [ $# -gt 0 ]; do
         --python) PY=$2; shift 2 ;;
         --ranks) RANKS=$2; shift 2 ;;
         --script) SCRIPT=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
-        *) echo "usage: $0 --dist DIR --out DIR [--python P] [--ranks N] [--script PY]" >&2; exit 2 ;;
+        --timeout) LIMIT=$2; shift 2 ;;
+        *) echo "usage: $0 --dist DIR --out DIR [--python P] [--ranks N] [--script PY] [--timeout S]" >&2; exit 2 ;;
     esac
 done
 DIST=$(cd "$DIST" && pwd)
@@ -46,13 +48,37 @@ run_ranks() {
         # NCCL writes its log to stdout unless told otherwise: the ranks' stdout stays comparable.
         env RANK=$r WORLD_SIZE=$RANKS MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$OUT/$label.rank$r.nccl" \
             $(rank_env "$label" $r) \
-            timeout 300 "$PY" "$SCRIPT" >"$OUT/$label.rank$r.out" 2>"$OUT/$label.rank$r.err" &
+            "$PY" "$SCRIPT" >"$OUT/$label.rank$r.out" 2>"$OUT/$label.rank$r.err" &
         pids+=($!)
     done
+    local waited=0
+    while [ $waited -lt "$LIMIT" ] && any_alive "${pids[@]}"; do sleep 1; waited=$((waited + 1)); done
+    if any_alive "${pids[@]}"; then
+        for r in "${!pids[@]}"; do
+            kill -0 "${pids[$r]}" 2>/dev/null && dump_stacks "${pids[$r]}" >"$OUT/$label.rank$r.stacks" 2>&1
+        done
+        [ "$label" = native ] || dump_stacks $(pgrep -f flyt-rpc-server) >"$OUT/$label.server.stacks" 2>&1
+        kill -9 "${pids[@]}" 2>/dev/null
+        echo "nccl-ranks: $label ranks still running after $LIMIT s: stacks in $OUT/$label.rank*.stacks" >&2
+    fi
     local rc=0
     for r in "${!pids[@]}"; do wait "${pids[$r]}" || rc=1; done
     port=$((port + 1))
     return $rc
+}
+any_alive() {
+    local pid
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done
+    return 1
+}
+dump_stacks() {
+    local debugger pid
+    debugger=$(command -v gdb || command -v cuda-gdb || echo /usr/local/cuda/bin/cuda-gdb)
+    for pid in "$@"; do
+        echo "===== pid $pid: $(tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | cut -c1-200)"
+        timeout 60 "$debugger" -p "$pid" -batch -ex "set pagination off" -ex "thread apply all bt 25" 2>&1 |
+            grep -E '^(Thread|#[0-9]+ )' | cut -c1-300
+    done
 }
 rank_env() {
     if [ "$1" = native ]; then
