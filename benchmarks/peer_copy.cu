@@ -1,7 +1,8 @@
 // peer_copy: cudaMemcpyPeer bandwidth between GPU 0 and GPU 1 (run natively and through Flyt on
 // a machine with two GPUs, both visible): 1 GiB each way, 3 warm-up copies, then 10 timed ones
-// (each synchronized, timed on the host); prints the median and p99 in GB/s. Also a device-to-
-// device copy inside GPU 0 for scale.
+// (each synchronized, timed on the host); prints the median and p99 in GB/s, first without peer
+// access (the driver stages through host memory), then with it enabled both ways (NVLink or PCIe
+// peer to peer where the GPUs are peers). Also a device-to-device copy inside GPU 0 for scale.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -58,6 +59,14 @@ int main() {
     printf("peer access 0->1: %d\n", can);
     int failed = measure("cudaMemcpyPeer 1 -> 0", [&] { return cudaMemcpyPeer(a, 0, b, 1, BYTES); });
     failed |= measure("cudaMemcpyPeer 0 -> 1", [&] { return cudaMemcpyPeer(b, 1, a, 0, BYTES); });
+    if (can) {
+        CHECK(cudaDeviceEnablePeerAccess(1, 0));
+        CHECK(cudaSetDevice(1));
+        CHECK(cudaDeviceEnablePeerAccess(0, 0));
+        CHECK(cudaSetDevice(0));
+        failed |= measure("peer access: cudaMemcpyPeer 1 -> 0", [&] { return cudaMemcpyPeer(a, 0, b, 1, BYTES); });
+        failed |= measure("peer access: cudaMemcpyPeer 0 -> 1", [&] { return cudaMemcpyPeer(b, 1, a, 0, BYTES); });
+    }
     failed |= measure("cudaMemcpy on GPU 0", [&] { return cudaMemcpy(c, a, BYTES, cudaMemcpyDeviceToDevice); });
     return failed;
 }
