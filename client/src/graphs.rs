@@ -4,7 +4,7 @@
 //! the app's process, when the server says a stream reached one.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -54,6 +54,9 @@ pub struct Graphs {
     /// `(clone, original node)` to the clone's node.
     clones: Mutex<HashMap<(u64, u64), u64>>,
     host_functions: Mutex<HashMap<u64, Registered>>,
+    /// Addresses of graph memory (allocation nodes, allocations made in a capture): the app may
+    /// free them outside their graph after each launch, any number of times.
+    memory: Mutex<HashSet<u64>>,
     runner: OnceLock<Mutex<Sender<HostJob>>>,
     /// Host functions that streams will reach and that have not returned yet.
     outstanding: AtomicUsize,
@@ -85,6 +88,16 @@ impl Graphs {
 
     pub fn any_capture(&self) -> bool {
         self.active_captures.load(Ordering::Acquire) > 0
+    }
+
+    /// Records graph memory at `ptr` (kept while the session lives: the server refuses a free
+    /// of memory whose graph is gone).
+    pub fn note_memory(&self, ptr: u64) {
+        lock(&self.memory).insert(ptr);
+    }
+
+    pub fn is_memory(&self, ptr: u64) -> bool {
+        lock(&self.memory).contains(&ptr)
     }
 
     pub fn node_kind(&self, node: u64) -> Option<u32> {

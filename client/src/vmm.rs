@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::req;
+use flyt_protocol::ops::{capture_status, req};
 
 use crate::client::Client;
 
@@ -194,6 +194,9 @@ impl Client {
     pub fn alloc_async(&self, size: u64, stream: u64, pool: u64) -> CudaResult<u64> {
         let allocate = || self.call(req::MemAllocAsync { size, stream, pool }).map(|reply| reply.ptr);
         let ptr = self.place_allocation(size, allocate, |ptr| self.post(req::MemFreeAsync { ptr, stream }))?;
+        if ptr != 0 && self.graphs.any_capture() && self.capture_info(stream).is_ok_and(|info| info.status != capture_status::NONE) {
+            self.graphs.note_memory(ptr);
+        }
         if ptr != 0 {
             let pool = if pool == 0 { self.current_pool() } else { pool };
             self.ranges.set_pool(ptr, pool);
@@ -219,7 +222,11 @@ impl Client {
         if ptr == 0 {
             return Ok(());
         }
-        self.forget_allocation(ptr)?;
+        if self.forget_allocation(ptr).is_err() && !self.graphs.is_memory(ptr) {
+            // Graph memory is freed outside its graph too (in stream order after each launch);
+            // anything else unknown here is refused as the driver refuses it.
+            return Err(CudaError::INVALID_VALUE);
+        }
         self.post(req::MemFreeAsync { ptr, stream })
     }
 

@@ -476,6 +476,7 @@ fn graph_memory_and_conditional_nodes_through_the_driver_api() {
         for line in [
             "graph memory filled and copied out: yes",
             "graph memory freed with cuMemFree after each launch: yes",
+            "graph memory freed with cuMemFreeAsync after each launch: yes",
             "IF with value 1: body ran",
             "IF with value 0: body skipped",
             "a disabled memset does not run: yes",

@@ -1329,6 +1329,7 @@ unsafe fn add_node_with_outputs(
     if size > 0 {
         // Graph memory: kernels and copies may name it while its graph lives.
         client.add_device_range(ptr, size, false);
+        client.graphs().note_memory(ptr);
         with_records(|records| records.allocs.insert(node, AllocNode { size, ptr, access }));
         if !alloc_out.is_null() {
             // SAFETY: the app's `dptr` field.

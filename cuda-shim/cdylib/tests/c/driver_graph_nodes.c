@@ -533,6 +533,19 @@ int main(void) {
     }
     CHECK("graph memory freed with cuMemFree after each launch", freed_outside);
     EXPECT(cuMemFree(kept_params.dptr + 4096), CUDA_ERROR_INVALID_VALUE);
+    // And in stream order (cuMemFreeAsync), as NVIDIA's graphMemoryNodes does after a launch.
+    int freed_async = 1;
+    for (int round = 0; round < 2; round++) {
+        EXPECT(cuGraphLaunch(kept_exec, s), CUDA_SUCCESS);
+        CUresult r = cuMemFreeAsync(kept_params.dptr, s);
+        if (r != CUDA_SUCCESS) {
+            printf("FAIL: cuMemFreeAsync of graph memory after launch %d: %s\n", round, name_of(r));
+            freed_async = 0;
+        }
+        EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
+    }
+    CHECK("graph memory freed with cuMemFreeAsync after each launch", freed_async);
+    EXPECT(cuMemFreeAsync(kept_params.dptr + 4096, s), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuGraphExecDestroy(kept_exec), CUDA_SUCCESS);
     EXPECT(cuGraphDestroy(kept), CUDA_SUCCESS);
 
