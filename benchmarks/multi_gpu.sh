@@ -63,8 +63,8 @@ if wants nccl2; then
         >"$OUT/nccl_ranks.log" 2>&1
     cp "$TMP/ranks/native.rank0.out" "$OUT/nccl_ranks.native.txt" 2>/dev/null
     cp "$TMP/ranks/flyt.rank0.out" "$OUT/nccl_ranks.shm.txt" 2>/dev/null
-    grep -ho 'via [A-Za-z/]*[A-Za-z]' "$TMP"/ranks/native.rank*.nccl 2>/dev/null | sort | uniq -c >"$OUT/nccl_ranks.native.transports"
-    grep -ho 'via [A-Za-z/]*[A-Za-z]' "$TMP"/ranks/flyt.rank*.nccl 2>/dev/null | sort | uniq -c >"$OUT/nccl_ranks.shm.transports"
+    grep -ho 'via [A-Za-z0-9/]*[A-Za-z0-9]' "$TMP"/ranks/native.rank*.nccl 2>/dev/null | sort | uniq -c >"$OUT/nccl_ranks.native.transports"
+    grep -ho 'via [A-Za-z0-9/]*[A-Za-z0-9]' "$TMP"/ranks/flyt.rank*.nccl 2>/dev/null | sort | uniq -c >"$OUT/nccl_ranks.shm.transports"
 fi
 
 echo "# multi-GPU benchmarks, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | sed 's/^ *//')"

@@ -104,5 +104,5 @@ for ((r = 0; r < RANKS; r++)); do
     [ $same = yes ] || all=1
     echo "| $r | $(tail -1 "$OUT/native.rank$r.out") | $(tail -1 "$OUT/flyt.rank$r.out") | $same |"
 done
-echo "NCCL transports through Flyt: $(grep -ho 'via [A-Za-z/]*[A-Za-z]' "$OUT"/flyt.rank*.nccl | sort | uniq -c | tr '\n' ' ')"
+echo "NCCL transports through Flyt: $(grep -ho 'via [A-Za-z0-9/]*[A-Za-z0-9]' "$OUT"/flyt.rank*.nccl | sort | uniq -c | tr '\n' ' ')"
 [ $native_rc = 0 ] && [ $flyt_rc = 0 ] && [ $all = 0 ]
