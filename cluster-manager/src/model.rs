@@ -8,7 +8,8 @@ use std::{
 
 use flyt_protocol::{
     control::cluster::{
-        AllocationRecord, AllocationState, ControlError, GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeView, VmMode, VmRequirement,
+        AllocationRecord, AllocationState, ControlError, GpuInfo, GpuLinkKind, GpuUsage, NodeHealth, NodeRecord, NodeView, VmMode,
+        VmRequirement,
     },
     handshake::ClientIdentity,
 };
@@ -16,6 +17,14 @@ use flyt_protocol::{
 use crate::store::StoredState;
 
 const MIB: u64 = 1 << 20;
+
+/// How well a set of GPUs is joined, better first: its worst pair's path, then the sum over its
+/// pairs (0 NVLink, 1 PCIe peer to peer, 2 through host memory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SetRank {
+    worst: u32,
+    total: u32,
+}
 
 /// A registered node.
 #[derive(Clone, Debug)]
@@ -173,7 +182,8 @@ impl Model {
     /// `place`, leaving out the nodes in `avoid` (ones that did not answer a start).
     pub fn place_avoiding(&self, vm: &VmRequirement, avoid: &[String]) -> Result<(String, u32), ControlError> {
         let wanted_bytes = vm.memory.saturating_mul(MIB);
-        let mut best: Option<(bool, u32, &str, u32)> = None;
+        // (another host, the GPU set's links (several-GPU VMs), free SMs, node, first GPU).
+        let mut best: Option<(bool, SetRank, u32, &str, u32)> = None;
         let mut closest: Option<(u64, String)> = None;
         let (mut up, mut drained, mut gpus) = (0, 0, 0);
         for (node_id, node) in &self.nodes {
@@ -199,13 +209,20 @@ impl Model {
                 }
                 continue;
             }
+            // A several-GPU VM starts from the first GPU of the node's best-joined set.
+            let set = (vm.gpus > 1).then(|| self.best_gpu_set(vm, node_id, None)).flatten();
             for gpu in &node.gpus {
                 gpus += 1;
                 let (used_units, used_memory, _) = self.gpu_used(node_id, gpu.index, None);
                 let free_units = gpu.sm_count.saturating_sub(used_units);
                 let free_bytes = gpu.memory_bytes.saturating_sub(used_memory.saturating_mul(MIB));
-                if free_units >= vm.compute_units && free_bytes >= wanted_bytes {
-                    let candidate = (other_host, free_units, node_id.as_str(), gpu.index);
+                let in_set = match &set {
+                    Some((_, members)) => members.first() == Some(&gpu.index),
+                    None => vm.gpus <= 1,
+                };
+                if in_set && free_units >= vm.compute_units && free_bytes >= wanted_bytes {
+                    let rank = set.as_ref().map_or(SetRank::default(), |(rank, _)| *rank);
+                    let candidate = (other_host, rank, free_units, node_id.as_str(), gpu.index);
                     if best.is_none_or(|current| candidate < current) {
                         best = Some(candidate);
                     }
@@ -234,7 +251,7 @@ impl Model {
                 }
             }
         }
-        if let Some((_, _, node_id, gpu)) = best {
+        if let Some((_, _, _, node_id, gpu)) = best {
             return Ok((node_id.to_string(), gpu));
         }
         let need = match vm.gpus {
@@ -277,12 +294,69 @@ impl Model {
     /// The other GPUs of a several-GPU allocation of `vm` on `node_id` beside `first` (placement
     /// chose the node because it has them): none for a one-GPU VM.
     pub fn extra_gpus(&self, vm: &VmRequirement, node_id: &str, first: u32) -> Result<Vec<u32>, ControlError> {
-        let wanted = usize::try_from(vm.gpus.saturating_sub(1)).unwrap_or(usize::MAX);
-        let extra: Vec<u32> = self.fitting_gpus(vm, node_id).into_iter().filter(|gpu| *gpu != first).take(wanted).collect();
-        if extra.len() < wanted {
-            return Err(ControlError::NoCapacity(format!("{node_id} no longer has {} GPUs with room for VM {}", vm.gpus, vm.vm_ip)));
+        if vm.gpus <= 1 {
+            return Ok(Vec::new());
         }
-        Ok(extra)
+        match self.best_gpu_set(vm, node_id, Some(first)) {
+            Some((_, members)) => Ok(members.into_iter().filter(|gpu| *gpu != first).collect()),
+            None => Err(ControlError::NoCapacity(format!("{node_id} no longer has {} GPUs with room for VM {}", vm.gpus, vm.vm_ip))),
+        }
+    }
+
+    /// How GPUs `a` and `b` of `node_id` reach each other: 0 NVLink, 1 PCIe peer to peer, 2 not
+    /// peer to peer (through host memory).
+    fn link_class(&self, node_id: &str, a: u32, b: u32) -> u32 {
+        let kind = |from: u32, to: u32| {
+            self.nodes
+                .get(node_id)
+                .and_then(|node| node.gpus.iter().find(|gpu| gpu.index == from))
+                .and_then(|gpu| gpu.links.iter().find(|link| link.to == to))
+                .map(|link| link.kind)
+        };
+        // A path counts as its worse direction.
+        match (kind(a, b), kind(b, a)) {
+            (Some(GpuLinkKind::NvLink), Some(GpuLinkKind::NvLink)) => 0,
+            (Some(_), Some(_)) => 1,
+            _ => 2,
+        }
+    }
+
+    /// The `vm.gpus` GPUs of `node_id` with room for its slices that are best joined (every pair
+    /// over NVLink first, then peer to peer over PCIe, then any), containing `first` when given;
+    /// ties go to the fullest GPUs (whole GPUs stay free). Greedy from each possible first GPU:
+    /// each step adds the GPU whose worst path to the set is best. `None` when too few fit.
+    fn best_gpu_set(&self, vm: &VmRequirement, node_id: &str, first: Option<u32>) -> Option<(SetRank, Vec<u32>)> {
+        let wanted = usize::try_from(vm.gpus).ok()?;
+        let mut fitting = self.fitting_gpus(vm, node_id);
+        // `first` was chosen already (its slice may be counted by now): it is in the set.
+        let starts: Vec<u32> = match first {
+            Some(first) => {
+                fitting.retain(|gpu| *gpu != first);
+                fitting.push(first);
+                vec![first]
+            }
+            None => fitting.clone(),
+        };
+        if fitting.len() < wanted {
+            return None;
+        }
+        let mut best: Option<(SetRank, Vec<u32>)> = None;
+        for start in starts {
+            let mut members = vec![start];
+            while members.len() < wanted {
+                let worst_to_set = |gpu: u32| members.iter().map(|member| self.link_class(node_id, gpu, *member)).max().unwrap_or(0);
+                // `fitting` is fullest first, so `min_by_key` keeps the fullest among equals.
+                let next = fitting.iter().copied().filter(|gpu| !members.contains(gpu)).min_by_key(|gpu| worst_to_set(*gpu))?;
+                members.push(next);
+            }
+            let classes: Vec<u32> =
+                members.iter().enumerate().flat_map(|(i, a)| members[i + 1..].iter().map(|b| self.link_class(node_id, *a, *b))).collect();
+            let rank = SetRank { worst: classes.iter().copied().max().unwrap_or(0), total: classes.iter().sum() };
+            if best.as_ref().is_none_or(|(current, _)| rank < *current) {
+                best = Some((rank, members));
+            }
+        }
+        best
     }
 
     /// Checks that `allocation` can grow or shrink to `compute_units` SMs and `memory` MiB on
@@ -421,6 +495,7 @@ mod tests {
                     memory_bytes: mib * MIB,
                     sm_count: *sms,
                     emulated: true,
+                    links: Vec::new(),
                 })
                 .collect(),
             last_heartbeat: Instant::now(),
@@ -506,6 +581,59 @@ mod tests {
         let pair = model.allocations["pair"].clone();
         assert!(model.check_resize(&pair, 50, 4096).is_ok());
         assert!(model.check_resize(&pair, 51, 4096).is_err(), "two of its GPUs have no SM to spare");
+    }
+
+    /// Joins GPUs `a` and `b` of `node` both ways by `kind`.
+    fn link(node: &mut NodeEntry, a: u32, b: u32, kind: GpuLinkKind) {
+        use flyt_protocol::control::cluster::GpuLink;
+        for (from, to) in [(a, b), (b, a)] {
+            node.gpus.iter_mut().find(|gpu| gpu.index == from).unwrap().links.push(GpuLink { to, kind });
+        }
+    }
+
+    #[test]
+    fn several_gpus_go_to_gpus_joined_by_nvlink_first() {
+        let mut model = Model::default();
+        // Four GPUs: 0-1 and 2-3 over NVLink, 1-2 peers over PCIe, 0 and 3 not peers.
+        let mut four = node("d", "192.0.2.4", &[(80, 16_384); 4]);
+        link(&mut four, 0, 1, GpuLinkKind::NvLink);
+        link(&mut four, 2, 3, GpuLinkKind::NvLink);
+        link(&mut four, 1, 2, GpuLinkKind::Pcie);
+        model.nodes.insert("d".into(), four);
+        let two = |ip: &str, units| VmRequirement { gpus: 2, ..vm(ip, "192.0.2.4", units, 4096) };
+        let pair = |model: &Model, id: &str| {
+            let allocation = &model.allocations[id];
+            let mut gpus = vec![allocation.gpu, allocation.extra_gpus[0]];
+            gpus.sort();
+            gpus
+        };
+        allocate(&mut model, "p1", &two("10.0.0.1", 50));
+        let first = pair(&model, "p1");
+        assert!(first == [0, 1] || first == [2, 3], "an NVLink pair, got {first:?}");
+        // The other NVLink pair still has room for 50 SMs each: it gets the second VM.
+        allocate(&mut model, "p2", &two("10.0.0.2", 50));
+        let second = pair(&model, "p2");
+        assert!((second == [0, 1] || second == [2, 3]) && second != first, "the other NVLink pair, got {second:?}");
+        // 30 SMs are left on each GPU: a third pair goes to the fullest NVLink pair again, not
+        // to 1-2 (PCIe) or 0-3 (no peer path).
+        allocate(&mut model, "p3", &two("10.0.0.3", 30));
+        let third = pair(&model, "p3");
+        assert!(third == [0, 1] || third == [2, 3], "an NVLink pair, got {third:?}");
+        // Three GPUs: no set of three is all NVLink; the best is a path 0-1-2 or 1-2-3 (two
+        // NVLink pairs' worth of links beats including 0 with 3).
+        let mut model = Model::default();
+        let mut four = node("d", "192.0.2.4", &[(80, 16_384); 4]);
+        link(&mut four, 0, 1, GpuLinkKind::NvLink);
+        link(&mut four, 2, 3, GpuLinkKind::NvLink);
+        link(&mut four, 1, 2, GpuLinkKind::Pcie);
+        link(&mut four, 0, 2, GpuLinkKind::Pcie);
+        link(&mut four, 1, 3, GpuLinkKind::Pcie);
+        model.nodes.insert("d".into(), four);
+        allocate(&mut model, "t", &VmRequirement { gpus: 3, ..vm("10.0.0.4", "192.0.2.4", 10, 1024) });
+        let allocation = &model.allocations["t"];
+        let mut three: Vec<u32> = std::iter::once(allocation.gpu).chain(allocation.extra_gpus.iter().copied()).collect();
+        three.sort();
+        assert!(three == [0, 1, 2] || three == [1, 2, 3], "every pair peer to peer, got {three:?}");
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub struct EmulatedGpu {
     pub name: String,
     pub memory_mib: u64,
     pub sm_count: u32,
+    /// The other emulated GPUs (by index) this one reaches over NVLink, for testing placement.
+    #[serde(default)]
+    pub nvlink: Vec<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -117,7 +120,7 @@ impl Default for NodeManagerConfig {
             state_dir: "/var/lib/flyt/node-manager".into(),
             snapshot_dir: String::new(),
             device: "auto".into(),
-            emulated_gpus: vec![EmulatedGpu { name: "Flyt Emulated GPU".into(), memory_mib: 16_384, sm_count: 80 }],
+            emulated_gpus: vec![EmulatedGpu { name: "Flyt Emulated GPU".into(), memory_mib: 16_384, sm_count: 80, nvlink: Vec::new() }],
             cuda_library: "libcuda.so.1".into(),
             metrics_listen: String::new(),
             rpc_server: RpcServerConfig::default(),

@@ -1,16 +1,18 @@
 //! GPU discovery through the CUDA driver API (`libcuda.so.1`, loaded at run time), the one FFI
 //! edge of the node manager. The driver rather than NVML: it reports the SM count (NVML has no
 //! call for it outside MIG) and numbers GPUs by CUDA ordinal, which is what
-//! `flyt-rpc-server --gpu` takes. Only `cuInit` and `cuDeviceGet*` queries are used: no context
-//! is created, so MPS started afterwards is unaffected.
+//! `flyt-rpc-server --gpu` takes. Only `cuInit` and `cuDeviceGet*`/`cuDeviceCanAccessPeer`
+//! queries are used: no context is created, so MPS started afterwards is unaffected.
 
 use std::ffi::{c_char, c_int, c_uint};
 
-use flyt_protocol::control::cluster::GpuInfo;
+use flyt_protocol::control::cluster::{GpuInfo, GpuLink, GpuLinkKind};
 use libloading::Library;
 
 /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT` in `cuda.h`.
 const ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+/// `CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED` in `cuda.h`.
+const P2P_NATIVE_ATOMIC_SUPPORTED: c_int = 3;
 /// `CUDA_SUCCESS`.
 const SUCCESS: c_int = 0;
 
@@ -21,6 +23,8 @@ type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
 type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
 type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
 type CuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
+type CuDeviceCanAccessPeer = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+type CuDeviceGetP2PAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int, c_int) -> c_int;
 
 /// Why the driver could not be asked.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
@@ -56,6 +60,8 @@ pub fn probe(library_name: &str) -> Result<Vec<GpuInfo>, ProbeError> {
     let cu_device_total_mem: CuDeviceTotalMem = symbol!("cuDeviceTotalMem_v2", CuDeviceTotalMem);
     let cu_device_get_attribute: CuDeviceGetAttribute = symbol!("cuDeviceGetAttribute", CuDeviceGetAttribute);
     let cu_device_get_uuid: CuDeviceGetUuid = symbol!("cuDeviceGetUuid_v2", CuDeviceGetUuid);
+    let cu_device_can_access_peer: CuDeviceCanAccessPeer = symbol!("cuDeviceCanAccessPeer", CuDeviceCanAccessPeer);
+    let cu_device_get_p2p_attribute: CuDeviceGetP2PAttribute = symbol!("cuDeviceGetP2PAttribute", CuDeviceGetP2PAttribute);
 
     // SAFETY: cuInit takes flags by value; 0 is the only defined value.
     check("cuInit", unsafe { cu_init(0) })?;
@@ -88,7 +94,25 @@ pub fn probe(library_name: &str) -> Result<Vec<GpuInfo>, ProbeError> {
             memory_bytes: memory as u64,
             sm_count: u32::try_from(sm_count).unwrap_or(0),
             emulated: false,
+            links: Vec::new(),
         });
+    }
+    // Peer paths between every ordered pair. NVLink (and NVSwitch) carries native atomics; a
+    // PCIe peer path does not: the driver's attribute tells them apart without NVML.
+    for from in 0..count {
+        for to in (0..count).filter(|to| *to != from) {
+            let mut can: c_int = 0;
+            // SAFETY: `can` is a live, writable int; both ordinals are below the count read above
+            // (CUdevice handles equal ordinals in the driver API).
+            if unsafe { cu_device_can_access_peer(&mut can, from, to) } != SUCCESS || can == 0 {
+                continue;
+            }
+            let mut atomics: c_int = 0;
+            // SAFETY: as above; the attribute id is from cuda.h.
+            let asked = unsafe { cu_device_get_p2p_attribute(&mut atomics, P2P_NATIVE_ATOMIC_SUPPORTED, from, to) };
+            let kind = if asked == SUCCESS && atomics != 0 { GpuLinkKind::NvLink } else { GpuLinkKind::Pcie };
+            gpus[from as usize].links.push(GpuLink { to: u32::try_from(to).unwrap_or(0), kind });
+        }
     }
     Ok(gpus)
 }

@@ -1,6 +1,6 @@
 //! Which GPUs this node offers: the CUDA driver's, or the config's emulated ones.
 
-use flyt_protocol::control::cluster::GpuInfo;
+use flyt_protocol::control::cluster::{GpuInfo, GpuLink, GpuLinkKind};
 
 use crate::{config::NodeManagerConfig, cuda_probe, servers::DeviceKind};
 
@@ -32,6 +32,7 @@ fn emulated(config: &NodeManagerConfig) -> Result<Vec<GpuInfo>, DiscoveryError> 
             memory_bytes: gpu.memory_mib.saturating_mul(1 << 20),
             sm_count: gpu.sm_count,
             emulated: true,
+            links: gpu.nvlink.iter().map(|to| GpuLink { to: *to, kind: GpuLinkKind::NvLink }).collect(),
         })
         .collect())
 }
@@ -57,5 +58,25 @@ pub fn discover(config: &NodeManagerConfig) -> Result<(DeviceKind, Vec<GpuInfo>)
             }
         },
         other => Err(DiscoveryError::UnknownDevice(other.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EmulatedGpu;
+
+    #[test]
+    fn emulated_gpus_report_the_nvlinks_their_config_names() {
+        let gpu = |nvlink: Vec<u32>| EmulatedGpu { name: "E".into(), memory_mib: 1024, sm_count: 8, nvlink };
+        let config = NodeManagerConfig {
+            device: "emulated".into(),
+            emulated_gpus: vec![gpu(vec![1]), gpu(vec![0]), gpu(Vec::new())],
+            ..NodeManagerConfig::default()
+        };
+        let (_, gpus) = discover(&config).unwrap();
+        assert_eq!(gpus[0].links, vec![GpuLink { to: 1, kind: GpuLinkKind::NvLink }]);
+        assert_eq!(gpus[1].links, vec![GpuLink { to: 0, kind: GpuLinkKind::NvLink }]);
+        assert!(gpus[2].links.is_empty());
     }
 }

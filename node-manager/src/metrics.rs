@@ -68,7 +68,15 @@ mod tests {
 
     #[test]
     fn each_gpu_sums_its_own_slices() {
-        let gpu = |index| GpuInfo { index, uuid: String::new(), name: "g".into(), memory_bytes: 8 << 30, sm_count: 80, emulated: true };
+        let gpu = |index| GpuInfo {
+            index,
+            uuid: String::new(),
+            name: "g".into(),
+            memory_bytes: 8 << 30,
+            sm_count: 80,
+            emulated: true,
+            links: Vec::new(),
+        };
         let text = render(
             "n1",
             &[gpu(0), gpu(1)],

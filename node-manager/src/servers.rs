@@ -1062,6 +1062,7 @@ pub(crate) mod tests {
                 memory_bytes: 8 << 30,
                 sm_count: 40,
                 emulated: true,
+                links: Vec::new(),
             }],
             env: vec![],
             start_timeout: Duration::from_secs(5),

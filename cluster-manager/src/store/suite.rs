@@ -16,7 +16,15 @@ fn vm(ip: &str, units: u32) -> VmRequirement {
 }
 
 fn gpu(index: u32) -> GpuInfo {
-    GpuInfo { index, uuid: format!("GPU-{index}"), name: "Emulated".into(), memory_bytes: 16 << 30, sm_count: 80, emulated: true }
+    GpuInfo {
+        index,
+        uuid: format!("GPU-{index}"),
+        name: "Emulated".into(),
+        memory_bytes: 16 << 30,
+        sm_count: 80,
+        emulated: true,
+        links: Vec::new(),
+    }
 }
 
 fn node(id: &str) -> NodeRecord {

@@ -44,6 +44,25 @@ pub struct GpuInfo {
     pub sm_count: u32,
     /// Served by `flyt-rpc-server --device emulated` (no real GPU).
     pub emulated: bool,
+    /// The other GPUs of its node it reaches peer to peer, and how: placement puts a
+    /// several-GPU allocation on GPUs joined by NVLink first.
+    #[serde(default)]
+    pub links: Vec<GpuLink>,
+}
+
+/// A peer-to-peer path from one GPU to another of its node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuLink {
+    /// The other GPU's CUDA ordinal.
+    pub to: u32,
+    pub kind: GpuLinkKind,
+}
+
+/// How two GPUs reach each other, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum GpuLinkKind {
+    NvLink,
+    Pcie,
 }
 
 /// A GPU as the cluster manager stores it.
