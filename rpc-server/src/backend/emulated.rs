@@ -35,13 +35,30 @@ const BASE_STEP: u64 = 1 << 32;
 const ALIGNMENT: u64 = 2 << 20;
 
 /// Sizes of the emulated device.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct EmulatedConfig {
     pub memory: u64,
     pub sms: u32,
-    /// How many GPUs the session has. They share one address space (as one driver's devices
-    /// do) and, here, one memory of `memory` bytes.
-    pub devices: usize,
+    /// The session's GPUs: their ordinals on the emulated host (of `HOST_GPUS`), which give
+    /// them their UUIDs. They share one address space (as one driver's devices do) and, here,
+    /// one memory of `memory` bytes.
+    pub host_gpus: Vec<usize>,
+}
+
+/// GPUs of the emulated host a server's `--gpu` may name (a large node's eight, and room).
+pub const HOST_GPUS: usize = 16;
+
+/// The UUID of the emulated host's GPU `ordinal`: `flyt-emulated-NN`.
+pub fn host_uuid(ordinal: usize) -> [u8; 16] {
+    let mut uuid = *b"flyt-emulated-00";
+    uuid[14] = b'0' + (ordinal / 10 % 10) as u8;
+    uuid[15] = b'0' + (ordinal % 10) as u8;
+    uuid
+}
+
+/// Every GPU of the emulated host as `CUDA_VISIBLE_DEVICES` names it, in ordinal order.
+pub fn host_uuid_names() -> Vec<String> {
+    (0..HOST_GPUS).map(|ordinal| crate::visible::uuid_name(&host_uuid(ordinal), false)).collect()
 }
 
 /// An event: whether it keeps time (`cudaEventDisableTiming` not set) and when it last fired.
@@ -258,12 +275,10 @@ impl EmulatedDevice {
     /// Device `index` as `info` reports it.
     fn info_of(&self, index: usize) -> DeviceInfo {
         let mut info = self.device_info();
-        if self.config.devices > 1 {
+        if self.config.host_gpus.len() > 1 {
             info.name = format!("Flyt Emulated Device {index} (no GPU: kernels cannot run)");
-            let digit = b'0' + (index % 10) as u8;
-            info.uuid[14] = b'0' + (index / 10 % 10) as u8;
-            info.uuid[15] = digit;
         }
+        info.uuid = host_uuid(self.config.host_gpus.get(index).copied().unwrap_or(0));
         info
     }
 
@@ -419,7 +434,7 @@ impl Device for EmulatedDevice {
     }
 
     fn device_count(&self) -> usize {
-        self.config.devices.max(1)
+        self.config.host_gpus.len().max(1)
     }
 
     fn current_device(&self) -> usize {
