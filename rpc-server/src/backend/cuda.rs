@@ -2216,9 +2216,14 @@ impl Device for CudaDevice {
     }
 
     fn default_pool(&self) -> CudaResult<Self::MemPool> {
+        self.default_pool_of(self.current.load(Ordering::Relaxed))
+    }
+
+    fn default_pool_of(&self, device: usize) -> CudaResult<Self::MemPool> {
+        let gpu = self.gpus.get(device).ok_or(CudaError::INVALID_DEVICE)?;
         let mut pool = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the session's device.
-        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.gpu().device).result() })?;
+        // SAFETY: valid out-pointer; one of the session's devices.
+        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, gpu.device).result() })?;
         Ok(Handle(pool))
     }
 
