@@ -92,7 +92,11 @@ pub fn check_uuids(expected: &[String], found: &[[u8; 16]]) -> Result<(), String
     }
     for (index, (name, uuid)) in expected.iter().zip(found).enumerate() {
         if uuid_part(name) != uuid_part(&uuid_name(uuid, false)) {
-            return Err(format!("{VARIABLE}={} shows the worker {} as device {index}, not {name}", expected.join(","), uuid_name(uuid, false)));
+            return Err(format!(
+                "{VARIABLE}={} shows the worker {} as device {index}, not {name}",
+                expected.join(","),
+                uuid_name(uuid, false)
+            ));
         }
     }
     Ok(())
@@ -108,7 +112,9 @@ pub fn probe(args: &ProbeArgs) -> Result<Vec<String>, String> {
             args.gpu
                 .iter()
                 .map(|ordinal| {
-                    host.get(*ordinal as usize).cloned().ok_or_else(|| format!("GPU {ordinal} does not exist ({} on the emulated host)", host.len()))
+                    host.get(*ordinal as usize)
+                        .cloned()
+                        .ok_or_else(|| format!("GPU {ordinal} does not exist ({} on the emulated host)", host.len()))
                 })
                 .collect::<Result<Vec<_>, _>>()?
         }

@@ -470,7 +470,8 @@ pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i3
         BackendKind::Emulated => {
             let visible_devices = std::env::var(crate::visible::VARIABLE).ok();
             let opened = emulated_host_gpus(&args.gpu, visible_devices.as_deref()).and_then(|host_gpus| {
-                let config = EmulatedConfig { memory: args.emulated_memory, sms: emulated_sms(args.emulated_sms, args.sm_percentage), host_gpus };
+                let config =
+                    EmulatedConfig { memory: args.emulated_memory, sms: emulated_sms(args.emulated_sms, args.sm_percentage), host_gpus };
                 let device = EmulatedDevice::new(config);
                 check_gpus(args, &device).map(|()| device)
             });

@@ -16,6 +16,7 @@ use flyt_test_support::{Server, artifact, run_with_timeout};
 use raw::{RawSession, emulated_server};
 
 const MIB: u64 = 1 << 20;
+const MIB_BYTES: usize = 1 << 20;
 
 /// The emulated host's GPU `ordinal` as `CUDA_VISIBLE_DEVICES` names it.
 fn host_gpu(ordinal: usize) -> String {
@@ -119,7 +120,7 @@ fn a_hostile_tenant_cannot_reach_another_tenants_gpu_or_memory() {
 
     // B's data: an allocation, and an allocation of a pool it exported (a shareable handle).
     let secret = b.call(req::Malloc { size: MIB }).0.unwrap().ptr;
-    b.send(&req::MemcpyHtoD { dst: secret, stream: 0 }.into(), &vec![0xb7; MIB as usize]);
+    b.send(&req::MemcpyHtoD { dst: secret, stream: 0 }.into(), &vec![0xb7; MIB_BYTES]);
     b.call(req::MemPoolCreate { pool: 7, handle_types: 1 }).0.unwrap();
     let pooled = b.call(req::MemAllocAsync { size: MIB, stream: 0, pool: 7 }).0.unwrap().ptr;
     b.send(&req::Memset { dst: pooled, pattern: 0x3c, width: 1, len: MIB, stream: 0 }.into(), &[]);
@@ -163,6 +164,6 @@ fn a_hostile_tenant_cannot_reach_another_tenants_gpu_or_memory() {
 
     // A's session still works, and B's data are as B left them.
     assert_eq!(read_back(&mut a, own, 8).unwrap().len(), 8);
-    assert_eq!(read_back(&mut b, secret, MIB).unwrap(), vec![0xb7; MIB as usize], "B's allocation intact");
-    assert_eq!(read_back(&mut b, pooled, MIB).unwrap(), vec![0x3c; MIB as usize], "B's pool allocation intact");
+    assert_eq!(read_back(&mut b, secret, MIB).unwrap(), vec![0xb7; MIB_BYTES], "B's allocation intact");
+    assert_eq!(read_back(&mut b, pooled, MIB).unwrap(), vec![0x3c; MIB_BYTES], "B's pool allocation intact");
 }

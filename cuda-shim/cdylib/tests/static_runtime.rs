@@ -822,7 +822,11 @@ fn memory_pools_of_each_device_through_the_driver_api() {
     let server = Server::start(&["--device", "emulated", "--gpu", "0,1", "--listen", &socket], &scratch);
     for shm in ["on", "off"] {
         let mut command = Command::new(&program);
-        command.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm).env_remove("CUDA_VISIBLE_DEVICES");
+        command
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("FLYT_SERVER", &server.addresses[0])
+            .env("FLYT_SHM", shm)
+            .env_remove("CUDA_VISIBLE_DEVICES");
         let (code, stdout, stderr) = run_with_timeout(&mut command, Duration::from_secs(60));
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
         for line in [
