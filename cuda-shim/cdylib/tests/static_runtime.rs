@@ -807,6 +807,40 @@ fn two_devices_in_one_session_through_the_driver_api() {
     assert!(stdout.contains("PASSED: 0 failure(s)"), "reordered, everything holds:\n{stdout}\n{stderr}");
 }
 
+/// A tenant's app on a server of the emulated host's GPU 1 (`c/driver_foreign_gpu.c`): its one
+/// device is that GPU, and ordinals past it, made-up contexts in peer access and peer copies are
+/// refused with CUDA errors, its own device working on.
+#[test]
+fn an_app_cannot_name_another_tenants_gpu_through_the_driver_api() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("foreign-gpu");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_foreign_gpu");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--gpu", "1", "--listen", &socket], &scratch);
+    let mut command = Command::new(&program);
+    command.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env_remove("CUDA_VISIBLE_DEVICES");
+    let (code, stdout, stderr) = run_with_timeout(&mut command, Duration::from_secs(60));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    for line in [
+        "devices: 1",
+        "device 0 is the host's: flyt-emulated-01",
+        "cuDeviceGet(1): CUDA_ERROR_INVALID_DEVICE",
+        "cuDevicePrimaryCtxRetain(1): CUDA_ERROR_INVALID_DEVICE",
+        "cuDeviceCanAccessPeer(0, 1): CUDA_ERROR_INVALID_DEVICE",
+        "cuDeviceGetDefaultMemPool(1): CUDA_ERROR_INVALID_DEVICE",
+        "cuCtxEnablePeerAccess(a made-up context): CUDA_ERROR_INVALID_CONTEXT",
+        "cuMemcpyPeer from a made-up context: CUDA_ERROR_INVALID_CONTEXT",
+        "cuMemcpyPeer to a made-up context: CUDA_ERROR_INVALID_CONTEXT",
+        "its own memory still works: yes",
+        "PASSED: 0 failure(s)",
+    ] {
+        assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
+    }
+}
+
 /// Each device's memory pools through the driver API (`c/driver_device_pools.c`), on an emulated
 /// server with two GPUs: a default and a current pool per device, stream-ordered allocations from
 /// the stream's device's pool, attributes and access per pool, a peer granted access.
