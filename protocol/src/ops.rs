@@ -1628,6 +1628,19 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn each_device_has_its_own_default_pool_id_and_none_is_a_pool_the_client_makes() {
+        assert_eq!(default_pool_of(0), DEFAULT_POOL);
+        let ids: Vec<u64> = (0..8).map(default_pool_of).collect();
+        assert!(ids.iter().enumerate().all(|(at, id)| !ids[..at].contains(id)), "distinct: {ids:?}");
+        for device in [0, 1, 7, u32::MAX] {
+            assert_eq!(default_pool_device(default_pool_of(device)), Some(device));
+        }
+        for made in [0, 2, 3, 1 << 20, OTHER_DEFAULT_POOLS] {
+            assert_eq!(default_pool_device(made), None, "pool id {made}");
+        }
+    }
+
     /// The driver's 48-byte form: where each field sits (as `cuda.h` lays out
     /// `CUstreamBatchMemOpParams`), and back again.
     #[test]
