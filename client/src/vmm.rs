@@ -43,8 +43,9 @@ pub struct Vmm {
     reservations: Mutex<BTreeMap<u64, u64>>,
     /// Pools made with a shareable handle type, and pools imported from other processes.
     shared_pools: Mutex<HashMap<u64, SharedPool>>,
-    /// The device's current pool (0 until set: the default pool), as the session's replies say.
-    current_pool: AtomicU64,
+    /// Each device's current pool (by the session's index; absent until set: its default
+    /// pool), as the session's replies say.
+    current_pools: Mutex<HashMap<u32, u64>>,
 }
 
 /// A pool that takes part in sharing between processes.
@@ -179,7 +180,7 @@ impl Client {
         lock(&self.vmm.physical).clear();
         lock(&self.vmm.mappings).clear();
         lock(&self.vmm.shared_pools).clear();
-        self.vmm.current_pool.store(0, Ordering::Relaxed);
+        lock(&self.vmm.current_pools).clear();
         for (start, size) in std::mem::take(&mut *lock(&self.vmm.reservations)) {
             self.ranges.free_addresses(start, size);
         }
@@ -204,12 +205,10 @@ impl Client {
         Ok(ptr)
     }
 
-    /// The device's current pool, as this process last heard.
+    /// The calling thread's device's current pool, as this process last heard.
     fn current_pool(&self) -> u64 {
-        match self.vmm.current_pool.load(Ordering::Relaxed) {
-            0 => flyt_protocol::ops::DEFAULT_POOL,
-            pool => pool,
-        }
+        let device = crate::devices::thread_device();
+        lock(&self.vmm.current_pools).get(&device).copied().unwrap_or(flyt_protocol::ops::default_pool_of(device))
     }
 
     /// The pool the allocation starting at `start` came from (own or imported), if any.
@@ -261,8 +260,8 @@ impl Client {
     pub fn pool_destroy(&self, pool: u64) -> CudaResult<()> {
         self.call(req::MemPoolDestroy { pool })?;
         lock(&self.vmm.shared_pools).remove(&pool);
-        // The device goes back to its default pool, as the session does.
-        let _ = self.vmm.current_pool.compare_exchange(pool, 0, Ordering::Relaxed, Ordering::Relaxed);
+        // Its device goes back to its default pool, as the session does.
+        lock(&self.vmm.current_pools).retain(|_, current| *current != pool);
         Ok(())
     }
 
@@ -312,10 +311,10 @@ impl Client {
         Ok(reply.ptr)
     }
 
-    /// The device's current pool, after making it `set` if given.
+    /// The calling thread's device's current pool, after making it `set` if given.
     pub fn device_pool(&self, set: Option<u64>) -> CudaResult<u64> {
         let pool = self.call(req::DeviceMemPool { set })?.pool;
-        self.vmm.current_pool.store(pool, Ordering::Relaxed);
+        lock(&self.vmm.current_pools).insert(crate::devices::thread_device(), pool);
         Ok(pool)
     }
 }

@@ -772,9 +772,29 @@ impl TensorMapParams {
     }
 }
 
-/// The id of a device's default memory pool (the client chooses the ids of pools it creates,
-/// above it).
+/// The id of the first device's default memory pool (the client chooses the ids of pools it
+/// creates, above it).
 pub const DEFAULT_POOL: u64 = 1;
+
+/// The ids of other devices' default pools: this plus the session's device index, far above the
+/// ids the client gives pools it creates.
+const OTHER_DEFAULT_POOLS: u64 = 1 << 48;
+
+/// The id of the default memory pool of the session's device `device` (`DEFAULT_POOL` for 0).
+pub const fn default_pool_of(device: u32) -> u64 {
+    if device == 0 { DEFAULT_POOL } else { OTHER_DEFAULT_POOLS + device as u64 }
+}
+
+/// The session's device whose default pool `pool` is, if it is one.
+pub const fn default_pool_device(pool: u64) -> Option<u32> {
+    if pool == DEFAULT_POOL {
+        Some(0)
+    } else if pool > OTHER_DEFAULT_POOLS && pool - OTHER_DEFAULT_POOLS <= u32::MAX as u64 {
+        Some((pool - OTHER_DEFAULT_POOLS) as u32)
+    } else {
+        None
+    }
+}
 
 /// Node ids the server gives to nodes it finds in a captured graph have this bit set; the
 /// client chooses the ids of nodes it adds, below it.
@@ -1607,6 +1627,19 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn each_device_has_its_own_default_pool_id_and_none_is_a_pool_the_client_makes() {
+        assert_eq!(default_pool_of(0), DEFAULT_POOL);
+        let ids: Vec<u64> = (0..8).map(default_pool_of).collect();
+        assert!(ids.iter().enumerate().all(|(at, id)| !ids[..at].contains(id)), "distinct: {ids:?}");
+        for device in [0, 1, 7, u32::MAX] {
+            assert_eq!(default_pool_device(default_pool_of(device)), Some(device));
+        }
+        for made in [0, 2, 3, 1 << 20, OTHER_DEFAULT_POOLS] {
+            assert_eq!(default_pool_device(made), None, "pool id {made}");
+        }
+    }
 
     /// The driver's 48-byte form: where each field sits (as `cuda.h` lays out
     /// `CUstreamBatchMemOpParams`), and back again.

@@ -42,8 +42,10 @@ pub struct ServerArgs {
     /// Which device serves sessions.
     #[arg(long, env = "FLYT_RPC_DEVICE", value_enum, default_value = "auto")]
     pub device: BackendKind,
-    /// CUDA ordinals of the GPUs this server serves, comma-separated: each session sees them as
-    /// its devices 0, 1, ... in this order (with `--device emulated`, that many emulated GPUs).
+    /// CUDA ordinals of the GPUs this server serves, comma-separated, as the driver numbers them
+    /// in this server's environment: each session sees them as its devices 0, 1, ... in this
+    /// order, and its worker sees no other GPU (`CUDA_VISIBLE_DEVICES` set to their UUIDs). With
+    /// `--device emulated`, GPUs of an emulated host of 16.
     #[arg(long, env = "FLYT_RPC_GPU", value_delimiter = ',', default_value = "0", num_args = 1..)]
     pub gpu: Vec<u32>,
     /// Device memory all sessions together may hold (default: the whole GPU).

@@ -23,5 +23,6 @@ pub mod shareable;
 pub mod shm;
 pub mod stats;
 pub mod transport;
+pub mod visible;
 pub mod waiters;
 pub mod worker;

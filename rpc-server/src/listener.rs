@@ -88,6 +88,9 @@ pub struct Server {
     worker_answers: Mutex<HashMap<u32, std::sync::mpsc::Sender<FromWorker>>>,
     /// Workers holding a restored session until its app reconnects, by snapshot name.
     restored: Mutex<HashMap<String, WarmWorker>>,
+    /// The `CUDA_VISIBLE_DEVICES` of workers of a backend: the server's GPUs by UUID, learnt once
+    /// (`crate::visible`).
+    visible: Mutex<Option<(BackendKind, String)>>,
 }
 
 /// Asks a worker process to end (SIGTERM).
@@ -117,18 +120,45 @@ impl Server {
         lock(&self.free_slots).pop()
     }
 
+    /// The `CUDA_VISIBLE_DEVICES` every worker of `backend` runs with: exactly the server's GPUs,
+    /// by UUID, so a session's driver cannot name another tenant's GPU.
+    fn worker_visible_devices(&self, backend: BackendKind) -> anyhow::Result<String> {
+        let mut visible = lock(&self.visible);
+        if let Some((known, value)) = &*visible
+            && *known == backend
+        {
+            return Ok(value.clone());
+        }
+        let executable = std::env::current_exe().context("own executable")?;
+        let value = crate::visible::run_probe(&executable, backend, &self.args.gpu).map_err(|reason| anyhow::anyhow!(reason))?;
+        tracing::info!(gpu = %gpu_list(&self.args.gpu), visible = %value, "workers see only these GPUs");
+        *visible = Some((backend, value.clone()));
+        Ok(value)
+    }
+
     /// Starts one warm worker; its monitor thread adds it to the pool once its device is open.
     fn spawn_worker(self: &Arc<Self>) -> anyhow::Result<()> {
         let slot = self.take_slot().context("too many workers alive")?;
         let (listener_end, worker_end) =
             socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).context("socketpair")?;
         let backend = *lock(&self.backend);
+        let visible = match self.worker_visible_devices(backend) {
+            Ok(visible) => visible,
+            Err(error) => {
+                lock(&self.free_slots).push(slot);
+                return Err(error.context("finding the server's GPUs"));
+            }
+        };
         let args = &self.args;
+        // Inside the worker the server's GPUs are all it sees, numbered from 0.
+        let inside: Vec<u32> = (0..args.gpu.len() as u32).collect();
         let mut command = Command::new(std::env::current_exe().context("own executable")?);
         command
             .arg("worker")
             .args(["--backend", if backend == BackendKind::Emulated { "emulated" } else { "cuda" }])
-            .args(["--gpu", &gpu_list(&args.gpu)])
+            .args(["--gpu", &gpu_list(&inside)])
+            .args(["--gpu-uuids", &visible])
+            .env(crate::visible::VARIABLE, &visible)
             .args(["--budget-slot", &slot.to_string()])
             .args(["--copy-chunk", &args.copy_chunk.0.to_string()])
             .args(["--staging-slots", &args.staging_slots.to_string()])
@@ -838,6 +868,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         metrics_address: Mutex::new(None),
         worker_answers: Mutex::new(HashMap::new()),
         restored: Mutex::new(HashMap::new()),
+        visible: Mutex::new(None),
         args,
     });
 

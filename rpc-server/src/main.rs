@@ -17,6 +17,9 @@ enum Mode {
     /// Internal: a worker process started by the listener.
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
+    /// Internal: prints the UUIDs of `--gpu` as this environment's driver numbers them.
+    #[command(hide = true)]
+    GpuUuids(flyt_rpc_server::visible::ProbeArgs),
 }
 
 fn main() {
@@ -41,6 +44,17 @@ fn main() {
             }
             std::process::exit(worker::run(&args, capture))
         }
+        Some(Mode::GpuUuids(args)) => match flyt_rpc_server::visible::probe(&args) {
+            Ok(names) => {
+                for name in names {
+                    println!("{name}");
+                }
+            }
+            Err(error) => {
+                eprintln!("flyt-rpc-server gpu-uuids: {error}");
+                std::process::exit(1);
+            }
+        },
         None => {
             tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).with_ansi(ansi).init();
             if let Err(error) = listener::run(cli.server) {

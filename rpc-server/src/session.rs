@@ -386,6 +386,9 @@ pub struct Session<D: Device> {
     /// The stream an op named last (0: the legacy stream): a device synchronize polls it last,
     /// the others (likely idle) while its work runs.
     last_stream: AtomicU64,
+    /// Whether a request naming a device outside the session's was logged (once a session: a
+    /// hostile client must not fill the log).
+    foreign_device_logged: bool,
     /// Work queued and not yet seen done, for NVML's utilization.
     activity: Arc<Mutex<Activity>>,
     events: IdMap<u64, D::Event>,
@@ -472,6 +475,7 @@ impl<D: Device> Session<D> {
             ranges: RangeMap::default(),
             streams: IdMap::default(),
             last_stream: AtomicU64::new(0),
+            foreign_device_logged: false,
             events: IdMap::default(),
             stream_params: IdMap::default(),
             event_flags: IdMap::default(),
@@ -1747,8 +1751,12 @@ impl<D: Device> OpHandler for Session<D> {
     fn set_device(&mut self, request: req::SetDevice, reply: Responder<rep::SetDevice>) {
         let index = usize::try_from(request.index).unwrap_or(usize::MAX);
         let result = if index == self.device.current_device() { Ok(()) } else { self.device.select_device(index) };
-        if result.is_err() {
-            tracing::warn!(index = request.index, devices = self.device.device_count(), "a device outside the session's refused");
+        if result.is_err() && !std::mem::replace(&mut self.foreign_device_logged, true) {
+            tracing::warn!(
+                index = request.index,
+                devices = self.device.device_count(),
+                "a device outside the session's refused (CUDA_ERROR_INVALID_DEVICE; logged once a session)"
+            );
         }
         reply.send(result.map(|()| rep::SetDevice {}));
     }

@@ -32,9 +32,13 @@ pub const STATS_FD: i32 = 5;
 pub struct WorkerArgs {
     #[arg(long, value_enum)]
     pub backend: BackendKind,
-    /// The session's GPUs (CUDA ordinals, or with the emulated backend, how many).
+    /// The session's GPUs: ordinals as this worker's driver numbers them (with the
+    /// `CUDA_VISIBLE_DEVICES` the listener set, 0..n-1).
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub gpu: Vec<u32>,
+    /// The UUID names those GPUs must have (`crate::visible`); unchecked when absent.
+    #[arg(long, value_delimiter = ',')]
+    pub gpu_uuids: Vec<String>,
     #[arg(long)]
     pub budget_slot: usize,
     #[arg(long)]
@@ -418,6 +422,38 @@ fn serve<D: Device>(
     0
 }
 
+/// The emulated host's GPUs (their ordinals) that `gpus` name, read through this process's
+/// `CUDA_VISIBLE_DEVICES` as the driver reads it: a worker sees only the GPUs its listener let
+/// it see, numbered from 0, and any other index is refused.
+fn emulated_host_gpus(gpus: &[u32], visible_devices: Option<&str>) -> Result<Vec<usize>, String> {
+    use crate::backend::emulated::{HOST_GPUS, host_uuid_names};
+    let visible = match visible_devices {
+        Some(value) => crate::visible::parse(value, &host_uuid_names()),
+        None => (0..HOST_GPUS).collect(),
+    };
+    let mut host_gpus = Vec::with_capacity(gpus.len());
+    for gpu in gpus {
+        let ordinal = visible.get(*gpu as usize).copied().ok_or_else(|| format!("GPU {gpu} does not exist ({} visible)", visible.len()))?;
+        if host_gpus.contains(&ordinal) {
+            return Err(format!("GPU {gpu} named twice"));
+        }
+        host_gpus.push(ordinal);
+    }
+    if host_gpus.is_empty() {
+        return Err("no GPU named".into());
+    }
+    Ok(host_gpus)
+}
+
+/// Whether the opened devices are the GPUs the listener meant (`--gpu-uuids`).
+fn check_gpus<D: Device>(args: &WorkerArgs, device: &D) -> Result<(), String> {
+    if args.gpu_uuids.is_empty() {
+        return Ok(());
+    }
+    let found: Vec<[u8; 16]> = device.infos().iter().map(|info| info.uuid).collect();
+    crate::visible::check_uuids(&args.gpu_uuids, &found)
+}
+
 /// Runs a worker process to its end; returns the exit code.
 pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i32 {
     // SAFETY: the listener placed the channel and the budget page at these descriptors before
@@ -432,16 +468,14 @@ pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i3
     };
     match args.backend {
         BackendKind::Emulated => {
-            let config = EmulatedConfig {
-                memory: args.emulated_memory,
-                sms: emulated_sms(args.emulated_sms, args.sm_percentage),
-                devices: args.gpu.len().max(1),
-            };
-            serve(EmulatedDevice::new(config), args, channel, budget, output)
-        }
-        BackendKind::Cuda | BackendKind::Auto => {
-            let chunk = usize::try_from(args.copy_chunk).unwrap_or(4 << 20);
-            match CudaDevice::open(&args.gpu, args.staging_slots, chunk) {
+            let visible_devices = std::env::var(crate::visible::VARIABLE).ok();
+            let opened = emulated_host_gpus(&args.gpu, visible_devices.as_deref()).and_then(|host_gpus| {
+                let config =
+                    EmulatedConfig { memory: args.emulated_memory, sms: emulated_sms(args.emulated_sms, args.sm_percentage), host_gpus };
+                let device = EmulatedDevice::new(config);
+                check_gpus(args, &device).map(|()| device)
+            });
+            match opened {
                 Ok(device) => serve(device, args, channel, budget, output),
                 Err(reason) => {
                     send_to_listener(&channel, &FromWorker::Failed { reason });
@@ -449,5 +483,33 @@ pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i3
                 }
             }
         }
+        BackendKind::Cuda | BackendKind::Auto => {
+            let chunk = usize::try_from(args.copy_chunk).unwrap_or(4 << 20);
+            match CudaDevice::open(&args.gpu, args.staging_slots, chunk).and_then(|device| check_gpus(args, &device).map(|()| device)) {
+                Ok(device) => serve(device, args, channel, budget, output),
+                Err(reason) => {
+                    send_to_listener(&channel, &FromWorker::Failed { reason });
+                    1
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::visible::uuid_name;
+
+    #[test]
+    fn an_emulated_worker_sees_only_its_visible_gpus_numbered_from_zero() {
+        let gpu = |ordinal| uuid_name(&crate::backend::emulated::host_uuid(ordinal), false);
+        let visible = format!("{},{}", gpu(5), gpu(2));
+        assert_eq!(emulated_host_gpus(&[0, 1], Some(&visible)), Ok(vec![5, 2]));
+        assert_eq!(emulated_host_gpus(&[1], Some(&visible)), Ok(vec![2]));
+        assert_eq!(emulated_host_gpus(&[2], Some(&visible)), Err("GPU 2 does not exist (2 visible)".into()), "past the list");
+        assert_eq!(emulated_host_gpus(&[0], Some(&gpu(99))), Err("GPU 0 does not exist (0 visible)".into()), "a GPU the host lacks");
+        assert_eq!(emulated_host_gpus(&[3], None), Ok(vec![3]), "unset: the whole host");
+        assert_eq!(emulated_host_gpus(&[1, 1], None), Err("GPU 1 named twice".into()));
     }
 }

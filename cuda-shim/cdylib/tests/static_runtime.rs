@@ -807,3 +807,74 @@ fn two_devices_in_one_session_through_the_driver_api() {
     assert!(stdout.contains("device 0: Flyt Emulated Device 1") && stdout.contains("device 1: Flyt Emulated Device 0"), "{stdout}");
     assert!(stdout.contains("PASSED: 0 failure(s)"), "reordered, everything holds:\n{stdout}\n{stderr}");
 }
+
+/// A tenant's app on a server of the emulated host's GPU 1 (`c/driver_foreign_gpu.c`): its one
+/// device is that GPU, and ordinals past it, made-up contexts in peer access and peer copies are
+/// refused with CUDA errors, its own device working on.
+#[test]
+fn an_app_cannot_name_another_tenants_gpu_through_the_driver_api() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("foreign-gpu");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_foreign_gpu");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--gpu", "1", "--listen", &socket], &scratch);
+    let mut command = Command::new(&program);
+    command.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env_remove("CUDA_VISIBLE_DEVICES");
+    let (code, stdout, stderr) = run_with_timeout(&mut command, Duration::from_secs(60));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    for line in [
+        "devices: 1",
+        "device 0 is the host's: flyt-emulated-01",
+        "cuDeviceGet(1): CUDA_ERROR_INVALID_DEVICE",
+        "cuDevicePrimaryCtxRetain(1): CUDA_ERROR_INVALID_DEVICE",
+        "cuDeviceCanAccessPeer(0, 1): CUDA_ERROR_INVALID_DEVICE",
+        "cuDeviceGetDefaultMemPool(1): CUDA_ERROR_INVALID_DEVICE",
+        "cuCtxEnablePeerAccess(a made-up context): CUDA_ERROR_INVALID_CONTEXT",
+        "cuMemcpyPeer from a made-up context: CUDA_ERROR_INVALID_CONTEXT",
+        "cuMemcpyPeer to a made-up context: CUDA_ERROR_INVALID_CONTEXT",
+        "its own memory still works: yes",
+        "PASSED: 0 failure(s)",
+    ] {
+        assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
+    }
+}
+
+/// Each device's memory pools through the driver API (`c/driver_device_pools.c`), on an emulated
+/// server with two GPUs: a default and a current pool per device, stream-ordered allocations from
+/// the stream's device's pool, attributes and access per pool, a peer granted access.
+#[test]
+fn memory_pools_of_each_device_through_the_driver_api() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("device-pools");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_device_pools");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--gpu", "0,1", "--listen", &socket], &scratch);
+    for shm in ["on", "off"] {
+        let mut command = Command::new(&program);
+        command
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("FLYT_SERVER", &server.addresses[0])
+            .env("FLYT_SHM", shm)
+            .env_remove("CUDA_VISIBLE_DEVICES");
+        let (code, stdout, stderr) = run_with_timeout(&mut command, Duration::from_secs(60));
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        for line in [
+            "devices: 2",
+            "an ordinal past the session's refused: yes",
+            "a default pool per device, distinct: yes",
+            "device 1's allocation names device 1 and its default pool: yes",
+            "device 1's pool keeps its release threshold: yes",
+            "the peer granted access: yes",
+            "the next allocation on device 1 comes from it: yes",
+            "PASSED: 0 failure(s)",
+        ] {
+            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
+        }
+    }
+}

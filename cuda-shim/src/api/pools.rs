@@ -1,7 +1,9 @@
 //! Stream-ordered allocation and memory pools (`cuMemAllocAsync`, `cuMemPool*`): the server's
 //! driver allocates from the session's pools, each allocation counted in the quota until it is
-//! freed. Pool handles are the client's ids; the device's default pool is `DEFAULT_POOL`. Pools
-//! belong to the device: asking about them needs no current context, as with the driver.
+//! freed. Pool handles are the client's ids; each device has its own default pool
+//! (`default_pool_of` its index in the session) and current pool. Pools belong to their device:
+//! asking about them needs no current context, as with the driver; a call naming a device runs
+//! on it (`on_device`), and a pool's access from a device is set with that device current.
 //!
 //! Pools made with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` are shared between processes as
 //! natively: the exporter's descriptor is a sealed memory file naming the export (as for
@@ -11,7 +13,7 @@
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
 use flyt_client::vmm::{POSIX_FD, SharedPool};
-use flyt_protocol::ops::{DEFAULT_POOL, req};
+use flyt_protocol::ops::{default_pool_of, req};
 
 use super::session::{client, driver_error, resolve_stream, run, session_client};
 use crate::CUresult;
@@ -32,37 +34,39 @@ fn pool_id(pool: CUmemoryPool) -> DriverResult<u64> {
     (pool as usize).checked_sub(POOL_BASE).filter(|id| *id > 0).map(|id| id as u64).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
-/// The device whose default pool the session's pool ids name (other devices' default pools are
-/// not served yet: a clear error rather than the wrong device's memory).
-fn check_device(dev: CUdevice) -> DriverResult {
-    if dev == 0 { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_DEVICE) }
+/// The app's device `dev` as the session numbers it (`CUDA_ERROR_INVALID_DEVICE` for a device
+/// the app does not have).
+fn session_device(dev: CUdevice) -> DriverResult<u32> {
+    let index = usize::try_from(dev).map_err(|_| CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+    session_client()?.server_device(index).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
 }
 
 pub unsafe fn cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
     run(|| {
         non_null([pool_out.cast()])?;
-        session_client()?;
-        check_device(dev)?;
+        let device = session_device(dev)?;
         // SAFETY: checked non-NULL.
-        unsafe { write_out(pool_out, pool_handle(DEFAULT_POOL)) }
+        unsafe { write_out(pool_out, pool_handle(default_pool_of(device))) }
     })
+}
+
+/// Device `dev`'s current pool, after making it `set` if given.
+fn device_pool(dev: CUdevice, set: Option<u64>) -> DriverResult<u64> {
+    session_device(dev)?;
+    super::vmm::on_device(dev, || session_client()?.device_pool(set).map_err(driver_error))
 }
 
 pub unsafe fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
     run(|| {
         non_null([pool.cast()])?;
-        check_device(dev)?;
-        let current = session_client()?.device_pool(None).map_err(driver_error)?;
+        let current = device_pool(dev, None)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(pool, pool_handle(current)) }
     })
 }
 
 pub unsafe fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult {
-    run(|| {
-        check_device(dev)?;
-        session_client()?.device_pool(Some(pool_id(pool)?)).map(drop).map_err(driver_error)
-    })
+    run(|| device_pool(dev, Some(pool_id(pool)?)).map(drop))
 }
 
 fn alloc(dptr: *mut CUdeviceptr, size: usize, pool: u64, stream: CUstream, ptsz: bool) -> DriverResult {
@@ -174,15 +178,16 @@ const LOCATION_NONE: c_uint = 0;
 const LOCATION_HOST_FIRST: c_uint = 2;
 const LOCATION_HOST_LAST: c_uint = 4;
 
-/// CUDA 13's location-based pool calls: the session's device's pinned pools are served; host
-/// and managed pools answer `CUDA_ERROR_NOT_SUPPORTED` with one line; anything else is invalid.
-fn check_pool_location(name: &str, location: *const CUmemLocation, kind: CUmemAllocationType) -> DriverResult {
+/// CUDA 13's location-based pool calls: the session's devices' pinned pools are served (the
+/// app's device index is returned); host and managed pools answer `CUDA_ERROR_NOT_SUPPORTED`
+/// with one line; anything else is invalid.
+fn check_pool_location(name: &str, location: *const CUmemLocation, kind: CUmemAllocationType) -> DriverResult<CUdevice> {
     non_null([location.cast()])?;
     // SAFETY: checked non-NULL; the caller's location.
     let location = unsafe { &*location };
     let host = (LOCATION_HOST_FIRST..=LOCATION_HOST_LAST).contains(&location.r#type);
     match (kind, location.r#type) {
-        (ALLOCATION_PINNED, LOCATION_DEVICE) => check_device(location.id),
+        (ALLOCATION_PINNED, LOCATION_DEVICE) => session_device(location.id).map(|_| location.id),
         (ALLOCATION_PINNED, _) if host => Err(not_served(name, "host memory pools")),
         (ALLOCATION_MANAGED, LOCATION_NONE | LOCATION_DEVICE) => Err(not_served(name, "managed memory pools")),
         (ALLOCATION_MANAGED, _) if host => Err(not_served(name, "managed memory pools")),
@@ -201,41 +206,34 @@ fn not_served(name: &str, what: &str) -> CUresult {
 pub unsafe fn cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType) -> CUresult {
     run(|| {
         non_null([pool_out.cast()])?;
-        session_client()?;
-        check_pool_location("cuMemGetDefaultMemPool", location, type_)?;
+        let device = session_device(check_pool_location("cuMemGetDefaultMemPool", location, type_)?)?;
         // SAFETY: checked non-NULL.
-        unsafe { write_out(pool_out, pool_handle(DEFAULT_POOL)) }
+        unsafe { write_out(pool_out, pool_handle(default_pool_of(device))) }
     })
 }
 
 pub unsafe fn cuMemGetMemPool(pool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType) -> CUresult {
     run(|| {
         non_null([pool.cast()])?;
-        let client = session_client()?;
-        check_pool_location("cuMemGetMemPool", location, type_)?;
-        let current = client.device_pool(None).map_err(driver_error)?;
+        let current = device_pool(check_pool_location("cuMemGetMemPool", location, type_)?, None)?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(pool, pool_handle(current)) }
     })
 }
 
 pub unsafe fn cuMemSetMemPool(location: *mut CUmemLocation, type_: CUmemAllocationType, pool: CUmemoryPool) -> CUresult {
-    run(|| {
-        let client = session_client()?;
-        check_pool_location("cuMemSetMemPool", location, type_)?;
-        client.device_pool(Some(pool_id(pool)?)).map(drop).map_err(driver_error)
-    })
+    run(|| device_pool(check_pool_location("cuMemSetMemPool", location, type_)?, Some(pool_id(pool)?)).map(drop))
 }
 
 /// `CUmemAccess_flags`: `PROT_NONE`, `PROT_READ`, `PROT_READWRITE`.
 const ACCESS_FLAGS: [c_uint; 3] = [0, 1, 3];
 
-/// A pool's access from a device location: only the session's device is one.
-fn check_access_location(location: &CUmemLocation) -> DriverResult {
+/// A pool's access from a device location: one of the session's devices (the app's index).
+fn check_access_location(location: &CUmemLocation) -> DriverResult<CUdevice> {
     if location.r#type != LOCATION_DEVICE {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    check_device(location.id)
+    session_device(location.id).map(|_| location.id)
 }
 
 pub unsafe fn cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize) -> CUresult {
@@ -253,9 +251,10 @@ pub unsafe fn cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
         }
-        let client = session_client()?;
+        // Each device's access is set with that device current (the session's rule).
         for desc in descriptors {
-            client.call(req::MemPoolAccess { pool: id, set: Some(desc.flags) }).map_err(driver_error)?;
+            let set = || session_client()?.call(req::MemPoolAccess { pool: id, set: Some(desc.flags) }).map_err(driver_error);
+            super::vmm::on_device(desc.location.id, set)?;
         }
         Ok(())
     })
@@ -266,8 +265,9 @@ pub unsafe fn cuMemPoolGetAccess(flags: *mut CUmemAccess_flags, mem_pool: CUmemo
         non_null([flags.cast(), location.cast()])?;
         let id = pool_id(mem_pool)?;
         // SAFETY: checked non-NULL; the caller's location.
-        check_access_location(unsafe { &*location })?;
-        let access = session_client()?.call(req::MemPoolAccess { pool: id, set: None }).map_err(driver_error)?.flags;
+        let device = check_access_location(unsafe { &*location })?;
+        let get = || session_client()?.call(req::MemPoolAccess { pool: id, set: None }).map_err(driver_error);
+        let access = super::vmm::on_device(device, get)?.flags;
         // SAFETY: checked non-NULL.
         unsafe { write_out(flags, access) }
     })

@@ -2216,9 +2216,14 @@ impl Device for CudaDevice {
     }
 
     fn default_pool(&self) -> CudaResult<Self::MemPool> {
+        self.default_pool_of(self.current.load(Ordering::Relaxed))
+    }
+
+    fn default_pool_of(&self, device: usize) -> CudaResult<Self::MemPool> {
+        let gpu = self.gpus.get(device).ok_or(CudaError::INVALID_DEVICE)?;
         let mut pool = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the session's device.
-        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.gpu().device).result() })?;
+        // SAFETY: valid out-pointer; one of the session's devices.
+        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, gpu.device).result() })?;
         Ok(Handle(pool))
     }
 
@@ -2930,4 +2935,38 @@ unsafe extern "C" fn run_host_call_once(user_data: *mut c_void) {
     // SAFETY: the reference `launch_host_call` handed over with `Arc::into_raw`.
     let site = unsafe { Arc::from_raw(user_data.cast::<HostCallSite>()) };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| site.run()));
+}
+
+/// The UUID names (`GPU-...`, or `MIG-...` for a MIG instance) of GPUs `ordinals` as this
+/// process's driver numbers them, for the listener's probe (`crate::visible`). No context is made.
+pub fn probe_uuid_names(ordinals: &[u32]) -> Result<Vec<String>, String> {
+    // SAFETY: probing only tries to dlopen libcuda (see `CudaDevice::open`).
+    if !unsafe { sys::is_culib_present() } {
+        return Err("no CUDA driver (libcuda.so.1 not found): use --device emulated on machines without a GPU".into());
+    }
+    result::init().map_err(|error| format!("cuInit failed: {error}"))?;
+    let count = result::device::get_count().map_err(|error| format!("cuDeviceGetCount: {error}"))?;
+    // The first UUID call names a MIG instance by its parent GPU's UUID, the second by its own:
+    // where they differ the device is a MIG instance, which CUDA_VISIBLE_DEVICES names `MIG-`.
+    // SAFETY: `culib` was found above; the symbol is looked up by its documented name and given
+    // its documented C signature (`CUresult` as `unsigned`).
+    let parent_uuid: Option<unsafe extern "C" fn(*mut sys::CUuuid, c_int) -> u32> =
+        unsafe { optional_symbol!(sys::culib(), "cuDeviceGetUuid") };
+    let mut names = Vec::with_capacity(ordinals.len());
+    for ordinal in ordinals {
+        let ordinal = c_int::try_from(*ordinal).map_err(|_| "GPU ordinal too large".to_string())?;
+        if ordinal >= count {
+            return Err(format!("GPU {ordinal} does not exist ({count} visible)"));
+        }
+        let device = result::device::get(ordinal).map_err(|error| format!("cuDeviceGet: {error}"))?;
+        let own = result::device::get_uuid(device).map_err(|error| format!("cuDeviceGetUuid_v2: {error}"))?.bytes.map(|b| b as u8);
+        let mig = parent_uuid.is_some_and(|get| {
+            // SAFETY: all-zero is a valid CUuuid; valid out-pointer and device.
+            let mut parent: sys::CUuuid = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            unsafe { get(&mut parent, device) == 0 && parent.bytes.map(|b| b as u8) != own }
+        });
+        names.push(crate::visible::uuid_name(&own, mig));
+    }
+    Ok(names)
 }

@@ -35,13 +35,30 @@ const BASE_STEP: u64 = 1 << 32;
 const ALIGNMENT: u64 = 2 << 20;
 
 /// Sizes of the emulated device.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct EmulatedConfig {
     pub memory: u64,
     pub sms: u32,
-    /// How many GPUs the session has. They share one address space (as one driver's devices
-    /// do) and, here, one memory of `memory` bytes.
-    pub devices: usize,
+    /// The session's GPUs: their ordinals on the emulated host (of `HOST_GPUS`), which give
+    /// them their UUIDs. They share one address space (as one driver's devices do) and, here,
+    /// one memory of `memory` bytes.
+    pub host_gpus: Vec<usize>,
+}
+
+/// GPUs of the emulated host a server's `--gpu` may name (a large node's eight, and room).
+pub const HOST_GPUS: usize = 16;
+
+/// The UUID of the emulated host's GPU `ordinal`: `flyt-emulated-NN`.
+pub fn host_uuid(ordinal: usize) -> [u8; 16] {
+    let mut uuid = *b"flyt-emulated-00";
+    uuid[14] = b'0' + (ordinal / 10 % 10) as u8;
+    uuid[15] = b'0' + (ordinal % 10) as u8;
+    uuid
+}
+
+/// Every GPU of the emulated host as `CUDA_VISIBLE_DEVICES` names it, in ordinal order.
+pub fn host_uuid_names() -> Vec<String> {
+    (0..HOST_GPUS).map(|ordinal| crate::visible::uuid_name(&host_uuid(ordinal), false)).collect()
 }
 
 /// An event: whether it keeps time (`cudaEventDisableTiming` not set) and when it last fired.
@@ -82,8 +99,15 @@ struct State {
     reserved: HashMap<u64, u64>,
     physical: HashMap<u64, (u64, Option<Block>)>,
     mapped: HashMap<u64, u64>,
-    /// Memory pools: each one's attributes (`CUmemPool_attribute` to value). Pool 1 is the default.
+    /// Memory pools: each one's attributes (`CUmemPool_attribute` to value). Pool 1 is device
+    /// 0's default.
     pools: HashMap<u64, HashMap<u32, u64>>,
+    /// The device each pool belongs to, where it is not device 0.
+    pool_devices: HashMap<u64, usize>,
+    /// The default pools of devices past the first.
+    default_pools: HashMap<usize, u64>,
+    /// Access to pools given to devices other than their own: (pool, device) to the flags.
+    pool_peers: HashMap<(u64, usize), u32>,
     /// The memory files of pools made with a POSIX shareable handle type, and of pools imported
     /// from other workers: their allocations are spans of the file, so another worker that
     /// imported the pool maps the same bytes.
@@ -258,12 +282,10 @@ impl EmulatedDevice {
     /// Device `index` as `info` reports it.
     fn info_of(&self, index: usize) -> DeviceInfo {
         let mut info = self.device_info();
-        if self.config.devices > 1 {
+        if self.config.host_gpus.len() > 1 {
             info.name = format!("Flyt Emulated Device {index} (no GPU: kernels cannot run)");
-            let digit = b'0' + (index % 10) as u8;
-            info.uuid[14] = b'0' + (index / 10 % 10) as u8;
-            info.uuid[15] = digit;
         }
+        info.uuid = host_uuid(self.config.host_gpus.get(index).copied().unwrap_or(0));
         info
     }
 
@@ -419,7 +441,7 @@ impl Device for EmulatedDevice {
     }
 
     fn device_count(&self) -> usize {
-        self.config.devices.max(1)
+        self.config.host_gpus.len().max(1)
     }
 
     fn current_device(&self) -> usize {
@@ -1491,8 +1513,29 @@ impl Device for EmulatedDevice {
     }
 
     fn default_pool(&self) -> CudaResult<u64> {
-        self.state().pools.entry(1).or_default();
-        Ok(1)
+        self.default_pool_of(self.current_device())
+    }
+
+    fn default_pool_of(&self, device: usize) -> CudaResult<u64> {
+        if device >= self.device_count() {
+            return Err(CudaError::INVALID_DEVICE);
+        }
+        let mut guard = self.state();
+        let state = &mut *guard;
+        let pool = match device {
+            0 => 1,
+            _ => match state.default_pools.get(&device) {
+                Some(pool) => *pool,
+                None => {
+                    let pool = state.new_handle();
+                    state.default_pools.insert(device, pool);
+                    state.pool_devices.insert(pool, device);
+                    pool
+                }
+            },
+        };
+        state.pools.entry(pool).or_default();
+        Ok(pool)
     }
 
     fn pool_create(&self, handle_types: u32) -> CudaResult<u64> {
@@ -1501,9 +1544,13 @@ impl Device for EmulatedDevice {
             POSIX_FD => Some(memory_file("flyt-emulated-pool", 0)?),
             _ => return Err(CudaError::NOT_SUPPORTED),
         };
+        let device = self.current_device();
         let mut state = self.state();
         let pool = state.new_handle();
         state.pools.insert(pool, HashMap::new());
+        if device != 0 {
+            state.pool_devices.insert(pool, device);
+        }
         if let Some(file) = file {
             state.pool_files.insert(pool, PoolFile { file, end: 0, imported: false });
         }
@@ -1514,12 +1561,17 @@ impl Device for EmulatedDevice {
         let mut state = self.state();
         // Allocations still live keep their spans mapped (and the file with them).
         state.pool_files.remove(&pool);
+        state.pool_devices.remove(&pool);
+        state.pool_peers.retain(|(of, _), _| *of != pool);
         state.pools.remove(&pool).map(drop).ok_or(CudaError::INVALID_VALUE)
     }
 
+    /// Only a pool of the current device can be its current pool.
     fn set_current_pool(&self, pool: u64) -> CudaResult<()> {
+        let device = self.current_device();
         let state = self.state();
-        if state.pools.contains_key(&pool) && !state.pool_files.get(&pool).is_some_and(|file| file.imported) {
+        let own = state.pool_devices.get(&pool).copied().unwrap_or(0) == device;
+        if own && state.pools.contains_key(&pool) && !state.pool_files.get(&pool).is_some_and(|file| file.imported) {
             Ok(())
         } else {
             Err(CudaError::INVALID_VALUE)
@@ -1732,14 +1784,28 @@ impl Device for EmulatedDevice {
         self.event_record(event, 0, 0)
     }
 
-    /// The pool's own (and only) device always has read-write access.
+    /// The pool's own device always has read-write access; another device (the current one)
+    /// has none until given some (peer access to the pool's memory: every device here reaches
+    /// every other's).
     fn pool_access(&self, pool: u64, set: Option<u32>) -> CudaResult<u32> {
-        if !self.state().pools.contains_key(&pool) {
+        let device = self.current_device();
+        let mut state = self.state();
+        if !state.pools.contains_key(&pool) {
             return Err(CudaError::INVALID_VALUE);
         }
+        if state.pool_devices.get(&pool).copied().unwrap_or(0) == device {
+            return match set {
+                None | Some(3) => Ok(3),
+                Some(_) => Err(CudaError::INVALID_VALUE),
+            };
+        }
         match set {
-            None | Some(3) => Ok(3),
+            Some(flags @ (0 | 1 | 3)) => {
+                state.pool_peers.insert((pool, device), flags);
+                Ok(flags)
+            }
             Some(_) => Err(CudaError::INVALID_VALUE),
+            None => Ok(state.pool_peers.get(&(pool, device)).copied().unwrap_or(0)),
         }
     }
 

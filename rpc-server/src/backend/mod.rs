@@ -549,7 +549,10 @@ pub trait Device: Send + Sync + 'static {
     fn mem_import(&self, fd: std::os::fd::BorrowedFd<'_>, size: u64) -> CudaResult<Self::MemHandle>;
 
     // --- stream-ordered allocation ---
+    /// The current device's default pool.
     fn default_pool(&self) -> CudaResult<Self::MemPool>;
+    /// Device `device`'s default pool (each device has its own, as with the driver).
+    fn default_pool_of(&self, device: usize) -> CudaResult<Self::MemPool>;
     /// A pool of pinned memory on the session's device, shareable through `handle_types` (none,
     /// or a POSIX file descriptor).
     fn pool_create(&self, handle_types: u32) -> CudaResult<Self::MemPool>;
@@ -646,7 +649,8 @@ pub trait Device: Send + Sync + 'static {
     fn tensor_map_replace_address(&self, map: &[u8; 128], address: u64) -> CudaResult<[u8; 128]>;
     /// `cuCtxRecordEvent` (`wait` false) or `cuCtxWaitEvent` in the session's context.
     fn context_event(&self, event: Self::Event, wait: bool) -> CudaResult<()>;
-    /// `cuMemPoolGetAccess` from the session's device after `cuMemPoolSetAccess` with `set`.
+    /// `cuMemPoolGetAccess` from the current device after `cuMemPoolSetAccess` with `set` for it
+    /// (the pool's own device, or a peer given access to the pool).
     fn pool_access(&self, pool: Self::MemPool, set: Option<u32>) -> CudaResult<u32>;
     /// `cuOccupancyMaxPotentialClusterSize` for a launch configuration.
     fn occupancy_max_potential_cluster_size(

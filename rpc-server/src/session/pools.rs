@@ -1,5 +1,6 @@
 //! Stream-ordered allocation and memory pools for a session: pools under client-chosen ids
-//! (`DEFAULT_POOL` is the device's default), allocations counted in the quota from the
+//! (`DEFAULT_POOL` is the first device's default, `default_pool_of` names each other device's,
+//! each device with its own current pool), allocations counted in the quota from the
 //! allocation to the free and checked like any other. A session moves with its pools: each is
 //! made again with the attributes, access and handle types the app set, and the pools' live
 //! allocations come back at their addresses with the session's other allocations (the device
@@ -19,7 +20,7 @@ use std::os::fd::AsFd;
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
-use flyt_protocol::ops::{DEFAULT_POOL, rep, req};
+use flyt_protocol::ops::{DEFAULT_POOL, default_pool_device, default_pool_of, rep, req};
 
 use serde::{Deserialize, Serialize};
 
@@ -53,11 +54,15 @@ struct Import {
     refs: u32,
 }
 
-/// The session's pools and which one the device allocates from.
+/// The session's pools and which one each device allocates from.
 pub struct PoolTable<D: Device> {
     pools: HashMap<u64, D::MemPool>,
     settings: HashMap<u64, PoolSettings>,
+    /// The first device's current pool.
     current: u64,
+    /// The current pools of the other devices, where set (else their default pools). A session
+    /// of several devices does not move, so a snapshot has none.
+    current_elsewhere: HashMap<usize, u64>,
     /// Live allocations of pools made with a shareable handle type: address to the pool and the
     /// size, for their exports.
     shareable: HashMap<u64, (u64, u64)>,
@@ -76,6 +81,7 @@ impl<D: Device> Default for PoolTable<D> {
             pools: HashMap::new(),
             settings: HashMap::new(),
             current: DEFAULT_POOL,
+            current_elsewhere: HashMap::new(),
             shareable: HashMap::new(),
             imported: HashMap::new(),
             imports: HashMap::new(),
@@ -93,6 +99,23 @@ pub(super) struct PoolsState {
 }
 
 impl<D: Device> PoolTable<D> {
+    /// Device `device`'s current pool.
+    fn current_of(&self, device: usize) -> u64 {
+        match device {
+            0 => self.current,
+            _ => self.current_elsewhere.get(&device).copied().unwrap_or(default_pool_of(device as u32)),
+        }
+    }
+
+    fn set_current_of(&mut self, device: usize, pool: u64) {
+        match device {
+            0 => self.current = pool,
+            _ => {
+                self.current_elsewhere.insert(device, pool);
+            }
+        }
+    }
+
     /// Why the session cannot move, if shared pools hold it: pools or allocations of other
     /// sessions it imported, or its own that others may have imported (neither would follow it).
     pub(super) fn move_blocker(&self) -> Option<String> {
@@ -141,17 +164,23 @@ impl<D: Device> PoolTable<D> {
 }
 
 impl<D: Device> Session<D> {
-    /// A pool by id; the default pool is looked up on first use.
+    /// The id pool id 0 stands for: the current device's current pool.
+    fn pool_id(&self, id: u64) -> u64 {
+        if id == 0 { self.pools.current_of(self.device.current_device()) } else { id }
+    }
+
+    /// A pool by id; a device's default pool is looked up on first use.
     fn pool(&mut self, id: u64) -> Result<D::MemPool, CudaError> {
-        let id = if id == 0 { self.pools.current } else { id };
+        let id = self.pool_id(id);
         if let Some(pool) = self.pools.pools.get(&id) {
             return Ok(*pool);
         }
-        if id != DEFAULT_POOL {
+        let device = default_pool_device(id).map(|device| device as usize).filter(|device| *device < self.device.device_count());
+        let Some(device) = device else {
             return Err(CudaError::INVALID_VALUE);
-        }
-        let pool = self.device.default_pool()?;
-        self.pools.pools.insert(DEFAULT_POOL, pool);
+        };
+        let pool = self.device.default_pool_of(device)?;
+        self.pools.pools.insert(id, pool);
         Ok(pool)
     }
 
@@ -163,7 +192,7 @@ impl<D: Device> Session<D> {
             let _ = self.device.free(ptr);
         }
         for (id, pool) in self.pools.pools.drain() {
-            if id != DEFAULT_POOL {
+            if default_pool_device(id).is_none() {
                 let _ = self.device.pool_destroy(pool);
             }
         }
@@ -172,6 +201,7 @@ impl<D: Device> Session<D> {
         self.pools.imported.clear();
         self.pools.settings.clear();
         self.pools.current = DEFAULT_POOL;
+        self.pools.current_elsewhere.clear();
     }
 
     /// `cuMemFree` (`stream` `None`) or `cuMemFreeAsync` of an allocation the session imported
@@ -208,13 +238,9 @@ impl<D: Device> Session<D> {
                 return Ok(rep::MemAllocAsync { ptr: 0 });
             }
             let stream = self.stream(request.stream)?;
-            let id = if request.pool == 0 { self.pools.current } else { request.pool };
-            // The session's pool ids name the first device's pools; the current pool of another
-            // device is that device's default one.
-            let pool = match (request.pool, id, self.device.current_device()) {
-                (0, DEFAULT_POOL, device) if device != 0 => self.device.default_pool()?,
-                _ => self.pool(id)?,
-            };
+            // Without a pool, the current pool of the stream's device, as the driver takes it.
+            let id = if request.pool == 0 { self.pools.current_of(self.device.stream_device(stream)) } else { request.pool };
+            let pool = self.pool(id)?;
             // An imported pool makes no allocations, as natively.
             if self.pools.imported.contains_key(&id) {
                 return Err(CudaError::INVALID_VALUE);
@@ -259,7 +285,7 @@ impl<D: Device> Session<D> {
     }
 
     pub(super) fn pool_attribute(&mut self, request: req::MemPoolAttribute, reply: Responder<rep::MemPoolAttribute>) {
-        let id = if request.pool == 0 { self.pools.current } else { request.pool };
+        let id = self.pool_id(request.pool);
         let result = self.pool(id).and_then(|pool| self.device.pool_attribute(pool, request.attribute, request.value));
         if let (Ok(_), Some(value)) = (&result, request.value)
             && SETTABLE_ATTRIBUTES.contains(&request.attribute)
@@ -276,7 +302,10 @@ impl<D: Device> Session<D> {
 
     /// Whether `pool` is a fresh id for a pool of the app's.
     fn new_pool_id(&self, pool: u64) -> bool {
-        pool > DEFAULT_POOL && !self.pools.pools.contains_key(&pool) && self.pools.pools.len() < MAX_HANDLES
+        pool > DEFAULT_POOL
+            && default_pool_device(pool).is_none()
+            && !self.pools.pools.contains_key(&pool)
+            && self.pools.pools.len() < MAX_HANDLES
     }
 
     pub(super) fn pool_create(&mut self, request: req::MemPoolCreate, reply: Responder<rep::MemPoolCreate>) {
@@ -297,7 +326,7 @@ impl<D: Device> Session<D> {
 
     pub(super) fn pool_destroy(&mut self, request: req::MemPoolDestroy, reply: Responder<rep::MemPoolDestroy>) {
         let result = match self.pools.pools.get(&request.pool) {
-            Some(pool) if request.pool != DEFAULT_POOL => {
+            Some(pool) if default_pool_device(request.pool).is_none() => {
                 let pool = *pool;
                 self.device.pool_destroy(pool).map(|()| {
                     self.pools.pools.remove(&request.pool);
@@ -307,10 +336,11 @@ impl<D: Device> Session<D> {
                     self.pools.exports.revoke(request.pool);
                     self.pools.shareable.retain(|_, (pool, _)| *pool != request.pool);
                     self.pools.imported.remove(&request.pool);
-                    // The device goes back to its default pool, as the driver does.
+                    // Its device goes back to its default pool, as the driver does.
                     if self.pools.current == request.pool {
                         self.pools.current = DEFAULT_POOL;
                     }
+                    self.pools.current_elsewhere.retain(|_, current| *current != request.pool);
                     rep::MemPoolDestroy {}
                 })
             }
@@ -319,26 +349,33 @@ impl<D: Device> Session<D> {
         reply.send(result);
     }
 
+    /// The current device's current pool, set first with `set` (0: its default pool).
     pub(super) fn pool_current(&mut self, request: req::DeviceMemPool, reply: Responder<rep::DeviceMemPool>) {
+        let device = self.device.current_device();
         let result = (|| {
             if let Some(id) = request.set {
+                let id = if id == 0 { default_pool_of(device as u32) } else { id };
                 // An imported pool makes no allocations: it cannot be the device's pool.
                 if self.pools.imported.contains_key(&id) {
                     return Err(CudaError::INVALID_VALUE);
                 }
-                let pool = self.pool(id.max(DEFAULT_POOL))?;
+                let pool = self.pool(id)?;
+                // The driver refuses another device's pool.
                 self.device.set_current_pool(pool)?;
-                self.pools.current = id.max(DEFAULT_POOL);
+                self.pools.set_current_of(device, id);
             }
-            Ok(rep::DeviceMemPool { pool: self.pools.current })
+            Ok(rep::DeviceMemPool { pool: self.pools.current_of(device) })
         })();
         reply.send(result);
     }
 
+    /// `cuMemPoolSetAccess`/`GetAccess` for the current device (the client makes the location's
+    /// device current for it): the pool's own, or a peer given access to the pool's memory.
     pub(super) fn pool_access(&mut self, request: req::MemPoolAccess, reply: Responder<rep::MemPoolAccess>) {
-        let id = if request.pool == 0 { self.pools.current } else { request.pool };
+        let id = self.pool_id(request.pool);
         let result = self.pool(id).and_then(|pool| self.device.pool_access(pool, request.set));
-        if let (Ok(_), Some(flags)) = (&result, request.set) {
+        // A moved pool gets its own device's access again (a session with peers does not move).
+        if let (Ok(_), Some(flags), 0) = (&result, request.set, self.device.current_device()) {
             self.pools.settings.entry(id).or_default().access = Some(flags);
         }
         reply.send(result.map(|flags| rep::MemPoolAccess { flags }));
