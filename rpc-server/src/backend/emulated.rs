@@ -263,6 +263,8 @@ impl EmulatedDevice {
             let digit = b'0' + (index % 10) as u8;
             info.uuid[14] = b'0' + (index / 10 % 10) as u8;
             info.uuid[15] = digit;
+            // Distinct PCI addresses, so NVML's NVLink far ends name one device each.
+            info.set_attribute(attr::PCI_BUS_ID, 0x10 + index as i32);
         }
         info
     }
@@ -443,6 +445,10 @@ impl Device for EmulatedDevice {
         let pairs = (0..count).flat_map(|from| (0..count).filter(move |to| *to != from).map(move |to| (from, to)));
         // One host memory: every device reaches every other's, with no atomics across them.
         pairs.map(|(from, to)| flyt_protocol::device::PeerLink { from, to, access_supported: 1, ..Default::default() }).collect()
+    }
+
+    fn nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
+        super::nvlinks::emulated_nvlinks(self.device_count())
     }
 
     fn peer_access(&self, peer: usize, enable: bool, _flags: u32) -> CudaResult<()> {
