@@ -264,7 +264,9 @@ impl EmulatedDevice {
             info.uuid[14] = b'0' + (index / 10 % 10) as u8;
             info.uuid[15] = digit;
             // Distinct PCI addresses, so NVML's NVLink far ends name one device each.
+            info.set_attribute(attr::PCI_DOMAIN_ID, 0);
             info.set_attribute(attr::PCI_BUS_ID, 0x10 + index as i32);
+            info.set_attribute(attr::PCI_DEVICE_ID, 0);
         }
         info
     }
