@@ -434,7 +434,12 @@ const NVLINK_CAP_COUNT: c_uint = 6;
 /// An active link is one the server's NVML reports P2P-capable and up: it answers every
 /// capability but SLI (no graphics through Flyt); any other link answers none.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetNvLinkCapability(device: NvmlDevice, link: c_uint, capability: c_uint, result: *mut c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkCapability(
+    device: NvmlDevice,
+    link: c_uint,
+    capability: c_uint,
+    result: *mut c_uint,
+) -> NvmlReturn {
     run("nvmlDeviceGetNvLinkCapability", || {
         let active = is_active_link(device, link)?;
         if capability >= NVLINK_CAP_COUNT {

@@ -132,7 +132,8 @@ impl Nvml {
         // SAFETY: an all-zero `nvmlPciInfo_t` is valid.
         let mut pci: PciInfo = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
-        let remote = (unsafe { (self.remote_pci_info)(device, link, &mut pci) } == NVML_SUCCESS).then_some((pci.domain, pci.bus, pci.device));
+        let status = unsafe { (self.remote_pci_info)(device, link, &mut pci) };
+        let remote = (status == NVML_SUCCESS).then_some((pci.domain, pci.bus, pci.device));
         let remote_is_gpu = self.remote_device_type.is_some_and(|remote_device_type| {
             let mut kind: c_uint = u32::MAX;
             // SAFETY: as above.
