@@ -35,12 +35,29 @@ struct PciInfo {
 
 type Handle = *mut c_void;
 
+/// `nvmlFieldValue_t`.
+#[repr(C)]
+struct FieldValue {
+    field_id: c_uint,
+    scope_id: c_uint,
+    timestamp: i64,
+    latency_usec: i64,
+    value_type: c_uint,
+    nvml_return: c_uint,
+    /// `nvmlValue_t`, 8 bytes; `uiVal` is its first 4 (little-endian).
+    value: u64,
+}
+
+/// `NVML_FI_DEV_NVLINK_LINK_COUNT`.
+const FI_DEV_NVLINK_LINK_COUNT: c_uint = 91;
+
 struct Nvml {
     handle_by_pci_bus_id: unsafe extern "C" fn(*const c_char, *mut Handle) -> c_uint,
     link_state: unsafe extern "C" fn(Handle, c_uint, *mut c_uint) -> c_uint,
     link_capability: unsafe extern "C" fn(Handle, c_uint, c_uint, *mut c_uint) -> c_uint,
     remote_pci_info: unsafe extern "C" fn(Handle, c_uint, *mut PciInfo) -> c_uint,
     remote_device_type: Option<unsafe extern "C" fn(Handle, c_uint, *mut c_uint) -> c_uint>,
+    field_values: Option<unsafe extern "C" fn(Handle, c_int, *mut FieldValue) -> c_uint>,
     _library: libloading::Library,
 }
 
@@ -68,6 +85,7 @@ fn load() -> Result<Nvml, String> {
             link_capability: required_symbol!(lib, "nvmlDeviceGetNvLinkCapability"),
             remote_pci_info: required_symbol!(lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2"),
             remote_device_type: optional_symbol!(lib, "nvmlDeviceGetNvLinkRemoteDeviceType"),
+            field_values: optional_symbol!(lib, "nvmlDeviceGetFieldValues"),
             _library: lib,
         })
     }
@@ -145,11 +163,29 @@ impl Nvml {
     }
 
     /// Every link of the GPU at `address`, by index, up to its last one that exists.
+    /// `NVML_FI_DEV_NVLINK_LINK_COUNT` of `device`, where NVML tells it.
+    fn link_count(&self, device: Handle) -> Option<c_uint> {
+        let field_values = self.field_values?;
+        // SAFETY: an all-zero `nvmlFieldValue_t` is valid.
+        let mut field: FieldValue = unsafe { std::mem::zeroed() };
+        field.field_id = FI_DEV_NVLINK_LINK_COUNT;
+        // SAFETY: a handle NVML gave and one field value.
+        let status = unsafe { field_values(device, 1, &mut field) };
+        (status == NVML_SUCCESS && field.nvml_return == NVML_SUCCESS).then_some((field.value as u32).min(MAX_LINKS))
+    }
+
+    /// Every link of the GPU at `address`, by index: as many as NVML's link count field says
+    /// (so the front answers that field as NVML does), else up to the last link NVML knows.
     fn links(&self, address: PciAddress) -> Vec<Option<RawLink>> {
         let Some(device) = self.handle(address) else { return Vec::new() };
         let mut links: Vec<Option<RawLink>> = (0..MAX_LINKS).map(|link| self.link(device, link)).collect();
-        while links.last().is_some_and(Option::is_none) {
-            links.pop();
+        match self.link_count(device) {
+            Some(count) => links.truncate(count as usize),
+            None => {
+                while links.last().is_some_and(Option::is_none) {
+                    links.pop();
+                }
+            }
         }
         links
     }
