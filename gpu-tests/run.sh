@@ -246,6 +246,8 @@ TENANT_MIX=("hello_flyt" "vector_add" "kernel_args" "errors" "printf" "assert_fa
 nvcc_flags_for() {
     case $1 in
         per_thread_stream) echo "--default-stream per-thread" ;;
+        # NVML by dlopen, as NCCL loads it (dlopen is in libc from glibc 2.34; older needs -ldl).
+        nvlink_topology) echo "-ldl" ;;
         # A driver API program: linked against the toolkit's libcuda stub (NVCC_FLAGS may name
         # another folder holding a libcuda.so).
         jit_link | vmm | vmm_share | no_context | graph_nodes | graph_getters | stream_memops | tensor_map | arrays_planar_sparse | green_contexts | launch_extra) echo "-L$(dirname "$(command -v "$NVCC")")/../lib64/stubs -lcuda" ;;

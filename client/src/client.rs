@@ -704,6 +704,21 @@ impl Client {
         self.info.peers.iter().find(|link| link.from == from && link.to == to)
     }
 
+    /// What NVLink `link` of the app's device `device` reaches, in the app's numbering: a device
+    /// the app sees is named by its index; one it does not see (`CUDA_VISIBLE_DEVICES`) reads as
+    /// an inactive link. `None`: no such device or link.
+    pub fn nvlink(&self, device: usize, link: usize) -> Option<flyt_protocol::device::NvLinkEnd> {
+        use flyt_protocol::device::NvLinkEnd;
+        let server = self.server_device(device)?;
+        let end = *self.info.nvlinks.get(server as usize)?.get(link)?;
+        Some(match end {
+            NvLinkEnd::Device(far) => {
+                self.app_device(far).map_or(NvLinkEnd::Inactive, |index| NvLinkEnd::Device(u32::try_from(index).unwrap_or(u32::MAX)))
+            }
+            other => other,
+        })
+    }
+
     /// Records a device allocation (or a module variable when `!freeable`).
     pub fn add_device_range(&self, start: u64, len: u64, freeable: bool) {
         self.ranges.add(start, len, freeable);

@@ -183,11 +183,12 @@ tables! {
     14 PYTORCH_UNKNOWN_69A28E9F "(unnamed, requested with PyTorch)" "69a28e9f-2449-8b47-b030-c5da330ea4e9" [34 sized] {}
     15 NCCL_UNKNOWN_1734DC26 "(unnamed, requested by NCCL)" "1734dc26-800d-4745-8726-c0f1e7dd8bca" [17 sized] {}
     16 NCCL_UNKNOWN_DA9151D3 "(unnamed, requested by NCCL)" "da9151d3-3ae6-cc41-a5c0-4f26d533e328" [7 sized] {}
-    17 FLYT "Flyt (for Flyt's NVML)" "466c7974-4e56-4d4c-8000-000000000001" [5 sized] {
+    17 FLYT "Flyt (for Flyt's NVML)" "466c7974-4e56-4d4c-8000-000000000001" [6 sized] {
         1 => flyt_mem_info,
         2 => flyt_process_memory,
         3 => flyt_tenant_processes,
         4 => flyt_utilization,
+        5 => flyt_nvlink_peer,
     }
 }
 
@@ -268,6 +269,25 @@ unsafe extern "C" fn flyt_utilization(device: c_int, kernels: *mut u32, copies: 
                 write_out(kernels, reply.kernels)?;
                 write_out(copies, reply.copies)
             }
+        })())
+    })
+}
+
+unsafe extern "C" fn flyt_nvlink_peer(device: c_int, link: u32, far_end: *mut c_int) -> CUresult {
+    use flyt_front_kit::flyt_table::{NVLINK_INACTIVE, NVLINK_SWITCH};
+    use flyt_protocol::device::NvLinkEnd;
+    boundary("Flyt[5]", || {
+        finish((|| {
+            let client = session_for(device)?;
+            let device = usize::try_from(device).map_err(|_| CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+            let end = client.nvlink(device, link as usize).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            let value = match end {
+                NvLinkEnd::Device(index) => c_int::try_from(index).unwrap_or(NVLINK_INACTIVE),
+                NvLinkEnd::Switch => NVLINK_SWITCH,
+                NvLinkEnd::Inactive => NVLINK_INACTIVE,
+            };
+            // SAFETY: the caller's out-pointer (checked by `write_out`).
+            unsafe { write_out(far_end, value) }
         })())
     })
 }

@@ -12,7 +12,7 @@ use std::ffi::c_int;
 pub const UUID: [u8; 16] = [0x46, 0x6c, 0x79, 0x74, 0x4e, 0x56, 0x4d, 0x4c, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01];
 
 /// Words in the table, its size word included.
-pub const WORDS: usize = 5;
+pub const WORDS: usize = 6;
 
 /// Entry 1: a device's memory as its session sees it (the slice's quota as total; free within
 /// it), without a context. Returns a `CUresult`.
@@ -36,3 +36,15 @@ pub type TenantProcesses = unsafe extern "C" fn(device: c_int, pids: *mut u32, b
 /// Returns a `CUresult`.
 pub const UTILIZATION: usize = 4;
 pub type Utilization = unsafe extern "C" fn(device: c_int, kernels: *mut u32, copies: *mut u32) -> u32;
+
+/// Entry 5: what NVLink `link` of `device` reaches, as the session knows it (from the server's
+/// NVML), without a context: `*far_end` is another device's index, [`NVLINK_SWITCH`] or
+/// [`NVLINK_INACTIVE`]. Returns a `CUresult`: `CUDA_ERROR_INVALID_VALUE` past the device's last
+/// link (a device without NVLink has none), `CUDA_ERROR_INVALID_DEVICE` for no such device.
+pub const NVLINK_PEER: usize = 5;
+pub type NvLinkPeer = unsafe extern "C" fn(device: c_int, link: u32, far_end: *mut c_int) -> u32;
+/// `far_end` of an NVLink to an NVSwitch (or another far end that is no GPU).
+pub const NVLINK_SWITCH: c_int = -1;
+/// `far_end` of a link that is down, carries no peer traffic, or reaches a GPU the session does
+/// not hold (or the app does not see).
+pub const NVLINK_INACTIVE: c_int = -2;

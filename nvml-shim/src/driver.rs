@@ -34,6 +34,8 @@ struct Driver {
     mem_info: flyt_table::MemInfo,
     tenant_processes: flyt_table::TenantProcesses,
     utilization: flyt_table::Utilization,
+    /// Absent from an older Flyt driver's table (no NVLinks known then).
+    nvlink_peer: Option<flyt_table::NvLinkPeer>,
     _library: libloading::Library,
 }
 
@@ -62,8 +64,9 @@ fn load() -> std::result::Result<Driver, String> {
     }
     // SAFETY: Flyt's table: word 0 is its size in bytes, then entry points (flyt_table's layout).
     let words = unsafe { *table } / size_of::<usize>();
-    if words < flyt_table::WORDS {
-        return Err(format!("Flyt's driver table has {words} words, fewer than the {} this NVML needs", flyt_table::WORDS));
+    let needed = flyt_table::UTILIZATION + 1;
+    if words < needed {
+        return Err(format!("Flyt's driver table has {words} words, fewer than the {needed} this NVML needs"));
     }
     // SAFETY: entries within the table's size, each a function of the type flyt_table names.
     let (mem_info, tenant_processes, utilization) = unsafe {
@@ -73,6 +76,9 @@ fn load() -> std::result::Result<Driver, String> {
             std::mem::transmute::<usize, flyt_table::Utilization>(*table.add(flyt_table::UTILIZATION)),
         )
     };
+    // SAFETY: as above, where the table is long enough to hold the entry.
+    let nvlink_peer = (words > flyt_table::NVLINK_PEER)
+        .then(|| unsafe { std::mem::transmute::<usize, flyt_table::NvLinkPeer>(*table.add(flyt_table::NVLINK_PEER)) });
     Ok(Driver {
         device_get_count: symbol!("cuDeviceGetCount"),
         device_get_name: symbol!("cuDeviceGetName"),
@@ -83,6 +89,7 @@ fn load() -> std::result::Result<Driver, String> {
         mem_info,
         tenant_processes,
         utilization,
+        nvlink_peer,
         _library: library,
     })
 }
@@ -210,6 +217,45 @@ pub fn utilization(device: c_int) -> Result<(c_uint, c_uint)> {
     // SAFETY: valid out-pointers; the entry's contract is flyt_table's.
     check(unsafe { (driver()?.utilization)(device, &mut kernels, &mut copies) })?;
     Ok((kernels, copies))
+}
+
+/// What one of a device's NVLinks reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkEnd {
+    /// Down, not for peer traffic, or to a GPU this process does not see.
+    Inactive,
+    /// Another device (its index).
+    Device(c_int),
+    /// An NVSwitch (or another far end that is no GPU).
+    Switch,
+}
+
+/// NVLink `link` of `device`, or `None` past the device's last link (a device without NVLink, or
+/// under a driver that does not tell, has none).
+pub fn nvlink(device: c_int, link: c_uint) -> Result<Option<LinkEnd>> {
+    let Some(nvlink_peer) = driver()?.nvlink_peer else { return Ok(None) };
+    let mut far_end: c_int = flyt_table::NVLINK_INACTIVE;
+    // SAFETY: a valid out-pointer; the entry's contract is flyt_table's.
+    match unsafe { nvlink_peer(device, link, &mut far_end) } {
+        CUDA_ERROR_INVALID_VALUE => Ok(None),
+        status => check(status).map(|()| {
+            Some(match far_end {
+                flyt_table::NVLINK_SWITCH => LinkEnd::Switch,
+                index if index >= 0 => LinkEnd::Device(index),
+                _ => LinkEnd::Inactive,
+            })
+        }),
+    }
+}
+
+/// How many NVLinks `device` has (NVML numbers at most `limit`).
+pub fn nvlink_count(device: c_int, limit: c_uint) -> Result<c_uint> {
+    for link in 0..limit {
+        if nvlink(device, link)?.is_none() {
+            return Ok(link);
+        }
+    }
+    Ok(limit)
 }
 
 /// Parses a PCI bus id as NVML accepts it: `[domain:]bus:device[.function]`, hexadecimal, any case.

@@ -3,7 +3,7 @@
 //! no session of its own: it is a front over Flyt's `libcuda.so.1` ([`driver`]), so every answer
 //! agrees with the driver's (device count, names, UUIDs, PCI ids, driver version) and memory is the
 //! slice's (its quota as total); processes and utilization are the tenant's, as the slice's server
-//! counts them. Everything else NVML offers answers `NVML_ERROR_NOT_SUPPORTED`
+//! counts them; NVLinks are the server host's, as far as they join the session's devices. Everything else NVML offers answers `NVML_ERROR_NOT_SUPPORTED`
 //! with one line naming the function; nothing is invented.
 //!
 //! Device handles are values Flyt chooses; a handle it never gave out is refused, never read.
@@ -287,14 +287,34 @@ const P2P_CAPS_INDEX_LAST: c_uint = 4;
 /// `NVML_P2P_CAPS_INDEX_READ`, `_WRITE`, `_NVLINK`, `_ATOMICS`.
 const P2P_CAPS_INDEX_READ: c_uint = 0;
 const P2P_CAPS_INDEX_WRITE: c_uint = 1;
+const P2P_CAPS_INDEX_NVLINK: c_uint = 2;
 const P2P_CAPS_INDEX_ATOMICS: c_uint = 3;
+
+/// Whether an active NVLink joins two devices: one of `first`'s reaches `second`, or both reach
+/// a switch.
+fn joined_by_nvlink(first: c_int, second: c_int) -> Result<bool> {
+    let ends = |device: c_int| -> Result<Vec<driver::LinkEnd>> {
+        let mut ends = Vec::new();
+        while let Some(end) = driver::nvlink(device, ends.len() as c_uint)? {
+            ends.push(end);
+            if ends.len() as c_uint == NVLINK_MAX_LINKS {
+                break;
+            }
+        }
+        Ok(ends)
+    };
+    let (from, to) = (ends(first)?, ends(second)?);
+    let reaches_switch = |ends: &[driver::LinkEnd]| ends.contains(&driver::LinkEnd::Switch);
+    Ok(from.contains(&driver::LinkEnd::Device(second)) || (reaches_switch(&from) && reaches_switch(&to)))
+}
 
 /// Peer-to-peer capabilities between two devices, which NCCL asks about while it maps the
 /// topology. A device with itself is answered as NVIDIA's NVML answers it on an H100 (measured
 /// 2026-11-24): "not supported" for every capability index it defines, and OK for indices past
 /// them. Two devices of the session: reads and writes as the driver's peer access, atomics as its
-/// native atomics; NVLink and the PCI path are not known through the driver API ("not supported",
-/// so NCCL judges the link by its own measures).
+/// native atomics, NVLink when an active link joins them (directly, or both reach a switch); the
+/// PCI path is not known through the driver API ("not supported", so NCCL judges it by its own
+/// measures).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(device1: NvmlDevice, device2: NvmlDevice, index: c_uint, status: *mut c_int) -> NvmlReturn {
     run("nvmlDeviceGetP2PStatus", || {
@@ -304,6 +324,7 @@ pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(device1: NvmlDevice, device2: Nv
             let yes = match index {
                 P2P_CAPS_INDEX_READ | P2P_CAPS_INDEX_WRITE => supported(driver::P2P_ACCESS_SUPPORTED)?,
                 P2P_CAPS_INDEX_ATOMICS => supported(driver::P2P_NATIVE_ATOMIC_SUPPORTED)?,
+                P2P_CAPS_INDEX_NVLINK => joined_by_nvlink(first, second)?,
                 _ => false,
             };
             if yes { P2P_STATUS_OK } else { P2P_STATUS_NOT_SUPPORTED }
@@ -329,29 +350,236 @@ pub struct NvmlPciInfo {
     pub bus_id: [c_char; 32],
 }
 
+/// A device's PCI information as `nvmlDeviceGetPciInfo_v3` gives it.
+fn pci_info(index: c_int) -> Result<NvmlPciInfo> {
+    let (domain, bus, slot) = driver::identity(index)?.pci;
+    let mut info = NvmlPciInfo {
+        bus_id_legacy: [0; 16],
+        domain,
+        bus,
+        device: slot,
+        // The driver API does not tell the PCI product and subsystem ids: 0, never a guess.
+        pci_device_id: 0,
+        pci_sub_system_id: 0,
+        bus_id: [0; 32],
+    };
+    // SAFETY: both are arrays of the lengths given.
+    unsafe {
+        write_text(info.bus_id_legacy.as_mut_ptr(), 16, &legacy_bus_id(info.domain, bus, slot))?;
+        write_text(info.bus_id.as_mut_ptr(), 32, &format!("{domain:08X}:{bus:02X}:{slot:02X}.0"))?;
+    }
+    Ok(info)
+}
+
+/// The 16-byte bus id of NVML's older structures.
+fn legacy_bus_id(domain: c_uint, bus: c_uint, slot: c_uint) -> String {
+    format!("{domain:04X}:{bus:02X}:{slot:02X}.0")
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: NvmlDevice, pci: *mut NvmlPciInfo) -> NvmlReturn {
     run("nvmlDeviceGetPciInfo_v3", || {
-        let identity = driver::identity(index_of(device)?)?;
-        let (domain, bus, slot) = identity.pci;
-        let mut info = NvmlPciInfo {
+        let info = pci_info(index_of(device)?)?;
+        // SAFETY: the caller's out-pointer.
+        unsafe { write(pci, info) }
+    })
+}
+
+// -- NVLink --
+//
+// Each device's links as the server's host NVML reports them (`flyt_table::NVLINK_PEER`), their
+// far ends named as this process sees them: another of its devices, a switch, or nothing (down,
+// not for peer traffic, or a GPU it does not hold). NCCL reads these to choose P2P over NVLink.
+
+/// `NVML_NVLINK_MAX_LINKS`.
+const NVLINK_MAX_LINKS: c_uint = 18;
+/// `NVML_FEATURE_DISABLED` and `_ENABLED`.
+const FEATURE_DISABLED: c_uint = 0;
+const FEATURE_ENABLED: c_uint = 1;
+
+/// What link `link` of `device` reaches: `NOT_SUPPORTED` for a device without NVLink,
+/// `INVALID_ARGUMENT` past its last link, as NVML answers.
+fn nvlink_of(device: NvmlDevice, link: c_uint) -> Result<driver::LinkEnd> {
+    let index = index_of(device)?;
+    if link < NVLINK_MAX_LINKS
+        && let Some(end) = driver::nvlink(index, link)?
+    {
+        return Ok(end);
+    }
+    if driver::nvlink_count(index, NVLINK_MAX_LINKS)? == 0 { Err(NVML_ERROR_NOT_SUPPORTED) } else { Err(NVML_ERROR_INVALID_ARGUMENT) }
+}
+
+fn is_active(end: driver::LinkEnd) -> bool {
+    !matches!(end, driver::LinkEnd::Inactive)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(device: NvmlDevice, link: c_uint, is_active: *mut c_uint) -> NvmlReturn {
+    run("nvmlDeviceGetNvLinkState", || {
+        let state = if is_active_link(device, link)? { FEATURE_ENABLED } else { FEATURE_DISABLED };
+        // SAFETY: the caller's out-pointer.
+        unsafe { write(is_active, state) }
+    })
+}
+
+fn is_active_link(device: NvmlDevice, link: c_uint) -> Result<bool> {
+    nvlink_of(device, link).map(is_active)
+}
+
+/// `NVML_NVLINK_CAP_*`: peer traffic, system memory, peer atomics, system memory atomics, SLI,
+/// "link is supported".
+const NVLINK_CAP_SLI_BRIDGE: c_uint = 4;
+const NVLINK_CAP_COUNT: c_uint = 6;
+
+/// An active link is one the server's NVML reports P2P-capable and up: it answers every
+/// capability but SLI (no graphics through Flyt); any other link answers none.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkCapability(
+    device: NvmlDevice,
+    link: c_uint,
+    capability: c_uint,
+    result: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetNvLinkCapability", || {
+        let active = is_active_link(device, link)?;
+        if capability >= NVLINK_CAP_COUNT {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: the caller's out-pointer.
+        unsafe { write(result, c_uint::from(active && capability != NVLINK_CAP_SLI_BRIDGE)) }
+    })
+}
+
+/// The far end's PCI information: another device's exactly as `nvmlDeviceGetPciInfo_v3` gives
+/// it; a switch's with an empty bus id (NVML's for a far end it cannot show; NCCL takes it for an
+/// NVSwitch). A link that reaches nothing the process may know answers `NOT_SUPPORTED`.
+fn remote_pci_info(device: NvmlDevice, link: c_uint) -> Result<NvmlPciInfo> {
+    match nvlink_of(device, link)? {
+        driver::LinkEnd::Device(index) => pci_info(index),
+        driver::LinkEnd::Switch => Ok(NvmlPciInfo {
             bus_id_legacy: [0; 16],
-            domain,
-            bus,
-            device: slot,
-            // The driver API does not tell the PCI product and subsystem ids: 0, never a guess.
+            domain: 0,
+            bus: 0,
+            device: 0,
             pci_device_id: 0,
             pci_sub_system_id: 0,
             bus_id: [0; 32],
+        }),
+        driver::LinkEnd::Inactive => Err(NVML_ERROR_NOT_SUPPORTED),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(device: NvmlDevice, link: c_uint, pci: *mut NvmlPciInfo) -> NvmlReturn {
+    run("nvmlDeviceGetNvLinkRemotePciInfo_v2", || {
+        let info = remote_pci_info(device, link)?;
+        // SAFETY: the caller's out-pointer.
+        unsafe { write(pci, info) }
+    })
+}
+
+/// `nvmlPciInfo_t` before its 32-byte bus id: what the unversioned calls fill (NCCL declares this
+/// layout, 52 bytes, and looks up `nvmlDeviceGetNvLinkRemotePciInfo` by that name).
+#[repr(C)]
+pub struct NvmlPciInfoV1 {
+    pub bus_id: [c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pci_device_id: c_uint,
+    pub pci_sub_system_id: c_uint,
+    pub reserved: [c_uint; 4],
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo(device: NvmlDevice, link: c_uint, pci: *mut NvmlPciInfoV1) -> NvmlReturn {
+    run("nvmlDeviceGetNvLinkRemotePciInfo", || {
+        let info = remote_pci_info(device, link)?;
+        let mut legacy = NvmlPciInfoV1 {
+            bus_id: [0; 16],
+            domain: info.domain,
+            bus: info.bus,
+            device: info.device,
+            pci_device_id: info.pci_device_id,
+            pci_sub_system_id: info.pci_sub_system_id,
+            reserved: [0; 4],
         };
-        let legacy = format!("{domain:04X}:{bus:02X}:{slot:02X}.0");
-        let full = format!("{domain:08X}:{bus:02X}:{slot:02X}.0");
-        // SAFETY: both are arrays of the lengths given.
-        unsafe {
-            write_text(info.bus_id_legacy.as_mut_ptr(), 16, &legacy)?;
-            write_text(info.bus_id.as_mut_ptr(), 32, &full)?;
-            write(pci, info)
+        legacy.bus_id = info.bus_id_legacy;
+        // SAFETY: the caller's out-pointer, of the older (shorter) layout.
+        unsafe { write(pci, legacy) }
+    })
+}
+
+/// `nvmlIntNvLinkDeviceType_t`.
+const NVLINK_DEVICE_TYPE_GPU: c_uint = 0x00;
+const NVLINK_DEVICE_TYPE_SWITCH: c_uint = 0x02;
+const NVLINK_DEVICE_TYPE_UNKNOWN: c_uint = 0xFF;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(device: NvmlDevice, link: c_uint, kind: *mut c_uint) -> NvmlReturn {
+    run("nvmlDeviceGetNvLinkRemoteDeviceType", || {
+        let answer = match nvlink_of(device, link)? {
+            driver::LinkEnd::Device(_) => NVLINK_DEVICE_TYPE_GPU,
+            driver::LinkEnd::Switch => NVLINK_DEVICE_TYPE_SWITCH,
+            driver::LinkEnd::Inactive => NVLINK_DEVICE_TYPE_UNKNOWN,
+        };
+        // SAFETY: the caller's out-pointer.
+        unsafe { write(kind, answer) }
+    })
+}
+
+/// `nvmlFieldValue_t`.
+#[repr(C)]
+pub struct NvmlFieldValue {
+    pub field_id: c_uint,
+    pub scope_id: c_uint,
+    pub timestamp: i64,
+    pub latency_usec: i64,
+    pub value_type: c_uint,
+    pub nvml_return: NvmlReturn,
+    /// `nvmlValue_t`, a union of 8 bytes.
+    pub value: u64,
+}
+
+/// `NVML_FI_DEV_NVLINK_LINK_COUNT` and `NVML_FI_DEV_NVLINK_GET_STATE` (its scope the link).
+const FI_DEV_NVLINK_LINK_COUNT: c_uint = 91;
+const FI_DEV_NVLINK_GET_STATE: c_uint = 165;
+/// `NVML_VALUE_TYPE_UNSIGNED_INT`.
+const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
+
+/// Field values: the NVLink count and each link's state; every other field answers its own
+/// `NOT_SUPPORTED` (the call itself succeeds, as NVML's does for fields a device lacks).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(device: NvmlDevice, count: c_int, values: *mut NvmlFieldValue) -> NvmlReturn {
+    run("nvmlDeviceGetFieldValues", || {
+        let index = index_of(device)?;
+        let count = usize::try_from(count).map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
+        if values.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
         }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_micros());
+        for at in 0..count {
+            // SAFETY: the caller's array of `count` entries, each with its field id set.
+            let entry = unsafe { &mut *values.add(at) };
+            let answer = match entry.field_id {
+                FI_DEV_NVLINK_LINK_COUNT => driver::nvlink_count(index, NVLINK_MAX_LINKS),
+                FI_DEV_NVLINK_GET_STATE => {
+                    is_active_link(device, entry.scope_id).map(|active| if active { FEATURE_ENABLED } else { FEATURE_DISABLED })
+                }
+                _ => Err(NVML_ERROR_NOT_SUPPORTED),
+            };
+            entry.timestamp = i64::try_from(now).unwrap_or(i64::MAX);
+            entry.latency_usec = 0;
+            match answer {
+                Ok(value) => {
+                    entry.value_type = VALUE_TYPE_UNSIGNED_INT;
+                    entry.value = u64::from(value);
+                    entry.nvml_return = NVML_SUCCESS;
+                }
+                Err(error) => entry.nvml_return = error,
+            }
+        }
+        Ok(())
     })
 }
 
@@ -583,7 +811,6 @@ unsupported! {
     nvmlDeviceGetPerformanceState nvmlDeviceGetPersistenceMode nvmlDeviceGetComputeMode nvmlDeviceGetEccMode
     nvmlDeviceGetMigMode nvmlDeviceGetBAR1MemoryInfo nvmlDeviceGetTopologyCommonAncestor
     nvmlDeviceGetCpuAffinity nvmlDeviceGetMemoryAffinity nvmlDeviceGetCurrPcieLinkGeneration
-    nvmlDeviceGetCurrPcieLinkWidth nvmlDeviceGetNvLinkState nvmlDeviceGetNvLinkRemoteDeviceType
-    nvmlDeviceGetNvLinkRemotePciInfo_v2 nvmlDeviceGetGpuFabricInfo nvmlDeviceGetGpuFabricInfoV
+    nvmlDeviceGetCurrPcieLinkWidth nvmlDeviceGetGpuFabricInfo nvmlDeviceGetGpuFabricInfoV
     nvmlDeviceGetMPSComputeRunningProcesses_v3 nvmlDeviceGetProcessUtilization nvmlDeviceGetSamples
 }

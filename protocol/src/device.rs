@@ -62,6 +62,20 @@ impl PeerLink {
     }
 }
 
+/// What one NVLink of a device reaches, as the session may know it (the host's NVML, read by the
+/// server). A device's links are listed by their hardware index, all of them, so the index is
+/// NVML's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NvLinkEnd {
+    /// Not an active link that carries peer traffic, or one to a GPU outside the session (a
+    /// tenant never learns other GPUs' bus ids).
+    Inactive,
+    /// Another device of the session (an index into its devices).
+    Device(u32),
+    /// An NVSwitch, or another far end that is no GPU.
+    Switch,
+}
+
 /// Highest `cudaDeviceAttr` value CUDA 13.0 defines; servers query `1..=LAST_ATTRIBUTE`.
 pub const LAST_ATTRIBUTE: u32 = 147;
 

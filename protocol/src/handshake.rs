@@ -7,7 +7,7 @@ use crate::device::DeviceInfo;
 /// Bytes that open every `Hello`, so a stray connection is refused at once.
 pub const MAGIC: [u8; 4] = *b"FLYT";
 /// Bumped whenever a message or the op table changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 26;
+pub const PROTOCOL_VERSION: u32 = 27;
 /// The CUDA runtime ABI the shim implements.
 pub const CUDA_ABI_MAJOR: u32 = 13;
 /// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
@@ -87,6 +87,9 @@ pub struct SessionInfo {
     pub devices: Vec<DeviceInfo>,
     /// The driver's answers for each ordered pair of those devices (none for one device).
     pub peers: Vec<crate::device::PeerLink>,
+    /// Each device's NVLinks (indexed as `devices`), one entry per link the hardware has (none
+    /// for a device without NVLink, or where the server's host has no NVML).
+    pub nvlinks: Vec<Vec<crate::device::NvLinkEnd>>,
     /// Largest bulk payload per frame the server accepts for copies; bigger copies are chunked.
     pub copy_chunk: u64,
     /// Whether the offered shared-memory segment was accepted.

@@ -357,6 +357,7 @@ fn serve<D: Device>(
         driver_version: device.driver_version(),
         devices: infos,
         peers: device.peer_links(),
+        nvlinks: device.nvlinks(),
         copy_chunk: args.copy_chunk,
         shm_accepted: shm.is_some(),
         shm_refusal,

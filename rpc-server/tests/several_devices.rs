@@ -1,5 +1,5 @@
 //! A session on several GPUs, against an emulated server with two (`--gpu 0,1`): the handshake
-//! lists both with their peer answers; `SetDevice` makes a device current for the requests after
+//! lists both with their peer answers and NVLinks; `SetDevice` makes a device current for the requests after
 //! it, whose allocations and memory information are that device's; copies go between the two
 //! devices' memory; peer access follows the driver's rules; an index outside the session's is
 //! refused and changes nothing.
@@ -31,6 +31,9 @@ fn one_session_uses_both_devices_of_its_server() {
     assert_ne!(info.devices[0].name, info.devices[1].name);
     let links: Vec<(u32, u32, i32)> = info.peers.iter().map(|link| (link.from, link.to, link.access_supported)).collect();
     assert_eq!(links, vec![(0, 1, 1), (1, 0, 1)], "one answer per ordered pair");
+    // The emulated device's fixed NVLink topology: two links join the pair.
+    use flyt_protocol::device::NvLinkEnd;
+    assert_eq!(info.nvlinks, vec![vec![NvLinkEnd::Device(1); 2], vec![NvLinkEnd::Device(0); 2]], "each device's links by index");
 
     let on_first = session.call(req::Malloc { size: MIB }).0.unwrap().ptr;
     session.send(&req::SetDevice { index: 1 }.into(), &[]);
@@ -65,6 +68,7 @@ fn a_one_device_server_refuses_a_second_device() {
     let mut session = RawSession::open(&socket, None).unwrap();
     assert_eq!(session.info.devices.len(), 1);
     assert!(session.info.peers.is_empty());
+    assert_eq!(session.info.nvlinks, vec![Vec::new()], "a lone device has no NVLink");
     session.send(&req::SetDevice { index: 1 }.into(), &[]);
     let synced = session.call_with_deferred(req::DeviceSynchronize {}).0;
     assert_eq!(synced.deferred, Some(CudaError::INVALID_DEVICE));

@@ -10,18 +10,23 @@ use std::time::Duration;
 use flyt_test_support::{Server, artifact, exported_functions, run_with_timeout, scratch_dir, shim_lib_dir};
 
 fn build(name: &str) -> Option<(PathBuf, PathBuf)> {
+    build_program(name, "nvml_queries")
+}
+
+/// Compiles `tests/c/{program}.c` against NVIDIA's headers and Flyt's libraries.
+fn build_program(name: &str, program_name: &str) -> Option<(PathBuf, PathBuf)> {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
         eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
         return None;
     };
     let scratch = scratch_dir(name);
     let lib = shim_lib_dir();
-    let program = scratch.join("nvml_queries");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/nvml_queries.c");
+    let program = scratch.join(program_name);
+    let source = format!("{}/tests/c/{program_name}.c", env!("CARGO_MANIFEST_DIR"));
     let status = Command::new("cc")
         .args(["-std=c11", "-Wall", "-Werror", "-O1", "-D_DEFAULT_SOURCE"])
         .arg(format!("-I{}", cuda.join("include").display()))
-        .arg(source)
+        .arg(&source)
         .arg("-o")
         .arg(&program)
         .arg(format!("-L{}", lib.display()))
@@ -97,6 +102,11 @@ fn every_function_pytorch_looks_up_and_every_refused_one_is_exported() {
         "nvmlDeviceGetHandleByPciBusId_v2",
         "nvmlDeviceGetNvLinkRemoteDeviceType",
         "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+        // NCCL's.
+        "nvmlDeviceGetNvLinkRemotePciInfo",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetNvLinkCapability",
+        "nvmlDeviceGetFieldValues",
         "nvmlDeviceGetComputeRunningProcesses",
         "nvmlSystemGetCudaDriverVersion_v2",
         "nvmlDeviceGetCount_v2",
@@ -105,4 +115,41 @@ fn every_function_pytorch_looks_up_and_every_refused_one_is_exported() {
     ];
     let missing: Vec<&str> = pytorch.iter().chain(flyt_nvml::UNSUPPORTED).copied().filter(|name| !exported.contains(*name)).collect();
     assert!(missing.is_empty(), "not exported: {missing:?}");
+}
+
+/// Runs `nvml_nvlinks` against an emulated server with `gpus`, expecting `topology` (see the
+/// program), with `CUDA_VISIBLE_DEVICES` set when `visible` is.
+fn nvlinks_as_nccl_reads_them(name: &str, gpus: &str, visible: Option<&str>, topology: &str) -> Option<String> {
+    let (program, scratch) = build_program(name, "nvml_nvlinks")?;
+    let server = Server::start(&["--device", "emulated", "--gpu", gpus, "--listen", "127.0.0.1:0"], &scratch);
+    let mut command = Command::new(&program);
+    command.arg(topology).env("LD_LIBRARY_PATH", shim_lib_dir()).env("FLYT_SERVER", &server.addresses[0]);
+    if let Some(visible) = visible {
+        command.env("CUDA_VISIBLE_DEVICES", visible);
+    }
+    let (code, stdout, stderr) = run_with_timeout(&mut command, Duration::from_secs(60));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
+    Some(stdout)
+}
+
+#[test]
+fn two_devices_show_the_emulated_nvlinks_between_them() {
+    // The emulated device joins each pair of its GPUs by two links.
+    let Some(stdout) = nvlinks_as_nccl_reads_them("nvml-nvlinks-two", "0,1", None, "11;00") else { return };
+    assert!(stdout.contains("device 0: 2 links; 2 to device 1; 0 to a switch"), "{stdout}");
+    assert!(stdout.contains("device 1: 2 links; 2 to device 0; 0 to a switch"), "{stdout}");
+}
+
+#[test]
+fn a_link_to_a_device_the_app_does_not_see_is_inactive() {
+    // Server devices 0 and 2 as the app's 0 and 1: the links to server device 1 show as down.
+    let Some(stdout) = nvlinks_as_nccl_reads_them("nvml-nvlinks-hidden", "0,1,2", Some("0,2"), "--11;00--") else { return };
+    assert!(stdout.contains("device 0: 4 links; 2 to device 1; 0 to a switch"), "{stdout}");
+}
+
+#[test]
+fn a_lone_device_has_no_nvlink() {
+    let Some(stdout) = nvlinks_as_nccl_reads_them("nvml-nvlinks-one", "0", None, "") else { return };
+    assert!(stdout.contains("device 0: 0 links; 0 to a switch"), "{stdout}");
 }

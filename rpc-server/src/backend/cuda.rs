@@ -811,6 +811,16 @@ impl Device for CudaDevice {
         links
     }
 
+    fn nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
+        use flyt_protocol::device::attr;
+        let address = |gpu: &Gpu| {
+            let attribute = |id| self.attribute_of(gpu.device, id).unwrap_or(-1);
+            super::nvlinks::pci_address(attribute(attr::PCI_DOMAIN_ID), attribute(attr::PCI_BUS_ID), attribute(attr::PCI_DEVICE_ID))
+        };
+        let addresses: Vec<_> = self.gpus.iter().map(address).collect();
+        super::nvlinks::session_nvlinks(&addresses)
+    }
+
     fn stream_device(&self, stream: Self::Stream) -> usize {
         self.stream_gpu(stream)
     }

@@ -284,6 +284,11 @@ impl EmulatedDevice {
         let mut info = self.device_info();
         if self.config.host_gpus.len() > 1 {
             info.name = format!("Flyt Emulated Device {index} (no GPU: kernels cannot run)");
+            // Distinct PCI addresses (by host ordinal), so NVML's NVLink far ends name one device each.
+            let host_gpu = self.config.host_gpus.get(index).copied().unwrap_or(0) as i32;
+            info.set_attribute(attr::PCI_DOMAIN_ID, 0);
+            info.set_attribute(attr::PCI_BUS_ID, 0x10 + host_gpu);
+            info.set_attribute(attr::PCI_DEVICE_ID, 0);
         }
         info.uuid = host_uuid(self.config.host_gpus.get(index).copied().unwrap_or(0));
         info
@@ -465,6 +470,10 @@ impl Device for EmulatedDevice {
         let pairs = (0..count).flat_map(|from| (0..count).filter(move |to| *to != from).map(move |to| (from, to)));
         // One host memory: every device reaches every other's, with no atomics across them.
         pairs.map(|(from, to)| flyt_protocol::device::PeerLink { from, to, access_supported: 1, ..Default::default() }).collect()
+    }
+
+    fn nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
+        super::nvlinks::emulated_nvlinks(self.device_count())
     }
 
     fn peer_access(&self, peer: usize, enable: bool, _flags: u32) -> CudaResult<()> {

@@ -24,6 +24,7 @@ mod cuda_restore;
 pub mod emulated;
 mod emulated_graphs;
 mod emulated_green;
+pub mod nvlinks;
 
 use std::sync::Arc;
 
@@ -272,6 +273,10 @@ pub trait Device: Send + Sync + 'static {
     }
     /// The driver's answers for each ordered pair of devices.
     fn peer_links(&self) -> Vec<flyt_protocol::device::PeerLink> {
+        Vec::new()
+    }
+    /// Each device's NVLinks, by link index (`SessionInfo::nvlinks`); none known by default.
+    fn nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
         Vec::new()
     }
     /// The device (index) whose context `stream` belongs to.
