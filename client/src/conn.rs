@@ -180,6 +180,11 @@ struct Outgoing {
     /// The device the server runs the next request on: the last `SetDevice` sent (the session
     /// starts on its first device).
     device: u32,
+    /// The session devices this connection's server serves: `first_device..first_device +
+    /// device_count` (every device for a session on one server; one server's share of a session
+    /// spread over several, `FLYT_SERVER=a,b`). `SetDevice` names the server's own index.
+    first_device: u32,
+    device_count: u32,
 }
 
 struct WireHalf {
@@ -343,7 +348,15 @@ impl Conn {
         let conn = Arc::new(Self {
             session: OnceLock::new(),
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
-            outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1, paused: false, pause_owed: false, device: 0 }),
+            outgoing: Mutex::new(Outgoing {
+                buf: Vec::with_capacity(64 << 10),
+                next_seq: 1,
+                paused: false,
+                pause_owed: false,
+                device: 0,
+                first_device: 0,
+                device_count: u32::MAX,
+            }),
             resumed: Condvar::new(),
             pending: Mutex::new(PendingMap::default()),
             inbound: Mutex::new(Inbound::new(reader)),
@@ -372,6 +385,14 @@ impl Conn {
         let flusher = conn.clone();
         std::thread::Builder::new().name("flyt-flusher".into()).spawn(move || flusher.flush_loop())?;
         Ok(conn)
+    }
+
+    /// Makes this the connection of session devices `first..first + count` (a session spread
+    /// over several servers), before any request goes out.
+    pub fn serve_devices(&self, first: u32, count: u32) {
+        let mut out = lock(&self.outgoing);
+        out.first_device = first;
+        out.device_count = count;
     }
 
     /// Attaches the session this connection carries (once; notices that need it fail before).
@@ -520,8 +541,10 @@ impl Conn {
     /// Appends a `SetDevice` when the calling thread's device is not the one the server runs
     /// requests on.
     fn follow_thread_device(out: &mut Outgoing) {
-        let device = crate::devices::thread_device();
-        if device != out.device {
+        // The server's own index; a device of another server (a request about the session, sent
+        // here whatever the thread's device) leaves the server's device as it was.
+        let device = crate::devices::thread_device().wrapping_sub(out.first_device);
+        if device != out.device && device < out.device_count {
             out.device = device;
             // Sequence 0: a frame no reply answers (its failure is the deferred error), which
             // leaves the numbers the caller registered its reply under as they were.

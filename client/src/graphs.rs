@@ -232,7 +232,7 @@ impl Client {
         let host_nodes = self.graphs.exec_host_nodes(exec);
         if host_nodes > 0 {
             self.start_host_runner()?;
-            self.conn.expect_notices(host_nodes as usize);
+            self.conn().expect_notices(host_nodes as usize);
         }
         self.push_mirrors()?;
         let objects = crate::user_objects::user_objects();
@@ -240,8 +240,9 @@ impl Client {
             capture_status::NONE => objects.launch_references(exec),
             _ => None,
         };
-        let launched =
-            self.conn.send_async_with(&req::GraphLaunch { exec, stream }.into(), &[], || self.graphs.add_outstanding(host_nodes as usize));
+        let launched = self
+            .conn()
+            .send_async_with(&req::GraphLaunch { exec, stream }.into(), &[], || self.graphs.add_outstanding(host_nodes as usize));
         if let Some(token) = held {
             let release = HostFunction::Plain { function: crate::user_objects::launch_done, user_data: token as usize };
             if launched.is_err() {
@@ -265,10 +266,10 @@ impl Client {
         let captured = self.capture_info(stream)?.status != capture_status::NONE;
         let call = self.graphs.register(function, !captured);
         if !captured {
-            self.conn.expect_notices(1);
+            self.conn().expect_notices(1);
         }
         let outstanding = if captured { 0 } else { 1 };
-        self.conn.send_async_with(&req::LaunchHostFunc { stream, call }.into(), &[], || self.graphs.add_outstanding(outstanding))
+        self.conn().send_async_with(&req::LaunchHostFunc { stream, call }.into(), &[], || self.graphs.add_outstanding(outstanding))
     }
 
     /// A host node's function (kept while the session lives: graphs may run it at any launch).
@@ -287,7 +288,7 @@ impl Client {
         if !sent {
             // No runner: answer at once so the stream is not held forever (a host-to-device
             // copy's staging then stays as it was).
-            let _ = self.conn.send_host_call_done(&req::HostCallDone { run }.into(), &[], || {});
+            let _ = self.conn().send_host_call_done(&req::HostCallDone { run }.into(), &[], || {});
         }
     }
 
@@ -309,15 +310,15 @@ impl Client {
                     let _ = match job {
                         HostJob::Call { call, run } => {
                             client.run_host_function(call);
-                            client.conn.send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
+                            client.conn().send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
                         }
                         HostJob::CopyOut { run, host, bytes } => {
                             write_host_rows(&host, &bytes);
-                            client.conn.send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
+                            client.conn().send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
                         }
                         HostJob::CopyIn { run, host } => {
                             let bytes = read_host_rows(&host);
-                            client.conn.send_host_call_done(&req::HostCopyDone { run }.into(), &bytes, returned)
+                            client.conn().send_host_call_done(&req::HostCopyDone { run }.into(), &bytes, returned)
                         }
                     };
                 }

@@ -454,7 +454,7 @@ impl Client {
             for run in runs {
                 for (index, piece) in mirror.snapshot[run.clone()].chunks(chunk).enumerate() {
                     let dst = mirror.address + (run.start + index * chunk) as u64;
-                    self.conn.send_async(&req::MemcpyHtoD { dst, stream }.into(), piece)?;
+                    self.conn().send_async(&req::MemcpyHtoD { dst, stream }.into(), piece)?;
                 }
                 sent = true;
             }

@@ -367,6 +367,20 @@ impl DeviceRanges {
         self.holding(ptr).map(|(_, range)| range.id)
     }
 
+    /// A range overlapping `[start, start + len)` made on a device `elsewhere` says is another
+    /// server's, as `(start, len, device)`: two servers of a spread session handed out the same
+    /// addresses.
+    pub fn overlapping_elsewhere(&self, start: u64, len: u64, elsewhere: impl Fn(u32) -> bool) -> Option<(u64, u64, u32)> {
+        let end = start.saturating_add(len.max(1));
+        let ranges = self.read();
+        let before = ranges.range(..start).next_back().filter(|(first, range)| *first + range.len > start);
+        before
+            .into_iter()
+            .chain(ranges.range(start..end))
+            .find(|(_, range)| elsewhere(range.device))
+            .map(|(first, range)| (*first, range.len, range.device))
+    }
+
     /// The session device (the server's index) the range holding `ptr` was made on.
     pub fn device_of(&self, ptr: u64) -> Option<u32> {
         self.holding(ptr).map(|(_, range)| range.device)

@@ -313,7 +313,7 @@ fn in_place(client: &Client, channel: &Channel, shape: &Shape, host: (*mut u8, u
 /// # Safety
 /// As [`copy`].
 unsafe fn to_device(client: &Client, shape: Shape, host: (*mut u8, u64, u64), stream: u64, mode: Mode) -> CudaResult<()> {
-    if let Some(channel) = &client.shm {
+    if let Some(channel) = client.channel() {
         if !in_place(client, channel, &shape, host, false, stream)? {
             for piece in pieces(shape.width, shape.height, shape.depth, SLOT as u64) {
                 let slot = channel.take_slot()?;
@@ -343,20 +343,20 @@ unsafe fn to_device(client: &Client, shape: Shape, host: (*mut u8, u64, u64), st
             // SAFETY: `packed` holds the piece; the host rows are the app's.
             unsafe { move_rows(host, shape.src_pos, piece, packed.as_mut_ptr(), true) };
             let request = req::MemcpyHtoShaped { copy: piece_copy(&shape, piece, false, None), stream };
-            client.conn.send_async(&request.into(), &packed)?;
+            client.conn().send_async(&request.into(), &packed)?;
         }
     }
     match mode {
         Mode::Synchronous => client.sync_stream(stream),
-        Mode::Asynchronous => client.conn.flush(),
+        Mode::Asynchronous => client.conn().flush(),
     }
 }
 
 /// Sends a fence for `stream` and returns its reply slot (answered when the stream's queued work
 /// is done).
 fn fence(client: &Client, stream: u64) -> CudaResult<Arc<ReplySlot>> {
-    let fence = client.conn.send_for_reply(&req::ShmFence { stream }.into(), None)?;
-    client.conn.flush()?;
+    let fence = client.conn().send_for_reply(&req::ShmFence { stream }.into(), None)?;
+    client.conn().flush()?;
     Ok(fence)
 }
 
@@ -366,11 +366,11 @@ fn fence(client: &Client, stream: u64) -> CudaResult<Arc<ReplySlot>> {
 /// # Safety
 /// As [`copy`].
 unsafe fn to_host(client: &Client, shape: Shape, host: (*mut u8, u64, u64), stream: u64, mode: Mode) -> CudaResult<()> {
-    if let Some(channel) = &client.shm {
+    if let Some(channel) = client.channel() {
         if in_place(client, channel, &shape, host, true, stream)? {
             return match mode {
                 Mode::Synchronous => client.sync_stream(stream),
-                Mode::Asynchronous => client.conn.flush(),
+                Mode::Asynchronous => client.conn().flush(),
             };
         }
         let mut in_flight: VecDeque<(HeldSlot, Piece, Arc<ReplySlot>)> = VecDeque::new();
@@ -445,21 +445,21 @@ unsafe fn to_host(client: &Client, shape: Shape, host: (*mut u8, u64, u64), stre
             stream,
             blocking: index == last && mode == Mode::Synchronous,
         };
-        match client.conn.send_for_reply(&request.into(), Some(destination)) {
+        match client.conn().send_for_reply(&request.into(), Some(destination)) {
             Ok(slot) => in_flight.push_back((packed, piece, slot)),
             Err(error) => outcome = Err(error),
         }
-        client.conn.flush()?;
+        client.conn().flush()?;
     }
     for entry in in_flight {
         outcome = outcome.and(finish(entry));
     }
     outcome?;
     match mode {
-        Mode::Synchronous => deferred.or_else(|| client.conn.take_deferred()).map_or(Ok(()), Err),
+        Mode::Synchronous => deferred.or_else(|| client.conn().take_deferred()).map_or(Ok(()), Err),
         Mode::Asynchronous => {
             if let Some(error) = deferred {
-                client.conn.defer(error);
+                client.conn().defer(error);
             }
             Ok(())
         }

@@ -187,7 +187,9 @@ impl EmulatedDevice {
         Self {
             config,
             state: Mutex::new(State {
-                next_address: BASE_ADDRESS + u64::from(std::process::id() % 4096) * BASE_STEP,
+                // The server's address window (`--address-window`) moves them up, as it moves a
+                // real driver's.
+                next_address: BASE_ADDRESS + crate::address_space::window_offset() + u64::from(std::process::id() % 4096) * BASE_STEP,
                 next_handle: 1,
                 ..State::default()
             }),
@@ -263,6 +265,12 @@ impl EmulatedDevice {
             let digit = b'0' + (index % 10) as u8;
             info.uuid[14] = b'0' + (index / 10 % 10) as u8;
             info.uuid[15] = digit;
+        }
+        // Servers of one tenant on several nodes have their own windows: their emulated GPUs
+        // have UUIDs of their own, as real GPUs of two nodes do.
+        let window = crate::address_space::window();
+        if window > 0 {
+            info.uuid[13] = b'0' + window as u8;
         }
         info
     }
