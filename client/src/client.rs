@@ -1133,3 +1133,53 @@ impl Client {
         self.spread() && node(a) != node(b)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flyt_protocol::device::{DeviceInfo, PeerLink};
+
+    #[test]
+    fn flyt_server_names_one_server_or_several() {
+        assert_eq!(server_list("unix:/run/a.sock"), vec!["unix:/run/a.sock"]);
+        assert_eq!(server_list("unix:/a.sock, 10.0.0.2:4000,"), vec!["unix:/a.sock", "10.0.0.2:4000"]);
+        assert_eq!(server_tokens(Some("t"), 2), Ok(vec![Some("t".to_string()), Some("t".to_string())]), "one token for all");
+        assert_eq!(server_tokens(None, 2), Ok(vec![None, None]));
+        assert_eq!(server_tokens(Some("a,b"), 2), Ok(vec![Some("a".to_string()), Some("b".to_string())]), "one per server");
+        assert!(server_tokens(Some("a,b,c"), 2).is_err(), "as many as servers, or one");
+    }
+
+    fn session(devices: usize, peers: Vec<PeerLink>, copy_chunk: u64) -> SessionInfo {
+        let device =
+            DeviceInfo { name: "GPU".into(), uuid: [0; 16], luid: [0; 8], luid_device_node_mask: 0, total_mem: 1, attributes: Vec::new() };
+        SessionInfo {
+            session_id: 1,
+            server_version: String::new(),
+            driver_version: 13000,
+            devices: vec![device; devices],
+            peers,
+            copy_chunk,
+            shm_accepted: false,
+            rings: false,
+            shm_refusal: None,
+            emulated: true,
+        }
+    }
+
+    /// A second server's devices follow the first's; pairs across the servers are no peers.
+    #[test]
+    fn a_further_server_numbers_its_devices_after_the_earlier_ones() {
+        let link = |from, to| PeerLink { from, to, access_supported: 1, performance_rank: 1, native_atomics: 1, array_access: 1 };
+        let mut info = session(2, vec![link(0, 1), link(1, 0)], 8 << 20);
+        join_node(&mut info, session(2, vec![link(0, 1), link(1, 0)], 4 << 20));
+        assert_eq!(info.devices.len(), 4);
+        assert_eq!(info.copy_chunk, 4 << 20, "pieces both servers take");
+        let find = |from, to| info.peers.iter().find(|link| link.from == from && link.to == to).cloned();
+        assert_eq!(find(0, 1).map(|link| link.access_supported), Some(1), "the first server's own pair");
+        assert_eq!(find(2, 3).map(|link| link.access_supported), Some(1), "the second's, renumbered");
+        for (from, to) in [(0, 2), (2, 0), (1, 3), (3, 1), (0, 3)] {
+            let across = find(from, to).expect("every pair across the servers is answered");
+            assert_eq!((across.access_supported, across.native_atomics, across.array_access), (0, 0, 0), "{from}->{to}");
+        }
+    }
+}

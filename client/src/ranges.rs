@@ -434,6 +434,22 @@ mod tests {
         got as u64 == addr
     }
 
+    /// A spread session's servers' ranges: an allocation overlapping another server's range is
+    /// found (by the device it was made on), one next to it or on the same server is not.
+    #[test]
+    fn ranges_of_other_servers_overlapping_are_found() {
+        let ranges = DeviceRanges::default();
+        let base = free_stretch(8);
+        crate::devices::with_thread_device(1, || assert!(ranges.try_add(base + CHUNK, 2 * CHUNK, true)));
+        let second_server = |device: u32| device == 1;
+        assert_eq!(ranges.overlapping_elsewhere(base, CHUNK + 1, second_server), Some((base + CHUNK, 2 * CHUNK, 1)), "its start");
+        assert_eq!(ranges.overlapping_elsewhere(base + 2 * CHUNK, 8, second_server), Some((base + CHUNK, 2 * CHUNK, 1)), "inside");
+        assert_eq!(ranges.overlapping_elsewhere(base, CHUNK, second_server), None, "just below");
+        assert_eq!(ranges.overlapping_elsewhere(base + 3 * CHUNK, CHUNK, second_server), None, "just above");
+        assert_eq!(ranges.overlapping_elsewhere(base + 2 * CHUNK, 8, |device| device != 1), None, "the same server's");
+        ranges.remove_allocation(base + CHUNK).unwrap();
+    }
+
     #[test]
     fn device_ranges_keep_host_memory_out_and_are_refused_over_it() {
         let ranges = DeviceRanges::default();
