@@ -591,6 +591,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
     }
     if !nodes.is_empty() {
         conn.serve_devices(0, first_devices);
+        crate::registry::spread_over(std::iter::once(conn.clone()).chain(nodes.iter().map(|node| node.conn.clone())).collect());
     }
     let visible = crate::devices::visible_devices(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(), &info.devices);
     if visible.is_empty() {

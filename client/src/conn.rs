@@ -395,6 +395,11 @@ impl Conn {
         out.device_count = count;
     }
 
+    /// The server's address, for messages.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
     /// Attaches the session this connection carries (once; notices that need it fail before).
     pub fn attach(&self, session: &'static dyn SessionLink) {
         if self.session.get().is_none() {
