@@ -138,8 +138,8 @@ pub fn client() -> CudaResult<&'static Client> {
 }
 
 impl crate::conn::SessionLink for Client {
-    fn host_job(&self, job: crate::graphs::HostJob) {
-        self.host_call_arrived(job);
+    fn host_job(&self, job: crate::graphs::HostJob, origin: u32) {
+        self.host_call_arrived(job, origin);
     }
 
     fn host_functions_pending(&self) -> bool {
@@ -151,6 +151,10 @@ impl crate::conn::SessionLink for Client {
     }
 
     fn reconnect(&self, address: Option<&str>, snapshot: &str) -> Result<(Wire, Wire), String> {
+        if self.spread() {
+            // Which of its servers moved is not known here, nor do the others pause with it.
+            return Err("a session spread over several servers cannot move yet".into());
+        }
         reconnect(address, snapshot, self.shm.as_ref())
     }
 }

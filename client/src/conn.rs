@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -261,8 +261,9 @@ impl Inbound {
 /// its connection and attaches itself once made (`Conn::attach`): the connection never reaches up
 /// into the session's module.
 pub trait SessionLink: Send + Sync {
-    /// A host function, or a graph's host copy, the server's stream reached.
-    fn host_job(&self, job: crate::graphs::HostJob);
+    /// A host function, or a graph's host copy, the server's stream reached; `origin`: the first
+    /// session device of the server that asked (its answer goes back there).
+    fn host_job(&self, job: crate::graphs::HostJob, origin: u32);
     /// Whether host functions that streams will reach have yet to return.
     fn host_functions_pending(&self) -> bool;
     /// The server says the tenant holds `bytes` over its quota.
@@ -294,6 +295,8 @@ pub struct Conn {
     deferred: Mutex<Option<CudaError>>,
     failure: OnceLock<String>,
     server: String,
+    /// The first session device this connection's server serves (0 but in a spread session).
+    first_device: AtomicU32,
     flush_wanted: AtomicBool,
     /// The shared-memory rings: writing costs no system call, so an asynchronous request is
     /// written by the calling thread itself when the writing half is free (no hand-off to the
@@ -367,6 +370,7 @@ impl Conn {
             deferred: Mutex::new(None),
             failure: OnceLock::new(),
             server,
+            first_device: AtomicU32::new(0),
             flush_wanted: AtomicBool::new(false),
             writes_directly: AtomicBool::new(writes_directly),
             async_run: AtomicUsize::new(0),
@@ -390,6 +394,7 @@ impl Conn {
     /// Makes this the connection of session devices `first..first + count` (a session spread
     /// over several servers), before any request goes out.
     pub fn serve_devices(&self, first: u32, count: u32) {
+        self.first_device.store(first, Ordering::Relaxed);
         let mut out = lock(&self.outgoing);
         out.first_device = first;
         out.device_count = count;
@@ -417,7 +422,7 @@ impl Conn {
         let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
         match self.session.get() {
             Some(session) => {
-                session.host_job(job);
+                session.host_job(job, self.first_device.load(Ordering::Relaxed));
                 Ok(())
             }
             None => Err("a host function call before the session opened".into()),

@@ -54,7 +54,8 @@ pub struct Graphs {
     /// `(clone, original node)` to the clone's node.
     clones: Mutex<HashMap<(u64, u64), u64>>,
     host_functions: Mutex<HashMap<u64, Registered>>,
-    runner: OnceLock<Mutex<Sender<HostJob>>>,
+    /// Jobs with the first session device of the server that asked (answered there).
+    runner: OnceLock<Mutex<Sender<(HostJob, u32)>>>,
     /// Host functions that streams will reach and that have not returned yet.
     outstanding: AtomicUsize,
     /// Held to wait for `outstanding` to reach zero.
@@ -262,6 +263,11 @@ impl Client {
 
     /// `cuLaunchHostFunc`/`cuStreamAddCallback`: runs `function` here when `stream` reaches it.
     pub fn launch_host_function(&self, stream: u64, function: HostFunction) -> CudaResult<()> {
+        // On the stream's server, whichever device is current (a spread session).
+        self.on_handle_server(stream, || self.launch_host_function_here(stream, function))
+    }
+
+    fn launch_host_function_here(&self, stream: u64, function: HostFunction) -> CudaResult<()> {
         self.start_host_runner()?;
         let captured = self.capture_info(stream)?.status != capture_status::NONE;
         let call = self.graphs.register(function, !captured);
@@ -280,15 +286,15 @@ impl Client {
 
     /// The server reached a host function or a graph's host copy: queues it for the runner
     /// thread, which runs them in the order they came.
-    pub(crate) fn host_call_arrived(&self, job: HostJob) {
+    pub(crate) fn host_call_arrived(&self, job: HostJob, origin: u32) {
         let run = match &job {
             HostJob::Call { run, .. } | HostJob::CopyOut { run, .. } | HostJob::CopyIn { run, .. } => *run,
         };
-        let sent = self.graphs.runner.get().is_some_and(|runner| lock(runner).send(job).is_ok());
+        let sent = self.graphs.runner.get().is_some_and(|runner| lock(runner).send((job, origin)).is_ok());
         if !sent {
             // No runner: answer at once so the stream is not held forever (a host-to-device
             // copy's staging then stays as it was).
-            let _ = self.conn().send_host_call_done(&req::HostCallDone { run }.into(), &[], || {});
+            let _ = self.conn_of(origin).send_host_call_done(&req::HostCallDone { run }.into(), &[], || {});
         }
     }
 
@@ -296,7 +302,7 @@ impl Client {
         if self.graphs.runner.get().is_some() {
             return Ok(());
         }
-        let (sender, receiver) = channel::<HostJob>();
+        let (sender, receiver) = channel::<(HostJob, u32)>();
         if self.graphs.runner.set(Mutex::new(sender)).is_err() {
             return Ok(());
         }
@@ -304,21 +310,23 @@ impl Client {
             .name("flyt-host-functions".into())
             .spawn(move || {
                 IN_HOST_FUNCTION.with(|flag| flag.set(true));
-                for job in receiver {
+                for (job, origin) in receiver {
                     let Some(client) = crate::client::existing_client() else { return };
                     let returned = || client.graphs.one_returned();
+                    // Answered to the server that asked.
+                    let asked = client.conn_of(origin);
                     let _ = match job {
                         HostJob::Call { call, run } => {
                             client.run_host_function(call);
-                            client.conn().send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
+                            asked.send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
                         }
                         HostJob::CopyOut { run, host, bytes } => {
                             write_host_rows(&host, &bytes);
-                            client.conn().send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
+                            asked.send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
                         }
                         HostJob::CopyIn { run, host } => {
                             let bytes = read_host_rows(&host);
-                            client.conn().send_host_call_done(&req::HostCopyDone { run }.into(), &bytes, returned)
+                            asked.send_host_call_done(&req::HostCopyDone { run }.into(), &bytes, returned)
                         }
                     };
                 }

@@ -268,7 +268,10 @@ pub fn function_by_name(conn: &Arc<Conn>, id: u32, name: &str) -> CudaResult<Arc
         {
             crate::diagnostics::once(
                 "spread-kernel-index",
-                &format!("flyt: kernel {name} has another index on the server {} than on the first: it cannot run on every device (returning CUDA_ERROR_NOT_SUPPORTED)", conn.server()),
+                &format!(
+                    "flyt: kernel {name} has another index on the server {} than on the first: it cannot run on every device (returning CUDA_ERROR_NOT_SUPPORTED)",
+                    conn.server()
+                ),
             );
             return Err(CudaError::NOT_SUPPORTED);
         }

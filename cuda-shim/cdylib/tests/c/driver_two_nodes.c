@@ -22,6 +22,8 @@
 // Not a multiple of the copy chunk, so the last staged piece is a short one.
 enum { N = (5 << 20) + 4096 + 17 };
 
+static void CUDA_CB mark(void *flag) { *(volatile int *)flag = 1; }
+
 static void pattern(unsigned char *bytes, size_t len, unsigned seed) {
     for (size_t i = 0; i < len; i++) bytes[i] = (unsigned char)((i * 2654435761u + seed) >> 7);
 }
@@ -136,6 +138,20 @@ int main(void) {
     EXPECT(cuEventRecord(done1, stream0), CUDA_ERROR_INVALID_HANDLE);
     EXPECT(cuStreamSynchronize(stream0), CUDA_SUCCESS);
     printf("streams and events find their servers: yes\n");
+
+    // Host functions on each server's stream, the second's queued while device 0 is current: each
+    // server's call is answered to that server.
+    volatile int ran0 = 0, ran1 = 0;
+    EXPECT(cuLaunchHostFunc(stream1, mark, (void *)&ran1), CUDA_SUCCESS);
+    EXPECT(cuLaunchHostFunc(stream0, mark, (void *)&ran0), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream1), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream0), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+    ran1 = 0;
+    EXPECT(cuLaunchHostFunc(stream1, mark, (void *)&ran1), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream1), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    CHECK("host functions on both servers' streams", ran0 == 1 && ran1 == 1);
 
     EXPECT(cuStreamDestroy(stream0), CUDA_SUCCESS);
     EXPECT(cuEventDestroy(done1), CUDA_SUCCESS);
