@@ -135,8 +135,11 @@ fn registration_on(conn: &Arc<Conn>, module: &Module) -> Arc<Mutex<Registration>
         .clone()
 }
 
+/// A module's registration on one server, with that server's connection (if the session has one).
+type ServerRegistration = (Option<Arc<Conn>>, Arc<Mutex<Registration>>);
+
 /// Every registration of a module so far, with its server's connection.
-fn registrations(conn: Option<&Arc<Conn>>, module: &Module) -> Vec<(Option<Arc<Conn>>, Arc<Mutex<Registration>>)> {
+fn registrations(conn: Option<&Arc<Conn>>, module: &Module) -> Vec<ServerRegistration> {
     match SPREAD.get() {
         Some(conns) => {
             let mut all = vec![(conns.first().cloned(), module.registration.clone())];
