@@ -198,6 +198,12 @@ pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode) -> Cu
     if shape.width == 0 || shape.height == 0 || shape.depth == 0 {
         return Ok(());
     }
+    if client.spread()
+        // SAFETY: forwarded contract.
+        && let Some(outcome) = unsafe { across_servers(client, shape, stream) }
+    {
+        return outcome;
+    }
     if let Some((copy, to_host)) = host_device_copy(&shape)
         && crate::transfer::captured_host_copy(client, copy, to_host, stream)?
     {
@@ -255,6 +261,46 @@ pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode) -> Cu
             unsafe { to_host(client, shape, (ptr, pitch, height), stream, mode) }
         }
         _ => Err(CudaError::INVALID_VALUE),
+    }
+}
+
+/// A shaped copy in a session spread over several servers that is not the thread's server's
+/// alone (as `transfer::copy_across_servers` does for flat copies; `None`: it is): device memory
+/// of two servers goes through a packed host box, first out of the source's server, then into the
+/// destination's; memory of one other server is copied there. Either after the stream's earlier
+/// work, and done on return. Arrays are the thread's server's.
+///
+/// # Safety
+/// As [`copy`].
+unsafe fn across_servers(client: &Client, shape: Shape, stream: u64) -> Option<CudaResult<()>> {
+    let here = crate::devices::thread_device();
+    // The session device a side's memory is on (host memory: none).
+    let device_of = |side: Side| match side {
+        Side::Device { ptr, .. } => client.ranges.device_of(ptr),
+        Side::Array { .. } => Some(here),
+        Side::Host { .. } => None,
+    };
+    let (src, dst) = (device_of(shape.src), device_of(shape.dst));
+    let elsewhere = |device: &u32| client.node_of(*device) != client.node_of(here);
+    let run_on = |device: u32, shape: Shape| {
+        crate::devices::with_thread_device(device, || {
+            // SAFETY: forwarded contract; synchronous, so the host side is done with here.
+            unsafe { copy(client, shape, 0, Mode::Synchronous) }
+        })
+    };
+    match (src, dst) {
+        (Some(from), Some(to)) if client.node_of(from) != client.node_of(to) => Some((|| {
+            client.sync_stream(stream)?;
+            let len = shape.width.checked_mul(shape.height).and_then(|len| len.checked_mul(shape.depth)).ok_or(CudaError::INVALID_VALUE)?;
+            let mut staging = vec![0u8; usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?];
+            let host = Side::Host { ptr: staging.as_mut_ptr(), pitch: shape.width, height: shape.height };
+            run_on(from, Shape { dst: host, dst_pos: Pos3::default(), ..shape })?;
+            run_on(to, Shape { src: host, src_pos: Pos3::default(), ..shape })
+        })()),
+        (from, to) => {
+            let device = to.or(from).filter(elsewhere)?;
+            Some(client.sync_stream(stream).and_then(|()| run_on(device, shape)))
+        }
     }
 }
 

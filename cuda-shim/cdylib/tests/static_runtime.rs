@@ -807,6 +807,7 @@ fn two_servers_in_one_session_through_the_driver_api() {
             "peer copy from device 0 to device 1: yes",
             "copy back from device 1 to device 0: yes",
             "a part at offsets: yes",
+            "a pitched box between the devices: yes",
             "streams and events find their servers: yes",
             "host functions on both servers' streams: yes",
             "PASSED: 0 failure(s)",

@@ -122,6 +122,39 @@ int main(void) {
     EXPECT(cuMemcpyDtoH(back, also0 + 4096, 1 << 20), CUDA_SUCCESS);
     CHECK("a part at offsets", memcmp(host + 8192, back, 1 << 20) == 0);
 
+    // A pitched box between the servers' memory, and read back from the other server's, with
+    // device 0 current: staged and routed as flat copies are.
+    EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8(on1, 0, N), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    CUDA_MEMCPY2D box;
+    memset(&box, 0, sizeof box);
+    box.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    box.srcDevice = on0;
+    box.srcXInBytes = 8;
+    box.srcPitch = 4096;
+    box.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    box.dstDevice = on1;
+    box.dstPitch = 2048;
+    box.WidthInBytes = 1000;
+    box.Height = 300;
+    EXPECT(cuMemcpy2D(&box), CUDA_SUCCESS);
+    CUDA_MEMCPY2D out;
+    memset(&out, 0, sizeof out);
+    out.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    out.srcDevice = on1;
+    out.srcPitch = 2048;
+    out.dstMemoryType = CU_MEMORYTYPE_HOST;
+    out.dstHost = back;
+    out.dstPitch = 1000;
+    out.WidthInBytes = 1000;
+    out.Height = 300;
+    memset(back, 0xee, N);
+    EXPECT(cuMemcpy2D(&out), CUDA_SUCCESS);
+    int rows_right = 1;
+    for (int y = 0; y < 300; y++) rows_right = rows_right && memcmp(back + (size_t)y * 1000, host + 8 + (size_t)y * 4096, 1000) == 0;
+    CHECK("a pitched box between the devices", rows_right);
+
     // Device 1's stream and event, used while device 0 is current: they go to their server.
     CUevent done1;
     EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
