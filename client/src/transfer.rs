@@ -308,7 +308,7 @@ pub unsafe fn copy(
     let (dst_address, src_address, len) = (dst as u64, src as u64, count as u64);
     if client.spread()
         // SAFETY: forwarded contract.
-        && let Some(outcome) = unsafe { copy_across_servers(client, dst, src, count, direction, stream, mode) }
+        && let Some(outcome) = unsafe { copy_across_servers(client, dst, src, count, direction, stream) }
     {
         return outcome;
     }
@@ -465,7 +465,6 @@ unsafe fn copy_across_servers(
     count: usize,
     direction: Direction,
     stream: u64,
-    mode: Mode,
 ) -> Option<CudaResult<()>> {
     let (dst_on_device, src_on_device) = direction.device_sides();
     let dst_device = dst_on_device.then(|| client.ranges.device_of(dst as u64)).flatten();
@@ -473,7 +472,7 @@ unsafe fn copy_across_servers(
     let here = client.node_of(crate::devices::thread_device());
     match (dst_device, src_device) {
         (Some(to), Some(from)) if client.node_of(to) != client.node_of(from) => {
-            Some(staged_copy(client, dst as u64, to, src as u64, from, count as u64, stream, mode))
+            Some(staged_copy(client, dst as u64, to, src as u64, from, count as u64, stream))
         }
         (to, from) => {
             let device = to.or(from).filter(|device| client.node_of(*device) != here)?;
@@ -490,11 +489,10 @@ unsafe fn copy_across_servers(
 /// A device-to-device copy between GPUs of two servers (two nodes), staged through this process:
 /// after `stream`'s earlier work, pieces of the server's copy chunk come from the source server
 /// (device to host, a few in flight) and each goes on to the destination server (host to
-/// device) as soon as it has landed, so both links carry bytes at once. Synchronous: returns
-/// once the destination has every byte. Asynchronous: returns once every piece was handed to
-/// the destination's connection, ahead of any later request to that server.
-#[expect(clippy::too_many_arguments, reason = "both sides with their devices, the stream and the mode")]
-fn staged_copy(client: &Client, dst: u64, dst_device: u32, src: u64, src_device: u32, len: u64, stream: u64, mode: Mode) -> CudaResult<()> {
+/// device) as soon as it has landed, so both links carry bytes at once. Returns once the
+/// destination has every byte, asynchronous forms too (no stream of one server can wait for
+/// another's work).
+fn staged_copy(client: &Client, dst: u64, dst_device: u32, src: u64, src_device: u32, len: u64, stream: u64) -> CudaResult<()> {
     client.check_device_range(src, len)?;
     client.check_device_range(dst, len)?;
     client.sync_stream(stream)?;
@@ -544,10 +542,9 @@ fn staged_copy(client: &Client, dst: u64, dst_device: u32, src: u64, src_device:
         free_slots.push(slot);
     }
     outcome?;
-    match mode {
-        Mode::Synchronous => crate::devices::with_thread_device(dst_device, || client.sync_stream(0)),
-        Mode::Asynchronous => to.flush(),
-    }
+    // Asynchronous forms too: the app's later work may be on any stream of the destination's
+    // server, which only a wait here orders after the pieces.
+    crate::devices::with_thread_device(dst_device, || client.sync_stream(0))
 }
 
 /// A copy between device memory and the app's host memory on a capturing stream: the capture
