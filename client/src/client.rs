@@ -725,14 +725,6 @@ impl Client {
         !self.nodes.is_empty()
     }
 
-    /// Whether the app's devices `a` and `b` are served by one server (always, on one server).
-    pub fn same_server(&self, a: usize, b: usize) -> bool {
-        match (self.server_device(a), self.server_device(b)) {
-            (Some(a), Some(b)) => self.node_of(a) == self.node_of(b),
-            _ => true,
-        }
-    }
-
     /// The shared-memory channel, for a request the calling thread sends now: the first
     /// server's, so none while the thread's device is another server's.
     pub(crate) fn channel(&self) -> Option<&shm::Channel> {
