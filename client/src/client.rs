@@ -919,6 +919,32 @@ impl Client {
         }
     }
 
+    /// In a spread session, refuses (frees, says why once) an allocation the thread's server made
+    /// at `[ptr, ptr + len)` over another server's memory (see [`Client::place_allocation`]).
+    pub(crate) fn refuse_overlap(&self, ptr: u64, len: u64) -> CudaResult<()> {
+        let Some(line) = self.overlap_elsewhere(ptr, len) else { return Ok(()) };
+        let _ = self.call(req::Free { ptr });
+        crate::diagnostics::once("spread-overlap", &line);
+        Err(CudaError::MEMORY_ALLOCATION)
+    }
+
+    /// Runs `queue` (with the stream to queue on) where device memory at `ptr` lives when that is
+    /// another server than the thread's, in a spread session: after `stream`'s earlier work, on
+    /// that server's NULL stream, done on return (as `transfer::copy_across_servers` copies
+    /// there). `None`: the thread's server holds it (or it is no known device memory).
+    pub(crate) fn on_other_server(&self, ptr: u64, stream: u64, queue: impl FnOnce(u64) -> CudaResult<()>) -> Option<CudaResult<()>> {
+        if !self.spread() {
+            return None;
+        }
+        let device = self.ranges.device_of(ptr).filter(|device| self.node_of(*device) != self.node_of(crate::devices::thread_device()))?;
+        Some(self.sync_stream(stream).and_then(|()| {
+            crate::devices::with_thread_device(device, || {
+                queue(0)?;
+                self.sync_stream(0)
+            })
+        }))
+    }
+
     /// In a spread session, the line refusing an allocation at `[ptr, ptr + len)` of the
     /// thread's device when it overlaps memory of another server's device (their servers do not
     /// keep to address windows of their own, `flyt-rpc-server --address-window`).

@@ -159,18 +159,8 @@ pub fn memset(client: &Client, dst: u64, pattern: u32, width: u8, len: u64, stre
         client.send_host_changes()?;
     }
     client.mirrors.note_device_write();
-    if let Some(device) = client
-        .ranges
-        .device_of(dst)
-        .filter(|device| client.spread() && client.node_of(*device) != client.node_of(crate::devices::thread_device()))
-    {
-        // Memory of another server than the stream's (a spread session): as a copy there,
-        // after the stream's work and done on return (`copy_across_servers`).
-        client.sync_stream(stream)?;
-        return crate::devices::with_thread_device(device, || {
-            client.post(req::Memset { dst, pattern, width, len, stream: 0 })?;
-            client.sync_stream(0)
-        });
+    if let Some(outcome) = client.on_other_server(dst, stream, |stream| client.post(req::Memset { dst, pattern, width, len, stream })) {
+        return outcome;
     }
     client.post(req::Memset { dst, pattern, width, len, stream })
 }

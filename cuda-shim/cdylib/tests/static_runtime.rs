@@ -808,6 +808,7 @@ fn two_servers_in_one_session_through_the_driver_api() {
             "copy back from device 1 to device 0: yes",
             "a part at offsets: yes",
             "a pitched box between the devices: yes",
+            "a 2D memset of the other server's memory: yes",
             "streams and events find their servers: yes",
             "host functions on both servers' streams: yes",
             "PASSED: 0 failure(s)",

@@ -155,6 +155,14 @@ int main(void) {
     for (int y = 0; y < 300; y++) rows_right = rows_right && memcmp(back + (size_t)y * 1000, host + 8 + (size_t)y * 4096, 1000) == 0;
     CHECK("a pitched box between the devices", rows_right);
 
+    // A 2D memset of device 1's memory with device 0 current goes to device 1's server.
+    EXPECT(cuMemsetD2D8(on1, 2048, 0x5a, 1000, 300), CUDA_SUCCESS);
+    memset(back, 0, N);
+    EXPECT(cuMemcpy2D(&out), CUDA_SUCCESS);
+    int set_right = 1;
+    for (size_t i = 0; i < 1000 * 300; i++) set_right = set_right && back[i] == 0x5a;
+    CHECK("a 2D memset of the other server's memory", set_right);
+
     // Device 1's stream and event, used while device 0 is current: they go to their server.
     CUevent done1;
     EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
