@@ -37,10 +37,25 @@ pub const MAX_WINDOW: u32 = 4;
 /// How the listener hands its window to its workers (they inherit its environment).
 const WINDOW_ENV: &str = "FLYT_RPC_ADDRESS_WINDOW";
 
-/// Sets the window this server's workers use (the listener calls it before starting any).
-pub fn set_window_for_workers(window: u32) {
+/// How the listener tells its workers that the emulated device's first address is fixed.
+const FIXED_BASE_ENV: &str = "FLYT_RPC_EMULATED_FIXED_BASE";
+
+/// Sets the window this server's workers use (the listener calls it before starting any), and
+/// whether an emulated device's addresses start at the same place in every worker.
+pub fn set_window_for_workers(window: u32, emulated_fixed_base: bool) {
     // SAFETY: called at the listener's start, before it starts threads that read the environment.
-    unsafe { std::env::set_var(WINDOW_ENV, window.to_string()) };
+    unsafe {
+        std::env::set_var(WINDOW_ENV, window.to_string());
+        if emulated_fixed_base {
+            std::env::set_var(FIXED_BASE_ENV, "1");
+        }
+    }
+}
+
+/// Whether this worker's emulated device starts at the same address as every other's
+/// (`--emulated-fixed-base`, for tests).
+pub fn emulated_fixed_base() -> bool {
+    std::env::var_os(FIXED_BASE_ENV).is_some()
 }
 
 /// This worker's window (0 when the listener named none or an invalid one).

@@ -95,6 +95,11 @@ pub struct ServerArgs {
     /// SMs the emulated device reports.
     #[arg(long, env = "FLYT_RPC_EMULATED_SMS", default_value_t = 132)]
     pub emulated_sms: u32,
+    /// Emulated device, for tests of address windows: every worker's first address is the same
+    /// (by default each worker starts at an offset of its own), so two servers in one window
+    /// hand out overlapping addresses.
+    #[arg(long, hide = true)]
+    pub emulated_fixed_base: bool,
     /// Folder of the module image cache, which keeps large images clients sent so that later
     /// sessions need not send them again (servers given the same folder share it), or `off`.
     /// Default: `$CACHE_DIRECTORY/images` under systemd, else `$XDG_CACHE_HOME/flyt/images` or

@@ -47,7 +47,7 @@ fn main() {
         }
         None => {
             tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).with_ansi(ansi).init();
-            flyt_rpc_server::address_space::set_window_for_workers(cli.server.address_window);
+            flyt_rpc_server::address_space::set_window_for_workers(cli.server.address_window, cli.server.emulated_fixed_base);
             if let Err(error) = listener::run(cli.server) {
                 eprintln!("flyt-rpc-server: {error:#}");
                 std::process::exit(1);

@@ -835,6 +835,48 @@ fn two_servers_in_one_session_through_the_driver_api() {
     assert!(stdout.contains("PASSED: 0 failure(s)"), "reordered:\n{stdout}\n{stderr}");
 }
 
+/// Two servers whose device addresses coincide (emulated devices with one fixed first address):
+/// in one address window, device 1's first allocation lands on device 0's and is refused with a
+/// line naming both servers; with `--address-window 1` on the second it is made, elsewhere.
+#[test]
+fn servers_in_one_address_window_are_refused_overlapping_memory() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("overlapping-nodes");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_overlapping_nodes");
+    let start = |name: &str, window: &str| {
+        let dir = scratch.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = format!("unix:{}", dir.join("flyt.sock").display());
+        let args = ["--device", "emulated", "--gpu", "0", "--emulated-fixed-base", "--address-window", window, "--listen", &socket];
+        Server::start(&args, &dir)
+    };
+    let (first, same_window, next_window) = (start("first", "0"), start("same", "0"), start("next", "1"));
+    let run = |second: &Server, shm: &str| {
+        let servers = format!("{},{}", first.addresses[0], second.addresses[0]);
+        run_with_timeout(
+            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &servers).env("FLYT_SHM", shm),
+            Duration::from_secs(60),
+        )
+    };
+    for shm in ["on", "off"] {
+        let (code, stdout, stderr) = run(&same_window, shm);
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("allocation on device 1: CUDA_ERROR_OUT_OF_MEMORY"), "{stdout}\n{stderr}");
+        let line = stderr.lines().find(|line| line.contains("overlaps device memory of")).unwrap_or_else(|| panic!("no line:\n{stderr}"));
+        assert!(
+            line.contains(&same_window.addresses[0]) && line.contains(&first.addresses[0]) && line.contains("--address-window"),
+            "the line names both servers and the cure: {line}"
+        );
+        let (code, stdout, stderr) = run(&next_window, shm);
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("allocation on device 1: CUDA_SUCCESS\ndisjoint: yes"), "{stdout}\n{stderr}");
+        assert!(!stderr.contains("overlaps"), "{stderr}");
+    }
+}
+
 #[test]
 fn two_devices_in_one_session_through_the_driver_api() {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {

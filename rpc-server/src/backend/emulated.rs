@@ -189,7 +189,9 @@ impl EmulatedDevice {
             state: Mutex::new(State {
                 // The server's address window (`--address-window`) moves them up, as it moves a
                 // real driver's.
-                next_address: BASE_ADDRESS + crate::address_space::window_offset() + u64::from(std::process::id() % 4096) * BASE_STEP,
+                next_address: BASE_ADDRESS
+                    + crate::address_space::window_offset()
+                    + if crate::address_space::emulated_fixed_base() { 0 } else { u64::from(std::process::id() % 4096) * BASE_STEP },
                 next_handle: 1,
                 ..State::default()
             }),
