@@ -71,6 +71,7 @@ impl Client {
     /// `cuMemAllocPitch`: the allocation and its pitch.
     pub fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {
         let reply = self.call(req::MallocPitch { width, height, element_size })?;
+        self.refuse_overlap(reply.ptr, reply.pitch * height)?;
         self.add_device_range(reply.ptr, reply.pitch * height, true);
         self.ranges.mark_legacy_ipc(reply.ptr);
         Ok((reply.ptr, reply.pitch))
@@ -87,6 +88,9 @@ impl Client {
         }
         let span = (set.height - 1).checked_mul(set.pitch).and_then(|rows| rows.checked_add(row)).ok_or(CudaError::INVALID_VALUE)?;
         self.check_device_range(set.dst, span)?;
+        if let Some(outcome) = self.on_other_server(set.dst, stream, |stream| self.post(req::Memset2D { set, stream })) {
+            return outcome;
+        }
         self.post(req::Memset2D { set, stream })
     }
 

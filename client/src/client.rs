@@ -67,9 +67,27 @@ pub struct StreamInfo {
     pub priority: i32,
 }
 
+/// A server of a session spread over several nodes (`FLYT_SERVER=a,b`), past the first: its
+/// connection and the session devices it serves.
+pub(crate) struct Node {
+    conn: Arc<Conn>,
+    address: String,
+    /// The session index of its first device (its devices follow the earlier servers').
+    first_device: u32,
+}
+
 /// The live session.
 pub struct Client {
-    pub(crate) conn: Arc<Conn>,
+    /// The connection to the (first) server: the one a session on one server has.
+    conn: Arc<Conn>,
+    /// The first server's address (for a spread session's messages).
+    address: String,
+    /// The further servers of a session spread over several nodes; empty on one server, where
+    /// every request takes `conn` without a look at the device.
+    nodes: Vec<Node>,
+    /// In a spread session, the session device each stream and event was made on (its server
+    /// holds it): calls naming one go there.
+    handle_devices: Mutex<HashMap<u64, u32>>,
     pub(crate) info: SessionInfo,
     /// Device ranges the app may copy to or from: allocations and module variables.
     pub(crate) ranges: DeviceRanges,
@@ -112,7 +130,7 @@ pub fn client() -> CudaResult<&'static Client> {
     match client {
         Ok(client) => {
             // Attached before any thread that got the session sends work (a load once set).
-            client.conn.attach(client);
+            client.attach_all();
             Ok(client)
         }
         Err(error) => Err(*error),
@@ -120,8 +138,8 @@ pub fn client() -> CudaResult<&'static Client> {
 }
 
 impl crate::conn::SessionLink for Client {
-    fn host_job(&self, job: crate::graphs::HostJob) {
-        self.host_call_arrived(job);
+    fn host_job(&self, job: crate::graphs::HostJob, origin: u32) {
+        self.host_call_arrived(job, origin);
     }
 
     fn host_functions_pending(&self) -> bool {
@@ -133,6 +151,10 @@ impl crate::conn::SessionLink for Client {
     }
 
     fn reconnect(&self, address: Option<&str>, snapshot: &str) -> Result<(Wire, Wire), String> {
+        if self.spread() {
+            // Which of its servers moved is not known here, nor do the others pause with it.
+            return Err("a session spread over several servers cannot move yet".into());
+        }
         reconnect(address, snapshot, self.shm.as_ref())
     }
 }
@@ -140,7 +162,7 @@ impl crate::conn::SessionLink for Client {
 /// The session if one is open; never opens one.
 pub fn existing_client() -> Option<&'static Client> {
     let client = CLIENT.get().and_then(|client| client.as_ref().ok())?;
-    client.conn.attach(client);
+    client.attach_all();
     Some(client)
 }
 
@@ -385,15 +407,94 @@ fn open() -> Result<Client, CudaError> {
     })
 }
 
+/// `FLYT_SERVER` (or the client manager's answer) as a list: one server, or a tenant's servers
+/// on several nodes separated by commas (`unix:/run/a.sock,10.0.0.2:4000`), whose devices the
+/// app sees in that order, server by server.
+fn server_list(servers: &str) -> Vec<String> {
+    let list: Vec<String> = servers.split(',').map(str::trim).filter(|server| !server.is_empty()).map(String::from).collect();
+    if list.is_empty() { vec![servers.to_string()] } else { list }
+}
+
+/// The token for each of `count` servers: one token for all (an allocation's servers share its
+/// id), or as many comma-separated tokens as servers.
+fn server_tokens(token: Option<&str>, count: usize) -> Result<Vec<Option<String>>, String> {
+    let Some(token) = token.filter(|token| token.contains(',')) else {
+        return Ok(vec![token.map(String::from); count]);
+    };
+    let tokens: Vec<Option<String>> = token.split(',').map(|token| Some(token.trim().to_string())).collect();
+    if tokens.len() != count {
+        return Err(format!("FLYT_TOKEN names {} tokens for {count} servers: give one, or one per server", tokens.len()));
+    }
+    Ok(tokens)
+}
+
+/// Opens the session's share on a further server (`address`, a tenant spread over nodes): a
+/// plain socket session (the shared-memory channel is the first server's), its connection and
+/// what it reports.
+fn open_node(
+    address: &str,
+    token: Option<String>,
+    tls_ca: Option<&str>,
+    identity: &ClientIdentity,
+) -> Result<(Arc<Conn>, SessionInfo), (CudaError, String)> {
+    let unavailable = |reason: String| (CudaError::DEVICES_UNAVAILABLE, reason);
+    let mut wire = connect_wire(address, tls_ca).map_err(unavailable)?;
+    wire.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|error| unavailable(error.to_string()))?;
+    write_value(&mut wire, 0, &Hello::new(token, identity.clone(), None))
+        .map_err(|error| unavailable(format!("server {address}: {error}")))?;
+    let limits = FrameLimits { max_message: 16 << 20, max_bulk: 0 };
+    let info = match read_value::<HelloReply>(&mut wire, &limits) {
+        Ok((_, HelloReply::Accepted(info))) => info,
+        Ok((_, HelloReply::Refused { error, reason })) => {
+            return Err((CudaError::from_code(error), format!("the GPU server {address} refused the session: {reason}")));
+        }
+        Err(error) => return Err(unavailable(format!("server {address} did not complete the handshake: {error}"))),
+    };
+    if info.devices.is_empty() {
+        return Err(unavailable(format!("the server {address} has no device")));
+    }
+    wire.set_read_timeout(None).map_err(|error| unavailable(error.to_string()))?;
+    let reader = wire.try_clone().map_err(|error| unavailable(error.to_string()))?;
+    let conn = Conn::start(reader, wire, address.to_string())
+        .map_err(|error| unavailable(format!("cannot start the session threads for {address}: {error}")))?;
+    Ok((conn, info))
+}
+
+/// Adds a further server's devices to the session's: numbered after the earlier servers',
+/// its peer answers moved with them, and every pair across the two servers no peers (no path
+/// between GPUs of two nodes: access, atomics and arrays read 0).
+fn join_node(info: &mut SessionInfo, node: SessionInfo) {
+    use flyt_protocol::device::PeerLink;
+    let first = info.devices.len() as u32;
+    let count = node.devices.len() as u32;
+    for earlier in 0..first {
+        for later in first..first + count {
+            for (from, to) in [(earlier, later), (later, earlier)] {
+                info.peers.push(PeerLink { from, to, access_supported: 0, performance_rank: 0, native_atomics: 0, array_access: 0 });
+            }
+        }
+    }
+    info.peers.extend(node.peers.into_iter().map(|link| PeerLink { from: link.from + first, to: link.to + first, ..link }));
+    info.devices.extend(node.devices);
+    // Copies to either server go in pieces both take.
+    info.copy_chunk = info.copy_chunk.min(node.copy_chunk);
+    info.emulated &= node.emulated;
+}
+
 fn open_session() -> Result<Client, (CudaError, String)> {
     let unavailable = |reason: String| (CudaError::DEVICES_UNAVAILABLE, reason);
     let identity = identity();
     // A server named directly may be the VM's host (the region is tried and the server says);
     // the client manager says whether it is (shared-mem mode) or not (RPC-only).
-    let (address, token, cluster_ca, ivshmem) = match std::env::var("FLYT_SERVER") {
+    let (servers, token, cluster_ca, ivshmem) = match std::env::var("FLYT_SERVER") {
         Ok(address) if !address.is_empty() => (address, std::env::var("FLYT_TOKEN").ok(), None, true),
         _ => locate(&identity).map_err(unavailable)?,
     };
+    // Several servers (a tenant spread over nodes): the first carries the session as one server
+    // does, the others add their devices (`open_node`).
+    let servers = server_list(&servers);
+    let tokens = server_tokens(token.as_deref(), servers.len()).map_err(unavailable)?;
+    let (address, token) = (servers[0].clone(), tokens[0].clone());
     // FLYT_TLS_CA wins over the client manager's word.
     let tls_ca = std::env::var("FLYT_TLS_CA").ok().filter(|ca| !ca.is_empty()).or(cluster_ca);
     let mut wire = connect_wire(&address, tls_ca.as_deref()).map_err(unavailable)?;
@@ -427,7 +528,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         region: offered.claim(),
     });
     let _ = ORIGIN.set(Origin { address: address.clone(), token: token.clone(), tls_ca: tls_ca.clone(), identity: identity.clone() });
-    let hello = Hello::new(token, identity, offer);
+    let hello = Hello::new(token, identity.clone(), offer);
     write_value(&mut wire, 0, &hello).map_err(|error| unavailable(format!("server {address}: {error}")))?;
     if let (Some(offered @ shm::Offered { source: shm::Source::Memfd, .. }), Wire::Unix(socket)) = (&offered, &wire) {
         shm::send_descriptor(socket, &offered.file).map_err(|error| unavailable(format!("sending the segment: {error}")))?;
@@ -477,9 +578,24 @@ fn open_session() -> Result<Client, (CudaError, String)> {
             (reader, wire)
         }
     };
-    let conn = Conn::start(reader, writer, address).map_err(|error| unavailable(format!("cannot start the session threads: {error}")))?;
+    let conn =
+        Conn::start(reader, writer, address.clone()).map_err(|error| unavailable(format!("cannot start the session threads: {error}")))?;
     if info.devices.is_empty() {
         return Err(unavailable("the server has no device".into()));
+    }
+    let first_devices = info.devices.len() as u32;
+    let mut info = info;
+    let mut nodes = Vec::new();
+    for (address, token) in servers.iter().zip(tokens).skip(1) {
+        let (node_conn, node_info) = open_node(address, token, tls_ca.as_deref(), &identity)?;
+        let node = Node { conn: node_conn, address: address.clone(), first_device: info.devices.len() as u32 };
+        node.conn.serve_devices(node.first_device, node_info.devices.len() as u32);
+        join_node(&mut info, node_info);
+        nodes.push(node);
+    }
+    if !nodes.is_empty() {
+        conn.serve_devices(0, first_devices);
+        crate::registry::spread_over(std::iter::once(conn.clone()).chain(nodes.iter().map(|node| node.conn.clone())).collect());
     }
     let visible = crate::devices::visible_devices(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(), &info.devices);
     if visible.is_empty() {
@@ -494,6 +610,9 @@ fn open_session() -> Result<Client, (CudaError, String)> {
     Ok(Client {
         visible,
         conn,
+        address,
+        nodes,
+        handle_devices: Mutex::new(HashMap::new()),
         info,
         ranges: DeviceRanges::default(),
         host_allocations: Mutex::new(BTreeMap::new()),
@@ -557,6 +676,61 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Client {
+    /// Attaches the session to its connections (see [`Conn::attach`]).
+    fn attach_all(&'static self) {
+        self.conn.attach(self);
+        for node in &self.nodes {
+            node.conn.attach(self);
+        }
+    }
+
+    /// The connection the calling thread's requests go to: its device's server. One look at a
+    /// length for a session on one server.
+    #[inline]
+    pub(crate) fn conn(&self) -> &Arc<Conn> {
+        if self.nodes.is_empty() { &self.conn } else { self.conn_of(crate::devices::thread_device()) }
+    }
+
+    /// The connection of the session device `device` (its server's, in a spread session).
+    pub(crate) fn conn_of(&self, device: u32) -> &Arc<Conn> {
+        match self.node_of(device) {
+            0 => &self.conn,
+            node => &self.nodes[node - 1].conn,
+        }
+    }
+
+    /// Which server serves the session device `device`: 0 the first, `k` the `k`th further one.
+    pub(crate) fn node_of(&self, device: u32) -> usize {
+        self.nodes.iter().rposition(|node| device >= node.first_device).map_or(0, |position| position + 1)
+    }
+
+    /// The address of server `node` (see [`Client::node_of`]).
+    pub(crate) fn node_address(&self, node: usize) -> &str {
+        match node {
+            0 => &self.address,
+            node => &self.nodes[node - 1].address,
+        }
+    }
+
+    /// A session device's index on its own server.
+    pub fn local_device(&self, device: u32) -> u32 {
+        match self.node_of(device) {
+            0 => device,
+            node => device - self.nodes[node - 1].first_device,
+        }
+    }
+
+    /// Whether the session's devices are served by several servers (a tenant on several nodes).
+    pub fn spread(&self) -> bool {
+        !self.nodes.is_empty()
+    }
+
+    /// The shared-memory channel, for a request the calling thread sends now: the first
+    /// server's, so none while the thread's device is another server's.
+    pub(crate) fn channel(&self) -> Option<&shm::Channel> {
+        if self.nodes.is_empty() || self.node_of(crate::devices::thread_device()) == 0 { self.shm.as_ref() } else { None }
+    }
+
     // --- what the driver front asks of the session (its fields are the client's own) ---
 
     /// Waits for `stream`'s work (a synchronizing call: earlier work's errors arrive here).
@@ -641,30 +815,30 @@ impl Client {
 
     /// Loads a module image now (`lazy`: at the first use of something in it).
     pub fn load_module(&self, image: crate::registry::Image, lazy: bool) -> CudaResult<u32> {
-        crate::registry::load(Some(&self.conn), image, lazy)
+        crate::registry::load(Some(self.conn()), image, lazy)
     }
 
     /// Unloads a module: its kernels and variables become unusable, its mirrors go.
     pub fn unload_module(&self, id: u32) -> CudaResult<()> {
-        crate::registry::unload(Some(&self.conn), Some(&self.ranges), id)?;
+        crate::registry::unload(Some(self.conn()), Some(&self.ranges), id)?;
         self.mirrors.forget_module(self, id);
         Ok(())
     }
 
     /// A kernel of a live module by name.
     pub fn function_by_name(&self, module: u32, name: &str) -> CudaResult<Arc<crate::registry::Function>> {
-        crate::registry::function_by_name(&self.conn, module, name)
+        crate::registry::function_by_name(self.conn(), module, name)
     }
 
     /// The names of a live module's kernels, in the driver's order.
     pub fn function_names(&self, module: u32) -> CudaResult<Arc<Vec<String>>> {
-        crate::registry::function_names(&self.conn, module)
+        crate::registry::function_names(self.conn(), module)
     }
 
     /// A variable of a live module by name on the calling thread's device: `(address, size,
     /// managed)`; a device variable becomes a range copies may reach.
     pub fn global_by_name(&self, module: u32, name: &str) -> CudaResult<(u64, u64, bool)> {
-        crate::registry::global_by_name(&self.conn, &self.ranges, module, name)
+        crate::registry::global_by_name(self.conn(), &self.ranges, module, name)
     }
 
     /// The devices the app sees.
@@ -675,9 +849,12 @@ impl Client {
     /// The app's device `index` as the session sees it now (its slice, updated when the
     /// allocation is resized).
     pub fn device(&self, index: usize) -> Option<flyt_protocol::device::DeviceInfo> {
-        let server = *self.visible.get(index)? as usize;
-        let resized = self.conn.resized_devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        resized.as_ref().unwrap_or(&self.info.devices).get(server).cloned()
+        let device = *self.visible.get(index)?;
+        let resized = self.conn_of(device).resized_devices.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match resized.as_ref() {
+            Some(devices) => devices.get(self.local_device(device) as usize).cloned(),
+            None => self.info.devices.get(device as usize).cloned(),
+        }
     }
 
     /// The server's index of the app's device `index`.
@@ -732,14 +909,71 @@ impl Client {
         allocate: impl FnMut() -> CudaResult<u64>,
         free: impl Fn(u64) -> CudaResult<()>,
     ) -> CudaResult<u64> {
-        place_off_host(
+        let mut overlap = None;
+        let placed = place_off_host(
             allocate,
-            |ptr| ptr == 0 || self.ranges.try_add(ptr, len, true),
+            |ptr| {
+                if ptr != 0 && overlap.is_none() {
+                    overlap = self.overlap_elsewhere(ptr, len);
+                }
+                ptr == 0 || overlap.is_some() || self.ranges.try_add(ptr, len, true)
+            },
             |ptr| ptr,
             |ptr| {
                 let _ = free(ptr);
             },
-        )
+        );
+        match (placed, overlap) {
+            (Ok(ptr), Some(line)) => {
+                // Refused: the allocation goes back to its server.
+                let _ = free(ptr);
+                crate::diagnostics::once("spread-overlap", &line);
+                Err(CudaError::MEMORY_ALLOCATION)
+            }
+            (placed, _) => placed,
+        }
+    }
+
+    /// In a spread session, refuses (frees, says why once) an allocation the thread's server made
+    /// at `[ptr, ptr + len)` over another server's memory (see [`Client::place_allocation`]).
+    pub(crate) fn refuse_overlap(&self, ptr: u64, len: u64) -> CudaResult<()> {
+        let Some(line) = self.overlap_elsewhere(ptr, len) else { return Ok(()) };
+        let _ = self.call(req::Free { ptr });
+        crate::diagnostics::once("spread-overlap", &line);
+        Err(CudaError::MEMORY_ALLOCATION)
+    }
+
+    /// Runs `queue` (with the stream to queue on) where device memory at `ptr` lives when that is
+    /// another server than the thread's, in a spread session: after `stream`'s earlier work, on
+    /// that server's NULL stream, done on return (as `transfer::copy_across_servers` copies
+    /// there). `None`: the thread's server holds it (or it is no known device memory).
+    pub(crate) fn on_other_server(&self, ptr: u64, stream: u64, queue: impl FnOnce(u64) -> CudaResult<()>) -> Option<CudaResult<()>> {
+        if !self.spread() {
+            return None;
+        }
+        let device = self.ranges.device_of(ptr).filter(|device| self.node_of(*device) != self.node_of(crate::devices::thread_device()))?;
+        Some(self.sync_stream(stream).and_then(|()| {
+            crate::devices::with_thread_device(device, || {
+                queue(0)?;
+                self.sync_stream(0)
+            })
+        }))
+    }
+
+    /// In a spread session, the line refusing an allocation at `[ptr, ptr + len)` of the
+    /// thread's device when it overlaps memory of another server's device (their servers do not
+    /// keep to address windows of their own, `flyt-rpc-server --address-window`).
+    fn overlap_elsewhere(&self, ptr: u64, len: u64) -> Option<String> {
+        if self.nodes.is_empty() {
+            return None;
+        }
+        let here = self.node_of(crate::devices::thread_device());
+        let (start, other_len, device) = self.ranges.overlapping_elsewhere(ptr, len, |device| self.node_of(device) != here)?;
+        Some(format!(
+            "flyt: device memory of {} at {ptr:#x} ({len} bytes) overlaps device memory of {} at {start:#x} ({other_len} bytes): one app cannot tell them apart; give each node's server its own --address-window (returning CUDA_ERROR_OUT_OF_MEMORY)",
+            self.node_address(here),
+            self.node_address(self.node_of(device)),
+        ))
     }
 
     /// Forgets an allocation that starts exactly at `start`.
@@ -759,7 +993,7 @@ impl Client {
     pub fn device_reset(&self) -> CudaResult<()> {
         self.call(req::DeviceReset {})?;
         // Errors of work queued before the reset went with its context.
-        let _ = self.conn.take_deferred();
+        let _ = self.conn().take_deferred();
         self.forget_allocations();
         self.forget_vmm();
         self.forget_arrays();
@@ -827,19 +1061,19 @@ impl Client {
 
     /// [`Client::call`] without the fetch of mirrored variables.
     pub fn call_plain<O: Op>(&self, request: O) -> CudaResult<O::Reply> {
-        self.reply::<O>(self.conn.call(&request.into()))
+        self.reply::<O>(self.conn().call(&request.into()))
     }
 
     /// [`Client::call`] for a request whose bulk bytes follow it.
     pub fn call_with_bulk<O: Op>(&self, request: O, bulk: &[u8]) -> CudaResult<O::Reply> {
-        let slot = self.conn.send_with_bulk(&request.into(), bulk, Some(()))?.ok_or(CudaError::UNKNOWN)?;
+        let slot = self.conn().send_with_bulk(&request.into(), bulk, Some(()))?.ok_or(CudaError::UNKNOWN)?;
         self.reply::<O>(slot.wait())
     }
 
     /// [`Client::call`] for a request whose reply's bulk bytes land in `destination`.
     pub fn call_into<O: Op>(&self, request: O, destination: HostDestination) -> CudaResult<O::Reply> {
-        let slot = self.conn.send_for_reply(&request.into(), Some(destination))?;
-        self.conn.flush()?;
+        let slot = self.conn().send_for_reply(&request.into(), Some(destination))?;
+        self.conn().flush()?;
         self.reply::<O>(slot.wait())
     }
 
@@ -849,7 +1083,7 @@ impl Client {
         let reply = decode_reply::<O::Reply>(&message).map_err(|_| CudaError::UNKNOWN)?;
         if O::INFO.class == OpClass::SyncPoint {
             let fields = reply.result?;
-            if let Some(deferred) = reply.deferred.or_else(|| self.conn.take_deferred()) {
+            if let Some(deferred) = reply.deferred.or_else(|| self.conn().take_deferred()) {
                 return Err(deferred);
             }
             Ok(fields)
@@ -860,7 +1094,7 @@ impl Client {
 
     /// Queues an asynchronous request (no round trip; its errors arrive at a sync point).
     pub fn post<O: Op>(&self, request: O) -> CudaResult<()> {
-        self.conn.send_async(&request.into(), &[])
+        self.conn().send_async(&request.into(), &[])
     }
 
     /// The pinned host allocation holding `ptr`, as `(start, len, flags)`.
@@ -877,10 +1111,113 @@ impl Client {
     }
 
     pub fn new_stream_id(&self) -> u64 {
-        self.next_stream.fetch_add(1, Ordering::Relaxed)
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        self.note_handle_device(id);
+        id
     }
 
     pub fn new_event_id(&self) -> u64 {
-        self.next_event.fetch_add(1, Ordering::Relaxed)
+        let id = self.next_event.fetch_add(1, Ordering::Relaxed);
+        self.note_handle_device(id);
+        id
+    }
+
+    /// In a spread session, remembers that a new stream or event is made on the thread's device.
+    fn note_handle_device(&self, id: u64) {
+        if self.spread() {
+            lock(&self.handle_devices).insert(id, crate::devices::thread_device());
+        }
+    }
+
+    /// The session device a stream or event of the app was made on, in a spread session (`None`:
+    /// one server, or a handle of no device, such as the NULL stream: the thread's).
+    pub fn handle_device(&self, handle: u64) -> Option<u32> {
+        if !self.spread() {
+            return None;
+        }
+        lock(&self.handle_devices).get(&handle).copied()
+    }
+
+    /// Runs `call` with the thread's requests going to the server that holds `handle` (a stream or
+    /// event), as the driver runs a call naming a stream in the stream's context.
+    pub fn on_handle_server<T>(&self, handle: u64, call: impl FnOnce() -> T) -> T {
+        match self.handle_device(handle) {
+            Some(device) if self.node_of(device) != self.node_of(crate::devices::thread_device()) => {
+                crate::devices::with_thread_device(device, call)
+            }
+            _ => call(),
+        }
+    }
+
+    /// Runs `call` with the thread's requests going to the server whose device memory holds
+    /// `ptr` (a spread session; otherwise, or for other pointers, as they are).
+    pub fn on_pointer_server<T>(&self, ptr: u64, call: impl FnOnce() -> T) -> T {
+        if !self.spread() {
+            return call();
+        }
+        match self.ranges.device_of(ptr) {
+            Some(device) if self.node_of(device) != self.node_of(crate::devices::thread_device()) => {
+                crate::devices::with_thread_device(device, call)
+            }
+            _ => call(),
+        }
+    }
+
+    /// Whether `a` and `b` (streams or events) are held by different servers of a spread session.
+    pub fn on_different_servers(&self, a: u64, b: u64) -> bool {
+        let node = |handle| {
+            self.handle_device(handle).map_or_else(|| self.node_of(crate::devices::thread_device()), |device| self.node_of(device))
+        };
+        self.spread() && node(a) != node(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flyt_protocol::device::{DeviceInfo, PeerLink};
+
+    #[test]
+    fn flyt_server_names_one_server_or_several() {
+        assert_eq!(server_list("unix:/run/a.sock"), vec!["unix:/run/a.sock"]);
+        assert_eq!(server_list("unix:/a.sock, 10.0.0.2:4000,"), vec!["unix:/a.sock", "10.0.0.2:4000"]);
+        assert_eq!(server_tokens(Some("t"), 2), Ok(vec![Some("t".to_string()), Some("t".to_string())]), "one token for all");
+        assert_eq!(server_tokens(None, 2), Ok(vec![None, None]));
+        assert_eq!(server_tokens(Some("a,b"), 2), Ok(vec![Some("a".to_string()), Some("b".to_string())]), "one per server");
+        assert!(server_tokens(Some("a,b,c"), 2).is_err(), "as many as servers, or one");
+    }
+
+    fn session(devices: usize, peers: Vec<PeerLink>, copy_chunk: u64) -> SessionInfo {
+        let device =
+            DeviceInfo { name: "GPU".into(), uuid: [0; 16], luid: [0; 8], luid_device_node_mask: 0, total_mem: 1, attributes: Vec::new() };
+        SessionInfo {
+            session_id: 1,
+            server_version: String::new(),
+            driver_version: 13000,
+            devices: vec![device; devices],
+            peers,
+            copy_chunk,
+            shm_accepted: false,
+            rings: false,
+            shm_refusal: None,
+            emulated: true,
+        }
+    }
+
+    /// A second server's devices follow the first's; pairs across the servers are no peers.
+    #[test]
+    fn a_further_server_numbers_its_devices_after_the_earlier_ones() {
+        let link = |from, to| PeerLink { from, to, access_supported: 1, performance_rank: 1, native_atomics: 1, array_access: 1 };
+        let mut info = session(2, vec![link(0, 1), link(1, 0)], 8 << 20);
+        join_node(&mut info, session(2, vec![link(0, 1), link(1, 0)], 4 << 20));
+        assert_eq!(info.devices.len(), 4);
+        assert_eq!(info.copy_chunk, 4 << 20, "pieces both servers take");
+        let find = |from, to| info.peers.iter().find(|link| link.from == from && link.to == to).cloned();
+        assert_eq!(find(0, 1).map(|link| link.access_supported), Some(1), "the first server's own pair");
+        assert_eq!(find(2, 3).map(|link| link.access_supported), Some(1), "the second's, renumbered");
+        for (from, to) in [(0, 2), (2, 0), (1, 3), (3, 1), (0, 3)] {
+            let across = find(from, to).expect("every pair across the servers is answered");
+            assert_eq!((across.access_supported, across.native_atomics, across.array_access), (0, 0, 0), "{from}->{to}");
+        }
     }
 }

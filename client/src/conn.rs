@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -180,6 +180,11 @@ struct Outgoing {
     /// The device the server runs the next request on: the last `SetDevice` sent (the session
     /// starts on its first device).
     device: u32,
+    /// The session devices this connection's server serves: `first_device..first_device +
+    /// device_count` (every device for a session on one server; one server's share of a session
+    /// spread over several, `FLYT_SERVER=a,b`). `SetDevice` names the server's own index.
+    first_device: u32,
+    device_count: u32,
 }
 
 struct WireHalf {
@@ -256,8 +261,9 @@ impl Inbound {
 /// its connection and attaches itself once made (`Conn::attach`): the connection never reaches up
 /// into the session's module.
 pub trait SessionLink: Send + Sync {
-    /// A host function, or a graph's host copy, the server's stream reached.
-    fn host_job(&self, job: crate::graphs::HostJob);
+    /// A host function, or a graph's host copy, the server's stream reached; `origin`: the first
+    /// session device of the server that asked (its answer goes back there).
+    fn host_job(&self, job: crate::graphs::HostJob, origin: u32);
     /// Whether host functions that streams will reach have yet to return.
     fn host_functions_pending(&self) -> bool;
     /// The server says the tenant holds `bytes` over its quota.
@@ -289,6 +295,8 @@ pub struct Conn {
     deferred: Mutex<Option<CudaError>>,
     failure: OnceLock<String>,
     server: String,
+    /// The first session device this connection's server serves (0 but in a spread session).
+    first_device: AtomicU32,
     flush_wanted: AtomicBool,
     /// The shared-memory rings: writing costs no system call, so an asynchronous request is
     /// written by the calling thread itself when the writing half is free (no hand-off to the
@@ -343,7 +351,15 @@ impl Conn {
         let conn = Arc::new(Self {
             session: OnceLock::new(),
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
-            outgoing: Mutex::new(Outgoing { buf: Vec::with_capacity(64 << 10), next_seq: 1, paused: false, pause_owed: false, device: 0 }),
+            outgoing: Mutex::new(Outgoing {
+                buf: Vec::with_capacity(64 << 10),
+                next_seq: 1,
+                paused: false,
+                pause_owed: false,
+                device: 0,
+                first_device: 0,
+                device_count: u32::MAX,
+            }),
             resumed: Condvar::new(),
             pending: Mutex::new(PendingMap::default()),
             inbound: Mutex::new(Inbound::new(reader)),
@@ -354,6 +370,7 @@ impl Conn {
             deferred: Mutex::new(None),
             failure: OnceLock::new(),
             server,
+            first_device: AtomicU32::new(0),
             flush_wanted: AtomicBool::new(false),
             writes_directly: AtomicBool::new(writes_directly),
             async_run: AtomicUsize::new(0),
@@ -374,6 +391,20 @@ impl Conn {
         Ok(conn)
     }
 
+    /// Makes this the connection of session devices `first..first + count` (a session spread
+    /// over several servers), before any request goes out.
+    pub fn serve_devices(&self, first: u32, count: u32) {
+        self.first_device.store(first, Ordering::Relaxed);
+        let mut out = lock(&self.outgoing);
+        out.first_device = first;
+        out.device_count = count;
+    }
+
+    /// The server's address, for messages.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
     /// Attaches the session this connection carries (once; notices that need it fail before).
     pub fn attach(&self, session: &'static dyn SessionLink) {
         if self.session.get().is_none() {
@@ -391,7 +422,7 @@ impl Conn {
         let _ = self.detached.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| Some(count.saturating_sub(1)));
         match self.session.get() {
             Some(session) => {
-                session.host_job(job);
+                session.host_job(job, self.first_device.load(Ordering::Relaxed));
                 Ok(())
             }
             None => Err("a host function call before the session opened".into()),
@@ -520,8 +551,10 @@ impl Conn {
     /// Appends a `SetDevice` when the calling thread's device is not the one the server runs
     /// requests on.
     fn follow_thread_device(out: &mut Outgoing) {
-        let device = crate::devices::thread_device();
-        if device != out.device {
+        // The server's own index; a device of another server (a request about the session, sent
+        // here whatever the thread's device) leaves the server's device as it was.
+        let device = crate::devices::thread_device().wrapping_sub(out.first_device);
+        if device != out.device && device < out.device_count {
             out.device = device;
             // Sequence 0: a frame no reply answers (its failure is the deferred error), which
             // leaves the numbers the caller registered its reply under as they were.

@@ -25,6 +25,15 @@ pub fn set_thread_device(server_index: u32) {
     let _ = THREAD_DEVICE.try_with(|device| device.set(Some(server_index)));
 }
 
+/// Runs `call` with the calling thread's requests made on session device `device` (the server's
+/// index), then puts the thread's device back as it was.
+pub fn with_thread_device<T>(device: u32, call: impl FnOnce() -> T) -> T {
+    let before = THREAD_DEVICE.try_with(|current| current.replace(Some(device))).ok().flatten();
+    let result = call();
+    let _ = THREAD_DEVICE.try_with(|current| current.set(before));
+    result
+}
+
 /// The calling thread's session device (the server's index): the app's device 0 for a thread
 /// that never chose one.
 pub fn thread_device() -> u32 {

@@ -57,7 +57,8 @@ pub struct Graphs {
     /// Addresses of graph memory (allocation nodes, allocations made in a capture): the app may
     /// free them outside their graph after each launch, any number of times.
     memory: Mutex<HashSet<u64>>,
-    runner: OnceLock<Mutex<Sender<HostJob>>>,
+    /// Jobs with the first session device of the server that asked (answered there).
+    runner: OnceLock<Mutex<Sender<(HostJob, u32)>>>,
     /// Host functions that streams will reach and that have not returned yet.
     outstanding: AtomicUsize,
     /// Held to wait for `outstanding` to reach zero.
@@ -245,7 +246,7 @@ impl Client {
         let host_nodes = self.graphs.exec_host_nodes(exec);
         if host_nodes > 0 {
             self.start_host_runner()?;
-            self.conn.expect_notices(host_nodes as usize);
+            self.conn().expect_notices(host_nodes as usize);
         }
         self.push_mirrors()?;
         let objects = crate::user_objects::user_objects();
@@ -253,8 +254,9 @@ impl Client {
             capture_status::NONE => objects.launch_references(exec),
             _ => None,
         };
-        let launched =
-            self.conn.send_async_with(&req::GraphLaunch { exec, stream }.into(), &[], || self.graphs.add_outstanding(host_nodes as usize));
+        let launched = self
+            .conn()
+            .send_async_with(&req::GraphLaunch { exec, stream }.into(), &[], || self.graphs.add_outstanding(host_nodes as usize));
         if let Some(token) = held {
             let release = HostFunction::Plain { function: crate::user_objects::launch_done, user_data: token as usize };
             if launched.is_err() {
@@ -274,14 +276,19 @@ impl Client {
 
     /// `cuLaunchHostFunc`/`cuStreamAddCallback`: runs `function` here when `stream` reaches it.
     pub fn launch_host_function(&self, stream: u64, function: HostFunction) -> CudaResult<()> {
+        // On the stream's server, whichever device is current (a spread session).
+        self.on_handle_server(stream, || self.launch_host_function_here(stream, function))
+    }
+
+    fn launch_host_function_here(&self, stream: u64, function: HostFunction) -> CudaResult<()> {
         self.start_host_runner()?;
         let captured = self.capture_info(stream)?.status != capture_status::NONE;
         let call = self.graphs.register(function, !captured);
         if !captured {
-            self.conn.expect_notices(1);
+            self.conn().expect_notices(1);
         }
         let outstanding = if captured { 0 } else { 1 };
-        self.conn.send_async_with(&req::LaunchHostFunc { stream, call }.into(), &[], || self.graphs.add_outstanding(outstanding))
+        self.conn().send_async_with(&req::LaunchHostFunc { stream, call }.into(), &[], || self.graphs.add_outstanding(outstanding))
     }
 
     /// A host node's function (kept while the session lives: graphs may run it at any launch).
@@ -292,15 +299,15 @@ impl Client {
 
     /// The server reached a host function or a graph's host copy: queues it for the runner
     /// thread, which runs them in the order they came.
-    pub(crate) fn host_call_arrived(&self, job: HostJob) {
+    pub(crate) fn host_call_arrived(&self, job: HostJob, origin: u32) {
         let run = match &job {
             HostJob::Call { run, .. } | HostJob::CopyOut { run, .. } | HostJob::CopyIn { run, .. } => *run,
         };
-        let sent = self.graphs.runner.get().is_some_and(|runner| lock(runner).send(job).is_ok());
+        let sent = self.graphs.runner.get().is_some_and(|runner| lock(runner).send((job, origin)).is_ok());
         if !sent {
             // No runner: answer at once so the stream is not held forever (a host-to-device
             // copy's staging then stays as it was).
-            let _ = self.conn.send_host_call_done(&req::HostCallDone { run }.into(), &[], || {});
+            let _ = self.conn_of(origin).send_host_call_done(&req::HostCallDone { run }.into(), &[], || {});
         }
     }
 
@@ -308,7 +315,7 @@ impl Client {
         if self.graphs.runner.get().is_some() {
             return Ok(());
         }
-        let (sender, receiver) = channel::<HostJob>();
+        let (sender, receiver) = channel::<(HostJob, u32)>();
         if self.graphs.runner.set(Mutex::new(sender)).is_err() {
             return Ok(());
         }
@@ -316,21 +323,23 @@ impl Client {
             .name("flyt-host-functions".into())
             .spawn(move || {
                 IN_HOST_FUNCTION.with(|flag| flag.set(true));
-                for job in receiver {
+                for (job, origin) in receiver {
                     let Some(client) = crate::client::existing_client() else { return };
                     let returned = || client.graphs.one_returned();
+                    // Answered to the server that asked.
+                    let asked = client.conn_of(origin);
                     let _ = match job {
                         HostJob::Call { call, run } => {
                             client.run_host_function(call);
-                            client.conn.send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
+                            asked.send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
                         }
                         HostJob::CopyOut { run, host, bytes } => {
                             write_host_rows(&host, &bytes);
-                            client.conn.send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
+                            asked.send_host_call_done(&req::HostCallDone { run }.into(), &[], returned)
                         }
                         HostJob::CopyIn { run, host } => {
                             let bytes = read_host_rows(&host);
-                            client.conn.send_host_call_done(&req::HostCopyDone { run }.into(), &bytes, returned)
+                            asked.send_host_call_done(&req::HostCopyDone { run }.into(), &bytes, returned)
                         }
                     };
                 }

@@ -445,6 +445,11 @@ impl Client {
     /// bytes sent. True if anything was sent.
     fn send_host_changes_locked(&self, state: &mut State) -> CudaResult<bool> {
         let stream = self.mirror_stream(state)?;
+        // On the mirrors' stream's server, whichever device is current (a spread session).
+        self.on_handle_server(stream, || self.send_host_changes_on(state, stream))
+    }
+
+    fn send_host_changes_on(&self, state: &mut State, stream: u64) -> CudaResult<bool> {
         let chunk = self.mirror_chunk();
         let mut sent = false;
         for mirror in state.mirrors.iter_mut() {
@@ -454,7 +459,7 @@ impl Client {
             for run in runs {
                 for (index, piece) in mirror.snapshot[run.clone()].chunks(chunk).enumerate() {
                     let dst = mirror.address + (run.start + index * chunk) as u64;
-                    self.conn.send_async(&req::MemcpyHtoD { dst, stream }.into(), piece)?;
+                    self.conn().send_async(&req::MemcpyHtoD { dst, stream }.into(), piece)?;
                 }
                 sent = true;
             }
@@ -500,8 +505,13 @@ impl Client {
         }
         let mut state = self.mirrors.lock();
         let stream = self.mirror_stream(&mut state)?;
+        // On the mirrors' stream's server, whichever device is current (a spread session).
+        self.on_handle_server(stream, || self.pull_mirrors_on(&mut state, stream))
+    }
+
+    fn pull_mirrors_on(&self, state: &mut State, stream: u64) -> CudaResult<()> {
         let chunk = self.mirror_chunk();
-        let State { mirrors, scratch, .. } = &mut *state;
+        let State { mirrors, scratch, .. } = state;
         for mirror in mirrors.iter_mut() {
             for (index, agreed) in mirror.snapshot.chunks_mut(chunk).enumerate() {
                 let offset = index * chunk;

@@ -367,6 +367,20 @@ impl DeviceRanges {
         self.holding(ptr).map(|(_, range)| range.id)
     }
 
+    /// A range overlapping `[start, start + len)` made on a device `elsewhere` says is another
+    /// server's, as `(start, len, device)`: two servers of a spread session handed out the same
+    /// addresses.
+    pub fn overlapping_elsewhere(&self, start: u64, len: u64, elsewhere: impl Fn(u32) -> bool) -> Option<(u64, u64, u32)> {
+        let end = start.saturating_add(len.max(1));
+        let ranges = self.read();
+        let before = ranges.range(..start).next_back().filter(|(first, range)| *first + range.len > start);
+        before
+            .into_iter()
+            .chain(ranges.range(start..end))
+            .find(|(_, range)| elsewhere(range.device))
+            .map(|(first, range)| (*first, range.len, range.device))
+    }
+
     /// The session device (the server's index) the range holding `ptr` was made on.
     pub fn device_of(&self, ptr: u64) -> Option<u32> {
         self.holding(ptr).map(|(_, range)| range.device)
@@ -418,6 +432,22 @@ mod tests {
         // SAFETY: the mapping just made.
         unsafe { libc::munmap(got, 4096) };
         got as u64 == addr
+    }
+
+    /// A spread session's servers' ranges: an allocation overlapping another server's range is
+    /// found (by the device it was made on), one next to it or on the same server is not.
+    #[test]
+    fn ranges_of_other_servers_overlapping_are_found() {
+        let ranges = DeviceRanges::default();
+        let base = free_stretch(8);
+        crate::devices::with_thread_device(1, || assert!(ranges.try_add(base + CHUNK, 2 * CHUNK, true)));
+        let second_server = |device: u32| device == 1;
+        assert_eq!(ranges.overlapping_elsewhere(base, CHUNK + 1, second_server), Some((base + CHUNK, 2 * CHUNK, 1)), "its start");
+        assert_eq!(ranges.overlapping_elsewhere(base + 2 * CHUNK, 8, second_server), Some((base + CHUNK, 2 * CHUNK, 1)), "inside");
+        assert_eq!(ranges.overlapping_elsewhere(base, CHUNK, second_server), None, "just below");
+        assert_eq!(ranges.overlapping_elsewhere(base + 3 * CHUNK, CHUNK, second_server), None, "just above");
+        assert_eq!(ranges.overlapping_elsewhere(base + 2 * CHUNK, 8, |device| device != 1), None, "the same server's");
+        ranges.remove_allocation(base + CHUNK).unwrap();
     }
 
     #[test]

@@ -52,7 +52,13 @@ pub struct Module {
     pub id: u32,
     /// `cuModuleUnload`/`cuLibraryUnload` was called: its handles are dead.
     pub unloaded: bool,
+    /// On the session's (first) server.
     registration: Arc<Mutex<Registration>>,
+    /// On the further servers of a session spread over several (`Spread`), by their place in
+    /// its list, each sent when first needed there.
+    elsewhere: Arc<Mutex<HashMap<usize, Arc<Mutex<Registration>>>>>,
+    /// A spread session's copy of the image, kept for the servers that have not had it yet.
+    source: Arc<Mutex<Option<Image>>>,
     /// Kernels and variables found by name (driver API), each asked of the server once.
     found: Arc<Mutex<Found>>,
 }
@@ -92,6 +98,58 @@ pub struct Registry {
 
 pub static REGISTRY: LazyLock<RwLock<Registry>> = LazyLock::new(|| RwLock::new(Registry::default()));
 
+/// The connections of a session spread over several servers (GPUs on several nodes), in the
+/// session's order; unset for a session on one server. Every server loads a module the app uses
+/// on any of them when a kernel of it is first looked up, and is asked for each kernel in the
+/// same order, so a kernel's index (`FunctionRef`) is the same on every server and a launch on
+/// any device names it alike.
+static SPREAD: std::sync::OnceLock<Vec<Arc<Conn>>> = std::sync::OnceLock::new();
+
+/// Makes modules known to every server of a spread session (`conns`, the first server's first).
+pub fn spread_over(conns: Vec<Arc<Conn>>) {
+    let _ = SPREAD.set(conns);
+}
+
+/// The servers modules go to: the given connection alone on one server, every one when spread.
+fn servers(conn: &Arc<Conn>) -> Vec<Arc<Conn>> {
+    SPREAD.get().cloned().unwrap_or_else(|| vec![conn.clone()])
+}
+
+/// A module's registration on the server `conn` leads to (its first server's on one server).
+fn registration_on(conn: &Arc<Conn>, module: &Module) -> Arc<Mutex<Registration>> {
+    let node = SPREAD.get().and_then(|conns| conns.iter().position(|spread| Arc::ptr_eq(spread, conn))).unwrap_or(0);
+    if node == 0 {
+        return module.registration.clone();
+    }
+    lock(&module.elsewhere)
+        .entry(node)
+        .or_insert_with(|| {
+            // One lock at a time: `send_if_unsent_to` takes a registration's, then the source's.
+            let kept = lock(&module.source).clone();
+            let image = kept.or_else(|| match &*lock(&module.registration) {
+                Registration::Unsent(image) => Some(image.clone()),
+                _ => None,
+            });
+            Arc::new(Mutex::new(image.map_or_else(|| Registration::failed(CudaError::INVALID_RESOURCE_HANDLE), Registration::Unsent)))
+        })
+        .clone()
+}
+
+/// A module's registration on one server, with that server's connection (if the session has one).
+type ServerRegistration = (Option<Arc<Conn>>, Arc<Mutex<Registration>>);
+
+/// Every registration of a module so far, with its server's connection.
+fn registrations(conn: Option<&Arc<Conn>>, module: &Module) -> Vec<ServerRegistration> {
+    match SPREAD.get() {
+        Some(conns) => {
+            let mut all = vec![(conns.first().cloned(), module.registration.clone())];
+            all.extend(lock(&module.elsewhere).iter().map(|(node, registration)| (conns.get(*node).cloned(), registration.clone())));
+            all
+        }
+        None => vec![(conn.cloned(), module.registration.clone())],
+    }
+}
+
 fn read() -> std::sync::RwLockReadGuard<'static, Registry> {
     REGISTRY.read().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -107,6 +165,8 @@ fn push_module(image: Image) -> u32 {
         id,
         unloaded: false,
         registration: Arc::new(Mutex::new(Registration::Unsent(image))),
+        elsewhere: Arc::default(),
+        source: Arc::default(),
         found: Arc::default(),
     });
     id
@@ -124,7 +184,7 @@ pub fn load(conn: Option<&Arc<Conn>>, image: Image, lazy: bool) -> CudaResult<u3
         let registry = read();
         let module = &registry.modules[id as usize];
         send_if_unsent(conn, module);
-        module.registration.clone()
+        registration_on(conn, module)
     };
     match collect(conn, id, &registration) {
         Ok(_) => Ok(id),
@@ -149,29 +209,34 @@ fn live(registry: &Registry, id: u32) -> CudaResult<&Module> {
 /// Unloads a module loaded through the driver API (`cuModuleUnload`, `cuLibraryUnload`): its
 /// kernels and variables become unusable; the server drops it if it ever got it.
 pub fn unload(conn: Option<&Arc<Conn>>, ranges: Option<&DeviceRanges>, id: u32) -> CudaResult<()> {
-    let (registration, found) = {
+    let (registrations, found) = {
         let mut registry = write();
         let module = registry.modules.get_mut(id as usize).filter(|module| !module.unloaded).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
         module.unloaded = true;
-        (module.registration.clone(), module.found.clone())
+        lock(&module.source).take();
+        (registrations(conn, module), module.found.clone())
     };
-    {
+    for (_, registration) in &registrations {
         // Never sent: drop the image; nothing to tell the server.
-        let mut registration = lock(&registration);
+        let mut registration = lock(registration);
         if matches!(*registration, Registration::Unsent(_)) {
             *registration = Registration::failed(CudaError::INVALID_RESOURCE_HANDLE);
         }
     }
-    let held = conn.is_some_and(|conn| held(conn, id, &registration));
     if let Some(ranges) = ranges {
         for (address, _, _) in lock(&found).variables.values() {
             ranges.remove_variable(*address);
         }
     }
-    match conn {
-        Some(conn) if held => conn.send_async(&req::UnregisterModule { module: id }.into(), &[]),
-        _ => Ok(()),
+    let mut outcome = Ok(());
+    for (conn, registration) in registrations {
+        if let Some(conn) = conn
+            && held(&conn, id, &registration)
+        {
+            outcome = outcome.and(conn.send_async(&req::UnregisterModule { module: id }.into(), &[]));
+        }
     }
+    outcome
 }
 
 /// After a device reset: forgets every variable found so far (the server loaded the modules
@@ -188,16 +253,34 @@ pub fn forget_variables(ranges: &DeviceRanges) {
 /// A kernel of a live module by name: registered, found before, or asked of the server (which
 /// loads a lazy module first, on the same connection, so the two cost one round trip).
 pub fn function_by_name(conn: &Arc<Conn>, id: u32, name: &str) -> CudaResult<Arc<Function>> {
-    let (registration, found) = {
+    let (on_each, found, source) = {
         let registry = read();
         let module = live(&registry, id)?;
         if let Some(function) = lock(&module.found).functions.get(name) {
             return Ok(function.clone());
         }
-        send_if_unsent(conn, module);
-        (module.registration.clone(), module.found.clone())
+        let on_each = servers(conn).into_iter().map(|conn| (registration_on(&conn, module), conn)).collect::<Vec<_>>();
+        (on_each, module.found.clone(), module.source.clone())
     };
-    let reply: rep::ModuleGetFunction = ask(conn, id, &registration, req::ModuleGetFunction { module: id, name: name.to_owned() })?;
+    let mut reply: Option<rep::ModuleGetFunction> = None;
+    for (registration, conn) in &on_each {
+        send_if_unsent_to(conn, id, registration, &source);
+        let here: rep::ModuleGetFunction = ask(conn, id, registration, req::ModuleGetFunction { module: id, name: name.to_owned() })?;
+        if let Some(first) = &reply
+            && first.index != here.index
+        {
+            crate::diagnostics::once(
+                "spread-kernel-index",
+                &format!(
+                    "flyt: kernel {name} has another index on the server {} than on the first: it cannot run on every device (returning CUDA_ERROR_NOT_SUPPORTED)",
+                    conn.server()
+                ),
+            );
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        reply.get_or_insert(here);
+    }
+    let reply = reply.ok_or(CudaError::UNKNOWN)?;
     let mut registry = write();
     let handle = registry.functions.len() + 1;
     let function = Arc::new(Function {
@@ -224,7 +307,7 @@ pub fn global_by_name(conn: &Arc<Conn>, ranges: &DeviceRanges, id: u32, name: &s
             return Ok(*global);
         }
         send_if_unsent(conn, module);
-        (module.registration.clone(), module.found.clone())
+        (registration_on(conn, module), module.found.clone())
     };
     let reply: rep::ModuleGetGlobal = ask(conn, id, &registration, req::ModuleGetGlobal { module: id, name: name.to_owned() })?;
     if !reply.managed {
@@ -243,7 +326,7 @@ pub fn function_names(conn: &Arc<Conn>, id: u32) -> CudaResult<Arc<Vec<String>>>
             return Ok(names.clone());
         }
         send_if_unsent(conn, module);
-        (module.registration.clone(), module.found.clone())
+        (registration_on(conn, module), module.found.clone())
     };
     let reply: rep::ModuleFunctionNames = ask(conn, id, &registration, req::ModuleFunctionNames { module: id })?;
     let names = Arc::new(reply.names);
@@ -279,12 +362,21 @@ pub fn function_by_handle(handle: usize) -> Option<Arc<Function>> {
 }
 
 fn send_if_unsent(conn: &Arc<Conn>, module: &Module) {
-    let mut registration = lock(&module.registration);
+    send_if_unsent_to(conn, module.id, &registration_on(conn, module), &module.source);
+}
+
+/// Sends module `id`'s registration on the server `conn` leads to, if not yet; in a spread
+/// session its image is kept (`source`) for the servers still without it.
+fn send_if_unsent_to(conn: &Arc<Conn>, id: u32, registration: &Mutex<Registration>, source: &Mutex<Option<Image>>) {
+    let mut registration = lock(registration);
     if let Registration::Unsent(image) = &*registration {
         let image = image.clone();
+        if SPREAD.get().is_some() {
+            lock(source).get_or_insert_with(|| image.clone());
+        }
         // A large image is offered by digest first: the server may have cached it.
         let cached = (image.bytes().len() >= CACHED_IMAGE_MIN).then(|| image_digest(image.bytes()));
-        let request = req::RegisterModule { module: module.id, cached }.into();
+        let request = req::RegisterModule { module: id, cached }.into();
         let bulk = if cached.is_some() { &[][..] } else { image.bytes() };
         *registration = match conn.send_with_bulk(&request, bulk, Some(())) {
             Ok(Some(slot)) => {

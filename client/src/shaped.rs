@@ -198,6 +198,12 @@ pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode) -> Cu
     if shape.width == 0 || shape.height == 0 || shape.depth == 0 {
         return Ok(());
     }
+    if client.spread()
+        // SAFETY: forwarded contract.
+        && let Some(outcome) = unsafe { across_servers(client, shape, stream) }
+    {
+        return outcome;
+    }
     if let Some((copy, to_host)) = host_device_copy(&shape)
         && crate::transfer::captured_host_copy(client, copy, to_host, stream)?
     {
@@ -258,6 +264,46 @@ pub unsafe fn copy(client: &Client, shape: Shape, stream: u64, mode: Mode) -> Cu
     }
 }
 
+/// A shaped copy in a session spread over several servers that is not the thread's server's
+/// alone (as `transfer::copy_across_servers` does for flat copies; `None`: it is): device memory
+/// of two servers goes through a packed host box, first out of the source's server, then into the
+/// destination's; memory of one other server is copied there. Either after the stream's earlier
+/// work, and done on return. Arrays are the thread's server's.
+///
+/// # Safety
+/// As [`copy`].
+unsafe fn across_servers(client: &Client, shape: Shape, stream: u64) -> Option<CudaResult<()>> {
+    let here = crate::devices::thread_device();
+    // The session device a side's memory is on (host memory: none).
+    let device_of = |side: Side| match side {
+        Side::Device { ptr, .. } => client.ranges.device_of(ptr),
+        Side::Array { .. } => Some(here),
+        Side::Host { .. } => None,
+    };
+    let (src, dst) = (device_of(shape.src), device_of(shape.dst));
+    let elsewhere = |device: &u32| client.node_of(*device) != client.node_of(here);
+    let run_on = |device: u32, shape: Shape| {
+        crate::devices::with_thread_device(device, || {
+            // SAFETY: forwarded contract; synchronous, so the host side is done with here.
+            unsafe { copy(client, shape, 0, Mode::Synchronous) }
+        })
+    };
+    match (src, dst) {
+        (Some(from), Some(to)) if client.node_of(from) != client.node_of(to) => Some((|| {
+            client.sync_stream(stream)?;
+            let len = shape.width.checked_mul(shape.height).and_then(|len| len.checked_mul(shape.depth)).ok_or(CudaError::INVALID_VALUE)?;
+            let mut staging = vec![0u8; usize::try_from(len).map_err(|_| CudaError::INVALID_VALUE)?];
+            let host = Side::Host { ptr: staging.as_mut_ptr(), pitch: shape.width, height: shape.height };
+            run_on(from, Shape { dst: host, dst_pos: Pos3::default(), ..shape })?;
+            run_on(to, Shape { src: host, src_pos: Pos3::default(), ..shape })
+        })()),
+        (from, to) => {
+            let device = to.or(from).filter(elsewhere)?;
+            Some(client.sync_stream(stream).and_then(|()| run_on(device, shape)))
+        }
+    }
+}
+
 /// A copy between host and device memory as one `Copy3d`, positions folded into the
 /// addresses (a capture records it as a graph's host copy); `true`: device to host.
 fn host_device_copy(shape: &Shape) -> Option<(Copy3d, bool)> {
@@ -313,7 +359,7 @@ fn in_place(client: &Client, channel: &Channel, shape: &Shape, host: (*mut u8, u
 /// # Safety
 /// As [`copy`].
 unsafe fn to_device(client: &Client, shape: Shape, host: (*mut u8, u64, u64), stream: u64, mode: Mode) -> CudaResult<()> {
-    if let Some(channel) = &client.shm {
+    if let Some(channel) = client.channel() {
         if !in_place(client, channel, &shape, host, false, stream)? {
             for piece in pieces(shape.width, shape.height, shape.depth, SLOT as u64) {
                 let slot = channel.take_slot()?;
@@ -343,20 +389,20 @@ unsafe fn to_device(client: &Client, shape: Shape, host: (*mut u8, u64, u64), st
             // SAFETY: `packed` holds the piece; the host rows are the app's.
             unsafe { move_rows(host, shape.src_pos, piece, packed.as_mut_ptr(), true) };
             let request = req::MemcpyHtoShaped { copy: piece_copy(&shape, piece, false, None), stream };
-            client.conn.send_async(&request.into(), &packed)?;
+            client.conn().send_async(&request.into(), &packed)?;
         }
     }
     match mode {
         Mode::Synchronous => client.sync_stream(stream),
-        Mode::Asynchronous => client.conn.flush(),
+        Mode::Asynchronous => client.conn().flush(),
     }
 }
 
 /// Sends a fence for `stream` and returns its reply slot (answered when the stream's queued work
 /// is done).
 fn fence(client: &Client, stream: u64) -> CudaResult<Arc<ReplySlot>> {
-    let fence = client.conn.send_for_reply(&req::ShmFence { stream }.into(), None)?;
-    client.conn.flush()?;
+    let fence = client.conn().send_for_reply(&req::ShmFence { stream }.into(), None)?;
+    client.conn().flush()?;
     Ok(fence)
 }
 
@@ -366,11 +412,11 @@ fn fence(client: &Client, stream: u64) -> CudaResult<Arc<ReplySlot>> {
 /// # Safety
 /// As [`copy`].
 unsafe fn to_host(client: &Client, shape: Shape, host: (*mut u8, u64, u64), stream: u64, mode: Mode) -> CudaResult<()> {
-    if let Some(channel) = &client.shm {
+    if let Some(channel) = client.channel() {
         if in_place(client, channel, &shape, host, true, stream)? {
             return match mode {
                 Mode::Synchronous => client.sync_stream(stream),
-                Mode::Asynchronous => client.conn.flush(),
+                Mode::Asynchronous => client.conn().flush(),
             };
         }
         let mut in_flight: VecDeque<(HeldSlot, Piece, Arc<ReplySlot>)> = VecDeque::new();
@@ -445,21 +491,21 @@ unsafe fn to_host(client: &Client, shape: Shape, host: (*mut u8, u64, u64), stre
             stream,
             blocking: index == last && mode == Mode::Synchronous,
         };
-        match client.conn.send_for_reply(&request.into(), Some(destination)) {
+        match client.conn().send_for_reply(&request.into(), Some(destination)) {
             Ok(slot) => in_flight.push_back((packed, piece, slot)),
             Err(error) => outcome = Err(error),
         }
-        client.conn.flush()?;
+        client.conn().flush()?;
     }
     for entry in in_flight {
         outcome = outcome.and(finish(entry));
     }
     outcome?;
     match mode {
-        Mode::Synchronous => deferred.or_else(|| client.conn.take_deferred()).map_or(Ok(()), Err),
+        Mode::Synchronous => deferred.or_else(|| client.conn().take_deferred()).map_or(Ok(()), Err),
         Mode::Asynchronous => {
             if let Some(error) = deferred {
-                client.conn.defer(error);
+                client.conn().defer(error);
             }
             Ok(())
         }

@@ -159,6 +159,9 @@ pub fn memset(client: &Client, dst: u64, pattern: u32, width: u8, len: u64, stre
         client.send_host_changes()?;
     }
     client.mirrors.note_device_write();
+    if let Some(outcome) = client.on_other_server(dst, stream, |stream| client.post(req::Memset { dst, pattern, width, len, stream })) {
+        return outcome;
+    }
     client.post(req::Memset { dst, pattern, width, len, stream })
 }
 
@@ -293,6 +296,12 @@ pub unsafe fn copy(
         return Err(CudaError::INVALID_VALUE);
     }
     let (dst_address, src_address, len) = (dst as u64, src as u64, count as u64);
+    if client.spread()
+        // SAFETY: forwarded contract.
+        && let Some(outcome) = unsafe { copy_across_servers(client, dst, src, count, direction, stream) }
+    {
+        return outcome;
+    }
     client.managed.check_copy_side(dst_address, len)?;
     client.managed.check_copy_side(src_address, len)?;
     // Mirrored managed memory is copied on the device (`classify`): the host's changes go first,
@@ -322,7 +331,7 @@ pub unsafe fn copy(
             if captured_host_copy(client, Copy3d::flat(dst_address, src_address, len), false, stream)? {
                 return Ok(());
             }
-            if let Some(channel) = &client.shm {
+            if let Some(channel) = client.channel() {
                 // SAFETY: forwarded contract.
                 unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode) }?;
                 if managed_dst && mode == Mode::Synchronous {
@@ -340,7 +349,7 @@ pub unsafe fn copy(
             let bytes = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), count) };
             for (index, piece) in bytes.chunks(usize::try_from(chunk).unwrap_or(usize::MAX)).enumerate() {
                 let request = req::MemcpyHtoD { dst: dst_address + index as u64 * chunk, stream };
-                client.conn.send_async(&request.into(), piece)?;
+                client.conn().send_async(&request.into(), piece)?;
             }
             if mode == Mode::Synchronous {
                 // cudaMemcpy reports errors of earlier work, and the copy is done when it returns.
@@ -353,7 +362,7 @@ pub unsafe fn copy(
             if captured_host_copy(client, Copy3d::flat(dst_address, src_address, len), true, stream)? {
                 return Ok(());
             }
-            if let Some(channel) = &client.shm {
+            if let Some(channel) = client.channel() {
                 // SAFETY: forwarded contract.
                 return unsafe { shm_to_host(client, channel, dst.cast(), src_address, count, stream, mode) };
             }
@@ -373,13 +382,13 @@ pub unsafe fn copy(
                 let request =
                     req::MemcpyDtoH { src: src_address + offset, len: piece, stream, blocking: last && mode == Mode::Synchronous };
                 if waited {
-                    slots.push(client.conn.send_for_reply(&request.into(), Some(destination))?);
+                    slots.push(client.conn().send_for_reply(&request.into(), Some(destination))?);
                 } else {
-                    client.conn.send_detached(&request.into(), destination)?;
+                    client.conn().send_detached(&request.into(), destination)?;
                 }
                 offset += piece;
             }
-            client.conn.flush()?;
+            client.conn().flush()?;
             let mut outcome = Ok(());
             let mut deferred = None;
             for slot in slots {
@@ -397,7 +406,7 @@ pub unsafe fn copy(
             outcome?;
             match mode {
                 Mode::Synchronous => {
-                    deferred.or_else(|| client.conn.take_deferred()).map_or(Ok(()), Err)?;
+                    deferred.or_else(|| client.conn().take_deferred()).map_or(Ok(()), Err)?;
                     // A blocking copy waited for the work before it, which may have written
                     // mirrored memory (`mirrors.rs`).
                     client.pull_mirrors(false)
@@ -405,7 +414,7 @@ pub unsafe fn copy(
                 // Not a sync point: the error waits for the next one.
                 Mode::Asynchronous => {
                     if let Some(error) = deferred {
-                        client.conn.defer(error);
+                        client.conn().defer(error);
                     }
                     Ok(())
                 }
@@ -424,6 +433,110 @@ pub unsafe fn copy(
     }
 }
 
+/// How many staged pieces of a copy between two servers are in flight at once: the source's
+/// device-to-host pieces travel while earlier ones go on to the destination.
+const STAGED_PIECES_IN_FLIGHT: usize = 4;
+
+/// A copy in a session spread over several servers (GPUs on several nodes) that is not the
+/// thread's server's alone; `None` for one that is (it goes on as on one server).
+///
+/// - Device memory of two servers: staged through this process (`staged_copy`), never refused.
+/// - Device memory of one other server than the thread's (whose server holds `stream`): after
+///   `stream`'s earlier work, the copy runs on that server's NULL stream and returns once done,
+///   asynchronous variants too, so the stream's later work sees it (documented in
+///   `docs/design/multi-gpu.md`).
+///
+/// # Safety
+/// As [`copy`].
+unsafe fn copy_across_servers(
+    client: &Client,
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    direction: Direction,
+    stream: u64,
+) -> Option<CudaResult<()>> {
+    let (dst_on_device, src_on_device) = direction.device_sides();
+    let dst_device = dst_on_device.then(|| client.ranges.device_of(dst as u64)).flatten();
+    let src_device = src_on_device.then(|| client.ranges.device_of(src as u64)).flatten();
+    let here = client.node_of(crate::devices::thread_device());
+    match (dst_device, src_device) {
+        (Some(to), Some(from)) if client.node_of(to) != client.node_of(from) => {
+            Some(staged_copy(client, dst as u64, to, src as u64, from, count as u64, stream))
+        }
+        (to, from) => {
+            let device = to.or(from).filter(|device| client.node_of(*device) != here)?;
+            Some(client.sync_stream(stream).and_then(|()| {
+                crate::devices::with_thread_device(device, || {
+                    // SAFETY: forwarded contract; synchronous, so the host side is done with here.
+                    unsafe { copy(client, dst, src, count, direction, 0, Mode::Synchronous) }
+                })
+            }))
+        }
+    }
+}
+
+/// A device-to-device copy between GPUs of two servers (two nodes), staged through this process:
+/// after `stream`'s earlier work, pieces of the server's copy chunk come from the source server
+/// (device to host, a few in flight) and each goes on to the destination server (host to
+/// device) as soon as it has landed, so both links carry bytes at once. Returns once the
+/// destination has every byte, asynchronous forms too (no stream of one server can wait for
+/// another's work).
+fn staged_copy(client: &Client, dst: u64, dst_device: u32, src: u64, src_device: u32, len: u64, stream: u64) -> CudaResult<()> {
+    client.check_device_range(src, len)?;
+    client.check_device_range(dst, len)?;
+    client.sync_stream(stream)?;
+    let chunk = client.info.copy_chunk.clamp(4096, 64 << 20);
+    let piece_len = usize::try_from(chunk).map_err(|_| CudaError::INVALID_VALUE)?;
+    let pieces = usize::try_from(len.div_ceil(chunk)).map_err(|_| CudaError::INVALID_VALUE)?;
+    let slots = pieces.min(STAGED_PIECES_IN_FLIGHT);
+    let mut staging = vec![0u8; piece_len * slots];
+    let base = staging.as_mut_ptr();
+    let (from, to) = (client.conn_of(src_device), client.conn_of(dst_device));
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut free_slots: Vec<usize> = (0..slots).collect();
+    let mut next = 0u64;
+    let mut outcome = Ok(());
+    loop {
+        while outcome.is_ok() && next < len {
+            let Some(slot) = free_slots.pop() else { break };
+            let piece = chunk.min(len - next);
+            // SAFETY: slot `slot` of `staging` holds `piece` bytes; no other piece uses it until
+            // this one's reply was read, and `staging` outlives every piece in flight (each is
+            // waited for below, whatever the outcome).
+            let destination = unsafe { HostDestination::new(base.add(slot * piece_len), piece as usize) };
+            let request = req::MemcpyDtoH { src: src + next, len: piece, stream: 0, blocking: false };
+            match crate::devices::with_thread_device(src_device, || from.send_for_reply(&request.into(), Some(destination))) {
+                Ok(reply) => in_flight.push_back((next, piece as usize, slot, reply)),
+                Err(error) => outcome = Err(error),
+            }
+            next += piece;
+        }
+        if let Err(error) = from.flush() {
+            outcome = outcome.and(Err(error));
+        }
+        let Some((offset, piece, slot, reply)) = in_flight.pop_front() else { break };
+        let landed = reply.wait().and_then(|message| {
+            let reply = decode_reply::<rep::MemcpyDtoH>(&message).map_err(|_| CudaError::UNKNOWN)?;
+            reply.result?;
+            reply.deferred.map_or(Ok(()), Err)
+        });
+        outcome = outcome.and(landed);
+        if outcome.is_ok() {
+            // SAFETY: the piece's reply was read: its bytes landed in its slot, which nothing
+            // else writes until the slot is handed out again.
+            let bytes = unsafe { std::slice::from_raw_parts(base.add(slot * piece_len), piece) };
+            let request = req::MemcpyHtoD { dst: dst + offset, stream: 0 };
+            outcome = crate::devices::with_thread_device(dst_device, || to.send_async(&request.into(), bytes));
+        }
+        free_slots.push(slot);
+    }
+    outcome?;
+    // Asynchronous forms too: the app's later work may be on any stream of the destination's
+    // server, which only a wait here orders after the pieces.
+    crate::devices::with_thread_device(dst_device, || client.sync_stream(0))
+}
+
 /// A copy between device memory and the app's host memory on a capturing stream: the capture
 /// records it as a node that copies the app's memory each time the graph runs, as natively
 /// (the bytes do not travel now). `false` when `stream` is not capturing.
@@ -435,7 +548,7 @@ pub fn captured_host_copy(client: &Client, copy: Copy3d, to_host: bool, stream: 
     // capture names it there, which needs no round trip per launch.
     let (host, pitch, height) =
         if to_host { (copy.dst, copy.dst_pitch, copy.dst_height) } else { (copy.src, copy.src_pitch, copy.src_height) };
-    if let Some(channel) = &client.shm
+    if let Some(channel) = client.channel()
         && let Some(span) = copy.span(pitch, height)
         && let (Ok(host), Ok(span)) = (usize::try_from(host), usize::try_from(span))
         && channel.offset_of(host, span).is_some()
@@ -456,8 +569,8 @@ fn fence_result(fence: &ReplySlot) -> CudaResult<()> {
 /// Sends a fence for `stream` and returns its reply slot (answered when the stream's queued work
 /// is done).
 fn fence(client: &Client, stream: u64) -> CudaResult<std::sync::Arc<ReplySlot>> {
-    let fence = client.conn.send_for_reply(&req::ShmFence { stream }.into(), None)?;
-    client.conn.flush()?;
+    let fence = client.conn().send_for_reply(&req::ShmFence { stream }.into(), None)?;
+    client.conn().flush()?;
     Ok(fence)
 }
 
@@ -500,7 +613,7 @@ unsafe fn shm_to_device(
     if mode == Mode::Synchronous {
         client.sync_stream(stream)?;
     } else {
-        client.conn.flush()?;
+        client.conn().flush()?;
     }
     Ok(())
 }
@@ -516,7 +629,7 @@ unsafe fn shm_to_host(client: &Client, channel: &Channel, dst: *mut u8, src: u64
         client.post(req::ShmCopyDtoH { src, offset: offset as u64, len: count as u64, stream })?;
         return match mode {
             Mode::Synchronous => client.sync_stream(stream),
-            Mode::Asynchronous => client.conn.flush(),
+            Mode::Asynchronous => client.conn().flush(),
         };
     }
     let mut in_flight = std::collections::VecDeque::new();

@@ -20,6 +20,77 @@
 //! (`gpu-tests/probes/va_hint_probe.c --hold-first`), and a moved session's allocations must be
 //! mapped again at their addresses.
 
+//! Address windows (`--address-window N`): a tenant spread over several nodes has one server,
+//! hence one worker, per node, and the app holds all their device addresses in one space. Two
+//! workers' drivers would pick addresses alike, so each node's server is given its own window:
+//! a worker of window N first reserves (inaccessible, no memory behind it) `N x WINDOW_SPAN`
+//! bytes just above its libraries, so the driver's reservations, which go up from there, start
+//! N windows higher (the emulated device's addresses likewise). The client still checks every
+//! allocation against the other servers' ranges (`flyt_client`), since a window is a layout,
+//! not a guarantee.
+
+/// The span of one address window: the bottom-up part of a 47-bit address space (from 42.7 TiB
+/// to 128 TiB) holds five.
+pub const WINDOW_SPAN: u64 = 16 << 40;
+/// The highest window.
+pub const MAX_WINDOW: u32 = 4;
+/// How the listener hands its window to its workers (they inherit its environment).
+const WINDOW_ENV: &str = "FLYT_RPC_ADDRESS_WINDOW";
+
+/// How the listener tells its workers that the emulated device's first address is fixed.
+const FIXED_BASE_ENV: &str = "FLYT_RPC_EMULATED_FIXED_BASE";
+
+/// Sets the window this server's workers use (the listener calls it before starting any), and
+/// whether an emulated device's addresses start at the same place in every worker.
+pub fn set_window_for_workers(window: u32, emulated_fixed_base: bool) {
+    // SAFETY: called at the listener's start, before it starts threads that read the environment.
+    unsafe {
+        std::env::set_var(WINDOW_ENV, window.to_string());
+        if emulated_fixed_base {
+            std::env::set_var(FIXED_BASE_ENV, "1");
+        }
+    }
+}
+
+/// Whether this worker's emulated device starts at the same address as every other's
+/// (`--emulated-fixed-base`, for tests).
+pub fn emulated_fixed_base() -> bool {
+    std::env::var_os(FIXED_BASE_ENV).is_some()
+}
+
+/// This worker's window (0 when the listener named none or an invalid one).
+pub fn window() -> u32 {
+    std::env::var(WINDOW_ENV).ok().and_then(|text| text.parse().ok()).filter(|window| *window <= MAX_WINDOW).unwrap_or(0)
+}
+
+/// How far this worker's device addresses are moved up: `window() x WINDOW_SPAN`.
+pub fn window_offset() -> u64 {
+    u64::from(window()) * WINDOW_SPAN
+}
+
+/// Reserves this worker's window offset before the driver loads (see the module's notes): an
+/// inaccessible mapping the driver's later reservations lie above. Kept for the process's life.
+pub fn reserve_window() -> Result<(), String> {
+    let span = window_offset();
+    if span == 0 {
+        return Ok(());
+    }
+    let len = usize::try_from(span).map_err(|_| "the window does not fit this address space".to_string())?;
+    // SAFETY: a fresh anonymous mapping at an address the kernel picks; nothing else is touched.
+    let placed = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+    };
+    if placed == libc::MAP_FAILED {
+        return Err(format!("reserving the address window ({len} bytes): {}", std::io::Error::last_os_error()));
+    }
+    // Top-down (the bottom-up layout refused), the reservation lies below the driver's
+    // addresses, not under them: the window does nothing there.
+    if (placed as u64) > 0x6000_0000_0000 {
+        return Err(format!("the worker does not run bottom-up (its reservation landed at {placed:p}): the address window has no effect"));
+    }
+    Ok(())
+}
+
 /// `personality(2)`'s flag for the bottom-up layout.
 const ADDR_COMPAT_LAYOUT: libc::c_ulong = 0x0200000;
 
@@ -135,6 +206,44 @@ mod tests {
         let own = parse_maps(&std::fs::read_to_string("/proc/self/maps").unwrap());
         let own_libc = own.iter().find(|mapping| mapping.name.contains("libc")).expect("libc mapped");
         assert!(own_libc.start > 0x7000_0000_0000, "{:#x}", own_libc.start);
+    }
+
+    /// A worker of window 2 maps nothing in the two windows above its libraries: its next
+    /// mappings land past them.
+    #[test]
+    fn a_window_moves_later_mappings_up() {
+        use std::os::unix::process::CommandExt;
+        let probe = |window: u32| {
+            let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+            command
+                .args(["--exact", "address_space::tests::window_probe", "--nocapture", "--include-ignored"])
+                .env(WINDOW_ENV, window.to_string())
+                .env("FLYT_WINDOW_PROBE", "1");
+            // SAFETY: the hook only calls personality(2).
+            unsafe { command.pre_exec(bottom_up_layout_after_exec) };
+            let output = command.output().expect("the probe runs");
+            let text = String::from_utf8_lossy(&output.stdout);
+            let line = text.lines().find_map(|line| line.strip_prefix("mapped at ")).unwrap_or_else(|| panic!("{text}"));
+            u64::from_str_radix(line.trim_start_matches("0x"), 16).unwrap()
+        };
+        let (plain, moved) = (probe(0), probe(2));
+        assert!(moved >= plain + 2 * WINDOW_SPAN - (1 << 40), "window 0 at {plain:#x}, window 2 at {moved:#x}");
+        assert!(moved < 0x7000_0000_0000, "{moved:#x}");
+    }
+
+    /// Run by `a_window_moves_later_mappings_up` in a child: reserves the window, then maps 1 GiB.
+    #[test]
+    #[ignore = "a child of a_window_moves_later_mappings_up"]
+    fn window_probe() {
+        if std::env::var_os("FLYT_WINDOW_PROBE").is_none() {
+            return;
+        }
+        reserve_window().unwrap();
+        // SAFETY: a fresh anonymous mapping, only its address is read.
+        let placed = unsafe {
+            libc::mmap(std::ptr::null_mut(), 1 << 30, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+        };
+        println!("mapped at {:#x}", placed as u64);
     }
 
     #[test]

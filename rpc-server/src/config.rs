@@ -63,6 +63,12 @@ pub struct ServerArgs {
     /// Control socket for the node manager (`unix:/path`, owner-only; needs the cluster key).
     #[arg(long, env = "FLYT_RPC_CONTROL")]
     pub control: Option<String>,
+    /// The address window of this server's workers (0 to 4): window N moves the first device
+    /// reservation of each worker up by N x 16 TiB in its bottom-up address space
+    /// (`address_space`), so the servers of one tenant on several nodes, each given its own
+    /// window, never hand out the same device address (`FLYT_SERVER` with several servers).
+    #[arg(long, env = "FLYT_RPC_ADDRESS_WINDOW", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=crate::address_space::MAX_WINDOW as i64))]
+    pub address_window: u32,
     /// Workers kept ready (device open) for new sessions.
     #[arg(long, env = "FLYT_RPC_WARM_WORKERS", default_value_t = 2)]
     pub warm_workers: usize,
@@ -91,6 +97,11 @@ pub struct ServerArgs {
     /// SMs the emulated device reports.
     #[arg(long, env = "FLYT_RPC_EMULATED_SMS", default_value_t = 132)]
     pub emulated_sms: u32,
+    /// Emulated device, for tests of address windows: every worker's first address is the same
+    /// (by default each worker starts at an offset of its own), so two servers in one window
+    /// hand out overlapping addresses.
+    #[arg(long, hide = true)]
+    pub emulated_fixed_base: bool,
     /// Folder of the module image cache, which keeps large images clients sent so that later
     /// sessions need not send them again (servers given the same folder share it), or `off`.
     /// Default: `$CACHE_DIRECTORY/images` under systemd, else `$XDG_CACHE_HOME/flyt/images` or

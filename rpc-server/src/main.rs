@@ -42,6 +42,10 @@ fn main() {
                 Some(log) => builder.with_writer(std::sync::Mutex::new(log)).init(),
                 None => builder.with_writer(std::io::stderr).init(),
             }
+            // Before the driver loads: its reservations go above the window's.
+            if let Err(reason) = flyt_rpc_server::address_space::reserve_window() {
+                tracing::warn!(%reason, "address window");
+            }
             std::process::exit(worker::run(&args, capture))
         }
         Some(Mode::GpuUuids(args)) => match flyt_rpc_server::visible::probe(&args) {
@@ -57,6 +61,7 @@ fn main() {
         },
         None => {
             tracing_subscriber::fmt().with_env_filter(filter()).with_writer(std::io::stderr).with_ansi(ansi).init();
+            flyt_rpc_server::address_space::set_window_for_workers(cli.server.address_window, cli.server.emulated_fixed_base);
             if let Err(error) = listener::run(cli.server) {
                 eprintln!("flyt-rpc-server: {error:#}");
                 std::process::exit(1);

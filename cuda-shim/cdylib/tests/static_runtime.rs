@@ -762,6 +762,122 @@ fn a_stopped_server_is_an_error_within_the_reply_timeout() {
 /// channel: both devices, their peer answers, allocations per device named by their attributes,
 /// copies between them, peer access and two threads on two devices at once; under
 /// `CUDA_VISIBLE_DEVICES=1` the app sees the second device alone, as its device 0.
+/// A session spread over two servers (GPUs on two nodes, issue 45): two emulated servers of one
+/// GPU each, the second in address window 1, both named by `FLYT_SERVER`. The devices are
+/// numbered server by server with each server's identity, `CUDA_VISIBLE_DEVICES` selects among
+/// them, their addresses are disjoint, peer copies of a few MiB go from device 0 to device 1 and
+/// back staged through the app (every byte checked), no peer path is reported and peer access is
+/// refused; with and without the shared-memory channel (the first server's).
+#[test]
+fn two_servers_in_one_session_through_the_driver_api() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("two-nodes");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_two_nodes");
+    let first_socket = format!("unix:{}", scratch.join("first.sock").display());
+    let second_socket = format!("unix:{}", scratch.join("second.sock").display());
+    let (first_dir, second_dir) = (scratch.join("first"), scratch.join("second"));
+    std::fs::create_dir_all(&first_dir).unwrap();
+    std::fs::create_dir_all(&second_dir).unwrap();
+    let first = Server::start(&["--device", "emulated", "--gpu", "0", "--listen", &first_socket], &first_dir);
+    let second = Server::start(&["--device", "emulated", "--gpu", "0", "--address-window", "1", "--listen", &second_socket], &second_dir);
+    let servers = format!("{},{}", first.addresses[0], second.addresses[0]);
+    let run = |shm: &str, visible: Option<&str>| {
+        let mut command = Command::new(&program);
+        command.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &servers).env("FLYT_SHM", shm);
+        match visible {
+            Some(visible) => command.env("CUDA_VISIBLE_DEVICES", visible),
+            None => command.env_remove("CUDA_VISIBLE_DEVICES"),
+        };
+        run_with_timeout(&mut command, Duration::from_secs(60))
+    };
+    let mut uuids = Vec::new();
+    for shm in ["on", "off"] {
+        let (code, stdout, stderr) = run(shm, None);
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        for line in [
+            "devices: 2",
+            "two identities: yes",
+            "no peer path between the servers' GPUs: yes",
+            "peer access refused: yes",
+            "allocations named by their devices: yes",
+            "disjoint addresses: yes",
+            "each server's addresses in its window: yes",
+            "peer copy from device 0 to device 1: yes",
+            "copy back from device 1 to device 0: yes",
+            "a part at offsets: yes",
+            "a pitched box between the devices: yes",
+            "a 2D memset of the other server's memory: yes",
+            "streams and events find their servers: yes",
+            "host functions on both servers' streams: yes",
+            "PASSED: 0 failure(s)",
+        ] {
+            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
+        }
+        let uuid_of = |device: &str| {
+            stdout.lines().find_map(|line| line.strip_prefix(device)?.split(" uuid ").nth(1).map(String::from)).expect("a uuid line")
+        };
+        uuids = vec![uuid_of("device 0: "), uuid_of("device 1: ")];
+    }
+    let device_0_is = |stdout: &str, uuid: &str| stdout.lines().any(|line| line.starts_with("device 0: ") && line.ends_with(uuid));
+    // Only the second server's GPU: it is the app's device 0, with its identity.
+    let (code, stdout, stderr) = run("on", Some("1"));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("devices: 1\n") && device_0_is(&stdout, &uuids[1]), "{stdout}\n{stderr}");
+    assert!(stdout.contains("one device alone copies: yes") && stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
+    // By UUID, in the other order: the second server's GPU first, and everything holds.
+    let hex = &uuids[1];
+    let uuid_text = format!("GPU-{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32]);
+    let (code, stdout, stderr) = run("off", Some(&format!("{uuid_text},0")));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("devices: 2\n") && device_0_is(&stdout, &uuids[1]), "{uuid_text}:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("PASSED: 0 failure(s)"), "reordered:\n{stdout}\n{stderr}");
+}
+
+/// Two servers whose device addresses coincide (emulated devices with one fixed first address):
+/// in one address window, device 1's first allocation lands on device 0's and is refused with a
+/// line naming both servers; with `--address-window 1` on the second it is made, elsewhere.
+#[test]
+fn servers_in_one_address_window_are_refused_overlapping_memory() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("overlapping-nodes");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_overlapping_nodes");
+    let start = |name: &str, window: &str| {
+        let dir = scratch.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = format!("unix:{}", dir.join("flyt.sock").display());
+        let args = ["--device", "emulated", "--gpu", "0", "--emulated-fixed-base", "--address-window", window, "--listen", &socket];
+        Server::start(&args, &dir)
+    };
+    let (first, same_window, next_window) = (start("first", "0"), start("same", "0"), start("next", "1"));
+    let run = |second: &Server, shm: &str| {
+        let servers = format!("{},{}", first.addresses[0], second.addresses[0]);
+        run_with_timeout(
+            Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &servers).env("FLYT_SHM", shm),
+            Duration::from_secs(60),
+        )
+    };
+    for shm in ["on", "off"] {
+        let (code, stdout, stderr) = run(&same_window, shm);
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("allocation on device 1: CUDA_ERROR_OUT_OF_MEMORY"), "{stdout}\n{stderr}");
+        let line = stderr.lines().find(|line| line.contains("overlaps device memory of")).unwrap_or_else(|| panic!("no line:\n{stderr}"));
+        assert!(
+            line.contains(&same_window.addresses[0]) && line.contains(&first.addresses[0]) && line.contains("--address-window"),
+            "the line names both servers and the cure: {line}"
+        );
+        let (code, stdout, stderr) = run(&next_window, shm);
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("allocation on device 1: CUDA_SUCCESS\ndisjoint: yes"), "{stdout}\n{stderr}");
+        assert!(!stderr.contains("overlaps"), "{stderr}");
+    }
+}
+
 #[test]
 fn two_devices_in_one_session_through_the_driver_api() {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {

@@ -325,10 +325,15 @@ fn peer_access(peer_context: CUcontext, enable: bool, flags: c_uint) -> DriverRe
         None if enable => return Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED),
         None => return Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED),
         Some(link) if link.access_supported == 0 && enable => return Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED),
+        // Never enabled where it cannot be (GPUs of two nodes have no path; their servers do
+        // not know each other's devices).
+        Some(link) if link.access_supported == 0 => return Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED),
         Some(_) => {}
     }
     let client = flyt_client::client::client().map_err(crate::client_source::to_driver)?;
+    // The peer as its server numbers it (the same server's: peers are never across servers).
     let peer = client.server_device(peer.device() as usize).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+    let peer = client.local_device(peer);
     client.call(flyt_protocol::ops::req::PeerAccess { peer, enable, flags }).map(drop).map_err(crate::client_source::to_driver)
 }
 

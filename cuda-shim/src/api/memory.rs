@@ -41,23 +41,28 @@ pub unsafe fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         if dptr == 0 {
             return Ok(());
         }
-        if client.host_allocation(dptr as usize).is_some_and(|host| host.managed) {
-            return flyt_client::managed::free(client, dptr).map_err(super::session::driver_error);
-        }
-        if client.mirrors().holds_allocation(dptr) {
-            // Inside a mirror's device memory (mapped memory, or managed memory freed already, in
-            // a block others still use): no allocation of the app's, and the server must not free
-            // the block.
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        if client.forget_allocation(dptr).is_err() {
-            // Not an allocation of this process's: graph memory is freed outside its graph too
-            // (after a launch), which the server knows; anything else it refuses.
-            return client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error);
-        }
-        sync_memops().remove(&dptr);
-        client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error)
+        // Freed by its own server, whichever device is current (a session spread over nodes).
+        client.on_pointer_server(dptr, || free_device_memory(client, dptr))
     })
+}
+
+fn free_device_memory(client: &flyt_client::client::Client, dptr: CUdeviceptr) -> DriverResult {
+    if client.host_allocation(dptr as usize).is_some_and(|host| host.managed) {
+        return flyt_client::managed::free(client, dptr).map_err(super::session::driver_error);
+    }
+    if client.mirrors().holds_allocation(dptr) {
+        // Inside a mirror's device memory (mapped memory, or managed memory freed already, in
+        // a block others still use): no allocation of the app's, and the server must not free
+        // the block.
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if client.forget_allocation(dptr).is_err() {
+        // Not an allocation of this process's: graph memory is freed outside its graph too
+        // (after a launch), which the server knows; anything else it refuses.
+        return client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error);
+    }
+    sync_memops().remove(&dptr);
+    client.call(req::Free { ptr: dptr }).map(|_| ()).map_err(super::session::driver_error)
 }
 
 pub unsafe fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
@@ -263,8 +268,9 @@ batch_copies! {
     cuMemcpyBatchAsync_v2_ptsz() => true;
 }
 
-/// `cuMemcpyPeer*`: a session serves one device, so both contexts are on it and the copy is a
-/// device-to-device copy (destroyed or unknown contexts are refused as the driver refuses them).
+/// `cuMemcpyPeer*`: a device-to-device copy (destroyed or unknown contexts are refused as the
+/// driver refuses them), which the client stages through this process when the two devices are
+/// GPUs of two servers (a session spread over nodes: `flyt_client::transfer`).
 #[expect(clippy::too_many_arguments, reason = "the driver's peer copy, its mode and the stream's resolution")]
 fn memcpy_peer(
     dst: CUdeviceptr,

@@ -202,7 +202,7 @@ pub unsafe fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
             lock_contexts().remove(&id);
             return Err(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
         }
-        flyt_client::streams::destroy_stream(client, id).map_err(driver_error)?;
+        client.on_handle_server(id, || flyt_client::streams::destroy_stream(client, id)).map_err(driver_error)?;
         lock_contexts().remove(&id);
         Ok(())
     })
@@ -217,7 +217,7 @@ pub unsafe fn cuStreamDestroy(h_stream: CUstream) -> CUresult {
 fn synchronize(stream: CUstream, ptds: bool) -> DriverResult {
     let client = client()?;
     let stream = resolve_stream(client, stream, ptds)?;
-    client.call(req::StreamSynchronize { stream }).map(|_| ()).map_err(driver_error)
+    client.on_handle_server(stream, || client.call(req::StreamSynchronize { stream })).map(|_| ()).map_err(driver_error)
 }
 
 pub unsafe fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
@@ -231,7 +231,7 @@ pub unsafe fn cuStreamSynchronize_ptsz(h_stream: CUstream) -> CUresult {
 fn query(stream: CUstream, ptds: bool) -> DriverResult {
     let client = client()?;
     let stream = resolve_stream(client, stream, ptds)?;
-    client.call(req::StreamQuery { stream }).map(|_| ()).map_err(driver_error)
+    client.on_handle_server(stream, || client.call(req::StreamQuery { stream })).map(|_| ()).map_err(driver_error)
 }
 
 pub unsafe fn cuStreamQuery(h_stream: CUstream) -> CUresult {
@@ -251,7 +251,13 @@ fn wait_event(stream: CUstream, event: CUevent, flags: c_uint, ptds: bool) -> Dr
     let client = client()?;
     let stream = resolve_stream(client, stream, ptds)?;
     let event = flyt_client::streams::event_id(client, event as usize).map_err(driver_error)?;
-    client.post(req::StreamWaitEvent { stream, event, flags }).map_err(driver_error)
+    if client.on_different_servers(stream, event) {
+        // GPUs of two nodes (a spread session): no server can make one's stream wait for the
+        // other's event, so the app's thread waits for the event here (bounded as every reply is,
+        // `FLYT_REPLY_TIMEOUT`) and the stream's later work is sent after it.
+        return client.on_handle_server(event, || client.call(req::EventSynchronize { event })).map(drop).map_err(driver_error);
+    }
+    client.on_handle_server(stream, || client.post(req::StreamWaitEvent { stream, event, flags })).map_err(driver_error)
 }
 
 pub unsafe fn cuStreamWaitEvent(h_stream: CUstream, h_event: CUevent, flags: c_uint) -> CUresult {
@@ -284,7 +290,11 @@ fn record(event: CUevent, stream: CUstream, flags: c_uint, ptds: bool) -> Driver
     let client = client()?;
     let event = flyt_client::streams::event_id(client, event as usize).map_err(driver_error)?;
     let stream = resolve_stream(client, stream, ptds)?;
-    client.post(req::EventRecord { event, stream, flags }).map_err(driver_error)
+    if client.on_different_servers(stream, event) {
+        // As the driver refuses an event and a stream of two contexts.
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    client.on_handle_server(stream, || client.post(req::EventRecord { event, stream, flags })).map_err(driver_error)
 }
 
 pub unsafe fn cuEventRecord(h_event: CUevent, h_stream: CUstream) -> CUresult {
@@ -324,7 +334,7 @@ pub unsafe fn cuEventSynchronize(h_event: CUevent) -> CUresult {
     run(|| {
         let client = client()?;
         let event = flyt_client::streams::event_id(client, h_event as usize).map_err(driver_error)?;
-        client.call(req::EventSynchronize { event }).map(|_| ()).map_err(driver_error)
+        client.on_handle_server(event, || client.call(req::EventSynchronize { event })).map(|_| ()).map_err(driver_error)
     })
 }
 
@@ -332,7 +342,7 @@ pub unsafe fn cuEventQuery(h_event: CUevent) -> CUresult {
     run(|| {
         let client = client()?;
         let event = flyt_client::streams::event_id(client, h_event as usize).map_err(driver_error)?;
-        client.call(req::EventQuery { event }).map(|_| ()).map_err(driver_error)
+        client.on_handle_server(event, || client.call(req::EventQuery { event })).map(|_| ()).map_err(driver_error)
     })
 }
 
@@ -344,7 +354,11 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> DriverResult {
     if [start, end].iter().any(|id| client.event_flags(*id).is_none_or(|flags| flags & EVENT_DISABLE_TIMING != 0)) {
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
-    let reply = client.call(req::EventElapsedTime { start, end }).map_err(driver_error)?;
+    if client.on_different_servers(start, end) {
+        // Two nodes' clocks: no elapsed time between them.
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    let reply = client.on_handle_server(start, || client.call(req::EventElapsedTime { start, end })).map_err(driver_error)?;
     // SAFETY: checked non-NULL; the caller's out-pointer.
     unsafe { write_out(ms, reply.milliseconds) }
 }
@@ -364,7 +378,7 @@ pub unsafe fn cuEventDestroy_v2(h_event: CUevent) -> CUresult {
         if !client.forget_event(id) {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
         }
-        client.post(req::EventDestroy { event: id }).map_err(driver_error)
+        client.on_handle_server(id, || client.post(req::EventDestroy { event: id })).map_err(driver_error)
     })
 }
 

@@ -211,7 +211,11 @@ impl EmulatedDevice {
         Self {
             config,
             state: Mutex::new(State {
-                next_address: BASE_ADDRESS + u64::from(std::process::id() % 4096) * BASE_STEP,
+                // The server's address window (`--address-window`) moves them up, as it moves a
+                // real driver's.
+                next_address: BASE_ADDRESS
+                    + crate::address_space::window_offset()
+                    + if crate::address_space::emulated_fixed_base() { 0 } else { u64::from(std::process::id() % 4096) * BASE_STEP },
                 next_handle: 1,
                 ..State::default()
             }),
@@ -291,6 +295,12 @@ impl EmulatedDevice {
             info.set_attribute(attr::PCI_DEVICE_ID, 0);
         }
         info.uuid = host_uuid(self.config.host_gpus.get(index).copied().unwrap_or(0));
+        // Servers of one tenant on several nodes have their own windows: their emulated GPUs
+        // have UUIDs of their own, as real GPUs of two nodes do.
+        let window = crate::address_space::window();
+        if window > 0 {
+            info.uuid[13] = b'0' + window as u8;
+        }
         info
     }
 

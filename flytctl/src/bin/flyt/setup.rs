@@ -74,17 +74,20 @@ pub enum ServerChoice {
 }
 
 /// Settles where the server is. A `unix:` address must name an existing socket; a TCP address
-/// is left to the program's shim (connecting here would open a session on the server). Without
+/// is left to the program's shim (connecting here would open a session on the server). Several
+/// servers, comma-separated (a tenant's GPUs on several nodes), are each checked so. Without
 /// an address, the client manager must answer a locate request within `timeout`: the same
 /// request the program's shim sends, so a client manager with no GPU for this host says so now,
 /// in one line, rather than inside the program.
 pub fn server(address: Option<&str>, socket: &Path, timeout: Duration, program: &str) -> Result<ServerChoice, SetupError> {
     if let Some(address) = address {
-        if let Some(path) = address.strip_prefix("unix:") {
-            match std::fs::metadata(path) {
-                Ok(metadata) if std::os::unix::fs::FileTypeExt::is_socket(&metadata.file_type()) => {}
-                Ok(_) => return Err(SetupError::NoServer { address: address.into(), reason: "not a socket".into() }),
-                Err(error) => return Err(SetupError::NoServer { address: address.into(), reason: error.to_string() }),
+        for server in address.split(',').map(str::trim).filter(|server| !server.is_empty()) {
+            if let Some(path) = server.strip_prefix("unix:") {
+                match std::fs::metadata(path) {
+                    Ok(metadata) if std::os::unix::fs::FileTypeExt::is_socket(&metadata.file_type()) => {}
+                    Ok(_) => return Err(SetupError::NoServer { address: server.into(), reason: "not a socket".into() }),
+                    Err(error) => return Err(SetupError::NoServer { address: server.into(), reason: error.to_string() }),
+                }
             }
         }
         return Ok(ServerChoice::Direct(address.to_string()));
@@ -197,6 +200,19 @@ mod tests {
         assert_eq!(path(Some("/opt/flyt/lib")), "/opt/flyt/lib");
         // The user's own empty entries (the current folder) stay theirs.
         assert_eq!(path(Some("/a::/b")), "/opt/flyt/lib:/a::/b");
+    }
+
+    /// Every `unix:` server of a list must be a socket; TCP ones are the shim's to reach.
+    #[test]
+    fn each_of_several_servers_is_checked() {
+        let folder = tempfile::tempdir().unwrap();
+        let socket = folder.path().join("a.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let (socket, missing) = (format!("unix:{}", socket.display()), format!("unix:{}", folder.path().join("b.sock").display()));
+        let choose = |address: &str| server(Some(address), Path::new("/nonexistent"), Duration::from_secs(1), "test");
+        assert!(matches!(choose(&format!("{socket},10.0.0.2:4000")), Ok(ServerChoice::Direct(_))));
+        let error = choose(&format!("{socket},{missing}")).unwrap_err().to_string();
+        assert!(error.contains("b.sock") && !error.contains("a.sock"), "the missing one is named: {error}");
     }
 
     #[test]

@@ -1,0 +1,207 @@
+// A session spread over two servers (two emulated servers, each --gpu 0, the second with
+// --address-window 1; FLYT_SERVER names both) through Flyt's libcuda.so.1: the devices numbered
+// server by server, each with its server's identity; no peer path between them (peer access
+// refused as the driver refuses it between GPUs without a path); allocations on each at
+// addresses of their own; peer copies and copies through unified addressing of a few MiB from
+// device 0 to device 1 and back, staged through the app, with every byte checked; streams and
+// events of each device used from a thread whose current device is the other.
+// Prints each device's name and UUID, so a run under CUDA_VISIBLE_DEVICES shows which it sees.
+#define _DEFAULT_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver_expect.h"
+
+#define CHECK(what, condition)                                      \
+    do {                                                            \
+        int ok_ = (condition);                                      \
+        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
+        if (!ok_) failures++;                                       \
+    } while (0)
+
+// Not a multiple of the copy chunk, so the last staged piece is a short one.
+enum { N = (5 << 20) + 4096 + 17 };
+
+static void CUDA_CB mark(void *flag) { *(volatile int *)flag = 1; }
+
+static void pattern(unsigned char *bytes, size_t len, unsigned seed) {
+    for (size_t i = 0; i < len; i++) bytes[i] = (unsigned char)((i * 2654435761u + seed) >> 7);
+}
+
+int main(void) {
+    EXPECT(cuInit(0), CUDA_SUCCESS);
+    int count = 0;
+    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
+    printf("devices: %d\n", count);
+    for (int d = 0; d < count; d++) {
+        char name[256] = {0};
+        CUuuid uuid;
+        EXPECT(cuDeviceGetName(name, sizeof name, d), CUDA_SUCCESS);
+        EXPECT(cuDeviceGetUuid_v2(&uuid, d), CUDA_SUCCESS);
+        printf("device %d: %s uuid ", d, name);
+        for (int i = 0; i < 16; i++) printf("%02x", (unsigned char)uuid.bytes[i]);
+        printf("\n");
+    }
+    if (count < 2) {
+        // One server's GPU alone: it works as a session on that server.
+        CUcontext ctx;
+        CUdeviceptr ptr = 0;
+        unsigned char *host = malloc(N), *back = malloc(N);
+        pattern(host, N, 3);
+        EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+        EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+        EXPECT(cuMemAlloc(&ptr, N), CUDA_SUCCESS);
+        EXPECT(cuMemcpyHtoD(ptr, host, N), CUDA_SUCCESS);
+        EXPECT(cuMemcpyDtoH(back, ptr, N), CUDA_SUCCESS);
+        CHECK("one device alone copies", memcmp(host, back, N) == 0);
+        printf("PASSED: %d failure(s)\n", failures);
+        return failures != 0;
+    }
+    CUuuid a, b;
+    EXPECT(cuDeviceGetUuid_v2(&a, 0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetUuid_v2(&b, 1), CUDA_SUCCESS);
+    CHECK("two identities", memcmp(&a, &b, sizeof a) != 0);
+
+    int can01 = -1, can10 = -1, access = -1, atomics = -1;
+    EXPECT(cuDeviceCanAccessPeer(&can01, 0, 1), CUDA_SUCCESS);
+    EXPECT(cuDeviceCanAccessPeer(&can10, 1, 0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetP2PAttribute(&access, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, 0, 1), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetP2PAttribute(&atomics, CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED, 1, 0), CUDA_SUCCESS);
+    CHECK("no peer path between the servers' GPUs", can01 == 0 && can10 == 0 && access == 0 && atomics == 0);
+
+    CUcontext ctx0, ctx1;
+    EXPECT(cuDevicePrimaryCtxRetain(&ctx0, 0), CUDA_SUCCESS);
+    EXPECT(cuDevicePrimaryCtxRetain(&ctx1, 1), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    EXPECT(cuCtxEnablePeerAccess(ctx1, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+    EXPECT(cuCtxDisablePeerAccess(ctx1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+    printf("peer access refused: yes\n");
+
+    CUdeviceptr on0 = 0, on1 = 0, also0 = 0;
+    EXPECT(cuMemAlloc(&on0, N), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+    EXPECT(cuMemAlloc(&on1, N), CUDA_SUCCESS);
+    int ordinal0 = -1, ordinal1 = -1;
+    EXPECT(cuPointerGetAttribute(&ordinal0, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, on0), CUDA_SUCCESS);
+    EXPECT(cuPointerGetAttribute(&ordinal1, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, on1), CUDA_SUCCESS);
+    CHECK("allocations named by their devices", ordinal0 == 0 && ordinal1 == 1);
+    CHECK("disjoint addresses", on0 != 0 && on1 != 0 && (on1 >= on0 + N || on0 >= on1 + N));
+    // The emulated device's window 1 starts 16 TiB above its first address, 0x2b0000000000.
+    CHECK("each server's addresses in its window", (on0 >= 0x3b0000000000ull) != (on1 >= 0x3b0000000000ull));
+
+    unsigned char *host = malloc(N), *back = malloc(N);
+    pattern(host, N, 1);
+    // Device 0's bytes, written while device 1 is current (the pointer names its server).
+    EXPECT(cuMemcpyHtoD(on0, host, N), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8(on1, 0, N), CUDA_SUCCESS);
+    EXPECT(cuMemcpyPeer(on1, ctx1, on0, ctx0, N), CUDA_SUCCESS);
+    memset(back, 0, N);
+    EXPECT(cuMemcpyDtoH(back, on1, N), CUDA_SUCCESS);
+    CHECK("peer copy from device 0 to device 1", memcmp(host, back, N) == 0);
+
+    // And back, asynchronously on a stream of device 1, through unified addressing.
+    pattern(host, N, 2);
+    CUstream stream1;
+    EXPECT(cuStreamCreate(&stream1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    EXPECT(cuMemcpyHtoDAsync(on1, host, N, stream1), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8(on0, 0, N), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+    EXPECT(cuMemcpyAsync(on0, on1, N, stream1), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream1), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    memset(back, 0, N);
+    EXPECT(cuMemcpyDtoH(back, on0, N), CUDA_SUCCESS);
+    CHECK("copy back from device 1 to device 0", memcmp(host, back, N) == 0);
+
+    // A part in the middle, peer-async, then a copy on device 0 of what arrived.
+    EXPECT(cuMemAlloc(&also0, N), CUDA_SUCCESS);
+    EXPECT(cuMemcpyPeerAsync(also0 + 4096, ctx0, on1 + 8192, ctx1, 1 << 20, NULL), CUDA_SUCCESS);
+    EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
+    memset(back, 0, N);
+    EXPECT(cuMemcpyDtoH(back, also0 + 4096, 1 << 20), CUDA_SUCCESS);
+    CHECK("a part at offsets", memcmp(host + 8192, back, 1 << 20) == 0);
+
+    // A pitched box between the servers' memory, and read back from the other server's, with
+    // device 0 current: staged and routed as flat copies are.
+    EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8(on1, 0, N), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    CUDA_MEMCPY2D box;
+    memset(&box, 0, sizeof box);
+    box.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    box.srcDevice = on0;
+    box.srcXInBytes = 8;
+    box.srcPitch = 4096;
+    box.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    box.dstDevice = on1;
+    box.dstPitch = 2048;
+    box.WidthInBytes = 1000;
+    box.Height = 300;
+    EXPECT(cuMemcpy2D(&box), CUDA_SUCCESS);
+    CUDA_MEMCPY2D out;
+    memset(&out, 0, sizeof out);
+    out.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    out.srcDevice = on1;
+    out.srcPitch = 2048;
+    out.dstMemoryType = CU_MEMORYTYPE_HOST;
+    out.dstHost = back;
+    out.dstPitch = 1000;
+    out.WidthInBytes = 1000;
+    out.Height = 300;
+    memset(back, 0xee, N);
+    EXPECT(cuMemcpy2D(&out), CUDA_SUCCESS);
+    int rows_right = 1;
+    for (int y = 0; y < 300; y++) rows_right = rows_right && memcmp(back + (size_t)y * 1000, host + 8 + (size_t)y * 4096, 1000) == 0;
+    CHECK("a pitched box between the devices", rows_right);
+
+    // A 2D memset of device 1's memory with device 0 current goes to device 1's server.
+    EXPECT(cuMemsetD2D8(on1, 2048, 0x5a, 1000, 300), CUDA_SUCCESS);
+    memset(back, 0, N);
+    EXPECT(cuMemcpy2D(&out), CUDA_SUCCESS);
+    int set_right = 1;
+    for (size_t i = 0; i < 1000 * 300; i++) set_right = set_right && back[i] == 0x5a;
+    CHECK("a 2D memset of the other server's memory", set_right);
+
+    // Device 1's stream and event, used while device 0 is current: they go to their server.
+    CUevent done1;
+    EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+    EXPECT(cuEventCreate(&done1, 0), CUDA_SUCCESS);
+    EXPECT(cuEventRecord(done1, stream1), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    CUstream stream0;
+    EXPECT(cuStreamCreate(&stream0, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream1), CUDA_SUCCESS);
+    EXPECT(cuEventSynchronize(done1), CUDA_SUCCESS);
+    EXPECT(cuEventQuery(done1), CUDA_SUCCESS);
+    // Waited for in the app: no server can make one node's stream wait for another's event.
+    EXPECT(cuStreamWaitEvent(stream0, done1, 0), CUDA_SUCCESS);
+    EXPECT(cuEventRecord(done1, stream0), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuStreamSynchronize(stream0), CUDA_SUCCESS);
+    printf("streams and events find their servers: yes\n");
+
+    // Host functions on each server's stream, the second's queued while device 0 is current: each
+    // server's call is answered to that server.
+    volatile int ran0 = 0, ran1 = 0;
+    EXPECT(cuLaunchHostFunc(stream1, mark, (void *)&ran1), CUDA_SUCCESS);
+    EXPECT(cuLaunchHostFunc(stream0, mark, (void *)&ran0), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream1), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream0), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+    ran1 = 0;
+    EXPECT(cuLaunchHostFunc(stream1, mark, (void *)&ran1), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream1), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    CHECK("host functions on both servers' streams", ran0 == 1 && ran1 == 1);
+
+    EXPECT(cuStreamDestroy(stream0), CUDA_SUCCESS);
+    EXPECT(cuEventDestroy(done1), CUDA_SUCCESS);
+    EXPECT(cuStreamDestroy(stream1), CUDA_SUCCESS);
+    EXPECT(cuMemFree(on1), CUDA_SUCCESS);
+    EXPECT(cuMemFree(on0), CUDA_SUCCESS);
+    EXPECT(cuMemFree(also0), CUDA_SUCCESS);
+    free(host);
+    free(back);
+    printf("PASSED: %d failure(s)\n", failures);
+    return failures != 0;
+}
