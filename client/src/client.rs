@@ -464,7 +464,7 @@ fn open_node(
 /// its peer answers moved with them, and every pair across the two servers no peers (no path
 /// between GPUs of two nodes: access, atomics and arrays read 0).
 fn join_node(info: &mut SessionInfo, node: SessionInfo) {
-    use flyt_protocol::device::PeerLink;
+    use flyt_protocol::device::{NvLinkEnd, PeerLink};
     let first = info.devices.len() as u32;
     let count = node.devices.len() as u32;
     for earlier in 0..first {
@@ -475,6 +475,11 @@ fn join_node(info: &mut SessionInfo, node: SessionInfo) {
         }
     }
     info.peers.extend(node.peers.into_iter().map(|link| PeerLink { from: link.from + first, to: link.to + first, ..link }));
+    // NVLinks name devices of their own server: numbered after the earlier servers' here.
+    info.nvlinks.resize(first as usize, Vec::new());
+    info.nvlinks.extend(node.nvlinks.into_iter().map(|links| {
+        links.into_iter().map(|end| if let NvLinkEnd::Device(far) = end { NvLinkEnd::Device(far + first) } else { end }).collect()
+    }));
     info.devices.extend(node.devices);
     // Copies to either server go in pieces both take.
     info.copy_chunk = info.copy_chunk.min(node.copy_chunk);
@@ -1196,6 +1201,7 @@ mod tests {
             driver_version: 13000,
             devices: vec![device; devices],
             peers,
+            nvlinks: vec![vec![flyt_protocol::device::NvLinkEnd::Device(0)]; devices],
             copy_chunk,
             shm_accepted: false,
             rings: false,
@@ -1212,6 +1218,9 @@ mod tests {
         join_node(&mut info, session(2, vec![link(0, 1), link(1, 0)], 4 << 20));
         assert_eq!(info.devices.len(), 4);
         assert_eq!(info.copy_chunk, 4 << 20, "pieces both servers take");
+        use flyt_protocol::device::NvLinkEnd;
+        assert_eq!(info.nvlinks[2], vec![NvLinkEnd::Device(2)], "a further server's NVLinks name its devices as renumbered");
+        assert_eq!(info.nvlinks[0], vec![NvLinkEnd::Device(0)]);
         let find = |from, to| info.peers.iter().find(|link| link.from == from && link.to == to).cloned();
         assert_eq!(find(0, 1).map(|link| link.access_supported), Some(1), "the first server's own pair");
         assert_eq!(find(2, 3).map(|link| link.access_supported), Some(1), "the second's, renumbered");

@@ -53,6 +53,13 @@ pub fn host_uuid(ordinal: usize) -> [u8; 16] {
     let mut uuid = *b"flyt-emulated-00";
     uuid[14] = b'0' + (ordinal / 10 % 10) as u8;
     uuid[15] = b'0' + (ordinal % 10) as u8;
+    // Servers of one tenant on several nodes have their own address windows: their emulated
+    // GPUs have UUIDs of their own, as real GPUs of two nodes do (the listener's probe and its
+    // workers read the same window).
+    let window = crate::address_space::window();
+    if window > 0 {
+        uuid[13] = b'0' + window as u8;
+    }
     uuid
 }
 
@@ -295,12 +302,6 @@ impl EmulatedDevice {
             info.set_attribute(attr::PCI_DEVICE_ID, 0);
         }
         info.uuid = host_uuid(self.config.host_gpus.get(index).copied().unwrap_or(0));
-        // Servers of one tenant on several nodes have their own windows: their emulated GPUs
-        // have UUIDs of their own, as real GPUs of two nodes do.
-        let window = crate::address_space::window();
-        if window > 0 {
-            info.uuid[13] = b'0' + window as u8;
-        }
         info
     }
 
