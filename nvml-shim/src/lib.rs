@@ -450,21 +450,34 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkCapability(
     })
 }
 
+/// The bus id NVML gives a far end it cannot show (an NVSwitch, or NVLinks of GPUs passed into a
+/// VM): NCCL finds no such PCI device and takes the link for one to an NVSwitch. An empty bus id
+/// would send NCCL 2.28 to `/sys/class/pci_bus` for the link's class, and its initialisation fails.
+const UNSEEN_FAR_END: &str = "fffffff:ff:ff.0";
+
 /// The far end's PCI information: another device's exactly as `nvmlDeviceGetPciInfo_v3` gives
-/// it; a switch's with an empty bus id (NVML's for a far end it cannot show; NCCL takes it for an
-/// NVSwitch). A link that reaches nothing the process may know answers `NOT_SUPPORTED`.
+/// it; a switch's with NVML's bus id for a far end it cannot show. A link that reaches nothing
+/// the process may know answers `NOT_SUPPORTED`.
 fn remote_pci_info(device: NvmlDevice, link: c_uint) -> Result<NvmlPciInfo> {
     match nvlink_of(device, link)? {
         driver::LinkEnd::Device(index) => pci_info(index),
-        driver::LinkEnd::Switch => Ok(NvmlPciInfo {
-            bus_id_legacy: [0; 16],
-            domain: 0,
-            bus: 0,
-            device: 0,
-            pci_device_id: 0,
-            pci_sub_system_id: 0,
-            bus_id: [0; 32],
-        }),
+        driver::LinkEnd::Switch => {
+            let mut info = NvmlPciInfo {
+                bus_id_legacy: [0; 16],
+                domain: 0x0fff_ffff,
+                bus: 0xff,
+                device: 0xff,
+                pci_device_id: 0,
+                pci_sub_system_id: 0,
+                bus_id: [0; 32],
+            };
+            // SAFETY: both buffers are this struct's, of the lengths given.
+            unsafe {
+                write_text(info.bus_id_legacy.as_mut_ptr(), 16, UNSEEN_FAR_END)?;
+                write_text(info.bus_id.as_mut_ptr(), 32, UNSEEN_FAR_END)?;
+            }
+            Ok(info)
+        }
         driver::LinkEnd::Inactive => Err(NVML_ERROR_NOT_SUPPORTED),
     }
 }
