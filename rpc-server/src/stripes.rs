@@ -141,6 +141,13 @@ impl<D: Device> Stripes<D> {
         }
     }
 
+    /// Shuts every link's socket: their threads' reads and writes end at once.
+    fn shut_down(links: &[Option<Link<D>>]) {
+        for link in links.iter().flatten() {
+            link.socket.shutdown();
+        }
+    }
+
     /// The joined links in order, as many as are consecutive from 0.
     fn usable(links: &[Option<Link<D>>]) -> usize {
         links.iter().take_while(|link| link.is_some()).count()
@@ -199,10 +206,13 @@ impl<D: Device> Stripes<D> {
                 Ok(Done::Failed(error, reason)) => {
                     *outcome = outcome.and(Err(error));
                     broken.get_or_insert(reason);
+                    // The other links' threads may wait for chunks that will not come.
+                    Self::shut_down(links);
                 }
                 Err(_) => {
                     *outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
                     broken.get_or_insert_with(|| "a data connection's thread ended".into());
+                    Self::shut_down(links);
                 }
             }
         };
@@ -260,11 +270,13 @@ impl<D: Device> Stripes<D> {
                     *outcome = outcome.and(Err(error));
                     if error == CudaError::DEVICES_UNAVAILABLE {
                         broken.get_or_insert(reason);
+                        Self::shut_down(links);
                     }
                 }
                 Err(_) => {
                     *outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
                     broken.get_or_insert_with(|| "a data connection's thread ended".into());
+                    Self::shut_down(links);
                 }
             }
         };

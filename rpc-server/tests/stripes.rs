@@ -1,0 +1,164 @@
+//! Striped bulk copies on the wire (`flyt_protocol::stripes`), against an emulated server: data
+//! connections join a session only with its secret, carry striped copies of odd sizes both ways
+//! with the bytes intact, stay in step when a copy is refused, and a hostile or broken data
+//! connection fails its copy (reported at the next sync) without harming the session.
+
+mod raw;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::frame::{FrameLimits, read_message, read_value, write_value};
+use flyt_protocol::handshake::Hello;
+use flyt_protocol::ops::{decode_reply, rep, req};
+use flyt_protocol::stripes::{CHUNK_HEADER_LEN, ChunkHeader, SECRET_LEN, StripeJoin, StripeReply, chunks};
+use raw::{RawSession, emulated_server, identity};
+
+const CHUNK: u64 = 64 << 10;
+
+/// Opens a data connection claiming `session_id` with `secret`, and its answer.
+fn join(socket: &str, session_id: u64, secret: [u8; SECRET_LEN], index: u32) -> (UnixStream, StripeReply) {
+    let mut stream = UnixStream::connect(socket.trim_start_matches("unix:")).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let hello = Hello { stripe: Some(StripeJoin { session_id, secret, index }), ..Hello::new(None, identity("stripe-test"), None) };
+    write_value(&mut stream, 0, &hello).unwrap();
+    let (_, reply) = read_value::<StripeReply>(&mut stream, &FrameLimits::default()).expect("an answer");
+    (stream, reply)
+}
+
+fn pattern(len: u64, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add((i >> 16) as u8)).collect()
+}
+
+/// Writes a copy's chunks round-robin over `links`, as a client does.
+fn send_chunks(links: &mut [UnixStream], transfer: u64, bytes: &[u8]) {
+    for (number, (offset, len)) in chunks(bytes.len() as u64, CHUNK).enumerate() {
+        let link = &mut links[number % links.len()];
+        link.write_all(&ChunkHeader { transfer, offset, len }.encode()).unwrap();
+        link.write_all(&bytes[offset as usize..(offset + len) as usize]).unwrap();
+    }
+}
+
+/// Reads a device-to-host copy's chunks off `links` in their round-robin order.
+fn receive_chunks(links: &mut [UnixStream], transfer: u64, len: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; len as usize];
+    for (number, (offset, piece)) in chunks(len, CHUNK).enumerate() {
+        let link = &mut links[number % links.len()];
+        let mut header = [0u8; CHUNK_HEADER_LEN];
+        link.read_exact(&mut header).unwrap();
+        assert_eq!(ChunkHeader::decode(&header), Some(ChunkHeader { transfer, offset, len: piece }));
+        link.read_exact(&mut bytes[offset as usize..(offset + piece) as usize]).unwrap();
+    }
+    bytes
+}
+
+fn read_back(session: &mut RawSession, src: u64, len: u64) -> Vec<u8> {
+    let (result, bytes) = session.call(req::MemcpyDtoH { src, len, stream: 0, blocking: true });
+    result.expect("read back");
+    bytes
+}
+
+/// The next sync's deferred error (and that the one after is clean).
+fn deferred(session: &mut RawSession) -> Option<CudaError> {
+    let reply = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert!(reply.result.is_ok());
+    reply.deferred
+}
+
+#[test]
+fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_ways() {
+    let (_server, socket) = emulated_server("stripes-wire", &[]);
+    let mut session = RawSession::open(&socket, None).expect("session");
+    let id = session.info.session_id;
+    let secret = session.info.stripe_secret.expect("a session over a socket gets a stripe secret");
+
+    // Strangers are refused: a wrong secret, a session that does not exist.
+    let mut wrong = secret;
+    wrong[7] ^= 0x40;
+    assert!(matches!(join(&socket, id, wrong, 0).1, StripeReply::Refused { .. }));
+    assert!(matches!(join(&socket, id + 1000, secret, 0).1, StripeReply::Refused { .. }));
+
+    let mut links: Vec<UnixStream> = (0..3)
+        .map(|index| {
+            let (stream, reply) = join(&socket, id, secret, index);
+            assert_eq!(reply, StripeReply::Joined, "data connection {index}");
+            stream
+        })
+        .collect();
+    // An index taken already is refused, and the one holding it keeps it.
+    assert!(matches!(join(&socket, id, secret, 1).1, StripeReply::Refused { .. }));
+
+    let size = 1 << 20;
+    let ptr = session.call(req::Malloc { size }).0.expect("malloc").ptr;
+    // Host to device: 7 chunks and a short one, at an odd device offset.
+    let len = 7 * CHUNK + 4093;
+    let bytes = pattern(len, 3);
+    session.send(&req::MemcpyHtoDStriped { dst: ptr + 5, len, stream: 0, transfer: 11, chunk: CHUNK }.into(), &[]);
+    send_chunks(&mut links, 11, &bytes);
+    assert_eq!(deferred(&mut session), None);
+    assert!(read_back(&mut session, ptr + 5, len) == bytes, "striped host-to-device bytes");
+
+    // Device to host: the same bytes come back in chunks, then the reply.
+    let seq = session.send(&req::MemcpyDtoHStriped { src: ptr + 5, len, stream: 0, transfer: 12, chunk: CHUNK, blocking: true }.into(), &[]);
+    let back = receive_chunks(&mut links, 12, len);
+    let mut message = Vec::new();
+    let header = read_message(&mut session.stream, &FrameLimits::default(), &mut message).expect("reply");
+    assert_eq!(header.seq, seq);
+    assert!(decode_reply::<rep::MemcpyDtoHStriped>(&message).unwrap().result.is_ok());
+    assert!(back == bytes, "striped device-to-host bytes");
+
+    // A refused copy (outside the session's memory) still reads its chunks: the next copy is in
+    // step.
+    let stray = pattern(2 * CHUNK + 1, 9);
+    session.send(&req::MemcpyHtoDStriped { dst: 0xdead_0000, len: stray.len() as u64, stream: 0, transfer: 13, chunk: CHUNK }.into(), &[]);
+    send_chunks(&mut links, 13, &stray);
+    assert_eq!(deferred(&mut session), Some(CudaError::INVALID_VALUE));
+    let next = pattern(CHUNK + 17, 21);
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: next.len() as u64, stream: 0, transfer: 14, chunk: CHUNK }.into(), &[]);
+    send_chunks(&mut links, 14, &next);
+    assert_eq!(deferred(&mut session), None);
+    assert!(read_back(&mut session, ptr, next.len() as u64) == next, "the copy after a refused one");
+
+    // A chunk the session did not expect (another copy's) fails the copy and ends striping; the
+    // session itself goes on, and other sessions never noticed.
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 15, chunk: CHUNK }.into(), &[]);
+    links[0].write_all(&ChunkHeader { transfer: 99, offset: 0, len: CHUNK }.encode()).unwrap();
+    links[0].write_all(&vec![0xEE; CHUNK as usize]).unwrap();
+    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    assert!(read_back(&mut session, ptr, next.len() as u64) == next, "the stray chunk wrote nothing");
+    let mut probe = [0u8; 1];
+    assert!(matches!(links[1].read(&mut probe), Ok(0) | Err(_)), "the data connections were closed");
+    session.round_trip(0x5A);
+    assert_eq!(
+        session.call(req::MemcpyDtoHStriped { src: ptr, len: CHUNK, stream: 0, transfer: 16, chunk: CHUNK, blocking: true }).0.err(),
+        Some(CudaError::NOT_SUPPORTED),
+        "no data connections are left"
+    );
+    let mut other = RawSession::open(&socket, None).expect("another session");
+    other.round_trip(0x11);
+}
+
+#[test]
+fn a_data_connection_that_breaks_mid_copy_fails_the_copy_not_the_session() {
+    let (_server, socket) = emulated_server("stripes-broken", &[]);
+    let mut session = RawSession::open(&socket, None).expect("session");
+    let (id, secret) = (session.info.session_id, session.info.stripe_secret.expect("secret"));
+    let mut links: Vec<UnixStream> = (0..2).map(|index| join(&socket, id, secret, index).0).collect();
+    let ptr = session.call(req::Malloc { size: 1 << 20 }).0.expect("malloc").ptr;
+    let bytes = pattern(4 * CHUNK, 1);
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bytes.len() as u64, stream: 0, transfer: 1, chunk: CHUNK }.into(), &[]);
+    // Chunk 0 arrives; data connection 1 goes away before its first chunk.
+    send_chunks(&mut links[..1], 1, &bytes[..CHUNK as usize]);
+    drop(links.remove(1));
+    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    session.round_trip(0x33);
+    // A hostile chunk length (past what the copy expects) is refused the same way.
+    let (id, secret) = (session.info.session_id, session.info.stripe_secret.unwrap());
+    let mut fresh: Vec<UnixStream> = (0..1).map(|index| join(&socket, id, secret, index).0).collect();
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 2, chunk: CHUNK }.into(), &[]);
+    fresh[0].write_all(&ChunkHeader { transfer: 2, offset: 0, len: u64::MAX }.encode()).unwrap();
+    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    session.round_trip(0x44);
+}
