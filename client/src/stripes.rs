@@ -73,7 +73,8 @@ impl Stripes {
     /// serial port): then nothing is striped.
     pub fn new(info: &SessionInfo, tcp: bool, not_here: bool) -> Self {
         let default_count = if tcp { 4 } else { 2 };
-        let count = std::env::var("FLYT_STRIPES").ok().and_then(|value| value.trim().parse::<usize>().ok()).unwrap_or(default_count).min(16);
+        let count =
+            std::env::var("FLYT_STRIPES").ok().and_then(|value| value.trim().parse::<usize>().ok()).unwrap_or(default_count).min(16);
         let plan = info.stripe_secret.filter(|_| count > 0 && !not_here).map(|secret| Plan {
             session_id: info.session_id,
             secret,
@@ -416,7 +417,14 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
 ///
 /// # Safety
 /// `dst` is writable for `len` bytes until this returns, and nothing else touches it meanwhile.
-pub unsafe fn dtoh(client: &Client, dst: *mut u8, src: u64, len: u64, stream: u64, blocking: bool) -> Option<CudaResult<Option<CudaError>>> {
+pub unsafe fn dtoh(
+    client: &Client,
+    dst: *mut u8,
+    src: u64,
+    len: u64,
+    stream: u64,
+    blocking: bool,
+) -> Option<CudaResult<Option<CudaError>>> {
     let (plan, set) = client.stripes.for_copy(len)?;
     let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
     lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, writing: 0, failed: false });

@@ -372,7 +372,10 @@ pub unsafe fn copy(
             // Striped only when the call waits anyway: an asynchronous copy into pinned memory
             // keeps returning at once.
             // SAFETY: forwarded contract; the call waits for the bytes.
-            if waited && let Some(striped) = unsafe { crate::stripes::dtoh(client, dst.cast(), src_address, len, stream, mode == Mode::Synchronous) } {
+            if waited
+                && let Some(striped) =
+                    unsafe { crate::stripes::dtoh(client, dst.cast(), src_address, len, stream, mode == Mode::Synchronous) }
+            {
                 let deferred = striped?;
                 return match mode {
                     Mode::Synchronous => {

@@ -75,7 +75,16 @@ pub struct Hello {
 impl Hello {
     /// A hello for this build's protocol.
     pub fn new(token: Option<String>, client: ClientIdentity, shm: Option<ShmOffer>) -> Self {
-        Self { magic: MAGIC, protocol_version: PROTOCOL_VERSION, cuda_abi_major: CUDA_ABI_MAJOR, token, client, shm, resume: None, stripe: None }
+        Self {
+            magic: MAGIC,
+            protocol_version: PROTOCOL_VERSION,
+            cuda_abi_major: CUDA_ABI_MAJOR,
+            token,
+            client,
+            shm,
+            resume: None,
+            stripe: None,
+        }
     }
 }
 

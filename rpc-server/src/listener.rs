@@ -477,8 +477,13 @@ impl Server {
         let mut bytes = Vec::new();
         encode_into(&command, &mut bytes);
         let fds = [std::os::fd::AsFd::as_fd(&connection).as_raw_fd()];
-        let sent =
-            sendmsg::<()>(channel.as_raw_fd(), &[std::io::IoSlice::new(&bytes)], &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None);
+        let sent = sendmsg::<()>(
+            channel.as_raw_fd(),
+            &[std::io::IoSlice::new(&bytes)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        );
         if let Err(error) = sent {
             Self::refuse(&mut connection, peer, CudaError::DEVICES_UNAVAILABLE, format!("worker unavailable: {error}"));
         }

@@ -113,7 +113,8 @@ impl<D: Device> Stripes<D> {
         if links.get(index).is_some_and(Option::is_some) {
             return refuse(socket, &format!("data connection {index} has joined already"));
         }
-        let (reader, writer) = (socket.try_clone().map_err(|error| error.to_string())?, socket.try_clone().map_err(|error| error.to_string())?);
+        let (reader, writer) =
+            (socket.try_clone().map_err(|error| error.to_string())?, socket.try_clone().map_err(|error| error.to_string())?);
         let _ = reader.set_read_timeout(Some(IO_TIMEOUT));
         set_write_timeout(&writer, IO_TIMEOUT);
         let (jobs, job_queue) = channel();
@@ -368,7 +369,14 @@ fn expect_header(reader: &mut Connection, transfer: u64, offset: u64, len: u64) 
     }
 }
 
-fn run_job<D: Device>(device: &D, reader: &mut Connection, writer: &mut Connection, job: Job<D>, scratch: &mut Vec<u8>, closing: &AtomicBool) -> Done<D> {
+fn run_job<D: Device>(
+    device: &D,
+    reader: &mut Connection,
+    writer: &mut Connection,
+    job: Job<D>,
+    scratch: &mut Vec<u8>,
+    closing: &AtomicBool,
+) -> Done<D> {
     let lost = |reason: String| Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason);
     match job {
         Job::Receive { transfer, offset, len, mut staging } => {

@@ -369,7 +369,9 @@ fn serve<D: Device>(
     // Bulk copies over a socket may stripe over data connections; the shared-memory channel
     // carries its own (and a session without a secret stripes nothing).
     let stripe_secret = if shm.is_none() {
-        crate::stripes::random_secret().map_err(|error| tracing::warn!(session_id, %error, "no stripe secret: copies use the main connection")).ok()
+        crate::stripes::random_secret()
+            .map_err(|error| tracing::warn!(session_id, %error, "no stripe secret: copies use the main connection"))
+            .ok()
     } else {
         None
     };

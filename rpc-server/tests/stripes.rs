@@ -101,7 +101,8 @@ fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_wa
     assert!(read_back(&mut session, ptr + 5, len) == bytes, "striped host-to-device bytes");
 
     // Device to host: the same bytes come back in chunks, then the reply.
-    let seq = session.send(&req::MemcpyDtoHStriped { src: ptr + 5, len, stream: 0, transfer: 12, chunk: CHUNK, blocking: true }.into(), &[]);
+    let seq =
+        session.send(&req::MemcpyDtoHStriped { src: ptr + 5, len, stream: 0, transfer: 12, chunk: CHUNK, blocking: true }.into(), &[]);
     let back = receive_chunks(&mut links, 12, len);
     let mut message = Vec::new();
     let header = read_message(&mut session.stream, &FrameLimits::default(), &mut message).expect("reply");
