@@ -442,8 +442,7 @@ pub unsafe fn dtoh(
     // connection to fail, or to stall past the timeout). On failure, only for chunks being
     // written into the buffer now.
     let mut last = (0, Instant::now());
-    loop {
-        let Some(landing) = landings.get(&transfer) else { break };
+    while let Some(landing) = landings.get(&transfer) {
         let complete = landing.landed == len;
         if landing.writing == 0 && (complete || outcome.is_err() || landing.failed) {
             if !complete && outcome.is_ok() {

@@ -371,11 +371,13 @@ pub unsafe fn copy(
             let waited = mode == Mode::Synchronous || client.host_allocation(dst as usize).is_none();
             // Striped only when the call waits anyway: an asynchronous copy into pinned memory
             // keeps returning at once.
-            // SAFETY: forwarded contract; the call waits for the bytes.
-            if waited
-                && let Some(striped) =
-                    unsafe { crate::stripes::dtoh(client, dst.cast(), src_address, len, stream, mode == Mode::Synchronous) }
-            {
+            let striped = if waited {
+                // SAFETY: forwarded contract; the call waits for the bytes.
+                unsafe { crate::stripes::dtoh(client, dst.cast(), src_address, len, stream, mode == Mode::Synchronous) }
+            } else {
+                None
+            };
+            if let Some(striped) = striped {
                 let deferred = striped?;
                 return match mode {
                     Mode::Synchronous => {

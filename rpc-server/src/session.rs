@@ -1177,7 +1177,8 @@ impl<D: Device> OpHandler for Session<D> {
                     Err(error) => (self.device.null_stream(), Some(error)),
                 };
                 let dst = self.moved_variables.here(request.dst);
-                stripes.receive(dst, request.len, request.chunk, request.transfer, stream, self.config.copy_chunk, refused)
+                let copy = crate::stripes::StripedCopy { device: dst, len: request.len, chunk: request.chunk, transfer: request.transfer };
+                stripes.receive(copy, stream, self.config.copy_chunk, refused)
             }
             None => checked.and(Err(CudaError::NOT_SUPPORTED)),
         };
@@ -1194,7 +1195,8 @@ impl<D: Device> OpHandler for Session<D> {
             self.refuse_while_capturing(stream)?;
             let stripes = self.stripes.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;
             let src = self.moved_variables.here(request.src);
-            stripes.send(src, request.len, request.chunk, request.transfer, stream, self.config.copy_chunk)
+            let copy = crate::stripes::StripedCopy { device: src, len: request.len, chunk: request.chunk, transfer: request.transfer };
+            stripes.send(copy, stream, self.config.copy_chunk)
         })();
         if result.is_ok() {
             self.count_copy(request.stream, crate::stats::Copied::DeviceToHostSocket, request.len);

@@ -36,6 +36,16 @@ pub const MAX_LINKS: usize = 16;
 /// Smallest chunk a client may ask for (smaller ones would only cost headers).
 const MIN_CHUNK: u64 = 64 << 10;
 
+/// A striped copy as its request names it: the device side (already where the session keeps
+/// it), its length, chunk size and id.
+#[derive(Clone, Copy, Debug)]
+pub struct StripedCopy {
+    pub device: u64,
+    pub len: u64,
+    pub chunk: u64,
+    pub transfer: u64,
+}
+
 enum Job<D: Device> {
     /// Read the chunk at `offset` of `transfer` into `staging` (its first `len` bytes).
     Receive { transfer: u64, offset: u64, len: u64, staging: D::Staging },
@@ -176,16 +186,8 @@ impl<D: Device> Stripes<D> {
     /// Receives a host-to-device copy of `len` bytes for `dst` (checked by the session, or
     /// `refused` with that error: its chunks are then read and dropped, keeping the streams in
     /// step) and queues each chunk's device copy on `stream` as it lands.
-    pub fn receive(
-        &self,
-        dst: u64,
-        len: u64,
-        chunk: u64,
-        transfer: u64,
-        stream: D::Stream,
-        copy_chunk: u64,
-        refused: Option<CudaError>,
-    ) -> CudaResult<()> {
+    pub fn receive(&self, copy: StripedCopy, stream: D::Stream, copy_chunk: u64, refused: Option<CudaError>) -> CudaResult<()> {
+        let StripedCopy { device: dst, len, chunk, transfer } = copy;
         let mut links = self.links();
         let count = match self.check_chunking(&mut links, len, chunk, copy_chunk) {
             Ok(count) => count,
@@ -257,7 +259,8 @@ impl<D: Device> Stripes<D> {
     /// `stream`: each chunk's device copy into staging is queued in order, and a link writes it
     /// once it is done. Returns once every chunk was written (or the copy failed: the client
     /// stops waiting for the rest when the reply says so).
-    pub fn send(&self, src: u64, len: u64, chunk: u64, transfer: u64, stream: D::Stream, copy_chunk: u64) -> CudaResult<()> {
+    pub fn send(&self, copy: StripedCopy, stream: D::Stream, copy_chunk: u64) -> CudaResult<()> {
+        let StripedCopy { device: src, len, chunk, transfer } = copy;
         let mut links = self.links();
         let count = self.check_chunking(&mut links, len, chunk, copy_chunk)?;
         let mut outcome = Ok(());

@@ -3,6 +3,9 @@
 //! with the bytes intact, stay in step when a copy is refused, and a hostile or broken data
 //! connection fails its copy (reported at the next sync) without harming the session.
 
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
+#![allow(clippy::cast_possible_truncation, reason = "test copies of a few MiB: offsets fit in usize, bytes wrap on purpose")]
+
 mod raw;
 
 use std::io::{Read, Write};
