@@ -15,6 +15,11 @@
 //!   buffer by the copy they name; the call returns once the reply and every byte are in.
 //! - A data connection that fails fails the copy under way (bounded by `IO_TIMEOUT` of no
 //!   progress) and ends striping for the session: later copies go over the main connection.
+//! - Compression (`FLYT_STRIPE_LZ4`: `auto`, the default, `on` or `off`): with `auto`, chunks go
+//!   as LZ4 blocks while the link's measured rate (bytes on the wire per second of the last
+//!   striped copies) is below what the connections' threads can compress (measured when the data
+//!   connections open); each chunk LZ4 does not shrink by a sixteenth goes raw. The server counts
+//!   the bytes saved (`stripe_compression_saved_bytes`).
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
@@ -39,6 +44,43 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MIN: u64 = 1 << 20;
 /// Chunk size (`FLYT_STRIPE_CHUNK`, at most the server's copy chunk).
 const DEFAULT_CHUNK: u64 = 4 << 20;
+
+/// When chunks go compressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lz4 {
+    /// While the measured link is slower than the compressor.
+    Auto,
+    On,
+    Off,
+}
+
+impl Lz4 {
+    fn from_env() -> Self {
+        match std::env::var("FLYT_STRIPE_LZ4").as_deref().map(str::trim) {
+            Ok("on" | "1") => Self::On,
+            Ok("off" | "0") => Self::Off,
+            _ => Self::Auto,
+        }
+    }
+}
+
+/// Compresses `bytes` into `scratch` as one LZ4 block; `None` when that saves less than a
+/// sixteenth (incompressible bytes go raw).
+fn compress_chunk(bytes: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
+    scratch.resize(lz4_flex::block::get_maximum_output_size(bytes.len()), 0);
+    let compressed = lz4_flex::block::compress_into(bytes, scratch).ok()?;
+    (compressed < bytes.len() - bytes.len() / 16).then_some(compressed)
+}
+
+/// Bytes per second one thread compresses: timed on 1 MiB of slowly changing 16-bit values
+/// (the shape of model weights), once per session.
+fn compressor_rate() -> u64 {
+    let sample: Vec<u8> = (0..(1u32 << 19)).flat_map(|i| ((i / 7) as u16 ^ 0x3c00).to_le_bytes()).collect();
+    let mut scratch = Vec::new();
+    let started = Instant::now();
+    let _ = compress_chunk(&sample, &mut scratch);
+    (sample.len() as f64 / started.elapsed().as_secs_f64().max(1e-6)) as u64
+}
 
 fn env_bytes(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
@@ -65,6 +107,7 @@ struct Plan {
     count: usize,
     min: u64,
     chunk: u64,
+    lz4: Lz4,
 }
 
 impl Stripes {
@@ -81,6 +124,7 @@ impl Stripes {
             count,
             min: env_bytes("FLYT_STRIPE_MIN").unwrap_or(DEFAULT_MIN).max(64 << 10),
             chunk: env_bytes("FLYT_STRIPE_CHUNK").unwrap_or(DEFAULT_CHUNK).clamp(64 << 10, info.copy_chunk.max(64 << 10)),
+            lz4: Lz4::from_env(),
         });
         Self { plan, set: OnceLock::new() }
     }
@@ -108,6 +152,8 @@ impl Stripes {
 struct Outgoing {
     header: ChunkHeader,
     ptr: *const u8,
+    /// Sent as LZ4 when that shrinks it.
+    compress: bool,
     done: Arc<Progress>,
 }
 
@@ -120,6 +166,8 @@ struct Landing {
     ptr: *mut u8,
     len: u64,
     landed: u64,
+    /// Bytes the landed chunks took on the wire.
+    wire: u64,
     /// Chunks being written into the buffer right now: the copy waits for them before it
     /// returns, even when it fails.
     writing: usize,
@@ -130,19 +178,23 @@ struct Landing {
 // landing is registered; the copy's calling thread removes it only once no chunk is being written.
 unsafe impl Send for Landing {}
 
-/// Chunks answered of one copy, for its calling thread to wait on.
+/// Chunks answered of one copy, for its calling thread to wait on: how many, the first
+/// failure, and the bytes they took on the wire.
 #[derive(Default)]
 struct Progress {
-    state: Mutex<(usize, Option<String>)>,
+    state: Mutex<(usize, Option<String>, u64)>,
     changed: Condvar,
 }
 
 impl Progress {
-    fn answer(&self, failure: Option<String>) {
+    fn answer(&self, outcome: Result<u64, String>) {
         let mut state = lock(&self.state);
         state.0 += 1;
-        if state.1.is_none() {
-            state.1 = failure;
+        match outcome {
+            Ok(wire) => state.2 += wire,
+            Err(failure) => {
+                state.1.get_or_insert(failure);
+            }
         }
         self.changed.notify_all();
     }
@@ -157,6 +209,10 @@ struct Set {
     landings: Mutex<HashMap<u64, Landing>>,
     landed: Condvar,
     dead: AtomicBool,
+    /// Bytes on the wire per second of the last striped copies (0: none yet).
+    link_rate: AtomicU64,
+    /// Bytes per second all the connections' threads compress.
+    compress_rate: u64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -199,6 +255,8 @@ impl Set {
             landings: Mutex::new(HashMap::new()),
             landed: Condvar::new(),
             dead: AtomicBool::new(false),
+            link_rate: AtomicU64::new(0),
+            compress_rate: if plan.lz4 == Lz4::Auto { compressor_rate() * plan.count as u64 } else { 0 },
         });
         for (index, (queue, reader, writer)) in receivers.into_iter().enumerate() {
             let sending = Arc::downgrade(&set);
@@ -213,6 +271,25 @@ impl Set {
                 .map_err(|error| error.to_string())?;
         }
         Ok(set)
+    }
+
+    /// Whether this copy's chunks go compressed.
+    fn compress(&self, plan: &Plan) -> bool {
+        match plan.lz4 {
+            Lz4::On => true,
+            Lz4::Off => false,
+            Lz4::Auto => {
+                let link = self.link_rate.load(Ordering::Relaxed);
+                link != 0 && link < self.compress_rate
+            }
+        }
+    }
+
+    /// A striped copy put `wire` bytes on the link in `took`: the link's rate, smoothed.
+    fn measured(&self, wire: u64, took: Duration) {
+        let rate = (wire as f64 / took.as_secs_f64().max(1e-6)) as u64;
+        let old = self.link_rate.load(Ordering::Relaxed);
+        self.link_rate.store(if old == 0 { rate } else { (old * 3 + rate) / 4 }, Ordering::Relaxed);
     }
 
     /// Ends striping: every copy under way fails, later ones use the main connection.
@@ -258,20 +335,31 @@ fn write_all(wire: &mut Wire, mut slices: &mut [IoSlice<'_>]) -> std::io::Result
 
 /// A data connection's sender: writes each chunk, header first, straight from the app's buffer.
 fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Outgoing>) {
+    let mut scratch = Vec::new();
     while let Ok(chunk) = queue.recv() {
         let dead = set.upgrade().is_none_or(|set| set.dead.load(Ordering::Acquire));
         let outcome = if dead {
             Err("striping ended".to_string())
         } else {
-            let header = chunk.header.encode();
             // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
             let bytes = unsafe { std::slice::from_raw_parts(chunk.ptr, chunk.header.len as usize) };
-            write_all(&mut writer, &mut [IoSlice::new(&header), IoSlice::new(bytes)]).map_err(|error| format!("writing a chunk: {error}"))
+            let mut header = chunk.header;
+            let mut payload = bytes;
+            if chunk.compress
+                && let Some(compressed) = compress_chunk(bytes, &mut scratch)
+            {
+                header.wire_len = compressed as u64;
+                payload = &scratch[..compressed];
+            }
+            let encoded = header.encode();
+            write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)])
+                .map(|()| header.wire_len)
+                .map_err(|error| format!("writing a chunk: {error}"))
         };
         if let (Err(reason), Some(set)) = (&outcome, set.upgrade()) {
             set.fail(reason);
         }
-        chunk.done.answer(outcome.err());
+        chunk.done.answer(outcome);
     }
 }
 
@@ -324,7 +412,7 @@ fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
     }
 }
 
-fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mut [u8]) -> Result<(), String> {
+fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mut Vec<u8>) -> Result<(), String> {
     let target = {
         let mut landings = lock(&set.landings);
         match landings.get_mut(&header.transfer) {
@@ -345,10 +433,20 @@ fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mu
             // SAFETY: `writing` keeps the landing (and the app's buffer) in place until this chunk
             // is counted; chunks of one copy never overlap.
             let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, header.len as usize) };
-            read_exact_or_idle(reader, bytes, false).map(|_| ())
+            if header.compressed() {
+                // Smaller than the chunk, which fits in the app's buffer.
+                scratch.resize(scratch.len().max(header.wire_len as usize), 0);
+                let block = &mut scratch[..header.wire_len as usize];
+                read_exact_or_idle(reader, block, false).and_then(|_| match lz4_flex::block::decompress_into(block, bytes) {
+                    Ok(written) if written == bytes.len() => Ok(()),
+                    _ => Err(std::io::Error::other("a compressed chunk that does not decompress to its length")),
+                })
+            } else {
+                read_exact_or_idle(reader, bytes, false).map(|_| ())
+            }
         }
         None => {
-            let mut left = header.len;
+            let mut left = header.wire_len;
             let mut outcome = Ok(());
             while left > 0 && outcome.is_ok() {
                 let step = usize::try_from(left).unwrap_or(usize::MAX).min(scratch.len());
@@ -364,6 +462,7 @@ fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mu
             landing.writing -= 1;
             if outcome.is_ok() {
                 landing.landed += header.len;
+                landing.wire += header.wire_len;
             } else {
                 landing.failed = true;
             }
@@ -382,6 +481,8 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     let (plan, set) = client.stripes.for_copy(len)?;
     let progress = Arc::new(Progress::default());
     let mut queued = 0;
+    let compress = set.compress(plan);
+    let started = Instant::now();
     {
         let _order = lock(&set.order);
         let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
@@ -392,7 +493,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
         for (number, (offset, piece)) in chunks(len, plan.chunk).enumerate() {
             // SAFETY: inside the app's `len`-byte source (this function's contract).
             let ptr = unsafe { src.add(offset as usize) };
-            let outgoing = Outgoing { header: ChunkHeader { transfer, offset, len: piece }, ptr, done: progress.clone() };
+            let outgoing = Outgoing { header: ChunkHeader::raw(transfer, offset, piece), ptr, compress, done: progress.clone() };
             if set.senders[number % set.senders.len()].send(outgoing).is_err() {
                 set.fail("a sender thread ended");
                 break;
@@ -407,6 +508,9 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
         state = progress.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
     let failed = state.1.is_some() || queued < chunks(len, plan.chunk).count();
+    if !failed {
+        set.measured(state.2, started.elapsed());
+    }
     // The server learns of a broken data connection itself and fails the copy; the caller's
     // next synchronizing call reports it. Here the app hears of it at once.
     Some(if failed { Err(CudaError::DEVICES_UNAVAILABLE) } else { Ok(()) })
@@ -427,8 +531,9 @@ pub unsafe fn dtoh(
 ) -> Option<CudaResult<Option<CudaError>>> {
     let (plan, set) = client.stripes.for_copy(len)?;
     let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
-    lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, writing: 0, failed: false });
-    let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk, blocking };
+    lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, wire: 0, writing: 0, failed: false });
+    let started = Instant::now();
+    let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk, blocking, compress: set.compress(plan) };
     let reply = client
         .conn
         .call(&request.into())
@@ -460,6 +565,10 @@ pub unsafe fn dtoh(
         }
         landings = set.landed.wait_timeout(landings, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner()).0;
     }
-    landings.remove(&transfer);
+    if let Some(landing) = landings.remove(&transfer)
+        && outcome.is_ok()
+    {
+        set.measured(landing.wire, started.elapsed());
+    }
     Some(outcome)
 }

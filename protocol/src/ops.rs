@@ -477,8 +477,9 @@ macro_rules! for_each_op {
             /// `i % count`, each behind a chunk header naming `transfer`.
             182 MemcpyHtoDStriped memcpy_htod_striped [noreply -] { dst: u64, len: u64, stream: u64, transfer: u64, chunk: u64 } -> {};
             /// Device to host over the session's data connections (chunks as above); the reply
-            /// comes once every chunk was written. `blocking` as for `MemcpyDtoH`.
-            183 MemcpyDtoHStriped memcpy_dtoh_striped [sync_point -] { src: u64, len: u64, stream: u64, transfer: u64, chunk: u64, blocking: bool } -> {};
+            /// comes once every chunk was written. `blocking` as for `MemcpyDtoH`; `compress`:
+            /// chunks LZ4 makes smaller go compressed (the client measured a slow link).
+            183 MemcpyDtoHStriped memcpy_dtoh_striped [sync_point -] { src: u64, len: u64, stream: u64, transfer: u64, chunk: u64, blocking: bool, compress: bool } -> {};
         }
     };
 }

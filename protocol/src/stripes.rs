@@ -2,7 +2,8 @@
 //! (same transport, same token and TLS as the main one), each proving it belongs to the session
 //! with the secret the server gave in the handshake (`SessionInfo::stripe_secret`). A large copy's
 //! request stays on the main connection; its bytes travel in chunks, round-robin over the data
-//! connections, each chunk behind a [`ChunkHeader`] that names its copy and place.
+//! connections, each chunk behind a [`ChunkHeader`] that names its copy and place, raw or as one
+//! LZ4 block (`wire_len < len`: over a slow link, where compressing costs less than sending).
 
 use serde::{Deserialize, Serialize};
 
@@ -28,7 +29,7 @@ pub enum StripeReply {
 }
 
 /// Bytes in a [`ChunkHeader`].
-pub const CHUNK_HEADER_LEN: usize = 32;
+pub const CHUNK_HEADER_LEN: usize = 40;
 /// Opens every chunk header, so a data stream out of step is caught at once.
 const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"FLYTCHNK");
 
@@ -39,22 +40,36 @@ pub struct ChunkHeader {
     pub transfer: u64,
     /// Where the chunk starts in the copy.
     pub offset: u64,
+    /// The chunk's bytes in the copy.
     pub len: u64,
+    /// Bytes that follow the header: `len` when raw, fewer when they are one LZ4 block that
+    /// decompresses to exactly `len` bytes; never more.
+    pub wire_len: u64,
 }
 
 impl ChunkHeader {
+    /// A chunk sent raw.
+    pub fn raw(transfer: u64, offset: u64, len: u64) -> Self {
+        Self { transfer, offset, len, wire_len: len }
+    }
+
+    /// Whether the bytes that follow are an LZ4 block.
+    pub fn compressed(&self) -> bool {
+        self.wire_len < self.len
+    }
+
     pub fn encode(&self) -> [u8; CHUNK_HEADER_LEN] {
         let mut bytes = [0u8; CHUNK_HEADER_LEN];
-        for (index, word) in [CHUNK_MAGIC, self.transfer, self.offset, self.len].into_iter().enumerate() {
+        for (index, word) in [CHUNK_MAGIC, self.transfer, self.offset, self.len, self.wire_len].into_iter().enumerate() {
             bytes[index * 8..index * 8 + 8].copy_from_slice(&word.to_le_bytes());
         }
         bytes
     }
 
-    /// `None` when the bytes are no chunk header.
+    /// `None` when the bytes are no chunk header (or one whose bytes would outgrow the chunk).
     pub fn decode(bytes: &[u8; CHUNK_HEADER_LEN]) -> Option<Self> {
         let word = |index: usize| u64::from_le_bytes(bytes[index * 8..index * 8 + 8].try_into().unwrap_or([0; 8]));
-        (word(0) == CHUNK_MAGIC).then(|| Self { transfer: word(1), offset: word(2), len: word(3) })
+        (word(0) == CHUNK_MAGIC && word(4) <= word(3)).then(|| Self { transfer: word(1), offset: word(2), len: word(3), wire_len: word(4) })
     }
 }
 
@@ -76,11 +91,14 @@ mod tests {
 
     #[test]
     fn a_header_round_trips_and_a_stray_one_is_refused() {
-        let header = ChunkHeader { transfer: 7, offset: 4 << 20, len: 12345 };
+        let header = ChunkHeader { transfer: 7, offset: 4 << 20, len: 12345, wire_len: 999 };
         assert_eq!(ChunkHeader::decode(&header.encode()), Some(header));
+        assert!(header.compressed() && !ChunkHeader::raw(7, 0, 5).compressed());
         let mut bytes = header.encode();
         bytes[0] ^= 1;
         assert_eq!(ChunkHeader::decode(&bytes), None);
+        // More bytes on the wire than the chunk holds: no header of ours.
+        assert_eq!(ChunkHeader::decode(&ChunkHeader { wire_len: 12346, ..header }.encode()), None);
     }
 
     #[test]

@@ -990,7 +990,7 @@ impl<D: Device> Session<D> {
     /// Lets data connections presenting `secret` (given to the client in the handshake) join
     /// the session; the worker admits them through the returned set.
     pub fn enable_stripes(&mut self, secret: [u8; flyt_protocol::stripes::SECRET_LEN]) -> Arc<crate::stripes::Stripes<D>> {
-        let stripes = Arc::new(crate::stripes::Stripes::new(self.device.clone(), secret));
+        let stripes = Arc::new(crate::stripes::Stripes::new(self.device.clone(), secret, self.config.stats.clone()));
         self.stripes = Some(stripes.clone());
         stripes
     }
@@ -1196,7 +1196,7 @@ impl<D: Device> OpHandler for Session<D> {
             let stripes = self.stripes.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;
             let src = self.moved_variables.here(request.src);
             let copy = crate::stripes::StripedCopy { device: src, len: request.len, chunk: request.chunk, transfer: request.transfer };
-            stripes.send(copy, stream, self.config.copy_chunk)
+            stripes.send(copy, stream, self.config.copy_chunk, request.compress)
         })();
         if result.is_ok() {
             self.count_copy(request.stream, crate::stats::Copied::DeviceToHostSocket, request.len);

@@ -51,8 +51,8 @@ enum Job<D: Device> {
     Receive { transfer: u64, offset: u64, len: u64, staging: D::Staging },
     /// Read and drop the chunk (its copy was refused).
     Discard { transfer: u64, offset: u64, len: u64 },
-    /// Write the chunk once its device copy is done.
-    Send { transfer: u64, offset: u64, len: u64, copy: D::PendingCopy },
+    /// Write the chunk once its device copy is done; with `compress`, as LZ4 when that is smaller.
+    Send { transfer: u64, offset: u64, len: u64, copy: D::PendingCopy, compress: bool },
 }
 
 enum Done<D: Device> {
@@ -75,6 +75,8 @@ pub struct Stripes<D: Device> {
     links: Mutex<Vec<Option<Link<D>>>>,
     /// Set when the session ends: link threads waiting on a device copy give up.
     closing: Arc<AtomicBool>,
+    /// Where the bytes compression saved are counted.
+    stats: Option<Arc<crate::stats::SlotStats>>,
 }
 
 /// A session's secret for its data connections.
@@ -100,8 +102,8 @@ fn set_write_timeout(socket: &Connection, timeout: Duration) {
 }
 
 impl<D: Device> Stripes<D> {
-    pub fn new(device: Arc<D>, secret: [u8; SECRET_LEN]) -> Self {
-        Self { secret, device, links: Mutex::new(Vec::new()), closing: Arc::new(AtomicBool::new(false)) }
+    pub fn new(device: Arc<D>, secret: [u8; SECRET_LEN], stats: Option<Arc<crate::stats::SlotStats>>) -> Self {
+        Self { secret, device, links: Mutex::new(Vec::new()), closing: Arc::new(AtomicBool::new(false)), stats }
     }
 
     fn links(&self) -> std::sync::MutexGuard<'_, Vec<Option<Link<D>>>> {
@@ -129,10 +131,10 @@ impl<D: Device> Stripes<D> {
         set_write_timeout(&writer, IO_TIMEOUT);
         let (jobs, job_queue) = channel();
         let (done_sender, done) = channel();
-        let (device, closing) = (self.device.clone(), self.closing.clone());
+        let (device, closing, stats) = (self.device.clone(), self.closing.clone(), self.stats.clone());
         std::thread::Builder::new()
             .name(format!("flyt-stripe-{index}"))
-            .spawn(move || serve_link(&*device, reader, writer, &job_queue, &done_sender, &closing))
+            .spawn(move || serve_link(&*device, reader, writer, &job_queue, &done_sender, &closing, stats.as_deref()))
             .map_err(|error| error.to_string())?;
         write_value(&mut answer, 0, &StripeReply::Joined).map_err(|error| error.to_string())?;
         if links.len() <= index {
@@ -259,7 +261,7 @@ impl<D: Device> Stripes<D> {
     /// `stream`: each chunk's device copy into staging is queued in order, and a link writes it
     /// once it is done. Returns once every chunk was written (or the copy failed: the client
     /// stops waiting for the rest when the reply says so).
-    pub fn send(&self, copy: StripedCopy, stream: D::Stream, copy_chunk: u64) -> CudaResult<()> {
+    pub fn send(&self, copy: StripedCopy, stream: D::Stream, copy_chunk: u64, compress: bool) -> CudaResult<()> {
         let StripedCopy { device: src, len, chunk, transfer } = copy;
         let mut links = self.links();
         let count = self.check_chunking(&mut links, len, chunk, copy_chunk)?;
@@ -305,7 +307,7 @@ impl<D: Device> Stripes<D> {
                 }
             };
             let Some(link) = &links[index] else { break };
-            if link.jobs.send(Job::Send { transfer, offset, len: piece, copy }).is_err() {
+            if link.jobs.send(Job::Send { transfer, offset, len: piece, copy, compress }).is_err() {
                 outcome = Err(CudaError::DEVICES_UNAVAILABLE);
                 broken = Some("a data connection's thread ended".into());
                 break;
@@ -340,6 +342,7 @@ fn serve_link<D: Device>(
     jobs: &Receiver<Job<D>>,
     done: &Sender<Done<D>>,
     closing: &AtomicBool,
+    stats: Option<&crate::stats::SlotStats>,
 ) {
     if let Err(error) = device.bind_thread() {
         tracing::warn!(%error, "a data connection's thread could not bind the device");
@@ -349,7 +352,7 @@ fn serve_link<D: Device>(
     while let Ok(job) = jobs.recv() {
         let answer = match failed.clone() {
             Some(reason) => Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason),
-            None => run_job(device, &mut reader, &mut writer, job, &mut scratch, closing),
+            None => run_job(device, &mut reader, &mut writer, job, &mut scratch, closing, stats),
         };
         if let Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason) = &answer {
             failed.get_or_insert_with(|| reason.clone());
@@ -360,15 +363,30 @@ fn serve_link<D: Device>(
     }
 }
 
-/// Reads the header of the chunk expected next and checks it is that chunk.
-fn expect_header(reader: &mut Connection, transfer: u64, offset: u64, len: u64) -> Result<(), String> {
+/// Reads the header of the chunk expected next and checks it is that chunk (raw or compressed).
+fn expect_header(reader: &mut Connection, transfer: u64, offset: u64, len: u64) -> Result<ChunkHeader, String> {
     let mut bytes = [0u8; CHUNK_HEADER_LEN];
     reader.read_exact(&mut bytes).map_err(|error| format!("reading a chunk header: {error}"))?;
-    let expected = ChunkHeader { transfer, offset, len };
     match ChunkHeader::decode(&bytes) {
-        Some(header) if header == expected => Ok(()),
-        Some(header) => Err(format!("chunk {header:?} where {expected:?} was due")),
+        Some(header) if (header.transfer, header.offset, header.len) == (transfer, offset, len) => Ok(header),
+        Some(header) => Err(format!("chunk {header:?} where chunk {offset} of copy {transfer} ({len} bytes) was due")),
         None => Err("no chunk header where one was due".into()),
+    }
+}
+
+/// Reads a chunk's bytes into `target` (its `len` bytes): straight in when raw, else through
+/// `scratch` and LZ4, which must give exactly `len` bytes.
+fn read_chunk(reader: &mut Connection, header: &ChunkHeader, target: &mut [u8], scratch: &mut Vec<u8>) -> Result<(), String> {
+    if !header.compressed() {
+        return reader.read_exact(target).map_err(|error| format!("reading a chunk: {error}"));
+    }
+    let wire_len = usize::try_from(header.wire_len).map_err(|_| "a chunk too large".to_string())?;
+    scratch.resize(wire_len, 0);
+    reader.read_exact(scratch).map_err(|error| format!("reading a chunk: {error}"))?;
+    match lz4_flex::block::decompress_into(scratch, target) {
+        Ok(written) if written == target.len() => Ok(()),
+        Ok(written) => Err(format!("a compressed chunk gave {written} bytes, not {}", target.len())),
+        Err(error) => Err(format!("a compressed chunk does not decompress: {error}")),
     }
 }
 
@@ -379,27 +397,38 @@ fn run_job<D: Device>(
     job: Job<D>,
     scratch: &mut Vec<u8>,
     closing: &AtomicBool,
+    stats: Option<&crate::stats::SlotStats>,
 ) -> Done<D> {
     let lost = |reason: String| Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason);
+    let saved = |header: &ChunkHeader| {
+        if let Some(stats) = stats {
+            stats.compression_saved(header.len - header.wire_len);
+        }
+    };
     match job {
         Job::Receive { transfer, offset, len, mut staging } => {
-            if let Err(reason) = expect_header(reader, transfer, offset, len) {
-                return lost(reason);
-            }
+            let header = match expect_header(reader, transfer, offset, len) {
+                Ok(header) => header,
+                Err(reason) => return lost(reason),
+            };
             let bytes = D::staging_bytes(&mut staging);
-            match usize::try_from(len).ok().and_then(|len| bytes.get_mut(..len)) {
-                Some(target) => match reader.read_exact(target) {
-                    Ok(()) => Done::Received { offset, len, staging },
-                    Err(error) => lost(format!("reading a chunk: {error}")),
-                },
-                None => lost("a chunk larger than its staging".into()),
+            let Some(target) = usize::try_from(len).ok().and_then(|len| bytes.get_mut(..len)) else {
+                return lost("a chunk larger than its staging".into());
+            };
+            match read_chunk(reader, &header, target, scratch) {
+                Ok(()) => {
+                    saved(&header);
+                    Done::Received { offset, len, staging }
+                }
+                Err(reason) => lost(reason),
             }
         }
         Job::Discard { transfer, offset, len } => {
-            if let Err(reason) = expect_header(reader, transfer, offset, len) {
-                return lost(reason);
-            }
-            let mut left = len;
+            let header = match expect_header(reader, transfer, offset, len) {
+                Ok(header) => header,
+                Err(reason) => return lost(reason),
+            };
+            let mut left = header.wire_len;
             scratch.resize(1 << 20, 0);
             while left > 0 {
                 let step = usize::try_from(left).unwrap_or(usize::MAX).min(scratch.len());
@@ -410,7 +439,7 @@ fn run_job<D: Device>(
             }
             Done::Handled
         }
-        Job::Send { transfer, offset, len, copy } => {
+        Job::Send { transfer, offset, len, copy, compress } => {
             // The device copy waits for the stream's earlier work, however long it takes.
             let mut nap = Duration::from_micros(5);
             while !device.dtoh_done(&copy) {
@@ -424,14 +453,31 @@ fn run_job<D: Device>(
                 Ok(bytes) => bytes,
                 Err(error) => return Done::Failed(error, "device copy failed".into()),
             };
-            let header = ChunkHeader { transfer, offset, len }.encode();
-            let mut slices = [std::io::IoSlice::new(&header), std::io::IoSlice::new(bytes)];
+            let mut header = ChunkHeader::raw(transfer, offset, len);
+            let mut payload = bytes;
+            if compress && let Some(compressed) = compress_chunk(bytes, scratch) {
+                header.wire_len = compressed as u64;
+                payload = &scratch[..compressed];
+            }
+            let encoded = header.encode();
+            let mut slices = [std::io::IoSlice::new(&encoded), std::io::IoSlice::new(payload)];
             match write_all_vectored(writer, &mut slices) {
-                Ok(()) => Done::Handled,
+                Ok(()) => {
+                    saved(&header);
+                    Done::Handled
+                }
                 Err(error) => lost(format!("writing a chunk: {error}")),
             }
         }
     }
+}
+
+/// Compresses `bytes` into `scratch` as one LZ4 block; `None` when that saves too little to be
+/// worth the receiver's decompression (incompressible bytes go raw).
+pub fn compress_chunk(bytes: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
+    scratch.resize(lz4_flex::block::get_maximum_output_size(bytes.len()), 0);
+    let compressed = lz4_flex::block::compress_into(bytes, scratch).ok()?;
+    (compressed < bytes.len() - bytes.len() / 16).then_some(compressed)
 }
 
 fn write_all_vectored(writer: &mut Connection, mut slices: &mut [std::io::IoSlice<'_>]) -> std::io::Result<()> {

@@ -113,15 +113,31 @@ macro_rules! probes {
     (MemcpyDtoHStriped, $v:ident) => {
         vec![
             refused(
-                req::MemcpyDtoHStriped { src: BOGUS_POINTER, len: 16, stream: 0, transfer: 1, chunk: 1 << 20, blocking: true },
+                req::MemcpyDtoHStriped {
+                    src: BOGUS_POINTER,
+                    len: 16,
+                    stream: 0,
+                    transfer: 1,
+                    chunk: 1 << 20,
+                    blocking: true,
+                    compress: false,
+                },
                 INVALID_VALUE,
             ),
             refused(
-                req::MemcpyDtoHStriped { src: $v.ptr, len: 16, stream: BOGUS_HANDLE, transfer: 1, chunk: 1 << 20, blocking: true },
+                req::MemcpyDtoHStriped {
+                    src: $v.ptr,
+                    len: 16,
+                    stream: BOGUS_HANDLE,
+                    transfer: 1,
+                    chunk: 1 << 20,
+                    blocking: true,
+                    compress: false,
+                },
                 UNKNOWN_HANDLE,
             ),
             refused(
-                req::MemcpyDtoHStriped { src: $v.ptr, len: 16, stream: 0, transfer: 1, chunk: 1 << 20, blocking: true },
+                req::MemcpyDtoHStriped { src: $v.ptr, len: 16, stream: 0, transfer: 1, chunk: 1 << 20, blocking: true, compress: false },
                 CudaError::NOT_SUPPORTED,
             ),
         ]

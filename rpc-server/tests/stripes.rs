@@ -39,7 +39,7 @@ fn pattern(len: u64, seed: u8) -> Vec<u8> {
 fn send_chunks(links: &mut [UnixStream], transfer: u64, bytes: &[u8]) {
     for (number, (offset, len)) in chunks(bytes.len() as u64, CHUNK).enumerate() {
         let link = &mut links[number % links.len()];
-        link.write_all(&ChunkHeader { transfer, offset, len }.encode()).unwrap();
+        link.write_all(&ChunkHeader::raw(transfer, offset, len).encode()).unwrap();
         link.write_all(&bytes[offset as usize..(offset + len) as usize]).unwrap();
     }
 }
@@ -51,7 +51,7 @@ fn receive_chunks(links: &mut [UnixStream], transfer: u64, len: u64) -> Vec<u8> 
         let link = &mut links[number % links.len()];
         let mut header = [0u8; CHUNK_HEADER_LEN];
         link.read_exact(&mut header).unwrap();
-        assert_eq!(ChunkHeader::decode(&header), Some(ChunkHeader { transfer, offset, len: piece }));
+        assert_eq!(ChunkHeader::decode(&header), Some(ChunkHeader::raw(transfer, offset, piece)));
         link.read_exact(&mut bytes[offset as usize..(offset + piece) as usize]).unwrap();
     }
     bytes
@@ -104,8 +104,10 @@ fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_wa
     assert!(read_back(&mut session, ptr + 5, len) == bytes, "striped host-to-device bytes");
 
     // Device to host: the same bytes come back in chunks, then the reply.
-    let seq =
-        session.send(&req::MemcpyDtoHStriped { src: ptr + 5, len, stream: 0, transfer: 12, chunk: CHUNK, blocking: true }.into(), &[]);
+    let seq = session.send(
+        &req::MemcpyDtoHStriped { src: ptr + 5, len, stream: 0, transfer: 12, chunk: CHUNK, blocking: true, compress: false }.into(),
+        &[],
+    );
     let back = receive_chunks(&mut links, 12, len);
     let mut message = Vec::new();
     let header = read_message(&mut session.stream, &FrameLimits::default(), &mut message).expect("reply");
@@ -128,7 +130,7 @@ fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_wa
     // A chunk the session did not expect (another copy's) fails the copy and ends striping; the
     // session itself goes on, and other sessions never noticed.
     session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 15, chunk: CHUNK }.into(), &[]);
-    links[0].write_all(&ChunkHeader { transfer: 99, offset: 0, len: CHUNK }.encode()).unwrap();
+    links[0].write_all(&ChunkHeader::raw(99, 0, CHUNK).encode()).unwrap();
     links[0].write_all(&vec![0xEE; CHUNK as usize]).unwrap();
     assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
     assert!(read_back(&mut session, ptr, next.len() as u64) == next, "the stray chunk wrote nothing");
@@ -136,7 +138,10 @@ fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_wa
     assert!(matches!(links[1].read(&mut probe), Ok(0) | Err(_)), "the data connections were closed");
     session.round_trip(0x5A);
     assert_eq!(
-        session.call(req::MemcpyDtoHStriped { src: ptr, len: CHUNK, stream: 0, transfer: 16, chunk: CHUNK, blocking: true }).0.err(),
+        session
+            .call(req::MemcpyDtoHStriped { src: ptr, len: CHUNK, stream: 0, transfer: 16, chunk: CHUNK, blocking: true, compress: false })
+            .0
+            .err(),
         Some(CudaError::NOT_SUPPORTED),
         "no data connections are left"
     );
@@ -162,7 +167,90 @@ fn a_data_connection_that_breaks_mid_copy_fails_the_copy_not_the_session() {
     let (id, secret) = (session.info.session_id, session.info.stripe_secret.unwrap());
     let mut fresh: Vec<UnixStream> = (0..1).map(|index| join(&socket, id, secret, index).0).collect();
     session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 2, chunk: CHUNK }.into(), &[]);
-    fresh[0].write_all(&ChunkHeader { transfer: 2, offset: 0, len: u64::MAX }.encode()).unwrap();
+    fresh[0].write_all(&ChunkHeader::raw(2, 0, u64::MAX).encode()).unwrap();
     assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
     session.round_trip(0x44);
+}
+
+/// A striped copy's chunks as LZ4 blocks: compressed host-to-device chunks land as their bytes,
+/// device-to-host chunks come compressed when asked and LZ4 shrinks them (raw when it does not:
+/// random bytes), the server counts the bytes saved, and a block that does not decompress to its
+/// chunk's length fails the copy without harming the session.
+#[test]
+fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let (server, socket) = emulated_server("stripes-lz4", &["--metrics-listen", &port]);
+    assert!(server.wait_for_log("metrics on http://", Duration::from_secs(10)), "{}", server.log_text());
+    let mut session = RawSession::open(&socket, None).expect("session");
+    let (id, secret) = (session.info.session_id, session.info.stripe_secret.expect("secret"));
+    let mut links: Vec<UnixStream> = (0..2).map(|index| join(&socket, id, secret, index).0).collect();
+    let ptr = session.call(req::Malloc { size: 1 << 20 }).0.expect("malloc").ptr;
+
+    // Weights-like bytes (slowly changing 16-bit values) compress; the last chunk is short.
+    let weights: Vec<u8> = (0..(3 * CHUNK as u32 + 1000) / 2).flat_map(|i| ((i / 5) as u16 ^ 0x3c00).to_le_bytes()).collect();
+    let len = weights.len() as u64;
+    let mut saved = 0;
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len, stream: 0, transfer: 1, chunk: CHUNK }.into(), &[]);
+    for (number, (offset, piece)) in chunks(len, CHUNK).enumerate() {
+        let block = lz4_flex::block::compress(&weights[offset as usize..(offset + piece) as usize]);
+        assert!((block.len() as u64) < piece);
+        saved += piece - block.len() as u64;
+        let link = &mut links[number % 2];
+        link.write_all(&ChunkHeader { transfer: 1, offset, len: piece, wire_len: block.len() as u64 }.encode()).unwrap();
+        link.write_all(&block).unwrap();
+    }
+    assert_eq!(deferred(&mut session), None);
+    assert!(read_back(&mut session, ptr, len) == weights, "compressed chunks landed as their bytes");
+
+    // Back with compression asked: every chunk of these bytes comes as a block.
+    let mut back = vec![0u8; len as usize];
+    let seq = session
+        .send(&req::MemcpyDtoHStriped { src: ptr, len, stream: 0, transfer: 2, chunk: CHUNK, blocking: true, compress: true }.into(), &[]);
+    for (number, (offset, piece)) in chunks(len, CHUNK).enumerate() {
+        let link = &mut links[number % 2];
+        let mut header = [0u8; CHUNK_HEADER_LEN];
+        link.read_exact(&mut header).unwrap();
+        let header = ChunkHeader::decode(&header).expect("a chunk header");
+        assert_eq!((header.transfer, header.offset, header.len), (2, offset, piece));
+        assert!(header.compressed(), "chunk {number} of weights came raw");
+        saved += header.len - header.wire_len;
+        let mut block = vec![0u8; header.wire_len as usize];
+        link.read_exact(&mut block).unwrap();
+        let target = &mut back[offset as usize..(offset + piece) as usize];
+        assert_eq!(lz4_flex::block::decompress_into(&block, target).unwrap(), piece as usize);
+    }
+    let mut message = Vec::new();
+    assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
+    assert!(back == weights, "compressed device-to-host chunks");
+
+    // Random bytes do not shrink: they come raw even when compression is asked.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let random: Vec<u8> = (0..2 * CHUNK)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    session.send(&req::MemcpyHtoD { dst: ptr, stream: 0 }.into(), &random);
+    let seq = session.send(
+        &req::MemcpyDtoHStriped { src: ptr, len: 2 * CHUNK, stream: 0, transfer: 3, chunk: CHUNK, blocking: true, compress: true }.into(),
+        &[],
+    );
+    assert!(receive_chunks(&mut links, 3, 2 * CHUNK) == random, "random bytes came raw and intact");
+    assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
+
+    let text = flyt_test_support::scrape_metrics(&port);
+    let line = text.lines().find(|line| line.starts_with("flyt_rpc_stripe_compression_saved_bytes_total")).unwrap_or_default();
+    let counted: f64 = line.rsplit(' ').next().and_then(|value| value.parse().ok()).unwrap_or(-1.0);
+    assert_eq!(counted, saved as f64, "{text}");
+
+    // A block that decompresses to fewer bytes than its chunk: the copy fails, the session goes on.
+    let short = lz4_flex::block::compress(&weights[..CHUNK as usize - 1]);
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 4, chunk: CHUNK }.into(), &[]);
+    links[0].write_all(&ChunkHeader { transfer: 4, offset: 0, len: CHUNK, wire_len: short.len() as u64 }.encode()).unwrap();
+    links[0].write_all(&short).unwrap();
+    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    session.round_trip(0x66);
 }

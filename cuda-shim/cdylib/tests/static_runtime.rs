@@ -810,7 +810,7 @@ fn two_devices_in_one_session_through_the_driver_api() {
 
 /// Large copies striped over a session's data connections (`client/src/stripes.rs`), over TCP and
 /// a Unix socket, with the default count, one, three with small chunks (many chunks, the last
-/// one short), and striping off: odd sizes pinned and pageable, synchronous and asynchronous, 2D,
+/// one short), striping off, and every chunk compressed (LZ4): odd sizes pinned and pageable, synchronous and asynchronous, 2D,
 /// two threads at once, stream order; every byte checked by the program. Data connections must
 /// join and no copy may fall back to the main connection.
 #[test]
@@ -823,13 +823,16 @@ fn large_copies_striped_over_data_connections_keep_every_byte_and_their_order() 
     let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_striped_copies");
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--listen", &socket], &scratch);
-    let runs: [(&str, &[(&str, &str)]); 6] = [
+    let runs: [(&str, &[(&str, &str)]); 8] = [
         ("tcp", &[]),
         ("tcp", &[("FLYT_STRIPES", "1")]),
         ("tcp", &[("FLYT_STRIPES", "3"), ("FLYT_STRIPE_CHUNK", "64K")]),
         ("tcp", &[("FLYT_STRIPES", "0")]),
+        // Every chunk LZ4 shrinks goes compressed, both ways.
+        ("tcp", &[("FLYT_STRIPE_LZ4", "on")]),
         ("unix", &[]),
         ("unix", &[("FLYT_STRIPES", "3"), ("FLYT_STRIPE_CHUNK", "192K")]),
+        ("unix", &[("FLYT_STRIPE_LZ4", "on"), ("FLYT_STRIPE_CHUNK", "64K")]),
     ];
     for (transport, env) in runs {
         let address = if transport == "tcp" { &server.addresses[0] } else { &server.addresses[1] };
