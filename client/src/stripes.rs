@@ -38,8 +38,13 @@ use flyt_protocol::stripes::{CHUNK_HEADER_LEN, ChunkHeader, SECRET_LEN, StripeJo
 use crate::client::Client;
 use crate::conn::Wire;
 
-/// How long a copy waits for a data connection that makes no progress.
+/// How long a copy waits for a data connection that makes no progress mid-chunk.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a chunk's write may make no progress. The server reads a copy's chunks only when its
+/// session thread reaches the copy's request, which may wait behind a long device wait (a
+/// striped device-to-host copy after a long kernel), so this is long; a connection that breaks
+/// fails at once, and a dead one (another link failed) within a second.
+const WRITE_STALL: Duration = Duration::from_secs(600);
 /// Copies below this go over the main connection (`FLYT_STRIPE_MIN`).
 const DEFAULT_MIN: u64 = 1 << 20;
 /// Chunk size (`FLYT_STRIPE_CHUNK`, at most the server's copy chunk).
@@ -243,7 +248,8 @@ impl Set {
             senders.push(sender);
             let reader = wire.try_clone().map_err(|error| error.to_string())?;
             let writer = wire.try_clone().map_err(|error| error.to_string())?;
-            set_write_timeout(&writer, IO_TIMEOUT);
+            // Short: a stalled write looks at the set's health each time (see `write_all`).
+            set_write_timeout(&writer, Duration::from_secs(1));
             receivers.push((queue, reader, writer));
             sockets.push(wire);
         }
@@ -321,12 +327,23 @@ fn set_write_timeout(wire: &Wire, timeout: Duration) {
     }
 }
 
-fn write_all(wire: &mut Wire, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+/// Writes every slice; a write that makes no progress for `WRITE_STALL`, or while striping has
+/// ended (`dead`), fails.
+fn write_all(wire: &mut Wire, mut slices: &mut [IoSlice<'_>], dead: &AtomicBool) -> std::io::Result<()> {
+    let mut last_progress = Instant::now();
     while !slices.is_empty() {
         match wire.write_vectored(slices) {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(written) => IoSlice::advance_slices(&mut slices, written),
+            Ok(written) => {
+                IoSlice::advance_slices(&mut slices, written);
+                last_progress = Instant::now();
+            }
             Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                if dead.load(Ordering::Acquire) || last_progress.elapsed() >= WRITE_STALL {
+                    return Err(error);
+                }
+            }
             Err(error) => return Err(error),
         }
     }
@@ -337,8 +354,11 @@ fn write_all(wire: &mut Wire, mut slices: &mut [IoSlice<'_>]) -> std::io::Result
 fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Outgoing>) {
     let mut scratch = Vec::new();
     while let Ok(chunk) = queue.recv() {
-        let dead = set.upgrade().is_none_or(|set| set.dead.load(Ordering::Acquire));
-        let outcome = if dead {
+        let Some(live) = set.upgrade() else {
+            chunk.done.answer(Err("striping ended".to_string()));
+            continue;
+        };
+        let outcome = if live.dead.load(Ordering::Acquire) {
             Err("striping ended".to_string())
         } else {
             // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
@@ -352,13 +372,14 @@ fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Outg
                 payload = &scratch[..compressed];
             }
             let encoded = header.encode();
-            write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)])
+            write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)], &live.dead)
                 .map(|()| header.wire_len)
                 .map_err(|error| format!("writing a chunk: {error}"))
         };
-        if let (Err(reason), Some(set)) = (&outcome, set.upgrade()) {
-            set.fail(reason);
+        if let Err(reason) = &outcome {
+            live.fail(reason);
         }
+        drop(live);
         chunk.done.answer(outcome);
     }
 }
