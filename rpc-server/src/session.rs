@@ -989,8 +989,13 @@ impl<D: Device> Session<D> {
 
     /// Lets data connections presenting `secret` (given to the client in the handshake) join
     /// the session; the worker admits them through the returned set.
-    pub fn enable_stripes(&mut self, secret: [u8; flyt_protocol::stripes::SECRET_LEN]) -> Arc<crate::stripes::Stripes<D>> {
-        let stripes = Arc::new(crate::stripes::Stripes::new(self.device.clone(), secret, self.config.stats.clone()));
+    /// `staging_slots`: the device's pinned staging buffers, which bound a copy's chunks in flight.
+    pub fn enable_stripes(
+        &mut self,
+        secret: [u8; flyt_protocol::stripes::SECRET_LEN],
+        staging_slots: usize,
+    ) -> Arc<crate::stripes::Stripes<D>> {
+        let stripes = Arc::new(crate::stripes::Stripes::new(self.device.clone(), secret, self.config.stats.clone(), staging_slots));
         self.stripes = Some(stripes.clone());
         stripes
     }

@@ -77,6 +77,9 @@ pub struct Stripes<D: Device> {
     closing: Arc<AtomicBool>,
     /// Where the bytes compression saved are counted.
     stats: Option<Arc<crate::stats::SlotStats>>,
+    /// Chunks a copy keeps in flight, each holding a staging buffer: fewer than the device's
+    /// staging slots, or the session thread would wait for a slot only it can free.
+    window: usize,
 }
 
 /// A session's secret for its data connections.
@@ -102,8 +105,11 @@ fn set_write_timeout(socket: &Connection, timeout: Duration) {
 }
 
 impl<D: Device> Stripes<D> {
-    pub fn new(device: Arc<D>, secret: [u8; SECRET_LEN], stats: Option<Arc<crate::stats::SlotStats>>) -> Self {
-        Self { secret, device, links: Mutex::new(Vec::new()), closing: Arc::new(AtomicBool::new(false)), stats }
+    /// `staging_slots`: the device's pinned staging buffers (`--staging-slots`).
+    pub fn new(device: Arc<D>, secret: [u8; SECRET_LEN], stats: Option<Arc<crate::stats::SlotStats>>, staging_slots: usize) -> Self {
+        // Two slots stay for the session's other copies (whose holders free them on their own).
+        let window = staging_slots.saturating_sub(2).clamp(1, 6);
+        Self { secret, device, links: Mutex::new(Vec::new()), closing: Arc::new(AtomicBool::new(false)), stats, window }
     }
 
     fn links(&self) -> std::sync::MutexGuard<'_, Vec<Option<Link<D>>>> {
@@ -180,9 +186,10 @@ impl<D: Device> Stripes<D> {
         Ok(count)
     }
 
-    /// Chunks in flight at once: each link reads or writes one while the next waits its turn.
-    fn window(count: usize) -> usize {
-        (count * 2).clamp(2, 6)
+    /// Chunks in flight at once: each link reads or writes one while the next waits its turn,
+    /// within the staging the device has.
+    fn window(&self, count: usize) -> usize {
+        (count * 2).min(self.window).max(1)
     }
 
     /// Receives a host-to-device copy of `len` bytes for `dst` (checked by the session, or
@@ -223,7 +230,7 @@ impl<D: Device> Stripes<D> {
         };
         for (number, (offset, piece)) in chunks(len, chunk).enumerate() {
             let index = number % count;
-            if in_flight.len() >= Self::window(count) {
+            if in_flight.len() >= self.window(count) {
                 let oldest = in_flight.pop_front().unwrap_or(index);
                 finish(oldest, &links, &mut outcome, &mut broken);
             }
@@ -288,7 +295,7 @@ impl<D: Device> Stripes<D> {
         };
         for (number, (offset, piece)) in chunks(len, chunk).enumerate() {
             let index = number % count;
-            if in_flight.len() >= Self::window(count) {
+            if in_flight.len() >= self.window(count) {
                 let oldest = in_flight.pop_front().unwrap_or(index);
                 finish(oldest, &links, &mut outcome, &mut broken);
             }

@@ -435,7 +435,7 @@ fn serve<D: Device>(
             tracing::warn!(snapshot = %path, %error, "snapshot not removed");
         }
     }
-    let stripes = stripe_secret.map(|secret| session.enable_stripes(secret));
+    let stripes = stripe_secret.map(|secret| session.enable_stripes(secret, args.staging_slots));
     follow_commands(channel, &session, session_id, device, budget, stripes);
     let outcome = session.serve(reader);
     let program = hello.client.program;

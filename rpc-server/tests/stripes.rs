@@ -72,7 +72,8 @@ fn deferred(session: &mut RawSession) -> Option<CudaError> {
 
 #[test]
 fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_ways() {
-    let (_server, socket) = emulated_server("stripes-wire", &[]);
+    // Three staging slots: one chunk in flight at a time (two stay for other copies).
+    let (_server, socket) = emulated_server("stripes-wire", &["--staging-slots", "3"]);
     let mut session = RawSession::open(&socket, None).expect("session");
     let id = session.info.session_id;
     let secret = session.info.stripe_secret.expect("a session over a socket gets a stripe secret");
