@@ -593,3 +593,40 @@ pub unsafe fn dtoh(
     }
     Some(outcome)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_that_shrink_go_compressed_and_others_raw() {
+        let weights: Vec<u8> = (0..(1u32 << 19)).flat_map(|i| ((i / 5) as u16 ^ 0x3c00).to_le_bytes()).collect();
+        let mut scratch = Vec::new();
+        let compressed = compress_chunk(&weights, &mut scratch).expect("repetitive bytes shrink");
+        let mut back = vec![0u8; weights.len()];
+        assert_eq!(lz4_flex::block::decompress_into(&scratch[..compressed], &mut back).unwrap(), weights.len());
+        assert!(back == weights);
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let random: Vec<u8> = (0..1 << 20)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 32) as u8
+            })
+            .collect();
+        assert_eq!(compress_chunk(&random, &mut scratch), None, "random bytes go raw");
+        assert!(compressor_rate() > 0);
+    }
+
+    #[test]
+    fn sizes_read_with_suffixes() {
+        for (value, expected) in [("4M", 4 << 20), ("192K", 192 << 10), ("1g", 1 << 30), ("12345", 12345)] {
+            let name = format!("FLYT_TEST_STRIPE_BYTES_{value}");
+            // SAFETY: no other thread of this test reads or writes this variable.
+            unsafe { std::env::set_var(&name, value) };
+            assert_eq!(env_bytes(&name), Some(expected));
+        }
+        assert_eq!(env_bytes("FLYT_TEST_STRIPE_BYTES_UNSET"), None);
+    }
+}
