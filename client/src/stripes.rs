@@ -33,7 +33,7 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameLimits, read_value, write_value};
 use flyt_protocol::handshake::SessionInfo;
 use flyt_protocol::ops::{decode_reply, rep, req};
-use flyt_protocol::stripes::{CHUNK_HEADER_LEN, ChunkHeader, SECRET_LEN, StripeJoin, StripeReply, chunks};
+use flyt_protocol::stripes::{CHUNK_HEADER_LEN, ChunkHeader, Compressor, SECRET_LEN, StripeJoin, StripeReply, chunks, decompress};
 
 use crate::client::Client;
 use crate::conn::Wire;
@@ -69,21 +69,12 @@ impl Lz4 {
     }
 }
 
-/// Compresses `bytes` into `scratch` as one LZ4 block; `None` when that saves less than a
-/// sixteenth (incompressible bytes go raw).
-fn compress_chunk(bytes: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
-    scratch.resize(lz4_flex::block::get_maximum_output_size(bytes.len()), 0);
-    let compressed = lz4_flex::block::compress_into(bytes, scratch).ok()?;
-    (compressed < bytes.len() - bytes.len() / 16).then_some(compressed)
-}
-
 /// Bytes per second one thread compresses: timed on 1 MiB of slowly changing 16-bit values
 /// (the shape of model weights), once per session.
 fn compressor_rate() -> u64 {
     let sample: Vec<u8> = (0..(1u32 << 19)).flat_map(|i| ((i / 7) as u16 ^ 0x3c00).to_le_bytes()).collect();
-    let mut scratch = Vec::new();
     let started = Instant::now();
-    let _ = compress_chunk(&sample, &mut scratch);
+    let _ = Compressor::default().compress(&sample);
     (sample.len() as f64 / started.elapsed().as_secs_f64().max(1e-6)) as u64
 }
 
@@ -352,7 +343,7 @@ fn write_all(wire: &mut Wire, mut slices: &mut [IoSlice<'_>], dead: &AtomicBool)
 
 /// A data connection's sender: writes each chunk, header first, straight from the app's buffer.
 fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Outgoing>) {
-    let mut scratch = Vec::new();
+    let mut compressor = Compressor::default();
     while let Ok(chunk) = queue.recv() {
         let Some(live) = set.upgrade() else {
             chunk.done.answer(Err("striping ended".to_string()));
@@ -366,10 +357,10 @@ fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Outg
             let mut header = chunk.header;
             let mut payload = bytes;
             if chunk.compress
-                && let Some(compressed) = compress_chunk(bytes, &mut scratch)
+                && let Some((block, flags)) = compressor.compress(bytes)
             {
-                header.wire_len = compressed as u64;
-                payload = &scratch[..compressed];
+                (header.wire_len, header.flags) = (block.len() as u64, flags);
+                payload = block;
             }
             let encoded = header.encode();
             write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)], &live.dead)
@@ -414,6 +405,7 @@ fn read_exact_or_idle(reader: &mut Wire, buf: &mut [u8], idle_ok: bool) -> std::
 /// one for no copy waiting (a copy that failed and left) is read and dropped.
 fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
     let mut scratch = vec![0u8; 1 << 20];
+    let mut planes = Vec::new();
     loop {
         let mut header = [0u8; CHUNK_HEADER_LEN];
         let read = read_exact_or_idle(&mut reader, &mut header, true);
@@ -421,7 +413,7 @@ fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
         let failure = match read {
             Ok(false) => continue,
             Ok(true) => match ChunkHeader::decode(&header) {
-                Some(header) => receive_chunk(&set, &mut reader, header, &mut scratch).err(),
+                Some(header) => receive_chunk(&set, &mut reader, header, &mut scratch, &mut planes).err(),
                 None => Some("no chunk header where one was due".to_string()),
             },
             Err(error) => Some(format!("reading a chunk header: {error}")),
@@ -433,7 +425,7 @@ fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
     }
 }
 
-fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mut Vec<u8>) -> Result<(), String> {
+fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mut Vec<u8>, planes: &mut Vec<u8>) -> Result<(), String> {
     let target = {
         let mut landings = lock(&set.landings);
         match landings.get_mut(&header.transfer) {
@@ -458,10 +450,8 @@ fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mu
                 // Smaller than the chunk, which fits in the app's buffer.
                 scratch.resize(scratch.len().max(header.wire_len as usize), 0);
                 let block = &mut scratch[..header.wire_len as usize];
-                read_exact_or_idle(reader, block, false).and_then(|_| match lz4_flex::block::decompress_into(block, bytes) {
-                    Ok(written) if written == bytes.len() => Ok(()),
-                    _ => Err(std::io::Error::other("a compressed chunk that does not decompress to its length")),
-                })
+                read_exact_or_idle(reader, block, false)
+                    .and_then(|_| decompress(&header, block, bytes, planes).map_err(std::io::Error::other))
             } else {
                 read_exact_or_idle(reader, bytes, false).map(|_| ())
             }
@@ -601,10 +591,11 @@ mod tests {
     #[test]
     fn chunks_that_shrink_go_compressed_and_others_raw() {
         let weights: Vec<u8> = (0..(1u32 << 19)).flat_map(|i| ((i / 5) as u16 ^ 0x3c00).to_le_bytes()).collect();
-        let mut scratch = Vec::new();
-        let compressed = compress_chunk(&weights, &mut scratch).expect("repetitive bytes shrink");
+        let mut compressor = Compressor::default();
+        let (block, flags) = compressor.compress(&weights).map(|(block, flags)| (block.to_vec(), flags)).expect("repetitive bytes shrink");
+        let header = ChunkHeader { wire_len: block.len() as u64, flags, ..ChunkHeader::raw(1, 0, weights.len() as u64) };
         let mut back = vec![0u8; weights.len()];
-        assert_eq!(lz4_flex::block::decompress_into(&scratch[..compressed], &mut back).unwrap(), weights.len());
+        decompress(&header, &block, &mut back, &mut Vec::new()).unwrap();
         assert!(back == weights);
         let mut state = 0x2545_F491_4F6C_DD1Du64;
         let random: Vec<u8> = (0..1 << 20)
@@ -615,7 +606,7 @@ mod tests {
                 (state >> 32) as u8
             })
             .collect();
-        assert_eq!(compress_chunk(&random, &mut scratch), None, "random bytes go raw");
+        assert!(compressor.compress(&random).is_none(), "random bytes go raw");
         assert!(compressor_rate() > 0);
     }
 

@@ -23,7 +23,9 @@ use std::time::Duration;
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::write_value;
-use flyt_protocol::stripes::{CHUNK_HEADER_LEN, ChunkHeader, SECRET_LEN, StripeJoin, StripeReply, chunks, secrets_equal};
+use flyt_protocol::stripes::{
+    CHUNK_HEADER_LEN, ChunkHeader, Compressor, SECRET_LEN, StripeJoin, StripeReply, chunks, decompress, secrets_equal,
+};
 
 use crate::backend::Device;
 use crate::transport::Connection;
@@ -355,11 +357,11 @@ fn serve_link<D: Device>(
         tracing::warn!(%error, "a data connection's thread could not bind the device");
     }
     let mut failed: Option<String> = None;
-    let mut scratch = Vec::new();
+    let mut buffers = Buffers::default();
     while let Ok(job) = jobs.recv() {
         let answer = match failed.clone() {
             Some(reason) => Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason),
-            None => run_job(device, &mut reader, &mut writer, job, &mut scratch, closing, stats),
+            None => run_job(device, &mut reader, &mut writer, job, &mut buffers, closing, stats),
         };
         if let Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason) = &answer {
             failed.get_or_insert_with(|| reason.clone());
@@ -381,20 +383,24 @@ fn expect_header(reader: &mut Connection, transfer: u64, offset: u64, len: u64) 
     }
 }
 
+/// A link thread's buffers for compressed chunks.
+#[derive(Default)]
+struct Buffers {
+    scratch: Vec<u8>,
+    planes: Vec<u8>,
+    compressor: Compressor,
+}
+
 /// Reads a chunk's bytes into `target` (its `len` bytes): straight in when raw, else through
-/// `scratch` and LZ4, which must give exactly `len` bytes.
-fn read_chunk(reader: &mut Connection, header: &ChunkHeader, target: &mut [u8], scratch: &mut Vec<u8>) -> Result<(), String> {
+/// LZ4, which must give exactly `len` bytes.
+fn read_chunk(reader: &mut Connection, header: &ChunkHeader, target: &mut [u8], buffers: &mut Buffers) -> Result<(), String> {
     if !header.compressed() {
         return reader.read_exact(target).map_err(|error| format!("reading a chunk: {error}"));
     }
     let wire_len = usize::try_from(header.wire_len).map_err(|_| "a chunk too large".to_string())?;
-    scratch.resize(wire_len, 0);
-    reader.read_exact(scratch).map_err(|error| format!("reading a chunk: {error}"))?;
-    match lz4_flex::block::decompress_into(scratch, target) {
-        Ok(written) if written == target.len() => Ok(()),
-        Ok(written) => Err(format!("a compressed chunk gave {written} bytes, not {}", target.len())),
-        Err(error) => Err(format!("a compressed chunk does not decompress: {error}")),
-    }
+    buffers.scratch.resize(wire_len, 0);
+    reader.read_exact(&mut buffers.scratch).map_err(|error| format!("reading a chunk: {error}"))?;
+    decompress(header, &buffers.scratch, target, &mut buffers.planes)
 }
 
 fn run_job<D: Device>(
@@ -402,7 +408,7 @@ fn run_job<D: Device>(
     reader: &mut Connection,
     writer: &mut Connection,
     job: Job<D>,
-    scratch: &mut Vec<u8>,
+    buffers: &mut Buffers,
     closing: &AtomicBool,
     stats: Option<&crate::stats::SlotStats>,
 ) -> Done<D> {
@@ -422,7 +428,7 @@ fn run_job<D: Device>(
             let Some(target) = usize::try_from(len).ok().and_then(|len| bytes.get_mut(..len)) else {
                 return lost("a chunk larger than its staging".into());
             };
-            match read_chunk(reader, &header, target, scratch) {
+            match read_chunk(reader, &header, target, buffers) {
                 Ok(()) => {
                     saved(&header);
                     Done::Received { offset, len, staging }
@@ -436,6 +442,7 @@ fn run_job<D: Device>(
                 Err(reason) => return lost(reason),
             };
             let mut left = header.wire_len;
+            let scratch = &mut buffers.scratch;
             scratch.resize(1 << 20, 0);
             while left > 0 {
                 let step = usize::try_from(left).unwrap_or(usize::MAX).min(scratch.len());
@@ -462,9 +469,9 @@ fn run_job<D: Device>(
             };
             let mut header = ChunkHeader::raw(transfer, offset, len);
             let mut payload = bytes;
-            if compress && let Some(compressed) = compress_chunk(bytes, scratch) {
-                header.wire_len = compressed as u64;
-                payload = &scratch[..compressed];
+            if compress && let Some((block, flags)) = buffers.compressor.compress(bytes) {
+                (header.wire_len, header.flags) = (block.len() as u64, flags);
+                payload = block;
             }
             let encoded = header.encode();
             let mut slices = [std::io::IoSlice::new(&encoded), std::io::IoSlice::new(payload)];
@@ -477,14 +484,6 @@ fn run_job<D: Device>(
             }
         }
     }
-}
-
-/// Compresses `bytes` into `scratch` as one LZ4 block; `None` when that saves too little to be
-/// worth the receiver's decompression (incompressible bytes go raw).
-pub fn compress_chunk(bytes: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
-    scratch.resize(lz4_flex::block::get_maximum_output_size(bytes.len()), 0);
-    let compressed = lz4_flex::block::compress_into(bytes, scratch).ok()?;
-    (compressed < bytes.len() - bytes.len() / 16).then_some(compressed)
 }
 
 fn write_all_vectored(writer: &mut Connection, mut slices: &mut [std::io::IoSlice<'_>]) -> std::io::Result<()> {

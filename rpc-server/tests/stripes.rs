@@ -175,7 +175,7 @@ fn a_data_connection_that_breaks_mid_copy_fails_the_copy_not_the_session() {
 
 /// A striped copy's chunks as LZ4 blocks: compressed host-to-device chunks land as their bytes,
 /// device-to-host chunks come compressed when asked and LZ4 shrinks them (raw when it does not:
-/// random bytes), the server counts the bytes saved, and a block that does not decompress to its
+/// random bytes), bf16-like bytes go in planes both ways, the server counts the bytes saved, and a block that does not decompress to its
 /// chunk's length fails the copy without harming the session.
 #[test]
 fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
@@ -197,7 +197,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
         assert!((block.len() as u64) < piece);
         saved += piece - block.len() as u64;
         let link = &mut links[number % 2];
-        link.write_all(&ChunkHeader { transfer: 1, offset, len: piece, wire_len: block.len() as u64 }.encode()).unwrap();
+        link.write_all(&ChunkHeader { transfer: 1, offset, len: piece, wire_len: block.len() as u64, flags: 0 }.encode()).unwrap();
         link.write_all(&block).unwrap();
     }
     assert_eq!(deferred(&mut session), None);
@@ -218,7 +218,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
         let mut block = vec![0u8; header.wire_len as usize];
         link.read_exact(&mut block).unwrap();
         let target = &mut back[offset as usize..(offset + piece) as usize];
-        assert_eq!(lz4_flex::block::decompress_into(&block, target).unwrap(), piece as usize);
+        flyt_protocol::stripes::decompress(&header, &block, target, &mut Vec::new()).unwrap();
     }
     let mut message = Vec::new();
     assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
@@ -242,6 +242,50 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     assert!(receive_chunks(&mut links, 3, 2 * CHUNK) == random, "random bytes came raw and intact");
     assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
 
+    // bf16-like values (noisy low bytes, repeating high bytes): they shrink only in planes.
+    let mut state = 0x0123_4567_89AB_CDEFu64;
+    let bf16: Vec<u8> = (0..CHUNK + CHUNK / 2 + 1)
+        .map(|i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            if i % 2 == 0 { state as u8 } else { 0x3c + (state as u8 & 3) }
+        })
+        .collect();
+    let mut compressor = flyt_protocol::stripes::Compressor::default();
+    let bf16_len = bf16.len() as u64;
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bf16_len, stream: 0, transfer: 5, chunk: CHUNK }.into(), &[]);
+    for (number, (offset, piece)) in chunks(bf16_len, CHUNK).enumerate() {
+        let (block, flags) = compressor.compress(&bf16[offset as usize..(offset + piece) as usize]).expect("bf16-like bytes shrink");
+        assert_eq!(flags, flyt_protocol::stripes::SHUFFLED);
+        saved += piece - block.len() as u64;
+        links[number % 2]
+            .write_all(&ChunkHeader { transfer: 5, offset, len: piece, wire_len: block.len() as u64, flags }.encode())
+            .unwrap();
+        links[number % 2].write_all(block).unwrap();
+    }
+    assert_eq!(deferred(&mut session), None);
+    assert!(read_back(&mut session, ptr, bf16_len) == bf16, "shuffled chunks landed as their bytes");
+    let seq = session.send(
+        &req::MemcpyDtoHStriped { src: ptr, len: bf16_len, stream: 0, transfer: 6, chunk: CHUNK, blocking: true, compress: true }.into(),
+        &[],
+    );
+    let mut back = vec![0u8; bf16.len()];
+    for (number, (offset, piece)) in chunks(bf16_len, CHUNK).enumerate() {
+        let link = &mut links[number % 2];
+        let mut header = [0u8; CHUNK_HEADER_LEN];
+        link.read_exact(&mut header).unwrap();
+        let header = ChunkHeader::decode(&header).expect("a chunk header");
+        assert_eq!((header.offset, header.len, header.flags), (offset, piece, flyt_protocol::stripes::SHUFFLED));
+        saved += header.len - header.wire_len;
+        let mut block = vec![0u8; header.wire_len as usize];
+        link.read_exact(&mut block).unwrap();
+        flyt_protocol::stripes::decompress(&header, &block, &mut back[offset as usize..(offset + piece) as usize], &mut Vec::new())
+            .unwrap();
+    }
+    assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
+    assert!(back == bf16, "shuffled device-to-host chunks");
+
     let text = flyt_test_support::scrape_metrics(&port);
     let line = text.lines().find(|line| line.starts_with("flyt_rpc_stripe_compression_saved_bytes_total")).unwrap_or_default();
     let counted: f64 = line.rsplit(' ').next().and_then(|value| value.parse().ok()).unwrap_or(-1.0);
@@ -250,7 +294,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     // A block that decompresses to fewer bytes than its chunk: the copy fails, the session goes on.
     let short = lz4_flex::block::compress(&weights[..CHUNK as usize - 1]);
     session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 4, chunk: CHUNK }.into(), &[]);
-    links[0].write_all(&ChunkHeader { transfer: 4, offset: 0, len: CHUNK, wire_len: short.len() as u64 }.encode()).unwrap();
+    links[0].write_all(&ChunkHeader { transfer: 4, offset: 0, len: CHUNK, wire_len: short.len() as u64, flags: 0 }.encode()).unwrap();
     links[0].write_all(&short).unwrap();
     assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
     session.round_trip(0x66);
