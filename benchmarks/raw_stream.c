@@ -7,14 +7,18 @@
  * server side reuses one 1 MiB buffer (as a server would stage into pinned chunks). TCP_NODELAY is set.
  *
  *   raw_stream server tcp HOST:PORT | unix PATH      listen; prints "raw_stream listening on ..." and serves
- *   raw_stream client tcp HOST:PORT | unix PATH BYTES[,BYTES...] RUNS
- *   raw_stream pair tcp|unix BYTES[,BYTES...] RUNS   both in one command (forks the server)
+ *   raw_stream client tcp HOST:PORT | unix PATH BYTES[,BYTES...] RUNS [CONNS]
+ *   raw_stream pair tcp|unix BYTES[,BYTES...] RUNS [CONNS]   both in one command (forks the server)
+ * With CONNS > 1 (default 1, at most 64) each transfer is split in CONNS equal parts moved at once over
+ * CONNS connections, one thread each on both sides: the ceiling for copies striped over as many
+ * connections (Flyt's FLYT_STRIPES). The server serves each connection on a thread of its own.
  * BYTES accepts K/M/G suffixes (powers of 1024). Results: one JSON object per line on stdout. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -107,7 +111,7 @@ static int listen_on(int is_tcp, const char *addr, char *bound, size_t bound_len
         if (bind(fd, (struct sockaddr *)&sa, sizeof sa)) die("bind");
         snprintf(bound, bound_len, "%s", addr);
     }
-    if (listen(fd, 4)) die("listen");
+    if (listen(fd, 64)) die("listen");
     return fd;
 }
 
@@ -135,42 +139,69 @@ static int connect_to(int is_tcp, const char *addr) {
     return fd;
 }
 
-static void serve(int lfd, int is_tcp, int once) {
+struct served {
+    int fd;
+    int is_tcp;
+};
+
+static void *serve_connection(void *arg) {
+    struct served *c = arg;
+    int fd = c->fd;
     char *buf = malloc(CHUNK);
     if (!buf) die("malloc");
     memset(buf, 0x5a, CHUNK);
+    nodelay(fd, c->is_tcp);
+    struct req q;
+    while (read_all(fd, &q, sizeof q) && q.op != 0) {
+        uint64_t left = q.bytes;
+        if (q.op == 1) {
+            while (left) {
+                size_t n = left < CHUNK ? (size_t)left : CHUNK;
+                ssize_t r = read(fd, buf, n);
+                if (r < 0 && errno == EINTR) continue;
+                if (r <= 0) die("read");
+                left -= (uint64_t)r;
+            }
+            char ack = 1;
+            write_all(fd, &ack, 1);
+        } else {
+            while (left) {
+                size_t n = left < CHUNK ? (size_t)left : CHUNK;
+                write_all(fd, buf, n);
+                left -= n;
+            }
+        }
+    }
+    close(fd);
+    free(buf);
+    free(c);
+    return NULL;
+}
+
+/* Serves each connection on a thread; with `once`, exactly `conns` connections, then returns. */
+static void serve(int lfd, int is_tcp, int once, int conns) {
+    pthread_t threads[64];
+    int accepted = 0;
     for (;;) {
         int fd = accept(lfd, NULL, NULL);
         if (fd < 0) {
             if (errno == EINTR) continue;
             die("accept");
         }
-        nodelay(fd, is_tcp);
-        struct req q;
-        while (read_all(fd, &q, sizeof q) && q.op != 0) {
-            uint64_t left = q.bytes;
-            if (q.op == 1) {
-                while (left) {
-                    size_t n = left < CHUNK ? (size_t)left : CHUNK;
-                    ssize_t r = read(fd, buf, n);
-                    if (r < 0 && errno == EINTR) continue;
-                    if (r <= 0) die("read");
-                    left -= (uint64_t)r;
-                }
-                char ack = 1;
-                write_all(fd, &ack, 1);
-            } else {
-                while (left) {
-                    size_t n = left < CHUNK ? (size_t)left : CHUNK;
-                    write_all(fd, buf, n);
-                    left -= n;
-                }
-            }
+        struct served *c = malloc(sizeof *c);
+        if (!c) die("malloc");
+        c->fd = fd;
+        c->is_tcp = is_tcp;
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, serve_connection, c)) die("pthread_create");
+        if (!once) {
+            pthread_detach(thread);
+            continue;
         }
-        close(fd);
-        if (once) break;
+        threads[accepted++] = thread;
+        if (accepted == conns) break;
     }
-    free(buf);
+    for (int i = 0; i < accepted; i++) pthread_join(threads[i], NULL);
 }
 
 static double run_once(int fd, int op, char *buf, uint64_t bytes) {
@@ -194,6 +225,33 @@ static double run_once(int fd, int op, char *buf, uint64_t bytes) {
             off += (uint64_t)r;
         }
     }
+    return now() - t0;
+}
+
+struct part {
+    int fd, op;
+    char *buf;
+    uint64_t bytes;
+};
+
+static void *run_part(void *arg) {
+    struct part *p = arg;
+    run_once(p->fd, p->op, p->buf, p->bytes);
+    return NULL;
+}
+
+/* One transfer of `bytes` split over `conns` connections at once; the time until all parts are done. */
+static double run_split(int *fds, int conns, int op, char *buf, uint64_t bytes) {
+    if (conns == 1) return run_once(fds[0], op, buf, bytes);
+    pthread_t threads[64];
+    struct part parts[64];
+    uint64_t each = bytes / (uint64_t)conns;
+    double t0 = now();
+    for (int i = 0; i < conns; i++) {
+        parts[i] = (struct part){fds[i], op, buf + (uint64_t)i * each, i == conns - 1 ? bytes - (uint64_t)i * each : each};
+        if (pthread_create(&threads[i], NULL, run_part, &parts[i])) die("pthread_create");
+    }
+    for (int i = 0; i < conns; i++) pthread_join(threads[i], NULL);
     return now() - t0;
 }
 
@@ -224,7 +282,7 @@ static uint64_t parse_bytes(const char *s) {
     return (uint64_t)v;
 }
 
-static void client(int is_tcp, const char *addr, const char *sizes, int runs) {
+static void client(int is_tcp, const char *addr, const char *sizes, int runs, int conns) {
     uint64_t list[32];
     int nsizes = 0;
     uint64_t max = 0;
@@ -240,28 +298,31 @@ static void client(int is_tcp, const char *addr, const char *sizes, int runs) {
     char *buf = malloc(max ? (size_t)max : 1);
     if (!buf) die("malloc");
     memset(buf, 0x33, (size_t)max);
-    int fd = connect_to(is_tcp, addr);
+    int fds[64];
+    for (int i = 0; i < conns; i++) fds[i] = connect_to(is_tcp, addr);
     for (int s = 0; s < nsizes; s++) {
         for (int op = 1; op <= 2; op++) {
             double t[64];
-            run_once(fd, op, buf, list[s]); /* warm-up */
-            for (int r = 0; r < runs; r++) t[r] = run_once(fd, op, buf, list[s]);
+            run_split(fds, conns, op, buf, list[s]); /* warm-up */
+            for (int r = 0; r < runs; r++) t[r] = run_split(fds, conns, op, buf, list[s]);
             qsort(t, (size_t)runs, sizeof t[0], cmp_double);
             double med = runs % 2 ? t[runs / 2] : 0.5 * (t[runs / 2 - 1] + t[runs / 2]);
             printf(
                 "{\"bench\":\"raw_stream\",\"socket\":\"%s\",\"dir\":\"%s\",\"bytes\":%llu,\"runs\":%d,"
-                "\"chunk\":%u,\"gbps\":%.4f,\"best_gbps\":%.4f,\"worst_gbps\":%.4f}\n",
-                is_tcp ? "tcp" : "unix", op == 1 ? "c2s" : "s2c", (unsigned long long)list[s], runs, CHUNK,
+                "\"chunk\":%u,\"conns\":%d,\"gbps\":%.4f,\"best_gbps\":%.4f,\"worst_gbps\":%.4f}\n",
+                is_tcp ? "tcp" : "unix", op == 1 ? "c2s" : "s2c", (unsigned long long)list[s], runs, CHUNK, conns,
                 (double)list[s] / med / 1e9, (double)list[s] / t[0] / 1e9, (double)list[s] / t[runs - 1] / 1e9);
             fflush(stdout);
-            fprintf(stderr, "raw %s %s %llu bytes: %.2f GB/s (median of %d)\n", is_tcp ? "tcp" : "unix",
-                    op == 1 ? "client->server" : "server->client", (unsigned long long)list[s],
+            fprintf(stderr, "raw %s %s %llu bytes over %d connection(s): %.2f GB/s (median of %d)\n", is_tcp ? "tcp" : "unix",
+                    op == 1 ? "client->server" : "server->client", (unsigned long long)list[s], conns,
                     (double)list[s] / med / 1e9, runs);
         }
     }
     struct req bye = {0};
-    write_all(fd, &bye, sizeof bye);
-    close(fd);
+    for (int i = 0; i < conns; i++) {
+        write_all(fds[i], &bye, sizeof bye);
+        close(fds[i]);
+    }
     free(buf);
 }
 
@@ -272,6 +333,15 @@ static int is_tcp_arg(const char *s) {
     exit(2);
 }
 
+static int conns_arg(const char *s) {
+    int conns = atoi(s);
+    if (conns < 1 || conns > 64) {
+        fprintf(stderr, "raw_stream: CONNS must be 1 to 64, not %s\n", s);
+        exit(2);
+    }
+    return conns;
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     char bound[256];
@@ -280,14 +350,15 @@ int main(int argc, char **argv) {
         int lfd = listen_on(tcp, argv[3], bound, sizeof bound);
         printf("raw_stream listening on %s:%s\n", tcp ? "tcp" : "unix", bound);
         fflush(stdout);
-        serve(lfd, tcp, 0);
+        serve(lfd, tcp, 0, 0);
         return 0;
     }
-    if (argc == 6 && !strcmp(argv[1], "client")) {
-        client(is_tcp_arg(argv[2]), argv[3], argv[4], atoi(argv[5]));
+    if ((argc == 6 || argc == 7) && !strcmp(argv[1], "client")) {
+        client(is_tcp_arg(argv[2]), argv[3], argv[4], atoi(argv[5]), conns_arg(argc == 7 ? argv[6] : "1"));
         return 0;
     }
-    if (argc == 5 && !strcmp(argv[1], "pair")) {
+    if ((argc == 5 || argc == 6) && !strcmp(argv[1], "pair")) {
+        int conns = conns_arg(argc == 6 ? argv[5] : "1");
         int tcp = is_tcp_arg(argv[2]);
         char dir[] = "/tmp/raw_stream.XXXXXX", path[128];
         if (!tcp) {
@@ -298,11 +369,11 @@ int main(int argc, char **argv) {
         pid_t pid = fork();
         if (pid < 0) die("fork");
         if (pid == 0) {
-            serve(lfd, tcp, 1);
+            serve(lfd, tcp, 1, conns);
             _exit(0);
         }
         close(lfd);
-        client(tcp, bound, argv[3], atoi(argv[4]));
+        client(tcp, bound, argv[3], atoi(argv[4]), conns);
         int st = 0;
         waitpid(pid, &st, 0);
         if (!tcp) {
@@ -313,7 +384,7 @@ int main(int argc, char **argv) {
     }
     fprintf(stderr,
             "usage: raw_stream server tcp HOST:PORT | server unix PATH\n"
-            "       raw_stream client tcp HOST:PORT|unix PATH BYTES[,BYTES...] RUNS\n"
-            "       raw_stream pair tcp|unix BYTES[,BYTES...] RUNS\n");
+            "       raw_stream client tcp HOST:PORT|unix PATH BYTES[,BYTES...] RUNS [CONNS]\n"
+            "       raw_stream pair tcp|unix BYTES[,BYTES...] RUNS [CONNS]\n");
     return 2;
 }

@@ -119,6 +119,8 @@ pub struct Client {
     /// The session's devices the app sees (`CUDA_VISIBLE_DEVICES`), as server indices in the
     /// app's order: the app's device `i` is the server's `visible[i]`.
     visible: Vec<u32>,
+    /// Data connections for large copies over a socket (`stripes.rs`).
+    pub(crate) stripes: crate::stripes::Stripes,
 }
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
@@ -284,6 +286,14 @@ struct Origin {
 }
 
 static ORIGIN: OnceLock<Origin> = OnceLock::new();
+
+/// A new connection to the session's server, made as the session's own was (address, TLS), and
+/// a hello with its token and identity: for the session's data connections (`stripes.rs`).
+pub(crate) fn connect_again() -> Result<(Wire, Hello), String> {
+    let origin = ORIGIN.get().ok_or("the session has not opened")?;
+    let wire = connect_wire(&origin.address, origin.tls_ca.as_deref())?;
+    Ok((wire, Hello::new(origin.token.clone(), origin.identity.clone(), None)))
+}
 
 /// How long a moved session tries to reach its new server (`FLYT_RESUME_TIMEOUT`, seconds): a
 /// server restarting from its checkpoint may take a while.
@@ -557,6 +567,8 @@ fn open_session() -> Result<Client, (CudaError, String)> {
     };
     wire.set_read_timeout(None).map_err(|error| unavailable(error.to_string()))?;
     let rings = offered.as_ref().filter(|_| info.shm_accepted && info.rings).map(|offered| offered.rings);
+    // A VM's serial port carries one session per connection: no data connections there.
+    let stripes = crate::stripes::Stripes::new(&info, wire.is_tcp(), info.shm_accepted || matches!(wire, Wire::Serial(_)));
     let shm = match offered {
         Some(offered) if info.shm_accepted => Some(shm::Channel::new(offered)),
         Some(offered) => {
@@ -635,6 +647,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         managed: crate::managed::Managed::default(),
         mirrors: crate::mirrors::Mirrors::default(),
         greens: crate::green::Greens::default(),
+        stripes,
     })
 }
 

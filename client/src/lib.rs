@@ -30,6 +30,7 @@ pub mod shaped;
 pub mod shm;
 pub mod stats;
 pub mod streams;
+pub mod stripes;
 pub mod transfer;
 pub mod user_objects;
 pub mod vmm;

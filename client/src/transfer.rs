@@ -344,6 +344,14 @@ pub unsafe fn copy(
             if mode == Mode::Asynchronous && client.graphs.host_functions_pending() && client.host_allocation(src as usize).is_some() {
                 client.graphs.wait_for_host_functions();
             }
+            // SAFETY: forwarded contract.
+            if let Some(striped) = unsafe { crate::stripes::htod(client, dst_address, src.cast(), len, stream) } {
+                striped?;
+                if mode == Mode::Synchronous {
+                    client.sync_stream(stream)?;
+                }
+                return Ok(());
+            }
             // SAFETY: `src` is non-NULL (checked above) and a host buffer of `count` bytes per this
             // function's contract.
             let bytes = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), count) };
@@ -370,6 +378,29 @@ pub unsafe fn copy(
             // documents it); into pinned or registered memory it returns at once and the bytes
             // land before the next synchronizing call returns.
             let waited = mode == Mode::Synchronous || client.host_allocation(dst as usize).is_none();
+            // Striped only when the call waits anyway: an asynchronous copy into pinned memory
+            // keeps returning at once.
+            let striped = if waited {
+                // SAFETY: forwarded contract; the call waits for the bytes.
+                unsafe { crate::stripes::dtoh(client, dst.cast(), src_address, len, stream, mode == Mode::Synchronous) }
+            } else {
+                None
+            };
+            if let Some(striped) = striped {
+                let deferred = striped?;
+                return match mode {
+                    Mode::Synchronous => {
+                        deferred.or_else(|| client.conn.take_deferred()).map_or(Ok(()), Err)?;
+                        client.pull_mirrors(false)
+                    }
+                    Mode::Asynchronous => {
+                        if let Some(error) = deferred {
+                            client.conn.defer(error);
+                        }
+                        Ok(())
+                    }
+                };
+            }
             let mut slots = Vec::new();
             let mut offset = 0u64;
             while offset < len {

@@ -7,7 +7,7 @@ use crate::device::DeviceInfo;
 /// Bytes that open every `Hello`, so a stray connection is refused at once.
 pub const MAGIC: [u8; 4] = *b"FLYT";
 /// Bumped whenever a message or the op table changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 27;
+pub const PROTOCOL_VERSION: u32 = 28;
 /// The CUDA runtime ABI the shim implements.
 pub const CUDA_ABI_MAJOR: u32 = 13;
 /// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
@@ -67,12 +67,24 @@ pub struct Hello {
     /// A moved session's snapshot to continue (`Notice::Moved`): the server restores it, or
     /// finds it restored already, instead of starting an empty session.
     pub resume: Option<String>,
+    /// A data connection of an open session (striped bulk copies, `crate::stripes`), not a
+    /// session of its own.
+    pub stripe: Option<crate::stripes::StripeJoin>,
 }
 
 impl Hello {
     /// A hello for this build's protocol.
     pub fn new(token: Option<String>, client: ClientIdentity, shm: Option<ShmOffer>) -> Self {
-        Self { magic: MAGIC, protocol_version: PROTOCOL_VERSION, cuda_abi_major: CUDA_ABI_MAJOR, token, client, shm, resume: None }
+        Self {
+            magic: MAGIC,
+            protocol_version: PROTOCOL_VERSION,
+            cuda_abi_major: CUDA_ABI_MAJOR,
+            token,
+            client,
+            shm,
+            resume: None,
+            stripe: None,
+        }
     }
 }
 
@@ -100,6 +112,9 @@ pub struct SessionInfo {
     pub shm_refusal: Option<String>,
     /// `true` when the device cannot run kernels (the emulated device).
     pub emulated: bool,
+    /// What a data connection of this session presents (`crate::stripes`); `None` when the
+    /// session stripes no copies (the shared-memory channel carries its bulk).
+    pub stripe_secret: Option<[u8; crate::stripes::SECRET_LEN]>,
 }
 
 /// The server's answer to `Hello`.

@@ -25,6 +25,7 @@ pub mod frame;
 pub mod handshake;
 pub mod locate;
 pub mod ops;
+pub mod stripes;
 pub mod token;
 /// The listener's and its workers' messages (the server's; they name control-plane types).
 #[cfg(feature = "control")]

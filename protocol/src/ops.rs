@@ -471,6 +471,15 @@ macro_rules! for_each_op {
             /// A host-to-device copy node ran its host half (`Notice::HostCopyIn { run, .. }`): the
             /// app's bytes, packed, follow as bulk.
             181 HostCopyDone host_copy_done [noreply bulk_in] { run: u64 } -> {};
+            // --- striped bulk copies (`crate::stripes`) ---
+            /// Host to device over the session's data connections: `len` bytes for `dst` arrive in
+            /// chunks of `chunk` bytes (the last one shorter), chunk `i` on data connection
+            /// `i % count`, each behind a chunk header naming `transfer`.
+            182 MemcpyHtoDStriped memcpy_htod_striped [noreply -] { dst: u64, len: u64, stream: u64, transfer: u64, chunk: u64 } -> {};
+            /// Device to host over the session's data connections (chunks as above); the reply
+            /// comes once every chunk was written. `blocking` as for `MemcpyDtoH`; `compress`:
+            /// chunks LZ4 makes smaller go compressed (the client measured a slow link).
+            183 MemcpyDtoHStriped memcpy_dtoh_striped [sync_point -] { src: u64, len: u64, stream: u64, transfer: u64, chunk: u64, blocking: bool, compress: bool } -> {};
         }
     };
 }

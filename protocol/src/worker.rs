@@ -25,6 +25,9 @@ pub enum ToWorker {
     /// (To a warm worker.) Restore the snapshot in file `path`, answer `Restored`, then wait for
     /// the `Serve` of its app.
     Restore { path: String },
+    /// A data connection claims to belong to the session (`crate::stripes`); its socket comes
+    /// with this message. The worker checks the secret and answers the connection.
+    Stripe { join: crate::stripes::StripeJoin, tcp: bool, secured: bool },
 }
 
 /// Worker to listener.

@@ -22,6 +22,7 @@ pub mod session;
 pub mod shareable;
 pub mod shm;
 pub mod stats;
+pub mod stripes;
 pub mod transport;
 pub mod visible;
 pub mod waiters;

@@ -445,6 +445,9 @@ impl Server {
         if let Err((error, reason)) = self.check_hello(&hello) {
             return Self::refuse(&mut connection, &peer, error, reason);
         }
+        if let Some(join) = hello.stripe {
+            return self.join_stripe(connection, &peer, join);
+        }
         let worker = match &hello.resume {
             None => self.take_warm(Duration::from_secs(60)).map_err(|reason| format!("no GPU worker: {reason}")),
             Some(name) => self.resumed_worker(name),
@@ -491,6 +494,29 @@ impl Server {
             },
             worker.pid
         );
+    }
+
+    /// Hands a data connection (`flyt_protocol::stripes`) to the worker of the session it names,
+    /// which checks its secret and answers it.
+    fn join_stripe(&self, mut connection: Connection, peer: &str, join: flyt_protocol::stripes::StripeJoin) {
+        let Ok((_, channel)) = self.session_worker(join.session_id) else {
+            return Self::refuse(&mut connection, peer, CudaError::NOT_PERMITTED, "a data connection for no session of this server".into());
+        };
+        let _ = connection.set_read_timeout(None);
+        let command = ToWorker::Stripe { join, tcp: connection.is_tcp(), secured: connection.is_secured() };
+        let mut bytes = Vec::new();
+        encode_into(&command, &mut bytes);
+        let fds = [std::os::fd::AsFd::as_fd(&connection).as_raw_fd()];
+        let sent = sendmsg::<()>(
+            channel.as_raw_fd(),
+            &[std::io::IoSlice::new(&bytes)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        );
+        if let Err(error) = sent {
+            Self::refuse(&mut connection, peer, CudaError::DEVICES_UNAVAILABLE, format!("worker unavailable: {error}"));
+        }
     }
 
     /// The worker that holds (or now restores) snapshot `name` for its app, which reconnected.

@@ -62,6 +62,11 @@ pub fn render(server: &Server) -> String {
         ),
     );
     registry.register(
+        "stripe_compression_saved_bytes",
+        "Bytes striped copies kept off the network by sending chunks as LZ4 (both directions)",
+        Series::Counters(vec![(base(), counts.compression_saved())]),
+    );
+    registry.register(
         "call_duration_seconds",
         "Time from a request's arrival to its reply, for calls with a reply (timed while metrics are on)",
         Series::Histograms(vec![HistogramSnapshot { labels: base(), buckets: bounds.zip(buckets).collect(), count, sum }]),

@@ -429,6 +429,8 @@ pub struct Session<D: Device> {
     tensor_maps: memops::TensorMaps,
     /// Green contexts, their streams, and the resources and descriptors they are made from.
     green: green::GreenTable<D>,
+    /// The data connections striped copies travel on (`None`: the session stripes nothing).
+    stripes: Option<Arc<crate::stripes::Stripes<D>>>,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -495,6 +497,7 @@ impl<D: Device> Session<D> {
             ipc: ipc::IpcTable::default(),
             tensor_maps: memops::TensorMaps::default(),
             green: green::GreenTable::default(),
+            stripes: None,
         }
     }
 
@@ -988,6 +991,19 @@ impl<D: Device> Session<D> {
         self.moves.clone()
     }
 
+    /// Lets data connections presenting `secret` (given to the client in the handshake) join
+    /// the session; the worker admits them through the returned set.
+    /// `staging_slots`: the device's pinned staging buffers, which bound a copy's chunks in flight.
+    pub fn enable_stripes(
+        &mut self,
+        secret: [u8; flyt_protocol::stripes::SECRET_LEN],
+        staging_slots: usize,
+    ) -> Arc<crate::stripes::Stripes<D>> {
+        let stripes = Arc::new(crate::stripes::Stripes::new(self.device.clone(), secret, self.config.stats.clone(), staging_slots));
+        self.stripes = Some(stripes.clone());
+        stripes
+    }
+
     /// The session's reply channel (for notices the client did not ask for).
     pub fn outbox(&self) -> Arc<Outbox> {
         self.outbox.clone()
@@ -1153,6 +1169,51 @@ impl<D: Device> OpHandler for Session<D> {
         };
         self.count_copy(request.stream, crate::stats::Copied::DeviceToHostSocket, request.len);
         self.hold_copy(copy, request.stream, request.blocking, reply, rep::MemcpyDtoH {});
+    }
+
+    fn memcpy_htod_striped(&mut self, request: req::MemcpyHtoDStriped, reply: Responder<rep::MemcpyHtoDStriped>) {
+        let checked = (|| {
+            self.ranges.check(request.dst, request.len)?;
+            let stream = self.stream(request.stream)?;
+            self.refuse_while_capturing(stream)?;
+            Ok(stream)
+        })();
+        let result = match &self.stripes {
+            // Refused copies still read their chunks, which are on their way.
+            Some(stripes) => {
+                let (stream, refused) = match checked {
+                    Ok(stream) => (stream, None),
+                    Err(error) => (self.device.null_stream(), Some(error)),
+                };
+                let dst = self.moved_variables.here(request.dst);
+                let copy = crate::stripes::StripedCopy { device: dst, len: request.len, chunk: request.chunk, transfer: request.transfer };
+                stripes.receive(copy, stream, self.config.copy_chunk, refused)
+            }
+            None => checked.and(Err(CudaError::NOT_SUPPORTED)),
+        };
+        if result.is_ok() {
+            self.count_copy(request.stream, crate::stats::Copied::HostToDeviceSocket, request.len);
+        }
+        reply.send(result.map(|()| rep::MemcpyHtoDStriped {}));
+    }
+
+    fn memcpy_dtoh_striped(&mut self, request: req::MemcpyDtoHStriped, reply: Responder<rep::MemcpyDtoHStriped>) {
+        let result = (|| {
+            self.ranges.check(request.src, request.len)?;
+            let stream = self.stream(request.stream)?;
+            self.refuse_while_capturing(stream)?;
+            let stripes = self.stripes.as_ref().ok_or(CudaError::NOT_SUPPORTED)?;
+            let src = self.moved_variables.here(request.src);
+            let copy = crate::stripes::StripedCopy { device: src, len: request.len, chunk: request.chunk, transfer: request.transfer };
+            stripes.send(copy, stream, self.config.copy_chunk, request.compress)
+        })();
+        if result.is_ok() {
+            self.count_copy(request.stream, crate::stats::Copied::DeviceToHostSocket, request.len);
+        }
+        if request.blocking && self.may_print {
+            self.outbox.send_output();
+        }
+        reply.send(result.map(|()| rep::MemcpyDtoHStriped {}));
     }
 
     fn memcpy_dtod(&mut self, request: req::MemcpyDtoD, reply: Responder<rep::MemcpyDtoD>) {

@@ -37,7 +37,8 @@ impl Copied {
 }
 
 // One slot: calls per op, errors per op, kernels, bytes per `Copied`, latency buckets (+Inf
-// included), latency count, latency sum in nanoseconds.
+// included), latency count, latency sum in nanoseconds, bytes striped copies' compression kept
+// off the wire.
 const CALLS: usize = 0;
 const ERRORS: usize = OPS.len();
 const KERNELS: usize = 2 * OPS.len();
@@ -45,7 +46,8 @@ const BYTES: usize = KERNELS + 1;
 const BUCKETS: usize = BYTES + Copied::ALL.len();
 const LATENCY_COUNT: usize = BUCKETS + LATENCY_BOUNDS.len() + 1;
 const LATENCY_SUM_NS: usize = LATENCY_COUNT + 1;
-const SLOT_WORDS: usize = LATENCY_SUM_NS + 1;
+const COMPRESSION_SAVED: usize = LATENCY_SUM_NS + 1;
+const SLOT_WORDS: usize = COMPRESSION_SAVED + 1;
 
 fn op_index(id: u16) -> Option<usize> {
     OPS.binary_search_by_key(&id, |op| op.id).ok()
@@ -140,6 +142,11 @@ impl SlotStats {
         self.add(BYTES + how as usize, bytes);
     }
 
+    /// A striped copy's chunk crossed the network as LZ4, `bytes` smaller than raw.
+    pub fn compression_saved(&self, bytes: u64) {
+        self.add(COMPRESSION_SAVED, bytes);
+    }
+
     /// How long the server took to answer a call that has a reply.
     pub fn latency(&self, took: Duration) {
         let seconds = took.as_secs_f64();
@@ -181,6 +188,10 @@ impl Counts {
 
     pub fn copied(&self, how: Copied) -> u64 {
         self.0[BYTES + how as usize]
+    }
+
+    pub fn compression_saved(&self) -> u64 {
+        self.0[COMPRESSION_SAVED]
     }
 
     /// Per-bucket counts (the last one is +Inf), the count and the sum in seconds.

@@ -195,11 +195,31 @@ fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> 
 
 /// Follows the listener's commands during the session: tells the client its new limits whenever
 /// the allocation was resized, and runs checkpoints and their release.
-fn follow_commands<D: Device>(channel: OwnedFd, session: &Session<D>, session_id: u64, device: Arc<D>, budget: Arc<SharedBudget>) {
+fn follow_commands<D: Device>(
+    channel: OwnedFd,
+    session: &Session<D>,
+    session_id: u64,
+    device: Arc<D>,
+    budget: Arc<SharedBudget>,
+    stripes: Option<Arc<crate::stripes::Stripes<D>>>,
+) {
     let (outbox, moves) = (session.outbox(), session.moves());
     let spawned = std::thread::Builder::new().name("flyt-commands".into()).spawn(move || {
-        while let Some((command, _)) = receive_command(&channel) {
+        while let Some((command, fd)) = receive_command(&channel) {
             match command {
+                ToWorker::Stripe { join, tcp, secured } => {
+                    let Some(fd) = fd else { continue };
+                    let socket = crate::stripes::connection_from_fd(fd, tcp, secured);
+                    let joined = match (&stripes, join.session_id == session_id) {
+                        (Some(stripes), true) => stripes.join(&join, socket),
+                        // Answered like a wrong secret: a claim learns nothing of other sessions.
+                        _ => crate::stripes::refuse(socket, "this session takes no data connections"),
+                    };
+                    match joined {
+                        Ok(()) => tracing::info!(session_id, index = join.index, "data connection joined"),
+                        Err(reason) => tracing::warn!(session_id, index = join.index, %reason, "data connection refused"),
+                    }
+                }
                 ToWorker::Limits => {
                     outbox.send_notice(&Notice::Limits { devices: sliced_infos(&*device, &*budget) });
                     // A lower quota does not take memory back; the app is told how far over it is.
@@ -350,6 +370,15 @@ fn serve<D: Device>(
     // With rings in the segment, small messages leave the socket after the handshake; the socket
     // stays open only to tell when the client is gone.
     let rings = shm.as_ref().zip(hello.shm.as_ref()).and_then(|(segment, offer)| ring_pair(segment, offer, &connection));
+    // Bulk copies over a socket may stripe over data connections; the shared-memory channel
+    // carries its own (and a session without a secret stripes nothing).
+    let stripe_secret = if shm.is_none() {
+        crate::stripes::random_secret()
+            .map_err(|error| tracing::warn!(session_id, %error, "no stripe secret: copies use the main connection"))
+            .ok()
+    } else {
+        None
+    };
     let session_info = SessionInfo {
         rings: rings.is_some(),
         session_id,
@@ -362,6 +391,7 @@ fn serve<D: Device>(
         shm_accepted: shm.is_some(),
         shm_refusal,
         emulated: device.emulated(),
+        stripe_secret,
     };
     let Ok(mut writer) = connection.try_clone() else {
         return 1;
@@ -410,7 +440,8 @@ fn serve<D: Device>(
             tracing::warn!(snapshot = %path, %error, "snapshot not removed");
         }
     }
-    follow_commands(channel, &session, session_id, device, budget);
+    let stripes = stripe_secret.map(|secret| session.enable_stripes(secret, args.staging_slots));
+    follow_commands(channel, &session, session_id, device, budget, stripes);
     let outcome = session.serve(reader);
     let program = hello.client.program;
     match outcome {

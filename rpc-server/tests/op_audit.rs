@@ -100,6 +100,48 @@ macro_rules! probes {
             refused(req::MemcpyDtoH { src: $v.ptr, len: u64::MAX, stream: 0, blocking: true }, INVALID_VALUE),
         ]
     };
+    // Striped copies: checked like the plain ones; a valid one in a session that opened no data
+    // connection is refused rather than waiting for chunks that never come.
+    (MemcpyHtoDStriped, $v:ident) => {
+        vec![
+            refused(req::MemcpyHtoDStriped { dst: BOGUS_POINTER, len: 16, stream: 0, transfer: 1, chunk: 1 << 20 }, INVALID_VALUE),
+            refused(req::MemcpyHtoDStriped { dst: $v.ptr + 1, len: $v.len, stream: 0, transfer: 1, chunk: 1 << 20 }, INVALID_VALUE),
+            refused(req::MemcpyHtoDStriped { dst: $v.ptr, len: 16, stream: BOGUS_HANDLE, transfer: 1, chunk: 1 << 20 }, UNKNOWN_HANDLE),
+            refused(req::MemcpyHtoDStriped { dst: $v.ptr, len: 16, stream: 0, transfer: 1, chunk: 1 << 20 }, CudaError::NOT_SUPPORTED),
+        ]
+    };
+    (MemcpyDtoHStriped, $v:ident) => {
+        vec![
+            refused(
+                req::MemcpyDtoHStriped {
+                    src: BOGUS_POINTER,
+                    len: 16,
+                    stream: 0,
+                    transfer: 1,
+                    chunk: 1 << 20,
+                    blocking: true,
+                    compress: false,
+                },
+                INVALID_VALUE,
+            ),
+            refused(
+                req::MemcpyDtoHStriped {
+                    src: $v.ptr,
+                    len: 16,
+                    stream: BOGUS_HANDLE,
+                    transfer: 1,
+                    chunk: 1 << 20,
+                    blocking: true,
+                    compress: false,
+                },
+                UNKNOWN_HANDLE,
+            ),
+            refused(
+                req::MemcpyDtoHStriped { src: $v.ptr, len: 16, stream: 0, transfer: 1, chunk: 1 << 20, blocking: true, compress: false },
+                CudaError::NOT_SUPPORTED,
+            ),
+        ]
+    };
     (MemcpyDtoD, $v:ident) => {
         vec![
             refused(req::MemcpyDtoD { dst: BOGUS_POINTER, src: $v.ptr, len: 16, stream: 0 }, INVALID_VALUE),

@@ -994,3 +994,57 @@ fn memory_pools_of_each_device_through_the_driver_api() {
         }
     }
 }
+
+/// Large copies striped over a session's data connections (`client/src/stripes.rs`), over TCP and
+/// a Unix socket, with the default count, one, three with small chunks (many chunks, the last
+/// one short), striping off, and every chunk compressed (LZ4): odd sizes pinned and pageable, synchronous and asynchronous, 2D,
+/// two threads at once, stream order; every byte checked by the program. Data connections must
+/// join and no copy may fall back to the main connection.
+#[test]
+fn large_copies_striped_over_data_connections_keep_every_byte_and_their_order() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("striped-copies");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_striped_copies");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--listen", &socket], &scratch);
+    let runs: [(&str, &[(&str, &str)]); 8] = [
+        ("tcp", &[]),
+        ("tcp", &[("FLYT_STRIPES", "1")]),
+        ("tcp", &[("FLYT_STRIPES", "3"), ("FLYT_STRIPE_CHUNK", "64K")]),
+        ("tcp", &[("FLYT_STRIPES", "0")]),
+        // Every chunk LZ4 shrinks goes compressed, both ways.
+        ("tcp", &[("FLYT_STRIPE_LZ4", "on")]),
+        ("unix", &[]),
+        ("unix", &[("FLYT_STRIPES", "3"), ("FLYT_STRIPE_CHUNK", "192K")]),
+        ("unix", &[("FLYT_STRIPE_LZ4", "on"), ("FLYT_STRIPE_CHUNK", "64K")]),
+    ];
+    for (transport, env) in runs {
+        let address = if transport == "tcp" { &server.addresses[0] } else { &server.addresses[1] };
+        let joined_before = server.log_text().matches("data connection joined").count();
+        let mut command = Command::new(&program);
+        command.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", address).env("FLYT_SHM", "off");
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let (code, stdout, stderr) = run_with_timeout(&mut command, Duration::from_secs(120));
+        let what = format!("{transport} {env:?}");
+        assert_eq!(code, 0, "{what}\n{stdout}\n{stderr}");
+        assert!(stdout.contains("PASSED: 0 failure(s)"), "{what}\n{stdout}\n{stderr}");
+        assert!(!stderr.contains("bulk copies use one connection"), "{what}: striping fell back\n{stderr}");
+        let expected = match env.iter().find(|(name, _)| *name == "FLYT_STRIPES") {
+            Some((_, count)) => count.parse::<usize>().unwrap(),
+            None if transport == "tcp" => 4,
+            None => 2,
+        };
+        // The worker logs a join just after answering it.
+        let joined = || server.log_text().matches("data connection joined").count() - joined_before;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while joined() < expected && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(joined(), expected, "{what}: data connections joined\n{}", server.log_text());
+    }
+}

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Bulk copies over a socket (issue 46), natively and through Flyt in the same run: synchronous
+# cuMemcpyHtoD/DtoH of pinned and pageable memory (benchmarks/remote_copy.c, bytes checked) through
+# one flyt-rpc-server over TCP loopback and a Unix socket without the shared-memory channel, with
+# striping off (FLYT_STRIPES=0: the session's one connection), one data connection and N, the
+# shared-memory channel for reference; and raw_stream.c over the same kinds of socket with 1 and N
+# connections, the best the machine gives, printed beside each Flyt row (same connection count).
+# Compression stays off there (FLYT_STRIPE_LZ4=off). With --shape RATE (root: tc's tbf on lo, e.g.
+# 8gbit for 1 GB/s), the same TCP copies run again on the shaped loopback with bf16 model weights
+# and random bytes, FLYT_STRIPE_LZ4 off, auto and on (rows shaped-DATA-lz4MODE).
+# Each program's output goes to OUT/NAME.txt; a table is printed last.
+#   benchmarks/remote_copy.sh --dist DIR --out DIR [--cuda DIR] [--device cuda|emulated]
+#                             [--sizes 64M,1G] [--reps N] [--stripes N] [--shape RATE]
+# DIST holds bin/flyt-rpc-server and lib/libcuda.so.1 (Flyt's); CUDA (default /usr/local/cuda) gives
+# cuda.h. With --device emulated (no GPU: copies move host memory) there is no native row.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(dirname "$here")
+DIST=$root/dist OUT=/tmp/flyt-remote-copy CUDA=/usr/local/cuda DEVICE=cuda SIZES=64M,1G REPS=5 STRIPES=4 SHAPE=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --dist) DIST=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --cuda) CUDA=$2; shift 2 ;;
+        --device) DEVICE=$2; shift 2 ;;
+        --sizes) SIZES=$2; shift 2 ;;
+        --reps) REPS=$2; shift 2 ;;
+        --stripes) STRIPES=$2; shift 2 ;;
+        --shape) SHAPE=$2; shift 2 ;;
+        *) echo "usage: $0 --dist DIR --out DIR [--cuda DIR] [--device cuda|emulated] [--sizes 64M,1G] [--reps N] [--stripes N] [--shape RATE]" >&2; exit 2 ;;
+    esac
+done
+DIST=$(cd "$DIST" && pwd)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT"/*.txt "$OUT"/*.err
+TMP=$(mktemp -d /tmp/flyt-remote-copy.XXXXXX)
+shaped=
+trap 'kill $server 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"; [ -z "$shaped" ] || tc qdisc del dev lo root 2>/dev/null' EXIT
+server=
+
+cc -std=gnu11 -O2 -Wall -Werror -I"$CUDA/include" "$here/remote_copy.c" -o "$TMP/remote_copy" -L"$DIST/lib" -l:libcuda.so.1 || exit 1
+cc -O2 -Wall -Werror -pthread "$here/raw_stream.c" -o "$TMP/raw_stream" || exit 1
+
+memory=()
+[ "$DEVICE" = emulated ] && memory=(--emulated-memory 8GiB)
+"$DIST/bin/flyt-rpc-server" --device "$DEVICE" "${memory[@]}" --listen "unix:$TMP/s.sock" --listen 127.0.0.1:0 \
+    >"$TMP/server.out" 2>"$OUT/server.log" &
+server=$!
+for _ in $(seq 100); do [ -S "$TMP/s.sock" ] && grep -q '127.0.0.1' "$TMP/server.out" && break; sleep 0.1; done
+tcp=$(grep -o '127\.0\.0\.1:[0-9]*' "$TMP/server.out" | head -n 1)
+[ -n "$tcp" ] || { echo "remote_copy.sh: the server did not start; see $OUT/server.log" >&2; exit 1; }
+
+# flyt LABEL ADDRESS SHM STRIPES [LZ4 [DATA]]
+flyt() {
+    LD_LIBRARY_PATH=$DIST/lib FLYT_SERVER=$2 FLYT_SHM=$3 FLYT_STRIPES=$4 FLYT_STRIPE_LZ4=${5:-off} \
+        timeout 900 "$TMP/remote_copy" "$1" "$REPS" "$SIZES" "${6:-pattern}" >"$OUT/$1.txt" 2>"$OUT/$1.err" || echo "$1: exit $?" >&2
+}
+[ "$DEVICE" = cuda ] && { timeout 900 "$TMP/remote_copy" native "$REPS" "$SIZES" >"$OUT/native.txt" 2>"$OUT/native.err" || echo "native: exit $?" >&2; }
+flyt shm "unix:$TMP/s.sock" on 0
+for transport in tcp unix; do
+    address=$tcp
+    [ "$transport" = unix ] && address=unix:$TMP/s.sock
+    for stripes in 0 1 "$STRIPES"; do flyt "$transport-s$stripes" "$address" off "$stripes"; done
+    for conns in 1 "$STRIPES"; do
+        timeout 900 "$TMP/raw_stream" pair "$transport" "$SIZES" "$REPS" "$conns" >"$OUT/raw-$transport-c$conns.txt" 2>"$OUT/raw-$transport-c$conns.err"
+    done
+done
+
+if [ -n "$SHAPE" ]; then
+    if tc qdisc add dev lo root tbf rate "$SHAPE" burst 8mb latency 200ms 2>"$OUT/tc.err"; then
+        shaped=1
+        for data in weights random; do
+            for lz4 in off auto on; do flyt "shaped-$data-lz4$lz4" "$tcp" off "$STRIPES" "$lz4" "$data"; done
+        done
+        timeout 900 "$TMP/raw_stream" pair tcp "$SIZES" "$REPS" "$STRIPES" >"$OUT/raw-shaped.txt" 2>"$OUT/raw-shaped.err"
+        tc qdisc del dev lo root
+        shaped=
+    else
+        echo "remote_copy.sh: --shape skipped: tc refused ($(cat "$OUT/tc.err")); it needs root and sch_tbf" >&2
+    fi
+fi
+
+echo "# remote copies, $(date -u '+%Y-%m-%d %H:%M UTC'), device $DEVICE ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)), $(nproc) CPUs"
+echo "# GB/s (1e9 B/s), median of $REPS synchronous copies; sN = FLYT_STRIPES=N (s0: the session's one connection);"
+echo "# raw = raw_stream over the same socket with as many connections (s0, s1: one), client->server | server->client"
+cat "$OUT"/raw-tcp-*.txt "$OUT"/raw-unix-*.txt | grep '^{' >"$TMP/raw.jsonl"
+cat "$OUT"/*.txt | grep '^bw ' | awk -v raw="$TMP/raw.jsonl" '
+    BEGIN {
+        while ((getline line < raw) > 0) {
+            sock = line; sub(/.*"socket":"/, "", sock); sub(/".*/, "", sock)
+            dir = line; sub(/.*"dir":"/, "", dir); sub(/".*/, "", dir)
+            bytes = line; sub(/.*"bytes":/, "", bytes); sub(/,.*/, "", bytes)
+            conns = line; sub(/.*"conns":/, "", conns); sub(/,.*/, "", conns)
+            gbps = line; sub(/.*"gbps":/, "", gbps); sub(/,.*/, "", gbps)
+            r[sock, dir, bytes, conns] = gbps
+        }
+    }
+    { v[$2, $3, $4, $5] = $6; if (!($5 in seen)) { seen[$5] = 1; sizes[++ns] = $5 } if (!($2 in have)) { have[$2] = 1; labels[++nl] = $2 } }
+    END {
+        printf "%-10s %-10s %11s %11s %13s %13s   %s\n", "size", "case", "pinned H2D", "pinned D2H", "pageable H2D", "pageable D2H", "raw c2s | s2c"
+        for (s = 1; s <= ns; s++) for (l = 1; l <= nl; l++) {
+            label = labels[l]; size = sizes[s]
+            line = sprintf("%-10s %-10s %11s %11s %13s %13s", size / 1048576 "MiB", label, v[label, "pinned", "H2D", size], v[label, "pinned", "D2H", size], v[label, "pageable", "H2D", size], v[label, "pageable", "D2H", size])
+            if (label ~ /^(tcp|unix)-s/) {
+                sock = label; sub(/-s.*/, "", sock); n = label; sub(/.*-s/, "", n); if (n < 1) n = 1
+                line = line sprintf("   %.3f | %.3f (%d conn)", r[sock, "c2s", size, n], r[sock, "s2c", size, n], n)
+            }
+            print line
+        }
+    }'
+[ -f "$OUT/raw-shaped.txt" ] && echo "# shaped loopback ($SHAPE): raw_stream over $STRIPES connections: $(grep -o '"dir":"[a-z2]*"\|"bytes":[0-9]*\|"gbps":[0-9.]*' "$OUT/raw-shaped.txt" | paste -sd' ')"
+grep -h '^FAIL' "$OUT"/*.txt

@@ -1,0 +1,623 @@
+//! Striped bulk copies (`flyt_protocol::stripes`): over a socket, a copy of `FLYT_STRIPE_MIN`
+//! bytes or more (1 MiB) sends its request on the session's connection and its bytes in chunks
+//! round-robin over extra data connections to the same server, so one TCP stream (one core's
+//! worth of kernel copying on each side) no longer caps the copy.
+//!
+//! - The data connections open at the first such copy (`FLYT_STRIPES` of them: default 4 over
+//!   TCP, 2 over a Unix socket; 0 turns striping off; never over the shared-memory channel), each
+//!   connected and authenticated as the session's own connection (TLS, token) and presenting the
+//!   session's secret from the handshake.
+//! - Host to device: one sender thread per data connection writes its chunks straight from the
+//!   app's buffer; the call returns once all are written (the server reads them in the copy's
+//!   order on its stream). The request and the chunks' queueing happen under one lock, so every
+//!   data connection carries chunks in the order the server meets the requests.
+//! - Device to host: one reader thread per data connection reads chunks straight into the app's
+//!   buffer by the copy they name; the call returns once the reply and every byte are in.
+//! - A data connection that fails fails the copy under way (bounded by `IO_TIMEOUT` of no
+//!   progress) and ends striping for the session: later copies go over the main connection.
+//! - Compression (`FLYT_STRIPE_LZ4`: `auto`, the default, `on` or `off`): with `auto`, chunks go
+//!   as LZ4 blocks while the link's measured rate (bytes on the wire per second of the last
+//!   striped copies) is below what the connections' threads can compress (measured when the data
+//!   connections open); each chunk LZ4 does not shrink by a sixteenth goes raw. The server counts
+//!   the bytes saved (`stripe_compression_saved_bytes`).
+
+use std::collections::HashMap;
+use std::io::{IoSlice, Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::frame::{FrameLimits, read_value, write_value};
+use flyt_protocol::handshake::SessionInfo;
+use flyt_protocol::ops::{decode_reply, rep, req};
+use flyt_protocol::stripes::{CHUNK_HEADER_LEN, ChunkHeader, Compressor, SECRET_LEN, StripeJoin, StripeReply, chunks, decompress};
+
+use crate::client::Client;
+use crate::conn::Wire;
+
+/// How long a copy waits for a data connection that makes no progress mid-chunk.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a chunk's write may make no progress. The server reads a copy's chunks only when its
+/// session thread reaches the copy's request, which may wait behind a long device wait (a
+/// striped device-to-host copy after a long kernel), so this is long; a connection that breaks
+/// fails at once, and a dead one (another link failed) within a second.
+const WRITE_STALL: Duration = Duration::from_secs(600);
+/// Copies below this go over the main connection (`FLYT_STRIPE_MIN`).
+const DEFAULT_MIN: u64 = 1 << 20;
+/// Chunk size (`FLYT_STRIPE_CHUNK`, at most the server's copy chunk).
+const DEFAULT_CHUNK: u64 = 4 << 20;
+
+/// When chunks go compressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lz4 {
+    /// While the measured link is slower than the compressor.
+    Auto,
+    On,
+    Off,
+}
+
+impl Lz4 {
+    fn from_env() -> Self {
+        match std::env::var("FLYT_STRIPE_LZ4").as_deref().map(str::trim) {
+            Ok("on" | "1") => Self::On,
+            Ok("off" | "0") => Self::Off,
+            _ => Self::Auto,
+        }
+    }
+}
+
+/// Bytes per second one thread compresses: timed on 1 MiB of slowly changing 16-bit values
+/// (the shape of model weights), once per session.
+fn compressor_rate() -> u64 {
+    let sample: Vec<u8> = (0..(1u32 << 19)).flat_map(|i| ((i / 7) as u16 ^ 0x3c00).to_le_bytes()).collect();
+    let started = Instant::now();
+    let _ = Compressor::default().compress(&sample);
+    (sample.len() as f64 / started.elapsed().as_secs_f64().max(1e-6)) as u64
+}
+
+fn env_bytes(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    let value = value.trim();
+    let (digits, shift) = match value.as_bytes().last()? {
+        b'K' | b'k' => (&value[..value.len() - 1], 10),
+        b'M' | b'm' => (&value[..value.len() - 1], 20),
+        b'G' | b'g' => (&value[..value.len() - 1], 30),
+        _ => (value, 0),
+    };
+    digits.parse::<u64>().ok().map(|number| number << shift)
+}
+
+/// How a session stripes, decided at its handshake.
+pub struct Stripes {
+    /// `None`: the session stripes nothing.
+    plan: Option<Plan>,
+    set: OnceLock<Option<Arc<Set>>>,
+}
+
+struct Plan {
+    session_id: u64,
+    secret: [u8; SECRET_LEN],
+    count: usize,
+    min: u64,
+    chunk: u64,
+    lz4: Lz4,
+}
+
+impl Stripes {
+    /// From the handshake: the server's secret, the transport (`tcp`) and whether bulk bytes
+    /// have another way (the shared-memory channel) or data connections cannot be had (a VM's
+    /// serial port): then nothing is striped.
+    pub fn new(info: &SessionInfo, tcp: bool, not_here: bool) -> Self {
+        let default_count = if tcp { 4 } else { 2 };
+        let count =
+            std::env::var("FLYT_STRIPES").ok().and_then(|value| value.trim().parse::<usize>().ok()).unwrap_or(default_count).min(16);
+        let plan = info.stripe_secret.filter(|_| count > 0 && !not_here).map(|secret| Plan {
+            session_id: info.session_id,
+            secret,
+            count,
+            min: env_bytes("FLYT_STRIPE_MIN").unwrap_or(DEFAULT_MIN).max(64 << 10),
+            chunk: env_bytes("FLYT_STRIPE_CHUNK").unwrap_or(DEFAULT_CHUNK).clamp(64 << 10, info.copy_chunk.max(64 << 10)),
+            lz4: Lz4::from_env(),
+        });
+        Self { plan, set: OnceLock::new() }
+    }
+
+    /// The data connections for a copy of `len` bytes, opened at the first; `None`: the copy
+    /// goes over the main connection.
+    fn for_copy(&self, len: u64) -> Option<(&Plan, Arc<Set>)> {
+        let plan = self.plan.as_ref().filter(|plan| len >= plan.min)?;
+        let set = self
+            .set
+            .get_or_init(|| match Set::open(plan) {
+                Ok(set) => Some(set),
+                Err(reason) => {
+                    crate::diagnostics::once("stripes", &format!("flyt: bulk copies use one connection: {reason}"));
+                    None
+                }
+            })
+            .clone()?;
+        (!set.dead.load(Ordering::Acquire)).then_some((plan, set))
+    }
+}
+
+/// A chunk for a sender thread to write: from the app's buffer, which the calling thread keeps
+/// valid until every chunk of its copy is answered.
+struct Outgoing {
+    header: ChunkHeader,
+    ptr: *const u8,
+    /// Sent as LZ4 when that shrinks it.
+    compress: bool,
+    done: Arc<Progress>,
+}
+
+// SAFETY: the pointer is the app's source buffer, readable for `header.len` bytes until the copy's
+// calling thread has seen this chunk answered (it waits for all of them, see `htod`).
+unsafe impl Send for Outgoing {}
+
+/// Where a device-to-host copy's chunks land.
+struct Landing {
+    ptr: *mut u8,
+    len: u64,
+    landed: u64,
+    /// Bytes the landed chunks took on the wire.
+    wire: u64,
+    /// Chunks being written into the buffer right now: the copy waits for them before it
+    /// returns, even when it fails.
+    writing: usize,
+    failed: bool,
+}
+
+// SAFETY: the pointer is the app's destination buffer, writable for `len` bytes while the
+// landing is registered; the copy's calling thread removes it only once no chunk is being written.
+unsafe impl Send for Landing {}
+
+/// Chunks answered of one copy, for its calling thread to wait on: how many, the first
+/// failure, and the bytes they took on the wire.
+#[derive(Default)]
+struct Progress {
+    state: Mutex<(usize, Option<String>, u64)>,
+    changed: Condvar,
+}
+
+impl Progress {
+    fn answer(&self, outcome: Result<u64, String>) {
+        let mut state = lock(&self.state);
+        state.0 += 1;
+        match outcome {
+            Ok(wire) => state.2 += wire,
+            Err(failure) => {
+                state.1.get_or_insert(failure);
+            }
+        }
+        self.changed.notify_all();
+    }
+}
+
+struct Set {
+    senders: Vec<Sender<Outgoing>>,
+    sockets: Vec<Wire>,
+    /// Held from a host-to-device request to its last chunk's queueing.
+    order: Mutex<()>,
+    next_transfer: AtomicU64,
+    landings: Mutex<HashMap<u64, Landing>>,
+    landed: Condvar,
+    dead: AtomicBool,
+    /// Bytes on the wire per second of the last striped copies (0: none yet).
+    link_rate: AtomicU64,
+    /// Bytes per second all the connections' threads compress.
+    compress_rate: u64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Opens one data connection and has it admitted.
+fn join(plan: &Plan, index: usize) -> Result<Wire, String> {
+    let (mut wire, mut hello) = crate::client::connect_again()?;
+    hello.stripe = Some(StripeJoin { session_id: plan.session_id, secret: plan.secret, index: index as u32 });
+    wire.set_read_timeout(Some(IO_TIMEOUT)).map_err(|error| error.to_string())?;
+    write_value(&mut wire, 0, &hello).map_err(|error| format!("data connection {index}: {error}"))?;
+    match read_value::<StripeReply>(&mut wire, &FrameLimits { max_message: 64 << 10, max_bulk: 0 }) {
+        Ok((_, StripeReply::Joined)) => Ok(wire),
+        Ok((_, StripeReply::Refused { reason, .. })) => Err(format!("data connection {index} refused: {reason}")),
+        Err(error) => Err(format!("data connection {index}: {error}")),
+    }
+}
+
+impl Set {
+    fn open(plan: &Plan) -> Result<Arc<Self>, String> {
+        let wires = (0..plan.count).map(|index| join(plan, index)).collect::<Result<Vec<_>, _>>()?;
+        let mut senders = Vec::new();
+        let mut receivers = Vec::new();
+        let mut sockets = Vec::new();
+        for wire in wires {
+            let (sender, queue) = channel();
+            senders.push(sender);
+            let reader = wire.try_clone().map_err(|error| error.to_string())?;
+            let writer = wire.try_clone().map_err(|error| error.to_string())?;
+            // Short: a stalled write looks at the set's health each time (see `write_all`).
+            set_write_timeout(&writer, Duration::from_secs(1));
+            receivers.push((queue, reader, writer));
+            sockets.push(wire);
+        }
+        let set = Arc::new(Self {
+            senders,
+            sockets,
+            order: Mutex::new(()),
+            next_transfer: AtomicU64::new(1),
+            landings: Mutex::new(HashMap::new()),
+            landed: Condvar::new(),
+            dead: AtomicBool::new(false),
+            link_rate: AtomicU64::new(0),
+            compress_rate: if plan.lz4 == Lz4::Auto { compressor_rate() * plan.count as u64 } else { 0 },
+        });
+        for (index, (queue, reader, writer)) in receivers.into_iter().enumerate() {
+            let sending = Arc::downgrade(&set);
+            std::thread::Builder::new()
+                .name(format!("flyt-stripe-out-{index}"))
+                .spawn(move || send_loop(&sending, writer, &queue))
+                .map_err(|error| error.to_string())?;
+            let receiving = Arc::downgrade(&set);
+            std::thread::Builder::new()
+                .name(format!("flyt-stripe-in-{index}"))
+                .spawn(move || receive_loop(&receiving, reader))
+                .map_err(|error| error.to_string())?;
+        }
+        Ok(set)
+    }
+
+    /// Whether this copy's chunks go compressed.
+    fn compress(&self, plan: &Plan) -> bool {
+        match plan.lz4 {
+            Lz4::On => true,
+            Lz4::Off => false,
+            Lz4::Auto => {
+                let link = self.link_rate.load(Ordering::Relaxed);
+                link != 0 && link < self.compress_rate
+            }
+        }
+    }
+
+    /// A striped copy put `wire` bytes on the link in `took`: the link's rate, smoothed.
+    fn measured(&self, wire: u64, took: Duration) {
+        let rate = (wire as f64 / took.as_secs_f64().max(1e-6)) as u64;
+        let old = self.link_rate.load(Ordering::Relaxed);
+        self.link_rate.store(if old == 0 { rate } else { (old * 3 + rate) / 4 }, Ordering::Relaxed);
+    }
+
+    /// Ends striping: every copy under way fails, later ones use the main connection.
+    fn fail(&self, reason: &str) {
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            crate::diagnostics::once("stripes-lost", &format!("flyt: a data connection failed ({reason}): bulk copies use one connection"));
+            for socket in &self.sockets {
+                socket.shutdown();
+            }
+        }
+        for landing in lock(&self.landings).values_mut() {
+            landing.failed = true;
+        }
+        self.landed.notify_all();
+    }
+}
+
+fn set_write_timeout(wire: &Wire, timeout: Duration) {
+    let value = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: 0 };
+    // SAFETY: setsockopt on a descriptor the wire owns, with a `timeval` read during the call.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(wire),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            std::ptr::addr_of!(value).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Writes every slice; a write that makes no progress for `WRITE_STALL`, or while striping has
+/// ended (`dead`), fails.
+fn write_all(wire: &mut Wire, mut slices: &mut [IoSlice<'_>], dead: &AtomicBool) -> std::io::Result<()> {
+    let mut last_progress = Instant::now();
+    while !slices.is_empty() {
+        match wire.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(written) => {
+                IoSlice::advance_slices(&mut slices, written);
+                last_progress = Instant::now();
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                if dead.load(Ordering::Acquire) || last_progress.elapsed() >= WRITE_STALL {
+                    return Err(error);
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// A data connection's sender: writes each chunk, header first, straight from the app's buffer.
+fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Outgoing>) {
+    let mut compressor = Compressor::default();
+    while let Ok(chunk) = queue.recv() {
+        let Some(live) = set.upgrade() else {
+            chunk.done.answer(Err("striping ended".to_string()));
+            continue;
+        };
+        let outcome = if live.dead.load(Ordering::Acquire) {
+            Err("striping ended".to_string())
+        } else {
+            // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
+            let bytes = unsafe { std::slice::from_raw_parts(chunk.ptr, chunk.header.len as usize) };
+            let mut header = chunk.header;
+            let mut payload = bytes;
+            if chunk.compress
+                && let Some((block, flags)) = compressor.compress(bytes)
+            {
+                (header.wire_len, header.flags) = (block.len() as u64, flags);
+                payload = block;
+            }
+            let encoded = header.encode();
+            write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)], &live.dead)
+                .map(|()| header.wire_len)
+                .map_err(|error| format!("writing a chunk: {error}"))
+        };
+        if let Err(reason) = &outcome {
+            live.fail(reason);
+        }
+        drop(live);
+        chunk.done.answer(outcome);
+    }
+}
+
+/// Reads exactly `buf`; `Ok(false)` when the connection was idle (no byte yet) past its timeout.
+fn read_exact_or_idle(reader: &mut Wire, buf: &mut [u8], idle_ok: bool) -> std::io::Result<bool> {
+    let mut filled = 0;
+    let mut last_progress = Instant::now();
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(read) => {
+                filled += read;
+                last_progress = Instant::now();
+            }
+            Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                if filled == 0 && idle_ok {
+                    return Ok(false);
+                }
+                if last_progress.elapsed() >= IO_TIMEOUT {
+                    return Err(error);
+                }
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(true)
+}
+
+/// A data connection's reader: each chunk goes straight into the buffer of the copy it names;
+/// one for no copy waiting (a copy that failed and left) is read and dropped.
+fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
+    let mut scratch = vec![0u8; 1 << 20];
+    let mut planes = Vec::new();
+    loop {
+        let mut header = [0u8; CHUNK_HEADER_LEN];
+        let read = read_exact_or_idle(&mut reader, &mut header, true);
+        let Some(set) = set.upgrade() else { return };
+        let failure = match read {
+            Ok(false) => continue,
+            Ok(true) => match ChunkHeader::decode(&header) {
+                Some(header) => receive_chunk(&set, &mut reader, header, &mut scratch, &mut planes).err(),
+                None => Some("no chunk header where one was due".to_string()),
+            },
+            Err(error) => Some(format!("reading a chunk header: {error}")),
+        };
+        if let Some(reason) = failure {
+            set.fail(&reason);
+            return;
+        }
+    }
+}
+
+fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mut Vec<u8>, planes: &mut Vec<u8>) -> Result<(), String> {
+    let target = {
+        let mut landings = lock(&set.landings);
+        match landings.get_mut(&header.transfer) {
+            Some(landing) if header.offset.checked_add(header.len).is_some_and(|end| end <= landing.len) && !landing.failed => {
+                landing.writing += 1;
+                // SAFETY: inside the registered buffer (checked just above).
+                Some(unsafe { landing.ptr.add(header.offset as usize) })
+            }
+            Some(landing) => {
+                landing.failed = true;
+                None
+            }
+            None => None,
+        }
+    };
+    let outcome = match target {
+        Some(ptr) => {
+            // SAFETY: `writing` keeps the landing (and the app's buffer) in place until this chunk
+            // is counted; chunks of one copy never overlap.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, header.len as usize) };
+            if header.compressed() {
+                // Smaller than the chunk, which fits in the app's buffer.
+                scratch.resize(scratch.len().max(header.wire_len as usize), 0);
+                let block = &mut scratch[..header.wire_len as usize];
+                read_exact_or_idle(reader, block, false)
+                    .and_then(|_| decompress(&header, block, bytes, planes).map_err(std::io::Error::other))
+            } else {
+                read_exact_or_idle(reader, bytes, false).map(|_| ())
+            }
+        }
+        None => {
+            let mut left = header.wire_len;
+            let mut outcome = Ok(());
+            while left > 0 && outcome.is_ok() {
+                let step = usize::try_from(left).unwrap_or(usize::MAX).min(scratch.len());
+                outcome = read_exact_or_idle(reader, &mut scratch[..step], false).map(|_| ());
+                left -= step as u64;
+            }
+            outcome
+        }
+    };
+    if target.is_some() {
+        let mut landings = lock(&set.landings);
+        if let Some(landing) = landings.get_mut(&header.transfer) {
+            landing.writing -= 1;
+            if outcome.is_ok() {
+                landing.landed += header.len;
+                landing.wire += header.wire_len;
+            } else {
+                landing.failed = true;
+            }
+        }
+        set.landed.notify_all();
+    }
+    outcome.map_err(|error| format!("reading a chunk: {error}"))
+}
+
+/// Host to device, striped, when the copy is large enough and the data connections are up;
+/// `None`: the caller copies over the main connection. Returns once every byte was written.
+///
+/// # Safety
+/// `src` is readable for `len` bytes until this returns.
+pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: u64) -> Option<CudaResult<()>> {
+    let (plan, set) = client.stripes.for_copy(len)?;
+    let progress = Arc::new(Progress::default());
+    let mut queued = 0;
+    let compress = set.compress(plan);
+    let started = Instant::now();
+    {
+        let _order = lock(&set.order);
+        let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
+        let request = req::MemcpyHtoDStriped { dst, len, stream, transfer, chunk: plan.chunk };
+        if let Err(error) = client.conn.send_async(&request.into(), &[]).and_then(|()| client.conn.flush()) {
+            return Some(Err(error));
+        }
+        for (number, (offset, piece)) in chunks(len, plan.chunk).enumerate() {
+            // SAFETY: inside the app's `len`-byte source (this function's contract).
+            let ptr = unsafe { src.add(offset as usize) };
+            let outgoing = Outgoing { header: ChunkHeader::raw(transfer, offset, piece), ptr, compress, done: progress.clone() };
+            if set.senders[number % set.senders.len()].send(outgoing).is_err() {
+                set.fail("a sender thread ended");
+                break;
+            }
+            queued += 1;
+        }
+    }
+    // Every queued chunk is answered (written, or failed within the write timeout) before the
+    // app's buffer is let go.
+    let mut state = lock(&progress.state);
+    while state.0 < queued {
+        state = progress.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+    }
+    let failed = state.1.is_some() || queued < chunks(len, plan.chunk).count();
+    if !failed {
+        set.measured(state.2, started.elapsed());
+    }
+    // The server learns of a broken data connection itself and fails the copy; the caller's
+    // next synchronizing call reports it. Here the app hears of it at once.
+    Some(if failed { Err(CudaError::DEVICES_UNAVAILABLE) } else { Ok(()) })
+}
+
+/// Device to host, striped (see [`htod`]); returns once the reply and every byte are in, with the
+/// deferred error the reply carried. `blocking`: a `cudaMemcpy`, as `MemcpyDtoH`'s.
+///
+/// # Safety
+/// `dst` is writable for `len` bytes until this returns, and nothing else touches it meanwhile.
+pub unsafe fn dtoh(
+    client: &Client,
+    dst: *mut u8,
+    src: u64,
+    len: u64,
+    stream: u64,
+    blocking: bool,
+) -> Option<CudaResult<Option<CudaError>>> {
+    let (plan, set) = client.stripes.for_copy(len)?;
+    let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
+    lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, wire: 0, writing: 0, failed: false });
+    let started = Instant::now();
+    let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk, blocking, compress: set.compress(plan) };
+    let reply = client
+        .conn
+        .call(&request.into())
+        .and_then(|message| decode_reply::<rep::MemcpyDtoHStriped>(&message).map_err(|_| CudaError::UNKNOWN));
+    let mut landings = lock(&set.landings);
+    let mut outcome = match reply {
+        Ok(reply) => reply.result.map(|_| reply.deferred),
+        Err(error) => Err(error),
+    };
+    // On success every chunk was written before the reply: wait for the bytes (or for a data
+    // connection to fail, or to stall past the timeout). On failure, only for chunks being
+    // written into the buffer now.
+    let mut last = (0, Instant::now());
+    while let Some(landing) = landings.get(&transfer) {
+        let complete = landing.landed == len;
+        if landing.writing == 0 && (complete || outcome.is_err() || landing.failed) {
+            if !complete && outcome.is_ok() {
+                outcome = Err(CudaError::DEVICES_UNAVAILABLE);
+            }
+            break;
+        }
+        if landing.landed != last.0 {
+            last = (landing.landed, Instant::now());
+        } else if last.1.elapsed() > IO_TIMEOUT && landing.writing == 0 {
+            drop(landings);
+            set.fail("no chunk arrived within the timeout");
+            landings = lock(&set.landings);
+            continue;
+        }
+        landings = set.landed.wait_timeout(landings, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner()).0;
+    }
+    if let Some(landing) = landings.remove(&transfer)
+        && outcome.is_ok()
+    {
+        set.measured(landing.wire, started.elapsed());
+    }
+    Some(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_that_shrink_go_compressed_and_others_raw() {
+        let weights: Vec<u8> = (0..(1u32 << 19)).flat_map(|i| ((i / 5) as u16 ^ 0x3c00).to_le_bytes()).collect();
+        let mut compressor = Compressor::default();
+        let (block, flags) = compressor.compress(&weights).map(|(block, flags)| (block.to_vec(), flags)).expect("repetitive bytes shrink");
+        let header = ChunkHeader { wire_len: block.len() as u64, flags, ..ChunkHeader::raw(1, 0, weights.len() as u64) };
+        let mut back = vec![0u8; weights.len()];
+        decompress(&header, &block, &mut back, &mut Vec::new()).unwrap();
+        assert!(back == weights);
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let random: Vec<u8> = (0..1 << 20)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 32) as u8
+            })
+            .collect();
+        assert!(compressor.compress(&random).is_none(), "random bytes go raw");
+        assert!(compressor_rate() > 0);
+    }
+
+    #[test]
+    fn sizes_read_with_suffixes() {
+        for (value, expected) in [("4M", 4 << 20), ("192K", 192 << 10), ("1g", 1 << 30), ("12345", 12345)] {
+            let name = format!("FLYT_TEST_STRIPE_BYTES_{value}");
+            // SAFETY: no other thread of this test reads or writes this variable.
+            unsafe { std::env::set_var(&name, value) };
+            assert_eq!(env_bytes(&name), Some(expected));
+        }
+        assert_eq!(env_bytes("FLYT_TEST_STRIPE_BYTES_UNSET"), None);
+    }
+}

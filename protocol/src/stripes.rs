@@ -1,0 +1,247 @@
+//! Striped bulk copies: a session over a socket may open extra data connections to its server
+//! (same transport, same token and TLS as the main one), each proving it belongs to the session
+//! with the secret the server gave in the handshake (`SessionInfo::stripe_secret`). A large copy's
+//! request stays on the main connection; its bytes travel in chunks, round-robin over the data
+//! connections, each chunk behind a [`ChunkHeader`] that names its copy and place, raw or as one
+//! LZ4 block (`wire_len < len`: over a slow link, where compressing costs less than sending).
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes in a session's stripe secret.
+pub const SECRET_LEN: usize = 32;
+
+/// A data connection's claim, sent in its `Hello` (`Hello::stripe`) instead of opening a session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripeJoin {
+    pub session_id: u64,
+    pub secret: [u8; SECRET_LEN],
+    /// Which data connection of the session this is (0-based): chunk `i` of a copy travels on
+    /// connection `i % count`.
+    pub index: u32,
+}
+
+/// The answer to a data connection's hello. `Refused` has the shape of `HelloReply::Refused`, so a
+/// refusal by the listener (before the worker saw the claim) decodes the same.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StripeReply {
+    Joined,
+    Refused { error: u32, reason: String },
+}
+
+/// Bytes in a [`ChunkHeader`].
+pub const CHUNK_HEADER_LEN: usize = 48;
+/// [`ChunkHeader::flags`]: before LZ4, the chunk's bytes were split in two planes, every 2-byte
+/// value's first byte then every second one (an odd last byte last), as bf16 and fp16 tensors
+/// compress far better so: their high bytes repeat, their low bytes are noise.
+pub const SHUFFLED: u64 = 1;
+/// Opens every chunk header, so a data stream out of step is caught at once.
+const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"FLYTCHNK");
+
+/// What precedes each chunk's bytes on a data connection (both directions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// The copy's id, chosen by the client and carried by the copy's request.
+    pub transfer: u64,
+    /// Where the chunk starts in the copy.
+    pub offset: u64,
+    /// The chunk's bytes in the copy.
+    pub len: u64,
+    /// Bytes that follow the header: `len` when raw, fewer when they are one LZ4 block that
+    /// decompresses to exactly `len` bytes; never more.
+    pub wire_len: u64,
+    /// How a compressed chunk's bytes were arranged before LZ4 ([`SHUFFLED`]); 0 when raw.
+    pub flags: u64,
+}
+
+impl ChunkHeader {
+    /// A chunk sent raw.
+    pub fn raw(transfer: u64, offset: u64, len: u64) -> Self {
+        Self { transfer, offset, len, wire_len: len, flags: 0 }
+    }
+
+    /// Whether the bytes that follow are an LZ4 block.
+    pub fn compressed(&self) -> bool {
+        self.wire_len < self.len
+    }
+
+    pub fn encode(&self) -> [u8; CHUNK_HEADER_LEN] {
+        let mut bytes = [0u8; CHUNK_HEADER_LEN];
+        for (index, word) in [CHUNK_MAGIC, self.transfer, self.offset, self.len, self.wire_len, self.flags].into_iter().enumerate() {
+            bytes[index * 8..index * 8 + 8].copy_from_slice(&word.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// `None` when the bytes are no chunk header (or one whose bytes would outgrow the chunk, or
+    /// with flags this side does not know or on a raw chunk).
+    pub fn decode(bytes: &[u8; CHUNK_HEADER_LEN]) -> Option<Self> {
+        let word = |index: usize| u64::from_le_bytes(bytes[index * 8..index * 8 + 8].try_into().unwrap_or([0; 8]));
+        let header = Self { transfer: word(1), offset: word(2), len: word(3), wire_len: word(4), flags: word(5) };
+        let flags_fit = header.flags & !SHUFFLED == 0 && (header.flags == 0 || header.compressed());
+        (word(0) == CHUNK_MAGIC && header.wire_len <= header.len && flags_fit).then_some(header)
+    }
+}
+
+/// Compresses chunks as LZ4 blocks, plain or after splitting their bytes in planes
+/// ([`SHUFFLED`]), whichever saves at least a sixteenth; one per thread (it keeps its buffers and
+/// which arrangement worked last, tried first next time).
+#[derive(Default)]
+pub struct Compressor {
+    planes: Vec<u8>,
+    block: Vec<u8>,
+    prefer_shuffled: bool,
+}
+
+/// Splits `bytes` in two planes into `planes` (see [`SHUFFLED`]).
+fn shuffle(bytes: &[u8], planes: &mut Vec<u8>) {
+    planes.clear();
+    planes.extend(bytes.iter().step_by(2));
+    planes.extend(bytes.iter().skip(1).step_by(2));
+}
+
+/// Undoes [`shuffle`]: `planes` back into `target` (the same length).
+fn unshuffle(planes: &[u8], target: &mut [u8]) {
+    let firsts = target.len().div_ceil(2);
+    let (first, second) = planes.split_at(firsts);
+    for (index, byte) in first.iter().enumerate() {
+        target[index * 2] = *byte;
+    }
+    for (index, byte) in second.iter().enumerate() {
+        target[index * 2 + 1] = *byte;
+    }
+}
+
+/// One LZ4 block of `input` into `block`; its length when it saves at least a sixteenth.
+fn lz4_block(input: &[u8], block: &mut Vec<u8>) -> Option<usize> {
+    block.resize(lz4_flex::block::get_maximum_output_size(input.len()), 0);
+    let compressed = lz4_flex::block::compress_into(input, block).ok()?;
+    (compressed < input.len() - input.len() / 16).then_some(compressed)
+}
+
+impl Compressor {
+    /// The compressed chunk (the block and the header's flags), or `None`: send it raw.
+    pub fn compress(&mut self, bytes: &[u8]) -> Option<(&[u8], u64)> {
+        let order = if self.prefer_shuffled { [true, false] } else { [false, true] };
+        for shuffled in order {
+            let Self { planes, block, .. } = self;
+            let found = if shuffled {
+                shuffle(bytes, planes);
+                lz4_block(planes, block)
+            } else {
+                lz4_block(bytes, block)
+            };
+            if let Some(len) = found {
+                self.prefer_shuffled = shuffled;
+                return Some((&self.block[..len], if shuffled { SHUFFLED } else { 0 }));
+            }
+        }
+        None
+    }
+}
+
+/// Decompresses a compressed chunk's `block` into `target` (its `len` bytes), undoing the
+/// arrangement its header names; the block must give exactly `len` bytes.
+pub fn decompress(header: &ChunkHeader, block: &[u8], target: &mut [u8], planes: &mut Vec<u8>) -> Result<(), String> {
+    let into = if header.flags & SHUFFLED != 0 {
+        planes.resize(target.len(), 0);
+        &mut planes[..]
+    } else {
+        &mut *target
+    };
+    match lz4_flex::block::decompress_into(block, into) {
+        Ok(written) if written == into.len() => {}
+        Ok(written) => return Err(format!("a compressed chunk gave {written} bytes, not {}", into.len())),
+        Err(error) => return Err(format!("a compressed chunk does not decompress: {error}")),
+    }
+    if header.flags & SHUFFLED != 0 {
+        unshuffle(planes, target);
+    }
+    Ok(())
+}
+
+/// The chunks of a copy of `len` bytes cut at `chunk`: (offset, length) in order; chunk `i` goes
+/// on data connection `i % connections`.
+pub fn chunks(len: u64, chunk: u64) -> impl Iterator<Item = (u64, u64)> {
+    let chunk = chunk.max(1);
+    (0..len.div_ceil(chunk)).map(move |index| (index * chunk, chunk.min(len - index * chunk)))
+}
+
+/// Compares two secrets in time independent of where they differ.
+pub fn secrets_equal(a: &[u8; SECRET_LEN], b: &[u8; SECRET_LEN]) -> bool {
+    a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_round_trips_and_a_stray_one_is_refused() {
+        let header = ChunkHeader { transfer: 7, offset: 4 << 20, len: 12345, wire_len: 999, flags: SHUFFLED };
+        assert_eq!(ChunkHeader::decode(&header.encode()), Some(header));
+        assert!(header.compressed() && !ChunkHeader::raw(7, 0, 5).compressed());
+        let mut bytes = header.encode();
+        bytes[0] ^= 1;
+        assert_eq!(ChunkHeader::decode(&bytes), None);
+        // More bytes on the wire than the chunk holds: no header of ours.
+        assert_eq!(ChunkHeader::decode(&ChunkHeader { wire_len: 12346, ..header }.encode()), None);
+        // Unknown flags, and a raw chunk that claims an arrangement.
+        assert_eq!(ChunkHeader::decode(&ChunkHeader { flags: 2, ..header }.encode()), None);
+        assert_eq!(ChunkHeader::decode(&ChunkHeader { flags: SHUFFLED, ..ChunkHeader::raw(1, 0, 9) }.encode()), None);
+    }
+
+    fn random_bytes(len: usize, mut state: u64) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 32) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bf16_like_bytes_compress_in_planes_and_come_back_exactly() {
+        // 2-byte values whose high bytes repeat and low bytes are noise, odd length.
+        let noise = random_bytes(1 << 20, 7);
+        let values: Vec<u8> = noise.chunks(2).flat_map(|pair| [pair[0], 0x3c + (pair[1] & 3)]).chain([0x55]).collect();
+        let mut compressor = Compressor::default();
+        let (block, flags) = compressor.compress(&values).map(|(block, flags)| (block.to_vec(), flags)).expect("they shrink in planes");
+        assert_eq!(flags, SHUFFLED);
+        let header = ChunkHeader { transfer: 1, offset: 0, len: values.len() as u64, wire_len: block.len() as u64, flags };
+        let (mut back, mut planes) = (vec![0u8; values.len()], Vec::new());
+        decompress(&header, &block, &mut back, &mut planes).unwrap();
+        assert!(back == values);
+        // Repetitive bytes compress plainly; random ones not at all.
+        let plain: Vec<u8> = (0..1u32 << 20).map(|i| (i / 64) as u8).collect();
+        let mut fresh = Compressor::default();
+        assert_eq!(fresh.compress(&plain).map(|(_, flags)| flags), Some(0));
+        assert!(fresh.compress(&random_bytes(1 << 20, 9)).is_none());
+        // A block that gives fewer bytes than its chunk is refused.
+        let short = ChunkHeader { len: values.len() as u64 + 1, ..header };
+        assert!(decompress(&short, &block, &mut vec![0u8; values.len() + 1], &mut planes).is_err());
+    }
+
+    #[test]
+    fn chunks_cover_odd_sizes_exactly() {
+        let pieces: Vec<_> = chunks(10, 4).collect();
+        assert_eq!(pieces, [(0, 4), (4, 4), (8, 2)]);
+        assert_eq!(chunks(0, 4).count(), 0);
+        assert_eq!(chunks((3 << 20) + 1, 1 << 20).map(|(_, len)| len).sum::<u64>(), (3 << 20) + 1);
+    }
+
+    #[test]
+    fn a_refusal_decodes_as_the_listeners_hello_refusal() {
+        let mut bytes = Vec::new();
+        crate::frame::encode_into(&crate::handshake::HelloReply::Refused { error: 800, reason: "no".into() }, &mut bytes);
+        let reply: StripeReply = crate::frame::decode_exact(&bytes).unwrap();
+        assert_eq!(reply, StripeReply::Refused { error: 800, reason: "no".into() });
+    }
+
+    #[test]
+    fn secrets_compare() {
+        assert!(secrets_equal(&[3; SECRET_LEN], &[3; SECRET_LEN]));
+        assert!(!secrets_equal(&[3; SECRET_LEN], &[4; SECRET_LEN]));
+    }
+}

@@ -1,0 +1,510 @@
+//! The server's side of striped bulk copies (`flyt_protocol::stripes`): the session's data
+//! connections, each served by a thread of its own that reads a host-to-device chunk straight into
+//! a staging buffer the session thread handed it, or writes a device-to-host chunk as soon as its
+//! device copy into staging is done. The session thread keeps the copy in its stream's order: it
+//! queues each chunk's device copy as the chunk lands (host to device), or queues every chunk's
+//! copy into staging in order and replies once all were written (device to host), with a few
+//! chunks in flight at once so the network and the PCIe copies overlap.
+//!
+//! Data connections join through the listener (their hello carries `Hello::stripe`, checked like
+//! a session's: token, TLS), which hands them to the session's worker; the worker admits one only
+//! with the session's secret. A data connection that breaks, stalls past `IO_TIMEOUT` or sends a
+//! chunk other than the one expected fails the copy and ends striping for the session (all its data
+//! connections are closed, so the client goes back to the main connection): it never hangs the
+//! session nor reaches another one.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::error::CudaResult;
+use flyt_protocol::frame::write_value;
+use flyt_protocol::stripes::{
+    CHUNK_HEADER_LEN, ChunkHeader, Compressor, SECRET_LEN, StripeJoin, StripeReply, chunks, decompress, secrets_equal,
+};
+
+use crate::backend::Device;
+use crate::transport::Connection;
+
+/// How long a data connection may keep the session waiting for a chunk's next bytes, or for room
+/// to write them, before the copy fails.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most data connections a session may open.
+pub const MAX_LINKS: usize = 16;
+/// Smallest chunk a client may ask for (smaller ones would only cost headers).
+const MIN_CHUNK: u64 = 64 << 10;
+
+/// A striped copy as its request names it: the device side (already where the session keeps
+/// it), its length, chunk size and id.
+#[derive(Clone, Copy, Debug)]
+pub struct StripedCopy {
+    pub device: u64,
+    pub len: u64,
+    pub chunk: u64,
+    pub transfer: u64,
+}
+
+enum Job<D: Device> {
+    /// Read the chunk at `offset` of `transfer` into `staging` (its first `len` bytes).
+    Receive { transfer: u64, offset: u64, len: u64, staging: D::Staging },
+    /// Read and drop the chunk (its copy was refused).
+    Discard { transfer: u64, offset: u64, len: u64 },
+    /// Write the chunk once its device copy is done; with `compress`, as LZ4 when that is smaller.
+    Send { transfer: u64, offset: u64, len: u64, copy: D::PendingCopy, compress: bool },
+}
+
+enum Done<D: Device> {
+    Received { offset: u64, len: u64, staging: D::Staging },
+    Handled,
+    Failed(CudaError, String),
+}
+
+struct Link<D: Device> {
+    jobs: Sender<Job<D>>,
+    done: Receiver<Done<D>>,
+    socket: Connection,
+}
+
+/// A session's data connections.
+pub struct Stripes<D: Device> {
+    secret: [u8; SECRET_LEN],
+    device: Arc<D>,
+    /// By index; a copy uses them only when every index below the count has joined.
+    links: Mutex<Vec<Option<Link<D>>>>,
+    /// Set when the session ends: link threads waiting on a device copy give up.
+    closing: Arc<AtomicBool>,
+    /// Where the bytes compression saved are counted.
+    stats: Option<Arc<crate::stats::SlotStats>>,
+    /// Chunks a copy keeps in flight, each holding a staging buffer: fewer than the device's
+    /// staging slots, or the session thread would wait for a slot only it can free.
+    window: usize,
+}
+
+/// A session's secret for its data connections.
+pub fn random_secret() -> std::io::Result<[u8; SECRET_LEN]> {
+    let mut secret = [0u8; SECRET_LEN];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut secret)?;
+    Ok(secret)
+}
+
+/// `SO_SNDTIMEO`: a client that stops reading a device-to-host chunk fails the copy.
+fn set_write_timeout(socket: &Connection, timeout: Duration) {
+    let value = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: 0 };
+    // SAFETY: setsockopt on a descriptor the connection owns, with a `timeval` it reads during the call.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            std::ptr::addr_of!(value).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+}
+
+impl<D: Device> Stripes<D> {
+    /// `staging_slots`: the device's pinned staging buffers (`--staging-slots`).
+    pub fn new(device: Arc<D>, secret: [u8; SECRET_LEN], stats: Option<Arc<crate::stats::SlotStats>>, staging_slots: usize) -> Self {
+        // Two slots stay for the session's other copies (whose holders free them on their own).
+        let window = staging_slots.saturating_sub(2).clamp(1, 6);
+        Self { secret, device, links: Mutex::new(Vec::new()), closing: Arc::new(AtomicBool::new(false)), stats, window }
+    }
+
+    fn links(&self) -> std::sync::MutexGuard<'_, Vec<Option<Link<D>>>> {
+        self.links.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Admits a data connection that presented `join` (the worker checked it names this
+    /// session), or refuses it with the reason; either way the connection is answered.
+    pub fn join(&self, join: &StripeJoin, socket: Connection) -> Result<(), String> {
+        let mut answer = socket.try_clone().map_err(|error| error.to_string())?;
+        if !secrets_equal(&join.secret, &self.secret) {
+            return refuse(socket, "wrong stripe secret");
+        }
+        let index = join.index as usize;
+        if index >= MAX_LINKS {
+            return refuse(socket, &format!("data connection {index} is past the limit of {MAX_LINKS}"));
+        }
+        let mut links = self.links();
+        if links.get(index).is_some_and(Option::is_some) {
+            return refuse(socket, &format!("data connection {index} has joined already"));
+        }
+        let (reader, writer) =
+            (socket.try_clone().map_err(|error| error.to_string())?, socket.try_clone().map_err(|error| error.to_string())?);
+        let _ = reader.set_read_timeout(Some(IO_TIMEOUT));
+        set_write_timeout(&writer, IO_TIMEOUT);
+        let (jobs, job_queue) = channel();
+        let (done_sender, done) = channel();
+        let (device, closing, stats) = (self.device.clone(), self.closing.clone(), self.stats.clone());
+        std::thread::Builder::new()
+            .name(format!("flyt-stripe-{index}"))
+            .spawn(move || serve_link(&*device, reader, writer, &job_queue, &done_sender, &closing, stats.as_deref()))
+            .map_err(|error| error.to_string())?;
+        write_value(&mut answer, 0, &StripeReply::Joined).map_err(|error| error.to_string())?;
+        if links.len() <= index {
+            links.resize_with(index + 1, || None);
+        }
+        links[index] = Some(Link { jobs, done, socket });
+        Ok(())
+    }
+
+    /// Closes every data connection (the client sees them end and copies over the main one).
+    fn break_all(links: &mut Vec<Option<Link<D>>>, reason: &str) {
+        if links.iter().any(Option::is_some) {
+            tracing::warn!(%reason, "striping ends for this session");
+        }
+        for link in links.drain(..).flatten() {
+            link.socket.shutdown();
+        }
+    }
+
+    /// Shuts every link's socket: their threads' reads and writes end at once.
+    fn shut_down(links: &[Option<Link<D>>]) {
+        for link in links.iter().flatten() {
+            link.socket.shutdown();
+        }
+    }
+
+    /// The joined links in order, as many as are consecutive from 0.
+    fn usable(links: &[Option<Link<D>>]) -> usize {
+        links.iter().take_while(|link| link.is_some()).count()
+    }
+
+    /// Checks a striped copy's chunking; a bad one leaves the data streams out of step, so
+    /// striping ends.
+    fn check_chunking(&self, links: &mut Vec<Option<Link<D>>>, len: u64, chunk: u64, copy_chunk: u64) -> CudaResult<usize> {
+        let count = Self::usable(links);
+        if count == 0 {
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        if len == 0 || !(MIN_CHUNK..=copy_chunk).contains(&chunk) {
+            Self::break_all(links, "a striped copy with a bad chunk size");
+            return Err(CudaError::INVALID_VALUE);
+        }
+        Ok(count)
+    }
+
+    /// Chunks in flight at once: each link reads or writes one while the next waits its turn,
+    /// within the staging the device has.
+    fn window(&self, count: usize) -> usize {
+        (count * 2).min(self.window).max(1)
+    }
+
+    /// Receives a host-to-device copy of `len` bytes for `dst` (checked by the session, or
+    /// `refused` with that error: its chunks are then read and dropped, keeping the streams in
+    /// step) and queues each chunk's device copy on `stream` as it lands.
+    pub fn receive(&self, copy: StripedCopy, stream: D::Stream, copy_chunk: u64, refused: Option<CudaError>) -> CudaResult<()> {
+        let StripedCopy { device: dst, len, chunk, transfer } = copy;
+        let mut links = self.links();
+        let count = match self.check_chunking(&mut links, len, chunk, copy_chunk) {
+            Ok(count) => count,
+            Err(error) => return Err(refused.unwrap_or(error)),
+        };
+        let mut outcome = refused.map_or(Ok(()), Err);
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut broken = None;
+        let finish = |index: usize, links: &[Option<Link<D>>], outcome: &mut CudaResult<()>, broken: &mut Option<String>| {
+            let Some(link) = &links[index] else { return };
+            match link.done.recv() {
+                Ok(Done::Received { offset, len, mut staging }) => {
+                    debug_assert!(D::staging_bytes(&mut staging).len() as u64 == len);
+                    if outcome.is_ok() {
+                        *outcome = self.device.copy_htod(dst + offset, staging, stream);
+                    }
+                }
+                Ok(Done::Handled) => {}
+                Ok(Done::Failed(error, reason)) => {
+                    *outcome = outcome.and(Err(error));
+                    broken.get_or_insert(reason);
+                    // The other links' threads may wait for chunks that will not come.
+                    Self::shut_down(links);
+                }
+                Err(_) => {
+                    *outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
+                    broken.get_or_insert_with(|| "a data connection's thread ended".into());
+                    Self::shut_down(links);
+                }
+            }
+        };
+        for (number, (offset, piece)) in chunks(len, chunk).enumerate() {
+            let index = number % count;
+            if in_flight.len() >= self.window(count) {
+                let oldest = in_flight.pop_front().unwrap_or(index);
+                finish(oldest, &links, &mut outcome, &mut broken);
+            }
+            if broken.is_some() {
+                break;
+            }
+            let job = match (outcome.is_ok(), usize::try_from(piece)) {
+                (true, Ok(piece_len)) => match self.device.staging(piece_len) {
+                    Ok(staging) => Job::Receive { transfer, offset, len: piece, staging },
+                    Err(error) => {
+                        outcome = Err(error);
+                        Job::Discard { transfer, offset, len: piece }
+                    }
+                },
+                _ => Job::Discard { transfer, offset, len: piece },
+            };
+            let Some(link) = &links[index] else { break };
+            if link.jobs.send(job).is_err() {
+                outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
+                broken = Some("a data connection's thread ended".into());
+                break;
+            }
+            in_flight.push_back(index);
+        }
+        for index in in_flight {
+            finish(index, &links, &mut outcome, &mut broken);
+        }
+        if let Some(reason) = broken {
+            Self::break_all(&mut links, &reason);
+        }
+        outcome
+    }
+
+    /// Sends a device-to-host copy of `len` bytes from `src` (checked by the session) on
+    /// `stream`: each chunk's device copy into staging is queued in order, and a link writes it
+    /// once it is done. Returns once every chunk was written (or the copy failed: the client
+    /// stops waiting for the rest when the reply says so).
+    pub fn send(&self, copy: StripedCopy, stream: D::Stream, copy_chunk: u64, compress: bool) -> CudaResult<()> {
+        let StripedCopy { device: src, len, chunk, transfer } = copy;
+        let mut links = self.links();
+        let count = self.check_chunking(&mut links, len, chunk, copy_chunk)?;
+        let mut outcome = Ok(());
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut broken = None;
+        let finish = |index: usize, links: &[Option<Link<D>>], outcome: &mut CudaResult<()>, broken: &mut Option<String>| {
+            let Some(link) = &links[index] else { return };
+            match link.done.recv() {
+                Ok(Done::Received { .. } | Done::Handled) => {}
+                Ok(Done::Failed(error, reason)) => {
+                    *outcome = outcome.and(Err(error));
+                    if error == CudaError::DEVICES_UNAVAILABLE {
+                        broken.get_or_insert(reason);
+                        Self::shut_down(links);
+                    }
+                }
+                Err(_) => {
+                    *outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
+                    broken.get_or_insert_with(|| "a data connection's thread ended".into());
+                    Self::shut_down(links);
+                }
+            }
+        };
+        for (number, (offset, piece)) in chunks(len, chunk).enumerate() {
+            let index = number % count;
+            if in_flight.len() >= self.window(count) {
+                let oldest = in_flight.pop_front().unwrap_or(index);
+                finish(oldest, &links, &mut outcome, &mut broken);
+            }
+            if outcome.is_err() || broken.is_some() {
+                break;
+            }
+            let started = usize::try_from(piece)
+                .map_err(|_| CudaError::INVALID_VALUE)
+                .and_then(|piece_len| self.device.staging(piece_len))
+                .and_then(|staging| self.device.start_dtoh(src + offset, staging, stream));
+            let copy = match started {
+                Ok(copy) => copy,
+                Err(error) => {
+                    outcome = Err(error);
+                    break;
+                }
+            };
+            let Some(link) = &links[index] else { break };
+            if link.jobs.send(Job::Send { transfer, offset, len: piece, copy, compress }).is_err() {
+                outcome = Err(CudaError::DEVICES_UNAVAILABLE);
+                broken = Some("a data connection's thread ended".into());
+                break;
+            }
+            in_flight.push_back(index);
+        }
+        for index in in_flight {
+            finish(index, &links, &mut outcome, &mut broken);
+        }
+        if let Some(reason) = broken {
+            Self::break_all(&mut links, &reason);
+        }
+        outcome
+    }
+}
+
+impl<D: Device> Drop for Stripes<D> {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::Release);
+        for link in self.links().drain(..).flatten() {
+            link.socket.shutdown();
+        }
+    }
+}
+
+/// One data connection's thread: runs the session thread's jobs in order, answering each once.
+/// After a failure it refuses the rest (the session thread then ends striping).
+fn serve_link<D: Device>(
+    device: &D,
+    mut reader: Connection,
+    mut writer: Connection,
+    jobs: &Receiver<Job<D>>,
+    done: &Sender<Done<D>>,
+    closing: &AtomicBool,
+    stats: Option<&crate::stats::SlotStats>,
+) {
+    if let Err(error) = device.bind_thread() {
+        tracing::warn!(%error, "a data connection's thread could not bind the device");
+    }
+    let mut failed: Option<String> = None;
+    let mut buffers = Buffers::default();
+    while let Ok(job) = jobs.recv() {
+        let answer = match failed.clone() {
+            Some(reason) => Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason),
+            None => run_job(device, &mut reader, &mut writer, job, &mut buffers, closing, stats),
+        };
+        if let Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason) = &answer {
+            failed.get_or_insert_with(|| reason.clone());
+        }
+        if done.send(answer).is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads the header of the chunk expected next and checks it is that chunk (raw or compressed).
+fn expect_header(reader: &mut Connection, transfer: u64, offset: u64, len: u64) -> Result<ChunkHeader, String> {
+    let mut bytes = [0u8; CHUNK_HEADER_LEN];
+    reader.read_exact(&mut bytes).map_err(|error| format!("reading a chunk header: {error}"))?;
+    match ChunkHeader::decode(&bytes) {
+        Some(header) if (header.transfer, header.offset, header.len) == (transfer, offset, len) => Ok(header),
+        Some(header) => Err(format!("chunk {header:?} where chunk {offset} of copy {transfer} ({len} bytes) was due")),
+        None => Err("no chunk header where one was due".into()),
+    }
+}
+
+/// A link thread's buffers for compressed chunks.
+#[derive(Default)]
+struct Buffers {
+    scratch: Vec<u8>,
+    planes: Vec<u8>,
+    compressor: Compressor,
+}
+
+/// Reads a chunk's bytes into `target` (its `len` bytes): straight in when raw, else through
+/// LZ4, which must give exactly `len` bytes.
+fn read_chunk(reader: &mut Connection, header: &ChunkHeader, target: &mut [u8], buffers: &mut Buffers) -> Result<(), String> {
+    if !header.compressed() {
+        return reader.read_exact(target).map_err(|error| format!("reading a chunk: {error}"));
+    }
+    let wire_len = usize::try_from(header.wire_len).map_err(|_| "a chunk too large".to_string())?;
+    buffers.scratch.resize(wire_len, 0);
+    reader.read_exact(&mut buffers.scratch).map_err(|error| format!("reading a chunk: {error}"))?;
+    decompress(header, &buffers.scratch, target, &mut buffers.planes)
+}
+
+fn run_job<D: Device>(
+    device: &D,
+    reader: &mut Connection,
+    writer: &mut Connection,
+    job: Job<D>,
+    buffers: &mut Buffers,
+    closing: &AtomicBool,
+    stats: Option<&crate::stats::SlotStats>,
+) -> Done<D> {
+    let lost = |reason: String| Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason);
+    let saved = |header: &ChunkHeader| {
+        if let Some(stats) = stats {
+            stats.compression_saved(header.len - header.wire_len);
+        }
+    };
+    match job {
+        Job::Receive { transfer, offset, len, mut staging } => {
+            let header = match expect_header(reader, transfer, offset, len) {
+                Ok(header) => header,
+                Err(reason) => return lost(reason),
+            };
+            let bytes = D::staging_bytes(&mut staging);
+            let Some(target) = usize::try_from(len).ok().and_then(|len| bytes.get_mut(..len)) else {
+                return lost("a chunk larger than its staging".into());
+            };
+            match read_chunk(reader, &header, target, buffers) {
+                Ok(()) => {
+                    saved(&header);
+                    Done::Received { offset, len, staging }
+                }
+                Err(reason) => lost(reason),
+            }
+        }
+        Job::Discard { transfer, offset, len } => {
+            let header = match expect_header(reader, transfer, offset, len) {
+                Ok(header) => header,
+                Err(reason) => return lost(reason),
+            };
+            let mut left = header.wire_len;
+            let scratch = &mut buffers.scratch;
+            scratch.resize(1 << 20, 0);
+            while left > 0 {
+                let step = usize::try_from(left).unwrap_or(usize::MAX).min(scratch.len());
+                if let Err(error) = reader.read_exact(&mut scratch[..step]) {
+                    return lost(format!("reading a chunk: {error}"));
+                }
+                left -= step as u64;
+            }
+            Done::Handled
+        }
+        Job::Send { transfer, offset, len, copy, compress } => {
+            // The device copy waits for the stream's earlier work, however long it takes.
+            let mut nap = Duration::from_micros(5);
+            while !device.dtoh_done(&copy) {
+                if closing.load(Ordering::Acquire) {
+                    return lost("the session ended".into());
+                }
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(Duration::from_millis(1));
+            }
+            let bytes = match device.dtoh_bytes(&copy) {
+                Ok(bytes) => bytes,
+                Err(error) => return Done::Failed(error, "device copy failed".into()),
+            };
+            let mut header = ChunkHeader::raw(transfer, offset, len);
+            let mut payload = bytes;
+            if compress && let Some((block, flags)) = buffers.compressor.compress(bytes) {
+                (header.wire_len, header.flags) = (block.len() as u64, flags);
+                payload = block;
+            }
+            let encoded = header.encode();
+            let mut slices = [std::io::IoSlice::new(&encoded), std::io::IoSlice::new(payload)];
+            match write_all_vectored(writer, &mut slices) {
+                Ok(()) => {
+                    saved(&header);
+                    Done::Handled
+                }
+                Err(error) => lost(format!("writing a chunk: {error}")),
+            }
+        }
+    }
+}
+
+fn write_all_vectored(writer: &mut Connection, mut slices: &mut [std::io::IoSlice<'_>]) -> std::io::Result<()> {
+    while !slices.is_empty() {
+        match writer.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(written) => std::io::IoSlice::advance_slices(&mut slices, written),
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// Answers a data connection that cannot join with the reason.
+pub fn refuse(mut socket: Connection, reason: &str) -> Result<(), String> {
+    let _ = write_value(&mut socket, 0, &StripeReply::Refused { error: CudaError::NOT_PERMITTED.code(), reason: reason.into() });
+    Err(reason.into())
+}
+
+/// Rebuilds a data connection's socket from the descriptor the listener passed.
+pub fn connection_from_fd(fd: OwnedFd, tcp: bool, secured: bool) -> Connection {
+    if secured { Connection::secured_from_fd(fd) } else { Connection::from_fd(fd, tcp) }
+}

@@ -1,0 +1,301 @@
+//! Striped bulk copies on the wire (`flyt_protocol::stripes`), against an emulated server: data
+//! connections join a session only with its secret, carry striped copies of odd sizes both ways
+//! with the bytes intact, stay in step when a copy is refused, and a hostile or broken data
+//! connection fails its copy (reported at the next sync) without harming the session.
+
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
+#![allow(clippy::cast_possible_truncation, reason = "test copies of a few MiB: offsets fit in usize, bytes wrap on purpose")]
+
+mod raw;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use flyt_protocol::CudaError;
+use flyt_protocol::frame::{FrameLimits, read_message, read_value, write_value};
+use flyt_protocol::handshake::Hello;
+use flyt_protocol::ops::{decode_reply, rep, req};
+use flyt_protocol::stripes::{CHUNK_HEADER_LEN, ChunkHeader, SECRET_LEN, StripeJoin, StripeReply, chunks};
+use raw::{RawSession, emulated_server, identity};
+
+const CHUNK: u64 = 64 << 10;
+
+/// Opens a data connection claiming `session_id` with `secret`, and its answer.
+fn join(socket: &str, session_id: u64, secret: [u8; SECRET_LEN], index: u32) -> (UnixStream, StripeReply) {
+    let mut stream = UnixStream::connect(socket.trim_start_matches("unix:")).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let hello = Hello { stripe: Some(StripeJoin { session_id, secret, index }), ..Hello::new(None, identity("stripe-test"), None) };
+    write_value(&mut stream, 0, &hello).unwrap();
+    let (_, reply) = read_value::<StripeReply>(&mut stream, &FrameLimits::default()).expect("an answer");
+    (stream, reply)
+}
+
+fn pattern(len: u64, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add((i >> 16) as u8)).collect()
+}
+
+/// Writes a copy's chunks round-robin over `links`, as a client does.
+fn send_chunks(links: &mut [UnixStream], transfer: u64, bytes: &[u8]) {
+    for (number, (offset, len)) in chunks(bytes.len() as u64, CHUNK).enumerate() {
+        let link = &mut links[number % links.len()];
+        link.write_all(&ChunkHeader::raw(transfer, offset, len).encode()).unwrap();
+        link.write_all(&bytes[offset as usize..(offset + len) as usize]).unwrap();
+    }
+}
+
+/// Reads a device-to-host copy's chunks off `links` in their round-robin order.
+fn receive_chunks(links: &mut [UnixStream], transfer: u64, len: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; len as usize];
+    for (number, (offset, piece)) in chunks(len, CHUNK).enumerate() {
+        let link = &mut links[number % links.len()];
+        let mut header = [0u8; CHUNK_HEADER_LEN];
+        link.read_exact(&mut header).unwrap();
+        assert_eq!(ChunkHeader::decode(&header), Some(ChunkHeader::raw(transfer, offset, piece)));
+        link.read_exact(&mut bytes[offset as usize..(offset + piece) as usize]).unwrap();
+    }
+    bytes
+}
+
+fn read_back(session: &mut RawSession, src: u64, len: u64) -> Vec<u8> {
+    let (result, bytes) = session.call(req::MemcpyDtoH { src, len, stream: 0, blocking: true });
+    result.expect("read back");
+    bytes
+}
+
+/// The next sync's deferred error (and that the one after is clean).
+fn deferred(session: &mut RawSession) -> Option<CudaError> {
+    let reply = session.call_with_deferred(req::DeviceSynchronize {}).0;
+    assert!(reply.result.is_ok());
+    reply.deferred
+}
+
+#[test]
+fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_ways() {
+    // Three staging slots: one chunk in flight at a time (two stay for other copies).
+    let (_server, socket) = emulated_server("stripes-wire", &["--staging-slots", "3"]);
+    let mut session = RawSession::open(&socket, None).expect("session");
+    let id = session.info.session_id;
+    let secret = session.info.stripe_secret.expect("a session over a socket gets a stripe secret");
+
+    // Strangers are refused: a wrong secret, a session that does not exist.
+    let mut wrong = secret;
+    wrong[7] ^= 0x40;
+    assert!(matches!(join(&socket, id, wrong, 0).1, StripeReply::Refused { .. }));
+    assert!(matches!(join(&socket, id + 1000, secret, 0).1, StripeReply::Refused { .. }));
+
+    let mut links: Vec<UnixStream> = (0..3)
+        .map(|index| {
+            let (stream, reply) = join(&socket, id, secret, index);
+            assert_eq!(reply, StripeReply::Joined, "data connection {index}");
+            stream
+        })
+        .collect();
+    // An index taken already is refused, and the one holding it keeps it.
+    assert!(matches!(join(&socket, id, secret, 1).1, StripeReply::Refused { .. }));
+
+    let size = 1 << 20;
+    let ptr = session.call(req::Malloc { size }).0.expect("malloc").ptr;
+    // Host to device: 7 chunks and a short one, at an odd device offset.
+    let len = 7 * CHUNK + 4093;
+    let bytes = pattern(len, 3);
+    session.send(&req::MemcpyHtoDStriped { dst: ptr + 5, len, stream: 0, transfer: 11, chunk: CHUNK }.into(), &[]);
+    send_chunks(&mut links, 11, &bytes);
+    assert_eq!(deferred(&mut session), None);
+    assert!(read_back(&mut session, ptr + 5, len) == bytes, "striped host-to-device bytes");
+
+    // Device to host: the same bytes come back in chunks, then the reply.
+    let seq = session.send(
+        &req::MemcpyDtoHStriped { src: ptr + 5, len, stream: 0, transfer: 12, chunk: CHUNK, blocking: true, compress: false }.into(),
+        &[],
+    );
+    let back = receive_chunks(&mut links, 12, len);
+    let mut message = Vec::new();
+    let header = read_message(&mut session.stream, &FrameLimits::default(), &mut message).expect("reply");
+    assert_eq!(header.seq, seq);
+    assert!(decode_reply::<rep::MemcpyDtoHStriped>(&message).unwrap().result.is_ok());
+    assert!(back == bytes, "striped device-to-host bytes");
+
+    // A refused copy (outside the session's memory) still reads its chunks: the next copy is in
+    // step.
+    let stray = pattern(2 * CHUNK + 1, 9);
+    session.send(&req::MemcpyHtoDStriped { dst: 0xdead_0000, len: stray.len() as u64, stream: 0, transfer: 13, chunk: CHUNK }.into(), &[]);
+    send_chunks(&mut links, 13, &stray);
+    assert_eq!(deferred(&mut session), Some(CudaError::INVALID_VALUE));
+    let next = pattern(CHUNK + 17, 21);
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: next.len() as u64, stream: 0, transfer: 14, chunk: CHUNK }.into(), &[]);
+    send_chunks(&mut links, 14, &next);
+    assert_eq!(deferred(&mut session), None);
+    assert!(read_back(&mut session, ptr, next.len() as u64) == next, "the copy after a refused one");
+
+    // A chunk the session did not expect (another copy's) fails the copy and ends striping; the
+    // session itself goes on, and other sessions never noticed.
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 15, chunk: CHUNK }.into(), &[]);
+    links[0].write_all(&ChunkHeader::raw(99, 0, CHUNK).encode()).unwrap();
+    links[0].write_all(&vec![0xEE; CHUNK as usize]).unwrap();
+    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    assert!(read_back(&mut session, ptr, next.len() as u64) == next, "the stray chunk wrote nothing");
+    let mut probe = [0u8; 1];
+    assert!(matches!(links[1].read(&mut probe), Ok(0) | Err(_)), "the data connections were closed");
+    session.round_trip(0x5A);
+    assert_eq!(
+        session
+            .call(req::MemcpyDtoHStriped { src: ptr, len: CHUNK, stream: 0, transfer: 16, chunk: CHUNK, blocking: true, compress: false })
+            .0
+            .err(),
+        Some(CudaError::NOT_SUPPORTED),
+        "no data connections are left"
+    );
+    let mut other = RawSession::open(&socket, None).expect("another session");
+    other.round_trip(0x11);
+}
+
+#[test]
+fn a_data_connection_that_breaks_mid_copy_fails_the_copy_not_the_session() {
+    let (_server, socket) = emulated_server("stripes-broken", &[]);
+    let mut session = RawSession::open(&socket, None).expect("session");
+    let (id, secret) = (session.info.session_id, session.info.stripe_secret.expect("secret"));
+    let mut links: Vec<UnixStream> = (0..2).map(|index| join(&socket, id, secret, index).0).collect();
+    let ptr = session.call(req::Malloc { size: 1 << 20 }).0.expect("malloc").ptr;
+    let bytes = pattern(4 * CHUNK, 1);
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bytes.len() as u64, stream: 0, transfer: 1, chunk: CHUNK }.into(), &[]);
+    // Chunk 0 arrives; data connection 1 goes away before its first chunk.
+    send_chunks(&mut links[..1], 1, &bytes[..CHUNK as usize]);
+    drop(links.remove(1));
+    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    session.round_trip(0x33);
+    // A hostile chunk length (past what the copy expects) is refused the same way.
+    let (id, secret) = (session.info.session_id, session.info.stripe_secret.unwrap());
+    let mut fresh: Vec<UnixStream> = (0..1).map(|index| join(&socket, id, secret, index).0).collect();
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 2, chunk: CHUNK }.into(), &[]);
+    fresh[0].write_all(&ChunkHeader::raw(2, 0, u64::MAX).encode()).unwrap();
+    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    session.round_trip(0x44);
+}
+
+/// A striped copy's chunks as LZ4 blocks: compressed host-to-device chunks land as their bytes,
+/// device-to-host chunks come compressed when asked and LZ4 shrinks them (raw when it does not:
+/// random bytes), bf16-like bytes go in planes both ways, the server counts the bytes saved, and a block that does not decompress to its
+/// chunk's length fails the copy without harming the session.
+#[test]
+fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let (server, socket) = emulated_server("stripes-lz4", &["--metrics-listen", &port]);
+    assert!(server.wait_for_log("metrics on http://", Duration::from_secs(10)), "{}", server.log_text());
+    let mut session = RawSession::open(&socket, None).expect("session");
+    let (id, secret) = (session.info.session_id, session.info.stripe_secret.expect("secret"));
+    let mut links: Vec<UnixStream> = (0..2).map(|index| join(&socket, id, secret, index).0).collect();
+    let ptr = session.call(req::Malloc { size: 1 << 20 }).0.expect("malloc").ptr;
+
+    // Weights-like bytes (slowly changing 16-bit values) compress; the last chunk is short.
+    let weights: Vec<u8> = (0..(3 * CHUNK as u32 + 1000) / 2).flat_map(|i| ((i / 5) as u16 ^ 0x3c00).to_le_bytes()).collect();
+    let len = weights.len() as u64;
+    let mut saved = 0;
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len, stream: 0, transfer: 1, chunk: CHUNK }.into(), &[]);
+    for (number, (offset, piece)) in chunks(len, CHUNK).enumerate() {
+        let block = lz4_flex::block::compress(&weights[offset as usize..(offset + piece) as usize]);
+        assert!((block.len() as u64) < piece);
+        saved += piece - block.len() as u64;
+        let link = &mut links[number % 2];
+        link.write_all(&ChunkHeader { transfer: 1, offset, len: piece, wire_len: block.len() as u64, flags: 0 }.encode()).unwrap();
+        link.write_all(&block).unwrap();
+    }
+    assert_eq!(deferred(&mut session), None);
+    assert!(read_back(&mut session, ptr, len) == weights, "compressed chunks landed as their bytes");
+
+    // Back with compression asked: every chunk of these bytes comes as a block.
+    let mut back = vec![0u8; len as usize];
+    let seq = session
+        .send(&req::MemcpyDtoHStriped { src: ptr, len, stream: 0, transfer: 2, chunk: CHUNK, blocking: true, compress: true }.into(), &[]);
+    for (number, (offset, piece)) in chunks(len, CHUNK).enumerate() {
+        let link = &mut links[number % 2];
+        let mut header = [0u8; CHUNK_HEADER_LEN];
+        link.read_exact(&mut header).unwrap();
+        let header = ChunkHeader::decode(&header).expect("a chunk header");
+        assert_eq!((header.transfer, header.offset, header.len), (2, offset, piece));
+        assert!(header.compressed(), "chunk {number} of weights came raw");
+        saved += header.len - header.wire_len;
+        let mut block = vec![0u8; header.wire_len as usize];
+        link.read_exact(&mut block).unwrap();
+        let target = &mut back[offset as usize..(offset + piece) as usize];
+        flyt_protocol::stripes::decompress(&header, &block, target, &mut Vec::new()).unwrap();
+    }
+    let mut message = Vec::new();
+    assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
+    assert!(back == weights, "compressed device-to-host chunks");
+
+    // Random bytes do not shrink: they come raw even when compression is asked.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let random: Vec<u8> = (0..2 * CHUNK)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    session.send(&req::MemcpyHtoD { dst: ptr, stream: 0 }.into(), &random);
+    let seq = session.send(
+        &req::MemcpyDtoHStriped { src: ptr, len: 2 * CHUNK, stream: 0, transfer: 3, chunk: CHUNK, blocking: true, compress: true }.into(),
+        &[],
+    );
+    assert!(receive_chunks(&mut links, 3, 2 * CHUNK) == random, "random bytes came raw and intact");
+    assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
+
+    // bf16-like values (noisy low bytes, repeating high bytes): they shrink only in planes.
+    let mut state = 0x0123_4567_89AB_CDEFu64;
+    let bf16: Vec<u8> = (0..CHUNK + CHUNK / 2 + 1)
+        .map(|i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            if i % 2 == 0 { state as u8 } else { 0x3c + (state as u8 & 3) }
+        })
+        .collect();
+    let mut compressor = flyt_protocol::stripes::Compressor::default();
+    let bf16_len = bf16.len() as u64;
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bf16_len, stream: 0, transfer: 5, chunk: CHUNK }.into(), &[]);
+    for (number, (offset, piece)) in chunks(bf16_len, CHUNK).enumerate() {
+        let (block, flags) = compressor.compress(&bf16[offset as usize..(offset + piece) as usize]).expect("bf16-like bytes shrink");
+        assert_eq!(flags, flyt_protocol::stripes::SHUFFLED);
+        saved += piece - block.len() as u64;
+        links[number % 2]
+            .write_all(&ChunkHeader { transfer: 5, offset, len: piece, wire_len: block.len() as u64, flags }.encode())
+            .unwrap();
+        links[number % 2].write_all(block).unwrap();
+    }
+    assert_eq!(deferred(&mut session), None);
+    assert!(read_back(&mut session, ptr, bf16_len) == bf16, "shuffled chunks landed as their bytes");
+    let seq = session.send(
+        &req::MemcpyDtoHStriped { src: ptr, len: bf16_len, stream: 0, transfer: 6, chunk: CHUNK, blocking: true, compress: true }.into(),
+        &[],
+    );
+    let mut back = vec![0u8; bf16.len()];
+    for (number, (offset, piece)) in chunks(bf16_len, CHUNK).enumerate() {
+        let link = &mut links[number % 2];
+        let mut header = [0u8; CHUNK_HEADER_LEN];
+        link.read_exact(&mut header).unwrap();
+        let header = ChunkHeader::decode(&header).expect("a chunk header");
+        assert_eq!((header.offset, header.len, header.flags), (offset, piece, flyt_protocol::stripes::SHUFFLED));
+        saved += header.len - header.wire_len;
+        let mut block = vec![0u8; header.wire_len as usize];
+        link.read_exact(&mut block).unwrap();
+        flyt_protocol::stripes::decompress(&header, &block, &mut back[offset as usize..(offset + piece) as usize], &mut Vec::new())
+            .unwrap();
+    }
+    assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
+    assert!(back == bf16, "shuffled device-to-host chunks");
+
+    let text = flyt_test_support::scrape_metrics(&port);
+    let line = text.lines().find(|line| line.starts_with("flyt_rpc_stripe_compression_saved_bytes_total")).unwrap_or_default();
+    let counted: f64 = line.rsplit(' ').next().and_then(|value| value.parse().ok()).unwrap_or(-1.0);
+    assert_eq!(counted, saved as f64, "{text}");
+
+    // A block that decompresses to fewer bytes than its chunk: the copy fails, the session goes on.
+    let short = lz4_flex::block::compress(&weights[..CHUNK as usize - 1]);
+    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 4, chunk: CHUNK }.into(), &[]);
+    links[0].write_all(&ChunkHeader { transfer: 4, offset: 0, len: CHUNK, wire_len: short.len() as u64, flags: 0 }.encode()).unwrap();
+    links[0].write_all(&short).unwrap();
+    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    session.round_trip(0x66);
+}
