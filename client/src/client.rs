@@ -709,6 +709,11 @@ impl Client {
         if self.nodes.is_empty() { &self.conn } else { self.conn_of(crate::devices::thread_device()) }
     }
 
+    /// Whether the session has one server (not spread over several nodes).
+    pub(crate) fn single_server(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
     /// The connection of the session device `device` (its server's, in a spread session).
     pub(crate) fn conn_of(&self, device: u32) -> &Arc<Conn> {
         match self.node_of(device) {
@@ -1215,6 +1220,7 @@ mod tests {
             devices: vec![device; devices],
             peers,
             nvlinks: vec![vec![flyt_protocol::device::NvLinkEnd::Device(0)]; devices],
+            stripe_secret: Default::default(),
             copy_chunk,
             shm_accepted: false,
             rings: false,

@@ -489,6 +489,10 @@ fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mu
 /// # Safety
 /// `src` is readable for `len` bytes until this returns.
 pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: u64) -> Option<CudaResult<()>> {
+    // Data connections join the first server: a session spread over several copies unstriped.
+    if !client.single_server() {
+        return None;
+    }
     let (plan, set) = client.stripes.for_copy(len)?;
     let progress = Arc::new(Progress::default());
     let mut queued = 0;
@@ -498,7 +502,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
         let _order = lock(&set.order);
         let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
         let request = req::MemcpyHtoDStriped { dst, len, stream, transfer, chunk: plan.chunk };
-        if let Err(error) = client.conn.send_async(&request.into(), &[]).and_then(|()| client.conn.flush()) {
+        if let Err(error) = client.conn().send_async(&request.into(), &[]).and_then(|()| client.conn().flush()) {
             return Some(Err(error));
         }
         for (number, (offset, piece)) in chunks(len, plan.chunk).enumerate() {
@@ -540,13 +544,17 @@ pub unsafe fn dtoh(
     stream: u64,
     blocking: bool,
 ) -> Option<CudaResult<Option<CudaError>>> {
+    // Data connections join the first server: a session spread over several copies unstriped.
+    if !client.single_server() {
+        return None;
+    }
     let (plan, set) = client.stripes.for_copy(len)?;
     let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
     lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, wire: 0, writing: 0, failed: false });
     let started = Instant::now();
     let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk, blocking, compress: set.compress(plan) };
     let reply = client
-        .conn
+        .conn()
         .call(&request.into())
         .and_then(|message| decode_reply::<rep::MemcpyDtoHStriped>(&message).map_err(|_| CudaError::UNKNOWN));
     let mut landings = lock(&set.landings);

@@ -390,12 +390,12 @@ pub unsafe fn copy(
                 let deferred = striped?;
                 return match mode {
                     Mode::Synchronous => {
-                        deferred.or_else(|| client.conn.take_deferred()).map_or(Ok(()), Err)?;
+                        deferred.or_else(|| client.conn().take_deferred()).map_or(Ok(()), Err)?;
                         client.pull_mirrors(false)
                     }
                     Mode::Asynchronous => {
                         if let Some(error) = deferred {
-                            client.conn.defer(error);
+                            client.conn().defer(error);
                         }
                         Ok(())
                     }
