@@ -105,6 +105,15 @@ pub struct LaunchSettings {
     pub ivshmem_dir: Option<PathBuf>,
     /// Certificate and key the servers show TCP clients (TLS on the data plane), from `[tls]`.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// How many times its memory a GPU's slices may promise (`--oversubscribe`); `None`: 1.
+    pub oversubscribe: Option<f64>,
+}
+
+impl LaunchSettings {
+    /// The memory a GPU's slices may promise: its own, times the oversubscription.
+    fn promisable(&self, gpu: &GpuInfo) -> u64 {
+        self.oversubscribe.map_or(gpu.memory_bytes, |factor| (gpu.memory_bytes as f64 * factor) as u64)
+    }
 }
 
 /// What is recorded per server, so a restarted node manager can find it.
@@ -408,6 +417,9 @@ impl ServerManager {
         if let Some(dir) = snapshot_dir {
             command.arg("--snapshot-dir").arg(dir);
         }
+        if let Some(factor) = settings.oversubscribe {
+            command.args(["--oversubscribe", &factor.to_string()]);
+        }
         if settings.device == DeviceKind::Emulated {
             command.args(["--emulated-memory", &gpu.memory_bytes.to_string()]).args(["--emulated-sms", &gpu.sm_count.to_string()]);
         }
@@ -445,7 +457,7 @@ impl ServerManager {
             server_name(&spec.allocation_id, spec.gpu, |name| servers.contains_key(name))
         };
         let gpu = self.gpu(spec.gpu)?;
-        if spec.sm_percentage == 0 || spec.sm_percentage > 100 || spec.memory == 0 || spec.memory.saturating_mul(MIB) > gpu.memory_bytes {
+        if spec.sm_percentage == 0 || spec.sm_percentage > 100 || spec.memory == 0 || spec.memory.saturating_mul(MIB) > self.settings.promisable(&gpu) {
             return Err(ControlError::Invalid(format!("GPU {} cannot give {} MiB at {}% SMs", gpu.index, spec.memory, spec.sm_percentage)));
         }
         for (at, extra) in spec.extra_gpus.iter().enumerate() {
@@ -453,7 +465,7 @@ impl ServerManager {
             if *extra == spec.gpu || spec.extra_gpus[..at].contains(extra) {
                 return Err(ControlError::Invalid(format!("GPU {extra} named twice for allocation {}", spec.allocation_id)));
             }
-            if spec.memory.saturating_mul(MIB) > other.memory_bytes {
+            if spec.memory.saturating_mul(MIB) > self.settings.promisable(&other) {
                 return Err(ControlError::Invalid(format!("GPU {extra} cannot give {} MiB", spec.memory)));
             }
         }
@@ -1070,6 +1082,7 @@ pub(crate) mod tests {
             metrics_host: Some("0.0.0.0".into()),
             ivshmem_dir: Some("/dev/shm/flyt-ivshmem".into()),
             tls: None,
+            oversubscribe: None,
         }
     }
 

@@ -25,6 +25,10 @@ pub enum ToWorker {
     /// (To a warm worker.) Restore the snapshot in file `path`, answer `Restored`, then wait for
     /// the `Serve` of its app.
     Restore { path: String },
+    /// (Paging, `docs/design/paging.md`.) Page the session out if it is idle and pageable: its
+    /// allocations' bytes to host memory, their physical memory released, their addresses kept.
+    /// `reason` is logged. Not answered: the budget page shows what was freed.
+    PageOut { reason: String },
 }
 
 /// Worker to listener.
@@ -38,4 +42,7 @@ pub enum FromWorker {
     Checkpointed(Result<SnapshotInfo, String>),
     /// The answer to `Restore`; after a failure the worker exits.
     Restored(Result<(), String>),
+    /// (Paging.) The session needs `bytes` more of device memory than is free: the listener's
+    /// coordinator pages idle sessions out. Not answered; the worker watches the budget page.
+    NeedMemory { bytes: u64 },
 }

@@ -31,10 +31,12 @@ mod green;
 mod intake;
 mod ipc;
 mod memops;
+mod paging;
 mod pools;
 mod snapshot;
 mod vmm;
 
+pub(crate) use snapshot::{copy_direct, read_device, write_device};
 pub use snapshot::{MoveControl, Restored, path_of as snapshot_path, restore, valid_name as valid_snapshot_name};
 
 /// The session's handle maps, looked up on every launch, copy and wait: keys are ids the app
@@ -426,6 +428,8 @@ pub struct Session<D: Device> {
     tensor_maps: memops::TensorMaps,
     /// Green contexts, their streams, and the resources and descriptors they are made from.
     green: green::GreenTable<D>,
+    /// Paging, when the server oversubscribes its GPU share (`crate::paging`).
+    pager: Option<Arc<crate::paging::Pager>>,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -491,6 +495,7 @@ impl<D: Device> Session<D> {
             ipc: ipc::IpcTable::default(),
             tensor_maps: memops::TensorMaps::default(),
             green: green::GreenTable::default(),
+            pager: None,
         }
     }
 
@@ -506,6 +511,7 @@ impl<D: Device> Session<D> {
     fn serve_frames(&mut self, intake: &Arc<intake::Intake>) -> Result<(), FrameError> {
         let mut message = Vec::with_capacity(4096);
         let outbox = self.outbox.clone();
+        let pager = self.pager.clone();
         let mut op_times = OpTimes::from_env();
         loop {
             // A session that has named host functions to the device has its frames read ahead
@@ -531,7 +537,22 @@ impl<D: Device> Session<D> {
                 stats.call(info.id);
             }
             let started = (op_times.is_some() || self.config.time_calls).then(Instant::now);
+            // Paging: a paged-out session is paged in before its request runs.
+            let gate = match pager.as_deref().map(|pager| pager.enter(&*self.device)) {
+                Some(Err(reason)) => {
+                    tracing::warn!(op = info.name, %reason, "request failed: out of device memory");
+                    outbox.reply::<()>(header.seq, info.class, Err(CudaError::MEMORY_ALLOCATION), &[]);
+                    bulk.finish()?;
+                    continue;
+                }
+                Some(Ok(gate)) => Some(gate),
+                None => None,
+            };
             dispatch(self, request, header.seq, started, &mut bulk, &outbox);
+            if let (Some(pager), Some(mut gate)) = (pager.as_deref(), gate) {
+                self.after_request(&mut gate, info.name);
+                pager.leave(gate);
+            }
             flyt_ring::timeline::mark(flyt_ring::timeline::Stage::Dispatched);
             if let (Some(times), Some(started)) = (op_times.as_mut(), started) {
                 times.add(info.name, started.elapsed());

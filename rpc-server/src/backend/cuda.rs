@@ -941,6 +941,21 @@ impl Device for CudaDevice {
         outcome
     }
 
+    fn page_out(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+        // The caller saved the bytes after a synchronize; each free releases the physical
+        // memory (a restored span's with its last allocation), then the addresses are held in
+        // reservations of this worker's, where `page_in` maps new memory.
+        for &(ptr, len) in allocations {
+            self.free(ptr).map_err(|error| format!("releasing {len} bytes at {ptr:#x}: {error}"))?;
+        }
+        let prop = self.allocation_prop(1).map_err(|error| error.to_string())?;
+        self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).hold(allocations, &prop)
+    }
+
+    fn page_in(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+        self.restore_allocations(allocations, &[])
+    }
+
     fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String> {
         // Shareable as a descriptor, so a later move on this GPU can hand the memory over.
         let prop = self.allocation_prop(1).map_err(|error| error.to_string())?;
