@@ -201,6 +201,8 @@ pub struct Gate {
     paged: Option<PagedOut>,
     /// The session's allocations (`cuMemAlloc`'s), and the range map's version they are from.
     allocations: Vec<(u64, u64)>,
+    /// Their bytes in all.
+    allocated: u64,
     version: Option<u64>,
     /// Why the session cannot be paged out, if anything holds it.
     blocker: Option<String>,
@@ -211,6 +213,7 @@ impl Gate {
     pub fn set_allocations(&mut self, version: u64, allocations: impl FnOnce() -> Vec<(u64, u64)>) {
         if self.version != Some(version) {
             self.allocations = allocations();
+            self.allocated = self.allocations.iter().map(|(_, len)| len).sum();
             self.version = Some(version);
         }
     }
@@ -295,8 +298,14 @@ impl Pager {
     /// After a request: whether the session may now be paged out, and when it was last active.
     pub fn leave(&self, gate: MutexGuard<'_, Gate>) {
         let residency = self.residency();
-        residency.set_pageable(gate.blocker.is_none());
+        residency.set_pageable(gate.blocker.is_none() && self.only_allocations(&gate));
         residency.touch();
+    }
+
+    /// Whether all the device memory the session holds (its quota's count) is `cuMemAlloc`
+    /// allocations, the only memory paged: pools, arrays, VMM and graph memory are not yet.
+    fn only_allocations(&self, gate: &Gate) -> bool {
+        self.budget.slot_used(self.budget.slot()) == gate.allocated
     }
 
     fn page_in<D: Device>(&self, gate: &mut Gate, device: &D) -> Result<(), String> {
@@ -362,12 +371,11 @@ impl Pager {
         {
             return Ok(None);
         }
-        let allocations = gate.allocations.clone();
-        let bytes: u64 = allocations.iter().map(|(_, len)| len).sum();
+        let (allocations, bytes) = (gate.allocations.clone(), gate.allocated);
         if bytes == 0 {
             return Ok(None);
         }
-        if self.budget.slot_used(slot) != bytes {
+        if !self.only_allocations(&gate) {
             return Err("it holds device memory other than cuMemAlloc allocations (pools, arrays, VMM or graph memory)".into());
         }
         device.bind_thread().map_err(|error| format!("binding the device: {error}"))?;
@@ -381,7 +389,11 @@ impl Pager {
             }
             std::io::Write::flush(&mut out).map_err(|error| format!("writing paged memory: {error}"))?;
         }
-        device.page_out(&allocations)?;
+        // Once released, even in part, the memory is out: the bytes are in the file, and the
+        // next request pages in (or fails with a clear error if it cannot).
+        if let Err(reason) = device.page_out(&allocations) {
+            tracing::error!(session_id = self.session_id.load(Ordering::Acquire), %reason, "paging out failed part way");
+        }
         residency.paged_out(bytes);
         gate.paged = Some(PagedOut { file, allocations, bytes, since: Instant::now() });
         let session_id = self.session_id.load(Ordering::Acquire);
@@ -578,6 +590,54 @@ mod tests {
         let mut fresh = view(3, 40, 1000);
         fresh.resident_since_ms = 9500;
         assert!(choose(&[blocked, paged, fresh], 9, 10, 10_000, &settings(), |_| false).is_empty());
+    }
+
+    /// The mechanism on the emulated device: the bytes leave its memory and come back at the
+    /// same address; the residency count follows.
+    #[test]
+    fn a_paged_out_sessions_bytes_leave_the_device_and_come_back_at_their_address() {
+        use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
+        const LEN: u64 = 4 << 20;
+        let device = EmulatedDevice::new(EmulatedConfig { memory: 8 << 20, sms: 1, devices: 1 });
+        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
+        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 3).unwrap());
+        budget.paging_words()[CAPACITY].store(8 << 20, Ordering::Release);
+        let (ours, _listener) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let settings = PagingSettings { idle: Duration::ZERO, resident_min: Duration::ZERO, wait: Duration::from_millis(100) };
+        let pager = Arc::new(Pager::new(budget.clone(), ours.into(), settings, 1 << 20));
+        let quota = PagedBudget::new(budget.clone(), pager.clone());
+        assert!(quota.try_reserve(LEN));
+        let ptr = device.malloc(LEN).unwrap();
+        let bytes: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+        crate::session::write_device(&device, 1 << 20, ptr, LEN, &mut bytes.as_slice()).unwrap();
+        let mut gate = pager.enter(&device).unwrap();
+        gate.set_allocations(1, || vec![(ptr, LEN)]);
+        gate.set_blocker(None);
+        pager.leave(gate);
+
+        let free = |device: &EmulatedDevice| device.mem_get_info().unwrap().0;
+        let before = free(&device);
+        assert_eq!(pager.page_out(&device, "test"), Ok(Some(LEN)));
+        assert_eq!(free(&device) - before, LEN, "the bytes left the device's memory");
+        assert_eq!(pager.residency().resident_total(), 0);
+        assert!(pager.residency().view().paged);
+        assert_eq!(pager.page_out(&device, "again"), Ok(None), "already out");
+
+        // The next request pages it in: the same address, the same bytes.
+        let gate = pager.enter(&device).unwrap();
+        let mut back = Vec::new();
+        crate::session::read_device(&device, 1 << 20, ptr, LEN, &mut back).unwrap();
+        assert!(back == bytes);
+        assert_eq!(free(&device), before);
+        let view = pager.residency().view();
+        assert_eq!((view.resident, view.paged, view.paged_out_bytes, view.paged_in_bytes, view.page_outs), (LEN, false, LEN, LEN, 1));
+
+        // A blocked session is refused, whatever it holds.
+        let mut gate = gate;
+        gate.set_blocker(Some("a stream capture is under way".into()));
+        pager.leave(gate);
+        assert_eq!(pager.page_out(&device, "test"), Err("a stream capture is under way".into()));
+        assert!(!pager.residency().view().pageable);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::ops::req;
+use flyt_test_support::{scrape_metrics as scrape, series_value as value};
 use raw::{RawSession, emulated_server};
 
 const MIB: u64 = 1 << 20;
@@ -70,7 +71,11 @@ fn count(log: &str, needle: &str) -> usize {
 
 #[test]
 fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
-    let (server, socket) = oversubscribed("paging-turns", &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000"]);
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let (server, socket) = oversubscribed(
+        "paging-turns",
+        &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000", "--metrics-listen", &metrics],
+    );
     // Two sessions fill the device; the third and fourth page the first two out to start.
     let mut sessions: Vec<(RawSession, [u64; 2])> = (0..4).map(|index| filled(&socket, index)).collect();
     let mut rounds = [0usize; 4];
@@ -96,6 +101,16 @@ fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
     let (outs, ins) = (count(&log, " paged out"), count(&log, " paged in"));
     assert!(outs >= 100 && ins >= 100, "{outs} page-outs, {ins} page-ins:\n{log}");
     assert_eq!(count(&log, "request failed: out of device memory"), 0, "{log}");
+    eprintln!("{outs} page-outs, {ins} page-ins");
+    // The metrics say the same: per session, bytes paged out and in; two sessions resident.
+    let text = scrape(&metrics);
+    assert_eq!(value(&text, "flyt_rpc_resident_capacity_bytes{allocation=\"\"}"), Some((8 * MIB) as f64), "{text}");
+    assert_eq!(value(&text, "flyt_rpc_sessions_resident{allocation=\"\"}"), Some(2.0), "{text}");
+    for (session, _) in &sessions {
+        let id = session.info.session_id;
+        let paged_in = value(&text, &format!("flyt_rpc_session_paged_in_bytes_total{{allocation=\"\",session=\"{id}\"}}"));
+        assert!(paged_in.is_some_and(|bytes| bytes >= (20 * 4 * MIB) as f64), "session {id}: {paged_in:?}\n{text}");
+    }
 }
 
 #[test]

@@ -314,7 +314,8 @@ pub trait Device: Send + Sync + 'static {
     fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String>;
     /// Paging (`docs/design/paging.md`): releases the device memory of `allocations` (start,
     /// length; their bytes already saved, the device synchronized) while their addresses stay
-    /// this session's, held so nothing else lands there until `page_in`.
+    /// this session's, held so nothing else lands there until `page_in`. `Err` may come after part
+    /// of the memory was released (the caller then treats all of it as out).
     fn page_out(&self, _allocations: &[(u64, u64)]) -> Result<(), String> {
         Err("this device cannot page memory out".into())
     }
