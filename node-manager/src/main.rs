@@ -163,7 +163,10 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
         gpus: gpus
             .iter()
             .map(|gpu| match config.rpc_server.oversubscribe {
-                factor if factor > 1.0 => flyt_protocol::control::cluster::GpuInfo { memory_bytes: (gpu.memory_bytes as f64 * factor) as u64, ..gpu.clone() },
+                factor if factor > 1.0 => flyt_protocol::control::cluster::GpuInfo {
+                    memory_bytes: crate::servers::promised(gpu.memory_bytes, factor),
+                    ..gpu.clone()
+                },
                 _ => gpu.clone(),
             })
             .collect(),

@@ -631,7 +631,8 @@ impl Server {
     pub fn paging(&self) -> Option<(u64, Vec<(u64, crate::paging::SlotView)>)> {
         self.paging.as_ref()?;
         let words = self.budget.paging_words();
-        let views = lock(&self.sessions).iter().map(|(id, record)| (*id, crate::paging::Residency::new(words, record.slot).view())).collect();
+        let views =
+            lock(&self.sessions).iter().map(|(id, record)| (*id, crate::paging::Residency::new(words, record.slot).view())).collect();
         Some((crate::paging::Residency::new(words, 0).capacity(), views))
     }
 

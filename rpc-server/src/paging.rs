@@ -291,7 +291,7 @@ impl Pager {
         if gate.paged.is_some() {
             self.page_in(&mut gate, device)?;
         }
-        self.residency().touch();
+        // No page-out while the gate is held; `leave` marks the request's end as the activity.
         Ok(gate)
     }
 
@@ -314,7 +314,12 @@ impl Pager {
         let started = Instant::now();
         if !self.claim(paged.bytes) {
             let waited = self.settings.wait.as_millis();
-            tracing::warn!(session_id, bytes = paged.bytes, waited_ms = waited as u64, "session not paged in: no device memory freed in time");
+            tracing::warn!(
+                session_id,
+                bytes = paged.bytes,
+                waited_ms = waited as u64,
+                "session not paged in: no device memory freed in time"
+            );
             let reason = format!("paging the session in needs {} bytes of device memory; none came free within {waited} ms", paged.bytes);
             gate.paged = Some(paged);
             return Err(reason);
@@ -503,11 +508,8 @@ impl Coordinator {
     /// `requester`: idle, pageable, past their minimum residency, least recently active first.
     pub fn victims(&self, budget: &SharedBudget, requester: usize, bytes: u64, live: &[usize]) -> Vec<usize> {
         let now = now_ms();
-        let views: Vec<SlotView> = live
-            .iter()
-            .filter(|slot| !budget.busy(**slot))
-            .map(|slot| Residency::new(budget.paging_words(), *slot).view())
-            .collect();
+        let views: Vec<SlotView> =
+            live.iter().filter(|slot| !budget.busy(**slot)).map(|slot| Residency::new(budget.paging_words(), *slot).view()).collect();
         let mut asked = self.asked.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let instant = Instant::now();
         asked.retain(|_, at| instant.duration_since(*at) < ASKED_GRACE);

@@ -36,8 +36,8 @@ mod pools;
 mod snapshot;
 mod vmm;
 
-pub(crate) use snapshot::{copy_direct, read_device, write_device};
 pub use snapshot::{MoveControl, Restored, path_of as snapshot_path, restore, valid_name as valid_snapshot_name};
+pub(crate) use snapshot::{copy_direct, read_device, write_device};
 
 /// The session's handle maps, looked up on every launch, copy and wait: keys are ids the app
 /// chose, hashed quickly (a colliding app slows only its own session, in its own worker).

@@ -21,7 +21,8 @@ const ALLOCATION: u64 = 2 * MIB;
 
 /// Bytes that differ by session, round and place (a page put back at the wrong address shows).
 fn pattern(session: usize, round: usize, which: usize) -> Vec<u8> {
-    let mut state = (session as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (round as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ which as u64;
+    let mut state =
+        (session as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (round as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ which as u64;
     (0..ALLOCATION / 8)
         .flat_map(|_| {
             state ^= state << 13;
@@ -115,7 +116,8 @@ fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
 
 #[test]
 fn a_session_that_cannot_be_paged_is_never_chosen() {
-    let (server, socket) = oversubscribed("paging-blocked", &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000"]);
+    let (server, socket) =
+        oversubscribed("paging-blocked", &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000"]);
     // The blocked session made an interprocess event (`cudaEventInterprocess`): other processes
     // may have opened it, as IPC memory handles would be (the emulated device exports none).
     let (mut blocked, blocked_ptrs) = filled(&socket, 7);
@@ -146,7 +148,8 @@ fn a_session_that_cannot_be_paged_is_never_chosen() {
 #[test]
 fn a_request_that_cannot_be_met_fails_with_out_of_memory_within_its_wait() {
     // A session stays resident for a minute once in: nobody can be paged out for the newcomer.
-    let (server, socket) = oversubscribed("paging-oom", &["--idle-page-out-ms", "0", "--resident-min-ms", "60000", "--page-wait-ms", "500"]);
+    let (server, socket) =
+        oversubscribed("paging-oom", &["--idle-page-out-ms", "0", "--resident-min-ms", "60000", "--page-wait-ms", "500"]);
     let mut first = RawSession::open(&socket, None).expect("session");
     let full = first.call(req::Malloc { size: 8 * MIB }).0.expect("the whole device");
     let mut second = RawSession::open(&socket, None).expect("session");

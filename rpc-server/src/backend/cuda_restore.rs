@@ -158,7 +158,8 @@ impl RestoredMemory {
         let spans = spans(allocations, page as u64)?;
         let everything: Vec<_> = allocations.iter().chain(reservations).copied().collect();
         let held = &self.held;
-        let unheld: Vec<_> = self::spans(&everything, page as u64)?.into_iter().filter(|&(start, end)| !covered(held, start, end)).collect();
+        let unheld: Vec<_> =
+            self::spans(&everything, page as u64)?.into_iter().filter(|&(start, end)| !covered(held, start, end)).collect();
         reserve_spans(&unheld, 0, &mut self.held)?;
         self.app_reservations.extend(reservations.iter().copied());
         for (start, end) in spans {

@@ -359,7 +359,13 @@ const DIRECT_WINDOW: u64 = 1 << 30;
 /// GPU's copy engines move the bytes. For files in memory (tmpfs, as /dev/shm) only, which the
 /// driver can pin; `Ok(false)` when the first window cannot be pinned and nothing was copied
 /// (the caller then copies through staging).
-pub(crate) fn copy_direct<D: Device>(device: &D, file: &std::fs::File, data_at: u64, ranges: &[(u64, u64)], to_file: bool) -> Result<bool, String> {
+pub(crate) fn copy_direct<D: Device>(
+    device: &D,
+    file: &std::fs::File,
+    data_at: u64,
+    ranges: &[(u64, u64)],
+    to_file: bool,
+) -> Result<bool, String> {
     if !flyt_ring::region::pinnable(file).unwrap_or(false) {
         return Ok(false);
     }
