@@ -127,6 +127,22 @@ pub struct ServerArgs {
     /// before it fails with CUDA_ERROR_OUT_OF_MEMORY.
     #[arg(long, env = "FLYT_RPC_PAGE_WAIT_MS", default_value_t = 10_000)]
     pub page_wait_ms: u64,
+    /// With --oversubscribe: host memory paged-out sessions may keep pinned, all together (their
+    /// page-in is then a DMA at full speed); past it, paged memory stays in tmpfs pages, copied
+    /// through windows pinned for the copy. Default: half the host's memory.
+    #[arg(long, env = "FLYT_RPC_PAGE_PINNED_MAX")]
+    pub page_pinned_max: Option<ByteSize>,
+}
+
+/// Half the host's memory (`MemTotal` in /proc/meminfo), or 0 if it cannot be read.
+fn half_host_memory() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    kib.saturating_mul(1024) / 2
 }
 
 fn parse_oversubscribe(text: &str) -> Result<f64, String> {
@@ -137,6 +153,11 @@ fn parse_oversubscribe(text: &str) -> Result<f64, String> {
 }
 
 impl ServerArgs {
+    /// Host memory paged-out sessions may keep pinned (`--page-pinned-max`).
+    pub fn page_pinned_max(&self) -> u64 {
+        self.page_pinned_max.map_or_else(half_host_memory, |bytes| bytes.0)
+    }
+
     /// Paging's settings, when the server oversubscribes.
     pub fn paging(&self) -> Option<crate::paging::PagingSettings> {
         self.oversubscribe.map(|_| crate::paging::PagingSettings {

@@ -874,7 +874,10 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         metrics_address: Mutex::new(None),
         worker_answers: Mutex::new(HashMap::new()),
         restored: Mutex::new(HashMap::new()),
-        paging: args.paging().zip(args.oversubscribe).map(|(settings, factor)| crate::paging::Coordinator::new(settings, factor)),
+        paging: args
+            .paging()
+            .zip(args.oversubscribe)
+            .map(|(settings, factor)| crate::paging::Coordinator::new(settings, factor, args.page_pinned_max())),
         args,
     });
 

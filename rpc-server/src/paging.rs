@@ -26,7 +26,10 @@ use crate::budget::{BUDGET_SLOTS, MemoryBudget, SharedBudget};
 
 const CAPACITY: usize = 0;
 const RESIDENT_TOTAL: usize = 1;
-const GLOBAL: usize = 2;
+/// Host memory paged-out sessions may keep pinned, all together, and what they keep.
+const PINNED_LIMIT: usize = 2;
+const PINNED_TOTAL: usize = 3;
+const GLOBAL: usize = 4;
 // Per slot, in this order.
 const RESIDENT: usize = 0;
 const LAST_ACTIVE: usize = 1;
@@ -187,8 +190,18 @@ pub struct PagingSettings {
 /// How often a waiting session asks the listener again (sessions may have become idle since).
 const ASK_AGAIN: Duration = Duration::from_millis(20);
 
+/// A paged-out session's memory file mapped and pinned (registered with the device) whole: its
+/// page-in is then one DMA per allocation, at the copy engines' speed.
+struct Pinned {
+    map: memmap2::MmapRaw,
+    len: u64,
+}
+
 /// A session's allocations paged out: their bytes, in allocation order, in a memory file.
 struct PagedOut {
+    /// Pinned while the host's pinning budget allows (`--page-pinned-max`), else copied through
+    /// windows pinned for the copy or through staging.
+    pinned: Option<Pinned>,
     file: std::fs::File,
     allocations: Vec<(u64, u64)>,
     bytes: u64,
@@ -285,11 +298,12 @@ impl Pager {
     }
 
     /// Taken by the session's thread around each request: pages the session in first when it
-    /// is out. `Err` (the session stays out): no device memory became free within the wait.
-    pub fn enter<D: Device>(&self, device: &D) -> Result<MutexGuard<'_, Gate>, String> {
+    /// is out (the client hears `Alive` from `outbox` meanwhile). `Err` (the session stays out):
+    /// no device memory became free within the wait.
+    pub fn enter<D: Device>(&self, device: &D, outbox: &crate::transport::Outbox) -> Result<MutexGuard<'_, Gate>, String> {
         let mut gate = self.lock();
         if gate.paged.is_some() {
-            self.page_in(&mut gate, device)?;
+            outbox.awaiting(|| self.page_in(&mut gate, device))?;
         }
         // No page-out while the gate is held; `leave` marks the request's end as the activity.
         Ok(gate)
@@ -325,6 +339,9 @@ impl Pager {
             return Err(reason);
         }
         let restored = device.page_in(&paged.allocations).and_then(|()| {
+            if let Some(pinned) = &paged.pinned {
+                return copy_pinned(device, pinned, &paged.allocations, false);
+            }
             let direct = crate::session::copy_direct(device, &paged.file, 0, &paged.allocations, false)?;
             if !direct {
                 let mut input = BufReader::with_capacity(1 << 20, &paged.file);
@@ -343,6 +360,9 @@ impl Pager {
             return Err(reason);
         }
         let paused = paged.since.elapsed();
+        if let Some(pinned) = paged.pinned {
+            self.unpin(device, pinned);
+        }
         self.residency().paged_in(paged.bytes, paused);
         tracing::info!(
             session_id,
@@ -387,24 +407,97 @@ impl Pager {
         device.synchronize().map_err(|error| format!("the session's work failed: {error}"))?;
         let started = Instant::now();
         let file = paging_file(bytes)?;
-        if !crate::session::copy_direct(device, &file, 0, &allocations, true)? {
-            let mut out = BufWriter::with_capacity(1 << 20, &file);
-            for &(ptr, len) in &allocations {
-                crate::session::read_device(device, self.copy_chunk, ptr, len, &mut out)?;
+        let pinned = match self.pin(device, &file, bytes) {
+            Some(pinned) => match copy_pinned(device, &pinned, &allocations, true) {
+                Ok(()) => Some(pinned),
+                Err(reason) => {
+                    self.unpin(device, pinned);
+                    return Err(reason);
+                }
+            },
+            None => {
+                if !crate::session::copy_direct(device, &file, 0, &allocations, true)? {
+                    let mut out = BufWriter::with_capacity(1 << 20, &file);
+                    for &(ptr, len) in &allocations {
+                        crate::session::read_device(device, self.copy_chunk, ptr, len, &mut out)?;
+                    }
+                    std::io::Write::flush(&mut out).map_err(|error| format!("writing paged memory: {error}"))?;
+                }
+                None
             }
-            std::io::Write::flush(&mut out).map_err(|error| format!("writing paged memory: {error}"))?;
-        }
+        };
         // Once released, even in part, the memory is out: the bytes are in the file, and the
         // next request pages in (or fails with a clear error if it cannot).
         if let Err(reason) = device.page_out(&allocations) {
             tracing::error!(session_id = self.session_id.load(Ordering::Acquire), %reason, "paging out failed part way");
         }
         residency.paged_out(bytes);
-        gate.paged = Some(PagedOut { file, allocations, bytes, since: Instant::now() });
+        let pinned_bytes = pinned.as_ref().map_or(0, |pinned| pinned.len);
+        gate.paged = Some(PagedOut { pinned, file, allocations, bytes, since: Instant::now() });
         let session_id = self.session_id.load(Ordering::Acquire);
-        tracing::info!(session_id, bytes, took_ms = started.elapsed().as_millis() as u64, %reason, "session {session_id} paged out");
+        tracing::info!(
+            session_id,
+            bytes,
+            pinned_bytes,
+            took_ms = started.elapsed().as_millis() as u64,
+            %reason,
+            "session {session_id} paged out"
+        );
         Ok(Some(bytes))
     }
+
+    /// Maps `file` (`len` bytes) and pins it whole, if the pinning budget has room and the device
+    /// can register it; `None` leaves the copies to the unpinned ways.
+    fn pin<D: Device>(&self, device: &D, file: &std::fs::File, len: u64) -> Option<Pinned> {
+        let words = self.budget.paging_words();
+        let limit = words[PINNED_LIMIT].load(Ordering::Acquire);
+        if !crate::budget::reserve_within(&words[PINNED_TOTAL], Some(limit), len) {
+            return None;
+        }
+        let pinned = usize::try_from(len).ok().and_then(|size| {
+            let map = memmap2::MmapOptions::new().len(size).map_raw(file).ok()?;
+            // SAFETY: the mapping stays in `Pinned` until `unpin`, which unregisters it first.
+            unsafe { device.host_register(map.as_mut_ptr(), size, false) }.ok()?;
+            Some(Pinned { map, len })
+        });
+        if pinned.is_none() {
+            words[PINNED_TOTAL].fetch_sub(len, Ordering::AcqRel);
+        }
+        pinned
+    }
+
+    fn unpin<D: Device>(&self, device: &D, pinned: Pinned) {
+        // SAFETY: registered by `pin`; the copies that used it are done (synchronized).
+        if let Err(error) = unsafe { device.host_unregister(pinned.map.as_mut_ptr()) } {
+            tracing::warn!(%error, "paged memory not unpinned");
+        }
+        self.budget.paging_words()[PINNED_TOTAL].fetch_sub(pinned.len, Ordering::AcqRel);
+    }
+}
+
+/// Copies `allocations` to (`to_host`) or from pinned paged memory, laid out one after the other,
+/// and waits for the copies.
+fn copy_pinned<D: Device>(device: &D, pinned: &Pinned, allocations: &[(u64, u64)], to_host: bool) -> Result<(), String> {
+    let mut at = 0u64;
+    for &(ptr, len) in allocations {
+        if at + len > pinned.len {
+            return Err("paged memory smaller than its allocations".into());
+        }
+        let host = pinned.map.as_mut_ptr().wrapping_add(at as usize);
+        // SAFETY: `host..host + len` lies in the pinned mapping (checked above), which stays
+        // mapped and registered until the copies are synchronized below; the device range is one
+        // of the session's allocations.
+        let queued = unsafe {
+            if to_host {
+                device.copy_to_host(host, ptr, len as usize, device.null_stream())
+            } else {
+                device.copy_from_host(ptr, host, len as usize, device.null_stream())
+            }
+        };
+        queued.map_err(|error| format!("copying {len} bytes at {ptr:#x}: {error}"))?;
+        at += len;
+    }
+    device.synchronize().map_err(|error| format!("copying paged memory: {error}"))
 }
 
 /// A memory file of `len` bytes for paged-out memory (tmpfs pages: host memory, swappable).
@@ -480,6 +573,8 @@ pub struct Coordinator {
     pub settings: PagingSettings,
     /// Device memory per byte of quota: the server's share of the GPU is its quota divided by it.
     oversubscribe: f64,
+    /// Host memory paged-out sessions may keep pinned, all together.
+    pinned_max: u64,
     /// When each slot was last asked, so a slow page-out is not asked again at once.
     asked: Mutex<std::collections::HashMap<usize, Instant>>,
 }
@@ -488,8 +583,8 @@ pub struct Coordinator {
 const ASKED_GRACE: Duration = Duration::from_millis(50);
 
 impl Coordinator {
-    pub fn new(settings: PagingSettings, oversubscribe: f64) -> Self {
-        Self { settings, oversubscribe, asked: Mutex::default() }
+    pub fn new(settings: PagingSettings, oversubscribe: f64, pinned_max: u64) -> Self {
+        Self { settings, oversubscribe, pinned_max, asked: Mutex::default() }
     }
 
     /// Sets the resident capacity from the device memory a worker reported (its slice): the
@@ -498,8 +593,14 @@ impl Coordinator {
         let share = budget.limit().map_or(device_bytes, |quota| (quota as f64 / self.oversubscribe) as u64);
         let capacity = share.min(device_bytes).max(1);
         let residency = Residency::new(budget.paging_words(), 0);
+        budget.paging_words()[PINNED_LIMIT].store(self.pinned_max, Ordering::Release);
         if residency.capacity() != capacity {
-            tracing::info!(capacity, oversubscribe = self.oversubscribe, "paging on: device memory resident at once");
+            tracing::info!(
+                capacity,
+                oversubscribe = self.oversubscribe,
+                pinned_max = self.pinned_max,
+                "paging on: device memory resident at once"
+            );
             residency.set_capacity(capacity);
         }
     }
@@ -598,13 +699,23 @@ mod tests {
     /// same address; the residency count follows.
     #[test]
     fn a_paged_out_sessions_bytes_leave_the_device_and_come_back_at_their_address() {
+        // Pinned whole (a budget of 1 GiB), and through the file (no pinning budget).
+        for pinned_max in [1u64 << 30, 0] {
+            page_out_and_in(pinned_max);
+        }
+    }
+
+    fn page_out_and_in(pinned_max: u64) {
         use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
         const LEN: u64 = 4 << 20;
         let device = EmulatedDevice::new(EmulatedConfig { memory: 8 << 20, sms: 1, devices: 1 });
         let (fd, _listener_page) = SharedBudget::create(None).unwrap();
         let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 3).unwrap());
         budget.paging_words()[CAPACITY].store(8 << 20, Ordering::Release);
+        budget.paging_words()[PINNED_LIMIT].store(pinned_max, Ordering::Release);
         let (ours, _listener) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let (app, _app_end) = std::os::unix::net::UnixStream::pair().unwrap();
+        let outbox = crate::transport::Outbox::new(crate::transport::Connection::Unix(app), None, None);
         let settings = PagingSettings { idle: Duration::ZERO, resident_min: Duration::ZERO, wait: Duration::from_millis(100) };
         let pager = Arc::new(Pager::new(budget.clone(), ours.into(), settings, 1 << 20));
         let quota = PagedBudget::new(budget.clone(), pager.clone());
@@ -612,25 +723,28 @@ mod tests {
         let ptr = device.malloc(LEN).unwrap();
         let bytes: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
         crate::session::write_device(&device, 1 << 20, ptr, LEN, &mut bytes.as_slice()).unwrap();
-        let mut gate = pager.enter(&device).unwrap();
+        let mut gate = pager.enter(&device, &outbox).unwrap();
         gate.set_allocations(1, || vec![(ptr, LEN)]);
         gate.set_blocker(None);
         pager.leave(gate);
 
         let free = |device: &EmulatedDevice| device.mem_get_info().unwrap().0;
+        let pinned = || budget.paging_words()[PINNED_TOTAL].load(Ordering::Acquire);
         let before = free(&device);
         assert_eq!(pager.page_out(&device, "test"), Ok(Some(LEN)));
         assert_eq!(free(&device) - before, LEN, "the bytes left the device's memory");
+        assert_eq!(pinned(), if pinned_max > 0 { LEN } else { 0 });
         assert_eq!(pager.residency().resident_total(), 0);
         assert!(pager.residency().view().paged);
         assert_eq!(pager.page_out(&device, "again"), Ok(None), "already out");
 
         // The next request pages it in: the same address, the same bytes.
-        let gate = pager.enter(&device).unwrap();
+        let gate = pager.enter(&device, &outbox).unwrap();
         let mut back = Vec::new();
         crate::session::read_device(&device, 1 << 20, ptr, LEN, &mut back).unwrap();
         assert!(back == bytes);
         assert_eq!(free(&device), before);
+        assert_eq!(pinned(), 0, "unpinned once in");
         let view = pager.residency().view();
         assert_eq!((view.resident, view.paged, view.paged_out_bytes, view.paged_in_bytes, view.page_outs), (LEN, false, LEN, LEN, 1));
 

@@ -538,7 +538,7 @@ impl<D: Device> Session<D> {
             }
             let started = (op_times.is_some() || self.config.time_calls).then(Instant::now);
             // Paging: a paged-out session is paged in before its request runs.
-            let gate = match pager.as_deref().map(|pager| pager.enter(&*self.device)) {
+            let gate = match pager.as_deref().map(|pager| pager.enter(&*self.device, &outbox)) {
                 Some(Err(reason)) => {
                     tracing::warn!(op = info.name, %reason, "request failed: out of device memory");
                     outbox.reply::<()>(header.seq, info.class, Err(CudaError::MEMORY_ALLOCATION), &[]);

@@ -102,6 +102,7 @@ fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
     let (outs, ins) = (count(&log, " paged out"), count(&log, " paged in"));
     assert!(outs >= 100 && ins >= 100, "{outs} page-outs, {ins} page-ins:\n{log}");
     assert_eq!(count(&log, "request failed: out of device memory"), 0, "{log}");
+    assert!(log.contains(&format!("pinned_bytes={}", 2 * ALLOCATION)), "paged memory kept pinned:\n{log}");
     eprintln!("{outs} page-outs, {ins} page-ins");
     // The metrics say the same: per session, bytes paged out and in; two sessions resident.
     let text = scrape(&metrics);
@@ -116,8 +117,11 @@ fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
 
 #[test]
 fn a_session_that_cannot_be_paged_is_never_chosen() {
-    let (server, socket) =
-        oversubscribed("paging-blocked", &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000"]);
+    // No pinning budget: paged memory goes through the memory file's pages.
+    let (server, socket) = oversubscribed(
+        "paging-blocked",
+        &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000", "--page-pinned-max", "0"],
+    );
     // The blocked session made an interprocess event (`cudaEventInterprocess`): other processes
     // may have opened it, as IPC memory handles would be (the emulated device exports none).
     let (mut blocked, blocked_ptrs) = filled(&socket, 7);
@@ -141,6 +145,7 @@ fn a_session_that_cannot_be_paged_is_never_chosen() {
     assert!(read(&mut blocked, blocked_ptrs[1]) == pattern(7, 0, 1), "the blocked session's bytes");
     let log = server.log_text();
     assert!(count(&log, " paged out") >= 19, "{log}");
+    assert!(log.contains("pinned_bytes=0") && !log.contains(&format!("pinned_bytes={}", 2 * ALLOCATION)), "{log}");
     assert_eq!(count(&log, &format!("session {blocked_id} paged out")), 0, "the blocked session was paged out:\n{log}");
     assert_eq!(count(&log, &format!("session_id={blocked_id} refused")), 0, "the blocked session was even asked:\n{log}");
 }
