@@ -39,7 +39,9 @@ const PAGED_OUT_BYTES: usize = 4;
 const PAGED_IN_BYTES: usize = 5;
 const PAUSED_MS: usize = 6;
 const PAGE_OUTS: usize = 7;
-const FIELDS: usize = 8;
+/// Bytes of this slot's paged memory kept pinned (in `PINNED_TOTAL` too).
+const PINNED: usize = 8;
+const FIELDS: usize = 9;
 /// Words of the tenant page that paging uses.
 pub const PAGING_WORDS: usize = GLOBAL + BUDGET_SLOTS * FIELDS;
 
@@ -170,6 +172,9 @@ impl<'a> Residency<'a> {
     pub fn reclaim(&self) {
         let held = self.field(RESIDENT).swap(0, Ordering::AcqRel);
         self.words[RESIDENT_TOTAL].fetch_sub(held, Ordering::AcqRel);
+        // A dead worker's pinned memory went with its process.
+        let pinned = self.field(PINNED).swap(0, Ordering::AcqRel);
+        self.words[PINNED_TOTAL].fetch_sub(pinned, Ordering::AcqRel);
         for field in 1..FIELDS {
             self.field(field).store(0, Ordering::Release);
         }
@@ -352,7 +357,7 @@ impl Pager {
             device.synchronize().map_err(|error| format!("copying paged memory back: {error}"))
         });
         if let Err(reason) = restored {
-            // Released or never mapped: the bytes stay in the file for the next try.
+            // Released or never mapped: the bytes stay saved for the next try.
             let _ = device.page_out(&paged.allocations);
             self.residency().unclaim(paged.bytes);
             tracing::error!(session_id, %reason, "session not paged in");
@@ -426,10 +431,19 @@ impl Pager {
                 None
             }
         };
-        // Once released, even in part, the memory is out: the bytes are in the file, and the
-        // next request pages in (or fails with a clear error if it cannot).
-        if let Err(reason) = device.page_out(&allocations) {
-            tracing::error!(session_id = self.session_id.load(Ordering::Acquire), %reason, "paging out failed part way");
+        match device.page_out(&allocations) {
+            Ok(()) => {}
+            // Once released, even in part, the memory is out: its bytes are saved, and the next
+            // request pages it in (or fails with a clear error if it cannot).
+            Err((reason, true)) => {
+                tracing::error!(session_id = self.session_id.load(Ordering::Acquire), %reason, "paging out failed part way");
+            }
+            Err((reason, false)) => {
+                if let Some(pinned) = pinned {
+                    self.unpin(device, pinned);
+                }
+                return Err(reason);
+            }
         }
         residency.paged_out(bytes);
         let pinned_bytes = pinned.as_ref().map_or(0, |pinned| pinned.len);
@@ -460,9 +474,10 @@ impl Pager {
             unsafe { device.host_register(map.as_mut_ptr(), size, false) }.ok()?;
             Some(Pinned { map, len })
         });
-        if pinned.is_none() {
-            words[PINNED_TOTAL].fetch_sub(len, Ordering::AcqRel);
-        }
+        match &pinned {
+            Some(_) => self.residency().field(PINNED).fetch_add(len, Ordering::AcqRel),
+            None => words[PINNED_TOTAL].fetch_sub(len, Ordering::AcqRel),
+        };
         pinned
     }
 
@@ -471,6 +486,7 @@ impl Pager {
         if let Err(error) = unsafe { device.host_unregister(pinned.map.as_mut_ptr()) } {
             tracing::warn!(%error, "paged memory not unpinned");
         }
+        self.residency().field(PINNED).fetch_sub(pinned.len, Ordering::AcqRel);
         self.budget.paging_words()[PINNED_TOTAL].fetch_sub(pinned.len, Ordering::AcqRel);
     }
 }
@@ -769,8 +785,11 @@ mod tests {
         assert!(second.claim(40));
         assert_eq!(first.unclaim(100), 60, "only what the slot holds");
         assert_eq!(first.resident_total(), 40);
+        second.field(PINNED).store(7, Ordering::Release);
+        words[PINNED_TOTAL].store(9, Ordering::Release);
         second.reclaim();
         assert_eq!(first.resident_total(), 0);
+        assert_eq!(words[PINNED_TOTAL].load(Ordering::Acquire), 2, "a dead worker's pinned bytes go back");
         assert_eq!(second.view(), SlotView { slot: 2, ..SlotView::default() });
     }
 }

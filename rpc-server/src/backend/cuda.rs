@@ -941,7 +941,7 @@ impl Device for CudaDevice {
         outcome
     }
 
-    fn page_out(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+    fn page_out(&self, allocations: &[(u64, u64)]) -> Result<(), (String, bool)> {
         // The caller saved the bytes after a synchronize; each free releases the physical
         // memory (a restored span's with its last allocation), then the addresses are held in
         // reservations of this worker's, where `page_in` maps new memory.
@@ -953,11 +953,15 @@ impl Device for CudaDevice {
         }
         // The addresses not held (the driver keeps part of a page) stay free for the driver;
         // nothing of the session's allocates until its page-in, which then says if they are taken.
-        let prop = self.allocation_prop(1).map_err(|error| error.to_string())?;
-        if let Err(reason) = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).hold(allocations, &prop) {
+        let held = self
+            .allocation_prop(1)
+            .map_err(|error| error.to_string())
+            .and_then(|prop| self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).hold(allocations, &prop));
+        if let Err(reason) = held {
             tracing::warn!(%reason, "paged-out addresses not all held");
         }
-        if failed.is_empty() { Ok(()) } else { Err(failed.join("; ")) }
+        let released = failed.len() < allocations.len();
+        if failed.is_empty() { Ok(()) } else { Err((failed.join("; "), released)) }
     }
 
     fn page_in(&self, allocations: &[(u64, u64)]) -> Result<(), String> {

@@ -539,14 +539,15 @@ impl Device for EmulatedDevice {
         Err("the emulated device shares no memory between workers".into())
     }
 
-    fn page_out(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+    fn page_out(&self, allocations: &[(u64, u64)]) -> Result<(), (String, bool)> {
         // As cuMemFree: queued host functions finish first.
         self.host.wait(u64::MAX);
         let mut state = self.state();
         for &(ptr, len) in allocations {
             match state.blocks.get(&ptr) {
                 Some(Block::Heap(bytes)) if bytes.len() as u64 == len => {}
-                _ => return Err(format!("{ptr:#x} is not an allocation of {len} bytes here")),
+                // A pool's shared memory file, say: nothing released.
+                _ => return Err((format!("{ptr:#x} is not an allocation of {len} bytes of this worker's own memory"), false)),
             }
         }
         for &(ptr, len) in allocations {
