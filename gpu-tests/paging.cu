@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static __host__ __device__ uint32_t word_at(size_t i, uint32_t seed) {
+__host__ __device__ inline uint32_t word_at(size_t i, uint32_t seed) {
     uint32_t x = (uint32_t)i * 2654435761u ^ seed * 40503u ^ (uint32_t)(i >> 32);
     x ^= x >> 15;
     x *= 2246822519u;
