@@ -131,6 +131,10 @@ impl<'a> Residency<'a> {
     }
 
     pub fn set_pageable(&self, pageable: bool) {
+        // Read first: most requests change nothing, and a read leaves the line shared.
+        if (self.field(FLAGS).load(Ordering::Acquire) & PAGEABLE != 0) == pageable {
+            return;
+        }
         if pageable {
             self.field(FLAGS).fetch_or(PAGEABLE, Ordering::AcqRel);
         } else {
@@ -385,6 +389,15 @@ impl Pager {
     pub fn page_out<D: Device>(&self, device: &D, reason: &str) -> Result<Option<u64>, String> {
         // A request under way holds the gate: the session is busy.
         let Ok(mut gate) = self.gate.try_lock() else { return Ok(None) };
+        let outcome = self.page_out_locked(&mut gate, device, reason);
+        if outcome.is_err() {
+            // Not chosen again until its next request says otherwise.
+            self.residency().set_pageable(false);
+        }
+        outcome
+    }
+
+    fn page_out_locked<D: Device>(&self, gate: &mut Gate, device: &D, reason: &str) -> Result<Option<u64>, String> {
         if gate.paged.is_some() {
             return Ok(None);
         }
@@ -405,7 +418,7 @@ impl Pager {
         if bytes == 0 {
             return Ok(None);
         }
-        if !self.only_allocations(&gate) {
+        if !self.only_allocations(gate) {
             return Err("it holds device memory other than cuMemAlloc allocations (pools, arrays, VMM or graph memory)".into());
         }
         device.bind_thread().map_err(|error| format!("binding the device: {error}"))?;
