@@ -174,3 +174,26 @@ fn a_request_that_cannot_be_met_fails_with_out_of_memory_within_its_wait() {
     assert_eq!(bytes, vec![0x3c; 16]);
     assert_eq!(count(&server.log_text(), " paged out"), 0);
 }
+
+#[test]
+fn a_session_with_work_queued_is_busy_until_a_wait_covers_it() {
+    let (server, socket) = oversubscribed("paging-busy", &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "500"]);
+    let mut first = RawSession::open(&socket, None).expect("session");
+    let full = first.call(req::Malloc { size: 8 * MIB }).0.expect("the whole device");
+    // A copy queued and not yet waited for: the session counts as busy, however long it idles.
+    write(&mut first, full.ptr, &[0x5a; 4096]);
+    let mut second = RawSession::open(&socket, None).expect("session");
+    let started = Instant::now();
+    assert_eq!(second.call(req::Malloc { size: 2 * MIB }).0.err(), Some(CudaError::MEMORY_ALLOCATION));
+    assert!(started.elapsed() >= Duration::from_millis(450), "it waited");
+    assert_eq!(count(&server.log_text(), " paged out"), 0);
+    // Once its app waited for the copy, the first session is idle and makes room.
+    synchronize(&mut first);
+    let room = second.call(req::Malloc { size: 2 * MIB }).0.expect("room made by paging the first session out");
+    second.call(req::Free { ptr: room.ptr }).0.expect("free");
+    let (reply, bytes) = first.call(req::MemcpyDtoH { src: full.ptr, len: 4096, stream: 0, blocking: true });
+    reply.expect("paged back in");
+    assert_eq!(bytes, vec![0x5a; 4096]);
+    let log = server.log_text();
+    assert_eq!((count(&log, " paged out"), count(&log, " paged in")), (1, 1), "{log}");
+}
