@@ -211,7 +211,7 @@ fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> 
 }
 
 /// Follows the listener's commands during the session: tells the client its new limits whenever
-/// the allocation was resized, and runs checkpoints and their release.
+/// the allocation was resized, runs checkpoints and their release, and page-outs (paging).
 fn follow_commands<D: Device>(
     channel: OwnedFd,
     session: &Session<D>,
@@ -446,7 +446,7 @@ fn serve<D: Device>(
         if let Some(pager) = &pager
             && !pager.residency().claim(budget.slot_used(args.budget_slot))
         {
-            tracing::warn!(session_id, "the restored session's memory exceeds the resident share; it counts as paged in");
+            tracing::warn!(session_id, "the restored session's memory does not fit the resident share: it stays resident, uncounted");
         }
         // The app is back: its snapshot has served its purpose.
         if let Err(error) = std::fs::remove_file(&path) {
