@@ -125,7 +125,7 @@ pub struct ServerArgs {
     pub resident_min_ms: u64,
     /// With --oversubscribe: milliseconds a request waits for device memory (others paged out)
     /// before it fails with CUDA_ERROR_OUT_OF_MEMORY.
-    #[arg(long, env = "FLYT_RPC_PAGE_WAIT_MS", default_value_t = 10_000)]
+    #[arg(long, env = "FLYT_RPC_PAGE_WAIT_MS", default_value_t = 30_000)]
     pub page_wait_ms: u64,
     /// With --oversubscribe: host memory paged-out sessions may keep pinned, all together (their
     /// page-in is then a DMA at full speed); past it, paged memory stays in tmpfs pages, copied
