@@ -20,6 +20,10 @@ pub struct Sample {
     pub errors: f64,
     pub copied_bytes: f64,
     pub kernels: f64,
+    /// Oversubscription (`docs/design/paging.md`): sessions resident (`None`: paging off), and
+    /// bytes the live sessions had paged out and in.
+    pub sessions_resident: Option<f64>,
+    pub paged_bytes: f64,
 }
 
 /// Sums the series of a Prometheus text exposition into a `Sample`.
@@ -37,6 +41,8 @@ pub fn parse(text: &str) -> Sample {
             "flyt_rpc_errors_total" => &mut sample.errors,
             "flyt_rpc_copied_bytes_total" => &mut sample.copied_bytes,
             "flyt_rpc_kernels_launched_total" => &mut sample.kernels,
+            "flyt_rpc_sessions_resident" => sample.sessions_resident.get_or_insert(0.0),
+            "flyt_rpc_session_paged_out_bytes_total" | "flyt_rpc_session_paged_in_bytes_total" => &mut sample.paged_bytes,
             _ => continue,
         };
         *slot += value;
@@ -74,6 +80,10 @@ pub struct Row {
     pub copy_bytes_per_second: Option<f64>,
     pub errors_per_second: Option<f64>,
     pub kernels_per_second: Option<f64>,
+    /// Sessions whose memory is on the GPU, when the server pages (oversubscription).
+    pub sessions_resident: Option<u64>,
+    /// Bytes paged out and in per second (the live sessions' counters).
+    pub paged_bytes_per_second: Option<f64>,
     /// Why this allocation has no figures (no metrics address, or the scrape failed).
     pub note: Option<String>,
 }
@@ -100,6 +110,8 @@ pub fn rows(
                 copy_bytes_per_second: None,
                 errors_per_second: None,
                 kernels_per_second: None,
+                sessions_resident: None,
+                paged_bytes_per_second: None,
                 note: None,
             };
             match samples.get(&allocation.id) {
@@ -109,6 +121,7 @@ pub fn rows(
                     row.sessions = whole(sample.sessions);
                     row.memory_used_bytes = whole(sample.memory_used);
                     row.memory_quota_bytes = whole(sample.memory_quota);
+                    row.sessions_resident = sample.sessions_resident.map(whole);
                     if let Some((last, then)) = previous.get(&allocation.id) {
                         let seconds = at.duration_since(*then).as_secs_f64();
                         // A restarted server starts its counters again: no rate for that refresh.
@@ -118,6 +131,9 @@ pub fn rows(
                             row.copy_bytes_per_second = rate(sample.copied_bytes, last.copied_bytes);
                             row.errors_per_second = rate(sample.errors, last.errors);
                             row.kernels_per_second = rate(sample.kernels, last.kernels);
+                            if sample.sessions_resident.is_some() {
+                                row.paged_bytes_per_second = rate(sample.paged_bytes, last.paged_bytes);
+                            }
                         }
                     }
                 }
@@ -146,6 +162,8 @@ pub fn table(rows: &[Row]) -> Table {
         "SM %",
         "MEMORY (MiB) used/quota",
         "SESSIONS",
+        "RESIDENT",
+        "PAGED MB/s",
         "CALLS/s",
         "COPY GB/s",
         "KERNELS/s",
@@ -162,6 +180,8 @@ pub fn table(rows: &[Row]) -> Table {
             row.sm_percentage.to_string(),
             format!("{} / {}", row.memory_used_bytes >> 20, row.memory_quota_bytes >> 20),
             row.sessions.to_string(),
+            row.sessions_resident.map_or_else(|| "-".into(), |resident| resident.to_string()),
+            shown(row.paged_bytes_per_second, 1e6, 1),
             shown(row.calls_per_second, 1.0, 0),
             shown(row.copy_bytes_per_second, 1e9, 2),
             shown(row.kernels_per_second, 1.0, 0),
@@ -227,9 +247,27 @@ mod tests {
                 calls: 100.0,
                 errors: 1.0,
                 copied_bytes: 1e9,
-                kernels: 90.0
+                kernels: 90.0,
+                ..Sample::default()
             }
         );
+    }
+
+    #[test]
+    fn a_paging_server_shows_its_resident_sessions_and_paging_rate() {
+        let paging = "flyt_rpc_sessions_resident{allocation=\"a\"} 1\n\
+            flyt_rpc_session_paged_out_bytes_total{allocation=\"a\",session=\"1\"} 3000000\n\
+            flyt_rpc_session_paged_in_bytes_total{allocation=\"a\",session=\"2\"} 1000000\n";
+        let start = Instant::now();
+        let before = parse(TEXT);
+        assert_eq!(before.sessions_resident, None, "no paging series: paging off");
+        let after = parse(&format!("{TEXT}{paging}"));
+        assert_eq!((after.sessions_resident, after.paged_bytes), (Some(1.0), 4e6));
+        let previous = HashMap::from([("a".to_string(), (before, start))]);
+        let samples = HashMap::from([("a".to_string(), Ok((after, start + Duration::from_secs(2))))]);
+        let rows = rows(&[allocation("a")], &samples, &previous);
+        assert_eq!((rows[0].sessions_resident, rows[0].paged_bytes_per_second), (Some(1), Some(2e6)));
+        assert!(table(&rows).to_string().contains("PAGED MB/s"));
     }
 
     #[test]

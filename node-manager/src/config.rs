@@ -78,6 +78,9 @@ pub struct RpcServerConfig {
     /// The regions of this host's VMs, made in `ivshmem_dir` at start-up when missing (and kept,
     /// token and all, when present), so each exists before its VM boots.
     pub ivshmem_regions: Vec<IvshmemRegion>,
+    /// Oversubscription of each GPU (`docs/design/paging.md`): its slices may promise this many
+    /// times its memory, each server paging idle sessions out to host memory (1.0: off).
+    pub oversubscribe: f64,
 }
 
 /// A VM's ivshmem region, as `flytctl ivshmem create NAME --size --sessions` would make it.
@@ -142,6 +145,7 @@ impl Default for RpcServerConfig {
             metrics_host: String::new(),
             ivshmem_dir: String::new(),
             ivshmem_regions: Vec::new(),
+            oversubscribe: 1.0,
         }
     }
 }

@@ -136,6 +136,7 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
         metrics_host: (!config.rpc_server.metrics_host.is_empty()).then(|| config.rpc_server.metrics_host.clone()),
         ivshmem_dir: (!config.rpc_server.ivshmem_dir.is_empty()).then(|| PathBuf::from(&config.rpc_server.ivshmem_dir)),
         tls: (!config.tls.ca_file.is_empty()).then(|| (absolute(&config.tls.cert_file), absolute(&config.tls.key_file))),
+        oversubscribe: (config.rpc_server.oversubscribe > 1.0).then_some(config.rpc_server.oversubscribe),
     };
     let servers = Arc::new(ServerManager::new(settings, key.clone()).with_context(|| format!("state directory {}", state_dir.display()))?);
 
@@ -158,7 +159,17 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
         host_ip: config.host_ip.clone(),
         boot_id: host::boot_id(),
         control_address: control_address.clone(),
-        gpus: gpus.clone(),
+        // An oversubscribed GPU offers the memory its slices may promise (`docs/design/paging.md`).
+        gpus: gpus
+            .iter()
+            .map(|gpu| match config.rpc_server.oversubscribe {
+                factor if factor > 1.0 => flyt_protocol::control::cluster::GpuInfo {
+                    memory_bytes: crate::servers::promised(gpu.memory_bytes, factor),
+                    ..gpu.clone()
+                },
+                _ => gpu.clone(),
+            })
+            .collect(),
     };
     let link = tokio::spawn(cluster_link::run(cluster, key, identity, servers.clone()));
     let mps_up = Arc::new(std::sync::atomic::AtomicBool::new(config.mps.enabled));

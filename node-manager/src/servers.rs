@@ -105,6 +105,21 @@ pub struct LaunchSettings {
     pub ivshmem_dir: Option<PathBuf>,
     /// Certificate and key the servers show TCP clients (TLS on the data plane), from `[tls]`.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// How many times its memory a GPU's slices may promise (`--oversubscribe`); `None`: 1.
+    pub oversubscribe: Option<f64>,
+}
+
+impl LaunchSettings {
+    /// The memory a GPU's slices may promise: its own, times the oversubscription.
+    fn promisable(&self, gpu: &GpuInfo) -> u64 {
+        self.oversubscribe.map_or(gpu.memory_bytes, |factor| promised(gpu.memory_bytes, factor))
+    }
+}
+
+/// `memory_bytes` times an oversubscription `factor` (from 1 to 64: the product fits u64).
+#[expect(clippy::cast_possible_truncation, reason = "bytes of GPU memory times a small factor, far below u64::MAX")]
+pub fn promised(memory_bytes: u64, factor: f64) -> u64 {
+    (memory_bytes as f64 * factor) as u64
 }
 
 /// What is recorded per server, so a restarted node manager can find it.
@@ -408,6 +423,9 @@ impl ServerManager {
         if let Some(dir) = snapshot_dir {
             command.arg("--snapshot-dir").arg(dir);
         }
+        if let Some(factor) = settings.oversubscribe {
+            command.args(["--oversubscribe", &factor.to_string()]);
+        }
         if settings.device == DeviceKind::Emulated {
             command.args(["--emulated-memory", &gpu.memory_bytes.to_string()]).args(["--emulated-sms", &gpu.sm_count.to_string()]);
         }
@@ -445,7 +463,11 @@ impl ServerManager {
             server_name(&spec.allocation_id, spec.gpu, |name| servers.contains_key(name))
         };
         let gpu = self.gpu(spec.gpu)?;
-        if spec.sm_percentage == 0 || spec.sm_percentage > 100 || spec.memory == 0 || spec.memory.saturating_mul(MIB) > gpu.memory_bytes {
+        if spec.sm_percentage == 0
+            || spec.sm_percentage > 100
+            || spec.memory == 0
+            || spec.memory.saturating_mul(MIB) > self.settings.promisable(&gpu)
+        {
             return Err(ControlError::Invalid(format!("GPU {} cannot give {} MiB at {}% SMs", gpu.index, spec.memory, spec.sm_percentage)));
         }
         for (at, extra) in spec.extra_gpus.iter().enumerate() {
@@ -453,7 +475,7 @@ impl ServerManager {
             if *extra == spec.gpu || spec.extra_gpus[..at].contains(extra) {
                 return Err(ControlError::Invalid(format!("GPU {extra} named twice for allocation {}", spec.allocation_id)));
             }
-            if spec.memory.saturating_mul(MIB) > other.memory_bytes {
+            if spec.memory.saturating_mul(MIB) > self.settings.promisable(&other) {
                 return Err(ControlError::Invalid(format!("GPU {extra} cannot give {} MiB", spec.memory)));
             }
         }
@@ -1070,6 +1092,7 @@ pub(crate) mod tests {
             metrics_host: Some("0.0.0.0".into()),
             ivshmem_dir: Some("/dev/shm/flyt-ivshmem".into()),
             tls: None,
+            oversubscribe: None,
         }
     }
 
@@ -1084,6 +1107,25 @@ pub(crate) mod tests {
 
     fn spec(id: &str) -> ServerSpec {
         ServerSpec { allocation_id: id.into(), gpu: 0, extra_gpus: Vec::new(), memory: 1024, sm_percentage: 25 }
+    }
+
+    /// An oversubscribed GPU (8 GiB, x2) takes a 12 GiB slice and its server pages; without it,
+    /// the same slice is refused.
+    #[tokio::test]
+    async fn an_oversubscribed_gpu_promises_more_than_its_memory() {
+        let folder = tempfile::tempdir().unwrap();
+        let big = ServerSpec { memory: 12 * 1024, ..spec("alloc-big") };
+        let plain = ServerManager::new(settings(folder.path(), STAND_IN), key()).unwrap();
+        assert!(matches!(plain.start(big.clone()).await, Err(ControlError::Invalid(_))));
+        drop(plain);
+        let settings = LaunchSettings { oversubscribe: Some(2.0), ..settings(folder.path(), STAND_IN) };
+        let manager = ServerManager::new(settings.clone(), key()).unwrap();
+        let report = manager.start(big).await.unwrap();
+        assert_eq!(report.memory_quota_bytes, 12 << 30);
+        let args = fs::read_to_string(format!("{}.args", settings.binary)).unwrap();
+        assert!(args.contains("--oversubscribe 2"), "{args}");
+        assert!(matches!(manager.start(ServerSpec { memory: 17 * 1024, ..spec("alloc-huge") }).await, Err(ControlError::Invalid(_))));
+        manager.stop("alloc-big").await.unwrap();
     }
 
     #[tokio::test]

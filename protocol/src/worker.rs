@@ -28,6 +28,10 @@ pub enum ToWorker {
     /// A data connection claims to belong to the session (`crate::stripes`); its socket comes
     /// with this message. The worker checks the secret and answers the connection.
     Stripe { join: crate::stripes::StripeJoin, tcp: bool, secured: bool },
+    /// (Paging, `docs/design/paging.md`.) Page the session out if it is idle and pageable: its
+    /// allocations' bytes to host memory, their physical memory released, their addresses kept.
+    /// `reason` is logged. Not answered: the budget page shows what was freed.
+    PageOut { reason: String },
 }
 
 /// Worker to listener.
@@ -41,4 +45,7 @@ pub enum FromWorker {
     Checkpointed(Result<SnapshotInfo, String>),
     /// The answer to `Restore`; after a failure the worker exits.
     Restored(Result<(), String>),
+    /// (Paging.) The session needs `bytes` more of device memory than is free: the listener's
+    /// coordinator pages idle sessions out. Not answered; the worker watches the budget page.
+    NeedMemory { bytes: u64 },
 }

@@ -60,7 +60,9 @@ const HELD: usize = 2;
 const OWNERS: usize = HELD + BUDGET_SLOTS;
 const ACTIVE_SINCE: usize = OWNERS + BUDGET_SLOTS;
 const RINGS: usize = ACTIVE_SINCE + BUDGET_SLOTS * KINDS;
-const PAGE_WORDS: usize = RINGS + KINDS * WINDOW_TICKS as usize;
+const PAGING: usize = RINGS + KINDS * WINDOW_TICKS as usize;
+/// The paging words (`crate::paging::Residency` lays them out) end the page.
+const PAGE_WORDS: usize = PAGING + crate::paging::PAGING_WORDS;
 const NO_LIMIT: u64 = u64::MAX;
 
 impl SharedBudget {
@@ -124,6 +126,22 @@ impl SharedBudget {
         for work in Work::ALL {
             self.active_since_word(slot, work).store(0, Ordering::Release);
         }
+        crate::paging::Residency::new(self.paging_words(), slot).reclaim();
+    }
+
+    /// The words of device residency (oversubscription's paging), shared like the rest.
+    pub fn paging_words(&self) -> &[AtomicU64] {
+        &self.words()[PAGING..]
+    }
+
+    /// The slot this mapping writes (its worker's).
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Whether a slot's session has kernels or copies queued and not yet seen done.
+    pub fn busy(&self, slot: usize) -> bool {
+        slot < BUDGET_SLOTS && Work::ALL.iter().any(|work| self.active_since_word(slot, *work).load(Ordering::Acquire) != 0)
     }
 }
 

@@ -123,9 +123,63 @@ pub struct ServerArgs {
     /// name of a snapshot in it continues from it here (after this server restarted, say).
     #[arg(long, env = "FLYT_RPC_SNAPSHOT_DIR")]
     pub snapshot_dir: Option<PathBuf>,
+    /// Oversubscription (`docs/design/paging.md`): the sessions' quota may be this many times
+    /// the device memory this server keeps resident (its quota divided by it, at most the
+    /// device's); idle sessions are paged out to host memory to make room. Off when unset.
+    #[arg(long, env = "FLYT_RPC_OVERSUBSCRIBE", value_parser = parse_oversubscribe)]
+    pub oversubscribe: Option<f64>,
+    /// With --oversubscribe: milliseconds without a request (and no work queued) before a
+    /// session may be paged out.
+    #[arg(long, env = "FLYT_RPC_IDLE_PAGE_OUT_MS", default_value_t = 1000)]
+    pub idle_page_out_ms: u64,
+    /// With --oversubscribe: milliseconds a session paged in (or started) stays resident at
+    /// least, so sessions taking turns do not thrash.
+    #[arg(long, env = "FLYT_RPC_RESIDENT_MIN_MS", default_value_t = 2000)]
+    pub resident_min_ms: u64,
+    /// With --oversubscribe: milliseconds a request waits for device memory (others paged out)
+    /// before it fails with CUDA_ERROR_OUT_OF_MEMORY.
+    #[arg(long, env = "FLYT_RPC_PAGE_WAIT_MS", default_value_t = 30_000)]
+    pub page_wait_ms: u64,
+    /// With --oversubscribe: host memory paged-out sessions may keep pinned, all together (their
+    /// page-in is then a DMA at full speed); past it, paged memory stays in tmpfs pages, copied
+    /// through windows pinned for the copy. Default: half the host's memory.
+    #[arg(long, env = "FLYT_RPC_PAGE_PINNED_MAX")]
+    pub page_pinned_max: Option<ByteSize>,
+}
+
+/// Half the host's memory (`MemTotal` in /proc/meminfo), or 0 if it cannot be read.
+fn half_host_memory() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    kib.saturating_mul(1024) / 2
+}
+
+fn parse_oversubscribe(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(factor) if (1.0..=64.0).contains(&factor) => Ok(factor),
+        _ => Err(format!("'{text}' is not an oversubscription factor between 1.0 and 64")),
+    }
 }
 
 impl ServerArgs {
+    /// Host memory paged-out sessions may keep pinned (`--page-pinned-max`).
+    pub fn page_pinned_max(&self) -> u64 {
+        self.page_pinned_max.map_or_else(half_host_memory, |bytes| bytes.0)
+    }
+
+    /// Paging's settings, when the server oversubscribes.
+    pub fn paging(&self) -> Option<crate::paging::PagingSettings> {
+        self.oversubscribe.map(|_| crate::paging::PagingSettings {
+            idle: std::time::Duration::from_millis(self.idle_page_out_ms),
+            resident_min: std::time::Duration::from_millis(self.resident_min_ms),
+            wait: std::time::Duration::from_millis(self.page_wait_ms),
+        })
+    }
+
     /// The image cache folder, or `None` when it is off. `explicit` says the operator named it,
     /// so that a folder that cannot be used is an error rather than a warning.
     pub fn image_cache_dir(&self) -> Option<(PathBuf, bool)> {

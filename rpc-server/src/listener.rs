@@ -91,6 +91,8 @@ pub struct Server {
     /// The `CUDA_VISIBLE_DEVICES` of workers of a backend: the server's GPUs by UUID, learnt once
     /// (`crate::visible`).
     visible: Mutex<Option<(BackendKind, String)>>,
+    /// Oversubscription's coordinator (`--oversubscribe`).
+    paging: Option<crate::paging::Coordinator>,
 }
 
 /// Asks a worker process to end (SIGTERM).
@@ -176,6 +178,10 @@ impl Server {
         if let Some(dir) = &args.ivshmem_dir {
             command.arg("--ivshmem-dir").arg(dir);
         }
+        if let Some(paging) = &self.paging {
+            let settings = paging.settings;
+            command.arg("--paging").args([settings.idle, settings.resident_min, settings.wait].map(|d| d.as_millis().to_string()));
+        }
         let sm_percentage = self.sm_percentage.load(Ordering::Acquire);
         if sm_percentage < 100 {
             command.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", sm_percentage.to_string());
@@ -245,12 +251,15 @@ impl Server {
         // meanwhile never sees it in neither and starts one too many.
         if let Some(FromWorker::Ready { total_mem, sm_count, .. }) = &first {
             *lock(&self.device_facts) = (*total_mem, *sm_count);
+            if let Some(paging) = &self.paging {
+                paging.set_capacity(&self.budget, *total_mem);
+            }
             lock(&self.warm).push_back(WarmWorker { pid, channel: channel.clone() });
         }
         self.starting.fetch_sub(1, Ordering::AcqRel);
         match first {
             Some(FromWorker::Ready { .. }) => {}
-            Some(FromWorker::Checkpointed(_) | FromWorker::Restored(_)) => {
+            Some(FromWorker::Checkpointed(_) | FromWorker::Restored(_) | FromWorker::NeedMemory { .. }) => {
                 *lock(&self.last_worker_failure) = Some("worker answered out of turn during start-up".into());
             }
             Some(FromWorker::Failed { reason }) => {
@@ -268,6 +277,7 @@ impl Server {
                 break;
             }
             match flyt_protocol::frame::decode_exact::<FromWorker>(&buf[..len]) {
+                Ok(FromWorker::NeedMemory { bytes }) => self.page_out_for(slot, bytes),
                 Ok(answer) => match lock(&self.worker_answers).get(&pid) {
                     Some(waiting) => {
                         let _ = waiting.send(answer);
@@ -314,6 +324,22 @@ impl Server {
         if was_warm {
             tracing::warn!(worker = pid, %status, "a warm worker exited; starting another");
             self.refill();
+        }
+    }
+
+    /// Oversubscription: asks idle sessions to page out so that `bytes` more fit for the session
+    /// in `slot` (`crate::paging::Coordinator`).
+    fn page_out_for(&self, slot: usize, bytes: u64) {
+        let Some(paging) = &self.paging else { return };
+        let live: HashMap<usize, (u64, Arc<OwnedFd>)> =
+            lock(&self.sessions).iter().map(|(id, record)| (record.slot, (*id, record.channel.clone()))).collect();
+        let slots: Vec<usize> = live.keys().copied().collect();
+        let asker = live.get(&slot).map_or(0, |(id, _)| *id);
+        for victim in paging.victims(&self.budget, slot, bytes, &slots) {
+            if let Some((_, channel)) = live.get(&victim) {
+                let reason = format!("session {asker} needs {bytes} bytes of device memory");
+                let _ = send_command(channel, &ToWorker::PageOut { reason });
+            }
         }
     }
 
@@ -656,6 +682,16 @@ impl Server {
         &self.args
     }
 
+    /// Oversubscription's view, when on: the resident capacity and each live session's paging
+    /// words (session id, view).
+    pub fn paging(&self) -> Option<(u64, Vec<(u64, crate::paging::SlotView)>)> {
+        self.paging.as_ref()?;
+        let words = self.budget.paging_words();
+        let views =
+            lock(&self.sessions).iter().map(|(id, record)| (*id, crate::paging::Residency::new(words, record.slot).view())).collect();
+        Some((crate::paging::Residency::new(words, 0).capacity(), views))
+    }
+
     /// Every call, error, copy and kernel counted so far, retired workers included.
     pub fn counts(&self) -> crate::stats::Counts {
         let retired = lock(&self.retired);
@@ -895,6 +931,10 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         worker_answers: Mutex::new(HashMap::new()),
         restored: Mutex::new(HashMap::new()),
         visible: Mutex::new(None),
+        paging: args
+            .paging()
+            .zip(args.oversubscribe)
+            .map(|(settings, factor)| crate::paging::Coordinator::new(settings, factor, args.page_pinned_max())),
         args,
     });
 

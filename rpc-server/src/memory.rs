@@ -34,6 +34,8 @@ struct Range {
 pub struct RangeMap {
     ranges: BTreeMap<u64, Range>,
     allocated: u64,
+    /// Counts changes, so a reader can tell that the ranges changed since it last looked.
+    version: u64,
 }
 
 impl RangeMap {
@@ -42,6 +44,7 @@ impl RangeMap {
         if kind == RangeKind::Allocation {
             self.allocated += len;
         }
+        self.version += 1;
         self.ranges.insert(start, Range { len, kind });
     }
 
@@ -53,6 +56,7 @@ impl RangeMap {
                 let len = range.len;
                 self.ranges.remove(&start);
                 self.allocated -= len;
+                self.version += 1;
                 Ok(len)
             }
             _ => Err(CudaError::INVALID_VALUE),
@@ -69,6 +73,7 @@ impl RangeMap {
     }
 
     fn remove_exact(&mut self, start: u64) {
+        self.version += 1;
         if let Some(range) = self.ranges.remove(&start)
             && range.kind == RangeKind::Allocation
         {
@@ -107,6 +112,11 @@ impl RangeMap {
         if last <= end { Ok(()) } else { Err(CudaError::INVALID_VALUE) }
     }
 
+    /// Changes so far (any insert or removal makes it grow).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
     /// Bytes held by allocations.
     pub fn allocated(&self) -> u64 {
         self.allocated
@@ -126,6 +136,7 @@ impl RangeMap {
     pub fn clear_allocations(&mut self) {
         self.ranges.retain(|_, range| range.kind != RangeKind::Allocation);
         self.allocated = 0;
+        self.version += 1;
     }
 }
 

@@ -71,5 +71,44 @@ pub fn render(server: &Server) -> String {
         "Time from a request's arrival to its reply, for calls with a reply (timed while metrics are on)",
         Series::Histograms(vec![HistogramSnapshot { labels: base(), buckets: bounds.zip(buckets).collect(), count, sum }]),
     );
+    if let Some((capacity, sessions)) = server.paging() {
+        register_paging(&mut registry, &with, capacity, &sessions);
+    }
     flyt_daemon_kit::metrics::encode(&registry)
+}
+
+/// Labels of the allocation with the pairs given.
+type LabelsWith<'a> = dyn Fn(&[(&'static str, &str)]) -> Labels + 'a;
+
+/// Oversubscription's series (`docs/design/paging.md`): the resident capacity and sessions, and
+/// per session its resident bytes, bytes paged out and in, and time paused.
+fn register_paging(registry: &mut Registry, with: &LabelsWith<'_>, capacity: u64, sessions: &[(u64, crate::paging::SlotView)]) {
+    let resident = sessions.iter().filter(|(_, view)| !view.paged).count() as u64;
+    registry.register(
+        "resident_capacity_bytes",
+        "Device memory the sessions may keep resident at once",
+        Series::gauge(with(&[]), capacity),
+    );
+    registry.register("sessions_resident", "Sessions whose memory is on the device (not paged out)", Series::gauge(with(&[]), resident));
+    let ids: Vec<String> = sessions.iter().map(|(id, _)| id.to_string()).collect();
+    let per_session = |value: &dyn Fn(&crate::paging::SlotView) -> u64| -> Vec<(Labels, u64)> {
+        sessions.iter().zip(&ids).map(|((_, view), id)| (with(&[("session", id)]), value(view))).collect()
+    };
+    let gauges = |values: Vec<(Labels, u64)>| Series::Gauges(values.into_iter().map(|(labels, value)| (labels, value as i64)).collect());
+    registry.register("session_resident_bytes", "Device memory the session holds resident", gauges(per_session(&|view| view.resident)));
+    registry.register(
+        "session_paged_out_bytes",
+        "Bytes of the session paged out to host memory",
+        Series::Counters(per_session(&|view| view.paged_out_bytes)),
+    );
+    registry.register(
+        "session_paged_in_bytes",
+        "Bytes of the session paged back in",
+        Series::Counters(per_session(&|view| view.paged_in_bytes)),
+    );
+    registry.register(
+        "session_paused_milliseconds",
+        "Time the session spent paged out, up to its last page-in",
+        Series::Counters(per_session(&|view| view.paused_ms)),
+    );
 }

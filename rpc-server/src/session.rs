@@ -31,11 +31,13 @@ mod green;
 mod intake;
 mod ipc;
 mod memops;
+mod paging;
 mod pools;
 mod snapshot;
 mod vmm;
 
 pub use snapshot::{MoveControl, Restored, path_of as snapshot_path, restore, valid_name as valid_snapshot_name};
+pub(crate) use snapshot::{copy_direct, read_device, write_device};
 
 /// The session's handle maps, looked up on every launch, copy and wait: keys are ids the app
 /// chose, hashed quickly (a colliding app slows only its own session, in its own worker).
@@ -431,6 +433,8 @@ pub struct Session<D: Device> {
     green: green::GreenTable<D>,
     /// The data connections striped copies travel on (`None`: the session stripes nothing).
     stripes: Option<Arc<crate::stripes::Stripes<D>>>,
+    /// Paging, when the server oversubscribes its GPU share (`crate::paging`).
+    pager: Option<Arc<crate::paging::Pager>>,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -498,6 +502,7 @@ impl<D: Device> Session<D> {
             tensor_maps: memops::TensorMaps::default(),
             green: green::GreenTable::default(),
             stripes: None,
+            pager: None,
         }
     }
 
@@ -513,6 +518,7 @@ impl<D: Device> Session<D> {
     fn serve_frames(&mut self, intake: &Arc<intake::Intake>) -> Result<(), FrameError> {
         let mut message = Vec::with_capacity(4096);
         let outbox = self.outbox.clone();
+        let pager = self.pager.clone();
         let mut op_times = OpTimes::from_env();
         loop {
             // A session that has named host functions to the device has its frames read ahead
@@ -538,7 +544,22 @@ impl<D: Device> Session<D> {
                 stats.call(info.id);
             }
             let started = (op_times.is_some() || self.config.time_calls).then(Instant::now);
+            // Paging: a paged-out session is paged in before its request runs.
+            let gate = match pager.as_deref().map(|pager| pager.enter(&*self.device, &outbox)) {
+                Some(Err(reason)) => {
+                    tracing::warn!(op = info.name, %reason, "request failed: out of device memory");
+                    outbox.reply::<()>(header.seq, info.class, Err(CudaError::MEMORY_ALLOCATION), &[]);
+                    bulk.finish()?;
+                    continue;
+                }
+                Some(Ok(gate)) => Some(gate),
+                None => None,
+            };
             dispatch(self, request, header.seq, started, &mut bulk, &outbox);
+            if let (Some(pager), Some(mut gate)) = (pager.as_deref(), gate) {
+                self.after_request(&mut gate, info.name);
+                pager.leave(gate);
+            }
             flyt_ring::timeline::mark(flyt_ring::timeline::Stage::Dispatched);
             if let (Some(times), Some(started)) = (op_times.as_mut(), started) {
                 times.add(info.name, started.elapsed());

@@ -89,6 +89,16 @@ impl Outbox {
         self.awaited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Counts `during` as a wait for a reply (the client hears `Alive` meanwhile): the server's
+    /// own wait before a request is taken up (a paged-out session paged in).
+    pub fn awaiting<R>(&self, during: impl FnOnce() -> R) -> R {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.awaited.fetch_add(1, Relaxed);
+        let outcome = during();
+        let _ = self.awaited.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+        outcome
+    }
+
     /// Sends `Notice::Alive` when the client waits for replies and nothing was sent since the
     /// last look (`frames_seen`, the caller's): called about once a second.
     pub fn keep_alive(&self, frames_seen: &mut u64) {

@@ -63,6 +63,27 @@ pub struct WorkerArgs {
     /// The folder of this host's VMs' ivshmem regions (the server's `--ivshmem-dir`).
     #[arg(long)]
     pub ivshmem_dir: Option<std::path::PathBuf>,
+    /// Paging (the server oversubscribes): milliseconds idle before a page-out, minimum
+    /// residency, and the longest wait for device memory (`crate::paging::PagingSettings`).
+    #[arg(long, num_args = 3, value_names = ["IDLE_MS", "RESIDENT_MIN_MS", "WAIT_MS"])]
+    pub paging: Option<Vec<u64>>,
+}
+
+/// The pager of a worker whose server pages (`--paging`), with a descriptor of its channel.
+fn pager_for(args: &WorkerArgs, channel: &OwnedFd, budget: &Arc<SharedBudget>) -> Option<Arc<crate::paging::Pager>> {
+    let &[idle, resident_min, wait] = args.paging.as_deref()? else { return None };
+    let settings = crate::paging::PagingSettings {
+        idle: std::time::Duration::from_millis(idle),
+        resident_min: std::time::Duration::from_millis(resident_min),
+        wait: std::time::Duration::from_millis(wait),
+    };
+    match channel.try_clone() {
+        Ok(listener) => Some(Arc::new(crate::paging::Pager::new(budget.clone(), listener, settings, args.copy_chunk))),
+        Err(error) => {
+            tracing::warn!(%error, "paging off for this session: no descriptor of the listener's channel");
+            None
+        }
+    }
 }
 
 fn send_to_listener(channel: &OwnedFd, message: &FromWorker) {
@@ -194,7 +215,7 @@ fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> 
 }
 
 /// Follows the listener's commands during the session: tells the client its new limits whenever
-/// the allocation was resized, and runs checkpoints and their release.
+/// the allocation was resized, runs checkpoints and their release, and page-outs (paging).
 fn follow_commands<D: Device>(
     channel: OwnedFd,
     session: &Session<D>,
@@ -202,6 +223,7 @@ fn follow_commands<D: Device>(
     device: Arc<D>,
     budget: Arc<SharedBudget>,
     stripes: Option<Arc<crate::stripes::Stripes<D>>>,
+    pager: Option<Arc<crate::paging::Pager>>,
 ) {
     let (outbox, moves) = (session.outbox(), session.moves());
     let spawned = std::thread::Builder::new().name("flyt-commands".into()).spawn(move || {
@@ -240,6 +262,11 @@ fn follow_commands<D: Device>(
                         tracing::warn!(session_id, %reason, "release ignored");
                     }
                 }
+                ToWorker::PageOut { reason } => match pager.as_deref().map(|pager| pager.page_out(&*device, &reason)) {
+                    Some(Err(refused)) => tracing::info!(session_id, %refused, "session not paged out"),
+                    Some(Ok(_)) => {}
+                    None => tracing::warn!(session_id, "asked to page out without paging on"),
+                },
                 ToWorker::Serve { .. } | ToWorker::Restore { .. } => tracing::warn!(session_id, "a command for a worker without a session, ignored"),
             }
         }
@@ -432,16 +459,31 @@ fn serve<D: Device>(
         inline_wait: std::time::Duration::from_micros(args.inline_wait_us),
         ..SessionConfig::default()
     };
-    let mut session = Session::new(device.clone(), budget.clone(), writer, config, shm, output);
+    let pager = pager_for(args, &channel, &budget);
+    let session_budget: Arc<dyn MemoryBudget> = match &pager {
+        Some(pager) => Arc::new(crate::paging::PagedBudget::new(budget.clone(), pager.clone())),
+        None => budget.clone(),
+    };
+    let mut session = Session::new(device.clone(), session_budget, writer, config, shm, output);
+    if let Some(pager) = &pager {
+        pager.set_session(session_id);
+        session.set_pager(pager.clone());
+    }
     if let Some((state, path)) = restored {
         session.adopt(state);
+        // What the restore reserved is resident too.
+        if let Some(pager) = &pager
+            && !pager.residency().claim(budget.slot_used(args.budget_slot))
+        {
+            tracing::warn!(session_id, "the restored session's memory does not fit the resident share: it stays resident, uncounted");
+        }
         // The app is back: its snapshot has served its purpose.
         if let Err(error) = std::fs::remove_file(&path) {
             tracing::warn!(snapshot = %path, %error, "snapshot not removed");
         }
     }
     let stripes = stripe_secret.map(|secret| session.enable_stripes(secret, args.staging_slots));
-    follow_commands(channel, &session, session_id, device, budget, stripes);
+    follow_commands(channel, &session, session_id, device, budget, stripes, pager);
     let outcome = session.serve(reader);
     let program = hello.client.program;
     match outcome {

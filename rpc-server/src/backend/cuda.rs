@@ -951,6 +951,33 @@ impl Device for CudaDevice {
         outcome
     }
 
+    fn page_out(&self, allocations: &[(u64, u64)]) -> Result<(), (String, bool)> {
+        // The caller saved the bytes after a synchronize; each free releases the physical
+        // memory (a restored span's with its last allocation), then the addresses are held in
+        // reservations of this worker's, where `page_in` maps new memory.
+        let mut failed = Vec::new();
+        for &(ptr, len) in allocations {
+            if let Err(error) = self.free(ptr) {
+                failed.push(format!("releasing {len} bytes at {ptr:#x}: {error}"));
+            }
+        }
+        // The addresses not held (the driver keeps part of a page) stay free for the driver;
+        // nothing of the session's allocates until its page-in, which then says if they are taken.
+        let held = self
+            .allocation_prop(1)
+            .map_err(|error| error.to_string())
+            .and_then(|prop| self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).hold(allocations, &prop));
+        if let Err(reason) = held {
+            tracing::warn!(%reason, "paged-out addresses not all held");
+        }
+        let released = failed.len() < allocations.len();
+        if failed.is_empty() { Ok(()) } else { Err((failed.join("; "), released)) }
+    }
+
+    fn page_in(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+        self.restore_allocations(allocations, &[])
+    }
+
     fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String> {
         // Shareable as a descriptor, so a later move on this GPU can hand the memory over.
         let prop = self.allocation_prop(1).map_err(|error| error.to_string())?;

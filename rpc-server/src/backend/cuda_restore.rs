@@ -35,6 +35,27 @@ pub(super) struct RestoredMemory {
     span_of: HashMap<u64, u64>,
     /// The app's reservations (start, length), inside reservations made here.
     app_reservations: std::collections::HashSet<(u64, u64)>,
+    /// Reservations made here (start, end), held until the worker exits: a later restore (a
+    /// paged-out session paged in, `docs/design/paging.md`) maps inside them again.
+    held: Vec<(u64, u64)>,
+}
+
+/// The page of physical allocations made with `prop`.
+fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize, String> {
+    let mut page = 0usize;
+    // SAFETY: valid out-pointer and a complete properties struct.
+    let code = unsafe {
+        sys::cuMemGetAllocationGranularity(&mut page, prop, sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+    };
+    if code != sys::CUresult::CUDA_SUCCESS || page == 0 {
+        return Err(format!("cuMemGetAllocationGranularity: {code:?}"));
+    }
+    Ok(page)
+}
+
+/// Whether `start..end` lies inside one of the `held` reservations.
+fn covered(held: &[(u64, u64)], start: u64, end: u64) -> bool {
+    held.iter().any(|&(from, to)| from <= start && end <= to)
 }
 
 fn round_down(value: u64, align: u64) -> u64 {
@@ -82,7 +103,7 @@ fn reservations(spans: &[(u64, u64)], align: u64, gap: u64) -> Result<Vec<(u64, 
 
 /// Reserves `start..end` exactly: `Ok(false)` when the driver offers another address (nothing
 /// is then held).
-fn reserve_exactly(start: u64, end: u64) -> Result<bool, String> {
+fn reserve_exactly(start: u64, end: u64, held: &mut Vec<(u64, u64)>) -> Result<bool, String> {
     let mut got: sys::CUdeviceptr = 0;
     let len = (end - start) as usize;
     // SAFETY: valid out-pointer; the hint is only a request.
@@ -96,21 +117,22 @@ fn reserve_exactly(start: u64, end: u64) -> Result<bool, String> {
         return Ok(false);
     }
     // Reservations stay until the worker exits: they only hold addresses.
+    held.push((start, end));
     Ok(true)
 }
 
 /// Reserves the addresses of `spans` (sorted), coarsely rounded first (`LEVELS[level]`), more
 /// finely where the driver holds part of a coarse reservation.
-fn reserve_spans(spans: &[(u64, u64)], level: usize) -> Result<(), String> {
+fn reserve_spans(spans: &[(u64, u64)], level: usize, held: &mut Vec<(u64, u64)>) -> Result<(), String> {
     let (align, gap) = LEVELS[level];
     for (start, end, covered) in reservations(spans, align, gap)? {
-        if reserve_exactly(start, end)? {
+        if reserve_exactly(start, end, held)? {
             continue;
         }
         if level + 1 == LEVELS.len() {
             return Err(format!("addresses {start:#x}..{end:#x} are taken on this device"));
         }
-        if let Err(error) = reserve_spans(&spans[covered.clone()], level + 1) {
+        if let Err(error) = reserve_spans(&spans[covered.clone()], level + 1, held) {
             if level > 0 {
                 return Err(error);
             }
@@ -132,17 +154,13 @@ impl RestoredMemory {
         prop: &sys::CUmemAllocationProp,
         access: &sys::CUmemAccessDesc,
     ) -> Result<(), String> {
-        let mut page = 0usize;
-        // SAFETY: valid out-pointer and a complete properties struct.
-        let code = unsafe {
-            sys::cuMemGetAllocationGranularity(&mut page, prop, sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-        };
-        if code != sys::CUresult::CUDA_SUCCESS || page == 0 {
-            return Err(format!("cuMemGetAllocationGranularity: {code:?}"));
-        }
+        let page = granularity(prop)?;
         let spans = spans(allocations, page as u64)?;
         let everything: Vec<_> = allocations.iter().chain(reservations).copied().collect();
-        reserve_spans(&self::spans(&everything, page as u64)?, 0)?;
+        let held = &self.held;
+        let unheld: Vec<_> =
+            self::spans(&everything, page as u64)?.into_iter().filter(|&(start, end)| !covered(held, start, end)).collect();
+        reserve_spans(&unheld, 0, &mut self.held)?;
         self.app_reservations.extend(reservations.iter().copied());
         for (start, end) in spans {
             let len = (end - start) as usize;
@@ -178,6 +196,16 @@ impl RestoredMemory {
             self.span_of.insert(ptr, start);
         }
         Ok(())
+    }
+
+    /// Holds the addresses of `allocations` (start, length), just freed, in reservations of
+    /// `page`-aligned spans, so nothing else lands there until `restore` maps memory again (a
+    /// session paged out). Spans already inside a reservation made here stay as they are.
+    pub(super) fn hold(&mut self, allocations: &[(u64, u64)], prop: &sys::CUmemAllocationProp) -> Result<(), String> {
+        let page = granularity(prop)? as u64;
+        let held = &self.held;
+        let unheld: Vec<_> = spans(allocations, page)?.into_iter().filter(|&(start, end)| !covered(held, start, end)).collect();
+        reserve_spans(&unheld, 0, &mut self.held)
     }
 
     /// Forgets the app's reservation `ptr..ptr + len` if it is one restored here (its addresses

@@ -133,6 +133,9 @@ struct State {
     /// Resource descriptors and green contexts, each with the SMs it holds.
     resource_descs: HashMap<u64, u32>,
     greens: HashMap<u64, u32>,
+    /// Allocations paged out (address, length): their blocks are gone (the bytes left this
+    /// device's memory), their addresses stay the session's until paged in.
+    paged_out: HashMap<u64, u64>,
 }
 
 /// A shareable pool's memory file: allocations take spans of it, one after the other (a freed
@@ -576,6 +579,43 @@ impl Device for EmulatedDevice {
 
     fn import_for_move(&self, _moved: super::MovedMemory) -> Result<(), String> {
         Err("the emulated device shares no memory between workers".into())
+    }
+
+    fn page_out(&self, allocations: &[(u64, u64)]) -> Result<(), (String, bool)> {
+        // As cuMemFree: queued host functions finish first.
+        self.host.wait(u64::MAX);
+        let mut state = self.state();
+        for &(ptr, len) in allocations {
+            match state.blocks.get(&ptr) {
+                Some(Block::Heap(bytes)) if bytes.len() as u64 == len => {}
+                // A pool's shared memory file, say: nothing released.
+                _ => return Err((format!("{ptr:#x} is not an allocation of {len} bytes of this worker's own memory"), false)),
+            }
+        }
+        for &(ptr, len) in allocations {
+            state.blocks.remove(&ptr);
+            state.used -= len;
+            state.paged_out.insert(ptr, len);
+        }
+        Ok(())
+    }
+
+    fn page_in(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+        let mut state = self.state();
+        if let Some((ptr, len)) = allocations.iter().find(|(ptr, len)| state.paged_out.get(ptr) != Some(len)) {
+            return Err(format!("{ptr:#x} ({len} bytes) was not paged out here"));
+        }
+        let total: u64 = allocations.iter().map(|(_, len)| len).sum();
+        if total > self.config.memory.saturating_sub(state.used) {
+            return Err(format!("{total} bytes do not fit this device"));
+        }
+        for &(ptr, len) in allocations {
+            state.paged_out.remove(&ptr);
+            let bytes = vec![0; usize::try_from(len).map_err(|_| "allocation too large")?];
+            state.blocks.insert(ptr, Block::Heap(bytes));
+            state.used += len;
+        }
+        Ok(())
     }
 
     fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String> {

@@ -317,6 +317,19 @@ pub trait Device: Send + Sync + 'static {
     /// (`cuMemAddressReserve`) there too, for its mappings to be made again; `Err` says why not.
     /// `free` and `mem_address_free` free them like any other.
     fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String>;
+    /// Paging (`docs/design/paging.md`): releases the device memory of `allocations` (start,
+    /// length; their bytes already saved, the device synchronized) while their addresses stay
+    /// this session's, held so nothing else lands there until `page_in`. `Err` says why, and
+    /// whether part of the memory was released nonetheless (the caller then treats all of it as
+    /// out: its bytes are saved).
+    fn page_out(&self, _allocations: &[(u64, u64)]) -> Result<(), (String, bool)> {
+        Err(("this device cannot page memory out".into(), false))
+    }
+    /// Makes device memory again under `allocations` paged out by `page_out`, at the same
+    /// addresses (its bytes are then copied back by the caller).
+    fn page_in(&self, _allocations: &[(u64, u64)]) -> Result<(), String> {
+        Err("this device cannot page memory in".into())
+    }
     /// Exports the memory of `allocations` for another worker on this GPU (a move on one node).
     fn export_for_move(&self, allocations: &[(u64, u64)]) -> CudaResult<MovedMemory>;
     /// Copies another worker's exported memory into this worker's restored allocations at the

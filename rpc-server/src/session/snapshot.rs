@@ -321,7 +321,7 @@ impl MoveControl {
 }
 
 /// Copies device memory `[ptr, ptr + len)` into `out` through staging buffers.
-fn read_device<D: Device>(device: &D, chunk: u64, ptr: u64, len: u64, out: &mut impl Write) -> Result<(), String> {
+pub(crate) fn read_device<D: Device>(device: &D, chunk: u64, ptr: u64, len: u64, out: &mut impl Write) -> Result<(), String> {
     let mut done = 0;
     while done < len {
         let step = (len - done).min(chunk) as usize;
@@ -339,7 +339,7 @@ fn read_device<D: Device>(device: &D, chunk: u64, ptr: u64, len: u64, out: &mut 
 }
 
 /// Copies `len` bytes from `input` to device memory at `ptr` through staging buffers.
-fn write_device<D: Device>(device: &D, chunk: u64, ptr: u64, len: u64, input: &mut impl Read) -> Result<(), String> {
+pub(crate) fn write_device<D: Device>(device: &D, chunk: u64, ptr: u64, len: u64, input: &mut impl Read) -> Result<(), String> {
     let mut done = 0;
     while done < len {
         let step = (len - done).min(chunk) as usize;
@@ -359,7 +359,13 @@ const DIRECT_WINDOW: u64 = 1 << 30;
 /// GPU's copy engines move the bytes. For files in memory (tmpfs, as /dev/shm) only, which the
 /// driver can pin; `Ok(false)` when the first window cannot be pinned and nothing was copied
 /// (the caller then copies through staging).
-fn copy_direct<D: Device>(device: &D, file: &std::fs::File, data_at: u64, ranges: &[(u64, u64)], to_file: bool) -> Result<bool, String> {
+pub(crate) fn copy_direct<D: Device>(
+    device: &D,
+    file: &std::fs::File,
+    data_at: u64,
+    ranges: &[(u64, u64)],
+    to_file: bool,
+) -> Result<bool, String> {
     if !flyt_ring::region::pinnable(file).unwrap_or(false) {
         return Ok(false);
     }
@@ -655,7 +661,7 @@ impl<D: Device> Session<D> {
     }
 
     /// Why this session cannot be made again elsewhere, if anything holds it.
-    fn move_blocker(&self) -> Option<String> {
+    pub(super) fn move_blocker(&self) -> Option<String> {
         if self.shm.as_ref().is_some_and(Segment::is_region) {
             return Some("its app uses a VM's ivshmem region, which cannot move yet".into());
         }

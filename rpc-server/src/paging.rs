@@ -1,0 +1,808 @@
+//! Oversubscription (`docs/design/paging.md`): a server whose sessions together may hold more
+//! device memory than its share of the GPU (`--oversubscribe`) keeps only some of them resident;
+//! an idle session's allocations are paged out to host memory (a memfd: tmpfs pages) and their
+//! physical memory released, their addresses kept, so every pointer its app holds stays valid.
+//! Its next request pages it back in first.
+//!
+//! - [`Residency`]: each session's resident bytes, last activity and paging counters, in words
+//!   at the end of the tenant page (`budget.rs`) that the listener and every worker map.
+//! - [`Pager`] (worker): the gate a session's requests pass through (paging in first), the page
+//!   out the listener asks for, and the bounded wait for device memory.
+//! - [`PagedBudget`] (worker): the session's budget, which also claims resident bytes.
+//! - [`Coordinator`] (listener): picks whom to page out when a session needs memory.
+
+use std::io::{BufReader, BufWriter};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use flyt_protocol::frame::encode_into;
+use flyt_protocol::worker::FromWorker;
+
+use crate::activity::{KINDS, Work};
+use crate::backend::Device;
+use crate::budget::{BUDGET_SLOTS, MemoryBudget, SharedBudget};
+
+const CAPACITY: usize = 0;
+const RESIDENT_TOTAL: usize = 1;
+/// Host memory paged-out sessions may keep pinned, all together, and what they keep.
+const PINNED_LIMIT: usize = 2;
+const PINNED_TOTAL: usize = 3;
+const GLOBAL: usize = 4;
+// Per slot, in this order.
+const RESIDENT: usize = 0;
+const LAST_ACTIVE: usize = 1;
+const RESIDENT_SINCE: usize = 2;
+const FLAGS: usize = 3;
+const PAGED_OUT_BYTES: usize = 4;
+const PAGED_IN_BYTES: usize = 5;
+const PAUSED_MS: usize = 6;
+const PAGE_OUTS: usize = 7;
+/// Bytes of this slot's paged memory kept pinned (in `PINNED_TOTAL` too).
+const PINNED: usize = 8;
+const FIELDS: usize = 9;
+/// Words of the tenant page that paging uses.
+pub const PAGING_WORDS: usize = GLOBAL + BUDGET_SLOTS * FIELDS;
+
+/// The session could be paged out (nothing holds it, see `Session::page_blocker`).
+const PAGEABLE: u64 = 1;
+/// The session's memory is paged out now.
+const PAGED: u64 = 2;
+
+/// Milliseconds of the system's monotonic clock (the same in every process), from 1.
+pub fn now_ms() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC exists on every Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1000 + u64::try_from(now.tv_nsec).unwrap_or(0) / 1_000_000 + 1
+}
+
+/// One slot's paging words (or, from the listener, any slot's).
+pub struct Residency<'a> {
+    words: &'a [AtomicU64],
+    slot: usize,
+}
+
+/// What the listener reads of a slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotView {
+    pub slot: usize,
+    pub resident: u64,
+    pub last_active_ms: u64,
+    pub resident_since_ms: u64,
+    pub pageable: bool,
+    pub paged: bool,
+    pub paged_out_bytes: u64,
+    pub paged_in_bytes: u64,
+    pub paused_ms: u64,
+    pub page_outs: u64,
+}
+
+impl<'a> Residency<'a> {
+    pub fn new(words: &'a [AtomicU64], slot: usize) -> Self {
+        Self { words, slot: slot.min(BUDGET_SLOTS - 1) }
+    }
+
+    fn field(&self, field: usize) -> &AtomicU64 {
+        &self.words[GLOBAL + self.slot * FIELDS + field]
+    }
+
+    /// Device memory the sessions may keep resident together (0: paging off, no limit).
+    pub fn capacity(&self) -> u64 {
+        self.words[CAPACITY].load(Ordering::Acquire)
+    }
+
+    pub fn set_capacity(&self, bytes: u64) {
+        self.words[CAPACITY].store(bytes, Ordering::Release);
+    }
+
+    /// Bytes resident, all sessions together.
+    pub fn resident_total(&self) -> u64 {
+        self.words[RESIDENT_TOTAL].load(Ordering::Acquire)
+    }
+
+    /// Takes `bytes` of resident memory for this slot if they fit the capacity.
+    pub fn claim(&self, bytes: u64) -> bool {
+        let capacity = self.capacity();
+        let limit = (capacity != 0).then_some(capacity);
+        if !crate::budget::reserve_within(&self.words[RESIDENT_TOTAL], limit, bytes) {
+            return false;
+        }
+        if self.field(RESIDENT).fetch_add(bytes, Ordering::AcqRel) == 0 {
+            self.field(RESIDENT_SINCE).store(now_ms(), Ordering::Release);
+        }
+        true
+    }
+
+    /// Gives back up to `bytes` of this slot's resident memory; returns what it gave.
+    pub fn unclaim(&self, bytes: u64) -> u64 {
+        let given = self
+            .field(RESIDENT)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| Some(held - held.min(bytes)))
+            .map_or(0, |held| held.min(bytes));
+        self.words[RESIDENT_TOTAL].fetch_sub(given, Ordering::AcqRel);
+        given
+    }
+
+    /// The session made a request now.
+    pub fn touch(&self) {
+        self.field(LAST_ACTIVE).store(now_ms(), Ordering::Release);
+    }
+
+    pub fn set_pageable(&self, pageable: bool) {
+        // Read first: most requests change nothing, and a read leaves the line shared.
+        if (self.field(FLAGS).load(Ordering::Acquire) & PAGEABLE != 0) == pageable {
+            return;
+        }
+        if pageable {
+            self.field(FLAGS).fetch_or(PAGEABLE, Ordering::AcqRel);
+        } else {
+            self.field(FLAGS).fetch_and(!PAGEABLE, Ordering::AcqRel);
+        }
+    }
+
+    fn paged_out(&self, bytes: u64) {
+        self.unclaim(bytes);
+        self.field(FLAGS).fetch_or(PAGED, Ordering::AcqRel);
+        self.field(PAGED_OUT_BYTES).fetch_add(bytes, Ordering::AcqRel);
+        self.field(PAGE_OUTS).fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn paged_in(&self, bytes: u64, paused: Duration) {
+        self.field(FLAGS).fetch_and(!PAGED, Ordering::AcqRel);
+        self.field(PAGED_IN_BYTES).fetch_add(bytes, Ordering::AcqRel);
+        self.field(PAUSED_MS).fetch_add(paused.as_millis() as u64, Ordering::AcqRel);
+        self.field(RESIDENT_SINCE).store(now_ms(), Ordering::Release);
+    }
+
+    pub fn view(&self) -> SlotView {
+        let flags = self.field(FLAGS).load(Ordering::Acquire);
+        SlotView {
+            slot: self.slot,
+            resident: self.field(RESIDENT).load(Ordering::Acquire),
+            last_active_ms: self.field(LAST_ACTIVE).load(Ordering::Acquire),
+            resident_since_ms: self.field(RESIDENT_SINCE).load(Ordering::Acquire),
+            pageable: flags & PAGEABLE != 0,
+            paged: flags & PAGED != 0,
+            paged_out_bytes: self.field(PAGED_OUT_BYTES).load(Ordering::Acquire),
+            paged_in_bytes: self.field(PAGED_IN_BYTES).load(Ordering::Acquire),
+            paused_ms: self.field(PAUSED_MS).load(Ordering::Acquire),
+            page_outs: self.field(PAGE_OUTS).load(Ordering::Acquire),
+        }
+    }
+
+    /// A dead worker's slot: its resident bytes go back, its words are cleared for the next.
+    pub fn reclaim(&self) {
+        let held = self.field(RESIDENT).swap(0, Ordering::AcqRel);
+        self.words[RESIDENT_TOTAL].fetch_sub(held, Ordering::AcqRel);
+        // A dead worker's pinned memory went with its process.
+        let pinned = self.field(PINNED).swap(0, Ordering::AcqRel);
+        self.words[PINNED_TOTAL].fetch_sub(pinned, Ordering::AcqRel);
+        for field in 1..FIELDS {
+            self.field(field).store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Paging's settings (the server's `--idle-page-out-ms`, `--resident-min-ms`, `--page-wait-ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct PagingSettings {
+    /// A session with no request for this long (and no work queued) may be paged out.
+    pub idle: Duration,
+    /// A session paged in (or started) stays resident at least this long: no thrashing.
+    pub resident_min: Duration,
+    /// How long a request waits for device memory before it fails with out-of-memory.
+    pub wait: Duration,
+}
+
+/// How often a waiting session asks the listener again (sessions may have become idle since).
+const ASK_AGAIN: Duration = Duration::from_millis(20);
+
+/// A paged-out session's memory file mapped and pinned (registered with the device) whole: its
+/// page-in is then one DMA per allocation, at the copy engines' speed.
+struct Pinned {
+    map: memmap2::MmapRaw,
+    len: u64,
+}
+
+/// A session's allocations paged out: their bytes, in allocation order, in a memory file.
+struct PagedOut {
+    /// Pinned while the host's pinning budget allows (`--page-pinned-max`), else copied through
+    /// windows pinned for the copy or through staging.
+    pinned: Option<Pinned>,
+    file: std::fs::File,
+    allocations: Vec<(u64, u64)>,
+    bytes: u64,
+    since: Instant,
+}
+
+/// What the session's thread last told the pager (under the gate).
+#[derive(Default)]
+pub struct Gate {
+    paged: Option<PagedOut>,
+    /// The session's allocations (`cuMemAlloc`'s), and the range map's version they are from.
+    allocations: Vec<(u64, u64)>,
+    /// Their bytes in all.
+    allocated: u64,
+    version: Option<u64>,
+    /// Why the session cannot be paged out, if anything holds it.
+    blocker: Option<String>,
+}
+
+impl Gate {
+    /// Records the session's allocations as of range-map `version`, unless already known.
+    pub fn set_allocations(&mut self, version: u64, allocations: impl FnOnce() -> Vec<(u64, u64)>) {
+        if self.version != Some(version) {
+            self.allocations = allocations();
+            self.allocated = self.allocations.iter().map(|(_, len)| len).sum();
+            self.version = Some(version);
+        }
+    }
+
+    pub fn set_blocker(&mut self, blocker: Option<String>) {
+        self.blocker = blocker;
+    }
+}
+
+/// A worker's side of paging: see the module's documentation.
+pub struct Pager {
+    budget: Arc<SharedBudget>,
+    listener: OwnedFd,
+    settings: PagingSettings,
+    copy_chunk: u64,
+    session_id: std::sync::atomic::AtomicU64,
+    gate: Mutex<Gate>,
+}
+
+impl Pager {
+    /// `listener`: a descriptor of the worker's channel to the listener.
+    pub fn new(budget: Arc<SharedBudget>, listener: OwnedFd, settings: PagingSettings, copy_chunk: u64) -> Self {
+        Self { budget, listener, settings, copy_chunk, session_id: AtomicU64::new(0), gate: Mutex::default() }
+    }
+
+    /// Names the session in the log lines.
+    pub fn set_session(&self, session_id: u64) {
+        self.session_id.store(session_id, Ordering::Release);
+    }
+
+    pub fn residency(&self) -> Residency<'_> {
+        Residency::new(self.budget.paging_words(), self.budget.slot())
+    }
+
+    /// Claims `bytes` of resident device memory, asking the listener to page idle sessions out
+    /// while they do not fit; `false` once `settings.wait` has passed.
+    pub fn claim(&self, bytes: u64) -> bool {
+        let residency = self.residency();
+        if residency.claim(bytes) {
+            return true;
+        }
+        let capacity = residency.capacity();
+        if bytes > capacity {
+            return false;
+        }
+        let deadline = Instant::now() + self.settings.wait;
+        let mut asked: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            if asked.is_none_or(|at| now.duration_since(at) >= ASK_AGAIN) {
+                let short = (residency.resident_total() + bytes).saturating_sub(capacity).max(1);
+                let mut message = Vec::new();
+                encode_into(&FromWorker::NeedMemory { bytes: short }, &mut message);
+                let _ = nix::sys::socket::send(self.listener.as_raw_fd(), &message, nix::sys::socket::MsgFlags::empty());
+                asked = Some(now);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            if residency.claim(bytes) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Gate> {
+        self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Taken by the session's thread around each request: pages the session in first when it
+    /// is out (the client hears `Alive` from `outbox` meanwhile). `Err` (the session stays out):
+    /// no device memory became free within the wait.
+    pub fn enter<D: Device>(&self, device: &D, outbox: &crate::transport::Outbox) -> Result<MutexGuard<'_, Gate>, String> {
+        let mut gate = self.lock();
+        if gate.paged.is_some() {
+            outbox.awaiting(|| self.page_in(&mut gate, device))?;
+        }
+        // No page-out while the gate is held; `leave` marks the request's end as the activity.
+        Ok(gate)
+    }
+
+    /// After a request: whether the session may now be paged out, and when it was last active.
+    pub fn leave(&self, gate: MutexGuard<'_, Gate>) {
+        let residency = self.residency();
+        residency.set_pageable(gate.blocker.is_none() && self.only_allocations(&gate));
+        residency.touch();
+    }
+
+    /// Whether all the device memory the session holds (its quota's count) is `cuMemAlloc`
+    /// allocations, the only memory paged: pools, arrays, VMM and graph memory are not yet.
+    fn only_allocations(&self, gate: &Gate) -> bool {
+        self.budget.slot_used(self.budget.slot()) == gate.allocated
+    }
+
+    fn page_in<D: Device>(&self, gate: &mut Gate, device: &D) -> Result<(), String> {
+        let Some(paged) = gate.paged.take() else { return Ok(()) };
+        let session_id = self.session_id.load(Ordering::Acquire);
+        let started = Instant::now();
+        if !self.claim(paged.bytes) {
+            let waited = self.settings.wait.as_millis();
+            tracing::warn!(
+                session_id,
+                bytes = paged.bytes,
+                waited_ms = waited as u64,
+                "session not paged in: no device memory freed in time"
+            );
+            let reason = format!("paging the session in needs {} bytes of device memory; none came free within {waited} ms", paged.bytes);
+            gate.paged = Some(paged);
+            return Err(reason);
+        }
+        let restored = device.page_in(&paged.allocations).and_then(|()| {
+            if let Some(pinned) = &paged.pinned {
+                return copy_pinned(device, pinned, &paged.allocations, false);
+            }
+            let direct = crate::session::copy_direct(device, &paged.file, 0, &paged.allocations, false)?;
+            if !direct {
+                let mut input = BufReader::with_capacity(1 << 20, &paged.file);
+                for &(ptr, len) in &paged.allocations {
+                    crate::session::write_device(device, self.copy_chunk, ptr, len, &mut input)?;
+                }
+            }
+            device.synchronize().map_err(|error| format!("copying paged memory back: {error}"))
+        });
+        if let Err(reason) = restored {
+            // Released or never mapped: the bytes stay saved for the next try.
+            let _ = device.page_out(&paged.allocations);
+            self.residency().unclaim(paged.bytes);
+            tracing::error!(session_id, %reason, "session not paged in");
+            gate.paged = Some(paged);
+            return Err(reason);
+        }
+        let paused = paged.since.elapsed();
+        if let Some(pinned) = paged.pinned {
+            self.unpin(device, pinned);
+        }
+        self.residency().paged_in(paged.bytes, paused);
+        tracing::info!(
+            session_id,
+            bytes = paged.bytes,
+            paused_ms = paused.as_millis() as u64,
+            took_ms = started.elapsed().as_millis() as u64,
+            "session {session_id} paged in"
+        );
+        Ok(())
+    }
+
+    /// Pages the session out if it is idle and nothing holds it (the listener asked, for
+    /// `reason`): `Ok(Some(bytes))` when it did, `Ok(None)` when it is busy or was recently
+    /// paged in, `Err` when it cannot be paged (logged by the caller).
+    pub fn page_out<D: Device>(&self, device: &D, reason: &str) -> Result<Option<u64>, String> {
+        // A request under way holds the gate: the session is busy.
+        let Ok(mut gate) = self.gate.try_lock() else { return Ok(None) };
+        let outcome = self.page_out_locked(&mut gate, device, reason);
+        if outcome.is_err() {
+            // Not chosen again until its next request says otherwise.
+            self.residency().set_pageable(false);
+        }
+        outcome
+    }
+
+    fn page_out_locked<D: Device>(&self, gate: &mut Gate, device: &D, reason: &str) -> Result<Option<u64>, String> {
+        if gate.paged.is_some() {
+            return Ok(None);
+        }
+        if let Some(blocker) = &gate.blocker {
+            return Err(blocker.clone());
+        }
+        let residency = self.residency();
+        let view = residency.view();
+        let now = now_ms();
+        let slot = self.budget.slot();
+        if now.saturating_sub(view.last_active_ms) < self.settings.idle.as_millis() as u64
+            || now.saturating_sub(view.resident_since_ms) < self.settings.resident_min.as_millis() as u64
+            || self.budget.busy(slot)
+        {
+            return Ok(None);
+        }
+        let (allocations, bytes) = (gate.allocations.clone(), gate.allocated);
+        if bytes == 0 {
+            return Ok(None);
+        }
+        if !self.only_allocations(gate) {
+            return Err("it holds device memory other than cuMemAlloc allocations (pools, arrays, VMM or graph memory)".into());
+        }
+        device.bind_thread().map_err(|error| format!("binding the device: {error}"))?;
+        device.synchronize().map_err(|error| format!("the session's work failed: {error}"))?;
+        let started = Instant::now();
+        let file = paging_file(bytes)?;
+        let pinned = match self.pin(device, &file, bytes) {
+            Some(pinned) => match copy_pinned(device, &pinned, &allocations, true) {
+                Ok(()) => Some(pinned),
+                Err(reason) => {
+                    self.unpin(device, pinned);
+                    return Err(reason);
+                }
+            },
+            None => {
+                if !crate::session::copy_direct(device, &file, 0, &allocations, true)? {
+                    let mut out = BufWriter::with_capacity(1 << 20, &file);
+                    for &(ptr, len) in &allocations {
+                        crate::session::read_device(device, self.copy_chunk, ptr, len, &mut out)?;
+                    }
+                    std::io::Write::flush(&mut out).map_err(|error| format!("writing paged memory: {error}"))?;
+                }
+                None
+            }
+        };
+        match device.page_out(&allocations) {
+            Ok(()) => {}
+            // Once released, even in part, the memory is out: its bytes are saved, and the next
+            // request pages it in (or fails with a clear error if it cannot).
+            Err((reason, true)) => {
+                tracing::error!(session_id = self.session_id.load(Ordering::Acquire), %reason, "paging out failed part way");
+            }
+            Err((reason, false)) => {
+                if let Some(pinned) = pinned {
+                    self.unpin(device, pinned);
+                }
+                return Err(reason);
+            }
+        }
+        residency.paged_out(bytes);
+        let pinned_bytes = pinned.as_ref().map_or(0, |pinned| pinned.len);
+        gate.paged = Some(PagedOut { pinned, file, allocations, bytes, since: Instant::now() });
+        let session_id = self.session_id.load(Ordering::Acquire);
+        tracing::info!(
+            session_id,
+            bytes,
+            pinned_bytes,
+            took_ms = started.elapsed().as_millis() as u64,
+            %reason,
+            "session {session_id} paged out"
+        );
+        Ok(Some(bytes))
+    }
+
+    /// Maps `file` (`len` bytes) and pins it whole, if the pinning budget has room and the device
+    /// can register it; `None` leaves the copies to the unpinned ways.
+    fn pin<D: Device>(&self, device: &D, file: &std::fs::File, len: u64) -> Option<Pinned> {
+        let words = self.budget.paging_words();
+        let limit = words[PINNED_LIMIT].load(Ordering::Acquire);
+        if !crate::budget::reserve_within(&words[PINNED_TOTAL], Some(limit), len) {
+            return None;
+        }
+        let pinned = usize::try_from(len).ok().and_then(|size| {
+            let map = memmap2::MmapOptions::new().len(size).map_raw(file).ok()?;
+            // SAFETY: the mapping stays in `Pinned` until `unpin`, which unregisters it first.
+            unsafe { device.host_register(map.as_mut_ptr(), size, false) }.ok()?;
+            Some(Pinned { map, len })
+        });
+        match &pinned {
+            Some(_) => self.residency().field(PINNED).fetch_add(len, Ordering::AcqRel),
+            None => words[PINNED_TOTAL].fetch_sub(len, Ordering::AcqRel),
+        };
+        pinned
+    }
+
+    fn unpin<D: Device>(&self, device: &D, pinned: Pinned) {
+        // SAFETY: registered by `pin`; the copies that used it are done (synchronized).
+        if let Err(error) = unsafe { device.host_unregister(pinned.map.as_mut_ptr()) } {
+            tracing::warn!(%error, "paged memory not unpinned");
+        }
+        self.residency().field(PINNED).fetch_sub(pinned.len, Ordering::AcqRel);
+        self.budget.paging_words()[PINNED_TOTAL].fetch_sub(pinned.len, Ordering::AcqRel);
+    }
+}
+
+/// Copies `allocations` to (`to_host`) or from pinned paged memory, laid out one after the other,
+/// and waits for the copies.
+fn copy_pinned<D: Device>(device: &D, pinned: &Pinned, allocations: &[(u64, u64)], to_host: bool) -> Result<(), String> {
+    let mut at = 0u64;
+    for &(ptr, len) in allocations {
+        if at + len > pinned.len {
+            return Err("paged memory smaller than its allocations".into());
+        }
+        let host = pinned.map.as_mut_ptr().wrapping_add(at as usize);
+        // SAFETY: `host..host + len` lies in the pinned mapping (checked above), which stays
+        // mapped and registered until the copies are synchronized below; the device range is one
+        // of the session's allocations.
+        let queued = unsafe {
+            if to_host {
+                device.copy_to_host(host, ptr, len as usize, device.null_stream())
+            } else {
+                device.copy_from_host(ptr, host, len as usize, device.null_stream())
+            }
+        };
+        queued.map_err(|error| format!("copying {len} bytes at {ptr:#x}: {error}"))?;
+        at += len;
+    }
+    device.synchronize().map_err(|error| format!("copying paged memory: {error}"))
+}
+
+/// A memory file of `len` bytes for paged-out memory (tmpfs pages: host memory, swappable).
+fn paging_file(len: u64) -> Result<std::fs::File, String> {
+    let fd = nix::sys::memfd::memfd_create(c"flyt-paged", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .map_err(|error| format!("no memory file for paged memory: {error}"))?;
+    let file = std::fs::File::from(fd);
+    file.set_len(len).map_err(|error| format!("sizing paged memory: {error}"))?;
+    Ok(file)
+}
+
+/// The session's budget when paging is on: the tenant's quota as before, and resident bytes
+/// within the device's share, waiting (bounded) for idle sessions to be paged out.
+pub struct PagedBudget {
+    shared: Arc<SharedBudget>,
+    pager: Arc<Pager>,
+}
+
+impl PagedBudget {
+    pub fn new(shared: Arc<SharedBudget>, pager: Arc<Pager>) -> Self {
+        Self { shared, pager }
+    }
+}
+
+impl MemoryBudget for PagedBudget {
+    fn try_reserve(&self, bytes: u64) -> bool {
+        if !self.shared.try_reserve(bytes) {
+            return false;
+        }
+        if self.pager.claim(bytes) {
+            return true;
+        }
+        self.shared.release(bytes);
+        false
+    }
+
+    fn release(&self, bytes: u64) {
+        self.shared.release(bytes);
+        self.pager.residency().unclaim(bytes);
+    }
+
+    fn limit(&self) -> Option<u64> {
+        self.shared.limit()
+    }
+
+    fn used(&self) -> u64 {
+        self.shared.used()
+    }
+
+    fn set_owner(&self, app_pid: u32) {
+        self.shared.set_owner(app_pid);
+    }
+
+    fn processes(&self) -> Vec<(u32, u64)> {
+        self.shared.processes()
+    }
+
+    fn set_active_since(&self, work: Work, tick: u64) {
+        self.shared.set_active_since(work, tick);
+    }
+
+    fn mark_active(&self, work: Work, from: u64, to: u64) {
+        self.shared.mark_active(work, from, to);
+    }
+
+    fn active_ticks(&self, now: u64) -> [u32; KINDS] {
+        self.shared.active_ticks(now)
+    }
+}
+
+/// The listener's side: decides whom to page out.
+pub struct Coordinator {
+    pub settings: PagingSettings,
+    /// Device memory per byte of quota: the server's share of the GPU is its quota divided by it.
+    oversubscribe: f64,
+    /// Host memory paged-out sessions may keep pinned, all together.
+    pinned_max: u64,
+    /// When each slot was last asked, so a slow page-out is not asked again at once.
+    asked: Mutex<std::collections::HashMap<usize, Instant>>,
+}
+
+/// How long a slot asked to page out is left alone before it may be asked again.
+const ASKED_GRACE: Duration = Duration::from_millis(50);
+
+impl Coordinator {
+    pub fn new(settings: PagingSettings, oversubscribe: f64, pinned_max: u64) -> Self {
+        Self { settings, oversubscribe, pinned_max, asked: Mutex::default() }
+    }
+
+    /// Sets the resident capacity from the device memory a worker reported (its slice): the
+    /// quota divided by the oversubscription, at most the device's.
+    pub fn set_capacity(&self, budget: &SharedBudget, device_bytes: u64) {
+        let share = budget.limit().map_or(device_bytes, |quota| (quota as f64 / self.oversubscribe) as u64);
+        let capacity = share.min(device_bytes).max(1);
+        let residency = Residency::new(budget.paging_words(), 0);
+        budget.paging_words()[PINNED_LIMIT].store(self.pinned_max, Ordering::Release);
+        if residency.capacity() != capacity {
+            tracing::info!(
+                capacity,
+                oversubscribe = self.oversubscribe,
+                pinned_max = self.pinned_max,
+                "paging on: device memory resident at once"
+            );
+            residency.set_capacity(capacity);
+        }
+    }
+
+    /// The slots to page out so that `bytes` more fit, among `live` (slot, session id), for
+    /// `requester`: idle, pageable, past their minimum residency, least recently active first.
+    pub fn victims(&self, budget: &SharedBudget, requester: usize, bytes: u64, live: &[usize]) -> Vec<usize> {
+        let now = now_ms();
+        let views: Vec<SlotView> =
+            live.iter().filter(|slot| !budget.busy(**slot)).map(|slot| Residency::new(budget.paging_words(), *slot).view()).collect();
+        let mut asked = self.asked.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let instant = Instant::now();
+        asked.retain(|_, at| instant.duration_since(*at) < ASKED_GRACE);
+        let chosen = choose(&views, requester, bytes, now, &self.settings, |slot| asked.contains_key(&slot));
+        for slot in &chosen {
+            asked.insert(*slot, instant);
+        }
+        chosen
+    }
+}
+
+/// The victims among `views`: see [`Coordinator::victims`]; `recently_asked` ones are left
+/// out, but count as memory on its way.
+fn choose(
+    views: &[SlotView],
+    requester: usize,
+    bytes: u64,
+    now: u64,
+    settings: &PagingSettings,
+    recently_asked: impl Fn(usize) -> bool,
+) -> Vec<usize> {
+    let idle = settings.idle.as_millis() as u64;
+    let resident_min = settings.resident_min.as_millis() as u64;
+    let mut candidates: Vec<&SlotView> = views
+        .iter()
+        .filter(|view| {
+            view.slot != requester
+                && view.resident > 0
+                && view.pageable
+                && !view.paged
+                && now.saturating_sub(view.last_active_ms) >= idle
+                && now.saturating_sub(view.resident_since_ms) >= resident_min
+        })
+        .collect();
+    candidates.sort_by_key(|view| view.last_active_ms);
+    let mut freed: u64 = 0;
+    let mut chosen = Vec::new();
+    for view in candidates {
+        if freed >= bytes {
+            break;
+        }
+        freed += view.resident;
+        if !recently_asked(view.slot) {
+            chosen.push(view.slot);
+        }
+    }
+    chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> PagingSettings {
+        PagingSettings { idle: Duration::from_millis(100), resident_min: Duration::from_millis(1000), wait: Duration::from_secs(1) }
+    }
+
+    fn view(slot: usize, resident: u64, last_active_ms: u64) -> SlotView {
+        SlotView { slot, resident, last_active_ms, resident_since_ms: 1, pageable: true, ..SlotView::default() }
+    }
+
+    #[test]
+    fn the_least_recently_active_idle_sessions_go_first_and_only_as_many_as_needed() {
+        let views = [view(1, 40, 5000), view(2, 40, 3000), view(3, 40, 4000), view(4, 40, 9950)];
+        // 50 bytes short: the two idle longest (2, then 3); 4 is not idle yet (50 ms).
+        assert_eq!(choose(&views, 9, 50, 10_000, &settings(), |_| false), vec![2, 3]);
+        assert_eq!(choose(&views, 9, 40, 10_000, &settings(), |_| false), vec![2]);
+        // The requester itself is never chosen.
+        assert_eq!(choose(&views, 2, 40, 10_000, &settings(), |_| false), vec![3]);
+        // A slot already asked counts as on its way.
+        assert_eq!(choose(&views, 9, 50, 10_000, &settings(), |slot| slot == 2), vec![3]);
+    }
+
+    #[test]
+    fn unpageable_paged_and_recently_paged_in_sessions_are_never_chosen() {
+        let mut blocked = view(1, 40, 1000);
+        blocked.pageable = false;
+        let mut paged = view(2, 0, 1000);
+        paged.paged = true;
+        let mut fresh = view(3, 40, 1000);
+        fresh.resident_since_ms = 9500;
+        assert!(choose(&[blocked, paged, fresh], 9, 10, 10_000, &settings(), |_| false).is_empty());
+    }
+
+    /// The mechanism on the emulated device: the bytes leave its memory and come back at the
+    /// same address; the residency count follows.
+    #[test]
+    fn a_paged_out_sessions_bytes_leave_the_device_and_come_back_at_their_address() {
+        // Pinned whole (a budget of 1 GiB), and through the file (no pinning budget).
+        for pinned_max in [1u64 << 30, 0] {
+            page_out_and_in(pinned_max);
+        }
+    }
+
+    fn page_out_and_in(pinned_max: u64) {
+        use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
+        const LEN: u64 = 4 << 20;
+        let device = EmulatedDevice::new(EmulatedConfig { memory: 8 << 20, sms: 1, host_gpus: vec![0] });
+        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
+        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 3).unwrap());
+        budget.paging_words()[CAPACITY].store(8 << 20, Ordering::Release);
+        budget.paging_words()[PINNED_LIMIT].store(pinned_max, Ordering::Release);
+        let (ours, _listener) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let (app, _app_end) = std::os::unix::net::UnixStream::pair().unwrap();
+        let outbox = crate::transport::Outbox::new(crate::transport::Connection::Unix(app), None, None);
+        let settings = PagingSettings { idle: Duration::ZERO, resident_min: Duration::ZERO, wait: Duration::from_millis(100) };
+        let pager = Arc::new(Pager::new(budget.clone(), ours.into(), settings, 1 << 20));
+        let quota = PagedBudget::new(budget.clone(), pager.clone());
+        assert!(quota.try_reserve(LEN));
+        let ptr = device.malloc(LEN).unwrap();
+        let bytes: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+        crate::session::write_device(&device, 1 << 20, ptr, LEN, &mut bytes.as_slice()).unwrap();
+        let mut gate = pager.enter(&device, &outbox).unwrap();
+        gate.set_allocations(1, || vec![(ptr, LEN)]);
+        gate.set_blocker(None);
+        pager.leave(gate);
+
+        let free = |device: &EmulatedDevice| device.mem_get_info().unwrap().0;
+        let pinned = || budget.paging_words()[PINNED_TOTAL].load(Ordering::Acquire);
+        let before = free(&device);
+        assert_eq!(pager.page_out(&device, "test"), Ok(Some(LEN)));
+        assert_eq!(free(&device) - before, LEN, "the bytes left the device's memory");
+        assert_eq!(pinned(), if pinned_max > 0 { LEN } else { 0 });
+        assert_eq!(pager.residency().resident_total(), 0);
+        assert!(pager.residency().view().paged);
+        assert_eq!(pager.page_out(&device, "again"), Ok(None), "already out");
+
+        // The next request pages it in: the same address, the same bytes.
+        let gate = pager.enter(&device, &outbox).unwrap();
+        let mut back = Vec::new();
+        crate::session::read_device(&device, 1 << 20, ptr, LEN, &mut back).unwrap();
+        assert!(back == bytes);
+        assert_eq!(free(&device), before);
+        assert_eq!(pinned(), 0, "unpinned once in");
+        let view = pager.residency().view();
+        assert_eq!((view.resident, view.paged, view.paged_out_bytes, view.paged_in_bytes, view.page_outs), (LEN, false, LEN, LEN, 1));
+
+        // A blocked session is refused, whatever it holds.
+        let mut gate = gate;
+        gate.set_blocker(Some("a stream capture is under way".into()));
+        pager.leave(gate);
+        assert_eq!(pager.page_out(&device, "test"), Err("a stream capture is under way".into()));
+        assert!(!pager.residency().view().pageable);
+    }
+
+    #[test]
+    fn claims_stay_within_the_capacity_and_a_dead_slot_gives_its_bytes_back() {
+        let (_fd, page) = SharedBudget::create(None).unwrap();
+        let words = page.paging_words();
+        let (first, second) = (Residency::new(words, 1), Residency::new(words, 2));
+        assert!(first.claim(1 << 40), "no capacity: no limit");
+        first.unclaim(1 << 40);
+        first.set_capacity(100);
+        assert!(first.claim(60));
+        assert!(!second.claim(41));
+        assert!(second.claim(40));
+        assert_eq!(first.unclaim(100), 60, "only what the slot holds");
+        assert_eq!(first.resident_total(), 40);
+        second.field(PINNED).store(7, Ordering::Release);
+        words[PINNED_TOTAL].store(9, Ordering::Release);
+        second.reclaim();
+        assert_eq!(first.resident_total(), 0);
+        assert_eq!(words[PINNED_TOTAL].load(Ordering::Acquire), 2, "a dead worker's pinned bytes go back");
+        assert_eq!(second.view(), SlotView { slot: 2, ..SlotView::default() });
+    }
+}

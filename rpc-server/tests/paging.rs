@@ -1,0 +1,199 @@
+//! Oversubscription (`docs/design/paging.md`) against an emulated server whose device holds
+//! 8 MiB while its sessions may hold 16 MiB together (`--memory-quota 16MiB --oversubscribe 2.0`):
+//! sessions whose memory sums to twice the device's take turns, each turn paging one in (its
+//! bytes checked) and another out; a session that cannot be paged (an interprocess event) is never
+//! chosen; a request that cannot be met fails with out-of-memory within the configured wait.
+
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
+
+mod raw;
+
+use std::time::{Duration, Instant};
+
+use flyt_protocol::CudaError;
+use flyt_protocol::ops::req;
+use flyt_test_support::{scrape_metrics as scrape, series_value as value};
+use raw::{RawSession, emulated_server};
+
+const MIB: u64 = 1 << 20;
+/// Each session's memory: two allocations of 2 MiB, 4 MiB in all (four sessions: 16 MiB).
+const ALLOCATION: u64 = 2 * MIB;
+
+/// Bytes that differ by session, round and place (a page put back at the wrong address shows).
+fn pattern(session: usize, round: usize, which: usize) -> Vec<u8> {
+    let mut state =
+        (session as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (round as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ which as u64;
+    (0..ALLOCATION / 8)
+        .flat_map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()
+        })
+        .collect()
+}
+
+fn oversubscribed(name: &str, extra: &[&str]) -> (flyt_test_support::Server, String) {
+    let mut args = vec!["--emulated-memory", "8MiB", "--memory-quota", "16MiB", "--oversubscribe", "2.0"];
+    args.extend_from_slice(extra);
+    emulated_server(name, &args)
+}
+
+fn write(session: &mut RawSession, dst: u64, bytes: &[u8]) {
+    session.send(&req::MemcpyHtoD { dst, stream: 0 }.into(), bytes);
+}
+
+/// Waits for the session's work, as an app does at the end of a step: it is idle after.
+fn synchronize(session: &mut RawSession) {
+    session.call(req::DeviceSynchronize {}).0.expect("synchronize");
+}
+
+fn read(session: &mut RawSession, src: u64) -> Vec<u8> {
+    let (reply, bytes) = session.call(req::MemcpyDtoH { src, len: ALLOCATION, stream: 0, blocking: true });
+    reply.expect("read back");
+    bytes
+}
+
+/// A session with its two allocations, filled with round 0's pattern.
+fn filled(socket: &str, index: usize) -> (RawSession, [u64; 2]) {
+    let mut session = RawSession::open(socket, None).expect("session");
+    let ptrs = [0, 1].map(|_| session.call(req::Malloc { size: ALLOCATION }).0.expect("malloc within the quota").ptr);
+    for (which, ptr) in ptrs.iter().enumerate() {
+        write(&mut session, *ptr, &pattern(index, 0, which));
+    }
+    synchronize(&mut session);
+    assert!(read(&mut session, ptrs[1]) == pattern(index, 0, 1));
+    (session, ptrs)
+}
+
+fn count(log: &str, needle: &str) -> usize {
+    log.matches(needle).count()
+}
+
+#[test]
+fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let (server, socket) = oversubscribed(
+        "paging-turns",
+        &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000", "--metrics-listen", &metrics],
+    );
+    // Two sessions fill the device; the third and fourth page the first two out to start.
+    let mut sessions: Vec<(RawSession, [u64; 2])> = (0..4).map(|index| filled(&socket, index)).collect();
+    let mut rounds = [0usize; 4];
+    for turn in 0..100 {
+        let index = turn % 4;
+        let (session, ptrs) = &mut sessions[index];
+        for (which, ptr) in ptrs.iter().enumerate() {
+            assert!(read(session, *ptr) == pattern(index, rounds[index], which), "session {index}'s bytes at turn {turn}");
+        }
+        rounds[index] = turn + 1;
+        for (which, ptr) in ptrs.iter().enumerate() {
+            write(session, *ptr, &pattern(index, rounds[index], which));
+        }
+        synchronize(session);
+    }
+    for (index, (session, ptrs)) in sessions.iter_mut().enumerate() {
+        for (which, ptr) in ptrs.iter().enumerate() {
+            assert!(read(session, *ptr) == pattern(index, rounds[index], which), "session {index}'s last bytes");
+        }
+    }
+    // Only two sessions fit the device at once: every turn paged one in and another out.
+    let log = server.log_text();
+    let (outs, ins) = (count(&log, " paged out"), count(&log, " paged in"));
+    assert!(outs >= 100 && ins >= 100, "{outs} page-outs, {ins} page-ins:\n{log}");
+    assert_eq!(count(&log, "request failed: out of device memory"), 0, "{log}");
+    assert!(log.contains(&format!("pinned_bytes={}", 2 * ALLOCATION)), "paged memory kept pinned:\n{log}");
+    eprintln!("{outs} page-outs, {ins} page-ins");
+    // The metrics say the same: per session, bytes paged out and in; two sessions resident.
+    let text = scrape(&metrics);
+    assert_eq!(value(&text, "flyt_rpc_resident_capacity_bytes{allocation=\"\"}"), Some((8 * MIB) as f64), "{text}");
+    assert_eq!(value(&text, "flyt_rpc_sessions_resident{allocation=\"\"}"), Some(2.0), "{text}");
+    for (session, _) in &sessions {
+        let id = session.info.session_id;
+        let paged_in = value(&text, &format!("flyt_rpc_session_paged_in_bytes_total{{allocation=\"\",session=\"{id}\"}}"));
+        assert!(paged_in.is_some_and(|bytes| bytes >= (20 * 4 * MIB) as f64), "session {id}: {paged_in:?}\n{text}");
+    }
+}
+
+#[test]
+fn a_session_that_cannot_be_paged_is_never_chosen() {
+    // No pinning budget: paged memory goes through the memory file's pages.
+    let (server, socket) = oversubscribed(
+        "paging-blocked",
+        &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000", "--page-pinned-max", "0"],
+    );
+    // The blocked session made an interprocess event (`cudaEventInterprocess`): other processes
+    // may have opened it, as IPC memory handles would be (the emulated device exports none).
+    let (mut blocked, blocked_ptrs) = filled(&socket, 7);
+    blocked.send(&req::EventCreate { event: 1, flags: 0x4 | 0x2 }.into(), &[]);
+    synchronize(&mut blocked);
+    let blocked_id = blocked.info.session_id;
+    // Two more sessions take turns in the 4 MiB left: each turn pages the other out.
+    let mut turns: Vec<(RawSession, [u64; 2])> = (0..2).map(|index| filled(&socket, index)).collect();
+    let mut rounds = [0usize; 2];
+    for turn in 0..20 {
+        let index = turn % 2;
+        let (session, ptrs) = &mut turns[index];
+        for (which, ptr) in ptrs.iter().enumerate() {
+            assert!(read(session, *ptr) == pattern(index, rounds[index], which), "session {index}'s bytes at turn {turn}");
+        }
+        rounds[index] = turn + 1;
+        write(session, ptrs[0], &pattern(index, rounds[index], 0));
+        write(session, ptrs[1], &pattern(index, rounds[index], 1));
+        synchronize(session);
+    }
+    assert!(read(&mut blocked, blocked_ptrs[1]) == pattern(7, 0, 1), "the blocked session's bytes");
+    let log = server.log_text();
+    assert!(count(&log, " paged out") >= 19, "{log}");
+    assert!(log.contains("pinned_bytes=0") && !log.contains(&format!("pinned_bytes={}", 2 * ALLOCATION)), "{log}");
+    assert_eq!(count(&log, &format!("session {blocked_id} paged out")), 0, "the blocked session was paged out:\n{log}");
+    assert_eq!(count(&log, &format!("session_id={blocked_id} refused")), 0, "the blocked session was even asked:\n{log}");
+}
+
+#[test]
+fn a_request_that_cannot_be_met_fails_with_out_of_memory_within_its_wait() {
+    // A session stays resident for a minute once in: nobody can be paged out for the newcomer.
+    let (server, socket) =
+        oversubscribed("paging-oom", &["--idle-page-out-ms", "0", "--resident-min-ms", "60000", "--page-wait-ms", "500"]);
+    let mut first = RawSession::open(&socket, None).expect("session");
+    let full = first.call(req::Malloc { size: 8 * MIB }).0.expect("the whole device");
+    let mut second = RawSession::open(&socket, None).expect("session");
+    let started = Instant::now();
+    let refused = second.call(req::Malloc { size: 2 * MIB }).0.err();
+    let waited = started.elapsed();
+    assert_eq!(refused, Some(CudaError::MEMORY_ALLOCATION));
+    assert!(waited >= Duration::from_millis(450) && waited < Duration::from_secs(5), "waited {waited:?}");
+    // More than the device holds fails at once, whoever is idle.
+    let started = Instant::now();
+    assert_eq!(second.call(req::Malloc { size: 9 * MIB }).0.err(), Some(CudaError::MEMORY_ALLOCATION));
+    assert!(started.elapsed() < Duration::from_millis(400), "no wait for what can never fit");
+    // The first session is unharmed and keeps its memory.
+    first.send(&req::Memset { dst: full.ptr, pattern: 0x3c, width: 1, len: 8 * MIB, stream: 0 }.into(), &[]);
+    let (reply, bytes) = first.call(req::MemcpyDtoH { src: full.ptr + 8 * MIB - 16, len: 16, stream: 0, blocking: true });
+    reply.unwrap();
+    assert_eq!(bytes, vec![0x3c; 16]);
+    assert_eq!(count(&server.log_text(), " paged out"), 0);
+}
+
+#[test]
+fn a_session_with_work_queued_is_busy_until_a_wait_covers_it() {
+    let (server, socket) = oversubscribed("paging-busy", &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "500"]);
+    let mut first = RawSession::open(&socket, None).expect("session");
+    let full = first.call(req::Malloc { size: 8 * MIB }).0.expect("the whole device");
+    // A copy queued and not yet waited for: the session counts as busy, however long it idles.
+    write(&mut first, full.ptr, &[0x5a; 4096]);
+    let mut second = RawSession::open(&socket, None).expect("session");
+    let started = Instant::now();
+    assert_eq!(second.call(req::Malloc { size: 2 * MIB }).0.err(), Some(CudaError::MEMORY_ALLOCATION));
+    assert!(started.elapsed() >= Duration::from_millis(450), "it waited");
+    assert_eq!(count(&server.log_text(), " paged out"), 0);
+    // Once its app waited for the copy, the first session is idle and makes room.
+    synchronize(&mut first);
+    let room = second.call(req::Malloc { size: 2 * MIB }).0.expect("room made by paging the first session out");
+    second.call(req::Free { ptr: room.ptr }).0.expect("free");
+    let (reply, bytes) = first.call(req::MemcpyDtoH { src: full.ptr, len: 4096, stream: 0, blocking: true });
+    reply.expect("paged back in");
+    assert_eq!(bytes, vec![0x5a; 4096]);
+    let log = server.log_text();
+    assert_eq!((count(&log, " paged out"), count(&log, " paged in")), (1, 1), "{log}");
+}
