@@ -144,6 +144,10 @@ impl crate::conn::SessionLink for Client {
         self.host_call_arrived(job, origin);
     }
 
+    fn capture_mode(&self) -> Option<u32> {
+        self.capture_mode_for_thread()
+    }
+
     fn host_functions_pending(&self) -> bool {
         self.graphs.host_functions_pending()
     }

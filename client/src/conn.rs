@@ -185,7 +185,13 @@ struct Outgoing {
     /// spread over several, `FLYT_SERVER=a,b`). `SetDevice` names the server's own index.
     first_device: u32,
     device_count: u32,
+    /// The capture interaction mode last sent (`CaptureMode`) while a capture was active;
+    /// `UNSENT` when none is (the next capture's requests send theirs).
+    capture_mode: u32,
 }
+
+/// `Outgoing::capture_mode` before any is sent.
+const UNSENT: u32 = u32::MAX;
 
 struct WireHalf {
     wire: Wire,
@@ -271,6 +277,9 @@ pub trait SessionLink: Send + Sync {
     /// The session moved: both halves of a connection to `address` (the same server when
     /// `None`), the session resumed there from `snapshot`.
     fn reconnect(&self, address: Option<&str>, snapshot: &str) -> Result<(Wire, Wire), String>;
+    /// The capture interaction mode the calling thread's requests run in while a capture is
+    /// active; `None` while none is.
+    fn capture_mode(&self) -> Option<u32>;
 }
 
 pub struct Conn {
@@ -359,6 +368,7 @@ impl Conn {
                 device: 0,
                 first_device: 0,
                 device_count: u32::MAX,
+                capture_mode: UNSENT,
             }),
             resumed: Condvar::new(),
             pending: Mutex::new(PendingMap::default()),
@@ -539,13 +549,28 @@ impl Conn {
 
     /// Appends one frame to the outgoing buffer, after a `SetDevice` when the calling thread's
     /// device is not the one the server runs requests on; returns the request's sequence number.
-    fn enqueue(out: &mut Outgoing, request: &Request, bulk: &[u8]) -> u32 {
-        Self::follow_thread_device(out);
+    fn enqueue(&self, out: &mut Outgoing, request: &Request, bulk: &[u8]) -> u32 {
+        self.follow_thread(out);
         let seq = out.next_seq;
         // Sequence 0 is reserved for server notices.
         out.next_seq = out.next_seq.wrapping_add(1).max(1);
         Self::put(out, seq, request, bulk);
         seq
+    }
+
+    /// Appends what the server must know of the calling thread before its request: its device
+    /// and, while a capture is active, its capture interaction mode (the server's session thread
+    /// makes every app thread's calls).
+    fn follow_thread(&self, out: &mut Outgoing) {
+        Self::follow_thread_device(out);
+        match self.session.get().and_then(|session| session.capture_mode()) {
+            None => out.capture_mode = UNSENT,
+            Some(mode) if mode != out.capture_mode => {
+                out.capture_mode = mode;
+                Self::put(out, 0, &req::CaptureMode { mode }.into(), &[]);
+            }
+            Some(_) => {}
+        }
     }
 
     /// Appends a `SetDevice` when the calling thread's device is not the one the server runs
@@ -667,7 +692,7 @@ impl Conn {
         self.check_alive()?;
         let queued = {
             let mut out = self.unpaused()?;
-            Self::enqueue(&mut out, request, bulk);
+            self.enqueue(&mut out, request, bulk);
             enqueued();
             out.buf.len()
         };
@@ -704,7 +729,7 @@ impl Conn {
         }
         let mut out = self.unpaused()?;
         let slot = self.register(&out, destination, false);
-        Self::enqueue(&mut out, request, &[]);
+        self.enqueue(&mut out, request, &[]);
         Ok(slot)
     }
 
@@ -715,7 +740,7 @@ impl Conn {
         self.check_alive()?;
         let mut out = self.unpaused()?;
         self.register(&out, Some(destination), true);
-        Self::enqueue(&mut out, request, &[]);
+        self.enqueue(&mut out, request, &[]);
         Ok(())
     }
 
@@ -738,9 +763,9 @@ impl Conn {
             let mut out = lock(&self.outgoing);
             slot = reply.map(|()| self.register(&out, None, false));
             // Header and message now, bulk bytes straight from the app's buffer after them.
-            Self::follow_thread_device(&mut out);
+            self.follow_thread(&mut out);
             let start = out.buf.len();
-            let seq = Self::enqueue(&mut out, request, &[]);
+            let seq = self.enqueue(&mut out, request, &[]);
             let message_len = u32::try_from(out.buf.len() - start - HEADER_LEN).unwrap_or(u32::MAX);
             put_header(&mut out.buf[start..], FrameHeader { message_len, seq, bulk_len: bulk.len() as u64 });
             std::mem::swap(&mut out.buf, &mut writer.batch);

@@ -47,6 +47,9 @@ pub struct Graphs {
     active_captures: AtomicUsize,
     /// Origin stream of each active capture.
     captures: Mutex<HashMap<u64, u64>>,
+    /// Each active capture's beginning thread (`thread_token`) and capture mode: which calls of
+    /// which app thread the driver would prohibit (see `Client::capture_mode_for_thread`).
+    capture_owners: Mutex<HashMap<u64, (u64, u32)>>,
     /// Host-function nodes each executable graph runs per launch.
     exec_host_nodes: Mutex<HashMap<u64, u32>>,
     /// Node types, as added or as the server listed them.
@@ -73,6 +76,36 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 thread_local! {
     /// Set on the thread that runs the app's host functions: CUDA calls are not permitted there.
     static IN_HOST_FUNCTION: Cell<bool> = const { Cell::new(false) };
+    /// This app thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
+    static THREAD_CAPTURE_MODE: Cell<u32> = const { Cell::new(CAPTURE_MODE_GLOBAL) };
+    /// A number naming this app thread while it lives.
+    static THREAD_TOKEN: Cell<u64> = const { Cell::new(0) };
+}
+
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`, `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_GLOBAL: u32 = 0;
+const CAPTURE_MODE_RELAXED: u32 = 2;
+
+/// The calling thread's capture interaction mode, as it last set it.
+pub fn thread_capture_mode() -> u32 {
+    THREAD_CAPTURE_MODE.try_with(Cell::get).unwrap_or(CAPTURE_MODE_GLOBAL)
+}
+
+/// Sets the calling thread's capture interaction mode; the previous one.
+pub fn set_thread_capture_mode(mode: u32) -> u32 {
+    THREAD_CAPTURE_MODE.try_with(|cell| cell.replace(mode)).unwrap_or(CAPTURE_MODE_GLOBAL)
+}
+
+fn thread_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    THREAD_TOKEN
+        .try_with(|token| {
+            if token.get() == 0 {
+                token.set(NEXT.fetch_add(1, Ordering::Relaxed));
+            }
+            token.get()
+        })
+        .unwrap_or(0)
 }
 
 /// Whether the calling thread is running an app host function (where the driver permits no
@@ -202,6 +235,7 @@ impl Client {
             None => (self.graphs.new_id(), Vec::new(), Vec::new(), false),
         };
         self.call(req::StreamBeginCapture { stream, mode, thread_mode, graph, into, dependencies, data })?;
+        lock(&self.graphs.capture_owners).insert(stream, (thread_token(), mode));
         lock(&self.graphs.captures).insert(stream, graph);
         self.graphs.active_captures.fetch_add(1, Ordering::AcqRel);
         Ok(graph)
@@ -213,6 +247,7 @@ impl Client {
         // Ended (as a graph, or invalidated) unless the stream is still capturing.
         let still_capturing = result.is_err() && self.capture_info(stream).is_ok_and(|info| info.status != capture_status::NONE);
         if !still_capturing && lock(&self.graphs.captures).remove(&stream).is_some() {
+            lock(&self.graphs.capture_owners).remove(&stream);
             self.graphs.active_captures.fetch_sub(1, Ordering::AcqRel);
         }
         result
@@ -235,8 +270,20 @@ impl Client {
 
     /// Tells the server the calling thread's capture interaction mode, which its checks of
     /// calls made during a capture follow.
-    pub fn note_capture_mode(&self, mode: u32) -> CudaResult<()> {
-        if self.graphs.any_capture() { self.post(req::CaptureMode { mode }) } else { Ok(()) }
+    /// The capture interaction mode the server's session thread must run the calling app thread's
+    /// requests in, while any capture is active (`None` otherwise). The session thread makes all
+    /// of the session's calls, so it holds every app thread's captures: the app thread's own mode
+    /// applies where the driver would apply it (the thread began a capture, or some capture was
+    /// begun in global mode), and relaxed otherwise, where the driver prohibits nothing for this
+    /// thread (another thread's thread-local capture, as XLA's command buffers are).
+    pub fn capture_mode_for_thread(&self) -> Option<u32> {
+        if !self.graphs.any_capture() {
+            return None;
+        }
+        let (me, own) = (thread_token(), thread_capture_mode());
+        let owners = lock(&self.graphs.capture_owners);
+        let applies = owners.values().any(|(thread, mode)| *thread == me || *mode == CAPTURE_MODE_GLOBAL);
+        Some(if applies { own } else { CAPTURE_MODE_RELAXED })
     }
 
     /// Launches an executable graph; the server will ask for its host-function nodes. A graph

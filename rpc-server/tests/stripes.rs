@@ -132,7 +132,8 @@ fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_wa
     // session itself goes on, and other sessions never noticed.
     session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 15, chunk: CHUNK }.into(), &[]);
     links[0].write_all(&ChunkHeader::raw(99, 0, CHUNK).encode()).unwrap();
-    links[0].write_all(&vec![0xEE; CHUNK as usize]).unwrap();
+    // The server may close the connection at the header, before the payload is all written.
+    let _ = links[0].write_all(&vec![0xEE; CHUNK as usize]);
     assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
     assert!(read_back(&mut session, ptr, next.len() as u64) == next, "the stray chunk wrote nothing");
     let mut probe = [0u8; 1];

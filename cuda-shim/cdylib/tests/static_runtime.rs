@@ -1048,3 +1048,27 @@ fn large_copies_striped_over_data_connections_keep_every_byte_and_their_order() 
         assert_eq!(joined(), expected, "{what}: data connections joined\n{}", server.log_text());
     }
 }
+
+/// Capture interaction modes per app thread (`c/driver_capture_threads.c`): the server's session
+/// thread holds every capture, but each request runs under the rule the driver applies to its
+/// app thread (another thread's thread-local capture prohibits nothing; a global one prohibits
+/// what a thread not relaxed does).
+#[test]
+fn capture_modes_apply_per_app_thread() {
+    let Some(runs) = run_with_and_without_channel("driver_capture_threads") else {
+        return;
+    };
+    for (shm, code, stdout, stderr) in runs {
+        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        for line in [
+            "another thread's allocation during a thread-local capture: CUDA_SUCCESS",
+            "the capturing thread's allocation, relaxed: CUDA_SUCCESS",
+            "another thread's allocation during a global capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+            "a relaxed thread's allocation during a global capture: CUDA_SUCCESS",
+            "another thread's allocation after the captures: CUDA_SUCCESS",
+            "PASSED: 0 failure(s)",
+        ] {
+            assert!(stdout.contains(line), "FLYT_SHM={shm}: '{line}'\n{stdout}\n{stderr}");
+        }
+    }
+}

@@ -5,7 +5,6 @@
 //! that joined a capture through events). Edge data (ports and types of programmatic launches)
 //! goes to the server's driver with the dependencies it annotates, and comes back with them.
 
-use std::cell::Cell;
 use std::ffi::c_uint;
 
 use flyt_client::graphs::CaptureInto;
@@ -21,8 +20,6 @@ const CAPTURE_MODE_GLOBAL: CUstreamCaptureMode = 0;
 const CAPTURE_MODE_RELAXED: CUstreamCaptureMode = 2;
 
 thread_local! {
-    /// This thread's capture interaction mode (GLOBAL until exchanged).
-    static CAPTURE_MODE: Cell<CUstreamCaptureMode> = const { Cell::new(CAPTURE_MODE_GLOBAL) };
     /// The dependencies `cuStreamGetCaptureInfo` last gave this thread and their edge data
     /// (valid until its next call, as the driver's arrays are valid until the next call on the
     /// stream).
@@ -30,8 +27,10 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// This thread's capture interaction mode (GLOBAL until exchanged), which the client keeps: it
+/// decides the mode each of the thread's requests runs in on the server.
 fn thread_mode() -> CUstreamCaptureMode {
-    CAPTURE_MODE.try_with(Cell::get).unwrap_or(CAPTURE_MODE_GLOBAL)
+    flyt_client::graphs::thread_capture_mode()
 }
 
 /// The stream a capture begins on: the legacy stream is the legacy stream (which the driver
@@ -361,7 +360,8 @@ capture_info_v3! {
 }
 
 /// Swaps the calling thread's capture mode, as the driver keeps it: per thread. During a
-/// capture the server hears of it too, as its driver checks the calls made during a capture.
+/// capture the thread's requests carry it to the server (`Client::capture_mode_for_thread`),
+/// whose driver checks the calls made during a capture.
 pub unsafe fn cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode) -> CUresult {
     run(|| {
         non_null([mode.cast()])?;
@@ -370,10 +370,7 @@ pub unsafe fn cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode) 
         if wanted > CAPTURE_MODE_RELAXED {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let previous = CAPTURE_MODE.try_with(|current| current.replace(wanted)).map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
-        if let Some(client) = flyt_client::client::existing_client() {
-            client.note_capture_mode(wanted).map_err(driver_error)?;
-        }
+        let previous = flyt_client::graphs::set_thread_capture_mode(wanted);
         // SAFETY: as above.
         unsafe { write_out(mode, previous) }
     })

@@ -200,6 +200,19 @@ pub struct EmulatedDevice {
 }
 
 impl EmulatedDevice {
+    /// Device memory, as the driver's allocator gives it (the app's `malloc` checks the capture
+    /// rules first; the device's own uses do not).
+    fn allocate(&self, size: u64) -> CudaResult<u64> {
+        let mut state = self.state();
+        if size > self.config.memory.saturating_sub(state.used) {
+            return Err(CudaError::MEMORY_ALLOCATION);
+        }
+        let len = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+        // `vec![0; n]` asks for zeroed pages, which the kernel maps lazily: a large allocation
+        // costs nothing until it is written.
+        Ok(place(&mut state, size, Block::Heap(vec![0; len])))
+    }
+
     /// A node's work here, a child graph copied as the driver copies it.
     fn node_work_here(&self, work: NodeWork<'_, Self>) -> CudaResult<Work> {
         match work {
@@ -520,19 +533,24 @@ impl Device for EmulatedDevice {
     }
 
     fn malloc(&self, size: u64) -> CudaResult<u64> {
-        let mut state = self.state();
-        if size > self.config.memory.saturating_sub(state.used) {
-            return Err(CudaError::MEMORY_ALLOCATION);
+        {
+            let state = self.state();
+            // An unsafe call during a capture, as the driver rules it for the calling thread (the
+            // session's, which began every capture): prohibited unless the thread is relaxed or
+            // every capture was begun relaxed. Modelled for the app's allocations.
+            const RELAXED: u32 = 2;
+            if state.graphs.thread_mode != RELAXED
+                && state.graphs.captures.values().any(|capture| capture.origin && capture.mode != RELAXED)
+            {
+                return Err(CudaError::STREAM_CAPTURE_UNSUPPORTED);
+            }
         }
-        let len = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
-        // `vec![0; n]` asks for zeroed pages, which the kernel maps lazily: a large allocation
-        // costs nothing until it is written.
-        Ok(place(&mut state, size, Block::Heap(vec![0; len])))
+        self.allocate(size)
     }
 
     /// A block of this device's memory, which is this process's own: its bytes are the host's.
     fn graph_staging_alloc(&self, len: u64) -> CudaResult<(u64, *mut u8)> {
-        let address = self.malloc(len)?;
+        let address = self.allocate(len)?;
         let mut state = self.state();
         let host = state.blocks.get_mut(&address).map(|block| block.as_mut_ptr()).ok_or(CudaError::UNKNOWN)?;
         Ok((address, host))
@@ -1010,7 +1028,7 @@ impl Device for EmulatedDevice {
         };
         state.graphs.next_capture += 1;
         let id = state.graphs.next_capture;
-        state.graphs.captures.insert(stream, StreamCapture { graph, id, tail, origin: true });
+        state.graphs.captures.insert(stream, StreamCapture { graph, id, tail, origin: true, mode });
         Ok(())
     }
 
@@ -1060,8 +1078,10 @@ impl Device for EmulatedDevice {
     }
 
     fn exchange_capture_mode(&self, mode: u32) -> CudaResult<u32> {
-        // The emulated device enforces no capture interaction mode: every call is allowed.
-        if mode > 2 { Err(CudaError::INVALID_VALUE) } else { Ok(mode) }
+        if mode > 2 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        Ok(std::mem::replace(&mut self.state().graphs.thread_mode, mode))
     }
 
     fn graph_create(&self) -> CudaResult<u64> {
@@ -1089,7 +1109,7 @@ impl Device for EmulatedDevice {
                     return Err(CudaError::INVALID_VALUE);
                 }
                 // The node holds its memory while it lives (a GPU maps it at launch).
-                ptr = self.malloc(size)?;
+                ptr = self.allocate(size)?;
                 self.state().graph_memory.insert(ptr);
                 Work::MemAlloc { ptr, size }
             }
@@ -1641,7 +1661,7 @@ impl Device for EmulatedDevice {
     fn alloc_async(&self, size: u64, pool: u64, stream: u64) -> CudaResult<u64> {
         if self.state().graphs.captures.contains_key(&stream) {
             // An allocation node of the capture, holding its memory as an added one does.
-            let ptr = self.malloc(size)?;
+            let ptr = self.allocate(size)?;
             let mut state = self.state();
             state.graph_memory.insert(ptr);
             return match state.capture(stream, || Work::MemAlloc { ptr, size }) {
@@ -1657,7 +1677,7 @@ impl Device for EmulatedDevice {
         }
         let Some(pool_file) = state.pool_files.get_mut(&pool) else {
             drop(guard);
-            return self.malloc(size);
+            return self.allocate(size);
         };
         // An imported pool makes no allocations.
         if pool_file.imported {
@@ -1947,7 +1967,7 @@ impl Device for EmulatedDevice {
         }
         // The pitch CUDA gives on current GPUs: rows start 512 bytes apart.
         let pitch = width.checked_next_multiple_of(PITCH_ALIGNMENT).ok_or(CudaError::MEMORY_ALLOCATION)?;
-        let ptr = self.malloc(pitch.checked_mul(height).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
+        let ptr = self.allocate(pitch.checked_mul(height).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
         Ok((ptr, pitch))
     }
 
@@ -2008,7 +2028,7 @@ impl Device for EmulatedDevice {
             if desc.channels != 3 || desc.height == 0 || desc.depth != 0 || desc.is_mapped_later() {
                 return Err(CudaError::INVALID_VALUE);
             }
-            let base = self.malloc(desc.packed_bytes(1).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
+            let base = self.allocate(desc.packed_bytes(1).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
             return Ok(EmulatedArray { base, pitch: luma.width, height: luma.height, unbacked: false });
         }
         let (width, height, depth) = desc.extent().ok_or(CudaError::INVALID_VALUE)?;
@@ -2020,7 +2040,7 @@ impl Device for EmulatedDevice {
             return Ok(EmulatedArray { base: 0, pitch: width, height, unbacked: true });
         }
         let base =
-            self.malloc(width.checked_mul(height).and_then(|bytes| bytes.checked_mul(depth)).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
+            self.allocate(width.checked_mul(height).and_then(|bytes| bytes.checked_mul(depth)).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
         Ok(EmulatedArray { base, pitch: width, height, unbacked: false })
     }
 

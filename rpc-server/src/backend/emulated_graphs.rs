@@ -79,10 +79,15 @@ pub struct StreamCapture {
     /// The nodes the next captured node depends on.
     pub tail: Vec<u64>,
     pub origin: bool,
+    /// The capture mode it began in (`CU_STREAM_CAPTURE_MODE_*`).
+    pub mode: u32,
 }
 
 #[derive(Default)]
 pub struct Graphs {
+    /// The session thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`;
+    /// 0, global, until exchanged).
+    pub thread_mode: u32,
     pub graphs: HashMap<u64, Vec<u64>>,
     pub nodes: HashMap<u64, Node>,
     /// Each executable graph's own copy of the graph it was made from.
