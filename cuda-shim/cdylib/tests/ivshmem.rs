@@ -115,6 +115,8 @@ fn a_guest_cannot_open_another_vms_region_and_its_scribbles_harm_only_itself() {
     let (code, stdout, stderr) = run_with_timeout(&mut guest.command(&address, &forged, 1), Duration::from_secs(60));
     assert_ne!(code, 0, "{stdout}\n{stderr}");
     assert!(stderr.contains("the token does not open region vm-b"), "{stderr}");
+    // A region's size: not left behind in the scratch folder.
+    let _ = std::fs::remove_file(&forged);
 
     // VM b's session runs while VM a's guest scribbles over its own region: over its session's
     // staging area and pinned blocks, past the message rings (a scribbled ring is data or an
