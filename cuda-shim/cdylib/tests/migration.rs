@@ -317,7 +317,8 @@ fn a_session_with_a_sparse_array_stays_where_it_is_and_says_why() {
     let a = start_node(&setup, "a", &[]);
     let b = start_node(&setup, "b", &[]);
     let dir = setup.scratch.join("snapshots");
-    let app = spawn_app(&setup, &a.unix, &["150", "10", "sparse"], "off");
+    // Rounds enough that the app still runs when the move asks it to pause, on a loaded machine.
+    let app = spawn_app(&setup, &a.unix, &["500", "10", "sparse"], "off");
     let session = session_on(&setup, &a);
     let (code, out, err) = migrate(&setup, &a.control, &session, &b.control, &b.unix, &dir, &[]);
     assert_ne!(code, 0, "{out}");
