@@ -8,13 +8,6 @@
 
 #include "driver_expect.h"
 
-#define CHECK(what, condition)                                      \
-    do {                                                            \
-        int ok_ = (condition);                                      \
-        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
-        if (!ok_) failures++;                                       \
-    } while (0)
-
 static unsigned char pattern(size_t i) { return (unsigned char)(i * 7 + 3); }
 
 static CUDA_MEMCPY3D box(size_t width, size_t height, size_t depth) {

@@ -20,3 +20,11 @@ static const char *name_of(CUresult r) {
             failures++;                                                                             \
         }                                                                                           \
     } while (0)
+
+// Prints "WHAT: yes" or "WHAT: no" (the tests look for the line) and counts a "no" as a failure.
+#define CHECK(what, condition)                                                                      \
+    do {                                                                                            \
+        int ok_ = (condition);                                                                      \
+        printf("%s: %s\n", what, ok_ ? "yes" : "no");                                              \
+        if (!ok_) failures++;                                                                       \
+    } while (0)

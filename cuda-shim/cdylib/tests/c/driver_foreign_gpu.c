@@ -8,13 +8,6 @@
 
 #include "driver_expect.h"
 
-#define CHECK(what, condition)                                      \
-    do {                                                            \
-        int ok_ = (condition);                                      \
-        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
-        if (!ok_) failures++;                                       \
-    } while (0)
-
 enum { N = 1 << 16 };
 
 static void refused(const char *what, CUresult got) {

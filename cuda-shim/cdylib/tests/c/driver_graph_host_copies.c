@@ -11,13 +11,6 @@
 
 #include "driver_expect.h"
 
-#define CHECK(what, condition)                                      \
-    do {                                                            \
-        int ok_ = (condition);                                      \
-        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
-        if (!ok_) failures++;                                       \
-    } while (0)
-
 static CUDA_MEMCPY3D host_copy(void *host, CUdeviceptr device, size_t n, int to_host) {
     CUDA_MEMCPY3D c;
     memset(&c, 0, sizeof c);

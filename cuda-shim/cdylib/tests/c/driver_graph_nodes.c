@@ -12,13 +12,6 @@
 
 #include "driver_expect.h"
 
-#define CHECK(what, condition)                                      \
-    do {                                                            \
-        int ok_ = (condition);                                      \
-        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
-        if (!ok_) failures++;                                       \
-    } while (0)
-
 static CUDA_MEMSET_NODE_PARAMS memset_of(CUdeviceptr dst, unsigned value, size_t n) {
     CUDA_MEMSET_NODE_PARAMS p;
     memset(&p, 0, sizeof p);

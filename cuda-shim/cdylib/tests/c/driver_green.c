@@ -14,13 +14,6 @@
 
 #include "driver_expect.h"
 
-#define CHECK(what, condition)                                      \
-    do {                                                            \
-        int ok_ = (condition);                                      \
-        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
-        if (!ok_) failures++;                                       \
-    } while (0)
-
 static int filled(const unsigned char *bytes, size_t len, unsigned char value) {
     for (size_t i = 0; i < len; i++)
         if (bytes[i] != value) return 0;

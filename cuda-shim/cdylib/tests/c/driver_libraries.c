@@ -11,7 +11,7 @@
 
 #include "driver_expect.h"
 
-#define CHECK(what, condition)                                                                      \
+#define EXPECT_TRUE(what, condition)                                                                      \
     do {                                                                                            \
         if (!(condition)) {                                                                         \
             printf("FAIL line %d: %s\n", __LINE__, what);                                           \
@@ -91,8 +91,8 @@ int main(void) {
     EXPECT(cuMemcpy2D(&c), CUDA_SUCCESS);
     c = rect(CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, CU_MEMORYTYPE_HOST, back, 0, 20, WIDTH, ROWS);
     EXPECT(cuMemcpy2D(&c), CUDA_SUCCESS);
-    CHECK("host -> device -> host rectangle", same_rect(src, 24, back, 20, ROWS, WIDTH));
-    CHECK("bytes past the width untouched", back[WIDTH] == 0x55 && back[19] == 0x55);
+    EXPECT_TRUE("host -> device -> host rectangle", same_rect(src, 24, back, 20, ROWS, WIDTH));
+    EXPECT_TRUE("bytes past the width untouched", back[WIDTH] == 0x55 && back[19] == 0x55);
     CUstream stream;
     EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     c = rect(CU_MEMORYTYPE_UNIFIED, NULL, pitched, 32, CU_MEMORYTYPE_UNIFIED, NULL, other, 40, WIDTH, ROWS);
@@ -100,22 +100,22 @@ int main(void) {
     c = rect(CU_MEMORYTYPE_DEVICE, NULL, other, 40, CU_MEMORYTYPE_HOST, again, 0, 20, WIDTH, ROWS);
     EXPECT(cuMemcpy2DAsync(&c, stream), CUDA_SUCCESS);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
-    CHECK("device -> device rectangle, async", same_rect(src, 24, again, 20, ROWS, WIDTH));
+    EXPECT_TRUE("device -> device rectangle, async", same_rect(src, 24, again, 20, ROWS, WIDTH));
     c = rect(CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, CU_MEMORYTYPE_DEVICE, NULL, contiguous, WIDTH, WIDTH, ROWS);
     EXPECT(cuMemcpy2DUnaligned(&c), CUDA_SUCCESS);
     EXPECT(cuMemcpyDtoH(flat, contiguous, sizeof flat), CUDA_SUCCESS);
-    CHECK("pitched -> contiguous", same_rect(src, 24, flat, WIDTH, ROWS, WIDTH));
+    EXPECT_TRUE("pitched -> contiguous", same_rect(src, 24, flat, WIDTH, ROWS, WIDTH));
     // An offset sub-rectangle: rows 2.. and columns 5.. of the source.
     unsigned char sub[4 * 6];
     c = rect(CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, CU_MEMORYTYPE_HOST, sub, 0, 6, 6, 4);
     c.srcXInBytes = 5;
     c.srcY = 2;
     EXPECT(cuMemcpy2D(&c), CUDA_SUCCESS);
-    CHECK("sub-rectangle", same_rect(src + 2 * 24 + 5, 24, sub, 6, 4, 6));
+    EXPECT_TRUE("sub-rectangle", same_rect(src + 2 * 24 + 5, 24, sub, 6, 4, 6));
     // Host to host (the static runtime's cudaMemcpy with cudaMemcpyHostToHost takes this path).
     c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_HOST, host_copy, 0, 28, WIDTH, ROWS);
     EXPECT(cuMemcpy2DUnaligned(&c), CUDA_SUCCESS);
-    CHECK("host -> host rectangle", same_rect(src, 24, host_copy, 28, ROWS, WIDTH));
+    EXPECT_TRUE("host -> host rectangle", same_rect(src, 24, host_copy, 28, ROWS, WIDTH));
     // Refused: a pitch narrower than a row, a device side that is host memory, an unknown array, NULL.
     c = rect(CU_MEMORYTYPE_HOST, src, 0, 8, CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, WIDTH, ROWS);
     EXPECT(cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
@@ -135,28 +135,28 @@ int main(void) {
     void *host_pointer = (void *)1;
     void *data[3] = {&memory_type, &device_pointer, &host_pointer};
     EXPECT(cuPointerGetAttributes(3, attributes, data, pitched + 4), CUDA_SUCCESS);
-    CHECK("memory type", memory_type == CU_MEMORYTYPE_DEVICE);
-    CHECK("device pointer", device_pointer == pitched + 4);
-    CHECK("host pointer of device memory", host_pointer == NULL);
+    EXPECT_TRUE("memory type", memory_type == CU_MEMORYTYPE_DEVICE);
+    EXPECT_TRUE("device pointer", device_pointer == pitched + 4);
+    EXPECT_TRUE("host pointer of device memory", host_pointer == NULL);
     // Buffer ids (cuFFT asks): the same for a block's interior, different across blocks.
     unsigned long long id_a = 0, id_b = 0, id_c = 0;
     EXPECT(cuPointerGetAttribute(&id_a, CU_POINTER_ATTRIBUTE_BUFFER_ID, pitched), CUDA_SUCCESS);
     EXPECT(cuPointerGetAttribute(&id_b, CU_POINTER_ATTRIBUTE_BUFFER_ID, pitched + 100), CUDA_SUCCESS);
     EXPECT(cuPointerGetAttribute(&id_c, CU_POINTER_ATTRIBUTE_BUFFER_ID, other), CUDA_SUCCESS);
-    CHECK("buffer ids", id_a != 0 && id_a == id_b && id_a != id_c);
+    EXPECT_TRUE("buffer ids", id_a != 0 && id_a == id_b && id_a != id_c);
     // CUDA IPC (between sessions on one GPU) exports cuMemAlloc and cuMemAllocPitch memory, not
     // pool allocations, as natively.
     unsigned int ipc = 0;
     EXPECT(cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pitched + 8), CUDA_SUCCESS);
-    CHECK("pitched memory is CUDA IPC capable", ipc == 1);
+    EXPECT_TRUE("pitched memory is CUDA IPC capable", ipc == 1);
     ipc = 0;
     EXPECT(cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, other), CUDA_SUCCESS);
-    CHECK("cuMemAlloc memory is CUDA IPC capable", ipc == 1);
+    EXPECT_TRUE("cuMemAlloc memory is CUDA IPC capable", ipc == 1);
     CUdeviceptr pooled = 0;
     EXPECT(cuMemAllocAsync(&pooled, 4096, NULL), CUDA_SUCCESS);
     ipc = 1;
     EXPECT(cuPointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pooled), CUDA_SUCCESS);
-    CHECK("a pool allocation is not CUDA IPC capable", ipc == 0);
+    EXPECT_TRUE("a pool allocation is not CUDA IPC capable", ipc == 0);
     EXPECT(cuMemFreeAsync(pooled, NULL), CUDA_SUCCESS);
     EXPECT(cuPointerGetAttribute(&host_pointer, CU_POINTER_ATTRIBUTE_HOST_POINTER, pitched), CUDA_ERROR_INVALID_VALUE);
 
@@ -177,7 +177,7 @@ int main(void) {
         memcpy(&word, pattern_back + 16 + 4 * i, 4);
         pattern_ok &= word == 0xdeadbeef;
     }
-    CHECK("16- and 32-bit patterns", pattern_ok);
+    EXPECT_TRUE("16- and 32-bit patterns", pattern_ok);
     EXPECT(cuMemsetD32(pattern_buffer + 2, 0x01020304, 2), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemsetD16(pattern_buffer + 1, 0x0102, 2), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemFree(pattern_buffer), CUDA_SUCCESS);
@@ -194,9 +194,9 @@ int main(void) {
     // way its device pointer is its host address.
     EXPECT(cuMemHostAlloc(&mapped, 3 * 4096 + 5, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
     EXPECT(cuMemHostGetDevicePointer(&mapped_device, (char *)mapped + 4100, 0), CUDA_SUCCESS);
-    CHECK("mapped memory's device pointer is its host address", mapped_device == (CUdeviceptr)(size_t)mapped + 4100);
+    EXPECT_TRUE("mapped memory's device pointer is its host address", mapped_device == (CUdeviceptr)(size_t)mapped + 4100);
     EXPECT(cuPointerGetAttribute(&mapped_device, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, (CUdeviceptr)(size_t)mapped + 8), CUDA_SUCCESS);
-    CHECK("its device pointer attribute", mapped_device == (CUdeviceptr)(size_t)mapped + 8);
+    EXPECT_TRUE("its device pointer attribute", mapped_device == (CUdeviceptr)(size_t)mapped + 8);
     EXPECT(cuMemHostGetDevicePointer(&mapped_device, mapped, 1), CUDA_ERROR_INVALID_VALUE);
     // A device write (a memset at the device pointer) reaches the host at the next sync, and the
     // host's own writes elsewhere in the block survive it.
@@ -204,21 +204,21 @@ int main(void) {
     EXPECT(cuMemsetD8((CUdeviceptr)(size_t)mapped + 4100, 0x5a, 16), CUDA_SUCCESS);
     EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
     const unsigned char *bytes = mapped;
-    CHECK("the device's write seen by the host", bytes[4100] == 0x5a && bytes[4115] == 0x5a);
-    CHECK("the host's writes around it kept", bytes[4099] == 7 && bytes[4116] == 7 && bytes[3 * 4096 + 4] == 7);
+    EXPECT_TRUE("the device's write seen by the host", bytes[4100] == 0x5a && bytes[4115] == 0x5a);
+    EXPECT_TRUE("the host's writes around it kept", bytes[4099] == 7 && bytes[4116] == 7 && bytes[3 * 4096 + 4] == 7);
     // A blocking copy waits for the work before it: a device write queued before it is seen after it.
     unsigned char word[4];
     CUdeviceptr scratch = 0;
     EXPECT(cuMemAlloc(&scratch, 4), CUDA_SUCCESS);
     EXPECT(cuMemsetD8Async((CUdeviceptr)(size_t)mapped + 200, 0x33, 4, NULL), CUDA_SUCCESS);
     EXPECT(cuMemcpyDtoH(word, scratch, 4), CUDA_SUCCESS);
-    CHECK("a device write seen after a blocking copy", bytes[200] == 0x33 && bytes[203] == 0x33);
+    EXPECT_TRUE("a device write seen after a blocking copy", bytes[200] == 0x33 && bytes[203] == 0x33);
     EXPECT(cuMemFree(scratch), CUDA_SUCCESS);
     EXPECT(cuMemFreeHost(mapped), CUDA_SUCCESS);
     EXPECT(cuMemHostGetDevicePointer(&mapped_device, mapped, 0), CUDA_ERROR_INVALID_VALUE);
     if (channel) {
         EXPECT(cuMemHostGetDevicePointer(&mapped_device, pinned, 0), CUDA_SUCCESS);
-        CHECK("all pinned memory is mapped, as under unified addressing", mapped_device == (CUdeviceptr)(size_t)pinned);
+        EXPECT_TRUE("all pinned memory is mapped, as under unified addressing", mapped_device == (CUdeviceptr)(size_t)pinned);
     } else {
         EXPECT(cuMemHostGetDevicePointer(&mapped_device, pinned, 0), CUDA_ERROR_INVALID_VALUE);
     }
@@ -234,8 +234,8 @@ int main(void) {
     EXPECT(cuStreamGetId(stream, &stream_id), CUDA_SUCCESS);
     EXPECT(cuStreamGetId(second, &second_id), CUDA_SUCCESS);
     EXPECT(cuStreamGetId(CU_STREAM_PER_THREAD, &per_thread_id), CUDA_SUCCESS);
-    CHECK("NULL is the legacy stream", null_id == legacy_id);
-    CHECK("stream ids differ", legacy_id != stream_id && stream_id != second_id && second_id != legacy_id && per_thread_id != legacy_id &&
+    EXPECT_TRUE("NULL is the legacy stream", null_id == legacy_id);
+    EXPECT_TRUE("stream ids differ", legacy_id != stream_id && stream_id != second_id && second_id != legacy_id && per_thread_id != legacy_id &&
                                    per_thread_id != stream_id);
     EXPECT(cuStreamGetId((CUstream)(size_t)0x777777, &stream_id), CUDA_ERROR_INVALID_HANDLE);
     EXPECT(cuStreamGetId(stream, NULL), CUDA_ERROR_INVALID_VALUE);
@@ -244,29 +244,29 @@ int main(void) {
     // 51 gives a stream's object (the same one each time) and entry 39 its id, as cuStreamGetId.
     const void **tools = NULL;
     EXPECT(cuGetExportTable((const void **)&tools, &TOOLS_CONTEXT), CUDA_SUCCESS);
-    CHECK("ToolsContext size word", tools && (size_t)tools[0] == 93 * 8);
+    EXPECT_TRUE("ToolsContext size word", tools && (size_t)tools[0] == 93 * 8);
     uint64_t kind = 0;
     EXPECT(((context_kind_fn)tools[4])(context, &kind), CUDA_SUCCESS);
-    CHECK("the primary context's kind", kind == 1);
+    EXPECT_TRUE("the primary context's kind", kind == 1);
     CUcontext created;
     EXPECT(cuCtxCreate(&created, NULL, 0, device), CUDA_SUCCESS);
     EXPECT(((context_kind_fn)tools[4])(created, &kind), CUDA_SUCCESS);
-    CHECK("a created context's kind", kind == 2);
+    EXPECT_TRUE("a created context's kind", kind == 2);
     EXPECT(cuCtxDestroy(created), CUDA_SUCCESS);
     EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
     EXPECT(((context_kind_fn)tools[4])(NULL, &kind), CUDA_SUCCESS);
-    CHECK("NULL's kind", kind == 0);
+    EXPECT_TRUE("NULL's kind", kind == 0);
     void *object = NULL, *object_again = NULL, *legacy_object = NULL;
     EXPECT(((stream_object_fn)tools[51])(context, stream, &object, 0), CUDA_SUCCESS);
     EXPECT(((stream_object_fn)tools[51])(context, stream, &object_again, 0), CUDA_SUCCESS);
     EXPECT(((stream_object_fn)tools[51])(context, NULL, &legacy_object, 0), CUDA_SUCCESS);
-    CHECK("one object per stream", object && object == object_again && legacy_object && legacy_object != object);
-    CHECK("object begins as the driver's", object && ((uint64_t *)object)[0] == 1 && ((uint64_t *)object)[5] == 1);
+    EXPECT_TRUE("one object per stream", object && object == object_again && legacy_object && legacy_object != object);
+    EXPECT_TRUE("object begins as the driver's", object && ((uint64_t *)object)[0] == 1 && ((uint64_t *)object)[5] == 1);
     uint64_t id = 0;
     EXPECT(((stream_id_fn)tools[39])(context, object, &id), CUDA_SUCCESS);
-    CHECK("entry 39 is cuStreamGetId", id == stream_id);
+    EXPECT_TRUE("entry 39 is cuStreamGetId", id == stream_id);
     EXPECT(((stream_id_fn)tools[39])(context, legacy_object, &id), CUDA_SUCCESS);
-    CHECK("entry 39 of the legacy stream", id == legacy_id);
+    EXPECT_TRUE("entry 39 of the legacy stream", id == legacy_id);
     uint64_t not_an_object[9] = {1, 0, 0, 0, 0, 1, 0, 0, 5};
     EXPECT(((stream_id_fn)tools[39])(context, not_an_object, &id), CUDA_ERROR_INVALID_HANDLE);
     EXPECT(((stream_object_fn)tools[51])(context, (CUstream)(size_t)0x777777, &object, 0), CUDA_ERROR_INVALID_HANDLE);
@@ -278,12 +278,12 @@ int main(void) {
     static const char ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k() { ret; }\n";
     CUmodule module = NULL;
     CUresult loaded = cuModuleLoadData(&module, ptx);
-    CHECK("the emulated device loads no code", loaded != CUDA_SUCCESS);
+    EXPECT_TRUE("the emulated device loads no code", loaded != CUDA_SUCCESS);
     CUlibrary library = NULL;
     EXPECT(cuLibraryLoadData(&library, ptx, NULL, NULL, 0, NULL, NULL, 0), CUDA_SUCCESS);
     unsigned int count = 99;
     EXPECT(cuLibraryGetKernelCount(&count, library), loaded);
-    CHECK("no count written on error", count == 99);
+    EXPECT_TRUE("no count written on error", count == 99);
     CUmodule library_module = NULL;
     EXPECT(cuLibraryGetModule(&library_module, library), CUDA_SUCCESS);
     EXPECT(cuModuleGetFunctionCount(&count, library_module), loaded);
@@ -291,7 +291,7 @@ int main(void) {
     EXPECT(cuModuleEnumerateFunctions(functions, 4, library_module), loaded);
     visits = 0;
     size_t visited = ((each_function_fn)module_tools[7])(context, library_module, visit, NULL);
-    CHECK("no kernels visited", visited == 0 && visits == 0);
+    EXPECT_TRUE("no kernels visited", visited == 0 && visits == 0);
     EXPECT(cuModuleGetFunctionCount(&count, (CUmodule)(size_t)0x5678), CUDA_ERROR_INVALID_HANDLE);
     EXPECT(cuLibraryUnload(library), CUDA_SUCCESS);
 

@@ -9,13 +9,6 @@
 
 #include "driver_expect.h"
 
-#define CHECK(what, condition)                                      \
-    do {                                                            \
-        int ok_ = (condition);                                      \
-        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
-        if (!ok_) failures++;                                       \
-    } while (0)
-
 static CUmemLocation device0(void) {
     CUmemLocation l = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
     return l;

@@ -8,13 +8,6 @@
 
 #include "driver_expect.h"
 
-#define CHECK(what, condition)                                      \
-    do {                                                            \
-        int ok_ = (condition);                                      \
-        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
-        if (!ok_) failures++;                                       \
-    } while (0)
-
 static CUmemLocation location(CUmemLocationType type, int id) {
     CUmemLocation l = {type, id};
     return l;

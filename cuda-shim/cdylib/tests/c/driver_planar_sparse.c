@@ -16,13 +16,6 @@ CUresult CUDAAPI cuMemMapArrayAsync_ptsz(CUarrayMapInfo *mapInfoList, unsigned i
 CUresult CUDAAPI cuMemBatchDecompressAsync_ptsz(CUmemDecompressParams *paramsArray, size_t count, unsigned int flags, size_t *errorIndex,
                                                 CUstream stream);
 
-#define CHECK(what, condition)                                      \
-    do {                                                            \
-        int ok_ = (condition);                                      \
-        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
-        if (!ok_) failures++;                                       \
-    } while (0)
-
 // Copies `rows` rows of `width` bytes between host memory (`host`, packed) and an array.
 static CUresult copy_plane(CUarray array, void *host, size_t width, size_t rows, int to_host, CUstream stream) {
     CUDA_MEMCPY2D c;

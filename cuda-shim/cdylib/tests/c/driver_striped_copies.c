@@ -9,13 +9,6 @@
 
 #include "driver_expect.h"
 
-#define CHECK(what, condition)                                      \
-    do {                                                            \
-        int ok_ = (condition);                                      \
-        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
-        if (!ok_) failures++;                                       \
-    } while (0)
-
 static void fill(unsigned char *p, size_t n, unsigned seed) {
     for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 131 + seed + (i >> 13));
 }

@@ -12,13 +12,6 @@
 
 #include "driver_expect.h"
 
-#define CHECK(what, condition)                                      \
-    do {                                                            \
-        int ok_ = (condition);                                      \
-        printf("%s: %s\n", what, ok_ ? "yes" : "no");               \
-        if (!ok_) failures++;                                       \
-    } while (0)
-
 // Not a multiple of the copy chunk, so the last staged piece is a short one.
 enum { N = (5 << 20) + 4096 + 17 };
 
