@@ -387,19 +387,7 @@ pub unsafe fn copy(
                 None
             };
             if let Some(striped) = striped {
-                let deferred = striped?;
-                return match mode {
-                    Mode::Synchronous => {
-                        deferred.or_else(|| client.conn().take_deferred()).map_or(Ok(()), Err)?;
-                        client.pull_mirrors(false)
-                    }
-                    Mode::Asynchronous => {
-                        if let Some(error) = deferred {
-                            client.conn().defer(error);
-                        }
-                        Ok(())
-                    }
-                };
+                return dtoh_done(client, mode, striped?);
             }
             let mut slots = Vec::new();
             let mut offset = 0u64;
@@ -435,21 +423,7 @@ pub unsafe fn copy(
                 }
             }
             outcome?;
-            match mode {
-                Mode::Synchronous => {
-                    deferred.or_else(|| client.conn().take_deferred()).map_or(Ok(()), Err)?;
-                    // A blocking copy waited for the work before it, which may have written
-                    // mirrored memory (`mirrors.rs`).
-                    client.pull_mirrors(false)
-                }
-                // Not a sync point: the error waits for the next one.
-                Mode::Asynchronous => {
-                    if let Some(error) = deferred {
-                        client.conn().defer(error);
-                    }
-                    Ok(())
-                }
-            }
+            dtoh_done(client, mode, deferred)
         }
         Direction::DeviceToDevice => {
             check_device_range(src_address, managed_src)?;
@@ -710,4 +684,23 @@ unsafe fn shm_to_host(client: &Client, channel: &Channel, dst: *mut u8, src: u64
         client.sync_stream(stream)?;
     }
     Ok(())
+}
+
+/// The end of a device-to-host copy whose bytes have landed: a synchronous one reports the
+/// deferred error its reply carried (or one the connection holds) and, having waited for the
+/// work before it, takes what that work wrote into mirrored memory (`mirrors.rs`); an
+/// asynchronous one is no sync point, so its error waits for the next.
+fn dtoh_done(client: &Client, mode: Mode, deferred: Option<CudaError>) -> CudaResult<()> {
+    match mode {
+        Mode::Synchronous => {
+            deferred.or_else(|| client.conn().take_deferred()).map_or(Ok(()), Err)?;
+            client.pull_mirrors(false)
+        }
+        Mode::Asynchronous => {
+            if let Some(error) = deferred {
+                client.conn().defer(error);
+            }
+            Ok(())
+        }
+    }
 }
