@@ -9,8 +9,9 @@
 # netem, the delay comes from benchmarks/delay_relay.c, a TCP relay in the server's namespace that
 # holds every chunk for the delay in each direction (the table says which). The app's library path points at Flyt's (the
 # GPU is not hidden from it: it is in another network namespace, not another mount namespace).
-# Needs root. Results: OUT/remote.jsonl (one JSON object per line, with "delay" and "mode"),
-# then a table.
+# Namespaces need root and ip(8): without them the script says so and runs app, relay and server
+# on the loopback interface, the delay then coming from the relay alone. Results:
+# OUT/remote.jsonl (one JSON object per line, with "delay" and "mode"), then a table.
 #   benchmarks/remote.sh --dist DIR --out DIR [--python P] [--delays 0,50us,200us,1ms] [--only micro,copy,gpt2]
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -25,8 +26,13 @@ while [ $# -gt 0 ]; do
         *) echo "usage: $0 --dist DIR --out DIR [--python P] [--delays 0,50us,200us,1ms] [--only micro,copy,gpt2]" >&2; exit 2 ;;
     esac
 done
-[ "$(id -u)" = 0 ] || { echo "remote.sh: needs root (network namespaces)" >&2; exit 2; }
-command -v ip >/dev/null || { echo "remote.sh: needs ip (iproute2)" >&2; exit 2; }
+# Without iproute2 (or root) there are no namespaces: app, relay and server share the loopback
+# interface and the delay comes from the relay alone (the table says so).
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then
+    where=namespaces
+else
+    where="loopback (no network namespaces here: $([ "$(id -u)" = 0 ] && echo 'no ip(8)' || echo 'not root'))"
+fi
 DIST=$(cd "$DIST" && pwd)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -39,25 +45,32 @@ server=
 cleanup() {
     [ -n "$server" ] && kill "$server" 2>/dev/null
     wait 2>/dev/null
-    ip netns del "$app" 2>/dev/null
-    ip netns del "$srv" 2>/dev/null
+    if [ "$where" = namespaces ]; then
+        ip netns del "$app" 2>/dev/null
+        ip netns del "$srv" 2>/dev/null
+    fi
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-ip netns add "$app" && ip netns add "$srv" &&
-    ip link add "$app_if" type veth peer name "$srv_if" &&
-    ip link set "$app_if" netns "$app" && ip link set "$srv_if" netns "$srv" &&
-    ip -n "$app" addr add 10.201.0.2/24 dev "$app_if" && ip -n "$srv" addr add 10.201.0.1/24 dev "$srv_if" &&
-    ip -n "$app" link set lo up && ip -n "$srv" link set lo up &&
-    ip -n "$app" link set "$app_if" up && ip -n "$srv" link set "$srv_if" up ||
-    { echo "remote.sh: could not make the namespaces and their veth pair" >&2; exit 1; }
+# in_app / in_srv: the prefix that runs a command on the app's / the server's side.
+in_app=() in_srv=() srv_ip=127.0.0.1
+[ "$where" != namespaces ] || {
+    in_app=(ip netns exec "$app") in_srv=(ip netns exec "$srv") srv_ip=10.201.0.1
+    ip netns add "$app" && ip netns add "$srv" &&
+        ip link add "$app_if" type veth peer name "$srv_if" &&
+        ip link set "$app_if" netns "$app" && ip link set "$srv_if" netns "$srv" &&
+        ip -n "$app" addr add 10.201.0.2/24 dev "$app_if" && ip -n "$srv" addr add 10.201.0.1/24 dev "$srv_if" &&
+        ip -n "$app" link set lo up && ip -n "$srv" link set lo up &&
+        ip -n "$app" link set "$app_if" up && ip -n "$srv" link set "$srv_if" up ||
+        { echo "remote.sh: could not make the namespaces and their veth pair" >&2; exit 1; }
+}
 
-nvcc=/usr/local/cuda/bin/nvcc
+nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
 ${CC:-cc} -O2 -pthread -o "$TMP/delay_relay" "$here/delay_relay.c" || { echo "remote.sh: delay_relay build failed" >&2; exit 1; }
 "$nvcc" -O2 -arch=sm_90 -o "$TMP/micro" "$here/micro.cu" && "$nvcc" -O2 -arch=sm_90 -o "$TMP/copy" "$here/copy.cu" ||
     { echo "remote.sh: build failed" >&2; exit 1; }
 
-ip netns exec "$srv" "$DIST/bin/flyt-rpc-server" --device cuda --listen 10.201.0.1:47700 --listen 127.0.0.1:47700 >"$TMP/server.out" 2>"$OUT/server.log" &
+"${in_srv[@]}" "$DIST/bin/flyt-rpc-server" --device cuda $([ "$where" = namespaces ] && echo --listen "$srv_ip:47700") --listen 127.0.0.1:47700 >"$TMP/server.out" 2>"$OUT/server.log" &
 server=$!
 for _ in $(seq 100); do grep -q 'listening on' "$TMP/server.out" 2>/dev/null && break; sleep 0.1; done
 
@@ -71,7 +84,7 @@ for line in sys.stdin:
 # bench DELAY MODE: every selected program, natively (MODE native) or in the app's namespace.
 bench() {
     local delay=$1 mode=$2 run=()
-    [ "$mode" = flyt ] && run=(ip netns exec "$app" env LD_LIBRARY_PATH="$DIST/lib" FLYT_SERVER="$flyt_at" FLYT_SHM=off)
+    [ "$mode" = flyt ] && run=("${in_app[@]}" env LD_LIBRARY_PATH="$DIST/lib" FLYT_SERVER="$flyt_at" FLYT_SHM=off)
     if wants micro; then timeout 300 "${run[@]}" "$TMP/micro" --quick | tag "$delay" "$mode" >>"$OUT/remote.jsonl"; fi
     if wants copy; then timeout 300 "${run[@]}" "$TMP/copy" --quick --max-bytes 67108864 | tag "$delay" "$mode" >>"$OUT/remote.jsonl"; fi
     if wants gpt2; then timeout 400 "${run[@]}" "$PY" "$here/gpt2_remote.py" 2>>"$OUT/gpt2.$delay.$mode.err" | tag "$delay" "$mode" >>"$OUT/remote.jsonl"; fi
@@ -79,7 +92,7 @@ bench() {
 
 # rtt DELAY: the raw TCP round trip between the namespaces (64-byte ping-pong, TCP_NODELAY).
 rtt() {
-    ip netns exec "$srv" "$PY" -c '
+    "${in_srv[@]}" "$PY" -c '
 import socket
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 47701)); s.listen(1)
 c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -89,7 +102,7 @@ while True:
     c.sendall(m)' &
     local echo=$!
     sleep 0.5
-    ip netns exec "$app" "$PY" -c '
+    "${in_app[@]}" "$PY" -c '
 import json, socket, statistics, sys, time
 host, port = sys.argv[1].split(":")
 c = socket.create_connection((host, int(port))); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -114,7 +127,9 @@ microseconds() {
 
 bench 0 native
 delayed_by=netem
-if ! tc -n "$app" qdisc replace dev "$app_if" root netem delay 1us 2>"$TMP/tc.err"; then
+if [ "$where" != namespaces ]; then
+    delayed_by="benchmarks/delay_relay.c"
+elif ! tc -n "$app" qdisc replace dev "$app_if" root netem delay 1us 2>"$TMP/tc.err"; then
     delayed_by="benchmarks/delay_relay.c (no netem here: $(head -n 1 "$TMP/tc.err"))"
 else
     tc -n "$app" qdisc del dev "$app_if" root 2>/dev/null
@@ -122,17 +137,17 @@ fi
 IFS=, read -r -a delays <<<"$DELAYS"
 for delay in "${delays[@]}"; do
     relays=()
-    flyt_at=10.201.0.1:47700 echo_at=10.201.0.1:47701
+    flyt_at=$srv_ip:47700 echo_at=$srv_ip:47701
     if [ "$delay" != 0 ]; then
         if [ "$delayed_by" = netem ]; then
             tc -n "$app" qdisc replace dev "$app_if" root netem delay "$delay" && tc -n "$srv" qdisc replace dev "$srv_if" root netem delay "$delay"
         else
             us=$(microseconds "$delay")
-            ip netns exec "$srv" "$TMP/delay_relay" 10.201.0.1:47710 127.0.0.1:47700 "$us" >/dev/null &
+            "${in_srv[@]}" "$TMP/delay_relay" "$srv_ip:47710" 127.0.0.1:47700 "$us" >/dev/null &
             relays+=($!)
-            ip netns exec "$srv" "$TMP/delay_relay" 10.201.0.1:47711 127.0.0.1:47701 "$us" >/dev/null &
+            "${in_srv[@]}" "$TMP/delay_relay" "$srv_ip:47711" 127.0.0.1:47701 "$us" >/dev/null &
             relays+=($!)
-            flyt_at=10.201.0.1:47710 echo_at=10.201.0.1:47711
+            flyt_at=$srv_ip:47710 echo_at=$srv_ip:47711
             sleep 0.3
         fi
     fi
@@ -148,7 +163,7 @@ for delay in "${delays[@]}"; do
     fi
 done
 
-echo "# remote: app and server in two network namespaces over veth, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1); delays by $delayed_by"
+echo "# remote: app and server in $([ "$where" = namespaces ] && echo 'two network namespaces over veth' || echo "$where"), $(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1); delays by $delayed_by"
 "$PY" - "$OUT/remote.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
