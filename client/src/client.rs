@@ -121,7 +121,12 @@ pub struct Client {
     visible: Vec<u32>,
     /// Data connections for large copies over a socket (`stripes.rs`).
     pub(crate) stripes: crate::stripes::Stripes,
+    /// Context limits learned, by `(device, limit)` (`device_limit`).
+    limits: Mutex<HashMap<(u32, u32), u64>>,
 }
+
+/// `CU_LIMIT_STACK_SIZE`: the driver raises it by itself when a launch needs a larger stack.
+const LIMIT_STACK_SIZE: u32 = 0;
 
 static CLIENT: OnceLock<Result<Client, CudaError>> = OnceLock::new();
 
@@ -652,6 +657,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         mirrors: crate::mirrors::Mirrors::default(),
         greens: crate::green::Greens::default(),
         stripes,
+        limits: Mutex::new(HashMap::new()),
     })
 }
 
@@ -1028,10 +1034,35 @@ impl Client {
         crate::managed::forget(self);
         self.mirrors.forget_all(self);
         crate::registry::forget_variables(&self.ranges);
+        crate::registry::forget_function_settings();
+        lock(&self.limits).clear();
         lock(&self.streams).clear();
         lock(&self.events).clear();
         self.reset_generation.fetch_add(1, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// `cuCtxGetLimit` on the thread's device. Only `cuCtxSetLimit` and a reset change a limit, so
+    /// each is asked once (libraries ask on every call of theirs: a round trip each over a
+    /// network), except the stack size, which launches may raise.
+    pub fn device_limit(&self, limit: u32) -> CudaResult<u64> {
+        let key = (crate::devices::thread_device(), limit);
+        if let Some(value) = lock(&self.limits).get(&key) {
+            return Ok(*value);
+        }
+        let value = self.call(req::DeviceGetLimit { limit })?.value;
+        if limit != LIMIT_STACK_SIZE {
+            lock(&self.limits).insert(key, value);
+        }
+        Ok(value)
+    }
+
+    /// `cuCtxSetLimit` on the thread's device. The driver may round the value (the printf FIFO
+    /// and heap sizes), so the next get asks again.
+    pub fn set_device_limit(&self, limit: u32, value: u64) -> CudaResult<()> {
+        let result = self.call(req::DeviceSetLimit { limit, value }).map(|_| ());
+        lock(&self.limits).remove(&(crate::devices::thread_device(), limit));
+        result
     }
 
     /// The device range holding `ptr`, as `(start, len)`.

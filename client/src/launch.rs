@@ -136,10 +136,19 @@ impl Client {
         Ok(self.call(request)?.blocks)
     }
 
-    /// Sets a kernel attribute (`CUfunction_attribute` numbering, which `cudaFuncAttribute` shares).
+    /// Sets a kernel attribute (`CUfunction_attribute` numbering, which `cudaFuncAttribute` shares)
+    /// on the thread's device; a value this process set before is already there.
     pub fn set_function_attribute(&self, function: &Function, attribute: u32, value: i32) -> CudaResult<()> {
+        let key = (crate::devices::thread_device(), attribute);
+        if lock(&function.settings).get(&key) == Some(&value) {
+            return Ok(());
+        }
         let result = self.call(req::FuncSetAttribute { function: function.reference(), attribute, value }).map(|_| ());
         *lock(&function.attributes) = None;
+        match result {
+            Ok(()) => lock(&function.settings).insert(key, value),
+            Err(_) => lock(&function.settings).remove(&key),
+        };
         result
     }
 }
@@ -196,7 +205,15 @@ mod tests {
     use crate::registry::{Function, Layout};
 
     fn function(params: Vec<ParamInfo>) -> Function {
-        Function { module: 1, index: 0, name: "k".into(), handle: 0, layout: Arc::new(Layout::new(params)), attributes: Mutex::new(None) }
+        Function {
+            module: 1,
+            index: 0,
+            name: "k".into(),
+            handle: 0,
+            layout: Arc::new(Layout::new(params)),
+            attributes: Mutex::new(None),
+            settings: Default::default(),
+        }
     }
 
     #[test]

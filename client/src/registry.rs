@@ -82,6 +82,10 @@ pub struct Function {
     pub layout: Arc<Layout>,
     /// The driver's attributes, once asked (a set clears them).
     pub attributes: Mutex<Option<FuncAttributes>>,
+    /// The values this process set, by `(device, attribute)`: setting one again is answered here
+    /// (libraries set a kernel's dynamic shared memory before every launch; over a network each
+    /// set would be a round trip).
+    pub settings: Mutex<HashMap<(u32, u32), i32>>,
 }
 
 impl Function {
@@ -250,6 +254,15 @@ pub fn forget_variables(ranges: &DeviceRanges) {
     }
 }
 
+/// After a device reset: the server loaded the modules again, so their kernels' attributes are
+/// the driver's defaults again.
+pub fn forget_function_settings() {
+    for function in &read().functions {
+        lock(&function.settings).clear();
+        *lock(&function.attributes) = None;
+    }
+}
+
 /// A kernel of a live module by name: registered, found before, or asked of the server (which
 /// loads a lazy module first, on the same connection, so the two cost one round trip).
 pub fn function_by_name(conn: &Arc<Conn>, id: u32, name: &str) -> CudaResult<Arc<Function>> {
@@ -290,6 +303,7 @@ pub fn function_by_name(conn: &Arc<Conn>, id: u32, name: &str) -> CudaResult<Arc
         handle,
         layout: Arc::new(Layout::new(reply.params)),
         attributes: Mutex::new(None),
+        settings: Mutex::new(HashMap::new()),
     });
     registry.functions.push(function.clone());
     lock(&found).functions.insert(name.to_owned(), function.clone());

@@ -396,9 +396,9 @@ pub unsafe fn cuCtxSynchronize() -> CUresult {
 pub unsafe fn cuCtxGetLimit(pvalue: *mut usize, limit: CUlimit) -> CUresult {
     run(|| {
         non_null([pvalue.cast()])?;
-        let reply = client()?.call(req::DeviceGetLimit { limit }).map_err(driver_error)?;
+        let value = client()?.device_limit(limit).map_err(driver_error)?;
         // SAFETY: checked non-NULL; the caller's out-pointer.
-        unsafe { write_out(pvalue, reply.value as usize) }
+        unsafe { write_out(pvalue, value as usize) }
     })
 }
 
@@ -430,7 +430,7 @@ pub unsafe fn cuCtxResetPersistingL2Cache() -> CUresult {
 }
 
 pub unsafe fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult {
-    run(|| client()?.call(req::DeviceSetLimit { limit, value: value as u64 }).map(|_| ()).map_err(driver_error))
+    run(|| client()?.set_device_limit(limit, value as u64).map_err(driver_error))
 }
 
 /// CUDA 13's form: synchronizes `ctx` (NULL: the current one). Every context of a process shares the

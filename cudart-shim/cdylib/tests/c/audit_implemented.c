@@ -297,6 +297,18 @@ static void device_and_errors(void) {
     OK("cudaDeviceSetLimit(stack)", cudaDeviceSetLimit(cudaLimitStackSize, 4096));
     OK("cudaDeviceGetLimit(stack)", cudaDeviceGetLimit(&limit, cudaLimitStackSize));
     EXPECT("the stack limit set is the stack limit", limit == 4096);
+    {
+        // Limits are asked once and remembered; a set is asked again (the device may clamp it).
+        size_t first = 0, again = 0;
+        OK("cudaDeviceGetLimit(heap)", cudaDeviceGetLimit(&first, cudaLimitMallocHeapSize));
+        OK("cudaDeviceGetLimit(heap) again", cudaDeviceGetLimit(&again, cudaLimitMallocHeapSize));
+        EXPECT("the heap limit twice", first == again && first > 0);
+        OK("cudaDeviceGetLimit(L2 fetch)", cudaDeviceGetLimit(&first, cudaLimitMaxL2FetchGranularity));
+        OK("cudaDeviceSetLimit(L2 fetch)", cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, 4096));
+        OK("cudaDeviceGetLimit(L2 fetch) after the set", cudaDeviceGetLimit(&again, cudaLimitMaxL2FetchGranularity));
+        EXPECT("the L2 fetch granularity as the device clamped it", again == 128 && first != again);
+        OK("cudaDeviceSetLimit(L2 fetch) back", cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, first));
+    }
 
     AUDIT("cudaDeviceSetCacheConfig");
     AUDIT("cudaDeviceGetCacheConfig");
