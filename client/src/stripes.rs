@@ -49,6 +49,9 @@ const WRITE_STALL: Duration = Duration::from_secs(600);
 const DEFAULT_MIN: u64 = 1 << 20;
 /// Chunk size (`FLYT_STRIPE_CHUNK`, at most the server's copy chunk).
 const DEFAULT_CHUNK: u64 = 4 << 20;
+/// With compression chosen automatically, one striped copy in this many goes raw to measure the
+/// link again.
+const RAW_PROBE_EVERY: u64 = 8;
 
 /// When chunks go compressed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,7 +166,7 @@ struct Landing {
     len: u64,
     landed: u64,
     /// Bytes the landed chunks took on the wire.
-    wire: u64,
+    wire: WireTimes,
     /// Chunks being written into the buffer right now: the copy waits for them before it
     /// returns, even when it fails.
     writing: usize,
@@ -174,11 +177,37 @@ struct Landing {
 // landing is registered; the copy's calling thread removes it only once no chunk is being written.
 unsafe impl Send for Landing {}
 
+/// The bytes a copy's chunks took on the wire and when they went or came: the link's rate is
+/// measured from the first chunk to the last, so the round trip before the first (a request, a
+/// far server) does not count as a slow link.
+#[derive(Default)]
+struct WireTimes {
+    bytes: u64,
+    first: Option<(Instant, u64)>,
+    last: Option<Instant>,
+}
+
+impl WireTimes {
+    fn add(&mut self, wire: u64) {
+        let now = Instant::now();
+        self.first.get_or_insert((now, wire));
+        self.last = Some(now);
+        self.bytes += wire;
+    }
+
+    /// Bytes per second after the first chunk; `None` for a copy too short to tell.
+    fn rate(&self) -> Option<u64> {
+        let ((first_at, first_bytes), last_at) = (self.first?, self.last?);
+        let span = last_at.duration_since(first_at).as_secs_f64();
+        (span > 0.0 && self.bytes > first_bytes).then(|| ((self.bytes - first_bytes) as f64 / span) as u64)
+    }
+}
+
 /// Chunks answered of one copy, for its calling thread to wait on: how many, the first
-/// failure, and the bytes they took on the wire.
+/// failure, and their bytes on the wire.
 #[derive(Default)]
 struct Progress {
-    state: Mutex<(usize, Option<String>, u64)>,
+    state: Mutex<(usize, Option<String>, WireTimes)>,
     changed: Condvar,
 }
 
@@ -187,7 +216,7 @@ impl Progress {
         let mut state = lock(&self.state);
         state.0 += 1;
         match outcome {
-            Ok(wire) => state.2 += wire,
+            Ok(wire) => state.2.add(wire),
             Err(failure) => {
                 state.1.get_or_insert(failure);
             }
@@ -207,6 +236,8 @@ struct Set {
     dead: AtomicBool,
     /// Bytes on the wire per second of the last striped copies (0: none yet).
     link_rate: AtomicU64,
+    /// Striped copies begun (for the raw probes of `compress`).
+    copies: AtomicU64,
     /// Bytes per second all the connections' threads compress.
     compress_rate: u64,
 }
@@ -253,6 +284,7 @@ impl Set {
             landed: Condvar::new(),
             dead: AtomicBool::new(false),
             link_rate: AtomicU64::new(0),
+            copies: AtomicU64::new(0),
             compress_rate: if plan.lz4 == Lz4::Auto { compressor_rate() * plan.count as u64 } else { 0 },
         });
         for (index, (queue, reader, writer)) in receivers.into_iter().enumerate() {
@@ -271,20 +303,25 @@ impl Set {
     }
 
     /// Whether this copy's chunks go compressed.
+    /// Whether this copy's chunks go compressed (each still raw when LZ4 does not shrink it).
+    /// Automatic: while the link is slower than the compressors, except every
+    /// [`RAW_PROBE_EVERY`]th copy, which goes raw to measure the link again (compressed copies
+    /// measure the compressors, not the link).
     fn compress(&self, plan: &Plan) -> bool {
         match plan.lz4 {
             Lz4::On => true,
             Lz4::Off => false,
             Lz4::Auto => {
                 let link = self.link_rate.load(Ordering::Relaxed);
-                link != 0 && link < self.compress_rate
+                let probe = self.copies.fetch_add(1, Ordering::Relaxed) % RAW_PROBE_EVERY == 0;
+                link != 0 && link < self.compress_rate && !probe
             }
         }
     }
 
-    /// A striped copy put `wire` bytes on the link in `took`: the link's rate, smoothed.
-    fn measured(&self, wire: u64, took: Duration) {
-        let rate = (wire as f64 / took.as_secs_f64().max(1e-6)) as u64;
+    /// A raw striped copy's chunks crossed the link so: its rate, smoothed.
+    fn measured(&self, times: &WireTimes) {
+        let Some(rate) = times.rate() else { return };
         let old = self.link_rate.load(Ordering::Relaxed);
         self.link_rate.store(if old == 0 { rate } else { (old * 3 + rate) / 4 }, Ordering::Relaxed);
     }
@@ -473,7 +510,7 @@ fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mu
             landing.writing -= 1;
             if outcome.is_ok() {
                 landing.landed += header.len;
-                landing.wire += header.wire_len;
+                landing.wire.add(header.wire_len);
             } else {
                 landing.failed = true;
             }
@@ -497,7 +534,6 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     let progress = Arc::new(Progress::default());
     let mut queued = 0;
     let compress = set.compress(plan);
-    let started = Instant::now();
     {
         let _order = lock(&set.order);
         let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
@@ -523,8 +559,8 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
         state = progress.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
     let failed = state.1.is_some() || queued < chunks(len, plan.chunk).count();
-    if !failed {
-        set.measured(state.2, started.elapsed());
+    if !failed && !compress {
+        set.measured(&state.2);
     }
     // The server learns of a broken data connection itself and fails the copy; the caller's
     // next synchronizing call reports it. Here the app hears of it at once.
@@ -550,9 +586,9 @@ pub unsafe fn dtoh(
     }
     let (plan, set) = client.stripes.for_copy(len)?;
     let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
-    lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, wire: 0, writing: 0, failed: false });
-    let started = Instant::now();
-    let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk, blocking, compress: set.compress(plan) };
+    lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, wire: WireTimes::default(), writing: 0, failed: false });
+    let compress = set.compress(plan);
+    let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk, blocking, compress };
     let reply = client
         .conn()
         .call(&request.into())
@@ -586,8 +622,9 @@ pub unsafe fn dtoh(
     }
     if let Some(landing) = landings.remove(&transfer)
         && outcome.is_ok()
+        && !compress
     {
-        set.measured(landing.wire, started.elapsed());
+        set.measured(&landing.wire);
     }
     Some(outcome)
 }
@@ -616,6 +653,19 @@ mod tests {
             .collect();
         assert!(compressor.compress(&random).is_none(), "random bytes go raw");
         assert!(compressor_rate() > 0);
+    }
+
+    #[test]
+    fn the_link_rate_leaves_out_the_wait_before_the_first_chunk() {
+        let mut times = WireTimes::default();
+        times.add(4 << 20);
+        assert_eq!(times.rate(), None, "one chunk tells nothing");
+        std::thread::sleep(Duration::from_millis(20));
+        times.add(4 << 20);
+        times.add(4 << 20);
+        let rate = times.rate().expect("three chunks");
+        // 8 MiB after the first chunk in a little over 20 ms: at most 8 MiB / 20 ms.
+        assert!(rate <= (8u64 << 20) * 50 && rate > (8u64 << 20), "{rate}");
     }
 
     #[test]
