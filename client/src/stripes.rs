@@ -15,11 +15,12 @@
 //!   buffer by the copy they name; the call returns once the reply and every byte are in.
 //! - A data connection that fails fails the copy under way (bounded by `IO_TIMEOUT` of no
 //!   progress) and ends striping for the session: later copies go over the main connection.
-//! - Compression (`FLYT_STRIPE_LZ4`: `auto`, the default, `on` or `off`): with `auto`, chunks go
-//!   as LZ4 blocks while the link's measured rate (bytes on the wire per second of the last
-//!   striped copies) is below what the connections' threads can compress (measured when the data
-//!   connections open); each chunk LZ4 does not shrink by a sixteenth goes raw. The server counts
-//!   the bytes saved (`stripe_compression_saved_bytes`).
+//! - Compression (`FLYT_STRIPE_LZ4`: `auto`, the default, `on` or `off`): with `auto`, the
+//!   session tries both and keeps the faster: each way's goodput (the app's bytes per second of
+//!   whole copies of several chunks, round trips included, as the app sees them) is smoothed, and
+//!   one copy in [`PROBE_EVERY`] goes the other way to measure it again (a link's rate, the
+//!   data's compressibility and the CPUs change). Each chunk LZ4 does not shrink by a sixteenth
+//!   goes raw. The server counts the bytes saved (`stripe_compression_saved_bytes`).
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
@@ -49,14 +50,15 @@ const WRITE_STALL: Duration = Duration::from_secs(600);
 const DEFAULT_MIN: u64 = 1 << 20;
 /// Chunk size (`FLYT_STRIPE_CHUNK`, at most the server's copy chunk).
 const DEFAULT_CHUNK: u64 = 4 << 20;
-/// With compression chosen automatically, one striped copy in this many goes raw to measure the
-/// link again.
-const RAW_PROBE_EVERY: u64 = 8;
+/// With compression chosen automatically, one copy in this many goes the way not chosen.
+const PROBE_EVERY: u64 = 8;
+/// Copies of fewer chunks than this are not timed for the choice (a round trip dwarfs them).
+const TIMED_CHUNKS: u64 = 4;
 
 /// When chunks go compressed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Lz4 {
-    /// While the measured link is slower than the compressor.
+    /// The faster of the two as measured.
     Auto,
     On,
     Off,
@@ -70,15 +72,6 @@ impl Lz4 {
             _ => Self::Auto,
         }
     }
-}
-
-/// Bytes per second one thread compresses: timed on 1 MiB of slowly changing 16-bit values
-/// (the shape of model weights), once per session.
-fn compressor_rate() -> u64 {
-    let sample: Vec<u8> = (0..(1u32 << 19)).flat_map(|i| ((i / 7) as u16 ^ 0x3c00).to_le_bytes()).collect();
-    let started = Instant::now();
-    let _ = Compressor::default().compress(&sample);
-    (sample.len() as f64 / started.elapsed().as_secs_f64().max(1e-6)) as u64
 }
 
 fn env_bytes(name: &str) -> Option<u64> {
@@ -146,6 +139,17 @@ impl Stripes {
     }
 }
 
+/// Automatic compression: whether a copy goes compressed, given each way's goodput (0: not
+/// timed yet) and whether this copy probes the way not chosen. Raw is timed first, compressed
+/// next; then the faster, but a probe goes the other way.
+fn choose_compressed(raw: u64, compressed: u64, probe: bool) -> bool {
+    match (raw, compressed) {
+        (0, _) => false,
+        (_, 0) => true,
+        _ => (compressed > raw) != probe,
+    }
+}
+
 /// A chunk for a sender thread to write: from the app's buffer, which the calling thread keeps
 /// valid until every chunk of its copy is answered.
 struct Outgoing {
@@ -165,8 +169,6 @@ struct Landing {
     ptr: *mut u8,
     len: u64,
     landed: u64,
-    /// Bytes the landed chunks took on the wire.
-    wire: WireTimes,
     /// Chunks being written into the buffer right now: the copy waits for them before it
     /// returns, even when it fails.
     writing: usize,
@@ -177,49 +179,20 @@ struct Landing {
 // landing is registered; the copy's calling thread removes it only once no chunk is being written.
 unsafe impl Send for Landing {}
 
-/// The bytes a copy's chunks took on the wire and when they went or came: the link's rate is
-/// measured from the first chunk to the last, so the round trip before the first (a request, a
-/// far server) does not count as a slow link.
-#[derive(Default)]
-struct WireTimes {
-    bytes: u64,
-    first: Option<(Instant, u64)>,
-    last: Option<Instant>,
-}
-
-impl WireTimes {
-    fn add(&mut self, wire: u64) {
-        let now = Instant::now();
-        self.first.get_or_insert((now, wire));
-        self.last = Some(now);
-        self.bytes += wire;
-    }
-
-    /// Bytes per second after the first chunk; `None` for a copy too short to tell.
-    fn rate(&self) -> Option<u64> {
-        let ((first_at, first_bytes), last_at) = (self.first?, self.last?);
-        let span = last_at.duration_since(first_at).as_secs_f64();
-        (span > 0.0 && self.bytes > first_bytes).then(|| ((self.bytes - first_bytes) as f64 / span) as u64)
-    }
-}
-
-/// Chunks answered of one copy, for its calling thread to wait on: how many, the first
-/// failure, and their bytes on the wire.
+/// Chunks answered of one copy, for its calling thread to wait on: how many, and the first
+/// failure.
 #[derive(Default)]
 struct Progress {
-    state: Mutex<(usize, Option<String>, WireTimes)>,
+    state: Mutex<(usize, Option<String>)>,
     changed: Condvar,
 }
 
 impl Progress {
-    fn answer(&self, outcome: Result<u64, String>) {
+    fn answer(&self, outcome: Result<(), String>) {
         let mut state = lock(&self.state);
         state.0 += 1;
-        match outcome {
-            Ok(wire) => state.2.add(wire),
-            Err(failure) => {
-                state.1.get_or_insert(failure);
-            }
+        if let Err(failure) = outcome {
+            state.1.get_or_insert(failure);
         }
         self.changed.notify_all();
     }
@@ -234,12 +207,10 @@ struct Set {
     landings: Mutex<HashMap<u64, Landing>>,
     landed: Condvar,
     dead: AtomicBool,
-    /// Bytes on the wire per second of the last striped copies (0: none yet).
-    link_rate: AtomicU64,
-    /// Striped copies begun (for the raw probes of `compress`).
+    /// Smoothed goodput, bytes per second, of raw and of compressed copies (0: none timed yet).
+    goodput: [AtomicU64; 2],
+    /// Striped copies begun (for the probes of the way not chosen).
     copies: AtomicU64,
-    /// Bytes per second all the connections' threads compress.
-    compress_rate: u64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -283,9 +254,8 @@ impl Set {
             landings: Mutex::new(HashMap::new()),
             landed: Condvar::new(),
             dead: AtomicBool::new(false),
-            link_rate: AtomicU64::new(0),
+            goodput: [AtomicU64::new(0), AtomicU64::new(0)],
             copies: AtomicU64::new(0),
-            compress_rate: if plan.lz4 == Lz4::Auto { compressor_rate() * plan.count as u64 } else { 0 },
         });
         for (index, (queue, reader, writer)) in receivers.into_iter().enumerate() {
             let sending = Arc::downgrade(&set);
@@ -304,26 +274,27 @@ impl Set {
 
     /// Whether this copy's chunks go compressed.
     /// Whether this copy's chunks go compressed (each still raw when LZ4 does not shrink it).
-    /// Automatic: while the link is slower than the compressors, except every
-    /// [`RAW_PROBE_EVERY`]th copy, which goes raw to measure the link again (compressed copies
-    /// measure the compressors, not the link).
     fn compress(&self, plan: &Plan) -> bool {
         match plan.lz4 {
             Lz4::On => true,
             Lz4::Off => false,
             Lz4::Auto => {
-                let link = self.link_rate.load(Ordering::Relaxed);
-                let probe = self.copies.fetch_add(1, Ordering::Relaxed) % RAW_PROBE_EVERY == 0;
-                link != 0 && link < self.compress_rate && !probe
+                let [raw, compressed] = [0, 1].map(|way| self.goodput[way].load(Ordering::Relaxed));
+                let probe = self.copies.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == PROBE_EVERY - 1;
+                choose_compressed(raw, compressed, probe)
             }
         }
     }
 
-    /// A raw striped copy's chunks crossed the link so: its rate, smoothed.
-    fn measured(&self, times: &WireTimes) {
-        let Some(rate) = times.rate() else { return };
-        let old = self.link_rate.load(Ordering::Relaxed);
-        self.link_rate.store(if old == 0 { rate } else { (old * 3 + rate) / 4 }, Ordering::Relaxed);
+    /// A successful copy of `len` bytes in `took`, `compressed` or not: that way's goodput.
+    fn timed(&self, plan: &Plan, len: u64, compressed: bool, took: Duration) {
+        if plan.lz4 != Lz4::Auto || len < TIMED_CHUNKS * plan.chunk {
+            return;
+        }
+        let rate = (len as f64 / took.as_secs_f64().max(1e-6)) as u64;
+        let slot = &self.goodput[usize::from(compressed)];
+        let old = slot.load(Ordering::Relaxed);
+        slot.store(if old == 0 { rate } else { (old * 3 + rate) / 4 }, Ordering::Relaxed);
     }
 
     /// Ends striping: every copy under way fails, later ones use the main connection.
@@ -401,7 +372,6 @@ fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Outg
             }
             let encoded = header.encode();
             write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)], &live.dead)
-                .map(|()| header.wire_len)
                 .map_err(|error| format!("writing a chunk: {error}"))
         };
         if let Err(reason) = &outcome {
@@ -510,7 +480,6 @@ fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mu
             landing.writing -= 1;
             if outcome.is_ok() {
                 landing.landed += header.len;
-                landing.wire.add(header.wire_len);
             } else {
                 landing.failed = true;
             }
@@ -534,6 +503,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     let progress = Arc::new(Progress::default());
     let mut queued = 0;
     let compress = set.compress(plan);
+    let started = Instant::now();
     {
         let _order = lock(&set.order);
         let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
@@ -559,8 +529,8 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
         state = progress.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
     let failed = state.1.is_some() || queued < chunks(len, plan.chunk).count();
-    if !failed && !compress {
-        set.measured(&state.2);
+    if !failed {
+        set.timed(plan, len, compress, started.elapsed());
     }
     // The server learns of a broken data connection itself and fails the copy; the caller's
     // next synchronizing call reports it. Here the app hears of it at once.
@@ -586,7 +556,8 @@ pub unsafe fn dtoh(
     }
     let (plan, set) = client.stripes.for_copy(len)?;
     let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
-    lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, wire: WireTimes::default(), writing: 0, failed: false });
+    lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, writing: 0, failed: false });
+    let started = Instant::now();
     let compress = set.compress(plan);
     let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk, blocking, compress };
     let reply = client
@@ -620,11 +591,9 @@ pub unsafe fn dtoh(
         }
         landings = set.landed.wait_timeout(landings, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner()).0;
     }
-    if let Some(landing) = landings.remove(&transfer)
-        && outcome.is_ok()
-        && !compress
-    {
-        set.measured(&landing.wire);
+    landings.remove(&transfer);
+    if outcome.is_ok() {
+        set.timed(plan, len, compress, started.elapsed());
     }
     Some(outcome)
 }
@@ -652,20 +621,16 @@ mod tests {
             })
             .collect();
         assert!(compressor.compress(&random).is_none(), "random bytes go raw");
-        assert!(compressor_rate() > 0);
     }
 
     #[test]
-    fn the_link_rate_leaves_out_the_wait_before_the_first_chunk() {
-        let mut times = WireTimes::default();
-        times.add(4 << 20);
-        assert_eq!(times.rate(), None, "one chunk tells nothing");
-        std::thread::sleep(Duration::from_millis(20));
-        times.add(4 << 20);
-        times.add(4 << 20);
-        let rate = times.rate().expect("three chunks");
-        // 8 MiB after the first chunk in a little over 20 ms: at most 8 MiB / 20 ms.
-        assert!(rate <= (8u64 << 20) * 50 && rate > (8u64 << 20), "{rate}");
+    fn automatic_compression_measures_both_ways_then_keeps_the_faster_and_probes_the_other() {
+        // Nothing timed: raw first, then compressed once each has no figure.
+        assert!(!choose_compressed(0, 0, false));
+        assert!(choose_compressed(10, 0, false));
+        // The faster way, and the other on a probe.
+        assert!(choose_compressed(10, 20, false) && !choose_compressed(10, 20, true));
+        assert!(!choose_compressed(20, 10, false) && choose_compressed(20, 10, true));
     }
 
     #[test]
