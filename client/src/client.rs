@@ -123,6 +123,9 @@ pub struct Client {
     pub(crate) stripes: crate::stripes::Stripes,
     /// Context limits learned, by `(device, limit)` (`device_limit`).
     limits: Mutex<HashMap<(u32, u32), u64>>,
+    /// Streams known to have finished their work, with the connection's frame count then
+    /// (`stream_finished`).
+    finished_streams: Mutex<HashMap<u64, u64>>,
 }
 
 /// `CU_LIMIT_STACK_SIZE`: the driver raises it by itself when a launch needs a larger stack.
@@ -658,6 +661,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         greens: crate::green::Greens::default(),
         stripes,
         limits: Mutex::new(HashMap::new()),
+        finished_streams: Mutex::new(HashMap::new()),
     })
 }
 
@@ -769,6 +773,46 @@ impl Client {
     /// Waits for `stream`'s work (a synchronizing call: earlier work's errors arrive here).
     pub fn sync_stream(&self, stream: u64) -> CudaResult<()> {
         self.call(flyt_protocol::ops::req::StreamSynchronize { stream }).map(drop)
+    }
+
+    /// `cuStreamSynchronize`. Answered here when the stream's work is known finished and nothing
+    /// was sent since (`.item()` is a device-to-host copy into pageable memory, which waits for
+    /// the stream, then a synchronize: one round trip, not two): the stream has no work, and
+    /// errors of asynchronous copies the client holds are still reported. A sticky error of
+    /// another stream's kernel may then come at the next call instead, as it may natively when
+    /// it happens a moment later.
+    pub fn synchronize_stream(&self, stream: u64) -> CudaResult<()> {
+        if self.stream_finished(stream) {
+            // A pause the server asked for meanwhile sends a request, which ends the shortcut.
+            self.conn().read_arrived()?;
+        }
+        if self.stream_finished(stream) {
+            self.conn().take_deferred().map_or(Ok(()), Err)?;
+            return self.pull_mirrors(false);
+        }
+        let (slot, mark) = self.conn().send_for_reply_marked(&req::StreamSynchronize { stream }.into(), None)?;
+        self.conn().flush()?;
+        self.reply::<req::StreamSynchronize>(slot.wait())?;
+        self.pull_mirrors(false)?;
+        self.note_stream_finished(stream, mark);
+        Ok(())
+    }
+
+    /// A call ordered on `stream` whose reply came, sent when the connection had sent `mark`
+    /// frames: the stream's work up to it is done.
+    pub(crate) fn note_stream_finished(&self, stream: u64, mark: u64) {
+        // Several servers' connections count their own frames.
+        if self.spread() {
+            return;
+        }
+        let mut finished = lock(&self.finished_streams);
+        finished.retain(|_, at| *at == mark);
+        finished.insert(stream, mark);
+    }
+
+    /// Whether `stream` finished its work and nothing at all was sent since.
+    fn stream_finished(&self, stream: u64) -> bool {
+        lock(&self.finished_streams).get(&stream).is_some_and(|mark| *mark == self.conn().frames_sent())
     }
 
     /// The server's `cudaDriverGetVersion`.

@@ -188,6 +188,9 @@ struct Outgoing {
     /// The capture interaction mode last sent (`CaptureMode`) while a capture was active;
     /// `UNSENT` when none is (the next capture's requests send theirs).
     capture_mode: u32,
+    /// Frames queued since the connection opened: a mark of "nothing sent since" (see
+    /// [`Conn::send_for_reply_marked`]).
+    frames: u64,
 }
 
 /// `Outgoing::capture_mode` before any is sent.
@@ -369,6 +372,7 @@ impl Conn {
                 first_device: 0,
                 device_count: u32::MAX,
                 capture_mode: UNSENT,
+                frames: 0,
             }),
             resumed: Condvar::new(),
             pending: Mutex::new(PendingMap::default()),
@@ -596,6 +600,7 @@ impl Conn {
     }
 
     fn put(out: &mut Outgoing, seq: u32, request: &Request, bulk: &[u8]) {
+        out.frames += 1;
         let start = out.buf.len();
         out.buf.resize(start + HEADER_LEN, 0);
         request.encode(&mut out.buf);
@@ -731,6 +736,47 @@ impl Conn {
         let slot = self.register(&out, destination, false);
         self.enqueue(&mut out, request, &[]);
         Ok(slot)
+    }
+
+    /// [`Conn::send_for_reply`], with the number of frames queued once this request was: while
+    /// [`Conn::frames_sent`] still answers it, nothing was sent after the request.
+    pub fn send_for_reply_marked(
+        self: &Arc<Self>,
+        request: &Request,
+        destination: Option<HostDestination>,
+    ) -> CudaResult<(Arc<ReplySlot>, u64)> {
+        self.check_alive()?;
+        self.async_run.store(0, Ordering::Relaxed);
+        let mut out = self.unpaused()?;
+        let slot = self.register(&out, destination, false);
+        self.enqueue(&mut out, request, &[]);
+        Ok((slot, out.frames))
+    }
+
+    /// Handles what the server sent unasked (a pause, new limits) without waiting, for a call
+    /// answered without a round trip: an app that only polls such calls still hears of them.
+    pub fn read_arrived(&self) -> CudaResult<()> {
+        // Another thread reading handles them.
+        let Ok(mut inbound) = self.inbound.try_lock() else { return Ok(()) };
+        let outcome = loop {
+            match self.read_frame(&mut inbound, false) {
+                Ok(true) => {}
+                Ok(false) => break Ok(()),
+                Err(reason) => break Err(reason),
+            }
+        };
+        drop(inbound);
+        if let Err(reason) = outcome {
+            self.fail(reason);
+            return Err(CudaError::DEVICES_UNAVAILABLE);
+        }
+        self.hand_over();
+        Ok(())
+    }
+
+    /// Frames queued so far (see [`Conn::send_for_reply_marked`]).
+    pub fn frames_sent(&self) -> u64 {
+        lock(&self.outgoing).frames
     }
 
     /// Sends an asynchronous device-to-host copy: its bytes land in `destination` whenever its

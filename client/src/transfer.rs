@@ -390,6 +390,8 @@ pub unsafe fn copy(
                 return dtoh_done(client, mode, striped?);
             }
             let mut slots = Vec::new();
+            // The frame count once the last piece was queued (see `Client::synchronize_stream`).
+            let mut last_mark = None;
             let mut offset = 0u64;
             while offset < len {
                 let piece = chunk.min(len - offset);
@@ -400,7 +402,11 @@ pub unsafe fn copy(
                 let last = offset + piece == len;
                 let request =
                     req::MemcpyDtoH { src: src_address + offset, len: piece, stream, blocking: last && mode == Mode::Synchronous };
-                if waited {
+                if waited && last {
+                    let (slot, mark) = client.conn().send_for_reply_marked(&request.into(), Some(destination))?;
+                    slots.push(slot);
+                    last_mark = Some(mark);
+                } else if waited {
                     slots.push(client.conn().send_for_reply(&request.into(), Some(destination))?);
                 } else {
                     client.conn().send_detached(&request.into(), destination)?;
@@ -423,6 +429,9 @@ pub unsafe fn copy(
                 }
             }
             outcome?;
+            if let Some(mark) = last_mark {
+                client.note_stream_finished(stream, mark);
+            }
             dtoh_done(client, mode, deferred)
         }
         Direction::DeviceToDevice => {

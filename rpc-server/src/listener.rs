@@ -599,9 +599,20 @@ impl Server {
         }
         let (pid, channel) = self.session_worker(session_id)?;
         let command = ToWorker::Checkpoint { dir: dir.to_string(), timeout_ms, on_device };
-        match self.ask_worker(pid, &channel, &command, Duration::from_millis(timeout_ms) + RESTORE_TIMEOUT)? {
-            FromWorker::Checkpointed(result) => result.map(|info| SnapshotInfo { session_id, ..info }),
-            other => Err(format!("unexpected answer {other:?}")),
+        // A capture under way ends soon (an app captures a graph in a moment): the checkpoint is
+        // asked again until it has or the timeout passed.
+        let deadline = std::time::Instant::now() + Duration::from_millis(timeout_ms);
+        loop {
+            let result = match self.ask_worker(pid, &channel, &command, Duration::from_millis(timeout_ms) + RESTORE_TIMEOUT)? {
+                FromWorker::Checkpointed(result) => result.map(|info| SnapshotInfo { session_id, ..info }),
+                other => return Err(format!("unexpected answer {other:?}")),
+            };
+            match result {
+                Err(reason) if reason.ends_with(crate::session::graphs::CAPTURE_UNDER_WAY) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                result => return result,
+            }
         }
     }
 

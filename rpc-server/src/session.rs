@@ -26,7 +26,7 @@ use crate::transport::{Connection, Outbox};
 use crate::waiters::Waiters;
 
 mod arrays;
-mod graphs;
+pub(crate) mod graphs;
 mod green;
 mod intake;
 mod ipc;

@@ -1072,3 +1072,32 @@ fn capture_modes_apply_per_app_thread() {
         }
     }
 }
+
+/// A synchronize right after a device-to-host copy into pageable memory (which waited for the
+/// stream) is answered without a round trip; one after new work is not.
+#[test]
+fn a_synchronize_after_a_waited_copy_costs_no_round_trip() {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return;
+    };
+    let scratch = scratch_dir("sync-shortcut");
+    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_sync_shortcut");
+    let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
+    let (code, stdout, stderr) = run_with_timeout(
+        Command::new(&program)
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("FLYT_SERVER", &server.addresses[0])
+            .env("FLYT_SHM", "off")
+            .env("FLYT_STATS", "1"),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("every copy read the memset before it: yes") && stdout.contains("PASSED"), "{stdout}");
+    let row: Vec<u64> = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("flyt stats: cuStreamSynchronize "))
+        .map(|rest| rest.split_whitespace().take(2).filter_map(|field| field.parse().ok()).collect())
+        .unwrap_or_default();
+    assert_eq!(row, [40, 20], "calls and round trips of cuStreamSynchronize:\n{stderr}");
+}

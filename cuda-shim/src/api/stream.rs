@@ -217,7 +217,7 @@ pub unsafe fn cuStreamDestroy(h_stream: CUstream) -> CUresult {
 fn synchronize(stream: CUstream, ptds: bool) -> DriverResult {
     let client = client()?;
     let stream = resolve_stream(client, stream, ptds)?;
-    client.on_handle_server(stream, || client.call(req::StreamSynchronize { stream })).map(|_| ()).map_err(driver_error)
+    client.on_handle_server(stream, || client.synchronize_stream(stream)).map_err(driver_error)
 }
 
 pub unsafe fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {

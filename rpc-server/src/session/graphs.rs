@@ -97,6 +97,10 @@ pub struct GraphTable<D: Device> {
     staging_holders: HashMap<u64, HashSet<u64>>,
 }
 
+/// A move's blocker that passes: a checkpoint asked for meanwhile is tried again
+/// (`Listener::checkpoint`).
+pub const CAPTURE_UNDER_WAY: &str = "a stream capture is under way";
+
 impl<D: Device> GraphTable<D> {
     /// Whether `ptr` is the start of memory a graph's allocation node made.
     pub fn is_graph_memory(&self, ptr: u64) -> bool {
@@ -106,7 +110,7 @@ impl<D: Device> GraphTable<D> {
     /// Why the session cannot move, if graphs or captures hold it.
     pub(super) fn move_blocker(&self) -> Option<String> {
         if !self.captures.is_empty() {
-            return Some("a stream capture is under way".into());
+            return Some(CAPTURE_UNDER_WAY.into());
         }
         if !self.memory.is_empty() {
             return Some("its graphs allocate graph memory (memory nodes), whose addresses the driver picks".into());
