@@ -49,6 +49,8 @@ pub struct HostPool {
     pinned: AtomicUsize,
     /// Bytes pinned ahead by this process (the emulated device's "pinned" memory too).
     pinned_bytes: AtomicU64,
+    /// Which pinning thread is current (a device reset starts another); held while pinning.
+    pinning: std::sync::Mutex<u64>,
 }
 
 fn map_header(file: &std::fs::File) -> Result<memmap2::MmapRaw, String> {
@@ -88,7 +90,16 @@ impl HostPool {
         chunks: usize,
     ) -> Result<Self, String> {
         let header = map(&file)?;
-        Ok(Self { file, header, data, chunk, chunks, pinned: AtomicUsize::new(0), pinned_bytes: AtomicU64::new(0) })
+        Ok(Self {
+            file,
+            header,
+            data,
+            chunk,
+            chunks,
+            pinned: AtomicUsize::new(0),
+            pinned_bytes: AtomicU64::new(0),
+            pinning: std::sync::Mutex::new(0),
+        })
     }
 
     /// A worker's view of the listener's pool (its memory file), with the chunks mapped.
@@ -169,10 +180,10 @@ impl HostPool {
         (0..self.chunks).filter(|index| self.owner(*index).load(Ordering::Acquire) == mark).count()
     }
 
-    /// The listener fills (allocates the pages of) the first chunks covering `bytes`, at most the
-    /// pool, on a thread of its own; once only.
+    /// The listener fills (allocates the pages of) as many whole chunks as `bytes` holds, at most
+    /// the pool, on a thread of its own; once only.
     pub fn fill(self: &Arc<Self>, bytes: u64) {
-        let target = usize::try_from(bytes.div_ceil(self.chunk)).unwrap_or(usize::MAX).min(self.chunks);
+        let target = usize::try_from(bytes / self.chunk).unwrap_or(usize::MAX).min(self.chunks);
         if self.words()[W_TARGET].compare_exchange(UNKNOWN, target as u64, Ordering::AcqRel, Ordering::Acquire).is_err() {
             return;
         }
@@ -208,6 +219,28 @@ impl HostPool {
     /// A worker pins the chunks with `device` as the listener fills them, on a thread of its own,
     /// until the pool's target is reached (or pinning fails: the chunks pinned so far serve).
     pub fn pin_in_background<D: Device>(self: &Arc<Self>, device: Arc<D>) {
+        let generation = *self.lock_pinning();
+        self.spawn_pinning(device, generation);
+    }
+
+    /// After a device reset (the registrations went with the context): pins every chunk again,
+    /// in the background; until then page-outs use the chunks pinned again so far.
+    pub fn pin_again_in_background<D: Device>(self: &Arc<Self>, device: Arc<D>) {
+        let generation = {
+            let mut current = self.lock_pinning();
+            *current += 1;
+            self.pinned.store(0, Ordering::Release);
+            self.pinned_bytes.store(0, Ordering::Release);
+            *current
+        };
+        self.spawn_pinning(device, generation);
+    }
+
+    fn lock_pinning(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.pinning.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn spawn_pinning<D: Device>(self: &Arc<Self>, device: Arc<D>, generation: u64) {
         let pool = self.clone();
         let spawned = std::thread::Builder::new().name("flyt-page-pin".into()).spawn(move || {
             if let Err(error) = device.bind_thread() {
@@ -218,9 +251,14 @@ impl HostPool {
             loop {
                 let filled = pool.filled();
                 while pool.pinned() < filled {
-                    if let Err(reason) = pool.pin_next(&*device) {
-                        tracing::warn!(%reason, chunks = pool.pinned(), "paging pool pinned in part");
-                        return;
+                    match pool.pin_next(&*device, generation) {
+                        Ok(true) => {}
+                        // A newer thread pins now (a device reset).
+                        Ok(false) => return,
+                        Err(reason) => {
+                            tracing::warn!(%reason, chunks = pool.pinned(), "paging pool pinned in part");
+                            return;
+                        }
                     }
                 }
                 let target = pool.words()[W_TARGET].load(Ordering::Acquire);
@@ -243,16 +281,26 @@ impl HostPool {
         }
     }
 
-    /// Pins the next chunk (mapped, filled) in this process.
-    fn pin_next<D: Device>(&self, device: &D) -> Result<(), String> {
+    /// Pins the next chunk (mapped, filled) in this process; `Ok(false)` when `generation` is
+    /// no longer the current pinning.
+    fn pin_next<D: Device>(&self, device: &D, generation: u64) -> Result<bool, String> {
+        let current = self.lock_pinning();
+        if *current != generation {
+            return Ok(false);
+        }
         let index = self.pinned();
         let Some(ptr) = self.chunk_ptr(index) else { return Err("no chunks mapped".into()) };
         // SAFETY: the chunk lies in `data`, mapped for as long as this pool lives; the pool lives
         // until the worker exits (its pages are never unmapped while registered).
-        unsafe { device.host_register(ptr, self.chunk as usize, false) }.map_err(|error| format!("pinning chunk {index}: {error}"))?;
+        match unsafe { device.host_register(ptr, self.chunk as usize, false) } {
+            // Still registered across a reset: as good.
+            Ok(()) | Err(flyt_protocol::CudaError::HOST_MEMORY_ALREADY_REGISTERED) => {}
+            Err(error) => return Err(format!("pinning chunk {index}: {error}")),
+        }
         self.pinned_bytes.fetch_add(self.chunk, Ordering::AcqRel);
         self.pinned.store(index + 1, Ordering::Release);
-        Ok(())
+        drop(current);
+        Ok(true)
     }
 
     /// The chunk's memory in this process.
@@ -383,8 +431,8 @@ mod tests {
         // No whole chunk in the budget: no pool.
         assert!(HostPool::create(MIB - 1, MIB).unwrap().is_none());
         assert!(HostPool::create(4 * MIB, 1000).is_err(), "a chunk of no whole pages");
-        // Budget 5 chunks, target 3.5 MiB: 4 chunks filled and pinned, never the fifth.
-        let (listener, worker, device) = pinned_pool(5 * MIB + 17, 3 * MIB + MIB / 2);
+        // Budget 5 chunks, target 4.5 MiB: 4 chunks filled and pinned, never the fifth.
+        let (listener, worker, device) = pinned_pool(5 * MIB + 17, 4 * MIB + MIB / 2);
         assert_eq!((listener.chunks(), listener.filled(), worker.pinned()), (5, 4, 4));
         assert_eq!(worker.pinned_bytes(), 4 * MIB);
         assert_eq!(device.registered_bytes(), 4 * MIB, "what the device counts as pinned");
@@ -408,6 +456,20 @@ mod tests {
         let (a, b) = (worker.chunk_ptr(0).unwrap(), worker.chunk_ptr(1).unwrap());
         assert_eq!(b as usize - a as usize, MIB as usize);
         assert!(worker.chunk_ptr(5).is_none());
+    }
+
+    #[test]
+    fn after_a_device_reset_the_chunks_are_pinned_again() {
+        let (_listener, worker, device) = pinned_pool(4 * MIB, 4 * MIB);
+        let before = device.registrations();
+        worker.pin_again_in_background(device.clone());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while worker.pinned() < 4 {
+            assert!(Instant::now() < deadline, "pool not pinned again");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(device.registrations(), before + 4, "each chunk registered again");
+        assert_eq!(worker.pinned_bytes(), 4 * MIB);
     }
 
     #[test]

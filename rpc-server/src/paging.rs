@@ -265,6 +265,13 @@ impl Pager {
         let _ = self.pool.set(pool);
     }
 
+    /// After a device reset, whose context took the pool's registrations: pins it again.
+    pub fn pin_pool_again<D: Device>(&self, device: Arc<D>) {
+        if let Some(pool) = self.pool.get() {
+            pool.pin_again_in_background(device);
+        }
+    }
+
     /// Names the session in the log lines.
     pub fn set_session(&self, session_id: u64) {
         self.session_id.store(session_id, Ordering::Release);
@@ -784,7 +791,8 @@ impl Coordinator {
             Some(quota) => quota.saturating_sub(capacity),
             None => (capacity as f64 * (self.oversubscribe - 1.0)) as u64,
         };
-        let pool_bytes = self.pool.as_ref().map_or(0, |pool| oversubscribed.min(pool.chunks() as u64 * pool.chunk()));
+        // Whole chunks (`HostPool::fill`).
+        let pool_bytes = self.pool.as_ref().map_or(0, |pool| oversubscribed.min(pool.chunks() as u64 * pool.chunk()) / pool.chunk() * pool.chunk());
         budget.paging_words()[PINNED_LIMIT].store(pool_bytes, Ordering::Release);
         if residency.capacity() != capacity {
             tracing::info!(
