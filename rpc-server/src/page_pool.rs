@@ -34,6 +34,8 @@ const OWNERS: usize = 8;
 /// Most chunks one pool holds (2 TiB of 8 MiB chunks, 64 TiB of 256 MiB ones).
 pub const MAX_CHUNKS: usize = HEADER as usize / 8 - OWNERS;
 const UNKNOWN: u64 = u64::MAX;
+/// Most threads filling the pool at once.
+const FILL_THREADS: usize = 8;
 /// How often a worker looks for chunks filled since.
 const POLL: Duration = Duration::from_millis(20);
 
@@ -190,17 +192,22 @@ impl HostPool {
         let pool = self.clone();
         let spawned = std::thread::Builder::new().name("flyt-page-pool".into()).spawn(move || {
             let started = Instant::now();
-            for index in 0..target {
-                let (offset, len) = ((HEADER + index as u64 * pool.chunk) as libc::off_t, pool.chunk as libc::off_t);
-                // SAFETY: fallocate on this process's own memory file; it allocates the range's
-                // pages (zeroed), nothing else.
-                if unsafe { libc::fallocate(pool.fd(), 0, offset, len) } != 0 {
-                    let error = std::io::Error::last_os_error();
-                    tracing::warn!(%error, chunks = index, "paging pool stopped short: past it, paged memory goes to memory files");
-                    pool.words()[W_TARGET].store(index as u64, Ordering::Release);
+            // The kernel zeroes every page: a few threads at once, a batch of chunks at a time,
+            // so workers can pin the first chunks while the rest fill.
+            let threads = std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).clamp(1, FILL_THREADS));
+            for batch in (0..target).step_by(threads) {
+                let end = (batch + threads).min(target);
+                let shared: &HostPool = &pool;
+                let failed = std::thread::scope(|scope| {
+                    let filling: Vec<_> = (batch..end).map(|index| scope.spawn(move || shared.allocate_chunk(index))).collect();
+                    filling.into_iter().filter_map(|thread| thread.join().unwrap_or_else(|_| Err("the filling thread panicked".into())).err()).next()
+                });
+                if let Some(reason) = failed {
+                    tracing::warn!(%reason, chunks = batch, "paging pool stopped short: past it, paged memory goes to memory files");
+                    pool.words()[W_TARGET].store(batch as u64, Ordering::Release);
                     return;
                 }
-                pool.words()[W_FILLED].store(index as u64 + 1, Ordering::Release);
+                pool.words()[W_FILLED].store(end as u64, Ordering::Release);
             }
             tracing::info!(
                 chunks = target,
@@ -214,6 +221,17 @@ impl HostPool {
             tracing::warn!(%error, "no thread to fill the paging pool: paged memory goes to memory files");
             self.words()[W_TARGET].store(0, Ordering::Release);
         }
+    }
+
+    /// Allocates chunk `index`'s pages (zeroed) in the memory file.
+    fn allocate_chunk(&self, index: usize) -> Result<(), String> {
+        let (offset, len) = ((HEADER + index as u64 * self.chunk) as libc::off_t, self.chunk as libc::off_t);
+        // SAFETY: fallocate on this process's own memory file; it allocates the range's pages,
+        // nothing else.
+        if unsafe { libc::fallocate(self.fd(), 0, offset, len) } != 0 {
+            return Err(format!("allocating chunk {index}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(())
     }
 
     /// A worker pins the chunks with `device` as the listener fills them, on a thread of its own,
@@ -264,11 +282,11 @@ impl HostPool {
                 let target = pool.words()[W_TARGET].load(Ordering::Acquire);
                 if target != UNKNOWN && pool.pinned() as u64 >= target {
                     if target > 0 {
-                        tracing::debug!(
+                        tracing::info!(
                             chunks = target,
                             bytes = pool.pinned_bytes(),
                             took_ms = started.elapsed().as_millis() as u64,
-                            "paging pool pinned"
+                            "paging pool pinned in this worker"
                         );
                     }
                     return;
