@@ -63,7 +63,7 @@ impl HostPool {
     /// The listener's pool: `budget` bytes at most, in chunks of `chunk`; nothing filled yet.
     /// `None` when the budget holds no whole chunk.
     pub fn create(budget: u64, chunk: u64) -> Result<Option<Self>, String> {
-        if chunk == 0 || chunk % 4096 != 0 {
+        if chunk == 0 || !chunk.is_multiple_of(4096) {
             return Err(format!("paging chunk of {chunk} bytes: not a whole number of 4 KiB pages"));
         }
         let chunks = usize::try_from(budget / chunk).unwrap_or(usize::MAX).min(MAX_CHUNKS);
@@ -113,9 +113,8 @@ impl HostPool {
         let (chunk, chunks) = (words[W_CHUNK].load(Ordering::Acquire), words[W_CHUNKS].load(Ordering::Acquire));
         let length = file.metadata().map_err(|error| format!("the paging pool: {error}"))?.len();
         let chunks = usize::try_from(chunks).ok().filter(|chunks| *chunks <= MAX_CHUNKS);
-        let Some(chunks) = chunks.filter(|chunks| words[W_MAGIC].load(Ordering::Acquire) == MAGIC
-            && chunk > 0
-            && length == HEADER + *chunks as u64 * chunk)
+        let Some(chunks) = chunks
+            .filter(|chunks| words[W_MAGIC].load(Ordering::Acquire) == MAGIC && chunk > 0 && length == HEADER + *chunks as u64 * chunk)
         else {
             return Err("the paging pool's header does not describe its file".into());
         };
@@ -200,7 +199,10 @@ impl HostPool {
                 let shared: &HostPool = &pool;
                 let failed = std::thread::scope(|scope| {
                     let filling: Vec<_> = (batch..end).map(|index| scope.spawn(move || shared.allocate_chunk(index))).collect();
-                    filling.into_iter().filter_map(|thread| thread.join().unwrap_or_else(|_| Err("the filling thread panicked".into())).err()).next()
+                    filling
+                        .into_iter()
+                        .filter_map(|thread| thread.join().unwrap_or_else(|_| Err("the filling thread panicked".into())).err())
+                        .next()
                 });
                 if let Some(reason) = failed {
                     tracing::warn!(%reason, chunks = batch, "paging pool stopped short: past it, paged memory goes to memory files");

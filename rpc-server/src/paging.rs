@@ -479,7 +479,8 @@ impl Pager {
         let mut times = PhaseTimes { sync: started.elapsed(), ..PhaseTimes::default() };
         let slot = self.budget.slot();
         let pool = self.pool.get();
-        let chunks = pool.map_or_else(Vec::new, |pool| pool.take(slot, usize::try_from(bytes.div_ceil(pool.chunk())).unwrap_or(usize::MAX)));
+        let chunks =
+            pool.map_or_else(Vec::new, |pool| pool.take(slot, usize::try_from(bytes.div_ceil(pool.chunk())).unwrap_or(usize::MAX)));
         let chunk = pool.map_or(1, |pool| pool.chunk());
         let pooled = (chunks.len() as u64 * chunk).min(bytes);
         let pieces = crate::page_pool::layout(&allocations, chunk, &chunks);
@@ -631,7 +632,13 @@ fn pieces_by_allocation(pieces: &[Piece], allocations: usize) -> Vec<&[Piece]> {
 
 /// Queues the copies of `pieces` that lie in the pool's chunks, to (`to_host`) or from them,
 /// spread over `streams`; the caller synchronizes.
-fn queue_pool_copies<D: Device>(device: &D, pool: &HostPool, pieces: &[Piece], to_host: bool, streams: &CopyStreams<'_, D>) -> Result<(), String> {
+fn queue_pool_copies<D: Device>(
+    device: &D,
+    pool: &HostPool,
+    pieces: &[Piece],
+    to_host: bool,
+    streams: &CopyStreams<'_, D>,
+) -> Result<(), String> {
     for piece in pieces {
         let Place::Chunk { index, offset } = piece.place else { continue };
         let chunk = pool.chunk_ptr(index).ok_or_else(|| format!("chunk {index} is not in the paging pool"))?;
@@ -792,7 +799,8 @@ impl Coordinator {
             None => (capacity as f64 * (self.oversubscribe - 1.0)) as u64,
         };
         // Whole chunks (`HostPool::fill`).
-        let pool_bytes = self.pool.as_ref().map_or(0, |pool| oversubscribed.min(pool.chunks() as u64 * pool.chunk()) / pool.chunk() * pool.chunk());
+        let pool_bytes =
+            self.pool.as_ref().map_or(0, |pool| oversubscribed.min(pool.chunks() as u64 * pool.chunk()) / pool.chunk() * pool.chunk());
         budget.paging_words()[PINNED_LIMIT].store(pool_bytes, Ordering::Release);
         if residency.capacity() != capacity {
             tracing::info!(
@@ -942,7 +950,8 @@ mod tests {
         let quota = PagedBudget::new(budget.clone(), pager.clone());
         assert!(quota.try_reserve(total));
         let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
-        let pattern = |round: u64, which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i + round * 7 + which as u64) % 251) as u8).collect() };
+        let pattern =
+            |round: u64, which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i + round * 7 + which as u64) % 251) as u8).collect() };
         let mut gate = pager.enter(&*device, &outbox).unwrap();
         gate.set_allocations(1, || allocations.clone());
         gate.set_blocker(None);
