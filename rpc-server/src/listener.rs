@@ -181,10 +181,8 @@ impl Server {
         if let Some(paging) = &self.paging {
             let settings = paging.settings;
             command.arg("--paging").args([settings.idle, settings.resident_min, settings.wait].map(|d| d.as_millis().to_string()));
-            command.args(paging.pool_fd().map(|_| "--page-pool"));
+            command.args(["--page-chunk", &args.page_chunk.0.to_string()]);
         }
-        // The paging pool's memory file, at POOL_FD (`crate::page_pool`); -1: none.
-        let pool_raw = self.paging.as_ref().and_then(crate::paging::Coordinator::pool_fd).unwrap_or(-1);
         let sm_percentage = self.sm_percentage.load(Ordering::Acquire);
         if sm_percentage < 100 {
             command.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", sm_percentage.to_string());
@@ -196,16 +194,13 @@ impl Server {
         // SAFETY: between fork and exec only async-signal-safe calls run (fcntl, dup2,
         // personality, sigprocmask), on descriptors this process owns. The descriptors are first
         // copied above 10 so that placing them at 3 and 4 cannot overwrite one with the other, and
-        // dup2 clears close-on-exec on the copies the worker keeps (3, 4 and 5, and 6: the
-        // paging pool, when there is one).
+        // dup2 clears close-on-exec on the copies the worker keeps (3, 4 and 5).
         unsafe {
             command.pre_exec(move || {
                 let channel = libc::fcntl(channel_raw, libc::F_DUPFD_CLOEXEC, 10);
                 let budget = libc::fcntl(budget_raw, libc::F_DUPFD_CLOEXEC, 10);
                 let stats = libc::fcntl(stats_raw, libc::F_DUPFD_CLOEXEC, 10);
-                let pool = if pool_raw >= 0 { libc::fcntl(pool_raw, libc::F_DUPFD_CLOEXEC, 10) } else { -1 };
-                if (pool_raw >= 0 && (pool < 0 || libc::dup2(pool, crate::worker::POOL_FD) < 0))
-                    || channel < 0
+                if channel < 0
                     || budget < 0
                     || stats < 0
                     || libc::dup2(channel, crate::worker::CHANNEL_FD) < 0
@@ -318,9 +313,6 @@ impl Server {
             }
         }
         self.budget.reclaim(slot);
-        if let Some(paging) = &self.paging {
-            paging.reclaim(slot);
-        }
         {
             let mut retired = lock(&self.retired);
             let counts = self.stats.take(slot);
@@ -943,7 +935,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         paging: args
             .paging()
             .zip(args.oversubscribe)
-            .map(|(settings, factor)| crate::paging::Coordinator::new(settings, factor, paging_pool(&args))),
+            .map(|(settings, factor)| crate::paging::Coordinator::new(settings, factor, args.page_host_budget())),
         args,
     });
 
@@ -988,19 +980,6 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
 }
 
 /// GPU ordinals as `--gpu` takes them.
-/// Oversubscription's pool of host memory for paged-out sessions (`crate::page_pool`), if its
-/// budget holds a chunk; a pool that cannot be made leaves paging to memory files.
-fn paging_pool(args: &ServerArgs) -> Option<crate::page_pool::HostPool> {
-    let budget = args.page_host_budget();
-    match crate::page_pool::HostPool::create(budget, args.page_chunk.0) {
-        Ok(pool) => pool,
-        Err(reason) => {
-            tracing::warn!(%reason, budget, "no paging pool: paged memory goes to memory files");
-            None
-        }
-    }
-}
-
 fn gpu_list(gpus: &[u32]) -> String {
     gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }

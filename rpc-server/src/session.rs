@@ -1668,7 +1668,7 @@ impl<D: Device> OpHandler for Session<D> {
             self.waiters.rebind();
             self.pin_segment_again();
             if let Some(pager) = &self.pager {
-                pager.pin_pool_again(self.device.clone());
+                pager.pin_pool_again();
             }
             self.reload_modules();
         });

@@ -26,8 +26,6 @@ pub const CHANNEL_FD: i32 = 3;
 pub const BUDGET_FD: i32 = 4;
 /// The metrics counters page (`stats::StatsPage`), placed by the listener like the budget page.
 pub const STATS_FD: i32 = 5;
-/// The paging pool's memory file (`crate::page_pool`), with `--page-pool`.
-pub const POOL_FD: i32 = 6;
 
 /// What a worker needs to know (passed on its command line).
 #[derive(Clone, Debug, clap::Args)]
@@ -69,31 +67,9 @@ pub struct WorkerArgs {
     /// residency, and the longest wait for device memory (`crate::paging::PagingSettings`).
     #[arg(long, num_args = 3, value_names = ["IDLE_MS", "RESIDENT_MIN_MS", "WAIT_MS"])]
     pub paging: Option<Vec<u64>>,
-    /// The listener placed the paging pool's memory file at POOL_FD.
-    #[arg(long)]
-    pub page_pool: bool,
-}
-
-/// The server's paging pool (`--page-pool`), its chunks pinned in this worker in the background
-/// from now on: ahead of any page-out.
-fn open_pool<D: Device>(args: &WorkerArgs, device: &Arc<D>) -> Option<Arc<crate::page_pool::HostPool>> {
-    if !args.page_pool || args.paging.is_none() {
-        return None;
-    }
-    // SAFETY: with --page-pool the listener placed the pool's memory file at POOL_FD before exec,
-    // and nothing else in this process owns it.
-    let file = unsafe { std::fs::File::from_raw_fd(POOL_FD) };
-    match crate::page_pool::HostPool::open(file) {
-        Ok(pool) => {
-            let pool = Arc::new(pool);
-            pool.pin_in_background(device.clone());
-            Some(pool)
-        }
-        Err(reason) => {
-            tracing::warn!(%reason, "paging pool not used: paged memory goes to memory files");
-            None
-        }
-    }
+    /// Paging: the chunks of host memory the worker pins ahead for its session (`crate::page_pool`).
+    #[arg(long, default_value_t = crate::page_pool::DEFAULT_CHUNK)]
+    pub page_chunk: u64,
 }
 
 /// The pager of a worker whose server pages (`--paging`), with a descriptor of its channel.
@@ -367,8 +343,6 @@ fn serve<D: Device>(
     let first = &infos[0];
     let sm_count = u32::try_from(first.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(0)).unwrap_or(0);
     send_to_listener(&channel, &FromWorker::Ready { pid: std::process::id(), total_mem: first.total_mem, sm_count });
-    // Pinned while this worker waits for its session, not when it pages out.
-    let pool = open_pool(args, &device);
     let mut command = receive_command(&channel);
     // A moved session's snapshot first, when this worker is to continue one.
     let mut restored = None;
@@ -495,9 +469,8 @@ fn serve<D: Device>(
     };
     let mut session = Session::new(device.clone(), session_budget, writer, config, shm, output);
     if let Some(pager) = &pager {
-        if let Some(pool) = pool {
-            pager.set_pool(pool);
-        }
+        // Host memory pinned ahead as the session allocates, ready for its page-outs.
+        pager.start_pool(device.clone(), args.page_chunk);
         pager.set_session(session_id);
         session.set_pager(pager.clone());
     }
