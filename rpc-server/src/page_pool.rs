@@ -185,18 +185,13 @@ impl HostPool {
         if !self.residency().reserve_pinned(self.chunk) {
             return false;
         }
-        let made = memmap2::MmapOptions::new()
-            .len(self.chunk as usize)
-            .populate()
-            .map_anon()
-            .map_err(|error| format!("host memory for the paging pool: {error}"))
-            .and_then(|mut map| {
-                // SAFETY: the chunk's memory stays mapped while registered: `shrink` and `drop`
-                // unregister it before the mapping goes.
-                unsafe { device.host_register(map.as_mut_ptr(), map.len(), false) }
-                    .map_err(|error| format!("pinning the paging pool: {error}"))
-                    .map(|()| map)
-            });
+        let made = anonymous_chunk(self.chunk as usize).and_then(|mut map| {
+            // SAFETY: the chunk's memory stays mapped while registered: `shrink` unregisters it
+            // before the mapping goes.
+            unsafe { device.host_register(map.as_mut_ptr(), map.len(), false) }
+                .map_err(|error| format!("pinning the paging pool: {error}"))
+                .map(|()| map)
+        });
         match made {
             Ok(map) => {
                 self.pinned_total.fetch_add(1, Ordering::AcqRel);
@@ -263,6 +258,20 @@ impl HostPool {
         self.lock().held = 0;
         self.changed.notify_all();
     }
+}
+
+/// `len` bytes of this process's memory, in huge pages where the kernel gives them (fewer pages
+/// to pin and map), every page in place before it is pinned.
+fn anonymous_chunk(len: usize) -> Result<memmap2::MmapMut, String> {
+    let mut map = memmap2::MmapOptions::new().len(len).map_anon().map_err(|error| format!("host memory for the paging pool: {error}"))?;
+    let _ = map.advise(memmap2::Advice::HugePage);
+    if map.advise(memmap2::Advice::PopulateWrite).is_err() {
+        // Before Linux 5.14: a write to each page puts it in place.
+        for page in map.chunks_mut(4096) {
+            page[0] = 0;
+        }
+    }
+    Ok(map)
 }
 
 /// Where a piece of paged memory lies on the host.
