@@ -140,14 +140,14 @@ pub struct ServerArgs {
     /// before it fails with CUDA_ERROR_OUT_OF_MEMORY.
     #[arg(long, env = "FLYT_RPC_PAGE_WAIT_MS", default_value_t = 30_000)]
     pub page_wait_ms: u64,
-    /// With --oversubscribe: host memory for paged-out sessions, all together, allocated and
-    /// pinned ahead of need (a pool of chunks: page-outs and page-ins are then DMA at the copy
-    /// engines' speed); past it, paged memory goes to tmpfs pages, pinned window by window for
-    /// the copy. The pool is at most the oversubscribed bytes (the quota less the device memory
-    /// kept resident). Default: half the host's available memory; 0: no pool.
+    /// With --oversubscribe: host memory the workers may pin ahead for paging, all together.
+    /// Each worker keeps a pool of pinned chunks as large as its session's allocations (so its
+    /// page-outs and page-ins are DMA at the copy engines' speed), within this budget; past it,
+    /// paged memory goes to tmpfs pages, pinned window by window for the copy. Default: half the
+    /// host's available memory; 0: nothing pinned ahead.
     #[arg(long, env = "FLYT_RPC_PAGE_HOST_BUDGET", alias = "page-pinned-max")]
     pub page_host_budget: Option<ByteSize>,
-    /// With --oversubscribe: the size of the paging pool's chunks (whole 4 KiB pages).
+    /// With --oversubscribe: the size of the paging pools' chunks (whole 4 KiB pages).
     #[arg(long, env = "FLYT_RPC_PAGE_CHUNK", default_value = "256MiB")]
     pub page_chunk: ByteSize,
 }
