@@ -1011,6 +1011,63 @@ mod tests {
         assert!(!pager.residency().view().pageable);
     }
 
+    /// A page-in that maps its first group and cannot map the next releases what it mapped and
+    /// keeps the session out, its bytes still in its pool's chunks, for the next request.
+    #[test]
+    fn a_page_in_that_fails_part_way_keeps_the_session_out_with_its_bytes() {
+        use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
+        const MIB: u64 = 1 << 20;
+        let lens = [MIB, 3 * MIB];
+        let total: u64 = lens.iter().sum();
+        let device = Arc::new(EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }));
+        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
+        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 4).unwrap());
+        // Residency allows more than the device holds: something else takes its memory meanwhile.
+        budget.paging_words()[CAPACITY].store(16 * MIB, Ordering::Release);
+        Residency::new(budget.paging_words(), 0).set_pinned_limit(8 * MIB);
+        let (ours, _listener) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let (app, _app_end) = std::os::unix::net::UnixStream::pair().unwrap();
+        let outbox = crate::transport::Outbox::new(crate::transport::Connection::Unix(app), None, None);
+        let settings = PagingSettings { idle: Duration::ZERO, resident_min: Duration::ZERO, wait: Duration::from_millis(100) };
+        let pager = Arc::new(Pager::new(budget.clone(), ours.into(), settings, MIB));
+        pager.start_pool(device.clone(), MIB);
+        assert!(PagedBudget::new(budget.clone(), pager.clone()).try_reserve(total));
+        let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
+        let pattern = |which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i * 13 + which as u64) % 241) as u8).collect() };
+        for (which, &(ptr, len)) in allocations.iter().enumerate() {
+            crate::session::write_device(&*device, MIB, ptr, len, &mut pattern(which).as_slice()).unwrap();
+        }
+        let mut gate = pager.enter(&*device, &outbox).unwrap();
+        gate.set_allocations(1, || allocations.clone());
+        gate.set_blocker(None);
+        pager.leave(gate);
+        let pool = pager.pool().unwrap().clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.chunks() < 4 {
+            assert!(Instant::now() < deadline, "pool not pinned ahead");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(pager.page_out(&*device, "test"), Ok(Some(total)));
+        // 6 MiB of the device taken: the first allocation (1 MiB) maps again, the second cannot.
+        let blocker = device.malloc(6 * MIB).unwrap();
+        let free = device.mem_get_info().unwrap().0;
+        let refused = pager.enter(&*device, &outbox).err().expect("not paged in");
+        assert!(refused.contains("do not fit"), "{refused}");
+        assert_eq!(device.mem_get_info().unwrap().0, free, "what it mapped, released again");
+        assert!(pager.residency().view().paged);
+        assert_eq!(pager.residency().resident_total(), 0, "its residency given back");
+        // Room again: the next request pages it in, every byte as it was.
+        device.free(blocker).unwrap();
+        let gate = pager.enter(&*device, &outbox).unwrap();
+        for (which, &(ptr, len)) in allocations.iter().enumerate() {
+            let mut back = Vec::new();
+            crate::session::read_device(&*device, MIB, ptr, len, &mut back).unwrap();
+            assert!(back == pattern(which), "allocation {which}'s bytes");
+        }
+        pager.leave(gate);
+        assert!(!pager.residency().view().paged);
+    }
+
     #[test]
     fn claims_stay_within_the_capacity_and_a_dead_slot_gives_its_bytes_back() {
         let (_fd, page) = SharedBudget::create(None).unwrap();
