@@ -80,6 +80,8 @@ pub struct SlotView {
     pub paged_in_bytes: u64,
     pub paused_ms: u64,
     pub page_outs: u64,
+    /// Host memory its worker pins ahead for its page-outs (`crate::page_pool`).
+    pub pinned: u64,
 }
 
 impl<'a> Residency<'a> {
@@ -201,6 +203,7 @@ impl<'a> Residency<'a> {
             paged_in_bytes: self.field(PAGED_IN_BYTES).load(Ordering::Acquire),
             paused_ms: self.field(PAUSED_MS).load(Ordering::Acquire),
             page_outs: self.field(PAGE_OUTS).load(Ordering::Acquire),
+            pinned: self.field(PINNED).load(Ordering::Acquire),
         }
     }
 

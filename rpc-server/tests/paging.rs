@@ -116,6 +116,8 @@ fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
         let id = session.info.session_id;
         let paged_in = value(&text, &format!("flyt_rpc_session_paged_in_bytes_total{{allocation=\"\",session=\"{id}\"}}"));
         assert!(paged_in.is_some_and(|bytes| bytes >= (20 * 4 * MIB) as f64), "session {id}: {paged_in:?}\n{text}");
+        let pinned = value(&text, &format!("flyt_rpc_session_paging_pinned_bytes{{allocation=\"\",session=\"{id}\"}}"));
+        assert_eq!(pinned, Some((4 * MIB) as f64), "session {id}'s pool: its memory, pinned ahead\n{text}");
     }
 }
 
