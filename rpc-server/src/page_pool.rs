@@ -148,6 +148,10 @@ impl HostPool {
     /// session's allocations (as the host budget allows) or shrinks to them.
     fn follow<D: Device>(&self, device: &D) {
         if self.reset.swap(false, Ordering::AcqRel) {
+            // The reset's context is made current here too, as the session's other threads do.
+            if let Err(error) = device.bind_thread() {
+                tracing::warn!(%error, "paging pool not pinned again after a device reset");
+            }
             self.register_again(device);
         }
         let started = Instant::now();
