@@ -140,19 +140,24 @@ pub struct ServerArgs {
     /// before it fails with CUDA_ERROR_OUT_OF_MEMORY.
     #[arg(long, env = "FLYT_RPC_PAGE_WAIT_MS", default_value_t = 30_000)]
     pub page_wait_ms: u64,
-    /// With --oversubscribe: host memory paged-out sessions may keep pinned, all together (their
-    /// page-in is then a DMA at full speed); past it, paged memory stays in tmpfs pages, copied
-    /// through windows pinned for the copy. Default: half the host's memory.
-    #[arg(long, env = "FLYT_RPC_PAGE_PINNED_MAX")]
-    pub page_pinned_max: Option<ByteSize>,
+    /// With --oversubscribe: host memory the workers may pin ahead for paging, all together.
+    /// Each worker keeps a pool of pinned chunks as large as its session's allocations (so its
+    /// page-outs and page-ins are DMA at the copy engines' speed), within this budget; past it,
+    /// paged memory goes to tmpfs pages, pinned window by window for the copy. Default: half the
+    /// host's available memory; 0: nothing pinned ahead.
+    #[arg(long, env = "FLYT_RPC_PAGE_HOST_BUDGET", alias = "page-pinned-max")]
+    pub page_host_budget: Option<ByteSize>,
+    /// With --oversubscribe: the size of the paging pools' chunks (whole 4 KiB pages).
+    #[arg(long, env = "FLYT_RPC_PAGE_CHUNK", default_value = "256MiB")]
+    pub page_chunk: ByteSize,
 }
 
-/// Half the host's memory (`MemTotal` in /proc/meminfo), or 0 if it cannot be read.
-fn half_host_memory() -> u64 {
+/// Half the host's available memory (`MemAvailable` in /proc/meminfo), or 0 if it cannot be read.
+fn half_available_memory() -> u64 {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let kib = meminfo
         .lines()
-        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .find_map(|line| line.strip_prefix("MemAvailable:"))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .unwrap_or(0);
     kib.saturating_mul(1024) / 2
@@ -166,9 +171,9 @@ fn parse_oversubscribe(text: &str) -> Result<f64, String> {
 }
 
 impl ServerArgs {
-    /// Host memory paged-out sessions may keep pinned (`--page-pinned-max`).
-    pub fn page_pinned_max(&self) -> u64 {
-        self.page_pinned_max.map_or_else(half_host_memory, |bytes| bytes.0)
+    /// Host memory for paged-out sessions, pinned ahead (`--page-host-budget`).
+    pub fn page_host_budget(&self) -> u64 {
+        self.page_host_budget.map_or_else(half_available_memory, |bytes| bytes.0)
     }
 
     /// Paging's settings, when the server oversubscribes.

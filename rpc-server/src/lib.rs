@@ -18,6 +18,7 @@ pub mod listener;
 pub mod memory;
 pub mod metrics;
 pub mod output;
+pub mod page_pool;
 pub mod paging;
 pub mod session;
 pub mod shareable;

@@ -181,6 +181,7 @@ impl Server {
         if let Some(paging) = &self.paging {
             let settings = paging.settings;
             command.arg("--paging").args([settings.idle, settings.resident_min, settings.wait].map(|d| d.as_millis().to_string()));
+            command.args(["--page-chunk", &args.page_chunk.0.to_string()]);
         }
         let sm_percentage = self.sm_percentage.load(Ordering::Acquire);
         if sm_percentage < 100 {
@@ -945,7 +946,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         paging: args
             .paging()
             .zip(args.oversubscribe)
-            .map(|(settings, factor)| crate::paging::Coordinator::new(settings, factor, args.page_pinned_max())),
+            .map(|(settings, factor)| crate::paging::Coordinator::new(settings, factor, args.page_host_budget())),
         args,
     });
 

@@ -81,7 +81,8 @@ pub fn render(server: &Server) -> String {
 type LabelsWith<'a> = dyn Fn(&[(&'static str, &str)]) -> Labels + 'a;
 
 /// Oversubscription's series (`docs/design/paging.md`): the resident capacity and sessions, and
-/// per session its resident bytes, bytes paged out and in, and time paused.
+/// per session its resident bytes, bytes paged out and in, host memory pinned ahead, and time
+/// paused.
 fn register_paging(registry: &mut Registry, with: &LabelsWith<'_>, capacity: u64, sessions: &[(u64, crate::paging::SlotView)]) {
     let resident = sessions.iter().filter(|(_, view)| !view.paged).count() as u64;
     registry.register(
@@ -105,6 +106,11 @@ fn register_paging(registry: &mut Registry, with: &LabelsWith<'_>, capacity: u64
         "session_paged_in_bytes",
         "Bytes of the session paged back in",
         Series::Counters(per_session(&|view| view.paged_in_bytes)),
+    );
+    registry.register(
+        "session_paging_pinned_bytes",
+        "Host memory the session's worker keeps pinned ahead for its page-outs",
+        gauges(per_session(&|view| view.pinned)),
     );
     registry.register(
         "session_paused_milliseconds",

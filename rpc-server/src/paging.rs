@@ -1,6 +1,7 @@
 //! Oversubscription (`docs/design/paging.md`): a server whose sessions together may hold more
 //! device memory than its share of the GPU (`--oversubscribe`) keeps only some of them resident;
-//! an idle session's allocations are paged out to host memory (a memfd: tmpfs pages) and their
+//! an idle session's allocations are paged out to host memory (its worker's pool of host memory
+//! pinned ahead, `crate::page_pool`, and past it a memfd: tmpfs pages) and their
 //! physical memory released, their addresses kept, so every pointer its app holds stays valid.
 //! Its next request pages it back in first.
 //!
@@ -14,7 +15,7 @@
 use std::io::{BufReader, BufWriter};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use flyt_protocol::frame::encode_into;
@@ -23,10 +24,12 @@ use flyt_protocol::worker::FromWorker;
 use crate::activity::{KINDS, Work};
 use crate::backend::Device;
 use crate::budget::{BUDGET_SLOTS, MemoryBudget, SharedBudget};
+use crate::page_pool::{Held, HostPool, Piece, Place};
 
 const CAPACITY: usize = 0;
 const RESIDENT_TOTAL: usize = 1;
-/// Host memory paged-out sessions may keep pinned, all together, and what they keep.
+/// Host memory the workers' paging pools may pin, all together (`--page-host-budget`), and what
+/// they pin.
 const PINNED_LIMIT: usize = 2;
 const PINNED_TOTAL: usize = 3;
 const GLOBAL: usize = 4;
@@ -39,7 +42,7 @@ const PAGED_OUT_BYTES: usize = 4;
 const PAGED_IN_BYTES: usize = 5;
 const PAUSED_MS: usize = 6;
 const PAGE_OUTS: usize = 7;
-/// Bytes of this slot's paged memory kept pinned (in `PINNED_TOTAL` too).
+/// Bytes this slot's paging pool pins (in `PINNED_TOTAL` too).
 const PINNED: usize = 8;
 const FIELDS: usize = 9;
 /// Words of the tenant page that paging uses.
@@ -77,6 +80,8 @@ pub struct SlotView {
     pub paged_in_bytes: u64,
     pub paused_ms: u64,
     pub page_outs: u64,
+    /// Host memory its worker pins ahead for its page-outs (`crate::page_pool`).
+    pub pinned: u64,
 }
 
 impl<'a> Residency<'a> {
@@ -125,6 +130,35 @@ impl<'a> Residency<'a> {
         given
     }
 
+    /// The host memory all paging pools may pin together.
+    pub fn set_pinned_limit(&self, bytes: u64) {
+        self.words[PINNED_LIMIT].store(bytes, Ordering::Release);
+    }
+
+    /// What all paging pools pin now.
+    pub fn pinned_total(&self) -> u64 {
+        self.words[PINNED_TOTAL].load(Ordering::Acquire)
+    }
+
+    /// Takes `bytes` of the host budget for this slot's paging pool, if they fit.
+    pub fn reserve_pinned(&self, bytes: u64) -> bool {
+        let limit = self.words[PINNED_LIMIT].load(Ordering::Acquire);
+        if !crate::budget::reserve_within(&self.words[PINNED_TOTAL], Some(limit), bytes) {
+            return false;
+        }
+        self.field(PINNED).fetch_add(bytes, Ordering::AcqRel);
+        true
+    }
+
+    /// Gives back up to `bytes` of this slot's share of the host budget.
+    pub fn release_pinned(&self, bytes: u64) {
+        let given = self
+            .field(PINNED)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| Some(held - held.min(bytes)))
+            .map_or(0, |held| held.min(bytes));
+        self.words[PINNED_TOTAL].fetch_sub(given, Ordering::AcqRel);
+    }
+
     /// The session made a request now.
     pub fn touch(&self) {
         self.field(LAST_ACTIVE).store(now_ms(), Ordering::Release);
@@ -169,6 +203,7 @@ impl<'a> Residency<'a> {
             paged_in_bytes: self.field(PAGED_IN_BYTES).load(Ordering::Acquire),
             paused_ms: self.field(PAUSED_MS).load(Ordering::Acquire),
             page_outs: self.field(PAGE_OUTS).load(Ordering::Acquire),
+            pinned: self.field(PINNED).load(Ordering::Acquire),
         }
     }
 
@@ -199,19 +234,14 @@ pub struct PagingSettings {
 /// How often a waiting session asks the listener again (sessions may have become idle since).
 const ASK_AGAIN: Duration = Duration::from_millis(20);
 
-/// A paged-out session's memory file mapped and pinned (registered with the device) whole: its
-/// page-in is then one DMA per allocation, at the copy engines' speed.
-struct Pinned {
-    map: memmap2::MmapRaw,
-    len: u64,
-}
-
-/// A session's allocations paged out: their bytes, in allocation order, in a memory file.
+/// A session's allocations paged out: their bytes, in allocation order (`page_pool::layout`),
+/// first in the pool's chunks, the rest in a memory file.
 struct PagedOut {
-    /// Pinned while the host's pinning budget allows (`--page-pinned-max`), else copied through
-    /// windows pinned for the copy or through staging.
-    pinned: Option<Pinned>,
-    file: std::fs::File,
+    /// The pool's chunks it holds, in order (pinned ahead: DMA at the copy engines' speed).
+    chunks: Held,
+    /// The bytes past the chunks (tmpfs pages), copied through windows pinned for the copy or
+    /// through staging.
+    file: Option<std::fs::File>,
     allocations: Vec<(u64, u64)>,
     bytes: u64,
     since: Instant,
@@ -253,12 +283,39 @@ pub struct Pager {
     copy_chunk: u64,
     session_id: std::sync::atomic::AtomicU64,
     gate: Mutex<Gate>,
+    /// The worker's pool of host memory pinned ahead for page-outs.
+    pool: OnceLock<Arc<HostPool>>,
 }
 
 impl Pager {
     /// `listener`: a descriptor of the worker's channel to the listener.
     pub fn new(budget: Arc<SharedBudget>, listener: OwnedFd, settings: PagingSettings, copy_chunk: u64) -> Self {
-        Self { budget, listener, settings, copy_chunk, session_id: AtomicU64::new(0), gate: Mutex::default() }
+        Self { budget, listener, settings, copy_chunk, session_id: AtomicU64::new(0), gate: Mutex::default(), pool: OnceLock::new() }
+    }
+
+    /// Starts the worker's paging pool (chunks of `chunk` bytes), pinned ahead as the session
+    /// allocates, within the host budget; page-outs copy into it first.
+    pub fn start_pool<D: Device>(&self, device: Arc<D>, chunk: u64) {
+        match HostPool::new(self.budget.clone(), chunk) {
+            Ok(pool) => {
+                let pool = Arc::new(pool);
+                pool.start(device);
+                let _ = self.pool.set(pool);
+            }
+            Err(reason) => tracing::warn!(%reason, "no paging pool: paged memory goes to memory files"),
+        }
+    }
+
+    /// The worker's paging pool, if started.
+    pub fn pool(&self) -> Option<&Arc<HostPool>> {
+        self.pool.get()
+    }
+
+    /// After a device reset, whose context took the pool's registrations: pins it again.
+    pub fn pin_pool_again(&self) {
+        if let Some(pool) = self.pool.get() {
+            pool.pin_again();
+        }
     }
 
     /// Names the session in the log lines.
@@ -320,6 +377,9 @@ impl Pager {
 
     /// After a request: whether the session may now be paged out, and when it was last active.
     pub fn leave(&self, gate: MutexGuard<'_, Gate>) {
+        if let Some(pool) = self.pool.get() {
+            pool.want(gate.allocated);
+        }
         let residency = self.residency();
         residency.set_pageable(gate.blocker.is_none() && self.only_allocations(&gate));
         residency.touch();
@@ -347,37 +407,69 @@ impl Pager {
             gate.paged = Some(paged);
             return Err(reason);
         }
-        let restored = device.page_in(&paged.allocations).and_then(|()| {
-            if let Some(pinned) = &paged.pinned {
-                return copy_pinned(device, pinned, &paged.allocations, false);
-            }
-            let direct = crate::session::copy_direct(device, &paged.file, 0, &paged.allocations, false)?;
-            if !direct {
-                let mut input = BufReader::with_capacity(1 << 20, &paged.file);
-                for &(ptr, len) in &paged.allocations {
-                    crate::session::write_device(device, self.copy_chunk, ptr, len, &mut input)?;
+        let waited = started.elapsed();
+        let pool = self.pool.get();
+        let pieces = crate::page_pool::layout(&paged.allocations, pool.map_or(1, |pool| pool.chunk()), paged.chunks.ptrs.len());
+        let mut mapped: Vec<(u64, u64)> = Vec::with_capacity(paged.allocations.len());
+        let mut times = PhaseTimes::default();
+        let restored = (|| {
+            // Each group's copies run while the next group is mapped.
+            let streams = CopyStreams::new(device);
+            let by_allocation = pieces_by_allocation(&pieces, paged.allocations.len());
+            let index_of: std::collections::HashMap<u64, usize> =
+                paged.allocations.iter().enumerate().map(|(index, (ptr, _))| (*ptr, index)).collect();
+            let copies_started = Instant::now();
+            for group in device.page_groups(&paged.allocations) {
+                let mapping = Instant::now();
+                device.page_in(&group)?;
+                times.map += mapping.elapsed();
+                mapped.extend_from_slice(&group);
+                for (ptr, _) in &group {
+                    let index = index_of.get(ptr).ok_or_else(|| format!("{ptr:#x} was not paged out"))?;
+                    queue_pool_copies(device, &paged.chunks, by_allocation[*index], false, &streams)?;
                 }
             }
-            device.synchronize().map_err(|error| format!("copying paged memory back: {error}"))
-        });
+            device.synchronize().map_err(|error| format!("copying paged memory back: {error}"))?;
+            times.copy = copies_started.elapsed().saturating_sub(times.map);
+            drop(streams);
+            if let Some(file) = &paged.file {
+                let file_started = Instant::now();
+                copy_file(device, file, &file_ranges(&pieces), false, self.copy_chunk)?;
+                device.synchronize().map_err(|error| format!("copying paged memory back: {error}"))?;
+                times.file = file_started.elapsed();
+            }
+            Ok::<(), String>(())
+        })();
         if let Err(reason) = restored {
             // Released or never mapped: the bytes stay saved for the next try.
-            let _ = device.page_out(&paged.allocations);
+            let _ = device.synchronize();
+            let _ = device.page_out(&mapped);
             self.residency().unclaim(paged.bytes);
             tracing::error!(session_id, %reason, "session not paged in");
             gate.paged = Some(paged);
             return Err(reason);
         }
         let paused = paged.since.elapsed();
-        if let Some(pinned) = paged.pinned {
-            self.unpin(device, pinned);
+        let pooled = (paged.chunks.ptrs.len() as u64 * pool.map_or(0, |pool| pool.chunk())).min(paged.bytes);
+        if let Some(pool) = pool {
+            pool.give_back();
         }
         self.residency().paged_in(paged.bytes, paused);
+        let took = started.elapsed();
+        let paging = took.saturating_sub(waited);
         tracing::info!(
             session_id,
             bytes = paged.bytes,
-            paused_ms = paused.as_millis() as u64,
-            took_ms = started.elapsed().as_millis() as u64,
+            pooled_bytes = pooled,
+            file_bytes = paged.bytes - pooled,
+            wait_ms = millis(waited),
+            map_ms = millis(times.map),
+            copy_ms = millis(times.copy),
+            file_ms = millis(times.file),
+            page_in_ms = millis(paging),
+            gbps = %rate(paged.bytes, paging),
+            paused_ms = millis(paused),
+            took_ms = millis(took),
             "session {session_id} paged in"
         );
         Ok(())
@@ -422,28 +514,48 @@ impl Pager {
             return Err("it holds device memory other than cuMemAlloc allocations (pools, arrays, VMM or graph memory)".into());
         }
         device.bind_thread().map_err(|error| format!("binding the device: {error}"))?;
-        device.synchronize().map_err(|error| format!("the session's work failed: {error}"))?;
         let started = Instant::now();
-        let file = paging_file(bytes)?;
-        let pinned = match self.pin(device, &file, bytes) {
-            Some(pinned) => match copy_pinned(device, &pinned, &allocations, true) {
-                Ok(()) => Some(pinned),
-                Err(reason) => {
-                    self.unpin(device, pinned);
-                    return Err(reason);
-                }
-            },
-            None => {
-                if !crate::session::copy_direct(device, &file, 0, &allocations, true)? {
-                    let mut out = BufWriter::with_capacity(1 << 20, &file);
-                    for &(ptr, len) in &allocations {
-                        crate::session::read_device(device, self.copy_chunk, ptr, len, &mut out)?;
-                    }
-                    std::io::Write::flush(&mut out).map_err(|error| format!("writing paged memory: {error}"))?;
-                }
-                None
+        device.synchronize().map_err(|error| format!("the session's work failed: {error}"))?;
+        let mut times = PhaseTimes { sync: started.elapsed(), ..PhaseTimes::default() };
+        let pool = self.pool.get();
+        let wanted = |pool: &Arc<HostPool>| usize::try_from(bytes.div_ceil(pool.chunk())).unwrap_or(usize::MAX);
+        let chunks = pool.map_or(Held { ptrs: Vec::new() }, |pool| pool.hold(wanted(pool)));
+        let chunk = pool.map_or(1, |pool| pool.chunk());
+        let pooled = (chunks.ptrs.len() as u64 * chunk).min(bytes);
+        let pieces = crate::page_pool::layout(&allocations, chunk, chunks.ptrs.len());
+        let copied = (|| {
+            if !chunks.ptrs.is_empty() {
+                let copying = Instant::now();
+                let streams = CopyStreams::new(device);
+                queue_pool_copies(device, &chunks, &pieces, true, &streams)?;
+                device.synchronize().map_err(|error| format!("copying paged memory: {error}"))?;
+                times.copy = copying.elapsed();
+            }
+            if pooled == bytes {
+                return Ok(None);
+            }
+            let copying = Instant::now();
+            let file = paging_file(bytes - pooled)?;
+            copy_file(device, &file, &file_ranges(&pieces), true, self.copy_chunk)?;
+            device.synchronize().map_err(|error| format!("copying paged memory: {error}"))?;
+            times.file = copying.elapsed();
+            Ok::<_, String>(Some(file))
+        })();
+        let give_back = |pool: Option<&Arc<HostPool>>| {
+            // No copy may still write into them.
+            let _ = device.synchronize();
+            if let Some(pool) = pool {
+                pool.give_back();
             }
         };
+        let file = match copied {
+            Ok(file) => file,
+            Err(reason) => {
+                give_back(pool);
+                return Err(reason);
+            }
+        };
+        let releasing = Instant::now();
         match device.page_out(&allocations) {
             Ok(()) => {}
             // Once released, even in part, the memory is out: its bytes are saved, and the next
@@ -452,81 +564,162 @@ impl Pager {
                 tracing::error!(session_id = self.session_id.load(Ordering::Acquire), %reason, "paging out failed part way");
             }
             Err((reason, false)) => {
-                if let Some(pinned) = pinned {
-                    self.unpin(device, pinned);
-                }
+                give_back(pool);
                 return Err(reason);
             }
         }
+        times.release = releasing.elapsed();
         residency.paged_out(bytes);
-        let pinned_bytes = pinned.as_ref().map_or(0, |pinned| pinned.len);
-        gate.paged = Some(PagedOut { pinned, file, allocations, bytes, since: Instant::now() });
+        gate.paged = Some(PagedOut { chunks, file, allocations, bytes, since: Instant::now() });
         let session_id = self.session_id.load(Ordering::Acquire);
         tracing::info!(
             session_id,
             bytes,
-            pinned_bytes,
-            took_ms = started.elapsed().as_millis() as u64,
+            pooled_bytes = pooled,
+            file_bytes = bytes - pooled,
+            sync_ms = millis(times.sync),
+            copy_ms = millis(times.copy),
+            file_ms = millis(times.file),
+            release_ms = millis(times.release),
+            gbps = %rate(bytes, times.copy + times.file),
+            took_ms = millis(started.elapsed()),
             %reason,
             "session {session_id} paged out"
         );
         Ok(Some(bytes))
     }
+}
 
-    /// Maps `file` (`len` bytes) and pins it whole, if the pinning budget has room and the device
-    /// can register it; `None` leaves the copies to the unpinned ways.
-    fn pin<D: Device>(&self, device: &D, file: &std::fs::File, len: u64) -> Option<Pinned> {
-        let words = self.budget.paging_words();
-        let limit = words[PINNED_LIMIT].load(Ordering::Acquire);
-        if !crate::budget::reserve_within(&words[PINNED_TOTAL], Some(limit), len) {
-            return None;
-        }
-        let pinned = usize::try_from(len).ok().and_then(|size| {
-            let map = memmap2::MmapOptions::new().len(size).map_raw(file).ok()?;
-            // SAFETY: the mapping stays in `Pinned` until `unpin`, which unregisters it first.
-            unsafe { device.host_register(map.as_mut_ptr(), size, false) }.ok()?;
-            Some(Pinned { map, len })
-        });
-        match &pinned {
-            Some(_) => self.residency().field(PINNED).fetch_add(len, Ordering::AcqRel),
-            None => words[PINNED_TOTAL].fetch_sub(len, Ordering::AcqRel),
-        };
-        pinned
+/// Where a page-out's or page-in's time went (the log line's phases).
+#[derive(Default)]
+struct PhaseTimes {
+    /// Waiting for the session's own work (page-out).
+    sync: Duration,
+    /// Mapping device memory again (page-in), all groups together.
+    map: Duration,
+    /// Copies with the pool's chunks (on a page-in, beyond the mapping they overlap).
+    copy: Duration,
+    /// Copies with the memory file past the pool.
+    file: Duration,
+    /// Releasing the device memory (page-out).
+    release: Duration,
+}
+
+fn millis(time: Duration) -> u64 {
+    time.as_millis() as u64
+}
+
+/// `bytes` in `time`, in GB/s (10^9 bytes), for the log.
+fn rate(bytes: u64, time: Duration) -> String {
+    let seconds = time.as_secs_f64();
+    if seconds <= 0.0 { "-".into() } else { format!("{:.1}", bytes as f64 / seconds / 1e9) }
+}
+
+/// Streams paging copies run on: several, so the copy engines always have the next copy queued.
+const COPY_STREAMS: usize = 4;
+
+/// Streams made for one page-out or page-in (the null stream if none can be made), destroyed at
+/// the end (the caller synchronized).
+struct CopyStreams<'a, D: Device> {
+    device: &'a D,
+    made: Vec<D::Stream>,
+    next: std::cell::Cell<usize>,
+}
+
+impl<'a, D: Device> CopyStreams<'a, D> {
+    fn new(device: &'a D) -> Self {
+        // CU_STREAM_NON_BLOCKING: no implicit waits with the legacy stream.
+        let made = (0..COPY_STREAMS).map_while(|_| device.stream_create(1, 0).ok()).collect();
+        Self { device, made, next: std::cell::Cell::new(0) }
     }
 
-    fn unpin<D: Device>(&self, device: &D, pinned: Pinned) {
-        // SAFETY: registered by `pin`; the copies that used it are done (synchronized).
-        if let Err(error) = unsafe { device.host_unregister(pinned.map.as_mut_ptr()) } {
-            tracing::warn!(%error, "paged memory not unpinned");
+    /// The next stream, round robin.
+    fn next(&self) -> D::Stream {
+        if self.made.is_empty() {
+            return self.device.null_stream();
         }
-        self.residency().field(PINNED).fetch_sub(pinned.len, Ordering::AcqRel);
-        self.budget.paging_words()[PINNED_TOTAL].fetch_sub(pinned.len, Ordering::AcqRel);
+        let index = self.next.get();
+        self.next.set(index + 1);
+        self.made[index % self.made.len()]
     }
 }
 
-/// Copies `allocations` to (`to_host`) or from pinned paged memory, laid out one after the other,
-/// and waits for the copies.
-fn copy_pinned<D: Device>(device: &D, pinned: &Pinned, allocations: &[(u64, u64)], to_host: bool) -> Result<(), String> {
-    let mut at = 0u64;
-    for &(ptr, len) in allocations {
-        if at + len > pinned.len {
-            return Err("paged memory smaller than its allocations".into());
+impl<D: Device> Drop for CopyStreams<'_, D> {
+    fn drop(&mut self) {
+        for stream in self.made.drain(..) {
+            let _ = self.device.stream_destroy(stream);
         }
-        let host = pinned.map.as_mut_ptr().wrapping_add(at as usize);
-        // SAFETY: `host..host + len` lies in the pinned mapping (checked above), which stays
-        // mapped and registered until the copies are synchronized below; the device range is one
-        // of the session's allocations.
+    }
+}
+
+/// Each allocation's pieces (`layout` keeps them together, in allocation order).
+fn pieces_by_allocation(pieces: &[Piece], allocations: usize) -> Vec<&[Piece]> {
+    let mut by_allocation: Vec<&[Piece]> = vec![&[]; allocations];
+    let mut start = 0;
+    while start < pieces.len() {
+        let allocation = pieces[start].allocation;
+        let end = start + pieces[start..].iter().take_while(|piece| piece.allocation == allocation).count();
+        if let Some(slot) = by_allocation.get_mut(allocation) {
+            *slot = &pieces[start..end];
+        }
+        start = end;
+    }
+    by_allocation
+}
+
+/// Queues the copies of `pieces` that lie in the held chunks, to (`to_host`) or from them,
+/// spread over `streams`; the caller synchronizes.
+fn queue_pool_copies<D: Device>(
+    device: &D,
+    chunks: &Held,
+    pieces: &[Piece],
+    to_host: bool,
+    streams: &CopyStreams<'_, D>,
+) -> Result<(), String> {
+    for piece in pieces {
+        let Place::Chunk { index, offset } = piece.place else { continue };
+        let chunk = *chunks.ptrs.get(index).ok_or_else(|| format!("chunk {index} is not held"))? as *mut u8;
+        let host = chunk.wrapping_add(offset as usize);
+        let len = piece.len as usize;
+        // SAFETY: `layout` keeps each piece inside its chunk, which the pool keeps mapped (and
+        // pinned) while it is held, until given back after the copies are synchronized; the
+        // device range lies in one of the session's allocations.
         let queued = unsafe {
             if to_host {
-                device.copy_to_host(host, ptr, len as usize, device.null_stream())
+                device.copy_to_host(host, piece.device, len, streams.next())
             } else {
-                device.copy_from_host(ptr, host, len as usize, device.null_stream())
+                device.copy_from_host(piece.device, host, len, streams.next())
             }
         };
-        queued.map_err(|error| format!("copying {len} bytes at {ptr:#x}: {error}"))?;
-        at += len;
+        queued.map_err(|error| format!("copying {len} bytes at {:#x}: {error}", piece.device))?;
     }
-    device.synchronize().map_err(|error| format!("copying paged memory: {error}"))
+    Ok(())
+}
+
+/// The device ranges of the pieces that lie in the memory file, in its order.
+fn file_ranges(pieces: &[Piece]) -> Vec<(u64, u64)> {
+    pieces.iter().filter(|piece| matches!(piece.place, Place::File { .. })).map(|piece| (piece.device, piece.len)).collect()
+}
+
+/// Copies `ranges` to (`to_host`) or from `file`, laid out one after the other from its start:
+/// through windows of it pinned for the copy where the device can, else through staging.
+fn copy_file<D: Device>(device: &D, file: &std::fs::File, ranges: &[(u64, u64)], to_host: bool, copy_chunk: u64) -> Result<(), String> {
+    if ranges.is_empty() || crate::session::copy_direct(device, file, 0, ranges, to_host)? {
+        return Ok(());
+    }
+    if to_host {
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        for &(ptr, len) in ranges {
+            crate::session::read_device(device, copy_chunk, ptr, len, &mut out)?;
+        }
+        std::io::Write::flush(&mut out).map_err(|error| format!("writing paged memory: {error}"))
+    } else {
+        let mut input = BufReader::with_capacity(1 << 20, file);
+        for &(ptr, len) in ranges {
+            crate::session::write_device(device, copy_chunk, ptr, len, &mut input)?;
+        }
+        Ok(())
+    }
 }
 
 /// A memory file of `len` bytes for paged-out memory (tmpfs pages: host memory, swappable).
@@ -602,8 +795,8 @@ pub struct Coordinator {
     pub settings: PagingSettings,
     /// Device memory per byte of quota: the server's share of the GPU is its quota divided by it.
     oversubscribe: f64,
-    /// Host memory paged-out sessions may keep pinned, all together.
-    pinned_max: u64,
+    /// Host memory the workers' paging pools may pin, all together (`--page-host-budget`).
+    host_budget: u64,
     /// When each slot was last asked, so a slow page-out is not asked again at once.
     asked: Mutex<std::collections::HashMap<usize, Instant>>,
 }
@@ -612,8 +805,8 @@ pub struct Coordinator {
 const ASKED_GRACE: Duration = Duration::from_millis(50);
 
 impl Coordinator {
-    pub fn new(settings: PagingSettings, oversubscribe: f64, pinned_max: u64) -> Self {
-        Self { settings, oversubscribe, pinned_max, asked: Mutex::default() }
+    pub fn new(settings: PagingSettings, oversubscribe: f64, host_budget: u64) -> Self {
+        Self { settings, oversubscribe, host_budget, asked: Mutex::default() }
     }
 
     /// Sets the resident capacity from the device memory a worker reported (its slice): the
@@ -622,12 +815,12 @@ impl Coordinator {
         let share = budget.limit().map_or(device_bytes, |quota| (quota as f64 / self.oversubscribe) as u64);
         let capacity = share.min(device_bytes).max(1);
         let residency = Residency::new(budget.paging_words(), 0);
-        budget.paging_words()[PINNED_LIMIT].store(self.pinned_max, Ordering::Release);
+        residency.set_pinned_limit(self.host_budget);
         if residency.capacity() != capacity {
             tracing::info!(
                 capacity,
                 oversubscribe = self.oversubscribe,
-                pinned_max = self.pinned_max,
+                host_budget = self.host_budget,
                 "paging on: device memory resident at once"
             );
             residency.set_capacity(capacity);
@@ -725,64 +918,157 @@ mod tests {
     }
 
     /// The mechanism on the emulated device: the bytes leave its memory and come back at the
-    /// same address; the residency count follows.
+    /// same address; the residency count follows; the pool's chunks hold what fits them, a
+    /// memory file the rest, and are given back and taken again, pinned once.
     #[test]
     fn a_paged_out_sessions_bytes_leave_the_device_and_come_back_at_their_address() {
-        // Pinned whole (a budget of 1 GiB), and through the file (no pinning budget).
-        for pinned_max in [1u64 << 30, 0] {
-            page_out_and_in(pinned_max);
+        // No host budget (all through the file), a pool smaller than the session, one that
+        // holds it.
+        for pool_chunks in [0, 2, 8] {
+            page_out_and_in(pool_chunks);
         }
     }
 
-    fn page_out_and_in(pinned_max: u64) {
+    fn page_out_and_in(pool_chunks: u64) {
         use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
-        const LEN: u64 = 4 << 20;
-        let device = EmulatedDevice::new(EmulatedConfig { memory: 8 << 20, sms: 1, host_gpus: vec![0] });
+        const MIB: u64 = 1 << 20;
+        // Two allocations, one not a whole number of chunks: 4 MiB + 12 KiB in all.
+        let lens = [3 * MIB, MIB + (12 << 10)];
+        let total: u64 = lens.iter().sum();
+        let device = Arc::new(EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }));
         let (fd, _listener_page) = SharedBudget::create(None).unwrap();
         let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 3).unwrap());
-        budget.paging_words()[CAPACITY].store(8 << 20, Ordering::Release);
-        budget.paging_words()[PINNED_LIMIT].store(pinned_max, Ordering::Release);
+        budget.paging_words()[CAPACITY].store(8 * MIB, Ordering::Release);
         let (ours, _listener) = std::os::unix::net::UnixDatagram::pair().unwrap();
         let (app, _app_end) = std::os::unix::net::UnixStream::pair().unwrap();
         let outbox = crate::transport::Outbox::new(crate::transport::Connection::Unix(app), None, None);
         let settings = PagingSettings { idle: Duration::ZERO, resident_min: Duration::ZERO, wait: Duration::from_millis(100) };
-        let pager = Arc::new(Pager::new(budget.clone(), ours.into(), settings, 1 << 20));
+        let pager = Arc::new(Pager::new(budget.clone(), ours.into(), settings, MIB));
+        // The host budget all pools share: this worker's pool pins what it allows, ahead.
+        Residency::new(budget.paging_words(), 0).set_pinned_limit(pool_chunks * MIB);
+        pager.start_pool(device.clone(), MIB);
         let quota = PagedBudget::new(budget.clone(), pager.clone());
-        assert!(quota.try_reserve(LEN));
-        let ptr = device.malloc(LEN).unwrap();
-        let bytes: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
-        crate::session::write_device(&device, 1 << 20, ptr, LEN, &mut bytes.as_slice()).unwrap();
-        let mut gate = pager.enter(&device, &outbox).unwrap();
-        gate.set_allocations(1, || vec![(ptr, LEN)]);
+        assert!(quota.try_reserve(total));
+        let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
+        let pattern =
+            |round: u64, which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i + round * 7 + which as u64) % 251) as u8).collect() };
+        let mut gate = pager.enter(&*device, &outbox).unwrap();
+        gate.set_allocations(1, || allocations.clone());
         gate.set_blocker(None);
         pager.leave(gate);
 
         let free = |device: &EmulatedDevice| device.mem_get_info().unwrap().0;
-        let pinned = || budget.paging_words()[PINNED_TOTAL].load(Ordering::Acquire);
-        let before = free(&device);
-        assert_eq!(pager.page_out(&device, "test"), Ok(Some(LEN)));
-        assert_eq!(free(&device) - before, LEN, "the bytes left the device's memory");
-        assert_eq!(pinned(), if pinned_max > 0 { LEN } else { 0 });
-        assert_eq!(pager.residency().resident_total(), 0);
-        assert!(pager.residency().view().paged);
-        assert_eq!(pager.page_out(&device, "again"), Ok(None), "already out");
+        let pool = pager.pool().expect("a pool").clone();
+        // Pinned ahead, as the session's memory (5 chunks) allows the budget.
+        let chunks = pool_chunks.min(total.div_ceil(MIB)) as usize;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.chunks() < chunks {
+            assert!(Instant::now() < deadline, "pool not pinned ahead");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let (registered, pinned_ahead) = (device.registrations(), device.registered_bytes());
+        assert_eq!(pinned_ahead, chunks as u64 * MIB);
+        assert_eq!(pager.residency().pinned_total(), pinned_ahead, "counted in the host budget");
+        for round in 0..3u64 {
+            for (which, &(ptr, len)) in allocations.iter().enumerate() {
+                crate::session::write_device(&*device, MIB, ptr, len, &mut pattern(round, which).as_slice()).unwrap();
+            }
+            let before = free(&device);
+            assert_eq!(pager.page_out(&*device, "test"), Ok(Some(total)));
+            assert_eq!(free(&device) - before, total, "the bytes left the device's memory");
+            assert_eq!(pager.residency().resident_total(), 0);
+            assert!(pager.residency().view().paged);
+            assert_eq!(pager.page_out(&*device, "again"), Ok(None), "already out");
+            assert_eq!(device.registered_bytes(), pinned_ahead, "nothing left pinned but the pool");
+            assert_eq!(pool.chunks(), chunks);
+            if chunks as u64 * MIB >= total {
+                assert_eq!(device.registrations(), registered, "nothing pinned for the page-out");
+            }
 
-        // The next request pages it in: the same address, the same bytes.
-        let gate = pager.enter(&device, &outbox).unwrap();
-        let mut back = Vec::new();
-        crate::session::read_device(&device, 1 << 20, ptr, LEN, &mut back).unwrap();
-        assert!(back == bytes);
-        assert_eq!(free(&device), before);
-        assert_eq!(pinned(), 0, "unpinned once in");
-        let view = pager.residency().view();
-        assert_eq!((view.resident, view.paged, view.paged_out_bytes, view.paged_in_bytes, view.page_outs), (LEN, false, LEN, LEN, 1));
+            // The next request pages it in: the same addresses, the same bytes.
+            let gate = pager.enter(&*device, &outbox).unwrap();
+            for (which, &(ptr, len)) in allocations.iter().enumerate() {
+                let mut back = Vec::new();
+                crate::session::read_device(&*device, MIB, ptr, len, &mut back).unwrap();
+                assert!(back == pattern(round, which), "allocation {which}'s bytes in round {round}");
+            }
+            assert_eq!(free(&device), before);
+            assert_eq!((pool.chunks(), device.registered_bytes()), (chunks, pinned_ahead), "the same chunks, kept pinned");
+            if chunks as u64 * MIB >= total {
+                assert_eq!(device.registrations(), registered, "nothing pinned for the page-in");
+            }
+            let view = pager.residency().view();
+            let turns = round + 1;
+            assert_eq!(
+                (view.resident, view.paged, view.paged_out_bytes, view.paged_in_bytes, view.page_outs),
+                (total, false, turns * total, turns * total, turns)
+            );
+            pager.leave(gate);
+        }
 
         // A blocked session is refused, whatever it holds.
-        let mut gate = gate;
+        let mut gate = pager.enter(&*device, &outbox).unwrap();
         gate.set_blocker(Some("a stream capture is under way".into()));
         pager.leave(gate);
-        assert_eq!(pager.page_out(&device, "test"), Err("a stream capture is under way".into()));
+        assert_eq!(pager.page_out(&*device, "test"), Err("a stream capture is under way".into()));
         assert!(!pager.residency().view().pageable);
+    }
+
+    /// A page-in that maps its first group and cannot map the next releases what it mapped and
+    /// keeps the session out, its bytes still in its pool's chunks, for the next request.
+    #[test]
+    fn a_page_in_that_fails_part_way_keeps_the_session_out_with_its_bytes() {
+        use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
+        const MIB: u64 = 1 << 20;
+        let lens = [MIB, 3 * MIB];
+        let total: u64 = lens.iter().sum();
+        let device = Arc::new(EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }));
+        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
+        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 4).unwrap());
+        // Residency allows more than the device holds: something else takes its memory meanwhile.
+        budget.paging_words()[CAPACITY].store(16 * MIB, Ordering::Release);
+        Residency::new(budget.paging_words(), 0).set_pinned_limit(8 * MIB);
+        let (ours, _listener) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let (app, _app_end) = std::os::unix::net::UnixStream::pair().unwrap();
+        let outbox = crate::transport::Outbox::new(crate::transport::Connection::Unix(app), None, None);
+        let settings = PagingSettings { idle: Duration::ZERO, resident_min: Duration::ZERO, wait: Duration::from_millis(100) };
+        let pager = Arc::new(Pager::new(budget.clone(), ours.into(), settings, MIB));
+        pager.start_pool(device.clone(), MIB);
+        assert!(PagedBudget::new(budget.clone(), pager.clone()).try_reserve(total));
+        let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
+        let pattern = |which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i * 13 + which as u64) % 241) as u8).collect() };
+        for (which, &(ptr, len)) in allocations.iter().enumerate() {
+            crate::session::write_device(&*device, MIB, ptr, len, &mut pattern(which).as_slice()).unwrap();
+        }
+        let mut gate = pager.enter(&*device, &outbox).unwrap();
+        gate.set_allocations(1, || allocations.clone());
+        gate.set_blocker(None);
+        pager.leave(gate);
+        let pool = pager.pool().unwrap().clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool.chunks() < 4 {
+            assert!(Instant::now() < deadline, "pool not pinned ahead");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(pager.page_out(&*device, "test"), Ok(Some(total)));
+        // 6 MiB of the device taken: the first allocation (1 MiB) maps again, the second cannot.
+        let blocker = device.malloc(6 * MIB).unwrap();
+        let free = device.mem_get_info().unwrap().0;
+        let refused = pager.enter(&*device, &outbox).err().expect("not paged in");
+        assert!(refused.contains("do not fit"), "{refused}");
+        assert_eq!(device.mem_get_info().unwrap().0, free, "what it mapped, released again");
+        assert!(pager.residency().view().paged);
+        assert_eq!(pager.residency().resident_total(), 0, "its residency given back");
+        // Room again: the next request pages it in, every byte as it was.
+        device.free(blocker).unwrap();
+        let gate = pager.enter(&*device, &outbox).unwrap();
+        for (which, &(ptr, len)) in allocations.iter().enumerate() {
+            let mut back = Vec::new();
+            crate::session::read_device(&*device, MIB, ptr, len, &mut back).unwrap();
+            assert!(back == pattern(which), "allocation {which}'s bytes");
+        }
+        pager.leave(gate);
+        assert!(!pager.residency().view().paged);
     }
 
     #[test]

@@ -1667,6 +1667,9 @@ impl<D: Device> OpHandler for Session<D> {
         let result = self.device.reset().map(|()| {
             self.waiters.rebind();
             self.pin_segment_again();
+            if let Some(pager) = &self.pager {
+                pager.pin_pool_again();
+            }
             self.reload_modules();
         });
         if let Err(error) = result {

@@ -67,6 +67,9 @@ pub struct WorkerArgs {
     /// residency, and the longest wait for device memory (`crate::paging::PagingSettings`).
     #[arg(long, num_args = 3, value_names = ["IDLE_MS", "RESIDENT_MIN_MS", "WAIT_MS"])]
     pub paging: Option<Vec<u64>>,
+    /// Paging: the chunks of host memory the worker pins ahead for its session (`crate::page_pool`).
+    #[arg(long, default_value_t = crate::page_pool::DEFAULT_CHUNK)]
+    pub page_chunk: u64,
 }
 
 /// The pager of a worker whose server pages (`--paging`), with a descriptor of its channel.
@@ -466,6 +469,8 @@ fn serve<D: Device>(
     };
     let mut session = Session::new(device.clone(), session_budget, writer, config, shm, output);
     if let Some(pager) = &pager {
+        // Host memory pinned ahead as the session allocates, ready for its page-outs.
+        pager.start_pool(device.clone(), args.page_chunk);
         pager.set_session(session_id);
         session.set_pager(pager.clone());
     }

@@ -3,6 +3,8 @@
 //! sessions whose memory sums to twice the device's take turns, each turn paging one in (its
 //! bytes checked) and another out; a session that cannot be paged (an interprocess event) is never
 //! chosen; a request that cannot be met fails with out-of-memory within the configured wait.
+//! Paged memory goes to each worker's pool of host memory pinned ahead (chunks of `--page-chunk`,
+//! all pools within `--page-host-budget`), and what does not fit it to memory files.
 
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
 
@@ -34,7 +36,7 @@ fn pattern(session: usize, round: usize, which: usize) -> Vec<u8> {
 }
 
 fn oversubscribed(name: &str, extra: &[&str]) -> (flyt_test_support::Server, String) {
-    let mut args = vec!["--emulated-memory", "8MiB", "--memory-quota", "16MiB", "--oversubscribe", "2.0"];
+    let mut args = vec!["--emulated-memory", "8MiB", "--memory-quota", "16MiB", "--oversubscribe", "2.0", "--page-chunk", "1MiB"];
     args.extend_from_slice(extra);
     emulated_server(name, &args)
 }
@@ -102,7 +104,10 @@ fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
     let (outs, ins) = (count(&log, " paged out"), count(&log, " paged in"));
     assert!(outs >= 100 && ins >= 100, "{outs} page-outs, {ins} page-ins:\n{log}");
     assert_eq!(count(&log, "request failed: out of device memory"), 0, "{log}");
-    assert!(log.contains(&format!("pinned_bytes={}", 2 * ALLOCATION)), "paged memory kept pinned:\n{log}");
+    // Each worker pinned its session's memory ahead (the metrics below: 4 MiB each), and its
+    // page-outs went there.
+    assert!(log.contains("paging pool pinned ahead"), "{log}");
+    assert!(log.contains(&format!("pooled_bytes={} file_bytes=0", 2 * ALLOCATION)), "paged memory in the pool's chunks:\n{log}");
     eprintln!("{outs} page-outs, {ins} page-ins");
     // The metrics say the same: per session, bytes paged out and in; two sessions resident.
     let text = scrape(&metrics);
@@ -112,15 +117,17 @@ fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
         let id = session.info.session_id;
         let paged_in = value(&text, &format!("flyt_rpc_session_paged_in_bytes_total{{allocation=\"\",session=\"{id}\"}}"));
         assert!(paged_in.is_some_and(|bytes| bytes >= (20 * 4 * MIB) as f64), "session {id}: {paged_in:?}\n{text}");
+        let pinned = value(&text, &format!("flyt_rpc_session_paging_pinned_bytes{{allocation=\"\",session=\"{id}\"}}"));
+        assert_eq!(pinned, Some((4 * MIB) as f64), "session {id}'s pool: its memory, pinned ahead\n{text}");
     }
 }
 
 #[test]
 fn a_session_that_cannot_be_paged_is_never_chosen() {
-    // No pinning budget: paged memory goes through the memory file's pages.
+    // No pool: paged memory goes through the memory file's pages.
     let (server, socket) = oversubscribed(
         "paging-blocked",
-        &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000", "--page-pinned-max", "0"],
+        &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000", "--page-host-budget", "0"],
     );
     // The blocked session made an interprocess event (`cudaEventInterprocess`): other processes
     // may have opened it, as IPC memory handles would be (the emulated device exports none).
@@ -145,9 +152,58 @@ fn a_session_that_cannot_be_paged_is_never_chosen() {
     assert!(read(&mut blocked, blocked_ptrs[1]) == pattern(7, 0, 1), "the blocked session's bytes");
     let log = server.log_text();
     assert!(count(&log, " paged out") >= 19, "{log}");
-    assert!(log.contains("pinned_bytes=0") && !log.contains(&format!("pinned_bytes={}", 2 * ALLOCATION)), "{log}");
+    assert!(log.contains(&format!("pooled_bytes=0 file_bytes={}", 2 * ALLOCATION)), "{log}");
+    assert!(!log.contains(&format!("pooled_bytes={}", 2 * ALLOCATION)) && !log.contains("paging pool pinned"), "{log}");
     assert_eq!(count(&log, &format!("session {blocked_id} paged out")), 0, "the blocked session was paged out:\n{log}");
     assert_eq!(count(&log, &format!("session_id={blocked_id} refused")), 0, "the blocked session was even asked:\n{log}");
+}
+
+#[test]
+fn sessions_larger_than_the_pool_page_through_it_and_a_file() {
+    // A host budget of 6 MiB (the old flag's name still works) for three sessions of 4 MiB:
+    // their workers' pools cannot all hold their sessions, so some page-outs go part through the
+    // pool and part through a memory file.
+    let (server, socket) = oversubscribed(
+        "paging-small-pool",
+        &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000", "--page-pinned-max", "6MiB"],
+    );
+    let mut sessions: Vec<(RawSession, [u64; 2])> = (0..3).map(|index| filled(&socket, index)).collect();
+    let mut rounds = [0usize; 3];
+    for turn in 0..30 {
+        let index = turn % 3;
+        let (session, ptrs) = &mut sessions[index];
+        for (which, ptr) in ptrs.iter().enumerate() {
+            assert!(read(session, *ptr) == pattern(index, rounds[index], which), "session {index}'s bytes at turn {turn}");
+        }
+        rounds[index] = turn + 1;
+        for (which, ptr) in ptrs.iter().enumerate() {
+            write(session, *ptr, &pattern(index, rounds[index], which));
+        }
+        synchronize(session);
+    }
+    let log = server.log_text();
+    assert!(count(&log, " paged in") >= 29, "{log}");
+    // (pooled, file) bytes of each page-out.
+    let outs: Vec<(u64, u64)> = log
+        .lines()
+        .filter(|line| line.contains(" paged out "))
+        .map(|line| {
+            let field = |name: &str| {
+                line.split_whitespace().find_map(|word| word.strip_prefix(name)).and_then(|value| value.parse::<u64>().ok()).unwrap()
+            };
+            (field("pooled_bytes="), field("file_bytes="))
+        })
+        .collect();
+    assert!(outs.iter().all(|(pooled, file)| pooled + file == 4 * MIB), "{outs:?}");
+    assert!(outs.iter().any(|(pooled, file)| *pooled > 0 && *file > 0), "through the pool and a file: {outs:?}\n{log}");
+    // No pool grew past its session (the budget's sharing is `page_pool`'s unit test).
+    let pinned: Vec<u64> = log
+        .lines()
+        .filter(|line| line.contains("paging pool pinned ahead"))
+        .filter_map(|line| line.split_whitespace().find_map(|word| word.strip_prefix("pool_bytes=")).and_then(|value| value.parse().ok()))
+        .collect();
+    assert!(!pinned.is_empty() && pinned.iter().all(|bytes| *bytes <= 4 * MIB), "{pinned:?}");
+    assert_eq!(count(&log, "request failed: out of device memory"), 0, "{log}");
 }
 
 #[test]

@@ -974,6 +974,17 @@ impl Device for CudaDevice {
         if failed.is_empty() { Ok(()) } else { Err((failed.join("; "), released)) }
     }
 
+    fn page_groups(&self, allocations: &[(u64, u64)]) -> Vec<Vec<(u64, u64)>> {
+        let groups = self
+            .allocation_prop(1)
+            .map_err(|error| error.to_string())
+            .and_then(|prop| super::cuda_restore::span_groups(allocations, &prop));
+        groups.unwrap_or_else(|reason| {
+            tracing::debug!(%reason, "paged memory mapped back in one piece");
+            vec![allocations.to_vec()]
+        })
+    }
+
     fn page_in(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
         self.restore_allocations(allocations, &[])
     }

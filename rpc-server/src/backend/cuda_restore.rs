@@ -84,6 +84,22 @@ fn spans(allocations: &[(u64, u64)], page: u64) -> Result<Vec<(u64, u64)>, Strin
     Ok(merged)
 }
 
+/// `allocations` grouped by the span `RestoredMemory::restore` maps each in, in address order:
+/// a group may be restored on its own while another's bytes are copied (a page-in).
+pub(super) fn span_groups(allocations: &[(u64, u64)], prop: &sys::CUmemAllocationProp) -> Result<Vec<Vec<(u64, u64)>>, String> {
+    groups_by_span(allocations, granularity(prop)? as u64)
+}
+
+fn groups_by_span(allocations: &[(u64, u64)], page: u64) -> Result<Vec<Vec<(u64, u64)>>, String> {
+    let spans = spans(allocations, page)?;
+    let mut groups = vec![Vec::new(); spans.len()];
+    for &(ptr, len) in allocations {
+        let index = spans.partition_point(|&(start, _)| start <= ptr).checked_sub(1).ok_or("an allocation outside its spans")?;
+        groups[index].push((ptr, len));
+    }
+    Ok(groups.into_iter().filter(|group| !group.is_empty()).collect())
+}
+
 /// Reservations covering `spans` (sorted start, end), rounded out to `align` and joined where
 /// they come within `gap`: each reservation's start, end and the spans it covers.
 fn reservations(spans: &[(u64, u64)], align: u64, gap: u64) -> Result<Vec<(u64, u64, std::ops::Range<usize>)>, String> {
@@ -256,6 +272,18 @@ mod tests {
         assert_eq!(spans, vec![(base, base + 5 * PAGE)]);
         let apart = super::spans(&[(base, 256), (base + 4 * PAGE, 256)], PAGE).unwrap();
         assert_eq!(apart, vec![(base, base + PAGE), (base + 4 * PAGE, base + 5 * PAGE)]);
+    }
+
+    #[test]
+    fn allocations_are_grouped_by_the_span_they_are_mapped_in() {
+        let base = 0x7f00_0000_0000;
+        let far = base + 8 * PAGE;
+        let allocations = [(far, PAGE), (base + 512, 256), (base, 512), (base + PAGE, PAGE)];
+        // The first page's two and the next page (touching): one span; the far one its own.
+        assert_eq!(
+            groups_by_span(&allocations, PAGE).unwrap(),
+            vec![vec![(base + 512, 256), (base, 512), (base + PAGE, PAGE)], vec![(far, PAGE)]]
+        );
     }
 
     #[test]

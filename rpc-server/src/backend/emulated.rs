@@ -197,9 +197,23 @@ pub struct EmulatedDevice {
     current: std::sync::atomic::AtomicUsize,
     /// Peer access enabled, as (from, to) device indices.
     peers_enabled: Mutex<HashSet<(usize, usize)>>,
+    /// Host memory registered ("pinned": plain memory here), by start: its length.
+    registered: Mutex<HashMap<usize, usize>>,
+    /// Registrations ever made.
+    registrations: std::sync::atomic::AtomicUsize,
 }
 
 impl EmulatedDevice {
+    /// Host memory registered now (`host_register`: "pinned" memory, plain memory here).
+    pub fn registered_bytes(&self) -> u64 {
+        self.registered.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().map(|len| *len as u64).sum()
+    }
+
+    /// How many registrations were ever made (host memory pinned, on a GPU).
+    pub fn registrations(&self) -> usize {
+        self.registrations.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Device memory, as the driver's allocator gives it (the app's `malloc` checks the capture
     /// rules first; the device's own uses do not).
     fn allocate(&self, size: u64) -> CudaResult<u64> {
@@ -245,6 +259,8 @@ impl EmulatedDevice {
             host: HostRunner::default(),
             current: std::sync::atomic::AtomicUsize::new(0),
             peers_enabled: Mutex::default(),
+            registered: Mutex::default(),
+            registrations: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -618,6 +634,11 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
+    /// Each allocation on its own, so a page-in maps and copies them one after the other.
+    fn page_groups(&self, allocations: &[(u64, u64)]) -> Vec<Vec<(u64, u64)>> {
+        allocations.iter().map(|allocation| vec![*allocation]).collect()
+    }
+
     fn page_in(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
         let mut state = self.state();
         if let Some((ptr, len)) = allocations.iter().find(|(ptr, len)| state.paged_out.get(ptr) != Some(len)) {
@@ -709,7 +730,10 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    unsafe fn host_register(&self, _ptr: *mut u8, _len: usize, _mapped: bool) -> CudaResult<()> {
+    unsafe fn host_register(&self, ptr: *mut u8, len: usize, _mapped: bool) -> CudaResult<()> {
+        // Counted only, so tests see what would be pinned on a GPU, and when.
+        self.registered.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(ptr as usize, len);
+        self.registrations.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(())
     }
 
@@ -718,7 +742,8 @@ impl Device for EmulatedDevice {
         Ok(ptr as u64)
     }
 
-    unsafe fn host_unregister(&self, _ptr: *mut u8) -> CudaResult<()> {
+    unsafe fn host_unregister(&self, ptr: *mut u8) -> CudaResult<()> {
+        self.registered.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(ptr as usize));
         Ok(())
     }
 

@@ -325,6 +325,12 @@ pub trait Device: Send + Sync + 'static {
     fn page_out(&self, _allocations: &[(u64, u64)]) -> Result<(), (String, bool)> {
         Err(("this device cannot page memory out".into(), false))
     }
+    /// `allocations` (paged out together) in groups that `page_in` may map one after the
+    /// other, each group's copies under way while the next is mapped: groups share no physical
+    /// memory (on CUDA, allocations sharing a span are in one group).
+    fn page_groups(&self, allocations: &[(u64, u64)]) -> Vec<Vec<(u64, u64)>> {
+        vec![allocations.to_vec()]
+    }
     /// Makes device memory again under `allocations` paged out by `page_out`, at the same
     /// addresses (its bytes are then copied back by the caller).
     fn page_in(&self, _allocations: &[(u64, u64)]) -> Result<(), String> {
