@@ -722,8 +722,37 @@ fn copy_file<D: Device>(device: &D, file: &std::fs::File, ranges: &[(u64, u64)],
     }
 }
 
-/// A memory file of `len` bytes for paged-out memory (tmpfs pages: host memory, swappable).
+/// Host memory left free when a page-out writes a memory file: the server, its workers and the
+/// apps on this host need some (the kernel's OOM killer would end a worker, and its session).
+const HOST_MEMORY_RESERVE: u64 = 2 << 30;
+
+/// Bytes of host memory a memory file may still take: available memory and free swap (tmpfs
+/// pages swap), from `/proc/meminfo`; `None` where it cannot be read.
+fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib << 10)
+    };
+    Some(field("MemAvailable:")? + field("SwapFree:").unwrap_or(0))
+}
+
+/// A memory file of `len` bytes for paged-out memory (tmpfs pages: host memory, swappable);
+/// refused, with the reason, when the host does not have that much memory to spare (writing it
+/// anyway would have the kernel kill a worker: another session).
 fn paging_file(len: u64) -> Result<std::fs::File, String> {
+    if let Some(available) = host_memory_available()
+        && available < len.saturating_add(HOST_MEMORY_RESERVE)
+    {
+        return Err(format!(
+            "the host has {} MiB of memory (and swap) to spare, fewer than the {} MiB this page-out needs and {} MiB kept free",
+            available >> 20,
+            len >> 20,
+            HOST_MEMORY_RESERVE >> 20
+        ));
+    }
     let fd = nix::sys::memfd::memfd_create(c"flyt-paged", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
         .map_err(|error| format!("no memory file for paged memory: {error}"))?;
     let file = std::fs::File::from(fd);
@@ -927,6 +956,14 @@ mod tests {
         for pool_chunks in [0, 2, 8] {
             page_out_and_in(pool_chunks);
         }
+    }
+
+    #[test]
+    fn a_memory_file_larger_than_the_host_can_spare_is_refused() {
+        let available = host_memory_available().expect("/proc/meminfo");
+        let refused = paging_file(available + (1 << 30)).expect_err("more than the host has");
+        assert!(refused.contains("to spare"), "{refused}");
+        assert!(paging_file(1 << 20).is_ok());
     }
 
     fn page_out_and_in(pool_chunks: u64) {
