@@ -8,8 +8,8 @@ use std::{
 
 use flyt_protocol::{
     control::cluster::{
-        AllocationRecord, AllocationState, ControlError, GpuInfo, GpuLinkKind, GpuUsage, NodeHealth, NodeRecord, NodeView, VmMode,
-        VmRequirement,
+        AllocationRecord, AllocationState, ControlError, GpuInfo, GpuLinkKind, GpuUsage, MAX_ADDRESS_WINDOW, NodeHealth, NodeRecord,
+        NodeShare, NodeView, VmMode, VmRequirement,
     },
     handshake::ClientIdentity,
 };
@@ -24,6 +24,13 @@ const MIB: u64 = 1 << 20;
 pub struct SetRank {
     worst: u32,
     total: u32,
+}
+
+/// One node's share of a placement: the GPUs its server serves, in order (`--gpu` first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub node_id: String,
+    pub gpus: Vec<u32>,
 }
 
 /// A registered node.
@@ -70,6 +77,7 @@ fn holds_gpu(allocation: &AllocationRecord, node_id: &str, gpu: u32) -> bool {
     let on = |node: &str, index: u32| node == node_id && index == gpu;
     on(&allocation.node_id, allocation.gpu)
         || (allocation.node_id == node_id && allocation.extra_gpus.contains(&gpu))
+        || allocation.further.iter().any(|share| share.node_id == node_id && (share.gpu == gpu || share.extra_gpus.contains(&gpu)))
         || allocation
             .pending_move
             .as_ref()
@@ -175,6 +183,7 @@ impl Model {
     /// Picks a GPU for `vm`: an up, undrained node on the VM's own host first, then any; on
     /// each, the GPU with the least free SMs that still fits (so big slices stay possible).
     /// The error names what is missing.
+    #[cfg(test)]
     pub fn place(&self, vm: &VmRequirement) -> Result<(String, u32), ControlError> {
         self.place_avoiding(vm, &[])
     }
@@ -270,6 +279,157 @@ impl Model {
         Err(ControlError::NoCapacity(format!("{need}; {why}")))
     }
 
+    /// Where `vm`'s GPUs go, node by node, the server of the first part first. One node when
+    /// one has them all (as [`Self::place_avoiding`] picks); else, when the VM allows `spread`,
+    /// several ([`Self::place_spread`]). The refusal says what is missing, and, for a VM that
+    /// does not allow spreading, whether spreading would have placed it.
+    pub fn placement(&self, vm: &VmRequirement, avoid: &[String]) -> Result<Vec<Part>, ControlError> {
+        match self.place_avoiding(vm, avoid) {
+            Ok((node_id, first)) => {
+                let extra = self.extra_gpus(vm, &node_id, first)?;
+                Ok(vec![Part { node_id, gpus: std::iter::once(first).chain(extra).collect() }])
+            }
+            Err(ControlError::NoCapacity(one_node)) if vm.gpus > 1 => match (vm.spread, self.place_spread(vm, avoid)) {
+                (true, Ok(parts)) => Ok(parts),
+                (true, Err(across)) => Err(ControlError::NoCapacity(format!("{one_node}; across nodes (--spread): {across}"))),
+                (false, Ok(parts)) => Err(ControlError::NoCapacity(format!(
+                    "{one_node}; {} nodes have them together, but VM {} is not allowed to spread over nodes (`flytctl vm add {} ... --gpus {} --spread`)",
+                    parts.len(),
+                    vm.vm_ip,
+                    vm.vm_ip,
+                    vm.gpus
+                ))),
+                (false, Err(_)) => Err(ControlError::NoCapacity(one_node)),
+            },
+            Err(error) => Err(error),
+        }
+    }
+
+    /// `vm`'s GPUs across nodes: the fewest nodes that hold them (the nodes with the most GPUs
+    /// with room first, the VM's own host first among equals; the last node gives only the GPUs
+    /// still missing, from the node that fits them most tightly), on each node the best-joined
+    /// set ([`Self::best_gpu_set`]). The VM's own host's part comes first (it carries the
+    /// shared-memory channel), then the larger parts. At most `MAX_ADDRESS_WINDOW + 1` nodes:
+    /// each node's server has an address window of its own. The error (plain text) says what
+    /// is missing.
+    pub fn place_spread(&self, vm: &VmRequirement, avoid: &[String]) -> Result<Vec<Part>, String> {
+        let wanted = usize::try_from(vm.gpus).unwrap_or(usize::MAX);
+        // (GPUs with room, another host, node).
+        let mut candidates: Vec<(usize, bool, &str)> = self
+            .nodes
+            .iter()
+            .filter(|(node_id, node)| node.record.health == NodeHealth::Up && !node.record.drained && !avoid.contains(node_id))
+            .map(|(node_id, node)| (self.fitting_gpus(vm, node_id).len(), node.record.host_ip != vm.host_ip, node_id.as_str()))
+            .filter(|(fitting, _, _)| *fitting > 0)
+            .collect();
+        candidates.sort_by_key(|(fitting, other_host, node_id)| (std::cmp::Reverse(*fitting), *other_host, *node_id));
+        let total: usize = candidates.iter().map(|(fitting, _, _)| fitting).sum();
+        if total < wanted {
+            let list: Vec<String> = candidates.iter().map(|(fitting, _, node_id)| format!("{node_id} {fitting}")).collect();
+            return Err(format!(
+                "VM {} needs {} GPUs with {} SMs and {} MiB each; the up, undrained nodes have {total} such GPUs ({})",
+                vm.vm_ip,
+                vm.gpus,
+                vm.compute_units,
+                vm.memory,
+                if list.is_empty() { "none".to_string() } else { list.join(", ") }
+            ));
+        }
+        // The fewest nodes: those with the most room, until they hold enough.
+        let mut nodes = 0;
+        let mut held = 0;
+        while held < wanted {
+            held += candidates[nodes].0;
+            nodes += 1;
+        }
+        let most = usize::try_from(MAX_ADDRESS_WINDOW).unwrap_or(usize::MAX) + 1;
+        if nodes > most {
+            return Err(format!(
+                "VM {} needs {} GPUs with {} SMs and {} MiB each, which only {nodes} nodes hold together; an allocation spans at most {most} nodes (one address window each)",
+                vm.vm_ip, vm.gpus, vm.compute_units, vm.memory
+            ));
+        }
+        let mut shares: Vec<(&str, usize)> = candidates[..nodes - 1].iter().map(|(fitting, _, node_id)| (*node_id, *fitting)).collect();
+        let missing = wanted - shares.iter().map(|(_, count)| count).sum::<usize>();
+        // The last node: the VM's own host first, then the tightest fit (whole nodes stay free).
+        let last = candidates[nodes - 1..]
+            .iter()
+            .filter(|(fitting, _, _)| *fitting >= missing)
+            .min_by_key(|(fitting, other_host, node_id)| (*other_host, *fitting, *node_id))
+            .map(|(_, _, node_id)| *node_id)
+            .ok_or_else(|| format!("no node has {missing} GPUs with room for VM {}", vm.vm_ip))?;
+        shares.push((last, missing));
+        let mut parts = Vec::with_capacity(shares.len());
+        for (node_id, count) in shares {
+            let count_u32 = u32::try_from(count).unwrap_or(u32::MAX);
+            let gpus = self.best_set_of(vm, node_id, count_u32, None).map(|(_, members)| members).unwrap_or_default();
+            if gpus.len() != count {
+                return Err(format!("{node_id} no longer has {count} GPUs with room for VM {}", vm.vm_ip));
+            }
+            parts.push(Part { node_id: node_id.to_string(), gpus });
+        }
+        let other_host = |part: &Part| self.nodes.get(&part.node_id).is_none_or(|node| node.record.host_ip != vm.host_ip);
+        parts.sort_by_key(|part| (other_host(part), std::cmp::Reverse(part.gpus.len())));
+        Ok(parts)
+    }
+
+    /// A new `Starting` allocation `id` of `vm` placed on `parts` (at least one): the first
+    /// part's server is the allocation's own (`node_id`, `gpu`, `extra_gpus`, address window 0),
+    /// each further part's runs in the next address window.
+    pub fn new_record(
+        &self,
+        id: String,
+        vm: &VmRequirement,
+        parts: &[Part],
+        client: &ClientIdentity,
+        now: u64,
+    ) -> Result<AllocationRecord, ControlError> {
+        let percentage = |node_id: &str, gpu: u32| {
+            let sm_count =
+                self.nodes.get(node_id).and_then(|node| node.gpus.iter().find(|info| info.index == gpu)).map_or(0, |info| info.sm_count);
+            sm_percentage(vm.compute_units, sm_count)
+        };
+        let empty = || ControlError::Invalid(format!("the placement of VM {} names no GPU", vm.vm_ip));
+        let (first, further) = parts.split_first().ok_or_else(empty)?;
+        let (&gpu, extra_gpus) = first.gpus.split_first().ok_or_else(empty)?;
+        let mut shares = Vec::with_capacity(further.len());
+        for (part, address_window) in further.iter().zip(1..) {
+            let (&gpu, extra_gpus) = part.gpus.split_first().ok_or_else(empty)?;
+            shares.push(NodeShare {
+                node_id: part.node_id.clone(),
+                gpu,
+                extra_gpus: extra_gpus.to_vec(),
+                sm_percentage: percentage(&part.node_id, gpu),
+                address_window,
+                addresses: Vec::new(),
+                pid: 0,
+                sessions: 0,
+                metrics: None,
+            });
+        }
+        Ok(AllocationRecord {
+            id,
+            vm_ip: vm.vm_ip.clone(),
+            node_id: first.node_id.clone(),
+            gpu,
+            extra_gpus: extra_gpus.to_vec(),
+            compute_units: vm.compute_units,
+            memory: vm.memory,
+            sm_percentage: percentage(&first.node_id, gpu),
+            state: AllocationState::Starting,
+            addresses: Vec::new(),
+            pid: 0,
+            clients: vec![client.clone()],
+            sessions: 0,
+            created_at: now,
+            idle_since: None,
+            pending_resize: None,
+            metrics: None,
+            pending_move: None,
+            further: shares,
+        })
+    }
+
     /// The GPUs of `node_id` with room for one of `vm`'s slices, the fullest first (so whole GPUs
     /// stay free for larger slices).
     fn fitting_gpus(&self, vm: &VmRequirement, node_id: &str) -> Vec<u32> {
@@ -326,7 +486,12 @@ impl Model {
     /// ties go to the fullest GPUs (whole GPUs stay free). Greedy from each possible first GPU:
     /// each step adds the GPU whose worst path to the set is best. `None` when too few fit.
     fn best_gpu_set(&self, vm: &VmRequirement, node_id: &str, first: Option<u32>) -> Option<(SetRank, Vec<u32>)> {
-        let wanted = usize::try_from(vm.gpus).ok()?;
+        self.best_set_of(vm, node_id, vm.gpus, first)
+    }
+
+    /// [`Self::best_gpu_set`] of `count` GPUs (a spread allocation's share of one node).
+    fn best_set_of(&self, vm: &VmRequirement, node_id: &str, count: u32, first: Option<u32>) -> Option<(SetRank, Vec<u32>)> {
+        let wanted = usize::try_from(count).ok()?;
         let mut fitting = self.fitting_gpus(vm, node_id);
         // `first` was chosen already (its slice may be counted by now): it is in the set.
         let starts: Vec<u32> = match first {
@@ -366,19 +531,20 @@ impl Model {
             return Err(ControlError::Invalid("compute units and memory must be above 0".into()));
         }
         // Every GPU of the allocation gets the new size.
-        for index in std::iter::once(allocation.gpu).chain(allocation.extra_gpus.iter().copied()) {
+        for placed in allocation.all_gpus() {
+            let (node_id, index) = (&placed.node_id, placed.index);
             let gpu = self
                 .nodes
-                .get(&allocation.node_id)
+                .get(node_id)
                 .and_then(|node| node.gpus.iter().find(|gpu| gpu.index == index))
-                .ok_or_else(|| ControlError::UnknownNode(allocation.node_id.clone()))?;
-            let (used_units, used_memory, _) = self.gpu_used(&allocation.node_id, index, Some(&allocation.id));
+                .ok_or_else(|| ControlError::UnknownNode(node_id.clone()))?;
+            let (used_units, used_memory, _) = self.gpu_used(node_id, index, Some(&allocation.id));
             let free_units = gpu.sm_count.saturating_sub(used_units);
             let free_memory = (gpu.memory_bytes / MIB).saturating_sub(used_memory);
             if compute_units > free_units || memory > free_memory {
                 return Err(ControlError::NoCapacity(format!(
-                    "{} GPU {index} has {free_units} SMs and {free_memory} MiB available for allocation {} (asked {compute_units} SMs and {memory} MiB)",
-                    allocation.node_id, allocation.id
+                    "{node_id} GPU {index} has {free_units} SMs and {free_memory} MiB available for allocation {} (asked {compute_units} SMs and {memory} MiB)",
+                    allocation.id
                 )));
             }
         }
@@ -504,7 +670,7 @@ mod tests {
     }
 
     fn vm(ip: &str, host_ip: &str, units: u32, memory: u64) -> VmRequirement {
-        VmRequirement { vm_ip: ip.into(), host_ip: host_ip.into(), compute_units: units, memory, gpus: 1 }
+        VmRequirement { vm_ip: ip.into(), host_ip: host_ip.into(), compute_units: units, memory, gpus: 1, spread: false }
     }
 
     fn allocate(model: &mut Model, id: &str, vm: &VmRequirement) -> (String, u32) {
@@ -530,6 +696,7 @@ mod tests {
                 pending_resize: None,
                 metrics: None,
                 pending_move: None,
+                further: Vec::new(),
             },
         );
         let extra_gpus = model.extra_gpus(vm, &node_id, gpu).unwrap();

@@ -201,9 +201,15 @@ impl<S: Store> Cluster<S> {
         let (memory, pending) = {
             let mut model = self.model.lock().await;
             let mut allocation = model.running(&id, &target)?.clone();
+            if allocation.is_spread() {
+                return Err(ControlError::Invalid(format!(
+                    "allocation {id} is spread over nodes {} (--spread): moving it is not supported yet: its apps hold one session on each node's server, and a session spread over several servers cannot be paused and continued elsewhere (the client refuses it)",
+                    super::node_list(&allocation)
+                )));
+            }
             if !allocation.extra_gpus.is_empty() {
                 return Err(ControlError::Invalid(format!(
-                    "allocation {id} has {} GPUs: moving an allocation of several GPUs is not supported yet",
+                    "allocation {id} has {} GPUs: moving an allocation of several GPUs is not supported yet: its sessions hold every GPU of it in one worker, and the rpc-server cannot yet checkpoint a session on several GPUs",
                     allocation.extra_gpus.len() + 1
                 )));
             }
@@ -281,6 +287,7 @@ impl<S: Store> Cluster<S> {
             extra_gpus: Vec::new(),
             memory,
             sm_percentage: pending.to_sm_percentage,
+            address_window: 0,
         };
         let server = self
             .start_on_node(&pending.to_node, spec)
@@ -600,6 +607,12 @@ impl<S: Store> Cluster<S> {
         let (node_id, gpu) = {
             let model = self.model.lock().await;
             let allocation = model.running(&id, &target)?;
+            if allocation.is_spread() {
+                return Err(ControlError::Invalid(format!(
+                    "allocation {id} is spread over nodes {} (--spread): checkpointing it is not supported yet (its apps' sessions on every node would have to pause together)",
+                    super::node_list(allocation)
+                )));
+            }
             (allocation.node_id.clone(), allocation.gpu)
         };
         let sessions = self.sessions_on(&node_id, &id, gpu).await?;
@@ -647,6 +660,12 @@ impl<S: Store> Cluster<S> {
         let node_id = {
             let model = self.model.lock().await;
             let allocation = model.running(&id, &target)?;
+            if allocation.is_spread() {
+                return Err(ControlError::Invalid(format!(
+                    "allocation {id} is spread over nodes {} (--spread): restarting its servers is not supported yet (its apps' sessions on every node would have to pause together)",
+                    super::node_list(allocation)
+                )));
+            }
             if let Some(pending) = &allocation.pending_move {
                 return Err(ControlError::Invalid(format!(
                     "allocation {id} is moving to {}; try again once the move is over",
