@@ -327,11 +327,8 @@ impl Model {
         if total < wanted {
             let list: Vec<String> = candidates.iter().map(|(fitting, _, node_id)| format!("{node_id} {fitting}")).collect();
             return Err(format!(
-                "VM {} needs {} GPUs with {} SMs and {} MiB each; the up, undrained nodes have {total} such GPUs ({})",
-                vm.vm_ip,
+                "the up, undrained nodes have {total} GPUs with room for one of the {} slices ({})",
                 vm.gpus,
-                vm.compute_units,
-                vm.memory,
                 if list.is_empty() { "none".to_string() } else { list.join(", ") }
             ));
         }
@@ -345,8 +342,8 @@ impl Model {
         let most = usize::try_from(MAX_ADDRESS_WINDOW).unwrap_or(usize::MAX) + 1;
         if nodes > most {
             return Err(format!(
-                "VM {} needs {} GPUs with {} SMs and {} MiB each, which only {nodes} nodes hold together; an allocation spans at most {most} nodes (one address window each)",
-                vm.vm_ip, vm.gpus, vm.compute_units, vm.memory
+                "the {} GPUs take {nodes} nodes at the fewest; an allocation spans at most {most} nodes (one address window each)",
+                vm.gpus
             ));
         }
         let mut shares: Vec<(&str, usize)> = candidates[..nodes - 1].iter().map(|(fitting, _, node_id)| (*node_id, *fitting)).collect();
@@ -801,6 +798,110 @@ mod tests {
         let mut three: Vec<u32> = std::iter::once(allocation.gpu).chain(allocation.extra_gpus.iter().copied()).collect();
         three.sort();
         assert!(three == [0, 1, 2] || three == [1, 2, 3], "every pair peer to peer, got {three:?}");
+    }
+
+    /// Places `vm` as the service does (`placement`, then `new_record`) and stores it as running.
+    fn allocate_parts(model: &mut Model, id: &str, vm: &VmRequirement) -> Vec<Part> {
+        let parts = model.placement(vm, &[]).unwrap();
+        let mut record = model.new_record(id.into(), vm, &parts, &ClientIdentity::default(), 0).unwrap();
+        record.state = AllocationState::Running;
+        model.allocations.insert(id.into(), record);
+        parts
+    }
+
+    fn spread(ip: &str, host_ip: &str, gpus: u32, units: u32, memory: u64) -> VmRequirement {
+        VmRequirement { gpus, spread: true, ..vm(ip, host_ip, units, memory) }
+    }
+
+    #[test]
+    fn spread_gpus_go_to_one_node_when_one_has_them() {
+        let mut model = model();
+        // 'b' has two GPUs with room for 30 SMs: one node, one part, though spreading is allowed.
+        let parts = allocate_parts(&mut model, "pair", &spread("10.0.0.1", "192.0.2.1", 2, 30, 1024));
+        assert_eq!(parts.len(), 1, "{parts:?}");
+        assert_eq!(parts[0].node_id, "b");
+        assert!(model.allocations["pair"].further.is_empty());
+    }
+
+    #[test]
+    fn spread_gpus_go_across_nodes_only_when_allowed() {
+        let mut model = Model::default();
+        model.nodes.insert("a".into(), node("a", "192.0.2.1", &[(40, 4096)]));
+        model.nodes.insert("b".into(), node("b", "192.0.2.2", &[(40, 4096)]));
+        // Without --spread: refused, saying what one node lacks and that spreading would do.
+        let error = model.placement(&VmRequirement { gpus: 2, ..vm("10.0.0.1", "192.0.2.2", 20, 1024) }, &[]).unwrap_err().to_string();
+        assert!(error.contains("needs 2 GPUs of one node with 20 SMs and 1024 MiB each"), "{error}");
+        assert!(error.contains("2 nodes have them together, but VM 10.0.0.1 is not allowed to spread over nodes"), "{error}");
+        assert!(error.contains("--gpus 2 --spread"), "{error}");
+        // With it: both nodes, the VM's own host ('b') first, the second in address window 1.
+        let parts = allocate_parts(&mut model, "two", &spread("10.0.0.1", "192.0.2.2", 2, 20, 1024));
+        assert_eq!(parts, vec![Part { node_id: "b".into(), gpus: vec![0] }, Part { node_id: "a".into(), gpus: vec![0] }]);
+        let record = &model.allocations["two"];
+        assert_eq!((record.node_id.as_str(), record.gpu, record.extra_gpus.len()), ("b", 0, 0));
+        assert_eq!(record.further.len(), 1);
+        assert_eq!((record.further[0].node_id.as_str(), record.further[0].address_window), ("a", 1));
+        assert_eq!(record.further[0].sm_percentage, 50);
+        let order: Vec<(String, u32)> = record.all_gpus().into_iter().map(|gpu| (gpu.node_id, gpu.index)).collect();
+        assert_eq!(order, vec![("b".to_string(), 0), ("a".to_string(), 0)]);
+        // Each node's GPU holds the slice: a resize must fit both, a third VM of 30 SMs fits neither.
+        assert_eq!(model.gpu_used("a", 0, None), (20, 1024, 1));
+        assert_eq!(model.gpu_used("b", 0, None), (20, 1024, 1));
+        let two = model.allocations["two"].clone();
+        assert!(model.check_resize(&two, 40, 4096).is_ok());
+        model.allocations.insert("other".into(), AllocationRecord { id: "other".into(), vm_ip: "10.0.0.9".into(), ..model.new_record("other".into(), &vm("10.0.0.9", "", 10, 1024), &[Part { node_id: "a".into(), gpus: vec![0] }], &ClientIdentity::default(), 0).unwrap() });
+        let error = model.check_resize(&two, 40, 1024).unwrap_err().to_string();
+        assert!(error.contains("a GPU 0 has 30 SMs"), "a further node's GPU counts too: {error}");
+        // More than the nodes hold, spread or not: what they have is named.
+        let error = model.placement(&spread("10.0.0.2", "192.0.2.2", 3, 10, 1024), &[]).unwrap_err().to_string();
+        assert!(error.contains("needs 3 GPUs of one node"), "{error}");
+        assert!(error.contains("across nodes (--spread): the up, undrained nodes have 2 GPUs with room for one of the 3 slices (b 1, a 1)"), "{error}");
+        // A node to avoid (one that did not answer a start) is left out.
+        let error = model.placement(&spread("10.0.0.3", "192.0.2.2", 2, 10, 1024), &["a".to_string()]).unwrap_err().to_string();
+        assert!(error.contains("have 1 GPUs with room for one of the 2 slices (b 1)"), "{error}");
+    }
+
+    #[test]
+    fn spread_gpus_take_the_fewest_nodes_then_nvlink_pairs() {
+        let mut model = Model::default();
+        model.nodes.insert("one".into(), node("one", "192.0.2.1", &[(80, 16_384)]));
+        model.nodes.insert("two".into(), node("two", "192.0.2.2", &[(80, 16_384); 2]));
+        model.nodes.insert("three".into(), node("three", "192.0.2.3", &[(80, 16_384); 3]));
+        // Four GPUs: 'three' and then one more from the node that fits it most tightly ('one'),
+        // two nodes rather than three.
+        let parts = allocate_parts(&mut model, "four", &spread("10.0.0.1", "192.0.2.9", 4, 50, 1024));
+        let nodes: Vec<(&str, usize)> = parts.iter().map(|part| (part.node_id.as_str(), part.gpus.len())).collect();
+        assert_eq!(nodes, vec![("three", 3), ("one", 1)]);
+        // Inside a node, the GPUs joined by NVLink: six GPUs on two nodes of four, the second
+        // node's two are its NVLink pair.
+        let mut model = Model::default();
+        let mut left = node("left", "192.0.2.1", &[(80, 16_384); 4]);
+        link(&mut left, 0, 1, GpuLinkKind::NvLink);
+        let mut right = node("right", "192.0.2.2", &[(80, 16_384); 4]);
+        link(&mut right, 2, 3, GpuLinkKind::NvLink);
+        link(&mut right, 0, 1, GpuLinkKind::Pcie);
+        model.nodes.insert("left".into(), left);
+        model.nodes.insert("right".into(), right);
+        let parts = allocate_parts(&mut model, "six", &spread("10.0.0.2", "192.0.2.9", 6, 10, 1024));
+        assert_eq!(parts.len(), 2, "{parts:?}");
+        assert_eq!(parts[0].gpus.len(), 4);
+        let mut pair = parts[1].gpus.clone();
+        pair.sort_unstable();
+        assert_eq!((parts[1].node_id.as_str(), pair), ("right", vec![2, 3]), "the NVLink pair of the second node");
+    }
+
+    #[test]
+    fn spread_gpus_span_at_most_one_node_per_address_window() {
+        let mut model = Model::default();
+        for index in 0..=MAX_ADDRESS_WINDOW + 1 {
+            let id = format!("n{index}");
+            model.nodes.insert(id.clone(), node(&id, &format!("192.0.2.{index}"), &[(80, 16_384)]));
+        }
+        let most = MAX_ADDRESS_WINDOW + 1;
+        let parts = allocate_parts(&mut model, "five", &spread("10.0.0.1", "192.0.2.99", most, 10, 1024));
+        let windows: Vec<u32> = model.allocations["five"].further.iter().map(|share| share.address_window).collect();
+        assert_eq!((parts.len(), windows), (5, vec![1, 2, 3, 4]));
+        let error = model.placement(&spread("10.0.0.2", "192.0.2.99", most + 1, 10, 1024), &[]).unwrap_err().to_string();
+        assert!(error.contains("the 6 GPUs take 6 nodes at the fewest; an allocation spans at most 5 nodes"), "{error}");
     }
 
     #[test]

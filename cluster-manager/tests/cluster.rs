@@ -2,8 +2,8 @@
 //! managers and real `flyt-rpc-server`s, all separate processes on loopback
 //! (`harness`), what survives what (`recovery`): crashes at every step of placement,
 //! resize and release on both stores, a node manager killed mid-start, a cluster manager away
-//! or stopped, a node manager restarted; and allocations moved between nodes with a running
-//! app (`migration`).
+//! or stopped, a node manager restarted; allocations moved between nodes with a running
+//! app (`migration`); and a VM's GPUs spread over nodes (`spread`).
 //!
 //! Binaries: the Flyt binaries are looked up next to this package's `flyt-cluster-manager`
 //! (so build them first: `cargo build -p flyt-cluster-manager -p flyt-node-manager
@@ -18,6 +18,8 @@ mod harness;
 mod migration;
 #[cfg(test)]
 mod recovery;
+#[cfg(test)]
+mod spread;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,159 @@
+//! A VM of two GPUs on two nodes of one GPU each (issue 45, `flytctl vm add --gpus 2 --spread`):
+//! refused with the reason without `--spread`; with it, one rpc-server per node, the second in
+//! address window 1, the grant naming both servers in order; a driver-API program through the
+//! client manager sees two devices with disjoint allocations and copies between them; the
+//! listings and metrics show both GPUs; moves and resizes are refused with the reason; removing
+//! the VM stops both servers.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use crate::harness::{Cluster, Options, scrape, series_value, wait_until};
+
+const VM: &str = "10.0.0.1";
+
+fn add_vm(cluster: &Cluster, spread: bool) -> String {
+    let mut args = vec!["vm", "add", VM, "--host-ip", "127.0.0.1", "--compute-units", "20", "--memory-mib", "1024", "--gpus", "2"];
+    if spread {
+        args.push("--spread");
+    }
+    cluster.flytctl_ok(&args)
+}
+
+fn cmdline(pid: u64) -> String {
+    fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default().replace('\0', " ")
+}
+
+#[test]
+fn a_vm_of_two_gpus_spreads_over_two_nodes_only_when_allowed() {
+    let mut cluster = Cluster::new(Options::default());
+    cluster.start_node("node-a", "127.0.0.1", 40, 4096);
+    cluster.start_node("node-b", "127.0.0.2", 40, 4096);
+    cluster.wait_node_up("node-a");
+    cluster.wait_node_up("node-b");
+
+    // Without --spread: no node has two GPUs, and the refusal says that spreading would do.
+    add_vm(&cluster, false);
+    let socket = cluster.start_client_manager(VM);
+    let (refused, _) = cluster.locate(&socket, 0);
+    let reason = refused["refused"].as_str().unwrap_or_default().to_string();
+    assert!(reason.contains("needs 2 GPUs of one node with 20 SMs and 1024 MiB each"), "{refused}");
+    assert!(reason.contains("2 nodes have them together, but VM 10.0.0.1 is not allowed to spread over nodes"), "{refused}");
+    assert!(reason.contains("--gpus 2 --spread"), "{refused}");
+    assert!(cluster.allocation_of(VM).is_none());
+
+    // With it: both nodes, the VM's own host (node-a) first.
+    let added = add_vm(&cluster, true);
+    assert!(added.contains("2 GPUs of 20 SMs and 1024 MiB each, across nodes if no one node has them"), "{added}");
+    let listed = cluster.flytctl_ok(&["vm", "list"]);
+    assert!(listed.contains("2 (spread)"), "{listed}");
+    let (granted, _) = cluster.locate(&socket, 0);
+    assert!(granted["token"].is_string(), "{granted}");
+    let allocation = cluster.allocation_of(VM).unwrap();
+    assert_eq!((allocation["node_id"].as_str(), allocation["gpu"].as_u64()), (Some("node-a"), Some(0)), "{allocation}");
+    let further = &allocation["further"];
+    assert_eq!(further.as_array().map(Vec::len), Some(1), "{allocation}");
+    assert_eq!((further[0]["node_id"].as_str(), further[0]["address_window"].as_u64()), (Some("node-b"), Some(1)), "{allocation}");
+    // The grant names both servers, in the order the app numbers their devices.
+    let first_address = allocation["addresses"][0].as_str().unwrap().to_string();
+    let second_address = further[0]["addresses"][0].as_str().unwrap().to_string();
+    assert_eq!(granted["address"].as_str(), Some(format!("{first_address},{second_address}").as_str()), "{granted}");
+    // Each node's server: its own GPU, the second in address window 1, the first in the default.
+    let (first_pid, second_pid) = (allocation["pid"].as_u64().unwrap(), further[0]["pid"].as_u64().unwrap());
+    let (first_line, second_line) = (cmdline(first_pid), cmdline(second_pid));
+    assert!(first_line.contains("--gpu 0") && !first_line.contains("--address-window"), "{first_line}");
+    assert!(second_line.contains("--gpu 0") && second_line.contains("--address-window 1"), "{second_line}");
+    assert!(first_line.contains(&format!("--allocation {}", allocation["id"].as_str().unwrap())), "{first_line}");
+    assert!(second_line.contains(&format!("--allocation {}", allocation["id"].as_str().unwrap())), "{second_line}");
+
+    // Listings: both GPUs, in order, with their UUIDs and slices.
+    let table = cluster.flytctl_ok(&["list-vms", "--wide"]);
+    let uuid_of = |node: &str| -> String {
+        let nodes = cluster.json(&["list-servernodes"]);
+        let view = nodes.as_array().unwrap().iter().find(|view| view["node"]["node_id"] == node).unwrap().clone();
+        view["gpus"][0]["gpu"]["uuid"].as_str().unwrap().to_string()
+    };
+    for line in [format!("0: node-a/0 {} 20 SMs 1024 MiB", uuid_of("node-a")), format!("1: node-b/0 {} 20 SMs 1024 MiB", uuid_of("node-b"))] {
+        assert!(table.contains(&line), "missing '{line}':\n{table}");
+    }
+    let table = cluster.flytctl_ok(&["list-virt-servers"]);
+    assert!(table.contains("node-a/0 + node-b/0"), "{table}");
+    assert!(table.contains(&format!("{first_pid} + {second_pid}")), "{table}");
+    // Each node counts the slice on its GPU.
+    let nodes = cluster.json(&["list-servernodes"]);
+    for view in nodes.as_array().unwrap() {
+        assert_eq!(view["gpus"][0]["allocated_compute_units"].as_u64(), Some(20), "{view}");
+        assert_eq!(view["gpus"][0]["allocations"].as_u64(), Some(1), "{view}");
+    }
+
+    // Metrics per GPU: the cluster manager's, device by device, and each node manager's.
+    let id = allocation["id"].as_str().unwrap().to_string();
+    let text = scrape(&cluster.cluster_manager().metrics_address());
+    for (device, node) in [(0, "node-a"), (1, "node-b")] {
+        let series = format!("flyt_cluster_allocation_gpu_compute_units{{allocation=\"{id}\",vm=\"{VM}\",device=\"{device}\",node=\"{node}\",gpu=\"0\"}}");
+        assert_eq!(series_value(&text, &series), Some(20.0), "no {series} in:\n{text}");
+        let series = format!("flyt_cluster_gpu_compute_units{{node=\"{node}\",gpu=\"0\",state=\"allocated\"}}");
+        assert_eq!(series_value(&text, &series), Some(20.0), "no {series} in:\n{text}");
+    }
+    for node in ["node-a", "node-b"] {
+        let text = scrape(&cluster.node(node).metrics_address());
+        let series = format!("flyt_node_slice_sms{{node=\"{node}\",gpu=\"0\",allocation=\"{id}\"}}");
+        assert_eq!(series_value(&text, &series), Some(20.0), "no {series} in:\n{text}");
+    }
+
+    // A driver-API program through the client manager: two devices, disjoint allocations in
+    // the two windows, copies between them staged through the app.
+    match std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) {
+        Some(cuda) => run_two_nodes_program(&cuda, &cluster.path("program"), &socket),
+        None => eprintln!("the driver-API program part is skipped: FLYT_CUDA_HOME is not set (tools/test sets it)"),
+    }
+
+    // Moves, resizes, checkpoints and restarts of a spread allocation are refused with the reason.
+    let (code, _, stderr) = cluster.flytctl(&["migrate", VM, "--to", "node-b"]);
+    assert!(code == 1 && stderr.contains("is spread over nodes node-a and node-b (--spread): moving it is not supported yet"), "exit {code}: {stderr}");
+    let (code, _, stderr) = cluster.flytctl(&["change-config", VM, "--compute-units", "10"]);
+    assert!(code == 1 && stderr.contains("resizing it is not supported yet"), "exit {code}: {stderr}");
+    let (code, _, stderr) = cluster.flytctl(&["checkpoint", VM, "--to", "/tmp/nowhere"]);
+    assert!(code == 1 && stderr.contains("checkpointing it is not supported yet"), "exit {code}: {stderr}");
+    let (code, _, stderr) = cluster.flytctl(&["restart-server", VM]);
+    assert!(code == 1 && stderr.contains("restarting its servers is not supported yet"), "exit {code}: {stderr}");
+
+    // Removing the VM stops the servers on both nodes.
+    cluster.flytctl_ok(&["vm", "remove", VM]);
+    wait_until("both servers stopped", Duration::from_secs(20), || cluster.rpc_servers().is_empty().then_some(()));
+}
+
+/// Builds `driver_two_nodes.c` against Flyt's `libcuda.so.1` and runs it as an app of the VM
+/// whose client manager listens on `socket` (no `FLYT_SERVER`: the client manager says where).
+fn run_two_nodes_program(cuda: &Path, scratch: &Path, socket: &Path) {
+    fs::create_dir_all(scratch).unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cuda-shim/cdylib/tests/c/driver_two_nodes.c");
+    let (program, lib) = flyt_test_support::driver_program(&source, cuda, scratch);
+    let (code, stdout, stderr) = flyt_test_support::run_with_timeout(
+        Command::new(&program)
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("FLYT_CLIENT_MANAGER_SOCKET", socket)
+            .env_remove("FLYT_SERVER")
+            .env_remove("FLYT_TOKEN")
+            .env_remove("CUDA_VISIBLE_DEVICES"),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    for line in [
+        "devices: 2",
+        "two identities: yes",
+        "no peer path between the servers' GPUs: yes",
+        "allocations named by their devices: yes",
+        "disjoint addresses: yes",
+        "each server's addresses in its window: yes",
+        "peer copy from device 0 to device 1: yes",
+        "copy back from device 1 to device 0: yes",
+        "PASSED: 0 failure(s)",
+    ] {
+        assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
+    }
+}
