@@ -45,6 +45,18 @@ fn a_vm_of_two_gpus_spreads_over_two_nodes_only_when_allowed() {
     assert!(reason.contains("2 nodes have them together, but VM 10.0.0.1 is not allowed to spread over nodes"), "{refused}");
     assert!(reason.contains("--gpus 2 --spread"), "{refused}");
     assert!(cluster.allocation_of(VM).is_none());
+    // A driver-API program (when the toolkit's cuda.h is at hand) is told the same, on stderr.
+    let program = match std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) {
+        Some(cuda) => Some(build_two_nodes_program(&cuda, &cluster.path("program"))),
+        None => {
+            eprintln!("the driver-API program parts are skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+            None
+        }
+    };
+    if let Some(program) = &program {
+        let (code, stdout, stderr) = run_through_client_manager(program, &socket);
+        assert!(code != 0 && stderr.contains("flyt: no GPU for this client") && stderr.contains("not allowed to spread"), "exit {code}:\n{stdout}\n{stderr}");
+    }
 
     // With it: both nodes, the VM's own host (node-a) first.
     let added = add_vm(&cluster, true);
@@ -107,9 +119,22 @@ fn a_vm_of_two_gpus_spreads_over_two_nodes_only_when_allowed() {
 
     // A driver-API program through the client manager: two devices, disjoint allocations in
     // the two windows, copies between them staged through the app.
-    match std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) {
-        Some(cuda) => run_two_nodes_program(&cuda, &cluster.path("program"), &socket),
-        None => eprintln!("the driver-API program part is skipped: FLYT_CUDA_HOME is not set (tools/test sets it)"),
+    if let Some(program) = &program {
+        let (code, stdout, stderr) = run_through_client_manager(program, &socket);
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        for line in [
+            "devices: 2",
+            "two identities: yes",
+            "no peer path between the servers' GPUs: yes",
+            "allocations named by their devices: yes",
+            "disjoint addresses: yes",
+            "each server's addresses in its window: yes",
+            "peer copy from device 0 to device 1: yes",
+            "copy back from device 1 to device 0: yes",
+            "PASSED: 0 failure(s)",
+        ] {
+            assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
+        }
     }
 
     // Moves, resizes, checkpoints and restarts of a spread allocation are refused with the reason.
@@ -127,33 +152,23 @@ fn a_vm_of_two_gpus_spreads_over_two_nodes_only_when_allowed() {
     wait_until("both servers stopped", Duration::from_secs(20), || cluster.rpc_servers().is_empty().then_some(()));
 }
 
-/// Builds `driver_two_nodes.c` against Flyt's `libcuda.so.1` and runs it as an app of the VM
-/// whose client manager listens on `socket` (no `FLYT_SERVER`: the client manager says where).
-fn run_two_nodes_program(cuda: &Path, scratch: &Path, socket: &Path) {
+/// `driver_two_nodes.c` built against Flyt's `libcuda.so.1`: the program and its lib folder.
+fn build_two_nodes_program(cuda: &Path, scratch: &Path) -> (PathBuf, PathBuf) {
     fs::create_dir_all(scratch).unwrap();
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cuda-shim/cdylib/tests/c/driver_two_nodes.c");
-    let (program, lib) = flyt_test_support::driver_program(&source, cuda, scratch);
-    let (code, stdout, stderr) = flyt_test_support::run_with_timeout(
-        Command::new(&program)
-            .env("LD_LIBRARY_PATH", &lib)
+    flyt_test_support::driver_program(&source, cuda, scratch)
+}
+
+/// Runs `program` as an app of the VM whose client manager listens on `socket` (no
+/// `FLYT_SERVER`: the client manager says where): exit code, stdout, stderr.
+fn run_through_client_manager((program, lib): &(PathBuf, PathBuf), socket: &Path) -> (i32, String, String) {
+    flyt_test_support::run_with_timeout(
+        Command::new(program)
+            .env("LD_LIBRARY_PATH", lib)
             .env("FLYT_CLIENT_MANAGER_SOCKET", socket)
             .env_remove("FLYT_SERVER")
             .env_remove("FLYT_TOKEN")
             .env_remove("CUDA_VISIBLE_DEVICES"),
         Duration::from_secs(60),
-    );
-    assert_eq!(code, 0, "{stdout}\n{stderr}");
-    for line in [
-        "devices: 2",
-        "two identities: yes",
-        "no peer path between the servers' GPUs: yes",
-        "allocations named by their devices: yes",
-        "disjoint addresses: yes",
-        "each server's addresses in its window: yes",
-        "peer copy from device 0 to device 1: yes",
-        "copy back from device 1 to device 0: yes",
-        "PASSED: 0 failure(s)",
-    ] {
-        assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
-    }
+    )
 }
