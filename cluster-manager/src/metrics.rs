@@ -201,7 +201,8 @@ pub fn render(metrics: &ClusterMetrics, snapshot: &Snapshot) -> String {
                 .iter()
                 .flat_map(|used| {
                     let (total, allocated) = value(used);
-                    let labels = |state: &str| vec![("node", used.node.clone()), ("gpu", used.gpu.to_string()), ("state", state.to_string())];
+                    let labels =
+                        |state: &str| vec![("node", used.node.clone()), ("gpu", used.gpu.to_string()), ("state", state.to_string())];
                     [(labels("total"), total), (labels("allocated"), allocated)]
                 })
                 .map(|(labels, value)| (labels, i64::try_from(value).unwrap_or(i64::MAX)))

@@ -848,13 +848,31 @@ mod tests {
         assert_eq!(model.gpu_used("b", 0, None), (20, 1024, 1));
         let two = model.allocations["two"].clone();
         assert!(model.check_resize(&two, 40, 4096).is_ok());
-        model.allocations.insert("other".into(), AllocationRecord { id: "other".into(), vm_ip: "10.0.0.9".into(), ..model.new_record("other".into(), &vm("10.0.0.9", "", 10, 1024), &[Part { node_id: "a".into(), gpus: vec![0] }], &ClientIdentity::default(), 0).unwrap() });
+        model.allocations.insert(
+            "other".into(),
+            AllocationRecord {
+                id: "other".into(),
+                vm_ip: "10.0.0.9".into(),
+                ..model
+                    .new_record(
+                        "other".into(),
+                        &vm("10.0.0.9", "", 10, 1024),
+                        &[Part { node_id: "a".into(), gpus: vec![0] }],
+                        &ClientIdentity::default(),
+                        0,
+                    )
+                    .unwrap()
+            },
+        );
         let error = model.check_resize(&two, 40, 1024).unwrap_err().to_string();
         assert!(error.contains("a GPU 0 has 30 SMs"), "a further node's GPU counts too: {error}");
         // More than the nodes hold, spread or not: what they have is named.
         let error = model.placement(&spread("10.0.0.2", "192.0.2.2", 3, 10, 1024), &[]).unwrap_err().to_string();
         assert!(error.contains("needs 3 GPUs of one node"), "{error}");
-        assert!(error.contains("across nodes (--spread): the up, undrained nodes have 2 GPUs with room for one of the 3 slices (b 1, a 1)"), "{error}");
+        assert!(
+            error.contains("across nodes (--spread): the up, undrained nodes have 2 GPUs with room for one of the 3 slices (b 1, a 1)"),
+            "{error}"
+        );
         // A node to avoid (one that did not answer a start) is left out.
         let error = model.placement(&spread("10.0.0.3", "192.0.2.2", 2, 10, 1024), &["a".to_string()]).unwrap_err().to_string();
         assert!(error.contains("have 1 GPUs with room for one of the 2 slices (b 1)"), "{error}");

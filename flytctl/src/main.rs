@@ -708,17 +708,24 @@ fn allocated_gpus(allocation: &AllocationRecord, nodes: &[NodeView]) -> String {
                 .find(|view| view.node.node_id == placed.node_id)
                 .and_then(|view| view.gpus.iter().find(|usage| usage.gpu.index == placed.index))
                 .map_or("?", |usage| usage.gpu.uuid.as_str());
-            format!(
-                "{device}: {}/{} {uuid} {} SMs {} MiB",
-                placed.node_id, placed.index, allocation.compute_units, allocation.memory
-            )
+            format!("{device}: {}/{} {uuid} {} SMs {} MiB", placed.node_id, placed.index, allocation.compute_units, allocation.memory)
         })
         .collect::<Vec<_>>()
         .join("\n")
 }
 
 fn vm_table(vms: &[VmView], nodes: &[NodeView]) -> Table {
-    let mut out = table(&["VM", "HOST", "SMs", "MEMORY (MiB)", "ALLOCATION", "GPUs (DEVICE: NODE/GPU UUID SLICE)", "MODE", "CLIENTS", "CLIENT MANAGER"]);
+    let mut out = table(&[
+        "VM",
+        "HOST",
+        "SMs",
+        "MEMORY (MiB)",
+        "ALLOCATION",
+        "GPUs (DEVICE: NODE/GPU UUID SLICE)",
+        "MODE",
+        "CLIENTS",
+        "CLIENT MANAGER",
+    ]);
     for vm in vms {
         let (allocation, place, users) = match &vm.allocation {
             Some(allocation) => (allocation.id.clone(), allocated_gpus(allocation, nodes), clients(allocation)),
@@ -799,7 +806,11 @@ fn allocation_table(allocations: &[AllocationRecord], nodes: &[NodeView]) -> Tab
             row.push(allocation.metrics.as_ref().map_or_else(|| "-".to_string(), |address| format!("http://{address}/metrics")));
         }
         row.push(
-            std::iter::once(allocation.pid).chain(allocation.further.iter().map(|share| share.pid)).map(|pid| pid.to_string()).collect::<Vec<_>>().join(" + "),
+            std::iter::once(allocation.pid)
+                .chain(allocation.further.iter().map(|share| share.pid))
+                .map(|pid| pid.to_string())
+                .collect::<Vec<_>>()
+                .join(" + "),
         );
         row.push(allocation.sessions.to_string());
         row.push(if wide { clients(allocation) } else { allocation.clients.len().to_string() });
@@ -819,6 +830,62 @@ mod tests {
         let refused = Args::try_parse_from(["flytctl", "--timeout-seconds", "0", "status"]).err().expect("--timeout-seconds 0 accepted");
         assert!(refused.to_string().contains("--timeout-seconds"), "{refused}");
         assert!(Args::try_parse_from(["flytctl", "--timeout-seconds", "1", "status"]).is_ok());
+    }
+
+    /// A spread allocation: its nodes in order on one line, its GPUs one line each with the
+    /// device number, node, GPU, UUID (from the node list; `?` when the node is not listed) and slice.
+    #[test]
+    fn a_spread_allocation_lists_every_gpu_in_order() {
+        use flyt_protocol::control::cluster::{GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeShare, NodeView};
+        let mut allocation: flyt_protocol::control::cluster::AllocationRecord = serde_json::from_value(serde_json::json!({
+            "id": "alloc-1", "vm_ip": "10.0.0.1", "node_id": "a", "gpu": 0, "extra_gpus": [1], "compute_units": 20,
+            "memory": 1024, "sm_percentage": 25, "state": "Running", "addresses": [], "pid": 7, "clients": [],
+            "sessions": 0, "created_at": 0, "idle_since": null,
+        }))
+        .unwrap();
+        allocation.further.push(NodeShare {
+            node_id: "b".into(),
+            gpu: 2,
+            extra_gpus: Vec::new(),
+            sm_percentage: 50,
+            address_window: 1,
+            addresses: Vec::new(),
+            pid: 8,
+            sessions: 0,
+            metrics: None,
+        });
+        assert_eq!(super::placement(&allocation), "a/0,1 + b/2");
+        let gpu = |index: u32, uuid: &str| GpuUsage {
+            gpu: GpuInfo {
+                index,
+                uuid: uuid.into(),
+                name: "g".into(),
+                memory_bytes: 1 << 30,
+                sm_count: 80,
+                emulated: false,
+                links: Vec::new(),
+            },
+            allocated_compute_units: 0,
+            allocated_memory: 0,
+            allocations: 0,
+        };
+        let node = NodeView {
+            node: NodeRecord {
+                node_id: "a".into(),
+                host_ip: String::new(),
+                boot_id: String::new(),
+                control_address: String::new(),
+                health: NodeHealth::Up,
+                drained: false,
+                registered_at: 0,
+            },
+            gpus: vec![gpu(0, "GPU-a0"), gpu(1, "GPU-a1")],
+            last_heartbeat_ms: 0,
+        };
+        assert_eq!(
+            super::allocated_gpus(&allocation, &[node]),
+            "0: a/0 GPU-a0 20 SMs 1024 MiB\n1: a/1 GPU-a1 20 SMs 1024 MiB\n2: b/2 ? 20 SMs 1024 MiB"
+        );
     }
 
     #[test]

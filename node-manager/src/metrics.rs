@@ -59,7 +59,11 @@ pub fn render(node: &str, gpus: &[GpuInfo], reports: &[ServerReport], mps_up: Op
         "SMs an allocation's slice holds on the GPU",
         per_slice(&|gpu, report| u64::from(report.sm_percentage.min(100)) * u64::from(gpu.sm_count) / 100),
     );
-    registry.register("slice_memory_bytes", "Memory an allocation's slice may hold on the GPU (its quota)", per_slice(&|_, report| report.memory_quota_bytes));
+    registry.register(
+        "slice_memory_bytes",
+        "Memory an allocation's slice may hold on the GPU (its quota)",
+        per_slice(&|_, report| report.memory_quota_bytes),
+    );
     if let Some(up) = mps_up {
         registry.register(
             "mps_up",
@@ -135,14 +139,9 @@ mod tests {
         for gpu in ["0", "1"] {
             assert!(text.contains(&format!("flyt_node_slices{{node=\"n1\",gpu=\"{gpu}\"}} 1")), "{text}");
             assert!(text.contains(&format!("flyt_node_sms_allocated{{node=\"n1\",gpu=\"{gpu}\"}} 40")), "{text}");
+            assert!(text.contains(&format!("flyt_node_slice_sms{{node=\"n1\",gpu=\"{gpu}\",allocation=\"alloc-pair\"}} 40")), "{text}");
             assert!(
-                text.contains(&format!("flyt_node_slice_sms{{node=\"n1\",gpu=\"{gpu}\",allocation=\"alloc-pair\"}} 40")),
-                "{text}"
-            );
-            assert!(
-                text.contains(&format!(
-                    "flyt_node_slice_memory_bytes{{node=\"n1\",gpu=\"{gpu}\",allocation=\"alloc-pair\"}} 1073741824"
-                )),
+                text.contains(&format!("flyt_node_slice_memory_bytes{{node=\"n1\",gpu=\"{gpu}\",allocation=\"alloc-pair\"}} 1073741824")),
                 "{text}"
             );
         }

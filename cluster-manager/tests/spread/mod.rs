@@ -55,7 +55,10 @@ fn a_vm_of_two_gpus_spreads_over_two_nodes_only_when_allowed() {
     };
     if let Some(program) = &program {
         let (code, stdout, stderr) = run_through_client_manager(program, &socket);
-        assert!(code != 0 && stderr.contains("flyt: no GPU for this client") && stderr.contains("not allowed to spread"), "exit {code}:\n{stdout}\n{stderr}");
+        assert!(
+            code != 0 && stderr.contains("flyt: no GPU for this client") && stderr.contains("not allowed to spread"),
+            "exit {code}:\n{stdout}\n{stderr}"
+        );
     }
 
     // With it: both nodes, the VM's own host (node-a) first.
@@ -89,7 +92,8 @@ fn a_vm_of_two_gpus_spreads_over_two_nodes_only_when_allowed() {
         let view = nodes.as_array().unwrap().iter().find(|view| view["node"]["node_id"] == node).unwrap().clone();
         view["gpus"][0]["gpu"]["uuid"].as_str().unwrap().to_string()
     };
-    for line in [format!("0: node-a/0 {} 20 SMs 1024 MiB", uuid_of("node-a")), format!("1: node-b/0 {} 20 SMs 1024 MiB", uuid_of("node-b"))] {
+    for line in [format!("0: node-a/0 {} 20 SMs 1024 MiB", uuid_of("node-a")), format!("1: node-b/0 {} 20 SMs 1024 MiB", uuid_of("node-b"))]
+    {
         assert!(table.contains(&line), "missing '{line}':\n{table}");
     }
     let table = cluster.flytctl_ok(&["list-virt-servers"]);
@@ -106,7 +110,9 @@ fn a_vm_of_two_gpus_spreads_over_two_nodes_only_when_allowed() {
     let id = allocation["id"].as_str().unwrap().to_string();
     let text = scrape(&cluster.cluster_manager().metrics_address());
     for (device, node) in [(0, "node-a"), (1, "node-b")] {
-        let series = format!("flyt_cluster_allocation_gpu_compute_units{{allocation=\"{id}\",vm=\"{VM}\",device=\"{device}\",node=\"{node}\",gpu=\"0\"}}");
+        let series = format!(
+            "flyt_cluster_allocation_gpu_compute_units{{allocation=\"{id}\",vm=\"{VM}\",device=\"{device}\",node=\"{node}\",gpu=\"0\"}}"
+        );
         assert_eq!(series_value(&text, &series), Some(20.0), "no {series} in:\n{text}");
         let series = format!("flyt_cluster_gpu_compute_units{{node=\"{node}\",gpu=\"0\",state=\"allocated\"}}");
         assert_eq!(series_value(&text, &series), Some(20.0), "no {series} in:\n{text}");
@@ -139,7 +145,10 @@ fn a_vm_of_two_gpus_spreads_over_two_nodes_only_when_allowed() {
 
     // Moves, resizes, checkpoints and restarts of a spread allocation are refused with the reason.
     let (code, _, stderr) = cluster.flytctl(&["migrate", VM, "--to", "node-b"]);
-    assert!(code == 1 && stderr.contains("is spread over nodes node-a and node-b (--spread): moving it is not supported yet"), "exit {code}: {stderr}");
+    assert!(
+        code == 1 && stderr.contains("is spread over nodes node-a and node-b (--spread): moving it is not supported yet"),
+        "exit {code}: {stderr}"
+    );
     let (code, _, stderr) = cluster.flytctl(&["change-config", VM, "--compute-units", "10"]);
     assert!(code == 1 && stderr.contains("resizing it is not supported yet"), "exit {code}: {stderr}");
     let (code, _, stderr) = cluster.flytctl(&["checkpoint", VM, "--to", "/tmp/nowhere"]);

@@ -228,9 +228,13 @@ impl AllocationRecord {
     /// Every GPU of the allocation, in the order its apps number them: its first node's server's
     /// (`gpu`, then `extra_gpus`), then each further node's.
     pub fn all_gpus(&self) -> Vec<AllocatedGpu> {
-        let first = std::iter::once(self.gpu).chain(self.extra_gpus.iter().copied()).map(|index| AllocatedGpu { node_id: self.node_id.clone(), index });
+        let first = std::iter::once(self.gpu)
+            .chain(self.extra_gpus.iter().copied())
+            .map(|index| AllocatedGpu { node_id: self.node_id.clone(), index });
         let further = self.further.iter().flat_map(|share| {
-            std::iter::once(share.gpu).chain(share.extra_gpus.iter().copied()).map(|index| AllocatedGpu { node_id: share.node_id.clone(), index })
+            std::iter::once(share.gpu)
+                .chain(share.extra_gpus.iter().copied())
+                .map(|index| AllocatedGpu { node_id: share.node_id.clone(), index })
         });
         first.chain(further).collect()
     }
@@ -239,7 +243,12 @@ impl AllocationRecord {
     /// way included).
     pub fn nodes(&self) -> Vec<String> {
         let mut nodes = vec![self.node_id.clone()];
-        for node in self.further.iter().map(|share| &share.node_id).chain(self.pending_move.iter().flat_map(|pending| [&pending.from_node, &pending.to_node])) {
+        for node in self
+            .further
+            .iter()
+            .map(|share| &share.node_id)
+            .chain(self.pending_move.iter().flat_map(|pending| [&pending.from_node, &pending.to_node]))
+        {
             if !nodes.contains(node) {
                 nodes.push(node.clone());
             }
