@@ -547,7 +547,12 @@ impl<S: Store> Cluster<S> {
             let mut reports = Vec::with_capacity(1 + allocation.further.len());
             for (node_id, spec) in server_specs(&allocation) {
                 match self.start_on_node(&node_id, spec).await {
-                    Ok(report) => reports.push((node_id, report)),
+                    Ok(report) => {
+                        reports.push((node_id, report));
+                        if reports.len() == 1 && !allocation.further.is_empty() {
+                            failpoint::hit("place.first_started");
+                        }
+                    }
                     Err(error @ ControlError::NodeUnreachable { .. }) if unreachable == WhenUnreachable::Retry => {
                         tracing::warn!(allocation = id, node = %node_id, %error, "cannot start the server now; trying again at the node's next report");
                         return Err(error);

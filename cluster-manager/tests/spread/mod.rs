@@ -181,3 +181,63 @@ fn run_through_client_manager((program, lib): &(PathBuf, PathBuf), socket: &Path
         Duration::from_secs(60),
     )
 }
+
+/// The cluster manager killed at every step of a spread placement (stored, the first node's
+/// server started, both started, recorded running): once it is back, the app that asked gets
+/// both servers, each node runs exactly the allocation's server, and nothing else runs. Then
+/// the further node's server dies: the allocation is released, the first node's server stopped.
+#[test]
+fn a_spread_placement_survives_a_cluster_manager_crash_at_every_step() {
+    use std::os::unix::process::ExitStatusExt;
+
+    let mut cluster = Cluster::new(Options::default());
+    cluster.start_node("node-a", "127.0.0.1", 40, 4096);
+    cluster.start_node("node-b", "127.0.0.2", 40, 4096);
+    cluster.wait_node_up("node-a");
+    cluster.wait_node_up("node-b");
+    add_vm(&cluster, true);
+    let socket = cluster.start_client_manager(VM);
+    for point in ["place.stored_starting", "place.first_started", "place.node_started", "place.stored_running"] {
+        cluster.cluster_manager().kill();
+        cluster.start_cluster_manager_with(&[("FLYT_FAILPOINT", point.to_string())]);
+        let app = cluster.start_locate(&socket, 600);
+        let status = cluster.cluster_manager().wait_exit(Duration::from_secs(20));
+        let status = status.unwrap_or_else(|| panic!("the cluster manager never reached {point}"));
+        assert_eq!(status.signal(), Some(9), "{point}: {status:?}");
+        cluster.start_cluster_manager();
+        let reply = app.answer(Duration::from_secs(30));
+        let addresses: Vec<&str> = reply["address"].as_str().unwrap_or_default().split(',').collect();
+        assert_eq!(addresses.len(), 2, "{point}: {reply}");
+        // Every allocation running, each of its servers alive and no other server running.
+        let allocations = cluster.wait_settled(point);
+        assert_eq!(allocations.len(), 1, "{point}");
+        let further = &allocations[0]["further"][0];
+        assert_eq!(further["node_id"], "node-b", "{point}: {}", allocations[0]);
+        assert_eq!(addresses[1], further["addresses"][0].as_str().unwrap(), "{point}");
+        assert_eq!(cluster.rpc_servers().len(), 2, "{point}: one server per node");
+        // Between scenarios: the VM's allocation given back, every server stopped, and the
+        // client manager no longer remembering it (it would serve it while the next armed
+        // cluster manager is away).
+        cluster.kill_apps();
+        let log = format!("client-manager-{VM}");
+        let released_before = cluster.log_count(&log, "the cluster released this allocation");
+        cluster.flytctl_ok(&["vm", "remove", VM]);
+        add_vm(&cluster, true);
+        wait_until(&format!("{point}: every rpc-server stops"), Duration::from_secs(15), || cluster.rpc_servers().is_empty().then_some(()));
+        wait_until(&format!("{point}: the client manager forgets the allocation"), Duration::from_secs(10), || {
+            (cluster.log_count(&log, "the cluster released this allocation") > released_before).then_some(())
+        });
+    }
+
+    // The further node's server dies: the app cannot use the allocation, so it goes, with the
+    // first node's server.
+    let (reply, _) = cluster.locate(&socket, 600);
+    assert!(reply["address"].as_str().unwrap_or_default().contains(','), "{reply}");
+    let allocation = cluster.wait_settled("a fresh spread allocation").remove(0);
+    let further_pid = allocation["further"][0]["pid"].as_u64().unwrap();
+    crate::harness::signal(u32::try_from(further_pid).unwrap(), nix::sys::signal::Signal::SIGKILL);
+    wait_until("the allocation is released and node-a's server stopped", Duration::from_secs(30), || {
+        (cluster.allocation_of(VM).is_none() && cluster.rpc_servers().is_empty()).then_some(())
+    });
+    assert!(cluster.log("cluster-manager").contains("the node no longer runs this allocation's rpc-server"));
+}
