@@ -1296,7 +1296,7 @@ impl<S: Store> ClusterAdmin for ClusterService<S> {
         detached(async move {
             let mut model = cluster.model.lock().await;
             cluster.store.put_vm(&requirement).await.map_err(store_error)?;
-            tracing::info!(vm = %requirement.vm_ip, host_ip = %requirement.host_ip, compute_units = requirement.compute_units, memory_mib = requirement.memory, "VM requirement set");
+            tracing::info!(vm = %requirement.vm_ip, host_ip = %requirement.host_ip, compute_units = requirement.compute_units, memory_mib = requirement.memory, gpus = requirement.gpus, spread = requirement.spread, "VM requirement set");
             model.vms.insert(requirement.vm_ip.clone(), requirement);
             Ok(())
         })
