@@ -78,10 +78,12 @@ fn holds_gpu(allocation: &AllocationRecord, node_id: &str, gpu: u32) -> bool {
     on(&allocation.node_id, allocation.gpu)
         || (allocation.node_id == node_id && allocation.extra_gpus.contains(&gpu))
         || allocation.further.iter().any(|share| share.node_id == node_id && (share.gpu == gpu || share.extra_gpus.contains(&gpu)))
-        || allocation
-            .pending_move
-            .as_ref()
-            .is_some_and(|pending| on(&pending.from_node, pending.from_gpu) || on(&pending.to_node, pending.to_gpu))
+        || allocation.pending_move.as_ref().is_some_and(|pending| {
+            on(&pending.from_node, pending.from_gpu)
+                || on(&pending.to_node, pending.to_gpu)
+                || (pending.from_node == node_id && pending.from_extra_gpus.contains(&gpu))
+                || (pending.to_node == node_id && pending.to_extra_gpus.contains(&gpu))
+        })
 }
 
 /// The data-plane address an app reaches a server by, out of the server's `addresses`: its
@@ -604,6 +606,65 @@ impl Model {
         }
     }
 
+    /// [`Self::check_move`] for an allocation of several GPUs on one node: as many GPUs of
+    /// another node `to_node` with room for its slice, the best-joined set (with `to_gpu` first
+    /// when given). Returns them, the new server's first first, and the slice's MPS percentage
+    /// there.
+    pub fn check_move_set(
+        &self,
+        allocation: &AllocationRecord,
+        to_node: &str,
+        to_gpu: Option<u32>,
+    ) -> Result<(Vec<u32>, u32), ControlError> {
+        let node = self.nodes.get(to_node).ok_or_else(|| ControlError::UnknownNode(to_node.to_string()))?;
+        let count = allocation.extra_gpus.len() + 1;
+        if node.record.health != NodeHealth::Up {
+            return Err(ControlError::NodeUnreachable {
+                node: to_node.to_string(),
+                reason: "it is marked down (its node manager sends no heartbeat)".into(),
+            });
+        }
+        if node.record.drained {
+            return Err(ControlError::Invalid(format!("node {to_node} is drained and takes no allocation (`flytctl undrain {to_node}`)")));
+        }
+        if allocation.node_id == to_node {
+            return Err(ControlError::Invalid(format!(
+                "allocation {} has {count} GPUs on {to_node}: an allocation of several GPUs moves to another node only (its old and new GPUs would overlap)",
+                allocation.id
+            )));
+        }
+        if let Some(index) = to_gpu
+            && !node.gpus.iter().any(|gpu| gpu.index == index)
+        {
+            return Err(ControlError::Invalid(format!("node {to_node} has no GPU {index}")));
+        }
+        let units = allocation.pending_resize.map_or(allocation.compute_units, |size| size.compute_units.max(allocation.compute_units));
+        let memory = allocation.pending_resize.map_or(allocation.memory, |size| size.memory.max(allocation.memory));
+        let slice = VmRequirement {
+            vm_ip: allocation.vm_ip.clone(),
+            host_ip: String::new(),
+            compute_units: units,
+            memory,
+            gpus: u32::try_from(count).unwrap_or(u32::MAX),
+            spread: false,
+        };
+        let fitting = self.fitting_gpus(&slice, to_node);
+        let set = match to_gpu {
+            Some(index) if !fitting.contains(&index) => None,
+            _ => self.best_set_of(&slice, to_node, slice.gpus, to_gpu).map(|(_, members)| members),
+        };
+        let Some(members) = set.filter(|members| members.len() == count) else {
+            let with = to_gpu.map_or_else(String::new, |index| format!(", GPU {index} among them"));
+            return Err(ControlError::TargetFull(format!(
+                "{to_node} has {} of the {count} GPUs with room for the slice{with}; allocation {} needs {units} SMs and {memory} MiB on each of {count} GPUs",
+                fitting.len(),
+                allocation.id
+            )));
+        };
+        let sm_count = node.gpus.iter().find(|gpu| gpu.index == members[0]).map_or(0, |gpu| gpu.sm_count);
+        Ok((members, sm_percentage(units, sm_count)))
+    }
+
     /// A node with what is given out of each GPU.
     pub fn node_view(&self, node: &NodeEntry, now: Instant) -> NodeView {
         let gpus = node
@@ -1009,6 +1070,57 @@ mod tests {
     }
 
     #[test]
+    fn an_allocation_of_several_gpus_moves_whole_to_another_node_with_as_many() {
+        let mut model = Model::default();
+        model.nodes.insert("a".into(), node("a", "192.0.2.1", &[(80, 16_384); 2]));
+        model.nodes.insert("b".into(), node("b", "192.0.2.2", &[(80, 16_384)]));
+        let mut three = node("c", "192.0.2.3", &[(80, 16_384), (80, 16_384), (40, 16_384)]);
+        link(&mut three, 1, 2, GpuLinkKind::NvLink);
+        model.nodes.insert("c".into(), three);
+        allocate(&mut model, "pair", &VmRequirement { gpus: 2, ..vm("10.0.0.1", "192.0.2.1", 30, 4096) });
+        let pair = model.allocations["pair"].clone();
+        assert_eq!(pair.node_id, "a");
+        // 'b' has one GPU: too few, said so.
+        let error = model.check_move_set(&pair, "b", None).unwrap_err().to_string();
+        assert!(error.starts_with("target full: b has 1 of the 2 GPUs with room for the slice"), "{error}");
+        // 'c': its NVLink pair (1 and 2), the percentage from the first's SMs.
+        let (gpus, percentage) = model.check_move_set(&pair, "c", None).unwrap();
+        let mut sorted = gpus.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![1, 2], "{gpus:?}");
+        let first_sms = if gpus[0] == 2 { 40 } else { 80 };
+        assert_eq!(percentage, sm_percentage(30, first_sms));
+        // A named GPU comes first; one without room is refused.
+        assert_eq!(model.check_move_set(&pair, "c", Some(0)).unwrap().0[0], 0);
+        let error = model.check_move_set(&pair, "a", None).unwrap_err().to_string();
+        assert!(error.contains("moves to another node only"), "{error}");
+        let error = model.check_move_set(&pair, "c", Some(7)).unwrap_err().to_string();
+        assert!(error.contains("no GPU 7"), "{error}");
+        // While it moves, every GPU of both ends holds the slice.
+        model.allocations.get_mut("pair").unwrap().pending_move = Some(flyt_protocol::control::cluster::PendingMove {
+            from_node: "a".into(),
+            from_gpu: pair.gpu,
+            to_node: "c".into(),
+            to_gpu: gpus[0],
+            to_sm_percentage: percentage,
+            phase: flyt_protocol::control::cluster::MovePhase::Switching,
+            from_extra_gpus: pair.extra_gpus.clone(),
+            to_extra_gpus: gpus[1..].to_vec(),
+        });
+        // The record names the target once Switching: the source's GPUs still count.
+        let record = model.allocations.get_mut("pair").unwrap();
+        record.node_id = "c".into();
+        record.gpu = gpus[0];
+        record.extra_gpus = gpus[1..].to_vec();
+        for (node, gpu) in [("a", 0), ("a", 1), ("c", 1), ("c", 2)] {
+            assert_eq!(model.gpu_used(node, gpu, None), (30, 4096, 1), "{node}/{gpu}");
+        }
+        assert_eq!(model.gpu_used("c", 0, None), (0, 0, 0));
+        let error = model.check_move_set(&model.allocations["pair"].clone(), "c", Some(0)).unwrap_err().to_string();
+        assert!(error.contains("moves to another node only"), "{error}");
+    }
+
+    #[test]
     fn a_move_under_way_holds_room_on_both_gpus() {
         let mut model = model();
         allocate(&mut model, "x1", &vm("10.0.0.1", "192.0.2.1", 30, 4096));
@@ -1019,6 +1131,8 @@ mod tests {
             to_gpu: 1,
             to_sm_percentage: 75,
             phase: flyt_protocol::control::cluster::MovePhase::Copying,
+            from_extra_gpus: Vec::new(),
+            to_extra_gpus: Vec::new(),
         });
         assert_eq!(model.gpu_used("a", 0, None), (30, 4096, 1));
         assert_eq!(model.gpu_used("b", 1, None), (30, 4096, 1));

@@ -98,7 +98,8 @@ enum Command {
         /// Allocation id or VM ip.
         target: String,
         /// The node to move to (`flytctl list-servernodes`), or NODE/GPU for one of its GPUs
-        /// (its own node: a GPU other than the one it runs on).
+        /// (its own node: a GPU other than the one it runs on). An allocation of several GPUs
+        /// moves whole to as many GPUs of another node (NODE/GPU: that GPU first).
         #[arg(long, value_parser = migrate::parse_destination)]
         to: migrate::Destination,
         /// Give up (the apps going on where they were) when an app makes no CUDA call within

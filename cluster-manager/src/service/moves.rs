@@ -4,8 +4,9 @@
 //! The cluster manager orchestrates a move; each node manager does the steps on its own node
 //! (through its rpc-servers' control sockets and its snapshot folder). Under the VM's lock:
 //!
-//! 1. The target is checked (known, up, undrained, room on the GPU as placement counts it) and
-//!    `pending_move` is stored, `Copying`: both GPUs hold the slice from then on.
+//! 1. The target is checked (known, up, undrained, room on the GPU as placement counts it; an
+//!    allocation of several GPUs needs as many on another node, the best-joined set) and
+//!    `pending_move` is stored, `Copying`: both ends' GPUs hold the slice from then on.
 //! 2. The target's node manager starts a server for the same allocation id and size, so the
 //!    apps' tokens (signed per allocation id) are valid there too.
 //! 3. Every session of the source's server is checkpointed, all at once (each app pauses at its
@@ -88,6 +89,11 @@ impl CopiedSession {
             gpu_to_gpu: self.gpu_to_gpu,
         }
     }
+}
+
+/// `0,1`: a server's GPUs, its first first.
+fn gpu_list(first: u32, extra: &[u32]) -> String {
+    std::iter::once(first).chain(extra.iter().copied()).map(|gpu| gpu.to_string()).collect::<Vec<_>>().join(",")
 }
 
 fn micros_since(started: Instant) -> u64 {
@@ -207,13 +213,14 @@ impl<S: Store> Cluster<S> {
                     super::node_list(&allocation)
                 )));
             }
-            if !allocation.extra_gpus.is_empty() {
-                return Err(ControlError::Invalid(format!(
-                    "allocation {id} has {} GPUs: moving an allocation of several GPUs is not supported yet: its sessions hold every GPU of it in one worker, and the rpc-server cannot yet checkpoint a session on several GPUs",
-                    allocation.extra_gpus.len() + 1
-                )));
-            }
-            let (to_gpu, to_sm_percentage) = model.check_move(&allocation, &to_node, to_gpu)?;
+            // An allocation of several GPUs moves whole, to as many GPUs of another node.
+            let (to_gpu, to_extra_gpus, to_sm_percentage) = if allocation.extra_gpus.is_empty() {
+                let (to_gpu, percentage) = model.check_move(&allocation, &to_node, to_gpu)?;
+                (to_gpu, Vec::new(), percentage)
+            } else {
+                let (gpus, percentage) = model.check_move_set(&allocation, &to_node, to_gpu)?;
+                (gpus[0], gpus[1..].to_vec(), percentage)
+            };
             let pending = PendingMove {
                 from_node: allocation.node_id.clone(),
                 from_gpu: allocation.gpu,
@@ -221,6 +228,8 @@ impl<S: Store> Cluster<S> {
                 to_gpu,
                 to_sm_percentage,
                 phase: MovePhase::Copying,
+                from_extra_gpus: allocation.extra_gpus.clone(),
+                to_extra_gpus,
             };
             // Stored before either node hears of it: a restart rolls it back.
             allocation.pending_move = Some(pending.clone());
@@ -231,8 +240,8 @@ impl<S: Store> Cluster<S> {
         tracing::info!(
             allocation = %id,
             vm = %vm_ip,
-            from = %format!("{}/{}", pending.from_node, pending.from_gpu),
-            to = %format!("{}/{}", pending.to_node, pending.to_gpu),
+            from = %format!("{}/{}", pending.from_node, gpu_list(pending.from_gpu, &pending.from_extra_gpus)),
+            to = %format!("{}/{}", pending.to_node, gpu_list(pending.to_gpu, &pending.to_extra_gpus)),
             "moving the allocation with its apps"
         );
         failpoint::hit("move.stored_copying");
@@ -284,7 +293,7 @@ impl<S: Store> Cluster<S> {
         let spec = ServerSpec {
             allocation_id: id.to_string(),
             gpu: pending.to_gpu,
-            extra_gpus: Vec::new(),
+            extra_gpus: pending.to_extra_gpus.clone(),
             memory,
             sm_percentage: pending.to_sm_percentage,
             address_window: 0,
@@ -441,6 +450,7 @@ impl<S: Store> Cluster<S> {
             .ok_or_else(|| ControlError::MoveFailed(format!("allocation {id} was released during the move")))?;
         allocation.node_id.clone_from(&pending.to_node);
         allocation.gpu = pending.to_gpu;
+        allocation.extra_gpus.clone_from(&pending.to_extra_gpus);
         allocation.sm_percentage = pending.to_sm_percentage;
         allocation.addresses.clone_from(&server.addresses);
         allocation.pid = server.pid;

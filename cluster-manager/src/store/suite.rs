@@ -120,6 +120,8 @@ where
         to_gpu: 1,
         to_sm_percentage: 50,
         phase: MovePhase::Switching,
+        from_extra_gpus: Vec::new(),
+        to_extra_gpus: vec![2],
     });
     store.put_allocation(&resized).await.unwrap();
     assert_eq!(store.load().await.unwrap().allocations, vec![allocation("alloc-1"), resized.clone()]);

@@ -311,6 +311,12 @@ pub struct PendingMove {
     /// The slice's MPS active-thread percentage on the target GPU (same SMs, another GPU).
     pub to_sm_percentage: u32,
     pub phase: MovePhase,
+    /// An allocation of several GPUs: its other GPUs at the source, and those its server at the
+    /// target serves after `to_gpu` (each end holds room on all of them until the move is over).
+    #[serde(default)]
+    pub from_extra_gpus: Vec<u32>,
+    #[serde(default)]
+    pub to_extra_gpus: Vec<u32>,
 }
 
 impl PendingMove {
@@ -601,7 +607,8 @@ pub trait ClusterAdmin {
     /// Drains (no new allocations) or undrains a node.
     async fn set_drained(node_id: String, drained: bool) -> Result<NodeRecord, ControlError>;
     /// Moves a running allocation (by allocation id or VM ip), its apps included, to node
-    /// `to_node` (GPU `to_gpu`, or the one placement picks there): same id, size and tokens.
+    /// `to_node` (GPU `to_gpu`, or the one placement picks there; an allocation of several GPUs
+    /// to as many GPUs of another node, `to_gpu` first): same id, size and tokens.
     /// Each app is paused for at most `timeout_ms` waiting for its next CUDA call.
     async fn migrate(target: String, to_node: String, to_gpu: Option<u32>, timeout_ms: u64) -> Result<MoveReport, ControlError>;
     /// Checkpoints every session of a running allocation into folder `dir` on its node, then
