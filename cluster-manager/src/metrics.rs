@@ -1,7 +1,8 @@
 //! `metrics_listen`: Prometheus metrics of the cluster at `http://host:port/metrics`: nodes by
-//! health, GPUs, free and total compute units and memory, allocations by state, placements
-//! granted and refused, moves done and refused, node calls that failed, and each store
-//! operation's latency and failures.
+//! health, GPUs, free and total compute units and memory (in all and per GPU), allocations by
+//! state, each allocation's SMs and memory on each of its GPUs (labelled with the device number
+//! its apps see), placements granted and refused, moves done and refused, node calls that
+//! failed, and each store operation's latency and failures.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -138,6 +139,34 @@ pub struct Snapshot {
     pub allocations_running: u64,
     pub allocations_resizing: u64,
     pub allocations_moving: u64,
+    /// Each GPU of an up node with what allocations hold of it.
+    pub gpus_used: Vec<GpuUse>,
+    /// Each GPU of each allocation, in the order its apps number them.
+    pub allocated_gpus: Vec<AllocatedGpuUse>,
+}
+
+/// One GPU and what allocations hold of it.
+#[derive(Debug, Default)]
+pub struct GpuUse {
+    pub node: String,
+    pub gpu: u32,
+    pub compute_units_total: u64,
+    pub compute_units_allocated: u64,
+    pub memory_total_bytes: u64,
+    pub memory_allocated_bytes: u64,
+}
+
+/// One GPU of an allocation: the slice it holds there.
+#[derive(Debug, Default)]
+pub struct AllocatedGpuUse {
+    pub allocation: String,
+    pub vm: String,
+    /// The device number the allocation's apps see it as.
+    pub device: usize,
+    pub node: String,
+    pub gpu: u32,
+    pub compute_units: u64,
+    pub memory_bytes: u64,
 }
 
 /// The exposition text.
@@ -164,6 +193,59 @@ pub fn render(metrics: &ClusterMetrics, snapshot: &Snapshot) -> String {
         "memory_bytes",
         "GPU memory on nodes that are up: all of it, and what no allocation holds",
         by("state", &[("total", snapshot.memory_total_bytes), ("free", snapshot.memory_free_bytes)]),
+    );
+    let per_gpu = |value: &dyn Fn(&GpuUse) -> (u64, u64)| {
+        Series::Gauges(
+            snapshot
+                .gpus_used
+                .iter()
+                .flat_map(|used| {
+                    let (total, allocated) = value(used);
+                    let labels =
+                        |state: &str| vec![("node", used.node.clone()), ("gpu", used.gpu.to_string()), ("state", state.to_string())];
+                    [(labels("total"), total), (labels("allocated"), allocated)]
+                })
+                .map(|(labels, value)| (labels, i64::try_from(value).unwrap_or(i64::MAX)))
+                .collect(),
+        )
+    };
+    registry.register(
+        "gpu_compute_units",
+        "SMs of each GPU on nodes that are up: all of them, and those allocations hold",
+        per_gpu(&|used| (used.compute_units_total, used.compute_units_allocated)),
+    );
+    registry.register(
+        "gpu_memory_bytes",
+        "Memory of each GPU on nodes that are up: all of it, and what allocations hold",
+        per_gpu(&|used| (used.memory_total_bytes, used.memory_allocated_bytes)),
+    );
+    let per_allocated_gpu = |value: &dyn Fn(&AllocatedGpuUse) -> u64| {
+        Series::Gauges(
+            snapshot
+                .allocated_gpus
+                .iter()
+                .map(|slice| {
+                    let labels = vec![
+                        ("allocation", slice.allocation.clone()),
+                        ("vm", slice.vm.clone()),
+                        ("device", slice.device.to_string()),
+                        ("node", slice.node.clone()),
+                        ("gpu", slice.gpu.to_string()),
+                    ];
+                    (labels, i64::try_from(value(slice)).unwrap_or(i64::MAX))
+                })
+                .collect(),
+        )
+    };
+    registry.register(
+        "allocation_gpu_compute_units",
+        "SMs an allocation holds on each of its GPUs (device: the number its apps see it as)",
+        per_allocated_gpu(&|slice| slice.compute_units),
+    );
+    registry.register(
+        "allocation_gpu_memory_bytes",
+        "Memory an allocation holds on each of its GPUs (device: the number its apps see it as)",
+        per_allocated_gpu(&|slice| slice.memory_bytes),
     );
     registry.register("vms", "VMs with a resource requirement", Series::gauge(Labels::new(), snapshot.vms));
     registry.register("client_managers", "Client managers reporting", Series::gauge(Labels::new(), snapshot.client_managers));
@@ -214,4 +296,53 @@ pub fn render(metrics: &ClusterMetrics, snapshot: &Snapshot) -> String {
         ),
     );
     flyt_daemon_kit::metrics::encode(&registry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_gpu_and_each_allocations_gpu_is_a_series() {
+        let snapshot = Snapshot {
+            gpus_used: vec![GpuUse {
+                node: "node-b".into(),
+                gpu: 0,
+                compute_units_total: 40,
+                compute_units_allocated: 20,
+                memory_total_bytes: 4 << 30,
+                memory_allocated_bytes: 1 << 30,
+            }],
+            allocated_gpus: vec![
+                AllocatedGpuUse {
+                    allocation: "alloc-1".into(),
+                    vm: "10.0.0.1".into(),
+                    device: 0,
+                    node: "node-a".into(),
+                    gpu: 0,
+                    compute_units: 20,
+                    memory_bytes: 1 << 30,
+                },
+                AllocatedGpuUse {
+                    allocation: "alloc-1".into(),
+                    vm: "10.0.0.1".into(),
+                    device: 1,
+                    node: "node-b".into(),
+                    gpu: 0,
+                    compute_units: 20,
+                    memory_bytes: 1 << 30,
+                },
+            ],
+            ..Snapshot::default()
+        };
+        let text = render(&ClusterMetrics::default(), &snapshot);
+        for line in [
+            "flyt_cluster_gpu_compute_units{node=\"node-b\",gpu=\"0\",state=\"allocated\"} 20",
+            "flyt_cluster_gpu_memory_bytes{node=\"node-b\",gpu=\"0\",state=\"total\"} 4294967296",
+            "flyt_cluster_allocation_gpu_compute_units{allocation=\"alloc-1\",vm=\"10.0.0.1\",device=\"1\",node=\"node-b\",gpu=\"0\"} 20",
+            "flyt_cluster_allocation_gpu_memory_bytes{allocation=\"alloc-1\",vm=\"10.0.0.1\",device=\"0\",node=\"node-a\",gpu=\"0\"} 1073741824",
+        ] {
+            assert!(text.contains(line), "missing {line}:\n{text}");
+        }
+    }
 }

@@ -8,8 +8,8 @@ use std::{
 
 use flyt_protocol::{
     control::cluster::{
-        AllocationRecord, AllocationState, ControlError, GpuInfo, GpuLinkKind, GpuUsage, NodeHealth, NodeRecord, NodeView, VmMode,
-        VmRequirement,
+        AllocationRecord, AllocationState, ControlError, GpuInfo, GpuLinkKind, GpuUsage, MAX_ADDRESS_WINDOW, NodeHealth, NodeRecord,
+        NodeShare, NodeView, VmMode, VmRequirement,
     },
     handshake::ClientIdentity,
 };
@@ -24,6 +24,13 @@ const MIB: u64 = 1 << 20;
 pub struct SetRank {
     worst: u32,
     total: u32,
+}
+
+/// One node's share of a placement: the GPUs its server serves, in order (`--gpu` first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub node_id: String,
+    pub gpus: Vec<u32>,
 }
 
 /// A registered node.
@@ -70,10 +77,13 @@ fn holds_gpu(allocation: &AllocationRecord, node_id: &str, gpu: u32) -> bool {
     let on = |node: &str, index: u32| node == node_id && index == gpu;
     on(&allocation.node_id, allocation.gpu)
         || (allocation.node_id == node_id && allocation.extra_gpus.contains(&gpu))
-        || allocation
-            .pending_move
-            .as_ref()
-            .is_some_and(|pending| on(&pending.from_node, pending.from_gpu) || on(&pending.to_node, pending.to_gpu))
+        || allocation.further.iter().any(|share| share.node_id == node_id && (share.gpu == gpu || share.extra_gpus.contains(&gpu)))
+        || allocation.pending_move.as_ref().is_some_and(|pending| {
+            on(&pending.from_node, pending.from_gpu)
+                || on(&pending.to_node, pending.to_gpu)
+                || (pending.from_node == node_id && pending.from_extra_gpus.contains(&gpu))
+                || (pending.to_node == node_id && pending.to_extra_gpus.contains(&gpu))
+        })
 }
 
 /// The data-plane address an app reaches a server by, out of the server's `addresses`: its
@@ -175,6 +185,7 @@ impl Model {
     /// Picks a GPU for `vm`: an up, undrained node on the VM's own host first, then any; on
     /// each, the GPU with the least free SMs that still fits (so big slices stay possible).
     /// The error names what is missing.
+    #[cfg(test)]
     pub fn place(&self, vm: &VmRequirement) -> Result<(String, u32), ControlError> {
         self.place_avoiding(vm, &[])
     }
@@ -270,6 +281,154 @@ impl Model {
         Err(ControlError::NoCapacity(format!("{need}; {why}")))
     }
 
+    /// Where `vm`'s GPUs go, node by node, the server of the first part first. One node when
+    /// one has them all (as [`Self::place_avoiding`] picks); else, when the VM allows `spread`,
+    /// several ([`Self::place_spread`]). The refusal says what is missing, and, for a VM that
+    /// does not allow spreading, whether spreading would have placed it.
+    pub fn placement(&self, vm: &VmRequirement, avoid: &[String]) -> Result<Vec<Part>, ControlError> {
+        match self.place_avoiding(vm, avoid) {
+            Ok((node_id, first)) => {
+                let extra = self.extra_gpus(vm, &node_id, first)?;
+                Ok(vec![Part { node_id, gpus: std::iter::once(first).chain(extra).collect() }])
+            }
+            Err(ControlError::NoCapacity(one_node)) if vm.gpus > 1 => match (vm.spread, self.place_spread(vm, avoid)) {
+                (true, Ok(parts)) => Ok(parts),
+                (true, Err(across)) => Err(ControlError::NoCapacity(format!("{one_node}; across nodes (--spread): {across}"))),
+                (false, Ok(parts)) => Err(ControlError::NoCapacity(format!(
+                    "{one_node}; {} nodes have them together, but VM {} is not allowed to spread over nodes (`flytctl vm add {} ... --gpus {} --spread`)",
+                    parts.len(),
+                    vm.vm_ip,
+                    vm.vm_ip,
+                    vm.gpus
+                ))),
+                (false, Err(_)) => Err(ControlError::NoCapacity(one_node)),
+            },
+            Err(error) => Err(error),
+        }
+    }
+
+    /// `vm`'s GPUs across nodes: the fewest nodes that hold them (the nodes with the most GPUs
+    /// with room first, the VM's own host first among equals; the last node gives only the GPUs
+    /// still missing, from the node that fits them most tightly), on each node the best-joined
+    /// set ([`Self::best_gpu_set`]). The VM's own host's part comes first (it carries the
+    /// shared-memory channel), then the larger parts. At most `MAX_ADDRESS_WINDOW + 1` nodes:
+    /// each node's server has an address window of its own. The error (plain text) says what
+    /// is missing.
+    pub fn place_spread(&self, vm: &VmRequirement, avoid: &[String]) -> Result<Vec<Part>, String> {
+        let wanted = usize::try_from(vm.gpus).unwrap_or(usize::MAX);
+        // (GPUs with room, another host, node).
+        let mut candidates: Vec<(usize, bool, &str)> = self
+            .nodes
+            .iter()
+            .filter(|(node_id, node)| node.record.health == NodeHealth::Up && !node.record.drained && !avoid.contains(node_id))
+            .map(|(node_id, node)| (self.fitting_gpus(vm, node_id).len(), node.record.host_ip != vm.host_ip, node_id.as_str()))
+            .filter(|(fitting, _, _)| *fitting > 0)
+            .collect();
+        candidates.sort_by_key(|(fitting, other_host, node_id)| (std::cmp::Reverse(*fitting), *other_host, *node_id));
+        let total: usize = candidates.iter().map(|(fitting, _, _)| fitting).sum();
+        if total < wanted {
+            let list: Vec<String> = candidates.iter().map(|(fitting, _, node_id)| format!("{node_id} {fitting}")).collect();
+            return Err(format!(
+                "the up, undrained nodes have {total} GPUs with room for one of the {} slices ({})",
+                vm.gpus,
+                if list.is_empty() { "none".to_string() } else { list.join(", ") }
+            ));
+        }
+        // The fewest nodes: those with the most room, until they hold enough.
+        let mut nodes = 0;
+        let mut held = 0;
+        while held < wanted {
+            held += candidates[nodes].0;
+            nodes += 1;
+        }
+        let most = usize::try_from(MAX_ADDRESS_WINDOW).unwrap_or(usize::MAX) + 1;
+        if nodes > most {
+            return Err(format!(
+                "the {} GPUs take {nodes} nodes at the fewest; an allocation spans at most {most} nodes (one address window each)",
+                vm.gpus
+            ));
+        }
+        let mut shares: Vec<(&str, usize)> = candidates[..nodes - 1].iter().map(|(fitting, _, node_id)| (*node_id, *fitting)).collect();
+        let missing = wanted - shares.iter().map(|(_, count)| count).sum::<usize>();
+        // The last node: the VM's own host first, then the tightest fit (whole nodes stay free).
+        let last = candidates[nodes - 1..]
+            .iter()
+            .filter(|(fitting, _, _)| *fitting >= missing)
+            .min_by_key(|(fitting, other_host, node_id)| (*other_host, *fitting, *node_id))
+            .map(|(_, _, node_id)| *node_id)
+            .ok_or_else(|| format!("no node has {missing} GPUs with room for VM {}", vm.vm_ip))?;
+        shares.push((last, missing));
+        let mut parts = Vec::with_capacity(shares.len());
+        for (node_id, count) in shares {
+            let count_u32 = u32::try_from(count).unwrap_or(u32::MAX);
+            let gpus = self.best_set_of(vm, node_id, count_u32, None).map(|(_, members)| members).unwrap_or_default();
+            if gpus.len() != count {
+                return Err(format!("{node_id} no longer has {count} GPUs with room for VM {}", vm.vm_ip));
+            }
+            parts.push(Part { node_id: node_id.to_string(), gpus });
+        }
+        let other_host = |part: &Part| self.nodes.get(&part.node_id).is_none_or(|node| node.record.host_ip != vm.host_ip);
+        parts.sort_by_key(|part| (other_host(part), std::cmp::Reverse(part.gpus.len())));
+        Ok(parts)
+    }
+
+    /// A new `Starting` allocation `id` of `vm` placed on `parts` (at least one): the first
+    /// part's server is the allocation's own (`node_id`, `gpu`, `extra_gpus`, address window 0),
+    /// each further part's runs in the next address window.
+    pub fn new_record(
+        &self,
+        id: String,
+        vm: &VmRequirement,
+        parts: &[Part],
+        client: &ClientIdentity,
+        now: u64,
+    ) -> Result<AllocationRecord, ControlError> {
+        let percentage = |node_id: &str, gpu: u32| {
+            let sm_count =
+                self.nodes.get(node_id).and_then(|node| node.gpus.iter().find(|info| info.index == gpu)).map_or(0, |info| info.sm_count);
+            sm_percentage(vm.compute_units, sm_count)
+        };
+        let empty = || ControlError::Invalid(format!("the placement of VM {} names no GPU", vm.vm_ip));
+        let (first, further) = parts.split_first().ok_or_else(empty)?;
+        let (&gpu, extra_gpus) = first.gpus.split_first().ok_or_else(empty)?;
+        let mut shares = Vec::with_capacity(further.len());
+        for (part, address_window) in further.iter().zip(1..) {
+            let (&gpu, extra_gpus) = part.gpus.split_first().ok_or_else(empty)?;
+            shares.push(NodeShare {
+                node_id: part.node_id.clone(),
+                gpu,
+                extra_gpus: extra_gpus.to_vec(),
+                sm_percentage: percentage(&part.node_id, gpu),
+                address_window,
+                addresses: Vec::new(),
+                pid: 0,
+                sessions: 0,
+                metrics: None,
+            });
+        }
+        Ok(AllocationRecord {
+            id,
+            vm_ip: vm.vm_ip.clone(),
+            node_id: first.node_id.clone(),
+            gpu,
+            extra_gpus: extra_gpus.to_vec(),
+            compute_units: vm.compute_units,
+            memory: vm.memory,
+            sm_percentage: percentage(&first.node_id, gpu),
+            state: AllocationState::Starting,
+            addresses: Vec::new(),
+            pid: 0,
+            clients: vec![client.clone()],
+            sessions: 0,
+            created_at: now,
+            idle_since: None,
+            pending_resize: None,
+            metrics: None,
+            pending_move: None,
+            further: shares,
+        })
+    }
+
     /// The GPUs of `node_id` with room for one of `vm`'s slices, the fullest first (so whole GPUs
     /// stay free for larger slices).
     fn fitting_gpus(&self, vm: &VmRequirement, node_id: &str) -> Vec<u32> {
@@ -326,7 +485,12 @@ impl Model {
     /// ties go to the fullest GPUs (whole GPUs stay free). Greedy from each possible first GPU:
     /// each step adds the GPU whose worst path to the set is best. `None` when too few fit.
     fn best_gpu_set(&self, vm: &VmRequirement, node_id: &str, first: Option<u32>) -> Option<(SetRank, Vec<u32>)> {
-        let wanted = usize::try_from(vm.gpus).ok()?;
+        self.best_set_of(vm, node_id, vm.gpus, first)
+    }
+
+    /// [`Self::best_gpu_set`] of `count` GPUs (a spread allocation's share of one node).
+    fn best_set_of(&self, vm: &VmRequirement, node_id: &str, count: u32, first: Option<u32>) -> Option<(SetRank, Vec<u32>)> {
+        let wanted = usize::try_from(count).ok()?;
         let mut fitting = self.fitting_gpus(vm, node_id);
         // `first` was chosen already (its slice may be counted by now): it is in the set.
         let starts: Vec<u32> = match first {
@@ -366,19 +530,20 @@ impl Model {
             return Err(ControlError::Invalid("compute units and memory must be above 0".into()));
         }
         // Every GPU of the allocation gets the new size.
-        for index in std::iter::once(allocation.gpu).chain(allocation.extra_gpus.iter().copied()) {
+        for placed in allocation.all_gpus() {
+            let (node_id, index) = (&placed.node_id, placed.index);
             let gpu = self
                 .nodes
-                .get(&allocation.node_id)
+                .get(node_id)
                 .and_then(|node| node.gpus.iter().find(|gpu| gpu.index == index))
-                .ok_or_else(|| ControlError::UnknownNode(allocation.node_id.clone()))?;
-            let (used_units, used_memory, _) = self.gpu_used(&allocation.node_id, index, Some(&allocation.id));
+                .ok_or_else(|| ControlError::UnknownNode(node_id.clone()))?;
+            let (used_units, used_memory, _) = self.gpu_used(node_id, index, Some(&allocation.id));
             let free_units = gpu.sm_count.saturating_sub(used_units);
             let free_memory = (gpu.memory_bytes / MIB).saturating_sub(used_memory);
             if compute_units > free_units || memory > free_memory {
                 return Err(ControlError::NoCapacity(format!(
-                    "{} GPU {index} has {free_units} SMs and {free_memory} MiB available for allocation {} (asked {compute_units} SMs and {memory} MiB)",
-                    allocation.node_id, allocation.id
+                    "{node_id} GPU {index} has {free_units} SMs and {free_memory} MiB available for allocation {} (asked {compute_units} SMs and {memory} MiB)",
+                    allocation.id
                 )));
             }
         }
@@ -439,6 +604,65 @@ impl Model {
                 allocation.id
             ))),
         }
+    }
+
+    /// [`Self::check_move`] for an allocation of several GPUs on one node: as many GPUs of
+    /// another node `to_node` with room for its slice, the best-joined set (with `to_gpu` first
+    /// when given). Returns them, the new server's first first, and the slice's MPS percentage
+    /// there.
+    pub fn check_move_set(
+        &self,
+        allocation: &AllocationRecord,
+        to_node: &str,
+        to_gpu: Option<u32>,
+    ) -> Result<(Vec<u32>, u32), ControlError> {
+        let node = self.nodes.get(to_node).ok_or_else(|| ControlError::UnknownNode(to_node.to_string()))?;
+        let count = allocation.extra_gpus.len() + 1;
+        if node.record.health != NodeHealth::Up {
+            return Err(ControlError::NodeUnreachable {
+                node: to_node.to_string(),
+                reason: "it is marked down (its node manager sends no heartbeat)".into(),
+            });
+        }
+        if node.record.drained {
+            return Err(ControlError::Invalid(format!("node {to_node} is drained and takes no allocation (`flytctl undrain {to_node}`)")));
+        }
+        if allocation.node_id == to_node {
+            return Err(ControlError::Invalid(format!(
+                "allocation {} has {count} GPUs on {to_node}: an allocation of several GPUs moves to another node only (its old and new GPUs would overlap)",
+                allocation.id
+            )));
+        }
+        if let Some(index) = to_gpu
+            && !node.gpus.iter().any(|gpu| gpu.index == index)
+        {
+            return Err(ControlError::Invalid(format!("node {to_node} has no GPU {index}")));
+        }
+        let units = allocation.pending_resize.map_or(allocation.compute_units, |size| size.compute_units.max(allocation.compute_units));
+        let memory = allocation.pending_resize.map_or(allocation.memory, |size| size.memory.max(allocation.memory));
+        let slice = VmRequirement {
+            vm_ip: allocation.vm_ip.clone(),
+            host_ip: String::new(),
+            compute_units: units,
+            memory,
+            gpus: u32::try_from(count).unwrap_or(u32::MAX),
+            spread: false,
+        };
+        let fitting = self.fitting_gpus(&slice, to_node);
+        let set = match to_gpu {
+            Some(index) if !fitting.contains(&index) => None,
+            _ => self.best_set_of(&slice, to_node, slice.gpus, to_gpu).map(|(_, members)| members),
+        };
+        let Some(members) = set.filter(|members| members.len() == count) else {
+            let with = to_gpu.map_or_else(String::new, |index| format!(", GPU {index} among them"));
+            return Err(ControlError::TargetFull(format!(
+                "{to_node} has {} of the {count} GPUs with room for the slice{with}; allocation {} needs {units} SMs and {memory} MiB on each of {count} GPUs",
+                fitting.len(),
+                allocation.id
+            )));
+        };
+        let sm_count = node.gpus.iter().find(|gpu| gpu.index == members[0]).map_or(0, |gpu| gpu.sm_count);
+        Ok((members, sm_percentage(units, sm_count)))
     }
 
     /// A node with what is given out of each GPU.
@@ -504,7 +728,7 @@ mod tests {
     }
 
     fn vm(ip: &str, host_ip: &str, units: u32, memory: u64) -> VmRequirement {
-        VmRequirement { vm_ip: ip.into(), host_ip: host_ip.into(), compute_units: units, memory, gpus: 1 }
+        VmRequirement { vm_ip: ip.into(), host_ip: host_ip.into(), compute_units: units, memory, gpus: 1, spread: false }
     }
 
     fn allocate(model: &mut Model, id: &str, vm: &VmRequirement) -> (String, u32) {
@@ -530,6 +754,7 @@ mod tests {
                 pending_resize: None,
                 metrics: None,
                 pending_move: None,
+                further: Vec::new(),
             },
         );
         let extra_gpus = model.extra_gpus(vm, &node_id, gpu).unwrap();
@@ -636,6 +861,128 @@ mod tests {
         assert!(three == [0, 1, 2] || three == [1, 2, 3], "every pair peer to peer, got {three:?}");
     }
 
+    /// Places `vm` as the service does (`placement`, then `new_record`) and stores it as running.
+    fn allocate_parts(model: &mut Model, id: &str, vm: &VmRequirement) -> Vec<Part> {
+        let parts = model.placement(vm, &[]).unwrap();
+        let mut record = model.new_record(id.into(), vm, &parts, &ClientIdentity::default(), 0).unwrap();
+        record.state = AllocationState::Running;
+        model.allocations.insert(id.into(), record);
+        parts
+    }
+
+    fn spread(ip: &str, host_ip: &str, gpus: u32, units: u32, memory: u64) -> VmRequirement {
+        VmRequirement { gpus, spread: true, ..vm(ip, host_ip, units, memory) }
+    }
+
+    #[test]
+    fn spread_gpus_go_to_one_node_when_one_has_them() {
+        let mut model = model();
+        // 'b' has two GPUs with room for 30 SMs: one node, one part, though spreading is allowed.
+        let parts = allocate_parts(&mut model, "pair", &spread("10.0.0.1", "192.0.2.1", 2, 30, 1024));
+        assert_eq!(parts.len(), 1, "{parts:?}");
+        assert_eq!(parts[0].node_id, "b");
+        assert!(model.allocations["pair"].further.is_empty());
+    }
+
+    #[test]
+    fn spread_gpus_go_across_nodes_only_when_allowed() {
+        let mut model = Model::default();
+        model.nodes.insert("a".into(), node("a", "192.0.2.1", &[(40, 4096)]));
+        model.nodes.insert("b".into(), node("b", "192.0.2.2", &[(40, 4096)]));
+        // Without --spread: refused, saying what one node lacks and that spreading would do.
+        let error = model.placement(&VmRequirement { gpus: 2, ..vm("10.0.0.1", "192.0.2.2", 20, 1024) }, &[]).unwrap_err().to_string();
+        assert!(error.contains("needs 2 GPUs of one node with 20 SMs and 1024 MiB each"), "{error}");
+        assert!(error.contains("2 nodes have them together, but VM 10.0.0.1 is not allowed to spread over nodes"), "{error}");
+        assert!(error.contains("--gpus 2 --spread"), "{error}");
+        // With it: both nodes, the VM's own host ('b') first, the second in address window 1.
+        let parts = allocate_parts(&mut model, "two", &spread("10.0.0.1", "192.0.2.2", 2, 20, 1024));
+        assert_eq!(parts, vec![Part { node_id: "b".into(), gpus: vec![0] }, Part { node_id: "a".into(), gpus: vec![0] }]);
+        let record = &model.allocations["two"];
+        assert_eq!((record.node_id.as_str(), record.gpu, record.extra_gpus.len()), ("b", 0, 0));
+        assert_eq!(record.further.len(), 1);
+        assert_eq!((record.further[0].node_id.as_str(), record.further[0].address_window), ("a", 1));
+        assert_eq!(record.further[0].sm_percentage, 50);
+        let order: Vec<(String, u32)> = record.all_gpus().into_iter().map(|gpu| (gpu.node_id, gpu.index)).collect();
+        assert_eq!(order, vec![("b".to_string(), 0), ("a".to_string(), 0)]);
+        // Each node's GPU holds the slice: a resize must fit both, a third VM of 30 SMs fits neither.
+        assert_eq!(model.gpu_used("a", 0, None), (20, 1024, 1));
+        assert_eq!(model.gpu_used("b", 0, None), (20, 1024, 1));
+        let two = model.allocations["two"].clone();
+        assert!(model.check_resize(&two, 40, 4096).is_ok());
+        model.allocations.insert(
+            "other".into(),
+            AllocationRecord {
+                id: "other".into(),
+                vm_ip: "10.0.0.9".into(),
+                ..model
+                    .new_record(
+                        "other".into(),
+                        &vm("10.0.0.9", "", 10, 1024),
+                        &[Part { node_id: "a".into(), gpus: vec![0] }],
+                        &ClientIdentity::default(),
+                        0,
+                    )
+                    .unwrap()
+            },
+        );
+        let error = model.check_resize(&two, 40, 1024).unwrap_err().to_string();
+        assert!(error.contains("a GPU 0 has 30 SMs"), "a further node's GPU counts too: {error}");
+        // More than the nodes hold, spread or not: what they have is named.
+        let error = model.placement(&spread("10.0.0.2", "192.0.2.2", 3, 10, 1024), &[]).unwrap_err().to_string();
+        assert!(error.contains("needs 3 GPUs of one node"), "{error}");
+        assert!(
+            error.contains("across nodes (--spread): the up, undrained nodes have 2 GPUs with room for one of the 3 slices (b 1, a 1)"),
+            "{error}"
+        );
+        // A node to avoid (one that did not answer a start) is left out.
+        let error = model.placement(&spread("10.0.0.3", "192.0.2.2", 2, 10, 1024), &["a".to_string()]).unwrap_err().to_string();
+        assert!(error.contains("have 1 GPUs with room for one of the 2 slices (b 1)"), "{error}");
+    }
+
+    #[test]
+    fn spread_gpus_take_the_fewest_nodes_then_nvlink_pairs() {
+        let mut model = Model::default();
+        model.nodes.insert("one".into(), node("one", "192.0.2.1", &[(80, 16_384)]));
+        model.nodes.insert("two".into(), node("two", "192.0.2.2", &[(80, 16_384); 2]));
+        model.nodes.insert("three".into(), node("three", "192.0.2.3", &[(80, 16_384); 3]));
+        // Four GPUs: 'three' and then one more from the node that fits it most tightly ('one'),
+        // two nodes rather than three.
+        let parts = allocate_parts(&mut model, "four", &spread("10.0.0.1", "192.0.2.9", 4, 50, 1024));
+        let nodes: Vec<(&str, usize)> = parts.iter().map(|part| (part.node_id.as_str(), part.gpus.len())).collect();
+        assert_eq!(nodes, vec![("three", 3), ("one", 1)]);
+        // Inside a node, the GPUs joined by NVLink: six GPUs on two nodes of four, the second
+        // node's two are its NVLink pair.
+        let mut model = Model::default();
+        let mut left = node("left", "192.0.2.1", &[(80, 16_384); 4]);
+        link(&mut left, 0, 1, GpuLinkKind::NvLink);
+        let mut right = node("right", "192.0.2.2", &[(80, 16_384); 4]);
+        link(&mut right, 2, 3, GpuLinkKind::NvLink);
+        link(&mut right, 0, 1, GpuLinkKind::Pcie);
+        model.nodes.insert("left".into(), left);
+        model.nodes.insert("right".into(), right);
+        let parts = allocate_parts(&mut model, "six", &spread("10.0.0.2", "192.0.2.9", 6, 10, 1024));
+        assert_eq!(parts.len(), 2, "{parts:?}");
+        assert_eq!(parts[0].gpus.len(), 4);
+        let mut pair = parts[1].gpus.clone();
+        pair.sort_unstable();
+        assert_eq!((parts[1].node_id.as_str(), pair), ("right", vec![2, 3]), "the NVLink pair of the second node");
+    }
+
+    #[test]
+    fn spread_gpus_span_at_most_one_node_per_address_window() {
+        let mut model = Model::default();
+        for index in 0..=MAX_ADDRESS_WINDOW + 1 {
+            let id = format!("n{index}");
+            model.nodes.insert(id.clone(), node(&id, &format!("192.0.2.{index}"), &[(80, 16_384)]));
+        }
+        let most = MAX_ADDRESS_WINDOW + 1;
+        let parts = allocate_parts(&mut model, "five", &spread("10.0.0.1", "192.0.2.99", most, 10, 1024));
+        let windows: Vec<u32> = model.allocations["five"].further.iter().map(|share| share.address_window).collect();
+        assert_eq!((parts.len(), windows), (5, vec![1, 2, 3, 4]));
+        let error = model.placement(&spread("10.0.0.2", "192.0.2.99", most + 1, 10, 1024), &[]).unwrap_err().to_string();
+        assert!(error.contains("the 6 GPUs take 6 nodes at the fewest; an allocation spans at most 5 nodes"), "{error}");
+    }
+
     #[test]
     fn a_vm_on_its_allocations_host_gets_shared_memory_mode() {
         let mut model = model();
@@ -723,6 +1070,57 @@ mod tests {
     }
 
     #[test]
+    fn an_allocation_of_several_gpus_moves_whole_to_another_node_with_as_many() {
+        let mut model = Model::default();
+        model.nodes.insert("a".into(), node("a", "192.0.2.1", &[(80, 16_384); 2]));
+        model.nodes.insert("b".into(), node("b", "192.0.2.2", &[(80, 16_384)]));
+        let mut three = node("c", "192.0.2.3", &[(80, 16_384), (80, 16_384), (40, 16_384)]);
+        link(&mut three, 1, 2, GpuLinkKind::NvLink);
+        model.nodes.insert("c".into(), three);
+        allocate(&mut model, "pair", &VmRequirement { gpus: 2, ..vm("10.0.0.1", "192.0.2.1", 30, 4096) });
+        let pair = model.allocations["pair"].clone();
+        assert_eq!(pair.node_id, "a");
+        // 'b' has one GPU: too few, said so.
+        let error = model.check_move_set(&pair, "b", None).unwrap_err().to_string();
+        assert!(error.starts_with("target full: b has 1 of the 2 GPUs with room for the slice"), "{error}");
+        // 'c': its NVLink pair (1 and 2), the percentage from the first's SMs.
+        let (gpus, percentage) = model.check_move_set(&pair, "c", None).unwrap();
+        let mut sorted = gpus.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![1, 2], "{gpus:?}");
+        let first_sms = if gpus[0] == 2 { 40 } else { 80 };
+        assert_eq!(percentage, sm_percentage(30, first_sms));
+        // A named GPU comes first; one without room is refused.
+        assert_eq!(model.check_move_set(&pair, "c", Some(0)).unwrap().0[0], 0);
+        let error = model.check_move_set(&pair, "a", None).unwrap_err().to_string();
+        assert!(error.contains("moves to another node only"), "{error}");
+        let error = model.check_move_set(&pair, "c", Some(7)).unwrap_err().to_string();
+        assert!(error.contains("no GPU 7"), "{error}");
+        // While it moves, every GPU of both ends holds the slice.
+        model.allocations.get_mut("pair").unwrap().pending_move = Some(flyt_protocol::control::cluster::PendingMove {
+            from_node: "a".into(),
+            from_gpu: pair.gpu,
+            to_node: "c".into(),
+            to_gpu: gpus[0],
+            to_sm_percentage: percentage,
+            phase: flyt_protocol::control::cluster::MovePhase::Switching,
+            from_extra_gpus: pair.extra_gpus.clone(),
+            to_extra_gpus: gpus[1..].to_vec(),
+        });
+        // The record names the target once Switching: the source's GPUs still count.
+        let record = model.allocations.get_mut("pair").unwrap();
+        record.node_id = "c".into();
+        record.gpu = gpus[0];
+        record.extra_gpus = gpus[1..].to_vec();
+        for (node, gpu) in [("a", 0), ("a", 1), ("c", 1), ("c", 2)] {
+            assert_eq!(model.gpu_used(node, gpu, None), (30, 4096, 1), "{node}/{gpu}");
+        }
+        assert_eq!(model.gpu_used("c", 0, None), (0, 0, 0));
+        let error = model.check_move_set(&model.allocations["pair"].clone(), "c", Some(0)).unwrap_err().to_string();
+        assert!(error.contains("moves to another node only"), "{error}");
+    }
+
+    #[test]
     fn a_move_under_way_holds_room_on_both_gpus() {
         let mut model = model();
         allocate(&mut model, "x1", &vm("10.0.0.1", "192.0.2.1", 30, 4096));
@@ -733,6 +1131,8 @@ mod tests {
             to_gpu: 1,
             to_sm_percentage: 75,
             phase: flyt_protocol::control::cluster::MovePhase::Copying,
+            from_extra_gpus: Vec::new(),
+            to_extra_gpus: Vec::new(),
         });
         assert_eq!(model.gpu_used("a", 0, None), (30, 4096, 1));
         assert_eq!(model.gpu_used("b", 1, None), (30, 4096, 1));

@@ -66,8 +66,8 @@ use tokio::sync::Mutex;
 
 use crate::{
     config::ClusterManagerConfig,
-    metrics::{ClusterMetrics, Snapshot},
-    model::{Model, NodeEntry, add_client, data_address, refresh_idle, sm_percentage},
+    metrics::{AllocatedGpuUse, ClusterMetrics, GpuUse, Snapshot},
+    model::{Model, NodeEntry, Part, add_client, data_address, refresh_idle, sm_percentage},
     store::Store,
 };
 
@@ -153,6 +153,40 @@ enum Step {
 /// An allocation with no step left under way.
 fn settled(allocation: &AllocationRecord) -> bool {
     allocation.state == AllocationState::Running && allocation.pending_resize.is_none() && allocation.pending_move.is_none()
+}
+
+/// What each node of `allocation` starts for it, its first node first: one server per node, a
+/// spread allocation's further nodes each in its own address window.
+fn server_specs(allocation: &AllocationRecord) -> Vec<(String, ServerSpec)> {
+    let first = ServerSpec {
+        allocation_id: allocation.id.clone(),
+        gpu: allocation.gpu,
+        extra_gpus: allocation.extra_gpus.clone(),
+        memory: allocation.memory,
+        sm_percentage: allocation.sm_percentage,
+        address_window: 0,
+    };
+    let further = allocation.further.iter().map(|share| {
+        let spec = ServerSpec {
+            allocation_id: allocation.id.clone(),
+            gpu: share.gpu,
+            extra_gpus: share.extra_gpus.clone(),
+            memory: allocation.memory,
+            sm_percentage: share.sm_percentage,
+            address_window: share.address_window,
+        };
+        (share.node_id.clone(), spec)
+    });
+    std::iter::once((allocation.node_id.clone(), first)).chain(further).collect()
+}
+
+/// Text naming `allocation`'s nodes (`a and b`, `a, b and c`).
+fn node_list(allocation: &AllocationRecord) -> String {
+    let nodes = allocation.nodes();
+    match nodes.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => nodes.join(""),
+    }
 }
 
 impl<S: Store> Cluster<S> {
@@ -294,18 +328,13 @@ impl<S: Store> Cluster<S> {
         failpoint::hit("release.begin");
         self.store.remove_allocation(allocation_id).await.map_err(store_error)?;
         model.allocations.remove(allocation_id);
-        model.missing_reports.remove(allocation_id);
+        let further_key = format!("{allocation_id}@");
+        model.missing_reports.retain(|key, _| key != allocation_id && !key.starts_with(&further_key));
         model.granted.remove(allocation_id);
         tracing::info!(allocation = allocation_id, vm = %allocation.vm_ip, node = %allocation.node_id, reason, "allocation released");
         failpoint::hit("release.removed");
-        // Both ends of a move under way run a server of the allocation.
-        let mut nodes = vec![allocation.node_id.clone()];
-        if let Some(pending) = &allocation.pending_move {
-            nodes.extend([pending.from_node.clone(), pending.to_node.clone()]);
-            nodes.sort();
-            nodes.dedup();
-        }
-        for node_id in nodes {
+        // Every node of a spread allocation, and both ends of a move under way, run a server of it.
+        for node_id in allocation.nodes() {
             let down = model.nodes.get(&node_id).is_none_or(|node| node.record.health == NodeHealth::Down);
             if !down {
                 let (cluster, id) = (self.clone(), allocation_id.to_string());
@@ -315,11 +344,25 @@ impl<S: Store> Cluster<S> {
         Ok(())
     }
 
+    /// A grant of `allocation` for an app on the kernel `client_boot_id`: its server's address,
+    /// or a spread allocation's servers' addresses, comma-separated, in the order the app
+    /// numbers their devices (each a Unix socket when the app shares that node's kernel).
     fn grant(&self, model: &Model, allocation: &AllocationRecord, client_boot_id: &str) -> Result<Grant, ControlError> {
-        let node_boot_id = model.nodes.get(&allocation.node_id).map(|node| node.record.boot_id.as_str()).unwrap_or("");
-        let same_host = !client_boot_id.is_empty() && node_boot_id == client_boot_id;
-        let address = data_address(&allocation.addresses, same_host)
-            .ok_or_else(|| ControlError::Spawn(format!("allocation {} has no address", allocation.id)))?;
+        let shares_kernel = |node_id: &str| {
+            let node_boot_id = model.nodes.get(node_id).map(|node| node.record.boot_id.as_str()).unwrap_or("");
+            !client_boot_id.is_empty() && node_boot_id == client_boot_id
+        };
+        let same_host = shares_kernel(&allocation.node_id);
+        let mut addresses = vec![
+            data_address(&allocation.addresses, same_host)
+                .ok_or_else(|| ControlError::Spawn(format!("allocation {} has no address", allocation.id)))?,
+        ];
+        for share in &allocation.further {
+            addresses.push(data_address(&share.addresses, shares_kernel(&share.node_id)).ok_or_else(|| {
+                ControlError::Spawn(format!("allocation {}'s server on {} has no address", allocation.id, share.node_id))
+            })?);
+        }
+        let address = addresses.join(",");
         let expires_at = unix_now() + self.config.allocations.token_ttl_seconds;
         let token = token::issue(self.key.as_bytes(), &SessionClaims { allocation: allocation.id.clone(), expires_at })
             .map_err(|error| ControlError::Invalid(error.to_string()))?;
@@ -327,42 +370,21 @@ impl<S: Store> Cluster<S> {
         Ok(Grant { allocation_id: allocation.id.clone(), address, token, token_expires_at: expires_at, same_host, mode })
     }
 
-    /// A new `Starting` allocation of `vm` on `node_id`'s GPU `gpu_index`, stored before the
-    /// node hears of it (whatever happens next, a restart finds it); its id.
+    /// A new `Starting` allocation of `vm` on `parts` (placement's: one node, or several for a
+    /// spread allocation), stored before any node hears of it (whatever happens next, a restart
+    /// finds it); its id.
     async fn new_allocation(
         &self,
         model: &mut Model,
         vm: &VmRequirement,
-        node_id: &str,
-        gpu_index: u32,
+        parts: &[Part],
         client: &ClientIdentity,
         now: u64,
     ) -> Result<String, ControlError> {
-        let sm_count = model.nodes[node_id].gpus.iter().find(|gpu| gpu.index == gpu_index).map_or(0, |gpu| gpu.sm_count);
-        // The other GPUs of a several-GPU allocation: on the node placement chose for it.
-        let extra_gpus = model.extra_gpus(vm, node_id, gpu_index)?;
-        let allocation = AllocationRecord {
-            id: new_allocation_id(),
-            vm_ip: vm.vm_ip.clone(),
-            node_id: node_id.to_string(),
-            gpu: gpu_index,
-            extra_gpus,
-            compute_units: vm.compute_units,
-            memory: vm.memory,
-            sm_percentage: sm_percentage(vm.compute_units, sm_count),
-            state: AllocationState::Starting,
-            addresses: Vec::new(),
-            pid: 0,
-            clients: vec![client.clone()],
-            sessions: 0,
-            created_at: now,
-            idle_since: None,
-            pending_resize: None,
-            metrics: None,
-            pending_move: None,
-        };
+        let allocation = model.new_record(new_allocation_id(), vm, parts, client, now)?;
         self.store.put_allocation(&allocation).await.map_err(store_error)?;
-        tracing::info!(allocation = %allocation.id, vm = %vm.vm_ip, node = %node_id, gpu = gpu_index, compute_units = vm.compute_units, memory_mib = vm.memory, "placing");
+        let gpus: Vec<String> = allocation.all_gpus().iter().map(|gpu| format!("{}/{}", gpu.node_id, gpu.index)).collect();
+        tracing::info!(allocation = %allocation.id, vm = %vm.vm_ip, node = %allocation.node_id, gpus = ?gpus, compute_units = vm.compute_units, memory_mib = vm.memory, "placing");
         let id = allocation.id.clone();
         model.allocations.insert(id.clone(), allocation);
         Ok(id)
@@ -384,8 +406,13 @@ impl<S: Store> Cluster<S> {
                 Err(error @ ControlError::NodeUnreachable { .. }) => error,
                 Err(other) => return Err(other),
             };
-            let Some(node) = self.model.lock().await.allocations.get(&id).map(|allocation| allocation.node_id.clone()) else {
+            let Some(first_node) = self.model.lock().await.allocations.get(&id).map(|allocation| allocation.node_id.clone()) else {
                 return Err(error);
+            };
+            // A spread allocation's silent node may be a further one: the error names it.
+            let node = match &error {
+                ControlError::NodeUnreachable { node, .. } if !node.is_empty() => node.clone(),
+                _ => first_node,
             };
             if Instant::now() + pause + PLACEMENT_ANSWER_MARGIN >= deadline {
                 tracing::warn!(allocation = %id, node = %node, %error, "the node did not answer while the app waited: giving up");
@@ -401,11 +428,12 @@ impl<S: Store> Cluster<S> {
                 avoid.push(node.clone());
                 let mut model = self.model.lock().await;
                 let vm = model.vms.get(&request.vm_ip).cloned().ok_or_else(|| ControlError::UnknownVm(request.vm_ip.clone()))?;
-                match model.place_avoiding(&vm, &avoid) {
-                    Ok((other, gpu)) => {
-                        tracing::warn!(allocation = %id, node = %node, to = %other, "the node did not answer within node_timeout_ms: placing the app on another node");
+                match model.placement(&vm, &avoid) {
+                    Ok(parts) => {
+                        let to: Vec<&str> = parts.iter().map(|part| part.node_id.as_str()).collect();
+                        tracing::warn!(allocation = %id, node = %node, ?to, "the node did not answer within node_timeout_ms: placing the app on other nodes");
                         self.release_locked(&mut model, &id, "its node did not answer").await?;
-                        id = self.new_allocation(&mut model, &vm, &other, gpu, &request.client, unix_now()).await?;
+                        id = self.new_allocation(&mut model, &vm, &parts, &request.client, unix_now()).await?;
                         failing_since = None;
                         pause = PLACEMENT_RETRY_FIRST;
                         continue;
@@ -455,8 +483,8 @@ impl<S: Store> Cluster<S> {
                 model.allocations.insert(existing, allocation);
                 return grant;
             }
-            match model.place(&vm) {
-                Ok((node_id, gpu_index)) => break self.new_allocation(&mut model, &vm, &node_id, gpu_index, &request.client, now).await?,
+            match model.placement(&vm, &[]) {
+                Ok(parts) => break self.new_allocation(&mut model, &vm, &parts, &request.client, now).await?,
                 // Nothing fits while a node is down but within its grace: it may come back
                 // (a node manager restarting), so the app waits for it, as for a node that
                 // does not answer a start.
@@ -514,29 +542,31 @@ impl<S: Store> Cluster<S> {
         }
         let Some(allocation) = self.model.lock().await.allocations.get(id).cloned() else { return Ok(()) };
         if allocation.state == AllocationState::Starting {
-            let spec = ServerSpec {
-                allocation_id: allocation.id.clone(),
-                gpu: allocation.gpu,
-                extra_gpus: allocation.extra_gpus.clone(),
-                memory: allocation.memory,
-                sm_percentage: allocation.sm_percentage,
-            };
-            match self.start_on_node(&allocation.node_id, spec).await {
-                Ok(report) => {
-                    failpoint::hit("place.node_started");
-                    self.record_running(id, &allocation.node_id, &report).await?;
-                }
-                Err(error @ ControlError::NodeUnreachable { .. }) if unreachable == WhenUnreachable::Retry => {
-                    tracing::warn!(allocation = id, node = %allocation.node_id, %error, "cannot start the server now; trying again at the node's next report");
-                    return Err(error);
-                }
-                Err(error) => {
-                    tracing::warn!(allocation = id, node = %allocation.node_id, %error, "server start failed");
-                    let mut model = self.model.lock().await;
-                    self.release_locked(&mut model, id, "its server did not start").await?;
-                    return Err(error);
+            // Each node's server (one, or one per node of a spread allocation): starting is
+            // idempotent on the node, so servers started before a failure are reported again.
+            let mut reports = Vec::with_capacity(1 + allocation.further.len());
+            for (node_id, spec) in server_specs(&allocation) {
+                match self.start_on_node(&node_id, spec).await {
+                    Ok(report) => {
+                        reports.push((node_id, report));
+                        if reports.len() == 1 && !allocation.further.is_empty() {
+                            failpoint::hit("place.first_started");
+                        }
+                    }
+                    Err(error @ ControlError::NodeUnreachable { .. }) if unreachable == WhenUnreachable::Retry => {
+                        tracing::warn!(allocation = id, node = %node_id, %error, "cannot start the server now; trying again at the node's next report");
+                        return Err(error);
+                    }
+                    Err(error) => {
+                        tracing::warn!(allocation = id, node = %node_id, %error, "server start failed");
+                        let mut model = self.model.lock().await;
+                        self.release_locked(&mut model, id, "its server did not start").await?;
+                        return Err(error);
+                    }
                 }
             }
+            failpoint::hit("place.node_started");
+            self.record_running(id, &reports).await?;
         }
         let Some(allocation) = self.model.lock().await.allocations.get(id).cloned() else { return Ok(()) };
         if let Some(size) = allocation.pending_resize {
@@ -555,15 +585,25 @@ impl<S: Store> Cluster<S> {
         Ok(())
     }
 
-    /// A started server's allocation becomes `Running`; one released meanwhile has its server
-    /// stopped (nothing runs untracked).
-    async fn record_running(self: &Arc<Self>, id: &str, node_id: &str, report: &ServerReport) -> Result<(), ControlError> {
+    /// An allocation whose servers all started (`reports`: each node's, its first node's
+    /// first) becomes `Running`; one released meanwhile has its servers stopped (nothing runs
+    /// untracked).
+    async fn record_running(self: &Arc<Self>, id: &str, reports: &[(String, ServerReport)]) -> Result<(), ControlError> {
         let mut model = self.model.lock().await;
         let Some(mut allocation) = model.allocations.get(id).cloned() else {
             drop(model);
-            self.stop_on_node(node_id, id, Some(report.gpu)).await;
+            for (node_id, report) in reports {
+                self.stop_on_node(node_id, id, Some(report.gpu)).await;
+            }
             return Err(ControlError::Spawn(format!("allocation {id} was released while its server started")));
         };
+        let Some((_, report)) = reports.first() else { return Err(ControlError::Spawn(format!("allocation {id} has no server"))) };
+        for (node_id, further) in &reports[1..] {
+            if let Some(share) = allocation.further.iter_mut().find(|share| &share.node_id == node_id) {
+                share.addresses = further.addresses.clone();
+                share.pid = further.pid;
+            }
+        }
         allocation.state = AllocationState::Running;
         allocation.addresses = report.addresses.clone();
         allocation.pid = report.pid;
@@ -675,6 +715,27 @@ impl<S: Store> Cluster<S> {
                 stop.push(ServerRef::new(&server.allocation_id, Some(server.gpu)));
                 continue;
             };
+            if let Some(at) = allocation.further.iter().position(|share| share.node_id == node_id && share.gpu == server.gpu) {
+                // A spread allocation's server on a further node: its usage, and where it
+                // listens unless a step under way owns the allocation.
+                let mut updated = allocation.clone();
+                let share = &mut updated.further[at];
+                if !self.vm_busy(&allocation.vm_ip) {
+                    share.pid = server.pid;
+                    share.addresses = server.addresses.clone();
+                    if updated.state == AllocationState::Starting {
+                        steps.push((updated.id.clone(), Step::Settle));
+                    }
+                }
+                let share = &mut updated.further[at];
+                share.sessions = server.sessions;
+                share.metrics.clone_from(&server.metrics);
+                if &updated != allocation {
+                    self.store.put_allocation(&updated).await.map_err(store_error)?;
+                    model.allocations.insert(updated.id.clone(), updated);
+                }
+                continue;
+            }
             if allocation.node_id != node_id || allocation.gpu != server.gpu {
                 // The other end of a move under way keeps its server until the move is over.
                 if !allocation.pending_move.as_ref().is_some_and(|pending| pending.involves(node_id, server.gpu)) {
@@ -696,9 +757,12 @@ impl<S: Store> Cluster<S> {
             let mut updated = allocation.clone();
             // A step under way owns the allocation's state; the report only updates usage.
             if !self.vm_busy(&allocation.vm_ip) {
-                if updated.state == AllocationState::Starting {
+                if updated.state == AllocationState::Starting && updated.further.iter().all(|share| share.pid != 0) {
                     tracing::info!(allocation = %updated.id, node = node_id, pid = server.pid, "adopting the server the node runs for an allocation left starting");
                     updated.state = AllocationState::Running;
+                } else if updated.state == AllocationState::Starting {
+                    // A spread allocation runs once every node's server does: start the rest.
+                    steps.push((updated.id.clone(), Step::Settle));
                 }
                 updated.pid = server.pid;
                 updated.addresses = server.addresses.clone();
@@ -718,36 +782,48 @@ impl<S: Store> Cluster<S> {
         }
         // Allocations left starting whose server the node does not run: start it (again).
         for allocation in model.allocations.values() {
-            if allocation.node_id == node_id
-                && allocation.state == AllocationState::Starting
-                && !reported.contains(&(allocation.id.as_str(), allocation.gpu))
+            let mut servers_here = std::iter::once((allocation.node_id.as_str(), allocation.gpu))
+                .chain(allocation.further.iter().map(|share| (share.node_id.as_str(), share.gpu)))
+                .filter(|(node, _)| *node == node_id);
+            if allocation.state == AllocationState::Starting
+                && servers_here.any(|(_, gpu)| !reported.contains(&(allocation.id.as_str(), gpu)))
                 && !self.vm_busy(&allocation.vm_ip)
             {
                 steps.push((allocation.id.clone(), Step::Settle));
             }
         }
         let mut vanished = Vec::new();
-        let running_here: Vec<(String, u32)> = model
+        // (allocation, its server's GPU here, the key its misses are counted under): a spread
+        // allocation's further servers count apart from its first.
+        let running_here: Vec<(String, u32, String)> = model
             .allocations
             .values()
             // A move under way owns the allocation's servers until it is over.
-            .filter(|allocation| {
-                allocation.node_id == node_id && allocation.state == AllocationState::Running && allocation.pending_move.is_none()
+            .filter(|allocation| allocation.state == AllocationState::Running && allocation.pending_move.is_none())
+            .flat_map(|allocation| {
+                let first = (allocation.node_id == node_id).then(|| (allocation.id.clone(), allocation.gpu, allocation.id.clone()));
+                let further = allocation
+                    .further
+                    .iter()
+                    .filter(|share| share.node_id == node_id)
+                    .map(|share| (allocation.id.clone(), share.gpu, format!("{}@{node_id}", allocation.id)));
+                first.into_iter().chain(further).collect::<Vec<_>>()
             })
-            .map(|allocation| (allocation.id.clone(), allocation.gpu))
             .collect();
-        for (id, gpu) in running_here {
+        for (id, gpu, key) in running_here {
             if reported.contains(&(id.as_str(), gpu)) {
-                model.missing_reports.remove(&id);
+                model.missing_reports.remove(&key);
                 continue;
             }
             // A report built just before a server start finished lacks that server: only a
             // second report without it means the server is gone.
-            let misses = model.missing_reports.entry(id.clone()).or_insert(0);
+            let misses = model.missing_reports.entry(key.clone()).or_insert(0);
             *misses += 1;
             if *misses >= MISSING_REPORTS_BEFORE_RELEASE {
-                model.missing_reports.remove(&id);
-                vanished.push(id);
+                model.missing_reports.remove(&key);
+                if !vanished.contains(&id) {
+                    vanished.push(id);
+                }
             }
         }
         for id in vanished {
@@ -947,10 +1023,11 @@ impl<S: Store> Cluster<S> {
             .map(|node| node.record.node_id.clone())
             .collect();
         for node_id in lost {
+            // A spread allocation goes with any of its nodes: its apps need every one.
             let ids: Vec<String> = model
                 .allocations
                 .values()
-                .filter(|allocation| allocation.node_id == node_id)
+                .filter(|allocation| allocation.node_id == node_id || allocation.further.iter().any(|share| share.node_id == node_id))
                 .map(|allocation| allocation.id.clone())
                 .collect();
             for id in ids {
@@ -1018,6 +1095,12 @@ impl<S: Store> Cluster<S> {
         let size = {
             let mut model = self.model.lock().await;
             let mut allocation = model.running(&id, &target)?.clone();
+            if allocation.is_spread() {
+                return Err(ControlError::Invalid(format!(
+                    "allocation {id} is spread over nodes {} (--spread): resizing it is not supported yet (each node's server would have to change together, or be rolled back together); remove and add the VM with the new size to place it again",
+                    node_list(&allocation)
+                )));
+            }
             let units = compute_units.unwrap_or(allocation.compute_units);
             let memory_mib = memory.unwrap_or(allocation.memory);
             model.check_resize(&allocation, units, memory_mib)?;
@@ -1064,7 +1147,31 @@ impl<S: Store> Cluster<S> {
             client_managers: u64::from(status.client_managers),
             ..Snapshot::default()
         };
+        for node in model.nodes.values().filter(|node| node.record.health == NodeHealth::Up) {
+            for gpu in &node.gpus {
+                let (units, memory, _) = model.gpu_used(&node.record.node_id, gpu.index, None);
+                snapshot.gpus_used.push(GpuUse {
+                    node: node.record.node_id.clone(),
+                    gpu: gpu.index,
+                    compute_units_total: u64::from(gpu.sm_count),
+                    compute_units_allocated: u64::from(units),
+                    memory_total_bytes: gpu.memory_bytes,
+                    memory_allocated_bytes: memory.saturating_mul(MIB),
+                });
+            }
+        }
         for allocation in model.allocations.values() {
+            for (device, placed) in allocation.all_gpus().into_iter().enumerate() {
+                snapshot.allocated_gpus.push(AllocatedGpuUse {
+                    allocation: allocation.id.clone(),
+                    vm: allocation.vm_ip.clone(),
+                    device,
+                    node: placed.node_id,
+                    gpu: placed.index,
+                    compute_units: u64::from(allocation.compute_units),
+                    memory_bytes: allocation.memory.saturating_mul(MIB),
+                });
+            }
             match allocation.state {
                 AllocationState::Starting => snapshot.allocations_starting += 1,
                 AllocationState::Running => snapshot.allocations_running += 1,
@@ -1189,7 +1296,7 @@ impl<S: Store> ClusterAdmin for ClusterService<S> {
         detached(async move {
             let mut model = cluster.model.lock().await;
             cluster.store.put_vm(&requirement).await.map_err(store_error)?;
-            tracing::info!(vm = %requirement.vm_ip, host_ip = %requirement.host_ip, compute_units = requirement.compute_units, memory_mib = requirement.memory, "VM requirement set");
+            tracing::info!(vm = %requirement.vm_ip, host_ip = %requirement.host_ip, compute_units = requirement.compute_units, memory_mib = requirement.memory, gpus = requirement.gpus, spread = requirement.spread, "VM requirement set");
             model.vms.insert(requirement.vm_ip.clone(), requirement);
             Ok(())
         })

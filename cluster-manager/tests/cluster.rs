@@ -2,8 +2,8 @@
 //! managers and real `flyt-rpc-server`s, all separate processes on loopback
 //! (`harness`), what survives what (`recovery`): crashes at every step of placement,
 //! resize and release on both stores, a node manager killed mid-start, a cluster manager away
-//! or stopped, a node manager restarted; and allocations moved between nodes with a running
-//! app (`migration`).
+//! or stopped, a node manager restarted; allocations moved between nodes with a running
+//! app (`migration`); and a VM's GPUs spread over nodes (`spread`).
 //!
 //! Binaries: the Flyt binaries are looked up next to this package's `flyt-cluster-manager`
 //! (so build them first: `cargo build -p flyt-cluster-manager -p flyt-node-manager
@@ -18,6 +18,8 @@ mod harness;
 mod migration;
 #[cfg(test)]
 mod recovery;
+#[cfg(test)]
+mod spread;
 
 #[cfg(test)]
 mod tests {
@@ -89,7 +91,8 @@ mod tests {
 
     /// A VM of two GPUs: placed on the node that has two with room, served by one rpc-server
     /// started with both (`--gpu 0,1`), listed with both; a VM of three on a two-GPU node is
-    /// refused with what is missing, and a move of the pair is refused with the reason.
+    /// refused with what is missing, and a move of the pair to a node of one GPU is refused with
+    /// the reason.
     #[test]
     fn a_vm_of_two_gpus_gets_one_server_with_both() {
         let mut cluster = Cluster::new(Options::default());
@@ -148,9 +151,10 @@ mod tests {
         let (refused, _) = cluster.locate(&other, 0);
         let reason = refused["refused"].as_str().unwrap_or_default().to_string();
         assert!(reason.contains("needs 3 GPUs of one node"), "{refused}");
-        // Moving an allocation of several GPUs is refused with the reason.
+        // Moving an allocation of several GPUs to a node with fewer is refused with the reason
+        // (`spread::a_vm_of_two_gpus_moves_whole_to_a_node_with_two` moves one).
         let (code, _, stderr) = cluster.flytctl(&["migrate", "10.0.0.1", "--to", "node-b"]);
-        assert!(code != 0 && stderr.contains("several GPUs"), "exit {code}: {stderr}");
+        assert!(code != 0 && stderr.contains("node-b has 1 of the 2 GPUs with room for the slice"), "exit {code}: {stderr}");
     }
 
     /// The admin API is offered on TCP only with TLS: a cluster manager asked for it without

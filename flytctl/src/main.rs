@@ -98,7 +98,8 @@ enum Command {
         /// Allocation id or VM ip.
         target: String,
         /// The node to move to (`flytctl list-servernodes`), or NODE/GPU for one of its GPUs
-        /// (its own node: a GPU other than the one it runs on).
+        /// (its own node: a GPU other than the one it runs on). An allocation of several GPUs
+        /// moves whole to as many GPUs of another node (NODE/GPU: that GPU first).
         #[arg(long, value_parser = migrate::parse_destination)]
         to: migrate::Destination,
         /// Give up (the apps going on where they were) when an app makes no CUDA call within
@@ -236,10 +237,15 @@ enum VmCommand {
         /// Device memory in MiB.
         #[arg(long)]
         memory_mib: u64,
-        /// GPUs, each a slice of these SMs and memory, all on one node: the VM's apps see them
-        /// as devices 0..N-1.
+        /// GPUs, each a slice of these SMs and memory, on one node (unless --spread): the VM's
+        /// apps see them as devices 0..N-1.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
         gpus: u32,
+        /// When no one node has the --gpus, place them across nodes (the fewest; NVLink-joined
+        /// GPUs within each first): one rpc-server per node, each in its own address window;
+        /// the apps connect to all of them and see their GPUs as one list of devices.
+        #[arg(long)]
+        spread: bool,
     },
     /// List VM requirements.
     List,
@@ -369,21 +375,25 @@ async fn call<T>(
     }
 }
 
-/// One `file_sd_configs` group per allocation that serves metrics.
+/// One `file_sd_configs` group per rpc-server that serves metrics (a spread allocation has one
+/// per node).
 fn prometheus_targets(allocations: &[AllocationRecord]) -> Vec<serde_json::Value> {
     allocations
         .iter()
-        .filter_map(|allocation| {
-            let address = allocation.metrics.as_ref()?;
-            Some(serde_json::json!({
-                "targets": [address],
-                "labels": {
-                    "allocation": allocation.id,
-                    "vm": allocation.vm_ip,
-                    "node": allocation.node_id,
-                    "gpu": allocation.gpu.to_string(),
-                },
-            }))
+        .flat_map(|allocation| {
+            let first = (allocation.metrics.as_ref(), allocation.node_id.as_str(), allocation.gpu);
+            let further = allocation.further.iter().map(|share| (share.metrics.as_ref(), share.node_id.as_str(), share.gpu));
+            std::iter::once(first).chain(further).filter_map(|(metrics, node, gpu)| {
+                Some(serde_json::json!({
+                    "targets": [metrics?],
+                    "labels": {
+                        "allocation": allocation.id,
+                        "vm": allocation.vm_ip,
+                        "node": node,
+                        "gpu": gpu.to_string(),
+                    },
+                }))
+            })
         })
         .collect()
 }
@@ -473,7 +483,8 @@ async fn run(args: Args) -> Result<(), CtlError> {
             if args.json {
                 return print_json(&vms);
             }
-            println!("{}", vm_table(&vms));
+            let nodes = call(&args, deadline, client.list_nodes(context())).await?;
+            println!("{}", vm_table(&vms, &nodes));
         }
         Command::ListServernodes => {
             let nodes = call(&args, deadline, client.list_nodes(context())).await?;
@@ -491,7 +502,8 @@ async fn run(args: Args) -> Result<(), CtlError> {
             if args.json {
                 return print_json(&allocations);
             }
-            println!("{}", allocation_table(&allocations));
+            let nodes = call(&args, deadline, client.list_nodes(context())).await?;
+            println!("{}", allocation_table(&allocations, &nodes));
         }
         Command::ChangeConfig { target, compute_units, memory_mib } => {
             let change = client.change_config(context(), target.clone(), *compute_units, *memory_mib);
@@ -499,7 +511,8 @@ async fn run(args: Args) -> Result<(), CtlError> {
             if args.json {
                 return print_json(&allocation);
             }
-            println!("{}", allocation_table(std::slice::from_ref(&allocation)));
+            let nodes = call(&args, deadline, client.list_nodes(context())).await?;
+            println!("{}", allocation_table(std::slice::from_ref(&allocation), &nodes));
         }
         Command::Migrate { target, to, timeout_ms } => {
             // A move outlives the usual limit: device memory by the tens of GiB travels.
@@ -546,21 +559,23 @@ async fn run(args: Args) -> Result<(), CtlError> {
             }
             migrate::print_restart(&report);
         }
-        Command::Vm { command: VmCommand::Add { vm_ip, host_ip, compute_units, memory_mib, gpus } } => {
+        Command::Vm { command: VmCommand::Add { vm_ip, host_ip, compute_units, memory_mib, gpus, spread } } => {
             let requirement = VmRequirement {
                 vm_ip: vm_ip.clone(),
                 host_ip: host_ip.clone(),
                 compute_units: *compute_units,
                 memory: *memory_mib,
                 gpus: *gpus,
+                spread: *spread,
             };
             call(&args, deadline, client.add_vm(context(), requirement.clone())).await?.map_err(CtlError::Refused)?;
             if args.json {
                 return print_json(&requirement);
             }
+            let across = if *spread { ", across nodes if no one node has them" } else { "" };
             match gpus {
                 1 => println!("VM {vm_ip} added: {compute_units} SMs, {memory_mib} MiB, host {host_ip}"),
-                n => println!("VM {vm_ip} added: {n} GPUs of {compute_units} SMs and {memory_mib} MiB each, host {host_ip}"),
+                n => println!("VM {vm_ip} added: {n} GPUs of {compute_units} SMs and {memory_mib} MiB each{across}, host {host_ip}"),
             }
         }
         Command::Vm { command: VmCommand::List } => {
@@ -574,7 +589,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
                 out.add_row(vec![
                     vm.vm_ip.clone(),
                     vm.host_ip.clone(),
-                    vm.gpus.to_string(),
+                    if vm.spread { format!("{} (spread)", vm.gpus) } else { vm.gpus.to_string() },
                     vm.compute_units.to_string(),
                     vm.memory.to_string(),
                 ]);
@@ -668,11 +683,53 @@ fn clients(allocation: &AllocationRecord) -> String {
     allocation.clients.iter().map(|client| format!("{}[{}]", client.program, client.pid)).collect::<Vec<_>>().join(", ")
 }
 
-fn vm_table(vms: &[VmView]) -> Table {
-    let mut out = table(&["VM", "HOST", "SMs", "MEMORY (MiB)", "ALLOCATION", "NODE/GPU", "MODE", "CLIENTS", "CLIENT MANAGER"]);
+/// Where an allocation's servers run, node by node in the order its apps number the devices:
+/// `node-a/0,1 + node-b/0`.
+fn placement(allocation: &AllocationRecord) -> String {
+    let node = |node_id: &str, gpu: u32, extra: &[u32]| {
+        let gpus: Vec<String> = std::iter::once(gpu).chain(extra.iter().copied()).map(|gpu| gpu.to_string()).collect();
+        format!("{node_id}/{}", gpus.join(","))
+    };
+    std::iter::once(node(&allocation.node_id, allocation.gpu, &allocation.extra_gpus))
+        .chain(allocation.further.iter().map(|share| node(&share.node_id, share.gpu, &share.extra_gpus)))
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+/// An allocation's GPUs, one line each in the order its apps number them: the device, its
+/// node and GPU, the GPU's UUID (from `nodes`), and the slice's SMs and memory on it.
+fn allocated_gpus(allocation: &AllocationRecord, nodes: &[NodeView]) -> String {
+    allocation
+        .all_gpus()
+        .iter()
+        .enumerate()
+        .map(|(device, placed)| {
+            let uuid = nodes
+                .iter()
+                .find(|view| view.node.node_id == placed.node_id)
+                .and_then(|view| view.gpus.iter().find(|usage| usage.gpu.index == placed.index))
+                .map_or("?", |usage| usage.gpu.uuid.as_str());
+            format!("{device}: {}/{} {uuid} {} SMs {} MiB", placed.node_id, placed.index, allocation.compute_units, allocation.memory)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn vm_table(vms: &[VmView], nodes: &[NodeView]) -> Table {
+    let mut out = table(&[
+        "VM",
+        "HOST",
+        "SMs",
+        "MEMORY (MiB)",
+        "ALLOCATION",
+        "GPUs (DEVICE: NODE/GPU UUID SLICE)",
+        "MODE",
+        "CLIENTS",
+        "CLIENT MANAGER",
+    ]);
     for vm in vms {
         let (allocation, place, users) = match &vm.allocation {
-            Some(allocation) => (allocation.id.clone(), format!("{}/{}", allocation.node_id, allocation.gpu), clients(allocation)),
+            Some(allocation) => (allocation.id.clone(), allocated_gpus(allocation, nodes), clients(allocation)),
             None => ("-".into(), "-".into(), "-".into()),
         };
         out.add_row(vec![
@@ -714,13 +771,13 @@ fn node_table(nodes: &[NodeView]) -> Table {
     out
 }
 
-fn allocation_table(allocations: &[AllocationRecord]) -> Table {
+fn allocation_table(allocations: &[AllocationRecord], nodes: &[NodeView]) -> Table {
     // Addresses, metrics and the clients' names make rows hundreds of columns wide: they show
     // with --wide; the default keeps to what fits 120 columns.
     let wide = WIDE.load(std::sync::atomic::Ordering::Relaxed);
     let mut header = vec!["ALLOCATION", "VM", "NODE/GPU", "SMs", "SM %", "MEMORY (MiB)", "STATE"];
     if wide {
-        header.extend(["ADDRESS", "METRICS"]);
+        header.extend(["GPUs (DEVICE: NODE/GPU UUID SLICE)", "ADDRESS", "METRICS"]);
     }
     header.extend(["PID", "SESSIONS", "CLIENTS"]);
     let mut out = table(&header);
@@ -728,15 +785,7 @@ fn allocation_table(allocations: &[AllocationRecord]) -> Table {
         let mut row = vec![
             allocation.id.clone(),
             allocation.vm_ip.clone(),
-            format!(
-                "{}/{}",
-                allocation.node_id,
-                std::iter::once(allocation.gpu)
-                    .chain(allocation.extra_gpus.iter().copied())
-                    .map(|gpu| gpu.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
+            placement(allocation),
             allocation.compute_units.to_string(),
             allocation.sm_percentage.to_string(),
             allocation.memory.to_string(),
@@ -748,10 +797,22 @@ fn allocation_table(allocations: &[AllocationRecord]) -> Table {
             },
         ];
         if wide {
-            row.push(allocation.addresses.join(" "));
+            row.push(allocated_gpus(allocation, nodes));
+            row.push(
+                std::iter::once(allocation.addresses.join(" "))
+                    .chain(allocation.further.iter().map(|share| share.addresses.join(" ")))
+                    .collect::<Vec<_>>()
+                    .join(" + "),
+            );
             row.push(allocation.metrics.as_ref().map_or_else(|| "-".to_string(), |address| format!("http://{address}/metrics")));
         }
-        row.push(allocation.pid.to_string());
+        row.push(
+            std::iter::once(allocation.pid)
+                .chain(allocation.further.iter().map(|share| share.pid))
+                .map(|pid| pid.to_string())
+                .collect::<Vec<_>>()
+                .join(" + "),
+        );
         row.push(allocation.sessions.to_string());
         row.push(if wide { clients(allocation) } else { allocation.clients.len().to_string() });
         out.add_row(row);
@@ -770,6 +831,62 @@ mod tests {
         let refused = Args::try_parse_from(["flytctl", "--timeout-seconds", "0", "status"]).err().expect("--timeout-seconds 0 accepted");
         assert!(refused.to_string().contains("--timeout-seconds"), "{refused}");
         assert!(Args::try_parse_from(["flytctl", "--timeout-seconds", "1", "status"]).is_ok());
+    }
+
+    /// A spread allocation: its nodes in order on one line, its GPUs one line each with the
+    /// device number, node, GPU, UUID (from the node list; `?` when the node is not listed) and slice.
+    #[test]
+    fn a_spread_allocation_lists_every_gpu_in_order() {
+        use flyt_protocol::control::cluster::{GpuInfo, GpuUsage, NodeHealth, NodeRecord, NodeShare, NodeView};
+        let mut allocation: flyt_protocol::control::cluster::AllocationRecord = serde_json::from_value(serde_json::json!({
+            "id": "alloc-1", "vm_ip": "10.0.0.1", "node_id": "a", "gpu": 0, "extra_gpus": [1], "compute_units": 20,
+            "memory": 1024, "sm_percentage": 25, "state": "Running", "addresses": [], "pid": 7, "clients": [],
+            "sessions": 0, "created_at": 0, "idle_since": null,
+        }))
+        .unwrap();
+        allocation.further.push(NodeShare {
+            node_id: "b".into(),
+            gpu: 2,
+            extra_gpus: Vec::new(),
+            sm_percentage: 50,
+            address_window: 1,
+            addresses: Vec::new(),
+            pid: 8,
+            sessions: 0,
+            metrics: None,
+        });
+        assert_eq!(super::placement(&allocation), "a/0,1 + b/2");
+        let gpu = |index: u32, uuid: &str| GpuUsage {
+            gpu: GpuInfo {
+                index,
+                uuid: uuid.into(),
+                name: "g".into(),
+                memory_bytes: 1 << 30,
+                sm_count: 80,
+                emulated: false,
+                links: Vec::new(),
+            },
+            allocated_compute_units: 0,
+            allocated_memory: 0,
+            allocations: 0,
+        };
+        let node = NodeView {
+            node: NodeRecord {
+                node_id: "a".into(),
+                host_ip: String::new(),
+                boot_id: String::new(),
+                control_address: String::new(),
+                health: NodeHealth::Up,
+                drained: false,
+                registered_at: 0,
+            },
+            gpus: vec![gpu(0, "GPU-a0"), gpu(1, "GPU-a1")],
+            last_heartbeat_ms: 0,
+        };
+        assert_eq!(
+            super::allocated_gpus(&allocation, &[node]),
+            "0: a/0 GPU-a0 20 SMs 1024 MiB\n1: a/1 GPU-a1 20 SMs 1024 MiB\n2: b/2 ? 20 SMs 1024 MiB"
+        );
     }
 
     #[test]

@@ -63,13 +63,16 @@ pub fn print_move(report: &MoveReport) {
     }
     let allocation = &report.allocation;
     let sessions = apps(report.sessions.len());
+    // An allocation of several GPUs moved whole: its new server's GPUs, the first first.
+    let to_gpus: Vec<String> =
+        std::iter::once(allocation.gpu).chain(allocation.extra_gpus.iter().copied()).map(|gpu| gpu.to_string()).collect();
     println!(
         "allocation {} moved from {}/{} to {}/{} with {sessions} in {:.1} ms; it is served at {}",
         allocation.id,
         report.from_node,
         report.from_gpu,
         allocation.node_id,
-        allocation.gpu,
+        to_gpus.join(","),
         milliseconds(report.total_us),
         allocation.addresses.join(" ")
     );

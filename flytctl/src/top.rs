@@ -231,6 +231,7 @@ mod tests {
             idle_since: None,
             pending_resize: None,
             pending_move: None,
+            further: Vec::new(),
             metrics: Some("127.0.0.1:1".into()),
         }
     }

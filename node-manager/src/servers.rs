@@ -33,7 +33,7 @@ use flyt_daemon_kit::{
 };
 use flyt_protocol::control::{
     auth::ServiceName,
-    cluster::{ControlError, GpuInfo, RestartReport, ServerReport},
+    cluster::{ControlError, GpuInfo, MAX_ADDRESS_WINDOW, RestartReport, ServerReport},
     node::{ServerRef, ServerSpec},
     rpc_server::{RpcServerControlClient, SessionStatus, SnapshotInfo},
 };
@@ -137,6 +137,9 @@ pub struct ServerRecord {
     pub extra_gpus: Vec<u32>,
     pub memory: u64,
     pub sm_percentage: u32,
+    /// Its `--address-window` (a spread allocation's further nodes: 1 and up).
+    #[serde(default)]
+    pub address_window: u32,
 }
 
 /// A server's answer to a status query.
@@ -365,6 +368,7 @@ impl ServerManager {
             metrics,
             allocation_id: record.allocation_id.clone(),
             gpu: record.gpu,
+            extra_gpus: record.extra_gpus.clone(),
             pid: record.pid,
             addresses: record.addresses.clone(),
             memory_quota_bytes: record.memory.saturating_mul(MIB),
@@ -426,6 +430,9 @@ impl ServerManager {
         if let Some(factor) = settings.oversubscribe {
             command.args(["--oversubscribe", &factor.to_string()]);
         }
+        if spec.address_window > 0 {
+            command.args(["--address-window", &spec.address_window.to_string()]);
+        }
         if settings.device == DeviceKind::Emulated {
             command.args(["--emulated-memory", &gpu.memory_bytes.to_string()]).args(["--emulated-sms", &gpu.sm_count.to_string()]);
         }
@@ -470,6 +477,9 @@ impl ServerManager {
         {
             return Err(ControlError::Invalid(format!("GPU {} cannot give {} MiB at {}% SMs", gpu.index, spec.memory, spec.sm_percentage)));
         }
+        if spec.address_window > MAX_ADDRESS_WINDOW {
+            return Err(ControlError::Invalid(format!("address window {} is above {MAX_ADDRESS_WINDOW}", spec.address_window)));
+        }
         for (at, extra) in spec.extra_gpus.iter().enumerate() {
             let other = self.gpu(*extra)?;
             if *extra == spec.gpu || spec.extra_gpus[..at].contains(extra) {
@@ -493,6 +503,7 @@ impl ServerManager {
             extra_gpus: spec.extra_gpus.clone(),
             memory: spec.memory,
             sm_percentage: spec.sm_percentage,
+            address_window: spec.address_window,
         };
         self.write_record(&name, &record)?;
         let report = Self::report(&record, None);
@@ -919,6 +930,7 @@ impl ServerManager {
             extra_gpus: old.extra_gpus.clone(),
             memory: old.memory,
             sm_percentage: old.sm_percentage,
+            address_window: old.address_window,
         };
         let (child, addresses) = match self.spawn(id, &spec, &gpu, port, Some(&restored)).await {
             Ok(started) => started,
@@ -1106,7 +1118,7 @@ pub(crate) mod tests {
     }
 
     fn spec(id: &str) -> ServerSpec {
-        ServerSpec { allocation_id: id.into(), gpu: 0, extra_gpus: Vec::new(), memory: 1024, sm_percentage: 25 }
+        ServerSpec { allocation_id: id.into(), gpu: 0, extra_gpus: Vec::new(), memory: 1024, sm_percentage: 25, address_window: 0 }
     }
 
     /// An oversubscribed GPU (8 GiB, x2) takes a 12 GiB slice and its server pages; without it,
@@ -1165,6 +1177,27 @@ pub(crate) mod tests {
         assert!(!settings.servers_dir.join("alloc-1.json").exists());
         assert!(adopted.reports().await.is_empty());
         adopted.stop("alloc-1").await.unwrap();
+    }
+
+    /// A spread allocation's further node: its server gets the allocation's address window,
+    /// recorded so a restart keeps it; a window past the server's range is refused.
+    #[tokio::test]
+    async fn a_server_of_a_further_node_gets_its_address_window() {
+        let folder = tempfile::tempdir().unwrap();
+        let settings = settings(folder.path(), STAND_IN);
+        let manager = ServerManager::new(settings.clone(), key()).unwrap();
+        manager.start(ServerSpec { address_window: 2, ..spec("alloc-w") }).await.unwrap();
+        let args = fs::read_to_string(format!("{}.args", settings.binary)).unwrap();
+        assert!(args.contains("--address-window 2"), "{args}");
+        let record: ServerRecord = serde_json::from_str(&fs::read_to_string(settings.servers_dir.join("alloc-w.json")).unwrap()).unwrap();
+        assert_eq!(record.address_window, 2);
+        let error = manager.start(ServerSpec { address_window: MAX_ADDRESS_WINDOW + 1, ..spec("alloc-x") }).await.unwrap_err().to_string();
+        assert!(error.contains("address window 5 is above 4"), "{error}");
+        manager.start(spec("alloc-y")).await.unwrap();
+        let args = fs::read_to_string(format!("{}.args", settings.binary)).unwrap();
+        assert!(!args.contains("--address-window"), "window 0 is the server's default: {args}");
+        manager.stop("alloc-w").await.unwrap();
+        manager.stop("alloc-y").await.unwrap();
     }
 
     #[test]

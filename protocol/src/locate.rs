@@ -26,7 +26,8 @@ pub struct LocateRequest {
 /// The client manager's answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LocateReply {
-    /// Connect here (`host:port` or `unix:/path`) and present `token`.
+    /// Connect here (`host:port` or `unix:/path`) and present `token`; a tenant spread over
+    /// nodes is given each of its servers, comma-separated, its devices numbered in that order.
     Server {
         address: String,
         token: String,

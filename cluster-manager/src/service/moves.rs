@@ -4,8 +4,9 @@
 //! The cluster manager orchestrates a move; each node manager does the steps on its own node
 //! (through its rpc-servers' control sockets and its snapshot folder). Under the VM's lock:
 //!
-//! 1. The target is checked (known, up, undrained, room on the GPU as placement counts it) and
-//!    `pending_move` is stored, `Copying`: both GPUs hold the slice from then on.
+//! 1. The target is checked (known, up, undrained, room on the GPU as placement counts it; an
+//!    allocation of several GPUs needs as many on another node, the best-joined set) and
+//!    `pending_move` is stored, `Copying`: both ends' GPUs hold the slice from then on.
 //! 2. The target's node manager starts a server for the same allocation id and size, so the
 //!    apps' tokens (signed per allocation id) are valid there too.
 //! 3. Every session of the source's server is checkpointed, all at once (each app pauses at its
@@ -88,6 +89,11 @@ impl CopiedSession {
             gpu_to_gpu: self.gpu_to_gpu,
         }
     }
+}
+
+/// `0,1`: a server's GPUs, its first first.
+fn gpu_list(first: u32, extra: &[u32]) -> String {
+    std::iter::once(first).chain(extra.iter().copied()).map(|gpu| gpu.to_string()).collect::<Vec<_>>().join(",")
 }
 
 fn micros_since(started: Instant) -> u64 {
@@ -201,13 +207,20 @@ impl<S: Store> Cluster<S> {
         let (memory, pending) = {
             let mut model = self.model.lock().await;
             let mut allocation = model.running(&id, &target)?.clone();
-            if !allocation.extra_gpus.is_empty() {
+            if allocation.is_spread() {
                 return Err(ControlError::Invalid(format!(
-                    "allocation {id} has {} GPUs: moving an allocation of several GPUs is not supported yet",
-                    allocation.extra_gpus.len() + 1
+                    "allocation {id} is spread over nodes {} (--spread): moving it is not supported yet: its apps hold one session on each node's server, and a session spread over several servers cannot be paused and continued elsewhere (the client refuses it)",
+                    super::node_list(&allocation)
                 )));
             }
-            let (to_gpu, to_sm_percentage) = model.check_move(&allocation, &to_node, to_gpu)?;
+            // An allocation of several GPUs moves whole, to as many GPUs of another node.
+            let (to_gpu, to_extra_gpus, to_sm_percentage) = if allocation.extra_gpus.is_empty() {
+                let (to_gpu, percentage) = model.check_move(&allocation, &to_node, to_gpu)?;
+                (to_gpu, Vec::new(), percentage)
+            } else {
+                let (gpus, percentage) = model.check_move_set(&allocation, &to_node, to_gpu)?;
+                (gpus[0], gpus[1..].to_vec(), percentage)
+            };
             let pending = PendingMove {
                 from_node: allocation.node_id.clone(),
                 from_gpu: allocation.gpu,
@@ -215,6 +228,8 @@ impl<S: Store> Cluster<S> {
                 to_gpu,
                 to_sm_percentage,
                 phase: MovePhase::Copying,
+                from_extra_gpus: allocation.extra_gpus.clone(),
+                to_extra_gpus,
             };
             // Stored before either node hears of it: a restart rolls it back.
             allocation.pending_move = Some(pending.clone());
@@ -225,8 +240,8 @@ impl<S: Store> Cluster<S> {
         tracing::info!(
             allocation = %id,
             vm = %vm_ip,
-            from = %format!("{}/{}", pending.from_node, pending.from_gpu),
-            to = %format!("{}/{}", pending.to_node, pending.to_gpu),
+            from = %format!("{}/{}", pending.from_node, gpu_list(pending.from_gpu, &pending.from_extra_gpus)),
+            to = %format!("{}/{}", pending.to_node, gpu_list(pending.to_gpu, &pending.to_extra_gpus)),
             "moving the allocation with its apps"
         );
         failpoint::hit("move.stored_copying");
@@ -278,9 +293,10 @@ impl<S: Store> Cluster<S> {
         let spec = ServerSpec {
             allocation_id: id.to_string(),
             gpu: pending.to_gpu,
-            extra_gpus: Vec::new(),
+            extra_gpus: pending.to_extra_gpus.clone(),
             memory,
             sm_percentage: pending.to_sm_percentage,
+            address_window: 0,
         };
         let server = self
             .start_on_node(&pending.to_node, spec)
@@ -434,6 +450,7 @@ impl<S: Store> Cluster<S> {
             .ok_or_else(|| ControlError::MoveFailed(format!("allocation {id} was released during the move")))?;
         allocation.node_id.clone_from(&pending.to_node);
         allocation.gpu = pending.to_gpu;
+        allocation.extra_gpus.clone_from(&pending.to_extra_gpus);
         allocation.sm_percentage = pending.to_sm_percentage;
         allocation.addresses.clone_from(&server.addresses);
         allocation.pid = server.pid;
@@ -600,6 +617,12 @@ impl<S: Store> Cluster<S> {
         let (node_id, gpu) = {
             let model = self.model.lock().await;
             let allocation = model.running(&id, &target)?;
+            if allocation.is_spread() {
+                return Err(ControlError::Invalid(format!(
+                    "allocation {id} is spread over nodes {} (--spread): checkpointing it is not supported yet (its apps' sessions on every node would have to pause together)",
+                    super::node_list(allocation)
+                )));
+            }
             (allocation.node_id.clone(), allocation.gpu)
         };
         let sessions = self.sessions_on(&node_id, &id, gpu).await?;
@@ -647,6 +670,12 @@ impl<S: Store> Cluster<S> {
         let node_id = {
             let model = self.model.lock().await;
             let allocation = model.running(&id, &target)?;
+            if allocation.is_spread() {
+                return Err(ControlError::Invalid(format!(
+                    "allocation {id} is spread over nodes {} (--spread): restarting its servers is not supported yet (its apps' sessions on every node would have to pause together)",
+                    super::node_list(allocation)
+                )));
+            }
             if let Some(pending) = &allocation.pending_move {
                 return Err(ControlError::Invalid(format!(
                     "allocation {id} is moving to {}; try again once the move is over",

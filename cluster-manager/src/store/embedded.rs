@@ -145,7 +145,8 @@ mod tests {
         let folder = tempfile::tempdir().unwrap();
         let path = folder.path().join("cluster.json");
         let store = EmbeddedStore::open(&path).unwrap();
-        let vm = VmRequirement { vm_ip: "10.0.0.1".into(), host_ip: "192.0.2.1".into(), compute_units: 10, memory: 512, gpus: 1 };
+        let vm =
+            VmRequirement { vm_ip: "10.0.0.1".into(), host_ip: "192.0.2.1".into(), compute_units: 10, memory: 512, gpus: 1, spread: false };
         store.put_vm(&vm).await.unwrap();
         drop(store);
         // A process killed in the middle of its next write leaves a half-written temporary.

@@ -12,7 +12,7 @@ use flyt_protocol::{
 use super::Store;
 
 fn vm(ip: &str, units: u32) -> VmRequirement {
-    VmRequirement { vm_ip: ip.into(), host_ip: "192.0.2.1".into(), compute_units: units, memory: 2048, gpus: 1 }
+    VmRequirement { vm_ip: ip.into(), host_ip: "192.0.2.1".into(), compute_units: units, memory: 2048, gpus: 1, spread: false }
 }
 
 fn gpu(index: u32) -> GpuInfo {
@@ -59,6 +59,7 @@ fn allocation(id: &str) -> AllocationRecord {
         pending_resize: None,
         metrics: Some("127.0.0.1:9464".into()),
         pending_move: None,
+        further: Vec::new(),
     }
 }
 
@@ -119,6 +120,8 @@ where
         to_gpu: 1,
         to_sm_percentage: 50,
         phase: MovePhase::Switching,
+        from_extra_gpus: Vec::new(),
+        to_extra_gpus: vec![2],
     });
     store.put_allocation(&resized).await.unwrap();
     assert_eq!(store.load().await.unwrap().allocations, vec![allocation("alloc-1"), resized.clone()]);

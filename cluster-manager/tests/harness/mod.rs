@@ -574,10 +574,16 @@ impl Cluster {
         loop {
             let allocations = self.allocations();
             let servers: BTreeSet<(u32, String)> = self.rpc_servers().into_iter().collect();
+            // Each allocation's server, and a spread allocation's on its further nodes.
             let owned: BTreeSet<(u32, String)> = allocations
                 .iter()
-                .map(|allocation| {
-                    (u32::try_from(allocation["pid"].as_u64().unwrap()).unwrap(), allocation["id"].as_str().unwrap().to_string())
+                .flat_map(|allocation| {
+                    let id = allocation["id"].as_str().unwrap().to_string();
+                    let further = allocation["further"].as_array().cloned().unwrap_or_default();
+                    std::iter::once(allocation["pid"].as_u64().unwrap())
+                        .chain(further.iter().map(|share| share["pid"].as_u64().unwrap()))
+                        .map(move |pid| (u32::try_from(pid).unwrap(), id.clone()))
+                        .collect::<Vec<_>>()
                 })
                 .collect();
             let settled = allocations.iter().all(|allocation| {

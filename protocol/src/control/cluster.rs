@@ -21,9 +21,15 @@ pub struct VmRequirement {
     pub compute_units: u32,
     /// Device memory in MiB.
     pub memory: u64,
-    /// How many GPUs, each a slice of `compute_units` SMs and `memory` MiB, all on one node.
+    /// How many GPUs, each a slice of `compute_units` SMs and `memory` MiB, all on one node
+    /// unless `spread`.
     #[serde(default = "one_gpu")]
     pub gpus: u32,
+    /// The GPUs may be placed across nodes when no one node has them all (`flytctl vm add
+    /// --spread`): one server per node, each in its own address window, the app connected to
+    /// all of them.
+    #[serde(default)]
+    pub spread: bool,
 }
 
 fn one_gpu() -> u32 {
@@ -77,6 +83,9 @@ pub struct GpuRecord {
 pub struct ServerReport {
     pub allocation_id: String,
     pub gpu: u32,
+    /// The allocation's other GPUs this server serves after `gpu`, each a slice of the same size.
+    #[serde(default)]
+    pub extra_gpus: Vec<u32>,
     pub pid: u32,
     /// Where clients connect (`host:port` first, then `unix:/path` when offered).
     pub addresses: Vec<String>,
@@ -198,6 +207,84 @@ pub struct AllocationRecord {
     /// cluster manager rolls a move back while it is `Copying` and finishes it once `Switching`.
     #[serde(default)]
     pub pending_move: Option<PendingMove>,
+    /// A spread allocation's servers on further nodes, in the order the app numbers their
+    /// devices (after those of `node_id`'s server); empty for an allocation on one node.
+    #[serde(default)]
+    pub further: Vec<NodeShare>,
+}
+
+/// The highest `flyt-rpc-server --address-window`: a spread allocation has at most this many
+/// nodes plus one.
+pub const MAX_ADDRESS_WINDOW: u32 = 4;
+
+/// One GPU of an allocation, in the order its apps number them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatedGpu {
+    pub node_id: String,
+    pub index: u32,
+}
+
+impl AllocationRecord {
+    /// Every GPU of the allocation, in the order its apps number them: its first node's server's
+    /// (`gpu`, then `extra_gpus`), then each further node's.
+    pub fn all_gpus(&self) -> Vec<AllocatedGpu> {
+        let first = std::iter::once(self.gpu)
+            .chain(self.extra_gpus.iter().copied())
+            .map(|index| AllocatedGpu { node_id: self.node_id.clone(), index });
+        let further = self.further.iter().flat_map(|share| {
+            std::iter::once(share.gpu)
+                .chain(share.extra_gpus.iter().copied())
+                .map(|index| AllocatedGpu { node_id: share.node_id.clone(), index })
+        });
+        first.chain(further).collect()
+    }
+
+    /// The nodes running one of its servers, its first node first (both ends of a move under
+    /// way included).
+    pub fn nodes(&self) -> Vec<String> {
+        let mut nodes = vec![self.node_id.clone()];
+        for node in self
+            .further
+            .iter()
+            .map(|share| &share.node_id)
+            .chain(self.pending_move.iter().flat_map(|pending| [&pending.from_node, &pending.to_node]))
+        {
+            if !nodes.contains(node) {
+                nodes.push(node.clone());
+            }
+        }
+        nodes
+    }
+
+    /// Spread over several nodes.
+    pub fn is_spread(&self) -> bool {
+        !self.further.is_empty()
+    }
+}
+
+/// A spread allocation's server on one further node: its GPUs there (each a slice of the
+/// allocation's size) and what its node manager last reported of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeShare {
+    pub node_id: String,
+    pub gpu: u32,
+    #[serde(default)]
+    pub extra_gpus: Vec<u32>,
+    /// MPS active-thread percentage of the slice on this node's GPUs.
+    pub sm_percentage: u32,
+    /// Its server's `--address-window` (1 and up: the first node's server has window 0), so its
+    /// device addresses never meet another node's in the app.
+    pub address_window: u32,
+    /// Empty until its server listens.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// 0 until its server runs.
+    #[serde(default)]
+    pub pid: u32,
+    #[serde(default)]
+    pub sessions: u32,
+    #[serde(default)]
+    pub metrics: Option<String>,
 }
 
 /// Where a move between nodes stands; each phase is stored before the steps it leads to.
@@ -224,6 +311,12 @@ pub struct PendingMove {
     /// The slice's MPS active-thread percentage on the target GPU (same SMs, another GPU).
     pub to_sm_percentage: u32,
     pub phase: MovePhase,
+    /// An allocation of several GPUs: its other GPUs at the source, and those its server at the
+    /// target serves after `to_gpu` (each end holds room on all of them until the move is over).
+    #[serde(default)]
+    pub from_extra_gpus: Vec<u32>,
+    #[serde(default)]
+    pub to_extra_gpus: Vec<u32>,
 }
 
 impl PendingMove {
@@ -315,7 +408,9 @@ pub struct AllocateRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
     pub allocation_id: String,
-    /// The address to connect to (a Unix socket when on the same host and offered).
+    /// The address to connect to (a Unix socket when on the same host and offered); for an
+    /// allocation spread over nodes, every server's, comma-separated, in the order the app
+    /// numbers their devices (as `FLYT_SERVER=a,b`; the token opens a session on each).
     pub address: String,
     pub token: String,
     /// Unix seconds when the token stops opening sessions.
@@ -512,7 +607,8 @@ pub trait ClusterAdmin {
     /// Drains (no new allocations) or undrains a node.
     async fn set_drained(node_id: String, drained: bool) -> Result<NodeRecord, ControlError>;
     /// Moves a running allocation (by allocation id or VM ip), its apps included, to node
-    /// `to_node` (GPU `to_gpu`, or the one placement picks there): same id, size and tokens.
+    /// `to_node` (GPU `to_gpu`, or the one placement picks there; an allocation of several GPUs
+    /// to as many GPUs of another node, `to_gpu` first): same id, size and tokens.
     /// Each app is paused for at most `timeout_ms` waiting for its next CUDA call.
     async fn migrate(target: String, to_node: String, to_gpu: Option<u32>, timeout_ms: u64) -> Result<MoveReport, ControlError>;
     /// Checkpoints every session of a running allocation into folder `dir` on its node, then

@@ -23,6 +23,10 @@ pub struct ServerSpec {
     pub memory: u64,
     /// MPS active-thread percentage, 1..=100.
     pub sm_percentage: u32,
+    /// The server's `--address-window` (0 to [`super::cluster::MAX_ADDRESS_WINDOW`]): each node
+    /// of an allocation spread over nodes has its own, so the app sees disjoint addresses.
+    #[serde(default)]
+    pub address_window: u32,
 }
 
 /// An allocation's rpc-server on a node: on GPU `gpu`, or (`None`) whichever it runs (all of them

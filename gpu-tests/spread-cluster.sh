@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# A tenant's two GPUs placed on two nodes by the control plane (issue 45, `flytctl vm add --gpus 2
+# --spread`): builds gpu-tests/spread_nodes.cu and runs it natively on GPUs 0 and 1, then starts a
+# cluster manager (embedded store), two node managers as two nodes of one GPU each (node-a sees
+# GPU 0, node-b GPU 1, through CUDA_VISIBLE_DEVICES; each starts its own rpc-server), a client
+# manager, and asks for 2 GPUs of 20 SMs, first without --spread (must be refused, saying why),
+# then with it. The app runs through the client manager (no FLYT_SERVER): with the shared-memory
+# channel and without; stdout compared with the native run's, byte for byte. It also checks that
+# the second node's server runs with --address-window 1 and that `flytctl list-vms` lists both
+# GPUs.
+#   gpu-tests/spread-cluster.sh --dist DIR --out DIR [--nvcc PATH] [--arch SM] [--timeout S]
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DIST=dist OUT=gpu-tests/results/spread-cluster NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) ARCH=sm_90 LIMIT=300
+while [ $# -gt 0 ]; do
+    case $1 in
+        --dist) DIST=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --nvcc) NVCC=$2; shift 2 ;;
+        --arch) ARCH=$2; shift 2 ;;
+        --timeout) LIMIT=$2; shift 2 ;;
+        *) echo "usage: $0 --dist DIR --out DIR [--nvcc PATH] [--arch SM] [--timeout S]" >&2; exit 2 ;;
+    esac
+done
+DIST=$(cd "$DIST" && pwd)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
+    echo "spread-cluster: needs 2 GPUs here" >&2
+    exit 2
+fi
+TMP=$(mktemp -d /tmp/flyt-spread-cluster.XXXXXX)
+daemons=()
+cleanup() {
+    # Newest first: the client manager, the node managers (they stop their rpc-servers), the
+    # cluster manager.
+    for ((i = ${#daemons[@]} - 1; i >= 0; i--)); do
+        kill -TERM "${daemons[i]}" 2>/dev/null
+        for _ in $(seq 100); do kill -0 "${daemons[i]}" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "${daemons[i]}" 2>/dev/null
+    done
+    wait 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+fail() { echo "spread-cluster: $*" >&2; exit 1; }
+
+# start NAME COMMAND...: a daemon, its stdout in $TMP/NAME.out, its log in $OUT/NAME.log; its
+# ready line (the first of its stdout) in LINE (not run in a subshell, so the cleanup knows it).
+start() {
+    local name=$1
+    shift
+    "$@" >"$TMP/$name.out" 2>"$OUT/$name.log" &
+    daemons+=($!)
+    LINE=
+    for _ in $(seq 600); do
+        [ -s "$TMP/$name.out" ] && { LINE=$(head -n 1 "$TMP/$name.out"); break; }
+        kill -0 "${daemons[-1]}" 2>/dev/null || break
+        sleep 0.1
+    done
+    [ -n "$LINE" ] || fail "$name did not start (log: $OUT/$name.log)"
+}
+
+"$NVCC" -arch "$ARCH" -cudart=shared -std=c++17 -O2 -o "$TMP/spread_nodes" "$here/spread_nodes.cu" || fail "nvcc failed"
+CUDA_VISIBLE_DEVICES=0,1 timeout "$LIMIT" "$TMP/spread_nodes" >"$OUT/native.out" 2>"$OUT/native.err"
+native_rc=$?
+
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/cluster.key"
+chmod 600 "$TMP/cluster.key"
+export FLYTCTL_ADMIN_SOCKET="$TMP/admin.sock" FLYTCTL_CLUSTER_KEY_FILE="$TMP/cluster.key"
+flytctl="$DIST/bin/flytctl"
+FLYT_CLUSTER_MANAGER_LISTEN=127.0.0.1:0 FLYT_CLUSTER_MANAGER_ADMIN_SOCKET="$TMP/admin.sock" \
+    FLYT_CLUSTER_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_CLUSTER_MANAGER_STATE_DIR="$TMP/cluster-manager" \
+    start cluster-manager "$DIST/bin/flyt-cluster-manager"
+cluster=$(echo "$LINE" | awk '{print $4}')
+# node NAME GPU HOST_IP: a node manager that sees GPU GPU alone (a node of one GPU).
+node() {
+    CUDA_VISIBLE_DEVICES=$2 FLYT_NODE_MANAGER_NODE_ID=$1 FLYT_NODE_MANAGER_CLUSTER_MANAGER="$cluster" \
+        FLYT_NODE_MANAGER_HOST_IP=$3 FLYT_NODE_MANAGER_ADVERTISE_HOST=127.0.0.1 FLYT_NODE_MANAGER_CONTROL_LISTEN=127.0.0.1:0 \
+        FLYT_NODE_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_NODE_MANAGER_STATE_DIR="$TMP/$1" FLYT_NODE_MANAGER_DEVICE=cuda \
+        FLYT_NODE_MANAGER_RPC_SERVER_BINARY="$DIST/bin/flyt-rpc-server" FLYT_NODE_MANAGER_RPC_SERVER_LISTEN_HOST=127.0.0.1 \
+        FLYT_NODE_MANAGER_RPC_SERVER_SOCKET_DIR="$TMP/$1-sockets" FLYT_NODE_MANAGER_MPS_ENABLED=false \
+        start "$1" "$DIST/bin/flyt-node-manager"
+}
+node node-a 0 127.0.0.1
+node node-b 1 127.0.0.2
+for _ in $(seq 300); do
+    up=$("$flytctl" list-servernodes --json 2>/dev/null | python3 -c 'import json,sys; print(sum(1 for v in json.load(sys.stdin) if v["node"]["health"] == "Up" and v["gpus"]))' 2>/dev/null)
+    [ "$up" = 2 ] && break
+    sleep 0.1
+done
+[ "$up" = 2 ] || fail "the two node managers did not register a GPU each within 30 s"
+FLYT_CLIENT_MANAGER_VM_IP=127.0.0.1 FLYT_CLIENT_MANAGER_CLUSTER_MANAGER="$cluster" FLYT_CLIENT_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" \
+    FLYT_CLIENT_MANAGER_SOCKET="$TMP/client-manager.sock" start client-manager "$DIST/bin/flyt-client-manager"
+
+rc=0
+echo "| run | native | flyt | same output |"
+echo "| --- | --- | --- | --- |"
+# Without --spread: refused, with the reason.
+"$flytctl" vm add 127.0.0.1 --host-ip 127.0.0.1 --compute-units 20 --memory-mib 4096 --gpus 2 >/dev/null || fail "flytctl vm add failed"
+env -u CUDA_VISIBLE_DEVICES -u FLYT_SERVER LD_LIBRARY_PATH="$DIST/lib" FLYT_CLIENT_MANAGER_SOCKET="$TMP/client-manager.sock" \
+    timeout "$LIMIT" "$TMP/spread_nodes" >"$OUT/flyt-refused.out" 2>"$OUT/flyt-refused.err"
+refused_rc=$?
+refused=no
+[ $refused_rc != 0 ] && grep -q "not allowed to spread over nodes" "$OUT/flyt-refused.err" && refused=yes
+[ $refused = yes ] || rc=1
+echo "| without --spread | - | refused with the reason: $refused (rc $refused_rc) | - |"
+"$flytctl" vm add 127.0.0.1 --host-ip 127.0.0.1 --compute-units 20 --memory-mib 4096 --gpus 2 --spread >/dev/null || fail "flytctl vm add --spread failed"
+for shm in on off; do
+    env -u CUDA_VISIBLE_DEVICES -u FLYT_SERVER LD_LIBRARY_PATH="$DIST/lib" FLYT_CLIENT_MANAGER_SOCKET="$TMP/client-manager.sock" \
+        FLYT_SHM=$shm timeout "$LIMIT" "$TMP/spread_nodes" >"$OUT/flyt-shm-$shm.out" 2>"$OUT/flyt-shm-$shm.err"
+    flyt_rc=$?
+    same=no
+    cmp -s "$OUT/native.out" "$OUT/flyt-shm-$shm.out" && same=yes
+    { [ $native_rc = 0 ] && [ $flyt_rc = 0 ] && [ $same = yes ]; } || rc=1
+    echo "| --spread, FLYT_SHM=$shm | $(tail -1 "$OUT/native.out") (rc $native_rc) | $(tail -1 "$OUT/flyt-shm-$shm.out") (rc $flyt_rc) | $same |"
+done
+"$flytctl" list-vms --wide >"$OUT/list-vms.txt" 2>&1
+"$flytctl" list-virt-servers --json >"$OUT/allocations.json" 2>&1
+listed=no
+grep -q "0: node-a/0 GPU-" "$OUT/list-vms.txt" && grep -q "1: node-b/0 GPU-" "$OUT/list-vms.txt" && listed=yes
+window=$(python3 -c 'import json,sys; a=json.load(open(sys.argv[1]))[0]; print(open("/proc/%d/cmdline" % a["further"][0]["pid"]).read().replace("\0", " "))' \
+    "$OUT/allocations.json" 2>/dev/null | grep -o -- '--address-window [0-9]*')
+[ "$listed" = yes ] && [ "$window" = "--address-window 1" ] || rc=1
+echo "| list-vms shows both GPUs; node-b's server in window 1 | - | $listed; ${window:-no window} | - |"
+exit $rc
