@@ -207,6 +207,7 @@ unsafe extern "C" {
     fn spank_getenv(spank: Spank, var: *const c_char, buf: *mut c_char, len: c_int) -> c_int;
     fn spank_setenv(spank: Spank, var: *const c_char, val: *const c_char, overwrite: c_int) -> c_int;
     fn spank_option_getopt(spank: Spank, opt: *const SpankOption, optarg: *mut *mut c_char) -> c_int;
+    fn spank_option_register(spank: Spank, opt: *const SpankOption) -> c_int;
     fn slurm_error(format: *const c_char, ...);
     fn slurm_info(format: *const c_char, ...);
 }
@@ -222,28 +223,24 @@ pub struct SpankOption {
     cb: Option<unsafe extern "C" fn(val: c_int, optarg: *const c_char, remote: c_int) -> c_int>,
 }
 
-/// The options table Slurm reads at `spank_options` (ended by an all-zero entry).
+/// `--flyt-gpus`, registered in `slurm_spank_init` (sbatch and salloc never read a static
+/// `spank_options` table).
 #[repr(transparent)]
-pub struct OptionTable([SpankOption; 2]);
+pub struct OptionEntry(SpankOption);
 
-// SAFETY: the table is immutable and its pointers name static strings; Slurm only reads it.
-unsafe impl Sync for OptionTable {}
+// SAFETY: the entry is immutable and its pointers name static strings; Slurm only reads it.
+unsafe impl Sync for OptionEntry {}
 
 const OPTION_NAME: &CStr = c"flyt-gpus";
 
-#[unsafe(no_mangle)]
-#[allow(non_upper_case_globals, reason = "the symbol names Slurm looks up")]
-pub static spank_options: OptionTable = OptionTable([
-    SpankOption {
-        name: OPTION_NAME.as_ptr(),
-        arginfo: c"N[,sms=S][,memory=M]".as_ptr(),
-        usage: c"Flyt GPUs for the job on each node: N GPUs, whole or slices of S SMs and M MiB (or 16G) each.".as_ptr(),
-        has_arg: 1,
-        val: 0,
-        cb: Some(flyt_gpus_option),
-    },
-    SpankOption { name: std::ptr::null(), arginfo: std::ptr::null(), usage: std::ptr::null(), has_arg: 0, val: 0, cb: None },
-]);
+static FLYT_GPUS_OPTION: OptionEntry = OptionEntry(SpankOption {
+    name: OPTION_NAME.as_ptr(),
+    arginfo: c"N[,sms=S][,memory=M]".as_ptr(),
+    usage: c"Flyt GPUs for the job on each node: N GPUs, whole or slices of S SMs and M MiB (or 16G) each.".as_ptr(),
+    has_arg: 1,
+    val: 0,
+    cb: Some(flyt_gpus_option),
+});
 
 /// `SPANK_PLUGIN(flyt, 1)`.
 #[unsafe(no_mangle)]
@@ -270,13 +267,12 @@ const fn parse_version(text: &str) -> c_uint {
     value
 }
 
-/// What this process of Slurm's knows: the settings and the option's value.
+/// What this process of Slurm's knows: the option's value (from its callback).
 struct State {
-    settings: Result<Settings, String>,
     gpus: Option<String>,
 }
 
-static STATE: Mutex<State> = Mutex::new(State { settings: Err(String::new()), gpus: None });
+static STATE: Mutex<State> = Mutex::new(State { gpus: None });
 
 fn state() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -322,6 +318,16 @@ unsafe fn arguments(argc: c_int, argv: *const *const c_char) -> Vec<String> {
             (!arg.is_null()).then(|| unsafe { CStr::from_ptr(arg) }.to_string_lossy().into_owned())
         })
         .collect()
+}
+
+/// The settings from plugstack.conf's arguments, which Slurm passes to every call.
+///
+/// # Safety
+/// As [`arguments`].
+unsafe fn settings_from(argc: c_int, argv: *const *const c_char) -> Result<Settings, String> {
+    // SAFETY: the caller's contract.
+    let args = unsafe { arguments(argc, argv) };
+    Settings::parse(args.iter().map(String::as_str))
 }
 
 fn job_id(spank: Spank) -> Option<u32> {
@@ -374,15 +380,18 @@ unsafe extern "C" fn flyt_gpus_option(_val: c_int, optarg: *const c_char, _remot
 /// # Safety
 /// Called by Slurm with its handle and plugstack.conf's arguments.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn slurm_spank_init(_spank: Spank, argc: c_int, argv: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn slurm_spank_init(spank: Spank, argc: c_int, argv: *const *const c_char) -> c_int {
     boundary("slurm_spank_init", || {
-        // SAFETY: Slurm passes argc strings in argv.
-        let args = unsafe { arguments(argc, argv) };
-        let settings = Settings::parse(args.iter().map(String::as_str));
-        if let Err(reason) = &settings {
+        // SAFETY: the option is static, so it outlives Slurm's use of it; Slurm copies what it keeps.
+        let code = unsafe { spank_option_register(spank, &FLYT_GPUS_OPTION.0) };
+        if code != ESPANK_SUCCESS {
+            log_error(&format!("cannot register --flyt-gpus (spank error {code})"));
+            return SPANK_FAILED;
+        }
+        // SAFETY: Slurm passes plugstack.conf's argc strings in argv.
+        if let Err(reason) = unsafe { settings_from(argc, argv) } {
             log_error(&format!("plugstack.conf: {reason}"));
         }
-        state().settings = settings;
         0
     })
 }
@@ -392,17 +401,15 @@ pub unsafe extern "C" fn slurm_spank_init(_spank: Spank, argc: c_int, argv: *con
 /// # Safety
 /// Called by Slurm with its handle.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn slurm_spank_init_post_opt(spank: Spank, _argc: c_int, _argv: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn slurm_spank_init_post_opt(spank: Spank, argc: c_int, argv: *const *const c_char) -> c_int {
     boundary("slurm_spank_init_post_opt", || {
         // SAFETY: a plain query of Slurm's context.
         if unsafe { spank_context() } != S_CTX_REMOTE {
             return 0;
         }
-        let (settings, gpus) = {
-            let state = state();
-            (state.settings.clone(), state.gpus.clone())
-        };
-        let Some(gpus) = gpus else { return 0 };
+        let Some(gpus) = state().gpus.clone() else { return 0 };
+        // SAFETY: Slurm passes plugstack.conf's argc strings in argv to every call.
+        let settings = unsafe { settings_from(argc, argv) };
         match start_step(spank, settings, &gpus) {
             Ok(()) => 0,
             Err(reason) => {
@@ -435,6 +442,21 @@ fn start_step(spank: Spank, settings: Result<Settings, String>, gpus: &str) -> R
     Ok(())
 }
 
+/// The variable Slurm hands `--flyt-gpus` to the epilog in (`SPANK_` + its option variable).
+const EPILOG_OPTION_VARIABLES: [&str; 2] = ["SPANK__SLURM_SPANK_OPTION_flyt_flyt_gpus", "_SLURM_SPANK_OPTION_flyt_flyt_gpus"];
+
+/// Whether the job asked for Flyt GPUs, in its epilog. Slurm 22.05's `spank_option_getopt`
+/// answers "not given" there for a table option (its cache holds it unset), so the variable
+/// it would read is read first.
+fn asked_in_epilog(spank: Spank) -> bool {
+    if EPILOG_OPTION_VARIABLES.iter().any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty())) {
+        return true;
+    }
+    let mut value: *mut c_char = std::ptr::null_mut();
+    // SAFETY: the option is `--flyt-gpus` as registered; `value` receives a pointer Slurm owns.
+    unsafe { spank_option_getopt(spank, &FLYT_GPUS_OPTION.0, &mut value) == ESPANK_SUCCESS }
+}
+
 /// In the job's epilog (slurmd, root), however the job ended: its GPUs go back. Never fails
 /// (a failing epilog drains the node); a release the cluster manager misses is retried by the
 /// client manager.
@@ -442,19 +464,17 @@ fn start_step(spank: Spank, settings: Result<Settings, String>, gpus: &str) -> R
 /// # Safety
 /// Called by Slurm with its handle.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn slurm_spank_job_epilog(spank: Spank, _argc: c_int, _argv: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn slurm_spank_job_epilog(spank: Spank, argc: c_int, argv: *const *const c_char) -> c_int {
     boundary("slurm_spank_job_epilog", || {
         // SAFETY: a plain query of Slurm's context.
         if unsafe { spank_context() } != S_CTX_JOB_SCRIPT {
             return 0;
         }
-        let mut value: *mut c_char = std::ptr::null_mut();
-        // SAFETY: the table's first entry is `--flyt-gpus`; `value` receives a pointer Slurm owns.
-        let asked = unsafe { spank_option_getopt(spank, &spank_options.0[0], &mut value) } == ESPANK_SUCCESS;
-        if !asked {
+        if !asked_in_epilog(spank) {
             return 0;
         }
-        let Ok(settings) = state().settings.clone() else { return 0 };
+        // SAFETY: Slurm passes plugstack.conf's argc strings in argv to every call.
+        let Ok(settings) = (unsafe { settings_from(argc, argv) }) else { return 0 };
         let Some(job) = job_id(spank) else { return 0 };
         match ask(&settings.socket, &JobRequest::Release { job }, settings.timeout) {
             Ok(JobReply::Released { allocation_id: Some(id) }) => log_info(&format!("job {job} ended: allocation {id} released")),
