@@ -265,6 +265,99 @@ PartitionName=debug Nodes=flytnode Default=YES MaxTime=INFINITE State=UP
         })
     }
 
+    use flyt_protocol::jobs::{JobReply, JobRequest, JobShape};
+
+    /// The variable that makes [`job_socket_helper`] ask, as whichever user it runs as.
+    const HELPER_SOCKET: &str = "FLYT_TEST_JOB_SOCKET_HELPER";
+
+    fn ask(socket: &Path, request: &JobRequest) -> JobReply {
+        let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        flyt_protocol::jobs::ask(&mut stream, request).unwrap()
+    }
+
+    /// Not a test of its own: the job socket test runs this binary again, as another user,
+    /// with [`HELPER_SOCKET`] set, to ask as that user.
+    #[test]
+    fn job_socket_helper() {
+        let Some(socket) = std::env::var_os(HELPER_SOCKET) else { return };
+        println!("REPLY {:?}", ask(Path::new(&socket), &JobRequest::Release { job: 5 }));
+    }
+
+    fn granted(reply: &JobReply) -> (String, String, u32, u64) {
+        match reply {
+            JobReply::Granted { allocation_id, token, compute_units, memory_mib, .. } => {
+                (allocation_id.clone(), token.clone(), *compute_units, *memory_mib)
+            }
+            other => panic!("not granted: {other:?}"),
+        }
+    }
+
+    /// The client manager's job socket without Slurm: one allocation per job however many steps
+    /// ask, slices and whole GPUs refused at once with the reason when they do not fit (nothing
+    /// left behind), only root and job_uids served, garbage survived, the job's lease renewed
+    /// past the client timeout and idle grace, and the release idempotent.
+    #[test]
+    fn the_job_socket_places_each_job_once_and_serves_only_root() {
+        if !std::os::unix::fs::MetadataExt::uid(&fs::metadata("/proc/self").unwrap()).eq(&0) {
+            eprintln!("SKIPPED the job socket test: not root (it asks as another user too)");
+            return;
+        }
+        let mut cluster = Cluster::new(Options::default());
+        cluster.start_node("node-a", "127.0.0.1", 40, 4096);
+        cluster.wait_node_up("node-a");
+        // A folder another user may reach: the socket's own checks are under test.
+        let open = tempfile::Builder::new().prefix("flyt-jobs").tempdir_in("/tmp").unwrap();
+        fs::set_permissions(open.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let socket = open.path().join("jobs.sock");
+        cluster.start_client_manager_with(
+            "127.0.0.1",
+            &[("FLYT_CLIENT_MANAGER_JOB_SOCKET", socket.display().to_string()), ("FLYT_CLIENT_MANAGER_JOB_UIDS", "[4242]".into())],
+        );
+        let slice = JobShape::parse("1,sms=20,memory=1G").unwrap();
+        let first = ask(&socket, &JobRequest::Allocate { job: 5, shape: slice });
+        let (id, token, units, memory) = granted(&first);
+        assert_eq!((units, memory), (20, 1024));
+        assert!(matches!(&first, JobReply::Granted { tenant, .. } if tenant == "job-5@127.0.0.1"), "{first:?}");
+        // A second step of the job: the same allocation and token.
+        assert_eq!(granted(&ask(&socket, &JobRequest::Allocate { job: 5, shape: slice })), (id.clone(), token, 20, 1024));
+        assert_eq!(job_allocations(&cluster), vec![(tenant(5), id.clone())]);
+        // What does not fit is refused now, and leaves no requirement behind.
+        let too_big = ask(&socket, &JobRequest::Allocate { job: 6, shape: JobShape::parse("1,sms=30,memory=1G").unwrap() });
+        assert!(matches!(&too_big, JobReply::Refused { reason } if reason.contains("short by 10 SMs")), "{too_big:?}");
+        let whole = ask(&socket, &JobRequest::Allocate { job: 7, shape: JobShape::parse("1").unwrap() });
+        assert!(matches!(&whole, JobReply::Refused { reason } if reason.contains("with nothing allocated")), "{whole:?}");
+        let vms = cluster.json(&["list-vms"]).to_string();
+        assert!(vms.contains("job-5@127.0.0.1") && !vms.contains("job-6@") && !vms.contains("job-7@"), "{vms}");
+        // Another user is refused by its credentials.
+        let (code, out, err) = run_with_timeout(
+            std::os::unix::process::CommandExt::uid(
+                Command::new(std::env::current_exe().unwrap())
+                    .args(["--exact", "tests::job_socket_helper", "--nocapture", "--test-threads=1"])
+                    .env(HELPER_SOCKET, &socket),
+                65534,
+            ),
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.contains("REPLY Refused") && out.contains("may not ask for jobs' GPUs"), "{out}{err}");
+        // Garbage is dropped; the socket goes on serving.
+        let mut garbage = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        std::io::Write::write_all(&mut garbage, &[0xff; 64]).unwrap();
+        let mut rest = Vec::new();
+        garbage.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = std::io::Read::read_to_end(&mut garbage, &mut rest);
+        assert!(rest.is_empty(), "a reply to garbage: {rest:?}");
+        // The job's lease outlives the client timeout and the idle grace (2 s each here).
+        std::thread::sleep(Duration::from_secs(6));
+        assert_eq!(job_allocations(&cluster), vec![(tenant(5), id.clone())]);
+        // The release, twice.
+        assert_eq!(ask(&socket, &JobRequest::Release { job: 5 }), JobReply::Released { allocation_id: Some(id) });
+        assert!(job_allocations(&cluster).is_empty());
+        assert_eq!(ask(&socket, &JobRequest::Release { job: 5 }), JobReply::Released { allocation_id: None });
+        assert!(!cluster.json(&["list-vms"]).to_string().contains("job-5@"));
+    }
+
     #[test]
     fn jobs_get_flyt_gpus_queue_for_them_and_give_them_back_however_they_end() {
         if let Some(reason) = slurm_missing() {

@@ -140,7 +140,80 @@ pub fn apply(target: &Target, count: u32) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
+    use flyt_protocol::control::cluster::{AllocationState, GpuInfo, GpuUsage, NodeRecord};
+
     use super::*;
+
+    fn node(id: &str, gpus: u32, health: NodeHealth, drained: bool) -> NodeView {
+        NodeView {
+            node: NodeRecord {
+                node_id: id.into(),
+                host_ip: "10.0.0.1".into(),
+                boot_id: "b".into(),
+                control_address: "127.0.0.1:1".into(),
+                health,
+                drained,
+                registered_at: 0,
+            },
+            gpus: (0..gpus)
+                .map(|index| GpuUsage {
+                    gpu: GpuInfo {
+                        index,
+                        uuid: format!("GPU-{index}"),
+                        name: "g".into(),
+                        memory_bytes: 1 << 30,
+                        sm_count: 40,
+                        emulated: true,
+                        links: Vec::new(),
+                    },
+                    allocated_compute_units: 0,
+                    allocated_memory: 0,
+                    allocations: 0,
+                })
+                .collect(),
+            last_heartbeat_ms: 0,
+        }
+    }
+
+    fn allocation(tenant: &str, node_id: &str, gpu: u32, extra_gpus: Vec<u32>) -> AllocationRecord {
+        AllocationRecord {
+            id: format!("alloc-{tenant}"),
+            vm_ip: tenant.into(),
+            node_id: node_id.into(),
+            gpu,
+            extra_gpus,
+            compute_units: 10,
+            memory: 100,
+            sm_percentage: 25,
+            state: AllocationState::Running,
+            addresses: Vec::new(),
+            pid: 1,
+            clients: Vec::new(),
+            sessions: 0,
+            created_at: 0,
+            idle_since: None,
+            pending_resize: None,
+            metrics: None,
+            pending_move: None,
+        }
+    }
+
+    /// Free GPUs and jobs' GPUs count; VMs' GPUs, down and drained nodes do not.
+    #[test]
+    fn slurm_may_have_the_gpus_no_vm_holds() {
+        let nodes = [
+            node("a", 4, NodeHealth::Up, false),
+            node("b", 2, NodeHealth::Down, false),
+            node("c", 2, NodeHealth::Up, true),
+        ];
+        assert_eq!(slurm_gpus(&nodes, &[]), 4);
+        let allocations = [
+            allocation("job-7@10.0.0.9", "a", 0, Vec::new()),
+            allocation("10.0.0.5", "a", 1, vec![2]),
+            allocation("10.0.0.6", "a", 1, Vec::new()),
+        ];
+        assert_eq!(slurm_gpus(&nodes, &allocations), 2);
+    }
 
     #[test]
     fn the_flyt_license_is_set_and_others_are_kept() {

@@ -59,21 +59,25 @@ impl ClientManager {
         let credentials = stream.peer_cred().ok();
         let uid = credentials.map(|credentials| credentials.uid());
         let peer_pid = credentials.and_then(|credentials| credentials.pid()).and_then(|pid| u32::try_from(pid).ok());
+        // The request is read first (bounded), so a refused caller reads the reason.
+        let request = match tokio::time::timeout(REQUEST_READ_TIMEOUT, read_job_request(&mut stream)).await {
+            Ok(Ok(request)) => request,
+            Ok(Err(reason)) => {
+                tracing::warn!(?uid, ?peer_pid, %reason, "bad job request; closing");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(?uid, ?peer_pid, "no job request within the timeout; closing");
+                return;
+            }
+        };
         let reply = if !uid.is_some_and(|uid| uid == 0 || self.config.job_uids.contains(&uid)) {
             tracing::warn!(?uid, ?peer_pid, "job request refused: only root and job_uids may ask");
             JobReply::Refused { reason: format!("user {uid:?} may not ask for jobs' GPUs: only root and job_uids may") }
         } else {
-            match tokio::time::timeout(REQUEST_READ_TIMEOUT, read_job_request(&mut stream)).await {
-                Ok(Ok(JobRequest::Allocate { job, shape })) => self.allocate_job(job, shape, peer_pid.unwrap_or(0)).await,
-                Ok(Ok(JobRequest::Release { job })) => self.release_job(job).await,
-                Ok(Err(reason)) => {
-                    tracing::warn!(?uid, ?peer_pid, %reason, "bad job request; closing");
-                    return;
-                }
-                Err(_) => {
-                    tracing::warn!(?uid, ?peer_pid, "no job request within the timeout; closing");
-                    return;
-                }
+            match request {
+                JobRequest::Allocate { job, shape } => self.allocate_job(job, shape, peer_pid.unwrap_or(0)).await,
+                JobRequest::Release { job } => self.release_job(job).await,
             }
         };
         let mut bytes = Vec::new();
