@@ -53,9 +53,9 @@ use flyt_protocol::{
         auth::ServiceName,
         cluster::{
             AfterCheckpoint, AllocateRequest, AllocationRecord, AllocationState, CheckpointReport, ClientHeartbeatReply,
-            ClientManagerReport, ClusterAdmin, ClusterClient, ClusterNode, ClusterStatus, ControlError, Grant, JobAllocateRequest, JobGrant, MoveReport, NodeHealth,
-            NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration, NodeView, RegisterReply, RestartReport, ServerReport,
-            SliceSize, VmRequirement, VmView,
+            ClientManagerReport, ClusterAdmin, ClusterClient, ClusterNode, ClusterStatus, ControlError, Grant, JobAllocateRequest,
+            JobGrant, MoveReport, NodeHealth, NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration, NodeView, RegisterReply,
+            RestartReport, ServerReport, SliceSize, VmRequirement, VmView,
         },
         node::{NodeManagerControlClient, ServerRef, ServerSpec},
     },

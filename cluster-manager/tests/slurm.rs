@@ -46,7 +46,10 @@ mod tests {
     fn slurm_missing() -> Option<String> {
         let missing: Vec<&str> = PROGRAMS.into_iter().filter(|name| find_program(name).is_none()).collect();
         if !missing.is_empty() {
-            return Some(format!("{} not installed (.ci/install-slurm installs Debian's slurmctld, slurmd, slurm-client and munge)", missing.join(", ")));
+            return Some(format!(
+                "{} not installed (.ci/install-slurm installs Debian's slurmctld, slurmd, slurm-client and munge)",
+                missing.join(", ")
+            ));
         }
         if std::os::unix::fs::MetadataExt::uid(&fs::metadata("/proc/self").unwrap()) != 0 {
             return Some("not root: Slurm's daemons launch the jobs and need root".into());
@@ -206,7 +209,11 @@ PartitionName=debug Nodes=flytnode Default=YES MaxTime=INFINITE State=UP
         fn log_text(&self) -> String {
             let mut text = String::new();
             for entry in fs::read_dir(self.dir.join("log")).into_iter().flatten().flatten() {
-                text.push_str(&format!("===== {} =====\n{}\n", entry.path().display(), fs::read_to_string(entry.path()).unwrap_or_default()));
+                text.push_str(&format!(
+                    "===== {} =====\n{}\n",
+                    entry.path().display(),
+                    fs::read_to_string(entry.path()).unwrap_or_default()
+                ));
             }
             text
         }
@@ -375,7 +382,9 @@ PartitionName=debug Nodes=flytnode Default=YES MaxTime=INFINITE State=UP
         let dir = cluster.path("slurm");
         let lib = dir.join("lib");
         fs::create_dir_all(&lib).unwrap();
-        for (built, name) in [("libcudart.so", "libcudart.so.13"), ("libflyt_libcuda.so", "libcuda.so.1"), ("libflyt_nvml_lib.so", "libnvidia-ml.so.1")] {
+        for (built, name) in
+            [("libcudart.so", "libcudart.so.13"), ("libflyt_libcuda.so", "libcuda.so.1"), ("libflyt_nvml_lib.so", "libnvidia-ml.so.1")]
+        {
             std::os::unix::fs::symlink(artifact(built), lib.join(name)).unwrap();
         }
         let app = dir.join("app");

@@ -185,7 +185,8 @@ enum Command {
     Session {
         #[command(subcommand)]
         command: sessions::SessionCommand,
-    },    /// Slurm: its `flyt` licenses (one per GPU Slurm's jobs may have) kept in step with the
+    },
+    /// Slurm: its `flyt` licenses (one per GPU Slurm's jobs may have) kept in step with the
     /// cluster (docs/design/slurm.md).
     Slurm {
         #[command(subcommand)]
@@ -469,7 +470,8 @@ async fn run(args: Args) -> Result<(), CtlError> {
         return Ok(());
     }
     if let Command::Slurm { command: SlurmCommand::Sync { slurm_conf, license, scontrol, dry_run, every } } = &args.command {
-        let target = slurm::Target { slurm_conf: slurm_conf.clone(), license: license.clone(), scontrol: scontrol.clone(), dry_run: *dry_run };
+        let target =
+            slurm::Target { slurm_conf: slurm_conf.clone(), license: license.clone(), scontrol: scontrol.clone(), dry_run: *dry_run };
         loop {
             let result = slurm_sync(&args, &target).await;
             let Some(every) = every else { return result };

@@ -98,7 +98,8 @@ fn scontrol(scontrol: &str, slurm_conf: &Path, args: &[&str], limit: Duration) -
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
             Ok(Some(status)) => {
-                let output = child.wait_with_output().map(|output| String::from_utf8_lossy(&output.stderr).into_owned()).unwrap_or_default();
+                let output =
+                    child.wait_with_output().map(|output| String::from_utf8_lossy(&output.stderr).into_owned()).unwrap_or_default();
                 return Err(format!("{scontrol} {} failed ({status}): {}", args.join(" "), output.trim()));
             }
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
@@ -201,11 +202,7 @@ mod tests {
     /// Free GPUs and jobs' GPUs count; VMs' GPUs, down and drained nodes do not.
     #[test]
     fn slurm_may_have_the_gpus_no_vm_holds() {
-        let nodes = [
-            node("a", 4, NodeHealth::Up, false),
-            node("b", 2, NodeHealth::Down, false),
-            node("c", 2, NodeHealth::Up, true),
-        ];
+        let nodes = [node("a", 4, NodeHealth::Up, false), node("b", 2, NodeHealth::Down, false), node("c", 2, NodeHealth::Up, true)];
         assert_eq!(slurm_gpus(&nodes, &[]), 4);
         let allocations = [
             allocation("job-7@10.0.0.9", "a", 0, Vec::new()),

@@ -42,10 +42,18 @@ impl JobShape {
         for part in parts {
             match part.split_once('=') {
                 Some(("sms", value)) if compute_units.is_none() => {
-                    compute_units = Some(value.parse::<u32>().ok().filter(|sms| *sms > 0).ok_or_else(|| format!("--flyt-gpus={spec}: sms must be a number above 0"))?);
+                    compute_units = Some(
+                        value
+                            .parse::<u32>()
+                            .ok()
+                            .filter(|sms| *sms > 0)
+                            .ok_or_else(|| format!("--flyt-gpus={spec}: sms must be a number above 0"))?,
+                    );
                 }
                 Some(("memory", value)) if memory_mib.is_none() => {
-                    memory_mib = Some(parse_mib(value).ok_or_else(|| format!("--flyt-gpus={spec}: memory must be MiB above 0, or end in M, G or T"))?);
+                    memory_mib = Some(
+                        parse_mib(value).ok_or_else(|| format!("--flyt-gpus={spec}: memory must be MiB above 0, or end in M, G or T"))?,
+                    );
                 }
                 _ => return Err(format!("--flyt-gpus={spec}: unknown or repeated part {part:?}; {usage}")),
             }

@@ -68,7 +68,8 @@ impl Settings {
                 Some(("lib_dir", value)) => settings.lib_dir = Some(PathBuf::from(value)),
                 Some(("socket", value)) => settings.socket = PathBuf::from(value),
                 Some(("timeout", value)) => {
-                    let seconds: u64 = value.parse().ok().filter(|seconds| *seconds > 0).ok_or_else(|| format!("timeout={value}: seconds above 0"))?;
+                    let seconds: u64 =
+                        value.parse().ok().filter(|seconds| *seconds > 0).ok_or_else(|| format!("timeout={value}: seconds above 0"))?;
                     settings.timeout = Duration::from_secs(seconds);
                 }
                 Some(("scontrol", value)) => settings.scontrol = value.into(),
@@ -130,15 +131,21 @@ pub fn admin_comment(reply: &JobReply) -> Option<String> {
 
 /// One request to the client manager's job socket, bounded by `timeout`.
 pub fn ask(socket: &Path, request: &JobRequest, timeout: Duration) -> Result<JobReply, String> {
-    let mut stream = UnixStream::connect(socket)
-        .map_err(|error| format!("the Flyt client manager's job socket {} does not answer ({error}): is flyt-client-manager running with job_socket set?", socket.display()))?;
+    let mut stream = UnixStream::connect(socket).map_err(|error| {
+        format!(
+            "the Flyt client manager's job socket {} does not answer ({error}): is flyt-client-manager running with job_socket set?",
+            socket.display()
+        )
+    })?;
     stream.set_read_timeout(Some(timeout)).map_err(|error| error.to_string())?;
     stream.set_write_timeout(Some(timeout)).map_err(|error| error.to_string())?;
     jobs::ask(&mut stream, request).map_err(|error| match error {
-        flyt_protocol::frame::FrameError::Io(io)
-            if matches!(io.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
-        {
-            format!("the Flyt client manager at {} gave no answer within {} s (plugstack.conf timeout=)", socket.display(), timeout.as_secs())
+        flyt_protocol::frame::FrameError::Io(io) if matches!(io.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            format!(
+                "the Flyt client manager at {} gave no answer within {} s (plugstack.conf timeout=)",
+                socket.display(),
+                timeout.as_secs()
+            )
         }
         other => format!("the Flyt client manager at {}: {other}", socket.display()),
     })

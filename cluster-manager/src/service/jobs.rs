@@ -46,7 +46,9 @@ pub fn whole_gpu_shape(model: &Model, gpus: u32, host_ip: &str) -> Result<(u32, 
         }
     }
     best.map(|(_, units, memory)| (units, memory)).ok_or_else(|| {
-        ControlError::NoCapacity(format!("the job needs {gpus} whole GPU(s) of one node, and no up, undrained node has {gpus} GPU(s) with nothing allocated"))
+        ControlError::NoCapacity(format!(
+            "the job needs {gpus} whole GPU(s) of one node, and no up, undrained node has {gpus} GPU(s) with nothing allocated"
+        ))
     })
 }
 
@@ -132,7 +134,15 @@ mod tests {
     use crate::model::NodeEntry;
 
     fn gpu(index: u32, sm_count: u32, memory_mib: u64) -> GpuInfo {
-        GpuInfo { index, uuid: format!("GPU-{index}"), name: "g".into(), memory_bytes: memory_mib * MIB, sm_count, emulated: true, links: Vec::new() }
+        GpuInfo {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "g".into(),
+            memory_bytes: memory_mib * MIB,
+            sm_count,
+            emulated: true,
+            links: Vec::new(),
+        }
     }
 
     fn model_with(gpus: Vec<GpuInfo>) -> Model {
