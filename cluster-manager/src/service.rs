@@ -994,6 +994,7 @@ impl<S: Store> Cluster<S> {
                 tracing::error!(%error, "cannot release an idle allocation");
             }
         }
+        self.forget_ended_jobs_locked(&mut model).await;
     }
 
     async fn change_config(

@@ -363,6 +363,15 @@ PartitionName=debug Nodes=flytnode Default=YES MaxTime=INFINITE State=UP
         assert!(job_allocations(&cluster).is_empty());
         assert_eq!(ask(&socket, &JobRequest::Release { job: 5 }), JobReply::Released { allocation_id: None });
         assert!(!cluster.json(&["list-vms"]).to_string().contains("job-5@"));
+        // A node that dies (its client manager gone) takes its jobs' GPUs with it: the job's
+        // lease lapses, its idle allocation is released and its requirement forgotten.
+        let (id, ..) = granted(&ask(&socket, &JobRequest::Allocate { job: 8, shape: slice }));
+        assert_eq!(job_allocations(&cluster), vec![(tenant(8), id)]);
+        let manager_socket = cluster.path("client-manager-127.0.0.1.sock");
+        cluster.kill_client_manager(&manager_socket);
+        wait_until("the dead node's job released and forgotten", Duration::from_secs(30), || {
+            (job_allocations(&cluster).is_empty() && !cluster.json(&["list-vms"]).to_string().contains("job-8@")).then_some(())
+        });
     }
 
     #[test]
@@ -423,6 +432,14 @@ PartitionName=debug Nodes=flytnode Default=YES MaxTime=INFINITE State=UP
         let (code, _, err) = slurm.command("srun", &["--flyt-gpus=1,sms=4", &app]);
         assert_ne!(code, 0);
         assert!(err.contains("both sms= and memory="), "{err}");
+        // A slice no GPU can hold: the step fails, saying why, and nothing is left allocated.
+        // (Slurm 22.05's srun exits 0 when no task could start; it says so on stderr.)
+        let (_, _, err) = slurm.command("srun", &["--flyt-gpus=1,sms=100,memory=1G", "--job-name=too-big", &app]);
+        assert!(err.contains("launch failed"), "{err}");
+        let (_, refused, _) = slurm.command("squeue", &["-h", "--states=all", "-n", "too-big", "-o", "%i"]);
+        let shown = slurm.show_job(refused.trim().parse().unwrap_or_else(|_| panic!("squeue printed {refused:?}")));
+        assert!(shown.contains("AdminComment=flyt: no GPUs: ") && shown.contains("short by 60 SMs"), "{shown}");
+        assert!(job_allocations(&cluster).is_empty(), "{:?}", job_allocations(&cluster));
 
         // --- A second job waits for the license while the first holds the GPU; scancel of the
         // first gives the GPU back within 5 s, and the second runs.

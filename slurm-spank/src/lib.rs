@@ -432,10 +432,18 @@ fn start_step(spank: Spank, settings: Result<Settings, String>, gpus: &str) -> R
     let shape = JobShape::parse(gpus)?;
     let lib_dir = checked_lib_dir(&settings)?;
     let job = job_id(spank).ok_or("Slurm gave no job id")?;
-    let reply = ask(&settings.socket, &JobRequest::Allocate { job, shape }, settings.timeout)?;
-    if let JobReply::Refused { reason } = &reply {
-        return Err(format!("no Flyt GPUs for job {job}: {reason}"));
-    }
+    let reply = ask(&settings.socket, &JobRequest::Allocate { job, shape }, settings.timeout).and_then(|reply| match reply {
+        JobReply::Refused { reason } => Err(reason),
+        granted => Ok(granted),
+    });
+    let reply = match reply {
+        Ok(reply) => reply,
+        Err(reason) => {
+            // The step fails before any task can print: the job's AdminComment says why.
+            let _ = write_admin_comment(&settings, job, &format!("flyt: no GPUs: {reason}"));
+            return Err(format!("no Flyt GPUs for job {job}: {reason}"));
+        }
+    };
     let inherited = job_getenv(spank, c"LD_LIBRARY_PATH");
     for (name, value) in job_environment(&lib_dir, &reply, inherited.as_deref()) {
         job_setenv(spank, name, &value)?;

@@ -111,7 +111,11 @@ impl ClientManager {
             let request = request.clone();
             async move { connection.allocate_job(context, request).await }
         });
-        let grant = match answer.await {
+        let answer = answer.await;
+        if !matches!(answer, Ok(Ok(_))) {
+            self.jobs.placing.lock().await.remove(&job);
+        }
+        let grant = match answer {
             Ok(Ok(grant)) => grant,
             Ok(Err(error)) => {
                 self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -149,6 +153,9 @@ impl ClientManager {
     /// The job ended: its allocation goes now, or at a later heartbeat when the cluster manager
     /// does not answer now.
     async fn release_job(&self, job: u32) -> JobReply {
+        // After a placement of the job under way (a scancel while its step starts): what it got goes.
+        let lock = self.jobs.placing.lock().await.entry(job).or_default().clone();
+        let _one_at_a_time = lock.lock().await;
         let known = self.jobs.jobs.lock().await.remove(&job).map(|entry| entry.grant.grant.allocation_id);
         self.jobs.placing.lock().await.remove(&job);
         match self.release_at_cluster(job, Instant::now() + RELEASE_WAIT).await {

@@ -82,6 +82,9 @@ impl<S: Store> Cluster<S> {
                 self.store.put_vm(&requirement).await.map_err(store_error)?;
                 tracing::info!(tenant = %tenant, compute_units, memory_mib = memory, gpus = request.gpus, "job requirement set");
                 model.vms.insert(tenant.clone(), requirement);
+                // The job's lease starts now, so the reaper leaves the requirement alone until
+                // its allocation exists.
+                model.client_managers.insert(tenant.clone(), Instant::now());
             }
         }
         let placed = self.clone().allocate(AllocateRequest { vm_ip: tenant.clone(), client: request.client }, deadline).await;
@@ -105,22 +108,57 @@ impl<S: Store> Cluster<S> {
         Ok(JobGrant { requirement: requirement.clone(), node_id: allocation.node_id.clone(), gpus, grant })
     }
 
+    /// Removes the requirements of jobs that ended unheard (their node or client manager died):
+    /// no allocation left (released as idle or with its node), no lease, nothing under way.
+    pub(super) async fn forget_ended_jobs_locked(&self, model: &mut Model) {
+        let ended: Vec<String> = model
+            .vms
+            .keys()
+            .filter(|tenant| job_of_tenant(tenant).is_some())
+            .filter(|tenant| !model.client_managers.contains_key(*tenant) && model.allocation_for_vm(tenant).is_none())
+            .filter(|tenant| !self.vm_busy(tenant))
+            .cloned()
+            .collect();
+        for tenant in ended {
+            match self.store.remove_vm(&tenant).await {
+                Ok(_) => {
+                    model.vms.remove(&tenant);
+                    self.forget_vm_lock(&tenant);
+                    tracing::info!(tenant = %tenant, "job requirement removed: the job's allocation and lease are gone");
+                }
+                Err(error) => tracing::error!(%error, tenant = %tenant, "cannot remove an ended job's requirement"),
+            }
+        }
+    }
+
     /// `release_job`: the job's allocation (its server stopped) and requirement go.
     pub(super) async fn release_job(self: Arc<Self>, vm_ip: String, job: u32) -> Result<Option<String>, ControlError> {
         let tenant = job_tenant(job, &vm_ip);
-        let vm_lock = self.vm_lock(&tenant);
-        let _one_at_a_time = vm_lock.lock().await;
-        let mut model = self.model.lock().await;
-        let allocation = model.allocation_for_vm(&tenant).map(|allocation| allocation.id.clone());
-        if let Some(id) = &allocation {
-            self.release_locked(&mut model, id, "its job ended").await?;
+        let released = {
+            let vm_lock = self.vm_lock(&tenant);
+            let _one_at_a_time = vm_lock.lock().await;
+            let mut model = self.model.lock().await;
+            let allocation = model.allocation_for_vm(&tenant).map(|allocation| allocation.id.clone());
+            if let Some(id) = &allocation {
+                self.release_locked(&mut model, id, "its job ended").await?;
+            }
+            if model.vms.remove(&tenant).is_some() {
+                self.store.remove_vm(&tenant).await.map_err(store_error)?;
+                tracing::info!(tenant = %tenant, "job requirement removed");
+            }
+            model.client_managers.remove(&tenant);
+            allocation
+        };
+        self.forget_vm_lock(&tenant);
+        Ok(released)
+    }
+
+    /// Drops an ended job's lock (one per job would pile up), unless someone holds it.
+    fn forget_vm_lock(&self, tenant: &str) {
+        let mut locks = self.vm_locks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if locks.get(tenant).is_some_and(|lock| Arc::strong_count(lock) == 1) {
+            locks.remove(tenant);
         }
-        if model.vms.remove(&tenant).is_some() {
-            self.store.remove_vm(&tenant).await.map_err(store_error)?;
-            tracing::info!(tenant = %tenant, "job requirement removed");
-        }
-        model.client_managers.remove(&tenant);
-        Ok(allocation)
     }
 }
 
