@@ -442,6 +442,7 @@ impl Cluster {
     }
 
     /// Kills (SIGKILL) the client manager whose socket is `socket`, as a node that dies would.
+    #[allow(dead_code, reason = "the Slurm test binary uses it; the cluster one does not")]
     pub fn kill_client_manager(&mut self, socket: &Path) {
         let named = format!("unix:{}", socket.display());
         let daemon = self.client_managers.iter_mut().find(|daemon| daemon.ready_line.split_whitespace().any(|word| word == named));
