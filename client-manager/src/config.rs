@@ -35,6 +35,12 @@ pub struct ClientManagerConfig {
     pub metrics_listen: String,
     /// TLS on the connection to the cluster manager.
     pub tls: flyt_daemon_kit::tls::TlsConfig,
+    /// The Unix socket a batch scheduler's plugin asks for its jobs' GPUs (Slurm's SPANK
+    /// plugin, `docs/design/slurm.md`; it asks `/run/flyt/client-manager-jobs.sock` unless told
+    /// otherwise); empty: none, the default, so only nodes of a cluster that runs jobs open it.
+    pub job_socket: String,
+    /// Local users (uids) besides root allowed to ask there (the scheduler's own user).
+    pub job_uids: Vec<u32>,
 }
 
 impl Default for ClientManagerConfig {
@@ -50,6 +56,8 @@ impl Default for ClientManagerConfig {
             client_check_ms: 250,
             metrics_listen: String::new(),
             tls: flyt_daemon_kit::tls::TlsConfig::default(),
+            job_socket: String::new(),
+            job_uids: Vec::new(),
         }
     }
 }

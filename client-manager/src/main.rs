@@ -5,7 +5,7 @@
 //! `flyt-client-manager [--config FILE]` runs the daemon (settings also from `FLYT_CLIENT_MANAGER_*`,
 //! see `configs/client-manager.toml`); when ready it prints
 //! `flyt-client-manager listening on unix:<socket>`, then ` metrics:<host:port>` when metrics
-//! are served.
+//! are served and ` jobs:unix:<path>` when the job socket is open (`job_socket`).
 //! `flyt-client-manager locate` asks a running one as the shim would and prints the answer.
 #![forbid(unsafe_code)]
 
@@ -99,6 +99,16 @@ async fn run(config: ClientManagerConfig) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {} (setting `socket`)", socket.display()))?;
     tracing::info!(vm_ip = %config.vm_ip, cluster_manager = %cluster, socket = %socket.display(), "client manager ready");
     let metrics_listen = config.metrics_listen.clone();
+    let job_socket = (!config.job_socket.is_empty()).then(|| PathBuf::from(&config.job_socket));
+    // Root only, unless other users are allowed (each request is checked by its credentials).
+    let job_socket_mode = if config.job_uids.is_empty() { 0o600 } else { 0o666 };
+    let job_listener = match &job_socket {
+        Some(path) => Some(
+            flyt_daemon_kit::rpc::bind_unix(path, job_socket_mode)
+                .with_context(|| format!("cannot listen on {} (setting `job_socket`)", path.display()))?,
+        ),
+        None => None,
+    };
     let manager = ClientManager::new(config, cluster, key);
     tokio::spawn(manager.clone().keep_lease());
     let mut ready_line = format!("flyt-client-manager listening on unix:{}", socket.display());
@@ -108,6 +118,7 @@ async fn run(config: ClientManagerConfig) -> anyhow::Result<()> {
             .context("setting `metrics_listen`")?;
         ready_line.push_str(&format!(" metrics:{bound}"));
     }
+    let manager_for_jobs = manager.clone();
     let accept = tokio::spawn(async move {
         loop {
             match listener.accept().await {
@@ -121,6 +132,25 @@ async fn run(config: ClientManagerConfig) -> anyhow::Result<()> {
             }
         }
     });
+    let jobs_accept = job_listener.map(|listener| {
+        let manager = manager_for_jobs.clone();
+        tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        tokio::spawn(manager.clone().serve_job(stream));
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed on the job socket");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        })
+    });
+    if let Some(path) = &job_socket {
+        ready_line.push_str(&format!(" jobs:unix:{}", path.display()));
+    }
     println!("{ready_line}");
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -129,6 +159,10 @@ async fn run(config: ClientManagerConfig) -> anyhow::Result<()> {
     }
     accept.abort();
     let _ = std::fs::remove_file(&socket);
+    if let (Some(task), Some(path)) = (jobs_accept, &job_socket) {
+        task.abort();
+        let _ = std::fs::remove_file(path);
+    }
     Ok(())
 }
 

@@ -39,6 +39,8 @@ use tokio::{
 
 use crate::config::ClientManagerConfig;
 
+mod jobs;
+
 /// A locate request is a few hundred bytes; anything near this is not a shim.
 const LOCATE_LIMITS: FrameLimits = FrameLimits { max_message: 64 * 1024, max_bulk: 0 };
 /// How long a connected app has to send its request.
@@ -90,6 +92,8 @@ pub struct ClientManager {
     pub granted: AtomicU64,
     pub granted_from_memory: AtomicU64,
     pub refused: AtomicU64,
+    /// Batch jobs' allocations on this node (the job socket).
+    jobs: jobs::Jobs,
 }
 
 impl ClientManager {
@@ -104,6 +108,7 @@ impl ClientManager {
             granted: AtomicU64::new(0),
             granted_from_memory: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            jobs: jobs::Jobs::default(),
         })
     }
 
@@ -422,6 +427,7 @@ impl ClientManager {
                     self.drop_connection().await;
                 }
             }
+            self.job_heartbeats(&client, limit).await;
         }
     }
 }

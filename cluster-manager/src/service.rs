@@ -53,9 +53,9 @@ use flyt_protocol::{
         auth::ServiceName,
         cluster::{
             AfterCheckpoint, AllocateRequest, AllocationRecord, AllocationState, CheckpointReport, ClientHeartbeatReply,
-            ClientManagerReport, ClusterAdmin, ClusterClient, ClusterNode, ClusterStatus, ControlError, Grant, MoveReport, NodeHealth,
-            NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration, NodeView, RegisterReply, RestartReport, ServerReport,
-            SliceSize, VmRequirement, VmView,
+            ClientManagerReport, ClusterAdmin, ClusterClient, ClusterNode, ClusterStatus, ControlError, Grant, JobAllocateRequest,
+            JobGrant, MoveReport, NodeHealth, NodeHeartbeat, NodeHeartbeatReply, NodeRecord, NodeRegistration, NodeView, RegisterReply,
+            RestartReport, ServerReport, SliceSize, VmRequirement, VmView,
         },
         node::{NodeManagerControlClient, ServerRef, ServerSpec},
     },
@@ -71,6 +71,7 @@ use crate::{
     store::Store,
 };
 
+mod jobs;
 mod moves;
 
 /// Node reports in a row that must lack a running allocation's server before it is released.
@@ -1070,6 +1071,7 @@ impl<S: Store> Cluster<S> {
                 tracing::error!(%error, "cannot release an idle allocation");
             }
         }
+        self.forget_ended_jobs_locked(&mut model).await;
     }
 
     async fn change_config(
@@ -1266,6 +1268,14 @@ impl<S: Store> ClusterClient for ClusterService<S> {
 
     async fn release(self, _: Context, vm_ip: String, allocation_id: String) -> Result<(), ControlError> {
         detached(self.0.release(vm_ip, allocation_id)).await.unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn allocate_job(self, context: Context, request: JobAllocateRequest) -> Result<JobGrant, ControlError> {
+        detached(self.0.allocate_job(request, context.deadline)).await.unwrap_or_else(|| Err(cancelled()))
+    }
+
+    async fn release_job(self, _: Context, vm_ip: String, job: u32) -> Result<Option<String>, ControlError> {
+        detached(self.0.release_job(vm_ip, job)).await.unwrap_or_else(|| Err(cancelled()))
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod migrate;
 mod sessions;
+mod slurm;
 mod top;
 
 use std::{
@@ -186,6 +187,35 @@ enum Command {
         #[command(subcommand)]
         command: sessions::SessionCommand,
     },
+    /// Slurm: its `flyt` licenses (one per GPU Slurm's jobs may have) kept in step with the
+    /// cluster (docs/design/slurm.md).
+    Slurm {
+        #[command(subcommand)]
+        command: SlurmCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SlurmCommand {
+    /// Count the GPUs Slurm's jobs may have (up, undrained nodes; held by no VM) and, when the
+    /// count changed, write it into slurm.conf's Licenses= line and run `scontrol reconfigure`.
+    Sync {
+        /// The slurm.conf of the cluster (on the slurmctld host).
+        #[arg(long, env = "SLURM_CONF", default_value = "/etc/slurm/slurm.conf")]
+        slurm_conf: PathBuf,
+        /// The license's name (cli_filter.lua asks for `flyt`).
+        #[arg(long, default_value = "flyt")]
+        license: String,
+        /// The scontrol to run.
+        #[arg(long, default_value = "scontrol")]
+        scontrol: String,
+        /// Print the count only; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Sync again every this many seconds, until stopped (a timer of its own).
+        #[arg(long, value_parser = positive_seconds)]
+        every: Option<f64>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -282,12 +312,14 @@ enum CtlError {
     Region(String),
     /// {0}
     Session(String),
+    /// slurm sync: {0}
+    Slurm(String),
 }
 
 impl CtlError {
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Refused(_) | Self::Tls(_) | Self::Region(_) | Self::Session(_) => 1,
+            Self::Refused(_) | Self::Tls(_) | Self::Region(_) | Self::Session(_) | Self::Slurm(_) => 1,
             Self::ReadKey(..) | Self::ShortKey(_) | Self::WrongKey(_) | Self::RemoteRefused(_) | Self::Usage(_) | Self::Json(_) => 2,
             Self::Unreachable { .. } | Self::Timeout { .. } | Self::Call { .. } => 3,
         }
@@ -446,6 +478,20 @@ async fn run(args: Args) -> Result<(), CtlError> {
         println!("  {}", flyt_ring::region::qemu_options(&path, name, *size));
         println!("rpc-servers on this host: --ivshmem-dir {}", dir.display());
         return Ok(());
+    }
+    if let Command::Slurm { command: SlurmCommand::Sync { slurm_conf, license, scontrol, dry_run, every } } = &args.command {
+        let target =
+            slurm::Target { slurm_conf: slurm_conf.clone(), license: license.clone(), scontrol: scontrol.clone(), dry_run: *dry_run };
+        loop {
+            let result = slurm_sync(&args, &target).await;
+            let Some(every) = every else { return result };
+            // A timer keeps going: the next pass may find the cluster manager or Slurm back.
+            match result {
+                Ok(()) => {}
+                Err(error) => eprintln!("flytctl: {error}"),
+            }
+            tokio::time::sleep(Duration::from_secs_f64(*every)).await;
+        }
     }
     // One limit for everything: connecting, the handshake and the call.
     let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
@@ -643,7 +689,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
             }
         }
         // Made before connecting, above.
-        Command::TlsInit { .. } | Command::Ivshmem { .. } | Command::Session { .. } => {}
+        Command::TlsInit { .. } | Command::Ivshmem { .. } | Command::Session { .. } | Command::Slurm { .. } => {}
         Command::Drain { node } | Command::Undrain { node } => {
             let drained = matches!(args.command, Command::Drain { .. });
             let record = call(&args, deadline, client.set_drained(context(), node.clone(), drained)).await?.map_err(CtlError::Refused)?;
@@ -653,6 +699,26 @@ async fn run(args: Args) -> Result<(), CtlError> {
             println!("node {} {}", record.node_id, if record.drained { "drained" } else { "undrained" });
         }
     }
+    Ok(())
+}
+
+/// One `flytctl slurm sync` pass: the count from the cluster manager into Slurm.
+async fn slurm_sync(args: &Args, target: &slurm::Target) -> Result<(), CtlError> {
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
+    let client = connect(args, deadline).await?;
+    let context = || {
+        let mut context = tarpc::context::current();
+        context.deadline = deadline;
+        context
+    };
+    let nodes = call(args, deadline, client.list_nodes(context())).await?;
+    let allocations = call(args, deadline, client.list_allocations(context())).await?;
+    let count = slurm::slurm_gpus(&nodes, &allocations);
+    let line = slurm::apply(target, count).map_err(CtlError::Slurm)?;
+    if args.json {
+        return print_json(&serde_json::json!({ "license": target.license, "count": count, "done": line }));
+    }
+    println!("{line}");
     Ok(())
 }
 

@@ -23,6 +23,7 @@ pub mod device;
 pub mod error;
 pub mod frame;
 pub mod handshake;
+pub mod jobs;
 pub mod locate;
 pub mod ops;
 pub mod stripes;

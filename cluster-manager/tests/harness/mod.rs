@@ -441,6 +441,14 @@ impl Cluster {
         socket
     }
 
+    /// Kills (SIGKILL) the client manager whose socket is `socket`, as a node that dies would.
+    #[allow(dead_code, reason = "the Slurm test binary uses it; the cluster one does not")]
+    pub fn kill_client_manager(&mut self, socket: &Path) {
+        let named = format!("unix:{}", socket.display());
+        let daemon = self.client_managers.iter_mut().find(|daemon| daemon.ready_line.split_whitespace().any(|word| word == named));
+        daemon.expect("a client manager on this socket").kill();
+    }
+
     /// Runs flytctl through the admin socket; returns (exit code, stdout, stderr).
     pub fn flytctl(&self, args: &[&str]) -> (i32, String, String) {
         self.flytctl_with(&[("FLYTCTL_ADMIN_SOCKET", self.path("admin.sock").into_os_string())], args)

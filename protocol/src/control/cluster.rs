@@ -404,6 +404,43 @@ pub struct AllocateRequest {
     pub client: ClientIdentity,
 }
 
+/// A client manager asks for a batch job's GPUs on its node (Slurm's `--flyt-gpus`): the
+/// cluster manager keeps them as the requirement of tenant [`job_tenant`]`(job, vm_ip)` until
+/// [`ClusterClient::release_job`]. `compute_units` and `memory` 0: whole GPUs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobAllocateRequest {
+    /// The client manager's own key (its node).
+    pub vm_ip: String,
+    pub job: u32,
+    pub gpus: u32,
+    pub compute_units: u32,
+    pub memory: u64,
+    /// The process asking for the job (the scheduler's step daemon).
+    pub client: ClientIdentity,
+}
+
+/// A job's allocation: the grant, and what it holds (sizes resolved for whole GPUs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobGrant {
+    pub grant: Grant,
+    pub requirement: VmRequirement,
+    pub node_id: String,
+    /// Its GPUs on that node, the first one first.
+    pub gpus: Vec<u32>,
+}
+
+/// The tenant key of batch job `job` on the node of client manager `vm_ip`: it stands where a
+/// VM's ip stands (requirements, allocations, `flytctl list-virt-servers`).
+pub fn job_tenant(job: u32, vm_ip: &str) -> String {
+    format!("job-{job}@{vm_ip}")
+}
+
+/// The job and node of a [`job_tenant`] key; `None` for a VM's ip.
+pub fn job_of_tenant(tenant: &str) -> Option<(u32, &str)> {
+    let (job, node) = tenant.strip_prefix("job-")?.split_once('@')?;
+    Some((job.parse().ok()?, node))
+}
+
 /// Where the client goes, with which token.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
@@ -589,6 +626,12 @@ pub trait ClusterClient {
     async fn heartbeat(report: ClientManagerReport) -> Result<ClientHeartbeatReply, ControlError>;
     /// Gives an allocation back now.
     async fn release(vm_ip: String, allocation_id: String) -> Result<(), ControlError>;
+    /// A batch job's GPUs on the client manager's node (the ones it has when it has them),
+    /// placed now or refused now: a scheduler queues jobs itself.
+    async fn allocate_job(request: JobAllocateRequest) -> Result<JobGrant, ControlError>;
+    /// Job `job` on `vm_ip`'s node ended: its allocation and requirement go; the id of the
+    /// allocation it had, if any.
+    async fn release_job(vm_ip: String, job: u32) -> Result<Option<String>, ControlError>;
 }
 
 /// Calls `flytctl` makes.
