@@ -48,6 +48,10 @@ const FLUSHER_SPIN: Duration = Duration::from_micros(100);
 /// session's memory first) before the rings it used start over with the next one.
 const PEER_GONE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a resumable connection may stay silent while calls wait before it is broken and
+/// made again (a live server sends `Notice::Alive` every second).
+const SILENT_BREAK: Duration = Duration::from_secs(4);
+
 /// A socket to the server, or one half of the shared-memory rings.
 pub use flyt_ring::Link as Wire;
 
@@ -326,6 +330,9 @@ pub struct Conn {
     frames_read: AtomicU64,
     /// The connection's socket, shut down by the watchdog to wake whatever waits on it.
     socket: Option<OwnedFd>,
+    /// A TCP session's resumable stream (`crate::reconnect`): ended with the connection's
+    /// failure, broken by the watchdog when it goes silent.
+    resume: Mutex<Option<flyt_ring::resume::Handle>>,
 }
 
 fn put_header(buf: &mut [u8], header: FrameHeader) {
@@ -360,6 +367,7 @@ impl Conn {
     pub fn start(reader: Wire, wire: Wire, server: String) -> io::Result<Arc<Self>> {
         let writes_directly = matches!(wire, Wire::RingOut(..));
         let socket = wire.as_fd().try_clone_to_owned().ok();
+        let resume = wire.resume_handle();
         let conn = Arc::new(Self {
             session: OnceLock::new(),
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
@@ -393,6 +401,7 @@ impl Conn {
             resized_devices: Mutex::new(None),
             frames_read: AtomicU64::new(0),
             socket,
+            resume: Mutex::new(resume),
         });
         if let Some(timeout) = reply_timeout() {
             let watched = Arc::downgrade(&conn);
@@ -452,6 +461,9 @@ impl Conn {
 
     /// Marks the connection dead, tells the user once, and fails every waiting call.
     fn fail(&self, reason: String) {
+        if let Some(stream) = &*lock(&self.resume) {
+            stream.close(&reason);
+        }
         if self.failure.set(reason.clone()).is_ok() {
             crate::diagnostics::once("connection", &format!("flyt: lost the connection to the GPU server {}: {reason}", self.server));
         }
@@ -463,6 +475,31 @@ impl Conn {
             writer.wire.shutdown();
         }
         self.wake_receiver();
+    }
+
+    /// The app is exiting: a server that keeps sessions for returning connections ends this one
+    /// now (`req::Goodbye`) instead of waiting for it. Waits for nothing; later failures are not
+    /// reported.
+    pub fn goodbye(&self) {
+        let Some(stream) = lock(&self.resume).clone() else { return };
+        if self.failure.get().is_some() {
+            return;
+        }
+        {
+            let mut out = lock(&self.outgoing);
+            if out.paused {
+                return;
+            }
+            Self::enqueue_anywhere(&mut out, &req::Goodbye {}.into(), &[]);
+        }
+        if let Ok(mut writer) = self.writer.try_lock() {
+            let _ = self.failure.set("the app is exiting".into());
+            let writer = &mut *writer;
+            let mut out = std::mem::take(&mut lock(&self.outgoing).buf);
+            let _ = flyt_protocol::frame::write_all_vectored(&mut writer.wire, &mut [IoSlice::new(&out)]);
+            out.clear();
+            stream.close("the app is exiting");
+        }
     }
 
     /// The first failure of an asynchronous copy since the last call, taken.
@@ -542,7 +579,12 @@ impl Conn {
             inbound.wire.retire_rings();
         }
         let session = self.session.get().ok_or("a move before the session opened")?;
+        // The last server's stream must not come back to it.
+        if let Some(stream) = lock(&self.resume).take() {
+            stream.close("the session moved");
+        }
         let (reader, writer) = session.reconnect(address.as_deref(), snapshot)?;
+        *lock(&self.resume) = writer.resume_handle();
         self.writes_directly.store(matches!(writer, Wire::RingOut(..)), Ordering::Relaxed);
         inbound.wire = reader;
         (inbound.start, inbound.end) = (0, 0);
@@ -1093,6 +1135,15 @@ fn watchdog(conn: &Weak<Conn>, timeout: Duration) {
             continue;
         }
         let since = *silent_since.get_or_insert_with(Instant::now);
+        // A live server says it is alive every second while calls wait: a resumable connection
+        // this silent is broken somewhere on the way (a path that died without a reset, a rebound
+        // address), and a new one may bring the session back before the timeout.
+        if since.elapsed() >= SILENT_BREAK
+            && since.elapsed() < SILENT_BREAK + tick
+            && let Some(stream) = &*lock(&conn.resume)
+        {
+            stream.break_connection();
+        }
         if since.elapsed() + tick > timeout {
             conn.fail(format!("it sent nothing for {} s while {waiting} call(s) waited for it (FLYT_REPLY_TIMEOUT)", timeout.as_secs()));
             if let Some(socket) = &conn.socket {

@@ -183,6 +183,15 @@ impl Link {
         }
     }
 
+    /// The handle on a resumable stream's half (`crate::resume`), for the session's watchers.
+    pub fn resume_handle(&self) -> Option<crate::resume::Handle> {
+        match self {
+            Self::ResumeIn(reader) => Some(reader.handle()),
+            Self::ResumeOut(writer) => Some(writer.handle()),
+            _ => None,
+        }
+    }
+
     /// Shuts the socket down both ways (the peer sees the end at once).
     pub fn shutdown(&self) {
         match self {

@@ -25,8 +25,9 @@ use crate::Link;
 pub trait Reattach: Send + Sync {
     /// A new connection, handshaken, and how many bytes of this side's stream the peer has
     /// received; `received` is how many of the peer's this side has. `Err`: the stream ends, for
-    /// that reason (the peer is gone, or did not come back in time).
-    fn reattach(&self, received: u64) -> Result<(Link, u64), String>;
+    /// that reason (the peer is gone, or did not come back in time). `ended()` turns true when
+    /// the stream was closed meanwhile: give up then.
+    fn reattach(&self, received: u64, ended: &dyn Fn() -> bool) -> Result<(Link, u64), String>;
 }
 
 /// Bytes written that a side keeps for its peer by default: what the two kernels' socket
@@ -158,7 +159,8 @@ impl Stream {
             }
         }
         let mut read = lock(&self.read);
-        let (link, peer_received) = match self.reattach.reattach(read.received) {
+        let closed = || lock(&self.status).closed.is_some();
+        let (link, peer_received) = match self.reattach.reattach(read.received, &closed) {
             Ok(attached) => attached,
             Err(reason) => {
                 self.close(&reason);
@@ -256,6 +258,10 @@ impl Reader {
     pub(crate) fn close(&self) {
         self.0.close("the connection was shut down");
     }
+
+    pub(crate) fn handle(&self) -> Handle {
+        Handle(self.0.clone())
+    }
 }
 
 impl Writer {
@@ -300,6 +306,10 @@ impl Writer {
 
     pub(crate) fn close(&self) {
         self.0.close("the connection was shut down");
+    }
+
+    pub(crate) fn handle(&self) -> Handle {
+        Handle(self.0.clone())
     }
 }
 
@@ -368,7 +378,7 @@ mod tests {
     }
 
     impl Reattach for Pipe {
-        fn reattach(&self, received: u64) -> Result<(Link, u64), String> {
+        fn reattach(&self, received: u64, _ended: &dyn Fn() -> bool) -> Result<(Link, u64), String> {
             let link = lock(&self.fresh).recv_timeout(Duration::from_secs(10)).map_err(|_| "no new connection".to_string())?;
             self.told.send(received).map_err(|_| "peer gone".to_string())?;
             let peer = lock(&self.hears).recv_timeout(Duration::from_secs(10)).map_err(|_| "peer silent".to_string())?;
@@ -433,7 +443,7 @@ mod tests {
     fn a_peer_that_does_not_come_back_ends_the_stream_with_the_reason() {
         struct Gone;
         impl Reattach for Gone {
-            fn reattach(&self, _received: u64) -> Result<(Link, u64), String> {
+            fn reattach(&self, _received: u64, _ended: &dyn Fn() -> bool) -> Result<(Link, u64), String> {
                 Err("the server refused: no session 7".into())
             }
         }

@@ -2262,6 +2262,12 @@ impl<D: Device> OpHandler for Session<D> {
         self.moved = self.pause_for_checkpoint();
     }
 
+    fn goodbye(&mut self, _request: req::Goodbye, reply: Responder<rep::Goodbye>) {
+        // The app is exiting: the session ends now rather than wait for a connection's return.
+        reply.send(Ok(rep::Goodbye {}));
+        self.moved = true;
+    }
+
     fn launch_host_func(&mut self, request: req::LaunchHostFunc, reply: Responder<rep::LaunchHostFunc>) {
         self.launch_host_func(request, reply);
     }
