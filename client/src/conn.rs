@@ -492,14 +492,21 @@ impl Conn {
             }
             Self::enqueue_anywhere(&mut out, &req::Goodbye {}.into(), &[]);
         }
-        if let Ok(mut writer) = self.writer.try_lock() {
-            let _ = self.failure.set("the app is exiting".into());
-            let writer = &mut *writer;
-            let mut out = std::mem::take(&mut lock(&self.outgoing).buf);
-            let _ = flyt_protocol::frame::write_all_vectored(&mut writer.wire, &mut [IoSlice::new(&out)]);
-            out.clear();
-            stream.close("the app is exiting");
+        // The server closes the connection next: nobody is to be told.
+        let _ = self.failure.set("the app is exiting".into());
+        // The flusher may hold the writing half a moment; a writer stuck for longer is not waited for.
+        let deadline = Instant::now() + Duration::from_millis(200);
+        loop {
+            if let Ok(writer) = self.writer.try_lock() {
+                let _ = self.write_locked(writer, &[]);
+                break;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
+        stream.close("the app is exiting");
     }
 
     /// The first failure of an asynchronous copy since the last call, taken.
@@ -1142,7 +1149,7 @@ fn watchdog(conn: &Weak<Conn>, timeout: Duration) {
             && since.elapsed() < SILENT_BREAK + tick
             && let Some(stream) = &*lock(&conn.resume)
         {
-            stream.break_connection();
+            stream.break_connection(stream.connection());
         }
         if since.elapsed() + tick > timeout {
             conn.fail(format!("it sent nothing for {} s while {waiting} call(s) waited for it (FLYT_REPLY_TIMEOUT)", timeout.as_secs()));

@@ -72,8 +72,8 @@ impl WriteSide {
 struct Status {
     /// The generation of the newest connection: recoveries of older ones have been done.
     generation: u64,
-    /// A handle on the newest connection, to break it from outside either half.
-    socket: Option<Link>,
+    /// A handle on the newest connection and its generation, to break it from outside either half.
+    socket: Option<(u64, Link)>,
     closed: Option<String>,
 }
 
@@ -129,7 +129,7 @@ pub fn resumable(link: Link, reattach: Box<dyn Reattach>, kept: usize) -> io::Re
         read: Mutex::new(ReadSide { link: link.try_clone()?, generation: 0, received: 0 }),
         write: Mutex::new(WriteSide { link: link.try_clone()?, generation: 0, log: VecDeque::new(), written: 0 }),
         recovering: Mutex::new(()),
-        status: Mutex::new(Status { generation: 0, socket: Some(link.try_clone()?), closed: None }),
+        status: Mutex::new(Status { generation: 0, socket: Some((0, link.try_clone()?)), closed: None }),
         reattach,
         kept,
         first: link,
@@ -154,7 +154,7 @@ impl Stream {
                 return Ok(());
             }
             // Both halves stop using the broken connection (a blocked read or write returns).
-            if let Some(socket) = &status.socket {
+            if let Some((_, socket)) = &status.socket {
                 socket.shutdown();
             }
         }
@@ -179,7 +179,7 @@ impl Stream {
         };
         (read.link, read.generation) = (reader, next);
         drop(read);
-        lock(&self.status).socket = Some(watched);
+        lock(&self.status).socket = Some((next, watched));
         // The peer reads again meanwhile (its own recovery let its reader go before sending), so
         // two large sends again never wait for each other.
         let mut write = lock(&self.write);
@@ -211,7 +211,7 @@ impl Stream {
     fn close(&self, reason: &str) {
         let mut status = lock(&self.status);
         status.closed.get_or_insert_with(|| reason.to_string());
-        if let Some(socket) = &status.socket {
+        if let Some((_, socket)) = &status.socket {
             socket.shutdown();
         }
     }
@@ -343,10 +343,17 @@ impl Handle {
         self.0.close(reason);
     }
 
-    /// Breaks the current connection (a silent one, or one a returning peer replaces): the
-    /// halves recover onto a new one.
-    pub fn break_connection(&self) {
-        if let Some(socket) = &lock(&self.0.status).socket {
+    /// The generation of the current connection (for `break_connection`).
+    pub fn connection(&self) -> u64 {
+        lock(&self.0.status).socket.as_ref().map_or(0, |(generation, _)| *generation)
+    }
+
+    /// Breaks connection `generation` if it is still the current one (a silent one, or one a
+    /// returning peer replaces): the halves recover onto a new one. A newer one is left alone.
+    pub fn break_connection(&self, generation: u64) {
+        if let Some((current, socket)) = &lock(&self.0.status).socket
+            && *current == generation
+        {
             socket.shutdown();
         }
     }
@@ -406,7 +413,7 @@ mod tests {
                 let (x, y) = UnixStream::pair().unwrap();
                 to_a.send(Link::Unix(x)).unwrap();
                 to_b.send(Link::Unix(y)).unwrap();
-                a_handle.break_connection();
+                a_handle.break_connection(a_handle.connection());
             }
             a_handle.recoveries()
         });

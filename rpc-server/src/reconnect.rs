@@ -57,9 +57,12 @@ impl Returns {
             refuse(connection, &format!("the session has ended: {ended}"));
             return Err(format!("a client came back to a session that has ended ({ended})"));
         }
+        // The connection this one replaces: a recovery may take this one before the break below,
+        // which must then leave it alone.
+        let replaced = stream.connection();
         *lock(&self.offered) = Some((connection, reattach.received));
         self.arrived.notify_all();
-        stream.break_connection();
+        stream.break_connection(replaced);
         Ok(())
     }
 }
