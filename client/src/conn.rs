@@ -16,8 +16,9 @@
 //! - Frames arrive in the order the server sent them, and the server sends a copy's bytes
 //!   before answering any call that waits for that copy, so when a synchronizing call returns,
 //!   the bytes of the copies it covered are in the app's memory.
-//! - If the connection breaks, every waiting call and every later call fails with
-//!   `cudaErrorDevicesUnavailable`: no hang.
+//! - A TCP session's connection that breaks is made again underneath (`crate::reconnect`) and the
+//!   calls go on; if that fails, or on any other connection, every waiting call and every later
+//!   call fails with `cudaErrorDevicesUnavailable`: no hang.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read};
