@@ -483,7 +483,9 @@ fn open_node(
         Ok((_, HelloReply::Refused { error, reason })) => {
             return Err((CudaError::from_code(error), format!("the GPU server {address} refused the session: {reason}")));
         }
-        Ok((_, HelloReply::Reattached { .. })) => return Err(unavailable(format!("the server {address} answered a session it was not asked for"))),
+        Ok((_, HelloReply::Reattached { .. })) => {
+            return Err(unavailable(format!("the server {address} answered a session it was not asked for")));
+        }
         Err(error) => return Err(unavailable(format!("server {address} did not complete the handshake: {error}"))),
     };
     if info.devices.is_empty() {
@@ -1312,6 +1314,7 @@ mod tests {
             peers,
             nvlinks: vec![vec![flyt_protocol::device::NvLinkEnd::Device(0)]; devices],
             stripe_secret: Default::default(),
+            resume_secret: None,
             copy_chunk,
             shm_accepted: false,
             rings: false,

@@ -76,7 +76,9 @@ impl flyt_ring::resume::Reattach for Dialer {
             }
             match self.attempt(received, deadline) {
                 Ok(attached) => return Ok(attached),
-                Err(Attempt::Refused(reason)) => return Err(format!("it broke, and the server refused to go on with the session: {reason}")),
+                Err(Attempt::Refused(reason)) => {
+                    return Err(format!("it broke, and the server refused to go on with the session: {reason}"));
+                }
                 Err(Attempt::Failed(reason)) => {
                     if Instant::now() + pause >= deadline {
                         return Err(format!(

@@ -147,7 +147,9 @@ pub enum HelloReply {
     },
     /// The answer to `Hello::reattach`: the session goes on over this connection. `received`:
     /// the bytes of the client's stream the server has received; the client sends the rest again.
-    Reattached { received: u64 },
+    Reattached {
+        received: u64,
+    },
 }
 
 /// What the server may tell a client unasked (frames with sequence number 0).

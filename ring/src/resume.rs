@@ -185,10 +185,8 @@ impl Stream {
         let mut write = lock(&self.write);
         let oldest = write.written - write.log.len() as u64;
         if peer_received < oldest || peer_received > write.written {
-            let reason = format!(
-                "the peer has received {peer_received} bytes, and only bytes {oldest}..{} are kept to send again",
-                write.written
-            );
+            let reason =
+                format!("the peer has received {peer_received} bytes, and only bytes {oldest}..{} are kept to send again", write.written);
             drop(write);
             self.close(&reason);
             return Err(ended(&reason));

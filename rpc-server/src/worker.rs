@@ -222,6 +222,7 @@ fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> 
 
 /// Follows the listener's commands during the session: tells the client its new limits whenever
 /// the allocation was resized, runs checkpoints and their release, and page-outs (paging).
+#[allow(clippy::too_many_arguments, reason = "what each of the listener's commands acts on, each optional")]
 fn follow_commands<D: Device>(
     channel: OwnedFd,
     session: &Session<D>,
@@ -431,7 +432,8 @@ fn serve<D: Device>(
     };
     // A TCP session whose connection breaks waits for its client to come back; the
     // shared-memory channel and Unix sockets are not networks that blip (`docs/design/reconnect.md`).
-    let resume_secret = if args.reconnect_grace_ms > 0 && shm.is_none() && matches!(connection, Connection::Tcp(_) | Connection::Secured(_)) {
+    let resume_secret = if args.reconnect_grace_ms > 0 && shm.is_none() && matches!(connection, Connection::Tcp(_) | Connection::Secured(_))
+    {
         crate::stripes::random_secret()
             .map_err(|error| tracing::warn!(session_id, %error, "no resume secret: the session ends if its connection breaks"))
             .ok()

@@ -93,11 +93,7 @@ fn a_returning_client_must_prove_it_owns_the_session() {
 
     // It breaks again and nobody comes back: the session ends after the grace period.
     drop(again.stream);
-    assert!(
-        server.wait_for_log("the client did not come back within the grace period", Duration::from_secs(10)),
-        "{}",
-        server.log_text()
-    );
+    assert!(server.wait_for_log("the client did not come back within the grace period", Duration::from_secs(10)), "{}", server.log_text());
     assert!(server.wait_for_log("session 1 closed", Duration::from_secs(10)), "{}", server.log_text());
     match reattach(address, info.session_id, secret, again.received).1 {
         HelloReply::Refused { reason, .. } => assert!(reason.contains("no session"), "{reason}"),

@@ -61,7 +61,7 @@ impl Relay {
                         libc::SOL_SOCKET,
                         libc::SO_LINGER,
                         std::ptr::addr_of!(linger).cast(),
-                        std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                        libc::socklen_t::try_from(std::mem::size_of::<libc::linger>()).unwrap(),
                     );
                 }
             }
@@ -121,8 +121,10 @@ fn compiled(name: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
 fn twenty_cut_connections_cost_the_app_nothing() {
     let Some((scratch, program, lib)) = compiled("reconnect-blips") else { return };
     let metrics = free_port();
-    let server =
-        Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--allocation", "blips", "--metrics-listen", &metrics], &scratch);
+    let server = Server::start(
+        &["--device", "emulated", "--listen", "127.0.0.1:0", "--allocation", "blips", "--metrics-listen", &metrics],
+        &scratch,
+    );
     assert!(server.wait_for_log("metrics on http://", Duration::from_secs(10)), "{}", server.log_text());
     let relay = Relay::start(&server.addresses[0]);
     let mut app = Command::new(&program)
