@@ -478,6 +478,11 @@ impl Conn {
         self.wake_receiver();
     }
 
+    /// Whether this connection comes back after it breaks (`crate::reconnect`).
+    pub fn resumes(&self) -> bool {
+        lock(&self.resume).is_some()
+    }
+
     /// The app is exiting: a server that keeps sessions for returning connections ends this one
     /// now (`req::Goodbye`) instead of waiting for it. Waits for nothing; later failures are not
     /// reported.

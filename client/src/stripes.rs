@@ -532,6 +532,11 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     if !failed {
         set.timed(plan, len, compress, started.elapsed());
     }
+    // A resumable session's server takes the broken copy for one that comes again: the caller
+    // copies it whole over the main connection, after the striped request (`crate::reconnect`).
+    if failed && client.conn().resumes() {
+        return None;
+    }
     // The server learns of a broken data connection itself and fails the copy; the caller's
     // next synchronizing call reports it. Here the app hears of it at once.
     Some(if failed { Err(CudaError::DEVICES_UNAVAILABLE) } else { Ok(()) })
@@ -565,6 +570,7 @@ pub unsafe fn dtoh(
         .call(&request.into())
         .and_then(|message| decode_reply::<rep::MemcpyDtoHStriped>(&message).map_err(|_| CudaError::UNKNOWN));
     let mut landings = lock(&set.landings);
+    let earlier = reply.as_ref().ok().and_then(|reply| reply.deferred);
     let mut outcome = match reply {
         Ok(reply) => reply.result.map(|_| reply.deferred),
         Err(error) => Err(error),
@@ -594,6 +600,16 @@ pub unsafe fn dtoh(
     landings.remove(&transfer);
     if outcome.is_ok() {
         set.timed(plan, len, compress, started.elapsed());
+    }
+    drop(landings);
+    // A data connection broke under the copy in a resumable session: the caller copies it whole
+    // over the main connection (which carries the app's later calls anyway), keeping the error an
+    // earlier asynchronous call left for this reply.
+    if outcome.is_err() && set.dead.load(Ordering::Acquire) && client.conn().resumes() {
+        if let Some(deferred) = earlier {
+            client.conn().defer(deferred);
+        }
+        return None;
     }
     Some(outcome)
 }

@@ -1215,6 +1215,14 @@ impl<D: Device> OpHandler for Session<D> {
         if result.is_ok() {
             self.count_copy(request.stream, crate::stats::Copied::HostToDeviceSocket, request.len);
         }
+        // A resumable session's client copies again over its main connection (`crate::reconnect`).
+        let result = match result {
+            Err(CudaError::DEVICES_UNAVAILABLE) if self.stripes.as_ref().is_some_and(|stripes| stripes.broken_copies_come_again()) => {
+                tracing::info!(len = request.len, "a data connection broke under a striped copy: the client sends it again");
+                Ok(())
+            }
+            other => other,
+        };
         reply.send(result.map(|()| rep::MemcpyHtoDStriped {}));
     }
 

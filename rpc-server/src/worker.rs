@@ -535,6 +535,9 @@ fn serve<D: Device>(
         }
     }
     let stripes = stripe_secret.map(|secret| session.enable_stripes(secret, args.staging_slots));
+    if let (Some(stripes), Some(_)) = (&stripes, &returns) {
+        stripes.resend_broken_copies();
+    }
     follow_commands(channel, &session, session_id, device, budget, stripes, pager, returns);
     let outcome = session.serve(reader);
     let program = hello.client.program;

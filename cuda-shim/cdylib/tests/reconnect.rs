@@ -177,6 +177,63 @@ fn twenty_cut_connections_cost_the_app_nothing() {
     assert!(server.log_text().contains("session ended by the client"), "{}", server.log_text());
 }
 
+/// Large copies striped over data connections (4 over TCP): a cut breaks those too, and a copy
+/// under way is sent again whole over the main connection; later copies use the main connection
+/// (the one line saying so is all the app hears).
+#[test]
+fn striped_copies_cut_under_way_are_sent_again() {
+    let Some((scratch, program, lib)) = compiled("reconnect-striped") else { return };
+    let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
+    let relay = Relay::start(&server.addresses[0]);
+    let mut app = Command::new(&program)
+        .arg("large")
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("FLYT_SERVER", &relay.address)
+        .env("FLYT_SHM", "off")
+        .env("FLYT_STRIPE_LZ4", "off")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run driver_reconnect");
+    let mut out = BufReader::new(app.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("ready");
+    assert_eq!(line.trim(), "ready", "{}", server.log_text());
+    let came_back = |log: &str| log.matches("the client came back: the session goes on").count();
+    for cut in 0..3 {
+        if cut == 0 {
+            // The first cut lands inside a striped host-to-device copy (24 MiB over the relay).
+            line.clear();
+            while !line.starts_with("copy up 2") {
+                line.clear();
+                out.read_line(&mut line).expect("the loop's progress");
+            }
+            std::thread::sleep(Duration::from_millis(3));
+        } else {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        relay.cut(cut % 2 == 1);
+        let back = wait_until(Duration::from_secs(15), || came_back(&server.log_text()) > cut);
+        assert!(back, "cut {cut}: the app did not come back:\n{}", server.log_text());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    app.stdin.take().expect("stdin").write_all(b"stop\n").expect("stop the loop");
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("the program's output");
+    let mut stderr = String::new();
+    app.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("the program's errors");
+    let status = app.wait().expect("the program ends");
+    assert!(status.success(), "{rest}\n{stderr}\n{}", server.log_text());
+    assert!(rest.contains(", wrong: 0") && rest.contains("PASSED: 0 failure(s)"), "{rest}\n{stderr}");
+    let log = server.log_text();
+    assert!(log.contains("data connection joined"), "the copies were striped:\n{log}");
+    for line in stderr.lines() {
+        assert!(line.contains("bulk copies use one connection"), "the app was told more than that: {line}\n{stderr}");
+    }
+    assert!(log.contains("the client sends it again"), "no striped copy was cut under way:\n{log}");
+}
+
 /// A server that is really gone (listener and worker killed) is the CUDA error it always was,
 /// within `FLYT_RECONNECT_MS` of the break and with the reason.
 #[test]

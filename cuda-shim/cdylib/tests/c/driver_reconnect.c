@@ -2,7 +2,10 @@
 // runs iterations until a line arrives on stdin, each one a host-to-device copy, a memset and a
 // device-to-device copy on a stream, an asynchronous copy back and a synchronize, every byte
 // checked. (The emulated device runs no kernels; its memsets and copies are real.) The first
-// failed call stops the loop: "stopped by NAME after N iteration(s) in S s".
+// failed call stops the loop: "stopped by NAME after N iteration(s) in S s". With the argument
+// "large", copies are 24 MiB and more (striped over data connections; the copy back is a
+// synchronous one into pageable memory, striped too), and "copy up N" is printed before each
+// iteration's host-to-device copy.
 #include "driver_expect.h"
 
 #include <poll.h>
@@ -12,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_BYTES (768 * 1024)
+#define MAX_BYTES (32 * 1024 * 1024)
 
 static double now(void) {
     struct timespec t;
@@ -29,11 +32,14 @@ static unsigned char pattern(int iteration, size_t offset) {
     return (unsigned char)(offset * 31 + (offset >> 11) + iteration * 7);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int large = argc > 1 && strcmp(argv[1], "large") == 0;
+    size_t base = large ? 24 * 1024 * 1024 : 256 * 1024;
     CUcontext context;
     CUstream stream;
     CUdeviceptr a, b;
     unsigned char *source = malloc(MAX_BYTES);
+    unsigned char *pageable = malloc(MAX_BYTES);
     unsigned char *back;
     double started;
     EXPECT(cuInit(0), CUDA_SUCCESS);
@@ -53,16 +59,26 @@ int main(void) {
     started = now();
     while (!stop_asked()) {
         // Sizes vary, so frames and copies end at ever different offsets of the stream.
-        size_t len = (256 * 1024 + (size_t)(iteration % 97) * 4093) & ~(size_t)3;
+        size_t len = (base + (size_t)(iteration % 97) * 4093) & ~(size_t)3;
         size_t half = len / 2 & ~(size_t)3;
         unsigned int word = 0x01010101u * (unsigned int)(iteration & 0xff);
         for (size_t k = 0; k < len; k++) source[k] = pattern(iteration, k);
         CUresult steps[6];
+        if (large) {
+            printf("copy up %d\n", iteration);
+            fflush(stdout);
+        }
         steps[0] = cuMemcpyHtoD(a, source, len);
         steps[1] = cuMemsetD32Async(b, word, len / 4, stream);
         steps[2] = cuMemcpyDtoDAsync(b, a, half, stream);
-        steps[3] = cuMemcpyDtoHAsync(back, b, len, stream);
-        steps[4] = cuStreamSynchronize(stream);
+        if (large) {
+            steps[3] = cuStreamSynchronize(stream);
+            steps[4] = cuMemcpyDtoH(pageable, b, len);
+            memcpy(back, pageable, len);
+        } else {
+            steps[3] = cuMemcpyDtoHAsync(back, b, len, stream);
+            steps[4] = cuStreamSynchronize(stream);
+        }
         size_t free_bytes, total_bytes;
         steps[5] = cuMemGetInfo(&free_bytes, &total_bytes);
         for (int s = 0; s < 6; s++) {
