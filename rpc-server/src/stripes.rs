@@ -150,9 +150,17 @@ impl<D: Device> Stripes<D> {
         if index >= MAX_LINKS {
             return refuse(socket, &format!("data connection {index} is past the limit of {MAX_LINKS}"));
         }
+        // Taken only between copies (a copy holds the links throughout).
         let mut links = self.links();
         if links.get(index).is_some_and(Option::is_some) {
-            return refuse(socket, &format!("data connection {index} has joined already"));
+            // A resumable session's client joins again after a cut its server may not have
+            // noticed on an idle link: the new connection replaces the old, whose thread ends.
+            if !self.broken_copies_come_again() {
+                return refuse(socket, &format!("data connection {index} has joined already"));
+            }
+            if let Some(old) = links[index].take() {
+                old.socket.shutdown();
+            }
         }
         let (reader, writer) =
             (socket.try_clone().map_err(|error| error.to_string())?, socket.try_clone().map_err(|error| error.to_string())?);

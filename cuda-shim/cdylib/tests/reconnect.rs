@@ -177,9 +177,9 @@ fn twenty_cut_connections_cost_the_app_nothing() {
     assert!(server.log_text().contains("session ended by the client"), "{}", server.log_text());
 }
 
-/// Large copies striped over data connections (4 over TCP): a cut breaks those too, and a copy
-/// under way is sent again whole over the main connection; later copies use the main connection
-/// (the one line saying so is all the app hears).
+/// Large copies striped over data connections (4 over TCP): a cut breaks those too, a copy under
+/// way is sent again whole over the main connection, and the data connections join again for the
+/// copies after; the app hears nothing.
 #[test]
 fn striped_copies_cut_under_way_are_sent_again() {
     let Some((scratch, program, lib)) = compiled("reconnect-striped") else { return };
@@ -228,9 +228,10 @@ fn striped_copies_cut_under_way_are_sent_again() {
     assert!(rest.contains(", wrong: 0") && rest.contains("PASSED: 0 failure(s)"), "{rest}\n{stderr}");
     let log = server.log_text();
     assert!(log.contains("data connection joined"), "the copies were striped:\n{log}");
-    for line in stderr.lines() {
-        assert!(line.contains("bulk copies use one connection"), "the app was told more than that: {line}\n{stderr}");
-    }
+    assert!(stderr.trim().is_empty(), "the app was told something:\n{stderr}");
+    // The data connections joined again after the cuts: later copies were striped too.
+    let joined = log.matches("data connection joined").count();
+    assert!(joined > 4, "only {joined} data connection(s) joined:\n{log}");
     assert!(log.contains("the client sends it again"), "no striped copy was cut under way:\n{log}");
 }
 
