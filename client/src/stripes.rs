@@ -14,7 +14,9 @@
 //! - Device to host: one reader thread per data connection reads chunks straight into the app's
 //!   buffer by the copy they name; the call returns once the reply and every byte are in.
 //! - A data connection that fails fails the copy under way (bounded by `IO_TIMEOUT` of no
-//!   progress) and ends striping for the session: later copies go over the main connection.
+//!   progress) and ends striping for the session: later copies go over the main connection. In a
+//!   session whose main connection resumes (`crate::reconnect`), the copy is sent again whole over
+//!   the main connection instead, and the data connections join again at the next large copy.
 //! - Compression (`FLYT_STRIPE_LZ4`: `auto`, the default, `on` or `off`): with `auto`, the
 //!   session tries both and keeps the faster: each way's goodput (the app's bytes per second of
 //!   whole copies of several chunks, round trips included, as the app sees them) is smoothed, and
