@@ -217,6 +217,12 @@ fn identity() -> ClientIdentity {
 /// Connects to the server; over TCP with `tls_ca`, through TLS checked against that CA. In a VM,
 /// `serial:PORT` is a virtio-serial port its host connects to the server's Unix socket.
 pub(crate) fn connect_wire(address: &str, tls_ca: Option<&str>) -> Result<Wire, String> {
+    connect_wire_within(address, tls_ca, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT)
+}
+
+/// [`connect_wire`] with its own limits on the TCP connect and the TLS handshake (a broken
+/// session's connection made again within its window, `crate::reconnect`).
+pub(crate) fn connect_wire_within(address: &str, tls_ca: Option<&str>, connect: Duration, handshake: Duration) -> Result<Wire, String> {
     if let Some(path) = address.strip_prefix("unix:") {
         return UnixStream::connect(path).map(Wire::Unix).map_err(|error| format!("cannot connect to {path}: {error}"));
     }
@@ -229,14 +235,14 @@ pub(crate) fn connect_wire(address: &str, tls_ca: Option<&str>) -> Result<Wire, 
     let targets = address.to_socket_addrs().map_err(|error| format!("bad server address '{address}': {error}"))?;
     let mut last = format!("'{address}' resolves to no address");
     for target in targets {
-        match TcpStream::connect_timeout(&target, CONNECT_TIMEOUT) {
+        match TcpStream::connect_timeout(&target, connect) {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
                 set_keepalive(&stream);
                 let Some(ca) = tls_ca else { return Ok(Wire::Tcp(stream)) };
                 let config = flyt_ring::tls::client_config(std::path::Path::new(ca)).map_err(|error| format!("FLYT_TLS_CA: {error}"))?;
                 let name = flyt_ring::tls::server_name(address)?;
-                let local = flyt_ring::tls::connect(config, name, stream, HANDSHAKE_TIMEOUT).map_err(|error| {
+                let local = flyt_ring::tls::connect(config, name, stream, handshake).map_err(|error| {
                     format!("TLS with {address} failed: {error} (does the server use TLS, with a certificate from this CA?)")
                 })?;
                 return Ok(Wire::Secured(local));

@@ -48,7 +48,10 @@ enum Attempt {
 
 impl Dialer {
     fn attempt(&self, received: u64, deadline: Instant) -> Result<(Wire, u64), Attempt> {
-        let mut wire = crate::client::connect_wire(&self.address, self.tls_ca.as_deref()).map_err(Attempt::Failed)?;
+        // No step may outlast the window (a host that drops packets would hold a connect 10 s).
+        let patience = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
+        let mut wire =
+            crate::client::connect_wire_within(&self.address, self.tls_ca.as_deref(), patience, patience).map_err(Attempt::Failed)?;
         let patience = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
         wire.set_read_timeout(Some(patience)).map_err(|error| Attempt::Failed(error.to_string()))?;
         let hello = Hello { reattach: Some(Reattach { session_id: self.session_id, secret: self.secret, received }), ..self.hello.clone() };
