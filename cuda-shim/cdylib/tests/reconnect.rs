@@ -177,6 +177,53 @@ fn twenty_cut_connections_cost_the_app_nothing() {
     assert!(server.log_text().contains("session ended by the client"), "{}", server.log_text());
 }
 
+/// Over TLS: each returning connection makes its own TLS handshake through the relay, and the
+/// session's plain bytes go on where they were.
+#[test]
+fn cuts_under_tls_cost_the_app_nothing() {
+    let Some((scratch, program, lib)) = compiled("reconnect-tls") else { return };
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (cert, key) = (scratch.join("server.pem"), scratch.join("server.key"));
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--tls-cert", &cert, "--tls-key", &key], &scratch);
+    let relay = Relay::start(&server.addresses[0]);
+    let mut app = Command::new(&program)
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("FLYT_SERVER", &relay.address)
+        .env("FLYT_TLS_CA", &cert)
+        .env("FLYT_SHM", "off")
+        .env("FLYT_STRIPES", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run driver_reconnect");
+    let mut out = BufReader::new(app.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("ready");
+    assert_eq!(line.trim(), "ready", "{}", server.log_text());
+    assert!(server.log_text().contains("transport=tls"), "{}", server.log_text());
+    let came_back = |log: &str| log.matches("the client came back: the session goes on").count();
+    for cut in 0..5 {
+        std::thread::sleep(Duration::from_millis(150));
+        relay.cut(cut % 2 == 0);
+        let back = wait_until(Duration::from_secs(15), || came_back(&server.log_text()) > cut);
+        assert!(back, "cut {cut}: the app did not come back:\n{}", server.log_text());
+    }
+    app.stdin.take().expect("stdin").write_all(b"stop\n").expect("stop the loop");
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("the program's output");
+    let mut stderr = String::new();
+    app.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("the program's errors");
+    let status = app.wait().expect("the program ends");
+    assert!(status.success(), "{rest}\n{stderr}\n{}", server.log_text());
+    assert!(rest.contains(", wrong: 0") && rest.contains("PASSED: 0 failure(s)"), "{rest}\n{stderr}");
+    assert!(stderr.trim().is_empty(), "the app was told something:\n{stderr}");
+    assert_eq!(came_back(&server.log_text()), 5, "{}", server.log_text());
+}
+
 /// Large copies striped over data connections (4 over TCP): a cut breaks those too, a copy under
 /// way is sent again whole over the main connection, and the data connections join again for the
 /// copies after; the app hears nothing.
