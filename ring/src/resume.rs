@@ -445,6 +445,26 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_missing_more_than_is_kept_ends_the_stream() {
+        /// Comes back at once, its peer having received nothing.
+        struct Forgetful(Mutex<Option<UnixStream>>);
+        impl Reattach for Forgetful {
+            fn reattach(&self, _received: u64, _ended: &dyn Fn() -> bool) -> Result<(Link, u64), String> {
+                let (ours, theirs) = UnixStream::pair().map_err(|error| error.to_string())?;
+                *lock(&self.0) = Some(theirs);
+                Ok((Link::Unix(ours), 0))
+            }
+        }
+        let (a, b) = UnixStream::pair().unwrap();
+        let (_input, mut out, handle) = resumable(Link::Unix(a), Box::new(Forgetful(Mutex::new(None))), 16).unwrap();
+        out.write_all(&[7u8; 64]).unwrap();
+        drop(b);
+        handle.break_connection(handle.connection());
+        let error = out.write(&[1]).unwrap_err();
+        assert!(error.to_string().contains("only bytes 48..64 are kept"), "{error}");
+    }
+
+    #[test]
     fn a_peer_that_does_not_come_back_ends_the_stream_with_the_reason() {
         struct Gone;
         impl Reattach for Gone {
