@@ -216,7 +216,13 @@ fn identity() -> ClientIdentity {
 
 /// Connects to the server; over TCP with `tls_ca`, through TLS checked against that CA. In a VM,
 /// `serial:PORT` is a virtio-serial port its host connects to the server's Unix socket.
-fn connect_wire(address: &str, tls_ca: Option<&str>) -> Result<Wire, String> {
+pub(crate) fn connect_wire(address: &str, tls_ca: Option<&str>) -> Result<Wire, String> {
+    connect_wire_within(address, tls_ca, CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT)
+}
+
+/// [`connect_wire`] with its own limits on the TCP connect and the TLS handshake (a broken
+/// session's connection made again within its window, `crate::reconnect`).
+pub(crate) fn connect_wire_within(address: &str, tls_ca: Option<&str>, connect: Duration, handshake: Duration) -> Result<Wire, String> {
     if let Some(path) = address.strip_prefix("unix:") {
         return UnixStream::connect(path).map(Wire::Unix).map_err(|error| format!("cannot connect to {path}: {error}"));
     }
@@ -229,14 +235,14 @@ fn connect_wire(address: &str, tls_ca: Option<&str>) -> Result<Wire, String> {
     let targets = address.to_socket_addrs().map_err(|error| format!("bad server address '{address}': {error}"))?;
     let mut last = format!("'{address}' resolves to no address");
     for target in targets {
-        match TcpStream::connect_timeout(&target, CONNECT_TIMEOUT) {
+        match TcpStream::connect_timeout(&target, connect) {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
                 set_keepalive(&stream);
                 let Some(ca) = tls_ca else { return Ok(Wire::Tcp(stream)) };
                 let config = flyt_ring::tls::client_config(std::path::Path::new(ca)).map_err(|error| format!("FLYT_TLS_CA: {error}"))?;
                 let name = flyt_ring::tls::server_name(address)?;
-                let local = flyt_ring::tls::connect(config, name, stream, HANDSHAKE_TIMEOUT).map_err(|error| {
+                let local = flyt_ring::tls::connect(config, name, stream, handshake).map_err(|error| {
                     format!("TLS with {address} failed: {error} (does the server use TLS, with a certificate from this CA?)")
                 })?;
                 return Ok(Wire::Secured(local));
@@ -334,6 +340,7 @@ fn resume_at(origin: &Origin, address: &str, snapshot: &str, channel: Option<&sh
     let info = match read_value::<HelloReply>(&mut wire, &limits) {
         Ok((_, HelloReply::Accepted(info))) => info,
         Ok((_, HelloReply::Refused { reason, .. })) => return Err(format!("{address} refused: {reason}")),
+        Ok((_, HelloReply::Reattached { .. })) => return Err(format!("{address} answered a session it was not asked for")),
         Err(error) => return Err(format!("{address}: {error}")),
     };
     if channel.is_some() && !info.shm_accepted {
@@ -349,10 +356,7 @@ fn resume_at(origin: &Origin, address: &str, snapshot: &str, channel: Option<&sh
             let socket = Arc::new(wire);
             Ok((Wire::RingIn(ring_in, socket.clone()), Wire::RingOut(ring_out, socket)))
         }
-        None => {
-            let reader = wire.try_clone().map_err(|error| error.to_string())?;
-            Ok((reader, wire))
-        }
+        None => crate::reconnect::halves(wire, &info, address, origin.tls_ca.as_deref(), &hello).map_err(|error| error.to_string()),
     }
 }
 
@@ -423,10 +427,25 @@ fn serial_handshake_again(address: &str, hello: &Hello, limits: &FrameLimits) ->
 }
 
 fn open() -> Result<Client, CudaError> {
-    open_session().map_err(|(error, reason)| {
+    let client = open_session().map_err(|(error, reason)| {
         crate::diagnostics::once("session", &format!("flyt: {reason}"));
         error
-    })
+    })?;
+    // A server that keeps a TCP session for its returning client ends it at once when the app
+    // exits (`Conn::goodbye`), not a grace period later.
+    extern "C" fn goodbye_at_exit() {
+        let _ = std::panic::catch_unwind(|| {
+            if let Some(Ok(client)) = CLIENT.get() {
+                client.conn.goodbye();
+                for node in &client.nodes {
+                    node.conn.goodbye();
+                }
+            }
+        });
+    }
+    // SAFETY: registering a plain `extern "C" fn()` with atexit is always sound.
+    unsafe { libc::atexit(goodbye_at_exit) };
+    Ok(client)
 }
 
 /// `FLYT_SERVER` (or the client manager's answer) as a list: one server, or a tenant's servers
@@ -462,13 +481,16 @@ fn open_node(
     let unavailable = |reason: String| (CudaError::DEVICES_UNAVAILABLE, reason);
     let mut wire = connect_wire(address, tls_ca).map_err(unavailable)?;
     wire.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|error| unavailable(error.to_string()))?;
-    write_value(&mut wire, 0, &Hello::new(token, identity.clone(), None))
-        .map_err(|error| unavailable(format!("server {address}: {error}")))?;
+    let hello = Hello::new(token, identity.clone(), None);
+    write_value(&mut wire, 0, &hello).map_err(|error| unavailable(format!("server {address}: {error}")))?;
     let limits = FrameLimits { max_message: 16 << 20, max_bulk: 0 };
     let info = match read_value::<HelloReply>(&mut wire, &limits) {
         Ok((_, HelloReply::Accepted(info))) => info,
         Ok((_, HelloReply::Refused { error, reason })) => {
             return Err((CudaError::from_code(error), format!("the GPU server {address} refused the session: {reason}")));
+        }
+        Ok((_, HelloReply::Reattached { .. })) => {
+            return Err(unavailable(format!("the server {address} answered a session it was not asked for")));
         }
         Err(error) => return Err(unavailable(format!("server {address} did not complete the handshake: {error}"))),
     };
@@ -476,7 +498,7 @@ fn open_node(
         return Err(unavailable(format!("the server {address} has no device")));
     }
     wire.set_read_timeout(None).map_err(|error| unavailable(error.to_string()))?;
-    let reader = wire.try_clone().map_err(|error| unavailable(error.to_string()))?;
+    let (reader, wire) = crate::reconnect::halves(wire, &info, address, tls_ca, &hello).map_err(|error| unavailable(error.to_string()))?;
     let conn = Conn::start(reader, wire, address.to_string())
         .map_err(|error| unavailable(format!("cannot start the session threads for {address}: {error}")))?;
     Ok((conn, info))
@@ -576,6 +598,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         HelloReply::Refused { error, reason } => {
             return Err((CudaError::from_code(error), format!("the GPU server {address} refused the session: {reason}")));
         }
+        HelloReply::Reattached { .. } => return Err(unavailable(format!("the server {address} answered a session it was not asked for"))),
     };
     wire.set_read_timeout(None).map_err(|error| unavailable(error.to_string()))?;
     let rings = offered.as_ref().filter(|_| info.shm_accepted && info.rings).map(|offered| offered.rings);
@@ -602,10 +625,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
             let socket = Arc::new(wire);
             (Wire::RingIn(ring_in, socket.clone()), Wire::RingOut(ring_out, socket))
         }
-        _ => {
-            let reader = wire.try_clone().map_err(|error| unavailable(error.to_string()))?;
-            (reader, wire)
-        }
+        _ => crate::reconnect::halves(wire, &info, &address, tls_ca.as_deref(), &hello).map_err(|error| unavailable(error.to_string()))?,
     };
     let conn =
         Conn::start(reader, writer, address.clone()).map_err(|error| unavailable(format!("cannot start the session threads: {error}")))?;
@@ -1300,6 +1320,7 @@ mod tests {
             peers,
             nvlinks: vec![vec![flyt_protocol::device::NvLinkEnd::Device(0)]; devices],
             stripe_secret: Default::default(),
+            resume_secret: None,
             copy_chunk,
             shm_accepted: false,
             rings: false,

@@ -16,8 +16,9 @@
 //! - Frames arrive in the order the server sent them, and the server sends a copy's bytes
 //!   before answering any call that waits for that copy, so when a synchronizing call returns,
 //!   the bytes of the copies it covered are in the app's memory.
-//! - If the connection breaks, every waiting call and every later call fails with
-//!   `cudaErrorDevicesUnavailable`: no hang.
+//! - A TCP session's connection that breaks is made again underneath (`crate::reconnect`) and the
+//!   calls go on; if that fails, or on any other connection, every waiting call and every later
+//!   call fails with `cudaErrorDevicesUnavailable`: no hang.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read};
@@ -47,6 +48,10 @@ const FLUSHER_SPIN: Duration = Duration::from_micros(100);
 /// How long a moved session waits for its last server to close the connection (it frees the
 /// session's memory first) before the rings it used start over with the next one.
 const PEER_GONE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a resumable connection may stay silent while calls wait before it is broken and
+/// made again (a live server sends `Notice::Alive` every second).
+const SILENT_BREAK: Duration = Duration::from_secs(4);
 
 /// A socket to the server, or one half of the shared-memory rings.
 pub use flyt_ring::Link as Wire;
@@ -326,6 +331,9 @@ pub struct Conn {
     frames_read: AtomicU64,
     /// The connection's socket, shut down by the watchdog to wake whatever waits on it.
     socket: Option<OwnedFd>,
+    /// A TCP session's resumable stream (`crate::reconnect`): ended with the connection's
+    /// failure, broken by the watchdog when it goes silent.
+    resume: Mutex<Option<flyt_ring::resume::Handle>>,
 }
 
 fn put_header(buf: &mut [u8], header: FrameHeader) {
@@ -360,6 +368,7 @@ impl Conn {
     pub fn start(reader: Wire, wire: Wire, server: String) -> io::Result<Arc<Self>> {
         let writes_directly = matches!(wire, Wire::RingOut(..));
         let socket = wire.as_fd().try_clone_to_owned().ok();
+        let resume = wire.resume_handle();
         let conn = Arc::new(Self {
             session: OnceLock::new(),
             writer: Mutex::new(WireHalf { wire, batch: Vec::with_capacity(64 << 10) }),
@@ -393,6 +402,7 @@ impl Conn {
             resized_devices: Mutex::new(None),
             frames_read: AtomicU64::new(0),
             socket,
+            resume: Mutex::new(resume),
         });
         if let Some(timeout) = reply_timeout() {
             let watched = Arc::downgrade(&conn);
@@ -452,6 +462,9 @@ impl Conn {
 
     /// Marks the connection dead, tells the user once, and fails every waiting call.
     fn fail(&self, reason: String) {
+        if let Some(stream) = &*lock(&self.resume) {
+            stream.close(&reason);
+        }
         if self.failure.set(reason.clone()).is_ok() {
             crate::diagnostics::once("connection", &format!("flyt: lost the connection to the GPU server {}: {reason}", self.server));
         }
@@ -463,6 +476,43 @@ impl Conn {
             writer.wire.shutdown();
         }
         self.wake_receiver();
+    }
+
+    /// Whether this connection comes back after it breaks (`crate::reconnect`).
+    pub fn resumes(&self) -> bool {
+        lock(&self.resume).is_some()
+    }
+
+    /// The app is exiting: a server that keeps sessions for returning connections ends this one
+    /// now (`req::Goodbye`) instead of waiting for it. Waits for nothing; later failures are not
+    /// reported.
+    pub fn goodbye(&self) {
+        let Some(stream) = lock(&self.resume).clone() else { return };
+        if self.failure.get().is_some() {
+            return;
+        }
+        {
+            let mut out = lock(&self.outgoing);
+            if out.paused {
+                return;
+            }
+            Self::enqueue_anywhere(&mut out, &req::Goodbye {}.into(), &[]);
+        }
+        // The server closes the connection next: nobody is to be told.
+        let _ = self.failure.set("the app is exiting".into());
+        // The flusher may hold the writing half a moment; a writer stuck for longer is not waited for.
+        let deadline = Instant::now() + Duration::from_millis(200);
+        loop {
+            if let Ok(writer) = self.writer.try_lock() {
+                let _ = self.write_locked(writer, &[]);
+                break;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stream.close("the app is exiting");
     }
 
     /// The first failure of an asynchronous copy since the last call, taken.
@@ -542,7 +592,12 @@ impl Conn {
             inbound.wire.retire_rings();
         }
         let session = self.session.get().ok_or("a move before the session opened")?;
+        // The last server's stream must not come back to it.
+        if let Some(stream) = lock(&self.resume).take() {
+            stream.close("the session moved");
+        }
         let (reader, writer) = session.reconnect(address.as_deref(), snapshot)?;
+        *lock(&self.resume) = writer.resume_handle();
         self.writes_directly.store(matches!(writer, Wire::RingOut(..)), Ordering::Relaxed);
         inbound.wire = reader;
         (inbound.start, inbound.end) = (0, 0);
@@ -1093,6 +1148,15 @@ fn watchdog(conn: &Weak<Conn>, timeout: Duration) {
             continue;
         }
         let since = *silent_since.get_or_insert_with(Instant::now);
+        // A live server says it is alive every second while calls wait: a resumable connection
+        // this silent is broken somewhere on the way (a path that died without a reset, a rebound
+        // address), and a new one may bring the session back before the timeout.
+        if since.elapsed() >= SILENT_BREAK
+            && since.elapsed() < SILENT_BREAK + tick
+            && let Some(stream) = &*lock(&conn.resume)
+        {
+            stream.break_connection(stream.connection());
+        }
         if since.elapsed() + tick > timeout {
             conn.fail(format!("it sent nothing for {} s while {waiting} call(s) waited for it (FLYT_REPLY_TIMEOUT)", timeout.as_secs()));
             if let Some(socket) = &conn.socket {

@@ -25,6 +25,7 @@ pub mod link;
 pub mod managed;
 pub mod mirrors;
 pub mod ranges;
+mod reconnect;
 pub mod registry;
 pub mod shaped;
 pub mod shm;

@@ -14,7 +14,9 @@
 //! - Device to host: one reader thread per data connection reads chunks straight into the app's
 //!   buffer by the copy they name; the call returns once the reply and every byte are in.
 //! - A data connection that fails fails the copy under way (bounded by `IO_TIMEOUT` of no
-//!   progress) and ends striping for the session: later copies go over the main connection.
+//!   progress) and ends striping for the session: later copies go over the main connection. In a
+//!   session whose main connection resumes (`crate::reconnect`), the copy is sent again whole over
+//!   the main connection instead, and the data connections join again at the next large copy.
 //! - Compression (`FLYT_STRIPE_LZ4`: `auto`, the default, `on` or `off`): with `auto`, the
 //!   session tries both and keeps the faster: each way's goodput (the app's bytes per second of
 //!   whole copies of several chunks, round trips included, as the app sees them) is smoothed, and
@@ -24,9 +26,9 @@
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use flyt_protocol::CudaError;
@@ -90,8 +92,20 @@ fn env_bytes(name: &str) -> Option<u64> {
 pub struct Stripes {
     /// `None`: the session stripes nothing.
     plan: Option<Plan>,
-    set: OnceLock<Option<Arc<Set>>>,
+    set: Mutex<Opened>,
+    reopened: AtomicU32,
 }
+
+/// The data connections, as far as they were opened.
+enum Opened {
+    NotYet,
+    Open(Arc<Set>),
+    /// They could not be opened: copies go over the main connection.
+    GaveUp,
+}
+
+/// How many times a resumable session opens its data connections again after they broke.
+const REOPENINGS: u32 = 1000;
 
 struct Plan {
     session_id: u64,
@@ -118,24 +132,34 @@ impl Stripes {
             chunk: env_bytes("FLYT_STRIPE_CHUNK").unwrap_or(DEFAULT_CHUNK).clamp(64 << 10, info.copy_chunk.max(64 << 10)),
             lz4: Lz4::from_env(),
         });
-        Self { plan, set: OnceLock::new() }
+        Self { plan, set: Mutex::new(Opened::NotYet), reopened: AtomicU32::new(0) }
     }
 
     /// The data connections for a copy of `len` bytes, opened at the first; `None`: the copy
     /// goes over the main connection.
-    fn for_copy(&self, len: u64) -> Option<(&Plan, Arc<Set>)> {
+    fn for_copy(&self, client: &Client, len: u64) -> Option<(&Plan, Arc<Set>)> {
         let plan = self.plan.as_ref().filter(|plan| len >= plan.min)?;
-        let set = self
-            .set
-            .get_or_init(|| match Set::open(plan) {
-                Ok(set) => Some(set),
-                Err(reason) => {
-                    crate::diagnostics::once("stripes", &format!("flyt: bulk copies use one connection: {reason}"));
-                    None
-                }
-            })
-            .clone()?;
-        (!set.dead.load(Ordering::Acquire)).then_some((plan, set))
+        let resumes = client.conn().resumes();
+        let mut opened = lock(&self.set);
+        match &*opened {
+            Opened::Open(set) if !set.dead.load(Ordering::Acquire) => return Some((plan, set.clone())),
+            // A resumable session's connections broke under a cut: they join again (the server
+            // replaces its side), up to a bound.
+            Opened::Open(_) if resumes && self.reopened.fetch_add(1, Ordering::Relaxed) < REOPENINGS => {}
+            Opened::Open(_) | Opened::GaveUp => return None,
+            Opened::NotYet => {}
+        }
+        *opened = match Set::open(plan, resumes) {
+            Ok(set) => Opened::Open(set),
+            Err(reason) => {
+                crate::diagnostics::once("stripes", &format!("flyt: bulk copies use one connection: {reason}"));
+                Opened::GaveUp
+            }
+        };
+        match &*opened {
+            Opened::Open(set) => Some((plan, set.clone())),
+            _ => None,
+        }
     }
 }
 
@@ -211,6 +235,9 @@ struct Set {
     goodput: [AtomicU64; 2],
     /// Striped copies begun (for the probes of the way not chosen).
     copies: AtomicU64,
+    /// A resumable session's: a broken connection is not news to the app (the copy goes again
+    /// and the connections join again).
+    quiet: bool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -231,7 +258,7 @@ fn join(plan: &Plan, index: usize) -> Result<Wire, String> {
 }
 
 impl Set {
-    fn open(plan: &Plan) -> Result<Arc<Self>, String> {
+    fn open(plan: &Plan, quiet: bool) -> Result<Arc<Self>, String> {
         let wires = (0..plan.count).map(|index| join(plan, index)).collect::<Result<Vec<_>, _>>()?;
         let mut senders = Vec::new();
         let mut receivers = Vec::new();
@@ -256,6 +283,7 @@ impl Set {
             dead: AtomicBool::new(false),
             goodput: [AtomicU64::new(0), AtomicU64::new(0)],
             copies: AtomicU64::new(0),
+            quiet,
         });
         for (index, (queue, reader, writer)) in receivers.into_iter().enumerate() {
             let sending = Arc::downgrade(&set);
@@ -300,7 +328,12 @@ impl Set {
     /// Ends striping: every copy under way fails, later ones use the main connection.
     fn fail(&self, reason: &str) {
         if !self.dead.swap(true, Ordering::AcqRel) {
-            crate::diagnostics::once("stripes-lost", &format!("flyt: a data connection failed ({reason}): bulk copies use one connection"));
+            if !self.quiet {
+                crate::diagnostics::once(
+                    "stripes-lost",
+                    &format!("flyt: a data connection failed ({reason}): bulk copies use one connection"),
+                );
+            }
             for socket in &self.sockets {
                 socket.shutdown();
             }
@@ -499,7 +532,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     if !client.single_server() {
         return None;
     }
-    let (plan, set) = client.stripes.for_copy(len)?;
+    let (plan, set) = client.stripes.for_copy(client, len)?;
     let progress = Arc::new(Progress::default());
     let mut queued = 0;
     let compress = set.compress(plan);
@@ -532,6 +565,11 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     if !failed {
         set.timed(plan, len, compress, started.elapsed());
     }
+    // A resumable session's server takes the broken copy for one that comes again: the caller
+    // copies it whole over the main connection, after the striped request (`crate::reconnect`).
+    if failed && client.conn().resumes() {
+        return None;
+    }
     // The server learns of a broken data connection itself and fails the copy; the caller's
     // next synchronizing call reports it. Here the app hears of it at once.
     Some(if failed { Err(CudaError::DEVICES_UNAVAILABLE) } else { Ok(()) })
@@ -554,7 +592,7 @@ pub unsafe fn dtoh(
     if !client.single_server() {
         return None;
     }
-    let (plan, set) = client.stripes.for_copy(len)?;
+    let (plan, set) = client.stripes.for_copy(client, len)?;
     let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
     lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, writing: 0, failed: false });
     let started = Instant::now();
@@ -565,6 +603,7 @@ pub unsafe fn dtoh(
         .call(&request.into())
         .and_then(|message| decode_reply::<rep::MemcpyDtoHStriped>(&message).map_err(|_| CudaError::UNKNOWN));
     let mut landings = lock(&set.landings);
+    let earlier = reply.as_ref().ok().and_then(|reply| reply.deferred);
     let mut outcome = match reply {
         Ok(reply) => reply.result.map(|_| reply.deferred),
         Err(error) => Err(error),
@@ -594,6 +633,16 @@ pub unsafe fn dtoh(
     landings.remove(&transfer);
     if outcome.is_ok() {
         set.timed(plan, len, compress, started.elapsed());
+    }
+    drop(landings);
+    // A data connection broke under the copy in a resumable session: the caller copies it whole
+    // over the main connection (which carries the app's later calls anyway), keeping the error an
+    // earlier asynchronous call left for this reply.
+    if outcome.is_err() && set.dead.load(Ordering::Acquire) && client.conn().resumes() {
+        if let Some(deferred) = earlier {
+            client.conn().defer(deferred);
+        }
+        return None;
     }
     Some(outcome)
 }

@@ -7,7 +7,7 @@ use crate::device::DeviceInfo;
 /// Bytes that open every `Hello`, so a stray connection is refused at once.
 pub const MAGIC: [u8; 4] = *b"FLYT";
 /// Bumped whenever a message or the op table changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 28;
+pub const PROTOCOL_VERSION: u32 = 29;
 /// The CUDA runtime ABI the shim implements.
 pub const CUDA_ABI_MAJOR: u32 = 13;
 /// `cudaRuntimeGetVersion` of the runtime the shim stands in for (CUDA 13.0).
@@ -70,6 +70,20 @@ pub struct Hello {
     /// A data connection of an open session (striped bulk copies, `crate::stripes`), not a
     /// session of its own.
     pub stripe: Option<crate::stripes::StripeJoin>,
+    /// The session's connection broke and its client comes back to it (`docs/design/reconnect.md`):
+    /// not a session of its own.
+    pub reattach: Option<Reattach>,
+}
+
+/// A client coming back to its session after its TCP connection broke: it proves it owns the
+/// session with the secret the server gave at the first handshake (`SessionInfo::resume_secret`)
+/// and says how many bytes of the session's stream from the server it has received, so the server
+/// sends the rest again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reattach {
+    pub session_id: u64,
+    pub secret: [u8; crate::stripes::SECRET_LEN],
+    pub received: u64,
 }
 
 impl Hello {
@@ -84,6 +98,7 @@ impl Hello {
             shm,
             resume: None,
             stripe: None,
+            reattach: None,
         }
     }
 }
@@ -115,6 +130,10 @@ pub struct SessionInfo {
     /// What a data connection of this session presents (`crate::stripes`); `None` when the
     /// session stripes no copies (the shared-memory channel carries its bulk).
     pub stripe_secret: Option<[u8; crate::stripes::SECRET_LEN]>,
+    /// What the client presents to come back to this session after its TCP connection broke
+    /// (`Hello::reattach`); `None` when the server keeps no session for a returning client (its
+    /// grace period is 0, or the session is not on TCP).
+    pub resume_secret: Option<[u8; crate::stripes::SECRET_LEN]>,
 }
 
 /// The server's answer to `Hello`.
@@ -125,6 +144,11 @@ pub enum HelloReply {
     Refused {
         error: u32,
         reason: String,
+    },
+    /// The answer to `Hello::reattach`: the session goes on over this connection. `received`:
+    /// the bytes of the client's stream the server has received; the client sends the rest again.
+    Reattached {
+        received: u64,
     },
 }
 

@@ -480,6 +480,10 @@ macro_rules! for_each_op {
             /// comes once every chunk was written. `blocking` as for `MemcpyDtoH`; `compress`:
             /// chunks LZ4 makes smaller go compressed (the client measured a slow link).
             183 MemcpyDtoHStriped memcpy_dtoh_striped [sync_point -] { src: u64, len: u64, stream: u64, transfer: u64, chunk: u64, blocking: bool, compress: bool } -> {};
+            // --- the session's end ---
+            /// The app is exiting: the session ends now (a TCP connection that merely breaks is
+            /// waited for, `docs/design/reconnect.md`).
+            184 Goodbye goodbye [noreply -] {} -> {};
         }
     };
 }

@@ -32,6 +32,9 @@ pub enum ToWorker {
     /// allocations' bytes to host memory, their physical memory released, their addresses kept.
     /// `reason` is logged. Not answered: the budget page shows what was freed.
     PageOut { reason: String },
+    /// A client comes back to the session after its TCP connection broke; its socket comes with
+    /// this message. The worker checks the secret, answers the connection and goes on over it.
+    Reattach { reattach: crate::handshake::Reattach, tcp: bool, secured: bool },
 }
 
 /// Worker to listener.

@@ -21,6 +21,7 @@
 
 mod link;
 pub mod region;
+pub mod resume;
 pub mod serial;
 pub mod timeline;
 pub mod tls;

@@ -28,6 +28,10 @@ pub enum Link {
     RingIn(RingReader, Arc<Link>),
     /// The rings' writing half.
     RingOut(RingWriter, Arc<Link>),
+    /// The reading half of a TCP session's stream that outlives its connection (`crate::resume`).
+    ResumeIn(crate::resume::Reader),
+    /// Its writing half.
+    ResumeOut(crate::resume::Writer),
 }
 
 fn wrong_half() -> io::Error {
@@ -51,6 +55,8 @@ impl Link {
             Self::Secured(_) => true,
             Self::Tcp(_) | Self::Unix(_) | Self::Serial(_) => false,
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.is_secured(),
+            Self::ResumeIn(reader) => reader.stream_is_secured(),
+            Self::ResumeOut(writer) => writer.stream_is_secured(),
         }
     }
 
@@ -61,8 +67,8 @@ impl Link {
             Self::Unix(stream) => Self::Unix(stream.try_clone()?),
             Self::Secured(stream) => Self::Secured(stream.try_clone()?),
             Self::Serial(stream) => Self::Serial(stream.try_clone()?),
-            Self::RingIn(..) | Self::RingOut(..) => {
-                return Err(io::Error::other("ring halves are not cloned"));
+            Self::RingIn(..) | Self::RingOut(..) | Self::ResumeIn(..) | Self::ResumeOut(..) => {
+                return Err(io::Error::other("ring and resumable halves are not cloned"));
             }
         })
     }
@@ -72,6 +78,8 @@ impl Link {
             Self::Tcp(stream) => stream.set_read_timeout(timeout),
             Self::Unix(stream) | Self::Secured(stream) | Self::Serial(stream) => stream.set_read_timeout(timeout),
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.set_read_timeout(timeout),
+            // The stream waits for its connection's return itself.
+            Self::ResumeIn(_) | Self::ResumeOut(_) => Ok(()),
         }
     }
 
@@ -81,6 +89,8 @@ impl Link {
             Self::Tcp(_) | Self::Secured(_) | Self::Serial(_) => true,
             Self::Unix(_) => false,
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.is_tcp(),
+            Self::ResumeIn(reader) => reader.stream_is_tcp(),
+            Self::ResumeOut(writer) => writer.stream_is_tcp(),
         }
     }
 
@@ -88,7 +98,8 @@ impl Link {
     pub fn read_nonblocking(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Self::RingIn(reader, _) => reader.try_read(buf),
-            Self::RingOut(..) => Err(wrong_half()),
+            Self::ResumeIn(reader) => reader.read_with(buf, true),
+            Self::RingOut(..) | Self::ResumeOut(..) => Err(wrong_half()),
             Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) | Self::Serial(_) => {
                 // SAFETY: `buf` is valid for writes of its length; the descriptor is this
                 // link's open socket.
@@ -105,12 +116,16 @@ impl Link {
             Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) | Self::Serial(_) => {
                 self.send_vectored(bufs, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
             }
+            Self::ResumeOut(writer) => writer.write_with(bufs, true),
             _ => self.write_vectored(bufs),
         }
     }
 
     /// Waits up to `timeout` until a socket can take more bytes.
     pub fn wait_writable(&self, timeout: Duration) {
+        if let Self::ResumeOut(writer) = self {
+            return writer.wait_writable(timeout);
+        }
         let mut poll = libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
         let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
         // SAFETY: one valid pollfd on this link's open socket.
@@ -164,7 +179,16 @@ impl Link {
         match self {
             Self::RingIn(reader, _) => reader.retire(),
             Self::RingOut(writer, _) => writer.retire(),
-            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) | Self::Serial(_) => {}
+            Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) | Self::Serial(_) | Self::ResumeIn(_) | Self::ResumeOut(_) => {}
+        }
+    }
+
+    /// The handle on a resumable stream's half (`crate::resume`), for the session's watchers.
+    pub fn resume_handle(&self) -> Option<crate::resume::Handle> {
+        match self {
+            Self::ResumeIn(reader) => Some(reader.handle()),
+            Self::ResumeOut(writer) => Some(writer.handle()),
+            _ => None,
         }
     }
 
@@ -174,6 +198,9 @@ impl Link {
             Self::Tcp(stream) => drop(stream.shutdown(std::net::Shutdown::Both)),
             Self::Unix(stream) | Self::Secured(stream) | Self::Serial(stream) => drop(stream.shutdown(std::net::Shutdown::Both)),
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.shutdown(),
+            // A resumable stream ends for good.
+            Self::ResumeIn(reader) => reader.close(),
+            Self::ResumeOut(writer) => writer.close(),
         }
     }
 }
@@ -184,6 +211,9 @@ impl AsFd for Link {
             Self::Tcp(stream) => stream.as_fd(),
             Self::Unix(stream) | Self::Secured(stream) | Self::Serial(stream) => stream.as_fd(),
             Self::RingIn(_, socket) | Self::RingOut(_, socket) => socket.as_fd(),
+            // The first connection's socket (the current one changes after a break).
+            Self::ResumeIn(reader) => reader.first_fd(),
+            Self::ResumeOut(writer) => writer.first_fd(),
         }
     }
 }
@@ -200,7 +230,8 @@ impl Read for Link {
             Self::Tcp(stream) => stream.read(buf),
             Self::Unix(stream) | Self::Secured(stream) | Self::Serial(stream) => stream.read(buf),
             Self::RingIn(reader, _) => reader.read(buf),
-            Self::RingOut(..) => Err(wrong_half()),
+            Self::ResumeIn(reader) => reader.read_with(buf, false),
+            Self::RingOut(..) | Self::ResumeOut(..) => Err(wrong_half()),
         }
     }
 }
@@ -215,7 +246,8 @@ impl Write for Link {
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         match self {
             Self::RingOut(writer, _) => return writer.write_vectored(bufs),
-            Self::RingIn(..) => return Err(wrong_half()),
+            Self::ResumeOut(writer) => return writer.write_with(bufs, false),
+            Self::RingIn(..) | Self::ResumeIn(..) => return Err(wrong_half()),
             Self::Tcp(_) | Self::Unix(_) | Self::Secured(_) | Self::Serial(_) => {}
         }
         self.send_vectored(bufs, libc::MSG_NOSIGNAL)

@@ -91,6 +91,10 @@ pub struct ServerArgs {
     /// Seconds a new connection has to send its hello.
     #[arg(long, env = "FLYT_RPC_HANDSHAKE_TIMEOUT", default_value_t = 10)]
     pub handshake_timeout_secs: u64,
+    /// Milliseconds a TCP session whose connection broke waits for its client to come back
+    /// (`docs/design/reconnect.md`); 0 ends the session when its connection breaks.
+    #[arg(long, env = "FLYT_RPC_RECONNECT_GRACE_MS", default_value_t = 10_000)]
+    pub reconnect_grace_ms: u64,
     /// Memory of the emulated device.
     #[arg(long, env = "FLYT_RPC_EMULATED_MEMORY", default_value = "16GiB")]
     pub emulated_memory: ByteSize,

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod output;
 pub mod page_pool;
 pub mod paging;
+pub mod reconnect;
 pub mod session;
 pub mod shareable;
 pub mod shm;

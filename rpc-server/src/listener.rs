@@ -168,6 +168,7 @@ impl Server {
             .args(["--emulated-sms", &args.emulated_sms.to_string()])
             .args(["--sm-percentage", &self.sm_percentage.load(Ordering::Acquire).to_string()])
             .args(["--inline-wait-us", &args.inline_wait_us.to_string()])
+            .args(["--reconnect-grace-ms", &args.reconnect_grace_ms.to_string()])
             .args(["--image-cache-size", &args.image_cache_size.0.to_string()])
             .args(args.metrics_listen.is_some().then_some("--time-calls"))
             .stdin(Stdio::null())
@@ -475,6 +476,9 @@ impl Server {
         if let Some(join) = hello.stripe {
             return self.join_stripe(connection, &peer, join);
         }
+        if let Some(reattach) = hello.reattach {
+            return self.reattach(connection, &peer, reattach);
+        }
         let worker = match &hello.resume {
             None => self.take_warm(Duration::from_secs(60)).map_err(|reason| format!("no GPU worker: {reason}")),
             Some(name) => self.resumed_worker(name),
@@ -531,6 +535,30 @@ impl Server {
         };
         let _ = connection.set_read_timeout(None);
         let command = ToWorker::Stripe { join, tcp: connection.is_tcp(), secured: connection.is_secured() };
+        let mut bytes = Vec::new();
+        encode_into(&command, &mut bytes);
+        let fds = [std::os::fd::AsFd::as_fd(&connection).as_raw_fd()];
+        let sent = sendmsg::<()>(
+            channel.as_raw_fd(),
+            &[std::io::IoSlice::new(&bytes)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        );
+        if let Err(error) = sent {
+            Self::refuse(&mut connection, peer, CudaError::DEVICES_UNAVAILABLE, format!("worker unavailable: {error}"));
+        }
+    }
+
+    /// Hands a client's connection back to the worker of its session (`crate::reconnect`), which
+    /// checks its secret and answers it.
+    fn reattach(&self, mut connection: Connection, peer: &str, reattach: flyt_protocol::handshake::Reattach) {
+        let Ok((_, channel)) = self.session_worker(reattach.session_id) else {
+            let reason = format!("no session {} on this server (it ended)", reattach.session_id);
+            return Self::refuse(&mut connection, peer, CudaError::DEVICES_UNAVAILABLE, reason);
+        };
+        let _ = connection.set_read_timeout(None);
+        let command = ToWorker::Reattach { reattach, tcp: connection.is_tcp(), secured: connection.is_secured() };
         let mut bytes = Vec::new();
         encode_into(&command, &mut bytes);
         let fds = [std::os::fd::AsFd::as_fd(&connection).as_raw_fd()];

@@ -1215,6 +1215,14 @@ impl<D: Device> OpHandler for Session<D> {
         if result.is_ok() {
             self.count_copy(request.stream, crate::stats::Copied::HostToDeviceSocket, request.len);
         }
+        // A resumable session's client copies again over its main connection (`crate::reconnect`).
+        let result = match result {
+            Err(CudaError::DEVICES_UNAVAILABLE) if self.stripes.as_ref().is_some_and(|stripes| stripes.broken_copies_come_again()) => {
+                tracing::info!(len = request.len, "a data connection broke under a striped copy: the client sends it again");
+                Ok(())
+            }
+            other => other,
+        };
         reply.send(result.map(|()| rep::MemcpyHtoDStriped {}));
     }
 
@@ -2260,6 +2268,12 @@ impl<D: Device> OpHandler for Session<D> {
         // A no-reply op: nothing goes out; the notices that follow tell the client what happened.
         reply.send(Ok(rep::Pause {}));
         self.moved = self.pause_for_checkpoint();
+    }
+
+    fn goodbye(&mut self, _request: req::Goodbye, reply: Responder<rep::Goodbye>) {
+        // The app is exiting: the session ends now rather than wait for a connection's return.
+        reply.send(Ok(rep::Goodbye {}));
+        self.moved = true;
     }
 
     fn launch_host_func(&mut self, request: req::LaunchHostFunc, reply: Responder<rep::LaunchHostFunc>) {

@@ -82,6 +82,9 @@ pub struct Stripes<D: Device> {
     /// Chunks a copy keeps in flight, each holding a staging buffer: fewer than the device's
     /// staging slots, or the session thread would wait for a slot only it can free.
     window: usize,
+    /// The session's client sends a host-to-device copy again over its main connection when a
+    /// data connection broke under it (a resumable session, `crate::reconnect`): not an error.
+    resent_when_broken: AtomicBool,
 }
 
 /// A session's secret for its data connections.
@@ -111,7 +114,25 @@ impl<D: Device> Stripes<D> {
     pub fn new(device: Arc<D>, secret: [u8; SECRET_LEN], stats: Option<Arc<crate::stats::SlotStats>>, staging_slots: usize) -> Self {
         // Two slots stay for the session's other copies (whose holders free them on their own).
         let window = staging_slots.saturating_sub(2).clamp(1, 6);
-        Self { secret, device, links: Mutex::new(Vec::new()), closing: Arc::new(AtomicBool::new(false)), stats, window }
+        Self {
+            secret,
+            device,
+            links: Mutex::new(Vec::new()),
+            closing: Arc::new(AtomicBool::new(false)),
+            stats,
+            window,
+            resent_when_broken: AtomicBool::new(false),
+        }
+    }
+
+    /// The client sends copies a broken data connection interrupted again (a resumable session).
+    pub fn resend_broken_copies(&self) {
+        self.resent_when_broken.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a copy a broken data connection interrupted comes again from the client.
+    pub fn broken_copies_come_again(&self) -> bool {
+        self.resent_when_broken.load(Ordering::Relaxed)
     }
 
     fn links(&self) -> std::sync::MutexGuard<'_, Vec<Option<Link<D>>>> {
@@ -129,9 +150,17 @@ impl<D: Device> Stripes<D> {
         if index >= MAX_LINKS {
             return refuse(socket, &format!("data connection {index} is past the limit of {MAX_LINKS}"));
         }
+        // Taken only between copies (a copy holds the links throughout).
         let mut links = self.links();
         if links.get(index).is_some_and(Option::is_some) {
-            return refuse(socket, &format!("data connection {index} has joined already"));
+            // A resumable session's client joins again after a cut its server may not have
+            // noticed on an idle link: the new connection replaces the old, whose thread ends.
+            if !self.broken_copies_come_again() {
+                return refuse(socket, &format!("data connection {index} has joined already"));
+            }
+            if let Some(old) = links[index].take() {
+                old.socket.shutdown();
+            }
         }
         let (reader, writer) =
             (socket.try_clone().map_err(|error| error.to_string())?, socket.try_clone().map_err(|error| error.to_string())?);

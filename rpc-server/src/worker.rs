@@ -53,6 +53,9 @@ pub struct WorkerArgs {
     pub sm_percentage: u32,
     #[arg(long)]
     pub inline_wait_us: u64,
+    /// Milliseconds a TCP session whose connection broke waits for its client (0: it ends).
+    #[arg(long, default_value_t = 0)]
+    pub reconnect_grace_ms: u64,
     #[arg(long)]
     pub image_cache: Option<std::path::PathBuf>,
     #[arg(long)]
@@ -219,6 +222,7 @@ fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> 
 
 /// Follows the listener's commands during the session: tells the client its new limits whenever
 /// the allocation was resized, runs checkpoints and their release, and page-outs (paging).
+#[allow(clippy::too_many_arguments, reason = "what each of the listener's commands acts on, each optional")]
 fn follow_commands<D: Device>(
     channel: OwnedFd,
     session: &Session<D>,
@@ -227,6 +231,7 @@ fn follow_commands<D: Device>(
     budget: Arc<SharedBudget>,
     stripes: Option<Arc<crate::stripes::Stripes<D>>>,
     pager: Option<Arc<crate::paging::Pager>>,
+    returns: Option<(Arc<crate::reconnect::Returns>, flyt_ring::resume::Handle)>,
 ) {
     let (outbox, moves) = (session.outbox(), session.moves());
     let spawned = std::thread::Builder::new().name("flyt-commands".into()).spawn(move || {
@@ -270,6 +275,22 @@ fn follow_commands<D: Device>(
                     Some(Ok(_)) => {}
                     None => tracing::warn!(session_id, "asked to page out without paging on"),
                 },
+                ToWorker::Reattach { reattach, tcp, secured } => {
+                    let Some(fd) = fd else { continue };
+                    let socket = if secured { Connection::secured_from_fd(fd) } else { Connection::from_fd(fd, tcp) };
+                    let taken = match &returns {
+                        Some((returns, stream)) if reattach.session_id == session_id => returns.offer(socket, &reattach, stream),
+                        _ => {
+                            let reason = format!("no session {} on this server (it ended)", reattach.session_id);
+                            let mut socket = socket;
+                            let _ = write_value(&mut socket, 0, &HelloReply::Refused { error: CudaError::DEVICES_UNAVAILABLE.code(), reason });
+                            Err("a returning connection for a session that waits for none".into())
+                        }
+                    };
+                    if let Err(reason) = taken {
+                        tracing::warn!(session_id, %reason, "returning connection refused");
+                    }
+                }
                 ToWorker::Serve { .. } | ToWorker::Restore { .. } => tracing::warn!(session_id, "a command for a worker without a session, ignored"),
             }
         }
@@ -409,6 +430,16 @@ fn serve<D: Device>(
     } else {
         None
     };
+    // A TCP session whose connection breaks waits for its client to come back; the
+    // shared-memory channel and Unix sockets are not networks that blip (`docs/design/reconnect.md`).
+    let resume_secret = if args.reconnect_grace_ms > 0 && shm.is_none() && matches!(connection, Connection::Tcp(_) | Connection::Secured(_))
+    {
+        crate::stripes::random_secret()
+            .map_err(|error| tracing::warn!(session_id, %error, "no resume secret: the session ends if its connection breaks"))
+            .ok()
+    } else {
+        None
+    };
     let session_info = SessionInfo {
         rings: rings.is_some(),
         session_id,
@@ -422,6 +453,7 @@ fn serve<D: Device>(
         shm_refusal,
         emulated: device.emulated(),
         stripe_secret,
+        resume_secret,
     };
     let Ok(mut writer) = connection.try_clone() else {
         return 1;
@@ -430,12 +462,27 @@ fn serve<D: Device>(
         tracing::info!(session_id, %error, "client left during the handshake");
         return 0;
     }
-    let (reader, writer) = match rings {
-        Some((reader, writer)) => {
+    let mut returns = None;
+    let (reader, writer) = match (rings, resume_secret) {
+        (Some((reader, writer)), _) => {
             let socket = Arc::new(connection);
             (Connection::RingIn(reader, socket.clone()), Connection::RingOut(writer, socket))
         }
-        None => (connection, writer),
+        (None, Some(secret)) => {
+            let waiting = crate::reconnect::Returns::new(session_id, secret, std::time::Duration::from_millis(args.reconnect_grace_ms));
+            drop(writer);
+            match flyt_ring::resume::resumable(connection, waiting.waiter(), flyt_ring::resume::DEFAULT_KEPT) {
+                Ok((reader, writer, stream)) => {
+                    returns = Some((waiting, stream));
+                    (reader, writer)
+                }
+                Err(error) => {
+                    tracing::warn!(session_id, %error, "no resumable stream: session closed");
+                    return 1;
+                }
+            }
+        }
+        (None, None) => (connection, writer),
     };
     let image_cache = args.image_cache.as_deref().and_then(|dir| match ImageCache::open(dir, args.image_cache_size) {
         Ok(cache) => Some(Arc::new(cache)),
@@ -488,7 +535,10 @@ fn serve<D: Device>(
         }
     }
     let stripes = stripe_secret.map(|secret| session.enable_stripes(secret, args.staging_slots));
-    follow_commands(channel, &session, session_id, device, budget, stripes, pager);
+    if let (Some(stripes), Some(_)) = (&stripes, &returns) {
+        stripes.resend_broken_copies();
+    }
+    follow_commands(channel, &session, session_id, device, budget, stripes, pager, returns);
     let outcome = session.serve(reader);
     let program = hello.client.program;
     match outcome {

@@ -721,6 +721,9 @@ macro_rules! probes {
     (Pause, $v:ident) => {
         vec![Probe::Effect(an_unasked_pause_changes_nothing)]
     };
+    (Goodbye, $v:ident) => {
+        vec![Probe::Effect(a_goodbye_ends_the_session)]
+    };
     (GraphMemTrim, $v:ident) => {
         vec![Probe::Effect(graph_memory_trim_answers)]
     };
@@ -1278,6 +1281,18 @@ fn an_unasked_pause_changes_nothing(socket: &str) {
     session.send(&req::Pause {}.into(), &[]);
     let ptr = session.call(req::Malloc { size: 4096 }).0.unwrap().ptr;
     session.call(req::Free { ptr }).0.unwrap();
+}
+
+/// The app's exit: the server ends the session and closes its connection at once (a TCP
+/// session's server would otherwise wait for the connection to come back).
+fn a_goodbye_ends_the_session(socket: &str) {
+    use std::io::Read;
+    let mut session = RawSession::open(socket, None).unwrap();
+    session.call(req::Malloc { size: 4096 }).0.unwrap();
+    session.send(&req::Goodbye {}.into(), &[]);
+    let mut rest = Vec::new();
+    session.stream.read_to_end(&mut rest).expect("the connection ends, within the read timeout");
+    assert!(rest.is_empty(), "nothing follows a goodbye: {} bytes", rest.len());
 }
 
 fn graph_memory_trim_answers(socket: &str) {

@@ -628,6 +628,7 @@ pub fn open_session(reply: &Value) -> ((u64, i32), Box<dyn ReadWrite + Send>) {
             ((device.total_mem, device.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(-1)), stream)
         }
         HelloReply::Refused { reason, .. } => panic!("session refused: {reason}"),
+        HelloReply::Reattached { .. } => panic!("a reattachment nobody asked for"),
     }
 }
 

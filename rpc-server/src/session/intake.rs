@@ -128,6 +128,8 @@ impl BulkSource for Held<'_> {
 impl Intake {
     pub fn new(connection: Connection, limits: FrameLimits, outbox: Arc<crate::transport::Outbox>) -> Arc<Self> {
         let socket = connection.as_fd().try_clone_to_owned();
+        // A resumable stream's client is gone only once it has not come back in time.
+        let resumable = connection.resume_handle();
         let intake = Arc::new(Self {
             reading: Mutex::new(Reading {
                 reader: BufReader::with_capacity(256 << 10, SpinningReader(connection)),
@@ -146,7 +148,7 @@ impl Intake {
                 let spawned = std::thread::Builder::new()
                     .name("flyt-client-watch".into())
                     .stack_size(64 << 10)
-                    .spawn(move || watched.watch_client(&socket, &outbox));
+                    .spawn(move || watched.watch_client(&socket, resumable.as_ref(), &outbox));
                 if let Err(error) = spawned {
                     tracing::warn!(%error, "no client watch: a worker held in the driver outlives its client");
                 }
@@ -166,13 +168,16 @@ impl Intake {
     /// `ORPHAN_GRACE`: it is held in the driver (a kernel that never ends, a wait on something
     /// only the app would have done), and the GPU memory it holds would stay taken from every
     /// other tenant. A reading session thread sees the end of the connection at once.
-    fn watch_client(&self, socket: &OwnedFd, outbox: &crate::transport::Outbox) {
+    fn watch_client(&self, socket: &OwnedFd, resumable: Option<&flyt_ring::resume::Handle>, outbox: &crate::transport::Outbox) {
         let mut gone_since: Option<Instant> = None;
         let mut frames_seen = 0;
         while !self.ended.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_secs(1));
             outbox.keep_alive(&mut frames_seen);
-            let hung_up = flyt_ring::peer_hung_up(socket.as_fd());
+            let hung_up = match resumable {
+                Some(stream) => stream.ended().is_some(),
+                None => flyt_ring::peer_hung_up(socket.as_fd()),
+            };
             if !hung_up {
                 gone_since = None;
                 continue;

@@ -36,6 +36,7 @@ impl RawSession {
         match reply {
             HelloReply::Accepted(info) => Ok(Self { stream, info, seq: 1 }),
             HelloReply::Refused { error, reason } => Err((error, reason)),
+            HelloReply::Reattached { .. } => Err((0, "a reattachment nobody asked for".into())),
         }
     }
 
