@@ -76,9 +76,10 @@ impl<S: Store> Cluster<S> {
                 } else {
                     (request.compute_units, request.memory)
                 };
-                let requirement = VmRequirement { vm_ip: tenant.clone(), host_ip, compute_units, memory, gpus: request.gpus };
+                // On one node: Slurm placed the job on one.
+                let requirement = VmRequirement { vm_ip: tenant.clone(), host_ip, compute_units, memory, gpus: request.gpus, spread: false };
                 // Refused now when nothing fits (no requirement left behind).
-                model.place(&requirement)?;
+                model.placement(&requirement, &[])?;
                 self.store.put_vm(&requirement).await.map_err(store_error)?;
                 tracing::info!(tenant = %tenant, compute_units, memory_mib = memory, gpus = request.gpus, "job requirement set");
                 model.vms.insert(tenant.clone(), requirement);
