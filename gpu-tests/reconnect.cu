@@ -34,7 +34,9 @@ int main(int argc, char **argv) {
         size_t n = (1 << 16) + (size_t)(it % 97) * 1021;
         size_t tail = n / 8;
         for (size_t i = 0; i < n; i++) source[i] = pattern(it, i);
-        CHECK(cudaMemcpy(in, source, n * 4, cudaMemcpyHostToDevice));
+        // On the kernel's stream: a pageable cudaMemcpy returns once its bytes are staged, and a
+        // non-blocking stream's kernel may read `in` before the DMA lands (natively it did).
+        CHECK(cudaMemcpyAsync(in, source, n * 4, cudaMemcpyHostToDevice, stream));
         mix<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(out, in, n, (uint32_t)it);
         CHECK_LAUNCH();
         CHECK(cudaMemsetAsync(out + (n - tail), it & 0xff, tail * 4, stream));
