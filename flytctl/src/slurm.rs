@@ -24,6 +24,12 @@ pub fn slurm_gpus(nodes: &[NodeView], allocations: &[AllocationRecord]) -> u32 {
         for gpu in &allocation.extra_gpus {
             held_by_others.insert((&allocation.node_id, *gpu));
         }
+        // A spread allocation's GPUs on its further nodes.
+        for share in &allocation.further {
+            for gpu in std::iter::once(&share.gpu).chain(&share.extra_gpus) {
+                held_by_others.insert((&share.node_id, *gpu));
+            }
+        }
         if let Some(pending) = &allocation.pending_move {
             held_by_others.insert((&pending.from_node, pending.from_gpu));
             held_by_others.insert((&pending.to_node, pending.to_gpu));
@@ -183,6 +189,7 @@ mod tests {
             node_id: node_id.into(),
             gpu,
             extra_gpus,
+            further: Vec::new(),
             compute_units: 10,
             memory: 100,
             sm_percentage: 25,
@@ -210,6 +217,21 @@ mod tests {
             allocation("10.0.0.6", "a", 1, Vec::new()),
         ];
         assert_eq!(slurm_gpus(&nodes, &allocations), 2);
+        // A spread allocation holds its further nodes' GPUs too.
+        let nodes = [node("a", 2, NodeHealth::Up, false), node("d", 2, NodeHealth::Up, false)];
+        let mut spread = allocation("10.0.0.7", "a", 0, Vec::new());
+        spread.further = vec![flyt_protocol::control::cluster::NodeShare {
+            node_id: "d".into(),
+            gpu: 1,
+            extra_gpus: Vec::new(),
+            sm_percentage: 25,
+            address_window: 1,
+            addresses: Vec::new(),
+            pid: 0,
+            sessions: 0,
+            metrics: None,
+        }];
+        assert_eq!(slurm_gpus(&nodes, &[spread]), 2);
     }
 
     #[test]
