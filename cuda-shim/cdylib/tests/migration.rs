@@ -325,7 +325,11 @@ fn a_session_with_a_sparse_array_stays_where_it_is_and_says_why() {
     let session = session_on(&setup, &a);
     let (code, out, err) = migrate(&setup, &a.control, &session, &b.control, &b.unix, &dir, &[]);
     assert_ne!(code, 0, "{out}");
-    assert!(err.contains("1 sparse or deferred-mapping CUDA array(s), whose mappings do not move yet"), "{err}");
+    assert!(
+        err.contains("1 sparse or deferred-mapping CUDA array(s), whose mappings do not move yet"),
+        "{err}\n--- a ---\n{}",
+        a.server.log_text()
+    );
     finish_app(app);
     assert_eq!(session_count(&setup, &b), 0);
 }
