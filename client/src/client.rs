@@ -169,7 +169,10 @@ impl crate::conn::SessionLink for Client {
             // Which of its servers moved is not known here, nor do the others pause with it.
             return Err("a session spread over several servers cannot move yet".into());
         }
-        reconnect(address, snapshot, self.shm.as_ref())
+        let (reader, writer, info, address) = reconnect(address, snapshot, self.shm.as_ref())?;
+        // The data connections join the new server's session (a move over TCP keeps striping).
+        self.stripes.moved(&info, &address);
+        Ok((reader, writer))
     }
 }
 
@@ -305,11 +308,12 @@ struct Origin {
 
 static ORIGIN: OnceLock<Origin> = OnceLock::new();
 
-/// A new connection to the session's server, made as the session's own was (address, TLS), and
-/// a hello with its token and identity: for the session's data connections (`stripes.rs`).
-pub(crate) fn connect_again() -> Result<(Wire, Hello), String> {
+/// A new connection to the session's server (`address`, or the first one's) made as the
+/// session's own was (TLS), and a hello with its token and identity: for the session's data
+/// connections (`stripes.rs`).
+pub(crate) fn connect_again(address: Option<&str>) -> Result<(Wire, Hello), String> {
     let origin = ORIGIN.get().ok_or("the session has not opened")?;
-    let wire = connect_wire(&origin.address, origin.tls_ca.as_deref())?;
+    let wire = connect_wire(address.unwrap_or(&origin.address), origin.tls_ca.as_deref())?;
     Ok((wire, Hello::new(origin.token.clone(), origin.identity.clone(), None)))
 }
 
@@ -322,7 +326,7 @@ fn resume_timeout() -> Duration {
 
 /// One attempt to continue snapshot `snapshot` at `address`, with the session's shared-memory
 /// segment if it has one: the connection's two halves.
-fn resume_at(origin: &Origin, address: &str, snapshot: &str, channel: Option<&shm::Channel>) -> Result<(Wire, Wire), String> {
+fn resume_at(origin: &Origin, address: &str, snapshot: &str, channel: Option<&shm::Channel>) -> Result<(Wire, Wire, SessionInfo), String> {
     let mut wire = connect_wire(address, origin.tls_ca.as_deref())?;
     wire.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|error| error.to_string())?;
     let offer = channel.map(|channel| channel.offer_again(matches!(wire, Wire::Unix(_)))).transpose()?;
@@ -354,26 +358,34 @@ fn resume_at(origin: &Origin, address: &str, snapshot: &str, channel: Option<&sh
             // hold the `Arc` below) for as long as they are used.
             let (ring_in, ring_out) = unsafe { channel.rings(channel.ring_capacity(), fd) };
             let socket = Arc::new(wire);
-            Ok((Wire::RingIn(ring_in, socket.clone()), Wire::RingOut(ring_out, socket)))
+            Ok((Wire::RingIn(ring_in, socket.clone()), Wire::RingOut(ring_out, socket), info))
         }
-        None => crate::reconnect::halves(wire, &info, address, origin.tls_ca.as_deref(), &hello).map_err(|error| error.to_string()),
+        None => {
+            let (reader, writer) =
+                crate::reconnect::halves(wire, &info, address, origin.tls_ca.as_deref(), &hello).map_err(|error| error.to_string())?;
+            Ok((reader, writer, info))
+        }
     }
 }
 
 /// Continues a moved session on `address` (or the server it had): retries until the server
 /// there has its snapshot, within `FLYT_RESUME_TIMEOUT`. The new connection's two halves.
-fn reconnect(address: Option<&str>, snapshot: &str, channel: Option<&crate::shm::Channel>) -> Result<(Wire, Wire), String> {
+fn reconnect(
+    address: Option<&str>,
+    snapshot: &str,
+    channel: Option<&crate::shm::Channel>,
+) -> Result<(Wire, Wire, SessionInfo, String), String> {
     let origin = ORIGIN.get().ok_or("a move before the session opened")?;
     let address = address.unwrap_or(&origin.address);
     let deadline = std::time::Instant::now() + resume_timeout();
     let mut told = false;
     loop {
         match resume_at(origin, address, snapshot, channel) {
-            Ok(wires) => {
+            Ok((reader, writer, info)) => {
                 if told {
                     crate::diagnostics::once("resumed", &format!("flyt: the session goes on at {address}"));
                 }
-                return Ok(wires);
+                return Ok((reader, writer, info, address.to_string()));
             }
             Err(reason) if std::time::Instant::now() < deadline => {
                 if !told {

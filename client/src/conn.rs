@@ -829,6 +829,28 @@ impl Conn {
         Ok(())
     }
 
+    /// Queues `request` (no bulk) if `still()` holds once no pause holds requests, checked under
+    /// the same hold of the outgoing buffer; `Ok(None)` when it did not hold. A reply slot when
+    /// `reply`. For requests tied to something a move replaces (a striped copy's data
+    /// connections): a pause that ends in a move makes `still()` false before requests go on.
+    pub fn send_if(
+        self: &Arc<Self>,
+        request: &Request,
+        reply: bool,
+        still: impl Fn() -> bool,
+    ) -> CudaResult<Option<Option<Arc<ReplySlot>>>> {
+        self.check_alive()?;
+        let mut out = self.unpaused()?;
+        if !still() {
+            return Ok(None);
+        }
+        let slot = reply.then(|| self.register(&out, None, false));
+        self.enqueue(&mut out, request, &[]);
+        drop(out);
+        self.flush()?;
+        Ok(Some(slot))
+    }
+
     /// Frames queued so far (see [`Conn::send_for_reply_marked`]).
     pub fn frames_sent(&self) -> u64 {
         lock(&self.outgoing).frames

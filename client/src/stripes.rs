@@ -94,6 +94,18 @@ pub struct Stripes {
     plan: Option<Plan>,
     set: Mutex<Opened>,
     reopened: AtomicU32,
+    /// Which session the data connections join, and where (a move changes both).
+    joining: Mutex<Joining>,
+    /// Bumped by each move: a set opened before it belongs to the last server.
+    generation: AtomicU64,
+}
+
+/// A data connection's claim: the session's id and secret, at its server (`None`: the first).
+#[derive(Clone)]
+struct Joining {
+    session_id: u64,
+    secret: [u8; SECRET_LEN],
+    address: Option<String>,
 }
 
 /// The data connections, as far as they were opened.
@@ -108,8 +120,6 @@ enum Opened {
 const REOPENINGS: u32 = 1000;
 
 struct Plan {
-    session_id: u64,
-    secret: [u8; SECRET_LEN],
     count: usize,
     min: u64,
     chunk: u64,
@@ -117,6 +127,11 @@ struct Plan {
 }
 
 impl Stripes {
+    /// Whether `set` is still the session's server's (no move since it opened).
+    fn current(&self, set: &Set) -> bool {
+        self.generation.load(Ordering::Acquire) == set.generation
+    }
+
     /// From the handshake: the server's secret, the transport (`tcp`) and whether bulk bytes
     /// have another way (the shared-memory channel) or data connections cannot be had (a VM's
     /// serial port): then nothing is striped.
@@ -124,15 +139,35 @@ impl Stripes {
         let default_count = if tcp { 4 } else { 2 };
         let count =
             std::env::var("FLYT_STRIPES").ok().and_then(|value| value.trim().parse::<usize>().ok()).unwrap_or(default_count).min(16);
-        let plan = info.stripe_secret.filter(|_| count > 0 && !not_here).map(|secret| Plan {
-            session_id: info.session_id,
-            secret,
+        let plan = info.stripe_secret.filter(|_| count > 0 && !not_here).map(|_| Plan {
             count,
             min: env_bytes("FLYT_STRIPE_MIN").unwrap_or(DEFAULT_MIN).max(64 << 10),
             chunk: env_bytes("FLYT_STRIPE_CHUNK").unwrap_or(DEFAULT_CHUNK).clamp(64 << 10, info.copy_chunk.max(64 << 10)),
             lz4: Lz4::from_env(),
         });
-        Self { plan, set: Mutex::new(Opened::NotYet), reopened: AtomicU32::new(0) }
+        let joining = Joining { session_id: info.session_id, secret: info.stripe_secret.unwrap_or_default(), address: None };
+        Self {
+            plan,
+            set: Mutex::new(Opened::NotYet),
+            reopened: AtomicU32::new(0),
+            joining: Mutex::new(joining),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// The session moved to `address` (its handshake there: `info`): later copies open data
+    /// connections to that server's session; one that takes none stripes nothing more.
+    pub fn moved(&self, info: &SessionInfo, address: &str) {
+        let mut opened = lock(&self.set);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        match info.stripe_secret {
+            Some(secret) => {
+                *lock(&self.joining) = Joining { session_id: info.session_id, secret, address: Some(address.to_string()) };
+                *opened = Opened::NotYet;
+                self.reopened.store(0, Ordering::Relaxed);
+            }
+            None => *opened = Opened::GaveUp,
+        }
     }
 
     /// The data connections for a copy of `len` bytes, opened at the first; `None`: the copy
@@ -149,7 +184,9 @@ impl Stripes {
             Opened::Open(_) | Opened::GaveUp => return None,
             Opened::NotYet => {}
         }
-        *opened = match Set::open(plan, resumes) {
+        let joining = lock(&self.joining).clone();
+        let generation = self.generation.load(Ordering::Acquire);
+        *opened = match Set::open(plan, &joining, generation, resumes) {
             Ok(set) => Opened::Open(set),
             Err(reason) => {
                 crate::diagnostics::once("stripes", &format!("flyt: bulk copies use one connection: {reason}"));
@@ -223,6 +260,8 @@ impl Progress {
 }
 
 struct Set {
+    /// The `Stripes::generation` it was opened in (its server's).
+    generation: u64,
     senders: Vec<Sender<Outgoing>>,
     sockets: Vec<Wire>,
     /// Held from a host-to-device request to its last chunk's queueing.
@@ -245,9 +284,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Opens one data connection and has it admitted.
-fn join(plan: &Plan, index: usize) -> Result<Wire, String> {
-    let (mut wire, mut hello) = crate::client::connect_again()?;
-    hello.stripe = Some(StripeJoin { session_id: plan.session_id, secret: plan.secret, index: index as u32 });
+fn join(joining: &Joining, index: usize) -> Result<Wire, String> {
+    let (mut wire, mut hello) = crate::client::connect_again(joining.address.as_deref())?;
+    hello.stripe = Some(StripeJoin { session_id: joining.session_id, secret: joining.secret, index: index as u32 });
     wire.set_read_timeout(Some(IO_TIMEOUT)).map_err(|error| error.to_string())?;
     write_value(&mut wire, 0, &hello).map_err(|error| format!("data connection {index}: {error}"))?;
     match read_value::<StripeReply>(&mut wire, &FrameLimits { max_message: 64 << 10, max_bulk: 0 }) {
@@ -258,8 +297,8 @@ fn join(plan: &Plan, index: usize) -> Result<Wire, String> {
 }
 
 impl Set {
-    fn open(plan: &Plan, quiet: bool) -> Result<Arc<Self>, String> {
-        let wires = (0..plan.count).map(|index| join(plan, index)).collect::<Result<Vec<_>, _>>()?;
+    fn open(plan: &Plan, joining: &Joining, generation: u64, quiet: bool) -> Result<Arc<Self>, String> {
+        let wires = (0..plan.count).map(|index| join(joining, index)).collect::<Result<Vec<_>, _>>()?;
         let mut senders = Vec::new();
         let mut receivers = Vec::new();
         let mut sockets = Vec::new();
@@ -274,6 +313,7 @@ impl Set {
             sockets.push(wire);
         }
         let set = Arc::new(Self {
+            generation,
             senders,
             sockets,
             order: Mutex::new(()),
@@ -541,8 +581,12 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
         let _order = lock(&set.order);
         let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
         let request = req::MemcpyHtoDStriped { dst, len, stream, transfer, chunk: plan.chunk };
-        if let Err(error) = client.conn().send_async(&request.into(), &[]).and_then(|()| client.conn().flush()) {
-            return Some(Err(error));
+        // A move while the request waited for a pause to end: the data connections are the last
+        // server's, so the copy goes over the main connection.
+        match client.conn().send_if(&request.into(), false, || client.stripes.current(&set)) {
+            Ok(Some(_)) => {}
+            Ok(None) => return None,
+            Err(error) => return Some(Err(error)),
         }
         for (number, (offset, piece)) in chunks(len, plan.chunk).enumerate() {
             // SAFETY: inside the app's `len`-byte source (this function's contract).
@@ -598,10 +642,19 @@ pub unsafe fn dtoh(
     let started = Instant::now();
     let compress = set.compress(plan);
     let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk, blocking, compress };
-    let reply = client
-        .conn()
-        .call(&request.into())
-        .and_then(|message| decode_reply::<rep::MemcpyDtoHStriped>(&message).map_err(|_| CudaError::UNKNOWN));
+    // As in `htod`: after a move the copy goes over the main connection.
+    let slot = match client.conn().send_if(&request.into(), true, || client.stripes.current(&set)) {
+        Ok(Some(Some(slot))) => slot,
+        Ok(_) => {
+            lock(&set.landings).remove(&transfer);
+            return None;
+        }
+        Err(error) => {
+            lock(&set.landings).remove(&transfer);
+            return Some(Err(error));
+        }
+    };
+    let reply = slot.wait().and_then(|message| decode_reply::<rep::MemcpyDtoHStriped>(&message).map_err(|_| CudaError::UNKNOWN));
     let mut landings = lock(&set.landings);
     let earlier = reply.as_ref().ok().and_then(|reply| reply.deferred);
     let mut outcome = match reply {

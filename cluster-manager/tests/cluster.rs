@@ -311,7 +311,9 @@ mod tests {
             cluster.allocation_of("10.0.0.1").and_then(|allocation| allocation["clients"].as_array().unwrap().is_empty().then_some(()))
         });
         let noticed = Instant::now();
-        wait_until("the idle allocation is released", Duration::from_secs(IDLE_GRACE_SECONDS + 5), || {
+        // Its session outlives it by the server's reconnect grace (a TCP client may come back,
+        // `--reconnect-grace-ms`, 10 s by default), then the allocation is idle.
+        wait_until("the idle allocation is released", Duration::from_secs(IDLE_GRACE_SECONDS + 10 + 5), || {
             cluster.allocation_of("10.0.0.1").is_none().then_some(())
         });
         assert!(noticed.elapsed() >= Duration::from_secs(IDLE_GRACE_SECONDS - 1), "released before the grace period");

@@ -77,7 +77,8 @@ impl<S: Store> Cluster<S> {
                     (request.compute_units, request.memory)
                 };
                 // On one node: Slurm placed the job on one.
-                let requirement = VmRequirement { vm_ip: tenant.clone(), host_ip, compute_units, memory, gpus: request.gpus, spread: false };
+                let requirement =
+                    VmRequirement { vm_ip: tenant.clone(), host_ip, compute_units, memory, gpus: request.gpus, spread: false };
                 // Refused now when nothing fits (no requirement left behind).
                 model.placement(&requirement, &[])?;
                 self.store.put_vm(&requirement).await.map_err(store_error)?;

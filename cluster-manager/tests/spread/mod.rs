@@ -289,7 +289,8 @@ fn a_vm_of_two_gpus_moves_whole_to_a_node_with_two() {
             let (program, lib) = flyt_test_support::driver_program(&source, &cuda, &scratch);
             let mut command = Command::new(&program);
             command
-                .args(["100", "50"])
+                // Rounds enough to outlast the refused move on a loaded machine (it pauses the app).
+                .args(["300", "50"])
                 .env("LD_LIBRARY_PATH", &lib)
                 .env("FLYT_CLIENT_MANAGER_SOCKET", &socket)
                 .env_remove("FLYT_SERVER")

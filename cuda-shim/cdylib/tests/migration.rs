@@ -184,6 +184,10 @@ fn four_moves(name: &str, channel: Channel) {
     let stdout = finish_app(app);
     assert_eq!(snapshots(&dir), 0, "each snapshot is removed once its app is back");
     assert!(b.server.log_text().contains("session restored"));
+    if matches!(channel, Channel::Socket) {
+        // Its striped copies (8 MiB) go on over data connections joined at the server it moved to.
+        assert!(b.server.log_text().contains("data connection joined"), "{}", b.server.log_text());
+    }
     if matches!(channel, Channel::SharedMemory) {
         assert!(stdout.contains(" mapped "), "the mapped page's device pointer is printed: {stdout}");
         for node in [&a, &b] {
