@@ -277,7 +277,11 @@ fn a_vm_of_two_gpus_moves_whole_to_a_node_with_two() {
     // toolkit's cuda.h is at hand); a session making none, that it made none.
     let stays = |cluster: &Cluster, timeout_ms: &str, reason: &str| {
         let (code, _, stderr) = cluster.flytctl(&["migrate", VM, "--to", "node-c", "--timeout-ms", timeout_ms]);
-        assert!(code == 1 && stderr.contains(reason) && stderr.contains("stays where it was"), "exit {code}: {stderr}");
+        assert!(
+            code == 1 && stderr.contains(reason) && stderr.contains("stays where it was"),
+            "exit {code}: {stderr}\n--- node-a ---\n{}",
+            cluster.log("node-a")
+        );
         let settled = cluster.wait_settled("the refused move");
         assert_eq!((settled[0]["node_id"].as_str(), &settled[0]["pid"]), (Some("node-a"), &before["pid"]), "{}", settled[0]);
     };
@@ -310,11 +314,13 @@ fn a_vm_of_two_gpus_moves_whole_to_a_node_with_two() {
     drop(session);
 
     // Without a session it moves: both GPUs of node-c, one server, the old one stopped.
-    let moved = wait_until("the move once the session is gone", Duration::from_secs(20), || {
+    let moved = wait_until("the move once the session is gone", Duration::from_secs(40), || {
         let (code, stdout, stderr) = cluster.flytctl(&["migrate", VM, "--to", "node-c"]);
         match code {
             0 => Some(stdout),
             _ if stderr.contains("several GPUs") => None,
+            // The dropped session waits out the server's reconnect grace (10 s) for its client.
+            _ if stderr.contains("the worker did not answer") => None,
             _ => panic!("exit {code}: {stderr}"),
         }
     });
