@@ -361,6 +361,11 @@ impl Handle {
         lock(&self.0.status).closed.clone()
     }
 
+    /// Whether the connection broke and the stream waits for its peer to come back.
+    pub fn recovering(&self) -> bool {
+        self.0.recovering.try_lock().is_err()
+    }
+
     /// How many times the stream moved to a new connection.
     pub fn recoveries(&self) -> u64 {
         self.0.recoveries.load(Ordering::Relaxed)

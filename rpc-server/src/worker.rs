@@ -258,7 +258,13 @@ fn follow_commands<D: Device>(
                     }
                 }
                 ToWorker::Checkpoint { dir, timeout_ms, on_device } => {
-                    let written = moves.checkpoint(&outbox, dir.into(), std::time::Duration::from_millis(timeout_ms), on_device);
+                    // A client away (its connection broke, it may come back) cannot be asked to
+                    // pause: said at once rather than after the reconnect grace.
+                    let written = if returns.as_ref().is_some_and(|(_, stream)| stream.recovering()) {
+                        Err("its client's connection broke and the session waits for it to come back (--reconnect-grace-ms): try again later".to_string())
+                    } else {
+                        moves.checkpoint(&outbox, dir.into(), std::time::Duration::from_millis(timeout_ms), on_device)
+                    };
                     match &written {
                         Ok(info) => tracing::info!(session_id, snapshot = %info.name, bytes = info.bytes, drain_us = info.drain_us, write_us = info.write_us, "checkpoint written"),
                         Err(reason) => tracing::warn!(session_id, %reason, "checkpoint refused"),
