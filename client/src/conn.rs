@@ -783,14 +783,7 @@ impl Conn {
 
     /// Sends a request whose reply will be collected through the returned slot.
     pub fn send_for_reply(self: &Arc<Self>, request: &Request, destination: Option<HostDestination>) -> CudaResult<Arc<ReplySlot>> {
-        self.check_alive()?;
-        if self.async_run.load(Ordering::Relaxed) != 0 {
-            self.async_run.store(0, Ordering::Relaxed);
-        }
-        let mut out = self.unpaused()?;
-        let slot = self.register(&out, destination, false);
-        self.enqueue(&mut out, request, &[]);
-        Ok(slot)
+        self.send_for_reply_marked(request, destination).map(|(slot, _)| slot)
     }
 
     /// [`Conn::send_for_reply`], with the number of frames queued once this request was: while
@@ -801,7 +794,9 @@ impl Conn {
         destination: Option<HostDestination>,
     ) -> CudaResult<(Arc<ReplySlot>, u64)> {
         self.check_alive()?;
-        self.async_run.store(0, Ordering::Relaxed);
+        if self.async_run.load(Ordering::Relaxed) != 0 {
+            self.async_run.store(0, Ordering::Relaxed);
+        }
         let mut out = self.unpaused()?;
         let slot = self.register(&out, destination, false);
         self.enqueue(&mut out, request, &[]);

@@ -137,7 +137,11 @@ pub fn resumable(link: Link, reattach: Box<dyn Reattach>, kept: usize) -> io::Re
         secured,
         recoveries: AtomicU64::new(0),
     });
-    Ok((Link::ResumeIn(Reader(stream.clone())), Link::ResumeOut(Writer(stream.clone())), Handle(stream)))
+    Ok((
+        Link::ResumeIn(Half(stream.clone(), std::marker::PhantomData)),
+        Link::ResumeOut(Half(stream.clone(), std::marker::PhantomData)),
+        Handle(stream),
+    ))
 }
 
 impl Stream {
@@ -215,11 +219,42 @@ impl Stream {
     }
 }
 
+/// One half of a resumable stream; `K` says which.
+pub struct Half<K>(Arc<Stream>, std::marker::PhantomData<K>);
+
+/// Marks the reading half.
+pub struct Reading;
+/// Marks the writing half.
+pub struct Writing;
+
 /// The reading half (`Link::ResumeIn`).
-pub struct Reader(Arc<Stream>);
+pub type Reader = Half<Reading>;
 
 /// The writing half (`Link::ResumeOut`).
-pub struct Writer(Arc<Stream>);
+pub type Writer = Half<Writing>;
+
+/// What either half tells of the stream they share.
+impl<K> Half<K> {
+    pub(crate) fn stream_is_tcp(&self) -> bool {
+        self.0.tcp
+    }
+
+    pub(crate) fn stream_is_secured(&self) -> bool {
+        self.0.secured
+    }
+
+    pub(crate) fn first_fd(&self) -> BorrowedFd<'_> {
+        self.0.first.as_fd()
+    }
+
+    pub(crate) fn close(&self) {
+        self.0.close("the connection was shut down");
+    }
+
+    pub(crate) fn handle(&self) -> Handle {
+        Handle(self.0.clone())
+    }
+}
 
 impl Reader {
     pub(crate) fn read_with(&self, buf: &mut [u8], nonblocking: bool) -> io::Result<usize> {
@@ -239,26 +274,6 @@ impl Reader {
             };
             self.0.recover(generation)?;
         }
-    }
-
-    pub(crate) fn stream_is_tcp(&self) -> bool {
-        self.0.tcp
-    }
-
-    pub(crate) fn stream_is_secured(&self) -> bool {
-        self.0.secured
-    }
-
-    pub(crate) fn first_fd(&self) -> BorrowedFd<'_> {
-        self.0.first.as_fd()
-    }
-
-    pub(crate) fn close(&self) {
-        self.0.close("the connection was shut down");
-    }
-
-    pub(crate) fn handle(&self) -> Handle {
-        Handle(self.0.clone())
     }
 }
 
@@ -288,26 +303,6 @@ impl Writer {
         // poll returns at once then.
         let side = lock(&self.0.write);
         side.link.wait_writable(timeout);
-    }
-
-    pub(crate) fn stream_is_tcp(&self) -> bool {
-        self.0.tcp
-    }
-
-    pub(crate) fn stream_is_secured(&self) -> bool {
-        self.0.secured
-    }
-
-    pub(crate) fn first_fd(&self) -> BorrowedFd<'_> {
-        self.0.first.as_fd()
-    }
-
-    pub(crate) fn close(&self) {
-        self.0.close("the connection was shut down");
-    }
-
-    pub(crate) fn handle(&self) -> Handle {
-        Handle(self.0.clone())
     }
 }
 

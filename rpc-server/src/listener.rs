@@ -113,6 +113,14 @@ fn send_command(channel: &OwnedFd, command: &ToWorker) -> nix::Result<usize> {
     nix::sys::socket::send(channel.as_raw_fd(), &bytes, MsgFlags::empty())
 }
 
+/// Sends one command to a worker with a client's connection, which the worker then owns.
+fn send_command_with(channel: &OwnedFd, command: &ToWorker, connection: &Connection) -> nix::Result<usize> {
+    let mut bytes = Vec::new();
+    encode_into(command, &mut bytes);
+    let fds = [std::os::fd::AsFd::as_fd(connection).as_raw_fd()];
+    sendmsg::<()>(channel.as_raw_fd(), &[std::io::IoSlice::new(&bytes)], &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None)
+}
+
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
 }
@@ -492,22 +500,12 @@ impl Server {
         let (tcp, secured) = (connection.is_tcp(), connection.is_secured());
         let client = hello.client.clone();
         let command = ToWorker::Serve { session_id, hello: Box::new(hello.clone()), tcp, peer: peer.clone(), secured };
-        let mut bytes = Vec::new();
-        encode_into(&command, &mut bytes);
         // Record the session before the worker can answer the client, so a status call that
         // follows the client's handshake always sees it.
         let slot = lock(&self.workers).get(&worker.pid).copied().unwrap_or(0);
         let record = SessionRecord { hello, worker_pid: worker.pid, slot, started_at: unix_now(), channel: worker.channel.clone() };
         lock(&self.sessions).insert(session_id, record);
-        let fds = [std::os::fd::AsFd::as_fd(&connection).as_raw_fd()];
-        let sent = sendmsg::<()>(
-            worker.channel.as_raw_fd(),
-            &[std::io::IoSlice::new(&bytes)],
-            &[ControlMessage::ScmRights(&fds)],
-            MsgFlags::empty(),
-            None,
-        );
-        if let Err(error) = sent {
+        if let Err(error) = send_command_with(&worker.channel, &command, &connection) {
             lock(&self.sessions).remove(&session_id);
             return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, format!("worker unavailable: {error}"));
         }
@@ -529,47 +527,28 @@ impl Server {
 
     /// Hands a data connection (`flyt_protocol::stripes`) to the worker of the session it names,
     /// which checks its secret and answers it.
-    fn join_stripe(&self, mut connection: Connection, peer: &str, join: flyt_protocol::stripes::StripeJoin) {
-        let Ok((_, channel)) = self.session_worker(join.session_id) else {
-            return Self::refuse(&mut connection, peer, CudaError::NOT_PERMITTED, "a data connection for no session of this server".into());
-        };
-        let _ = connection.set_read_timeout(None);
-        let command = ToWorker::Stripe { join, tcp: connection.is_tcp(), secured: connection.is_secured() };
-        let mut bytes = Vec::new();
-        encode_into(&command, &mut bytes);
-        let fds = [std::os::fd::AsFd::as_fd(&connection).as_raw_fd()];
-        let sent = sendmsg::<()>(
-            channel.as_raw_fd(),
-            &[std::io::IoSlice::new(&bytes)],
-            &[ControlMessage::ScmRights(&fds)],
-            MsgFlags::empty(),
-            None,
-        );
-        if let Err(error) = sent {
-            Self::refuse(&mut connection, peer, CudaError::DEVICES_UNAVAILABLE, format!("worker unavailable: {error}"));
-        }
+    fn join_stripe(&self, connection: Connection, peer: &str, join: flyt_protocol::stripes::StripeJoin) {
+        let (session_id, tcp, secured) = (join.session_id, connection.is_tcp(), connection.is_secured());
+        let unknown = (CudaError::NOT_PERMITTED, "a data connection for no session of this server".to_string());
+        self.hand_to_session(connection, peer, session_id, ToWorker::Stripe { join, tcp, secured }, unknown);
     }
 
     /// Hands a client's connection back to the worker of its session (`crate::reconnect`), which
     /// checks its secret and answers it.
-    fn reattach(&self, mut connection: Connection, peer: &str, reattach: flyt_protocol::handshake::Reattach) {
-        let Ok((_, channel)) = self.session_worker(reattach.session_id) else {
-            let reason = format!("no session {} on this server (it ended)", reattach.session_id);
-            return Self::refuse(&mut connection, peer, CudaError::DEVICES_UNAVAILABLE, reason);
+    fn reattach(&self, connection: Connection, peer: &str, reattach: flyt_protocol::handshake::Reattach) {
+        let (session_id, tcp, secured) = (reattach.session_id, connection.is_tcp(), connection.is_secured());
+        let unknown = (CudaError::DEVICES_UNAVAILABLE, format!("no session {session_id} on this server (it ended)"));
+        self.hand_to_session(connection, peer, session_id, ToWorker::Reattach { reattach, tcp, secured }, unknown);
+    }
+
+    /// Sends `command` with `connection` to the worker of session `session_id`; refuses the
+    /// connection with `unknown` when there is no such session.
+    fn hand_to_session(&self, mut connection: Connection, peer: &str, session_id: u64, command: ToWorker, unknown: (CudaError, String)) {
+        let Ok((_, channel)) = self.session_worker(session_id) else {
+            return Self::refuse(&mut connection, peer, unknown.0, unknown.1);
         };
         let _ = connection.set_read_timeout(None);
-        let command = ToWorker::Reattach { reattach, tcp: connection.is_tcp(), secured: connection.is_secured() };
-        let mut bytes = Vec::new();
-        encode_into(&command, &mut bytes);
-        let fds = [std::os::fd::AsFd::as_fd(&connection).as_raw_fd()];
-        let sent = sendmsg::<()>(
-            channel.as_raw_fd(),
-            &[std::io::IoSlice::new(&bytes)],
-            &[ControlMessage::ScmRights(&fds)],
-            MsgFlags::empty(),
-            None,
-        );
-        if let Err(error) = sent {
+        if let Err(error) = send_command_with(&channel, &command, &connection) {
             Self::refuse(&mut connection, peer, CudaError::DEVICES_UNAVAILABLE, format!("worker unavailable: {error}"));
         }
     }
