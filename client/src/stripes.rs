@@ -8,8 +8,9 @@
 //!   connected and authenticated as the session's own connection (TLS, token) and presenting the
 //!   session's secret from the handshake.
 //! - Host to device: one sender thread per data connection writes its chunks straight from the
-//!   app's buffer; the call returns once all are written (the server reads them in the copy's
-//!   order on its stream). The request and the chunks' queueing happen under one lock, so every
+//!   app's buffer; the call returns at the server's reply, sent once every chunk landed (the
+//!   server reads them in the copy's order on its stream): bytes written into a socket may still
+//!   be lost with it, and the app may reuse its buffer as soon as the call returns. The request and the chunks' queueing happen under one lock, so every
 //!   data connection carries chunks in the order the server meets the requests.
 //! - Device to host: one reader thread per data connection reads chunks straight into the app's
 //!   buffer by the copy they name; the call returns once the reply and every byte are in.
@@ -577,17 +578,17 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     let mut queued = 0;
     let compress = set.compress(plan);
     let started = Instant::now();
-    {
+    let slot = {
         let _order = lock(&set.order);
         let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
         let request = req::MemcpyHtoDStriped { dst, len, stream, transfer, chunk: plan.chunk };
         // A move while the request waited for a pause to end: the data connections are the last
         // server's, so the copy goes over the main connection.
-        match client.conn().send_if(&request.into(), false, || client.stripes.current(&set)) {
-            Ok(Some(_)) => {}
-            Ok(None) => return None,
+        let slot = match client.conn().send_if(&request.into(), true, || client.stripes.current(&set)) {
+            Ok(Some(Some(slot))) => slot,
+            Ok(_) => return None,
             Err(error) => return Some(Err(error)),
-        }
+        };
         for (number, (offset, piece)) in chunks(len, plan.chunk).enumerate() {
             // SAFETY: inside the app's `len`-byte source (this function's contract).
             let ptr = unsafe { src.add(offset as usize) };
@@ -598,7 +599,8 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
             }
             queued += 1;
         }
-    }
+        slot
+    };
     // Every queued chunk is answered (written, or failed within the write timeout) before the
     // app's buffer is let go.
     let mut state = lock(&progress.state);
@@ -606,17 +608,27 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
         state = progress.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
     let failed = state.1.is_some() || queued < chunks(len, plan.chunk).count();
-    if !failed {
+    drop(state);
+    // Written is not landed: a cut can lose what sat in a socket's buffers, so the server's
+    // reply (sent once every chunk landed, or the copy failed) decides.
+    let reply = slot.wait().and_then(|message| decode_reply::<rep::MemcpyHtoDStriped>(&message).map_err(|_| CudaError::UNKNOWN));
+    let again = match reply {
+        Ok(reply) => match reply.result {
+            Ok(answer) => answer.again,
+            Err(error) => return Some(Err(error)),
+        },
+        Err(error) => return Some(Err(error)),
+    };
+    if !failed && !again {
         set.timed(plan, len, compress, started.elapsed());
+        return Some(Ok(()));
     }
     // A resumable session's server takes the broken copy for one that comes again: the caller
     // copies it whole over the main connection, after the striped request (`crate::reconnect`).
-    if failed && client.conn().resumes() {
+    if client.conn().resumes() {
         return None;
     }
-    // The server learns of a broken data connection itself and fails the copy; the caller's
-    // next synchronizing call reports it. Here the app hears of it at once.
-    Some(if failed { Err(CudaError::DEVICES_UNAVAILABLE) } else { Ok(()) })
+    Some(Err(CudaError::DEVICES_UNAVAILABLE))
 }
 
 /// Device to host, striped (see [`htod`]); returns once the reply and every byte are in, with the

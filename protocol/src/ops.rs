@@ -474,8 +474,11 @@ macro_rules! for_each_op {
             // --- striped bulk copies (`crate::stripes`) ---
             /// Host to device over the session's data connections: `len` bytes for `dst` arrive in
             /// chunks of `chunk` bytes (the last one shorter), chunk `i` on data connection
-            /// `i % count`, each behind a chunk header naming `transfer`.
-            182 MemcpyHtoDStriped memcpy_htod_striped [noreply -] { dst: u64, len: u64, stream: u64, transfer: u64, chunk: u64 } -> {};
+            /// `i % count`, each behind a chunk header naming `transfer`. The reply comes once every
+            /// chunk landed: a chunk the client wrote may still be lost with its connection, so the
+            /// app's buffer is let go only then. `again`: a data connection broke under the copy in a
+            /// resumable session, and the client sends the copy again whole over its main connection.
+            182 MemcpyHtoDStriped memcpy_htod_striped [reply -] { dst: u64, len: u64, stream: u64, transfer: u64, chunk: u64 } -> { again: bool };
             /// Device to host over the session's data connections (chunks as above); the reply
             /// comes once every chunk was written. `blocking` as for `MemcpyDtoH`; `compress`:
             /// chunks LZ4 makes smaller go compressed (the client measured a slow link).

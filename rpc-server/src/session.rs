@@ -1219,11 +1219,11 @@ impl<D: Device> OpHandler for Session<D> {
         let result = match result {
             Err(CudaError::DEVICES_UNAVAILABLE) if self.stripes.as_ref().is_some_and(|stripes| stripes.broken_copies_come_again()) => {
                 tracing::info!(len = request.len, "a data connection broke under a striped copy: the client sends it again");
-                Ok(())
+                Ok(rep::MemcpyHtoDStriped { again: true })
             }
-            other => other,
+            other => other.map(|()| rep::MemcpyHtoDStriped { again: false }),
         };
-        reply.send(result.map(|()| rep::MemcpyHtoDStriped {}));
+        reply.send(result);
     }
 
     fn memcpy_dtoh_striped(&mut self, request: req::MemcpyDtoHStriped, reply: Responder<rep::MemcpyDtoHStriped>) {

@@ -1,7 +1,7 @@
 //! Striped bulk copies on the wire (`flyt_protocol::stripes`), against an emulated server: data
 //! connections join a session only with its secret, carry striped copies of odd sizes both ways
 //! with the bytes intact, stay in step when a copy is refused, and a hostile or broken data
-//! connection fails its copy (reported at the next sync) without harming the session.
+//! connection fails its copy (the copy's reply says so) without harming the session.
 
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
 #![allow(clippy::cast_possible_truncation, reason = "test copies of a few MiB: offsets fit in usize, bytes wrap on purpose")]
@@ -63,11 +63,12 @@ fn read_back(session: &mut RawSession, src: u64, len: u64) -> Vec<u8> {
     bytes
 }
 
-/// The next sync's deferred error (and that the one after is clean).
-fn deferred(session: &mut RawSession) -> Option<CudaError> {
-    let reply = session.call_with_deferred(req::DeviceSynchronize {}).0;
-    assert!(reply.result.is_ok());
-    reply.deferred
+/// The reply to the striped host-to-device copy sent as `seq`, once its chunks are in.
+fn htod_reply(session: &mut RawSession, seq: u32) -> Result<bool, CudaError> {
+    let mut message = Vec::new();
+    let header = read_message(&mut session.stream, &FrameLimits::default(), &mut message).expect("the copy's reply");
+    assert_eq!(header.seq, seq);
+    decode_reply::<rep::MemcpyHtoDStriped>(&message).expect("a striped copy's reply").result.map(|reply| reply.again)
 }
 
 #[test]
@@ -99,9 +100,9 @@ fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_wa
     // Host to device: 7 chunks and a short one, at an odd device offset.
     let len = 7 * CHUNK + 4093;
     let bytes = pattern(len, 3);
-    session.send(&req::MemcpyHtoDStriped { dst: ptr + 5, len, stream: 0, transfer: 11, chunk: CHUNK }.into(), &[]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr + 5, len, stream: 0, transfer: 11, chunk: CHUNK }.into(), &[]);
     send_chunks(&mut links, 11, &bytes);
-    assert_eq!(deferred(&mut session), None);
+    assert_eq!(htod_reply(&mut session, seq), Ok(false));
     assert!(read_back(&mut session, ptr + 5, len) == bytes, "striped host-to-device bytes");
 
     // Device to host: the same bytes come back in chunks, then the reply.
@@ -119,22 +120,22 @@ fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_wa
     // A refused copy (outside the session's memory) still reads its chunks: the next copy is in
     // step.
     let stray = pattern(2 * CHUNK + 1, 9);
-    session.send(&req::MemcpyHtoDStriped { dst: 0xdead_0000, len: stray.len() as u64, stream: 0, transfer: 13, chunk: CHUNK }.into(), &[]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: 0xdead_0000, len: stray.len() as u64, stream: 0, transfer: 13, chunk: CHUNK }.into(), &[]);
     send_chunks(&mut links, 13, &stray);
-    assert_eq!(deferred(&mut session), Some(CudaError::INVALID_VALUE));
+    assert_eq!(htod_reply(&mut session, seq), Err(CudaError::INVALID_VALUE));
     let next = pattern(CHUNK + 17, 21);
-    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: next.len() as u64, stream: 0, transfer: 14, chunk: CHUNK }.into(), &[]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: next.len() as u64, stream: 0, transfer: 14, chunk: CHUNK }.into(), &[]);
     send_chunks(&mut links, 14, &next);
-    assert_eq!(deferred(&mut session), None);
+    assert_eq!(htod_reply(&mut session, seq), Ok(false));
     assert!(read_back(&mut session, ptr, next.len() as u64) == next, "the copy after a refused one");
 
     // A chunk the session did not expect (another copy's) fails the copy and ends striping; the
     // session itself goes on, and other sessions never noticed.
-    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 15, chunk: CHUNK }.into(), &[]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 15, chunk: CHUNK }.into(), &[]);
     links[0].write_all(&ChunkHeader::raw(99, 0, CHUNK).encode()).unwrap();
     // The server may close the connection at the header, before the payload is all written.
     let _ = links[0].write_all(&vec![0xEE; CHUNK as usize]);
-    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    assert_eq!(htod_reply(&mut session, seq), Err(CudaError::DEVICES_UNAVAILABLE));
     assert!(read_back(&mut session, ptr, next.len() as u64) == next, "the stray chunk wrote nothing");
     let mut probe = [0u8; 1];
     assert!(matches!(links[1].read(&mut probe), Ok(0) | Err(_)), "the data connections were closed");
@@ -159,18 +160,18 @@ fn a_data_connection_that_breaks_mid_copy_fails_the_copy_not_the_session() {
     let mut links: Vec<UnixStream> = (0..2).map(|index| join(&socket, id, secret, index).0).collect();
     let ptr = session.call(req::Malloc { size: 1 << 20 }).0.expect("malloc").ptr;
     let bytes = pattern(4 * CHUNK, 1);
-    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bytes.len() as u64, stream: 0, transfer: 1, chunk: CHUNK }.into(), &[]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bytes.len() as u64, stream: 0, transfer: 1, chunk: CHUNK }.into(), &[]);
     // Chunk 0 arrives; data connection 1 goes away before its first chunk.
     send_chunks(&mut links[..1], 1, &bytes[..CHUNK as usize]);
     drop(links.remove(1));
-    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    assert_eq!(htod_reply(&mut session, seq), Err(CudaError::DEVICES_UNAVAILABLE));
     session.round_trip(0x33);
     // A hostile chunk length (past what the copy expects) is refused the same way.
     let (id, secret) = (session.info.session_id, session.info.stripe_secret.unwrap());
     let mut fresh: Vec<UnixStream> = (0..1).map(|index| join(&socket, id, secret, index).0).collect();
-    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 2, chunk: CHUNK }.into(), &[]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 2, chunk: CHUNK }.into(), &[]);
     fresh[0].write_all(&ChunkHeader::raw(2, 0, u64::MAX).encode()).unwrap();
-    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    assert_eq!(htod_reply(&mut session, seq), Err(CudaError::DEVICES_UNAVAILABLE));
     session.round_trip(0x44);
 }
 
@@ -192,7 +193,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     let weights: Vec<u8> = (0..(3 * CHUNK as u32 + 1000) / 2).flat_map(|i| ((i / 5) as u16 ^ 0x3c00).to_le_bytes()).collect();
     let len = weights.len() as u64;
     let mut saved = 0;
-    session.send(&req::MemcpyHtoDStriped { dst: ptr, len, stream: 0, transfer: 1, chunk: CHUNK }.into(), &[]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len, stream: 0, transfer: 1, chunk: CHUNK }.into(), &[]);
     for (number, (offset, piece)) in chunks(len, CHUNK).enumerate() {
         let block = lz4_flex::block::compress(&weights[offset as usize..(offset + piece) as usize]);
         assert!((block.len() as u64) < piece);
@@ -201,7 +202,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
         link.write_all(&ChunkHeader { transfer: 1, offset, len: piece, wire_len: block.len() as u64, flags: 0 }.encode()).unwrap();
         link.write_all(&block).unwrap();
     }
-    assert_eq!(deferred(&mut session), None);
+    assert_eq!(htod_reply(&mut session, seq), Ok(false));
     assert!(read_back(&mut session, ptr, len) == weights, "compressed chunks landed as their bytes");
 
     // Back with compression asked: every chunk of these bytes comes as a block.
@@ -255,7 +256,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
         .collect();
     let mut compressor = flyt_protocol::stripes::Compressor::default();
     let bf16_len = bf16.len() as u64;
-    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bf16_len, stream: 0, transfer: 5, chunk: CHUNK }.into(), &[]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bf16_len, stream: 0, transfer: 5, chunk: CHUNK }.into(), &[]);
     for (number, (offset, piece)) in chunks(bf16_len, CHUNK).enumerate() {
         let (block, flags) = compressor.compress(&bf16[offset as usize..(offset + piece) as usize]).expect("bf16-like bytes shrink");
         assert_eq!(flags, flyt_protocol::stripes::SHUFFLED);
@@ -265,7 +266,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
             .unwrap();
         links[number % 2].write_all(block).unwrap();
     }
-    assert_eq!(deferred(&mut session), None);
+    assert_eq!(htod_reply(&mut session, seq), Ok(false));
     assert!(read_back(&mut session, ptr, bf16_len) == bf16, "shuffled chunks landed as their bytes");
     let seq = session.send(
         &req::MemcpyDtoHStriped { src: ptr, len: bf16_len, stream: 0, transfer: 6, chunk: CHUNK, blocking: true, compress: true }.into(),
@@ -294,9 +295,9 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
 
     // A block that decompresses to fewer bytes than its chunk: the copy fails, the session goes on.
     let short = lz4_flex::block::compress(&weights[..CHUNK as usize - 1]);
-    session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 4, chunk: CHUNK }.into(), &[]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 4, chunk: CHUNK }.into(), &[]);
     links[0].write_all(&ChunkHeader { transfer: 4, offset: 0, len: CHUNK, wire_len: short.len() as u64, flags: 0 }.encode()).unwrap();
     links[0].write_all(&short).unwrap();
-    assert_eq!(deferred(&mut session), Some(CudaError::DEVICES_UNAVAILABLE));
+    assert_eq!(htod_reply(&mut session, seq), Err(CudaError::DEVICES_UNAVAILABLE));
     session.round_trip(0x66);
 }
