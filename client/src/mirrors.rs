@@ -131,8 +131,9 @@ struct State {
     mirrors: Vec<Mirror>,
     /// Pages mapped for mirrors (variables may share a page).
     pages: BTreeSet<u64>,
-    /// The stream exchanges run on, made at the first one.
-    stream: Option<u64>,
+    /// The streams exchanges run on, one per session device (the server's index), each made at
+    /// the device's first: a memset must run on a stream of its memory's device.
+    streams: Vec<(u32, u64)>,
     /// Where one piece of a mirror's device bytes is read to be compared with its snapshot.
     /// Reused, at most one copy chunk long.
     scratch: Vec<u8>,
@@ -218,7 +219,7 @@ impl Mirrors {
     pub fn forget_all(&self, client: &Client) {
         let mut state = self.lock();
         let gone = std::mem::take(&mut state.mirrors);
-        state.stream = None;
+        state.streams.clear();
         self.any.store(false, Ordering::Relaxed);
         drop(state);
         for mirror in &gone {
@@ -241,12 +242,13 @@ fn forget_ranges(client: &Client, gone: &[Mirror]) {
 impl Client {
     /// The mirrors' stream, made at first use.
     fn mirror_stream(&self, state: &mut State) -> CudaResult<u64> {
-        if let Some(stream) = state.stream {
+        let device = crate::devices::thread_device();
+        if let Some(&(_, stream)) = state.streams.iter().find(|(of, _)| *of == device) {
             return Ok(stream);
         }
         let stream = self.new_stream_id();
         self.post(req::StreamCreate { stream, flags: NON_BLOCKING, priority: 0 })?;
-        state.stream = Some(stream);
+        state.streams.push((device, stream));
         Ok(stream)
     }
 
