@@ -152,6 +152,10 @@ for delay in "${delays[@]}"; do
         fi
     fi
     rtt "$delay"
+    # Decoding drifts with the host's CPU: each delay's ratio is against a native run just before.
+    if wants gpt2 && [ "$delay" != 0 ]; then
+        timeout 400 "$PY" "$here/gpt2_remote.py" --decode-only 2>>"$OUT/gpt2.$delay.native.err" | tag "$delay" native >>"$OUT/remote.jsonl"
+    fi
     bench "$delay" flyt
     if [ ${#relays[@]} -gt 0 ]; then
         kill "${relays[@]}" 2>/dev/null
@@ -190,7 +194,8 @@ for d in delays:
             if r.get("dir") == direction and r.get("mem") == memory:
                 return r.get("gbps")
     step = pick(d, "flyt", "gpt2_train_step", "p50_ms"); stepn = pick("0", "native", "gpt2_train_step", "p50_ms")
-    dec = pick(d, "flyt", "gpt2_decode", "ms_per_token"); decn = pick("0", "native", "gpt2_decode", "ms_per_token")
+    dec = pick(d, "flyt", "gpt2_decode", "ms_per_token")
+    decn = pick(d, "native", "gpt2_decode", "ms_per_token") or pick("0", "native", "gpt2_decode", "ms_per_token")
     ratio = lambda a, b: "-" if a is None or not b else f"{a:.2f} ({a / b:.2f}x)"
     print(f"| {d} | {fmt(rtt)} us | {fmt(ls)} us ({fmt(lsn)}) | {fmt(gbs(keys, 'H2D', 'pinned'))} / {fmt(gbs(keys, 'D2H', 'pinned'))} ({fmt(gbs(keys_n, 'H2D', 'pinned'))} / {fmt(gbs(keys_n, 'D2H', 'pinned'))}) | {ratio(step, stepn)} | {ratio(dec, decn)} |")
 EOF
