@@ -182,7 +182,20 @@ impl Stripes {
             // A resumable session's connections broke under a cut: they join again (the server
             // replaces its side), up to a bound.
             Opened::Open(_) if resumes && self.reopened.fetch_add(1, Ordering::Relaxed) < REOPENINGS => {}
-            Opened::Open(_) | Opened::GaveUp => return None,
+            // Said here, not where the set failed: a set a move left behind fails as its server
+            // lets the session go, and is never looked at again.
+            Opened::Open(set) => {
+                if !set.quiet {
+                    let reason = lock(&set.failure).clone().unwrap_or_default();
+                    crate::diagnostics::once(
+                        "stripes-lost",
+                        &format!("flyt: a data connection failed ({reason}): bulk copies use one connection"),
+                    );
+                }
+                *opened = Opened::GaveUp;
+                return None;
+            }
+            Opened::GaveUp => return None,
             Opened::NotYet => {}
         }
         let joining = lock(&self.joining).clone();
@@ -271,6 +284,8 @@ struct Set {
     landings: Mutex<HashMap<u64, Landing>>,
     landed: Condvar,
     dead: AtomicBool,
+    /// Why it died (the first reason).
+    failure: Mutex<Option<String>>,
     /// Smoothed goodput, bytes per second, of raw and of compressed copies (0: none timed yet).
     goodput: [AtomicU64; 2],
     /// Striped copies begun (for the probes of the way not chosen).
@@ -322,6 +337,7 @@ impl Set {
             landings: Mutex::new(HashMap::new()),
             landed: Condvar::new(),
             dead: AtomicBool::new(false),
+            failure: Mutex::new(None),
             goodput: [AtomicU64::new(0), AtomicU64::new(0)],
             copies: AtomicU64::new(0),
             quiet,
@@ -369,12 +385,7 @@ impl Set {
     /// Ends striping: every copy under way fails, later ones use the main connection.
     fn fail(&self, reason: &str) {
         if !self.dead.swap(true, Ordering::AcqRel) {
-            if !self.quiet {
-                crate::diagnostics::once(
-                    "stripes-lost",
-                    &format!("flyt: a data connection failed ({reason}): bulk copies use one connection"),
-                );
-            }
+            lock(&self.failure).get_or_insert_with(|| reason.to_string());
             for socket in &self.sockets {
                 socket.shutdown();
             }

@@ -140,6 +140,8 @@ fn finish_app(app: Child) -> String {
     let pointers: Vec<&str> = stdout.lines().filter(|line| line.starts_with("pointers:")).collect();
     assert_eq!(pointers.len(), 2, "{stdout}");
     assert_eq!(pointers[0], pointers[1], "the app's pointers changed:\n{stdout}");
+    // The data connections a move leaves behind close with their server: nothing for the app.
+    assert!(!stderr.contains("a data connection failed"), "the app was told of a left-behind data connection:\n{stderr}");
     stdout
 }
 
