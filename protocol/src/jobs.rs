@@ -88,6 +88,9 @@ pub enum JobRequest {
     Allocate { job: u32, shape: JobShape },
     /// `job` ended here, however it ended: give its GPUs back.
     Release { job: u32 },
+    /// How many GPUs of `shape`'s slice size (`gpus` is ignored) this node's jobs may hold now:
+    /// the free ones plus those its jobs hold (Kubernetes' device plugin, `docs/kubernetes.md`).
+    Capacity { shape: JobShape },
 }
 
 /// The client manager's answer.
@@ -113,6 +116,8 @@ pub enum JobReply {
     Released { allocation_id: Option<String> },
     /// No GPUs for the job; `reason` says why and is shown to the user.
     Refused { reason: String },
+    /// The answer to [`JobRequest::Capacity`]: that many slices (or whole GPUs).
+    Capacity { slices: u32 },
 }
 
 /// The whole exchange from the plugin's side, over a connected stream: sends `request`, reads

@@ -78,6 +78,7 @@ impl ClientManager {
             match request {
                 JobRequest::Allocate { job, shape } => self.allocate_job(job, shape, peer_pid.unwrap_or(0)).await,
                 JobRequest::Release { job } => self.release_job(job).await,
+                JobRequest::Capacity { shape } => self.job_capacity(shape).await,
             }
         };
         let mut bytes = Vec::new();
@@ -168,6 +169,23 @@ impl ClientManager {
                 self.jobs.releases_pending.lock().await.insert(job);
                 JobReply::Released { allocation_id: known }
             }
+        }
+    }
+
+    /// How many slices of `shape`'s size this node's jobs may hold now (the cluster manager's count).
+    async fn job_capacity(&self, shape: JobShape) -> JobReply {
+        let vm_ip = self.config.vm_ip.clone();
+        let deadline = Instant::now() + Duration::from_secs(self.config.request_timeout_seconds);
+        let answer = self
+            .call_cluster(deadline, |connection, context| {
+                let vm_ip = vm_ip.clone();
+                async move { connection.job_capacity(context, vm_ip, shape.compute_units, shape.memory_mib).await }
+            })
+            .await;
+        match answer {
+            Ok(Ok(slices)) => JobReply::Capacity { slices },
+            Ok(Err(error)) => JobReply::Refused { reason: error.to_string() },
+            Err(reason) => JobReply::Refused { reason },
         }
     }
 
