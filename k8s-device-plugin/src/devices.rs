@@ -106,11 +106,8 @@ pub fn container_response(layout: &Layout, reply: &JobReply) -> Option<Container
         ("FLYT_SERVER".to_string(), address.clone()),
         ("FLYT_TOKEN".to_string(), token.clone()),
     ]);
-    let mut mounts = vec![Mount {
-        container_path: layout.container_lib_dir.clone(),
-        host_path: layout.host_lib_dir.clone(),
-        read_only: true,
-    }];
+    let mut mounts =
+        vec![Mount { container_path: layout.container_lib_dir.clone(), host_path: layout.host_lib_dir.clone(), read_only: true }];
     if !tls_ca.is_empty() {
         envs.insert("FLYT_TLS_CA".into(), CONTAINER_CA.into());
         mounts.push(Mount { container_path: CONTAINER_CA.into(), host_path: tls_ca.clone(), read_only: true });

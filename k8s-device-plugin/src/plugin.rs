@@ -128,13 +128,12 @@ impl Plugin {
         let listener = UnixListener::bind(&socket).map_err(|error| anyhow::anyhow!("cannot listen on {}: {error}", socket.display()))?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let service = DevicePluginServer::new(Service(self.clone()));
-        let mut server = tokio::spawn(
-            Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                }),
-        );
+        let mut server = tokio::spawn(Server::builder().add_service(service).serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ));
         let kubelet_socket = self.config.kubelet_dir.join(deviceplugin::KUBELET_SOCKET);
         let kubelet = loop {
             match self.register(&kubelet_socket).await {
@@ -207,7 +206,15 @@ impl Plugin {
             let next = match slices {
                 Some(slices) => Advertised { devices: devices::advertised(slices, &held), healthy: true },
                 // Unknown capacity: the same devices, none handed out.
-                None => Advertised { devices: devices::advertised(0, &held).into_iter().chain(current.devices.iter().copied()).collect::<BTreeSet<_>>().into_iter().collect(), healthy: false },
+                None => Advertised {
+                    devices: devices::advertised(0, &held)
+                        .into_iter()
+                        .chain(current.devices.iter().copied())
+                        .collect::<BTreeSet<_>>()
+                        .into_iter()
+                        .collect(),
+                    healthy: false,
+                },
             };
             if *current == next {
                 return false;
@@ -320,11 +327,15 @@ impl Plugin {
         let job = devices::job_of(&wanted).ok_or_else(|| Status::invalid_argument("a container asked for no devices"))?;
         let gpus = u32::try_from(wanted.len()).map_err(|_| Status::invalid_argument("too many devices"))?;
         if gpus > flyt_protocol::jobs::MAX_JOB_GPUS {
-            return Err(Status::invalid_argument(format!("{gpus} devices: a container may have at most {}", flyt_protocol::jobs::MAX_JOB_GPUS)));
+            return Err(Status::invalid_argument(format!(
+                "{gpus} devices: a container may have at most {}",
+                flyt_protocol::jobs::MAX_JOB_GPUS
+            )));
         }
         // The kubelet hands out only devices no running container holds: whatever job held
         // these devices before belongs to a container that is gone.
-        let stale: Vec<u32> = self.held.lock().await.iter().filter(|(_, held)| !held.devices.is_disjoint(&wanted)).map(|(job, _)| *job).collect();
+        let stale: Vec<u32> =
+            self.held.lock().await.iter().filter(|(_, held)| !held.devices.is_disjoint(&wanted)).map(|(job, _)| *job).collect();
         for old in stale.iter().copied().chain(std::iter::once(job)) {
             match self.ask(JobRequest::Release { job: old }).await {
                 Ok(JobReply::Released { .. }) => {
@@ -335,16 +346,19 @@ impl Plugin {
             }
         }
         let shape = JobShape { gpus, ..self.config.shape };
-        match self.ask(JobRequest::Allocate { job, shape }).await {
-            Ok(reply @ JobReply::Granted { .. }) => {
-                let JobReply::Granted { allocation_id, .. } = &reply else { unreachable!("matched above") };
+        let reply = self
+            .ask(JobRequest::Allocate { job, shape })
+            .await
+            .map_err(|reason| Status::unavailable(format!("the node's client manager: {reason}")))?;
+        match &reply {
+            JobReply::Granted { allocation_id, .. } => {
                 tracing::info!(job, allocation = %allocation_id, devices = ?ids, "container's allocation placed");
-                self.held.lock().await.insert(job, Held { devices: wanted, allocation_id: allocation_id.clone(), since: Instant::now() });
+                let held = Held { devices: wanted, allocation_id: allocation_id.clone(), since: Instant::now() };
+                self.held.lock().await.insert(job, held);
                 Ok((job, reply))
             }
-            Ok(JobReply::Refused { reason }) => Err(Status::resource_exhausted(format!("no Flyt GPUs for the container: {reason}"))),
-            Ok(other) => Err(Status::internal(format!("the client manager answered {other:?}"))),
-            Err(reason) => Err(Status::unavailable(format!("the node's client manager: {reason}"))),
+            JobReply::Refused { reason } => Err(Status::resource_exhausted(format!("no Flyt GPUs for the container: {reason}"))),
+            other => Err(Status::internal(format!("the client manager answered {other:?}"))),
         }
     }
 

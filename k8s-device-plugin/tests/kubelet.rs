@@ -166,7 +166,7 @@ mod tests {
 
         fn next_registration(&mut self, runtime: &Runtime, within: Duration) -> RegisterRequest {
             runtime
-                .block_on(tokio::time::timeout(within, self.registrations.recv()))
+                .block_on(async { tokio::time::timeout(within, self.registrations.recv()).await })
                 .unwrap_or_else(|_| panic!("no registration within {within:?}"))
                 .unwrap()
         }
@@ -202,7 +202,7 @@ mod tests {
         let mut seen = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match runtime.block_on(tokio::time::timeout(left, stream.next())) {
+            match runtime.block_on(async { tokio::time::timeout(left, stream.next()).await }) {
                 Ok(Some(Ok(list))) => {
                     let ids = device_ids(&list);
                     if ids == wanted {
@@ -215,11 +215,17 @@ mod tests {
         }
     }
 
-    fn allocate(runtime: &Runtime, client: &mut DevicePluginClient<tonic::transport::Channel>, ids: &[&str]) -> Result<ContainerAllocateResponse, Status> {
+    fn allocate(
+        runtime: &Runtime,
+        client: &mut DevicePluginClient<tonic::transport::Channel>,
+        ids: &[&str],
+    ) -> Result<ContainerAllocateResponse, Status> {
         let request = AllocateRequest {
             container_requests: vec![ContainerAllocateRequest { devices_ids: ids.iter().map(|id| id.to_string()).collect() }],
         };
-        let reply = runtime.block_on(tokio::time::timeout(Duration::from_secs(90), client.allocate(request))).expect("Allocate answered in time")?;
+        let reply = runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(90), client.allocate(request)).await })
+            .expect("Allocate answered in time")?;
         let mut responses = reply.into_inner().container_responses;
         assert_eq!(responses.len(), 1);
         Ok(responses.remove(0))
@@ -256,7 +262,14 @@ mod tests {
         cluster.start_node("node-a", "127.0.0.1", 40, 4096);
         cluster.wait_node_up("node-a");
         let job_socket = cluster.path("jobs.sock");
-        cluster.start_client_manager_with("127.0.0.1", &[("FLYT_CLIENT_MANAGER_JOB_SOCKET", job_socket.display().to_string())]);
+        // The job socket serves root and job_uids: the test's own user, whichever it is.
+        cluster.start_client_manager_with(
+            "127.0.0.1",
+            &[
+                ("FLYT_CLIENT_MANAGER_JOB_SOCKET", job_socket.display().to_string()),
+                ("FLYT_CLIENT_MANAGER_JOB_UIDS", format!("[{}]", std::os::unix::fs::MetadataExt::uid(&fs::metadata("/proc/self").unwrap()))),
+            ],
+        );
 
         // Flyt's library folder and a CUDA driver-API program built against it.
         let lib = cluster.path("lib");
@@ -283,7 +296,8 @@ mod tests {
         let mut kubelet = TestKubelet::start(&runtime, &plugins);
         let pods = TestPodResources::default();
         let pod_resources = cluster.path("pod-resources.sock");
-        let _pod_resources_server = serve(&runtime, &pod_resources, Server::builder().add_service(PodResourcesListerServer::new(pods.clone())));
+        let _pod_resources_server =
+            serve(&runtime, &pod_resources, Server::builder().add_service(PodResourcesListerServer::new(pods.clone())));
 
         let log = cluster.path("flyt-device-plugin.log");
         let _plugin = PluginProcess {
@@ -338,10 +352,12 @@ mod tests {
                 allocation_size: size,
             }],
         };
-        let preferred = runtime.block_on(client.get_preferred_allocation(ask(&["flyt-gpu-2", "flyt-gpu-0", "flyt-gpu-1"], &[], 2))).unwrap();
-        assert_eq!(preferred.into_inner().container_responses[0].device_i_ds, vec!["flyt-gpu-0", "flyt-gpu-1"]);
         let preferred =
-            runtime.block_on(client.get_preferred_allocation(ask(&["flyt-gpu-2", "flyt-gpu-0", "flyt-gpu-1"], &["flyt-gpu-2"], 2))).unwrap();
+            runtime.block_on(client.get_preferred_allocation(ask(&["flyt-gpu-2", "flyt-gpu-0", "flyt-gpu-1"], &[], 2))).unwrap();
+        assert_eq!(preferred.into_inner().container_responses[0].device_i_ds, vec!["flyt-gpu-0", "flyt-gpu-1"]);
+        let preferred = runtime
+            .block_on(client.get_preferred_allocation(ask(&["flyt-gpu-2", "flyt-gpu-0", "flyt-gpu-1"], &["flyt-gpu-2"], 2)))
+            .unwrap();
         assert_eq!(preferred.into_inner().container_responses[0].device_i_ds, vec!["flyt-gpu-2", "flyt-gpu-0"]);
 
         // --- Allocate: the environment and mounts run a CUDA program through Flyt.
@@ -355,7 +371,8 @@ mod tests {
         let out = run_in_container(&app, &response);
         assert!(out.contains("device 0: Flyt Emulated Device") && out.contains(SUM) && out.contains("done"), "{out}");
         // Without the returned variables the same program finds no Flyt server.
-        let (code, bare, _) = run_with_timeout(Command::new(&app).env_clear().env("LD_LIBRARY_PATH", &lib).arg("0"), Duration::from_secs(60));
+        let (code, bare, _) =
+            run_with_timeout(Command::new(&app).env_clear().env("LD_LIBRARY_PATH", &lib).arg("0"), Duration::from_secs(60));
         assert!(code != 0 || !bare.contains(SUM), "the app ran without the plugin's environment: {bare}");
         // The container's own GPU stays advertised while the cluster has nothing else free.
         let mut fresh = runtime.block_on(connect().list_and_watch(Empty {})).unwrap().into_inner();
@@ -365,7 +382,10 @@ mod tests {
         // with the cluster's reason, nothing left behind.
         let refused = allocate(&runtime, &mut client, &["flyt-gpu-1"]).unwrap_err();
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
-        assert!(refused.message().contains("no Flyt GPUs for the container") && refused.message().contains("nothing allocated"), "{refused:?}");
+        assert!(
+            refused.message().contains("no Flyt GPUs for the container") && refused.message().contains("nothing allocated"),
+            "{refused:?}"
+        );
         assert_eq!(container_allocations(&cluster).len(), 1);
         let unknown = allocate(&runtime, &mut client, &["nvidia.com/gpu-0"]).unwrap_err();
         assert_eq!(unknown.code(), tonic::Code::InvalidArgument, "{unknown:?}");
@@ -380,13 +400,16 @@ mod tests {
         assert_eq!(container_allocations(&cluster), vec![(FIRST_TENANT.to_string(), first_allocation.clone())]);
         let gone = Instant::now();
         pods.set(&[]);
-        wait_until("the gone pod's allocation released", Duration::from_secs(15), || container_allocations(&cluster).is_empty().then_some(()));
+        wait_until("the gone pod's allocation released", Duration::from_secs(15), || {
+            container_allocations(&cluster).is_empty().then_some(())
+        });
         eprintln!("pod gone to release: {:?}", gone.elapsed());
 
         // --- A device handed out again while its old job is still held: the old one goes first.
         let again = allocate(&runtime, &mut client, &["flyt-gpu-1"]).unwrap();
         let second = again.annotations["flyt.dev/allocation"].clone();
-        let third = allocate(&runtime, &mut client, &["flyt-gpu-0", "flyt-gpu-1"]).map(|response| response.annotations["flyt.dev/allocation"].clone());
+        let third = allocate(&runtime, &mut client, &["flyt-gpu-0", "flyt-gpu-1"])
+            .map(|response| response.annotations["flyt.dev/allocation"].clone());
         // Two whole GPUs of one node do not exist here: refused, and the stale job is gone too.
         assert!(third.is_err(), "{third:?}");
         assert!(container_allocations(&cluster).is_empty(), "{:?} (second was {second})", container_allocations(&cluster));
