@@ -267,7 +267,10 @@ mod tests {
             "127.0.0.1",
             &[
                 ("FLYT_CLIENT_MANAGER_JOB_SOCKET", job_socket.display().to_string()),
-                ("FLYT_CLIENT_MANAGER_JOB_UIDS", format!("[{}]", std::os::unix::fs::MetadataExt::uid(&fs::metadata("/proc/self").unwrap()))),
+                (
+                    "FLYT_CLIENT_MANAGER_JOB_UIDS",
+                    format!("[{}]", std::os::unix::fs::MetadataExt::uid(&fs::metadata("/proc/self").unwrap())),
+                ),
             ],
         );
 
