@@ -20,11 +20,10 @@ pub const RESOURCE: &str = "flyt.dev/gpu";
 pub const DEVICE_PREFIX: &str = "flyt-gpu-";
 /// The most devices one node advertises.
 pub const MAX_DEVICES: u32 = 1024;
-/// A container's job number is this plus its lowest device number. Slurm's job ids stay below
-/// 67,043,328 (its largest `MaxJobId`), so the two never meet at one client manager; the
-/// kubelet never gives one device to two running containers, so live containers never share
-/// a job.
-pub const JOB_BASE: u32 = 100_000_000;
+/// A container's job number is this plus its lowest device number (Slurm's job ids never
+/// reach it); the kubelet never gives one device to two running containers, so live containers
+/// never share a job.
+pub const JOB_BASE: u32 = flyt_protocol::jobs::CONTAINER_JOB_BASE;
 /// Where the cluster's CA goes in the container when the cluster runs TLS.
 pub const CONTAINER_CA: &str = "/etc/flyt/ca.pem";
 

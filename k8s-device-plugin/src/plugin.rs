@@ -49,6 +49,10 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the plugin checks that the kubelet and its own socket are still the ones it registered with.
 const WATCH_PERIOD: Duration = Duration::from_millis(500);
 
+/// After a start, jobs of device numbers below this (or the advertised ones) that no pod holds
+/// are released.
+const SWEEP_FLOOR: u32 = 64;
+
 /// The plugin's settings (`flyt-device-plugin --help`).
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -235,7 +239,9 @@ impl Plugin {
             }
             match self.in_use().await {
                 Ok(in_use) => {
-                    if !swept {
+                    // Once the capacity is known, so the advertised numbers are too.
+                    let capacity_known = self.slices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some();
+                    if !swept && capacity_known {
                         self.adopt_and_sweep(&in_use).await;
                         swept = true;
                     }
@@ -279,7 +285,9 @@ impl Plugin {
             }
             live.extend(held.keys().copied());
         }
-        let top = self.advertised.borrow().devices.iter().copied().max().map_or(0, |top| top + 1);
+        // The numbers a previous run could have handed out: those advertised now, and at least
+        // the first SWEEP_FLOOR (its capacity may have been higher).
+        let top = self.advertised.borrow().devices.iter().copied().max().map_or(0, |top| top + 1).max(SWEEP_FLOOR);
         for job in (0..top).map(|index| devices::JOB_BASE + index).filter(|job| !live.contains(job)) {
             if let Ok(JobReply::Released { allocation_id: Some(id) }) = self.ask(JobRequest::Release { job }).await {
                 tracing::info!(job, allocation = %id, "released a job a previous run left");

@@ -14,7 +14,10 @@
 //! - a container's allocation stays while the kubelet's pod resources list it and goes once
 //!   they do not (the reconcile);
 //! - a kubelet restart (its socket re-created, the plugin's removed) makes the plugin serve and
-//!   register again.
+//!   register again;
+//! - with `--slice`, a device is a slice (four of a 40-SM GPU at 10 SMs); a request whose second
+//!   container cannot be placed fails whole, the first's allocation given back; a restarted
+//!   plugin keeps a running container's allocation and releases the one a gone pod left.
 
 #[cfg(test)]
 #[path = "../../cluster-manager/tests/harness/mod.rs"]
@@ -101,24 +104,25 @@ mod tests {
     }
 
     impl TestPodResources {
-        fn set(&self, devices: &[&str]) {
-            let pods = if devices.is_empty() {
-                Vec::new()
-            } else {
-                vec![PodResources {
-                    name: "cuda-app".into(),
-                    namespace: "default".into(),
-                    containers: vec![ContainerResources {
-                        name: "app".into(),
-                        devices: vec![ContainerDevices {
-                            resource_name: "flyt.dev/gpu".into(),
-                            device_ids: devices.iter().map(|id| id.to_string()).collect(),
-                            topology: None,
-                        }],
-                        ..Default::default()
+        /// One pod whose containers hold these devices (none: no pod).
+        fn set(&self, containers: &[&[&str]]) {
+            let containers: Vec<ContainerResources> = containers
+                .iter()
+                .enumerate()
+                .map(|(index, devices)| ContainerResources {
+                    name: format!("app-{index}"),
+                    devices: vec![ContainerDevices {
+                        resource_name: "flyt.dev/gpu".into(),
+                        device_ids: devices.iter().map(|id| id.to_string()).collect(),
+                        topology: None,
                     }],
                     ..Default::default()
-                }]
+                })
+                .collect();
+            let pods = if containers.is_empty() {
+                Vec::new()
+            } else {
+                vec![PodResources { name: "cuda-app".into(), namespace: "default".into(), containers, ..Default::default() }]
             };
             *self.0.lock().unwrap() = pods;
         }
@@ -255,96 +259,115 @@ mod tests {
         out
     }
 
-    #[test]
-    fn a_test_kubelet_registers_the_plugin_sees_capacity_and_runs_cuda_through_allocate() {
-        let runtime = Runtime::new().unwrap();
-        let mut cluster = Cluster::new(Options::default());
-        cluster.start_node("node-a", "127.0.0.1", 40, 4096);
-        cluster.wait_node_up("node-a");
-        let job_socket = cluster.path("jobs.sock");
-        // The job socket serves root and job_uids: the test's own user, whichever it is.
-        cluster.start_client_manager_with(
-            "127.0.0.1",
-            &[
-                ("FLYT_CLIENT_MANAGER_JOB_SOCKET", job_socket.display().to_string()),
-                (
-                    "FLYT_CLIENT_MANAGER_JOB_UIDS",
-                    format!("[{}]", std::os::unix::fs::MetadataExt::uid(&fs::metadata("/proc/self").unwrap())),
-                ),
-            ],
-        );
+    /// A Flyt cluster of one node (`node-a`: one emulated GPU of 40 SMs and 4096 MiB) with its
+    /// client manager's job socket, Flyt's library folder, a CUDA program built against it, and
+    /// the test kubelet (registration and pod resources).
+    struct Bed {
+        cluster: Cluster,
+        job_socket: PathBuf,
+        lib: PathBuf,
+        app: PathBuf,
+        plugins: PathBuf,
+        pod_resources: PathBuf,
+        pods: TestPodResources,
+        kubelet: TestKubelet,
+        _pod_resources_server: oneshot::Sender<()>,
+    }
 
-        // Flyt's library folder and a CUDA driver-API program built against it.
-        let lib = cluster.path("lib");
-        fs::create_dir_all(&lib).unwrap();
-        for (built, name) in
-            [("libcudart.so", "libcudart.so.13"), ("libflyt_libcuda.so", "libcuda.so.1"), ("libflyt_nvml_lib.so", "libnvidia-ml.so.1")]
-        {
-            std::os::unix::fs::symlink(artifact(built), lib.join(name)).unwrap();
+    impl Bed {
+        fn new(runtime: &Runtime) -> Self {
+            let mut cluster = Cluster::new(Options::default());
+            cluster.start_node("node-a", "127.0.0.1", 40, 4096);
+            cluster.wait_node_up("node-a");
+            let job_socket = cluster.path("jobs.sock");
+            // The job socket serves root and job_uids: the test's own user, whichever it is.
+            let uid = std::os::unix::fs::MetadataExt::uid(&fs::metadata("/proc/self").unwrap());
+            cluster.start_client_manager_with(
+                "127.0.0.1",
+                &[
+                    ("FLYT_CLIENT_MANAGER_JOB_SOCKET", job_socket.display().to_string()),
+                    ("FLYT_CLIENT_MANAGER_JOB_UIDS", format!("[{uid}]")),
+                ],
+            );
+            let lib = cluster.path("lib");
+            fs::create_dir_all(&lib).unwrap();
+            for (built, name) in
+                [("libcudart.so", "libcudart.so.13"), ("libflyt_libcuda.so", "libcuda.so.1"), ("libflyt_nvml_lib.so", "libnvidia-ml.so.1")]
+            {
+                std::os::unix::fs::symlink(artifact(built), lib.join(name)).unwrap();
+            }
+            let app = cluster.path("app");
+            let status = Command::new("cc")
+                .arg("-O1")
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster-manager/tests/slurm/app.c"))
+                .arg("-o")
+                .arg(&app)
+                .arg(format!("-L{}", lib.display()))
+                .arg("-l:libcuda.so.1")
+                .status()
+                .unwrap();
+            assert!(status.success(), "cc app.c failed");
+            let plugins = cluster.path("device-plugins");
+            let kubelet = TestKubelet::start(runtime, &plugins);
+            let pods = TestPodResources::default();
+            let pod_resources = cluster.path("pod-resources.sock");
+            let server = serve(runtime, &pod_resources, Server::builder().add_service(PodResourcesListerServer::new(pods.clone())));
+            Self { cluster, job_socket, lib, app, plugins, pod_resources, pods, kubelet, _pod_resources_server: server }
         }
-        let app = cluster.path("app");
-        let status = Command::new("cc")
-            .arg("-O1")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster-manager/tests/slurm/app.c"))
-            .arg("-o")
-            .arg(&app)
-            .arg(format!("-L{}", lib.display()))
-            .arg("-l:libcuda.so.1")
-            .status()
-            .unwrap();
-        assert!(status.success(), "cc app.c failed");
 
-        // The test kubelet: registration, and pod resources.
-        let plugins = cluster.path("device-plugins");
-        let mut kubelet = TestKubelet::start(&runtime, &plugins);
-        let pods = TestPodResources::default();
-        let pod_resources = cluster.path("pod-resources.sock");
-        let _pod_resources_server =
-            serve(&runtime, &pod_resources, Server::builder().add_service(PodResourcesListerServer::new(pods.clone())));
-
-        let log = cluster.path("flyt-device-plugin.log");
-        let _plugin = PluginProcess {
-            child: Command::new(env!("CARGO_BIN_EXE_flyt-device-plugin"))
+        /// Starts the plugin (quick periods, a 1 s release grace) with `extra` arguments; its log is `name`.log.
+        fn start_plugin(&self, name: &str, extra: &[&str]) -> PluginProcess {
+            let log = self.cluster.path(&format!("{name}.log"));
+            let child = Command::new(env!("CARGO_BIN_EXE_flyt-device-plugin"))
                 .arg("--kubelet-dir")
-                .arg(&plugins)
+                .arg(&self.plugins)
                 .arg("--pod-resources-socket")
-                .arg(&pod_resources)
+                .arg(&self.pod_resources)
                 .arg("--job-socket")
-                .arg(&job_socket)
+                .arg(&self.job_socket)
                 .arg("--lib-dir")
-                .arg(&lib)
+                .arg(&self.lib)
                 .args(["--poll-ms", "200", "--reconcile-ms", "300", "--release-grace-ms", "1000"])
+                .args(extra)
                 .env("FLYT_LOG", "info")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(fs::File::create(&log).unwrap())
                 .spawn()
-                .unwrap(),
-            log,
-        };
+                .unwrap();
+            PluginProcess { child, log }
+        }
+
+        fn connect(&self, runtime: &Runtime) -> DevicePluginClient<tonic::transport::Channel> {
+            DevicePluginClient::new(runtime.block_on(unix_channel(&self.plugins.join(SOCKET_NAME))).unwrap())
+        }
+    }
+
+    #[test]
+    fn a_test_kubelet_registers_the_plugin_sees_capacity_and_runs_cuda_through_allocate() {
+        let runtime = Runtime::new().unwrap();
+        let mut bed = Bed::new(&runtime);
+        let _plugin = bed.start_plugin("flyt-device-plugin", &[]);
+        let (lib, app, pods) = (bed.lib.clone(), bed.app.clone(), bed.pods.clone());
 
         // --- Register: the real request's fields.
-        let registration = kubelet.next_registration(&runtime, Duration::from_secs(30));
+        let registration = bed.kubelet.next_registration(&runtime, Duration::from_secs(30));
         assert_eq!(registration.version, "v1beta1");
         assert_eq!(registration.resource_name, "flyt.dev/gpu");
         assert_eq!(registration.endpoint, SOCKET_NAME);
         let options = registration.options.expect("options");
         assert!(options.get_preferred_allocation_available && !options.pre_start_required, "{options:?}");
-        let connect = || {
-            let channel = runtime.block_on(unix_channel(&plugins.join(SOCKET_NAME))).unwrap();
-            DevicePluginClient::new(channel)
-        };
-        let mut client = connect();
+        let mut client = bed.connect(&runtime);
         let options = runtime.block_on(client.get_device_plugin_options(Empty {})).unwrap().into_inner();
         assert!(options.get_preferred_allocation_available, "{options:?}");
 
         // --- ListAndWatch: one GPU, then two when a node joins, one when it is drained.
         let mut stream = runtime.block_on(client.list_and_watch(Empty {})).unwrap().into_inner();
         wait_list(&runtime, &mut stream, &healthy(&["flyt-gpu-0"]), Duration::from_secs(20));
-        cluster.start_node("node-b", "127.0.0.2", 80, 8192);
-        cluster.wait_node_up("node-b");
+        bed.cluster.start_node("node-b", "127.0.0.2", 80, 8192);
+        bed.cluster.wait_node_up("node-b");
         wait_list(&runtime, &mut stream, &healthy(&["flyt-gpu-0", "flyt-gpu-1"]), Duration::from_secs(20));
-        cluster.flytctl_ok(&["drain", "node-b"]);
+        bed.cluster.flytctl_ok(&["drain", "node-b"]);
         wait_list(&runtime, &mut stream, &healthy(&["flyt-gpu-0"]), Duration::from_secs(20));
 
         // --- GetPreferredAllocation: what must be, then the lowest numbers.
@@ -365,12 +388,14 @@ mod tests {
 
         // --- Allocate: the environment and mounts run a CUDA program through Flyt.
         let response = allocate(&runtime, &mut client, &["flyt-gpu-0"]).unwrap();
+        // The kubelet records the container's devices (its pod resources list them).
+        pods.set(&[&["flyt-gpu-0"]]);
         assert_eq!(response.envs["LD_LIBRARY_PATH"], lib.display().to_string());
         assert!(!response.envs["FLYT_SERVER"].is_empty() && !response.envs["FLYT_TOKEN"].is_empty(), "{response:?}");
         assert_eq!(response.annotations["flyt.dev/tenant"], FIRST_TENANT);
         assert!(response.annotations["flyt.dev/gpus"].starts_with("node-a GPU 0: 1 GPU(s) of 40 SMs and 4096 MiB"), "{response:?}");
         let first_allocation = response.annotations["flyt.dev/allocation"].clone();
-        assert_eq!(container_allocations(&cluster), vec![(FIRST_TENANT.to_string(), first_allocation.clone())]);
+        assert_eq!(container_allocations(&bed.cluster), vec![(FIRST_TENANT.to_string(), first_allocation.clone())]);
         let out = run_in_container(&app, &response);
         assert!(out.contains("device 0: Flyt Emulated Device") && out.contains(SUM) && out.contains("done"), "{out}");
         // Without the returned variables the same program finds no Flyt server.
@@ -378,7 +403,7 @@ mod tests {
             run_with_timeout(Command::new(&app).env_clear().env("LD_LIBRARY_PATH", &lib).arg("0"), Duration::from_secs(60));
         assert!(code != 0 || !bare.contains(SUM), "the app ran without the plugin's environment: {bare}");
         // The container's own GPU stays advertised while the cluster has nothing else free.
-        let mut fresh = runtime.block_on(connect().list_and_watch(Empty {})).unwrap().into_inner();
+        let mut fresh = runtime.block_on(bed.connect(&runtime).list_and_watch(Empty {})).unwrap().into_inner();
         wait_list(&runtime, &mut fresh, &healthy(&["flyt-gpu-0"]), Duration::from_secs(10));
 
         // --- A container the cluster cannot serve (a kubelet acting on an older list): refused
@@ -389,22 +414,22 @@ mod tests {
             refused.message().contains("no Flyt GPUs for the container") && refused.message().contains("nothing allocated"),
             "{refused:?}"
         );
-        assert_eq!(container_allocations(&cluster).len(), 1);
+        assert_eq!(container_allocations(&bed.cluster).len(), 1);
         let unknown = allocate(&runtime, &mut client, &["nvidia.com/gpu-0"]).unwrap_err();
         assert_eq!(unknown.code(), tonic::Code::InvalidArgument, "{unknown:?}");
 
         // --- Undrained: two again (node-a's GPU is the container's, still counted).
-        cluster.flytctl_ok(&["undrain", "node-b"]);
+        bed.cluster.flytctl_ok(&["undrain", "node-b"]);
         wait_list(&runtime, &mut stream, &healthy(&["flyt-gpu-0", "flyt-gpu-1"]), Duration::from_secs(20));
 
         // --- The reconcile: kept while the pod holds the device, released once it does not.
-        pods.set(&["flyt-gpu-0"]);
+        pods.set(&[&["flyt-gpu-0"]]);
         std::thread::sleep(Duration::from_secs(3));
-        assert_eq!(container_allocations(&cluster), vec![(FIRST_TENANT.to_string(), first_allocation.clone())]);
+        assert_eq!(container_allocations(&bed.cluster), vec![(FIRST_TENANT.to_string(), first_allocation.clone())]);
         let gone = Instant::now();
         pods.set(&[]);
         wait_until("the gone pod's allocation released", Duration::from_secs(15), || {
-            container_allocations(&cluster).is_empty().then_some(())
+            container_allocations(&bed.cluster).is_empty().then_some(())
         });
         eprintln!("pod gone to release: {:?}", gone.elapsed());
 
@@ -415,17 +440,78 @@ mod tests {
             .map(|response| response.annotations["flyt.dev/allocation"].clone());
         // Two whole GPUs of one node do not exist here: refused, and the stale job is gone too.
         assert!(third.is_err(), "{third:?}");
-        assert!(container_allocations(&cluster).is_empty(), "{:?} (second was {second})", container_allocations(&cluster));
+        assert!(container_allocations(&bed.cluster).is_empty(), "{:?} (second was {second})", container_allocations(&bed.cluster));
         let fourth = allocate(&runtime, &mut client, &["flyt-gpu-1"]).unwrap();
         assert_ne!(fourth.annotations["flyt.dev/allocation"], second);
-        assert_eq!(container_allocations(&cluster).len(), 1);
+        assert_eq!(container_allocations(&bed.cluster).len(), 1);
         assert!(run_in_container(&app, &fourth).contains(SUM));
 
         // --- The kubelet restarts: the plugin serves and registers again.
-        kubelet.restart(&runtime);
-        let again = kubelet.next_registration(&runtime, Duration::from_secs(20));
+        bed.kubelet.restart(&runtime);
+        let again = bed.kubelet.next_registration(&runtime, Duration::from_secs(20));
         assert_eq!((again.resource_name.as_str(), again.endpoint.as_str()), ("flyt.dev/gpu", SOCKET_NAME));
-        let mut stream = runtime.block_on(connect().list_and_watch(Empty {})).unwrap().into_inner();
+        let mut stream = runtime.block_on(bed.connect(&runtime).list_and_watch(Empty {})).unwrap().into_inner();
         wait_list(&runtime, &mut stream, &healthy(&["flyt-gpu-0", "flyt-gpu-1"]), Duration::from_secs(20));
+    }
+
+    /// Devices of a slice size, a request with two containers that fails as a whole (what the
+    /// first got goes back), and a restarted plugin that keeps a running container's job and
+    /// releases the one a gone pod left.
+    #[test]
+    fn slices_are_devices_a_failed_request_leaves_nothing_and_a_restarted_plugin_keeps_running_containers() {
+        let runtime = Runtime::new().unwrap();
+        let mut bed = Bed::new(&runtime);
+        let plugin = bed.start_plugin("flyt-device-plugin-first", &["--slice", "sms=10,memory=1G"]);
+        bed.kubelet.next_registration(&runtime, Duration::from_secs(30));
+        let mut client = bed.connect(&runtime);
+        let mut stream = runtime.block_on(client.list_and_watch(Empty {})).unwrap().into_inner();
+        let four = healthy(&["flyt-gpu-0", "flyt-gpu-1", "flyt-gpu-2", "flyt-gpu-3"]);
+        wait_list(&runtime, &mut stream, &four, Duration::from_secs(20));
+
+        // Two containers; the second asks for two GPUs of one node, which node-a does not have.
+        let request = AllocateRequest {
+            container_requests: vec![
+                ContainerAllocateRequest { devices_ids: vec!["flyt-gpu-0".into()] },
+                ContainerAllocateRequest { devices_ids: vec!["flyt-gpu-1".into(), "flyt-gpu-2".into()] },
+            ],
+        };
+        let refused = runtime.block_on(client.allocate(request)).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+        assert!(container_allocations(&bed.cluster).is_empty(), "{:?}", container_allocations(&bed.cluster));
+
+        // One slice each: a tenth of the SMs, 1 GiB. The kubelet lists the pod's containers.
+        bed.pods.set(&[&["flyt-gpu-0"], &["flyt-gpu-1"]]);
+        let first = allocate(&runtime, &mut client, &["flyt-gpu-0"]).unwrap();
+        assert!(first.annotations["flyt.dev/gpus"].starts_with("node-a GPU 0: 1 GPU(s) of 10 SMs and 1024 MiB"), "{first:?}");
+        assert!(run_in_container(&bed.app, &first).contains(SUM));
+        let second = allocate(&runtime, &mut client, &["flyt-gpu-1"]).unwrap();
+        assert_eq!(container_allocations(&bed.cluster).len(), 2);
+        // The containers' own slices are still counted: four devices.
+        let mut fresh = runtime.block_on(bed.connect(&runtime).list_and_watch(Empty {})).unwrap().into_inner();
+        wait_list(&runtime, &mut fresh, &four, Duration::from_secs(10));
+        // The cluster manager names the client a Kubernetes container (the job's heartbeat).
+        wait_until("the container named as the allocation's client", Duration::from_secs(10), || {
+            let allocation = bed.cluster.allocation_of(FIRST_TENANT)?;
+            (allocation["clients"][0]["program"] == "kubernetes container (device 0)").then_some(())
+        });
+
+        // The plugin goes away while both containers run; only the first one's pod remains
+        // when it comes back.
+        drop(plugin);
+        bed.pods.set(&[&["flyt-gpu-0"]]);
+        let _plugin = bed.start_plugin("flyt-device-plugin-second", &["--slice", "sms=10,memory=1G"]);
+        bed.kubelet.next_registration(&runtime, Duration::from_secs(30));
+        let kept = first.annotations["flyt.dev/allocation"].clone();
+        wait_until("the gone pod's allocation released after the restart", Duration::from_secs(20), || {
+            (container_allocations(&bed.cluster) == vec![(FIRST_TENANT.to_string(), kept.clone())]).then_some(())
+        });
+        assert_ne!(second.annotations["flyt.dev/allocation"], kept);
+        // Past the grace, the running container keeps its allocation and its app runs on.
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(container_allocations(&bed.cluster), vec![(FIRST_TENANT.to_string(), kept)]);
+        assert!(run_in_container(&bed.app, &first).contains(SUM));
+        let mut client = bed.connect(&runtime);
+        let mut stream = runtime.block_on(client.list_and_watch(Empty {})).unwrap().into_inner();
+        wait_list(&runtime, &mut stream, &four, Duration::from_secs(10));
     }
 }

@@ -16,7 +16,7 @@ use flyt_protocol::{
     control::cluster::{AllocationClients, ClientManagerReport, ClusterClientClient, JobAllocateRequest, JobGrant, job_tenant},
     frame::{FrameHeader, HEADER_LEN, decode_exact, write_value},
     handshake::ClientIdentity,
-    jobs::{JOB_LIMITS, JobReply, JobRequest, JobShape},
+    jobs::{CONTAINER_JOB_BASE, JOB_LIMITS, JobReply, JobRequest, JobShape},
     token::{self, SessionClaims},
 };
 use tokio::{
@@ -98,7 +98,7 @@ impl ClientManager {
         if self.jobs.releases_pending.lock().await.contains(&job) {
             return JobReply::Refused { reason: format!("job {job} already ended on this node") };
         }
-        let client = ClientIdentity { hostname: host::hostname(), pid, program: format!("slurm job {job}"), boot_id: host::boot_id() };
+        let client = ClientIdentity { hostname: host::hostname(), pid, program: job_label(job), boot_id: host::boot_id() };
         let request = JobAllocateRequest {
             vm_ip: self.config.vm_ip.clone(),
             job,
@@ -265,6 +265,14 @@ impl ClientManager {
                 }
             }
         }
+    }
+}
+
+/// Who a job's client is, as `flytctl list-virt-servers` shows it.
+fn job_label(job: u32) -> String {
+    match job.checked_sub(CONTAINER_JOB_BASE) {
+        Some(device) => format!("kubernetes container (device {device})"),
+        None => format!("slurm job {job}"),
     }
 }
 
