@@ -151,7 +151,9 @@ impl Plugin {
                 break None;
             }
         };
-        tracing::info!(resource = RESOURCE, socket = %socket.display(), "registered with the kubelet");
+        if kubelet.is_some() {
+            tracing::info!(resource = RESOURCE, socket = %socket.display(), "registered with the kubelet");
+        }
         let own = inode(&socket);
         while kubelet.is_some() && inode(&kubelet_socket) == kubelet && inode(&socket) == own {
             tokio::time::sleep(WATCH_PERIOD).await;
@@ -183,19 +185,26 @@ impl Plugin {
 
     /// Asks the client manager for the capacity every `poll` and updates the advertised list.
     async fn poll_capacity(self: Arc<Self>) {
+        let mut failing = false;
         loop {
             let answer = self.ask(JobRequest::Capacity { shape: self.config.shape }).await;
             let slices = match answer {
                 Ok(JobReply::Capacity { slices }) => Some(slices),
-                Ok(other) => {
+                // Said once per outage, not at every poll.
+                Ok(other) if !failing => {
                     tracing::warn!(?other, "the client manager gave no capacity: the devices are unhealthy until it does");
                     None
                 }
-                Err(reason) => {
+                Err(reason) if !failing => {
                     tracing::warn!(%reason, "the client manager cannot be asked: the devices are unhealthy until it can");
                     None
                 }
+                Ok(_) | Err(_) => None,
             };
+            if failing && slices.is_some() {
+                tracing::info!("the client manager answers again: the devices are healthy");
+            }
+            failing = slices.is_none();
             *self.slices.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = slices;
             self.refresh().await;
             tokio::time::sleep(self.config.poll).await;

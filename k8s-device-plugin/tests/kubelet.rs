@@ -17,7 +17,8 @@
 //!   register again;
 //! - with `--slice`, a device is a slice (four of a 40-SM GPU at 10 SMs); a request whose second
 //!   container cannot be placed fails whole, the first's allocation given back; a restarted
-//!   plugin keeps a running container's allocation and releases the one a gone pod left.
+//!   plugin keeps a running container's allocation and releases the one a gone pod left; with
+//!   the client manager gone, the devices stay listed, unhealthy.
 
 #[cfg(test)]
 #[path = "../../cluster-manager/tests/harness/mod.rs"]
@@ -513,5 +514,11 @@ mod tests {
         let mut client = bed.connect(&runtime);
         let mut stream = runtime.block_on(client.list_and_watch(Empty {})).unwrap().into_inner();
         wait_list(&runtime, &mut stream, &four, Duration::from_secs(10));
+
+        // No client manager: the same devices, unhealthy (no new pods), until it is back.
+        let manager_socket = bed.cluster.path("client-manager-127.0.0.1.sock");
+        bed.cluster.kill_client_manager(&manager_socket);
+        let unhealthy: Vec<(String, String)> = four.iter().map(|(id, _)| (id.clone(), "Unhealthy".to_string())).collect();
+        wait_list(&runtime, &mut stream, &unhealthy, Duration::from_secs(10));
     }
 }
