@@ -120,8 +120,7 @@ fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_wa
     // A refused copy (outside the session's memory) still reads its chunks: the next copy is in
     // step.
     let stray = pattern(2 * CHUNK + 1, 9);
-    let seq = session
-        .send(&req::MemcpyHtoDStriped { dst: 0xdead_0000, len: stray.len() as u64, stream: 0, transfer: 13, chunk: CHUNK }.into(), &[]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: 0xdead_0000, len: stray.len() as u64, stream: 0, transfer: 13, chunk: CHUNK }.into(), &[]);
     send_chunks(&mut links, 13, &stray);
     assert_eq!(htod_reply(&mut session, seq), Err(CudaError::INVALID_VALUE));
     let next = pattern(CHUNK + 17, 21);
