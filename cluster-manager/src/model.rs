@@ -73,7 +73,7 @@ pub fn sm_percentage(compute_units: u32, sm_count: u32) -> u32 {
 
 /// Whether `allocation` holds room on GPU `gpu` of `node_id`: its own GPU, and both ends of a
 /// move under way.
-fn holds_gpu(allocation: &AllocationRecord, node_id: &str, gpu: u32) -> bool {
+pub(crate) fn holds_gpu(allocation: &AllocationRecord, node_id: &str, gpu: u32) -> bool {
     let on = |node: &str, index: u32| node == node_id && index == gpu;
     on(&allocation.node_id, allocation.gpu)
         || (allocation.node_id == node_id && allocation.extra_gpus.contains(&gpu))

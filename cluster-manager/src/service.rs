@@ -1277,6 +1277,13 @@ impl<S: Store> ClusterClient for ClusterService<S> {
     async fn release_job(self, _: Context, vm_ip: String, job: u32) -> Result<Option<String>, ControlError> {
         detached(self.0.release_job(vm_ip, job)).await.unwrap_or_else(|| Err(cancelled()))
     }
+
+    async fn job_capacity(self, _: Context, vm_ip: String, compute_units: u32, memory: u64) -> Result<u32, ControlError> {
+        if (compute_units == 0) != (memory == 0) {
+            return Err(ControlError::Invalid("a slice names both SMs and memory (or neither: whole GPUs)".into()));
+        }
+        Ok(jobs::job_capacity(&*self.0.model.lock().await, &vm_ip, compute_units, memory))
+    }
 }
 
 impl<S: Store> ClusterAdmin for ClusterService<S> {

@@ -18,6 +18,9 @@ pub const DEFAULT_JOB_SOCKET: &str = "/run/flyt/client-manager-jobs.sock";
 pub const JOB_LIMITS: FrameLimits = FrameLimits { max_message: 64 << 10, max_bulk: 0 };
 /// The most GPUs one job may ask for on one node.
 pub const MAX_JOB_GPUS: u32 = 64;
+/// Kubernetes containers' jobs (the device plugin, `docs/kubernetes.md`) are numbered from here
+/// up: Slurm's job ids stay below 67,043,328 (its largest `MaxJobId`), so the two never meet.
+pub const CONTAINER_JOB_BASE: u32 = 100_000_000;
 
 /// What a job asks for on one node: `gpus` GPUs, each a slice of `compute_units` SMs and
 /// `memory_mib` MiB; 0 for both means whole GPUs.
@@ -88,6 +91,9 @@ pub enum JobRequest {
     Allocate { job: u32, shape: JobShape },
     /// `job` ended here, however it ended: give its GPUs back.
     Release { job: u32 },
+    /// How many GPUs of `shape`'s slice size (`gpus` is ignored) this node's jobs may hold now:
+    /// the free ones plus those its jobs hold (Kubernetes' device plugin, `docs/kubernetes.md`).
+    Capacity { shape: JobShape },
 }
 
 /// The client manager's answer.
@@ -113,6 +119,8 @@ pub enum JobReply {
     Released { allocation_id: Option<String> },
     /// No GPUs for the job; `reason` says why and is shown to the user.
     Refused { reason: String },
+    /// The answer to [`JobRequest::Capacity`]: that many slices (or whole GPUs).
+    Capacity { slices: u32 },
 }
 
 /// The whole exchange from the plugin's side, over a connected stream: sends `request`, reads

@@ -16,7 +16,7 @@ use flyt_protocol::{
     control::cluster::{AllocationClients, ClientManagerReport, ClusterClientClient, JobAllocateRequest, JobGrant, job_tenant},
     frame::{FrameHeader, HEADER_LEN, decode_exact, write_value},
     handshake::ClientIdentity,
-    jobs::{JOB_LIMITS, JobReply, JobRequest, JobShape},
+    jobs::{CONTAINER_JOB_BASE, JOB_LIMITS, JobReply, JobRequest, JobShape},
     token::{self, SessionClaims},
 };
 use tokio::{
@@ -78,6 +78,7 @@ impl ClientManager {
             match request {
                 JobRequest::Allocate { job, shape } => self.allocate_job(job, shape, peer_pid.unwrap_or(0)).await,
                 JobRequest::Release { job } => self.release_job(job).await,
+                JobRequest::Capacity { shape } => self.job_capacity(shape).await,
             }
         };
         let mut bytes = Vec::new();
@@ -97,7 +98,7 @@ impl ClientManager {
         if self.jobs.releases_pending.lock().await.contains(&job) {
             return JobReply::Refused { reason: format!("job {job} already ended on this node") };
         }
-        let client = ClientIdentity { hostname: host::hostname(), pid, program: format!("slurm job {job}"), boot_id: host::boot_id() };
+        let client = ClientIdentity { hostname: host::hostname(), pid, program: job_label(job), boot_id: host::boot_id() };
         let request = JobAllocateRequest {
             vm_ip: self.config.vm_ip.clone(),
             job,
@@ -168,6 +169,23 @@ impl ClientManager {
                 self.jobs.releases_pending.lock().await.insert(job);
                 JobReply::Released { allocation_id: known }
             }
+        }
+    }
+
+    /// How many slices of `shape`'s size this node's jobs may hold now (the cluster manager's count).
+    async fn job_capacity(&self, shape: JobShape) -> JobReply {
+        let vm_ip = self.config.vm_ip.clone();
+        let deadline = Instant::now() + Duration::from_secs(self.config.request_timeout_seconds);
+        let answer = self
+            .call_cluster(deadline, |connection, context| {
+                let vm_ip = vm_ip.clone();
+                async move { connection.job_capacity(context, vm_ip, shape.compute_units, shape.memory_mib).await }
+            })
+            .await;
+        match answer {
+            Ok(Ok(slices)) => JobReply::Capacity { slices },
+            Ok(Err(error)) => JobReply::Refused { reason: error.to_string() },
+            Err(reason) => JobReply::Refused { reason },
         }
     }
 
@@ -247,6 +265,14 @@ impl ClientManager {
                 }
             }
         }
+    }
+}
+
+/// Who a job's client is, as `flytctl list-virt-servers` shows it.
+fn job_label(job: u32) -> String {
+    match job.checked_sub(CONTAINER_JOB_BASE) {
+        Some(device) => format!("kubernetes container (device {device})"),
+        None => format!("slurm job {job}"),
     }
 }
 

@@ -52,6 +52,37 @@ pub fn whole_gpu_shape(model: &Model, gpus: u32, host_ip: &str) -> Result<(u32, 
     })
 }
 
+/// `job_capacity`: how many slices of `compute_units` SMs and `memory` MiB (0 and 0: whole
+/// GPUs) the jobs of client manager `vm_ip`'s node may hold now, on up, undrained nodes: what is
+/// free plus what its own jobs hold (those stay counted while they run, as a kubelet expects).
+/// Every node's jobs see the same free GPUs: the count is what one node could get, not a share.
+pub fn job_capacity(model: &Model, vm_ip: &str, compute_units: u32, memory: u64) -> u32 {
+    let own_job = |tenant: &str| job_of_tenant(tenant).is_some_and(|(_, node)| node == vm_ip);
+    let mut slices: u64 = 0;
+    for (node_id, node) in &model.nodes {
+        if node.record.health != NodeHealth::Up || node.record.drained {
+            continue;
+        }
+        for gpu in &node.gpus {
+            let holders: Vec<_> =
+                model.allocations.values().filter(|allocation| crate::model::holds_gpu(allocation, node_id, gpu.index)).collect();
+            if compute_units == 0 {
+                slices += u64::from(holders.iter().all(|allocation| own_job(&allocation.vm_ip)));
+                continue;
+            }
+            let (mut used_units, mut used_memory, _) = model.gpu_used(node_id, gpu.index, None);
+            for allocation in holders.iter().filter(|allocation| own_job(&allocation.vm_ip)) {
+                used_units = used_units.saturating_sub(allocation.compute_units);
+                used_memory = used_memory.saturating_sub(allocation.memory);
+            }
+            let by_units = gpu.sm_count.saturating_sub(used_units) / compute_units;
+            let by_memory = (gpu.memory_bytes / MIB).saturating_sub(used_memory) / memory;
+            slices += u64::from(by_units).min(by_memory);
+        }
+    }
+    u32::try_from(slices).unwrap_or(u32::MAX)
+}
+
 impl<S: Store> Cluster<S> {
     /// `allocate_job`: the job's requirement (stored when new), then its allocation as for a VM.
     pub(super) async fn allocate_job(self: Arc<Self>, request: JobAllocateRequest, deadline: Instant) -> Result<JobGrant, ControlError> {
@@ -207,6 +238,50 @@ mod tests {
         assert_eq!(whole_gpu_shape(&model, 2, "10.0.0.1").unwrap(), (40, 4096));
         let error = whole_gpu_shape(&model, 3, "10.0.0.1").unwrap_err().to_string();
         assert!(error.contains("3 GPU(s) with nothing allocated"), "{error}");
+    }
+
+    #[test]
+    fn job_capacity_counts_free_slices_and_the_nodes_own_jobs() {
+        use flyt_protocol::control::cluster::AllocationRecord;
+        let mut model = model_with(vec![gpu(0, 40, 4096), gpu(1, 80, 8192)]);
+        assert_eq!(job_capacity(&model, "10.0.0.5", 0, 0), 2);
+        assert_eq!(job_capacity(&model, "10.0.0.5", 20, 1024), 2 + 4);
+        // Memory bounds the slices as well as SMs.
+        assert_eq!(job_capacity(&model, "10.0.0.5", 10, 4096), 1 + 2);
+        let held = |id: &str, tenant: &str, gpu: u32, compute_units: u32, memory: u64| AllocationRecord {
+            id: id.into(),
+            vm_ip: tenant.into(),
+            node_id: "n1".into(),
+            gpu,
+            extra_gpus: Vec::new(),
+            compute_units,
+            memory,
+            sm_percentage: 0,
+            state: flyt_protocol::control::cluster::AllocationState::Running,
+            addresses: Vec::new(),
+            pid: 0,
+            clients: Vec::new(),
+            sessions: 0,
+            created_at: 0,
+            idle_since: None,
+            pending_resize: None,
+            metrics: None,
+            pending_move: None,
+            further: Vec::new(),
+        };
+        // A VM's slice on GPU 1: that GPU is no longer whole, and holds fewer slices.
+        model.allocations.insert("a".into(), held("a", "10.0.0.9", 1, 40, 1024));
+        assert_eq!(job_capacity(&model, "10.0.0.5", 0, 0), 1);
+        assert_eq!(job_capacity(&model, "10.0.0.5", 20, 1024), 2 + 2);
+        // This node's job on GPU 0 still counts for this node, not for another one.
+        model.allocations.insert("b".into(), held("b", "job-100000000@10.0.0.5", 0, 40, 4096));
+        assert_eq!(job_capacity(&model, "10.0.0.5", 0, 0), 1);
+        assert_eq!(job_capacity(&model, "10.0.0.6", 0, 0), 0);
+        assert_eq!(job_capacity(&model, "10.0.0.5", 20, 1024), 2 + 2);
+        assert_eq!(job_capacity(&model, "10.0.0.6", 20, 1024), 2);
+        // A drained node offers nothing.
+        model.nodes.get_mut("n1").unwrap().record.drained = true;
+        assert_eq!(job_capacity(&model, "10.0.0.5", 20, 1024), 0);
     }
 
     #[test]

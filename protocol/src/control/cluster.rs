@@ -632,6 +632,10 @@ pub trait ClusterClient {
     /// Job `job` on `vm_ip`'s node ended: its allocation and requirement go; the id of the
     /// allocation it had, if any.
     async fn release_job(vm_ip: String, job: u32) -> Result<Option<String>, ControlError>;
+    /// How many slices of `compute_units` SMs and `memory` MiB (0 and 0: whole GPUs) the jobs
+    /// of `vm_ip`'s node may hold now: those free on up, undrained nodes plus those its jobs
+    /// hold (Kubernetes' device plugin advertises this count, `docs/kubernetes.md`).
+    async fn job_capacity(vm_ip: String, compute_units: u32, memory: u64) -> Result<u32, ControlError>;
 }
 
 /// Calls `flytctl` makes.
