@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
-use flyt_cuda_sys::types::{CUDA_BATCH_MEM_OP_NODE_PARAMS, CUDA_MEMCPY3D};
+use flyt_cuda_sys::types::{CUDA_BATCH_MEM_OP_NODE_PARAMS, CUDA_MEMCPY3D, CUgraphExecUpdateResultInfo};
 use flyt_cuda_sys::DriverTable;
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE, PeerLink};
@@ -138,6 +138,11 @@ pub(super) fn require(table: &DriverTable, names: &[&str]) -> Result<(), String>
         Some(name) => Err(format!("{name}: the driver lacks it")),
         None => Ok(()),
     }
+}
+
+/// An entry point of the driver table, or "not supported" from a driver without it.
+pub(super) fn entry<F>(entry: Option<F>) -> CudaResult<F> {
+    entry.ok_or(CudaError::NOT_SUPPORTED)
 }
 
 pub(super) fn raw_check(code: u32) -> CudaResult<()> {
@@ -428,8 +433,6 @@ pub struct CudaDevice {
     current: AtomicUsize,
     /// The generated driver table (`flyt-cuda-sys`), for what cudarc lacks.
     driver: &'static DriverTable,
-    pub(super) arrays: super::cuda_arrays::RawArrays,
-    pub(super) green: super::cuda_green::RawGreen,
     staging: Arc<StagingPool>,
     /// Memory of a moved session, mapped at its old addresses.
     restored: std::sync::Mutex<super::cuda_restore::RestoredMemory>,
@@ -510,7 +513,7 @@ impl CudaDevice {
         }
         let driver = driver_table();
         require(driver, REQUIRED)?;
-        let arrays = super::cuda_arrays::RawArrays::load()?;
+        require(driver, super::cuda_arrays::REQUIRED)?;
         result::init().map_err(|error| format!("cuInit failed: {error}"))?;
         let count = result::device::get_count().map_err(|error| format!("cuDeviceGetCount: {error}"))?;
         if ordinals.is_empty() {
@@ -539,8 +542,6 @@ impl CudaDevice {
             gpus,
             current: AtomicUsize::new(0),
             driver,
-            arrays,
-            green: super::cuda_green::RawGreen::load(),
             staging: Arc::new(staging),
             restored: std::sync::Mutex::default(),
         })
@@ -2017,21 +2018,14 @@ impl Device for CudaDevice {
     }
 
     fn graph_exec_update(&self, exec: Self::GraphExec, graph: Self::Graph) -> ExecUpdate<Self> {
-        /// `CUgraphExecUpdateResultInfo` with its result read as a number.
-        #[repr(C)]
-        struct ResultInfo {
-            result: u32,
-            error_node: sys::CUgraphNode,
-            error_from_node: sys::CUgraphNode,
-        }
-        let mut info = ResultInfo { result: 0, error_node: std::ptr::null_mut(), error_from_node: std::ptr::null_mut() };
-        // SAFETY: the session's executable graph and graph; `ResultInfo` has the C struct's
-        // layout (a 32-bit enum, then two node pointers).
+        // The generated struct: its result is read as a number, not as a Rust enum.
+        let mut info = CUgraphExecUpdateResultInfo { result: 0, errorNode: std::ptr::null_mut(), errorFromNode: std::ptr::null_mut() };
+        // SAFETY: the session's executable graph and graph; a valid out-pointer of the C struct.
         let code = unsafe { sys::cuGraphExecUpdate_v2(exec.0, graph.0, (&raw mut info).cast()) };
         ExecUpdate {
             result: check(code.result()),
             status: info.result,
-            error_node: (!info.error_node.is_null()).then_some(Handle(info.error_node)),
+            error_node: (!info.errorNode.is_null()).then_some(Handle(info.errorNode.cast())),
         }
     }
 
