@@ -70,8 +70,9 @@ macro_rules! define_driver_table {
             /// # Safety
             ///
             /// `library` must be a CUDA driver API library (NVIDIA's or Flyt's `libcuda.so.1`): each of its
-            /// exports of a name in the table must have that row's C signature.
-            pub unsafe fn resolve(library: &'static Library) -> DriverTable {
+            /// exports of a name in the table must have that row's C signature. It must stay loaded while
+            /// any pointer of the table is called (a `&'static` library, or one that outlives the table).
+            pub unsafe fn resolve(library: &Library) -> DriverTable {
                 DriverTable { $($name: driver_fn_lookup!(library, $kind $name ($($ty),*)),)* }
             }
 
