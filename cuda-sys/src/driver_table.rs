@@ -8,9 +8,9 @@ use std::ptr::NonNull;
 
 use libloading::Library;
 
+use crate::CUresult;
 #[allow(clippy::wildcard_imports, reason = "the generated rows name any of the header's types")]
 use crate::generated::types::*;
-use crate::CUresult;
 
 /// The address of an export without a public signature (the debugger's symbols, retired entry points):
 /// its presence is known, calling it is not possible from here.

@@ -74,9 +74,7 @@ fn load() -> std::result::Result<Driver, String> {
     }
     let (mut table, table_id): (*const usize, [u8; 16]) = (std::ptr::null(), flyt_table::UUID);
     // SAFETY: valid out-pointer and a 16-byte UUID (a `CUuuid`).
-    if unsafe { cu!(driver_table, cuGetExportTable((&raw mut table).cast(), (&raw const table_id).cast())) } != 0
-        || table.is_null()
-    {
+    if unsafe { cu!(driver_table, cuGetExportTable((&raw mut table).cast(), (&raw const table_id).cast())) } != 0 || table.is_null() {
         return Err("the libcuda.so.1 found is not Flyt's (it has no Flyt table)".into());
     }
     // SAFETY: Flyt's table: word 0 is its size in bytes, then entry points (flyt_table's layout).
@@ -112,10 +110,9 @@ fn check(status: u32) -> Result {
         CUresult::CUDA_SUCCESS => Ok(()),
         CUresult::CUDA_ERROR_INVALID_DEVICE | CUresult::CUDA_ERROR_INVALID_VALUE => Err(NVML_ERROR_INVALID_ARGUMENT),
         // No session (no server, refused): as NVML without a working driver.
-        CUresult::CUDA_ERROR_NO_DEVICE
-        | CUresult::CUDA_ERROR_NOT_INITIALIZED
-        | INSUFFICIENT_DRIVER
-        | CUresult::CUDA_ERROR_UNKNOWN => Err(NVML_ERROR_DRIVER_NOT_LOADED),
+        CUresult::CUDA_ERROR_NO_DEVICE | CUresult::CUDA_ERROR_NOT_INITIALIZED | INSUFFICIENT_DRIVER | CUresult::CUDA_ERROR_UNKNOWN => {
+            Err(NVML_ERROR_DRIVER_NOT_LOADED)
+        }
         // The session was lost.
         _ if (700..800).contains(&status) => Err(NVML_ERROR_GPU_IS_LOST),
         _ => Err(NVML_ERROR_UNKNOWN),

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
-use flyt_cuda_sys::types::{CUDA_BATCH_MEM_OP_NODE_PARAMS, CUDA_MEMCPY3D, CUgraphExecUpdateResultInfo};
 use flyt_cuda_sys::DriverTable;
+use flyt_cuda_sys::types::{CUDA_BATCH_MEM_OP_NODE_PARAMS, CUDA_MEMCPY3D, CUgraphExecUpdateResultInfo};
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE, PeerLink};
 use flyt_protocol::error::CudaResult;
@@ -170,13 +170,7 @@ fn node_copy_side(
         return Err(CudaError::NOT_SUPPORTED);
     }
     let ptr = if memory_type == 1 { host as u64 } else { device };
-    Ok(NodeCopySide {
-        memory_type,
-        ptr,
-        pos: Pos3 { x: x as u64, y: y as u64, z: z as u64 },
-        pitch: pitch as u64,
-        height: height as u64,
-    })
+    Ok(NodeCopySide { memory_type, ptr, pos: Pos3 { x: x as u64, y: y as u64, z: z as u64 }, pitch: pitch as u64, height: height as u64 })
 }
 
 /// A batch memory operation node's parameters over `array` (which must outlive their use).
@@ -538,13 +532,7 @@ impl CudaDevice {
             .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let contexts: Vec<sys::CUcontext> = gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
         let staging = StagingPool::new(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
-        Ok(Self {
-            gpus,
-            current: AtomicUsize::new(0),
-            driver,
-            staging: Arc::new(staging),
-            restored: std::sync::Mutex::default(),
-        })
+        Ok(Self { gpus, current: AtomicUsize::new(0), driver, staging: Arc::new(staging), restored: std::sync::Mutex::default() })
     }
 
     /// The current GPU.
@@ -1110,16 +1098,11 @@ impl Device for CudaDevice {
         let count = c_uint::try_from(ids.len()).map_err(|_| CudaError::INVALID_VALUE)?;
         // SAFETY: `ids` and `values` have `count` entries and, like the log buffers they point
         // at, are boxed and kept in the returned link for its whole life, as cuLinkCreate requires.
-        let code = unsafe { driver_call!(self.driver, cuLinkCreate_v2(count, ids.as_mut_ptr().cast(), values.as_mut_ptr().cast(), (&raw mut state).cast())) };
+        let code = unsafe {
+            driver_call!(self.driver, cuLinkCreate_v2(count, ids.as_mut_ptr().cast(), values.as_mut_ptr().cast(), (&raw mut state).cast()))
+        };
         raw_check(code)?;
-        Ok(CudaLink {
-            state: Handle(state),
-            _options: ids,
-            values,
-            info_log,
-            error_log,
-            inputs: Vec::new(),
-        })
+        Ok(CudaLink { state: Handle(state), _options: ids, values, info_log, error_log, inputs: Vec::new() })
     }
 
     fn link_add(&self, link: &mut CudaLink, kind: u32, name: &str, data: Vec<u8>, options: &[JitOption]) -> LinkOutcome {
@@ -1134,16 +1117,19 @@ impl Device for CudaDevice {
         // SAFETY: the link is live; `input` is kept in the link until it is destroyed; `name`
         // and the option arrays (`count` entries) outlive the call.
         let code = unsafe {
-            driver_call!(self.driver, cuLinkAddData_v2(
-                link.state.0.cast(),
-                kind,
-                input.as_mut_ptr().cast(),
-                input.len(),
-                name.as_ptr(),
-                count,
-                ids.as_mut_ptr().cast(),
-                values.as_mut_ptr().cast(),
-            ))
+            driver_call!(
+                self.driver,
+                cuLinkAddData_v2(
+                    link.state.0.cast(),
+                    kind,
+                    input.as_mut_ptr().cast(),
+                    input.len(),
+                    name.as_ptr(),
+                    count,
+                    ids.as_mut_ptr().cast(),
+                    values.as_mut_ptr().cast(),
+                )
+            )
         };
         link.inputs.push(input);
         link.outcome(code)
@@ -1215,7 +1201,9 @@ impl Device for CudaDevice {
     fn texture_1d_linear_max_width(&self, format: u32, channels: u32) -> CudaResult<u64> {
         let mut width = 0usize;
         // SAFETY: valid out-pointer; the format and channel count are plain values the driver checks.
-        raw_check(unsafe { driver_call!(self.driver, cuDeviceGetTexture1DLinearMaxWidth(&mut width, format, channels, self.gpu().device)) })?;
+        raw_check(unsafe {
+            driver_call!(self.driver, cuDeviceGetTexture1DLinearMaxWidth(&mut width, format, channels, self.gpu().device))
+        })?;
         Ok(width as u64)
     }
 
@@ -1225,15 +1213,21 @@ impl Device for CudaDevice {
         // SAFETY: both arrays hold `count` entries; the operations are plain values the driver checks.
         let code = unsafe {
             if peer {
-                driver_call!(self.driver, cuDeviceGetP2PAtomicCapabilities(
-                    capabilities.as_mut_ptr(),
-                    operations.as_ptr(),
-                    count,
-                    self.gpu().device,
-                    self.gpu().device,
-                ))
+                driver_call!(
+                    self.driver,
+                    cuDeviceGetP2PAtomicCapabilities(
+                        capabilities.as_mut_ptr(),
+                        operations.as_ptr(),
+                        count,
+                        self.gpu().device,
+                        self.gpu().device,
+                    )
+                )
             } else {
-                driver_call!(self.driver, cuDeviceGetHostAtomicCapabilities(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.gpu().device))
+                driver_call!(
+                    self.driver,
+                    cuDeviceGetHostAtomicCapabilities(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.gpu().device)
+                )
             }
         };
         raw_check(code)?;
@@ -1906,7 +1900,14 @@ impl Device for CudaDevice {
                     let mut array: Vec<MemOpParams> = ops.iter().map(StreamMemOp::driver_words).collect();
                     let params = batch_node_params(context, &mut array)?;
                     raw_check(match exec {
-                        Some(exec) => self.driver.cuGraphExecBatchMemOpNodeSetParams.ok_or(CudaError::NOT_SUPPORTED)?(exec.0.cast(), node.0.cast(), &params).0,
+                        Some(exec) => {
+                            self.driver.cuGraphExecBatchMemOpNodeSetParams.ok_or(CudaError::NOT_SUPPORTED)?(
+                                exec.0.cast(),
+                                node.0.cast(),
+                                &params,
+                            )
+                            .0
+                        }
                         None => self.driver.cuGraphBatchMemOpNodeSetParams.ok_or(CudaError::NOT_SUPPORTED)?(node.0.cast(), &params).0,
                     })?;
                     sys::CUresult::CUDA_SUCCESS
@@ -2377,7 +2378,20 @@ impl Device for CudaDevice {
                 // SAFETY: every array holds the count the driver reads for `rank`; the address
                 // lies in the session's device memory, which the driver only records.
                 unsafe {
-                    call((&raw mut map).cast(), kind, rank, address, dims, strides, box_dim.as_ptr(), element_strides, interleave, swizzle, l2, oob)
+                    call(
+                        (&raw mut map).cast(),
+                        kind,
+                        rank,
+                        address,
+                        dims,
+                        strides,
+                        box_dim.as_ptr(),
+                        element_strides,
+                        interleave,
+                        swizzle,
+                        l2,
+                        oob,
+                    )
                 }
             }
             TensorMapLayout::Im2col { lower_corner, upper_corner, channels_per_pixel, pixels_per_column } => {

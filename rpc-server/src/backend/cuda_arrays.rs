@@ -8,10 +8,9 @@ use std::ffi::c_uint;
 use cudarc::driver::sys;
 use flyt_cuda_sys::types::{
     CUDA_ARRAY_MEMORY_REQUIREMENTS, CUDA_ARRAY_SPARSE_PROPERTIES, CUDA_ARRAY3D_DESCRIPTOR, CUDA_RESOURCE_DESC,
-    CUDA_RESOURCE_DESC_st_res_array, CUDA_RESOURCE_DESC_st_res_linear, CUDA_RESOURCE_DESC_st_res_mipmap,
-    CUDA_RESOURCE_DESC_st_res_pitch2D, CUDA_RESOURCE_VIEW_DESC, CUDA_TEXTURE_DESC, CUarrayMapInfo, CUarrayMapInfo_st_memHandle,
-    CUarrayMapInfo_st_resource, CUarrayMapInfo_st_subresource, CUarrayMapInfo_st_subresource_miptail,
-    CUarrayMapInfo_st_subresource_sparseLevel, CUmemDecompressParams,
+    CUDA_RESOURCE_DESC_st_res_array, CUDA_RESOURCE_DESC_st_res_linear, CUDA_RESOURCE_DESC_st_res_mipmap, CUDA_RESOURCE_DESC_st_res_pitch2D,
+    CUDA_RESOURCE_VIEW_DESC, CUDA_TEXTURE_DESC, CUarrayMapInfo, CUarrayMapInfo_st_memHandle, CUarrayMapInfo_st_resource,
+    CUarrayMapInfo_st_subresource, CUarrayMapInfo_st_subresource_miptail, CUarrayMapInfo_st_subresource_sparseLevel, CUmemDecompressParams,
 };
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
@@ -361,9 +360,7 @@ impl CudaDevice {
             .map(|map| {
                 let (resource_type, resource) = match map.target {
                     ArrayRef::Array(array) => (resource_type::ARRAY, CUarrayMapInfo_st_resource { array: array.0.cast() }),
-                    ArrayRef::Mipmap(mipmap) => {
-                        (resource_type::MIPMAPPED_ARRAY, CUarrayMapInfo_st_resource { mipmap: mipmap.0.cast() })
-                    }
+                    ArrayRef::Mipmap(mipmap) => (resource_type::MIPMAPPED_ARRAY, CUarrayMapInfo_st_resource { mipmap: mipmap.0.cast() }),
                 };
                 let (subresource_type, subresource) = match map.subresource {
                     Subresource::SparseLevel { level, layer, offset, extent } => (

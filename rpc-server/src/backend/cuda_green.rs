@@ -71,7 +71,12 @@ impl CudaDevice {
         let result = if groups.is_some() { made.as_mut_ptr() } else { std::ptr::null_mut() };
         // SAFETY: `result` is NULL (counting only) or an array of `count` resources; `input` is a
         // resource this driver wrote (the session checked), `remaining` a valid out-pointer.
-        raw_check(unsafe { split(result.cast(), &mut count, (input as *const RawResource).cast(), (&raw mut remaining).cast(), flags, min_count) }.0)?;
+        raw_check(
+            unsafe {
+                split(result.cast(), &mut count, (input as *const RawResource).cast(), (&raw mut remaining).cast(), flags, min_count)
+            }
+            .0,
+        )?;
         made.truncate(if groups.is_some() { count as usize } else { 0 });
         Ok(SmSplit { groups: made, count, remaining })
     }
@@ -88,7 +93,8 @@ impl CudaDevice {
 
     pub(super) fn new_green(&self, desc: sys::CUdevResourceDesc, flags: u32) -> CudaResult<GreenHandle> {
         let table = driver_table();
-        let (create, to_context, destroy) = (entry(table.cuGreenCtxCreate)?, entry(table.cuCtxFromGreenCtx)?, entry(table.cuGreenCtxDestroy)?);
+        let (create, to_context, destroy) =
+            (entry(table.cuGreenCtxCreate)?, entry(table.cuCtxFromGreenCtx)?, entry(table.cuGreenCtxDestroy)?);
         let mut green: sys::CUgreenCtx = std::ptr::null_mut();
         // SAFETY: a descriptor this driver made for the session; a valid out-pointer.
         raw_check(unsafe { create((&raw mut green).cast(), desc.cast(), self.device(), flags) }.0)?;
