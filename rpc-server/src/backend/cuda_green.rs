@@ -69,14 +69,11 @@ impl CudaDevice {
         let mut made = vec![RawResource::ZERO; groups.unwrap_or(0) as usize];
         let mut remaining = RawResource::ZERO;
         let result = if groups.is_some() { made.as_mut_ptr() } else { std::ptr::null_mut() };
+        let (input, remaining_ptr) = ((input as *const RawResource).cast(), (&raw mut remaining).cast());
         // SAFETY: `result` is NULL (counting only) or an array of `count` resources; `input` is a
         // resource this driver wrote (the session checked), `remaining` a valid out-pointer.
-        raw_check(
-            unsafe {
-                split(result.cast(), &mut count, (input as *const RawResource).cast(), (&raw mut remaining).cast(), flags, min_count)
-            }
-            .0,
-        )?;
+        let code = unsafe { split(result.cast(), &mut count, input, remaining_ptr, flags, min_count) };
+        raw_check(code.0)?;
         made.truncate(if groups.is_some() { count as usize } else { 0 });
         Ok(SmSplit { groups: made, count, remaining })
     }
