@@ -250,7 +250,7 @@ nvcc_flags_for() {
         nvlink_topology) echo "-ldl" ;;
         # A driver API program: linked against the toolkit's libcuda stub (NVCC_FLAGS may name
         # another folder holding a libcuda.so).
-        jit_link | vmm | vmm_share | no_context | graph_nodes | graph_getters | stream_memops | tensor_map | arrays_planar_sparse | green_contexts | launch_extra) echo "-L$(dirname "$(command -v "$NVCC")")/../lib64/stubs -lcuda" ;;
+        jit_link | vmm | vmm_share | no_context | graph_nodes | graph_getters | stream_memops | tensor_map | arrays_planar_sparse | green_contexts | launch_extra | cudasys) echo "-L$(dirname "$(command -v "$NVCC")")/../lib64/stubs -lcuda" ;;
         *)
             if [ -f "$here/libraries/$1.cu" ]; then
                 echo "$(sed -n '1s|^// link: ||p' "$here/libraries/$1.cu") -Xlinker -rpath=$(dirname "$(command -v "$NVCC")")/../lib64"

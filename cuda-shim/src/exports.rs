@@ -14,6 +14,8 @@
 
 use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
 
+use flyt_cuda_sys::for_each_driver_api;
+
 use crate::CUresult;
 use crate::generated::types::*;
 

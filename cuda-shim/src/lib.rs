@@ -2,7 +2,7 @@
 //!
 //! NVIDIA's runtime (static or shared), its libraries (cuBLAS, cuDNN, ...) and PyTorch all load the driver
 //! with `dlopen("libcuda.so.1")`; this crate is what they find. Every one of the 707 functions NVIDIA's
-//! driver exports is declared once, in the generated [`for_each_driver_api!`] table, and exported from
+//! driver exports is declared once, in the generated [`flyt_cuda_sys::for_each_driver_api!`] table, and exported from
 //! [`exports`]: implemented rows call [`api`], the others answer CUDA_ERROR_NOT_SUPPORTED and name
 //! themselves once on stderr.
 //!
@@ -15,7 +15,6 @@
 //! `libcuda.so.1`.
 #![allow(clippy::cast_possible_truncation, reason = "Flyt runs on 64-bit Linux only: pointers and sizes are 64-bit")]
 
-#[macro_use]
 #[rustfmt::skip]
 pub mod generated;
 

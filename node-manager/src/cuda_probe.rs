@@ -6,25 +6,37 @@
 
 use std::ffi::{c_char, c_int, c_uint};
 
+use flyt_cuda_sys::{CUresult, DriverTable};
 use flyt_protocol::control::cluster::{GpuInfo, GpuLink, GpuLinkKind};
 use libloading::Library;
 
 /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT` in `cuda.h`.
-const ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+const ATTRIBUTE_MULTIPROCESSOR_COUNT: c_uint = 16;
 /// `CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED` in `cuda.h`.
-const P2P_NATIVE_ATOMIC_SUPPORTED: c_int = 3;
-/// `CUDA_SUCCESS`.
-const SUCCESS: c_int = 0;
+const P2P_NATIVE_ATOMIC_SUPPORTED: c_uint = 3;
 
-type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
-type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
-type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
-type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
-type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
-type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
-type CuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
-type CuDeviceCanAccessPeer = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
-type CuDeviceGetP2PAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int, c_int) -> c_int;
+/// The driver exports the probe calls: a driver without one is [`ProbeError::MissingSymbol`].
+const REQUIRED: &[&str] = &[
+    "cuInit",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceTotalMem_v2",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetUuid_v2",
+    "cuDeviceCanAccessPeer",
+    "cuDeviceGetP2PAttribute",
+];
+
+/// Calls `$name` of the generated driver table: its status (`probe` checked every name it calls).
+macro_rules! cu {
+    ($table:expr, $name:ident($($arg:expr),* $(,)?)) => {
+        match $table.$name {
+            Some(function) => function($($arg),*),
+            None => CUresult::CUDA_ERROR_NOT_SUPPORTED,
+        }
+    };
+}
 
 /// Why the driver could not be asked.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
@@ -37,8 +49,8 @@ pub enum ProbeError {
     Call { call: &'static str, code: i32 },
 }
 
-fn check(call: &'static str, code: c_int) -> Result<(), ProbeError> {
-    if code == SUCCESS { Ok(()) } else { Err(ProbeError::Call { call, code }) }
+fn check(call: &'static str, code: CUresult) -> Result<(), ProbeError> {
+    if code == CUresult::CUDA_SUCCESS { Ok(()) } else { Err(ProbeError::Call { call, code: code.0 as i32 }) }
 }
 
 /// Lists the GPUs the driver sees (an empty list when it sees none).
@@ -46,46 +58,39 @@ pub fn probe(library_name: &str) -> Result<Vec<GpuInfo>, ProbeError> {
     // SAFETY: loading libcuda runs its initialisers, which have no preconditions on the caller;
     // the library is kept alive (`library`) for as long as any symbol taken from it is called.
     let library = unsafe { Library::new(library_name) }.map_err(|error| ProbeError::Load(library_name.to_string(), error.to_string()))?;
-    macro_rules! symbol {
-        ($name:literal, $type:ty) => {
-            // SAFETY: the type is the function's prototype in CUDA's `cuda.h` (driver API, stable
-            // since CUDA 4 for these entry points); `library` outlives every use below.
-            *unsafe { library.get::<$type>(concat!($name, "\0").as_bytes()) }.map_err(|_| ProbeError::MissingSymbol($name))?
-        };
+    // SAFETY: `library` is a CUDA driver (its exports have the header's signatures, as generated)
+    // and outlives every call through the table below.
+    let table = unsafe { DriverTable::resolve(&library) };
+    let missing = table.missing();
+    if let Some(name) = REQUIRED.iter().find(|name| missing.contains(name)) {
+        return Err(ProbeError::MissingSymbol(name));
     }
-    let cu_init: CuInit = symbol!("cuInit", CuInit);
-    let cu_device_get_count: CuDeviceGetCount = symbol!("cuDeviceGetCount", CuDeviceGetCount);
-    let cu_device_get: CuDeviceGet = symbol!("cuDeviceGet", CuDeviceGet);
-    let cu_device_get_name: CuDeviceGetName = symbol!("cuDeviceGetName", CuDeviceGetName);
-    let cu_device_total_mem: CuDeviceTotalMem = symbol!("cuDeviceTotalMem_v2", CuDeviceTotalMem);
-    let cu_device_get_attribute: CuDeviceGetAttribute = symbol!("cuDeviceGetAttribute", CuDeviceGetAttribute);
-    let cu_device_get_uuid: CuDeviceGetUuid = symbol!("cuDeviceGetUuid_v2", CuDeviceGetUuid);
-    let cu_device_can_access_peer: CuDeviceCanAccessPeer = symbol!("cuDeviceCanAccessPeer", CuDeviceCanAccessPeer);
-    let cu_device_get_p2p_attribute: CuDeviceGetP2PAttribute = symbol!("cuDeviceGetP2PAttribute", CuDeviceGetP2PAttribute);
 
     // SAFETY: cuInit takes flags by value; 0 is the only defined value.
-    check("cuInit", unsafe { cu_init(0) })?;
+    check("cuInit", unsafe { cu!(table, cuInit(0)) })?;
     let mut count: c_int = 0;
     // SAFETY: `count` is a live, writable c_int for the duration of the call.
-    check("cuDeviceGetCount", unsafe { cu_device_get_count(&mut count) })?;
+    check("cuDeviceGetCount", unsafe { cu!(table, cuDeviceGetCount(&mut count)) })?;
     let mut gpus = Vec::new();
     for ordinal in 0..count {
         let mut device: c_int = 0;
         // SAFETY: `device` is a live, writable CUdevice (an int); `ordinal` < the count just read.
-        check("cuDeviceGet", unsafe { cu_device_get(&mut device, ordinal) })?;
+        check("cuDeviceGet", unsafe { cu!(table, cuDeviceGet(&mut device, ordinal)) })?;
         let mut name = [0 as c_char; 256];
         // SAFETY: `name` holds 256 writable bytes and we pass 256 as its length; the driver
         // NUL-terminates within that length.
-        check("cuDeviceGetName", unsafe { cu_device_get_name(name.as_mut_ptr(), 256, device) })?;
+        check("cuDeviceGetName", unsafe { cu!(table, cuDeviceGetName(name.as_mut_ptr(), 256, device)) })?;
         let mut memory: usize = 0;
         // SAFETY: `memory` is a live, writable size_t; `device` came from cuDeviceGet.
-        check("cuDeviceTotalMem_v2", unsafe { cu_device_total_mem(&mut memory, device) })?;
+        check("cuDeviceTotalMem_v2", unsafe { cu!(table, cuDeviceTotalMem_v2(&mut memory, device)) })?;
         let mut sm_count: c_int = 0;
         // SAFETY: `sm_count` is a live, writable int; the attribute id is from cuda.h.
-        check("cuDeviceGetAttribute", unsafe { cu_device_get_attribute(&mut sm_count, ATTRIBUTE_MULTIPROCESSOR_COUNT, device) })?;
-        let mut uuid = [0u8; 16];
-        // SAFETY: `uuid` is a live, writable 16-byte CUuuid; `device` came from cuDeviceGet.
-        check("cuDeviceGetUuid_v2", unsafe { cu_device_get_uuid(&mut uuid, device) })?;
+        check("cuDeviceGetAttribute", unsafe { cu!(table, cuDeviceGetAttribute(&mut sm_count, ATTRIBUTE_MULTIPROCESSOR_COUNT, device)) })?;
+        // SAFETY: all-zero bytes are a valid CUuuid.
+        let mut uuid: flyt_cuda_sys::types::CUuuid = unsafe { std::mem::zeroed() };
+        // SAFETY: `uuid` is a live, writable CUuuid; `device` came from cuDeviceGet.
+        check("cuDeviceGetUuid_v2", unsafe { cu!(table, cuDeviceGetUuid_v2(&mut uuid, device)) })?;
+        let uuid = uuid.bytes.map(|byte| byte as u8);
         let name_bytes: Vec<u8> = name.iter().take_while(|byte| **byte != 0).map(|byte| *byte as u8).collect();
         gpus.push(GpuInfo {
             index: u32::try_from(ordinal).unwrap_or(0),
@@ -104,13 +109,13 @@ pub fn probe(library_name: &str) -> Result<Vec<GpuInfo>, ProbeError> {
             let mut can: c_int = 0;
             // SAFETY: `can` is a live, writable int; both ordinals are below the count read above
             // (CUdevice handles equal ordinals in the driver API).
-            if unsafe { cu_device_can_access_peer(&mut can, from, to) } != SUCCESS || can == 0 {
+            if unsafe { cu!(table, cuDeviceCanAccessPeer(&mut can, from, to)) } != CUresult::CUDA_SUCCESS || can == 0 {
                 continue;
             }
             let mut atomics: c_int = 0;
             // SAFETY: as above; the attribute id is from cuda.h.
-            let asked = unsafe { cu_device_get_p2p_attribute(&mut atomics, P2P_NATIVE_ATOMIC_SUPPORTED, from, to) };
-            let kind = if asked == SUCCESS && atomics != 0 { GpuLinkKind::NvLink } else { GpuLinkKind::Pcie };
+            let asked = unsafe { cu!(table, cuDeviceGetP2PAttribute(&mut atomics, P2P_NATIVE_ATOMIC_SUPPORTED, from, to)) };
+            let kind = if asked == CUresult::CUDA_SUCCESS && atomics != 0 { GpuLinkKind::NvLink } else { GpuLinkKind::Pcie };
             gpus[from as usize].links.push(GpuLink { to: u32::try_from(to).unwrap_or(0), kind });
         }
     }

@@ -6,60 +6,75 @@
 use std::ffi::{c_char, c_int, c_uint};
 use std::sync::OnceLock;
 
+use flyt_cuda_sys::{CUresult, DriverTable};
 use flyt_front_kit::flyt_table;
 
 use crate::{NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_UNKNOWN, Result};
 
-type CUresult = u32;
-const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
-const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
-const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
-const CUDA_ERROR_INSUFFICIENT_DRIVER: CUresult = 35;
-const CUDA_ERROR_NO_DEVICE: CUresult = 100;
-const CUDA_ERROR_UNKNOWN: CUresult = 999;
 /// `CU_DEVICE_ATTRIBUTE_*`.
-const COMPUTE_CAPABILITY_MAJOR: c_int = 75;
-const COMPUTE_CAPABILITY_MINOR: c_int = 76;
-const PCI_BUS_ID: c_int = 33;
-const PCI_DEVICE_ID: c_int = 34;
-const PCI_DOMAIN_ID: c_int = 50;
+const COMPUTE_CAPABILITY_MAJOR: c_uint = 75;
+const COMPUTE_CAPABILITY_MINOR: c_uint = 76;
+const PCI_BUS_ID: c_uint = 33;
+const PCI_DEVICE_ID: c_uint = 34;
+const PCI_DOMAIN_ID: c_uint = 50;
+
+/// The runtime's `cudaErrorInsufficientDriver` (no `CUresult` has its number), which a driver
+/// without a session may answer.
+const INSUFFICIENT_DRIVER: CUresult = CUresult(35);
+
+/// The driver exports this NVML calls: the load fails, naming the first one missing, without one.
+const REQUIRED: &[&str] = &[
+    "cuInit",
+    "cuGetExportTable",
+    "cuDeviceGetCount",
+    "cuDeviceGetName",
+    "cuDeviceGetUuid_v2",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetP2PAttribute",
+    "cuDriverGetVersion",
+];
 
 struct Driver {
-    device_get_count: unsafe extern "C" fn(*mut c_int) -> CUresult,
-    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CUresult,
-    device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], c_int) -> CUresult,
-    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CUresult,
-    device_get_p2p_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int, c_int) -> CUresult,
-    driver_get_version: unsafe extern "C" fn(*mut c_int) -> CUresult,
+    /// The generated driver table (`flyt-cuda-sys`) over the library found, which stays loaded.
+    table: DriverTable,
     mem_info: flyt_table::MemInfo,
     tenant_processes: flyt_table::TenantProcesses,
     utilization: flyt_table::Utilization,
     /// Absent from an older Flyt driver's table (no NVLinks known then).
     nvlink_peer: Option<flyt_table::NvLinkPeer>,
-    _library: libloading::Library,
+}
+
+/// Calls `$name` of the driver table: its status as a number (`load` checked that every name this
+/// NVML calls is there; a missing one would answer CUDA_ERROR_NOT_SUPPORTED).
+macro_rules! cu {
+    ($table:expr, $name:ident($($arg:expr),* $(,)?)) => {
+        match $table.$name {
+            Some(function) => function($($arg),*).0,
+            None => CUresult::CUDA_ERROR_NOT_SUPPORTED.0,
+        }
+    };
 }
 
 static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
 
 fn load() -> std::result::Result<Driver, String> {
-    let library = flyt_front_kit::driver_library::open()?;
-    macro_rules! symbol {
-        ($name:literal) => {
-            // SAFETY: the driver API function of this name, given its documented C signature (enums
-            // as `int`, `CUresult` as `unsigned`, which share their ABI).
-            *unsafe { library.get(concat!($name, "\0").as_bytes()) }.map_err(|error| format!("{}: {error}", $name))?
-        };
+    // Leaked: the driver stays loaded for the life of the process, as it would in `DRIVER`.
+    let library: &'static libloading::Library = Box::leak(Box::new(flyt_front_kit::driver_library::open()?));
+    // SAFETY: a CUDA driver library (Flyt's, or whichever `libcuda.so.1` the loader found), whose
+    // exports have the header's signatures, as generated.
+    let driver_table = unsafe { DriverTable::resolve(library) };
+    let missing = driver_table.missing();
+    if let Some(name) = REQUIRED.iter().find(|name| missing.contains(name)) {
+        return Err(format!("{name}: the driver lacks it"));
     }
-    let init: unsafe extern "C" fn(c_uint) -> CUresult = symbol!("cuInit");
-    let get_export_table: unsafe extern "C" fn(*mut *const usize, *const [u8; 16]) -> CUresult = symbol!("cuGetExportTable");
     // SAFETY: cuInit takes flags by value (0 is the only valid value).
-    let initialized = unsafe { init(0) };
+    let initialized = unsafe { cu!(driver_table, cuInit(0)) };
     if initialized != 0 {
         return Err(format!("cuInit failed ({initialized})"));
     }
-    let mut table: *const usize = std::ptr::null();
-    // SAFETY: valid out-pointer and a 16-byte UUID.
-    if unsafe { get_export_table(&mut table, &flyt_table::UUID) } != 0 || table.is_null() {
+    let (mut table, table_id): (*const usize, [u8; 16]) = (std::ptr::null(), flyt_table::UUID);
+    // SAFETY: valid out-pointer and a 16-byte UUID (a `CUuuid`).
+    if unsafe { cu!(driver_table, cuGetExportTable((&raw mut table).cast(), (&raw const table_id).cast())) } != 0 || table.is_null() {
         return Err("the libcuda.so.1 found is not Flyt's (it has no Flyt table)".into());
     }
     // SAFETY: Flyt's table: word 0 is its size in bytes, then entry points (flyt_table's layout).
@@ -79,19 +94,7 @@ fn load() -> std::result::Result<Driver, String> {
     // SAFETY: as above, where the table is long enough to hold the entry.
     let nvlink_peer = (words > flyt_table::NVLINK_PEER)
         .then(|| unsafe { std::mem::transmute::<usize, flyt_table::NvLinkPeer>(*table.add(flyt_table::NVLINK_PEER)) });
-    Ok(Driver {
-        device_get_count: symbol!("cuDeviceGetCount"),
-        device_get_name: symbol!("cuDeviceGetName"),
-        device_get_uuid: symbol!("cuDeviceGetUuid_v2"),
-        device_get_attribute: symbol!("cuDeviceGetAttribute"),
-        device_get_p2p_attribute: symbol!("cuDeviceGetP2PAttribute"),
-        driver_get_version: symbol!("cuDriverGetVersion"),
-        mem_info,
-        tenant_processes,
-        utilization,
-        nvlink_peer,
-        _library: library,
-    })
+    Ok(Driver { table: driver_table, mem_info, tenant_processes, utilization, nvlink_peer })
 }
 
 fn driver() -> Result<&'static Driver> {
@@ -102,12 +105,12 @@ fn driver() -> Result<&'static Driver> {
 }
 
 /// A driver status in NVML's terms.
-fn check(status: CUresult) -> Result {
-    match status {
-        0 => Ok(()),
-        CUDA_ERROR_INVALID_DEVICE | CUDA_ERROR_INVALID_VALUE => Err(NVML_ERROR_INVALID_ARGUMENT),
+fn check(status: u32) -> Result {
+    match CUresult(status) {
+        CUresult::CUDA_SUCCESS => Ok(()),
+        CUresult::CUDA_ERROR_INVALID_DEVICE | CUresult::CUDA_ERROR_INVALID_VALUE => Err(NVML_ERROR_INVALID_ARGUMENT),
         // No session (no server, refused): as NVML without a working driver.
-        CUDA_ERROR_NO_DEVICE | CUDA_ERROR_NOT_INITIALIZED | CUDA_ERROR_INSUFFICIENT_DRIVER | CUDA_ERROR_UNKNOWN => {
+        CUresult::CUDA_ERROR_NO_DEVICE | CUresult::CUDA_ERROR_NOT_INITIALIZED | INSUFFICIENT_DRIVER | CUresult::CUDA_ERROR_UNKNOWN => {
             Err(NVML_ERROR_DRIVER_NOT_LOADED)
         }
         // The session was lost.
@@ -117,28 +120,28 @@ fn check(status: CUresult) -> Result {
 }
 
 /// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED` and `_NATIVE_ATOMIC_SUPPORTED`.
-pub const P2P_ACCESS_SUPPORTED: c_int = 2;
-pub const P2P_NATIVE_ATOMIC_SUPPORTED: c_int = 3;
+pub const P2P_ACCESS_SUPPORTED: c_uint = 2;
+pub const P2P_NATIVE_ATOMIC_SUPPORTED: c_uint = 3;
 
 /// A peer attribute of two different devices, as the session's driver answers it.
-pub fn p2p_attribute(attribute: c_int, from: c_int, to: c_int) -> Result<c_int> {
+pub fn p2p_attribute(attribute: c_uint, from: c_int, to: c_int) -> Result<c_int> {
     let mut value = 0;
     // SAFETY: a valid out-pointer; the driver checks the devices.
-    check(unsafe { (driver()?.device_get_p2p_attribute)(&mut value, attribute, from, to) })?;
+    check(unsafe { cu!(driver()?.table, cuDeviceGetP2PAttribute(&mut value, attribute, from, to)) })?;
     Ok(value)
 }
 
 pub fn device_count() -> Result<c_int> {
     let mut count = 0;
     // SAFETY: a valid out-pointer.
-    check(unsafe { (driver()?.device_get_count)(&mut count) })?;
+    check(unsafe { cu!(driver()?.table, cuDeviceGetCount(&mut count)) })?;
     Ok(count)
 }
 
 pub fn driver_version() -> Result<c_int> {
     let mut version = 0;
     // SAFETY: a valid out-pointer.
-    check(unsafe { (driver()?.driver_get_version)(&mut version) })?;
+    check(unsafe { cu!(driver()?.table, cuDriverGetVersion(&mut version)) })?;
     Ok(version)
 }
 
@@ -161,18 +164,20 @@ impl Identity {
 
 pub fn identity(device: c_int) -> Result<Identity> {
     let driver = driver()?;
-    let attribute = |attribute: c_int| -> Result<c_int> {
+    let attribute = |attribute: c_uint| -> Result<c_int> {
         let mut value = 0;
         // SAFETY: a valid out-pointer.
-        check(unsafe { (driver.device_get_attribute)(&mut value, attribute, device) })?;
+        check(unsafe { cu!(driver.table, cuDeviceGetAttribute(&mut value, attribute, device)) })?;
         Ok(value)
     };
     let mut name = [0 as c_char; 256];
     // SAFETY: a buffer of the length given.
-    check(unsafe { (driver.device_get_name)(name.as_mut_ptr(), name.len() as c_int, device) })?;
-    let mut uuid = [0u8; 16];
-    // SAFETY: a valid 16-byte out-pointer.
-    check(unsafe { (driver.device_get_uuid)(&mut uuid, device) })?;
+    check(unsafe { cu!(driver.table, cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, device)) })?;
+    // SAFETY: all-zero bytes are a valid `CUuuid`.
+    let mut uuid: flyt_cuda_sys::types::CUuuid = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    check(unsafe { cu!(driver.table, cuDeviceGetUuid_v2(&mut uuid, device)) })?;
+    let uuid = uuid.bytes.map(|byte| byte as u8);
     // SAFETY: the driver wrote a NUL-terminated name into the buffer.
     let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
     let unsigned = |value: c_int| c_uint::try_from(value).unwrap_or(0);
@@ -237,7 +242,7 @@ pub fn nvlink(device: c_int, link: c_uint) -> Result<Option<LinkEnd>> {
     let mut far_end: c_int = flyt_table::NVLINK_INACTIVE;
     // SAFETY: a valid out-pointer; the entry's contract is flyt_table's.
     match unsafe { nvlink_peer(device, link, &mut far_end) } {
-        CUDA_ERROR_INVALID_VALUE => Ok(None),
+        status if CUresult(status) == CUresult::CUDA_ERROR_INVALID_VALUE => Ok(None),
         status => check(status).map(|()| {
             Some(match far_end {
                 flyt_table::NVLINK_SWITCH => LinkEnd::Switch,

@@ -38,3 +38,20 @@ fn soname_is_libcuda_so_1() {
     let output = Command::new("readelf").arg("-d").arg(artifact(LIBRARY)).output().expect("readelf");
     assert!(String::from_utf8_lossy(&output.stdout).contains("Library soname: [libcuda.so.1]"));
 }
+
+#[test]
+fn the_generated_driver_table_finds_every_export_and_calls_through_it() {
+    // SAFETY: Flyt's driver library, whose exports have the generated signatures (the table they are
+    // expanded from is the one `DriverTable` is); loading it starts nothing (no session before cuInit).
+    let table = unsafe { flyt_cuda_sys::DriverTable::open(artifact(LIBRARY).as_os_str()) }.expect("load Flyt's driver");
+    assert_eq!(table.missing(), Vec::<&str>::new(), "exports the table does not find");
+    assert_eq!(flyt_cuda_sys::DriverTable::NAMES.len(), 707);
+    // A call answered in the process, through a pointer the table looked up.
+    let get_error_name = table.cuGetErrorName.expect("cuGetErrorName");
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: a valid out-pointer; the driver hands out a static C string.
+    let status = unsafe { get_error_name(flyt_cuda_sys::CUresult::CUDA_ERROR_INVALID_VALUE, &mut name) };
+    assert_eq!(status, flyt_cuda_sys::CUresult::CUDA_SUCCESS);
+    // SAFETY: on success `name` is the driver's NUL-terminated static string.
+    assert_eq!(unsafe { std::ffi::CStr::from_ptr(name) }.to_str(), Ok("CUDA_ERROR_INVALID_VALUE"));
+}

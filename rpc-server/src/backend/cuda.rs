@@ -5,9 +5,11 @@
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
+use flyt_cuda_sys::DriverTable;
+use flyt_cuda_sys::types::{CUDA_BATCH_MEM_OP_NODE_PARAMS, CUDA_MEMCPY3D, CUgraphExecUpdateResultInfo};
 use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, LAST_ATTRIBUTE, PeerLink};
 use flyt_protocol::error::CudaResult;
@@ -94,231 +96,91 @@ fn driver_error(error: result::DriverError) -> CudaError {
     CudaError::from_driver(error.0 as u32)
 }
 
-/// Driver entry points taken with integer parameters and an integer result, so a value this
-/// build does not know (a new attribute, a new error code) stays a number instead of an invalid
-/// Rust enum.
-struct RawDriver {
-    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> u32,
-    func_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, sys::CUfunction) -> u32,
-    func_set_attribute: unsafe extern "C" fn(sys::CUfunction, c_int, c_int) -> u32,
-    ctx_get_limit: unsafe extern "C" fn(*mut usize, c_int) -> u32,
-    ctx_set_limit: unsafe extern "C" fn(c_int, usize) -> u32,
-    func_get_param_info: unsafe extern "C" fn(sys::CUfunction, usize, *mut usize, *mut usize) -> u32,
-    link_create: unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, *mut sys::CUlinkState) -> u32,
-    link_add_data:
-        unsafe extern "C" fn(sys::CUlinkState, c_int, *mut c_void, usize, *const c_char, c_uint, *mut c_int, *mut *mut c_void) -> u32,
-    link_complete: unsafe extern "C" fn(sys::CUlinkState, *mut *mut c_void, *mut usize) -> u32,
-    link_destroy: unsafe extern "C" fn(sys::CUlinkState) -> u32,
-    module_get_function_count: unsafe extern "C" fn(*mut c_uint, sys::CUmodule) -> u32,
-    module_enumerate_functions: unsafe extern "C" fn(*mut sys::CUfunction, c_uint, sys::CUmodule) -> u32,
-    func_get_name: unsafe extern "C" fn(*mut *const c_char, sys::CUfunction) -> u32,
-    texture_1d_linear_max_width: unsafe extern "C" fn(*mut usize, c_uint, c_uint, c_int) -> u32,
-    host_atomic_capabilities: unsafe extern "C" fn(*mut c_uint, *const c_uint, c_uint, c_int) -> u32,
-    p2p_atomic_capabilities: unsafe extern "C" fn(*mut c_uint, *const c_uint, c_uint, c_int, c_int) -> u32,
+/// The driver exports the server cannot do without: `CudaDevice::open` fails, naming the first one
+/// missing, where the driver lacks one (the others are `None` in the table and answer
+/// CUDA_ERROR_NOT_SUPPORTED).
+const REQUIRED: &[&str] = &[
+    "cuDeviceGetAttribute",
+    "cuFuncGetAttribute",
+    "cuFuncSetAttribute",
+    "cuCtxGetLimit",
+    "cuCtxSetLimit",
+    "cuFuncGetParamInfo",
+    "cuLinkCreate_v2",
+    "cuLinkAddData_v2",
+    "cuLinkComplete",
+    "cuLinkDestroy",
+    "cuModuleGetFunctionCount",
+    "cuModuleEnumerateFunctions",
+    "cuFuncGetName",
+    "cuDeviceGetTexture1DLinearMaxWidth",
+    "cuDeviceGetHostAtomicCapabilities",
+    "cuDeviceGetP2PAtomicCapabilities",
+];
+
+/// The generated table of NVIDIA's driver (`flyt-cuda-sys`), resolved once from cudarc's library:
+/// the entry points cudarc lacks or types with Rust enums, taken with the header's C signatures,
+/// enums as `unsigned`, so a value this build does not know (a new attribute, a new error code)
+/// stays a number.
+pub(super) fn driver_table() -> &'static DriverTable {
+    static TABLE: OnceLock<DriverTable> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        // SAFETY: `culib` was probed by `is_culib_present` before (in `CudaDevice::open`, the only
+        // way to a `CudaDevice`): NVIDIA's driver, whose exports have the generated signatures.
+        unsafe { DriverTable::resolve(sys::culib()) }
+    })
+}
+
+/// Fails with the first of `names` the driver lacks.
+pub(super) fn require(table: &DriverTable, names: &[&str]) -> Result<(), String> {
+    let missing = table.missing();
+    match names.iter().find(|name| missing.contains(name)) {
+        Some(name) => Err(format!("{name}: the driver lacks it")),
+        None => Ok(()),
+    }
+}
+
+/// An entry point of the driver table, or "not supported" from a driver without it.
+pub(super) fn entry<F>(entry: Option<F>) -> CudaResult<F> {
+    entry.ok_or(CudaError::NOT_SUPPORTED)
 }
 
 pub(super) fn raw_check(code: u32) -> CudaResult<()> {
     if code == 0 { Ok(()) } else { Err(CudaError::from_driver(code)) }
 }
 
-impl RawDriver {
-    fn load() -> Result<Self, String> {
-        // SAFETY: `culib` was probed by `is_culib_present` before (in `CudaDevice::open`); each
-        // symbol is looked up by its documented name and given its documented C signature, with
-        // enums as `int` and `CUresult` as `unsigned`, which share their ABI.
-        unsafe {
-            let lib = sys::culib();
-            Ok(Self {
-                device_get_attribute: required_symbol!(lib, "cuDeviceGetAttribute"),
-                func_get_attribute: required_symbol!(lib, "cuFuncGetAttribute"),
-                func_set_attribute: required_symbol!(lib, "cuFuncSetAttribute"),
-                ctx_get_limit: required_symbol!(lib, "cuCtxGetLimit"),
-                ctx_set_limit: required_symbol!(lib, "cuCtxSetLimit"),
-                func_get_param_info: required_symbol!(lib, "cuFuncGetParamInfo"),
-                link_create: required_symbol!(lib, "cuLinkCreate_v2"),
-                link_add_data: required_symbol!(lib, "cuLinkAddData_v2"),
-                link_complete: required_symbol!(lib, "cuLinkComplete"),
-                link_destroy: required_symbol!(lib, "cuLinkDestroy"),
-                module_get_function_count: required_symbol!(lib, "cuModuleGetFunctionCount"),
-                module_enumerate_functions: required_symbol!(lib, "cuModuleEnumerateFunctions"),
-                func_get_name: required_symbol!(lib, "cuFuncGetName"),
-                texture_1d_linear_max_width: required_symbol!(lib, "cuDeviceGetTexture1DLinearMaxWidth"),
-                host_atomic_capabilities: required_symbol!(lib, "cuDeviceGetHostAtomicCapabilities"),
-                p2p_atomic_capabilities: required_symbol!(lib, "cuDeviceGetP2PAtomicCapabilities"),
-            })
-        }
-    }
-}
-
-/// A `CUtensorMap`: 128 bytes, 128-byte aligned as `cuda.h` declares it.
+/// A `CUtensorMap`'s storage: 128 bytes, 128-byte aligned as `cuda.h` declares it (the generated
+/// type is opaque: the driver alone reads and writes it).
 #[repr(C, align(128))]
 struct TensorMap([u8; 128]);
 
-/// One `CUstreamBatchMemOpParams` (a 48-byte union), written field by field.
+/// One `CUstreamBatchMemOpParams`'s storage (a 48-byte union, opaque in the generated types),
+/// written field by field.
 type MemOpParams = [u64; 6];
 
-/// `CUDA_BATCH_MEM_OP_NODE_PARAMS` with its array as [`MemOpParams`].
-#[repr(C)]
-struct RawBatchNodeParams {
-    ctx: sys::CUcontext,
-    count: c_uint,
-    param_array: *mut MemOpParams,
-    flags: c_uint,
-}
-
-/// Entry points of stream memory operations, tensor maps and pool access, with enums as
-/// integers (every data type, swizzle or flag a newer header defines reaches the driver, which
-/// validates it); `None` when the driver lacks one (im2col-wide maps are CUDA 12.8's).
-struct RawExtras {
-    stream_batch_mem_op: Option<unsafe extern "C" fn(sys::CUstream, c_uint, *mut MemOpParams, c_uint) -> u32>,
-    add_batch_node:
-        Option<unsafe extern "C" fn(*mut sys::CUgraphNode, sys::CUgraph, *const sys::CUgraphNode, usize, *const RawBatchNodeParams) -> u32>,
-    batch_node_set_params: Option<unsafe extern "C" fn(sys::CUgraphNode, *const RawBatchNodeParams) -> u32>,
-    exec_batch_node_set_params: Option<unsafe extern "C" fn(sys::CUgraphExec, sys::CUgraphNode, *const RawBatchNodeParams) -> u32>,
-    batch_node_get_params: Option<unsafe extern "C" fn(sys::CUgraphNode, *mut RawBatchNodeParams) -> u32>,
-    #[allow(clippy::type_complexity, reason = "the driver's signature")]
-    encode_tiled: Option<
-        unsafe extern "C" fn(
-            *mut TensorMap,
-            c_uint,
-            u32,
-            *mut c_void,
-            *const u64,
-            *const u64,
-            *const u32,
-            *const u32,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-        ) -> u32,
-    >,
-    #[allow(clippy::type_complexity, reason = "the driver's signature")]
-    encode_im2col: Option<
-        unsafe extern "C" fn(
-            *mut TensorMap,
-            c_uint,
-            u32,
-            *mut c_void,
-            *const u64,
-            *const u64,
-            *const c_int,
-            *const c_int,
-            u32,
-            u32,
-            *const u32,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-        ) -> u32,
-    >,
-    #[allow(clippy::type_complexity, reason = "the driver's signature")]
-    encode_im2col_wide: Option<
-        unsafe extern "C" fn(
-            *mut TensorMap,
-            c_uint,
-            u32,
-            *mut c_void,
-            *const u64,
-            *const u64,
-            c_int,
-            c_int,
-            u32,
-            u32,
-            *const u32,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-        ) -> u32,
-    >,
-    replace_address: Option<unsafe extern "C" fn(*mut TensorMap, *mut c_void) -> u32>,
-    kernel_node_set_attribute: Option<unsafe extern "C" fn(sys::CUgraphNode, c_uint, *const [u8; 64]) -> u32>,
-    kernel_node_get_attribute: Option<unsafe extern "C" fn(sys::CUgraphNode, c_uint, *mut [u8; 64]) -> u32>,
-    memcpy_node_get_params: Option<unsafe extern "C" fn(sys::CUgraphNode, *mut RawMemcpy3d) -> u32>,
-    pool_get_access: Option<unsafe extern "C" fn(*mut c_uint, sys::CUmemoryPool, *mut sys::CUmemLocation) -> u32>,
-}
-
-impl RawExtras {
-    fn load() -> Self {
-        // SAFETY: `culib` was probed before (in `CudaDevice::open`); each symbol is looked up by
-        // its documented name and given its documented C signature, with enums as `unsigned`,
-        // `CUresult` as `unsigned` and the opaque structs as byte arrays of their size.
-        unsafe {
-            let lib = sys::culib();
-            Self {
-                stream_batch_mem_op: optional_symbol!(lib, "cuStreamBatchMemOp_v2"),
-                add_batch_node: optional_symbol!(lib, "cuGraphAddBatchMemOpNode"),
-                batch_node_set_params: optional_symbol!(lib, "cuGraphBatchMemOpNodeSetParams"),
-                exec_batch_node_set_params: optional_symbol!(lib, "cuGraphExecBatchMemOpNodeSetParams"),
-                batch_node_get_params: optional_symbol!(lib, "cuGraphBatchMemOpNodeGetParams"),
-                encode_tiled: optional_symbol!(lib, "cuTensorMapEncodeTiled"),
-                encode_im2col: optional_symbol!(lib, "cuTensorMapEncodeIm2col"),
-                encode_im2col_wide: optional_symbol!(lib, "cuTensorMapEncodeIm2colWide"),
-                replace_address: optional_symbol!(lib, "cuTensorMapReplaceAddress"),
-                kernel_node_set_attribute: optional_symbol!(lib, "cuGraphKernelNodeSetAttribute"),
-                kernel_node_get_attribute: optional_symbol!(lib, "cuGraphKernelNodeGetAttribute"),
-                memcpy_node_get_params: optional_symbol!(lib, "cuGraphMemcpyNodeGetParams"),
-                pool_get_access: optional_symbol!(lib, "cuMemPoolGetAccess"),
-            }
-        }
-    }
-}
-
-/// One side of a `CUDA_MEMCPY3D` with its memory type as a number.
-#[repr(C)]
-#[derive(Default)]
-struct RawCopySide {
-    x: usize,
-    y: usize,
-    z: usize,
-    lod: usize,
+/// One side of a `CUDA_MEMCPY3D` as the server names it (the driver's memory type as a number).
+fn node_copy_side(
     memory_type: c_uint,
-    host: u64,
+    host: *const c_void,
     device: u64,
-    array: u64,
-    reserved: u64,
-    pitch: usize,
-    height: usize,
-}
-
-/// `CUDA_MEMCPY3D` as the driver writes it back, read without trusting its enum.
-#[repr(C)]
-#[derive(Default)]
-struct RawMemcpy3d {
-    src: RawCopySide,
-    dst: RawCopySide,
-    width: usize,
-    height: usize,
-    depth: usize,
-}
-
-const _: () = assert!(size_of::<RawMemcpy3d>() == size_of::<sys::CUDA_MEMCPY3D>());
-
-/// `CU_MEMORYTYPE_ARRAY`.
-const MEMORY_ARRAY: c_uint = 3;
-
-fn node_copy_side(side: &RawCopySide) -> CudaResult<NodeCopySide> {
-    if side.memory_type == MEMORY_ARRAY {
+    (x, y, z): (usize, usize, usize),
+    (pitch, height): (usize, usize),
+) -> CudaResult<NodeCopySide> {
+    if memory_type == MEMORY_ARRAY {
         return Err(CudaError::NOT_SUPPORTED);
     }
-    let ptr = if side.memory_type == 1 { side.host } else { side.device };
-    Ok(NodeCopySide {
-        memory_type: side.memory_type,
-        ptr,
-        pos: Pos3 { x: side.x as u64, y: side.y as u64, z: side.z as u64 },
-        pitch: side.pitch as u64,
-        height: side.height as u64,
-    })
+    let ptr = if memory_type == 1 { host as u64 } else { device };
+    Ok(NodeCopySide { memory_type, ptr, pos: Pos3 { x: x as u64, y: y as u64, z: z as u64 }, pitch: pitch as u64, height: height as u64 })
 }
 
 /// A batch memory operation node's parameters over `array` (which must outlive their use).
-fn batch_node_params(context: sys::CUcontext, array: &mut [MemOpParams]) -> CudaResult<RawBatchNodeParams> {
+fn batch_node_params(context: sys::CUcontext, array: &mut [MemOpParams]) -> CudaResult<CUDA_BATCH_MEM_OP_NODE_PARAMS> {
     let count = c_uint::try_from(array.len()).map_err(|_| CudaError::INVALID_VALUE)?;
-    Ok(RawBatchNodeParams { ctx: context, count, param_array: array.as_mut_ptr(), flags: 0 })
+    Ok(CUDA_BATCH_MEM_OP_NODE_PARAMS { ctx: context.cast(), count, paramArray: array.as_mut_ptr().cast(), flags: 0 })
 }
+
+/// `CU_MEMORYTYPE_ARRAY`.
+const MEMORY_ARRAY: c_uint = 3;
 
 /// The largest `CUjitInputType` (`CU_JIT_INPUT_NVVM`).
 const JIT_INPUT_LAST: u32 = 5;
@@ -335,7 +197,6 @@ pub struct CudaLink {
     info_log: Box<[u8]>,
     error_log: Box<[u8]>,
     inputs: Vec<Box<[u8]>>,
-    destroy: unsafe extern "C" fn(sys::CUlinkState) -> u32,
 }
 
 impl CudaLink {
@@ -357,7 +218,7 @@ impl CudaLink {
 impl Drop for CudaLink {
     fn drop(&mut self) {
         // SAFETY: the state came from cuLinkCreate and is destroyed once, here.
-        unsafe { (self.destroy)(self.state.0) };
+        unsafe { driver_call!(driver_table(), cuLinkDestroy(self.state.0.cast())) };
     }
 }
 
@@ -564,10 +425,8 @@ struct Gpu {
 pub struct CudaDevice {
     gpus: Vec<Gpu>,
     current: AtomicUsize,
-    raw: RawDriver,
-    extras: RawExtras,
-    pub(super) arrays: super::cuda_arrays::RawArrays,
-    pub(super) green: super::cuda_green::RawGreen,
+    /// The generated driver table (`flyt-cuda-sys`), for what cudarc lacks.
+    driver: &'static DriverTable,
     staging: Arc<StagingPool>,
     /// Memory of a moved session, mapped at its old addresses.
     restored: std::sync::Mutex<super::cuda_restore::RestoredMemory>,
@@ -646,8 +505,9 @@ impl CudaDevice {
         if !unsafe { sys::is_culib_present() } {
             return Err("no CUDA driver (libcuda.so.1 not found): use --device emulated on machines without a GPU".into());
         }
-        let raw = RawDriver::load()?;
-        let arrays = super::cuda_arrays::RawArrays::load()?;
+        let driver = driver_table();
+        require(driver, REQUIRED)?;
+        require(driver, super::cuda_arrays::REQUIRED)?;
         result::init().map_err(|error| format!("cuInit failed: {error}"))?;
         let count = result::device::get_count().map_err(|error| format!("cuDeviceGetCount: {error}"))?;
         if ordinals.is_empty() {
@@ -672,16 +532,7 @@ impl CudaDevice {
             .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let contexts: Vec<sys::CUcontext> = gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
         let staging = StagingPool::new(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
-        Ok(Self {
-            gpus,
-            current: AtomicUsize::new(0),
-            raw,
-            extras: RawExtras::load(),
-            arrays,
-            green: super::cuda_green::RawGreen::load(),
-            staging: Arc::new(staging),
-            restored: std::sync::Mutex::default(),
-        })
+        Ok(Self { gpus, current: AtomicUsize::new(0), driver, staging: Arc::new(staging), restored: std::sync::Mutex::default() })
     }
 
     /// The current GPU.
@@ -721,7 +572,7 @@ impl CudaDevice {
         let mut value: c_int = 0;
         let attribute = c_int::try_from(attribute).ok()?;
         // SAFETY: `value` is a valid out-pointer; an unknown attribute is an error code, not UB.
-        let code = unsafe { (self.raw.device_get_attribute)(&mut value, attribute, device) };
+        let code = unsafe { driver_call!(self.driver, cuDeviceGetAttribute(&mut value, attribute as c_uint, device)) };
         (code == 0).then_some(value)
     }
 
@@ -1175,7 +1026,7 @@ impl Device for CudaDevice {
         for index in 0.. {
             let (mut offset, mut size) = (0usize, 0usize);
             // SAFETY: valid out-pointers; an index past the last parameter is an error code.
-            let code = unsafe { (self.raw.func_get_param_info)(function, index, &mut offset, &mut size) };
+            let code = unsafe { driver_call!(self.driver, cuFuncGetParamInfo(function.cast(), index, &mut offset, &mut size)) };
             if code != 0 {
                 break;
             }
@@ -1189,16 +1040,16 @@ impl Device for CudaDevice {
     fn function_names(&self, module: &Self::Module) -> CudaResult<Vec<String>> {
         let mut count: c_uint = 0;
         // SAFETY: `module` is a loaded module of this session; valid out-pointer.
-        raw_check(unsafe { (self.raw.module_get_function_count)(&mut count, module.0) })?;
+        raw_check(unsafe { driver_call!(self.driver, cuModuleGetFunctionCount(&mut count, module.0.cast())) })?;
         let mut functions: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); count as usize];
         // SAFETY: room for `count` handles, as asked.
-        raw_check(unsafe { (self.raw.module_enumerate_functions)(functions.as_mut_ptr(), count, module.0) })?;
+        raw_check(unsafe { driver_call!(self.driver, cuModuleEnumerateFunctions(functions.as_mut_ptr().cast(), count, module.0.cast())) })?;
         functions
             .into_iter()
             .map(|function| {
                 let mut name: *const c_char = std::ptr::null();
                 // SAFETY: a function of the loaded module; valid out-pointer.
-                raw_check(unsafe { (self.raw.func_get_name)(&mut name, function) })?;
+                raw_check(unsafe { driver_call!(self.driver, cuFuncGetName(&mut name, function.cast())) })?;
                 if name.is_null() {
                     return Err(CudaError::UNKNOWN);
                 }
@@ -1247,17 +1098,11 @@ impl Device for CudaDevice {
         let count = c_uint::try_from(ids.len()).map_err(|_| CudaError::INVALID_VALUE)?;
         // SAFETY: `ids` and `values` have `count` entries and, like the log buffers they point
         // at, are boxed and kept in the returned link for its whole life, as cuLinkCreate requires.
-        let code = unsafe { (self.raw.link_create)(count, ids.as_mut_ptr(), values.as_mut_ptr().cast(), &mut state) };
+        let code = unsafe {
+            driver_call!(self.driver, cuLinkCreate_v2(count, ids.as_mut_ptr().cast(), values.as_mut_ptr().cast(), (&raw mut state).cast()))
+        };
         raw_check(code)?;
-        Ok(CudaLink {
-            state: Handle(state),
-            _options: ids,
-            values,
-            info_log,
-            error_log,
-            inputs: Vec::new(),
-            destroy: self.raw.link_destroy,
-        })
+        Ok(CudaLink { state: Handle(state), _options: ids, values, info_log, error_log, inputs: Vec::new() })
     }
 
     fn link_add(&self, link: &mut CudaLink, kind: u32, name: &str, data: Vec<u8>, options: &[JitOption]) -> LinkOutcome {
@@ -1272,15 +1117,18 @@ impl Device for CudaDevice {
         // SAFETY: the link is live; `input` is kept in the link until it is destroyed; `name`
         // and the option arrays (`count` entries) outlive the call.
         let code = unsafe {
-            (self.raw.link_add_data)(
-                link.state.0,
-                kind as c_int,
-                input.as_mut_ptr().cast(),
-                input.len(),
-                name.as_ptr(),
-                count,
-                ids.as_mut_ptr(),
-                values.as_mut_ptr().cast(),
+            driver_call!(
+                self.driver,
+                cuLinkAddData_v2(
+                    link.state.0.cast(),
+                    kind,
+                    input.as_mut_ptr().cast(),
+                    input.len(),
+                    name.as_ptr(),
+                    count,
+                    ids.as_mut_ptr().cast(),
+                    values.as_mut_ptr().cast(),
+                )
             )
         };
         link.inputs.push(input);
@@ -1290,7 +1138,7 @@ impl Device for CudaDevice {
     fn link_complete(&self, link: &mut CudaLink) -> (LinkOutcome, Vec<u8>) {
         let (mut cubin, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
         // SAFETY: the link is live; valid out-pointers.
-        let code = unsafe { (self.raw.link_complete)(link.state.0, &mut cubin, &mut size) };
+        let code = unsafe { driver_call!(self.driver, cuLinkComplete(link.state.0.cast(), &mut cubin, &mut size)) };
         let bytes = if code == 0 && !cubin.is_null() {
             // SAFETY: on success the driver hands out `size` bytes that live as long as the link.
             unsafe { std::slice::from_raw_parts(cubin.cast::<u8>(), size) }.to_vec()
@@ -1353,7 +1201,9 @@ impl Device for CudaDevice {
     fn texture_1d_linear_max_width(&self, format: u32, channels: u32) -> CudaResult<u64> {
         let mut width = 0usize;
         // SAFETY: valid out-pointer; the format and channel count are plain values the driver checks.
-        raw_check(unsafe { (self.raw.texture_1d_linear_max_width)(&mut width, format, channels, self.gpu().device) })?;
+        raw_check(unsafe {
+            driver_call!(self.driver, cuDeviceGetTexture1DLinearMaxWidth(&mut width, format, channels, self.gpu().device))
+        })?;
         Ok(width as u64)
     }
 
@@ -1363,15 +1213,21 @@ impl Device for CudaDevice {
         // SAFETY: both arrays hold `count` entries; the operations are plain values the driver checks.
         let code = unsafe {
             if peer {
-                (self.raw.p2p_atomic_capabilities)(
-                    capabilities.as_mut_ptr(),
-                    operations.as_ptr(),
-                    count,
-                    self.gpu().device,
-                    self.gpu().device,
+                driver_call!(
+                    self.driver,
+                    cuDeviceGetP2PAtomicCapabilities(
+                        capabilities.as_mut_ptr(),
+                        operations.as_ptr(),
+                        count,
+                        self.gpu().device,
+                        self.gpu().device,
+                    )
                 )
             } else {
-                (self.raw.host_atomic_capabilities)(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.gpu().device)
+                driver_call!(
+                    self.driver,
+                    cuDeviceGetHostAtomicCapabilities(capabilities.as_mut_ptr(), operations.as_ptr(), count, self.gpu().device)
+                )
             }
         };
         raw_check(code)?;
@@ -1400,7 +1256,7 @@ impl Device for CudaDevice {
         let get = |attribute: c_int| -> CudaResult<i32> {
             let mut value = 0;
             // SAFETY: valid out-pointer; `function` belongs to a loaded module.
-            raw_check(unsafe { (self.raw.func_get_attribute)(&mut value, attribute, function.0) })?;
+            raw_check(unsafe { driver_call!(self.driver, cuFuncGetAttribute(&mut value, attribute as c_uint, function.0.cast())) })?;
             Ok(value)
         };
         let size = |attribute| get(attribute).map(|value| u64::try_from(value).unwrap_or(0));
@@ -1428,7 +1284,7 @@ impl Device for CudaDevice {
         let attribute = c_int::try_from(attribute).map_err(|_| CudaError::INVALID_VALUE)?;
         // SAFETY: `function` belongs to a loaded module; the runtime's cudaFuncAttribute numbers
         // are the driver's CUfunction_attribute numbers, and unknown ones are an error code.
-        raw_check(unsafe { (self.raw.func_set_attribute)(function.0, attribute, value) })
+        raw_check(unsafe { driver_call!(self.driver, cuFuncSetAttribute(function.0.cast(), attribute as c_uint, value)) })
     }
 
     fn occupancy(&self, function: Self::Function, block_size: i32, dynamic_shared_mem: u64, flags: u32) -> CudaResult<i32> {
@@ -1551,14 +1407,14 @@ impl Device for CudaDevice {
         let limit = c_int::try_from(limit).map_err(|_| CudaError::INVALID_VALUE)?;
         let value = usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE)?;
         // SAFETY: cudaLimit numbers equal CUlimit numbers; unknown ones are an error code.
-        raw_check(unsafe { (self.raw.ctx_set_limit)(limit, value) })
+        raw_check(unsafe { driver_call!(self.driver, cuCtxSetLimit(limit as c_uint, value)) })
     }
 
     fn get_limit(&self, limit: u32) -> CudaResult<u64> {
         let limit = c_int::try_from(limit).map_err(|_| CudaError::INVALID_VALUE)?;
         let mut value = 0usize;
         // SAFETY: valid out-pointer; unknown limits are an error code.
-        raw_check(unsafe { (self.raw.ctx_get_limit)(&mut value, limit) })?;
+        raw_check(unsafe { driver_call!(self.driver, cuCtxGetLimit(&mut value, limit as c_uint)) })?;
         Ok(value as u64)
     }
 
@@ -1745,10 +1601,10 @@ impl Device for CudaDevice {
                     code
                 }
                 NodeWork::BatchMemOp(ops) => {
-                    let add = self.extras.add_batch_node.ok_or(CudaError::NOT_SUPPORTED)?;
+                    let add = self.driver.cuGraphAddBatchMemOpNode.ok_or(CudaError::NOT_SUPPORTED)?;
                     let mut array: Vec<MemOpParams> = ops.iter().map(StreamMemOp::driver_words).collect();
                     let params = batch_node_params(context, &mut array)?;
-                    raw_check(add(&mut node, graph.0, deps, count, &params))?;
+                    raw_check(add((&raw mut node).cast(), graph.0.cast(), deps.cast(), count, &params).0)?;
                     sys::CUresult::CUDA_SUCCESS
                 }
             }
@@ -1862,12 +1718,33 @@ impl Device for CudaDevice {
     fn graph_node_read(&self, node: Self::GraphNode) -> CudaResult<NodeRead> {
         match self.graph_node_kind(node)? {
             node_type::MEMCPY => {
-                let read = self.extras.memcpy_node_get_params.ok_or(CudaError::NOT_SUPPORTED)?;
-                let mut raw = RawMemcpy3d::default();
-                // SAFETY: a copy node of the session's; `RawMemcpy3d` has the C struct's layout.
-                raw_check(unsafe { read(node.0, &mut raw) })?;
-                let (src, dst) = (node_copy_side(&raw.src)?, node_copy_side(&raw.dst)?);
-                Ok(NodeRead::Memcpy(NodeCopy { src, dst, width: raw.width as u64, height: raw.height as u64, depth: raw.depth as u64 }))
+                let read = self.driver.cuGraphMemcpyNodeGetParams.ok_or(CudaError::NOT_SUPPORTED)?;
+                // SAFETY: all-zero is a valid `CUDA_MEMCPY3D` (integers and null pointers).
+                let mut raw: CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+                // SAFETY: a copy node of the session's; valid out-pointer of the C struct's layout,
+                // whose memory types are plain numbers (not trusted as an enum).
+                raw_check(unsafe { read(node.0.cast(), &mut raw) }.0)?;
+                let src = node_copy_side(
+                    raw.srcMemoryType,
+                    raw.srcHost,
+                    raw.srcDevice,
+                    (raw.srcXInBytes, raw.srcY, raw.srcZ),
+                    (raw.srcPitch, raw.srcHeight),
+                )?;
+                let dst = node_copy_side(
+                    raw.dstMemoryType,
+                    raw.dstHost,
+                    raw.dstDevice,
+                    (raw.dstXInBytes, raw.dstY, raw.dstZ),
+                    (raw.dstPitch, raw.dstHeight),
+                )?;
+                Ok(NodeRead::Memcpy(NodeCopy {
+                    src,
+                    dst,
+                    width: raw.WidthInBytes as u64,
+                    height: raw.Height as u64,
+                    depth: raw.Depth as u64,
+                }))
             }
             node_type::MEMSET => {
                 // SAFETY: an all-zero struct of integers is valid.
@@ -1893,16 +1770,17 @@ impl Device for CudaDevice {
                 Ok(NodeRead::Host(if ours { params.userData as usize } else { 0 }))
             }
             node_type::BATCH_MEM_OP => {
-                let read = self.extras.batch_node_get_params.ok_or(CudaError::NOT_SUPPORTED)?;
-                let mut params = RawBatchNodeParams { ctx: std::ptr::null_mut(), count: 0, param_array: std::ptr::null_mut(), flags: 0 };
+                let read = self.driver.cuGraphBatchMemOpNodeGetParams.ok_or(CudaError::NOT_SUPPORTED)?;
+                let mut params =
+                    CUDA_BATCH_MEM_OP_NODE_PARAMS { ctx: std::ptr::null_mut(), count: 0, paramArray: std::ptr::null_mut(), flags: 0 };
                 // SAFETY: a batch memory operation node of the session's; valid out-pointer.
-                raw_check(unsafe { read(node.0, &mut params) })?;
-                if params.param_array.is_null() || params.count as usize > mem_op::MAX_BATCH {
+                raw_check(unsafe { read(node.0.cast(), &mut params) }.0)?;
+                if params.paramArray.is_null() || params.count as usize > mem_op::MAX_BATCH {
                     return Err(CudaError::UNKNOWN);
                 }
                 // SAFETY: the driver's array of `count` operations, owned by the node and valid
                 // until its parameters change (the session's thread does that, not meanwhile).
-                let array = unsafe { std::slice::from_raw_parts(params.param_array, params.count as usize) };
+                let array = unsafe { std::slice::from_raw_parts(params.paramArray.cast::<MemOpParams>(), params.count as usize) };
                 Ok(NodeRead::BatchMemOp(array.iter().map(StreamMemOp::from_driver_words).collect()))
             }
             _ => Err(CudaError::INVALID_VALUE),
@@ -1967,17 +1845,17 @@ impl Device for CudaDevice {
     }
 
     fn graph_kernel_node_attribute(&self, node: Self::GraphNode, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
-        let (set_attribute, get_attribute) = match (self.extras.kernel_node_set_attribute, self.extras.kernel_node_get_attribute) {
+        let (set_attribute, get_attribute) = match (self.driver.cuGraphKernelNodeSetAttribute, self.driver.cuGraphKernelNodeGetAttribute) {
             (Some(set), Some(get)) => (set, get),
             _ => return Err(CudaError::NOT_SUPPORTED),
         };
         if let Some(value) = set {
             // SAFETY: a node of the session's; a 64-byte value the session checked.
-            raw_check(unsafe { set_attribute(node.0, attribute, value) })?;
+            raw_check(unsafe { set_attribute(node.0.cast(), attribute, value.as_ptr().cast()) }.0)?;
         }
         let mut value = [0u8; 64];
         // SAFETY: as above; the driver writes at most a `CUkernelNodeAttrValue` (64 bytes).
-        raw_check(unsafe { get_attribute(node.0, attribute, &mut value) })?;
+        raw_check(unsafe { get_attribute(node.0.cast(), attribute, value.as_mut_ptr().cast()) }.0)?;
         Ok(value)
     }
 
@@ -2022,8 +1900,15 @@ impl Device for CudaDevice {
                     let mut array: Vec<MemOpParams> = ops.iter().map(StreamMemOp::driver_words).collect();
                     let params = batch_node_params(context, &mut array)?;
                     raw_check(match exec {
-                        Some(exec) => self.extras.exec_batch_node_set_params.ok_or(CudaError::NOT_SUPPORTED)?(exec.0, node.0, &params),
-                        None => self.extras.batch_node_set_params.ok_or(CudaError::NOT_SUPPORTED)?(node.0, &params),
+                        Some(exec) => {
+                            self.driver.cuGraphExecBatchMemOpNodeSetParams.ok_or(CudaError::NOT_SUPPORTED)?(
+                                exec.0.cast(),
+                                node.0.cast(),
+                                &params,
+                            )
+                            .0
+                        }
+                        None => self.driver.cuGraphBatchMemOpNodeSetParams.ok_or(CudaError::NOT_SUPPORTED)?(node.0.cast(), &params).0,
                     })?;
                     sys::CUresult::CUDA_SUCCESS
                 }
@@ -2134,21 +2019,14 @@ impl Device for CudaDevice {
     }
 
     fn graph_exec_update(&self, exec: Self::GraphExec, graph: Self::Graph) -> ExecUpdate<Self> {
-        /// `CUgraphExecUpdateResultInfo` with its result read as a number.
-        #[repr(C)]
-        struct ResultInfo {
-            result: u32,
-            error_node: sys::CUgraphNode,
-            error_from_node: sys::CUgraphNode,
-        }
-        let mut info = ResultInfo { result: 0, error_node: std::ptr::null_mut(), error_from_node: std::ptr::null_mut() };
-        // SAFETY: the session's executable graph and graph; `ResultInfo` has the C struct's
-        // layout (a 32-bit enum, then two node pointers).
+        // The generated struct: its result is read as a number, not as a Rust enum.
+        let mut info = CUgraphExecUpdateResultInfo { result: 0, errorNode: std::ptr::null_mut(), errorFromNode: std::ptr::null_mut() };
+        // SAFETY: the session's executable graph and graph; a valid out-pointer of the C struct.
         let code = unsafe { sys::cuGraphExecUpdate_v2(exec.0, graph.0, (&raw mut info).cast()) };
         ExecUpdate {
             result: check(code.result()),
             status: info.result,
-            error_node: (!info.error_node.is_null()).then_some(Handle(info.error_node)),
+            error_node: (!info.errorNode.is_null()).then_some(Handle(info.errorNode.cast())),
         }
     }
 
@@ -2471,12 +2349,12 @@ impl Device for CudaDevice {
     }
 
     unsafe fn stream_mem_ops(&self, stream: Self::Stream, ops: &[StreamMemOp]) -> CudaResult<()> {
-        let batch = self.extras.stream_batch_mem_op.ok_or(CudaError::NOT_SUPPORTED)?;
+        let batch = self.driver.cuStreamBatchMemOp_v2.ok_or(CudaError::NOT_SUPPORTED)?;
         let mut params: Vec<MemOpParams> = ops.iter().map(StreamMemOp::driver_words).collect();
         let count = c_uint::try_from(params.len()).map_err(|_| CudaError::INVALID_VALUE)?;
         // SAFETY: the session's stream; `params` holds `count` well-formed operations whose
         // addresses the caller guarantees are the session's device memory or mapped host memory.
-        raw_check(unsafe { batch(stream.0, count, params.as_mut_ptr(), 0) })
+        raw_check(unsafe { batch(stream.0.cast(), count, params.as_mut_ptr().cast(), 0) }.0)
     }
 
     fn tensor_map_encode(&self, encode: &TensorMapParams) -> CudaResult<[u8; 128]> {
@@ -2493,18 +2371,31 @@ impl Device for CudaDevice {
             (encode.data_type, encode.interleave, encode.swizzle, encode.l2_promotion, encode.oob_fill);
         let code = match &encode.layout {
             TensorMapLayout::Tiled { box_dim } => {
-                let call = self.extras.encode_tiled.ok_or(CudaError::NOT_SUPPORTED)?;
+                let call = self.driver.cuTensorMapEncodeTiled.ok_or(CudaError::NOT_SUPPORTED)?;
                 if box_dim.len() != rank_len {
                     return Err(CudaError::INVALID_VALUE);
                 }
                 // SAFETY: every array holds the count the driver reads for `rank`; the address
                 // lies in the session's device memory, which the driver only records.
                 unsafe {
-                    call(&mut map, kind, rank, address, dims, strides, box_dim.as_ptr(), element_strides, interleave, swizzle, l2, oob)
+                    call(
+                        (&raw mut map).cast(),
+                        kind,
+                        rank,
+                        address,
+                        dims,
+                        strides,
+                        box_dim.as_ptr(),
+                        element_strides,
+                        interleave,
+                        swizzle,
+                        l2,
+                        oob,
+                    )
                 }
             }
             TensorMapLayout::Im2col { lower_corner, upper_corner, channels_per_pixel, pixels_per_column } => {
-                let call = self.extras.encode_im2col.ok_or(CudaError::NOT_SUPPORTED)?;
+                let call = self.driver.cuTensorMapEncodeIm2col.ok_or(CudaError::NOT_SUPPORTED)?;
                 let corners = rank_len.checked_sub(2).ok_or(CudaError::INVALID_VALUE)?;
                 if lower_corner.len() != corners || upper_corner.len() != corners {
                     return Err(CudaError::INVALID_VALUE);
@@ -2512,7 +2403,7 @@ impl Device for CudaDevice {
                 // SAFETY: as above; the corners hold `rank - 2` entries each.
                 unsafe {
                     call(
-                        &mut map,
+                        (&raw mut map).cast(),
                         kind,
                         rank,
                         address,
@@ -2531,11 +2422,11 @@ impl Device for CudaDevice {
                 }
             }
             TensorMapLayout::Im2colWide { lower_corner_width, upper_corner_width, channels_per_pixel, pixels_per_column, mode } => {
-                let call = self.extras.encode_im2col_wide.ok_or(CudaError::NOT_SUPPORTED)?;
+                let call = self.driver.cuTensorMapEncodeIm2colWide.ok_or(CudaError::NOT_SUPPORTED)?;
                 // SAFETY: as above.
                 unsafe {
                     call(
-                        &mut map,
+                        (&raw mut map).cast(),
                         kind,
                         rank,
                         address,
@@ -2555,16 +2446,16 @@ impl Device for CudaDevice {
                 }
             }
         };
-        raw_check(code)?;
+        raw_check(code.0)?;
         Ok(map.0)
     }
 
     fn tensor_map_replace_address(&self, map: &[u8; 128], address: u64) -> CudaResult<[u8; 128]> {
-        let replace = self.extras.replace_address.ok_or(CudaError::NOT_SUPPORTED)?;
+        let replace = self.driver.cuTensorMapReplaceAddress.ok_or(CudaError::NOT_SUPPORTED)?;
         let mut map = TensorMap(*map);
         // SAFETY: a 128-byte, 128-byte-aligned map of ours; the address lies in the session's
         // device memory.
-        raw_check(unsafe { replace(&mut map, address as *mut c_void) })?;
+        raw_check(unsafe { replace((&raw mut map).cast(), address as *mut c_void) }.0)?;
         Ok(map.0)
     }
 
@@ -2589,11 +2480,11 @@ impl Device for CudaDevice {
             // SAFETY: one of the session's pools; one descriptor.
             check(unsafe { sys::cuMemPoolSetAccess(pool.0, &desc, 1).result() })?;
         }
-        let get = self.extras.pool_get_access.ok_or(CudaError::NOT_SUPPORTED)?;
+        let get = self.driver.cuMemPoolGetAccess.ok_or(CudaError::NOT_SUPPORTED)?;
         let mut flags: c_uint = 0;
         let mut location = self.location();
         // SAFETY: valid out-pointer and location; one of the session's pools.
-        raw_check(unsafe { get(&mut flags, pool.0, &mut location) })?;
+        raw_check(unsafe { get(&mut flags, pool.0.cast(), (&raw mut location).cast()) }.0)?;
         Ok(flags)
     }
 
@@ -2996,10 +2887,7 @@ pub fn probe_uuid_names(ordinals: &[u32]) -> Result<Vec<String>, String> {
     let count = result::device::get_count().map_err(|error| format!("cuDeviceGetCount: {error}"))?;
     // The first UUID call names a MIG instance by its parent GPU's UUID, the second by its own:
     // where they differ the device is a MIG instance, which CUDA_VISIBLE_DEVICES names `MIG-`.
-    // SAFETY: `culib` was found above; the symbol is looked up by its documented name and given
-    // its documented C signature (`CUresult` as `unsigned`).
-    let parent_uuid: Option<unsafe extern "C" fn(*mut sys::CUuuid, c_int) -> u32> =
-        unsafe { optional_symbol!(sys::culib(), "cuDeviceGetUuid") };
+    let parent_uuid = driver_table().cuDeviceGetUuid;
     let mut names = Vec::with_capacity(ordinals.len());
     for ordinal in ordinals {
         let ordinal = c_int::try_from(*ordinal).map_err(|_| "GPU ordinal too large".to_string())?;
@@ -3010,9 +2898,9 @@ pub fn probe_uuid_names(ordinals: &[u32]) -> Result<Vec<String>, String> {
         let own = result::device::get_uuid(device).map_err(|error| format!("cuDeviceGetUuid_v2: {error}"))?.bytes.map(|b| b as u8);
         let mig = parent_uuid.is_some_and(|get| {
             // SAFETY: all-zero is a valid CUuuid; valid out-pointer and device.
-            let mut parent: sys::CUuuid = unsafe { std::mem::zeroed() };
+            let mut parent: flyt_cuda_sys::types::CUuuid = unsafe { std::mem::zeroed() };
             // SAFETY: as above.
-            unsafe { get(&mut parent, device) == 0 && parent.bytes.map(|b| b as u8) != own }
+            unsafe { get(&mut parent, device).0 == 0 && parent.bytes.map(|b| b as u8) != own }
         });
         names.push(crate::visible::uuid_name(&own, mig));
     }

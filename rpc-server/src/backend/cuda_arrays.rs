@@ -1,144 +1,23 @@
 //! The CUDA backend's pitched memory, shaped copies, arrays, textures and surfaces. The
-//! descriptors are declared here with plain integer fields (the driver's enums as `unsigned`,
-//! which shares their ABI), so a value this build does not know stays a number the driver
-//! rejects instead of an invalid Rust enum.
+//! descriptors and entry points are the generated ones (`flyt-cuda-sys`: the driver's enums as
+//! `unsigned`, which shares their ABI), so a value this build does not know stays a number the
+//! driver rejects instead of an invalid Rust enum.
 
-use std::ffi::{c_int, c_uint};
+use std::ffi::c_uint;
 
 use cudarc::driver::sys;
+use flyt_cuda_sys::types::{
+    CUDA_ARRAY_MEMORY_REQUIREMENTS, CUDA_ARRAY_SPARSE_PROPERTIES, CUDA_ARRAY3D_DESCRIPTOR, CUDA_RESOURCE_DESC,
+    CUDA_RESOURCE_DESC_st_res_array, CUDA_RESOURCE_DESC_st_res_linear, CUDA_RESOURCE_DESC_st_res_mipmap, CUDA_RESOURCE_DESC_st_res_pitch2D,
+    CUDA_RESOURCE_VIEW_DESC, CUDA_TEXTURE_DESC, CUarrayMapInfo, CUarrayMapInfo_st_memHandle, CUarrayMapInfo_st_resource,
+    CUarrayMapInfo_st_subresource, CUarrayMapInfo_st_subresource_miptail, CUarrayMapInfo_st_subresource_sparseLevel, CUmemDecompressParams,
+};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{ArrayDesc, DecompressOp, Resource, SparseProperties, Subresource, TextureDesc, ViewDesc};
 
-use super::cuda::{CudaDevice, Handle, check, raw_check};
+use super::cuda::{CudaDevice, Handle, check, driver_table, entry, raw_check};
 use super::{ArrayMapWork, ArrayRef, Extent, Side, TexResource};
-
-/// `CUDA_ARRAY3D_DESCRIPTOR`.
-#[repr(C)]
-struct RawArrayDesc {
-    width: usize,
-    height: usize,
-    depth: usize,
-    format: c_uint,
-    channels: c_uint,
-    flags: c_uint,
-}
-
-/// `CUDA_RESOURCE_DESC`: the type, a 128-byte union and flags.
-#[repr(C)]
-struct RawResourceDesc {
-    kind: c_uint,
-    res: [u64; 16],
-    flags: c_uint,
-}
-
-/// `CUDA_TEXTURE_DESC`.
-#[repr(C)]
-struct RawTextureDesc {
-    address_mode: [c_uint; 3],
-    filter_mode: c_uint,
-    flags: c_uint,
-    max_anisotropy: c_uint,
-    mipmap_filter_mode: c_uint,
-    mipmap_level_bias: f32,
-    min_mipmap_level_clamp: f32,
-    max_mipmap_level_clamp: f32,
-    border_color: [f32; 4],
-    reserved: [c_int; 12],
-}
-
-/// `CUDA_RESOURCE_VIEW_DESC`.
-#[repr(C)]
-struct RawViewDesc {
-    format: c_uint,
-    width: usize,
-    height: usize,
-    depth: usize,
-    first_mipmap_level: c_uint,
-    last_mipmap_level: c_uint,
-    first_layer: c_uint,
-    last_layer: c_uint,
-    reserved: [c_uint; 16],
-}
-
-/// `CUDA_ARRAY_SPARSE_PROPERTIES`.
-#[repr(C)]
-#[derive(Default)]
-struct RawSparseProperties {
-    tile: [c_uint; 3],
-    miptail_first_level: c_uint,
-    miptail_size: u64,
-    flags: c_uint,
-    reserved: [c_uint; 4],
-}
-
-/// `CUDA_ARRAY_MEMORY_REQUIREMENTS`.
-#[repr(C)]
-#[derive(Default)]
-struct RawMemoryRequirements {
-    size: usize,
-    alignment: usize,
-    reserved: [c_uint; 4],
-}
-
-/// `CUarrayMapInfo`'s `subresource.miptail`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct RawMiptail {
-    layer: c_uint,
-    offset: u64,
-    size: u64,
-}
-
-/// `CUarrayMapInfo`'s `subresource`: `sparseLevel` (level, layer, offsets, extents) or
-/// `miptail`.
-#[repr(C)]
-union RawSubresource {
-    sparse_level: [c_uint; 8],
-    miptail: RawMiptail,
-}
-
-/// `CUarrayMapInfo`, its enums as `unsigned`.
-#[repr(C)]
-struct RawArrayMapInfo {
-    resource_type: c_uint,
-    /// `resource`: the `CUarray` or `CUmipmappedArray`.
-    resource: *mut std::ffi::c_void,
-    subresource_type: c_uint,
-    subresource: RawSubresource,
-    mem_operation_type: c_uint,
-    mem_handle_type: c_uint,
-    mem_handle: u64,
-    offset: u64,
-    device_bit_mask: c_uint,
-    flags: c_uint,
-    reserved: [c_uint; 2],
-}
-
-/// `CUmemDecompressParams`, its pointers as addresses.
-#[repr(C)]
-struct RawDecompressParams {
-    src_num_bytes: usize,
-    dst_num_bytes: usize,
-    dst_act_bytes: u64,
-    src: u64,
-    dst: u64,
-    algo: c_uint,
-    padding: [u8; 20],
-}
-
-// The sizes and offsets `cuda.h` gives them (x86_64, checked with the C compiler).
-const _: () = {
-    assert!(size_of::<RawResourceDesc>() == 144 && size_of::<RawTextureDesc>() == 104 && size_of::<RawViewDesc>() == 112);
-    assert!(size_of::<RawSparseProperties>() == 48 && size_of::<RawMemoryRequirements>() == 32);
-    assert!(size_of::<RawArrayMapInfo>() == 96);
-    assert!(std::mem::offset_of!(RawArrayMapInfo, subresource) == 24);
-    assert!(std::mem::offset_of!(RawArrayMapInfo, mem_operation_type) == 56);
-    assert!(std::mem::offset_of!(RawArrayMapInfo, mem_handle) == 64);
-    assert!(std::mem::offset_of!(RawArrayMapInfo, device_bit_mask) == 80);
-    assert!(std::mem::offset_of!(RawMiptail, offset) == 8 && std::mem::offset_of!(RawMiptail, size) == 16);
-    assert!(size_of::<RawDecompressParams>() == 64 && std::mem::offset_of!(RawDecompressParams, algo) == 40);
-};
 
 /// `CUarraySparseSubresourceType`, `CUmemOperationType`.
 const SUBRESOURCE_SPARSE_LEVEL: c_uint = 0;
@@ -154,67 +33,42 @@ mod resource_type {
     pub const PITCH2D: u32 = 3;
 }
 
-/// The entry points that take those descriptors (and a stream attribute's raw value).
-pub struct RawArrays {
-    array_3d_create: unsafe extern "C" fn(*mut sys::CUarray, *const RawArrayDesc) -> u32,
-    mipmapped_array_create: unsafe extern "C" fn(*mut sys::CUmipmappedArray, *const RawArrayDesc, c_uint) -> u32,
-    tex_object_create: unsafe extern "C" fn(*mut u64, *const RawResourceDesc, *const RawTextureDesc, *const RawViewDesc) -> u32,
-    surf_object_create: unsafe extern "C" fn(*mut u64, *const RawResourceDesc) -> u32,
-    stream_set_attribute: unsafe extern "C" fn(sys::CUstream, c_uint, *const [u8; 64]) -> u32,
-    stream_get_attribute: unsafe extern "C" fn(sys::CUstream, c_uint, *mut [u8; 64]) -> u32,
-    array_get_descriptor: unsafe extern "C" fn(*mut RawArrayDesc, sys::CUarray) -> u32,
-    // Newer than some drivers a server may run on: `None` answers not-supported.
-    array_get_plane: Option<unsafe extern "C" fn(*mut sys::CUarray, sys::CUarray, c_uint) -> u32>,
-    array_sparse_properties: Option<unsafe extern "C" fn(*mut RawSparseProperties, sys::CUarray) -> u32>,
-    mipmap_sparse_properties: Option<unsafe extern "C" fn(*mut RawSparseProperties, sys::CUmipmappedArray) -> u32>,
-    array_memory_requirements: Option<unsafe extern "C" fn(*mut RawMemoryRequirements, sys::CUarray, sys::CUdevice) -> u32>,
-    mipmap_memory_requirements: Option<unsafe extern "C" fn(*mut RawMemoryRequirements, sys::CUmipmappedArray, sys::CUdevice) -> u32>,
-    map_array: Option<unsafe extern "C" fn(*mut RawArrayMapInfo, c_uint, sys::CUstream) -> u32>,
-    batch_decompress: Option<unsafe extern "C" fn(*mut RawDecompressParams, usize, c_uint, *mut usize, sys::CUstream) -> u32>,
-}
+/// The entry points that take those descriptors, required when the device opens (the others
+/// here answer not-supported where the driver lacks them).
+pub(super) const REQUIRED: &[&str] = &[
+    "cuArray3DCreate_v2",
+    "cuMipmappedArrayCreate",
+    "cuTexObjectCreate",
+    "cuSurfObjectCreate",
+    "cuStreamSetAttribute",
+    "cuStreamGetAttribute",
+    "cuArray3DGetDescriptor_v2",
+];
 
-impl RawArrays {
-    pub fn load() -> Result<Self, String> {
-        // SAFETY: as in `RawDriver::load`: the driver library is loaded, and each symbol gets its
-        // documented C signature with the descriptors declared above.
-        unsafe {
-            let lib = sys::culib();
-            Ok(Self {
-                array_3d_create: required_symbol!(lib, "cuArray3DCreate_v2"),
-                mipmapped_array_create: required_symbol!(lib, "cuMipmappedArrayCreate"),
-                tex_object_create: required_symbol!(lib, "cuTexObjectCreate"),
-                surf_object_create: required_symbol!(lib, "cuSurfObjectCreate"),
-                stream_set_attribute: required_symbol!(lib, "cuStreamSetAttribute"),
-                stream_get_attribute: required_symbol!(lib, "cuStreamGetAttribute"),
-                array_get_descriptor: required_symbol!(lib, "cuArray3DGetDescriptor_v2"),
-                array_get_plane: optional_symbol!(lib, "cuArrayGetPlane"),
-                array_sparse_properties: optional_symbol!(lib, "cuArrayGetSparseProperties"),
-                mipmap_sparse_properties: optional_symbol!(lib, "cuMipmappedArrayGetSparseProperties"),
-                array_memory_requirements: optional_symbol!(lib, "cuArrayGetMemoryRequirements"),
-                mipmap_memory_requirements: optional_symbol!(lib, "cuMipmappedArrayGetMemoryRequirements"),
-                map_array: optional_symbol!(lib, "cuMemMapArrayAsync"),
-                batch_decompress: optional_symbol!(lib, "cuMemBatchDecompressAsync"),
-            })
-        }
-    }
-}
-
-fn raw_array_desc(desc: &ArrayDesc) -> CudaResult<RawArrayDesc> {
+fn raw_array_desc(desc: &ArrayDesc) -> CudaResult<CUDA_ARRAY3D_DESCRIPTOR> {
     let size = |value: u64| usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE);
-    Ok(RawArrayDesc {
-        width: size(desc.width)?,
-        height: size(desc.height)?,
-        depth: size(desc.depth)?,
-        format: desc.format,
-        channels: desc.channels,
-        flags: desc.flags,
+    Ok(CUDA_ARRAY3D_DESCRIPTOR {
+        Width: size(desc.width)?,
+        Height: size(desc.height)?,
+        Depth: size(desc.depth)?,
+        Format: desc.format,
+        NumChannels: desc.channels,
+        Flags: desc.flags,
     })
 }
 
-fn resource(kind: u32, fields: &[u64]) -> RawResourceDesc {
-    let mut res = [0u64; 16];
-    res[..fields.len()].copy_from_slice(fields);
-    RawResourceDesc { kind, res, flags: 0 }
+/// A `CUDA_RESOURCE_DESC` of `kind`, all zero (its union included) but what `fill` writes.
+fn resource(kind: u32, fill: impl FnOnce(&mut CUDA_RESOURCE_DESC)) -> CUDA_RESOURCE_DESC {
+    // SAFETY: all-zero is a valid `CUDA_RESOURCE_DESC` (integers and null handles).
+    let mut desc: CUDA_RESOURCE_DESC = unsafe { std::mem::zeroed() };
+    desc.resType = kind;
+    fill(&mut desc);
+    desc
+}
+
+/// A `CUDA_RESOURCE_DESC` over a CUDA array.
+fn array_resource(array: sys::CUarray) -> CUDA_RESOURCE_DESC {
+    resource(resource_type::ARRAY, |desc| desc.res.array = CUDA_RESOURCE_DESC_st_res_array { hArray: array.cast() })
 }
 
 /// One side of a `CUDA_MEMCPY3D`, field by field.
@@ -325,9 +179,9 @@ impl CudaDevice {
 
     pub(super) fn new_array(&self, desc: &ArrayDesc) -> CudaResult<Handle<sys::CUarray>> {
         let raw = raw_array_desc(desc)?;
-        let mut array = std::ptr::null_mut();
+        let mut array: sys::CUarray = std::ptr::null_mut();
         // SAFETY: valid out-pointer and descriptor.
-        raw_check(unsafe { (self.arrays.array_3d_create)(&mut array, &raw) })?;
+        raw_check(unsafe { driver_call!(driver_table(), cuArray3DCreate_v2((&raw mut array).cast(), &raw)) })?;
         Ok(Handle::new(array))
     }
 
@@ -338,9 +192,9 @@ impl CudaDevice {
 
     pub(super) fn new_mipmap(&self, desc: &ArrayDesc, levels: u32) -> CudaResult<Handle<sys::CUmipmappedArray>> {
         let raw = raw_array_desc(desc)?;
-        let mut mipmap = std::ptr::null_mut();
+        let mut mipmap: sys::CUmipmappedArray = std::ptr::null_mut();
         // SAFETY: valid out-pointer and descriptor.
-        raw_check(unsafe { (self.arrays.mipmapped_array_create)(&mut mipmap, &raw, levels) })?;
+        raw_check(unsafe { driver_call!(driver_table(), cuMipmappedArrayCreate((&raw mut mipmap).cast(), &raw, levels)) })?;
         Ok(Handle::new(mipmap))
     }
 
@@ -357,58 +211,69 @@ impl CudaDevice {
     }
 
     pub(super) fn new_texture(&self, resource: TexResource<Self>, texture: &TextureDesc, view: Option<&ViewDesc>) -> CudaResult<u64> {
+        let size = |value: u64| usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE);
         let raw_resource = match resource {
-            TexResource::Array(array) => self::resource(resource_type::ARRAY, &[array.0 as u64]),
-            TexResource::Mipmapped(mipmap) => self::resource(resource_type::MIPMAPPED_ARRAY, &[mipmap.0 as u64]),
-            TexResource::Memory(Resource::Linear { ptr, format, channels, size }) => {
-                self::resource(resource_type::LINEAR, &[ptr, u64::from(format) | u64::from(channels) << 32, size])
+            TexResource::Array(array) => array_resource(array.0),
+            TexResource::Mipmapped(mipmap) => self::resource(resource_type::MIPMAPPED_ARRAY, |desc| {
+                desc.res.mipmap = CUDA_RESOURCE_DESC_st_res_mipmap { hMipmappedArray: mipmap.0.cast() };
+            }),
+            TexResource::Memory(Resource::Linear { ptr, format, channels, size: bytes }) => {
+                let linear = CUDA_RESOURCE_DESC_st_res_linear { devPtr: ptr, format, numChannels: channels, sizeInBytes: size(bytes)? };
+                self::resource(resource_type::LINEAR, |desc| desc.res.linear = linear)
             }
             TexResource::Memory(Resource::Pitch2d { ptr, format, channels, width, height, pitch }) => {
-                self::resource(resource_type::PITCH2D, &[ptr, u64::from(format) | u64::from(channels) << 32, width, height, pitch])
+                let pitch2d = CUDA_RESOURCE_DESC_st_res_pitch2D {
+                    devPtr: ptr,
+                    format,
+                    numChannels: channels,
+                    width: size(width)?,
+                    height: size(height)?,
+                    pitchInBytes: size(pitch)?,
+                };
+                self::resource(resource_type::PITCH2D, |desc| desc.res.pitch2D = pitch2d)
             }
             TexResource::Memory(_) => return Err(CudaError::INVALID_VALUE),
         };
-        let raw_texture = RawTextureDesc {
-            address_mode: texture.address_mode,
-            filter_mode: texture.filter_mode,
+        let raw_texture = CUDA_TEXTURE_DESC {
+            addressMode: texture.address_mode,
+            filterMode: texture.filter_mode,
             flags: texture.flags,
-            max_anisotropy: texture.max_anisotropy,
-            mipmap_filter_mode: texture.mipmap_filter_mode,
-            mipmap_level_bias: f32::from_bits(texture.mipmap_level_bias),
-            min_mipmap_level_clamp: f32::from_bits(texture.min_mipmap_level_clamp),
-            max_mipmap_level_clamp: f32::from_bits(texture.max_mipmap_level_clamp),
-            border_color: texture.border_color.map(f32::from_bits),
+            maxAnisotropy: texture.max_anisotropy,
+            mipmapFilterMode: texture.mipmap_filter_mode,
+            mipmapLevelBias: f32::from_bits(texture.mipmap_level_bias),
+            minMipmapLevelClamp: f32::from_bits(texture.min_mipmap_level_clamp),
+            maxMipmapLevelClamp: f32::from_bits(texture.max_mipmap_level_clamp),
+            borderColor: texture.border_color.map(f32::from_bits),
             reserved: [0; 12],
         };
-        let size = |value: u64| usize::try_from(value).map_err(|_| CudaError::INVALID_VALUE);
         let raw_view = view
             .map(|view| {
-                Ok::<_, CudaError>(RawViewDesc {
+                Ok::<_, CudaError>(CUDA_RESOURCE_VIEW_DESC {
                     format: view.format,
                     width: size(view.width)?,
                     height: size(view.height)?,
                     depth: size(view.depth)?,
-                    first_mipmap_level: view.first_mipmap_level,
-                    last_mipmap_level: view.last_mipmap_level,
-                    first_layer: view.first_layer,
-                    last_layer: view.last_layer,
+                    firstMipmapLevel: view.first_mipmap_level,
+                    lastMipmapLevel: view.last_mipmap_level,
+                    firstLayer: view.first_layer,
+                    lastLayer: view.last_layer,
                     reserved: [0; 16],
                 })
             })
             .transpose()?;
         let mut handle = 0u64;
-        let view_ptr = raw_view.as_ref().map_or(std::ptr::null(), |view| view as *const RawViewDesc);
+        let view_ptr = raw_view.as_ref().map_or(std::ptr::null(), |view| view as *const CUDA_RESOURCE_VIEW_DESC);
         // SAFETY: valid out-pointer and descriptors; the resource's arrays and memory are the
         // session's (checked).
-        raw_check(unsafe { (self.arrays.tex_object_create)(&mut handle, &raw_resource, &raw_texture, view_ptr) })?;
+        raw_check(unsafe { driver_call!(driver_table(), cuTexObjectCreate(&mut handle, &raw_resource, &raw_texture, view_ptr)) })?;
         Ok(handle)
     }
 
     pub(super) fn new_surface(&self, array: Handle<sys::CUarray>) -> CudaResult<u64> {
-        let raw = resource(resource_type::ARRAY, &[array.0 as u64]);
+        let raw = array_resource(array.0);
         let mut handle = 0u64;
         // SAFETY: valid out-pointer and descriptor over an array of the session.
-        raw_check(unsafe { (self.arrays.surf_object_create)(&mut handle, &raw) })?;
+        raw_check(unsafe { driver_call!(driver_table(), cuSurfObjectCreate(&mut handle, &raw)) })?;
         Ok(handle)
     }
 
@@ -418,96 +283,111 @@ impl CudaDevice {
     }
 
     pub(super) fn plane(&self, array: Handle<sys::CUarray>, plane: u32) -> CudaResult<(Handle<sys::CUarray>, ArrayDesc)> {
-        let get_plane = self.arrays.array_get_plane.ok_or(CudaError::NOT_SUPPORTED)?;
-        let mut plane_array = std::ptr::null_mut();
+        let get_plane = entry(driver_table().cuArrayGetPlane)?;
+        let mut plane_array: sys::CUarray = std::ptr::null_mut();
         // SAFETY: a planar array of the session's; valid out-pointer.
-        raw_check(unsafe { get_plane(&mut plane_array, array.0, plane) })?;
-        let mut raw = RawArrayDesc { width: 0, height: 0, depth: 0, format: 0, channels: 0, flags: 0 };
+        raw_check(unsafe { get_plane((&raw mut plane_array).cast(), array.0.cast(), plane) }.0)?;
+        let mut raw = CUDA_ARRAY3D_DESCRIPTOR { Width: 0, Height: 0, Depth: 0, Format: 0, NumChannels: 0, Flags: 0 };
         // SAFETY: the plane just given; valid out-pointer to a whole descriptor.
-        raw_check(unsafe { (self.arrays.array_get_descriptor)(&mut raw, plane_array) })?;
+        raw_check(unsafe { driver_call!(driver_table(), cuArray3DGetDescriptor_v2(&mut raw, plane_array.cast())) })?;
         let desc = ArrayDesc {
-            width: raw.width as u64,
-            height: raw.height as u64,
-            depth: raw.depth as u64,
-            format: raw.format,
-            channels: raw.channels,
-            flags: raw.flags,
+            width: raw.Width as u64,
+            height: raw.Height as u64,
+            depth: raw.Depth as u64,
+            format: raw.Format,
+            channels: raw.NumChannels,
+            flags: raw.Flags,
         };
         Ok((Handle::new(plane_array), desc))
     }
 
     pub(super) fn sparse_of(&self, target: ArrayRef<Self>) -> CudaResult<SparseProperties> {
-        let mut raw = RawSparseProperties::default();
+        // SAFETY: all-zero is a valid `CUDA_ARRAY_SPARSE_PROPERTIES` (integers only).
+        let mut raw: CUDA_ARRAY_SPARSE_PROPERTIES = unsafe { std::mem::zeroed() };
+        let table = driver_table();
         // SAFETY: a sparse array or mipmapped array of the session's; valid out-pointer.
         let code = unsafe {
             match target {
-                ArrayRef::Array(array) => (self.arrays.array_sparse_properties.ok_or(CudaError::NOT_SUPPORTED)?)(&mut raw, array.0),
-                ArrayRef::Mipmap(mipmap) => (self.arrays.mipmap_sparse_properties.ok_or(CudaError::NOT_SUPPORTED)?)(&mut raw, mipmap.0),
+                ArrayRef::Array(array) => entry(table.cuArrayGetSparseProperties)?(&mut raw, array.0.cast()),
+                ArrayRef::Mipmap(mipmap) => entry(table.cuMipmappedArrayGetSparseProperties)?(&mut raw, mipmap.0.cast()),
             }
         };
-        raw_check(code)?;
+        raw_check(code.0)?;
+        let tile = raw.tileExtent;
         Ok(SparseProperties {
-            tile: raw.tile,
-            miptail_first_level: raw.miptail_first_level,
-            miptail_size: raw.miptail_size,
+            tile: [tile.width, tile.height, tile.depth],
+            miptail_first_level: raw.miptailFirstLevel,
+            miptail_size: raw.miptailSize,
             flags: raw.flags,
         })
     }
 
     pub(super) fn requirements_of(&self, target: ArrayRef<Self>, device: sys::CUdevice) -> CudaResult<(u64, u64)> {
-        let mut raw = RawMemoryRequirements::default();
+        let mut raw = CUDA_ARRAY_MEMORY_REQUIREMENTS { size: 0, alignment: 0, reserved: [0; 4] };
+        let table = driver_table();
         // SAFETY: a deferred-mapping array or mipmapped array of the session's, on its device;
         // valid out-pointer.
         let code = unsafe {
             match target {
-                ArrayRef::Array(array) => {
-                    (self.arrays.array_memory_requirements.ok_or(CudaError::NOT_SUPPORTED)?)(&mut raw, array.0, device)
-                }
-                ArrayRef::Mipmap(mipmap) => {
-                    (self.arrays.mipmap_memory_requirements.ok_or(CudaError::NOT_SUPPORTED)?)(&mut raw, mipmap.0, device)
-                }
+                ArrayRef::Array(array) => entry(table.cuArrayGetMemoryRequirements)?(&mut raw, array.0.cast(), device),
+                ArrayRef::Mipmap(mipmap) => entry(table.cuMipmappedArrayGetMemoryRequirements)?(&mut raw, mipmap.0.cast(), device),
             }
         };
-        raw_check(code)?;
+        raw_check(code.0)?;
         Ok((raw.size as u64, raw.alignment as u64))
     }
 
     /// `cuMemMapArrayAsync` for `device` (its ordinal's bit).
     pub(super) fn map_array_work(&self, maps: &[ArrayMapWork<Self>], stream: sys::CUstream, device: sys::CUdevice) -> CudaResult<()> {
-        let map_array = self.arrays.map_array.ok_or(CudaError::NOT_SUPPORTED)?;
+        let map_array = entry(driver_table().cuMemMapArrayAsync)?;
         let device_bit_mask = u32::try_from(device).ok().and_then(|ordinal| 1u32.checked_shl(ordinal)).ok_or(CudaError::INVALID_DEVICE)?;
-        let mut raw: Vec<RawArrayMapInfo> = maps
+        let sparse_level = |[level, layer, offset_x, offset_y, offset_z, extent_width, extent_height, extent_depth]: [c_uint; 8]| {
+            CUarrayMapInfo_st_subresource {
+                sparseLevel: CUarrayMapInfo_st_subresource_sparseLevel {
+                    level,
+                    layer,
+                    offsetX: offset_x,
+                    offsetY: offset_y,
+                    offsetZ: offset_z,
+                    extentWidth: extent_width,
+                    extentHeight: extent_height,
+                    extentDepth: extent_depth,
+                },
+            }
+        };
+        let mut raw: Vec<CUarrayMapInfo> = maps
             .iter()
             .map(|map| {
                 let (resource_type, resource) = match map.target {
-                    ArrayRef::Array(array) => (resource_type::ARRAY, array.0.cast()),
-                    ArrayRef::Mipmap(mipmap) => (resource_type::MIPMAPPED_ARRAY, mipmap.0.cast()),
+                    ArrayRef::Array(array) => (resource_type::ARRAY, CUarrayMapInfo_st_resource { array: array.0.cast() }),
+                    ArrayRef::Mipmap(mipmap) => (resource_type::MIPMAPPED_ARRAY, CUarrayMapInfo_st_resource { mipmap: mipmap.0.cast() }),
                 };
                 let (subresource_type, subresource) = match map.subresource {
                     Subresource::SparseLevel { level, layer, offset, extent } => (
                         SUBRESOURCE_SPARSE_LEVEL,
-                        RawSubresource { sparse_level: [level, layer, offset[0], offset[1], offset[2], extent[0], extent[1], extent[2]] },
+                        sparse_level([level, layer, offset[0], offset[1], offset[2], extent[0], extent[1], extent[2]]),
                     ),
-                    Subresource::Miptail { layer, offset, size } => {
-                        (SUBRESOURCE_MIPTAIL, RawSubresource { miptail: RawMiptail { layer, offset, size } })
-                    }
+                    Subresource::Miptail { layer, offset, size } => (
+                        SUBRESOURCE_MIPTAIL,
+                        CUarrayMapInfo_st_subresource { miptail: CUarrayMapInfo_st_subresource_miptail { layer, offset, size } },
+                    ),
                     // Ignored by the driver for a deferred-mapping array.
-                    Subresource::Whole => (SUBRESOURCE_SPARSE_LEVEL, RawSubresource { sparse_level: [0; 8] }),
+                    Subresource::Whole => (SUBRESOURCE_SPARSE_LEVEL, sparse_level([0; 8])),
                 };
                 let (mem_operation_type, mem_handle, offset) = match map.memory {
                     Some((handle, offset)) => (OPERATION_MAP, handle, offset),
                     None => (OPERATION_UNMAP, 0, 0),
                 };
-                RawArrayMapInfo {
-                    resource_type,
+                CUarrayMapInfo {
+                    resourceType: resource_type,
                     resource,
-                    subresource_type,
+                    subresourceType: subresource_type,
                     subresource,
-                    mem_operation_type,
-                    mem_handle_type: 0,
-                    mem_handle,
+                    memOperationType: mem_operation_type,
+                    memHandleType: 0,
+                    memHandle: CUarrayMapInfo_st_memHandle { memHandle: mem_handle },
                     offset,
-                    device_bit_mask,
+                    deviceBitMask: device_bit_mask,
                     flags: 0,
                     reserved: [0; 2],
                 }
@@ -516,22 +396,23 @@ impl CudaDevice {
         let count = c_uint::try_from(raw.len()).map_err(|_| CudaError::INVALID_VALUE)?;
         // SAFETY: `count` complete entries naming arrays and tile pools of the session's, their
         // subresources and offsets checked by it; a stream of the session's.
-        raw_check(unsafe { map_array(raw.as_mut_ptr(), count, stream) })
+        raw_check(unsafe { map_array(raw.as_mut_ptr(), count, stream.cast()) }.0)
     }
 
     pub(super) fn decompress(&self, ops: &[DecompressOp], stream: sys::CUstream) -> Result<(), (CudaError, Option<u64>)> {
         let whole = |error| (error, Some(u64::MAX));
-        let batch_decompress = self.arrays.batch_decompress.ok_or(whole(CudaError::NOT_SUPPORTED))?;
+        let batch_decompress = driver_table().cuMemBatchDecompressAsync.ok_or(whole(CudaError::NOT_SUPPORTED))?;
         let size = |value: u64| usize::try_from(value).map_err(|_| whole(CudaError::INVALID_VALUE));
         let mut raw = ops
             .iter()
             .map(|op| {
-                Ok(RawDecompressParams {
-                    src_num_bytes: size(op.src_len)?,
-                    dst_num_bytes: size(op.dst_len)?,
-                    dst_act_bytes: op.dst_act_bytes,
-                    src: op.src,
-                    dst: op.dst,
+                // The addresses are the session's device memory: numbers here, pointers to the driver.
+                Ok(CUmemDecompressParams {
+                    srcNumBytes: size(op.src_len)?,
+                    dstNumBytes: size(op.dst_len)?,
+                    dstActBytes: std::ptr::without_provenance_mut(size(op.dst_act_bytes)?),
+                    src: std::ptr::without_provenance(size(op.src)?),
+                    dst: std::ptr::without_provenance_mut(size(op.dst)?),
                     algo: op.algo,
                     padding: [0; 20],
                 })
@@ -544,18 +425,18 @@ impl CudaDevice {
         let mut index = UNTOUCHED;
         // SAFETY: complete parameters whose buffers lie in the session's memory (checked by it);
         // `index` is a valid out-pointer; a stream of the session's.
-        let code = unsafe { batch_decompress(raw.as_mut_ptr(), raw.len(), 0, &mut index, stream) };
-        raw_check(code).map_err(|error| (error, (index != UNTOUCHED).then_some(index as u64)))
+        let code = unsafe { batch_decompress(raw.as_mut_ptr(), raw.len(), 0, &mut index, stream.cast()) };
+        raw_check(code.0).map_err(|error| (error, (index != UNTOUCHED).then_some(index as u64)))
     }
 
     pub(super) fn attribute_of_stream(&self, stream: sys::CUstream, attribute: u32, set: Option<&[u8; 64]>) -> CudaResult<[u8; 64]> {
         if let Some(value) = set {
             // SAFETY: a stream of the session; a 64-byte value the session checked.
-            raw_check(unsafe { (self.arrays.stream_set_attribute)(stream, attribute, value) })?;
+            raw_check(unsafe { driver_call!(driver_table(), cuStreamSetAttribute(stream.cast(), attribute, value.as_ptr().cast())) })?;
         }
         let mut value = [0u8; 64];
         // SAFETY: as above; the driver writes at most a `CUstreamAttrValue` (64 bytes).
-        raw_check(unsafe { (self.arrays.stream_get_attribute)(stream, attribute, &mut value) })?;
+        raw_check(unsafe { driver_call!(driver_table(), cuStreamGetAttribute(stream.cast(), attribute, value.as_mut_ptr().cast())) })?;
         Ok(value)
     }
 }

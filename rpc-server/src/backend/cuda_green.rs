@@ -1,9 +1,9 @@
 //! The CUDA backend's green contexts: SM resources, their splits and descriptors, green contexts
-//! and their streams and events. The entry points are looked up by name when the device opens and
-//! called through pointers with `CUdevResource` as the bytes cuda.h 13.0 lays out, so a driver
-//! without them (older than CUDA 12.4) answers "not supported" instead of failing to load.
+//! and their streams and events. The entry points come from the generated driver table
+//! (`flyt-cuda-sys`), `CUdevResource` as the bytes cuda.h 13.0 lays out, so a driver without them
+//! (older than CUDA 12.4) answers "not supported" instead of failing to load.
 
-use std::ffi::{c_int, c_uint};
+use std::ffi::c_uint;
 
 use cudarc::driver::sys;
 use flyt_protocol::CudaError;
@@ -11,7 +11,7 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{DevResource, dev_resource};
 
 use super::SmSplit;
-use super::cuda::{CudaDevice, Handle, check, raw_check};
+use super::cuda::{CudaDevice, Handle, check, driver_table, entry, raw_check};
 
 /// `CUdevResource` of cuda.h 13.0 (`CUdevResource_v1`): the type, 92 bytes the driver keeps for
 /// itself, and a 48-byte union whose first three words are `CUdevSmResource` (`smCount`,
@@ -35,51 +35,6 @@ impl RawResource {
 /// A green context and the context `cuCtxFromGreenCtx` made of it (pushed to make streams in it).
 pub type GreenHandle = Handle<(sys::CUgreenCtx, sys::CUcontext)>;
 
-type GetResource<H> = unsafe extern "C" fn(H, *mut RawResource, c_uint) -> u32;
-
-/// The green context entry points (CUDA 12.4 and later); `None` for each the driver lacks.
-#[derive(Default)]
-pub struct RawGreen {
-    ctx_get_resource: Option<GetResource<sys::CUcontext>>,
-    green_get_resource: Option<GetResource<sys::CUgreenCtx>>,
-    split: Option<unsafe extern "C" fn(*mut RawResource, *mut c_uint, *const RawResource, *mut RawResource, c_uint, c_uint) -> u32>,
-    generate_desc: Option<unsafe extern "C" fn(*mut sys::CUdevResourceDesc, *mut RawResource, c_uint) -> u32>,
-    create: Option<unsafe extern "C" fn(*mut sys::CUgreenCtx, sys::CUdevResourceDesc, sys::CUdevice, c_uint) -> u32>,
-    destroy: Option<unsafe extern "C" fn(sys::CUgreenCtx) -> u32>,
-    to_context: Option<unsafe extern "C" fn(*mut sys::CUcontext, sys::CUgreenCtx) -> u32>,
-    stream_create: Option<unsafe extern "C" fn(*mut sys::CUstream, sys::CUgreenCtx, c_uint, c_int) -> u32>,
-    record_event: Option<unsafe extern "C" fn(sys::CUgreenCtx, sys::CUevent) -> u32>,
-    wait_event: Option<unsafe extern "C" fn(sys::CUgreenCtx, sys::CUevent) -> u32>,
-}
-
-impl RawGreen {
-    pub fn load() -> Self {
-        // SAFETY: the driver library was loaded and probed before (`CudaDevice::open`); each
-        // symbol gets its documented C signature, with enums and `CUresult` as `unsigned` and
-        // `CUdevResource` as `RawResource`, which has its size and alignment.
-        unsafe {
-            let lib = sys::culib();
-            Self {
-                ctx_get_resource: optional_symbol!(lib, "cuCtxGetDevResource"),
-                green_get_resource: optional_symbol!(lib, "cuGreenCtxGetDevResource"),
-                split: optional_symbol!(lib, "cuDevSmResourceSplitByCount"),
-                generate_desc: optional_symbol!(lib, "cuDevResourceGenerateDesc"),
-                create: optional_symbol!(lib, "cuGreenCtxCreate"),
-                destroy: optional_symbol!(lib, "cuGreenCtxDestroy"),
-                to_context: optional_symbol!(lib, "cuCtxFromGreenCtx"),
-                stream_create: optional_symbol!(lib, "cuGreenCtxStreamCreate"),
-                record_event: optional_symbol!(lib, "cuGreenCtxRecordEvent"),
-                wait_event: optional_symbol!(lib, "cuGreenCtxWaitEvent"),
-            }
-        }
-    }
-}
-
-/// An entry point, or "not supported" from a driver without it.
-fn entry<F>(entry: Option<F>) -> CudaResult<F> {
-    entry.ok_or(CudaError::NOT_SUPPORTED)
-}
-
 /// `CU_STREAM_NON_BLOCKING`: the flag `cuGreenCtxStreamCreate` requires.
 const NON_BLOCKING: c_uint = 0x1;
 
@@ -95,8 +50,8 @@ impl CudaDevice {
         // primary context (retained for its life) or a green context of the session's.
         raw_check(unsafe {
             match green {
-                None => entry(self.green.ctx_get_resource)?(self.primary_context(), &mut resource, kind),
-                Some(green) => entry(self.green.green_get_resource)?(green.0.0, &mut resource, kind),
+                None => entry(driver_table().cuCtxGetDevResource)?(self.primary_context().cast(), (&raw mut resource).cast(), kind).0,
+                Some(green) => entry(driver_table().cuGreenCtxGetDevResource)?(green.0.0.cast(), (&raw mut resource).cast(), kind).0,
             }
         })?;
         Ok(resource)
@@ -109,38 +64,42 @@ impl CudaDevice {
         flags: u32,
         min_count: u32,
     ) -> CudaResult<SmSplit<CudaDevice>> {
-        let split = entry(self.green.split)?;
+        let split = entry(driver_table().cuDevSmResourceSplitByCount)?;
         let mut count = groups.unwrap_or(0);
         let mut made = vec![RawResource::ZERO; groups.unwrap_or(0) as usize];
         let mut remaining = RawResource::ZERO;
         let result = if groups.is_some() { made.as_mut_ptr() } else { std::ptr::null_mut() };
+        let (input, remaining_ptr) = ((input as *const RawResource).cast(), (&raw mut remaining).cast());
         // SAFETY: `result` is NULL (counting only) or an array of `count` resources; `input` is a
         // resource this driver wrote (the session checked), `remaining` a valid out-pointer.
-        raw_check(unsafe { split(result, &mut count, input, &mut remaining, flags, min_count) })?;
+        let code = unsafe { split(result.cast(), &mut count, input, remaining_ptr, flags, min_count) };
+        raw_check(code.0)?;
         made.truncate(if groups.is_some() { count as usize } else { 0 });
         Ok(SmSplit { groups: made, count, remaining })
     }
 
     pub(super) fn describe_resources(&self, resources: &[RawResource]) -> CudaResult<sys::CUdevResourceDesc> {
-        let generate = entry(self.green.generate_desc)?;
+        let generate = entry(driver_table().cuDevResourceGenerateDesc)?;
         let mut resources = resources.to_vec();
         let count = c_uint::try_from(resources.len()).map_err(|_| CudaError::INVALID_VALUE)?;
-        let mut desc = std::ptr::null_mut();
+        let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
         // SAFETY: an array of `count` resources this driver wrote; a valid out-pointer.
-        raw_check(unsafe { generate(&mut desc, resources.as_mut_ptr(), count) })?;
+        raw_check(unsafe { generate((&raw mut desc).cast(), resources.as_mut_ptr().cast(), count) }.0)?;
         Ok(desc)
     }
 
     pub(super) fn new_green(&self, desc: sys::CUdevResourceDesc, flags: u32) -> CudaResult<GreenHandle> {
-        let (create, to_context, destroy) = (entry(self.green.create)?, entry(self.green.to_context)?, entry(self.green.destroy)?);
-        let mut green = std::ptr::null_mut();
+        let table = driver_table();
+        let (create, to_context, destroy) =
+            (entry(table.cuGreenCtxCreate)?, entry(table.cuCtxFromGreenCtx)?, entry(table.cuGreenCtxDestroy)?);
+        let mut green: sys::CUgreenCtx = std::ptr::null_mut();
         // SAFETY: a descriptor this driver made for the session; a valid out-pointer.
-        raw_check(unsafe { create(&mut green, desc, self.device(), flags) })?;
-        let mut context = std::ptr::null_mut();
+        raw_check(unsafe { create((&raw mut green).cast(), desc.cast(), self.device(), flags) }.0)?;
+        let mut context: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: the green context just made; a valid out-pointer.
-        if let Err(error) = raw_check(unsafe { to_context(&mut context, green) }) {
+        if let Err(error) = raw_check(unsafe { to_context((&raw mut context).cast(), green.cast()) }.0) {
             // SAFETY: made above and named nowhere else.
-            unsafe { destroy(green) };
+            unsafe { destroy(green.cast()) };
             return Err(error);
         }
         Ok(Handle::new((green, context)))
@@ -148,11 +107,11 @@ impl CudaDevice {
 
     pub(super) fn new_green_stream(&self, green: GreenHandle, flags: u32, priority: i32) -> CudaResult<Handle<sys::CUstream>> {
         let (green, context) = green.0;
-        let mut stream = std::ptr::null_mut();
+        let mut stream: sys::CUstream = std::ptr::null_mut();
         if flags & NON_BLOCKING != 0 {
-            let create = entry(self.green.stream_create)?;
+            let create = entry(driver_table().cuGreenCtxStreamCreate)?;
             // SAFETY: a green context of the session; a valid out-pointer.
-            raw_check(unsafe { create(&mut stream, green, flags, priority) })?;
+            raw_check(unsafe { create((&raw mut stream).cast(), green.cast(), flags, priority) }.0)?;
             return Ok(Handle::new(stream));
         }
         // A blocking stream is made as `cuStreamCreate` makes one in the green context: with it
@@ -168,15 +127,16 @@ impl CudaDevice {
     }
 
     pub(super) fn green_event_op(&self, green: GreenHandle, event: sys::CUevent, wait: bool) -> CudaResult<()> {
-        let call = if wait { entry(self.green.wait_event)? } else { entry(self.green.record_event)? };
+        let table = driver_table();
+        let call = if wait { entry(table.cuGreenCtxWaitEvent)? } else { entry(table.cuGreenCtxRecordEvent)? };
         // SAFETY: a green context and an event of the session.
-        raw_check(unsafe { call(green.0.0, event) })
+        raw_check(unsafe { call(green.0.0.cast(), event.cast()) }.0)
     }
 
     pub(super) fn drop_green(&self, green: GreenHandle) -> CudaResult<()> {
-        let destroy = entry(self.green.destroy)?;
+        let destroy = entry(driver_table().cuGreenCtxDestroy)?;
         // SAFETY: a green context of the session, whose streams the session destroyed first;
         // the session forgets it.
-        raw_check(unsafe { destroy(green.0.0) })
+        raw_check(unsafe { destroy(green.0.0.cast()) }.0)
     }
 }

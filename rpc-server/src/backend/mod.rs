@@ -17,6 +17,18 @@ macro_rules! optional_symbol {
     };
 }
 
+/// Calls `$name` of a generated [`flyt_cuda_sys::DriverTable`]: its status as a number, or
+/// CUDA_ERROR_NOT_SUPPORTED's where the driver lacks it. Only inside an `unsafe` block whose SAFETY
+/// comment says why the arguments meet the function's C contract.
+macro_rules! driver_call {
+    ($table:expr, $name:ident($($arg:expr),* $(,)?)) => {
+        match $table.$name {
+            Some(function) => function($($arg),*).0,
+            None => flyt_cuda_sys::CUresult::CUDA_ERROR_NOT_SUPPORTED.0,
+        }
+    };
+}
+
 pub mod cuda;
 mod cuda_arrays;
 mod cuda_green;

@@ -2,7 +2,7 @@
 //! Every function NVIDIA's `libcuda.so.1` exports, once: `kind name [base version stream origin]
 //! (args)`, sorted by name.
 //!
-//! - kind: `implemented` (the export calls `crate::api::<name>`), `unsupported` (it answers
+//! - kind: `implemented` (Flyt's libcuda.so.1 calls its `api::<name>`), `unsupported` (it answers
 //!   CUDA_ERROR_NOT_SUPPORTED and names itself once on stderr) or `opaque` (no public signature:
 //!   the debugger's symbols and retired entry points; unsupported, declared without arguments);
 //! - base, version, stream: the family (`cuMemcpyHtoD_v2_ptds` is `cuMemcpyHtoD 2 ptds`);
