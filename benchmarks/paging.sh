@@ -9,10 +9,10 @@
 # memory, then runs gpu-tests/paging.cu (built here with -cudart=shared: Flyt's
 # DIST/lib/libcudart.so.13) over the Unix socket: P processes, each FRACTION of the GPU's memory,
 # taking R turns each, every word checked each turn. Then it prints each page-out and page-in the
-# server logged, with its phases (ms), how much went through the worker's pool of host memory
-# pinned ahead (the rest through a memory file: the first page-out of a session may come before
-# its pool has caught up with its memory), and the median page-in time scaled to 40 GiB against
-# the target: <= 1.5 s.
+# server logged, with its phases (ms; a page-out's "pin": growing a pool that was behind its
+# session), how much went through the worker's pool of host memory pinned ahead (the rest through
+# a memory file: the host budget had no room), and the median page-in time scaled to 40 GiB
+# against the target: <= 1.5 s.
 # OUT gets server.log, paging.out, paging.err (the app's own view: each turn's first call), and
 # report.txt (the table). NVCC_FLAGS adds flags to the nvcc command (e.g. -L.cuda/lib).
 set -uo pipefail
@@ -53,13 +53,14 @@ report() {
         / paged out / || / paged in / {
             if (!header++) {
                 if (pins != "") print "# pinned ahead by the workers before the first page-out: " pins
-                printf "%-4s %7s %8s %7s %7s %7s %7s %7s %7s %7s %9s %7s\n", "", "session", "GiB", "pooled", "wait", "sync", "map", "copy", "file", "release", "paging ms", "GB/s"
+                printf "%-4s %7s %8s %7s %7s %7s %7s %7s %7s %7s %7s %9s %7s\n", "", "session", "GiB", "pooled", "wait", "sync", "pin", "map", "copy", "file", "release", "paging ms", "GB/s"
             }
             out = / paged out /
             bytes = field("bytes"); pooled = bytes > 0 ? 100 * field("pooled_bytes") / bytes : 0
             paging = out ? field("took_ms") : field("page_in_ms")
-            printf "%-4s %7s %8.2f %6.0f%% %7s %7s %7s %7s %7s %7s %9s %7s\n", out ? "out" : "in", field("session_id"), bytes / 2^30, pooled,
-                out ? "-" : field("wait_ms"), out ? field("sync_ms") : "-", out ? "-" : field("map_ms"), field("copy_ms"), field("file_ms"),
+            pin = out ? field("pin_ms") : ""; if (pin == "") pin = "-"
+            printf "%-4s %7s %8.2f %6.0f%% %7s %7s %7s %7s %7s %7s %7s %9s %7s\n", out ? "out" : "in", field("session_id"), bytes / 2^30, pooled,
+                out ? "-" : field("wait_ms"), out ? field("sync_ms") : "-", pin, out ? "-" : field("map_ms"), field("copy_ms"), field("file_ms"),
                 out ? field("release_ms") : "-", paging, field("gbps")
             if (!out && bytes > 0) scaled[++ins] = paging * 40 * 2^30 / bytes
         }

@@ -12,9 +12,10 @@ byte put back wrong shows). gpu-tests/paging-torch.sh runs the comparison on a G
                   [--only I] [--exact]
 
 With no arguments (as gpu-tests/run.sh runs it, fw_paging_torch) the processes fit together
-without paging (3 x 0.05, and run.sh runs three transports at once); losses print to 5 significant digits unless --exact (full precision,
-for paging-torch.sh's comparison). A process that fails ends the run at once: the parent stops the
-others and exits non-zero. Last line: "paging_torch: PASS"."""
+without paging (3 x 0.05: run.sh runs three transports at once); losses print to 5 significant
+digits unless --exact (full precision, for paging-torch.sh's comparison). A process that fails
+ends the run at once: the parent stops the others and exits non-zero. Last line:
+"paging_torch: PASS"."""
 import argparse
 import os
 import select

@@ -141,7 +141,8 @@ pub struct ServerArgs {
     #[arg(long, env = "FLYT_RPC_RESIDENT_MIN_MS", default_value_t = 2000)]
     pub resident_min_ms: u64,
     /// With --oversubscribe: milliseconds a request waits for device memory (others paged out)
-    /// before it fails with CUDA_ERROR_OUT_OF_MEMORY.
+    /// with no page-out progressing before it fails with CUDA_ERROR_OUT_OF_MEMORY (a slow
+    /// page-out under way is waited for; at most 10 times this in all).
     #[arg(long, env = "FLYT_RPC_PAGE_WAIT_MS", default_value_t = 30_000)]
     pub page_wait_ms: u64,
     /// With --oversubscribe: host memory the workers may pin ahead for paging, all together.
