@@ -49,7 +49,12 @@ report() {
             for (i = 2; i <= n; i++) for (j = i; j > 1 && values[j - 1] > values[j]; j--) { t = values[j]; values[j] = values[j - 1]; values[j - 1] = t }
             return n % 2 ? values[(n + 1) / 2] : (values[n / 2] + values[n / 2 + 1]) / 2
         }
-        / paging pool pinned ahead/ { pins = pins (pins == "" ? "" : ", ") sprintf("%.1f GiB in %s ms", field("bytes") / 2^30, field("took_ms")) }
+        / paging pool pinned ahead/ {
+            pin = sprintf("%.1f GiB in %s ms", field("bytes") / 2^30, field("took_ms"))
+            # Where it went (newer logs): threads, and their time populating and registering.
+            if (field("threads") != "") pin = pin sprintf(" (%s GB/s, %s threads: populate %s ms, register %s ms)", field("gbps"), field("threads"), field("populate_thread_ms"), field("register_thread_ms"))
+            pins = pins (pins == "" ? "" : ", ") pin
+        }
         / paged out / || / paged in / {
             if (!header++) {
                 if (pins != "") print "# pinned ahead by the workers before the first page-out: " pins

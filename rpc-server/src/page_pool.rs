@@ -91,7 +91,12 @@ impl HostMemory {
             libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) == 0
         };
         if !populated {
-            // Before Linux 5.14: a write to each page puts it in place.
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EINVAL) {
+                // No memory for it (writing the pages anyway would wake the OOM killer).
+                return Err(format!("host memory for the paging pool: {error}"));
+            }
+            // Before Linux 5.14 (no MADV_POPULATE_WRITE): a write to each page puts it in place.
             for page in (addr..addr + len).step_by(4096) {
                 // SAFETY: inside the mapping, which nothing else uses yet.
                 unsafe { (page as *mut u8).write_volatile(0) };
@@ -134,6 +139,9 @@ pub struct HostPool {
     growing: Mutex<()>,
     /// Threads that make chunks at once.
     threads: usize,
+    /// Time the threads spent populating chunks and registering them since the last log line.
+    populate_us: AtomicU64,
+    register_us: AtomicU64,
 }
 
 /// The chunks a page-out copies into, held until its page-in gives them back.
@@ -158,6 +166,8 @@ impl HostPool {
             pinned_total: AtomicU64::new(0),
             growing: Mutex::new(()),
             threads: pin_threads(),
+            populate_us: AtomicU64::new(0),
+            register_us: AtomicU64::new(0),
         })
     }
 
@@ -241,7 +251,7 @@ impl HostPool {
                 (state.chunks.len(), state.held, state.broken)
             };
             if have < target && !broken {
-                let added = self.grow(device, target - have);
+                let added = self.grow(device, target);
                 if added == 0 {
                     break;
                 }
@@ -261,6 +271,8 @@ impl HostPool {
     }
 
     fn log_grown(&self, grown: usize, started: Instant, message: &'static str) {
+        // Where the time went, all threads' together: the kernel's part, the driver's part.
+        let (populate, register) = (self.populate_us.swap(0, Ordering::AcqRel), self.register_us.swap(0, Ordering::AcqRel));
         if grown > 0 {
             let took = started.elapsed();
             let bytes = grown as u64 * self.chunk;
@@ -272,6 +284,8 @@ impl HostPool {
                 threads = self.threads,
                 took_ms = took.as_millis() as u64,
                 gbps = %format!("{gbps:.1}"),
+                populate_thread_ms = populate / 1000,
+                register_thread_ms = register / 1000,
                 "{message}"
             );
         }
@@ -291,7 +305,7 @@ impl HostPool {
             if have >= chunks || broken {
                 break;
             }
-            let added = self.grow(device, chunks - have);
+            let added = self.grow(device, chunks);
             if added == 0 {
                 break;
             }
@@ -302,13 +316,14 @@ impl HostPool {
         self.chunks()
     }
 
-    /// Adds up to `wanted` chunks (one batch: at most one per thread), made at once on threads
-    /// of their own, each first taken from the host budget. Returns how many it added: 0 when it
-    /// cannot (now: no budget; or ever: pinning failed, the pool grows no more).
-    fn grow<D: Device>(&self, device: &D, wanted: usize) -> usize {
+    /// Adds chunks toward `target` in all (one batch: at most one per thread), made at once on
+    /// threads of their own, each first taken from the host budget. Returns how many it added: 0
+    /// when it cannot (now: no budget; or ever: pinning failed, the pool grows no more).
+    fn grow<D: Device>(&self, device: &D, target: usize) -> usize {
         let _growing = self.growing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Another batch may have grown it meanwhile.
-        let wanted = wanted.min(self.threads);
+        // Counted under the lock: another batch (the pool's thread, a page-out) may just have
+        // grown it.
+        let wanted = target.saturating_sub(self.chunks()).min(self.threads);
         let mut reserved = 0;
         while reserved < wanted && self.residency().reserve_pinned(self.chunk) {
             reserved += 1;
@@ -357,11 +372,15 @@ impl HostPool {
 
     /// One chunk: memory populated (on this thread), then registered.
     fn make_chunk<D: Device>(&self, device: &D) -> Result<Chunk, String> {
+        let started = Instant::now();
         let memory = HostMemory::populated(self.chunk as usize)?;
+        let populated = Instant::now();
         // SAFETY: the chunk's memory stays mapped while registered: `release` unregisters it
         // before the mapping goes.
         unsafe { device.host_register(memory.addr as *mut u8, memory.len, false) }
             .map_err(|error| format!("pinning the paging pool: {error}"))?;
+        self.populate_us.fetch_add(micros(populated - started), Ordering::AcqRel);
+        self.register_us.fetch_add(micros(populated.elapsed()), Ordering::AcqRel);
         Ok(Chunk { memory, registered: true })
     }
 
@@ -417,6 +436,10 @@ impl HostPool {
         self.lock().held = 0;
         self.changed.notify_all();
     }
+}
+
+fn micros(time: Duration) -> u64 {
+    u64::try_from(time.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Where a piece of paged memory lies on the host.
