@@ -3,30 +3,38 @@
 #
 #   gpu-tests/paging-torch.sh [--dist DIR] [--out DIR] [--python PATH] [--processes 3]
 #                             [--fraction 0.6] [--turns 3] [--steps 20] [--oversubscribe 2.0]
-#                             [--host-budget BYTES] [--tolerance 0]
+#                             [--host-budget BYTES] [--tolerance 0] [--force]
 #
 # 1. Each of PROCESSES PyTorch processes (gpu-tests/frameworks/paging_torch.py --only I) runs
 #    alone, natively: it holds FRACTION of the GPU's memory (nvidia-smi's total) in tensors (an
 #    MLP, Adam's state, padding of known words) and trains TURNS x STEPS steps, printing every
 #    loss in full precision (deterministic algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8, no TF32).
-# 2. One flyt-rpc-server (DIST/bin) with --oversubscribe F and a quota of F times the GPU's memory;
-#    the PROCESSES processes together through it, the local GPU hidden from them (hide_gpu: a
-#    mount namespace without /dev/nvidia* and the driver's libraries), taking turns (one busy at a
-#    time): together they hold more than the GPU, so each turn pages one in and another out.
+# 2. One flyt-rpc-server (DIST/bin) with --oversubscribe F and a quota of F times the GPU's memory
+#    less 1 GiB per process (their CUDA contexts, outside the residency count); the PROCESSES
+#    processes together through it, the local GPU hidden from them (hide_gpu: a mount namespace
+#    without /dev/nvidia* and the driver's libraries), taking turns (one busy at a time): together
+#    they hold more than the GPU, so each turn pages one in and another out.
 # 3. Every process's losses through Flyt must equal its losses alone natively (exactly; or,
 #    with --tolerance T > 0, within a relative difference T, and the report says which), its
 #    padding intact each turn, at least one page-out in the server's log; then the server's
 #    page-out/page-in table (benchmarks/paging.sh --report): each one's phases and the median
 #    page-in scaled to 40 GiB against the target (<= 1.5 s).
+# Host memory first: paged-out bytes live there. With R sessions resident at once (that GPU share
+# over FRACTION), P - R + 1 are out at a turn's peak (one goes out before the next comes in): a
+# host without that much available memory (plus 16 GiB for the processes) is refused with the
+# largest fraction with paging it can take (--force runs anyway); 3 x 0.6 of a 141 GB H200 needs
+# about 250 GiB. Unless --host-budget is given, the workers' pools may pin all P sessions' bytes
+# (each pool follows its session, resident or not) where the host has room, so paging never goes
+# through memory files; else the peak's bytes.
 # OUT gets native-I.out/.err, flyt.out/.err, server.log, losses.txt (the comparison), report.txt.
 # Exit status 0 when the losses match and every run passed; 1 otherwise; 2 on a setup error.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 DIST=$root/dist OUT=/tmp/flyt-paging-torch PYTHON=/opt/torch/.venv/bin/python3 PROCESSES=3 FRACTION=0.6 TURNS=3 STEPS=20
-FACTOR=2.0 BUDGET= TOLERANCE=0
+FACTOR=2.0 BUDGET= TOLERANCE=0 FORCE=0
 
-usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case $1 in
         --dist) DIST=${2:?}; shift 2 ;;
@@ -39,6 +47,7 @@ while [ $# -gt 0 ]; do
         --oversubscribe) FACTOR=${2:?}; shift 2 ;;
         --host-budget) BUDGET=${2:?}; shift 2 ;;
         --tolerance) TOLERANCE=${2:?}; shift 2 ;;
+        --force) FORCE=1; shift ;;
         -h|--help) usage 0 ;;
         *) echo "paging-torch.sh: unknown argument $1" >&2; usage ;;
     esac
@@ -67,13 +76,39 @@ gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0
 [ -n "$gpu_mib" ] || { echo "paging-torch.sh: nvidia-smi gave no GPU memory" >&2; exit 2; }
 # The same bytes natively and through Flyt (whatever total each reports), whole MiB.
 bytes=$(awk -v m="$gpu_mib" -v f="$FRACTION" 'BEGIN { printf "%.0f", int(m * f) * 1048576 }')
-quota_mib=$(awk -v m="$gpu_mib" -v f="$FACTOR" 'BEGIN { printf "%d", m * f }')
+# The quota leaves room for the processes' CUDA contexts, which the residency count does not hold
+# (docs/design/paging.md: quota = F x (GPU - contexts)): 1 GiB each.
+context_mib=1024
+share_mib=$((gpu_mib - PROCESSES * context_mib))
+quota_mib=$(awk -v m="$share_mib" -v f="$FACTOR" 'BEGIN { printf "%d", m * f }')
 args=(--processes "$PROCESSES" --bytes "$bytes" --turns "$TURNS" --steps "$STEPS" --exact)
 # Deterministic cuBLAS; the caching allocator on cudaMalloc (expandable segments would use VMM
 # memory, which is not paged: docs/design/paging.md).
 # (env's options first, then its settings.)
 common_env=(-u PYTORCH_CUDA_ALLOC_CONF -u PYTORCH_ALLOC_CONF CUBLAS_WORKSPACE_CONFIG=:4096:8)
 echo "paging-torch.sh: GPU of $gpu_mib MiB; $PROCESSES processes of $FRACTION ($((bytes >> 20)) MiB), $TURNS turns of $STEPS steps" >&2
+
+# Host memory for the paged-out bytes (see the top).
+avail=$(($(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) * 1024))
+margin=$((16 << 30))
+resident=$(awk -v s="$share_mib" -v b="$((bytes >> 20))" 'BEGIN { r = int(s / b); print r < 1 ? 1 : r }')
+out_at_peak=0
+[ "$PROCESSES" -gt "$resident" ] && out_at_peak=$((PROCESSES - resident + 1))
+need=$((out_at_peak * bytes))
+echo "paging-torch.sh: $resident resident at once, $out_at_peak out at a turn's peak: $((need >> 30)) GiB of host memory; $((avail >> 30)) GiB available" >&2
+if [ $((need + margin)) -gt "$avail" ]; then
+    fits=$(awk -v a="$avail" -v m="$margin" -v g="$gpu_mib" -v s="$share_mib" -v p="$PROCESSES" 'BEGIN {
+        best = 0
+        for (f = 0.01; f < 1; f += 0.01) { r = int(s / int(g * f)); if (r < 1) r = 1; o = p > r ? p - r + 1 : 0; if (o > 0 && o * int(g * f) * 1048576 + m <= a) best = f }
+        if (best > 0) printf "%.2f", best; else printf "none" }')
+    echo "paging-torch.sh: this host cannot hold the paged-out bytes: $((need >> 30)) GiB + $((margin >> 30)) GiB for the processes > $((avail >> 30)) GiB available; the largest fraction with paging it can take for $PROCESSES processes: $fits (--force runs anyway)" >&2
+    [ "$FORCE" = 1 ] || exit 2
+fi
+if [ -z "$BUDGET" ]; then
+    pools=$((PROCESSES * bytes))
+    if [ $((pools + margin)) -le "$avail" ]; then BUDGET=$pools; else BUDGET=$need; fi
+    echo "paging-torch.sh: --page-host-budget $((BUDGET >> 20))MiB (pools for $([ "$BUDGET" = "$pools" ] && echo "all $PROCESSES sessions" || echo "the sessions out at the peak; past them, memory files"))" >&2
+fi
 
 # 1. Each alone, natively.
 status=0
@@ -96,8 +131,7 @@ for f in $(ldconfig -p | awk '/(libcuda\.so|libnvidia-ml\.so)/ {print $NF}'); do
 done
 sort -u -o "$HIDE" "$HIDE"
 cc -O2 -o "$TMP/hide_gpu" "$here/tools/hide_gpu.c" || { echo "paging-torch.sh: building hide_gpu failed" >&2; exit 2; }
-budget=()
-[ -z "$BUDGET" ] || budget=(--page-host-budget "$BUDGET")
+budget=(--page-host-budget "$BUDGET")
 # No minimum residency and a short idle time, as benchmarks/paging.sh: the turns measure paging.
 setsid env FLYT_LOG=info "$DIST/bin/flyt-rpc-server" --device cuda --listen "unix:$TMP/s.sock" --oversubscribe "$FACTOR" \
     --memory-quota "${quota_mib}MiB" --idle-page-out-ms 200 --resident-min-ms 0 --page-wait-ms 120000 \
@@ -160,6 +194,7 @@ page_outs=$(grep -c ' paged out' "$OUT/server.log")
 {
     echo "# paging_torch: $PROCESSES PyTorch processes x $FRACTION of a $gpu_mib MiB GPU ($((bytes >> 20)) MiB each), $TURNS turns of $STEPS steps, --oversubscribe $FACTOR, $(date -u '+%Y-%m-%d %H:%M UTC')"
     cat "$OUT/losses.txt"
+    echo "# host: $((avail >> 30)) GiB available at the start; --page-host-budget $BUDGET"
     echo "# page-outs in the server's log: $page_outs"
     "$root/benchmarks/paging.sh" --report "$OUT/server.log"
 } | tee "$OUT/report.txt"
