@@ -3,6 +3,7 @@
 #
 #   benchmarks/paging.sh [--dist DIR] [--out DIR] [--processes 3] [--fraction 0.6] [--rounds 4]
 #                        [--oversubscribe 2.0] [--host-budget BYTES] [--nvcc PATH] [--arch sm_90]
+#                        (default host budget: pools for every session where the host has room)
 #   benchmarks/paging.sh --report SERVER_LOG     (only the table, from a server log of any run)
 #
 # Starts one flyt-rpc-server (DIST/bin) with --oversubscribe F and a quota of F times the GPU's
@@ -20,7 +21,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 DIST=$root/dist OUT=/tmp/flyt-paging PROCESSES=3 FRACTION=0.6 ROUNDS=4 FACTOR=2.0 BUDGET= NVCC=${NVCC:-} ARCH=sm_90 REPORT=
 
-usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
+usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case $1 in
         --dist) DIST=${2:?}; shift 2 ;;
@@ -94,6 +95,18 @@ trap '[ -z "$server" ] || kill "$server" 2>/dev/null; wait 2>/dev/null; rm -rf "
 gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | head -n 1 | tr -d ' ')
 [ -n "$gpu_mib" ] || { echo "paging.sh: nvidia-smi gave no GPU memory" >&2; exit 1; }
 quota_mib=$(awk -v m="$gpu_mib" -v f="$FACTOR" 'BEGIN { printf "%d", m * f }')
+if [ -z "$BUDGET" ]; then
+    # Pools for every session (each follows its session, resident or not) where the host has room
+    # (16 GiB left for the processes): paging then never goes through memory files. Else the
+    # server's default (half the available memory).
+    avail=$(($(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) * 1024))
+    pools=$(awk -v m="$gpu_mib" -v f="$FRACTION" -v p="$PROCESSES" 'BEGIN { printf "%.0f", p * int(m * f) * 1048576 }')
+    if [ $((pools + (16 << 30))) -le "$avail" ]; then
+        BUDGET=$pools
+    else
+        echo "paging.sh: pools for all $PROCESSES sessions ($((pools >> 30)) GiB) do not fit the host ($((avail >> 30)) GiB available): the server's default budget" >&2
+    fi
+fi
 budget=()
 [ -z "$BUDGET" ] || budget=(--page-host-budget "$BUDGET")
 # No minimum residency and a short idle time: the turns measure paging, not the waits.
