@@ -28,8 +28,12 @@ use crate::paging::Residency;
 
 /// Chunk size unless `--page-chunk` says otherwise.
 pub const DEFAULT_CHUNK: u64 = 256 << 20;
-/// How long the pool's thread sleeps when nothing changed (or the host budget had no room).
-const IDLE: Duration = Duration::from_millis(200);
+/// How long the pool's thread sleeps when nothing changed (or the host budget had no room); it
+/// also looks for page-outs short of budget this often (`lend`).
+const IDLE: Duration = Duration::from_millis(100);
+/// How long a page-out's `fill`, short of budget, waits with no chunk gained for other pools to
+/// lend theirs.
+const LEND_WAIT: Duration = Duration::from_secs(1);
 /// At most this many threads make chunks at once.
 const PIN_THREADS_MAX: usize = 8;
 /// Transparent huge pages' size on x86-64 and (by default) aarch64.
@@ -142,6 +146,11 @@ pub struct HostPool {
     /// Time the threads spent populating chunks and registering them since the last log line.
     populate_us: AtomicU64,
     register_us: AtomicU64,
+    /// The pool lent its chunks to another worker's page-out: its thread does not grow it again
+    /// (its own page-out will, `fill`).
+    lent: AtomicBool,
+    /// A page-out of this pool's session waits for loans: it lends nothing meanwhile.
+    borrowing: AtomicBool,
 }
 
 /// The chunks a page-out copies into, held until its page-in gives them back.
@@ -168,6 +177,8 @@ impl HostPool {
             threads: pin_threads(),
             populate_us: AtomicU64::new(0),
             register_us: AtomicU64::new(0),
+            lent: AtomicBool::new(false),
+            borrowing: AtomicBool::new(false),
         })
     }
 
@@ -242,6 +253,7 @@ impl HostPool {
             }
             self.register_again(device);
         }
+        self.lend(device);
         let started = Instant::now();
         let mut grown = 0usize;
         loop {
@@ -250,7 +262,7 @@ impl HostPool {
                 let state = self.lock();
                 (state.chunks.len(), state.held, state.broken)
             };
-            if have < target && !broken {
+            if have < target && !broken && !self.lent.load(Ordering::Acquire) {
                 let added = self.grow(device, target);
                 if added == 0 {
                     break;
@@ -263,6 +275,37 @@ impl HostPool {
             }
         }
         self.log_grown(grown, started, "paging pool pinned ahead");
+    }
+
+    /// When another worker's page-out is short of host budget: releases the chunks no paged-out
+    /// bytes are in (up to what it is short of), so that page-out pins them (its bytes then page
+    /// in from pinned memory, not a memory file). The pool grows again at its own session's
+    /// page-out. A pool as large as its resident session's memory is idle until that page-out;
+    /// the bytes of the sessions paged out need host memory now.
+    fn lend<D: Device>(&self, device: &D) {
+        let residency = self.residency();
+        let short = residency.pinned_short();
+        if short == 0 || self.borrowing.load(Ordering::Acquire) {
+            return;
+        }
+        let mut lent = 0u64;
+        while lent < short && self.shrink(device) {
+            lent += self.chunk;
+        }
+        if lent > 0 {
+            residency.settle_pinned_short(lent);
+            self.lent.store(true, Ordering::Release);
+            tracing::info!(bytes = lent, pool_bytes = self.bytes(), "paging pool lent its host budget to a page-out");
+        }
+    }
+
+    /// Tells the other workers what this pool could lend (`lend`).
+    fn publish(&self) {
+        let lendable = {
+            let state = self.lock();
+            state.chunks.len().saturating_sub(state.held) as u64 * self.chunk
+        };
+        self.residency().set_lendable(lendable);
     }
 
     /// Chunks the session's allocations fill now.
@@ -294,9 +337,13 @@ impl HostPool {
     /// Grows the pool to `chunks` chunks now, as the host budget allows (a page-out that came
     /// before the pool's thread caught up with its session), calling `progress` after each batch.
     /// Returns the chunks in the pool.
+    /// When the budget is spent, it asks the pools of resident sessions to lend theirs (`lend`)
+    /// and takes what they give until none came for `LEND_WAIT`.
     pub fn fill<D: Device>(&self, device: &D, chunks: usize, progress: impl Fn()) -> usize {
+        // Its own page-out: a pool that lent grows again.
+        self.lent.store(false, Ordering::Release);
         let started = Instant::now();
-        let mut grown = 0;
+        let (mut grown, mut asked, mut gained) = (0, 0u64, Instant::now());
         loop {
             let (have, broken) = {
                 let state = self.lock();
@@ -306,11 +353,30 @@ impl HostPool {
                 break;
             }
             let added = self.grow(device, chunks);
-            if added == 0 {
+            if added > 0 {
+                grown += added;
+                gained = Instant::now();
+                progress();
+                continue;
+            }
+            if asked == 0 {
+                if self.residency().lendable_elsewhere() == 0 {
+                    // No other pool has chunks to lend: no wait.
+                    break;
+                }
+                asked = (chunks - have) as u64 * self.chunk;
+                self.borrowing.store(true, Ordering::Release);
+                self.residency().ask_pinned(asked);
+            }
+            if gained.elapsed() >= LEND_WAIT {
                 break;
             }
-            grown += added;
-            progress();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if asked > 0 {
+            // Whatever came, the ask ends (lenders settled what they gave).
+            self.residency().settle_pinned_short(asked);
+            self.borrowing.store(false, Ordering::Release);
         }
         self.log_grown(grown, started, "paging pool pinned for a page-out");
         self.chunks()
@@ -363,6 +429,7 @@ impl HostPool {
         }
         // What was reserved and not made goes back to the budget.
         self.residency().release_pinned((reserved - added) as u64 * self.chunk);
+        self.publish();
         if let Some(reason) = failure {
             tracing::warn!(%reason, pool_bytes = self.bytes(), "paging pool grows no more: past it, paged memory goes to memory files");
             self.lock().broken = true;
@@ -384,18 +451,22 @@ impl HostPool {
         Ok(Chunk { memory, registered: true })
     }
 
-    /// Releases the last chunk, if no paged-out bytes are in it.
-    fn shrink<D: Device>(&self, device: &D) {
+    /// Releases the last chunk, if no paged-out bytes are in it; `false` when none could go.
+    fn shrink<D: Device>(&self, device: &D) -> bool {
         let _growing = self.growing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let chunk = {
             let mut state = self.lock();
             if state.chunks.len() <= state.held {
-                return;
+                return false;
             }
             state.chunks.pop()
         };
-        if let Some(chunk) = chunk {
-            self.release(device, chunk);
+        match chunk {
+            Some(chunk) => {
+                self.release(device, chunk);
+                true
+            }
+            None => false,
         }
     }
 
@@ -406,6 +477,7 @@ impl HostPool {
         }
         drop(chunk);
         self.residency().release_pinned(self.chunk);
+        self.publish();
     }
 
     fn register_again<D: Device>(&self, device: &D) {
@@ -425,15 +497,20 @@ impl HostPool {
 
     /// Takes up to `wanted` chunks for a page-out: the pool's first ones, each time the same.
     pub fn hold(&self, wanted: usize) -> Held {
-        let mut state = self.lock();
-        let count = wanted.min(state.chunks.len());
-        state.held = count;
-        Held { ptrs: state.chunks[..count].iter_mut().map(|chunk| chunk.ptr() as usize).collect() }
+        let held = {
+            let mut state = self.lock();
+            let count = wanted.min(state.chunks.len());
+            state.held = count;
+            Held { ptrs: state.chunks[..count].iter_mut().map(|chunk| chunk.ptr() as usize).collect() }
+        };
+        self.publish();
+        held
     }
 
     /// The page-in is done (or the page-out failed): the chunks are free again.
     pub fn give_back(&self) {
         self.lock().held = 0;
+        self.publish();
         self.changed.notify_all();
     }
 }
@@ -607,5 +684,56 @@ mod tests {
         pool.start(Arc::new(device));
         wait_for("shrunk to the session", || pool.chunks() == 2);
         assert_eq!(Residency::new(budget.paging_words(), 0).pinned_total(), 2 * MIB);
+    }
+
+    /// A page-out short of host budget borrows it from the pool of a resident session (whose
+    /// thread lends the chunks no paged-out bytes are in, and grows no more until its own
+    /// session's page-out); with nobody to lend, it waits `LEND_WAIT` at most and does without.
+    #[test]
+    fn a_page_out_short_of_budget_borrows_a_resident_sessions_pool() {
+        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
+        let file = std::fs::File::from(fd);
+        let (first, second) = (Arc::new(SharedBudget::map(&file, 1).unwrap()), Arc::new(SharedBudget::map(&file, 2).unwrap()));
+        let words = first.paging_words();
+        Residency::new(words, 0).set_pinned_limit(4 * MIB);
+        let device = Arc::new(EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }));
+        // The resident session's pool takes the whole budget, ahead.
+        let resident = Arc::new(HostPool::new(first.clone(), MIB).unwrap());
+        resident.want(4 * MIB);
+        resident.start(device.clone());
+        wait_for("the resident session's pool", || resident.chunks() == 4);
+        // Another session's page-out (its pool's thread not started): it borrows all four.
+        let paging = HostPool::new(second.clone(), MIB).unwrap();
+        let started = Instant::now();
+        assert_eq!(paging.fill(&*device, 3, || {}), 3);
+        assert!(started.elapsed() < LEND_WAIT, "lent at once: {:?}", started.elapsed());
+        // The lender released what was asked (three chunks), the borrower pinned them.
+        assert_eq!(resident.chunks(), 1);
+        assert_eq!(Residency::new(words, 0).pinned_total(), 4 * MIB);
+        assert_eq!(Residency::new(words, 0).pinned_short(), 0, "the ask settled");
+        // The lender does not grow back behind the borrower's back.
+        std::thread::sleep(IDLE * 3);
+        assert_eq!(resident.chunks(), 1);
+        // The borrower's session is paged out (chunks held, never lent): the lender's page-out
+        // finds nothing to borrow and does at once with what it has (the rest would go to a
+        // memory file).
+        let held = paging.hold(3);
+        assert_eq!(held.ptrs.len(), 3);
+        let started = Instant::now();
+        assert_eq!(resident.fill(&*device, 4, || {}), 1);
+        assert!(started.elapsed() < LEND_WAIT, "no wait: {:?}", started.elapsed());
+        // Chunks to lend, but no lender answers (this pool's thread is not running): it waits
+        // `LEND_WAIT` at most.
+        paging.give_back();
+        let started = Instant::now();
+        assert_eq!(resident.fill(&*device, 4, || {}), 1);
+        let waited = started.elapsed();
+        assert!(waited >= LEND_WAIT && waited < LEND_WAIT * 3, "{waited:?}");
+        assert_eq!((paging.chunks(), Residency::new(words, 0).pinned_short()), (3, 0), "the ask withdrawn");
+        // Its own page-out cleared its loan: with budget free again it grows back by itself.
+        paging.want(0);
+        paging.follow(&*device);
+        assert_eq!(paging.chunks(), 0, "its session freed its memory");
+        wait_for("the lender's pool grows back", || resident.chunks() == 4);
     }
 }

@@ -35,7 +35,9 @@ const PINNED_TOTAL: usize = 3;
 /// Counts steps of page-outs under way (any slot's): a session waiting for memory waits on
 /// while it moves (`Pager::claim`).
 const PAGE_OUT_PROGRESS: usize = 4;
-const GLOBAL: usize = 5;
+/// Host budget page-outs are short of: pools of resident sessions lend theirs (`page_pool`).
+const PINNED_SHORT: usize = 5;
+const GLOBAL: usize = 6;
 // Per slot, in this order.
 const RESIDENT: usize = 0;
 const LAST_ACTIVE: usize = 1;
@@ -47,7 +49,9 @@ const PAUSED_MS: usize = 6;
 const PAGE_OUTS: usize = 7;
 /// Bytes this slot's paging pool pins (in `PINNED_TOTAL` too).
 const PINNED: usize = 8;
-const FIELDS: usize = 9;
+/// Of those, the bytes no paged-out session's bytes are in: what the pool could lend.
+const LENDABLE: usize = 9;
+const FIELDS: usize = 10;
 /// Words of the tenant page that paging uses.
 pub const PAGING_WORDS: usize = GLOBAL + BUDGET_SLOTS * FIELDS;
 
@@ -160,6 +164,35 @@ impl<'a> Residency<'a> {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| Some(held - held.min(bytes)))
             .map_or(0, |held| held.min(bytes));
         self.words[PINNED_TOTAL].fetch_sub(given, Ordering::AcqRel);
+    }
+
+    /// A page-out's pool is `bytes` short of the host budget: pools of resident sessions may
+    /// lend theirs.
+    pub fn ask_pinned(&self, bytes: u64) {
+        self.words[PINNED_SHORT].fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// This slot's pool could lend `bytes` (its chunks no paged-out bytes are in).
+    pub fn set_lendable(&self, bytes: u64) {
+        self.field(LENDABLE).store(bytes, Ordering::Release);
+    }
+
+    /// What the other slots' pools could lend, all together.
+    pub fn lendable_elsewhere(&self) -> u64 {
+        (0..BUDGET_SLOTS)
+            .filter(|slot| *slot != self.slot)
+            .map(|slot| self.words[GLOBAL + slot * FIELDS + LENDABLE].load(Ordering::Acquire))
+            .sum()
+    }
+
+    /// Budget page-outs are short of now (0: nobody waits for a loan).
+    pub fn pinned_short(&self) -> u64 {
+        self.words[PINNED_SHORT].load(Ordering::Acquire)
+    }
+
+    /// `bytes` of what page-outs were short of are settled: lent, or no longer waited for.
+    pub fn settle_pinned_short(&self, bytes: u64) {
+        let _ = self.words[PINNED_SHORT].fetch_update(Ordering::AcqRel, Ordering::Acquire, |short| Some(short.saturating_sub(bytes)));
     }
 
     /// A page-out under way took a step (its start, a batch of chunks pinned, a batch of bytes
