@@ -24,8 +24,9 @@
 # host without that much available memory (plus 16 GiB for the processes) is refused with the
 # largest fraction with paging it can take (--force runs anyway); 3 x 0.6 of a 141 GB H200 needs
 # about 250 GiB. Unless --host-budget is given, the workers' pools may pin all P sessions' bytes
-# (each pool follows its session, resident or not) where the host has room, so paging never goes
-# through memory files; else the peak's bytes.
+# (each pool follows its session, resident or not) where the host has room, so nothing is pinned on
+# a request's clock; else the peak's bytes (the pools of resident sessions lend theirs to
+# page-outs, which then pin on the spot).
 # OUT gets native-I.out/.err, flyt.out/.err, server.log, losses.txt (the comparison), report.txt.
 # Exit status 0 when the losses match and every run passed; 1 otherwise; 2 on a setup error.
 set -uo pipefail
