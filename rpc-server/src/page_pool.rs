@@ -149,8 +149,9 @@ pub struct HostPool {
     /// The pool lent its chunks to another worker's page-out: its thread does not grow it again
     /// (its own page-out will, `fill`).
     lent: AtomicBool,
-    /// A page-out of this pool's session waits for loans: it lends nothing meanwhile.
-    borrowing: AtomicBool,
+    /// A page-out of this pool's session is under way (from its `fill` to its `hold`): the pool
+    /// lends nothing meanwhile.
+    paging_out: AtomicBool,
 }
 
 /// The chunks a page-out copies into, held until its page-in gives them back.
@@ -178,7 +179,7 @@ impl HostPool {
             populate_us: AtomicU64::new(0),
             register_us: AtomicU64::new(0),
             lent: AtomicBool::new(false),
-            borrowing: AtomicBool::new(false),
+            paging_out: AtomicBool::new(false),
         })
     }
 
@@ -285,7 +286,7 @@ impl HostPool {
     fn lend<D: Device>(&self, device: &D) {
         let residency = self.residency();
         let short = residency.pinned_short();
-        if short == 0 || self.borrowing.load(Ordering::Acquire) {
+        if short == 0 || self.paging_out.load(Ordering::Acquire) {
             return;
         }
         let mut lent = 0u64;
@@ -339,7 +340,9 @@ impl HostPool {
     /// Returns the chunks in the pool.
     /// When the budget is spent, it asks the pools of resident sessions to lend theirs (`lend`)
     /// and takes what they give until none came for `LEND_WAIT`.
+    /// Lends nothing from here to the page-out's `hold`.
     pub fn fill<D: Device>(&self, device: &D, chunks: usize, progress: impl Fn()) -> usize {
+        self.paging_out.store(true, Ordering::Release);
         // Its own page-out: a pool that lent grows again.
         self.lent.store(false, Ordering::Release);
         let started = Instant::now();
@@ -365,18 +368,25 @@ impl HostPool {
                     break;
                 }
                 asked = (chunks - have) as u64 * self.chunk;
-                self.borrowing.store(true, Ordering::Release);
                 self.residency().ask_pinned(asked);
             }
-            if gained.elapsed() >= LEND_WAIT {
-                break;
+            // Nothing more can come: no chunk for a while, or none left to lend anywhere (what was
+            // just lent is taken first, above).
+            if gained.elapsed() >= LEND_WAIT || self.residency().lendable_elsewhere() == 0 {
+                let added = self.grow(device, chunks);
+                if added == 0 {
+                    break;
+                }
+                grown += added;
+                gained = Instant::now();
+                progress();
+                continue;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
         if asked > 0 {
             // Whatever came, the ask ends (lenders settled what they gave).
             self.residency().settle_pinned_short(asked);
-            self.borrowing.store(false, Ordering::Release);
         }
         self.log_grown(grown, started, "paging pool pinned for a page-out");
         self.chunks()
@@ -503,6 +513,7 @@ impl HostPool {
             state.held = count;
             Held { ptrs: state.chunks[..count].iter_mut().map(|chunk| chunk.ptr() as usize).collect() }
         };
+        self.paging_out.store(false, Ordering::Release);
         self.publish();
         held
     }
