@@ -336,11 +336,10 @@ impl HostPool {
     }
 
     /// Grows the pool to `chunks` chunks now, as the host budget allows (a page-out that came
-    /// before the pool's thread caught up with its session), calling `progress` after each batch.
-    /// Returns the chunks in the pool.
-    /// When the budget is spent, it asks the pools of resident sessions to lend theirs (`lend`)
-    /// and takes what they give until none came for `LEND_WAIT`.
-    /// Lends nothing from here to the page-out's `hold`.
+    /// before the pool's thread caught up with its session), calling `progress` after each batch;
+    /// returns the chunks in the pool. When the budget is spent and other pools have chunks to
+    /// lend, it asks them (`lend`) and takes what they give, until nothing is left to lend or
+    /// nothing came for `LEND_WAIT`. The pool lends nothing from here to the page-out's `hold`.
     pub fn fill<D: Device>(&self, device: &D, chunks: usize, progress: impl Fn()) -> usize {
         self.paging_out.store(true, Ordering::Release);
         // Its own page-out: a pool that lent grows again.
