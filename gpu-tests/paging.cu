@@ -12,9 +12,12 @@
 // that made room for it) goes to stderr, with the rate it makes for the process's bytes.
 // benchmarks/paging.sh runs it so on a GPU and prints the server's own per-phase timings of each
 // page-out and page-in (wait, map, copy, release) and whether a 40 GiB page-in takes <= 1.5 s.
+// A child that fails (its CUDA call errs, it dies) ends the run at once: the parent stops the
+// others and exits non-zero.
 #include "common.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -123,29 +126,54 @@ int main(int argc, char **argv) {
         if (pids[i] == 0) {
             close(turn[i][1]);
             close(done[i][0]);
+            // The earlier children's pipe ends the parent keeps: held here, a child's turn pipe
+            // would never close for it when the parent gives up.
+            for (int j = 0; j < i; j++) {
+                close(turn[j][1]);
+                close(done[j][0]);
+            }
             exit(child(i, rounds, fraction, turn[i][0], done[i][1]));
         }
         close(turn[i][0]);
         close(done[i][1]);
     }
     // One at a time: allocations first, then the turns, round-robin.
-    bool lost = false;
-    for (int round = -1; round < rounds && !lost; round++) {
-        for (int i = 0; i < processes && !lost; i++) {
-            send_byte(turn[i][1]);
-            if (!receive(done[i][0])) {
+    signal(SIGPIPE, SIG_IGN);
+    int lost = -1;
+    for (int round = -1; round < rounds && lost < 0; round++) {
+        for (int i = 0; i < processes && lost < 0; i++) {
+            char byte = 't';
+            if (write(turn[i][1], &byte, 1) != 1 || !receive(done[i][0])) {
                 printf("FAIL: process %d did not finish its turn %d\n", i, round);
-                lost = true;
+                lost = i;
             }
         }
     }
-    int failed = lost ? 1 : 0;
+    int failed = lost >= 0 ? 1 : 0;
+    if (lost >= 0) {
+        // The others wait for turns that will not come: stopped now, not at a timeout.
+        for (int i = 0; i < processes; i++)
+            if (i != lost) kill(pids[i], SIGKILL);
+    }
     for (int i = 0; i < processes; i++) {
         close(turn[i][1]);
         int status = 0;
-        waitpid(pids[i], &status, 0);
+        // The lost child ends by itself (its pipe closed: it exited) or is stopped after 30 s.
+        double deadline = now_ms() + 30000;
+        while (waitpid(pids[i], &status, WNOHANG) == 0) {
+            if (now_ms() > deadline) {
+                kill(pids[i], SIGKILL);
+                waitpid(pids[i], &status, 0);
+                break;
+            }
+            usleep(10000);
+        }
+        if (lost >= 0 && i != lost) continue;  // stopped by the parent
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            printf("FAIL: process %d ended with status %d\n", i, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+            if (WIFSIGNALED(status))
+                printf("FAIL: process %d ended by signal %d\n", i, WTERMSIG(status));
+            else
+                printf("FAIL: process %d ended with status %d\n", i, WEXITSTATUS(status));
             failed++;
         }
     }

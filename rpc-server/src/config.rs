@@ -141,14 +141,16 @@ pub struct ServerArgs {
     #[arg(long, env = "FLYT_RPC_RESIDENT_MIN_MS", default_value_t = 2000)]
     pub resident_min_ms: u64,
     /// With --oversubscribe: milliseconds a request waits for device memory (others paged out)
-    /// before it fails with CUDA_ERROR_OUT_OF_MEMORY.
+    /// with no page-out progressing before it fails with CUDA_ERROR_OUT_OF_MEMORY (a slow
+    /// page-out under way is waited for; at most 10 times this in all).
     #[arg(long, env = "FLYT_RPC_PAGE_WAIT_MS", default_value_t = 30_000)]
     pub page_wait_ms: u64,
     /// With --oversubscribe: host memory the workers may pin ahead for paging, all together.
     /// Each worker keeps a pool of pinned chunks as large as its session's allocations (so its
-    /// page-outs and page-ins are DMA at the copy engines' speed), within this budget; past it,
-    /// paged memory goes to tmpfs pages, pinned window by window for the copy. Default: half the
-    /// host's available memory; 0: nothing pinned ahead.
+    /// page-outs and page-ins are DMA at the copy engines' speed), within this budget (a
+    /// page-out short of it borrows from the pools of resident sessions); past it, paged memory
+    /// goes to tmpfs pages, pinned window by window for the copy. Default: half the host's
+    /// available memory; 0: nothing pinned ahead.
     #[arg(long, env = "FLYT_RPC_PAGE_HOST_BUDGET", alias = "page-pinned-max")]
     pub page_host_budget: Option<ByteSize>,
     /// With --oversubscribe: the size of the paging pools' chunks (whole 4 KiB pages).

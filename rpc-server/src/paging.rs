@@ -32,7 +32,12 @@ const RESIDENT_TOTAL: usize = 1;
 /// they pin.
 const PINNED_LIMIT: usize = 2;
 const PINNED_TOTAL: usize = 3;
-const GLOBAL: usize = 4;
+/// Counts steps of page-outs under way (any slot's): a session waiting for memory waits on
+/// while it moves (`Pager::claim`).
+const PAGE_OUT_PROGRESS: usize = 4;
+/// Host budget page-outs are short of: pools of resident sessions lend theirs (`page_pool`).
+const PINNED_SHORT: usize = 5;
+const GLOBAL: usize = 6;
 // Per slot, in this order.
 const RESIDENT: usize = 0;
 const LAST_ACTIVE: usize = 1;
@@ -44,7 +49,9 @@ const PAUSED_MS: usize = 6;
 const PAGE_OUTS: usize = 7;
 /// Bytes this slot's paging pool pins (in `PINNED_TOTAL` too).
 const PINNED: usize = 8;
-const FIELDS: usize = 9;
+/// Of those, the bytes no paged-out session's bytes are in: what the pool could lend.
+const LENDABLE: usize = 9;
+const FIELDS: usize = 10;
 /// Words of the tenant page that paging uses.
 pub const PAGING_WORDS: usize = GLOBAL + BUDGET_SLOTS * FIELDS;
 
@@ -159,6 +166,46 @@ impl<'a> Residency<'a> {
         self.words[PINNED_TOTAL].fetch_sub(given, Ordering::AcqRel);
     }
 
+    /// A page-out's pool is `bytes` short of the host budget: pools of resident sessions may
+    /// lend theirs.
+    pub fn ask_pinned(&self, bytes: u64) {
+        self.words[PINNED_SHORT].fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// This slot's pool could lend `bytes` (its chunks no paged-out bytes are in).
+    pub fn set_lendable(&self, bytes: u64) {
+        self.field(LENDABLE).store(bytes, Ordering::Release);
+    }
+
+    /// What the other slots' pools could lend, all together.
+    pub fn lendable_elsewhere(&self) -> u64 {
+        (0..BUDGET_SLOTS)
+            .filter(|slot| *slot != self.slot)
+            .map(|slot| self.words[GLOBAL + slot * FIELDS + LENDABLE].load(Ordering::Acquire))
+            .sum()
+    }
+
+    /// Budget page-outs are short of now (0: nobody waits for a loan).
+    pub fn pinned_short(&self) -> u64 {
+        self.words[PINNED_SHORT].load(Ordering::Acquire)
+    }
+
+    /// `bytes` of what page-outs were short of are settled: lent, or no longer waited for.
+    pub fn settle_pinned_short(&self, bytes: u64) {
+        let _ = self.words[PINNED_SHORT].fetch_update(Ordering::AcqRel, Ordering::Acquire, |short| Some(short.saturating_sub(bytes)));
+    }
+
+    /// A page-out under way took a step (its start, a batch of chunks pinned, a batch of bytes
+    /// copied, its end).
+    pub fn mark_progress(&self) {
+        self.words[PAGE_OUT_PROGRESS].fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Steps page-outs took, all slots together (only changes matter).
+    pub fn progress(&self) -> u64 {
+        self.words[PAGE_OUT_PROGRESS].load(Ordering::Acquire)
+    }
+
     /// The session made a request now.
     pub fn touch(&self) {
         self.field(LAST_ACTIVE).store(now_ms(), Ordering::Release);
@@ -227,9 +274,14 @@ pub struct PagingSettings {
     pub idle: Duration,
     /// A session paged in (or started) stays resident at least this long: no thrashing.
     pub resident_min: Duration,
-    /// How long a request waits for device memory before it fails with out-of-memory.
+    /// How long a request waits for device memory with no page-out making progress before it
+    /// fails with out-of-memory (in all, at most `MOST_WAITS` times this).
     pub wait: Duration,
 }
+
+/// A request waits for memory at most this many times `PagingSettings::wait` in all, however
+/// page-outs progress (others may take the memory they free).
+const MOST_WAITS: u32 = 10;
 
 /// How often a waiting session asks the listener again (sessions may have become idle since).
 const ASK_AGAIN: Duration = Duration::from_millis(20);
@@ -306,6 +358,12 @@ impl Pager {
         }
     }
 
+    /// A pool whose thread was not started: only a page-out grows it (`HostPool::fill`).
+    #[cfg(test)]
+    fn attach_pool(&self, pool: Arc<HostPool>) {
+        let _ = self.pool.set(pool);
+    }
+
     /// The worker's paging pool, if started.
     pub fn pool(&self) -> Option<&Arc<HostPool>> {
         self.pool.get()
@@ -328,7 +386,9 @@ impl Pager {
     }
 
     /// Claims `bytes` of resident device memory, asking the listener to page idle sessions out
-    /// while they do not fit; `false` once `settings.wait` has passed.
+    /// while they do not fit; `false` once `settings.wait` has passed with no page-out making
+    /// progress (a slow page-out under way, through a memory file say, is waited for), or
+    /// `MOST_WAITS` times that in all.
     pub fn claim(&self, bytes: u64) -> bool {
         let residency = self.residency();
         if residency.claim(bytes) {
@@ -338,7 +398,9 @@ impl Pager {
         if bytes > capacity {
             return false;
         }
-        let deadline = Instant::now() + self.settings.wait;
+        let started = Instant::now();
+        let most = started + self.settings.wait * MOST_WAITS;
+        let (mut progress, mut quiet_since) = (residency.progress(), started);
         let mut asked: Option<Instant> = None;
         loop {
             let now = Instant::now();
@@ -353,7 +415,12 @@ impl Pager {
             if residency.claim(bytes) {
                 return true;
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            let seen = residency.progress();
+            if seen != progress {
+                (progress, quiet_since) = (seen, now);
+            }
+            if now.duration_since(quiet_since) >= self.settings.wait || now >= most {
                 return false;
             }
         }
@@ -396,14 +463,17 @@ impl Pager {
         let session_id = self.session_id.load(Ordering::Acquire);
         let started = Instant::now();
         if !self.claim(paged.bytes) {
-            let waited = self.settings.wait.as_millis();
+            let (waited, quiet) = (started.elapsed().as_millis(), self.settings.wait.as_millis());
             tracing::warn!(
                 session_id,
                 bytes = paged.bytes,
                 waited_ms = waited as u64,
                 "session not paged in: no device memory freed in time"
             );
-            let reason = format!("paging the session in needs {} bytes of device memory; none came free within {waited} ms", paged.bytes);
+            let reason = format!(
+                "paging the session in needs {} bytes of device memory; none came free within {waited} ms ({quiet} ms with no page-out progressing)",
+                paged.bytes
+            );
             gate.paged = Some(paged);
             return Err(reason);
         }
@@ -434,7 +504,7 @@ impl Pager {
             drop(streams);
             if let Some(file) = &paged.file {
                 let file_started = Instant::now();
-                copy_file(device, file, &file_ranges(&pieces), false, self.copy_chunk)?;
+                copy_file(device, file, 0, &file_ranges(&pieces), false, self.copy_chunk)?;
                 device.synchronize().map_err(|error| format!("copying paged memory back: {error}"))?;
                 times.file = file_started.elapsed();
             }
@@ -514,11 +584,20 @@ impl Pager {
             return Err("it holds device memory other than cuMemAlloc allocations (pools, arrays, VMM or graph memory)".into());
         }
         device.bind_thread().map_err(|error| format!("binding the device: {error}"))?;
+        // Sessions waiting for memory wait on while this page-out moves (`claim`).
+        residency.mark_progress();
         let started = Instant::now();
         device.synchronize().map_err(|error| format!("the session's work failed: {error}"))?;
         let mut times = PhaseTimes { sync: started.elapsed(), ..PhaseTimes::default() };
         let pool = self.pool.get();
         let wanted = |pool: &Arc<HostPool>| usize::try_from(bytes.div_ceil(pool.chunk())).unwrap_or(usize::MAX);
+        if let Some(pool) = pool {
+            // A pool behind its session (it allocated just now) grows here, as the host budget
+            // allows: pinning is far faster than copying through a memory file.
+            let pinning = Instant::now();
+            pool.fill(device, wanted(pool), || residency.mark_progress());
+            times.pin = pinning.elapsed();
+        }
         let chunks = pool.map_or(Held { ptrs: Vec::new() }, |pool| pool.hold(wanted(pool)));
         let chunk = pool.map_or(1, |pool| pool.chunk());
         let pooled = (chunks.ptrs.len() as u64 * chunk).min(bytes);
@@ -530,14 +609,22 @@ impl Pager {
                 queue_pool_copies(device, &chunks, &pieces, true, &streams)?;
                 device.synchronize().map_err(|error| format!("copying paged memory: {error}"))?;
                 times.copy = copying.elapsed();
+                residency.mark_progress();
             }
             if pooled == bytes {
                 return Ok(None);
             }
             let copying = Instant::now();
             let file = paging_file(bytes - pooled)?;
-            copy_file(device, &file, &file_ranges(&pieces), true, self.copy_chunk)?;
-            device.synchronize().map_err(|error| format!("copying paged memory: {error}"))?;
+            // In batches of about a chunk, each a step of progress for those waiting.
+            let mut at = 0;
+            let step = pool.map_or(crate::page_pool::DEFAULT_CHUNK, |pool| pool.chunk());
+            for batch in batches(&file_ranges(&pieces), step) {
+                copy_file(device, &file, at, batch, true, self.copy_chunk)?;
+                device.synchronize().map_err(|error| format!("copying paged memory: {error}"))?;
+                at += batch.iter().map(|(_, len)| len).sum::<u64>();
+                residency.mark_progress();
+            }
             times.file = copying.elapsed();
             Ok::<_, String>(Some(file))
         })();
@@ -570,6 +657,7 @@ impl Pager {
         }
         times.release = releasing.elapsed();
         residency.paged_out(bytes);
+        residency.mark_progress();
         gate.paged = Some(PagedOut { chunks, file, allocations, bytes, since: Instant::now() });
         let session_id = self.session_id.load(Ordering::Acquire);
         tracing::info!(
@@ -578,6 +666,7 @@ impl Pager {
             pooled_bytes = pooled,
             file_bytes = bytes - pooled,
             sync_ms = millis(times.sync),
+            pin_ms = millis(times.pin),
             copy_ms = millis(times.copy),
             file_ms = millis(times.file),
             release_ms = millis(times.release),
@@ -595,6 +684,8 @@ impl Pager {
 struct PhaseTimes {
     /// Waiting for the session's own work (page-out).
     sync: Duration,
+    /// Growing the pool to the session's memory (page-out; nothing when it was pinned ahead).
+    pin: Duration,
     /// Mapping device memory again (page-in), all groups together.
     map: Duration,
     /// Copies with the pool's chunks (on a page-in, beyond the mapping they overlap).
@@ -701,12 +792,37 @@ fn file_ranges(pieces: &[Piece]) -> Vec<(u64, u64)> {
     pieces.iter().filter(|piece| matches!(piece.place, Place::File { .. })).map(|piece| (piece.device, piece.len)).collect()
 }
 
-/// Copies `ranges` to (`to_host`) or from `file`, laid out one after the other from its start:
+/// `ranges` in consecutive batches of at least `bytes` each (the last may be less), in order.
+fn batches(ranges: &[(u64, u64)], bytes: u64) -> Vec<&[(u64, u64)]> {
+    let mut batches = Vec::new();
+    let (mut start, mut sum) = (0, 0);
+    for (index, (_, len)) in ranges.iter().enumerate() {
+        sum += len;
+        if sum >= bytes {
+            batches.push(&ranges[start..=index]);
+            (start, sum) = (index + 1, 0);
+        }
+    }
+    if start < ranges.len() {
+        batches.push(&ranges[start..]);
+    }
+    batches
+}
+
+/// Copies `ranges` to (`to_host`) or from `file`, laid out one after the other from offset `at`:
 /// through windows of it pinned for the copy where the device can, else through staging.
-fn copy_file<D: Device>(device: &D, file: &std::fs::File, ranges: &[(u64, u64)], to_host: bool, copy_chunk: u64) -> Result<(), String> {
-    if ranges.is_empty() || crate::session::copy_direct(device, file, 0, ranges, to_host)? {
+fn copy_file<D: Device>(
+    device: &D,
+    file: &std::fs::File,
+    at: u64,
+    ranges: &[(u64, u64)],
+    to_host: bool,
+    copy_chunk: u64,
+) -> Result<(), String> {
+    if ranges.is_empty() || crate::session::copy_direct(device, file, at, ranges, to_host)? {
         return Ok(());
     }
+    std::io::Seek::seek(&mut &*file, std::io::SeekFrom::Start(at)).map_err(|error| format!("seeking in paged memory: {error}"))?;
     if to_host {
         let mut out = BufWriter::with_capacity(1 << 20, file);
         for &(ptr, len) in ranges {
@@ -1106,6 +1222,120 @@ mod tests {
         }
         pager.leave(gate);
         assert!(!pager.residency().view().paged);
+    }
+
+    fn pager_of_slot(budget: &Arc<SharedBudget>, wait: Duration) -> (Arc<Pager>, std::os::unix::net::UnixDatagram) {
+        let (ours, listener) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let settings = PagingSettings { idle: Duration::ZERO, resident_min: Duration::ZERO, wait };
+        (Arc::new(Pager::new(budget.clone(), ours.into(), settings, 1 << 20)), listener)
+    }
+
+    /// A claim waits while page-outs progress (however long they take), fails after the wait
+    /// with none progressing, and after `MOST_WAITS` waits in all when progress frees nothing.
+    #[test]
+    fn a_claim_waits_while_page_outs_progress_and_no_longer() {
+        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
+        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 5).unwrap());
+        let words = budget.paging_words();
+        words[CAPACITY].store(100, Ordering::Release);
+        let other = Residency::new(words, 6);
+        assert!(other.claim(100));
+        let wait = Duration::from_millis(150);
+        let (pager, _listener) = pager_of_slot(&budget, wait);
+        // Nothing progresses: out after the wait.
+        let started = Instant::now();
+        assert!(!pager.claim(40));
+        let waited = started.elapsed();
+        assert!(waited >= wait && waited < wait * 3, "{waited:?}");
+        // A page-out taking four times the wait, a step every 50 ms: the claim waits for it.
+        let started = Instant::now();
+        let claimed = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let other = Residency::new(budget.paging_words(), 6);
+                for _ in 0..12 {
+                    other.mark_progress();
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other.unclaim(100);
+                other.mark_progress();
+            });
+            pager.claim(40)
+        });
+        let waited = started.elapsed();
+        assert!(claimed, "the slow page-out's memory, claimed after {waited:?}");
+        assert!(waited >= Duration::from_millis(550), "{waited:?}");
+        assert_eq!(pager.residency().view().resident, 40);
+        // Progress that never frees enough: out after MOST_WAITS waits in all.
+        assert!(other.claim(60));
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let started = Instant::now();
+        let claimed = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Acquire) {
+                    other.mark_progress();
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+            let claimed = pager.claim(40);
+            stop.store(true, Ordering::Release);
+            claimed
+        });
+        let waited = started.elapsed();
+        assert!(!claimed);
+        assert!(waited >= wait * MOST_WAITS && waited < wait * (MOST_WAITS + 3), "{waited:?}");
+    }
+
+    /// A page-out that comes before its pool's thread caught up with the session grows the pool
+    /// on the spot (as the host budget allows) instead of writing a memory file.
+    #[test]
+    fn a_page_out_fills_a_pool_that_is_behind_instead_of_writing_a_file() {
+        use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
+        const MIB: u64 = 1 << 20;
+        let lens = [3 * MIB, MIB + (12 << 10)];
+        let total: u64 = lens.iter().sum();
+        let device = Arc::new(EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }));
+        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
+        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 7).unwrap());
+        budget.paging_words()[CAPACITY].store(8 * MIB, Ordering::Release);
+        Residency::new(budget.paging_words(), 0).set_pinned_limit(16 * MIB);
+        let (pager, _listener) = pager_of_slot(&budget, Duration::from_millis(100));
+        let pool = Arc::new(HostPool::new(budget.clone(), MIB).unwrap());
+        pager.attach_pool(pool.clone());
+        assert!(PagedBudget::new(budget.clone(), pager.clone()).try_reserve(total));
+        let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
+        let pattern = |which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i * 7 + which as u64) % 253) as u8).collect() };
+        for (which, &(ptr, len)) in allocations.iter().enumerate() {
+            crate::session::write_device(&*device, MIB, ptr, len, &mut pattern(which).as_slice()).unwrap();
+        }
+        let (app, _app_end) = std::os::unix::net::UnixStream::pair().unwrap();
+        let outbox = crate::transport::Outbox::new(crate::transport::Connection::Unix(app), None, None);
+        let mut gate = pager.enter(&*device, &outbox).unwrap();
+        gate.set_allocations(1, || allocations.clone());
+        gate.set_blocker(None);
+        pager.leave(gate);
+        assert_eq!(pool.chunks(), 0, "nothing pinned ahead");
+        let progress = pager.residency().progress();
+        assert_eq!(pager.page_out(&*device, "test"), Ok(Some(total)));
+        assert_eq!(pool.chunks(), 5, "grown for the page-out");
+        assert_eq!(device.registered_bytes(), 5 * MIB);
+        // Its start, the pool's batches, the copy, its end.
+        assert!(pager.residency().progress() >= progress + 4);
+        let gate = pager.enter(&*device, &outbox).unwrap();
+        for (which, &(ptr, len)) in allocations.iter().enumerate() {
+            let mut back = Vec::new();
+            crate::session::read_device(&*device, MIB, ptr, len, &mut back).unwrap();
+            assert!(back == pattern(which), "allocation {which}'s bytes");
+        }
+        pager.leave(gate);
+    }
+
+    #[test]
+    fn batches_are_at_least_the_step_and_keep_the_order() {
+        let ranges = [(0, 3), (10, 1), (20, 1), (30, 5), (40, 1)];
+        assert_eq!(batches(&ranges, 2), vec![&ranges[0..1], &ranges[1..3], &ranges[3..4], &ranges[4..]]);
+        assert_eq!(batches(&ranges, 100), vec![&ranges[..]]);
+        assert!(batches(&[], 1).is_empty());
     }
 
     #[test]

@@ -253,3 +253,65 @@ fn a_session_with_work_queued_is_busy_until_a_wait_covers_it() {
     let log = server.log_text();
     assert_eq!((count(&log, " paged out"), count(&log, " paged in")), (1, 1), "{log}");
 }
+
+/// A page-out slower than the wait (each step of it within the wait) does not fail the session
+/// waiting for its memory: the wait counts only time with no page-out progressing. The emulated
+/// device copies to host memory at 150 ms per MiB (`FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB`) and
+/// no pool pins ahead (`--page-host-budget 0`): an 8 MiB session pages out through a memory file
+/// in four batches of 2 MiB, about 1.2 s, against a wait of 500 ms.
+#[test]
+fn a_waiting_request_outlasts_a_slow_page_out_that_progresses() {
+    let scratch = flyt_test_support::scratch_dir("paging-slow");
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let args = [
+        "--device",
+        "emulated",
+        "--listen",
+        &socket,
+        "--warm-workers",
+        "1",
+        "--emulated-memory",
+        "8MiB",
+        "--memory-quota",
+        "16MiB",
+        "--oversubscribe",
+        "2.0",
+        "--page-chunk",
+        "1MiB",
+        "--page-host-budget",
+        "0",
+        "--idle-page-out-ms",
+        "0",
+        "--resident-min-ms",
+        "0",
+        "--page-wait-ms",
+        "500",
+    ];
+    let server = flyt_test_support::Server::start_with_env(&args, &scratch, &[("FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB", "150")]);
+    let mut first = RawSession::open(&socket, None).expect("session");
+    let ptrs: Vec<u64> = (0..4).map(|_| first.call(req::Malloc { size: ALLOCATION }).0.expect("malloc").ptr).collect();
+    for (which, ptr) in ptrs.iter().enumerate() {
+        write(&mut first, *ptr, &pattern(0, 0, which));
+    }
+    synchronize(&mut first);
+    // The newcomer's allocation needs the first session's memory: it waits out the slow page-out.
+    let mut second = RawSession::open(&socket, None).expect("session");
+    let started = Instant::now();
+    let room = second.call(req::Malloc { size: ALLOCATION }).0.expect("memory, after the slow page-out");
+    let waited = started.elapsed();
+    assert!(waited > Duration::from_millis(900), "the page-out took longer than the wait: {waited:?}");
+    write(&mut second, room.ptr, &pattern(1, 0, 0));
+    synchronize(&mut second);
+    let log = server.log_text();
+    assert!(log.contains("pooled_bytes=0 file_bytes=8388608"), "through a memory file:\n{log}");
+    // The first session's next request pages it in (the second, 2 MiB, goes out first): every byte back.
+    for (which, ptr) in ptrs.iter().enumerate() {
+        assert!(read(&mut first, *ptr) == pattern(0, 0, which), "allocation {which}'s bytes");
+    }
+    assert!(read(&mut second, room.ptr) == pattern(1, 0, 0), "the second session's bytes");
+    let log = server.log_text();
+    assert_eq!(count(&log, "request failed: out of device memory"), 0, "{log}");
+    // A request nothing can meet still fails within its wait: see
+    // `a_request_that_cannot_be_met_fails_with_out_of_memory_within_its_wait` (no page-out
+    // progresses for it).
+}

@@ -115,10 +115,17 @@ impl Server {
     /// Starts the server with `args` (e.g. `--device emulated --listen 127.0.0.1:0`) and waits
     /// for its ready line.
     pub fn start(args: &[&str], scratch: &Path) -> Self {
+        Self::start_with_env(args, scratch, &[])
+    }
+
+    /// As `start`, with `env` (name, value) set for the server only (test knobs such as the
+    /// emulated device's, which a test must not set for the whole test process).
+    pub fn start_with_env(args: &[&str], scratch: &Path, env: &[(&str, &str)]) -> Self {
         let log = scratch.join("server.log");
         let log_file = std::fs::File::create(&log).expect("server log");
         let mut child = Command::new(artifact("flyt-rpc-server"))
             .args(args)
+            .envs(env.iter().copied())
             .env("FLYT_LOG", "info")
             // Each test's own module image cache, never the user's.
             .env("FLYT_RPC_IMAGE_CACHE", scratch.join("images"))

@@ -201,6 +201,15 @@ pub struct EmulatedDevice {
     registered: Mutex<HashMap<usize, usize>>,
     /// Registrations ever made.
     registrations: std::sync::atomic::AtomicUsize,
+    /// A test's slow device-to-host link: each copy to host memory takes this long per MiB.
+    copy_to_host_delay: Option<std::time::Duration>,
+}
+
+/// `FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB` (a test knob, read by this device only): copies to host
+/// memory take that long per MiB, as a page-out through a slow link would.
+fn copy_to_host_delay() -> Option<std::time::Duration> {
+    let millis: u64 = std::env::var("FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB").ok()?.trim().parse().ok()?;
+    (millis > 0).then(|| std::time::Duration::from_millis(millis))
 }
 
 impl EmulatedDevice {
@@ -261,6 +270,7 @@ impl EmulatedDevice {
             peers_enabled: Mutex::default(),
             registered: Mutex::default(),
             registrations: std::sync::atomic::AtomicUsize::new(0),
+            copy_to_host_delay: copy_to_host_delay(),
         }
     }
 
@@ -761,6 +771,10 @@ impl Device for EmulatedDevice {
     }
 
     unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize, stream: u64) -> CudaResult<()> {
+        if let Some(per_mib) = self.copy_to_host_delay {
+            // A test's slow device-to-host link (`FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB`).
+            std::thread::sleep(per_mib * u32::try_from(len.div_ceil(1 << 20)).unwrap_or(u32::MAX));
+        }
         let mut state = self.state();
         if state.graphs.captures.contains_key(&stream) {
             // As in `copy_from_host`.

@@ -63,7 +63,11 @@ impl RawSession {
     pub fn call_with_bulk<O: Op>(&mut self, request: O, bulk_in: &[u8]) -> (flyt_protocol::ops::Reply<O::Reply>, Vec<u8>) {
         let seq = self.send(&request.into(), bulk_in);
         let mut message = Vec::new();
-        let header = read_message(&mut self.stream, &FrameLimits::default(), &mut message).expect("reply");
+        let mut header = read_message(&mut self.stream, &FrameLimits::default(), &mut message).expect("reply");
+        // The server's `Notice::Alive` (sequence 0) while a request waits long (for memory, say).
+        while header.seq == 0 && seq != 0 && header.bulk_len == 0 {
+            header = read_message(&mut self.stream, &FrameLimits::default(), &mut message).expect("reply");
+        }
         assert_eq!(header.seq, seq);
         let mut bulk = vec![0u8; usize::try_from(header.bulk_len).expect("a bulk length that fits in memory")];
         flyt_protocol::frame::read_full(&mut self.stream, &mut bulk, false).unwrap();
