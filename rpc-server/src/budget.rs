@@ -31,6 +31,12 @@ pub trait MemoryBudget: Send + Sync {
     /// Per kind of work, the ticks of the window ending at `now` in which any of the tenant's
     /// sessions had such work queued (0 to `WINDOW_TICKS`).
     fn active_ticks(&self, now: u64) -> [u32; KINDS];
+    /// The device refused `bytes` that the budget had room for (its contexts and the driver's
+    /// own memory are not counted): frees at least that much by paging idle sessions out,
+    /// waiting as a reservation does; `false` when nothing could be freed (paging off).
+    fn make_room(&self, _bytes: u64) -> bool {
+        false
+    }
 }
 
 /// Adds `bytes` to `used` unless that passes `limit`; exact under concurrency.

@@ -426,6 +426,40 @@ impl Pager {
         }
     }
 
+    /// Asks the listener to page idle sessions out until `bytes` more than now are free,
+    /// though the resident count says they fit: the device refused them (its contexts, the
+    /// driver's and other processes' memory are outside the count). `true` once resident bytes
+    /// fell by `bytes`; bounded as [`Self::claim`].
+    pub fn make_room(&self, bytes: u64) -> bool {
+        let residency = self.residency();
+        let target = residency.resident_total().saturating_sub(bytes);
+        let started = Instant::now();
+        let most = started + self.settings.wait * MOST_WAITS;
+        let (mut progress, mut quiet_since) = (residency.progress(), started);
+        let mut asked: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            if asked.is_none_or(|at| now.duration_since(at) >= ASK_AGAIN) {
+                let mut message = Vec::new();
+                encode_into(&FromWorker::NeedMemory { bytes }, &mut message);
+                let _ = nix::sys::socket::send(self.listener.as_raw_fd(), &message, nix::sys::socket::MsgFlags::empty());
+                asked = Some(now);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            if residency.resident_total() <= target {
+                return true;
+            }
+            let now = Instant::now();
+            let seen = residency.progress();
+            if seen != progress {
+                (progress, quiet_since) = (seen, now);
+            }
+            if now.duration_since(quiet_since) >= self.settings.wait || now >= most {
+                return false;
+            }
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Gate> {
         self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -491,7 +525,15 @@ impl Pager {
             let copies_started = Instant::now();
             for group in device.page_groups(&paged.allocations) {
                 let mapping = Instant::now();
-                device.page_in(&group)?;
+                if let Err(refused) = device.page_in(&group) {
+                    // The device had less room than the resident count says: free the group's
+                    // bytes elsewhere, then map it again.
+                    let group_bytes = group.iter().map(|(_, len)| *len).sum();
+                    if !self.make_room(group_bytes) {
+                        return Err(refused);
+                    }
+                    device.page_in(&group)?;
+                }
                 times.map += mapping.elapsed();
                 mapped.extend_from_slice(&group);
                 for (ptr, _) in &group {
@@ -906,6 +948,10 @@ impl MemoryBudget for PagedBudget {
         self.pager.residency().unclaim(bytes);
     }
 
+    fn make_room(&self, bytes: u64) -> bool {
+        self.pager.make_room(bytes)
+    }
+
     fn limit(&self) -> Option<u64> {
         self.shared.limit()
     }
@@ -1229,6 +1275,43 @@ mod tests {
         listener.set_nonblocking(true).unwrap();
         let settings = PagingSettings { idle: Duration::ZERO, resident_min: Duration::ZERO, wait };
         (Arc::new(Pager::new(budget.clone(), ours.into(), settings, 1 << 20)), listener)
+    }
+
+    /// A device that refuses memory the resident count has room for: `make_room` asks the
+    /// listener for that many bytes though they "fit", returns once another session's page-out
+    /// freed them, and fails after the wait when none does.
+    #[test]
+    fn making_room_asks_for_a_page_out_the_count_did_not_call_for() {
+        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
+        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 5).unwrap());
+        let words = budget.paging_words();
+        words[CAPACITY].store(1000, Ordering::Release);
+        let other = Residency::new(words, 6);
+        assert!(other.claim(300));
+        let wait = Duration::from_millis(150);
+        let (pager, listener) = pager_of_slot(&budget, wait);
+        assert!(pager.claim(100), "the count has room");
+        // Nobody pages out: refused after the wait, having asked for the bytes.
+        let started = Instant::now();
+        assert!(!pager.make_room(200));
+        assert!(started.elapsed() >= wait, "{:?}", started.elapsed());
+        let mut message = [0u8; 256];
+        let len = listener.recv(&mut message).expect("the listener was asked");
+        match flyt_protocol::frame::decode_exact::<FromWorker>(&message[..len]) {
+            Ok(FromWorker::NeedMemory { bytes }) => assert_eq!(bytes, 200),
+            other => panic!("asked {other:?}"),
+        }
+        // The other session goes out: room made.
+        let made = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(40));
+                other.unclaim(300);
+                other.mark_progress();
+            });
+            pager.make_room(200)
+        });
+        assert!(made);
+        assert_eq!(pager.residency().view().resident, 100, "its own claim stays");
     }
 
     /// A claim waits while page-outs progress (however long they take), fails after the wait

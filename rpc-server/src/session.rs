@@ -1108,7 +1108,13 @@ impl<D: Device> OpHandler for Session<D> {
         if !self.budget.try_reserve(request.size) {
             return reply.send(Err(CudaError::MEMORY_ALLOCATION));
         }
-        match self.device.malloc(request.size) {
+        let mut allocated = self.device.malloc(request.size);
+        // Paging counts only the sessions' allocations; the device may still be full of its
+        // contexts' and the driver's memory: idle sessions make room, then once more.
+        if allocated == Err(CudaError::MEMORY_ALLOCATION) && self.budget.make_room(request.size) {
+            allocated = self.device.malloc(request.size);
+        }
+        match allocated {
             Ok(ptr) => {
                 self.ranges.insert(ptr, request.size, RangeKind::Allocation);
                 reply.send(Ok(rep::Malloc { ptr }));
