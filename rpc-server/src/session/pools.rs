@@ -128,6 +128,11 @@ impl<D: Device> PoolTable<D> {
         self.exports.any().then(|| "it exported memory pools other processes may have imported".to_string())
     }
 
+    /// Whether the app made or chose pools (a session of several GPUs moves without any yet).
+    pub(super) fn in_use(&self) -> bool {
+        !self.pools.is_empty() || self.current != DEFAULT_POOL || !self.current_elsewhere.is_empty()
+    }
+
     pub(super) fn state(&self) -> PoolsState {
         let mut pools: Vec<_> = self.pools.keys().map(|id| (*id, self.settings.get(id).cloned().unwrap_or_default())).collect();
         pools.sort_unstable_by_key(|(id, _)| *id);
