@@ -143,7 +143,10 @@ int main(int argc, char **argv) {
     }
     CHECK("the test said the move is done", waited < 12000);
 
-    // The first call after the move: device 1 still current, no context change in between.
+    // The first calls after the move, device 1 still current with no context change in between:
+    // the server must run them on device 1 (peer access from device 1 to device 0).
+    EXPECT(cuCtxEnablePeerAccess(ctx0, 0), CUDA_SUCCESS);
+    EXPECT(cuCtxDisablePeerAccess(ctx0), CUDA_SUCCESS);
     CUdeviceptr d1 = 0;
     EXPECT(cuMemAlloc(&d1, N2), CUDA_SUCCESS);
     int device = -1;
