@@ -902,6 +902,10 @@ impl<D: Device> Session<D> {
         let path = path_of(dir, &name);
         // Handed over on the GPU: the file keeps the variables' bytes only.
         let moved = match on_device {
+            // Its memory would be imported on one GPU of the target: each device's memory by file.
+            true if self.device.device_count() > 1 => {
+                return Err("its device memory cannot be handed over on this GPU: a session of several GPUs moves through the snapshot file".into());
+            }
             true => Some(
                 self.device
                     .export_for_move(&allocations.iter().copied().chain(vmm.mapped()).collect::<Vec<_>>())
