@@ -369,6 +369,28 @@ fn moved_three_times(name: &str, source: &str) -> Option<(String, bool)> {
     Some((stdout, b.server.log_text().contains("session restored")))
 }
 
+/// What of a session of two GPUs cannot move yet is named: a stream-ordered allocation holds
+/// this one, so the move is refused with that reason and the app goes on where it was.
+#[test]
+fn a_session_of_two_gpus_holding_pool_memory_stays_and_says_why() {
+    let Some(setup) = set_up_with("migration-two-gpus-pool", "migrate_two_devices.c") else { return };
+    let a = start_node(&setup, "a", &["--gpu", "0,1"]);
+    let b = start_node(&setup, "b", &["--gpu", "0,1"]);
+    let dir = setup.scratch.join("snapshots");
+    let marker = setup.scratch.join("pool-marker");
+    let app = spawn_app(&setup, &a.unix, &[&marker.display().to_string(), "pool"], "off");
+    wait_for_file(&marker);
+    let session = session_on(&setup, &a);
+    let (code, out, err) = migrate(&setup, &a.control, &session, &b.control, &b.unix, &dir, &[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("the session cannot move") && err.contains("is a memory pool's"), "{err}");
+    std::fs::write(marker.with_extension("next"), b"").unwrap();
+    let output = app.wait_with_output().expect("app output");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(!b.server.log_text().contains("session restored"));
+}
+
 /// A session of two GPUs (both servers `--gpu 0,1`) moves while its app runs, over the socket
 /// and over the shared-memory channel: memory, streams and events of each device come back on
 /// that device at the same addresses, the peer access the app enabled is enabled again, and the

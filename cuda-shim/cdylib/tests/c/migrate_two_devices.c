@@ -6,7 +6,8 @@
 // devices as it was, each pointer's DEVICE_ORDINAL, the peer access still enabled, copies across
 // the devices again on the streams of both, an event of one awaited by the other's stream, and a
 // thread on device 0 while the main one stays on device 1.
-// Usage: migrate_two_devices MARKER
+// Usage: migrate_two_devices MARKER [pool]: with `pool`, device 1 also holds a stream-ordered
+// allocation throughout (a move is refused with the reason: the app's checks pass unmoved).
 #define _DEFAULT_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
@@ -70,6 +71,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *marker = argv[1];
+    int pool = argc > 2 && strcmp(argv[2], "pool") == 0;
     EXPECT(cuInit(0), CUDA_SUCCESS);
     int count = 0;
     EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
@@ -99,6 +101,11 @@ int main(int argc, char **argv) {
     EXPECT(cuStreamCreate(&s1, CU_STREAM_DEFAULT), CUDA_SUCCESS);
     EXPECT(cuEventCreate(&e1, CU_EVENT_DEFAULT), CUDA_SUCCESS);
     CUresult loaded1 = cuModuleLoadData(&m1, ptx);
+    CUdeviceptr from_pool = 0;
+    if (pool) {
+        EXPECT(cuMemAllocAsync(&from_pool, N2, s1), CUDA_SUCCESS);
+        EXPECT(cuStreamSynchronize(s1), CUDA_SUCCESS);
+    }
     CHECK("the module loads alike on both devices", loaded0 == loaded1);
     // A real GPU runs the module: its variable on device 1 is set before the move.
     CUdeviceptr counter1 = 0;
@@ -201,6 +208,10 @@ int main(int argc, char **argv) {
     EXPECT(cuMemcpyDtoH(host, d1 + N2 - 1, 1), CUDA_SUCCESS);
     CHECK("after the move: device 1's stream on the main thread", host[0] == 0x77);
 
+    if (pool) {
+        EXPECT(cuMemFreeAsync(from_pool, s1), CUDA_SUCCESS);
+        EXPECT(cuStreamSynchronize(s1), CUDA_SUCCESS);
+    }
     EXPECT(cuStreamDestroy(s1), CUDA_SUCCESS);
     EXPECT(cuEventDestroy(e1), CUDA_SUCCESS);
     EXPECT(cuMemFree(d1), CUDA_SUCCESS);
