@@ -411,7 +411,11 @@ fn a_session_of_two_gpus_moves_with_each_device_s_memory_streams_and_events() {
             if app.try_wait().unwrap().is_some() || Instant::now() > deadline {
                 let _ = app.kill();
                 let output = app.wait_with_output().unwrap();
-                panic!("the app did not reach its move:\n{}\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+                panic!(
+                    "the app did not reach its move:\n{}\n{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }

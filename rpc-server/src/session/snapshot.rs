@@ -595,7 +595,12 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
     let devices = manifest.devices as usize;
     if manifest.allocation_devices.len() != manifest.allocations.len()
         || manifest.current_device >= manifest.devices
-        || manifest.modules.iter().map(|module| module.device).chain(manifest.allocation_devices.iter().copied()).any(|d| d >= manifest.devices)
+        || manifest
+            .modules
+            .iter()
+            .map(|module| module.device)
+            .chain(manifest.allocation_devices.iter().copied())
+            .any(|d| d >= manifest.devices)
         || manifest.streams.iter().map(|stream| stream.3).chain(manifest.events.iter().map(|event| event.2)).any(|d| d >= manifest.devices)
         || manifest.peers.iter().any(|&(from, to, _)| from >= manifest.devices || to >= manifest.devices)
     {
@@ -648,8 +653,14 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
             moved_variables.push((*address, *size, here));
             variables_here.push((here, *size));
         }
-        let loaded =
-            LoadedModule { module, device: state.device as usize, image: Arc::new(state.image), functions, function_names, variables: state.variables };
+        let loaded = LoadedModule {
+            module,
+            device: state.device as usize,
+            image: Arc::new(state.image),
+            functions,
+            function_names,
+            variables: state.variables,
+        };
         modules.insert(state.id, loaded);
     }
     let ranges: Vec<_> = match &manifest.handover {
@@ -816,7 +827,9 @@ impl<D: Device> Session<D> {
     /// What of a session of several GPUs cannot be made again device by device yet.
     fn several_devices_blocker(&self) -> Option<String> {
         let several = "in a session of several GPUs";
-        if let Some((ptr, _)) = self.ranges.of_kind(RangeKind::Allocation).into_iter().find(|(ptr, _)| self.owners.allocation(*ptr).is_none()) {
+        if let Some((ptr, _)) =
+            self.ranges.of_kind(RangeKind::Allocation).into_iter().find(|(ptr, _)| self.owners.allocation(*ptr).is_none())
+        {
             return Some(format!("its memory at {ptr:#x} is a memory pool's (stream-ordered allocations {several} do not move yet)"));
         }
         if let Some(id) = self.stream_params.keys().find(|id| !self.owners.streams.contains_key(id)) {
@@ -830,7 +843,9 @@ impl<D: Device> Session<D> {
         }
         let held = self.vmm.held();
         if held > 0 {
-            return Some(format!("it holds {held} virtual memory reservation(s) or physical allocation(s) (VMM {several} does not move yet)"));
+            return Some(format!(
+                "it holds {held} virtual memory reservation(s) or physical allocation(s) (VMM {several} does not move yet)"
+            ));
         }
         let held = self.arrays.held();
         if held > 0 {
@@ -881,11 +896,8 @@ impl<D: Device> Session<D> {
             modules.push(ModuleState { id, device, image: loaded.image.to_vec(), functions, variables: loaded.variables.clone() });
         }
         let owner = |known: Option<&usize>| known.copied().unwrap_or(0) as u32;
-        let mut streams: Vec<_> = self
-            .stream_params
-            .iter()
-            .map(|(id, (flags, priority))| (*id, *flags, *priority, owner(self.owners.streams.get(id))))
-            .collect();
+        let mut streams: Vec<_> =
+            self.stream_params.iter().map(|(id, (flags, priority))| (*id, *flags, *priority, owner(self.owners.streams.get(id)))).collect();
         streams.sort_unstable();
         let mut events: Vec<_> = self.event_flags.iter().map(|(id, flags)| (*id, *flags, owner(self.owners.events.get(id)))).collect();
         events.sort_unstable();
@@ -904,7 +916,9 @@ impl<D: Device> Session<D> {
         let moved = match on_device {
             // Its memory would be imported on one GPU of the target: each device's memory by file.
             true if self.device.device_count() > 1 => {
-                return Err("its device memory cannot be handed over on this GPU: a session of several GPUs moves through the snapshot file".into());
+                return Err(
+                    "its device memory cannot be handed over on this GPU: a session of several GPUs moves through the snapshot file".into(),
+                );
             }
             true => Some(
                 self.device
