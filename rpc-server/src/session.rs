@@ -1138,6 +1138,7 @@ impl<D: Device> OpHandler for Session<D> {
         let result = self.ranges.remove_allocation(request.ptr).and_then(|len| {
             self.budget.release(len);
             self.forget_pool_allocation(request.ptr);
+            self.owners.freed(request.ptr);
             self.device.free(request.ptr)
         });
         reply.send(result.map(|()| rep::Free {}));
@@ -1674,7 +1675,7 @@ impl<D: Device> OpHandler for Session<D> {
             tracing::warn!("device reset with a waiter still busy");
         }
         self.release_everything();
-        self.owners.forget_peers_of(self.device.current_device());
+        self.owners.reset(self.device.current_device());
         self.activity().forget_all();
         // Errors of work queued before the reset went with its context.
         let _ = self.outbox.take_deferred();

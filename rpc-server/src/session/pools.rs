@@ -257,6 +257,8 @@ impl<D: Device> Session<D> {
                 Ok(ptr) if self.record_captured_allocation(stream, ptr, request.size) => Ok(rep::MemAllocAsync { ptr }),
                 Ok(ptr) => {
                     self.ranges.insert(ptr, request.size, RangeKind::Allocation);
+                    // Not recorded: a pool's memory (an earlier owner at this address is stale).
+                    self.owners.freed(ptr);
                     if self.pools.settings.get(&id).is_some_and(|settings| settings.handle_types & POSIX_FD != 0) {
                         self.pools.shareable.insert(ptr, (id, request.size));
                     }

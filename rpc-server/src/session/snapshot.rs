@@ -79,8 +79,15 @@ impl Owners {
         };
     }
 
-    /// A device reset: the access its context enabled went with the context.
-    pub(super) fn forget_peers_of(&mut self, device: usize) {
+    /// `ptr` is no longer the allocation recorded (freed, or reused by a pool).
+    pub(super) fn freed(&mut self, ptr: u64) {
+        self.allocations.remove(&ptr);
+    }
+
+    /// A device reset: the session's allocations are gone, and the peer access the device's
+    /// context enabled went with the context.
+    pub(super) fn reset(&mut self, device: usize) {
+        self.allocations.clear();
         self.peers.retain(|(from, _), _| *from != device);
     }
 
@@ -1062,6 +1069,25 @@ impl<D: Device> Session<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_keep_each_object_s_device_and_the_peer_access_enabled() {
+        let mut owners = Owners::default();
+        owners.allocated(0x1000, 1);
+        owners.allocated(0x2000, 0);
+        owners.allocated(0x1000, 0);
+        assert_eq!((owners.allocation(0x1000), owners.allocation(0x2000), owners.allocation(0x3000)), (Some(0), Some(0), None));
+        owners.peer_access(0, 1, true, 0);
+        owners.peer_access(1, 0, true, 0);
+        owners.peer_access(1, 2, true, 0);
+        owners.peer_access(1, 2, false, 0);
+        assert_eq!(owners.peers.keys().copied().collect::<Vec<_>>(), vec![(0, 1), (1, 0)]);
+        owners.freed(0x2000);
+        assert_eq!(owners.allocation(0x2000), None);
+        owners.reset(1);
+        assert_eq!(owners.allocation(0x1000), None, "a reset forgets every allocation");
+        assert_eq!(owners.peers.keys().copied().collect::<Vec<_>>(), vec![(0, 1)], "a reset of device 1 ends only its own access");
+    }
 
     #[test]
     fn a_socket_beside_a_snapshot_deep_in_folders_is_bound_and_reached() {
