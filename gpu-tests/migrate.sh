@@ -19,6 +19,12 @@
 #      N times the same way; output as native, pointers kept.
 #   torch-graph (with --python): migration/migrate_torch_graph.py, a PyTorch MLP captured into a
 #      CUDA graph and replayed (replays in flight while it moves), moved N times the same way.
+#   two-gpus (two GPUs or more): migration/migrate_two_gpus.cu (memory, a stream, an event and a
+#      module global on each of two GPUs, peer access both ways, kernels reading the other GPU's
+#      memory, peer copies every round) moved N times the same way between two servers that both
+#      serve the pair (--gpu A,B, from TWO_GPUS, default 0,1): the session moves whole, through
+#      the snapshot file (a session of several GPUs is not handed over GPU to GPU); output as
+#      native (GPU 1 still current after the move, each pointer's GPU), pointers kept.
 #   restart: the same app checkpointed with --stop, its server killed, a fresh server started with
 #      --snapshot-dir: the app must go on and print the native output.
 #   cluster-restart: the same app through tools/local-cluster (flyt run), its allocation's server
@@ -45,7 +51,7 @@ while [ $# -gt 0 ]; do
     --snapshots) SNAP_PARENT=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
     --gpus) GPUS=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph restart cluster-restart cluster-move big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH] [--gpus A,B]" >&2; exit 2 ;;
+    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph two-gpus restart cluster-restart cluster-move big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH] [--gpus A,B]" >&2; exit 2 ;;
     esac
 done
 skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -71,6 +77,7 @@ NVCC=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
 "$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_app" "$here/migration/migrate_app.cu" || { echo "nvcc failed"; exit 1; }
 "$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_objects" "$here/migration/migrate_objects.cu" -lcuda || { echo "nvcc failed"; exit 1; }
 "$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_graphs" "$here/migration/migrate_graphs.cu" || { echo "nvcc failed"; exit 1; }
+"$NVCC" -O2 -arch="${ARCH:-sm_90}" -o "$W/migrate_two_gpus" "$here/migration/migrate_two_gpus.cu" || { echo "nvcc failed"; exit 1; }
 # Hide the GPU from Flyt's apps: device nodes and the driver's libcuda files.
 HIDE=$W/hide.list
 : >"$HIDE"
@@ -187,6 +194,14 @@ skipped objects || moved_row objects "migrate_objects (pools, arrays, textures)"
 skipped graphs || moved_row graphs "migrate_graphs (captured and built graphs, launches in flight)" "$W/migrate_graphs"
 if [ -n "$PYTHON" ] && ! skipped torch-graph; then
     moved_row torch-graph "PyTorch CUDA graph replaying" "$PYTHON" "$here/migration/migrate_torch_graph.py"
+fi
+# A session of two GPUs: both servers serve the pair (start_server's GPU_A and GPU_B, for this row).
+if ! skipped two-gpus && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+    TWO_GPUS=${TWO_GPUS:-0,1}
+    saved_gpus="$GPU_A $GPU_B"
+    GPU_A=$TWO_GPUS GPU_B=$TWO_GPUS
+    moved_row two-gpus "migrate_two_gpus (session of GPUs $TWO_GPUS moved whole)" "$W/migrate_two_gpus"
+    read -r GPU_A GPU_B <<<"$saved_gpus"
 fi
 
 # --- 2. checkpoint, kill the server, restore on a fresh one --------------------------------------

@@ -435,6 +435,9 @@ pub struct Session<D: Device> {
     stripes: Option<Arc<crate::stripes::Stripes<D>>>,
     /// Paging, when the server oversubscribes its GPU share (`crate::paging`).
     pager: Option<Arc<crate::paging::Pager>>,
+    /// The device each allocation, stream and event was made on, and the peer access enabled:
+    /// a session of several GPUs is made again device by device when it moves.
+    owners: snapshot::Owners,
 }
 
 /// Whether a module image may print: it names `vprintf` or `__assertfail`, or its code is not
@@ -503,6 +506,7 @@ impl<D: Device> Session<D> {
             green: green::GreenTable::default(),
             stripes: None,
             pager: None,
+            owners: snapshot::Owners::default(),
         }
     }
 
@@ -1117,6 +1121,7 @@ impl<D: Device> OpHandler for Session<D> {
         match allocated {
             Ok(ptr) => {
                 self.ranges.insert(ptr, request.size, RangeKind::Allocation);
+                self.owners.allocated(ptr, self.device.current_device());
                 reply.send(Ok(rep::Malloc { ptr }));
             }
             Err(error) => {
@@ -1139,6 +1144,7 @@ impl<D: Device> OpHandler for Session<D> {
         let result = self.ranges.remove_allocation(request.ptr).and_then(|len| {
             self.budget.release(len);
             self.forget_pool_allocation(request.ptr);
+            self.owners.freed(request.ptr);
             self.device.free(request.ptr)
         });
         reply.send(result.map(|()| rep::Free {}));
@@ -1561,6 +1567,7 @@ impl<D: Device> OpHandler for Session<D> {
             self.device.stream_create(request.flags, request.priority).map(|stream| {
                 self.streams.insert(request.stream, stream);
                 self.stream_params.insert(request.stream, (request.flags, request.priority));
+                self.owners.stream_made(request.stream, self.device.current_device());
             })
         };
         reply.send(result.map(|()| rep::StreamCreate {}));
@@ -1604,6 +1611,7 @@ impl<D: Device> OpHandler for Session<D> {
             self.device.event_create(request.flags).map(|event| {
                 self.events.insert(request.event, event);
                 self.event_flags.insert(request.event, request.flags);
+                self.owners.event_made(request.event, self.device.current_device());
             })
         };
         reply.send(result.map(|()| rep::EventCreate {}));
@@ -1673,6 +1681,7 @@ impl<D: Device> OpHandler for Session<D> {
             tracing::warn!("device reset with a waiter still busy");
         }
         self.release_everything();
+        self.owners.reset(self.device.current_device());
         self.activity().forget_all();
         // Errors of work queued before the reset went with its context.
         let _ = self.outbox.take_deferred();
@@ -1862,7 +1871,11 @@ impl<D: Device> OpHandler for Session<D> {
 
     fn peer_access(&mut self, request: req::PeerAccess, reply: Responder<rep::PeerAccess>) {
         let peer = usize::try_from(request.peer).unwrap_or(usize::MAX);
-        reply.send(self.device.peer_access(peer, request.enable, request.flags).map(|()| rep::PeerAccess {}));
+        let result = self.device.peer_access(peer, request.enable, request.flags);
+        if result.is_ok() {
+            self.owners.peer_access(self.device.current_device(), peer, request.enable, request.flags);
+        }
+        reply.send(result.map(|()| rep::PeerAccess {}));
     }
 
     // --- stream-ordered allocation (session/pools.rs) ---

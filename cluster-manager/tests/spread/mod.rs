@@ -244,11 +244,11 @@ fn a_spread_placement_survives_a_cluster_manager_crash_at_every_step() {
 }
 
 /// A VM of two GPUs on one node moves whole to another node with two GPUs with room (`flytctl
-/// migrate`): while an app holds a session on both GPUs the move is refused with the server's
-/// reason (a session of several GPUs cannot be checkpointed yet) and everything stays where it
-/// was; without one the allocation moves, its new server serving both GPUs there, the old one
-/// stopped, and the VM's next app is sent to the new one. A node of one GPU is refused as too
-/// small.
+/// migrate`): a session that made no call is refused with that reason and everything stays where
+/// it was; then the allocation moves with a live driver-API app on both GPUs (when the toolkit's
+/// cuda.h is at hand; `migrate_two_devices.c`, which checks every byte, pointer and device after
+/// the move), its new server serving both GPUs there, the old one stopped, and the VM's next app
+/// is sent to the new one. A node of one GPU is refused as too small.
 #[test]
 fn a_vm_of_two_gpus_moves_whole_to_a_node_with_two() {
     let two_gpus = |name: &str| {
@@ -272,9 +272,7 @@ fn a_vm_of_two_gpus_moves_whole_to_a_node_with_two() {
     let (code, _, stderr) = cluster.flytctl(&["migrate", VM, "--to", "node-b"]);
     assert!(code == 1 && stderr.contains("node-b has 1 of the 2 GPUs with room for the slice"), "exit {code}: {stderr}");
 
-    // An app's session holds both GPUs: the server cannot checkpoint it yet, so nothing moves
-    // and the app goes on where it was. A driver-API app making calls is told why (when the
-    // toolkit's cuda.h is at hand); a session making none, that it made none.
+    // A session that made no call cannot be checkpointed: nothing moves.
     let stays = |cluster: &Cluster, timeout_ms: &str, reason: &str| {
         let (code, _, stderr) = cluster.flytctl(&["migrate", VM, "--to", "node-c", "--timeout-ms", timeout_ms]);
         assert!(
@@ -285,46 +283,62 @@ fn a_vm_of_two_gpus_moves_whole_to_a_node_with_two() {
         let settled = cluster.wait_settled("the refused move");
         assert_eq!((settled[0]["node_id"].as_str(), &settled[0]["pid"]), (Some("node-a"), &before["pid"]), "{}", settled[0]);
     };
-    match std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) {
-        Some(cuda) => {
-            let scratch = cluster.path("loop");
-            fs::create_dir_all(&scratch).unwrap();
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cuda-shim/cdylib/tests/c/migrate_loop.c");
-            let (program, lib) = flyt_test_support::driver_program(&source, &cuda, &scratch);
-            let mut command = Command::new(&program);
-            command
-                // Rounds enough to outlast the refused move on a loaded machine (it pauses the app).
-                .args(["300", "50"])
-                .env("LD_LIBRARY_PATH", &lib)
-                .env("FLYT_CLIENT_MANAGER_SOCKET", &socket)
-                .env_remove("FLYT_SERVER")
-                .env_remove("FLYT_TOKEN");
-            let app = std::thread::spawn(move || flyt_test_support::run_with_timeout(&mut command, Duration::from_secs(60)));
-            wait_until("the app's session", Duration::from_secs(20), || {
-                (cluster.allocation_of(VM)?["sessions"].as_u64()? > 0).then_some(())
-            });
-            stays(&cluster, "5000", "it has several GPUs (moving those is not built yet)");
-            let (code, stdout, stderr) = app.join().unwrap();
-            assert!(code == 0 && stdout.contains("PASSED: 0 failure(s)"), "the app goes on at the source:\n{stdout}\n{stderr}");
-        }
-        None => eprintln!("the driver-API app part is skipped: FLYT_CUDA_HOME is not set (tools/test sets it)"),
-    }
     let (_, session) = crate::harness::open_session(&reply);
     stays(&cluster, "500", "made no CUDA call");
     drop(session);
 
-    // Without a session it moves: both GPUs of node-c, one server, the old one stopped.
-    let moved = wait_until("the move once the session is gone", Duration::from_secs(40), || {
+    // A driver-API app on both GPUs, paused where it waits for the move (its marker file).
+    let live_app = match std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) {
+        Some(cuda) => {
+            let scratch = cluster.path("two-gpus");
+            fs::create_dir_all(&scratch).unwrap();
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cuda-shim/cdylib/tests/c/migrate_two_devices.c");
+            let (program, lib) = flyt_test_support::driver_program(&source, &cuda, &scratch);
+            let marker = scratch.join("marker");
+            let app = Command::new(&program)
+                .arg(&marker)
+                .env("LD_LIBRARY_PATH", &lib)
+                .env("FLYT_CLIENT_MANAGER_SOCKET", &socket)
+                .env_remove("FLYT_SERVER")
+                .env_remove("FLYT_TOKEN")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            wait_until("the app's allocations on both GPUs", Duration::from_secs(30), || marker.exists().then_some(()));
+            Some((app, marker))
+        }
+        None => {
+            eprintln!("the driver-API app part is skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+            None
+        }
+    };
+
+    // It moves (with the app's session when there is one): both GPUs of node-c, one server, the
+    // old one stopped.
+    let moved = wait_until("the move", Duration::from_secs(40), || {
         let (code, stdout, stderr) = cluster.flytctl(&["migrate", VM, "--to", "node-c"]);
         match code {
             0 => Some(stdout),
-            _ if stderr.contains("several GPUs") => None,
             // The dropped session waits out the server's reconnect grace (10 s) for its client,
             // and a move meanwhile is refused at once with the reason.
             _ if stderr.contains("its client's connection broke") => None,
-            _ => panic!("exit {code}: {stderr}"),
+            _ => panic!("exit {code}: {stderr}\n--- node-a ---\n{}\n--- node-c ---\n{}", cluster.log("node-a"), cluster.log("node-c")),
         }
     });
+    if let Some((app, marker)) = live_app {
+        fs::write(marker.with_extension("next"), b"").unwrap();
+        let output = app.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("PASSED: 0 failure(s)"),
+            "the app goes on at node-c:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let pointers: Vec<&str> = stdout.lines().filter(|line| line.starts_with("pointers:")).collect();
+        assert!(pointers.len() == 2 && pointers[0] == pointers[1], "the app's pointers changed:\n{stdout}");
+        assert!(stdout.contains("every byte on device 0 (read from device 1): yes"), "{stdout}");
+    }
     assert!(moved.contains("moved from node-a/") && moved.contains("to node-c/"), "{moved}");
     let after = cluster.wait_settled("the move").remove(0);
     assert_eq!((after["node_id"].as_str(), after["extra_gpus"].as_array().map(Vec::len)), (Some("node-c"), Some(1)), "{after}");

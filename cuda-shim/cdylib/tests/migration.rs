@@ -368,3 +368,86 @@ fn moved_three_times(name: &str, source: &str) -> Option<(String, bool)> {
     let stdout = finish_app(app);
     Some((stdout, b.server.log_text().contains("session restored")))
 }
+
+/// What of a session of two GPUs cannot move yet is named: a stream-ordered allocation holds
+/// this one, so the move is refused with that reason and the app goes on where it was.
+#[test]
+fn a_session_of_two_gpus_holding_pool_memory_stays_and_says_why() {
+    let Some(setup) = set_up_with("migration-two-gpus-pool", "migrate_two_devices.c") else { return };
+    let a = start_node(&setup, "a", &["--gpu", "0,1"]);
+    let b = start_node(&setup, "b", &["--gpu", "0,1"]);
+    let dir = setup.scratch.join("snapshots");
+    let marker = setup.scratch.join("pool-marker");
+    let app = spawn_app(&setup, &a.unix, &[&marker.display().to_string(), "pool"], "off");
+    wait_for_file(&marker);
+    let session = session_on(&setup, &a);
+    let (code, out, err) = migrate(&setup, &a.control, &session, &b.control, &b.unix, &dir, &[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("the session cannot move") && err.contains("is a memory pool's"), "{err}");
+    std::fs::write(marker.with_extension("next"), b"").unwrap();
+    let output = app.wait_with_output().expect("app output");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success() && stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(!b.server.log_text().contains("session restored"));
+}
+
+/// A session of two GPUs (both servers `--gpu 0,1`) moves while its app runs, over the socket
+/// and over the shared-memory channel: memory, streams and events of each device come back on
+/// that device at the same addresses, the peer access the app enabled is enabled again, and the
+/// device current at the pause stays current (`tests/c/migrate_two_devices.c` checks each);
+/// then it moves back. A server of one GPU refuses it, with the reason, and it stays.
+#[test]
+fn a_session_of_two_gpus_moves_with_each_device_s_memory_streams_and_events() {
+    for (name, shm) in [("migration-two-gpus", "off"), ("migration-two-gpus-shm", "on")] {
+        let Some(setup) = set_up_with(name, "migrate_two_devices.c") else { return };
+        let a = start_node(&setup, "a", &["--gpu", "0,1"]);
+        let b = start_node(&setup, "b", &["--gpu", "0,1"]);
+        let one = start_node(&setup, "one", &[]);
+        let dir = setup.scratch.join("snapshots");
+        let marker = setup.scratch.join("two-gpus-marker");
+        let mut app = spawn_app(&setup, &a.unix, &[&marker.display().to_string()], shm);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !marker.exists() {
+            if app.try_wait().unwrap().is_some() || Instant::now() > deadline {
+                let _ = app.kill();
+                let output = app.wait_with_output().unwrap();
+                panic!(
+                    "the app did not reach its move:\n{}\n{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let session = session_on(&setup, &a);
+        let (code, out, err) = migrate(&setup, &a.control, &session, &one.control, &one.unix, &dir, &[]);
+        assert_ne!(code, 0, "a server of one GPU takes no session of two: {out}");
+        assert!(err.contains("stays where it was") && err.contains("2 GPU(s)"), "{err}");
+        let (code, out, err) = migrate(&setup, &a.control, &session, &b.control, &b.tcp, &dir, &[]);
+        if code != 0 {
+            panic!("move of session {session}: {out}{err}\n--- a ---\n{}\n--- b ---\n{}", a.server.log_text(), b.server.log_text());
+        }
+        assert!(out.contains(&format!("moved to {}", b.tcp)), "{out}");
+        let session = session_on(&setup, &b);
+        let (code, out, err) = migrate(&setup, &b.control, &session, &a.control, &a.unix, &dir, &[]);
+        if code != 0 {
+            panic!("move back of session {session}: {out}{err}\n--- a ---\n{}\n--- b ---\n{}", a.server.log_text(), b.server.log_text());
+        }
+        std::fs::write(marker.with_extension("next"), b"").unwrap();
+        let output = app.wait_with_output().expect("app output");
+        let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success() && stdout.contains("PASSED: 0 failure(s)"), "app failed:\n{stdout}\n{stderr}");
+        let pointers: Vec<&str> = stdout.lines().filter(|line| line.starts_with("pointers:")).collect();
+        assert_eq!(pointers.len(), 2, "{stdout}");
+        assert_eq!(pointers[0], pointers[1], "the app's pointers changed:\n{stdout}");
+        for check in ["every byte on device 0", "every byte on device 1", "DEVICE_ORDINAL: yes", "device 1 is still current: yes"] {
+            assert!(stdout.contains(check), "{check}:\n{stdout}");
+        }
+        assert!(!stdout.contains(": no"), "{stdout}");
+        for node in [&a, &b] {
+            assert!(node.server.log_text().contains("session restored"), "{}", node.server.log_text());
+        }
+        assert_eq!(snapshots(&dir), 0, "each snapshot is removed once its app is back");
+    }
+}

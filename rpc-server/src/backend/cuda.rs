@@ -843,7 +843,20 @@ impl Device for CudaDevice {
     fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String> {
         // Shareable as a descriptor, so a later move on this GPU can hand the memory over.
         let prop = self.allocation_prop(1).map_err(|error| error.to_string())?;
-        let access = sys::CUmemAccessDesc { location: self.location(), flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        let read_write = |location| sys::CUmemAccessDesc { location, flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        // A session of several GPUs: the current GPU's memory is restored as VMM mappings, which
+        // peer access does not reach; every session GPU with a peer path to it may use it (as
+        // after `cuCtxEnablePeerAccess`, which the session enables again where the app had).
+        let here = self.gpu().device;
+        let mut access = vec![read_write(self.location())];
+        for gpu in self.gpus.iter().filter(|gpu| gpu.device != here) {
+            let mut can: c_int = 0;
+            // SAFETY: valid out-pointer; both devices came from cuDeviceGet.
+            let code = unsafe { sys::cuDeviceCanAccessPeer(&mut can, gpu.device, here) };
+            if code == sys::CUresult::CUDA_SUCCESS && can == 1 {
+                access.push(read_write(sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: gpu.device }));
+            }
+        }
         self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restore(allocations, reservations, &prop, &access)
     }
 

@@ -168,7 +168,7 @@ impl RestoredMemory {
         allocations: &[(u64, u64)],
         reservations: &[(u64, u64)],
         prop: &sys::CUmemAllocationProp,
-        access: &sys::CUmemAccessDesc,
+        access: &[sys::CUmemAccessDesc],
     ) -> Result<(), String> {
         let page = granularity(prop)?;
         let spans = spans(allocations, page as u64)?;
@@ -191,7 +191,7 @@ impl RestoredMemory {
             let code = unsafe {
                 let mut code = sys::cuMemMap(start, len, 0, handle, 0);
                 if code == sys::CUresult::CUDA_SUCCESS {
-                    code = sys::cuMemSetAccess(start, len, access, 1);
+                    code = sys::cuMemSetAccess(start, len, access.as_ptr(), access.len());
                 }
                 if code != sys::CUresult::CUDA_SUCCESS {
                     sys::cuMemUnmap(start, len);

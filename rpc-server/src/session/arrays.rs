@@ -115,6 +115,11 @@ impl<D: Device> Default for ArrayTable<D> {
 }
 
 impl<D: Device> ArrayTable<D> {
+    /// How many arrays, mipmapped arrays and texture or surface objects the app holds.
+    pub(super) fn held(&self) -> usize {
+        self.arrays.len() + self.mipmaps.len() + self.objects.len()
+    }
+
     /// Why the session cannot move, if its arrays hold it: sparse and deferred-mapping arrays,
     /// whose mappings onto physical memory only the driver knows.
     pub(super) fn move_blocker(&self) -> Option<String> {
@@ -442,6 +447,7 @@ impl<D: Device> Session<D> {
                 return Err(CudaError::MEMORY_ALLOCATION);
             }
             self.ranges.insert(ptr, len, RangeKind::Allocation);
+            self.owners.allocated(ptr, self.device.current_device());
             Ok(rep::MallocPitch { ptr, pitch })
         })();
         reply.send(result);

@@ -107,6 +107,11 @@ impl<D: Device> GraphTable<D> {
         self.memory.contains_key(&ptr)
     }
 
+    /// How many graphs and executable graphs the app holds.
+    pub(super) fn held(&self) -> usize {
+        self.graphs.len() + self.execs.len()
+    }
+
     /// Why the session cannot move, if graphs or captures hold it.
     pub(super) fn move_blocker(&self) -> Option<String> {
         if !self.captures.is_empty() {

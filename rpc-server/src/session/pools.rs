@@ -128,6 +128,11 @@ impl<D: Device> PoolTable<D> {
         self.exports.any().then(|| "it exported memory pools other processes may have imported".to_string())
     }
 
+    /// Whether the app made or chose pools (a session of several GPUs moves without any yet).
+    pub(super) fn in_use(&self) -> bool {
+        !self.pools.is_empty() || self.current != DEFAULT_POOL || !self.current_elsewhere.is_empty()
+    }
+
     pub(super) fn state(&self) -> PoolsState {
         let mut pools: Vec<_> = self.pools.keys().map(|id| (*id, self.settings.get(id).cloned().unwrap_or_default())).collect();
         pools.sort_unstable_by_key(|(id, _)| *id);
@@ -252,6 +257,8 @@ impl<D: Device> Session<D> {
                 Ok(ptr) if self.record_captured_allocation(stream, ptr, request.size) => Ok(rep::MemAllocAsync { ptr }),
                 Ok(ptr) => {
                     self.ranges.insert(ptr, request.size, RangeKind::Allocation);
+                    // Not recorded: a pool's memory (an earlier owner at this address is stale).
+                    self.owners.freed(ptr);
                     if self.pools.settings.get(&id).is_some_and(|settings| settings.handle_types & POSIX_FD != 0) {
                         self.pools.shareable.insert(ptr, (id, request.size));
                     }

@@ -12,7 +12,13 @@
 //! in order, so everything before it is drained and in the snapshot. The session then waits for
 //! the decision: move (the client reconnects elsewhere with the snapshot's name) or stay.
 //!
-//! File: `FLYTSNP3`, the manifest's length (8 bytes, little-endian) and the manifest, then each
+//! A session of several GPUs (one server's) is recorded device by device: each allocation,
+//! stream, event and module with the device it was made on ([`Owners`]), made again on the same
+//! device index at the destination (at the same addresses: unified addressing keeps the app's
+//! pointers valid), the peer access it enabled enabled again, and the device current at the pause
+//! current again (the client's connection names it as the last `SetDevice` it sent).
+//!
+//! File: `FLYTSNP4`, the manifest's length (8 bytes, little-endian) and the manifest, then each
 //! allocation's bytes, each mapping's bytes and each module variable's bytes in manifest order,
 //! then the arrays' bytes (`ArraysState`).
 
@@ -34,7 +40,7 @@ use crate::budget::MemoryBudget;
 use crate::memory::RangeKind;
 use crate::shm::Segment;
 
-const MAGIC: &[u8; 8] = b"FLYTSNP3";
+const MAGIC: &[u8; 8] = b"FLYTSNP4";
 /// Largest manifest read back (module images are in it).
 const MAX_MANIFEST: u64 = 4 << 30;
 /// `cudaEventInterprocess`.
@@ -42,12 +48,64 @@ const EVENT_INTERPROCESS: u32 = 0x4;
 /// How long a written session waits for `release` before it goes on where it is.
 const DECISION_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The device each of a session's allocations, streams and events was made on, and the peer
+/// access the app enabled: what a session of several GPUs needs to be made again device by device.
+#[derive(Default)]
+pub(super) struct Owners {
+    allocations: HashMap<u64, usize>,
+    streams: HashMap<u64, usize>,
+    events: HashMap<u64, usize>,
+    /// (from, to) -> flags, as enabled in `from`'s context.
+    peers: std::collections::BTreeMap<(usize, usize), u32>,
+}
+
+impl Owners {
+    pub(super) fn allocated(&mut self, ptr: u64, device: usize) {
+        self.allocations.insert(ptr, device);
+    }
+
+    pub(super) fn stream_made(&mut self, id: u64, device: usize) {
+        self.streams.insert(id, device);
+    }
+
+    pub(super) fn event_made(&mut self, id: u64, device: usize) {
+        self.events.insert(id, device);
+    }
+
+    pub(super) fn peer_access(&mut self, from: usize, to: usize, enable: bool, flags: u32) {
+        match enable {
+            true => self.peers.insert((from, to), flags),
+            false => self.peers.remove(&(from, to)),
+        };
+    }
+
+    /// `ptr` is no longer the allocation recorded (freed, or reused by a pool).
+    pub(super) fn freed(&mut self, ptr: u64) {
+        self.allocations.remove(&ptr);
+    }
+
+    /// A device reset: the session's allocations are gone, and the peer access the device's
+    /// context enabled went with the context.
+    pub(super) fn reset(&mut self, device: usize) {
+        self.allocations.clear();
+        self.peers.retain(|(from, _), _| *from != device);
+    }
+
+    /// The device of `ptr`, made by `malloc` or a pitched allocation; `None` for memory made
+    /// otherwise (a pool's stream-ordered allocation), whose device is not recorded.
+    fn allocation(&self, ptr: u64) -> Option<usize> {
+        self.allocations.get(&ptr).copied()
+    }
+}
+
 /// A kernel by name: its index and the attributes the app set.
 type KernelState = (String, u32, Vec<(u32, i32)>);
 
 #[derive(Serialize, Deserialize)]
 struct ModuleState {
     id: u32,
+    /// The session device it was loaded on (loads on other devices are made again when used).
+    device: u32,
     image: Vec<u8>,
     functions: Vec<KernelState>,
     /// Variables the app asked for: name, address, size (their bytes follow in the file).
@@ -70,12 +128,20 @@ struct Manifest {
     /// Compute capability: a snapshot restores on the same GPU family (major) only.
     capability: (i32, i32),
     emulated: bool,
+    /// The session's GPUs: the destination serves as many, in the same order.
+    devices: u32,
+    /// The device current on the session thread at the pause (the client's last `SetDevice`).
+    current_device: u32,
     allocations: Vec<(u64, u64)>,
+    /// The device of each allocation, in `allocations`' order.
+    allocation_devices: Vec<u32>,
     modules: Vec<ModuleState>,
-    /// Stream id, flags, priority.
-    streams: Vec<(u64, u32, i32)>,
-    /// Event id, flags.
-    events: Vec<(u64, u32)>,
+    /// Stream id, flags, priority, device.
+    streams: Vec<(u64, u32, i32, u32)>,
+    /// Event id, flags, device.
+    events: Vec<(u64, u32, u32)>,
+    /// Peer access enabled: from the context of device `.0` to the memory of device `.1`, flags.
+    peers: Vec<(u32, u32, u32)>,
     may_print: bool,
     segment: Option<SegmentState>,
     pools: super::pools::PoolsState,
@@ -448,6 +514,9 @@ pub struct Restored<D: Device> {
     arrays: super::arrays::ArrayTable<D>,
     vmm: super::vmm::VmmTable<D>,
     graphs: super::graphs::GraphTable<D>,
+    /// The device current at the pause: the client's connection names it as its last `SetDevice`.
+    current_device: usize,
+    owners: Owners,
 }
 
 impl<D: Device> Restored<D> {
@@ -523,16 +592,53 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
     // The allocations at their addresses first, and the addresses the app knows its variables by
     // (held, so no allocation takes them): a fresh worker's driver places modules' variables
     // where it likes, and the session then sends the app's addresses there (`MovedVariables`).
-    let held: Vec<_> =
-        manifest.modules.iter().flat_map(|module| module.variables.iter().map(|(_, address, size)| (*address, *size))).collect();
-    let reserved: Vec<_> = manifest.allocations.iter().copied().chain(held).collect();
-    device.restore_allocations(&reserved, manifest.vmm.reservations())?;
+    if manifest.devices as usize != device.device_count() {
+        return Err(format!(
+            "the session had {} GPU(s); this server's sessions have {} (a move keeps the number and order of GPUs)",
+            manifest.devices,
+            device.device_count()
+        ));
+    }
+    let devices = manifest.devices as usize;
+    if manifest.allocation_devices.len() != manifest.allocations.len()
+        || manifest.current_device >= manifest.devices
+        || manifest
+            .modules
+            .iter()
+            .map(|module| module.device)
+            .chain(manifest.allocation_devices.iter().copied())
+            .any(|d| d >= manifest.devices)
+        || manifest.streams.iter().map(|stream| stream.3).chain(manifest.events.iter().map(|event| event.2)).any(|d| d >= manifest.devices)
+        || manifest.peers.iter().any(|&(from, to, _)| from >= manifest.devices || to >= manifest.devices)
+    {
+        return Err(format!("{}: a device index outside the session's {devices} GPU(s)", path.display()));
+    }
+    let select = |index: u32| device.select_device(index as usize).map_err(|error| format!("selecting the session's GPU {index}: {error}"));
+    // Device by device, each its allocations and the addresses its modules' variables had; the
+    // app's reservations (VMM) with the first (a session of several GPUs moves without any).
+    for index in 0..manifest.devices {
+        let held = manifest
+            .modules
+            .iter()
+            .filter(|module| module.device == index)
+            .flat_map(|module| module.variables.iter().map(|(_, address, size)| (*address, *size)));
+        let own = manifest.allocations.iter().zip(&manifest.allocation_devices).filter(|(_, d)| **d == index).map(|(range, _)| *range);
+        let reserved: Vec<_> = own.chain(held).collect();
+        let reservations = if index == 0 { manifest.vmm.reservations() } else { &[] };
+        if devices > 1 && reserved.is_empty() && reservations.is_empty() {
+            continue;
+        }
+        select(index)?;
+        device.restore_allocations(&reserved, reservations)?;
+    }
+    select(0)?;
     let mapped = manifest.vmm.mapped();
     let vmm = super::vmm::VmmTable::restore(device, std::mem::take(&mut manifest.vmm))?;
     let mut modules = HashMap::new();
     let mut moved_variables = Vec::new();
     let mut variables_here = Vec::new();
     for state in manifest.modules {
+        select(state.device)?;
         let module = device.load_module(&state.image).map_err(|error| format!("module {} does not load here: {error}", state.id))?;
         let count = state.functions.iter().map(|(_, index, _)| *index as usize + 1).max().unwrap_or(0);
         let mut functions: Vec<_> = (0..count).map(|_| Err(CudaError::INVALID_DEVICE_FUNCTION)).collect();
@@ -554,8 +660,14 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
             moved_variables.push((*address, *size, here));
             variables_here.push((here, *size));
         }
-        let loaded =
-            LoadedModule { module, device: 0, image: Arc::new(state.image), functions, function_names, variables: state.variables };
+        let loaded = LoadedModule {
+            module,
+            device: state.device as usize,
+            image: Arc::new(state.image),
+            functions,
+            function_names,
+            variables: state.variables,
+        };
         modules.insert(state.id, loaded);
     }
     let ranges: Vec<_> = match &manifest.handover {
@@ -592,16 +704,31 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
             write_device(device, chunk, ptr, len, &mut input)?;
         }
     }
+    select(0)?;
     let pools = super::pools::PoolTable::restore(device, manifest.pools)?;
     let arrays = super::arrays::ArrayTable::restore(device, manifest.arrays, chunk, &mut input)?;
+    let mut owners = Owners::default();
+    for (&(ptr, _), &index) in manifest.allocations.iter().zip(&manifest.allocation_devices) {
+        owners.allocated(ptr, index as usize);
+    }
     let mut streams = Vec::new();
-    for (id, flags, priority) in manifest.streams {
+    for (id, flags, priority, index) in manifest.streams {
+        select(index)?;
         streams.push((id, device.stream_create(flags, priority).map_err(|error| format!("stream: {error}"))?, flags, priority));
+        owners.stream_made(id, index as usize);
     }
     let mut events = Vec::new();
-    for (id, flags) in manifest.events {
+    for (id, flags, index) in manifest.events {
+        select(index)?;
         events.push((id, device.event_create(flags).map_err(|error| format!("event: {error}"))?, flags));
+        owners.event_made(id, index as usize);
     }
+    for (from, to, flags) in manifest.peers {
+        select(from)?;
+        device.peer_access(to as usize, true, flags).map_err(|error| format!("peer access from GPU {from} to GPU {to}: {error}"))?;
+        owners.peer_access(from as usize, to as usize, true, flags);
+    }
+    select(0)?;
     let kernel = |function: flyt_protocol::ops::FunctionRef| {
         let kernel = modules.get(&function.module)?.functions.get(function.index as usize)?.as_ref().ok()?;
         Some((kernel.function, kernel.args_len))
@@ -609,8 +736,16 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
     let event = |id: u64| events.iter().find(|(known, _, _)| *known == id).map(|(_, event, _)| *event);
     let resolve = super::graphs::Resolve { kernel: &kernel, event: &event };
     let graphs = super::graphs::GraphTable::restore(device, manifest.graphs, crate::host_calls::HostCalls::unlinked(), &resolve)?;
-    device.synchronize().map_err(|error| format!("restoring device memory: {error}"))?;
+    for index in 0..manifest.devices {
+        select(index)?;
+        device.synchronize().map_err(|error| format!("restoring device memory on GPU {index}: {error}"))?;
+    }
+    // The first device until the session takes over (a segment's blocks are pinned as a fresh
+    // session pins them); `adopt` makes the paused one current again.
+    select(0)?;
     Ok(Restored {
+        current_device: manifest.current_device as usize,
+        owners,
         allocations: manifest.allocations,
         modules,
         streams,
@@ -658,6 +793,10 @@ impl<D: Device> Session<D> {
         for (app_address, len, here) in restored.moved_variables {
             self.moved_variables.insert(app_address, len, here);
         }
+        self.owners = restored.owners;
+        if let Err(error) = self.device.select_device(restored.current_device) {
+            tracing::error!(%error, device = restored.current_device, "the restored session's current GPU cannot be made current");
+        }
     }
 
     /// Why this session cannot be made again elsewhere, if anything holds it.
@@ -677,8 +816,10 @@ impl<D: Device> Session<D> {
         if !self.links.is_empty() {
             return Some(format!("{} JIT link(s) are under way", self.links.len()));
         }
-        if self.device.device_count() > 1 {
-            return Some("it has several GPUs (moving those is not built yet)".into());
+        if self.device.device_count() > 1
+            && let Some(reason) = self.several_devices_blocker()
+        {
+            return Some(reason);
         }
         self.graphs
             .move_blocker()
@@ -688,6 +829,40 @@ impl<D: Device> Session<D> {
             .or_else(|| self.tensor_maps.move_blocker())
             .or_else(|| self.arrays.move_blocker())
             .or_else(|| self.green.move_blocker())
+    }
+
+    /// What of a session of several GPUs cannot be made again device by device yet.
+    fn several_devices_blocker(&self) -> Option<String> {
+        let several = "in a session of several GPUs";
+        if let Some((ptr, _)) =
+            self.ranges.of_kind(RangeKind::Allocation).into_iter().find(|(ptr, _)| self.owners.allocation(*ptr).is_none())
+        {
+            return Some(format!("its memory at {ptr:#x} is a memory pool's (stream-ordered allocations {several} do not move yet)"));
+        }
+        if let Some(id) = self.stream_params.keys().find(|id| !self.owners.streams.contains_key(id)) {
+            return Some(format!("its stream {id} belongs to no recorded device (a green context's, say)"));
+        }
+        if let Some(id) = self.event_flags.keys().find(|id| !self.owners.events.contains_key(id)) {
+            return Some(format!("its event {id} belongs to no recorded device"));
+        }
+        if self.pools.in_use() {
+            return Some(format!("it made or chose memory pools (pools {several} do not move yet)"));
+        }
+        let held = self.vmm.held();
+        if held > 0 {
+            return Some(format!(
+                "it holds {held} virtual memory reservation(s) or physical allocation(s) (VMM {several} does not move yet)"
+            ));
+        }
+        let held = self.arrays.held();
+        if held > 0 {
+            return Some(format!("it holds {held} CUDA array(s) or texture/surface object(s) (arrays {several} do not move yet)"));
+        }
+        let held = self.graphs.held();
+        if held > 0 {
+            return Some(format!("it holds {held} graph(s) or executable graph(s) (graphs {several} do not move yet)"));
+        }
+        None
     }
 
     /// Drains the session's work and writes its snapshot into `dir`.
@@ -724,12 +899,17 @@ impl<D: Device> Session<D> {
                 })
                 .collect();
             functions.sort_by_key(|(_, index, _)| *index);
-            modules.push(ModuleState { id, image: loaded.image.to_vec(), functions, variables: loaded.variables.clone() });
+            let device = loaded.device as u32;
+            modules.push(ModuleState { id, device, image: loaded.image.to_vec(), functions, variables: loaded.variables.clone() });
         }
-        let mut streams: Vec<_> = self.stream_params.iter().map(|(id, (flags, priority))| (*id, *flags, *priority)).collect();
+        let owner = |known: Option<&usize>| known.copied().unwrap_or(0) as u32;
+        let mut streams: Vec<_> =
+            self.stream_params.iter().map(|(id, (flags, priority))| (*id, *flags, *priority, owner(self.owners.streams.get(id)))).collect();
         streams.sort_unstable();
-        let mut events: Vec<_> = self.event_flags.iter().map(|(id, flags)| (*id, *flags)).collect();
+        let mut events: Vec<_> = self.event_flags.iter().map(|(id, flags)| (*id, *flags, owner(self.owners.events.get(id)))).collect();
         events.sort_unstable();
+        let allocation_devices = allocations.iter().map(|(ptr, _)| self.owners.allocation(*ptr).unwrap_or(0) as u32).collect();
+        let peers = self.owners.peers.iter().map(|(&(from, to), &flags)| (from as u32, to as u32, flags)).collect();
         let arrays = self.arrays.state();
         let vmm = self.vmm.state();
         let graphs = self.graphs_state().map_err(|reason| format!("the session cannot move: {reason}"))?;
@@ -741,6 +921,12 @@ impl<D: Device> Session<D> {
         let path = path_of(dir, &name);
         // Handed over on the GPU: the file keeps the variables' bytes only.
         let moved = match on_device {
+            // Its memory would be imported on one GPU of the target: each device's memory by file.
+            true if self.device.device_count() > 1 => {
+                return Err(
+                    "its device memory cannot be handed over on this GPU: a session of several GPUs moves through the snapshot file".into(),
+                );
+            }
             true => Some(
                 self.device
                     .export_for_move(&allocations.iter().copied().chain(vmm.mapped()).collect::<Vec<_>>())
@@ -757,10 +943,14 @@ impl<D: Device> Session<D> {
         let manifest = Manifest {
             capability: capability(&*self.device),
             emulated: self.device.emulated(),
+            devices: self.device.device_count() as u32,
+            current_device: self.device.current_device() as u32,
             allocations,
+            allocation_devices,
             modules,
             streams,
             events,
+            peers,
             may_print: self.may_print,
             segment: self.shm.as_ref().map(|segment| SegmentState {
                 size: segment.size(),
@@ -879,6 +1069,25 @@ impl<D: Device> Session<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_keep_each_object_s_device_and_the_peer_access_enabled() {
+        let mut owners = Owners::default();
+        owners.allocated(0x1000, 1);
+        owners.allocated(0x2000, 0);
+        owners.allocated(0x1000, 0);
+        assert_eq!((owners.allocation(0x1000), owners.allocation(0x2000), owners.allocation(0x3000)), (Some(0), Some(0), None));
+        owners.peer_access(0, 1, true, 0);
+        owners.peer_access(1, 0, true, 0);
+        owners.peer_access(1, 2, true, 0);
+        owners.peer_access(1, 2, false, 0);
+        assert_eq!(owners.peers.keys().copied().collect::<Vec<_>>(), vec![(0, 1), (1, 0)]);
+        owners.freed(0x2000);
+        assert_eq!(owners.allocation(0x2000), None);
+        owners.reset(1);
+        assert_eq!(owners.allocation(0x1000), None, "a reset forgets every allocation");
+        assert_eq!(owners.peers.keys().copied().collect::<Vec<_>>(), vec![(0, 1)], "a reset of device 1 ends only its own access");
+    }
 
     #[test]
     fn a_socket_beside_a_snapshot_deep_in_folders_is_bound_and_reached() {

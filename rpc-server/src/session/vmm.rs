@@ -96,6 +96,11 @@ impl VmmState {
 }
 
 impl<D: Device> VmmTable<D> {
+    /// How many reservations and physical allocations the app holds.
+    pub(super) fn held(&self) -> usize {
+        self.reservations.len() + self.handles.len()
+    }
+
     /// Why the session cannot move, if shared memory holds it: allocations of other sessions it
     /// imported, or its own that others may have imported (neither would follow it).
     pub(super) fn move_blocker(&self) -> Option<String> {
