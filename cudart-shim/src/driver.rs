@@ -1,38 +1,27 @@
 //! The driver under this runtime: Flyt's `libcuda.so.1`, which holds the process's one session
 //! (as NVIDIA's runtime sits over NVIDIA's driver). It is loaded from this library's own folder
-//! first (Flyt's library folder holds both), else by name, and only the driver functions the
-//! runtime calls are looked up, once. Every call is in the process; the driver decides what
-//! crosses the wire.
+//! first (Flyt's library folder holds both), else by name, and its exports are looked up once,
+//! into `flyt-cuda-sys`'s generated `DriverTable`: the runtime types no driver signature of its
+//! own. Every call is in the process; the driver decides what crosses the wire.
 //!
 //! The runtime's implicit context lives here too: each thread works in the primary context of its
 //! current device, retained and made current on the thread's first call, as NVIDIA's runtime does;
 //! a context the app made current itself (driver API) is used as it is.
 
-#![allow(non_snake_case, reason = "the fields carry the driver functions' names")]
-
 use std::cell::Cell;
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-pub type CUresult = u32;
-pub type CUcontext = *mut c_void;
-pub type CUstream = *mut c_void;
-pub type CUevent = *mut c_void;
-pub type CUlibrary = *mut c_void;
-pub type CUkernel = *mut c_void;
-pub type CUdeviceptr = u64;
-
-/// `CUipcMemHandle` and `CUipcEventHandle` (and the runtime's `cudaIpc*Handle_t`): 64 opaque
-/// bytes, passed by value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct IpcHandle {
-    pub reserved: [std::ffi::c_char; 64],
-}
+pub use flyt_cuda_sys::CUresult;
+use flyt_cuda_sys::DriverTable;
+pub use flyt_cuda_sys::types::{
+    CUarray, CUcontext, CUdeviceptr, CUevent, CUgraph, CUgraphExec, CUgraphNode, CUipcEventHandle, CUipcMemHandle, CUkernel, CUlibrary,
+    CUmemLocation, CUmipmappedArray, CUstream,
+};
 
 /// `CUDA_MEMCPY2D`, the driver's description of a pitched copy.
 #[repr(C)]
@@ -53,16 +42,6 @@ pub struct Memcpy2D {
     pub dst_pitch: usize,
     pub width_in_bytes: usize,
     pub height: usize,
-}
-
-/// `CUmemLocation`, which is also the runtime's `cudaMemLocation` (same layout, same
-/// `cudaMemLocationType` numbers): where a prefetch or advice of managed memory points. Passed by
-/// value.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MemLocation {
-    pub kind: c_int,
-    pub id: c_int,
 }
 
 /// `CUDA_MEMCPY3D`, the driver's description of a 3D copy (a graph's copy node).
@@ -132,12 +111,8 @@ pub struct GraphNodeParams {
     pub reserved2: i64,
 }
 
-pub type CUgraph = *mut c_void;
-pub type CUgraphNode = *mut c_void;
-pub type CUgraphExec = *mut c_void;
 /// The runtime's and the driver's host functions and stream callbacks have one ABI.
-pub type HostFn = Option<unsafe extern "C" fn(*mut c_void)>;
-pub type StreamCallback = Option<unsafe extern "C" fn(CUstream, c_uint, *mut c_void)>;
+pub use flyt_cuda_sys::types::{CUhostFn as HostFn, CUstreamCallback as StreamCallback};
 
 /// `CU_MEMORYTYPE_UNIFIED`: the driver tells host from device memory by the pointer.
 pub const MEMORYTYPE_UNIFIED: c_uint = 4;
@@ -145,9 +120,6 @@ pub const MEMORYTYPE_UNIFIED: c_uint = 4;
 pub const MEMORYTYPE_HOST: c_uint = 1;
 /// `CU_MEMORYTYPE_ARRAY`: the side of a copy is a CUDA array.
 pub const MEMORYTYPE_ARRAY: c_uint = 3;
-
-pub type CUarray = *mut c_void;
-pub type CUmipmappedArray = *mut c_void;
 
 /// `CUDA_ARRAY3D_DESCRIPTOR`: an array's extent in elements (0 for a dimension it lacks), its
 /// `CUarray_format`, channels per element and `CUDA_ARRAY3D_*` flags.
@@ -221,7 +193,6 @@ pub struct ResourceViewDesc {
 
 // The sizes of the C structs (cuda.h, x86_64).
 const _: () = {
-    assert!(size_of::<MemLocation>() == 8);
     assert!(size_of::<Memcpy2D>() == 128);
     assert!(size_of::<Memcpy3D>() == 200);
     assert!(size_of::<GraphNodeParams>() == 256);
@@ -240,482 +211,155 @@ const _: () = {
     assert!(std::mem::offset_of!(ResourceViewDesc, first_mipmap_level) == 32);
 };
 
-macro_rules! driver_functions {
-    ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
-        /// The driver functions the runtime calls, resolved once.
-        pub struct Driver {
-            $(pub $name: unsafe extern "C" fn($($ty),*) -> CUresult,)*
-            _library: libloading::Library,
-        }
-
-        impl Driver {
-            fn resolve(library: libloading::Library) -> Result<Driver, String> {
-                Ok(Driver {
-                    $($name: {
-                        // SAFETY: the symbol is the driver API function of this name, whose C
-                        // signature is the one declared in this table.
-                        let symbol = unsafe {
-                            library.get::<unsafe extern "C" fn($($ty),*) -> CUresult>(concat!(stringify!($name), "\0").as_bytes())
-                        };
-                        *symbol.map_err(|error| format!("{} is missing ({error})", stringify!($name)))?
-                    },)*
-                    _library: library,
-                })
-            }
-        }
+/// The driver functions the runtime cannot start without: a `libcuda.so.1` lacking one is not
+/// Flyt's driver, and the runtime refuses it at load (`cudaErrorInsufficientDriver`). Any other
+/// export the runtime calls answers `cudaErrorNotSupported` where the driver lacks it.
+macro_rules! missing_required {
+    ($table:expr) => {
+        missing_of!($table;
+            cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGetAttribute, cuDeviceGetName, cuDeviceGetUuid_v2,
+            cuDeviceGetLuid, cuDeviceTotalMem_v2, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxReset_v2,
+            cuDevicePrimaryCtxSetFlags_v2, cuDevicePrimaryCtxGetState, cuCtxGetCurrent, cuCtxSetCurrent,
+            cuCtxGetDevice, cuCtxSynchronize, cuCtxSetLimit, cuCtxGetLimit, cuCtxGetStreamPriorityRange,
+            cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuMemHostAlloc, cuMemFreeHost, cuMemHostRegister_v2,
+            cuMemHostUnregister, cuMemHostGetFlags, cuMemHostGetDevicePointer_v2, cuMemcpy, cuMemcpy_ptds,
+            cuMemcpyAsync, cuMemcpyAsync_ptsz, cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2_ptds,
+            cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2_ptsz, cuMemsetD8_v2, cuMemsetD8_v2_ptds, cuMemsetD8Async,
+            cuMemsetD8Async_ptsz, cuPointerGetAttribute, cuStreamCreateWithPriority, cuStreamDestroy_v2,
+            cuStreamSynchronize, cuStreamSynchronize_ptsz, cuStreamQuery, cuStreamQuery_ptsz, cuStreamWaitEvent,
+            cuStreamWaitEvent_ptsz, cuStreamGetFlags, cuStreamGetFlags_ptsz, cuStreamGetPriority,
+            cuStreamGetPriority_ptsz, cuStreamSetAttribute, cuIpcGetMemHandle, cuIpcOpenMemHandle_v2,
+            cuIpcCloseMemHandle, cuIpcGetEventHandle, cuIpcOpenEventHandle, cuStreamSetAttribute_ptsz,
+            cuStreamGetAttribute, cuStreamGetAttribute_ptsz, cuStreamCopyAttributes, cuStreamCopyAttributes_ptsz,
+            cuEventCreate, cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz, cuEventSynchronize, cuEventQuery,
+            cuEventElapsedTime_v2, cuEventDestroy_v2, cuLibraryLoadData, cuLibraryLoadFromFile, cuLibraryUnload,
+            cuLibraryGetKernelCount, cuLibraryEnumerateKernels, cuKernelGetName, cuLibraryGetKernel,
+            cuLibraryGetGlobal, cuLibraryGetManaged, cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchCooperativeKernel,
+            cuLaunchCooperativeKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz, cuFuncGetAttribute,
+            cuFuncGetName, cuLogsRegisterCallback, cuLogsUnregisterCallback, cuLogsCurrent, cuLogsDumpToFile,
+            cuLogsDumpToMemory, cuFuncGetParamInfo, cuFuncSetAttribute, cuFuncSetCacheConfig, cuCtxSetCacheConfig,
+            cuCtxGetSharedMemConfig, cuDeviceGetTexture1DLinearMaxWidth, cuDeviceRegisterAsyncNotification,
+            cuDeviceUnregisterAsyncNotification, cuDeviceGetHostAtomicCapabilities, cuDeviceGetP2PAtomicCapabilities,
+            cuCtxSetSharedMemConfig, cuFuncSetSharedMemConfig, cuCtxGetCacheConfig, cuCtxResetPersistingL2Cache,
+            cuProfilerStart, cuProfilerStop, cuDeviceGetP2PAttribute, cuStreamBeginCapture_v2,
+            cuStreamBeginCapture_v2_ptsz, cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz,
+            cuStreamUpdateCaptureDependencies_v2, cuStreamUpdateCaptureDependencies_v2_ptsz, cuStreamEndCapture,
+            cuStreamEndCapture_ptsz, cuStreamIsCapturing, cuStreamIsCapturing_ptsz, cuStreamGetCaptureInfo_v3,
+            cuStreamGetCaptureInfo_v3_ptsz, cuThreadExchangeStreamCaptureMode, cuGraphCreate, cuGraphDestroy,
+            cuGraphAddKernelNode_v2, cuGraphKernelNodeGetParams_v2, cuGraphKernelNodeSetParams_v2,
+            cuGraphExecKernelNodeSetParams_v2, cuGraphAddMemcpyNode, cuGraphMemcpyNodeSetParams,
+            cuGraphExecMemcpyNodeSetParams, cuGraphAddMemsetNode, cuGraphMemsetNodeSetParams,
+            cuGraphExecMemsetNodeSetParams, cuGraphAddHostNode, cuGraphHostNodeSetParams,
+            cuGraphExecHostNodeSetParams, cuGraphAddChildGraphNode, cuGraphExecChildGraphNodeSetParams,
+            cuGraphAddEmptyNode, cuGraphAddEventRecordNode, cuGraphAddEventWaitNode, cuGraphEventRecordNodeSetEvent,
+            cuGraphExecEventRecordNodeSetEvent, cuGraphEventWaitNodeSetEvent, cuGraphExecEventWaitNodeSetEvent,
+            cuGraphAddDependencies_v2, cuGraphRemoveDependencies_v2, cuGraphGetNodes, cuGraphGetRootNodes,
+            cuGraphNodeGetType, cuGraphDestroyNode, cuGraphClone, cuGraphNodeFindInClone, cuGraphInstantiateWithFlags,
+            cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
+            cuGraphUpload, cuGraphUpload_ptsz, cuGraphExecDestroy, cuGraphExecUpdate_v2, cuGraphDebugDotPrint,
+            cuGraphAddMemAllocNode, cuGraphAddMemFreeNode, cuGraphMemAllocNodeGetParams, cuGraphMemFreeNodeGetParams,
+            cuDeviceGraphMemTrim, cuDeviceGetGraphMemAttribute, cuDeviceSetGraphMemAttribute,
+            cuGraphConditionalHandleCreate, cuGraphAddNode_v2, cuGraphNodeSetParams, cuGraphExecNodeSetParams,
+            cuGraphNodeGetDependencies_v2, cuGraphNodeGetDependentNodes_v2, cuGraphGetEdges_v2, cuGraphNodeSetEnabled,
+            cuGraphNodeGetEnabled, cuGraphExecGetFlags, cuGraphEventRecordNodeGetEvent, cuGraphEventWaitNodeGetEvent,
+            cuGraphChildGraphNodeGetGraph, cuGraphHostNodeGetParams, cuGraphMemcpyNodeGetParams,
+            cuGraphMemsetNodeGetParams, cuGraphKernelNodeGetAttribute, cuGraphKernelNodeSetAttribute,
+            cuGraphKernelNodeCopyAttributes, cuUserObjectCreate, cuUserObjectRetain, cuUserObjectRelease,
+            cuGraphRetainUserObject, cuGraphReleaseUserObject, cuGetProcAddress_v2,
+            cuOccupancyAvailableDynamicSMemPerBlock, cuKernelSetAttribute, cuLaunchHostFunc, cuLaunchHostFunc_ptsz,
+            cuStreamAddCallback, cuStreamAddCallback_ptsz, cuMemAllocAsync, cuMemAllocAsync_ptsz,
+            cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz, cuMemFreeAsync, cuMemFreeAsync_ptsz,
+            cuDeviceCanAccessPeer, cuCtxEnablePeerAccess, cuCtxDisablePeerAccess, cuMemcpyPeer, cuMemcpyPeerAsync,
+            cuStreamGetDevice, cuStreamGetDevice_ptsz, cuStreamGetId, cuStreamGetId_ptsz, cuMemPoolSetAccess,
+            cuMemPoolGetAccess, cuMemGetDefaultMemPool, cuMemGetMemPool, cuMemSetMemPool,
+            cuOccupancyMaxActiveClusters, cuOccupancyMaxPotentialClusterSize, cuDeviceGetPCIBusId,
+            cuDeviceGetByPCIBusId, cuDeviceGetDefaultMemPool, cuDeviceGetMemPool, cuDeviceSetMemPool,
+            cuMemPoolGetAttribute, cuMemPoolSetAttribute, cuMemPoolTrimTo, cuMemPoolCreate, cuMemPoolDestroy,
+            cuMemPoolExportToShareableHandle, cuMemPoolImportFromShareableHandle, cuMemPoolExportPointer,
+            cuMemPoolImportPointer, cuMemAllocManaged, cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz,
+            cuMemAdvise_v2, cuMemRangeGetAttribute, cuMemRangeGetAttributes, cuStreamAttachMemAsync,
+            cuStreamAttachMemAsync_ptsz, cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz,
+            cuMemDiscardBatchAsync, cuMemDiscardBatchAsync_ptsz, cuMemDiscardAndPrefetchBatchAsync,
+            cuMemDiscardAndPrefetchBatchAsync_ptsz, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+            cuMemAllocPitch_v2, cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds, cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz,
+            cuMemcpy3D_v2, cuMemcpy3D_v2_ptds, cuMemcpy3DAsync_v2, cuMemcpyBatchAsync_v2, cuMemcpy3DBatchAsync_v2,
+            cuMemcpy3DBatchAsync_v2_ptsz, cuMemcpyBatchAsync_v2_ptsz, cuMemcpy3DAsync_v2_ptsz, cuMemcpy3DPeer,
+            cuMemcpy3DPeer_ptds, cuMemcpy3DPeerAsync, cuMemcpy3DPeerAsync_ptsz, cuArray3DCreate_v2,
+            cuArray3DGetDescriptor_v2, cuArrayDestroy, cuMipmappedArrayCreate, cuMipmappedArrayGetLevel,
+            cuMipmappedArrayDestroy, cuArrayGetPlane, cuArrayGetSparseProperties, cuMipmappedArrayGetSparseProperties,
+            cuArrayGetMemoryRequirements, cuMipmappedArrayGetMemoryRequirements, cuTexObjectCreate,
+            cuTexObjectDestroy, cuTexObjectGetResourceDesc, cuTexObjectGetTextureDesc, cuTexObjectGetResourceViewDesc,
+            cuSurfObjectCreate, cuSurfObjectDestroy, cuSurfObjectGetResourceDesc,
+        )
     };
 }
 
-driver_functions! {
-    cuInit(flags: c_uint);
-    cuDriverGetVersion(version: *mut c_int);
-    cuDeviceGetCount(count: *mut c_int);
-    cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: c_int);
-    cuDeviceGetName(name: *mut c_char, len: c_int, device: c_int);
-    cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: c_int);
-    cuDeviceGetLuid(luid: *mut c_char, device_node_mask: *mut c_uint, device: c_int);
-    cuDeviceTotalMem_v2(bytes: *mut usize, device: c_int);
-    cuDevicePrimaryCtxRetain(context: *mut CUcontext, device: c_int);
-    cuDevicePrimaryCtxReset_v2(device: c_int);
-    cuDevicePrimaryCtxSetFlags_v2(device: c_int, flags: c_uint);
-    cuDevicePrimaryCtxGetState(device: c_int, flags: *mut c_uint, active: *mut c_int);
-    cuCtxGetCurrent(context: *mut CUcontext);
-    cuCtxSetCurrent(context: CUcontext);
-    cuCtxGetDevice(device: *mut c_int);
-    cuCtxSynchronize();
-    cuCtxSetLimit(limit: c_int, value: usize);
-    cuCtxGetLimit(value: *mut usize, limit: c_int);
-    cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int);
-    cuMemAlloc_v2(ptr: *mut CUdeviceptr, size: usize);
-    cuMemFree_v2(ptr: CUdeviceptr);
-    cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
-    cuMemHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint);
-    cuMemFreeHost(ptr: *mut c_void);
-    cuMemHostRegister_v2(ptr: *mut c_void, size: usize, flags: c_uint);
-    cuMemHostUnregister(ptr: *mut c_void);
-    cuMemHostGetFlags(flags: *mut c_uint, ptr: *mut c_void);
-    cuMemHostGetDevicePointer_v2(device: *mut CUdeviceptr, host: *mut c_void, flags: c_uint);
-    cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, count: usize);
-    cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, count: usize);
-    cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream);
-    cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, count: usize, stream: CUstream);
-    cuMemcpy2DUnaligned_v2(copy: *const Memcpy2D);
-    cuMemcpy2DUnaligned_v2_ptds(copy: *const Memcpy2D);
-    cuMemcpy2DAsync_v2(copy: *const Memcpy2D, stream: CUstream);
-    cuMemcpy2DAsync_v2_ptsz(copy: *const Memcpy2D, stream: CUstream);
-    cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize);
-    cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, count: usize);
-    cuMemsetD8Async(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream);
-    cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream);
-    cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr);
-    cuStreamCreateWithPriority(stream: *mut CUstream, flags: c_uint, priority: c_int);
-    cuStreamDestroy_v2(stream: CUstream);
-    cuStreamSynchronize(stream: CUstream);
-    cuStreamSynchronize_ptsz(stream: CUstream);
-    cuStreamQuery(stream: CUstream);
-    cuStreamQuery_ptsz(stream: CUstream);
-    cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint);
-    cuStreamWaitEvent_ptsz(stream: CUstream, event: CUevent, flags: c_uint);
-    cuStreamGetFlags(stream: CUstream, flags: *mut c_uint);
-    cuStreamGetFlags_ptsz(stream: CUstream, flags: *mut c_uint);
-    cuStreamGetPriority(stream: CUstream, priority: *mut c_int);
-    cuStreamGetPriority_ptsz(stream: CUstream, priority: *mut c_int);
-    cuStreamSetAttribute(stream: CUstream, attribute: c_uint, value: *const c_void);
-    cuIpcGetMemHandle(handle: *mut IpcHandle, ptr: CUdeviceptr);
-    cuIpcOpenMemHandle_v2(ptr: *mut CUdeviceptr, handle: IpcHandle, flags: c_uint);
-    cuIpcCloseMemHandle(ptr: CUdeviceptr);
-    cuIpcGetEventHandle(handle: *mut IpcHandle, event: CUevent);
-    cuIpcOpenEventHandle(event: *mut CUevent, handle: IpcHandle);
-    cuStreamSetAttribute_ptsz(stream: CUstream, attribute: c_uint, value: *const c_void);
-    cuStreamGetAttribute(stream: CUstream, attribute: c_uint, value: *mut c_void);
-    cuStreamGetAttribute_ptsz(stream: CUstream, attribute: c_uint, value: *mut c_void);
-    cuStreamCopyAttributes(dst: CUstream, src: CUstream);
-    cuStreamCopyAttributes_ptsz(dst: CUstream, src: CUstream);
-    cuEventCreate(event: *mut CUevent, flags: c_uint);
-    cuEventRecordWithFlags(event: CUevent, stream: CUstream, flags: c_uint);
-    cuEventRecordWithFlags_ptsz(event: CUevent, stream: CUstream, flags: c_uint);
-    cuEventSynchronize(event: CUevent);
-    cuEventQuery(event: CUevent);
-    cuEventElapsedTime_v2(milliseconds: *mut f32, start: CUevent, end: CUevent);
-    cuEventDestroy_v2(event: CUevent);
-    cuLibraryLoadData(
-        library: *mut CUlibrary,
-        code: *const c_void,
-        jit_options: *mut c_int,
-        jit_values: *mut *mut c_void,
-        jit_count: c_uint,
-        library_options: *mut c_int,
-        library_values: *mut *mut c_void,
-        library_count: c_uint,
-    );
-    cuLibraryLoadFromFile(
-        library: *mut CUlibrary,
-        file_name: *const c_char,
-        jit_options: *mut c_int,
-        jit_values: *mut *mut c_void,
-        jit_count: c_uint,
-        library_options: *mut c_int,
-        library_values: *mut *mut c_void,
-        library_count: c_uint,
-    );
-    cuLibraryUnload(library: CUlibrary);
-    cuLibraryGetKernelCount(count: *mut c_uint, library: CUlibrary);
-    cuLibraryEnumerateKernels(kernels: *mut CUkernel, count: c_uint, library: CUlibrary);
-    cuKernelGetName(name: *mut *const c_char, kernel: CUkernel);
-    cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char);
-    cuLibraryGetGlobal(ptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);
-    cuLibraryGetManaged(ptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);
-    cuLaunchKernel(
-        function: CUkernel,
-        grid_x: c_uint,
-        grid_y: c_uint,
-        grid_z: c_uint,
-        block_x: c_uint,
-        block_y: c_uint,
-        block_z: c_uint,
-        shared_mem: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    );
-    cuLaunchKernel_ptsz(
-        function: CUkernel,
-        grid_x: c_uint,
-        grid_y: c_uint,
-        grid_z: c_uint,
-        block_x: c_uint,
-        block_y: c_uint,
-        block_z: c_uint,
-        shared_mem: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    );
-    cuLaunchCooperativeKernel(
-        function: CUkernel,
-        grid_x: c_uint,
-        grid_y: c_uint,
-        grid_z: c_uint,
-        block_x: c_uint,
-        block_y: c_uint,
-        block_z: c_uint,
-        shared_mem: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-    );
-    cuLaunchCooperativeKernel_ptsz(
-        function: CUkernel,
-        grid_x: c_uint,
-        grid_y: c_uint,
-        grid_z: c_uint,
-        block_x: c_uint,
-        block_y: c_uint,
-        block_z: c_uint,
-        shared_mem: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-    );
-    cuLaunchKernelEx(config: *const LaunchConfig, function: CUkernel, params: *mut *mut c_void, extra: *mut *mut c_void);
-    cuLaunchKernelEx_ptsz(config: *const LaunchConfig, function: CUkernel, params: *mut *mut c_void, extra: *mut *mut c_void);
-    cuFuncGetAttribute(value: *mut c_int, attribute: c_int, function: CUkernel);
-    cuFuncGetName(name: *mut *const c_char, function: CUkernel);
-    cuLogsRegisterCallback(callback: *const c_void, data: *mut c_void, handle: *mut *mut c_void);
-    cuLogsUnregisterCallback(handle: *mut c_void);
-    cuLogsCurrent(iterator: *mut c_uint, flags: c_uint);
-    cuLogsDumpToFile(iterator: *mut c_uint, path: *const c_char, flags: c_uint);
-    cuLogsDumpToMemory(iterator: *mut c_uint, buffer: *mut c_char, size: *mut usize, flags: c_uint);
-    cuFuncGetParamInfo(function: CUkernel, index: usize, offset: *mut usize, size: *mut usize);
-    cuFuncSetAttribute(function: CUkernel, attribute: c_int, value: c_int);
-    cuFuncSetCacheConfig(function: CUkernel, config: c_uint);
-    cuCtxSetCacheConfig(config: c_uint);
-    cuCtxGetSharedMemConfig(config: *mut c_uint);
-    cuDeviceGetTexture1DLinearMaxWidth(width: *mut usize, format: c_uint, channels: c_uint, device: c_int);
-    cuDeviceRegisterAsyncNotification(device: c_int, callback_func: *mut c_void, user_data: *mut c_void, callback: *mut *mut c_void);
-    cuDeviceUnregisterAsyncNotification(device: c_int, callback: *mut c_void);
-    cuDeviceGetHostAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, device: c_int);
-    cuDeviceGetP2PAtomicCapabilities(capabilities: *mut c_uint, operations: *const c_uint, count: c_uint, src: c_int, dst: c_int);
-    cuCtxSetSharedMemConfig(config: c_uint);
-    cuFuncSetSharedMemConfig(function: CUkernel, config: c_uint);
-    cuCtxGetCacheConfig(config: *mut c_uint);
-    cuCtxResetPersistingL2Cache();
-    cuProfilerStart();
-    cuProfilerStop();
-    cuDeviceGetP2PAttribute(value: *mut c_int, attribute: c_uint, src: c_int, dst: c_int);
-    // --- stream capture, graphs and host functions: the runtime's structs that differ from the
-    // driver's are converted (see `api::graph`); the rest are the driver's own layouts ---
-    cuStreamBeginCapture_v2(stream: CUstream, mode: c_int);
-    cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_int);
-    cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, dependencies: *const CUgraphNode, edges: *const c_void, count: usize, mode: c_int);
-    cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, dependencies: *const CUgraphNode, edges: *const c_void, count: usize, mode: c_int);
-    cuStreamUpdateCaptureDependencies_v2(stream: CUstream, dependencies: *mut CUgraphNode, edges: *const c_void, count: usize, flags: c_uint);
-    cuStreamUpdateCaptureDependencies_v2_ptsz(stream: CUstream, dependencies: *mut CUgraphNode, edges: *const c_void, count: usize, flags: c_uint);
-    cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph);
-    cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph);
-    cuStreamIsCapturing(stream: CUstream, status: *mut c_int);
-    cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_int);
-    cuStreamGetCaptureInfo_v3(
-        stream: CUstream,
-        status: *mut c_int,
-        id: *mut u64,
-        graph: *mut CUgraph,
-        dependencies: *mut *const CUgraphNode,
-        edges: *mut *const c_void,
-        count: *mut usize,
-    );
-    cuStreamGetCaptureInfo_v3_ptsz(
-        stream: CUstream,
-        status: *mut c_int,
-        id: *mut u64,
-        graph: *mut CUgraph,
-        dependencies: *mut *const CUgraphNode,
-        edges: *mut *const c_void,
-        count: *mut usize,
-    );
-    cuThreadExchangeStreamCaptureMode(mode: *mut c_int);
-    cuGraphCreate(graph: *mut CUgraph, flags: c_uint);
-    cuGraphDestroy(graph: CUgraph);
-    cuGraphAddKernelNode_v2(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *const KernelNodeParams);
-    cuGraphKernelNodeGetParams_v2(node: CUgraphNode, params: *mut KernelNodeParams);
-    cuGraphKernelNodeSetParams_v2(node: CUgraphNode, params: *const KernelNodeParams);
-    cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const KernelNodeParams);
-    cuGraphAddMemcpyNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *const Memcpy3D, ctx: CUcontext);
-    cuGraphMemcpyNodeSetParams(node: CUgraphNode, params: *const Memcpy3D);
-    cuGraphExecMemcpyNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const Memcpy3D, ctx: CUcontext);
-    cuGraphAddMemsetNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *const c_void, ctx: CUcontext);
-    cuGraphMemsetNodeSetParams(node: CUgraphNode, params: *const c_void);
-    cuGraphExecMemsetNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void, ctx: CUcontext);
-    cuGraphAddHostNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *const c_void);
-    cuGraphHostNodeSetParams(node: CUgraphNode, params: *const c_void);
-    cuGraphExecHostNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void);
-    cuGraphAddChildGraphNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, child: CUgraph);
-    cuGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph);
-    cuGraphAddEmptyNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize);
-    cuGraphAddEventRecordNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, event: CUevent);
-    cuGraphAddEventWaitNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, event: CUevent);
-    cuGraphEventRecordNodeSetEvent(node: CUgraphNode, event: CUevent);
-    cuGraphExecEventRecordNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: CUevent);
-    cuGraphEventWaitNodeSetEvent(node: CUgraphNode, event: CUevent);
-    cuGraphExecEventWaitNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: CUevent);
-    cuGraphAddDependencies_v2(graph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edges: *const c_void, count: usize);
-    cuGraphRemoveDependencies_v2(graph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edges: *const c_void, count: usize);
-    cuGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize);
-    cuGraphGetRootNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize);
-    cuGraphNodeGetType(node: CUgraphNode, kind: *mut c_int);
-    cuGraphDestroyNode(node: CUgraphNode);
-    cuGraphClone(clone: *mut CUgraph, graph: CUgraph);
-    cuGraphNodeFindInClone(found: *mut CUgraphNode, node: CUgraphNode, clone: CUgraph);
-    cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64);
-    cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void);
-    cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void);
-    cuGraphLaunch(exec: CUgraphExec, stream: CUstream);
-    cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream);
-    cuGraphUpload(exec: CUgraphExec, stream: CUstream);
-    cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream);
-    cuGraphExecDestroy(exec: CUgraphExec);
-    cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut c_void);
-    cuGraphDebugDotPrint(graph: CUgraph, path: *const c_char, flags: c_uint);
-    // Memory and conditional nodes (`cudaMemAllocNodeParams` and `cudaGraphEdgeData` have the
-    // driver's layouts), generic nodes, queries.
-    cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *mut c_void);
-    cuGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, ptr: CUdeviceptr);
-    cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut c_void);
-    cuGraphMemFreeNodeGetParams(node: CUgraphNode, ptr: *mut CUdeviceptr);
-    cuDeviceGraphMemTrim(device: c_int);
-    cuDeviceGetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void);
-    cuDeviceSetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void);
-    cuGraphConditionalHandleCreate(handle: *mut u64, graph: CUgraph, context: CUcontext, default_value: c_uint, flags: c_uint);
-    cuGraphAddNode_v2(
-        node: *mut CUgraphNode,
-        graph: CUgraph,
-        dependencies: *const CUgraphNode,
-        edges: *const c_void,
-        count: usize,
-        params: *mut GraphNodeParams,
-    );
-    cuGraphNodeSetParams(node: CUgraphNode, params: *mut GraphNodeParams);
-    cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut GraphNodeParams);
-    cuGraphNodeGetDependencies_v2(node: CUgraphNode, nodes: *mut CUgraphNode, edges: *mut c_void, count: *mut usize);
-    cuGraphNodeGetDependentNodes_v2(node: CUgraphNode, nodes: *mut CUgraphNode, edges: *mut c_void, count: *mut usize);
-    cuGraphGetEdges_v2(graph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edges: *mut c_void, count: *mut usize);
-    cuGraphNodeSetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: c_uint);
-    cuGraphNodeGetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: *mut c_uint);
-    cuGraphExecGetFlags(exec: CUgraphExec, flags: *mut u64);
-    cuGraphEventRecordNodeGetEvent(node: CUgraphNode, event: *mut CUevent);
-    cuGraphEventWaitNodeGetEvent(node: CUgraphNode, event: *mut CUevent);
-    cuGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph);
-    // Node getters, kernel node attributes (`cudaLaunchAttributeValue` is the driver's), user
-    // objects.
-    cuGraphHostNodeGetParams(node: CUgraphNode, params: *mut c_void);
-    cuGraphMemcpyNodeGetParams(node: CUgraphNode, params: *mut Memcpy3D);
-    cuGraphMemsetNodeGetParams(node: CUgraphNode, params: *mut c_void);
-    cuGraphKernelNodeGetAttribute(node: CUgraphNode, attribute: c_int, value: *mut c_void);
-    cuGraphKernelNodeSetAttribute(node: CUgraphNode, attribute: c_int, value: *const c_void);
-    cuGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode);
-    cuUserObjectCreate(object: *mut *mut c_void, ptr: *mut c_void, destroy: HostFn, refs: c_uint, flags: c_uint);
-    cuUserObjectRetain(object: *mut c_void, count: c_uint);
-    cuUserObjectRelease(object: *mut c_void, count: c_uint);
-    cuGraphRetainUserObject(graph: CUgraph, object: *mut c_void, count: c_uint, flags: c_uint);
-    cuGraphReleaseUserObject(graph: CUgraph, object: *mut c_void, count: c_uint);
-    // Entry points by name (the runtime's flags and statuses are the driver's numbers), kernel
-    // queries by device.
-    cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int);
-    cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, kernel: CUkernel, blocks: c_int, block_size: c_int);
-    cuKernelSetAttribute(attribute: c_int, value: c_int, kernel: CUkernel, device: c_int);
-    cuLaunchHostFunc(stream: CUstream, function: HostFn, data: *mut c_void);
-    cuLaunchHostFunc_ptsz(stream: CUstream, function: HostFn, data: *mut c_void);
-    cuStreamAddCallback(stream: CUstream, callback: StreamCallback, data: *mut c_void, flags: c_uint);
-    cuStreamAddCallback_ptsz(stream: CUstream, callback: StreamCallback, data: *mut c_void, flags: c_uint);
-    // --- stream-ordered allocation (`cudaMemPoolProps` has the driver's layout) ---
-    cuMemAllocAsync(ptr: *mut CUdeviceptr, size: usize, stream: CUstream);
-    cuMemAllocAsync_ptsz(ptr: *mut CUdeviceptr, size: usize, stream: CUstream);
-    cuMemAllocFromPoolAsync(ptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream);
-    cuMemAllocFromPoolAsync_ptsz(ptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream);
-    cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream);
-    cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream);
-    // --- peers, stream queries, pool access, CUDA 13's location-based pools, clusters ---
-    cuDeviceCanAccessPeer(can_access: *mut c_int, device: c_int, peer: c_int);
-    cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint);
-    cuCtxDisablePeerAccess(peer: CUcontext);
-    cuMemcpyPeer(dst: CUdeviceptr, dst_context: CUcontext, src: CUdeviceptr, src_context: CUcontext, count: usize);
-    cuMemcpyPeerAsync(dst: CUdeviceptr, dst_context: CUcontext, src: CUdeviceptr, src_context: CUcontext, count: usize, stream: CUstream);
-    cuStreamGetDevice(stream: CUstream, device: *mut c_int);
-    cuStreamGetDevice_ptsz(stream: CUstream, device: *mut c_int);
-    cuStreamGetId(stream: CUstream, id: *mut u64);
-    cuStreamGetId_ptsz(stream: CUstream, id: *mut u64);
-    cuMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize);
-    cuMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *mut MemLocation);
-    cuMemGetDefaultMemPool(pool: *mut *mut c_void, location: *mut MemLocation, kind: c_int);
-    cuMemGetMemPool(pool: *mut *mut c_void, location: *mut MemLocation, kind: c_int);
-    cuMemSetMemPool(location: *mut MemLocation, kind: c_int, pool: *mut c_void);
-    cuOccupancyMaxActiveClusters(clusters: *mut c_int, kernel: CUkernel, config: *const LaunchConfig);
-    cuOccupancyMaxPotentialClusterSize(size: *mut c_int, kernel: CUkernel, config: *const LaunchConfig);
-    cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, device: c_int);
-    cuDeviceGetByPCIBusId(device: *mut c_int, bus_id: *const c_char);
-    cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int);
-    cuDeviceGetMemPool(pool: *mut *mut c_void, device: c_int);
-    cuDeviceSetMemPool(device: c_int, pool: *mut c_void);
-    cuMemPoolGetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void);
-    cuMemPoolSetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void);
-    cuMemPoolTrimTo(pool: *mut c_void, keep: usize);
-    cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void);
-    cuMemPoolDestroy(pool: *mut c_void);
-    // Pools shared between processes: the runtime's export data is the driver's 64 bytes.
-    cuMemPoolExportToShareableHandle(handle: *mut c_void, pool: *mut c_void, handle_type: c_int, flags: u64);
-    cuMemPoolImportFromShareableHandle(pool: *mut *mut c_void, handle: *mut c_void, handle_type: c_int, flags: u64);
-    cuMemPoolExportPointer(data: *mut c_void, ptr: CUdeviceptr);
-    cuMemPoolImportPointer(ptr: *mut CUdeviceptr, pool: *mut c_void, data: *mut c_void);
-    // --- managed memory (see `api::managed`: the runtime's enums and `cudaMemLocation` are the
-    // driver's) ---
-    cuMemAllocManaged(ptr: *mut CUdeviceptr, size: usize, flags: c_uint);
-    cuMemPrefetchAsync_v2(ptr: CUdeviceptr, count: usize, location: MemLocation, flags: c_uint, stream: CUstream);
-    cuMemPrefetchAsync_v2_ptsz(ptr: CUdeviceptr, count: usize, location: MemLocation, flags: c_uint, stream: CUstream);
-    cuMemAdvise_v2(ptr: CUdeviceptr, count: usize, advice: c_int, location: MemLocation);
-    cuMemRangeGetAttribute(data: *mut c_void, data_size: usize, attribute: c_int, ptr: CUdeviceptr, count: usize);
-    cuMemRangeGetAttributes(
-        data: *mut *mut c_void,
-        data_sizes: *mut usize,
-        attributes: *mut c_int,
-        num_attributes: usize,
-        ptr: CUdeviceptr,
-        count: usize,
-    );
-    cuStreamAttachMemAsync(stream: CUstream, ptr: CUdeviceptr, length: usize, flags: c_uint);
-    cuStreamAttachMemAsync_ptsz(stream: CUstream, ptr: CUdeviceptr, length: usize, flags: c_uint);
-    cuMemPrefetchBatchAsync(
-        ptrs: *mut CUdeviceptr,
-        sizes: *mut usize,
-        count: usize,
-        locations: *mut MemLocation,
-        location_starts: *mut usize,
-        num_locations: usize,
-        flags: u64,
-        stream: CUstream,
-    );
-    cuMemPrefetchBatchAsync_ptsz(
-        ptrs: *mut CUdeviceptr,
-        sizes: *mut usize,
-        count: usize,
-        locations: *mut MemLocation,
-        location_starts: *mut usize,
-        num_locations: usize,
-        flags: u64,
-        stream: CUstream,
-    );
-    cuMemDiscardBatchAsync(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: u64, stream: CUstream);
-    cuMemDiscardBatchAsync_ptsz(ptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: u64, stream: CUstream);
-    cuMemDiscardAndPrefetchBatchAsync(
-        ptrs: *mut CUdeviceptr,
-        sizes: *mut usize,
-        count: usize,
-        locations: *mut MemLocation,
-        location_starts: *mut usize,
-        num_locations: usize,
-        flags: u64,
-        stream: CUstream,
-    );
-    cuMemDiscardAndPrefetchBatchAsync_ptsz(
-        ptrs: *mut CUdeviceptr,
-        sizes: *mut usize,
-        count: usize,
-        locations: *mut MemLocation,
-        location_starts: *mut usize,
-        num_locations: usize,
-        flags: u64,
-        stream: CUstream,
-    );
-    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
-        blocks: *mut c_int,
-        function: CUkernel,
-        block_size: c_int,
-        dynamic_smem: usize,
-        flags: c_uint,
-    );
-    // --- pitched memory, 2D and 3D copies and memsets, arrays, texture and surface objects (see
-    // `api::arrays` and `api::textures`: the runtime's structs are converted) ---
-    cuMemAllocPitch_v2(ptr: *mut CUdeviceptr, pitch: *mut usize, width_in_bytes: usize, height: usize, element_size: c_uint);
-    cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize);
-    cuMemsetD2D8_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize);
-    cuMemsetD2D8Async(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream);
-    cuMemsetD2D8Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize, stream: CUstream);
-    cuMemcpy3D_v2(copy: *const Memcpy3D);
-    cuMemcpy3D_v2_ptds(copy: *const Memcpy3D);
-    cuMemcpy3DAsync_v2(copy: *const Memcpy3D, stream: CUstream);
-    cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: CUstream);
-    cuMemcpy3DBatchAsync_v2(num_ops: usize, ops: *mut c_void, flags: u64, stream: CUstream);
-    cuMemcpy3DBatchAsync_v2_ptsz(num_ops: usize, ops: *mut c_void, flags: u64, stream: CUstream);
-    cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut usize, num_attrs: usize, stream: CUstream);
-    cuMemcpy3DAsync_v2_ptsz(copy: *const Memcpy3D, stream: CUstream);
-    // `CUDA_MEMCPY3D_PEER` is `CUDA_MEMCPY3D` with the source and destination contexts in its
-    // two reserved fields.
-    cuMemcpy3DPeer(copy: *const Memcpy3D);
-    cuMemcpy3DPeer_ptds(copy: *const Memcpy3D);
-    cuMemcpy3DPeerAsync(copy: *const Memcpy3D, stream: CUstream);
-    cuMemcpy3DPeerAsync_ptsz(copy: *const Memcpy3D, stream: CUstream);
-    cuArray3DCreate_v2(array: *mut CUarray, descriptor: *const Array3DDescriptor);
-    cuArray3DGetDescriptor_v2(descriptor: *mut Array3DDescriptor, array: CUarray);
-    cuArrayDestroy(array: CUarray);
-    cuMipmappedArrayCreate(mipmapped: *mut CUmipmappedArray, descriptor: *const Array3DDescriptor, levels: c_uint);
-    cuMipmappedArrayGetLevel(level_array: *mut CUarray, mipmapped: CUmipmappedArray, level: c_uint);
-    cuMipmappedArrayDestroy(mipmapped: CUmipmappedArray);
-    // The runtime's sparse properties and memory requirements have the driver's layout.
-    cuArrayGetPlane(plane: *mut CUarray, array: CUarray, plane_index: c_uint);
-    cuArrayGetSparseProperties(properties: *mut crate::api::cudaArraySparseProperties, array: CUarray);
-    cuMipmappedArrayGetSparseProperties(properties: *mut crate::api::cudaArraySparseProperties, mipmapped: CUmipmappedArray);
-    cuArrayGetMemoryRequirements(requirements: *mut crate::api::cudaArrayMemoryRequirements, array: CUarray, device: c_int);
-    cuMipmappedArrayGetMemoryRequirements(
-        requirements: *mut crate::api::cudaArrayMemoryRequirements,
-        mipmapped: CUmipmappedArray,
-        device: c_int,
-    );
-    cuTexObjectCreate(texture: *mut u64, resource: *const ResourceDesc, desc: *const TextureDesc, view: *const ResourceViewDesc);
-    cuTexObjectDestroy(texture: u64);
-    cuTexObjectGetResourceDesc(resource: *mut ResourceDesc, texture: u64);
-    cuTexObjectGetTextureDesc(desc: *mut TextureDesc, texture: u64);
-    cuTexObjectGetResourceViewDesc(view: *mut ResourceViewDesc, texture: u64);
-    cuSurfObjectCreate(surface: *mut u64, resource: *const ResourceDesc);
-    cuSurfObjectDestroy(surface: u64);
-    cuSurfObjectGetResourceDesc(resource: *mut ResourceDesc, surface: u64);
+/// The names among `$name`s that `$table` lacks.
+macro_rules! missing_of {
+    ($table:expr; $($name:ident,)*) => {{
+        let mut missing: Vec<&'static str> = Vec::new();
+        $(if $table.$name.is_none() {
+            missing.push(stringify!($name));
+        })*
+        missing
+    }};
 }
+
+/// The driver under the runtime: the generated table of its exports (one declaration per export,
+/// in `flyt-cuda-sys`), looked up once in the library, which stays loaded with it.
+pub struct Driver {
+    table: DriverTable,
+    _library: libloading::Library,
+}
+
+impl std::ops::Deref for Driver {
+    type Target = DriverTable;
+
+    fn deref(&self) -> &DriverTable {
+        &self.table
+    }
+}
+
+impl Driver {
+    fn resolve(library: libloading::Library) -> Result<Driver, String> {
+        // SAFETY: `library` is the `libcuda.so.1` the front kit found (Flyt's driver, or one that
+        // claims the name): its exports have the header's signatures. It stays loaded beside the
+        // table in `Driver`.
+        let table = unsafe { DriverTable::resolve(&library) };
+        let missing = missing_required!(table);
+        if !missing.is_empty() {
+            return Err(format!("{} missing", missing.join(", ")));
+        }
+        Ok(Driver { table, _library: library })
+    }
+}
+
+/// A call to an export the driver lacks: `cudaErrorNotSupported`, with one line naming it.
+#[cold]
+pub fn missing_export(name: &str) -> CudaError {
+    crate::diagnostics::once(name, &format!("flyt: the CUDA runtime cannot call {name}: the driver lacks it"));
+    CudaError::NOT_SUPPORTED
+}
+
+/// [`missing_export`] as the driver's status (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cold]
+pub fn missing_status(name: &str) -> CUresult {
+    CUresult(missing_export(name).code())
+}
+
+/// `$driver.$name($args)`: the driver's status, `CUDA_ERROR_NOT_SUPPORTED` (named once) where the
+/// driver lacks the export. The caller's arguments must meet the function's C contract.
+macro_rules! driver_call {
+    ($driver:expr, $name:ident($($arg:expr),* $(,)?)) => {
+        match $driver.$name {
+            // SAFETY: a driver API call with arguments that meet its C contract (the caller's duty,
+            // stated where the macro is used).
+            Some(function) => unsafe { function($($arg),*) },
+            None => $crate::driver::missing_status(stringify!($name)),
+        }
+    };
+}
+pub(crate) use driver_call;
 
 /// Calls a driver function: `cu!(cuMemFree_v2(ptr))` is its status as a `CudaResult<()>`.
 /// The driver's status codes are the runtime's error numbers (CUDA numbers them alike).
@@ -724,7 +368,7 @@ macro_rules! cu {
         match $crate::driver::driver() {
             // SAFETY: a driver API call with arguments that meet its C contract: the caller checked
             // what the app passed, or passes it on under the runtime function's own contract.
-            Ok(driver) => flyt_protocol::CudaError::check(unsafe { (driver.$name)($($arg),*) }),
+            Ok(driver) => flyt_protocol::CudaError::check($crate::driver::driver_call!(driver, $name($($arg),*)).0),
             Err(error) => Err(error),
         }
     }};
@@ -735,7 +379,7 @@ pub(crate) use cu;
 macro_rules! cu_ctx {
     ($name:ident($($arg:expr),* $(,)?)) => {
         // SAFETY: as in `cu!`.
-        $crate::driver::in_context(|driver| unsafe { (driver.$name)($($arg),*) })
+        $crate::driver::in_context(|driver| $crate::driver::driver_call!(driver, $name($($arg),*)))
     };
 }
 pub(crate) use cu_ctx;
@@ -763,8 +407,8 @@ fn load() -> Result<Driver, CudaError> {
         crate::diagnostics::once("driver", &format!("flyt: the libcuda.so.1 found is not a CUDA driver: {reason}"));
         CudaError::INSUFFICIENT_DRIVER
     })?;
-    // SAFETY: `cuInit` takes flags by value; 0 is the only valid value.
-    CudaError::check(unsafe { (driver.cuInit)(0) })?;
+    // `cuInit` takes flags by value; 0 is the only valid value.
+    CudaError::check(driver_call!(driver, cuInit(0)).0)?;
     Ok(driver)
 }
 
@@ -803,7 +447,7 @@ fn primary_context(driver: &Driver, device: c_int, generation: u64) -> CudaResul
     }
     let mut context: CUcontext = std::ptr::null_mut();
     // SAFETY: `context` is a local out-value.
-    CudaError::check(unsafe { (driver.cuDevicePrimaryCtxRetain)(&mut context, device) })?;
+    CudaError::check(driver_call!(driver, cuDevicePrimaryCtxRetain(&mut context, device)).0)?;
     retained.retain(|(d, _, _)| *d != device);
     retained.push((device, generation, context as usize));
     Ok(context)
@@ -831,18 +475,18 @@ pub fn ensure_context() -> CudaResult<&'static Driver> {
 fn bind_context(driver: &Driver, generation: u64) -> CudaResult<()> {
     let mut current: CUcontext = std::ptr::null_mut();
     // SAFETY: `current` is a local out-value.
-    CudaError::check(unsafe { (driver.cuCtxGetCurrent)(&mut current) })?;
+    CudaError::check(driver_call!(driver, cuCtxGetCurrent(&mut current)).0)?;
     let primary = primary_context(driver, current_device(), generation)?;
     if current.is_null() || current == primary {
         // SAFETY: a context handle the driver gave out.
-        CudaError::check(unsafe { (driver.cuCtxSetCurrent)(primary) })?;
+        CudaError::check(driver_call!(driver, cuCtxSetCurrent(primary)).0)?;
     }
     let _ = CONTEXT_CHECKED.try_with(|checked| checked.set(generation));
     Ok(())
 }
 
 /// `CUDA_ERROR_INVALID_CONTEXT`: the driver found no context current on the thread.
-const INVALID_CONTEXT: CUresult = 201;
+const INVALID_CONTEXT: CUresult = CUresult(201);
 
 /// Runs a driver call in the thread's context. A call refused for want of a current context (the
 /// app popped or unset it through the driver API) did nothing: the thread's primary context is made
@@ -851,10 +495,10 @@ pub fn in_context(mut call: impl FnMut(&Driver) -> CUresult) -> CudaResult<()> {
     let driver = ensure_context()?;
     let status = call(driver);
     if status != INVALID_CONTEXT {
-        return CudaError::check(status);
+        return CudaError::check(status.0);
     }
     bind_context(driver, RESET_GENERATION.load(Ordering::Acquire))?;
-    CudaError::check(call(driver))
+    CudaError::check(call(driver).0)
 }
 
 /// The calling thread's context, set up as for any runtime call: what the runtime gives a driver
@@ -863,9 +507,9 @@ pub fn current_context() -> CudaResult<CUcontext> {
     let mut current: CUcontext = std::ptr::null_mut();
     in_context(|driver| {
         // SAFETY: `current` is a local out-value.
-        let status = unsafe { (driver.cuCtxGetCurrent)(&mut current) };
+        let status = driver_call!(driver, cuCtxGetCurrent(&mut current));
         // No context current: `in_context` binds the thread's primary context and asks again.
-        if status == 0 && current.is_null() { INVALID_CONTEXT } else { status }
+        if status.0 == 0 && current.is_null() { INVALID_CONTEXT } else { status }
     })?;
     Ok(current)
 }
@@ -876,7 +520,7 @@ pub fn set_device(device: c_int) -> CudaResult<()> {
     let generation = RESET_GENERATION.load(Ordering::Acquire);
     let primary = primary_context(driver, device, generation)?;
     // SAFETY: a context handle the driver gave out.
-    CudaError::check(unsafe { (driver.cuCtxSetCurrent)(primary) })?;
+    CudaError::check(driver_call!(driver, cuCtxSetCurrent(primary)).0)?;
     let _ = CURRENT_DEVICE.try_with(|current| current.set(device));
     let _ = CONTEXT_CHECKED.try_with(|checked| checked.set(generation));
     Ok(())
@@ -888,4 +532,25 @@ pub fn reset_device() -> CudaResult<()> {
     cu!(cuDevicePrimaryCtxReset_v2(current_device()))?;
     RESET_GENERATION.fetch_add(1, Ordering::AcqRel);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_library_without_the_required_exports_is_refused_and_named() {
+        // libc bears none of the driver's names: every required export is reported missing.
+        // SAFETY: libc is loaded in every process already; loading it again runs nothing new.
+        let library = unsafe { libloading::Library::new("libc.so.6") }.expect("libc loads");
+        let Err(reason) = Driver::resolve(library) else { panic!("libc accepted as a CUDA driver") };
+        assert!(reason.starts_with("cuInit, "), "{reason}");
+        assert!(reason.contains("cuMemAlloc_v2") && reason.contains("cuSurfObjectGetResourceDesc"), "{reason}");
+    }
+
+    #[test]
+    fn a_missing_optional_export_is_not_supported() {
+        assert_eq!(missing_export("cuTestOnlyExport"), CudaError::NOT_SUPPORTED);
+        assert_eq!(missing_status("cuTestOnlyExport"), CUresult(801));
+    }
 }

@@ -15,8 +15,17 @@ pub type cudaStream_t = *mut c_void;
 pub type cudaEvent_t = *mut c_void;
 pub type cudaKernel_t = *mut c_void;
 pub type cudaMemcpyKind = c_int;
-pub type cudaArray_t = *mut c_void;
-pub type cudaMipmappedArray_t = *mut c_void;
+/// The runtime's arrays are the driver's (`CUarray`), as is what the app holds.
+pub type cudaArray_t = crate::driver::CUarray;
+pub type cudaMipmappedArray_t = crate::driver::CUmipmappedArray;
+/// The runtime's graphs, libraries and IPC handles are the driver's (cuda_runtime_api.h declares
+/// them so: `typedef struct CUgraph_st *cudaGraph_t`).
+pub type cudaGraph_t = crate::driver::CUgraph;
+pub type cudaGraphNode_t = crate::driver::CUgraphNode;
+pub type cudaGraphExec_t = crate::driver::CUgraphExec;
+pub type cudaLibrary_t = crate::driver::CUlibrary;
+pub type cudaIpcMemHandle_t = crate::driver::CUipcMemHandle;
+pub type cudaIpcEventHandle_t = crate::driver::CUipcEventHandle;
 pub type cudaTextureObject_t = std::ffi::c_ulonglong;
 pub type cudaSurfaceObject_t = std::ffi::c_ulonglong;
 

@@ -37,7 +37,7 @@ impl FatBinary {
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
                 0,
-                options.as_mut_ptr(),
+                (options.as_mut_ptr()).cast(),
                 values.as_mut_ptr(),
                 1,
             ))

@@ -206,7 +206,7 @@ pub(super) fn descriptor(array: CUarray) -> CudaResult<Array3DDescriptor> {
         return Err(CudaError::INVALID_VALUE);
     }
     let mut descriptor = Array3DDescriptor::default();
-    cu_ctx!(cuArray3DGetDescriptor_v2(&mut descriptor, array))?;
+    cu_ctx!(cuArray3DGetDescriptor_v2(std::ptr::from_mut(&mut descriptor).cast(), array))?;
     Ok(descriptor)
 }
 
@@ -280,8 +280,8 @@ fn memset_2d(
     match (mode, per_thread) {
         (Mode::Synchronous, false) => cu_ctx!(cuMemsetD2D8_v2(dst, pitch, byte, width, height)),
         (Mode::Synchronous, true) => cu_ctx!(cuMemsetD2D8_v2_ptds(dst, pitch, byte, width, height)),
-        (Mode::Asynchronous, false) => cu_ctx!(cuMemsetD2D8Async(dst, pitch, byte, width, height, stream)),
-        (Mode::Asynchronous, true) => cu_ctx!(cuMemsetD2D8Async_ptsz(dst, pitch, byte, width, height, stream)),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemsetD2D8Async(dst, pitch, byte, width, height, stream.cast())),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemsetD2D8Async_ptsz(dst, pitch, byte, width, height, stream.cast())),
     }
 }
 
@@ -391,7 +391,7 @@ unsafe fn create_array(out: *mut CUarray, desc: *const cudaChannelFormatDesc, ex
     // SAFETY: the app's struct.
     let descriptor = unsafe { array_descriptor(out, desc, extent, flags) }?;
     let mut array: CUarray = std::ptr::null_mut();
-    cu_ctx!(cuArray3DCreate_v2(&mut array, &descriptor))?;
+    cu_ctx!(cuArray3DCreate_v2(&mut array, std::ptr::from_ref(&descriptor).cast()))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, array) }
 }
@@ -428,7 +428,7 @@ pub unsafe fn cudaMallocMipmappedArray(
     // SAFETY: the app's struct.
     let descriptor = unsafe { array_descriptor(mipmapped, desc, extent, flags) }?;
     let mut handle: CUmipmappedArray = std::ptr::null_mut();
-    cu_ctx!(cuMipmappedArrayCreate(&mut handle, &descriptor, levels))?;
+    cu_ctx!(cuMipmappedArrayCreate(&mut handle, std::ptr::from_ref(&descriptor).cast(), levels))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(mipmapped, handle) }
 }
@@ -536,7 +536,7 @@ pub unsafe fn cudaArrayGetSparseProperties(properties: *mut cudaArraySparsePrope
         return Err(CudaError::INVALID_VALUE);
     }
     let mut out = cudaArraySparseProperties::default();
-    cu_ctx!(cuArrayGetSparseProperties(&mut out, array))?;
+    cu_ctx!(cuArrayGetSparseProperties(std::ptr::from_mut(&mut out).cast(), array))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(properties, out) }
 }
@@ -549,7 +549,7 @@ pub unsafe fn cudaMipmappedArrayGetSparseProperties(
         return Err(CudaError::INVALID_VALUE);
     }
     let mut out = cudaArraySparseProperties::default();
-    cu_ctx!(cuMipmappedArrayGetSparseProperties(&mut out, mipmapped))?;
+    cu_ctx!(cuMipmappedArrayGetSparseProperties(std::ptr::from_mut(&mut out).cast(), mipmapped))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(properties, out) }
 }
@@ -564,7 +564,7 @@ pub unsafe fn cudaArrayGetMemoryRequirements(
     }
     let device = valid_device(device)?;
     let mut out = cudaArrayMemoryRequirements::default();
-    cu_ctx!(cuArrayGetMemoryRequirements(&mut out, array, device))?;
+    cu_ctx!(cuArrayGetMemoryRequirements(std::ptr::from_mut(&mut out).cast(), array, device))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(requirements, out) }
 }
@@ -579,7 +579,7 @@ pub unsafe fn cudaMipmappedArrayGetMemoryRequirements(
     }
     let device = valid_device(device)?;
     let mut out = cudaArrayMemoryRequirements::default();
-    cu_ctx!(cuMipmappedArrayGetMemoryRequirements(&mut out, mipmapped, device))?;
+    cu_ctx!(cuMipmappedArrayGetMemoryRequirements(std::ptr::from_mut(&mut out).cast(), mipmapped, device))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(requirements, out) }
 }
@@ -982,7 +982,7 @@ fn describe_3d(src: Side3D<'_>, dst: Side3D<'_>, extent: &cudaExtent, kind: cuda
         src_memory_type: src_type,
         src_host: src_ptr as usize as *const c_void,
         src_device: src_ptr,
-        src_array,
+        src_array: src_array.cast(),
         reserved0: std::ptr::null_mut(),
         src_pitch,
         src_height,
@@ -993,7 +993,7 @@ fn describe_3d(src: Side3D<'_>, dst: Side3D<'_>, extent: &cudaExtent, kind: cuda
         dst_memory_type: dst_type,
         dst_host: dst_ptr as usize as *mut c_void,
         dst_device: dst_ptr,
-        dst_array,
+        dst_array: dst_array.cast(),
         reserved1: std::ptr::null_mut(),
         dst_pitch,
         dst_height,
@@ -1005,10 +1005,10 @@ fn describe_3d(src: Side3D<'_>, dst: Side3D<'_>, extent: &cudaExtent, kind: cuda
 
 fn copy_3d(copy: &Memcpy3D, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
     match (mode, per_thread) {
-        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy3D_v2(copy)),
-        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy3D_v2_ptds(copy)),
-        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy3DAsync_v2(copy, stream)),
-        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy3DAsync_v2_ptsz(copy, stream)),
+        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy3D_v2(std::ptr::from_ref(copy).cast())),
+        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy3D_v2_ptds(std::ptr::from_ref(copy).cast())),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy3DAsync_v2(std::ptr::from_ref(copy).cast(), stream.cast())),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy3DAsync_v2_ptsz(std::ptr::from_ref(copy).cast(), stream.cast())),
     }
 }
 
@@ -1049,13 +1049,13 @@ unsafe fn memcpy_3d_peer(params: *const cudaMemcpy3DPeerParms, stream: cudaStrea
     if src_device == current && dst_device == current {
         return copy_3d(&copy, stream, mode, per_thread);
     }
-    copy.reserved0 = device_context(src_device)?;
-    copy.reserved1 = device_context(dst_device)?;
+    copy.reserved0 = (device_context(src_device)?).cast();
+    copy.reserved1 = (device_context(dst_device)?).cast();
     match (mode, per_thread) {
-        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy3DPeer(&copy)),
-        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy3DPeer_ptds(&copy)),
-        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy3DPeerAsync(&copy, stream)),
-        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy3DPeerAsync_ptsz(&copy, stream)),
+        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy3DPeer(std::ptr::from_ref(&copy).cast())),
+        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy3DPeer_ptds(std::ptr::from_ref(&copy).cast())),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy3DPeerAsync(std::ptr::from_ref(&copy).cast(), stream.cast())),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy3DPeerAsync_ptsz(std::ptr::from_ref(&copy).cast(), stream.cast())),
     }
 }
 

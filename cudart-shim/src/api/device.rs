@@ -42,8 +42,8 @@ pub unsafe fn cudaGetDevice(device: *mut c_int) -> CudaResult<()> {
     // exists only once the driver is loaded).
     if let Some(driver) = crate::driver::loaded() {
         let mut context = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        if CudaError::check(unsafe { (driver.cuCtxGetCurrent)(&mut context) }) == Err(CudaError::NOT_PERMITTED) {
+        // A valid out-pointer.
+        if CudaError::check(crate::driver::driver_call!(driver, cuCtxGetCurrent(&mut context)).0) == Err(CudaError::NOT_PERMITTED) {
             return Err(CudaError::NOT_PERMITTED);
         }
     }
@@ -82,7 +82,7 @@ fn identity(device: c_int) -> CudaResult<Identity> {
     cu!(cuDeviceGetName(name.as_mut_ptr(), 256, device))?;
     let name = name.iter().take_while(|c| **c != 0).map(|c| *c as u8 as char).collect();
     let mut uuid = [0u8; 16];
-    cu!(cuDeviceGetUuid_v2(&mut uuid, device))?;
+    cu!(cuDeviceGetUuid_v2(std::ptr::from_mut(&mut uuid).cast(), device))?;
     let (mut luid, mut luid_device_node_mask) = ([0 as c_char; 8], 0);
     // No LUID outside Windows: the driver says so and the fields stay zero, as CUDA's do.
     let _ = cu!(cuDeviceGetLuid(luid.as_mut_ptr(), &mut luid_device_node_mask, device));
@@ -93,7 +93,7 @@ fn identity(device: c_int) -> CudaResult<Identity> {
 
 fn attribute(device: c_int, id: u32) -> CudaResult<c_int> {
     let mut value = 0;
-    cu!(cuDeviceGetAttribute(&mut value, c_int::try_from(id).map_err(|_| CudaError::INVALID_VALUE)?, device))?;
+    cu!(cuDeviceGetAttribute(&mut value, (c_int::try_from(id).map_err(|_| CudaError::INVALID_VALUE)?).cast_unsigned(), device))?;
     Ok(value)
 }
 
@@ -129,12 +129,12 @@ pub unsafe fn cudaDeviceReset() -> CudaResult<()> {
 
 /// `cudaLimit` numbers the limits as the driver's `CUlimit` does.
 pub unsafe fn cudaDeviceSetLimit(limit: c_int, value: usize) -> CudaResult<()> {
-    cu_ctx!(cuCtxSetLimit(limit, value))
+    cu_ctx!(cuCtxSetLimit(limit.cast_unsigned(), value))
 }
 
 pub unsafe fn cudaDeviceGetLimit(value: *mut usize, limit: c_int) -> CudaResult<()> {
     let mut found = 0;
-    cu_ctx!(cuCtxGetLimit(&mut found, limit))?;
+    cu_ctx!(cuCtxGetLimit(&mut found, limit.cast_unsigned()))?;
     // SAFETY: the app's out-pointer.
     unsafe { write_out(value, found) }
 }
@@ -169,15 +169,15 @@ pub unsafe fn cudaDeviceGetTexture1DLinearMaxWidth(width: *mut usize, desc: *con
 /// The runtime's callback, info and handle have the driver's layout: the driver's own calls serve.
 pub unsafe fn cudaDeviceRegisterAsyncNotification(
     device: c_int,
-    callback_func: *mut c_void,
+    callback_func: flyt_cuda_sys::types::CUasyncCallback,
     user_data: *mut c_void,
     callback: *mut *mut c_void,
 ) -> CudaResult<()> {
-    cu!(cuDeviceRegisterAsyncNotification(device, callback_func, user_data, callback))
+    cu!(cuDeviceRegisterAsyncNotification(device, callback_func, user_data, callback.cast()))
 }
 
 pub unsafe fn cudaDeviceUnregisterAsyncNotification(device: c_int, callback: *mut c_void) -> CudaResult<()> {
-    cu!(cuDeviceUnregisterAsyncNotification(device, callback))
+    cu!(cuDeviceUnregisterAsyncNotification(device, callback.cast()))
 }
 
 /// `cudaAtomicOperation` values are the driver's `CUatomicOperation`s.

@@ -47,12 +47,16 @@ pub unsafe fn cudaCreateChannelDesc(x: c_int, y: c_int, z: c_int, w: c_int, f: c
 
 // The error log is the driver's (`cuLogs*`): the runtime's functions are the same calls.
 
-pub unsafe fn cudaLogsRegisterCallback(callback: *const c_void, data: *mut c_void, handle: *mut *mut c_void) -> CudaResult<()> {
-    cu!(cuLogsRegisterCallback(callback, data, handle))
+pub unsafe fn cudaLogsRegisterCallback(
+    callback: flyt_cuda_sys::types::CUlogsCallback,
+    data: *mut c_void,
+    handle: *mut *mut c_void,
+) -> CudaResult<()> {
+    cu!(cuLogsRegisterCallback(callback, data, handle.cast()))
 }
 
 pub unsafe fn cudaLogsUnregisterCallback(handle: *mut c_void) -> CudaResult<()> {
-    cu!(cuLogsUnregisterCallback(handle))
+    cu!(cuLogsUnregisterCallback(handle.cast()))
 }
 
 pub unsafe fn cudaLogsCurrent(iterator: *mut c_uint, flags: c_uint) -> CudaResult<()> {

@@ -49,7 +49,7 @@ pub unsafe fn cudaFuncGetAttributes(attributes: *mut cudaFuncAttributes, func: *
     let kernel = kernel(func)?;
     let get = |id: i32| -> CudaResult<c_int> {
         let mut value = 0;
-        cu_ctx!(cuFuncGetAttribute(&mut value, id, kernel))?;
+        cu_ctx!(cuFuncGetAttribute(&mut value, id.cast_unsigned(), kernel.cast()))?;
         Ok(value)
     };
     let size = |id: i32| get(id).map(|value| usize::try_from(value).unwrap_or(0));
@@ -82,7 +82,7 @@ pub unsafe fn cudaFuncSetAttribute(func: *const c_void, attr: c_int, value: c_in
         return Err(CudaError::INVALID_VALUE);
     }
     let kernel = registered.handle()?;
-    cu_ctx!(cuFuncSetAttribute(kernel, attr, value))
+    cu_ctx!(cuFuncSetAttribute(kernel.cast(), attr.cast_unsigned(), value))
 }
 
 /// A kernel's cache preference (`cudaFuncCache`: the driver's `CUfunc_cache` numbers). A host
@@ -92,7 +92,7 @@ pub unsafe fn cudaFuncSetCacheConfig(func: *const c_void, config: c_int) -> Cuda
     let registered = kernel_by_host(func as usize).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
     let config = c_uint::try_from(config).map_err(|_| CudaError::INVALID_VALUE)?;
     let kernel = registered.handle()?;
-    cu_ctx!(cuFuncSetCacheConfig(kernel, config))
+    cu_ctx!(cuFuncSetCacheConfig(kernel.cast(), config))
 }
 
 pub unsafe fn cudaFuncGetName(name: *mut *const c_char, func: *const c_void) -> CudaResult<()> {
@@ -100,19 +100,19 @@ pub unsafe fn cudaFuncGetName(name: *mut *const c_char, func: *const c_void) -> 
         return Err(CudaError::INVALID_VALUE);
     }
     let kernel = kernel(func)?;
-    cu_ctx!(cuFuncGetName(name, kernel))
+    cu_ctx!(cuFuncGetName(name, kernel.cast()))
 }
 
 pub unsafe fn cudaFuncGetParamInfo(func: *const c_void, index: usize, offset: *mut usize, size: *mut usize) -> CudaResult<()> {
     let kernel = kernel(func)?;
-    cu_ctx!(cuFuncGetParamInfo(kernel, index, offset, size))
+    cu_ctx!(cuFuncGetParamInfo(kernel.cast(), index, offset, size))
 }
 
 pub unsafe fn cudaFuncSetSharedMemConfig(func: *const c_void, config: c_int) -> CudaResult<()> {
     let registered = kernel_by_host(func as usize).ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
     let config = c_uint::try_from(config).map_err(|_| CudaError::INVALID_VALUE)?;
     let kernel = registered.handle()?;
-    cu_ctx!(cuFuncSetSharedMemConfig(kernel, config))
+    cu_ctx!(cuFuncSetSharedMemConfig(kernel.cast(), config))
 }
 
 pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -137,7 +137,7 @@ pub unsafe fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     }
     let kernel = kernel(func)?;
     let mut value = 0;
-    cu_ctx!(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&mut value, kernel, block_size, dynamic_smem, flags))?;
+    cu_ctx!(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&mut value, kernel.cast(), block_size, dynamic_smem, flags))?;
     // SAFETY: checked non-NULL above; the app's out-pointer.
     unsafe { write_out(blocks, value) }
 }
@@ -166,7 +166,7 @@ fn driver_entry_point(
         return Err(CudaError::INVALID_VALUE);
     }
     let version = c_int::try_from(version).map_err(|_| CudaError::INVALID_VALUE)?;
-    cu!(cuGetProcAddress_v2(symbol, func, version, entry_point_flags(flags, per_thread), status))
+    cu!(cuGetProcAddress_v2(symbol, func, version, entry_point_flags(flags, per_thread), status.cast()))
 }
 
 pub unsafe fn cudaGetDriverEntryPoint(symbol: *const c_char, func: *mut *mut c_void, flags: u64, status: *mut c_int) -> CudaResult<()> {
@@ -230,7 +230,7 @@ pub unsafe fn cudaOccupancyAvailableDynamicSMemPerBlock(
     }
     let kernel = kernel(func)?;
     let mut value = 0usize;
-    cu_ctx!(cuOccupancyAvailableDynamicSMemPerBlock(&mut value, kernel, blocks, block_size))?;
+    cu_ctx!(cuOccupancyAvailableDynamicSMemPerBlock(&mut value, kernel.cast(), blocks, block_size))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(size, value) }
 }
@@ -242,5 +242,5 @@ pub unsafe fn cudaKernelSetAttributeForDevice(kernel: cudaKernel_t, attr: c_int,
         return Err(CudaError::INVALID_VALUE);
     }
     let handle = registered.handle()?;
-    cu_ctx!(cuKernelSetAttribute(attr, value, handle, device))
+    cu_ctx!(cuKernelSetAttribute(attr.cast_unsigned(), value, handle, device))
 }

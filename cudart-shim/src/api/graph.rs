@@ -21,11 +21,11 @@ use crate::registry::{host_function_of, kernel_by_host};
 // --- stream capture ---
 
 pub unsafe fn cudaStreamBeginCapture(stream: cudaStream_t, mode: c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCapture_v2(stream, mode))
+    cu_ctx!(cuStreamBeginCapture_v2(stream.cast(), mode.cast_unsigned()))
 }
 
 pub unsafe fn cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCapture_v2_ptsz(stream, mode))
+    cu_ctx!(cuStreamBeginCapture_v2_ptsz(stream.cast(), mode.cast_unsigned()))
 }
 
 pub unsafe fn cudaStreamBeginCaptureToGraph(
@@ -36,7 +36,7 @@ pub unsafe fn cudaStreamBeginCaptureToGraph(
     count: usize,
     mode: c_int,
 ) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCaptureToGraph(stream, graph, dependencies, edges, count, mode))
+    cu_ctx!(cuStreamBeginCaptureToGraph(stream.cast(), graph, dependencies, edges.cast(), count, mode.cast_unsigned()))
 }
 
 pub unsafe fn cudaStreamBeginCaptureToGraph_ptsz(
@@ -47,7 +47,7 @@ pub unsafe fn cudaStreamBeginCaptureToGraph_ptsz(
     count: usize,
     mode: c_int,
 ) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCaptureToGraph_ptsz(stream, graph, dependencies, edges, count, mode))
+    cu_ctx!(cuStreamBeginCaptureToGraph_ptsz(stream.cast(), graph, dependencies, edges.cast(), count, mode.cast_unsigned()))
 }
 
 /// CUDA 13's form takes edge data, as the driver's `_v2` does.
@@ -58,7 +58,7 @@ pub unsafe fn cudaStreamUpdateCaptureDependencies(
     count: usize,
     flags: c_uint,
 ) -> CudaResult<()> {
-    cu_ctx!(cuStreamUpdateCaptureDependencies_v2(stream, dependencies, edges, count, flags))
+    cu_ctx!(cuStreamUpdateCaptureDependencies_v2(stream.cast(), dependencies, edges.cast(), count, flags))
 }
 
 pub unsafe fn cudaStreamUpdateCaptureDependencies_ptsz(
@@ -68,23 +68,23 @@ pub unsafe fn cudaStreamUpdateCaptureDependencies_ptsz(
     count: usize,
     flags: c_uint,
 ) -> CudaResult<()> {
-    cu_ctx!(cuStreamUpdateCaptureDependencies_v2_ptsz(stream, dependencies, edges, count, flags))
+    cu_ctx!(cuStreamUpdateCaptureDependencies_v2_ptsz(stream.cast(), dependencies, edges.cast(), count, flags))
 }
 
 pub unsafe fn cudaStreamEndCapture(stream: cudaStream_t, graph: *mut CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuStreamEndCapture(stream, graph))
+    cu_ctx!(cuStreamEndCapture(stream.cast(), graph))
 }
 
 pub unsafe fn cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuStreamEndCapture_ptsz(stream, graph))
+    cu_ctx!(cuStreamEndCapture_ptsz(stream.cast(), graph))
 }
 
 pub unsafe fn cudaStreamIsCapturing(stream: cudaStream_t, status: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamIsCapturing(stream, status))
+    cu_ctx!(cuStreamIsCapturing(stream.cast(), status.cast()))
 }
 
 pub unsafe fn cudaStreamIsCapturing_ptsz(stream: cudaStream_t, status: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamIsCapturing_ptsz(stream, status))
+    cu_ctx!(cuStreamIsCapturing_ptsz(stream.cast(), status.cast()))
 }
 
 pub unsafe fn cudaStreamGetCaptureInfo(
@@ -96,7 +96,7 @@ pub unsafe fn cudaStreamGetCaptureInfo(
     edges: *mut *const c_void,
     count: *mut usize,
 ) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetCaptureInfo_v3(stream, status, id, graph, dependencies, edges, count))
+    cu_ctx!(cuStreamGetCaptureInfo_v3(stream.cast(), status.cast(), id, graph, dependencies, edges.cast(), count))
 }
 
 pub unsafe fn cudaStreamGetCaptureInfo_ptsz(
@@ -108,11 +108,11 @@ pub unsafe fn cudaStreamGetCaptureInfo_ptsz(
     edges: *mut *const c_void,
     count: *mut usize,
 ) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetCaptureInfo_v3_ptsz(stream, status, id, graph, dependencies, edges, count))
+    cu_ctx!(cuStreamGetCaptureInfo_v3_ptsz(stream.cast(), status.cast(), id, graph, dependencies, edges.cast(), count))
 }
 
 pub unsafe fn cudaThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuThreadExchangeStreamCaptureMode(mode))
+    cu_ctx!(cuThreadExchangeStreamCaptureMode(mode.cast()))
 }
 
 // --- graphs ---
@@ -168,13 +168,13 @@ pub unsafe fn cudaGraphAddKernelNode(
 ) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let params = unsafe { kernel_params(params) }?;
-    cu_ctx!(cuGraphAddKernelNode_v2(node, graph, dependencies, count, &params))
+    cu_ctx!(cuGraphAddKernelNode_v2(node, graph, dependencies, count, std::ptr::from_ref(&params).cast()))
 }
 
 pub unsafe fn cudaGraphKernelNodeSetParams(node: CUgraphNode, params: *const cudaKernelNodeParams) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let params = unsafe { kernel_params(params) }?;
-    cu_ctx!(cuGraphKernelNodeSetParams_v2(node, &params))
+    cu_ctx!(cuGraphKernelNodeSetParams_v2(node, std::ptr::from_ref(&params).cast()))
 }
 
 pub unsafe fn cudaGraphExecKernelNodeSetParams(
@@ -184,7 +184,7 @@ pub unsafe fn cudaGraphExecKernelNodeSetParams(
 ) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let params = unsafe { kernel_params(params) }?;
-    cu_ctx!(cuGraphExecKernelNodeSetParams_v2(exec, node, &params))
+    cu_ctx!(cuGraphExecKernelNodeSetParams_v2(exec, node, std::ptr::from_ref(&params).cast()))
 }
 
 pub unsafe fn cudaGraphKernelNodeGetParams(node: CUgraphNode, params: *mut cudaKernelNodeParams) -> CudaResult<()> {
@@ -193,7 +193,7 @@ pub unsafe fn cudaGraphKernelNodeGetParams(node: CUgraphNode, params: *mut cudaK
     }
     // SAFETY: all-zero is a valid value of these plain fields and NULL pointers.
     let mut driver: KernelNodeParams = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuGraphKernelNodeGetParams_v2(node, &mut driver))?;
+    cu_ctx!(cuGraphKernelNodeGetParams_v2(node, std::ptr::from_mut(&mut driver).cast()))?;
     let func = host_function_of(driver.func).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
     let [gx, gy, gz] = driver.grid;
     let [bx, by, bz] = driver.block;
@@ -272,7 +272,7 @@ pub unsafe fn cudaGraphAddMemcpyNode(
 ) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let copy = unsafe { copy_params("cudaGraphAddMemcpyNode", params) }?;
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, &copy, std::ptr::null_mut()))
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphAddMemcpyNode1D(
@@ -286,13 +286,13 @@ pub unsafe fn cudaGraphAddMemcpyNode1D(
     _kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = copy_1d(dst, src, bytes);
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, &copy, std::ptr::null_mut()))
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphMemcpyNodeSetParams(node: CUgraphNode, params: *const cudaMemcpy3DParms) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let copy = unsafe { copy_params("cudaGraphMemcpyNodeSetParams", params) }?;
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, std::ptr::from_ref(&copy).cast()))
 }
 
 pub unsafe fn cudaGraphMemcpyNodeSetParams1D(
@@ -302,13 +302,13 @@ pub unsafe fn cudaGraphMemcpyNodeSetParams1D(
     bytes: usize,
     _kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy_1d(dst, src, bytes)))
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, std::ptr::from_ref(&copy_1d(dst, src, bytes)).cast()))
 }
 
 pub unsafe fn cudaGraphExecMemcpyNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const cudaMemcpy3DParms) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let copy = unsafe { copy_params("cudaGraphExecMemcpyNodeSetParams", params) }?;
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphExecMemcpyNodeSetParams1D(
@@ -319,7 +319,7 @@ pub unsafe fn cudaGraphExecMemcpyNodeSetParams1D(
     bytes: usize,
     _kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy_1d(dst, src, bytes), std::ptr::null_mut()))
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, std::ptr::from_ref(&copy_1d(dst, src, bytes)).cast(), std::ptr::null_mut()))
 }
 
 /// A copy node's parameters in the runtime's form: each side's pointer (device or host, as the
@@ -330,7 +330,7 @@ pub unsafe fn cudaGraphMemcpyNodeGetParams(node: CUgraphNode, params: *mut cudaM
     }
     // SAFETY: all-zero is a valid value of these plain fields and NULL pointers.
     let mut copy: Memcpy3D = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuGraphMemcpyNodeGetParams(node, &mut copy))?;
+    cu_ctx!(cuGraphMemcpyNodeGetParams(node, std::ptr::from_mut(&mut copy).cast()))?;
     if copy.src_memory_type == MEMORYTYPE_ARRAY || copy.dst_memory_type == MEMORYTYPE_ARRAY {
         return Err(super::unsupported_use("cudaGraphMemcpyNodeGetParams", "CUDA arrays"));
     }
@@ -384,7 +384,7 @@ pub unsafe fn cudaGraphAddMemcpyNodeToSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, &copy, std::ptr::null_mut()))
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphAddMemcpyNodeFromSymbol(
@@ -399,7 +399,7 @@ pub unsafe fn cudaGraphAddMemcpyNodeFromSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, &copy, std::ptr::null_mut()))
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphMemcpyNodeSetParamsToSymbol(
@@ -411,7 +411,7 @@ pub unsafe fn cudaGraphMemcpyNodeSetParamsToSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, std::ptr::from_ref(&copy).cast()))
 }
 
 pub unsafe fn cudaGraphMemcpyNodeSetParamsFromSymbol(
@@ -423,7 +423,7 @@ pub unsafe fn cudaGraphMemcpyNodeSetParamsFromSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, std::ptr::from_ref(&copy).cast()))
 }
 
 pub unsafe fn cudaGraphExecMemcpyNodeSetParamsToSymbol(
@@ -436,7 +436,7 @@ pub unsafe fn cudaGraphExecMemcpyNodeSetParamsToSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphExecMemcpyNodeSetParamsFromSymbol(
@@ -449,26 +449,26 @@ pub unsafe fn cudaGraphExecMemcpyNodeSetParamsFromSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
 }
 
 // `cudaMemsetParams` and `cudaHostNodeParams` have the driver's layouts, and so have
 // `cudaLaunchAttributeValue` and the attribute numbers.
 
 pub unsafe fn cudaGraphMemsetNodeGetParams(node: CUgraphNode, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphMemsetNodeGetParams(node, params))
+    cu_ctx!(cuGraphMemsetNodeGetParams(node, params.cast()))
 }
 
 pub unsafe fn cudaGraphHostNodeGetParams(node: CUgraphNode, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphHostNodeGetParams(node, params))
+    cu_ctx!(cuGraphHostNodeGetParams(node, params.cast()))
 }
 
 pub unsafe fn cudaGraphKernelNodeGetAttribute(node: CUgraphNode, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphKernelNodeGetAttribute(node, attribute, value))
+    cu_ctx!(cuGraphKernelNodeGetAttribute(node, attribute.cast_unsigned(), value.cast()))
 }
 
 pub unsafe fn cudaGraphKernelNodeSetAttribute(node: CUgraphNode, attribute: c_int, value: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphKernelNodeSetAttribute(node, attribute, value))
+    cu_ctx!(cuGraphKernelNodeSetAttribute(node, attribute.cast_unsigned(), value.cast()))
 }
 
 pub unsafe fn cudaGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode) -> CudaResult<()> {
@@ -485,23 +485,23 @@ pub unsafe fn cudaUserObjectCreate(
     refs: c_uint,
     flags: c_uint,
 ) -> CudaResult<()> {
-    cu!(cuUserObjectCreate(object, ptr, destroy, refs, flags))
+    cu!(cuUserObjectCreate(object.cast(), ptr, destroy, refs, flags))
 }
 
 pub unsafe fn cudaUserObjectRetain(object: *mut c_void, count: c_uint) -> CudaResult<()> {
-    cu!(cuUserObjectRetain(object, count))
+    cu!(cuUserObjectRetain(object.cast(), count))
 }
 
 pub unsafe fn cudaUserObjectRelease(object: *mut c_void, count: c_uint) -> CudaResult<()> {
-    cu!(cuUserObjectRelease(object, count))
+    cu!(cuUserObjectRelease(object.cast(), count))
 }
 
 pub unsafe fn cudaGraphRetainUserObject(graph: CUgraph, object: *mut c_void, count: c_uint, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuGraphRetainUserObject(graph, object, count, flags))
+    cu_ctx!(cuGraphRetainUserObject(graph, object.cast(), count, flags))
 }
 
 pub unsafe fn cudaGraphReleaseUserObject(graph: CUgraph, object: *mut c_void, count: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuGraphReleaseUserObject(graph, object, count))
+    cu_ctx!(cuGraphReleaseUserObject(graph, object.cast(), count))
 }
 
 // `cudaMemsetParams` and `cudaHostNodeParams` have the driver's layouts.
@@ -513,15 +513,15 @@ pub unsafe fn cudaGraphAddMemsetNode(
     count: usize,
     params: *const c_void,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddMemsetNode(node, graph, dependencies, count, params, std::ptr::null_mut()))
+    cu_ctx!(cuGraphAddMemsetNode(node, graph, dependencies, count, params.cast(), std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphMemsetNodeSetParams(node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphMemsetNodeSetParams(node, params))
+    cu_ctx!(cuGraphMemsetNodeSetParams(node, params.cast()))
 }
 
 pub unsafe fn cudaGraphExecMemsetNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecMemsetNodeSetParams(exec, node, params, std::ptr::null_mut()))
+    cu_ctx!(cuGraphExecMemsetNodeSetParams(exec, node, params.cast(), std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphAddHostNode(
@@ -531,15 +531,15 @@ pub unsafe fn cudaGraphAddHostNode(
     count: usize,
     params: *const c_void,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddHostNode(node, graph, dependencies, count, params))
+    cu_ctx!(cuGraphAddHostNode(node, graph, dependencies, count, params.cast()))
 }
 
 pub unsafe fn cudaGraphHostNodeSetParams(node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphHostNodeSetParams(node, params))
+    cu_ctx!(cuGraphHostNodeSetParams(node, params.cast()))
 }
 
 pub unsafe fn cudaGraphExecHostNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecHostNodeSetParams(exec, node, params))
+    cu_ctx!(cuGraphExecHostNodeSetParams(exec, node, params.cast()))
 }
 
 pub unsafe fn cudaGraphAddChildGraphNode(
@@ -572,7 +572,7 @@ pub unsafe fn cudaGraphAddEventRecordNode(
     count: usize,
     event: cudaEvent_t,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddEventRecordNode(node, graph, dependencies, count, event))
+    cu_ctx!(cuGraphAddEventRecordNode(node, graph, dependencies, count, event.cast()))
 }
 
 pub unsafe fn cudaGraphAddEventWaitNode(
@@ -582,23 +582,23 @@ pub unsafe fn cudaGraphAddEventWaitNode(
     count: usize,
     event: cudaEvent_t,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddEventWaitNode(node, graph, dependencies, count, event))
+    cu_ctx!(cuGraphAddEventWaitNode(node, graph, dependencies, count, event.cast()))
 }
 
 pub unsafe fn cudaGraphEventRecordNodeSetEvent(node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphEventRecordNodeSetEvent(node, event))
+    cu_ctx!(cuGraphEventRecordNodeSetEvent(node, event.cast()))
 }
 
 pub unsafe fn cudaGraphExecEventRecordNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecEventRecordNodeSetEvent(exec, node, event))
+    cu_ctx!(cuGraphExecEventRecordNodeSetEvent(exec, node, event.cast()))
 }
 
 pub unsafe fn cudaGraphEventWaitNodeSetEvent(node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphEventWaitNodeSetEvent(node, event))
+    cu_ctx!(cuGraphEventWaitNodeSetEvent(node, event.cast()))
 }
 
 pub unsafe fn cudaGraphExecEventWaitNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecEventWaitNodeSetEvent(exec, node, event))
+    cu_ctx!(cuGraphExecEventWaitNodeSetEvent(exec, node, event.cast()))
 }
 
 pub unsafe fn cudaGraphAddDependencies(
@@ -608,7 +608,7 @@ pub unsafe fn cudaGraphAddDependencies(
     edges: *const c_void,
     count: usize,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddDependencies_v2(graph, from, to, edges, count))
+    cu_ctx!(cuGraphAddDependencies_v2(graph, from, to, edges.cast(), count))
 }
 
 pub unsafe fn cudaGraphRemoveDependencies(
@@ -618,7 +618,7 @@ pub unsafe fn cudaGraphRemoveDependencies(
     edges: *const c_void,
     count: usize,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphRemoveDependencies_v2(graph, from, to, edges, count))
+    cu_ctx!(cuGraphRemoveDependencies_v2(graph, from, to, edges.cast(), count))
 }
 
 pub unsafe fn cudaGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) -> CudaResult<()> {
@@ -630,7 +630,7 @@ pub unsafe fn cudaGraphGetRootNodes(graph: CUgraph, nodes: *mut CUgraphNode, cou
 }
 
 pub unsafe fn cudaGraphNodeGetType(node: CUgraphNode, kind: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuGraphNodeGetType(node, kind))
+    cu_ctx!(cuGraphNodeGetType(node, kind.cast()))
 }
 
 pub unsafe fn cudaGraphDestroyNode(node: CUgraphNode) -> CudaResult<()> {
@@ -656,27 +656,27 @@ pub unsafe fn cudaGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgra
 // `cudaGraphInstantiateParams` and `cudaGraphExecUpdateResultInfo` have the driver's layouts.
 
 pub unsafe fn cudaGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphInstantiateWithParams(exec, graph, params))
+    cu_ctx!(cuGraphInstantiateWithParams(exec, graph, params.cast()))
 }
 
 pub unsafe fn cudaGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphInstantiateWithParams_ptsz(exec, graph, params))
+    cu_ctx!(cuGraphInstantiateWithParams_ptsz(exec, graph, params.cast()))
 }
 
 pub unsafe fn cudaGraphLaunch(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphLaunch(exec, stream))
+    cu_ctx!(cuGraphLaunch(exec, stream.cast()))
 }
 
 pub unsafe fn cudaGraphLaunch_ptsz(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphLaunch_ptsz(exec, stream))
+    cu_ctx!(cuGraphLaunch_ptsz(exec, stream.cast()))
 }
 
 pub unsafe fn cudaGraphUpload(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphUpload(exec, stream))
+    cu_ctx!(cuGraphUpload(exec, stream.cast()))
 }
 
 pub unsafe fn cudaGraphUpload_ptsz(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphUpload_ptsz(exec, stream))
+    cu_ctx!(cuGraphUpload_ptsz(exec, stream.cast()))
 }
 
 pub unsafe fn cudaGraphExecDestroy(exec: CUgraphExec) -> CudaResult<()> {
@@ -684,7 +684,7 @@ pub unsafe fn cudaGraphExecDestroy(exec: CUgraphExec) -> CudaResult<()> {
 }
 
 pub unsafe fn cudaGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, info: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecUpdate_v2(exec, graph, info))
+    cu_ctx!(cuGraphExecUpdate_v2(exec, graph, info.cast()))
 }
 
 pub unsafe fn cudaGraphDebugDotPrint(graph: CUgraph, path: *const c_char, flags: c_uint) -> CudaResult<()> {
@@ -700,7 +700,7 @@ pub unsafe fn cudaGraphAddMemAllocNode(
     count: usize,
     params: *mut c_void,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddMemAllocNode(node, graph, dependencies, count, params))
+    cu_ctx!(cuGraphAddMemAllocNode(node, graph, dependencies, count, params.cast()))
 }
 
 pub unsafe fn cudaGraphAddMemFreeNode(
@@ -714,7 +714,7 @@ pub unsafe fn cudaGraphAddMemFreeNode(
 }
 
 pub unsafe fn cudaGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphMemAllocNodeGetParams(node, params))
+    cu_ctx!(cuGraphMemAllocNodeGetParams(node, params.cast()))
 }
 
 /// `ptr_out` points to the app's `void *`, which is the driver's `CUdeviceptr`.
@@ -727,11 +727,11 @@ pub unsafe fn cudaDeviceGraphMemTrim(device: c_int) -> CudaResult<()> {
 }
 
 pub unsafe fn cudaDeviceGetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuDeviceGetGraphMemAttribute(device, attribute, value))
+    cu_ctx!(cuDeviceGetGraphMemAttribute(device, attribute.cast_unsigned(), value))
 }
 
 pub unsafe fn cudaDeviceSetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuDeviceSetGraphMemAttribute(device, attribute, value))
+    cu_ctx!(cuDeviceSetGraphMemAttribute(device, attribute.cast_unsigned(), value))
 }
 
 // --- conditional and generic nodes ---
@@ -868,7 +868,7 @@ pub unsafe fn cudaGraphAddNode(
 ) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let mut driver = unsafe { node_params("cudaGraphAddNode", params) }?;
-    cu_ctx!(cuGraphAddNode_v2(node, graph, dependencies, edges, count, &mut driver))?;
+    cu_ctx!(cuGraphAddNode_v2(node, graph, dependencies, edges.cast(), count, std::ptr::from_mut(&mut driver).cast()))?;
     // The driver's outputs go back to the app's struct: an allocation's address, a conditional
     // node's body graphs (an array the driver keeps for the node's lifetime).
     // SAFETY: `params` is the app's writable struct (non-NULL: `node_params` checked), of the type
@@ -888,13 +888,13 @@ pub unsafe fn cudaGraphAddNode(
 pub unsafe fn cudaGraphNodeSetParams(node: CUgraphNode, params: *mut GraphNodeParams) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let mut driver = unsafe { node_params("cudaGraphNodeSetParams", params) }?;
-    cu_ctx!(cuGraphNodeSetParams(node, &mut driver))
+    cu_ctx!(cuGraphNodeSetParams(node, std::ptr::from_mut(&mut driver).cast()))
 }
 
 pub unsafe fn cudaGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut GraphNodeParams) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let mut driver = unsafe { node_params("cudaGraphExecNodeSetParams", params) }?;
-    cu_ctx!(cuGraphExecNodeSetParams(exec, node, &mut driver))
+    cu_ctx!(cuGraphExecNodeSetParams(exec, node, std::ptr::from_mut(&mut driver).cast()))
 }
 
 // --- queries (CUDA 13's forms take edge data, as the driver's `_v2` do) ---
@@ -905,7 +905,7 @@ pub unsafe fn cudaGraphNodeGetDependencies(
     edges: *mut c_void,
     count: *mut usize,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphNodeGetDependencies_v2(node, dependencies, edges, count))
+    cu_ctx!(cuGraphNodeGetDependencies_v2(node, dependencies, edges.cast(), count))
 }
 
 pub unsafe fn cudaGraphNodeGetDependentNodes(
@@ -914,7 +914,7 @@ pub unsafe fn cudaGraphNodeGetDependentNodes(
     edges: *mut c_void,
     count: *mut usize,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphNodeGetDependentNodes_v2(node, dependents, edges, count))
+    cu_ctx!(cuGraphNodeGetDependentNodes_v2(node, dependents, edges.cast(), count))
 }
 
 pub unsafe fn cudaGraphGetEdges(
@@ -924,7 +924,7 @@ pub unsafe fn cudaGraphGetEdges(
     edges: *mut c_void,
     count: *mut usize,
 ) -> CudaResult<()> {
-    cu_ctx!(cuGraphGetEdges_v2(graph, from, to, edges, count))
+    cu_ctx!(cuGraphGetEdges_v2(graph, from, to, edges.cast(), count))
 }
 
 pub unsafe fn cudaGraphNodeSetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: c_uint) -> CudaResult<()> {
@@ -940,11 +940,11 @@ pub unsafe fn cudaGraphExecGetFlags(exec: CUgraphExec, flags: *mut c_ulonglong) 
 }
 
 pub unsafe fn cudaGraphEventRecordNodeGetEvent(node: CUgraphNode, event: *mut cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphEventRecordNodeGetEvent(node, event))
+    cu_ctx!(cuGraphEventRecordNodeGetEvent(node, event.cast()))
 }
 
 pub unsafe fn cudaGraphEventWaitNodeGetEvent(node: CUgraphNode, event: *mut cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphEventWaitNodeGetEvent(node, event))
+    cu_ctx!(cuGraphEventWaitNodeGetEvent(node, event.cast()))
 }
 
 pub unsafe fn cudaGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph) -> CudaResult<()> {
@@ -954,15 +954,15 @@ pub unsafe fn cudaGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUg
 // --- host functions ---
 
 pub unsafe fn cudaLaunchHostFunc(stream: cudaStream_t, function: HostFn, data: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuLaunchHostFunc(stream, function, data))
+    cu_ctx!(cuLaunchHostFunc(stream.cast(), function, data))
 }
 
 pub unsafe fn cudaLaunchHostFunc_ptsz(stream: cudaStream_t, function: HostFn, data: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuLaunchHostFunc_ptsz(stream, function, data))
+    cu_ctx!(cuLaunchHostFunc_ptsz(stream.cast(), function, data))
 }
 
 pub unsafe fn cudaStreamAddCallback(stream: cudaStream_t, callback: StreamCallback, data: *mut c_void, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuStreamAddCallback(stream, callback, data, flags))
+    cu_ctx!(cuStreamAddCallback(stream.cast(), callback, data, flags))
 }
 
 pub unsafe fn cudaStreamAddCallback_ptsz(
@@ -971,5 +971,5 @@ pub unsafe fn cudaStreamAddCallback_ptsz(
     data: *mut c_void,
     flags: c_uint,
 ) -> CudaResult<()> {
-    cu_ctx!(cuStreamAddCallback_ptsz(stream, callback, data, flags))
+    cu_ctx!(cuStreamAddCallback_ptsz(stream.cast(), callback, data, flags))
 }

@@ -55,7 +55,8 @@ fn invalid_launch(grid: dim3, block: dim3, shared_mem: usize, stream: cudaStream
     let limit = |id: u32| {
         let mut value = 0;
         let id = std::ffi::c_int::try_from(id).unwrap_or(0);
-        cu!(cuDeviceGetAttribute(&mut value, id, device)).map_or(u32::MAX, |()| u32::try_from(value).unwrap_or(u32::MAX).max(1))
+        cu!(cuDeviceGetAttribute(&mut value, id.cast_unsigned(), device))
+            .map_or(u32::MAX, |()| u32::try_from(value).unwrap_or(u32::MAX).max(1))
     };
     let within = |d: dim3, max: [u32; 3]| d.x >= 1 && d.y >= 1 && d.z >= 1 && d.x <= max[0] && d.y <= max[1] && d.z <= max[2];
     let max_block = [limit(attr::MAX_BLOCK_DIM_X), limit(attr::MAX_BLOCK_DIM_Y), limit(attr::MAX_BLOCK_DIM_Z)];
@@ -90,9 +91,9 @@ unsafe fn launch(
     let extra = std::ptr::null_mut();
     let (g, b) = (grid, block);
     if per_thread_default {
-        cu_ctx!(cuLaunchKernel_ptsz(kernel, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream, args, extra))
+        cu_ctx!(cuLaunchKernel_ptsz(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args, extra))
     } else {
-        cu_ctx!(cuLaunchKernel(kernel, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream, args, extra))
+        cu_ctx!(cuLaunchKernel(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args, extra))
     }
 }
 
@@ -151,9 +152,9 @@ unsafe fn launch_cooperative(
     let shared_mem = c_uint::try_from(shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
     let (g, b) = (grid, block);
     if per_thread_default {
-        cu_ctx!(cuLaunchCooperativeKernel_ptsz(kernel, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream, args))
+        cu_ctx!(cuLaunchCooperativeKernel_ptsz(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args))
     } else {
-        cu_ctx!(cuLaunchCooperativeKernel(kernel, g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream, args))
+        cu_ctx!(cuLaunchCooperativeKernel(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args))
     }
 }
 
@@ -198,7 +199,7 @@ pub(super) fn driver_config(config: &cudaLaunchConfig_t) -> CudaResult<LaunchCon
         grid: [config.grid.x, config.grid.y, config.grid.z],
         block: [config.block.x, config.block.y, config.block.z],
         shared_mem: c_uint::try_from(config.dynamic_smem).map_err(|_| CudaError::INVALID_VALUE)?,
-        stream: config.stream,
+        stream: config.stream.cast(),
         attrs: config.attrs,
         num_attrs: config.num_attrs,
     })
@@ -227,9 +228,9 @@ unsafe fn launch_ex(
     let driver = driver_config(config)?;
     let extra = std::ptr::null_mut();
     if per_thread_default {
-        cu_ctx!(cuLaunchKernelEx_ptsz(&driver, kernel, args, extra))
+        cu_ctx!(cuLaunchKernelEx_ptsz(std::ptr::from_ref(&driver).cast(), kernel.cast(), args, extra))
     } else {
-        cu_ctx!(cuLaunchKernelEx(&driver, kernel, args, extra))
+        cu_ctx!(cuLaunchKernelEx(std::ptr::from_ref(&driver).cast(), kernel.cast(), args, extra))
     }
 }
 

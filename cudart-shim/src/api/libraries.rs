@@ -24,7 +24,16 @@ pub unsafe fn cudaLibraryLoadData(
     library_values: *mut *mut c_void,
     library_count: c_uint,
 ) -> CudaResult<()> {
-    cu_ctx!(cuLibraryLoadData(library, code, jit_options, jit_values, jit_count, library_options, library_values, library_count))
+    cu_ctx!(cuLibraryLoadData(
+        library,
+        code,
+        jit_options.cast(),
+        jit_values,
+        jit_count,
+        library_options.cast(),
+        library_values,
+        library_count
+    ))
 }
 
 #[expect(clippy::too_many_arguments, reason = "the runtime's signature")]
@@ -38,7 +47,16 @@ pub unsafe fn cudaLibraryLoadFromFile(
     library_values: *mut *mut c_void,
     library_count: c_uint,
 ) -> CudaResult<()> {
-    cu_ctx!(cuLibraryLoadFromFile(library, file_name, jit_options, jit_values, jit_count, library_options, library_values, library_count))
+    cu_ctx!(cuLibraryLoadFromFile(
+        library,
+        file_name,
+        jit_options.cast(),
+        jit_values,
+        jit_count,
+        library_options.cast(),
+        library_values,
+        library_count
+    ))
 }
 
 pub unsafe fn cudaLibraryUnload(library: CUlibrary) -> CudaResult<()> {

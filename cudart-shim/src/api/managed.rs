@@ -11,12 +11,12 @@ use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-use crate::driver::{CUdeviceptr, MemLocation, cu_ctx};
+use crate::driver::{CUdeviceptr, CUmemLocation, cu_ctx};
 use crate::ffi::{cudaStream_t, write_out};
 
 /// The runtime's `cudaMemLocation`: the driver's `CUmemLocation`.
 #[allow(non_camel_case_types, reason = "the C type's name, as the CUDA headers spell it")]
-pub type cudaMemLocation = MemLocation;
+pub type cudaMemLocation = CUmemLocation;
 
 pub unsafe fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
     if dev_ptr.is_null() {
@@ -36,7 +36,7 @@ pub unsafe fn cudaMemPrefetchAsync(
     flags: c_uint,
     stream: cudaStream_t,
 ) -> CudaResult<()> {
-    cu_ctx!(cuMemPrefetchAsync_v2(dev_ptr as CUdeviceptr, count, location, flags, stream))
+    cu_ctx!(cuMemPrefetchAsync_v2(dev_ptr as CUdeviceptr, count, location, flags, stream.cast()))
 }
 
 pub unsafe fn cudaMemPrefetchAsync_ptsz(
@@ -46,11 +46,11 @@ pub unsafe fn cudaMemPrefetchAsync_ptsz(
     flags: c_uint,
     stream: cudaStream_t,
 ) -> CudaResult<()> {
-    cu_ctx!(cuMemPrefetchAsync_v2_ptsz(dev_ptr as CUdeviceptr, count, location, flags, stream))
+    cu_ctx!(cuMemPrefetchAsync_v2_ptsz(dev_ptr as CUdeviceptr, count, location, flags, stream.cast()))
 }
 
 pub unsafe fn cudaMemAdvise(dev_ptr: *const c_void, count: usize, advice: c_int, location: cudaMemLocation) -> CudaResult<()> {
-    cu_ctx!(cuMemAdvise_v2(dev_ptr as CUdeviceptr, count, advice, location))
+    cu_ctx!(cuMemAdvise_v2(dev_ptr as CUdeviceptr, count, advice.cast_unsigned(), location))
 }
 
 pub unsafe fn cudaMemRangeGetAttribute(
@@ -60,7 +60,7 @@ pub unsafe fn cudaMemRangeGetAttribute(
     dev_ptr: *const c_void,
     count: usize,
 ) -> CudaResult<()> {
-    cu_ctx!(cuMemRangeGetAttribute(data, data_size, attribute, dev_ptr as CUdeviceptr, count))
+    cu_ctx!(cuMemRangeGetAttribute(data, data_size, attribute.cast_unsigned(), dev_ptr as CUdeviceptr, count))
 }
 
 pub unsafe fn cudaMemRangeGetAttributes(
@@ -71,15 +71,15 @@ pub unsafe fn cudaMemRangeGetAttributes(
     dev_ptr: *const c_void,
     count: usize,
 ) -> CudaResult<()> {
-    cu_ctx!(cuMemRangeGetAttributes(data, data_sizes, attributes, num_attributes, dev_ptr as CUdeviceptr, count))
+    cu_ctx!(cuMemRangeGetAttributes(data, data_sizes, attributes.cast(), num_attributes, dev_ptr as CUdeviceptr, count))
 }
 
 pub unsafe fn cudaStreamAttachMemAsync(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuStreamAttachMemAsync(stream, dev_ptr as CUdeviceptr, length, flags))
+    cu_ctx!(cuStreamAttachMemAsync(stream.cast(), dev_ptr as CUdeviceptr, length, flags))
 }
 
 pub unsafe fn cudaStreamAttachMemAsync_ptsz(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuStreamAttachMemAsync_ptsz(stream, dev_ptr as CUdeviceptr, length, flags))
+    cu_ctx!(cuStreamAttachMemAsync_ptsz(stream.cast(), dev_ptr as CUdeviceptr, length, flags))
 }
 
 // The batches: the runtime's array of pointers is the driver's array of `CUdeviceptr` (both
@@ -97,7 +97,7 @@ pub unsafe fn cudaMemPrefetchBatchAsync(
     stream: cudaStream_t,
 ) -> CudaResult<()> {
     let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemPrefetchBatchAsync(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream))
+    cu_ctx!(cuMemPrefetchBatchAsync(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
 }
 
 #[expect(clippy::too_many_arguments, reason = "cudaMemPrefetchBatchAsync's parameters")]
@@ -112,7 +112,7 @@ pub unsafe fn cudaMemPrefetchBatchAsync_ptsz(
     stream: cudaStream_t,
 ) -> CudaResult<()> {
     let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream))
+    cu_ctx!(cuMemPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
 }
 
 pub unsafe fn cudaMemDiscardBatchAsync(
@@ -122,7 +122,7 @@ pub unsafe fn cudaMemDiscardBatchAsync(
     flags: c_ulonglong,
     stream: cudaStream_t,
 ) -> CudaResult<()> {
-    cu_ctx!(cuMemDiscardBatchAsync(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream))
+    cu_ctx!(cuMemDiscardBatchAsync(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast()))
 }
 
 pub unsafe fn cudaMemDiscardBatchAsync_ptsz(
@@ -132,7 +132,7 @@ pub unsafe fn cudaMemDiscardBatchAsync_ptsz(
     flags: c_ulonglong,
     stream: cudaStream_t,
 ) -> CudaResult<()> {
-    cu_ctx!(cuMemDiscardBatchAsync_ptsz(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream))
+    cu_ctx!(cuMemDiscardBatchAsync_ptsz(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast()))
 }
 
 #[expect(clippy::too_many_arguments, reason = "cudaMemDiscardAndPrefetchBatchAsync's parameters")]
@@ -147,7 +147,7 @@ pub unsafe fn cudaMemDiscardAndPrefetchBatchAsync(
     stream: cudaStream_t,
 ) -> CudaResult<()> {
     let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemDiscardAndPrefetchBatchAsync(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream))
+    cu_ctx!(cuMemDiscardAndPrefetchBatchAsync(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
 }
 
 #[expect(clippy::too_many_arguments, reason = "cudaMemDiscardAndPrefetchBatchAsync's parameters")]
@@ -162,5 +162,5 @@ pub unsafe fn cudaMemDiscardAndPrefetchBatchAsync_ptsz(
     stream: cudaStream_t,
 ) -> CudaResult<()> {
     let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream))
+    cu_ctx!(cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
 }

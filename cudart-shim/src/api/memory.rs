@@ -134,7 +134,7 @@ pub unsafe fn cudaHostGetFlags(flags: *mut c_uint, ptr: *mut c_void) -> CudaResu
 fn memory_type_of(ptr: u64) -> c_uint {
     let mut value: c_uint = 0;
     let data = std::ptr::from_mut(&mut value).cast::<c_void>();
-    cu_ctx!(cuPointerGetAttribute(data, POINTER_MEMORY_TYPE, ptr)).map_or(0, |()| value)
+    cu_ctx!(cuPointerGetAttribute(data, POINTER_MEMORY_TYPE.cast_unsigned(), ptr)).map_or(0, |()| value)
 }
 
 /// Checks a copy's declared kind. Pointers the driver knows as device memory are device memory
@@ -178,8 +178,8 @@ fn memcpy(
     match (mode, per_thread) {
         (Mode::Synchronous, false) => cu_ctx!(cuMemcpy(dst, src, count)),
         (Mode::Synchronous, true) => cu_ctx!(cuMemcpy_ptds(dst, src, count)),
-        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpyAsync(dst, src, count, stream)),
-        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpyAsync_ptsz(dst, src, count, stream)),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpyAsync(dst, src, count, stream.cast())),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpyAsync_ptsz(dst, src, count, stream.cast())),
     }
 }
 
@@ -243,14 +243,14 @@ pub(super) fn describe_2d(
         src_memory_type,
         src_host: std::ptr::null(),
         src_device,
-        src_array,
+        src_array: src_array.cast(),
         src_pitch,
         dst_x_in_bytes: dst_at.0,
         dst_y: dst_at.1,
         dst_memory_type,
         dst_host: std::ptr::null_mut(),
         dst_device,
-        dst_array,
+        dst_array: dst_array.cast(),
         dst_pitch,
         width_in_bytes: width,
         height,
@@ -260,10 +260,10 @@ pub(super) fn describe_2d(
 /// Runs a described pitched copy.
 pub(super) fn copy_2d(copy: &Memcpy2D, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
     match (mode, per_thread) {
-        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy2DUnaligned_v2(copy)),
-        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy2DUnaligned_v2_ptds(copy)),
-        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy2DAsync_v2(copy, stream)),
-        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy2DAsync_v2_ptsz(copy, stream)),
+        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy2DUnaligned_v2(std::ptr::from_ref(copy).cast())),
+        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy2DUnaligned_v2_ptds(std::ptr::from_ref(copy).cast())),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy2DAsync_v2(std::ptr::from_ref(copy).cast(), stream.cast())),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy2DAsync_v2_ptsz(std::ptr::from_ref(copy).cast(), stream.cast())),
     }
 }
 
@@ -356,8 +356,8 @@ fn memset(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t
     match (mode, per_thread) {
         (Mode::Synchronous, false) => cu_ctx!(cuMemsetD8_v2(dst, byte, count)),
         (Mode::Synchronous, true) => cu_ctx!(cuMemsetD8_v2_ptds(dst, byte, count)),
-        (Mode::Asynchronous, false) => cu_ctx!(cuMemsetD8Async(dst, byte, count, stream)),
-        (Mode::Asynchronous, true) => cu_ctx!(cuMemsetD8Async_ptsz(dst, byte, count, stream)),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemsetD8Async(dst, byte, count, stream.cast())),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemsetD8Async_ptsz(dst, byte, count, stream.cast())),
     }
 }
 
@@ -536,14 +536,14 @@ pub unsafe fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, p
     if kind == MEMORYTYPE_DEVICE || kind == MEMORYTYPE_HOST {
         let mut device: c_int = 0;
         let data = std::ptr::from_mut(&mut device).cast::<c_void>();
-        cu_ctx!(cuPointerGetAttribute(data, POINTER_DEVICE_ORDINAL, ptr as u64))?;
+        cu_ctx!(cuPointerGetAttribute(data, POINTER_DEVICE_ORDINAL.cast_unsigned(), ptr as u64))?;
         value.device = device;
         if kind == MEMORYTYPE_DEVICE {
             // Managed memory (device memory to the driver) is reached from both sides at one
             // address.
             let mut managed: c_uint = 0;
             let data = std::ptr::from_mut(&mut managed).cast::<c_void>();
-            cu_ctx!(cuPointerGetAttribute(data, POINTER_IS_MANAGED, ptr as u64))?;
+            cu_ctx!(cuPointerGetAttribute(data, POINTER_IS_MANAGED.cast_unsigned(), ptr as u64))?;
             value.devicePointer = ptr.cast_mut();
             if managed != 0 {
                 value.memory_type = memory_type::MANAGED;
@@ -557,7 +557,7 @@ pub unsafe fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, p
             value.memory_type = memory_type::HOST;
             let mut device_pointer: CUdeviceptr = 0;
             let data = std::ptr::from_mut(&mut device_pointer).cast::<c_void>();
-            if cu_ctx!(cuPointerGetAttribute(data, POINTER_DEVICE_POINTER, ptr as u64)).is_ok() {
+            if cu_ctx!(cuPointerGetAttribute(data, POINTER_DEVICE_POINTER.cast_unsigned(), ptr as u64)).is_ok() {
                 value.devicePointer = device_pointer as *mut c_void;
             }
         }

@@ -56,45 +56,45 @@ pub unsafe fn cudaMemcpyPeerAsync(
 ) -> CudaResult<()> {
     let dst_context = device_context(valid_device(dst_device)?)?;
     let src_context = device_context(valid_device(src_device)?)?;
-    cu_ctx!(cuMemcpyPeerAsync(dst as CUdeviceptr, dst_context, src as CUdeviceptr, src_context, count, stream))
+    cu_ctx!(cuMemcpyPeerAsync(dst as CUdeviceptr, dst_context, src as CUdeviceptr, src_context, count, stream.cast()))
 }
 
 pub unsafe fn cudaStreamGetDevice(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetDevice(stream, device))
+    cu_ctx!(cuStreamGetDevice(stream.cast(), device))
 }
 
 pub unsafe fn cudaStreamGetDevice_ptsz(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetDevice_ptsz(stream, device))
+    cu_ctx!(cuStreamGetDevice_ptsz(stream.cast(), device))
 }
 
 pub unsafe fn cudaStreamGetId(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetId(stream, id))
+    cu_ctx!(cuStreamGetId(stream.cast(), id))
 }
 
 pub unsafe fn cudaStreamGetId_ptsz(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetId_ptsz(stream, id))
+    cu_ctx!(cuStreamGetId_ptsz(stream.cast(), id))
 }
 
 /// `cudaMemAccessDesc` is the driver's `CUmemAccessDesc`.
 pub unsafe fn cudaMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolSetAccess(pool, descriptors, count))
+    cu_ctx!(cuMemPoolSetAccess(pool.cast(), descriptors.cast(), count))
 }
 
 pub unsafe fn cudaMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *mut cudaMemLocation) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolGetAccess(flags, pool, location))
+    cu_ctx!(cuMemPoolGetAccess(flags.cast(), pool.cast(), location))
 }
 
 /// `cudaMemAllocationType` and `cudaMemLocationType` number as the driver's.
 pub unsafe fn cudaMemGetDefaultMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) -> CudaResult<()> {
-    cu_ctx!(cuMemGetDefaultMemPool(pool, location, kind))
+    cu_ctx!(cuMemGetDefaultMemPool(pool.cast(), location, kind.cast_unsigned()))
 }
 
 pub unsafe fn cudaMemGetMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) -> CudaResult<()> {
-    cu_ctx!(cuMemGetMemPool(pool, location, kind))
+    cu_ctx!(cuMemGetMemPool(pool.cast(), location, kind.cast_unsigned()))
 }
 
 pub unsafe fn cudaMemSetMemPool(location: *mut cudaMemLocation, kind: c_int, pool: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuMemSetMemPool(location, kind, pool))
+    cu_ctx!(cuMemSetMemPool(location, kind.cast_unsigned(), pool.cast()))
 }
 
 /// The kernel registered for a host stub and the driver's form of the configuration.
@@ -124,7 +124,7 @@ pub unsafe fn cudaOccupancyMaxActiveClusters(
     // SAFETY: forwarded contract.
     let (kernel, config) = unsafe { cluster_query(func, config) }?;
     let mut value = 0;
-    cu_ctx!(cuOccupancyMaxActiveClusters(&mut value, kernel, &config))?;
+    cu_ctx!(cuOccupancyMaxActiveClusters(&mut value, kernel.cast(), std::ptr::from_ref(&config).cast()))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(clusters, value) }
 }
@@ -140,7 +140,7 @@ pub unsafe fn cudaOccupancyMaxPotentialClusterSize(
     // SAFETY: forwarded contract.
     let (kernel, config) = unsafe { cluster_query(func, config) }?;
     let mut value = 0;
-    cu_ctx!(cuOccupancyMaxPotentialClusterSize(&mut value, kernel, &config))?;
+    cu_ctx!(cuOccupancyMaxPotentialClusterSize(&mut value, kernel.cast(), std::ptr::from_ref(&config).cast()))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(size, value) }
 }
@@ -163,10 +163,10 @@ pub unsafe fn cudaMemcpyBatchAsync(
         srcs.cast_mut().cast(),
         sizes.cast_mut(),
         count,
-        attrs,
+        attrs.cast(),
         attrs_idxs,
         num_attrs,
-        stream
+        stream.cast()
     ))
 }
 
@@ -186,19 +186,19 @@ pub unsafe fn cudaMemcpyBatchAsync_ptsz(
         srcs.cast_mut().cast(),
         sizes.cast_mut(),
         count,
-        attrs,
+        attrs.cast(),
         attrs_idxs,
         num_attrs,
-        stream
+        stream.cast()
     ))
 }
 
 /// `cudaMemcpy3DBatchAsync`: the driver's; `cudaMemcpy3DBatchOp` is `CUDA_MEMCPY3D_BATCH_OP` field
 /// for field (this front's arrays are the driver's).
 pub unsafe fn cudaMemcpy3DBatchAsync(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuMemcpy3DBatchAsync_v2(num_ops, op_list, flags, stream))
+    cu_ctx!(cuMemcpy3DBatchAsync_v2(num_ops, op_list.cast(), flags, stream.cast()))
 }
 
 pub unsafe fn cudaMemcpy3DBatchAsync_ptsz(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuMemcpy3DBatchAsync_v2_ptsz(num_ops, op_list, flags, stream))
+    cu_ctx!(cuMemcpy3DBatchAsync_v2_ptsz(num_ops, op_list.cast(), flags, stream.cast()))
 }

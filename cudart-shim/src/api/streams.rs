@@ -29,7 +29,7 @@ const STREAM_PER_THREAD: usize = 2;
 /// Whether the driver knows `stream` (a default stream, or one the app created and holds).
 pub(crate) fn is_stream(stream: cudaStream_t) -> bool {
     let mut flags = 0;
-    cu_ctx!(cuStreamGetFlags(stream, &mut flags)).is_ok()
+    cu_ctx!(cuStreamGetFlags(stream.cast(), &mut flags)).is_ok()
 }
 
 /// Events whose last record failed: they hold no time the app asked for, so timings that use them
@@ -67,7 +67,7 @@ fn create_stream(out: *mut cudaStream_t, flags: c_uint, priority: c_int) -> Cuda
     }
     // The driver clamps a priority outside the device's range to the range, as CUDA does.
     let mut stream: cudaStream_t = std::ptr::null_mut();
-    cu_ctx!(cuStreamCreateWithPriority(&mut stream, flags, priority))?;
+    cu_ctx!(cuStreamCreateWithPriority(std::ptr::from_mut(&mut stream).cast(), flags, priority))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, stream) }
 }
@@ -89,23 +89,23 @@ pub unsafe fn cudaStreamDestroy(stream: cudaStream_t) -> CudaResult<()> {
     if matches!(stream as usize, 0 | STREAM_LEGACY | STREAM_PER_THREAD) {
         return Err(CudaError::INVALID_RESOURCE_HANDLE);
     }
-    cu_ctx!(cuStreamDestroy_v2(stream))
+    cu_ctx!(cuStreamDestroy_v2(stream.cast()))
 }
 
 pub unsafe fn cudaStreamSynchronize(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamSynchronize(stream))
+    cu_ctx!(cuStreamSynchronize(stream.cast()))
 }
 
 pub unsafe fn cudaStreamSynchronize_ptsz(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamSynchronize_ptsz(stream))
+    cu_ctx!(cuStreamSynchronize_ptsz(stream.cast()))
 }
 
 pub unsafe fn cudaStreamQuery(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamQuery(stream))
+    cu_ctx!(cuStreamQuery(stream.cast()))
 }
 
 pub unsafe fn cudaStreamQuery_ptsz(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamQuery_ptsz(stream))
+    cu_ctx!(cuStreamQuery_ptsz(stream.cast()))
 }
 
 fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_thread_default: bool) -> CudaResult<()> {
@@ -113,9 +113,9 @@ fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_threa
         return Err(CudaError::INVALID_VALUE);
     }
     if per_thread_default {
-        cu_ctx!(cuStreamWaitEvent_ptsz(stream, event, flags))
+        cu_ctx!(cuStreamWaitEvent_ptsz(stream.cast(), event.cast(), flags))
     } else {
-        cu_ctx!(cuStreamWaitEvent(stream, event, flags))
+        cu_ctx!(cuStreamWaitEvent(stream.cast(), event.cast(), flags))
     }
 }
 
@@ -133,7 +133,7 @@ macro_rules! stream_queries {
     ($($name:ident($out:ident: *mut $ty:ty) => $driver:ident;)*) => {$(
         pub unsafe fn $name(stream: cudaStream_t, $out: *mut $ty) -> CudaResult<()> {
             let mut value: $ty = 0;
-            cu_ctx!($driver(stream, &mut value))?;
+            cu_ctx!($driver(stream.cast(), &mut value))?;
             // SAFETY: the app's out-pointer.
             unsafe { write_out($out, value) }
         }
@@ -151,15 +151,15 @@ stream_queries! {
 macro_rules! stream_attributes {
     ($($set:ident, $get:ident, $copy:ident => $set_driver:ident, $get_driver:ident, $copy_driver:ident;)*) => {$(
         pub unsafe fn $set(stream: cudaStream_t, attribute: c_uint, value: *const c_void) -> CudaResult<()> {
-            cu_ctx!($set_driver(stream, attribute, value))
+            cu_ctx!($set_driver(stream.cast(), attribute, value.cast()))
         }
 
         pub unsafe fn $get(stream: cudaStream_t, attribute: c_uint, value: *mut c_void) -> CudaResult<()> {
-            cu_ctx!($get_driver(stream, attribute, value))
+            cu_ctx!($get_driver(stream.cast(), attribute, value.cast()))
         }
 
         pub unsafe fn $copy(dst: cudaStream_t, src: cudaStream_t) -> CudaResult<()> {
-            cu_ctx!($copy_driver(dst, src))
+            cu_ctx!($copy_driver(dst.cast(), src.cast()))
         }
     )*};
 }
@@ -173,11 +173,11 @@ stream_attributes! {
 
 // --- CUDA IPC: the driver's handles (the runtime's handle types are the same 64 bytes) ---
 
-pub unsafe fn cudaIpcGetMemHandle(handle: *mut crate::driver::IpcHandle, dev_ptr: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuIpcGetMemHandle(handle, dev_ptr as u64))
+pub unsafe fn cudaIpcGetMemHandle(handle: *mut crate::driver::CUipcMemHandle, dev_ptr: *mut c_void) -> CudaResult<()> {
+    cu_ctx!(cuIpcGetMemHandle(handle.cast(), dev_ptr as u64))
 }
 
-pub unsafe fn cudaIpcOpenMemHandle(dev_ptr: *mut *mut c_void, handle: crate::driver::IpcHandle, flags: c_uint) -> CudaResult<()> {
+pub unsafe fn cudaIpcOpenMemHandle(dev_ptr: *mut *mut c_void, handle: crate::driver::CUipcMemHandle, flags: c_uint) -> CudaResult<()> {
     if dev_ptr.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
@@ -191,12 +191,12 @@ pub unsafe fn cudaIpcCloseMemHandle(dev_ptr: *mut c_void) -> CudaResult<()> {
     cu_ctx!(cuIpcCloseMemHandle(dev_ptr as u64))
 }
 
-pub unsafe fn cudaIpcGetEventHandle(handle: *mut crate::driver::IpcHandle, event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuIpcGetEventHandle(handle, event))
+pub unsafe fn cudaIpcGetEventHandle(handle: *mut crate::driver::CUipcEventHandle, event: cudaEvent_t) -> CudaResult<()> {
+    cu_ctx!(cuIpcGetEventHandle(handle, event.cast()))
 }
 
-pub unsafe fn cudaIpcOpenEventHandle(event: *mut cudaEvent_t, handle: crate::driver::IpcHandle) -> CudaResult<()> {
-    cu_ctx!(cuIpcOpenEventHandle(event, handle))
+pub unsafe fn cudaIpcOpenEventHandle(event: *mut cudaEvent_t, handle: crate::driver::CUipcEventHandle) -> CudaResult<()> {
+    cu_ctx!(cuIpcOpenEventHandle(event.cast(), handle))
 }
 
 fn create_event(out: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {
@@ -208,7 +208,7 @@ fn create_event(out: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {
         return Err(CudaError::INVALID_VALUE);
     }
     let mut event: cudaEvent_t = std::ptr::null_mut();
-    cu_ctx!(cuEventCreate(&mut event, flags))?;
+    cu_ctx!(cuEventCreate(std::ptr::from_mut(&mut event).cast(), flags))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, event) }
 }
@@ -226,9 +226,9 @@ fn record(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint, per_thread_de
         Err(CudaError::INVALID_VALUE)
     } else {
         if per_thread_default {
-            cu_ctx!(cuEventRecordWithFlags_ptsz(event, stream, flags))
+            cu_ctx!(cuEventRecordWithFlags_ptsz(event.cast(), stream.cast(), flags))
         } else {
-            cu_ctx!(cuEventRecordWithFlags(event, stream, flags))
+            cu_ctx!(cuEventRecordWithFlags(event.cast(), stream.cast(), flags))
         }
     };
     // An unknown event is no event: nothing to remember of it.
@@ -240,7 +240,7 @@ fn record(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint, per_thread_de
 
 /// Whether the driver knows `event`.
 fn is_event(event: cudaEvent_t) -> bool {
-    !matches!(cu_ctx!(cuEventQuery(event)), Err(CudaError::INVALID_RESOURCE_HANDLE))
+    !matches!(cu_ctx!(cuEventQuery(event.cast())), Err(CudaError::INVALID_RESOURCE_HANDLE))
 }
 
 pub unsafe fn cudaEventRecord(event: cudaEvent_t, stream: cudaStream_t) -> CudaResult<()> {
@@ -260,11 +260,11 @@ pub unsafe fn cudaEventRecordWithFlags_ptsz(event: cudaEvent_t, stream: cudaStre
 }
 
 pub unsafe fn cudaEventSynchronize(event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuEventSynchronize(event))
+    cu_ctx!(cuEventSynchronize(event.cast()))
 }
 
 pub unsafe fn cudaEventQuery(event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuEventQuery(event))
+    cu_ctx!(cuEventQuery(event.cast()))
 }
 
 pub unsafe fn cudaEventElapsedTime(ms: *mut f32, start: cudaEvent_t, end: cudaEvent_t) -> CudaResult<()> {
@@ -275,13 +275,13 @@ pub unsafe fn cudaEventElapsedTime(ms: *mut f32, start: cudaEvent_t, end: cudaEv
         return Err(CudaError::INVALID_RESOURCE_HANDLE);
     }
     let mut value = 0.0f32;
-    cu_ctx!(cuEventElapsedTime_v2(&mut value, start, end))?;
+    cu_ctx!(cuEventElapsedTime_v2(&mut value, start.cast(), end.cast()))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(ms, value) }
 }
 
 pub unsafe fn cudaEventDestroy(event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuEventDestroy_v2(event))?;
+    cu_ctx!(cuEventDestroy_v2(event.cast()))?;
     note_record(event, false);
     Ok(())
 }

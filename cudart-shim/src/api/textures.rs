@@ -151,7 +151,7 @@ fn reads_integers(resource: &ResourceDesc, view_format: c_int) -> CudaResult<boo
         RESOURCE_ARRAY => descriptor(resource.res.handle as usize as CUarray)?.format,
         RESOURCE_MIPMAPPED_ARRAY => {
             let mut level: CUarray = std::ptr::null_mut();
-            cu_ctx!(cuMipmappedArrayGetLevel(&mut level, resource.res.handle as usize as *mut c_void, 0))?;
+            cu_ctx!(cuMipmappedArrayGetLevel(&mut level, (resource.res.handle as usize as *mut c_void).cast(), 0))?;
             descriptor(level)?.format
         }
         _ => return Err(CudaError::INVALID_VALUE),
@@ -241,7 +241,7 @@ pub unsafe fn cudaCreateTextureObject(
     // SAFETY: checked non-NULL; the app's struct.
     let desc = driver_texture(unsafe { &*desc }, || reads_integers(&resource, view_format.unwrap_or(0)))?;
     let mut object = 0;
-    cu_ctx!(cuTexObjectCreate(&mut object, &resource, &desc, view))?;
+    cu_ctx!(cuTexObjectCreate(&mut object, std::ptr::from_ref(&resource).cast(), std::ptr::from_ref(&desc).cast(), view.cast()))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(texture, object) }
 }
@@ -255,7 +255,7 @@ pub unsafe fn cudaGetTextureObjectResourceDesc(out: *mut cudaResourceDesc, textu
         return Err(CudaError::INVALID_VALUE);
     }
     let mut resource = ResourceDesc::default();
-    cu_ctx!(cuTexObjectGetResourceDesc(&mut resource, texture))?;
+    cu_ctx!(cuTexObjectGetResourceDesc(std::ptr::from_mut(&mut resource).cast(), texture))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, runtime_resource(&resource)) }
 }
@@ -267,17 +267,17 @@ pub unsafe fn cudaGetTextureObjectTextureDesc(out: *mut cudaTextureDesc, texture
         return Err(CudaError::INVALID_VALUE);
     }
     let mut desc = TextureDesc::default();
-    cu_ctx!(cuTexObjectGetTextureDesc(&mut desc, texture))?;
+    cu_ctx!(cuTexObjectGetTextureDesc(std::ptr::from_mut(&mut desc).cast(), texture))?;
     let integer_texels = if desc.flags & READ_AS_INTEGER != 0 {
         true
     } else {
         let mut resource = ResourceDesc::default();
-        cu_ctx!(cuTexObjectGetResourceDesc(&mut resource, texture))?;
+        cu_ctx!(cuTexObjectGetResourceDesc(std::ptr::from_mut(&mut resource).cast(), texture))?;
         // Only arrays have views; a texture made without one has none to give (the driver may
         // say so with an error), and the resource's format is the texels'.
         let mut view = ResourceViewDesc::default();
         let has_view = matches!(resource.res_type as c_int, RESOURCE_ARRAY | RESOURCE_MIPMAPPED_ARRAY)
-            && cu_ctx!(cuTexObjectGetResourceViewDesc(&mut view, texture)).is_ok();
+            && cu_ctx!(cuTexObjectGetResourceViewDesc(std::ptr::from_mut(&mut view).cast(), texture)).is_ok();
         reads_integers(&resource, if has_view { view.format } else { 0 })?
     };
     // SAFETY: checked non-NULL; the app's out-pointer.
@@ -289,7 +289,7 @@ pub unsafe fn cudaGetTextureObjectResourceViewDesc(out: *mut cudaResourceViewDes
         return Err(CudaError::INVALID_VALUE);
     }
     let mut view = ResourceViewDesc::default();
-    cu_ctx!(cuTexObjectGetResourceViewDesc(&mut view, texture))?;
+    cu_ctx!(cuTexObjectGetResourceViewDesc(std::ptr::from_mut(&mut view).cast(), texture))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, view) }
 }
@@ -308,7 +308,7 @@ pub unsafe fn cudaCreateSurfaceObject(surface: *mut cudaSurfaceObject_t, resourc
     // SAFETY: the app's struct.
     let resource = unsafe { driver_resource(resource) }?;
     let mut object = 0;
-    cu_ctx!(cuSurfObjectCreate(&mut object, &resource))?;
+    cu_ctx!(cuSurfObjectCreate(&mut object, std::ptr::from_ref(&resource).cast()))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(surface, object) }
 }
@@ -322,7 +322,7 @@ pub unsafe fn cudaGetSurfaceObjectResourceDesc(out: *mut cudaResourceDesc, surfa
         return Err(CudaError::INVALID_VALUE);
     }
     let mut resource = ResourceDesc::default();
-    cu_ctx!(cuSurfObjectGetResourceDesc(&mut resource, surface))?;
+    cu_ctx!(cuSurfObjectGetResourceDesc(std::ptr::from_mut(&mut resource).cast(), surface))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, runtime_resource(&resource)) }
 }
