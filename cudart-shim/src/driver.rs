@@ -9,7 +9,7 @@
 //! a context the app made current itself (driver API) is used as it is.
 
 use std::cell::Cell;
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -19,85 +19,13 @@ use flyt_protocol::error::CudaResult;
 pub use flyt_cuda_sys::CUresult;
 use flyt_cuda_sys::DriverTable;
 pub use flyt_cuda_sys::types::{
+    CUDA_ARRAY_MEMORY_REQUIREMENTS, CUDA_ARRAY_SPARSE_PROPERTIES, CUDA_ARRAY3D_DESCRIPTOR, CUDA_CONDITIONAL_NODE_PARAMS,
+    CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY_NODE_PARAMS, CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER, CUlaunchConfig,
+};
+pub use flyt_cuda_sys::types::{
     CUarray, CUcontext, CUdeviceptr, CUevent, CUgraph, CUgraphExec, CUgraphNode, CUipcEventHandle, CUipcMemHandle, CUkernel, CUlibrary,
     CUmemLocation, CUmipmappedArray, CUstream,
 };
-
-/// `CUDA_MEMCPY2D`, the driver's description of a pitched copy.
-#[repr(C)]
-pub struct Memcpy2D {
-    pub src_x_in_bytes: usize,
-    pub src_y: usize,
-    pub src_memory_type: c_uint,
-    pub src_host: *const c_void,
-    pub src_device: CUdeviceptr,
-    pub src_array: *mut c_void,
-    pub src_pitch: usize,
-    pub dst_x_in_bytes: usize,
-    pub dst_y: usize,
-    pub dst_memory_type: c_uint,
-    pub dst_host: *mut c_void,
-    pub dst_device: CUdeviceptr,
-    pub dst_array: *mut c_void,
-    pub dst_pitch: usize,
-    pub width_in_bytes: usize,
-    pub height: usize,
-}
-
-/// `CUDA_MEMCPY3D`, the driver's description of a 3D copy (a graph's copy node).
-#[repr(C)]
-pub struct Memcpy3D {
-    pub src_x_in_bytes: usize,
-    pub src_y: usize,
-    pub src_z: usize,
-    pub src_lod: usize,
-    pub src_memory_type: c_uint,
-    pub src_host: *const c_void,
-    pub src_device: CUdeviceptr,
-    pub src_array: *mut c_void,
-    pub reserved0: *mut c_void,
-    pub src_pitch: usize,
-    pub src_height: usize,
-    pub dst_x_in_bytes: usize,
-    pub dst_y: usize,
-    pub dst_z: usize,
-    pub dst_lod: usize,
-    pub dst_memory_type: c_uint,
-    pub dst_host: *mut c_void,
-    pub dst_device: CUdeviceptr,
-    pub dst_array: *mut c_void,
-    pub reserved1: *mut c_void,
-    pub dst_pitch: usize,
-    pub dst_height: usize,
-    pub width_in_bytes: usize,
-    pub height: usize,
-    pub depth: usize,
-}
-
-/// `CUDA_KERNEL_NODE_PARAMS` (v2): a graph's kernel node.
-#[repr(C)]
-pub struct KernelNodeParams {
-    pub func: CUkernel,
-    pub grid: [c_uint; 3],
-    pub block: [c_uint; 3],
-    pub shared_mem: c_uint,
-    pub kernel_params: *mut *mut c_void,
-    pub extra: *mut *mut c_void,
-    pub kern: CUkernel,
-    pub ctx: CUcontext,
-}
-
-/// `CUlaunchConfig`: a launch with attributes (whose layout, `CUlaunchAttribute`, is the
-/// runtime's `cudaLaunchAttribute`).
-#[repr(C)]
-pub struct LaunchConfig {
-    pub grid: [c_uint; 3],
-    pub block: [c_uint; 3],
-    pub shared_mem: c_uint,
-    pub stream: CUstream,
-    pub attrs: *mut c_void,
-    pub num_attrs: c_uint,
-}
 
 /// `CUgraphNodeParams` and the runtime's `cudaGraphNodeParams`: the node type, a union of 29
 /// 8-byte words (whose members differ for kernel, copy, memset and conditional nodes), a reserved
@@ -120,19 +48,6 @@ pub const MEMORYTYPE_UNIFIED: c_uint = 4;
 pub const MEMORYTYPE_HOST: c_uint = 1;
 /// `CU_MEMORYTYPE_ARRAY`: the side of a copy is a CUDA array.
 pub const MEMORYTYPE_ARRAY: c_uint = 3;
-
-/// `CUDA_ARRAY3D_DESCRIPTOR`: an array's extent in elements (0 for a dimension it lacks), its
-/// `CUarray_format`, channels per element and `CUDA_ARRAY3D_*` flags.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Array3DDescriptor {
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub format: c_uint,
-    pub num_channels: c_uint,
-    pub flags: c_uint,
-}
 
 /// The union of `CUDA_RESOURCE_DESC`, flattened: every member starts with the handle or device
 /// pointer, `linear` and `pitch2D` go on alike (`size` is `linear.sizeInBytes` or
@@ -193,13 +108,7 @@ pub struct ResourceViewDesc {
 
 // The sizes of the C structs (cuda.h, x86_64).
 const _: () = {
-    assert!(size_of::<Memcpy2D>() == 128);
-    assert!(size_of::<Memcpy3D>() == 200);
     assert!(size_of::<GraphNodeParams>() == 256);
-    assert!(size_of::<KernelNodeParams>() == 72);
-    assert!(std::mem::offset_of!(Memcpy3D, reserved0) == 64);
-    assert!(std::mem::offset_of!(Memcpy3D, reserved1) == 152);
-    assert!(size_of::<Array3DDescriptor>() == 40);
     assert!(size_of::<ResourceData>() == 128);
     assert!(std::mem::offset_of!(ResourceData, size) == 16);
     assert!(size_of::<ResourceDesc>() == 144);

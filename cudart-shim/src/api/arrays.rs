@@ -14,8 +14,9 @@ use flyt_protocol::error::CudaResult;
 use super::device::valid_device;
 use super::memory::{DEFAULT, Mode, Side2D, check_sides, copy_2d, describe_2d};
 use crate::driver::{
-    Array3DDescriptor, CUarray, CUdeviceptr, CUmipmappedArray, MEMORYTYPE_ARRAY, MEMORYTYPE_UNIFIED, Memcpy2D, Memcpy3D, cu_ctx,
-    current_device, device_context,
+    CUDA_ARRAY_MEMORY_REQUIREMENTS, CUDA_ARRAY_SPARSE_PROPERTIES, CUDA_ARRAY3D_DESCRIPTOR, CUDA_MEMCPY2D, CUDA_MEMCPY3D,
+    CUDA_MEMCPY3D_PEER, CUarray, CUcontext, CUdeviceptr, CUmipmappedArray, MEMORYTYPE_ARRAY, MEMORYTYPE_UNIFIED, cu_ctx, current_device,
+    device_context,
 };
 use crate::ffi::{cudaChannelFormatDesc, cudaMemcpyKind, cudaStream_t, write_out};
 
@@ -186,9 +187,9 @@ pub(super) fn is_integer_format(format: c_uint) -> bool {
 
 /// The bytes of one element of an array, for offsets and extents the runtime gives in elements;
 /// `None` for block-compressed and planar formats, whose elements are not bytes in rows.
-fn element_size(descriptor: &Array3DDescriptor) -> Option<usize> {
-    let channels = descriptor.num_channels as usize;
-    match descriptor.format {
+fn element_size(descriptor: &CUDA_ARRAY3D_DESCRIPTOR) -> Option<usize> {
+    let channels = descriptor.NumChannels as usize;
+    match descriptor.Format {
         0x01 | 0x08 => Some(channels),
         0x02 | 0x09 | 0x10 => Some(2 * channels),
         0x03 | 0x0a | 0x20 => Some(4 * channels),
@@ -201,11 +202,12 @@ fn element_size(descriptor: &Array3DDescriptor) -> Option<usize> {
 }
 
 /// An array's descriptor (NULL is no array, as the driver answers too).
-pub(super) fn descriptor(array: CUarray) -> CudaResult<Array3DDescriptor> {
+pub(super) fn descriptor(array: CUarray) -> CudaResult<CUDA_ARRAY3D_DESCRIPTOR> {
     if array.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let mut descriptor = Array3DDescriptor::default();
+    // SAFETY: all-zero is a valid value of these plain integer fields.
+    let mut descriptor: CUDA_ARRAY3D_DESCRIPTOR = unsafe { std::mem::zeroed() };
     cu_ctx!(cuArray3DGetDescriptor_v2(std::ptr::from_mut(&mut descriptor).cast(), array))?;
     Ok(descriptor)
 }
@@ -376,13 +378,20 @@ unsafe fn array_descriptor<T>(
     desc: *const cudaChannelFormatDesc,
     extent: cudaExtent,
     flags: c_uint,
-) -> CudaResult<Array3DDescriptor> {
+) -> CudaResult<CUDA_ARRAY3D_DESCRIPTOR> {
     if out.is_null() || desc.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
     // SAFETY: checked non-NULL; the app's struct.
     let (format, num_channels) = array_format(unsafe { &*desc })?;
-    Ok(Array3DDescriptor { width: extent.width, height: extent.height, depth: extent.depth, format, num_channels, flags })
+    Ok(CUDA_ARRAY3D_DESCRIPTOR {
+        Width: extent.width,
+        Height: extent.height,
+        Depth: extent.depth,
+        Format: format,
+        NumChannels: num_channels,
+        Flags: flags,
+    })
 }
 
 /// # Safety
@@ -471,15 +480,15 @@ pub unsafe fn cudaArrayGetInfo(
     let d = descriptor(array)?;
     if !desc.is_null() {
         // SAFETY: checked non-NULL; the app's out-pointer.
-        unsafe { write_out(desc, channel_desc(d.format, d.num_channels)) }?;
+        unsafe { write_out(desc, channel_desc(d.Format, d.NumChannels)) }?;
     }
     if !extent.is_null() {
         // SAFETY: as above.
-        unsafe { write_out(extent, cudaExtent { width: d.width, height: d.height, depth: d.depth }) }?;
+        unsafe { write_out(extent, cudaExtent { width: d.Width, height: d.Height, depth: d.Depth }) }?;
     }
     if !flags.is_null() {
         // SAFETY: as above.
-        unsafe { write_out(flags, d.flags) }?;
+        unsafe { write_out(flags, d.Flags) }?;
     }
     Ok(())
 }
@@ -490,32 +499,17 @@ pub unsafe fn cudaGetChannelDesc(desc: *mut cudaChannelFormatDesc, array: CUarra
     }
     let d = descriptor(array)?;
     // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(desc, channel_desc(d.format, d.num_channels)) }
+    unsafe { write_out(desc, channel_desc(d.Format, d.NumChannels)) }
 }
 
 // --- planes, sparse properties and memory requirements (the driver's, struct for struct) ---
 
-/// `cudaArraySparseProperties`: `CUDA_ARRAY_SPARSE_PROPERTIES`'s layout.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct cudaArraySparseProperties {
-    tile_extent: [c_uint; 3],
-    miptail_first_level: c_uint,
-    miptail_size: u64,
-    flags: c_uint,
-    reserved: [c_uint; 4],
-}
-
-/// `cudaArrayMemoryRequirements`: `CUDA_ARRAY_MEMORY_REQUIREMENTS`'s layout.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct cudaArrayMemoryRequirements {
-    size: usize,
-    alignment: usize,
-    reserved: [c_uint; 4],
-}
-
-const _: () = assert!(size_of::<cudaArraySparseProperties>() == 48 && size_of::<cudaArrayMemoryRequirements>() == 32);
+/// `cudaArraySparseProperties`: the driver's struct, field for field.
+#[allow(non_camel_case_types, reason = "the C type's name, as the CUDA headers spell it")]
+pub type cudaArraySparseProperties = CUDA_ARRAY_SPARSE_PROPERTIES;
+/// `cudaArrayMemoryRequirements`: the driver's struct, field for field.
+#[allow(non_camel_case_types, reason = "the C type's name, as the CUDA headers spell it")]
+pub type cudaArrayMemoryRequirements = CUDA_ARRAY_MEMORY_REQUIREMENTS;
 
 /// A plane of a planar (NV12) array: an array of its own, part of `array` (it goes with it).
 pub unsafe fn cudaArrayGetPlane(plane_array: *mut CUarray, array: CUarray, plane: c_uint) -> CudaResult<()> {
@@ -535,7 +529,8 @@ pub unsafe fn cudaArrayGetSparseProperties(properties: *mut cudaArraySparsePrope
     if properties.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let mut out = cudaArraySparseProperties::default();
+    // SAFETY: all-zero is a valid value of these plain integer fields.
+    let mut out: cudaArraySparseProperties = unsafe { std::mem::zeroed() };
     cu_ctx!(cuArrayGetSparseProperties(std::ptr::from_mut(&mut out).cast(), array))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(properties, out) }
@@ -548,7 +543,8 @@ pub unsafe fn cudaMipmappedArrayGetSparseProperties(
     if properties.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let mut out = cudaArraySparseProperties::default();
+    // SAFETY: all-zero is a valid value of these plain integer fields.
+    let mut out: cudaArraySparseProperties = unsafe { std::mem::zeroed() };
     cu_ctx!(cuMipmappedArrayGetSparseProperties(std::ptr::from_mut(&mut out).cast(), mipmapped))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(properties, out) }
@@ -563,7 +559,8 @@ pub unsafe fn cudaArrayGetMemoryRequirements(
         return Err(CudaError::INVALID_VALUE);
     }
     let device = valid_device(device)?;
-    let mut out = cudaArrayMemoryRequirements::default();
+    // SAFETY: all-zero is a valid value of these plain integer fields.
+    let mut out: cudaArrayMemoryRequirements = unsafe { std::mem::zeroed() };
     cu_ctx!(cuArrayGetMemoryRequirements(std::ptr::from_mut(&mut out).cast(), array, device))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(requirements, out) }
@@ -578,7 +575,8 @@ pub unsafe fn cudaMipmappedArrayGetMemoryRequirements(
         return Err(CudaError::INVALID_VALUE);
     }
     let device = valid_device(device)?;
-    let mut out = cudaArrayMemoryRequirements::default();
+    // SAFETY: all-zero is a valid value of these plain integer fields.
+    let mut out: cudaArrayMemoryRequirements = unsafe { std::mem::zeroed() };
     cu_ctx!(cuMipmappedArrayGetMemoryRequirements(std::ptr::from_mut(&mut out).cast(), mipmapped, device))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(requirements, out) }
@@ -733,9 +731,9 @@ impl Run {
     fn array(array: CUarray, x: usize, y: usize, count: usize, symbol: &str) -> CudaResult<Run> {
         let d = descriptor(array)?;
         let element = element_size(&d).ok_or_else(|| super::unsupported_use(symbol, "an array of a block-compressed or planar format"))?;
-        let row = d.width.checked_mul(element).ok_or(CudaError::INVALID_VALUE)?;
+        let row = d.Width.checked_mul(element).ok_or(CudaError::INVALID_VALUE)?;
         // A 1D array is one row; only the first slice of a 3D array is reached.
-        let rows = d.height.max(1);
+        let rows = d.Height.max(1);
         let room = rows.checked_sub(y).and_then(|left| left.checked_mul(row)).and_then(|bytes| bytes.checked_sub(x));
         if x >= row || room.is_none_or(|room| room < count) {
             return Err(CudaError::INVALID_VALUE);
@@ -796,7 +794,7 @@ fn next_piece(dst: Run, src: Run, left: usize) -> (usize, usize) {
 }
 
 /// A 1D array copy as pitched copies (at most three where one side is memory).
-fn pieces(mut dst: Run, mut src: Run, count: usize) -> Vec<Memcpy2D> {
+fn pieces(mut dst: Run, mut src: Run, count: usize) -> Vec<CUDA_MEMCPY2D> {
     let mut pieces = Vec::new();
     let mut left = count;
     while left > 0 {
@@ -936,7 +934,13 @@ type DriverSide = (usize, usize, usize, c_uint, u64, CUarray, usize, usize);
 /// x in bytes, but CUDA 13's runtime takes it in the array's elements (an H100: `srcPos.x` 8 next
 /// to a float array reads from byte 32), and programs that work natively are written so. Without
 /// an array, all are bytes. `symbol` names the copy in what cannot be done.
-fn describe_3d(src: Side3D<'_>, dst: Side3D<'_>, extent: &cudaExtent, kind: cudaMemcpyKind, symbol: &str) -> CudaResult<Option<Memcpy3D>> {
+fn describe_3d(
+    src: Side3D<'_>,
+    dst: Side3D<'_>,
+    extent: &cudaExtent,
+    kind: cudaMemcpyKind,
+    symbol: &str,
+) -> CudaResult<Option<CUDA_MEMCPY3D>> {
     let is_array = |side: &Side3D<'_>| match (side.array.is_null(), side.ptr.ptr.is_null()) {
         (false, true) => Ok(true),
         (true, false) => Ok(false),
@@ -974,41 +978,41 @@ fn describe_3d(src: Side3D<'_>, dst: Side3D<'_>, extent: &cudaExtent, kind: cuda
     };
     let (src_x, src_y, src_z, src_type, src_ptr, src_array, src_pitch, src_height) = driver_side(&src, src_is_array)?;
     let (dst_x, dst_y, dst_z, dst_type, dst_ptr, dst_array, dst_pitch, dst_height) = driver_side(&dst, dst_is_array)?;
-    Ok(Some(Memcpy3D {
-        src_x_in_bytes: src_x,
-        src_y,
-        src_z,
-        src_lod: 0,
-        src_memory_type: src_type,
-        src_host: src_ptr as usize as *const c_void,
-        src_device: src_ptr,
-        src_array: src_array.cast(),
+    Ok(Some(CUDA_MEMCPY3D {
+        srcXInBytes: src_x,
+        srcY: src_y,
+        srcZ: src_z,
+        srcLOD: 0,
+        srcMemoryType: src_type,
+        srcHost: src_ptr as usize as *const c_void,
+        srcDevice: src_ptr,
+        srcArray: src_array.cast(),
         reserved0: std::ptr::null_mut(),
-        src_pitch,
-        src_height,
-        dst_x_in_bytes: dst_x,
-        dst_y,
-        dst_z,
-        dst_lod: 0,
-        dst_memory_type: dst_type,
-        dst_host: dst_ptr as usize as *mut c_void,
-        dst_device: dst_ptr,
-        dst_array: dst_array.cast(),
+        srcPitch: src_pitch,
+        srcHeight: src_height,
+        dstXInBytes: dst_x,
+        dstY: dst_y,
+        dstZ: dst_z,
+        dstLOD: 0,
+        dstMemoryType: dst_type,
+        dstHost: dst_ptr as usize as *mut c_void,
+        dstDevice: dst_ptr,
+        dstArray: dst_array.cast(),
         reserved1: std::ptr::null_mut(),
-        dst_pitch,
-        dst_height,
-        width_in_bytes: width,
-        height: extent.height,
-        depth: extent.depth,
+        dstPitch: dst_pitch,
+        dstHeight: dst_height,
+        WidthInBytes: width,
+        Height: extent.height,
+        Depth: extent.depth,
     }))
 }
 
-fn copy_3d(copy: &Memcpy3D, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
+fn copy_3d(copy: &CUDA_MEMCPY3D, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
     match (mode, per_thread) {
-        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy3D_v2(std::ptr::from_ref(copy).cast())),
-        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy3D_v2_ptds(std::ptr::from_ref(copy).cast())),
-        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy3DAsync_v2(std::ptr::from_ref(copy).cast(), stream.cast())),
-        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy3DAsync_v2_ptsz(std::ptr::from_ref(copy).cast(), stream.cast())),
+        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy3D_v2(copy)),
+        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy3D_v2_ptds(copy)),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy3DAsync_v2(copy, stream.cast())),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy3DAsync_v2_ptsz(copy, stream.cast())),
     }
 }
 
@@ -1042,20 +1046,51 @@ unsafe fn memcpy_3d_peer(params: *const cudaMemcpy3DPeerParms, stream: cudaStrea
     let (src_device, dst_device) = (valid_device(p.src_device)?, valid_device(p.dst_device)?);
     let src = Side3D { array: p.src_array, pos: &p.src_pos, ptr: &p.src_ptr };
     let dst = Side3D { array: p.dst_array, pos: &p.dst_pos, ptr: &p.dst_ptr };
-    let Some(mut copy) = describe_3d(src, dst, &p.extent, DEFAULT, "cudaMemcpy3DPeer")? else {
+    let Some(copy) = describe_3d(src, dst, &p.extent, DEFAULT, "cudaMemcpy3DPeer")? else {
         return Ok(());
     };
     let current = current_device();
     if src_device == current && dst_device == current {
         return copy_3d(&copy, stream, mode, per_thread);
     }
-    copy.reserved0 = (device_context(src_device)?).cast();
-    copy.reserved1 = (device_context(dst_device)?).cast();
+    let copy = peer_copy(&copy, device_context(src_device)?, device_context(dst_device)?);
     match (mode, per_thread) {
-        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy3DPeer(std::ptr::from_ref(&copy).cast())),
-        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy3DPeer_ptds(std::ptr::from_ref(&copy).cast())),
-        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy3DPeerAsync(std::ptr::from_ref(&copy).cast(), stream.cast())),
-        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy3DPeerAsync_ptsz(std::ptr::from_ref(&copy).cast(), stream.cast())),
+        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy3DPeer(&copy)),
+        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy3DPeer_ptds(&copy)),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy3DPeerAsync(&copy, stream.cast())),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy3DPeerAsync_ptsz(&copy, stream.cast())),
+    }
+}
+
+/// `copy` between the primary contexts of two devices: `CUDA_MEMCPY3D_PEER` is `CUDA_MEMCPY3D` with
+/// each side's context where the latter has a reserved field.
+fn peer_copy(copy: &CUDA_MEMCPY3D, src_context: CUcontext, dst_context: CUcontext) -> CUDA_MEMCPY3D_PEER {
+    CUDA_MEMCPY3D_PEER {
+        srcXInBytes: copy.srcXInBytes,
+        srcY: copy.srcY,
+        srcZ: copy.srcZ,
+        srcLOD: copy.srcLOD,
+        srcMemoryType: copy.srcMemoryType,
+        srcHost: copy.srcHost,
+        srcDevice: copy.srcDevice,
+        srcArray: copy.srcArray,
+        srcContext: src_context,
+        srcPitch: copy.srcPitch,
+        srcHeight: copy.srcHeight,
+        dstXInBytes: copy.dstXInBytes,
+        dstY: copy.dstY,
+        dstZ: copy.dstZ,
+        dstLOD: copy.dstLOD,
+        dstMemoryType: copy.dstMemoryType,
+        dstHost: copy.dstHost,
+        dstDevice: copy.dstDevice,
+        dstArray: copy.dstArray,
+        dstContext: dst_context,
+        dstPitch: copy.dstPitch,
+        dstHeight: copy.dstHeight,
+        WidthInBytes: copy.WidthInBytes,
+        Height: copy.Height,
+        Depth: copy.Depth,
     }
 }
 
@@ -1134,7 +1169,7 @@ mod tests {
     fn shapes(dst: Run, src: Run, count: usize) -> Vec<(usize, usize, usize, usize, usize, usize, usize)> {
         pieces(dst, src, count)
             .iter()
-            .map(|p| (p.dst_x_in_bytes, p.dst_y, p.src_x_in_bytes, p.src_y, p.width_in_bytes, p.height, p.src_pitch.max(p.dst_pitch)))
+            .map(|p| (p.dstXInBytes, p.dstY, p.srcXInBytes, p.srcY, p.WidthInBytes, p.Height, p.srcPitch.max(p.dstPitch)))
             .collect()
     }
 
@@ -1149,7 +1184,7 @@ mod tests {
         // From the start of a row: the whole rows in one piece.
         assert_eq!(shapes(Run::Memory(0x1000), array(0, 0), 4096), [(0, 0, 0, 0, 256, 16, 256)]);
         let [first, second] = pieces(Run::Memory(0x1000), array(0, 1), 300).try_into().ok().unwrap();
-        assert_eq!((first.dst_device, first.width_in_bytes, second.dst_device, second.width_in_bytes), (0x1000, 256, 0x1100, 44));
+        assert_eq!((first.dstDevice, first.WidthInBytes, second.dstDevice, second.WidthInBytes), (0x1000, 256, 0x1100, 44));
         // Between arrays whose rows are out of step: no piece crosses a row of either.
         let other = |x, y| Run::Array { array: std::ptr::dangling_mut(), row: 128, x, y };
         assert_eq!(

@@ -12,8 +12,9 @@ use flyt_protocol::error::CudaResult;
 
 use super::arrays::{cudaExtent, cudaMemcpy3DParms, cudaPitchedPtr, cudaPos};
 use crate::driver::{
-    CUcontext, CUdeviceptr, CUgraph, CUgraphExec, CUgraphNode, GraphNodeParams, HostFn, KernelNodeParams, MEMORYTYPE_ARRAY,
-    MEMORYTYPE_HOST, MEMORYTYPE_UNIFIED, Memcpy3D, StreamCallback, cu, cu_ctx, current_context,
+    CUDA_CONDITIONAL_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY_NODE_PARAMS, CUDA_MEMCPY3D, CUcontext, CUdeviceptr, CUgraph,
+    CUgraphExec, CUgraphNode, GraphNodeParams, HostFn, MEMORYTYPE_ARRAY, MEMORYTYPE_HOST, MEMORYTYPE_UNIFIED, StreamCallback, cu, cu_ctx,
+    current_context,
 };
 use crate::ffi::{cudaEvent_t, cudaMemcpyKind, cudaStream_t, dim3};
 use crate::registry::{host_function_of, kernel_by_host};
@@ -140,19 +141,24 @@ pub struct cudaKernelNodeParams {
 ///
 /// # Safety
 /// `params` is NULL or a readable `cudaKernelNodeParams`.
-unsafe fn kernel_params(params: *const cudaKernelNodeParams) -> CudaResult<KernelNodeParams> {
+unsafe fn kernel_params(params: *const cudaKernelNodeParams) -> CudaResult<CUDA_KERNEL_NODE_PARAMS> {
     if params.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
     // SAFETY: checked non-NULL; the app's struct.
     let p = unsafe { &*params };
     let kernel = kernel_by_host(p.func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?.handle()?;
-    Ok(KernelNodeParams {
-        func: kernel,
-        grid: [p.grid.x, p.grid.y, p.grid.z],
-        block: [p.block.x, p.block.y, p.block.z],
-        shared_mem: p.shared_mem,
-        kernel_params: p.kernel_params,
+    Ok(CUDA_KERNEL_NODE_PARAMS {
+        // A `CUkernel` serves where the driver takes a `CUfunction` (cuda.h says so).
+        func: kernel.cast(),
+        gridDimX: p.grid.x,
+        gridDimY: p.grid.y,
+        gridDimZ: p.grid.z,
+        blockDimX: p.block.x,
+        blockDimY: p.block.y,
+        blockDimZ: p.block.z,
+        sharedMemBytes: p.shared_mem,
+        kernelParams: p.kernel_params,
         extra: p.extra,
         kern: std::ptr::null_mut(),
         ctx: std::ptr::null_mut(),
@@ -168,13 +174,13 @@ pub unsafe fn cudaGraphAddKernelNode(
 ) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let params = unsafe { kernel_params(params) }?;
-    cu_ctx!(cuGraphAddKernelNode_v2(node, graph, dependencies, count, std::ptr::from_ref(&params).cast()))
+    cu_ctx!(cuGraphAddKernelNode_v2(node, graph, dependencies, count, &params))
 }
 
 pub unsafe fn cudaGraphKernelNodeSetParams(node: CUgraphNode, params: *const cudaKernelNodeParams) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let params = unsafe { kernel_params(params) }?;
-    cu_ctx!(cuGraphKernelNodeSetParams_v2(node, std::ptr::from_ref(&params).cast()))
+    cu_ctx!(cuGraphKernelNodeSetParams_v2(node, &params))
 }
 
 pub unsafe fn cudaGraphExecKernelNodeSetParams(
@@ -184,7 +190,7 @@ pub unsafe fn cudaGraphExecKernelNodeSetParams(
 ) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let params = unsafe { kernel_params(params) }?;
-    cu_ctx!(cuGraphExecKernelNodeSetParams_v2(exec, node, std::ptr::from_ref(&params).cast()))
+    cu_ctx!(cuGraphExecKernelNodeSetParams_v2(exec, node, &params))
 }
 
 pub unsafe fn cudaGraphKernelNodeGetParams(node: CUgraphNode, params: *mut cudaKernelNodeParams) -> CudaResult<()> {
@@ -192,17 +198,15 @@ pub unsafe fn cudaGraphKernelNodeGetParams(node: CUgraphNode, params: *mut cudaK
         return Err(CudaError::INVALID_VALUE);
     }
     // SAFETY: all-zero is a valid value of these plain fields and NULL pointers.
-    let mut driver: KernelNodeParams = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuGraphKernelNodeGetParams_v2(node, std::ptr::from_mut(&mut driver).cast()))?;
-    let func = host_function_of(driver.func).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
-    let [gx, gy, gz] = driver.grid;
-    let [bx, by, bz] = driver.block;
+    let mut driver: CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    cu_ctx!(cuGraphKernelNodeGetParams_v2(node, &mut driver))?;
+    let func = host_function_of(driver.func.cast()).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
     let value = cudaKernelNodeParams {
         func: func as *mut c_void,
-        grid: dim3 { x: gx, y: gy, z: gz },
-        block: dim3 { x: bx, y: by, z: bz },
-        shared_mem: driver.shared_mem,
-        kernel_params: driver.kernel_params,
+        grid: dim3 { x: driver.gridDimX, y: driver.gridDimY, z: driver.gridDimZ },
+        block: dim3 { x: driver.blockDimX, y: driver.blockDimY, z: driver.blockDimZ },
+        shared_mem: driver.sharedMemBytes,
+        kernel_params: driver.kernelParams,
         extra: driver.extra,
     };
     // SAFETY: checked non-NULL; the app's out-pointer.
@@ -212,39 +216,39 @@ pub unsafe fn cudaGraphKernelNodeGetParams(node: CUgraphNode, params: *mut cudaK
 
 /// A 3D copy between linear memory, as the driver describes it (the driver tells device memory
 /// from host memory by the pointers; arrays are not supported).
-fn memcpy3d(src: &cudaPitchedPtr, src_pos: &cudaPos, dst: &cudaPitchedPtr, dst_pos: &cudaPos, extent: &cudaExtent) -> Memcpy3D {
-    Memcpy3D {
-        src_x_in_bytes: src_pos.x,
-        src_y: src_pos.y,
-        src_z: src_pos.z,
-        src_lod: 0,
-        src_memory_type: MEMORYTYPE_UNIFIED,
-        src_host: src.ptr,
-        src_device: src.ptr as u64,
-        src_array: std::ptr::null_mut(),
+fn memcpy3d(src: &cudaPitchedPtr, src_pos: &cudaPos, dst: &cudaPitchedPtr, dst_pos: &cudaPos, extent: &cudaExtent) -> CUDA_MEMCPY3D {
+    CUDA_MEMCPY3D {
+        srcXInBytes: src_pos.x,
+        srcY: src_pos.y,
+        srcZ: src_pos.z,
+        srcLOD: 0,
+        srcMemoryType: MEMORYTYPE_UNIFIED,
+        srcHost: src.ptr,
+        srcDevice: src.ptr as u64,
+        srcArray: std::ptr::null_mut(),
         reserved0: std::ptr::null_mut(),
-        src_pitch: src.pitch,
-        src_height: src.ysize,
-        dst_x_in_bytes: dst_pos.x,
-        dst_y: dst_pos.y,
-        dst_z: dst_pos.z,
-        dst_lod: 0,
-        dst_memory_type: MEMORYTYPE_UNIFIED,
-        dst_host: dst.ptr,
-        dst_device: dst.ptr as u64,
-        dst_array: std::ptr::null_mut(),
+        srcPitch: src.pitch,
+        srcHeight: src.ysize,
+        dstXInBytes: dst_pos.x,
+        dstY: dst_pos.y,
+        dstZ: dst_pos.z,
+        dstLOD: 0,
+        dstMemoryType: MEMORYTYPE_UNIFIED,
+        dstHost: dst.ptr,
+        dstDevice: dst.ptr as u64,
+        dstArray: std::ptr::null_mut(),
         reserved1: std::ptr::null_mut(),
-        dst_pitch: dst.pitch,
-        dst_height: dst.ysize,
-        width_in_bytes: extent.width,
-        height: extent.height,
-        depth: extent.depth,
+        dstPitch: dst.pitch,
+        dstHeight: dst.ysize,
+        WidthInBytes: extent.width,
+        Height: extent.height,
+        Depth: extent.depth,
     }
 }
 
 /// # Safety
 /// `params` is NULL or a readable `cudaMemcpy3DParms`.
-unsafe fn copy_params(symbol: &str, params: *const cudaMemcpy3DParms) -> CudaResult<Memcpy3D> {
+unsafe fn copy_params(symbol: &str, params: *const cudaMemcpy3DParms) -> CudaResult<CUDA_MEMCPY3D> {
     if params.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
@@ -257,7 +261,7 @@ unsafe fn copy_params(symbol: &str, params: *const cudaMemcpy3DParms) -> CudaRes
 }
 
 /// A 1D copy as the driver's 3D description.
-fn copy_1d(dst: *mut c_void, src: *const c_void, count: usize) -> Memcpy3D {
+fn copy_1d(dst: *mut c_void, src: *const c_void, count: usize) -> CUDA_MEMCPY3D {
     let origin = || cudaPos { x: 0, y: 0, z: 0 };
     let line = |ptr: *mut c_void| cudaPitchedPtr { ptr, pitch: count, xsize: count, ysize: 1 };
     memcpy3d(&line(src.cast_mut()), &origin(), &line(dst), &origin(), &cudaExtent { width: count, height: 1, depth: 1 })
@@ -272,7 +276,7 @@ pub unsafe fn cudaGraphAddMemcpyNode(
 ) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let copy = unsafe { copy_params("cudaGraphAddMemcpyNode", params) }?;
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, &copy, std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphAddMemcpyNode1D(
@@ -286,13 +290,13 @@ pub unsafe fn cudaGraphAddMemcpyNode1D(
     _kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = copy_1d(dst, src, bytes);
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, &copy, std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphMemcpyNodeSetParams(node: CUgraphNode, params: *const cudaMemcpy3DParms) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let copy = unsafe { copy_params("cudaGraphMemcpyNodeSetParams", params) }?;
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, std::ptr::from_ref(&copy).cast()))
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
 }
 
 pub unsafe fn cudaGraphMemcpyNodeSetParams1D(
@@ -308,7 +312,7 @@ pub unsafe fn cudaGraphMemcpyNodeSetParams1D(
 pub unsafe fn cudaGraphExecMemcpyNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const cudaMemcpy3DParms) -> CudaResult<()> {
     // SAFETY: the app's struct.
     let copy = unsafe { copy_params("cudaGraphExecMemcpyNodeSetParams", params) }?;
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphExecMemcpyNodeSetParams1D(
@@ -329,9 +333,9 @@ pub unsafe fn cudaGraphMemcpyNodeGetParams(node: CUgraphNode, params: *mut cudaM
         return Err(CudaError::INVALID_VALUE);
     }
     // SAFETY: all-zero is a valid value of these plain fields and NULL pointers.
-    let mut copy: Memcpy3D = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuGraphMemcpyNodeGetParams(node, std::ptr::from_mut(&mut copy).cast()))?;
-    if copy.src_memory_type == MEMORYTYPE_ARRAY || copy.dst_memory_type == MEMORYTYPE_ARRAY {
+    let mut copy: CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+    cu_ctx!(cuGraphMemcpyNodeGetParams(node, &mut copy))?;
+    if copy.srcMemoryType == MEMORYTYPE_ARRAY || copy.dstMemoryType == MEMORYTYPE_ARRAY {
         return Err(super::unsupported_use("cudaGraphMemcpyNodeGetParams", "CUDA arrays"));
     }
     let side = |memory_type: c_uint, host: *mut c_void, device: CUdeviceptr, pitch: usize, height: usize| cudaPitchedPtr {
@@ -342,12 +346,12 @@ pub unsafe fn cudaGraphMemcpyNodeGetParams(node: CUgraphNode, params: *mut cudaM
     };
     let value = cudaMemcpy3DParms {
         src_array: std::ptr::null_mut(),
-        src_pos: cudaPos { x: copy.src_x_in_bytes, y: copy.src_y, z: copy.src_z },
-        src_ptr: side(copy.src_memory_type, copy.src_host.cast_mut(), copy.src_device, copy.src_pitch, copy.src_height),
+        src_pos: cudaPos { x: copy.srcXInBytes, y: copy.srcY, z: copy.srcZ },
+        src_ptr: side(copy.srcMemoryType, copy.srcHost.cast_mut(), copy.srcDevice, copy.srcPitch, copy.srcHeight),
         dst_array: std::ptr::null_mut(),
-        dst_pos: cudaPos { x: copy.dst_x_in_bytes, y: copy.dst_y, z: copy.dst_z },
-        dst_ptr: side(copy.dst_memory_type, copy.dst_host, copy.dst_device, copy.dst_pitch, copy.dst_height),
-        extent: cudaExtent { width: copy.width_in_bytes, height: copy.height, depth: copy.depth },
+        dst_pos: cudaPos { x: copy.dstXInBytes, y: copy.dstY, z: copy.dstZ },
+        dst_ptr: side(copy.dstMemoryType, copy.dstHost, copy.dstDevice, copy.dstPitch, copy.dstHeight),
+        extent: cudaExtent { width: copy.WidthInBytes, height: copy.Height, depth: copy.Depth },
         kind: MEMCPY_DEFAULT,
     };
     // SAFETY: checked non-NULL; the app's out-pointer.
@@ -366,7 +370,7 @@ fn symbol_copy(
     kind: cudaMemcpyKind,
     to_symbol: bool,
     other: *const c_void,
-) -> CudaResult<Memcpy3D> {
+) -> CudaResult<CUDA_MEMCPY3D> {
     super::memory::symbol_direction(to_symbol, kind)?;
     let address: *mut c_void = std::ptr::with_exposed_provenance_mut(super::memory::symbol_address(symbol, count, offset)? as usize);
     Ok(if to_symbol { copy_1d(address, other, count) } else { copy_1d(other.cast_mut(), address, count) })
@@ -384,7 +388,7 @@ pub unsafe fn cudaGraphAddMemcpyNodeToSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, &copy, std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphAddMemcpyNodeFromSymbol(
@@ -399,7 +403,7 @@ pub unsafe fn cudaGraphAddMemcpyNodeFromSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
+    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, &copy, std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphMemcpyNodeSetParamsToSymbol(
@@ -411,7 +415,7 @@ pub unsafe fn cudaGraphMemcpyNodeSetParamsToSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, std::ptr::from_ref(&copy).cast()))
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
 }
 
 pub unsafe fn cudaGraphMemcpyNodeSetParamsFromSymbol(
@@ -423,7 +427,7 @@ pub unsafe fn cudaGraphMemcpyNodeSetParamsFromSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, std::ptr::from_ref(&copy).cast()))
+    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
 }
 
 pub unsafe fn cudaGraphExecMemcpyNodeSetParamsToSymbol(
@@ -436,7 +440,7 @@ pub unsafe fn cudaGraphExecMemcpyNodeSetParamsToSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
 }
 
 pub unsafe fn cudaGraphExecMemcpyNodeSetParamsFromSymbol(
@@ -449,7 +453,7 @@ pub unsafe fn cudaGraphExecMemcpyNodeSetParamsFromSymbol(
     kind: cudaMemcpyKind,
 ) -> CudaResult<()> {
     let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, std::ptr::from_ref(&copy).cast(), std::ptr::null_mut()))
+    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
 }
 
 // `cudaMemsetParams` and `cudaHostNodeParams` have the driver's layouts, and so have
@@ -750,21 +754,12 @@ const NODE_MEMSET: c_int = 2;
 const NODE_MEM_ALLOC: c_int = 10;
 const NODE_CONDITIONAL: c_int = 13;
 
-/// `cudaMemcpyNodeParams`: three reserved ints where the driver has one and a context.
+/// `cudaMemcpyNodeParams`: three reserved ints where the driver's copy node has one and a context.
 #[repr(C)]
 struct RuntimeMemcpyNodeParams {
     flags: c_int,
     reserved: [c_int; 3],
     copy: cudaMemcpy3DParms,
-}
-
-/// `CUDA_MEMCPY_NODE_PARAMS`.
-#[repr(C)]
-struct MemcpyNodeParams {
-    flags: c_int,
-    reserved: c_int,
-    copy_ctx: CUcontext,
-    copy: Memcpy3D,
 }
 
 /// `CUDA_MEMSET_NODE_PARAMS_v2`: the runtime's `cudaMemsetParamsV2` and a context.
@@ -776,16 +771,6 @@ struct MemsetNodeParams {
     element_size: c_uint,
     width: usize,
     height: usize,
-    ctx: CUcontext,
-}
-
-/// `CUDA_CONDITIONAL_NODE_PARAMS`: the runtime's `cudaConditionalNodeParams` and a context.
-#[repr(C)]
-struct ConditionalNodeParams {
-    handle: u64,
-    kind: c_uint,
-    size: c_uint,
-    graphs_out: *mut CUgraph,
     ctx: CUcontext,
 }
 
@@ -803,9 +788,7 @@ struct MemAllocNodeParams {
 // The sizes and offsets of the C structs (driver_types.h, cuda.h, x86_64).
 const _: () = {
     assert!(std::mem::offset_of!(RuntimeMemcpyNodeParams, copy) == 16);
-    assert!(std::mem::offset_of!(MemcpyNodeParams, copy) == 16);
     assert!(std::mem::offset_of!(MemsetNodeParams, ctx) == 40);
-    assert!(std::mem::offset_of!(ConditionalNodeParams, ctx) == 24);
     assert!(std::mem::offset_of!(MemAllocNodeParams, dptr) == 112);
 };
 
@@ -839,17 +822,17 @@ unsafe fn node_params(symbol: &str, params: *mut GraphNodeParams) -> CudaResult<
         match driver.kind {
             NODE_KERNEL => {
                 let kernel = kernel_params(member::<cudaKernelNodeParams>(params))?;
-                member::<KernelNodeParams>(out).write(kernel);
+                member::<CUDA_KERNEL_NODE_PARAMS>(out).write(kernel);
             }
             NODE_MEMCPY => {
                 let app = member::<RuntimeMemcpyNodeParams>(params);
                 let copy = copy_params(symbol, &raw const (*app).copy)?;
                 (*out).union = [0; 29];
-                let node = MemcpyNodeParams { flags: (*app).flags, reserved: 0, copy_ctx: current_context()?, copy };
-                member::<MemcpyNodeParams>(out).write(node);
+                let node = CUDA_MEMCPY_NODE_PARAMS { flags: (*app).flags, reserved: 0, copyCtx: current_context()?, copyParams: copy };
+                member::<CUDA_MEMCPY_NODE_PARAMS>(out).write(node);
             }
             NODE_MEMSET => (*member::<MemsetNodeParams>(out)).ctx = current_context()?,
-            NODE_CONDITIONAL => (*member::<ConditionalNodeParams>(out)).ctx = current_context()?,
+            NODE_CONDITIONAL => (*member::<CUDA_CONDITIONAL_NODE_PARAMS>(out)).ctx = current_context()?,
             _ => {}
         }
     }
@@ -877,7 +860,8 @@ pub unsafe fn cudaGraphAddNode(
         match driver.kind {
             NODE_MEM_ALLOC => (*member::<MemAllocNodeParams>(params)).dptr = (*member::<MemAllocNodeParams>(&mut driver)).dptr,
             NODE_CONDITIONAL => {
-                (*member::<ConditionalNodeParams>(params)).graphs_out = (*member::<ConditionalNodeParams>(&mut driver)).graphs_out;
+                (*member::<CUDA_CONDITIONAL_NODE_PARAMS>(params)).phGraph_out =
+                    (*member::<CUDA_CONDITIONAL_NODE_PARAMS>(&mut driver)).phGraph_out;
             }
             _ => {}
         }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use flyt_protocol::device::attr;
 
-use crate::driver::{LaunchConfig, cu, cu_ctx};
+use crate::driver::{CUlaunchConfig, cu, cu_ctx};
 use crate::ffi::{cudaKernel_t, cudaStream_t, dim3, write_out};
 use crate::registry::{Kernel, kernel_by_handle, kernel_by_host};
 
@@ -194,14 +194,18 @@ pub struct cudaLaunchConfig_t {
 }
 
 /// The driver's form of a launch configuration (their attributes share one layout).
-pub(super) fn driver_config(config: &cudaLaunchConfig_t) -> CudaResult<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid: [config.grid.x, config.grid.y, config.grid.z],
-        block: [config.block.x, config.block.y, config.block.z],
-        shared_mem: c_uint::try_from(config.dynamic_smem).map_err(|_| CudaError::INVALID_VALUE)?,
-        stream: config.stream.cast(),
-        attrs: config.attrs,
-        num_attrs: config.num_attrs,
+pub(super) fn driver_config(config: &cudaLaunchConfig_t) -> CudaResult<CUlaunchConfig> {
+    Ok(CUlaunchConfig {
+        gridDimX: config.grid.x,
+        gridDimY: config.grid.y,
+        gridDimZ: config.grid.z,
+        blockDimX: config.block.x,
+        blockDimY: config.block.y,
+        blockDimZ: config.block.z,
+        sharedMemBytes: c_uint::try_from(config.dynamic_smem).map_err(|_| CudaError::INVALID_VALUE)?,
+        hStream: config.stream.cast(),
+        attrs: config.attrs.cast(),
+        numAttrs: config.num_attrs,
     })
 }
 
@@ -228,9 +232,9 @@ unsafe fn launch_ex(
     let driver = driver_config(config)?;
     let extra = std::ptr::null_mut();
     if per_thread_default {
-        cu_ctx!(cuLaunchKernelEx_ptsz(std::ptr::from_ref(&driver).cast(), kernel.cast(), args, extra))
+        cu_ctx!(cuLaunchKernelEx_ptsz(&driver, kernel.cast(), args, extra))
     } else {
-        cu_ctx!(cuLaunchKernelEx(std::ptr::from_ref(&driver).cast(), kernel.cast(), args, extra))
+        cu_ctx!(cuLaunchKernelEx(&driver, kernel.cast(), args, extra))
     }
 }
 

@@ -9,7 +9,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-use crate::driver::{CUarray, CUdeviceptr, MEMORYTYPE_ARRAY, MEMORYTYPE_UNIFIED, Memcpy2D, cu_ctx};
+use crate::driver::{CUDA_MEMCPY2D, CUarray, CUdeviceptr, MEMORYTYPE_ARRAY, MEMORYTYPE_UNIFIED, cu_ctx};
 use crate::ffi::{cudaMemcpyKind, cudaStream_t, write_out};
 use crate::props::{cudaPointerAttributes, memory_type};
 use crate::registry::variable_by_host;
@@ -228,7 +228,7 @@ pub(super) fn describe_2d(
     src_at: (usize, usize),
     width: usize,
     height: usize,
-) -> Memcpy2D {
+) -> CUDA_MEMCPY2D {
     let (src_memory_type, src_device, src_array, src_pitch) = match src {
         Side2D::Memory { ptr, pitch } => (MEMORYTYPE_UNIFIED, ptr, std::ptr::null_mut(), pitch),
         Side2D::Array(array) => (MEMORYTYPE_ARRAY, 0, array, 0),
@@ -237,33 +237,33 @@ pub(super) fn describe_2d(
         Side2D::Memory { ptr, pitch } => (MEMORYTYPE_UNIFIED, ptr, std::ptr::null_mut(), pitch),
         Side2D::Array(array) => (MEMORYTYPE_ARRAY, 0, array, 0),
     };
-    Memcpy2D {
-        src_x_in_bytes: src_at.0,
-        src_y: src_at.1,
-        src_memory_type,
-        src_host: std::ptr::null(),
-        src_device,
-        src_array: src_array.cast(),
-        src_pitch,
-        dst_x_in_bytes: dst_at.0,
-        dst_y: dst_at.1,
-        dst_memory_type,
-        dst_host: std::ptr::null_mut(),
-        dst_device,
-        dst_array: dst_array.cast(),
-        dst_pitch,
-        width_in_bytes: width,
-        height,
+    CUDA_MEMCPY2D {
+        srcXInBytes: src_at.0,
+        srcY: src_at.1,
+        srcMemoryType: src_memory_type,
+        srcHost: std::ptr::null(),
+        srcDevice: src_device,
+        srcArray: src_array.cast(),
+        srcPitch: src_pitch,
+        dstXInBytes: dst_at.0,
+        dstY: dst_at.1,
+        dstMemoryType: dst_memory_type,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst_device,
+        dstArray: dst_array.cast(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
     }
 }
 
 /// Runs a described pitched copy.
-pub(super) fn copy_2d(copy: &Memcpy2D, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
+pub(super) fn copy_2d(copy: &CUDA_MEMCPY2D, stream: cudaStream_t, mode: Mode, per_thread: bool) -> CudaResult<()> {
     match (mode, per_thread) {
-        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy2DUnaligned_v2(std::ptr::from_ref(copy).cast())),
-        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy2DUnaligned_v2_ptds(std::ptr::from_ref(copy).cast())),
-        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy2DAsync_v2(std::ptr::from_ref(copy).cast(), stream.cast())),
-        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy2DAsync_v2_ptsz(std::ptr::from_ref(copy).cast(), stream.cast())),
+        (Mode::Synchronous, false) => cu_ctx!(cuMemcpy2DUnaligned_v2(copy)),
+        (Mode::Synchronous, true) => cu_ctx!(cuMemcpy2DUnaligned_v2_ptds(copy)),
+        (Mode::Asynchronous, false) => cu_ctx!(cuMemcpy2DAsync_v2(copy, stream.cast())),
+        (Mode::Asynchronous, true) => cu_ctx!(cuMemcpy2DAsync_v2_ptsz(copy, stream.cast())),
     }
 }
 

@@ -104,7 +104,7 @@ pub unsafe fn cudaMemSetMemPool(location: *mut cudaMemLocation, kind: c_int, poo
 unsafe fn cluster_query(
     func: *const c_void,
     config: *const cudaLaunchConfig_t,
-) -> CudaResult<(crate::driver::CUkernel, crate::driver::LaunchConfig)> {
+) -> CudaResult<(crate::driver::CUkernel, crate::driver::CUlaunchConfig)> {
     if config.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
@@ -124,7 +124,7 @@ pub unsafe fn cudaOccupancyMaxActiveClusters(
     // SAFETY: forwarded contract.
     let (kernel, config) = unsafe { cluster_query(func, config) }?;
     let mut value = 0;
-    cu_ctx!(cuOccupancyMaxActiveClusters(&mut value, kernel.cast(), std::ptr::from_ref(&config).cast()))?;
+    cu_ctx!(cuOccupancyMaxActiveClusters(&mut value, kernel.cast(), &config))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(clusters, value) }
 }
@@ -140,7 +140,7 @@ pub unsafe fn cudaOccupancyMaxPotentialClusterSize(
     // SAFETY: forwarded contract.
     let (kernel, config) = unsafe { cluster_query(func, config) }?;
     let mut value = 0;
-    cu_ctx!(cuOccupancyMaxPotentialClusterSize(&mut value, kernel.cast(), std::ptr::from_ref(&config).cast()))?;
+    cu_ctx!(cuOccupancyMaxPotentialClusterSize(&mut value, kernel.cast(), &config))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(size, value) }
 }

@@ -148,11 +148,11 @@ fn reads_integers(resource: &ResourceDesc, view_format: c_int) -> CudaResult<boo
     }
     let format = match resource.res_type as c_int {
         RESOURCE_LINEAR | RESOURCE_PITCH_2D => resource.res.format,
-        RESOURCE_ARRAY => descriptor(resource.res.handle as usize as CUarray)?.format,
+        RESOURCE_ARRAY => descriptor(resource.res.handle as usize as CUarray)?.Format,
         RESOURCE_MIPMAPPED_ARRAY => {
             let mut level: CUarray = std::ptr::null_mut();
             cu_ctx!(cuMipmappedArrayGetLevel(&mut level, (resource.res.handle as usize as *mut c_void).cast(), 0))?;
-            descriptor(level)?.format
+            descriptor(level)?.Format
         }
         _ => return Err(CudaError::INVALID_VALUE),
     };
