@@ -20,7 +20,13 @@ pub use flyt_cuda_sys::CUresult;
 use flyt_cuda_sys::DriverTable;
 pub use flyt_cuda_sys::types::{
     CUDA_ARRAY_MEMORY_REQUIREMENTS, CUDA_ARRAY_SPARSE_PROPERTIES, CUDA_ARRAY3D_DESCRIPTOR, CUDA_CONDITIONAL_NODE_PARAMS,
-    CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY_NODE_PARAMS, CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER, CUlaunchConfig,
+    CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY_NODE_PARAMS, CUDA_MEMCPY2D, CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER, CUDA_RESOURCE_DESC,
+    CUDA_RESOURCE_VIEW_DESC, CUDA_TEXTURE_DESC, CUlaunchConfig,
+};
+/// The members of `CUDA_RESOURCE_DESC`'s union, by what they describe.
+pub use flyt_cuda_sys::types::{
+    CUDA_RESOURCE_DESC_st_res_array as CUresourceDescArray, CUDA_RESOURCE_DESC_st_res_linear as CUresourceDescLinear,
+    CUDA_RESOURCE_DESC_st_res_mipmap as CUresourceDescMipmap, CUDA_RESOURCE_DESC_st_res_pitch2D as CUresourceDescPitch2D,
 };
 pub use flyt_cuda_sys::types::{
     CUarray, CUcontext, CUdeviceptr, CUevent, CUgraph, CUgraphExec, CUgraphNode, CUipcEventHandle, CUipcMemHandle, CUkernel, CUlibrary,
@@ -49,75 +55,9 @@ pub const MEMORYTYPE_HOST: c_uint = 1;
 /// `CU_MEMORYTYPE_ARRAY`: the side of a copy is a CUDA array.
 pub const MEMORYTYPE_ARRAY: c_uint = 3;
 
-/// The union of `CUDA_RESOURCE_DESC`, flattened: every member starts with the handle or device
-/// pointer, `linear` and `pitch2D` go on alike (`size` is `linear.sizeInBytes` or
-/// `pitch2D.width`), and `reserved` pads it to the union's 128 bytes.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ResourceData {
-    pub handle: u64,
-    pub format: c_uint,
-    pub num_channels: c_uint,
-    pub size: usize,
-    pub height: usize,
-    pub pitch_in_bytes: usize,
-    pub reserved: [u64; 11],
-}
-
-/// `CUDA_RESOURCE_DESC`: what a texture or surface object reads.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ResourceDesc {
-    pub res_type: c_uint,
-    pub res: ResourceData,
-    pub flags: c_uint,
-}
-
-/// `CUDA_TEXTURE_DESC`: how a texture object samples (the runtime's read mode, sRGB and
-/// coordinate switches are `CU_TRSF_*` bits of `flags`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TextureDesc {
-    pub address_mode: [c_int; 3],
-    pub filter_mode: c_int,
-    pub flags: c_uint,
-    pub max_anisotropy: c_uint,
-    pub mipmap_filter_mode: c_int,
-    pub mipmap_level_bias: f32,
-    pub min_mipmap_level_clamp: f32,
-    pub max_mipmap_level_clamp: f32,
-    pub border_color: [f32; 4],
-    pub reserved: [c_int; 12],
-}
-
-/// `CUDA_RESOURCE_VIEW_DESC`, which is also the runtime's `cudaResourceViewDesc` (same layout,
-/// same format numbers).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ResourceViewDesc {
-    pub format: c_int,
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub first_mipmap_level: c_uint,
-    pub last_mipmap_level: c_uint,
-    pub first_layer: c_uint,
-    pub last_layer: c_uint,
-    pub reserved: [c_uint; 16],
-}
-
 // The sizes of the C structs (cuda.h, x86_64).
 const _: () = {
     assert!(size_of::<GraphNodeParams>() == 256);
-    assert!(size_of::<ResourceData>() == 128);
-    assert!(std::mem::offset_of!(ResourceData, size) == 16);
-    assert!(size_of::<ResourceDesc>() == 144);
-    assert!(std::mem::offset_of!(ResourceDesc, res) == 8);
-    assert!(std::mem::offset_of!(ResourceDesc, flags) == 136);
-    assert!(size_of::<TextureDesc>() == 104);
-    assert!(std::mem::offset_of!(TextureDesc, border_color) == 40);
-    assert!(size_of::<ResourceViewDesc>() == 112);
-    assert!(std::mem::offset_of!(ResourceViewDesc, first_mipmap_level) == 32);
 };
 
 /// The driver functions the runtime cannot start without: a `libcuda.so.1` lacking one is not

@@ -8,15 +8,17 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
 use super::arrays::{array_format, channel_desc, descriptor, is_integer_format};
-use crate::driver::{CUarray, ResourceData, ResourceDesc, ResourceViewDesc, TextureDesc, cu_ctx};
+use crate::driver::{
+    CUDA_RESOURCE_DESC, CUDA_RESOURCE_VIEW_DESC, CUDA_TEXTURE_DESC, CUarray, CUresourceDescArray, CUresourceDescLinear,
+    CUresourceDescMipmap, CUresourceDescPitch2D, cu_ctx,
+};
 use crate::ffi::{cudaChannelFormatDesc, cudaSurfaceObject_t, cudaTextureObject_t, write_out};
 
 /// `cudaResourceViewDesc` is the driver's `CUDA_RESOURCE_VIEW_DESC`, format numbers included.
 #[allow(non_camel_case_types, reason = "the C type's name, as the CUDA headers spell it")]
-pub type cudaResourceViewDesc = ResourceViewDesc;
+pub type cudaResourceViewDesc = CUDA_RESOURCE_VIEW_DESC;
 
-/// The union of `cudaResourceDesc`, flattened as the driver's is (see `ResourceData`): the
-/// handle or device pointer, then for memory the channel description, `size`
+/// The union of `cudaResourceDesc`, flattened: the handle or device pointer, then for memory the channel description, `size`
 /// (`linear.sizeInBytes` or `pitch2D.width`), the height and the pitch.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -93,46 +95,72 @@ const SEAMLESS_CUBEMAP: c_uint = 0x40;
 ///
 /// # Safety
 /// `resource` is NULL or a readable `cudaResourceDesc`.
-unsafe fn driver_resource(resource: *const cudaResourceDesc) -> CudaResult<ResourceDesc> {
+unsafe fn driver_resource(resource: *const cudaResourceDesc) -> CudaResult<CUDA_RESOURCE_DESC> {
     if resource.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
     // SAFETY: checked non-NULL; the app's struct.
     let r = unsafe { &*resource };
-    let mut res = ResourceData { handle: r.res.handle as u64, ..Default::default() };
+    // SAFETY: all-zero is a valid value of every member of the union (integers, NULL handles).
+    let mut driver: CUDA_RESOURCE_DESC = unsafe { std::mem::zeroed() };
     match r.res_type {
-        RESOURCE_ARRAY | RESOURCE_MIPMAPPED_ARRAY => {}
-        RESOURCE_LINEAR | RESOURCE_PITCH_2D => {
-            (res.format, res.num_channels) = array_format(&r.res.desc)?;
-            res.size = r.res.size;
-            if r.res_type == RESOURCE_PITCH_2D {
-                res.height = r.res.height;
-                res.pitch_in_bytes = r.res.pitch_in_bytes;
-            }
+        RESOURCE_ARRAY => driver.res.array = CUresourceDescArray { hArray: r.res.handle.cast() },
+        RESOURCE_MIPMAPPED_ARRAY => driver.res.mipmap = CUresourceDescMipmap { hMipmappedArray: r.res.handle.cast() },
+        RESOURCE_LINEAR => {
+            let (format, channels) = array_format(&r.res.desc)?;
+            driver.res.linear =
+                CUresourceDescLinear { devPtr: r.res.handle as u64, format, numChannels: channels, sizeInBytes: r.res.size };
+        }
+        RESOURCE_PITCH_2D => {
+            let (format, channels) = array_format(&r.res.desc)?;
+            driver.res.pitch2D = CUresourceDescPitch2D {
+                devPtr: r.res.handle as u64,
+                format,
+                numChannels: channels,
+                width: r.res.size,
+                height: r.res.height,
+                pitchInBytes: r.res.pitch_in_bytes,
+            };
         }
         _ => return Err(CudaError::INVALID_VALUE),
     }
-    Ok(ResourceDesc { res_type: r.res_type as c_uint, res, flags: r.flags })
+    driver.resType = r.res_type.cast_unsigned();
+    driver.flags = r.flags;
+    Ok(driver)
 }
 
 /// The runtime's description of a resource the driver describes.
-fn runtime_resource(r: &ResourceDesc) -> cudaResourceDesc {
-    let res_type = r.res_type as c_int;
+fn runtime_resource(r: &CUDA_RESOURCE_DESC) -> cudaResourceDesc {
+    let res_type = r.resType.cast_signed();
     let mut res = RuntimeResourceData {
-        handle: r.res.handle as usize as *mut c_void,
+        handle: std::ptr::null_mut(),
         desc: cudaChannelFormatDesc::default(),
         size: 0,
         height: 0,
         pitch_in_bytes: 0,
         reserved: [0; 9],
     };
-    if matches!(res_type, RESOURCE_LINEAR | RESOURCE_PITCH_2D) {
-        res.desc = channel_desc(r.res.format, r.res.num_channels);
-        res.size = r.res.size;
-    }
-    if res_type == RESOURCE_PITCH_2D {
-        res.height = r.res.height;
-        res.pitch_in_bytes = r.res.pitch_in_bytes;
+    // Each union read is of the member `resType` names, the one the driver filled in.
+    match res_type {
+        // SAFETY: as above.
+        RESOURCE_ARRAY => res.handle = unsafe { r.res.array.hArray }.cast(),
+        // SAFETY: as above.
+        RESOURCE_MIPMAPPED_ARRAY => res.handle = unsafe { r.res.mipmap.hMipmappedArray }.cast(),
+        RESOURCE_LINEAR => {
+            // SAFETY: as above.
+            let linear = unsafe { r.res.linear };
+            res.handle = std::ptr::with_exposed_provenance_mut(linear.devPtr as usize);
+            res.desc = channel_desc(linear.format, linear.numChannels);
+            res.size = linear.sizeInBytes;
+        }
+        RESOURCE_PITCH_2D => {
+            // SAFETY: as above.
+            let pitched = unsafe { r.res.pitch2D };
+            res.handle = std::ptr::with_exposed_provenance_mut(pitched.devPtr as usize);
+            res.desc = channel_desc(pitched.format, pitched.numChannels);
+            (res.size, res.height, res.pitch_in_bytes) = (pitched.width, pitched.height, pitched.pitchInBytes);
+        }
+        _ => {}
     }
     cudaResourceDesc { res_type, res, flags: r.flags }
 }
@@ -140,18 +168,25 @@ fn runtime_resource(r: &ResourceDesc) -> cudaResourceDesc {
 /// Whether a texture reads integer texels: those of its view's format where it has one
 /// (`view_format`, `cudaResViewFormat*`: the integer formats come first, then the float and
 /// block-compressed ones), else those of its resource.
-fn reads_integers(resource: &ResourceDesc, view_format: c_int) -> CudaResult<bool> {
+fn reads_integers(resource: &CUDA_RESOURCE_DESC, view_format: c_int) -> CudaResult<bool> {
     match view_format {
         0x01..=0x12 => return Ok(true),
         0x13.. => return Ok(false),
         _ => {}
     }
-    let format = match resource.res_type as c_int {
-        RESOURCE_LINEAR | RESOURCE_PITCH_2D => resource.res.format,
-        RESOURCE_ARRAY => descriptor(resource.res.handle as usize as CUarray)?.Format,
+    // Each union read is of the member `resType` names, the one the driver filled in.
+    let format = match resource.resType.cast_signed() {
+        // SAFETY: as above.
+        RESOURCE_LINEAR => unsafe { resource.res.linear.format },
+        // SAFETY: as above.
+        RESOURCE_PITCH_2D => unsafe { resource.res.pitch2D.format },
+        // SAFETY: as above.
+        RESOURCE_ARRAY => descriptor(unsafe { resource.res.array.hArray })?.Format,
         RESOURCE_MIPMAPPED_ARRAY => {
+            // SAFETY: as above.
+            let mipmapped = unsafe { resource.res.mipmap.hMipmappedArray };
             let mut level: CUarray = std::ptr::null_mut();
-            cu_ctx!(cuMipmappedArrayGetLevel(&mut level, (resource.res.handle as usize as *mut c_void).cast(), 0))?;
+            cu_ctx!(cuMipmappedArrayGetLevel(&mut level, mipmapped, 0))?;
             descriptor(level)?.Format
         }
         _ => return Err(CudaError::INVALID_VALUE),
@@ -163,7 +198,7 @@ fn reads_integers(resource: &ResourceDesc, view_format: c_int) -> CudaResult<boo
 /// driver's `CU_TRSF_READ_AS_INTEGER` (without it the driver promotes them to floats, which is
 /// `cudaReadModeNormalizedFloat`); of float texels, which are never promoted, it is no flag.
 /// `integer_texels` is asked only where that matters.
-fn driver_texture(t: &cudaTextureDesc, integer_texels: impl FnOnce() -> CudaResult<bool>) -> CudaResult<TextureDesc> {
+fn driver_texture(t: &cudaTextureDesc, integer_texels: impl FnOnce() -> CudaResult<bool>) -> CudaResult<CUDA_TEXTURE_DESC> {
     if !matches!(t.read_mode, READ_MODE_ELEMENT_TYPE | READ_MODE_NORMALIZED_FLOAT) {
         return Err(CudaError::INVALID_VALUE);
     }
@@ -184,36 +219,36 @@ fn driver_texture(t: &cudaTextureDesc, integer_texels: impl FnOnce() -> CudaResu
     // Unnormalized coordinates cannot wrap or mirror: CUDA clamps them instead.
     let address =
         |mode: c_int| if t.normalized_coords == 0 && matches!(mode, ADDRESS_WRAP | ADDRESS_MIRROR) { ADDRESS_CLAMP } else { mode };
-    Ok(TextureDesc {
-        address_mode: t.address_mode.map(address),
-        filter_mode: t.filter_mode,
+    Ok(CUDA_TEXTURE_DESC {
+        addressMode: t.address_mode.map(|mode| address(mode).cast_unsigned()),
+        filterMode: t.filter_mode.cast_unsigned(),
         flags,
-        max_anisotropy: t.max_anisotropy,
-        mipmap_filter_mode: t.mipmap_filter_mode,
-        mipmap_level_bias: t.mipmap_level_bias,
-        min_mipmap_level_clamp: t.min_mipmap_level_clamp,
-        max_mipmap_level_clamp: t.max_mipmap_level_clamp,
-        border_color: t.border_color,
+        maxAnisotropy: t.max_anisotropy,
+        mipmapFilterMode: t.mipmap_filter_mode.cast_unsigned(),
+        mipmapLevelBias: t.mipmap_level_bias,
+        minMipmapLevelClamp: t.min_mipmap_level_clamp,
+        maxMipmapLevelClamp: t.max_mipmap_level_clamp,
+        borderColor: t.border_color,
         reserved: [0; 12],
     })
 }
 
 /// The runtime's description of a texture the driver describes (see [`driver_texture`]).
-fn runtime_texture(t: &TextureDesc, integer_texels: bool) -> cudaTextureDesc {
+fn runtime_texture(t: &CUDA_TEXTURE_DESC, integer_texels: bool) -> cudaTextureDesc {
     let on = |flag: c_uint| c_int::from(t.flags & flag != 0);
     let promoted = integer_texels && t.flags & READ_AS_INTEGER == 0;
     cudaTextureDesc {
-        address_mode: t.address_mode,
-        filter_mode: t.filter_mode,
+        address_mode: t.addressMode.map(c_uint::cast_signed),
+        filter_mode: t.filterMode.cast_signed(),
         read_mode: if promoted { READ_MODE_NORMALIZED_FLOAT } else { READ_MODE_ELEMENT_TYPE },
         srgb: on(SRGB),
-        border_color: t.border_color,
+        border_color: t.borderColor,
         normalized_coords: on(NORMALIZED_COORDINATES),
-        max_anisotropy: t.max_anisotropy,
-        mipmap_filter_mode: t.mipmap_filter_mode,
-        mipmap_level_bias: t.mipmap_level_bias,
-        min_mipmap_level_clamp: t.min_mipmap_level_clamp,
-        max_mipmap_level_clamp: t.max_mipmap_level_clamp,
+        max_anisotropy: t.maxAnisotropy,
+        mipmap_filter_mode: t.mipmapFilterMode.cast_signed(),
+        mipmap_level_bias: t.mipmapLevelBias,
+        min_mipmap_level_clamp: t.minMipmapLevelClamp,
+        max_mipmap_level_clamp: t.maxMipmapLevelClamp,
         disable_trilinear_optimization: on(DISABLE_TRILINEAR_OPTIMIZATION),
         seamless_cubemap: on(SEAMLESS_CUBEMAP),
     }
@@ -234,14 +269,14 @@ pub unsafe fn cudaCreateTextureObject(
     // SAFETY: the app's struct.
     let resource = unsafe { driver_resource(resource) }?;
     // SAFETY: NULL or the app's struct.
-    let view_format = unsafe { view.as_ref() }.map(|view| view.format);
-    if view_format.is_some() && !matches!(resource.res_type as c_int, RESOURCE_ARRAY | RESOURCE_MIPMAPPED_ARRAY) {
+    let view_format = unsafe { view.as_ref() }.map(|view| view.format.cast_signed());
+    if view_format.is_some() && !matches!(resource.resType.cast_signed(), RESOURCE_ARRAY | RESOURCE_MIPMAPPED_ARRAY) {
         return Err(CudaError::INVALID_VALUE);
     }
     // SAFETY: checked non-NULL; the app's struct.
     let desc = driver_texture(unsafe { &*desc }, || reads_integers(&resource, view_format.unwrap_or(0)))?;
     let mut object = 0;
-    cu_ctx!(cuTexObjectCreate(&mut object, std::ptr::from_ref(&resource).cast(), std::ptr::from_ref(&desc).cast(), view.cast()))?;
+    cu_ctx!(cuTexObjectCreate(&mut object, &resource, &desc, view.cast()))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(texture, object) }
 }
@@ -254,8 +289,9 @@ pub unsafe fn cudaGetTextureObjectResourceDesc(out: *mut cudaResourceDesc, textu
     if out.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let mut resource = ResourceDesc::default();
-    cu_ctx!(cuTexObjectGetResourceDesc(std::ptr::from_mut(&mut resource).cast(), texture))?;
+    // SAFETY: all-zero is a valid value of these plain fields (and of every member of the union).
+    let mut resource: CUDA_RESOURCE_DESC = unsafe { std::mem::zeroed() };
+    cu_ctx!(cuTexObjectGetResourceDesc(&mut resource, texture))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, runtime_resource(&resource)) }
 }
@@ -266,19 +302,22 @@ pub unsafe fn cudaGetTextureObjectTextureDesc(out: *mut cudaTextureDesc, texture
     if out.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let mut desc = TextureDesc::default();
-    cu_ctx!(cuTexObjectGetTextureDesc(std::ptr::from_mut(&mut desc).cast(), texture))?;
+    // SAFETY: all-zero is a valid value of these plain fields.
+    let mut desc: CUDA_TEXTURE_DESC = unsafe { std::mem::zeroed() };
+    cu_ctx!(cuTexObjectGetTextureDesc(&mut desc, texture))?;
     let integer_texels = if desc.flags & READ_AS_INTEGER != 0 {
         true
     } else {
-        let mut resource = ResourceDesc::default();
-        cu_ctx!(cuTexObjectGetResourceDesc(std::ptr::from_mut(&mut resource).cast(), texture))?;
+        // SAFETY: all-zero is a valid value of these plain fields (and of every member of the union).
+        let mut resource: CUDA_RESOURCE_DESC = unsafe { std::mem::zeroed() };
+        cu_ctx!(cuTexObjectGetResourceDesc(&mut resource, texture))?;
         // Only arrays have views; a texture made without one has none to give (the driver may
         // say so with an error), and the resource's format is the texels'.
-        let mut view = ResourceViewDesc::default();
-        let has_view = matches!(resource.res_type as c_int, RESOURCE_ARRAY | RESOURCE_MIPMAPPED_ARRAY)
-            && cu_ctx!(cuTexObjectGetResourceViewDesc(std::ptr::from_mut(&mut view).cast(), texture)).is_ok();
-        reads_integers(&resource, if has_view { view.format } else { 0 })?
+        // SAFETY: all-zero is a valid value of these plain fields.
+        let mut view: CUDA_RESOURCE_VIEW_DESC = unsafe { std::mem::zeroed() };
+        let has_view = matches!(resource.resType.cast_signed(), RESOURCE_ARRAY | RESOURCE_MIPMAPPED_ARRAY)
+            && cu_ctx!(cuTexObjectGetResourceViewDesc(&mut view, texture)).is_ok();
+        reads_integers(&resource, if has_view { view.format.cast_signed() } else { 0 })?
     };
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, runtime_texture(&desc, integer_texels)) }
@@ -288,8 +327,9 @@ pub unsafe fn cudaGetTextureObjectResourceViewDesc(out: *mut cudaResourceViewDes
     if out.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let mut view = ResourceViewDesc::default();
-    cu_ctx!(cuTexObjectGetResourceViewDesc(std::ptr::from_mut(&mut view).cast(), texture))?;
+    // SAFETY: all-zero is a valid value of these plain fields.
+    let mut view: CUDA_RESOURCE_VIEW_DESC = unsafe { std::mem::zeroed() };
+    cu_ctx!(cuTexObjectGetResourceViewDesc(&mut view, texture))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, view) }
 }
@@ -308,7 +348,7 @@ pub unsafe fn cudaCreateSurfaceObject(surface: *mut cudaSurfaceObject_t, resourc
     // SAFETY: the app's struct.
     let resource = unsafe { driver_resource(resource) }?;
     let mut object = 0;
-    cu_ctx!(cuSurfObjectCreate(&mut object, std::ptr::from_ref(&resource).cast()))?;
+    cu_ctx!(cuSurfObjectCreate(&mut object, &resource))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(surface, object) }
 }
@@ -321,8 +361,9 @@ pub unsafe fn cudaGetSurfaceObjectResourceDesc(out: *mut cudaResourceDesc, surfa
     if out.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
-    let mut resource = ResourceDesc::default();
-    cu_ctx!(cuSurfObjectGetResourceDesc(std::ptr::from_mut(&mut resource).cast(), surface))?;
+    // SAFETY: all-zero is a valid value of these plain fields (and of every member of the union).
+    let mut resource: CUDA_RESOURCE_DESC = unsafe { std::mem::zeroed() };
+    cu_ctx!(cuSurfObjectGetResourceDesc(&mut resource, surface))?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, runtime_resource(&resource)) }
 }
@@ -358,7 +399,7 @@ mod tests {
                 let read_as_integer = integer && read_mode == READ_MODE_ELEMENT_TYPE;
                 assert_eq!(driver.flags & READ_AS_INTEGER != 0, read_as_integer);
                 assert_eq!(driver.flags & !READ_AS_INTEGER, NORMALIZED_COORDINATES | SRGB | SEAMLESS_CUBEMAP);
-                assert_eq!(driver.address_mode, t.address_mode);
+                assert_eq!(driver.addressMode.map(c_uint::cast_signed), t.address_mode);
                 // Float texels are never promoted: their read mode comes back as element type.
                 let expected = if integer { t } else { texture(READ_MODE_ELEMENT_TYPE, 1) };
                 assert_eq!(runtime_texture(&driver, integer), expected);
@@ -369,9 +410,9 @@ mod tests {
     #[test]
     fn unnormalized_coordinates_clamp_and_unknown_read_modes_are_refused() {
         let driver = driver_texture(&texture(READ_MODE_NORMALIZED_FLOAT, 0), || unreachable!()).unwrap();
-        assert_eq!(driver.address_mode, [ADDRESS_CLAMP, ADDRESS_CLAMP, 3]);
+        assert_eq!(driver.addressMode.map(c_uint::cast_signed), [ADDRESS_CLAMP, ADDRESS_CLAMP, 3]);
         assert_eq!(driver.flags & NORMALIZED_COORDINATES, 0);
-        assert_eq!(driver_texture(&texture(2, 1), || Ok(true)).unwrap_err(), CudaError::INVALID_VALUE);
+        assert_eq!(driver_texture(&texture(2, 1), || Ok(true)).err(), Some(CudaError::INVALID_VALUE));
     }
 
     #[test]
@@ -390,8 +431,11 @@ mod tests {
         };
         // SAFETY: a local struct.
         let driver = unsafe { driver_resource(&runtime) }.unwrap();
-        assert_eq!((driver.res.handle, driver.res.format, driver.res.num_channels), (0x7000, 0x10, 2));
-        assert_eq!((driver.res.size, driver.res.height, driver.res.pitch_in_bytes), (64, 32, 512));
+        assert_eq!(driver.resType.cast_signed(), RESOURCE_PITCH_2D);
+        // SAFETY: a pitched resource fills in `pitch2D`.
+        let pitched = unsafe { driver.res.pitch2D };
+        assert_eq!((pitched.devPtr, pitched.format, pitched.numChannels), (0x7000, 0x10, 2));
+        assert_eq!((pitched.width, pitched.height, pitched.pitchInBytes), (64, 32, 512));
         let back = runtime_resource(&driver);
         assert_eq!((back.res_type, back.res.handle, back.res.desc), (RESOURCE_PITCH_2D, runtime.res.handle, runtime.res.desc));
         assert_eq!((back.res.size, back.res.height, back.res.pitch_in_bytes), (64, 32, 512));
