@@ -1006,9 +1006,31 @@ pub struct CUDA_MEMCPY_NODE_PARAMS_st {
     pub copyCtx: CUcontext,
     pub copyParams: CUDA_MEMCPY3D,
 }
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_MEMSET_NODE_PARAMS_v2_st {
+    pub dst: CUdeviceptr,
+    pub pitch: usize,
+    pub value: c_uint,
+    pub elementSize: c_uint,
+    pub width: usize,
+    pub height: usize,
+    pub ctx: CUcontext,
+}
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS_v2_st {
+    pub poolProps: CUmemPoolProps,
+    pub accessDescs: *const CUmemAccessDesc,
+    pub accessDescCount: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
 pub type CUDA_MEMCPY_NODE_PARAMS = CUDA_MEMCPY_NODE_PARAMS_st;
 pub type CUDA_CHILD_GRAPH_NODE_PARAMS = CUDA_CHILD_GRAPH_NODE_PARAMS_st;
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v2 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st;
+pub type CUDA_MEMSET_NODE_PARAMS_v2 = CUDA_MEMSET_NODE_PARAMS_v2_st;
+pub type CUDA_MEM_ALLOC_NODE_PARAMS_v2 = CUDA_MEM_ALLOC_NODE_PARAMS_v2_st;
 
 const _: () = assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 40 && align_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 8);
 const _: () = assert!(size_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 24 && align_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 8);
@@ -1027,7 +1049,9 @@ const _: () = assert!(size_of::<CUDA_MEMCPY3D_PEER_st>() == 200 && align_of::<CU
 const _: () = assert!(size_of::<CUDA_MEMCPY3D_st>() == 200 && align_of::<CUDA_MEMCPY3D_st>() == 8);
 const _: () = assert!(size_of::<CUDA_MEMCPY_NODE_PARAMS_st>() == 216 && align_of::<CUDA_MEMCPY_NODE_PARAMS_st>() == 8);
 const _: () = assert!(size_of::<CUDA_MEMSET_NODE_PARAMS_st>() == 40 && align_of::<CUDA_MEMSET_NODE_PARAMS_st>() == 8);
+const _: () = assert!(size_of::<CUDA_MEMSET_NODE_PARAMS_v2_st>() == 48 && align_of::<CUDA_MEMSET_NODE_PARAMS_v2_st>() == 8);
 const _: () = assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v1_st>() == 120 && align_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v1_st>() == 8);
+const _: () = assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v2_st>() == 120 && align_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v2_st>() == 8);
 const _: () = assert!(size_of::<CUDA_RESOURCE_DESC_st>() == 144 && align_of::<CUDA_RESOURCE_DESC_st>() == 8);
 const _: () = assert!(size_of::<CUDA_RESOURCE_VIEW_DESC_st>() == 112 && align_of::<CUDA_RESOURCE_VIEW_DESC_st>() == 8);
 const _: () = assert!(size_of::<CUDA_TEXTURE_DESC_st>() == 104 && align_of::<CUDA_TEXTURE_DESC_st>() == 4);

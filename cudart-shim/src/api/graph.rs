@@ -12,9 +12,9 @@ use flyt_protocol::error::CudaResult;
 
 use super::arrays::{cudaExtent, cudaMemcpy3DParms, cudaPitchedPtr, cudaPos};
 use crate::driver::{
-    CUDA_CONDITIONAL_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS, CUDA_MEMCPY_NODE_PARAMS, CUDA_MEMCPY3D, CUcontext, CUdeviceptr, CUgraph,
-    CUgraphExec, CUgraphNode, GraphNodeParams, HostFn, MEMORYTYPE_ARRAY, MEMORYTYPE_HOST, MEMORYTYPE_UNIFIED, StreamCallback, cu, cu_ctx,
-    current_context,
+    CUDA_CONDITIONAL_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS, CUDA_MEM_ALLOC_NODE_PARAMS_v2, CUDA_MEMCPY_NODE_PARAMS, CUDA_MEMCPY3D,
+    CUDA_MEMSET_NODE_PARAMS_v2, CUdeviceptr, CUgraph, CUgraphExec, CUgraphNode, GraphNodeParams, HostFn, MEMORYTYPE_ARRAY, MEMORYTYPE_HOST,
+    MEMORYTYPE_UNIFIED, StreamCallback, cu, cu_ctx, current_context,
 };
 use crate::ffi::{cudaEvent_t, cudaMemcpyKind, cudaStream_t, dim3};
 use crate::registry::{host_function_of, kernel_by_host};
@@ -762,34 +762,9 @@ struct RuntimeMemcpyNodeParams {
     copy: cudaMemcpy3DParms,
 }
 
-/// `CUDA_MEMSET_NODE_PARAMS_v2`: the runtime's `cudaMemsetParamsV2` and a context.
-#[repr(C)]
-struct MemsetNodeParams {
-    dst: CUdeviceptr,
-    pitch: usize,
-    value: c_uint,
-    element_size: c_uint,
-    width: usize,
-    height: usize,
-    ctx: CUcontext,
-}
-
-/// `cudaMemAllocNodeParamsV2`, which is `CUDA_MEM_ALLOC_NODE_PARAMS_v2` (88 bytes of pool
-/// properties first).
-#[repr(C)]
-struct MemAllocNodeParams {
-    pool_props: [u64; 11],
-    access_descs: *const c_void,
-    access_desc_count: usize,
-    bytesize: usize,
-    dptr: CUdeviceptr,
-}
-
 // The sizes and offsets of the C structs (driver_types.h, cuda.h, x86_64).
 const _: () = {
     assert!(std::mem::offset_of!(RuntimeMemcpyNodeParams, copy) == 16);
-    assert!(std::mem::offset_of!(MemsetNodeParams, ctx) == 40);
-    assert!(std::mem::offset_of!(MemAllocNodeParams, dptr) == 112);
 };
 
 /// The union member of node parameters as a `T`.
@@ -831,7 +806,7 @@ unsafe fn node_params(symbol: &str, params: *mut GraphNodeParams) -> CudaResult<
                 let node = CUDA_MEMCPY_NODE_PARAMS { flags: (*app).flags, reserved: 0, copyCtx: current_context()?, copyParams: copy };
                 member::<CUDA_MEMCPY_NODE_PARAMS>(out).write(node);
             }
-            NODE_MEMSET => (*member::<MemsetNodeParams>(out)).ctx = current_context()?,
+            NODE_MEMSET => (*member::<CUDA_MEMSET_NODE_PARAMS_v2>(out)).ctx = current_context()?,
             NODE_CONDITIONAL => (*member::<CUDA_CONDITIONAL_NODE_PARAMS>(out)).ctx = current_context()?,
             _ => {}
         }
@@ -858,7 +833,9 @@ pub unsafe fn cudaGraphAddNode(
     // the driver read.
     unsafe {
         match driver.kind {
-            NODE_MEM_ALLOC => (*member::<MemAllocNodeParams>(params)).dptr = (*member::<MemAllocNodeParams>(&mut driver)).dptr,
+            NODE_MEM_ALLOC => {
+                (*member::<CUDA_MEM_ALLOC_NODE_PARAMS_v2>(params)).dptr = (*member::<CUDA_MEM_ALLOC_NODE_PARAMS_v2>(&mut driver)).dptr
+            }
             NODE_CONDITIONAL => {
                 (*member::<CUDA_CONDITIONAL_NODE_PARAMS>(params)).phGraph_out =
                     (*member::<CUDA_CONDITIONAL_NODE_PARAMS>(&mut driver)).phGraph_out;
