@@ -186,7 +186,7 @@ impl Driver {
 /// A call to an export the driver lacks: `cudaErrorNotSupported`, with one line naming it.
 #[cold]
 pub fn missing_export(name: &str) -> CudaError {
-    crate::diagnostics::once(name, &format!("flyt: the CUDA runtime cannot call {name}: the driver lacks it"));
+    crate::diagnostics::once(&format!("missing {name}"), &format!("flyt: the CUDA runtime cannot call {name}: the driver lacks it"));
     CudaError::NOT_SUPPORTED
 }
 
