@@ -398,6 +398,14 @@ impl Pager {
         if bytes > capacity {
             return false;
         }
+        self.wait_for_page_outs(|| (residency.resident_total() + bytes).saturating_sub(capacity).max(1), || residency.claim(bytes))
+    }
+
+    /// Asks the listener for page-outs of `short()` bytes (again every `ASK_AGAIN`) until
+    /// `done()`; `false` once `settings.wait` passed with no page-out progressing, or
+    /// `MOST_WAITS` times that in all.
+    fn wait_for_page_outs(&self, short: impl Fn() -> u64, done: impl Fn() -> bool) -> bool {
+        let residency = self.residency();
         let started = Instant::now();
         let most = started + self.settings.wait * MOST_WAITS;
         let (mut progress, mut quiet_since) = (residency.progress(), started);
@@ -405,14 +413,13 @@ impl Pager {
         loop {
             let now = Instant::now();
             if asked.is_none_or(|at| now.duration_since(at) >= ASK_AGAIN) {
-                let short = (residency.resident_total() + bytes).saturating_sub(capacity).max(1);
                 let mut message = Vec::new();
-                encode_into(&FromWorker::NeedMemory { bytes: short }, &mut message);
+                encode_into(&FromWorker::NeedMemory { bytes: short() }, &mut message);
                 let _ = nix::sys::socket::send(self.listener.as_raw_fd(), &message, nix::sys::socket::MsgFlags::empty());
                 asked = Some(now);
             }
             std::thread::sleep(Duration::from_millis(1));
-            if residency.claim(bytes) {
+            if done() {
                 return true;
             }
             let now = Instant::now();
@@ -433,31 +440,7 @@ impl Pager {
     pub fn make_room(&self, bytes: u64) -> bool {
         let residency = self.residency();
         let target = residency.resident_total().saturating_sub(bytes);
-        let started = Instant::now();
-        let most = started + self.settings.wait * MOST_WAITS;
-        let (mut progress, mut quiet_since) = (residency.progress(), started);
-        let mut asked: Option<Instant> = None;
-        loop {
-            let now = Instant::now();
-            if asked.is_none_or(|at| now.duration_since(at) >= ASK_AGAIN) {
-                let mut message = Vec::new();
-                encode_into(&FromWorker::NeedMemory { bytes }, &mut message);
-                let _ = nix::sys::socket::send(self.listener.as_raw_fd(), &message, nix::sys::socket::MsgFlags::empty());
-                asked = Some(now);
-            }
-            std::thread::sleep(Duration::from_millis(1));
-            if residency.resident_total() <= target {
-                return true;
-            }
-            let now = Instant::now();
-            let seen = residency.progress();
-            if seen != progress {
-                (progress, quiet_since) = (seen, now);
-            }
-            if now.duration_since(quiet_since) >= self.settings.wait || now >= most {
-                return false;
-            }
-        }
+        self.wait_for_page_outs(|| bytes, || residency.resident_total() <= target)
     }
 
     fn lock(&self) -> MutexGuard<'_, Gate> {
