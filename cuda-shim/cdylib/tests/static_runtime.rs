@@ -910,6 +910,8 @@ fn two_devices_in_one_session_through_the_driver_api() {
             "copies between the devices: yes",
             "two threads on two devices at once: yes",
             "physical memory of device 1 mapped for both: yes",
+            "a memset across devices needs peer access: yes",
+            "mapped host memory on each device, zeroed: yes",
             "PASSED: 0 failure(s)",
         ] {
             assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");

@@ -90,6 +90,10 @@ const POSIX_FD: u32 = 0x1;
 #[derive(Default)]
 struct State {
     blocks: HashMap<u64, Block>,
+    /// The device current when each `cuMemAlloc` block and each stream was made (a memset
+    /// reaches another device's memory only with peer access, as natively).
+    block_devices: HashMap<u64, usize>,
+    stream_devices: HashMap<u64, usize>,
     next_address: u64,
     used: u64,
     events: HashMap<u64, Event>,
@@ -233,7 +237,34 @@ impl EmulatedDevice {
         let len = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         // `vec![0; n]` asks for zeroed pages, which the kernel maps lazily: a large allocation
         // costs nothing until it is written.
-        Ok(place(&mut state, size, Block::Heap(vec![0; len])))
+        let address = place(&mut state, size, Block::Heap(vec![0; len]));
+        state.block_devices.insert(address, self.current_device());
+        Ok(address)
+    }
+
+    /// A memset on `stream` may write the memory at `dst` only where the stream's device is the
+    /// memory's or has peer access to it (the driver answers `CUDA_ERROR_INVALID_VALUE`).
+    /// Memory or streams this device does not place by device (pools', graphs', VMM) pass.
+    fn memset_reaches(&self, state: &State, dst: u64, stream: u64) -> CudaResult<()> {
+        let stream_device = match stream {
+            0 => self.current_device(),
+            stream => match state.stream_devices.get(&stream) {
+                Some(device) => *device,
+                None => return Ok(()),
+            },
+        };
+        let memory_device = state
+            .blocks
+            .iter()
+            .find(|(base, block)| dst >= **base && dst - **base < block.len() as u64)
+            .and_then(|(base, _)| state.block_devices.get(base).copied());
+        let Some(memory_device) = memory_device else { return Ok(()) };
+        let peers = self.peers_enabled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if memory_device == stream_device || peers.contains(&(stream_device, memory_device)) {
+            Ok(())
+        } else {
+            Err(CudaError::INVALID_VALUE)
+        }
     }
 
     /// A node's work here, a child graph copied as the driver copies it.
@@ -613,6 +644,7 @@ impl Device for EmulatedDevice {
         let block = state.blocks.remove(&ptr).ok_or(CudaError::INVALID_VALUE)?;
         state.used -= block.len() as u64;
         state.pool_spans.remove(&ptr);
+        state.block_devices.remove(&ptr);
         Ok(())
     }
 
@@ -793,6 +825,7 @@ impl Device for EmulatedDevice {
         if let Some(captured) = state.capture(stream, || Work::Memset(set)) {
             return captured;
         }
+        self.memset_reaches(&state, dst, stream)?;
         fill_elements(block_slice(&mut state.blocks, dst, len)?, pattern, width);
         Ok(())
     }
@@ -881,7 +914,9 @@ impl Device for EmulatedDevice {
         }
         let mut state = self.state();
         state.next_handle += 1;
-        Ok(state.next_handle)
+        let (stream, device) = (state.next_handle, self.current_device());
+        state.stream_devices.insert(stream, device);
+        Ok(stream)
     }
 
     fn stream_priority_range(&self) -> CudaResult<(i32, i32)> {
@@ -889,7 +924,8 @@ impl Device for EmulatedDevice {
         Ok((0, -5))
     }
 
-    fn stream_destroy(&self, _stream: u64) -> CudaResult<()> {
+    fn stream_destroy(&self, stream: u64) -> CudaResult<()> {
+        self.state().stream_devices.remove(&stream);
         Ok(())
     }
 

@@ -100,6 +100,29 @@ int main(void) {
     EXPECT(cuCtxDisablePeerAccess(ctx1), CUDA_SUCCESS);
     EXPECT(cuCtxDisablePeerAccess(ctx1), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
 
+    // A memset of device 1's memory on a stream of device 0 needs peer access, as natively (the
+    // error comes at once or at the stream's synchronize).
+    CUstream stream0;
+    EXPECT(cuStreamCreate(&stream0, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUresult without = cuMemsetD8Async(on1, 0x55, N, stream0);
+    if (without == CUDA_SUCCESS) without = cuStreamSynchronize(stream0);
+    EXPECT(cuCtxEnablePeerAccess(ctx1, 0), CUDA_SUCCESS);
+    EXPECT(cuMemsetD8Async(on1, 0x55, N, stream0), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream0), CUDA_SUCCESS);
+    EXPECT(cuCtxDisablePeerAccess(ctx1), CUDA_SUCCESS);
+    EXPECT(cuStreamDestroy(stream0), CUDA_SUCCESS);
+    CHECK("a memset across devices needs peer access", without == CUDA_ERROR_INVALID_VALUE);
+    // Mapped host memory on device 0, then on device 1 (without the channel, device memory the
+    // client zeroes and exchanges on a stream of its own device).
+    unsigned char *mapped0 = NULL, *mapped1 = NULL;
+    EXPECT(cuMemHostAlloc((void **)&mapped0, 4096, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+    EXPECT(cuMemHostAlloc((void **)&mapped1, 4096, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+    CHECK("mapped host memory on each device, zeroed", mapped0 && mapped1 && mapped1[0] == 0 && mapped1[4095] == 0);
+    EXPECT(cuMemFreeHost(mapped1), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    EXPECT(cuMemFreeHost(mapped0), CUDA_SUCCESS);
+
     // Physical memory on device 1 made while device 0 is current, mapped, readable by both.
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
