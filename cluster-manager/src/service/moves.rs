@@ -5,8 +5,11 @@
 //! (through its rpc-servers' control sockets and its snapshot folder). Under the VM's lock:
 //!
 //! 1. The target is checked (known, up, undrained, room on the GPU as placement counts it; an
-//!    allocation of several GPUs needs as many on another node, the best-joined set) and
-//!    `pending_move` is stored, `Copying`: both ends' GPUs hold the slice from then on.
+//!    allocation of several GPUs needs as many on another node, the best-joined set; or, moving
+//!    one of its GPUs, another GPU of its node, each GPU that stays with room for a second slice)
+//!    and `pending_move` is stored, `Copying`: both ends' GPUs hold the slice from then on (a GPU
+//!    both ends serve holds two). Each end's server is named by its whole GPU set: a move of one
+//!    GPU may keep the first GPU, and then both servers have it.
 //! 2. The target's node manager starts a server for the same allocation id and size, so the
 //!    apps' tokens (signed per allocation id) are valid there too.
 //! 3. Every session of the source's server is checkpointed, all at once (each app pauses at its
