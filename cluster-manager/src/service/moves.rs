@@ -334,7 +334,10 @@ impl<S: Store> Cluster<S> {
             .await
             .map_err(|error| format!("{} could not start a server for it: {error}", pending.to_node))?;
         failpoint::hit("move.target_started");
-        let ends = (self.node_end(&pending.from_node, pending.from_gpu, &pending.from_extra_gpus).await, self.node_end(&pending.to_node, pending.to_gpu, &pending.to_extra_gpus).await);
+        let ends = (
+            self.node_end(&pending.from_node, pending.from_gpu, &pending.from_extra_gpus).await,
+            self.node_end(&pending.to_node, pending.to_gpu, &pending.to_extra_gpus).await,
+        );
         let (source, target) = match ends {
             (Ok(source), Ok(target)) => (source, target),
             (Err(error), _) | (_, Err(error)) => return Err(error.to_string()),
@@ -381,10 +384,8 @@ impl<S: Store> Cluster<S> {
             tracing::info!(allocation = id, session = session.session_id, "not GPU to GPU; through the snapshot file");
         }
         let session_id = session.session_id;
-        let snapshot = self
-            .checkpoint_on(&source.node_id, source.server(id), session_id, None, timeout_ms, false)
-            .await
-            .map_err(|error| {
+        let snapshot =
+            self.checkpoint_on(&source.node_id, source.server(id), session_id, None, timeout_ms, false).await.map_err(|error| {
                 format!("session {session_id} ({} pid {}) cannot be checkpointed: {error}", session.client.program, session.client.pid)
             })?;
         let name = snapshot.info.name.clone();
@@ -510,8 +511,10 @@ impl<S: Store> Cluster<S> {
         let mut moved = Vec::new();
         let mut left_behind = Vec::new();
         if source_up {
-            let (source, target) =
-                (self.node_end(&pending.from_node, pending.from_gpu, &pending.from_extra_gpus).await?, self.node_end(&pending.to_node, pending.to_gpu, &pending.to_extra_gpus).await?);
+            let (source, target) = (
+                self.node_end(&pending.from_node, pending.from_gpu, &pending.from_extra_gpus).await?,
+                self.node_end(&pending.to_node, pending.to_gpu, &pending.to_extra_gpus).await?,
+            );
             let addresses = self.model.lock().await.allocations.get(id).map(|allocation| allocation.addresses.clone()).unwrap_or_default();
             let address_for = |session: &SessionStatus| {
                 let same_host = !session.client.boot_id.is_empty() && session.client.boot_id == target.boot_id;

@@ -460,7 +460,7 @@ fn one_gpu_of_a_vm_of_two_moves_to_a_third_gpu_of_its_node() {
     let nodes = cluster.json(&["list-servernodes"]);
     let view = nodes.as_array().unwrap().iter().find(|view| view["node"]["node_id"] == "node-a").unwrap().clone();
     let held = |gpu: &str| {
-        let usage = view["gpus"].as_array().unwrap().iter().find(|usage| usage["gpu"]["index"].to_string() == gpu).unwrap();
+        let usage = view["gpus"].as_array().unwrap().iter().find(|usage| usage["gpu"]["index"].as_u64() == gpu.parse().ok()).unwrap();
         (usage["allocated_compute_units"].as_u64().unwrap(), usage["allocations"].as_u64().unwrap())
     };
     assert_eq!((held(&first), held(&third), held(&second)), ((20, 1), (20, 1), (0, 0)), "{view}");
