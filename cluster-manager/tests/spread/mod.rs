@@ -367,8 +367,10 @@ fn a_vm_of_two_gpus_moves_whole_to_a_node_with_two() {
 /// index 1 moves to the third GPU with a live driver-API app on both GPUs (when the toolkit's
 /// cuda.h is at hand; `migrate_two_devices.c` checks every byte, pointer and device after the
 /// move): the new server serves the first GPU and the third, in that order, the old one is
-/// stopped, `flytctl list-vms` lists the new GPU at index 1, the old GPU's slice is free, and
-/// the VM's next app is sent to the new server.
+/// stopped, `flytctl list-vms` lists the new GPU at index 1, the old GPU's slice is free. A
+/// cluster manager that dies mid-move rolls it back (before the switch) or finishes it (after,
+/// moving index 1 back), the app going on either way, and the VM's next app is sent to the
+/// newest server.
 #[test]
 fn one_gpu_of_a_vm_of_two_moves_to_a_third_gpu_of_its_node() {
     let gpus = "[{ name = \"A 0\", memory_mib = 4096, sm_count = 40 }, { name = \"A 1\", memory_mib = 4096, sm_count = 40 }, \
@@ -427,22 +429,17 @@ fn one_gpu_of_a_vm_of_two_moves_to_a_third_gpu_of_its_node() {
         }
     };
 
+    // A cluster manager that dies once the session is restored on the new server, before the
+    // switch: the move is rolled back, the old server and set stay.
+    crash_mid_move(&mut cluster, "move.copied", &["--gpu", "1", "--to", &format!("node-a/{third}")]);
+    let settled = cluster.wait_settled("the rolled-back move").remove(0);
+    assert_eq!((&settled["pid"], settled["extra_gpus"][0].to_string()), (&before["pid"], second.clone()), "{settled}");
+
     let (code, moved, stderr) = cluster.flytctl(&["migrate", VM, "--gpu", "1", "--to", &format!("node-a/{third}")]);
     assert!(code == 0, "exit {code}: {stderr}\n--- node-a ---\n{}", cluster.log("node-a"));
     assert!(moved.contains(&format!("moved from node-a/{first},{second} to node-a/{first},{third} with ")), "{moved}");
-    if let Some((app, marker)) = live_app {
+    if live_app.is_some() {
         assert!(moved.contains("with 1 app in "), "{moved}");
-        fs::write(marker.with_extension("next"), b"").unwrap();
-        let output = app.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success() && stdout.contains("PASSED: 0 failure(s)"),
-            "the app goes on at the new server:\n{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let pointers: Vec<&str> = stdout.lines().filter(|line| line.starts_with("pointers:")).collect();
-        assert!(pointers.len() == 2 && pointers[0] == pointers[1], "the app's pointers changed:\n{stdout}");
-        assert!(stdout.contains("every byte on device 0 (read from device 1): yes"), "{stdout}");
     }
     let after = cluster.wait_settled("the move").remove(0);
     assert_eq!(
@@ -457,14 +454,52 @@ fn one_gpu_of_a_vm_of_two_moves_to_a_third_gpu_of_its_node() {
     let listed = cluster.flytctl_ok(&["list-vms"]);
     assert!(listed.contains(&format!("1: node-a/{third} ")) && !listed.contains(&format!("1: node-a/{second} ")), "{listed}");
     // One slice on each GPU of the new set, none left on the old GPU.
-    let nodes = cluster.json(&["list-servernodes"]);
-    let view = nodes.as_array().unwrap().iter().find(|view| view["node"]["node_id"] == "node-a").unwrap().clone();
-    let held = |gpu: &str| {
-        let usage = view["gpus"].as_array().unwrap().iter().find(|usage| usage["gpu"]["index"].as_u64() == gpu.parse().ok()).unwrap();
+    let held = |cluster: &mut Cluster, gpu: &str| {
+        let nodes = cluster.json(&["list-servernodes"]);
+        let view = nodes.as_array().unwrap().iter().find(|view| view["node"]["node_id"] == "node-a").unwrap().clone();
+        let usage =
+            view["gpus"].as_array().unwrap().iter().find(|usage| usage["gpu"]["index"].as_u64() == gpu.parse().ok()).unwrap().clone();
         (usage["allocated_compute_units"].as_u64().unwrap(), usage["allocations"].as_u64().unwrap())
     };
-    assert_eq!((held(&first), held(&third), held(&second)), ((20, 1), (20, 1), (0, 0)), "{view}");
-    // The VM's next app goes to the new server.
+    assert_eq!((held(&mut cluster, &first), held(&mut cluster, &third), held(&mut cluster, &second)), ((20, 1), (20, 1), (0, 0)));
+
+    // One that dies after the switch of a move back (index 1 to the old GPU): the move is
+    // finished, the app going on at the newest server.
+    crash_mid_move(&mut cluster, "move.switched", &["--gpu", "1", "--to", &format!("node-a/{second}")]);
+    let back = cluster.wait_settled("the finished move").remove(0);
+    assert_eq!((back["gpu"].to_string(), back["extra_gpus"][0].to_string()), (first.clone(), second.clone()), "{back}");
+    assert!(!crate::harness::pid_alive(u32::try_from(after["pid"].as_u64().unwrap()).unwrap()), "the moved-from server is stopped");
+    assert_eq!((held(&mut cluster, &first), held(&mut cluster, &second), held(&mut cluster, &third)), ((20, 1), (20, 1), (0, 0)));
+    assert!(cluster.log("cluster-manager").contains("finishing a move left under way"));
+
+    if let Some((app, marker)) = live_app {
+        fs::write(marker.with_extension("next"), b"").unwrap();
+        let output = app.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("PASSED: 0 failure(s)"),
+            "the app goes on at the new server:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let pointers: Vec<&str> = stdout.lines().filter(|line| line.starts_with("pointers:")).collect();
+        assert!(pointers.len() == 2 && pointers[0] == pointers[1], "the app's pointers changed:\n{stdout}");
+        assert!(stdout.contains("every byte on device 0 (read from device 1): yes"), "{stdout}");
+    }
+    // The VM's next app goes to the newest server.
     let (reply, _) = cluster.locate(&socket, 0);
-    assert_eq!(reply["address"], after["addresses"][0], "{reply}");
+    assert_eq!(reply["address"], back["addresses"][0], "{reply}");
+}
+
+/// Kills the cluster manager, starts one that dies at `point` of the move `args` asks for (of
+/// the VM), and starts a plain one after it died there.
+fn crash_mid_move(cluster: &mut Cluster, point: &str, args: &[&str]) {
+    cluster.cluster_manager().kill();
+    cluster.start_cluster_manager_with(&[("FLYT_FAILPOINT", point.to_string())]);
+    let mut all = vec!["migrate", VM];
+    all.extend_from_slice(args);
+    let (code, _, stderr) = cluster.flytctl(&all);
+    assert_eq!(code, 3, "{point}: the cluster manager should have died during the move: {stderr}");
+    assert!(cluster.cluster_manager().wait_exit(Duration::from_secs(10)).is_some(), "{point}");
+    assert!(cluster.log("cluster-manager").contains(&format!("fail point {point} reached")), "{point}");
+    cluster.start_cluster_manager();
 }
