@@ -86,6 +86,23 @@ pub(crate) fn holds_gpu(allocation: &AllocationRecord, node_id: &str, gpu: u32) 
         })
 }
 
+/// How many slices of `allocation` GPU `gpu` of `node_id` holds: one where it holds room
+/// ([`holds_gpu`]), two on a GPU both servers of a move of one of its GPUs serve (the GPUs that
+/// stay, shared by the old and the new server until the move is over).
+pub(crate) fn slices_on(allocation: &AllocationRecord, node_id: &str, gpu: u32) -> u32 {
+    if !holds_gpu(allocation, node_id, gpu) {
+        return 0;
+    }
+    let shared = allocation.pending_move.as_ref().is_some_and(|pending| {
+        let in_set = |first: u32, extra: &[u32]| first == gpu || extra.contains(&gpu);
+        pending.from_node == node_id
+            && pending.to_node == node_id
+            && in_set(pending.from_gpu, &pending.from_extra_gpus)
+            && in_set(pending.to_gpu, &pending.to_extra_gpus)
+    });
+    if shared { 2 } else { 1 }
+}
+
 /// The data-plane address an app reaches a server by, out of the server's `addresses`: its
 /// Unix socket when the app shares the server's kernel and one is offered, else TCP.
 pub fn data_address(addresses: &[String], same_host: bool) -> Option<String> {
@@ -152,15 +169,20 @@ impl Model {
     /// SMs, MiB and allocation count given out of one GPU, leaving out `except` (an allocation
     /// being resized). An allocation with a resize under way counts with the larger of its two
     /// sizes, so nothing placed meanwhile can overcommit the GPU whichever way the resize ends;
-    /// one with a move under way counts on both GPUs of the move, whichever way it ends.
+    /// one with a move under way counts on both GPUs of the move, whichever way it ends, and
+    /// twice on a GPU both of its servers serve meanwhile (a move of one of its GPUs).
     pub fn gpu_used(&self, node_id: &str, gpu: u32, except: Option<&str>) -> (u32, u64, u32) {
-        self.allocations.values().filter(|allocation| holds_gpu(allocation, node_id, gpu) && Some(allocation.id.as_str()) != except).fold(
+        self.allocations.values().filter(|allocation| Some(allocation.id.as_str()) != except).fold(
             (0, 0, 0),
             |(units, memory, count), allocation| {
+                let slices = slices_on(allocation, node_id, gpu);
+                if slices == 0 {
+                    return (units, memory, count);
+                }
                 let pending = allocation.pending_resize.as_ref();
                 let held_units = pending.map_or(allocation.compute_units, |size| size.compute_units.max(allocation.compute_units));
                 let held_memory = pending.map_or(allocation.memory, |size| size.memory.max(allocation.memory));
-                (units + held_units, memory + held_memory, count + 1)
+                (units + held_units * slices, memory + held_memory * u64::from(slices), count + 1)
             },
         )
     }
@@ -665,6 +687,106 @@ impl Model {
         Ok((members, sm_percentage(units, sm_count)))
     }
 
+    /// Checks that GPU `index` of `allocation` (one of several, on one node) can be replaced by
+    /// GPU `to_gpu` of `to_node` (its own node; `None`: the fullest GPU there with room), the
+    /// others kept at their indices. The new set's server runs beside the old one until the
+    /// move is over, so each GPU that stays must have room for a second slice. Returns the new
+    /// set, its first first, and the slice's MPS percentage on its first GPU.
+    pub fn check_move_one_gpu(
+        &self,
+        allocation: &AllocationRecord,
+        index: u32,
+        to_node: &str,
+        to_gpu: Option<u32>,
+    ) -> Result<(Vec<u32>, u32), ControlError> {
+        let id = &allocation.id;
+        if allocation.is_spread() {
+            return Err(ControlError::Invalid(format!(
+                "allocation {id} is spread over nodes (--spread): moving one of its GPUs is not supported (its apps hold one session on each node's server)"
+            )));
+        }
+        let old: Vec<u32> = std::iter::once(allocation.gpu).chain(allocation.extra_gpus.iter().copied()).collect();
+        let listed = || old.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let at = usize::try_from(index).unwrap_or(usize::MAX);
+        if at >= old.len() {
+            return Err(ControlError::Invalid(format!(
+                "allocation {id} has {} GPU(s) ({}/{}): there is no GPU at index {index} (0 to {})",
+                old.len(),
+                allocation.node_id,
+                listed(),
+                old.len() - 1
+            )));
+        }
+        if to_node != allocation.node_id {
+            return Err(ControlError::Invalid(format!(
+                "allocation {id} runs on {}: one of its GPUs moves to another GPU of that node only; to go to {to_node}, move it whole (`flytctl migrate {} --to {to_node}`)",
+                allocation.node_id, allocation.vm_ip
+            )));
+        }
+        let node = self.nodes.get(to_node).ok_or_else(|| ControlError::UnknownNode(to_node.to_string()))?;
+        if node.record.health != NodeHealth::Up {
+            return Err(ControlError::NodeUnreachable {
+                node: to_node.to_string(),
+                reason: "it is marked down (its node manager sends no heartbeat)".into(),
+            });
+        }
+        if node.record.drained {
+            return Err(ControlError::Invalid(format!("node {to_node} is drained and takes no allocation (`flytctl undrain {to_node}`)")));
+        }
+        if let Some(gpu) = to_gpu {
+            if !node.gpus.iter().any(|known| known.index == gpu) {
+                return Err(ControlError::Invalid(format!("node {to_node} has no GPU {gpu}")));
+            }
+            if let Some(held_at) = old.iter().position(|held| *held == gpu) {
+                return Err(ControlError::Invalid(format!(
+                    "GPU {gpu} of {to_node} is already in allocation {id} (at index {held_at} of {}): name a GPU it does not have",
+                    listed()
+                )));
+            }
+        }
+        let units = allocation.pending_resize.map_or(allocation.compute_units, |size| size.compute_units.max(allocation.compute_units));
+        let memory = allocation.pending_resize.map_or(allocation.memory, |size| size.memory.max(allocation.memory));
+        let free = |gpu: &GpuInfo| {
+            let (used_units, used_memory, _) = self.gpu_used(to_node, gpu.index, None);
+            (gpu.sm_count.saturating_sub(used_units), (gpu.memory_bytes / MIB).saturating_sub(used_memory))
+        };
+        // The GPUs that stay serve the old and the new server for the move's duration.
+        for (stays_at, gpu) in old.iter().enumerate().filter(|(position, _)| *position != at) {
+            let Some(info) = node.gpus.iter().find(|known| known.index == *gpu) else {
+                return Err(ControlError::Invalid(format!("node {to_node} no longer reports GPU {gpu} of allocation {id}")));
+            };
+            let (free_units, free_memory) = free(info);
+            if free_units < units || free_memory < memory {
+                return Err(ControlError::TargetFull(format!(
+                    "{to_node} GPU {gpu} (index {stays_at}, which stays) has {free_units} SMs and {free_memory} MiB free; during the move the old and the new server each hold a slice of allocation {id} there, so it needs room for a second slice of {units} SMs and {memory} MiB"
+                )));
+            }
+        }
+        // The new GPU: the one named, else the fullest with room (whole GPUs stay free).
+        let mut best: Option<(u32, u32)> = None;
+        let mut closest: Option<String> = None;
+        for gpu in node.gpus.iter().filter(|gpu| !old.contains(&gpu.index) && to_gpu.is_none_or(|named| named == gpu.index)) {
+            let (free_units, free_memory) = free(gpu);
+            if free_units >= units && free_memory >= memory {
+                if best.is_none_or(|(fewest, _)| free_units < fewest) {
+                    best = Some((free_units, gpu.index));
+                }
+            } else if closest.is_none() || to_gpu.is_some() {
+                closest = Some(format!("{to_node} GPU {} has {free_units} SMs and {free_memory} MiB free", gpu.index));
+            }
+        }
+        let Some((_, new_gpu)) = best else {
+            return Err(ControlError::TargetFull(format!(
+                "{}; allocation {id} needs {units} SMs and {memory} MiB on the new GPU",
+                closest.unwrap_or_else(|| format!("{to_node} has no GPU beside the allocation's {}", listed()))
+            )));
+        };
+        let mut set = old;
+        set[at] = new_gpu;
+        let sm_count = node.gpus.iter().find(|gpu| gpu.index == set[0]).map_or(0, |gpu| gpu.sm_count);
+        Ok((set, sm_percentage(units, sm_count)))
+    }
+
     /// A node with what is given out of each GPU.
     pub fn node_view(&self, node: &NodeEntry, now: Instant) -> NodeView {
         let gpus = node
@@ -1118,6 +1240,93 @@ mod tests {
         assert_eq!(model.gpu_used("c", 0, None), (0, 0, 0));
         let error = model.check_move_set(&model.allocations["pair"].clone(), "c", Some(0)).unwrap_err().to_string();
         assert!(error.contains("moves to another node only"), "{error}");
+    }
+
+    /// An allocation on GPUs `gpus` of node `a` (`gpus[0]` first), of `units` SMs and `memory`
+    /// MiB on each.
+    fn on_gpus(model: &mut Model, id: &str, vm_ip: &str, gpus: &[u32], units: u32, memory: u64) {
+        allocate(model, id, &vm(vm_ip, "192.0.2.1", 1, 1));
+        let record = model.allocations.get_mut(id).unwrap();
+        (record.node_id, record.gpu, record.extra_gpus) = ("a".into(), gpus[0], gpus[1..].to_vec());
+        (record.compute_units, record.memory) = (units, memory);
+    }
+
+    #[test]
+    fn one_gpu_of_an_allocation_moves_within_its_node_when_the_gpus_that_stay_hold_a_second_slice() {
+        let mut model = Model::default();
+        model.nodes.insert("a".into(), node("a", "192.0.2.1", &[(80, 16_384), (80, 16_384), (40, 16_384), (80, 16_384)]));
+        model.nodes.insert("b".into(), node("b", "192.0.2.2", &[(80, 16_384); 3]));
+        on_gpus(&mut model, "pair", "10.0.0.1", &[0, 1], 30, 4096);
+        // GPU 3 is taken by another allocation, so GPU 2 (40 SMs) is the only one with room.
+        on_gpus(&mut model, "big", "10.0.0.2", &[3], 60, 4096);
+        let pair = model.allocations["pair"].clone();
+        // Index 1 to GPU 2: the others stay at their indices; the percentage is of the first GPU.
+        assert_eq!(model.check_move_one_gpu(&pair, 1, "a", Some(2)).unwrap(), (vec![0, 2], sm_percentage(30, 80)));
+        assert_eq!(model.check_move_one_gpu(&pair, 1, "a", None).unwrap().0, vec![0, 2], "the one GPU with room");
+        // Index 0: the new GPU becomes the first, its SMs give the percentage.
+        assert_eq!(model.check_move_one_gpu(&pair, 0, "a", Some(2)).unwrap(), (vec![2, 1], sm_percentage(30, 40)));
+        let refused = |model: &Model, index: u32, node: &str, gpu: Option<u32>| {
+            model.check_move_one_gpu(&model.allocations["pair"], index, node, gpu).unwrap_err().to_string()
+        };
+        let error = refused(&model, 2, "a", Some(2));
+        assert!(error.contains("has 2 GPU(s) (a/0,1): there is no GPU at index 2 (0 to 1)"), "{error}");
+        let error = refused(&model, 1, "a", Some(0));
+        assert!(error.contains("GPU 0 of a is already in allocation pair (at index 0 of 0,1)"), "{error}");
+        let error = refused(&model, 1, "a", Some(7));
+        assert!(error.contains("node a has no GPU 7"), "{error}");
+        let error = refused(&model, 1, "b", Some(2));
+        assert!(error.contains("moves to another GPU of that node only") && error.contains("--to b"), "{error}");
+        let error = refused(&model, 1, "a", Some(3));
+        assert!(error.starts_with("target full: a GPU 3 has 20 SMs and 12288 MiB free"), "{error}");
+        // GPU 0 stays: with a third allocation of 30 SMs there it has 20 free, short of a second
+        // slice of 30.
+        on_gpus(&mut model, "third", "10.0.0.3", &[0], 30, 1024);
+        let error = refused(&model, 1, "a", Some(2));
+        assert!(
+            error.contains("a GPU 0 (index 0, which stays) has 20 SMs and 11264 MiB free")
+                && error.contains("room for a second slice of 30 SMs and 4096 MiB"),
+            "{error}"
+        );
+        // Moving index 0 away leaves GPU 1 to stay, which has room.
+        assert_eq!(model.check_move_one_gpu(&model.allocations["pair"], 0, "a", Some(2)).unwrap().0, vec![2, 1]);
+        model.allocations.remove("third");
+        // A spread allocation is refused.
+        let mut spread = model.allocations["pair"].clone();
+        spread.further.push(NodeShare {
+            node_id: "b".into(),
+            gpu: 0,
+            extra_gpus: Vec::new(),
+            address_window: 1,
+            sm_percentage: 40,
+            addresses: Vec::new(),
+            pid: 0,
+            sessions: 0,
+            metrics: None,
+        });
+        let error = model.check_move_one_gpu(&spread, 1, "a", Some(2)).unwrap_err().to_string();
+        assert!(error.contains("is spread over nodes"), "{error}");
+        // While it moves (0,1 to 0,2), GPU 0 holds both servers' slices, 1 and 2 one each.
+        model.allocations.get_mut("pair").unwrap().pending_move = Some(flyt_protocol::control::cluster::PendingMove {
+            from_node: "a".into(),
+            from_gpu: 0,
+            to_node: "a".into(),
+            to_gpu: 0,
+            to_sm_percentage: 38,
+            phase: flyt_protocol::control::cluster::MovePhase::Copying,
+            from_extra_gpus: vec![1],
+            to_extra_gpus: vec![2],
+        });
+        assert_eq!(model.gpu_used("a", 0, None), (60, 8192, 1));
+        assert_eq!(model.gpu_used("a", 1, None), (30, 4096, 1));
+        assert_eq!(model.gpu_used("a", 2, None), (30, 4096, 1));
+        // Once Switching the record names the new set; the count is the same.
+        let record = model.allocations.get_mut("pair").unwrap();
+        record.extra_gpus = vec![2];
+        assert_eq!(model.gpu_used("a", 0, None), (60, 8192, 1));
+        assert_eq!(model.gpu_used("a", 1, None), (30, 4096, 1));
+        // Over: only the new set holds slices.
+        model.allocations.get_mut("pair").unwrap().pending_move = None;
+        assert_eq!((model.gpu_used("a", 0, None), model.gpu_used("a", 1, None)), ((30, 4096, 1), (0, 0, 0)));
     }
 
     #[test]

@@ -307,17 +307,23 @@ impl<S: Store> Cluster<S> {
     /// it there); failures are logged (the node's next report lists the server, and the reply
     /// tells it to stop).
     async fn stop_on_node(&self, node_id: &str, allocation_id: &str, gpu: Option<u32>) {
+        self.stop_server_on_node(node_id, ServerRef::new(allocation_id, gpu)).await;
+    }
+
+    /// Stops the allocation's server(s) `server` names on `node_id`, best effort.
+    async fn stop_server_on_node(&self, node_id: &str, server: ServerRef) {
+        let allocation_id = server.allocation_id.clone();
         let result = async {
             let address = self.node_address(node_id).await?;
             let client = self.node_client(node_id, &address).await?;
-            match client.stop_server(rpc::deadline(NODE_CALL_TIMEOUT), ServerRef::new(allocation_id, gpu)).await {
+            match client.stop_server(rpc::deadline(NODE_CALL_TIMEOUT), server).await {
                 Ok(result) => result,
                 Err(error) => Err(self.node_call_failed(node_id, &address, &error).await),
             }
         }
         .await;
         if let Err(error) = result {
-            tracing::warn!(node = node_id, allocation = allocation_id, %error, "could not stop the rpc-server now; the node's next report will");
+            tracing::warn!(node = node_id, allocation = %allocation_id, %error, "could not stop the rpc-server now; the node's next report will");
         }
     }
 
@@ -737,10 +743,17 @@ impl<S: Store> Cluster<S> {
                 }
                 continue;
             }
-            if allocation.node_id != node_id || allocation.gpu != server.gpu {
+            // A server of another GPU set with the same first GPU: the old end of a move of one
+            // of the allocation's GPUs (stopped by its whole set, the new one staying).
+            let other_set = allocation.node_id == node_id && allocation.gpu == server.gpu && allocation.extra_gpus != server.extra_gpus;
+            if allocation.node_id != node_id || allocation.gpu != server.gpu || other_set {
                 // The other end of a move under way keeps its server until the move is over.
                 if !allocation.pending_move.as_ref().is_some_and(|pending| pending.involves(node_id, server.gpu)) {
-                    stop.push(ServerRef::new(&server.allocation_id, Some(server.gpu)));
+                    stop.push(if other_set {
+                        ServerRef::of_set(&server.allocation_id, server.gpu, &server.extra_gpus)
+                    } else {
+                        ServerRef::new(&server.allocation_id, Some(server.gpu))
+                    });
                 }
                 continue;
             }
@@ -1369,7 +1382,23 @@ impl<S: Store> ClusterAdmin for ClusterService<S> {
         timeout_ms: u64,
     ) -> Result<MoveReport, ControlError> {
         let metrics = self.0.metrics.clone();
-        let moved = detached(self.0.clone().migrate(target, to_node, to_gpu, timeout_ms)).await.unwrap_or_else(|| Err(cancelled()));
+        let moved = detached(self.0.clone().migrate(target, to_node, to_gpu, None, timeout_ms)).await.unwrap_or_else(|| Err(cancelled()));
+        ClusterMetrics::count(if moved.is_ok() { &metrics.moves_done } else { &metrics.moves_refused });
+        moved
+    }
+
+    async fn migrate_one_gpu(
+        self,
+        _: Context,
+        target: String,
+        index: u32,
+        to_node: String,
+        to_gpu: Option<u32>,
+        timeout_ms: u64,
+    ) -> Result<MoveReport, ControlError> {
+        let metrics = self.0.metrics.clone();
+        let moved =
+            detached(self.0.clone().migrate(target, to_node, to_gpu, Some(index), timeout_ms)).await.unwrap_or_else(|| Err(cancelled()));
         ClusterMetrics::count(if moved.is_ok() { &metrics.moves_done } else { &metrics.moves_refused });
         moved
     }

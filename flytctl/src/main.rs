@@ -100,9 +100,17 @@ enum Command {
         target: String,
         /// The node to move to (`flytctl list-servernodes`), or NODE/GPU for one of its GPUs
         /// (its own node: a GPU other than the one it runs on). An allocation of several GPUs
-        /// moves whole to as many GPUs of another node (NODE/GPU: that GPU first).
+        /// moves whole to as many GPUs of another node (NODE/GPU: that GPU first), or, with
+        /// --gpu, one of its GPUs to another GPU of its node.
         #[arg(long, value_parser = migrate::parse_destination)]
         to: migrate::Destination,
+        /// Move only the allocation's GPU at this index (0 first, as `flytctl list-vms` lists
+        /// them) to the GPU --to names (NODE/GPU, its own node; NODE alone: the fullest GPU there
+        /// with room), the others staying at their indices, so its apps' device numbering holds.
+        /// The apps move to a new server of the new set, which shares the GPUs that stay with
+        /// the old one until the move is over: each needs room for a second slice.
+        #[arg(long, value_name = "INDEX")]
+        gpu: Option<u32>,
         /// Give up (the apps going on where they were) when an app makes no CUDA call within
         /// this many milliseconds.
         #[arg(long, default_value_t = 30_000)]
@@ -560,13 +568,22 @@ async fn run(args: Args) -> Result<(), CtlError> {
             let nodes = call(&args, deadline, client.list_nodes(context())).await?;
             println!("{}", allocation_table(std::slice::from_ref(&allocation), &nodes));
         }
-        Command::Migrate { target, to, timeout_ms } => {
+        Command::Migrate { target, to, gpu, timeout_ms } => {
             // A move outlives the usual limit: device memory by the tens of GiB travels.
             let deadline = Instant::now() + migrate::LONG_CALL;
             let mut long = context();
             long.deadline = deadline;
-            let moving = client.migrate(long, target.clone(), to.node.clone(), to.gpu, *timeout_ms);
-            let report = call(&args, deadline, moving).await?.map_err(CtlError::Refused)?;
+            let report = match gpu {
+                Some(index) => {
+                    let moving = client.migrate_one_gpu(long, target.clone(), *index, to.node.clone(), to.gpu, *timeout_ms);
+                    call(&args, deadline, moving).await?
+                }
+                None => {
+                    let moving = client.migrate(long, target.clone(), to.node.clone(), to.gpu, *timeout_ms);
+                    call(&args, deadline, moving).await?
+                }
+            }
+            .map_err(CtlError::Refused)?;
             if args.json {
                 return print_json(&report);
             }

@@ -66,11 +66,13 @@ pub fn print_move(report: &MoveReport) {
     // An allocation of several GPUs moved whole: its new server's GPUs, the first first.
     let to_gpus: Vec<String> =
         std::iter::once(allocation.gpu).chain(allocation.extra_gpus.iter().copied()).map(|gpu| gpu.to_string()).collect();
+    let from_gpus: Vec<String> =
+        std::iter::once(report.from_gpu).chain(report.from_extra_gpus.iter().copied()).map(|gpu| gpu.to_string()).collect();
     println!(
         "allocation {} moved from {}/{} to {}/{} with {sessions} in {:.1} ms; it is served at {}",
         allocation.id,
         report.from_node,
-        report.from_gpu,
+        from_gpus.join(","),
         allocation.node_id,
         to_gpus.join(","),
         milliseconds(report.total_us),

@@ -204,7 +204,9 @@ fn server_name(allocation_id: &str, gpu: u32, taken: impl Fn(&str) -> bool) -> S
 
 /// Whether `server` names the server `record` describes.
 fn names(server: &ServerRef, record: &ServerRecord) -> bool {
-    record.allocation_id == server.allocation_id && server.gpu.is_none_or(|gpu| record.gpu == gpu)
+    record.allocation_id == server.allocation_id
+        && server.gpu.is_none_or(|gpu| record.gpu == gpu)
+        && server.extra_gpus.as_ref().is_none_or(|extra| *extra == record.extra_gpus)
 }
 
 /// Whether `name` is a server name [`server_name`] makes (checked where names come from files
@@ -461,7 +463,9 @@ impl ServerManager {
         let name = {
             let servers = self.servers.lock().await;
             let mut mine = servers.values().filter(|server| server.record.allocation_id == spec.allocation_id);
-            if let Some(server) = mine.clone().find(|server| server.record.gpu == spec.gpu) {
+            // The same GPUs: started already. Another set with the same first GPU (one GPU of the
+            // allocation moving) runs beside it, as one on another first GPU does.
+            if let Some(server) = mine.clone().find(|server| server.record.gpu == spec.gpu && server.record.extra_gpus == spec.extra_gpus) {
                 return Ok(Self::report(&server.record, None));
             }
             if mine.nth(1).is_some() {
@@ -1249,6 +1253,35 @@ pub(crate) mod tests {
         adopted.stop_server(&ServerRef::new("alloc-4", None)).await.unwrap();
         assert!(!process_alive(other.pid, None));
         assert!(adopted.reports().await.is_empty());
+    }
+
+    /// A move of one GPU of an allocation (index 1: GPUs 0,1 become 0,2): the new server has
+    /// the same first GPU, runs beside the old one, and each is named by its whole set.
+    #[tokio::test]
+    async fn a_move_of_one_gpu_runs_a_second_server_with_the_same_first_gpu() {
+        let folder = tempfile::tempdir().unwrap();
+        let mut settings = settings(folder.path(), STAND_IN);
+        for index in [1, 2] {
+            let gpu = GpuInfo { index, uuid: format!("GPU-{index}"), ..settings.gpus[0].clone() };
+            settings.gpus.push(gpu);
+        }
+        let manager = ServerManager::new(settings.clone(), key()).unwrap();
+        let old = manager.start(ServerSpec { extra_gpus: vec![1], ..spec("alloc-5") }).await.unwrap();
+        let new = manager.start(ServerSpec { extra_gpus: vec![2], ..spec("alloc-5") }).await.unwrap();
+        assert_ne!(old.pid, new.pid, "another set runs beside");
+        let again = manager.start(ServerSpec { extra_gpus: vec![2], ..spec("alloc-5") }).await.unwrap();
+        assert_eq!(again.pid, new.pid, "idempotent per set");
+        assert_eq!(manager.name_of(&ServerRef::of_set("alloc-5", 0, &[1])).await.unwrap(), "alloc-5");
+        assert_eq!(manager.name_of(&ServerRef::of_set("alloc-5", 0, &[2])).await.unwrap(), "alloc-5~gpu0");
+        let ambiguous = manager.name_of(&ServerRef::new("alloc-5", Some(0))).await.unwrap_err().to_string();
+        assert!(ambiguous.contains("runs servers on GPUs 0 and 0"), "{ambiguous}");
+        assert!(manager.name_of(&ServerRef::of_set("alloc-5", 0, &[])).await.is_err());
+        // The old set's server stops alone.
+        manager.stop_server(&ServerRef::of_set("alloc-5", 0, &[1])).await.unwrap();
+        assert!(!process_alive(old.pid, None) && process_alive(new.pid, None));
+        assert_eq!(manager.name_of(&ServerRef::new("alloc-5", Some(0))).await.unwrap(), "alloc-5~gpu0");
+        manager.stop_server(&ServerRef::new("alloc-5", None)).await.unwrap();
+        assert!(!process_alive(new.pid, None));
     }
 
     #[tokio::test]

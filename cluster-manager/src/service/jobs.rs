@@ -72,8 +72,10 @@ pub fn job_capacity(model: &Model, vm_ip: &str, compute_units: u32, memory: u64)
             }
             let (mut used_units, mut used_memory, _) = model.gpu_used(node_id, gpu.index, None);
             for allocation in holders.iter().filter(|allocation| own_job(&allocation.vm_ip)) {
-                used_units = used_units.saturating_sub(allocation.compute_units);
-                used_memory = used_memory.saturating_sub(allocation.memory);
+                // Two slices on a GPU both servers of a move of one of its GPUs serve.
+                let slices = crate::model::slices_on(allocation, node_id, gpu.index);
+                used_units = used_units.saturating_sub(allocation.compute_units * slices);
+                used_memory = used_memory.saturating_sub(allocation.memory * u64::from(slices));
             }
             let by_units = gpu.sm_count.saturating_sub(used_units) / compute_units;
             let by_memory = (gpu.memory_bytes / MIB).saturating_sub(used_memory) / memory;

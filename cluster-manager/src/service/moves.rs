@@ -5,8 +5,11 @@
 //! (through its rpc-servers' control sockets and its snapshot folder). Under the VM's lock:
 //!
 //! 1. The target is checked (known, up, undrained, room on the GPU as placement counts it; an
-//!    allocation of several GPUs needs as many on another node, the best-joined set) and
-//!    `pending_move` is stored, `Copying`: both ends' GPUs hold the slice from then on.
+//!    allocation of several GPUs needs as many on another node, the best-joined set; or, moving
+//!    one of its GPUs, another GPU of its node, each GPU that stays with room for a second slice)
+//!    and `pending_move` is stored, `Copying`: both ends' GPUs hold the slice from then on (a GPU
+//!    both ends serve holds two). Each end's server is named by its whole GPU set: a move of one
+//!    GPU may keep the first GPU, and then both servers have it.
 //! 2. The target's node manager starts a server for the same allocation id and size, so the
 //!    apps' tokens (signed per allocation id) are valid there too.
 //! 3. Every session of the source's server is checkpointed, all at once (each app pauses at its
@@ -62,8 +65,9 @@ const STRAGGLER_PAUSE_MS: u64 = 30_000;
 /// One end of a move, as the cluster manager knows the node.
 struct NodeEnd {
     node_id: String,
-    /// The GPU of the node the allocation's server at this end serves.
+    /// The GPUs of the node the allocation's server at this end serves, its first first.
     gpu: u32,
+    extra_gpus: Vec<u32>,
     host_ip: String,
     boot_id: String,
     control_address: String,
@@ -96,6 +100,23 @@ fn gpu_list(first: u32, extra: &[u32]) -> String {
     std::iter::once(first).chain(extra.iter().copied()).map(|gpu| gpu.to_string()).collect::<Vec<_>>().join(",")
 }
 
+impl NodeEnd {
+    /// The allocation's server at this end, named by its whole GPU set: a move of one GPU of
+    /// an allocation runs a second server with the same first GPU beside the first.
+    fn server(&self, id: &str) -> ServerRef {
+        ServerRef::of_set(id, self.gpu, &self.extra_gpus)
+    }
+}
+
+/// The server a move leaves (`PendingMove::from_*`) and the one it starts (`to_*`).
+fn source_server(id: &str, pending: &PendingMove) -> ServerRef {
+    ServerRef::of_set(id, pending.from_gpu, &pending.from_extra_gpus)
+}
+
+fn target_server(id: &str, pending: &PendingMove) -> ServerRef {
+    ServerRef::of_set(id, pending.to_gpu, &pending.to_extra_gpus)
+}
+
 fn micros_since(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
@@ -116,9 +137,8 @@ impl<S: Store> Cluster<S> {
         }
     }
 
-    /// The sessions of allocation `id`'s server on `node_id` (on its GPU `gpu`).
-    async fn sessions_on(&self, node_id: &str, id: &str, gpu: u32) -> Result<Vec<SessionStatus>, ControlError> {
-        let server = ServerRef::new(id, Some(gpu));
+    /// The sessions of an allocation's server `server` on `node_id`.
+    async fn sessions_on(&self, node_id: &str, server: ServerRef) -> Result<Vec<SessionStatus>, ControlError> {
         self.node_call(node_id, |node| async move { node.list_sessions(rpc::deadline(NODE_CALL_TIMEOUT), server).await }).await
     }
 
@@ -146,14 +166,13 @@ impl<S: Store> Cluster<S> {
         self.node_call(node_id, |node| async move { node.fetch_snapshot(rpc::deadline(MOVE_CALL_TIMEOUT), id, from, name).await }).await
     }
 
-    async fn restore_on(&self, node_id: &str, id: &str, gpu: u32, dir: &str, name: &str) -> Result<(), ControlError> {
-        let (server, dir, name) = (ServerRef::new(id, Some(gpu)), dir.to_string(), name.to_string());
+    async fn restore_on(&self, node_id: &str, server: ServerRef, dir: &str, name: &str) -> Result<(), ControlError> {
+        let (dir, name) = (dir.to_string(), name.to_string());
         self.node_call(node_id, |node| async move { node.restore_snapshot(rpc::deadline(MOVE_CALL_TIMEOUT), server, dir, name).await })
             .await
     }
 
-    async fn release_on(&self, node_id: &str, id: &str, gpu: u32, session_id: u64, to: Option<String>) -> Result<(), ControlError> {
-        let server = ServerRef::new(id, Some(gpu));
+    async fn release_on(&self, node_id: &str, server: ServerRef, session_id: u64, to: Option<String>) -> Result<(), ControlError> {
         self.node_call(node_id, |node| async move { node.release_session(rpc::deadline(NODE_CALL_TIMEOUT), server, session_id, to).await })
             .await
     }
@@ -163,12 +182,13 @@ impl<S: Store> Cluster<S> {
         self.node_call(node_id, |node| async move { node.discard_snapshots(rpc::deadline(NODE_CALL_TIMEOUT), id).await }).await
     }
 
-    async fn node_end(&self, node_id: &str, gpu: u32) -> Result<NodeEnd, ControlError> {
+    async fn node_end(&self, node_id: &str, gpu: u32, extra_gpus: &[u32]) -> Result<NodeEnd, ControlError> {
         let model = self.model.lock().await;
         let node = model.nodes.get(node_id).ok_or_else(|| ControlError::UnknownNode(node_id.to_string()))?;
         Ok(NodeEnd {
             node_id: node_id.to_string(),
             gpu,
+            extra_gpus: extra_gpus.to_vec(),
             host_ip: node.record.host_ip.clone(),
             boot_id: node.record.boot_id.clone(),
             control_address: node.record.control_address.clone(),
@@ -191,12 +211,18 @@ impl<S: Store> Cluster<S> {
         Ok(())
     }
 
-    /// Moves allocation `target` (id or VM ip) with its apps to node `to_node`.
+    /// Moves allocation `target` (id or VM ip) with its apps to node `to_node`; with
+    /// `one_gpu`, only its GPU at that index, to GPU `to_gpu` of its own node (see
+    /// [`Model::check_move_one_gpu`]): the apps move to a new server of the new set, which runs
+    /// beside the old one on the GPUs that stay until the move is over.
+    ///
+    /// [`Model::check_move_one_gpu`]: crate::model::Model::check_move_one_gpu
     pub(super) async fn migrate(
         self: Arc<Self>,
         target: String,
         to_node: String,
         to_gpu: Option<u32>,
+        one_gpu: Option<u32>,
         timeout_ms: u64,
     ) -> Result<MoveReport, ControlError> {
         let started = Instant::now();
@@ -213,8 +239,12 @@ impl<S: Store> Cluster<S> {
                     super::node_list(&allocation)
                 )));
             }
-            // An allocation of several GPUs moves whole, to as many GPUs of another node.
-            let (to_gpu, to_extra_gpus, to_sm_percentage) = if allocation.extra_gpus.is_empty() {
+            // An allocation of several GPUs moves whole, to as many GPUs of another node, or one
+            // of its GPUs to another GPU of its node.
+            let (to_gpu, to_extra_gpus, to_sm_percentage) = if let Some(index) = one_gpu {
+                let (gpus, percentage) = model.check_move_one_gpu(&allocation, index, &to_node, to_gpu)?;
+                (gpus[0], gpus[1..].to_vec(), percentage)
+            } else if allocation.extra_gpus.is_empty() {
                 let (to_gpu, percentage) = model.check_move(&allocation, &to_node, to_gpu)?;
                 (to_gpu, Vec::new(), percentage)
             } else {
@@ -275,6 +305,7 @@ impl<S: Store> Cluster<S> {
             allocation,
             from_node: pending.from_node,
             from_gpu: pending.from_gpu,
+            from_extra_gpus: pending.from_extra_gpus,
             sessions,
             left_behind,
             total_us: micros_since(started),
@@ -303,13 +334,16 @@ impl<S: Store> Cluster<S> {
             .await
             .map_err(|error| format!("{} could not start a server for it: {error}", pending.to_node))?;
         failpoint::hit("move.target_started");
-        let ends = (self.node_end(&pending.from_node, pending.from_gpu).await, self.node_end(&pending.to_node, pending.to_gpu).await);
+        let ends = (
+            self.node_end(&pending.from_node, pending.from_gpu, &pending.from_extra_gpus).await,
+            self.node_end(&pending.to_node, pending.to_gpu, &pending.to_extra_gpus).await,
+        );
         let (source, target) = match ends {
             (Ok(source), Ok(target)) => (source, target),
             (Err(error), _) | (_, Err(error)) => return Err(error.to_string()),
         };
         let sessions = self
-            .sessions_on(&source.node_id, id, source.gpu)
+            .sessions_on(&source.node_id, source.server(id))
             .await
             .map_err(|error| format!("its sessions on {} could not be listed: {error}", source.node_id))?;
         let outcomes =
@@ -350,10 +384,8 @@ impl<S: Store> Cluster<S> {
             tracing::info!(allocation = id, session = session.session_id, "not GPU to GPU; through the snapshot file");
         }
         let session_id = session.session_id;
-        let snapshot = self
-            .checkpoint_on(&source.node_id, ServerRef::new(id, Some(source.gpu)), session_id, None, timeout_ms, false)
-            .await
-            .map_err(|error| {
+        let snapshot =
+            self.checkpoint_on(&source.node_id, source.server(id), session_id, None, timeout_ms, false).await.map_err(|error| {
                 format!("session {session_id} ({} pid {}) cannot be checkpointed: {error}", session.client.program, session.client.pid)
             })?;
         let name = snapshot.info.name.clone();
@@ -370,7 +402,7 @@ impl<S: Store> Cluster<S> {
             (fetched.dir, micros_since(copy_started))
         };
         let restore_started = Instant::now();
-        self.restore_on(&target.node_id, id, target.gpu, &dir, &name)
+        self.restore_on(&target.node_id, target.server(id), &dir, &name)
             .await
             .map_err(|error| format!("{} refused to restore session {session_id}: {error}", target.node_id))?;
         Ok(CopiedSession { session, snapshot: snapshot.info, transfer_us, restore_us: micros_since(restore_started), gpu_to_gpu: false })
@@ -389,13 +421,13 @@ impl<S: Store> Cluster<S> {
     ) -> Result<CopiedSession, String> {
         let session_id = session.session_id;
         let snapshot = self
-            .checkpoint_on(&source.node_id, ServerRef::new(id, Some(source.gpu)), session_id, None, timeout_ms, true)
+            .checkpoint_on(&source.node_id, source.server(id), session_id, None, timeout_ms, true)
             .await
             .map_err(|error| error.to_string())?;
         let restore_started = Instant::now();
-        if let Err(error) = self.restore_on(&target.node_id, id, target.gpu, &snapshot.dir, &snapshot.info.name).await {
+        if let Err(error) = self.restore_on(&target.node_id, target.server(id), &snapshot.dir, &snapshot.info.name).await {
             // The target cannot take it: the app goes on at the source until the file carries it.
-            if let Err(release) = self.release_on(&source.node_id, id, source.gpu, session_id, None).await {
+            if let Err(release) = self.release_on(&source.node_id, source.server(id), session_id, None).await {
                 return Err(format!("{error}; and the paused session could not be released: {release}"));
             }
             return Err(error.to_string());
@@ -414,10 +446,10 @@ impl<S: Store> Cluster<S> {
     /// an app nobody could release resumes by itself within ten minutes, and a target server
     /// left running is stopped at its node's next report.
     async fn roll_back_move(&self, id: &str, pending: &PendingMove) {
-        match self.sessions_on(&pending.from_node, id, pending.from_gpu).await {
+        match self.sessions_on(&pending.from_node, source_server(id, pending)).await {
             Ok(sessions) => {
                 for session in sessions {
-                    if let Err(error) = self.release_on(&pending.from_node, id, pending.from_gpu, session.session_id, None).await {
+                    if let Err(error) = self.release_on(&pending.from_node, source_server(id, pending), session.session_id, None).await {
                         tracing::warn!(allocation = id, session = session.session_id, %error, "a paused app could not be released; it resumes by itself within ten minutes");
                     }
                 }
@@ -426,7 +458,7 @@ impl<S: Store> Cluster<S> {
                 tracing::warn!(allocation = id, node = %pending.from_node, %error, "the source's sessions could not be listed; paused apps resume by themselves within ten minutes");
             }
         }
-        self.stop_on_node(&pending.to_node, id, Some(pending.to_gpu)).await;
+        self.stop_server_on_node(&pending.to_node, target_server(id, pending)).await;
         if let Err(error) = self.discard_on(&pending.from_node, id).await {
             tracing::warn!(allocation = id, node = %pending.from_node, %error, "the move's snapshots were not removed");
         }
@@ -479,8 +511,10 @@ impl<S: Store> Cluster<S> {
         let mut moved = Vec::new();
         let mut left_behind = Vec::new();
         if source_up {
-            let (source, target) =
-                (self.node_end(&pending.from_node, pending.from_gpu).await?, self.node_end(&pending.to_node, pending.to_gpu).await?);
+            let (source, target) = (
+                self.node_end(&pending.from_node, pending.from_gpu, &pending.from_extra_gpus).await?,
+                self.node_end(&pending.to_node, pending.to_gpu, &pending.to_extra_gpus).await?,
+            );
             let addresses = self.model.lock().await.allocations.get(id).map(|allocation| allocation.addresses.clone()).unwrap_or_default();
             let address_for = |session: &SessionStatus| {
                 let same_host = !session.client.boot_id.is_empty() && session.client.boot_id == target.boot_id;
@@ -491,7 +525,7 @@ impl<S: Store> Cluster<S> {
                     copied.iter().map(|copy| copy.session.clone()).collect(),
                     copied.into_iter().map(|copy| (copy.session.session_id, copy)).collect(),
                 ),
-                None => match self.sessions_on(&source.node_id, id, source.gpu).await {
+                None => match self.sessions_on(&source.node_id, source.server(id)).await {
                     Ok(sessions) => (sessions, BTreeMap::new()),
                     Err(error @ ControlError::NodeUnreachable { .. }) => return Err(error),
                     // The source's server is gone already (stopped before the crash, or exited):
@@ -505,7 +539,7 @@ impl<S: Store> Cluster<S> {
             let mut released = BTreeSet::new();
             for session in sessions {
                 let to = address_for(&session);
-                match self.release_on(&source.node_id, id, source.gpu, session.session_id, Some(to.clone())).await {
+                match self.release_on(&source.node_id, source.server(id), session.session_id, Some(to.clone())).await {
                     Ok(()) => {
                         released.insert(session.session_id);
                         moved.extend(copies.remove(&session.session_id).map(|copy| copy.sent_to(to)));
@@ -532,7 +566,7 @@ impl<S: Store> Cluster<S> {
                 let session_id = session.session_id;
                 let to = address_for(&session);
                 match self.copy_session(id, session, &source, &target, STRAGGLER_PAUSE_MS).await {
-                    Ok(copy) => match self.release_on(&source.node_id, id, source.gpu, session_id, Some(to.clone())).await {
+                    Ok(copy) => match self.release_on(&source.node_id, source.server(id), session_id, Some(to.clone())).await {
                         Ok(()) => {
                             released_again.insert(session_id);
                             moved.push(copy.sent_to(to));
@@ -540,7 +574,7 @@ impl<S: Store> Cluster<S> {
                         Err(error) => left_behind.push(format!("session {session_id} could not be released to {to}: {error}")),
                     },
                     Err(reason) => {
-                        let _ = self.release_on(&source.node_id, id, source.gpu, session_id, None).await;
+                        let _ = self.release_on(&source.node_id, source.server(id), session_id, None).await;
                         left_behind.push(reason);
                     }
                 }
@@ -550,7 +584,7 @@ impl<S: Store> Cluster<S> {
             }
             self.wait_for_departures(&source, id, &released_again).await;
         }
-        self.stop_on_node(&pending.from_node, id, Some(pending.from_gpu)).await;
+        self.stop_server_on_node(&pending.from_node, source_server(id, pending)).await;
         let mut model = self.model.lock().await;
         if let Some(mut allocation) = model.allocations.get(id).cloned() {
             allocation.pending_move = None;
@@ -566,7 +600,7 @@ impl<S: Store> Cluster<S> {
     async fn wait_for_departures(&self, end: &NodeEnd, id: &str, leaving: &BTreeSet<u64>) -> Vec<SessionStatus> {
         let (node_id, deadline) = (end.node_id.as_str(), Instant::now() + DEPARTURE_TIMEOUT);
         loop {
-            let sessions = match self.sessions_on(node_id, id, end.gpu).await {
+            let sessions = match self.sessions_on(node_id, end.server(id)).await {
                 Ok(sessions) => sessions,
                 Err(error) => {
                     tracing::warn!(allocation = id, node = node_id, %error, "the source's sessions could not be listed");
@@ -625,7 +659,7 @@ impl<S: Store> Cluster<S> {
             }
             (allocation.node_id.clone(), allocation.gpu)
         };
-        let sessions = self.sessions_on(&node_id, &id, gpu).await?;
+        let sessions = self.sessions_on(&node_id, ServerRef::new(&id, Some(gpu))).await?;
         let decision = match after {
             AfterCheckpoint::Resume => None,
             // Empty: the app reconnects to its server's address and waits for its snapshot there.
@@ -640,7 +674,7 @@ impl<S: Store> Cluster<S> {
                     .await
                     .map_err(|error| error.to_string())?;
                 cluster
-                    .release_on(node_id, id, gpu, session.session_id, decision)
+                    .release_on(node_id, ServerRef::new(id, Some(gpu)), session.session_id, decision)
                     .await
                     .map_err(|error| format!("checkpointed as {} but still paused: {error}", snapshot.info.name))?;
                 Ok::<_, String>(snapshot.info)

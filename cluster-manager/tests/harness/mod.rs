@@ -583,7 +583,13 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let allocations = self.allocations();
-            let servers: BTreeSet<(u32, String)> = self.rpc_servers().into_iter().collect();
+            // By allocation id: a server started beside another of its allocation on the node (a
+            // move there) keeps its name `ID~gpuN` after the other stops.
+            let servers: BTreeSet<(u32, String)> = self
+                .rpc_servers()
+                .into_iter()
+                .map(|(pid, name)| (pid, name.split_once('~').map_or(name.as_str(), |(id, _)| id).to_string()))
+                .collect();
             // Each allocation's server, and a spread allocation's on its further nodes.
             let owned: BTreeSet<(u32, String)> = allocations
                 .iter()

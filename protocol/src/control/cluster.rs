@@ -348,6 +348,9 @@ pub struct MoveReport {
     pub allocation: AllocationRecord,
     pub from_node: String,
     pub from_gpu: u32,
+    /// The GPUs the source's server served after `from_gpu` (an allocation of several GPUs).
+    #[serde(default)]
+    pub from_extra_gpus: Vec<u32>,
     pub sessions: Vec<MovedSession>,
     /// Sessions opened on the source while the move ran that could not follow (with why):
     /// they ended with the source's server.
@@ -658,6 +661,17 @@ pub trait ClusterAdmin {
     /// to as many GPUs of another node, `to_gpu` first): same id, size and tokens.
     /// Each app is paused for at most `timeout_ms` waiting for its next CUDA call.
     async fn migrate(target: String, to_node: String, to_gpu: Option<u32>, timeout_ms: u64) -> Result<MoveReport, ControlError>;
+    /// Moves one GPU of a running allocation of several GPUs (by allocation id or VM ip): its
+    /// GPU at `index` is replaced by GPU `to_gpu` of node `to_node` (its own node; `None`: the
+    /// one placement picks there), the others kept at their indices; its apps move with it
+    /// to a new server of that set (see `docs/design/multi-gpu.md`, "Moves").
+    async fn migrate_one_gpu(
+        target: String,
+        index: u32,
+        to_node: String,
+        to_gpu: Option<u32>,
+        timeout_ms: u64,
+    ) -> Result<MoveReport, ControlError>;
     /// Checkpoints every session of a running allocation into folder `dir` on its node, then
     /// lets the apps go on or stops their sessions.
     async fn checkpoint(target: String, dir: String, timeout_ms: u64, after: AfterCheckpoint) -> Result<CheckpointReport, ControlError>;

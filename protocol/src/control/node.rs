@@ -36,19 +36,32 @@ pub struct ServerSpec {
 pub struct ServerRef {
     pub allocation_id: String,
     pub gpu: Option<u32>,
+    /// The GPUs it serves after `gpu`, when they tell it apart: a move of one GPU of an
+    /// allocation runs a second server on the node with the same first GPU.
+    #[serde(default)]
+    pub extra_gpus: Option<Vec<u32>>,
 }
 
 impl ServerRef {
     pub fn new(allocation_id: &str, gpu: Option<u32>) -> Self {
-        Self { allocation_id: allocation_id.to_string(), gpu }
+        Self { allocation_id: allocation_id.to_string(), gpu, extra_gpus: None }
+    }
+
+    /// The server of exactly GPUs `gpu` then `extra_gpus`.
+    pub fn of_set(allocation_id: &str, gpu: u32, extra_gpus: &[u32]) -> Self {
+        Self { allocation_id: allocation_id.to_string(), gpu: Some(gpu), extra_gpus: Some(extra_gpus.to_vec()) }
     }
 }
 
 impl std::fmt::Display for ServerRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.gpu {
-            Some(gpu) => write!(f, "{} (GPU {gpu})", self.allocation_id),
-            None => f.write_str(&self.allocation_id),
+        match (self.gpu, &self.extra_gpus) {
+            (Some(gpu), Some(extra)) if !extra.is_empty() => {
+                let rest: Vec<String> = extra.iter().map(u32::to_string).collect();
+                write!(f, "{} (GPUs {gpu},{})", self.allocation_id, rest.join(","))
+            }
+            (Some(gpu), _) => write!(f, "{} (GPU {gpu})", self.allocation_id),
+            (None, _) => f.write_str(&self.allocation_id),
         }
     }
 }
