@@ -389,24 +389,7 @@ PartitionName=debug Nodes=flytnode Default=YES MaxTime=INFINITE State=UP
 
         // Flyt's library folder and the app, in a folder the jobs run in.
         let dir = cluster.path("slurm");
-        let lib = dir.join("lib");
-        fs::create_dir_all(&lib).unwrap();
-        for (built, name) in
-            [("libcudart.so", "libcudart.so.13"), ("libflyt_libcuda.so", "libcuda.so.1"), ("libflyt_nvml_lib.so", "libnvidia-ml.so.1")]
-        {
-            std::os::unix::fs::symlink(artifact(built), lib.join(name)).unwrap();
-        }
-        let app = dir.join("app");
-        let status = Command::new("cc")
-            .arg("-O1")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/app.c"))
-            .arg("-o")
-            .arg(&app)
-            .arg(format!("-L{}", lib.display()))
-            .arg("-l:libcuda.so.1")
-            .status()
-            .unwrap();
-        assert!(status.success(), "cc app.c failed");
+        let (lib, app) = crate::harness::flyt_lib_and_app(&dir, &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/app.c"));
         let slurm = Slurm::start(&dir, &lib, &job_socket);
         let app = app.display().to_string();
 

@@ -52,7 +52,7 @@ mod tests {
         },
         plugin::unix_channel,
     };
-    use flyt_test_support::{artifact, run_with_timeout};
+    use flyt_test_support::run_with_timeout;
     use tokio::{
         net::UnixListener,
         runtime::Runtime,
@@ -290,24 +290,8 @@ mod tests {
                     ("FLYT_CLIENT_MANAGER_JOB_UIDS", format!("[{uid}]")),
                 ],
             );
-            let lib = cluster.path("lib");
-            fs::create_dir_all(&lib).unwrap();
-            for (built, name) in
-                [("libcudart.so", "libcudart.so.13"), ("libflyt_libcuda.so", "libcuda.so.1"), ("libflyt_nvml_lib.so", "libnvidia-ml.so.1")]
-            {
-                std::os::unix::fs::symlink(artifact(built), lib.join(name)).unwrap();
-            }
-            let app = cluster.path("app");
-            let status = Command::new("cc")
-                .arg("-O1")
-                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster-manager/tests/slurm/app.c"))
-                .arg("-o")
-                .arg(&app)
-                .arg(format!("-L{}", lib.display()))
-                .arg("-l:libcuda.so.1")
-                .status()
-                .unwrap();
-            assert!(status.success(), "cc app.c failed");
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster-manager/tests/slurm/app.c");
+            let (lib, app) = crate::harness::flyt_lib_and_app(&cluster.path("k8s"), &source);
             let plugins = cluster.path("device-plugins");
             let kubelet = TestKubelet::start(runtime, &plugins);
             let pods = TestPodResources::default();

@@ -57,6 +57,31 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Flyt's library folder at `dir/lib` (links to the libraries this build made) and the C
+/// program `source` built against it as `dir/app`: what a scheduler's job runs through Flyt.
+#[allow(dead_code, reason = "the scheduler tests use it (slurm, and the device plugin's kubelet), the cluster test does not")]
+pub fn flyt_lib_and_app(dir: &Path, source: &Path) -> (PathBuf, PathBuf) {
+    let lib = dir.join("lib");
+    fs::create_dir_all(&lib).unwrap();
+    for (built, name) in
+        [("libcudart.so", "libcudart.so.13"), ("libflyt_libcuda.so", "libcuda.so.1"), ("libflyt_nvml_lib.so", "libnvidia-ml.so.1")]
+    {
+        std::os::unix::fs::symlink(flyt_test_support::artifact(built), lib.join(name)).unwrap();
+    }
+    let app = dir.join("app");
+    let status = Command::new("cc")
+        .arg("-O1")
+        .arg(source)
+        .arg("-o")
+        .arg(&app)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-l:libcuda.so.1")
+        .status()
+        .unwrap();
+    assert!(status.success(), "cc {} failed", source.display());
+    (lib, app)
+}
+
 pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
     loop {
