@@ -736,7 +736,12 @@ fn a_stopped_server_is_an_error_within_the_reply_timeout() {
         let mut line = String::new();
         out.read_line(&mut line).expect("ready");
         assert_eq!(line.trim(), "ready", "FLYT_SHM={shm}: {}", server.log_text());
-        // The session's worker: the pid the listener logged for the session that just opened.
+        // The session's worker: the pid the listener logged for the session that just opened (the
+        // line may reach the log file a moment after the app's first reply).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while server.log_text().lines().filter(|l| l.contains("opened:")).count() <= opened && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let log = server.log_text();
         let opening = log.lines().filter(|l| l.contains("opened:")).nth(opened).expect("the session's log line").to_string();
         let worker: i32 =
