@@ -572,10 +572,8 @@ impl Model {
         Ok(())
     }
 
-    /// Checks that `allocation` can move to node `to_node`: GPU `to_gpu` there, or the GPU
-    /// placement would pick (the fullest that holds the slice). Returns that GPU and the
-    /// slice's MPS percentage on it (the same SMs of another GPU).
-    pub fn check_move(&self, allocation: &AllocationRecord, to_node: &str, to_gpu: Option<u32>) -> Result<(u32, u32), ControlError> {
+    /// Node `to_node`, if a move may go there: known, up and not drained.
+    fn movable_to(&self, to_node: &str) -> Result<&NodeEntry, ControlError> {
         let node = self.nodes.get(to_node).ok_or_else(|| ControlError::UnknownNode(to_node.to_string()))?;
         if node.record.health != NodeHealth::Up {
             return Err(ControlError::NodeUnreachable {
@@ -586,6 +584,14 @@ impl Model {
         if node.record.drained {
             return Err(ControlError::Invalid(format!("node {to_node} is drained and takes no allocation (`flytctl undrain {to_node}`)")));
         }
+        Ok(node)
+    }
+
+    /// Checks that `allocation` can move to node `to_node`: GPU `to_gpu` there, or the GPU
+    /// placement would pick (the fullest that holds the slice). Returns that GPU and the
+    /// slice's MPS percentage on it (the same SMs of another GPU).
+    pub fn check_move(&self, allocation: &AllocationRecord, to_node: &str, to_gpu: Option<u32>) -> Result<(u32, u32), ControlError> {
+        let node = self.movable_to(to_node)?;
         if let Some(index) = to_gpu
             && !node.gpus.iter().any(|gpu| gpu.index == index)
         {
@@ -638,17 +644,8 @@ impl Model {
         to_node: &str,
         to_gpu: Option<u32>,
     ) -> Result<(Vec<u32>, u32), ControlError> {
-        let node = self.nodes.get(to_node).ok_or_else(|| ControlError::UnknownNode(to_node.to_string()))?;
+        let node = self.movable_to(to_node)?;
         let count = allocation.extra_gpus.len() + 1;
-        if node.record.health != NodeHealth::Up {
-            return Err(ControlError::NodeUnreachable {
-                node: to_node.to_string(),
-                reason: "it is marked down (its node manager sends no heartbeat)".into(),
-            });
-        }
-        if node.record.drained {
-            return Err(ControlError::Invalid(format!("node {to_node} is drained and takes no allocation (`flytctl undrain {to_node}`)")));
-        }
         if allocation.node_id == to_node {
             return Err(ControlError::Invalid(format!(
                 "allocation {} has {count} GPUs on {to_node}: an allocation of several GPUs moves to another node only (its old and new GPUs would overlap)",
@@ -723,16 +720,7 @@ impl Model {
                 allocation.node_id, allocation.vm_ip
             )));
         }
-        let node = self.nodes.get(to_node).ok_or_else(|| ControlError::UnknownNode(to_node.to_string()))?;
-        if node.record.health != NodeHealth::Up {
-            return Err(ControlError::NodeUnreachable {
-                node: to_node.to_string(),
-                reason: "it is marked down (its node manager sends no heartbeat)".into(),
-            });
-        }
-        if node.record.drained {
-            return Err(ControlError::Invalid(format!("node {to_node} is drained and takes no allocation (`flytctl undrain {to_node}`)")));
-        }
+        let node = self.movable_to(to_node)?;
         if let Some(gpu) = to_gpu {
             if !node.gpus.iter().any(|known| known.index == gpu) {
                 return Err(ControlError::Invalid(format!("node {to_node} has no GPU {gpu}")));
