@@ -1118,8 +1118,7 @@ mod tests {
         let lens = [3 * MIB, MIB + (12 << 10)];
         let total: u64 = lens.iter().sum();
         let device = Arc::new(EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }));
-        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
-        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 3).unwrap());
+        let (_listener_page, budget) = tenant_page(3);
         budget.paging_words()[CAPACITY].store(8 * MIB, Ordering::Release);
         let (ours, _listener) = std::os::unix::net::UnixDatagram::pair().unwrap();
         let (app, _app_end) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -1205,8 +1204,7 @@ mod tests {
         let lens = [MIB, 3 * MIB];
         let total: u64 = lens.iter().sum();
         let device = Arc::new(EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }));
-        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
-        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 4).unwrap());
+        let (_listener_page, budget) = tenant_page(4);
         // Residency allows more than the device holds: something else takes its memory meanwhile.
         budget.paging_words()[CAPACITY].store(16 * MIB, Ordering::Release);
         Residency::new(budget.paging_words(), 0).set_pinned_limit(8 * MIB);
@@ -1253,6 +1251,12 @@ mod tests {
         assert!(!pager.residency().view().paged);
     }
 
+    /// A tenant page without a limit (the listener's view, kept alive) and worker slot `slot`'s.
+    fn tenant_page(slot: usize) -> (SharedBudget, Arc<SharedBudget>) {
+        let (fd, listener_page) = SharedBudget::create(None).unwrap();
+        (listener_page, Arc::new(SharedBudget::map(&std::fs::File::from(fd), slot).unwrap()))
+    }
+
     fn pager_of_slot(budget: &Arc<SharedBudget>, wait: Duration) -> (Arc<Pager>, std::os::unix::net::UnixDatagram) {
         let (ours, listener) = std::os::unix::net::UnixDatagram::pair().unwrap();
         listener.set_nonblocking(true).unwrap();
@@ -1265,8 +1269,7 @@ mod tests {
     /// freed them, and fails after the wait when none does.
     #[test]
     fn making_room_asks_for_a_page_out_the_count_did_not_call_for() {
-        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
-        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 5).unwrap());
+        let (_listener_page, budget) = tenant_page(5);
         let words = budget.paging_words();
         words[CAPACITY].store(1000, Ordering::Release);
         let other = Residency::new(words, 6);
@@ -1301,8 +1304,7 @@ mod tests {
     /// with none progressing, and after `MOST_WAITS` waits in all when progress frees nothing.
     #[test]
     fn a_claim_waits_while_page_outs_progress_and_no_longer() {
-        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
-        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 5).unwrap());
+        let (_listener_page, budget) = tenant_page(5);
         let words = budget.paging_words();
         words[CAPACITY].store(100, Ordering::Release);
         let other = Residency::new(words, 6);
@@ -1361,8 +1363,7 @@ mod tests {
         let lens = [3 * MIB, MIB + (12 << 10)];
         let total: u64 = lens.iter().sum();
         let device = Arc::new(EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }));
-        let (fd, _listener_page) = SharedBudget::create(None).unwrap();
-        let budget = Arc::new(SharedBudget::map(&std::fs::File::from(fd), 7).unwrap());
+        let (_listener_page, budget) = tenant_page(7);
         budget.paging_words()[CAPACITY].store(8 * MIB, Ordering::Release);
         Residency::new(budget.paging_words(), 0).set_pinned_limit(16 * MIB);
         let (pager, _listener) = pager_of_slot(&budget, Duration::from_millis(100));
