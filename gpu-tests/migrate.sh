@@ -95,7 +95,7 @@ start_server() { # NAME [extra args] -> sets SRV_PID; listens on unix:$W/NAME.so
     local name=$1 gpu=$GPU_A; shift
     [ "$name" = b ] && gpu=$GPU_B
     rm -f "$W/$name.sock" "$W/$name.ctl"
-    FLYT_LOG=info "$DIST/bin/flyt-rpc-server" --device "${FLYT_MIGRATE_DEVICE:-cuda}" --gpu "$gpu" --listen "unix:$W/$name.sock" --listen 127.0.0.1:0 \
+    FLYT_LOG=${FLYT_SERVER_LOG:-info} "$DIST/bin/flyt-rpc-server" --device "${FLYT_MIGRATE_DEVICE:-cuda}" --gpu "$gpu" --listen "unix:$W/$name.sock" --listen 127.0.0.1:0 \
         --cluster-key-file "$W/key" --control "unix:$W/$name.ctl" "$@" >"$W/$name.ready" 2>>"$OUT/$name.log" &
     SRV_PID=$!
     for _ in $(seq 200); do grep -q listening "$W/$name.ready" 2>/dev/null && break; sleep 0.1; done
@@ -138,10 +138,11 @@ move_around() { # LOG [ODD-COPY]: MOVES moves of the one session between servers
 }
 median_of() { printf '%s\n' "$@" | tr -d f | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "-"}'; }
 same_output() { # NATIVE FLYT: the same lines but the pointer lines, and pointers equal start to end
+    # (the "after the gate" line is the gated run's own: the native run has no gate)
     local p1 p2
     p1=$(grep '^pointers' "$2" | head -1); p2=$(grep '^pointers' "$2" | tail -1)
     [ -n "$p1" ] && [ "$p1" = "$p2" ] || return 1
-    cmp -s <(grep -v '^pointers' "$1") <(grep -v '^pointers' "$2")
+    cmp -s <(grep -v '^pointers\|^after the gate' "$1") <(grep -v '^pointers\|^after the gate' "$2")
 }
 ROUNDS=200
 
@@ -185,6 +186,8 @@ moved_row() { # NAME LABEL PROGRAM [ARGS...]: PROGRAM ARGS ROUNDS 5 natively, th
     touch "$gate"
     wait $APP; rc=$?
     same=no; same_output "$OUT/$name-native.out" "$OUT/$name.out" && same=yes
+    # A program that says where it stands after the gate must stand where it stood before.
+    [ -n "${AFTER_GATE:-}" ] && ! grep -qx "$AFTER_GATE" "$OUT/$name.out" && same=no
     if [ $rc = 0 ] && [ $moved = "$MOVES" ] && [ $same = yes ]; then r=PASS; else r=FAIL; fi
     row "$label: $MOVES moves" $r "moved $moved, refused $refused, output, pointers and handles as native: $same, exit $rc, move total median $(median_of "${pauses[@]}") ms (${pauses[*]})"
     kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
@@ -200,7 +203,8 @@ if ! skipped two-gpus && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
     TWO_GPUS=${TWO_GPUS:-0,1}
     saved_gpus="$GPU_A $GPU_B"
     GPU_A=$TWO_GPUS GPU_B=$TWO_GPUS
-    moved_row two-gpus "migrate_two_gpus (session of GPUs $TWO_GPUS moved whole)" "$W/migrate_two_gpus"
+    AFTER_GATE="after the gate: current GPU 1, memory of GPU 0 and GPU 1" \
+        moved_row two-gpus "migrate_two_gpus (session of GPUs $TWO_GPUS moved whole)" "$W/migrate_two_gpus"
     read -r GPU_A GPU_B <<<"$saved_gpus"
 fi
 

@@ -261,6 +261,31 @@ struct LoadedModule<D: Device> {
     variables: Vec<(String, u64, u64)>,
 }
 
+/// `home` loaded again on the current device (`current`, another of the session's): the kernels
+/// its own device found, at the same indices, with the attributes the app set on them.
+fn load_elsewhere<D: Device>(device: &D, home: &LoadedModule<D>, current: usize) -> CudaResult<LoadedModule<D>> {
+    let module = device.load_module(&home.image)?;
+    let mut functions: Vec<CudaResult<Kernel<D>>> = (0..home.functions.len()).map(|_| Err(CudaError::INVALID_DEVICE_FUNCTION)).collect();
+    for (name, index) in &home.function_names {
+        let kernel = device.function(&module, name).and_then(|(function, params)| {
+            let attributes_set = home.functions.get(*index as usize).and_then(|k| k.as_ref().ok()).map(|k| k.attributes_set.clone());
+            for (attribute, value) in attributes_set.iter().flatten() {
+                device.func_set_attribute(function, *attribute, *value)?;
+            }
+            Ok(Kernel { attributes_set: attributes_set.unwrap_or_default(), ..Kernel::new(function, params) })
+        });
+        functions[*index as usize] = kernel;
+    }
+    Ok(LoadedModule {
+        module,
+        device: current,
+        image: home.image.clone(),
+        functions,
+        function_names: home.function_names.clone(),
+        variables: Vec::new(),
+    })
+}
+
 /// A kernel of a loaded module and its parameter layout.
 struct Kernel<D: Device> {
     function: D::Function,
@@ -629,28 +654,7 @@ impl<D: Device> Session<D> {
             return self.modules.get_mut(&id).ok_or(CudaError::INVALID_DEVICE_FUNCTION);
         }
         if !self.elsewhere.contains_key(&(id, current)) {
-            let module = self.device.load_module(&home.image)?;
-            let mut functions: Vec<CudaResult<Kernel<D>>> =
-                (0..home.functions.len()).map(|_| Err(CudaError::INVALID_DEVICE_FUNCTION)).collect();
-            for (name, index) in &home.function_names {
-                let kernel = self.device.function(&module, name).and_then(|(function, params)| {
-                    let attributes_set =
-                        home.functions.get(*index as usize).and_then(|k| k.as_ref().ok()).map(|k| k.attributes_set.clone());
-                    for (attribute, value) in attributes_set.iter().flatten() {
-                        self.device.func_set_attribute(function, *attribute, *value)?;
-                    }
-                    Ok(Kernel { attributes_set: attributes_set.unwrap_or_default(), ..Kernel::new(function, params) })
-                });
-                functions[*index as usize] = kernel;
-            }
-            let loaded = LoadedModule {
-                module,
-                device: current,
-                image: home.image.clone(),
-                functions,
-                function_names: home.function_names.clone(),
-                variables: Vec::new(),
-            };
+            let loaded = load_elsewhere(&*self.device, home, current)?;
             tracing::debug!(module = id, device = current, "module loaded on another device of the session");
             self.elsewhere.insert((id, current), loaded);
         }

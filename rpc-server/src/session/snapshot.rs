@@ -18,9 +18,13 @@
 //! pointers valid), the peer access it enabled enabled again, and the device current at the pause
 //! current again (the client's connection names it as the last `SetDevice` it sent).
 //!
-//! File: `FLYTSNP4`, the manifest's length (8 bytes, little-endian) and the manifest, then each
-//! allocation's bytes, each mapping's bytes and each module variable's bytes in manifest order,
-//! then the arrays' bytes (`ArraysState`).
+//! A module the app used on several GPUs is loaded on each: its variables there (one copy per
+//! GPU, each known to the app by its own address) are recorded and made again per device too.
+//!
+//! File: `FLYTSNP5`, the manifest's length (8 bytes, little-endian) and the manifest, then each
+//! allocation's bytes, each mapping's bytes and each module variable's bytes in manifest order
+//! (a module's own device first, then its loads elsewhere), then the arrays' bytes
+//! (`ArraysState`).
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -40,7 +44,7 @@ use crate::budget::MemoryBudget;
 use crate::memory::RangeKind;
 use crate::shm::Segment;
 
-const MAGIC: &[u8; 8] = b"FLYTSNP4";
+const MAGIC: &[u8; 8] = b"FLYTSNP5";
 /// Largest manifest read back (module images are in it).
 const MAX_MANIFEST: u64 = 4 << 30;
 /// `cudaEventInterprocess`.
@@ -110,6 +114,17 @@ struct ModuleState {
     functions: Vec<KernelState>,
     /// Variables the app asked for: name, address, size (their bytes follow in the file).
     variables: Vec<(String, u64, u64)>,
+    /// Its loads on the session's other devices: the device and the variables the app asked
+    /// for there (their bytes follow this module's own).
+    elsewhere: Vec<(u32, Vec<(String, u64, u64)>)>,
+}
+
+impl ModuleState {
+    /// Every variable with the device it lives on, in file order.
+    fn variables_by_device(&self) -> impl Iterator<Item = (u32, &(String, u64, u64))> {
+        let own = self.variables.iter().map(|variable| (self.device, variable));
+        own.chain(self.elsewhere.iter().flat_map(|(device, variables)| variables.iter().map(move |variable| (*device, variable))))
+    }
 }
 
 /// The session's shared-memory segment: the app offers the same one again when it reconnects,
@@ -281,7 +296,8 @@ fn receive_descriptors(path: &str, count: usize) -> Result<Vec<std::os::fd::Owne
 /// The device ranges whose bytes follow the manifest, in file order: allocations (unless handed
 /// over on the GPU), then each module's variables.
 fn manifest_ranges(manifest: &Manifest) -> Vec<(u64, u64)> {
-    let variables = manifest.modules.iter().flat_map(|module| module.variables.iter().map(|(_, address, size)| (*address, *size)));
+    let variables =
+        manifest.modules.iter().flat_map(|module| module.variables_by_device().map(|(_, (_, address, size))| (*address, *size)));
     // Allocations and mappings handed over on the GPU are not in the file.
     let moved = match manifest.handover {
         Some(_) => Vec::new(),
@@ -504,6 +520,8 @@ fn capability<D: Device>(device: &D) -> (i32, i32) {
 pub struct Restored<D: Device> {
     allocations: Vec<(u64, u64)>,
     modules: HashMap<u32, LoadedModule<D>>,
+    /// Modules' loads on the session's other devices that hold variables the app knows.
+    elsewhere: Vec<((u32, usize), LoadedModule<D>)>,
     streams: Vec<(u64, D::Stream, u32, i32)>,
     events: Vec<(u64, D::Event, u32)>,
     may_print: bool,
@@ -605,7 +623,7 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
         || manifest
             .modules
             .iter()
-            .map(|module| module.device)
+            .flat_map(|module| module.elsewhere.iter().map(|(device, _)| *device).chain([module.device]))
             .chain(manifest.allocation_devices.iter().copied())
             .any(|d| d >= manifest.devices)
         || manifest.streams.iter().map(|stream| stream.3).chain(manifest.events.iter().map(|event| event.2)).any(|d| d >= manifest.devices)
@@ -620,8 +638,9 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
         let held = manifest
             .modules
             .iter()
-            .filter(|module| module.device == index)
-            .flat_map(|module| module.variables.iter().map(|(_, address, size)| (*address, *size)));
+            .flat_map(|module| module.variables_by_device())
+            .filter(|(device, _)| *device == index)
+            .map(|(_, (_, address, size))| (*address, *size));
         let own = manifest.allocations.iter().zip(&manifest.allocation_devices).filter(|(_, d)| **d == index).map(|(range, _)| *range);
         let reserved: Vec<_> = own.chain(held).collect();
         let reservations = if index == 0 { manifest.vmm.reservations() } else { &[] };
@@ -637,6 +656,7 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
     let mut modules = HashMap::new();
     let mut moved_variables = Vec::new();
     let mut variables_here = Vec::new();
+    let mut elsewhere = Vec::new();
     for state in manifest.modules {
         select(state.device)?;
         let module = device.load_module(&state.image).map_err(|error| format!("module {} does not load here: {error}", state.id))?;
@@ -668,6 +688,23 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
             function_names,
             variables: state.variables,
         };
+        // Its loads on other devices, with the variables the app knows there.
+        for (index, variables) in state.elsewhere {
+            select(index)?;
+            let mut load = super::load_elsewhere(device, &loaded, index as usize)
+                .map_err(|error| format!("module {} does not load on GPU {index}: {error}", state.id))?;
+            for (name, address, size) in &variables {
+                let (here, here_size, _) =
+                    device.variable(&load.module, name).map_err(|error| format!("module variable {name}: {error}"))?;
+                if here_size != *size {
+                    return Err(format!("module variable {name} has {here_size} bytes here, not {size}"));
+                }
+                moved_variables.push((*address, *size, here));
+                variables_here.push((here, *size));
+            }
+            load.variables = variables;
+            elsewhere.push(((state.id, index as usize), load));
+        }
         modules.insert(state.id, loaded);
     }
     let ranges: Vec<_> = match &manifest.handover {
@@ -748,6 +785,7 @@ pub fn restore<D: Device>(device: &D, budget: &dyn MemoryBudget, path: &Path, ch
         owners,
         allocations: manifest.allocations,
         modules,
+        elsewhere,
         streams,
         events,
         may_print: manifest.may_print,
@@ -771,6 +809,12 @@ impl<D: Device> Session<D> {
                 self.ranges.insert(*address, *size, RangeKind::Variable);
             }
             self.modules.insert(id, loaded);
+        }
+        for (key, loaded) in restored.elsewhere {
+            for (_, address, size) in &loaded.variables {
+                self.ranges.insert(*address, *size, RangeKind::Variable);
+            }
+            self.elsewhere.insert(key, loaded);
         }
         for (id, stream, flags, priority) in restored.streams {
             self.streams.insert(id, stream);
@@ -900,7 +944,15 @@ impl<D: Device> Session<D> {
                 .collect();
             functions.sort_by_key(|(_, index, _)| *index);
             let device = loaded.device as u32;
-            modules.push(ModuleState { id, device, image: loaded.image.to_vec(), functions, variables: loaded.variables.clone() });
+            let mut elsewhere: Vec<_> = self
+                .elsewhere
+                .iter()
+                .filter(|((module, _), load)| *module == id && !load.variables.is_empty())
+                .map(|((_, index), load)| (*index as u32, load.variables.clone()))
+                .collect();
+            elsewhere.sort_unstable_by_key(|(index, _)| *index);
+            let variables = loaded.variables.clone();
+            modules.push(ModuleState { id, device, image: loaded.image.to_vec(), functions, variables, elsewhere });
         }
         let owner = |known: Option<&usize>| known.copied().unwrap_or(0) as u32;
         let mut streams: Vec<_> =
