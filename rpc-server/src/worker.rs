@@ -620,7 +620,10 @@ pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i3
         }
         BackendKind::Cuda | BackendKind::Auto => {
             let chunk = usize::try_from(args.copy_chunk).unwrap_or(4 << 20);
-            match CudaDevice::open(&args.gpu, args.staging_slots, chunk).and_then(|device| check_gpus(args, &device).map(|()| device)) {
+            let opened = CudaDevice::open(&args.gpu, args.staging_slots, chunk)
+                .map(|device| device.keep_allocation_addresses(args.paging.is_some()))
+                .and_then(|device| check_gpus(args, &device).map(|()| device));
+            match opened {
                 Ok(device) => serve(device, args, channel, budget, output),
                 Err(reason) => {
                     send_to_listener(&channel, &FromWorker::Failed { reason });

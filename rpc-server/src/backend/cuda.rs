@@ -428,8 +428,12 @@ pub struct CudaDevice {
     /// The generated driver table (`flyt-cuda-sys`), for what cudarc lacks.
     driver: &'static DriverTable,
     staging: Arc<StagingPool>,
-    /// Memory of a moved session, mapped at its old addresses.
+    /// Memory of a moved session, mapped at its old addresses, and (`keep_addresses`) the
+    /// session's own allocations.
     restored: std::sync::Mutex<super::cuda_restore::RestoredMemory>,
+    /// The server pages: `malloc` makes memory in addresses this worker holds, so a page-out
+    /// can release the memory and keep the addresses (`docs/design/paging.md`).
+    keep_addresses: bool,
 }
 
 // SAFETY: `context` is the device's primary context, which any thread may make current; the
@@ -473,6 +477,31 @@ impl CudaDevice {
     /// The session's device as a memory location.
     fn location(&self) -> sys::CUmemLocation {
         sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.gpu().device }
+    }
+
+    /// While the server pages: the session's allocations are made in addresses this worker holds
+    /// (`malloc`), which a page-out keeps and a page-in maps again.
+    pub fn keep_allocation_addresses(mut self, keep: bool) -> Self {
+        self.keep_addresses = keep;
+        self
+    }
+
+    /// Who may use memory of the current GPU mapped here: the GPU itself and every session GPU
+    /// with a peer path to it (as after `cuCtxEnablePeerAccess`: VMM mappings are not reached
+    /// through peer access, only through their access list).
+    fn access(&self) -> Vec<sys::CUmemAccessDesc> {
+        let read_write = |location| sys::CUmemAccessDesc { location, flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        let here = self.gpu().device;
+        let mut access = vec![read_write(self.location())];
+        for gpu in self.gpus.iter().filter(|gpu| gpu.device != here) {
+            let mut can: c_int = 0;
+            // SAFETY: valid out-pointer; both devices came from cuDeviceGet.
+            let code = unsafe { sys::cuDeviceCanAccessPeer(&mut can, gpu.device, here) };
+            if code == sys::CUresult::CUDA_SUCCESS && can == 1 {
+                access.push(read_write(sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: gpu.device }));
+            }
+        }
+        access
     }
 
     /// Properties of pinned memory on the session's device; `handle_types`: none or a POSIX file
@@ -532,7 +561,14 @@ impl CudaDevice {
             .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let contexts: Vec<sys::CUcontext> = gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
         let staging = StagingPool::new(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
-        Ok(Self { gpus, current: AtomicUsize::new(0), driver, staging: Arc::new(staging), restored: std::sync::Mutex::default() })
+        Ok(Self {
+            gpus,
+            current: AtomicUsize::new(0),
+            driver,
+            staging: Arc::new(staging),
+            restored: std::sync::Mutex::default(),
+            keep_addresses: false,
+        })
     }
 
     /// The current GPU.
@@ -723,6 +759,15 @@ impl Device for CudaDevice {
     }
 
     fn malloc(&self, size: u64) -> CudaResult<u64> {
+        if self.keep_addresses {
+            // Shareable as a descriptor, so a move on this GPU can hand the memory over.
+            let prop = self.allocation_prop(1)?;
+            let access = self.access();
+            let mut restored = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            return restored
+                .allocate(size, &prop, &access)
+                .map_err(|code| check(code.result()).err().unwrap_or(CudaError::MEMORY_ALLOCATION));
+        }
         let size = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         // SAFETY: a context is current on this thread (bound at start).
         unsafe { result::malloc_sync(size) }.map_err(driver_error)
@@ -808,7 +853,14 @@ impl Device for CudaDevice {
         // reservations of this worker's, where `page_in` maps new memory.
         let mut failed = Vec::new();
         for &(ptr, len) in allocations {
-            if let Err(error) = self.free(ptr) {
+            // Memory mapped here goes, its addresses staying held; the driver's own is freed.
+            let unmapped = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).unmap(ptr);
+            let released = match unmapped {
+                Some(code) => check(code.result()),
+                // SAFETY: `ptr` is the start of an allocation of this session (its range map).
+                None => check(unsafe { result::free_sync(ptr) }),
+            };
+            if let Err(error) = released {
                 failed.push(format!("releasing {len} bytes at {ptr:#x}: {error}"));
             }
         }
@@ -841,22 +893,11 @@ impl Device for CudaDevice {
     }
 
     fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String> {
-        // Shareable as a descriptor, so a later move on this GPU can hand the memory over.
+        // Shareable as a descriptor, so a later move on this GPU can hand the memory over. A
+        // session of several GPUs: every session GPU with a peer path may use it (peer access
+        // does not reach VMM mappings; the session enables it again where the app had).
         let prop = self.allocation_prop(1).map_err(|error| error.to_string())?;
-        let read_write = |location| sys::CUmemAccessDesc { location, flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-        // A session of several GPUs: the current GPU's memory is restored as VMM mappings, which
-        // peer access does not reach; every session GPU with a peer path to it may use it (as
-        // after `cuCtxEnablePeerAccess`, which the session enables again where the app had).
-        let here = self.gpu().device;
-        let mut access = vec![read_write(self.location())];
-        for gpu in self.gpus.iter().filter(|gpu| gpu.device != here) {
-            let mut can: c_int = 0;
-            // SAFETY: valid out-pointer; both devices came from cuDeviceGet.
-            let code = unsafe { sys::cuDeviceCanAccessPeer(&mut can, gpu.device, here) };
-            if code == sys::CUresult::CUDA_SUCCESS && can == 1 {
-                access.push(read_write(sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: gpu.device }));
-            }
-        }
+        let access = self.access();
         self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restore(allocations, reservations, &prop, &access)
     }
 
@@ -2313,6 +2354,14 @@ impl Device for CudaDevice {
     }
 
     fn ipc_mem_handle(&self, ptr: u64) -> CudaResult<[u8; 64]> {
+        if self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).span_of(ptr).is_some() {
+            // The driver has no legacy IPC handle for memory mapped through VMM.
+            tracing::warn!(
+                ptr = format_args!("{ptr:#x}"),
+                "no IPC handle for memory this server maps itself (a moved session's, or any while it pages)"
+            );
+            return Err(CudaError::NOT_SUPPORTED);
+        }
         let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: `ptr` lies in an allocation of the session (checked); valid out-pointer.
         check(unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr).result() })?;

@@ -1,4 +1,8 @@
-//! Device memory of a moved session, mapped back at the addresses its app holds.
+//! Device memory this worker maps itself, at addresses it holds: a moved session's, mapped back
+//! at the addresses its app holds, and, while the server pages (`--oversubscribe`), the
+//! session's own `cuMemAlloc` allocations, so a page-out releases only their physical memory and
+//! a page-in maps new memory at the same addresses (the driver's allocator keeps the addresses
+//! of memory `cuMemFree` returns, so freed addresses could not be held again).
 //!
 //! The source's allocations came from `cuMemAlloc`, which packs small ones into 2 MiB pages, so
 //! the allocations are grouped into page-aligned spans (each one physical allocation, mapped
@@ -38,6 +42,9 @@ pub(super) struct RestoredMemory {
     /// Reservations made here (start, end), held until the worker exits: a later restore (a
     /// paged-out session paged in, `docs/design/paging.md`) maps inside them again.
     held: Vec<(u64, u64)>,
+    /// The session's own allocations (`allocate`): start and length of the reservation each has
+    /// to itself, freed with it.
+    own: HashMap<u64, u64>,
 }
 
 /// The page of physical allocations made with `prop`.
@@ -51,6 +58,36 @@ fn granularity(prop: &sys::CUmemAllocationProp) -> Result<usize, String> {
         return Err(format!("cuMemGetAllocationGranularity: {code:?}"));
     }
     Ok(page)
+}
+
+/// New physical memory of `len` bytes mapped at `start` (inside a reservation, nothing mapped
+/// there) and made accessible as `access` says: its handle.
+fn map_new(
+    start: u64,
+    len: usize,
+    prop: &sys::CUmemAllocationProp,
+    access: &[sys::CUmemAccessDesc],
+) -> Result<sys::CUmemGenericAllocationHandle, sys::CUresult> {
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: valid out-pointer and a complete properties struct.
+    let code = unsafe { sys::cuMemCreate(&mut handle, len, prop, 0) };
+    if code != sys::CUresult::CUDA_SUCCESS {
+        return Err(code);
+    }
+    // SAFETY: the caller's `start..start + len` lies inside a reservation with nothing mapped
+    // there; the handle is `len` bytes. On failure the handle is released unmapped.
+    let code = unsafe {
+        let mut code = sys::cuMemMap(start, len, 0, handle, 0);
+        if code == sys::CUresult::CUDA_SUCCESS {
+            code = sys::cuMemSetAccess(start, len, access.as_ptr(), access.len());
+        }
+        if code != sys::CUresult::CUDA_SUCCESS {
+            sys::cuMemUnmap(start, len);
+            sys::cuMemRelease(handle);
+        }
+        code
+    };
+    if code == sys::CUresult::CUDA_SUCCESS { Ok(handle) } else { Err(code) }
 }
 
 /// Whether `start..end` lies inside one of the `held` reservations.
@@ -171,39 +208,38 @@ impl RestoredMemory {
         access: &[sys::CUmemAccessDesc],
     ) -> Result<(), String> {
         let page = granularity(prop)?;
-        let spans = spans(allocations, page as u64)?;
-        let everything: Vec<_> = allocations.iter().chain(reservations).copied().collect();
+        // The session's own allocations each in its own reservation (a mapping may not span
+        // two); the others in page-aligned spans.
+        let (own, others): (Vec<_>, Vec<_>) = allocations.iter().copied().partition(|(ptr, _)| self.own.contains_key(ptr));
+        let mut spans = spans(&others, page as u64)?;
+        spans.extend(own.iter().map(|&(ptr, _)| (ptr, ptr + self.own[&ptr])));
+        // Own allocations' addresses are held already, each in its own reservation.
+        let everything: Vec<_> = others.iter().chain(reservations).copied().collect();
         let held = &self.held;
         let unheld: Vec<_> =
             self::spans(&everything, page as u64)?.into_iter().filter(|&(start, end)| !covered(held, start, end)).collect();
         reserve_spans(&unheld, 0, &mut self.held)?;
         self.app_reservations.extend(reservations.iter().copied());
+        let mut made = Vec::with_capacity(spans.len());
         for (start, end) in spans {
             let len = (end - start) as usize;
-            let mut handle: sys::CUmemGenericAllocationHandle = 0;
-            // SAFETY: valid out-pointer and a complete properties struct.
-            let code = unsafe { sys::cuMemCreate(&mut handle, len, prop, 0) };
-            if code != sys::CUresult::CUDA_SUCCESS {
-                return Err(format!("{len} bytes of device memory for the restored allocations at {start:#x}: {code:?}"));
-            }
-            // SAFETY: `start..end` lies inside a reservation made above and nothing is mapped
-            // there; the handle is `len` bytes. On failure the handle is released unmapped.
-            let code = unsafe {
-                let mut code = sys::cuMemMap(start, len, 0, handle, 0);
-                if code == sys::CUresult::CUDA_SUCCESS {
-                    code = sys::cuMemSetAccess(start, len, access.as_ptr(), access.len());
+            match map_new(start, len, prop, access) {
+                Ok(handle) => made.push((start, Span { len: len as u64, handle, live: 0 })),
+                Err(code) => {
+                    // Nothing of this restore stays mapped: a later try (a page-in after room
+                    // is made) maps the same spans again.
+                    for (start, span) in made {
+                        // SAFETY: mapped just above and used by nothing yet.
+                        unsafe {
+                            sys::cuMemUnmap(start, span.len as usize);
+                            sys::cuMemRelease(span.handle);
+                        }
+                    }
+                    return Err(format!("{len} bytes of device memory mapped at {start:#x}: {code:?}"));
                 }
-                if code != sys::CUresult::CUDA_SUCCESS {
-                    sys::cuMemUnmap(start, len);
-                    sys::cuMemRelease(handle);
-                }
-                code
-            };
-            if code != sys::CUresult::CUDA_SUCCESS {
-                return Err(format!("mapping the restored memory at {start:#x}: {code:?}"));
             }
-            self.spans.insert(start, Span { len: len as u64, handle, live: 0 });
         }
+        self.spans.extend(made);
         for &(ptr, _) in allocations {
             let Some((&start, span)) = self.spans.range_mut(..=ptr).next_back() else {
                 return Err(format!("no span holds {ptr:#x}"));
@@ -236,9 +272,55 @@ impl RestoredMemory {
         self.spans.get(&start).map(|span| (start, span.len, span.handle))
     }
 
-    /// Frees a restored allocation; `None` when `ptr` is not one (the driver's `cuMemFree`
-    /// applies).
+    /// A new allocation of the session of `size` bytes in addresses reserved for it alone, mapped
+    /// and accessible as `access` says (paging: its physical memory can go and come back).
+    pub(super) fn allocate(
+        &mut self,
+        size: u64,
+        prop: &sys::CUmemAllocationProp,
+        access: &[sys::CUmemAccessDesc],
+    ) -> Result<u64, sys::CUresult> {
+        let page = granularity(prop).map_err(|_| sys::CUresult::CUDA_ERROR_INVALID_VALUE)? as u64;
+        let len = round_up(size.max(1), page).ok_or(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let mut start: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; no address hint.
+        let code = unsafe { sys::cuMemAddressReserve(&mut start, len as usize, page as usize, 0, 0) };
+        if code != sys::CUresult::CUDA_SUCCESS {
+            return Err(code);
+        }
+        let handle = match map_new(start, len as usize, prop, access) {
+            Ok(handle) => handle,
+            Err(code) => {
+                // SAFETY: the reservation made above, with nothing mapped in it.
+                unsafe { sys::cuMemAddressFree(start, len as usize) };
+                return Err(code);
+            }
+        };
+        self.spans.insert(start, Span { len, handle, live: 1 });
+        self.span_of.insert(start, start);
+        self.own.insert(start, len);
+        self.held.push((start, start + len));
+        Ok(start)
+    }
+
+    /// Frees an allocation mapped here (its own reservation too); `None` when `ptr` is not one
+    /// (the driver's `cuMemFree` applies).
     pub(super) fn free(&mut self, ptr: u64) -> Option<sys::CUresult> {
+        // An allocation of its own may be unmapped already (paged out).
+        let unmapped = self.unmap(ptr);
+        let Some(len) = self.own.remove(&ptr) else { return unmapped };
+        self.held.retain(|&(start, _)| start != ptr);
+        // SAFETY: the allocation's own reservation, nothing mapped in it any more.
+        let freed = unsafe { sys::cuMemAddressFree(ptr, len as usize) };
+        Some(match unmapped {
+            Some(code) if code != sys::CUresult::CUDA_SUCCESS => code,
+            _ => freed,
+        })
+    }
+
+    /// Releases the physical memory under an allocation mapped here, its addresses staying held
+    /// (a page-out: `restore` maps new memory there); `None` when `ptr` is not one.
+    pub(super) fn unmap(&mut self, ptr: u64) -> Option<sys::CUresult> {
         let start = self.span_of.remove(&ptr)?;
         let span = self.spans.get_mut(&start)?;
         span.live -= 1;
@@ -246,9 +328,9 @@ impl RestoredMemory {
             return Some(sys::CUresult::CUDA_SUCCESS);
         }
         let span = self.spans.remove(&start)?;
-        // SAFETY: the span was mapped by `restore` and no allocation in it is alive; the
-        // session freed the last one, so no queued work of the app uses it (cuMemFree
-        // semantics: the caller synchronized).
+        // SAFETY: the span was mapped by `restore` or `allocate` and no allocation in it is
+        // alive: the session freed the last one (cuMemFree semantics: the caller synchronized)
+        // or it is paged out (after a synchronize), so no queued work uses it.
         unsafe {
             sys::cuCtxSynchronize();
             let code = sys::cuMemUnmap(start, span.len as usize);

@@ -105,6 +105,9 @@ impl Owners {
 /// A kernel by name: its index and the attributes the app set.
 type KernelState = (String, u32, Vec<(u32, i32)>);
 
+/// A module variable the app asked for: name, address, size.
+type VariableState = (String, u64, u64);
+
 #[derive(Serialize, Deserialize)]
 struct ModuleState {
     id: u32,
@@ -112,16 +115,16 @@ struct ModuleState {
     device: u32,
     image: Vec<u8>,
     functions: Vec<KernelState>,
-    /// Variables the app asked for: name, address, size (their bytes follow in the file).
-    variables: Vec<(String, u64, u64)>,
+    /// Variables the app asked for (their bytes follow in the file).
+    variables: Vec<VariableState>,
     /// Its loads on the session's other devices: the device and the variables the app asked
     /// for there (their bytes follow this module's own).
-    elsewhere: Vec<(u32, Vec<(String, u64, u64)>)>,
+    elsewhere: Vec<(u32, Vec<VariableState>)>,
 }
 
 impl ModuleState {
     /// Every variable with the device it lives on, in file order.
-    fn variables_by_device(&self) -> impl Iterator<Item = (u32, &(String, u64, u64))> {
+    fn variables_by_device(&self) -> impl Iterator<Item = (u32, &VariableState)> {
         let own = self.variables.iter().map(|variable| (self.device, variable));
         own.chain(self.elsewhere.iter().flat_map(|(device, variables)| variables.iter().map(move |variable| (*device, variable))))
     }
