@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Issue 48 on a GPU machine without Slurm: `srun --flyt-gpus=1` runs a PyTorch job through Flyt,
+# the GPU hidden from the job. From Debian's Slurm and munge packed by tools/slurm-bundle
+# (--slurm: the unpacked folder) and Flyt's release build (--dist), all under one temp folder:
+#   1. the job alone, natively (gpu-tests/frameworks/slurm_torch.py, deterministic);
+#   2. a Flyt cluster: cluster manager (embedded store), a node manager serving GPU 0 (its own
+#      rpc-server, outside the hiding), the node's client manager with its job socket;
+#   3. munged, slurmctld and slurmd (slurmd and so its jobs in a mount namespace where the GPU's
+#      device nodes and the driver's libraries are hidden: gpu-tests/tools/hide_gpu.c), Flyt's
+#      SPANK plugin in plugstack.conf, `flytctl slurm sync` for the licenses;
+#   4. `srun --flyt-gpus=1 PYTHON slurm_torch.py`: its stdout must be the native run's, the
+#      libcuda it mapped Flyt's only, no GPU device node usable, the job's AdminComment naming its
+#      allocation, and the allocation gone within 10 s of the job's end.
+# With --device emulated (no GPU, no PyTorch: a machine like CI's), --app runs instead of the
+# Python job (e.g. cluster-manager/tests/slurm/app.c built against dist/lib) and its output
+# must contain --expect.
+#   gpu-tests/slurm-torch.sh --dist DIR --slurm DIR --out DIR [--python P] [--device cuda|emulated]
+#                            [--app 'CMD ARGS'] [--expect TEXT] [--timeout S]
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DIST= SLURM= OUT= PYTHON=/opt/torch/.venv/bin/python3 DEVICE=cuda APP= EXPECT= LIMIT=300
+while [ $# -gt 0 ]; do
+    case $1 in
+        --dist) DIST=$2; shift 2 ;;
+        --slurm) SLURM=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --python) PYTHON=$2; shift 2 ;;
+        --device) DEVICE=$2; shift 2 ;;
+        --app) APP=$2; shift 2 ;;
+        --expect) EXPECT=$2; shift 2 ;;
+        --timeout) LIMIT=$2; shift 2 ;;
+        *) sed -n '2,19p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+    esac
+done
+[ -n "$DIST" ] && [ -n "$SLURM" ] && [ -n "$OUT" ] || { sed -n '2,19p' "${BASH_SOURCE[0]}" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "slurm-torch: needs root (Slurm's daemons launch the jobs)" >&2; exit 2; }
+DIST=$(cd "$DIST" && pwd) SLURM=$(cd "$SLURM" && pwd)
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+[ -n "$APP" ] || APP="$PYTHON $here/frameworks/slurm_torch.py"
+TMP=$(mktemp -d /tmp/flyt-slurm-torch.XXXXXX)
+chmod 755 "$TMP"
+daemons=()
+fail() { echo "slurm-torch: $*" >&2; exit 1; }
+# Slurm from the bundle: the libraries it brings that this machine lacks (what it has stays its
+# own, also in the jobs, which inherit srun's library path), and its plugins' folder.
+mkdir -p "$TMP/slurm-lib"
+for lib in "$SLURM"/lib/*; do
+    ldconfig -p | grep -q "^[[:space:]]$(basename "$lib") " || ln -s "$lib" "$TMP/slurm-lib/"
+done
+export SLURM_CONF=$TMP/slurm.conf
+slurm() { LD_LIBRARY_PATH="$TMP/slurm-lib:$SLURM/slurm-wlm" "$@"; }
+cleanup() {
+    slurm "$SLURM/bin/scancel" --full --user=root >/dev/null 2>&1
+    for ((i = ${#daemons[@]} - 1; i >= 0; i--)); do
+        kill -TERM "${daemons[i]}" 2>/dev/null
+        for _ in $(seq 100); do kill -0 "${daemons[i]}" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "${daemons[i]}" 2>/dev/null
+    done
+    wait 2>/dev/null
+    cp "$TMP"/log/* "$OUT/" 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+# start NAME COMMAND...: a Flyt daemon; its ready line (the first of its stdout) in LINE.
+start() {
+    local name=$1
+    shift
+    "$@" >"$TMP/$name.out" 2>"$OUT/$name.log" &
+    daemons+=($!)
+    LINE=
+    for _ in $(seq 600); do
+        [ -s "$TMP/$name.out" ] && { LINE=$(head -n 1 "$TMP/$name.out"); break; }
+        kill -0 "${daemons[-1]}" 2>/dev/null || break
+        sleep 0.1
+    done
+    [ -n "$LINE" ] || fail "$name did not start (log: $OUT/$name.log)"
+}
+# until SECONDS WHAT COMMAND...: waits (bounded) for COMMAND to succeed.
+until_ok() {
+    local limit=$1 what=$2
+    shift 2
+    for _ in $(seq $((limit * 10))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    fail "$what: not within $limit s"
+}
+
+# 1. Natively.
+native_rc=-
+if [ "$DEVICE" = cuda ]; then
+    CUDA_VISIBLE_DEVICES=0 timeout "$LIMIT" $APP >"$OUT/native.out" 2>"$OUT/native.err"
+    native_rc=$?
+fi
+
+# 2. Flyt.
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/cluster.key"
+chmod 600 "$TMP/cluster.key"
+export FLYTCTL_ADMIN_SOCKET="$TMP/admin.sock" FLYTCTL_CLUSTER_KEY_FILE="$TMP/cluster.key"
+flytctl() { PATH="$SLURM/bin:$PATH" slurm "$DIST/bin/flytctl" "$@"; }
+FLYT_CLUSTER_MANAGER_LISTEN=127.0.0.1:0 FLYT_CLUSTER_MANAGER_ADMIN_SOCKET="$TMP/admin.sock" \
+    FLYT_CLUSTER_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_CLUSTER_MANAGER_STATE_DIR="$TMP/cluster-manager" \
+    start cluster-manager "$DIST/bin/flyt-cluster-manager"
+cluster=$(echo "$LINE" | awk '{print $4}')
+CUDA_VISIBLE_DEVICES=0 FLYT_NODE_MANAGER_NODE_ID=node-a FLYT_NODE_MANAGER_CLUSTER_MANAGER="$cluster" \
+    FLYT_NODE_MANAGER_HOST_IP=127.0.0.1 FLYT_NODE_MANAGER_ADVERTISE_HOST=127.0.0.1 FLYT_NODE_MANAGER_CONTROL_LISTEN=127.0.0.1:0 \
+    FLYT_NODE_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_NODE_MANAGER_STATE_DIR="$TMP/node-a" FLYT_NODE_MANAGER_DEVICE="$DEVICE" \
+    FLYT_NODE_MANAGER_EMULATED_GPUS='[{ name = "Emulated node-a", memory_mib = 4096, sm_count = 40 }]' \
+    FLYT_NODE_MANAGER_RPC_SERVER_BINARY="$DIST/bin/flyt-rpc-server" FLYT_NODE_MANAGER_RPC_SERVER_LISTEN_HOST=127.0.0.1 \
+    FLYT_NODE_MANAGER_RPC_SERVER_SOCKET_DIR="$TMP/node-a-sockets" FLYT_NODE_MANAGER_MPS_ENABLED=false \
+    start node-a "$DIST/bin/flyt-node-manager"
+node_up() {
+    flytctl list-servernodes --json | python3 -c 'import json,sys; sys.exit(not any(v["node"]["health"] == "Up" and v["gpus"] for v in json.load(sys.stdin)))'
+}
+until_ok 60 "the node manager up" node_up
+FLYT_CLIENT_MANAGER_VM_IP=127.0.0.1 FLYT_CLIENT_MANAGER_CLUSTER_MANAGER="$cluster" FLYT_CLIENT_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" \
+    FLYT_CLIENT_MANAGER_SOCKET="$TMP/client-manager.sock" FLYT_CLIENT_MANAGER_JOB_SOCKET="$TMP/jobs.sock" \
+    start client-manager "$DIST/bin/flyt-client-manager"
+until_ok 30 "the job socket" test -S "$TMP/jobs.sock"
+
+# 3. Slurm.
+mkdir -p "$TMP/munge" "$TMP/state" "$TMP/spool" "$TMP/log"
+head -c 1024 /dev/urandom >"$TMP/munge/munge.key"
+chmod 700 "$TMP/munge" && chmod 400 "$TMP/munge/munge.key"
+slurm "$SLURM/sbin/munged" -F -f --socket="$TMP/munge/socket" --key-file="$TMP/munge/munge.key" \
+    --pid-file="$TMP/munge/munged.pid" --log-file="$TMP/log/munged.log" --seed-file="$TMP/munge/seed" </dev/null >/dev/null 2>&1 &
+daemons+=($!)
+until_ok 10 "munged's socket" test -S "$TMP/munge/socket"
+echo "required $DIST/slurm/libflyt_spank.so lib_dir=$DIST/lib socket=$TMP/jobs.sock timeout=60 slurm_conf=$TMP/slurm.conf" >"$TMP/plugstack.conf"
+cp "$DIST/slurm/cli_filter.lua" "$TMP/"
+host=$(hostname -s)
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+cat >"$SLURM_CONF" <<CONF
+ClusterName=flytgpu
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$(port)
+SlurmdPort=$(port)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$TMP/munge/socket
+CredType=cred/munge
+PluginDir=$SLURM/slurm-wlm
+StateSaveLocation=$TMP/state
+SlurmdSpoolDir=$TMP/spool
+SlurmctldPidFile=$TMP/slurmctld.pid
+SlurmdPidFile=$TMP/slurmd.pid
+SlurmctldLogFile=$TMP/log/slurmctld.log
+SlurmdLogFile=$TMP/log/slurmd.log
+SlurmdDebug=verbose
+PlugStackConfig=$TMP/plugstack.conf
+CliFilterPlugins=cli_filter/lua
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+MpiDefault=none
+KillWait=2
+InactiveLimit=0
+MinJobAge=600
+NodeName=flytnode NodeHostname=$host NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=flytnode Default=YES MaxTime=INFINITE State=UP
+CONF
+slurm "$SLURM/sbin/slurmctld" -D -i -f "$SLURM_CONF" </dev/null >/dev/null 2>"$TMP/log/slurmctld.stderr" &
+daemons+=($!)
+# The GPU hidden from slurmd and so from its jobs: device nodes and the driver's libcuda files.
+cc -O2 -o "$TMP/hide_gpu" "$here/tools/hide_gpu.c" || fail "cc hide_gpu failed"
+: >"$TMP/hide.list"
+for d in /dev/nvidia*; do [ -c "$d" ] && echo "bind $d" >>"$TMP/hide.list"; done
+for f in $(ldconfig -p | awk '/libcuda\.so|libnvidia-ml\.so/ {print $NF}'); do echo "bind $(readlink -f "$f")" >>"$TMP/hide.list"; done
+sort -u -o "$TMP/hide.list" "$TMP/hide.list"
+slurm "$TMP/hide_gpu" "$TMP/hide.list" -- "$SLURM/sbin/slurmd" -D -N flytnode -f "$SLURM_CONF" -d "$SLURM/sbin/slurmstepd" \
+    </dev/null >/dev/null 2>"$TMP/log/slurmd.stderr" &
+daemons+=($!)
+node_idle() { slurm "$SLURM/bin/scontrol" show node flytnode | grep -q "State=IDLE"; }
+until_ok 60 "the Slurm node idle" node_idle
+flytctl slurm sync --slurm-conf "$SLURM_CONF" >"$OUT/sync.txt" 2>&1 || fail "flytctl slurm sync: $(cat "$OUT/sync.txt")"
+
+# 4. The job through Flyt.
+cd "$TMP" || fail "no $TMP"
+slurm timeout "$LIMIT" "$SLURM/bin/srun" --flyt-gpus=1 --job-name=torch $APP >"$OUT/flyt.out" 2>"$OUT/flyt.err"
+flyt_rc=$?
+job=$(slurm "$SLURM/bin/squeue" -h --states=all -n torch -o %i | head -1)
+slurm "$SLURM/bin/scontrol" show job "$job" >"$OUT/job.txt" 2>&1
+job_allocations() {
+    flytctl list-virt-servers --json | python3 -c 'import json,sys; print(sum(a["vm_ip"].startswith("job-") for a in json.load(sys.stdin)))'
+}
+released=no
+for _ in $(seq 100); do [ "$(job_allocations)" = 0 ] && { released=yes; break; }; sleep 0.1; done
+rc=0
+if [ "$DEVICE" = cuda ]; then
+    same=no
+    cmp -s "$OUT/native.out" "$OUT/flyt.out" && same=yes
+    libcuda=$(grep '^libcuda mapped:' "$OUT/flyt.err" | cut -d: -f2 | xargs)
+    usable=$(grep '^GPU device nodes usable:' "$OUT/flyt.err" | awk '{print $NF}')
+    [ "$native_rc" = 0 ] && [ $flyt_rc = 0 ] && [ $same = yes ] && [ "$libcuda" = "$DIST/lib/libcuda.so.1" ] && [ "$usable" = 0 ] || rc=1
+    result="stdout as native: $same (native rc $native_rc, job rc $flyt_rc); job's libcuda: ${libcuda:-none}; GPU device nodes usable in the job: ${usable:-?}"
+else
+    seen=no
+    grep -qF "$EXPECT" "$OUT/flyt.out" && seen=yes
+    [ $flyt_rc = 0 ] && [ $seen = yes ] || rc=1
+    result="job rc $flyt_rc, its output has '$EXPECT': $seen"
+fi
+comment=$(grep -o 'AdminComment=flyt: [^ ]* [^ ]*' "$OUT/job.txt" | head -1)
+[ -n "$comment" ] && [ $released = yes ] || rc=1
+echo "| check | result |"
+echo "| --- | --- |"
+echo "| srun --flyt-gpus=1 ($DEVICE) | $([ $rc = 0 ] && echo PASS || echo FAIL): $result |"
+echo "| the job's record | ${comment:-no AdminComment}; allocation released within 10 s of the end: $released |"
+echo "| licenses | $(tr '\n' ' ' <"$OUT/sync.txt") |"
+exit $rc
