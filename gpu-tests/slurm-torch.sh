@@ -41,22 +41,24 @@ TMP=$(mktemp -d /tmp/flyt-slurm-torch.XXXXXX)
 chmod 755 "$TMP"
 daemons=()
 fail() { echo "slurm-torch: $*" >&2; exit 1; }
-# Slurm from the bundle: the libraries it brings that this machine lacks (what it has stays its
-# own, also in the jobs, which inherit srun's library path), and its plugins' folder.
-mkdir -p "$TMP/slurm-lib"
-for lib in "$SLURM"/lib/*; do
-    ldconfig -p | grep -q "^[[:space:]]$(basename "$lib") " || ln -s "$lib" "$TMP/slurm-lib/"
-done
+# Slurm from the bundle (its programs find their libraries by RUNPATH: nothing to set).
 export SLURM_CONF=$TMP/slurm.conf
-slurm() { LD_LIBRARY_PATH="$TMP/slurm-lib:$SLURM/slurm-wlm" "$@"; }
+
 cleanup() {
-    slurm "$SLURM/bin/scancel" --full --user=root >/dev/null 2>&1
+    "$SLURM/bin/scancel" --full --user=root >/dev/null 2>&1
     for ((i = ${#daemons[@]} - 1; i >= 0; i--)); do
         kill -TERM "${daemons[i]}" 2>/dev/null
         for _ in $(seq 100); do kill -0 "${daemons[i]}" 2>/dev/null || break; sleep 0.1; done
         kill -KILL "${daemons[i]}" 2>/dev/null
     done
     wait 2>/dev/null
+    # The cgroup folders slurmd made, deepest first (empty once its daemons are gone).
+    for _ in $(seq 50); do
+        [ -n "${made_slice:-}" ] && [ -d "$made_slice" ] || break
+        find "$made_slice" -depth -type d -exec rmdir {} + 2>/dev/null
+        sleep 0.1
+    done
+    [ -n "${made_slice:-}" ] && [ -d "$made_slice" ] && echo "slurm-torch: $made_slice left behind: $(find "$made_slice" -name cgroup.procs -exec cat {} + | tr '\n' ' ')" >&2
     cp "$TMP"/log/* "$OUT/" 2>/dev/null
     rm -rf "$TMP"
 }
@@ -94,7 +96,7 @@ fi
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/cluster.key"
 chmod 600 "$TMP/cluster.key"
 export FLYTCTL_ADMIN_SOCKET="$TMP/admin.sock" FLYTCTL_CLUSTER_KEY_FILE="$TMP/cluster.key"
-flytctl() { PATH="$SLURM/bin:$PATH" slurm "$DIST/bin/flytctl" "$@"; }
+flytctl() { PATH="$SLURM/bin:$PATH" "$DIST/bin/flytctl" "$@"; }
 FLYT_CLUSTER_MANAGER_LISTEN=127.0.0.1:0 FLYT_CLUSTER_MANAGER_ADMIN_SOCKET="$TMP/admin.sock" \
     FLYT_CLUSTER_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_CLUSTER_MANAGER_STATE_DIR="$TMP/cluster-manager" \
     start cluster-manager "$DIST/bin/flyt-cluster-manager"
@@ -119,11 +121,11 @@ until_ok 30 "the job socket" test -S "$TMP/jobs.sock"
 mkdir -p "$TMP/munge" "$TMP/state" "$TMP/spool" "$TMP/log"
 head -c 1024 /dev/urandom >"$TMP/munge/munge.key"
 chmod 700 "$TMP/munge" && chmod 400 "$TMP/munge/munge.key"
-slurm "$SLURM/sbin/munged" -F -f --socket="$TMP/munge/socket" --key-file="$TMP/munge/munge.key" \
+"$SLURM/sbin/munged" -F -f --socket="$TMP/munge/socket" --key-file="$TMP/munge/munge.key" \
     --pid-file="$TMP/munge/munged.pid" --log-file="$TMP/log/munged.log" --seed-file="$TMP/munge/seed" </dev/null >/dev/null 2>&1 &
 daemons+=($!)
 until_ok 10 "munged's socket" test -S "$TMP/munge/socket"
-echo "required $DIST/slurm/libflyt_spank.so lib_dir=$DIST/lib socket=$TMP/jobs.sock timeout=60 slurm_conf=$TMP/slurm.conf" >"$TMP/plugstack.conf"
+echo "required $DIST/slurm/libflyt_spank.so lib_dir=$DIST/lib socket=$TMP/jobs.sock timeout=60 slurm_conf=$TMP/slurm.conf scontrol=$SLURM/bin/scontrol" >"$TMP/plugstack.conf"
 cp "$DIST/slurm/cli_filter.lua" "$TMP/"
 host=$(hostname -s)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -164,7 +166,14 @@ MinJobAge=600
 NodeName=flytnode NodeHostname=$host NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=flytnode Default=YES MaxTime=INFINITE State=UP
 CONF
-slurm "$SLURM/sbin/slurmctld" -D -i -f "$SLURM_CONF" </dev/null >/dev/null 2>"$TMP/log/slurmctld.stderr" &
+# A machine with cgroup v2 and no systemd (no D-Bus): slurmd makes its cgroup folders itself,
+# under system.slice, which only systemd would have made (removed again at the end).
+printf 'CgroupPlugin=autodetect\nIgnoreSystemdOnFailure=yes\n' >"$TMP/cgroup.conf"
+made_slice=
+if [ -f /sys/fs/cgroup/cgroup.controllers ] && [ ! -d /sys/fs/cgroup/system.slice ]; then
+    mkdir /sys/fs/cgroup/system.slice && made_slice=/sys/fs/cgroup/system.slice
+fi
+"$SLURM/sbin/slurmctld" -D -i -f "$SLURM_CONF" </dev/null >/dev/null 2>"$TMP/log/slurmctld.stderr" &
 daemons+=($!)
 # The GPU hidden from slurmd and so from its jobs: device nodes and the driver's libcuda files.
 cc -O2 -o "$TMP/hide_gpu" "$here/tools/hide_gpu.c" || fail "cc hide_gpu failed"
@@ -172,19 +181,19 @@ cc -O2 -o "$TMP/hide_gpu" "$here/tools/hide_gpu.c" || fail "cc hide_gpu failed"
 for d in /dev/nvidia*; do [ -c "$d" ] && echo "bind $d" >>"$TMP/hide.list"; done
 for f in $(ldconfig -p | awk '/libcuda\.so|libnvidia-ml\.so/ {print $NF}'); do echo "bind $(readlink -f "$f")" >>"$TMP/hide.list"; done
 sort -u -o "$TMP/hide.list" "$TMP/hide.list"
-slurm "$TMP/hide_gpu" "$TMP/hide.list" -- "$SLURM/sbin/slurmd" -D -N flytnode -f "$SLURM_CONF" -d "$SLURM/sbin/slurmstepd" \
+"$TMP/hide_gpu" "$TMP/hide.list" -- "$SLURM/sbin/slurmd" -D -N flytnode -f "$SLURM_CONF" -d "$SLURM/sbin/slurmstepd" \
     </dev/null >/dev/null 2>"$TMP/log/slurmd.stderr" &
 daemons+=($!)
-node_idle() { slurm "$SLURM/bin/scontrol" show node flytnode | grep -q "State=IDLE"; }
+node_idle() { "$SLURM/bin/scontrol" show node flytnode | grep -q "State=IDLE"; }
 until_ok 60 "the Slurm node idle" node_idle
 flytctl slurm sync --slurm-conf "$SLURM_CONF" >"$OUT/sync.txt" 2>&1 || fail "flytctl slurm sync: $(cat "$OUT/sync.txt")"
 
 # 4. The job through Flyt.
 cd "$TMP" || fail "no $TMP"
-slurm timeout "$LIMIT" "$SLURM/bin/srun" --flyt-gpus=1 --job-name=torch $APP >"$OUT/flyt.out" 2>"$OUT/flyt.err"
+timeout "$LIMIT" "$SLURM/bin/srun" --flyt-gpus=1 --job-name=torch $APP >"$OUT/flyt.out" 2>"$OUT/flyt.err"
 flyt_rc=$?
-job=$(slurm "$SLURM/bin/squeue" -h --states=all -n torch -o %i | head -1)
-slurm "$SLURM/bin/scontrol" show job "$job" >"$OUT/job.txt" 2>&1
+job=$("$SLURM/bin/squeue" -h --states=all -n torch -o %i | head -1)
+"$SLURM/bin/scontrol" show job "$job" >"$OUT/job.txt" 2>&1
 job_allocations() {
     flytctl list-virt-servers --json | python3 -c 'import json,sys; print(sum(a["vm_ip"].startswith("job-") for a in json.load(sys.stdin)))'
 }
