@@ -1,14 +1,17 @@
 /* delay_relay: a TCP relay that delays every byte by a fixed time in each direction, for measuring
  * Flyt at a network's round trip where the kernel has no netem (benchmarks/remote.sh uses it then).
  *
- *   delay_relay LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_US
+ *   delay_relay LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_US [RATE_BYTES_PER_S]
  *
  * Each accepted connection gets a connection to TARGET; per direction a reader thread reads what
  * arrives (up to 1 MiB at a time), stamps it due DELAY_US later and queues it; a writer thread
  * writes each chunk when it is due (sleeping until shortly before, then spinning), so the delay
  * holds for small messages and bulk streams alike while throughput is kept (chunks in flight are
  * bounded by the queue: 256 chunks). TCP_NODELAY on every socket. Prints "delay_relay listening on
- * HOST:PORT" when ready. Runs until killed. */
+ * HOST:PORT" when ready. Runs until killed.
+ * With RATE (bytes per second, e.g. 1e9), each direction is also a link of that rate shared by all
+ * connections, as a shaped network is: a chunk leaves once the link has carried the chunks before
+ * it and its own bytes (len / RATE later), so no direction passes more than RATE. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -26,6 +29,9 @@
 #define SLOTS 256
 
 static long long delay_ns;
+static double rate; /* bytes per second per direction, 0: unlimited */
+static long long link_free_ns[2]; /* per direction: when the link has carried what it was given */
+static pthread_mutex_t link_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct sockaddr_in target;
 
 static long long now_ns(void) {
@@ -42,6 +48,7 @@ struct chunk {
 
 struct pipe_dir {
     int from, to;
+    int direction; /* 0: app to target, 1: back */
     struct chunk slots[SLOTS];
     size_t head, tail; /* head: next to write out; tail: next to fill */
     int closed;
@@ -72,6 +79,28 @@ static void *reader(void *arg) {
     }
 }
 
+static void sleep_until(long long due) {
+    long long wait = due - now_ns();
+    if (wait > 60000) {
+        struct timespec t = {(wait - 50000) / 1000000000LL, (wait - 50000) % 1000000000LL};
+        nanosleep(&t, NULL);
+    }
+    while (now_ns() < due) {
+    }
+}
+
+/* With a rate: waits until the direction's link has carried `len` more bytes after what it
+ * carries already. */
+static void through_link(int direction, size_t len) {
+    if (rate <= 0) return;
+    pthread_mutex_lock(&link_lock);
+    long long start = link_free_ns[direction] > now_ns() ? link_free_ns[direction] : now_ns();
+    long long done = start + (long long)(len / rate * 1e9);
+    link_free_ns[direction] = done;
+    pthread_mutex_unlock(&link_lock);
+    sleep_until(done);
+}
+
 static void *writer(void *arg) {
     struct pipe_dir *p = arg;
     for (;;) {
@@ -84,13 +113,8 @@ static void *writer(void *arg) {
         }
         struct chunk *c = &p->slots[p->head % SLOTS];
         pthread_mutex_unlock(&p->lock);
-        long long wait = c->due - now_ns();
-        if (wait > 60000) {
-            struct timespec t = {(wait - 50000) / 1000000000LL, (wait - 50000) % 1000000000LL};
-            nanosleep(&t, NULL);
-        }
-        while (now_ns() < c->due) {
-        }
+        sleep_until(c->due);
+        through_link(p->direction, c->len);
         size_t off = 0;
         while (off < c->len) {
             ssize_t n = write(p->to, c->bytes + off, c->len - off);
@@ -136,8 +160,8 @@ static void *serve(void *arg) {
     nodelay(app);
     nodelay(server);
     struct pipe_dir *dirs = calloc(2, sizeof *dirs);
-    dirs[0].from = app, dirs[0].to = server;
-    dirs[1].from = server, dirs[1].to = app;
+    dirs[0].from = app, dirs[0].to = server, dirs[0].direction = 0;
+    dirs[1].from = server, dirs[1].to = app, dirs[1].direction = 1;
     pthread_t threads[4];
     for (int d = 0; d < 2; d++) {
         pthread_mutex_init(&dirs[d].lock, NULL);
@@ -156,11 +180,12 @@ static void *serve(void *arg) {
 
 int main(int argc, char **argv) {
     struct sockaddr_in listen_addr;
-    if (argc != 4 || parse(argv[1], &listen_addr) || parse(argv[2], &target)) {
-        fprintf(stderr, "usage: delay_relay LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_US\n");
+    if (argc < 4 || argc > 5 || parse(argv[1], &listen_addr) || parse(argv[2], &target)) {
+        fprintf(stderr, "usage: delay_relay LISTEN_HOST:PORT TARGET_HOST:PORT DELAY_US [RATE_BYTES_PER_S]\n");
         return 2;
     }
     delay_ns = (long long)(atof(argv[3]) * 1000);
+    rate = argc == 5 ? atof(argv[4]) : 0;
     int listener = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);

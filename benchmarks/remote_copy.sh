@@ -7,16 +7,21 @@
 # connections, the best the machine gives, printed beside each Flyt row (same connection count).
 # Compression stays off there (FLYT_STRIPE_LZ4=off). With --shape RATE (root: tc's tbf on lo, e.g.
 # 8gbit for 1 GB/s), the same TCP copies run again on the shaped loopback with bf16 model weights
-# and random bytes, FLYT_STRIPE_LZ4 off, auto and on (rows shaped-DATA-lz4MODE).
+# and random bytes, FLYT_STRIPE_LZ4 off, auto and on (rows shaped-DATA-lz4MODE). With
+# --relay-rate BYTES_PER_S (no tc needed: benchmarks/delay_relay.c as a link of that rate each
+# way, shared by the session's connections) the same through the relay (rows relayed-DATA-MODE,
+# MODE from --relay-modes, default "off auto on"); --only-relayed skips the unshaped rows.
 # Each program's output goes to OUT/NAME.txt; a table is printed last.
 #   benchmarks/remote_copy.sh --dist DIR --out DIR [--cuda DIR] [--device cuda|emulated]
 #                             [--sizes 64M,1G] [--reps N] [--stripes N] [--shape RATE]
+#                             [--relay-rate BYTES_PER_S] [--relay-modes 'off auto on'] [--only-relayed]
 # DIST holds bin/flyt-rpc-server and lib/libcuda.so.1 (Flyt's); CUDA (default /usr/local/cuda) gives
 # cuda.h. With --device emulated (no GPU: copies move host memory) there is no native row.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 DIST=$root/dist OUT=/tmp/flyt-remote-copy CUDA=/usr/local/cuda DEVICE=cuda SIZES=64M,1G REPS=5 STRIPES=4 SHAPE=
+RELAY_RATE= RELAY_MODES="off auto on" ONLY_RELAYED=
 while [ $# -gt 0 ]; do
     case $1 in
         --dist) DIST=$2; shift 2 ;;
@@ -27,7 +32,10 @@ while [ $# -gt 0 ]; do
         --reps) REPS=$2; shift 2 ;;
         --stripes) STRIPES=$2; shift 2 ;;
         --shape) SHAPE=$2; shift 2 ;;
-        *) echo "usage: $0 --dist DIR --out DIR [--cuda DIR] [--device cuda|emulated] [--sizes 64M,1G] [--reps N] [--stripes N] [--shape RATE]" >&2; exit 2 ;;
+        --relay-rate) RELAY_RATE=$2; shift 2 ;;
+        --relay-modes) RELAY_MODES=$2; shift 2 ;;
+        --only-relayed) ONLY_RELAYED=1; shift ;;
+        *) sed -n '12,16p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
     esac
 done
 DIST=$(cd "$DIST" && pwd)
@@ -56,6 +64,19 @@ flyt() {
     LD_LIBRARY_PATH=$DIST/lib FLYT_SERVER=$2 FLYT_SHM=$3 FLYT_STRIPES=$4 FLYT_STRIPE_LZ4=${5:-off} \
         timeout 900 "$TMP/remote_copy" "$1" "$REPS" "$SIZES" "${6:-pattern}" >"$OUT/$1.txt" 2>"$OUT/$1.err" || echo "$1: exit $?" >&2
 }
+if [ -n "$RELAY_RATE" ]; then
+    cc -O2 -Wall -Werror -pthread "$here/delay_relay.c" -o "$TMP/delay_relay" || exit 1
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$TMP/delay_relay" "127.0.0.1:$port" "$tcp" 0 "$RELAY_RATE" >"$TMP/relay.out" 2>"$OUT/relay.err" &
+    relay=$!
+    for _ in $(seq 50); do grep -q listening "$TMP/relay.out" && break; sleep 0.1; done
+    for data in weights random; do
+        for mode in $RELAY_MODES; do flyt "relayed-$data-$mode" "127.0.0.1:$port" off "$STRIPES" "$mode" "$data"; done
+    done
+    kill $relay
+    wait $relay 2>/dev/null
+fi
+[ -n "$ONLY_RELAYED" ] || {
 [ "$DEVICE" = cuda ] && { timeout 900 "$TMP/remote_copy" native "$REPS" "$SIZES" >"$OUT/native.txt" 2>"$OUT/native.err" || echo "native: exit $?" >&2; }
 flyt shm "unix:$TMP/s.sock" on 0
 for transport in tcp unix; do
@@ -66,6 +87,8 @@ for transport in tcp unix; do
         timeout 900 "$TMP/raw_stream" pair "$transport" "$SIZES" "$REPS" "$conns" >"$OUT/raw-$transport-c$conns.txt" 2>"$OUT/raw-$transport-c$conns.err"
     done
 done
+
+}
 
 if [ -n "$SHAPE" ]; then
     if tc qdisc add dev lo root tbf rate "$SHAPE" burst 8mb latency 200ms 2>"$OUT/tc.err"; then
@@ -84,7 +107,8 @@ fi
 echo "# remote copies, $(date -u '+%Y-%m-%d %H:%M UTC'), device $DEVICE ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)), $(nproc) CPUs"
 echo "# GB/s (1e9 B/s), median of $REPS synchronous copies; sN = FLYT_STRIPES=N (s0: the session's one connection);"
 echo "# raw = raw_stream over the same socket with as many connections (s0, s1: one), client->server | server->client"
-cat "$OUT"/raw-tcp-*.txt "$OUT"/raw-unix-*.txt | grep '^{' >"$TMP/raw.jsonl"
+cat "$OUT"/raw-tcp-*.txt "$OUT"/raw-unix-*.txt 2>/dev/null | grep '^{' >"$TMP/raw.jsonl"
+[ -n "$RELAY_RATE" ] && echo "# relayed-DATA-MODE: TCP through delay_relay as a link of $RELAY_RATE B/s each way, $STRIPES connections, FLYT_STRIPE_LZ4=MODE"
 cat "$OUT"/*.txt | grep '^bw ' | awk -v raw="$TMP/raw.jsonl" '
     BEGIN {
         while ((getline line < raw) > 0) {

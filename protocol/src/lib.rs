@@ -21,6 +21,7 @@ pub mod control;
 pub mod deposit;
 pub mod device;
 pub mod error;
+pub mod float_planes;
 pub mod frame;
 pub mod handshake;
 pub mod jobs;

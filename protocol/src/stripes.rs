@@ -2,8 +2,9 @@
 //! (same transport, same token and TLS as the main one), each proving it belongs to the session
 //! with the secret the server gave in the handshake (`SessionInfo::stripe_secret`). A large copy's
 //! request stays on the main connection; its bytes travel in chunks, round-robin over the data
-//! connections, each chunk behind a [`ChunkHeader`] that names its copy and place, raw or as one
-//! LZ4 block (`wire_len < len`: over a slow link, where compressing costs less than sending).
+//! connections, each chunk behind a [`ChunkHeader`] that names its copy and place, raw or
+//! compressed (`wire_len < len`: over a slow link, where compressing costs less than sending):
+//! one LZ4 block, or 16-bit floats coded in planes ([`FLOAT_PLANES`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +35,9 @@ pub const CHUNK_HEADER_LEN: usize = 48;
 /// value's first byte then every second one (an odd last byte last), as bf16 and fp16 tensors
 /// compress far better so: their high bytes repeat, their low bytes are noise.
 pub const SHUFFLED: u64 = 1;
+/// [`ChunkHeader::flags`]: the chunk is 16-bit floats coded by `crate::float_planes` (their
+/// sign and exponent bits Huffman-coded, the rest as they are), not an LZ4 block.
+pub const FLOAT_PLANES: u64 = 2;
 /// Opens every chunk header, so a data stream out of step is caught at once.
 const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"FLYTCHNK");
 
@@ -77,19 +81,23 @@ impl ChunkHeader {
     pub fn decode(bytes: &[u8; CHUNK_HEADER_LEN]) -> Option<Self> {
         let word = |index: usize| u64::from_le_bytes(bytes[index * 8..index * 8 + 8].try_into().unwrap_or([0; 8]));
         let header = Self { transfer: word(1), offset: word(2), len: word(3), wire_len: word(4), flags: word(5) };
-        let flags_fit = header.flags & !SHUFFLED == 0 && (header.flags == 0 || header.compressed());
+        let flags_fit = matches!(header.flags, 0 | SHUFFLED | FLOAT_PLANES) && (header.flags == 0 || header.compressed());
         (word(0) == CHUNK_MAGIC && header.wire_len <= header.len && flags_fit).then_some(header)
     }
 }
 
-/// Compresses chunks as LZ4 blocks, plain or after splitting their bytes in planes
-/// ([`SHUFFLED`]), whichever saves at least a sixteenth; one per thread (it keeps its buffers and
-/// which arrangement worked last, tried first next time).
+/// Compresses chunks: as 16-bit floats in planes ([`FLOAT_PLANES`]) when that saves a fifth or
+/// more (model weights), else as LZ4 blocks, plain or after splitting their bytes in planes
+/// ([`SHUFFLED`]), whichever saves at least a sixteenth (LZ4 is tried too when most values repeat,
+/// where it does better). One per thread: it keeps its buffers and which LZ4 arrangement worked
+/// last, tried first next time.
 #[derive(Default)]
 pub struct Compressor {
     planes: Vec<u8>,
     block: Vec<u8>,
     prefer_shuffled: bool,
+    floats: crate::float_planes::Encoder,
+    coded: Vec<u8>,
 }
 
 /// Splits `bytes` in two planes into `planes` (see [`SHUFFLED`]).
@@ -121,6 +129,20 @@ fn lz4_block(input: &[u8], block: &mut Vec<u8>) -> Option<usize> {
 impl Compressor {
     /// The compressed chunk (the block and the header's flags), or `None`: send it raw.
     pub fn compress(&mut self, bytes: &[u8]) -> Option<(&[u8], u64)> {
+        let floats = self.floats.estimate(bytes).filter(|estimate| estimate.bytes <= bytes.len() - bytes.len() / 5);
+        if let Some(estimate) = floats {
+            let lz4_may_beat_it = estimate.top_share > 0.5;
+            if !lz4_may_beat_it || self.lz4(bytes).is_none_or(|(_, len)| len >= estimate.bytes) {
+                self.floats.encode(bytes, &mut self.coded);
+                return Some((&self.coded, FLOAT_PLANES));
+            }
+        }
+        let (flags, len) = self.lz4(bytes)?;
+        Some((&self.block[..len], flags))
+    }
+
+    /// The chunk as an LZ4 block in `block`: its flags and length, when it saves a sixteenth.
+    fn lz4(&mut self, bytes: &[u8]) -> Option<(u64, usize)> {
         let order = if self.prefer_shuffled { [true, false] } else { [false, true] };
         for shuffled in order {
             let Self { planes, block, .. } = self;
@@ -132,7 +154,7 @@ impl Compressor {
             };
             if let Some(len) = found {
                 self.prefer_shuffled = shuffled;
-                return Some((&self.block[..len], if shuffled { SHUFFLED } else { 0 }));
+                return Some((if shuffled { SHUFFLED } else { 0 }, len));
             }
         }
         None
@@ -142,6 +164,9 @@ impl Compressor {
 /// Decompresses a compressed chunk's `block` into `target` (its `len` bytes), undoing the
 /// arrangement its header names; the block must give exactly `len` bytes.
 pub fn decompress(header: &ChunkHeader, block: &[u8], target: &mut [u8], planes: &mut Vec<u8>) -> Result<(), String> {
+    if header.flags == FLOAT_PLANES {
+        return crate::float_planes::decode(block, target);
+    }
     let into = if header.flags & SHUFFLED != 0 {
         planes.resize(target.len(), 0);
         &mut planes[..]
@@ -186,7 +211,12 @@ mod tests {
         // More bytes on the wire than the chunk holds: no header of ours.
         assert_eq!(ChunkHeader::decode(&ChunkHeader { wire_len: 12346, ..header }.encode()), None);
         // Unknown flags, and a raw chunk that claims an arrangement.
-        assert_eq!(ChunkHeader::decode(&ChunkHeader { flags: 2, ..header }.encode()), None);
+        assert_eq!(ChunkHeader::decode(&ChunkHeader { flags: 4, ..header }.encode()), None);
+        assert_eq!(ChunkHeader::decode(&ChunkHeader { flags: SHUFFLED | FLOAT_PLANES, ..header }.encode()), None);
+        assert_eq!(
+            ChunkHeader::decode(&ChunkHeader { flags: FLOAT_PLANES, ..header }.encode()),
+            Some(ChunkHeader { flags: FLOAT_PLANES, ..header })
+        );
         assert_eq!(ChunkHeader::decode(&ChunkHeader { flags: SHUFFLED, ..ChunkHeader::raw(1, 0, 9) }.encode()), None);
     }
 
@@ -201,11 +231,37 @@ mod tests {
             .collect()
     }
 
+    /// Compresses `bytes` with a fresh compressor, checks they come back, and gives the flags and
+    /// the ratio.
+    fn compressed(bytes: &[u8]) -> Option<(u64, f64)> {
+        let mut compressor = Compressor::default();
+        let (block, flags) = compressor.compress(bytes).map(|(block, flags)| (block.to_vec(), flags))?;
+        let header = ChunkHeader { transfer: 1, offset: 0, len: bytes.len() as u64, wire_len: block.len() as u64, flags };
+        let (mut back, mut planes) = (vec![0u8; bytes.len()], Vec::new());
+        decompress(&header, &block, &mut back, &mut planes).unwrap();
+        assert!(back == bytes);
+        Some((flags, bytes.len() as f64 / block.len() as f64))
+    }
+
+    #[test]
+    fn each_kind_of_chunk_gets_the_codec_that_suits_it() {
+        // bf16 weights: floats in planes, 1.5x or better.
+        let weights = crate::float_planes::tests::bf16_weights(1 << 20, 0.02, 3);
+        let (flags, ratio) = compressed(&weights).unwrap();
+        assert!(flags == FLOAT_PLANES && ratio > 1.5, "{flags} {ratio:.3}");
+        // Zeros: LZ4 (floats in planes would give 2.7x).
+        let (flags, ratio) = compressed(&vec![0u8; 1 << 20]).unwrap();
+        assert!(flags == 0 && ratio > 100.0, "{flags} {ratio:.3}");
+        // Random bytes: raw.
+        assert!(compressed(&random_bytes(1 << 20, 9)).is_none());
+    }
+
     #[test]
     fn bf16_like_bytes_compress_in_planes_and_come_back_exactly() {
-        // 2-byte values whose high bytes repeat and low bytes are noise, odd length.
-        let noise = random_bytes(1 << 20, 7);
-        let values: Vec<u8> = noise.chunks(2).flat_map(|pair| [pair[0], 0x3c + (pair[1] & 3)]).chain([0x55]).collect();
+        // 2-byte values whose high bytes repeat and low bytes are noise, odd length: too short
+        // for a code table, so LZ4 in planes.
+        let noise = random_bytes(6000, 7);
+        let values: Vec<u8> = noise.chunks(2).flat_map(|pair| [pair[0], 0x3c + u8::from(pair[1] & 0x1f == 0)]).chain([0x55]).collect();
         let mut compressor = Compressor::default();
         let (block, flags) = compressor.compress(&values).map(|(block, flags)| (block.to_vec(), flags)).expect("they shrink in planes");
         assert_eq!(flags, SHUFFLED);
