@@ -458,4 +458,106 @@ pub(crate) mod tests {
         assert!(decode(&bad, &mut vec![0u8; 0x8000]).is_err());
         assert!(decode(&block, &mut vec![0u8; weights.len() + 2]).is_err());
     }
+
+    /// Every prefix of a small block, and random blocks behind a plausible header (a value count
+    /// that matches, a code table of random entries): an error or some bytes, never a panic or a
+    /// read past the block.
+    #[test]
+    fn truncated_and_random_blocks_fail_without_panicking() {
+        let mut weights = bf16_weights(MIN_VALUES + 3, 0.02, 2);
+        weights.push(0x3c);
+        let mut encoder = Encoder::default();
+        encoder.estimate(&weights).unwrap();
+        let mut block = Vec::new();
+        encoder.encode(&weights, &mut block);
+        let mut target = vec![0u8; weights.len()];
+        for cut in 0..block.len() {
+            assert!(decode(&block[..cut], &mut target).is_err(), "cut at {cut} of {}", block.len());
+        }
+        decode(&block, &mut target).unwrap();
+        assert!(target == weights);
+        let mut state = 17u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..3000 {
+            let values = 1 + (next() % 5000) as usize;
+            let used = (next() % 40) as u16;
+            let mut random = Vec::new();
+            random.extend_from_slice(&(values as u32).to_le_bytes());
+            random.extend_from_slice(&used.to_le_bytes());
+            let mut symbol = 0u16;
+            for _ in 0..used {
+                // Mostly increasing symbols with lengths in range, now and then anything.
+                symbol = if round % 7 == 0 { next() as u16 } else { symbol.saturating_add(1 + (next() % 50) as u16) };
+                let length = if round % 5 == 0 { next() as u8 } else { 1 + (next() % u64::from(MAX_CODE)) as u8 };
+                random.extend_from_slice(&symbol.to_le_bytes());
+                random.push(length);
+            }
+            let tail = (next() % 20000) as usize;
+            random.extend((0..tail).map(|_| next() as u8));
+            let mut target = vec![0u8; 2 * values + (round % 2)];
+            let _ = decode(&random, &mut target);
+            let _ = decode(&random[..random.len() / 2], &mut target);
+        }
+    }
+
+    /// Entropy bounds, ratio and single-core speed on 4 MiB chunks of bf16 N(0, 0.02) weights
+    /// (the client's default chunk). Run: `cargo test -p flyt-protocol --release --lib
+    /// float_planes::tests::speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, run by hand in release"]
+    fn speed() {
+        const CHUNK: usize = 4 << 20;
+        let weights = bf16_weights(16 << 20, 0.02, 7);
+        let entropy = |bits: u32, shift: u32| {
+            let mut counts = vec![0u64; 1 << bits];
+            for pair in weights.chunks_exact(2) {
+                counts[usize::from(u16::from_le_bytes([pair[0], pair[1]]) >> shift) & ((1 << bits) - 1)] += 1;
+            }
+            let total = (weights.len() / 2) as f64;
+            counts.iter().filter(|&&c| c > 0).map(|&c| -(c as f64 / total) * (c as f64 / total).log2()).sum::<f64>()
+        };
+        let h16 = entropy(16, 0);
+        let (h_top, h_low) = (entropy(SYMBOL_BITS, RAW_BITS), entropy(RAW_BITS, 0));
+        println!(
+            "order-0 entropy: whole value {h16:.3} bits ({:.3}x), top {SYMBOL_BITS} bits {h_top:.3} + low {RAW_BITS} bits {h_low:.3}",
+            16.0 / h16
+        );
+        let mut encoder = Encoder::default();
+        let mut block = Vec::new();
+        let mut blocks = Vec::new();
+        let started = std::time::Instant::now();
+        for chunk in weights.chunks(CHUNK) {
+            encoder.estimate(chunk).unwrap();
+            encoder.encode(chunk, &mut block);
+            blocks.push(block.clone());
+        }
+        let encode = started.elapsed().as_secs_f64();
+        let coded: usize = blocks.iter().map(Vec::len).sum();
+        let mut back = vec![0u8; weights.len()];
+        let started = std::time::Instant::now();
+        for (chunk, block) in back.chunks_mut(CHUNK).zip(&blocks) {
+            decode(block, chunk).unwrap();
+        }
+        let decode_time = started.elapsed().as_secs_f64();
+        assert!(back == weights);
+        let started = std::time::Instant::now();
+        for chunk in weights.chunks(CHUNK) {
+            encoder.estimate(chunk).unwrap();
+        }
+        let estimate = started.elapsed().as_secs_f64();
+        let mb = weights.len() as f64 / 1e6;
+        let ratio = weights.len() as f64 / coded as f64;
+        let bits = 8.0 * coded as f64 / (weights.len() / 2) as f64;
+        println!(
+            "float planes: {ratio:.4}x ({bits:.3} bits/value), estimate {:.0} MB/s, estimate+encode {:.0} MB/s, decode {:.0} MB/s (one core)",
+            mb / estimate,
+            mb / encode,
+            mb / decode_time
+        );
+    }
 }

@@ -300,4 +300,31 @@ mod tests {
         assert!(secrets_equal(&[3; SECRET_LEN], &[3; SECRET_LEN]));
         assert!(!secrets_equal(&[3; SECRET_LEN], &[4; SECRET_LEN]));
     }
+
+    /// What choosing a chunk's codec costs per core on 4 MiB chunks: bf16 weights (coded in
+    /// planes) and random bytes (sent raw after the estimate and both LZ4 tries fail). Run:
+    /// `cargo test -p flyt-protocol --release --lib stripes::tests::choice_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, run by hand in release"]
+    fn choice_speed() {
+        const CHUNK: usize = 4 << 20;
+        for (name, bytes) in
+            [("bf16 N(0,0.02)", crate::float_planes::tests::bf16_weights(16 << 20, 0.02, 9)), ("random", random_bytes(32 << 20, 9))]
+        {
+            let mut compressor = Compressor::default();
+            let (mut wire, mut kinds) = (0usize, std::collections::BTreeMap::new());
+            let started = std::time::Instant::now();
+            for chunk in bytes.chunks(CHUNK) {
+                let (len, flags) = compressor.compress(chunk).map_or((chunk.len(), u64::MAX), |(block, flags)| (block.len(), flags));
+                wire += len;
+                *kinds.entry(flags).or_insert(0) += 1;
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            println!(
+                "{name}: {:.0} MB/s per core, {:.4}x, chunks by flags (u64::MAX = raw) {kinds:?}",
+                bytes.len() as f64 / 1e6 / seconds,
+                bytes.len() as f64 / wire as f64
+            );
+        }
+    }
 }
