@@ -28,3 +28,14 @@ static const char *name_of(CUresult r) {
         printf("%s: %s\n", what, ok_ ? "yes" : "no");                                              \
         if (!ok_) failures++;                                                                       \
     } while (0)
+
+// The usual start: cuInit, device 0 into *device, and its primary context retained and made
+// current (returned for the programs that use it again).
+static inline CUcontext use_primary_context(CUdevice *device) {
+    CUcontext ctx = NULL;
+    EXPECT(cuInit(0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGet(device, 0), CUDA_SUCCESS);
+    EXPECT(cuDevicePrimaryCtxRetain(&ctx, *device), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    return ctx;
+}

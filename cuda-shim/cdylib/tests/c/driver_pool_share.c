@@ -67,12 +67,8 @@ static char wait_peer(int sock) {
 
 static CUstream start(void) {
     CUdevice device;
-    CUcontext ctx;
     CUstream stream;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&device, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(&device);
     EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     return stream;
 }

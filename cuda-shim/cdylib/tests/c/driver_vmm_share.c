@@ -64,11 +64,7 @@ static char wait_peer(int sock) {
 
 static void start(CUmemAllocationProp *prop, size_t *granularity) {
     CUdevice device;
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&device, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(&device);
     memset(prop, 0, sizeof *prop);
     prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
