@@ -2,6 +2,7 @@
 // compares a call's CUresult with the one expected and counts a mismatch.
 #include <cuda.h>
 #include <stdio.h>
+#include <string.h>
 
 static int failures = 0;
 
@@ -38,4 +39,31 @@ static inline CUcontext use_primary_context(CUdevice *device) {
     EXPECT(cuDevicePrimaryCtxRetain(&ctx, *device), CUDA_SUCCESS);
     EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
     return ctx;
+}
+
+// A graph memset node's parameters: `n` bytes of `value` at `dst` (one row).
+static inline CUDA_MEMSET_NODE_PARAMS byte_memset_params(CUdeviceptr dst, unsigned value, size_t n) {
+    CUDA_MEMSET_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    p.dst = dst;
+    p.value = value;
+    p.elementSize = 1;
+    p.width = n;
+    p.height = 1;
+    p.pitch = n;
+    return p;
+}
+
+// A graph copy node's parameters: `n` bytes from device memory `src` to device memory `dst`.
+static inline CUDA_MEMCPY3D device_copy_params(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    CUDA_MEMCPY3D c;
+    memset(&c, 0, sizeof c);
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = src;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = dst;
+    c.WidthInBytes = n;
+    c.Height = 1;
+    c.Depth = 1;
+    return c;
 }
