@@ -11,56 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../../../../gpu-tests/fd_passing.h"
 #include "driver_expect.h"
-
-static void send_fd(int sock, int fd) {
-    char byte = 'f';
-    struct iovec iov = {&byte, 1};
-    char space[CMSG_SPACE(sizeof(int))];
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
-    if (sendmsg(sock, &msg, 0) != 1) {
-        perror("sendmsg");
-        exit(2);
-    }
-}
-
-static int receive_fd(int sock) {
-    char byte;
-    struct iovec iov = {&byte, 1};
-    char space[CMSG_SPACE(sizeof(int))];
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
-    if (recvmsg(sock, &msg, 0) != 1) {
-        perror("recvmsg");
-        exit(2);
-    }
-    int fd = -1;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    if (cmsg && cmsg->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
-    return fd;
-}
-
-static void signal_peer(int sock, char what) {
-    if (write(sock, &what, 1) != 1) exit(2);
-}
-
-static char wait_peer(int sock) {
-    char what = 0;
-    if (read(sock, &what, 1) != 1) exit(2);
-    return what;
-}
 
 static void start(CUmemAllocationProp *prop, size_t *granularity) {
     CUdevice device;
