@@ -8,19 +8,26 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+// A message of one buffer with room `space` for one descriptor.
+static inline struct msghdr message_of(struct iovec *iov, char *space, size_t space_len) {
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    memset(space, 0, space_len);
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = space;
+    msg.msg_controllen = space_len;
+    return msg;
+}
 
 // Sends `fd` with the `len` bytes at `data`.
 static inline void send_with_fd(int sock, int fd, const void *data, size_t len) {
     struct iovec iov = {(void *)data, len};
     char space[CMSG_SPACE(sizeof(int))];
-    memset(space, 0, sizeof space);
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
+    struct msghdr msg = message_of(&iov, space, sizeof space);
     struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
@@ -36,13 +43,7 @@ static inline void send_with_fd(int sock, int fd, const void *data, size_t len) 
 static inline int receive_with_fd(int sock, void *data, size_t len) {
     struct iovec iov = {data, len};
     char space[CMSG_SPACE(sizeof(int))];
-    memset(space, 0, sizeof space);
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
+    struct msghdr msg = message_of(&iov, space, sizeof space);
     if (recvmsg(sock, &msg, MSG_WAITALL) != (ssize_t)len) {
         perror("recvmsg");
         exit(2);
@@ -72,4 +73,30 @@ static inline char wait_peer(int sock) {
     char what = 0;
     if (read(sock, &what, 1) != 1) exit(2);
     return what;
+}
+
+// Forks (before any CUDA call, so that each process makes its own context) and runs `parent` and
+// `child` on the two ends of a Unix stream socket; the parent's code, the child's wait status in
+// *child_status. Where `child_server_from` names a variable that is set, the child's FLYT_SERVER
+// is its value (another server: another tenant of the same GPU).
+static inline int run_parent_and_child(int (*parent)(int), int (*child)(int), const char *child_server_from,
+                                       int *child_status) {
+    int socks[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, socks) != 0) exit(2);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) exit(2);
+    if (pid == 0) {
+        close(socks[0]);
+        const char *other = child_server_from ? getenv(child_server_from) : NULL;
+        if (other) setenv("FLYT_SERVER", other, 1);
+        int code = child(socks[1]);
+        fflush(stdout);
+        _exit(code);
+    }
+    close(socks[1]);
+    int code = parent(socks[0]);
+    *child_status = 0;
+    waitpid(pid, child_status, 0);
+    return code;
 }

@@ -144,21 +144,8 @@ static int importer(int sock) {
 
 int main() {
     test_init("pool_ipc");
-    int socks[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, socks) != 0) return 2;
-    fflush(stdout);
-    pid_t child = fork();  // before any CUDA call: each process has its own context
-    if (child < 0) return 2;
-    if (child == 0) {
-        close(socks[0]);
-        int code = importer(socks[1]);
-        fflush(stdout);
-        _exit(code);
-    }
-    close(socks[1]);
-    int code = exporter(socks[0]);
     int status = 0;
-    waitpid(child, &status, 0);
+    int code = run_parent_and_child(exporter, importer, NULL, &status);
     EXPECT(code == 0, "the exporter finished");
     EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the importer passed");
     return test_finish();

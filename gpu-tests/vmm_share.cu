@@ -117,21 +117,8 @@ static int importer(int sock) {
 
 int main() {
     g_test_name = "vmm_share";
-    int socks[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, socks) != 0) return 2;
-    fflush(stdout);
-    pid_t child = fork();  // before any CUDA call: each process has its own context
-    if (child < 0) return 2;
-    if (child == 0) {
-        close(socks[0]);
-        int code = importer(socks[1]);
-        fflush(stdout);
-        _exit(code);
-    }
-    close(socks[1]);
-    int code = exporter(socks[0]);
     int status = 0;
-    waitpid(child, &status, 0);
+    int code = run_parent_and_child(exporter, importer, NULL, &status);
     int child_code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
     printf("vmm_share: %s\n", code == 0 && child_code == 0 ? "PASS" : "FAIL");
     return code || child_code;

@@ -122,25 +122,8 @@ static int importer(int sock) {
 }
 
 int main(void) {
-    int socks[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, socks) != 0) return 2;
-    fflush(stdout);
-    // Each process makes its own session: no CUDA call before the fork.
-    pid_t child = fork();
-    if (child < 0) return 2;
-    if (child == 0) {
-        close(socks[0]);
-        // Optionally another server: another tenant of the same GPU.
-        const char *other = getenv("IMPORTER_FLYT_SERVER");
-        if (other) setenv("FLYT_SERVER", other, 1);
-        int code = importer(socks[1]);
-        fflush(stdout);
-        _exit(code);
-    }
-    close(socks[1]);
-    int code = exporter(socks[0]);
     int status = 0;
-    waitpid(child, &status, 0);
+    int code = run_parent_and_child(exporter, importer, "IMPORTER_FLYT_SERVER", &status);
     int child_code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
     printf("%s\n", code == 0 && child_code == 0 ? "PASSED: both processes" : "FAILED");
     return code || child_code;
