@@ -10,16 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "timing.h"
 
 static void report(const char *channel, const char *mem, const char *dir, size_t bytes, double *seconds, int reps) {
     qsort(seconds, reps, sizeof *seconds, by_value);
