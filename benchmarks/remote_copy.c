@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "driver_check.h"
 #include "timing.h"
 
 static void report(const char *label, const char *mem, const char *dir, size_t bytes, double *seconds, int reps) {
@@ -62,17 +63,6 @@ static void fill(unsigned char *p, size_t n, const char *data) {
         for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 7 + (i >> 20));
     }
 }
-
-#define CHECK(call)                                                                      \
-    do {                                                                                 \
-        CUresult r_ = (call);                                                            \
-        if (r_ != CUDA_SUCCESS) {                                                        \
-            const char *name_ = "?";                                                     \
-            cuGetErrorName(r_, &name_);                                                  \
-            printf("FAIL %s: %s\n", #call, name_);                                       \
-            return 1;                                                                    \
-        }                                                                                \
-    } while (0)
 
 int main(int argc, char **argv) {
     if (argc < 4) {
