@@ -30,13 +30,18 @@ static const char *name_of(CUresult r) {
         if (!ok_) failures++;                                                                       \
     } while (0)
 
-// The usual start: cuInit, device 0 into *device, and its primary context retained and made
-// current (returned for the programs that use it again).
+// The usual start: cuInit, device 0's primary context retained and made current (returned for
+// the programs that use it again). `device` receives device 0's handle from cuDeviceGet; NULL
+// names ordinal 0 directly, as some programs do (no cuDeviceGet call).
 static inline CUcontext use_primary_context(CUdevice *device) {
     CUcontext ctx = NULL;
+    CUdevice ordinal = 0;
     EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(device, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, *device), CUDA_SUCCESS);
+    if (device) {
+        EXPECT(cuDeviceGet(device, 0), CUDA_SUCCESS);
+        ordinal = *device;
+    }
+    EXPECT(cuDevicePrimaryCtxRetain(&ctx, ordinal), CUDA_SUCCESS);
     EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
     return ctx;
 }

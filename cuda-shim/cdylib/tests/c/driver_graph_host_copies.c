@@ -307,10 +307,7 @@ static void generic_nodes_and_update(CUcontext ctx, CUstream s, CUdeviceptr a) {
 }
 
 int main(void) {
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    CUcontext ctx = use_primary_context(NULL);
     CUstream s;
     EXPECT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     const size_t N = 1 << 16;
