@@ -13,16 +13,8 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "driver_check.h"
+#include "timing.h"
 
 static void report(const char *label, const char *mem, const char *dir, size_t bytes, double *seconds, int reps) {
     qsort(seconds, reps, sizeof *seconds, by_value);
@@ -71,17 +63,6 @@ static void fill(unsigned char *p, size_t n, const char *data) {
         for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 7 + (i >> 20));
     }
 }
-
-#define CHECK(call)                                                                      \
-    do {                                                                                 \
-        CUresult r_ = (call);                                                            \
-        if (r_ != CUDA_SUCCESS) {                                                        \
-            const char *name_ = "?";                                                     \
-            cuGetErrorName(r_, &name_);                                                  \
-            printf("FAIL %s: %s\n", #call, name_);                                       \
-            return 1;                                                                    \
-        }                                                                                \
-    } while (0)
 
 int main(int argc, char **argv) {
     if (argc < 4) {

@@ -93,6 +93,16 @@ static inline int test_finish() {
     return 1;
 }
 
+// For the programs about two devices: prints "devices: N" and, with fewer than two, that there is
+// nothing between devices to test; the count.
+static inline int printed_device_count() {
+    int count = 0;
+    CHECK(cudaGetDeviceCount(&count));
+    printf("devices: %d\n", count);
+    if (count < 2) printf("one device: nothing between devices to test\n");
+    return count;
+}
+
 // Deterministic byte pattern: depends on the index and a seed, never periodic in small powers of two.
 static inline uint8_t pattern_byte(size_t i, uint32_t seed) {
     uint32_t x = (uint32_t)i * 2654435761u ^ (uint32_t)(i >> 32) ^ (seed * 0x9E3779B9u);

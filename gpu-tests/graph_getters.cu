@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "driver_check.h"
+#include "graph_add_kernel.h"
 
 __global__ void scale(int *p, int n, int factor) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -37,17 +38,6 @@ static int destroyed_after_wait(int want) {
     return destroyed_now();
 }
 
-static cudaGraphNode_t add_kernel(cudaGraph_t g, const cudaGraphNode_t *deps, size_t ndeps, void *func, dim3 grid, dim3 block,
-                                  void **args) {
-    cudaKernelNodeParams p = {};
-    p.func = func;
-    p.gridDim = grid;
-    p.blockDim = block;
-    p.kernelParams = args;
-    cudaGraphNode_t node;
-    CHECK(cudaGraphAddKernelNode(&node, g, deps, ndeps, &p));
-    return node;
-}
 
 int main() {
     test_init("graph_getters");

@@ -10,26 +10,7 @@
 #include <vector>
 
 #include "driver_check.h"
-
-__global__ void fill(int *p, int n, int scale) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) p[i] = i * scale;
-}
-
-__global__ void copy_plus(int *out, const int *in, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] += in[i];
-}
-
-// One thread: counts, and keeps the loop going until the count reaches `limit`.
-__global__ void count_step(int *counter, int limit, cudaGraphConditionalHandle handle) {
-    int next = ++*counter;
-    cudaGraphSetConditional(handle, next < limit ? 1 : 0);
-}
-
-__global__ void set_condition(cudaGraphConditionalHandle handle, unsigned value) { cudaGraphSetConditional(handle, value); }
-
-__global__ void add_one(int *p) { *p += 1; }
+#include "graph_kernels.h"
 
 // A producer and a consumer joined by a programmatic edge: the consumer may start early and
 // waits for the producer's trigger before it reads.
@@ -44,17 +25,6 @@ __global__ void consume(int *p) {
     p[1] = p[0] + 1;
 }
 
-static cudaGraphNode_t add_kernel(cudaGraph_t g, const cudaGraphNode_t *deps, size_t ndeps, void *func, dim3 grid, dim3 block,
-                                  void **args) {
-    cudaKernelNodeParams p = {};
-    p.func = func;
-    p.gridDim = grid;
-    p.blockDim = block;
-    p.kernelParams = args;
-    cudaGraphNode_t node;
-    CHECK(cudaGraphAddKernelNode(&node, g, deps, ndeps, &p));
-    return node;
-}
 
 static CUstreamBatchMemOpParams write32(CUdeviceptr address, unsigned value) {
     CUstreamBatchMemOpParams op = {};

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common.h"
+#include "hex_text.h"
 
 extern char **environ;
 
@@ -27,16 +28,6 @@ static __global__ void fill(float *p, size_t n) {
 static __global__ void mark(float *p, size_t n, float value) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n) p[i] = value;
-}
-
-static void to_hex(const void *bytes, size_t len, char *out) {
-    const unsigned char *b = (const unsigned char *)bytes;
-    for (size_t i = 0; i < len; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
-}
-
-static void from_hex(const char *text, void *bytes, size_t len) {
-    unsigned char *b = (unsigned char *)bytes;
-    for (size_t i = 0; i < len; i++) sscanf(text + 2 * i, "%2hhx", &b[i]);
 }
 
 static int child(const char *mem_hex, const char *event_hex) {

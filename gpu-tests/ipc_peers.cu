@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common.h"
+#include "hex_text.h"
 
 extern char **environ;
 
@@ -31,16 +32,6 @@ static __global__ void add(const int *a, const int *b, int *out, size_t n) {
 }
 
 static unsigned blocks() { return (unsigned)((N + 255) / 256); }
-
-static void to_hex(const void *bytes, size_t len, char *out) {
-    const unsigned char *b = (const unsigned char *)bytes;
-    for (size_t i = 0; i < len; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
-}
-
-static void from_hex(const char *text, void *bytes, size_t len) {
-    unsigned char *b = (unsigned char *)bytes;
-    for (size_t i = 0; i < len; i++) sscanf(text + 2 * i, "%2hhx", &b[i]);
-}
 
 // Reads one line from fd, waiting at most 120 s (no wait here is unbounded).
 static bool read_line(int fd, std::string &line) {

@@ -9,17 +9,7 @@
 #include <vector>
 
 #include "common.h"
-
-__global__ void fill(unsigned *p, size_t n, unsigned seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = seed ^ (unsigned)i;
-}
-
-// Sums `n` words at `p` (another device's memory under peer access) into `*out`.
-__global__ void sum(const unsigned *p, size_t n, unsigned long long *out) {
-    unsigned long long local = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) local += p[i];
-    atomicAdd(out, local);
-}
+#include "seed_words.h"
 
 // Spins until `*flag` is set, then writes `value` to `*out`: ordered after the event it waits for.
 __global__ void after(volatile unsigned *flag, unsigned *out, unsigned value) { *out = *flag ? value : 0u; }

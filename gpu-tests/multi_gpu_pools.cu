@@ -10,17 +10,7 @@
 #include <vector>
 
 #include "common.h"
-
-__global__ void fill(unsigned *p, size_t n, unsigned seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = seed ^ (unsigned)i;
-}
-
-// Sums `n` words at `p` (another device's pool memory, under pool access) into `*out`.
-__global__ void sum(const unsigned *p, size_t n, unsigned long long *out) {
-    unsigned long long local = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) local += p[i];
-    atomicAdd(out, local);
-}
+#include "seed_words.h"
 
 static const size_t N = 8u << 20;  // words: 32 MiB
 static const size_t BYTES = N * sizeof(unsigned);
@@ -47,13 +37,8 @@ static unsigned long long used(cudaMemPool_t pool) {
 
 int main() {
     test_init("multi_gpu_pools");
-    int count = 0;
-    CHECK(cudaGetDeviceCount(&count));
-    printf("devices: %d\n", count);
-    if (count < 2) {
-        printf("one device: nothing between devices to test\n");
-        return test_finish();
-    }
+    int count = printed_device_count();
+    if (count < 2) return test_finish();
 
     cudaMemPool_t defaults[2], current;
     for (int d = 0; d < 2; d++) CHECK(cudaDeviceGetDefaultMemPool(&defaults[d], d));

@@ -17,21 +17,11 @@
 #include <vector>
 
 #include "common.h"
+#include "fd_passing.h"
+#include "word_pattern.h"
 
 static const size_t WORDS = 4 << 20;  // 16 MiB of uint32_t
 static const size_t BYTES = WORDS * sizeof(uint32_t);
-
-static __host__ __device__ uint32_t word(size_t i, uint32_t seed) { return (uint32_t)i * 2654435761u + seed; }
-
-static __global__ void fill(uint32_t *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        p[i] = word(i, seed);
-}
-
-static __global__ void count_wrong(const uint32_t *p, size_t n, uint32_t seed, unsigned long long *wrong) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        if (p[i] != word(i, seed)) atomicAdd(wrong, 1ull);
-}
 
 static unsigned long long wrong_words(const uint32_t *p, size_t words, uint32_t seed, cudaStream_t stream) {
     unsigned long long *wrong = nullptr, host = 0;
@@ -43,48 +33,6 @@ static unsigned long long wrong_words(const uint32_t *p, size_t words, uint32_t 
     CHECK(cudaFreeAsync(wrong, stream));
     CHECK(cudaStreamSynchronize(stream));
     return host;
-}
-
-// The pool's descriptor travels with the allocation's export data as the message.
-static void send_export(int sock, int fd, const cudaMemPoolPtrExportData *data) {
-    struct iovec iov = {(void *)data, sizeof *data};
-    char space[CMSG_SPACE(sizeof(int))] = {};
-    struct msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
-    if (sendmsg(sock, &msg, 0) != (ssize_t)sizeof *data) exit(2);
-}
-
-static int receive_export(int sock, cudaMemPoolPtrExportData *data) {
-    struct iovec iov = {data, sizeof *data};
-    char space[CMSG_SPACE(sizeof(int))] = {};
-    struct msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
-    if (recvmsg(sock, &msg, MSG_WAITALL) != (ssize_t)sizeof *data) exit(2);
-    int fd = -1;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    if (cmsg && cmsg->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
-    return fd;
-}
-
-static void say(int sock, char what) {
-    if (write(sock, &what, 1) != 1) exit(2);
-}
-
-static char hear(int sock) {
-    char what = 0;
-    if (read(sock, &what, 1) != 1) exit(2);
-    return what;
 }
 
 static int exporter(int sock) {
@@ -124,10 +72,11 @@ static int exporter(int sock) {
     CHECK(cudaMemPoolExportToShareableHandle(&fd, pool, cudaMemHandleTypePosixFileDescriptor, 0));
     CHECK(cudaMemPoolExportPointer(&data, p));
     printf("exported: the pool as a descriptor %s, the allocation's export data\n", fd >= 0 ? "yes" : "no");
-    send_export(sock, fd, &data);
+    // The pool's descriptor travels with the allocation's export data as the message.
+    send_with_fd(sock, fd, &data, sizeof data);
     close(fd);
 
-    if (hear(sock) != 'w') return 2;
+    if (wait_peer(sock) != 'w') return 2;
     unsigned long long first = wrong_words(p, WORDS / 2, 7, stream);
     std::vector<uint32_t> host(WORDS);
     CHECK(cudaMemcpyAsync(host.data(), p, BYTES, cudaMemcpyDeviceToHost, stream));
@@ -139,11 +88,11 @@ static int exporter(int sock) {
     EXPECT(first == 0 && second_wrong == 0, "both halves as expected");
 
     // The importer freed its import first; then the exporter frees and destroys the pool.
-    if (hear(sock) != 'f') return 2;
+    if (wait_peer(sock) != 'f') return 2;
     CHECK(cudaFreeAsync(p, stream));
     CHECK(cudaStreamSynchronize(stream));
-    say(sock, 'r');
-    if (hear(sock) != 'd') return 2;
+    signal_peer(sock, 'r');
+    if (wait_peer(sock) != 'd') return 2;
     CHECK(cudaMemPoolDestroy(pool));
     CHECK(cudaStreamDestroy(stream));
     return 0;
@@ -151,7 +100,7 @@ static int exporter(int sock) {
 
 static int importer(int sock) {
     cudaMemPoolPtrExportData data;
-    int fd = receive_export(sock, &data);
+    int fd = receive_with_fd(sock, &data, sizeof data);
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaMemPool_t pool = nullptr;
@@ -181,35 +130,22 @@ static int importer(int sock) {
     fill<<<256, 256, 0, stream>>>(p + WORDS / 2, WORDS / 2, 99);
     CHECK_LAUNCH();
     CHECK(cudaStreamSynchronize(stream));
-    say(sock, 'w');
+    signal_peer(sock, 'w');
     // Freed here before the exporter frees it, as CUDA requires.
     CHECK(cudaFreeAsync(p, stream));
     CHECK(cudaStreamSynchronize(stream));
-    say(sock, 'f');
-    if (hear(sock) != 'r') return 2;
+    signal_peer(sock, 'f');
+    if (wait_peer(sock) != 'r') return 2;
     CHECK(cudaMemPoolDestroy(pool));
     CHECK(cudaStreamDestroy(stream));
-    say(sock, 'd');
+    signal_peer(sock, 'd');
     return g_failures ? 1 : 0;
 }
 
 int main() {
     test_init("pool_ipc");
-    int socks[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, socks) != 0) return 2;
-    fflush(stdout);
-    pid_t child = fork();  // before any CUDA call: each process has its own context
-    if (child < 0) return 2;
-    if (child == 0) {
-        close(socks[0]);
-        int code = importer(socks[1]);
-        fflush(stdout);
-        _exit(code);
-    }
-    close(socks[1]);
-    int code = exporter(socks[0]);
     int status = 0;
-    waitpid(child, &status, 0);
+    int code = run_parent_and_child(exporter, importer, NULL, &status);
     EXPECT(code == 0, "the exporter finished");
     EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the importer passed");
     return test_finish();

@@ -6,6 +6,20 @@
 #   worker-kill  the server's worker killed under an app blocked in a call: a CUDA error within 2 s
 #   stall        an app stopped (SIGSTOP) mid-copy must not slow another session down
 
+# cannot_run LABEL TRANSPORT: true, with LABEL's FAIL row over TRANSPORT added, when the server
+# is down or the time budget is spent.
+cannot_run() {
+    if ! server_alive; then
+        add_row "$1" "$2" - - - FAIL "$DOWN_NOTE"
+        return 0
+    fi
+    if ! budget_left; then
+        add_row "$1" "$2" - - - FAIL "not run: the time budget (--budget $BUDGET s) was spent"
+        return 0
+    fi
+    return 1
+}
+
 soak_skip_row() { # NAME WHY
     add_row "soak: $1" "$TRANSPORTS" - - - FAIL "not run: $2"
 }
@@ -78,14 +92,7 @@ soak_tenants() {
         fi
     done
     for t in "${TRANSPORT_LIST[@]}"; do
-        if ! server_alive; then
-            add_row "soak: $n tenants at once" "$t" - - - FAIL "$DOWN_NOTE"
-            continue
-        fi
-        if ! budget_left; then
-            add_row "soak: $n tenants at once" "$t" - - - FAIL "not run: the time budget (--budget $BUDGET s) was spent"
-            continue
-        fi
+        cannot_run "soak: $n tenants at once" "$t" && continue
         mapfile -t fenv < <(flyt_env "$t")
         pids=()
         local t0=$SECONDS
@@ -294,14 +301,7 @@ soak_worker_kill() {
     for t in "${TRANSPORT_LIST[@]}"; do
         for mode in kernel copies; do
             local label="soak: worker killed mid-call ($mode)"
-            if ! server_alive; then
-                add_row "$label" "$t" - - - FAIL "$DOWN_NOTE"
-                continue
-            fi
-            if ! budget_left; then
-                add_row "$label" "$t" - - - FAIL "not run: the time budget (--budget $BUDGET s) was spent"
-                continue
-            fi
+            cannot_run "$label" "$t" && continue
             echo "soak: worker killed under hold_call $mode over $t"
             base=$TMP/wk.$t.$mode
             sync=$TMP/wk.$t.$mode.sync
@@ -361,14 +361,7 @@ soak_stall() {
     fi
     for t in "${TRANSPORT_LIST[@]}"; do
         local label="soak: app stopped mid-copy, another app's time"
-        if ! server_alive; then
-            add_row "$label" "$t" - - - FAIL "$DOWN_NOTE"
-            continue
-        fi
-        if ! budget_left; then
-            add_row "$label" "$t" - - - FAIL "not run: the time budget (--budget $BUDGET s) was spent"
-            continue
-        fi
+        cannot_run "$label" "$t" && continue
         echo "soak: a stopped reader and a steady app over $t"
         mapfile -t fenv < <(flyt_env "$t")
         notes=()

@@ -12,86 +12,33 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIST=dist OUT=gpu-tests/results/spread-cluster NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) ARCH=sm_90 LIMIT=300
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
-        --nvcc) NVCC=$2; shift 2 ;;
-        --arch) ARCH=$2; shift 2 ;;
-        --timeout) LIMIT=$2; shift 2 ;;
-        *) echo "usage: $0 --dist DIR --out DIR [--nvcc PATH] [--arch SM] [--timeout S]" >&2; exit 2 ;;
-    esac
-done
-DIST=$(cd "$DIST" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
-    echo "spread-cluster: needs 2 GPUs here" >&2
-    exit 2
-fi
+. "$here/lib/cluster.sh"
+parse_gpu_test_args "$@"
+need_gpus spread-cluster 2
 TMP=$(mktemp -d /tmp/flyt-spread-cluster.XXXXXX)
 daemons=()
 cleanup() {
-    # Newest first: the client manager, the node managers (they stop their rpc-servers), the
-    # cluster manager.
-    for ((i = ${#daemons[@]} - 1; i >= 0; i--)); do
-        kill -TERM "${daemons[i]}" 2>/dev/null
-        for _ in $(seq 100); do kill -0 "${daemons[i]}" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "${daemons[i]}" 2>/dev/null
-    done
+    stop_daemons
     wait 2>/dev/null
     rm -rf "$TMP"
 }
 trap cleanup EXIT
 fail() { echo "spread-cluster: $*" >&2; exit 1; }
 
-# start NAME COMMAND...: a daemon, its stdout in $TMP/NAME.out, its log in $OUT/NAME.log; its
-# ready line (the first of its stdout) in LINE (not run in a subshell, so the cleanup knows it).
-start() {
-    local name=$1
-    shift
-    "$@" >"$TMP/$name.out" 2>"$OUT/$name.log" &
-    daemons+=($!)
-    LINE=
-    for _ in $(seq 600); do
-        [ -s "$TMP/$name.out" ] && { LINE=$(head -n 1 "$TMP/$name.out"); break; }
-        kill -0 "${daemons[-1]}" 2>/dev/null || break
-        sleep 0.1
-    done
-    [ -n "$LINE" ] || fail "$name did not start (log: $OUT/$name.log)"
-}
-
 "$NVCC" -arch "$ARCH" -cudart=shared -std=c++17 -O2 -o "$TMP/spread_nodes" "$here/spread_nodes.cu" || fail "nvcc failed"
 CUDA_VISIBLE_DEVICES=0,1 timeout "$LIMIT" "$TMP/spread_nodes" >"$OUT/native.out" 2>"$OUT/native.err"
 native_rc=$?
 
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/cluster.key"
-chmod 600 "$TMP/cluster.key"
-export FLYTCTL_ADMIN_SOCKET="$TMP/admin.sock" FLYTCTL_CLUSTER_KEY_FILE="$TMP/cluster.key"
-flytctl="$DIST/bin/flytctl"
-FLYT_CLUSTER_MANAGER_LISTEN=127.0.0.1:0 FLYT_CLUSTER_MANAGER_ADMIN_SOCKET="$TMP/admin.sock" \
-    FLYT_CLUSTER_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_CLUSTER_MANAGER_STATE_DIR="$TMP/cluster-manager" \
-    start cluster-manager "$DIST/bin/flyt-cluster-manager"
-cluster=$(echo "$LINE" | awk '{print $4}')
-# node NAME GPU HOST_IP: a node manager that sees GPU GPU alone (a node of one GPU).
-node() {
-    CUDA_VISIBLE_DEVICES=$2 FLYT_NODE_MANAGER_NODE_ID=$1 FLYT_NODE_MANAGER_CLUSTER_MANAGER="$cluster" \
-        FLYT_NODE_MANAGER_HOST_IP=$3 FLYT_NODE_MANAGER_ADVERTISE_HOST=127.0.0.1 FLYT_NODE_MANAGER_CONTROL_LISTEN=127.0.0.1:0 \
-        FLYT_NODE_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_NODE_MANAGER_STATE_DIR="$TMP/$1" FLYT_NODE_MANAGER_DEVICE=cuda \
-        FLYT_NODE_MANAGER_RPC_SERVER_BINARY="$DIST/bin/flyt-rpc-server" FLYT_NODE_MANAGER_RPC_SERVER_LISTEN_HOST=127.0.0.1 \
-        FLYT_NODE_MANAGER_RPC_SERVER_SOCKET_DIR="$TMP/$1-sockets" FLYT_NODE_MANAGER_MPS_ENABLED=false \
-        start "$1" "$DIST/bin/flyt-node-manager"
-}
-node node-a 0 127.0.0.1
-node node-b 1 127.0.0.2
+start_cluster_manager
+start_node_manager node-a 0 127.0.0.1
+start_node_manager node-b 1 127.0.0.2
 for _ in $(seq 300); do
     up=$("$flytctl" list-servernodes --json 2>/dev/null | python3 -c 'import json,sys; print(sum(1 for v in json.load(sys.stdin) if v["node"]["health"] == "Up" and v["gpus"]))' 2>/dev/null)
     [ "$up" = 2 ] && break
     sleep 0.1
 done
 [ "$up" = 2 ] || fail "the two node managers did not register a GPU each within 30 s"
-FLYT_CLIENT_MANAGER_VM_IP=127.0.0.1 FLYT_CLIENT_MANAGER_CLUSTER_MANAGER="$cluster" FLYT_CLIENT_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" \
-    FLYT_CLIENT_MANAGER_SOCKET="$TMP/client-manager.sock" start client-manager "$DIST/bin/flyt-client-manager"
+start_client_manager
 
 rc=0
 echo "| run | native | flyt | same output |"

@@ -10,23 +10,9 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIST=dist OUT=gpu-tests/results/spread NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) ARCH=sm_90 LIMIT=300
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
-        --nvcc) NVCC=$2; shift 2 ;;
-        --arch) ARCH=$2; shift 2 ;;
-        --timeout) LIMIT=$2; shift 2 ;;
-        *) echo "usage: $0 --dist DIR --out DIR [--nvcc PATH] [--arch SM] [--timeout S]" >&2; exit 2 ;;
-    esac
-done
-DIST=$(cd "$DIST" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
-    echo "spread: needs 2 GPUs here" >&2
-    exit 2
-fi
+. "$here/lib/cluster.sh"
+parse_gpu_test_args "$@"
+need_gpus spread 2
 TMP=$(mktemp -d /tmp/flyt-spread.XXXXXX)
 servers=()
 cleanup() {

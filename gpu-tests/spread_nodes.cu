@@ -56,13 +56,8 @@ static unsigned long long wrong_words(const unsigned *p, size_t n, unsigned seed
 
 int main() {
     test_init("spread_nodes");
-    int count = 0;
-    CHECK(cudaGetDeviceCount(&count));
-    printf("devices: %d\n", count);
-    if (count < 2) {
-        printf("one device: nothing between devices to test\n");
-        return test_finish();
-    }
+    int count = printed_device_count();
+    if (count < 2) return test_finish();
     cudaDeviceProp props[2];
     for (int d = 0; d < 2; d++) {
         CHECK(cudaGetDeviceProperties(&props[d], d));

@@ -12,56 +12,20 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIST=dist OUT=gpu-tests/results/swap-gpu NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) ARCH=sm_90 LIMIT=300
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
-        --nvcc) NVCC=$2; shift 2 ;;
-        --arch) ARCH=$2; shift 2 ;;
-        --timeout) LIMIT=$2; shift 2 ;;
-        *) echo "usage: $0 --dist DIR --out DIR [--nvcc PATH] [--arch SM] [--timeout S]" >&2; exit 2 ;;
-    esac
-done
-DIST=$(cd "$DIST" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-if [ "$(nvidia-smi -L | wc -l)" -lt 3 ]; then
-    echo "swap-gpu: needs 3 GPUs here" >&2
-    exit 2
-fi
+. "$here/lib/cluster.sh"
+parse_gpu_test_args "$@"
+need_gpus swap-gpu 3
 TMP=$(mktemp -d /tmp/flyt-swap-gpu.XXXXXX)
 daemons=()
 APP=
 cleanup() {
     [ -n "$APP" ] && kill -KILL "$APP" 2>/dev/null
-    # Newest first: the client manager, the node manager (it stops its rpc-servers), the
-    # cluster manager.
-    for ((i = ${#daemons[@]} - 1; i >= 0; i--)); do
-        kill -TERM "${daemons[i]}" 2>/dev/null
-        for _ in $(seq 100); do kill -0 "${daemons[i]}" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "${daemons[i]}" 2>/dev/null
-    done
+    stop_daemons
     wait 2>/dev/null
     rm -rf "$TMP"
 }
 trap cleanup EXIT
 fail() { echo "swap-gpu: $*" >&2; exit 1; }
-
-# start NAME COMMAND...: a daemon, its stdout in $TMP/NAME.out, its log in $OUT/NAME.log; its
-# ready line (the first of its stdout) in LINE.
-start() {
-    local name=$1
-    shift
-    "$@" >"$TMP/$name.out" 2>"$OUT/$name.log" &
-    daemons+=($!)
-    LINE=
-    for _ in $(seq 600); do
-        [ -s "$TMP/$name.out" ] && { LINE=$(head -n 1 "$TMP/$name.out"); break; }
-        kill -0 "${daemons[-1]}" 2>/dev/null || break
-        sleep 0.1
-    done
-    [ -n "$LINE" ] || fail "$name did not start (log: $OUT/$name.log)"
-}
 
 "$NVCC" -O2 -arch="$ARCH" -o "$TMP/migrate_two_gpus" "$here/migration/migrate_two_gpus.cu" || fail "nvcc failed"
 cc -O2 -o "$TMP/hide_gpu" "$here/tools/hide_gpu.c" || fail "cc hide_gpu failed"
@@ -75,28 +39,15 @@ ROUNDS=200
 CUDA_VISIBLE_DEVICES=0,1 timeout "$LIMIT" "$TMP/migrate_two_gpus" $ROUNDS 5 >"$OUT/native.out" 2>"$OUT/native.err"
 native_rc=$?
 
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/cluster.key"
-chmod 600 "$TMP/cluster.key"
-export FLYTCTL_ADMIN_SOCKET="$TMP/admin.sock" FLYTCTL_CLUSTER_KEY_FILE="$TMP/cluster.key"
-flytctl="$DIST/bin/flytctl"
-FLYT_CLUSTER_MANAGER_LISTEN=127.0.0.1:0 FLYT_CLUSTER_MANAGER_ADMIN_SOCKET="$TMP/admin.sock" \
-    FLYT_CLUSTER_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_CLUSTER_MANAGER_STATE_DIR="$TMP/cluster-manager" \
-    start cluster-manager "$DIST/bin/flyt-cluster-manager"
-cluster=$(echo "$LINE" | awk '{print $4}')
-CUDA_VISIBLE_DEVICES=0,1,2 FLYT_NODE_MANAGER_NODE_ID=node-a FLYT_NODE_MANAGER_CLUSTER_MANAGER="$cluster" \
-    FLYT_NODE_MANAGER_HOST_IP=127.0.0.1 FLYT_NODE_MANAGER_ADVERTISE_HOST=127.0.0.1 FLYT_NODE_MANAGER_CONTROL_LISTEN=127.0.0.1:0 \
-    FLYT_NODE_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_NODE_MANAGER_STATE_DIR="$TMP/node-a" FLYT_NODE_MANAGER_DEVICE=cuda \
-    FLYT_NODE_MANAGER_RPC_SERVER_BINARY="$DIST/bin/flyt-rpc-server" FLYT_NODE_MANAGER_RPC_SERVER_LISTEN_HOST=127.0.0.1 \
-    FLYT_NODE_MANAGER_RPC_SERVER_SOCKET_DIR="$TMP/node-a-sockets" FLYT_NODE_MANAGER_MPS_ENABLED=false \
-    start node-a "$DIST/bin/flyt-node-manager"
+start_cluster_manager
+start_node_manager node-a 0,1,2 127.0.0.1
 for _ in $(seq 300); do
     gpus=$("$flytctl" list-servernodes --json 2>/dev/null | python3 -c 'import json,sys; print(sum(len(v["gpus"]) for v in json.load(sys.stdin) if v["node"]["health"] == "Up"))' 2>/dev/null)
     [ "$gpus" = 3 ] && break
     sleep 0.1
 done
 [ "$gpus" = 3 ] || fail "the node manager did not register 3 GPUs within 30 s (saw ${gpus:-none})"
-FLYT_CLIENT_MANAGER_VM_IP=127.0.0.1 FLYT_CLIENT_MANAGER_CLUSTER_MANAGER="$cluster" FLYT_CLIENT_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" \
-    FLYT_CLIENT_MANAGER_SOCKET="$TMP/client-manager.sock" start client-manager "$DIST/bin/flyt-client-manager"
+start_client_manager
 VM=127.0.0.1
 "$flytctl" vm add $VM --host-ip 127.0.0.1 --compute-units 20 --memory-mib 4096 --gpus 2 >/dev/null || fail "flytctl vm add failed"
 

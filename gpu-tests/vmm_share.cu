@@ -13,61 +13,8 @@
 #include <vector>
 
 #include "driver_check.h"
-
-static __host__ __device__ uint32_t word(size_t i, uint32_t seed) { return (uint32_t)i * 2654435761u + seed; }
-
-static __global__ void fill(uint32_t *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        p[i] = word(i, seed);
-}
-
-static __global__ void count_wrong(const uint32_t *p, size_t n, uint32_t seed, unsigned long long *wrong) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        if (p[i] != word(i, seed)) atomicAdd(wrong, 1ull);
-}
-
-static void send_fd(int sock, int fd) {
-    char byte = 'f';
-    struct iovec iov = {&byte, 1};
-    char space[CMSG_SPACE(sizeof(int))] = {};
-    struct msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
-    if (sendmsg(sock, &msg, 0) != 1) exit(2);
-}
-
-static int receive_fd(int sock) {
-    char byte;
-    struct iovec iov = {&byte, 1};
-    char space[CMSG_SPACE(sizeof(int))] = {};
-    struct msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
-    if (recvmsg(sock, &msg, 0) != 1) exit(2);
-    int fd = -1;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    if (cmsg && cmsg->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
-    return fd;
-}
-
-static void say(int sock, char what) {
-    if (write(sock, &what, 1) != 1) exit(2);
-}
-
-static char hear(int sock) {
-    char what = 0;
-    if (read(sock, &what, 1) != 1) exit(2);
-    return what;
-}
+#include "fd_passing.h"
+#include "word_pattern.h"
 
 static CUmemAllocationProp prop_with(unsigned handle_types) {
     CUmemAllocationProp prop = {};
@@ -129,7 +76,7 @@ static int exporter(int sock) {
     send_fd(sock, fd);
     close(fd);
 
-    if (hear(sock) != 'w') return 2;
+    if (wait_peer(sock) != 'w') return 2;
     unsigned long long first = wrong_words(base, words / 2, 7);
     std::vector<uint32_t> host(words);
     CHECK(cudaMemcpy(host.data(), (void *)base, size, cudaMemcpyDeviceToHost));
@@ -140,7 +87,7 @@ static int exporter(int sock) {
     CHECK_CU(cuMemUnmap(base, size));
     CHECK_CU(cuMemAddressFree(base, size));
     CHECK_CU(cuMemRelease(shared));
-    say(sock, 'r');
+    signal_peer(sock, 'r');
     return first == 0 && second_wrong == 0 ? 0 : 1;
 }
 
@@ -158,8 +105,8 @@ static int importer(int sock) {
     printf("importer: %llu wrong words of %zu\n", wrong_words(base, words, 7), words);
     fill<<<256, 256>>>((uint32_t *)(base + g), words / 2, 99);
     CHECK(cudaDeviceSynchronize());
-    say(sock, 'w');
-    if (hear(sock) != 'r') return 2;
+    signal_peer(sock, 'w');
+    if (wait_peer(sock) != 'r') return 2;
     // The exporter released its handle: this process's mapping still holds the memory.
     printf("importer after the exporter's release: %llu wrong words in the second granule\n", wrong_words(base + g, words / 2, 99));
     CHECK_CU(cuMemUnmap(base, size));
@@ -170,21 +117,8 @@ static int importer(int sock) {
 
 int main() {
     g_test_name = "vmm_share";
-    int socks[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, socks) != 0) return 2;
-    fflush(stdout);
-    pid_t child = fork();  // before any CUDA call: each process has its own context
-    if (child < 0) return 2;
-    if (child == 0) {
-        close(socks[0]);
-        int code = importer(socks[1]);
-        fflush(stdout);
-        _exit(code);
-    }
-    close(socks[1]);
-    int code = exporter(socks[0]);
     int status = 0;
-    waitpid(child, &status, 0);
+    int code = run_parent_and_child(exporter, importer, NULL, &status);
     int child_code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
     printf("vmm_share: %s\n", code == 0 && child_code == 0 ? "PASS" : "FAIL");
     return code || child_code;

@@ -9,16 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "../timing.h"
 
 static void report(const char *what, double *us, int n) {
     qsort(us, n, sizeof *us, by_value);

@@ -7,11 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
+#include "../timing.h"
 
 // One round trip through `buffer`; prints the two rates, or why it failed (returns non-zero).
 static int round_trip(const char *kind, int round, CUdeviceptr buffer, unsigned char *up, unsigned char *down, size_t n) {

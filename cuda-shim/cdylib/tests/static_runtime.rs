@@ -296,23 +296,23 @@ fn batch_copies_and_context_settings_through_the_driver_api() {
     }
 }
 
-/// A physical allocation shared between two processes through a POSIX descriptor: on one
-/// server with and without the shared-memory channel, and between two servers (two tenants of
-/// one device; the importer over TCP), on the emulated device, whose shareable allocations are
-/// memory files both workers map.
-#[test]
-fn physical_allocations_shared_between_processes() {
+/// Runs the two-process program `tests/c/NAME.c` (an exporter and the importer it forks) on the
+/// emulated device: on one server with the shared-memory channel and without, and with the
+/// importer on a second server over TCP (another tenant of the device). Each run must exit 0;
+/// what it was, its stdout and its stderr. `None`: skipped.
+fn run_exporter_and_importer(name: &str) -> Option<Vec<(String, String, String)>> {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
         eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
-        return;
+        return None;
     };
-    let scratch = scratch_dir("driver-vmm-share");
-    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_vmm_share");
+    let scratch = scratch_dir(&name.replace('_', "-"));
+    let (program, lib) = compile_driver_program(&cuda, &scratch, name);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
     let other_scratch = scratch.join("other");
     std::fs::create_dir_all(&other_scratch).expect("scratch");
     let other = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &other_scratch);
+    let mut runs = Vec::new();
     for (shm, importer) in [("on", None), ("off", None), ("on", Some(&other.addresses[0]))] {
         let mut command = Command::new(&program);
         command.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm);
@@ -322,6 +322,19 @@ fn physical_allocations_shared_between_processes() {
         let (code, stdout, stderr) = run_with_timeout(&mut command, Duration::from_secs(60));
         let run = format!("FLYT_SHM={shm}, importer on {importer:?}");
         assert_eq!(code, 0, "{run}\n{stdout}\n{stderr}");
+        runs.push((run, stdout, stderr));
+    }
+    Some(runs)
+}
+
+/// A physical allocation shared between two processes through a POSIX descriptor: on one
+/// server with and without the shared-memory channel, and between two servers (two tenants of
+/// one device; the importer over TCP), on the emulated device, whose shareable allocations are
+/// memory files both workers map.
+#[test]
+fn physical_allocations_shared_between_processes() {
+    let Some(runs) = run_exporter_and_importer("driver_vmm_share") else { return };
+    for (run, stdout, stderr) in &runs {
         for line in [
             "exported as a descriptor: yes",
             "imported handle types: 0",
@@ -345,26 +358,8 @@ fn physical_allocations_shared_between_processes() {
 /// refusal says why, once.
 #[test]
 fn memory_pools_shared_between_processes() {
-    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
-        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
-        return;
-    };
-    let scratch = scratch_dir("driver-pool-share");
-    let (program, lib) = compile_driver_program(&cuda, &scratch, "driver_pool_share");
-    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
-    let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
-    let other_scratch = scratch.join("other");
-    std::fs::create_dir_all(&other_scratch).expect("scratch");
-    let other = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &other_scratch);
-    for (shm, importer) in [("on", None), ("off", None), ("on", Some(&other.addresses[0]))] {
-        let mut command = Command::new(&program);
-        command.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &server.addresses[0]).env("FLYT_SHM", shm);
-        if let Some(address) = importer {
-            command.env("IMPORTER_FLYT_SERVER", address);
-        }
-        let (code, stdout, stderr) = run_with_timeout(&mut command, Duration::from_secs(60));
-        let run = format!("FLYT_SHM={shm}, importer on {importer:?}");
-        assert_eq!(code, 0, "{run}\n{stdout}\n{stderr}");
+    let Some(runs) = run_exporter_and_importer("driver_pool_share") else { return };
+    for (run, stdout, stderr) in &runs {
         for line in [
             "pool handle types: 1",
             "exported the pool as a descriptor: yes",

@@ -100,11 +100,7 @@ static void pitched_3d(CUstream stream, int pinned) {
 
 int main(void) {
     CUdevice device;
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&device, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(&device);
     CUstream stream;
     EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 

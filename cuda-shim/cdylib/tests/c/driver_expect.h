@@ -2,6 +2,7 @@
 // compares a call's CUresult with the one expected and counts a mismatch.
 #include <cuda.h>
 #include <stdio.h>
+#include <string.h>
 
 static int failures = 0;
 
@@ -28,3 +29,46 @@ static const char *name_of(CUresult r) {
         printf("%s: %s\n", what, ok_ ? "yes" : "no");                                              \
         if (!ok_) failures++;                                                                       \
     } while (0)
+
+// The usual start: cuInit, device 0's primary context retained and made current (returned for
+// the programs that use it again). `device` receives device 0's handle from cuDeviceGet; NULL
+// names ordinal 0 directly, as some programs do (no cuDeviceGet call).
+static inline CUcontext use_primary_context(CUdevice *device) {
+    CUcontext ctx = NULL;
+    CUdevice ordinal = 0;
+    EXPECT(cuInit(0), CUDA_SUCCESS);
+    if (device) {
+        EXPECT(cuDeviceGet(device, 0), CUDA_SUCCESS);
+        ordinal = *device;
+    }
+    EXPECT(cuDevicePrimaryCtxRetain(&ctx, ordinal), CUDA_SUCCESS);
+    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    return ctx;
+}
+
+// A graph memset node's parameters: `n` bytes of `value` at `dst` (one row).
+static inline CUDA_MEMSET_NODE_PARAMS byte_memset_params(CUdeviceptr dst, unsigned value, size_t n) {
+    CUDA_MEMSET_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    p.dst = dst;
+    p.value = value;
+    p.elementSize = 1;
+    p.width = n;
+    p.height = 1;
+    p.pitch = n;
+    return p;
+}
+
+// A graph copy node's parameters: `n` bytes from device memory `src` to device memory `dst`.
+static inline CUDA_MEMCPY3D device_copy_params(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    CUDA_MEMCPY3D c;
+    memset(&c, 0, sizeof c);
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = src;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = dst;
+    c.WidthInBytes = n;
+    c.Height = 1;
+    c.Depth = 1;
+    return c;
+}

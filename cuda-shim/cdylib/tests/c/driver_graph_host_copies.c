@@ -160,14 +160,7 @@ static void explicit_nodes(CUcontext ctx, CUstream s, CUdeviceptr a) {
     CUgraphNode up, fill, down, host;
     CUDA_MEMCPY3D up_params = host_copy(in, a, n, 0);
     EXPECT(cuGraphAddMemcpyNode(&up, graph, NULL, 0, &up_params, ctx), CUDA_SUCCESS);
-    CUDA_MEMSET_NODE_PARAMS set;
-    memset(&set, 0, sizeof set);
-    set.dst = a;
-    set.value = 0x55;
-    set.elementSize = 1;
-    set.width = 16;
-    set.height = 1;
-    set.pitch = 16;
+    CUDA_MEMSET_NODE_PARAMS set = byte_memset_params(a, 0x55, 16);
     EXPECT(cuGraphAddMemsetNode(&fill, graph, &up, 1, &set, ctx), CUDA_SUCCESS);
     CUDA_MEMCPY3D down_params;
     memset(&down_params, 0, sizeof down_params);
@@ -314,10 +307,7 @@ static void generic_nodes_and_update(CUcontext ctx, CUstream s, CUdeviceptr a) {
 }
 
 int main(void) {
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    CUcontext ctx = use_primary_context(NULL);
     CUstream s;
     EXPECT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     const size_t N = 1 << 16;

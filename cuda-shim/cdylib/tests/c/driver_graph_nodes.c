@@ -12,31 +12,6 @@
 
 #include "driver_expect.h"
 
-static CUDA_MEMSET_NODE_PARAMS memset_of(CUdeviceptr dst, unsigned value, size_t n) {
-    CUDA_MEMSET_NODE_PARAMS p;
-    memset(&p, 0, sizeof p);
-    p.dst = dst;
-    p.value = value;
-    p.elementSize = 1;
-    p.width = n;
-    p.height = 1;
-    p.pitch = n;
-    return p;
-}
-
-static CUDA_MEMCPY3D copy_of(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    CUDA_MEMCPY3D c;
-    memset(&c, 0, sizeof c);
-    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-    c.srcDevice = src;
-    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-    c.dstDevice = dst;
-    c.WidthInBytes = n;
-    c.Height = 1;
-    c.Depth = 1;
-    return c;
-}
-
 // Launches `graph` once and reads the first byte of `d`.
 static unsigned char run_and_read(CUgraph graph, CUdeviceptr d, CUstream s, unsigned long long flags) {
     CUgraphExec exec;
@@ -64,11 +39,11 @@ static void getters_attributes_and_user_objects(CUcontext ctx, CUstream s, CUdev
     // Nodes the app made read back as it gave them (a zero pitch stays zero, offsets stay offsets).
     CUgraph g;
     EXPECT(cuGraphCreate(&g, 0), CUDA_SUCCESS);
-    CUDA_MEMSET_NODE_PARAMS fill = memset_of(out, 0x42, 256);
+    CUDA_MEMSET_NODE_PARAMS fill = byte_memset_params(out, 0x42, 256);
     fill.pitch = 0;
     CUgraphNode set_node, copy_node, host_node;
     EXPECT(cuGraphAddMemsetNode(&set_node, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
-    CUDA_MEMCPY3D copy = copy_of(out + 4096, out, 256);
+    CUDA_MEMCPY3D copy = device_copy_params(out + 4096, out, 256);
     copy.srcXInBytes = 16;
     EXPECT(cuGraphAddMemcpyNode(&copy_node, g, &set_node, 1, &copy, ctx), CUDA_SUCCESS);
     int host_runs = 0;
@@ -162,7 +137,7 @@ static void getters_attributes_and_user_objects(CUcontext ctx, CUstream s, CUdev
     CUgraph holder;
     EXPECT(cuGraphCreate(&holder, 0), CUDA_SUCCESS);
     CUgraphNode holder_set;
-    CUDA_MEMSET_NODE_PARAMS fill3 = memset_of(out, 0x31, 256);
+    CUDA_MEMSET_NODE_PARAMS fill3 = byte_memset_params(out, 0x31, 256);
     EXPECT(cuGraphAddMemsetNode(&holder_set, holder, NULL, 0, &fill3, ctx), CUDA_SUCCESS);
     EXPECT(cuGraphRetainUserObject(holder, object, 1, CU_GRAPH_USER_OBJECT_MOVE), CUDA_SUCCESS);
     EXPECT(cuGraphReleaseUserObject(holder, object, 2), CUDA_ERROR_INVALID_VALUE);
@@ -333,7 +308,7 @@ static void batch_mem_op_nodes(CUcontext ctx, CUstream s) {
 static void edge_data(CUcontext ctx, CUdeviceptr out) {
     CUgraph g;
     EXPECT(cuGraphCreate(&g, 0), CUDA_SUCCESS);
-    CUDA_MEMSET_NODE_PARAMS fill = memset_of(out, 1, 64);
+    CUDA_MEMSET_NODE_PARAMS fill = byte_memset_params(out, 1, 64);
     CUgraphNode a, b;
     EXPECT(cuGraphAddMemsetNode(&a, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
     EXPECT(cuGraphAddMemsetNode(&b, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
@@ -372,7 +347,7 @@ static void edge_data(CUcontext ctx, CUdeviceptr out) {
 static void capture_edge_data(CUcontext ctx, CUstream s, CUdeviceptr out) {
     CUgraph g;
     EXPECT(cuGraphCreate(&g, 0), CUDA_SUCCESS);
-    CUDA_MEMSET_NODE_PARAMS fill = memset_of(out, 3, 64);
+    CUDA_MEMSET_NODE_PARAMS fill = byte_memset_params(out, 3, 64);
     CUgraphNode first;
     EXPECT(cuGraphAddMemsetNode(&first, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
     CUgraphEdgeData plain, programmatic;
@@ -427,10 +402,7 @@ static void capture_edge_data(CUcontext ctx, CUstream s, CUdeviceptr out) {
 }
 
 int main(void) {
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    CUcontext ctx = use_primary_context(NULL);
     CUstream s;
     EXPECT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     const size_t N = 1 << 20;
@@ -450,9 +422,9 @@ int main(void) {
     CUgraphNode alloc_node, set_node, copy_node, free_node;
     EXPECT(cuGraphAddMemAllocNode(&alloc_node, g, NULL, 0, &alloc), CUDA_SUCCESS);
     CHECK("allocation node gave an address", alloc.dptr != 0);
-    CUDA_MEMSET_NODE_PARAMS fill = memset_of(alloc.dptr, 0x5a, N);
+    CUDA_MEMSET_NODE_PARAMS fill = byte_memset_params(alloc.dptr, 0x5a, N);
     EXPECT(cuGraphAddMemsetNode(&set_node, g, &alloc_node, 1, &fill, ctx), CUDA_SUCCESS);
-    CUDA_MEMCPY3D copy = copy_of(out, alloc.dptr, N);
+    CUDA_MEMCPY3D copy = device_copy_params(out, alloc.dptr, N);
     EXPECT(cuGraphAddMemcpyNode(&copy_node, g, &set_node, 1, &copy, ctx), CUDA_SUCCESS);
     EXPECT(cuGraphAddMemFreeNode(&free_node, g, &copy_node, 1, alloc.dptr), CUDA_SUCCESS);
     CUDA_MEM_ALLOC_NODE_PARAMS back;
@@ -584,7 +556,7 @@ int main(void) {
     EXPECT(cuGraphCreate(&child, 0), CUDA_SUCCESS);
     CUgraphNode empty_in_child, set2, record, wait, child_node;
     EXPECT(cuGraphAddEmptyNode(&empty_in_child, child, NULL, 0), CUDA_SUCCESS);
-    CUDA_MEMSET_NODE_PARAMS fill2 = memset_of(out, 0x77, N);
+    CUDA_MEMSET_NODE_PARAMS fill2 = byte_memset_params(out, 0x77, N);
     EXPECT(cuGraphAddMemsetNode(&set2, eg, NULL, 0, &fill2, ctx), CUDA_SUCCESS);
     CUevent ev;
     EXPECT(cuEventCreate(&ev, CU_EVENT_DEFAULT), CUDA_SUCCESS);

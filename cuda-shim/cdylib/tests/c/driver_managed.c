@@ -20,10 +20,7 @@ static CUmemLocation host(void) {
 }
 
 int main(void) {
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(NULL);
     int managed_attribute = -1, concurrent = -1;
     EXPECT(cuDeviceGetAttribute(&managed_attribute, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0), CUDA_SUCCESS);
     EXPECT(cuDeviceGetAttribute(&concurrent, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0), CUDA_SUCCESS);

@@ -13,66 +13,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../../../../gpu-tests/fd_passing.h"
 #include "driver_expect.h"
 
 #define SIZE (1u << 20)
 
-/// Sends the pool's descriptor with the allocation's export data as the message.
-static void send_export(int sock, int fd, const CUmemPoolPtrExportData *data) {
-    struct iovec iov = {(void *)data, sizeof *data};
-    char space[CMSG_SPACE(sizeof(int))];
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
-    if (sendmsg(sock, &msg, 0) != (ssize_t)sizeof *data) {
-        perror("sendmsg");
-        exit(2);
-    }
-}
-
-static int receive_export(int sock, CUmemPoolPtrExportData *data) {
-    struct iovec iov = {data, sizeof *data};
-    char space[CMSG_SPACE(sizeof(int))];
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
-    if (recvmsg(sock, &msg, MSG_WAITALL) != (ssize_t)sizeof *data) {
-        perror("recvmsg");
-        exit(2);
-    }
-    int fd = -1;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    if (cmsg && cmsg->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
-    return fd;
-}
-
-static void signal_peer(int sock, char what) {
-    if (write(sock, &what, 1) != 1) exit(2);
-}
-
-static char wait_peer(int sock) {
-    char what = 0;
-    if (read(sock, &what, 1) != 1) exit(2);
-    return what;
-}
-
 static CUstream start(void) {
     CUdevice device;
-    CUcontext ctx;
     CUstream stream;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&device, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(&device);
     EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     return stream;
 }
@@ -133,7 +82,7 @@ static int exporter(int sock) {
     EXPECT(cuMemPoolExportPointer(&again, ptr), CUDA_SUCCESS);
     printf("exported the pool as a descriptor: %s\n", fd >= 0 ? "yes" : "no");
     printf("one allocation, one export data: %s\n", memcmp(&data, &again, sizeof data) == 0 ? "yes" : "no");
-    send_export(sock, fd, &data);
+    send_with_fd(sock, fd, &data, sizeof data);
     close(fd);
 
     // The importer overwrote the second half.
@@ -168,7 +117,7 @@ static int exporter(int sock) {
 static int importer(int sock) {
     CUstream stream = start();
     CUmemPoolPtrExportData data;
-    int fd = receive_export(sock, &data);
+    int fd = receive_with_fd(sock, &data, sizeof data);
     CUmemoryPool pool = NULL, bogus = NULL, default_pool = NULL;
     int pipe_fds[2];
     if (pipe(pipe_fds) != 0) return 2;
@@ -231,25 +180,8 @@ static int importer(int sock) {
 }
 
 int main(void) {
-    int socks[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, socks) != 0) return 2;
-    fflush(stdout);
-    // Each process makes its own session: no CUDA call before the fork.
-    pid_t child = fork();
-    if (child < 0) return 2;
-    if (child == 0) {
-        close(socks[0]);
-        // Optionally another server: another tenant of the same GPU.
-        const char *other = getenv("IMPORTER_FLYT_SERVER");
-        if (other) setenv("FLYT_SERVER", other, 1);
-        int code = importer(socks[1]);
-        fflush(stdout);
-        _exit(code);
-    }
-    close(socks[1]);
-    int code = exporter(socks[0]);
     int status = 0;
-    waitpid(child, &status, 0);
+    int code = run_parent_and_child(exporter, importer, "IMPORTER_FLYT_SERVER", &status);
     int child_code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
     printf("%s\n", code == 0 && child_code == 0 ? "PASSED: both processes" : "FAILED");
     return code || child_code;

@@ -9,11 +9,7 @@
 
 int main(void) {
     CUdevice device;
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&device, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(&device);
 
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);

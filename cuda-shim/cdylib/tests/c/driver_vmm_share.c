@@ -11,64 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../../../../gpu-tests/fd_passing.h"
 #include "driver_expect.h"
-
-static void send_fd(int sock, int fd) {
-    char byte = 'f';
-    struct iovec iov = {&byte, 1};
-    char space[CMSG_SPACE(sizeof(int))];
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
-    if (sendmsg(sock, &msg, 0) != 1) {
-        perror("sendmsg");
-        exit(2);
-    }
-}
-
-static int receive_fd(int sock) {
-    char byte;
-    struct iovec iov = {&byte, 1};
-    char space[CMSG_SPACE(sizeof(int))];
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space;
-    msg.msg_controllen = sizeof space;
-    if (recvmsg(sock, &msg, 0) != 1) {
-        perror("recvmsg");
-        exit(2);
-    }
-    int fd = -1;
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    if (cmsg && cmsg->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
-    return fd;
-}
-
-static void signal_peer(int sock, char what) {
-    if (write(sock, &what, 1) != 1) exit(2);
-}
-
-static char wait_peer(int sock) {
-    char what = 0;
-    if (read(sock, &what, 1) != 1) exit(2);
-    return what;
-}
 
 static void start(CUmemAllocationProp *prop, size_t *granularity) {
     CUdevice device;
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&device, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(&device);
     memset(prop, 0, sizeof *prop);
     prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -174,25 +122,8 @@ static int importer(int sock) {
 }
 
 int main(void) {
-    int socks[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, socks) != 0) return 2;
-    fflush(stdout);
-    // Each process makes its own session: no CUDA call before the fork.
-    pid_t child = fork();
-    if (child < 0) return 2;
-    if (child == 0) {
-        close(socks[0]);
-        // Optionally another server: another tenant of the same GPU.
-        const char *other = getenv("IMPORTER_FLYT_SERVER");
-        if (other) setenv("FLYT_SERVER", other, 1);
-        int code = importer(socks[1]);
-        fflush(stdout);
-        _exit(code);
-    }
-    close(socks[1]);
-    int code = exporter(socks[0]);
     int status = 0;
-    waitpid(child, &status, 0);
+    int code = run_parent_and_child(exporter, importer, "IMPORTER_FLYT_SERVER", &status);
     int child_code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
     printf("%s\n", code == 0 && child_code == 0 ? "PASSED: both processes" : "FAILED");
     return code || child_code;

@@ -20,18 +20,6 @@
 static int host_runs = 0;
 static void count_run(void *data) { __atomic_add_fetch((int *)data, 1, __ATOMIC_SEQ_CST); }
 
-static CUDA_MEMSET_NODE_PARAMS memset_of(CUdeviceptr dst, unsigned value) {
-    CUDA_MEMSET_NODE_PARAMS p;
-    memset(&p, 0, sizeof p);
-    p.dst = dst;
-    p.value = value;
-    p.elementSize = 1;
-    p.width = N;
-    p.height = 1;
-    p.pitch = N;
-    return p;
-}
-
 // Checks that all N bytes at `d` are `value`.
 static void expect_bytes(const char *what, int round, CUdeviceptr d, unsigned char value) {
     static unsigned char back[N];
@@ -48,10 +36,7 @@ static void expect_bytes(const char *what, int round, CUdeviceptr d, unsigned ch
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 10;
     int pause_ms = argc > 2 ? atoi(argv[2]) : 10;
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    CUcontext ctx = use_primary_context(NULL);
     CUstream s;
     EXPECT(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     CUevent done;
@@ -68,27 +53,19 @@ int main(int argc, char **argv) {
     CUgraph a, kid;
     CUgraphNode m1, c1, m2, off, host, record, child, empty, kid_set;
     EXPECT(cuGraphCreate(&a, 0), CUDA_SUCCESS);
-    CUDA_MEMSET_NODE_PARAMS p = memset_of(x, 0x44);
+    CUDA_MEMSET_NODE_PARAMS p = byte_memset_params(x, 0x44, N);
     EXPECT(cuGraphAddMemsetNode(&m1, a, NULL, 0, &p, ctx), CUDA_SUCCESS);
-    CUDA_MEMCPY3D copy;
-    memset(&copy, 0, sizeof copy);
-    copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-    copy.srcDevice = x;
-    copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-    copy.dstDevice = y;
-    copy.WidthInBytes = N;
-    copy.Height = 1;
-    copy.Depth = 1;
+    CUDA_MEMCPY3D copy = device_copy_params(y, x, N);
     EXPECT(cuGraphAddMemcpyNode(&c1, a, &m1, 1, &copy, ctx), CUDA_SUCCESS);
-    p = memset_of(v, 5);
+    p = byte_memset_params(v, 5, N);
     EXPECT(cuGraphAddMemsetNode(&m2, a, NULL, 0, &p, ctx), CUDA_SUCCESS);
-    p = memset_of(w, 0xdd);
+    p = byte_memset_params(w, 0xdd, N);
     EXPECT(cuGraphAddMemsetNode(&off, a, NULL, 0, &p, ctx), CUDA_SUCCESS);
     CUDA_HOST_NODE_PARAMS hp = {count_run, &host_runs};
     EXPECT(cuGraphAddHostNode(&host, a, &c1, 1, &hp), CUDA_SUCCESS);
     EXPECT(cuGraphAddEventRecordNode(&record, a, &host, 1, done), CUDA_SUCCESS);
     EXPECT(cuGraphCreate(&kid, 0), CUDA_SUCCESS);
-    p = memset_of(z, 0x33);
+    p = byte_memset_params(z, 0x33, N);
     EXPECT(cuGraphAddMemsetNode(&kid_set, kid, NULL, 0, &p, ctx), CUDA_SUCCESS);
     EXPECT(cuGraphAddChildGraphNode(&child, a, NULL, 0, kid), CUDA_SUCCESS);
     EXPECT(cuGraphDestroy(kid), CUDA_SUCCESS);
@@ -97,7 +74,7 @@ int main(int argc, char **argv) {
     CUgraphExec ea;
     EXPECT(cuGraphInstantiateWithFlags(&ea, a, 0), CUDA_SUCCESS);
     EXPECT(cuGraphNodeSetEnabled(ea, off, 0), CUDA_SUCCESS);
-    p = memset_of(v, 9);
+    p = byte_memset_params(v, 9, N);
     EXPECT(cuGraphMemsetNodeSetParams(m2, &p), CUDA_SUCCESS);
     // The child node's own graph and its node, by the handles the app is given.
     CUgraph inner;
@@ -126,10 +103,10 @@ int main(int argc, char **argv) {
     CUgraphNode f_set;
     CUgraphExec ef;
     EXPECT(cuGraphCreate(&f, 0), CUDA_SUCCESS);
-    p = memset_of(u, 1);
+    p = byte_memset_params(u, 1, N);
     EXPECT(cuGraphAddMemsetNode(&f_set, f, NULL, 0, &p, ctx), CUDA_SUCCESS);
     EXPECT(cuGraphInstantiateWithFlags(&ef, f, 0), CUDA_SUCCESS);
-    p = memset_of(u, 2);
+    p = byte_memset_params(u, 2, N);
     EXPECT(cuGraphMemsetNodeSetParams(f_set, &p), CUDA_SUCCESS);
     CUgraphExecUpdateResultInfo info;
     EXPECT(cuGraphExecUpdate(ef, f, &info), CUDA_SUCCESS);
@@ -145,7 +122,7 @@ int main(int argc, char **argv) {
         // keep the change).
         if (round % 2 == 0) {
             x_value = (unsigned char)round;
-            p = memset_of(x, x_value);
+            p = byte_memset_params(x, x_value, N);
             EXPECT(cuGraphExecMemsetNodeSetParams(ea, m1, &p, ctx), CUDA_SUCCESS);
         }
         EXPECT(cuGraphLaunch(ea, s), CUDA_SUCCESS);

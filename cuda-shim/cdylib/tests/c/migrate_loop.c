@@ -31,10 +31,7 @@ static void print_pointers(const CUdeviceptr *buffers, CUdeviceptr mapped) {
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 10;
     int pause_ms = argc > 2 ? atoi(argv[2]) : 10;
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(NULL);
     const size_t sizes[BUFFERS] = {256, 4096, (1 << 20) + 3, 8 << 20, 300};
     CUdeviceptr buffers[BUFFERS];
     for (int b = 0; b < BUFFERS; b++) EXPECT(cuMemAlloc(&buffers[b], sizes[b]), CUDA_SUCCESS);

@@ -16,10 +16,7 @@ static unsigned char pattern(size_t i, unsigned index, unsigned round, unsigned 
 int main(int argc, char **argv) {
     unsigned index = argc > 1 ? (unsigned)atoi(argv[1]) : 0;
     size_t half = (argc > 2 ? (size_t)atoi(argv[2]) : 4) << 19;
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(NULL);
     CUdeviceptr buffers[2];
     unsigned char *host = malloc(half), *back = malloc(half);
     if (!host || !back) return 2;

@@ -28,10 +28,7 @@ static void fill(unsigned char *bytes, size_t len, unsigned seed) {
 
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 1;
-    CUcontext ctx;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(NULL);
     const size_t sizes[] = {1, 4096, 1 << 20, (9 << 20) + 123};
     const size_t largest = sizes[3];
     CUdeviceptr dev = 0;

@@ -7,17 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
-
-#define EXPECT(what, cond)                                                       \
-    do {                                                                         \
-        if (cond) {                                                              \
-            printf("ok: %s\n", what);                                            \
-        } else {                                                                 \
-            printf("FAILED: %s (line %d)\n", what, __LINE__);                    \
-            failures++;                                                          \
-        }                                                                        \
-    } while (0)
+#include "runtime_expect.h"
 
 #define EXPECT_CODE(what, call, code)                                                              \
     do {                                                                                           \

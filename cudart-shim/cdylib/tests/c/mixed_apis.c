@@ -8,17 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int failures = 0;
-
-#define EXPECT(what, cond)                                                    \
-    do {                                                                      \
-        if (cond) {                                                           \
-            printf("ok: %s\n", what);                                         \
-        } else {                                                              \
-            printf("FAILED: %s (line %d)\n", what, __LINE__);                 \
-            failures++;                                                       \
-        }                                                                     \
-    } while (0)
+#include "runtime_expect.h"
 
 #define RT(what, call) EXPECT(what, (call) == cudaSuccess)
 #define DRV(what, call) EXPECT(what, (call) == CUDA_SUCCESS)

@@ -12,26 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
-
-#define EXPECT(call, expected)                                                                  \
-    do {                                                                                        \
-        int got_ = (int)(call);                                                                 \
-        if (got_ != (int)(expected)) {                                                          \
-            printf("FAIL line %d: %s = %d, expected %d\n", __LINE__, #call, got_, (int)(expected)); \
-            failures++;                                                                         \
-        }                                                                                       \
-    } while (0)
-
-#define CHECK(cond, ...)                        \
-    do {                                        \
-        if (!(cond)) {                          \
-            printf("FAIL line %d: ", __LINE__); \
-            printf(__VA_ARGS__);                \
-            printf("\n");                       \
-            failures++;                         \
-        }                                       \
-    } while (0)
+#include "nvml_expect.h"
 
 // nvmlPciInfo_t as NCCL declares it (src/include/nvmlwrap.h), for the unversioned call.
 typedef struct {

@@ -15,26 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int failures = 0;
-
-#define EXPECT(call, expected)                                                                  \
-    do {                                                                                        \
-        int got_ = (int)(call);                                                                 \
-        if (got_ != (int)(expected)) {                                                          \
-            printf("FAIL line %d: %s = %d, expected %d\n", __LINE__, #call, got_, (int)(expected)); \
-            failures++;                                                                         \
-        }                                                                                       \
-    } while (0)
-
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        if (!(cond)) {                                    \
-            printf("FAIL line %d: ", __LINE__);           \
-            printf(__VA_ARGS__);                          \
-            printf("\n");                                 \
-            failures++;                                   \
-        }                                                 \
-    } while (0)
+#include "nvml_expect.h"
 
 static int hold(size_t bytes) {
     CUcontext context;
