@@ -37,7 +37,7 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameLimits, read_value, write_value};
 use flyt_protocol::handshake::SessionInfo;
 use flyt_protocol::ops::{decode_reply, rep, req};
-use flyt_protocol::stripes::{CHUNK_HEADER_LEN, ChunkHeader, Compressor, SECRET_LEN, StripeJoin, StripeReply, chunks, decompress};
+use flyt_protocol::stripes::{CHUNK_HEADER_LEN, ChunkHeader, Compressor, Decompressor, SECRET_LEN, StripeJoin, StripeReply, chunks};
 
 use crate::client::Client;
 use crate::conn::Wire;
@@ -497,7 +497,7 @@ fn read_exact_or_idle(reader: &mut Wire, buf: &mut [u8], idle_ok: bool) -> std::
 /// one for no copy waiting (a copy that failed and left) is read and dropped.
 fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
     let mut scratch = vec![0u8; 1 << 20];
-    let mut planes = Vec::new();
+    let mut decompressor = Decompressor::default();
     loop {
         let mut header = [0u8; CHUNK_HEADER_LEN];
         let read = read_exact_or_idle(&mut reader, &mut header, true);
@@ -505,7 +505,7 @@ fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
         let failure = match read {
             Ok(false) => continue,
             Ok(true) => match ChunkHeader::decode(&header) {
-                Some(header) => receive_chunk(&set, &mut reader, header, &mut scratch, &mut planes).err(),
+                Some(header) => receive_chunk(&set, &mut reader, header, &mut scratch, &mut decompressor).err(),
                 None => Some("no chunk header where one was due".to_string()),
             },
             Err(error) => Some(format!("reading a chunk header: {error}")),
@@ -517,7 +517,13 @@ fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
     }
 }
 
-fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mut Vec<u8>, planes: &mut Vec<u8>) -> Result<(), String> {
+fn receive_chunk(
+    set: &Set,
+    reader: &mut Wire,
+    header: ChunkHeader,
+    scratch: &mut Vec<u8>,
+    decompressor: &mut Decompressor,
+) -> Result<(), String> {
     let target = {
         let mut landings = lock(&set.landings);
         match landings.get_mut(&header.transfer) {
@@ -543,7 +549,7 @@ fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mu
                 scratch.resize(scratch.len().max(header.wire_len as usize), 0);
                 let block = &mut scratch[..header.wire_len as usize];
                 read_exact_or_idle(reader, block, false)
-                    .and_then(|_| decompress(&header, block, bytes, planes).map_err(std::io::Error::other))
+                    .and_then(|_| decompressor.decompress(&header, block, bytes).map_err(std::io::Error::other))
             } else {
                 read_exact_or_idle(reader, bytes, false).map(|_| ())
             }
@@ -734,7 +740,7 @@ mod tests {
         let (block, flags) = compressor.compress(&weights).map(|(block, flags)| (block.to_vec(), flags)).expect("repetitive bytes shrink");
         let header = ChunkHeader { wire_len: block.len() as u64, flags, ..ChunkHeader::raw(1, 0, weights.len() as u64) };
         let mut back = vec![0u8; weights.len()];
-        decompress(&header, &block, &mut back, &mut Vec::new()).unwrap();
+        Decompressor::default().decompress(&header, &block, &mut back).unwrap();
         assert!(back == weights);
         let mut state = 0x2545_F491_4F6C_DD1Du64;
         let random: Vec<u8> = (0..1 << 20)

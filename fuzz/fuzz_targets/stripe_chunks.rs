@@ -3,7 +3,7 @@
 //! 16-bit floats in planes). Decoding fills the chunk or fails, never panics or writes past it.
 #![no_main]
 
-use flyt_protocol::stripes::{ChunkHeader, FLOAT_PLANES, SHUFFLED, decompress};
+use flyt_protocol::stripes::{ChunkHeader, Decompressor, FLOAT_PLANES, SHUFFLED};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Some((&[kind, high, low], block)) = data.split_first_chunk::<3>() else { return };
@@ -15,6 +15,5 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     }
     let header = ChunkHeader { transfer: 1, offset: 0, len, wire_len: block.len() as u64, flags };
     let mut target = vec![0u8; len as usize];
-    let mut planes = Vec::new();
-    let _ = decompress(&header, block, &mut target, &mut planes);
+    let _ = Decompressor::default().decompress(&header, block, &mut target);
 });

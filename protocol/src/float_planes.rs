@@ -265,77 +265,96 @@ impl BitReader<'_> {
     }
 }
 
+/// Decodes blocks, keeping its tables between them (one per receiving thread).
+#[derive(Default)]
+pub struct Decoder {
+    lengths: Vec<u8>,
+    codes: Vec<u16>,
+    table: Vec<u32>,
+}
+
 /// Decodes a block made by [`Encoder::encode`] into `target`, whose length must be the chunk's.
+#[cfg(test)]
 pub fn decode(block: &[u8], target: &mut [u8]) -> Result<(), String> {
-    let bad = |what: &str| Err(format!("a float-planes chunk {what}"));
-    let (Some(values), Some(used)) = (block.get(0..4), block.get(4..6)) else { return bad("is cut short") };
-    let values = u32::from_le_bytes(values.try_into().unwrap_or([0; 4])) as usize;
-    let used = usize::from(u16::from_le_bytes(used.try_into().unwrap_or([0; 2])));
-    if values != target.len() / 2 {
-        return bad(&format!("holds {values} values, not {}", target.len() / 2));
-    }
-    let Some(table_bytes) = block.get(6..6 + 3 * used) else { return bad("has its code cut short") };
-    // The decoding table: for every MAX_CODE-bit prefix, the symbol and its code's length.
-    let mut lengths = vec![0u8; SYMBOLS];
-    let mut last = None;
-    let mut kraft = 0u64;
-    for entry in table_bytes.chunks_exact(3) {
-        let symbol = usize::from(u16::from_le_bytes([entry[0], entry[1]]));
-        let length = entry[2];
-        if symbol >= SYMBOLS || last.is_some_and(|last| symbol <= last) || length == 0 || u32::from(length) > MAX_CODE {
-            return bad("has a bad code");
+    Decoder::default().decode(block, target)
+}
+
+impl Decoder {
+    /// Decodes a block made by [`Encoder::encode`] into `target`, whose length must be the
+    /// chunk's.
+    pub fn decode(&mut self, block: &[u8], target: &mut [u8]) -> Result<(), String> {
+        let bad = |what: &str| Err(format!("a float-planes chunk {what}"));
+        let (Some(values), Some(used)) = (block.get(0..4), block.get(4..6)) else { return bad("is cut short") };
+        let values = u32::from_le_bytes(values.try_into().unwrap_or([0; 4])) as usize;
+        let used = usize::from(u16::from_le_bytes(used.try_into().unwrap_or([0; 2])));
+        if values != target.len() / 2 {
+            return bad(&format!("holds {values} values, not {}", target.len() / 2));
         }
-        last = Some(symbol);
-        lengths[symbol] = length;
-        kraft += 1u64 << (MAX_CODE - u32::from(length));
-    }
-    if kraft > 1 << MAX_CODE {
-        return bad("has a code that is no prefix code");
-    }
-    let mut codes = Vec::new();
-    canonical_codes(&lengths, &mut codes);
-    let mut table = vec![0u32; 1 << MAX_CODE];
-    for (symbol, &length) in lengths.iter().enumerate().filter(|(_, length)| **length > 0) {
-        let shift = MAX_CODE - u32::from(length);
-        let start = (usize::from(codes[symbol])) << shift;
-        for entry in &mut table[start..start + (1 << shift)] {
-            *entry = ((symbol as u32) << 8) | u32::from(length);
+        let Some(table_bytes) = block.get(6..6 + 3 * used) else { return bad("has its code cut short") };
+        // The decoding table: for every MAX_CODE-bit prefix, the symbol and its code's length.
+        let Self { lengths, codes, table } = self;
+        lengths.clear();
+        lengths.resize(SYMBOLS, 0);
+        let mut last = None;
+        let mut kraft = 0u64;
+        for entry in table_bytes.chunks_exact(3) {
+            let symbol = usize::from(u16::from_le_bytes([entry[0], entry[1]]));
+            let length = entry[2];
+            if symbol >= SYMBOLS || last.is_some_and(|last| symbol <= last) || length == 0 || u32::from(length) > MAX_CODE {
+                return bad("has a bad code");
+            }
+            last = Some(symbol);
+            lengths[symbol] = length;
+            kraft += 1u64 << (MAX_CODE - u32::from(length));
         }
-    }
-    let mut at = 6 + 3 * used;
-    if target.len() % 2 == 1 {
-        let Some(&odd) = block.get(at) else { return bad("lacks its last byte") };
-        let end = target.len() - 1;
-        target[end] = odd;
-        at += 1;
-    }
-    let mut readers = Vec::with_capacity(STREAMS);
-    let mut start = at + 4 * (STREAMS - 1);
-    for index in 0..STREAMS {
-        let len = if index == STREAMS - 1 {
-            block.len().checked_sub(start)
-        } else {
-            block.get(at + 4 * index..at + 4 * index + 4).map(|len| u32::from_le_bytes(len.try_into().unwrap_or([0; 4])) as usize)
-        };
-        let Some(stream) = len.and_then(|len| block.get(start..start.checked_add(len)?)) else { return bad("is cut short") };
-        readers.push(BitReader { data: stream, position: 0, bits: 0, count: 0, past_end: 0 });
-        start += stream.len();
-    }
-    let mut groups = target.chunks_exact_mut(2 * STREAMS);
-    for group in &mut groups {
-        for (reader, pair) in readers.iter_mut().zip(group.chunks_exact_mut(2)) {
-            decode_value(reader, &table, pair)?;
+        if kraft > 1 << MAX_CODE {
+            return bad("has a code that is no prefix code");
         }
+        canonical_codes(lengths, codes);
+        table.clear();
+        table.resize(1 << MAX_CODE, 0);
+        for (symbol, &length) in lengths.iter().enumerate().filter(|(_, length)| **length > 0) {
+            let shift = MAX_CODE - u32::from(length);
+            let start = (usize::from(codes[symbol])) << shift;
+            for entry in &mut table[start..start + (1 << shift)] {
+                *entry = ((symbol as u32) << 8) | u32::from(length);
+            }
+        }
+        let mut at = 6 + 3 * used;
+        if target.len() % 2 == 1 {
+            let Some(&odd) = block.get(at) else { return bad("lacks its last byte") };
+            let end = target.len() - 1;
+            target[end] = odd;
+            at += 1;
+        }
+        let mut readers = Vec::with_capacity(STREAMS);
+        let mut start = at + 4 * (STREAMS - 1);
+        for index in 0..STREAMS {
+            let len = if index == STREAMS - 1 {
+                block.len().checked_sub(start)
+            } else {
+                block.get(at + 4 * index..at + 4 * index + 4).map(|len| u32::from_le_bytes(len.try_into().unwrap_or([0; 4])) as usize)
+            };
+            let Some(stream) = len.and_then(|len| block.get(start..start.checked_add(len)?)) else { return bad("is cut short") };
+            readers.push(BitReader { data: stream, position: 0, bits: 0, count: 0, past_end: 0 });
+            start += stream.len();
+        }
+        let mut groups = target.chunks_exact_mut(2 * STREAMS);
+        for group in &mut groups {
+            for (reader, pair) in readers.iter_mut().zip(group.chunks_exact_mut(2)) {
+                decode_value(reader, table, pair)?;
+            }
+        }
+        let rest = groups.into_remainder();
+        for (reader, pair) in readers.iter_mut().zip(rest.chunks_exact_mut(2)) {
+            decode_value(reader, table, pair)?;
+        }
+        // Every bit read must have been in its stream.
+        if readers.iter().any(|reader| reader.position * 8 - reader.count as usize > reader.data.len() * 8) {
+            return bad("is cut short");
+        }
+        Ok(())
     }
-    let rest = groups.into_remainder();
-    for (reader, pair) in readers.iter_mut().zip(rest.chunks_exact_mut(2)) {
-        decode_value(reader, &table, pair)?;
-    }
-    // Every bit read must have been in its stream.
-    if readers.iter().any(|reader| reader.position * 8 - reader.count as usize > reader.data.len() * 8) {
-        return bad("is cut short");
-    }
-    Ok(())
 }
 
 /// One value from `reader` into `pair` (little-endian).

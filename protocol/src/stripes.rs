@@ -161,12 +161,26 @@ impl Compressor {
     }
 }
 
-/// Decompresses a compressed chunk's `block` into `target` (its `len` bytes), undoing the
-/// arrangement its header names; the block must give exactly `len` bytes.
-pub fn decompress(header: &ChunkHeader, block: &[u8], target: &mut [u8], planes: &mut Vec<u8>) -> Result<(), String> {
-    if header.flags == FLOAT_PLANES {
-        return crate::float_planes::decode(block, target);
+/// Decompresses chunks, keeping its buffers between them (one per receiving thread).
+#[derive(Default)]
+pub struct Decompressor {
+    planes: Vec<u8>,
+    floats: crate::float_planes::Decoder,
+}
+
+impl Decompressor {
+    /// Decompresses a compressed chunk's `block` into `target` (its `len` bytes), undoing the
+    /// arrangement its header names; the block must give exactly `len` bytes.
+    pub fn decompress(&mut self, header: &ChunkHeader, block: &[u8], target: &mut [u8]) -> Result<(), String> {
+        if header.flags == FLOAT_PLANES {
+            return self.floats.decode(block, target);
+        }
+        decompress_lz4(header, block, target, &mut self.planes)
     }
+}
+
+/// An LZ4 block into `target`, through `planes` when its bytes were split in planes.
+fn decompress_lz4(header: &ChunkHeader, block: &[u8], target: &mut [u8], planes: &mut Vec<u8>) -> Result<(), String> {
     let into = if header.flags & SHUFFLED != 0 {
         planes.resize(target.len(), 0);
         &mut planes[..]
@@ -237,8 +251,8 @@ mod tests {
         let mut compressor = Compressor::default();
         let (block, flags) = compressor.compress(bytes).map(|(block, flags)| (block.to_vec(), flags))?;
         let header = ChunkHeader { transfer: 1, offset: 0, len: bytes.len() as u64, wire_len: block.len() as u64, flags };
-        let (mut back, mut planes) = (vec![0u8; bytes.len()], Vec::new());
-        decompress(&header, &block, &mut back, &mut planes).unwrap();
+        let mut back = vec![0u8; bytes.len()];
+        Decompressor::default().decompress(&header, &block, &mut back).unwrap();
         assert!(back == bytes);
         Some((flags, bytes.len() as f64 / block.len() as f64))
     }
@@ -266,8 +280,8 @@ mod tests {
         let (block, flags) = compressor.compress(&values).map(|(block, flags)| (block.to_vec(), flags)).expect("they shrink in planes");
         assert_eq!(flags, SHUFFLED);
         let header = ChunkHeader { transfer: 1, offset: 0, len: values.len() as u64, wire_len: block.len() as u64, flags };
-        let (mut back, mut planes) = (vec![0u8; values.len()], Vec::new());
-        decompress(&header, &block, &mut back, &mut planes).unwrap();
+        let (mut back, mut decompressor) = (vec![0u8; values.len()], Decompressor::default());
+        decompressor.decompress(&header, &block, &mut back).unwrap();
         assert!(back == values);
         // Repetitive bytes compress plainly; random ones not at all.
         let plain: Vec<u8> = (0..1u32 << 20).map(|i| (i / 64) as u8).collect();
@@ -276,7 +290,7 @@ mod tests {
         assert!(fresh.compress(&random_bytes(1 << 20, 9)).is_none());
         // A block that gives fewer bytes than its chunk is refused.
         let short = ChunkHeader { len: values.len() as u64 + 1, ..header };
-        assert!(decompress(&short, &block, &mut vec![0u8; values.len() + 1], &mut planes).is_err());
+        assert!(decompressor.decompress(&short, &block, &mut vec![0u8; values.len() + 1]).is_err());
     }
 
     #[test]

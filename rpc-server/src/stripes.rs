@@ -24,7 +24,7 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::write_value;
 use flyt_protocol::stripes::{
-    CHUNK_HEADER_LEN, ChunkHeader, Compressor, SECRET_LEN, StripeJoin, StripeReply, chunks, decompress, secrets_equal,
+    CHUNK_HEADER_LEN, ChunkHeader, Compressor, Decompressor, SECRET_LEN, StripeJoin, StripeReply, chunks, secrets_equal,
 };
 
 use crate::backend::Device;
@@ -416,7 +416,7 @@ fn expect_header(reader: &mut Connection, transfer: u64, offset: u64, len: u64) 
 #[derive(Default)]
 struct Buffers {
     scratch: Vec<u8>,
-    planes: Vec<u8>,
+    decompressor: Decompressor,
     compressor: Compressor,
 }
 
@@ -429,7 +429,7 @@ fn read_chunk(reader: &mut Connection, header: &ChunkHeader, target: &mut [u8], 
     let wire_len = usize::try_from(header.wire_len).map_err(|_| "a chunk too large".to_string())?;
     buffers.scratch.resize(wire_len, 0);
     reader.read_exact(&mut buffers.scratch).map_err(|error| format!("reading a chunk: {error}"))?;
-    decompress(header, &buffers.scratch, target, &mut buffers.planes)
+    buffers.decompressor.decompress(header, &buffers.scratch, target)
 }
 
 fn run_job<D: Device>(

@@ -221,7 +221,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
         let mut block = vec![0u8; header.wire_len as usize];
         link.read_exact(&mut block).unwrap();
         let target = &mut back[offset as usize..(offset + piece) as usize];
-        flyt_protocol::stripes::decompress(&header, &block, target, &mut Vec::new()).unwrap();
+        flyt_protocol::stripes::Decompressor::default().decompress(&header, &block, target).unwrap();
     }
     let mut message = Vec::new();
     assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
@@ -245,7 +245,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     assert!(receive_chunks(&mut links, 3, 2 * CHUNK) == random, "random bytes came raw and intact");
     assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
 
-    // bf16-like values (noisy low bytes, repeating high bytes): they shrink only in planes.
+    // bf16-like values (noisy low bytes, repeating high bytes): they go as float planes.
     let mut state = 0x0123_4567_89AB_CDEFu64;
     let bf16: Vec<u8> = (0..CHUNK + CHUNK / 2 + 1)
         .map(|i| {
@@ -260,7 +260,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bf16_len, stream: 0, transfer: 5, chunk: CHUNK }.into(), &[]);
     for (number, (offset, piece)) in chunks(bf16_len, CHUNK).enumerate() {
         let (block, flags) = compressor.compress(&bf16[offset as usize..(offset + piece) as usize]).expect("bf16-like bytes shrink");
-        assert_eq!(flags, flyt_protocol::stripes::SHUFFLED);
+        assert_eq!(flags, flyt_protocol::stripes::FLOAT_PLANES);
         saved += piece - block.len() as u64;
         links[number % 2]
             .write_all(&ChunkHeader { transfer: 5, offset, len: piece, wire_len: block.len() as u64, flags }.encode())
@@ -268,7 +268,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
         links[number % 2].write_all(block).unwrap();
     }
     assert_eq!(htod_reply(&mut session, seq), Ok(false));
-    assert!(read_back(&mut session, ptr, bf16_len) == bf16, "shuffled chunks landed as their bytes");
+    assert!(read_back(&mut session, ptr, bf16_len) == bf16, "float-planes chunks landed as their bytes");
     let seq = session.send(
         &req::MemcpyDtoHStriped { src: ptr, len: bf16_len, stream: 0, transfer: 6, chunk: CHUNK, blocking: true, compress: true }.into(),
         &[],
@@ -279,15 +279,16 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
         let mut header = [0u8; CHUNK_HEADER_LEN];
         link.read_exact(&mut header).unwrap();
         let header = ChunkHeader::decode(&header).expect("a chunk header");
-        assert_eq!((header.offset, header.len, header.flags), (offset, piece, flyt_protocol::stripes::SHUFFLED));
+        assert_eq!((header.offset, header.len, header.flags), (offset, piece, flyt_protocol::stripes::FLOAT_PLANES));
         saved += header.len - header.wire_len;
         let mut block = vec![0u8; header.wire_len as usize];
         link.read_exact(&mut block).unwrap();
-        flyt_protocol::stripes::decompress(&header, &block, &mut back[offset as usize..(offset + piece) as usize], &mut Vec::new())
+        flyt_protocol::stripes::Decompressor::default()
+            .decompress(&header, &block, &mut back[offset as usize..(offset + piece) as usize])
             .unwrap();
     }
     assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);
-    assert!(back == bf16, "shuffled device-to-host chunks");
+    assert!(back == bf16, "float-planes device-to-host chunks");
 
     let text = flyt_test_support::scrape_metrics(&port);
     let line = text.lines().find(|line| line.starts_with("flyt_rpc_stripe_compression_saved_bytes_total")).unwrap_or_default();
