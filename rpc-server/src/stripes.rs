@@ -371,8 +371,20 @@ impl<D: Device> Drop for Stripes<D> {
     }
 }
 
+/// What a job gave: its answer, or a compressed chunk read and still to decode.
+enum Answer<D: Device> {
+    Now(Done<D>),
+    Decode { header: ChunkHeader, block: Vec<u8>, staging: D::Staging },
+}
+
+/// Compressed chunks read ahead of their decoding, per data connection.
+const BLOCKS_AHEAD: usize = 2;
+
 /// One data connection's thread: runs the session thread's jobs in order, answering each once.
-/// After a failure it refuses the rest (the session thread then ends striping).
+/// After a failure it refuses the rest (the session thread then ends striping). A compressed
+/// chunk is decoded by the connection's second thread while this one reads the next: a thread
+/// that stopped reading to decode would stop its connection (flow control), and connections
+/// moving in step would leave the link idle while they all decode. Answers keep their order.
 fn serve_link<D: Device>(
     device: &D,
     mut reader: Connection,
@@ -385,17 +397,67 @@ fn serve_link<D: Device>(
     if let Err(error) = device.bind_thread() {
         tracing::warn!(%error, "a data connection's thread could not bind the device");
     }
-    let mut failed: Option<String> = None;
-    let mut buffers = Buffers::default();
-    while let Ok(job) = jobs.recv() {
-        let answer = match failed.clone() {
-            Some(reason) => Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason),
-            None => run_job(device, &mut reader, &mut writer, job, &mut buffers, closing, stats),
-        };
-        if let Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason) = &answer {
-            failed.get_or_insert_with(|| reason.clone());
+    let (answers, decoded) = std::sync::mpsc::sync_channel::<Answer<D>>(BLOCKS_AHEAD);
+    let (return_block, spare_blocks) = std::sync::mpsc::channel::<Vec<u8>>();
+    for _ in 0..BLOCKS_AHEAD {
+        let _ = return_block.send(Vec::new());
+    }
+    std::thread::scope(|scope| {
+        let decoder = std::thread::Builder::new()
+            .name("flyt-stripe-decode".into())
+            .spawn_scoped(scope, move || decode_answers(&decoded, done, &return_block, stats));
+        if let Err(error) = decoder {
+            tracing::warn!(%error, "a data connection's decoding thread could not start");
+            return;
         }
-        if done.send(answer).is_err() {
+        let mut failed: Option<String> = None;
+        let mut buffers = Buffers { scratch: Vec::new(), compressor: Compressor::default(), spare_blocks };
+        while let Ok(job) = jobs.recv() {
+            let answer = match failed.clone() {
+                Some(reason) => Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason)),
+                None => run_job(device, &mut reader, &mut writer, job, &mut buffers, closing, stats),
+            };
+            if let Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason)) = &answer {
+                failed.get_or_insert_with(|| reason.clone());
+            }
+            if answers.send(answer).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// The decoding thread of a data connection: decodes each compressed chunk into its staging and
+/// passes every answer on, in order.
+fn decode_answers<D: Device>(
+    answers: &std::sync::mpsc::Receiver<Answer<D>>,
+    done: &Sender<Done<D>>,
+    return_block: &Sender<Vec<u8>>,
+    stats: Option<&crate::stats::SlotStats>,
+) {
+    let mut decompressor = Decompressor::default();
+    while let Ok(answer) = answers.recv() {
+        let finished = match answer {
+            Answer::Now(finished) => finished,
+            Answer::Decode { header, block, mut staging } => {
+                let bytes = D::staging_bytes(&mut staging);
+                let decoded = match usize::try_from(header.len).ok().and_then(|len| bytes.get_mut(..len)) {
+                    Some(target) => decompressor.decompress(&header, &block, target),
+                    None => Err("a chunk larger than its staging".into()),
+                };
+                let _ = return_block.send(block);
+                match decoded {
+                    Ok(()) => {
+                        if let Some(stats) = stats {
+                            stats.compression_saved(header.len - header.wire_len);
+                        }
+                        Done::Received { offset: header.offset, len: header.len, staging }
+                    }
+                    Err(reason) => Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason),
+                }
+            }
+        };
+        if done.send(finished).is_err() {
             return;
         }
     }
@@ -412,24 +474,12 @@ fn expect_header(reader: &mut Connection, transfer: u64, offset: u64, len: u64) 
     }
 }
 
-/// A link thread's buffers for compressed chunks.
-#[derive(Default)]
+/// A link thread's buffers: its scratch bytes, its compressor, and the blocks its decoding
+/// thread is done with (compressed chunks are read into them).
 struct Buffers {
     scratch: Vec<u8>,
-    decompressor: Decompressor,
     compressor: Compressor,
-}
-
-/// Reads a chunk's bytes into `target` (its `len` bytes): straight in when raw, else through
-/// LZ4, which must give exactly `len` bytes.
-fn read_chunk(reader: &mut Connection, header: &ChunkHeader, target: &mut [u8], buffers: &mut Buffers) -> Result<(), String> {
-    if !header.compressed() {
-        return reader.read_exact(target).map_err(|error| format!("reading a chunk: {error}"));
-    }
-    let wire_len = usize::try_from(header.wire_len).map_err(|_| "a chunk too large".to_string())?;
-    buffers.scratch.resize(wire_len, 0);
-    reader.read_exact(&mut buffers.scratch).map_err(|error| format!("reading a chunk: {error}"))?;
-    buffers.decompressor.decompress(header, &buffers.scratch, target)
+    spare_blocks: Receiver<Vec<u8>>,
 }
 
 fn run_job<D: Device>(
@@ -440,8 +490,8 @@ fn run_job<D: Device>(
     buffers: &mut Buffers,
     closing: &AtomicBool,
     stats: Option<&crate::stats::SlotStats>,
-) -> Done<D> {
-    let lost = |reason: String| Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason);
+) -> Answer<D> {
+    let lost = |reason: String| Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason));
     let saved = |header: &ChunkHeader| {
         if let Some(stats) = stats {
             stats.compression_saved(header.len - header.wire_len);
@@ -453,16 +503,23 @@ fn run_job<D: Device>(
                 Ok(header) => header,
                 Err(reason) => return lost(reason),
             };
+            if header.compressed() {
+                // Read now, decoded by the connection's decoding thread (a block it is done with).
+                let Ok(mut block) = buffers.spare_blocks.recv() else { return lost("the decoding thread ended".into()) };
+                let Ok(wire_len) = usize::try_from(header.wire_len) else { return lost("a chunk too large".into()) };
+                block.resize(wire_len, 0);
+                if let Err(error) = reader.read_exact(&mut block) {
+                    return lost(format!("reading a chunk: {error}"));
+                }
+                return Answer::Decode { header, block, staging };
+            }
             let bytes = D::staging_bytes(&mut staging);
             let Some(target) = usize::try_from(len).ok().and_then(|len| bytes.get_mut(..len)) else {
                 return lost("a chunk larger than its staging".into());
             };
-            match read_chunk(reader, &header, target, buffers) {
-                Ok(()) => {
-                    saved(&header);
-                    Done::Received { offset, len, staging }
-                }
-                Err(reason) => lost(reason),
+            match reader.read_exact(target) {
+                Ok(()) => Answer::Now(Done::Received { offset, len, staging }),
+                Err(error) => lost(format!("reading a chunk: {error}")),
             }
         }
         Job::Discard { transfer, offset, len } => {
@@ -480,7 +537,7 @@ fn run_job<D: Device>(
                 }
                 left -= step as u64;
             }
-            Done::Handled
+            Answer::Now(Done::Handled)
         }
         Job::Send { transfer, offset, len, copy, compress } => {
             // The device copy waits for the stream's earlier work, however long it takes.
@@ -494,7 +551,7 @@ fn run_job<D: Device>(
             }
             let bytes = match device.dtoh_bytes(&copy) {
                 Ok(bytes) => bytes,
-                Err(error) => return Done::Failed(error, "device copy failed".into()),
+                Err(error) => return Answer::Now(Done::Failed(error, "device copy failed".into())),
             };
             let mut header = ChunkHeader::raw(transfer, offset, len);
             let mut payload = bytes;
@@ -507,7 +564,7 @@ fn run_job<D: Device>(
             match write_all_vectored(writer, &mut slices) {
                 Ok(()) => {
                     saved(&header);
-                    Done::Handled
+                    Answer::Now(Done::Handled)
                 }
                 Err(error) => lost(format!("writing a chunk: {error}")),
             }
