@@ -52,6 +52,17 @@ cleanup() {
         kill -KILL "${daemons[i]}" 2>/dev/null
     done
     wait 2>/dev/null
+    # The rpc-server of an allocation released at the job's end finishes its stop (the sessions'
+    # grace) on its own, past its node manager: waited for (bounded), then stopped.
+    if command -v pgrep >/dev/null; then
+        for _ in $(seq 150); do pgrep -f -- "$TMP/" >/dev/null || break; sleep 0.1; done
+        local left
+        left=$(pgrep -f -- "$TMP/" | tr '\n' ' ')
+        if [ -n "$left" ]; then
+            echo "slurm-torch: still running 15 s after their daemons: $(ps -o pid=,args= -p "${left// /,}" | cut -c1-120 | tr '\n' ';')" >&2
+            kill -KILL $left 2>/dev/null
+        fi
+    fi
     # The cgroup folders slurmd made, deepest first (empty once its daemons are gone).
     for _ in $(seq 50); do
         [ -n "${made_slice:-}" ] && [ -d "$made_slice" ] || break
@@ -179,8 +190,21 @@ daemons+=($!)
 cc -O2 -o "$TMP/hide_gpu" "$here/tools/hide_gpu.c" || fail "cc hide_gpu failed"
 : >"$TMP/hide.list"
 for d in /dev/nvidia*; do [ -c "$d" ] && echo "bind $d" >>"$TMP/hide.list"; done
-for f in $(ldconfig -p | awk '/libcuda\.so|libnvidia-ml\.so/ {print $NF}'); do echo "bind $(readlink -f "$f")" >>"$TMP/hide.list"; done
+# The driver's libcuda and libnvidia-ml files wherever the loader could find them: the loader
+# cache's folders (ldconfig is in /sbin, which a bare PATH lacks), the usual ones and
+# LD_LIBRARY_PATH's (jobs inherit srun's), as gpu-tests/run.sh hides them; Flyt's own kept.
+ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
+lib_dirs=($("$ldconfig" -p 2>/dev/null | awk '/libcuda\.so|libnvidia-ml\.so/ {print $NF}' | xargs -r -n1 dirname)
+    /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 /usr/lib /usr/local/nvidia/lib64
+    /usr/local/nvidia/lib /usr/local/cuda/compat)
+IFS=: read -r -a ld_dirs <<<"${LD_LIBRARY_PATH:-}"
+for d in "${lib_dirs[@]}" "${ld_dirs[@]}"; do
+    [ -n "$d" ] && [ -d "$d" ] && [ "$(readlink -f "$d")" != "$DIST/lib" ] || continue
+    for f in "$d"/libcuda.so* "$d"/libnvidia-ml.so*; do [ -e "$f" ] && echo "bind $(readlink -f "$f")"; done
+done >>"$TMP/hide.list"
 sort -u -o "$TMP/hide.list" "$TMP/hide.list"
+# On a GPU the driver's libcuda must be among the hidden, or the job could reach the GPU natively.
+[ "$DEVICE" != cuda ] || grep -q '/libcuda\.so' "$TMP/hide.list" || fail "no driver libcuda found to hide"
 "$TMP/hide_gpu" "$TMP/hide.list" -- "$SLURM/sbin/slurmd" -D -N flytnode -f "$SLURM_CONF" -d "$SLURM/sbin/slurmstepd" \
     </dev/null >/dev/null 2>"$TMP/log/slurmd.stderr" &
 daemons+=($!)
