@@ -41,16 +41,13 @@ TMP=$(mktemp -d /tmp/flyt-slurm-torch.XXXXXX)
 chmod 755 "$TMP"
 daemons=()
 fail() { echo "slurm-torch: $*" >&2; exit 1; }
+. "$here/lib/cluster.sh"
 # Slurm from the bundle (its programs find their libraries by RUNPATH: nothing to set).
 export SLURM_CONF=$TMP/slurm.conf
 
 cleanup() {
     "$SLURM/bin/scancel" --full --user=root >/dev/null 2>&1
-    for ((i = ${#daemons[@]} - 1; i >= 0; i--)); do
-        kill -TERM "${daemons[i]}" 2>/dev/null
-        for _ in $(seq 100); do kill -0 "${daemons[i]}" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "${daemons[i]}" 2>/dev/null
-    done
+    stop_daemons
     wait 2>/dev/null
     # The rpc-server of an allocation released at the job's end finishes its stop (the sessions'
     # grace) on its own, past its node manager: waited for (bounded), then stopped.
@@ -74,20 +71,6 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-# start NAME COMMAND...: a Flyt daemon; its ready line (the first of its stdout) in LINE.
-start() {
-    local name=$1
-    shift
-    "$@" >"$TMP/$name.out" 2>"$OUT/$name.log" &
-    daemons+=($!)
-    LINE=
-    for _ in $(seq 600); do
-        [ -s "$TMP/$name.out" ] && { LINE=$(head -n 1 "$TMP/$name.out"); break; }
-        kill -0 "${daemons[-1]}" 2>/dev/null || break
-        sleep 0.1
-    done
-    [ -n "$LINE" ] || fail "$name did not start (log: $OUT/$name.log)"
-}
 # until SECONDS WHAT COMMAND...: waits (bounded) for COMMAND to succeed.
 until_ok() {
     local limit=$1 what=$2
@@ -104,28 +87,15 @@ if [ "$DEVICE" = cuda ]; then
 fi
 
 # 2. Flyt.
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/cluster.key"
-chmod 600 "$TMP/cluster.key"
-export FLYTCTL_ADMIN_SOCKET="$TMP/admin.sock" FLYTCTL_CLUSTER_KEY_FILE="$TMP/cluster.key"
+start_cluster_manager
 flytctl() { PATH="$SLURM/bin:$PATH" "$DIST/bin/flytctl" "$@"; }
-FLYT_CLUSTER_MANAGER_LISTEN=127.0.0.1:0 FLYT_CLUSTER_MANAGER_ADMIN_SOCKET="$TMP/admin.sock" \
-    FLYT_CLUSTER_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_CLUSTER_MANAGER_STATE_DIR="$TMP/cluster-manager" \
-    start cluster-manager "$DIST/bin/flyt-cluster-manager"
-cluster=$(echo "$LINE" | awk '{print $4}')
-CUDA_VISIBLE_DEVICES=0 FLYT_NODE_MANAGER_NODE_ID=node-a FLYT_NODE_MANAGER_CLUSTER_MANAGER="$cluster" \
-    FLYT_NODE_MANAGER_HOST_IP=127.0.0.1 FLYT_NODE_MANAGER_ADVERTISE_HOST=127.0.0.1 FLYT_NODE_MANAGER_CONTROL_LISTEN=127.0.0.1:0 \
-    FLYT_NODE_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_NODE_MANAGER_STATE_DIR="$TMP/node-a" FLYT_NODE_MANAGER_DEVICE="$DEVICE" \
-    FLYT_NODE_MANAGER_EMULATED_GPUS='[{ name = "Emulated node-a", memory_mib = 4096, sm_count = 40 }]' \
-    FLYT_NODE_MANAGER_RPC_SERVER_BINARY="$DIST/bin/flyt-rpc-server" FLYT_NODE_MANAGER_RPC_SERVER_LISTEN_HOST=127.0.0.1 \
-    FLYT_NODE_MANAGER_RPC_SERVER_SOCKET_DIR="$TMP/node-a-sockets" FLYT_NODE_MANAGER_MPS_ENABLED=false \
-    start node-a "$DIST/bin/flyt-node-manager"
+NODE_DEVICE=$DEVICE FLYT_NODE_MANAGER_EMULATED_GPUS='[{ name = "Emulated node-a", memory_mib = 4096, sm_count = 40 }]' \
+    start_node_manager node-a 0 127.0.0.1
 node_up() {
     flytctl list-servernodes --json | python3 -c 'import json,sys; sys.exit(not any(v["node"]["health"] == "Up" and v["gpus"] for v in json.load(sys.stdin)))'
 }
 until_ok 60 "the node manager up" node_up
-FLYT_CLIENT_MANAGER_VM_IP=127.0.0.1 FLYT_CLIENT_MANAGER_CLUSTER_MANAGER="$cluster" FLYT_CLIENT_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" \
-    FLYT_CLIENT_MANAGER_SOCKET="$TMP/client-manager.sock" FLYT_CLIENT_MANAGER_JOB_SOCKET="$TMP/jobs.sock" \
-    start client-manager "$DIST/bin/flyt-client-manager"
+FLYT_CLIENT_MANAGER_JOB_SOCKET="$TMP/jobs.sock" start_client_manager
 until_ok 30 "the job socket" test -S "$TMP/jobs.sock"
 
 # 3. Slurm.

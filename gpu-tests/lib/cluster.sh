@@ -70,17 +70,19 @@ start_cluster_manager() {
 }
 
 # start_node_manager NAME GPUS HOST_IP: a node manager of the cluster seeing GPUS
-# (CUDA_VISIBLE_DEVICES), starting its own rpc-servers on the real device.
+# (CUDA_VISIBLE_DEVICES), starting its own rpc-servers on the real device (NODE_DEVICE=emulated:
+# the emulated one, FLYT_NODE_MANAGER_EMULATED_GPUS from the environment).
 start_node_manager() {
     CUDA_VISIBLE_DEVICES=$2 FLYT_NODE_MANAGER_NODE_ID=$1 FLYT_NODE_MANAGER_CLUSTER_MANAGER="$cluster" \
         FLYT_NODE_MANAGER_HOST_IP=$3 FLYT_NODE_MANAGER_ADVERTISE_HOST=127.0.0.1 FLYT_NODE_MANAGER_CONTROL_LISTEN=127.0.0.1:0 \
-        FLYT_NODE_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_NODE_MANAGER_STATE_DIR="$TMP/$1" FLYT_NODE_MANAGER_DEVICE=cuda \
+        FLYT_NODE_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" FLYT_NODE_MANAGER_STATE_DIR="$TMP/$1" FLYT_NODE_MANAGER_DEVICE="${NODE_DEVICE:-cuda}" \
         FLYT_NODE_MANAGER_RPC_SERVER_BINARY="$DIST/bin/flyt-rpc-server" FLYT_NODE_MANAGER_RPC_SERVER_LISTEN_HOST=127.0.0.1 \
         FLYT_NODE_MANAGER_RPC_SERVER_SOCKET_DIR="$TMP/$1-sockets" FLYT_NODE_MANAGER_MPS_ENABLED=false \
         start_daemon "$1" "$DIST/bin/flyt-node-manager"
 }
 
-# start_client_manager: the VM's client manager (VM IP 127.0.0.1) on $TMP/client-manager.sock.
+# start_client_manager: the VM's client manager (VM IP 127.0.0.1) on $TMP/client-manager.sock
+# (more of its settings, e.g. FLYT_CLIENT_MANAGER_JOB_SOCKET, from the environment).
 start_client_manager() {
     FLYT_CLIENT_MANAGER_VM_IP=127.0.0.1 FLYT_CLIENT_MANAGER_CLUSTER_MANAGER="$cluster" FLYT_CLIENT_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" \
         FLYT_CLIENT_MANAGER_SOCKET="$TMP/client-manager.sock" start_daemon client-manager "$DIST/bin/flyt-client-manager"
