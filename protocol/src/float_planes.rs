@@ -221,14 +221,14 @@ impl BitWriter<'_> {
     }
 }
 
-/// Reads bits most significant first; past the end it reads zeros and counts them.
+/// Reads bits most significant first; past the end it reads zeros (`position` still counts them,
+/// so the decoder can tell it read more than the stream held).
 struct BitReader<'a> {
     data: &'a [u8],
     position: usize,
     /// The next bits, left-aligned; `count` of them are valid.
     bits: u64,
     count: u32,
-    past_end: usize,
 }
 
 impl BitReader<'_> {
@@ -242,13 +242,7 @@ impl BitReader<'_> {
             return;
         }
         while self.count <= 56 {
-            let byte = match self.data.get(self.position) {
-                Some(&byte) => byte,
-                None => {
-                    self.past_end += 1;
-                    0
-                }
-            };
+            let byte = self.data.get(self.position).copied().unwrap_or(0);
             self.bits |= u64::from(byte) << (56 - self.count);
             self.position += 1;
             self.count += 8;
@@ -336,7 +330,7 @@ impl Decoder {
                 block.get(at + 4 * index..at + 4 * index + 4).map(|len| u32::from_le_bytes(len.try_into().unwrap_or([0; 4])) as usize)
             };
             let Some(stream) = len.and_then(|len| block.get(start..start.checked_add(len)?)) else { return bad("is cut short") };
-            readers.push(BitReader { data: stream, position: 0, bits: 0, count: 0, past_end: 0 });
+            readers.push(BitReader { data: stream, position: 0, bits: 0, count: 0 });
             start += stream.len();
         }
         let mut groups = target.chunks_exact_mut(2 * STREAMS);
