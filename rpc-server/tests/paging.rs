@@ -334,7 +334,7 @@ const MIXED: [u64; 7] = [4, 100, 4096, 65536, MIB + 3, 700_000, 2 * MIB];
 
 fn mixed_pattern(session: usize, round: usize, which: usize) -> Vec<u8> {
     let seed = (session * 131 + round * 17 + which * 7) as u64;
-    (0..MIXED[which]).map(|i| (i.wrapping_mul(0x9e37_79b1) >> 7).wrapping_add(seed) as u8).collect()
+    (0..MIXED[which]).map(|i| ((i.wrapping_mul(0x9e37_79b1) >> 7).wrapping_add(seed) % 251) as u8).collect()
 }
 
 fn read_len(session: &mut RawSession, src: u64, len: u64) -> Vec<u8> {

@@ -780,12 +780,10 @@ impl Device for CudaDevice {
 
     fn malloc(&self, size: u64) -> CudaResult<u64> {
         if self.keep_addresses {
-            return self
-                .with_own_memory(|own, driver| own.allocate(driver, size))
-                .unwrap_or_else(|reason| {
-                    tracing::warn!(%reason, "no device memory for an allocation");
-                    Err(CudaError::MEMORY_ALLOCATION)
-                });
+            return self.with_own_memory(|own, driver| own.allocate(driver, size)).unwrap_or_else(|reason| {
+                tracing::warn!(%reason, "no device memory for an allocation");
+                Err(CudaError::MEMORY_ALLOCATION)
+            });
         }
         let size = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         // SAFETY: a context is current on this thread (bound at start).
@@ -939,10 +937,8 @@ impl Device for CudaDevice {
         if others.is_empty() {
             return groups;
         }
-        let restored = self
-            .allocation_prop(1)
-            .map_err(|error| error.to_string())
-            .and_then(|prop| super::cuda_restore::span_groups(&others, &prop));
+        let restored =
+            self.allocation_prop(1).map_err(|error| error.to_string()).and_then(|prop| super::cuda_restore::span_groups(&others, &prop));
         groups.extend(restored.unwrap_or_else(|reason| {
             tracing::debug!(%reason, "paged memory mapped back in one piece");
             vec![others]

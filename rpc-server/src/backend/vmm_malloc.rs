@@ -47,6 +47,9 @@ struct Span {
     room: Option<BTreeMap<u64, u64>>,
 }
 
+/// Allocations (start, length).
+pub(super) type Allocations = Vec<(u64, u64)>;
+
 /// Where an allocation of this memory lives: its span and the physical memory over it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct SpanInfo {
@@ -189,13 +192,16 @@ impl OwnMemory {
 
     /// The spans of `allocations` (all of this memory), each once, in address order.
     fn spans_of(&self, allocations: &[(u64, u64)]) -> Result<BTreeSet<u64>, String> {
-        allocations.iter().map(|(ptr, _)| self.span_of.get(ptr).copied().ok_or_else(|| format!("{ptr:#x} is not memory of this worker's"))).collect()
+        allocations
+            .iter()
+            .map(|(ptr, _)| self.span_of.get(ptr).copied().ok_or_else(|| format!("{ptr:#x} is not memory of this worker's")))
+            .collect()
     }
 
     /// `allocations` split into those of this memory, grouped by span in address order (a
     /// page-in maps each group's span once, so a group's copies may run while the next is
     /// mapped), and the others.
-    pub(super) fn groups(&self, allocations: &[(u64, u64)]) -> (Vec<Vec<(u64, u64)>>, Vec<(u64, u64)>) {
+    pub(super) fn groups(&self, allocations: &[(u64, u64)]) -> (Vec<Allocations>, Allocations) {
         let mut by_span: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
         let mut others = Vec::new();
         for &(ptr, len) in allocations {
@@ -317,7 +323,7 @@ mod tests {
         }
 
         fn reserve(&mut self, len: u64) -> Result<u64, CudaError> {
-            assert!(len > 0 && len % PAGE == 0, "{len} is not whole pages");
+            assert!(len > 0 && len.is_multiple_of(PAGE), "{len} is not whole pages");
             // Leave a page between reservations: adjacent ones would hide a span that ran over.
             let start = self.next;
             self.next += len + PAGE;
@@ -411,7 +417,7 @@ mod tests {
             state ^= state >> 7;
             state ^= state << 17;
             let size = [4, 300, 4096, 100_000, PAGE - 1, PAGE, 3 * PAGE + 7][(state % 7) as usize];
-            if live.len() < 40 || state % 3 == 0 {
+            if live.len() < 40 || state.is_multiple_of(3) {
                 live.push(memory.allocate(&mut driver, size).unwrap());
             } else {
                 let ptr = live.swap_remove((state >> 8) as usize % live.len());
