@@ -315,6 +315,10 @@ impl super::vmm_malloc::VmmDriver for CudaVmm<'_> {
         self.page
     }
 
+    fn device(&self) -> usize {
+        usize::try_from(self.prop.location.id).unwrap_or(usize::MAX)
+    }
+
     fn reserve(&mut self, len: u64) -> Result<u64, flyt_protocol::CudaError> {
         let mut start: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; no address hint; the alignment is the granularity.

@@ -245,6 +245,10 @@ impl super::vmm_malloc::VmmDriver for EmulatedVmm<'_> {
         ALIGNMENT
     }
 
+    fn device(&self) -> usize {
+        self.0.current_device()
+    }
+
     fn reserve(&mut self, len: u64) -> Result<u64, CudaError> {
         self.0.mem_address_reserve(len, ALIGNMENT, 0)
     }

@@ -25,6 +25,8 @@ pub(super) const PIECE_ALIGNMENT: u64 = 512;
 pub(super) trait VmmDriver {
     /// The granularity of physical allocations: spans and reservations are whole pages.
     fn page(&self) -> u64;
+    /// The GPU new memory is made on (the current one).
+    fn device(&self) -> usize;
     /// Reserves `len` bytes of addresses (whole pages) anywhere: their start.
     fn reserve(&mut self, len: u64) -> Result<u64, CudaError>;
     /// Frees a reservation made by `reserve`, with nothing mapped in it.
@@ -39,6 +41,8 @@ pub(super) trait VmmDriver {
 /// One reservation of this memory and the physical memory over it.
 struct Span {
     len: u64,
+    /// The GPU its physical memory is made on.
+    device: usize,
     /// Physical memory mapped over the whole span; `None` while paged out.
     handle: Option<u64>,
     /// Allocations in it, by offset: their lengths (packed ones rounded to `PIECE_ALIGNMENT`).
@@ -106,11 +110,11 @@ impl OwnMemory {
         let page = driver.page();
         let piece = size.max(1).checked_next_multiple_of(PIECE_ALIGNMENT).ok_or(CudaError::MEMORY_ALLOCATION)?;
         if piece < page {
-            if let Some(ptr) = self.pack(piece) {
+            if let Some(ptr) = self.pack(piece, driver.device()) {
                 return Ok(ptr);
             }
             let start = self.new_span(driver, page, BTreeMap::new(), Some(BTreeMap::from([(0, page)])))?;
-            return self.pack(piece).filter(|ptr| *ptr == start).ok_or(CudaError::UNKNOWN);
+            return self.pack(piece, driver.device()).filter(|ptr| *ptr == start).ok_or(CudaError::UNKNOWN);
         }
         let len = size.checked_next_multiple_of(page).ok_or(CudaError::MEMORY_ALLOCATION)?;
         let start = self.new_span(driver, len, BTreeMap::from([(0, len)]), None)?;
@@ -118,10 +122,10 @@ impl OwnMemory {
         Ok(start)
     }
 
-    /// `len` bytes in the first mapped packed span with room for them.
-    fn pack(&mut self, len: u64) -> Option<u64> {
+    /// `len` bytes in the first mapped packed span of `device` with room for them.
+    fn pack(&mut self, len: u64, device: usize) -> Option<u64> {
         let (start, offset) = self.spans.iter_mut().find_map(|(start, span)| {
-            let room = span.room.as_mut().filter(|_| span.handle.is_some())?;
+            let room = span.room.as_mut().filter(|_| span.handle.is_some() && span.device == device)?;
             let offset = take_room(room, len)?;
             span.live.insert(offset, len);
             Some((*start, offset))
@@ -141,7 +145,7 @@ impl OwnMemory {
         let start = driver.reserve(len)?;
         match driver.map_new(start, len) {
             Ok(handle) => {
-                self.spans.insert(start, Span { len, handle: Some(handle), live, room });
+                self.spans.insert(start, Span { len, device: driver.device(), handle: Some(handle), live, room });
                 Ok(start)
             }
             Err(error) => {
@@ -247,8 +251,9 @@ impl OwnMemory {
     }
 
     /// A page-in: maps new physical memory over the spans of `allocations` (all of this memory)
-    /// that are out, at their addresses. On `Err` nothing this call mapped stays mapped (a later
-    /// try maps the same spans); spans mapped before it (a page-out that failed part way) stay.
+    /// that are out, at their addresses, on the GPU each was made on (`driver`'s: a session of
+    /// several GPUs is never paged). On `Err` nothing this call mapped stays mapped (a later try
+    /// maps the same spans); spans mapped before it (a page-out that failed part way) stay.
     pub(super) fn page_in(&mut self, driver: &mut impl VmmDriver, allocations: &[(u64, u64)]) -> Result<(), String> {
         let mut mapped_now = Vec::new();
         for start in self.spans_of(allocations)? {
@@ -256,7 +261,8 @@ impl OwnMemory {
             if span.handle.is_some() {
                 continue;
             }
-            match driver.map_new(start, span.len) {
+            let mapped = if span.device == driver.device() { driver.map_new(start, span.len) } else { Err(CudaError::INVALID_DEVICE) };
+            match mapped {
                 Ok(handle) => {
                     span.handle = Some(handle);
                     mapped_now.push(start);
@@ -305,6 +311,8 @@ mod tests {
         fail_map_in: Option<usize>,
         /// Refuse to unmap at these addresses.
         stuck: HashSet<u64>,
+        /// The current GPU.
+        device: usize,
     }
 
     impl FakeDriver {
@@ -320,6 +328,10 @@ mod tests {
     impl VmmDriver for FakeDriver {
         fn page(&self) -> u64 {
             PAGE
+        }
+
+        fn device(&self) -> usize {
+            self.device
         }
 
         fn reserve(&mut self, len: u64) -> Result<u64, CudaError> {
@@ -525,5 +537,21 @@ mod tests {
             memory.free(&mut driver, *ptr).unwrap().unwrap();
         }
         assert!(driver.reservations.is_empty() && driver.mappings.is_empty());
+    }
+
+    #[test]
+    fn small_allocations_of_two_gpus_are_packed_apart() {
+        let (mut driver, mut memory) = (FakeDriver::new(), OwnMemory::default());
+        let first = memory.allocate(&mut driver, 64).unwrap();
+        driver.device = 1;
+        let second = memory.allocate(&mut driver, 64).unwrap();
+        assert!(second.abs_diff(first) >= PAGE, "a page of the other GPU's");
+        assert_eq!(memory.allocate(&mut driver, 64).unwrap(), second + 512);
+        // A page-in maps memory only on the GPU a span was made on.
+        memory.page_out(&mut driver, &[(first, 64)]);
+        let refused = memory.page_in(&mut driver, &[(first, 64)]).unwrap_err();
+        assert!(refused.contains(&format!("{first:#x}")), "{refused}");
+        driver.device = 0;
+        memory.page_in(&mut driver, &[(first, 64)]).unwrap();
     }
 }
