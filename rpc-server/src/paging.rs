@@ -1098,8 +1098,12 @@ mod tests {
     fn a_paged_out_sessions_bytes_leave_the_device_and_come_back_at_their_address() {
         // No host budget (all through the file), a pool smaller than the session, one that
         // holds it.
-        for pool_chunks in [0, 2, 8] {
-            page_out_and_in(pool_chunks);
+        // The driver's cuMemAlloc memory (paging's own memory not made), and memory made in
+        // addresses the worker reserves, as a paging server makes it.
+        for keep_addresses in [false, true] {
+            for pool_chunks in [0, 2, 8] {
+                page_out_and_in(pool_chunks, keep_addresses);
+            }
         }
     }
 
@@ -1111,13 +1115,15 @@ mod tests {
         assert!(paging_file(1 << 20).is_ok());
     }
 
-    fn page_out_and_in(pool_chunks: u64) {
+    fn page_out_and_in(pool_chunks: u64, keep_addresses: bool) {
         use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
         const MIB: u64 = 1 << 20;
         // Two allocations, one not a whole number of chunks: 4 MiB + 12 KiB in all.
         let lens = [3 * MIB, MIB + (12 << 10)];
         let total: u64 = lens.iter().sum();
-        let device = Arc::new(EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }));
+        let device = Arc::new(
+            EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }).keep_allocation_addresses(keep_addresses),
+        );
         let (_listener_page, budget) = tenant_page(3);
         budget.paging_words()[CAPACITY].store(8 * MIB, Ordering::Release);
         let (ours, _listener) = std::os::unix::net::UnixDatagram::pair().unwrap();
@@ -1150,13 +1156,20 @@ mod tests {
         let (registered, pinned_ahead) = (device.registrations(), device.registered_bytes());
         assert_eq!(pinned_ahead, chunks as u64 * MIB);
         assert_eq!(pager.residency().pinned_total(), pinned_ahead, "counted in the host budget");
+        // Memory made in reserved addresses takes whole pages (2 MiB here): 4 MiB and a page of
+        // packed small allocations.
+        let device_bytes = if keep_addresses { 6 * MIB } else { total };
+        assert_eq!(device.own_memory_bytes(), if keep_addresses { (device_bytes, device_bytes) } else { (0, 0) });
         for round in 0..3u64 {
             for (which, &(ptr, len)) in allocations.iter().enumerate() {
                 crate::session::write_device(&*device, MIB, ptr, len, &mut pattern(round, which).as_slice()).unwrap();
             }
             let before = free(&device);
             assert_eq!(pager.page_out(&*device, "test"), Ok(Some(total)));
-            assert_eq!(free(&device) - before, total, "the bytes left the device's memory");
+            assert_eq!(free(&device) - before, device_bytes, "the bytes left the device's memory");
+            if keep_addresses {
+                assert_eq!(device.own_memory_bytes(), (device_bytes, 0), "the addresses stay reserved");
+            }
             assert_eq!(pager.residency().resident_total(), 0);
             assert!(pager.residency().view().paged);
             assert_eq!(pager.page_out(&*device, "again"), Ok(None), "already out");
@@ -1199,11 +1212,20 @@ mod tests {
     /// keeps the session out, its bytes still in its pool's chunks, for the next request.
     #[test]
     fn a_page_in_that_fails_part_way_keeps_the_session_out_with_its_bytes() {
+        // The driver's memory, and memory made in reserved addresses (the first allocation
+        // packed in a page of 2 MiB, the second in 4 MiB: the blocker leaves room for the first).
+        page_in_fails_part_way(false, "do not fit");
+        page_in_fails_part_way(true, "device memory mapped at");
+    }
+
+    fn page_in_fails_part_way(keep_addresses: bool, refusal: &str) {
         use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
         const MIB: u64 = 1 << 20;
         let lens = [MIB, 3 * MIB];
         let total: u64 = lens.iter().sum();
-        let device = Arc::new(EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }));
+        let device = Arc::new(
+            EmulatedDevice::new(EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] }).keep_allocation_addresses(keep_addresses),
+        );
         let (_listener_page, budget) = tenant_page(4);
         // Residency allows more than the device holds: something else takes its memory meanwhile.
         budget.paging_words()[CAPACITY].store(16 * MIB, Ordering::Release);
@@ -1235,7 +1257,7 @@ mod tests {
         let blocker = device.malloc(6 * MIB).unwrap();
         let free = device.mem_get_info().unwrap().0;
         let refused = pager.enter(&*device, &outbox).err().expect("not paged in");
-        assert!(refused.contains("do not fit"), "{refused}");
+        assert!(refused.contains(refusal), "{refused}");
         assert_eq!(device.mem_get_info().unwrap().0, free, "what it mapped, released again");
         assert!(pager.residency().view().paged);
         assert_eq!(pager.residency().resident_total(), 0, "its residency given back");
@@ -1249,6 +1271,61 @@ mod tests {
         }
         pager.leave(gate);
         assert!(!pager.residency().view().paged);
+    }
+
+    /// The driver's allocator keeps the addresses of freed `cuMemAlloc` memory for itself (three
+    /// PyTorch tenants on an H200): memory from it cannot come back where it was after a
+    /// page-out, while memory the worker makes in addresses it reserves (a paging server's) does,
+    /// small allocations packed, every byte where it was.
+    #[test]
+    fn allocations_come_back_at_their_addresses_where_the_driver_keeps_freed_ones() {
+        use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
+        const MIB: u64 = 1 << 20;
+        let lens = [4, 4096, 3 * MIB, 100_000];
+        let total: u64 = lens.iter().sum();
+        for keep_addresses in [false, true] {
+            let config = EmulatedConfig { memory: 8 * MIB, sms: 1, host_gpus: vec![0] };
+            let device = Arc::new(EmulatedDevice::new(config).driver_keeps_freed_addresses(true).keep_allocation_addresses(keep_addresses));
+            let (_listener_page, budget) = tenant_page(5);
+            budget.paging_words()[CAPACITY].store(8 * MIB, Ordering::Release);
+            let (app, _app_end) = std::os::unix::net::UnixStream::pair().unwrap();
+            let outbox = crate::transport::Outbox::new(crate::transport::Connection::Unix(app), None, None);
+            let (pager, _listener) = pager_of_slot(&budget, Duration::from_millis(100));
+            assert!(PagedBudget::new(budget.clone(), pager.clone()).try_reserve(total));
+            let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
+            let pattern = |which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i * 7 + which as u64) % 253) as u8).collect() };
+            for (which, &(ptr, len)) in allocations.iter().enumerate() {
+                crate::session::write_device(&*device, MIB, ptr, len, &mut pattern(which).as_slice()).unwrap();
+            }
+            let mut gate = pager.enter(&*device, &outbox).unwrap();
+            gate.set_allocations(1, || allocations.clone());
+            gate.set_blocker(None);
+            pager.leave(gate);
+            assert_eq!(pager.page_out(&*device, "test"), Ok(Some(total)));
+            // Meanwhile the driver gives out memory of its own: where it kept freed addresses.
+            let (other, _) = device.graph_staging_alloc(MIB).unwrap();
+            let entered = pager.enter(&*device, &outbox);
+            if !keep_addresses {
+                assert_eq!(other, allocations[0].0, "the driver gave the session's first address away");
+                let refused = entered.err().expect("no page-in where the addresses are taken");
+                assert!(refused.contains("are taken"), "{refused}");
+                continue;
+            }
+            assert!(allocations.iter().all(|(ptr, len)| other + MIB <= *ptr || ptr + len <= other), "not in the session's addresses");
+            let gate = entered.expect("paged in");
+            for (which, &(ptr, len)) in allocations.iter().enumerate() {
+                let mut back = Vec::new();
+                crate::session::read_device(&*device, MIB, ptr, len, &mut back).unwrap();
+                assert!(back == pattern(which), "allocation {which}'s bytes");
+            }
+            pager.leave(gate);
+            // The small ones share a page: two spans of memory in all (one packed, one large).
+            assert_eq!(device.own_memory_bytes(), (6 * MIB, 6 * MIB));
+            for (ptr, _) in &allocations {
+                device.free(*ptr).unwrap();
+            }
+            assert_eq!(device.own_memory_bytes(), (0, 0), "freed with their reservations");
+        }
     }
 
     /// A tenant page without a limit (the listener's view, kept alive) and worker slot `slot`'s.

@@ -607,7 +607,7 @@ pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i3
             let opened = emulated_host_gpus(&args.gpu, visible_devices.as_deref()).and_then(|host_gpus| {
                 let config =
                     EmulatedConfig { memory: args.emulated_memory, sms: emulated_sms(args.emulated_sms, args.sm_percentage), host_gpus };
-                let device = EmulatedDevice::new(config);
+                let device = EmulatedDevice::new(config).keep_allocation_addresses(args.paging.is_some());
                 check_gpus(args, &device).map(|()| device)
             });
             match opened {

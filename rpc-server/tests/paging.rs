@@ -5,6 +5,10 @@
 //! chosen; a request that cannot be met fails with out-of-memory within the configured wait.
 //! Paged memory goes to each worker's pool of host memory pinned ahead (chunks of `--page-chunk`,
 //! all pools within `--page-host-budget`), and what does not fit it to memory files.
+//!
+//! The emulated "driver" keeps the addresses of freed `cuMemAlloc` memory for its own next
+//! allocations (`FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES`), as the real one does: a paging
+//! server's sessions' memory must come back at its addresses all the same.
 
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
 
@@ -15,7 +19,7 @@ use std::time::{Duration, Instant};
 use flyt_protocol::CudaError;
 use flyt_protocol::ops::req;
 use flyt_test_support::{scrape_metrics as scrape, series_value as value};
-use raw::{RawSession, emulated_server};
+use raw::RawSession;
 
 const MIB: u64 = 1 << 20;
 /// Each session's memory: two allocations of 2 MiB, 4 MiB in all (four sessions: 16 MiB).
@@ -35,10 +39,16 @@ fn pattern(session: usize, round: usize, which: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The emulated "driver" keeps freed `cuMemAlloc` addresses for itself, as NVIDIA's does.
+const DRIVER_KEEPS_FREED: (&str, &str) = ("FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES", "1");
+
 fn oversubscribed(name: &str, extra: &[&str]) -> (flyt_test_support::Server, String) {
-    let mut args = vec!["--emulated-memory", "8MiB", "--memory-quota", "16MiB", "--oversubscribe", "2.0", "--page-chunk", "1MiB"];
+    let scratch = flyt_test_support::scratch_dir(name);
+    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
+    let mut args = vec!["--device", "emulated", "--listen", socket.as_str(), "--warm-workers", "1"];
+    args.extend_from_slice(&["--emulated-memory", "8MiB", "--memory-quota", "16MiB", "--oversubscribe", "2.0", "--page-chunk", "1MiB"]);
     args.extend_from_slice(extra);
-    emulated_server(name, &args)
+    (flyt_test_support::Server::start_with_env(&args, &scratch, &[DRIVER_KEEPS_FREED]), socket)
 }
 
 fn write(session: &mut RawSession, dst: u64, bytes: &[u8]) {
@@ -287,7 +297,8 @@ fn a_waiting_request_outlasts_a_slow_page_out_that_progresses() {
         "--page-wait-ms",
         "500",
     ];
-    let server = flyt_test_support::Server::start_with_env(&args, &scratch, &[("FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB", "150")]);
+    let server =
+        flyt_test_support::Server::start_with_env(&args, &scratch, &[("FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB", "150"), DRIVER_KEEPS_FREED]);
     let mut first = RawSession::open(&socket, None).expect("session");
     let ptrs: Vec<u64> = (0..4).map(|_| first.call(req::Malloc { size: ALLOCATION }).0.expect("malloc").ptr).collect();
     for (which, ptr) in ptrs.iter().enumerate() {
@@ -314,4 +325,73 @@ fn a_waiting_request_outlasts_a_slow_page_out_that_progresses() {
     // A request nothing can meet still fails within its wait: see
     // `a_request_that_cannot_be_met_fails_with_out_of_memory_within_its_wait` (no page-out
     // progresses for it).
+}
+
+/// Sizes of a session's allocations in the mixed-turns test: the small ones share one page of
+/// 2 MiB (packed), the last has a page to itself. Each turn frees and makes again the second
+/// and the last.
+const MIXED: [u64; 7] = [4, 100, 4096, 65536, MIB + 3, 700_000, 2 * MIB];
+
+fn mixed_pattern(session: usize, round: usize, which: usize) -> Vec<u8> {
+    let seed = (session * 131 + round * 17 + which * 7) as u64;
+    (0..MIXED[which]).map(|i| ((i.wrapping_mul(0x9e37_79b1) >> 7).wrapping_add(seed) % 251) as u8).collect()
+}
+
+fn read_len(session: &mut RawSession, src: u64, len: u64) -> Vec<u8> {
+    let (reply, bytes) = session.call(req::MemcpyDtoH { src, len, stream: 0, blocking: true });
+    reply.expect("read back");
+    bytes
+}
+
+/// Three sessions of mixed allocations (4 B to 2 MiB, 3.8 MiB each) take turns on a device
+/// holding two. Each turn checks every byte, frees two allocations and makes them again (the
+/// driver would hand out the addresses it kept), writes new bytes: paged memory comes back at
+/// its addresses every time, the small allocations sharing a page.
+#[test]
+fn mixed_allocations_freed_and_made_again_come_back_at_their_addresses() {
+    let (server, socket) =
+        oversubscribed("paging-mixed", &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000"]);
+    let mut sessions: Vec<(RawSession, Vec<u64>)> = (0..3)
+        .map(|index| {
+            let mut session = RawSession::open(&socket, None).expect("session");
+            let ptrs: Vec<u64> = MIXED.iter().map(|size| session.call(req::Malloc { size: *size }).0.expect("malloc").ptr).collect();
+            for (which, ptr) in ptrs.iter().enumerate() {
+                write(&mut session, *ptr, &mixed_pattern(index, 0, which));
+            }
+            synchronize(&mut session);
+            (session, ptrs)
+        })
+        .collect();
+    // The small ones are packed: all within one page.
+    let small = &sessions[0].1[..MIXED.len() - 1];
+    let (low, high) = (small.iter().min().unwrap(), small.iter().max().unwrap());
+    assert!(high - low < 2 * MIB, "{small:x?}");
+    let mut rounds = [0usize; 3];
+    for turn in 0..30 {
+        let index = turn % 3;
+        let (session, ptrs) = &mut sessions[index];
+        for (which, ptr) in ptrs.iter().enumerate() {
+            let back = read_len(session, *ptr, MIXED[which]);
+            assert!(back == mixed_pattern(index, rounds[index], which), "session {index}'s allocation {which} at turn {turn}");
+        }
+        rounds[index] = turn + 1;
+        for which in [1, MIXED.len() - 1] {
+            session.call(req::Free { ptr: ptrs[which] }).0.expect("free");
+            ptrs[which] = session.call(req::Malloc { size: MIXED[which] }).0.expect("malloc again").ptr;
+        }
+        for (which, ptr) in ptrs.iter().enumerate() {
+            write(session, *ptr, &mixed_pattern(index, rounds[index], which));
+        }
+        synchronize(session);
+    }
+    for (index, (session, ptrs)) in sessions.iter_mut().enumerate() {
+        for (which, ptr) in ptrs.iter().enumerate() {
+            assert!(read_len(session, *ptr, MIXED[which]) == mixed_pattern(index, rounds[index], which), "session {index}'s last bytes");
+        }
+    }
+    let log = server.log_text();
+    let (outs, ins) = (count(&log, " paged out"), count(&log, " paged in"));
+    assert!(outs >= 20 && ins >= 20, "{outs} page-outs, {ins} page-ins:\n{log}");
+    assert_eq!(count(&log, "not all held") + count(&log, "are taken") + count(&log, "not paged in"), 0, "{log}");
+    assert_eq!(count(&log, "request failed: out of device memory"), 0, "{log}");
 }

@@ -8,12 +8,14 @@ use crate::CUresult;
 use crate::ffi::{non_null, write_out};
 use crate::generated::types::{CUdeviceptr, CUevent, CUipcEventHandle, CUipcMemHandle};
 
-/// The server's answer, with a line when its device cannot share memory between processes.
+/// The server's answer, with a line when its device cannot share memory between processes: a
+/// server without a GPU, or memory the server maps itself, which the driver exports by no IPC
+/// handle (all of a session's while the server pages sessions out, `--oversubscribe`).
 fn shared<T>(result: flyt_protocol::error::CudaResult<T>) -> crate::ffi::DriverResult<T> {
     result.map_err(|error| match error {
-        flyt_protocol::CudaError::NOT_SUPPORTED => {
-            crate::diagnostics::unsupported("CUDA IPC on a GPU server without a GPU (the emulated device)")
-        }
+        flyt_protocol::CudaError::NOT_SUPPORTED => crate::diagnostics::unsupported(
+            "CUDA IPC on a GPU server without a GPU or one that maps the memory itself (it pages sessions: --oversubscribe; its log says which)",
+        ),
         error => driver_error(error),
     })
 }

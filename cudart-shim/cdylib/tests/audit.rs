@@ -105,7 +105,7 @@ fn every_implemented_export_does_its_work_or_fails_as_cuda_documents() {
             &[
                 "flyt: cudaHostRegister with cudaHostRegisterIoMemory is not supported through Flyt (returning cudaErrorNotSupported)"
                     .to_string(),
-                "flyt: CUDA IPC on a GPU server without a GPU (the emulated device) is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"
+                "flyt: CUDA IPC on a GPU server without a GPU or one that maps the memory itself (it pages sessions: --oversubscribe; its log says which) is not supported through Flyt (returning CUDA_ERROR_NOT_SUPPORTED)"
                     .to_string(),
                 "flyt: ignoring a fatbinary in a format this runtime does not know".to_string(),
                 "flyt: the GPU server's emulated device has no kernel nodes, so no graph edge with a port or a type (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),

@@ -428,12 +428,13 @@ pub struct CudaDevice {
     /// The generated driver table (`flyt-cuda-sys`), for what cudarc lacks.
     driver: &'static DriverTable,
     staging: Arc<StagingPool>,
-    /// Memory of a moved session, mapped at its old addresses, and (`keep_addresses`) the
-    /// session's own allocations.
+    /// Memory of a moved session, mapped at its old addresses.
     restored: std::sync::Mutex<super::cuda_restore::RestoredMemory>,
     /// The server pages: `malloc` makes memory in addresses this worker holds, so a page-out
     /// can release the memory and keep the addresses (`docs/design/paging.md`).
     keep_addresses: bool,
+    /// The session's allocations made so (`keep_addresses`).
+    own: std::sync::Mutex<super::vmm_malloc::OwnMemory>,
 }
 
 // SAFETY: `context` is the device's primary context, which any thread may make current; the
@@ -484,6 +485,24 @@ impl CudaDevice {
     pub fn keep_allocation_addresses(mut self, keep: bool) -> Self {
         self.keep_addresses = keep;
         self
+    }
+
+    /// Runs `work` on the session's own memory (`keep_addresses`) with the driver's primitives:
+    /// memory of the current GPU, shareable as a descriptor (a move on this GPU hands it over
+    /// as it hands restored memory), accessible as `access` says.
+    fn with_own_memory<T>(
+        &self,
+        work: impl FnOnce(&mut super::vmm_malloc::OwnMemory, &mut super::cuda_restore::CudaVmm<'_>) -> T,
+    ) -> Result<T, String> {
+        let prop = self.allocation_prop(1).map_err(|error| error.to_string())?;
+        let access = self.access();
+        let mut driver = super::cuda_restore::CudaVmm::new(&prop, &access)?;
+        let mut own = self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(work(&mut own, &mut driver))
+    }
+
+    fn own_memory(&self) -> std::sync::MutexGuard<'_, super::vmm_malloc::OwnMemory> {
+        self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Who may use memory of the current GPU mapped here: the GPU itself and every session GPU
@@ -568,6 +587,7 @@ impl CudaDevice {
             staging: Arc::new(staging),
             restored: std::sync::Mutex::default(),
             keep_addresses: false,
+            own: std::sync::Mutex::default(),
         })
     }
 
@@ -760,13 +780,10 @@ impl Device for CudaDevice {
 
     fn malloc(&self, size: u64) -> CudaResult<u64> {
         if self.keep_addresses {
-            // Shareable as a descriptor, so a move on this GPU can hand the memory over.
-            let prop = self.allocation_prop(1)?;
-            let access = self.access();
-            let mut restored = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            return restored
-                .allocate(size, &prop, &access)
-                .map_err(|code| check(code.result()).err().unwrap_or(CudaError::MEMORY_ALLOCATION));
+            return self.with_own_memory(|own, driver| own.allocate(driver, size)).unwrap_or_else(|reason| {
+                tracing::warn!(%reason, "no device memory for an allocation");
+                Err(CudaError::MEMORY_ALLOCATION)
+            });
         }
         let size = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         // SAFETY: a context is current on this thread (bound at start).
@@ -774,6 +791,16 @@ impl Device for CudaDevice {
     }
 
     fn free(&self, ptr: u64) -> CudaResult<()> {
+        if self.own_memory().contains(ptr) {
+            // As cuMemFree: the device's work is done first (the freed room may be given out
+            // again at once).
+            check(result::ctx::synchronize())?;
+            let freed = self.with_own_memory(|own, driver| own.free(driver, ptr)).map_err(|reason| {
+                tracing::warn!(%reason, ptr = format_args!("{ptr:#x}"), "freeing an allocation");
+                CudaError::UNKNOWN
+            })?;
+            return freed.unwrap_or(Err(CudaError::INVALID_VALUE));
+        }
         if let Some(code) = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).free(ptr) {
             return check(code.result());
         }
@@ -783,10 +810,23 @@ impl Device for CudaDevice {
 
     fn export_for_move(&self, allocations: &[(u64, u64)]) -> CudaResult<super::MovedMemory> {
         let restored = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let own = self.own_memory();
         let mut moved = super::MovedMemory::default();
         let mut exported = std::collections::HashSet::new();
         for &(ptr, len) in allocations {
-            match restored.span_of(ptr) {
+            // The session's own memory (the server pages): a span with its handle, as restored
+            // memory is; several packed allocations share one.
+            let own_span = match own.span_of(ptr) {
+                Some(span) => match span.handle {
+                    Some(handle) => Some((span.start, span.len, handle)),
+                    None => {
+                        tracing::warn!(ptr = format_args!("{ptr:#x}"), "memory paged out cannot be exported");
+                        return Err(CudaError::NOT_READY);
+                    }
+                },
+                None => None,
+            };
+            match own_span.or_else(|| restored.span_of(ptr)) {
                 Some((start, span_len, handle)) => {
                     if exported.insert(start) {
                         let fd = export_descriptor(handle)?;
@@ -848,48 +888,78 @@ impl Device for CudaDevice {
     }
 
     fn page_out(&self, allocations: &[(u64, u64)]) -> Result<(), (String, bool)> {
-        // The caller saved the bytes after a synchronize; each free releases the physical
-        // memory (a restored span's with its last allocation), then the addresses are held in
-        // reservations of this worker's, where `page_in` maps new memory.
+        // The caller saved the bytes after a synchronize. The session's own memory (all of it
+        // while the server pages) releases its physical memory, its reservations staying.
+        let (own, others): (Vec<_>, Vec<_>) = allocations.iter().copied().partition(|(ptr, _)| self.own_memory().contains(*ptr));
         let mut failed = Vec::new();
-        for &(ptr, len) in allocations {
-            // Memory mapped here goes, its addresses staying held; the driver's own is freed.
+        let mut released = false;
+        if !own.is_empty() {
+            match self.with_own_memory(|memory, driver| memory.page_out(driver, &own)) {
+                Ok(out) => {
+                    released |= out.released;
+                    failed.extend(out.failed);
+                }
+                Err(reason) => failed.push(reason),
+            }
+        }
+        // Other memory: a restored span's goes with its last allocation, its addresses held
+        // already; the driver's own is freed, then its addresses are held in reservations of this
+        // worker's (which the driver may refuse: it keeps freed addresses for its allocator).
+        for &(ptr, len) in &others {
             let unmapped = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).unmap(ptr);
-            let released = match unmapped {
+            let freed = match unmapped {
                 Some(code) => check(code.result()),
                 // SAFETY: `ptr` is the start of an allocation of this session (its range map).
                 None => check(unsafe { result::free_sync(ptr) }),
             };
-            if let Err(error) = released {
-                failed.push(format!("releasing {len} bytes at {ptr:#x}: {error}"));
+            match freed {
+                Ok(()) => released = true,
+                Err(error) => failed.push(format!("releasing {len} bytes at {ptr:#x}: {error}")),
             }
         }
-        // The addresses not held (the driver keeps part of a page) stay free for the driver;
-        // nothing of the session's allocates until its page-in, which then says if they are taken.
-        let held = self
-            .allocation_prop(1)
-            .map_err(|error| error.to_string())
-            .and_then(|prop| self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).hold(allocations, &prop));
-        if let Err(reason) = held {
-            tracing::warn!(%reason, "paged-out addresses not all held");
+        if !others.is_empty() {
+            // Nothing of the session's allocates until its page-in, which says if they are taken.
+            let held = self
+                .allocation_prop(1)
+                .map_err(|error| error.to_string())
+                .and_then(|prop| self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).hold(&others, &prop));
+            if let Err(reason) = held {
+                tracing::warn!(%reason, "paged-out addresses not all held");
+            }
         }
-        let released = failed.len() < allocations.len();
         if failed.is_empty() { Ok(()) } else { Err((failed.join("; "), released)) }
     }
 
     fn page_groups(&self, allocations: &[(u64, u64)]) -> Vec<Vec<(u64, u64)>> {
-        let groups = self
-            .allocation_prop(1)
-            .map_err(|error| error.to_string())
-            .and_then(|prop| super::cuda_restore::span_groups(allocations, &prop));
-        groups.unwrap_or_else(|reason| {
+        // Each span of the session's own memory on its own; other memory by the spans a restore
+        // maps.
+        let (mut groups, others) = self.own_memory().groups(allocations);
+        if others.is_empty() {
+            return groups;
+        }
+        let restored =
+            self.allocation_prop(1).map_err(|error| error.to_string()).and_then(|prop| super::cuda_restore::span_groups(&others, &prop));
+        groups.extend(restored.unwrap_or_else(|reason| {
             tracing::debug!(%reason, "paged memory mapped back in one piece");
-            vec![allocations.to_vec()]
-        })
+            vec![others]
+        }));
+        groups
     }
 
     fn page_in(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
-        self.restore_allocations(allocations, &[])
+        let (own, others): (Vec<_>, Vec<_>) = allocations.iter().copied().partition(|(ptr, _)| self.own_memory().contains(*ptr));
+        if !own.is_empty() {
+            self.with_own_memory(|memory, driver| memory.page_in(driver, &own))??;
+        }
+        if others.is_empty() {
+            return Ok(());
+        }
+        let restored = self.restore_allocations(&others, &[]);
+        if restored.is_err() && !own.is_empty() {
+            // Nothing of this page-in stays mapped.
+            let _ = self.with_own_memory(|memory, driver| memory.page_out(driver, &own));
+        }
+        restored
     }
 
     fn restore_allocations(&self, allocations: &[(u64, u64)], reservations: &[(u64, u64)]) -> Result<(), String> {
@@ -2243,18 +2313,24 @@ impl Device for CudaDevice {
     }
 
     fn free_async(&self, ptr: u64, stream: Self::Stream) -> CudaResult<()> {
+        let own = self.own_memory().contains(ptr);
         let mut restored = self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if restored.span_of(ptr).is_some() {
-            // A pool allocation that moved here is restored memory now. Freeing it now keeps
-            // stream order: its span stays mapped until its last allocation goes, and that
-            // waits for the device. A capture would need a free node for it, which the driver
-            // makes only for its own pools' memory.
+        if own || restored.span_of(ptr).is_some() {
+            // A pool allocation that moved here is restored memory now, and while the server
+            // pages a `cuMemAlloc` allocation is memory of its own. Freeing it now keeps stream
+            // order: its span stays mapped until its last allocation goes, and that waits for
+            // the device. A capture would need a free node for it, which the driver makes only
+            // for its own pools' memory.
             let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
             // SAFETY: one of the session's streams; valid out-pointer.
             check(unsafe { sys::cuStreamIsCapturing(stream.0, &mut status).result() })?;
             if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-                tracing::warn!(ptr, "a stream-ordered free of memory that moved here cannot be captured");
+                tracing::warn!(ptr, "a stream-ordered free of memory the server maps itself cannot be captured");
                 return Err(CudaError::STREAM_CAPTURE_UNSUPPORTED);
+            }
+            if own {
+                drop(restored);
+                return self.free(ptr);
             }
             return restored.free(ptr).map_or(Ok(()), |code| check(code.result()));
         }
@@ -2354,11 +2430,18 @@ impl Device for CudaDevice {
     }
 
     fn ipc_mem_handle(&self, ptr: u64) -> CudaResult<[u8; 64]> {
-        if self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).span_of(ptr).is_some() {
-            // The driver has no legacy IPC handle for memory mapped through VMM.
+        // The driver has no legacy IPC handle for memory mapped through VMM.
+        if self.own_memory().holds(ptr) {
             tracing::warn!(
                 ptr = format_args!("{ptr:#x}"),
-                "no IPC handle for memory this server maps itself (a moved session's, or any while it pages)"
+                "cuIpcGetMemHandle: not supported while the server pages (--oversubscribe): the session's memory is mapped by the server itself, which the driver exports by no IPC handle"
+            );
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        if self.restored.lock().unwrap_or_else(std::sync::PoisonError::into_inner).span_of(ptr).is_some() {
+            tracing::warn!(
+                ptr = format_args!("{ptr:#x}"),
+                "cuIpcGetMemHandle: not supported for memory of a session that moved here (mapped by the server itself)"
             );
             return Err(CudaError::NOT_SUPPORTED);
         }
@@ -2600,7 +2683,15 @@ impl Device for CudaDevice {
     }
 
     fn malloc_pitch(&self, width: u64, height: u64, element_size: u32) -> CudaResult<(u64, u64)> {
-        self.pitch_alloc(width, height, element_size)
+        if !self.keep_addresses {
+            return self.pitch_alloc(width, height, element_size);
+        }
+        // The server pages: the rows go in the session's own memory, at the pitch the driver
+        // gives for this width (asked with one row, freed at once).
+        let (row, pitch) = self.pitch_alloc(width, 1, element_size)?;
+        // SAFETY: the row allocated just above, used by nothing.
+        check(unsafe { result::free_sync(row) })?;
+        self.malloc(pitch.checked_mul(height).ok_or(CudaError::MEMORY_ALLOCATION)?).map(|ptr| (ptr, pitch))
     }
 
     fn memset_2d(&self, set: &Memset2d, stream: Self::Stream) -> CudaResult<()> {

@@ -1,8 +1,7 @@
 //! Device memory this worker maps itself, at addresses it holds: a moved session's, mapped back
-//! at the addresses its app holds, and, while the server pages (`--oversubscribe`), the
-//! session's own `cuMemAlloc` allocations, so a page-out releases only their physical memory and
-//! a page-in maps new memory at the same addresses (the driver's allocator keeps the addresses
-//! of memory `cuMemFree` returns, so freed addresses could not be held again).
+//! at the addresses its app holds (`RestoredMemory`), and the CUDA driver's side of the session's
+//! own allocations while the server pages (`CudaVmm`, for `vmm_malloc`), which share the making of
+//! physical memory, its mapping and its access list (`map_new`).
 //!
 //! The source's allocations came from `cuMemAlloc`, which packs small ones into 2 MiB pages, so
 //! the allocations are grouped into page-aligned spans (each one physical allocation, mapped
@@ -42,9 +41,6 @@ pub(super) struct RestoredMemory {
     /// Reservations made here (start, end), held until the worker exits: a later restore (a
     /// paged-out session paged in, `docs/design/paging.md`) maps inside them again.
     held: Vec<(u64, u64)>,
-    /// The session's own allocations (`allocate`): start and length of the reservation each has
-    /// to itself, freed with it.
-    own: HashMap<u64, u64>,
 }
 
 /// The page of physical allocations made with `prop`.
@@ -208,13 +204,8 @@ impl RestoredMemory {
         access: &[sys::CUmemAccessDesc],
     ) -> Result<(), String> {
         let page = granularity(prop)?;
-        // The session's own allocations each in its own reservation (a mapping may not span
-        // two); the others in page-aligned spans.
-        let (own, others): (Vec<_>, Vec<_>) = allocations.iter().copied().partition(|(ptr, _)| self.own.contains_key(ptr));
-        let mut spans = spans(&others, page as u64)?;
-        spans.extend(own.iter().map(|&(ptr, _)| (ptr, ptr + self.own[&ptr])));
-        // Own allocations' addresses are held already, each in its own reservation.
-        let everything: Vec<_> = others.iter().chain(reservations).copied().collect();
+        let spans = spans(allocations, page as u64)?;
+        let everything: Vec<_> = allocations.iter().chain(reservations).copied().collect();
         let held = &self.held;
         let unheld: Vec<_> =
             self::spans(&everything, page as u64)?.into_iter().filter(|&(start, end)| !covered(held, start, end)).collect();
@@ -272,50 +263,10 @@ impl RestoredMemory {
         self.spans.get(&start).map(|span| (start, span.len, span.handle))
     }
 
-    /// A new allocation of the session of `size` bytes in addresses reserved for it alone, mapped
-    /// and accessible as `access` says (paging: its physical memory can go and come back).
-    pub(super) fn allocate(
-        &mut self,
-        size: u64,
-        prop: &sys::CUmemAllocationProp,
-        access: &[sys::CUmemAccessDesc],
-    ) -> Result<u64, sys::CUresult> {
-        let page = granularity(prop).map_err(|_| sys::CUresult::CUDA_ERROR_INVALID_VALUE)? as u64;
-        let len = round_up(size.max(1), page).ok_or(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        let mut start: sys::CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; no address hint.
-        let code = unsafe { sys::cuMemAddressReserve(&mut start, len as usize, page as usize, 0, 0) };
-        if code != sys::CUresult::CUDA_SUCCESS {
-            return Err(code);
-        }
-        let handle = match map_new(start, len as usize, prop, access) {
-            Ok(handle) => handle,
-            Err(code) => {
-                // SAFETY: the reservation made above, with nothing mapped in it.
-                unsafe { sys::cuMemAddressFree(start, len as usize) };
-                return Err(code);
-            }
-        };
-        self.spans.insert(start, Span { len, handle, live: 1 });
-        self.span_of.insert(start, start);
-        self.own.insert(start, len);
-        self.held.push((start, start + len));
-        Ok(start)
-    }
-
-    /// Frees an allocation mapped here (its own reservation too); `None` when `ptr` is not one
-    /// (the driver's `cuMemFree` applies).
+    /// Frees an allocation mapped here (its addresses stay held until the worker exits); `None`
+    /// when `ptr` is not one (the driver's `cuMemFree` applies).
     pub(super) fn free(&mut self, ptr: u64) -> Option<sys::CUresult> {
-        // An allocation of its own may be unmapped already (paged out).
-        let unmapped = self.unmap(ptr);
-        let Some(len) = self.own.remove(&ptr) else { return unmapped };
-        self.held.retain(|&(start, _)| start != ptr);
-        // SAFETY: the allocation's own reservation, nothing mapped in it any more.
-        let freed = unsafe { sys::cuMemAddressFree(ptr, len as usize) };
-        Some(match unmapped {
-            Some(code) if code != sys::CUresult::CUDA_SUCCESS => code,
-            _ => freed,
-        })
+        self.unmap(ptr)
     }
 
     /// Releases the physical memory under an allocation mapped here, its addresses staying held
@@ -328,15 +279,77 @@ impl RestoredMemory {
             return Some(sys::CUresult::CUDA_SUCCESS);
         }
         let span = self.spans.remove(&start)?;
-        // SAFETY: the span was mapped by `restore` or `allocate` and no allocation in it is
-        // alive: the session freed the last one (cuMemFree semantics: the caller synchronized)
-        // or it is paged out (after a synchronize), so no queued work uses it.
+        // SAFETY: the span was mapped by `restore` and no allocation in it is alive: the session
+        // freed the last one (cuMemFree semantics: the caller synchronized) or it is paged out
+        // (after a synchronize), so no queued work uses it.
         unsafe {
             sys::cuCtxSynchronize();
             let code = sys::cuMemUnmap(start, span.len as usize);
             sys::cuMemRelease(span.handle);
             Some(code)
         }
+    }
+}
+
+/// The CUDA driver's primitives for the session's own memory while the server pages
+/// (`vmm_malloc`): physical memory made with `prop` and accessible as `access` says, as restored
+/// memory is.
+pub(super) struct CudaVmm<'a> {
+    prop: &'a sys::CUmemAllocationProp,
+    access: &'a [sys::CUmemAccessDesc],
+    page: u64,
+}
+
+impl<'a> CudaVmm<'a> {
+    pub(super) fn new(prop: &'a sys::CUmemAllocationProp, access: &'a [sys::CUmemAccessDesc]) -> Result<Self, String> {
+        Ok(Self { prop, access, page: granularity(prop)? as u64 })
+    }
+}
+
+fn cuda_error(code: sys::CUresult) -> flyt_protocol::CudaError {
+    super::cuda::check(code.result()).err().unwrap_or(flyt_protocol::CudaError::UNKNOWN)
+}
+
+impl super::vmm_malloc::VmmDriver for CudaVmm<'_> {
+    fn page(&self) -> u64 {
+        self.page
+    }
+
+    fn device(&self) -> usize {
+        usize::try_from(self.prop.location.id).unwrap_or(usize::MAX)
+    }
+
+    fn reserve(&mut self, len: u64) -> Result<u64, flyt_protocol::CudaError> {
+        let mut start: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; no address hint; the alignment is the granularity.
+        let code = unsafe { sys::cuMemAddressReserve(&mut start, len as usize, self.page as usize, 0, 0) };
+        if code == sys::CUresult::CUDA_SUCCESS { Ok(start) } else { Err(cuda_error(code)) }
+    }
+
+    fn free_reservation(&mut self, start: u64, len: u64) -> Result<(), flyt_protocol::CudaError> {
+        // SAFETY: a reservation `reserve` made, with nothing mapped in it (the caller's contract).
+        let code = unsafe { sys::cuMemAddressFree(start, len as usize) };
+        if code == sys::CUresult::CUDA_SUCCESS { Ok(()) } else { Err(cuda_error(code)) }
+    }
+
+    fn map_new(&mut self, start: u64, len: u64) -> Result<u64, flyt_protocol::CudaError> {
+        map_new(start, len as usize, self.prop, self.access).map_err(cuda_error)
+    }
+
+    fn unmap(&mut self, start: u64, len: u64, handle: u64) -> Result<(), flyt_protocol::CudaError> {
+        // SAFETY: `map_new` mapped `handle` over `start..start + len`; the caller waited for the
+        // device (a free, or a page-out after its synchronize), so no queued work uses it.
+        let code = unsafe { sys::cuMemUnmap(start, len as usize) };
+        if code != sys::CUresult::CUDA_SUCCESS {
+            return Err(cuda_error(code));
+        }
+        // SAFETY: the handle `map_new` made, unmapped just above, released once.
+        let released = unsafe { sys::cuMemRelease(handle) };
+        if released != sys::CUresult::CUDA_SUCCESS {
+            // Unmapped all the same: the addresses are free for new memory.
+            tracing::warn!(start = format_args!("{start:#x}"), len, code = ?released, "device memory unmapped but not released");
+        }
+        Ok(())
     }
 }
 

@@ -2,7 +2,7 @@
 //! completes when it is submitted. It cannot run GPU code: loading a module or launching a kernel
 //! is `cudaErrorNotSupported`, never a pretended success. CI tests the whole data plane on it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -140,6 +140,11 @@ struct State {
     /// Allocations paged out (address, length): their blocks are gone (the bytes left this
     /// device's memory), their addresses stay the session's until paged in.
     paged_out: HashMap<u64, u64>,
+    /// Blocks the emulated `cuMemAlloc` placed (`allocate`), and, with
+    /// `FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES`, the addresses of those freed, which the
+    /// "driver" keeps for its next allocations (start to length) as a real driver does.
+    driver_blocks: HashSet<u64>,
+    kept: BTreeMap<u64, u64>,
 }
 
 /// A shareable pool's memory file: allocations take spans of it, one after the other (a freed
@@ -207,6 +212,13 @@ pub struct EmulatedDevice {
     registrations: std::sync::atomic::AtomicUsize,
     /// A test's slow device-to-host link: each copy to host memory takes this long per MiB.
     copy_to_host_delay: Option<std::time::Duration>,
+    /// The addresses of freed `cuMemAlloc` memory stay the "driver's", for its next
+    /// allocations, and cannot be had back (`FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES`).
+    driver_keeps_freed: bool,
+    /// The server pages: the session's allocations are memory the device makes itself in
+    /// addresses it reserves (`vmm_malloc`), as the CUDA backend's are.
+    keep_addresses: bool,
+    own: Mutex<super::vmm_malloc::OwnMemory>,
 }
 
 /// `FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB` (a test knob, read by this device only): copies to host
@@ -214,6 +226,53 @@ pub struct EmulatedDevice {
 fn copy_to_host_delay() -> Option<std::time::Duration> {
     let millis: u64 = std::env::var("FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB").ok()?.trim().parse().ok()?;
     (millis > 0).then(|| std::time::Duration::from_millis(millis))
+}
+
+/// `FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES=1` (a test knob, read by this device only): the
+/// addresses of freed `cuMemAlloc` memory stay with the "driver", which gives them to its next
+/// allocations and to nobody else, as a real driver's allocator does (what made page-ins of
+/// `cuMemAlloc` memory fail on H200s: `docs/design/paging.md`).
+fn driver_keeps_freed() -> bool {
+    std::env::var("FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES").is_ok_and(|value| value.trim() == "1")
+}
+
+/// The emulated device's primitives for the session's own memory (`vmm_malloc`): its VMM calls,
+/// as the CUDA backend makes the driver's.
+struct EmulatedVmm<'a>(&'a EmulatedDevice);
+
+impl super::vmm_malloc::VmmDriver for EmulatedVmm<'_> {
+    fn page(&self) -> u64 {
+        ALIGNMENT
+    }
+
+    fn device(&self) -> usize {
+        self.0.current_device()
+    }
+
+    fn reserve(&mut self, len: u64) -> Result<u64, CudaError> {
+        self.0.mem_address_reserve(len, ALIGNMENT, 0)
+    }
+
+    fn free_reservation(&mut self, start: u64, len: u64) -> Result<(), CudaError> {
+        self.0.mem_address_free(start, len)
+    }
+
+    fn map_new(&mut self, start: u64, len: u64) -> Result<u64, CudaError> {
+        let handle = self.0.mem_create(len, 0, 0)?;
+        let mapped = self.0.mem_map(start, len, 0, handle).and_then(|()| self.0.mem_set_access(start, len, 3));
+        if let Err(error) = mapped {
+            let _ = self.0.mem_unmap(start, len);
+            let _ = self.0.mem_release(handle);
+            return Err(error);
+        }
+        Ok(handle)
+    }
+
+    fn unmap(&mut self, start: u64, len: u64, handle: u64) -> Result<(), CudaError> {
+        self.0.mem_unmap(start, len)?;
+        let _ = self.0.mem_release(handle);
+        Ok(())
+    }
 }
 
 impl EmulatedDevice {
@@ -237,8 +296,16 @@ impl EmulatedDevice {
         let len = usize::try_from(size).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         // `vec![0; n]` asks for zeroed pages, which the kernel maps lazily: a large allocation
         // costs nothing until it is written.
-        let address = place(&mut state, size, Block::Heap(vec![0; len]));
+        let address = match self.driver_keeps_freed.then(|| reuse_kept(&mut state, size)).flatten() {
+            Some(address) => {
+                state.used += size;
+                state.blocks.insert(address, Block::Heap(vec![0; len]));
+                address
+            }
+            None => place(&mut state, size, Block::Heap(vec![0; len])),
+        };
         state.block_devices.insert(address, self.current_device());
+        state.driver_blocks.insert(address);
         Ok(address)
     }
 
@@ -302,7 +369,32 @@ impl EmulatedDevice {
             registered: Mutex::default(),
             registrations: std::sync::atomic::AtomicUsize::new(0),
             copy_to_host_delay: copy_to_host_delay(),
+            driver_keeps_freed: driver_keeps_freed(),
+            keep_addresses: false,
+            own: Mutex::default(),
         }
+    }
+
+    /// While the server pages: the session's allocations are memory this device makes in
+    /// addresses it reserves, which a page-out keeps (`vmm_malloc`), as on CUDA.
+    pub fn keep_allocation_addresses(mut self, keep: bool) -> Self {
+        self.keep_addresses = keep;
+        self
+    }
+
+    /// `FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES` set in code (tests in this process).
+    pub fn driver_keeps_freed_addresses(mut self, keeps: bool) -> Self {
+        self.driver_keeps_freed = keeps;
+        self
+    }
+
+    fn own_memory(&self) -> std::sync::MutexGuard<'_, super::vmm_malloc::OwnMemory> {
+        self.own.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The session's own memory: reserved and mapped bytes (whole spans).
+    pub fn own_memory_bytes(&self) -> (u64, u64) {
+        self.own_memory().bytes()
     }
 
     /// The device's shape and identity (`info_of` names each of several apart).
@@ -431,6 +523,25 @@ fn free_unheld_graph_memory(state: &mut State) {
             state.used -= block.len() as u64;
         }
     }
+}
+
+/// Addresses the "driver" kept from freed memory (`FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES`)
+/// with room for `size` bytes, taken: their start.
+fn reuse_kept(state: &mut State, size: u64) -> Option<u64> {
+    let len = size.max(1).div_ceil(ALIGNMENT) * ALIGNMENT;
+    let (&start, &kept) = state.kept.iter().find(|(_, kept)| **kept >= len)?;
+    state.kept.remove(&start);
+    if kept > len {
+        state.kept.insert(start + len, kept - len);
+    }
+    Some(start)
+}
+
+/// Whether `ptr..end` meets a block, a reservation or addresses the "driver" kept.
+fn taken(state: &State, ptr: u64, end: u64) -> bool {
+    state.blocks.iter().any(|(start, block)| *start < end && ptr < start + block.len() as u64)
+        || state.reserved.iter().any(|(start, len)| *start < end && ptr < start + len)
+        || state.kept.range(..end).next_back().is_some_and(|(start, len)| ptr < start + len)
 }
 
 fn place(state: &mut State, size: u64, block: Block) -> u64 {
@@ -602,6 +713,9 @@ impl Device for EmulatedDevice {
                 return Err(CudaError::STREAM_CAPTURE_UNSUPPORTED);
             }
         }
+        if self.keep_addresses {
+            return self.own_memory().allocate(&mut EmulatedVmm(self), size);
+        }
         self.allocate(size)
     }
 
@@ -640,11 +754,17 @@ impl Device for EmulatedDevice {
         // cuMemFree waits for the device's work, host functions included (cudaFree
         // synchronizes): so does this device, or a test could not see what that wait costs.
         self.host.wait(u64::MAX);
+        if let Some(freed) = self.own_memory().free(&mut EmulatedVmm(self), ptr) {
+            return freed;
+        }
         let mut state = self.state();
         let block = state.blocks.remove(&ptr).ok_or(CudaError::INVALID_VALUE)?;
         state.used -= block.len() as u64;
         state.pool_spans.remove(&ptr);
         state.block_devices.remove(&ptr);
+        if state.driver_blocks.remove(&ptr) && self.driver_keeps_freed {
+            state.kept.insert(ptr, (block.len() as u64).max(1).div_ceil(ALIGNMENT) * ALIGNMENT);
+        }
         Ok(())
     }
 
@@ -660,37 +780,78 @@ impl Device for EmulatedDevice {
     fn page_out(&self, allocations: &[(u64, u64)]) -> Result<(), (String, bool)> {
         // As cuMemFree: queued host functions finish first.
         self.host.wait(u64::MAX);
+        // The session's own memory (all of it while the server pages): its physical memory goes,
+        // its reservations stay.
+        let (own, others): (Vec<_>, Vec<_>) = allocations.iter().copied().partition(|(ptr, _)| self.own_memory().contains(*ptr));
+        let out = self.own_memory().page_out(&mut EmulatedVmm(self), &own);
+        if !out.failed.is_empty() {
+            return Err((out.failed.join("; "), out.released));
+        }
         let mut state = self.state();
-        for &(ptr, len) in allocations {
+        for &(ptr, len) in &others {
             match state.blocks.get(&ptr) {
                 Some(Block::Heap(bytes)) if bytes.len() as u64 == len => {}
                 // A pool's shared memory file, say: nothing released.
-                _ => return Err((format!("{ptr:#x} is not an allocation of {len} bytes of this worker's own memory"), false)),
+                _ => return Err((format!("{ptr:#x} is not an allocation of {len} bytes of this worker's own memory"), out.released)),
             }
         }
-        for &(ptr, len) in allocations {
+        let mut lost = 0;
+        for &(ptr, len) in &others {
             state.blocks.remove(&ptr);
             state.used -= len;
             state.paged_out.insert(ptr, len);
+            // The "driver" keeps the addresses of its `cuMemAlloc` memory freed (the test knob):
+            // they cannot be held for the page-in.
+            if state.driver_blocks.remove(&ptr) && self.driver_keeps_freed {
+                state.kept.insert(ptr, len.max(1).div_ceil(ALIGNMENT) * ALIGNMENT);
+                lost += 1;
+            }
+        }
+        if lost > 0 {
+            tracing::warn!(reason = format!("the driver kept the addresses of {lost} allocation(s)"), "paged-out addresses not all held");
         }
         Ok(())
     }
 
-    /// Each allocation on its own, so a page-in maps and copies them one after the other.
+    /// Each span of the session's own memory on its own, and each other allocation, so a page-in
+    /// maps and copies them one after the other.
     fn page_groups(&self, allocations: &[(u64, u64)]) -> Vec<Vec<(u64, u64)>> {
-        allocations.iter().map(|allocation| vec![*allocation]).collect()
+        let (mut groups, others) = self.own_memory().groups(allocations);
+        groups.extend(others.into_iter().map(|allocation| vec![allocation]));
+        groups
     }
 
     fn page_in(&self, allocations: &[(u64, u64)]) -> Result<(), String> {
+        let (own, others): (Vec<_>, Vec<_>) = allocations.iter().copied().partition(|(ptr, _)| self.own_memory().contains(*ptr));
+        if !own.is_empty() {
+            self.own_memory().page_in(&mut EmulatedVmm(self), &own)?;
+        }
+        if others.is_empty() {
+            return Ok(());
+        }
         let mut state = self.state();
-        if let Some((ptr, len)) = allocations.iter().find(|(ptr, len)| state.paged_out.get(ptr) != Some(len)) {
-            return Err(format!("{ptr:#x} ({len} bytes) was not paged out here"));
+        let refused = (|| {
+            if let Some((ptr, len)) = others.iter().find(|(ptr, len)| state.paged_out.get(ptr) != Some(len)) {
+                return Err(format!("{ptr:#x} ({len} bytes) was not paged out here"));
+            }
+            if let Some((ptr, len)) = others.iter().find(|(ptr, len)| taken(&state, *ptr, ptr + len)) {
+                return Err(format!("addresses {ptr:#x}..{:#x} are taken on this device", ptr + len));
+            }
+            let total: u64 = others.iter().map(|(_, len)| len).sum();
+            if total > self.config.memory.saturating_sub(state.used) {
+                return Err(format!("{total} bytes do not fit this device"));
+            }
+            Ok(())
+        })();
+        if let Err(reason) = refused {
+            drop(state);
+            if !own.is_empty() {
+                // Nothing of this page-in stays mapped.
+                self.own_memory().page_out(&mut EmulatedVmm(self), &own);
+            }
+            return Err(reason);
         }
-        let total: u64 = allocations.iter().map(|(_, len)| len).sum();
-        if total > self.config.memory.saturating_sub(state.used) {
-            return Err(format!("{total} bytes do not fit this device"));
-        }
-        for &(ptr, len) in allocations {
+        for &(ptr, len) in &others {
             state.paged_out.remove(&ptr);
             let bytes = vec![0; usize::try_from(len).map_err(|_| "allocation too large")?];
             state.blocks.insert(ptr, Block::Heap(bytes));
@@ -705,10 +866,6 @@ impl Device for EmulatedDevice {
         if total > self.config.memory.saturating_sub(state.used) {
             return Err(format!("{total} bytes do not fit this device"));
         }
-        let taken = |state: &State, ptr: u64, end: u64| {
-            state.blocks.iter().any(|(start, block)| *start < end && ptr < start + block.len() as u64)
-                || state.reserved.iter().any(|(start, len)| *start < end && ptr < start + len)
-        };
         for &(ptr, len) in reservations {
             let end = ptr.checked_add(len).ok_or("a reservation runs past the address space")?;
             if taken(&state, ptr, end) {
@@ -2042,7 +2199,8 @@ impl Device for EmulatedDevice {
         }
         // The pitch CUDA gives on current GPUs: rows start 512 bytes apart.
         let pitch = width.checked_next_multiple_of(PITCH_ALIGNMENT).ok_or(CudaError::MEMORY_ALLOCATION)?;
-        let ptr = self.allocate(pitch.checked_mul(height).ok_or(CudaError::MEMORY_ALLOCATION)?)?;
+        let size = pitch.checked_mul(height).ok_or(CudaError::MEMORY_ALLOCATION)?;
+        let ptr = if self.keep_addresses { self.own_memory().allocate(&mut EmulatedVmm(self), size)? } else { self.allocate(size)? };
         Ok((ptr, pitch))
     }
 

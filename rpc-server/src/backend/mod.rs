@@ -37,6 +37,7 @@ pub mod emulated;
 mod emulated_graphs;
 mod emulated_green;
 pub mod nvlinks;
+mod vmm_malloc;
 
 use std::sync::Arc;
 
