@@ -13,7 +13,9 @@
 //!   be lost with it, and the app may reuse its buffer as soon as the call returns. The request and the chunks' queueing happen under one lock, so every
 //!   data connection carries chunks in the order the server meets the requests.
 //! - Device to host: one reader thread per data connection reads chunks straight into the app's
-//!   buffer by the copy they name; the call returns once the reply and every byte are in.
+//!   buffer by the copy they name (a compressed chunk is decoded there by the connection's
+//!   decoding thread while the reader reads on); the call returns once the reply and every byte
+//!   are in.
 //! - A data connection that fails fails the copy under way (bounded by `IO_TIMEOUT` of no
 //!   progress) and ends striping for the session: later copies go over the main connection. In a
 //!   session whose main connection resumes (`crate::reconnect`), the copy is sent again whole over
@@ -28,7 +30,7 @@
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -348,10 +350,21 @@ impl Set {
                 .name(format!("flyt-stripe-out-{index}"))
                 .spawn(move || send_loop(&sending, writer, &queue))
                 .map_err(|error| error.to_string())?;
+            let (to_decode, decoding) = sync_channel::<Compressed>(BLOCKS_AHEAD);
+            let (return_block, spare_blocks) = channel::<Vec<u8>>();
+            for _ in 0..BLOCKS_AHEAD {
+                let _ = return_block.send(Vec::new());
+            }
+            let decoding_set = Arc::downgrade(&set);
+            std::thread::Builder::new()
+                .name(format!("flyt-stripe-decode-{index}"))
+                .spawn(move || decode_loop(&decoding_set, &decoding, &return_block))
+                .map_err(|error| error.to_string())?;
             let receiving = Arc::downgrade(&set);
+            let decoder = Decoder { to_decode, spare_blocks };
             std::thread::Builder::new()
                 .name(format!("flyt-stripe-in-{index}"))
-                .spawn(move || receive_loop(&receiving, reader))
+                .spawn(move || receive_loop(&receiving, reader, &decoder))
                 .map_err(|error| error.to_string())?;
         }
         Ok(set)
@@ -493,11 +506,34 @@ fn read_exact_or_idle(reader: &mut Wire, buf: &mut [u8], idle_ok: bool) -> std::
     Ok(true)
 }
 
+/// A compressed chunk read and still to decode into its landing.
+struct Compressed {
+    header: ChunkHeader,
+    block: Vec<u8>,
+    target: *mut u8,
+}
+
+// SAFETY: `target` is inside a registered landing, writable for `header.len` bytes: the landing's
+// `writing` count keeps it (and the app's buffer) in place until the decoding thread counts the chunk.
+unsafe impl Send for Compressed {}
+
+/// Compressed chunks read ahead of their decoding, per data connection.
+const BLOCKS_AHEAD: usize = 2;
+
+/// A reader's way to its decoding thread: chunks to decode, and the blocks it is done with
+/// (compressed chunks are read into them).
+struct Decoder {
+    to_decode: SyncSender<Compressed>,
+    spare_blocks: Receiver<Vec<u8>>,
+}
+
 /// A data connection's reader: each chunk goes straight into the buffer of the copy it names;
-/// one for no copy waiting (a copy that failed and left) is read and dropped.
-fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
+/// one for no copy waiting (a copy that failed and left) is read and dropped. A compressed chunk
+/// is decoded by the connection's decoding thread while this one reads the next: a reader that
+/// stopped to decode would stop its connection (flow control), and connections moving in step
+/// would leave the link idle while they all decode.
+fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire, decoder: &Decoder) {
     let mut scratch = vec![0u8; 1 << 20];
-    let mut decompressor = Decompressor::default();
     loop {
         let mut header = [0u8; CHUNK_HEADER_LEN];
         let read = read_exact_or_idle(&mut reader, &mut header, true);
@@ -505,7 +541,7 @@ fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
         let failure = match read {
             Ok(false) => continue,
             Ok(true) => match ChunkHeader::decode(&header) {
-                Some(header) => receive_chunk(&set, &mut reader, header, &mut scratch, &mut decompressor).err(),
+                Some(header) => receive_chunk(&set, &mut reader, header, &mut scratch, decoder).err(),
                 None => Some("no chunk header where one was due".to_string()),
             },
             Err(error) => Some(format!("reading a chunk header: {error}")),
@@ -517,13 +553,40 @@ fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire) {
     }
 }
 
-fn receive_chunk(
-    set: &Set,
-    reader: &mut Wire,
-    header: ChunkHeader,
-    scratch: &mut Vec<u8>,
-    decompressor: &mut Decompressor,
-) -> Result<(), String> {
+/// A data connection's decoding thread: decodes each compressed chunk into its landing and
+/// counts it there.
+fn decode_loop(set: &std::sync::Weak<Set>, decoding: &Receiver<Compressed>, return_block: &Sender<Vec<u8>>) {
+    let mut decompressor = Decompressor::default();
+    while let Ok(chunk) = decoding.recv() {
+        // SAFETY: see `Compressed`: writable for `len` bytes until counted below; chunks of one
+        // copy never overlap.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(chunk.target, chunk.header.len as usize) };
+        let outcome = decompressor.decompress(&chunk.header, &chunk.block, bytes);
+        let _ = return_block.send(chunk.block);
+        // The copy's thread holds the set while its landing has chunks being written.
+        let Some(set) = set.upgrade() else { continue };
+        count_landed(&set, &chunk.header, outcome.is_ok());
+        if let Err(reason) = outcome {
+            set.fail(&format!("decoding a chunk: {reason}"));
+        }
+    }
+}
+
+/// A chunk written into its landing (or not: `landed` false) is no longer being written.
+fn count_landed(set: &Set, header: &ChunkHeader, landed: bool) {
+    let mut landings = lock(&set.landings);
+    if let Some(landing) = landings.get_mut(&header.transfer) {
+        landing.writing -= 1;
+        if landed {
+            landing.landed += header.len;
+        } else {
+            landing.failed = true;
+        }
+    }
+    set.landed.notify_all();
+}
+
+fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mut [u8], decoder: &Decoder) -> Result<(), String> {
     let target = {
         let mut landings = lock(&set.landings);
         match landings.get_mut(&header.transfer) {
@@ -540,19 +603,27 @@ fn receive_chunk(
         }
     };
     let outcome = match target {
-        Some(ptr) => {
+        Some(target) if header.compressed() => {
+            // Smaller than the chunk, which fits in the app's buffer.
+            let block =
+                decoder.spare_blocks.recv().map_err(|_| std::io::Error::other("the decoding thread ended")).and_then(|mut block| {
+                    block.resize(header.wire_len as usize, 0);
+                    read_exact_or_idle(reader, &mut block, false).map(|_| block)
+                });
+            match block {
+                // The decoding thread counts it.
+                Ok(block) => match decoder.to_decode.send(Compressed { header, block, target }) {
+                    Ok(()) => return Ok(()),
+                    Err(_) => Err(std::io::Error::other("the decoding thread ended")),
+                },
+                Err(error) => Err(error),
+            }
+        }
+        Some(target) => {
             // SAFETY: `writing` keeps the landing (and the app's buffer) in place until this chunk
             // is counted; chunks of one copy never overlap.
-            let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, header.len as usize) };
-            if header.compressed() {
-                // Smaller than the chunk, which fits in the app's buffer.
-                scratch.resize(scratch.len().max(header.wire_len as usize), 0);
-                let block = &mut scratch[..header.wire_len as usize];
-                read_exact_or_idle(reader, block, false)
-                    .and_then(|_| decompressor.decompress(&header, block, bytes).map_err(std::io::Error::other))
-            } else {
-                read_exact_or_idle(reader, bytes, false).map(|_| ())
-            }
+            let bytes = unsafe { std::slice::from_raw_parts_mut(target, header.len as usize) };
+            read_exact_or_idle(reader, bytes, false).map(|_| ())
         }
         None => {
             let mut left = header.wire_len;
@@ -566,16 +637,7 @@ fn receive_chunk(
         }
     };
     if target.is_some() {
-        let mut landings = lock(&set.landings);
-        if let Some(landing) = landings.get_mut(&header.transfer) {
-            landing.writing -= 1;
-            if outcome.is_ok() {
-                landing.landed += header.len;
-            } else {
-                landing.failed = true;
-            }
-        }
-        set.landed.notify_all();
+        count_landed(set, &header, outcome.is_ok());
     }
     outcome.map_err(|error| format!("reading a chunk: {error}"))
 }
