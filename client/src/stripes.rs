@@ -8,7 +8,8 @@
 //!   connected and authenticated as the session's own connection (TLS, token) and presenting the
 //!   session's secret from the handshake.
 //! - Host to device: one sender thread per data connection writes its chunks straight from the
-//!   app's buffer; the call returns at the server's reply, sent once every chunk landed (the
+//!   app's buffer (compressed ones from the block its coding thread made while it wrote the one
+//!   before); the call returns at the server's reply, sent once every chunk landed (the
 //!   server reads them in the copy's order on its stream): bytes written into a socket may still
 //!   be lost with it, and the app may reuse its buffer as soon as the call returns. The request and the chunks' queueing happen under one lock, so every
 //!   data connection carries chunks in the order the server meets the requests.
@@ -345,10 +346,20 @@ impl Set {
             quiet,
         });
         for (index, (queue, reader, writer)) in receivers.into_iter().enumerate() {
+            let (to_write, writing) = sync_channel::<Ready>(BLOCKS_AHEAD);
+            let (return_coded, spare_coded) = channel::<Vec<u8>>();
+            for _ in 0..BLOCKS_AHEAD {
+                let _ = return_coded.send(Vec::new());
+            }
+            let coding = Arc::downgrade(&set);
+            std::thread::Builder::new()
+                .name(format!("flyt-stripe-code-{index}"))
+                .spawn(move || code_loop(&coding, &queue, &to_write, &spare_coded))
+                .map_err(|error| error.to_string())?;
             let sending = Arc::downgrade(&set);
             std::thread::Builder::new()
                 .name(format!("flyt-stripe-out-{index}"))
-                .spawn(move || send_loop(&sending, writer, &queue))
+                .spawn(move || send_loop(&sending, writer, &writing, &return_coded))
                 .map_err(|error| error.to_string())?;
             let (to_decode, decoding) = sync_channel::<Compressed>(BLOCKS_AHEAD);
             let (return_block, spare_blocks) = channel::<Vec<u8>>();
@@ -447,10 +458,45 @@ fn write_all(wire: &mut Wire, mut slices: &mut [IoSlice<'_>], dead: &AtomicBool)
     Ok(())
 }
 
-/// A data connection's sender: writes each chunk, header first, straight from the app's buffer.
-fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Outgoing>) {
+/// A chunk ready to write: compressed into `block` (its header says so), else the app's bytes.
+struct Ready {
+    chunk: Outgoing,
+    block: Option<Vec<u8>>,
+}
+
+/// A data connection's coder: compresses each chunk to send into a block while its sender writes
+/// the one before (a sender that stopped writing to compress would leave its connection idle).
+fn code_loop(set: &std::sync::Weak<Set>, queue: &Receiver<Outgoing>, to_write: &SyncSender<Ready>, spare: &Receiver<Vec<u8>>) {
     let mut compressor = Compressor::default();
-    while let Ok(chunk) = queue.recv() {
+    let mut block: Option<Vec<u8>> = None;
+    while let Ok(mut chunk) = queue.recv() {
+        let live = set.upgrade().is_some_and(|set| !set.dead.load(Ordering::Acquire));
+        let mut coded = None;
+        if chunk.compress && live {
+            let mut into = match block.take() {
+                Some(into) => into,
+                None => spare.recv().unwrap_or_default(),
+            };
+            // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
+            let bytes = unsafe { std::slice::from_raw_parts(chunk.ptr, chunk.header.len as usize) };
+            match compressor.compress_into(bytes, &mut into) {
+                Some(flags) => {
+                    (chunk.header.wire_len, chunk.header.flags) = (into.len() as u64, flags);
+                    coded = Some(into);
+                }
+                None => block = Some(into),
+            }
+        }
+        if let Err(unsent) = to_write.send(Ready { chunk, block: coded }) {
+            unsent.0.chunk.done.answer(Err("striping ended".to_string()));
+        }
+    }
+}
+
+/// A data connection's sender: writes each chunk, header first, from its block or straight from
+/// the app's buffer.
+fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Ready>, return_coded: &Sender<Vec<u8>>) {
+    while let Ok(Ready { chunk, block }) = queue.recv() {
         let Some(live) = set.upgrade() else {
             chunk.done.answer(Err("striping ended".to_string()));
             continue;
@@ -458,20 +504,18 @@ fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Outg
         let outcome = if live.dead.load(Ordering::Acquire) {
             Err("striping ended".to_string())
         } else {
-            // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
-            let bytes = unsafe { std::slice::from_raw_parts(chunk.ptr, chunk.header.len as usize) };
-            let mut header = chunk.header;
-            let mut payload = bytes;
-            if chunk.compress
-                && let Some((block, flags)) = compressor.compress(bytes)
-            {
-                (header.wire_len, header.flags) = (block.len() as u64, flags);
-                payload = block;
-            }
-            let encoded = header.encode();
+            let payload = match &block {
+                Some(block) => &block[..],
+                // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
+                None => unsafe { std::slice::from_raw_parts(chunk.ptr, chunk.header.len as usize) },
+            };
+            let encoded = chunk.header.encode();
             write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)], &live.dead)
                 .map_err(|error| format!("writing a chunk: {error}"))
         };
+        if let Some(block) = block {
+            let _ = return_coded.send(block);
+        }
         if let Err(reason) = &outcome {
             live.fail(reason);
         }
@@ -517,7 +561,8 @@ struct Compressed {
 // `writing` count keeps it (and the app's buffer) in place until the decoding thread counts the chunk.
 unsafe impl Send for Compressed {}
 
-/// Compressed chunks read ahead of their decoding, per data connection.
+/// Compressed chunks read ahead of their decoding, or coded ahead of their writing, per data
+/// connection.
 const BLOCKS_AHEAD: usize = 2;
 
 /// A reader's way to its decoding thread: chunks to decode, and the blocks it is done with

@@ -141,6 +141,15 @@ impl Compressor {
         Some((&self.block[..len], flags))
     }
 
+    /// As [`Self::compress`], the block copied into `out` (a buffer the caller owns, for a
+    /// thread of its own to write while this one compresses the next); its flags.
+    pub fn compress_into(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Option<u64> {
+        let (block, flags) = self.compress(bytes)?;
+        out.clear();
+        out.extend_from_slice(block);
+        Some(flags)
+    }
+
     /// The chunk as an LZ4 block in `block`: its flags and length, when it saves a sixteenth.
     fn lz4(&mut self, bytes: &[u8]) -> Option<(u64, usize)> {
         let order = if self.prefer_shuffled { [true, false] } else { [false, true] };

@@ -371,24 +371,28 @@ impl<D: Device> Drop for Stripes<D> {
     }
 }
 
-/// What a job gave: its answer, or a compressed chunk read and still to decode.
+/// What a job gave: its answer, a compressed chunk read and still to decode, or a chunk to
+/// write (compressed into `block`, else the device copy's bytes).
 enum Answer<D: Device> {
     Now(Done<D>),
     Decode { header: ChunkHeader, block: Vec<u8>, staging: D::Staging },
+    Write { header: ChunkHeader, block: Option<Vec<u8>>, copy: D::PendingCopy },
 }
 
-/// Compressed chunks read ahead of their decoding, per data connection.
+/// Compressed chunks read ahead of their decoding, or coded ahead of their writing, per data
+/// connection.
 const BLOCKS_AHEAD: usize = 2;
 
-/// One data connection's thread: runs the session thread's jobs in order, answering each once.
-/// After a failure it refuses the rest (the session thread then ends striping). A compressed
-/// chunk is decoded by the connection's second thread while this one reads the next: a thread
-/// that stopped reading to decode would stop its connection (flow control), and connections
-/// moving in step would leave the link idle while they all decode. Answers keep their order.
+/// One data connection's threads: this one runs the session thread's jobs in order (reads chunks,
+/// waits for device copies, compresses), its second thread decodes what it read and writes what
+/// it coded, answering each job once and in order. A thread that stopped reading to decode would
+/// stop its connection (flow control), one that stopped writing to compress would leave it idle,
+/// and connections moving in step would leave the link idle while they all work. After a failure
+/// the rest are refused (the session thread then ends striping).
 fn serve_link<D: Device>(
     device: &D,
     mut reader: Connection,
-    mut writer: Connection,
+    writer: Connection,
     jobs: &Receiver<Job<D>>,
     done: &Sender<Done<D>>,
     closing: &AtomicBool,
@@ -397,25 +401,24 @@ fn serve_link<D: Device>(
     if let Err(error) = device.bind_thread() {
         tracing::warn!(%error, "a data connection's thread could not bind the device");
     }
-    let (answers, decoded) = std::sync::mpsc::sync_channel::<Answer<D>>(BLOCKS_AHEAD);
+    let (answers, finishing) = std::sync::mpsc::sync_channel::<Answer<D>>(BLOCKS_AHEAD);
     let (return_block, spare_blocks) = std::sync::mpsc::channel::<Vec<u8>>();
     for _ in 0..BLOCKS_AHEAD {
         let _ = return_block.send(Vec::new());
     }
+    let finisher = Finisher { device, writer, done, return_block: return_block.clone(), stats };
     std::thread::scope(|scope| {
-        let decoder = std::thread::Builder::new()
-            .name("flyt-stripe-decode".into())
-            .spawn_scoped(scope, move || decode_answers(&decoded, done, &return_block, stats));
-        if let Err(error) = decoder {
-            tracing::warn!(%error, "a data connection's decoding thread could not start");
+        let started = std::thread::Builder::new().name("flyt-stripe-finish".into()).spawn_scoped(scope, move || finisher.run(&finishing));
+        if let Err(error) = started {
+            tracing::warn!(%error, "a data connection's second thread could not start");
             return;
         }
         let mut failed: Option<String> = None;
-        let mut buffers = Buffers { scratch: Vec::new(), compressor: Compressor::default(), spare_blocks };
+        let mut buffers = Buffers { scratch: Vec::new(), compressor: Compressor::default(), spare_blocks, return_block };
         while let Ok(job) = jobs.recv() {
             let answer = match failed.clone() {
                 Some(reason) => Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason)),
-                None => run_job(device, &mut reader, &mut writer, job, &mut buffers, closing, stats),
+                None => run_job(device, &mut reader, job, &mut buffers, closing),
             };
             if let Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason)) = &answer {
                 failed.get_or_insert_with(|| reason.clone());
@@ -427,38 +430,90 @@ fn serve_link<D: Device>(
     });
 }
 
-/// The decoding thread of a data connection: decodes each compressed chunk into its staging and
-/// passes every answer on, in order.
-fn decode_answers<D: Device>(
-    answers: &std::sync::mpsc::Receiver<Answer<D>>,
-    done: &Sender<Done<D>>,
-    return_block: &Sender<Vec<u8>>,
-    stats: Option<&crate::stats::SlotStats>,
-) {
-    let mut decompressor = Decompressor::default();
-    while let Ok(answer) = answers.recv() {
-        let finished = match answer {
-            Answer::Now(finished) => finished,
-            Answer::Decode { header, block, mut staging } => {
-                let bytes = D::staging_bytes(&mut staging);
-                let decoded = match usize::try_from(header.len).ok().and_then(|len| bytes.get_mut(..len)) {
-                    Some(target) => decompressor.decompress(&header, &block, target),
-                    None => Err("a chunk larger than its staging".into()),
-                };
-                let _ = return_block.send(block);
-                match decoded {
-                    Ok(()) => {
-                        if let Some(stats) = stats {
-                            stats.compression_saved(header.len - header.wire_len);
-                        }
-                        Done::Received { offset: header.offset, len: header.len, staging }
-                    }
-                    Err(reason) => Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason),
+/// A data connection's second thread: decodes each compressed chunk read into its staging,
+/// writes each chunk to send, and passes every answer on, in order.
+struct Finisher<'a, D: Device> {
+    device: &'a D,
+    writer: Connection,
+    done: &'a Sender<Done<D>>,
+    return_block: Sender<Vec<u8>>,
+    stats: Option<&'a crate::stats::SlotStats>,
+}
+
+impl<D: Device> Finisher<'_, D> {
+    fn run(mut self, answers: &Receiver<Answer<D>>) {
+        if let Err(error) = self.device.bind_thread() {
+            tracing::warn!(%error, "a data connection's second thread could not bind the device");
+        }
+        let mut decompressor = Decompressor::default();
+        let mut failed: Option<String> = None;
+        while let Ok(answer) = answers.recv() {
+            let finished = match answer {
+                Answer::Now(finished) => finished,
+                Answer::Decode { block, .. } | Answer::Write { block: Some(block), .. } if failed.is_some() => {
+                    let _ = self.return_block.send(block);
+                    Done::Failed(CudaError::DEVICES_UNAVAILABLE, failed.clone().unwrap_or_default())
                 }
+                Answer::Write { .. } if failed.is_some() => {
+                    Done::Failed(CudaError::DEVICES_UNAVAILABLE, failed.clone().unwrap_or_default())
+                }
+                Answer::Decode { header, block, staging } => self.decode(&mut decompressor, header, block, staging),
+                Answer::Write { header, block, copy } => self.write(header, block, &copy),
+            };
+            if let Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason) = &finished {
+                failed.get_or_insert_with(|| reason.clone());
             }
+            if self.done.send(finished).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn saved(&self, header: &ChunkHeader) {
+        if let Some(stats) = self.stats {
+            stats.compression_saved(header.len - header.wire_len);
+        }
+    }
+
+    fn decode(&self, decompressor: &mut Decompressor, header: ChunkHeader, block: Vec<u8>, mut staging: D::Staging) -> Done<D> {
+        let bytes = D::staging_bytes(&mut staging);
+        let decoded = match usize::try_from(header.len).ok().and_then(|len| bytes.get_mut(..len)) {
+            Some(target) => decompressor.decompress(&header, &block, target),
+            None => Err("a chunk larger than its staging".into()),
         };
-        if done.send(finished).is_err() {
-            return;
+        let _ = self.return_block.send(block);
+        match decoded {
+            Ok(()) => {
+                self.saved(&header);
+                Done::Received { offset: header.offset, len: header.len, staging }
+            }
+            Err(reason) => Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason),
+        }
+    }
+
+    fn write(&mut self, header: ChunkHeader, block: Option<Vec<u8>>, copy: &D::PendingCopy) -> Done<D> {
+        let payload = match &block {
+            Some(block) => Ok(&block[..]),
+            // Done already (the job waited for it): this returns at once.
+            None => self.device.dtoh_bytes(copy),
+        };
+        let written = match payload {
+            Ok(payload) => {
+                let encoded = header.encode();
+                let mut slices = [std::io::IoSlice::new(&encoded), std::io::IoSlice::new(payload)];
+                write_all_vectored(&mut self.writer, &mut slices).map_err(|error| format!("writing a chunk: {error}"))
+            }
+            Err(error) => return Done::Failed(error, "device copy failed".into()),
+        };
+        if let Some(block) = block {
+            let _ = self.return_block.send(block);
+        }
+        match written {
+            Ok(()) => {
+                self.saved(&header);
+                Done::Handled
+            }
+            Err(reason) => Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason),
         }
     }
 }
@@ -474,29 +529,17 @@ fn expect_header(reader: &mut Connection, transfer: u64, offset: u64, len: u64) 
     }
 }
 
-/// A link thread's buffers: its scratch bytes, its compressor, and the blocks its decoding
-/// thread is done with (compressed chunks are read into them).
+/// A link thread's buffers: its scratch bytes, its compressor, and the blocks its second thread
+/// is done with (compressed chunks are read or coded into them).
 struct Buffers {
     scratch: Vec<u8>,
     compressor: Compressor,
     spare_blocks: Receiver<Vec<u8>>,
+    return_block: Sender<Vec<u8>>,
 }
 
-fn run_job<D: Device>(
-    device: &D,
-    reader: &mut Connection,
-    writer: &mut Connection,
-    job: Job<D>,
-    buffers: &mut Buffers,
-    closing: &AtomicBool,
-    stats: Option<&crate::stats::SlotStats>,
-) -> Answer<D> {
+fn run_job<D: Device>(device: &D, reader: &mut Connection, job: Job<D>, buffers: &mut Buffers, closing: &AtomicBool) -> Answer<D> {
     let lost = |reason: String| Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason));
-    let saved = |header: &ChunkHeader| {
-        if let Some(stats) = stats {
-            stats.compression_saved(header.len - header.wire_len);
-        }
-    };
     match job {
         Job::Receive { transfer, offset, len, mut staging } => {
             let header = match expect_header(reader, transfer, offset, len) {
@@ -504,8 +547,8 @@ fn run_job<D: Device>(
                 Err(reason) => return lost(reason),
             };
             if header.compressed() {
-                // Read now, decoded by the connection's decoding thread (a block it is done with).
-                let Ok(mut block) = buffers.spare_blocks.recv() else { return lost("the decoding thread ended".into()) };
+                // Read now, decoded by the connection's second thread (a block it is done with).
+                let Ok(mut block) = buffers.spare_blocks.recv() else { return lost("the second thread ended".into()) };
                 let Ok(wire_len) = usize::try_from(header.wire_len) else { return lost("a chunk too large".into()) };
                 block.resize(wire_len, 0);
                 if let Err(error) = reader.read_exact(&mut block) {
@@ -554,19 +597,20 @@ fn run_job<D: Device>(
                 Err(error) => return Answer::Now(Done::Failed(error, "device copy failed".into())),
             };
             let mut header = ChunkHeader::raw(transfer, offset, len);
-            let mut payload = bytes;
-            if compress && let Some((block, flags)) = buffers.compressor.compress(bytes) {
-                (header.wire_len, header.flags) = (block.len() as u64, flags);
-                payload = block;
+            if !compress {
+                return Answer::Write { header, block: None, copy };
             }
-            let encoded = header.encode();
-            let mut slices = [std::io::IoSlice::new(&encoded), std::io::IoSlice::new(payload)];
-            match write_all_vectored(writer, &mut slices) {
-                Ok(()) => {
-                    saved(&header);
-                    Answer::Now(Done::Handled)
+            // Coded now, written by the connection's second thread while this codes the next.
+            let Ok(mut block) = buffers.spare_blocks.recv() else { return lost("the second thread ended".into()) };
+            match buffers.compressor.compress_into(bytes, &mut block) {
+                Some(flags) => {
+                    (header.wire_len, header.flags) = (block.len() as u64, flags);
+                    Answer::Write { header, block: Some(block), copy }
                 }
-                Err(error) => lost(format!("writing a chunk: {error}")),
+                None => {
+                    let _ = buffers.return_block.send(block);
+                    Answer::Write { header, block: None, copy }
+                }
             }
         }
     }
