@@ -537,7 +537,7 @@ impl Server {
     /// checks its secret and answers it.
     fn reattach(&self, connection: Connection, peer: &str, reattach: flyt_protocol::handshake::Reattach) {
         let (session_id, tcp, secured) = (reattach.session_id, connection.is_tcp(), connection.is_secured());
-        let unknown = (CudaError::DEVICES_UNAVAILABLE, format!("no session {session_id} on this server (it ended)"));
+        let unknown = (CudaError::DEVICES_UNAVAILABLE, flyt_protocol::control::rpc_server::session_ended(session_id));
         self.hand_to_session(connection, peer, session_id, ToWorker::Reattach { reattach, tcp, secured }, unknown);
     }
 
@@ -667,7 +667,7 @@ impl Server {
         lock(&self.sessions)
             .get(&session_id)
             .map(|record| (record.worker_pid, record.channel.clone()))
-            .ok_or_else(|| format!("no session {session_id} on this server"))
+            .ok_or_else(|| flyt_protocol::control::rpc_server::session_ended(session_id))
     }
 
     fn accept_connection(self: &Arc<Self>, connection: Connection, peer: String) {

@@ -49,7 +49,7 @@ impl Returns {
     pub fn offer(&self, connection: Connection, reattach: &Reattach, stream: &Handle) -> Result<(), String> {
         if !secrets_equal(&reattach.secret, &self.secret) {
             // Answered as a session that does not exist: a claim learns nothing of this one.
-            let reason = format!("no session {} on this server (it ended)", reattach.session_id);
+            let reason = flyt_protocol::control::rpc_server::session_ended(reattach.session_id);
             refuse(connection, &reason);
             return Err("a returning connection presented a wrong secret".into());
         }

@@ -287,7 +287,7 @@ fn follow_commands<D: Device>(
                     let taken = match &returns {
                         Some((returns, stream)) if reattach.session_id == session_id => returns.offer(socket, &reattach, stream),
                         _ => {
-                            let reason = format!("no session {} on this server (it ended)", reattach.session_id);
+                            let reason = flyt_protocol::control::rpc_server::session_ended(reattach.session_id);
                             let mut socket = socket;
                             let _ = write_value(&mut socket, 0, &HelloReply::Refused { error: CudaError::DEVICES_UNAVAILABLE.code(), reason });
                             Err("a returning connection for a session that waits for none".into())

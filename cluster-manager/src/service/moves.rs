@@ -48,7 +48,7 @@ use flyt_protocol::control::{
         ServerReport,
     },
     node::{FetchedSnapshot, NodeManagerControlClient, ServerRef, ServerSpec, SessionSnapshot},
-    rpc_server::{SessionStatus, SnapshotInfo},
+    rpc_server::{SessionStatus, SnapshotInfo, says_session_ended},
 };
 
 use super::{Cluster, NODE_CALL_TIMEOUT, WhenUnreachable, settled, store_error};
@@ -355,12 +355,13 @@ impl<S: Store> Cluster<S> {
                 if failures.len() > 1 { format!(" (and {} more session(s) could not move)", failures.len() - 1) } else { String::new() };
             return Err(format!("{first}{more}"));
         }
-        Ok((server, copied.into_iter().filter_map(Result::ok).collect()))
+        Ok((server, copied.into_iter().filter_map(Result::ok).flatten().collect()))
     }
 
     /// Checkpoints one session at the source (its app pauses) and restores it on the target:
     /// GPU to GPU when both ends share a host, else (or when that fails, the app going on
-    /// meanwhile) through the snapshot file.
+    /// meanwhile) through the snapshot file. `None`: the session ended since it was listed (its
+    /// app exited, or its client's reconnect grace ran out): nothing of it to move.
     async fn copy_session(
         &self,
         id: &str,
@@ -368,13 +369,13 @@ impl<S: Store> Cluster<S> {
         source: &NodeEnd,
         target: &NodeEnd,
         timeout_ms: u64,
-    ) -> Result<CopiedSession, String> {
+    ) -> Result<Option<CopiedSession>, String> {
         let one_host = source.host_ip == target.host_ip && source.boot_id == target.boot_id;
         // Twice GPU to GPU: a target worker whose driver already holds part of the app's
         // addresses refuses, and the next worker's layout differs (the file costs seconds).
         for attempt in [1, 2].into_iter().filter(|_| one_host) {
             match self.copy_session_on_device(id, &session, source, target, timeout_ms).await {
-                Ok(copied) => return Ok(copied),
+                Ok(copied) => return Ok(Some(copied)),
                 Err(reason) => {
                     tracing::info!(allocation = id, session = session.session_id, attempt, %reason, "not GPU to GPU");
                 }
@@ -384,10 +385,19 @@ impl<S: Store> Cluster<S> {
             tracing::info!(allocation = id, session = session.session_id, "not GPU to GPU; through the snapshot file");
         }
         let session_id = session.session_id;
-        let snapshot =
-            self.checkpoint_on(&source.node_id, source.server(id), session_id, None, timeout_ms, false).await.map_err(|error| {
-                format!("session {session_id} ({} pid {}) cannot be checkpointed: {error}", session.client.program, session.client.pid)
-            })?;
+        let snapshot = match self.checkpoint_on(&source.node_id, source.server(id), session_id, None, timeout_ms, false).await {
+            Ok(snapshot) => snapshot,
+            Err(error) if says_session_ended(&error.to_string(), session_id) => {
+                tracing::info!(allocation = id, session = session_id, "the session ended before its checkpoint: nothing to move");
+                return Ok(None);
+            }
+            Err(error) => {
+                return Err(format!(
+                    "session {session_id} ({} pid {}) cannot be checkpointed: {error}",
+                    session.client.program, session.client.pid
+                ));
+            }
+        };
         let name = snapshot.info.name.clone();
         let copy_started = Instant::now();
         // On one host the target reads the source's folder; between hosts its node manager
@@ -405,7 +415,13 @@ impl<S: Store> Cluster<S> {
         self.restore_on(&target.node_id, target.server(id), &dir, &name)
             .await
             .map_err(|error| format!("{} refused to restore session {session_id}: {error}", target.node_id))?;
-        Ok(CopiedSession { session, snapshot: snapshot.info, transfer_us, restore_us: micros_since(restore_started), gpu_to_gpu: false })
+        Ok(Some(CopiedSession {
+            session,
+            snapshot: snapshot.info,
+            transfer_us,
+            restore_us: micros_since(restore_started),
+            gpu_to_gpu: false,
+        }))
     }
 
     /// [`Self::copy_session`] GPU to GPU: the snapshot holds no device memory, which the
@@ -566,7 +582,9 @@ impl<S: Store> Cluster<S> {
                 let session_id = session.session_id;
                 let to = address_for(&session);
                 match self.copy_session(id, session, &source, &target, STRAGGLER_PAUSE_MS).await {
-                    Ok(copy) => match self.release_on(&source.node_id, source.server(id), session_id, Some(to.clone())).await {
+                    // Gone meanwhile: nothing to release.
+                    Ok(None) => {}
+                    Ok(Some(copy)) => match self.release_on(&source.node_id, source.server(id), session_id, Some(to.clone())).await {
                         Ok(()) => {
                             released_again.insert(session_id);
                             moved.push(copy.sent_to(to));

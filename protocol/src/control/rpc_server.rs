@@ -4,6 +4,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::handshake::ClientIdentity;
 
+/// Why an rpc-server refused a call about a session it no longer has (it ended: its app exited,
+/// or its client's reconnect grace ran out).
+pub fn session_ended(session_id: u64) -> String {
+    format!("no session {session_id} on this server (it ended)")
+}
+
+/// Whether a refusal (as passed on by a node manager, with words before it) says the session
+/// had ended ([`session_ended`]): a move then has nothing of it to move.
+pub fn says_session_ended(reason: &str, session_id: u64) -> bool {
+    reason.ends_with(&session_ended(session_id))
+}
+
 /// One live session on an rpc-server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionStatus {
