@@ -31,6 +31,8 @@ pub struct Encoder {
     counts: Vec<u32>,
     lengths: Vec<u8>,
     codes: Vec<u16>,
+    /// Per symbol: its code above 8 bits of its width with the raw bits.
+    coded_symbols: Vec<u32>,
     streams: [Vec<u8>; STREAMS],
 }
 
@@ -81,28 +83,46 @@ impl Encoder {
         if bytes.len() % 2 == 1 {
             out.push(bytes[bytes.len() - 1]);
         }
-        let raw_mask = (1u32 << RAW_BITS) - 1;
+        // Each symbol's code and the width of code and raw bits together, in one word.
         let (lengths, codes) = (&self.lengths, &self.codes);
-        let coded = |pair: &[u8]| {
-            let value = u32::from(u16::from_le_bytes([pair[0], pair[1]]));
-            let symbol = (value >> RAW_BITS) as usize;
-            ((u32::from(codes[symbol]) << RAW_BITS) | (value & raw_mask), u32::from(lengths[symbol]) + RAW_BITS)
+        self.coded_symbols.clear();
+        self.coded_symbols
+            .extend(codes.iter().zip(lengths).map(|(&code, &length)| (u32::from(code) << 8) | (u32::from(length) + RAW_BITS)));
+        let coded: &[u32; SYMBOLS] = self.coded_symbols.as_slice().try_into().expect("a word per symbol");
+        let raw_mask = (1u32 << RAW_BITS) - 1;
+        let code = |pair: [u8; 2]| {
+            let value = u32::from(u16::from_le_bytes(pair));
+            let entry = coded[(value >> RAW_BITS) as usize];
+            (((entry >> 8) << RAW_BITS) | (value & raw_mask), entry & 0xff)
         };
+        // At most MAX_CODE + RAW_BITS bits a value: room for every stream's worst case.
+        let most = (values.div_ceil(STREAMS) * (MAX_CODE + RAW_BITS) as usize).div_ceil(8) + 8;
         let mut writers = self.streams.each_mut().map(|stream| {
             stream.clear();
-            BitWriter { out: stream, bits: 0, count: 0 }
+            stream.resize(most, 0);
+            BitWriter { out: stream, at: 0, bits: 0, count: 0 }
         });
-        let groups = bytes.chunks_exact(2 * STREAMS);
-        let rest = groups.remainder();
-        for group in groups {
-            for (writer, pair) in writers.iter_mut().zip(group.chunks_exact(2)) {
-                let (bits, width) = coded(pair);
-                writer.put(bits, width);
+        // Three values of each stream per flush (fewer than 8 bits held, three values of at most
+        // 17 bits each: within 64).
+        let triples = bytes.chunks_exact(3 * 2 * STREAMS);
+        let after = triples.remainder();
+        for triple in triples {
+            for group in triple.chunks_exact(2 * STREAMS) {
+                for (index, writer) in writers.iter_mut().enumerate() {
+                    let (bits, width) = code([group[2 * index], group[2 * index + 1]]);
+                    writer.add(bits, width);
+                }
+            }
+            for writer in &mut writers {
+                writer.flush();
             }
         }
-        for (writer, pair) in writers.iter_mut().zip(rest.chunks_exact(2)) {
-            let (bits, width) = coded(pair);
-            writer.put(bits, width);
+        for group in after.chunks(2 * STREAMS) {
+            for (writer, pair) in writers.iter_mut().zip(group.chunks_exact(2)) {
+                let (bits, width) = code([pair[0], pair[1]]);
+                writer.add(bits, width);
+                writer.flush();
+            }
         }
         for writer in writers {
             writer.finish();
@@ -193,31 +213,44 @@ fn canonical_codes(lengths: &[u8], codes: &mut Vec<u16>) {
     }
 }
 
+/// Writes bits most significant first into a buffer sized for the worst case, then cut to what
+/// was written.
 struct BitWriter<'a> {
     out: &'a mut Vec<u8>,
+    at: usize,
     bits: u64,
     count: u32,
 }
 
 impl BitWriter<'_> {
-    /// Appends the low `width` bits of `value` (at most 32).
-    fn put(&mut self, value: u32, width: u32) {
+    /// Appends the low `width` bits of `value`; the bits held (fewer than 8 after a flush) and
+    /// those added before the next flush must fit 64.
+    #[inline(always)]
+    fn add(&mut self, value: u32, width: u32) {
         self.bits = (self.bits << width) | u64::from(value);
         self.count += width;
-        if self.count >= 32 {
-            self.count -= 32;
-            self.out.extend_from_slice(&((self.bits >> self.count) as u32).to_be_bytes());
+    }
+
+    /// Writes the whole bytes held (eight bytes stored, the buffer has room past its end).
+    #[inline(always)]
+    fn flush(&mut self) {
+        if self.count == 0 {
+            return;
         }
+        let aligned = self.bits << (64 - self.count);
+        self.out[self.at..self.at + 8].copy_from_slice(&aligned.to_be_bytes());
+        let whole = self.count / 8;
+        self.at += whole as usize;
+        self.count -= whole * 8;
     }
 
     fn finish(mut self) {
-        while self.count >= 8 {
-            self.count -= 8;
-            self.out.push((self.bits >> self.count) as u8);
-        }
+        self.flush();
         if self.count > 0 {
-            self.out.push((self.bits << (8 - self.count)) as u8);
+            self.out[self.at] = (self.bits << (8 - self.count)) as u8;
+            self.at += 1;
         }
+        self.out.truncate(self.at);
     }
 }
 
@@ -321,27 +354,52 @@ impl Decoder {
             target[end] = odd;
             at += 1;
         }
-        let mut readers = Vec::with_capacity(STREAMS);
+        let mut readers: [BitReader<'_>; STREAMS] = std::array::from_fn(|_| BitReader { data: &[], position: 0, bits: 0, count: 0 });
         let mut start = at + 4 * (STREAMS - 1);
-        for index in 0..STREAMS {
+        for (index, reader) in readers.iter_mut().enumerate() {
             let len = if index == STREAMS - 1 {
                 block.len().checked_sub(start)
             } else {
                 block.get(at + 4 * index..at + 4 * index + 4).map(|len| u32::from_le_bytes(len.try_into().unwrap_or([0; 4])) as usize)
             };
             let Some(stream) = len.and_then(|len| block.get(start..start.checked_add(len)?)) else { return bad("is cut short") };
-            readers.push(BitReader { data: stream, position: 0, bits: 0, count: 0 });
+            reader.data = stream;
             start += stream.len();
         }
-        let mut groups = target.chunks_exact_mut(2 * STREAMS);
-        for group in &mut groups {
-            for (reader, pair) in readers.iter_mut().zip(group.chunks_exact_mut(2)) {
-                decode_value(reader, table, pair)?;
+        let table: &[u32; 1 << MAX_CODE] = table.as_slice().try_into().map_err(|_| "a float-planes table of the wrong size".to_string())?;
+        // A prefix no code starts with decodes as nothing; whether one came is looked at once, at the end.
+        let mut unknown = false;
+        // Three values of each stream per refill (a refill leaves 56 bits or more, a value takes
+        // at most 17).
+        let mut triples = target.chunks_exact_mut(3 * 2 * STREAMS);
+        for triple in &mut triples {
+            for reader in &mut readers {
+                if reader.count < 3 * (MAX_CODE + RAW_BITS) {
+                    reader.refill();
+                }
             }
+            for group in triple.chunks_exact_mut(2 * STREAMS) {
+                let mut word = 0u64;
+                for (index, reader) in readers.iter_mut().enumerate() {
+                    word |= u64::from(take_value(reader, table, &mut unknown)) << (16 * index);
+                }
+                group.copy_from_slice(&word.to_le_bytes());
+            }
+        }
+        let mut groups = triples.into_remainder().chunks_exact_mut(2 * STREAMS);
+        for group in &mut groups {
+            let mut word = 0u64;
+            for (index, reader) in readers.iter_mut().enumerate() {
+                word |= u64::from(decode_value(reader, table, &mut unknown)) << (16 * index);
+            }
+            group.copy_from_slice(&word.to_le_bytes());
         }
         let rest = groups.into_remainder();
         for (reader, pair) in readers.iter_mut().zip(rest.chunks_exact_mut(2)) {
-            decode_value(reader, table, pair)?;
+            pair.copy_from_slice(&decode_value(reader, table, &mut unknown).to_le_bytes());
+        }
+        if unknown {
+            return bad("has bits no code starts with");
         }
         // Every bit read must have been in its stream.
         if readers.iter().any(|reader| reader.position * 8 - reader.count as usize > reader.data.len() * 8) {
@@ -351,22 +409,25 @@ impl Decoder {
     }
 }
 
-/// One value from `reader` into `pair` (little-endian).
+/// One value from `reader`; `unknown` set when its bits start no code.
 #[inline(always)]
-fn decode_value(reader: &mut BitReader<'_>, table: &[u32], pair: &mut [u8]) -> Result<(), String> {
+fn decode_value(reader: &mut BitReader<'_>, table: &[u32; 1 << MAX_CODE], unknown: &mut bool) -> u16 {
     if reader.count < MAX_CODE + RAW_BITS {
         reader.refill();
     }
-    let entry = table[reader.peek(MAX_CODE) as usize & ((1 << MAX_CODE) - 1)];
+    take_value(reader, table, unknown)
+}
+
+/// [`decode_value`] from bits already loaded (`MAX_CODE + RAW_BITS` of them or more).
+#[inline(always)]
+fn take_value(reader: &mut BitReader<'_>, table: &[u32; 1 << MAX_CODE], unknown: &mut bool) -> u16 {
+    let entry = table[(reader.bits >> (64 - MAX_CODE)) as usize];
     let length = entry & 0xff;
-    if length == 0 {
-        return Err("a float-planes chunk has bits no code starts with".to_string());
-    }
+    *unknown |= length == 0;
     reader.consume(length);
     let raw = reader.peek(RAW_BITS);
     reader.consume(RAW_BITS);
-    pair.copy_from_slice(&((((entry >> 8) << RAW_BITS) | raw) as u16).to_le_bytes());
-    Ok(())
+    (((entry >> 8) << RAW_BITS) | raw) as u16
 }
 
 #[cfg(test)]
