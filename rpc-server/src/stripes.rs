@@ -219,8 +219,17 @@ impl<D: Device> Stripes<D> {
 
     /// Chunks in flight at once: each link reads or writes one while the next waits its turn,
     /// within the staging the device has.
+    /// Chunks of a host-to-device copy in flight: each holds a staging slot until the session
+    /// thread, which waits here, queues its device copy.
     fn window(&self, count: usize) -> usize {
         (count * 2).min(self.window).max(1)
+    }
+
+    /// Chunks of a device-to-host copy in flight: two per connection. Each holds a staging slot
+    /// until it is coded or written, and a link gives it back by itself, so taking one for the
+    /// next chunk waits for the links, never for this thread.
+    fn send_window(count: usize) -> usize {
+        (count * 2).max(1)
     }
 
     /// Receives a host-to-device copy of `len` bytes for `dst` (checked by the session, or
@@ -326,7 +335,7 @@ impl<D: Device> Stripes<D> {
         };
         for (number, (offset, piece)) in chunks(len, chunk).enumerate() {
             let index = number % count;
-            if in_flight.len() >= self.window(count) {
+            if in_flight.len() >= Self::send_window(count) {
                 let oldest = in_flight.pop_front().unwrap_or(index);
                 finish(oldest, &links, &mut outcome, &mut broken);
             }
@@ -372,11 +381,18 @@ impl<D: Device> Drop for Stripes<D> {
 }
 
 /// What a job gave: its answer, a compressed chunk read and still to decode, or a chunk to
-/// write (compressed into `block`, else the device copy's bytes).
+/// write.
 enum Answer<D: Device> {
     Now(Done<D>),
     Decode { header: ChunkHeader, block: Vec<u8>, staging: D::Staging },
-    Write { header: ChunkHeader, block: Option<Vec<u8>>, copy: D::PendingCopy },
+    Write { header: ChunkHeader, payload: Payload<D> },
+}
+
+/// A chunk's bytes to write: compressed into a block (its staging already given back), or the
+/// device copy's own.
+enum Payload<D: Device> {
+    Coded(Vec<u8>),
+    Staged(D::PendingCopy),
 }
 
 /// Compressed chunks read ahead of their decoding, or coded ahead of their writing, per data
@@ -450,7 +466,7 @@ impl<D: Device> Finisher<'_, D> {
         while let Ok(answer) = answers.recv() {
             let finished = match answer {
                 Answer::Now(finished) => finished,
-                Answer::Decode { block, .. } | Answer::Write { block: Some(block), .. } if failed.is_some() => {
+                Answer::Decode { block, .. } | Answer::Write { payload: Payload::Coded(block), .. } if failed.is_some() => {
                     let _ = self.return_block.send(block);
                     Done::Failed(CudaError::DEVICES_UNAVAILABLE, failed.clone().unwrap_or_default())
                 }
@@ -458,7 +474,7 @@ impl<D: Device> Finisher<'_, D> {
                     Done::Failed(CudaError::DEVICES_UNAVAILABLE, failed.clone().unwrap_or_default())
                 }
                 Answer::Decode { header, block, staging } => self.decode(&mut decompressor, header, block, staging),
-                Answer::Write { header, block, copy } => self.write(header, block, &copy),
+                Answer::Write { header, payload } => self.write(header, payload),
             };
             if let Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason) = &finished {
                 failed.get_or_insert_with(|| reason.clone());
@@ -491,13 +507,13 @@ impl<D: Device> Finisher<'_, D> {
         }
     }
 
-    fn write(&mut self, header: ChunkHeader, block: Option<Vec<u8>>, copy: &D::PendingCopy) -> Done<D> {
-        let payload = match &block {
-            Some(block) => Ok(&block[..]),
+    fn write(&mut self, header: ChunkHeader, payload: Payload<D>) -> Done<D> {
+        let bytes = match &payload {
+            Payload::Coded(block) => Ok(&block[..]),
             // Done already (the job waited for it): this returns at once.
-            None => self.device.dtoh_bytes(copy),
+            Payload::Staged(copy) => self.device.dtoh_bytes(copy),
         };
-        let written = match payload {
+        let written = match bytes {
             Ok(payload) => {
                 let encoded = header.encode();
                 let mut slices = [std::io::IoSlice::new(&encoded), std::io::IoSlice::new(payload)];
@@ -505,7 +521,7 @@ impl<D: Device> Finisher<'_, D> {
             }
             Err(error) => return Done::Failed(error, "device copy failed".into()),
         };
-        if let Some(block) = block {
+        if let Payload::Coded(block) = payload {
             let _ = self.return_block.send(block);
         }
         match written {
@@ -598,18 +614,20 @@ fn run_job<D: Device>(device: &D, reader: &mut Connection, job: Job<D>, buffers:
             };
             let mut header = ChunkHeader::raw(transfer, offset, len);
             if !compress {
-                return Answer::Write { header, block: None, copy };
+                return Answer::Write { header, payload: Payload::Staged(copy) };
             }
-            // Coded now, written by the connection's second thread while this codes the next.
+            // Coded now, written by the connection's second thread while this codes the next;
+            // the staging goes back at once (`send` may take it for a later chunk).
             let Ok(mut block) = buffers.spare_blocks.recv() else { return lost("the second thread ended".into()) };
             match buffers.compressor.compress_into(bytes, &mut block) {
                 Some(flags) => {
                     (header.wire_len, header.flags) = (block.len() as u64, flags);
-                    Answer::Write { header, block: Some(block), copy }
+                    drop(copy);
+                    Answer::Write { header, payload: Payload::Coded(block) }
                 }
                 None => {
                     let _ = buffers.return_block.send(block);
-                    Answer::Write { header, block: None, copy }
+                    Answer::Write { header, payload: Payload::Staged(copy) }
                 }
             }
         }
