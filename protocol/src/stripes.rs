@@ -207,11 +207,39 @@ fn decompress_lz4(header: &ChunkHeader, block: &[u8], target: &mut [u8], planes:
     Ok(())
 }
 
+/// Chunks at each end of a copy per size step (one per data connection, up to 8).
+const RAMP_WIDTH: u64 = 8;
+
 /// The chunks of a copy of `len` bytes cut at `chunk`: (offset, length) in order; chunk `i` goes
-/// on data connection `i % connections`.
+/// on data connection `i % connections`. The copy's ends ramp: its first 8 chunks are a quarter
+/// of `chunk` and the next 8 a half, and its last 16 the same mirrored (a copy shorter than
+/// both ramps goes in quarters): the first chunk is coded, and the last decoded, while the link
+/// waits for them, so they are kept short.
 pub fn chunks(len: u64, chunk: u64) -> impl Iterator<Item = (u64, u64)> {
     let chunk = chunk.max(1);
-    (0..len.div_ceil(chunk)).map(move |index| (index * chunk, chunk.min(len - index * chunk)))
+    let (quarter, half) = ((chunk / 4).max(1), (chunk / 2).max(1));
+    let edge = RAMP_WIDTH * (quarter + half);
+    let size_at = move |offset: u64| {
+        if len <= 2 * edge {
+            return quarter;
+        }
+        let tail = len - edge;
+        if offset < edge {
+            if offset < RAMP_WIDTH * quarter { quarter } else { half }
+        } else if offset >= tail {
+            if offset - tail < RAMP_WIDTH * half { half } else { quarter }
+        } else {
+            chunk.min(tail - offset)
+        }
+    };
+    let mut offset = 0;
+    std::iter::from_fn(move || {
+        (offset < len).then(|| {
+            let piece = size_at(offset).min(len - offset);
+            offset += piece;
+            (offset - piece, piece)
+        })
+    })
 }
 
 /// Compares two secrets in time independent of where they differ.
@@ -222,6 +250,27 @@ pub fn secrets_equal(a: &[u8; SECRET_LEN], b: &[u8; SECRET_LEN]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_cover_the_copy_once_with_short_ones_at_both_ends() {
+        for (len, chunk) in
+            [(1u64 << 30, 4u64 << 20), (1 << 30, 2 << 20), (25 << 20, 4 << 20), (7 * 65536 + 4093, 65536), (1, 65536), (3, 1)]
+        {
+            let pieces: Vec<(u64, u64)> = chunks(len, chunk).collect();
+            let mut next = 0;
+            for &(offset, piece) in &pieces {
+                assert!(offset == next && piece > 0 && piece <= chunk, "{len} {chunk}: {pieces:?}");
+                next += piece;
+            }
+            assert_eq!(next, len, "{len} {chunk}");
+        }
+        let pieces: Vec<u64> = chunks(1 << 30, 4 << 20).map(|(_, piece)| piece).collect();
+        assert_eq!(&pieces[..8], &[1 << 20; 8]);
+        assert_eq!(&pieces[8..16], &[2 << 20; 8]);
+        assert_eq!(pieces[16], 4 << 20);
+        assert_eq!(&pieces[pieces.len() - 8..], &[1 << 20; 8]);
+        assert_eq!(&pieces[pieces.len() - 16..pieces.len() - 8], &[2 << 20; 8]);
+    }
 
     #[test]
     fn a_header_round_trips_and_a_stray_one_is_refused() {
@@ -304,8 +353,9 @@ mod tests {
 
     #[test]
     fn chunks_cover_odd_sizes_exactly() {
+        // Shorter than its ramps: in quarters of the chunk.
         let pieces: Vec<_> = chunks(10, 4).collect();
-        assert_eq!(pieces, [(0, 4), (4, 4), (8, 2)]);
+        assert_eq!(pieces, [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1)]);
         assert_eq!(chunks(0, 4).count(), 0);
         assert_eq!(chunks((3 << 20) + 1, 1 << 20).map(|(_, len)| len).sum::<u64>(), (3 << 20) + 1);
     }

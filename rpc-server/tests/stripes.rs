@@ -247,7 +247,8 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
 
     // bf16-like values (noisy low bytes, repeating high bytes): they go as float planes.
     let mut state = 0x0123_4567_89AB_CDEFu64;
-    let bf16: Vec<u8> = (0..CHUNK + CHUNK / 2 + 1)
+    // The last chunk short and odd (chunks at the ends of a copy are a quarter of CHUNK).
+    let bf16: Vec<u8> = (0..CHUNK + CHUNK / 4 + 12001)
         .map(|i| {
             state ^= state << 13;
             state ^= state >> 7;
@@ -296,9 +297,11 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     assert_eq!(counted, saved as f64, "{text}");
 
     // A block that decompresses to fewer bytes than its chunk: the copy fails, the session goes on.
-    let short = lz4_flex::block::compress(&weights[..CHUNK as usize - 1]);
-    let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: CHUNK, stream: 0, transfer: 4, chunk: CHUNK }.into(), &[]);
-    links[0].write_all(&ChunkHeader { transfer: 4, offset: 0, len: CHUNK, wire_len: short.len() as u64, flags: 0 }.encode()).unwrap();
+    // (A copy of a quarter of CHUNK is one chunk.)
+    let piece = CHUNK / 4;
+    let short = lz4_flex::block::compress(&weights[..piece as usize - 1]);
+    let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: piece, stream: 0, transfer: 4, chunk: CHUNK }.into(), &[]);
+    links[0].write_all(&ChunkHeader { transfer: 4, offset: 0, len: piece, wire_len: short.len() as u64, flags: 0 }.encode()).unwrap();
     links[0].write_all(&short).unwrap();
     assert_eq!(htod_reply(&mut session, seq), Err(CudaError::DEVICES_UNAVAILABLE));
     session.round_trip(0x66);
