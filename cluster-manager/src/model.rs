@@ -438,16 +438,10 @@ impl Model {
             memory: vm.memory,
             sm_percentage: percentage(&first.node_id, gpu),
             state: AllocationState::Starting,
-            addresses: Vec::new(),
-            pid: 0,
             clients: vec![client.clone()],
-            sessions: 0,
             created_at: now,
-            idle_since: None,
-            pending_resize: None,
-            metrics: None,
-            pending_move: None,
             further: shares,
+            ..AllocationRecord::default()
         })
     }
 
@@ -850,21 +844,10 @@ mod tests {
                 vm_ip: vm.vm_ip.clone(),
                 node_id: node_id.clone(),
                 gpu,
-                extra_gpus: Vec::new(),
                 compute_units: vm.compute_units,
                 memory: vm.memory,
-                sm_percentage: 0,
                 state: AllocationState::Running,
-                addresses: vec![],
-                pid: 0,
-                clients: vec![],
-                sessions: 0,
-                created_at: 0,
-                idle_since: None,
-                pending_resize: None,
-                metrics: None,
-                pending_move: None,
-                further: Vec::new(),
+                ..AllocationRecord::default()
             },
         );
         let extra_gpus = model.extra_gpus(vm, &node_id, gpu).unwrap();
