@@ -253,6 +253,15 @@ fn serve_one(stream: UnixStream, table: &Mutex<HashMap<Token, Export>>, tickets:
     serve_export(stream, &request, table)
 }
 
+/// What an export that could not be served (no socket, no randomness) is to the app: the OS
+/// failure it is, logged as the export of `what`.
+pub fn unserved(what: &'static str) -> impl FnOnce(io::Error) -> flyt_protocol::CudaError {
+    move |error| {
+        tracing::warn!(%error, "could not serve an exported {what}");
+        flyt_protocol::CudaError::OPERATING_SYSTEM
+    }
+}
+
 /// Receives one message into `buf` from the socket `socket`, and the first descriptor that came
 /// with it (`SCM_RIGHTS`, close-on-exec; any others are closed): the byte count and that
 /// descriptor.
