@@ -133,6 +133,17 @@ pub fn add_client(allocation: &mut AllocationRecord, client: &ClientIdentity, no
 }
 
 impl Model {
+    /// The ids of the allocations `pick` picks: a copy, so the model may change while each is
+    /// handled.
+    pub fn allocation_ids(&self, pick: impl Fn(&AllocationRecord) -> bool) -> Vec<String> {
+        self.allocations.values().filter(|allocation| pick(allocation)).map(|allocation| allocation.id.clone()).collect()
+    }
+
+    /// The ids of the nodes `pick` picks (a copy, as [`Model::allocation_ids`]).
+    pub fn node_ids(&self, pick: impl Fn(&NodeEntry) -> bool) -> Vec<String> {
+        self.nodes.values().filter(|node| pick(node)).map(|node| node.record.node_id.clone()).collect()
+    }
+
     /// Allocation `id` (asked for as `target`), once it runs: admin steps (resize, move,
     /// checkpoint, restart) wait until it has started.
     pub fn running(&self, id: &str, target: &str) -> Result<&AllocationRecord, ControlError> {
