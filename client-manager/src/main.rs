@@ -102,8 +102,8 @@ async fn run(config: ClientManagerConfig) -> anyhow::Result<()> {
             .context("setting `metrics_listen`")?;
         ready_line.push_str(&format!(" metrics:{bound}"));
     }
-    let jobs_accept = job_listener
-        .map(|listener| accept_forever(listener, manager.clone(), "accept failed on the job socket", ClientManager::serve_job));
+    let jobs_accept =
+        job_listener.map(|listener| accept_forever(listener, manager.clone(), "accept failed on the job socket", ClientManager::serve_job));
     let accept = accept_forever(listener, manager, "accept failed", ClientManager::serve_app);
     if let Some(path) = &job_socket {
         ready_line.push_str(&format!(" jobs:unix:{}", path.display()));

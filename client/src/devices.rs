@@ -56,7 +56,10 @@ pub fn visible_devices(spec: Option<&str>, devices: &[DeviceInfo]) -> Vec<u32> {
     };
     let is_uuid = |entry: &str| entry.len() > 4 && entry.get(..4).is_some_and(|prefix| prefix.eq_ignore_ascii_case("GPU-"));
     let names = |entry: &str, index: usize| uuid_text(&devices[index].uuid).to_ascii_lowercase().starts_with(&entry.to_ascii_lowercase());
-    flyt_protocol::device::visible_list(spec, devices.len(), is_uuid, names).into_iter().filter_map(|index| u32::try_from(index).ok()).collect()
+    flyt_protocol::device::visible_list(spec, devices.len(), is_uuid, names)
+        .into_iter()
+        .filter_map(|index| u32::try_from(index).ok())
+        .collect()
 }
 
 /// Capabilities the GPU has but the app cannot use through Flyt, reported as 0 so that an app

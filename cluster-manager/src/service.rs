@@ -1014,8 +1014,8 @@ impl<S: Store> Cluster<S> {
         if gap > STALL_THRESHOLD {
             self.restart_leases(&mut model, now, gap);
         }
-        let silent =
-            model.node_ids(|node| node.record.health == NodeHealth::Up && now.saturating_duration_since(node.last_heartbeat) > node_timeout);
+        let silent = model
+            .node_ids(|node| node.record.health == NodeHealth::Up && now.saturating_duration_since(node.last_heartbeat) > node_timeout);
         for node_id in silent {
             let kept = model.allocation_ids(|allocation| allocation.node_id == node_id);
             let Some(node) = model.nodes.get_mut(&node_id) else { continue };
@@ -1037,8 +1037,9 @@ impl<S: Store> Cluster<S> {
         let lost = model.node_ids(|node| node.down_since.is_some_and(|since| now.saturating_duration_since(since) >= node_grace));
         for node_id in lost {
             // A spread allocation goes with any of its nodes: its apps need every one.
-            let ids = model
-                .allocation_ids(|allocation| allocation.node_id == node_id || allocation.further.iter().any(|share| share.node_id == node_id));
+            let ids = model.allocation_ids(|allocation| {
+                allocation.node_id == node_id || allocation.further.iter().any(|share| share.node_id == node_id)
+            });
             for id in ids {
                 if let Err(error) = self.release_locked(&mut model, &id, "its node has been down for longer than node_grace_seconds").await
                 {
@@ -1066,7 +1067,9 @@ impl<S: Store> Cluster<S> {
         let heard_enough = model.leases_restarted.is_none_or(|since| now.saturating_duration_since(since) > client_timeout);
         let grace = self.config.allocations.idle_grace_seconds;
         let idle = model.allocation_ids(|allocation| {
-            heard_enough && allocation.idle_since.is_some_and(|since| unix.saturating_sub(since) >= grace) && !self.vm_busy(&allocation.vm_ip)
+            heard_enough
+                && allocation.idle_since.is_some_and(|since| unix.saturating_sub(since) >= grace)
+                && !self.vm_busy(&allocation.vm_ip)
         });
         for id in idle {
             if let Err(error) = self.release_locked(&mut model, &id, "idle past the grace period").await {

@@ -1499,7 +1499,10 @@ impl<D: Device> OpHandler for Session<D> {
         reply: Responder<rep::OccupancyMaxActiveClusters>,
     ) {
         let result = self.function(request.function).and_then(|(function, _)| {
-            self.device.occupancy_max_active_clusters(function, LaunchShape { grid: request.grid, block: request.block, shared_mem: request.shared_mem, attributes: &request.attributes })
+            self.device.occupancy_max_active_clusters(
+                function,
+                LaunchShape { grid: request.grid, block: request.block, shared_mem: request.shared_mem, attributes: &request.attributes },
+            )
         });
         reply.send(result.map(|clusters| rep::OccupancyMaxActiveClusters { clusters }));
     }
@@ -1538,7 +1541,12 @@ impl<D: Device> OpHandler for Session<D> {
                     word.copy_from_slice(&self.moved_variables.here(value).to_le_bytes());
                 }
             }
-            self.device.launch(function, LaunchShape { grid: request.grid, block: request.block, shared_mem: request.shared_mem, attributes: &request.attributes }, stream, &mut request.args)
+            self.device.launch(
+                function,
+                LaunchShape { grid: request.grid, block: request.block, shared_mem: request.shared_mem, attributes: &request.attributes },
+                stream,
+                &mut request.args,
+            )
         });
         if result.is_ok() {
             self.queued(request.stream, Work::Kernels);
@@ -1999,7 +2007,10 @@ impl<D: Device> OpHandler for Session<D> {
         reply: Responder<rep::OccupancyMaxPotentialClusterSize>,
     ) {
         let result = self.function(request.function).and_then(|(function, _)| {
-            self.device.occupancy_max_potential_cluster_size(function, LaunchShape { grid: request.grid, block: request.block, shared_mem: request.shared_mem, attributes: &request.attributes })
+            self.device.occupancy_max_potential_cluster_size(
+                function,
+                LaunchShape { grid: request.grid, block: request.block, shared_mem: request.shared_mem, attributes: &request.attributes },
+            )
         });
         reply.send(result.map(|cluster_size| rep::OccupancyMaxPotentialClusterSize { cluster_size }));
     }

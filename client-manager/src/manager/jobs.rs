@@ -255,4 +255,3 @@ fn job_label(job: u32) -> String {
         None => format!("slurm job {job}"),
     }
 }
-

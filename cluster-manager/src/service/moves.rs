@@ -44,8 +44,8 @@ use std::{
 use flyt_daemon_kit::{failpoint, rpc};
 use flyt_protocol::control::{
     cluster::{
-        AfterCheckpoint, AllocationRecord, CheckpointReport, ControlError, MovePhase, MoveReport, MovedSession, NodeHealth, PendingMove, RestartReport,
-        ServerReport,
+        AfterCheckpoint, AllocationRecord, CheckpointReport, ControlError, MovePhase, MoveReport, MovedSession, NodeHealth, PendingMove,
+        RestartReport, ServerReport,
     },
     node::{FetchedSnapshot, NodeManagerControlClient, ServerRef, ServerSpec, SessionSnapshot},
     rpc_server::{SessionStatus, SnapshotInfo},

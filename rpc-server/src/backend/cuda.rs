@@ -19,8 +19,8 @@ use flyt_protocol::ops::{
 };
 
 use super::{
-    AddedNode, ArrayMapWork, ArrayRef, Capture, CaptureInto, Device, EdgeData, ExecUpdate, Extent, KernelRead, LaunchShape, NodeRead, NodeWork, Side,
-    TexResource,
+    AddedNode, ArrayMapWork, ArrayRef, Capture, CaptureInto, Device, EdgeData, ExecUpdate, Extent, KernelRead, LaunchShape, NodeRead,
+    NodeWork, Side, TexResource,
 };
 use crate::host_calls::HostCallSite;
 

@@ -10,16 +10,16 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, DecompressOp, DevResource, FuncAttributes, JitOption, LinkOutcome, Memset2d, NodeCopy,
-    NodeCopySide, ParamInfo, Pos3, SPARSE_TILE_BYTES, SparseProperties, StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, array_flags,
-    capture_status, dev_resource, mem_op, mem_usage,
+    ArrayDesc, Copy3d, DecompressOp, DevResource, FuncAttributes, JitOption, LinkOutcome, Memset2d, NodeCopy, NodeCopySide, ParamInfo,
+    Pos3, SPARSE_TILE_BYTES, SparseProperties, StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, array_flags, capture_status,
+    dev_resource, mem_op, mem_usage,
 };
 
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
 use super::emulated_green::EmulatedResource;
 use super::{
-    AddedNode, ArrayMapWork, ArrayRef, Capture, CaptureInto, Device, EdgeData, ExecUpdate, Extent, KernelRead, LaunchShape, NodeRead, NodeWork, Side,
-    SmSplit, TexResource,
+    AddedNode, ArrayMapWork, ArrayRef, Capture, CaptureInto, Device, EdgeData, ExecUpdate, Extent, KernelRead, LaunchShape, NodeRead,
+    NodeWork, Side, SmSplit, TexResource,
 };
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;

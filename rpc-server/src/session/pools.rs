@@ -402,7 +402,8 @@ impl<D: Device> Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             }
             let fd = self.device.pool_export(pool)?;
-            let shareable = self.pools.exports.publish(Kind::Pool, request.pool, fd, 0).map_err(crate::shareable::unserved("memory pool"))?;
+            let shareable =
+                self.pools.exports.publish(Kind::Pool, request.pool, fd, 0).map_err(crate::shareable::unserved("memory pool"))?;
             Ok(rep::MemPoolExport { shareable })
         })();
         reply.send(result);
@@ -437,8 +438,11 @@ impl<D: Device> Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             };
             let driver_data = self.device.pool_export_pointer(request.ptr)?;
-            let data =
-                self.pools.exports.publish_pointer(pool, request.ptr, driver_data, size).map_err(crate::shareable::unserved("pool allocation"))?;
+            let data = self
+                .pools
+                .exports
+                .publish_pointer(pool, request.ptr, driver_data, size)
+                .map_err(crate::shareable::unserved("pool allocation"))?;
             Ok(rep::MemPoolExportPointer { data: data.to_vec() })
         })();
         reply.send(result);
