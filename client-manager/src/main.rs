@@ -12,7 +12,7 @@
 mod config;
 mod manager;
 
-use std::{io::Write as _, os::unix::net::UnixStream, path::PathBuf, time::Duration};
+use std::{io::Write as _, os::unix::net::UnixStream, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -53,21 +53,8 @@ enum Command {
     },
 }
 
-fn route_address(cluster_manager: &str) -> Option<String> {
-    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
-    socket.connect(cluster_manager).ok()?;
-    Some(socket.local_addr().ok()?.ip().to_string())
-}
-
 fn main() -> std::process::ExitCode {
-    match run_main() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            // `{:#}`: the whole chain of causes on one line, without a backtrace.
-            eprintln!("flyt-client-manager: {error:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    flyt_daemon_kit::daemon::exit_code("flyt-client-manager", run_main())
 }
 
 fn run_main() -> anyhow::Result<()> {
@@ -78,16 +65,13 @@ fn run_main() -> anyhow::Result<()> {
     flyt_daemon_kit::logging::init("info");
     let mut config: ClientManagerConfig = flyt_daemon_kit::config::load(args.config.as_deref(), ENV_PREFIX, std::env::vars())?;
     if config.vm_ip.is_empty() {
-        config.vm_ip = route_address(&config.cluster_manager).unwrap_or_else(|| "127.0.0.1".into());
+        config.vm_ip = host::route_address(&config.cluster_manager).unwrap_or_else(|| "127.0.0.1".into());
     }
     if args.print_config {
-        print!("{}", toml::to_string(&config)?);
-        return Ok(());
+        return Ok(flyt_daemon_kit::daemon::print_config(&config)?);
     }
-    if flyt_daemon_kit::tls::install(&config.tls)? {
-        tracing::info!(ca = %config.tls.ca_file, "TLS on every TCP connection");
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    flyt_daemon_kit::daemon::install_tls(&config.tls)?;
+    let runtime = flyt_daemon_kit::daemon::runtime()?;
     runtime.block_on(run(config))
 }
 
@@ -118,45 +102,14 @@ async fn run(config: ClientManagerConfig) -> anyhow::Result<()> {
             .context("setting `metrics_listen`")?;
         ready_line.push_str(&format!(" metrics:{bound}"));
     }
-    let manager_for_jobs = manager.clone();
-    let accept = tokio::spawn(async move {
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    tokio::spawn(manager.clone().serve_app(stream));
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    });
-    let jobs_accept = job_listener.map(|listener| {
-        let manager = manager_for_jobs.clone();
-        tokio::spawn(async move {
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => {
-                        tokio::spawn(manager.clone().serve_job(stream));
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "accept failed on the job socket");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-            }
-        })
-    });
+    let jobs_accept =
+        job_listener.map(|listener| accept_forever(listener, manager.clone(), "accept failed on the job socket", ClientManager::serve_job));
+    let accept = accept_forever(listener, manager, "accept failed", ClientManager::serve_app);
     if let Some(path) = &job_socket {
         ready_line.push_str(&format!(" jobs:unix:{}", path.display()));
     }
     println!("{ready_line}");
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-    }
+    flyt_daemon_kit::daemon::shutdown_signal().await?;
     accept.abort();
     let _ = std::fs::remove_file(&socket);
     if let (Some(task), Some(path)) = (jobs_accept, &job_socket) {
@@ -164,6 +117,33 @@ async fn run(config: ClientManagerConfig) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(path);
     }
     Ok(())
+}
+
+/// Hands each connection to `listener` to `serve` (on its own task) until the task returned is
+/// aborted; a failed accept is logged as `failure` and retried shortly.
+fn accept_forever<Serve, Served>(
+    listener: tokio::net::UnixListener,
+    manager: Arc<ClientManager>,
+    failure: &'static str,
+    serve: Serve,
+) -> tokio::task::JoinHandle<()>
+where
+    Serve: Fn(Arc<ClientManager>, tokio::net::UnixStream) -> Served + Send + 'static,
+    Served: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    tokio::spawn(serve(manager.clone(), stream));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "{failure}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
 }
 
 /// `flyt-client-manager locate`: the shim's request from the command line.

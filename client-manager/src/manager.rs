@@ -237,27 +237,8 @@ impl ClientManager {
     }
 
     /// Serves one app connection: one request, one reply.
-    pub async fn serve_app(self: Arc<Self>, mut stream: UnixStream) {
-        let credentials = stream.peer_cred().ok();
-        let uid = credentials.map(|credentials| credentials.uid());
-        let peer_pid = credentials.and_then(|credentials| credentials.pid()).and_then(|pid| u32::try_from(pid).ok());
-        let request = match tokio::time::timeout(REQUEST_READ_TIMEOUT, read_request(&mut stream)).await {
-            Ok(Ok(request)) => request,
-            Ok(Err(reason)) => {
-                tracing::warn!(?uid, ?peer_pid, %reason, "bad locate request; closing");
-                return;
-            }
-            Err(_) => {
-                tracing::warn!(?uid, ?peer_pid, "no locate request within the timeout; closing");
-                return;
-            }
-        };
-        let reply = self.answer(request, uid, peer_pid).await;
-        let mut bytes = Vec::new();
-        if write_value(&mut bytes, 0, &reply).is_ok() {
-            let _ = stream.write_all(&bytes).await;
-            let _ = stream.shutdown().await;
-        }
+    pub async fn serve_app(self: Arc<Self>, stream: UnixStream) {
+        serve_one_request(stream, &LOCATE_LIMITS, "locate", |request, uid, peer_pid| self.answer(request, uid, peer_pid)).await;
     }
 
     async fn answer(&self, request: LocateRequest, uid: Option<u32>, peer_pid: Option<u32>) -> LocateReply {
@@ -432,10 +413,46 @@ impl ClientManager {
     }
 }
 
-async fn read_request(stream: &mut UnixStream) -> Result<LocateRequest, String> {
+/// Serves one connection of a local socket (the apps' or the jobs'): one framed request of
+/// `limits`, read within `REQUEST_READ_TIMEOUT` (the request first, so a refused caller reads
+/// the reason), `answer(request, uid, pid)` of the caller's credentials, one reply. `what` names
+/// the request in the log.
+async fn serve_one_request<Request, Reply, Answered>(
+    mut stream: UnixStream,
+    limits: &FrameLimits,
+    what: &str,
+    answer: impl FnOnce(Request, Option<u32>, Option<u32>) -> Answered,
+) where
+    Request: serde::de::DeserializeOwned,
+    Reply: serde::Serialize,
+    Answered: Future<Output = Reply>,
+{
+    let credentials = stream.peer_cred().ok();
+    let uid = credentials.map(|credentials| credentials.uid());
+    let peer_pid = credentials.and_then(|credentials| credentials.pid()).and_then(|pid| u32::try_from(pid).ok());
+    let request = match tokio::time::timeout(REQUEST_READ_TIMEOUT, read_request(&mut stream, limits)).await {
+        Ok(Ok(request)) => request,
+        Ok(Err(reason)) => {
+            tracing::warn!(?uid, ?peer_pid, %reason, "bad {what} request; closing");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(?uid, ?peer_pid, "no {what} request within the timeout; closing");
+            return;
+        }
+    };
+    let reply = answer(request, uid, peer_pid).await;
+    let mut bytes = Vec::new();
+    if write_value(&mut bytes, 0, &reply).is_ok() {
+        let _ = stream.write_all(&bytes).await;
+        let _ = stream.shutdown().await;
+    }
+}
+
+async fn read_request<Request: serde::de::DeserializeOwned>(stream: &mut UnixStream, limits: &FrameLimits) -> Result<Request, String> {
     let mut header = [0u8; HEADER_LEN];
     stream.read_exact(&mut header).await.map_err(|error| error.to_string())?;
-    let header = FrameHeader::decode(&header, &LOCATE_LIMITS).map_err(|error| error.to_string())?;
+    let header = FrameHeader::decode(&header, limits).map_err(|error| error.to_string())?;
     let mut message = vec![0u8; header.message_len as usize];
     stream.read_exact(&mut message).await.map_err(|error| error.to_string())?;
     decode_exact(&message).map_err(|error| error.to_string())

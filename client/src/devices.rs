@@ -54,27 +54,12 @@ pub fn visible_devices(spec: Option<&str>, devices: &[DeviceInfo]) -> Vec<u32> {
     let Some(spec) = spec else {
         return (0..devices.len() as u32).collect();
     };
-    let mut visible: Vec<u32> = Vec::new();
-    for entry in spec.split(',').map(str::trim) {
-        let found = if let Ok(index) = entry.parse::<u32>() {
-            (index < devices.len() as u32).then_some(index)
-        } else if entry.len() > 4 && entry[..4].eq_ignore_ascii_case("GPU-") {
-            let prefix = entry.to_ascii_lowercase();
-            let mut matching =
-                devices.iter().enumerate().filter(|(_, info)| uuid_text(&info.uuid).to_ascii_lowercase().starts_with(&prefix));
-            match (matching.next(), matching.next()) {
-                (Some((index, _)), None) => Some(index as u32),
-                _ => None,
-            }
-        } else {
-            None
-        };
-        match found {
-            Some(index) if !visible.contains(&index) => visible.push(index),
-            _ => break,
-        }
-    }
-    visible
+    let is_uuid = |entry: &str| entry.len() > 4 && entry.get(..4).is_some_and(|prefix| prefix.eq_ignore_ascii_case("GPU-"));
+    let names = |entry: &str, index: usize| uuid_text(&devices[index].uuid).to_ascii_lowercase().starts_with(&entry.to_ascii_lowercase());
+    flyt_protocol::device::visible_list(spec, devices.len(), is_uuid, names)
+        .into_iter()
+        .filter_map(|index| u32::try_from(index).ok())
+        .collect()
 }
 
 /// Capabilities the GPU has but the app cannot use through Flyt, reported as 0 so that an app

@@ -315,6 +315,19 @@ pub unsafe fn copy(
     }
     let check_device_range = |ptr: u64, managed: bool| if managed { Ok(()) } else { client.check_device_range(ptr, len) };
     let chunk = client.info.copy_chunk.max(4096);
+    // A copy between host and device memory: its device side checked, and recorded by a capture
+    // in progress instead of run.
+    let device_side = match direction {
+        Direction::HostToDevice => Some((dst_address, managed_dst, false)),
+        Direction::DeviceToHost => Some((src_address, managed_src, true)),
+        Direction::HostToHost | Direction::DeviceToDevice => None,
+    };
+    if let Some((address, managed, to_host)) = device_side {
+        check_device_range(address, managed)?;
+        if captured_host_copy(client, Copy3d::flat(dst_address, src_address, len), to_host, stream)? {
+            return Ok(());
+        }
+    }
     match direction {
         Direction::HostToHost => {
             // Stream-ordered and synchronous with the host, as in CUDA: the stream's earlier
@@ -327,10 +340,6 @@ pub unsafe fn copy(
             Ok(())
         }
         Direction::HostToDevice => {
-            check_device_range(dst_address, managed_dst)?;
-            if captured_host_copy(client, Copy3d::flat(dst_address, src_address, len), false, stream)? {
-                return Ok(());
-            }
             if let Some(channel) = client.channel() {
                 // SAFETY: forwarded contract.
                 unsafe { shm_to_device(client, channel, dst_address, src.cast(), count, stream, mode) }?;
@@ -366,10 +375,6 @@ pub unsafe fn copy(
             Ok(())
         }
         Direction::DeviceToHost => {
-            check_device_range(src_address, managed_src)?;
-            if captured_host_copy(client, Copy3d::flat(dst_address, src_address, len), true, stream)? {
-                return Ok(());
-            }
             if let Some(channel) = client.channel() {
                 // SAFETY: forwarded contract.
                 return unsafe { shm_to_host(client, channel, dst.cast(), src_address, count, stream, mode) };

@@ -47,14 +47,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    match run_main() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            // `{:#}`: the whole chain of causes on one line, without a backtrace.
-            eprintln!("flyt-cluster-manager: {error:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    flyt_daemon_kit::daemon::exit_code("flyt-cluster-manager", run_main())
 }
 
 fn run_main() -> anyhow::Result<()> {
@@ -62,15 +55,12 @@ fn run_main() -> anyhow::Result<()> {
     flyt_daemon_kit::logging::init("info");
     let config: ClusterManagerConfig = flyt_daemon_kit::config::load(args.config.as_deref(), ENV_PREFIX, std::env::vars())?;
     if args.print_config {
-        print!("{}", toml::to_string(&config)?);
-        return Ok(());
+        return Ok(flyt_daemon_kit::daemon::print_config(&config)?);
     }
-    if flyt_daemon_kit::tls::install(&config.tls)? {
-        tracing::info!(ca = %config.tls.ca_file, "TLS on every TCP connection");
-    } else if config.admin_over_tcp {
+    if !flyt_daemon_kit::daemon::install_tls(&config.tls)? && config.admin_over_tcp {
         anyhow::bail!("admin_over_tcp needs [tls] (ca_file, cert_file, key_file): the admin API never goes over plain TCP");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = flyt_daemon_kit::daemon::runtime()?;
     runtime.block_on(async {
         let key = ClusterKey::load(config.cluster_key_file.as_ref())?;
         let metrics = Arc::new(ClusterMetrics::default());
@@ -135,11 +125,7 @@ async fn wait_for_signal(
     admin_task: tokio::task::JoinHandle<()>,
     admin_endpoint: &Endpoint,
 ) -> std::io::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-    }
+    flyt_daemon_kit::daemon::shutdown_signal().await?;
     tcp_task.abort();
     admin_task.abort();
     if let Endpoint::Unix(path) = admin_endpoint {

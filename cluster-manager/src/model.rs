@@ -133,6 +133,17 @@ pub fn add_client(allocation: &mut AllocationRecord, client: &ClientIdentity, no
 }
 
 impl Model {
+    /// The ids of the allocations `pick` picks: a copy, so the model may change while each is
+    /// handled.
+    pub fn allocation_ids(&self, pick: impl Fn(&AllocationRecord) -> bool) -> Vec<String> {
+        self.allocations.values().filter(|allocation| pick(allocation)).map(|allocation| allocation.id.clone()).collect()
+    }
+
+    /// The ids of the nodes `pick` picks (a copy, as [`Model::allocation_ids`]).
+    pub fn node_ids(&self, pick: impl Fn(&NodeEntry) -> bool) -> Vec<String> {
+        self.nodes.values().filter(|node| pick(node)).map(|node| node.record.node_id.clone()).collect()
+    }
+
     /// Allocation `id` (asked for as `target`), once it runs: admin steps (resize, move,
     /// checkpoint, restart) wait until it has started.
     pub fn running(&self, id: &str, target: &str) -> Result<&AllocationRecord, ControlError> {
@@ -438,16 +449,10 @@ impl Model {
             memory: vm.memory,
             sm_percentage: percentage(&first.node_id, gpu),
             state: AllocationState::Starting,
-            addresses: Vec::new(),
-            pid: 0,
             clients: vec![client.clone()],
-            sessions: 0,
             created_at: now,
-            idle_since: None,
-            pending_resize: None,
-            metrics: None,
-            pending_move: None,
             further: shares,
+            ..AllocationRecord::default()
         })
     }
 
@@ -850,21 +855,10 @@ mod tests {
                 vm_ip: vm.vm_ip.clone(),
                 node_id: node_id.clone(),
                 gpu,
-                extra_gpus: Vec::new(),
                 compute_units: vm.compute_units,
                 memory: vm.memory,
-                sm_percentage: 0,
                 state: AllocationState::Running,
-                addresses: vec![],
-                pid: 0,
-                clients: vec![],
-                sessions: 0,
-                created_at: 0,
-                idle_since: None,
-                pending_resize: None,
-                metrics: None,
-                pending_move: None,
-                further: Vec::new(),
+                ..AllocationRecord::default()
             },
         );
         let extra_gpus = model.extra_gpus(vm, &node_id, gpu).unwrap();

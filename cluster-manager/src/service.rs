@@ -112,6 +112,24 @@ impl<S> Clone for ClusterService<S> {
     }
 }
 
+impl<S: Store> ClusterService<S> {
+    /// A move of a whole allocation (`index` `None`) or of one of its GPUs, detached from the
+    /// caller, counted done or refused.
+    async fn counted_move(
+        &self,
+        target: String,
+        to_node: String,
+        to_gpu: Option<u32>,
+        index: Option<u32>,
+        timeout_ms: u64,
+    ) -> Result<MoveReport, ControlError> {
+        let moved = detached(self.0.clone().migrate(target, to_node, to_gpu, index, timeout_ms)).await.unwrap_or_else(|| Err(cancelled()));
+        let metrics = &self.0.metrics;
+        ClusterMetrics::count(if moved.is_ok() { &metrics.moves_done } else { &metrics.moves_refused });
+        moved
+    }
+}
+
 fn store_error(error: crate::store::StoreError) -> ControlError {
     ControlError::Store(error.to_string())
 }
@@ -934,18 +952,13 @@ impl<S: Store> Cluster<S> {
         // Allocations of this VM its client manager does not mention have no client it knows of,
         // unless granted so recently that the report was built before the grant arrived.
         let recent = Duration::from_millis(self.heartbeat_interval_ms().saturating_mul(2));
-        let unmentioned: Vec<String> = model
-            .allocations
-            .values()
-            .filter(|allocation| {
-                allocation.vm_ip == report.vm_ip
-                    && allocation.state == AllocationState::Running
-                    && !reported.contains(&allocation.id)
-                    && !allocation.clients.is_empty()
-                    && model.granted.get(&allocation.id).is_none_or(|at| at.elapsed() > recent)
-            })
-            .map(|allocation| allocation.id.clone())
-            .collect();
+        let unmentioned = model.allocation_ids(|allocation| {
+            allocation.vm_ip == report.vm_ip
+                && allocation.state == AllocationState::Running
+                && !reported.contains(&allocation.id)
+                && !allocation.clients.is_empty()
+                && model.granted.get(&allocation.id).is_none_or(|at| at.elapsed() > recent)
+        });
         for id in unmentioned {
             if let Some(mut updated) = model.allocations.get(&id).cloned() {
                 updated.clients.clear();
@@ -1001,19 +1014,10 @@ impl<S: Store> Cluster<S> {
         if gap > STALL_THRESHOLD {
             self.restart_leases(&mut model, now, gap);
         }
-        let silent: Vec<String> = model
-            .nodes
-            .values()
-            .filter(|node| node.record.health == NodeHealth::Up && now.saturating_duration_since(node.last_heartbeat) > node_timeout)
-            .map(|node| node.record.node_id.clone())
-            .collect();
+        let silent = model
+            .node_ids(|node| node.record.health == NodeHealth::Up && now.saturating_duration_since(node.last_heartbeat) > node_timeout);
         for node_id in silent {
-            let kept: Vec<String> = model
-                .allocations
-                .values()
-                .filter(|allocation| allocation.node_id == node_id)
-                .map(|allocation| allocation.id.clone())
-                .collect();
+            let kept = model.allocation_ids(|allocation| allocation.node_id == node_id);
             let Some(node) = model.nodes.get_mut(&node_id) else { continue };
             node.record.health = NodeHealth::Down;
             node.down_since = Some(now);
@@ -1030,20 +1034,12 @@ impl<S: Store> Cluster<S> {
                 self.config.leases.node_grace_seconds
             );
         }
-        let lost: Vec<String> = model
-            .nodes
-            .values()
-            .filter(|node| node.down_since.is_some_and(|since| now.saturating_duration_since(since) >= node_grace))
-            .map(|node| node.record.node_id.clone())
-            .collect();
+        let lost = model.node_ids(|node| node.down_since.is_some_and(|since| now.saturating_duration_since(since) >= node_grace));
         for node_id in lost {
             // A spread allocation goes with any of its nodes: its apps need every one.
-            let ids: Vec<String> = model
-                .allocations
-                .values()
-                .filter(|allocation| allocation.node_id == node_id || allocation.further.iter().any(|share| share.node_id == node_id))
-                .map(|allocation| allocation.id.clone())
-                .collect();
+            let ids = model.allocation_ids(|allocation| {
+                allocation.node_id == node_id || allocation.further.iter().any(|share| share.node_id == node_id)
+            });
             for id in ids {
                 if let Err(error) = self.release_locked(&mut model, &id, "its node has been down for longer than node_grace_seconds").await
                 {
@@ -1054,8 +1050,7 @@ impl<S: Store> Cluster<S> {
         let unix = unix_now();
         for vm_ip in model.expire_client_managers(now, client_timeout) {
             tracing::warn!(vm = %vm_ip, "client manager sent no heartbeat for {} ms: its clients are forgotten", self.config.leases.client_timeout_ms);
-            let ids: Vec<String> =
-                model.allocations.values().filter(|allocation| allocation.vm_ip == vm_ip).map(|allocation| allocation.id.clone()).collect();
+            let ids = model.allocation_ids(|allocation| allocation.vm_ip == vm_ip);
             for id in ids {
                 if let Some(mut allocation) = model.allocations.get(&id).cloned() {
                     allocation.clients.clear();
@@ -1071,14 +1066,11 @@ impl<S: Store> Cluster<S> {
         // lease's time to report their clients before anything is released as idle.
         let heard_enough = model.leases_restarted.is_none_or(|since| now.saturating_duration_since(since) > client_timeout);
         let grace = self.config.allocations.idle_grace_seconds;
-        let idle: Vec<String> = model
-            .allocations
-            .values()
-            .filter(|_| heard_enough)
-            .filter(|allocation| allocation.idle_since.is_some_and(|since| unix.saturating_sub(since) >= grace))
-            .filter(|allocation| !self.vm_busy(&allocation.vm_ip))
-            .map(|allocation| allocation.id.clone())
-            .collect();
+        let idle = model.allocation_ids(|allocation| {
+            heard_enough
+                && allocation.idle_since.is_some_and(|since| unix.saturating_sub(since) >= grace)
+                && !self.vm_busy(&allocation.vm_ip)
+        });
         for id in idle {
             if let Err(error) = self.release_locked(&mut model, &id, "idle past the grace period").await {
                 tracing::error!(%error, "cannot release an idle allocation");
@@ -1381,10 +1373,7 @@ impl<S: Store> ClusterAdmin for ClusterService<S> {
         to_gpu: Option<u32>,
         timeout_ms: u64,
     ) -> Result<MoveReport, ControlError> {
-        let metrics = self.0.metrics.clone();
-        let moved = detached(self.0.clone().migrate(target, to_node, to_gpu, None, timeout_ms)).await.unwrap_or_else(|| Err(cancelled()));
-        ClusterMetrics::count(if moved.is_ok() { &metrics.moves_done } else { &metrics.moves_refused });
-        moved
+        self.counted_move(target, to_node, to_gpu, None, timeout_ms).await
     }
 
     async fn migrate_one_gpu(
@@ -1396,11 +1385,7 @@ impl<S: Store> ClusterAdmin for ClusterService<S> {
         to_gpu: Option<u32>,
         timeout_ms: u64,
     ) -> Result<MoveReport, ControlError> {
-        let metrics = self.0.metrics.clone();
-        let moved =
-            detached(self.0.clone().migrate(target, to_node, to_gpu, Some(index), timeout_ms)).await.unwrap_or_else(|| Err(cancelled()));
-        ClusterMetrics::count(if moved.is_ok() { &metrics.moves_done } else { &metrics.moves_refused });
-        moved
+        self.counted_move(target, to_node, to_gpu, Some(index), timeout_ms).await
     }
 
     async fn checkpoint(

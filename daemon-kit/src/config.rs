@@ -102,6 +102,26 @@ pub fn from_text<T: Serialize + DeserializeOwned + Default>(
     Value::Table(table).try_into::<T>().map_err(|error| ConfigError::Defaults(error.to_string()))
 }
 
+/// Checks that the example config at `example` documents `T`: loaded alone it gives exactly the
+/// built-in defaults, and it names every environment override. The managers' tests call it on
+/// `configs/*.toml`; the error says what is off.
+pub fn check_example<T: Serialize + DeserializeOwned + Default + PartialEq + std::fmt::Debug>(
+    example: &Path,
+    env_prefix: &str,
+) -> Result<(), String> {
+    let loaded: T = load(Some(example), env_prefix, Vec::new()).map_err(|error| error.to_string())?;
+    let defaults = T::default();
+    if loaded != defaults {
+        return Err(format!("{} differs from the defaults:\n{loaded:#?}\nvs\n{defaults:#?}", example.display()));
+    }
+    let text = std::fs::read_to_string(example).map_err(|error| format!("{}: {error}", example.display()))?;
+    let settings = settings::<T>(env_prefix).map_err(|error| error.to_string())?;
+    match settings.iter().find(|setting| !text.contains(&setting.variable)) {
+        Some(missing) => Err(format!("{} does not mention {}", example.display(), missing.variable)),
+        None => Ok(()),
+    }
+}
+
 fn parse_value(raw: &str) -> Result<Value, String> {
     let mut table: Table = format!("value = {raw}").parse().map_err(|error: toml::de::Error| {
         format!("`{raw}` is not a TOML value such as 8080, true, 0o666 or [\"a\"] ({})", error.message().trim())
@@ -239,6 +259,18 @@ mod tests {
         let (_folder, path) = write("name = \n");
         let error = load::<Example>(Some(&path), "FLYT_T", vars(&[])).unwrap_err().to_string();
         assert!(error.contains(":1:"), "{error}");
+    }
+
+    #[test]
+    fn check_example_wants_the_defaults_and_every_variable() {
+        let (_folder, path) = write("# FLYT_T_NAME FLYT_T_PORT FLYT_T_STORE_URI FLYT_T_STORE_STATE_DIR FLYT_T_GPUS\nname = \"x\"\n");
+        check_example::<Example>(&path, "FLYT_T").unwrap();
+        let (_folder, path) = write("# FLYT_T_NAME FLYT_T_PORT FLYT_T_STORE_URI FLYT_T_GPUS\n");
+        let error = check_example::<Example>(&path, "FLYT_T").unwrap_err();
+        assert!(error.contains("does not mention FLYT_T_STORE_STATE_DIR"), "{error}");
+        let (_folder, path) = write("# FLYT_T_NAME FLYT_T_PORT FLYT_T_STORE_URI FLYT_T_STORE_STATE_DIR FLYT_T_GPUS\nport = 2\n");
+        let error = check_example::<Example>(&path, "FLYT_T").unwrap_err();
+        assert!(error.contains("differs from the defaults"), "{error}");
     }
 
     #[test]

@@ -17,6 +17,14 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
+/// The local address of the route to `peer` (`host:port`): what this host is to its peers, as
+/// a manager reports it; `None` when there is no route (or `peer` does not resolve).
+pub fn route_address(peer: &str) -> Option<String> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect(peer).ok()?;
+    Some(socket.local_addr().ok()?.ip().to_string())
+}
+
 /// Seconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|elapsed| elapsed.as_secs()).unwrap_or(0)

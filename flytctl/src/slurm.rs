@@ -189,20 +189,12 @@ mod tests {
             node_id: node_id.into(),
             gpu,
             extra_gpus,
-            further: Vec::new(),
             compute_units: 10,
             memory: 100,
             sm_percentage: 25,
             state: AllocationState::Running,
-            addresses: Vec::new(),
             pid: 1,
-            clients: Vec::new(),
-            sessions: 0,
-            created_at: 0,
-            idle_since: None,
-            pending_resize: None,
-            metrics: None,
-            pending_move: None,
+            ..AllocationRecord::default()
         }
     }
 

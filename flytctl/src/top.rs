@@ -217,22 +217,13 @@ mod tests {
             id: id.into(),
             vm_ip: "10.0.0.1".into(),
             node_id: "n".into(),
-            gpu: 0,
-            extra_gpus: Vec::new(),
             compute_units: 10,
             memory: 64,
             sm_percentage: 10,
             state: AllocationState::Running,
-            addresses: vec![],
             pid: 1,
-            clients: vec![],
-            sessions: 0,
-            created_at: 0,
-            idle_since: None,
-            pending_resize: None,
-            pending_move: None,
-            further: Vec::new(),
             metrics: Some("127.0.0.1:1".into()),
+            ..AllocationRecord::default()
         }
     }
 

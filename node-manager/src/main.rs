@@ -54,26 +54,12 @@ struct Args {
     print_config: bool,
 }
 
-/// The local address of the route to `cluster_manager`: what this host is to its peers.
-fn route_address(cluster_manager: &str) -> Option<String> {
-    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
-    socket.connect(cluster_manager).ok()?;
-    Some(socket.local_addr().ok()?.ip().to_string())
-}
-
 fn absolute(path: &str) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| PathBuf::from(path))
 }
 
 fn main() -> std::process::ExitCode {
-    match run_main() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            // `{:#}`: the whole chain of causes on one line, without a backtrace.
-            eprintln!("flyt-node-manager: {error:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    flyt_daemon_kit::daemon::exit_code("flyt-node-manager", run_main())
 }
 
 fn run_main() -> anyhow::Result<()> {
@@ -84,19 +70,16 @@ fn run_main() -> anyhow::Result<()> {
         config.node_id = host::hostname();
     }
     if config.host_ip.is_empty() {
-        config.host_ip = route_address(&config.cluster_manager).unwrap_or_else(|| "127.0.0.1".into());
+        config.host_ip = host::route_address(&config.cluster_manager).unwrap_or_else(|| "127.0.0.1".into());
     }
     if config.advertise_host.is_empty() {
         config.advertise_host = config.host_ip.clone();
     }
     if args.print_config {
-        print!("{}", toml::to_string(&config)?);
-        return Ok(());
+        return Ok(flyt_daemon_kit::daemon::print_config(&config)?);
     }
-    if flyt_daemon_kit::tls::install(&config.tls)? {
-        tracing::info!(ca = %config.tls.ca_file, "TLS on every TCP connection");
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    flyt_daemon_kit::daemon::install_tls(&config.tls)?;
+    let runtime = flyt_daemon_kit::daemon::runtime()?;
     runtime.block_on(run(config))
 }
 
@@ -189,11 +172,7 @@ async fn run(config: NodeManagerConfig) -> anyhow::Result<()> {
     // Scripts and tests wait for this line.
     println!("{ready_line}");
 
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-    }
+    flyt_daemon_kit::daemon::shutdown_signal().await?;
     link.abort();
     accept.abort();
     if let Some(watch) = mps_watch {

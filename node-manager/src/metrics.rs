@@ -98,17 +98,13 @@ mod tests {
         }
     }
 
+    /// An emulated GPU of 8 GiB and 80 SMs.
+    fn gpu(index: u32) -> GpuInfo {
+        GpuInfo { index, uuid: String::new(), name: "g".into(), memory_bytes: 8 << 30, sm_count: 80, emulated: true, links: Vec::new() }
+    }
+
     #[test]
     fn each_gpu_sums_its_own_slices() {
-        let gpu = |index| GpuInfo {
-            index,
-            uuid: String::new(),
-            name: "g".into(),
-            memory_bytes: 8 << 30,
-            sm_count: 80,
-            emulated: true,
-            links: Vec::new(),
-        };
         let text = render(
             "n1",
             &[gpu(0), gpu(1)],
@@ -125,15 +121,6 @@ mod tests {
 
     #[test]
     fn a_server_of_two_gpus_holds_a_slice_on_each() {
-        let gpu = |index| GpuInfo {
-            index,
-            uuid: String::new(),
-            name: "g".into(),
-            memory_bytes: 8 << 30,
-            sm_count: 80,
-            emulated: true,
-            links: Vec::new(),
-        };
         let pair = ServerReport { allocation_id: "alloc-pair".into(), extra_gpus: vec![1], ..report(0, 50, 1024, 0, 1) };
         let text = render("n1", &[gpu(0), gpu(1)], &[pair], None);
         for gpu in ["0", "1"] {

@@ -125,21 +125,15 @@ pub fn promised(memory_bytes: u64, factor: f64) -> u64 {
 /// What is recorded per server, so a restarted node manager can find it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerRecord {
-    pub allocation_id: String,
+    /// What it was started as (its slice as last resized): its allocation, GPUs, memory, SM
+    /// share and address window, as keys of the record itself.
+    #[serde(flatten)]
+    pub spec: ServerSpec,
     pub pid: u32,
     /// `/proc/<pid>/stat` start time, so a reused pid is not mistaken for the server.
     pub start_time: Option<u64>,
     pub control_socket: PathBuf,
     pub addresses: Vec<String>,
-    pub gpu: u32,
-    /// The allocation's other GPUs this server serves after `gpu`.
-    #[serde(default)]
-    pub extra_gpus: Vec<u32>,
-    pub memory: u64,
-    pub sm_percentage: u32,
-    /// Its `--address-window` (a spread allocation's further nodes: 1 and up).
-    #[serde(default)]
-    pub address_window: u32,
 }
 
 /// A server's answer to a status query.
@@ -204,9 +198,9 @@ fn server_name(allocation_id: &str, gpu: u32, taken: impl Fn(&str) -> bool) -> S
 
 /// Whether `server` names the server `record` describes.
 fn names(server: &ServerRef, record: &ServerRecord) -> bool {
-    record.allocation_id == server.allocation_id
-        && server.gpu.is_none_or(|gpu| record.gpu == gpu)
-        && server.extra_gpus.as_ref().is_none_or(|extra| *extra == record.extra_gpus)
+    record.spec.allocation_id == server.allocation_id
+        && server.gpu.is_none_or(|gpu| record.spec.gpu == gpu)
+        && server.extra_gpus.as_ref().is_none_or(|extra| *extra == record.spec.extra_gpus)
 }
 
 /// Whether `name` is a server name [`server_name`] makes (checked where names come from files
@@ -304,16 +298,16 @@ impl ServerManager {
             let name = path.file_stem().and_then(|stem| stem.to_str()).unwrap_or_default().to_string();
             let named = |record: &ServerRecord| {
                 valid_server_name(&name)
-                    && valid_allocation_id(&record.allocation_id)
-                    && name.split('~').next() == Some(record.allocation_id.as_str())
+                    && valid_allocation_id(&record.spec.allocation_id)
+                    && name.split('~').next() == Some(record.spec.allocation_id.as_str())
             };
             match record {
                 Some(record) if named(&record) && process_alive(record.pid, record.start_time) => {
-                    tracing::info!(allocation = %record.allocation_id, server = %name, pid = record.pid, "adopting a running rpc-server");
+                    tracing::info!(allocation = %record.spec.allocation_id, server = %name, pid = record.pid, "adopting a running rpc-server");
                     servers.insert(name, ManagedServer { record, child: None, control: None, restarting: false });
                 }
                 Some(record) if named(&record) => {
-                    tracing::info!(allocation = %record.allocation_id, pid = record.pid, "a recorded rpc-server is gone; forgetting it");
+                    tracing::info!(allocation = %record.spec.allocation_id, pid = record.pid, "a recorded rpc-server is gone; forgetting it");
                     Self::remove_files(&settings, &name);
                 }
                 _ => {
@@ -368,13 +362,13 @@ impl ServerManager {
             usage.map_or((0, 0, None), |usage| (usage.sessions, usage.memory_used, usage.metrics.clone()));
         ServerReport {
             metrics,
-            allocation_id: record.allocation_id.clone(),
-            gpu: record.gpu,
-            extra_gpus: record.extra_gpus.clone(),
+            allocation_id: record.spec.allocation_id.clone(),
+            gpu: record.spec.gpu,
+            extra_gpus: record.spec.extra_gpus.clone(),
             pid: record.pid,
             addresses: record.addresses.clone(),
-            memory_quota_bytes: record.memory.saturating_mul(MIB),
-            sm_percentage: record.sm_percentage,
+            memory_quota_bytes: record.spec.memory.saturating_mul(MIB),
+            sm_percentage: record.spec.sm_percentage,
             sessions,
             memory_used_bytes,
         }
@@ -462,10 +456,12 @@ impl ServerManager {
         let _one_at_a_time = self.lifecycle.lock().await;
         let name = {
             let servers = self.servers.lock().await;
-            let mut mine = servers.values().filter(|server| server.record.allocation_id == spec.allocation_id);
+            let mut mine = servers.values().filter(|server| server.record.spec.allocation_id == spec.allocation_id);
             // The same GPUs: started already. Another set with the same first GPU (one GPU of the
             // allocation moving) runs beside it, as one on another first GPU does.
-            if let Some(server) = mine.clone().find(|server| server.record.gpu == spec.gpu && server.record.extra_gpus == spec.extra_gpus) {
+            if let Some(server) =
+                mine.clone().find(|server| server.record.spec.gpu == spec.gpu && server.record.spec.extra_gpus == spec.extra_gpus)
+            {
                 return Ok(Self::report(&server.record, None));
             }
             if mine.nth(1).is_some() {
@@ -498,16 +494,11 @@ impl ServerManager {
         let pid = child.id();
         failpoint::hit("node.listening");
         let record = ServerRecord {
-            allocation_id: id.clone(),
+            spec: ServerSpec { allocation_id: id.clone(), gpu: gpu.index, ..spec.clone() },
             pid,
             start_time: process_start_time(pid),
             control_socket: self.settings.servers_dir.join(format!("{name}.control.sock")),
             addresses,
-            gpu: gpu.index,
-            extra_gpus: spec.extra_gpus.clone(),
-            memory: spec.memory,
-            sm_percentage: spec.sm_percentage,
-            address_window: spec.address_window,
         };
         self.write_record(&name, &record)?;
         let report = Self::report(&record, None);
@@ -521,7 +512,7 @@ impl ServerManager {
         let matching: Vec<(&String, u32)> = servers
             .iter()
             .filter(|(_, managed)| names(server, &managed.record))
-            .map(|(name, managed)| (name, managed.record.gpu))
+            .map(|(name, managed)| (name, managed.record.spec.gpu))
             .collect();
         match matching.as_slice() {
             [(name, _)] => Ok((*name).clone()),
@@ -690,15 +681,15 @@ impl ServerManager {
         let mut servers = self.servers.lock().await;
         let server = servers.get_mut(id).ok_or_else(|| ControlError::UnknownAllocation(id.to_string()))?;
         if let Some(memory) = memory {
-            server.record.memory = memory;
+            server.record.spec.memory = memory;
         }
         if let Some(percentage) = sm_percentage {
-            server.record.sm_percentage = percentage;
+            server.record.spec.sm_percentage = percentage;
         }
         let record = server.record.clone();
         drop(servers);
         self.write_record(id, &record)?;
-        tracing::info!(allocation = id, memory_mib = record.memory, sm_percentage = record.sm_percentage, "rpc-server resized");
+        tracing::info!(allocation = id, memory_mib = record.spec.memory, sm_percentage = record.spec.sm_percentage, "rpc-server resized");
         let usage = Usage {
             sessions: u32::try_from(status.sessions.len()).unwrap_or(u32::MAX),
             memory_used: status.sessions.iter().map(|session| session.memory_used).sum(),
@@ -811,7 +802,7 @@ impl ServerManager {
         Self::end_process(id, &mut server, control, self.settings.stop_grace_seconds).await;
         Self::remove_files(&self.settings, id);
         // Snapshots of a move from or to this server have served their purpose.
-        if let Err(error) = self.snapshots.discard(&server.record.allocation_id) {
+        if let Err(error) = self.snapshots.discard(&server.record.spec.allocation_id) {
             tracing::warn!(allocation = id, %error, "snapshots not removed");
         }
         tracing::info!(allocation = id, pid = server.record.pid, "rpc-server stopped");
@@ -856,12 +847,12 @@ impl ServerManager {
         let port = tcp_port(&old.addresses).ok_or_else(|| {
             ControlError::Server(format!("the rpc-server of {id} has no TCP port to keep (addresses {:?})", old.addresses))
         })?;
-        let gpu = self.gpu(old.gpu)?;
+        let gpu = self.gpu(old.spec.gpu)?;
         let sessions = self.sessions(id).await?;
         // Snapshots are written into a folder of this restart's own, and moved to the folder
         // restarted servers restore from only once the old server is gone: the old one, itself
         // maybe a restarted server, must not restore the apps it releases.
-        let folder = self.snapshots.prepare(&old.allocation_id)?;
+        let folder = self.snapshots.prepare(&old.spec.allocation_id)?;
         let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
         let dir = folder.join(format!("restart-{stamp}"));
         let restored = folder.join("restarted");
@@ -928,14 +919,7 @@ impl ServerManager {
             tracing::warn!(allocation = id, %error, "snapshots not handed to the new server; their apps will fail");
         }
         let _ = fs::remove_dir(&dir);
-        let spec = ServerSpec {
-            allocation_id: old.allocation_id.clone(),
-            gpu: old.gpu,
-            extra_gpus: old.extra_gpus.clone(),
-            memory: old.memory,
-            sm_percentage: old.sm_percentage,
-            address_window: old.address_window,
-        };
+        let spec = old.spec.clone();
         let (child, addresses) = match self.spawn(id, &spec, &gpu, port, Some(&restored)).await {
             Ok(started) => started,
             Err(error) => {
@@ -961,7 +945,7 @@ impl ServerManager {
         }
         tracing::info!(allocation = id, old_pid = old.pid, pid, sessions = paused.len(), "rpc-server restarted; its apps come back to it");
         Ok(RestartReport {
-            allocation_id: old.allocation_id.clone(),
+            allocation_id: old.spec.allocation_id.clone(),
             node_id: String::new(),
             old_pid: old.pid,
             new_pid: pid,
@@ -1007,20 +991,20 @@ impl ServerManager {
 
     /// Rewrites a server's record when the server reports another slice; returns the record.
     async fn correct_record(&self, name: &str, record: &ServerRecord, memory: u64, sm_percentage: u32) -> ServerRecord {
-        if (record.memory, record.sm_percentage) == (memory, sm_percentage) || memory == 0 {
+        if (record.spec.memory, record.spec.sm_percentage) == (memory, sm_percentage) || memory == 0 {
             return record.clone();
         }
         // A resize under way writes the record itself.
         let Ok(_resizing) = self.resizing.try_lock() else { return record.clone() };
         let mut servers = self.servers.lock().await;
         let Some(server) = servers.get_mut(name) else { return record.clone() };
-        tracing::info!(allocation = %record.allocation_id, memory_mib = memory, sm_percentage, "the record of this rpc-server was behind its slice; corrected");
-        server.record.memory = memory;
-        server.record.sm_percentage = sm_percentage;
+        tracing::info!(allocation = %record.spec.allocation_id, memory_mib = memory, sm_percentage, "the record of this rpc-server was behind its slice; corrected");
+        server.record.spec.memory = memory;
+        server.record.spec.sm_percentage = sm_percentage;
         let corrected = server.record.clone();
         drop(servers);
         if let Err(error) = self.write_record(name, &corrected) {
-            tracing::warn!(allocation = %corrected.allocation_id, %error, "cannot rewrite the server's record");
+            tracing::warn!(allocation = %corrected.spec.allocation_id, %error, "cannot rewrite the server's record");
         }
         corrected
     }
@@ -1144,6 +1128,22 @@ pub(crate) mod tests {
         manager.stop("alloc-big").await.unwrap();
     }
 
+    /// A record keeps its flat keys (the spec's beside the process's), so a node manager
+    /// upgraded under running servers reads their records, older ones without the later keys too.
+    #[test]
+    fn a_record_reads_and_writes_flat_keys() {
+        let json = r#"{"allocation_id":"alloc-1","gpu":1,"extra_gpus":[2],"memory":1024,"sm_percentage":25,"address_window":3,
+            "pid":7,"start_time":null,"control_socket":"/run/x.sock","addresses":["192.0.2.7:1"]}"#;
+        let record: ServerRecord = serde_json::from_str(json).unwrap();
+        let spec =
+            ServerSpec { allocation_id: "alloc-1".into(), gpu: 1, extra_gpus: vec![2], memory: 1024, sm_percentage: 25, address_window: 3 };
+        assert_eq!((&record.spec, record.pid), (&spec, 7));
+        assert_eq!(serde_json::to_value(&record).unwrap(), serde_json::from_str::<serde_json::Value>(json).unwrap());
+        let older = r#"{"allocation_id":"alloc-1","pid":7,"start_time":5,"control_socket":"/run/x.sock","addresses":[],"gpu":0,"memory":64,"sm_percentage":10}"#;
+        let record: ServerRecord = serde_json::from_str(older).unwrap();
+        assert_eq!((record.spec.extra_gpus.len(), record.spec.address_window, record.start_time), (0, 0, Some(5)));
+    }
+
     #[tokio::test]
     async fn starts_records_adopts_and_stops_servers() {
         let folder = tempfile::tempdir().unwrap();
@@ -1194,7 +1194,7 @@ pub(crate) mod tests {
         let args = fs::read_to_string(format!("{}.args", settings.binary)).unwrap();
         assert!(args.contains("--address-window 2"), "{args}");
         let record: ServerRecord = serde_json::from_str(&fs::read_to_string(settings.servers_dir.join("alloc-w.json")).unwrap()).unwrap();
-        assert_eq!(record.address_window, 2);
+        assert_eq!(record.spec.address_window, 2);
         let error = manager.start(ServerSpec { address_window: MAX_ADDRESS_WINDOW + 1, ..spec("alloc-x") }).await.unwrap_err().to_string();
         assert!(error.contains("address window 5 is above 4"), "{error}");
         manager.start(spec("alloc-y")).await.unwrap();
@@ -1451,7 +1451,7 @@ pub(crate) mod tests {
         assert_eq!((reports[0].sessions, reports[0].memory_used_bytes), (1, 4096));
         assert_eq!(reports[0].metrics.as_deref(), Some("192.0.2.7:9464"), "the wildcard host is advertised as this node");
         let record: ServerRecord = serde_json::from_slice(&fs::read(folder.path().join("servers/alloc-6.json")).unwrap()).unwrap();
-        assert_eq!((record.memory, record.sm_percentage), (2048, 50));
+        assert_eq!((record.spec.memory, record.spec.sm_percentage), (2048, 50));
         assert!(matches!(manager.resize("alloc-x", Some(1), None).await, Err(ControlError::UnknownAllocation(_))));
 
         // A resize the server applied but the record missed (a node manager killed in between):
@@ -1460,7 +1460,7 @@ pub(crate) mod tests {
         let reports = manager.reports().await;
         assert_eq!((reports[0].memory_quota_bytes, reports[0].sm_percentage), (3072 * MIB, 75));
         let record: ServerRecord = serde_json::from_slice(&fs::read(folder.path().join("servers/alloc-6.json")).unwrap()).unwrap();
-        assert_eq!((record.memory, record.sm_percentage), (3072, 75));
+        assert_eq!((record.spec.memory, record.spec.sm_percentage), (3072, 75));
 
         // The steps of a move reach the server as asked, and its refusals come back with the reason.
         assert_eq!(manager.sessions("alloc-6").await.unwrap()[0].session_id, 1);

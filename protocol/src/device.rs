@@ -210,3 +210,30 @@ pub mod attr {
         ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED = 147,
     }
 }
+
+/// A `CUDA_VISIBLE_DEVICES` list over `count` devices, read as the driver reads it: each entry an
+/// ordinal or a UUID (`is_uuid`) that names exactly one device (`names(entry, index)`; a prefix
+/// may do), in the order given; the list ends at the first entry that names no device, names one
+/// already listed, or could name several. The client (over a session's devices) and the server
+/// (over the host's GPUs) differ only in how a UUID is written and matched.
+pub fn visible_list(spec: &str, count: usize, is_uuid: impl Fn(&str) -> bool, names: impl Fn(&str, usize) -> bool) -> Vec<usize> {
+    let mut visible: Vec<usize> = Vec::new();
+    for entry in spec.split(',').map(str::trim) {
+        let found = if let Ok(ordinal) = entry.parse::<usize>() {
+            (ordinal < count).then_some(ordinal)
+        } else if is_uuid(entry) {
+            let mut matching = (0..count).filter(|&index| names(entry, index));
+            match (matching.next(), matching.next()) {
+                (Some(index), None) => Some(index),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        match found {
+            Some(index) if !visible.contains(&index) => visible.push(index),
+            _ => break,
+        }
+    }
+    visible
+}

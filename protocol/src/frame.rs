@@ -189,6 +189,18 @@ pub fn read_value<T: DeserializeOwned>(reader: &mut impl Read, limits: &FrameLim
     Ok((header.seq, decode_exact(&message)?))
 }
 
+/// A local socket's whole exchange from the asking side (`locate`, `jobs`), over a connected
+/// stream: sends `request`, reads the one reply (within `reply_limits`). Timeouts are the
+/// stream's (set them before calling).
+pub fn ask<Request: Serialize, Reply: DeserializeOwned>(
+    stream: &mut (impl Read + Write),
+    request: &Request,
+    reply_limits: &FrameLimits,
+) -> Result<Reply, FrameError> {
+    write_value(stream, 1, request)?;
+    read_value(stream, reply_limits).map(|(_, reply)| reply)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::frame::{FrameError, FrameLimits, read_value, write_value};
+use crate::frame::{FrameError, FrameLimits};
 
 /// The variable (and the client manager's `job_socket` setting's override) naming the job socket.
 pub const JOB_SOCKET_ENV: &str = "FLYT_CLIENT_MANAGER_JOB_SOCKET";
@@ -126,13 +126,13 @@ pub enum JobReply {
 /// The whole exchange from the plugin's side, over a connected stream: sends `request`, reads
 /// the one reply. Timeouts are the stream's (set them before calling).
 pub fn ask(stream: &mut (impl Read + Write), request: &JobRequest) -> Result<JobReply, FrameError> {
-    write_value(stream, 1, request)?;
-    read_value(stream, &JOB_LIMITS).map(|(_, reply)| reply)
+    crate::frame::ask(stream, request, &JOB_LIMITS)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::{read_value, write_value};
 
     #[test]
     fn shapes_parse_whole_gpus_and_slices() {

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::frame::{FrameError, FrameLimits, read_value, write_value};
+use crate::frame::{FrameError, FrameLimits};
 use crate::handshake::ClientIdentity;
 
 /// The environment variable that names the client manager's socket, for the client manager
@@ -47,13 +47,13 @@ pub enum LocateReply {
 /// The whole exchange from the client's side, over a connected stream: sends `request`, reads
 /// the one reply. Timeouts are the stream's (set them before calling).
 pub fn ask(stream: &mut (impl Read + Write), request: &LocateRequest) -> Result<LocateReply, FrameError> {
-    write_value(stream, 1, request)?;
-    read_value(stream, &REPLY_LIMITS).map(|(_, reply)| reply)
+    crate::frame::ask(stream, request, &REPLY_LIMITS)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::{read_value, write_value};
 
     /// A stream whose reads come from `input` and whose writes are kept.
     struct Scripted {

@@ -1136,13 +1136,9 @@ mod tests {
         pager.start_pool(device.clone(), MIB);
         let quota = PagedBudget::new(budget.clone(), pager.clone());
         assert!(quota.try_reserve(total));
-        let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
         let pattern =
             |round: u64, which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i + round * 7 + which as u64) % 251) as u8).collect() };
-        let mut gate = pager.enter(&*device, &outbox).unwrap();
-        gate.set_allocations(1, || allocations.clone());
-        gate.set_blocker(None);
-        pager.leave(gate);
+        let allocations = session_allocations(&device, &pager, &outbox, &lens, |which| pattern(0, which));
 
         let free = |device: &EmulatedDevice| device.mem_get_info().unwrap().0;
         let pool = pager.pool().expect("a pool").clone();
@@ -1161,9 +1157,7 @@ mod tests {
         let device_bytes = if keep_addresses { 6 * MIB } else { total };
         assert_eq!(device.own_memory_bytes(), if keep_addresses { (device_bytes, device_bytes) } else { (0, 0) });
         for round in 0..3u64 {
-            for (which, &(ptr, len)) in allocations.iter().enumerate() {
-                crate::session::write_device(&*device, MIB, ptr, len, &mut pattern(round, which).as_slice()).unwrap();
-            }
+            write_patterns(&device, &allocations, |which| pattern(round, which));
             let before = free(&device);
             assert_eq!(pager.page_out(&*device, "test"), Ok(Some(total)));
             assert_eq!(free(&device) - before, device_bytes, "the bytes left the device's memory");
@@ -1237,15 +1231,8 @@ mod tests {
         let pager = Arc::new(Pager::new(budget.clone(), ours.into(), settings, MIB));
         pager.start_pool(device.clone(), MIB);
         assert!(PagedBudget::new(budget.clone(), pager.clone()).try_reserve(total));
-        let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
         let pattern = |which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i * 13 + which as u64) % 241) as u8).collect() };
-        for (which, &(ptr, len)) in allocations.iter().enumerate() {
-            crate::session::write_device(&*device, MIB, ptr, len, &mut pattern(which).as_slice()).unwrap();
-        }
-        let mut gate = pager.enter(&*device, &outbox).unwrap();
-        gate.set_allocations(1, || allocations.clone());
-        gate.set_blocker(None);
-        pager.leave(gate);
+        let allocations = session_allocations(&device, &pager, &outbox, &lens, pattern);
         let pool = pager.pool().unwrap().clone();
         let deadline = Instant::now() + Duration::from_secs(10);
         while pool.chunks() < 4 {
@@ -1263,13 +1250,7 @@ mod tests {
         assert_eq!(pager.residency().resident_total(), 0, "its residency given back");
         // Room again: the next request pages it in, every byte as it was.
         device.free(blocker).unwrap();
-        let gate = pager.enter(&*device, &outbox).unwrap();
-        for (which, &(ptr, len)) in allocations.iter().enumerate() {
-            let mut back = Vec::new();
-            crate::session::read_device(&*device, MIB, ptr, len, &mut back).unwrap();
-            assert!(back == pattern(which), "allocation {which}'s bytes");
-        }
-        pager.leave(gate);
+        assert_paged_in_with_patterns(&device, &pager, &outbox, &allocations, pattern);
         assert!(!pager.residency().view().paged);
     }
 
@@ -1292,15 +1273,8 @@ mod tests {
             let outbox = crate::transport::Outbox::new(crate::transport::Connection::Unix(app), None, None);
             let (pager, _listener) = pager_of_slot(&budget, Duration::from_millis(100));
             assert!(PagedBudget::new(budget.clone(), pager.clone()).try_reserve(total));
-            let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
             let pattern = |which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i * 7 + which as u64) % 253) as u8).collect() };
-            for (which, &(ptr, len)) in allocations.iter().enumerate() {
-                crate::session::write_device(&*device, MIB, ptr, len, &mut pattern(which).as_slice()).unwrap();
-            }
-            let mut gate = pager.enter(&*device, &outbox).unwrap();
-            gate.set_allocations(1, || allocations.clone());
-            gate.set_blocker(None);
-            pager.leave(gate);
+            let allocations = session_allocations(&device, &pager, &outbox, &lens, pattern);
             assert_eq!(pager.page_out(&*device, "test"), Ok(Some(total)));
             // Meanwhile the driver gives out memory of its own: where it kept freed addresses.
             let (other, _) = device.graph_staging_alloc(MIB).unwrap();
@@ -1313,11 +1287,7 @@ mod tests {
             }
             assert!(allocations.iter().all(|(ptr, len)| other + MIB <= *ptr || ptr + len <= other), "not in the session's addresses");
             let gate = entered.expect("paged in");
-            for (which, &(ptr, len)) in allocations.iter().enumerate() {
-                let mut back = Vec::new();
-                crate::session::read_device(&*device, MIB, ptr, len, &mut back).unwrap();
-                assert!(back == pattern(which), "allocation {which}'s bytes");
-            }
+            assert_patterns(&device, &allocations, pattern);
             pager.leave(gate);
             // The small ones share a page: two spans of memory in all (one packed, one large).
             assert_eq!(device.own_memory_bytes(), (6 * MIB, 6 * MIB));
@@ -1325,6 +1295,51 @@ mod tests {
                 device.free(*ptr).unwrap();
             }
             assert_eq!(device.own_memory_bytes(), (0, 0), "freed with their reservations");
+        }
+    }
+
+    /// An allocation of each of `lens` on `device`, each filled with `pattern(which)`, then given
+    /// to `pager` as the session's (as the session's first op does).
+    fn session_allocations(
+        device: &crate::backend::emulated::EmulatedDevice,
+        pager: &Pager,
+        outbox: &crate::transport::Outbox,
+        lens: &[u64],
+        pattern: impl Fn(usize) -> Vec<u8>,
+    ) -> Vec<(u64, u64)> {
+        let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
+        write_patterns(device, &allocations, pattern);
+        let mut gate = pager.enter(device, outbox).unwrap();
+        gate.set_allocations(1, || allocations.clone());
+        gate.set_blocker(None);
+        pager.leave(gate);
+        allocations
+    }
+
+    fn write_patterns(device: &crate::backend::emulated::EmulatedDevice, allocations: &[(u64, u64)], pattern: impl Fn(usize) -> Vec<u8>) {
+        for (which, &(ptr, len)) in allocations.iter().enumerate() {
+            crate::session::write_device(device, 1 << 20, ptr, len, &mut pattern(which).as_slice()).unwrap();
+        }
+    }
+
+    /// Pages the session in through `pager` and checks every byte of `allocations` is `pattern`'s.
+    fn assert_paged_in_with_patterns(
+        device: &crate::backend::emulated::EmulatedDevice,
+        pager: &Pager,
+        outbox: &crate::transport::Outbox,
+        allocations: &[(u64, u64)],
+        pattern: impl Fn(usize) -> Vec<u8>,
+    ) {
+        let gate = pager.enter(device, outbox).unwrap();
+        assert_patterns(device, allocations, pattern);
+        pager.leave(gate);
+    }
+
+    fn assert_patterns(device: &crate::backend::emulated::EmulatedDevice, allocations: &[(u64, u64)], pattern: impl Fn(usize) -> Vec<u8>) {
+        for (which, &(ptr, len)) in allocations.iter().enumerate() {
+            let mut back = Vec::new();
+            crate::session::read_device(device, 1 << 20, ptr, len, &mut back).unwrap();
+            assert!(back == pattern(which), "allocation {which}'s bytes");
         }
     }
 
@@ -1447,17 +1462,10 @@ mod tests {
         let pool = Arc::new(HostPool::new(budget.clone(), MIB).unwrap());
         pager.attach_pool(pool.clone());
         assert!(PagedBudget::new(budget.clone(), pager.clone()).try_reserve(total));
-        let allocations: Vec<(u64, u64)> = lens.iter().map(|len| (device.malloc(*len).unwrap(), *len)).collect();
         let pattern = |which: usize| -> Vec<u8> { (0..lens[which]).map(|i| ((i * 7 + which as u64) % 253) as u8).collect() };
-        for (which, &(ptr, len)) in allocations.iter().enumerate() {
-            crate::session::write_device(&*device, MIB, ptr, len, &mut pattern(which).as_slice()).unwrap();
-        }
         let (app, _app_end) = std::os::unix::net::UnixStream::pair().unwrap();
         let outbox = crate::transport::Outbox::new(crate::transport::Connection::Unix(app), None, None);
-        let mut gate = pager.enter(&*device, &outbox).unwrap();
-        gate.set_allocations(1, || allocations.clone());
-        gate.set_blocker(None);
-        pager.leave(gate);
+        let allocations = session_allocations(&device, &pager, &outbox, &lens, pattern);
         assert_eq!(pool.chunks(), 0, "nothing pinned ahead");
         let progress = pager.residency().progress();
         assert_eq!(pager.page_out(&*device, "test"), Ok(Some(total)));
@@ -1465,13 +1473,7 @@ mod tests {
         assert_eq!(device.registered_bytes(), 5 * MIB);
         // Its start, the pool's batches, the copy, its end.
         assert!(pager.residency().progress() >= progress + 4);
-        let gate = pager.enter(&*device, &outbox).unwrap();
-        for (which, &(ptr, len)) in allocations.iter().enumerate() {
-            let mut back = Vec::new();
-            crate::session::read_device(&*device, MIB, ptr, len, &mut back).unwrap();
-            assert!(back == pattern(which), "allocation {which}'s bytes");
-        }
-        pager.leave(gate);
+        assert_paged_in_with_patterns(&device, &pager, &outbox, &allocations, pattern);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use flyt_protocol::ops::{BulkDirection, CACHED_IMAGE_MIN, JitOption, LinkOutcome
 use serde::Serialize;
 
 use crate::activity::{Activity, Mark, Work};
-use crate::backend::Device;
+use crate::backend::{Device, LaunchShape};
 use crate::budget::MemoryBudget;
 use crate::images::ImageCache;
 use crate::memory::{MovedVariables, RangeKind, RangeMap};
@@ -476,6 +476,22 @@ fn may_print(image: &[u8]) -> bool {
 const CAPTURE_MODE_RELAXED: u32 = 2;
 
 impl<D: Device> Session<D> {
+    /// The value a request sets for a launch attribute of a stream or a kernel node (`LEN` bytes,
+    /// a `CUlaunchAttributeValue`), checked: an access policy window (`is_window`) names device
+    /// memory, which must be the session's own.
+    fn launch_attribute_value<const LEN: usize>(&self, set: Option<&[u8]>, is_window: bool) -> CudaResult<Option<[u8; LEN]>> {
+        let Some(bytes) = set else { return Ok(None) };
+        let value = <[u8; LEN]>::try_from(bytes).map_err(|_| CudaError::INVALID_VALUE)?;
+        if is_window {
+            let word = |at: usize| value.get(at..at + 8).and_then(|word| word.try_into().ok()).map_or(0, u64::from_le_bytes);
+            let (base, len) = (word(0), word(8));
+            if len > 0 {
+                self.ranges.check(base, len)?;
+            }
+        }
+        Ok(Some(value))
+    }
+
     pub fn new(
         device: Arc<D>,
         budget: Arc<dyn MemoryBudget>,
@@ -1483,7 +1499,10 @@ impl<D: Device> OpHandler for Session<D> {
         reply: Responder<rep::OccupancyMaxActiveClusters>,
     ) {
         let result = self.function(request.function).and_then(|(function, _)| {
-            self.device.occupancy_max_active_clusters(function, request.grid, request.block, request.shared_mem, &request.attributes)
+            self.device.occupancy_max_active_clusters(
+                function,
+                LaunchShape { grid: request.grid, block: request.block, shared_mem: request.shared_mem, attributes: &request.attributes },
+            )
         });
         reply.send(result.map(|clusters| rep::OccupancyMaxActiveClusters { clusters }));
     }
@@ -1522,7 +1541,12 @@ impl<D: Device> OpHandler for Session<D> {
                     word.copy_from_slice(&self.moved_variables.here(value).to_le_bytes());
                 }
             }
-            self.device.launch(function, request.grid, request.block, request.shared_mem, stream, &mut request.args, &request.attributes)
+            self.device.launch(
+                function,
+                LaunchShape { grid: request.grid, block: request.block, shared_mem: request.shared_mem, attributes: &request.attributes },
+                stream,
+                &mut request.args,
+            )
         });
         if result.is_ok() {
             self.queued(request.stream, Work::Kernels);
@@ -1917,18 +1941,7 @@ impl<D: Device> OpHandler for Session<D> {
             if !ALL.contains(&request.attribute) {
                 return Err(CudaError::INVALID_VALUE);
             }
-            let set = match &request.set {
-                Some(bytes) => Some(<[u8; VALUE_LEN]>::try_from(bytes.as_slice()).map_err(|_| CudaError::INVALID_VALUE)?),
-                None => None,
-            };
-            if let (Some(value), ACCESS_POLICY_WINDOW) = (&set, request.attribute) {
-                // The window names device memory: it must be the session's own.
-                let word = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().unwrap_or_default());
-                let (base, len) = (word(0), word(8));
-                if len > 0 {
-                    self.ranges.check(base, len)?;
-                }
-            }
+            let set = self.launch_attribute_value::<VALUE_LEN>(request.set.as_deref(), request.attribute == ACCESS_POLICY_WINDOW)?;
             let stream = self.stream(request.stream)?;
             let value = self.device.stream_attribute(stream, request.attribute, set.as_ref())?;
             Ok(rep::StreamAttribute { value: value.to_vec() })
@@ -1994,7 +2007,10 @@ impl<D: Device> OpHandler for Session<D> {
         reply: Responder<rep::OccupancyMaxPotentialClusterSize>,
     ) {
         let result = self.function(request.function).and_then(|(function, _)| {
-            self.device.occupancy_max_potential_cluster_size(function, request.grid, request.block, request.shared_mem, &request.attributes)
+            self.device.occupancy_max_potential_cluster_size(
+                function,
+                LaunchShape { grid: request.grid, block: request.block, shared_mem: request.shared_mem, attributes: &request.attributes },
+            )
         });
         reply.send(result.map(|cluster_size| rep::OccupancyMaxPotentialClusterSize { cluster_size }));
     }

@@ -22,7 +22,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -253,13 +253,22 @@ fn serve_one(stream: UnixStream, table: &Mutex<HashMap<Token, Export>>, tickets:
     serve_export(stream, &request, table)
 }
 
-/// The request's bytes and the descriptor that rode along, if any.
-fn read_request(stream: &UnixStream) -> io::Result<([u8; REQUEST_LEN], Option<OwnedFd>)> {
-    let mut request = [0; REQUEST_LEN];
+/// What an export that could not be served (no socket, no randomness) is to the app: the OS
+/// failure it is, logged as the export of `what`.
+pub fn unserved(what: &'static str) -> impl FnOnce(io::Error) -> flyt_protocol::CudaError {
+    move |error| {
+        tracing::warn!(%error, "could not serve an exported {what}");
+        flyt_protocol::CudaError::OPERATING_SYSTEM
+    }
+}
+
+/// Receives one message into `buf` from the socket `socket`, and the first descriptor that came
+/// with it (`SCM_RIGHTS`, close-on-exec; any others are closed): the byte count and that
+/// descriptor.
+pub(crate) fn receive_with_fd(socket: impl AsFd, buf: &mut [u8]) -> nix::Result<(usize, Option<OwnedFd>)> {
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let mut iov = [io::IoSliceMut::new(&mut request)];
-    let message = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
-    let received = message.bytes;
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let message = recvmsg::<()>(socket.as_fd().as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
     let mut fd = None;
     for cmsg in message.cmsgs()? {
         if let ControlMessageOwned::ScmRights(fds) = cmsg {
@@ -271,6 +280,13 @@ fn read_request(stream: &UnixStream) -> io::Result<([u8; REQUEST_LEN], Option<Ow
             }
         }
     }
+    Ok((message.bytes, fd))
+}
+
+/// The request's bytes and the descriptor that rode along, if any.
+fn read_request(stream: &UnixStream) -> io::Result<([u8; REQUEST_LEN], Option<OwnedFd>)> {
+    let mut request = [0; REQUEST_LEN];
+    let (received, fd) = receive_with_fd(stream, &mut request)?;
     // The request is sent in one piece; a short one is no request.
     if received != REQUEST_LEN {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a request of {received} bytes")));
@@ -333,20 +349,7 @@ fn ask(name: &str, token: &Token, kind: Kind, pool: &Token) -> Option<Fetched> {
     request[TOKEN_LEN + 1..].copy_from_slice(pool);
     stream.write_all(&request).ok()?;
     let mut reply = [0u8; REPLY_LEN];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let mut iov = [io::IoSliceMut::new(&mut reply)];
-    let message = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC).ok()?;
-    let received = message.bytes;
-    let mut fd = None;
-    for cmsg in message.cmsgs().ok()? {
-        if let ControlMessageOwned::ScmRights(fds) = cmsg {
-            for raw in fds {
-                // SAFETY: SCM_RIGHTS just installed `raw` in this process; nothing else owns it.
-                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                fd.get_or_insert(owned);
-            }
-        }
-    }
+    let (received, fd) = receive_with_fd(&stream, &mut reply).ok()?;
     if received != REPLY_LEN || reply[0] != 1 {
         return None;
     }

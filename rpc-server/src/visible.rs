@@ -55,27 +55,12 @@ fn uuid_part(name: &str) -> &str {
 /// ordinal or a `GPU-`/`MIG-` UUID (a unique prefix of one is enough); the list ends at the first
 /// entry that names no GPU, names one already listed, or could name several.
 pub fn parse(value: &str, host: &[String]) -> Vec<usize> {
-    let mut visible: Vec<usize> = Vec::new();
-    for entry in value.split(',').map(str::trim) {
-        let found = if let Ok(ordinal) = entry.parse::<usize>() {
-            (ordinal < host.len()).then_some(ordinal)
-        } else if entry.starts_with("GPU-") || entry.starts_with("MIG-") {
-            let mut matching = host.iter().enumerate().filter(|(_, name)| {
-                name.starts_with(&entry[..4]) && !uuid_part(entry).is_empty() && uuid_part(name).starts_with(uuid_part(entry))
-            });
-            match (matching.next(), matching.next()) {
-                (Some((index, _)), None) => Some(index),
-                _ => None,
-            }
-        } else {
-            None
-        };
-        match found {
-            Some(index) if !visible.contains(&index) => visible.push(index),
-            _ => break,
-        }
-    }
-    visible
+    let is_uuid = |entry: &str| entry.starts_with("GPU-") || entry.starts_with("MIG-");
+    let names = |entry: &str, index: usize| {
+        let name = &host[index];
+        name.starts_with(&entry[..4]) && !uuid_part(entry).is_empty() && uuid_part(name).starts_with(uuid_part(entry))
+    };
+    flyt_protocol::device::visible_list(value, host.len(), is_uuid, names)
 }
 
 /// Checks that the worker's devices are the GPUs the listener named (`expected`, UUID names in

@@ -10,7 +10,7 @@ use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::frame::{encode_into, write_value};
 use flyt_protocol::handshake::{ClientIdentity, HelloReply, Notice, RegionClaim, SessionInfo, ShmOffer};
 use flyt_protocol::worker::{FromWorker, ToWorker};
-use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, send};
+use nix::sys::socket::{MsgFlags, send};
 
 use crate::backend::cuda::CudaDevice;
 use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
@@ -202,22 +202,10 @@ fn ring_pair(segment: &Segment, offer: &ShmOffer, socket: &Connection) -> Option
 fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> {
     let _ = connection.set_read_timeout(Some(std::time::Duration::from_secs(10)));
     let mut byte = [0u8; 1];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
-    let raw = std::os::fd::AsFd::as_fd(connection).as_raw_fd();
-    let message = recvmsg::<()>(raw, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+    let received = crate::shareable::receive_with_fd(std::os::fd::AsFd::as_fd(connection), &mut byte)
         .map_err(|error| format!("no segment descriptor: {error}"))?;
-    let mut file = None;
-    for cmsg in message.cmsgs().map_err(|error| error.to_string())? {
-        if let ControlMessageOwned::ScmRights(fds) = cmsg {
-            for raw in fds {
-                // SAFETY: SCM_RIGHTS just installed `raw` in this process; nothing else owns it.
-                file.get_or_insert(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) }));
-            }
-        }
-    }
     let _ = connection.set_read_timeout(None);
-    file.ok_or_else(|| "the client offered a segment but sent no descriptor".into())
+    received.1.map(std::fs::File::from).ok_or_else(|| "the client offered a segment but sent no descriptor".into())
 }
 
 /// Follows the listener's commands during the session: tells the client its new limits whenever
@@ -309,20 +297,7 @@ fn follow_commands<D: Device>(
 /// Receives the next command and the descriptor that may come with it.
 fn receive_command(channel: &OwnedFd) -> Option<(ToWorker, Option<OwnedFd>)> {
     let mut buf = vec![0u8; 1 << 20];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-    let message = recvmsg::<()>(channel.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC).ok()?;
-    let mut fd = None;
-    for cmsg in message.cmsgs().ok()? {
-        if let ControlMessageOwned::ScmRights(fds) = cmsg {
-            for raw in fds {
-                // SAFETY: SCM_RIGHTS just installed `raw` in this process; nothing else owns it.
-                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                fd.get_or_insert(owned);
-            }
-        }
-    }
-    let len = message.bytes;
+    let (len, fd) = crate::shareable::receive_with_fd(channel, &mut buf).ok()?;
     if len == 0 {
         return None;
     }

@@ -14,18 +14,13 @@ use std::{
 use flyt_daemon_kit::host::{self, unix_now};
 use flyt_protocol::{
     control::cluster::{AllocationClients, ClientManagerReport, ClusterClientClient, JobAllocateRequest, JobGrant, job_tenant},
-    frame::{FrameHeader, HEADER_LEN, decode_exact, write_value},
     handshake::ClientIdentity,
     jobs::{CONTAINER_JOB_BASE, JOB_LIMITS, JobReply, JobRequest, JobShape},
     token::{self, SessionClaims},
 };
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::UnixStream,
-    sync::Mutex,
-};
+use tokio::{net::UnixStream, sync::Mutex};
 
-use super::{ClientManager, REQUEST_READ_TIMEOUT};
+use super::ClientManager;
 
 /// A job's token opens sessions for as long as its allocation exists: the allocation (and its
 /// server, which checks the token's allocation id) goes when the job ends.
@@ -55,23 +50,13 @@ pub struct Jobs {
 
 impl ClientManager {
     /// Serves one connection on the job socket: one request, one reply.
-    pub async fn serve_job(self: Arc<Self>, mut stream: UnixStream) {
-        let credentials = stream.peer_cred().ok();
-        let uid = credentials.map(|credentials| credentials.uid());
-        let peer_pid = credentials.and_then(|credentials| credentials.pid()).and_then(|pid| u32::try_from(pid).ok());
-        // The request is read first (bounded), so a refused caller reads the reason.
-        let request = match tokio::time::timeout(REQUEST_READ_TIMEOUT, read_job_request(&mut stream)).await {
-            Ok(Ok(request)) => request,
-            Ok(Err(reason)) => {
-                tracing::warn!(?uid, ?peer_pid, %reason, "bad job request; closing");
-                return;
-            }
-            Err(_) => {
-                tracing::warn!(?uid, ?peer_pid, "no job request within the timeout; closing");
-                return;
-            }
-        };
-        let reply = if !uid.is_some_and(|uid| uid == 0 || self.config.job_uids.contains(&uid)) {
+    pub async fn serve_job(self: Arc<Self>, stream: UnixStream) {
+        super::serve_one_request(stream, &JOB_LIMITS, "job", |request, uid, peer_pid| self.answer_job(request, uid, peer_pid)).await;
+    }
+
+    /// A job request's reply: only root and `job_uids` may ask.
+    async fn answer_job(&self, request: JobRequest, uid: Option<u32>, peer_pid: Option<u32>) -> JobReply {
+        if !uid.is_some_and(|uid| uid == 0 || self.config.job_uids.contains(&uid)) {
             tracing::warn!(?uid, ?peer_pid, "job request refused: only root and job_uids may ask");
             JobReply::Refused { reason: format!("user {uid:?} may not ask for jobs' GPUs: only root and job_uids may") }
         } else {
@@ -80,11 +65,6 @@ impl ClientManager {
                 JobRequest::Release { job } => self.release_job(job).await,
                 JobRequest::Capacity { shape } => self.job_capacity(shape).await,
             }
-        };
-        let mut bytes = Vec::new();
-        if write_value(&mut bytes, 0, &reply).is_ok() {
-            let _ = stream.write_all(&bytes).await;
-            let _ = stream.shutdown().await;
         }
     }
 
@@ -274,13 +254,4 @@ fn job_label(job: u32) -> String {
         Some(device) => format!("kubernetes container (device {device})"),
         None => format!("slurm job {job}"),
     }
-}
-
-async fn read_job_request(stream: &mut UnixStream) -> Result<JobRequest, String> {
-    let mut header = [0u8; HEADER_LEN];
-    stream.read_exact(&mut header).await.map_err(|error| error.to_string())?;
-    let header = FrameHeader::decode(&header, &JOB_LIMITS).map_err(|error| error.to_string())?;
-    let mut message = vec![0u8; header.message_len as usize];
-    stream.read_exact(&mut message).await.map_err(|error| error.to_string())?;
-    decode_exact(&message).map_err(|error| error.to_string())
 }

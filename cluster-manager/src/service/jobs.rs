@@ -255,21 +255,10 @@ mod tests {
             vm_ip: tenant.into(),
             node_id: "n1".into(),
             gpu,
-            extra_gpus: Vec::new(),
             compute_units,
             memory,
-            sm_percentage: 0,
             state: flyt_protocol::control::cluster::AllocationState::Running,
-            addresses: Vec::new(),
-            pid: 0,
-            clients: Vec::new(),
-            sessions: 0,
-            created_at: 0,
-            idle_since: None,
-            pending_resize: None,
-            metrics: None,
-            pending_move: None,
-            further: Vec::new(),
+            ..AllocationRecord::default()
         };
         // A VM's slice on GPU 1: that GPU is no longer whole, and holds fewer slices.
         model.allocations.insert("a".into(), held("a", "10.0.0.9", 1, 40, 1024));

@@ -44,15 +44,18 @@ use std::{
 use flyt_daemon_kit::{failpoint, rpc};
 use flyt_protocol::control::{
     cluster::{
-        AfterCheckpoint, CheckpointReport, ControlError, MovePhase, MoveReport, MovedSession, NodeHealth, PendingMove, RestartReport,
-        ServerReport,
+        AfterCheckpoint, AllocationRecord, CheckpointReport, ControlError, MovePhase, MoveReport, MovedSession, NodeHealth, PendingMove,
+        RestartReport, ServerReport,
     },
     node::{FetchedSnapshot, NodeManagerControlClient, ServerRef, ServerSpec, SessionSnapshot},
     rpc_server::{SessionStatus, SnapshotInfo, says_session_ended},
 };
 
 use super::{Cluster, NODE_CALL_TIMEOUT, WhenUnreachable, settled, store_error};
-use crate::{model::data_address, store::Store};
+use crate::{
+    model::{Model, data_address},
+    store::Store,
+};
 
 /// Deadline of a move's long node calls (a checkpoint, a snapshot's copy, a restore): device
 /// memory by the tens of GiB.
@@ -668,13 +671,7 @@ impl<S: Store> Cluster<S> {
         self.settle_before_admin_step(&id).await?;
         let (node_id, gpu) = {
             let model = self.model.lock().await;
-            let allocation = model.running(&id, &target)?;
-            if allocation.is_spread() {
-                return Err(ControlError::Invalid(format!(
-                    "allocation {id} is spread over nodes {} (--spread): checkpointing it is not supported yet (its apps' sessions on every node would have to pause together)",
-                    super::node_list(allocation)
-                )));
-            }
+            let allocation = running_on_one_node(&model, &id, &target, "checkpointing it")?;
             (allocation.node_id.clone(), allocation.gpu)
         };
         let sessions = self.sessions_on(&node_id, ServerRef::new(&id, Some(gpu))).await?;
@@ -721,13 +718,7 @@ impl<S: Store> Cluster<S> {
         self.settle_before_admin_step(&id).await?;
         let node_id = {
             let model = self.model.lock().await;
-            let allocation = model.running(&id, &target)?;
-            if allocation.is_spread() {
-                return Err(ControlError::Invalid(format!(
-                    "allocation {id} is spread over nodes {} (--spread): restarting its servers is not supported yet (its apps' sessions on every node would have to pause together)",
-                    super::node_list(allocation)
-                )));
-            }
+            let allocation = running_on_one_node(&model, &id, &target, "restarting its servers")?;
             if let Some(pending) = &allocation.pending_move {
                 return Err(ControlError::Invalid(format!(
                     "allocation {id} is moving to {}; try again once the move is over",
@@ -755,4 +746,18 @@ impl<S: Store> Cluster<S> {
         tracing::info!(allocation = %id, node = %node_id, old_pid = report.old_pid, pid = report.new_pid, sessions = report.sessions.len(), "rpc-server restarted with its apps");
         Ok(report)
     }
+}
+
+/// Allocation `id` (asked for as `target`), running, for an admin step (`step`, as the error
+/// names it) that pauses its apps' sessions: only on one node, until every node's sessions can
+/// pause together.
+fn running_on_one_node<'a>(model: &'a Model, id: &str, target: &str, step: &str) -> Result<&'a AllocationRecord, ControlError> {
+    let allocation = model.running(id, target)?;
+    if allocation.is_spread() {
+        return Err(ControlError::Invalid(format!(
+            "allocation {id} is spread over nodes {} (--spread): {step} is not supported yet (its apps' sessions on every node would have to pause together)",
+            super::node_list(allocation)
+        )));
+    }
+    Ok(allocation)
 }

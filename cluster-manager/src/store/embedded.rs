@@ -55,6 +55,19 @@ impl EmbeddedStore {
     }
 }
 
+/// Stores `record` in `records` in place of the one it replaces (`same`), if any.
+fn put<T: Clone>(records: &mut Vec<T>, record: &T, same: impl Fn(&T) -> bool) {
+    records.retain(|existing| !same(existing));
+    records.push(record.clone());
+}
+
+/// Removes the records `matches` picks; whether there were any.
+fn remove<T>(records: &mut Vec<T>, matches: impl Fn(&T) -> bool) -> bool {
+    let before = records.len();
+    records.retain(|existing| !matches(existing));
+    before != records.len()
+}
+
 fn sort(state: &mut StoredState) {
     state.vm_required_resources.sort_by(|a, b| a.vm_ip.cmp(&b.vm_ip));
     state.nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
@@ -74,28 +87,15 @@ impl Store for EmbeddedStore {
     }
 
     async fn put_vm(&self, vm: &VmRequirement) -> Result<(), StoreError> {
-        self.change(|state| {
-            state.vm_required_resources.retain(|existing| existing.vm_ip != vm.vm_ip);
-            state.vm_required_resources.push(vm.clone());
-        })
-        .await
+        self.change(|state| put(&mut state.vm_required_resources, vm, |existing| existing.vm_ip == vm.vm_ip)).await
     }
 
     async fn remove_vm(&self, vm_ip: &str) -> Result<bool, StoreError> {
-        self.change(|state| {
-            let before = state.vm_required_resources.len();
-            state.vm_required_resources.retain(|existing| existing.vm_ip != vm_ip);
-            before != state.vm_required_resources.len()
-        })
-        .await
+        self.change(|state| remove(&mut state.vm_required_resources, |existing| existing.vm_ip == vm_ip)).await
     }
 
     async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError> {
-        self.change(|state| {
-            state.nodes.retain(|existing| existing.node_id != node.node_id);
-            state.nodes.push(node.clone());
-        })
-        .await
+        self.change(|state| put(&mut state.nodes, node, |existing| existing.node_id == node.node_id)).await
     }
 
     async fn put_gpus(&self, node_id: &str, gpus: &[GpuInfo]) -> Result<(), StoreError> {
@@ -107,20 +107,11 @@ impl Store for EmbeddedStore {
     }
 
     async fn put_allocation(&self, allocation: &AllocationRecord) -> Result<(), StoreError> {
-        self.change(|state| {
-            state.allocations.retain(|existing| existing.id != allocation.id);
-            state.allocations.push(allocation.clone());
-        })
-        .await
+        self.change(|state| put(&mut state.allocations, allocation, |existing| existing.id == allocation.id)).await
     }
 
     async fn remove_allocation(&self, id: &str) -> Result<bool, StoreError> {
-        self.change(|state| {
-            let before = state.allocations.len();
-            state.allocations.retain(|existing| existing.id != id);
-            before != state.allocations.len()
-        })
-        .await
+        self.change(|state| remove(&mut state.allocations, |existing| existing.id == id)).await
     }
 }
 

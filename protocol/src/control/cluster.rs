@@ -144,12 +144,13 @@ pub enum NodeHeartbeatReply {
 
 /// Where an allocation is in its life. Each state is stored before the step it leads to, so a
 /// cluster manager that dies at any point finds, after its restart, what it was doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AllocationState {
     /// Placed and stored; its node manager is asked to start the rpc-server. Starting is
     /// idempotent on the node, so a restarted cluster manager finishes the step (the node
     /// reports the server it already runs, or starts it) or, when the node refuses, releases
     /// the allocation.
+    #[default]
     Starting,
     /// Its rpc-server is listening.
     Running,
@@ -166,8 +167,9 @@ pub struct SliceSize {
     pub sm_percentage: u32,
 }
 
-/// One GPU slice given to one VM, served by one rpc-server.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One GPU slice given to one VM, served by one rpc-server. `Default` is a record just placed:
+/// `Starting`, with no server, client, session or pending step yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocationRecord {
     pub id: String,
     pub vm_ip: String,

@@ -19,8 +19,8 @@ use flyt_protocol::ops::{
 };
 
 use super::{
-    AddedNode, ArrayMapWork, ArrayRef, Capture, CaptureInto, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side,
-    TexResource,
+    AddedNode, ArrayMapWork, ArrayRef, Capture, CaptureInto, Device, EdgeData, ExecUpdate, Extent, KernelRead, LaunchShape, NodeRead,
+    NodeWork, Side, TexResource,
 };
 use crate::host_calls::HostCallSite;
 
@@ -1272,16 +1272,8 @@ impl Device for CudaDevice {
         (link.outcome(code), bytes)
     }
 
-    fn launch(
-        &self,
-        function: Self::Function,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        stream: Self::Stream,
-        args: &mut [u8],
-        attributes: &[LaunchAttribute],
-    ) -> CudaResult<()> {
+    fn launch(&self, function: Self::Function, shape: LaunchShape<'_>, stream: Self::Stream, args: &mut [u8]) -> CudaResult<()> {
+        let LaunchShape { grid, block, shared_mem, attributes } = shape;
         let mut size = args.len();
         // CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE / _END: the driver takes the packed argument
         // buffer as it is, laid out by cuFuncGetParamInfo.
@@ -1317,7 +1309,7 @@ impl Device for CudaDevice {
             return launched;
         }
         let mut attributes = launch_attributes(attributes)?;
-        let config = launch_config(grid, block, shared_mem, stream_ptr(stream), &mut attributes)?;
+        let config = launch_config(shape, stream_ptr(stream), &mut attributes)?;
         // SAFETY: as above; `config` points at `attributes`, which outlive the call.
         check(unsafe { sys::cuLaunchKernelEx(&config, function.0, std::ptr::null_mut(), extra_ptr).result() })
     }
@@ -1365,15 +1357,8 @@ impl Device for CudaDevice {
         Ok(bytes as u64)
     }
 
-    fn occupancy_max_active_clusters(
-        &self,
-        function: Self::Function,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        attributes: &[LaunchAttribute],
-    ) -> CudaResult<i32> {
-        cluster_occupancy(function, grid, block, shared_mem, attributes, sys::cuOccupancyMaxActiveClusters)
+    fn occupancy_max_active_clusters(&self, function: Self::Function, shape: LaunchShape<'_>) -> CudaResult<i32> {
+        cluster_occupancy(function, shape, sys::cuOccupancyMaxActiveClusters)
     }
 
     fn func_attributes(&self, function: Self::Function) -> CudaResult<FuncAttributes> {
@@ -2633,15 +2618,8 @@ impl Device for CudaDevice {
         Ok(flags)
     }
 
-    fn occupancy_max_potential_cluster_size(
-        &self,
-        function: Self::Function,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        attributes: &[LaunchAttribute],
-    ) -> CudaResult<i32> {
-        cluster_occupancy(function, grid, block, shared_mem, attributes, sys::cuOccupancyMaxPotentialClusterSize)
+    fn occupancy_max_potential_cluster_size(&self, function: Self::Function, shape: LaunchShape<'_>) -> CudaResult<i32> {
+        cluster_occupancy(function, shape, sys::cuOccupancyMaxPotentialClusterSize)
     }
 
     fn dev_resource(&self, green: Option<Self::GreenCtx>, kind: u32) -> CudaResult<Self::Resource> {
@@ -2843,9 +2821,7 @@ fn launch_attributes(attributes: &[LaunchAttribute]) -> CudaResult<Vec<sys::CUla
 }
 
 fn launch_config(
-    grid: Dim3,
-    block: Dim3,
-    shared_mem: u32,
+    LaunchShape { grid, block, shared_mem, .. }: LaunchShape<'_>,
     stream: sys::CUstream,
     attributes: &mut [sys::CUlaunchAttribute],
 ) -> CudaResult<sys::CUlaunchConfig> {
@@ -2867,14 +2843,11 @@ fn launch_config(
 /// `cuOccupancyMaxPotentialClusterSize`) for a launch configuration.
 fn cluster_occupancy(
     function: Handle<sys::CUfunction>,
-    grid: Dim3,
-    block: Dim3,
-    shared_mem: u32,
-    attributes: &[LaunchAttribute],
+    shape: LaunchShape<'_>,
     query: unsafe fn(*mut c_int, sys::CUfunction, *const sys::CUlaunchConfig) -> sys::CUresult,
 ) -> CudaResult<i32> {
-    let mut attributes = launch_attributes(attributes)?;
-    let config = launch_config(grid, block, shared_mem, std::ptr::null_mut(), &mut attributes)?;
+    let mut attributes = launch_attributes(shape.attributes)?;
+    let config = launch_config(shape, std::ptr::null_mut(), &mut attributes)?;
     let mut value = 0;
     // SAFETY: `function` belongs to a loaded module; `config` and its attributes outlive the
     // call; valid out-pointer.

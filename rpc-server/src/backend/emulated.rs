@@ -10,16 +10,16 @@ use flyt_protocol::CudaError;
 use flyt_protocol::device::{DeviceInfo, attr};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
-    ArrayDesc, Copy3d, DecompressOp, DevResource, Dim3, FuncAttributes, JitOption, LaunchAttribute, LinkOutcome, Memset2d, NodeCopy,
-    NodeCopySide, ParamInfo, Pos3, SPARSE_TILE_BYTES, SparseProperties, StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, array_flags,
-    capture_status, dev_resource, mem_op, mem_usage,
+    ArrayDesc, Copy3d, DecompressOp, DevResource, FuncAttributes, JitOption, LinkOutcome, Memset2d, NodeCopy, NodeCopySide, ParamInfo,
+    Pos3, SPARSE_TILE_BYTES, SparseProperties, StreamMemOp, TensorMapParams, TextureDesc, ViewDesc, array_flags, capture_status,
+    dev_resource, mem_op, mem_usage,
 };
 
 use super::emulated_graphs::{Graphs, HostRunner, StreamCapture, Work};
 use super::emulated_green::EmulatedResource;
 use super::{
-    AddedNode, ArrayMapWork, ArrayRef, Capture, CaptureInto, Device, EdgeData, ExecUpdate, Extent, KernelRead, NodeRead, NodeWork, Side,
-    SmSplit, TexResource,
+    AddedNode, ArrayMapWork, ArrayRef, Capture, CaptureInto, Device, EdgeData, ExecUpdate, Extent, KernelRead, LaunchShape, NodeRead,
+    NodeWork, Side, SmSplit, TexResource,
 };
 use crate::host_calls::HostCallSite;
 use std::sync::Arc;
@@ -1031,7 +1031,7 @@ impl Device for EmulatedDevice {
         (no_linker(), Vec::new())
     }
 
-    fn launch(&self, _: (), _: Dim3, _: Dim3, _: u32, _: u64, _: &mut [u8], _: &[LaunchAttribute]) -> CudaResult<()> {
+    fn launch(&self, _: (), _: LaunchShape<'_>, _: u64, _: &mut [u8]) -> CudaResult<()> {
         Err(NO_GPU_CODE)
     }
 
@@ -1049,7 +1049,7 @@ impl Device for EmulatedDevice {
         Err(NO_GPU_CODE)
     }
 
-    fn occupancy_max_active_clusters(&self, _: (), _: Dim3, _: Dim3, _: u32, _: &[LaunchAttribute]) -> CudaResult<i32> {
+    fn occupancy_max_active_clusters(&self, _: (), _: LaunchShape<'_>) -> CudaResult<i32> {
         Err(NO_GPU_CODE)
     }
 
@@ -2121,7 +2121,7 @@ impl Device for EmulatedDevice {
         }
     }
 
-    fn occupancy_max_potential_cluster_size(&self, _: (), _: Dim3, _: Dim3, _: u32, _: &[LaunchAttribute]) -> CudaResult<i32> {
+    fn occupancy_max_potential_cluster_size(&self, _: (), _: LaunchShape<'_>) -> CudaResult<i32> {
         Err(NO_GPU_CODE)
     }
 

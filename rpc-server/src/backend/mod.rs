@@ -51,6 +51,16 @@ use flyt_protocol::ops::{
 
 use crate::host_calls::HostCallSite;
 
+/// A launch's configuration, less its stream and arguments: as a launch and the cluster
+/// occupancy queries give it to the driver (`CUlaunchConfig`).
+#[derive(Clone, Copy, Debug)]
+pub struct LaunchShape<'a> {
+    pub grid: Dim3,
+    pub block: Dim3,
+    pub shared_mem: u32,
+    pub attributes: &'a [LaunchAttribute],
+}
+
 /// What a graph node does, with the session's ids resolved to the backend's handles.
 pub enum NodeWork<'a, D: Device + ?Sized> {
     Empty,
@@ -416,18 +426,8 @@ pub trait Device: Send + Sync + 'static {
     fn link_add(&self, link: &mut Self::Link, kind: u32, name: &str, data: Vec<u8>, options: &[JitOption]) -> LinkOutcome;
     /// `cuLinkComplete`: the outcome, and the cubin when it succeeded.
     fn link_complete(&self, link: &mut Self::Link) -> (LinkOutcome, Vec<u8>);
-    /// Launches with arguments packed by the kernel's parameter layout.
-    #[allow(clippy::too_many_arguments, reason = "a launch's configuration, as the driver takes it")]
-    fn launch(
-        &self,
-        function: Self::Function,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        stream: Self::Stream,
-        args: &mut [u8],
-        attributes: &[LaunchAttribute],
-    ) -> CudaResult<()>;
+    /// Launches on `stream` with arguments packed by the kernel's parameter layout.
+    fn launch(&self, function: Self::Function, shape: LaunchShape<'_>, stream: Self::Stream, args: &mut [u8]) -> CudaResult<()>;
     /// `cuDeviceGetTexture1DLinearMaxWidth` (`format`: a `CUarray_format`).
     fn texture_1d_linear_max_width(&self, format: u32, channels: u32) -> CudaResult<u64>;
     /// `cuDeviceGetHostAtomicCapabilities` of `operations` (`CUatomicOperation`s), or with `peer`
@@ -436,14 +436,7 @@ pub trait Device: Send + Sync + 'static {
     /// `cuOccupancyAvailableDynamicSMemPerBlock`.
     fn available_dynamic_smem(&self, function: Self::Function, num_blocks: i32, block_size: i32) -> CudaResult<u64>;
     /// `cuOccupancyMaxActiveClusters` for a launch configuration.
-    fn occupancy_max_active_clusters(
-        &self,
-        function: Self::Function,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        attributes: &[LaunchAttribute],
-    ) -> CudaResult<i32>;
+    fn occupancy_max_active_clusters(&self, function: Self::Function, shape: LaunchShape<'_>) -> CudaResult<i32>;
     fn func_attributes(&self, function: Self::Function) -> CudaResult<FuncAttributes>;
     fn func_set_attribute(&self, function: Self::Function, attribute: u32, value: i32) -> CudaResult<()>;
     fn occupancy(&self, function: Self::Function, block_size: i32, dynamic_shared_mem: u64, flags: u32) -> CudaResult<i32>;
@@ -690,14 +683,7 @@ pub trait Device: Send + Sync + 'static {
     /// (the pool's own device, or a peer given access to the pool).
     fn pool_access(&self, pool: Self::MemPool, set: Option<u32>) -> CudaResult<u32>;
     /// `cuOccupancyMaxPotentialClusterSize` for a launch configuration.
-    fn occupancy_max_potential_cluster_size(
-        &self,
-        function: Self::Function,
-        grid: Dim3,
-        block: Dim3,
-        shared_mem: u32,
-        attributes: &[LaunchAttribute],
-    ) -> CudaResult<i32>;
+    fn occupancy_max_potential_cluster_size(&self, function: Self::Function, shape: LaunchShape<'_>) -> CudaResult<i32>;
 
     // --- green contexts (the session checks every id first) ---
     /// `cuCtxGetDevResource` of the session's context (`green` `None`: under MPS, the tenant's

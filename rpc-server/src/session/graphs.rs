@@ -197,6 +197,12 @@ impl<D: Device> GraphTable<D> {
         if id == 0 || id & SERVER_NODE_BIT != 0 || !room { Err(CudaError::INVALID_VALUE) } else { Ok(()) }
     }
 
+    /// A new id the app gives a graph, node or exec: allowed, and not yet in `table`.
+    fn new_id_free<V>(&self, id: u64, table: &HashMap<u64, V>) -> CudaResult<()> {
+        self.new_id_allowed(id)?;
+        if table.contains_key(&id) { Err(CudaError::INVALID_VALUE) } else { Ok(()) }
+    }
+
     fn add_graph(&mut self, id: u64, graph: D::Graph) {
         self.graphs.insert(id, graph);
         self.graph_ids.insert(graph, id);
@@ -487,10 +493,7 @@ impl<D: Device> Session<D> {
                     return Err(CudaError::INVALID_VALUE);
                 }
                 for body in bodies.iter() {
-                    self.graphs.new_id_allowed(*body)?;
-                    if self.graphs.graphs.contains_key(body) {
-                        return Err(CudaError::INVALID_VALUE);
-                    }
+                    self.graphs.new_id_free(*body, &self.graphs.graphs)?;
                 }
                 NodeWork::Conditional { handle: *handle, kind: *kind, size: *size }
             }
@@ -553,8 +556,8 @@ impl<D: Device> Session<D> {
                 self.detach_execs(request.graph);
                 Some((graph, self.graphs.nodes_of(&request.dependencies, request.graph)?))
             } else {
-                self.graphs.new_id_allowed(request.graph)?;
-                if self.graphs.graphs.contains_key(&request.graph) || !request.dependencies.is_empty() {
+                self.graphs.new_id_free(request.graph, &self.graphs.graphs)?;
+                if !request.dependencies.is_empty() {
                     return Err(CudaError::INVALID_VALUE);
                 }
                 None
@@ -644,10 +647,7 @@ impl<D: Device> Session<D> {
     }
 
     pub(super) fn graph_create(&mut self, request: req::GraphCreate, reply: Responder<rep::GraphCreate>) {
-        let result = self.graphs.new_id_allowed(request.graph).and_then(|()| {
-            if self.graphs.graphs.contains_key(&request.graph) {
-                return Err(CudaError::INVALID_VALUE);
-            }
+        let result = self.graphs.new_id_free(request.graph, &self.graphs.graphs).and_then(|()| {
             let graph = self.device.graph_create()?;
             self.graphs.add_graph(request.graph, graph);
             Ok(rep::GraphCreate {})
@@ -684,10 +684,7 @@ impl<D: Device> Session<D> {
 
     pub(super) fn graph_add_node(&mut self, mut request: req::GraphAddNode, reply: Responder<rep::GraphAddNode>) {
         let result = (|| {
-            self.graphs.new_id_allowed(request.node)?;
-            if self.graphs.nodes.contains_key(&request.node) {
-                return Err(CudaError::INVALID_VALUE);
-            }
+            self.graphs.new_id_free(request.node, &self.graphs.nodes)?;
             let graph = self.graphs.graph(request.graph)?;
             let dependencies = self.graphs.nodes_of(&request.dependencies, request.graph)?;
             self.detach_execs(request.graph);
@@ -882,17 +879,7 @@ impl<D: Device> Session<D> {
             if !FORWARDED.contains(&request.attribute) {
                 return Err(CudaError::INVALID_VALUE);
             }
-            let set = match &request.set {
-                Some(bytes) => Some(<[u8; VALUE_LEN]>::try_from(bytes.as_slice()).map_err(|_| CudaError::INVALID_VALUE)?),
-                None => None,
-            };
-            if let (Some(value), ACCESS_POLICY_WINDOW) = (&set, request.attribute) {
-                let word = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().unwrap_or_default());
-                let (base, len) = (word(0), word(8));
-                if len > 0 {
-                    self.ranges.check(base, len)?;
-                }
-            }
+            let set = self.launch_attribute_value::<VALUE_LEN>(request.set.as_deref(), request.attribute == ACCESS_POLICY_WINDOW)?;
             let (node, graph) = self.graphs.node(request.node)?;
             if set.is_some() {
                 self.detach_execs(graph);
@@ -946,10 +933,7 @@ impl<D: Device> Session<D> {
 
     pub(super) fn graph_clone(&mut self, request: req::GraphClone, reply: Responder<rep::GraphClone>) {
         let result = (|| {
-            self.graphs.new_id_allowed(request.clone)?;
-            if self.graphs.graphs.contains_key(&request.clone) {
-                return Err(CudaError::INVALID_VALUE);
-            }
+            self.graphs.new_id_free(request.clone, &self.graphs.graphs)?;
             let graph = self.graphs.graph(request.graph)?;
             let clone = self.device.graph_clone(graph)?;
             self.graphs.add_graph(request.clone, clone);
@@ -972,10 +956,7 @@ impl<D: Device> Session<D> {
 
     pub(super) fn graph_instantiate(&mut self, request: req::GraphInstantiate, reply: Responder<rep::GraphInstantiate>) {
         let result = (|| {
-            self.graphs.new_id_allowed(request.exec)?;
-            if self.graphs.execs.contains_key(&request.exec) {
-                return Err(CudaError::INVALID_VALUE);
-            }
+            self.graphs.new_id_free(request.exec, &self.graphs.execs)?;
             let graph = self.graphs.graph(request.graph)?;
             let (host_nodes, plain) = self.census(graph, 0)?;
             let exec = self.device.graph_instantiate(graph, request.flags)?;

@@ -402,10 +402,8 @@ impl<D: Device> Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             }
             let fd = self.device.pool_export(pool)?;
-            let shareable = self.pools.exports.publish(Kind::Pool, request.pool, fd, 0).map_err(|error| {
-                tracing::warn!(%error, "could not serve an exported memory pool");
-                CudaError::OPERATING_SYSTEM
-            })?;
+            let shareable =
+                self.pools.exports.publish(Kind::Pool, request.pool, fd, 0).map_err(crate::shareable::unserved("memory pool"))?;
             Ok(rep::MemPoolExport { shareable })
         })();
         reply.send(result);
@@ -440,10 +438,11 @@ impl<D: Device> Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             };
             let driver_data = self.device.pool_export_pointer(request.ptr)?;
-            let data = self.pools.exports.publish_pointer(pool, request.ptr, driver_data, size).map_err(|error| {
-                tracing::warn!(%error, "could not serve an exported pool allocation");
-                CudaError::OPERATING_SYSTEM
-            })?;
+            let data = self
+                .pools
+                .exports
+                .publish_pointer(pool, request.ptr, driver_data, size)
+                .map_err(crate::shareable::unserved("pool allocation"))?;
             Ok(rep::MemPoolExportPointer { data: data.to_vec() })
         })();
         reply.send(result);

@@ -302,10 +302,11 @@ impl<D: Device> Session<D> {
                 return Err(CudaError::INVALID_VALUE);
             }
             let fd = self.device.mem_export(handle)?;
-            let shareable = self.vmm.exports.publish(Kind::Physical, request.handle, fd, physical.size).map_err(|error| {
-                tracing::warn!(%error, "could not serve an exported allocation");
-                CudaError::OPERATING_SYSTEM
-            })?;
+            let shareable = self
+                .vmm
+                .exports
+                .publish(Kind::Physical, request.handle, fd, physical.size)
+                .map_err(crate::shareable::unserved("allocation"))?;
             Ok(rep::MemExport { shareable })
         })();
         reply.send(result);
