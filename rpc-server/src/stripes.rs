@@ -242,25 +242,83 @@ impl<D: Device> Stripes<D> {
             Ok(count) => count,
             Err(error) => return Err(refused.unwrap_or(error)),
         };
-        let mut outcome = refused.map_or(Ok(()), Err);
+        // After a failure the chunks are still read (and dropped), keeping the streams in step.
+        let job = |offset: u64, piece: u64, outcome: &mut CudaResult<()>| {
+            Some(match (outcome.is_ok(), usize::try_from(piece)) {
+                (true, Ok(piece_len)) => match self.device.staging(piece_len) {
+                    Ok(staging) => Job::Receive { transfer, offset, len: piece, staging },
+                    Err(error) => {
+                        *outcome = Err(error);
+                        Job::Discard { transfer, offset, len: piece }
+                    }
+                },
+                _ => Job::Discard { transfer, offset, len: piece },
+            })
+        };
+        let landed = |done: Done<D>, outcome: &mut CudaResult<()>| {
+            if let Done::Received { offset, len, mut staging } = done {
+                debug_assert!(D::staging_bytes(&mut staging).len() as u64 == len);
+                if outcome.is_ok() {
+                    *outcome = self.device.copy_htod(dst + offset, staging, stream);
+                }
+            }
+        };
+        let dealing = Dealing { len, chunk, count, window: self.window(count) };
+        Self::deal(links, dealing, refused.map_or(Ok(()), Err), job, landed)
+    }
+
+    /// Sends a device-to-host copy of `len` bytes from `src` (checked by the session) on
+    /// `stream`: each chunk's device copy into staging is queued in order, and a link writes it
+    /// once it is done. Returns once every chunk was written (or the copy failed: the client
+    /// stops waiting for the rest when the reply says so).
+    pub fn send(&self, copy: StripedCopy, stream: D::Stream, copy_chunk: u64, compress: bool) -> CudaResult<()> {
+        let StripedCopy { device: src, len, chunk, transfer } = copy;
+        let mut links = self.links();
+        let count = self.check_chunking(&mut links, len, chunk, copy_chunk)?;
+        let job = |offset: u64, piece: u64, outcome: &mut CudaResult<()>| {
+            if outcome.is_err() {
+                return None;
+            }
+            let started = usize::try_from(piece)
+                .map_err(|_| CudaError::INVALID_VALUE)
+                .and_then(|piece_len| self.device.staging(piece_len))
+                .and_then(|staging| self.device.start_dtoh(src + offset, staging, stream));
+            match started {
+                Ok(copy) => Some(Job::Send { transfer, offset, len: piece, copy, compress }),
+                Err(error) => {
+                    *outcome = Err(error);
+                    None
+                }
+            }
+        };
+        let dealing = Dealing { len, chunk, count, window: Self::send_window(count) };
+        Self::deal(links, dealing, Ok(()), job, |_, _| {})
+    }
+
+    /// Deals a copy's chunks round-robin over the links, at most `window` in flight: `job` makes
+    /// each chunk's job (`None`: no more), `landed` takes each answer that is not a failure. A
+    /// link that fails (`DEVICES_UNAVAILABLE`) or ends closes them all: striping ends.
+    fn deal(
+        mut links: std::sync::MutexGuard<'_, Vec<Option<Link<D>>>>,
+        Dealing { len, chunk, count, window }: Dealing,
+        mut outcome: CudaResult<()>,
+        mut job: impl FnMut(u64, u64, &mut CudaResult<()>) -> Option<Job<D>>,
+        mut landed: impl FnMut(Done<D>, &mut CudaResult<()>),
+    ) -> CudaResult<()> {
         let mut in_flight = std::collections::VecDeque::new();
         let mut broken = None;
-        let finish = |index: usize, links: &[Option<Link<D>>], outcome: &mut CudaResult<()>, broken: &mut Option<String>| {
+        let mut finish = |index: usize, links: &[Option<Link<D>>], outcome: &mut CudaResult<()>, broken: &mut Option<String>| {
             let Some(link) = &links[index] else { return };
             match link.done.recv() {
-                Ok(Done::Received { offset, len, mut staging }) => {
-                    debug_assert!(D::staging_bytes(&mut staging).len() as u64 == len);
-                    if outcome.is_ok() {
-                        *outcome = self.device.copy_htod(dst + offset, staging, stream);
-                    }
-                }
-                Ok(Done::Handled) => {}
                 Ok(Done::Failed(error, reason)) => {
                     *outcome = outcome.and(Err(error));
-                    broken.get_or_insert(reason);
-                    // The other links' threads may wait for chunks that will not come.
-                    Self::shut_down(links);
+                    if error == CudaError::DEVICES_UNAVAILABLE {
+                        broken.get_or_insert(reason);
+                        // The other links' threads may wait for chunks that will not come.
+                        Self::shut_down(links);
+                    }
                 }
+                Ok(done) => landed(done, outcome),
                 Err(_) => {
                     *outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
                     broken.get_or_insert_with(|| "a data connection's thread ended".into());
@@ -270,23 +328,14 @@ impl<D: Device> Stripes<D> {
         };
         for (number, (offset, piece)) in chunks(len, chunk).enumerate() {
             let index = number % count;
-            if in_flight.len() >= self.window(count) {
+            if in_flight.len() >= window {
                 let oldest = in_flight.pop_front().unwrap_or(index);
                 finish(oldest, &links, &mut outcome, &mut broken);
             }
             if broken.is_some() {
                 break;
             }
-            let job = match (outcome.is_ok(), usize::try_from(piece)) {
-                (true, Ok(piece_len)) => match self.device.staging(piece_len) {
-                    Ok(staging) => Job::Receive { transfer, offset, len: piece, staging },
-                    Err(error) => {
-                        outcome = Err(error);
-                        Job::Discard { transfer, offset, len: piece }
-                    }
-                },
-                _ => Job::Discard { transfer, offset, len: piece },
-            };
+            let Some(job) = job(offset, piece, &mut outcome) else { break };
             let Some(link) = &links[index] else { break };
             if link.jobs.send(job).is_err() {
                 outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
@@ -303,72 +352,14 @@ impl<D: Device> Stripes<D> {
         }
         outcome
     }
+}
 
-    /// Sends a device-to-host copy of `len` bytes from `src` (checked by the session) on
-    /// `stream`: each chunk's device copy into staging is queued in order, and a link writes it
-    /// once it is done. Returns once every chunk was written (or the copy failed: the client
-    /// stops waiting for the rest when the reply says so).
-    pub fn send(&self, copy: StripedCopy, stream: D::Stream, copy_chunk: u64, compress: bool) -> CudaResult<()> {
-        let StripedCopy { device: src, len, chunk, transfer } = copy;
-        let mut links = self.links();
-        let count = self.check_chunking(&mut links, len, chunk, copy_chunk)?;
-        let mut outcome = Ok(());
-        let mut in_flight = std::collections::VecDeque::new();
-        let mut broken = None;
-        let finish = |index: usize, links: &[Option<Link<D>>], outcome: &mut CudaResult<()>, broken: &mut Option<String>| {
-            let Some(link) = &links[index] else { return };
-            match link.done.recv() {
-                Ok(Done::Received { .. } | Done::Handled) => {}
-                Ok(Done::Failed(error, reason)) => {
-                    *outcome = outcome.and(Err(error));
-                    if error == CudaError::DEVICES_UNAVAILABLE {
-                        broken.get_or_insert(reason);
-                        Self::shut_down(links);
-                    }
-                }
-                Err(_) => {
-                    *outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
-                    broken.get_or_insert_with(|| "a data connection's thread ended".into());
-                    Self::shut_down(links);
-                }
-            }
-        };
-        for (number, (offset, piece)) in chunks(len, chunk).enumerate() {
-            let index = number % count;
-            if in_flight.len() >= Self::send_window(count) {
-                let oldest = in_flight.pop_front().unwrap_or(index);
-                finish(oldest, &links, &mut outcome, &mut broken);
-            }
-            if outcome.is_err() || broken.is_some() {
-                break;
-            }
-            let started = usize::try_from(piece)
-                .map_err(|_| CudaError::INVALID_VALUE)
-                .and_then(|piece_len| self.device.staging(piece_len))
-                .and_then(|staging| self.device.start_dtoh(src + offset, staging, stream));
-            let copy = match started {
-                Ok(copy) => copy,
-                Err(error) => {
-                    outcome = Err(error);
-                    break;
-                }
-            };
-            let Some(link) = &links[index] else { break };
-            if link.jobs.send(Job::Send { transfer, offset, len: piece, copy, compress }).is_err() {
-                outcome = Err(CudaError::DEVICES_UNAVAILABLE);
-                broken = Some("a data connection's thread ended".into());
-                break;
-            }
-            in_flight.push_back(index);
-        }
-        for index in in_flight {
-            finish(index, &links, &mut outcome, &mut broken);
-        }
-        if let Some(reason) = broken {
-            Self::break_all(&mut links, &reason);
-        }
-        outcome
-    }
+/// How a copy is dealt: its length, chunk, the links it uses and the chunks in flight at most.
+struct Dealing {
+    len: u64,
+    chunk: u64,
+    count: usize,
+    window: usize,
 }
 
 impl<D: Device> Drop for Stripes<D> {
