@@ -30,10 +30,7 @@ static CUmemoryPool pointer_pool(CUdeviceptr ptr) {
 }
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    int count = 0;
-    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
-    printf("devices: %d\n", count);
+    int count = count_devices(0, 0);
     if (count < 2) {
         printf("PASSED: %d failure(s)\n", failures);
         return failures != 0;

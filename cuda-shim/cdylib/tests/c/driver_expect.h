@@ -46,6 +46,29 @@ static inline CUcontext use_primary_context(CUdevice *device) {
     return ctx;
 }
 
+// The usual start of the multi-device programs: cuInit and the session's device count, printed
+// ("devices: N"); with `names`, a line per device ("device D: NAME"), its UUID in hex after
+// " uuid " with `uuids` too.
+static inline int count_devices(int names, int uuids) {
+    int count = 0;
+    EXPECT(cuInit(0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
+    printf("devices: %d\n", count);
+    for (int d = 0; names && d < count; d++) {
+        char name[256] = {0};
+        EXPECT(cuDeviceGetName(name, sizeof name, d), CUDA_SUCCESS);
+        printf("device %d: %s", d, name);
+        if (uuids) {
+            CUuuid uuid;
+            EXPECT(cuDeviceGetUuid_v2(&uuid, d), CUDA_SUCCESS);
+            printf(" uuid ");
+            for (int i = 0; i < 16; i++) printf("%02x", (unsigned char)uuid.bytes[i]);
+        }
+        printf("\n");
+    }
+    return count;
+}
+
 // A graph memset node's parameters: `n` bytes of `value` at `dst` (one row).
 static inline CUDA_MEMSET_NODE_PARAMS byte_memset_params(CUdeviceptr dst, unsigned value, size_t n) {
     CUDA_MEMSET_NODE_PARAMS p;

@@ -16,10 +16,7 @@ static void refused(const char *what, CUresult got) {
 }
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    int count = 0;
-    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
-    printf("devices: %d\n", count);
+    count_devices(0, 0);
     CUuuid uuid;
     memset(&uuid, 0, sizeof uuid);
     EXPECT(cuDeviceGetUuid(&uuid, 0), CUDA_SUCCESS);

@@ -37,15 +37,7 @@ static void *work_on(void *arg) {
 }
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    int count = 0;
-    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
-    printf("devices: %d\n", count);
-    for (int d = 0; d < count; d++) {
-        char name[256] = {0};
-        EXPECT(cuDeviceGetName(name, sizeof name, d), CUDA_SUCCESS);
-        printf("device %d: %s\n", d, name);
-    }
+    int count = count_devices(1, 0);
     if (count < 2) {
         printf("PASSED: %d failure(s)\n", failures);
         return failures != 0;

@@ -22,19 +22,7 @@ static void pattern(unsigned char *bytes, size_t len, unsigned seed) {
 }
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    int count = 0;
-    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
-    printf("devices: %d\n", count);
-    for (int d = 0; d < count; d++) {
-        char name[256] = {0};
-        CUuuid uuid;
-        EXPECT(cuDeviceGetName(name, sizeof name, d), CUDA_SUCCESS);
-        EXPECT(cuDeviceGetUuid_v2(&uuid, d), CUDA_SUCCESS);
-        printf("device %d: %s uuid ", d, name);
-        for (int i = 0; i < 16; i++) printf("%02x", (unsigned char)uuid.bytes[i]);
-        printf("\n");
-    }
+    int count = count_devices(1, 1);
     if (count < 2) {
         // One server's GPU alone: it works as a session on that server.
         CUcontext ctx;
