@@ -69,6 +69,14 @@ static inline int count_devices(int names, int uuids) {
     return count;
 }
 
+// Checks that devices 0 and 1 are two GPUs: their UUIDs differ ("two identities: yes").
+static inline void check_two_identities(void) {
+    CUuuid a, b;
+    EXPECT(cuDeviceGetUuid_v2(&a, 0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetUuid_v2(&b, 1), CUDA_SUCCESS);
+    CHECK("two identities", memcmp(&a, &b, sizeof a) != 0);
+}
+
 // A graph memset node's parameters: `n` bytes of `value` at `dst` (one row).
 static inline CUDA_MEMSET_NODE_PARAMS byte_memset_params(CUdeviceptr dst, unsigned value, size_t n) {
     CUDA_MEMSET_NODE_PARAMS p;

@@ -38,10 +38,7 @@ int main(void) {
         printf("PASSED: %d failure(s)\n", failures);
         return failures != 0;
     }
-    CUuuid a, b;
-    EXPECT(cuDeviceGetUuid_v2(&a, 0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGetUuid_v2(&b, 1), CUDA_SUCCESS);
-    CHECK("two identities", memcmp(&a, &b, sizeof a) != 0);
+    check_two_identities();
 
     int can01 = -1, can10 = -1, access = -1, atomics = -1;
     EXPECT(cuDeviceCanAccessPeer(&can01, 0, 1), CUDA_SUCCESS);
