@@ -41,9 +41,7 @@ static void *copy_round_trips(void *arg) {
 }
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    ctx = use_primary_context(NULL);
     EXPECT(cuMemAlloc(&dev, DEVICE_BYTES), CUDA_SUCCESS);
     const size_t largest = 21 << 20;
     unsigned char *pinned_src, *pinned_back;
