@@ -30,6 +30,12 @@ static const char *name_of(CUresult r) {
         if (!ok_) failures++;                                                                       \
     } while (0)
 
+// The programs' last line ("PASSED: N failure(s)", which the tests look for) and exit code.
+static inline int finish(void) {
+    printf("PASSED: %d failure(s)\n", failures);
+    return failures != 0;
+}
+
 // The usual start: cuInit, device 0's primary context retained and made current (returned for
 // the programs that use it again). `device` receives device 0's handle from cuDeviceGet; NULL
 // names ordinal 0 directly, as some programs do (no cuDeviceGet call).

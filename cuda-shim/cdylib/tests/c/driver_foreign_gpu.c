@@ -53,6 +53,5 @@ int main(void) {
     CHECK("its own memory still works", host[0] == 0x42 && host[N - 1] == 0x42);
     EXPECT(cuMemFree(mine), CUDA_SUCCESS);
     EXPECT(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -127,6 +127,5 @@ int main(void) {
     if (loaded == CUDA_SUCCESS) cuModuleUnload(module);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

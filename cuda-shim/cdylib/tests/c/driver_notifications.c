@@ -68,6 +68,5 @@ int main(void) {
     EXPECT(cuDeviceUnregisterAsyncNotification(0, handles[0]), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuDeviceUnregisterAsyncNotification(0, handles[1]), CUDA_SUCCESS);
     EXPECT(cuMemFree(held), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

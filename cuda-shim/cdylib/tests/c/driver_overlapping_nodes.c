@@ -23,6 +23,5 @@ int main(void) {
     }
     EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
     EXPECT(cuMemFree(on0), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

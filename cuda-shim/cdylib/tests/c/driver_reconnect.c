@@ -103,6 +103,5 @@ int main(int argc, char **argv) {
     EXPECT(cuMemFreeHost(back), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
     failures += wrong;
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures ? 1 : 0;
+    return finish();
 }

@@ -140,6 +140,5 @@ int main(void) {
     EXPECT(cuMemFreeHost(pinned_src), CUDA_SUCCESS);
     EXPECT(cuMemFreeHost(pinned_back), CUDA_SUCCESS);
     EXPECT(cuMemFree(dev), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

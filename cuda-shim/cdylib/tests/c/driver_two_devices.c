@@ -39,8 +39,7 @@ static void *work_on(void *arg) {
 int main(void) {
     int count = count_devices(1, 0);
     if (count < 2) {
-        printf("PASSED: %d failure(s)\n", failures);
-        return failures != 0;
+        return finish();
     }
     check_two_identities();
 
@@ -161,6 +160,5 @@ int main(void) {
     free(host);
     EXPECT(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
     EXPECT(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -35,8 +35,7 @@ int main(void) {
         EXPECT(cuMemcpyHtoD(ptr, host, N), CUDA_SUCCESS);
         EXPECT(cuMemcpyDtoH(back, ptr, N), CUDA_SUCCESS);
         CHECK("one device alone copies", memcmp(host, back, N) == 0);
-        printf("PASSED: %d failure(s)\n", failures);
-        return failures != 0;
+        return finish();
     }
     check_two_identities();
 
@@ -180,6 +179,5 @@ int main(void) {
     EXPECT(cuMemFree(also0), CUDA_SUCCESS);
     free(host);
     free(back);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

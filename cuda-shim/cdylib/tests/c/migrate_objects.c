@@ -274,6 +274,5 @@ int main(int argc, char **argv) {
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
     free(host);
     free(back);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }
