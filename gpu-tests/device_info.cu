@@ -27,6 +27,23 @@ __global__ void dyn_kernel(int *out, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = sh[n - 1 - i] + 1;
 }
 
+// Runs dyn_kernel over `shared` bytes of dynamic shared memory (one int each) and counts the
+// values it wrote wrong.
+static int dyn_kernel_wrong(int shared) {
+    const int n = shared / sizeof(int);
+    int *d;
+    CHECK(cudaMalloc(&d, n * sizeof(int)));
+    dyn_kernel<<<1, 256, shared>>>(d, n);
+    CHECK_LAUNCH();
+    std::vector<int> h(n);
+    CHECK(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK(cudaFree(d));
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        if (h[i] != 2 * (n - 1 - i) + 1) bad++;
+    return bad;
+}
+
 static const char *yes(bool b) { return b ? "yes" : "no"; }
 
 static const char *memtype(cudaMemoryType t) {
@@ -243,17 +260,7 @@ int main() {
         printf("occupancy of dyn_kernel with 256 threads and 100 KiB dynamic shared memory: %d blocks per SM\n",
                blocks);
 
-        const int n = big / sizeof(int);
-        int *d;
-        CHECK(cudaMalloc(&d, n * sizeof(int)));
-        dyn_kernel<<<1, 256, big>>>(d, n);
-        CHECK_LAUNCH();
-        std::vector<int> h(n);
-        CHECK(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
-        CHECK(cudaFree(d));
-        int bad = 0;
-        for (int i = 0; i < n; i++)
-            if (h[i] != 2 * (n - 1 - i) + 1) bad++;
+        int bad = dyn_kernel_wrong(big);
         printf("kernel with 100 KiB dynamic shared memory: %s\n", bad ? "wrong" : "ok");
         EXPECT(bad == 0, "dyn_kernel: %d wrong", bad);
     }
@@ -324,17 +331,7 @@ int main() {
         CHECK(cudaFuncGetAttributes(&fa, dyn_kernel));
         printf("dyn_kernel after reset: maxDynamicSharedSizeBytes %d\n", fa.maxDynamicSharedSizeBytes);
         CHECK(cudaFuncSetAttribute(dyn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
-        const int n = 16 * 1024;
-        int *d;
-        CHECK(cudaMalloc(&d, n * sizeof(int)));
-        dyn_kernel<<<1, 256, 64 * 1024>>>(d, n);
-        CHECK_LAUNCH();
-        std::vector<int> h(n);
-        CHECK(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
-        CHECK(cudaFree(d));
-        int bad = 0;
-        for (int i = 0; i < n; i++)
-            if (h[i] != 2 * (n - 1 - i) + 1) bad++;
+        int bad = dyn_kernel_wrong(64 * 1024);
         printf("kernel with 64 KiB dynamic shared memory after reset: %s\n", bad ? "wrong" : "ok");
         EXPECT(bad == 0, "dyn_kernel after reset: %d wrong", bad);
     }

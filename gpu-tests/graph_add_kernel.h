@@ -1,4 +1,5 @@
-// A kernel node added through the runtime's cudaKernelNodeParams, for the graph programs.
+// A kernel node added through the runtime's cudaKernelNodeParams, and a memory allocation node
+// added through the runtime's cudaMemAllocNodeParams, for the graph programs.
 #pragma once
 
 #include "common.h"
@@ -12,5 +13,19 @@ static cudaGraphNode_t add_kernel(cudaGraph_t g, const cudaGraphNode_t *deps, si
     p.kernelParams = args;
     cudaGraphNode_t node;
     CHECK(cudaGraphAddKernelNode(&node, g, deps, ndeps, &p));
+    return node;
+}
+
+// An allocation node of `bytes` of pinned memory on device 0; `alloc` gets the parameters it was
+// added with, its dptr the graph memory's address.
+static cudaGraphNode_t add_device_alloc(cudaGraph_t g, const cudaGraphNode_t *deps, size_t ndeps, size_t bytes,
+                                        cudaMemAllocNodeParams *alloc) {
+    *alloc = {};
+    alloc->poolProps.allocType = cudaMemAllocationTypePinned;
+    alloc->poolProps.location.type = cudaMemLocationTypeDevice;
+    alloc->poolProps.location.id = 0;
+    alloc->bytesize = bytes;
+    cudaGraphNode_t node;
+    CHECK(cudaGraphAddMemAllocNode(&node, g, deps, ndeps, alloc));
     return node;
 }

@@ -3,7 +3,7 @@
 // one (cudaMallocAsync, kernel, copy out, no free), each launched twice with cudaFree of the
 // graph's memory after every launch; the copied values, the results of the frees (printed: the
 // native run is the reference), the graph memory attributes and a trim.
-#include "common.h"
+#include "graph_add_kernel.h"
 
 __global__ void fill(int *p, int n, int value) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -29,22 +29,13 @@ int main() {
     // Explicit: allocation node -> kernel -> copy out.
     cudaGraph_t g;
     CHECK(cudaGraphCreate(&g, 0));
-    cudaMemAllocNodeParams alloc = {};
-    alloc.poolProps.allocType = cudaMemAllocationTypePinned;
-    alloc.poolProps.location.type = cudaMemLocationTypeDevice;
-    alloc.poolProps.location.id = 0;
-    alloc.bytesize = N * sizeof(int);
-    cudaGraphNode_t alloc_node, kernel_node, copy_node;
-    CHECK(cudaGraphAddMemAllocNode(&alloc_node, g, NULL, 0, &alloc));
+    cudaMemAllocNodeParams alloc;
+    cudaGraphNode_t alloc_node = add_device_alloc(g, NULL, 0, N * sizeof(int), &alloc);
     int *mem = (int *)alloc.dptr;
     int n = N, value = 7;
     void *args[] = {&mem, &n, &value};
-    cudaKernelNodeParams kernel = {};
-    kernel.func = (void *)fill;
-    kernel.gridDim = dim3((N + 255) / 256);
-    kernel.blockDim = dim3(256);
-    kernel.kernelParams = args;
-    CHECK(cudaGraphAddKernelNode(&kernel_node, g, &alloc_node, 1, &kernel));
+    cudaGraphNode_t kernel_node = add_kernel(g, &alloc_node, 1, (void *)fill, dim3((N + 255) / 256), dim3(256), args);
+    cudaGraphNode_t copy_node;
     CHECK(cudaGraphAddMemcpyNode1D(&copy_node, g, &kernel_node, 1, out, mem, N * sizeof(int), cudaMemcpyDeviceToDevice));
     cudaGraphExec_t exec;
     CHECK(cudaGraphInstantiate(&exec, g, 0));

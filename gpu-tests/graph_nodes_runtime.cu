@@ -54,13 +54,8 @@ int main() {
     // three times.
     cudaGraph_t g;
     CHECK(cudaGraphCreate(&g, 0));
-    cudaMemAllocNodeParams alloc = {};
-    alloc.poolProps.allocType = cudaMemAllocationTypePinned;
-    alloc.poolProps.location.type = cudaMemLocationTypeDevice;
-    alloc.poolProps.location.id = 0;
-    alloc.bytesize = n * sizeof(int);
-    cudaGraphNode_t alloc_node;
-    CHECK(cudaGraphAddMemAllocNode(&alloc_node, g, nullptr, 0, &alloc));
+    cudaMemAllocNodeParams alloc;
+    cudaGraphNode_t alloc_node = add_device_alloc(g, nullptr, 0, n * sizeof(int), &alloc);
     int *gm = (int *)alloc.dptr;
     int scale = 3, count = n;
     void *fill_args[] = {&gm, &count, &scale};

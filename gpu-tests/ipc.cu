@@ -121,12 +121,7 @@ int main(int argc, char **argv) {
     to_hex(&mem_handle, sizeof mem_handle, mem_hex);
     to_hex(&event_handle, sizeof event_handle, event_hex);
     char self[4096];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len <= 0) {
-        printf("FAIL: readlink /proc/self/exe\n");
-        return 1;
-    }
-    self[len] = 0;
+    if (!own_path(self, sizeof self)) return 1;
     char child_arg[] = "child";
     char *child_argv[] = {self, child_arg, mem_hex, event_hex, NULL};
     fflush(stdout);

@@ -121,12 +121,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     char self[4096];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len <= 0) {
-        printf("FAIL: readlink /proc/self/exe\n");
-        return 1;
-    }
-    self[len] = 0;
+    if (!own_path(self, sizeof self)) return 1;
     char write_fd[16], read_fd[16], child_arg[] = "child";
     snprintf(write_fd, sizeof write_fd, "%d", from_child[1]);
     snprintf(read_fd, sizeof read_fd, "%d", to_child[0]);

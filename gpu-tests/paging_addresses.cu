@@ -22,13 +22,7 @@
 // by taking turns, each paged out while the other runs; stdout must equal the native run's (the
 // fraction only sizes the ballast, which is checked but not in the checksums). Each turn's first
 // call's time (its page-in) goes to stderr. A child that fails ends the run at once.
-#include "common.h"
-
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
+#include "take_turns.h"
 
 #include <vector>
 
@@ -68,24 +62,6 @@ __global__ void check(const uint8_t *bytes, size_t n, uint32_t seed, unsigned lo
 static unsigned blocks_for(size_t n) { return (unsigned)(n / 256 + 1 < 1024 ? n / 256 + 1 : 1024); }
 
 static uint32_t seed_of(int child, int generation, int index) { return (uint32_t)(child * 1000003 + generation * 1009 + index + 1); }
-
-static double now_ms() {
-    timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-// Waits up to 10 minutes for one byte on `fd`; false on end of file, error or timeout.
-static bool receive(int fd) {
-    pollfd p = {fd, POLLIN, 0};
-    char byte;
-    return poll(&p, 1, 600000) == 1 && read(fd, &byte, 1) == 1;
-}
-
-static void send_byte(int fd) {
-    char byte = 't';
-    if (write(fd, &byte, 1) != 1) exit(3);
-}
 
 struct Allocation {
     uint8_t *ptr;
@@ -200,77 +176,4 @@ static int child(int index, int turns, double fraction, int turn_fd, int done_fd
     return failures ? 1 : 0;
 }
 
-int main(int argc, char **argv) {
-    test_init("paging_addresses");
-    int processes = argc > 1 ? atoi(argv[1]) : 2;
-    double fraction = argc > 2 ? atof(argv[2]) : 0.3;
-    int turns = argc > 3 ? atoi(argv[3]) : 4;
-    if (processes < 1 || processes > 16 || fraction <= 0 || fraction > 1 || turns < 1) {
-        printf("usage: paging_addresses [processes 1-16] [fraction 0-1] [turns]\n");
-        return 2;
-    }
-    printf("%d processes, %d turns each\n", processes, turns);
-    int turn[16][2], done[16][2];
-    pid_t pids[16];
-    for (int i = 0; i < processes; i++) {
-        if (pipe(turn[i]) != 0 || pipe(done[i]) != 0) return 2;
-        fflush(stdout);
-        pids[i] = fork();
-        if (pids[i] < 0) return 2;
-        if (pids[i] == 0) {
-            close(turn[i][1]);
-            close(done[i][0]);
-            // The earlier children's pipe ends the parent keeps: held here, a child's turn pipe
-            // would never close for it when the parent gives up.
-            for (int j = 0; j < i; j++) {
-                close(turn[j][1]);
-                close(done[j][0]);
-            }
-            exit(child(i, turns, fraction, turn[i][0], done[i][1]));
-        }
-        close(turn[i][0]);
-        close(done[i][1]);
-    }
-    // One at a time: allocations first, then the turns, round-robin.
-    signal(SIGPIPE, SIG_IGN);
-    int lost = -1;
-    for (int round = -1; round < turns && lost < 0; round++) {
-        for (int i = 0; i < processes && lost < 0; i++) {
-            char byte = 't';
-            if (write(turn[i][1], &byte, 1) != 1 || !receive(done[i][0])) {
-                printf("FAIL: process %d did not finish its turn %d\n", i, round);
-                lost = i;
-            }
-        }
-    }
-    int failed = lost >= 0 ? 1 : 0;
-    if (lost >= 0) {
-        // The others wait for turns that will not come: stopped now, not at a timeout.
-        for (int i = 0; i < processes; i++)
-            if (i != lost) kill(pids[i], SIGKILL);
-    }
-    for (int i = 0; i < processes; i++) {
-        close(turn[i][1]);
-        int status = 0;
-        // The lost child ends by itself (its pipe closed: it exited) or is stopped after 30 s.
-        double deadline = now_ms() + 30000;
-        while (waitpid(pids[i], &status, WNOHANG) == 0) {
-            if (now_ms() > deadline) {
-                kill(pids[i], SIGKILL);
-                waitpid(pids[i], &status, 0);
-                break;
-            }
-            usleep(10000);
-        }
-        if (lost >= 0 && i != lost) continue;  // stopped by the parent
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            if (WIFSIGNALED(status))
-                printf("FAIL: process %d ended by signal %d\n", i, WTERMSIG(status));
-            else
-                printf("FAIL: process %d ended with status %d\n", i, WEXITSTATUS(status));
-            failed++;
-        }
-    }
-    g_failures += failed;
-    return test_finish();
-}
+int main(int argc, char **argv) { return take_turns(argc, argv, "paging_addresses", "turns", 2, 0.3, child); }

@@ -5,6 +5,8 @@ import sys
 import torch
 from torch_geometric.nn import GCNConv
 
+from helpers.torch_training import trained
+
 
 def say(*parts):
     print(*parts, flush=True)
@@ -27,15 +29,7 @@ edges = torch.randint(0, nodes, (2, 1000))
 labels = torch.randint(0, 4, (nodes,))
 model = Net().cuda()
 optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-losses = []
-for _ in range(20):
-    optimizer.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.cross_entropy(model(x.cuda(), edges.cuda()), labels.cuda())
-    loss.backward()
-    optimizer.step()
-    losses.append(loss.item())
-fell = losses[-1] < losses[0]
-say("training loss fell:", fell)
+fell = trained(optimizer, 20, lambda: torch.nn.functional.cross_entropy(model(x.cuda(), edges.cuda()), labels.cuda()))
 model.eval()
 with torch.no_grad():
     on_gpu = model(x.cuda(), edges.cuda()).cpu()

@@ -6,6 +6,8 @@ import sys
 import torch
 import torchvision
 
+from helpers.torch_training import trained
+
 
 def say(*parts):
     print(*parts, flush=True)
@@ -16,15 +18,7 @@ model = torchvision.models.resnet18(num_classes=10).cuda()
 images = torch.randn(16, 3, 64, 64, device="cuda")
 labels = torch.randint(0, 10, (16,), device="cuda")
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-losses = []
-for _ in range(5):
-    optimizer.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.cross_entropy(model(images), labels)
-    loss.backward()
-    optimizer.step()
-    losses.append(loss.item())
-fell = losses[-1] < losses[0]
-say("training loss fell:", fell)
+fell = trained(optimizer, 5, lambda: torch.nn.functional.cross_entropy(model(images), labels))
 model.eval()
 with torch.no_grad():
     on_gpu = model(images[:2]).cpu()

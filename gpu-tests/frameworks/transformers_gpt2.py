@@ -6,6 +6,8 @@ import sys
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from helpers.torch_training import trained
+
 
 def say(*parts):
     print(*parts, flush=True)
@@ -16,16 +18,14 @@ config = GPT2Config(n_layer=4, n_head=4, n_embd=256, vocab_size=1000, n_position
 model = GPT2LMHeadModel(config).cuda()
 tokens = torch.randint(0, 1000, (8, 128), device="cuda")
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-losses = []
-for _ in range(10):
-    optimizer.zero_grad(set_to_none=True)
+
+
+def autocast_loss():
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(tokens, labels=tokens).loss
-    loss.backward()
-    optimizer.step()
-    losses.append(loss.item())
-fell = losses[-1] < losses[0]
-say("training loss fell:", fell)
+        return model(tokens, labels=tokens).loss
+
+
+fell = trained(optimizer, 10, autocast_loss)
 model.eval()
 with torch.no_grad():
     generated = model.generate(tokens[:1, :8], max_new_tokens=20, do_sample=False, pad_token_id=0)

@@ -203,17 +203,29 @@ fn run_with_and_without_channel(name: &str) -> Option<Vec<(&'static str, i32, St
     Some(runs)
 }
 
-#[test]
-fn library_needs_pitched_copies_stream_ids_and_tool_entries() {
-    let Some(runs) = run_with_and_without_channel("driver_libraries") else {
+/// Runs the driver-API test program `name` with the shared-memory channel and over the socket
+/// alone (`run_with_and_without_channel`) and asserts that each run exits 0 with every line of
+/// `lines` in its stdout; `more(FLYT_SHM, stdout, stderr)` then makes the test's own checks of
+/// each run. Nothing runs when `FLYT_CUDA_HOME` is not set.
+fn check_with_and_without_channel(name: &str, lines: &[&str], more: impl Fn(&str, &str, &str)) {
+    let Some(runs) = run_with_and_without_channel(name) else {
         return;
     };
     for (shm, code, stdout, stderr) in runs {
         assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
+        for line in lines {
+            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
+        }
+        more(shm, &stdout, &stderr);
+    }
+}
+
+#[test]
+fn library_needs_pitched_copies_stream_ids_and_tool_entries() {
+    check_with_and_without_channel("driver_libraries", &["PASSED: 0 failure(s)"], |shm, _, stderr| {
         assert_eq!(stderr.contains("mapped host memory without the shared-memory channel"), shm == "off", "{stderr}");
         assert!(!stderr.contains("is not implemented"), "{stderr}");
-    }
+    });
 }
 
 /// Graphs that copy with the app's pageable host memory, over the socket and the shared-memory
@@ -222,13 +234,9 @@ fn library_needs_pitched_copies_stream_ids_and_tool_entries() {
 /// 2D) with host sides read back as given and take new buffers in an executable graph.
 #[test]
 fn graph_copies_with_host_memory_through_the_driver_api() {
-    let Some(runs) = run_with_and_without_channel("driver_graph_host_copies") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
-        for line in [
+    check_with_and_without_channel(
+        "driver_graph_host_copies",
+        &[
             "the capture left the host destination alone: yes",
             "captured host copies read back with their host pointers: yes",
             "launch 0: first half 10, second half 119",
@@ -246,23 +254,21 @@ fn graph_copies_with_host_memory_through_the_driver_api() {
             "a clone copies with host memory too: yes",
             "a generic copy node from host memory ran: yes",
             "cuGraphExecUpdate: the copies name the new graph's host buffers: yes",
-        ] {
-            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}' in:\n{stdout}\n{stderr}");
-        }
-        assert!(!stderr.contains("not supported"), "FLYT_SHM={shm}: {stderr}");
-    }
+            "PASSED: 0 failure(s)",
+        ],
+        |shm, _, stderr| {
+            assert!(!stderr.contains("not supported"), "FLYT_SHM={shm}: {stderr}");
+        },
+    );
 }
 
 /// Virtual memory management through the driver API, over the socket and the shared-memory
 /// channel, on the emulated device.
 #[test]
 fn virtual_memory_management_through_the_driver_api() {
-    let Some(runs) = run_with_and_without_channel("driver_vmm") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        for line in [
+    check_with_and_without_channel(
+        "driver_vmm",
+        &[
             "granularity a power of two: yes",
             "host granularity a power of two: yes",
             "access read back: read-write",
@@ -271,29 +277,26 @@ fn virtual_memory_management_through_the_driver_api() {
             "properties: type 1, location 1/0, handle types 1",
             "kept across unmap and map: yes",
             "PASSED: 0 failure(s)",
-        ] {
-            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
-        }
-        assert!(stderr.contains("virtual memory with a location other than the device is not supported"), "{stderr}");
-        assert!(stderr.contains("virtual memory with shareable handles other than a POSIX file descriptor is not supported"), "{stderr}");
-    }
+        ],
+        |_, _, stderr| {
+            assert!(stderr.contains("virtual memory with a location other than the device is not supported"), "{stderr}");
+            assert!(
+                stderr.contains("virtual memory with shareable handles other than a POSIX file descriptor is not supported"),
+                "{stderr}"
+            );
+        },
+    );
 }
 
 /// Batch copies and the small context calls through the driver API, over the socket and the
 /// shared-memory channel, on the emulated device.
 #[test]
 fn batch_copies_and_context_settings_through_the_driver_api() {
-    let Some(runs) = run_with_and_without_channel("driver_batch") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        for line in
-            ["batch round trip: equal", "failing copy: 2", "context flags read back: yes", "banks: four bytes", "PASSED: 0 failure(s)"]
-        {
-            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
-        }
-    }
+    check_with_and_without_channel(
+        "driver_batch",
+        &["batch round trip: equal", "failing copy: 2", "context flags read back: yes", "banks: four bytes", "PASSED: 0 failure(s)"],
+        |_, _, _| {},
+    );
 }
 
 /// Runs the two-process program `tests/c/NAME.c` (an exporter and the importer it forks) on the
@@ -398,22 +401,19 @@ fn memory_pools_shared_between_processes() {
 /// driver API, over the socket and the shared-memory channel, on the emulated device.
 #[test]
 fn arrays_and_shaped_copies_through_the_driver_api() {
-    let Some(runs) = run_with_and_without_channel("driver_arrays") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        for line in [
+    check_with_and_without_channel(
+        "driver_arrays",
+        &[
             "pitch for 100-byte rows: 512",
             "3D box through pitched memory, pinned host: yes",
             "level round trip: yes",
             "access policy window copied to another stream: yes",
             "PASSED: 0 failure(s)",
-        ] {
-            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
-        }
-        assert!(stderr.contains("a CUDA array of a block-compressed or packed format is not supported"), "{stderr}");
-    }
+        ],
+        |_, _, stderr| {
+            assert!(stderr.contains("a CUDA array of a block-compressed or packed format is not supported"), "{stderr}");
+        },
+    );
 }
 
 /// NV12 arrays and their planes, sparse and deferred-mapping arrays (properties, memory
@@ -422,12 +422,9 @@ fn arrays_and_shaped_copies_through_the_driver_api() {
 /// into arrays and has no decompression engine: its refusals say so once).
 #[test]
 fn planar_and_sparse_arrays_through_the_driver_api() {
-    let Some(runs) = run_with_and_without_channel("driver_planar_sparse") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        for line in [
+    check_with_and_without_channel(
+        "driver_planar_sparse",
+        &[
             "NV12 descriptor read back: yes",
             "luma plane: 64 x 32, format 1, 1 channel(s)",
             "chroma plane: 32 x 16, format 1, 2 channel(s)",
@@ -444,31 +441,27 @@ fn planar_and_sparse_arrays_through_the_driver_api() {
             "host memory to decompress: refused, index 1: yes",
             "decompression on this device: CUDA_ERROR_NOT_SUPPORTED, index untouched",
             "PASSED: 0 failure(s)",
-        ] {
-            assert!(stdout.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stdout}\n{stderr}");
-        }
-        for line in [
-            "flyt: a mipmapped CUDA array of a planar (NV12) format is not supported through Flyt",
-            "flyt: cuMemMapArrayAsync: the server's emulated device maps no memory into sparse or deferred-mapping arrays",
-            "flyt: cuMemBatchDecompressAsync: the server's emulated device has no decompression engine",
-            "flyt: a copy to or from a sparse or deferred-mapping array: the server's emulated device maps no memory into one",
-        ] {
-            assert_eq!(stderr.matches(line).count(), 1, "FLYT_SHM={shm}: '{line}' once:\n{stderr}");
-        }
-    }
+        ],
+        |shm, _, stderr| {
+            for line in [
+                "flyt: a mipmapped CUDA array of a planar (NV12) format is not supported through Flyt",
+                "flyt: cuMemMapArrayAsync: the server's emulated device maps no memory into sparse or deferred-mapping arrays",
+                "flyt: cuMemBatchDecompressAsync: the server's emulated device has no decompression engine",
+                "flyt: a copy to or from a sparse or deferred-mapping array: the server's emulated device maps no memory into one",
+            ] {
+                assert_eq!(stderr.matches(line).count(), 1, "FLYT_SHM={shm}: '{line}' once:\n{stderr}");
+            }
+        },
+    );
 }
 
 /// Graph memory nodes, conditional nodes, generic node parameters and graph queries, on every
 /// transport (the emulated device runs the memsets and copies).
 #[test]
 fn graph_memory_and_conditional_nodes_through_the_driver_api() {
-    let Some(runs) = run_with_and_without_channel("driver_graph_nodes") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
-        for line in [
+    check_with_and_without_channel(
+        "driver_graph_nodes",
+        &[
             "graph memory filled and copied out: yes",
             "graph memory freed with cuMemFree after each launch: yes",
             "graph memory freed with cuMemFreeAsync after each launch: yes",
@@ -489,10 +482,10 @@ fn graph_memory_and_conditional_nodes_through_the_driver_api() {
             "edge data reaches the device: programmatic refused, plain made, no node left behind: yes",
             "capture edge data: default data is none, programmatic refused by the device: yes",
             "a capture ended with a NULL graph pointer ends, its node recorded: yes",
-        ] {
-            assert!(stdout.contains(line), "missing '{line}':\n{stdout}\n{stderr}");
-        }
-    }
+            "PASSED: 0 failure(s)",
+        ],
+        |_, _, _| {},
+    );
 }
 
 /// Managed memory through the driver API on the emulated device: shared pages with the channel,
@@ -552,12 +545,7 @@ fn managed_memory_through_the_driver_api() {
 /// refusal.
 #[test]
 fn shared_file_mappings_registered_for_the_device() {
-    let Some(runs) = run_with_and_without_channel("driver_host_files") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
+    check_with_and_without_channel("driver_host_files", &["PASSED: 0 failure(s)"], |shm, stdout, stderr| {
         if shm == "on" {
             for line in [
                 "channel: yes",
@@ -578,7 +566,7 @@ fn shared_file_mappings_registered_for_the_device() {
             assert!(stdout.contains("channel: no (CUDA_ERROR_NOT_SUPPORTED)"), "{stdout}\n{stderr}");
             assert!(stderr.contains("only over the shared-memory channel"), "{stderr}");
         }
-    }
+    });
 }
 
 /// Green contexts on the emulated device (tests/c/driver_green.c): the device's SMs split into
@@ -586,21 +574,18 @@ fn shared_file_mappings_registered_for_the_device() {
 /// copy and memset, events through it, and its destruction taking its context and streams along.
 #[test]
 fn green_contexts_through_the_driver_api() {
-    let Some(runs) = run_with_and_without_channel("driver_green") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
-        for line in [
+    check_with_and_without_channel(
+        "driver_green",
+        &[
             "device SMs: 132 (attribute 132), min partition 8, alignment 2",
             "groups of 16 SMs that fit: 8",
             "NULL-stream work in the green context: yes",
-        ] {
-            assert!(stdout.contains(line), "missing '{line}':\n{stdout}");
-        }
-        assert!(!stderr.contains("is not supported through Flyt"), "{stderr}");
-    }
+            "PASSED: 0 failure(s)",
+        ],
+        |_, _, stderr| {
+            assert!(!stderr.contains("is not supported through Flyt"), "{stderr}");
+        },
+    );
 }
 
 /// Stream memory operations, tensor maps, stream and peer queries, peer copies, pool access and
@@ -608,25 +593,26 @@ fn green_contexts_through_the_driver_api() {
 /// when satisfied and fail at the call otherwise, refusals are clear.
 #[test]
 fn stream_memory_operations_and_one_device_queries() {
-    let Some(runs) = run_with_and_without_channel("driver_memops") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}:\n{stdout}\n{stderr}");
-        assert!(stdout.contains("an unsatisfiable wait fails at the call: yes"), "{stdout}");
-        // Shared pages with the channel, mirrored device memory without it.
-        assert!(stdout.contains("a write to mapped pinned memory seen by the host: yes"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        for line in [
-            "cuStreamWaitValue32_v2: flushing remote writes is not supported through Flyt",
-            "the server's device encodes no tensor maps",
-            "host memory pools are not supported through Flyt",
-            "managed memory pools are not supported through Flyt",
-            "cuStreamBatchMemOp_v2: the server's emulated device runs work at submission, so a wait that no earlier work satisfied would never end",
-        ] {
-            assert!(stderr.contains(line), "missing '{line}':\n{stderr}");
-        }
-    }
+    check_with_and_without_channel(
+        "driver_memops",
+        &[
+            "PASSED: 0 failure(s)",
+            "an unsatisfiable wait fails at the call: yes",
+            // Shared pages with the channel, mirrored device memory without it.
+            "a write to mapped pinned memory seen by the host: yes",
+        ],
+        |_, _, stderr| {
+            for line in [
+                "cuStreamWaitValue32_v2: flushing remote writes is not supported through Flyt",
+                "the server's device encodes no tensor maps",
+                "host memory pools are not supported through Flyt",
+                "managed memory pools are not supported through Flyt",
+                "cuStreamBatchMemOp_v2: the server's emulated device runs work at submission, so a wait that no earlier work satisfied would never end",
+            ] {
+                assert!(stderr.contains(line), "missing '{line}':\n{stderr}");
+            }
+        },
+    );
 }
 
 /// Stream callbacks from several threads, each starting a thread that frees its memory and
@@ -635,18 +621,15 @@ fn stream_memory_operations_and_one_device_queries() {
 /// reach the server. Hung before the server read ahead for them.
 #[test]
 fn callbacks_whose_threads_free_memory_do_not_hang() {
-    let Some(runs) = run_with_and_without_channel("driver_host_callbacks") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        assert!(stdout.contains("workloads finished: 8 of 8, results right: 8"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        assert!(
-            stdout.contains("module load behind a running host function returned; the function had run: yes"),
-            "FLYT_SHM={shm}\n{stdout}\n{stderr}"
-        );
-        assert!(stdout.contains("PASSED: 0 failure(s)"), "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-    }
+    check_with_and_without_channel(
+        "driver_host_callbacks",
+        &[
+            "workloads finished: 8 of 8, results right: 8",
+            "module load behind a running host function returned; the function had run: yes",
+            "PASSED: 0 failure(s)",
+        ],
+        |_, _, _| {},
+    );
 }
 
 /// A client killed while its session's thread waits behind a host function that never returns
@@ -1057,22 +1040,18 @@ fn large_copies_striped_over_data_connections_keep_every_byte_and_their_order() 
 /// what a thread not relaxed does).
 #[test]
 fn capture_modes_apply_per_app_thread() {
-    let Some(runs) = run_with_and_without_channel("driver_capture_threads") else {
-        return;
-    };
-    for (shm, code, stdout, stderr) in runs {
-        assert_eq!(code, 0, "FLYT_SHM={shm}\n{stdout}\n{stderr}");
-        for line in [
+    check_with_and_without_channel(
+        "driver_capture_threads",
+        &[
             "another thread's allocation during a thread-local capture: CUDA_SUCCESS",
             "the capturing thread's allocation, relaxed: CUDA_SUCCESS",
             "another thread's allocation during a global capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
             "a relaxed thread's allocation during a global capture: CUDA_SUCCESS",
             "another thread's allocation after the captures: CUDA_SUCCESS",
             "PASSED: 0 failure(s)",
-        ] {
-            assert!(stdout.contains(line), "FLYT_SHM={shm}: '{line}'\n{stdout}\n{stderr}");
-        }
-    }
+        ],
+        |_, _, _| {},
+    );
 }
 
 /// A synchronize right after a device-to-host copy into pageable memory (which waited for the

@@ -30,13 +30,9 @@ static CUmemoryPool pointer_pool(CUdeviceptr ptr) {
 }
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    int count = 0;
-    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
-    printf("devices: %d\n", count);
+    int count = count_devices(0, 0);
     if (count < 2) {
-        printf("PASSED: %d failure(s)\n", failures);
-        return failures != 0;
+        return finish();
     }
     CUdevice dev0, dev1, beyond;
     EXPECT(cuDeviceGet(&dev0, 0), CUDA_SUCCESS);
@@ -135,6 +131,5 @@ int main(void) {
     EXPECT(cuStreamDestroy(stream1), CUDA_SUCCESS);
     EXPECT(cuDevicePrimaryCtxRelease(dev0), CUDA_SUCCESS);
     EXPECT(cuDevicePrimaryCtxRelease(dev1), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -30,6 +30,12 @@ static const char *name_of(CUresult r) {
         if (!ok_) failures++;                                                                       \
     } while (0)
 
+// The programs' last line ("PASSED: N failure(s)", which the tests look for) and exit code.
+static inline int finish(void) {
+    printf("PASSED: %d failure(s)\n", failures);
+    return failures != 0;
+}
+
 // The usual start: cuInit, device 0's primary context retained and made current (returned for
 // the programs that use it again). `device` receives device 0's handle from cuDeviceGet; NULL
 // names ordinal 0 directly, as some programs do (no cuDeviceGet call).
@@ -44,6 +50,37 @@ static inline CUcontext use_primary_context(CUdevice *device) {
     EXPECT(cuDevicePrimaryCtxRetain(&ctx, ordinal), CUDA_SUCCESS);
     EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
     return ctx;
+}
+
+// The usual start of the multi-device programs: cuInit and the session's device count, printed
+// ("devices: N"); with `names`, a line per device ("device D: NAME"), its UUID in hex after
+// " uuid " with `uuids` too.
+static inline int count_devices(int names, int uuids) {
+    int count = 0;
+    EXPECT(cuInit(0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
+    printf("devices: %d\n", count);
+    for (int d = 0; names && d < count; d++) {
+        char name[256] = {0};
+        EXPECT(cuDeviceGetName(name, sizeof name, d), CUDA_SUCCESS);
+        printf("device %d: %s", d, name);
+        if (uuids) {
+            CUuuid uuid;
+            EXPECT(cuDeviceGetUuid_v2(&uuid, d), CUDA_SUCCESS);
+            printf(" uuid ");
+            for (int i = 0; i < 16; i++) printf("%02x", (unsigned char)uuid.bytes[i]);
+        }
+        printf("\n");
+    }
+    return count;
+}
+
+// Checks that devices 0 and 1 are two GPUs: their UUIDs differ ("two identities: yes").
+static inline void check_two_identities(void) {
+    CUuuid a, b;
+    EXPECT(cuDeviceGetUuid_v2(&a, 0), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetUuid_v2(&b, 1), CUDA_SUCCESS);
+    CHECK("two identities", memcmp(&a, &b, sizeof a) != 0);
 }
 
 // A graph memset node's parameters: `n` bytes of `value` at `dst` (one row).

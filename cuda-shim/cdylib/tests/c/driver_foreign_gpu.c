@@ -16,10 +16,7 @@ static void refused(const char *what, CUresult got) {
 }
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    int count = 0;
-    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
-    printf("devices: %d\n", count);
+    count_devices(0, 0);
     CUuuid uuid;
     memset(&uuid, 0, sizeof uuid);
     EXPECT(cuDeviceGetUuid(&uuid, 0), CUDA_SUCCESS);
@@ -56,6 +53,5 @@ int main(void) {
     CHECK("its own memory still works", host[0] == 0x42 && host[N - 1] == 0x42);
     EXPECT(cuMemFree(mine), CUDA_SUCCESS);
     EXPECT(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -323,6 +323,5 @@ int main(void) {
     EXPECT(cuMemFree(a), CUDA_SUCCESS);
     EXPECT(cuMemFree(b), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(s), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -607,6 +607,5 @@ int main(void) {
 
     EXPECT(cuMemFree(out), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(s), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -40,11 +40,7 @@ static void work_until(CUstream stream, const char *marker, const char *suffix) 
 
 static int hold(const char *marker) {
     CUdevice dev;
-    CUcontext primary;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&primary, dev), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    use_primary_context(&dev);
     CUdevResource sms;
     CUdevResourceDesc desc;
     CUgreenCtx green;
@@ -59,18 +55,14 @@ static int hold(const char *marker) {
     EXPECT(cuGreenCtxDestroy(green), CUDA_SUCCESS);
     touch(marker, ".freed");
     work_until(NULL, marker, ".end");
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures == 0 ? 0 : 1;
+    return finish();
 }
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "hold") == 0) return hold(argv[2]);
     CUdevice dev;
     CUcontext primary;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&primary, dev), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    primary = use_primary_context(&dev);
     int sms = 0;
     EXPECT(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), CUDA_SUCCESS);
     CHECK("CUdevResource is 144 bytes", sizeof(CUdevResource) == 144);
@@ -232,6 +224,5 @@ int main(int argc, char **argv) {
     EXPECT(cuEventDestroy(event), CUDA_SUCCESS);
     EXPECT(cuMemFree(d), CUDA_SUCCESS);
     EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures == 0 ? 0 : 1;
+    return finish();
 }

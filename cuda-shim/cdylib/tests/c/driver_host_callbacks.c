@@ -78,9 +78,7 @@ static void *launch(void *arg) {
 
 int main(void) {
     CUcontext context;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&context, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
+    context = use_primary_context(NULL);
 
     static struct workload workloads[WORKLOADS];
     pthread_t threads[WORKLOADS];
@@ -129,6 +127,5 @@ int main(void) {
     if (loaded == CUDA_SUCCESS) cuModuleUnload(module);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -70,11 +70,7 @@ static CUDA_MEMCPY2D rect(CUmemorytype src_type, const void *src_host, CUdevicep
 
 int main(void) {
     CUdevice device;
-    CUcontext context;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&device, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&context, device), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
+    CUcontext context = use_primary_context(&device);
 
     // Pitched copies: host (pitch 24) -> device (pitch 32) -> host (pitch 20), device -> device
     // (pitch 40), and contiguous rectangles in one piece; the bytes between rows stay untouched.

@@ -275,6 +275,5 @@ int main(void) {
     EXPECT(cuMemFree(m), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemFree(d), CUDA_SUCCESS);
     free(back);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

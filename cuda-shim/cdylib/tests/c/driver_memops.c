@@ -255,6 +255,5 @@ int main(void) {
     pools();
     EXPECT(cuMemFree(d), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

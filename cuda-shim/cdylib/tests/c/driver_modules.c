@@ -51,11 +51,7 @@ static char *large_ptx(void) {
 
 int main(void) {
     CUdevice device;
-    CUcontext context;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&device, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&context, device), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
+    use_primary_context(&device);
 
     // Modules load at the call: the emulated device refuses code, and the error says so.
     CUmodule module = NULL;

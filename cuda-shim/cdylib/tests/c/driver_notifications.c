@@ -33,11 +33,8 @@ static void heard(CUasyncNotificationInfo *info, void *user_data, CUasyncCallbac
 
 int main(void) {
     main_thread = pthread_self();
-    CUcontext context;
     CUdeviceptr held;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&context, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
+    use_primary_context(NULL);
 
     EXPECT(cuDeviceRegisterAsyncNotification(0, NULL, NULL, &handles[0]), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuDeviceRegisterAsyncNotification(0, heard, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
@@ -71,6 +68,5 @@ int main(void) {
     EXPECT(cuDeviceUnregisterAsyncNotification(0, handles[0]), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuDeviceUnregisterAsyncNotification(0, handles[1]), CUDA_SUCCESS);
     EXPECT(cuMemFree(held), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

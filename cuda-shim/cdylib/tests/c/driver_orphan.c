@@ -23,9 +23,7 @@ static void *free_it(void *arg) {
 
 int main(void) {
     CUstream stream;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&context, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
+    context = use_primary_context(NULL);
     EXPECT(cuMemAlloc(&memory, 1 << 20), CUDA_SUCCESS);
     EXPECT(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
     EXPECT(cuLaunchHostFunc(stream, never_returns, NULL), CUDA_SUCCESS);

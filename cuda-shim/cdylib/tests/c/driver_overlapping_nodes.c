@@ -7,10 +7,7 @@
 #include "driver_expect.h"
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    int count = 0;
-    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
-    printf("devices: %d\n", count);
+    count_devices(0, 0);
     CUcontext ctx0, ctx1;
     CUdeviceptr on0 = 0, on1 = 0;
     EXPECT(cuDevicePrimaryCtxRetain(&ctx0, 0), CUDA_SUCCESS);
@@ -26,6 +23,5 @@ int main(void) {
     }
     EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
     EXPECT(cuMemFree(on0), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -285,6 +285,5 @@ int main(void) {
     decompression(stream);
 
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures == 0 ? 0 : 1;
+    return finish();
 }

@@ -13,8 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../../../../gpu-tests/fd_passing.h"
-#include "driver_expect.h"
+#include "driver_share.h"
 
 #define SIZE (1u << 20)
 
@@ -110,8 +109,7 @@ static int exporter(int sock) {
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
     free(bytes);
     free(back);
-    printf("exporter %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-    return failures ? 1 : 0;
+    return verdict("exporter");
 }
 
 static int importer(int sock) {
@@ -175,14 +173,7 @@ static int importer(int sock) {
     signal_peer(sock, 'e');
     free(back);
     free(expected);
-    printf("importer %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-    return failures ? 1 : 0;
+    return verdict("importer");
 }
 
-int main(void) {
-    int status = 0;
-    int code = run_parent_and_child(exporter, importer, "IMPORTER_FLYT_SERVER", &status);
-    int child_code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
-    printf("%s\n", code == 0 && child_code == 0 ? "PASSED: both processes" : "FAILED");
-    return code || child_code;
-}
+int main(void) { return run_exporter_and_importer(exporter, importer); }

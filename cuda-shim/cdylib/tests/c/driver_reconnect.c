@@ -35,16 +35,13 @@ static unsigned char pattern(int iteration, size_t offset) {
 int main(int argc, char **argv) {
     int large = argc > 1 && strcmp(argv[1], "large") == 0;
     size_t base = large ? 24 * 1024 * 1024 : 256 * 1024;
-    CUcontext context;
     CUstream stream;
     CUdeviceptr a, b;
     unsigned char *source = malloc(MAX_BYTES);
     unsigned char *pageable = malloc(MAX_BYTES);
     unsigned char *back;
     double started;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&context, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
+    use_primary_context(NULL);
     EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     EXPECT(cuMemAlloc(&a, MAX_BYTES), CUDA_SUCCESS);
     EXPECT(cuMemAlloc(&b, MAX_BYTES), CUDA_SUCCESS);
@@ -106,6 +103,5 @@ int main(int argc, char **argv) {
     EXPECT(cuMemFreeHost(back), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
     failures += wrong;
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures ? 1 : 0;
+    return finish();
 }

@@ -20,11 +20,8 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    CUcontext context;
     CUstream stream;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&context, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(context), CUDA_SUCCESS);
+    use_primary_context(NULL);
     EXPECT(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
     if (argc > 1 && strcmp(argv[1], "long") == 0) {
         EXPECT(cuLaunchHostFunc(stream, slow, NULL), CUDA_SUCCESS);

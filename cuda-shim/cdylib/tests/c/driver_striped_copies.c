@@ -41,9 +41,7 @@ static void *copy_round_trips(void *arg) {
 }
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    ctx = use_primary_context(NULL);
     EXPECT(cuMemAlloc(&dev, DEVICE_BYTES), CUDA_SUCCESS);
     const size_t largest = 21 << 20;
     unsigned char *pinned_src, *pinned_back;
@@ -142,6 +140,5 @@ int main(void) {
     EXPECT(cuMemFreeHost(pinned_src), CUDA_SUCCESS);
     EXPECT(cuMemFreeHost(pinned_back), CUDA_SUCCESS);
     EXPECT(cuMemFree(dev), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -12,13 +12,9 @@
 
 int main(void) {
     CUdevice dev;
-    CUcontext ctx;
     CUstream stream;
     CUdeviceptr device;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(&dev);
     EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
     EXPECT(cuMemAlloc(&device, BYTES), CUDA_SUCCESS);
     unsigned char *host = malloc(BYTES);

@@ -37,23 +37,11 @@ static void *work_on(void *arg) {
 }
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    int count = 0;
-    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
-    printf("devices: %d\n", count);
-    for (int d = 0; d < count; d++) {
-        char name[256] = {0};
-        EXPECT(cuDeviceGetName(name, sizeof name, d), CUDA_SUCCESS);
-        printf("device %d: %s\n", d, name);
-    }
+    int count = count_devices(1, 0);
     if (count < 2) {
-        printf("PASSED: %d failure(s)\n", failures);
-        return failures != 0;
+        return finish();
     }
-    CUuuid a, b;
-    EXPECT(cuDeviceGetUuid_v2(&a, 0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGetUuid_v2(&b, 1), CUDA_SUCCESS);
-    CHECK("two identities", memcmp(&a, &b, sizeof a) != 0);
+    check_two_identities();
 
     int can01 = -1, can00 = -1, access = -1;
     EXPECT(cuDeviceCanAccessPeer(&can01, 0, 1), CUDA_SUCCESS);
@@ -172,6 +160,5 @@ int main(void) {
     free(host);
     EXPECT(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
     EXPECT(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -22,19 +22,7 @@ static void pattern(unsigned char *bytes, size_t len, unsigned seed) {
 }
 
 int main(void) {
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    int count = 0;
-    EXPECT(cuDeviceGetCount(&count), CUDA_SUCCESS);
-    printf("devices: %d\n", count);
-    for (int d = 0; d < count; d++) {
-        char name[256] = {0};
-        CUuuid uuid;
-        EXPECT(cuDeviceGetName(name, sizeof name, d), CUDA_SUCCESS);
-        EXPECT(cuDeviceGetUuid_v2(&uuid, d), CUDA_SUCCESS);
-        printf("device %d: %s uuid ", d, name);
-        for (int i = 0; i < 16; i++) printf("%02x", (unsigned char)uuid.bytes[i]);
-        printf("\n");
-    }
+    int count = count_devices(1, 1);
     if (count < 2) {
         // One server's GPU alone: it works as a session on that server.
         CUcontext ctx;
@@ -47,13 +35,9 @@ int main(void) {
         EXPECT(cuMemcpyHtoD(ptr, host, N), CUDA_SUCCESS);
         EXPECT(cuMemcpyDtoH(back, ptr, N), CUDA_SUCCESS);
         CHECK("one device alone copies", memcmp(host, back, N) == 0);
-        printf("PASSED: %d failure(s)\n", failures);
-        return failures != 0;
+        return finish();
     }
-    CUuuid a, b;
-    EXPECT(cuDeviceGetUuid_v2(&a, 0), CUDA_SUCCESS);
-    EXPECT(cuDeviceGetUuid_v2(&b, 1), CUDA_SUCCESS);
-    CHECK("two identities", memcmp(&a, &b, sizeof a) != 0);
+    check_two_identities();
 
     int can01 = -1, can10 = -1, access = -1, atomics = -1;
     EXPECT(cuDeviceCanAccessPeer(&can01, 0, 1), CUDA_SUCCESS);
@@ -195,6 +179,5 @@ int main(void) {
     EXPECT(cuMemFree(also0), CUDA_SUCCESS);
     free(host);
     free(back);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -11,8 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../../../../gpu-tests/fd_passing.h"
-#include "driver_expect.h"
+#include "driver_share.h"
 
 static void start(CUmemAllocationProp *prop, size_t *granularity) {
     CUdevice device;
@@ -73,8 +72,7 @@ static int exporter(int sock) {
     if (wait_peer(sock) != 'd') return 2;
     free(bytes);
     free(back);
-    printf("exporter %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-    return failures ? 1 : 0;
+    return verdict("exporter");
 }
 
 static int importer(int sock) {
@@ -117,14 +115,7 @@ static int importer(int sock) {
     signal_peer(sock, 'd');
     free(back);
     free(expected);
-    printf("importer %s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-    return failures ? 1 : 0;
+    return verdict("importer");
 }
 
-int main(void) {
-    int status = 0;
-    int code = run_parent_and_child(exporter, importer, "IMPORTER_FLYT_SERVER", &status);
-    int child_code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
-    printf("%s\n", code == 0 && child_code == 0 ? "PASSED: both processes" : "FAILED");
-    return code || child_code;
-}
+int main(void) { return run_exporter_and_importer(exporter, importer); }

@@ -200,6 +200,5 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 7; i++) EXPECT(cuMemFree(*all[i]), CUDA_SUCCESS);
     EXPECT(cuEventDestroy(done), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(s), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -121,6 +121,5 @@ int main(int argc, char **argv) {
     for (int b = 0; b < BUFFERS; b++) EXPECT(cuMemFree(buffers[b]), CUDA_SUCCESS);
     EXPECT(cuEventDestroy(done), CUDA_SUCCESS);
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -65,11 +65,8 @@ int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 10;
     int pause_ms = argc > 2 ? atoi(argv[2]) : 10;
     int with_sparse = argc > 3 && strcmp(argv[3], "sparse") == 0;
-    CUcontext ctx;
     CUdevice device = 0;
-    EXPECT(cuInit(0), CUDA_SUCCESS);
-    EXPECT(cuDevicePrimaryCtxRetain(&ctx, device), CUDA_SUCCESS);
-    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    use_primary_context(NULL);
     // The session's first call, so a move asked for once the session exists finds it.
     CUarray sparse = NULL;
     CUDA_ARRAY3D_DESCRIPTOR sparse_desc = {1024, 1024, 0, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_SPARSE};
@@ -277,6 +274,5 @@ int main(int argc, char **argv) {
     EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
     free(host);
     free(back);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

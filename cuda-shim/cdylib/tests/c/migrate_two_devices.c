@@ -225,6 +225,5 @@ int main(int argc, char **argv) {
     free(host);
     EXPECT(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
     EXPECT(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }

@@ -50,6 +50,5 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     for (unsigned b = 0; b < 2; b++) EXPECT(cuMemFree(buffers[b]), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures ? 1 : 0;
+    return finish();
 }

@@ -78,6 +78,5 @@ int main(int argc, char **argv) {
     EXPECT(cuMemFreeHost(pinned), CUDA_SUCCESS);
     EXPECT(cuMemFreeHost(pinned_back), CUDA_SUCCESS);
     EXPECT(cuMemFree(dev), CUDA_SUCCESS);
-    printf("PASSED: %d failure(s)\n", failures);
-    return failures != 0;
+    return finish();
 }
