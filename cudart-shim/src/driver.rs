@@ -233,23 +233,6 @@ macro_rules! cu_ctx {
 }
 pub(crate) use cu_ctx;
 
-/// A runtime call and its per-thread default stream twin (`_ptsz`) that pass their arguments to
-/// a driver call and its own twin, in the calling thread's context (as [`cu_ctx!`]).
-macro_rules! driver_twins {
-    ($($(#[$meta:meta])* fn $name:ident / $twin:ident ($($arg:ident: $ty:ty),* $(,)?) => $driver:ident / $driver_twin:ident ($($call:expr),* $(,)?);)*) => {$(
-        $(#[$meta])*
-        pub unsafe fn $name($($arg: $ty),*) -> CudaResult<()> {
-            $crate::driver::cu_ctx!($driver($($call),*))
-        }
-
-        $(#[$meta])*
-        pub unsafe fn $twin($($arg: $ty),*) -> CudaResult<()> {
-            $crate::driver::cu_ctx!($driver_twin($($call),*))
-        }
-    )*};
-}
-pub(crate) use driver_twins;
-
 static DRIVER: OnceLock<Result<Driver, CudaError>> = OnceLock::new();
 
 /// The driver, loaded and initialized on first use. A driver that cannot be loaded is

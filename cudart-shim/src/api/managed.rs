@@ -11,7 +11,7 @@ use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-use crate::driver::{CUdeviceptr, CUmemLocation, cu_ctx, driver_twins};
+use crate::driver::{CUdeviceptr, CUmemLocation, cu_ctx};
 use crate::ffi::{cudaStream_t, write_out};
 
 /// The runtime's `cudaMemLocation`: the driver's `CUmemLocation`.
@@ -29,14 +29,24 @@ pub unsafe fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c
     unsafe { write_out(dev_ptr, ptr as usize as *mut c_void) }
 }
 
-driver_twins! {
-    fn cudaMemPrefetchAsync / cudaMemPrefetchAsync_ptsz(
-        dev_ptr: *const c_void,
-        count: usize,
-        location: cudaMemLocation,
-        flags: c_uint,
-        stream: cudaStream_t,
-    ) => cuMemPrefetchAsync_v2 / cuMemPrefetchAsync_v2_ptsz(dev_ptr as CUdeviceptr, count, location, flags, stream.cast());
+pub unsafe fn cudaMemPrefetchAsync(
+    dev_ptr: *const c_void,
+    count: usize,
+    location: cudaMemLocation,
+    flags: c_uint,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemPrefetchAsync_v2(dev_ptr as CUdeviceptr, count, location, flags, stream.cast()))
+}
+
+pub unsafe fn cudaMemPrefetchAsync_ptsz(
+    dev_ptr: *const c_void,
+    count: usize,
+    location: cudaMemLocation,
+    flags: c_uint,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemPrefetchAsync_v2_ptsz(dev_ptr as CUdeviceptr, count, location, flags, stream.cast()))
 }
 
 pub unsafe fn cudaMemAdvise(dev_ptr: *const c_void, count: usize, advice: c_int, location: cudaMemLocation) -> CudaResult<()> {
@@ -64,8 +74,12 @@ pub unsafe fn cudaMemRangeGetAttributes(
     cu_ctx!(cuMemRangeGetAttributes(data, data_sizes, attributes.cast(), num_attributes, dev_ptr as CUdeviceptr, count))
 }
 
-driver_twins! {
-    fn cudaStreamAttachMemAsync / cudaStreamAttachMemAsync_ptsz(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) => cuStreamAttachMemAsync / cuStreamAttachMemAsync_ptsz(stream.cast(), dev_ptr as CUdeviceptr, length, flags);
+pub unsafe fn cudaStreamAttachMemAsync(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) -> CudaResult<()> {
+    cu_ctx!(cuStreamAttachMemAsync(stream.cast(), dev_ptr as CUdeviceptr, length, flags))
+}
+
+pub unsafe fn cudaStreamAttachMemAsync_ptsz(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) -> CudaResult<()> {
+    cu_ctx!(cuStreamAttachMemAsync_ptsz(stream.cast(), dev_ptr as CUdeviceptr, length, flags))
 }
 
 // The batches: the runtime's array of pointers is the driver's array of `CUdeviceptr` (both
@@ -101,14 +115,24 @@ pub unsafe fn cudaMemPrefetchBatchAsync_ptsz(
     cu_ctx!(cuMemPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
 }
 
-driver_twins! {
-    fn cudaMemDiscardBatchAsync / cudaMemDiscardBatchAsync_ptsz(
-        dptrs: *mut *mut c_void,
-        sizes: *mut usize,
-        count: usize,
-        flags: c_ulonglong,
-        stream: cudaStream_t,
-    ) => cuMemDiscardBatchAsync / cuMemDiscardBatchAsync_ptsz(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast());
+pub unsafe fn cudaMemDiscardBatchAsync(
+    dptrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    flags: c_ulonglong,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemDiscardBatchAsync(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast()))
+}
+
+pub unsafe fn cudaMemDiscardBatchAsync_ptsz(
+    dptrs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    flags: c_ulonglong,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    cu_ctx!(cuMemDiscardBatchAsync_ptsz(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast()))
 }
 
 #[expect(clippy::too_many_arguments, reason = "cudaMemDiscardAndPrefetchBatchAsync's parameters")]

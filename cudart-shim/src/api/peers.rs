@@ -11,7 +11,7 @@ use flyt_protocol::error::CudaResult;
 use super::device::valid_device;
 use super::launch::{cudaLaunchConfig_t, driver_config};
 use super::managed::cudaMemLocation;
-use crate::driver::{CUdeviceptr, cu, cu_ctx, device_context, driver_twins};
+use crate::driver::{CUdeviceptr, cu, cu_ctx, device_context};
 use crate::ffi::{cudaStream_t, write_out};
 use crate::registry::kernel_by_host;
 
@@ -59,12 +59,20 @@ pub unsafe fn cudaMemcpyPeerAsync(
     cu_ctx!(cuMemcpyPeerAsync(dst as CUdeviceptr, dst_context, src as CUdeviceptr, src_context, count, stream.cast()))
 }
 
-driver_twins! {
-    fn cudaStreamGetDevice / cudaStreamGetDevice_ptsz(stream: cudaStream_t, device: *mut c_int) => cuStreamGetDevice / cuStreamGetDevice_ptsz(stream.cast(), device);
+pub unsafe fn cudaStreamGetDevice(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
+    cu_ctx!(cuStreamGetDevice(stream.cast(), device))
 }
 
-driver_twins! {
-    fn cudaStreamGetId / cudaStreamGetId_ptsz(stream: cudaStream_t, id: *mut u64) => cuStreamGetId / cuStreamGetId_ptsz(stream.cast(), id);
+pub unsafe fn cudaStreamGetDevice_ptsz(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
+    cu_ctx!(cuStreamGetDevice_ptsz(stream.cast(), device))
+}
+
+pub unsafe fn cudaStreamGetId(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
+    cu_ctx!(cuStreamGetId(stream.cast(), id))
+}
+
+pub unsafe fn cudaStreamGetId_ptsz(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
+    cu_ctx!(cuStreamGetId_ptsz(stream.cast(), id))
 }
 
 /// `cudaMemAccessDesc` is the driver's `CUmemAccessDesc`.
@@ -185,8 +193,12 @@ pub unsafe fn cudaMemcpyBatchAsync_ptsz(
     ))
 }
 
-driver_twins! {
-    /// `cudaMemcpy3DBatchAsync`: the driver's; `cudaMemcpy3DBatchOp` is `CUDA_MEMCPY3D_BATCH_OP` field
-    /// for field (this front's arrays are the driver's).
-    fn cudaMemcpy3DBatchAsync / cudaMemcpy3DBatchAsync_ptsz(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) => cuMemcpy3DBatchAsync_v2 / cuMemcpy3DBatchAsync_v2_ptsz(num_ops, op_list.cast(), flags, stream.cast());
+/// `cudaMemcpy3DBatchAsync`: the driver's; `cudaMemcpy3DBatchOp` is `CUDA_MEMCPY3D_BATCH_OP` field
+/// for field (this front's arrays are the driver's).
+pub unsafe fn cudaMemcpy3DBatchAsync(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuMemcpy3DBatchAsync_v2(num_ops, op_list.cast(), flags, stream.cast()))
+}
+
+pub unsafe fn cudaMemcpy3DBatchAsync_ptsz(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuMemcpy3DBatchAsync_v2_ptsz(num_ops, op_list.cast(), flags, stream.cast()))
 }

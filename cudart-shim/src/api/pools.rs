@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-use crate::driver::{CUdeviceptr, cu_ctx, driver_twins};
+use crate::driver::{CUdeviceptr, cu_ctx};
 use crate::ffi::{cudaStream_t, write_out};
 
 /// Runs a driver allocation and gives the app its pointer.
@@ -36,8 +36,12 @@ pub unsafe fn cudaMallocFromPoolAsync_ptsz(ptr: *mut *mut c_void, size: usize, p
     allocate(ptr, |device| cu_ctx!(cuMemAllocFromPoolAsync_ptsz(device, size, pool.cast(), stream.cast())))
 }
 
-driver_twins! {
-    fn cudaFreeAsync / cudaFreeAsync_ptsz(ptr: *mut c_void, stream: cudaStream_t) => cuMemFreeAsync / cuMemFreeAsync_ptsz(ptr as CUdeviceptr, stream.cast());
+pub unsafe fn cudaFreeAsync(ptr: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuMemFreeAsync(ptr as CUdeviceptr, stream.cast()))
+}
+
+pub unsafe fn cudaFreeAsync_ptsz(ptr: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuMemFreeAsync_ptsz(ptr as CUdeviceptr, stream.cast()))
 }
 
 pub unsafe fn cudaDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int) -> CudaResult<()> {

@@ -11,7 +11,6 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
 use crate::driver::cu_ctx;
-use crate::driver::driver_twins;
 use crate::ffi::{cudaEvent_t, cudaStream_t, write_out};
 
 /// `cudaStreamNonBlocking` is the only stream flag.
@@ -93,12 +92,20 @@ pub unsafe fn cudaStreamDestroy(stream: cudaStream_t) -> CudaResult<()> {
     cu_ctx!(cuStreamDestroy_v2(stream.cast()))
 }
 
-driver_twins! {
-    fn cudaStreamSynchronize / cudaStreamSynchronize_ptsz(stream: cudaStream_t) => cuStreamSynchronize / cuStreamSynchronize_ptsz(stream.cast());
+pub unsafe fn cudaStreamSynchronize(stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuStreamSynchronize(stream.cast()))
 }
 
-driver_twins! {
-    fn cudaStreamQuery / cudaStreamQuery_ptsz(stream: cudaStream_t) => cuStreamQuery / cuStreamQuery_ptsz(stream.cast());
+pub unsafe fn cudaStreamSynchronize_ptsz(stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuStreamSynchronize_ptsz(stream.cast()))
+}
+
+pub unsafe fn cudaStreamQuery(stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuStreamQuery(stream.cast()))
+}
+
+pub unsafe fn cudaStreamQuery_ptsz(stream: cudaStream_t) -> CudaResult<()> {
+    cu_ctx!(cuStreamQuery_ptsz(stream.cast()))
 }
 
 fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_thread_default: bool) -> CudaResult<()> {
