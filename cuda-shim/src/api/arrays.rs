@@ -449,8 +449,10 @@ fn map_arrays(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstr
     })
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cuMemMapArrayAsync / cuMemMapArrayAsync_ptsz(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream) -> CUresult |per_thread| {
-        run(|| map_arrays(map_info_list, count, h_stream, per_thread))
-    }
+pub unsafe fn cuMemMapArrayAsync(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream) -> CUresult {
+    run(|| map_arrays(map_info_list, count, h_stream, false))
+}
+
+pub unsafe fn cuMemMapArrayAsync_ptsz(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream) -> CUresult {
+    run(|| map_arrays(map_info_list, count, h_stream, true))
 }

@@ -74,14 +74,22 @@ fn decompress(
     }
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cuMemBatchDecompressAsync / cuMemBatchDecompressAsync_ptsz(
-        params_array: *mut CUmemDecompressParams,
-        count: usize,
-        flags: c_uint,
-        error_index: *mut usize,
-        stream: CUstream,
-    ) -> CUresult |per_thread| {
-        run(|| decompress(params_array, count, flags, error_index, stream, per_thread))
-    }
+pub unsafe fn cuMemBatchDecompressAsync(
+    params_array: *mut CUmemDecompressParams,
+    count: usize,
+    flags: c_uint,
+    error_index: *mut usize,
+    stream: CUstream,
+) -> CUresult {
+    run(|| decompress(params_array, count, flags, error_index, stream, false))
+}
+
+pub unsafe fn cuMemBatchDecompressAsync_ptsz(
+    params_array: *mut CUmemDecompressParams,
+    count: usize,
+    flags: c_uint,
+    error_index: *mut usize,
+    stream: CUstream,
+) -> CUresult {
+    run(|| decompress(params_array, count, flags, error_index, stream, true))
 }

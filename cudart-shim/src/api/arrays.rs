@@ -319,35 +319,50 @@ fn memset_3d(
     Ok(())
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaMemset2D / cudaMemset2D_ptds(dev_ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) -> CudaResult<()> |per_thread| {
-        memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, std::ptr::null_mut(), Mode::Synchronous, per_thread)
-    }
+pub unsafe fn cudaMemset2D(dev_ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) -> CudaResult<()> {
+    memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, std::ptr::null_mut(), Mode::Synchronous, false)
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaMemset2DAsync / cudaMemset2DAsync_ptsz(
-        dev_ptr: *mut c_void,
-        pitch: usize,
-        value: c_int,
-        width: usize,
-        height: usize,
-        stream: cudaStream_t,
-    ) -> CudaResult<()> |per_thread| {
-        memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, stream, Mode::Asynchronous, per_thread)
-    }
+pub unsafe fn cudaMemset2D_ptds(dev_ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) -> CudaResult<()> {
+    memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, std::ptr::null_mut(), Mode::Synchronous, true)
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaMemset3D / cudaMemset3D_ptds(target: cudaPitchedPtr, value: c_int, extent: cudaExtent) -> CudaResult<()> |per_thread| {
-        memset_3d(target, value, extent, std::ptr::null_mut(), Mode::Synchronous, per_thread)
-    }
+pub unsafe fn cudaMemset2DAsync(
+    dev_ptr: *mut c_void,
+    pitch: usize,
+    value: c_int,
+    width: usize,
+    height: usize,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, stream, Mode::Asynchronous, false)
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaMemset3DAsync / cudaMemset3DAsync_ptsz(target: cudaPitchedPtr, value: c_int, extent: cudaExtent, stream: cudaStream_t) -> CudaResult<()> |per_thread| {
-        memset_3d(target, value, extent, stream, Mode::Asynchronous, per_thread)
-    }
+pub unsafe fn cudaMemset2DAsync_ptsz(
+    dev_ptr: *mut c_void,
+    pitch: usize,
+    value: c_int,
+    width: usize,
+    height: usize,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, stream, Mode::Asynchronous, true)
+}
+
+pub unsafe fn cudaMemset3D(target: cudaPitchedPtr, value: c_int, extent: cudaExtent) -> CudaResult<()> {
+    memset_3d(target, value, extent, std::ptr::null_mut(), Mode::Synchronous, false)
+}
+
+pub unsafe fn cudaMemset3D_ptds(target: cudaPitchedPtr, value: c_int, extent: cudaExtent) -> CudaResult<()> {
+    memset_3d(target, value, extent, std::ptr::null_mut(), Mode::Synchronous, true)
+}
+
+pub unsafe fn cudaMemset3DAsync(target: cudaPitchedPtr, value: c_int, extent: cudaExtent, stream: cudaStream_t) -> CudaResult<()> {
+    memset_3d(target, value, extent, stream, Mode::Asynchronous, false)
+}
+
+pub unsafe fn cudaMemset3DAsync_ptsz(target: cudaPitchedPtr, value: c_int, extent: cudaExtent, stream: cudaStream_t) -> CudaResult<()> {
+    memset_3d(target, value, extent, stream, Mode::Asynchronous, true)
 }
 
 // --- arrays and mipmapped arrays ---
@@ -669,21 +684,34 @@ from_array_2d!(cudaMemcpy2DFromArray_ptds, Mode::Synchronous, true);
 from_array_2d!(cudaMemcpy2DFromArrayAsync, Mode::Asynchronous, false, stream);
 from_array_2d!(cudaMemcpy2DFromArrayAsync_ptsz, Mode::Asynchronous, true, stream);
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaMemcpy2DArrayToArray / cudaMemcpy2DArrayToArray_ptds(
-        dst: CUarray,
-        w_offset_dst: usize,
-        h_offset_dst: usize,
-        src: CUarray,
-        w_offset_src: usize,
-        h_offset_src: usize,
-        width: usize,
-        height: usize,
-        kind: cudaMemcpyKind,
-    ) -> CudaResult<()> |per_thread| {
-        let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
-        memcpy_2d_array(dst, dst_at, src, src_at, width, height, kind, std::ptr::null_mut(), Mode::Synchronous, per_thread)
-    }
+pub unsafe fn cudaMemcpy2DArrayToArray(
+    dst: CUarray,
+    w_offset_dst: usize,
+    h_offset_dst: usize,
+    src: CUarray,
+    w_offset_src: usize,
+    h_offset_src: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
+    memcpy_2d_array(dst, dst_at, src, src_at, width, height, kind, std::ptr::null_mut(), Mode::Synchronous, false)
+}
+
+pub unsafe fn cudaMemcpy2DArrayToArray_ptds(
+    dst: CUarray,
+    w_offset_dst: usize,
+    h_offset_dst: usize,
+    src: CUarray,
+    w_offset_src: usize,
+    h_offset_src: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
+    memcpy_2d_array(dst, dst_at, src, src_at, width, height, kind, std::ptr::null_mut(), Mode::Synchronous, true)
 }
 
 // --- the deprecated 1D copies to, from and between arrays ---
@@ -859,20 +887,32 @@ from_array_1d!(cudaMemcpyFromArray_ptds, Mode::Synchronous, true);
 from_array_1d!(cudaMemcpyFromArrayAsync, Mode::Asynchronous, false, stream);
 from_array_1d!(cudaMemcpyFromArrayAsync_ptsz, Mode::Asynchronous, true, stream);
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaMemcpyArrayToArray / cudaMemcpyArrayToArray_ptds(
-        dst: CUarray,
-        w_offset_dst: usize,
-        h_offset_dst: usize,
-        src: CUarray,
-        w_offset_src: usize,
-        h_offset_src: usize,
-        count: usize,
-        kind: cudaMemcpyKind,
-    ) -> CudaResult<()> |per_thread| {
-        let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
-        memcpy_1d("cudaMemcpyArrayToArray", dst, dst_at, src, src_at, count, kind, std::ptr::null_mut(), Mode::Synchronous, per_thread)
-    }
+pub unsafe fn cudaMemcpyArrayToArray(
+    dst: CUarray,
+    w_offset_dst: usize,
+    h_offset_dst: usize,
+    src: CUarray,
+    w_offset_src: usize,
+    h_offset_src: usize,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
+    memcpy_1d("cudaMemcpyArrayToArray", dst, dst_at, src, src_at, count, kind, std::ptr::null_mut(), Mode::Synchronous, false)
+}
+
+pub unsafe fn cudaMemcpyArrayToArray_ptds(
+    dst: CUarray,
+    w_offset_dst: usize,
+    h_offset_dst: usize,
+    src: CUarray,
+    w_offset_src: usize,
+    h_offset_src: usize,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> CudaResult<()> {
+    let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
+    memcpy_1d("cudaMemcpyArrayToArray", dst, dst_at, src, src_at, count, kind, std::ptr::null_mut(), Mode::Synchronous, true)
 }
 
 // --- 3D copies ---

@@ -182,16 +182,24 @@ pub unsafe fn cudaGetDriverEntryPoint_ptsz(
     driver_entry_point(symbol, func, RUNTIME_VERSION.cast_unsigned(), flags, status, true)
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaGetDriverEntryPointByVersion / cudaGetDriverEntryPointByVersion_ptsz(
-        symbol: *const c_char,
-        func: *mut *mut c_void,
-        version: c_uint,
-        flags: u64,
-        status: *mut c_int,
-    ) -> CudaResult<()> |per_thread| {
-        driver_entry_point(symbol, func, version, flags, status, per_thread)
-    }
+pub unsafe fn cudaGetDriverEntryPointByVersion(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    version: c_uint,
+    flags: u64,
+    status: *mut c_int,
+) -> CudaResult<()> {
+    driver_entry_point(symbol, func, version, flags, status, false)
+}
+
+pub unsafe fn cudaGetDriverEntryPointByVersion_ptsz(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    version: c_uint,
+    flags: u64,
+    status: *mut c_int,
+) -> CudaResult<()> {
+    driver_entry_point(symbol, func, version, flags, status, true)
 }
 
 /// The driver's handle of a kernel by its host stub (a `CUkernel`, which the driver takes as a

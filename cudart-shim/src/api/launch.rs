@@ -158,18 +158,28 @@ unsafe fn launch_cooperative(
     }
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaLaunchCooperativeKernel / cudaLaunchCooperativeKernel_ptsz(
-        func: *const c_void,
-        grid: dim3,
-        block: dim3,
-        args: *mut *mut c_void,
-        shared_mem: usize,
-        stream: cudaStream_t,
-    ) -> CudaResult<()> |per_thread| {
-        // SAFETY: forwarded contract.
-        unsafe { launch_cooperative(func, grid, block, args, shared_mem, stream, per_thread) }
-    }
+pub unsafe fn cudaLaunchCooperativeKernel(
+    func: *const c_void,
+    grid: dim3,
+    block: dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    // SAFETY: forwarded contract.
+    unsafe { launch_cooperative(func, grid, block, args, shared_mem, stream, false) }
+}
+
+pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
+    func: *const c_void,
+    grid: dim3,
+    block: dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    // SAFETY: forwarded contract.
+    unsafe { launch_cooperative(func, grid, block, args, shared_mem, stream, true) }
 }
 
 /// `cudaLaunchConfig_t`.
@@ -228,9 +238,12 @@ unsafe fn launch_ex(
     }
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaLaunchKernelExC / cudaLaunchKernelExC_ptsz(config: *const cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void) -> CudaResult<()> |per_thread| {
-        // SAFETY: forwarded contract.
-        unsafe { launch_ex(config, func, args, per_thread) }
-    }
+pub unsafe fn cudaLaunchKernelExC(config: *const cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void) -> CudaResult<()> {
+    // SAFETY: forwarded contract.
+    unsafe { launch_ex(config, func, args, false) }
+}
+
+pub unsafe fn cudaLaunchKernelExC_ptsz(config: *const cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void) -> CudaResult<()> {
+    // SAFETY: forwarded contract.
+    unsafe { launch_ex(config, func, args, true) }
 }

@@ -119,10 +119,12 @@ fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_threa
     }
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaStreamWaitEvent / cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> CudaResult<()> |per_thread| {
-        wait_event(stream, event, flags, per_thread)
-    }
+pub unsafe fn cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> CudaResult<()> {
+    wait_event(stream, event, flags, false)
+}
+
+pub unsafe fn cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> CudaResult<()> {
+    wait_event(stream, event, flags, true)
 }
 
 /// The stream queries: the driver answers (the null handle of a `_ptsz` form is the thread's
@@ -241,16 +243,20 @@ fn is_event(event: cudaEvent_t) -> bool {
     !matches!(cu_ctx!(cuEventQuery(event.cast())), Err(CudaError::INVALID_RESOURCE_HANDLE))
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaEventRecord / cudaEventRecord_ptsz(event: cudaEvent_t, stream: cudaStream_t) -> CudaResult<()> |per_thread| {
-        record(event, stream, 0, per_thread)
-    }
+pub unsafe fn cudaEventRecord(event: cudaEvent_t, stream: cudaStream_t) -> CudaResult<()> {
+    record(event, stream, 0, false)
 }
 
-flyt_front_kit::per_thread_twins! {
-    pub unsafe fn cudaEventRecordWithFlags / cudaEventRecordWithFlags_ptsz(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint) -> CudaResult<()> |per_thread| {
-        record(event, stream, flags, per_thread)
-    }
+pub unsafe fn cudaEventRecord_ptsz(event: cudaEvent_t, stream: cudaStream_t) -> CudaResult<()> {
+    record(event, stream, 0, true)
+}
+
+pub unsafe fn cudaEventRecordWithFlags(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint) -> CudaResult<()> {
+    record(event, stream, flags, false)
+}
+
+pub unsafe fn cudaEventRecordWithFlags_ptsz(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint) -> CudaResult<()> {
+    record(event, stream, flags, true)
 }
 
 pub unsafe fn cudaEventSynchronize(event: cudaEvent_t) -> CudaResult<()> {
