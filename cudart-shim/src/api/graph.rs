@@ -21,95 +21,49 @@ use crate::registry::{host_function_of, kernel_by_host};
 
 // --- stream capture ---
 
-pub unsafe fn cudaStreamBeginCapture(stream: cudaStream_t, mode: c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCapture_v2(stream.cast(), mode.cast_unsigned()))
+per_thread_twins! {
+    cudaStreamBeginCapture, cudaStreamBeginCapture_ptsz (stream: cudaStream_t, mode: c_int)
+        => cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz (stream.cast(), mode.cast_unsigned())
 }
 
-pub unsafe fn cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCapture_v2_ptsz(stream.cast(), mode.cast_unsigned()))
+per_thread_twins! {
+    cudaStreamBeginCaptureToGraph, cudaStreamBeginCaptureToGraph_ptsz
+        (stream: cudaStream_t, graph: CUgraph, dependencies: *const CUgraphNode, edges: *const c_void, count: usize, mode: c_int)
+        => cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz
+        (stream.cast(), graph, dependencies, edges.cast(), count, mode.cast_unsigned())
 }
 
-pub unsafe fn cudaStreamBeginCaptureToGraph(
-    stream: cudaStream_t,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    edges: *const c_void,
-    count: usize,
-    mode: c_int,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCaptureToGraph(stream.cast(), graph, dependencies, edges.cast(), count, mode.cast_unsigned()))
+per_thread_twins! {
+    /// CUDA 13's form takes edge data, as the driver's `_v2` does.
+    cudaStreamUpdateCaptureDependencies, cudaStreamUpdateCaptureDependencies_ptsz
+        (stream: cudaStream_t, dependencies: *mut CUgraphNode, edges: *const c_void, count: usize, flags: c_uint)
+        => cuStreamUpdateCaptureDependencies_v2, cuStreamUpdateCaptureDependencies_v2_ptsz
+        (stream.cast(), dependencies, edges.cast(), count, flags)
 }
 
-pub unsafe fn cudaStreamBeginCaptureToGraph_ptsz(
-    stream: cudaStream_t,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    edges: *const c_void,
-    count: usize,
-    mode: c_int,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCaptureToGraph_ptsz(stream.cast(), graph, dependencies, edges.cast(), count, mode.cast_unsigned()))
+per_thread_twins! {
+    cudaStreamEndCapture, cudaStreamEndCapture_ptsz (stream: cudaStream_t, graph: *mut CUgraph)
+        => cuStreamEndCapture, cuStreamEndCapture_ptsz (stream.cast(), graph)
 }
 
-/// CUDA 13's form takes edge data, as the driver's `_v2` does.
-pub unsafe fn cudaStreamUpdateCaptureDependencies(
-    stream: cudaStream_t,
-    dependencies: *mut CUgraphNode,
-    edges: *const c_void,
-    count: usize,
-    flags: c_uint,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamUpdateCaptureDependencies_v2(stream.cast(), dependencies, edges.cast(), count, flags))
+per_thread_twins! {
+    cudaStreamIsCapturing, cudaStreamIsCapturing_ptsz (stream: cudaStream_t, status: *mut c_int)
+        => cuStreamIsCapturing, cuStreamIsCapturing_ptsz (stream.cast(), status.cast())
 }
 
-pub unsafe fn cudaStreamUpdateCaptureDependencies_ptsz(
-    stream: cudaStream_t,
-    dependencies: *mut CUgraphNode,
-    edges: *const c_void,
-    count: usize,
-    flags: c_uint,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamUpdateCaptureDependencies_v2_ptsz(stream.cast(), dependencies, edges.cast(), count, flags))
-}
-
-pub unsafe fn cudaStreamEndCapture(stream: cudaStream_t, graph: *mut CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuStreamEndCapture(stream.cast(), graph))
-}
-
-pub unsafe fn cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuStreamEndCapture_ptsz(stream.cast(), graph))
-}
-
-pub unsafe fn cudaStreamIsCapturing(stream: cudaStream_t, status: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamIsCapturing(stream.cast(), status.cast()))
-}
-
-pub unsafe fn cudaStreamIsCapturing_ptsz(stream: cudaStream_t, status: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamIsCapturing_ptsz(stream.cast(), status.cast()))
-}
-
-pub unsafe fn cudaStreamGetCaptureInfo(
-    stream: cudaStream_t,
-    status: *mut c_int,
-    id: *mut u64,
-    graph: *mut CUgraph,
-    dependencies: *mut *const CUgraphNode,
-    edges: *mut *const c_void,
-    count: *mut usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetCaptureInfo_v3(stream.cast(), status.cast(), id, graph, dependencies, edges.cast(), count))
-}
-
-pub unsafe fn cudaStreamGetCaptureInfo_ptsz(
-    stream: cudaStream_t,
-    status: *mut c_int,
-    id: *mut u64,
-    graph: *mut CUgraph,
-    dependencies: *mut *const CUgraphNode,
-    edges: *mut *const c_void,
-    count: *mut usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetCaptureInfo_v3_ptsz(stream.cast(), status.cast(), id, graph, dependencies, edges.cast(), count))
+per_thread_twins! {
+    cudaStreamGetCaptureInfo, cudaStreamGetCaptureInfo_ptsz
+        (
+            stream: cudaStream_t,
+            status: *mut c_int,
+            id: *mut u64,
+            graph: *mut CUgraph,
+            dependencies: *mut *const CUgraphNode,
+            edges: *mut *const c_void,
+            count: *mut usize,
+        )
+        => cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz
+        (stream.cast(), status.cast(), id, graph, dependencies, edges.cast(), count)
 }
 
 pub unsafe fn cudaThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CudaResult<()> {
@@ -659,28 +613,19 @@ pub unsafe fn cudaGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgra
 
 // `cudaGraphInstantiateParams` and `cudaGraphExecUpdateResultInfo` have the driver's layouts.
 
-pub unsafe fn cudaGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphInstantiateWithParams(exec, graph, params.cast()))
+per_thread_twins! {
+    cudaGraphInstantiateWithParams, cudaGraphInstantiateWithParams_ptsz (exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
+        => cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz (exec, graph, params.cast())
 }
 
-pub unsafe fn cudaGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphInstantiateWithParams_ptsz(exec, graph, params.cast()))
+per_thread_twins! {
+    cudaGraphLaunch, cudaGraphLaunch_ptsz (exec: CUgraphExec, stream: cudaStream_t)
+        => cuGraphLaunch, cuGraphLaunch_ptsz (exec, stream.cast())
 }
 
-pub unsafe fn cudaGraphLaunch(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphLaunch(exec, stream.cast()))
-}
-
-pub unsafe fn cudaGraphLaunch_ptsz(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphLaunch_ptsz(exec, stream.cast()))
-}
-
-pub unsafe fn cudaGraphUpload(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphUpload(exec, stream.cast()))
-}
-
-pub unsafe fn cudaGraphUpload_ptsz(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphUpload_ptsz(exec, stream.cast()))
+per_thread_twins! {
+    cudaGraphUpload, cudaGraphUpload_ptsz (exec: CUgraphExec, stream: cudaStream_t)
+        => cuGraphUpload, cuGraphUpload_ptsz (exec, stream.cast())
 }
 
 pub unsafe fn cudaGraphExecDestroy(exec: CUgraphExec) -> CudaResult<()> {
@@ -914,23 +859,12 @@ pub unsafe fn cudaGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUg
 
 // --- host functions ---
 
-pub unsafe fn cudaLaunchHostFunc(stream: cudaStream_t, function: HostFn, data: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuLaunchHostFunc(stream.cast(), function, data))
+per_thread_twins! {
+    cudaLaunchHostFunc, cudaLaunchHostFunc_ptsz (stream: cudaStream_t, function: HostFn, data: *mut c_void)
+        => cuLaunchHostFunc, cuLaunchHostFunc_ptsz (stream.cast(), function, data)
 }
 
-pub unsafe fn cudaLaunchHostFunc_ptsz(stream: cudaStream_t, function: HostFn, data: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuLaunchHostFunc_ptsz(stream.cast(), function, data))
-}
-
-pub unsafe fn cudaStreamAddCallback(stream: cudaStream_t, callback: StreamCallback, data: *mut c_void, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuStreamAddCallback(stream.cast(), callback, data, flags))
-}
-
-pub unsafe fn cudaStreamAddCallback_ptsz(
-    stream: cudaStream_t,
-    callback: StreamCallback,
-    data: *mut c_void,
-    flags: c_uint,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamAddCallback_ptsz(stream.cast(), callback, data, flags))
+per_thread_twins! {
+    cudaStreamAddCallback, cudaStreamAddCallback_ptsz (stream: cudaStream_t, callback: StreamCallback, data: *mut c_void, flags: c_uint)
+        => cuStreamAddCallback, cuStreamAddCallback_ptsz (stream.cast(), callback, data, flags)
 }

@@ -29,24 +29,9 @@ pub unsafe fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c
     unsafe { write_out(dev_ptr, ptr as usize as *mut c_void) }
 }
 
-pub unsafe fn cudaMemPrefetchAsync(
-    dev_ptr: *const c_void,
-    count: usize,
-    location: cudaMemLocation,
-    flags: c_uint,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemPrefetchAsync_v2(dev_ptr as CUdeviceptr, count, location, flags, stream.cast()))
-}
-
-pub unsafe fn cudaMemPrefetchAsync_ptsz(
-    dev_ptr: *const c_void,
-    count: usize,
-    location: cudaMemLocation,
-    flags: c_uint,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemPrefetchAsync_v2_ptsz(dev_ptr as CUdeviceptr, count, location, flags, stream.cast()))
+per_thread_twins! {
+    cudaMemPrefetchAsync, cudaMemPrefetchAsync_ptsz (dev_ptr: *const c_void, count: usize, location: cudaMemLocation, flags: c_uint, stream: cudaStream_t)
+        => cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz (dev_ptr as CUdeviceptr, count, location, flags, stream.cast())
 }
 
 pub unsafe fn cudaMemAdvise(dev_ptr: *const c_void, count: usize, advice: c_int, location: cudaMemLocation) -> CudaResult<()> {
@@ -74,93 +59,47 @@ pub unsafe fn cudaMemRangeGetAttributes(
     cu_ctx!(cuMemRangeGetAttributes(data, data_sizes, attributes.cast(), num_attributes, dev_ptr as CUdeviceptr, count))
 }
 
-pub unsafe fn cudaStreamAttachMemAsync(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuStreamAttachMemAsync(stream.cast(), dev_ptr as CUdeviceptr, length, flags))
-}
-
-pub unsafe fn cudaStreamAttachMemAsync_ptsz(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuStreamAttachMemAsync_ptsz(stream.cast(), dev_ptr as CUdeviceptr, length, flags))
+per_thread_twins! {
+    cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz (stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint)
+        => cuStreamAttachMemAsync, cuStreamAttachMemAsync_ptsz (stream.cast(), dev_ptr as CUdeviceptr, length, flags)
 }
 
 // The batches: the runtime's array of pointers is the driver's array of `CUdeviceptr` (both
 // 64-bit addresses).
 
-#[expect(clippy::too_many_arguments, reason = "cudaMemPrefetchBatchAsync's parameters")]
-pub unsafe fn cudaMemPrefetchBatchAsync(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    locations: *mut cudaMemLocation,
-    location_starts: *mut usize,
-    num_locations: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemPrefetchBatchAsync(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
+per_thread_twins! {
+    cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz
+        (
+            dptrs: *mut *mut c_void,
+            sizes: *mut usize,
+            count: usize,
+            locations: *mut cudaMemLocation,
+            location_starts: *mut usize,
+            num_locations: usize,
+            flags: c_ulonglong,
+            stream: cudaStream_t,
+        )
+        => cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz
+        (dptrs.cast::<CUdeviceptr>(), sizes, count, locations, location_starts, num_locations, flags, stream.cast())
 }
 
-#[expect(clippy::too_many_arguments, reason = "cudaMemPrefetchBatchAsync's parameters")]
-pub unsafe fn cudaMemPrefetchBatchAsync_ptsz(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    locations: *mut cudaMemLocation,
-    location_starts: *mut usize,
-    num_locations: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
+per_thread_twins! {
+    cudaMemDiscardBatchAsync, cudaMemDiscardBatchAsync_ptsz (dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, flags: c_ulonglong, stream: cudaStream_t)
+        => cuMemDiscardBatchAsync, cuMemDiscardBatchAsync_ptsz (dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast())
 }
 
-pub unsafe fn cudaMemDiscardBatchAsync(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemDiscardBatchAsync(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast()))
-}
-
-pub unsafe fn cudaMemDiscardBatchAsync_ptsz(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemDiscardBatchAsync_ptsz(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast()))
-}
-
-#[expect(clippy::too_many_arguments, reason = "cudaMemDiscardAndPrefetchBatchAsync's parameters")]
-pub unsafe fn cudaMemDiscardAndPrefetchBatchAsync(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    locations: *mut cudaMemLocation,
-    location_starts: *mut usize,
-    num_locations: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemDiscardAndPrefetchBatchAsync(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
-}
-
-#[expect(clippy::too_many_arguments, reason = "cudaMemDiscardAndPrefetchBatchAsync's parameters")]
-pub unsafe fn cudaMemDiscardAndPrefetchBatchAsync_ptsz(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    locations: *mut cudaMemLocation,
-    location_starts: *mut usize,
-    num_locations: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
+per_thread_twins! {
+    cudaMemDiscardAndPrefetchBatchAsync, cudaMemDiscardAndPrefetchBatchAsync_ptsz
+        (
+            dptrs: *mut *mut c_void,
+            sizes: *mut usize,
+            count: usize,
+            locations: *mut cudaMemLocation,
+            location_starts: *mut usize,
+            num_locations: usize,
+            flags: c_ulonglong,
+            stream: cudaStream_t,
+        )
+        => cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync_ptsz
+        (dptrs.cast::<CUdeviceptr>(), sizes, count, locations, location_starts, num_locations, flags, stream.cast())
 }

@@ -59,20 +59,14 @@ pub unsafe fn cudaMemcpyPeerAsync(
     cu_ctx!(cuMemcpyPeerAsync(dst as CUdeviceptr, dst_context, src as CUdeviceptr, src_context, count, stream.cast()))
 }
 
-pub unsafe fn cudaStreamGetDevice(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetDevice(stream.cast(), device))
+per_thread_twins! {
+    cudaStreamGetDevice, cudaStreamGetDevice_ptsz (stream: cudaStream_t, device: *mut c_int)
+        => cuStreamGetDevice, cuStreamGetDevice_ptsz (stream.cast(), device)
 }
 
-pub unsafe fn cudaStreamGetDevice_ptsz(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetDevice_ptsz(stream.cast(), device))
-}
-
-pub unsafe fn cudaStreamGetId(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetId(stream.cast(), id))
-}
-
-pub unsafe fn cudaStreamGetId_ptsz(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetId_ptsz(stream.cast(), id))
+per_thread_twins! {
+    cudaStreamGetId, cudaStreamGetId_ptsz (stream: cudaStream_t, id: *mut u64)
+        => cuStreamGetId, cuStreamGetId_ptsz (stream.cast(), id)
 }
 
 /// `cudaMemAccessDesc` is the driver's `CUmemAccessDesc`.
@@ -193,12 +187,9 @@ pub unsafe fn cudaMemcpyBatchAsync_ptsz(
     ))
 }
 
-/// `cudaMemcpy3DBatchAsync`: the driver's; `cudaMemcpy3DBatchOp` is `CUDA_MEMCPY3D_BATCH_OP` field
-/// for field (this front's arrays are the driver's).
-pub unsafe fn cudaMemcpy3DBatchAsync(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuMemcpy3DBatchAsync_v2(num_ops, op_list.cast(), flags, stream.cast()))
-}
-
-pub unsafe fn cudaMemcpy3DBatchAsync_ptsz(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuMemcpy3DBatchAsync_v2_ptsz(num_ops, op_list.cast(), flags, stream.cast()))
+per_thread_twins! {
+    /// `cudaMemcpy3DBatchAsync`: the driver's; `cudaMemcpy3DBatchOp` is `CUDA_MEMCPY3D_BATCH_OP` field
+    /// for field (this front's arrays are the driver's).
+    cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz (num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t)
+        => cuMemcpy3DBatchAsync_v2, cuMemcpy3DBatchAsync_v2_ptsz (num_ops, op_list.cast(), flags, stream.cast())
 }

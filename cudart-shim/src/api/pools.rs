@@ -36,12 +36,9 @@ pub unsafe fn cudaMallocFromPoolAsync_ptsz(ptr: *mut *mut c_void, size: usize, p
     allocate(ptr, |device| cu_ctx!(cuMemAllocFromPoolAsync_ptsz(device, size, pool.cast(), stream.cast())))
 }
 
-pub unsafe fn cudaFreeAsync(ptr: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuMemFreeAsync(ptr as CUdeviceptr, stream.cast()))
-}
-
-pub unsafe fn cudaFreeAsync_ptsz(ptr: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuMemFreeAsync_ptsz(ptr as CUdeviceptr, stream.cast()))
+per_thread_twins! {
+    cudaFreeAsync, cudaFreeAsync_ptsz (ptr: *mut c_void, stream: cudaStream_t)
+        => cuMemFreeAsync, cuMemFreeAsync_ptsz (ptr as CUdeviceptr, stream.cast())
 }
 
 pub unsafe fn cudaDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int) -> CudaResult<()> {

@@ -92,20 +92,14 @@ pub unsafe fn cudaStreamDestroy(stream: cudaStream_t) -> CudaResult<()> {
     cu_ctx!(cuStreamDestroy_v2(stream.cast()))
 }
 
-pub unsafe fn cudaStreamSynchronize(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamSynchronize(stream.cast()))
+per_thread_twins! {
+    cudaStreamSynchronize, cudaStreamSynchronize_ptsz (stream: cudaStream_t)
+        => cuStreamSynchronize, cuStreamSynchronize_ptsz (stream.cast())
 }
 
-pub unsafe fn cudaStreamSynchronize_ptsz(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamSynchronize_ptsz(stream.cast()))
-}
-
-pub unsafe fn cudaStreamQuery(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamQuery(stream.cast()))
-}
-
-pub unsafe fn cudaStreamQuery_ptsz(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamQuery_ptsz(stream.cast()))
+per_thread_twins! {
+    cudaStreamQuery, cudaStreamQuery_ptsz (stream: cudaStream_t)
+        => cuStreamQuery, cuStreamQuery_ptsz (stream.cast())
 }
 
 fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_thread_default: bool) -> CudaResult<()> {
