@@ -99,20 +99,7 @@ pub unsafe fn cudaLibraryEnumerateKernels(kernels: *mut cudaKernel_t, num_kernel
     Ok(())
 }
 
-pub unsafe fn cudaLibraryGetGlobal(
-    dev_ptr: *mut *mut c_void,
-    bytes: *mut usize,
-    library: CUlibrary,
-    name: *const c_char,
-) -> CudaResult<()> {
-    cu_ctx!(cuLibraryGetGlobal(dev_ptr.cast(), bytes, library, name))
-}
-
-pub unsafe fn cudaLibraryGetManaged(
-    dev_ptr: *mut *mut c_void,
-    bytes: *mut usize,
-    library: CUlibrary,
-    name: *const c_char,
-) -> CudaResult<()> {
-    cu_ctx!(cuLibraryGetManaged(dev_ptr.cast(), bytes, library, name))
+driver_forwards! {
+    cudaLibraryGetGlobal(dev_ptr: *mut *mut c_void, bytes: *mut usize, library: CUlibrary, name: *const c_char) => cuLibraryGetGlobal(dev_ptr.cast(), bytes, library, name);
+    cudaLibraryGetManaged(dev_ptr: *mut *mut c_void, bytes: *mut usize, library: CUlibrary, name: *const c_char) => cuLibraryGetManaged(dev_ptr.cast(), bytes, library, name);
 }

@@ -34,29 +34,10 @@ per_thread_twins! {
         => cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz (dev_ptr as CUdeviceptr, count, location, flags, stream.cast())
 }
 
-pub unsafe fn cudaMemAdvise(dev_ptr: *const c_void, count: usize, advice: c_int, location: cudaMemLocation) -> CudaResult<()> {
-    cu_ctx!(cuMemAdvise_v2(dev_ptr as CUdeviceptr, count, advice.cast_unsigned(), location))
-}
-
-pub unsafe fn cudaMemRangeGetAttribute(
-    data: *mut c_void,
-    data_size: usize,
-    attribute: c_int,
-    dev_ptr: *const c_void,
-    count: usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemRangeGetAttribute(data, data_size, attribute.cast_unsigned(), dev_ptr as CUdeviceptr, count))
-}
-
-pub unsafe fn cudaMemRangeGetAttributes(
-    data: *mut *mut c_void,
-    data_sizes: *mut usize,
-    attributes: *mut c_int,
-    num_attributes: usize,
-    dev_ptr: *const c_void,
-    count: usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemRangeGetAttributes(data, data_sizes, attributes.cast(), num_attributes, dev_ptr as CUdeviceptr, count))
+driver_forwards! {
+    cudaMemAdvise(dev_ptr: *const c_void, count: usize, advice: c_int, location: cudaMemLocation) => cuMemAdvise_v2(dev_ptr as CUdeviceptr, count, advice.cast_unsigned(), location);
+    cudaMemRangeGetAttribute(data: *mut c_void, data_size: usize, attribute: c_int, dev_ptr: *const c_void, count: usize) => cuMemRangeGetAttribute(data, data_size, attribute.cast_unsigned(), dev_ptr as CUdeviceptr, count);
+    cudaMemRangeGetAttributes(data: *mut *mut c_void, data_sizes: *mut usize, attributes: *mut c_int, num_attributes: usize, dev_ptr: *const c_void, count: usize) => cuMemRangeGetAttributes(data, data_sizes, attributes.cast(), num_attributes, dev_ptr as CUdeviceptr, count);
 }
 
 per_thread_twins! {

@@ -44,6 +44,20 @@ macro_rules! per_thread_twins {
     };
 }
 
+/// Declares exports that are each one driver call with the app's arguments (converted where the
+/// runtime's types differ), as a table of `export(parameters) => driver(arguments);`.
+macro_rules! driver_forwards {
+    ($($(#[$meta:meta])* $name:ident($($arg:ident: $ty:ty),* $(,)?) => $driver:ident($($call:expr),* $(,)?);)*) => {
+        $(
+            $(#[$meta])*
+            #[allow(clippy::too_many_arguments, reason = "the CUDA export's parameters")]
+            pub unsafe fn $name($($arg: $ty),*) -> flyt_protocol::error::CudaResult<()> {
+                $crate::driver::cu_ctx!($driver($($call),*))
+            }
+        )*
+    };
+}
+
 mod arrays;
 mod device;
 mod errors;

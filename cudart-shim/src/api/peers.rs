@@ -69,26 +69,14 @@ per_thread_twins! {
         => cuStreamGetId, cuStreamGetId_ptsz (stream.cast(), id)
 }
 
-/// `cudaMemAccessDesc` is the driver's `CUmemAccessDesc`.
-pub unsafe fn cudaMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolSetAccess(pool.cast(), descriptors.cast(), count))
-}
-
-pub unsafe fn cudaMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *mut cudaMemLocation) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolGetAccess(flags.cast(), pool.cast(), location))
-}
-
-/// `cudaMemAllocationType` and `cudaMemLocationType` number as the driver's.
-pub unsafe fn cudaMemGetDefaultMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) -> CudaResult<()> {
-    cu_ctx!(cuMemGetDefaultMemPool(pool.cast(), location, kind.cast_unsigned()))
-}
-
-pub unsafe fn cudaMemGetMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) -> CudaResult<()> {
-    cu_ctx!(cuMemGetMemPool(pool.cast(), location, kind.cast_unsigned()))
-}
-
-pub unsafe fn cudaMemSetMemPool(location: *mut cudaMemLocation, kind: c_int, pool: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuMemSetMemPool(location, kind.cast_unsigned(), pool.cast()))
+driver_forwards! {
+    /// `cudaMemAccessDesc` is the driver's `CUmemAccessDesc`.
+    cudaMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize) => cuMemPoolSetAccess(pool.cast(), descriptors.cast(), count);
+    cudaMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *mut cudaMemLocation) => cuMemPoolGetAccess(flags.cast(), pool.cast(), location);
+    /// `cudaMemAllocationType` and `cudaMemLocationType` number as the driver's.
+    cudaMemGetDefaultMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) => cuMemGetDefaultMemPool(pool.cast(), location, kind.cast_unsigned());
+    cudaMemGetMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) => cuMemGetMemPool(pool.cast(), location, kind.cast_unsigned());
+    cudaMemSetMemPool(location: *mut cudaMemLocation, kind: c_int, pool: *mut c_void) => cuMemSetMemPool(location, kind.cast_unsigned(), pool.cast());
 }
 
 /// The kernel registered for a host stub and the driver's form of the configuration.
