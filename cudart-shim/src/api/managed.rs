@@ -49,38 +49,33 @@ per_thread_twins! {
 // 64-bit addresses).
 
 per_thread_twins! {
-    cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz
-        (
-            dptrs: *mut *mut c_void,
-            sizes: *mut usize,
-            count: usize,
-            locations: *mut cudaMemLocation,
-            location_starts: *mut usize,
-            num_locations: usize,
-            flags: c_ulonglong,
-            stream: cudaStream_t,
-        )
-        => cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz
-        (dptrs.cast::<CUdeviceptr>(), sizes, count, locations, location_starts, num_locations, flags, stream.cast())
-}
-
-per_thread_twins! {
     cudaMemDiscardBatchAsync, cudaMemDiscardBatchAsync_ptsz (dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, flags: c_ulonglong, stream: cudaStream_t)
         => cuMemDiscardBatchAsync, cuMemDiscardBatchAsync_ptsz (dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast())
 }
 
-per_thread_twins! {
+/// The batches that prefetch to locations, which take the same parameters.
+macro_rules! batch_to_locations {
+    ($($name:ident, $name_pt:ident => $driver:ident, $driver_pt:ident;)*) => {
+        $(per_thread_twins! {
+            $name, $name_pt
+                (
+                    dptrs: *mut *mut c_void,
+                    sizes: *mut usize,
+                    count: usize,
+                    locations: *mut cudaMemLocation,
+                    location_starts: *mut usize,
+                    num_locations: usize,
+                    flags: c_ulonglong,
+                    stream: cudaStream_t,
+                )
+                => $driver, $driver_pt
+                (dptrs.cast::<CUdeviceptr>(), sizes, count, locations, location_starts, num_locations, flags, stream.cast())
+        })*
+    };
+}
+
+batch_to_locations! {
+    cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz => cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz;
     cudaMemDiscardAndPrefetchBatchAsync, cudaMemDiscardAndPrefetchBatchAsync_ptsz
-        (
-            dptrs: *mut *mut c_void,
-            sizes: *mut usize,
-            count: usize,
-            locations: *mut cudaMemLocation,
-            location_starts: *mut usize,
-            num_locations: usize,
-            flags: c_ulonglong,
-            stream: cudaStream_t,
-        )
-        => cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync_ptsz
-        (dptrs.cast::<CUdeviceptr>(), sizes, count, locations, location_starts, num_locations, flags, stream.cast())
+        => cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync_ptsz;
 }

@@ -27,8 +27,9 @@ macro_rules! stream_entry_points {
     };
 }
 
-/// Declares an export and its per-thread default stream twin (`_ptsz`), each one driver call: the
-/// twin calls the driver's per-thread entry point with the same arguments.
+/// Declares an export and its per-thread default stream twin (`_ptsz`): each one driver call, the
+/// twin's to the driver's per-thread entry point with the same arguments, or one body that sees
+/// `|per_thread|`.
 macro_rules! per_thread_twins {
     ($(#[$meta:meta])* $name:ident, $name_pt:ident ($($arg:ident: $ty:ty),* $(,)?) => $driver:ident, $driver_pt:ident ($($call:expr),* $(,)?)) => {
         $(#[$meta])*
@@ -40,6 +41,20 @@ macro_rules! per_thread_twins {
         #[allow(clippy::too_many_arguments, reason = "the CUDA export's parameters")]
         pub unsafe fn $name_pt($($arg: $ty),*) -> flyt_protocol::error::CudaResult<()> {
             $crate::driver::cu_ctx!($driver_pt($($call),*))
+        }
+    };
+    ($(#[$meta:meta])* $name:ident, $name_pt:ident ($($arg:ident: $ty:ty),* $(,)?) |$per_thread:ident| $body:expr) => {
+        $(#[$meta])*
+        #[allow(clippy::too_many_arguments, reason = "the CUDA export's parameters")]
+        pub unsafe fn $name($($arg: $ty),*) -> flyt_protocol::error::CudaResult<()> {
+            let $per_thread = false;
+            $body
+        }
+
+        #[allow(clippy::too_many_arguments, reason = "the CUDA export's parameters")]
+        pub unsafe fn $name_pt($($arg: $ty),*) -> flyt_protocol::error::CudaResult<()> {
+            let $per_thread = true;
+            $body
         }
     };
 }

@@ -127,52 +127,22 @@ pub unsafe fn cudaOccupancyMaxPotentialClusterSize(
     unsafe { write_out(size, value) }
 }
 
-/// `cudaMemcpyBatchAsync`: the driver's, whose `cudaMemcpyAttributes` are the driver's
-/// `CUmemcpyAttributes` field for field.
-#[expect(clippy::too_many_arguments, reason = "the runtime's signature")]
-pub unsafe fn cudaMemcpyBatchAsync(
-    dsts: *const *mut c_void,
-    srcs: *const *const c_void,
-    sizes: *const usize,
-    count: usize,
-    attrs: *mut c_void,
-    attrs_idxs: *mut usize,
-    num_attrs: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemcpyBatchAsync_v2(
-        dsts.cast_mut().cast(),
-        srcs.cast_mut().cast(),
-        sizes.cast_mut(),
-        count,
-        attrs.cast(),
-        attrs_idxs,
-        num_attrs,
-        stream.cast()
-    ))
-}
-
-#[expect(clippy::too_many_arguments, reason = "the runtime's signature")]
-pub unsafe fn cudaMemcpyBatchAsync_ptsz(
-    dsts: *const *mut c_void,
-    srcs: *const *const c_void,
-    sizes: *const usize,
-    count: usize,
-    attrs: *mut c_void,
-    attrs_idxs: *mut usize,
-    num_attrs: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemcpyBatchAsync_v2_ptsz(
-        dsts.cast_mut().cast(),
-        srcs.cast_mut().cast(),
-        sizes.cast_mut(),
-        count,
-        attrs.cast(),
-        attrs_idxs,
-        num_attrs,
-        stream.cast()
-    ))
+per_thread_twins! {
+    /// `cudaMemcpyBatchAsync`: the driver's, whose `cudaMemcpyAttributes` are the driver's
+    /// `CUmemcpyAttributes` field for field.
+    cudaMemcpyBatchAsync, cudaMemcpyBatchAsync_ptsz
+        (
+            dsts: *const *mut c_void,
+            srcs: *const *const c_void,
+            sizes: *const usize,
+            count: usize,
+            attrs: *mut c_void,
+            attrs_idxs: *mut usize,
+            num_attrs: usize,
+            stream: cudaStream_t,
+        )
+        => cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync_v2_ptsz
+        (dsts.cast_mut().cast(), srcs.cast_mut().cast(), sizes.cast_mut(), count, attrs.cast(), attrs_idxs, num_attrs, stream.cast())
 }
 
 per_thread_twins! {
