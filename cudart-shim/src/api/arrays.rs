@@ -491,61 +491,32 @@ pub unsafe fn cudaArrayGetPlane(plane_array: *mut CUarray, array: CUarray, plane
     unsafe { write_out(plane_array, out) }
 }
 
-pub unsafe fn cudaArrayGetSparseProperties(properties: *mut cudaArraySparseProperties, array: CUarray) -> CudaResult<()> {
-    if properties.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    // SAFETY: all-zero is a valid value of these plain integer fields.
-    let mut out: cudaArraySparseProperties = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuArrayGetSparseProperties(std::ptr::from_mut(&mut out).cast(), array))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(properties, out) }
+/// Queries that fill one of these structs: the out-pointer is checked (then the device, where the
+/// query names one), and the driver fills the struct from all-zero.
+macro_rules! struct_queries {
+    ($($name:ident($out:ident: *mut $out_ty:ty, $handle:ident: $handle_ty:ty $(, $device:ident: c_int)?) => $driver:ident;)*) => {$(
+        pub unsafe fn $name($out: *mut $out_ty, $handle: $handle_ty $(, $device: c_int)?) -> CudaResult<()> {
+            if $out.is_null() {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            $(let $device = valid_device($device)?;)?
+            // SAFETY: all-zero is a valid value of these plain integer fields.
+            let mut value: $out_ty = unsafe { std::mem::zeroed() };
+            cu_ctx!($driver(std::ptr::from_mut(&mut value).cast(), $handle $(, $device)?))?;
+            // SAFETY: checked non-NULL; the app's out-pointer.
+            unsafe { write_out($out, value) }
+        }
+    )*};
 }
 
-pub unsafe fn cudaMipmappedArrayGetSparseProperties(
-    properties: *mut cudaArraySparseProperties,
-    mipmapped: CUmipmappedArray,
-) -> CudaResult<()> {
-    if properties.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    // SAFETY: all-zero is a valid value of these plain integer fields.
-    let mut out: cudaArraySparseProperties = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuMipmappedArrayGetSparseProperties(std::ptr::from_mut(&mut out).cast(), mipmapped))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(properties, out) }
-}
-
-pub unsafe fn cudaArrayGetMemoryRequirements(
-    requirements: *mut cudaArrayMemoryRequirements,
-    array: CUarray,
-    device: c_int,
-) -> CudaResult<()> {
-    if requirements.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let device = valid_device(device)?;
-    // SAFETY: all-zero is a valid value of these plain integer fields.
-    let mut out: cudaArrayMemoryRequirements = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuArrayGetMemoryRequirements(std::ptr::from_mut(&mut out).cast(), array, device))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(requirements, out) }
-}
-
-pub unsafe fn cudaMipmappedArrayGetMemoryRequirements(
-    requirements: *mut cudaArrayMemoryRequirements,
-    mipmapped: CUmipmappedArray,
-    device: c_int,
-) -> CudaResult<()> {
-    if requirements.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let device = valid_device(device)?;
-    // SAFETY: all-zero is a valid value of these plain integer fields.
-    let mut out: cudaArrayMemoryRequirements = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuMipmappedArrayGetMemoryRequirements(std::ptr::from_mut(&mut out).cast(), mipmapped, device))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(requirements, out) }
+struct_queries! {
+    cudaArrayGetSparseProperties(properties: *mut cudaArraySparseProperties, array: CUarray) => cuArrayGetSparseProperties;
+    cudaMipmappedArrayGetSparseProperties(properties: *mut cudaArraySparseProperties, mipmapped: CUmipmappedArray)
+        => cuMipmappedArrayGetSparseProperties;
+    cudaArrayGetMemoryRequirements(requirements: *mut cudaArrayMemoryRequirements, array: CUarray, device: c_int)
+        => cuArrayGetMemoryRequirements;
+    cudaMipmappedArrayGetMemoryRequirements(requirements: *mut cudaArrayMemoryRequirements, mipmapped: CUmipmappedArray, device: c_int)
+        => cuMipmappedArrayGetMemoryRequirements;
 }
 
 // --- 2D copies to, from and between arrays (offsets and widths in bytes, as the driver's) ---

@@ -315,10 +315,13 @@ pub(super) fn symbol_direction(to_symbol: bool, kind: cudaMemcpyKind) -> CudaRes
     if kind == allowed || matches!(kind, DEVICE_TO_DEVICE | DEFAULT) { Ok(()) } else { Err(CudaError::INVALID_MEMCPY_DIRECTION) }
 }
 
-#[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
-fn to_symbol(
+/// A copy of `count` bytes between a `__device__` variable (from `offset`) and `other`, to the
+/// variable (`to_symbol`) or from it.
+#[expect(clippy::too_many_arguments, reason = "the widest CUDA symbol-copy signature plus its direction")]
+fn memcpy_symbol(
+    to_symbol: bool,
     symbol: *const c_void,
-    src: *const c_void,
+    other: *const c_void,
     count: usize,
     offset: usize,
     kind: cudaMemcpyKind,
@@ -326,37 +329,22 @@ fn to_symbol(
     mode: Mode,
     per_thread: bool,
 ) -> CudaResult<()> {
-    symbol_direction(true, kind)?;
-    let address = symbol_address(symbol, count, offset)?;
-    memcpy(address as usize as *mut c_void, src, count, kind, stream, mode, per_thread)
-}
-
-#[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
-fn from_symbol(
-    dst: *mut c_void,
-    symbol: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-    mode: Mode,
-    per_thread: bool,
-) -> CudaResult<()> {
-    symbol_direction(false, kind)?;
-    let address = symbol_address(symbol, count, offset)?;
-    memcpy(dst, address as usize as *const c_void, count, kind, stream, mode, per_thread)
+    symbol_direction(to_symbol, kind)?;
+    let address = symbol_address(symbol, count, offset)? as usize as *const c_void;
+    let (dst, src) = if to_symbol { (address, other) } else { (other, address) };
+    memcpy(dst.cast_mut(), src, count, kind, stream, mode, per_thread)
 }
 
 stream_entry_points! {
     [cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds, cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz]
     (symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind)
-    |stream, mode, per_thread| to_symbol(symbol, src, count, offset, kind, stream, mode, per_thread)
+    |stream, mode, per_thread| memcpy_symbol(true, symbol, src, count, offset, kind, stream, mode, per_thread)
 }
 
 stream_entry_points! {
     [cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds, cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz]
     (dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind)
-    |stream, mode, per_thread| from_symbol(dst, symbol, count, offset, kind, stream, mode, per_thread)
+    |stream, mode, per_thread| memcpy_symbol(false, symbol, dst, count, offset, kind, stream, mode, per_thread)
 }
 
 pub unsafe fn cudaGetSymbolAddress(dev_ptr: *mut *mut c_void, symbol: *const c_void) -> CudaResult<()> {
