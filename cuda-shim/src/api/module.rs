@@ -850,24 +850,18 @@ unsafe fn launch_ex(
     unsafe { launch(f, grid, block, config.sharedMemBytes, config.hStream, ptsz, attributes, kernel_params, extra) }
 }
 
-pub unsafe fn cuLaunchKernelEx(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    kernel_params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: the caller's arguments, per the driver API.
-    run(|| unsafe { launch_ex(config, f, kernel_params, extra, false) })
-}
-
-pub unsafe fn cuLaunchKernelEx_ptsz(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    kernel_params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: the caller's arguments, per the driver API.
-    run(|| unsafe { launch_ex(config, f, kernel_params, extra, true) })
+per_thread_twins! {
+    cuLaunchKernelEx, cuLaunchKernelEx_ptsz
+        (
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            kernel_params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        )
+        |per_thread| {
+            // SAFETY: the caller's arguments, per the driver API.
+            run(|| unsafe { launch_ex(config, f, kernel_params, extra, per_thread) })
+        }
 }
 
 // -- occupancy --
