@@ -278,30 +278,25 @@ per_thread_twins! {
         |per_thread| run(|| capture_info(h_stream, InfoOut { status: capture_status_out, id: id_out, ..no_more() }, per_thread))
 }
 
-macro_rules! capture_info_v2 {
-    ($($name:ident => $ptsz:literal;)*) => {$(
-        pub unsafe fn $name(
+per_thread_twins! {
+    cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz
+        (
             h_stream: CUstream,
             capture_status_out: *mut CUstreamCaptureStatus,
             id_out: *mut cuuint64_t,
             graph_out: *mut CUgraph,
             dependencies_out: *mut *const CUgraphNode,
             num_dependencies_out: *mut usize,
-        ) -> CUresult {
-            let out = InfoOut { status: capture_status_out, id: id_out, graph: graph_out, dependencies: dependencies_out, count: num_dependencies_out, ..no_more() };
-            run(|| capture_info(h_stream, out, $ptsz))
+        )
+        |per_thread| {
+            let (status, id, graph, dependencies, count) = (capture_status_out, id_out, graph_out, dependencies_out, num_dependencies_out);
+            run(|| capture_info(h_stream, InfoOut { status, id, graph, dependencies, count, ..no_more() }, per_thread))
         }
-    )*};
 }
 
-capture_info_v2! {
-    cuStreamGetCaptureInfo_v2 => false;
-    cuStreamGetCaptureInfo_v2_ptsz => true;
-}
-
-macro_rules! capture_info_v3 {
-    ($($name:ident => $ptsz:literal;)*) => {$(
-        pub unsafe fn $name(
+per_thread_twins! {
+    cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz
+        (
             h_stream: CUstream,
             capture_status_out: *mut CUstreamCaptureStatus,
             id_out: *mut cuuint64_t,
@@ -309,23 +304,12 @@ macro_rules! capture_info_v3 {
             dependencies_out: *mut *const CUgraphNode,
             edge_data_out: *mut *const CUgraphEdgeData,
             num_dependencies_out: *mut usize,
-        ) -> CUresult {
-            let out = InfoOut {
-                status: capture_status_out,
-                id: id_out,
-                graph: graph_out,
-                dependencies: dependencies_out,
-                edges: edge_data_out,
-                count: num_dependencies_out,
-            };
-            run(|| capture_info(h_stream, out, $ptsz))
+        )
+        |per_thread| {
+            let (status, id, graph, dependencies, edges, count) =
+                (capture_status_out, id_out, graph_out, dependencies_out, edge_data_out, num_dependencies_out);
+            run(|| capture_info(h_stream, InfoOut { status, id, graph, dependencies, edges, count }, per_thread))
         }
-    )*};
-}
-
-capture_info_v3! {
-    cuStreamGetCaptureInfo_v3 => false;
-    cuStreamGetCaptureInfo_v3_ptsz => true;
 }
 
 /// Swaps the calling thread's capture mode, as the driver keeps it: per thread. During a
