@@ -329,6 +329,7 @@ unsafe extern "C" fn cudart_load_fat_binary_with_relocations(
 /// Entry 7: the runtime forgets a fat binary; nothing is cached for it yet.
 extern "C" fn cudart_fat_binary_destroyed(_fat_cubin: *const c_void) {}
 
+/// Entry 8: a module hidden from tools, with JIT options (note the argument order: image first).
 unsafe extern "C" fn cudart_load_data_ex_hidden(
     image: *const c_void,
     module: *mut CUmodule,
@@ -337,7 +338,7 @@ unsafe extern "C" fn cudart_load_data_ex_hidden(
     count: c_uint,
 ) -> CUresult {
     // SAFETY: the runtime's image, out-pointer and JIT option arrays.
-    boundary("CudartInterface[8]", || unsafe { crate::api::module::load_data_ex_hidden(image, module, options, option_values, count) })
+    boundary("CudartInterface[8]", || unsafe { crate::api::cuModuleLoadDataEx(module, image, count, options, option_values) })
 }
 
 /// Entry 12 (CUDA 13.1 runtimes): load the JIT compilers; nothing to do in the client.

@@ -449,10 +449,7 @@ fn map_arrays(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstr
     })
 }
 
-pub unsafe fn cuMemMapArrayAsync(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream) -> CUresult {
-    run(|| map_arrays(map_info_list, count, h_stream, false))
-}
-
-pub unsafe fn cuMemMapArrayAsync_ptsz(map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream) -> CUresult {
-    run(|| map_arrays(map_info_list, count, h_stream, true))
+per_thread_twins! {
+    cuMemMapArrayAsync, cuMemMapArrayAsync_ptsz (map_info_list: *mut CUarrayMapInfo, count: c_uint, h_stream: CUstream)
+        |per_thread| run(|| map_arrays(map_info_list, count, h_stream, per_thread))
 }

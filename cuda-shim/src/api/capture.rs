@@ -124,62 +124,43 @@ unsafe fn update_dependencies(
     client.update_capture_dependencies(stream, nodes, data, flags == 1).map_err(|error| super::graph::edge_data_refused(with_data, error))
 }
 
-pub unsafe fn cuStreamUpdateCaptureDependencies(
-    h_stream: CUstream,
-    dependencies: *mut CUgraphNode,
-    num_dependencies: usize,
-    flags: c_uint,
-) -> CUresult {
-    // SAFETY: the caller's array.
-    run(|| unsafe { update_dependencies(h_stream, dependencies, std::ptr::null(), num_dependencies, flags, false) })
+per_thread_twins! {
+    cuStreamUpdateCaptureDependencies, cuStreamUpdateCaptureDependencies_ptsz
+        (
+            h_stream: CUstream,
+            dependencies: *mut CUgraphNode,
+            num_dependencies: usize,
+            flags: c_uint,
+        )
+        |per_thread| {
+            // SAFETY: the caller's array.
+            run(|| unsafe { update_dependencies(h_stream, dependencies, std::ptr::null(), num_dependencies, flags, per_thread) })
+        }
 }
 
-pub unsafe fn cuStreamUpdateCaptureDependencies_ptsz(
-    h_stream: CUstream,
-    dependencies: *mut CUgraphNode,
-    num_dependencies: usize,
-    flags: c_uint,
-) -> CUresult {
-    // SAFETY: the caller's array.
-    run(|| unsafe { update_dependencies(h_stream, dependencies, std::ptr::null(), num_dependencies, flags, true) })
+per_thread_twins! {
+    cuStreamUpdateCaptureDependencies_v2, cuStreamUpdateCaptureDependencies_v2_ptsz
+        (
+            h_stream: CUstream,
+            dependencies: *mut CUgraphNode,
+            dependency_data: *const CUgraphEdgeData,
+            num_dependencies: usize,
+            flags: c_uint,
+        )
+        |per_thread| {
+            // SAFETY: the caller's arrays.
+            run(|| unsafe { update_dependencies(h_stream, dependencies, dependency_data, num_dependencies, flags, per_thread) })
+        }
 }
 
-pub unsafe fn cuStreamUpdateCaptureDependencies_v2(
-    h_stream: CUstream,
-    dependencies: *mut CUgraphNode,
-    dependency_data: *const CUgraphEdgeData,
-    num_dependencies: usize,
-    flags: c_uint,
-) -> CUresult {
-    // SAFETY: the caller's arrays.
-    run(|| unsafe { update_dependencies(h_stream, dependencies, dependency_data, num_dependencies, flags, false) })
+per_thread_twins! {
+    cuStreamBeginCapture, cuStreamBeginCapture_ptsz (h_stream: CUstream)
+        |per_thread| run(|| begin(h_stream, CAPTURE_MODE_GLOBAL, per_thread))
 }
 
-pub unsafe fn cuStreamUpdateCaptureDependencies_v2_ptsz(
-    h_stream: CUstream,
-    dependencies: *mut CUgraphNode,
-    dependency_data: *const CUgraphEdgeData,
-    num_dependencies: usize,
-    flags: c_uint,
-) -> CUresult {
-    // SAFETY: the caller's arrays.
-    run(|| unsafe { update_dependencies(h_stream, dependencies, dependency_data, num_dependencies, flags, true) })
-}
-
-pub unsafe fn cuStreamBeginCapture(h_stream: CUstream) -> CUresult {
-    run(|| begin(h_stream, CAPTURE_MODE_GLOBAL, false))
-}
-
-pub unsafe fn cuStreamBeginCapture_ptsz(h_stream: CUstream) -> CUresult {
-    run(|| begin(h_stream, CAPTURE_MODE_GLOBAL, true))
-}
-
-pub unsafe fn cuStreamBeginCapture_v2(h_stream: CUstream, mode: CUstreamCaptureMode) -> CUresult {
-    run(|| begin(h_stream, mode, false))
-}
-
-pub unsafe fn cuStreamBeginCapture_v2_ptsz(h_stream: CUstream, mode: CUstreamCaptureMode) -> CUresult {
-    run(|| begin(h_stream, mode, true))
+per_thread_twins! {
+    cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz (h_stream: CUstream, mode: CUstreamCaptureMode)
+        |per_thread| run(|| begin(h_stream, mode, per_thread))
 }
 
 /// `graph` may be NULL: the driver then ends the capture all the same (NVIDIA's
@@ -197,12 +178,9 @@ fn end(stream: CUstream, graph: *mut CUgraph, ptsz: bool) -> DriverResult {
     ended.map(drop).map_err(driver_error)
 }
 
-pub unsafe fn cuStreamEndCapture(h_stream: CUstream, ph_graph: *mut CUgraph) -> CUresult {
-    run(|| end(h_stream, ph_graph, false))
-}
-
-pub unsafe fn cuStreamEndCapture_ptsz(h_stream: CUstream, ph_graph: *mut CUgraph) -> CUresult {
-    run(|| end(h_stream, ph_graph, true))
+per_thread_twins! {
+    cuStreamEndCapture, cuStreamEndCapture_ptsz (h_stream: CUstream, ph_graph: *mut CUgraph)
+        |per_thread| run(|| end(h_stream, ph_graph, per_thread))
 }
 
 /// What `cuStreamGetCaptureInfo` writes; NULL out-pointers other than the status are skipped.
@@ -285,54 +263,40 @@ fn no_more() -> InfoOut {
     }
 }
 
-pub unsafe fn cuStreamIsCapturing(h_stream: CUstream, capture_status: *mut CUstreamCaptureStatus) -> CUresult {
-    run(|| capture_info(h_stream, InfoOut { status: capture_status, ..no_more() }, false))
+per_thread_twins! {
+    cuStreamIsCapturing, cuStreamIsCapturing_ptsz (h_stream: CUstream, capture_status: *mut CUstreamCaptureStatus)
+        |per_thread| run(|| capture_info(h_stream, InfoOut { status: capture_status, ..no_more() }, per_thread))
 }
 
-pub unsafe fn cuStreamIsCapturing_ptsz(h_stream: CUstream, capture_status: *mut CUstreamCaptureStatus) -> CUresult {
-    run(|| capture_info(h_stream, InfoOut { status: capture_status, ..no_more() }, true))
+per_thread_twins! {
+    cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_ptsz
+        (
+            h_stream: CUstream,
+            capture_status_out: *mut CUstreamCaptureStatus,
+            id_out: *mut cuuint64_t,
+        )
+        |per_thread| run(|| capture_info(h_stream, InfoOut { status: capture_status_out, id: id_out, ..no_more() }, per_thread))
 }
 
-pub unsafe fn cuStreamGetCaptureInfo(
-    h_stream: CUstream,
-    capture_status_out: *mut CUstreamCaptureStatus,
-    id_out: *mut cuuint64_t,
-) -> CUresult {
-    run(|| capture_info(h_stream, InfoOut { status: capture_status_out, id: id_out, ..no_more() }, false))
-}
-
-pub unsafe fn cuStreamGetCaptureInfo_ptsz(
-    h_stream: CUstream,
-    capture_status_out: *mut CUstreamCaptureStatus,
-    id_out: *mut cuuint64_t,
-) -> CUresult {
-    run(|| capture_info(h_stream, InfoOut { status: capture_status_out, id: id_out, ..no_more() }, true))
-}
-
-macro_rules! capture_info_v2 {
-    ($($name:ident => $ptsz:literal;)*) => {$(
-        pub unsafe fn $name(
+per_thread_twins! {
+    cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz
+        (
             h_stream: CUstream,
             capture_status_out: *mut CUstreamCaptureStatus,
             id_out: *mut cuuint64_t,
             graph_out: *mut CUgraph,
             dependencies_out: *mut *const CUgraphNode,
             num_dependencies_out: *mut usize,
-        ) -> CUresult {
-            let out = InfoOut { status: capture_status_out, id: id_out, graph: graph_out, dependencies: dependencies_out, count: num_dependencies_out, ..no_more() };
-            run(|| capture_info(h_stream, out, $ptsz))
+        )
+        |per_thread| {
+            let (status, id, graph, dependencies, count) = (capture_status_out, id_out, graph_out, dependencies_out, num_dependencies_out);
+            run(|| capture_info(h_stream, InfoOut { status, id, graph, dependencies, count, ..no_more() }, per_thread))
         }
-    )*};
 }
 
-capture_info_v2! {
-    cuStreamGetCaptureInfo_v2 => false;
-    cuStreamGetCaptureInfo_v2_ptsz => true;
-}
-
-macro_rules! capture_info_v3 {
-    ($($name:ident => $ptsz:literal;)*) => {$(
-        pub unsafe fn $name(
+per_thread_twins! {
+    cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz
+        (
             h_stream: CUstream,
             capture_status_out: *mut CUstreamCaptureStatus,
             id_out: *mut cuuint64_t,
@@ -340,23 +304,12 @@ macro_rules! capture_info_v3 {
             dependencies_out: *mut *const CUgraphNode,
             edge_data_out: *mut *const CUgraphEdgeData,
             num_dependencies_out: *mut usize,
-        ) -> CUresult {
-            let out = InfoOut {
-                status: capture_status_out,
-                id: id_out,
-                graph: graph_out,
-                dependencies: dependencies_out,
-                edges: edge_data_out,
-                count: num_dependencies_out,
-            };
-            run(|| capture_info(h_stream, out, $ptsz))
+        )
+        |per_thread| {
+            let (status, id, graph, dependencies, edges, count) =
+                (capture_status_out, id_out, graph_out, dependencies_out, edge_data_out, num_dependencies_out);
+            run(|| capture_info(h_stream, InfoOut { status, id, graph, dependencies, edges, count }, per_thread))
         }
-    )*};
-}
-
-capture_info_v3! {
-    cuStreamGetCaptureInfo_v3 => false;
-    cuStreamGetCaptureInfo_v3_ptsz => true;
 }
 
 /// Swaps the calling thread's capture mode, as the driver keeps it: per thread. During a

@@ -74,22 +74,14 @@ fn decompress(
     }
 }
 
-pub unsafe fn cuMemBatchDecompressAsync(
-    params_array: *mut CUmemDecompressParams,
-    count: usize,
-    flags: c_uint,
-    error_index: *mut usize,
-    stream: CUstream,
-) -> CUresult {
-    run(|| decompress(params_array, count, flags, error_index, stream, false))
-}
-
-pub unsafe fn cuMemBatchDecompressAsync_ptsz(
-    params_array: *mut CUmemDecompressParams,
-    count: usize,
-    flags: c_uint,
-    error_index: *mut usize,
-    stream: CUstream,
-) -> CUresult {
-    run(|| decompress(params_array, count, flags, error_index, stream, true))
+per_thread_twins! {
+    cuMemBatchDecompressAsync, cuMemBatchDecompressAsync_ptsz
+        (
+            params_array: *mut CUmemDecompressParams,
+            count: usize,
+            flags: c_uint,
+            error_index: *mut usize,
+            stream: CUstream,
+        )
+        |per_thread| run(|| decompress(params_array, count, flags, error_index, stream, per_thread))
 }

@@ -860,20 +860,14 @@ fn instantiate_with_params(out: *mut CUgraphExec, graph: CUgraph, params: *mut C
     Ok(())
 }
 
-pub unsafe fn cuGraphInstantiateWithParams(
-    ph_graph_exec: *mut CUgraphExec,
-    h_graph: CUgraph,
-    instantiate_params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
-) -> CUresult {
-    run(|| instantiate_with_params(ph_graph_exec, h_graph, instantiate_params, false))
-}
-
-pub unsafe fn cuGraphInstantiateWithParams_ptsz(
-    ph_graph_exec: *mut CUgraphExec,
-    h_graph: CUgraph,
-    instantiate_params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
-) -> CUresult {
-    run(|| instantiate_with_params(ph_graph_exec, h_graph, instantiate_params, true))
+per_thread_twins! {
+    cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz
+        (
+            ph_graph_exec: *mut CUgraphExec,
+            h_graph: CUgraph,
+            instantiate_params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
+        )
+        |per_thread| run(|| instantiate_with_params(ph_graph_exec, h_graph, instantiate_params, per_thread))
 }
 
 fn launch(exec: CUgraphExec, stream: CUstream, ptsz: bool, upload: bool) -> DriverResult {
@@ -883,20 +877,14 @@ fn launch(exec: CUgraphExec, stream: CUstream, ptsz: bool, upload: bool) -> Driv
     posted.map_err(driver_error)
 }
 
-pub unsafe fn cuGraphLaunch(h_graph_exec: CUgraphExec, h_stream: CUstream) -> CUresult {
-    run(|| launch(h_graph_exec, h_stream, false, false))
+per_thread_twins! {
+    cuGraphLaunch, cuGraphLaunch_ptsz (h_graph_exec: CUgraphExec, h_stream: CUstream)
+        |per_thread| run(|| launch(h_graph_exec, h_stream, per_thread, false))
 }
 
-pub unsafe fn cuGraphLaunch_ptsz(h_graph_exec: CUgraphExec, h_stream: CUstream) -> CUresult {
-    run(|| launch(h_graph_exec, h_stream, true, false))
-}
-
-pub unsafe fn cuGraphUpload(h_graph_exec: CUgraphExec, h_stream: CUstream) -> CUresult {
-    run(|| launch(h_graph_exec, h_stream, false, true))
-}
-
-pub unsafe fn cuGraphUpload_ptsz(h_graph_exec: CUgraphExec, h_stream: CUstream) -> CUresult {
-    run(|| launch(h_graph_exec, h_stream, true, true))
+per_thread_twins! {
+    cuGraphUpload, cuGraphUpload_ptsz (h_graph_exec: CUgraphExec, h_stream: CUstream)
+        |per_thread| run(|| launch(h_graph_exec, h_stream, per_thread, true))
 }
 
 pub unsafe fn cuGraphExecDestroy(h_graph_exec: CUgraphExec) -> CUresult {
@@ -1191,18 +1179,14 @@ fn host_function(stream: CUstream, function: HostFunction, ptsz: bool) -> Driver
     client.launch_host_function(stream, function).map_err(driver_error)
 }
 
-pub unsafe fn cuLaunchHostFunc(h_stream: CUstream, fn_: CUhostFn, user_data: *mut c_void) -> CUresult {
-    run(|| {
-        let function = fn_.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        host_function(h_stream, HostFunction::Plain { function, user_data: user_data as usize }, false)
-    })
-}
-
-pub unsafe fn cuLaunchHostFunc_ptsz(h_stream: CUstream, fn_: CUhostFn, user_data: *mut c_void) -> CUresult {
-    run(|| {
-        let function = fn_.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        host_function(h_stream, HostFunction::Plain { function, user_data: user_data as usize }, true)
-    })
+per_thread_twins! {
+    cuLaunchHostFunc, cuLaunchHostFunc_ptsz (h_stream: CUstream, fn_: CUhostFn, user_data: *mut c_void)
+        |per_thread| {
+            run(|| {
+                let function = fn_.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+                host_function(h_stream, HostFunction::Plain { function, user_data: user_data as usize }, per_thread)
+            })
+        }
 }
 
 fn stream_callback(stream: CUstream, callback: CUstreamCallback, user_data: *mut c_void, flags: c_uint, ptsz: bool) -> DriverResult {
@@ -1219,12 +1203,15 @@ fn stream_callback(stream: CUstream, callback: CUstreamCallback, user_data: *mut
     host_function(stream, HostFunction::StreamCallback { function, stream: stream as usize, user_data: user_data as usize }, ptsz)
 }
 
-pub unsafe fn cuStreamAddCallback(h_stream: CUstream, callback: CUstreamCallback, user_data: *mut c_void, flags: c_uint) -> CUresult {
-    run(|| stream_callback(h_stream, callback, user_data, flags, false))
-}
-
-pub unsafe fn cuStreamAddCallback_ptsz(h_stream: CUstream, callback: CUstreamCallback, user_data: *mut c_void, flags: c_uint) -> CUresult {
-    run(|| stream_callback(h_stream, callback, user_data, flags, true))
+per_thread_twins! {
+    cuStreamAddCallback, cuStreamAddCallback_ptsz
+        (
+            h_stream: CUstream,
+            callback: CUstreamCallback,
+            user_data: *mut c_void,
+            flags: c_uint,
+        )
+        |per_thread| run(|| stream_callback(h_stream, callback, user_data, flags, per_thread))
 }
 
 // --- memory nodes, conditional nodes, generic node parameters and graph queries ---

@@ -272,41 +272,6 @@ pub unsafe fn cuLinkDestroy(state: CUlinkState) -> CUresult {
     })
 }
 
-// The CUDA 5.x-6.0 entry points, the same calls as `_v2` (programs built then name them).
-
-pub unsafe fn cuLinkCreate(
-    num_options: c_uint,
-    options: *mut CUjit_option,
-    option_values: *mut *mut c_void,
-    state_out: *mut CUlinkState,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { cuLinkCreate_v2(num_options, options, option_values, state_out) }
-}
-
-#[expect(clippy::too_many_arguments, reason = "the driver's signature")]
-pub unsafe fn cuLinkAddData(
-    state: CUlinkState,
-    type_: CUjitInputType,
-    data: *mut c_void,
-    size: usize,
-    name: *const c_char,
-    num_options: c_uint,
-    options: *mut CUjit_option,
-    option_values: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { cuLinkAddData_v2(state, type_, data, size, name, num_options, options, option_values) }
-}
-
-pub unsafe fn cuLinkAddFile(
-    state: CUlinkState,
-    type_: CUjitInputType,
-    path: *const c_char,
-    num_options: c_uint,
-    options: *mut CUjit_option,
-    option_values: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { cuLinkAddFile_v2(state, type_, path, num_options, options, option_values) }
-}
+// The CUDA 5.x-6.0 entry points, the same calls as `_v2` (programs built then name them): the
+// exports of those names call these functions.
+pub use {cuLinkAddData_v2 as cuLinkAddData, cuLinkAddFile_v2 as cuLinkAddFile, cuLinkCreate_v2 as cuLinkCreate};

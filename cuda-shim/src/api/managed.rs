@@ -53,26 +53,21 @@ fn prefetch(ptr: CUdeviceptr, count: usize, to: Location, flags: c_ulonglong, st
     Ok(())
 }
 
-pub unsafe fn cuMemPrefetchAsync(dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, h_stream: CUstream) -> CUresult {
-    run(|| prefetch(dev_ptr, count, Location::from_legacy(dst_device), 0, h_stream, false))
+per_thread_twins! {
+    cuMemPrefetchAsync, cuMemPrefetchAsync_ptsz (dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, h_stream: CUstream)
+        |per_thread| run(|| prefetch(dev_ptr, count, Location::from_legacy(dst_device), 0, h_stream, per_thread))
 }
 
-pub unsafe fn cuMemPrefetchAsync_ptsz(dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, h_stream: CUstream) -> CUresult {
-    run(|| prefetch(dev_ptr, count, Location::from_legacy(dst_device), 0, h_stream, true))
-}
-
-pub unsafe fn cuMemPrefetchAsync_v2(dev_ptr: CUdeviceptr, count: usize, to: CUmemLocation, flags: c_uint, h_stream: CUstream) -> CUresult {
-    run(|| prefetch(dev_ptr, count, location(to), flags.into(), h_stream, false))
-}
-
-pub unsafe fn cuMemPrefetchAsync_v2_ptsz(
-    dev_ptr: CUdeviceptr,
-    count: usize,
-    to: CUmemLocation,
-    flags: c_uint,
-    h_stream: CUstream,
-) -> CUresult {
-    run(|| prefetch(dev_ptr, count, location(to), flags.into(), h_stream, true))
+per_thread_twins! {
+    cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz
+        (
+            dev_ptr: CUdeviceptr,
+            count: usize,
+            to: CUmemLocation,
+            flags: c_uint,
+            h_stream: CUstream,
+        )
+        |per_thread| run(|| prefetch(dev_ptr, count, location(to), flags.into(), h_stream, per_thread))
 }
 
 /// The ranges of a batch call, as `(pointer, size)`.
@@ -140,34 +135,6 @@ fn check_batch(client: &flyt_client::client::Client, ranges: &[(u64, u64)]) -> D
     ranges.iter().try_for_each(|(ptr, size)| client.managed().check(*ptr, *size).map(drop).map_err(driver_error))
 }
 
-pub unsafe fn cuMemPrefetchBatchAsync(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    prefetch_locs: *mut CUmemLocation,
-    prefetch_loc_idxs: *mut usize,
-    num_prefetch_locs: usize,
-    flags: c_ulonglong,
-    h_stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's arrays, per the driver API's contract.
-    run(|| unsafe { prefetch_batch(dptrs, sizes, count, prefetch_locs, prefetch_loc_idxs, num_prefetch_locs, flags, h_stream, false) })
-}
-
-pub unsafe fn cuMemPrefetchBatchAsync_ptsz(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    prefetch_locs: *mut CUmemLocation,
-    prefetch_loc_idxs: *mut usize,
-    num_prefetch_locs: usize,
-    flags: c_ulonglong,
-    h_stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's arrays, per the driver API's contract.
-    run(|| unsafe { prefetch_batch(dptrs, sizes, count, prefetch_locs, prefetch_loc_idxs, num_prefetch_locs, flags, h_stream, true) })
-}
-
 /// A discard lets the driver drop the pages' contents; keeping them is one of the outcomes it
 /// allows (a later read sees unspecified values), so the ranges are only checked.
 fn discard(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: c_ulonglong, stream: CUstream, ptsz: bool) -> DriverResult {
@@ -181,52 +148,47 @@ fn discard(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: c_ul
     check_batch(client, &ranges)
 }
 
-pub unsafe fn cuMemDiscardBatchAsync(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    flags: c_ulonglong,
-    h_stream: CUstream,
-) -> CUresult {
-    run(|| discard(dptrs, sizes, count, flags, h_stream, false))
+per_thread_twins! {
+    cuMemDiscardBatchAsync, cuMemDiscardBatchAsync_ptsz
+        (
+            dptrs: *mut CUdeviceptr,
+            sizes: *mut usize,
+            count: usize,
+            flags: c_ulonglong,
+            h_stream: CUstream,
+        )
+        |per_thread| run(|| discard(dptrs, sizes, count, flags, h_stream, per_thread))
 }
 
-pub unsafe fn cuMemDiscardBatchAsync_ptsz(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    flags: c_ulonglong,
-    h_stream: CUstream,
-) -> CUresult {
-    run(|| discard(dptrs, sizes, count, flags, h_stream, true))
+/// The batches that prefetch to locations, which take the same parameters; a discard before a
+/// prefetch is a prefetch here (see `discard`).
+macro_rules! batch_to_locations {
+    ($($name:ident, $name_pt:ident;)*) => {$(
+        per_thread_twins! {
+            $name, $name_pt
+                (
+                    dptrs: *mut CUdeviceptr,
+                    sizes: *mut usize,
+                    count: usize,
+                    prefetch_locs: *mut CUmemLocation,
+                    prefetch_loc_idxs: *mut usize,
+                    num_prefetch_locs: usize,
+                    flags: c_ulonglong,
+                    h_stream: CUstream,
+                )
+                |per_thread| {
+                    // SAFETY: the caller's arrays, per the driver API's contract.
+                    run(|| unsafe {
+                        prefetch_batch(dptrs, sizes, count, prefetch_locs, prefetch_loc_idxs, num_prefetch_locs, flags, h_stream, per_thread)
+                    })
+                }
+        }
+    )*};
 }
 
-pub unsafe fn cuMemDiscardAndPrefetchBatchAsync(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    prefetch_locs: *mut CUmemLocation,
-    prefetch_loc_idxs: *mut usize,
-    num_prefetch_locs: usize,
-    flags: c_ulonglong,
-    h_stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's arrays, per the driver API's contract.
-    run(|| unsafe { prefetch_batch(dptrs, sizes, count, prefetch_locs, prefetch_loc_idxs, num_prefetch_locs, flags, h_stream, false) })
-}
-
-pub unsafe fn cuMemDiscardAndPrefetchBatchAsync_ptsz(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    prefetch_locs: *mut CUmemLocation,
-    prefetch_loc_idxs: *mut usize,
-    num_prefetch_locs: usize,
-    flags: c_ulonglong,
-    h_stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's arrays, per the driver API's contract.
-    run(|| unsafe { prefetch_batch(dptrs, sizes, count, prefetch_locs, prefetch_loc_idxs, num_prefetch_locs, flags, h_stream, true) })
+batch_to_locations! {
+    cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz;
+    cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync_ptsz;
 }
 
 fn advise(ptr: CUdeviceptr, count: usize, advice: CUmem_advise, to: Location) -> DriverResult {
@@ -329,10 +291,7 @@ fn attach(stream: CUstream, ptr: CUdeviceptr, length: usize, flags: c_uint, ptsz
     Ok(())
 }
 
-pub unsafe fn cuStreamAttachMemAsync(h_stream: CUstream, dptr: CUdeviceptr, length: usize, flags: c_uint) -> CUresult {
-    run(|| attach(h_stream, dptr, length, flags, false))
-}
-
-pub unsafe fn cuStreamAttachMemAsync_ptsz(h_stream: CUstream, dptr: CUdeviceptr, length: usize, flags: c_uint) -> CUresult {
-    run(|| attach(h_stream, dptr, length, flags, true))
+per_thread_twins! {
+    cuStreamAttachMemAsync, cuStreamAttachMemAsync_ptsz (h_stream: CUstream, dptr: CUdeviceptr, length: usize, flags: c_uint)
+        |per_thread| run(|| attach(h_stream, dptr, length, flags, per_thread))
 }

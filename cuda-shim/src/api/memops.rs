@@ -241,11 +241,23 @@ fn write_map(tensor_map: *mut CUtensorMap, map: &[u8]) -> DriverResult {
     Ok(())
 }
 
-/// The rank and the arrays every encoding takes, read from the caller's pointers.
+/// How every encoding fetches elements: the parameters the three take alike.
+struct Fetch {
+    data_type: CUtensorMapDataType,
+    interleave: CUtensorMapInterleave,
+    swizzle: CUtensorMapSwizzle,
+    l2_promotion: CUtensorMapL2promotion,
+    oob_fill: CUtensorMapFloatOOBfill,
+}
+
+/// What every encoding takes: the out-pointer checked, the rank checked, and the arrays read from
+/// the caller's pointers.
 ///
 /// # Safety
 /// The arrays hold what the driver reads for `rank`.
 unsafe fn common(
+    tensor_map: *mut CUtensorMap,
+    fetch: Fetch,
     rank: cuuint32_t,
     min_rank: u32,
     global_address: *mut c_void,
@@ -253,11 +265,14 @@ unsafe fn common(
     global_strides: *const cuuint64_t,
     element_strides: *const cuuint32_t,
 ) -> DriverResult<TensorMapParams> {
+    non_null([tensor_map.cast()])?;
     if !(min_rank..=TensorMapParams::MAX_RANK).contains(&rank) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let rank_len = rank as usize;
+    let Fetch { data_type, interleave, swizzle, l2_promotion, oob_fill } = fetch;
     Ok(TensorMapParams {
+        data_type,
         rank,
         address: global_address as u64,
         // SAFETY: the caller's arrays, of `rank` and `rank - 1` entries.
@@ -266,6 +281,10 @@ unsafe fn common(
         strides: unsafe { read_array(global_strides, rank_len - 1) }?,
         // SAFETY: as above.
         element_strides: unsafe { read_array(element_strides, rank_len) }?,
+        interleave,
+        swizzle,
+        l2_promotion,
+        oob_fill,
         ..TensorMapParams::default()
     })
 }
@@ -285,21 +304,12 @@ pub unsafe fn cuTensorMapEncodeTiled(
     oob_fill: CUtensorMapFloatOOBfill,
 ) -> CUresult {
     run(|| {
-        non_null([tensor_map.cast()])?;
+        let fetch = Fetch { data_type: tensor_data_type, interleave, swizzle, l2_promotion, oob_fill };
         // SAFETY: the caller's arrays, per the driver API's contract.
-        let common = unsafe { common(tensor_rank, 1, global_address, global_dim, global_strides, element_strides) }?;
+        let common = unsafe { common(tensor_map, fetch, tensor_rank, 1, global_address, global_dim, global_strides, element_strides) }?;
         // SAFETY: as above: `rank` entries.
         let box_dim = unsafe { read_array(box_dim, tensor_rank as usize) }?;
-        let params = TensorMapParams {
-            data_type: tensor_data_type,
-            interleave,
-            swizzle,
-            l2_promotion,
-            oob_fill,
-            layout: TensorMapLayout::Tiled { box_dim },
-            ..common
-        };
-        encode("cuTensorMapEncodeTiled", tensor_map, params)
+        encode("cuTensorMapEncodeTiled", tensor_map, TensorMapParams { layout: TensorMapLayout::Tiled { box_dim }, ..common })
     })
 }
 
@@ -321,22 +331,15 @@ pub unsafe fn cuTensorMapEncodeIm2col(
     oob_fill: CUtensorMapFloatOOBfill,
 ) -> CUresult {
     run(|| {
-        non_null([tensor_map.cast()])?;
+        let fetch = Fetch { data_type: tensor_data_type, interleave, swizzle, l2_promotion, oob_fill };
         // SAFETY: the caller's arrays, per the driver API's contract (im2col: rank 3 to 5).
-        let common = unsafe { common(tensor_rank, 3, global_address, global_dim, global_strides, element_strides) }?;
+        let common = unsafe { common(tensor_map, fetch, tensor_rank, 3, global_address, global_dim, global_strides, element_strides) }?;
         let corners = tensor_rank as usize - 2;
         // SAFETY: as above: `rank - 2` entries each.
         let (lower_corner, upper_corner) =
             unsafe { (read_array(pixel_box_lower_corner, corners)?, read_array(pixel_box_upper_corner, corners)?) };
-        let params = TensorMapParams {
-            data_type: tensor_data_type,
-            interleave,
-            swizzle,
-            l2_promotion,
-            oob_fill,
-            layout: TensorMapLayout::Im2col { lower_corner, upper_corner, channels_per_pixel, pixels_per_column },
-            ..common
-        };
+        let layout = TensorMapLayout::Im2col { lower_corner, upper_corner, channels_per_pixel, pixels_per_column };
+        let params = TensorMapParams { layout, ..common };
         encode("cuTensorMapEncodeIm2col", tensor_map, params)
     })
 }
@@ -360,24 +363,12 @@ pub unsafe fn cuTensorMapEncodeIm2colWide(
     oob_fill: CUtensorMapFloatOOBfill,
 ) -> CUresult {
     run(|| {
-        non_null([tensor_map.cast()])?;
+        let fetch = Fetch { data_type: tensor_data_type, interleave, swizzle, l2_promotion, oob_fill };
         // SAFETY: the caller's arrays, per the driver API's contract (im2col: rank 3 to 5).
-        let common = unsafe { common(tensor_rank, 3, global_address, global_dim, global_strides, element_strides) }?;
-        let params = TensorMapParams {
-            data_type: tensor_data_type,
-            interleave,
-            swizzle,
-            l2_promotion,
-            oob_fill,
-            layout: TensorMapLayout::Im2colWide {
-                lower_corner_width: pixel_box_lower_corner_width,
-                upper_corner_width: pixel_box_upper_corner_width,
-                channels_per_pixel,
-                pixels_per_column,
-                mode,
-            },
-            ..common
-        };
+        let common = unsafe { common(tensor_map, fetch, tensor_rank, 3, global_address, global_dim, global_strides, element_strides) }?;
+        let (lower_corner_width, upper_corner_width) = (pixel_box_lower_corner_width, pixel_box_upper_corner_width);
+        let layout = TensorMapLayout::Im2colWide { lower_corner_width, upper_corner_width, channels_per_pixel, pixels_per_column, mode };
+        let params = TensorMapParams { layout, ..common };
         encode("cuTensorMapEncodeIm2colWide", tensor_map, params)
     })
 }

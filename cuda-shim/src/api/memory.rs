@@ -291,46 +291,29 @@ fn memcpy_peer(
     unsafe { memcpy(dst, src, count, Some(Direction::DeviceToDevice), stream, mode, ptds) }
 }
 
-pub unsafe fn cuMemcpyPeer(
-    dst_device: CUdeviceptr,
-    dst_context: CUcontext,
-    src_device: CUdeviceptr,
-    src_context: CUcontext,
-    byte_count: usize,
-) -> CUresult {
-    run(|| memcpy_peer(dst_device, dst_context, src_device, src_context, byte_count, std::ptr::null_mut(), Mode::Synchronous, false))
+per_thread_twins! {
+    cuMemcpyPeer, cuMemcpyPeer_ptds
+        (
+            dst_device: CUdeviceptr,
+            dst_context: CUcontext,
+            src_device: CUdeviceptr,
+            src_context: CUcontext,
+            byte_count: usize,
+        )
+        |per_thread| run(|| memcpy_peer(dst_device, dst_context, src_device, src_context, byte_count, std::ptr::null_mut(), Mode::Synchronous, per_thread))
 }
 
-pub unsafe fn cuMemcpyPeer_ptds(
-    dst_device: CUdeviceptr,
-    dst_context: CUcontext,
-    src_device: CUdeviceptr,
-    src_context: CUcontext,
-    byte_count: usize,
-) -> CUresult {
-    run(|| memcpy_peer(dst_device, dst_context, src_device, src_context, byte_count, std::ptr::null_mut(), Mode::Synchronous, true))
-}
-
-pub unsafe fn cuMemcpyPeerAsync(
-    dst_device: CUdeviceptr,
-    dst_context: CUcontext,
-    src_device: CUdeviceptr,
-    src_context: CUcontext,
-    byte_count: usize,
-    h_stream: CUstream,
-) -> CUresult {
-    run(|| memcpy_peer(dst_device, dst_context, src_device, src_context, byte_count, h_stream, Mode::Asynchronous, false))
-}
-
-pub unsafe fn cuMemcpyPeerAsync_ptsz(
-    dst_device: CUdeviceptr,
-    dst_context: CUcontext,
-    src_device: CUdeviceptr,
-    src_context: CUcontext,
-    byte_count: usize,
-    h_stream: CUstream,
-) -> CUresult {
-    run(|| memcpy_peer(dst_device, dst_context, src_device, src_context, byte_count, h_stream, Mode::Asynchronous, true))
+per_thread_twins! {
+    cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz
+        (
+            dst_device: CUdeviceptr,
+            dst_context: CUcontext,
+            src_device: CUdeviceptr,
+            src_context: CUcontext,
+            byte_count: usize,
+            h_stream: CUstream,
+        )
+        |per_thread| run(|| memcpy_peer(dst_device, dst_context, src_device, src_context, byte_count, h_stream, Mode::Asynchronous, per_thread))
 }
 
 /// A memset of `n` elements of `width` bytes, each the low `width` bytes of `pattern`. The

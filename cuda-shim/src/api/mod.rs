@@ -7,6 +7,25 @@
 #![allow(non_snake_case, reason = "the driver's names")]
 #![allow(clippy::missing_safety_doc, reason = "each function's contract is the CUDA driver API's")]
 
+/// Declares a driver function and its per-thread default stream twin (`_ptsz` or `_ptds`) over
+/// one body, which sees `|per_thread|` (false for the first, true for the twin).
+macro_rules! per_thread_twins {
+    ($(#[$meta:meta])* $name:ident, $name_pt:ident ($($arg:ident: $ty:ty),* $(,)?) |$per_thread:ident| $body:expr) => {
+        $(#[$meta])*
+        #[allow(clippy::too_many_arguments, reason = "the driver function's parameters")]
+        pub unsafe fn $name($($arg: $ty),*) -> $crate::CUresult {
+            let $per_thread = false;
+            $body
+        }
+
+        #[allow(clippy::too_many_arguments, reason = "the driver function's parameters")]
+        pub unsafe fn $name_pt($($arg: $ty),*) -> $crate::CUresult {
+            let $per_thread = true;
+            $body
+        }
+    };
+}
+
 mod arrays;
 mod capture;
 mod context;

@@ -217,18 +217,6 @@ pub unsafe fn load_fat_binary_with_relocations(
     unsafe { load_fat_binary(module, fat_cubin) }
 }
 
-/// Entry 8: a module hidden from tools, with JIT options (note the argument order: image first).
-pub unsafe fn load_data_ex_hidden(
-    image: *const c_void,
-    module: *mut CUmodule,
-    options: *mut CUjit_option,
-    option_values: *mut *mut c_void,
-    count: c_uint,
-) -> CUresult {
-    // SAFETY: the runtime's image and option arrays.
-    unsafe { cuModuleLoadDataEx(module, image, count, options, option_values) }
-}
-
 unsafe fn load_library(
     library: *mut CUlibrary,
     image: impl FnOnce(bool) -> DriverResult<Image>,
@@ -850,24 +838,18 @@ unsafe fn launch_ex(
     unsafe { launch(f, grid, block, config.sharedMemBytes, config.hStream, ptsz, attributes, kernel_params, extra) }
 }
 
-pub unsafe fn cuLaunchKernelEx(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    kernel_params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: the caller's arguments, per the driver API.
-    run(|| unsafe { launch_ex(config, f, kernel_params, extra, false) })
-}
-
-pub unsafe fn cuLaunchKernelEx_ptsz(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    kernel_params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: the caller's arguments, per the driver API.
-    run(|| unsafe { launch_ex(config, f, kernel_params, extra, true) })
+per_thread_twins! {
+    cuLaunchKernelEx, cuLaunchKernelEx_ptsz
+        (
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            kernel_params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        )
+        |per_thread| {
+            // SAFETY: the caller's arguments, per the driver API.
+            run(|| unsafe { launch_ex(config, f, kernel_params, extra, per_thread) })
+        }
 }
 
 // -- occupancy --

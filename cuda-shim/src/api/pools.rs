@@ -84,20 +84,20 @@ fn alloc(dptr: *mut CUdeviceptr, size: usize, pool: u64, stream: CUstream, ptsz:
     unsafe { write_out(dptr, ptr) }
 }
 
-pub unsafe fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, h_stream: CUstream) -> CUresult {
-    run(|| alloc(dptr, bytesize, 0, h_stream, false))
+per_thread_twins! {
+    cuMemAllocAsync, cuMemAllocAsync_ptsz (dptr: *mut CUdeviceptr, bytesize: usize, h_stream: CUstream)
+        |per_thread| run(|| alloc(dptr, bytesize, 0, h_stream, per_thread))
 }
 
-pub unsafe fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, h_stream: CUstream) -> CUresult {
-    run(|| alloc(dptr, bytesize, 0, h_stream, true))
-}
-
-pub unsafe fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, h_stream: CUstream) -> CUresult {
-    run(|| alloc(dptr, bytesize, pool_id(pool)?, h_stream, false))
-}
-
-pub unsafe fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, h_stream: CUstream) -> CUresult {
-    run(|| alloc(dptr, bytesize, pool_id(pool)?, h_stream, true))
+per_thread_twins! {
+    cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz
+        (
+            dptr: *mut CUdeviceptr,
+            bytesize: usize,
+            pool: CUmemoryPool,
+            h_stream: CUstream,
+        )
+        |per_thread| run(|| alloc(dptr, bytesize, pool_id(pool)?, h_stream, per_thread))
 }
 
 fn free(ptr: CUdeviceptr, stream: CUstream, ptsz: bool) -> DriverResult {
@@ -106,12 +106,9 @@ fn free(ptr: CUdeviceptr, stream: CUstream, ptsz: bool) -> DriverResult {
     client.free_async(ptr, stream).map_err(driver_error)
 }
 
-pub unsafe fn cuMemFreeAsync(dptr: CUdeviceptr, h_stream: CUstream) -> CUresult {
-    run(|| free(dptr, h_stream, false))
-}
-
-pub unsafe fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, h_stream: CUstream) -> CUresult {
-    run(|| free(dptr, h_stream, true))
+per_thread_twins! {
+    cuMemFreeAsync, cuMemFreeAsync_ptsz (dptr: CUdeviceptr, h_stream: CUstream)
+        |per_thread| run(|| free(dptr, h_stream, per_thread))
 }
 
 /// `CU_MEMPOOL_ATTR_REUSE_*` are `int`s; the other attributes are `cuuint64_t`s.

@@ -271,46 +271,33 @@ unsafe fn memcpy_3d_batch(
     Ok(())
 }
 
-pub unsafe fn cuMemcpy3DBatchAsync(
-    num_ops: usize,
-    op_list: *mut CUDA_MEMCPY3D_BATCH_OP,
-    fail_idx: *mut usize,
-    flags: c_ulonglong,
-    h_stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's operations, per the driver API's contract.
-    run(|| unsafe { memcpy_3d_batch(num_ops, op_list.cast(), fail_idx, flags, h_stream, false) })
+per_thread_twins! {
+    cuMemcpy3DBatchAsync, cuMemcpy3DBatchAsync_ptsz
+        (
+            num_ops: usize,
+            op_list: *mut CUDA_MEMCPY3D_BATCH_OP,
+            fail_idx: *mut usize,
+            flags: c_ulonglong,
+            h_stream: CUstream,
+        )
+        |per_thread| {
+            // SAFETY: the caller's operations, per the driver API's contract.
+            run(|| unsafe { memcpy_3d_batch(num_ops, op_list.cast(), fail_idx, flags, h_stream, per_thread) })
+        }
 }
 
-pub unsafe fn cuMemcpy3DBatchAsync_ptsz(
-    num_ops: usize,
-    op_list: *mut CUDA_MEMCPY3D_BATCH_OP,
-    fail_idx: *mut usize,
-    flags: c_ulonglong,
-    h_stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's operations, per the driver API's contract.
-    run(|| unsafe { memcpy_3d_batch(num_ops, op_list.cast(), fail_idx, flags, h_stream, true) })
-}
-
-pub unsafe fn cuMemcpy3DBatchAsync_v2(
-    num_ops: usize,
-    op_list: *mut CUDA_MEMCPY3D_BATCH_OP,
-    flags: c_ulonglong,
-    h_stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's operations, per the driver API's contract.
-    run(|| unsafe { memcpy_3d_batch(num_ops, op_list.cast(), std::ptr::null_mut(), flags, h_stream, false) })
-}
-
-pub unsafe fn cuMemcpy3DBatchAsync_v2_ptsz(
-    num_ops: usize,
-    op_list: *mut CUDA_MEMCPY3D_BATCH_OP,
-    flags: c_ulonglong,
-    h_stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's operations, per the driver API's contract.
-    run(|| unsafe { memcpy_3d_batch(num_ops, op_list.cast(), std::ptr::null_mut(), flags, h_stream, true) })
+per_thread_twins! {
+    cuMemcpy3DBatchAsync_v2, cuMemcpy3DBatchAsync_v2_ptsz
+        (
+            num_ops: usize,
+            op_list: *mut CUDA_MEMCPY3D_BATCH_OP,
+            flags: c_ulonglong,
+            h_stream: CUstream,
+        )
+        |per_thread| {
+            // SAFETY: the caller's operations, per the driver API's contract.
+            run(|| unsafe { memcpy_3d_batch(num_ops, op_list.cast(), std::ptr::null_mut(), flags, h_stream, per_thread) })
+        }
 }
 
 macro_rules! descriptor_copies {

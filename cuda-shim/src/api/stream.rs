@@ -220,12 +220,9 @@ fn synchronize(stream: CUstream, ptds: bool) -> DriverResult {
     client.on_handle_server(stream, || client.synchronize_stream(stream)).map_err(driver_error)
 }
 
-pub unsafe fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
-    run(|| synchronize(h_stream, false))
-}
-
-pub unsafe fn cuStreamSynchronize_ptsz(h_stream: CUstream) -> CUresult {
-    run(|| synchronize(h_stream, true))
+per_thread_twins! {
+    cuStreamSynchronize, cuStreamSynchronize_ptsz (h_stream: CUstream)
+        |per_thread| run(|| synchronize(h_stream, per_thread))
 }
 
 fn query(stream: CUstream, ptds: bool) -> DriverResult {
@@ -234,12 +231,9 @@ fn query(stream: CUstream, ptds: bool) -> DriverResult {
     client.on_handle_server(stream, || client.call(req::StreamQuery { stream })).map(|_| ()).map_err(driver_error)
 }
 
-pub unsafe fn cuStreamQuery(h_stream: CUstream) -> CUresult {
-    run(|| query(h_stream, false))
-}
-
-pub unsafe fn cuStreamQuery_ptsz(h_stream: CUstream) -> CUresult {
-    run(|| query(h_stream, true))
+per_thread_twins! {
+    cuStreamQuery, cuStreamQuery_ptsz (h_stream: CUstream)
+        |per_thread| run(|| query(h_stream, per_thread))
 }
 
 fn wait_event(stream: CUstream, event: CUevent, flags: c_uint, ptds: bool) -> DriverResult {
@@ -260,12 +254,9 @@ fn wait_event(stream: CUstream, event: CUevent, flags: c_uint, ptds: bool) -> Dr
     client.on_handle_server(stream, || client.post(req::StreamWaitEvent { stream, event, flags })).map_err(driver_error)
 }
 
-pub unsafe fn cuStreamWaitEvent(h_stream: CUstream, h_event: CUevent, flags: c_uint) -> CUresult {
-    run(|| wait_event(h_stream, h_event, flags, false))
-}
-
-pub unsafe fn cuStreamWaitEvent_ptsz(h_stream: CUstream, h_event: CUevent, flags: c_uint) -> CUresult {
-    run(|| wait_event(h_stream, h_event, flags, true))
+per_thread_twins! {
+    cuStreamWaitEvent, cuStreamWaitEvent_ptsz (h_stream: CUstream, h_event: CUevent, flags: c_uint)
+        |per_thread| run(|| wait_event(h_stream, h_event, flags, per_thread))
 }
 
 pub unsafe fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) -> CUresult {
@@ -297,20 +288,14 @@ fn record(event: CUevent, stream: CUstream, flags: c_uint, ptds: bool) -> Driver
     client.on_handle_server(stream, || client.post(req::EventRecord { event, stream, flags })).map_err(driver_error)
 }
 
-pub unsafe fn cuEventRecord(h_event: CUevent, h_stream: CUstream) -> CUresult {
-    run(|| record(h_event, h_stream, 0, false))
+per_thread_twins! {
+    cuEventRecord, cuEventRecord_ptsz (h_event: CUevent, h_stream: CUstream)
+        |per_thread| run(|| record(h_event, h_stream, 0, per_thread))
 }
 
-pub unsafe fn cuEventRecord_ptsz(h_event: CUevent, h_stream: CUstream) -> CUresult {
-    run(|| record(h_event, h_stream, 0, true))
-}
-
-pub unsafe fn cuEventRecordWithFlags(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> CUresult {
-    run(|| record(h_event, h_stream, flags, false))
-}
-
-pub unsafe fn cuEventRecordWithFlags_ptsz(h_event: CUevent, h_stream: CUstream, flags: c_uint) -> CUresult {
-    run(|| record(h_event, h_stream, flags, true))
+per_thread_twins! {
+    cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz (h_event: CUevent, h_stream: CUstream, flags: c_uint)
+        |per_thread| run(|| record(h_event, h_stream, flags, per_thread))
 }
 
 /// `(least, greatest)` stream priority: asked of the server once per session. Either out-pointer
@@ -472,20 +457,15 @@ pub(crate) fn stream_id(stream: CUstream, ptds: bool) -> DriverResult<u64> {
     Ok(if id == 0 { LEGACY_STREAM_ID } else { id })
 }
 
-pub unsafe fn cuStreamGetId(h_stream: CUstream, stream_id_out: *mut c_ulonglong) -> CUresult {
-    run(|| {
-        non_null([stream_id_out.cast()])?;
-        // SAFETY: checked non-NULL; the caller's out-pointer.
-        unsafe { write_out(stream_id_out, stream_id(h_stream, false)?) }
-    })
-}
-
-pub unsafe fn cuStreamGetId_ptsz(h_stream: CUstream, stream_id_out: *mut c_ulonglong) -> CUresult {
-    run(|| {
-        non_null([stream_id_out.cast()])?;
-        // SAFETY: checked non-NULL; the caller's out-pointer.
-        unsafe { write_out(stream_id_out, stream_id(h_stream, true)?) }
-    })
+per_thread_twins! {
+    cuStreamGetId, cuStreamGetId_ptsz (h_stream: CUstream, stream_id_out: *mut c_ulonglong)
+        |per_thread| {
+            run(|| {
+                non_null([stream_id_out.cast()])?;
+                // SAFETY: checked non-NULL; the caller's out-pointer.
+                unsafe { write_out(stream_id_out, stream_id(h_stream, per_thread)?) }
+            })
+        }
 }
 
 stream_queries! {

@@ -319,50 +319,16 @@ fn memset_3d(
     Ok(())
 }
 
-pub unsafe fn cudaMemset2D(dev_ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) -> CudaResult<()> {
-    memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, std::ptr::null_mut(), Mode::Synchronous, false)
+stream_entry_points! {
+    [cudaMemset2D, cudaMemset2D_ptds, cudaMemset2DAsync, cudaMemset2DAsync_ptsz]
+    (dev_ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize)
+    |stream, mode, per_thread| memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, stream, mode, per_thread)
 }
 
-pub unsafe fn cudaMemset2D_ptds(dev_ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) -> CudaResult<()> {
-    memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, std::ptr::null_mut(), Mode::Synchronous, true)
-}
-
-pub unsafe fn cudaMemset2DAsync(
-    dev_ptr: *mut c_void,
-    pitch: usize,
-    value: c_int,
-    width: usize,
-    height: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, stream, Mode::Asynchronous, false)
-}
-
-pub unsafe fn cudaMemset2DAsync_ptsz(
-    dev_ptr: *mut c_void,
-    pitch: usize,
-    value: c_int,
-    width: usize,
-    height: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    memset_2d(dev_ptr as CUdeviceptr, pitch, value, width, height, stream, Mode::Asynchronous, true)
-}
-
-pub unsafe fn cudaMemset3D(target: cudaPitchedPtr, value: c_int, extent: cudaExtent) -> CudaResult<()> {
-    memset_3d(target, value, extent, std::ptr::null_mut(), Mode::Synchronous, false)
-}
-
-pub unsafe fn cudaMemset3D_ptds(target: cudaPitchedPtr, value: c_int, extent: cudaExtent) -> CudaResult<()> {
-    memset_3d(target, value, extent, std::ptr::null_mut(), Mode::Synchronous, true)
-}
-
-pub unsafe fn cudaMemset3DAsync(target: cudaPitchedPtr, value: c_int, extent: cudaExtent, stream: cudaStream_t) -> CudaResult<()> {
-    memset_3d(target, value, extent, stream, Mode::Asynchronous, false)
-}
-
-pub unsafe fn cudaMemset3DAsync_ptsz(target: cudaPitchedPtr, value: c_int, extent: cudaExtent, stream: cudaStream_t) -> CudaResult<()> {
-    memset_3d(target, value, extent, stream, Mode::Asynchronous, true)
+stream_entry_points! {
+    [cudaMemset3D, cudaMemset3D_ptds, cudaMemset3DAsync, cudaMemset3DAsync_ptsz]
+    (target: cudaPitchedPtr, value: c_int, extent: cudaExtent)
+    |stream, mode, per_thread| memset_3d(target, value, extent, stream, mode, per_thread)
 }
 
 // --- arrays and mipmapped arrays ---
@@ -525,61 +491,32 @@ pub unsafe fn cudaArrayGetPlane(plane_array: *mut CUarray, array: CUarray, plane
     unsafe { write_out(plane_array, out) }
 }
 
-pub unsafe fn cudaArrayGetSparseProperties(properties: *mut cudaArraySparseProperties, array: CUarray) -> CudaResult<()> {
-    if properties.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    // SAFETY: all-zero is a valid value of these plain integer fields.
-    let mut out: cudaArraySparseProperties = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuArrayGetSparseProperties(std::ptr::from_mut(&mut out).cast(), array))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(properties, out) }
+/// Queries that fill one of these structs: the out-pointer is checked (then the device, where the
+/// query names one), and the driver fills the struct from all-zero.
+macro_rules! struct_queries {
+    ($($name:ident($out:ident: *mut $out_ty:ty, $handle:ident: $handle_ty:ty $(, $device:ident: c_int)?) => $driver:ident;)*) => {$(
+        pub unsafe fn $name($out: *mut $out_ty, $handle: $handle_ty $(, $device: c_int)?) -> CudaResult<()> {
+            if $out.is_null() {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            $(let $device = valid_device($device)?;)?
+            // SAFETY: all-zero is a valid value of these plain integer fields.
+            let mut value: $out_ty = unsafe { std::mem::zeroed() };
+            cu_ctx!($driver(std::ptr::from_mut(&mut value).cast(), $handle $(, $device)?))?;
+            // SAFETY: checked non-NULL; the app's out-pointer.
+            unsafe { write_out($out, value) }
+        }
+    )*};
 }
 
-pub unsafe fn cudaMipmappedArrayGetSparseProperties(
-    properties: *mut cudaArraySparseProperties,
-    mipmapped: CUmipmappedArray,
-) -> CudaResult<()> {
-    if properties.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    // SAFETY: all-zero is a valid value of these plain integer fields.
-    let mut out: cudaArraySparseProperties = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuMipmappedArrayGetSparseProperties(std::ptr::from_mut(&mut out).cast(), mipmapped))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(properties, out) }
-}
-
-pub unsafe fn cudaArrayGetMemoryRequirements(
-    requirements: *mut cudaArrayMemoryRequirements,
-    array: CUarray,
-    device: c_int,
-) -> CudaResult<()> {
-    if requirements.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let device = valid_device(device)?;
-    // SAFETY: all-zero is a valid value of these plain integer fields.
-    let mut out: cudaArrayMemoryRequirements = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuArrayGetMemoryRequirements(std::ptr::from_mut(&mut out).cast(), array, device))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(requirements, out) }
-}
-
-pub unsafe fn cudaMipmappedArrayGetMemoryRequirements(
-    requirements: *mut cudaArrayMemoryRequirements,
-    mipmapped: CUmipmappedArray,
-    device: c_int,
-) -> CudaResult<()> {
-    if requirements.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let device = valid_device(device)?;
-    // SAFETY: all-zero is a valid value of these plain integer fields.
-    let mut out: cudaArrayMemoryRequirements = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuMipmappedArrayGetMemoryRequirements(std::ptr::from_mut(&mut out).cast(), mipmapped, device))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(requirements, out) }
+struct_queries! {
+    cudaArrayGetSparseProperties(properties: *mut cudaArraySparseProperties, array: CUarray) => cuArrayGetSparseProperties;
+    cudaMipmappedArrayGetSparseProperties(properties: *mut cudaArraySparseProperties, mipmapped: CUmipmappedArray)
+        => cuMipmappedArrayGetSparseProperties;
+    cudaArrayGetMemoryRequirements(requirements: *mut cudaArrayMemoryRequirements, array: CUarray, device: c_int)
+        => cuArrayGetMemoryRequirements;
+    cudaMipmappedArrayGetMemoryRequirements(requirements: *mut cudaArrayMemoryRequirements, mipmapped: CUmipmappedArray, device: c_int)
+        => cuMipmappedArrayGetMemoryRequirements;
 }
 
 // --- 2D copies to, from and between arrays (offsets and widths in bytes, as the driver's) ---
@@ -626,92 +563,41 @@ fn memory(ptr: *const c_void, pitch: usize) -> Side2D {
     Side2D::Memory { ptr: ptr as u64, pitch }
 }
 
-/// The stream of an asynchronous entry point, or none for a synchronous one.
-macro_rules! stream_or_null {
-    () => {
-        std::ptr::null_mut()
-    };
-    ($stream:ident) => {
-        $stream
-    };
+stream_entry_points! {
+    [cudaMemcpy2DToArray, cudaMemcpy2DToArray_ptds, cudaMemcpy2DToArrayAsync, cudaMemcpy2DToArrayAsync_ptsz]
+    (dst: CUarray, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind)
+    |stream, mode, per_thread| {
+        let (dst, src) = (Side2D::Array(dst), memory(src, spitch));
+        memcpy_2d_array(dst, (w_offset, h_offset), src, (0, 0), width, height, kind, stream, mode, per_thread)
+    }
 }
 
-macro_rules! to_array_2d {
-    ($name:ident, $mode:expr, $per_thread:expr $(, $stream:ident)?) => {
-        pub unsafe fn $name(
-            dst: CUarray,
-            w_offset: usize,
-            h_offset: usize,
-            src: *const c_void,
-            spitch: usize,
-            width: usize,
-            height: usize,
-            kind: cudaMemcpyKind,
-            $($stream: cudaStream_t,)?
-        ) -> CudaResult<()> {
-            let (dst, src) = (Side2D::Array(dst), memory(src, spitch));
-            memcpy_2d_array(dst, (w_offset, h_offset), src, (0, 0), width, height, kind, stream_or_null!($($stream)?), $mode, $per_thread)
-        }
-    };
+stream_entry_points! {
+    [cudaMemcpy2DFromArray, cudaMemcpy2DFromArray_ptds, cudaMemcpy2DFromArrayAsync, cudaMemcpy2DFromArrayAsync_ptsz]
+    (dst: *mut c_void, dpitch: usize, src: CUarray, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: cudaMemcpyKind)
+    |stream, mode, per_thread| {
+        let (dst, src) = (memory(dst, dpitch), Side2D::Array(src));
+        memcpy_2d_array(dst, (0, 0), src, (w_offset, h_offset), width, height, kind, stream, mode, per_thread)
+    }
 }
 
-to_array_2d!(cudaMemcpy2DToArray, Mode::Synchronous, false);
-to_array_2d!(cudaMemcpy2DToArray_ptds, Mode::Synchronous, true);
-to_array_2d!(cudaMemcpy2DToArrayAsync, Mode::Asynchronous, false, stream);
-to_array_2d!(cudaMemcpy2DToArrayAsync_ptsz, Mode::Asynchronous, true, stream);
-
-macro_rules! from_array_2d {
-    ($name:ident, $mode:expr, $per_thread:expr $(, $stream:ident)?) => {
-        pub unsafe fn $name(
-            dst: *mut c_void,
-            dpitch: usize,
-            src: CUarray,
-            w_offset: usize,
-            h_offset: usize,
-            width: usize,
-            height: usize,
-            kind: cudaMemcpyKind,
-            $($stream: cudaStream_t,)?
-        ) -> CudaResult<()> {
-            let (dst, src) = (memory(dst, dpitch), Side2D::Array(src));
-            memcpy_2d_array(dst, (0, 0), src, (w_offset, h_offset), width, height, kind, stream_or_null!($($stream)?), $mode, $per_thread)
-        }
-    };
-}
-
-from_array_2d!(cudaMemcpy2DFromArray, Mode::Synchronous, false);
-from_array_2d!(cudaMemcpy2DFromArray_ptds, Mode::Synchronous, true);
-from_array_2d!(cudaMemcpy2DFromArrayAsync, Mode::Asynchronous, false, stream);
-from_array_2d!(cudaMemcpy2DFromArrayAsync_ptsz, Mode::Asynchronous, true, stream);
-
-pub unsafe fn cudaMemcpy2DArrayToArray(
-    dst: CUarray,
-    w_offset_dst: usize,
-    h_offset_dst: usize,
-    src: CUarray,
-    w_offset_src: usize,
-    h_offset_src: usize,
-    width: usize,
-    height: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
-    memcpy_2d_array(dst, dst_at, src, src_at, width, height, kind, std::ptr::null_mut(), Mode::Synchronous, false)
-}
-
-pub unsafe fn cudaMemcpy2DArrayToArray_ptds(
-    dst: CUarray,
-    w_offset_dst: usize,
-    h_offset_dst: usize,
-    src: CUarray,
-    w_offset_src: usize,
-    h_offset_src: usize,
-    width: usize,
-    height: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
-    memcpy_2d_array(dst, dst_at, src, src_at, width, height, kind, std::ptr::null_mut(), Mode::Synchronous, true)
+stream_entry_points! {
+    [cudaMemcpy2DArrayToArray, cudaMemcpy2DArrayToArray_ptds]
+    (
+        dst: CUarray,
+        w_offset_dst: usize,
+        h_offset_dst: usize,
+        src: CUarray,
+        w_offset_src: usize,
+        h_offset_src: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+    )
+    |stream, mode, per_thread| {
+        let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
+        memcpy_2d_array(dst, dst_at, src, src_at, width, height, kind, stream, mode, per_thread)
+    }
 }
 
 // --- the deprecated 1D copies to, from and between arrays ---
@@ -843,76 +729,40 @@ fn memcpy_1d(
     Ok(())
 }
 
-macro_rules! to_array_1d {
-    ($name:ident, $mode:expr, $per_thread:expr $(, $stream:ident)?) => {
-        pub unsafe fn $name(
-            dst: CUarray,
-            w_offset: usize,
-            h_offset: usize,
-            src: *const c_void,
-            count: usize,
-            kind: cudaMemcpyKind,
-            $($stream: cudaStream_t,)?
-        ) -> CudaResult<()> {
-            let (dst, src) = (Side2D::Array(dst), memory(src, 0));
-            memcpy_1d("cudaMemcpyToArray", dst, (w_offset, h_offset), src, (0, 0), count, kind, stream_or_null!($($stream)?), $mode, $per_thread)
-        }
-    };
+stream_entry_points! {
+    [cudaMemcpyToArray, cudaMemcpyToArray_ptds, cudaMemcpyToArrayAsync, cudaMemcpyToArrayAsync_ptsz]
+    (dst: CUarray, w_offset: usize, h_offset: usize, src: *const c_void, count: usize, kind: cudaMemcpyKind)
+    |stream, mode, per_thread| {
+        let (dst, src) = (Side2D::Array(dst), memory(src, 0));
+        memcpy_1d("cudaMemcpyToArray", dst, (w_offset, h_offset), src, (0, 0), count, kind, stream, mode, per_thread)
+    }
 }
 
-to_array_1d!(cudaMemcpyToArray, Mode::Synchronous, false);
-to_array_1d!(cudaMemcpyToArray_ptds, Mode::Synchronous, true);
-to_array_1d!(cudaMemcpyToArrayAsync, Mode::Asynchronous, false, stream);
-to_array_1d!(cudaMemcpyToArrayAsync_ptsz, Mode::Asynchronous, true, stream);
-
-macro_rules! from_array_1d {
-    ($name:ident, $mode:expr, $per_thread:expr $(, $stream:ident)?) => {
-        pub unsafe fn $name(
-            dst: *mut c_void,
-            src: CUarray,
-            w_offset: usize,
-            h_offset: usize,
-            count: usize,
-            kind: cudaMemcpyKind,
-            $($stream: cudaStream_t,)?
-        ) -> CudaResult<()> {
-            let (dst, src) = (memory(dst, 0), Side2D::Array(src));
-            memcpy_1d("cudaMemcpyFromArray", dst, (0, 0), src, (w_offset, h_offset), count, kind, stream_or_null!($($stream)?), $mode, $per_thread)
-        }
-    };
+stream_entry_points! {
+    [cudaMemcpyFromArray, cudaMemcpyFromArray_ptds, cudaMemcpyFromArrayAsync, cudaMemcpyFromArrayAsync_ptsz]
+    (dst: *mut c_void, src: CUarray, w_offset: usize, h_offset: usize, count: usize, kind: cudaMemcpyKind)
+    |stream, mode, per_thread| {
+        let (dst, src) = (memory(dst, 0), Side2D::Array(src));
+        memcpy_1d("cudaMemcpyFromArray", dst, (0, 0), src, (w_offset, h_offset), count, kind, stream, mode, per_thread)
+    }
 }
 
-from_array_1d!(cudaMemcpyFromArray, Mode::Synchronous, false);
-from_array_1d!(cudaMemcpyFromArray_ptds, Mode::Synchronous, true);
-from_array_1d!(cudaMemcpyFromArrayAsync, Mode::Asynchronous, false, stream);
-from_array_1d!(cudaMemcpyFromArrayAsync_ptsz, Mode::Asynchronous, true, stream);
-
-pub unsafe fn cudaMemcpyArrayToArray(
-    dst: CUarray,
-    w_offset_dst: usize,
-    h_offset_dst: usize,
-    src: CUarray,
-    w_offset_src: usize,
-    h_offset_src: usize,
-    count: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
-    memcpy_1d("cudaMemcpyArrayToArray", dst, dst_at, src, src_at, count, kind, std::ptr::null_mut(), Mode::Synchronous, false)
-}
-
-pub unsafe fn cudaMemcpyArrayToArray_ptds(
-    dst: CUarray,
-    w_offset_dst: usize,
-    h_offset_dst: usize,
-    src: CUarray,
-    w_offset_src: usize,
-    h_offset_src: usize,
-    count: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
-    memcpy_1d("cudaMemcpyArrayToArray", dst, dst_at, src, src_at, count, kind, std::ptr::null_mut(), Mode::Synchronous, true)
+stream_entry_points! {
+    [cudaMemcpyArrayToArray, cudaMemcpyArrayToArray_ptds]
+    (
+        dst: CUarray,
+        w_offset_dst: usize,
+        h_offset_dst: usize,
+        src: CUarray,
+        w_offset_src: usize,
+        h_offset_src: usize,
+        count: usize,
+        kind: cudaMemcpyKind,
+    )
+    |stream, mode, per_thread| {
+        let (dst, dst_at, src, src_at) = (Side2D::Array(dst), (w_offset_dst, h_offset_dst), Side2D::Array(src), (w_offset_src, h_offset_src));
+        memcpy_1d("cudaMemcpyArrayToArray", dst, dst_at, src, src_at, count, kind, stream, mode, per_thread)
+    }
 }
 
 // --- 3D copies ---

@@ -268,13 +268,10 @@ pub unsafe fn cudaSetValidDevices(devices: *mut c_int, len: c_int) -> CudaResult
     list.iter().try_for_each(|device| valid_device(*device).map(drop))
 }
 
-/// Profiling ranges go to the GPU server, where a profiler (nsys, ncu) may be attached.
-pub unsafe fn cudaProfilerStart() -> CudaResult<()> {
-    cu_ctx!(cuProfilerStart())
-}
-
-pub unsafe fn cudaProfilerStop() -> CudaResult<()> {
-    cu_ctx!(cuProfilerStop())
+driver_forwards! {
+    /// Profiling ranges go to the GPU server, where a profiler (nsys, ncu) may be attached.
+    cudaProfilerStart() => cuProfilerStart();
+    cudaProfilerStop() => cuProfilerStop();
 }
 
 pub unsafe fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> CudaResult<()> {

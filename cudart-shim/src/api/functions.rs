@@ -169,37 +169,16 @@ fn driver_entry_point(
     cu!(cuGetProcAddress_v2(symbol, func, version, entry_point_flags(flags, per_thread), status.cast()))
 }
 
-pub unsafe fn cudaGetDriverEntryPoint(symbol: *const c_char, func: *mut *mut c_void, flags: u64, status: *mut c_int) -> CudaResult<()> {
-    driver_entry_point(symbol, func, RUNTIME_VERSION.cast_unsigned(), flags, status, false)
+per_thread_twins! {
+    cudaGetDriverEntryPoint, cudaGetDriverEntryPoint_ptsz
+        (symbol: *const c_char, func: *mut *mut c_void, flags: u64, status: *mut c_int)
+        |per_thread| driver_entry_point(symbol, func, RUNTIME_VERSION.cast_unsigned(), flags, status, per_thread)
 }
 
-pub unsafe fn cudaGetDriverEntryPoint_ptsz(
-    symbol: *const c_char,
-    func: *mut *mut c_void,
-    flags: u64,
-    status: *mut c_int,
-) -> CudaResult<()> {
-    driver_entry_point(symbol, func, RUNTIME_VERSION.cast_unsigned(), flags, status, true)
-}
-
-pub unsafe fn cudaGetDriverEntryPointByVersion(
-    symbol: *const c_char,
-    func: *mut *mut c_void,
-    version: c_uint,
-    flags: u64,
-    status: *mut c_int,
-) -> CudaResult<()> {
-    driver_entry_point(symbol, func, version, flags, status, false)
-}
-
-pub unsafe fn cudaGetDriverEntryPointByVersion_ptsz(
-    symbol: *const c_char,
-    func: *mut *mut c_void,
-    version: c_uint,
-    flags: u64,
-    status: *mut c_int,
-) -> CudaResult<()> {
-    driver_entry_point(symbol, func, version, flags, status, true)
+per_thread_twins! {
+    cudaGetDriverEntryPointByVersion, cudaGetDriverEntryPointByVersion_ptsz
+        (symbol: *const c_char, func: *mut *mut c_void, version: c_uint, flags: u64, status: *mut c_int)
+        |per_thread| driver_entry_point(symbol, func, version, flags, status, per_thread)
 }
 
 /// The driver's handle of a kernel by its host stub (a `CUkernel`, which the driver takes as a

@@ -21,95 +21,49 @@ use crate::registry::{host_function_of, kernel_by_host};
 
 // --- stream capture ---
 
-pub unsafe fn cudaStreamBeginCapture(stream: cudaStream_t, mode: c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCapture_v2(stream.cast(), mode.cast_unsigned()))
+per_thread_twins! {
+    cudaStreamBeginCapture, cudaStreamBeginCapture_ptsz (stream: cudaStream_t, mode: c_int)
+        => cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz (stream.cast(), mode.cast_unsigned())
 }
 
-pub unsafe fn cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCapture_v2_ptsz(stream.cast(), mode.cast_unsigned()))
+per_thread_twins! {
+    cudaStreamBeginCaptureToGraph, cudaStreamBeginCaptureToGraph_ptsz
+        (stream: cudaStream_t, graph: CUgraph, dependencies: *const CUgraphNode, edges: *const c_void, count: usize, mode: c_int)
+        => cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz
+        (stream.cast(), graph, dependencies, edges.cast(), count, mode.cast_unsigned())
 }
 
-pub unsafe fn cudaStreamBeginCaptureToGraph(
-    stream: cudaStream_t,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    edges: *const c_void,
-    count: usize,
-    mode: c_int,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCaptureToGraph(stream.cast(), graph, dependencies, edges.cast(), count, mode.cast_unsigned()))
+per_thread_twins! {
+    /// CUDA 13's form takes edge data, as the driver's `_v2` does.
+    cudaStreamUpdateCaptureDependencies, cudaStreamUpdateCaptureDependencies_ptsz
+        (stream: cudaStream_t, dependencies: *mut CUgraphNode, edges: *const c_void, count: usize, flags: c_uint)
+        => cuStreamUpdateCaptureDependencies_v2, cuStreamUpdateCaptureDependencies_v2_ptsz
+        (stream.cast(), dependencies, edges.cast(), count, flags)
 }
 
-pub unsafe fn cudaStreamBeginCaptureToGraph_ptsz(
-    stream: cudaStream_t,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    edges: *const c_void,
-    count: usize,
-    mode: c_int,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamBeginCaptureToGraph_ptsz(stream.cast(), graph, dependencies, edges.cast(), count, mode.cast_unsigned()))
+per_thread_twins! {
+    cudaStreamEndCapture, cudaStreamEndCapture_ptsz (stream: cudaStream_t, graph: *mut CUgraph)
+        => cuStreamEndCapture, cuStreamEndCapture_ptsz (stream.cast(), graph)
 }
 
-/// CUDA 13's form takes edge data, as the driver's `_v2` does.
-pub unsafe fn cudaStreamUpdateCaptureDependencies(
-    stream: cudaStream_t,
-    dependencies: *mut CUgraphNode,
-    edges: *const c_void,
-    count: usize,
-    flags: c_uint,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamUpdateCaptureDependencies_v2(stream.cast(), dependencies, edges.cast(), count, flags))
+per_thread_twins! {
+    cudaStreamIsCapturing, cudaStreamIsCapturing_ptsz (stream: cudaStream_t, status: *mut c_int)
+        => cuStreamIsCapturing, cuStreamIsCapturing_ptsz (stream.cast(), status.cast())
 }
 
-pub unsafe fn cudaStreamUpdateCaptureDependencies_ptsz(
-    stream: cudaStream_t,
-    dependencies: *mut CUgraphNode,
-    edges: *const c_void,
-    count: usize,
-    flags: c_uint,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamUpdateCaptureDependencies_v2_ptsz(stream.cast(), dependencies, edges.cast(), count, flags))
-}
-
-pub unsafe fn cudaStreamEndCapture(stream: cudaStream_t, graph: *mut CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuStreamEndCapture(stream.cast(), graph))
-}
-
-pub unsafe fn cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuStreamEndCapture_ptsz(stream.cast(), graph))
-}
-
-pub unsafe fn cudaStreamIsCapturing(stream: cudaStream_t, status: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamIsCapturing(stream.cast(), status.cast()))
-}
-
-pub unsafe fn cudaStreamIsCapturing_ptsz(stream: cudaStream_t, status: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamIsCapturing_ptsz(stream.cast(), status.cast()))
-}
-
-pub unsafe fn cudaStreamGetCaptureInfo(
-    stream: cudaStream_t,
-    status: *mut c_int,
-    id: *mut u64,
-    graph: *mut CUgraph,
-    dependencies: *mut *const CUgraphNode,
-    edges: *mut *const c_void,
-    count: *mut usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetCaptureInfo_v3(stream.cast(), status.cast(), id, graph, dependencies, edges.cast(), count))
-}
-
-pub unsafe fn cudaStreamGetCaptureInfo_ptsz(
-    stream: cudaStream_t,
-    status: *mut c_int,
-    id: *mut u64,
-    graph: *mut CUgraph,
-    dependencies: *mut *const CUgraphNode,
-    edges: *mut *const c_void,
-    count: *mut usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetCaptureInfo_v3_ptsz(stream.cast(), status.cast(), id, graph, dependencies, edges.cast(), count))
+per_thread_twins! {
+    cudaStreamGetCaptureInfo, cudaStreamGetCaptureInfo_ptsz
+        (
+            stream: cudaStream_t,
+            status: *mut c_int,
+            id: *mut u64,
+            graph: *mut CUgraph,
+            dependencies: *mut *const CUgraphNode,
+            edges: *mut *const c_void,
+            count: *mut usize,
+        )
+        => cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz
+        (stream.cast(), status.cast(), id, graph, dependencies, edges.cast(), count)
 }
 
 pub unsafe fn cudaThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CudaResult<()> {
@@ -118,12 +72,9 @@ pub unsafe fn cudaThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CudaResul
 
 // --- graphs ---
 
-pub unsafe fn cudaGraphCreate(graph: *mut CUgraph, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuGraphCreate(graph, flags))
-}
-
-pub unsafe fn cudaGraphDestroy(graph: CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuGraphDestroy(graph))
+driver_forwards! {
+    cudaGraphCreate(graph: *mut CUgraph, flags: c_uint) => cuGraphCreate(graph, flags);
+    cudaGraphDestroy(graph: CUgraph) => cuGraphDestroy(graph);
 }
 
 /// `cudaKernelNodeParams`: the kernel is the app's host stub.
@@ -459,24 +410,12 @@ pub unsafe fn cudaGraphExecMemcpyNodeSetParamsFromSymbol(
 // `cudaMemsetParams` and `cudaHostNodeParams` have the driver's layouts, and so have
 // `cudaLaunchAttributeValue` and the attribute numbers.
 
-pub unsafe fn cudaGraphMemsetNodeGetParams(node: CUgraphNode, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphMemsetNodeGetParams(node, params.cast()))
-}
-
-pub unsafe fn cudaGraphHostNodeGetParams(node: CUgraphNode, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphHostNodeGetParams(node, params.cast()))
-}
-
-pub unsafe fn cudaGraphKernelNodeGetAttribute(node: CUgraphNode, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphKernelNodeGetAttribute(node, attribute.cast_unsigned(), value.cast()))
-}
-
-pub unsafe fn cudaGraphKernelNodeSetAttribute(node: CUgraphNode, attribute: c_int, value: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphKernelNodeSetAttribute(node, attribute.cast_unsigned(), value.cast()))
-}
-
-pub unsafe fn cudaGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode) -> CudaResult<()> {
-    cu_ctx!(cuGraphKernelNodeCopyAttributes(dst, src))
+driver_forwards! {
+    cudaGraphMemsetNodeGetParams(node: CUgraphNode, params: *mut c_void) => cuGraphMemsetNodeGetParams(node, params.cast());
+    cudaGraphHostNodeGetParams(node: CUgraphNode, params: *mut c_void) => cuGraphHostNodeGetParams(node, params.cast());
+    cudaGraphKernelNodeGetAttribute(node: CUgraphNode, attribute: c_int, value: *mut c_void) => cuGraphKernelNodeGetAttribute(node, attribute.cast_unsigned(), value.cast());
+    cudaGraphKernelNodeSetAttribute(node: CUgraphNode, attribute: c_int, value: *const c_void) => cuGraphKernelNodeSetAttribute(node, attribute.cast_unsigned(), value.cast());
+    cudaGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode) => cuGraphKernelNodeCopyAttributes(dst, src);
 }
 
 // User objects: the flags (`cudaUserObjectNoDestructorSync`, `cudaGraphUserObjectMove`) are
@@ -500,242 +439,75 @@ pub unsafe fn cudaUserObjectRelease(object: *mut c_void, count: c_uint) -> CudaR
     cu!(cuUserObjectRelease(object.cast(), count))
 }
 
-pub unsafe fn cudaGraphRetainUserObject(graph: CUgraph, object: *mut c_void, count: c_uint, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuGraphRetainUserObject(graph, object.cast(), count, flags))
-}
-
-pub unsafe fn cudaGraphReleaseUserObject(graph: CUgraph, object: *mut c_void, count: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuGraphReleaseUserObject(graph, object.cast(), count))
+driver_forwards! {
+    cudaGraphRetainUserObject(graph: CUgraph, object: *mut c_void, count: c_uint, flags: c_uint) => cuGraphRetainUserObject(graph, object.cast(), count, flags);
+    cudaGraphReleaseUserObject(graph: CUgraph, object: *mut c_void, count: c_uint) => cuGraphReleaseUserObject(graph, object.cast(), count);
 }
 
 // `cudaMemsetParams` and `cudaHostNodeParams` have the driver's layouts.
 
-pub unsafe fn cudaGraphAddMemsetNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    count: usize,
-    params: *const c_void,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddMemsetNode(node, graph, dependencies, count, params.cast(), std::ptr::null_mut()))
-}
-
-pub unsafe fn cudaGraphMemsetNodeSetParams(node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphMemsetNodeSetParams(node, params.cast()))
-}
-
-pub unsafe fn cudaGraphExecMemsetNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecMemsetNodeSetParams(exec, node, params.cast(), std::ptr::null_mut()))
-}
-
-pub unsafe fn cudaGraphAddHostNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    count: usize,
-    params: *const c_void,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddHostNode(node, graph, dependencies, count, params.cast()))
-}
-
-pub unsafe fn cudaGraphHostNodeSetParams(node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphHostNodeSetParams(node, params.cast()))
-}
-
-pub unsafe fn cudaGraphExecHostNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecHostNodeSetParams(exec, node, params.cast()))
-}
-
-pub unsafe fn cudaGraphAddChildGraphNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    count: usize,
-    child: CUgraph,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddChildGraphNode(node, graph, dependencies, count, child))
-}
-
-pub unsafe fn cudaGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecChildGraphNodeSetParams(exec, node, child))
-}
-
-pub unsafe fn cudaGraphAddEmptyNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    count: usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddEmptyNode(node, graph, dependencies, count))
-}
-
-pub unsafe fn cudaGraphAddEventRecordNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    count: usize,
-    event: cudaEvent_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddEventRecordNode(node, graph, dependencies, count, event.cast()))
-}
-
-pub unsafe fn cudaGraphAddEventWaitNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    count: usize,
-    event: cudaEvent_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddEventWaitNode(node, graph, dependencies, count, event.cast()))
-}
-
-pub unsafe fn cudaGraphEventRecordNodeSetEvent(node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphEventRecordNodeSetEvent(node, event.cast()))
-}
-
-pub unsafe fn cudaGraphExecEventRecordNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecEventRecordNodeSetEvent(exec, node, event.cast()))
-}
-
-pub unsafe fn cudaGraphEventWaitNodeSetEvent(node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphEventWaitNodeSetEvent(node, event.cast()))
-}
-
-pub unsafe fn cudaGraphExecEventWaitNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecEventWaitNodeSetEvent(exec, node, event.cast()))
-}
-
-pub unsafe fn cudaGraphAddDependencies(
-    graph: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    edges: *const c_void,
-    count: usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddDependencies_v2(graph, from, to, edges.cast(), count))
-}
-
-pub unsafe fn cudaGraphRemoveDependencies(
-    graph: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    edges: *const c_void,
-    count: usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphRemoveDependencies_v2(graph, from, to, edges.cast(), count))
-}
-
-pub unsafe fn cudaGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) -> CudaResult<()> {
-    cu_ctx!(cuGraphGetNodes(graph, nodes, count))
-}
-
-pub unsafe fn cudaGraphGetRootNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) -> CudaResult<()> {
-    cu_ctx!(cuGraphGetRootNodes(graph, nodes, count))
-}
-
-pub unsafe fn cudaGraphNodeGetType(node: CUgraphNode, kind: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuGraphNodeGetType(node, kind.cast()))
-}
-
-pub unsafe fn cudaGraphDestroyNode(node: CUgraphNode) -> CudaResult<()> {
-    cu_ctx!(cuGraphDestroyNode(node))
-}
-
-pub unsafe fn cudaGraphClone(clone: *mut CUgraph, graph: CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuGraphClone(clone, graph))
-}
-
-pub unsafe fn cudaGraphNodeFindInClone(found: *mut CUgraphNode, node: CUgraphNode, clone: CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuGraphNodeFindInClone(found, node, clone))
-}
-
-pub unsafe fn cudaGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) -> CudaResult<()> {
-    cu_ctx!(cuGraphInstantiateWithFlags(exec, graph, flags))
-}
-
-pub unsafe fn cudaGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) -> CudaResult<()> {
-    cu_ctx!(cuGraphInstantiateWithFlags(exec, graph, flags))
+driver_forwards! {
+    cudaGraphAddMemsetNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *const c_void) => cuGraphAddMemsetNode(node, graph, dependencies, count, params.cast(), std::ptr::null_mut());
+    cudaGraphMemsetNodeSetParams(node: CUgraphNode, params: *const c_void) => cuGraphMemsetNodeSetParams(node, params.cast());
+    cudaGraphExecMemsetNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) => cuGraphExecMemsetNodeSetParams(exec, node, params.cast(), std::ptr::null_mut());
+    cudaGraphAddHostNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *const c_void) => cuGraphAddHostNode(node, graph, dependencies, count, params.cast());
+    cudaGraphHostNodeSetParams(node: CUgraphNode, params: *const c_void) => cuGraphHostNodeSetParams(node, params.cast());
+    cudaGraphExecHostNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const c_void) => cuGraphExecHostNodeSetParams(exec, node, params.cast());
+    cudaGraphAddChildGraphNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, child: CUgraph) => cuGraphAddChildGraphNode(node, graph, dependencies, count, child);
+    cudaGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph) => cuGraphExecChildGraphNodeSetParams(exec, node, child);
+    cudaGraphAddEmptyNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize) => cuGraphAddEmptyNode(node, graph, dependencies, count);
+    cudaGraphAddEventRecordNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, event: cudaEvent_t) => cuGraphAddEventRecordNode(node, graph, dependencies, count, event.cast());
+    cudaGraphAddEventWaitNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, event: cudaEvent_t) => cuGraphAddEventWaitNode(node, graph, dependencies, count, event.cast());
+    cudaGraphEventRecordNodeSetEvent(node: CUgraphNode, event: cudaEvent_t) => cuGraphEventRecordNodeSetEvent(node, event.cast());
+    cudaGraphExecEventRecordNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: cudaEvent_t) => cuGraphExecEventRecordNodeSetEvent(exec, node, event.cast());
+    cudaGraphEventWaitNodeSetEvent(node: CUgraphNode, event: cudaEvent_t) => cuGraphEventWaitNodeSetEvent(node, event.cast());
+    cudaGraphExecEventWaitNodeSetEvent(exec: CUgraphExec, node: CUgraphNode, event: cudaEvent_t) => cuGraphExecEventWaitNodeSetEvent(exec, node, event.cast());
+    cudaGraphAddDependencies(graph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edges: *const c_void, count: usize) => cuGraphAddDependencies_v2(graph, from, to, edges.cast(), count);
+    cudaGraphRemoveDependencies(graph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edges: *const c_void, count: usize) => cuGraphRemoveDependencies_v2(graph, from, to, edges.cast(), count);
+    cudaGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) => cuGraphGetNodes(graph, nodes, count);
+    cudaGraphGetRootNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) => cuGraphGetRootNodes(graph, nodes, count);
+    cudaGraphNodeGetType(node: CUgraphNode, kind: *mut c_int) => cuGraphNodeGetType(node, kind.cast());
+    cudaGraphDestroyNode(node: CUgraphNode) => cuGraphDestroyNode(node);
+    cudaGraphClone(clone: *mut CUgraph, graph: CUgraph) => cuGraphClone(clone, graph);
+    cudaGraphNodeFindInClone(found: *mut CUgraphNode, node: CUgraphNode, clone: CUgraph) => cuGraphNodeFindInClone(found, node, clone);
+    cudaGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) => cuGraphInstantiateWithFlags(exec, graph, flags);
+    cudaGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) => cuGraphInstantiateWithFlags(exec, graph, flags);
 }
 
 // `cudaGraphInstantiateParams` and `cudaGraphExecUpdateResultInfo` have the driver's layouts.
 
-pub unsafe fn cudaGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphInstantiateWithParams(exec, graph, params.cast()))
+per_thread_twins! {
+    cudaGraphInstantiateWithParams, cudaGraphInstantiateWithParams_ptsz (exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void)
+        => cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz (exec, graph, params.cast())
 }
 
-pub unsafe fn cudaGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphInstantiateWithParams_ptsz(exec, graph, params.cast()))
+per_thread_twins! {
+    cudaGraphLaunch, cudaGraphLaunch_ptsz (exec: CUgraphExec, stream: cudaStream_t)
+        => cuGraphLaunch, cuGraphLaunch_ptsz (exec, stream.cast())
 }
 
-pub unsafe fn cudaGraphLaunch(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphLaunch(exec, stream.cast()))
+per_thread_twins! {
+    cudaGraphUpload, cudaGraphUpload_ptsz (exec: CUgraphExec, stream: cudaStream_t)
+        => cuGraphUpload, cuGraphUpload_ptsz (exec, stream.cast())
 }
 
-pub unsafe fn cudaGraphLaunch_ptsz(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphLaunch_ptsz(exec, stream.cast()))
-}
-
-pub unsafe fn cudaGraphUpload(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphUpload(exec, stream.cast()))
-}
-
-pub unsafe fn cudaGraphUpload_ptsz(exec: CUgraphExec, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphUpload_ptsz(exec, stream.cast()))
-}
-
-pub unsafe fn cudaGraphExecDestroy(exec: CUgraphExec) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecDestroy(exec))
-}
-
-pub unsafe fn cudaGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, info: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecUpdate_v2(exec, graph, info.cast()))
-}
-
-pub unsafe fn cudaGraphDebugDotPrint(graph: CUgraph, path: *const c_char, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuGraphDebugDotPrint(graph, path, flags))
+driver_forwards! {
+    cudaGraphExecDestroy(exec: CUgraphExec) => cuGraphExecDestroy(exec);
+    cudaGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, info: *mut c_void) => cuGraphExecUpdate_v2(exec, graph, info.cast());
+    cudaGraphDebugDotPrint(graph: CUgraph, path: *const c_char, flags: c_uint) => cuGraphDebugDotPrint(graph, path, flags);
 }
 
 // --- memory nodes (`cudaMemAllocNodeParams` has the driver's layout; the driver writes `dptr`) ---
 
-pub unsafe fn cudaGraphAddMemAllocNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    count: usize,
-    params: *mut c_void,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddMemAllocNode(node, graph, dependencies, count, params.cast()))
-}
-
-pub unsafe fn cudaGraphAddMemFreeNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    count: usize,
-    ptr: *mut c_void,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphAddMemFreeNode(node, graph, dependencies, count, ptr as CUdeviceptr))
-}
-
-pub unsafe fn cudaGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphMemAllocNodeGetParams(node, params.cast()))
-}
-
-/// `ptr_out` points to the app's `void *`, which is the driver's `CUdeviceptr`.
-pub unsafe fn cudaGraphMemFreeNodeGetParams(node: CUgraphNode, ptr_out: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuGraphMemFreeNodeGetParams(node, ptr_out.cast()))
-}
-
-pub unsafe fn cudaDeviceGraphMemTrim(device: c_int) -> CudaResult<()> {
-    cu_ctx!(cuDeviceGraphMemTrim(device))
-}
-
-pub unsafe fn cudaDeviceGetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuDeviceGetGraphMemAttribute(device, attribute.cast_unsigned(), value))
-}
-
-pub unsafe fn cudaDeviceSetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuDeviceSetGraphMemAttribute(device, attribute.cast_unsigned(), value))
+driver_forwards! {
+    cudaGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, params: *mut c_void) => cuGraphAddMemAllocNode(node, graph, dependencies, count, params.cast());
+    cudaGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, dependencies: *const CUgraphNode, count: usize, ptr: *mut c_void) => cuGraphAddMemFreeNode(node, graph, dependencies, count, ptr as CUdeviceptr);
+    cudaGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut c_void) => cuGraphMemAllocNodeGetParams(node, params.cast());
+    /// `ptr_out` points to the app's `void *`, which is the driver's `CUdeviceptr`.
+    cudaGraphMemFreeNodeGetParams(node: CUgraphNode, ptr_out: *mut c_void) => cuGraphMemFreeNodeGetParams(node, ptr_out.cast());
+    cudaDeviceGraphMemTrim(device: c_int) => cuDeviceGraphMemTrim(device);
+    cudaDeviceGetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void) => cuDeviceGetGraphMemAttribute(device, attribute.cast_unsigned(), value);
+    cudaDeviceSetGraphMemAttribute(device: c_int, attribute: c_int, value: *mut c_void) => cuDeviceSetGraphMemAttribute(device, attribute.cast_unsigned(), value);
 }
 
 // --- conditional and generic nodes ---
@@ -860,77 +632,26 @@ pub unsafe fn cudaGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, p
 
 // --- queries (CUDA 13's forms take edge data, as the driver's `_v2` do) ---
 
-pub unsafe fn cudaGraphNodeGetDependencies(
-    node: CUgraphNode,
-    dependencies: *mut CUgraphNode,
-    edges: *mut c_void,
-    count: *mut usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphNodeGetDependencies_v2(node, dependencies, edges.cast(), count))
-}
-
-pub unsafe fn cudaGraphNodeGetDependentNodes(
-    node: CUgraphNode,
-    dependents: *mut CUgraphNode,
-    edges: *mut c_void,
-    count: *mut usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphNodeGetDependentNodes_v2(node, dependents, edges.cast(), count))
-}
-
-pub unsafe fn cudaGraphGetEdges(
-    graph: CUgraph,
-    from: *mut CUgraphNode,
-    to: *mut CUgraphNode,
-    edges: *mut c_void,
-    count: *mut usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphGetEdges_v2(graph, from, to, edges.cast(), count))
-}
-
-pub unsafe fn cudaGraphNodeSetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuGraphNodeSetEnabled(exec, node, enabled))
-}
-
-pub unsafe fn cudaGraphNodeGetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: *mut c_uint) -> CudaResult<()> {
-    cu_ctx!(cuGraphNodeGetEnabled(exec, node, enabled))
-}
-
-pub unsafe fn cudaGraphExecGetFlags(exec: CUgraphExec, flags: *mut c_ulonglong) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecGetFlags(exec, flags))
-}
-
-pub unsafe fn cudaGraphEventRecordNodeGetEvent(node: CUgraphNode, event: *mut cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphEventRecordNodeGetEvent(node, event.cast()))
-}
-
-pub unsafe fn cudaGraphEventWaitNodeGetEvent(node: CUgraphNode, event: *mut cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuGraphEventWaitNodeGetEvent(node, event.cast()))
-}
-
-pub unsafe fn cudaGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph) -> CudaResult<()> {
-    cu_ctx!(cuGraphChildGraphNodeGetGraph(node, graph))
+driver_forwards! {
+    cudaGraphNodeGetDependencies(node: CUgraphNode, dependencies: *mut CUgraphNode, edges: *mut c_void, count: *mut usize) => cuGraphNodeGetDependencies_v2(node, dependencies, edges.cast(), count);
+    cudaGraphNodeGetDependentNodes(node: CUgraphNode, dependents: *mut CUgraphNode, edges: *mut c_void, count: *mut usize) => cuGraphNodeGetDependentNodes_v2(node, dependents, edges.cast(), count);
+    cudaGraphGetEdges(graph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edges: *mut c_void, count: *mut usize) => cuGraphGetEdges_v2(graph, from, to, edges.cast(), count);
+    cudaGraphNodeSetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: c_uint) => cuGraphNodeSetEnabled(exec, node, enabled);
+    cudaGraphNodeGetEnabled(exec: CUgraphExec, node: CUgraphNode, enabled: *mut c_uint) => cuGraphNodeGetEnabled(exec, node, enabled);
+    cudaGraphExecGetFlags(exec: CUgraphExec, flags: *mut c_ulonglong) => cuGraphExecGetFlags(exec, flags);
+    cudaGraphEventRecordNodeGetEvent(node: CUgraphNode, event: *mut cudaEvent_t) => cuGraphEventRecordNodeGetEvent(node, event.cast());
+    cudaGraphEventWaitNodeGetEvent(node: CUgraphNode, event: *mut cudaEvent_t) => cuGraphEventWaitNodeGetEvent(node, event.cast());
+    cudaGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph) => cuGraphChildGraphNodeGetGraph(node, graph);
 }
 
 // --- host functions ---
 
-pub unsafe fn cudaLaunchHostFunc(stream: cudaStream_t, function: HostFn, data: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuLaunchHostFunc(stream.cast(), function, data))
+per_thread_twins! {
+    cudaLaunchHostFunc, cudaLaunchHostFunc_ptsz (stream: cudaStream_t, function: HostFn, data: *mut c_void)
+        => cuLaunchHostFunc, cuLaunchHostFunc_ptsz (stream.cast(), function, data)
 }
 
-pub unsafe fn cudaLaunchHostFunc_ptsz(stream: cudaStream_t, function: HostFn, data: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuLaunchHostFunc_ptsz(stream.cast(), function, data))
-}
-
-pub unsafe fn cudaStreamAddCallback(stream: cudaStream_t, callback: StreamCallback, data: *mut c_void, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuStreamAddCallback(stream.cast(), callback, data, flags))
-}
-
-pub unsafe fn cudaStreamAddCallback_ptsz(
-    stream: cudaStream_t,
-    callback: StreamCallback,
-    data: *mut c_void,
-    flags: c_uint,
-) -> CudaResult<()> {
-    cu_ctx!(cuStreamAddCallback_ptsz(stream.cast(), callback, data, flags))
+per_thread_twins! {
+    cudaStreamAddCallback, cudaStreamAddCallback_ptsz (stream: cudaStream_t, callback: StreamCallback, data: *mut c_void, flags: c_uint)
+        => cuStreamAddCallback, cuStreamAddCallback_ptsz (stream.cast(), callback, data, flags)
 }

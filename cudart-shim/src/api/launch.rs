@@ -72,11 +72,12 @@ fn invalid_launch(grid: dim3, block: dim3, shared_mem: usize, stream: cudaStream
     (!super::streams::is_stream(stream)).then_some(CudaError::INVALID_RESOURCE_HANDLE)
 }
 
-/// Hands the launch to the driver.
+/// Hands the launch to the driver; a cooperative launch's blocks may synchronize with each other.
 ///
 /// # Safety
 /// `args` is the stub's argument array: for each kernel parameter, a pointer to a value of that
 /// parameter's size.
+#[expect(clippy::too_many_arguments, reason = "a launch's parameters plus how it is made")]
 unsafe fn launch(
     kernel: &Kernel,
     grid: dim3,
@@ -85,15 +86,19 @@ unsafe fn launch(
     shared_mem: usize,
     stream: cudaStream_t,
     per_thread_default: bool,
+    cooperative: bool,
 ) -> CudaResult<()> {
     let kernel = kernel.handle().map_err(|error| invalid_launch(grid, block, shared_mem, stream).unwrap_or(error))?;
     let shared_mem = c_uint::try_from(shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
     let extra = std::ptr::null_mut();
     let (g, b) = (grid, block);
-    if per_thread_default {
-        cu_ctx!(cuLaunchKernel_ptsz(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args, extra))
-    } else {
-        cu_ctx!(cuLaunchKernel(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args, extra))
+    match (cooperative, per_thread_default) {
+        (false, true) => cu_ctx!(cuLaunchKernel_ptsz(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args, extra)),
+        (false, false) => cu_ctx!(cuLaunchKernel(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args, extra)),
+        (true, true) => {
+            cu_ctx!(cuLaunchCooperativeKernel_ptsz(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args))
+        }
+        (true, false) => cu_ctx!(cuLaunchCooperativeKernel(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args)),
     }
 }
 
@@ -124,7 +129,7 @@ macro_rules! launch_entry {
             stream: cudaStream_t,
         ) -> CudaResult<()> {
             // SAFETY: the stub's (or `cudaLaunchKernel`'s) contract, see `launch`.
-            unsafe { launch(&*$find(kernel)?, grid, block, args, shared_mem, stream, $per_thread_default) }
+            unsafe { launch(&*$find(kernel)?, grid, block, args, shared_mem, stream, $per_thread_default, false) }
         }
     };
 }
@@ -134,52 +139,13 @@ launch_entry!(__cudaLaunchKernel_ptsz, cudaKernel_t, by_handle, true);
 launch_entry!(cudaLaunchKernel, *const c_void, by_host, false);
 launch_entry!(cudaLaunchKernel_ptsz, *const c_void, by_host, true);
 
-/// `cudaLaunchCooperativeKernel`: blocks of the grid may synchronize with each other.
-///
-/// # Safety
-/// As for [`launch`].
-unsafe fn launch_cooperative(
-    func: *const c_void,
-    grid: dim3,
-    block: dim3,
-    args: *mut *mut c_void,
-    shared_mem: usize,
-    stream: cudaStream_t,
-    per_thread_default: bool,
-) -> CudaResult<()> {
-    let found = by_host(func)?;
-    let kernel = found.handle().map_err(|error| invalid_launch(grid, block, shared_mem, stream).unwrap_or(error))?;
-    let shared_mem = c_uint::try_from(shared_mem).map_err(|_| CudaError::INVALID_VALUE)?;
-    let (g, b) = (grid, block);
-    if per_thread_default {
-        cu_ctx!(cuLaunchCooperativeKernel_ptsz(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args))
-    } else {
-        cu_ctx!(cuLaunchCooperativeKernel(kernel.cast(), g.x, g.y, g.z, b.x, b.y, b.z, shared_mem, stream.cast(), args))
-    }
-}
-
-pub unsafe fn cudaLaunchCooperativeKernel(
-    func: *const c_void,
-    grid: dim3,
-    block: dim3,
-    args: *mut *mut c_void,
-    shared_mem: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    // SAFETY: forwarded contract.
-    unsafe { launch_cooperative(func, grid, block, args, shared_mem, stream, false) }
-}
-
-pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
-    func: *const c_void,
-    grid: dim3,
-    block: dim3,
-    args: *mut *mut c_void,
-    shared_mem: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    // SAFETY: forwarded contract.
-    unsafe { launch_cooperative(func, grid, block, args, shared_mem, stream, true) }
+per_thread_twins! {
+    cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz
+        (func: *const c_void, grid: dim3, block: dim3, args: *mut *mut c_void, shared_mem: usize, stream: cudaStream_t)
+        |per_thread| {
+            // SAFETY: as for `launch`.
+            unsafe { launch(&*by_host(func)?, grid, block, args, shared_mem, stream, per_thread, true) }
+        }
 }
 
 /// `cudaLaunchConfig_t`.
@@ -238,12 +204,10 @@ unsafe fn launch_ex(
     }
 }
 
-pub unsafe fn cudaLaunchKernelExC(config: *const cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void) -> CudaResult<()> {
-    // SAFETY: forwarded contract.
-    unsafe { launch_ex(config, func, args, false) }
-}
-
-pub unsafe fn cudaLaunchKernelExC_ptsz(config: *const cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void) -> CudaResult<()> {
-    // SAFETY: forwarded contract.
-    unsafe { launch_ex(config, func, args, true) }
+per_thread_twins! {
+    cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz (config: *const cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void)
+        |per_thread| {
+            // SAFETY: forwarded contract.
+            unsafe { launch_ex(config, func, args, per_thread) }
+        }
 }

@@ -9,54 +9,31 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 
-use crate::driver::{CUkernel, CUlibrary, cu, cu_ctx};
+use crate::driver::{CUkernel, CUlibrary, cu};
 use crate::ffi::{cudaKernel_t, write_out};
 use crate::registry;
 
-#[expect(clippy::too_many_arguments, reason = "the runtime's signature")]
-pub unsafe fn cudaLibraryLoadData(
-    library: *mut CUlibrary,
-    code: *const c_void,
-    jit_options: *mut c_int,
-    jit_values: *mut *mut c_void,
-    jit_count: c_uint,
-    library_options: *mut c_int,
-    library_values: *mut *mut c_void,
-    library_count: c_uint,
-) -> CudaResult<()> {
-    cu_ctx!(cuLibraryLoadData(
-        library,
-        code,
-        jit_options.cast(),
-        jit_values,
-        jit_count,
-        library_options.cast(),
-        library_values,
-        library_count
-    ))
+/// The two loads, which differ only in where the code comes from.
+macro_rules! library_load {
+    ($($name:ident($source:ident: $source_ty:ty) => $driver:ident;)*) => {
+        driver_forwards! {$(
+            $name(
+                library: *mut CUlibrary,
+                $source: $source_ty,
+                jit_options: *mut c_int,
+                jit_values: *mut *mut c_void,
+                jit_count: c_uint,
+                library_options: *mut c_int,
+                library_values: *mut *mut c_void,
+                library_count: c_uint,
+            ) => $driver(library, $source, jit_options.cast(), jit_values, jit_count, library_options.cast(), library_values, library_count);
+        )*}
+    };
 }
 
-#[expect(clippy::too_many_arguments, reason = "the runtime's signature")]
-pub unsafe fn cudaLibraryLoadFromFile(
-    library: *mut CUlibrary,
-    file_name: *const c_char,
-    jit_options: *mut c_int,
-    jit_values: *mut *mut c_void,
-    jit_count: c_uint,
-    library_options: *mut c_int,
-    library_values: *mut *mut c_void,
-    library_count: c_uint,
-) -> CudaResult<()> {
-    cu_ctx!(cuLibraryLoadFromFile(
-        library,
-        file_name,
-        jit_options.cast(),
-        jit_values,
-        jit_count,
-        library_options.cast(),
-        library_values,
-        library_count
-    ))
+library_load! {
+    cudaLibraryLoadData(code: *const c_void) => cuLibraryLoadData;
+    cudaLibraryLoadFromFile(file_name: *const c_char) => cuLibraryLoadFromFile;
 }
 
 pub unsafe fn cudaLibraryUnload(library: CUlibrary) -> CudaResult<()> {
@@ -99,20 +76,7 @@ pub unsafe fn cudaLibraryEnumerateKernels(kernels: *mut cudaKernel_t, num_kernel
     Ok(())
 }
 
-pub unsafe fn cudaLibraryGetGlobal(
-    dev_ptr: *mut *mut c_void,
-    bytes: *mut usize,
-    library: CUlibrary,
-    name: *const c_char,
-) -> CudaResult<()> {
-    cu_ctx!(cuLibraryGetGlobal(dev_ptr.cast(), bytes, library, name))
-}
-
-pub unsafe fn cudaLibraryGetManaged(
-    dev_ptr: *mut *mut c_void,
-    bytes: *mut usize,
-    library: CUlibrary,
-    name: *const c_char,
-) -> CudaResult<()> {
-    cu_ctx!(cuLibraryGetManaged(dev_ptr.cast(), bytes, library, name))
+driver_forwards! {
+    cudaLibraryGetGlobal(dev_ptr: *mut *mut c_void, bytes: *mut usize, library: CUlibrary, name: *const c_char) => cuLibraryGetGlobal(dev_ptr.cast(), bytes, library, name);
+    cudaLibraryGetManaged(dev_ptr: *mut *mut c_void, bytes: *mut usize, library: CUlibrary, name: *const c_char) => cuLibraryGetManaged(dev_ptr.cast(), bytes, library, name);
 }

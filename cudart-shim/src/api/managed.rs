@@ -29,138 +29,53 @@ pub unsafe fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c
     unsafe { write_out(dev_ptr, ptr as usize as *mut c_void) }
 }
 
-pub unsafe fn cudaMemPrefetchAsync(
-    dev_ptr: *const c_void,
-    count: usize,
-    location: cudaMemLocation,
-    flags: c_uint,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemPrefetchAsync_v2(dev_ptr as CUdeviceptr, count, location, flags, stream.cast()))
+per_thread_twins! {
+    cudaMemPrefetchAsync, cudaMemPrefetchAsync_ptsz (dev_ptr: *const c_void, count: usize, location: cudaMemLocation, flags: c_uint, stream: cudaStream_t)
+        => cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz (dev_ptr as CUdeviceptr, count, location, flags, stream.cast())
 }
 
-pub unsafe fn cudaMemPrefetchAsync_ptsz(
-    dev_ptr: *const c_void,
-    count: usize,
-    location: cudaMemLocation,
-    flags: c_uint,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemPrefetchAsync_v2_ptsz(dev_ptr as CUdeviceptr, count, location, flags, stream.cast()))
+driver_forwards! {
+    cudaMemAdvise(dev_ptr: *const c_void, count: usize, advice: c_int, location: cudaMemLocation) => cuMemAdvise_v2(dev_ptr as CUdeviceptr, count, advice.cast_unsigned(), location);
+    cudaMemRangeGetAttribute(data: *mut c_void, data_size: usize, attribute: c_int, dev_ptr: *const c_void, count: usize) => cuMemRangeGetAttribute(data, data_size, attribute.cast_unsigned(), dev_ptr as CUdeviceptr, count);
+    cudaMemRangeGetAttributes(data: *mut *mut c_void, data_sizes: *mut usize, attributes: *mut c_int, num_attributes: usize, dev_ptr: *const c_void, count: usize) => cuMemRangeGetAttributes(data, data_sizes, attributes.cast(), num_attributes, dev_ptr as CUdeviceptr, count);
 }
 
-pub unsafe fn cudaMemAdvise(dev_ptr: *const c_void, count: usize, advice: c_int, location: cudaMemLocation) -> CudaResult<()> {
-    cu_ctx!(cuMemAdvise_v2(dev_ptr as CUdeviceptr, count, advice.cast_unsigned(), location))
-}
-
-pub unsafe fn cudaMemRangeGetAttribute(
-    data: *mut c_void,
-    data_size: usize,
-    attribute: c_int,
-    dev_ptr: *const c_void,
-    count: usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemRangeGetAttribute(data, data_size, attribute.cast_unsigned(), dev_ptr as CUdeviceptr, count))
-}
-
-pub unsafe fn cudaMemRangeGetAttributes(
-    data: *mut *mut c_void,
-    data_sizes: *mut usize,
-    attributes: *mut c_int,
-    num_attributes: usize,
-    dev_ptr: *const c_void,
-    count: usize,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemRangeGetAttributes(data, data_sizes, attributes.cast(), num_attributes, dev_ptr as CUdeviceptr, count))
-}
-
-pub unsafe fn cudaStreamAttachMemAsync(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuStreamAttachMemAsync(stream.cast(), dev_ptr as CUdeviceptr, length, flags))
-}
-
-pub unsafe fn cudaStreamAttachMemAsync_ptsz(stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint) -> CudaResult<()> {
-    cu_ctx!(cuStreamAttachMemAsync_ptsz(stream.cast(), dev_ptr as CUdeviceptr, length, flags))
+per_thread_twins! {
+    cudaStreamAttachMemAsync, cudaStreamAttachMemAsync_ptsz (stream: cudaStream_t, dev_ptr: *mut c_void, length: usize, flags: c_uint)
+        => cuStreamAttachMemAsync, cuStreamAttachMemAsync_ptsz (stream.cast(), dev_ptr as CUdeviceptr, length, flags)
 }
 
 // The batches: the runtime's array of pointers is the driver's array of `CUdeviceptr` (both
 // 64-bit addresses).
 
-#[expect(clippy::too_many_arguments, reason = "cudaMemPrefetchBatchAsync's parameters")]
-pub unsafe fn cudaMemPrefetchBatchAsync(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    locations: *mut cudaMemLocation,
-    location_starts: *mut usize,
-    num_locations: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemPrefetchBatchAsync(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
+per_thread_twins! {
+    cudaMemDiscardBatchAsync, cudaMemDiscardBatchAsync_ptsz (dptrs: *mut *mut c_void, sizes: *mut usize, count: usize, flags: c_ulonglong, stream: cudaStream_t)
+        => cuMemDiscardBatchAsync, cuMemDiscardBatchAsync_ptsz (dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast())
 }
 
-#[expect(clippy::too_many_arguments, reason = "cudaMemPrefetchBatchAsync's parameters")]
-pub unsafe fn cudaMemPrefetchBatchAsync_ptsz(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    locations: *mut cudaMemLocation,
-    location_starts: *mut usize,
-    num_locations: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
+/// The batches that prefetch to locations, which take the same parameters.
+macro_rules! batch_to_locations {
+    ($($name:ident, $name_pt:ident => $driver:ident, $driver_pt:ident;)*) => {
+        $(per_thread_twins! {
+            $name, $name_pt
+                (
+                    dptrs: *mut *mut c_void,
+                    sizes: *mut usize,
+                    count: usize,
+                    locations: *mut cudaMemLocation,
+                    location_starts: *mut usize,
+                    num_locations: usize,
+                    flags: c_ulonglong,
+                    stream: cudaStream_t,
+                )
+                => $driver, $driver_pt
+                (dptrs.cast::<CUdeviceptr>(), sizes, count, locations, location_starts, num_locations, flags, stream.cast())
+        })*
+    };
 }
 
-pub unsafe fn cudaMemDiscardBatchAsync(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemDiscardBatchAsync(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast()))
-}
-
-pub unsafe fn cudaMemDiscardBatchAsync_ptsz(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemDiscardBatchAsync_ptsz(dptrs.cast::<CUdeviceptr>(), sizes, count, flags, stream.cast()))
-}
-
-#[expect(clippy::too_many_arguments, reason = "cudaMemDiscardAndPrefetchBatchAsync's parameters")]
-pub unsafe fn cudaMemDiscardAndPrefetchBatchAsync(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    locations: *mut cudaMemLocation,
-    location_starts: *mut usize,
-    num_locations: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemDiscardAndPrefetchBatchAsync(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
-}
-
-#[expect(clippy::too_many_arguments, reason = "cudaMemDiscardAndPrefetchBatchAsync's parameters")]
-pub unsafe fn cudaMemDiscardAndPrefetchBatchAsync_ptsz(
-    dptrs: *mut *mut c_void,
-    sizes: *mut usize,
-    count: usize,
-    locations: *mut cudaMemLocation,
-    location_starts: *mut usize,
-    num_locations: usize,
-    flags: c_ulonglong,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    let dptrs = dptrs.cast::<CUdeviceptr>();
-    cu_ctx!(cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs, sizes, count, locations, location_starts, num_locations, flags, stream.cast()))
+batch_to_locations! {
+    cudaMemPrefetchBatchAsync, cudaMemPrefetchBatchAsync_ptsz => cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz;
+    cudaMemDiscardAndPrefetchBatchAsync, cudaMemDiscardAndPrefetchBatchAsync_ptsz
+        => cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync_ptsz;
 }

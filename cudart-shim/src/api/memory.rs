@@ -267,84 +267,16 @@ pub(super) fn copy_2d(copy: &CUDA_MEMCPY2D, stream: cudaStream_t, mode: Mode, pe
     }
 }
 
-pub unsafe fn cudaMemcpy2D(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    memcpy_2d(dst, dpitch, src, spitch, width, height, kind, std::ptr::null_mut(), Mode::Synchronous, false)
+stream_entry_points! {
+    [cudaMemcpy2D, cudaMemcpy2D_ptds, cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz]
+    (dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind)
+    |stream, mode, per_thread| memcpy_2d(dst, dpitch, src, spitch, width, height, kind, stream, mode, per_thread)
 }
 
-pub unsafe fn cudaMemcpy2D_ptds(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    memcpy_2d(dst, dpitch, src, spitch, width, height, kind, std::ptr::null_mut(), Mode::Synchronous, true)
-}
-
-#[allow(clippy::too_many_arguments, reason = "cudaMemcpy2DAsync's parameters")]
-pub unsafe fn cudaMemcpy2DAsync(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    memcpy_2d(dst, dpitch, src, spitch, width, height, kind, stream, Mode::Asynchronous, false)
-}
-
-#[allow(clippy::too_many_arguments, reason = "cudaMemcpy2DAsync's parameters")]
-pub unsafe fn cudaMemcpy2DAsync_ptsz(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    memcpy_2d(dst, dpitch, src, spitch, width, height, kind, stream, Mode::Asynchronous, true)
-}
-
-pub unsafe fn cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
-    memcpy(dst, src, count, kind, std::ptr::null_mut(), Mode::Synchronous, false)
-}
-
-pub unsafe fn cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
-    memcpy(dst, src, count, kind, std::ptr::null_mut(), Mode::Synchronous, true)
-}
-
-pub unsafe fn cudaMemcpyAsync(
-    dst: *mut c_void,
-    src: *const c_void,
-    count: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    memcpy(dst, src, count, kind, stream, Mode::Asynchronous, false)
-}
-
-pub unsafe fn cudaMemcpyAsync_ptsz(
-    dst: *mut c_void,
-    src: *const c_void,
-    count: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    memcpy(dst, src, count, kind, stream, Mode::Asynchronous, true)
+stream_entry_points! {
+    [cudaMemcpy, cudaMemcpy_ptds, cudaMemcpyAsync, cudaMemcpyAsync_ptsz]
+    (dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind)
+    |stream, mode, per_thread| memcpy(dst, src, count, kind, stream, mode, per_thread)
 }
 
 /// `cudaMemset` writes the low byte of `value`, as CUDA does.
@@ -361,20 +293,10 @@ fn memset(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t
     }
 }
 
-pub unsafe fn cudaMemset(dev_ptr: *mut c_void, value: c_int, count: usize) -> CudaResult<()> {
-    memset(dev_ptr, value, count, std::ptr::null_mut(), Mode::Synchronous, false)
-}
-
-pub unsafe fn cudaMemset_ptds(dev_ptr: *mut c_void, value: c_int, count: usize) -> CudaResult<()> {
-    memset(dev_ptr, value, count, std::ptr::null_mut(), Mode::Synchronous, true)
-}
-
-pub unsafe fn cudaMemsetAsync(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> CudaResult<()> {
-    memset(dev_ptr, value, count, stream, Mode::Asynchronous, false)
-}
-
-pub unsafe fn cudaMemsetAsync_ptsz(dev_ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> CudaResult<()> {
-    memset(dev_ptr, value, count, stream, Mode::Asynchronous, true)
+stream_entry_points! {
+    [cudaMemset, cudaMemset_ptds, cudaMemsetAsync, cudaMemsetAsync_ptsz]
+    (dev_ptr: *mut c_void, value: c_int, count: usize)
+    |stream, mode, per_thread| memset(dev_ptr, value, count, stream, mode, per_thread)
 }
 
 /// A symbol's device address plus `offset`, with `count` bytes checked against its size.
@@ -393,10 +315,13 @@ pub(super) fn symbol_direction(to_symbol: bool, kind: cudaMemcpyKind) -> CudaRes
     if kind == allowed || matches!(kind, DEVICE_TO_DEVICE | DEFAULT) { Ok(()) } else { Err(CudaError::INVALID_MEMCPY_DIRECTION) }
 }
 
-#[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
-fn to_symbol(
+/// A copy of `count` bytes between a `__device__` variable (from `offset`) and `other`, to the
+/// variable (`to_symbol`) or from it.
+#[expect(clippy::too_many_arguments, reason = "the widest CUDA symbol-copy signature plus its direction")]
+fn memcpy_symbol(
+    to_symbol: bool,
     symbol: *const c_void,
-    src: *const c_void,
+    other: *const c_void,
     count: usize,
     offset: usize,
     kind: cudaMemcpyKind,
@@ -404,109 +329,22 @@ fn to_symbol(
     mode: Mode,
     per_thread: bool,
 ) -> CudaResult<()> {
-    symbol_direction(true, kind)?;
-    let address = symbol_address(symbol, count, offset)?;
-    memcpy(address as usize as *mut c_void, src, count, kind, stream, mode, per_thread)
+    symbol_direction(to_symbol, kind)?;
+    let address = symbol_address(symbol, count, offset)? as usize as *const c_void;
+    let (dst, src) = if to_symbol { (address, other) } else { (other, address) };
+    memcpy(dst.cast_mut(), src, count, kind, stream, mode, per_thread)
 }
 
-#[expect(clippy::too_many_arguments, reason = "mirrors the widest CUDA symbol-copy signature")]
-fn from_symbol(
-    dst: *mut c_void,
-    symbol: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-    mode: Mode,
-    per_thread: bool,
-) -> CudaResult<()> {
-    symbol_direction(false, kind)?;
-    let address = symbol_address(symbol, count, offset)?;
-    memcpy(dst, address as usize as *const c_void, count, kind, stream, mode, per_thread)
+stream_entry_points! {
+    [cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds, cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz]
+    (symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind)
+    |stream, mode, per_thread| memcpy_symbol(true, symbol, src, count, offset, kind, stream, mode, per_thread)
 }
 
-pub unsafe fn cudaMemcpyToSymbol(
-    symbol: *const c_void,
-    src: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    to_symbol(symbol, src, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, false)
-}
-
-pub unsafe fn cudaMemcpyToSymbol_ptds(
-    symbol: *const c_void,
-    src: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    to_symbol(symbol, src, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, true)
-}
-
-pub unsafe fn cudaMemcpyToSymbolAsync(
-    symbol: *const c_void,
-    src: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    to_symbol(symbol, src, count, offset, kind, stream, Mode::Asynchronous, false)
-}
-
-pub unsafe fn cudaMemcpyToSymbolAsync_ptsz(
-    symbol: *const c_void,
-    src: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    to_symbol(symbol, src, count, offset, kind, stream, Mode::Asynchronous, true)
-}
-
-pub unsafe fn cudaMemcpyFromSymbol(
-    dst: *mut c_void,
-    symbol: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    from_symbol(dst, symbol, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, false)
-}
-
-pub unsafe fn cudaMemcpyFromSymbol_ptds(
-    dst: *mut c_void,
-    symbol: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    from_symbol(dst, symbol, count, offset, kind, std::ptr::null_mut(), Mode::Synchronous, true)
-}
-
-pub unsafe fn cudaMemcpyFromSymbolAsync(
-    dst: *mut c_void,
-    symbol: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    from_symbol(dst, symbol, count, offset, kind, stream, Mode::Asynchronous, false)
-}
-
-pub unsafe fn cudaMemcpyFromSymbolAsync_ptsz(
-    dst: *mut c_void,
-    symbol: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    from_symbol(dst, symbol, count, offset, kind, stream, Mode::Asynchronous, true)
+stream_entry_points! {
+    [cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds, cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz]
+    (dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind)
+    |stream, mode, per_thread| memcpy_symbol(false, symbol, dst, count, offset, kind, stream, mode, per_thread)
 }
 
 pub unsafe fn cudaGetSymbolAddress(dev_ptr: *mut *mut c_void, symbol: *const c_void) -> CudaResult<()> {

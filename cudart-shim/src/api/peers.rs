@@ -59,42 +59,24 @@ pub unsafe fn cudaMemcpyPeerAsync(
     cu_ctx!(cuMemcpyPeerAsync(dst as CUdeviceptr, dst_context, src as CUdeviceptr, src_context, count, stream.cast()))
 }
 
-pub unsafe fn cudaStreamGetDevice(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetDevice(stream.cast(), device))
+per_thread_twins! {
+    cudaStreamGetDevice, cudaStreamGetDevice_ptsz (stream: cudaStream_t, device: *mut c_int)
+        => cuStreamGetDevice, cuStreamGetDevice_ptsz (stream.cast(), device)
 }
 
-pub unsafe fn cudaStreamGetDevice_ptsz(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetDevice_ptsz(stream.cast(), device))
+per_thread_twins! {
+    cudaStreamGetId, cudaStreamGetId_ptsz (stream: cudaStream_t, id: *mut u64)
+        => cuStreamGetId, cuStreamGetId_ptsz (stream.cast(), id)
 }
 
-pub unsafe fn cudaStreamGetId(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetId(stream.cast(), id))
-}
-
-pub unsafe fn cudaStreamGetId_ptsz(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
-    cu_ctx!(cuStreamGetId_ptsz(stream.cast(), id))
-}
-
-/// `cudaMemAccessDesc` is the driver's `CUmemAccessDesc`.
-pub unsafe fn cudaMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolSetAccess(pool.cast(), descriptors.cast(), count))
-}
-
-pub unsafe fn cudaMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *mut cudaMemLocation) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolGetAccess(flags.cast(), pool.cast(), location))
-}
-
-/// `cudaMemAllocationType` and `cudaMemLocationType` number as the driver's.
-pub unsafe fn cudaMemGetDefaultMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) -> CudaResult<()> {
-    cu_ctx!(cuMemGetDefaultMemPool(pool.cast(), location, kind.cast_unsigned()))
-}
-
-pub unsafe fn cudaMemGetMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) -> CudaResult<()> {
-    cu_ctx!(cuMemGetMemPool(pool.cast(), location, kind.cast_unsigned()))
-}
-
-pub unsafe fn cudaMemSetMemPool(location: *mut cudaMemLocation, kind: c_int, pool: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuMemSetMemPool(location, kind.cast_unsigned(), pool.cast()))
+driver_forwards! {
+    /// `cudaMemAccessDesc` is the driver's `CUmemAccessDesc`.
+    cudaMemPoolSetAccess(pool: *mut c_void, descriptors: *const c_void, count: usize) => cuMemPoolSetAccess(pool.cast(), descriptors.cast(), count);
+    cudaMemPoolGetAccess(flags: *mut c_int, pool: *mut c_void, location: *mut cudaMemLocation) => cuMemPoolGetAccess(flags.cast(), pool.cast(), location);
+    /// `cudaMemAllocationType` and `cudaMemLocationType` number as the driver's.
+    cudaMemGetDefaultMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) => cuMemGetDefaultMemPool(pool.cast(), location, kind.cast_unsigned());
+    cudaMemGetMemPool(pool: *mut *mut c_void, location: *mut cudaMemLocation, kind: c_int) => cuMemGetMemPool(pool.cast(), location, kind.cast_unsigned());
+    cudaMemSetMemPool(location: *mut cudaMemLocation, kind: c_int, pool: *mut c_void) => cuMemSetMemPool(location, kind.cast_unsigned(), pool.cast());
 }
 
 /// The kernel registered for a host stub and the driver's form of the configuration.
@@ -145,60 +127,27 @@ pub unsafe fn cudaOccupancyMaxPotentialClusterSize(
     unsafe { write_out(size, value) }
 }
 
-/// `cudaMemcpyBatchAsync`: the driver's, whose `cudaMemcpyAttributes` are the driver's
-/// `CUmemcpyAttributes` field for field.
-#[expect(clippy::too_many_arguments, reason = "the runtime's signature")]
-pub unsafe fn cudaMemcpyBatchAsync(
-    dsts: *const *mut c_void,
-    srcs: *const *const c_void,
-    sizes: *const usize,
-    count: usize,
-    attrs: *mut c_void,
-    attrs_idxs: *mut usize,
-    num_attrs: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemcpyBatchAsync_v2(
-        dsts.cast_mut().cast(),
-        srcs.cast_mut().cast(),
-        sizes.cast_mut(),
-        count,
-        attrs.cast(),
-        attrs_idxs,
-        num_attrs,
-        stream.cast()
-    ))
+per_thread_twins! {
+    /// `cudaMemcpyBatchAsync`: the driver's, whose `cudaMemcpyAttributes` are the driver's
+    /// `CUmemcpyAttributes` field for field.
+    cudaMemcpyBatchAsync, cudaMemcpyBatchAsync_ptsz
+        (
+            dsts: *const *mut c_void,
+            srcs: *const *const c_void,
+            sizes: *const usize,
+            count: usize,
+            attrs: *mut c_void,
+            attrs_idxs: *mut usize,
+            num_attrs: usize,
+            stream: cudaStream_t,
+        )
+        => cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync_v2_ptsz
+        (dsts.cast_mut().cast(), srcs.cast_mut().cast(), sizes.cast_mut(), count, attrs.cast(), attrs_idxs, num_attrs, stream.cast())
 }
 
-#[expect(clippy::too_many_arguments, reason = "the runtime's signature")]
-pub unsafe fn cudaMemcpyBatchAsync_ptsz(
-    dsts: *const *mut c_void,
-    srcs: *const *const c_void,
-    sizes: *const usize,
-    count: usize,
-    attrs: *mut c_void,
-    attrs_idxs: *mut usize,
-    num_attrs: usize,
-    stream: cudaStream_t,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemcpyBatchAsync_v2_ptsz(
-        dsts.cast_mut().cast(),
-        srcs.cast_mut().cast(),
-        sizes.cast_mut(),
-        count,
-        attrs.cast(),
-        attrs_idxs,
-        num_attrs,
-        stream.cast()
-    ))
-}
-
-/// `cudaMemcpy3DBatchAsync`: the driver's; `cudaMemcpy3DBatchOp` is `CUDA_MEMCPY3D_BATCH_OP` field
-/// for field (this front's arrays are the driver's).
-pub unsafe fn cudaMemcpy3DBatchAsync(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuMemcpy3DBatchAsync_v2(num_ops, op_list.cast(), flags, stream.cast()))
-}
-
-pub unsafe fn cudaMemcpy3DBatchAsync_ptsz(num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuMemcpy3DBatchAsync_v2_ptsz(num_ops, op_list.cast(), flags, stream.cast()))
+per_thread_twins! {
+    /// `cudaMemcpy3DBatchAsync`: the driver's; `cudaMemcpy3DBatchOp` is `CUDA_MEMCPY3D_BATCH_OP` field
+    /// for field (this front's arrays are the driver's).
+    cudaMemcpy3DBatchAsync, cudaMemcpy3DBatchAsync_ptsz (num_ops: usize, op_list: *mut c_void, flags: u64, stream: cudaStream_t)
+        => cuMemcpy3DBatchAsync_v2, cuMemcpy3DBatchAsync_v2_ptsz (num_ops, op_list.cast(), flags, stream.cast())
 }

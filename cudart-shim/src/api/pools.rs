@@ -36,69 +36,29 @@ pub unsafe fn cudaMallocFromPoolAsync_ptsz(ptr: *mut *mut c_void, size: usize, p
     allocate(ptr, |device| cu_ctx!(cuMemAllocFromPoolAsync_ptsz(device, size, pool.cast(), stream.cast())))
 }
 
-pub unsafe fn cudaFreeAsync(ptr: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuMemFreeAsync(ptr as CUdeviceptr, stream.cast()))
+per_thread_twins! {
+    cudaFreeAsync, cudaFreeAsync_ptsz (ptr: *mut c_void, stream: cudaStream_t)
+        => cuMemFreeAsync, cuMemFreeAsync_ptsz (ptr as CUdeviceptr, stream.cast())
 }
 
-pub unsafe fn cudaFreeAsync_ptsz(ptr: *mut c_void, stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuMemFreeAsync_ptsz(ptr as CUdeviceptr, stream.cast()))
-}
-
-pub unsafe fn cudaDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int) -> CudaResult<()> {
-    cu_ctx!(cuDeviceGetDefaultMemPool(pool.cast(), device))
-}
-
-pub unsafe fn cudaDeviceGetMemPool(pool: *mut *mut c_void, device: c_int) -> CudaResult<()> {
-    cu_ctx!(cuDeviceGetMemPool(pool.cast(), device))
-}
-
-pub unsafe fn cudaDeviceSetMemPool(device: c_int, pool: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuDeviceSetMemPool(device, pool.cast()))
-}
-
-pub unsafe fn cudaMemPoolGetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolGetAttribute(pool.cast(), attribute.cast_unsigned(), value))
-}
-
-pub unsafe fn cudaMemPoolSetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolSetAttribute(pool.cast(), attribute.cast_unsigned(), value))
-}
-
-pub unsafe fn cudaMemPoolTrimTo(pool: *mut c_void, keep: usize) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolTrimTo(pool.cast(), keep))
-}
-
-pub unsafe fn cudaMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolCreate(pool.cast(), props.cast()))
-}
-
-pub unsafe fn cudaMemPoolDestroy(pool: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolDestroy(pool.cast()))
+driver_forwards! {
+    cudaDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int) => cuDeviceGetDefaultMemPool(pool.cast(), device);
+    cudaDeviceGetMemPool(pool: *mut *mut c_void, device: c_int) => cuDeviceGetMemPool(pool.cast(), device);
+    cudaDeviceSetMemPool(device: c_int, pool: *mut c_void) => cuDeviceSetMemPool(device, pool.cast());
+    cudaMemPoolGetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void) => cuMemPoolGetAttribute(pool.cast(), attribute.cast_unsigned(), value);
+    cudaMemPoolSetAttribute(pool: *mut c_void, attribute: c_int, value: *mut c_void) => cuMemPoolSetAttribute(pool.cast(), attribute.cast_unsigned(), value);
+    cudaMemPoolTrimTo(pool: *mut c_void, keep: usize) => cuMemPoolTrimTo(pool.cast(), keep);
+    cudaMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) => cuMemPoolCreate(pool.cast(), props.cast());
+    cudaMemPoolDestroy(pool: *mut c_void) => cuMemPoolDestroy(pool.cast());
 }
 
 // --- pools shared between processes: the runtime's handle types and export data are the
 // driver's ---
 
-pub unsafe fn cudaMemPoolExportToShareableHandle(
-    handle: *mut c_void,
-    pool: *mut c_void,
-    handle_type: c_int,
-    flags: c_uint,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolExportToShareableHandle(handle, pool.cast(), handle_type.cast_unsigned(), u64::from(flags)))
-}
-
-pub unsafe fn cudaMemPoolImportFromShareableHandle(
-    pool: *mut *mut c_void,
-    handle: *mut c_void,
-    handle_type: c_int,
-    flags: c_uint,
-) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolImportFromShareableHandle(pool.cast(), handle, handle_type.cast_unsigned(), u64::from(flags)))
-}
-
-pub unsafe fn cudaMemPoolExportPointer(data: *mut c_void, ptr: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuMemPoolExportPointer(data.cast(), ptr as CUdeviceptr))
+driver_forwards! {
+    cudaMemPoolExportToShareableHandle(handle: *mut c_void, pool: *mut c_void, handle_type: c_int, flags: c_uint) => cuMemPoolExportToShareableHandle(handle, pool.cast(), handle_type.cast_unsigned(), u64::from(flags));
+    cudaMemPoolImportFromShareableHandle(pool: *mut *mut c_void, handle: *mut c_void, handle_type: c_int, flags: c_uint) => cuMemPoolImportFromShareableHandle(pool.cast(), handle, handle_type.cast_unsigned(), u64::from(flags));
+    cudaMemPoolExportPointer(data: *mut c_void, ptr: *mut c_void) => cuMemPoolExportPointer(data.cast(), ptr as CUdeviceptr);
 }
 
 pub unsafe fn cudaMemPoolImportPointer(ptr: *mut *mut c_void, pool: *mut c_void, data: *mut c_void) -> CudaResult<()> {

@@ -92,20 +92,14 @@ pub unsafe fn cudaStreamDestroy(stream: cudaStream_t) -> CudaResult<()> {
     cu_ctx!(cuStreamDestroy_v2(stream.cast()))
 }
 
-pub unsafe fn cudaStreamSynchronize(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamSynchronize(stream.cast()))
+per_thread_twins! {
+    cudaStreamSynchronize, cudaStreamSynchronize_ptsz (stream: cudaStream_t)
+        => cuStreamSynchronize, cuStreamSynchronize_ptsz (stream.cast())
 }
 
-pub unsafe fn cudaStreamSynchronize_ptsz(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamSynchronize_ptsz(stream.cast()))
-}
-
-pub unsafe fn cudaStreamQuery(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamQuery(stream.cast()))
-}
-
-pub unsafe fn cudaStreamQuery_ptsz(stream: cudaStream_t) -> CudaResult<()> {
-    cu_ctx!(cuStreamQuery_ptsz(stream.cast()))
+per_thread_twins! {
+    cudaStreamQuery, cudaStreamQuery_ptsz (stream: cudaStream_t)
+        => cuStreamQuery, cuStreamQuery_ptsz (stream.cast())
 }
 
 fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint, per_thread_default: bool) -> CudaResult<()> {
@@ -187,16 +181,10 @@ pub unsafe fn cudaIpcOpenMemHandle(dev_ptr: *mut *mut c_void, handle: crate::dri
     unsafe { write_out(dev_ptr, ptr as usize as *mut c_void) }
 }
 
-pub unsafe fn cudaIpcCloseMemHandle(dev_ptr: *mut c_void) -> CudaResult<()> {
-    cu_ctx!(cuIpcCloseMemHandle(dev_ptr as u64))
-}
-
-pub unsafe fn cudaIpcGetEventHandle(handle: *mut crate::driver::CUipcEventHandle, event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuIpcGetEventHandle(handle, event.cast()))
-}
-
-pub unsafe fn cudaIpcOpenEventHandle(event: *mut cudaEvent_t, handle: crate::driver::CUipcEventHandle) -> CudaResult<()> {
-    cu_ctx!(cuIpcOpenEventHandle(event.cast(), handle))
+driver_forwards! {
+    cudaIpcCloseMemHandle(dev_ptr: *mut c_void) => cuIpcCloseMemHandle(dev_ptr as u64);
+    cudaIpcGetEventHandle(handle: *mut crate::driver::CUipcEventHandle, event: cudaEvent_t) => cuIpcGetEventHandle(handle, event.cast());
+    cudaIpcOpenEventHandle(event: *mut cudaEvent_t, handle: crate::driver::CUipcEventHandle) => cuIpcOpenEventHandle(event.cast(), handle);
 }
 
 fn create_event(out: *mut cudaEvent_t, flags: c_uint) -> CudaResult<()> {
@@ -259,12 +247,9 @@ pub unsafe fn cudaEventRecordWithFlags_ptsz(event: cudaEvent_t, stream: cudaStre
     record(event, stream, flags, true)
 }
 
-pub unsafe fn cudaEventSynchronize(event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuEventSynchronize(event.cast()))
-}
-
-pub unsafe fn cudaEventQuery(event: cudaEvent_t) -> CudaResult<()> {
-    cu_ctx!(cuEventQuery(event.cast()))
+driver_forwards! {
+    cudaEventSynchronize(event: cudaEvent_t) => cuEventSynchronize(event.cast());
+    cudaEventQuery(event: cudaEvent_t) => cuEventQuery(event.cast());
 }
 
 pub unsafe fn cudaEventElapsedTime(ms: *mut f32, start: cudaEvent_t, end: cudaEvent_t) -> CudaResult<()> {
