@@ -741,10 +741,6 @@ fn a_stopped_server_is_an_error_within_the_reply_timeout() {
     }
 }
 
-/// Two GPUs in one session (an emulated server with `--gpu 0,1`), over the socket and the
-/// channel: both devices, their peer answers, allocations per device named by their attributes,
-/// copies between them, peer access and two threads on two devices at once; under
-/// `CUDA_VISIBLE_DEVICES=1` the app sees the second device alone, as its device 0.
 /// A session spread over two servers (GPUs on two nodes, issue 45): two emulated servers of one
 /// GPU each, the second in address window 1, both named by `FLYT_SERVER`. The devices are
 /// numbered server by server with each server's identity, `CUDA_VISIBLE_DEVICES` selects among
@@ -861,6 +857,10 @@ fn servers_in_one_address_window_are_refused_overlapping_memory() {
     }
 }
 
+/// Two GPUs in one session (an emulated server with `--gpu 0,1`), over the socket and the
+/// channel: both devices, their peer answers, allocations per device named by their attributes,
+/// copies between them, peer access and two threads on two devices at once; under
+/// `CUDA_VISIBLE_DEVICES=1` the app sees the second device alone, as its device 0.
 #[test]
 fn two_devices_in_one_session_through_the_driver_api() {
     let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
