@@ -40,7 +40,9 @@ use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::{FrameLimits, read_value, write_value};
 use flyt_protocol::handshake::SessionInfo;
 use flyt_protocol::ops::{decode_reply, rep, req};
-use flyt_protocol::stripes::{CHUNK_HEADER_LEN, ChunkHeader, Compressor, Decompressor, SECRET_LEN, StripeJoin, StripeReply, chunks};
+use flyt_protocol::stripes::{
+    BLOCKS_AHEAD, CHUNK_HEADER_LEN, ChunkHeader, Compressor, Decompressor, SECRET_LEN, StripeJoin, StripeReply, block_pool, chunks,
+};
 
 use crate::client::Client;
 use crate::conn::Wire;
@@ -347,10 +349,7 @@ impl Set {
         });
         for (index, (queue, reader, writer)) in receivers.into_iter().enumerate() {
             let (to_write, writing) = sync_channel::<Ready>(BLOCKS_AHEAD);
-            let (return_coded, spare_coded) = channel::<Vec<u8>>();
-            for _ in 0..BLOCKS_AHEAD {
-                let _ = return_coded.send(Vec::new());
-            }
+            let (return_coded, spare_coded) = block_pool();
             let coding = Arc::downgrade(&set);
             std::thread::Builder::new()
                 .name(format!("flyt-stripe-code-{index}"))
@@ -362,10 +361,7 @@ impl Set {
                 .spawn(move || send_loop(&sending, writer, &writing, &return_coded))
                 .map_err(|error| error.to_string())?;
             let (to_decode, decoding) = sync_channel::<Compressed>(BLOCKS_AHEAD);
-            let (return_block, spare_blocks) = channel::<Vec<u8>>();
-            for _ in 0..BLOCKS_AHEAD {
-                let _ = return_block.send(Vec::new());
-            }
+            let (return_block, spare_blocks) = block_pool();
             let decoding_set = Arc::downgrade(&set);
             std::thread::Builder::new()
                 .name(format!("flyt-stripe-decode-{index}"))
@@ -560,10 +556,6 @@ struct Compressed {
 // SAFETY: `target` is inside a registered landing, writable for `header.len` bytes: the landing's
 // `writing` count keeps it (and the app's buffer) in place until the decoding thread counts the chunk.
 unsafe impl Send for Compressed {}
-
-/// Compressed chunks read ahead of their decoding, or coded ahead of their writing, per data
-/// connection.
-const BLOCKS_AHEAD: usize = 2;
 
 /// A reader's way to its decoding thread: chunks to decode, and the blocks it is done with
 /// (compressed chunks are read into them).

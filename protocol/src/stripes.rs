@@ -141,12 +141,13 @@ impl Compressor {
         Some((&self.block[..len], flags))
     }
 
-    /// As [`Self::compress`], the block copied into `out` (a buffer the caller owns, for a
-    /// thread of its own to write while this one compresses the next); its flags.
+    /// As [`Self::compress`], the block handed over in `out` (a buffer the caller owns, for a
+    /// thread of its own to write while this one compresses the next; its old buffer is kept
+    /// here for reuse, nothing is copied); its flags.
     pub fn compress_into(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Option<u64> {
-        let (block, flags) = self.compress(bytes)?;
-        out.clear();
-        out.extend_from_slice(block);
+        let (len, flags) = self.compress(bytes).map(|(block, flags)| (block.len(), flags))?;
+        std::mem::swap(if flags == FLOAT_PLANES { &mut self.coded } else { &mut self.block }, out);
+        out.truncate(len);
         Some(flags)
     }
 
@@ -209,6 +210,20 @@ fn decompress_lz4(header: &ChunkHeader, block: &[u8], target: &mut [u8], planes:
 
 /// Chunks at each end of a copy per size step (one per data connection, up to 8).
 const RAMP_WIDTH: u64 = 8;
+
+/// Compressed chunks a data connection's thread reads or codes ahead of its second thread
+/// (which decodes or writes them), on either side.
+pub const BLOCKS_AHEAD: usize = 2;
+
+/// The blocks a data connection's two threads pass between them: the way back for blocks the
+/// second thread is done with, and where the first takes them (`BLOCKS_AHEAD` there to start).
+pub fn block_pool() -> (std::sync::mpsc::Sender<Vec<u8>>, std::sync::mpsc::Receiver<Vec<u8>>) {
+    let (return_block, spare_blocks) = std::sync::mpsc::channel();
+    for _ in 0..BLOCKS_AHEAD {
+        let _ = return_block.send(Vec::new());
+    }
+    (return_block, spare_blocks)
+}
 
 /// The chunks of a copy of `len` bytes cut at `chunk`: (offset, length) in order; chunk `i` goes
 /// on data connection `i % connections`. The copy's ends ramp: its first 8 chunks are a quarter

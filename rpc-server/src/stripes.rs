@@ -24,7 +24,8 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::write_value;
 use flyt_protocol::stripes::{
-    CHUNK_HEADER_LEN, ChunkHeader, Compressor, Decompressor, SECRET_LEN, StripeJoin, StripeReply, chunks, secrets_equal,
+    BLOCKS_AHEAD, CHUNK_HEADER_LEN, ChunkHeader, Compressor, Decompressor, SECRET_LEN, StripeJoin, StripeReply, block_pool, chunks,
+    secrets_equal,
 };
 
 use crate::backend::Device;
@@ -386,10 +387,6 @@ enum Payload<D: Device> {
     Staged(D::PendingCopy),
 }
 
-/// Compressed chunks read ahead of their decoding, or coded ahead of their writing, per data
-/// connection.
-const BLOCKS_AHEAD: usize = 2;
-
 /// One data connection's threads: this one runs the session thread's jobs in order (reads chunks,
 /// waits for device copies, compresses), its second thread decodes what it read and writes what
 /// it coded, answering each job once and in order. A thread that stopped reading to decode would
@@ -409,10 +406,7 @@ fn serve_link<D: Device>(
         tracing::warn!(%error, "a data connection's thread could not bind the device");
     }
     let (answers, finishing) = std::sync::mpsc::sync_channel::<Answer<D>>(BLOCKS_AHEAD);
-    let (return_block, spare_blocks) = std::sync::mpsc::channel::<Vec<u8>>();
-    for _ in 0..BLOCKS_AHEAD {
-        let _ = return_block.send(Vec::new());
-    }
+    let (return_block, spare_blocks) = block_pool();
     let finisher = Finisher { device, writer, done, return_block: return_block.clone(), stats };
     std::thread::scope(|scope| {
         let started = std::thread::Builder::new().name("flyt-stripe-finish".into()).spawn_scoped(scope, move || finisher.run(&finishing));
