@@ -228,14 +228,23 @@ fn follow_commands<D: Device>(
                 ToWorker::Stripe { join, tcp, secured } => {
                     let Some(fd) = fd else { continue };
                     let socket = crate::stripes::connection_from_fd(fd, tcp, secured);
-                    let joined = match (&stripes, join.session_id == session_id) {
-                        (Some(stripes), true) => stripes.join(&join, socket),
-                        // Answered like a wrong secret: a claim learns nothing of other sessions.
-                        _ => crate::stripes::refuse(socket, "this session takes no data connections"),
-                    };
-                    match joined {
-                        Ok(()) => tracing::info!(session_id, index = join.index, "data connection joined"),
-                        Err(reason) => tracing::warn!(session_id, index = join.index, %reason, "data connection refused"),
+                    let stripes = stripes.clone();
+                    // On a thread of its own: a checkpoint on this thread waits for the app's next
+                    // call, which may be the striped copy waiting for this very join.
+                    let admitted = std::thread::Builder::new().name("flyt-stripe-join".into()).spawn(move || {
+                        let joined = match (&stripes, join.session_id == session_id) {
+                            (Some(stripes), true) => stripes.join(&join, socket),
+                            // Answered like a wrong secret: a claim learns nothing of other sessions.
+                            _ => crate::stripes::refuse(socket, "this session takes no data connections"),
+                        };
+                        match joined {
+                            Ok(()) => tracing::info!(session_id, index = join.index, "data connection joined"),
+                            Err(reason) => tracing::warn!(session_id, index = join.index, %reason, "data connection refused"),
+                        }
+                    });
+                    if let Err(error) = admitted {
+                        // The socket closed with the closure: the client copies over its main connection.
+                        tracing::warn!(session_id, %error, "a data connection could not be admitted");
                     }
                 }
                 ToWorker::Limits => {
