@@ -17,9 +17,9 @@ use crate::backend::emulated::{EmulatedConfig, EmulatedDevice};
 use crate::backend::{BackendKind, Device};
 use crate::budget::{MemoryBudget, SharedBudget};
 use crate::images::ImageCache;
-use crate::session::{Session, SessionConfig};
+use crate::session::{MoveControl, Session, SessionConfig};
 use crate::shm::Segment;
-use crate::transport::Connection;
+use crate::transport::{Connection, Outbox};
 
 /// Descriptor numbers a worker inherits from the listener.
 pub const CHANNEL_FD: i32 = 3;
@@ -209,7 +209,13 @@ fn receive_segment_fd(connection: &Connection) -> Result<std::fs::File, String> 
 }
 
 /// Follows the listener's commands during the session: tells the client its new limits whenever
-/// the allocation was resized, runs checkpoints and their release, and page-outs (paging).
+/// the allocation was resized, admits data connections and returning connections, runs
+/// checkpoints and their release, and page-outs (paging).
+///
+/// Checkpoints, releases and page-outs run in order on a thread of their own (`flyt-moves`): a
+/// checkpoint waits for the app's next call, and that call may be a striped copy waiting for a
+/// data connection to join, or a client that reconnects: those are answered at once, never
+/// queued behind it.
 #[allow(clippy::too_many_arguments, reason = "what each of the listener's commands acts on, each optional")]
 fn follow_commands<D: Device>(
     channel: OwnedFd,
@@ -222,6 +228,20 @@ fn follow_commands<D: Device>(
     returns: Option<(Arc<crate::reconnect::Returns>, flyt_ring::resume::Handle)>,
 ) {
     let (outbox, moves) = (session.outbox(), session.moves());
+    let channel = Arc::new(channel);
+    let returns = returns.map(Arc::new);
+    let (to_moves, moving) = std::sync::mpsc::channel::<ToWorker>();
+    let moves_thread = {
+        let (channel, outbox, device, returns) = (channel.clone(), outbox.clone(), device.clone(), returns.clone());
+        std::thread::Builder::new().name("flyt-moves".into()).spawn(move || {
+            while let Ok(command) = moving.recv() {
+                run_move(command, &channel, &outbox, &moves, &*device, pager.as_deref(), returns.as_deref(), session_id);
+            }
+        })
+    };
+    if moves_thread.is_err() {
+        tracing::warn!("no thread for checkpoints and page-outs: this session cannot be checkpointed or paged");
+    }
     let spawned = std::thread::Builder::new().name("flyt-commands".into()).spawn(move || {
         while let Some((command, fd)) = receive_command(&channel) {
             match command {
@@ -229,8 +249,8 @@ fn follow_commands<D: Device>(
                     let Some(fd) = fd else { continue };
                     let socket = crate::stripes::connection_from_fd(fd, tcp, secured);
                     let stripes = stripes.clone();
-                    // On a thread of its own: a checkpoint on this thread waits for the app's next
-                    // call, which may be the striped copy waiting for this very join.
+                    // On a thread of its own: a join waits for a copy under way to end (the copy
+                    // holds the links), and the commands behind it must not.
                     let admitted = std::thread::Builder::new().name("flyt-stripe-join".into()).spawn(move || {
                         let joined = match (&stripes, join.session_id == session_id) {
                             (Some(stripes), true) => stripes.join(&join, socket),
@@ -254,39 +274,16 @@ fn follow_commands<D: Device>(
                         outbox.send_notice(&Notice::OverBudget { bytes });
                     }
                 }
-                ToWorker::Checkpoint { dir, timeout_ms, on_device } => {
-                    // A client away (its connection broke, it may come back) cannot be asked to
-                    // pause: said at once rather than after the reconnect grace.
-                    let written = if returns.as_ref().is_some_and(|(_, stream)| stream.recovering()) {
-                        Err("its client's connection broke and the session waits for it to come back (--reconnect-grace-ms): try again later".to_string())
-                    } else {
-                        moves.checkpoint(&outbox, dir.into(), std::time::Duration::from_millis(timeout_ms), on_device)
-                    };
-                    match &written {
-                        Ok(info) => tracing::info!(session_id, snapshot = %info.name, bytes = info.bytes, drain_us = info.drain_us, write_us = info.write_us, "checkpoint written"),
-                        Err(reason) => tracing::warn!(session_id, %reason, "checkpoint refused"),
-                    }
-                    send_to_listener(&channel, &FromWorker::Checkpointed(written));
-                }
-                ToWorker::Release { to } => {
-                    if let Err(reason) = moves.release(to) {
-                        tracing::warn!(session_id, %reason, "release ignored");
-                    }
-                }
-                ToWorker::PageOut { reason } => match pager.as_deref().map(|pager| pager.page_out(&*device, &reason)) {
-                    Some(Err(refused)) => tracing::info!(session_id, %refused, "session not paged out"),
-                    Some(Ok(_)) => {}
-                    None => tracing::warn!(session_id, "asked to page out without paging on"),
-                },
                 ToWorker::Reattach { reattach, tcp, secured } => {
                     let Some(fd) = fd else { continue };
                     let socket = if secured { Connection::secured_from_fd(fd) } else { Connection::from_fd(fd, tcp) };
-                    let taken = match &returns {
+                    let taken = match returns.as_deref() {
                         Some((returns, stream)) if reattach.session_id == session_id => returns.offer(socket, &reattach, stream),
                         _ => {
                             let reason = flyt_protocol::control::rpc_server::session_ended(reattach.session_id);
                             let mut socket = socket;
-                            let _ = write_value(&mut socket, 0, &HelloReply::Refused { error: CudaError::DEVICES_UNAVAILABLE.code(), reason });
+                            let _ =
+                                write_value(&mut socket, 0, &HelloReply::Refused { error: CudaError::DEVICES_UNAVAILABLE.code(), reason });
                             Err("a returning connection for a session that waits for none".into())
                         }
                     };
@@ -294,12 +291,68 @@ fn follow_commands<D: Device>(
                         tracing::warn!(session_id, %reason, "returning connection refused");
                     }
                 }
-                ToWorker::Serve { .. } | ToWorker::Restore { .. } => tracing::warn!(session_id, "a command for a worker without a session, ignored"),
+                command @ (ToWorker::Checkpoint { .. } | ToWorker::Release { .. } | ToWorker::PageOut { .. }) => {
+                    if let Err(unsent) = to_moves.send(command) {
+                        if matches!(unsent.0, ToWorker::Checkpoint { .. }) {
+                            send_to_listener(
+                                &channel,
+                                &FromWorker::Checkpointed(Err("this session's worker has no thread for checkpoints".into())),
+                            );
+                        }
+                    }
+                }
+                ToWorker::Serve { .. } | ToWorker::Restore { .. } => {
+                    tracing::warn!(session_id, "a command for a worker without a session, ignored")
+                }
             }
         }
     });
     if spawned.is_err() {
         tracing::warn!("no thread for the listener's commands: this session keeps its first limits and cannot be checkpointed");
+    }
+}
+
+/// One checkpoint, release or page-out (see [`follow_commands`]).
+#[allow(clippy::too_many_arguments, reason = "what each of these commands acts on")]
+fn run_move<D: Device>(
+    command: ToWorker,
+    channel: &OwnedFd,
+    outbox: &Outbox,
+    moves: &MoveControl,
+    device: &D,
+    pager: Option<&crate::paging::Pager>,
+    returns: Option<&(Arc<crate::reconnect::Returns>, flyt_ring::resume::Handle)>,
+    session_id: u64,
+) {
+    match command {
+        ToWorker::Checkpoint { dir, timeout_ms, on_device } => {
+            // A client away (its connection broke, it may come back) cannot be asked to
+            // pause: said at once rather than after the reconnect grace.
+            let written = if returns.is_some_and(|(_, stream)| stream.recovering()) {
+                Err("its client's connection broke and the session waits for it to come back (--reconnect-grace-ms): try again later"
+                    .to_string())
+            } else {
+                moves.checkpoint(outbox, dir.into(), std::time::Duration::from_millis(timeout_ms), on_device)
+            };
+            match &written {
+                Ok(info) => {
+                    tracing::info!(session_id, snapshot = %info.name, bytes = info.bytes, drain_us = info.drain_us, write_us = info.write_us, "checkpoint written")
+                }
+                Err(reason) => tracing::warn!(session_id, %reason, "checkpoint refused"),
+            }
+            send_to_listener(channel, &FromWorker::Checkpointed(written));
+        }
+        ToWorker::Release { to } => {
+            if let Err(reason) = moves.release(to) {
+                tracing::warn!(session_id, %reason, "release ignored");
+            }
+        }
+        ToWorker::PageOut { reason } => match pager.map(|pager| pager.page_out(device, &reason)) {
+            Some(Err(refused)) => tracing::info!(session_id, %refused, "session not paged out"),
+            Some(Ok(_)) => {}
+            None => tracing::warn!(session_id, "asked to page out without paging on"),
+        },
+        _ => {}
     }
 }
 
