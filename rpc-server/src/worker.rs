@@ -292,13 +292,11 @@ fn follow_commands<D: Device>(
                     }
                 }
                 command @ (ToWorker::Checkpoint { .. } | ToWorker::Release { .. } | ToWorker::PageOut { .. }) => {
-                    if let Err(unsent) = to_moves.send(command) {
-                        if matches!(unsent.0, ToWorker::Checkpoint { .. }) {
-                            send_to_listener(
-                                &channel,
-                                &FromWorker::Checkpointed(Err("this session's worker has no thread for checkpoints".into())),
-                            );
-                        }
+                    if let Err(unsent) = to_moves.send(command)
+                        && matches!(unsent.0, ToWorker::Checkpoint { .. })
+                    {
+                        let refused = FromWorker::Checkpointed(Err("this session's worker has no thread for checkpoints".into()));
+                        send_to_listener(&channel, &refused);
                     }
                 }
                 ToWorker::Serve { .. } | ToWorker::Restore { .. } => {
