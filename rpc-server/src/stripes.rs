@@ -80,8 +80,9 @@ pub struct Stripes<D: Device> {
     closing: Arc<AtomicBool>,
     /// Where the bytes compression saved are counted.
     stats: Option<Arc<crate::stats::SlotStats>>,
-    /// Chunks a copy keeps in flight, each holding a staging buffer: fewer than the device's
-    /// staging slots, or the session thread would wait for a slot only it can free.
+    /// Chunks of a host-to-device copy in flight at most: the device's staging slots. Each holds
+    /// one until the session thread queues its device copy, so the session thread takes the
+    /// next slot only once fewer are in flight (or it would wait for a slot only it can free).
     window: usize,
     /// The session's client sends a host-to-device copy again over its main connection when a
     /// data connection broke under it (a resumable session, `crate::reconnect`): not an error.
@@ -113,8 +114,8 @@ fn set_write_timeout(socket: &Connection, timeout: Duration) {
 impl<D: Device> Stripes<D> {
     /// `staging_slots`: the device's pinned staging buffers (`--staging-slots`).
     pub fn new(device: Arc<D>, secret: [u8; SECRET_LEN], stats: Option<Arc<crate::stats::SlotStats>>, staging_slots: usize) -> Self {
-        // Two slots stay for the session's other copies (whose holders free them on their own).
-        let window = staging_slots.saturating_sub(2).clamp(1, 6);
+        // The session's other copies may hold slots too, but their holders free them on their own.
+        let window = staging_slots.max(1);
         Self {
             secret,
             device,
@@ -218,10 +219,8 @@ impl<D: Device> Stripes<D> {
         Ok(count)
     }
 
-    /// Chunks in flight at once: each link reads or writes one while the next waits its turn,
-    /// within the staging the device has.
-    /// Chunks of a host-to-device copy in flight: each holds a staging slot until the session
-    /// thread, which waits here, queues its device copy.
+    /// Chunks of a host-to-device copy in flight: two per connection (each reads one while the
+    /// next waits its turn), within the staging slots (see `window`).
     fn window(&self, count: usize) -> usize {
         (count * 2).min(self.window).max(1)
     }

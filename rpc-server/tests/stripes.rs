@@ -73,7 +73,7 @@ fn htod_reply(session: &mut RawSession, seq: u32) -> Result<bool, CudaError> {
 
 #[test]
 fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_ways() {
-    // Three staging slots: one chunk in flight at a time (two stay for other copies).
+    // Three staging slots: at most three chunks of a host-to-device copy in flight.
     let (_server, socket) = emulated_server("stripes-wire", &["--staging-slots", "3"]);
     let mut session = RawSession::open(&socket, None).expect("session");
     let id = session.info.session_id;
