@@ -141,10 +141,8 @@ int main() {
         if (!bad) printf("synchronous cudaMemcpy waits for a default-stream kernel: ok\n");
     }
 
-    CHECK(cudaStreamDestroy(s1));
-    CHECK(cudaStreamDestroy(s2));
+    CHECK_EACH(cudaStreamDestroy, s1, s2);
     CHECK(cudaFreeHost(h_pinned));
-    CHECK(cudaFree(d_a));
-    CHECK(cudaFree(d_b));
+    CHECK_EACH(cudaFree, d_a, d_b);
     return test_finish();
 }

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 static const char *g_test_name = "test";
 static int g_failures = 0;
@@ -39,6 +40,27 @@ static inline void test_init(const char *name) {
 
 // Kernel launch check: the launch itself (configuration) must have been accepted.
 #define CHECK_LAUNCH() CHECK(cudaGetLastError())
+
+// CHECK of one release call over several handles, in order: `CHECK_EACH(cudaFree, a, b, c)` is
+// `CHECK(cudaFree(a)); CHECK(cudaFree(b)); CHECK(cudaFree(c));` (a failure names the call and the
+// whole list).
+template <typename T> struct check_each_arg {
+    using type = T;
+};
+template <typename T>
+static inline void check_each_impl(cudaError_t (*release)(T), const char *what, int line,
+                                   std::initializer_list<typename check_each_arg<T>::type> handles) {
+    for (T h : handles) {
+        cudaError_t e = release(h);
+        if (e != cudaSuccess) {
+            printf("FAIL: %s (line %d): %s\n", what, line, cudaGetErrorName(e));
+            printf("%s: FAIL\n", g_test_name);
+            fflush(stdout);
+            exit(1);
+        }
+    }
+}
+#define CHECK_EACH(release, ...) check_each_impl(release, #release "(" #__VA_ARGS__ ")", __LINE__, {__VA_ARGS__})
 
 // Non-fatal host-side expectation: records a failure and goes on.
 static inline bool expect_impl(bool ok, int line, const char *fmt, ...) {

@@ -275,18 +275,13 @@ int main() {
     }
     printf("captures begun after large copies: %d of %d valid\n", valid, rounds);
     EXPECT(valid == rounds, "%d of %d captures after large copies were invalidated", rounds - valid, rounds);
-    CHECK(cudaFree(big));
-    CHECK(cudaFree(z));
-    CHECK(cudaEventDestroy(fork));
-    CHECK(cudaEventDestroy(join));
+    CHECK_EACH(cudaFree, big, z);
+    CHECK_EACH(cudaEventDestroy, fork, join);
     CHECK(cudaStreamDestroy(s2));
 
-    CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaGraphDestroy(graph2));
-    CHECK(cudaEventDestroy(start));
-    CHECK(cudaEventDestroy(stop));
+    CHECK_EACH(cudaGraphDestroy, graph, graph2);
+    CHECK_EACH(cudaEventDestroy, start, stop);
     CHECK(cudaStreamDestroy(s));
-    CHECK(cudaFree(x));
-    CHECK(cudaFree(y));
+    CHECK_EACH(cudaFree, x, y);
     return test_finish();
 }

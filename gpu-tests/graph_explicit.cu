@@ -364,21 +364,13 @@ int main() {
         EXPECT(ok, "capture into a graph: wrong values");
         CHECK(cudaGraphExecDestroy(into_exec));
         CHECK(cudaGraphDestroy(into));
-        CHECK(cudaFree(x));
-        CHECK(cudaFree(y));
+        CHECK_EACH(cudaFree, x, y);
     }
 
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphExecDestroy(wait_exec));
-    CHECK(cudaGraphExecDestroy(clone_exec));
-    CHECK(cudaGraphDestroy(g));
-    CHECK(cudaGraphDestroy(g2));
-    CHECK(cudaGraphDestroy(clone));
-    CHECK(cudaGraphDestroy(waiter));
-    CHECK(cudaGraphDestroy(child));
+    CHECK_EACH(cudaGraphExecDestroy, exec, wait_exec, clone_exec);
+    CHECK_EACH(cudaGraphDestroy, g, g2, clone, waiter, child);
     CHECK(cudaEventDestroy(ev));
-    CHECK(cudaStreamDestroy(s));
-    CHECK(cudaStreamDestroy(s2));
+    CHECK_EACH(cudaStreamDestroy, s, s2);
     for (float **p : all) CHECK(cudaFree(*p));
     return test_finish();
 }

@@ -241,13 +241,11 @@ int main() {
            counts[0] == 9 && counts[2] == 9 ? "yes" : "no", bad ? "no" : "yes");
     EXPECT(counts[0] == 9 && counts[2] == 9 && bad == 0, "generic memset %d, copy %d values wrong", counts[0], bad);
     CHECK(cudaGraphExecDestroy(eexec));
-    CHECK(cudaGraphDestroy(e));
-    CHECK(cudaGraphDestroy(child));
+    CHECK_EACH(cudaGraphDestroy, e, child);
     CHECK(cudaEventDestroy(ev));
     CHECK(cudaDeviceGraphMemTrim(0));
 
-    CHECK(cudaFree(counter));
-    CHECK(cudaFree(out));
+    CHECK_EACH(cudaFree, counter, out);
     CHECK(cudaStreamDestroy(s));
     return test_finish();
 }

@@ -234,18 +234,9 @@ int main() {
 
     CHECK_CU(cuEventDestroy(e));
     CHECK(cudaStreamDestroy(plain));
-    CHECK_CU(cuStreamDestroy(sa));
-    CHECK_CU(cuStreamDestroy(sb));
-    CHECK_CU(cuGreenCtxDestroy(a));
-    CHECK_CU(cuGreenCtxDestroy(b));
-    CHECK(cudaFree(d));
-    CHECK(cudaFree(d_sm));
-    CHECK(cudaFree(d_nsmid));
+    for (CUstream x : {sa, sb}) CHECK_CU(cuStreamDestroy(x));
+    for (CUgreenCtx x : {a, b}) CHECK_CU(cuGreenCtxDestroy(x));
+    CHECK_EACH(cudaFree, d, d_sm, d_nsmid);
     CHECK(cudaDeviceSynchronize());
-    if (g_failures) {
-        printf("green_contexts: FAIL (%d checks failed)\n", g_failures);
-        return 1;
-    }
-    printf("green_contexts: PASS\n");
-    return 0;
+    return test_finish();
 }

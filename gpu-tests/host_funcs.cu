@@ -275,11 +275,7 @@ int main() {
         CHECK(cudaEventDestroy(ev[i]));
     }
     CHECK(cudaStreamDestroy(s));
-    CHECK(cudaFree(chain));
-    CHECK(cudaFree(dev));
-    CHECK(cudaFree(dev_v));
-    CHECK(cudaFreeHost(chain_host));
-    CHECK(cudaFreeHost(host));
-    CHECK(cudaFreeHost(host_v));
+    CHECK_EACH(cudaFree, chain, dev, dev_v);
+    CHECK_EACH(cudaFreeHost, chain_host, host, host_v);
     return test_finish();
 }

@@ -606,8 +606,7 @@ int main() {
         CHECK(cudaDestroyTextureObject(t));
     for (cudaArray_t a : {a1, img, img2, img3, img4, rgba, lin, vol, lay, cube, surf, surf3}) CHECK(cudaFreeArray(a));
     CHECK(cudaFreeMipmappedArray(mm));
-    CHECK(cudaFree(lin_raw));
-    CHECK(cudaFree(pitched));
+    CHECK_EACH(cudaFree, lin_raw, pitched);
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaDeviceSynchronize());
     return test_finish();

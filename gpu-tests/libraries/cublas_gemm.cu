@@ -96,10 +96,6 @@ int main() {
 
     CHECK_LIB(cublasDestroy(handle));
     CHECK(cudaStreamDestroy(stream));
-    CHECK(cudaFree(da));
-    CHECK(cudaFree(db));
-    CHECK(cudaFree(dc));
-    CHECK(cudaFree(d16a));
-    CHECK(cudaFree(d16b));
+    CHECK_EACH(cudaFree, da, db, dc, d16a, d16b);
     return test_finish();
 }
