@@ -40,27 +40,19 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 DIST= OUT= MOVES=10 APP_MIB=10240 BIG="1024 10240" SKIP= SNAP_PARENT=/dev/shm PYTHON= GPUS=0,0
-while [ $# -gt 0 ]; do
-    case $1 in
-    --dist) DIST=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --moves) MOVES=$2; shift 2 ;;
-    --app-mib) APP_MIB=$2; shift 2 ;;
-    --big-mib) BIG=$2; shift 2 ;;
-    --skip) SKIP=$2; shift 2 ;;
-    --snapshots) SNAP_PARENT=$2; shift 2 ;;
-    --python) PYTHON=$2; shift 2 ;;
-    --gpus) GPUS=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph two-gpus restart cluster-restart cluster-move big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH] [--gpus A,B]" >&2; exit 2 ;;
-    esac
-done
+usage() {
+    echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph two-gpus restart cluster-restart cluster-move big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH] [--gpus A,B]" >&2
+    exit 2
+}
+# shellcheck source=lib/options.sh
+. "$here/lib/options.sh"
+parse_options usage --dist=DIST --out=OUT --moves=MOVES --app-mib=APP_MIB --big-mib=BIG --skip=SKIP \
+    --snapshots=SNAP_PARENT --python=PYTHON --gpus=GPUS -- "$@"
 skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
 IFS=, read -r GPU_A GPU_B <<<"$GPUS"
 [[ "$GPU_A" =~ ^[0-9]+$ && "$GPU_B" =~ ^[0-9]+$ ]] || { echo "--gpus takes two GPU indexes, A,B" >&2; exit 2; }
 [ -n "$DIST" ] && [ -n "$OUT" ] || { echo "--dist and --out are needed" >&2; exit 2; }
-DIST=$(cd "$DIST" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+absolute_dist_out
 W=$(mktemp -d /tmp/flyt-migrate.XXXXXX)
 # Snapshots go through shared memory (a folder both servers of this host read), or a folder on
 # disk (--snapshots DIR: copied through staging buffers, as the GPU cannot pin a disk file).

@@ -12,20 +12,15 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIST=dist OUT=gpu-tests/results/nccl-ranks PY=/opt/torch/.venv/bin/python RANKS= SCRIPT=$here/torch/nccl.py LIMIT=300
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
-        --python) PY=$2; shift 2 ;;
-        --ranks) RANKS=$2; shift 2 ;;
-        --script) SCRIPT=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
-        --timeout) LIMIT=$2; shift 2 ;;
-        *) echo "usage: $0 --dist DIR --out DIR [--python P] [--ranks N] [--script PY] [--timeout S]" >&2; exit 2 ;;
-    esac
-done
-DIST=$(cd "$DIST" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+usage() {
+    echo "usage: $0 --dist DIR --out DIR [--python P] [--ranks N] [--script PY] [--timeout S]" >&2
+    exit 2
+}
+# shellcheck source=lib/options.sh
+. "$here/lib/options.sh"
+parse_options usage --dist=DIST --out=OUT --python=PY --ranks=RANKS --script=SCRIPT --timeout=LIMIT -- "$@"
+SCRIPT=$(cd "$(dirname "$SCRIPT")" && pwd)/$(basename "$SCRIPT")
+absolute_dist_out
 [ -n "$RANKS" ] || RANKS=$(nvidia-smi -L | wc -l)
 if [ "$RANKS" -lt 2 ]; then
     echo "nccl-ranks: $RANKS GPU(s) here; needs 2 or more" >&2

@@ -2,22 +2,19 @@
 # defaults DIST OUT NVCC ARCH LIMIT; the script defines fail() (prints its name and the reason,
 # exits 1), TMP (its scratch folder) and daemons=() (the pids stop_daemons stops).
 
+# shellcheck source=options.sh
+. "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+
+gpu_test_usage() {
+    echo "usage: $0 --dist DIR --out DIR [--nvcc PATH] [--arch SM] [--timeout S]" >&2
+    exit 2
+}
+
 # parse_gpu_test_args "$@": --dist --out --nvcc --arch --timeout into DIST OUT NVCC ARCH LIMIT, then
 # DIST and OUT made absolute (OUT created).
 parse_gpu_test_args() {
-    while [ $# -gt 0 ]; do
-        case $1 in
-            --dist) DIST=$2; shift 2 ;;
-            --out) OUT=$2; shift 2 ;;
-            --nvcc) NVCC=$2; shift 2 ;;
-            --arch) ARCH=$2; shift 2 ;;
-            --timeout) LIMIT=$2; shift 2 ;;
-            *) echo "usage: $0 --dist DIR --out DIR [--nvcc PATH] [--arch SM] [--timeout S]" >&2; exit 2 ;;
-        esac
-    done
-    DIST=$(cd "$DIST" && pwd)
-    mkdir -p "$OUT"
-    OUT=$(cd "$OUT" && pwd)
+    parse_options gpu_test_usage --dist=DIST --out=OUT --nvcc=NVCC --arch=ARCH --timeout=LIMIT -- "$@"
+    absolute_dist_out
 }
 
 # need_gpus NAME N: exits 2 (saying so) unless this machine has N GPUs or more.
