@@ -404,11 +404,7 @@ static void decompression(CUdevice dev, cudaStream_t stream) {
 }
 
 int main() {
-    test_init("arrays_planar_sparse");
-    CHECK(cudaFree(0));  // the runtime's primary context, current on this thread
-    CHECK_CU(cuInit(0));
-    CUdevice dev;
-    CHECK_CU(cuDeviceGet(&dev, 0));
+    CUdevice dev = start_on_primary_context("arrays_planar_sparse");
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     CUmemAllocationProp prop = {};

@@ -88,11 +88,7 @@ static bool filled(const std::vector<unsigned char> &bytes, unsigned char value)
 }
 
 int main() {
-    test_init("green_contexts");
-    CHECK(cudaFree(0));  // the runtime's primary context, current on this thread
-    CHECK_CU(cuInit(0));
-    CUdevice dev;
-    CHECK_CU(cuDeviceGet(&dev, 0));
+    CUdevice dev = start_on_primary_context("green_contexts");
     CUcontext primary;
     CHECK_CU(cuCtxGetCurrent(&primary));
     int sms = 0;
