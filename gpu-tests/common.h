@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <vector>
 
 static const char *g_test_name = "test";
 static int g_failures = 0;
@@ -104,6 +105,19 @@ static inline bool expect_some_err(const char *what, cudaError_t got) {
 static inline cudaError_t report(const char *what, cudaError_t got) {
     printf("%s: %s\n", what, cudaGetErrorName(got));
     return got;
+}
+
+static inline const char *yes(bool b) { return b ? "yes" : "no"; }
+
+// Copies n ints of device memory d back and frees d; counts the values v[i] != want(i).
+template <typename Want> static inline int wrong_ints_then_free(int *d, int n, Want want) {
+    std::vector<int> h(n);
+    CHECK(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK(cudaFree(d));
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        if (h[i] != want(i)) bad++;
+    return bad;
 }
 
 static inline int test_finish() {

@@ -47,8 +47,6 @@ __global__ void difference(float *e, const float *acc, const float *d, int n) {
 static const int N = 1 << 16;
 static const int BLOCK = 256;
 static const Affine P = {2.0f, 0.5f, 3};
-static const char *yes(bool b) { return b ? "yes" : "no"; }
-
 static const char *type_name(cudaGraphNodeType t) {
     switch (t) {
         case cudaGraphNodeTypeKernel: return "kernel";

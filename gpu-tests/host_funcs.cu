@@ -37,7 +37,6 @@ __global__ void step(int *x, int digit) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *x = *x * 10 + digit;
 }
 
-static const char *yes(bool b) { return b ? "yes" : "no"; }
 static std::thread::id g_main;
 
 // 1. Reads the copied buffer and writes the value the next stage adds.
