@@ -16,8 +16,8 @@ usage() {
     echo "usage: $0 --dist DIR --out DIR [--python P] [--ranks N] [--script PY] [--timeout S]" >&2
     exit 2
 }
-# shellcheck source=lib/options.sh
-. "$here/lib/options.sh"
+# shellcheck source=lib/cluster.sh
+. "$here/lib/cluster.sh"
 parse_options usage --dist=DIST --out=OUT --python=PY --ranks=RANKS --script=SCRIPT --timeout=LIMIT -- "$@"
 SCRIPT=$(cd "$(dirname "$SCRIPT")" && pwd)/$(basename "$SCRIPT")
 absolute_dist_out
@@ -28,12 +28,7 @@ if [ "$RANKS" -lt 2 ]; then
 fi
 TMP=$(mktemp -d /tmp/flyt-nccl-ranks.XXXXXX)
 servers=()
-cleanup() {
-    for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
+trap stop_servers_and_clean EXIT
 port=$((29600 + RANDOM % 300))
 
 # run_ranks LABEL ENV_FOR_RANK: starts every rank, waits, keeps each one's output.
