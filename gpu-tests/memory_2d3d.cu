@@ -86,17 +86,11 @@ static Vol vol(size_t w, size_t h, size_t d) {
 }
 
 // The same box of a cudaPitchedPtr as a pointer to its first byte (for cudaMemset3D).
-// The parameters of a 3D copy of `extent` from src at sp to dst at dp.
+// The parameters of a 3D copy of `extent` from src at sp to dst at dp (no arrays).
 static cudaMemcpy3DParms params_3d(cudaPitchedPtr src, cudaPos sp, cudaPitchedPtr dst, cudaPos dp, cudaExtent extent,
                                    cudaMemcpyKind kind) {
-    cudaMemcpy3DParms p = {};
-    p.srcPtr = src;
-    p.srcPos = sp;
-    p.dstPtr = dst;
-    p.dstPos = dp;
-    p.extent = extent;
-    p.kind = kind;
-    return p;
+    // In the struct's order: srcArray, srcPos, srcPtr, dstArray, dstPos, dstPtr, extent, kind.
+    return cudaMemcpy3DParms{nullptr, sp, src, nullptr, dp, dst, extent, kind};
 }
 
 static cudaPitchedPtr at(const cudaPitchedPtr &p, cudaPos pos) {
