@@ -242,6 +242,14 @@ inline void emit_meta(const char *program) {
     j.emit();
 }
 
+// One int of device memory, set to 0: the counter the launch-bound benchmarks' kernels add to.
+inline int *zeroed_counter() {
+    int *d;
+    CK(cudaMalloc(&d, sizeof(int)));
+    CK(cudaMemset(d, 0, sizeof(int)));
+    return d;
+}
+
 // Runs one benchmark; a CUDA failure in it is reported as {"bench":name,"error":...} and returns false.
 template <class F>
 bool section(const char *name, F f) {

@@ -27,9 +27,7 @@ static int run(const bench::Args &args) {
 
     CK(cudaFree(nullptr));
     bench::emit_meta("graph");
-    int *d;
-    CK(cudaMalloc(&d, sizeof(int)));
-    CK(cudaMemset(d, 0, sizeof(int)));
+    int *d = bench::zeroed_counter();
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     long long want = 0;

@@ -10,8 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "driver_check.h"
-#include "timing.h"
+#include "copy_timing.h"
 
 static void report(const char *channel, const char *mem, const char *dir, size_t bytes, double *seconds, int reps) {
     qsort(seconds, reps, sizeof *seconds, by_value);
@@ -28,36 +27,15 @@ int main(int argc, char **argv) {
     const size_t sizes[] = {1 << 20, 16 << 20, 64 << 20};
     const size_t largest = 64 << 20;
     double *seconds = calloc(reps, sizeof *seconds);
-    CUcontext ctx;
     CUdeviceptr dev;
     unsigned char *pinned, *pageable = malloc(largest), *other = malloc(largest);
-    CHECK(cuInit(0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuMemAlloc(&dev, largest));
-    CHECK(cuMemAllocHost((void **)&pinned, largest));
+    if (copy_buffers(largest, &dev, &pinned)) return 1;
     memset(pageable, 7, largest);
     memset(other, 9, largest);
     memset(pinned, 5, largest);
     for (unsigned k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         size_t bytes = sizes[k];
-        for (int mem = 0; mem < 2; mem++) {
-            unsigned char *host = mem ? pageable : pinned;
-            const char *kind = mem ? "pageable" : "pinned";
-            CHECK(cuMemcpyHtoD(dev, host, bytes)); // warm-up
-            for (int r = 0; r < reps; r++) {
-                double start = now();
-                CHECK(cuMemcpyHtoD(dev, host, bytes));
-                seconds[r] = now() - start;
-            }
-            report(channel, kind, "H2D", bytes, seconds, reps);
-            for (int r = 0; r < reps; r++) {
-                double start = now();
-                CHECK(cuMemcpyDtoH(host, dev, bytes));
-                seconds[r] = now() - start;
-            }
-            report(channel, kind, "D2H", bytes, seconds, reps);
-        }
+        if (time_copies(channel, dev, pinned, pageable, NULL, bytes, seconds, reps, report)) return 1;
         for (int r = 0; r < reps; r++) {
             double start = now();
             memcpy(other, pageable, bytes);

@@ -328,12 +328,22 @@ class Runner:
         def worker(app):
             return worker_for(app.pid, a.server_log, 5.0) if flyt and a.server_log else None
 
+        def one_app(mode, measure):
+            """Starts idle_cpu MODE and, once it is ready, keeps the record measure(app, its worker)
+            gives; a failure is noted under MODE."""
+            app = None
+            try:
+                app = IdleApp([exe, mode], env)
+                app.wait_mark("ready", 60)
+                recs.append(measure(app, worker(app)))
+            except (IdleError, OSError) as e:
+                notes.append(f"{mode}: {e}")
+            finally:
+                if app:
+                    notes.append(app.finish())
+
         # (a) blocked on a 2 s kernel
-        app = None
-        try:
-            app = IdleApp([exe, "blocked"], env)
-            app.wait_mark("ready", 60)
-            w = worker(app)
+        def blocked(app, w):
             s0 = self.server_sample(w) if flyt else {}
             app.send("go")
             rec = app.wait_record("idle_blocked", 30)
@@ -341,36 +351,24 @@ class Runner:
             if flyt:
                 rec["server_cpu_pct"] = 100.0 * cpu_delta(s0, s1) / max(rec.get("wall_s") or 1e-9, 1e-9)
                 rec["worker_found"] = w is not None
-            recs.append(rec)
-        except (IdleError, OSError) as e:
-            notes.append(f"blocked: {e}")
-        finally:
-            if app:
-                notes.append(app.finish())
+            return rec
+
+        one_app("blocked", blocked)
+
         # (b) idle between bursts
-        app = None
-        try:
-            app = IdleApp([exe, "bursts"], env)
-            app.wait_mark("ready", 60)
-            w = worker(app)
+        def bursts(app, w):
             s0, w0 = (self.server_sample(w) if flyt else {}), time.monotonic()
             app.send("go")
             rec = app.wait_record("idle_bursts", 30)
             s1, w1 = (self.server_sample(w) if flyt else {}), time.monotonic()
             if flyt:
                 rec["server_cpu_pct_whole_run"] = 100.0 * cpu_delta(s0, s1) / (w1 - w0)
-            recs.append(rec)
-        except (IdleError, OSError) as e:
-            notes.append(f"bursts: {e}")
-        finally:
-            if app:
-                notes.append(app.finish())
+            return rec
+
+        one_app("bursts", bursts)
+
         # (c) one idle session, server and app
-        app = None
-        try:
-            app = IdleApp([exe, "idle"], env)
-            app.wait_mark("ready", 60)
-            w = worker(app)
+        def idle(app, w):
             time.sleep(0.2)
             s0, w0 = (self.server_sample(w) if flyt else {}), time.monotonic()
             app.send("start")
@@ -381,12 +379,9 @@ class Runner:
             if flyt:
                 rec["server_cpu_pct"] = 100.0 * cpu_delta(s0, s1) / (w1 - w0)
                 rec["worker_found"] = w is not None
-            recs.append(rec)
-        except (IdleError, OSError) as e:
-            notes.append(f"idle: {e}")
-        finally:
-            if app:
-                notes.append(app.finish())
+            return rec
+
+        one_app("idle", idle)
         # (d) many idle sessions at once
         n = IDLE_SESSIONS[1 if a.quick else 0]
         apps = []
@@ -1032,6 +1027,16 @@ def plots(d, out, log):
     written = []
     import math
 
+    def save(fig, name, title=None):
+        """Titles fig (when given a title), lays it out, writes it to OUT/NAME at 110 dpi and closes it."""
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        p = os.path.join(out, name)
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+
     def tx(p):
         return -math.log10(max(1e-5, 1 - p / 100.0))
 
@@ -1060,12 +1065,7 @@ def plots(d, out, log):
         ax.grid(True, which="both", alpha=0.3)
         if any_:
             ax.legend(fontsize=8)
-    fig.suptitle("Latency distribution per transport")
-    fig.tight_layout()
-    p = os.path.join(out, "latency.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    save(fig, "latency.png", "Latency distribution per transport")
 
     # copy bandwidth
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
@@ -1109,12 +1109,7 @@ def plots(d, out, log):
     ax.grid(True, axis="y", alpha=0.3)
     if ax.patches:
         ax.legend(fontsize=7)
-    fig.suptitle("cudaMemcpy bandwidth against size (median of repetitions)")
-    fig.tight_layout()
-    p = os.path.join(out, "bandwidth.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    save(fig, "bandwidth.png", "cudaMemcpy bandwidth against size (median of repetitions)")
 
     # applications
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
@@ -1165,11 +1160,7 @@ def plots(d, out, log):
     ax.grid(True, axis="y", alpha=0.3)
     if ax.patches:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    p = os.path.join(out, "apps.png")
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    save(fig, "apps.png")
     return written
 
 

@@ -16,9 +16,7 @@ static int run(const bench::Args &args) {
 
     CK(cudaFree(nullptr));
     bench::emit_meta("launch_heavy");
-    int *d;
-    CK(cudaMalloc(&d, sizeof(int)));
-    CK(cudaMemset(d, 0, sizeof(int)));
+    int *d = bench::zeroed_counter();
 
     // warm-up round
     for (int i = 0; i < launches; i++) tiny<<<1, 32>>>(d, 1);

@@ -76,6 +76,32 @@ static int check(int n, const std::vector<float> &A, const std::vector<float> &B
     return bad;
 }
 
+// A, B and C in device memory, `bytes` each.
+struct Matrices {
+    float *a, *b, *c;
+    void release() {
+        CK(cudaFree(a));
+        CK(cudaFree(b));
+        CK(cudaFree(c));
+    }
+};
+
+// A and B copied from the host's (zeroed when not given), C as cudaMalloc leaves it.
+static Matrices on_device(size_t bytes, const float *a, const float *b) {
+    Matrices d;
+    CK(cudaMalloc(&d.a, bytes));
+    CK(cudaMalloc(&d.b, bytes));
+    CK(cudaMalloc(&d.c, bytes));
+    if (a) {
+        CK(cudaMemcpy(d.a, a, bytes, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d.b, b, bytes, cudaMemcpyHostToDevice));
+    } else {
+        CK(cudaMemset(d.a, 0, bytes));
+        CK(cudaMemset(d.b, 0, bytes));
+    }
+    return d;
+}
+
 static int run(const bench::Args &args) {
     const bool quick = args.has("--quick");
     const int n = int(args.num("--n", 4096));
@@ -91,20 +117,13 @@ static int run(const bench::Args &args) {
         std::vector<float> A(size_t(m) * m), B(size_t(m) * m), C(size_t(m) * m, -1.f);
         init(A, 1);
         init(B, 2);
-        float *dA, *dB, *dC;
         size_t bytes = sizeof(float) * m * m;
-        CK(cudaMalloc(&dA, bytes));
-        CK(cudaMalloc(&dB, bytes));
-        CK(cudaMalloc(&dC, bytes));
-        CK(cudaMemcpy(dA, A.data(), bytes, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dB, B.data(), bytes, cudaMemcpyHostToDevice));
-        launch(m, dA, dB, dC);
+        Matrices d = on_device(bytes, A.data(), B.data());
+        launch(m, d.a, d.b, d.c);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
-        CK(cudaMemcpy(C.data(), dC, bytes, cudaMemcpyDeviceToHost));
-        CK(cudaFree(dA));
-        CK(cudaFree(dB));
-        CK(cudaFree(dC));
+        CK(cudaMemcpy(C.data(), d.c, bytes, cudaMemcpyDeviceToHost));
+        d.release();
         std::vector<std::pair<int, int>> at;
         for (int r = 0; r < m; r += 7)
             for (int c = 0; c < m; c += 5) at.push_back({r, c});
@@ -128,55 +147,34 @@ static int run(const bench::Args &args) {
 
     // --- calibration (native run): how many repetitions make about `target` seconds ---
     if (reps <= 0) {
-        float *dA, *dB, *dC;
-        CK(cudaMalloc(&dA, bytes));
-        CK(cudaMalloc(&dB, bytes));
-        CK(cudaMalloc(&dC, bytes));
-        CK(cudaMemcpy(dA, A.data(), bytes, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dB, B.data(), bytes, cudaMemcpyHostToDevice));
-        launch(n, dA, dB, dC);
+        Matrices d = on_device(bytes, A.data(), B.data());
+        launch(n, d.a, d.b, d.c);
         CK(cudaDeviceSynchronize());
         auto t0 = bench::Clock::now();
-        for (int i = 0; i < 3; i++) launch(n, dA, dB, dC);
+        for (int i = 0; i < 3; i++) launch(n, d.a, d.b, d.c);
         CK(cudaDeviceSynchronize());
         double one = bench::us_between(t0, bench::Clock::now()) / 3e6;
         reps = std::max(3, int(std::lround(target / one)));
         bench::note("matmul calibration: %.2f ms per %dx%d multiply -> %d repetitions for %.1f s", one * 1e3, n, n,
                     reps, target);
-        CK(cudaFree(dA));
-        CK(cudaFree(dB));
-        CK(cudaFree(dC));
+        d.release();
     } else {
         // The same warm-up as the calibrating run, so every transport starts with a loaded kernel.
-        float *dA, *dB, *dC;
-        CK(cudaMalloc(&dA, bytes));
-        CK(cudaMalloc(&dB, bytes));
-        CK(cudaMalloc(&dC, bytes));
-        CK(cudaMemset(dA, 0, bytes));
-        CK(cudaMemset(dB, 0, bytes));
-        launch(n, dA, dB, dC);
+        Matrices d = on_device(bytes, nullptr, nullptr);
+        launch(n, d.a, d.b, d.c);
         CK(cudaDeviceSynchronize());
-        CK(cudaFree(dA));
-        CK(cudaFree(dB));
-        CK(cudaFree(dC));
+        d.release();
     }
 
     // --- the timed application ---
     auto t0 = bench::Clock::now();
-    float *dA, *dB, *dC;
-    CK(cudaMalloc(&dA, bytes));
-    CK(cudaMalloc(&dB, bytes));
-    CK(cudaMalloc(&dC, bytes));
-    CK(cudaMemcpy(dA, A.data(), bytes, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dB, B.data(), bytes, cudaMemcpyHostToDevice));
+    Matrices d = on_device(bytes, A.data(), B.data());
     auto t1 = bench::Clock::now();
-    for (int i = 0; i < reps; i++) launch(n, dA, dB, dC);
+    for (int i = 0; i < reps; i++) launch(n, d.a, d.b, d.c);
     CK(cudaDeviceSynchronize());
     auto t2 = bench::Clock::now();
-    CK(cudaMemcpy(C.data(), dC, bytes, cudaMemcpyDeviceToHost));
-    CK(cudaFree(dA));
-    CK(cudaFree(dB));
-    CK(cudaFree(dC));
+    CK(cudaMemcpy(C.data(), d.c, bytes, cudaMemcpyDeviceToHost));
+    d.release();
     auto t3 = bench::Clock::now();
     CK(cudaGetLastError());
 

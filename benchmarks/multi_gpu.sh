@@ -11,18 +11,14 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 DIST=$root/dist OUT=/tmp/flyt-multi-gpu PY=/opt/torch/.venv/bin/python3 ONLY=peer,nccl1,nccl2,ddp
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
-        --python) PY=$2; shift 2 ;;
-        --only) ONLY=$2; shift 2 ;;
-        *) echo "usage: $0 --dist DIR --out DIR [--python P] [--only peer,nccl1,nccl2,ddp]" >&2; exit 2 ;;
-    esac
-done
-DIST=$(cd "$DIST" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+usage() {
+    echo "usage: $0 --dist DIR --out DIR [--python P] [--only peer,nccl1,nccl2,ddp]" >&2
+    exit 2
+}
+# shellcheck source=../gpu-tests/lib/options.sh
+. "$here/../gpu-tests/lib/options.sh"
+parse_options usage --dist=DIST --out=OUT --python=PY --only=ONLY -- "$@"
+absolute_dist_out
 export NCCL_NVLS_ENABLE=0
 gpus=$(nvidia-smi -L | wc -l)
 [ "$gpus" -ge 2 ] || { echo "multi_gpu.sh: $gpus GPU(s) here; needs 2 or more" >&2; exit 2; }

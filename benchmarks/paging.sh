@@ -22,22 +22,10 @@ root=$(dirname "$here")
 DIST=$root/dist OUT=/tmp/flyt-paging PROCESSES=3 FRACTION=0.6 ROUNDS=4 FACTOR=2.0 BUDGET= NVCC=${NVCC:-} ARCH=sm_90 REPORT=
 
 usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=${2:?}; shift 2 ;;
-        --out) OUT=${2:?}; shift 2 ;;
-        --processes) PROCESSES=${2:?}; shift 2 ;;
-        --fraction) FRACTION=${2:?}; shift 2 ;;
-        --rounds) ROUNDS=${2:?}; shift 2 ;;
-        --oversubscribe) FACTOR=${2:?}; shift 2 ;;
-        --host-budget) BUDGET=${2:?}; shift 2 ;;
-        --nvcc) NVCC=${2:?}; shift 2 ;;
-        --arch) ARCH=${2:?}; shift 2 ;;
-        --report) REPORT=${2:?}; shift 2 ;;
-        -h|--help) usage 0 ;;
-        *) echo "paging.sh: unknown argument $1" >&2; usage ;;
-    esac
-done
+# shellcheck source=../gpu-tests/lib/options.sh
+. "$here/../gpu-tests/lib/options.sh"
+parse_options "help_or_unknown paging.sh" --dist=DIST --out=OUT --processes=PROCESSES --fraction=FRACTION \
+    --rounds=ROUNDS --oversubscribe=FACTOR --host-budget=BUDGET --nvcc=NVCC --arch=ARCH --report=REPORT -- "$@"
 
 # The table: one row per page-out and page-in of LOG, then the 40 GiB verdict.
 report() {

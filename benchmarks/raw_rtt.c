@@ -31,6 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "timing.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CPU_RELAX() _mm_pause()
@@ -45,17 +47,6 @@ static void die(const char *what) {
     exit(1);
 }
 
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double pct(const double *s, int n, double p) {
     if (n == 1) return s[0];
     double pos = p / 100.0 * (double)(n - 1);
@@ -68,7 +59,7 @@ static double pct(const double *s, int n, double p) {
 static void report(const char *transport, const char *mode, int msg, double *us, int n) {
     double sum = 0;
     for (int i = 0; i < n; i++) sum += us[i];
-    qsort(us, (size_t)n, sizeof(double), cmp_double);
+    qsort(us, (size_t)n, sizeof(double), by_value);
     printf("{\"bench\":\"raw_rtt\",\"transport\":\"%s\",\"mode\":\"%s\",\"msg_bytes\":%d,\"n\":%d,"
            "\"p50_us\":%.4g,\"p90_us\":%.4g,\"p99_us\":%.4g,\"p999_us\":%.4g,\"min_us\":%.4g,\"mean_us\":%.4g}\n",
            transport, mode, msg, n, pct(us, n, 50), pct(us, n, 90), pct(us, n, 99), pct(us, n, 99.9), us[0],

@@ -30,6 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "timing.h"
+
 #define CHUNK (1u << 20)
 
 struct req {
@@ -41,12 +43,6 @@ struct req {
 static void die(const char *what) {
     fprintf(stderr, "raw_stream: %s: %s\n", what, strerror(errno));
     exit(1);
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void write_all(int fd, const void *p, size_t n) {
@@ -79,6 +75,20 @@ static void nodelay(int fd, int is_tcp) {
     if (is_tcp && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) die("TCP_NODELAY");
 }
 
+/* "HOST:PORT" (HOST an IPv4 address) as a socket address; HOST into host (host_len bytes). */
+static struct sockaddr_in ipv4_address(const char *addr, char *host, size_t host_len) {
+    const char *colon = strrchr(addr, ':');
+    if (!colon || (size_t)(colon - addr) >= host_len) {
+        fprintf(stderr, "raw_stream: bad address %s\n", addr);
+        exit(2);
+    }
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) die("inet_pton");
+    return sa;
+}
+
 /* addr: "HOST:PORT" for tcp, a path for unix. */
 static int listen_on(int is_tcp, const char *addr, char *bound, size_t bound_len) {
     int fd = socket(is_tcp ? AF_INET : AF_UNIX, SOCK_STREAM, 0);
@@ -87,15 +97,7 @@ static int listen_on(int is_tcp, const char *addr, char *bound, size_t bound_len
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         char host[64];
-        const char *colon = strrchr(addr, ':');
-        if (!colon || (size_t)(colon - addr) >= sizeof host) {
-            fprintf(stderr, "raw_stream: bad address %s\n", addr);
-            exit(2);
-        }
-        memcpy(host, addr, (size_t)(colon - addr));
-        host[colon - addr] = 0;
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-        if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) die("inet_pton");
+        struct sockaddr_in sa = ipv4_address(addr, host, sizeof host);
         if (bind(fd, (struct sockaddr *)&sa, sizeof sa)) die("bind");
         socklen_t l = sizeof sa;
         getsockname(fd, (struct sockaddr *)&sa, &l);
@@ -120,15 +122,7 @@ static int connect_to(int is_tcp, const char *addr) {
     if (fd < 0) die("socket");
     if (is_tcp) {
         char host[64];
-        const char *colon = strrchr(addr, ':');
-        if (!colon || (size_t)(colon - addr) >= sizeof host) {
-            fprintf(stderr, "raw_stream: bad address %s\n", addr);
-            exit(2);
-        }
-        memcpy(host, addr, (size_t)(colon - addr));
-        host[colon - addr] = 0;
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-        if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) die("inet_pton");
+        struct sockaddr_in sa = ipv4_address(addr, host, sizeof host);
         if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) die("connect");
     } else {
         struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -255,11 +249,6 @@ static double run_split(int *fds, int conns, int op, char *buf, uint64_t bytes) 
     return now() - t0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static uint64_t parse_bytes(const char *s) {
     char *end;
     double v = strtod(s, &end);
@@ -305,7 +294,7 @@ static void client(int is_tcp, const char *addr, const char *sizes, int runs, in
             double t[64];
             run_split(fds, conns, op, buf, list[s]); /* warm-up */
             for (int r = 0; r < runs; r++) t[r] = run_split(fds, conns, op, buf, list[s]);
-            qsort(t, (size_t)runs, sizeof t[0], cmp_double);
+            qsort(t, (size_t)runs, sizeof t[0], by_value);
             double med = runs % 2 ? t[runs / 2] : 0.5 * (t[runs / 2 - 1] + t[runs / 2]);
             printf(
                 "{\"bench\":\"raw_stream\",\"socket\":\"%s\",\"dir\":\"%s\",\"bytes\":%llu,\"runs\":%d,"

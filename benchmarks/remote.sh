@@ -16,16 +16,13 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIST=$here/../dist OUT=/tmp/flyt-remote PY=/opt/torch/.venv/bin/python3 DELAYS=0,50us,200us,1ms ONLY=micro,copy,gpt2
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
-        --python) PY=$2; shift 2 ;;
-        --delays) DELAYS=$2; shift 2 ;;
-        --only) ONLY=$2; shift 2 ;;
-        *) echo "usage: $0 --dist DIR --out DIR [--python P] [--delays 0,50us,200us,1ms] [--only micro,copy,gpt2]" >&2; exit 2 ;;
-    esac
-done
+usage() {
+    echo "usage: $0 --dist DIR --out DIR [--python P] [--delays 0,50us,200us,1ms] [--only micro,copy,gpt2]" >&2
+    exit 2
+}
+# shellcheck source=../gpu-tests/lib/options.sh
+. "$here/../gpu-tests/lib/options.sh"
+parse_options usage --dist=DIST --out=OUT --python=PY --delays=DELAYS --only=ONLY -- "$@"
 # Without iproute2 (or root) there are no namespaces: app, relay and server share the loopback
 # interface and the delay comes from the relay alone (the table says so).
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then
@@ -33,9 +30,7 @@ if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then
 else
     where="loopback (no network namespaces here: $([ "$(id -u)" = 0 ] && echo 'no ip(8)' || echo 'not root'))"
 fi
-DIST=$(cd "$DIST" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+absolute_dist_out
 : >"$OUT/remote.jsonl"
 wants() { [[ ",$ONLY," == *",$1,"* ]]; }
 

@@ -13,8 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "driver_check.h"
-#include "timing.h"
+#include "copy_timing.h"
 
 static void report(const char *label, const char *mem, const char *dir, size_t bytes, double *seconds, int reps) {
     qsort(seconds, reps, sizeof *seconds, by_value);
@@ -79,41 +78,13 @@ int main(int argc, char **argv) {
         count++;
     }
     double *seconds = calloc(reps, sizeof *seconds);
-    CUcontext ctx;
     CUdeviceptr dev;
     unsigned char *pinned, *pageable = malloc(largest), *back = malloc(largest);
-    CHECK(cuInit(0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuMemAlloc(&dev, largest));
-    CHECK(cuMemAllocHost((void **)&pinned, largest));
+    if (copy_buffers(largest, &dev, &pinned)) return 1;
     fill(pageable, largest, data);
     memcpy(pinned, pageable, largest);
     for (size_t k = 0; k < count; k++) {
-        size_t bytes = sizes[k];
-        for (int mem = 0; mem < 2; mem++) {
-            unsigned char *host = mem ? pageable : pinned;
-            const char *kind = mem ? "pageable" : "pinned";
-            CHECK(cuMemcpyHtoD(dev, host, bytes)); // warm-up
-            for (int r = 0; r < reps; r++) {
-                double start = now();
-                CHECK(cuMemcpyHtoD(dev, host, bytes));
-                seconds[r] = now() - start;
-            }
-            report(label, kind, "H2D", bytes, seconds, reps);
-            memset(back, 0, bytes);
-            CHECK(cuMemcpyDtoH(back, dev, bytes)); // warm-up, and the bytes checked
-            if (memcmp(back, host, bytes) != 0) {
-                printf("FAIL %s %zu bytes came back changed\n", kind, bytes);
-                return 1;
-            }
-            for (int r = 0; r < reps; r++) {
-                double start = now();
-                CHECK(cuMemcpyDtoH(host, dev, bytes));
-                seconds[r] = now() - start;
-            }
-            report(label, kind, "D2H", bytes, seconds, reps);
-        }
+        if (time_copies(label, dev, pinned, pageable, back, sizes[k], seconds, reps, report)) return 1;
     }
     printf("remote_copy done\n");
     return 0;

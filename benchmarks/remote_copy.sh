@@ -22,25 +22,15 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 DIST=$root/dist OUT=/tmp/flyt-remote-copy CUDA=/usr/local/cuda DEVICE=cuda SIZES=64M,1G REPS=5 STRIPES=4 SHAPE=
 RELAY_RATE= RELAY_MODES="off auto on" ONLY_RELAYED=
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
-        --cuda) CUDA=$2; shift 2 ;;
-        --device) DEVICE=$2; shift 2 ;;
-        --sizes) SIZES=$2; shift 2 ;;
-        --reps) REPS=$2; shift 2 ;;
-        --stripes) STRIPES=$2; shift 2 ;;
-        --shape) SHAPE=$2; shift 2 ;;
-        --relay-rate) RELAY_RATE=$2; shift 2 ;;
-        --relay-modes) RELAY_MODES=$2; shift 2 ;;
-        --only-relayed) ONLY_RELAYED=1; shift ;;
-        *) sed -n '12,16p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
-    esac
-done
-DIST=$(cd "$DIST" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+usage() {
+    sed -n '12,16p' "${BASH_SOURCE[0]}" >&2
+    exit 2
+}
+# shellcheck source=../gpu-tests/lib/options.sh
+. "$here/../gpu-tests/lib/options.sh"
+parse_options usage --dist=DIST --out=OUT --cuda=CUDA --device=DEVICE --sizes=SIZES --reps=REPS --stripes=STRIPES \
+    --shape=SHAPE --relay-rate=RELAY_RATE --relay-modes=RELAY_MODES --only-relayed=ONLY_RELAYED=1 -- "$@"
+absolute_dist_out
 rm -f "$OUT"/*.txt "$OUT"/*.err
 TMP=$(mktemp -d /tmp/flyt-remote-copy.XXXXXX)
 shaped=

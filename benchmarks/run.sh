@@ -85,32 +85,24 @@ progs=(probe micro copy matmul launch_heavy graph ipc pipeline idle_cpu)
 log "building with $nvcc into $build"
 pids=()
 names=()
-for p in "${progs[@]}"; do
-    if [ "$build/$p" -nt "$here/$p.cu" ] && [ "$build/$p" -nt "$here/common.h" ]; then continue; fi
-    "$nvcc" -cudart=shared -O3 -arch=sm_90 -std=c++17 "${ldflags[@]}" -o "$build/$p" "$here/$p.cu" \
-        >"$build/$p.build.log" 2>&1 &
+# build_cu NAME SOURCE RUNTIME [LIBS...]: $build/NAME from SOURCE.cu with nvcc -cudart=RUNTIME, in the
+# background (its pid in pids, its log $build/NAME.build.log), unless it is newer than the source
+# and common.h.
+build_cu() {
+    local name=$1 source=$here/$2.cu runtime=$3
+    shift 3
+    if [ "$build/$name" -nt "$source" ] && [ "$build/$name" -nt "$here/common.h" ]; then return; fi
+    "$nvcc" -cudart="$runtime" -O3 -arch=sm_90 -std=c++17 "${ldflags[@]}" -o "$build/$name" "$source" "$@" \
+        >"$build/$name.build.log" 2>&1 &
     pids+=($!)
-    names+=("$p")
-done
+    names+=("$name")
+}
+for p in "${progs[@]}"; do build_cu "$p" "$p" shared; done
 # The same programs with nvcc's default static runtime: NVIDIA's runtime inside, over Flyt's libcuda.so.1.
-for p in micro copy matmul; do
-    if [ "$build/${p}_static" -nt "$here/$p.cu" ] && [ "$build/${p}_static" -nt "$here/common.h" ]; then continue; fi
-    "$nvcc" -cudart=static -O3 -arch=sm_90 -std=c++17 "${ldflags[@]}" -o "$build/${p}_static" "$here/$p.cu" \
-        >"$build/${p}_static.build.log" 2>&1 &
-    pids+=($!)
-    names+=("${p}_static")
-done
+for p in micro copy matmul; do build_cu "${p}_static" "$p" static; done
 # cuBLAS and start-up, static runtime only (cuBLAS brings its own runtime either way).
-for p in cublas first_kernel; do
-    [ "$p" = cublas ] && [ "$no_libraries" = 1 ] && continue
-    if [ "$build/$p" -nt "$here/$p.cu" ] && [ "$build/$p" -nt "$here/common.h" ]; then continue; fi
-    libs=()
-    [ "$p" = cublas ] && libs=(-lcublas)
-    "$nvcc" -cudart=static -O3 -arch=sm_90 -std=c++17 "${ldflags[@]}" -o "$build/$p" "$here/$p.cu" "${libs[@]}" \
-        >"$build/$p.build.log" 2>&1 &
-    pids+=($!)
-    names+=("$p")
-done
+[ "$no_libraries" = 1 ] || build_cu cublas cublas static -lcublas
+build_cu first_kernel first_kernel static
 for c in raw_stream raw_rtt; do
     "${CC:-gcc}" -O2 -Wall -o "$build/$c" "$here/$c.c" >"$build/$c.build.log" 2>&1 &
     pids+=($!)

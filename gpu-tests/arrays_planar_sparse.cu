@@ -167,11 +167,16 @@ static void planar() {
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// Prints `<what> supported: <attribute's value>`; whether it is nonzero.
+static bool supported(CUdevice dev, CUdevice_attribute attribute, const char *what) {
+    int value = 0;
+    CHECK_CU(cuDeviceGetAttribute(&value, attribute, dev));
+    printf("%s supported: %d\n", what, value);
+    return value != 0;
+}
+
 static void sparse(CUdevice dev, cudaStream_t stream, size_t granularity) {
-    int supported = 0;
-    CHECK_CU(cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED, dev));
-    printf("sparse arrays supported: %d\n", supported);
-    if (!supported) return;
+    if (!supported(dev, CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED, "sparse arrays")) return;
     const int W = 1024, H = 512;
     // As for NV12: each candidate's answer is printed, the first accepted is used (the H200's
     // driver 580 refused the first natively).
@@ -297,10 +302,7 @@ static void sparse(CUdevice dev, cudaStream_t stream, size_t granularity) {
 }
 
 static void deferred(CUdevice dev, cudaStream_t stream, size_t granularity) {
-    int supported = 0;
-    CHECK_CU(cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED, dev));
-    printf("deferred-mapping arrays supported: %d\n", supported);
-    if (!supported) return;
+    if (!supported(dev, CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED, "deferred-mapping arrays")) return;
     const int W = 300, H = 200;
     CUDA_ARRAY3D_DESCRIPTOR desc = {W, H, 0, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_DEFERRED_MAPPING};
     CUarray array;
@@ -404,11 +406,7 @@ static void decompression(CUdevice dev, cudaStream_t stream) {
 }
 
 int main() {
-    test_init("arrays_planar_sparse");
-    CHECK(cudaFree(0));  // the runtime's primary context, current on this thread
-    CHECK_CU(cuInit(0));
-    CUdevice dev;
-    CHECK_CU(cuDeviceGet(&dev, 0));
+    CUdevice dev = start_on_primary_context("arrays_planar_sparse");
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     CUmemAllocationProp prop = {};

@@ -16,8 +16,6 @@ using Clock = std::chrono::steady_clock;
 static double ms_since(Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
-static const char *yes(bool b) { return b ? "yes" : "no"; }
-
 // Spins for `ns` of GPU time, then every thread writes its slot: the result proves it ran to the end.
 __global__ void long_kernel(unsigned long long ns, int *out, int n, int v) {
     unsigned long long start = gpu_ns();
@@ -141,10 +139,8 @@ int main() {
         if (!bad) printf("synchronous cudaMemcpy waits for a default-stream kernel: ok\n");
     }
 
-    CHECK(cudaStreamDestroy(s1));
-    CHECK(cudaStreamDestroy(s2));
+    CHECK_EACH(cudaStreamDestroy, s1, s2);
     CHECK(cudaFreeHost(h_pinned));
-    CHECK(cudaFree(d_a));
-    CHECK(cudaFree(d_b));
+    CHECK_EACH(cudaFree, d_a, d_b);
     return test_finish();
 }

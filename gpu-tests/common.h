@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <vector>
 
 static const char *g_test_name = "test";
 static int g_failures = 0;
@@ -39,6 +41,27 @@ static inline void test_init(const char *name) {
 
 // Kernel launch check: the launch itself (configuration) must have been accepted.
 #define CHECK_LAUNCH() CHECK(cudaGetLastError())
+
+// CHECK of one release call over several handles, in order: `CHECK_EACH(cudaFree, a, b, c)` is
+// `CHECK(cudaFree(a)); CHECK(cudaFree(b)); CHECK(cudaFree(c));` (a failure names the call and the
+// whole list).
+template <typename T> struct check_each_arg {
+    using type = T;
+};
+template <typename T>
+static inline void check_each_impl(cudaError_t (*release)(T), const char *what, int line,
+                                   std::initializer_list<typename check_each_arg<T>::type> handles) {
+    for (T h : handles) {
+        cudaError_t e = release(h);
+        if (e != cudaSuccess) {
+            printf("FAIL: %s (line %d): %s\n", what, line, cudaGetErrorName(e));
+            printf("%s: FAIL\n", g_test_name);
+            fflush(stdout);
+            exit(1);
+        }
+    }
+}
+#define CHECK_EACH(release, ...) check_each_impl(release, #release "(" #__VA_ARGS__ ")", __LINE__, {__VA_ARGS__})
 
 // Non-fatal host-side expectation: records a failure and goes on.
 static inline bool expect_impl(bool ok, int line, const char *fmt, ...) {
@@ -82,6 +105,19 @@ static inline bool expect_some_err(const char *what, cudaError_t got) {
 static inline cudaError_t report(const char *what, cudaError_t got) {
     printf("%s: %s\n", what, cudaGetErrorName(got));
     return got;
+}
+
+static inline const char *yes(bool b) { return b ? "yes" : "no"; }
+
+// Copies n ints of device memory d back and frees d; counts the values v[i] != want(i).
+template <typename Want> static inline int wrong_ints_then_free(int *d, int n, Want want) {
+    std::vector<int> h(n);
+    CHECK(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK(cudaFree(d));
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        if (h[i] != want(i)) bad++;
+    return bad;
 }
 
 static inline int test_finish() {

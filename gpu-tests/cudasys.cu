@@ -104,13 +104,7 @@ int main() {
     printf("kernel result: %.1f\n", host);
     EXPECT(host == 15.5f, "kernel result %.1f, expected 15.5", host);
 
-    CHECK(cudaFree(result));
-    CHECK(cudaFree(window));
+    CHECK_EACH(cudaFree, result, window);
     CHECK(cudaStreamDestroy(stream));
-    if (g_failures) {
-        printf("cudasys: FAIL (%d checks failed)\n", g_failures);
-        return 1;
-    }
-    printf("cudasys: PASS\n");
-    return 0;
+    return test_finish();
 }

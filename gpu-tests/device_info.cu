@@ -35,16 +35,8 @@ static int dyn_kernel_wrong(int shared) {
     CHECK(cudaMalloc(&d, n * sizeof(int)));
     dyn_kernel<<<1, 256, shared>>>(d, n);
     CHECK_LAUNCH();
-    std::vector<int> h(n);
-    CHECK(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
-    CHECK(cudaFree(d));
-    int bad = 0;
-    for (int i = 0; i < n; i++)
-        if (h[i] != 2 * (n - 1 - i) + 1) bad++;
-    return bad;
+    return wrong_ints_then_free(d, n, [n](int i) { return 2 * (n - 1 - i) + 1; });
 }
-
-static const char *yes(bool b) { return b ? "yes" : "no"; }
 
 static const char *memtype(cudaMemoryType t) {
     switch (t) {

@@ -18,3 +18,14 @@
             exit(1);                                                                   \
         }                                                                              \
     } while (0)
+
+// The start of a program mixing runtime and driver calls: test_init(name), the runtime's primary
+// context current on this thread, the driver initialized; returns device 0.
+static inline CUdevice start_on_primary_context(const char *name) {
+    test_init(name);
+    CHECK(cudaFree(0));  // the runtime's primary context, current on this thread
+    CHECK_CU(cuInit(0));
+    CUdevice dev;
+    CHECK_CU(cuDeviceGet(&dev, 0));
+    return dev;
+}

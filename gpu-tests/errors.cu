@@ -30,12 +30,7 @@ static void verify_context(const char *after) {
     CHECK(cudaMalloc(&d, n * sizeof(int)));
     fill<<<(n + 255) / 256, 256>>>(d, n, 17 + g_context_checks);
     CHECK_LAUNCH();
-    std::vector<int> h(n);
-    CHECK(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
-    CHECK(cudaFree(d));
-    int bad = 0;
-    for (int i = 0; i < n; i++)
-        if (h[i] != 17 + g_context_checks + i) bad++;
+    int bad = wrong_ints_then_free(d, n, [](int i) { return 17 + g_context_checks + i; });
     g_context_checks++;
     printf("  context works after %s: %s\n", after, bad ? "no" : "yes");
     EXPECT(bad == 0, "kernel after %s: %d wrong", after, bad);

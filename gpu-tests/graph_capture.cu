@@ -42,6 +42,17 @@ __global__ void add_from(float *x, const float *z, int n) {
 }
 
 // Copies x back and compares it with the host's steps.
+// The captured steps: x = min(x * a + i % 7, 100); y = x.
+static void enqueue_steps(cudaStream_t s, float *x, float *y, int n, float a) {
+    scale<<<(n + 255) / 256, 256, 0, s>>>(x, n, a);
+    CHECK_LAUNCH();
+    add_index<<<(n + 255) / 256, 256, 0, s>>>(x, n);
+    CHECK_LAUNCH();
+    clamp_to<<<(n + 255) / 256, 256, 0, s>>>(x, n, 100.0f);
+    CHECK_LAUNCH();
+    CHECK(cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+}
+
 static void check_x(const float *x, const std::vector<float> &want, std::vector<float> &h, const char *what) {
     CHECK(cudaMemcpy(h.data(), x, want.size() * sizeof(float), cudaMemcpyDeviceToHost));
     int bad = 0;
@@ -73,13 +84,7 @@ int main() {
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     CHECK(cudaStreamIsCapturing(s, &status));
     printf("capturing after begin: %s\n", status == cudaStreamCaptureStatusActive ? "yes" : "no");
-    scale<<<(n + 255) / 256, 256, 0, s>>>(x, n, 0.5f);
-    CHECK_LAUNCH();
-    add_index<<<(n + 255) / 256, 256, 0, s>>>(x, n);
-    CHECK_LAUNCH();
-    clamp_to<<<(n + 255) / 256, 256, 0, s>>>(x, n, 100.0f);
-    CHECK_LAUNCH();
-    CHECK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, s));
+    enqueue_steps(s, x, y, n, 0.5f);
     cudaGraph_t graph = nullptr;
     CHECK(cudaStreamEndCapture(s, &graph));
     EXPECT(graph != nullptr, "cudaStreamEndCapture gave no graph");
@@ -118,13 +123,7 @@ int main() {
     // Update a kernel parameter by capturing again and updating the executable graph in place.
     cudaGraph_t graph2 = nullptr;
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    scale<<<(n + 255) / 256, 256, 0, s>>>(x, n, 0.25f);
-    CHECK_LAUNCH();
-    add_index<<<(n + 255) / 256, 256, 0, s>>>(x, n);
-    CHECK_LAUNCH();
-    clamp_to<<<(n + 255) / 256, 256, 0, s>>>(x, n, 100.0f);
-    CHECK_LAUNCH();
-    CHECK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, s));
+    enqueue_steps(s, x, y, n, 0.25f);
     CHECK(cudaStreamEndCapture(s, &graph2));
     cudaGraphExecUpdateResultInfo info;
     CHECK(cudaGraphExecUpdate(exec, graph2, &info));
@@ -275,18 +274,13 @@ int main() {
     }
     printf("captures begun after large copies: %d of %d valid\n", valid, rounds);
     EXPECT(valid == rounds, "%d of %d captures after large copies were invalidated", rounds - valid, rounds);
-    CHECK(cudaFree(big));
-    CHECK(cudaFree(z));
-    CHECK(cudaEventDestroy(fork));
-    CHECK(cudaEventDestroy(join));
+    CHECK_EACH(cudaFree, big, z);
+    CHECK_EACH(cudaEventDestroy, fork, join);
     CHECK(cudaStreamDestroy(s2));
 
-    CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaGraphDestroy(graph2));
-    CHECK(cudaEventDestroy(start));
-    CHECK(cudaEventDestroy(stop));
+    CHECK_EACH(cudaGraphDestroy, graph, graph2);
+    CHECK_EACH(cudaEventDestroy, start, stop);
     CHECK(cudaStreamDestroy(s));
-    CHECK(cudaFree(x));
-    CHECK(cudaFree(y));
+    CHECK_EACH(cudaFree, x, y);
     return test_finish();
 }

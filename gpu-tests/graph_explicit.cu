@@ -47,8 +47,6 @@ __global__ void difference(float *e, const float *acc, const float *d, int n) {
 static const int N = 1 << 16;
 static const int BLOCK = 256;
 static const Affine P = {2.0f, 0.5f, 3};
-static const char *yes(bool b) { return b ? "yes" : "no"; }
-
 static const char *type_name(cudaGraphNodeType t) {
     switch (t) {
         case cudaGraphNodeTypeKernel: return "kernel";
@@ -364,21 +362,13 @@ int main() {
         EXPECT(ok, "capture into a graph: wrong values");
         CHECK(cudaGraphExecDestroy(into_exec));
         CHECK(cudaGraphDestroy(into));
-        CHECK(cudaFree(x));
-        CHECK(cudaFree(y));
+        CHECK_EACH(cudaFree, x, y);
     }
 
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphExecDestroy(wait_exec));
-    CHECK(cudaGraphExecDestroy(clone_exec));
-    CHECK(cudaGraphDestroy(g));
-    CHECK(cudaGraphDestroy(g2));
-    CHECK(cudaGraphDestroy(clone));
-    CHECK(cudaGraphDestroy(waiter));
-    CHECK(cudaGraphDestroy(child));
+    CHECK_EACH(cudaGraphExecDestroy, exec, wait_exec, clone_exec);
+    CHECK_EACH(cudaGraphDestroy, g, g2, clone, waiter, child);
     CHECK(cudaEventDestroy(ev));
-    CHECK(cudaStreamDestroy(s));
-    CHECK(cudaStreamDestroy(s2));
+    CHECK_EACH(cudaStreamDestroy, s, s2);
     for (float **p : all) CHECK(cudaFree(*p));
     return test_finish();
 }

@@ -195,12 +195,9 @@ int main() {
     printf("the clone copied: %s, checksum %llx\n", clone_right ? "yes" : "no", checksum(packed, N));
     EXPECT(clone_right, "clone");
 
-    CHECK(cudaGraphExecDestroy(cloned));
-    CHECK(cudaGraphDestroy(clone));
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaFree(d_in));
-    CHECK(cudaFree(d_out));
+    CHECK_EACH(cudaGraphExecDestroy, cloned, exec);
+    CHECK_EACH(cudaGraphDestroy, clone, graph);
+    CHECK_EACH(cudaFree, d_in, d_out);
     CHECK(cudaStreamDestroy(s));
     free(in);
     free(out);

@@ -18,6 +18,24 @@ static bool right(const int *host, int value) {
     return true;
 }
 
+// Instantiates graph g (`which`: explicit or captured) and launches it twice on s: after each
+// launch, whether out holds value + i, and what cudaFree of the graph's memory mem answers.
+static cudaGraphExec_t launch_twice_freeing(const char *which, cudaGraph_t g, cudaStream_t s, const int *out, int *host, int value,
+                                           void *mem) {
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, g, 0));
+    char freed[64];
+    snprintf(freed, sizeof freed, "%s graph memory freed with cudaFree", which);
+    for (int round = 0; round < 2; round++) {
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaMemcpy(host, out, N * sizeof(int), cudaMemcpyDeviceToHost));
+        printf("%s graph, launch %d: values right: %s\n", which, round, right(host, value) ? "yes" : "no");
+        report(freed, cudaFree(mem));
+    }
+    return exec;
+}
+
 int main() {
     test_init("graph_memory_free");
     cudaStream_t s;
@@ -37,15 +55,7 @@ int main() {
     cudaGraphNode_t kernel_node = add_kernel(g, &alloc_node, 1, (void *)fill, dim3((N + 255) / 256), dim3(256), args);
     cudaGraphNode_t copy_node;
     CHECK(cudaGraphAddMemcpyNode1D(&copy_node, g, &kernel_node, 1, out, mem, N * sizeof(int), cudaMemcpyDeviceToDevice));
-    cudaGraphExec_t exec;
-    CHECK(cudaGraphInstantiate(&exec, g, 0));
-    for (int round = 0; round < 2; round++) {
-        CHECK(cudaGraphLaunch(exec, s));
-        CHECK(cudaStreamSynchronize(s));
-        CHECK(cudaMemcpy(host, out, N * sizeof(int), cudaMemcpyDeviceToHost));
-        printf("explicit graph, launch %d: values right: %s\n", round, right(host, 7) ? "yes" : "no");
-        report("explicit graph memory freed with cudaFree", cudaFree(mem));
-    }
+    cudaGraphExec_t exec = launch_twice_freeing("explicit", g, s, out, host, 7, mem);
     size_t reserved = 0;
     CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrReservedMemCurrent, &reserved));
     printf("graph memory reserved > 0: %s\n", reserved > 0 ? "yes" : "no");
@@ -60,14 +70,7 @@ int main() {
     fill<<<(N + 255) / 256, 256, 0, s>>>(cmem, N, 11);
     CHECK(cudaMemcpyAsync(out, cmem, N * sizeof(int), cudaMemcpyDeviceToDevice, s));
     CHECK(cudaStreamEndCapture(s, &captured));
-    CHECK(cudaGraphInstantiate(&exec, captured, 0));
-    for (int round = 0; round < 2; round++) {
-        CHECK(cudaGraphLaunch(exec, s));
-        CHECK(cudaStreamSynchronize(s));
-        CHECK(cudaMemcpy(host, out, N * sizeof(int), cudaMemcpyDeviceToHost));
-        printf("captured graph, launch %d: values right: %s\n", round, right(host, 11) ? "yes" : "no");
-        report("captured graph memory freed with cudaFree", cudaFree(cmem));
-    }
+    exec = launch_twice_freeing("captured", captured, s, out, host, 11, cmem);
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(captured));
     CHECK(cudaDeviceSynchronize());

@@ -34,6 +34,15 @@ static CUstreamBatchMemOpParams write32(CUdeviceptr address, unsigned value) {
     return op;
 }
 
+// Instantiates g, runs it once on s, and reads the pair of ints its kernels wrote into got.
+static void run_once_reading(cudaGraph_t g, cudaStream_t s, const int *pair, int got[2]) {
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, g, 0));
+    launch_and_wait(exec, s);
+    CHECK(cudaMemcpy(got, pair, 2 * sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK(cudaGraphExecDestroy(exec));
+}
+
 // Graph edges with data (driver API): a programmatic edge between two kernel nodes, read back
 // and run.
 static void programmatic_edge(cudaStream_t s) {
@@ -55,15 +64,10 @@ static void programmatic_edge(cudaStream_t s) {
     CUgraphEdgeData data[2] = {};
     size_t count = 2;
     CHECK_CU(cuGraphGetEdges_v2((CUgraph)g, edge_from, edge_to, data, &count));
-    cudaGraphExec_t exec;
-    CHECK(cudaGraphInstantiate(&exec, g, 0));
-    CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaStreamSynchronize(s));
     int got[2] = {0, 0};
-    CHECK(cudaMemcpy(got, pair, sizeof got, cudaMemcpyDeviceToHost));
+    run_once_reading(g, s, pair, got);
     printf("programmatic edge: %zu edge(s), from port %d, type %d; consumer read %d\n", count, (int)data[0].from_port,
            (int)data[0].type, got[1]);
-    CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(g));
     CHECK(cudaFree(pair));
 }
@@ -95,6 +99,15 @@ static const char *lossy_query(cudaStream_t s) {
     return name;
 }
 
+// Ends the capture on s with the consumer kernel reading pair; the graph captured.
+static cudaGraph_t end_capture_with_consumer(cudaStream_t s, int *pair) {
+    consume<<<1, 1, 0, s>>>(pair);
+    CHECK(cudaGetLastError());
+    cudaGraph_t g;
+    CHECK(cudaStreamEndCapture(s, &g));
+    return g;
+}
+
 // The one edge of a graph of two nodes, run: its port and type, and what the consumer read.
 static void print_captured_edge(const char *what, cudaGraph_t g, cudaStream_t s, int *pair) {
     CUgraphNode from[2], to[2];
@@ -103,15 +116,10 @@ static void print_captured_edge(const char *what, cudaGraph_t g, cudaStream_t s,
     CHECK_CU(cuGraphGetEdges_v2((CUgraph)g, from, to, data, &count));
     size_t nodes = 0;
     CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
-    cudaGraphExec_t exec;
-    CHECK(cudaGraphInstantiate(&exec, g, 0));
-    CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaStreamSynchronize(s));
     int got[2] = {0, 0};
-    CHECK(cudaMemcpy(got, pair, sizeof got, cudaMemcpyDeviceToHost));
+    run_once_reading(g, s, pair, got);
     printf("%s: %zu node(s), %zu edge(s), from port %d, to port %d, type %d; consumer read %d\n", what, nodes, count,
            (int)data[0].from_port, (int)data[0].to_port, (int)data[0].type, got[1]);
-    CHECK(cudaGraphExecDestroy(exec));
 }
 
 // Stream capture with edge data (driver API): a capture into an existing graph whose first
@@ -139,10 +147,7 @@ static void capture_with_edge_data(cudaStream_t s) {
     size_t count = capture_dependency(s, &first, &first_data);
     printf("capture into a graph begins after %zu node(s), the producer: %s, from port %d, type %d; without edge data: %s\n", count,
            first == producer ? "yes" : "no", (int)first_data.from_port, (int)first_data.type, lossy_query(s));
-    consume<<<1, 1, 0, s>>>(pair);
-    CHECK(cudaGetLastError());
-    cudaGraph_t ended;
-    CHECK(cudaStreamEndCapture(s, &ended));
+    cudaGraph_t ended = end_capture_with_consumer(s, pair);
     printf("the capture ended in the app's graph: %s\n", ended == g ? "yes" : "no");
     print_captured_edge("captured after a programmatic edge", g, s, pair);
     CHECK(cudaGraphDestroy(g));
@@ -163,10 +168,7 @@ static void capture_with_edge_data(cudaStream_t s) {
     count = capture_dependency(s, &again, &again_data);
     printf("dependencies updated with edge data: %zu, the producer: %s, from port %d, type %d; without edge data: %s\n", count,
            again == captured_producer ? "yes" : "no", (int)again_data.from_port, (int)again_data.type, lossy_query(s));
-    consume<<<1, 1, 0, s>>>(pair);
-    CHECK(cudaGetLastError());
-    cudaGraph_t captured;
-    CHECK(cudaStreamEndCapture(s, &captured));
+    cudaGraph_t captured = end_capture_with_consumer(s, pair);
     print_captured_edge("captured with updated dependencies", captured, s, pair);
     CHECK(cudaGraphDestroy(captured));
     CHECK(cudaFree(pair));
@@ -252,6 +254,17 @@ static void batch_mem_op_nodes(cudaStream_t s) {
     CHECK(cudaFree(words));
 }
 
+// A conditional node of one body graph on `handle`.
+static CUgraphNodeParams conditional_params(CUgraphConditionalHandle handle, CUgraphConditionalNodeType type, CUcontext ctx) {
+    CUgraphNodeParams p = {};
+    p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    p.conditional.handle = handle;
+    p.conditional.type = type;
+    p.conditional.size = 1;
+    p.conditional.ctx = ctx;
+    return p;
+}
+
 int main() {
     test_init("graph_nodes");
     CHECK(cudaFree(0));
@@ -260,9 +273,7 @@ int main() {
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const int n = 1 << 20;
-    int *out = nullptr;
-    CHECK(cudaMalloc(&out, n * sizeof(int)));
-    CHECK(cudaMemsetAsync(out, 0, n * sizeof(int), s));
+    int *out = zeroed_ints(n, s);
 
     // 1. Graph memory: alloc -> fill -> out += it -> free, launched three times.
     cudaGraph_t g;
@@ -299,14 +310,7 @@ int main() {
            dep == (CUgraphNode)fill_node ? "yes" : "no", dependents, edges);
     cudaGraphExec_t exec;
     CHECK(cudaGraphInstantiate(&exec, g, 0));
-    for (int i = 0; i < 3; i++) CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaStreamSynchronize(s));
-    std::vector<int> h(n);
-    CHECK(cudaMemcpy(h.data(), out, n * sizeof(int), cudaMemcpyDeviceToHost));
-    int bad = 0;
-    for (int i = 0; i < n; i++) bad += h[i] != 3 * 3 * i;
-    printf("three launches through graph memory: %s\n", bad ? "wrong" : "right");
-    EXPECT(bad == 0, "%d values wrong after graph memory launches", bad);
+    launch_three_times(exec, s, out, n);
     unsigned long long high = 0;
     CHECK_CU(cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &high));
     printf("graph memory high watermark covers the allocation: %s\n", high >= alloc.bytesize ? "yes" : "no");
@@ -316,38 +320,25 @@ int main() {
     CHECK_CU(cuGraphNodeSetEnabled((CUgraphExec)exec, (CUgraphNode)copy_node, 0));
     CHECK_CU(cuGraphNodeGetEnabled((CUgraphExec)exec, (CUgraphNode)copy_node, &enabled));
     printf("copy kernel disabled: %s\n", enabled == 0 ? "yes" : "no");
-    CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaStreamSynchronize(s));
-    CHECK(cudaMemcpy(h.data(), out, n * sizeof(int), cudaMemcpyDeviceToHost));
-    bad = 0;
-    for (int i = 0; i < n; i++) bad += h[i] != 3 * 3 * i;
+    launch_and_wait(exec, s);
+    int bad = wrong_values(out, n, 3 * 3);
     printf("a launch with it disabled leaves the output: %s\n", bad ? "changed" : "unchanged");
     EXPECT(bad == 0, "a disabled kernel node ran");
     CHECK_CU(cuGraphNodeSetEnabled((CUgraphExec)exec, (CUgraphNode)copy_node, 1));
-    CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaStreamSynchronize(s));
-    CHECK(cudaMemcpy(h.data(), out, n * sizeof(int), cudaMemcpyDeviceToHost));
-    bad = 0;
-    for (int i = 0; i < n; i++) bad += h[i] != 4 * 3 * i;
+    launch_and_wait(exec, s);
+    bad = wrong_values(out, n, 4 * 3);
     printf("enabled again, it runs: %s\n", bad ? "no" : "yes");
     EXPECT(bad == 0, "the re-enabled kernel node did not run");
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(g));
 
     // 2. A WHILE loop the body kernel ends, and IF nodes a kernel decides.
-    int *counter = nullptr;
-    CHECK(cudaMalloc(&counter, 3 * sizeof(int)));
-    CHECK(cudaMemsetAsync(counter, 0, 3 * sizeof(int), s));
+    int *counter = zeroed_ints(3, s);
     cudaGraph_t w;
     CHECK(cudaGraphCreate(&w, 0));
     CUgraphConditionalHandle loop;
     CHECK_CU(cuGraphConditionalHandleCreate(&loop, (CUgraph)w, ctx, 1, CU_GRAPH_COND_ASSIGN_DEFAULT));
-    CUgraphNodeParams wp = {};
-    wp.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
-    wp.conditional.handle = loop;
-    wp.conditional.type = CU_GRAPH_COND_TYPE_WHILE;
-    wp.conditional.size = 1;
-    wp.conditional.ctx = ctx;
+    CUgraphNodeParams wp = conditional_params(loop, CU_GRAPH_COND_TYPE_WHILE, ctx);
     CUgraphNode while_node;
     CHECK_CU(cuGraphAddNode(&while_node, (CUgraph)w, nullptr, nullptr, 0, &wp));
     int limit = 10;
@@ -362,36 +353,19 @@ int main() {
         CHECK_CU(cuGraphConditionalHandleCreate(&h_if, (CUgraph)w, ctx, 0, 0));
         void *set_args[] = {&h_if, &value};
         last = add_kernel(w, (cudaGraphNode_t *)&prev, 1, (void *)set_condition, dim3(1), dim3(1), set_args);
-        CUgraphNodeParams ip = {};
-        ip.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
-        ip.conditional.handle = h_if;
-        ip.conditional.type = CU_GRAPH_COND_TYPE_IF;
-        ip.conditional.size = 1;
-        ip.conditional.ctx = ctx;
+        CUgraphNodeParams ip = conditional_params(h_if, CU_GRAPH_COND_TYPE_IF, ctx);
         CUgraphNode if_node;
         CHECK_CU(cuGraphAddNode(&if_node, (CUgraph)w, (CUgraphNode *)&last, nullptr, 1, &ip));
         void *one_args[] = {value ? &second : &third};
         add_kernel((cudaGraph_t)ip.conditional.phGraph_out[0], nullptr, 0, (void *)add_one, dim3(1), dim3(1), one_args);
         prev = if_node;
     }
-    cudaGraphExec_t wexec;
-    CHECK(cudaGraphInstantiate(&wexec, w, 0));
-    CHECK(cudaGraphLaunch(wexec, s));
-    CHECK(cudaStreamSynchronize(s));
-    int counts[3] = {0, 0, 0};
-    CHECK(cudaMemcpy(counts, counter, sizeof counts, cudaMemcpyDeviceToHost));
-    printf("while loop counted to %d; IF set to 1 ran %d time(s); IF set to 0 ran %d time(s)\n", counts[0], counts[1], counts[2]);
-    EXPECT(counts[0] == 10 && counts[1] == 1 && counts[2] == 0, "conditional nodes: %d %d %d", counts[0], counts[1], counts[2]);
-    CHECK(cudaGraphExecDestroy(wexec));
-    CHECK(cudaGraphDestroy(w));
+    run_conditional_graph(w, s, counter);
 
     // 3. Getters: instantiation flags, event nodes, a child graph node's graph.
-    cudaGraph_t e, child;
+    cudaGraph_t e;
     CHECK(cudaGraphCreate(&e, 0));
-    CHECK(cudaGraphCreate(&child, 0));
-    cudaGraphNode_t c1, c2;
-    CHECK(cudaGraphAddEmptyNode(&c1, child, nullptr, 0));
-    CHECK(cudaGraphAddEmptyNode(&c2, child, &c1, 1));
+    cudaGraph_t child = two_empty_nodes();
     cudaEvent_t ev;
     CHECK(cudaEventCreate(&ev));
     cudaGraphNode_t rec, wait, child_node;

@@ -26,18 +26,14 @@ static cudaGraphNodeParams kernel_params(void *func, dim3 grid, dim3 block, void
     return p;
 }
 
-// Counts the values of `out` (n ints) that are not i * factor.
-static int wrong_values(const int *out, int n, int factor) {
-    std::vector<int> h(n);
-    CHECK(cudaMemcpy(h.data(), out, n * sizeof(int), cudaMemcpyDeviceToHost));
-    int bad = 0;
-    for (int i = 0; i < n; i++) bad += h[i] != factor * i;
-    return bad;
-}
-
-static void launch_and_wait(cudaGraphExec_t exec, cudaStream_t s) {
-    CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaStreamSynchronize(s));
+// A conditional node of one body graph on `handle`.
+static cudaGraphNodeParams conditional_params(cudaGraphConditionalHandle handle, cudaGraphConditionalNodeType type) {
+    cudaGraphNodeParams p = {};
+    p.type = cudaGraphNodeTypeConditional;
+    p.conditional.handle = handle;
+    p.conditional.type = type;
+    p.conditional.size = 1;
+    return p;
 }
 
 int main() {
@@ -46,9 +42,7 @@ int main() {
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const int n = 1 << 20;
-    int *out = nullptr;
-    CHECK(cudaMalloc(&out, n * sizeof(int)));
-    CHECK(cudaMemsetAsync(out, 0, n * sizeof(int), s));
+    int *out = zeroed_ints(n, s);
 
     // 1. Graph memory: alloc -> fill (generic kernel node) -> out += it -> free (generic), launched
     // three times.
@@ -91,11 +85,7 @@ int main() {
     EXPECT(deps == 1 && dep == fill_node && dependents == 1 && edges == 3, "graph queries: %zu %zu %zu", deps, dependents, edges);
     cudaGraphExec_t exec;
     CHECK(cudaGraphInstantiate(&exec, g, 0));
-    for (int i = 0; i < 3; i++) CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaStreamSynchronize(s));
-    int bad = wrong_values(out, n, 3 * 3);
-    printf("three launches through graph memory: %s\n", bad ? "wrong" : "right");
-    EXPECT(bad == 0, "%d values wrong after graph memory launches", bad);
+    launch_three_times(exec, s, out, n);
     unsigned long long high = 0;
     CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemHigh, &high));
     printf("graph memory high watermark covers the allocation: %s\n", high >= alloc.bytesize ? "yes" : "no");
@@ -106,7 +96,7 @@ int main() {
     CHECK(cudaGraphNodeGetEnabled(exec, copy_node, &enabled));
     printf("copy kernel disabled: %s\n", enabled == 0 ? "yes" : "no");
     launch_and_wait(exec, s);
-    bad = wrong_values(out, n, 3 * 3);
+    int bad = wrong_values(out, n, 3 * 3);
     printf("a launch with it disabled leaves the output: %s\n", bad ? "changed" : "unchanged");
     EXPECT(bad == 0, "a disabled kernel node ran");
     CHECK(cudaGraphNodeSetEnabled(exec, copy_node, 1));
@@ -127,18 +117,12 @@ int main() {
     CHECK(cudaGraphDestroy(g));
 
     // 2. A WHILE loop the body kernel ends, and IF nodes a kernel decides.
-    int *counter = nullptr;
-    CHECK(cudaMalloc(&counter, 3 * sizeof(int)));
-    CHECK(cudaMemsetAsync(counter, 0, 3 * sizeof(int), s));
+    int *counter = zeroed_ints(3, s);
     cudaGraph_t w;
     CHECK(cudaGraphCreate(&w, 0));
     cudaGraphConditionalHandle loop;
     CHECK(cudaGraphConditionalHandleCreate(&loop, w, 1, cudaGraphCondAssignDefault));
-    cudaGraphNodeParams wp = {};
-    wp.type = cudaGraphNodeTypeConditional;
-    wp.conditional.handle = loop;
-    wp.conditional.type = cudaGraphCondTypeWhile;
-    wp.conditional.size = 1;
+    cudaGraphNodeParams wp = conditional_params(loop, cudaGraphCondTypeWhile);
     cudaGraphNode_t while_node;
     CHECK(cudaGraphAddNode(&while_node, w, nullptr, nullptr, 0, &wp));
     int limit = 10;
@@ -154,35 +138,20 @@ int main() {
         CHECK(cudaGraphConditionalHandleCreate(&h_if, w, 0, 0));
         void *set_args[] = {&h_if, &value};
         cudaGraphNode_t last = add_kernel(w, &prev, 1, (void *)set_condition, dim3(1), dim3(1), set_args);
-        cudaGraphNodeParams ip = {};
-        ip.type = cudaGraphNodeTypeConditional;
-        ip.conditional.handle = h_if;
-        ip.conditional.type = cudaGraphCondTypeIf;
-        ip.conditional.size = 1;
+        cudaGraphNodeParams ip = conditional_params(h_if, cudaGraphCondTypeIf);
         cudaGraphNode_t if_node;
         CHECK(cudaGraphAddNode(&if_node, w, &last, nullptr, 1, &ip));
         void *one_args[] = {value ? &second : &third};
         add_kernel(ip.conditional.phGraph_out[0], nullptr, 0, (void *)add_one, dim3(1), dim3(1), one_args);
         prev = if_node;
     }
-    cudaGraphExec_t wexec;
-    CHECK(cudaGraphInstantiate(&wexec, w, 0));
-    launch_and_wait(wexec, s);
-    int counts[3] = {0, 0, 0};
-    CHECK(cudaMemcpy(counts, counter, sizeof counts, cudaMemcpyDeviceToHost));
-    printf("while loop counted to %d; IF set to 1 ran %d time(s); IF set to 0 ran %d time(s)\n", counts[0], counts[1], counts[2]);
-    EXPECT(counts[0] == 10 && counts[1] == 1 && counts[2] == 0, "conditional nodes: %d %d %d", counts[0], counts[1], counts[2]);
-    CHECK(cudaGraphExecDestroy(wexec));
-    CHECK(cudaGraphDestroy(w));
+    run_conditional_graph(w, s, counter);
 
     // 3. Generic memset and pitched copy nodes; getters: instantiation flags, event nodes, a child
     // graph node's graph.
-    cudaGraph_t e, child;
+    cudaGraph_t e;
     CHECK(cudaGraphCreate(&e, 0));
-    CHECK(cudaGraphCreate(&child, 0));
-    cudaGraphNode_t c1, c2;
-    CHECK(cudaGraphAddEmptyNode(&c1, child, nullptr, 0));
-    CHECK(cudaGraphAddEmptyNode(&c2, child, &c1, 1));
+    cudaGraph_t child = two_empty_nodes();
     cudaEvent_t ev;
     CHECK(cudaEventCreate(&ev));
     const int rows = 4, row = n / rows;
@@ -232,6 +201,7 @@ int main() {
     printf("instantiation flags read back: %s\n", flags == cudaGraphInstantiateFlagAutoFreeOnLaunch ? "yes" : "no");
     EXPECT(flags == cudaGraphInstantiateFlagAutoFreeOnLaunch, "instantiation flags %llu", flags);
     launch_and_wait(eexec, s);
+    int counts[3] = {0, 0, 0};
     CHECK(cudaMemcpy(counts, counter, sizeof counts, cudaMemcpyDeviceToHost));
     std::vector<int> h(n);
     CHECK(cudaMemcpy(h.data(), out, n * sizeof(int), cudaMemcpyDeviceToHost));
@@ -241,13 +211,11 @@ int main() {
            counts[0] == 9 && counts[2] == 9 ? "yes" : "no", bad ? "no" : "yes");
     EXPECT(counts[0] == 9 && counts[2] == 9 && bad == 0, "generic memset %d, copy %d values wrong", counts[0], bad);
     CHECK(cudaGraphExecDestroy(eexec));
-    CHECK(cudaGraphDestroy(e));
-    CHECK(cudaGraphDestroy(child));
+    CHECK_EACH(cudaGraphDestroy, e, child);
     CHECK(cudaEventDestroy(ev));
     CHECK(cudaDeviceGraphMemTrim(0));
 
-    CHECK(cudaFree(counter));
-    CHECK(cudaFree(out));
+    CHECK_EACH(cudaFree, counter, out);
     CHECK(cudaStreamDestroy(s));
     return test_finish();
 }

@@ -88,11 +88,7 @@ static bool filled(const std::vector<unsigned char> &bytes, unsigned char value)
 }
 
 int main() {
-    test_init("green_contexts");
-    CHECK(cudaFree(0));  // the runtime's primary context, current on this thread
-    CHECK_CU(cuInit(0));
-    CUdevice dev;
-    CHECK_CU(cuDeviceGet(&dev, 0));
+    CUdevice dev = start_on_primary_context("green_contexts");
     CUcontext primary;
     CHECK_CU(cuCtxGetCurrent(&primary));
     int sms = 0;
@@ -234,18 +230,9 @@ int main() {
 
     CHECK_CU(cuEventDestroy(e));
     CHECK(cudaStreamDestroy(plain));
-    CHECK_CU(cuStreamDestroy(sa));
-    CHECK_CU(cuStreamDestroy(sb));
-    CHECK_CU(cuGreenCtxDestroy(a));
-    CHECK_CU(cuGreenCtxDestroy(b));
-    CHECK(cudaFree(d));
-    CHECK(cudaFree(d_sm));
-    CHECK(cudaFree(d_nsmid));
+    for (CUstream x : {sa, sb}) CHECK_CU(cuStreamDestroy(x));
+    for (CUgreenCtx x : {a, b}) CHECK_CU(cuGreenCtxDestroy(x));
+    CHECK_EACH(cudaFree, d, d_sm, d_nsmid);
     CHECK(cudaDeviceSynchronize());
-    if (g_failures) {
-        printf("green_contexts: FAIL (%d checks failed)\n", g_failures);
-        return 1;
-    }
-    printf("green_contexts: PASS\n");
-    return 0;
+    return test_finish();
 }

@@ -37,7 +37,6 @@ __global__ void step(int *x, int digit) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *x = *x * 10 + digit;
 }
 
-static const char *yes(bool b) { return b ? "yes" : "no"; }
 static std::thread::id g_main;
 
 // 1. Reads the copied buffer and writes the value the next stage adds.
@@ -275,11 +274,7 @@ int main() {
         CHECK(cudaEventDestroy(ev[i]));
     }
     CHECK(cudaStreamDestroy(s));
-    CHECK(cudaFree(chain));
-    CHECK(cudaFree(dev));
-    CHECK(cudaFree(dev_v));
-    CHECK(cudaFreeHost(chain_host));
-    CHECK(cudaFreeHost(host));
-    CHECK(cudaFreeHost(host_v));
+    CHECK_EACH(cudaFree, chain, dev, dev_v);
+    CHECK_EACH(cudaFreeHost, chain_host, host, host_v);
     return test_finish();
 }

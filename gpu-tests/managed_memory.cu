@@ -218,9 +218,6 @@ int main() {
 
 
     CHECK(cudaStreamDestroy(stream));
-    CHECK(cudaFree(total));
-    CHECK(cudaFree(single));
-    CHECK(cudaFree(device));
-    CHECK(cudaFree(data));
+    CHECK_EACH(cudaFree, total, single, device, data);
     return test_finish();
 }

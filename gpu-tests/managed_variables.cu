@@ -92,8 +92,7 @@ int main() {
 
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaStreamDestroy(a));
-    CHECK(cudaStreamDestroy(b));
+    CHECK_EACH(cudaStreamDestroy, a, b);
     CHECK(cudaFree(device));
     return test_finish();
 }

@@ -86,6 +86,13 @@ static Vol vol(size_t w, size_t h, size_t d) {
 }
 
 // The same box of a cudaPitchedPtr as a pointer to its first byte (for cudaMemset3D).
+// The parameters of a 3D copy of `extent` from src at sp to dst at dp (no arrays).
+static cudaMemcpy3DParms params_3d(cudaPitchedPtr src, cudaPos sp, cudaPitchedPtr dst, cudaPos dp, cudaExtent extent,
+                                   cudaMemcpyKind kind) {
+    // In the struct's order: srcArray, srcPos, srcPtr, dstArray, dstPos, dstPtr, extent, kind.
+    return cudaMemcpy3DParms{nullptr, sp, src, nullptr, dp, dst, extent, kind};
+}
+
 static cudaPitchedPtr at(const cudaPitchedPtr &p, cudaPos pos) {
     return make_cudaPitchedPtr((char *)p.ptr + (pos.z * p.ysize + pos.y) * p.pitch + pos.x, p.pitch, p.xsize - pos.x,
                                p.ysize);
@@ -301,36 +308,21 @@ int main() {
         Vol x = vol(200, 20, 10), y = vol(300, 30, 12);
         printf("cudaMalloc3D 200 x 20 x 10: pitch %zu; 300 x 30 x 12: pitch %zu\n", x.p.pitch, y.p.pitch);
 
-        cudaMemcpy3DParms p = {};
-        p.srcPtr = make_cudaPitchedPtr(host.data(), hw, hw, hh);
-        p.srcPos = make_cudaPos(7, 3, 2);
-        p.dstPtr = x.p;
-        p.dstPos = make_cudaPos(11, 4, 1);
-        p.extent = make_cudaExtent(120, 15, 8);
-        p.kind = cudaMemcpyHostToDevice;
+        cudaMemcpy3DParms p = params_3d(make_cudaPitchedPtr(host.data(), hw, hw, hh), make_cudaPos(7, 3, 2), x.p, make_cudaPos(11, 4, 1),
+                                        make_cudaExtent(120, 15, 8), cudaMemcpyHostToDevice);
         CHECK(cudaMemcpy3D(&p));
         model_copy(x.model.data(), x.p.pitch, 20, p.dstPos, host.data(), hw, hh, p.srcPos, p.extent);
         check_dev("3D H2D box 120 x 15 x 8 from (7,3,2) to (11,4,1)", x.p.ptr, x.model);
 
         const size_t dw = 230, dh = 22, dd = 11;
         Bytes dst(dw * dh * dd, (uint8_t)HPOISON), want(dst);
-        p = {};
-        p.srcPtr = x.p;
-        p.dstPtr = make_cudaPitchedPtr(dst.data(), dw, dw, dh);
-        p.dstPos = make_cudaPos(5, 1, 2);
-        p.extent = make_cudaExtent(200, 20, 9);
-        p.kind = cudaMemcpyDeviceToHost;
+        p = params_3d(x.p, make_cudaPos(0, 0, 0), make_cudaPitchedPtr(dst.data(), dw, dw, dh), make_cudaPos(5, 1, 2),
+                      make_cudaExtent(200, 20, 9), cudaMemcpyDeviceToHost);
         CHECK(cudaMemcpy3D(&p));
         model_copy(want.data(), dw, dh, p.dstPos, x.model.data(), x.p.pitch, 20, p.srcPos, p.extent);
         verdict("3D D2H 200 x 20 x 9 into host 230 x 22 x 11 at (5,1,2)", dst.data(), want.data(), dst.size());
 
-        p = {};
-        p.srcPtr = x.p;
-        p.srcPos = make_cudaPos(10, 2, 1);
-        p.dstPtr = y.p;
-        p.dstPos = make_cudaPos(100, 15, 5);
-        p.extent = make_cudaExtent(150, 12, 6);
-        p.kind = cudaMemcpyDeviceToDevice;
+        p = params_3d(x.p, make_cudaPos(10, 2, 1), y.p, make_cudaPos(100, 15, 5), make_cudaExtent(150, 12, 6), cudaMemcpyDeviceToDevice);
         CHECK(cudaMemcpy3D(&p));
         model_copy(y.model.data(), y.p.pitch, 30, p.dstPos, x.model.data(), x.p.pitch, 20, p.srcPos, p.extent);
         check_dev("3D D2D box 150 x 12 x 6 from (10,2,1) to (100,15,5)", y.p.ptr, y.model);
@@ -341,20 +333,12 @@ int main() {
         CHECK(cudaMallocHost((void **)&pin_dst, pn));
         fill_pattern(pin_src, pn, 41);
         memset(pin_dst, HPOISON, pn);
-        p = {};
-        p.srcPtr = make_cudaPitchedPtr(pin_src, 64, 64, 16);
-        p.dstPtr = y.p;
-        p.dstPos = make_cudaPos(3, 1, 7);
-        p.extent = make_cudaExtent(64, 16, 4);
-        p.kind = cudaMemcpyHostToDevice;
+        p = params_3d(make_cudaPitchedPtr(pin_src, 64, 64, 16), make_cudaPos(0, 0, 0), y.p, make_cudaPos(3, 1, 7),
+                      make_cudaExtent(64, 16, 4), cudaMemcpyHostToDevice);
         CHECK(cudaMemcpy3DAsync(&p, s));
         model_copy(y.model.data(), y.p.pitch, 30, p.dstPos, pin_src, 64, 16, p.srcPos, p.extent);
-        p = {};
-        p.srcPtr = y.p;
-        p.srcPos = make_cudaPos(3, 1, 7);
-        p.dstPtr = make_cudaPitchedPtr(pin_dst, 64, 64, 16);
-        p.extent = make_cudaExtent(64, 16, 4);
-        p.kind = cudaMemcpyDeviceToHost;
+        p = params_3d(y.p, make_cudaPos(3, 1, 7), make_cudaPitchedPtr(pin_dst, 64, 64, 16), make_cudaPos(0, 0, 0),
+                      make_cudaExtent(64, 16, 4), cudaMemcpyDeviceToHost);
         CHECK(cudaMemcpy3DAsync(&p, s));
         CHECK(cudaStreamSynchronize(s));
         verdict("cudaMemcpy3DAsync H2D then D2H (cudaMallocHost memory)", pin_dst, pin_src, pn);

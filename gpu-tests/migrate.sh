@@ -40,27 +40,19 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 DIST= OUT= MOVES=10 APP_MIB=10240 BIG="1024 10240" SKIP= SNAP_PARENT=/dev/shm PYTHON= GPUS=0,0
-while [ $# -gt 0 ]; do
-    case $1 in
-    --dist) DIST=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --moves) MOVES=$2; shift 2 ;;
-    --app-mib) APP_MIB=$2; shift 2 ;;
-    --big-mib) BIG=$2; shift 2 ;;
-    --skip) SKIP=$2; shift 2 ;;
-    --snapshots) SNAP_PARENT=$2; shift 2 ;;
-    --python) PYTHON=$2; shift 2 ;;
-    --gpus) GPUS=$2; shift 2 ;;
-    *) echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph two-gpus restart cluster-restart cluster-move big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH] [--gpus A,B]" >&2; exit 2 ;;
-    esac
-done
+usage() {
+    echo "usage: $0 --dist DIR --out DIR [--moves N] [--app-mib MIB] [--big-mib 'MIB ...'] [--skip 'app-shm app-socket objects graphs torch-graph two-gpus restart cluster-restart cluster-move big'] [--snapshots PARENT-DIR] [--python PYTHON-WITH-TORCH] [--gpus A,B]" >&2
+    exit 2
+}
+# shellcheck source=lib/options.sh
+. "$here/lib/options.sh"
+parse_options usage --dist=DIST --out=OUT --moves=MOVES --app-mib=APP_MIB --big-mib=BIG --skip=SKIP \
+    --snapshots=SNAP_PARENT --python=PYTHON --gpus=GPUS -- "$@"
 skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
 IFS=, read -r GPU_A GPU_B <<<"$GPUS"
 [[ "$GPU_A" =~ ^[0-9]+$ && "$GPU_B" =~ ^[0-9]+$ ]] || { echo "--gpus takes two GPU indexes, A,B" >&2; exit 2; }
 [ -n "$DIST" ] && [ -n "$OUT" ] || { echo "--dist and --out are needed" >&2; exit 2; }
-DIST=$(cd "$DIST" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+absolute_dist_out
 W=$(mktemp -d /tmp/flyt-migrate.XXXXXX)
 # Snapshots go through shared memory (a folder both servers of this host read), or a folder on
 # disk (--snapshots DIR: copied through staging buffers, as the GPU cannot pin a disk file).
@@ -231,17 +223,27 @@ if ! skipped restart; then
     rm -rf "$SNAP"
 fi
 
-# --- 2b. flytctl restart-server under a local cluster ---------------------------------------------
-# The app runs through `flyt run` of tools/local-cluster (cluster manager on its embedded store,
-# node manager serving this GPU, client manager), held at its gate while `flytctl restart-server`
-# replaces its allocation's rpc-server (the node manager checkpoints, stops, restarts, restores).
-if ! skipped cluster-restart; then
-    bin=$W/cluster-bin
+# in_local_cluster INNER LOG NAME: runs the script INNER under `flyt run` of tools/local-cluster
+# (DIST's binaries, under the names it looks for, in $W/cluster-bin), its output in LOG; rc its
+# exit status, same whether $OUT/NAME.out is the native output.
+in_local_cluster() {
+    local bin=$W/cluster-bin b
     mkdir -p "$bin"
     for b in flyt flyt-rpc-server flytctl flyt-cluster-manager flyt-node-manager flyt-client-manager; do ln -sf "$DIST/bin/$b" "$bin/$b"; done
     ln -sf "$DIST/lib/libcudart.so.13" "$bin/libcudart.so"
     ln -sf "$DIST/lib/libcuda.so.1" "$bin/libflyt_libcuda.so"
     ln -sf "$DIST/lib/libnvidia-ml.so.1" "$bin/libflyt_nvml_lib.so"
+    chmod +x "$1"
+    "$here/../tools/local-cluster" --bin-dir "$bin" -- "$1" >"$2" 2>&1
+    rc=$?
+    same=no; same_output "$OUT/native.out" "$OUT/$3.out" && same=yes
+}
+
+# --- 2b. flytctl restart-server under a local cluster ---------------------------------------------
+# The app runs through `flyt run` of tools/local-cluster (cluster manager on its embedded store,
+# node manager serving this GPU, client manager), held at its gate while `flytctl restart-server`
+# replaces its allocation's rpc-server (the node manager checkpoints, stops, restarts, restores).
+if ! skipped cluster-restart; then
     gate=$W/gate-cluster
     cat >"$W/cluster_inner.sh" <<INNER
 #!/usr/bin/env bash
@@ -255,10 +257,7 @@ echo "restart-server rc=\$? in \$(( (\$(date +%s%N) - started) / 1000000 )) ms" 
 touch "$gate"
 wait \$app
 INNER
-    chmod +x "$W/cluster_inner.sh"
-    "$here/../tools/local-cluster" --bin-dir "$bin" -- "$W/cluster_inner.sh" >"$OUT/cluster.log" 2>&1
-    rc=$?
-    same=no; same_output "$OUT/native.out" "$OUT/cluster-restart.out" && same=yes
+    in_local_cluster "$W/cluster_inner.sh" "$OUT/cluster.log" cluster-restart
     restarted=no; grep -q "rpc-server restarted" "$OUT/restart-server.log" && restarted=yes
     if [ $rc = 0 ] && [ $same = yes ] && [ $restarted = yes ]; then r=PASS; else r=FAIL; fi
     row "restart-server under a local cluster" $r "server replaced: $restarted, app exit $rc, output and pointers as native: $same: $(grep -m1 'rpc-server restarted\|rc=' "$OUT/restart-server.log" | head -c 220)"
@@ -268,12 +267,6 @@ fi
 # With two GPUs or more: the app runs through `flyt run` of tools/local-cluster while
 # `flytctl migrate` moves its allocation to GPU 1 of the node and back (placement picks GPU 0).
 if ! skipped cluster-move && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
-    bin=$W/cluster-bin
-    mkdir -p "$bin"
-    for b in flyt flyt-rpc-server flytctl flyt-cluster-manager flyt-node-manager flyt-client-manager; do ln -sf "$DIST/bin/$b" "$bin/$b"; done
-    ln -sf "$DIST/lib/libcudart.so.13" "$bin/libcudart.so"
-    ln -sf "$DIST/lib/libcuda.so.1" "$bin/libflyt_libcuda.so"
-    ln -sf "$DIST/lib/libnvidia-ml.so.1" "$bin/libflyt_nvml_lib.so"
     gate=$W/gate-cluster-move
     cat >"$W/cluster_move.sh" <<INNER
 #!/usr/bin/env bash
@@ -291,10 +284,7 @@ grep -h "not GPU to GPU" "\$(dirname "\$FLYTCTL_ADMIN_SOCKET")"/*.log >>"$OUT/cl
 touch "$gate"
 wait \$app
 INNER
-    chmod +x "$W/cluster_move.sh"
-    "$here/../tools/local-cluster" --bin-dir "$bin" -- "$W/cluster_move.sh" >"$OUT/cluster-move-cluster.log" 2>&1
-    rc=$?
-    same=no; same_output "$OUT/native.out" "$OUT/cluster-move.out" && same=yes
+    in_local_cluster "$W/cluster_move.sh" "$OUT/cluster-move-cluster.log" cluster-move
     moves=$(grep -c 'rc=0$' "$OUT/cluster-move.log" 2>/dev/null)
     if [ $rc = 0 ] && [ $same = yes ] && [ "$moves" = 2 ]; then r=PASS; else r=FAIL; fi
     row "flytctl migrate GPU 0 -> 1 -> 0 of one node" $r "moves ok: $moves of 2, app exit $rc, output and pointers as native: $same: $(grep -o 'moved from [^ ]* to [^ ]* with [0-9]* app in [0-9.]* ms' "$OUT/cluster-move.log" | tr '\n' ';')"

@@ -136,8 +136,7 @@ int main() {
     for (auto &t : threads) t.join();
     printf("two threads on two devices: %s\n", right[0] && right[1] ? "right" : "WRONG");
 
-    CHECK(cudaFree(out));
-    CHECK(cudaFree(flag0));
+    CHECK_EACH(cudaFree, out, flag0);
     CHECK(cudaEventDestroy(done));
     CHECK(cudaStreamDestroy(s0));
     CHECK(cudaSetDevice(1));

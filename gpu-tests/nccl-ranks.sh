@@ -12,20 +12,15 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIST=dist OUT=gpu-tests/results/nccl-ranks PY=/opt/torch/.venv/bin/python RANKS= SCRIPT=$here/torch/nccl.py LIMIT=300
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
-        --python) PY=$2; shift 2 ;;
-        --ranks) RANKS=$2; shift 2 ;;
-        --script) SCRIPT=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
-        --timeout) LIMIT=$2; shift 2 ;;
-        *) echo "usage: $0 --dist DIR --out DIR [--python P] [--ranks N] [--script PY] [--timeout S]" >&2; exit 2 ;;
-    esac
-done
-DIST=$(cd "$DIST" && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+usage() {
+    echo "usage: $0 --dist DIR --out DIR [--python P] [--ranks N] [--script PY] [--timeout S]" >&2
+    exit 2
+}
+# shellcheck source=lib/cluster.sh
+. "$here/lib/cluster.sh"
+parse_options usage --dist=DIST --out=OUT --python=PY --ranks=RANKS --script=SCRIPT --timeout=LIMIT -- "$@"
+SCRIPT=$(cd "$(dirname "$SCRIPT")" && pwd)/$(basename "$SCRIPT")
+absolute_dist_out
 [ -n "$RANKS" ] || RANKS=$(nvidia-smi -L | wc -l)
 if [ "$RANKS" -lt 2 ]; then
     echo "nccl-ranks: $RANKS GPU(s) here; needs 2 or more" >&2
@@ -33,12 +28,7 @@ if [ "$RANKS" -lt 2 ]; then
 fi
 TMP=$(mktemp -d /tmp/flyt-nccl-ranks.XXXXXX)
 servers=()
-cleanup() {
-    for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
+trap stop_servers_and_clean EXIT
 port=$((29600 + RANDOM % 300))
 
 # run_ranks LABEL ENV_FOR_RANK: starts every rank, waits, keeps each one's output.

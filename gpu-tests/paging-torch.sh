@@ -36,23 +36,11 @@ DIST=$root/dist OUT=/tmp/flyt-paging-torch PYTHON=/opt/torch/.venv/bin/python3 P
 FACTOR=2.0 BUDGET= TOLERANCE=0 FORCE=0
 
 usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=${2:?}; shift 2 ;;
-        --out) OUT=${2:?}; shift 2 ;;
-        --python) PYTHON=${2:?}; shift 2 ;;
-        --processes) PROCESSES=${2:?}; shift 2 ;;
-        --fraction) FRACTION=${2:?}; shift 2 ;;
-        --turns) TURNS=${2:?}; shift 2 ;;
-        --steps) STEPS=${2:?}; shift 2 ;;
-        --oversubscribe) FACTOR=${2:?}; shift 2 ;;
-        --host-budget) BUDGET=${2:?}; shift 2 ;;
-        --tolerance) TOLERANCE=${2:?}; shift 2 ;;
-        --force) FORCE=1; shift ;;
-        -h|--help) usage 0 ;;
-        *) echo "paging-torch.sh: unknown argument $1" >&2; usage ;;
-    esac
-done
+# shellcheck source=lib/options.sh
+. "$here/lib/options.sh"
+parse_options "help_or_unknown paging-torch.sh" --dist=DIST --out=OUT --python=PYTHON --processes=PROCESSES \
+    --fraction=FRACTION --turns=TURNS --steps=STEPS --oversubscribe=FACTOR --host-budget=BUDGET --tolerance=TOLERANCE \
+    --force=FORCE=1 -- "$@"
 
 DIST=$(cd "$DIST" 2>/dev/null && pwd) || { echo "paging-torch.sh: no --dist folder" >&2; exit 2; }
 [ -x "$DIST/bin/flyt-rpc-server" ] || { echo "paging-torch.sh: $DIST/bin/flyt-rpc-server missing" >&2; exit 2; }

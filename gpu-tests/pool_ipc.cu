@@ -35,6 +35,18 @@ static unsigned long long wrong_words(const uint32_t *p, size_t words, uint32_t 
     return host;
 }
 
+// Either side's end: frees p on stream, tells the peer `done`, and once the peer answers `next`
+// destroys the pool (its own or its import) and the stream; false when the peer answered otherwise.
+static bool free_then_destroy(void *p, cudaMemPool_t pool, cudaStream_t stream, int sock, char done, char next) {
+    CHECK(cudaFreeAsync(p, stream));
+    CHECK(cudaStreamSynchronize(stream));
+    signal_peer(sock, done);
+    if (wait_peer(sock) != next) return false;
+    CHECK(cudaMemPoolDestroy(pool));
+    CHECK(cudaStreamDestroy(stream));
+    return true;
+}
+
 static int exporter(int sock) {
     int handle_types = 0;
     CHECK(cudaDeviceGetAttribute(&handle_types, cudaDevAttrMemoryPoolSupportedHandleTypes, 0));
@@ -89,12 +101,7 @@ static int exporter(int sock) {
 
     // The importer freed its import first; then the exporter frees and destroys the pool.
     if (wait_peer(sock) != 'f') return 2;
-    CHECK(cudaFreeAsync(p, stream));
-    CHECK(cudaStreamSynchronize(stream));
-    signal_peer(sock, 'r');
-    if (wait_peer(sock) != 'd') return 2;
-    CHECK(cudaMemPoolDestroy(pool));
-    CHECK(cudaStreamDestroy(stream));
+    if (!free_then_destroy(p, pool, stream, sock, 'r', 'd')) return 2;
     return 0;
 }
 
@@ -132,12 +139,7 @@ static int importer(int sock) {
     CHECK(cudaStreamSynchronize(stream));
     signal_peer(sock, 'w');
     // Freed here before the exporter frees it, as CUDA requires.
-    CHECK(cudaFreeAsync(p, stream));
-    CHECK(cudaStreamSynchronize(stream));
-    signal_peer(sock, 'f');
-    if (wait_peer(sock) != 'r') return 2;
-    CHECK(cudaMemPoolDestroy(pool));
-    CHECK(cudaStreamDestroy(stream));
+    if (!free_then_destroy(p, pool, stream, sock, 'f', 'r')) return 2;
     signal_peer(sock, 'd');
     return g_failures ? 1 : 0;
 }

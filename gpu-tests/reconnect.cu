@@ -59,15 +59,8 @@ int main(int argc, char **argv) {
     printf("iterations: %d, wrong: %d\n", iterations, wrong);
     EXPECT(wrong == 0, "%d iteration(s) wrong", wrong);
     CHECK(cudaFreeHost(back));
-    CHECK(cudaFree(in));
-    CHECK(cudaFree(out));
-    CHECK(cudaFree(copy));
+    CHECK_EACH(cudaFree, in, out, copy);
     CHECK(cudaStreamDestroy(stream));
     free(source);
-    if (g_failures) {
-        printf("reconnect: FAIL (%d checks failed)\n", g_failures);
-        return 1;
-    }
-    printf("reconnect: PASS\n");
-    return 0;
+    return test_finish();
 }

@@ -904,11 +904,23 @@ compare_unsupported() {
 # A native run must not have gone through Flyt (e.g. LD_LIBRARY_PATH already pointing at dist/lib).
 native_used_flyt() { [ -n "$SERVER_PID" ] && session_opened "$(cat "$1.pid")"; }
 
+# wait_ready FILE PID: waits up to 60 s for FILE (a program's "ready" mark) while PID runs; true
+# when FILE is there.
+wait_ready() {
+    local i
+    for ((i = 0; i < 600; i++)); do
+        [ -e "$1" ] && return 0
+        kill -0 "$2" 2>/dev/null || break
+        sleep 0.1
+    done
+    [ -e "$1" ]
+}
+
 # run_pair LABEL BASE_PREFIX HIDE [env settings]...: the fault-isolation pair, concurrently.
 # Writes BASE_PREFIX.victim.* and BASE_PREFIX.faulter.*; sets PAIR_NOTE when the choreography failed.
 PAIR_NOTE=
 run_pair() {
-    local label=$1 base=$2 hide=$3 sync i vsub
+    local label=$1 base=$2 hide=$3 sync vsub
     shift 3
     PAIR_NOTE=""
     sync=$TMP/sync.$label
@@ -918,14 +930,7 @@ run_pair() {
     vsub=$!
     BG_PIDS+=("$vsub")
     BG_PIDFILES+=("$base.victim.pid")
-    for i in $(seq 1 600); do
-        [ -e "$sync/victim.ready" ] && break
-        kill -0 "$vsub" 2>/dev/null || break
-        sleep 0.1
-    done
-    if [ ! -e "$sync/victim.ready" ]; then
-        PAIR_NOTE="victim never became ready"
-    fi
+    wait_ready "$sync/victim.ready" "$vsub" || PAIR_NOTE="victim never became ready"
     run_prog "$base.faulter" "$TIMEOUT" "$hide" "$@" -- "$BUILD/$PAIR_FAULTER"
     : >"$sync/faulter.done"
     wait "$vsub"

@@ -19,20 +19,15 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIST= SLURM= OUT= PYTHON=/opt/torch/.venv/bin/python3 DEVICE=cuda APP= EXPECT= LIMIT=300
-while [ $# -gt 0 ]; do
-    case $1 in
-        --dist) DIST=$2; shift 2 ;;
-        --slurm) SLURM=$2; shift 2 ;;
-        --out) OUT=$2; shift 2 ;;
-        --python) PYTHON=$2; shift 2 ;;
-        --device) DEVICE=$2; shift 2 ;;
-        --app) APP=$2; shift 2 ;;
-        --expect) EXPECT=$2; shift 2 ;;
-        --timeout) LIMIT=$2; shift 2 ;;
-        *) sed -n '2,19p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
-    esac
-done
-[ -n "$DIST" ] && [ -n "$SLURM" ] && [ -n "$OUT" ] || { sed -n '2,19p' "${BASH_SOURCE[0]}" >&2; exit 2; }
+usage() {
+    sed -n '2,19p' "${BASH_SOURCE[0]}" >&2
+    exit 2
+}
+# shellcheck source=lib/options.sh
+. "$here/lib/options.sh"
+parse_options usage --dist=DIST --slurm=SLURM --out=OUT --python=PYTHON --device=DEVICE --app=APP --expect=EXPECT \
+    --timeout=LIMIT -- "$@"
+[ -n "$DIST" ] && [ -n "$SLURM" ] && [ -n "$OUT" ] || usage
 [ "$(id -u)" = 0 ] || { echo "slurm-torch: needs root (Slurm's daemons launch the jobs)" >&2; exit 2; }
 DIST=$(cd "$DIST" && pwd) SLURM=$(cd "$SLURM" && pwd)
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)

@@ -24,6 +24,12 @@ soak_skip_row() { # NAME WHY
     add_row "soak: $1" "$TRANSPORTS" - - - FAIL "not run: $2"
 }
 
+soak_built() { # PROGRAM NAME: true when PROGRAM built, else row NAME is not run, saying so
+    [ -n "${BUILT[$1]:-}" ] && return 0
+    soak_skip_row "$2" "$1 did not build"
+    return 1
+}
+
 soak_log_run() { # TITLE BASE
     {
         echo ""
@@ -203,10 +209,7 @@ replace_warm_workers() {
 soak_kills() {
     local s pids=() m0 c0 m1 c1 m2 c2 a0 a1 i total done_ skipped notready selfexit bad opened closed reclaimed
     local result=PASS notes=() label
-    if [ -z "${BUILT[churn]:-}" ]; then
-        soak_skip_row "$KILLS kills" "churn did not build"
-        return
-    fi
+    soak_built churn "$KILLS kills" || return 0
     label="soak: $KILLS kills at random moments"
     if ! server_alive; then
         add_row "$label" "$TRANSPORTS" - - - FAIL "$DOWN_NOTE"
@@ -294,10 +297,7 @@ soak_kills() {
 # ---- worker killed mid-call ----------------------------------------------------------------------
 soak_worker_kill() {
     local t mode base sync i app w tk te lat rc notes result err
-    if [ -z "${BUILT[hold_call]:-}" ]; then
-        soak_skip_row "worker killed mid-call" "hold_call did not build"
-        return
-    fi
+    soak_built hold_call "worker killed mid-call" || return 0
     for t in "${TRANSPORT_LIST[@]}"; do
         for mode in kernel copies; do
             local label="soak: worker killed mid-call ($mode)"
@@ -312,13 +312,8 @@ soak_worker_kill() {
             app=$!
             notes=()
             result=PASS
-            for ((i = 0; i < 600; i++)); do
-                [ -e "$sync/ready" ] && break
-                kill -0 "$app" 2>/dev/null || break
-                sleep 0.1
-            done
             tk=
-            if [ -e "$sync/ready" ]; then
+            if wait_ready "$sync/ready" "$app"; then
                 sleep 0.5
                 if w=$(worker_of "$(cat "$base.pid")" 50); then
                     tk=$(now_ns)
@@ -353,12 +348,21 @@ soak_worker_kill() {
 }
 
 # ---- a client that stops reading -------------------------------------------------------------------
+# run_steady BASE WHEN [WHEN_NOTE]: soak_stall's steady workload (stall_pair steady over transport
+# t, its environment fenv), its files BASE.*, logged as run WHEN; its time in STEADY_MS; a failure
+# noted (as exited WHEN_NOTE, default WHEN) in soak_stall's result and notes.
+run_steady() {
+    local t0
+    t0=$(now_ns)
+    run_prog "$1" 120 "$FLYT_HIDE" "${fenv[@]}" -- "$BUILD/stall_pair" steady
+    STEADY_MS=$((($(now_ns) - t0) / 1000000))
+    soak_log_run "stall_pair steady $2 | $t (${STEADY_MS} ms)" "$1"
+    [ "$(cat "$1.rc")" = 0 ] || { result=FAIL; notes+=("steady ${3:-$2} exited $(describe_rc "$(cat "$1.rc")")"); }
+}
+
 soak_stall() {
-    local t base sync i r rp rpid t0 solo stalled bound rc notes result sb
-    if [ -z "${BUILT[stall_pair]:-}" ]; then
-        soak_skip_row "stopped reader" "stall_pair did not build"
-        return
-    fi
+    local t base sync i r rp rpid solo stalled bound rc notes result sb
+    soak_built stall_pair "stopped reader" || return 0
     for t in "${TRANSPORT_LIST[@]}"; do
         local label="soak: app stopped mid-copy, another app's time"
         cannot_run "$label" "$t" && continue
@@ -368,11 +372,8 @@ soak_stall() {
         result=PASS
         # 1. The steady workload alone.
         sb=$TMP/stall.$t.solo
-        t0=$(now_ns)
-        run_prog "$sb" 120 "$FLYT_HIDE" "${fenv[@]}" -- "$BUILD/stall_pair" steady
-        solo=$((($(now_ns) - t0) / 1000000))
-        soak_log_run "stall_pair steady alone | $t (${solo} ms)" "$sb"
-        [ "$(cat "$sb.rc")" = 0 ] || { result=FAIL; notes+=("steady alone exited $(describe_rc "$(cat "$sb.rc")")"); }
+        run_steady "$sb" "alone"
+        solo=$STEADY_MS
         # 2. The reader, stopped in the middle of its copies.
         base=$TMP/stall.$t.reader
         sync=$TMP/stall.$t.sync
@@ -380,13 +381,8 @@ soak_stall() {
         mkdir -p "$sync"
         run_prog "$base" 240 "$FLYT_HIDE" "${fenv[@]}" "FLYT_TEST_SYNC_DIR=$sync" -- "$BUILD/stall_pair" reader &
         r=$!
-        for ((i = 0; i < 600; i++)); do
-            [ -e "$sync/ready" ] && break
-            kill -0 "$r" 2>/dev/null || break
-            sleep 0.1
-        done
         rpid=
-        if [ -e "$sync/ready" ]; then
+        if wait_ready "$sync/ready" "$r"; then
             sleep 0.3
             rpid=$(cat "$base.pid")
             kill -STOP "$rpid" && STOPPED_PIDS+=("$rpid")
@@ -396,11 +392,8 @@ soak_stall() {
         fi
         # 3. The steady workload while the reader is stopped.
         sb=$TMP/stall.$t.stalled
-        t0=$(now_ns)
-        run_prog "$sb" 120 "$FLYT_HIDE" "${fenv[@]}" -- "$BUILD/stall_pair" steady
-        stalled=$((($(now_ns) - t0) / 1000000))
-        soak_log_run "stall_pair steady while the reader is stopped | $t (${stalled} ms)" "$sb"
-        [ "$(cat "$sb.rc")" = 0 ] || { result=FAIL; notes+=("steady with the reader stopped exited $(describe_rc "$(cat "$sb.rc")")"); }
+        run_steady "$sb" "while the reader is stopped" "with the reader stopped"
+        stalled=$STEADY_MS
         [ -n "$rpid" ] && kill -CONT "$rpid"
         : >"$sync/stop"
         wait "$r"

@@ -13,10 +13,7 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIST=dist OUT=gpu-tests/results/spread-cluster NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) ARCH=sm_90 LIMIT=300
 . "$here/lib/cluster.sh"
-parse_gpu_test_args "$@"
-need_gpus spread-cluster 2
-TMP=$(mktemp -d /tmp/flyt-spread-cluster.XXXXXX)
-daemons=()
+gpu_test_start spread-cluster 2 "$@"
 cleanup() {
     stop_daemons
     wait 2>/dev/null
@@ -32,12 +29,7 @@ native_rc=$?
 start_cluster_manager
 start_node_manager node-a 0 127.0.0.1
 start_node_manager node-b 1 127.0.0.2
-for _ in $(seq 300); do
-    up=$("$flytctl" list-servernodes --json 2>/dev/null | python3 -c 'import json,sys; print(sum(1 for v in json.load(sys.stdin) if v["node"]["health"] == "Up" and v["gpus"]))' 2>/dev/null)
-    [ "$up" = 2 ] && break
-    sleep 0.1
-done
-[ "$up" = 2 ] || fail "the two node managers did not register a GPU each within 30 s"
+wait_for_registered_gpus 2 || fail "the two node managers did not register a GPU each within 30 s"
 start_client_manager
 
 rc=0
@@ -56,11 +48,7 @@ echo "| without --spread | - | refused with the reason: $refused (rc $refused_rc
 for shm in on off; do
     env -u CUDA_VISIBLE_DEVICES -u FLYT_SERVER LD_LIBRARY_PATH="$DIST/lib" FLYT_CLIENT_MANAGER_SOCKET="$TMP/client-manager.sock" \
         FLYT_SHM=$shm timeout "$LIMIT" "$TMP/spread_nodes" >"$OUT/flyt-shm-$shm.out" 2>"$OUT/flyt-shm-$shm.err"
-    flyt_rc=$?
-    same=no
-    cmp -s "$OUT/native.out" "$OUT/flyt-shm-$shm.out" && same=yes
-    { [ $native_rc = 0 ] && [ $flyt_rc = 0 ] && [ $same = yes ]; } || rc=1
-    echo "| --spread, FLYT_SHM=$shm | $(tail -1 "$OUT/native.out") (rc $native_rc) | $(tail -1 "$OUT/flyt-shm-$shm.out") (rc $flyt_rc) | $same |"
+    compare_row "--spread, FLYT_SHM=$shm" "flyt-shm-$shm" $?
 done
 "$flytctl" list-vms --wide >"$OUT/list-vms.txt" 2>&1
 "$flytctl" list-virt-servers --json >"$OUT/allocations.json" 2>&1

@@ -11,16 +11,9 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIST=dist OUT=gpu-tests/results/spread NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) ARCH=sm_90 LIMIT=300
 . "$here/lib/cluster.sh"
-parse_gpu_test_args "$@"
-need_gpus spread 2
-TMP=$(mktemp -d /tmp/flyt-spread.XXXXXX)
+gpu_test_start spread 2 "$@"
 servers=()
-cleanup() {
-    for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
+trap stop_servers_and_clean EXIT
 
 "$NVCC" -arch "$ARCH" -cudart=shared -std=c++17 -O2 -o "$TMP/spread_nodes" "$here/spread_nodes.cu" || { echo "spread: nvcc failed" >&2; exit 1; }
 
@@ -51,11 +44,7 @@ echo "| --- | --- | --- | --- |"
 for shm in on off; do
     env -u CUDA_VISIBLE_DEVICES LD_LIBRARY_PATH="$DIST/lib" FLYT_SERVER="$first,$second" FLYT_SHM=$shm \
         timeout "$LIMIT" "$TMP/spread_nodes" >"$OUT/flyt-shm-$shm.out" 2>"$OUT/flyt-shm-$shm.err"
-    flyt_rc=$?
-    same=no
-    cmp -s "$OUT/native.out" "$OUT/flyt-shm-$shm.out" && same=yes
-    { [ $native_rc = 0 ] && [ $flyt_rc = 0 ] && [ $same = yes ]; } || rc=1
-    echo "| FLYT_SHM=$shm | $(tail -1 "$OUT/native.out") (rc $native_rc) | $(tail -1 "$OUT/flyt-shm-$shm.out") (rc $flyt_rc) | $same |"
+    compare_row "FLYT_SHM=$shm" "flyt-shm-$shm" $?
 done
 # The second server's GPU alone, as the app's device 0.
 env LD_LIBRARY_PATH="$DIST/lib" FLYT_SERVER="$first,$second" CUDA_VISIBLE_DEVICES=1 timeout "$LIMIT" "$TMP/spread_nodes" \

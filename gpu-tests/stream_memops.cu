@@ -160,11 +160,7 @@ int main() {
     CHECK(cudaGetLastError());
 
     free(host);
-    CHECK(cudaFree(data));
-    CHECK(cudaFree(out));
-    CHECK(cudaFree(flags));
-    CHECK(cudaFree(result));
-    CHECK(cudaStreamDestroy(a));
-    CHECK(cudaStreamDestroy(b));
+    CHECK_EACH(cudaFree, data, out, flags, result);
+    CHECK_EACH(cudaStreamDestroy, a, b);
     return test_finish();
 }

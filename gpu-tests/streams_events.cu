@@ -19,8 +19,6 @@ __global__ void times3(const int *x, int *y) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *y = *x * 3;
 }
 
-static const char *yes(bool b) { return b ? "yes" : "no"; }
-
 int main() {
     test_init("streams_events");
     const unsigned long long MS = 1000000ull;

@@ -13,10 +13,7 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIST=dist OUT=gpu-tests/results/swap-gpu NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc) ARCH=sm_90 LIMIT=300
 . "$here/lib/cluster.sh"
-parse_gpu_test_args "$@"
-need_gpus swap-gpu 3
-TMP=$(mktemp -d /tmp/flyt-swap-gpu.XXXXXX)
-daemons=()
+gpu_test_start swap-gpu 3 "$@"
 APP=
 cleanup() {
     [ -n "$APP" ] && kill -KILL "$APP" 2>/dev/null
@@ -41,12 +38,7 @@ native_rc=$?
 
 start_cluster_manager
 start_node_manager node-a 0,1,2 127.0.0.1
-for _ in $(seq 300); do
-    gpus=$("$flytctl" list-servernodes --json 2>/dev/null | python3 -c 'import json,sys; print(sum(len(v["gpus"]) for v in json.load(sys.stdin) if v["node"]["health"] == "Up"))' 2>/dev/null)
-    [ "$gpus" = 3 ] && break
-    sleep 0.1
-done
-[ "$gpus" = 3 ] || fail "the node manager did not register 3 GPUs within 30 s (saw ${gpus:-none})"
+wait_for_registered_gpus 3 || fail "the node manager did not register 3 GPUs within 30 s (saw ${REGISTERED:-none})"
 start_client_manager
 VM=127.0.0.1
 "$flytctl" vm add $VM --host-ip 127.0.0.1 --compute-units 20 --memory-mib 4096 --gpus 2 >/dev/null || fail "flytctl vm add failed"

@@ -32,6 +32,16 @@ struct Tiled {
     CUtensorMapFloatOOBfill oob;
 };
 
+// A variant of a Tiled description: its label and what it changes.
+struct Change {
+    const char *what;
+    void (*apply)(Tiled &t);
+    Tiled applied_to(Tiled t) const {
+        apply(t);
+        return t;
+    }
+};
+
 static CUresult encode_tiled(CUtensorMap *map, const Tiled &t, void *base) {
     cuuint64_t strides[4];
     cuuint64_t stride = t.dims[0] * t.element;
@@ -106,35 +116,19 @@ int main() {
         printf("encoding twice gives the same map: %s\n", same(m0, again) ? "yes" : "no");
         EXPECT(same(m0, again), "deterministic encoding");
 
-        Tiled t = base;
-        t.box[0] = 64;
-        t.box[1] = 8;
-        show("tiled, box 32x16 vs 64x8", encode_tiled(&m1, t, a), m0, m1);
-        t = base;
-        t.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
-        show("tiled, swizzle none vs 128B", encode_tiled(&m1, t, a), m0, m1);
-        t = base;
-        t.l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-        show("tiled, L2 promotion none vs 128B", encode_tiled(&m1, t, a), m0, m1);
-        t = base;
-        t.oob = CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA;
-        show("tiled, OOB fill none vs NaN", encode_tiled(&m1, t, a), m0, m1);
-        t = base;
-        t.type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-        t.element = 2;
-        t.dims[0] = 512;  // the same row pitch in bytes
-        show("tiled, float32 vs float16", encode_tiled(&m1, t, a), m0, m1);
-        t = base;
-        t.rank = 3;
-        t.dims[1] = 64;
-        t.dims[2] = 2;
-        t.box[2] = 1;
-        show("tiled, rank 2 vs 3", encode_tiled(&m1, t, a), m0, m1);
-        t = base;
-        t.interleave = CU_TENSOR_MAP_INTERLEAVE_32B;
-        t.swizzle = CU_TENSOR_MAP_SWIZZLE_32B;
-        t.box[0] = 8;  // 32 bytes of float32
-        show("tiled, interleave none vs 32B (swizzle 32B, box 8x16)", encode_tiled(&m1, t, a), m0, m1);
+        const Change changes[] = {
+            {"tiled, box 32x16 vs 64x8", [](Tiled &t) { t.box[0] = 64; t.box[1] = 8; }},
+            {"tiled, swizzle none vs 128B", [](Tiled &t) { t.swizzle = CU_TENSOR_MAP_SWIZZLE_128B; }},
+            {"tiled, L2 promotion none vs 128B", [](Tiled &t) { t.l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_128B; }},
+            {"tiled, OOB fill none vs NaN", [](Tiled &t) { t.oob = CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA; }},
+            // dims[0] 512: the same row pitch in bytes
+            {"tiled, float32 vs float16", [](Tiled &t) { t.type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16; t.element = 2; t.dims[0] = 512; }},
+            {"tiled, rank 2 vs 3", [](Tiled &t) { t.rank = 3; t.dims[1] = 64; t.dims[2] = 2; t.box[2] = 1; }},
+            // box[0] 8: 32 bytes of float32
+            {"tiled, interleave none vs 32B (swizzle 32B, box 8x16)",
+             [](Tiled &t) { t.interleave = CU_TENSOR_MAP_INTERLEAVE_32B; t.swizzle = CU_TENSOR_MAP_SWIZZLE_32B; t.box[0] = 8; }},
+        };
+        for (const Change &c : changes) show(c.what, encode_tiled(&m1, c.applied_to(base), a), m0, m1);
 
         // Moving a map: cuTensorMapReplaceAddress to b equals encoding at b, and back restores it.
         CUtensorMap at_b, moved = m0;
@@ -166,20 +160,15 @@ int main() {
 
         // The driver validates: error names printed.
         CUtensorMap bad;
-        t = base;
-        t.rank = 0;
-        printf("rank 0: %s\n", cu_name(encode_tiled(&bad, t, a)));
-        t = base;
-        t.rank = 6;
-        printf("rank 6: %s\n", cu_name(encode_tiled(&bad, t, a)));
-        t = base;
-        t.box[0] = 512;
-        printf("box wider than 256: %s\n", cu_name(encode_tiled(&bad, t, a)));
-        t = base;
-        t.dims[0] = 255;  // a row pitch that is no multiple of 16 bytes
-        printf("unaligned stride: %s\n", cu_name(encode_tiled(&bad, t, a)));
+        const Change refused[] = {
+            {"rank 0", [](Tiled &t) { t.rank = 0; }},
+            {"rank 6", [](Tiled &t) { t.rank = 6; }},
+            {"box wider than 256", [](Tiled &t) { t.box[0] = 512; }},
+            {"unaligned stride", [](Tiled &t) { t.dims[0] = 255; }},  // a row pitch that is no multiple of 16 bytes
+        };
+        for (const Change &c : refused) printf("%s: %s\n", c.what, cu_name(encode_tiled(&bad, c.applied_to(base), a)));
         printf("unaligned address: %s\n", cu_name(encode_tiled(&bad, base, (char *)a + 8)));
-        t = base;
+        Tiled t = base;
         t.swizzle = CU_TENSOR_MAP_SWIZZLE_32B;  // a 128-byte inner box: wider than the swizzle span
         printf("box wider than the swizzle: %s\n", cu_name(encode_tiled(&bad, t, a)));
         printf("im2col of rank 2: %s\n",

@@ -148,15 +148,20 @@ static const int W = 64, H = 48;
 static float img_value(int x, int y) { return x + 100.0f * y + 0.25f; }
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+// The centre of every texel of the image's first w x h into c, the image's value there into want.
+static void texel_centres(int w, int h, std::vector<float2> &c, Floats &want) {
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            c.push_back(make_float2(x + 0.5f, y + 0.5f));
+            want.push_back(img_value(x, y));
+        }
+}
+
 // Point-filtered, clamp-addressed reads of every texel centre plus out-of-range coordinates.
 static void point_reads(const char *what, cudaTextureObject_t t, bool border) {
     std::vector<float2> c;
     Floats want;
-    for (int y = 0; y < H; y++)
-        for (int x = 0; x < W; x++) {
-            c.push_back(make_float2(x + 0.5f, y + 0.5f));
-            want.push_back(img_value(x, y));
-        }
+    texel_centres(W, H, c, want);
     const float odd[][2] = {{3.9f, 4.1f}, {-3.0f, 2.5f}, {70.2f, 10.5f}, {5.5f, -1.0f}, {5.5f, 100.0f}, {1e6f, -1e6f}};
     for (auto &o : odd) {
         c.push_back(make_float2(o[0], o[1]));
@@ -429,11 +434,7 @@ int main() {
         t_pitch = make_tex(r, cudaFilterModePoint, cudaAddressModeClamp, 0);
         std::vector<float2> c;
         Floats want;
-        for (int y = 0; y < ph; y++)
-            for (int x = 0; x < pw; x++) {
-                c.push_back(make_float2(x + 0.5f, y + 0.5f));
-                want.push_back(img_value(x, y));
-            }
+        texel_centres(pw, ph, c, want);
         c.push_back(make_float2(60.5f, 25.5f));
         want.push_back(img_value(pw - 1, ph - 1));
         verdict("tex2D over cudaMallocPitch memory (cudaResourceTypePitch2D, 50 x 20, clamp)", sample2d(t_pitch, c), want);
@@ -606,8 +607,7 @@ int main() {
         CHECK(cudaDestroyTextureObject(t));
     for (cudaArray_t a : {a1, img, img2, img3, img4, rgba, lin, vol, lay, cube, surf, surf3}) CHECK(cudaFreeArray(a));
     CHECK(cudaFreeMipmappedArray(mm));
-    CHECK(cudaFree(lin_raw));
-    CHECK(cudaFree(pitched));
+    CHECK_EACH(cudaFree, lin_raw, pitched);
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaDeviceSynchronize());
     return test_finish();

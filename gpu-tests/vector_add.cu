@@ -171,14 +171,9 @@ int main() {
     EXPECT(memcmp(four, four_back, sizeof(four)) == 0, "symbol address arithmetic mismatch");
     if (memcmp(four, four_back, sizeof(four)) == 0) printf("symbol address arithmetic: ok\n");
 
-    CHECK(cudaFreeHost(h_tab));
-    CHECK(cudaFreeHost(h_out));
+    CHECK_EACH(cudaFreeHost, h_tab, h_out);
     CHECK(cudaStreamDestroy(s));
-    CHECK(cudaFree(d_src));
-    CHECK(cudaFree(d_dst));
-    CHECK(cudaFree(d_a));
-    CHECK(cudaFree(d_b));
-    CHECK(cudaFree(d_c));
+    CHECK_EACH(cudaFree, d_src, d_dst, d_a, d_b, d_c);
     CHECK(cudaDeviceSynchronize());
     return test_finish();
 }

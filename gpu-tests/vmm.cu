@@ -32,11 +32,7 @@ static bool all_5a(const std::vector<uint32_t> &host, size_t from, size_t to) {
 }
 
 int main() {
-    test_init("vmm");
-    CHECK(cudaFree(0));  // the runtime's primary context, current on this thread
-    CHECK_CU(cuInit(0));
-    CUdevice dev;
-    CHECK_CU(cuDeviceGet(&dev, 0));
+    CUdevice dev = start_on_primary_context("vmm");
 
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;

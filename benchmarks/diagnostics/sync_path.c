@@ -25,6 +25,18 @@ static void report(const char *what, double *us, int n) {
         }                                                                     \
     } while (0)
 
+// Times n rounds of the statements given (each round's microseconds into us, n and us those of
+// main) and reports them as `what`.
+#define TIMED(what, ...)                  \
+    do {                                  \
+        for (int i = 0; i < n; i++) {     \
+            double t = now_us();          \
+            __VA_ARGS__;                  \
+            us[i] = now_us() - t;         \
+        }                                 \
+        report(what, us, n);              \
+    } while (0)
+
 static const char *ptx =
     ".version 8.0\n.target sm_90\n.address_size 64\n"
     ".visible .entry empty()\n{\n ret;\n}\n";
@@ -47,18 +59,8 @@ int main(int argc, char **argv) {
     CK(cuStreamCreate(&stream, stream_flags));
     printf("stream: %s\n", stream_flags == CU_STREAM_DEFAULT ? "blocking" : "non-blocking");
     for (int i = 0; i < 2000; i++) cuStreamQuery(stream);
-    for (int i = 0; i < n; i++) {
-        double t = now_us();
-        CK(cuStreamQuery(stream));
-        us[i] = now_us() - t;
-    }
-    report("cuStreamQuery (idle)", us, n);
-    for (int i = 0; i < n; i++) {
-        double t = now_us();
-        CK(cuCtxSynchronize());
-        us[i] = now_us() - t;
-    }
-    report("cuCtxSynchronize (idle)", us, n);
+    TIMED("cuStreamQuery (idle)", CK(cuStreamQuery(stream)));
+    TIMED("cuCtxSynchronize (idle)", CK(cuCtxSynchronize()));
 
     CUmodule module;
     CUfunction empty;
@@ -70,20 +72,12 @@ int main(int argc, char **argv) {
         CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
         CK(cuCtxSynchronize());
     }
-    for (int i = 0; i < n; i++) {
-        double t = now_us();
+    TIMED("launch + cuCtxSynchronize",
         CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
-        CK(cuCtxSynchronize());
-        us[i] = now_us() - t;
-    }
-    report("launch + cuCtxSynchronize", us, n);
-    for (int i = 0; i < n; i++) {
-        double t = now_us();
+        CK(cuCtxSynchronize()));
+    TIMED("launch + cuStreamSynchronize",
         CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
-        CK(cuStreamSynchronize(stream));
-        us[i] = now_us() - t;
-    }
-    report("launch + cuStreamSynchronize", us, n);
+        CK(cuStreamSynchronize(stream)));
     for (int i = 0; i < n; i++) {
         double t = now_us();
         CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
@@ -91,50 +85,34 @@ int main(int argc, char **argv) {
         CK(cuStreamSynchronize(stream));
     }
     report("launch alone (then sync, untimed)", us, n);
-    for (int i = 0; i < n; i++) {
-        double t = now_us();
+    TIMED("launch + poll cuStreamQuery",
         CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
         CUresult state;
         while ((state = cuStreamQuery(stream)) == CUDA_ERROR_NOT_READY) {
         }
-        CK(state);
-        us[i] = now_us() - t;
-    }
-    report("launch + poll cuStreamQuery", us, n);
+        CK(state));
     CUevent event;
     CK(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
-    for (int i = 0; i < n; i++) {
-        double t = now_us();
+    TIMED("launch + record + cuEventSynchronize",
         CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
         CK(cuEventRecord(event, stream));
-        CK(cuEventSynchronize(event));
-        us[i] = now_us() - t;
-    }
-    report("launch + record + cuEventSynchronize", us, n);
+        CK(cuEventSynchronize(event)));
     // The server's own patterns, natively: a context-wide wait polled stream by stream, and a
     // stream wait through a private event.
-    for (int i = 0; i < n; i++) {
-        double t = now_us();
+    TIMED("server's ctx wait: poll both streams",
         CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
         for (;;) {
             CUresult a = cuStreamQuery(NULL), b = cuStreamQuery(stream);
             if (a != CUDA_ERROR_NOT_READY && b != CUDA_ERROR_NOT_READY) break;
-        }
-        us[i] = now_us() - t;
-    }
-    report("server's ctx wait: poll both streams", us, n);
-    for (int i = 0; i < n; i++) {
-        double t = now_us();
+        });
+    TIMED("server's stream wait: private event",
         CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
         if (cuStreamQuery(stream) == CUDA_ERROR_NOT_READY) {
             CK(cuEventRecord(event, stream));
             while (cuEventQuery(event) == CUDA_ERROR_NOT_READY) {
             }
             CK(cuEventSynchronize(event));
-        }
-        us[i] = now_us() - t;
-    }
-    report("server's stream wait: private event", us, n);
+        });
     double launched = 0, waited = 0;
     for (int i = 0; i < n; i++) {
         double t = now_us();

@@ -2,22 +2,31 @@
 # defaults DIST OUT NVCC ARCH LIMIT; the script defines fail() (prints its name and the reason,
 # exits 1), TMP (its scratch folder) and daemons=() (the pids stop_daemons stops).
 
+# shellcheck source=options.sh
+. "$(dirname "${BASH_SOURCE[0]}")/options.sh"
+
+gpu_test_usage() {
+    echo "usage: $0 --dist DIR --out DIR [--nvcc PATH] [--arch SM] [--timeout S]" >&2
+    exit 2
+}
+
 # parse_gpu_test_args "$@": --dist --out --nvcc --arch --timeout into DIST OUT NVCC ARCH LIMIT, then
 # DIST and OUT made absolute (OUT created).
 parse_gpu_test_args() {
-    while [ $# -gt 0 ]; do
-        case $1 in
-            --dist) DIST=$2; shift 2 ;;
-            --out) OUT=$2; shift 2 ;;
-            --nvcc) NVCC=$2; shift 2 ;;
-            --arch) ARCH=$2; shift 2 ;;
-            --timeout) LIMIT=$2; shift 2 ;;
-            *) echo "usage: $0 --dist DIR --out DIR [--nvcc PATH] [--arch SM] [--timeout S]" >&2; exit 2 ;;
-        esac
-    done
-    DIST=$(cd "$DIST" && pwd)
-    mkdir -p "$OUT"
-    OUT=$(cd "$OUT" && pwd)
+    parse_options gpu_test_usage --dist=DIST --out=OUT --nvcc=NVCC --arch=ARCH --timeout=LIMIT -- "$@"
+    absolute_dist_out
+}
+
+# gpu_test_start NAME N "$@": the start of the scripts that take parse_gpu_test_args' options:
+# the command line read, N GPUs or more here (need_gpus), TMP made (/tmp/flyt-NAME.*), no
+# daemons yet.
+gpu_test_start() {
+    local name=$1 gpus=$2
+    shift 2
+    parse_gpu_test_args "$@"
+    need_gpus "$name" "$gpus"
+    TMP=$(mktemp -d "/tmp/flyt-$name.XXXXXX")
+    daemons=()
 }
 
 # need_gpus NAME N: exits 2 (saying so) unless this machine has N GPUs or more.
@@ -81,9 +90,37 @@ start_node_manager() {
         start_daemon "$1" "$DIST/bin/flyt-node-manager"
 }
 
+# wait_for_registered_gpus N: waits up to 30 s for the cluster's nodes that are up to hold N GPUs
+# in all; the last count seen in REGISTERED; false when it never came to N.
+wait_for_registered_gpus() {
+    for _ in $(seq 300); do
+        REGISTERED=$("$flytctl" list-servernodes --json 2>/dev/null | python3 -c 'import json,sys; print(sum(len(v["gpus"]) for v in json.load(sys.stdin) if v["node"]["health"] == "Up"))' 2>/dev/null)
+        [ "$REGISTERED" = "$1" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
 # start_client_manager: the VM's client manager (VM IP 127.0.0.1) on $TMP/client-manager.sock
 # (more of its settings, e.g. FLYT_CLIENT_MANAGER_JOB_SOCKET, from the environment).
 start_client_manager() {
     FLYT_CLIENT_MANAGER_VM_IP=127.0.0.1 FLYT_CLIENT_MANAGER_CLUSTER_MANAGER="$cluster" FLYT_CLIENT_MANAGER_CLUSTER_KEY_FILE="$TMP/cluster.key" \
         FLYT_CLIENT_MANAGER_SOCKET="$TMP/client-manager.sock" start_daemon client-manager "$DIST/bin/flyt-client-manager"
+}
+
+# stop_servers_and_clean: the EXIT trap of the scripts that start rpc-servers themselves (their
+# pids in servers): stops them and removes TMP.
+stop_servers_and_clean() {
+    for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$TMP"
+}
+
+# compare_row LABEL NAME FLYT_RC: a row of the table of runs: $OUT/NAME.out, the Flyt run's output
+# (its exit status FLYT_RC), against $OUT/native.out (native_rc); rc=1 unless both passed alike.
+compare_row() {
+    local same=no
+    cmp -s "$OUT/native.out" "$OUT/$2.out" && same=yes
+    { [ "$native_rc" = 0 ] && [ "$3" = 0 ] && [ $same = yes ]; } || rc=1
+    echo "| $1 | $(tail -1 "$OUT/native.out") (rc $native_rc) | $(tail -1 "$OUT/$2.out") (rc $3) | $same |"
 }

@@ -69,24 +69,22 @@ int main() {
     void *d16a, *d16b;
     CHECK(cudaMalloc(&d16a, ha.size() * 2));
     CHECK(cudaMalloc(&d16b, hb.size() * 2));
-    CHECK(cudaMemcpy(d16a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(d16b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
-    CHECK_LIB(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, d16a, CUDA_R_16F, m, d16b, CUDA_R_16F, k, &zero, dc,
-                           CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP));
-    CHECK(cudaMemcpyAsync(got.data(), dc, (size_t)m * n * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    CHECK(cudaStreamSynchronize(stream));
-    expect_close("gemmex fp16", got.data(), rwant.data(), (size_t)m * n, 1e-3);
+    // One GemmEx of 16-bit inputs of `type` (as many as ha and hb), checked against rwant.
+    auto gemm_ex = [&](const char *what, const void *a16, const void *b16, cudaDataType type) {
+        CHECK(cudaMemcpy(d16a, a16, ha.size() * 2, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(d16b, b16, hb.size() * 2, cudaMemcpyHostToDevice));
+        CHECK_LIB(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, d16a, type, m, d16b, type, k, &zero, dc, CUDA_R_32F,
+                               m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP));
+        CHECK(cudaMemcpyAsync(got.data(), dc, (size_t)m * n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        CHECK(cudaStreamSynchronize(stream));
+        expect_close(what, got.data(), rwant.data(), (size_t)m * n, 1e-3);
+    };
+    gemm_ex("gemmex fp16", ha.data(), hb.data(), CUDA_R_16F);
 
     for (size_t i = 0; i < ba.size(); i++) { ba[i] = __float2bfloat16(a[i]); ra[i] = __bfloat162float(ba[i]); }
     for (size_t i = 0; i < bb.size(); i++) { bb[i] = __float2bfloat16(b[i]); rb[i] = __bfloat162float(bb[i]); }
     cpu_gemm(m, n, k, ra.data(), rb.data(), rwant.data());
-    CHECK(cudaMemcpy(d16a, ba.data(), ba.size() * 2, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(d16b, bb.data(), bb.size() * 2, cudaMemcpyHostToDevice));
-    CHECK_LIB(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, d16a, CUDA_R_16BF, m, d16b, CUDA_R_16BF, k, &zero, dc,
-                           CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP));
-    CHECK(cudaMemcpyAsync(got.data(), dc, (size_t)m * n * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    CHECK(cudaStreamSynchronize(stream));
-    expect_close("gemmex bf16", got.data(), rwant.data(), (size_t)m * n, 1e-3);
+    gemm_ex("gemmex bf16", ba.data(), bb.data(), CUDA_R_16BF);
 
     // 1000 small GEMMs back to back (the library's launch path under load), then one check.
     for (int i = 0; i < 1000; i++)
@@ -96,10 +94,6 @@ int main() {
 
     CHECK_LIB(cublasDestroy(handle));
     CHECK(cudaStreamDestroy(stream));
-    CHECK(cudaFree(da));
-    CHECK(cudaFree(db));
-    CHECK(cudaFree(dc));
-    CHECK(cudaFree(d16a));
-    CHECK(cudaFree(d16b));
+    CHECK_EACH(cudaFree, da, db, dc, d16a, d16b);
     return test_finish();
 }

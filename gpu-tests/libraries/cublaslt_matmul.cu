@@ -63,16 +63,10 @@ int main() {
     expect_close("matmul + bias", got.data(), want.data(), got.size(), 1e-4);
 
     CHECK_LIB(cublasLtMatmulPreferenceDestroy(pref));
-    CHECK_LIB(cublasLtMatrixLayoutDestroy(la));
-    CHECK_LIB(cublasLtMatrixLayoutDestroy(lb));
-    CHECK_LIB(cublasLtMatrixLayoutDestroy(lc));
+    for (cublasLtMatrixLayout_t l : {la, lb, lc}) CHECK_LIB(cublasLtMatrixLayoutDestroy(l));
     CHECK_LIB(cublasLtMatmulDescDestroy(op));
     CHECK_LIB(cublasLtDestroy(lt));
     CHECK(cudaStreamDestroy(stream));
-    CHECK(cudaFree(da));
-    CHECK(cudaFree(db));
-    CHECK(cudaFree(dc));
-    CHECK(cudaFree(dbias));
-    CHECK(cudaFree(workspace));
+    CHECK_EACH(cudaFree, da, db, dc, dbias, workspace);
     return test_finish();
 }

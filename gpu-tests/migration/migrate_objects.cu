@@ -217,11 +217,9 @@ int main(int argc, char **argv) {
     CHECK(cudaMemsetAsync(a, 1, 1 << 20, stream));
     CHECK(cudaFreeAsync(a, stream));
     CHECK(cudaStreamSynchronize(stream));
-    CHECK(cudaDestroyTextureObject(plane_tex));
-    CHECK(cudaDestroyTextureObject(mip_tex));
+    CHECK_EACH(cudaDestroyTextureObject, plane_tex, mip_tex);
     CHECK(cudaDestroySurfaceObject(surface));
-    CHECK(cudaFreeArray(plane));
-    CHECK(cudaFreeArray(cells));
+    CHECK_EACH(cudaFreeArray, plane, cells);
     CHECK(cudaFreeMipmappedArray(mip));
     CHECK(cudaDeviceSetMemPool(0, fallback));
     CHECK(cudaMemPoolDestroy(own));

@@ -5,6 +5,8 @@ import sys
 
 import torch
 
+from helpers.training import step_losses
+
 
 def say(*parts):
     print(*parts, flush=True)
@@ -71,15 +73,7 @@ torch.cuda.current_stream().wait_stream(s)
 torch.manual_seed(1)
 model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
-data = torch.randn(256, 64, device="cuda")
-target = torch.randint(0, 10, (256,), device="cuda")
-losses = []
-for step in range(50):
-    opt.zero_grad()
-    loss = torch.nn.functional.cross_entropy(model(data), target)
-    loss.backward()
-    opt.step()
-    losses.append(loss.item())
+losses = step_losses(model, opt, (256, 64), 50)
 say("mlp loss step 0:", f"{losses[0]:.4f}")
 say("mlp loss step 49:", f"{losses[-1]:.4f}")
 say("mlp loss went down:", losses[-1] < losses[0])

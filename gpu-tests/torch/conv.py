@@ -4,6 +4,8 @@ import sys
 
 import torch
 
+from helpers.training import step_losses
+
 
 def say(*parts):
     print(*parts, flush=True)
@@ -36,15 +38,7 @@ model = torch.nn.Sequential(
     torch.nn.Linear(32, 10),
 ).cuda()
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-data = torch.randn(64, 3, 32, 32, device="cuda")
-target = torch.randint(0, 10, (64,), device="cuda")
-losses = []
-for step in range(30):
-    opt.zero_grad()
-    loss = torch.nn.functional.cross_entropy(model(data), target)
-    loss.backward()
-    opt.step()
-    losses.append(loss.item())
+losses = step_losses(model, opt, (64, 3, 32, 32), 30)
 say("cnn loss step 0:", f"{losses[0]:.3f}")
 say("cnn loss went down:", losses[-1] < losses[0])
 say("conv: PASS")

@@ -13,6 +13,8 @@ import sys  # noqa: E402
 
 import torch  # noqa: E402
 
+from helpers.training import step_losses  # noqa: E402
+
 
 def say(*parts):
     print(*parts, flush=True)
@@ -99,15 +101,7 @@ torch.cuda.empty_cache()
 torch.manual_seed(1)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
-data = torch.randn(512, 64, device="cuda")
-target = torch.randint(0, 10, (512,), device="cuda")
-losses = []
-for step in range(20):
-    opt.zero_grad()
-    loss = torch.nn.functional.cross_entropy(model(data), target)
-    loss.backward()
-    opt.step()
-    losses.append(loss.item())
+losses = step_losses(model, opt, (512, 64), 20)
 verdict("mlp loss fell over 20 steps", losses[-1] < losses[0])
 
 torch.cuda.synchronize()
