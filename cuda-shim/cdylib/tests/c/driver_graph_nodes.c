@@ -302,6 +302,14 @@ static void batch_mem_op_nodes(CUcontext ctx, CUstream s) {
     EXPECT(cuMemFree(words), CUDA_SUCCESS);
 }
 
+// A plain edge's data (all zero) and a programmatic edge's, which only kernel nodes take.
+static void edge_kinds(CUgraphEdgeData *plain, CUgraphEdgeData *programmatic) {
+    memset(plain, 0, sizeof *plain);
+    memset(programmatic, 0, sizeof *programmatic);
+    programmatic->from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+    programmatic->type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+}
+
 // Edge data reaches the server's device: default data is a plain edge; a programmatic edge is
 // one only kernel nodes take, and the emulated device has none, so it refuses it, and a node
 // added with such a dependency is taken back out.
@@ -313,10 +321,7 @@ static void edge_data(CUcontext ctx, CUdeviceptr out) {
     EXPECT(cuGraphAddMemsetNode(&a, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
     EXPECT(cuGraphAddMemsetNode(&b, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
     CUgraphEdgeData plain, programmatic;
-    memset(&plain, 0, sizeof plain);
-    memset(&programmatic, 0, sizeof programmatic);
-    programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
-    programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    edge_kinds(&plain, &programmatic);
     CUresult refused = cuGraphAddDependencies(g, &a, &b, &programmatic, 1);
     EXPECT(cuGraphAddDependencies(g, &a, &b, &plain, 1), CUDA_SUCCESS);
     size_t edges = 0;
@@ -351,10 +356,7 @@ static void capture_edge_data(CUcontext ctx, CUstream s, CUdeviceptr out) {
     CUgraphNode first;
     EXPECT(cuGraphAddMemsetNode(&first, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
     CUgraphEdgeData plain, programmatic;
-    memset(&plain, 0, sizeof plain);
-    memset(&programmatic, 0, sizeof programmatic);
-    programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
-    programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    edge_kinds(&plain, &programmatic);
 
     CUresult refused_begin = cuStreamBeginCaptureToGraph(s, g, &first, &programmatic, 1, CU_STREAM_CAPTURE_MODE_GLOBAL);
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
