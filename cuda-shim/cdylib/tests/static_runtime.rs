@@ -34,6 +34,14 @@ impl DriverProgram {
         Some(Self { scratch, program, lib })
     }
 
+    /// As `compile`, with an emulated-device server started for it: `args` and a Unix socket,
+    /// `socket("flyt.sock")`, listened on after them.
+    fn serving(name: &str, args: &[&str]) -> Option<(Self, Server)> {
+        let driver = Self::compile(name)?;
+        let server = driver.server(&[args, &["--listen", &driver.socket("flyt.sock")]].concat());
+        Some((driver, server))
+    }
+
     /// The address of the Unix socket `file` in the scratch folder.
     fn socket(&self, file: &str) -> String {
         format!("unix:{}", self.scratch.join(file).display())
@@ -100,6 +108,45 @@ fn assert_passed(what: &str, (code, stdout, stderr): &Run, lines: &[&str]) {
     assert_lines(what, stdout, stderr, lines);
 }
 
+/// A check of each run's stderr (for `check_with_and_without_channel`): every line of `lines` is
+/// in it.
+fn stderr_has(lines: &'static [&'static str]) -> impl Fn(&str, &str, &str) {
+    move |shm, _, stderr| {
+        for line in lines {
+            assert!(stderr.contains(line), "FLYT_SHM={shm}: missing '{line}':\n{stderr}");
+        }
+    }
+}
+
+/// A check of each run's stderr: no line of `lines` is in it.
+fn stderr_lacks(lines: &'static [&'static str]) -> impl Fn(&str, &str, &str) {
+    move |shm, _, stderr| {
+        for line in lines {
+            assert!(!stderr.contains(line), "FLYT_SHM={shm}: '{line}':\n{stderr}");
+        }
+    }
+}
+
+/// `tests/c/static_runtime.cu` built into the scratch folder `name` with the toolkit the
+/// environment `variable` names, by the command `build(toolkit, source, program)` (`what` names it
+/// in the message if it fails): the scratch folder, the program and the lib folder with Flyt's
+/// libcuda.so.1. `None`: skipped.
+fn build_static_runtime(
+    variable: &str,
+    name: &str,
+    what: &str,
+    build: impl FnOnce(&Path, &str, &Path) -> Command,
+) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let toolkit = toolkit_from(variable)?;
+    let scratch = scratch_dir(name);
+    let program = scratch.join(name.replace('-', "_"));
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/static_runtime.cu");
+    let status = build(&toolkit, source, &program).status().unwrap_or_else(|error| panic!("{what}: {error}"));
+    assert!(status.success(), "{what} {source}");
+    let lib = driver_lib(&scratch);
+    Some((scratch, program, lib))
+}
+
 /// Runs the static-runtime program `program` over `address` with the channel `shm`: it passes with
 /// every line of `lines`, and nothing NVIDIA's runtime called on its path was left unsupported or
 /// unimplemented.
@@ -113,23 +160,16 @@ fn check_static_runtime(program: &Path, lib: &Path, address: &str, shm: &str, li
 
 #[test]
 fn a_static_cudart_program_runs_over_flyt() {
-    let Some(cuda) = toolkit_from("FLYT_CUDA_HOME") else { return };
-    let scratch = scratch_dir("static-runtime");
-    let program = scratch.join("static_runtime");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/static_runtime.cu");
     // nvcc's default runtime is the static one: no -cudart flag.
-    let status = Command::new(cuda.join("bin/nvcc"))
-        .arg(format!("-L{}", cuda.join("lib").display()))
-        .arg("-o")
-        .arg(&program)
-        .arg(source)
-        .status()
-        .expect("run nvcc");
-    assert!(status.success(), "nvcc {source}");
+    let built = build_static_runtime("FLYT_CUDA_HOME", "static-runtime", "nvcc", |cuda, source, program| {
+        let mut nvcc = Command::new(cuda.join("bin/nvcc"));
+        nvcc.arg(format!("-L{}", cuda.join("lib").display())).arg("-o").arg(program).arg(source);
+        nvcc
+    });
+    let Some((scratch, program, lib)) = built else { return };
     let linked = Command::new("readelf").arg("-d").arg(&program).output().expect("readelf");
     assert!(!String::from_utf8_lossy(&linked.stdout).contains("libcudart"), "the program must not link a shared runtime");
 
-    let lib = driver_lib(&scratch);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = emulated_server(&scratch, &["--listen", "127.0.0.1:0", "--listen", &socket]);
     // Over TCP without the channel (as from another host), over the Unix socket with it.
@@ -170,23 +210,19 @@ fn a_static_cudart_program_runs_over_flyt() {
 /// `tools/test` sets it.
 #[test]
 fn a_cuda12_static_runtime_program_runs_over_flyt() {
-    let Some(cuda12) = toolkit_from("FLYT_CUDA12_HOME") else { return };
-    let scratch = scratch_dir("static-runtime-12");
-    let program = scratch.join("static_runtime_12");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/static_runtime.cu");
-    let status = Command::new("c++")
-        .args(["-x", "c++", "-O1"])
-        .arg(format!("-I{}", cuda12.join("include").display()))
-        .arg(source)
-        .args(["-x", "none"])
-        .arg(cuda12.join("lib/libcudart_static.a"))
-        .args(["-lpthread", "-ldl", "-lrt", "-o"])
-        .arg(&program)
-        .status()
-        .expect("run c++");
-    assert!(status.success(), "c++ {source} with CUDA 12.9's static runtime");
-
-    let lib = driver_lib(&scratch);
+    let what = "c++ with CUDA 12.9's static runtime";
+    let built = build_static_runtime("FLYT_CUDA12_HOME", "static-runtime-12", what, |cuda12, source, program| {
+        let mut cxx = Command::new("c++");
+        cxx.args(["-x", "c++", "-O1"])
+            .arg(format!("-I{}", cuda12.join("include").display()))
+            .arg(source)
+            .args(["-x", "none"])
+            .arg(cuda12.join("lib/libcudart_static.a"))
+            .args(["-lpthread", "-ldl", "-lrt", "-o"])
+            .arg(program);
+        cxx
+    });
+    let Some((scratch, program, lib)) = built else { return };
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = emulated_server(&scratch, &["--listen", &socket]);
     // Without the channel: managed memory is mirrored device memory.
@@ -250,8 +286,7 @@ fn driver_api_modules_and_launches_fail_loudly_without_gpu_code() {
 /// shared-memory channel and over the socket alone (copies take different paths), as
 /// `(FLYT_SHM, exit code, stdout, stderr)`; `None` when `FLYT_CUDA_HOME` is not set.
 fn run_with_and_without_channel(name: &str) -> Option<Vec<(&'static str, i32, String, String)>> {
-    let driver = DriverProgram::compile(name)?;
-    let server = driver.server(&["--listen", &driver.socket("flyt.sock")]);
+    let (driver, server) = DriverProgram::serving(name, &[])?;
     let runs = ["on", "off"]
         .into_iter()
         .map(|shm| {
@@ -326,9 +361,7 @@ channel_tests! {
             "cuGraphExecUpdate: the copies name the new graph's host buffers: yes",
             "PASSED: 0 failure(s)",
         ],
-        |shm, _, stderr| {
-            assert!(!stderr.contains("not supported"), "FLYT_SHM={shm}: {stderr}");
-        };
+        stderr_lacks(&["not supported"]);
 
     /// Virtual memory management through the driver API, over the socket and the shared-memory
     /// channel, on the emulated device.
@@ -343,13 +376,10 @@ channel_tests! {
             "kept across unmap and map: yes",
             "PASSED: 0 failure(s)",
         ],
-        |_, _, stderr| {
-            assert!(stderr.contains("virtual memory with a location other than the device is not supported"), "{stderr}");
-            assert!(
-                stderr.contains("virtual memory with shareable handles other than a POSIX file descriptor is not supported"),
-                "{stderr}"
-            );
-        };
+        stderr_has(&[
+            "virtual memory with a location other than the device is not supported",
+            "virtual memory with shareable handles other than a POSIX file descriptor is not supported",
+        ]);
 
     /// Batch copies and the small context calls through the driver API, over the socket and the
     /// shared-memory channel, on the emulated device.
@@ -373,9 +403,7 @@ channel_tests! {
             "access policy window copied to another stream: yes",
             "PASSED: 0 failure(s)",
         ],
-        |_, _, stderr| {
-            assert!(stderr.contains("a CUDA array of a block-compressed or packed format is not supported"), "{stderr}");
-        };
+        stderr_has(&["a CUDA array of a block-compressed or packed format is not supported"]);
 
     /// NV12 arrays and their planes, sparse and deferred-mapping arrays (properties, memory
     /// requirements, tile pools and map entries) and batch decompression through the driver API,
@@ -478,9 +506,7 @@ channel_tests! {
             "NULL-stream work in the green context: yes",
             "PASSED: 0 failure(s)",
         ],
-        |_, _, stderr| {
-            assert!(!stderr.contains("is not supported through Flyt"), "{stderr}");
-        };
+        stderr_lacks(&["is not supported through Flyt"]);
 
     /// Stream memory operations, tensor maps, stream and peer queries, peer copies, pool access and
     /// context events on the emulated device (tests/c/driver_memops.c): writes read back, waits pass
@@ -492,17 +518,13 @@ channel_tests! {
             // Shared pages with the channel, mirrored device memory without it.
             "a write to mapped pinned memory seen by the host: yes",
         ],
-        |_, _, stderr| {
-            for line in [
-                "cuStreamWaitValue32_v2: flushing remote writes is not supported through Flyt",
-                "the server's device encodes no tensor maps",
-                "host memory pools are not supported through Flyt",
-                "managed memory pools are not supported through Flyt",
-                "cuStreamBatchMemOp_v2: the server's emulated device runs work at submission, so a wait that no earlier work satisfied would never end",
-            ] {
-                assert!(stderr.contains(line), "missing '{line}':\n{stderr}");
-            }
-        };
+        stderr_has(&[
+            "cuStreamWaitValue32_v2: flushing remote writes is not supported through Flyt",
+            "the server's device encodes no tensor maps",
+            "host memory pools are not supported through Flyt",
+            "managed memory pools are not supported through Flyt",
+            "cuStreamBatchMemOp_v2: the server's emulated device runs work at submission, so a wait that no earlier work satisfied would never end",
+        ]);
 
     /// Stream callbacks from several threads, each starting a thread that frees its memory and
     /// stream while other callbacks still hold their streams (NVIDIA's simpleCallback): the free
@@ -535,12 +557,11 @@ channel_tests! {
 /// Runs the two-process program `tests/c/NAME.c` (an exporter and the importer it forks) on the
 /// emulated device: on one server with the shared-memory channel and without, and with the
 /// importer on a second server over TCP (another tenant of the device). Each run must exit 0
-/// with every line of `lines` in its stdout; what it was, and its stderr. `None`: skipped.
-fn run_exporter_and_importer(name: &str, lines: &[&str]) -> Option<Vec<(String, String)>> {
-    let driver = DriverProgram::compile(name)?;
-    let server = driver.server(&["--listen", &driver.socket("flyt.sock")]);
+/// with every line of `lines` in its stdout; `more(what the run was, its stderr)` then makes the
+/// test's own checks. Nothing runs when `FLYT_CUDA_HOME` is not set.
+fn check_exporter_and_importer(name: &str, lines: &[&str], more: impl Fn(&str, &str)) {
+    let Some((driver, server)) = DriverProgram::serving(name, &[]) else { return };
     let other = driver.server_in("other", &["--listen", "127.0.0.1:0"]);
-    let mut runs = Vec::new();
     for (shm, importer) in [("on", None), ("off", None), ("on", Some(&other.addresses[0]))] {
         let mut command = driver.app(&server.addresses[0], Some(shm));
         if let Some(address) = importer {
@@ -549,9 +570,8 @@ fn run_exporter_and_importer(name: &str, lines: &[&str]) -> Option<Vec<(String, 
         let what = format!("FLYT_SHM={shm}, importer on {importer:?}");
         let outcome = run(command, 60);
         assert_passed(&what, &outcome, lines);
-        runs.push((what, outcome.2));
+        more(&what, &outcome.2);
     }
-    Some(runs)
 }
 
 /// A physical allocation shared between two processes through a POSIX descriptor: on one
@@ -560,20 +580,25 @@ fn run_exporter_and_importer(name: &str, lines: &[&str]) -> Option<Vec<(String, 
 /// memory files both workers map.
 #[test]
 fn physical_allocations_shared_between_processes() {
-    let lines = [
-        "exported as a descriptor: yes",
-        "imported handle types: 0",
-        "importer reads the exporter's bytes: yes",
-        "exporter sees the importer's writes: yes",
-        "imported mapping outlives the export: yes",
-        "importer PASSED: 0 failure(s)",
-        "exporter PASSED: 0 failure(s)",
-        "PASSED: both processes",
-    ];
-    let Some(runs) = run_exporter_and_importer("driver_vmm_share", &lines) else { return };
-    for (_, stderr) in &runs {
-        assert!(stderr.contains("virtual memory with shareable handles other than a POSIX file descriptor is not supported"), "{stderr}");
-    }
+    check_exporter_and_importer(
+        "driver_vmm_share",
+        &[
+            "exported as a descriptor: yes",
+            "imported handle types: 0",
+            "importer reads the exporter's bytes: yes",
+            "exporter sees the importer's writes: yes",
+            "imported mapping outlives the export: yes",
+            "importer PASSED: 0 failure(s)",
+            "exporter PASSED: 0 failure(s)",
+            "PASSED: both processes",
+        ],
+        |_, stderr| {
+            assert!(
+                stderr.contains("virtual memory with shareable handles other than a POSIX file descriptor is not supported"),
+                "{stderr}"
+            );
+        },
+    );
 }
 
 /// A memory pool and an allocation of it shared between two processes: the pool's POSIX
@@ -583,38 +608,40 @@ fn physical_allocations_shared_between_processes() {
 /// refusal says why, once.
 #[test]
 fn memory_pools_shared_between_processes() {
-    let lines = [
-        "pool handle types: 1",
-        "exported the pool as a descriptor: yes",
-        "one allocation, one export data: yes",
-        "allocation's pool and handle types: its pool, 1 (a plain pool's: its pool, 0)",
-        "imported allocation's pool and handle types: the imported pool, 1",
-        "imported pool read-write on its device: yes",
-        "importer reads the exporter's bytes: yes",
-        "exporter sees the importer's writes: yes",
-        "imported again at the same address: yes",
-        "freed twice, once per import: yes",
-        "importer PASSED: 0 failure(s)",
-        "exporter PASSED: 0 failure(s)",
-        "PASSED: both processes",
-    ];
-    let Some(runs) = run_exporter_and_importer("driver_pool_share", &lines) else { return };
-    for (run, stderr) in &runs {
-        let refused = |what: &str| format!("{what} (returning CUDA_ERROR_INVALID_VALUE)");
-        for line in [
-            "flyt: memory pools with shareable handles other than a POSIX file descriptor, or a size limit, are not supported (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
-            "flyt: memory pools with shareable handles other than a POSIX file descriptor are not supported (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
-            refused("flyt: cuMemPoolExportToShareableHandle: the pool was not made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
-            refused("flyt: cuMemPoolExportPointer: the pointer is not the start of a live allocation of a pool made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
-            refused("flyt: cuMemPoolImportFromShareableHandle: the descriptor is not a shareable handle a memory pool was exported as through Flyt"),
-            refused("flyt: cuMemPoolImportFromShareableHandle: the descriptor names no memory pool its exporter still shares"),
-            refused("flyt: cuMemAllocFromPoolAsync: an imported pool makes no allocations"),
-            refused("flyt: cuMemPoolImportPointer: the pool was not imported with cuMemPoolImportFromShareableHandle"),
-            refused("flyt: cuMemPoolImportPointer: the export data names no live allocation of the pool it was imported from"),
-        ] {
-            assert_eq!(stderr.matches(line.as_str()).count(), 1, "{run}: '{line}' once:\n{stderr}");
-        }
-    }
+    check_exporter_and_importer(
+        "driver_pool_share",
+        &[
+            "pool handle types: 1",
+            "exported the pool as a descriptor: yes",
+            "one allocation, one export data: yes",
+            "allocation's pool and handle types: its pool, 1 (a plain pool's: its pool, 0)",
+            "imported allocation's pool and handle types: the imported pool, 1",
+            "imported pool read-write on its device: yes",
+            "importer reads the exporter's bytes: yes",
+            "exporter sees the importer's writes: yes",
+            "imported again at the same address: yes",
+            "freed twice, once per import: yes",
+            "importer PASSED: 0 failure(s)",
+            "exporter PASSED: 0 failure(s)",
+            "PASSED: both processes",
+        ],
+        |run, stderr| {
+            let refused = |what: &str| format!("{what} (returning CUDA_ERROR_INVALID_VALUE)");
+            for line in [
+                "flyt: memory pools with shareable handles other than a POSIX file descriptor, or a size limit, are not supported (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
+                "flyt: memory pools with shareable handles other than a POSIX file descriptor are not supported (returning CUDA_ERROR_NOT_SUPPORTED)".to_string(),
+                refused("flyt: cuMemPoolExportToShareableHandle: the pool was not made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
+                refused("flyt: cuMemPoolExportPointer: the pointer is not the start of a live allocation of a pool made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
+                refused("flyt: cuMemPoolImportFromShareableHandle: the descriptor is not a shareable handle a memory pool was exported as through Flyt"),
+                refused("flyt: cuMemPoolImportFromShareableHandle: the descriptor names no memory pool its exporter still shares"),
+                refused("flyt: cuMemAllocFromPoolAsync: an imported pool makes no allocations"),
+                refused("flyt: cuMemPoolImportPointer: the pool was not imported with cuMemPoolImportFromShareableHandle"),
+                refused("flyt: cuMemPoolImportPointer: the export data names no live allocation of the pool it was imported from"),
+            ] {
+                assert_eq!(stderr.matches(line.as_str()).count(), 1, "{run}: '{line}' once:\n{stderr}");
+            }
+        },
+    );
 }
 
 /// Managed memory through the driver API on the emulated device: shared pages with the channel,
@@ -623,9 +650,8 @@ fn memory_pools_shared_between_processes() {
 /// device reports no concurrent managed access there).
 #[test]
 fn managed_memory_through_the_driver_api() {
-    let Some(driver) = DriverProgram::compile("driver_managed") else { return };
+    let Some((driver, server)) = DriverProgram::serving("driver_managed", &["--listen", "127.0.0.1:0"]) else { return };
     let socket = driver.socket("flyt.sock");
-    let server = driver.server(&["--listen", &socket, "--listen", "127.0.0.1:0"]);
     let tcp = server.addresses.iter().find(|address| !address.starts_with("unix:")).expect("a TCP address");
     for (transport, address, shm) in [("channel", &socket, "on"), ("socket", &socket, "off"), ("tcp", tcp, "off")] {
         let outcome = run(driver.app(address, Some(shm)), 120);
@@ -667,8 +693,7 @@ fn managed_memory_through_the_driver_api() {
 /// the session and gives its memory back, rather than keeping a worker stuck for good.
 #[test]
 fn a_client_killed_while_its_session_waits_ends_the_session() {
-    let Some(driver) = DriverProgram::compile("driver_orphan") else { return };
-    let server = driver.server(&["--listen", &driver.socket("flyt.sock")]);
+    let Some((driver, server)) = DriverProgram::serving("driver_orphan", &[]) else { return };
     let ended = || server.log_text().matches("session ended by the client").count();
     for shm in ["off", "on"] {
         let mut app = Interactive::spawn(&mut driver.app(&server.addresses[0], Some(shm)));
@@ -686,8 +711,7 @@ fn a_client_killed_while_its_session_waits_ends_the_session() {
 /// reason, while a 4 s wait on a live server succeeds (it says it is alive while the work lasts).
 #[test]
 fn a_stopped_server_is_an_error_within_the_reply_timeout() {
-    let Some(driver) = DriverProgram::compile("driver_reply_timeout") else { return };
-    let server = driver.server(&["--listen", &driver.socket("flyt.sock")]);
+    let Some((driver, server)) = DriverProgram::serving("driver_reply_timeout", &[]) else { return };
     for shm in ["off", "on"] {
         let what = format!("FLYT_SHM={shm}");
         let mut long = driver.app(&server.addresses[0], Some(shm));
@@ -803,8 +827,7 @@ fn servers_in_one_address_window_are_refused_overlapping_memory() {
 /// `CUDA_VISIBLE_DEVICES=1` the app sees the second device alone, as its device 0.
 #[test]
 fn two_devices_in_one_session_through_the_driver_api() {
-    let Some(driver) = DriverProgram::compile("driver_two_devices") else { return };
-    let server = driver.server(&["--gpu", "0,1", "--listen", &driver.socket("flyt.sock")]);
+    let Some((driver, server)) = DriverProgram::serving("driver_two_devices", &["--gpu", "0,1"]) else { return };
     let run_seeing = |shm: &str, visible: Option<&str>| run(seeing(driver.app(&server.addresses[0], Some(shm)), visible), 60);
     for shm in ["on", "off"] {
         assert_passed(
@@ -841,8 +864,7 @@ fn two_devices_in_one_session_through_the_driver_api() {
 /// refused with CUDA errors, its own device working on.
 #[test]
 fn an_app_cannot_name_another_tenants_gpu_through_the_driver_api() {
-    let Some(driver) = DriverProgram::compile("driver_foreign_gpu") else { return };
-    let server = driver.server(&["--gpu", "1", "--listen", &driver.socket("flyt.sock")]);
+    let Some((driver, server)) = DriverProgram::serving("driver_foreign_gpu", &["--gpu", "1"]) else { return };
     assert_passed(
         "GPU 1's tenant",
         &run(seeing(driver.app(&server.addresses[0], None), None), 60),
@@ -867,8 +889,7 @@ fn an_app_cannot_name_another_tenants_gpu_through_the_driver_api() {
 /// the stream's device's pool, attributes and access per pool, a peer granted access.
 #[test]
 fn memory_pools_of_each_device_through_the_driver_api() {
-    let Some(driver) = DriverProgram::compile("driver_device_pools") else { return };
-    let server = driver.server(&["--gpu", "0,1", "--listen", &driver.socket("flyt.sock")]);
+    let Some((driver, server)) = DriverProgram::serving("driver_device_pools", &["--gpu", "0,1"]) else { return };
     for shm in ["on", "off"] {
         assert_passed(
             &format!("FLYT_SHM={shm}"),
@@ -894,8 +915,7 @@ fn memory_pools_of_each_device_through_the_driver_api() {
 /// join and no copy may fall back to the main connection.
 #[test]
 fn large_copies_striped_over_data_connections_keep_every_byte_and_their_order() {
-    let Some(driver) = DriverProgram::compile("driver_striped_copies") else { return };
-    let server = driver.server(&["--listen", "127.0.0.1:0", "--listen", &driver.socket("flyt.sock")]);
+    let Some((driver, server)) = DriverProgram::serving("driver_striped_copies", &["--listen", "127.0.0.1:0"]) else { return };
     let runs: [(&str, &[(&str, &str)]); 8] = [
         ("tcp", &[]),
         ("tcp", &[("FLYT_STRIPES", "1")]),

@@ -49,6 +49,16 @@ static inline void expect_last_round(const unsigned char *got, size_t n, unsigne
     FAIL_WHEN(i < n, "FAIL round %d %s %d: byte %zu is %u, expected %u\n", round, kind, index, i, got[i], written(i, round - 1, what));
 }
 
+// Reads the `n` bytes at `d` back into `got` (on `stream`, then synchronized) and checks them as
+// expect_last_round does.
+static inline void read_last_round(CUdeviceptr d, unsigned char *got, size_t n, CUstream stream,
+                                   unsigned char (*written)(size_t, unsigned, unsigned), int round, unsigned what, const char *kind,
+                                   int index) {
+    EXPECT(cuMemcpyDtoHAsync(got, d, n, stream), CUDA_SUCCESS);
+    EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
+    expect_last_round(got, n, written, round, what, kind, index);
+}
+
 // The programs' last line ("PASSED: N failure(s)", which the tests look for) and exit code.
 static inline int finish(void) {
     printf("PASSED: %d failure(s)\n", failures);
@@ -190,6 +200,12 @@ static inline CUDA_MEMSET_NODE_PARAMS byte_memset_params(CUdeviceptr dst, unsign
     p.height = 1;
     p.pitch = n;
     return p;
+}
+
+// A memory location: its `type` (CU_MEM_LOCATION_TYPE_*) and `id`.
+static inline CUmemLocation mem_location(CUmemLocationType type, int id) {
+    CUmemLocation location = {type, id};
+    return location;
 }
 
 // Pinned physical memory of device `ordinal`, for cuMemCreate; `granularity` receives its

@@ -11,13 +11,8 @@
 
 #include "driver_expect.h"
 
-#define EXPECT_TRUE(what, condition)                                                                      \
-    do {                                                                                            \
-        if (!(condition)) {                                                                         \
-            printf("FAIL line %d: %s\n", __LINE__, what);                                           \
-            failures++;                                                                             \
-        }                                                                                           \
-    } while (0)
+// Counts a failure, saying where, unless `condition` holds (nothing printed when it does).
+#define EXPECT_TRUE(what, condition) FAIL_WHEN(!(condition), "FAIL line %d: %s\n", __LINE__, what)
 
 static const CUuuid TOOLS_CONTEXT = {{0x21, 0x31, (char)0x8c, 0x60, (char)0x97, 0x14, 0x32, 0x48, (char)0x8c, (char)0xa6, 0x41,
                                       (char)0xff, 0x73, 0x24, (char)0xc8, (char)0xf2}};

@@ -8,11 +8,6 @@
 
 #include "driver_expect.h"
 
-static CUmemLocation location(CUmemLocationType type, int id) {
-    CUmemLocation l = {type, id};
-    return l;
-}
-
 // Batch operations: a 32- or 64-bit write of `value`, a 32-bit wait for `value` under `flags`
 // (CU_STREAM_WAIT_VALUE_*), a memory barrier.
 static CUstreamBatchMemOpParams write_op(CUdeviceptr address, cuuint64_t value, int bits) {
@@ -217,9 +212,9 @@ static void streams_and_peers(CUcontext ctx, CUstream stream, CUdeviceptr d) {
 
 static void pools(void) {
     CUmemoryPool device_default, by_location, current, created;
-    CUmemLocation dev0 = location(CU_MEM_LOCATION_TYPE_DEVICE, 0);
-    CUmemLocation dev1 = location(CU_MEM_LOCATION_TYPE_DEVICE, 1);
-    CUmemLocation host = location(CU_MEM_LOCATION_TYPE_HOST, 0);
+    CUmemLocation dev0 = mem_location(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemLocation dev1 = mem_location(CU_MEM_LOCATION_TYPE_DEVICE, 1);
+    CUmemLocation host = mem_location(CU_MEM_LOCATION_TYPE_HOST, 0);
     EXPECT(cuDeviceGetDefaultMemPool(&device_default, 0), CUDA_SUCCESS);
     EXPECT(cuMemGetDefaultMemPool(&by_location, &dev0, CU_MEM_ALLOCATION_TYPE_PINNED), CUDA_SUCCESS);
     CHECK("location default pool is the device's", by_location == device_default);

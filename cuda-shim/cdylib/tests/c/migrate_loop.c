@@ -69,11 +69,7 @@ int main(int argc, char **argv) {
     }
     for (int round = 0; round < rounds && failures == 0; round++) {
         for (int b = 0; b < BUFFERS; b++) {
-            if (round > 0) {
-                EXPECT(cuMemcpyDtoHAsync(back, buffers[b], sizes[b], stream), CUDA_SUCCESS);
-                EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
-                expect_last_round(back, sizes[b], pattern, round, b, "buffer", b);
-            }
+            if (round > 0) read_last_round(buffers[b], back, sizes[b], stream, pattern, round, b, "buffer", b);
             for (size_t i = 0; i < sizes[b]; i++) host[at[b] + i] = pattern(i, round, b);
             EXPECT(cuMemcpyHtoDAsync(buffers[b], host + at[b], sizes[b], stream), CUDA_SUCCESS);
         }

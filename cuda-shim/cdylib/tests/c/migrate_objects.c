@@ -142,11 +142,7 @@ int main(int argc, char **argv) {
     struct timespec nap = {0, (long)pause_ms * 1000000L};
     for (int round = 0; round < rounds && failures == 0; round++) {
         for (int p = 0; p < POOLED; p++) {
-            if (round > 0) {
-                EXPECT(cuMemcpyDtoHAsync(back, pooled[p], pooled_len[p], stream), CUDA_SUCCESS);
-                EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
-                expect_last_round(back, pooled_len[p], pattern, round, p, "pool allocation", p);
-            }
+            if (round > 0) read_last_round(pooled[p], back, pooled_len[p], stream, pattern, round, p, "pool allocation", p);
             for (size_t i = 0; i < pooled_len[p]; i++) host[i] = pattern(i, round, p);
             EXPECT(cuMemcpyHtoD(pooled[p], host, pooled_len[p]), CUDA_SUCCESS);
         }
