@@ -1,5 +1,8 @@
 // What the driver-API test programs share: a failure count, error names and EXPECT, which
-// compares a call's CUresult with the one expected and counts a mismatch.
+// compares a call's CUresult with the one expected and counts a mismatch; CHECK and FAIL_WHEN;
+// RELEASE for what a program made; the usual start; and the parameters the programs build again
+// and again (copies of two sides, memsets, memory locations and properties, texture
+// descriptions).
 #include <cuda.h>
 #include <stdio.h>
 #include <string.h>
