@@ -1109,12 +1109,9 @@ macro_rules! probes {
     };
 }
 
+// Only each row's name counts here: its class (`[...]`) and fields (`{...}`) are taken whole.
 macro_rules! audit_table {
-    ($(
-        $(#[$doc:meta])*
-        $id:literal $name:ident $method:ident [$class:ident $bulk:tt]
-        { $($req_field:ident : $req_ty:ty),* $(,)? } -> { $($rep_field:ident : $rep_ty:ty),* $(,)? };
-    )*) => {
+    ($($(#[$doc:meta])* $id:literal $name:ident $method:ident $class:tt $request:tt -> $reply:tt;)*) => {
         /// Every op of the table with its probes.
         fn audit_table(valid: &Valid) -> Vec<(OpInfo, Vec<Probe>)> {
             vec![$((<req::$name as Op>::INFO, probes!($name, valid)),)*]

@@ -43,12 +43,19 @@ fn pattern(session: usize, round: usize, which: usize) -> Vec<u8> {
 const DRIVER_KEEPS_FREED: (&str, &str) = ("FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES", "1");
 
 fn oversubscribed(name: &str, extra: &[&str]) -> (flyt_test_support::Server, String) {
+    oversubscribed_with_env(name, extra, &[])
+}
+
+/// As `oversubscribed`, with `env` set for the server too.
+fn oversubscribed_with_env(name: &str, extra: &[&str], env: &[(&str, &str)]) -> (flyt_test_support::Server, String) {
     let scratch = flyt_test_support::scratch_dir(name);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let mut args = vec!["--device", "emulated", "--listen", socket.as_str(), "--warm-workers", "1"];
-    args.extend_from_slice(&["--emulated-memory", "8MiB", "--memory-quota", "16MiB", "--oversubscribe", "2.0", "--page-chunk", "1MiB"]);
+    args.extend_from_slice(&flyt_test_support::OVERSUBSCRIBED);
+    args.extend_from_slice(&["--page-chunk", "1MiB"]);
     args.extend_from_slice(extra);
-    (flyt_test_support::Server::start_with_env(&args, &scratch, &[DRIVER_KEEPS_FREED]), socket)
+    let env: Vec<(&str, &str)> = env.iter().copied().chain([DRIVER_KEEPS_FREED]).collect();
+    (flyt_test_support::Server::start_with_env(&args, &scratch, &env), socket)
 }
 
 fn write(session: &mut RawSession, dst: u64, bytes: &[u8]) {
@@ -78,6 +85,25 @@ fn filled(socket: &str, index: usize) -> (RawSession, [u64; 2]) {
     (session, ptrs)
 }
 
+/// `turns` turns, round robin over `sessions`: each reads its session's bytes back as its last
+/// turn wrote them (round 0: `filled`) and writes the next round's. The round each session is at.
+fn take_turns(sessions: &mut [(RawSession, [u64; 2])], turns: usize) -> Vec<usize> {
+    let mut rounds = vec![0usize; sessions.len()];
+    for turn in 0..turns {
+        let index = turn % sessions.len();
+        let (session, ptrs) = &mut sessions[index];
+        for (which, ptr) in ptrs.iter().enumerate() {
+            assert!(read(session, *ptr) == pattern(index, rounds[index], which), "session {index}'s bytes at turn {turn}");
+        }
+        rounds[index] = turn + 1;
+        for (which, ptr) in ptrs.iter().enumerate() {
+            write(session, *ptr, &pattern(index, rounds[index], which));
+        }
+        synchronize(session);
+    }
+    rounds
+}
+
 fn count(log: &str, needle: &str) -> usize {
     log.matches(needle).count()
 }
@@ -91,19 +117,7 @@ fn sessions_twice_the_device_take_turns_with_their_bytes_checked_each_time() {
     );
     // Two sessions fill the device; the third and fourth page the first two out to start.
     let mut sessions: Vec<(RawSession, [u64; 2])> = (0..4).map(|index| filled(&socket, index)).collect();
-    let mut rounds = [0usize; 4];
-    for turn in 0..100 {
-        let index = turn % 4;
-        let (session, ptrs) = &mut sessions[index];
-        for (which, ptr) in ptrs.iter().enumerate() {
-            assert!(read(session, *ptr) == pattern(index, rounds[index], which), "session {index}'s bytes at turn {turn}");
-        }
-        rounds[index] = turn + 1;
-        for (which, ptr) in ptrs.iter().enumerate() {
-            write(session, *ptr, &pattern(index, rounds[index], which));
-        }
-        synchronize(session);
-    }
+    let rounds = take_turns(&mut sessions, 100);
     for (index, (session, ptrs)) in sessions.iter_mut().enumerate() {
         for (which, ptr) in ptrs.iter().enumerate() {
             assert!(read(session, *ptr) == pattern(index, rounds[index], which), "session {index}'s last bytes");
@@ -147,18 +161,7 @@ fn a_session_that_cannot_be_paged_is_never_chosen() {
     let blocked_id = blocked.info.session_id;
     // Two more sessions take turns in the 4 MiB left: each turn pages the other out.
     let mut turns: Vec<(RawSession, [u64; 2])> = (0..2).map(|index| filled(&socket, index)).collect();
-    let mut rounds = [0usize; 2];
-    for turn in 0..20 {
-        let index = turn % 2;
-        let (session, ptrs) = &mut turns[index];
-        for (which, ptr) in ptrs.iter().enumerate() {
-            assert!(read(session, *ptr) == pattern(index, rounds[index], which), "session {index}'s bytes at turn {turn}");
-        }
-        rounds[index] = turn + 1;
-        write(session, ptrs[0], &pattern(index, rounds[index], 0));
-        write(session, ptrs[1], &pattern(index, rounds[index], 1));
-        synchronize(session);
-    }
+    take_turns(&mut turns, 20);
     assert!(read(&mut blocked, blocked_ptrs[1]) == pattern(7, 0, 1), "the blocked session's bytes");
     let log = server.log_text();
     assert!(count(&log, " paged out") >= 19, "{log}");
@@ -178,19 +181,7 @@ fn sessions_larger_than_the_pool_page_through_it_and_a_file() {
         &["--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "10000", "--page-pinned-max", "6MiB"],
     );
     let mut sessions: Vec<(RawSession, [u64; 2])> = (0..3).map(|index| filled(&socket, index)).collect();
-    let mut rounds = [0usize; 3];
-    for turn in 0..30 {
-        let index = turn % 3;
-        let (session, ptrs) = &mut sessions[index];
-        for (which, ptr) in ptrs.iter().enumerate() {
-            assert!(read(session, *ptr) == pattern(index, rounds[index], which), "session {index}'s bytes at turn {turn}");
-        }
-        rounds[index] = turn + 1;
-        for (which, ptr) in ptrs.iter().enumerate() {
-            write(session, *ptr, &pattern(index, rounds[index], which));
-        }
-        synchronize(session);
-    }
+    take_turns(&mut sessions, 30);
     let log = server.log_text();
     assert!(count(&log, " paged in") >= 29, "{log}");
     // (pooled, file) bytes of each page-out.
@@ -271,34 +262,11 @@ fn a_session_with_work_queued_is_busy_until_a_wait_covers_it() {
 /// in four batches of 2 MiB, about 1.2 s, against a wait of 500 ms.
 #[test]
 fn a_waiting_request_outlasts_a_slow_page_out_that_progresses() {
-    let scratch = flyt_test_support::scratch_dir("paging-slow");
-    let socket = format!("unix:{}", scratch.join("flyt.sock").display());
-    let args = [
-        "--device",
-        "emulated",
-        "--listen",
-        &socket,
-        "--warm-workers",
-        "1",
-        "--emulated-memory",
-        "8MiB",
-        "--memory-quota",
-        "16MiB",
-        "--oversubscribe",
-        "2.0",
-        "--page-chunk",
-        "1MiB",
-        "--page-host-budget",
-        "0",
-        "--idle-page-out-ms",
-        "0",
-        "--resident-min-ms",
-        "0",
-        "--page-wait-ms",
-        "500",
-    ];
-    let server =
-        flyt_test_support::Server::start_with_env(&args, &scratch, &[("FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB", "150"), DRIVER_KEEPS_FREED]);
+    let (server, socket) = oversubscribed_with_env(
+        "paging-slow",
+        &["--page-host-budget", "0", "--idle-page-out-ms", "0", "--resident-min-ms", "0", "--page-wait-ms", "500"],
+        &[("FLYT_EMULATED_COPY_TO_HOST_MS_PER_MIB", "150")],
+    );
     let mut first = RawSession::open(&socket, None).expect("session");
     let ptrs: Vec<u64> = (0..4).map(|_| first.call(req::Malloc { size: ALLOCATION }).0.expect("malloc").ptr).collect();
     for (which, ptr) in ptrs.iter().enumerate() {

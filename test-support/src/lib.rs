@@ -6,9 +6,9 @@
 pub mod guest;
 pub mod regions;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,77 @@ pub fn cuda_toolkit() -> PathBuf {
     assert!(output.status.success(), "fetching the CUDA toolkit failed:\n{}", String::from_utf8_lossy(&output.stderr));
     PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
 }
+
+/// The CUDA toolkit the environment `variable` names (`FLYT_CUDA_HOME`, `FLYT_CUDA12_HOME`), or
+/// `None` after a line saying the test is skipped (`tools/test` sets them).
+pub fn toolkit_from(variable: &str) -> Option<PathBuf> {
+    let toolkit = std::env::var_os(variable).map(PathBuf::from);
+    if toolkit.is_none() {
+        eprintln!("skipped: {variable} is not set (tools/test sets it)");
+    }
+    toolkit
+}
+
+/// Polls `done` every 20 ms until it holds or `timeout` has passed; whether it held.
+pub fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done()
+}
+
+/// A program a test talks with line by line (it says when it is ready, the test tells it to go
+/// on), its standard streams piped.
+pub struct Interactive {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Interactive {
+    pub fn spawn(command: &mut Command) -> Self {
+        let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start the program");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Self { child, stdout }
+    }
+
+    /// The program's next line, its line end left on ("" at the end of its output).
+    pub fn read_line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("the program's output");
+        line
+    }
+
+    /// Sends the program `line` and a line end.
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin.write_all(format!("{line}\n").as_bytes()).expect("write to the program");
+    }
+
+    /// Stops the program at once (SIGKILL).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Reads the rest of the program's stdout and all its stderr and waits for its end:
+    /// (its status, the rest of its stdout, its stderr).
+    pub fn finish(mut self) -> (ExitStatus, String, String) {
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest).expect("the program's output");
+        let mut stderr = String::new();
+        self.child.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("the program's errors");
+        let status = self.child.wait().expect("the program ends");
+        (status, rest, stderr)
+    }
+}
+
+/// Server arguments of the paging tests' oversubscribed emulated device: 8 MiB of device memory,
+/// a quota of twice that.
+pub const OVERSUBSCRIBED: [&str; 6] = ["--emulated-memory", "8MiB", "--memory-quota", "16MiB", "--oversubscribe", "2.0"];
 
 /// A unique scratch directory for one test.
 pub fn scratch_dir(name: &str) -> PathBuf {
@@ -170,6 +241,20 @@ impl Server {
             std::thread::sleep(Duration::from_millis(50));
         }
         false
+    }
+
+    /// The worker process of the `nth` session the listener opened (0: the first), from the log
+    /// line it wrote for it ("opened: ... worker=PID"), which may come a moment after the app's
+    /// first reply: waited for up to 10 s.
+    pub fn session_worker(&self, nth: usize) -> i32 {
+        let opened = |log: &str| log.lines().filter(|line| line.contains("opened:")).nth(nth).map(str::to_string);
+        let mut line = None;
+        wait_until(Duration::from_secs(10), || {
+            line = opened(&self.log_text());
+            line.is_some()
+        });
+        let line = line.unwrap_or_else(|| panic!("no log line for session {nth}:\n{}", self.log_text()));
+        line.rsplit("worker=").next().and_then(|w| w.split_whitespace().next()).and_then(|w| w.parse().ok()).expect("worker pid")
     }
 
     pub fn pid(&self) -> u32 {
@@ -319,7 +404,6 @@ pub fn serves(text: &str, name: &str) -> bool {
 
 /// The body of `http://address/metrics`, after checking the answer is `200`.
 pub fn scrape_metrics(address: &str) -> String {
-    use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).unwrap_or_else(|error| panic!("metrics at {address}: {error}"));
     stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").expect("send the scrape");
     let mut text = String::new();

@@ -95,6 +95,20 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> O
 
 pub use flyt_test_support::{scrape_metrics as scrape, series_value};
 
+/// Kills the cluster manager, starts one that dies at `point` of the move `flytctl migrate ARGS`
+/// asks for, and starts a plain one after it died there.
+pub fn crash_mid_move(cluster: &mut Cluster, point: &str, args: &[&str]) {
+    cluster.cluster_manager().kill();
+    cluster.start_cluster_manager_with(&[("FLYT_FAILPOINT", point.to_string())]);
+    let mut all = vec!["migrate"];
+    all.extend_from_slice(args);
+    let (code, _, stderr) = cluster.flytctl(&all);
+    assert_eq!(code, 3, "{point}: the cluster manager should have died during the move: {stderr}");
+    assert!(cluster.cluster_manager().wait_exit(Duration::from_secs(10)).is_some(), "{point}");
+    assert!(cluster.log("cluster-manager").contains(&format!("fail point {point} reached")), "{point}");
+    cluster.start_cluster_manager();
+}
+
 pub fn pid_alive(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))

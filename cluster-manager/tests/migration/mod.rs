@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use crate::harness::{Cluster, Options, Value, binary, pid_alive, scrape, series_value, wait_until};
+use crate::harness::{Cluster, Options, Value, binary, crash_mid_move, pid_alive, scrape, series_value, wait_until};
 
 const VM: &str = "10.0.0.1";
 
@@ -115,20 +115,6 @@ fn refused(cluster: &Cluster, args: &[&str], message: &str, before: &Value) -> S
     stderr
 }
 
-/// Kills the cluster manager, starts one that dies at `point` of the move `args` asks for,
-/// and starts a plain one after it died there.
-fn crash_mid_move(cluster: &mut Cluster, point: &str, args: &[&str]) {
-    cluster.cluster_manager().kill();
-    cluster.start_cluster_manager_with(&[("FLYT_FAILPOINT", point.to_string())]);
-    let mut all = vec!["migrate"];
-    all.extend_from_slice(args);
-    let (code, _, stderr) = cluster.flytctl(&all);
-    assert_eq!(code, 3, "{point}: the cluster manager should have died during the move: {stderr}");
-    assert!(cluster.cluster_manager().wait_exit(Duration::from_secs(10)).is_some(), "{point}");
-    assert!(cluster.log("cluster-manager").contains(&format!("fail point {point} reached")), "{point}");
-    cluster.start_cluster_manager();
-}
-
 /// A running app moves from node-a to node-b (another host: the snapshot streams between the
 /// node managers) and on to node-e (node-b's host: no copy); moves to a full, unknown, drained
 /// or refusing node, or of an unknown allocation, fail with one line and leave it running where
@@ -137,10 +123,7 @@ fn crash_mid_move(cluster: &mut Cluster, point: &str, args: &[&str]) {
 /// on either way.
 #[test]
 fn a_running_app_moves_with_its_allocation_and_failed_moves_leave_it_running() {
-    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
-        eprintln!("SKIPPED a_running_app_moves_with_its_allocation: FLYT_CUDA_HOME is not set (tools/test sets it)");
-        return;
-    };
+    let Some(cuda) = flyt_test_support::toolkit_from("FLYT_CUDA_HOME") else { return };
     let mut cluster = Cluster::new(Options::default());
     cluster.start_node("node-a", "127.0.0.1", 40, 4096);
     cluster.start_node("node-b", "127.0.0.2", 80, 8192);
@@ -243,10 +226,7 @@ fn a_running_app_moves_with_its_allocation_and_failed_moves_leave_it_running() {
 /// were; a restart of an unknown allocation fails with one line.
 #[test]
 fn a_restarted_rpc_server_keeps_its_addresses_and_its_running_app() {
-    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
-        eprintln!("SKIPPED a_restarted_rpc_server_keeps_its_addresses_and_its_running_app: FLYT_CUDA_HOME is not set (tools/test sets it)");
-        return;
-    };
+    let Some(cuda) = flyt_test_support::toolkit_from("FLYT_CUDA_HOME") else { return };
     let mut cluster = Cluster::new(Options::default());
     cluster.start_node("node-a", "127.0.0.1", 40, 4096);
     cluster.wait_node_up("node-a");
@@ -294,10 +274,7 @@ fn a_restarted_rpc_server_keeps_its_addresses_and_its_running_app() {
 /// current GPU, and a node of one GPU it runs on, are refused with one line.
 #[test]
 fn an_allocation_moves_between_the_gpus_of_its_node() {
-    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
-        eprintln!("SKIPPED an_allocation_moves_between_the_gpus_of_its_node: FLYT_CUDA_HOME is not set (tools/test sets it)");
-        return;
-    };
+    let Some(cuda) = flyt_test_support::toolkit_from("FLYT_CUDA_HOME") else { return };
     let mut cluster = Cluster::new(Options::default());
     let two_gpus =
         "[{ name = \"Emulated A0\", memory_mib = 4096, sm_count = 40 }, { name = \"Emulated A1\", memory_mib = 4096, sm_count = 40 }]";

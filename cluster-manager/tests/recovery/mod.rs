@@ -201,39 +201,32 @@ fn an_app_waits_out_a_node_manager_restart(store: StoreKind) {
     assert!(cluster.allocation_of(VM).is_none(), "the placement that never started is released");
 }
 
-#[test]
-fn an_app_waits_out_a_node_manager_restart_embedded_store() {
-    an_app_waits_out_a_node_manager_restart(StoreKind::Embedded);
+/// Each scenario `run(store)` as two tests: on the embedded store, and on MongoDB (skipped, with a
+/// line saying so, without `FLYT_TEST_MONGODB_URI`).
+macro_rules! on_each_store {
+    ($($embedded:ident, $mongodb:ident => $run:ident;)*) => {
+        $(
+            #[test]
+            fn $embedded() {
+                $run(StoreKind::Embedded);
+            }
+
+            #[test]
+            fn $mongodb() {
+                if let Some(store) = StoreKind::mongo_from_env(stringify!($mongodb)) {
+                    $run(store);
+                }
+            }
+        )*
+    };
 }
 
-#[test]
-fn an_app_waits_out_a_node_manager_restart_mongodb_store() {
-    let Some(store) = StoreKind::mongo_from_env("node-restart-placement") else { return };
-    an_app_waits_out_a_node_manager_restart(store);
-}
-
-#[test]
-fn cluster_manager_crashes_at_every_step_embedded_store() {
-    cluster_manager_crashes(StoreKind::Embedded);
-}
-
-#[test]
-fn cluster_manager_crashes_at_every_step_mongodb_store() {
-    if let Some(store) = StoreKind::mongo_from_env("cluster_manager_crashes_at_every_step_mongodb_store") {
-        cluster_manager_crashes(store);
-    }
-}
-
-#[test]
-fn node_manager_crashes_mid_start_embedded_store() {
-    node_manager_crashes(StoreKind::Embedded);
-}
-
-#[test]
-fn node_manager_crashes_mid_start_mongodb_store() {
-    if let Some(store) = StoreKind::mongo_from_env("node_manager_crashes_mid_start_mongodb_store") {
-        node_manager_crashes(store);
-    }
+on_each_store! {
+    an_app_waits_out_a_node_manager_restart_embedded_store, an_app_waits_out_a_node_manager_restart_mongodb_store
+        => an_app_waits_out_a_node_manager_restart;
+    cluster_manager_crashes_at_every_step_embedded_store, cluster_manager_crashes_at_every_step_mongodb_store
+        => cluster_manager_crashes;
+    node_manager_crashes_mid_start_embedded_store, node_manager_crashes_mid_start_mongodb_store => node_manager_crashes;
 }
 
 /// A 5 s outage of the cluster manager: the app of a VM whose allocation is known gets it at

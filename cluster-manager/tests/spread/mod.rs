@@ -10,11 +10,11 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Child, Command},
     time::Duration,
 };
 
-use crate::harness::{Cluster, Options, scrape, series_value, wait_until};
+use crate::harness::{Cluster, Options, crash_mid_move, scrape, series_value, wait_until};
 
 const VM: &str = "10.0.0.1";
 
@@ -26,17 +26,66 @@ fn add_vm(cluster: &Cluster, spread: bool) -> String {
     cluster.flytctl_ok(&args)
 }
 
+/// A driver-API app on both GPUs (`migrate_two_devices.c`) of the VM whose client manager is at
+/// `socket`, built in the cluster's folder `dir` and paused where it waits for a move (its marker
+/// file); `None`, with a line saying so, without `FLYT_CUDA_HOME`.
+fn paused_app(cluster: &Cluster, socket: &Path, dir: &str) -> Option<(Child, PathBuf)> {
+    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
+        eprintln!("the driver-API app part is skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
+        return None;
+    };
+    let scratch = cluster.path(dir);
+    fs::create_dir_all(&scratch).unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cuda-shim/cdylib/tests/c/migrate_two_devices.c");
+    let (program, lib) = flyt_test_support::driver_program(&source, &cuda, &scratch);
+    let marker = scratch.join("marker");
+    let app = Command::new(&program)
+        .arg(&marker)
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("FLYT_CLIENT_MANAGER_SOCKET", socket)
+        .env_remove("FLYT_SERVER")
+        .env_remove("FLYT_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the app's allocations on both GPUs", Duration::from_secs(30), || marker.exists().then_some(()));
+    Some((app, marker))
+}
+
+/// Lets the paused app go on after the move: it passes at `place`, its pointers as they were and
+/// every byte on device 0 kept.
+fn app_goes_on(app: Child, marker: &Path, place: &str) {
+    fs::write(marker.with_extension("next"), b"").unwrap();
+    let output = app.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("PASSED: 0 failure(s)"),
+        "the app goes on at {place}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let pointers: Vec<&str> = stdout.lines().filter(|line| line.starts_with("pointers:")).collect();
+    assert!(pointers.len() == 2 && pointers[0] == pointers[1], "the app's pointers changed:\n{stdout}");
+    assert!(stdout.contains("every byte on device 0 (read from device 1): yes"), "{stdout}");
+}
+
+/// A cluster of two nodes of one GPU each (40 SMs, 4 GiB), both up.
+fn two_nodes() -> Cluster {
+    let mut cluster = Cluster::new(Options::default());
+    cluster.start_node("node-a", "127.0.0.1", 40, 4096);
+    cluster.start_node("node-b", "127.0.0.2", 40, 4096);
+    cluster.wait_node_up("node-a");
+    cluster.wait_node_up("node-b");
+    cluster
+}
+
 fn cmdline(pid: u64) -> String {
     fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default().replace('\0', " ")
 }
 
 #[test]
 fn a_vm_of_two_gpus_spreads_over_two_nodes_only_when_allowed() {
-    let mut cluster = Cluster::new(Options::default());
-    cluster.start_node("node-a", "127.0.0.1", 40, 4096);
-    cluster.start_node("node-b", "127.0.0.2", 40, 4096);
-    cluster.wait_node_up("node-a");
-    cluster.wait_node_up("node-b");
+    let mut cluster = two_nodes();
 
     // Without --spread: no node has two GPUs, and the refusal says that spreading would do.
     add_vm(&cluster, false);
@@ -194,11 +243,7 @@ fn run_through_client_manager((program, lib): &(PathBuf, PathBuf), socket: &Path
 fn a_spread_placement_survives_a_cluster_manager_crash_at_every_step() {
     use std::os::unix::process::ExitStatusExt;
 
-    let mut cluster = Cluster::new(Options::default());
-    cluster.start_node("node-a", "127.0.0.1", 40, 4096);
-    cluster.start_node("node-b", "127.0.0.2", 40, 4096);
-    cluster.wait_node_up("node-a");
-    cluster.wait_node_up("node-b");
+    let mut cluster = two_nodes();
     add_vm(&cluster, true);
     let socket = cluster.start_client_manager(VM);
     for point in ["place.stored_starting", "place.first_started", "place.node_started", "place.stored_running"] {
@@ -291,31 +336,7 @@ fn a_vm_of_two_gpus_moves_whole_to_a_node_with_two() {
     drop(session);
 
     // A driver-API app on both GPUs, paused where it waits for the move (its marker file).
-    let live_app = match std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) {
-        Some(cuda) => {
-            let scratch = cluster.path("two-gpus");
-            fs::create_dir_all(&scratch).unwrap();
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cuda-shim/cdylib/tests/c/migrate_two_devices.c");
-            let (program, lib) = flyt_test_support::driver_program(&source, &cuda, &scratch);
-            let marker = scratch.join("marker");
-            let app = Command::new(&program)
-                .arg(&marker)
-                .env("LD_LIBRARY_PATH", &lib)
-                .env("FLYT_CLIENT_MANAGER_SOCKET", &socket)
-                .env_remove("FLYT_SERVER")
-                .env_remove("FLYT_TOKEN")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            wait_until("the app's allocations on both GPUs", Duration::from_secs(30), || marker.exists().then_some(()));
-            Some((app, marker))
-        }
-        None => {
-            eprintln!("the driver-API app part is skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
-            None
-        }
-    };
+    let live_app = paused_app(&cluster, &socket, "two-gpus");
 
     // It moves (with the app's session when there is one): both GPUs of node-c, one server, the
     // old one stopped.
@@ -330,17 +351,7 @@ fn a_vm_of_two_gpus_moves_whole_to_a_node_with_two() {
         }
     });
     if let Some((app, marker)) = live_app {
-        fs::write(marker.with_extension("next"), b"").unwrap();
-        let output = app.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success() && stdout.contains("PASSED: 0 failure(s)"),
-            "the app goes on at node-c:\n{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let pointers: Vec<&str> = stdout.lines().filter(|line| line.starts_with("pointers:")).collect();
-        assert!(pointers.len() == 2 && pointers[0] == pointers[1], "the app's pointers changed:\n{stdout}");
-        assert!(stdout.contains("every byte on device 0 (read from device 1): yes"), "{stdout}");
+        app_goes_on(app, &marker, "node-c");
     }
     assert!(moved.contains("moved from node-a/") && moved.contains("to node-c/"), "{moved}");
     let after = cluster.wait_settled("the move").remove(0);
@@ -403,35 +414,11 @@ fn one_gpu_of_a_vm_of_two_moves_to_a_third_gpu_of_its_node() {
     assert_eq!(settled[0]["pid"], before["pid"], "{}", settled[0]);
 
     // A driver-API app on both GPUs, paused where it waits for the move (its marker file).
-    let live_app = match std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) {
-        Some(cuda) => {
-            let scratch = cluster.path("one-gpu");
-            fs::create_dir_all(&scratch).unwrap();
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cuda-shim/cdylib/tests/c/migrate_two_devices.c");
-            let (program, lib) = flyt_test_support::driver_program(&source, &cuda, &scratch);
-            let marker = scratch.join("marker");
-            let app = Command::new(&program)
-                .arg(&marker)
-                .env("LD_LIBRARY_PATH", &lib)
-                .env("FLYT_CLIENT_MANAGER_SOCKET", &socket)
-                .env_remove("FLYT_SERVER")
-                .env_remove("FLYT_TOKEN")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            wait_until("the app's allocations on both GPUs", Duration::from_secs(30), || marker.exists().then_some(()));
-            Some((app, marker))
-        }
-        None => {
-            eprintln!("the driver-API app part is skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
-            None
-        }
-    };
+    let live_app = paused_app(&cluster, &socket, "one-gpu");
 
     // A cluster manager that dies once the session is restored on the new server, before the
     // switch: the move is rolled back, the old server and set stay.
-    crash_mid_move(&mut cluster, "move.copied", &["--gpu", "1", "--to", &format!("node-a/{third}")]);
+    crash_mid_move(&mut cluster, "move.copied", &[VM, "--gpu", "1", "--to", &format!("node-a/{third}")]);
     let settled = cluster.wait_settled("the rolled-back move").remove(0);
     assert_eq!((&settled["pid"], settled["extra_gpus"][0].to_string()), (&before["pid"], second.clone()), "{settled}");
 
@@ -465,7 +452,7 @@ fn one_gpu_of_a_vm_of_two_moves_to_a_third_gpu_of_its_node() {
 
     // One that dies after the switch of a move back (index 1 to the old GPU): the move is
     // finished, the app going on at the newest server.
-    crash_mid_move(&mut cluster, "move.switched", &["--gpu", "1", "--to", &format!("node-a/{second}")]);
+    crash_mid_move(&mut cluster, "move.switched", &[VM, "--gpu", "1", "--to", &format!("node-a/{second}")]);
     let back = cluster.wait_settled("the finished move").remove(0);
     assert_eq!((back["gpu"].to_string(), back["extra_gpus"][0].to_string()), (first.clone(), second.clone()), "{back}");
     assert!(!crate::harness::pid_alive(u32::try_from(after["pid"].as_u64().unwrap()).unwrap()), "the moved-from server is stopped");
@@ -473,33 +460,9 @@ fn one_gpu_of_a_vm_of_two_moves_to_a_third_gpu_of_its_node() {
     assert!(cluster.log("cluster-manager").contains("finishing a move left under way"));
 
     if let Some((app, marker)) = live_app {
-        fs::write(marker.with_extension("next"), b"").unwrap();
-        let output = app.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success() && stdout.contains("PASSED: 0 failure(s)"),
-            "the app goes on at the new server:\n{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let pointers: Vec<&str> = stdout.lines().filter(|line| line.starts_with("pointers:")).collect();
-        assert!(pointers.len() == 2 && pointers[0] == pointers[1], "the app's pointers changed:\n{stdout}");
-        assert!(stdout.contains("every byte on device 0 (read from device 1): yes"), "{stdout}");
+        app_goes_on(app, &marker, "the new server");
     }
     // The VM's next app goes to the newest server.
     let (reply, _) = cluster.locate(&socket, 0);
     assert_eq!(reply["address"], back["addresses"][0], "{reply}");
-}
-
-/// Kills the cluster manager, starts one that dies at `point` of the move `args` asks for (of
-/// the VM), and starts a plain one after it died there.
-fn crash_mid_move(cluster: &mut Cluster, point: &str, args: &[&str]) {
-    cluster.cluster_manager().kill();
-    cluster.start_cluster_manager_with(&[("FLYT_FAILPOINT", point.to_string())]);
-    let mut all = vec!["migrate", VM];
-    all.extend_from_slice(args);
-    let (code, _, stderr) = cluster.flytctl(&all);
-    assert_eq!(code, 3, "{point}: the cluster manager should have died during the move: {stderr}");
-    assert!(cluster.cluster_manager().wait_exit(Duration::from_secs(10)).is_some(), "{point}");
-    assert!(cluster.log("cluster-manager").contains(&format!("fail point {point} reached")), "{point}");
-    cluster.start_cluster_manager();
 }

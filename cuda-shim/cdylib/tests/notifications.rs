@@ -4,16 +4,15 @@
 
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use flyt_daemon_kit::auth::ClusterKey;
 use flyt_daemon_kit::rpc::{Endpoint, connect, deadline, transport};
 use flyt_protocol::control::auth::ServiceName;
 use flyt_protocol::control::rpc_server::RpcServerControlClient;
-use flyt_test_support::{driver_program, scratch_dir};
+use flyt_test_support::{Interactive, driver_program, scratch_dir, toolkit_from};
 
 const KEY: &str = "notification test key, long enough";
 
@@ -30,10 +29,7 @@ fn resize(control: &Path, key: &Path, quota: u64) {
 
 #[test]
 fn a_lowered_quota_reaches_the_apps_callbacks() {
-    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
-        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
-        return;
-    };
+    let Some(cuda) = toolkit_from("FLYT_CUDA_HOME") else { return };
     let scratch = scratch_dir("notifications");
     let source = format!("{}/tests/c/driver_notifications.c", env!("CARGO_MANIFEST_DIR"));
     let (program, lib) = driver_program(Path::new(&source), &cuda, &scratch);
@@ -43,27 +39,14 @@ fn a_lowered_quota_reaches_the_apps_callbacks() {
         &flyt_protocol::token::SessionClaims { allocation: "any".into(), expires_at: u64::MAX },
     )
     .unwrap();
-    let mut app = Command::new(&program)
-        .env("LD_LIBRARY_PATH", &lib)
-        .env("FLYT_SERVER", &socket)
-        .env("FLYT_TOKEN", &token)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the program");
-    let mut stdout = BufReader::new(app.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("the program's first line");
+    let mut app =
+        Interactive::spawn(Command::new(&program).env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &socket).env("FLYT_TOKEN", &token));
+    let line = app.read_line();
     assert_eq!(line.trim(), "allocated", "{line}");
     // 48 MiB held under a quota lowered to 32 MiB: 16 MiB over.
     resize(&control, &key, 32 << 20);
-    app.stdin.take().expect("stdin").write_all(b"go\n").expect("tell the program");
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stdout, &mut rest).expect("the program's output");
-    let status = app.wait().expect("the program ends");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut app.stderr.take().expect("stderr"), &mut stderr).unwrap();
+    app.send("go");
+    let (status, rest, stderr) = app.finish();
     assert!(status.success(), "{rest}\n{stderr}");
     for expected in [
         "quota now 32 MiB",

@@ -7,12 +7,11 @@
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
-use flyt_test_support::{Server, driver_program, scratch_dir};
+use flyt_test_support::{OVERSUBSCRIBED, Server, driver_program, scratch_dir, toolkit_from};
 
 /// One app: its stdin, and its stdout's lines as they come.
 struct App {
@@ -29,33 +28,14 @@ impl App {
 
 #[test]
 fn apps_twice_the_device_take_turns_through_the_driver_api() {
-    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
-        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
-        return;
-    };
+    let Some(cuda) = toolkit_from("FLYT_CUDA_HOME") else { return };
     let scratch = scratch_dir("paging-apps");
     let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/paging_turns.c");
     let (program, lib) = driver_program(std::path::Path::new(source), &cuda, &scratch);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
-    let server = Server::start(
-        &[
-            "--device",
-            "emulated",
-            "--listen",
-            &socket,
-            "--emulated-memory",
-            "8MiB",
-            "--memory-quota",
-            "16MiB",
-            "--oversubscribe",
-            "2.0",
-            "--idle-page-out-ms",
-            "50",
-            "--resident-min-ms",
-            "0",
-        ],
-        &scratch,
-    );
+    let args =
+        [&["--device", "emulated", "--listen", &socket][..], &OVERSUBSCRIBED, &["--idle-page-out-ms", "50", "--resident-min-ms", "0"]];
+    let server = Server::start(&args.concat(), &scratch);
     let mut apps: Vec<App> = (0..4)
         .map(|index| {
             let mut child = Command::new(&program)

@@ -8,16 +8,16 @@
 
 #![allow(clippy::tests_outside_test_module, reason = "an integration test file is its own test crate")]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flyt_test_support::{Server, driver_program, scrape_metrics, scratch_dir, series_value};
+use flyt_test_support::{Interactive, Server, driver_program, scrape_metrics, scratch_dir, series_value, toolkit_from, wait_until};
 
 /// A TCP relay that can cut every connection it carries, on command.
 struct Relay {
@@ -95,26 +95,47 @@ fn sessions(metrics: &str) -> Option<f64> {
     series_value(&scrape_metrics(metrics), "flyt_rpc_sessions{allocation=\"blips\"}")
 }
 
-fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    done()
-}
-
 fn compiled(name: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
-    let Some(cuda) = std::env::var_os("FLYT_CUDA_HOME").map(PathBuf::from) else {
-        eprintln!("skipped: FLYT_CUDA_HOME is not set (tools/test sets it)");
-        return None;
-    };
+    let cuda = toolkit_from("FLYT_CUDA_HOME")?;
     let scratch = scratch_dir(name);
     let source = format!("{}/tests/c/driver_reconnect.c", env!("CARGO_MANIFEST_DIR"));
     let (program, lib) = driver_program(Path::new(&source), &cuda, &scratch);
     Some((scratch, program, lib))
+}
+
+/// The looping program (`c/driver_reconnect.c`) started as an app of `server` (its
+/// `FLYT_SERVER`), without the shared-memory channel and with `env`, its "ready" line read.
+fn start_loop(program: &Path, lib: &Path, server: &str, args: &[&str], env: &[(&str, &str)], log: &Server) -> Interactive {
+    let mut command = Command::new(program);
+    command.args(args).env("LD_LIBRARY_PATH", lib).env("FLYT_SERVER", server).env("FLYT_SHM", "off").envs(env.iter().copied());
+    let mut app = Interactive::spawn(&mut command);
+    assert_eq!(app.read_line().trim(), "ready", "{}", log.log_text());
+    app
+}
+
+/// How many times the server logged a client coming back to its session.
+fn came_back(server: &Server) -> usize {
+    server.log_text().matches("the client came back: the session goes on").count()
+}
+
+/// Cuts the relay's connections (`reset` or a plain close) and waits for the app's `cut`th return.
+fn cut_and_come_back(relay: &Relay, server: &Server, cut: usize, reset: bool) {
+    let connections = relay.accepted.load(Ordering::SeqCst);
+    relay.cut(reset);
+    let back = wait_until(Duration::from_secs(15), || relay.accepted.load(Ordering::SeqCst) > connections && came_back(server) > cut);
+    assert!(back, "cut {cut}: the app did not come back:\n{}", server.log_text());
+}
+
+/// Stops the loop: it must end well, every result right and nothing told to the app; its output
+/// after "ready".
+fn stop_loop(app: Interactive, server: &Server) -> String {
+    let mut app = app;
+    app.send("stop");
+    let (status, rest, stderr) = app.finish();
+    assert!(status.success(), "{rest}\n{stderr}\n{}", server.log_text());
+    assert!(rest.contains(", wrong: 0") && rest.contains("PASSED: 0 failure(s)"), "{rest}\n{stderr}");
+    assert!(stderr.trim().is_empty(), "the app was told something:\n{stderr}");
+    rest
 }
 
 #[test]
@@ -127,51 +148,24 @@ fn twenty_cut_connections_cost_the_app_nothing() {
     );
     assert!(server.wait_for_log("metrics on http://", Duration::from_secs(10)), "{}", server.log_text());
     let relay = Relay::start(&server.addresses[0]);
-    let mut app = Command::new(&program)
-        .env("LD_LIBRARY_PATH", &lib)
-        .env("FLYT_SERVER", &relay.address)
-        .env("FLYT_SHM", "off")
-        // Striped copies open data connections of their own, which this does not resume.
-        .env("FLYT_STRIPES", "0")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run driver_reconnect");
-    let mut out = BufReader::new(app.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("ready");
-    assert_eq!(line.trim(), "ready", "{}", server.log_text());
+    // Striped copies open data connections of their own, which this does not resume.
+    let app = start_loop(&program, &lib, &relay.address, &[], &[("FLYT_STRIPES", "0")], &server);
 
     const CUTS: usize = 20;
-    let came_back = |log: &str| log.matches("the client came back: the session goes on").count();
     for cut in 0..CUTS {
         // Traffic flows a little on the current connection first.
         std::thread::sleep(Duration::from_millis(150));
-        let connections = relay.accepted.load(Ordering::SeqCst);
-        relay.cut(cut % 2 == 0);
-        let back = wait_until(Duration::from_secs(15), || {
-            relay.accepted.load(Ordering::SeqCst) > connections && came_back(&server.log_text()) > cut
-        });
-        assert!(back, "cut {cut}: the app did not come back:\n{}", server.log_text());
+        cut_and_come_back(&relay, &server, cut, cut % 2 == 0);
     }
-    assert_eq!(came_back(&server.log_text()), CUTS, "{}", server.log_text());
+    assert_eq!(came_back(&server), CUTS, "{}", server.log_text());
     assert_eq!(sessions(&metrics), Some(1.0), "one session, as before the cuts:\n{}", server.log_text());
 
-    app.stdin.take().expect("stdin").write_all(b"stop\n").expect("stop the loop");
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).expect("the program's output");
-    let mut stderr = String::new();
-    app.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("the program's errors");
-    let status = app.wait().expect("the program ends");
-    assert!(status.success(), "{rest}\n{stderr}\n{}", server.log_text());
-    assert!(rest.contains(", wrong: 0") && rest.contains("PASSED: 0 failure(s)"), "{rest}\n{stderr}");
+    let rest = stop_loop(app, &server);
     let iterations: u64 = rest
         .lines()
         .find_map(|line| line.strip_prefix("iterations: ")?.split(',').next()?.parse().ok())
         .expect("the program counts its iterations");
     assert!(iterations >= CUTS as u64, "only {iterations} iteration(s) ran across {CUTS} cuts");
-    assert!(stderr.trim().is_empty(), "the app was told something:\n{stderr}");
     // The app said goodbye at its exit: its session ends at once, not a grace period later.
     assert!(wait_until(Duration::from_secs(5), || sessions(&metrics) == Some(0.0)), "{}", server.log_text());
     assert!(server.log_text().contains("session ended by the client"), "{}", server.log_text());
@@ -189,39 +183,14 @@ fn cuts_under_tls_cost_the_app_nothing() {
     let (cert, key) = (cert.display().to_string(), key.display().to_string());
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--tls-cert", &cert, "--tls-key", &key], &scratch);
     let relay = Relay::start(&server.addresses[0]);
-    let mut app = Command::new(&program)
-        .env("LD_LIBRARY_PATH", &lib)
-        .env("FLYT_SERVER", &relay.address)
-        .env("FLYT_TLS_CA", &cert)
-        .env("FLYT_SHM", "off")
-        .env("FLYT_STRIPES", "0")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run driver_reconnect");
-    let mut out = BufReader::new(app.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("ready");
-    assert_eq!(line.trim(), "ready", "{}", server.log_text());
+    let app = start_loop(&program, &lib, &relay.address, &[], &[("FLYT_TLS_CA", &cert), ("FLYT_STRIPES", "0")], &server);
     assert!(server.log_text().contains("transport=tls"), "{}", server.log_text());
-    let came_back = |log: &str| log.matches("the client came back: the session goes on").count();
     for cut in 0..5 {
         std::thread::sleep(Duration::from_millis(150));
-        relay.cut(cut % 2 == 0);
-        let back = wait_until(Duration::from_secs(15), || came_back(&server.log_text()) > cut);
-        assert!(back, "cut {cut}: the app did not come back:\n{}", server.log_text());
+        cut_and_come_back(&relay, &server, cut, cut % 2 == 0);
     }
-    app.stdin.take().expect("stdin").write_all(b"stop\n").expect("stop the loop");
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).expect("the program's output");
-    let mut stderr = String::new();
-    app.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("the program's errors");
-    let status = app.wait().expect("the program ends");
-    assert!(status.success(), "{rest}\n{stderr}\n{}", server.log_text());
-    assert!(rest.contains(", wrong: 0") && rest.contains("PASSED: 0 failure(s)"), "{rest}\n{stderr}");
-    assert!(stderr.trim().is_empty(), "the app was told something:\n{stderr}");
-    assert_eq!(came_back(&server.log_text()), 5, "{}", server.log_text());
+    stop_loop(app, &server);
+    assert_eq!(came_back(&server), 5, "{}", server.log_text());
 }
 
 /// Large copies striped over data connections (4 over TCP): a cut breaks those too, a copy under
@@ -232,50 +201,25 @@ fn striped_copies_cut_under_way_are_sent_again() {
     let Some((scratch, program, lib)) = compiled("reconnect-striped") else { return };
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
     let relay = Relay::start(&server.addresses[0]);
-    let mut app = Command::new(&program)
-        .arg("large")
-        .env("LD_LIBRARY_PATH", &lib)
-        .env("FLYT_SERVER", &relay.address)
-        .env("FLYT_SHM", "off")
-        .env("FLYT_STRIPE_LZ4", "off")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run driver_reconnect");
-    let mut out = BufReader::new(app.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("ready");
-    assert_eq!(line.trim(), "ready", "{}", server.log_text());
-    let came_back = |log: &str| log.matches("the client came back: the session goes on").count();
+    let mut app = start_loop(&program, &lib, &relay.address, &["large"], &[("FLYT_STRIPE_LZ4", "off")], &server);
     for cut in 0..3 {
         if cut == 0 {
             // The first cut lands inside a striped host-to-device copy (24 MiB over the relay).
-            line.clear();
+            let mut line = app.read_line();
             while !line.starts_with("copy up 2") {
-                line.clear();
-                out.read_line(&mut line).expect("the loop's progress");
+                assert!(!line.is_empty(), "the loop ended before its first copy up");
+                line = app.read_line();
             }
             std::thread::sleep(Duration::from_millis(3));
         } else {
             std::thread::sleep(Duration::from_millis(300));
         }
-        relay.cut(cut % 2 == 1);
-        let back = wait_until(Duration::from_secs(15), || came_back(&server.log_text()) > cut);
-        assert!(back, "cut {cut}: the app did not come back:\n{}", server.log_text());
+        cut_and_come_back(&relay, &server, cut, cut % 2 == 1);
     }
     std::thread::sleep(Duration::from_millis(300));
-    app.stdin.take().expect("stdin").write_all(b"stop\n").expect("stop the loop");
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).expect("the program's output");
-    let mut stderr = String::new();
-    app.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("the program's errors");
-    let status = app.wait().expect("the program ends");
-    assert!(status.success(), "{rest}\n{stderr}\n{}", server.log_text());
-    assert!(rest.contains(", wrong: 0") && rest.contains("PASSED: 0 failure(s)"), "{rest}\n{stderr}");
+    stop_loop(app, &server);
     let log = server.log_text();
     assert!(log.contains("data connection joined"), "the copies were striped:\n{log}");
-    assert!(stderr.trim().is_empty(), "the app was told something:\n{stderr}");
     // The data connections joined again after the cuts: later copies were striped too.
     let joined = log.matches("data connection joined").count();
     assert!(joined > 4, "only {joined} data connection(s) joined:\n{log}");
@@ -288,35 +232,15 @@ fn striped_copies_cut_under_way_are_sent_again() {
 fn a_server_really_gone_is_an_error_within_the_reconnect_window() {
     let Some((scratch, program, lib)) = compiled("reconnect-gone") else { return };
     let mut server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0"], &scratch);
-    let mut app = Command::new(&program)
-        .env("LD_LIBRARY_PATH", &lib)
-        .env("FLYT_SERVER", &server.addresses[0])
-        .env("FLYT_SHM", "off")
-        .env("FLYT_RECONNECT_MS", "2000")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run driver_reconnect");
-    let mut out = BufReader::new(app.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("ready");
-    assert_eq!(line.trim(), "ready", "{}", server.log_text());
+    let app = start_loop(&program, &lib, &server.addresses[0], &[], &[("FLYT_RECONNECT_MS", "2000")], &server);
     std::thread::sleep(Duration::from_millis(300));
-    let log = server.log_text();
-    let opening = log.lines().find(|l| l.contains("opened:")).expect("the session's log line").to_string();
-    let worker: i32 =
-        opening.rsplit("worker=").next().and_then(|w| w.split_whitespace().next()).and_then(|w| w.parse().ok()).expect("worker pid");
+    let worker = server.session_worker(0);
     server.kill();
     // SAFETY: signals a process this test's server started.
     unsafe { libc::kill(worker, libc::SIGKILL) };
     let killed = Instant::now();
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).expect("the program's output");
+    let (status, rest, stderr) = app.finish();
     let took = killed.elapsed();
-    let mut stderr = String::new();
-    app.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("the program's errors");
-    let status = app.wait().expect("the program ends");
     assert!(!status.success(), "{rest}\n{stderr}");
     assert!(rest.contains("stopped by CUDA_ERROR_"), "{rest}\n{stderr}");
     assert!(took < Duration::from_secs(8), "the error took {took:?}:\n{rest}\n{stderr}");

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use flyt_test_support::{Server, compile_c, run_with_timeout, scratch_dir, shim_lib_dir};
+use flyt_test_support::{Interactive, Server, compile_c, run_with_timeout, scratch_dir, shim_lib_dir};
 
 fn build_program(scratch: &std::path::Path) -> std::path::PathBuf {
     let lib_dir = shim_lib_dir();
@@ -25,6 +25,19 @@ fn run_program_with(program: &std::path::Path, server: &str, shm: &str) -> (i32,
         Command::new(program).env("LD_LIBRARY_PATH", shim_lib_dir()).env("FLYT_SERVER", server).env("FLYT_SHM", shm),
         Duration::from_secs(120),
     )
+}
+
+/// `tests/c/lost_server.c` built in `scratch` and started against `server` (`FLYT_SERVER`) with
+/// `env`, its "ready" line read: it holds a session until told to call again.
+fn start_lost_server(scratch: &std::path::Path, server: &str, env: &[(&str, &str)]) -> Interactive {
+    let lib_dir = shim_lib_dir();
+    let program = scratch.join("lost_server");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/lost_server.c");
+    compile_c(&source, &program, &lib_dir, &[]);
+    let mut app =
+        Interactive::spawn(Command::new(&program).env("LD_LIBRARY_PATH", &lib_dir).env("FLYT_SERVER", server).envs(env.iter().copied()));
+    assert_eq!(app.read_line().trim(), "ready");
+    app
 }
 
 fn flyt_segments() -> Vec<String> {
@@ -69,28 +82,11 @@ fn c_program_runs_through_the_shim_over_every_transport() {
 /// `kill -9` of an app that holds a segment leaves nothing behind, and the server goes on.
 #[test]
 fn a_killed_app_leaves_no_segment_and_no_session() {
-    use std::io::{BufRead, BufReader};
     let scratch = scratch_dir("killed-app");
-    let lib_dir = shim_lib_dir();
-    let program = scratch.join("lost_server");
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/lost_server.c");
-    compile_c(&source, &program, &lib_dir, &[]);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", "127.0.0.1:0", "--listen", &socket], &scratch);
     for (number, address) in server.addresses.iter().enumerate() {
-        let mut child = Command::new(&program)
-            .env("LD_LIBRARY_PATH", &lib_dir)
-            .env("FLYT_SERVER", address)
-            .env("FLYT_SHM", "on")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready");
-        child.kill().unwrap();
-        child.wait().unwrap();
+        start_lost_server(&scratch, address, &[("FLYT_SHM", "on")]).kill();
         let session = number + 1;
         assert!(server.wait_for_log(&format!("session {session} closed"), Duration::from_secs(10)), "{}", server.log_text());
     }
@@ -115,26 +111,10 @@ fn an_unreachable_server_is_a_cuda_error_not_a_hang() {
 
 #[test]
 fn a_lost_server_fails_every_call_at_once() {
-    use std::io::{BufRead, BufReader, Write};
     let scratch = scratch_dir("lost-server");
-    let lib_dir = shim_lib_dir();
-    let program = scratch.join("lost_server");
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/lost_server.c");
-    compile_c(&source, &program, &lib_dir, &[]);
     let socket = format!("unix:{}", scratch.join("flyt.sock").display());
     let server = Server::start(&["--device", "emulated", "--listen", &socket], &scratch);
-    let mut child = Command::new(&program)
-        .env("LD_LIBRARY_PATH", &lib_dir)
-        .env("FLYT_SERVER", &socket)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
+    let mut app = start_lost_server(&scratch, &socket, &[]);
     // Kill the session's worker: the process that holds the app's GPU state.
     assert!(server.wait_for_log("session 1 opened", Duration::from_secs(10)));
     let worker = server
@@ -146,18 +126,15 @@ fn a_lost_server_fails_every_call_at_once() {
     Command::new("kill").args(["-KILL", &worker]).status().unwrap();
     assert!(server.wait_for_log("session 1 closed", Duration::from_secs(10)));
     let started = std::time::Instant::now();
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    line.clear();
-    stdout.read_line(&mut line).unwrap();
-    let status = child.wait().unwrap();
+    app.send("go");
+    let line = app.read_line();
+    let (status, _, stderr) = app.finish();
     assert!(started.elapsed() < Duration::from_secs(5), "calls after the loss must not hang");
     assert!(status.success());
     assert_eq!(
         line.trim(),
         "cudaErrorDevicesUnavailable cudaErrorDevicesUnavailable cudaErrorDevicesUnavailable cudaErrorDevicesUnavailable"
     );
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
     assert_eq!(stderr.matches("lost the connection to the GPU server").count(), 1, "{stderr}");
 }
 

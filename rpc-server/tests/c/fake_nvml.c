@@ -87,11 +87,18 @@ unsigned nvmlDeviceGetNvLinkCapability(void *handle, unsigned link, unsigned cap
     return SUCCESS;
 }
 
-unsigned nvmlDeviceGetNvLinkRemotePciInfo_v2(void *handle, unsigned link, PciInfo *pci) {
-    int g = gpu(handle), type;
-    unsigned bus;
+// The far end of link `link` of the GPU `handle` names, as far_end; INVALID_ARGUMENT for a
+// handle or link that is none.
+static unsigned far_end_of(void *handle, unsigned link, unsigned *bus, int *type) {
+    int g = gpu(handle);
     if (g < 0 || link >= 18) return INVALID_ARGUMENT;
-    unsigned status = far_end(g, link, &bus, &type);
+    return (unsigned)far_end(g, link, bus, type);
+}
+
+unsigned nvmlDeviceGetNvLinkRemotePciInfo_v2(void *handle, unsigned link, PciInfo *pci) {
+    int type;
+    unsigned bus;
+    unsigned status = far_end_of(handle, link, &bus, &type);
     if (status != SUCCESS) return status;
     memset(pci, 0, sizeof *pci);
     pci->bus = bus;
@@ -100,10 +107,10 @@ unsigned nvmlDeviceGetNvLinkRemotePciInfo_v2(void *handle, unsigned link, PciInf
 }
 
 unsigned nvmlDeviceGetNvLinkRemoteDeviceType(void *handle, unsigned link, unsigned *kind) {
-    int g = gpu(handle), type;
+    int type;
     unsigned bus;
-    if (g < 0 || link >= 18) return INVALID_ARGUMENT;
-    unsigned status = far_end(g, link, &bus, &type);
+    unsigned status = far_end_of(handle, link, &bus, &type);
+    if (status == INVALID_ARGUMENT) return status;
     if (status != SUCCESS || type < 0) return NOT_SUPPORTED;
     *kind = (unsigned)type;
     return SUCCESS;

@@ -10,15 +10,6 @@
 
 static unsigned char pattern(size_t i) { return (unsigned char)(i * 7 + 3); }
 
-static CUDA_MEMCPY3D box(size_t width, size_t height, size_t depth) {
-    CUDA_MEMCPY3D c;
-    memset(&c, 0, sizeof c);
-    c.WidthInBytes = width;
-    c.Height = height;
-    c.Depth = depth;
-    return c;
-}
-
 // A 3D round trip: host box -> pitched device memory at an offset -> another host layout.
 static void pitched_3d(CUstream stream, int pinned) {
     const size_t W = 1000, H = 70, D = 40, PITCH_ROWS = 80;  // 2.8 MB box, rows of 1000 bytes
@@ -38,36 +29,14 @@ static void pitched_3d(CUstream stream, int pinned) {
     for (size_t i = 0; i < host_len; i++) src[i] = pattern(i);
     memset(back, 0x11, host_len + 4096);
 
-    CUDA_MEMCPY3D c = box(W, H, D);
-    c.srcMemoryType = CU_MEMORYTYPE_HOST;
-    c.srcHost = src;
-    c.srcPitch = W;
-    c.srcHeight = H;
-    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-    c.dstDevice = dev;
-    c.dstPitch = pitch;
-    c.dstHeight = PITCH_ROWS;
-    c.dstXInBytes = 24;
-    c.dstY = 5;
-    c.dstZ = 1;
+    CUDA_MEMCPY3D c = copy_3d(host_side(src, W, H), box_at(device_side(dev, pitch, PITCH_ROWS), 24, 5, 1), W, H, D);
     EXPECT(stream ? cuMemcpy3DAsync(&c, stream) : cuMemcpy3D(&c), CUDA_SUCCESS);
 
     // Back into a host layout with a wider pitch (1024) and taller slices (72 rows).
-    CUDA_MEMCPY3D r = box(W, H, D);
-    r.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-    r.srcDevice = dev;
-    r.srcPitch = pitch;
-    r.srcHeight = PITCH_ROWS;
-    r.srcXInBytes = 24;
-    r.srcY = 5;
-    r.srcZ = 1;
-    r.dstMemoryType = CU_MEMORYTYPE_HOST;
     size_t out_len = 1024 * 72 * D;
     unsigned char *out = malloc(out_len);
     memset(out, 0x22, out_len);
-    r.dstHost = out;
-    r.dstPitch = 1024;
-    r.dstHeight = 72;
+    CUDA_MEMCPY3D r = copy_3d(box_at(device_side(dev, pitch, PITCH_ROWS), 24, 5, 1), host_side(out, 1024, 72), W, H, D);
     EXPECT(stream ? cuMemcpy3DAsync(&r, stream) : cuMemcpy3D(&r), CUDA_SUCCESS);
     if (stream) EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
     int same = 1, untouched = 1;
@@ -101,8 +70,7 @@ static void pitched_3d(CUstream stream, int pinned) {
 int main(void) {
     CUdevice device;
     use_primary_context(&device);
-    CUstream stream;
-    EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUstream stream = new_stream(CU_STREAM_NON_BLOCKING);
 
     // Pitched memory and a 2D memset of a sub-rectangle.
     size_t pitch = 0;
@@ -138,39 +106,18 @@ int main(void) {
     size_t row_bytes = 64 * 8, volume_len = row_bytes * 32 * 4;
     unsigned char *vol = malloc(volume_len), *vol_back = malloc(volume_len);
     for (size_t i = 0; i < volume_len; i++) vol[i] = pattern(i * 3);
-    CUDA_MEMCPY3D c = box(row_bytes, 32, 4);
-    c.srcMemoryType = CU_MEMORYTYPE_HOST;
-    c.srcHost = vol;
-    c.srcPitch = row_bytes;
-    c.srcHeight = 32;
-    c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
-    c.dstArray = volume;
+    CUDA_MEMCPY3D c = copy_3d(host_side(vol, row_bytes, 32), array_side(volume), row_bytes, 32, 4);
     EXPECT(cuMemcpy3D(&c), CUDA_SUCCESS);
     CUdeviceptr flat = 0;
     EXPECT(cuMemAlloc(&flat, volume_len), CUDA_SUCCESS);
-    CUDA_MEMCPY3D a = box(row_bytes, 32, 4);
-    a.srcMemoryType = CU_MEMORYTYPE_ARRAY;
-    a.srcArray = volume;
-    a.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-    a.dstDevice = flat;
-    a.dstPitch = row_bytes;
-    a.dstHeight = 32;
+    CUDA_MEMCPY3D a = copy_3d(array_side(volume), device_side(flat, row_bytes, 32), row_bytes, 32, 4);
     EXPECT(cuMemcpy3DAsync(&a, stream), CUDA_SUCCESS);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
     EXPECT(cuMemcpyDtoH(vol_back, flat, volume_len), CUDA_SUCCESS);
     CHECK("host -> 3D array -> device", memcmp(vol, vol_back, volume_len) == 0);
     // One slice, rows 3..5, columns 8..15 (in elements) of the array straight to the host.
     unsigned char part[3 * 64];
-    CUDA_MEMCPY3D p = box(64, 3, 1);
-    p.srcMemoryType = CU_MEMORYTYPE_ARRAY;
-    p.srcArray = volume;
-    p.srcXInBytes = 64;
-    p.srcY = 3;
-    p.srcZ = 2;
-    p.dstMemoryType = CU_MEMORYTYPE_HOST;
-    p.dstHost = part;
-    p.dstPitch = 64;
-    p.dstHeight = 3;
+    CUDA_MEMCPY3D p = copy_3d(box_at(array_side(volume), 64, 3, 2), host_side(part, 64, 3), 64, 3, 1);
     EXPECT(cuMemcpy3D(&p), CUDA_SUCCESS);
     int part_ok = 1;
     for (size_t y = 0; y < 3; y++) part_ok &= memcmp(part + y * 64, vol + (2 * 32 + 3 + y) * row_bytes + 64, 64) == 0;
@@ -188,15 +135,7 @@ int main(void) {
     CHECK("2D descriptor read back", got2.Width == 16 && got2.Height == 4 && got2.Format == CU_AD_FORMAT_UNSIGNED_INT32 && got2.NumChannels == 1);
     unsigned int cells[64], cells_back[64];
     for (unsigned int i = 0; i < 64; i++) cells[i] = i * 1000 + 7;
-    CUDA_MEMCPY2D m;
-    memset(&m, 0, sizeof m);
-    m.srcMemoryType = CU_MEMORYTYPE_HOST;
-    m.srcHost = cells;
-    m.srcPitch = 64;
-    m.dstMemoryType = CU_MEMORYTYPE_ARRAY;
-    m.dstArray = plane;
-    m.WidthInBytes = 64;
-    m.Height = 4;
+    CUDA_MEMCPY2D m = copy_2d(host_side(cells, 64, 0), array_side(plane), 64, 4);
     EXPECT(cuMemcpy2D(&m), CUDA_SUCCESS);
     EXPECT(cuMemcpyAtoA(twin, 0, plane, 0, 64), CUDA_SUCCESS);
     EXPECT(cuMemcpyAtoH(cells_back, twin, 16, 32), CUDA_SUCCESS);
@@ -210,15 +149,8 @@ int main(void) {
     EXPECT(cuMemcpyAtoA(twin, 0, plane, 0, 6), CUDA_ERROR_INVALID_VALUE);
 
     // Texture and surface objects, and what they were made with.
-    CUDA_RESOURCE_DESC res;
-    memset(&res, 0, sizeof res);
-    res.resType = CU_RESOURCE_TYPE_ARRAY;
-    res.res.array.hArray = plane;
-    CUDA_TEXTURE_DESC tex;
-    memset(&tex, 0, sizeof tex);
-    tex.addressMode[0] = CU_TR_ADDRESS_MODE_CLAMP;
-    tex.filterMode = CU_TR_FILTER_MODE_POINT;
-    tex.flags = CU_TRSF_READ_AS_INTEGER;
+    CUDA_RESOURCE_DESC res = array_resource(plane);
+    CUDA_TEXTURE_DESC tex = texture_desc(CU_TR_ADDRESS_MODE_CLAMP, CU_TR_FILTER_MODE_POINT, CU_TRSF_READ_AS_INTEGER);
     tex.borderColor[2] = 0.5f;
     CUtexObject texture = 0;
     EXPECT(cuTexObjectCreate(&texture, &res, &tex, NULL), CUDA_SUCCESS);
@@ -300,16 +232,10 @@ int main(void) {
     window.accessPolicyWindow.base_ptr = (void *)vol;
     EXPECT(cuStreamSetAttribute(stream, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, &window), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuStreamGetAttribute(stream, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &window_back), CUDA_ERROR_INVALID_VALUE);
-    EXPECT(cuStreamDestroy(other), CUDA_SUCCESS);
-
-    EXPECT(cuArrayDestroy(plane), CUDA_SUCCESS);
-    EXPECT(cuArrayDestroy(twin), CUDA_SUCCESS);
-    EXPECT(cuArrayDestroy(volume), CUDA_SUCCESS);
+    RELEASE(STREAM(other), ARRAY(plane), ARRAY(twin), ARRAY(volume));
     EXPECT(cuArrayDestroy(volume), CUDA_ERROR_INVALID_VALUE);
-    EXPECT(cuMemFree(flat), CUDA_SUCCESS);
-    EXPECT(cuMemFree(pitched), CUDA_SUCCESS);
+    RELEASE(MEMORY(flat), MEMORY(pitched));
     free(vol);
     free(vol_back);
-    printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-    return failures ? 1 : 0;
+    return finish();
 }

@@ -36,8 +36,7 @@ static void CUDA_CB on_log(void *data, CUlogLevel level, char *message, size_t l
 int main(void) {
     CUdevice device;
     use_primary_context(&device);
-    CUstream stream;
-    EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUstream stream = new_stream(CU_STREAM_NON_BLOCKING);
     CUdeviceptr dev = 0;
     EXPECT(cuMemAlloc(&dev, N), CUDA_SUCCESS);
     unsigned char *up = malloc(N), *down = calloc(1, N);
@@ -174,10 +173,8 @@ int main(void) {
     EXPECT(cuEventCreate(&event, 0), CUDA_SUCCESS);
     EXPECT(cuEventDestroy(event), CUDA_SUCCESS);
     EXPECT(cuEventDestroy(event), CUDA_ERROR_INVALID_HANDLE);
-    EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
-    EXPECT(cuMemFree(dev), CUDA_SUCCESS);
+    RELEASE(STREAM(stream), MEMORY(dev));
     free(up);
     free(down);
-    printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-    return failures ? 1 : 0;
+    return finish();
 }

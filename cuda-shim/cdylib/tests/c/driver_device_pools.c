@@ -9,14 +9,6 @@
 
 enum { N = 1 << 20 };
 
-static CUmemLocation device_location(int device) {
-    CUmemLocation location;
-    memset(&location, 0, sizeof location);
-    location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    location.id = device;
-    return location;
-}
-
 static int pointer_device(CUdeviceptr ptr) {
     int ordinal = -1;
     EXPECT(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr), CUDA_SUCCESS);
@@ -47,7 +39,7 @@ int main(void) {
     EXPECT(cuDeviceGetDefaultMemPool(&again, dev1), CUDA_SUCCESS);
     CHECK("the same handle when asked again", again == default1);
     CHECK("no default pool past the session's devices", cuDeviceGetDefaultMemPool(&beyond_pool, count) == CUDA_ERROR_INVALID_DEVICE);
-    CUmemLocation at1 = device_location(1);
+    CUmemLocation at1 = mem_location(CU_MEM_LOCATION_TYPE_DEVICE, 1);
     EXPECT(cuMemGetDefaultMemPool(&again, &at1, CU_MEM_ALLOCATION_TYPE_PINNED), CUDA_SUCCESS);
     CHECK("by location too", again == default1);
     EXPECT(cuDeviceGetMemPool(&again, dev1), CUDA_SUCCESS);
@@ -84,7 +76,7 @@ int main(void) {
     EXPECT(cuMemPoolTrimTo(default1, 0), CUDA_SUCCESS);
 
     // Access: device 1's own pool is read-write for it, closed to device 0 until granted.
-    CUmemLocation at0 = device_location(0);
+    CUmemLocation at0 = mem_location(CU_MEM_LOCATION_TYPE_DEVICE, 0);
     CUmemAccess_flags flags = 7;
     EXPECT(cuMemPoolGetAccess(&flags, default1, &at1), CUDA_SUCCESS);
     CHECK("a pool's own device reads and writes it", flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
@@ -96,7 +88,7 @@ int main(void) {
     CHECK("the peer granted access", flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     EXPECT(cuMemPoolGetAccess(&flags, default0, &at1), CUDA_SUCCESS);
     CHECK("device 0's pool untouched", flags == CU_MEM_ACCESS_FLAGS_PROT_NONE);
-    CUmemLocation nowhere = device_location(count);
+    CUmemLocation nowhere = mem_location(CU_MEM_LOCATION_TYPE_DEVICE, count);
     CUmemAccessDesc foreign = {nowhere, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     CHECK("access for a device outside the session refused", cuMemPoolSetAccess(default1, &foreign, 1) == CUDA_ERROR_INVALID_DEVICE);
 

@@ -12,23 +12,8 @@
 #include "driver_expect.h"
 
 static CUDA_MEMCPY3D host_copy(void *host, CUdeviceptr device, size_t n, int to_host) {
-    CUDA_MEMCPY3D c;
-    memset(&c, 0, sizeof c);
-    if (to_host) {
-        c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-        c.srcDevice = device;
-        c.dstMemoryType = CU_MEMORYTYPE_HOST;
-        c.dstHost = host;
-    } else {
-        c.srcMemoryType = CU_MEMORYTYPE_HOST;
-        c.srcHost = host;
-        c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-        c.dstDevice = device;
-    }
-    c.WidthInBytes = n;
-    c.Height = 1;
-    c.Depth = 1;
-    return c;
+    copy_side h = host_side(host, 0, 0), d = device_side(device, 0, 0);
+    return to_host ? copy_3d(d, h, n, 1, 1) : copy_3d(h, d, n, 1, 1);
 }
 
 static int all_are(const unsigned char *p, size_t n, unsigned char value) {
@@ -90,8 +75,7 @@ static void captured_copies(CUstream s, CUdeviceptr a, CUdeviceptr b, size_t n) 
         good += ok;
     }
     CHECK("every launch copied the host source of that moment, and back", good == 3);
-    EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
-    EXPECT(cuGraphDestroy(graph), CUDA_SUCCESS);
+    RELEASE(GRAPH_EXEC(exec), GRAPH(graph));
     free(in);
     free(out);
 }
@@ -102,25 +86,8 @@ static void captured_2d(CUstream s, CUdeviceptr a) {
     enum { ROWS = 16, WIDTH = 40, UP_PITCH = 64, DOWN_PITCH = 56, DEVICE_PITCH = 48 };
     unsigned char *up = malloc(ROWS * UP_PITCH), *down = malloc(ROWS * DOWN_PITCH);
     memset(down, 0xee, ROWS * DOWN_PITCH);
-    CUDA_MEMCPY2D to_device, to_host;
-    memset(&to_device, 0, sizeof to_device);
-    to_device.srcMemoryType = CU_MEMORYTYPE_HOST;
-    to_device.srcHost = up;
-    to_device.srcPitch = UP_PITCH;
-    to_device.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-    to_device.dstDevice = a;
-    to_device.dstPitch = DEVICE_PITCH;
-    to_device.WidthInBytes = WIDTH;
-    to_device.Height = ROWS;
-    memset(&to_host, 0, sizeof to_host);
-    to_host.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-    to_host.srcDevice = a;
-    to_host.srcPitch = DEVICE_PITCH;
-    to_host.dstMemoryType = CU_MEMORYTYPE_HOST;
-    to_host.dstHost = down;
-    to_host.dstPitch = DOWN_PITCH;
-    to_host.WidthInBytes = WIDTH;
-    to_host.Height = ROWS;
+    CUDA_MEMCPY2D to_device = copy_2d(host_side(up, UP_PITCH, 0), device_side(a, DEVICE_PITCH, 0), WIDTH, ROWS);
+    CUDA_MEMCPY2D to_host = copy_2d(device_side(a, DEVICE_PITCH, 0), host_side(down, DOWN_PITCH, 0), WIDTH, ROWS);
     CUgraph graph;
     EXPECT(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
     EXPECT(cuMemcpy2DAsync(&to_device, s), CUDA_SUCCESS);
@@ -141,8 +108,7 @@ static void captured_2d(CUstream s, CUdeviceptr a) {
         good += ok;
     }
     CHECK("captured pitched copies with host boxes ran at each launch", good == 2);
-    EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
-    EXPECT(cuGraphDestroy(graph), CUDA_SUCCESS);
+    RELEASE(GRAPH_EXEC(exec), GRAPH(graph));
     free(up);
     free(down);
 }
@@ -162,17 +128,7 @@ static void explicit_nodes(CUcontext ctx, CUstream s, CUdeviceptr a) {
     EXPECT(cuGraphAddMemcpyNode(&up, graph, NULL, 0, &up_params, ctx), CUDA_SUCCESS);
     CUDA_MEMSET_NODE_PARAMS set = byte_memset_params(a, 0x55, 16);
     EXPECT(cuGraphAddMemsetNode(&fill, graph, &up, 1, &set, ctx), CUDA_SUCCESS);
-    CUDA_MEMCPY3D down_params;
-    memset(&down_params, 0, sizeof down_params);
-    down_params.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-    down_params.srcDevice = a;
-    down_params.srcPitch = WIDTH;
-    down_params.dstMemoryType = CU_MEMORYTYPE_HOST;
-    down_params.dstHost = box;
-    down_params.dstPitch = HOST_PITCH;
-    down_params.WidthInBytes = WIDTH;
-    down_params.Height = ROWS;
-    down_params.Depth = 1;
+    CUDA_MEMCPY3D down_params = copy_3d(device_side(a, WIDTH, 0), host_side(box, HOST_PITCH, 0), WIDTH, ROWS, 1);
     EXPECT(cuGraphAddMemcpyNode(&down, graph, &fill, 1, &down_params, ctx), CUDA_SUCCESS);
     CUDA_HOST_NODE_PARAMS host_params = {host_fn, NULL};
     EXPECT(cuGraphAddHostNode(&host, graph, &down, 1, &host_params), CUDA_SUCCESS);
@@ -250,11 +206,7 @@ static void explicit_nodes(CUcontext ctx, CUstream s, CUdeviceptr a) {
     EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
     CHECK("a clone copies with host memory too", other[HOST_PITCH * (ROWS - 1) + WIDTH - 1] == 0x41 && other[0] == 0x55);
 
-    EXPECT(cuGraphExecDestroy(cloned), CUDA_SUCCESS);
-    EXPECT(cuGraphDestroy(clone), CUDA_SUCCESS);
-    EXPECT(cuGraphExecDestroy(again), CUDA_SUCCESS);
-    EXPECT(cuGraphExecDestroy(exec), CUDA_SUCCESS);
-    EXPECT(cuGraphDestroy(graph), CUDA_SUCCESS);
+    RELEASE(GRAPH_EXEC(cloned), GRAPH(clone), GRAPH_EXEC(again), GRAPH_EXEC(exec), GRAPH(graph));
     free(in);
     free(box);
     free(other);

@@ -302,6 +302,29 @@ static void batch_mem_op_nodes(CUcontext ctx, CUstream s) {
     EXPECT(cuMemFree(words), CUDA_SUCCESS);
 }
 
+// Generic parameters (cuGraphAddNode) of a memset node setting `fill`, in context `ctx`.
+static CUgraphNodeParams memset_node(CUDA_MEMSET_NODE_PARAMS fill, CUcontext ctx) {
+    CUgraphNodeParams params;
+    memset(&params, 0, sizeof params);
+    params.type = CU_GRAPH_NODE_TYPE_MEMSET;
+    params.memset.dst = fill.dst;
+    params.memset.pitch = fill.pitch;
+    params.memset.value = fill.value;
+    params.memset.elementSize = fill.elementSize;
+    params.memset.width = fill.width;
+    params.memset.height = fill.height;
+    params.memset.ctx = ctx;
+    return params;
+}
+
+// A plain edge's data (all zero) and a programmatic edge's, which only kernel nodes take.
+static void edge_kinds(CUgraphEdgeData *plain, CUgraphEdgeData *programmatic) {
+    memset(plain, 0, sizeof *plain);
+    memset(programmatic, 0, sizeof *programmatic);
+    programmatic->from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+    programmatic->type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+}
+
 // Edge data reaches the server's device: default data is a plain edge; a programmatic edge is
 // one only kernel nodes take, and the emulated device has none, so it refuses it, and a node
 // added with such a dependency is taken back out.
@@ -313,24 +336,12 @@ static void edge_data(CUcontext ctx, CUdeviceptr out) {
     EXPECT(cuGraphAddMemsetNode(&a, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
     EXPECT(cuGraphAddMemsetNode(&b, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
     CUgraphEdgeData plain, programmatic;
-    memset(&plain, 0, sizeof plain);
-    memset(&programmatic, 0, sizeof programmatic);
-    programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
-    programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    edge_kinds(&plain, &programmatic);
     CUresult refused = cuGraphAddDependencies(g, &a, &b, &programmatic, 1);
     EXPECT(cuGraphAddDependencies(g, &a, &b, &plain, 1), CUDA_SUCCESS);
     size_t edges = 0;
     EXPECT(cuGraphGetEdges(g, NULL, NULL, NULL, &edges), CUDA_SUCCESS);
-    CUgraphNodeParams params;
-    memset(&params, 0, sizeof params);
-    params.type = CU_GRAPH_NODE_TYPE_MEMSET;
-    params.memset.dst = fill.dst;
-    params.memset.pitch = fill.pitch;
-    params.memset.value = fill.value;
-    params.memset.elementSize = fill.elementSize;
-    params.memset.width = fill.width;
-    params.memset.height = fill.height;
-    params.memset.ctx = ctx;
+    CUgraphNodeParams params = memset_node(fill, ctx);
     CUgraphNode c = NULL;
     CUresult refused_node = cuGraphAddNode(&c, g, &a, &programmatic, 1, &params);
     size_t nodes = 0;
@@ -351,10 +362,7 @@ static void capture_edge_data(CUcontext ctx, CUstream s, CUdeviceptr out) {
     CUgraphNode first;
     EXPECT(cuGraphAddMemsetNode(&first, g, NULL, 0, &fill, ctx), CUDA_SUCCESS);
     CUgraphEdgeData plain, programmatic;
-    memset(&plain, 0, sizeof plain);
-    memset(&programmatic, 0, sizeof programmatic);
-    programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
-    programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    edge_kinds(&plain, &programmatic);
 
     CUresult refused_begin = cuStreamBeginCaptureToGraph(s, g, &first, &programmatic, 1, CU_STREAM_CAPTURE_MODE_GLOBAL);
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
@@ -531,16 +539,7 @@ int main(void) {
         EXPECT(cuGraphAddNode(&cond, cg, NULL, NULL, 0, &params), CUDA_SUCCESS);
         CHECK("conditional node has a body graph", params.conditional.phGraph_out != NULL && params.conditional.phGraph_out[0] != NULL);
         CUgraph body = params.conditional.phGraph_out[0];
-        CUgraphNodeParams set;
-        memset(&set, 0, sizeof set);
-        set.type = CU_GRAPH_NODE_TYPE_MEMSET;
-        set.memset.dst = out;
-        set.memset.value = 0x11 + value;
-        set.memset.elementSize = 1;
-        set.memset.width = N;
-        set.memset.height = 1;
-        set.memset.pitch = N;
-        set.memset.ctx = ctx;
+        CUgraphNodeParams set = memset_node(byte_memset_params(out, 0x11 + value, N), ctx);
         CUgraphNode in_body;
         EXPECT(cuGraphAddNode(&in_body, body, NULL, NULL, 0, &set), CUDA_SUCCESS);
         EXPECT(cuMemsetD8(out, 0, N), CUDA_SUCCESS);

@@ -11,13 +11,8 @@
 
 #include "driver_expect.h"
 
-#define EXPECT_TRUE(what, condition)                                                                      \
-    do {                                                                                            \
-        if (!(condition)) {                                                                         \
-            printf("FAIL line %d: %s\n", __LINE__, what);                                           \
-            failures++;                                                                             \
-        }                                                                                           \
-    } while (0)
+// Counts a failure, saying where, unless `condition` holds (nothing printed when it does).
+#define EXPECT_TRUE(what, condition) FAIL_WHEN(!(condition), "FAIL line %d: %s\n", __LINE__, what)
 
 static const CUuuid TOOLS_CONTEXT = {{0x21, 0x31, (char)0x8c, 0x60, (char)0x97, 0x14, 0x32, 0x48, (char)0x8c, (char)0xa6, 0x41,
                                       (char)0xff, 0x73, 0x24, (char)0xc8, (char)0xf2}};
@@ -51,23 +46,6 @@ static int same_rect(const unsigned char *a, size_t a_pitch, const unsigned char
     return 1;
 }
 
-static CUDA_MEMCPY2D rect(CUmemorytype src_type, const void *src_host, CUdeviceptr src_device, size_t src_pitch, CUmemorytype dst_type,
-                          void *dst_host, CUdeviceptr dst_device, size_t dst_pitch, size_t width, size_t height) {
-    CUDA_MEMCPY2D c;
-    memset(&c, 0, sizeof c);
-    c.srcMemoryType = src_type;
-    c.srcHost = src_host;
-    c.srcDevice = src_device;
-    c.srcPitch = src_pitch;
-    c.dstMemoryType = dst_type;
-    c.dstHost = dst_host;
-    c.dstDevice = dst_device;
-    c.dstPitch = dst_pitch;
-    c.WidthInBytes = width;
-    c.Height = height;
-    return c;
-}
-
 int main(void) {
     CUdevice device;
     CUcontext context = use_primary_context(&device);
@@ -83,42 +61,39 @@ int main(void) {
     EXPECT(cuMemAlloc(&pitched, ROWS * 32), CUDA_SUCCESS);
     EXPECT(cuMemAlloc(&other, ROWS * 40), CUDA_SUCCESS);
     EXPECT(cuMemAlloc(&contiguous, ROWS * WIDTH), CUDA_SUCCESS);
-    CUDA_MEMCPY2D c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, WIDTH, ROWS);
+    CUDA_MEMCPY2D c = copy_2d(host_side(src, 24, 0), device_side(pitched, 32, 0), WIDTH, ROWS);
     EXPECT(cuMemcpy2D(&c), CUDA_SUCCESS);
-    c = rect(CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, CU_MEMORYTYPE_HOST, back, 0, 20, WIDTH, ROWS);
+    c = copy_2d(device_side(pitched, 32, 0), host_side(back, 20, 0), WIDTH, ROWS);
     EXPECT(cuMemcpy2D(&c), CUDA_SUCCESS);
     EXPECT_TRUE("host -> device -> host rectangle", same_rect(src, 24, back, 20, ROWS, WIDTH));
     EXPECT_TRUE("bytes past the width untouched", back[WIDTH] == 0x55 && back[19] == 0x55);
     CUstream stream;
     EXPECT(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    c = rect(CU_MEMORYTYPE_UNIFIED, NULL, pitched, 32, CU_MEMORYTYPE_UNIFIED, NULL, other, 40, WIDTH, ROWS);
+    c = copy_2d(unified_side(pitched, 32), unified_side(other, 40), WIDTH, ROWS);
     EXPECT(cuMemcpy2DAsync(&c, stream), CUDA_SUCCESS);
-    c = rect(CU_MEMORYTYPE_DEVICE, NULL, other, 40, CU_MEMORYTYPE_HOST, again, 0, 20, WIDTH, ROWS);
+    c = copy_2d(device_side(other, 40, 0), host_side(again, 20, 0), WIDTH, ROWS);
     EXPECT(cuMemcpy2DAsync(&c, stream), CUDA_SUCCESS);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
     EXPECT_TRUE("device -> device rectangle, async", same_rect(src, 24, again, 20, ROWS, WIDTH));
-    c = rect(CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, CU_MEMORYTYPE_DEVICE, NULL, contiguous, WIDTH, WIDTH, ROWS);
+    c = copy_2d(device_side(pitched, 32, 0), device_side(contiguous, WIDTH, 0), WIDTH, ROWS);
     EXPECT(cuMemcpy2DUnaligned(&c), CUDA_SUCCESS);
     EXPECT(cuMemcpyDtoH(flat, contiguous, sizeof flat), CUDA_SUCCESS);
     EXPECT_TRUE("pitched -> contiguous", same_rect(src, 24, flat, WIDTH, ROWS, WIDTH));
     // An offset sub-rectangle: rows 2.. and columns 5.. of the source.
     unsigned char sub[4 * 6];
-    c = rect(CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, CU_MEMORYTYPE_HOST, sub, 0, 6, 6, 4);
-    c.srcXInBytes = 5;
-    c.srcY = 2;
+    c = copy_2d(box_at(device_side(pitched, 32, 0), 5, 2, 0), host_side(sub, 6, 0), 6, 4);
     EXPECT(cuMemcpy2D(&c), CUDA_SUCCESS);
     EXPECT_TRUE("sub-rectangle", same_rect(src + 2 * 24 + 5, 24, sub, 6, 4, 6));
     // Host to host (the static runtime's cudaMemcpy with cudaMemcpyHostToHost takes this path).
-    c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_HOST, host_copy, 0, 28, WIDTH, ROWS);
+    c = copy_2d(host_side(src, 24, 0), host_side(host_copy, 28, 0), WIDTH, ROWS);
     EXPECT(cuMemcpy2DUnaligned(&c), CUDA_SUCCESS);
     EXPECT_TRUE("host -> host rectangle", same_rect(src, 24, host_copy, 28, ROWS, WIDTH));
     // Refused: a pitch narrower than a row, a device side that is host memory, an unknown array, NULL.
-    c = rect(CU_MEMORYTYPE_HOST, src, 0, 8, CU_MEMORYTYPE_DEVICE, NULL, pitched, 32, WIDTH, ROWS);
+    c = copy_2d(host_side(src, 8, 0), device_side(pitched, 32, 0), WIDTH, ROWS);
     EXPECT(cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
-    c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_DEVICE, NULL, (CUdeviceptr)(size_t)back, 32, WIDTH, ROWS);
+    c = copy_2d(host_side(src, 24, 0), device_side((CUdeviceptr)(size_t)back, 32, 0), WIDTH, ROWS);
     EXPECT(cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
-    c = rect(CU_MEMORYTYPE_HOST, src, 0, 24, CU_MEMORYTYPE_ARRAY, NULL, 0, 32, WIDTH, ROWS);
-    c.dstArray = (CUarray)(size_t)0x1000;
+    c = copy_2d(host_side(src, 24, 0), array_side((CUarray)(size_t)0x1000), WIDTH, ROWS);
     EXPECT(cuMemcpy2D(&c), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuMemcpy2D(NULL), CUDA_ERROR_INVALID_VALUE);
 

@@ -174,28 +174,11 @@ int main(void) {
     // 2D copies: into managed memory as a device side (rows of 100 at a pitch of 1000), then out
     // of it as a unified side after a host write.
     memset(staging, 0x44, S);
-    CUDA_MEMCPY2D shaped;
-    memset(&shaped, 0, sizeof shaped);
-    shaped.srcMemoryType = CU_MEMORYTYPE_HOST;
-    shaped.srcHost = staging;
-    shaped.srcPitch = 100;
-    shaped.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-    shaped.dstDevice = small;
-    shaped.dstPitch = 1000;
-    shaped.WidthInBytes = 100;
-    shaped.Height = 4;
+    CUDA_MEMCPY2D shaped = copy_2d(host_side(staging, 100, 0), device_side(small, 1000, 0), 100, 4);
     EXPECT(cuMemcpy2D(&shaped), CUDA_SUCCESS);
     int rows_in = q[0] == 0x44 && q[99] == 0x44 && q[100] == (unsigned char)(100 * 7) && q[3099] == 0x44 && q[3100] == (unsigned char)(3100 * 7);
     q[2050] = 0x99;
-    memset(&shaped, 0, sizeof shaped);
-    shaped.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
-    shaped.srcDevice = small + 2000;
-    shaped.srcPitch = 1000;
-    shaped.dstMemoryType = CU_MEMORYTYPE_HOST;
-    shaped.dstHost = staging;
-    shaped.dstPitch = 100;
-    shaped.WidthInBytes = 100;
-    shaped.Height = 2;
+    shaped = copy_2d(unified_side(small + 2000, 1000), host_side(staging, 100, 0), 100, 2);
     EXPECT(cuMemcpy2D(&shaped), CUDA_SUCCESS);
     CHECK("2D copies into and out of managed memory", rows_in && staging[0] == 0x44 && staging[50] == 0x99 && staging[199] == 0x44);
     EXPECT(cuMemFree(small), CUDA_SUCCESS);
@@ -270,10 +253,9 @@ int main(void) {
     EXPECT(cuMemFree(large), CUDA_SUCCESS);
 
     EXPECT(cuStreamSynchronize(s), CUDA_SUCCESS);
-    EXPECT(cuStreamDestroy(s), CUDA_SUCCESS);
-    EXPECT(cuMemFree(m), CUDA_SUCCESS);
+    RELEASE(STREAM(s), MEMORY(m));
     EXPECT(cuMemFree(m), CUDA_ERROR_INVALID_VALUE);
-    EXPECT(cuMemFree(d), CUDA_SUCCESS);
+    RELEASE(MEMORY(d));
     free(back);
     return finish();
 }

@@ -8,9 +8,34 @@
 
 #include "driver_expect.h"
 
-static CUmemLocation location(CUmemLocationType type, int id) {
-    CUmemLocation l = {type, id};
-    return l;
+// Batch operations: a 32- or 64-bit write of `value`, a 32-bit wait for `value` under `flags`
+// (CU_STREAM_WAIT_VALUE_*), a memory barrier.
+static CUstreamBatchMemOpParams write_op(CUdeviceptr address, cuuint64_t value, int bits) {
+    CUstreamBatchMemOpParams op;
+    memset(&op, 0, sizeof op);
+    op.writeValue.operation = bits == 64 ? CU_STREAM_MEM_OP_WRITE_VALUE_64 : CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    op.writeValue.address = address;
+    if (bits == 64) op.writeValue.value64 = value;
+    else op.writeValue.value = (cuuint32_t)value;
+    return op;
+}
+
+static CUstreamBatchMemOpParams wait_op(CUdeviceptr address, cuuint32_t value, unsigned int flags) {
+    CUstreamBatchMemOpParams op;
+    memset(&op, 0, sizeof op);
+    op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    op.waitValue.address = address;
+    op.waitValue.value = value;
+    op.waitValue.flags = flags;
+    return op;
+}
+
+static CUstreamBatchMemOpParams barrier_op(unsigned int flags) {
+    CUstreamBatchMemOpParams op;
+    memset(&op, 0, sizeof op);
+    op.memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
+    op.memoryBarrier.flags = flags;
+    return op;
 }
 
 static void stream_memory_operations(CUstream stream, CUdeviceptr d) {
@@ -52,20 +77,8 @@ static void stream_memory_operations(CUstream stream, CUdeviceptr d) {
     EXPECT(cuStreamWriteValue32((CUstream)(uintptr_t)0x777, d, 1, 0), CUDA_ERROR_INVALID_HANDLE);
 
     // A batch: write, GPU barrier, 64-bit write, a wait the writes satisfy.
-    CUstreamBatchMemOpParams ops[4];
-    memset(ops, 0, sizeof ops);
-    ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    ops[0].writeValue.address = d + 32;
-    ops[0].writeValue.value = 77;
-    ops[1].memoryBarrier.operation = CU_STREAM_MEM_OP_BARRIER;
-    ops[1].memoryBarrier.flags = CU_STREAM_MEMORY_BARRIER_TYPE_GPU;
-    ops[2].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
-    ops[2].writeValue.address = d + 40;
-    ops[2].writeValue.value64 = 0xfeedfacecafebeefull;
-    ops[3].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    ops[3].waitValue.address = d + 32;
-    ops[3].waitValue.value = 77;
-    ops[3].waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
+    CUstreamBatchMemOpParams ops[4] = {write_op(d + 32, 77, 32), barrier_op(CU_STREAM_MEMORY_BARRIER_TYPE_GPU),
+                                       write_op(d + 40, 0xfeedfacecafebeefull, 64), wait_op(d + 32, 77, CU_STREAM_WAIT_VALUE_EQ)};
     EXPECT(cuStreamBatchMemOp_v2(stream, 4, ops, 0), CUDA_SUCCESS);
     EXPECT(cuStreamBatchMemOp_v2(stream, 4, ops, 1), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuStreamBatchMemOp_v2(stream, 256, ops, 0), CUDA_ERROR_INVALID_VALUE);
@@ -84,15 +97,8 @@ static void stream_memory_operations(CUstream stream, CUdeviceptr d) {
 
     // 77 >= 78 does not hold, and nothing could ever make it: refused at the call, and the write
     // behind it in the batch does not happen.
-    memset(ops, 0, sizeof ops);
-    ops[0].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    ops[0].waitValue.address = d + 32;
-    ops[0].waitValue.value = 78;
-    ops[0].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-    ops[1].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    ops[1].writeValue.address = d + 32;
-    ops[1].writeValue.value = 99;
-    CUresult reported = cuStreamBatchMemOp(stream, 2, ops, 0);
+    CUstreamBatchMemOpParams never[2] = {wait_op(d + 32, 78, CU_STREAM_WAIT_VALUE_GEQ), write_op(d + 32, 99, 32)};
+    CUresult reported = cuStreamBatchMemOp(stream, 2, never, 0);
     uint32_t after = 0;
     EXPECT(cuMemcpyDtoH(&after, d + 32, 4), CUDA_SUCCESS);
     CHECK("an unsatisfiable wait fails at the call", reported == CUDA_ERROR_NOT_SUPPORTED && after == 77);
@@ -206,9 +212,9 @@ static void streams_and_peers(CUcontext ctx, CUstream stream, CUdeviceptr d) {
 
 static void pools(void) {
     CUmemoryPool device_default, by_location, current, created;
-    CUmemLocation dev0 = location(CU_MEM_LOCATION_TYPE_DEVICE, 0);
-    CUmemLocation dev1 = location(CU_MEM_LOCATION_TYPE_DEVICE, 1);
-    CUmemLocation host = location(CU_MEM_LOCATION_TYPE_HOST, 0);
+    CUmemLocation dev0 = mem_location(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemLocation dev1 = mem_location(CU_MEM_LOCATION_TYPE_DEVICE, 1);
+    CUmemLocation host = mem_location(CU_MEM_LOCATION_TYPE_HOST, 0);
     EXPECT(cuDeviceGetDefaultMemPool(&device_default, 0), CUDA_SUCCESS);
     EXPECT(cuMemGetDefaultMemPool(&by_location, &dev0, CU_MEM_ALLOCATION_TYPE_PINNED), CUDA_SUCCESS);
     CHECK("location default pool is the device's", by_location == device_default);

@@ -18,23 +18,8 @@ CUresult CUDAAPI cuMemBatchDecompressAsync_ptsz(CUmemDecompressParams *paramsArr
 
 // Copies `rows` rows of `width` bytes between host memory (`host`, packed) and an array.
 static CUresult copy_plane(CUarray array, void *host, size_t width, size_t rows, int to_host, CUstream stream) {
-    CUDA_MEMCPY2D c;
-    memset(&c, 0, sizeof c);
-    c.WidthInBytes = width;
-    c.Height = rows;
-    if (to_host) {
-        c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
-        c.srcArray = array;
-        c.dstMemoryType = CU_MEMORYTYPE_HOST;
-        c.dstHost = host;
-        c.dstPitch = width;
-    } else {
-        c.srcMemoryType = CU_MEMORYTYPE_HOST;
-        c.srcHost = host;
-        c.srcPitch = width;
-        c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
-        c.dstArray = array;
-    }
+    copy_side h = host_side(host, width, 0), a = array_side(array);
+    CUDA_MEMCPY2D c = to_host ? copy_2d(a, h, width, rows) : copy_2d(h, a, width, rows);
     return stream ? cuMemcpy2DAsync(&c, stream) : cuMemcpy2D(&c);
 }
 
@@ -84,13 +69,8 @@ static void planar(CUstream stream) {
     EXPECT(copy_plane(frame, y_back, 16, 1, 1, 0), CUDA_ERROR_INVALID_VALUE);
 
     // A texture reads the luma plane (kernels are gpu-tests' business).
-    CUDA_RESOURCE_DESC resource;
-    memset(&resource, 0, sizeof resource);
-    resource.resType = CU_RESOURCE_TYPE_ARRAY;
-    resource.res.array.hArray = luma;
-    CUDA_TEXTURE_DESC texture;
-    memset(&texture, 0, sizeof texture);
-    texture.filterMode = CU_TR_FILTER_MODE_POINT;
+    CUDA_RESOURCE_DESC resource = array_resource(luma);
+    CUDA_TEXTURE_DESC texture = texture_desc(CU_TR_ADDRESS_MODE_WRAP, CU_TR_FILTER_MODE_POINT, 0);
     CUtexObject tex;
     EXPECT(cuTexObjectCreate(&tex, &resource, &texture, NULL), CUDA_SUCCESS);
     EXPECT(cuTexObjectDestroy(tex), CUDA_SUCCESS);
@@ -158,12 +138,8 @@ static void sparse(CUstream stream) {
     EXPECT(cuMipmappedArrayGetMemoryRequirements(&requirements, mipmap, 0), CUDA_ERROR_INVALID_VALUE);
 
     // A tile pool, and memory that is none.
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     size_t granularity = 0;
-    EXPECT(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    CUmemAllocationProp prop = device_memory_prop(0, &granularity);
     CUmemGenericAllocationHandle plain_memory, pool;
     EXPECT(cuMemCreate(&plain_memory, granularity, &prop, 0), CUDA_SUCCESS);
     prop.allocFlags.usage = CU_MEM_CREATE_USAGE_TILE_POOL;
@@ -212,24 +188,11 @@ static void sparse(CUstream stream) {
     // Nothing is mapped into the sparse array here, so no copy into it can mean anything: refused
     // at the call.
     static float tile[128 * 128];
-    CUDA_MEMCPY2D into;
-    memset(&into, 0, sizeof into);
-    into.srcMemoryType = CU_MEMORYTYPE_HOST;
-    into.srcHost = tile;
-    into.srcPitch = 128 * sizeof(float);
-    into.dstMemoryType = CU_MEMORYTYPE_ARRAY;
-    into.dstArray = array;
-    into.WidthInBytes = 128 * sizeof(float);
-    into.Height = 128;
+    CUDA_MEMCPY2D into = copy_2d(host_side(tile, 128 * sizeof(float), 0), array_side(array), 128 * sizeof(float), 128);
     printf("copy into a sparse array on this device: %s\n", name_of(cuMemcpy2D(&into)));
 
     EXPECT(cuArrayDestroy(level), CUDA_ERROR_INVALID_VALUE);
-    EXPECT(cuMipmappedArrayDestroy(mipmap), CUDA_SUCCESS);
-    EXPECT(cuArrayDestroy(array), CUDA_SUCCESS);
-    EXPECT(cuArrayDestroy(dense), CUDA_SUCCESS);
-    EXPECT(cuArrayDestroy(deferred), CUDA_SUCCESS);
-    EXPECT(cuMemRelease(pool), CUDA_SUCCESS);
-    EXPECT(cuMemRelease(plain_memory), CUDA_SUCCESS);
+    RELEASE(MIPMAP(mipmap), ARRAY(array), ARRAY(dense), ARRAY(deferred), PHYSICAL(pool), PHYSICAL(plain_memory));
 }
 
 static void decompression(CUstream stream) {

@@ -104,9 +104,7 @@ static int exporter(int sock) {
 
     EXPECT(cuMemFreeAsync(plain_ptr, stream), CUDA_SUCCESS);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
-    EXPECT(cuMemPoolDestroy(plain), CUDA_SUCCESS);
-    EXPECT(cuMemFree(legacy), CUDA_SUCCESS);
-    EXPECT(cuStreamDestroy(stream), CUDA_SUCCESS);
+    RELEASE(POOL(plain), MEMORY(legacy), STREAM(stream));
     free(bytes);
     free(back);
     return verdict("exporter");

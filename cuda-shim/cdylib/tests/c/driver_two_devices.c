@@ -112,13 +112,8 @@ int main(void) {
     EXPECT(cuMemFreeHost(mapped0), CUDA_SUCCESS);
 
     // Physical memory on device 1 made while device 0 is current, mapped, readable by both.
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 1;
     size_t granularity = 0;
-    EXPECT(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    CUmemAllocationProp prop = device_memory_prop(1, &granularity);
     CUmemGenericAllocationHandle physical = 0;
     CUdeviceptr mapped = 0;
     EXPECT(cuMemCreate(&physical, granularity, &prop, 0), CUDA_SUCCESS);

@@ -11,13 +11,8 @@ int main(void) {
     CUdevice device;
     use_primary_context(&device);
 
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
     size_t granularity = 0;
-    EXPECT(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    CUmemAllocationProp prop = device_memory_prop(0, &granularity);
     printf("granularity a power of two: %s\n", granularity && !(granularity & (granularity - 1)) ? "yes" : "no");
     // Host memory: its granularity is answered (NCCL stops if the query fails), an allocation
     // of it refused (NCCL then takes its /dev/shm path).

@@ -16,11 +16,7 @@
 static void start(CUmemAllocationProp *prop, size_t *granularity) {
     CUdevice device;
     use_primary_context(&device);
-    memset(prop, 0, sizeof *prop);
-    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop->location.id = 0;
-    EXPECT(cuMemGetAllocationGranularity(granularity, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    *prop = device_memory_prop(0, granularity);
 }
 
 static CUdeviceptr map(CUmemGenericAllocationHandle handle, size_t size) {

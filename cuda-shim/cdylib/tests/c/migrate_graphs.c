@@ -82,10 +82,7 @@ int main(int argc, char **argv) {
     size_t inner_count = 4;
     EXPECT(cuGraphChildGraphNodeGetGraph(child, &inner), CUDA_SUCCESS);
     EXPECT(cuGraphGetNodes(inner, inner_nodes, &inner_count), CUDA_SUCCESS);
-    if (inner_count != 1) {
-        printf("FAIL: the child graph has %zu nodes\n", inner_count);
-        failures++;
-    }
+    FAIL_WHEN(inner_count != 1, "FAIL: the child graph has %zu nodes\n", inner_count);
 
     // Graph B, captured, its graph destroyed once instantiated.
     CUgraph b;
@@ -136,10 +133,8 @@ int main(int argc, char **argv) {
         expect_bytes("z (child graph)", round, z, 0x33);
         expect_bytes("c (captured)", round, c, 0x11);
         expect_bytes("u (updated)", round, u, 2);
-        if (__atomic_load_n(&host_runs, __ATOMIC_SEQ_CST) != 2 * round) {
-            printf("FAIL round %d: host functions ran %d times\n", round, host_runs);
-            failures++;
-        }
+        FAIL_WHEN(__atomic_load_n(&host_runs, __ATOMIC_SEQ_CST) != 2 * round,
+                  "FAIL round %d: host functions ran %d times\n", round, host_runs);
         EXPECT(cuEventQuery(done), CUDA_SUCCESS);
         nanosleep(&nap, NULL);
     }
@@ -147,41 +142,28 @@ int main(int argc, char **argv) {
     // The graphs as the app knows them, by its handles.
     unsigned enabled = 1;
     EXPECT(cuGraphNodeGetEnabled(ea, off, &enabled), CUDA_SUCCESS);
-    if (enabled != 0) {
-        printf("FAIL: the node turned off is on\n");
-        failures++;
-    }
+    FAIL_WHEN(enabled != 0, "FAIL: the node turned off is on\n");
     CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
     EXPECT(cuGraphNodeGetType(inner_nodes[0], &type), CUDA_SUCCESS);
     CUDA_MEMSET_NODE_PARAMS read;
     memset(&read, 0, sizeof read);
     EXPECT(cuGraphMemsetNodeGetParams(inner_nodes[0], &read), CUDA_SUCCESS);
-    if (type != CU_GRAPH_NODE_TYPE_MEMSET || read.value != 0x33 || read.dst != z) {
-        printf("FAIL: the child graph's node reads back as type %d, value %u\n", (int)type, read.value);
-        failures++;
-    }
+    FAIL_WHEN(type != CU_GRAPH_NODE_TYPE_MEMSET || read.value != 0x33 || read.dst != z,
+              "FAIL: the child graph's node reads back as type %d, value %u\n", (int)type, read.value);
     memset(&read, 0, sizeof read);
     EXPECT(cuGraphMemsetNodeGetParams(m2, &read), CUDA_SUCCESS);
-    if (read.value != 9) {
-        printf("FAIL: the graph's changed memset reads back %u\n", read.value);
-        failures++;
-    }
+    FAIL_WHEN(read.value != 9, "FAIL: the graph's changed memset reads back %u\n", read.value);
     CUgraphNode listed[16];
     size_t count = 16;
     EXPECT(cuGraphGetNodes(a, listed, &count), CUDA_SUCCESS);
     size_t edges = 0;
     EXPECT(cuGraphGetEdges(a, NULL, NULL, NULL, &edges), CUDA_SUCCESS);
-    if (count != 8 || edges != 5) {
-        printf("FAIL: graph A has %zu nodes and %zu edges, not 8 and 5\n", count, edges);
-        failures++;
-    }
+    FAIL_WHEN(count != 8 || edges != 5, "FAIL: graph A has %zu nodes and %zu edges, not 8 and 5\n", count, edges);
     CUgraphNode deps[4];
     size_t dep_count = 4;
     EXPECT(cuGraphNodeGetDependencies(empty, deps, NULL, &dep_count), CUDA_SUCCESS);
-    if (dep_count != 2 || !((deps[0] == child && deps[1] == c1) || (deps[0] == c1 && deps[1] == child))) {
-        printf("FAIL: the empty node's dependencies came back wrong (%zu)\n", dep_count);
-        failures++;
-    }
+    FAIL_WHEN(dep_count != 2 || !((deps[0] == child && deps[1] == c1) || (deps[0] == c1 && deps[1] == child)),
+              "FAIL: the empty node's dependencies came back wrong (%zu)\n", dep_count);
     // Graph A instantiated again: the changed memset, the graph's own first memset, no node off.
     CUgraphExec again;
     EXPECT(cuGraphInstantiateWithFlags(&again, a, 0), CUDA_SUCCESS);

@@ -69,18 +69,7 @@ int main(int argc, char **argv) {
     }
     for (int round = 0; round < rounds && failures == 0; round++) {
         for (int b = 0; b < BUFFERS; b++) {
-            if (round > 0) {
-                EXPECT(cuMemcpyDtoHAsync(back, buffers[b], sizes[b], stream), CUDA_SUCCESS);
-                EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
-                for (size_t i = 0; i < sizes[b]; i++) {
-                    if (back[i] != pattern(i, round - 1, b)) {
-                        printf("FAIL round %d buffer %d: byte %zu is %u, expected %u\n", round, b, i, back[i],
-                               pattern(i, round - 1, b));
-                        failures++;
-                        break;
-                    }
-                }
-            }
+            if (round > 0) read_last_round(buffers[b], back, sizes[b], stream, pattern, round, b, "buffer", b);
             for (size_t i = 0; i < sizes[b]; i++) host[at[b] + i] = pattern(i, round, b);
             EXPECT(cuMemcpyHtoDAsync(buffers[b], host + at[b], sizes[b], stream), CUDA_SUCCESS);
         }
@@ -90,10 +79,8 @@ int main(int argc, char **argv) {
             // The device reads the app's mapped page through its device pointer.
             for (size_t i = 0; i < 4096; i++) mapped_host[i] = pattern(i, round, 7);
             EXPECT(cuMemcpyDtoH(back, mapped, 4096), CUDA_SUCCESS);
-            if (memcmp(back, mapped_host, 4096) != 0) {
-                printf("FAIL round %d: the device does not see the mapped host page\n", round);
-                failures++;
-            }
+            FAIL_WHEN(memcmp(back, mapped_host, 4096) != 0,
+                      "FAIL round %d: the device does not see the mapped host page\n", round);
         }
         nanosleep(&nap, NULL);
     }
@@ -101,10 +88,8 @@ int main(int argc, char **argv) {
         unsigned char first = 0, last = 0;
         EXPECT(cuMemcpyDtoH(&first, big + at, 1), CUDA_SUCCESS);
         EXPECT(cuMemcpyDtoH(&last, big + at + (1 << 20) - 1, 1), CUDA_SUCCESS);
-        if (first != (unsigned char)(at >> 20) || last != (unsigned char)(at >> 20)) {
-            printf("FAIL: MiB %zu of the large allocation holds %u/%u\n", at >> 20, first, last);
-            failures++;
-        }
+        FAIL_WHEN(first != (unsigned char)(at >> 20) || last != (unsigned char)(at >> 20),
+                  "FAIL: MiB %zu of the large allocation holds %u/%u\n", at >> 20, first, last);
     }
     if (big) EXPECT(cuMemFree(big), CUDA_SUCCESS);
     if (mapped) {

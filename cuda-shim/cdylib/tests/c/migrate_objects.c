@@ -30,26 +30,8 @@ struct array_bytes {
 };
 
 static void array_copy(struct array_bytes *a, unsigned char *host, int to_array) {
-    CUDA_MEMCPY3D c;
-    memset(&c, 0, sizeof c);
-    c.WidthInBytes = a->width;
-    c.Height = a->height;
-    c.Depth = a->depth;
-    if (to_array) {
-        c.srcMemoryType = CU_MEMORYTYPE_HOST;
-        c.srcHost = host;
-        c.srcPitch = a->width;
-        c.srcHeight = a->height;
-        c.dstMemoryType = CU_MEMORYTYPE_ARRAY;
-        c.dstArray = a->array;
-    } else {
-        c.srcMemoryType = CU_MEMORYTYPE_ARRAY;
-        c.srcArray = a->array;
-        c.dstMemoryType = CU_MEMORYTYPE_HOST;
-        c.dstHost = host;
-        c.dstPitch = a->width;
-        c.dstHeight = a->height;
-    }
+    copy_side h = host_side(host, a->width, a->height), array = array_side(a->array);
+    CUDA_MEMCPY3D c = to_array ? copy_3d(h, array, a->width, a->height, a->depth) : copy_3d(array, h, a->width, a->height, a->depth);
     EXPECT(cuMemcpy3D(&c), CUDA_SUCCESS);
 }
 
@@ -117,15 +99,8 @@ int main(int argc, char **argv) {
                                          {level2, 8 * 4, 4, 1}, {luma, 64, 32, 1},      {chroma, 32 * 2, 16, 1}};
 
     // Objects: a texture over the plane, one over a pool allocation, a surface over the layers.
-    CUDA_RESOURCE_DESC res;
-    memset(&res, 0, sizeof res);
-    res.resType = CU_RESOURCE_TYPE_ARRAY;
-    res.res.array.hArray = plane;
-    CUDA_TEXTURE_DESC tex;
-    memset(&tex, 0, sizeof tex);
-    tex.addressMode[0] = CU_TR_ADDRESS_MODE_CLAMP;
-    tex.filterMode = CU_TR_FILTER_MODE_LINEAR;
-    tex.flags = CU_TRSF_NORMALIZED_COORDINATES;
+    CUDA_RESOURCE_DESC res = array_resource(plane);
+    CUDA_TEXTURE_DESC tex = texture_desc(CU_TR_ADDRESS_MODE_CLAMP, CU_TR_FILTER_MODE_LINEAR, CU_TRSF_NORMALIZED_COORDINATES);
     CUtexObject on_plane = 0, on_linear = 0;
     EXPECT(cuTexObjectCreate(&on_plane, &res, &tex, NULL), CUDA_SUCCESS);
     // A texture made and destroyed leaves a gap in the handles.
@@ -148,13 +123,8 @@ int main(int argc, char **argv) {
     CUsurfObject surface = 0;
     EXPECT(cuSurfObjectCreate(&surface, &res), CUDA_SUCCESS);
     // Virtual memory: a reservation, two physical allocations mapped side by side, one released.
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = device;
     size_t page = 0;
-    EXPECT(cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+    CUmemAllocationProp prop = device_memory_prop(device, &page);
     CUdeviceptr reserved = 0;
     EXPECT(cuMemAddressReserve(&reserved, 4 * page, 0, 0, 0), CUDA_SUCCESS);
     CUmemGenericAllocationHandle physical[MAPPED];
@@ -172,18 +142,7 @@ int main(int argc, char **argv) {
     struct timespec nap = {0, (long)pause_ms * 1000000L};
     for (int round = 0; round < rounds && failures == 0; round++) {
         for (int p = 0; p < POOLED; p++) {
-            if (round > 0) {
-                EXPECT(cuMemcpyDtoHAsync(back, pooled[p], pooled_len[p], stream), CUDA_SUCCESS);
-                EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
-                for (size_t i = 0; i < pooled_len[p]; i++) {
-                    if (back[i] != pattern(i, round - 1, p)) {
-                        printf("FAIL round %d pool allocation %d: byte %zu is %u, expected %u\n", round, p, i, back[i],
-                               pattern(i, round - 1, p));
-                        failures++;
-                        break;
-                    }
-                }
-            }
+            if (round > 0) read_last_round(pooled[p], back, pooled_len[p], stream, pattern, round, p, "pool allocation", p);
             for (size_t i = 0; i < pooled_len[p]; i++) host[i] = pattern(i, round, p);
             EXPECT(cuMemcpyHtoD(pooled[p], host, pooled_len[p]), CUDA_SUCCESS);
         }
@@ -191,13 +150,7 @@ int main(int argc, char **argv) {
             CUdeviceptr at = reserved + m * page + 1000;
             if (round > 0) {
                 EXPECT(cuMemcpyDtoH(back, at, 4096), CUDA_SUCCESS);
-                for (size_t i = 0; i < 4096; i++) {
-                    if (back[i] != pattern(i, round - 1, 20 + m)) {
-                        printf("FAIL round %d mapping %d: byte %zu is %u, expected %u\n", round, m, i, back[i], pattern(i, round - 1, 20 + m));
-                        failures++;
-                        break;
-                    }
-                }
+                expect_last_round(back, 4096, pattern, round, 20 + m, "mapping", m);
             }
             for (size_t i = 0; i < 4096; i++) host[i] = pattern(i, round, 20 + m);
             EXPECT(cuMemcpyHtoD(at, host, 4096), CUDA_SUCCESS);
@@ -206,13 +159,7 @@ int main(int argc, char **argv) {
             size_t len = arrays[a].width * arrays[a].height * arrays[a].depth;
             if (round > 0) {
                 array_copy(&arrays[a], back, 0);
-                for (size_t i = 0; i < len; i++) {
-                    if (back[i] != pattern(i, round - 1, 10 + a)) {
-                        printf("FAIL round %d array %d: byte %zu is %u, expected %u\n", round, a, i, back[i], pattern(i, round - 1, 10 + a));
-                        failures++;
-                        break;
-                    }
-                }
+                expect_last_round(back, len, pattern, round, 10 + a, "array", a);
             }
             for (size_t i = 0; i < len; i++) host[i] = pattern(i, round, 10 + a);
             array_copy(&arrays[a], host, 1);
@@ -223,27 +170,17 @@ int main(int argc, char **argv) {
     // The pools as the app set them up.
     cuuint64_t threshold = 0;
     EXPECT(cuMemPoolGetAttribute(own, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), CUDA_SUCCESS);
-    if (threshold != own_threshold) {
-        printf("FAIL: the app's pool has a release threshold of %llu\n", (unsigned long long)threshold);
-        failures++;
-    }
+    FAIL_WHEN(threshold != own_threshold,
+              "FAIL: the app's pool has a release threshold of %llu\n", (unsigned long long)threshold);
     EXPECT(cuMemPoolGetAttribute(fallback, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), CUDA_SUCCESS);
-    if (threshold != fallback_threshold) {
-        printf("FAIL: the default pool has a release threshold of %llu\n", (unsigned long long)threshold);
-        failures++;
-    }
+    FAIL_WHEN(threshold != fallback_threshold,
+              "FAIL: the default pool has a release threshold of %llu\n", (unsigned long long)threshold);
     int flag = 1;
     EXPECT(cuMemPoolGetAttribute(own, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &flag), CUDA_SUCCESS);
-    if (flag != 0) {
-        printf("FAIL: the app's pool allows opportunistic reuse again\n");
-        failures++;
-    }
+    FAIL_WHEN(flag != 0, "FAIL: the app's pool allows opportunistic reuse again\n");
     CUmemoryPool current = NULL;
     EXPECT(cuDeviceGetMemPool(&current, device), CUDA_SUCCESS);
-    if (current != own) {
-        printf("FAIL: the device's current pool is not the app's\n");
-        failures++;
-    }
+    FAIL_WHEN(current != own, "FAIL: the device's current pool is not the app's\n");
     print_pointers(pooled, reserved, on_plane, on_linear, surface);
     for (int p = 0; p < POOLED; p++) EXPECT(cuMemFreeAsync(pooled[p], stream), CUDA_SUCCESS);
     CUdeviceptr fresh = 0;
@@ -251,21 +188,13 @@ int main(int argc, char **argv) {
     EXPECT(cuMemsetD8Async(fresh, 0x5a, 1 << 20, stream), CUDA_SUCCESS);
     EXPECT(cuMemcpyDtoHAsync(back, fresh, 1 << 20, stream), CUDA_SUCCESS);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
-    if (back[0] != 0x5a || back[(1 << 20) - 1] != 0x5a) {
-        printf("FAIL: a new pool allocation does not hold what was set\n");
-        failures++;
-    }
+    FAIL_WHEN(back[0] != 0x5a || back[(1 << 20) - 1] != 0x5a, "FAIL: a new pool allocation does not hold what was set\n");
     EXPECT(cuMemFreeAsync(fresh, stream), CUDA_SUCCESS);
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
     EXPECT(cuMemUnmap(reserved, MAPPED * page), CUDA_SUCCESS);
     EXPECT(cuMemRelease(physical[0]), CUDA_SUCCESS);
     EXPECT(cuMemAddressFree(reserved, 4 * page), CUDA_SUCCESS);
-    EXPECT(cuTexObjectDestroy(on_plane), CUDA_SUCCESS);
-    EXPECT(cuTexObjectDestroy(on_linear), CUDA_SUCCESS);
-    EXPECT(cuSurfObjectDestroy(surface), CUDA_SUCCESS);
-    EXPECT(cuArrayDestroy(plane), CUDA_SUCCESS);
-    EXPECT(cuArrayDestroy(layers), CUDA_SUCCESS);
-    EXPECT(cuMipmappedArrayDestroy(mip), CUDA_SUCCESS);
+    RELEASE(TEXTURE(on_plane), TEXTURE(on_linear), SURFACE(surface), ARRAY(plane), ARRAY(layers), MIPMAP(mip));
     EXPECT(cuArrayDestroy(luma), CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuArrayDestroy(frame), CUDA_SUCCESS);
     if (with_sparse) EXPECT(cuArrayDestroy(sparse), CUDA_SUCCESS);

@@ -46,6 +46,19 @@ static const char ptx[] = ".version 7.0\n.target sm_50\n.address_size 64\n"
                           ".visible .global .align 4 .u32 counter = 17;\n"
                           ".visible .entry k() { ret; }\n";
 
+// Objects of the device whose context `ctx` is (made current): buffers `a` and `b` of `a_len` and
+// `b_len` bytes, stream `s` made with `stream_flags`, event `e`, module `m` (what loading it
+// returned is returned).
+static CUresult make_objects(CUcontext ctx, CUdeviceptr *a, size_t a_len, CUdeviceptr *b, size_t b_len, CUstream *s, unsigned stream_flags,
+                             CUevent *e, CUmodule *m) {
+    EXPECT(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    EXPECT(cuMemAlloc(a, a_len), CUDA_SUCCESS);
+    EXPECT(cuMemAlloc(b, b_len), CUDA_SUCCESS);
+    EXPECT(cuStreamCreate(s, stream_flags), CUDA_SUCCESS);
+    EXPECT(cuEventCreate(e, CU_EVENT_DEFAULT), CUDA_SUCCESS);
+    return cuModuleLoadData(m, ptx);
+}
+
 struct on_device_zero {
     CUcontext ctx;
     CUdeviceptr buf;
@@ -83,24 +96,14 @@ int main(int argc, char **argv) {
     EXPECT(cuDevicePrimaryCtxRetain(&ctx0, 0), CUDA_SUCCESS);
     EXPECT(cuDevicePrimaryCtxRetain(&ctx1, 1), CUDA_SUCCESS);
 
-    // Device 0: one buffer, a stream, an event, a module.
+    // Device 0: two buffers, a stream, an event, a module.
     CUdeviceptr a0 = 0, a1 = 0, b1 = 0, c0 = 0;
     CUstream s0, s1;
     CUevent e0, e1;
     CUmodule m0 = NULL, m1 = NULL;
-    EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
-    EXPECT(cuMemAlloc(&a0, N0), CUDA_SUCCESS);
-    EXPECT(cuMemAlloc(&c0, N2), CUDA_SUCCESS);
-    EXPECT(cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    EXPECT(cuEventCreate(&e0, CU_EVENT_DEFAULT), CUDA_SUCCESS);
-    CUresult loaded0 = cuModuleLoadData(&m0, ptx);
+    CUresult loaded0 = make_objects(ctx0, &a0, N0, &c0, N2, &s0, CU_STREAM_NON_BLOCKING, &e0, &m0);
     // Device 1: two buffers, a stream, an event, a module.
-    EXPECT(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
-    EXPECT(cuMemAlloc(&a1, N1), CUDA_SUCCESS);
-    EXPECT(cuMemAlloc(&b1, N0), CUDA_SUCCESS);
-    EXPECT(cuStreamCreate(&s1, CU_STREAM_DEFAULT), CUDA_SUCCESS);
-    EXPECT(cuEventCreate(&e1, CU_EVENT_DEFAULT), CUDA_SUCCESS);
-    CUresult loaded1 = cuModuleLoadData(&m1, ptx);
+    CUresult loaded1 = make_objects(ctx1, &a1, N1, &b1, N0, &s1, CU_STREAM_DEFAULT, &e1, &m1);
     CUdeviceptr from_pool = 0;
     if (pool) {
         EXPECT(cuMemAllocAsync(&from_pool, N2, s1), CUDA_SUCCESS);
@@ -212,16 +215,9 @@ int main(int argc, char **argv) {
         EXPECT(cuMemFreeAsync(from_pool, s1), CUDA_SUCCESS);
         EXPECT(cuStreamSynchronize(s1), CUDA_SUCCESS);
     }
-    EXPECT(cuStreamDestroy(s1), CUDA_SUCCESS);
-    EXPECT(cuEventDestroy(e1), CUDA_SUCCESS);
-    EXPECT(cuMemFree(d1), CUDA_SUCCESS);
-    EXPECT(cuMemFree(b1), CUDA_SUCCESS);
-    EXPECT(cuMemFree(a1), CUDA_SUCCESS);
+    RELEASE(STREAM(s1), EVENT(e1), MEMORY(d1), MEMORY(b1), MEMORY(a1));
     EXPECT(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
-    EXPECT(cuStreamDestroy(s0), CUDA_SUCCESS);
-    EXPECT(cuEventDestroy(e0), CUDA_SUCCESS);
-    EXPECT(cuMemFree(c0), CUDA_SUCCESS);
-    EXPECT(cuMemFree(a0), CUDA_SUCCESS);
+    RELEASE(STREAM(s0), EVENT(e0), MEMORY(c0), MEMORY(a0));
     free(host);
     EXPECT(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
     EXPECT(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
