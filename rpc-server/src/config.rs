@@ -75,8 +75,9 @@ pub struct ServerArgs {
     /// Largest copy chunk per frame.
     #[arg(long, env = "FLYT_RPC_COPY_CHUNK", default_value = "8MiB")]
     pub copy_chunk: ByteSize,
-    /// Pinned staging buffers per session (each one copy chunk).
-    #[arg(long, env = "FLYT_RPC_STAGING_SLOTS", default_value_t = 8)]
+    /// Pinned staging buffers per session (each one copy chunk). Striped copies keep two chunks
+    /// per data connection in flight, within three quarters of them.
+    #[arg(long, env = "FLYT_RPC_STAGING_SLOTS", default_value_t = 16)]
     pub staging_slots: usize,
     /// Microseconds a session polls a short wait itself before handing it to a waiter thread.
     #[arg(long, env = "FLYT_RPC_INLINE_WAIT_US", default_value_t = 20)]
