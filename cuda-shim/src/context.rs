@@ -195,12 +195,47 @@ impl GreenContext {
     }
 }
 
+/// The addresses of leaked `&'static T`s handed out as handles: a handle is a `T` only if it is
+/// one of them.
+struct HandedOut<T: 'static> {
+    addresses: RwLock<HashSet<usize>>,
+    kind: std::marker::PhantomData<&'static T>,
+}
+
+impl<T> Default for HandedOut<T> {
+    fn default() -> Self {
+        HandedOut { addresses: RwLock::default(), kind: std::marker::PhantomData }
+    }
+}
+
+impl<T> HandedOut<T> {
+    fn insert(&self, value: &'static T) {
+        self.addresses.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(std::ptr::from_ref(value) as usize);
+    }
+
+    /// The `T` handed out at `address`, or CUDA_ERROR_INVALID_CONTEXT for anything else.
+    fn get(&self, address: usize) -> DriverResult<&'static T> {
+        if self.addresses.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&address) {
+            // SAFETY: `address` was recorded in `insert` from a leaked `&'static T`, never freed.
+            Ok(unsafe { &*(address as *const T) })
+        } else {
+            Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+        }
+    }
+
+    /// Every `T` handed out.
+    fn all(&self) -> Vec<&'static T> {
+        let addresses: Vec<usize> = self.addresses.read().unwrap_or_else(std::sync::PoisonError::into_inner).iter().copied().collect();
+        addresses.into_iter().filter_map(|address| self.get(address).ok()).collect()
+    }
+}
+
 /// Every context ever handed out, the primary contexts by device, and every green context.
 #[derive(Default)]
 pub struct Contexts {
-    known: RwLock<HashSet<usize>>,
+    known: HandedOut<Context>,
     primaries: OnceLock<Vec<&'static Context>>,
-    greens: RwLock<HashSet<usize>>,
+    greens: HandedOut<GreenContext>,
 }
 
 thread_local! {
@@ -221,18 +256,12 @@ impl Contexts {
     }
 
     fn remember(&self, ctx: &'static Context) {
-        self.known.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(ctx as *const Context as usize);
+        self.known.insert(ctx);
     }
 
     /// The context a handle names, or CUDA_ERROR_INVALID_CONTEXT for anything this driver did not hand out.
     pub fn lookup(&self, handle: CUcontext) -> DriverResult<&'static Context> {
-        let address = handle as usize;
-        if self.known.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&address) {
-            // SAFETY: `address` was recorded in `remember` from a leaked `&'static Context`, never freed.
-            Ok(unsafe { &*(address as *const Context) })
-        } else {
-            Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-        }
+        self.known.get(handle as usize)
     }
 
     /// A handle argument where NULL means the thread's current context.
@@ -282,10 +311,7 @@ impl Contexts {
             std::mem::take(&mut state.cls)
         };
         ctx.run_cls_destructors(entries);
-        let greens: Vec<usize> = self.greens.read().unwrap_or_else(std::sync::PoisonError::into_inner).iter().copied().collect();
-        for address in greens {
-            // SAFETY: recorded in `create_green` from a leaked `&'static GreenContext`, never freed.
-            let green: &'static GreenContext = unsafe { &*(address as *const GreenContext) };
+        for green in self.greens.all() {
             if green.context.device == device && green.context.usable().is_ok() {
                 let _ = Self::kill(green.context);
             }
@@ -363,21 +389,14 @@ impl Contexts {
         let green = Box::leak(Box::new(GreenContext { readable: [0; 32], id, default_stream, context }));
         let _ = context.green.set(green);
         self.remember(context);
-        self.greens.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(green as *const GreenContext as usize);
+        self.greens.insert(green);
         Ok(green)
     }
 
     /// The green context a handle names, or CUDA_ERROR_INVALID_CONTEXT for anything this driver
     /// did not hand out.
     pub fn lookup_green(&self, handle: CUgreenCtx) -> DriverResult<&'static GreenContext> {
-        let address = handle as usize;
-        if self.greens.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&address) {
-            // SAFETY: `address` was recorded in `create_green` from a leaked `&'static GreenContext`,
-            // never freed.
-            Ok(unsafe { &*(address as *const GreenContext) })
-        } else {
-            Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-        }
+        self.greens.get(handle as usize)
     }
 
     /// `cuGreenCtxDestroy`, once the server destroyed it: its context dies as `cuCtxDestroy`

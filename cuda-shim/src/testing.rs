@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use flyt_protocol::device::{DeviceInfo, attr};
+use flyt_protocol::device::{DeviceInfo, HOPPER_LIMITS, attr};
 
 use crate::driver::{DeviceSource, Unavailable};
 
@@ -32,28 +32,15 @@ pub fn fake_device(index: usize) -> DeviceInfo {
         *byte = i as u8;
     }
     uuid[0] = index as u8;
-    let mut attributes = vec![
-        (attr::MAX_THREADS_PER_BLOCK, 1024),
-        (attr::MAX_BLOCK_DIM_X, 1024),
-        (attr::MAX_BLOCK_DIM_Y, 1024),
-        (attr::MAX_BLOCK_DIM_Z, 64),
-        (attr::MAX_GRID_DIM_X, i32::MAX),
-        (attr::MAX_GRID_DIM_Y, 65535),
-        (attr::MAX_GRID_DIM_Z, 65535),
-        (attr::MAX_SHARED_MEMORY_PER_BLOCK, 49152),
-        (attr::TOTAL_CONSTANT_MEMORY, 65536),
-        (attr::WARP_SIZE, 32),
-        (attr::MAX_PITCH, i32::MAX),
-        (attr::MAX_REGISTERS_PER_BLOCK, 65536),
-        (attr::CLOCK_RATE, 1_980_000),
-        (attr::TEXTURE_ALIGNMENT, 512),
+    let mut attributes = HOPPER_LIMITS.to_vec();
+    attributes.extend([
         (attr::MULTIPROCESSOR_COUNT, 132),
         (attr::COMPUTE_CAPABILITY_MAJOR, 9),
         (attr::COMPUTE_CAPABILITY_MINOR, 0),
         (attr::PCI_DOMAIN_ID, 0),
         (attr::PCI_BUS_ID, 0x10 + index as i32),
         (attr::PCI_DEVICE_ID, 0),
-    ];
+    ]);
     attributes.sort_unstable();
     DeviceInfo { name: format!("Fake H100 {index}"), uuid, luid: [0; 8], luid_device_node_mask: 0, total_mem: 80 << 30, attributes }
 }

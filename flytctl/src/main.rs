@@ -438,6 +438,23 @@ fn prometheus_targets(allocations: &[AllocationRecord]) -> Vec<serde_json::Value
         .collect()
 }
 
+/// Prints a listing as JSON, or as the table `table` makes of it and the cluster's nodes (`nodes`,
+/// a call made only for the table).
+async fn print_listing<T: Serialize>(
+    args: &Args,
+    deadline: Instant,
+    rows: &[T],
+    nodes: impl std::future::Future<Output = Result<Vec<NodeView>, tarpc::client::RpcError>>,
+    table: fn(&[T], &[NodeView]) -> Table,
+) -> Result<(), CtlError> {
+    if args.json {
+        return print_json(&rows);
+    }
+    let nodes = call(args, deadline, nodes).await?;
+    println!("{}", table(rows, &nodes));
+    Ok(())
+}
+
 fn print_json<T: Serialize>(value: &T) -> Result<(), CtlError> {
     println!("{}", serde_json::to_string_pretty(value).map_err(CtlError::Json)?);
     Ok(())
@@ -534,11 +551,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
         }
         Command::ListVms => {
             let vms = call(&args, deadline, client.list_vms(context())).await?;
-            if args.json {
-                return print_json(&vms);
-            }
-            let nodes = call(&args, deadline, client.list_nodes(context())).await?;
-            println!("{}", vm_table(&vms, &nodes));
+            print_listing(&args, deadline, &vms, client.list_nodes(context()), vm_table).await?;
         }
         Command::ListServernodes => {
             let nodes = call(&args, deadline, client.list_nodes(context())).await?;
@@ -553,11 +566,7 @@ async fn run(args: Args) -> Result<(), CtlError> {
         }
         Command::ListVirtServers => {
             let allocations = call(&args, deadline, client.list_allocations(context())).await?;
-            if args.json {
-                return print_json(&allocations);
-            }
-            let nodes = call(&args, deadline, client.list_nodes(context())).await?;
-            println!("{}", allocation_table(&allocations, &nodes));
+            print_listing(&args, deadline, &allocations, client.list_nodes(context()), allocation_table).await?;
         }
         Command::ChangeConfig { target, compute_units, memory_mib } => {
             let change = client.change_config(context(), target.clone(), *compute_units, *memory_mib);

@@ -6,3 +6,4 @@ pub mod diagnostics;
 pub mod driver_library;
 pub mod ffi;
 pub mod flyt_table;
+pub mod pci;

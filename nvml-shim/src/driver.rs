@@ -263,31 +263,9 @@ pub fn nvlink_count(device: c_int, limit: c_uint) -> Result<c_uint> {
     Ok(limit)
 }
 
-/// Parses a PCI bus id as NVML accepts it: `[domain:]bus:device[.function]`, hexadecimal, any case.
-pub fn parse_pci_bus_id(text: &str) -> Option<(c_uint, c_uint, c_uint)> {
-    let text = text.trim();
-    let without_function = text.split_once('.').map_or(text, |(head, _)| head);
-    let parts: Vec<&str> = without_function.split(':').collect();
-    let number = |part: &str| c_uint::from_str_radix(part, 16).ok();
-    match parts.as_slice() {
-        [domain, bus, device] => Some((number(domain)?, number(bus)?, number(device)?)),
-        [bus, device] => Some((0, number(bus)?, number(device)?)),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pci_bus_ids_parse_in_every_form_nvml_accepts() {
-        assert_eq!(parse_pci_bus_id("00000000:1A:00.0"), Some((0, 0x1a, 0)));
-        assert_eq!(parse_pci_bus_id("0001:1a:03.0"), Some((1, 0x1a, 3)));
-        assert_eq!(parse_pci_bus_id("1a:03"), Some((0, 0x1a, 3)));
-        assert_eq!(parse_pci_bus_id("not a bus id"), None);
-        assert_eq!(parse_pci_bus_id("0:1:2:3"), None);
-    }
 
     #[test]
     fn uuids_are_written_as_nvml_does() {

@@ -235,7 +235,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: 
 pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id: *const c_char, device: *mut NvmlDevice) -> NvmlReturn {
     run("nvmlDeviceGetHandleByPciBusId_v2", || {
         // SAFETY: the caller's C string.
-        let wanted = driver::parse_pci_bus_id(unsafe { text_argument(pci_bus_id) }?).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        let wanted = flyt_front_kit::pci::parse_bus_id(unsafe { text_argument(pci_bus_id) }?, true).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
         let found = find_device(|identity| identity.pci == wanted)?;
         // SAFETY: the caller's out-pointer.
         unsafe { write(device, found) }

@@ -76,6 +76,25 @@ pub enum NvLinkEnd {
     Switch,
 }
 
+/// The launch limits and shape of a Hopper (H100) GPU, which every made-up device starts from:
+/// the emulated device of the server and the fake devices of the fronts' unit tests.
+pub const HOPPER_LIMITS: [(u32, i32); 14] = [
+    (attr::MAX_THREADS_PER_BLOCK, 1024),
+    (attr::MAX_BLOCK_DIM_X, 1024),
+    (attr::MAX_BLOCK_DIM_Y, 1024),
+    (attr::MAX_BLOCK_DIM_Z, 64),
+    (attr::MAX_GRID_DIM_X, i32::MAX),
+    (attr::MAX_GRID_DIM_Y, 65535),
+    (attr::MAX_GRID_DIM_Z, 65535),
+    (attr::MAX_SHARED_MEMORY_PER_BLOCK, 48 << 10),
+    (attr::TOTAL_CONSTANT_MEMORY, 64 << 10),
+    (attr::WARP_SIZE, 32),
+    (attr::MAX_PITCH, i32::MAX),
+    (attr::MAX_REGISTERS_PER_BLOCK, 65536),
+    (attr::CLOCK_RATE, 1_980_000),
+    (attr::TEXTURE_ALIGNMENT, 512),
+];
+
 /// Highest `cudaDeviceAttr` value CUDA 13.0 defines; servers query `1..=LAST_ATTRIBUTE`.
 pub const LAST_ATTRIBUTE: u32 = 147;
 

@@ -622,6 +622,18 @@ mod tests {
         }
     }
 
+    /// The client's rings over an area of their own, which the test writes into as a hostile
+    /// server would: the area's start (its counters) and the start of its server-to-client data.
+    /// The map and the socket's ends come back too: they must outlive the rings.
+    fn client_over_open_area() -> (memmap2::MmapMut, [std::os::unix::net::UnixStream; 2], (RingReader, RingWriter), *mut u8, *mut u8) {
+        let mut map = memmap2::MmapMut::map_anon(area_len(CAPACITY)).unwrap();
+        let (socket, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let base = map.as_mut_ptr();
+        let (client, _server) = pair_over(&mut map, socket.as_raw_fd());
+        let to_client = base.wrapping_add(AREA_HEADER + CAPACITY);
+        (map, [socket, peer], client, base, to_client)
+    }
+
     #[test]
     fn a_spin_deadline_reads_the_clock_at_the_first_look_and_sees_it_pass_within_16() {
         assert!(!SpinDeadline::new(Instant::now()).keep_spinning(), "a deadline already passed ends the spin at once");
@@ -718,13 +730,9 @@ mod tests {
 
     #[test]
     fn corrupted_records_and_counters_are_errors() {
-        let mut map = memmap2::MmapMut::map_anon(area_len(CAPACITY)).unwrap();
-        let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
-        let base = map.as_mut_ptr();
-        let ((mut client_in, mut client_out), _) = pair_over(&mut map, socket.as_raw_fd());
+        let (_map, _sockets, (mut client_in, mut client_out), base, record) = client_over_open_area();
         // The server-to-client data starts after the client-to-server data: a complete record
         // at position 0 that claims 1 GiB of payload.
-        let record = base.wrapping_add(AREA_HEADER + CAPACITY);
         // SAFETY: writing the first record header of the test's own mapping.
         unsafe {
             record.cast::<u64>().write(stamp(0));
@@ -752,11 +760,7 @@ mod tests {
             words in proptest::collection::vec(proptest::prelude::any::<u64>(), 64),
             stamped in proptest::collection::vec((0u64..64, 0u64..(2 * CAPACITY as u64)), 0..8),
         ) {
-            let mut map = memmap2::MmapMut::map_anon(area_len(CAPACITY)).unwrap();
-            let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
-            let base = map.as_mut_ptr();
-            let ((mut client_in, mut client_out), _) = pair_over(&mut map, socket.as_raw_fd());
-            let to_client = base.wrapping_add(AREA_HEADER + CAPACITY);
+            let (_map, _sockets, (mut client_in, mut client_out), base, to_client) = client_over_open_area();
             // SAFETY: every write stays inside the test's own mapping: the counters at the area's
             // start, and whole 8-byte words of the server-to-client data.
             unsafe {

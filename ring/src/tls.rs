@@ -159,24 +159,25 @@ trait Handshake: Sized {
     fn into_kernel(self) -> Result<(rustls::ExtractedSecrets, Kernel), rustls::Error>;
 }
 
-impl Handshake for UnbufferedClientConnection {
-    type Data = ClientConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn into_kernel(self) -> Result<(rustls::ExtractedSecrets, Kernel), rustls::Error> {
-        self.dangerous_into_kernel_connection().map(|(secrets, kernel)| (secrets, Kernel::Client(kernel)))
-    }
+/// The client's and the server's connections run their handshakes alike; only the kernel's side
+/// differs.
+macro_rules! handshake_sides {
+    ($($connection:ty, $data:ty => $side:ident;)*) => {$(
+        impl Handshake for $connection {
+            type Data = $data;
+            fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
+                self.process_tls_records(incoming)
+            }
+            fn into_kernel(self) -> Result<(rustls::ExtractedSecrets, Kernel), rustls::Error> {
+                self.dangerous_into_kernel_connection().map(|(secrets, kernel)| (secrets, Kernel::$side(kernel)))
+            }
+        }
+    )*};
 }
 
-impl Handshake for UnbufferedServerConnection {
-    type Data = ServerConnectionData;
-    fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn into_kernel(self) -> Result<(rustls::ExtractedSecrets, Kernel), rustls::Error> {
-        self.dangerous_into_kernel_connection().map(|(secrets, kernel)| (secrets, Kernel::Server(kernel)))
-    }
+handshake_sides! {
+    UnbufferedClientConnection, ClientConnectionData => Client;
+    UnbufferedServerConnection, ServerConnectionData => Server;
 }
 
 /// What rustls keeps of a connection after its handshake: the traffic secrets' next generation.

@@ -235,16 +235,17 @@ impl MemoryBudget for SharedBudget {
 mod shared_tests {
     use super::*;
 
-    fn page() -> (std::fs::File, SharedBudget) {
+    /// A tenant's page with a quota of 100 bytes: the listener's end, and the ends of workers 1
+    /// and `second`.
+    fn listener_and_workers(second: usize) -> (SharedBudget, SharedBudget, SharedBudget) {
         let (fd, listener) = SharedBudget::create(Some(100)).unwrap();
-        (std::fs::File::from(fd), listener)
+        let file = std::fs::File::from(fd);
+        (listener, SharedBudget::map(&file, 1).unwrap(), SharedBudget::map(&file, second).unwrap())
     }
 
     #[test]
     fn workers_share_one_quota_and_dead_workers_are_reclaimed() {
-        let (file, listener) = page();
-        let first = SharedBudget::map(&file, 1).unwrap();
-        let second = SharedBudget::map(&file, 2).unwrap();
+        let (listener, first, second) = listener_and_workers(2);
         assert!(first.try_reserve(70));
         assert!(!second.try_reserve(31));
         assert!(second.try_reserve(30));
@@ -259,9 +260,7 @@ mod shared_tests {
 
     #[test]
     fn the_tenants_processes_are_its_live_sessions_apps() {
-        let (file, listener) = page();
-        let first = SharedBudget::map(&file, 1).unwrap();
-        let second = SharedBudget::map(&file, 7).unwrap();
+        let (listener, first, second) = listener_and_workers(7);
         assert!(first.try_reserve(40));
         first.set_owner(4242);
         second.set_owner(77);
@@ -274,9 +273,7 @@ mod shared_tests {
 
     #[test]
     fn activity_is_the_union_of_the_sessions_over_the_window() {
-        let (file, listener) = page();
-        let first = SharedBudget::map(&file, 1).unwrap();
-        let second = SharedBudget::map(&file, 2).unwrap();
+        let (listener, first, second) = listener_and_workers(2);
         // Closed stretches 1000..=1019 and 1010..=1029 overlap: 30 ticks, not 40.
         first.mark_active(Work::Kernels, 1000, 1019);
         second.mark_active(Work::Kernels, 1010, 1029);

@@ -1356,18 +1356,29 @@ mod tests {
         (Arc::new(Pager::new(budget.clone(), ours.into(), settings, 1 << 20)), listener)
     }
 
+    /// The pager of worker slot 5 (see [`tenant_page`], [`pager_of_slot`]) where `capacity` bytes
+    /// may be resident, `held` of them by worker slot 6.
+    fn crowded_pager(
+        capacity: u64,
+        held: u64,
+        wait: Duration,
+    ) -> (SharedBudget, Arc<SharedBudget>, Arc<Pager>, std::os::unix::net::UnixDatagram) {
+        let (listener_page, budget) = tenant_page(5);
+        let other = Residency::new(budget.paging_words(), 6);
+        other.set_capacity(capacity);
+        assert!(other.claim(held));
+        let (pager, listener) = pager_of_slot(&budget, wait);
+        (listener_page, budget, pager, listener)
+    }
+
     /// A device that refuses memory the resident count has room for: `make_room` asks the
     /// listener for that many bytes though they "fit", returns once another session's page-out
     /// freed them, and fails after the wait when none does.
     #[test]
     fn making_room_asks_for_a_page_out_the_count_did_not_call_for() {
-        let (_listener_page, budget) = tenant_page(5);
-        let words = budget.paging_words();
-        words[CAPACITY].store(1000, Ordering::Release);
-        let other = Residency::new(words, 6);
-        assert!(other.claim(300));
         let wait = Duration::from_millis(150);
-        let (pager, listener) = pager_of_slot(&budget, wait);
+        let (_listener_page, budget, pager, listener) = crowded_pager(1000, 300, wait);
+        let other = Residency::new(budget.paging_words(), 6);
         assert!(pager.claim(100), "the count has room");
         // Nobody pages out: refused after the wait, having asked for the bytes.
         let started = Instant::now();
@@ -1396,13 +1407,9 @@ mod tests {
     /// with none progressing, and after `MOST_WAITS` waits in all when progress frees nothing.
     #[test]
     fn a_claim_waits_while_page_outs_progress_and_no_longer() {
-        let (_listener_page, budget) = tenant_page(5);
-        let words = budget.paging_words();
-        words[CAPACITY].store(100, Ordering::Release);
-        let other = Residency::new(words, 6);
-        assert!(other.claim(100));
         let wait = Duration::from_millis(150);
-        let (pager, _listener) = pager_of_slot(&budget, wait);
+        let (_listener_page, budget, pager, _listener) = crowded_pager(100, 100, wait);
+        let other = Residency::new(budget.paging_words(), 6);
         // Nothing progresses: out after the wait.
         let started = Instant::now();
         assert!(!pager.claim(40));

@@ -261,17 +261,11 @@ pub unsafe fn cuDeviceGetPCIBusId(pci_bus_id: *mut c_char, len: c_int, dev: CUde
     })())
 }
 
-/// `[domain:]bus:device[.function]`, hex: `(domain, bus, device)`.
+/// `[domain:]bus:device[.function]`, hex: `(domain, bus, device)`; a `.` with no function is
+/// refused.
 pub fn parse_pci_bus_id(text: &str) -> Option<(i32, i32, i32)> {
-    let text = text.trim();
-    let without_function = text.split_once('.').map_or(text, |(head, function)| if function.is_empty() { "" } else { head });
-    let parts: Vec<&str> = without_function.split(':').collect();
-    let hex = |s: &str| i32::from_str_radix(s, 16).ok();
-    match parts.as_slice() {
-        [domain, bus, device] => Some((hex(domain)?, hex(bus)?, hex(device)?)),
-        [bus, device] => Some((0, hex(bus)?, hex(device)?)),
-        _ => None,
-    }
+    let (domain, bus, device) = flyt_front_kit::pci::parse_bus_id(text, false)?;
+    Some((i32::try_from(domain).ok()?, i32::try_from(bus).ok()?, i32::try_from(device).ok()?))
 }
 
 pub unsafe fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, pci_bus_id: *const c_char) -> CUresult {
@@ -356,16 +350,6 @@ pub unsafe fn cuDeviceGetP2PAttribute(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pci_bus_ids_parse_in_the_driver_forms() {
-        assert_eq!(parse_pci_bus_id("0000:3b:00.0"), Some((0, 0x3b, 0)));
-        assert_eq!(parse_pci_bus_id("00000001:3B:02.0"), Some((1, 0x3b, 2)));
-        assert_eq!(parse_pci_bus_id("3b:00.0"), Some((0, 0x3b, 0)));
-        assert_eq!(parse_pci_bus_id("0000:3b:00"), Some((0, 0x3b, 0)));
-        assert_eq!(parse_pci_bus_id("nonsense"), None);
-        assert_eq!(parse_pci_bus_id("0000:3b:00."), None);
-    }
 
     // The global driver of the unit-test binary has `testing::FakeDevices` (see `driver::driver`).
     #[test]

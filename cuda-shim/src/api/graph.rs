@@ -345,66 +345,81 @@ unsafe fn add_kernel_node(
     Ok(())
 }
 
-pub unsafe fn cuGraphAddKernelNode(
-    ph_graph_node: *mut CUgraphNode,
-    h_graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    num_dependencies: usize,
-    node_params: *const CUDA_KERNEL_NODE_PARAMS_v1,
-) -> CUresult {
-    // SAFETY: the caller's struct, out-pointer and dependency array.
-    run(|| unsafe { add_kernel_node(ph_graph_node, h_graph, dependencies, num_dependencies, fields_v1(node_params)) })
-}
-
-pub unsafe fn cuGraphAddKernelNode_v2(
-    ph_graph_node: *mut CUgraphNode,
-    h_graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    num_dependencies: usize,
-    node_params: *const CUDA_KERNEL_NODE_PARAMS,
-) -> CUresult {
-    // SAFETY: the caller's struct, out-pointer and dependency array.
-    run(|| unsafe { add_kernel_node(ph_graph_node, h_graph, dependencies, num_dependencies, fields_v2(node_params)) })
-}
-
-pub unsafe fn cuGraphAddMemcpyNode(
-    ph_graph_node: *mut CUgraphNode,
-    h_graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    num_dependencies: usize,
-    copy_params: *const CUDA_MEMCPY3D,
-    _ctx: CUcontext,
-) -> CUresult {
-    run(|| {
-        let client = client()?;
-        // SAFETY: the caller's struct; out-pointer and dependency array.
-        unsafe {
-            let params = memcpy_params(client, copy_params)?;
-            let (node, _) = add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params)?;
-            remember(node, AppParams::Copy(*copy_params));
+/// Declares the kernel node exports of one version of `CUDA_KERNEL_NODE_PARAMS`: adding a node,
+/// and setting its parameters in its graph or in an executable graph.
+macro_rules! kernel_node_versions {
+    ($($add:ident, $set:ident, $exec_set:ident ($ty:ty) => $fields:ident;)*) => {$(
+        pub unsafe fn $add(ph_graph_node: *mut CUgraphNode, h_graph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, node_params: *const $ty) -> CUresult {
+            // SAFETY: the caller's struct, out-pointer and dependency array.
+            run(|| unsafe { add_kernel_node(ph_graph_node, h_graph, dependencies, num_dependencies, $fields(node_params)) })
         }
-        Ok(())
-    })
+
+        pub unsafe fn $set(h_node: CUgraphNode, node_params: *const $ty) -> CUresult {
+            // SAFETY: the caller's struct.
+            run(|| set_kernel(std::ptr::null_mut(), h_node, unsafe { $fields(node_params) }))
+        }
+
+        pub unsafe fn $exec_set(h_graph_exec: CUgraphExec, h_node: CUgraphNode, node_params: *const $ty) -> CUresult {
+            run(|| {
+                non_null([h_graph_exec.cast()])?;
+                // SAFETY: the caller's struct.
+                set_kernel(h_graph_exec, h_node, unsafe { $fields(node_params) })
+            })
+        }
+    )*};
 }
 
-pub unsafe fn cuGraphAddMemsetNode(
-    ph_graph_node: *mut CUgraphNode,
-    h_graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    num_dependencies: usize,
-    memset_params: *const CUDA_MEMSET_NODE_PARAMS,
-    _ctx: CUcontext,
-) -> CUresult {
-    run(|| {
-        let client = client()?;
-        // SAFETY: as above.
-        unsafe {
-            let params = self::memset_params(memset_params)?;
-            let (node, _) = add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params)?;
-            remember(node, AppParams::Memset(*memset_params));
+kernel_node_versions! {
+    cuGraphAddKernelNode, cuGraphKernelNodeSetParams, cuGraphExecKernelNodeSetParams (CUDA_KERNEL_NODE_PARAMS_v1) => fields_v1;
+    cuGraphAddKernelNode_v2, cuGraphKernelNodeSetParams_v2, cuGraphExecKernelNodeSetParams_v2 (CUDA_KERNEL_NODE_PARAMS) => fields_v2;
+}
+
+/// Declares the exports of the copy, memset and host nodes: adding a node, and setting its
+/// parameters in its graph or in an executable graph. `$convert` checks and converts the app's
+/// struct, which is then kept for the node's getter (`remember`): read only once checked.
+macro_rules! remembered_nodes {
+    ($($add:ident, $set:ident, $exec_set:ident ($params:ident: $ty:ty $(, $ctx:ident)?) => $convert:expr, $app:path;)*) => {$(
+        pub unsafe fn $add(ph_graph_node: *mut CUgraphNode, h_graph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, $params: *const $ty, $($ctx: CUcontext)?) -> CUresult {
+            run(|| {
+                let client = client()?;
+                // SAFETY: the caller's struct (read after `$convert` checked it), out-pointer and
+                // dependency array.
+                unsafe {
+                    let (node, _) = add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, $convert?)?;
+                    remember(node, $app(*$params));
+                }
+                Ok(())
+            })
         }
-        Ok(())
-    })
+
+        pub unsafe fn $set(h_node: CUgraphNode, $params: *const $ty) -> CUresult {
+            run(|| {
+                // SAFETY: the caller's struct (read after `$convert` checked it).
+                unsafe {
+                    set_params(std::ptr::null_mut(), h_node, $convert?)?;
+                    remember(id_of(h_node)?, $app(*$params));
+                }
+                Ok(())
+            })
+        }
+
+        pub unsafe fn $exec_set(h_graph_exec: CUgraphExec, h_node: CUgraphNode, $params: *const $ty, $($ctx: CUcontext)?) -> CUresult {
+            run(|| {
+                non_null([h_graph_exec.cast()])?;
+                // SAFETY: the caller's struct.
+                set_params(h_graph_exec, h_node, unsafe { $convert }?)
+            })
+        }
+    )*};
+}
+
+remembered_nodes! {
+    cuGraphAddMemcpyNode, cuGraphMemcpyNodeSetParams, cuGraphExecMemcpyNodeSetParams (node_params: CUDA_MEMCPY3D, _ctx)
+        => memcpy_params(client()?, node_params), AppParams::Copy;
+    cuGraphAddMemsetNode, cuGraphMemsetNodeSetParams, cuGraphExecMemsetNodeSetParams (node_params: CUDA_MEMSET_NODE_PARAMS, _ctx)
+        => memset_params(node_params), AppParams::Memset;
+    cuGraphAddHostNode, cuGraphHostNodeSetParams, cuGraphExecHostNodeSetParams (node_params: CUDA_HOST_NODE_PARAMS)
+        => host_params(client()?, node_params), AppParams::Host;
 }
 
 /// A batch memory operation node's parameters: `cuStreamBatchMemOp_v2`'s operations on the
@@ -517,25 +532,6 @@ pub unsafe fn cuGraphBatchMemOpNodeGetParams(h_node: CUgraphNode, node_params_ou
     })
 }
 
-pub unsafe fn cuGraphAddHostNode(
-    ph_graph_node: *mut CUgraphNode,
-    h_graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    num_dependencies: usize,
-    node_params: *const CUDA_HOST_NODE_PARAMS,
-) -> CUresult {
-    run(|| {
-        let client = client()?;
-        // SAFETY: as above.
-        unsafe {
-            let params = host_params(client, node_params)?;
-            let (node, _) = add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params)?;
-            remember(node, AppParams::Host(*node_params));
-        }
-        Ok(())
-    })
-}
-
 pub unsafe fn cuGraphAddChildGraphNode(
     ph_graph_node: *mut CUgraphNode,
     h_graph: CUgraph,
@@ -564,34 +560,35 @@ pub unsafe fn cuGraphAddEmptyNode(
     run(|| unsafe { add_node(client()?, ph_graph_node, h_graph, dependencies, num_dependencies, NodeParams::Empty) }.map(drop))
 }
 
-pub unsafe fn cuGraphAddEventRecordNode(
-    ph_graph_node: *mut CUgraphNode,
-    h_graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    num_dependencies: usize,
-    event: CUevent,
-) -> CUresult {
-    run(|| {
-        let client = client()?;
-        let params = event_params(client, event, true)?;
-        // SAFETY: the caller's out-pointer and dependency array.
-        unsafe { add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params) }.map(drop)
-    })
+/// Declares the exports of the event record (`$record` true) and event wait nodes: adding a
+/// node, and setting its event in its graph or in an executable graph.
+macro_rules! event_nodes {
+    ($($add:ident, $set:ident, $exec_set:ident => $record:literal;)*) => {$(
+        pub unsafe fn $add(ph_graph_node: *mut CUgraphNode, h_graph: CUgraph, dependencies: *const CUgraphNode, num_dependencies: usize, event: CUevent) -> CUresult {
+            run(|| {
+                let client = client()?;
+                let params = event_params(client, event, $record)?;
+                // SAFETY: the caller's out-pointer and dependency array.
+                unsafe { add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params) }.map(drop)
+            })
+        }
+
+        pub unsafe fn $set(h_node: CUgraphNode, event: CUevent) -> CUresult {
+            run(|| set_params(std::ptr::null_mut(), h_node, event_params(client()?, event, $record)?))
+        }
+
+        pub unsafe fn $exec_set(h_graph_exec: CUgraphExec, h_node: CUgraphNode, event: CUevent) -> CUresult {
+            run(|| {
+                non_null([h_graph_exec.cast()])?;
+                set_params(h_graph_exec, h_node, event_params(client()?, event, $record)?)
+            })
+        }
+    )*};
 }
 
-pub unsafe fn cuGraphAddEventWaitNode(
-    ph_graph_node: *mut CUgraphNode,
-    h_graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    num_dependencies: usize,
-    event: CUevent,
-) -> CUresult {
-    run(|| {
-        let client = client()?;
-        let params = event_params(client, event, false)?;
-        // SAFETY: the caller's out-pointer and dependency array.
-        unsafe { add_node(client, ph_graph_node, h_graph, dependencies, num_dependencies, params) }.map(drop)
-    })
+event_nodes! {
+    cuGraphAddEventRecordNode, cuGraphEventRecordNodeSetEvent, cuGraphExecEventRecordNodeSetEvent => true;
+    cuGraphAddEventWaitNode, cuGraphEventWaitNodeSetEvent, cuGraphExecEventWaitNodeSetEvent => false;
 }
 
 /// The app's edge data for `count` edges as (from port, to port, type), which the server's
@@ -647,46 +644,25 @@ pub(super) fn edge_data_refused(with_data: bool, error: flyt_protocol::CudaError
     driver_error(error)
 }
 
-pub unsafe fn cuGraphAddDependencies(
-    h_graph: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    num_dependencies: usize,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    run(|| unsafe { edges(h_graph, from, to, std::ptr::null(), num_dependencies, false) })
+/// Declares `cuGraphAddDependencies` and `cuGraphRemoveDependencies` (`$remove`), each with its
+/// `_v2` form that takes edge data.
+macro_rules! dependency_edits {
+    ($($name:ident, $name_v2:ident => $remove:literal;)*) => {$(
+        pub unsafe fn $name(h_graph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, num_dependencies: usize) -> CUresult {
+            // SAFETY: forwarded contract.
+            unsafe { $name_v2(h_graph, from, to, std::ptr::null(), num_dependencies) }
+        }
+
+        pub unsafe fn $name_v2(h_graph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edge_data: *const CUgraphEdgeData, num_dependencies: usize) -> CUresult {
+            // SAFETY: forwarded contract.
+            run(|| unsafe { edges(h_graph, from, to, edge_data, num_dependencies, $remove) })
+        }
+    )*};
 }
 
-pub unsafe fn cuGraphAddDependencies_v2(
-    h_graph: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    edge_data: *const CUgraphEdgeData,
-    num_dependencies: usize,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    run(|| unsafe { edges(h_graph, from, to, edge_data, num_dependencies, false) })
-}
-
-pub unsafe fn cuGraphRemoveDependencies(
-    h_graph: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    num_dependencies: usize,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    run(|| unsafe { edges(h_graph, from, to, std::ptr::null(), num_dependencies, true) })
-}
-
-pub unsafe fn cuGraphRemoveDependencies_v2(
-    h_graph: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    edge_data: *const CUgraphEdgeData,
-    num_dependencies: usize,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    run(|| unsafe { edges(h_graph, from, to, edge_data, num_dependencies, true) })
+dependency_edits! {
+    cuGraphAddDependencies, cuGraphAddDependencies_v2 => false;
+    cuGraphRemoveDependencies, cuGraphRemoveDependencies_v2 => true;
 }
 
 /// Lists a graph's nodes (or roots) as the driver does: the count alone with `nodes` NULL,
@@ -791,53 +767,27 @@ pub unsafe fn cuGraphInstantiateWithFlags(ph_graph_exec: *mut CUgraphExec, h_gra
     run(|| instantiate(ph_graph_exec, h_graph, flags).map(drop))
 }
 
-/// `cuGraphInstantiate` (CUDA 11's export, the same ABI) and `_v2`: flags 0, no error node, an
-/// empty log.
-///
-/// # Safety
-/// The optional out-pointers are NULL or the caller's (`log_buffer` with `buffer_size` bytes).
-unsafe fn instantiate_with_log(
-    ph_graph_exec: *mut CUgraphExec,
-    h_graph: CUgraph,
-    ph_error_node: *mut CUgraphNode,
-    log_buffer: *mut c_char,
-    buffer_size: usize,
-) -> CUresult {
-    run(|| {
-        instantiate(ph_graph_exec, h_graph, 0)?;
-        // SAFETY: the caller's optional out-pointers: no error node, an empty log.
-        unsafe {
-            if !ph_error_node.is_null() {
-                ph_error_node.write(std::ptr::null_mut());
+// `cuGraphInstantiate` (CUDA 11's export, the same ABI) and `_v2`: flags 0, no error node, an
+// empty log. The optional out-pointers are NULL or the caller's (`log_buffer` with
+// `buffer_size` bytes).
+export_names! {
+    [cuGraphInstantiate, cuGraphInstantiate_v2]
+    (ph_graph_exec: *mut CUgraphExec, h_graph: CUgraph, ph_error_node: *mut CUgraphNode, log_buffer: *mut c_char, buffer_size: usize)
+    {
+        run(|| {
+            instantiate(ph_graph_exec, h_graph, 0)?;
+            // SAFETY: the caller's optional out-pointers: no error node, an empty log.
+            unsafe {
+                if !ph_error_node.is_null() {
+                    ph_error_node.write(std::ptr::null_mut());
+                }
+                if !log_buffer.is_null() && buffer_size > 0 {
+                    log_buffer.write(0);
+                }
             }
-            if !log_buffer.is_null() && buffer_size > 0 {
-                log_buffer.write(0);
-            }
-        }
-        Ok(())
-    })
-}
-
-pub unsafe fn cuGraphInstantiate(
-    ph_graph_exec: *mut CUgraphExec,
-    h_graph: CUgraph,
-    ph_error_node: *mut CUgraphNode,
-    log_buffer: *mut c_char,
-    buffer_size: usize,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { instantiate_with_log(ph_graph_exec, h_graph, ph_error_node, log_buffer, buffer_size) }
-}
-
-pub unsafe fn cuGraphInstantiate_v2(
-    ph_graph_exec: *mut CUgraphExec,
-    h_graph: CUgraph,
-    ph_error_node: *mut CUgraphNode,
-    log_buffer: *mut c_char,
-    buffer_size: usize,
-) -> CUresult {
-    // SAFETY: forwarded contract.
-    unsafe { instantiate_with_log(ph_graph_exec, h_graph, ph_error_node, log_buffer, buffer_size) }
+            Ok(())
+        })
+    }
 }
 
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`.
@@ -965,40 +915,6 @@ fn set_kernel(exec: CUgraphExec, node: CUgraphNode, fields: DriverResult<KernelF
     Ok(())
 }
 
-pub unsafe fn cuGraphKernelNodeSetParams(h_node: CUgraphNode, node_params: *const CUDA_KERNEL_NODE_PARAMS_v1) -> CUresult {
-    // SAFETY: the caller's struct.
-    run(|| set_kernel(std::ptr::null_mut(), h_node, unsafe { fields_v1(node_params) }))
-}
-
-pub unsafe fn cuGraphKernelNodeSetParams_v2(h_node: CUgraphNode, node_params: *const CUDA_KERNEL_NODE_PARAMS) -> CUresult {
-    // SAFETY: the caller's struct.
-    run(|| set_kernel(std::ptr::null_mut(), h_node, unsafe { fields_v2(node_params) }))
-}
-
-pub unsafe fn cuGraphExecKernelNodeSetParams(
-    h_graph_exec: CUgraphExec,
-    h_node: CUgraphNode,
-    node_params: *const CUDA_KERNEL_NODE_PARAMS_v1,
-) -> CUresult {
-    run(|| {
-        non_null([h_graph_exec.cast()])?;
-        // SAFETY: the caller's struct.
-        set_kernel(h_graph_exec, h_node, unsafe { fields_v1(node_params) })
-    })
-}
-
-pub unsafe fn cuGraphExecKernelNodeSetParams_v2(
-    h_graph_exec: CUgraphExec,
-    h_node: CUgraphNode,
-    node_params: *const CUDA_KERNEL_NODE_PARAMS,
-) -> CUresult {
-    run(|| {
-        non_null([h_graph_exec.cast()])?;
-        // SAFETY: the caller's struct.
-        set_kernel(h_graph_exec, h_node, unsafe { fields_v2(node_params) })
-    })
-}
-
 /// A kernel node's parameters as the app set them; `kernelParams` point at values kept here
 /// until the node's parameters change or it is destroyed.
 fn kernel_node_params(node: CUgraphNode) -> DriverResult<(CUDA_KERNEL_NODE_PARAMS_v1, Option<*mut c_void>)> {
@@ -1062,103 +978,10 @@ pub unsafe fn cuGraphKernelNodeGetParams_v2(h_node: CUgraphNode, node_params: *m
     })
 }
 
-pub unsafe fn cuGraphMemsetNodeSetParams(h_node: CUgraphNode, node_params: *const CUDA_MEMSET_NODE_PARAMS) -> CUresult {
-    run(|| {
-        // SAFETY: the caller's struct (read after `memset_params` checked it non-NULL).
-        unsafe {
-            set_params(std::ptr::null_mut(), h_node, memset_params(node_params)?)?;
-            remember(id_of(h_node)?, AppParams::Memset(*node_params));
-        }
-        Ok(())
-    })
-}
-
-pub unsafe fn cuGraphExecMemsetNodeSetParams(
-    h_graph_exec: CUgraphExec,
-    h_node: CUgraphNode,
-    memset_params: *const CUDA_MEMSET_NODE_PARAMS,
-    _ctx: CUcontext,
-) -> CUresult {
-    run(|| {
-        non_null([h_graph_exec.cast()])?;
-        // SAFETY: the caller's struct.
-        set_params(h_graph_exec, h_node, unsafe { self::memset_params(memset_params) }?)
-    })
-}
-
-pub unsafe fn cuGraphMemcpyNodeSetParams(h_node: CUgraphNode, node_params: *const CUDA_MEMCPY3D) -> CUresult {
-    run(|| {
-        // SAFETY: the caller's struct (read after `memcpy_params` checked it non-NULL).
-        unsafe {
-            set_params(std::ptr::null_mut(), h_node, memcpy_params(client()?, node_params)?)?;
-            remember(id_of(h_node)?, AppParams::Copy(*node_params));
-        }
-        Ok(())
-    })
-}
-
-pub unsafe fn cuGraphExecMemcpyNodeSetParams(
-    h_graph_exec: CUgraphExec,
-    h_node: CUgraphNode,
-    copy_params: *const CUDA_MEMCPY3D,
-    _ctx: CUcontext,
-) -> CUresult {
-    run(|| {
-        non_null([h_graph_exec.cast()])?;
-        // SAFETY: the caller's struct.
-        set_params(h_graph_exec, h_node, unsafe { memcpy_params(client()?, copy_params) }?)
-    })
-}
-
-pub unsafe fn cuGraphHostNodeSetParams(h_node: CUgraphNode, node_params: *const CUDA_HOST_NODE_PARAMS) -> CUresult {
-    run(|| {
-        // SAFETY: the caller's struct (read after `host_params` checked it non-NULL).
-        unsafe {
-            set_params(std::ptr::null_mut(), h_node, host_params(client()?, node_params)?)?;
-            remember(id_of(h_node)?, AppParams::Host(*node_params));
-        }
-        Ok(())
-    })
-}
-
-pub unsafe fn cuGraphExecHostNodeSetParams(
-    h_graph_exec: CUgraphExec,
-    h_node: CUgraphNode,
-    node_params: *const CUDA_HOST_NODE_PARAMS,
-) -> CUresult {
-    run(|| {
-        non_null([h_graph_exec.cast()])?;
-        // SAFETY: the caller's struct.
-        set_params(h_graph_exec, h_node, unsafe { host_params(client()?, node_params) }?)
-    })
-}
-
 pub unsafe fn cuGraphExecChildGraphNodeSetParams(h_graph_exec: CUgraphExec, h_node: CUgraphNode, child_graph: CUgraph) -> CUresult {
     run(|| {
         non_null([h_graph_exec.cast()])?;
         set_params(h_graph_exec, h_node, NodeParams::Child { graph: id_of(child_graph)? })
-    })
-}
-
-pub unsafe fn cuGraphEventRecordNodeSetEvent(h_node: CUgraphNode, event: CUevent) -> CUresult {
-    run(|| set_params(std::ptr::null_mut(), h_node, event_params(client()?, event, true)?))
-}
-
-pub unsafe fn cuGraphExecEventRecordNodeSetEvent(h_graph_exec: CUgraphExec, h_node: CUgraphNode, event: CUevent) -> CUresult {
-    run(|| {
-        non_null([h_graph_exec.cast()])?;
-        set_params(h_graph_exec, h_node, event_params(client()?, event, true)?)
-    })
-}
-
-pub unsafe fn cuGraphEventWaitNodeSetEvent(h_node: CUgraphNode, event: CUevent) -> CUresult {
-    run(|| set_params(std::ptr::null_mut(), h_node, event_params(client()?, event, false)?))
-}
-
-pub unsafe fn cuGraphExecEventWaitNodeSetEvent(h_graph_exec: CUgraphExec, h_node: CUgraphNode, event: CUevent) -> CUresult {
-    run(|| {
-        non_null([h_graph_exec.cast()])?;
-        set_params(h_graph_exec, h_node, event_params(client()?, event, false)?)
     })
 }
 
@@ -1289,20 +1112,33 @@ unsafe fn alloc_params(client: &Client, params: *const CUDA_MEM_ALLOC_NODE_PARAM
     Ok((NodeParams::MemAlloc { size: p.bytesize as u64, access: flags }, access))
 }
 
-/// Adds a node with the driver's own outputs: a memory allocation node's address (written to
-/// `alloc_out`), a conditional node's bodies (written to `bodies_out`).
+/// What a node gives beyond its handle: the access a memory allocation node grants (kept for its
+/// getter), and the app's fields for the driver's own outputs, NULL where there are none.
+struct NodeOutputs {
+    access: Box<[CUmemAccessDesc]>,
+    /// A memory allocation node's address.
+    alloc_out: *mut CUdeviceptr,
+    /// A conditional node's bodies.
+    bodies_out: *mut *mut CUgraph,
+}
+
+impl Default for NodeOutputs {
+    fn default() -> Self {
+        NodeOutputs { access: Box::new([]), alloc_out: std::ptr::null_mut(), bodies_out: std::ptr::null_mut() }
+    }
+}
+
+/// Adds a node with the driver's own outputs (see [`NodeOutputs`]).
 ///
 /// # Safety
-/// As `add_node`; `alloc_out` and `bodies_out` are NULL or the app's fields.
+/// As `add_node`; the output fields are NULL or the app's.
 unsafe fn add_node_with_outputs(
     out: *mut CUgraphNode,
     graph: CUgraph,
     dependencies: *const CUgraphNode,
     count: usize,
     params: NodeParams,
-    access: Box<[CUmemAccessDesc]>,
-    alloc_out: *mut CUdeviceptr,
-    bodies_out: *mut *mut CUgraph,
+    NodeOutputs { access, alloc_out, bodies_out }: NodeOutputs,
 ) -> DriverResult<u64> {
     let client = client()?;
     let (size, bodies) = match &params {
@@ -1347,20 +1183,10 @@ pub unsafe fn cuGraphAddMemAllocNode(
     run(|| {
         // SAFETY: the caller's struct (checked non-NULL inside).
         let (params, access) = unsafe { alloc_params(client()?, node_params) }?;
-        // SAFETY: forwarded contract; `dptr` is the app's field.
-        unsafe {
-            add_node_with_outputs(
-                ph_graph_node,
-                h_graph,
-                dependencies,
-                num_dependencies,
-                params,
-                access,
-                &raw mut (*node_params).dptr,
-                std::ptr::null_mut(),
-            )
-        }
-        .map(drop)
+        // SAFETY: checked non-NULL above; the app's `dptr` field.
+        let outputs = NodeOutputs { access, alloc_out: unsafe { &raw mut (*node_params).dptr }, ..NodeOutputs::default() };
+        // SAFETY: forwarded contract.
+        unsafe { add_node_with_outputs(ph_graph_node, h_graph, dependencies, num_dependencies, params, outputs) }.map(drop)
     })
 }
 
@@ -1372,21 +1198,9 @@ pub unsafe fn cuGraphAddMemFreeNode(
     dptr: CUdeviceptr,
 ) -> CUresult {
     run(|| {
-        let params = NodeParams::MemFree { ptr: dptr };
+        let (params, outputs) = (NodeParams::MemFree { ptr: dptr }, NodeOutputs::default());
         // SAFETY: forwarded contract.
-        unsafe {
-            add_node_with_outputs(
-                ph_graph_node,
-                h_graph,
-                dependencies,
-                num_dependencies,
-                params,
-                Box::new([]),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        }
-        .map(drop)
+        unsafe { add_node_with_outputs(ph_graph_node, h_graph, dependencies, num_dependencies, params, outputs) }.map(drop)
     })
 }
 
@@ -1412,14 +1226,24 @@ pub unsafe fn cuGraphMemAllocNodeGetParams(h_node: CUgraphNode, params_out: *mut
     })
 }
 
-pub unsafe fn cuGraphMemFreeNodeGetParams(h_node: CUgraphNode, dptr_out: *mut CUdeviceptr) -> CUresult {
+/// Writes what the records keep for a handle (`table`: which of them) to the caller's `out`;
+/// CUDA_ERROR_INVALID_VALUE for a handle they do not keep.
+///
+/// # Safety
+/// `out` is NULL or the caller's out-pointer.
+unsafe fn write_recorded<T>(out: *mut u64, handle: *mut T, table: fn(&NodeRecords) -> &HashMap<u64, u64>) -> CUresult {
     run(|| {
-        non_null([dptr_out.cast()])?;
-        let node = id_of(h_node)?;
-        let ptr = with_records(|records| records.frees.get(&node).copied()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        non_null([out.cast()])?;
+        let id = id_of(handle)?;
+        let value = with_records(|records| table(records).get(&id).copied()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: checked non-NULL.
-        unsafe { write_out(dptr_out, ptr) }
+        unsafe { write_out(out, value) }
     })
+}
+
+pub unsafe fn cuGraphMemFreeNodeGetParams(h_node: CUgraphNode, dptr_out: *mut CUdeviceptr) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { write_recorded(dptr_out, h_node, |records| &records.frees) }
 }
 
 /// The session's device, or `CUDA_ERROR_INVALID_DEVICE`.
@@ -1614,7 +1438,8 @@ unsafe fn add_generic_node(
             };
             let words = batch_words(&node);
             // SAFETY: forwarded contract.
-            let node = unsafe { add_node_with_outputs(out, graph, dependencies, count, node, access, alloc_out, bodies_out) }?;
+            let node =
+                unsafe { add_node_with_outputs(out, graph, dependencies, count, node, NodeOutputs { access, alloc_out, bodies_out }) }?;
             // SAFETY: the caller's struct, read as its type says.
             if let Some(app) = unsafe { generic_app_params(params) } {
                 remember(node, app);
@@ -1824,13 +1649,8 @@ pub unsafe fn cuGraphNodeGetEnabled(h_graph_exec: CUgraphExec, h_node: CUgraphNo
 }
 
 pub unsafe fn cuGraphExecGetFlags(h_graph_exec: CUgraphExec, flags: *mut cuuint64_t) -> CUresult {
-    run(|| {
-        non_null([flags.cast()])?;
-        let exec = id_of(h_graph_exec)?;
-        let value = with_records(|records| records.exec_flags.get(&exec).copied()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(flags, value) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe { write_recorded(flags, h_graph_exec, |records| &records.exec_flags) }
 }
 
 /// The object an event or child graph node names, as the server tells it.

@@ -26,6 +26,18 @@ macro_rules! per_thread_twins {
     };
 }
 
+/// Declares one driver function under several export names (a later version that kept the ABI):
+/// each name gets the parameters and the body.
+macro_rules! export_names {
+    ([$($name:ident),+ $(,)?] $params:tt $body:block) => {
+        $(export_names!(@one $name $params $body);)+
+    };
+    (@one $name:ident ($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        #[allow(clippy::too_many_arguments, reason = "the driver function's parameters")]
+        pub unsafe fn $name($($arg: $ty),*) -> $crate::CUresult $body
+    };
+}
+
 mod arrays;
 mod capture;
 mod context;

@@ -84,22 +84,26 @@ pub(super) fn stream_context(stream: CUstream, ptds: bool) -> DriverResult<&'sta
     }
 }
 
-macro_rules! stream_contexts {
-    ($($name:ident, $ptds:literal;)*) => {$(
-        pub unsafe fn $name(h_stream: CUstream, pctx: *mut CUcontext) -> CUresult {
+/// Declares the queries that answer one thing about a stream's context (the stream's own, or
+/// the per-thread default stream's where `$ptds`), written to the caller's out-pointer.
+macro_rules! stream_context_queries {
+    ($($name:ident, $ptds:literal, $out:ident: *mut $ty:ty => |$ctx:ident| $value:expr;)*) => {$(
+        pub unsafe fn $name(h_stream: CUstream, $out: *mut $ty) -> CUresult {
             run(|| {
-                non_null([pctx.cast()])?;
-                let ctx = stream_context(h_stream, $ptds)?;
+                non_null([$out.cast()])?;
+                let $ctx = stream_context(h_stream, $ptds)?;
                 // SAFETY: checked non-NULL; the caller's out-pointer.
-                unsafe { write_out(pctx, ctx.handle()) }
+                unsafe { write_out($out, $value) }
             })
         }
     )*};
 }
 
-stream_contexts! {
-    cuStreamGetCtx, false;
-    cuStreamGetCtx_ptsz, true;
+stream_context_queries! {
+    cuStreamGetCtx, false, pctx: *mut CUcontext => |ctx| ctx.handle();
+    cuStreamGetCtx_ptsz, true, pctx: *mut CUcontext => |ctx| ctx.handle();
+    cuStreamGetDevice, false, device: *mut CUdevice => |ctx| ctx.device();
+    cuStreamGetDevice_ptsz, true, device: *mut CUdevice => |ctx| ctx.device();
 }
 
 macro_rules! stream_contexts_v2 {
@@ -137,24 +141,6 @@ macro_rules! stream_contexts_v2 {
 stream_contexts_v2! {
     cuStreamGetCtx_v2, false;
     cuStreamGetCtx_v2_ptsz, true;
-}
-
-macro_rules! stream_devices {
-    ($($name:ident, $ptds:literal;)*) => {$(
-        pub unsafe fn $name(h_stream: CUstream, device: *mut CUdevice) -> CUresult {
-            run(|| {
-                non_null([device.cast()])?;
-                let ctx = stream_context(h_stream, $ptds)?;
-                // SAFETY: checked non-NULL; the caller's out-pointer.
-                unsafe { write_out(device, ctx.device()) }
-            })
-        }
-    )*};
-}
-
-stream_devices! {
-    cuStreamGetDevice, false;
-    cuStreamGetDevice_ptsz, true;
 }
 
 /// `cuCtxRecordEvent` / `cuCtxWaitEvent`: the session's context on the server is the one every
@@ -352,8 +338,10 @@ pub unsafe fn cuEventElapsedTime(p_milliseconds: *mut f32, h_start: CUevent, h_e
     run(|| elapsed(p_milliseconds, h_start, h_end))
 }
 
+/// The same call as `cuEventElapsedTime`.
 pub unsafe fn cuEventElapsedTime_v2(p_milliseconds: *mut f32, h_start: CUevent, h_end: CUevent) -> CUresult {
-    run(|| elapsed(p_milliseconds, h_start, h_end))
+    // SAFETY: forwarded contract.
+    unsafe { cuEventElapsedTime(p_milliseconds, h_start, h_end) }
 }
 
 pub unsafe fn cuEventDestroy_v2(h_event: CUevent) -> CUresult {

@@ -218,63 +218,56 @@ fn copy_1d(dst: *mut c_void, src: *const c_void, count: usize) -> CUDA_MEMCPY3D 
     memcpy3d(&line(src.cast_mut()), &origin(), &line(dst), &origin(), &cudaExtent { width: count, height: 1, depth: 1 })
 }
 
-pub unsafe fn cudaGraphAddMemcpyNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    count: usize,
-    params: *const cudaMemcpy3DParms,
-) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    let copy = unsafe { copy_params("cudaGraphAddMemcpyNode", params) }?;
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, &copy, std::ptr::null_mut()))
+/// Declares the three exports that take one form of copy node parameters: adding a node to a
+/// graph, setting a graph's node and setting an instantiated graph's node. Each converts the
+/// parameters to the driver's `CUDA_MEMCPY3D` in `$copy` (which sees the export's name as
+/// `|$function|`), then calls the driver.
+macro_rules! copy_node_exports {
+    ($(
+        $add:ident, $set:ident, $exec_set:ident ($($arg:ident: $ty:ty),* $(,)?) |$function:pat_param| $copy:expr;
+    )*) => {$(
+        #[allow(clippy::too_many_arguments, reason = "the CUDA export's parameters")]
+        pub unsafe fn $add(
+            node: *mut CUgraphNode,
+            graph: CUgraph,
+            dependencies: *const CUgraphNode,
+            num_dependencies: usize,
+            $($arg: $ty),*
+        ) -> CudaResult<()> {
+            let $function: &str = stringify!($add);
+            let copy: CUDA_MEMCPY3D = $copy?;
+            cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, &copy, std::ptr::null_mut()))
+        }
+
+        #[allow(clippy::too_many_arguments, reason = "the CUDA export's parameters")]
+        pub unsafe fn $set(node: CUgraphNode, $($arg: $ty),*) -> CudaResult<()> {
+            let $function: &str = stringify!($set);
+            let copy: CUDA_MEMCPY3D = $copy?;
+            cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
+        }
+
+        #[allow(clippy::too_many_arguments, reason = "the CUDA export's parameters")]
+        pub unsafe fn $exec_set(exec: CUgraphExec, node: CUgraphNode, $($arg: $ty),*) -> CudaResult<()> {
+            let $function: &str = stringify!($exec_set);
+            let copy: CUDA_MEMCPY3D = $copy?;
+            cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
+        }
+    )*};
 }
 
-pub unsafe fn cudaGraphAddMemcpyNode1D(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    count: usize,
-    dst: *mut c_void,
-    src: *const c_void,
-    bytes: usize,
-    _kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let copy = copy_1d(dst, src, bytes);
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, count, &copy, std::ptr::null_mut()))
-}
-
-pub unsafe fn cudaGraphMemcpyNodeSetParams(node: CUgraphNode, params: *const cudaMemcpy3DParms) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    let copy = unsafe { copy_params("cudaGraphMemcpyNodeSetParams", params) }?;
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
-}
-
-pub unsafe fn cudaGraphMemcpyNodeSetParams1D(
-    node: CUgraphNode,
-    dst: *mut c_void,
-    src: *const c_void,
-    bytes: usize,
-    _kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, std::ptr::from_ref(&copy_1d(dst, src, bytes)).cast()))
-}
-
-pub unsafe fn cudaGraphExecMemcpyNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const cudaMemcpy3DParms) -> CudaResult<()> {
-    // SAFETY: the app's struct.
-    let copy = unsafe { copy_params("cudaGraphExecMemcpyNodeSetParams", params) }?;
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
-}
-
-pub unsafe fn cudaGraphExecMemcpyNodeSetParams1D(
-    exec: CUgraphExec,
-    node: CUgraphNode,
-    dst: *mut c_void,
-    src: *const c_void,
-    bytes: usize,
-    _kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, std::ptr::from_ref(&copy_1d(dst, src, bytes)).cast(), std::ptr::null_mut()))
+copy_node_exports! {
+    cudaGraphAddMemcpyNode, cudaGraphMemcpyNodeSetParams, cudaGraphExecMemcpyNodeSetParams (params: *const cudaMemcpy3DParms)
+        // SAFETY: the app's struct.
+        |function| unsafe { copy_params(function, params) };
+    cudaGraphAddMemcpyNode1D, cudaGraphMemcpyNodeSetParams1D, cudaGraphExecMemcpyNodeSetParams1D
+        (dst: *mut c_void, src: *const c_void, bytes: usize, _kind: cudaMemcpyKind)
+        |_| CudaResult::Ok(copy_1d(dst, src, bytes));
+    cudaGraphAddMemcpyNodeToSymbol, cudaGraphMemcpyNodeSetParamsToSymbol, cudaGraphExecMemcpyNodeSetParamsToSymbol
+        (symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind)
+        |_| symbol_copy(symbol, count, offset, kind, true, src);
+    cudaGraphAddMemcpyNodeFromSymbol, cudaGraphMemcpyNodeSetParamsFromSymbol, cudaGraphExecMemcpyNodeSetParamsFromSymbol
+        (dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind)
+        |_| symbol_copy(symbol, count, offset, kind, false, dst);
 }
 
 /// A copy node's parameters in the runtime's form: each side's pointer (device or host, as the
@@ -325,86 +318,6 @@ fn symbol_copy(
     super::memory::symbol_direction(to_symbol, kind)?;
     let address: *mut c_void = std::ptr::with_exposed_provenance_mut(super::memory::symbol_address(symbol, count, offset)? as usize);
     Ok(if to_symbol { copy_1d(address, other, count) } else { copy_1d(other.cast_mut(), address, count) })
-}
-
-pub unsafe fn cudaGraphAddMemcpyNodeToSymbol(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    num_dependencies: usize,
-    symbol: *const c_void,
-    src: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, &copy, std::ptr::null_mut()))
-}
-
-pub unsafe fn cudaGraphAddMemcpyNodeFromSymbol(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    dependencies: *const CUgraphNode,
-    num_dependencies: usize,
-    dst: *mut c_void,
-    symbol: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
-    cu_ctx!(cuGraphAddMemcpyNode(node, graph, dependencies, num_dependencies, &copy, std::ptr::null_mut()))
-}
-
-pub unsafe fn cudaGraphMemcpyNodeSetParamsToSymbol(
-    node: CUgraphNode,
-    symbol: *const c_void,
-    src: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
-}
-
-pub unsafe fn cudaGraphMemcpyNodeSetParamsFromSymbol(
-    node: CUgraphNode,
-    dst: *mut c_void,
-    symbol: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
-    cu_ctx!(cuGraphMemcpyNodeSetParams(node, &copy))
-}
-
-pub unsafe fn cudaGraphExecMemcpyNodeSetParamsToSymbol(
-    exec: CUgraphExec,
-    node: CUgraphNode,
-    symbol: *const c_void,
-    src: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let copy = symbol_copy(symbol, count, offset, kind, true, src)?;
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
-}
-
-pub unsafe fn cudaGraphExecMemcpyNodeSetParamsFromSymbol(
-    exec: CUgraphExec,
-    node: CUgraphNode,
-    dst: *mut c_void,
-    symbol: *const c_void,
-    count: usize,
-    offset: usize,
-    kind: cudaMemcpyKind,
-) -> CudaResult<()> {
-    let copy = symbol_copy(symbol, count, offset, kind, false, dst)?;
-    cu_ctx!(cuGraphExecMemcpyNodeSetParams(exec, node, &copy, std::ptr::null_mut()))
 }
 
 // `cudaMemsetParams` and `cudaHostNodeParams` have the driver's layouts, and so have

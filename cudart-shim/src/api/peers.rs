@@ -79,52 +79,28 @@ driver_forwards! {
     cudaMemSetMemPool(location: *mut cudaMemLocation, kind: c_int, pool: *mut c_void) => cuMemSetMemPool(location, kind.cast_unsigned(), pool.cast());
 }
 
-/// The kernel registered for a host stub and the driver's form of the configuration.
-///
-/// # Safety
-/// A non-NULL `config` points at the app's configuration.
-unsafe fn cluster_query(
-    func: *const c_void,
-    config: *const cudaLaunchConfig_t,
-) -> CudaResult<(crate::driver::CUkernel, crate::driver::CUlaunchConfig)> {
-    if config.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let kernel = kernel_by_host(func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?.handle()?;
-    // SAFETY: checked non-NULL; the caller's contract.
-    Ok((kernel, driver_config(unsafe { &*config })?))
+/// Declares the cluster occupancy queries: each the driver's query of the same name for the
+/// kernel registered for a host stub, with the driver's form of the configuration.
+macro_rules! cluster_occupancy_queries {
+    ($($name:ident => $driver:ident;)*) => {$(
+        pub unsafe fn $name(out: *mut c_int, func: *const c_void, config: *const cudaLaunchConfig_t) -> CudaResult<()> {
+            if out.is_null() || config.is_null() {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            let kernel = kernel_by_host(func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?.handle()?;
+            // SAFETY: checked non-NULL; the app's configuration.
+            let config = driver_config(unsafe { &*config })?;
+            let mut value = 0;
+            cu_ctx!($driver(&mut value, kernel.cast(), &config))?;
+            // SAFETY: checked non-NULL; the app's out-pointer.
+            unsafe { write_out(out, value) }
+        }
+    )*};
 }
 
-pub unsafe fn cudaOccupancyMaxActiveClusters(
-    clusters: *mut c_int,
-    func: *const c_void,
-    config: *const cudaLaunchConfig_t,
-) -> CudaResult<()> {
-    if clusters.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    // SAFETY: forwarded contract.
-    let (kernel, config) = unsafe { cluster_query(func, config) }?;
-    let mut value = 0;
-    cu_ctx!(cuOccupancyMaxActiveClusters(&mut value, kernel.cast(), &config))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(clusters, value) }
-}
-
-pub unsafe fn cudaOccupancyMaxPotentialClusterSize(
-    size: *mut c_int,
-    func: *const c_void,
-    config: *const cudaLaunchConfig_t,
-) -> CudaResult<()> {
-    if size.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    // SAFETY: forwarded contract.
-    let (kernel, config) = unsafe { cluster_query(func, config) }?;
-    let mut value = 0;
-    cu_ctx!(cuOccupancyMaxPotentialClusterSize(&mut value, kernel.cast(), &config))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(size, value) }
+cluster_occupancy_queries! {
+    cudaOccupancyMaxActiveClusters => cuOccupancyMaxActiveClusters;
+    cudaOccupancyMaxPotentialClusterSize => cuOccupancyMaxPotentialClusterSize;
 }
 
 per_thread_twins! {

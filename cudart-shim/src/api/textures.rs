@@ -285,15 +285,25 @@ pub unsafe fn cudaDestroyTextureObject(texture: cudaTextureObject_t) -> CudaResu
     cu_ctx!(cuTexObjectDestroy(texture))
 }
 
-pub unsafe fn cudaGetTextureObjectResourceDesc(out: *mut cudaResourceDesc, texture: cudaTextureObject_t) -> CudaResult<()> {
+/// A texture's or surface's resource in the runtime's form: `query` is the driver's getter.
+///
+/// # Safety
+/// A non-NULL `out` is the app's out-pointer.
+unsafe fn object_resource(out: *mut cudaResourceDesc, query: impl FnOnce(&mut CUDA_RESOURCE_DESC) -> CudaResult<()>) -> CudaResult<()> {
     if out.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
     // SAFETY: all-zero is a valid value of these plain fields (and of every member of the union).
     let mut resource: CUDA_RESOURCE_DESC = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuTexObjectGetResourceDesc(&mut resource, texture))?;
+    query(&mut resource)?;
     // SAFETY: checked non-NULL; the app's out-pointer.
     unsafe { write_out(out, runtime_resource(&resource)) }
+}
+
+pub unsafe fn cudaGetTextureObjectResourceDesc(out: *mut cudaResourceDesc, texture: cudaTextureObject_t) -> CudaResult<()> {
+    let query = |resource: &mut CUDA_RESOURCE_DESC| cu_ctx!(cuTexObjectGetResourceDesc(resource, texture));
+    // SAFETY: forwarded contract.
+    unsafe { object_resource(out, query) }
 }
 
 /// The read mode comes back as it was given for integer texels; for others (never promoted) it
@@ -358,14 +368,9 @@ pub unsafe fn cudaDestroySurfaceObject(surface: cudaSurfaceObject_t) -> CudaResu
 }
 
 pub unsafe fn cudaGetSurfaceObjectResourceDesc(out: *mut cudaResourceDesc, surface: cudaSurfaceObject_t) -> CudaResult<()> {
-    if out.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    // SAFETY: all-zero is a valid value of these plain fields (and of every member of the union).
-    let mut resource: CUDA_RESOURCE_DESC = unsafe { std::mem::zeroed() };
-    cu_ctx!(cuSurfObjectGetResourceDesc(&mut resource, surface))?;
-    // SAFETY: checked non-NULL; the app's out-pointer.
-    unsafe { write_out(out, runtime_resource(&resource)) }
+    let query = |resource: &mut CUDA_RESOURCE_DESC| cu_ctx!(cuSurfObjectGetResourceDesc(resource, surface));
+    // SAFETY: forwarded contract.
+    unsafe { object_resource(out, query) }
 }
 
 #[cfg(test)]

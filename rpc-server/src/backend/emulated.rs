@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use flyt_protocol::CudaError;
-use flyt_protocol::device::{DeviceInfo, attr};
+use flyt_protocol::device::{DeviceInfo, HOPPER_LIMITS, attr};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{
     ArrayDesc, Copy3d, DecompressOp, DevResource, FuncAttributes, JitOption, LinkOutcome, Memset2d, NodeCopy, NodeCopySide, ParamInfo,
@@ -401,21 +401,8 @@ impl EmulatedDevice {
     fn device_info(&self) -> DeviceInfo {
         let sms = i32::try_from(self.config.sms).unwrap_or(i32::MAX);
         // A Hopper-like shape, so apps that size their launches from properties behave.
-        let attributes = vec![
-            (attr::MAX_THREADS_PER_BLOCK, 1024),
-            (attr::MAX_BLOCK_DIM_X, 1024),
-            (attr::MAX_BLOCK_DIM_Y, 1024),
-            (attr::MAX_BLOCK_DIM_Z, 64),
-            (attr::MAX_GRID_DIM_X, i32::MAX),
-            (attr::MAX_GRID_DIM_Y, 65535),
-            (attr::MAX_GRID_DIM_Z, 65535),
-            (attr::MAX_SHARED_MEMORY_PER_BLOCK, 48 << 10),
-            (attr::TOTAL_CONSTANT_MEMORY, 64 << 10),
-            (attr::WARP_SIZE, 32),
-            (attr::MAX_PITCH, i32::MAX),
-            (attr::MAX_REGISTERS_PER_BLOCK, 65536),
-            (attr::CLOCK_RATE, 1_980_000),
-            (attr::TEXTURE_ALIGNMENT, 512),
+        let mut attributes = HOPPER_LIMITS.to_vec();
+        attributes.extend([
             (attr::MULTIPROCESSOR_COUNT, sms),
             (attr::CAN_MAP_HOST_MEMORY, 1),
             (attr::MANAGED_MEMORY, 1),
@@ -444,7 +431,7 @@ impl EmulatedDevice {
             (attr::CAN_USE_STREAM_WAIT_VALUE_NOR_V1, 1),
             (attr::CAN_USE_64_BIT_STREAM_MEM_OPS, 1),
             (attr::CAN_USE_STREAM_WAIT_VALUE_NOR, 1),
-        ];
+        ]);
         DeviceInfo {
             name: "Flyt Emulated Device (no GPU: kernels cannot run)".into(),
             uuid: *b"flyt-emulated-00",
