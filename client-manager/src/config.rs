@@ -62,15 +62,4 @@ impl Default for ClientManagerConfig {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/client-manager.toml");
-
-    /// The example config documents the real defaults and every environment override.
-    #[test]
-    fn the_example_config_shows_every_default_and_override() {
-        flyt_daemon_kit::config::check_example::<ClientManagerConfig>(std::path::Path::new(EXAMPLE), ENV_PREFIX).unwrap();
-    }
-}
+flyt_daemon_kit::example_config_test!(ClientManagerConfig, "client-manager.toml");

@@ -132,6 +132,15 @@ struct Plan {
     lz4: Lz4,
 }
 
+impl Plan {
+    /// A copy's chunk: compressed ones go in halves, so the link waits less for the first chunk's
+    /// coding and the last one's decoding (over a 1 GB/s link, 2 MiB chunks ran 1-2% faster than
+    /// 4 MiB ones on an H200 host, 2026-11-29); raw ones in whole chunks, fewer per copy.
+    fn chunk_for(&self, compressed: bool) -> u64 {
+        if compressed { (self.chunk / 2).max(64 << 10) } else { self.chunk }
+    }
+}
+
 impl Stripes {
     /// Whether `set` is still the session's server's (no move since it opened).
     fn current(&self, set: &Set) -> bool {
@@ -693,11 +702,12 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     let progress = Arc::new(Progress::default());
     let mut queued = 0;
     let compress = set.compress(plan);
+    let chunk = plan.chunk_for(compress);
     let started = Instant::now();
     let slot = {
         let _order = lock(&set.order);
         let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
-        let request = req::MemcpyHtoDStriped { dst, len, stream, transfer, chunk: plan.chunk };
+        let request = req::MemcpyHtoDStriped { dst, len, stream, transfer, chunk };
         // A move while the request waited for a pause to end: the data connections are the last
         // server's, so the copy goes over the main connection.
         let slot = match client.conn().send_if(&request.into(), true, || client.stripes.current(&set)) {
@@ -705,7 +715,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
             Ok(_) => return None,
             Err(error) => return Some(Err(error)),
         };
-        for (number, (offset, piece)) in chunks(len, plan.chunk).enumerate() {
+        for (number, (offset, piece)) in chunks(len, chunk).enumerate() {
             // SAFETY: inside the app's `len`-byte source (this function's contract).
             let ptr = unsafe { src.add(offset as usize) };
             let outgoing = Outgoing { header: ChunkHeader::raw(transfer, offset, piece), ptr, compress, done: progress.clone() };
@@ -723,7 +733,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     while state.0 < queued {
         state = progress.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
-    let failed = state.1.is_some() || queued < chunks(len, plan.chunk).count();
+    let failed = state.1.is_some() || queued < chunks(len, chunk).count();
     drop(state);
     // Written is not landed: a cut can lose what sat in a socket's buffers, so the server's
     // reply (sent once every chunk landed, or the copy failed) decides.
@@ -769,7 +779,7 @@ pub unsafe fn dtoh(
     lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, writing: 0, failed: false });
     let started = Instant::now();
     let compress = set.compress(plan);
-    let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk, blocking, compress };
+    let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk_for(compress), blocking, compress };
     // As in `htod`: after a move the copy goes over the main connection.
     let slot = match client.conn().send_if(&request.into(), true, || client.stripes.current(&set)) {
         Ok(Some(Some(slot))) => slot,

@@ -98,15 +98,4 @@ impl Default for AllocationConfig {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/cluster-manager.toml");
-
-    /// The example config documents the real defaults and every environment override.
-    #[test]
-    fn the_example_config_shows_every_default_and_override() {
-        flyt_daemon_kit::config::check_example::<ClusterManagerConfig>(std::path::Path::new(EXAMPLE), ENV_PREFIX).unwrap();
-    }
-}
+flyt_daemon_kit::example_config_test!(ClusterManagerConfig, "cluster-manager.toml");

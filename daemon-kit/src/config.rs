@@ -122,6 +122,24 @@ pub fn check_example<T: Serialize + DeserializeOwned + Default + PartialEq + std
     }
 }
 
+/// The test each manager's config module carries: `configs/FILE` (its example config) documents
+/// the real defaults of `$config` and every environment override (`ENV_PREFIX` of the module
+/// where the macro stands), as [`check_example`] checks.
+#[macro_export]
+macro_rules! example_config_test {
+    ($config:ty, $file:literal) => {
+        #[cfg(test)]
+        mod example_config {
+            /// The example config documents the real defaults and every environment override.
+            #[test]
+            fn the_example_config_shows_every_default_and_override() {
+                let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/", $file);
+                $crate::config::check_example::<super::$config>(std::path::Path::new(example), super::ENV_PREFIX).unwrap();
+            }
+        }
+    };
+}
+
 fn parse_value(raw: &str) -> Result<Value, String> {
     let mut table: Table = format!("value = {raw}").parse().map_err(|error: toml::de::Error| {
         format!("`{raw}` is not a TOML value such as 8080, true, 0o666 or [\"a\"] ({})", error.message().trim())

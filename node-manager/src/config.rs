@@ -163,17 +163,11 @@ impl Default for MpsConfig {
     }
 }
 
+flyt_daemon_kit::example_config_test!(NodeManagerConfig, "node-manager.toml");
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/node-manager.toml");
-
-    /// The example config documents the real defaults and every environment override.
-    #[test]
-    fn the_example_config_shows_every_default_and_override() {
-        flyt_daemon_kit::config::check_example::<NodeManagerConfig>(std::path::Path::new(EXAMPLE), ENV_PREFIX).unwrap();
-    }
 
     /// A host's VM regions can be declared from the environment too (a TOML array of tables).
     #[test]
