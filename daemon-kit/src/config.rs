@@ -127,7 +127,7 @@ pub fn check_example<T: Serialize + DeserializeOwned + Default + PartialEq + std
 /// where the macro stands), as [`check_example`] checks.
 #[macro_export]
 macro_rules! example_config_test {
-    ($config:ty, $file:literal) => {
+    ($config:ident, $file:literal) => {
         #[cfg(test)]
         mod example_config {
             /// The example config documents the real defaults and every environment override.
