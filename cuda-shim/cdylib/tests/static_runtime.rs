@@ -424,7 +424,7 @@ channel_tests! {
             "tile map on this device: CUDA_ERROR_NOT_SUPPORTED",
             "deferred map on this device: CUDA_ERROR_NOT_SUPPORTED",
             "copy into a sparse array on this device: CUDA_ERROR_NOT_SUPPORTED",
-            "host memory to decompress: refused, index 1: yes",
+            "no decompression engine: every batch refused unread, index untouched: yes",
             "decompression on this device: CUDA_ERROR_NOT_SUPPORTED, index untouched",
             "PASSED: 0 failure(s)",
         ],
@@ -552,6 +552,32 @@ channel_tests! {
             "PASSED: 0 failure(s)",
         ],
         |_, _, _| {};
+}
+
+/// Batch decompression's arguments are checked as on a GPU that has the engine when the device
+/// reports one (the emulated device claims it: `FLYT_EMULATED_CLAIMS_DECOMPRESSION`), then the
+/// device refuses the batch it cannot run; without an engine every batch is refused unread
+/// (`planar_and_sparse_arrays_through_the_driver_api`), as the driver does on an H200.
+#[test]
+fn decompression_arguments_are_checked_where_the_device_has_the_engine() {
+    let Some(driver) = DriverProgram::compile("driver_planar_sparse") else { return };
+    let socket = driver.socket("engine.sock");
+    let dir = driver.scratch.join("engine");
+    std::fs::create_dir_all(&dir).expect("the server's folder");
+    let _server =
+        Server::start_with_env(&["--device", "emulated", "--listen", &socket], &dir, &[("FLYT_EMULATED_CLAIMS_DECOMPRESSION", "1")]);
+    let run = run(driver.app(&socket, Some("off")), 60);
+    assert_passed(
+        "an engine claimed",
+        &run,
+        &[
+            "host memory to decompress: refused, index 1: yes",
+            "padding not zeroed: refused, index 0: yes",
+            "flags: refused, the batch as a whole: yes",
+            "decompression on this device: CUDA_ERROR_NOT_SUPPORTED, index untouched",
+            "PASSED: 0 failure(s)",
+        ],
+    );
 }
 
 /// Runs the two-process program `tests/c/NAME.c` (an exporter and the importer it forks) on the

@@ -23,6 +23,16 @@ fn report_index(error_index: *mut usize, index: Option<u64>) {
     }
 }
 
+/// `CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK`: 0 on a device without the engine.
+const MEM_DECOMPRESS_ALGORITHM_MASK: u32 = 136;
+
+fn emulated_has_no_engine() {
+    crate::diagnostics::once(
+        "decompress-emulated",
+        "flyt: cuMemBatchDecompressAsync: the server's emulated device has no decompression engine (returning CUDA_ERROR_NOT_SUPPORTED)",
+    );
+}
+
 fn decompress(
     params_array: *mut CUmemDecompressParams,
     count: usize,
@@ -35,6 +45,15 @@ fn decompress(
         report_index(error_index, index);
         Err(error)
     };
+    // A device without the engine answers every batch so, its arguments unread and the index
+    // untouched, as the driver does (an H200: even an empty batch).
+    let ordinal = crate::context::current_or_primary()?.device();
+    if crate::driver::driver().session()?.device(ordinal)?.attribute(MEM_DECOMPRESS_ALGORITHM_MASK).unwrap_or(0) == 0 {
+        if client()?.emulated() {
+            emulated_has_no_engine();
+        }
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
     if count == 0 || flags != 0 {
         return fail(CUresult::CUDA_ERROR_INVALID_VALUE, Some(u64::MAX));
     }
@@ -64,10 +83,7 @@ fn decompress(
         Ok(()) => Ok(()),
         Err((error, index)) => {
             if error == CudaError::NOT_SUPPORTED && client.emulated() {
-                crate::diagnostics::once(
-                    "decompress-emulated",
-                    "flyt: cuMemBatchDecompressAsync: the server's emulated device has no decompression engine (returning CUDA_ERROR_NOT_SUPPORTED)",
-                );
+                emulated_has_no_engine();
             }
             fail(driver_error(error), index)
         }

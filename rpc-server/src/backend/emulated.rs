@@ -236,6 +236,17 @@ fn driver_keeps_freed() -> bool {
     std::env::var("FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES").is_ok_and(|value| value.trim() == "1")
 }
 
+/// `CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK` and the three algorithms' bits.
+const MEM_DECOMPRESS_ALGORITHM_MASK: u32 = 136;
+const DEFLATE_SNAPPY_LZ4: i32 = 0b111;
+
+/// `FLYT_EMULATED_CLAIMS_DECOMPRESSION=1` (a test knob, read by this device only): the device
+/// reports a decompression engine, so a client checks a batch's arguments as on a GPU that has
+/// one, then the device answers CUDA_ERROR_NOT_SUPPORTED as it always does (it runs none).
+fn claims_decompression() -> bool {
+    std::env::var("FLYT_EMULATED_CLAIMS_DECOMPRESSION").is_ok_and(|value| value.trim() == "1")
+}
+
 /// The emulated device's primitives for the session's own memory (`vmm_malloc`): its VMM calls,
 /// as the CUDA backend makes the driver's.
 struct EmulatedVmm<'a>(&'a EmulatedDevice);
@@ -454,6 +465,9 @@ impl EmulatedDevice {
             info.set_attribute(attr::PCI_DEVICE_ID, 0);
         }
         info.uuid = host_uuid(self.config.host_gpus.get(index).copied().unwrap_or(0));
+        if claims_decompression() {
+            info.set_attribute(MEM_DECOMPRESS_ALGORITHM_MASK, DEFLATE_SNAPPY_LZ4);
+        }
         info
     }
 

@@ -195,6 +195,8 @@ static void sparse(CUstream stream) {
     RELEASE(MIPMAP(mipmap), ARRAY(array), ARRAY(dense), ARRAY(deferred), PHYSICAL(pool), PHYSICAL(plain_memory));
 }
 
+static void decompression_arguments(CUstream stream, CUmemDecompressParams params[2], CUmemDecompressParams bad[2]);
+
 static void decompression(CUstream stream) {
     CUdeviceptr buffer;
     EXPECT(cuMemAlloc(&buffer, 1 << 16), CUDA_SUCCESS);
@@ -210,27 +212,47 @@ static void decompression(CUstream stream) {
     }
     size_t index = 77;
     CUmemDecompressParams bad[2];
-    memcpy(bad, params, sizeof params);
+    memcpy(bad, params, 2 * sizeof *params);
     static unsigned char host[4096];
     bad[1].src = host;
-    EXPECT(cuMemBatchDecompressAsync(bad, 2, 0, &index, stream), CUDA_ERROR_INVALID_VALUE);
-    CHECK("host memory to decompress: refused, index 1", index == 1);
-    memcpy(bad, params, sizeof params);
-    bad[0].padding[3] = 1;
-    EXPECT(cuMemBatchDecompressAsync(bad, 2, 0, &index, stream), CUDA_ERROR_INVALID_VALUE);
-    CHECK("padding not zeroed: refused, index 0", index == 0);
-    EXPECT(cuMemBatchDecompressAsync(params, 2, 1, &index, stream), CUDA_ERROR_INVALID_VALUE);
-    CHECK("flags: refused, the batch as a whole", index == SIZE_MAX);
-    EXPECT(cuMemBatchDecompressAsync(params, 0, 0, NULL, stream), CUDA_ERROR_INVALID_VALUE);
-    memcpy(bad, params, sizeof params);
-    bad[1].algo = (CUmemDecompressAlgorithm)8;
-    EXPECT(cuMemBatchDecompressAsync(bad, 2, 0, NULL, stream), CUDA_ERROR_INVALID_VALUE);
+    CUdevice device;
+    int engine = 0;
+    EXPECT(cuCtxGetDevice(&device), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetAttribute(&engine, CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK, device), CUDA_SUCCESS);
+    if (engine == 0) {
+        // As the driver on a GPU without the engine (an H200): every batch is refused, even an
+        // empty one, its arguments unread.
+        EXPECT(cuMemBatchDecompressAsync(bad, 2, 0, &index, stream), CUDA_ERROR_NOT_SUPPORTED);
+        EXPECT(cuMemBatchDecompressAsync(params, 0, 0, &index, stream), CUDA_ERROR_NOT_SUPPORTED);
+        EXPECT(cuMemBatchDecompressAsync(NULL, 0, 1, &index, stream), CUDA_ERROR_NOT_SUPPORTED);
+        CHECK("no decompression engine: every batch refused unread, index untouched", index == 77);
+    } else {
+        decompression_arguments(stream, params, bad);
+    }
     index = 77;
     CUresult answered = cuMemBatchDecompressAsync_ptsz(params, 2, 0, &index, stream);
     printf("decompression on this device: %s, index %s\n", name_of(answered),
            index == 77 ? "untouched" : index == SIZE_MAX ? "SIZE_MAX" : "another");
     EXPECT(cuStreamSynchronize(stream), CUDA_SUCCESS);
     EXPECT(cuMemFree(buffer), CUDA_SUCCESS);
+}
+
+/// A device with the engine checks each batch's arguments: `bad` is `params` with host memory as
+/// operation 1's source.
+static void decompression_arguments(CUstream stream, CUmemDecompressParams params[2], CUmemDecompressParams bad[2]) {
+    size_t index = 77;
+    EXPECT(cuMemBatchDecompressAsync(bad, 2, 0, &index, stream), CUDA_ERROR_INVALID_VALUE);
+    CHECK("host memory to decompress: refused, index 1", index == 1);
+    memcpy(bad, params, 2 * sizeof *params);
+    bad[0].padding[3] = 1;
+    EXPECT(cuMemBatchDecompressAsync(bad, 2, 0, &index, stream), CUDA_ERROR_INVALID_VALUE);
+    CHECK("padding not zeroed: refused, index 0", index == 0);
+    EXPECT(cuMemBatchDecompressAsync(params, 2, 1, &index, stream), CUDA_ERROR_INVALID_VALUE);
+    CHECK("flags: refused, the batch as a whole", index == SIZE_MAX);
+    EXPECT(cuMemBatchDecompressAsync(params, 0, 0, NULL, stream), CUDA_ERROR_INVALID_VALUE);
+    memcpy(bad, params, 2 * sizeof *params);
+    bad[1].algo = (CUmemDecompressAlgorithm)8;
+    EXPECT(cuMemBatchDecompressAsync(bad, 2, 0, NULL, stream), CUDA_ERROR_INVALID_VALUE);
 }
 
 int main(void) {
