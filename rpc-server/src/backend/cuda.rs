@@ -435,6 +435,10 @@ pub struct CudaDevice {
     keep_addresses: bool,
     /// The session's allocations made so (`keep_addresses`).
     own: std::sync::Mutex<super::vmm_malloc::OwnMemory>,
+    /// Each GPU's NVLinks, asked of NVML once, as the device opens: a warm worker does it before
+    /// its session (loading and starting NVML took tens of milliseconds of a session's first
+    /// call on an H200).
+    nvlinks: Vec<Vec<flyt_protocol::device::NvLinkEnd>>,
 }
 
 // SAFETY: `context` is the device's primary context, which any thread may make current; the
@@ -580,7 +584,7 @@ impl CudaDevice {
             .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let contexts: Vec<sys::CUcontext> = gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
         let staging = StagingPool::new(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
-        Ok(Self {
+        let mut opened = Self {
             gpus,
             current: AtomicUsize::new(0),
             driver,
@@ -588,7 +592,21 @@ impl CudaDevice {
             restored: std::sync::Mutex::default(),
             keep_addresses: false,
             own: std::sync::Mutex::default(),
-        })
+            nvlinks: Vec::new(),
+        };
+        opened.nvlinks = opened.ask_nvlinks();
+        Ok(opened)
+    }
+
+    /// Each GPU's NVLinks, from NVML by the GPUs' PCI addresses.
+    fn ask_nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
+        use flyt_protocol::device::attr;
+        let address = |gpu: &Gpu| {
+            let attribute = |id| self.attribute_of(gpu.device, id).unwrap_or(-1);
+            super::nvlinks::pci_address(attribute(attr::PCI_DOMAIN_ID), attribute(attr::PCI_BUS_ID), attribute(attr::PCI_DEVICE_ID))
+        };
+        let addresses: Vec<_> = self.gpus.iter().map(address).collect();
+        super::nvlinks::session_nvlinks(&addresses)
     }
 
     /// The current GPU.
@@ -719,13 +737,7 @@ impl Device for CudaDevice {
     }
 
     fn nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
-        use flyt_protocol::device::attr;
-        let address = |gpu: &Gpu| {
-            let attribute = |id| self.attribute_of(gpu.device, id).unwrap_or(-1);
-            super::nvlinks::pci_address(attribute(attr::PCI_DOMAIN_ID), attribute(attr::PCI_BUS_ID), attribute(attr::PCI_DEVICE_ID))
-        };
-        let addresses: Vec<_> = self.gpus.iter().map(address).collect();
-        super::nvlinks::session_nvlinks(&addresses)
+        self.nvlinks.clone()
     }
 
     fn stream_device(&self, stream: Self::Stream) -> usize {
