@@ -311,6 +311,11 @@ if [ -n "$PYTHON" ]; then
     done
 fi
 
+# JAX takes 75% of the GPU's memory as it starts (XLA's preallocation): its transports run one
+# after another, as its native run runs alone (three at once cannot each have 75%; the ones
+# refused fail their allocations, 2026-11-29 on an H200).
+takes_most_of_the_gpu() { case "$1" in fw_jax_*) return 0 ;; esac; return 1; }
+
 selected() { # is program $1 selected by --only?
     [ ${#ONLY[@]} -eq 0 ] && return 0
     local o
@@ -1067,7 +1072,7 @@ for n in "${PROGS[@]}"; do
         fb=$TMP/$n.$t
         mapfile -t fenv < <(flyt_env "$t")
         live+=("$t")
-        if [ "$SERIAL" = 1 ]; then
+        if [ "$SERIAL" = 1 ] || takes_most_of_the_gpu "$n"; then
             run_prog "$fb" "$TIMEOUT" "$FLYT_HIDE" "${fenv[@]}" -- "$BUILD/$n"
         else
             run_prog "$fb" "$TIMEOUT" "$FLYT_HIDE" "${fenv[@]}" -- "$BUILD/$n" &
