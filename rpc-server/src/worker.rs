@@ -229,13 +229,14 @@ fn follow_commands<D: Device>(
 ) {
     let (outbox, moves) = (session.outbox(), session.moves());
     let channel = Arc::new(channel);
-    let returns = returns.map(Arc::new);
+    // What a checkpoint asks of the resumable stream: whether its client is away.
+    let resumable = returns.as_ref().map(|(_, stream)| stream.clone());
     let (to_moves, moving) = std::sync::mpsc::channel::<ToWorker>();
     let moves_thread = {
-        let (channel, outbox, device, returns) = (channel.clone(), outbox.clone(), device.clone(), returns.clone());
+        let (channel, outbox, device) = (channel.clone(), outbox.clone(), device.clone());
         std::thread::Builder::new().name("flyt-moves".into()).spawn(move || {
             while let Ok(command) = moving.recv() {
-                run_move(command, &channel, &outbox, &moves, &*device, pager.as_deref(), returns.as_deref(), session_id);
+                run_move(command, &channel, &outbox, &moves, &*device, pager.as_deref(), resumable.as_ref(), session_id);
             }
         })
     };
@@ -277,7 +278,7 @@ fn follow_commands<D: Device>(
                 ToWorker::Reattach { reattach, tcp, secured } => {
                     let Some(fd) = fd else { continue };
                     let socket = if secured { Connection::secured_from_fd(fd) } else { Connection::from_fd(fd, tcp) };
-                    let taken = match returns.as_deref() {
+                    let taken = match &returns {
                         Some((returns, stream)) if reattach.session_id == session_id => returns.offer(socket, &reattach, stream),
                         _ => {
                             let reason = flyt_protocol::control::rpc_server::session_ended(reattach.session_id);
@@ -319,14 +320,14 @@ fn run_move<D: Device>(
     moves: &MoveControl,
     device: &D,
     pager: Option<&crate::paging::Pager>,
-    returns: Option<&(Arc<crate::reconnect::Returns>, flyt_ring::resume::Handle)>,
+    resumable: Option<&flyt_ring::resume::Handle>,
     session_id: u64,
 ) {
     match command {
         ToWorker::Checkpoint { dir, timeout_ms, on_device } => {
             // A client away (its connection broke, it may come back) cannot be asked to
             // pause: said at once rather than after the reconnect grace.
-            let written = if returns.is_some_and(|(_, stream)| stream.recovering()) {
+            let written = if resumable.is_some_and(flyt_ring::resume::Handle::recovering) {
                 Err("its client's connection broke and the session waits for it to come back (--reconnect-grace-ms): try again later"
                     .to_string())
             } else {
