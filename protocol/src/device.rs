@@ -221,6 +221,7 @@ pub mod attr {
         NUMA_ID = 131,
         MPS_ENABLED = 133,
         HOST_NUMA_ID = 134,
+        MEM_DECOMPRESS_ALGORITHM_MASK = 136,
         GPU_PCI_DEVICE_ID = 139,
         GPU_PCI_SUBSYSTEM_ID = 140,
         HOST_NUMA_MEMORY_POOLS_SUPPORTED = 142,

@@ -23,9 +23,6 @@ fn report_index(error_index: *mut usize, index: Option<u64>) {
     }
 }
 
-/// `CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK`: 0 on a device without the engine.
-const MEM_DECOMPRESS_ALGORITHM_MASK: u32 = 136;
-
 fn emulated_has_no_engine() {
     crate::diagnostics::once(
         "decompress-emulated",
@@ -48,7 +45,13 @@ fn decompress(
     // A device without the engine answers every batch so, its arguments unread and the index
     // untouched, as the driver does (an H200: even an empty batch).
     let ordinal = crate::context::current_or_primary()?.device();
-    if crate::driver::driver().session()?.device(ordinal)?.attribute(MEM_DECOMPRESS_ALGORITHM_MASK).unwrap_or(0) == 0 {
+    if crate::driver::driver()
+        .session()?
+        .device(ordinal)?
+        .attribute(flyt_protocol::device::attr::MEM_DECOMPRESS_ALGORITHM_MASK)
+        .unwrap_or(0)
+        == 0
+    {
         if client()?.emulated() {
             emulated_has_no_engine();
         }

@@ -236,8 +236,7 @@ fn driver_keeps_freed() -> bool {
     std::env::var("FLYT_EMULATED_DRIVER_KEEPS_FREED_ADDRESSES").is_ok_and(|value| value.trim() == "1")
 }
 
-/// `CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK` and the three algorithms' bits.
-const MEM_DECOMPRESS_ALGORITHM_MASK: u32 = 136;
+/// The three algorithms' bits of `attr::MEM_DECOMPRESS_ALGORITHM_MASK`.
 const DEFLATE_SNAPPY_LZ4: i32 = 0b111;
 
 /// `FLYT_EMULATED_CLAIMS_DECOMPRESSION=1` (a test knob, read by this device only): the device
@@ -466,7 +465,7 @@ impl EmulatedDevice {
         }
         info.uuid = host_uuid(self.config.host_gpus.get(index).copied().unwrap_or(0));
         if claims_decompression() {
-            info.set_attribute(MEM_DECOMPRESS_ALGORITHM_MASK, DEFLATE_SNAPPY_LZ4);
+            info.set_attribute(attr::MEM_DECOMPRESS_ALGORITHM_MASK, DEFLATE_SNAPPY_LZ4);
         }
         info
     }
