@@ -27,8 +27,14 @@ struct DriverProgram {
 impl DriverProgram {
     /// `None` (the test skipped, with a line saying so) when `FLYT_CUDA_HOME` is not set.
     fn compile(name: &str) -> Option<Self> {
+        Self::compile_in(name, name)
+    }
+
+    /// As `compile`, in the scratch folder `folder` (a second test of the same program runs
+    /// beside the first, in a folder of its own).
+    fn compile_in(name: &str, folder: &str) -> Option<Self> {
         let cuda = toolkit_from("FLYT_CUDA_HOME")?;
-        let scratch = scratch_dir(&name.replace('_', "-"));
+        let scratch = scratch_dir(&folder.replace('_', "-"));
         let source = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
         let (program, lib) = driver_program(Path::new(&source), &cuda, &scratch);
         Some(Self { scratch, program, lib })
@@ -560,12 +566,13 @@ channel_tests! {
 /// (`planar_and_sparse_arrays_through_the_driver_api`), as the driver does on an H200.
 #[test]
 fn decompression_arguments_are_checked_where_the_device_has_the_engine() {
-    let Some(driver) = DriverProgram::compile("driver_planar_sparse") else { return };
-    let socket = driver.socket("engine.sock");
-    let dir = driver.scratch.join("engine");
-    std::fs::create_dir_all(&dir).expect("the server's folder");
-    let _server =
-        Server::start_with_env(&["--device", "emulated", "--listen", &socket], &dir, &[("FLYT_EMULATED_CLAIMS_DECOMPRESSION", "1")]);
+    let Some(driver) = DriverProgram::compile_in("driver_planar_sparse", "decompression_engine") else { return };
+    let socket = driver.socket("flyt.sock");
+    let _server = Server::start_with_env(
+        &["--device", "emulated", "--listen", &socket],
+        &driver.scratch,
+        &[("FLYT_EMULATED_CLAIMS_DECOMPRESSION", "1")],
+    );
     let run = run(driver.app(&socket, Some("off")), 60);
     assert_passed(
         "an engine claimed",
