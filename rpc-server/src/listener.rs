@@ -355,14 +355,22 @@ impl Server {
 
     /// Takes a warm worker, starting more as needed; `Err` explains why none is available.
     fn take_warm(self: &Arc<Self>, timeout: Duration) -> Result<WarmWorker, String> {
-        let deadline = Instant::now() + timeout;
+        let asked = Instant::now();
+        let deadline = asked + timeout;
         let mut warm = lock(&self.warm);
+        let mut waited = false;
         loop {
             if let Some(worker) = warm.pop_front() {
                 drop(warm);
+                if waited {
+                    // Sessions coming faster than workers open their devices: more warm workers
+                    // (`--warm-workers`) take this wait away.
+                    tracing::info!(waited_ms = asked.elapsed().as_millis() as u64, "a session waited for a worker to open its device");
+                }
                 self.refill();
                 return Ok(worker);
             }
+            waited = true;
             if self.starting.load(Ordering::Acquire) == 0 {
                 drop(warm);
                 if let Err(error) = self.spawn_worker() {

@@ -557,6 +557,7 @@ impl CudaDevice {
         if !unsafe { sys::is_culib_present() } {
             return Err("no CUDA driver (libcuda.so.1 not found): use --device emulated on machines without a GPU".into());
         }
+        let started = std::time::Instant::now();
         let driver = driver_table();
         require(driver, REQUIRED)?;
         require(driver, super::cuda_arrays::REQUIRED)?;
@@ -583,6 +584,7 @@ impl CudaDevice {
         unsafe { result::ctx::set_current(gpus[0].context.load(Ordering::Acquire)) }
             .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let contexts: Vec<sys::CUcontext> = gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
+        let contexts_ready = started.elapsed();
         let staging = StagingPool::new(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
         let mut opened = Self {
             gpus,
@@ -594,7 +596,16 @@ impl CudaDevice {
             own: std::sync::Mutex::default(),
             nvlinks: Vec::new(),
         };
+        let staging_ready = started.elapsed();
         opened.nvlinks = opened.ask_nvlinks();
+        // How long a worker takes to become ready bounds how fast back-to-back apps start.
+        let ms = |elapsed: std::time::Duration| elapsed.as_micros() as f64 / 1e3;
+        tracing::info!(
+            contexts_ms = ms(contexts_ready),
+            staging_ms = ms(staging_ready - contexts_ready),
+            nvlinks_ms = ms(started.elapsed() - staging_ready),
+            "device open"
+        );
         Ok(opened)
     }
 
