@@ -227,6 +227,59 @@ fn jit_arrays(options: &[JitOption]) -> (Vec<c_int>, Vec<usize>) {
     options.iter().map(|option| (option.option as c_int, option.value as usize)).unzip()
 }
 
+/// A value a thread of its own works out while the worker waits for its session (pinning the
+/// staging memory, asking NVML): the worker is ready sooner, and the first use waits for it.
+struct Later<T> {
+    value: Mutex<Option<T>>,
+    done: Condvar,
+}
+
+/// Longest a first use waits for a [`Later`] value (pinning 128 MiB takes tens of milliseconds).
+const LATER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl<T: Clone> Later<T> {
+    fn new() -> Self {
+        Self { value: Mutex::new(None), done: Condvar::new() }
+    }
+
+    fn set(&self, value: T) {
+        *self.value.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(value);
+        self.done.notify_all();
+    }
+
+    /// The value, once worked out; `None` if it took longer than [`LATER_WAIT`].
+    fn get(&self) -> Option<T> {
+        let deadline = std::time::Instant::now() + LATER_WAIT;
+        let mut value = self.value.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            if let Some(value) = &*value {
+                return Some(value.clone());
+            }
+            let left = deadline.checked_duration_since(std::time::Instant::now())?;
+            value = self.done.wait_timeout(value, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+        }
+    }
+}
+
+/// Runs `work` on a thread named `name` and sets `later` to what it gives (here and now, if no
+/// thread can be had).
+fn work_out_later<T: Clone + Send + 'static>(name: &str, later: Arc<Later<T>>, work: impl FnOnce() -> T + Send + 'static) {
+    let job = Arc::new(Mutex::new(Some(work)));
+    let run = {
+        let (job, later) = (job.clone(), later.clone());
+        move || {
+            if let Some(work) = job.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+                later.set(work());
+            }
+        }
+    };
+    if std::thread::Builder::new().name(name.into()).spawn(run).is_err()
+        && let Some(work) = job.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    {
+        later.set(work());
+    }
+}
+
 /// Pinned staging buffers: host-to-device chunks are read from the socket straight into one,
 /// device-to-host chunks are copied into one and sent from it. A slot is reusable once its
 /// event has fired and nobody holds it. The memory is the pool's own, pinned with
@@ -238,7 +291,15 @@ struct StagingPool {
     slots: Vec<Slot>,
     state: Mutex<Vec<bool>>,
     freed: Condvar,
+    /// The first pinning, done after the worker is ready (`pin_later`).
+    pinned: Arc<Later<CudaResult<()>>>,
 }
+
+/// The session's primary contexts, for the thread that pins the staging memory.
+struct Contexts(Vec<sys::CUcontext>);
+
+// SAFETY: primary contexts, retained for the process's life; any thread may make one current.
+unsafe impl Send for Contexts {}
 
 struct Slot {
     ptr: *mut u8,
@@ -312,8 +373,28 @@ impl Drop for Staging {
 }
 
 impl StagingPool {
-    /// Slots with an event for each of `contexts` (the session's GPUs'), the first current.
-    fn new(slots: usize, capacity: usize, contexts: &[sys::CUcontext]) -> CudaResult<Self> {
+    /// Slots with an event for each of `contexts` (the session's GPUs'), pinned by a thread of
+    /// their own: pinning 128 MiB took 40-80 ms of a worker's start on an H200, and a session's
+    /// first bulk copy comes after its handshake.
+    fn pin_later(slots: usize, capacity: usize, contexts: &[sys::CUcontext]) -> CudaResult<Arc<Self>> {
+        let pool = Arc::new(Self::new(slots, capacity, contexts.len())?);
+        let (pinning, contexts) = (pool.clone(), Contexts(contexts.to_vec()));
+        work_out_later("flyt-staging-pin", pool.pinned.clone(), move || {
+            let contexts = contexts;
+            pinning.pin(&contexts.0, 0)
+        });
+        Ok(pool)
+    }
+
+    /// Waits for the first pinning; its failure is every later take's.
+    fn ready(&self) -> CudaResult<()> {
+        self.pinned.get().unwrap_or(Err(CudaError::MEMORY_ALLOCATION)).inspect_err(|error| {
+            tracing::warn!(%error, "the pinned staging memory is not there: bulk copies fail");
+        })
+    }
+
+    /// The slots, not yet pinned, with room for an event in each of `gpus` contexts.
+    fn new(slots: usize, capacity: usize, gpus: usize) -> CudaResult<Self> {
         let total = slots.checked_mul(capacity).ok_or(CudaError::INVALID_VALUE)?;
         let mut memory = memmap2::MmapMut::map_anon(total.max(1)).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
         let base = memory.as_mut_ptr();
@@ -321,13 +402,11 @@ impl StagingPool {
             .map(|index| Slot {
                 ptr: base.wrapping_add(index * capacity),
                 capacity,
-                events: contexts.iter().map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+                events: (0..gpus).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
                 last: AtomicUsize::new(0),
             })
             .collect();
-        let pool = Self { memory, state: Mutex::new(vec![false; slots]), slots: made, freed: Condvar::new() };
-        pool.pin(contexts, 0)?;
-        Ok(pool)
+        Ok(Self { memory, state: Mutex::new(vec![false; slots]), slots: made, freed: Condvar::new(), pinned: Arc::new(Later::new()) })
     }
 
     /// Pins the memory and gives every slot new events, one in each of `contexts` (at start,
@@ -359,6 +438,7 @@ impl StagingPool {
     /// After a context reset: pins the memory again with new events. Refused while a slot is
     /// held, as its holder may still use the old event.
     fn remake(&self, contexts: &[sys::CUcontext], current: usize) -> CudaResult<()> {
+        self.ready()?;
         let held = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if held.iter().any(|taken| *taken) {
             return Err(CudaError::NOT_PERMITTED);
@@ -373,6 +453,7 @@ impl StagingPool {
         if self.slots.is_empty() || len > self.slots[0].capacity {
             return Err(CudaError::INVALID_VALUE);
         }
+        self.ready()?;
         let mut held = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         loop {
             let free: Vec<usize> = (0..held.len()).filter(|index| !held[*index]).collect();
@@ -435,10 +516,10 @@ pub struct CudaDevice {
     keep_addresses: bool,
     /// The session's allocations made so (`keep_addresses`).
     own: std::sync::Mutex<super::vmm_malloc::OwnMemory>,
-    /// Each GPU's NVLinks, asked of NVML once, as the device opens: a warm worker does it before
-    /// its session (loading and starting NVML took tens of milliseconds of a session's first
-    /// call on an H200).
-    nvlinks: Vec<Vec<flyt_protocol::device::NvLinkEnd>>,
+    /// Each GPU's NVLinks, asked of NVML once, by a thread of its own as the device opens: a warm
+    /// worker has them before its session (loading and starting NVML took tens of milliseconds
+    /// of a session's first call on an H200, then 14-20 ms of a worker's start).
+    nvlinks: Arc<Later<Vec<Vec<flyt_protocol::device::NvLinkEnd>>>>,
 }
 
 // SAFETY: `context` is the device's primary context, which any thread may make current; the
@@ -562,6 +643,7 @@ impl CudaDevice {
         require(driver, REQUIRED)?;
         require(driver, super::cuda_arrays::REQUIRED)?;
         result::init().map_err(|error| format!("cuInit failed: {error}"))?;
+        let initialized = started.elapsed();
         let count = result::device::get_count().map_err(|error| format!("cuDeviceGetCount: {error}"))?;
         if ordinals.is_empty() {
             return Err("no GPU named".into());
@@ -585,39 +667,33 @@ impl CudaDevice {
             .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let contexts: Vec<sys::CUcontext> = gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
         let contexts_ready = started.elapsed();
-        let staging = StagingPool::new(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
-        let mut opened = Self {
+        let staging = StagingPool::pin_later(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
+        let opened = Self {
             gpus,
             current: AtomicUsize::new(0),
             driver,
-            staging: Arc::new(staging),
+            staging,
             restored: std::sync::Mutex::default(),
             keep_addresses: false,
             own: std::sync::Mutex::default(),
-            nvlinks: Vec::new(),
+            nvlinks: Arc::new(Later::new()),
         };
-        let staging_ready = started.elapsed();
-        opened.nvlinks = opened.ask_nvlinks();
+        let addresses = opened.pci_addresses();
+        work_out_later("flyt-nvlinks", opened.nvlinks.clone(), move || super::nvlinks::session_nvlinks(&addresses));
         // How long a worker takes to become ready bounds how fast back-to-back apps start.
         let ms = |elapsed: std::time::Duration| elapsed.as_micros() as f64 / 1e3;
-        tracing::info!(
-            contexts_ms = ms(contexts_ready),
-            staging_ms = ms(staging_ready - contexts_ready),
-            nvlinks_ms = ms(started.elapsed() - staging_ready),
-            "device open"
-        );
+        tracing::info!(init_ms = ms(initialized), contexts_ms = ms(contexts_ready - initialized), "device open");
         Ok(opened)
     }
 
-    /// Each GPU's NVLinks, from NVML by the GPUs' PCI addresses.
-    fn ask_nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
+    /// Each GPU's PCI address, by which NVML knows it.
+    fn pci_addresses(&self) -> Vec<super::nvlinks::PciAddress> {
         use flyt_protocol::device::attr;
         let address = |gpu: &Gpu| {
             let attribute = |id| self.attribute_of(gpu.device, id).unwrap_or(-1);
             super::nvlinks::pci_address(attribute(attr::PCI_DOMAIN_ID), attribute(attr::PCI_BUS_ID), attribute(attr::PCI_DEVICE_ID))
         };
-        let addresses: Vec<_> = self.gpus.iter().map(address).collect();
-        super::nvlinks::session_nvlinks(&addresses)
+        self.gpus.iter().map(address).collect()
     }
 
     /// The current GPU.
@@ -748,7 +824,8 @@ impl Device for CudaDevice {
     }
 
     fn nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
-        self.nvlinks.clone()
+        // No answer in time: the session sees no NVLinks, as where NVML is missing.
+        self.nvlinks.get().unwrap_or_default()
     }
 
     fn stream_device(&self, stream: Self::Stream) -> usize {
