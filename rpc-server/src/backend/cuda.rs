@@ -416,9 +416,12 @@ impl StagingPool {
         if self.slots.is_empty() {
             return Ok(());
         }
-        // SAFETY: a context is current on the calling thread; the mapping stays for the
-        // process's life. CU_MEMHOSTREGISTER_PORTABLE, as `host_register` pins: every context
-        // of the process sees it pinned. Still pinned (another GPU's context kept it) is fine.
+        // Pinning needs a context current on this thread (it may be a thread of its own).
+        // SAFETY: a primary context of the session, retained and never released.
+        check(unsafe { result::ctx::set_current(contexts[current.min(contexts.len() - 1)]) })?;
+        // SAFETY: a context is current on this thread; the mapping stays for the process's
+        // life. CU_MEMHOSTREGISTER_PORTABLE, as `host_register` pins: every context of the
+        // process sees it pinned. Still pinned (another GPU's context kept it) is fine.
         let pinned = check(unsafe { sys::cuMemHostRegister_v2(self.memory.as_ptr() as *mut c_void, self.memory.len(), 0x01).result() });
         if pinned.is_err() && pinned != Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED) {
             return pinned;
