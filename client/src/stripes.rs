@@ -21,11 +21,14 @@
 //!   progress) and ends striping for the session: later copies go over the main connection. In a
 //!   session whose main connection resumes (`crate::reconnect`), the copy is sent again whole over
 //!   the main connection instead, and the data connections join again at the next large copy.
-//! - Compression (`FLYT_STRIPE_LZ4`: `auto`, the default, `on` or `off`): with `auto`, the
-//!   session tries both and keeps the faster: each way's goodput (the app's bytes per second of
-//!   whole copies of several chunks, round trips included, as the app sees them) is smoothed, and
-//!   one copy in [`PROBE_EVERY`] goes the other way to measure it again (a link's rate, the
-//!   data's compressibility and the CPUs change). Each chunk LZ4 does not shrink by a sixteenth
+//! - Compression (`FLYT_STRIPE_LZ4`: `auto`, the default, `on` or `off`): with `auto`, a TCP
+//!   session whose raw copies run slower than the codecs could keep up with
+//!   ([`COMPRESSION_CEILING_PER_CONNECTION`]) tries both and keeps the faster: each way's goodput
+//!   (the app's bytes per second of whole copies of several chunks, round trips included, as the
+//!   app sees them) is smoothed, and one copy in [`PROBE_EVERY`] goes the other way to measure it
+//!   again (a link's rate, the data's compressibility and the CPUs change). Over a Unix socket
+//!   (the same host) and a fast link nothing is compressed: there a compressed probe only cost
+//!   (7-14 ms of a 16 MiB copy on an H200 host, 2026-11-29). Each chunk LZ4 does not shrink by a sixteenth
 //!   goes raw. The server counts the bytes saved (`stripe_compression_saved_bytes`).
 
 use std::collections::HashMap;
@@ -60,6 +63,9 @@ const DEFAULT_MIN: u64 = 1 << 20;
 const DEFAULT_CHUNK: u64 = 4 << 20;
 /// With compression chosen automatically, one copy in this many goes the way not chosen.
 const PROBE_EVERY: u64 = 8;
+/// Raw goodput per data connection from which compression cannot win: each side codes or
+/// decodes a connection's chunks on about one core, at 0.3-1 GB/s (float planes, 2026-11-29).
+const COMPRESSION_CEILING_PER_CONNECTION: u64 = 1_000_000_000;
 /// Copies of fewer chunks than this are not timed for the choice (a round trip dwarfs them).
 const TIMED_CHUNKS: u64 = 4;
 
@@ -73,6 +79,14 @@ enum Lz4 {
 }
 
 impl Lz4 {
+    /// As asked (`FLYT_STRIPE_LZ4`); `auto` over a Unix socket is off (the peer is on this host).
+    fn for_socket(tcp: bool) -> Self {
+        match Self::from_env() {
+            Self::Auto if !tcp => Self::Off,
+            asked => asked,
+        }
+    }
+
     fn from_env() -> Self {
         match std::env::var("FLYT_STRIPE_LZ4").as_deref().map(str::trim) {
             Ok("on" | "1") => Self::On,
@@ -158,7 +172,7 @@ impl Stripes {
             count,
             min: env_bytes("FLYT_STRIPE_MIN").unwrap_or(DEFAULT_MIN).max(64 << 10),
             chunk: env_bytes("FLYT_STRIPE_CHUNK").unwrap_or(DEFAULT_CHUNK).clamp(64 << 10, info.copy_chunk.max(64 << 10)),
-            lz4: Lz4::from_env(),
+            lz4: Lz4::for_socket(tcp),
         });
         let joining = Joining { session_id: info.session_id, secret: info.stripe_secret.unwrap_or_default(), address: None };
         Self {
@@ -229,11 +243,13 @@ impl Stripes {
 }
 
 /// Automatic compression: whether a copy goes compressed, given each way's goodput (0: not
-/// timed yet) and whether this copy probes the way not chosen. Raw is timed first, compressed
-/// next; then the faster, but a probe goes the other way.
-fn choose_compressed(raw: u64, compressed: u64, probe: bool) -> bool {
+/// timed yet), the raw goodput from which compression cannot win, and whether this copy probes
+/// the way not chosen. Raw is timed first; then, on a link slower than `ceiling`, compressed
+/// next, then the faster, but a probe goes the other way.
+fn choose_compressed(raw: u64, compressed: u64, ceiling: u64, probe: bool) -> bool {
     match (raw, compressed) {
         (0, _) => false,
+        (raw, _) if raw >= ceiling => false,
         (_, 0) => true,
         _ => (compressed > raw) != probe,
     }
@@ -395,7 +411,8 @@ impl Set {
             Lz4::Auto => {
                 let [raw, compressed] = [0, 1].map(|way| self.goodput[way].load(Ordering::Relaxed));
                 let probe = self.copies.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == PROBE_EVERY - 1;
-                choose_compressed(raw, compressed, probe)
+                let ceiling = COMPRESSION_CEILING_PER_CONNECTION.saturating_mul(plan.count as u64);
+                choose_compressed(raw, compressed, ceiling, probe)
             }
         }
     }
@@ -866,11 +883,20 @@ mod tests {
     #[test]
     fn automatic_compression_measures_both_ways_then_keeps_the_faster_and_probes_the_other() {
         // Nothing timed: raw first, then compressed once each has no figure.
-        assert!(!choose_compressed(0, 0, false));
-        assert!(choose_compressed(10, 0, false));
+        assert!(!choose_compressed(0, 0, 100, false));
+        assert!(choose_compressed(10, 0, 100, false));
         // The faster way, and the other on a probe.
-        assert!(choose_compressed(10, 20, false) && !choose_compressed(10, 20, true));
-        assert!(!choose_compressed(20, 10, false) && choose_compressed(20, 10, true));
+        assert!(choose_compressed(10, 20, 100, false) && !choose_compressed(10, 20, 100, true));
+        assert!(!choose_compressed(20, 10, 100, false) && choose_compressed(20, 10, 100, true));
+    }
+
+    #[test]
+    fn a_link_faster_than_the_codecs_never_tries_compression() {
+        for (compressed, probe) in [(0, false), (0, true), (300, false), (300, true)] {
+            assert!(!choose_compressed(200, compressed, 100, probe));
+        }
+        // Slower again (congestion): compression is tried.
+        assert!(choose_compressed(90, 0, 100, false));
     }
 
     #[test]
