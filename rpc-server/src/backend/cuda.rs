@@ -381,16 +381,15 @@ impl StagingPool {
         let (pinning, contexts) = (pool.clone(), Contexts(contexts.to_vec()));
         work_out_later("flyt-staging-pin", pool.pinned.clone(), move || {
             let contexts = contexts;
-            pinning.pin(&contexts.0, 0)
+            pinning.pin(&contexts.0, 0).inspect_err(|error| tracing::warn!(%error, "pinning the staging memory failed: bulk copies fail"))
         });
         Ok(pool)
     }
 
-    /// Waits for the first pinning; its failure is every later take's.
+    /// Waits for the first pinning; its failure (logged once, as it happens) is every later
+    /// take's.
     fn ready(&self) -> CudaResult<()> {
-        self.pinned.get().unwrap_or(Err(CudaError::MEMORY_ALLOCATION)).inspect_err(|error| {
-            tracing::warn!(%error, "the pinned staging memory is not there: bulk copies fail");
-        })
+        self.pinned.get().unwrap_or(Err(CudaError::MEMORY_ALLOCATION))
     }
 
     /// The slots, not yet pinned, with room for an event in each of `gpus` contexts.
