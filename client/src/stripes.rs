@@ -57,8 +57,13 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// striped device-to-host copy after a long kernel), so this is long; a connection that breaks
 /// fails at once, and a dead one (another link failed) within a second.
 const WRITE_STALL: Duration = Duration::from_secs(600);
-/// Copies below this go over the main connection (`FLYT_STRIPE_MIN`).
+/// Copies below this go over the main connection (`FLYT_STRIPE_MIN`), over TCP. A copy of one
+/// chunk crosses one data connection, a hop more than the main one: over a Unix socket 1 MiB
+/// copies ran 1.5-1.7x slower striped than inline (H200 host, 2026-11-29), so there only copies
+/// of several chunks are striped ([`DEFAULT_MIN_UNIX`]).
 const DEFAULT_MIN: u64 = 1 << 20;
+/// The same over a Unix socket.
+const DEFAULT_MIN_UNIX: u64 = 4 << 20;
 /// Chunk size (`FLYT_STRIPE_CHUNK`, at most the server's copy chunk).
 const DEFAULT_CHUNK: u64 = 4 << 20;
 /// With compression chosen automatically, one copy in this many goes the way not chosen.
@@ -170,7 +175,7 @@ impl Stripes {
             std::env::var("FLYT_STRIPES").ok().and_then(|value| value.trim().parse::<usize>().ok()).unwrap_or(default_count).min(16);
         let plan = info.stripe_secret.filter(|_| count > 0 && !not_here).map(|_| Plan {
             count,
-            min: env_bytes("FLYT_STRIPE_MIN").unwrap_or(DEFAULT_MIN).max(64 << 10),
+            min: env_bytes("FLYT_STRIPE_MIN").unwrap_or(if tcp { DEFAULT_MIN } else { DEFAULT_MIN_UNIX }).max(64 << 10),
             chunk: env_bytes("FLYT_STRIPE_CHUNK").unwrap_or(DEFAULT_CHUNK).clamp(64 << 10, info.copy_chunk.max(64 << 10)),
             lz4: Lz4::for_socket(tcp),
         });

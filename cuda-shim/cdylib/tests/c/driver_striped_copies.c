@@ -1,8 +1,9 @@
 // Large copies through Flyt's libcuda.so.1 on the emulated device, over whichever transport the
-// test picks (with FLYT_SHM=off, copies of 1 MiB and more are striped over the session's data
-// connections): odd sizes (not multiples of the chunk) at odd device offsets, pinned and pageable
-// host memory, synchronous and asynchronous, 2D copies, two threads copying at once, and a copy
-// ordered between a memset and a device-to-device copy on one stream. Every byte is checked.
+// test picks (with FLYT_SHM=off, copies of 1 MiB and more over TCP, 4 MiB and more over a Unix
+// socket, are striped over the session's data connections): odd sizes (not multiples of the
+// chunk) at odd device offsets, pinned and pageable host memory, synchronous and asynchronous, 2D
+// copies, two threads copying at once, and a copy ordered between a memset and a device-to-device
+// copy on one stream. Every byte is checked.
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
