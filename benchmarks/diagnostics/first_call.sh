@@ -39,12 +39,9 @@ builds=("new $dist $dist")
 [ -z "$other" ] || [ "${MIXED:-0}" != 1 ] || builds+=("newlibs-oldserver $dist $other" "oldlibs-newserver $other $dist")
 for spec in "${builds[@]}"; do
     read -r build libs_dist server_dist <<<"$spec"
-    bin=$server_dist/bin
     libs=$libs_dist/lib
-    FLYT_LOG=info "$bin/flyt-rpc-server" --device cuda --listen 127.0.0.1:47311 --listen "unix:$tmp/$build.sock" \
-        >"$tmp/$build.out" 2>"$out/$build-server.err" </dev/null &
+    dist=$server_dist FLYT_LOG=info start_server "$build" --device cuda --listen 127.0.0.1:47311 --listen "unix:$tmp/$build.sock" || exit 1
     server_pid=$!
-    for _ in $(seq 100); do grep -q listening "$tmp/$build.out" 2>/dev/null && break; sleep 0.1; done
     sleep 5
     for transport in ${TRANSPORTS:-unix tcp shm}; do
         round "$build" "$transport" 1.5
@@ -52,6 +49,7 @@ for spec in "${builds[@]}"; do
     done
     kill "$server_pid"
     wait "$server_pid" 2>/dev/null
+    cp "$tmp/$build.err" "$out/$build-server.err"
     # Each field of the workers' `device open` lines: lowest, median, highest.
     grep -h 'device open' "$out/$build-server.err" | grep -o '[a-z_]*_ms=[0-9.]*' | tr '=' ' ' | sort -k1,1 -k2,2n |
         awk '{v[$1]=v[$1] " " $2; n[$1]++} END {for (k in v) {split(substr(v[k], 2), a, " "); printf "%s: workers opening, %s (ms) min %s median %s max %s (%d)\n", b, k, a[1], a[int((n[k]+1)/2)], a[n[k]], n[k]}}' b="$build"

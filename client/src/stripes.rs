@@ -28,8 +28,8 @@
 //!   app sees them) is smoothed, and one copy in [`PROBE_EVERY`] goes the other way to measure it
 //!   again (a link's rate, the data's compressibility and the CPUs change). Over a Unix socket
 //!   (the same host) and a fast link nothing is compressed: there a compressed probe only cost
-//!   (7-14 ms of a 16 MiB copy on an H200 host, 2026-11-29). Each chunk LZ4 does not shrink by a sixteenth
-//!   goes raw. The server counts the bytes saved (`stripe_compression_saved_bytes`).
+//!   (7-14 ms of a 16 MiB copy on an H200 host, 2026-11-29). Each chunk LZ4 does not shrink by a
+//!   sixteenth goes raw. The server counts the bytes saved (`stripe_compression_saved_bytes`).
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};

@@ -429,7 +429,6 @@ fn serve<D: Device>(
         // The listener went away or shut the pool down: nothing to serve.
         return 0;
     };
-    let handed_over = std::time::Instant::now();
     // NVML's process list names the app this session serves.
     budget.set_owner(hello.client.pid);
     // A TLS session reaches the worker as the local end of the listener's TLS pump.
@@ -505,7 +504,6 @@ fn serve<D: Device>(
         tracing::info!(session_id, %error, "client left during the handshake");
         return 0;
     }
-    tracing::debug!(session_id, took_us = handed_over.elapsed().as_micros() as u64, "handshake answered");
     let mut returns = None;
     let (reader, writer) = match (rings, resume_secret) {
         (Some((reader, writer)), _) => {
