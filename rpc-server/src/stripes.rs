@@ -38,6 +38,12 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_LINKS: usize = 16;
 /// Smallest chunk a client may ask for (smaller ones would only cost headers).
 const MIN_CHUNK: u64 = 64 << 10;
+/// How long a data connection's thread polls a chunk's device-to-host copy before it naps: a
+/// 4 MiB chunk copies in about 80 us at PCIe 5 speed, and the shortest nap lasts about 60 us
+/// (the kernel's timer slack), so napping from the start left the socket idle between chunks
+/// (64 MiB copies over a Unix socket, 4 connections: 13.4 GB/s napping, 14.8 polling; H200
+/// host, 2026-11-29).
+const POLL_COPY: Duration = Duration::from_millis(1);
 
 /// A striped copy as its request names it: the device side (already where the session keeps
 /// it), its length, chunk size and id.
@@ -586,11 +592,17 @@ fn run_job<D: Device>(device: &D, reader: &mut Connection, job: Job<D>, buffers:
             Answer::Now(Done::Handled)
         }
         Job::Send { transfer, offset, len, copy, compress } => {
-            // The device copy waits for the stream's earlier work, however long it takes.
-            let mut nap = Duration::from_micros(5);
+            // The device copy waits for the stream's earlier work, however long it takes: polled
+            // (yielding the core) for as long as a chunk's own copy takes, then with naps.
+            let polled_until = std::time::Instant::now() + POLL_COPY;
+            let mut nap = Duration::from_micros(50);
             while !device.dtoh_done(&copy) {
                 if closing.load(Ordering::Acquire) {
                     return lost("the session ended".into());
+                }
+                if std::time::Instant::now() < polled_until {
+                    std::thread::yield_now();
+                    continue;
                 }
                 std::thread::sleep(nap);
                 nap = (nap * 2).min(Duration::from_millis(1));
