@@ -827,10 +827,9 @@ impl Device for CudaDevice {
     }
 
     fn finish_opening(&self) {
-        // Pinning 128 MiB and asking NVML run side by side, each on its thread; a session's own
-        // pinning (an shm segment, host registrations) beside them waited for the driver's locks:
-        // a CUDA IPC child right after its parent took 117-203 ms over shm, against 42-50 ms
-        // with both done before the worker was ready (H200, 2026-11-29).
+        // Pinning 128 MiB and asking NVML run side by side, each on its thread; waiting for both
+        // here keeps them from running beside a session's first calls, which would wait for the
+        // driver's locks behind them.
         let _ = self.staging.ready();
         let _ = self.nvlinks.get();
     }
