@@ -593,7 +593,7 @@ fn run_job<D: Device>(device: &D, reader: &mut Connection, job: Job<D>, buffers:
         }
         Job::Send { transfer, offset, len, copy, compress } => {
             // The device copy waits for the stream's earlier work, however long it takes: polled
-            // (yielding the core) for as long as a chunk's own copy takes, then with naps.
+            // (yielding the core) for up to `POLL_COPY`, then with naps.
             let polled_until = std::time::Instant::now() + POLL_COPY;
             let mut nap = Duration::from_micros(50);
             while !device.dtoh_done(&copy) {

@@ -405,7 +405,6 @@ fn serve<D: Device>(
     // The listener's status reports the first GPU (a server's slice of each is the same).
     let first = &infos[0];
     let sm_count = u32::try_from(first.attribute(attr::MULTIPROCESSOR_COUNT).unwrap_or(0)).unwrap_or(0);
-    device.finish_opening();
     send_to_listener(&channel, &FromWorker::Ready { pid: std::process::id(), total_mem: first.total_mem, sm_count });
     let mut command = receive_command(&channel);
     // A moved session's snapshot first, when this worker is to continue one.

@@ -227,9 +227,8 @@ fn jit_arrays(options: &[JitOption]) -> (Vec<c_int>, Vec<usize>) {
     options.iter().map(|option| (option.option as c_int, option.value as usize)).unzip()
 }
 
-/// A value a thread of its own works out while the device opens (pinning the staging memory,
-/// asking NVML): the two run side by side, and the worker calls itself ready once both are in
-/// (`finish_opening`).
+/// A value a thread of its own works out while the worker waits for its session (pinning the
+/// staging memory, asking NVML): the worker is ready sooner, and the first use waits for it.
 struct Later<T> {
     value: Mutex<Option<T>>,
     done: Condvar,
@@ -292,7 +291,7 @@ struct StagingPool {
     slots: Vec<Slot>,
     state: Mutex<Vec<bool>>,
     freed: Condvar,
-    /// The first pinning, on a thread of its own (`pin_later`).
+    /// The first pinning, done after the worker is ready (`pin_later`).
     pinned: Arc<Later<CudaResult<()>>>,
 }
 
@@ -375,8 +374,8 @@ impl Drop for Staging {
 
 impl StagingPool {
     /// Slots with an event for each of `contexts` (the session's GPUs'), pinned by a thread of
-    /// their own: pinning 128 MiB took 40-80 ms of a worker's start on an H200, and runs beside
-    /// NVML's question instead of after it.
+    /// their own: pinning 128 MiB took 40-80 ms of a worker's start on an H200, and a session's
+    /// first bulk copy comes after its handshake.
     fn pin_later(slots: usize, capacity: usize, contexts: &[sys::CUcontext]) -> CudaResult<Arc<Self>> {
         let pool = Arc::new(Self::new(slots, capacity, contexts.len())?);
         let (pinning, contexts) = (pool.clone(), Contexts(contexts.to_vec()));
@@ -824,14 +823,6 @@ impl Device for CudaDevice {
             }
         }
         links
-    }
-
-    fn finish_opening(&self) {
-        // Pinning 128 MiB and asking NVML run side by side, each on its thread; waiting for both
-        // here keeps them from running beside a session's first calls, which would wait for the
-        // driver's locks behind them.
-        let _ = self.staging.ready();
-        let _ = self.nvlinks.get();
     }
 
     fn nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {

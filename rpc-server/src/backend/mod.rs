@@ -298,9 +298,6 @@ pub trait Device: Send + Sync + 'static {
     fn peer_links(&self) -> Vec<flyt_protocol::device::PeerLink> {
         Vec::new()
     }
-    /// Waits (bounded) for what opening the device left to threads of its own, before the worker
-    /// calls itself ready: a session then never runs beside them.
-    fn finish_opening(&self) {}
     /// Each device's NVLinks, by link index (`SessionInfo::nvlinks`); none known by default.
     fn nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
         Vec::new()
