@@ -88,9 +88,9 @@ pub struct Server {
     worker_answers: Mutex<HashMap<u32, std::sync::mpsc::Sender<FromWorker>>>,
     /// Workers holding a restored session until its app reconnects, by snapshot name.
     restored: Mutex<HashMap<String, WarmWorker>>,
-    /// The `CUDA_VISIBLE_DEVICES` of workers of a backend: the server's GPUs by UUID, learnt once
-    /// (`crate::visible`).
-    visible: Mutex<Option<(BackendKind, String)>>,
+    /// The `CUDA_VISIBLE_DEVICES` of workers of a backend (the server's GPUs by UUID) and their
+    /// NVLinks, learnt once (`crate::visible`).
+    visible: Mutex<Option<(BackendKind, Probe)>>,
     /// Oversubscription's coordinator (`--oversubscribe`).
     paging: Option<crate::paging::Coordinator>,
 }
@@ -125,14 +125,24 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
 }
 
+/// What the listener's GPU probe found, for every worker (`crate::visible::run_probe`).
+#[derive(Clone)]
+struct Probe {
+    /// The workers' `CUDA_VISIBLE_DEVICES`.
+    devices: String,
+    /// The GPUs' NVLink table, with a real driver.
+    nvlinks: Option<String>,
+}
+
 impl Server {
     fn take_slot(&self) -> Option<usize> {
         lock(&self.free_slots).pop()
     }
 
-    /// The `CUDA_VISIBLE_DEVICES` every worker of `backend` runs with: exactly the server's GPUs,
-    /// by UUID, so a session's driver cannot name another tenant's GPU.
-    fn worker_visible_devices(&self, backend: BackendKind) -> anyhow::Result<String> {
+    /// What every worker of `backend` is started with: its `CUDA_VISIBLE_DEVICES`, exactly the
+    /// server's GPUs by UUID, so a session's driver cannot name another tenant's GPU; and their
+    /// NVLinks, asked of NVML once by the same probe.
+    fn worker_visible_devices(&self, backend: BackendKind) -> anyhow::Result<Probe> {
         let mut visible = lock(&self.visible);
         if let Some((known, value)) = &*visible
             && *known == backend
@@ -140,8 +150,10 @@ impl Server {
             return Ok(value.clone());
         }
         let executable = std::env::current_exe().context("own executable")?;
-        let value = crate::visible::run_probe(&executable, backend, &self.args.gpu).map_err(|reason| anyhow::anyhow!(reason))?;
-        tracing::info!(gpu = %gpu_list(&self.args.gpu), visible = %value, "workers see only these GPUs");
+        let (devices, nvlinks) =
+            crate::visible::run_probe(&executable, backend, &self.args.gpu).map_err(|reason| anyhow::anyhow!(reason))?;
+        tracing::info!(gpu = %gpu_list(&self.args.gpu), visible = %devices, nvlinks = nvlinks.as_deref().unwrap_or("-"), "workers see only these GPUs");
+        let value = Probe { devices, nvlinks };
         *visible = Some((backend, value.clone()));
         Ok(value)
     }
@@ -167,8 +179,9 @@ impl Server {
             .arg("worker")
             .args(["--backend", if backend == BackendKind::Emulated { "emulated" } else { "cuda" }])
             .args(["--gpu", &gpu_list(&inside)])
-            .args(["--gpu-uuids", &visible])
-            .env(crate::visible::VARIABLE, &visible)
+            .args(["--gpu-uuids", &visible.devices])
+            .args(visible.nvlinks.iter().flat_map(|table| ["--nvlinks", table.as_str()]))
+            .env(crate::visible::VARIABLE, &visible.devices)
             .args(["--budget-slot", &slot.to_string()])
             .args(["--copy-chunk", &args.copy_chunk.0.to_string()])
             .args(["--staging-slots", &args.staging_slots.to_string()])

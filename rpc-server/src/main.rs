@@ -49,9 +49,9 @@ fn main() {
             std::process::exit(worker::run(&args, capture))
         }
         Some(Mode::GpuUuids(args)) => match flyt_rpc_server::visible::probe(&args) {
-            Ok(names) => {
-                for name in names {
-                    println!("{name}");
+            Ok(probed) => {
+                for line in probed.lines() {
+                    println!("{line}");
                 }
             }
             Err(error) => {

@@ -88,7 +88,27 @@ pub fn check_uuids(expected: &[String], found: &[[u8; 16]]) -> Result<(), String
 }
 
 /// What the probe prints: the UUID name of each of `args.gpu`, one a line.
-pub fn probe(args: &ProbeArgs) -> Result<Vec<String>, String> {
+/// What the probe found: the GPUs' UUID names and, with a real driver, their NVLinks
+/// (`backend::nvlinks::encode`), which the listener hands its workers.
+#[derive(Debug)]
+pub struct Probed {
+    pub names: Vec<String>,
+    pub nvlinks: Option<String>,
+}
+
+/// The line of the probe's output that carries the NVLink table.
+const NVLINKS_LINE: &str = "nvlinks ";
+
+impl Probed {
+    /// The probe's output: one UUID name per line, then the NVLink table's line.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = self.names.clone();
+        lines.extend(self.nvlinks.iter().map(|table| format!("{NVLINKS_LINE}{table}")));
+        lines
+    }
+}
+
+pub fn probe(args: &ProbeArgs) -> Result<Probed, String> {
     let names = match args.backend {
         // The emulated host's GPUs are not the machine's: the listener's own CUDA_VISIBLE_DEVICES
         // (which names real GPUs, if any) does not apply to them.
@@ -110,12 +130,20 @@ pub fn probe(args: &ProbeArgs) -> Result<Vec<String>, String> {
             return Err(format!("GPU {} named twice", args.gpu[index]));
         }
     }
-    Ok(names)
+    let nvlinks = match args.backend {
+        // The emulated device's topology is fixed; its workers know it.
+        BackendKind::Emulated => None,
+        BackendKind::Cuda | BackendKind::Auto => {
+            Some(crate::backend::nvlinks::encode(&crate::backend::cuda::probe_nvlinks(&args.gpu)))
+        }
+    };
+    Ok(Probed { names, nvlinks })
 }
 
 /// Runs the probe as a child process of `executable` with this process's environment and
-/// returns the `CUDA_VISIBLE_DEVICES` value for workers of `gpus`.
-pub fn run_probe(executable: &std::path::Path, backend: BackendKind, gpus: &[u32]) -> Result<String, String> {
+/// returns the `CUDA_VISIBLE_DEVICES` value for workers of `gpus`, and their NVLink table if
+/// the probe gave one.
+pub fn run_probe(executable: &std::path::Path, backend: BackendKind, gpus: &[u32]) -> Result<(String, Option<String>), String> {
     let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
     let mut child = Command::new(executable)
         .arg("gpu-uuids")
@@ -149,11 +177,19 @@ pub fn run_probe(executable: &std::path::Path, backend: BackendKind, gpus: &[u32
     if !status.success() {
         return Err(err.trim().strip_prefix("flyt-rpc-server gpu-uuids: ").unwrap_or(err.trim()).to_string());
     }
-    let names: Vec<&str> = out.lines().map(str::trim).filter(|line| !line.is_empty()).collect();
-    if names.len() != gpus.len() || !names.iter().all(|name| name.starts_with("GPU-") || name.starts_with("MIG-")) {
-        return Err(format!("the GPU probe answered {out:?} for GPUs {}", list.join(",")));
+    read_probe(&out, gpus.len()).ok_or_else(|| format!("the GPU probe answered {out:?} for GPUs {}", list.join(",")))
+}
+
+/// The probe's output (`Probed::lines`) for `gpus` GPUs: the `CUDA_VISIBLE_DEVICES` value and the
+/// NVLink table, if any; `None` if it is not that.
+fn read_probe(out: &str, gpus: usize) -> Option<(String, Option<String>)> {
+    let lines = out.lines().map(str::trim).filter(|line| !line.is_empty());
+    let (tables, names): (Vec<&str>, Vec<&str>) = lines.partition(|line| line.starts_with(NVLINKS_LINE));
+    if names.len() != gpus || !names.iter().all(|name| name.starts_with("GPU-") || name.starts_with("MIG-")) || tables.len() > 1 {
+        return None;
     }
-    Ok(names.join(","))
+    let nvlinks = tables.first().map(|line| line[NVLINKS_LINE.len()..].to_string());
+    Some((names.join(","), nvlinks))
 }
 
 #[cfg(test)]
@@ -196,9 +232,23 @@ mod tests {
     }
 
     #[test]
+    fn the_probes_answer_is_read_back_whole() {
+        let probed = Probed { names: host()[..2].to_vec(), nvlinks: Some("d1,s;d0,s".into()) };
+        let out = probed.lines().join("\n") + "\n";
+        assert_eq!(read_probe(&out, 2), Some((host()[..2].join(","), Some("d1,s;d0,s".into()))));
+        let without = Probed { nvlinks: None, ..probed };
+        assert_eq!(read_probe(&without.lines().join("\n"), 2), Some((host()[..2].join(","), None)));
+        assert_eq!(read_probe(&out, 3), None, "a GPU short");
+        assert_eq!(read_probe(&format!("{out}nvlinks -;-\n"), 2), None, "two tables");
+        assert_eq!(read_probe("cuInit failed\n", 1), None);
+    }
+
+    #[test]
     fn the_emulated_probe_names_the_emulated_hosts_gpus() {
-        let names = probe(&ProbeArgs { backend: BackendKind::Emulated, gpu: vec![1, 0] }).unwrap();
-        assert_eq!(names, vec![uuid_name(b"flyt-emulated-01", false), uuid_name(b"flyt-emulated-00", false)]);
+        let probed = probe(&ProbeArgs { backend: BackendKind::Emulated, gpu: vec![1, 0] }).unwrap();
+        assert_eq!(probed.names, vec![uuid_name(b"flyt-emulated-01", false), uuid_name(b"flyt-emulated-00", false)]);
+        assert_eq!(probed.nvlinks, None, "the emulated workers know their fixed topology");
+        assert_eq!(probed.lines(), probed.names);
         assert!(probe(&ProbeArgs { backend: BackendKind::Emulated, gpu: vec![0, 0] }).unwrap_err().contains("named twice"));
         assert!(probe(&ProbeArgs { backend: BackendKind::Emulated, gpu: vec![99] }).unwrap_err().contains("does not exist"));
     }

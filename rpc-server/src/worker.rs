@@ -39,6 +39,10 @@ pub struct WorkerArgs {
     /// The UUID names those GPUs must have (`crate::visible`); unchecked when absent.
     #[arg(long, value_delimiter = ',')]
     pub gpu_uuids: Vec<String>,
+    /// Those GPUs' NVLinks as the listener's probe found them (`backend::nvlinks::encode`); when
+    /// absent, the worker asks NVML itself.
+    #[arg(long)]
+    pub nvlinks: Option<String>,
     #[arg(long)]
     pub budget_slot: usize,
     #[arg(long)]
@@ -656,7 +660,12 @@ pub fn run(args: &WorkerArgs, output: Option<Arc<crate::output::Capture>>) -> i3
         }
         BackendKind::Cuda | BackendKind::Auto => {
             let chunk = usize::try_from(args.copy_chunk).unwrap_or(4 << 20);
-            let opened = CudaDevice::open(&args.gpu, args.staging_slots, chunk)
+            let nvlinks = args.nvlinks.as_deref().and_then(|word| {
+                crate::backend::nvlinks::decode(word, args.gpu.len())
+                    .inspect_err(|reason| tracing::warn!(%reason, "asking NVML instead"))
+                    .ok()
+            });
+            let opened = CudaDevice::open(&args.gpu, args.staging_slots, chunk, nvlinks)
                 .map(|device| device.keep_allocation_addresses(args.paging.is_some()))
                 .and_then(|device| check_gpus(args, &device).map(|()| device));
             match opened {

@@ -227,8 +227,8 @@ fn jit_arrays(options: &[JitOption]) -> (Vec<c_int>, Vec<usize>) {
     options.iter().map(|option| (option.option as c_int, option.value as usize)).unzip()
 }
 
-/// A value a thread of its own works out while the worker waits for its session (pinning the
-/// staging memory, asking NVML): the worker is ready sooner, and the first use waits for it.
+/// A value a thread of its own works out (the first pinning of the staging memory; a GPU's
+/// NVLinks, where the listener's probe gave none), which a use waits for.
 struct Later<T> {
     value: Mutex<Option<T>>,
     done: Condvar,
@@ -291,8 +291,10 @@ struct StagingPool {
     slots: Vec<Slot>,
     state: Mutex<Vec<bool>>,
     freed: Condvar,
-    /// The first pinning, done after the worker is ready (`pin_later`).
+    /// The first pinning, on a thread of its own (`start_pinning`).
     pinned: Arc<Later<CudaResult<()>>>,
+    /// The contexts the first pinning makes events in, until it starts.
+    unpinned: Mutex<Option<Contexts>>,
 }
 
 /// The session's primary contexts, for the thread that pins the staging memory.
@@ -373,22 +375,28 @@ impl Drop for Staging {
 }
 
 impl StagingPool {
-    /// Slots with an event for each of `contexts` (the session's GPUs'), pinned by a thread of
-    /// their own: pinning 128 MiB took 40-80 ms of a worker's start on an H200, and a session's
-    /// first bulk copy comes after its handshake.
-    fn pin_later(slots: usize, capacity: usize, contexts: &[sys::CUcontext]) -> CudaResult<Arc<Self>> {
-        let pool = Arc::new(Self::new(slots, capacity, contexts.len())?);
-        let (pinning, contexts) = (pool.clone(), Contexts(contexts.to_vec()));
-        work_out_later("flyt-staging-pin", pool.pinned.clone(), move || {
+    /// Slots with an event for each of `contexts` (the session's GPUs'), not yet pinned: the
+    /// worker pins them (`ready`) before it calls itself ready.
+    fn unpinned(slots: usize, capacity: usize, contexts: &[sys::CUcontext]) -> CudaResult<Arc<Self>> {
+        let pool = Self::new(slots, capacity, contexts.len())?;
+        *pool.unpinned.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Contexts(contexts.to_vec()));
+        Ok(Arc::new(pool))
+    }
+
+    /// Starts the first pinning on a thread of its own, once.
+    fn start_pinning(self: &Arc<Self>) {
+        let Some(contexts) = self.unpinned.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() else { return };
+        let pinning = self.clone();
+        work_out_later("flyt-staging-pin", self.pinned.clone(), move || {
             let contexts = contexts;
             pinning.pin(&contexts.0, 0).inspect_err(|error| tracing::warn!(%error, "pinning the staging memory failed: bulk copies fail"))
         });
-        Ok(pool)
     }
 
-    /// Waits for the first pinning; its failure (logged once, as it happens) is every later
-    /// take's.
-    fn ready(&self) -> CudaResult<()> {
+    /// Waits for the first pinning (starting it if nothing did); its failure (logged once, as it
+    /// happens) is every later take's.
+    fn ready(self: &Arc<Self>) -> CudaResult<()> {
+        self.start_pinning();
         self.pinned.get().unwrap_or(Err(CudaError::MEMORY_ALLOCATION))
     }
 
@@ -405,7 +413,14 @@ impl StagingPool {
                 last: AtomicUsize::new(0),
             })
             .collect();
-        Ok(Self { memory, state: Mutex::new(vec![false; slots]), slots: made, freed: Condvar::new(), pinned: Arc::new(Later::new()) })
+        Ok(Self {
+            memory,
+            state: Mutex::new(vec![false; slots]),
+            slots: made,
+            freed: Condvar::new(),
+            pinned: Arc::new(Later::new()),
+            unpinned: Mutex::new(None),
+        })
     }
 
     /// Pins the memory and gives every slot new events, one in each of `contexts` (at start,
@@ -439,7 +454,7 @@ impl StagingPool {
 
     /// After a context reset: pins the memory again with new events. Refused while a slot is
     /// held, as its holder may still use the old event.
-    fn remake(&self, contexts: &[sys::CUcontext], current: usize) -> CudaResult<()> {
+    fn remake(self: &Arc<Self>, contexts: &[sys::CUcontext], current: usize) -> CudaResult<()> {
         self.ready()?;
         let held = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if held.iter().any(|taken| *taken) {
@@ -634,7 +649,14 @@ impl CudaDevice {
     }
 
     /// Opens GPUs `ordinals` (the first current); `Err` says in words why not (no driver, no such GPU...).
-    pub fn open(ordinals: &[u32], staging_slots: usize, copy_chunk: usize) -> Result<Self, String> {
+    /// `nvlinks`: the GPUs' NVLinks as the listener's probe found them (`probe_nvlinks`); without
+    /// them a thread of the worker asks NVML.
+    pub fn open(
+        ordinals: &[u32],
+        staging_slots: usize,
+        copy_chunk: usize,
+        nvlinks: Option<Vec<Vec<flyt_protocol::device::NvLinkEnd>>>,
+    ) -> Result<Self, String> {
         // SAFETY: probing only tries to dlopen libcuda; cudarc's other entry points panic when the
         // library is missing, so nothing else is called before this check passes.
         if !unsafe { sys::is_culib_present() } {
@@ -669,7 +691,13 @@ impl CudaDevice {
             .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let contexts: Vec<sys::CUcontext> = gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
         let contexts_ready = started.elapsed();
-        let staging = StagingPool::pin_later(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
+        let staging = StagingPool::unpinned(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
+        // Pinned before the worker is ready (40-80 ms of its start on an H200 host): pinning
+        // beside a session's first calls slowed apps that start one right after another (a
+        // child's first CUDA IPC open, H200 2026-11-29: over a Unix socket 2.0-2.4 ms when
+        // pinned before, 44-70 ms beside; a failure is logged and every bulk copy's).
+        let _ = staging.ready();
+        let pinned = started.elapsed();
         let opened = Self {
             gpus,
             current: AtomicUsize::new(0),
@@ -680,11 +708,21 @@ impl CudaDevice {
             own: std::sync::Mutex::default(),
             nvlinks: Arc::new(Later::new()),
         };
-        let addresses = opened.pci_addresses();
-        work_out_later("flyt-nvlinks", opened.nvlinks.clone(), move || super::nvlinks::session_nvlinks(&addresses));
+        match nvlinks {
+            Some(known) => opened.nvlinks.set(known),
+            None => {
+                let addresses = opened.pci_addresses();
+                work_out_later("flyt-nvlinks", opened.nvlinks.clone(), move || super::nvlinks::session_nvlinks(&addresses));
+            }
+        }
         // How long a worker takes to become ready bounds how fast back-to-back apps start.
         let ms = |elapsed: std::time::Duration| elapsed.as_micros() as f64 / 1e3;
-        tracing::info!(init_ms = ms(initialized), contexts_ms = ms(contexts_ready - initialized), "device open");
+        tracing::info!(
+            init_ms = ms(initialized),
+            contexts_ms = ms(contexts_ready - initialized),
+            staging_ms = ms(pinned - contexts_ready),
+            "device open"
+        );
         Ok(opened)
     }
 
@@ -3102,6 +3140,30 @@ unsafe extern "C" fn run_host_call_once(user_data: *mut c_void) {
     // SAFETY: the reference `launch_host_call` handed over with `Arc::into_raw`.
     let site = unsafe { Arc::from_raw(user_data.cast::<HostCallSite>()) };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| site.run()));
+}
+
+/// The NVLinks of GPUs `ordinals` (as this process's driver numbers them; after
+/// [`probe_uuid_names`] found them) as a session of those GPUs, in that order, sees them: asked of
+/// NVML once by the listener's probe, so the workers need not load it.
+pub fn probe_nvlinks(ordinals: &[u32]) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
+    use flyt_protocol::device::attr;
+    let table = driver_table();
+    let addresses: Vec<super::nvlinks::PciAddress> = ordinals
+        .iter()
+        .map(|ordinal| {
+            let device = c_int::try_from(*ordinal).ok().and_then(|ordinal| result::device::get(ordinal).ok());
+            let attribute = |id: u32| {
+                let mut value: c_int = -1;
+                if let Some(device) = device {
+                    // SAFETY: `value` is a valid out-pointer and `device` came from cuDeviceGet.
+                    let _ = unsafe { driver_call!(table, cuDeviceGetAttribute(&mut value, id as c_uint, device)) };
+                }
+                value
+            };
+            super::nvlinks::pci_address(attribute(attr::PCI_DOMAIN_ID), attribute(attr::PCI_BUS_ID), attribute(attr::PCI_DEVICE_ID))
+        })
+        .collect();
+    super::nvlinks::session_nvlinks(&addresses)
 }
 
 /// The UUID names (`GPU-...`, or `MIG-...` for a MIG instance) of GPUs `ordinals` as this
