@@ -133,9 +133,7 @@ pub fn probe(args: &ProbeArgs) -> Result<Probed, String> {
     let nvlinks = match args.backend {
         // The emulated device's topology is fixed; its workers know it.
         BackendKind::Emulated => None,
-        BackendKind::Cuda | BackendKind::Auto => {
-            Some(crate::backend::nvlinks::encode(&crate::backend::cuda::probe_nvlinks(&args.gpu)))
-        }
+        BackendKind::Cuda | BackendKind::Auto => Some(crate::backend::nvlinks::encode(&crate::backend::cuda::probe_nvlinks(&args.gpu))),
     };
     Ok(Probed { names, nvlinks })
 }
