@@ -227,8 +227,8 @@ fn jit_arrays(options: &[JitOption]) -> (Vec<c_int>, Vec<usize>) {
     options.iter().map(|option| (option.option as c_int, option.value as usize)).unzip()
 }
 
-/// A value a thread of its own works out (the first pinning of the staging memory; a GPU's
-/// NVLinks, where the listener's probe gave none), which a use waits for.
+/// A value a thread of its own works out (the GPUs' NVLinks, where the listener's probe gave
+/// none), which a use waits for.
 struct Later<T> {
     value: Mutex<Option<T>>,
     done: Condvar,
@@ -291,17 +291,9 @@ struct StagingPool {
     slots: Vec<Slot>,
     state: Mutex<Vec<bool>>,
     freed: Condvar,
-    /// The first pinning, on a thread of its own (`start_pinning`).
-    pinned: Arc<Later<CudaResult<()>>>,
-    /// The contexts the first pinning makes events in, until it starts.
-    unpinned: Mutex<Option<Contexts>>,
+    /// The first pinning's outcome: its failure (logged once, as it happens) is every take's.
+    pinned: CudaResult<()>,
 }
-
-/// The session's primary contexts, for the thread that pins the staging memory.
-struct Contexts(Vec<sys::CUcontext>);
-
-// SAFETY: primary contexts, retained for the process's life; any thread may make one current.
-unsafe impl Send for Contexts {}
 
 struct Slot {
     ptr: *mut u8,
@@ -375,29 +367,19 @@ impl Drop for Staging {
 }
 
 impl StagingPool {
-    /// Slots with an event for each of `contexts` (the session's GPUs'), not yet pinned: the
-    /// worker pins them (`ready`) before it calls itself ready.
-    fn unpinned(slots: usize, capacity: usize, contexts: &[sys::CUcontext]) -> CudaResult<Arc<Self>> {
-        let pool = Self::new(slots, capacity, contexts.len())?;
-        *pool.unpinned.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Contexts(contexts.to_vec()));
+    /// Slots with an event for each of `contexts` (the session's GPUs'), pinned before the worker
+    /// calls itself ready (40-80 ms of its start on an H200 host): pinned beside a session's
+    /// first calls, they slowed apps started one right after another (a child's first CUDA IPC
+    /// open over a Unix socket, H200 2026-11-29: 1.9-2.4 ms pinned before, 44-70 ms beside).
+    fn pinned(slots: usize, capacity: usize, contexts: &[sys::CUcontext]) -> CudaResult<Arc<Self>> {
+        let mut pool = Self::new(slots, capacity, contexts.len())?;
+        pool.pinned =
+            pool.pin(contexts, 0).inspect_err(|error| tracing::warn!(%error, "pinning the staging memory failed: bulk copies fail"));
         Ok(Arc::new(pool))
     }
 
-    /// Starts the first pinning on a thread of its own, once.
-    fn start_pinning(self: &Arc<Self>) {
-        let Some(contexts) = self.unpinned.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() else { return };
-        let pinning = self.clone();
-        work_out_later("flyt-staging-pin", self.pinned.clone(), move || {
-            let contexts = contexts;
-            pinning.pin(&contexts.0, 0).inspect_err(|error| tracing::warn!(%error, "pinning the staging memory failed: bulk copies fail"))
-        });
-    }
-
-    /// Waits for the first pinning (starting it if nothing did); its failure (logged once, as it
-    /// happens) is every later take's.
-    fn ready(self: &Arc<Self>) -> CudaResult<()> {
-        self.start_pinning();
-        self.pinned.get().unwrap_or(Err(CudaError::MEMORY_ALLOCATION))
+    fn ready(&self) -> CudaResult<()> {
+        self.pinned
     }
 
     /// The slots, not yet pinned, with room for an event in each of `gpus` contexts.
@@ -413,14 +395,7 @@ impl StagingPool {
                 last: AtomicUsize::new(0),
             })
             .collect();
-        Ok(Self {
-            memory,
-            state: Mutex::new(vec![false; slots]),
-            slots: made,
-            freed: Condvar::new(),
-            pinned: Arc::new(Later::new()),
-            unpinned: Mutex::new(None),
-        })
+        Ok(Self { memory, state: Mutex::new(vec![false; slots]), slots: made, freed: Condvar::new(), pinned: Ok(()) })
     }
 
     /// Pins the memory and gives every slot new events, one in each of `contexts` (at start,
@@ -454,7 +429,7 @@ impl StagingPool {
 
     /// After a context reset: pins the memory again with new events. Refused while a slot is
     /// held, as its holder may still use the old event.
-    fn remake(self: &Arc<Self>, contexts: &[sys::CUcontext], current: usize) -> CudaResult<()> {
+    fn remake(&self, contexts: &[sys::CUcontext], current: usize) -> CudaResult<()> {
         self.ready()?;
         let held = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if held.iter().any(|taken| *taken) {
@@ -691,12 +666,7 @@ impl CudaDevice {
             .map_err(|error| format!("cuCtxSetCurrent: {error}"))?;
         let contexts: Vec<sys::CUcontext> = gpus.iter().map(|gpu| gpu.context.load(Ordering::Acquire)).collect();
         let contexts_ready = started.elapsed();
-        let staging = StagingPool::unpinned(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
-        // Pinned before the worker is ready (40-80 ms of its start on an H200 host): pinning
-        // beside a session's first calls slowed apps that start one right after another (a
-        // child's first CUDA IPC open, H200 2026-11-29: over a Unix socket 2.0-2.4 ms when
-        // pinned before, 44-70 ms beside; a failure is logged and every bulk copy's).
-        let _ = staging.ready();
+        let staging = StagingPool::pinned(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
         let pinned = started.elapsed();
         let opened = Self {
             gpus,
