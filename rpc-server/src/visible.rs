@@ -87,7 +87,6 @@ pub fn check_uuids(expected: &[String], found: &[[u8; 16]]) -> Result<(), String
     Ok(())
 }
 
-/// What the probe prints: the UUID name of each of `args.gpu`, one a line.
 /// What the probe found: the GPUs' UUID names and, with a real driver, their NVLinks
 /// (`backend::nvlinks::encode`), which the listener hands its workers.
 #[derive(Debug)]
@@ -108,6 +107,7 @@ impl Probed {
     }
 }
 
+/// What the probe prints (`Probed::lines`): the UUID name of each of `args.gpu`, and their NVLinks.
 pub fn probe(args: &ProbeArgs) -> Result<Probed, String> {
     let names = match args.backend {
         // The emulated host's GPUs are not the machine's: the listener's own CUDA_VISIBLE_DEVICES

@@ -227,59 +227,6 @@ fn jit_arrays(options: &[JitOption]) -> (Vec<c_int>, Vec<usize>) {
     options.iter().map(|option| (option.option as c_int, option.value as usize)).unzip()
 }
 
-/// A value a thread of its own works out (the GPUs' NVLinks, where the listener's probe gave
-/// none), which a use waits for.
-struct Later<T> {
-    value: Mutex<Option<T>>,
-    done: Condvar,
-}
-
-/// Longest a first use waits for a [`Later`] value (pinning 128 MiB takes tens of milliseconds).
-const LATER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-
-impl<T: Clone> Later<T> {
-    fn new() -> Self {
-        Self { value: Mutex::new(None), done: Condvar::new() }
-    }
-
-    fn set(&self, value: T) {
-        *self.value.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(value);
-        self.done.notify_all();
-    }
-
-    /// The value, once worked out; `None` if it took longer than [`LATER_WAIT`].
-    fn get(&self) -> Option<T> {
-        let deadline = std::time::Instant::now() + LATER_WAIT;
-        let mut value = self.value.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        loop {
-            if let Some(value) = &*value {
-                return Some(value.clone());
-            }
-            let left = deadline.checked_duration_since(std::time::Instant::now())?;
-            value = self.done.wait_timeout(value, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
-        }
-    }
-}
-
-/// Runs `work` on a thread named `name` and sets `later` to what it gives (here and now, if no
-/// thread can be had).
-fn work_out_later<T: Clone + Send + 'static>(name: &str, later: Arc<Later<T>>, work: impl FnOnce() -> T + Send + 'static) {
-    let job = Arc::new(Mutex::new(Some(work)));
-    let run = {
-        let (job, later) = (job.clone(), later.clone());
-        move || {
-            if let Some(work) = job.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
-                later.set(work());
-            }
-        }
-    };
-    if std::thread::Builder::new().name(name.into()).spawn(run).is_err()
-        && let Some(work) = job.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
-    {
-        later.set(work());
-    }
-}
-
 /// Pinned staging buffers: host-to-device chunks are read from the socket straight into one,
 /// device-to-host chunks are copied into one and sent from it. A slot is reusable once its
 /// event has fired and nobody holds it. The memory is the pool's own, pinned with
@@ -511,7 +458,7 @@ pub struct CudaDevice {
     /// Each GPU's NVLinks, asked of NVML once, by a thread of its own as the device opens: a warm
     /// worker has them before its session (loading and starting NVML took tens of milliseconds
     /// of a session's first call on an H200, then 14-20 ms of a worker's start).
-    nvlinks: Arc<Later<Vec<Vec<flyt_protocol::device::NvLinkEnd>>>>,
+    nvlinks: Vec<Vec<flyt_protocol::device::NvLinkEnd>>,
 }
 
 // SAFETY: `context` is the device's primary context, which any thread may make current; the
@@ -625,7 +572,7 @@ impl CudaDevice {
 
     /// Opens GPUs `ordinals` (the first current); `Err` says in words why not (no driver, no such GPU...).
     /// `nvlinks`: the GPUs' NVLinks as the listener's probe found them (`probe_nvlinks`); without
-    /// them a thread of the worker asks NVML.
+    /// them the worker asks NVML itself.
     pub fn open(
         ordinals: &[u32],
         staging_slots: usize,
@@ -668,6 +615,8 @@ impl CudaDevice {
         let contexts_ready = started.elapsed();
         let staging = StagingPool::pinned(staging_slots, copy_chunk, &contexts).map_err(|error| format!("pinned staging: {error}"))?;
         let pinned = started.elapsed();
+        let nvlinks = nvlinks
+            .unwrap_or_else(|| super::nvlinks::session_nvlinks(&gpus.iter().map(|gpu| pci_address_of(gpu.device)).collect::<Vec<_>>()));
         let opened = Self {
             gpus,
             current: AtomicUsize::new(0),
@@ -676,15 +625,8 @@ impl CudaDevice {
             restored: std::sync::Mutex::default(),
             keep_addresses: false,
             own: std::sync::Mutex::default(),
-            nvlinks: Arc::new(Later::new()),
+            nvlinks,
         };
-        match nvlinks {
-            Some(known) => opened.nvlinks.set(known),
-            None => {
-                let addresses = opened.pci_addresses();
-                work_out_later("flyt-nvlinks", opened.nvlinks.clone(), move || super::nvlinks::session_nvlinks(&addresses));
-            }
-        }
         // How long a worker takes to become ready bounds how fast back-to-back apps start.
         let ms = |elapsed: std::time::Duration| elapsed.as_micros() as f64 / 1e3;
         tracing::info!(
@@ -694,16 +636,6 @@ impl CudaDevice {
             "device open"
         );
         Ok(opened)
-    }
-
-    /// Each GPU's PCI address, by which NVML knows it.
-    fn pci_addresses(&self) -> Vec<super::nvlinks::PciAddress> {
-        use flyt_protocol::device::attr;
-        let address = |gpu: &Gpu| {
-            let attribute = |id| self.attribute_of(gpu.device, id).unwrap_or(-1);
-            super::nvlinks::pci_address(attribute(attr::PCI_DOMAIN_ID), attribute(attr::PCI_BUS_ID), attribute(attr::PCI_DEVICE_ID))
-        };
-        self.gpus.iter().map(address).collect()
     }
 
     /// The current GPU.
@@ -834,8 +766,7 @@ impl Device for CudaDevice {
     }
 
     fn nvlinks(&self) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
-        // No answer in time: the session sees no NVLinks, as where NVML is missing.
-        self.nvlinks.get().unwrap_or_default()
+        self.nvlinks.clone()
     }
 
     fn stream_device(&self, stream: Self::Stream) -> usize {
@@ -3112,25 +3043,28 @@ unsafe extern "C" fn run_host_call_once(user_data: *mut c_void) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| site.run()));
 }
 
+/// A GPU's PCI address, by which NVML knows it.
+fn pci_address_of(device: sys::CUdevice) -> super::nvlinks::PciAddress {
+    use flyt_protocol::device::attr;
+    let attribute = |id: u32| {
+        let mut value: c_int = -1;
+        // SAFETY: `value` is a valid out-pointer and `device` came from cuDeviceGet; an unknown
+        // attribute is an error code (the address then reads 0 there).
+        let _ = unsafe { driver_call!(driver_table(), cuDeviceGetAttribute(&mut value, id as c_uint, device)) };
+        value
+    };
+    super::nvlinks::pci_address(attribute(attr::PCI_DOMAIN_ID), attribute(attr::PCI_BUS_ID), attribute(attr::PCI_DEVICE_ID))
+}
+
 /// The NVLinks of GPUs `ordinals` (as this process's driver numbers them; after
 /// [`probe_uuid_names`] found them) as a session of those GPUs, in that order, sees them: asked of
 /// NVML once by the listener's probe, so the workers need not load it.
 pub fn probe_nvlinks(ordinals: &[u32]) -> Vec<Vec<flyt_protocol::device::NvLinkEnd>> {
-    use flyt_protocol::device::attr;
-    let table = driver_table();
     let addresses: Vec<super::nvlinks::PciAddress> = ordinals
         .iter()
-        .map(|ordinal| {
-            let device = c_int::try_from(*ordinal).ok().and_then(|ordinal| result::device::get(ordinal).ok());
-            let attribute = |id: u32| {
-                let mut value: c_int = -1;
-                if let Some(device) = device {
-                    // SAFETY: `value` is a valid out-pointer and `device` came from cuDeviceGet.
-                    let _ = unsafe { driver_call!(table, cuDeviceGetAttribute(&mut value, id as c_uint, device)) };
-                }
-                value
-            };
-            super::nvlinks::pci_address(attribute(attr::PCI_DOMAIN_ID), attribute(attr::PCI_BUS_ID), attribute(attr::PCI_DEVICE_ID))
+        .map(|ordinal| match c_int::try_from(*ordinal).ok().and_then(|ordinal| result::device::get(ordinal).ok()) {
+            Some(device) => pci_address_of(device),
+            None => super::nvlinks::pci_address(-1, -1, -1),
         })
         .collect();
     super::nvlinks::session_nvlinks(&addresses)
