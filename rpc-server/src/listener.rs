@@ -366,7 +366,9 @@ impl Server {
         }
     }
 
-    /// Takes a warm worker, starting more as needed; `Err` explains why none is available.
+    /// Takes a warm worker, starting one when none is ready or starting; `Err` explains why none
+    /// is available. The caller calls `refill` once the worker has its work: spawning the
+    /// replacement (fork and exec, a fraction of a millisecond) is no part of a session's handshake.
     fn take_warm(self: &Arc<Self>, timeout: Duration) -> Result<WarmWorker, String> {
         let asked = Instant::now();
         let deadline = asked + timeout;
@@ -380,7 +382,6 @@ impl Server {
                     // (`--warm-workers`) take this wait away.
                     tracing::info!(waited_ms = asked.elapsed().as_millis() as u64, "a session waited for a worker to open its device");
                 }
-                self.refill();
                 return Ok(worker);
             }
             waited = true;
@@ -514,7 +515,10 @@ impl Server {
         };
         let worker = match worker {
             Ok(worker) => worker,
-            Err(reason) => return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, reason),
+            Err(reason) => {
+                self.refill();
+                return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, reason);
+            }
         };
         let _ = connection.set_read_timeout(None);
         let session_id = self.next_session.fetch_add(1, Ordering::AcqRel);
@@ -528,7 +532,9 @@ impl Server {
         lock(&self.sessions).insert(session_id, record);
         if let Err(error) = send_command_with(&worker.channel, &command, &connection) {
             lock(&self.sessions).remove(&session_id);
-            return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, format!("worker unavailable: {error}"));
+            Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, format!("worker unavailable: {error}"));
+            self.refill();
+            return;
         }
         tracing::info!(
             "session {session_id} opened: program={} pid={} host={} transport={} peer={peer} worker={}",
@@ -544,6 +550,8 @@ impl Server {
             },
             worker.pid
         );
+        // The session is the worker's now: its replacement starts while the two talk.
+        self.refill();
     }
 
     /// Hands a data connection (`flyt_protocol::stripes`) to the worker of the session it names,
@@ -605,6 +613,7 @@ impl Server {
     /// Restores the snapshot at `path` into a warm worker, which then waits for its app.
     fn restore_into_worker(self: &Arc<Self>, path: &std::path::Path) -> Result<WarmWorker, String> {
         let worker = self.take_warm(Duration::from_secs(60)).map_err(|reason| format!("no GPU worker: {reason}"))?;
+        self.refill();
         let command = ToWorker::Restore { path: path.display().to_string() };
         match self.ask_worker(worker.pid, &worker.channel, &command, RESTORE_TIMEOUT) {
             Ok(FromWorker::Restored(Ok(()))) => {
@@ -992,6 +1001,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         Err(reason) => bail!("cannot open the device: {reason}"),
     };
     lock(&server.warm).push_front(first);
+    server.refill();
 
     let mut announced = Vec::new();
     for address in &server.args.listen {
