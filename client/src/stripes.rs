@@ -737,7 +737,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
             Ok(_) => return None,
             Err(error) => return Some(Err(error)),
         };
-        for (number, (offset, piece)) in chunks(len, chunk).enumerate() {
+        for (number, (offset, piece)) in chunks(len, chunk, set.senders.len()).into_iter().enumerate() {
             // SAFETY: inside the app's `len`-byte source (this function's contract).
             let ptr = unsafe { src.add(offset as usize) };
             let outgoing = Outgoing { header: ChunkHeader::raw(transfer, offset, piece), ptr, compress, done: progress.clone() };
@@ -755,7 +755,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     while state.0 < queued {
         state = progress.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
-    let failed = state.1.is_some() || queued < chunks(len, chunk).count();
+    let failed = state.1.is_some() || queued < chunks(len, chunk, set.senders.len()).len();
     drop(state);
     // Written is not landed: a cut can lose what sat in a socket's buffers, so the server's
     // reply (sent once every chunk landed, or the copy failed) decides.

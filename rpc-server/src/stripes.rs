@@ -335,7 +335,7 @@ impl<D: Device> Stripes<D> {
                 }
             }
         };
-        for (number, (offset, piece)) in chunks(len, chunk).enumerate() {
+        for (number, (offset, piece)) in chunks(len, chunk, count).into_iter().enumerate() {
             let index = number % count;
             if in_flight.len() >= window {
                 let oldest = in_flight.pop_front().unwrap_or(index);

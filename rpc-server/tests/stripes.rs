@@ -37,7 +37,7 @@ fn pattern(len: u64, seed: u8) -> Vec<u8> {
 
 /// Writes a copy's chunks round-robin over `links`, as a client does.
 fn send_chunks(links: &mut [UnixStream], transfer: u64, bytes: &[u8]) {
-    for (number, (offset, len)) in chunks(bytes.len() as u64, CHUNK).enumerate() {
+    for (number, (offset, len)) in chunks(bytes.len() as u64, CHUNK, links.len()).into_iter().enumerate() {
         let link = &mut links[number % links.len()];
         link.write_all(&ChunkHeader::raw(transfer, offset, len).encode()).unwrap();
         link.write_all(&bytes[offset as usize..(offset + len) as usize]).unwrap();
@@ -47,7 +47,7 @@ fn send_chunks(links: &mut [UnixStream], transfer: u64, bytes: &[u8]) {
 /// Reads a device-to-host copy's chunks off `links` in their round-robin order.
 fn receive_chunks(links: &mut [UnixStream], transfer: u64, len: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; len as usize];
-    for (number, (offset, piece)) in chunks(len, CHUNK).enumerate() {
+    for (number, (offset, piece)) in chunks(len, CHUNK, links.len()).into_iter().enumerate() {
         let link = &mut links[number % links.len()];
         let mut header = [0u8; CHUNK_HEADER_LEN];
         link.read_exact(&mut header).unwrap();
@@ -195,7 +195,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     let len = weights.len() as u64;
     let mut saved = 0;
     let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len, stream: 0, transfer: 1, chunk: CHUNK }.into(), &[]);
-    for (number, (offset, piece)) in chunks(len, CHUNK).enumerate() {
+    for (number, (offset, piece)) in chunks(len, CHUNK, 2).into_iter().enumerate() {
         let block = lz4_flex::block::compress(&weights[offset as usize..(offset + piece) as usize]);
         assert!((block.len() as u64) < piece);
         saved += piece - block.len() as u64;
@@ -210,7 +210,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     let mut back = vec![0u8; len as usize];
     let seq = session
         .send(&req::MemcpyDtoHStriped { src: ptr, len, stream: 0, transfer: 2, chunk: CHUNK, blocking: true, compress: true }.into(), &[]);
-    for (number, (offset, piece)) in chunks(len, CHUNK).enumerate() {
+    for (number, (offset, piece)) in chunks(len, CHUNK, 2).into_iter().enumerate() {
         let link = &mut links[number % 2];
         let mut header = [0u8; CHUNK_HEADER_LEN];
         link.read_exact(&mut header).unwrap();
@@ -259,7 +259,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     let mut compressor = flyt_protocol::stripes::Compressor::default();
     let bf16_len = bf16.len() as u64;
     let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bf16_len, stream: 0, transfer: 5, chunk: CHUNK }.into(), &[]);
-    for (number, (offset, piece)) in chunks(bf16_len, CHUNK).enumerate() {
+    for (number, (offset, piece)) in chunks(bf16_len, CHUNK, 2).into_iter().enumerate() {
         let (block, flags) = compressor.compress(&bf16[offset as usize..(offset + piece) as usize]).expect("bf16-like bytes shrink");
         assert_eq!(flags, flyt_protocol::stripes::FLOAT_PLANES);
         saved += piece - block.len() as u64;
@@ -275,7 +275,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
         &[],
     );
     let mut back = vec![0u8; bf16.len()];
-    for (number, (offset, piece)) in chunks(bf16_len, CHUNK).enumerate() {
+    for (number, (offset, piece)) in chunks(bf16_len, CHUNK, 2).into_iter().enumerate() {
         let link = &mut links[number % 2];
         let mut header = [0u8; CHUNK_HEADER_LEN];
         link.read_exact(&mut header).unwrap();
