@@ -4,7 +4,7 @@
  *        (the shape of a synchronous H2D cudaMemcpy)
  *   s2c  the client asks for BYTES and reads them (the shape of a synchronous D2H cudaMemcpy)
  * The client side (the app) sends from / receives into a buffer of the full size, touched beforehand; the
- * server side reuses one 1 MiB buffer (as a server would stage into pinned chunks). TCP_NODELAY is set.
+ * server side reuses one 1 MiB buffer (RAW_STREAM_SERVER_BUFFER: a larger one). TCP_NODELAY is set.
  *
  *   raw_stream server tcp HOST:PORT | unix PATH      listen; prints "raw_stream listening on ..." and serves
  *   raw_stream client tcp HOST:PORT | unix PATH BYTES[,BYTES...] RUNS [CONNS]
@@ -138,30 +138,45 @@ struct served {
     int is_tcp;
 };
 
+/* The server side's buffer per connection: one 1 MiB chunk by default (it stays in the CPU's
+ * cache); RAW_STREAM_SERVER_BUFFER=BYTES (a multiple of 1 MiB) makes it that large, walked chunk by
+ * chunk, as a server landing bytes in staging memory for a device walks its slots. */
+static size_t server_buffer_len(void) {
+    const char *text = getenv("RAW_STREAM_SERVER_BUFFER");
+    size_t len = text ? strtoull(text, NULL, 10) / CHUNK * CHUNK : 0;
+    return len > CHUNK ? len : CHUNK;
+}
+
 static void *serve_connection(void *arg) {
     struct served *c = arg;
     int fd = c->fd;
-    char *buf = malloc(CHUNK);
+    size_t len = server_buffer_len(), at = 0;
+    char *buf = malloc(len);
     if (!buf) die("malloc");
-    memset(buf, 0x5a, CHUNK);
+    memset(buf, 0x5a, len);
     nodelay(fd, c->is_tcp);
     struct req q;
     while (read_all(fd, &q, sizeof q) && q.op != 0) {
         uint64_t left = q.bytes;
         if (q.op == 1) {
+            size_t filled = 0;
             while (left) {
-                size_t n = left < CHUNK ? (size_t)left : CHUNK;
-                ssize_t r = read(fd, buf, n);
+                size_t n = CHUNK - filled;
+                if (n > left) n = (size_t)left;
+                ssize_t r = read(fd, buf + at + filled, n);
                 if (r < 0 && errno == EINTR) continue;
                 if (r <= 0) die("read");
                 left -= (uint64_t)r;
+                filled += (size_t)r;
+                if (filled == CHUNK) filled = 0, at = (at + CHUNK) % len;
             }
             char ack = 1;
             write_all(fd, &ack, 1);
         } else {
             while (left) {
                 size_t n = left < CHUNK ? (size_t)left : CHUNK;
-                write_all(fd, buf, n);
+                write_all(fd, buf + at, n);
+                at = (at + CHUNK) % len;
                 left -= n;
             }
         }
