@@ -15,10 +15,10 @@
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
@@ -74,6 +74,31 @@ struct Link<D: Device> {
     jobs: Sender<Job<D>>,
     done: Receiver<Done<D>>,
     socket: Connection,
+    timing: Arc<LinkTiming>,
+}
+
+/// `FLYT_RPC_STRIPE_TRACE=1`: each striped copy logs where its time went (the dealing thread
+/// waiting for the links, taking staging, queueing device copies; each link's threads busy and
+/// idle), to find what holds a copy under the link's speed.
+fn tracing_copies() -> bool {
+    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var("FLYT_RPC_STRIPE_TRACE").is_ok_and(|value| value == "1"))
+}
+
+/// A link's time since the last traced copy, in nanoseconds (counted only while tracing).
+#[derive(Default)]
+struct LinkTiming {
+    /// Its first thread waiting for a job.
+    idle: AtomicU64,
+    /// Its first thread running jobs (reading chunks, waiting for device copies, coding).
+    working: AtomicU64,
+    /// Its second thread decoding and writing.
+    finishing: AtomicU64,
+}
+
+/// Adds the time since `since` to `counter`.
+fn count_since(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
 /// A session's data connections.
@@ -180,15 +205,21 @@ impl<D: Device> Stripes<D> {
         let (jobs, job_queue) = channel();
         let (done_sender, done) = channel();
         let (device, closing, stats) = (self.device.clone(), self.closing.clone(), self.stats.clone());
+        let timing = Arc::new(LinkTiming::default());
+        let link_timing = timing.clone();
         std::thread::Builder::new()
             .name(format!("flyt-stripe-{index}"))
-            .spawn(move || serve_link(&*device, reader, writer, &job_queue, &done_sender, &closing, stats.as_deref()))
+            .spawn(move || {
+                let ends =
+                    LinkEnds { jobs: &job_queue, done: &done_sender, closing: &closing, stats: stats.as_deref(), timing: &link_timing };
+                serve_link(&*device, reader, writer, ends);
+            })
             .map_err(|error| error.to_string())?;
         write_value(&mut answer, 0, &StripeReply::Joined).map_err(|error| error.to_string())?;
         if links.len() <= index {
             links.resize_with(index + 1, || None);
         }
-        links[index] = Some(Link { jobs, done, socket });
+        links[index] = Some(Link { jobs, done, socket, timing });
         Ok(())
     }
 
@@ -272,7 +303,7 @@ impl<D: Device> Stripes<D> {
                 }
             }
         };
-        let dealing = Dealing { len, chunk, count, window: self.window(count) };
+        let dealing = Dealing { len, chunk, count, window: self.window(count), way: "host to device" };
         Self::deal(links, dealing, refused.map_or(Ok(()), Err), job, landed)
     }
 
@@ -300,7 +331,7 @@ impl<D: Device> Stripes<D> {
                 }
             }
         };
-        let dealing = Dealing { len, chunk, count, window: Self::send_window(count) };
+        let dealing = Dealing { len, chunk, count, window: Self::send_window(count), way: "device to host" };
         Self::deal(links, dealing, Ok(()), job, |_, _| {})
     }
 
@@ -309,16 +340,23 @@ impl<D: Device> Stripes<D> {
     /// link that fails (`DEVICES_UNAVAILABLE`) or ends closes them all: striping ends.
     fn deal(
         mut links: std::sync::MutexGuard<'_, Vec<Option<Link<D>>>>,
-        Dealing { len, chunk, count, window }: Dealing,
+        Dealing { len, chunk, count, window, way }: Dealing,
         mut outcome: CudaResult<()>,
         mut job: impl FnMut(u64, u64, &mut CudaResult<()>) -> Option<Job<D>>,
         mut landed: impl FnMut(Done<D>, &mut CudaResult<()>),
     ) -> CudaResult<()> {
         let mut in_flight = std::collections::VecDeque::new();
         let mut broken = None;
+        let trace = tracing_copies().then(|| (Instant::now(), DealTiming::default()));
+        let timing = trace.as_ref().map(|(_, timing)| timing);
         let mut finish = |index: usize, links: &[Option<Link<D>>], outcome: &mut CudaResult<()>, broken: &mut Option<String>| {
             let Some(link) = &links[index] else { return };
-            match link.done.recv() {
+            let asked = Instant::now();
+            let answer = link.done.recv();
+            if let Some(timing) = timing {
+                count_since(&timing.waiting, asked);
+            }
+            match answer {
                 Ok(Done::Failed(error, reason)) => {
                     *outcome = outcome.and(Err(error));
                     if error == CudaError::DEVICES_UNAVAILABLE {
@@ -327,7 +365,13 @@ impl<D: Device> Stripes<D> {
                         Self::shut_down(links);
                     }
                 }
-                Ok(done) => landed(done, outcome),
+                Ok(done) => {
+                    let started = Instant::now();
+                    landed(done, outcome);
+                    if let Some(timing) = timing {
+                        count_since(&timing.landing, started);
+                    }
+                }
                 Err(_) => {
                     *outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
                     broken.get_or_insert_with(|| "a data connection's thread ended".into());
@@ -344,7 +388,12 @@ impl<D: Device> Stripes<D> {
             if broken.is_some() {
                 break;
             }
-            let Some(job) = job(offset, piece, &mut outcome) else { break };
+            let started = Instant::now();
+            let made = job(offset, piece, &mut outcome);
+            if let Some((_, timing)) = &trace {
+                count_since(&timing.making, started);
+            }
+            let Some(job) = made else { break };
             let Some(link) = &links[index] else { break };
             if link.jobs.send(job).is_err() {
                 outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
@@ -355,6 +404,9 @@ impl<D: Device> Stripes<D> {
         }
         for index in in_flight {
             finish(index, &links, &mut outcome, &mut broken);
+        }
+        if let Some((started, timing)) = &trace {
+            timing.log(way, len, count, *started, &links);
         }
         if let Some(reason) = broken {
             Self::break_all(&mut links, &reason);
@@ -369,6 +421,40 @@ struct Dealing {
     chunk: u64,
     count: usize,
     window: usize,
+    way: &'static str,
+}
+
+/// The dealing thread's time in one traced copy, in nanoseconds.
+#[derive(Default)]
+struct DealTiming {
+    /// Waiting for the links' answers, in order.
+    waiting: AtomicU64,
+    /// Queueing the device copies of chunks that landed.
+    landing: AtomicU64,
+    /// Making jobs: taking staging (which waits for its last device copy), queueing device copies.
+    making: AtomicU64,
+}
+
+impl DealTiming {
+    fn log<D: Device>(&self, way: &str, len: u64, count: usize, started: Instant, links: &[Option<Link<D>>]) {
+        let micros = |counter: &AtomicU64| counter.swap(0, Ordering::Relaxed) / 1000;
+        let per_link = |pick: fn(&LinkTiming) -> &AtomicU64| {
+            links.iter().flatten().map(|link| micros(pick(&link.timing)).to_string()).collect::<Vec<_>>().join(",")
+        };
+        tracing::info!(
+            way,
+            len,
+            connections = count,
+            total_us = started.elapsed().as_micros() as u64,
+            waiting_for_links_us = micros(&self.waiting),
+            queueing_landed_us = micros(&self.landing),
+            making_jobs_us = micros(&self.making),
+            links_working_us = %per_link(|timing| &timing.working),
+            links_idle_us = %per_link(|timing| &timing.idle),
+            links_finishing_us = %per_link(|timing| &timing.finishing),
+            "striped copy traced"
+        );
+    }
 }
 
 impl<D: Device> Drop for Stripes<D> {
@@ -401,21 +487,25 @@ enum Payload<D: Device> {
 /// stop its connection (flow control), one that stopped writing to compress would leave it idle,
 /// and connections moving in step would leave the link idle while they all work. After a failure
 /// the rest are refused (the session thread then ends striping).
-fn serve_link<D: Device>(
-    device: &D,
-    mut reader: Connection,
-    writer: Connection,
-    jobs: &Receiver<Job<D>>,
-    done: &Sender<Done<D>>,
-    closing: &AtomicBool,
-    stats: Option<&crate::stats::SlotStats>,
-) {
+/// What a link's threads share with the session: its jobs in, its answers out, whether the
+/// session is closing, its statistics and its timing.
+struct LinkEnds<'a, D: Device> {
+    jobs: &'a Receiver<Job<D>>,
+    done: &'a Sender<Done<D>>,
+    closing: &'a AtomicBool,
+    stats: Option<&'a crate::stats::SlotStats>,
+    timing: &'a LinkTiming,
+}
+
+fn serve_link<D: Device>(device: &D, mut reader: Connection, writer: Connection, ends: LinkEnds<'_, D>) {
+    let LinkEnds { jobs, done, closing, stats, timing } = ends;
+    let trace = tracing_copies();
     if let Err(error) = device.bind_thread() {
         tracing::warn!(%error, "a data connection's thread could not bind the device");
     }
     let (answers, finishing) = std::sync::mpsc::sync_channel::<Answer<D>>(BLOCKS_AHEAD);
     let (return_block, spare_blocks) = block_pool();
-    let finisher = Finisher { device, writer, done, return_block: return_block.clone(), stats };
+    let finisher = Finisher { device, writer, done, return_block: return_block.clone(), stats, timing: trace.then_some(timing) };
     std::thread::scope(|scope| {
         let started = std::thread::Builder::new().name("flyt-stripe-finish".into()).spawn_scoped(scope, move || finisher.run(&finishing));
         if let Err(error) = started {
@@ -424,11 +514,18 @@ fn serve_link<D: Device>(
         }
         let mut failed: Option<String> = None;
         let mut buffers = Buffers { scratch: Vec::new(), compressor: Compressor::default(), spare_blocks, return_block };
-        while let Ok(job) = jobs.recv() {
+        loop {
+            let asked = Instant::now();
+            let Ok(job) = jobs.recv() else { break };
+            let started = Instant::now();
             let answer = match failed.clone() {
                 Some(reason) => Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason)),
                 None => run_job(device, &mut reader, job, &mut buffers, closing),
             };
+            if trace {
+                timing.idle.fetch_add(u64::try_from((started - asked).as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+                count_since(&timing.working, started);
+            }
             if let Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason)) = &answer {
                 failed.get_or_insert_with(|| reason.clone());
             }
@@ -447,6 +544,8 @@ struct Finisher<'a, D: Device> {
     done: &'a Sender<Done<D>>,
     return_block: Sender<Vec<u8>>,
     stats: Option<&'a crate::stats::SlotStats>,
+    /// Where its busy time goes while copies are traced.
+    timing: Option<&'a LinkTiming>,
 }
 
 impl<D: Device> Finisher<'_, D> {
@@ -466,8 +565,18 @@ impl<D: Device> Finisher<'_, D> {
                 Answer::Write { .. } if failed.is_some() => {
                     Done::Failed(CudaError::DEVICES_UNAVAILABLE, failed.clone().unwrap_or_default())
                 }
-                Answer::Decode { header, block, staging } => self.decode(&mut decompressor, header, block, staging),
-                Answer::Write { header, payload } => self.write(header, payload),
+                Answer::Decode { header, block, staging } => {
+                    let started = Instant::now();
+                    let decoded = self.decode(&mut decompressor, header, block, staging);
+                    self.timing.inspect(|timing| count_since(&timing.finishing, started));
+                    decoded
+                }
+                Answer::Write { header, payload } => {
+                    let started = Instant::now();
+                    let written = self.write(header, payload);
+                    self.timing.inspect(|timing| count_since(&timing.finishing, started));
+                    written
+                }
             };
             if let Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason) = &finished {
                 failed.get_or_insert_with(|| reason.clone());
