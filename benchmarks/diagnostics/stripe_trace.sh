@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Diagnostic on the GPU machine: where a striped copy's time goes. One flyt-rpc-server with
+# FLYT_RPC_STRIPE_TRACE=1; benchmarks/remote_copy.c over TCP with CONNS data connections (pinned and
+# pageable, both ways, 64 MiB and 1 GiB) and raw_stream with as many connections before and after;
+# then the medians of the server's traces per way, size and connection count: the copy's time, its
+# dealing thread waiting for the links (network-bound), queueing the landed chunks' device copies
+# and making jobs (taking staging, which waits for the slot's last device copy), and the busiest
+# and idlest link. The server's log and the programs' outputs stay in OUT.
+#   [CONNS='4 8'] [REPS=3] benchmarks/diagnostics/stripe_trace.sh DIST OUT
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+cc -std=gnu11 -O2 -I"$cuda/include" "$here/../remote_copy.c" -o "$tmp/remote_copy" -L"$dist/lib" -l:libcuda.so.1 || exit 1
+cc -O2 -pthread "$here/../raw_stream.c" -o "$tmp/raw_stream" || exit 1
+FLYT_RPC_STRIPE_TRACE=1 start_server traced --device cuda --listen 127.0.0.1:0 || exit 1
+tcp=$(grep -o '127\.0\.0\.1:[0-9]*' "$tmp/traced.out" | head -n 1)
+for conns in ${CONNS:-4 8}; do
+    for turn in before flyt after; do
+        if [ "$turn" = flyt ]; then
+            LD_LIBRARY_PATH=$dist/lib FLYT_SERVER=$tcp FLYT_SHM=off FLYT_STRIPES=$conns FLYT_STRIPE_LZ4=off \
+                timeout 300 "$tmp/remote_copy" "tcp-s$conns" "${REPS:-3}" 64M,1G >"$out/flyt-s$conns.txt" 2>&1
+        else
+            "$tmp/raw_stream" pair tcp 64M,1G "${REPS:-3}" "$conns" 2>/dev/null | grep '^{' >>"$out/raw.jsonl"
+        fi
+    done
+done
+kill "$(jobs -p)" 2>/dev/null
+wait 2>/dev/null
+cp "$tmp/traced.err" "$out/server.log"
+grep -h '^bw' "$out"/flyt-s*.txt
+python3 - "$out/raw.jsonl" "$out/server.log" <<'PY'
+import collections, json, re, statistics, sys
+raw = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    raw[(j["dir"], j["bytes"] >> 20, j["conns"])].append(j["gbps"])
+for key, values in sorted(raw.items()):
+    print("raw", *key, "GB/s:", " ".join(f"{v:.1f}" for v in values))
+rows = collections.defaultdict(list)
+for line in open(sys.argv[2]):
+    if "striped copy traced" not in line:
+        continue
+    field = dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line))
+    links = lambda name: [int(x) for x in field[name].strip('"').split(",")]
+    key = (field["way"].strip('"'), int(field["len"]) >> 20, int(field["connections"]))
+    rows[key].append([int(field["total_us"]), int(field["waiting_for_links_us"]), int(field["queueing_landed_us"]),
+                      int(field["making_jobs_us"]), max(links("links_working_us")), min(links("links_working_us")),
+                      max(links("links_idle_us")), max(links("links_finishing_us"))])
+print("way, MiB, connections | medians, us: copy, waiting for links, queueing landed, making jobs,"
+      " link working max/min, link idle max, link finishing max")
+for key, values in sorted(rows.items()):
+    print(*key, "|", *[int(statistics.median(v[i] for v in values)) for i in range(8)], f"(n={len(values)})")
+PY
