@@ -128,6 +128,8 @@ class Runner:
                 env["FLYT_SERVER"] = self.a.unix_addr
             # Same-host detection is automatic in Flyt: the socket transports must turn the channel off.
             env["FLYT_SHM"] = "on" if transport == "shm" else "off"
+        if transport != "native":
+            env.update(self.a.app_env)
         if extra:
             env.update(extra)
         return env
@@ -443,6 +445,7 @@ class Runner:
                 "budget_s": self.a.budget_s,
                 "tcp_addr": self.a.tcp_addr,
                 "unix_addr": self.a.unix_addr,
+                "app_env": [f"{name}={value}" for name, value in self.a.app_env],
             },
             "raw_stream": self.raw,
             "raw_rtt": self.rtt,
@@ -958,6 +961,8 @@ def render_md(d, rows):
                  f"; host: {meta.get('cpus', '?')} CPUs, kernel {meta.get('kernel', '?')}")
     st = meta.get("transports", {})
     lines.append("- transports: " + ", ".join(f"{t} {st.get(t, 'n/a')}" for t in TRANSPORTS))
+    if meta.get("app_env"):
+        lines.append("- the Flyt columns' apps ran with " + " ".join(f"`{pair}`" for pair in meta["app_env"]))
     problems = []
     for t in TRANSPORTS:
         for prog, r in d.runs.get(t, {}).items():
@@ -1253,6 +1258,14 @@ def load_lines_dir(path):
     return res
 
 
+def app_env_pair(text):
+    """`NAME=VALUE` of --app-env, as a pair."""
+    name, sep, value = text.partition("=")
+    if not sep or not name or not (name[0].isalpha() or name[0] == "_") or not name.replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -1272,6 +1285,8 @@ def main():
     r.add_argument("--server-log", default="", help="the server's log (stderr), to find each session's worker")
     r.add_argument("--budget-s", type=float, default=400.0, help="stop starting runs after this many seconds")
     r.add_argument("--python", default="", help="a Python with PyTorch, for the torch program (none: it is skipped)")
+    r.add_argument("--app-env", action="append", default=[], type=app_env_pair, metavar="NAME=VALUE",
+                   help="set in the Flyt columns' apps (repeatable); other FLYT_ variables are kept from them")
     p = sub.add_parser("report", help="render the results folder from saved data")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--from", dest="src", help="a results.json")

@@ -3,6 +3,7 @@
 #
 #   benchmarks/run.sh [--dist DIR] [--out DIR] [--quick] [--transports native,unix,tcp,shm]
 #                     [--programs micro,copy,...] [--budget SECONDS] [--python P] [--tls] [--build-only]
+#                     [--app-env NAME=VALUE ...]
 #
 #   --dist DIR        prebuilt Flyt: DIR/lib/libcudart.so.13 and DIR/bin/flyt-rpc-server (default: dist,
 #                     relative to the repository root)
@@ -18,6 +19,8 @@
 #   --python P        a Python with PyTorch: also run torch_bench.py (training step, batch-1 inference,
 #                     start to first result, module image bytes), twice per column
 #   --build-only      compile the programs into benchmarks/.build and stop (no GPU needed)
+#   --app-env N=V     set N=V in the Flyt columns' apps (repeatable; every other FLYT_ variable of this
+#                     shell is kept from them), for A/B runs of a client setting, e.g. FLYT_RECONNECT_MS=0
 #   --no-libraries    leave out the program that needs NVIDIA's libraries (cublas; CI's CUDA has none)
 #   --tls             the server requires TLS on TCP (certificate made with flytctl tls-init): the tcp
 #                     column is TCP under TLS (the apps get FLYT_TLS_CA)
@@ -38,6 +41,7 @@ python=
 no_libraries=0
 budget=
 build_only=0
+app_env=()
 
 usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
@@ -52,6 +56,9 @@ while [ $# -gt 0 ]; do
         --python) python=${2:?--python needs a Python with PyTorch}; shift 2 ;;
         --build-only) build_only=1; shift ;;
         --no-libraries) no_libraries=1; shift ;;
+        --app-env)
+            [[ ${2:-} == [A-Za-z_]*=* ]] || { echo "run.sh: --app-env needs NAME=VALUE" >&2; exit 2; }
+            app_env+=(--app-env "$2"); shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "run.sh: unknown argument $1" >&2; usage ;;
     esac
@@ -206,6 +213,7 @@ args=(run --build "$build" --out "$out" --dist "$dist" --transports "$transports
 [ "$quick" = 0 ] || args+=(--quick)
 [ -z "$programs" ] || args+=(--programs "$programs")
 [ -z "$python" ] || args+=(--python "$python")
+args+=("${app_env[@]}")
 # In the background with `wait`, so that a signal to this script runs the cleanup at once.
 python3 "$here/harness.py" "${args[@]}" &
 harness_pid=$!
