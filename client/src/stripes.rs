@@ -725,6 +725,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     let mut queued = 0;
     let compress = set.compress(plan);
     let chunk = plan.chunk_for(compress);
+    let pieces = chunks(len, chunk, set.senders.len());
     let started = Instant::now();
     let slot = {
         let _order = lock(&set.order);
@@ -737,7 +738,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
             Ok(_) => return None,
             Err(error) => return Some(Err(error)),
         };
-        for (number, (offset, piece)) in chunks(len, chunk, set.senders.len()).into_iter().enumerate() {
+        for (number, &(offset, piece)) in pieces.iter().enumerate() {
             // SAFETY: inside the app's `len`-byte source (this function's contract).
             let ptr = unsafe { src.add(offset as usize) };
             let outgoing = Outgoing { header: ChunkHeader::raw(transfer, offset, piece), ptr, compress, done: progress.clone() };
@@ -755,7 +756,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     while state.0 < queued {
         state = progress.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
-    let failed = state.1.is_some() || queued < chunks(len, chunk, set.senders.len()).len();
+    let failed = state.1.is_some() || queued < pieces.len();
     drop(state);
     // Written is not landed: a cut can lose what sat in a socket's buffers, so the server's
     // reply (sent once every chunk landed, or the copy failed) decides.

@@ -515,10 +515,7 @@ impl Server {
         };
         let worker = match worker {
             Ok(worker) => worker,
-            Err(reason) => {
-                self.refill();
-                return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, reason);
-            }
+            Err(reason) => return Self::refuse(&mut connection, &peer, CudaError::DEVICES_UNAVAILABLE, reason),
         };
         let _ = connection.set_read_timeout(None);
         let session_id = self.next_session.fetch_add(1, Ordering::AcqRel);

@@ -351,9 +351,9 @@ impl<D: Device> Stripes<D> {
         let timing = trace.as_ref().map(|(_, timing)| timing);
         let mut finish = |index: usize, links: &[Option<Link<D>>], outcome: &mut CudaResult<()>, broken: &mut Option<String>| {
             let Some(link) = &links[index] else { return };
-            let asked = Instant::now();
+            let asked = timing.map(|_| Instant::now());
             let answer = link.done.recv();
-            if let Some(timing) = timing {
+            if let Some((timing, asked)) = timing.zip(asked) {
                 count_since(&timing.waiting, asked);
             }
             match answer {
@@ -366,9 +366,9 @@ impl<D: Device> Stripes<D> {
                     }
                 }
                 Ok(done) => {
-                    let started = Instant::now();
+                    let started = timing.map(|_| Instant::now());
                     landed(done, outcome);
-                    if let Some(timing) = timing {
+                    if let Some((timing, started)) = timing.zip(started) {
                         count_since(&timing.landing, started);
                     }
                 }
@@ -388,9 +388,9 @@ impl<D: Device> Stripes<D> {
             if broken.is_some() {
                 break;
             }
-            let started = Instant::now();
+            let started = timing.map(|_| Instant::now());
             let made = job(offset, piece, &mut outcome);
-            if let Some((_, timing)) = &trace {
+            if let Some((timing, started)) = timing.zip(started) {
                 count_since(&timing.making, started);
             }
             let Some(job) = made else { break };
@@ -515,15 +515,17 @@ fn serve_link<D: Device>(device: &D, mut reader: Connection, writer: Connection,
         let mut failed: Option<String> = None;
         let mut buffers = Buffers { scratch: Vec::new(), compressor: Compressor::default(), spare_blocks, return_block };
         loop {
-            let asked = Instant::now();
+            let asked = trace.then(Instant::now);
             let Ok(job) = jobs.recv() else { break };
-            let started = Instant::now();
+            if let Some(asked) = asked {
+                count_since(&timing.idle, asked);
+            }
+            let started = trace.then(Instant::now);
             let answer = match failed.clone() {
                 Some(reason) => Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason)),
                 None => run_job(device, &mut reader, job, &mut buffers, closing),
             };
-            if trace {
-                timing.idle.fetch_add(u64::try_from((started - asked).as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+            if let Some(started) = started {
                 count_since(&timing.working, started);
             }
             if let Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason)) = &answer {
@@ -566,15 +568,15 @@ impl<D: Device> Finisher<'_, D> {
                     Done::Failed(CudaError::DEVICES_UNAVAILABLE, failed.clone().unwrap_or_default())
                 }
                 Answer::Decode { header, block, staging } => {
-                    let started = Instant::now();
+                    let started = self.timing.map(|timing| (timing, Instant::now()));
                     let decoded = self.decode(&mut decompressor, header, block, staging);
-                    self.timing.inspect(|timing| count_since(&timing.finishing, started));
+                    started.inspect(|(timing, at)| count_since(&timing.finishing, *at));
                     decoded
                 }
                 Answer::Write { header, payload } => {
-                    let started = Instant::now();
+                    let started = self.timing.map(|timing| (timing, Instant::now()));
                     let written = self.write(header, payload);
-                    self.timing.inspect(|timing| count_since(&timing.finishing, started));
+                    started.inspect(|(timing, at)| count_since(&timing.finishing, *at));
                     written
                 }
             };

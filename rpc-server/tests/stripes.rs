@@ -163,7 +163,9 @@ fn a_data_connection_that_breaks_mid_copy_fails_the_copy_not_the_session() {
     let bytes = pattern(4 * CHUNK, 1);
     let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: bytes.len() as u64, stream: 0, transfer: 1, chunk: CHUNK }.into(), &[]);
     // Chunk 0 arrives; data connection 1 goes away before its first chunk.
-    send_chunks(&mut links[..1], 1, &bytes[..CHUNK as usize]);
+    let (offset, len) = chunks(bytes.len() as u64, CHUNK, links.len())[0];
+    links[0].write_all(&ChunkHeader::raw(1, offset, len).encode()).unwrap();
+    links[0].write_all(&bytes[offset as usize..(offset + len) as usize]).unwrap();
     drop(links.remove(1));
     assert_eq!(htod_reply(&mut session, seq), Err(CudaError::DEVICES_UNAVAILABLE));
     session.round_trip(0x33);
@@ -297,8 +299,9 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     assert_eq!(counted, saved as f64, "{text}");
 
     // A block that decompresses to fewer bytes than its chunk: the copy fails, the session goes on.
-    // (A copy of a quarter of CHUNK is one chunk.)
-    let piece = CHUNK / 4;
+    // (A copy of one page is one chunk, over any number of links.)
+    let piece = 4096;
+    assert_eq!(chunks(piece, CHUNK, links.len()), [(0, piece)]);
     let short = lz4_flex::block::compress(&weights[..piece as usize - 1]);
     let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: piece, stream: 0, transfer: 4, chunk: CHUNK }.into(), &[]);
     links[0].write_all(&ChunkHeader { transfer: 4, offset: 0, len: piece, wire_len: short.len() as u64, flags: 0 }.encode()).unwrap();

@@ -455,9 +455,9 @@ pub struct CudaDevice {
     keep_addresses: bool,
     /// The session's allocations made so (`keep_addresses`).
     own: std::sync::Mutex<super::vmm_malloc::OwnMemory>,
-    /// Each GPU's NVLinks, asked of NVML once, by a thread of its own as the device opens: a warm
-    /// worker has them before its session (loading and starting NVML took tens of milliseconds
-    /// of a session's first call on an H200, then 14-20 ms of a worker's start).
+    /// Each GPU's NVLinks: from the listener's probe, which asks NVML once for every worker
+    /// (loading and starting NVML took 77-91 ms of a worker's start on an H200), or asked of NVML
+    /// as the device opens when the worker was started without them.
     nvlinks: Vec<Vec<flyt_protocol::device::NvLinkEnd>>,
 }
 
