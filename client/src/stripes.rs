@@ -1,18 +1,20 @@
 //! Striped bulk copies (`flyt_protocol::stripes`): over a socket, a copy of `FLYT_STRIPE_MIN`
 //! bytes or more (1 MiB) sends its request on the session's connection and its bytes in chunks
-//! round-robin over extra data connections to the same server, so one TCP stream (one core's
-//! worth of kernel copying on each side) no longer caps the copy.
+//! over extra data connections to the same server, each chunk on whichever connection is free
+//! first, so one TCP stream (one core's worth of kernel copying on each side) no longer caps the
+//! copy, nor does the slowest of the connections.
 //!
 //! - The data connections open at the first such copy (`FLYT_STRIPES` of them: default 4 over
 //!   TCP, 2 over a Unix socket; 0 turns striping off; never over the shared-memory channel), each
 //!   connected and authenticated as the session's own connection (TLS, token) and presenting the
 //!   session's secret from the handshake.
-//! - Host to device: one sender thread per data connection writes its chunks straight from the
-//!   app's buffer (compressed ones from the block its coding thread made while it wrote the one
-//!   before); the call returns at the server's reply, sent once every chunk landed (the
-//!   server reads them in the copy's order on its stream): bytes written into a socket may still
-//!   be lost with it, and the app may reuse its buffer as soon as the call returns. The request and the chunks' queueing happen under one lock, so every
-//!   data connection carries chunks in the order the server meets the requests.
+//! - Host to device: one sender thread per data connection takes the copy's next chunk when it
+//!   is free and writes it straight from the app's buffer (compressed ones from the block its
+//!   coding thread made while it wrote the one before, taken as the coder is free), then the end
+//!   of its share; the call returns at the server's reply, sent once every chunk landed: bytes
+//!   written into a socket may still be lost with it, and the app may reuse its buffer as soon
+//!   as the call returns. The request and the copy's handing to every connection happen under
+//!   one lock, so every data connection carries copies in the order the server meets the requests.
 //! - Device to host: one reader thread per data connection reads chunks straight into the app's
 //!   buffer by the copy they name (a compressed chunk is decoded there by the connection's
 //!   decoding thread while the reader reads on); the call returns once the reply and every byte
@@ -33,7 +35,7 @@
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -260,19 +262,41 @@ fn choose_compressed(raw: u64, compressed: u64, ceiling: u64, probe: bool) -> bo
     }
 }
 
-/// A chunk for a sender thread to write: from the app's buffer, which the calling thread keeps
-/// valid until every chunk of its copy is answered.
+/// A host-to-device copy for the data connections: its chunks, each taken by the first connection
+/// free, from the app's buffer, which the calling thread keeps valid until every chunk of the
+/// copy and every connection's end of share is answered.
 struct Outgoing {
-    header: ChunkHeader,
-    ptr: *const u8,
+    transfer: u64,
+    src: *const u8,
+    pieces: Vec<(u64, u64)>,
+    /// The next piece to take.
+    next: AtomicUsize,
     /// Sent as LZ4 when that shrinks it.
     compress: bool,
-    done: Arc<Progress>,
+    done: Progress,
 }
 
-// SAFETY: the pointer is the app's source buffer, readable for `header.len` bytes until the copy's
-// calling thread has seen this chunk answered (it waits for all of them, see `htod`).
+// SAFETY: `src` is the app's source buffer, readable for the copy's length until its calling
+// thread has seen every chunk answered (it waits for all of them, see `htod`).
 unsafe impl Send for Outgoing {}
+// SAFETY: threads only read `src`'s bytes; the rest is shared through an atomic and a lock.
+unsafe impl Sync for Outgoing {}
+
+impl Outgoing {
+    /// The next chunk no connection has taken yet: its header (raw) and bytes.
+    fn take(&self) -> Option<(ChunkHeader, *const u8)> {
+        let &(offset, len) = self.pieces.get(self.next.fetch_add(1, Ordering::Relaxed))?;
+        // SAFETY: inside the app's source buffer (the plan covers the copy's length once).
+        Some((ChunkHeader::raw(self.transfer, offset, len), unsafe { self.src.add(offset as usize) }))
+    }
+
+    /// Answers every chunk no connection will take now (`reason`: why).
+    fn refuse_rest(&self, reason: &str) {
+        while self.take().is_some() {
+            self.done.answer(Err(reason.to_string()));
+        }
+    }
+}
 
 /// Where a device-to-host copy's chunks land.
 struct Landing {
@@ -311,7 +335,7 @@ impl Progress {
 struct Set {
     /// The `Stripes::generation` it was opened in (its server's).
     generation: u64,
-    senders: Vec<Sender<Outgoing>>,
+    senders: Vec<Sender<Arc<Outgoing>>>,
     sockets: Vec<Wire>,
     /// Held from a host-to-device request to its last chunk's queueing.
     order: Mutex<()>,
@@ -485,69 +509,104 @@ fn write_all(wire: &mut Wire, mut slices: &mut [IoSlice<'_>], dead: &AtomicBool)
     Ok(())
 }
 
-/// A chunk ready to write: compressed into `block` (its header says so), else the app's bytes.
-struct Ready {
-    chunk: Outgoing,
-    block: Option<Vec<u8>>,
+/// What a data connection's coder hands its sender.
+enum Ready {
+    /// A chunk taken and coded: compressed into `block` (its header says so), else the app's bytes.
+    Chunk { copy: Arc<Outgoing>, header: ChunkHeader, ptr: *const u8, block: Option<Vec<u8>> },
+    /// A raw copy: the sender takes its chunks itself, one each time it is free, then ends its share.
+    Raw(Arc<Outgoing>),
+    /// The end of this connection's share of a compressed copy.
+    End(Arc<Outgoing>),
 }
 
-/// A data connection's coder: compresses each chunk to send into a block while its sender writes
-/// the one before (a sender that stopped writing to compress would leave its connection idle).
-fn code_loop(set: &std::sync::Weak<Set>, queue: &Receiver<Outgoing>, to_write: &SyncSender<Ready>, spare: &Receiver<Vec<u8>>) {
+// SAFETY: `ptr` is inside the copy's source buffer, readable until its chunk is answered (see
+// `Outgoing`, which the chunk holds).
+unsafe impl Send for Ready {}
+
+/// A data connection's coder: takes chunks of a compressed copy and codes each into a block while
+/// its sender writes the one before (a sender that stopped writing to compress would leave its
+/// connection idle); a raw copy goes to the sender whole.
+fn code_loop(set: &std::sync::Weak<Set>, queue: &Receiver<Arc<Outgoing>>, to_write: &SyncSender<Ready>, spare: &Receiver<Vec<u8>>) {
     let mut compressor = Compressor::default();
     let mut block: Option<Vec<u8>> = None;
-    while let Ok(mut chunk) = queue.recv() {
-        let live = set.upgrade().is_some_and(|set| !set.dead.load(Ordering::Acquire));
-        let mut coded = None;
-        if chunk.compress && live {
-            let mut into = match block.take() {
-                Some(into) => into,
-                None => spare.recv().unwrap_or_default(),
-            };
-            // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
-            let bytes = unsafe { std::slice::from_raw_parts(chunk.ptr, chunk.header.len as usize) };
-            match compressor.compress_into(bytes, &mut into) {
-                Some(flags) => {
-                    (chunk.header.wire_len, chunk.header.flags) = (into.len() as u64, flags);
-                    coded = Some(into);
+    let ended = |copy: &Outgoing| {
+        copy.refuse_rest("striping ended");
+        copy.done.answer(Err("striping ended".to_string()));
+    };
+    while let Ok(copy) = queue.recv() {
+        if !copy.compress {
+            if let Err(unsent) = to_write.send(Ready::Raw(copy)) {
+                let Ready::Raw(copy) = unsent.0 else { continue };
+                ended(&copy);
+            }
+            continue;
+        }
+        while let Some((mut header, ptr)) = copy.take() {
+            let mut coded = None;
+            if set.upgrade().is_some_and(|set| !set.dead.load(Ordering::Acquire)) {
+                let mut into = match block.take() {
+                    Some(into) => into,
+                    None => spare.recv().unwrap_or_default(),
+                };
+                // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
+                let bytes = unsafe { std::slice::from_raw_parts(ptr, header.len as usize) };
+                match compressor.compress_into(bytes, &mut into) {
+                    Some(flags) => {
+                        (header.wire_len, header.flags) = (into.len() as u64, flags);
+                        coded = Some(into);
+                    }
+                    None => block = Some(into),
                 }
-                None => block = Some(into),
+            }
+            if to_write.send(Ready::Chunk { copy: copy.clone(), header, ptr, block: coded }).is_err() {
+                copy.done.answer(Err("striping ended".to_string()));
             }
         }
-        if let Err(unsent) = to_write.send(Ready { chunk, block: coded }) {
-            unsent.0.chunk.done.answer(Err("striping ended".to_string()));
+        if to_write.send(Ready::End(copy.clone())).is_err() {
+            ended(&copy);
         }
     }
 }
 
 /// A data connection's sender: writes each chunk, header first, from its block or straight from
-/// the app's buffer.
+/// the app's buffer, and the end of its share of each copy.
 fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Ready>, return_coded: &Sender<Vec<u8>>) {
-    while let Ok(Ready { chunk, block }) = queue.recv() {
-        let Some(live) = set.upgrade() else {
-            chunk.done.answer(Err("striping ended".to_string()));
-            continue;
+    while let Ok(ready) = queue.recv() {
+        let mut write = |header: ChunkHeader, payload: &[u8]| match set.upgrade() {
+            Some(live) if !live.dead.load(Ordering::Acquire) => {
+                let encoded = header.encode();
+                let outcome = write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)], &live.dead)
+                    .map_err(|error| format!("writing a chunk: {error}"));
+                if let Err(reason) = &outcome {
+                    live.fail(reason);
+                }
+                outcome
+            }
+            _ => Err("striping ended".to_string()),
         };
-        let outcome = if live.dead.load(Ordering::Acquire) {
-            Err("striping ended".to_string())
-        } else {
-            let payload = match &block {
-                Some(block) => &block[..],
-                // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
-                None => unsafe { std::slice::from_raw_parts(chunk.ptr, chunk.header.len as usize) },
-            };
-            let encoded = chunk.header.encode();
-            write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)], &live.dead)
-                .map_err(|error| format!("writing a chunk: {error}"))
-        };
-        if let Some(block) = block {
-            let _ = return_coded.send(block);
+        match ready {
+            Ready::Chunk { copy, header, ptr, block } => {
+                let payload = match &block {
+                    Some(block) => &block[..],
+                    // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
+                    None => unsafe { std::slice::from_raw_parts(ptr, header.len as usize) },
+                };
+                let outcome = write(header, payload);
+                if let Some(block) = block {
+                    let _ = return_coded.send(block);
+                }
+                copy.done.answer(outcome);
+            }
+            Ready::Raw(copy) => {
+                while let Some((header, ptr)) = copy.take() {
+                    // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
+                    let payload = unsafe { std::slice::from_raw_parts(ptr, header.len as usize) };
+                    copy.done.answer(write(header, payload));
+                }
+                copy.done.answer(write(ChunkHeader::end(copy.transfer), &[]));
+            }
+            Ready::End(copy) => copy.done.answer(write(ChunkHeader::end(copy.transfer), &[])),
         }
-        if let Err(reason) = &outcome {
-            live.fail(reason);
-        }
-        drop(live);
-        chunk.done.answer(outcome);
     }
 }
 
@@ -609,6 +668,7 @@ fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire, decoder: &Decoder)
         let failure = match read {
             Ok(false) => continue,
             Ok(true) => match ChunkHeader::decode(&header) {
+                Some(header) if header.ends_share() => Some("an end of share where a chunk was due".to_string()),
                 Some(header) => receive_chunk(&set, &mut reader, header, &mut scratch, decoder).err(),
                 None => Some("no chunk header where one was due".to_string()),
             },
@@ -721,13 +781,13 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
         return None;
     }
     let (plan, set) = client.stripes.for_copy(client, len)?;
-    let progress = Arc::new(Progress::default());
-    let mut queued = 0;
+    // Connections the copy was handed to: each answers every chunk it takes and its end of share.
+    let mut handed = 0;
     let compress = set.compress(plan);
     let chunk = plan.chunk_for(compress);
     let pieces = chunks(len, chunk, set.senders.len());
     let started = Instant::now();
-    let slot = {
+    let (slot, copy) = {
         let _order = lock(&set.order);
         let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
         let request = req::MemcpyHtoDStriped { dst, len, stream, transfer, chunk };
@@ -738,25 +798,24 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
             Ok(_) => return None,
             Err(error) => return Some(Err(error)),
         };
-        for (number, &(offset, piece)) in pieces.iter().enumerate() {
-            // SAFETY: inside the app's `len`-byte source (this function's contract).
-            let ptr = unsafe { src.add(offset as usize) };
-            let outgoing = Outgoing { header: ChunkHeader::raw(transfer, offset, piece), ptr, compress, done: progress.clone() };
-            if set.senders[number % set.senders.len()].send(outgoing).is_err() {
+        let copy = Arc::new(Outgoing { transfer, src, pieces, next: AtomicUsize::new(0), compress, done: Progress::default() });
+        for sender in &set.senders {
+            if sender.send(copy.clone()).is_err() {
                 set.fail("a sender thread ended");
                 break;
             }
-            queued += 1;
+            handed += 1;
         }
-        slot
+        (slot, copy)
     };
-    // Every queued chunk is answered (written, or failed within the write timeout) before the
-    // app's buffer is let go.
-    let mut state = lock(&progress.state);
-    while state.0 < queued {
-        state = progress.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Every chunk is answered (written, or failed within the write timeout) before the app's
+    // buffer is let go: by the connections it was handed to, which take them all.
+    let answers = if handed == 0 { 0 } else { copy.pieces.len() + handed };
+    let mut state = lock(&copy.done.state);
+    while state.0 < answers {
+        state = copy.done.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
-    let failed = state.1.is_some() || queued < pieces.len();
+    let failed = state.1.is_some() || handed < set.senders.len();
     drop(state);
     // Written is not landed: a cut can lose what sat in a socket's buffers, so the server's
     // reply (sent once every chunk landed, or the copy failed) decides.

@@ -1,10 +1,17 @@
 //! Striped bulk copies: a session over a socket may open extra data connections to its server
 //! (same transport, same token and TLS as the main one), each proving it belongs to the session
 //! with the secret the server gave in the handshake (`SessionInfo::stripe_secret`). A large copy's
-//! request stays on the main connection; its bytes travel in chunks, round-robin over the data
-//! connections, each chunk behind a [`ChunkHeader`] that names its copy and place, raw or
-//! compressed (`wire_len < len`: over a slow link, where compressing costs less than sending):
-//! one LZ4 block, or 16-bit floats coded in planes ([`FLOAT_PLANES`]).
+//! request stays on the main connection; its bytes travel in chunks over the data connections,
+//! each chunk behind a [`ChunkHeader`] that names its copy and place, raw or compressed
+//! (`wire_len < len`: over a slow link, where compressing costs less than sending): one LZ4
+//! block, or 16-bit floats coded in planes ([`FLOAT_PLANES`]).
+//!
+//! The sender deals a copy's chunks (the plan [`chunks`]) to whichever connection is free, not in
+//! a fixed turn: connections of one link do not run at one speed (over loopback TCP, 8 of them
+//! read 40 to 54 ms of a 1 GiB copy on an H200 host, 2026-11-29), and a fixed turn makes the copy
+//! wait for the slowest. So each side takes a chunk's place from its header, and host to device,
+//! where the server cannot know which connection brings which chunk, every data connection ends
+//! its share of each copy with an [`ChunkHeader::end`] header, even when it carried no chunk.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,8 +23,7 @@ pub const SECRET_LEN: usize = 32;
 pub struct StripeJoin {
     pub session_id: u64,
     pub secret: [u8; SECRET_LEN],
-    /// Which data connection of the session this is (0-based): chunk `i` of a copy travels on
-    /// connection `i % count`.
+    /// Which data connection of the session this is (0-based).
     pub index: u32,
 }
 
@@ -38,6 +44,9 @@ pub const SHUFFLED: u64 = 1;
 /// [`ChunkHeader::flags`]: the chunk is 16-bit floats coded by `crate::float_planes` (their
 /// sign and exponent bits Huffman-coded, the rest as they are), not an LZ4 block.
 pub const FLOAT_PLANES: u64 = 2;
+/// [`ChunkHeader::flags`]: no chunk but the end of this connection's share of a host-to-device
+/// copy (`len` and `wire_len` 0).
+pub const END_OF_SHARE: u64 = 4;
 /// Opens every chunk header, so a data stream out of step is caught at once.
 const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"FLYTCHNK");
 
@@ -63,6 +72,16 @@ impl ChunkHeader {
         Self { transfer, offset, len, wire_len: len, flags: 0 }
     }
 
+    /// The end of a connection's share of copy `transfer` (host to device).
+    pub fn end(transfer: u64) -> Self {
+        Self { transfer, offset: 0, len: 0, wire_len: 0, flags: END_OF_SHARE }
+    }
+
+    /// Whether this is no chunk but [`ChunkHeader::end`].
+    pub fn ends_share(&self) -> bool {
+        self.flags == END_OF_SHARE
+    }
+
     /// Whether the bytes that follow are an LZ4 block.
     pub fn compressed(&self) -> bool {
         self.wire_len < self.len
@@ -77,12 +96,18 @@ impl ChunkHeader {
     }
 
     /// `None` when the bytes are no chunk header (or one whose bytes would outgrow the chunk, or
-    /// with flags this side does not know or on a raw chunk).
+    /// with flags this side does not know or on a raw chunk, or an empty chunk, or an end that
+    /// carries bytes).
     pub fn decode(bytes: &[u8; CHUNK_HEADER_LEN]) -> Option<Self> {
         let word = |index: usize| u64::from_le_bytes(bytes[index * 8..index * 8 + 8].try_into().unwrap_or([0; 8]));
         let header = Self { transfer: word(1), offset: word(2), len: word(3), wire_len: word(4), flags: word(5) };
-        let flags_fit = matches!(header.flags, 0 | SHUFFLED | FLOAT_PLANES) && (header.flags == 0 || header.compressed());
-        (word(0) == CHUNK_MAGIC && header.wire_len <= header.len && flags_fit).then_some(header)
+        let fits = match header.flags {
+            END_OF_SHARE => header == Self::end(header.transfer),
+            0 => header.len > 0,
+            SHUFFLED | FLOAT_PLANES => header.compressed(),
+            _ => false,
+        };
+        (word(0) == CHUNK_MAGIC && header.wire_len <= header.len && fits).then_some(header)
     }
 }
 
@@ -230,11 +255,9 @@ pub fn block_pool() -> (std::sync::mpsc::Sender<Vec<u8>>, std::sync::mpsc::Recei
 const CHUNK_ALIGN: u64 = 4096;
 
 /// The chunks of a copy of `len` bytes cut at `chunk` over `lanes` data connections: (offset,
-/// length) in order; chunk `i` goes on data connection `i % lanes`. They come in rounds of one
-/// chunk per connection, the chunks of a round the same length (to `CHUNK_ALIGN`), so every
-/// connection carries the same share of the copy: dealt unevenly, the connection with the most
-/// bytes sets the copy's time (a 64 MiB copy in 4 MiB chunks over 4 connections put 18 MiB on two
-/// of them and 14 on the others, 89% of the link). The copy's ends ramp: its first 8 chunks (at
+/// length) in order, each dealt to the first connection free. They come in rounds of one chunk
+/// per connection, the chunks of a round the same length (to `CHUNK_ALIGN`), so connections of
+/// one speed finish together. The copy's ends ramp: its first 8 chunks (at
 /// least one round) are a quarter of `chunk` and the next 8 a half, and its last 16 the same
 /// mirrored (a copy shorter than both ramps goes in quarters): the first chunk is coded, and the
 /// last decoded, while the link waits for them, so they are kept short.
@@ -332,7 +355,9 @@ mod tests {
 
     #[test]
     fn every_connection_carries_the_same_share_of_a_copy() {
-        for (len, chunk) in [(64u64 << 20, 4u64 << 20), (1 << 30, 4 << 20), (100 << 20, 4 << 20), ((64 << 20) + 12345, 4 << 20), (5 << 20, 4 << 20)] {
+        for (len, chunk) in
+            [(64u64 << 20, 4u64 << 20), (1 << 30, 4 << 20), (100 << 20, 4 << 20), ((64 << 20) + 12345, 4 << 20), (5 << 20, 4 << 20)]
+        {
             for lanes in [2usize, 3, 4, 5, 8] {
                 let mut carried = vec![0u64; lanes];
                 for (number, (_, piece)) in chunks(len, chunk, lanes).into_iter().enumerate() {
@@ -356,13 +381,20 @@ mod tests {
         // More bytes on the wire than the chunk holds: no header of ours.
         assert_eq!(ChunkHeader::decode(&ChunkHeader { wire_len: 12346, ..header }.encode()), None);
         // Unknown flags, and a raw chunk that claims an arrangement.
-        assert_eq!(ChunkHeader::decode(&ChunkHeader { flags: 4, ..header }.encode()), None);
+        assert_eq!(ChunkHeader::decode(&ChunkHeader { flags: 8, ..header }.encode()), None);
         assert_eq!(ChunkHeader::decode(&ChunkHeader { flags: SHUFFLED | FLOAT_PLANES, ..header }.encode()), None);
         assert_eq!(
             ChunkHeader::decode(&ChunkHeader { flags: FLOAT_PLANES, ..header }.encode()),
             Some(ChunkHeader { flags: FLOAT_PLANES, ..header })
         );
         assert_eq!(ChunkHeader::decode(&ChunkHeader { flags: SHUFFLED, ..ChunkHeader::raw(1, 0, 9) }.encode()), None);
+        // An end of share round-trips; with bytes, or a chunk of none, it is no header.
+        let end = ChunkHeader::end(7);
+        assert!(ChunkHeader::decode(&end.encode()).is_some_and(|end| end.ends_share() && end.transfer == 7));
+        assert!(!header.ends_share() && !ChunkHeader::raw(7, 0, 5).ends_share());
+        assert_eq!(ChunkHeader::decode(&ChunkHeader { len: 5, wire_len: 5, ..end }.encode()), None);
+        assert_eq!(ChunkHeader::decode(&ChunkHeader { offset: 4096, ..end }.encode()), None);
+        assert_eq!(ChunkHeader::decode(&ChunkHeader::raw(7, 0, 0).encode()), None);
     }
 
     fn random_bytes(len: usize, mut state: u64) -> Vec<u8> {

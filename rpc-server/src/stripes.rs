@@ -1,10 +1,12 @@
 //! The server's side of striped bulk copies (`flyt_protocol::stripes`): the session's data
-//! connections, each served by a thread of its own that reads a host-to-device chunk straight into
-//! a staging buffer the session thread handed it, or writes a device-to-host chunk as soon as its
-//! device copy into staging is done. The session thread keeps the copy in its stream's order: it
-//! queues each chunk's device copy as the chunk lands (host to device), or queues every chunk's
-//! copy into staging in order and replies once all were written (device to host), with a few
-//! chunks in flight at once so the network and the PCIe copies overlap.
+//! connections, each served by a thread of its own that reads whichever host-to-device chunk its
+//! connection brings next straight into a staging buffer the session thread handed it, or writes
+//! a device-to-host chunk as soon as its device copy into staging is done. The session thread
+//! keeps the copy in its stream's order: it queues each chunk's device copy as the chunk lands
+//! (host to device, until every connection ended its share), or queues every chunk's copy into
+//! staging in order, each for the connection with the fewest chunks to write, and replies once
+//! all were written (device to host), with a few chunks in flight at once so the network and the
+//! PCIe copies overlap.
 //!
 //! Data connections join through the listener (their hello carries `Hello::stripe`, checked like
 //! a session's: token, TLS), which hands them to the session's worker; the worker admits one only
@@ -56,25 +58,55 @@ pub struct StripedCopy {
 }
 
 enum Job<D: Device> {
-    /// Read the chunk at `offset` of `transfer` into `staging` (its first `len` bytes).
-    Receive { transfer: u64, offset: u64, len: u64, staging: D::Staging },
-    /// Read and drop the chunk (its copy was refused).
-    Discard { transfer: u64, offset: u64, len: u64 },
+    /// Read the connection's next chunk of `transfer` into `staging`, or the end of its share
+    /// (`staging` `None`: only the end is due, every chunk has landed).
+    Receive { transfer: u64, staging: Option<D::Staging> },
+    /// Read the connection's next chunk of `transfer` and drop it (its copy was refused), or the
+    /// end of its share.
+    Discard { transfer: u64 },
     /// Write the chunk once its device copy is done; with `compress`, as LZ4 when that is smaller.
     Send { transfer: u64, offset: u64, len: u64, copy: D::PendingCopy, compress: bool },
 }
 
 enum Done<D: Device> {
-    Received { offset: u64, len: u64, staging: D::Staging },
+    Received {
+        offset: u64,
+        len: u64,
+        staging: D::Staging,
+    },
+    /// A chunk read and dropped (its copy was refused).
+    Dropped {
+        offset: u64,
+        len: u64,
+    },
+    /// The connection's share of the copy has ended (its end was read, now or before).
+    Ended,
     Handled,
     Failed(CudaError, String),
+    /// The link's threads ended (said once, after their last answer).
+    Gone,
+}
+
+/// A link's answer, named by the link's id (a link that joined again has a new one, so what
+/// the old one still said is told apart).
+struct Answered<D: Device> {
+    link: u64,
+    done: Done<D>,
 }
 
 struct Link<D: Device> {
+    id: u64,
     jobs: Sender<Job<D>>,
-    done: Receiver<Done<D>>,
     socket: Connection,
     timing: Arc<LinkTiming>,
+}
+
+/// The session's data connections by index, and where all their answers come.
+struct Links<D: Device> {
+    joined: Vec<Option<Link<D>>>,
+    answers: Receiver<Answered<D>>,
+    answer: Sender<Answered<D>>,
+    next_id: u64,
 }
 
 /// `FLYT_RPC_STRIPE_TRACE=1`: each striped copy logs where its time went (the dealing thread
@@ -106,7 +138,7 @@ pub struct Stripes<D: Device> {
     secret: [u8; SECRET_LEN],
     device: Arc<D>,
     /// By index; a copy uses them only when every index below the count has joined.
-    links: Mutex<Vec<Option<Link<D>>>>,
+    links: Mutex<Links<D>>,
     /// Set when the session ends: link threads waiting on a device copy give up.
     closing: Arc<AtomicBool>,
     /// Where the bytes compression saved are counted.
@@ -150,10 +182,11 @@ impl<D: Device> Stripes<D> {
     pub fn new(device: Arc<D>, secret: [u8; SECRET_LEN], stats: Option<Arc<crate::stats::SlotStats>>, staging_slots: usize) -> Self {
         // The session's other copies may hold slots too, but their holders free them on their own.
         let window = (staging_slots - staging_slots / 4).max(1);
+        let (answer, answers) = channel();
         Self {
             secret,
             device,
-            links: Mutex::new(Vec::new()),
+            links: Mutex::new(Links { joined: Vec::new(), answers, answer, next_id: 0 }),
             closing: Arc::new(AtomicBool::new(false)),
             stats,
             window,
@@ -171,7 +204,7 @@ impl<D: Device> Stripes<D> {
         self.resent_when_broken.load(Ordering::Relaxed)
     }
 
-    fn links(&self) -> std::sync::MutexGuard<'_, Vec<Option<Link<D>>>> {
+    fn links(&self) -> std::sync::MutexGuard<'_, Links<D>> {
         self.links.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -188,13 +221,13 @@ impl<D: Device> Stripes<D> {
         }
         // Taken only between copies (a copy holds the links throughout).
         let mut links = self.links();
-        if links.get(index).is_some_and(Option::is_some) {
+        if links.joined.get(index).is_some_and(Option::is_some) {
             // A resumable session's client joins again after a cut its server may not have
             // noticed on an idle link: the new connection replaces the old, whose thread ends.
             if !self.broken_copies_come_again() {
                 return refuse(socket, &format!("data connection {index} has joined already"));
             }
-            if let Some(old) = links[index].take() {
+            if let Some(old) = links.joined[index].take() {
                 old.socket.shutdown();
             }
         }
@@ -203,23 +236,25 @@ impl<D: Device> Stripes<D> {
         let _ = reader.set_read_timeout(Some(IO_TIMEOUT));
         set_write_timeout(&writer, IO_TIMEOUT);
         let (jobs, job_queue) = channel();
-        let (done_sender, done) = channel();
+        let id = links.next_id;
+        links.next_id += 1;
+        let done = links.answer.clone();
         let (device, closing, stats) = (self.device.clone(), self.closing.clone(), self.stats.clone());
         let timing = Arc::new(LinkTiming::default());
         let link_timing = timing.clone();
         std::thread::Builder::new()
             .name(format!("flyt-stripe-{index}"))
             .spawn(move || {
-                let ends =
-                    LinkEnds { jobs: &job_queue, done: &done_sender, closing: &closing, stats: stats.as_deref(), timing: &link_timing };
+                let ends = LinkEnds { id, jobs: &job_queue, done: &done, closing: &closing, stats: stats.as_deref(), timing: &link_timing };
                 serve_link(&*device, reader, writer, ends);
+                let _ = done.send(Answered { link: id, done: Done::Gone });
             })
             .map_err(|error| error.to_string())?;
         write_value(&mut answer, 0, &StripeReply::Joined).map_err(|error| error.to_string())?;
-        if links.len() <= index {
-            links.resize_with(index + 1, || None);
+        if links.joined.len() <= index {
+            links.joined.resize_with(index + 1, || None);
         }
-        links[index] = Some(Link { jobs, done, socket, timing });
+        links.joined[index] = Some(Link { id, jobs, socket, timing });
         Ok(())
     }
 
@@ -229,13 +264,6 @@ impl<D: Device> Stripes<D> {
             tracing::warn!(%reason, "striping ends for this session");
         }
         for link in links.drain(..).flatten() {
-            link.socket.shutdown();
-        }
-    }
-
-    /// Shuts every link's socket: their threads' reads and writes end at once.
-    fn shut_down(links: &[Option<Link<D>>]) {
-        for link in links.iter().flatten() {
             link.socket.shutdown();
         }
     }
@@ -265,169 +293,246 @@ impl<D: Device> Stripes<D> {
         (count * 2).min(self.window).max(1)
     }
 
-    /// Chunks of a device-to-host copy in flight: two per connection. Each holds a staging slot
-    /// until it is coded or written, and a link gives it back by itself, so taking one for the
-    /// next chunk waits for the links, never for this thread.
-    fn send_window(count: usize) -> usize {
-        (count * 2).max(1)
-    }
-
     /// Receives a host-to-device copy of `len` bytes for `dst` (checked by the session, or
     /// `refused` with that error: its chunks are then read and dropped, keeping the streams in
-    /// step) and queues each chunk's device copy on `stream` as it lands.
+    /// step) and queues each chunk's device copy on `stream` as it lands, whichever connection
+    /// brought it, until every connection has ended its share.
     pub fn receive(&self, copy: StripedCopy, stream: D::Stream, copy_chunk: u64, refused: Option<CudaError>) -> CudaResult<()> {
         let StripedCopy { device: dst, len, chunk, transfer } = copy;
         let mut links = self.links();
-        let count = match self.check_chunking(&mut links, len, chunk, copy_chunk) {
+        let count = match self.check_chunking(&mut links.joined, len, chunk, copy_chunk) {
             Ok(count) => count,
             Err(error) => return Err(refused.unwrap_or(error)),
         };
-        // After a failure the chunks are still read (and dropped), keeping the streams in step.
-        let job = |offset: u64, piece: u64, outcome: &mut CudaResult<()>| {
-            Some(match (outcome.is_ok(), usize::try_from(piece)) {
-                (true, Ok(piece_len)) => match self.device.staging(piece_len) {
-                    Ok(staging) => Job::Receive { transfer, offset, len: piece, staging },
-                    Err(error) => {
-                        *outcome = Err(error);
-                        Job::Discard { transfer, offset, len: piece }
+        let plan = chunks(len, chunk, count);
+        let biggest = plan.iter().map(|&(_, piece)| piece).max().unwrap_or(0);
+        // The chunks still due, by offset: each lands once, as the plan cut it.
+        let mut due: std::collections::HashMap<u64, u64> = plan.into_iter().collect();
+        let mut ended = vec![false; count];
+        let window = self.window(count);
+        let mut dealer = Dealer::new(&links, count, "host to device", len, refused.map_or(Ok(()), Err));
+        loop {
+            // Each connection whose share goes on reads with a job in hand (two at most).
+            while dealer.broken.is_none() && dealer.in_flight < window {
+                let Some(index) = dealer.freest(|index| !ended[index]) else { break };
+                let started = dealer.timing.as_ref().map(|_| Instant::now());
+                let job = if due.is_empty() {
+                    Job::Receive { transfer, staging: None }
+                } else if dealer.outcome.is_ok() {
+                    match usize::try_from(biggest).map_err(|_| CudaError::INVALID_VALUE).and_then(|bytes| self.device.staging(bytes)) {
+                        Ok(staging) => Job::Receive { transfer, staging: Some(staging) },
+                        Err(error) => {
+                            dealer.outcome = Err(error);
+                            Job::Discard { transfer }
+                        }
                     }
-                },
-                _ => Job::Discard { transfer, offset, len: piece },
-            })
-        };
-        let landed = |done: Done<D>, outcome: &mut CudaResult<()>| {
-            if let Done::Received { offset, len, mut staging } = done {
-                debug_assert!(D::staging_bytes(&mut staging).len() as u64 == len);
-                if outcome.is_ok() {
-                    *outcome = self.device.copy_htod(dst + offset, staging, stream);
+                } else {
+                    Job::Discard { transfer }
+                };
+                if let Some((timing, started)) = dealer.timing.as_ref().zip(started) {
+                    count_since(&timing.making, started);
+                }
+                if !dealer.give(index, job) {
+                    break;
                 }
             }
-        };
-        let dealing = Dealing { len, chunk, count, window: self.window(count), way: "host to device" };
-        Self::deal(links, dealing, refused.map_or(Ok(()), Err), job, landed)
+            let Some((index, done)) = dealer.next() else { break };
+            let (offset, piece, staging) = match done {
+                Done::Received { offset, len, staging } => (offset, len, Some(staging)),
+                Done::Dropped { offset, len } => (offset, len, None),
+                Done::Ended => {
+                    ended[index] = true;
+                    continue;
+                }
+                _ => continue,
+            };
+            if due.remove(&offset) != Some(piece) {
+                dealer.lose(format!("a chunk at {offset} ({piece} bytes) that copy {transfer} does not have due"));
+            } else if let Some(staging) = staging.filter(|_| dealer.outcome.is_ok()) {
+                let started = dealer.timing.as_ref().map(|_| Instant::now());
+                dealer.outcome = self.device.copy_htod(dst + offset, staging, stream);
+                if let Some((timing, started)) = dealer.timing.as_ref().zip(started) {
+                    count_since(&timing.landing, started);
+                }
+            }
+        }
+        // Every share ended: a chunk that never came leaves the streams in doubt.
+        if dealer.broken.is_none() && !due.is_empty() {
+            dealer.lose(format!("copy {transfer} ended with {} of its chunks not sent", due.len()));
+        }
+        let settled = dealer.finish();
+        Self::settle(&mut links, settled)
     }
 
     /// Sends a device-to-host copy of `len` bytes from `src` (checked by the session) on
-    /// `stream`: each chunk's device copy into staging is queued in order, and a link writes it
-    /// once it is done. Returns once every chunk was written (or the copy failed: the client
-    /// stops waiting for the rest when the reply says so).
+    /// `stream`: each chunk's device copy into staging is queued in order, for the connection
+    /// with the fewest chunks to write, which writes it once it is done. Returns once every
+    /// chunk was written (or the copy failed: the client stops waiting for the rest when the
+    /// reply says so).
     pub fn send(&self, copy: StripedCopy, stream: D::Stream, copy_chunk: u64, compress: bool) -> CudaResult<()> {
         let StripedCopy { device: src, len, chunk, transfer } = copy;
         let mut links = self.links();
-        let count = self.check_chunking(&mut links, len, chunk, copy_chunk)?;
-        let job = |offset: u64, piece: u64, outcome: &mut CudaResult<()>| {
-            if outcome.is_err() {
-                return None;
-            }
-            let started = usize::try_from(piece)
-                .map_err(|_| CudaError::INVALID_VALUE)
-                .and_then(|piece_len| self.device.staging(piece_len))
-                .and_then(|staging| self.device.start_dtoh(src + offset, staging, stream));
-            match started {
-                Ok(copy) => Some(Job::Send { transfer, offset, len: piece, copy, compress }),
-                Err(error) => {
-                    *outcome = Err(error);
-                    None
+        let count = self.check_chunking(&mut links.joined, len, chunk, copy_chunk)?;
+        let mut plan = chunks(len, chunk, count).into_iter();
+        let mut dealer = Dealer::new(&links, count, "device to host", len, Ok(()));
+        loop {
+            while dealer.broken.is_none() && dealer.outcome.is_ok() {
+                let Some(index) = dealer.freest(|_| true) else { break };
+                let Some((offset, piece)) = plan.next() else { break };
+                let started = dealer.timing.as_ref().map(|_| Instant::now());
+                let copied = usize::try_from(piece)
+                    .map_err(|_| CudaError::INVALID_VALUE)
+                    .and_then(|piece_len| self.device.staging(piece_len))
+                    .and_then(|staging| self.device.start_dtoh(src + offset, staging, stream));
+                if let Some((timing, started)) = dealer.timing.as_ref().zip(started) {
+                    count_since(&timing.making, started);
+                }
+                match copied {
+                    Ok(copy) => {
+                        if !dealer.give(index, Job::Send { transfer, offset, len: piece, copy, compress }) {
+                            break;
+                        }
+                    }
+                    Err(error) => dealer.outcome = Err(error),
                 }
             }
-        };
-        let dealing = Dealing { len, chunk, count, window: Self::send_window(count), way: "device to host" };
-        Self::deal(links, dealing, Ok(()), job, |_, _| {})
+            if dealer.next().is_none() {
+                break;
+            }
+        }
+        let settled = dealer.finish();
+        Self::settle(&mut links, settled)
     }
 
-    /// Deals a copy's chunks round-robin over the links, at most `window` in flight: `job` makes
-    /// each chunk's job (`None`: no more), `landed` takes each answer that is not a failure. A
-    /// link that fails (`DEVICES_UNAVAILABLE`) or ends closes them all: striping ends.
-    fn deal(
-        mut links: std::sync::MutexGuard<'_, Vec<Option<Link<D>>>>,
-        Dealing { len, chunk, count, window, way }: Dealing,
-        mut outcome: CudaResult<()>,
-        mut job: impl FnMut(u64, u64, &mut CudaResult<()>) -> Option<Job<D>>,
-        mut landed: impl FnMut(Done<D>, &mut CudaResult<()>),
-    ) -> CudaResult<()> {
-        let mut in_flight = std::collections::VecDeque::new();
-        let mut broken = None;
-        let trace = tracing_copies().then(|| (Instant::now(), DealTiming::default()));
-        let timing = trace.as_ref().map(|(_, timing)| timing);
-        let mut finish = |index: usize, links: &[Option<Link<D>>], outcome: &mut CudaResult<()>, broken: &mut Option<String>| {
-            let Some(link) = &links[index] else { return };
-            let asked = timing.map(|_| Instant::now());
-            let answer = link.done.recv();
-            if let Some((timing, asked)) = timing.zip(asked) {
-                count_since(&timing.waiting, asked);
-            }
-            match answer {
-                Ok(Done::Failed(error, reason)) => {
-                    *outcome = outcome.and(Err(error));
-                    if error == CudaError::DEVICES_UNAVAILABLE {
-                        broken.get_or_insert(reason);
-                        // The other links' threads may wait for chunks that will not come.
-                        Self::shut_down(links);
-                    }
-                }
-                Ok(done) => {
-                    let started = timing.map(|_| Instant::now());
-                    landed(done, outcome);
-                    if let Some((timing, started)) = timing.zip(started) {
-                        count_since(&timing.landing, started);
-                    }
-                }
-                Err(_) => {
-                    *outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
-                    broken.get_or_insert_with(|| "a data connection's thread ended".into());
-                    Self::shut_down(links);
-                }
-            }
-        };
-        for (number, (offset, piece)) in chunks(len, chunk, count).into_iter().enumerate() {
-            let index = number % count;
-            if in_flight.len() >= window {
-                let oldest = in_flight.pop_front().unwrap_or(index);
-                finish(oldest, &links, &mut outcome, &mut broken);
-            }
-            if broken.is_some() {
-                break;
-            }
-            let started = timing.map(|_| Instant::now());
-            let made = job(offset, piece, &mut outcome);
-            if let Some((timing, started)) = timing.zip(started) {
-                count_since(&timing.making, started);
-            }
-            let Some(job) = made else { break };
-            let Some(link) = &links[index] else { break };
-            if link.jobs.send(job).is_err() {
-                outcome = outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
-                broken = Some("a data connection's thread ended".into());
-                break;
-            }
-            in_flight.push_back(index);
-        }
-        for index in in_flight {
-            finish(index, &links, &mut outcome, &mut broken);
-        }
-        if let Some((started, timing)) = &trace {
-            timing.log(way, len, count, *started, &links);
-        }
+    /// A copy's outcome; striping ends when the copy broke (`broken`, why).
+    fn settle(links: &mut Links<D>, (outcome, broken): (CudaResult<()>, Option<String>)) -> CudaResult<()> {
         if let Some(reason) = broken {
-            Self::break_all(&mut links, &reason);
+            Self::break_all(&mut links.joined, &reason);
         }
         outcome
     }
 }
 
-/// How a copy is dealt: its length, chunk, the links it uses and the chunks in flight at most.
-struct Dealing {
-    len: u64,
-    chunk: u64,
+/// Most jobs a link holds at once: one it works on, the next waiting (a link with none left idle
+/// between chunks; with more, a slow link would sit on chunks a faster one could take).
+const JOBS_PER_LINK: usize = 2;
+
+/// The session thread's side of one striped copy: the links' jobs in flight and the copy's
+/// outcome. A link that fails (`DEVICES_UNAVAILABLE`), ends, or sends what the copy does not have
+/// due closes them all: striping ends once the copy's answers are all in.
+struct Dealer<'a, D: Device> {
+    links: &'a [Option<Link<D>>],
+    answers: &'a Receiver<Answered<D>>,
     count: usize,
-    window: usize,
+    /// Jobs given to each link and not yet answered.
+    outstanding: Vec<usize>,
+    in_flight: usize,
+    outcome: CudaResult<()>,
+    broken: Option<String>,
+    timing: Option<DealTiming>,
     way: &'static str,
+    len: u64,
 }
 
-/// The dealing thread's time in one traced copy, in nanoseconds.
-#[derive(Default)]
+impl<'a, D: Device> Dealer<'a, D> {
+    fn new(links: &'a Links<D>, count: usize, way: &'static str, len: u64, outcome: CudaResult<()>) -> Self {
+        Self {
+            links: &links.joined[..count],
+            answers: &links.answers,
+            count,
+            outstanding: vec![0; count],
+            in_flight: 0,
+            outcome,
+            broken: None,
+            timing: tracing_copies().then(DealTiming::start),
+            way,
+            len,
+        }
+    }
+
+    /// The link with the fewest jobs, below `JOBS_PER_LINK`, among those `open` names.
+    fn freest(&self, open: impl Fn(usize) -> bool) -> Option<usize> {
+        (0..self.count).filter(|&index| open(index) && self.outstanding[index] < JOBS_PER_LINK).min_by_key(|&index| self.outstanding[index])
+    }
+
+    fn give(&mut self, index: usize, job: Job<D>) -> bool {
+        let sent = self.links[index].as_ref().is_some_and(|link| link.jobs.send(job).is_ok());
+        if sent {
+            self.outstanding[index] += 1;
+            self.in_flight += 1;
+        } else {
+            self.lose("a data connection's thread ended".into());
+        }
+        sent
+    }
+
+    /// The copy cannot go on: striping ends, and the links' sockets shut so their threads stop
+    /// waiting for bytes that will not come and answer at once.
+    fn lose(&mut self, reason: String) {
+        self.outcome = self.outcome.and(Err(CudaError::DEVICES_UNAVAILABLE));
+        if self.broken.is_none() {
+            self.broken = Some(reason);
+            for link in self.links.iter().flatten() {
+                link.socket.shutdown();
+            }
+        }
+    }
+
+    /// The next answer of a link of this copy that is neither a failure nor the link's end
+    /// (those are taken in here); `None` once nothing is in flight.
+    fn next(&mut self) -> Option<(usize, Done<D>)> {
+        while self.in_flight > 0 {
+            let asked = self.timing.as_ref().map(|_| Instant::now());
+            let answered = self.answers.recv();
+            if let Some((timing, asked)) = self.timing.as_ref().zip(asked) {
+                count_since(&timing.waiting, asked);
+            }
+            // The links' threads each hold a sender until they end, and this one is kept: a
+            // closed channel cannot happen, but is no reason to wait.
+            let Ok(Answered { link, done }) = answered else {
+                self.in_flight = 0;
+                self.lose("the data connections' answers ended".into());
+                return None;
+            };
+            // What a link that left (or joined again since) still said.
+            let Some(index) = self.links.iter().position(|joined| joined.as_ref().is_some_and(|joined| joined.id == link)) else {
+                continue;
+            };
+            if let Done::Gone = done {
+                self.in_flight -= std::mem::take(&mut self.outstanding[index]);
+                self.lose("a data connection's thread ended".into());
+                continue;
+            }
+            self.outstanding[index] = self.outstanding[index].saturating_sub(1);
+            self.in_flight -= 1;
+            match done {
+                Done::Failed(error, reason) => {
+                    self.outcome = self.outcome.and(Err(error));
+                    if error == CudaError::DEVICES_UNAVAILABLE {
+                        self.lose(reason);
+                    }
+                }
+                done => return Some((index, done)),
+            }
+        }
+        None
+    }
+
+    /// Waits for every answer still due and logs the trace: the copy's outcome, and why it
+    /// broke when it did (then striping ends).
+    fn finish(mut self) -> (CudaResult<()>, Option<String>) {
+        while self.next().is_some() {}
+        if let Some(timing) = &self.timing {
+            timing.log(self.way, self.len, self.count, self.links);
+        }
+        (self.outcome, self.broken)
+    }
+}
+
+/// The dealing thread's time in one traced copy, in nanoseconds, from `started`.
 struct DealTiming {
-    /// Waiting for the links' answers, in order.
+    started: Instant,
+    /// Waiting for the links' answers.
     waiting: AtomicU64,
     /// Queueing the device copies of chunks that landed.
     landing: AtomicU64,
@@ -436,7 +541,11 @@ struct DealTiming {
 }
 
 impl DealTiming {
-    fn log<D: Device>(&self, way: &str, len: u64, count: usize, started: Instant, links: &[Option<Link<D>>]) {
+    fn start() -> Self {
+        Self { started: Instant::now(), waiting: AtomicU64::new(0), landing: AtomicU64::new(0), making: AtomicU64::new(0) }
+    }
+
+    fn log<D: Device>(&self, way: &str, len: u64, count: usize, links: &[Option<Link<D>>]) {
         let micros = |counter: &AtomicU64| counter.swap(0, Ordering::Relaxed) / 1000;
         let per_link = |pick: fn(&LinkTiming) -> &AtomicU64| {
             links.iter().flatten().map(|link| micros(pick(&link.timing)).to_string()).collect::<Vec<_>>().join(",")
@@ -445,7 +554,7 @@ impl DealTiming {
             way,
             len,
             connections = count,
-            total_us = started.elapsed().as_micros() as u64,
+            total_us = self.started.elapsed().as_micros() as u64,
             waiting_for_links_us = micros(&self.waiting),
             queueing_landed_us = micros(&self.landing),
             making_jobs_us = micros(&self.making),
@@ -460,7 +569,7 @@ impl DealTiming {
 impl<D: Device> Drop for Stripes<D> {
     fn drop(&mut self) {
         self.closing.store(true, Ordering::Release);
-        for link in self.links().drain(..).flatten() {
+        for link in self.links().joined.drain(..).flatten() {
             link.socket.shutdown();
         }
     }
@@ -490,22 +599,23 @@ enum Payload<D: Device> {
 /// What a link's threads share with the session: its jobs in, its answers out, whether the
 /// session is closing, its statistics and its timing.
 struct LinkEnds<'a, D: Device> {
+    id: u64,
     jobs: &'a Receiver<Job<D>>,
-    done: &'a Sender<Done<D>>,
+    done: &'a Sender<Answered<D>>,
     closing: &'a AtomicBool,
     stats: Option<&'a crate::stats::SlotStats>,
     timing: &'a LinkTiming,
 }
 
 fn serve_link<D: Device>(device: &D, mut reader: Connection, writer: Connection, ends: LinkEnds<'_, D>) {
-    let LinkEnds { jobs, done, closing, stats, timing } = ends;
+    let LinkEnds { id, jobs, done, closing, stats, timing } = ends;
     let trace = tracing_copies();
     if let Err(error) = device.bind_thread() {
         tracing::warn!(%error, "a data connection's thread could not bind the device");
     }
     let (answers, finishing) = std::sync::mpsc::sync_channel::<Answer<D>>(BLOCKS_AHEAD);
     let (return_block, spare_blocks) = block_pool();
-    let finisher = Finisher { device, writer, done, return_block: return_block.clone(), stats, timing: trace.then_some(timing) };
+    let finisher = Finisher { device, writer, id, done, return_block: return_block.clone(), stats, timing: trace.then_some(timing) };
     std::thread::scope(|scope| {
         let started = std::thread::Builder::new().name("flyt-stripe-finish".into()).spawn_scoped(scope, move || finisher.run(&finishing));
         if let Err(error) = started {
@@ -513,7 +623,7 @@ fn serve_link<D: Device>(device: &D, mut reader: Connection, writer: Connection,
             return;
         }
         let mut failed: Option<String> = None;
-        let mut buffers = Buffers { scratch: Vec::new(), compressor: Compressor::default(), spare_blocks, return_block };
+        let mut buffers = Buffers { scratch: Vec::new(), compressor: Compressor::default(), spare_blocks, return_block, ended: None };
         loop {
             let asked = trace.then(Instant::now);
             let Ok(job) = jobs.recv() else { break };
@@ -543,7 +653,9 @@ fn serve_link<D: Device>(device: &D, mut reader: Connection, writer: Connection,
 struct Finisher<'a, D: Device> {
     device: &'a D,
     writer: Connection,
-    done: &'a Sender<Done<D>>,
+    /// The link's id, on each answer.
+    id: u64,
+    done: &'a Sender<Answered<D>>,
     return_block: Sender<Vec<u8>>,
     stats: Option<&'a crate::stats::SlotStats>,
     /// Where its busy time goes while copies are traced.
@@ -583,7 +695,7 @@ impl<D: Device> Finisher<'_, D> {
             if let Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason) = &finished {
                 failed.get_or_insert_with(|| reason.clone());
             }
-            if self.done.send(finished).is_err() {
+            if self.done.send(Answered { link: self.id, done: finished }).is_err() {
                 return;
             }
         }
@@ -605,6 +717,8 @@ impl<D: Device> Finisher<'_, D> {
         match decoded {
             Ok(()) => {
                 self.saved(&header);
+                // Fits: it decoded into the first `len` bytes.
+                D::shorten_staging(&mut staging, header.len as usize);
                 Done::Received { offset: header.offset, len: header.len, staging }
             }
             Err(reason) => Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason),
@@ -638,34 +752,43 @@ impl<D: Device> Finisher<'_, D> {
     }
 }
 
-/// Reads the header of the chunk expected next and checks it is that chunk (raw or compressed).
-fn expect_header(reader: &mut Connection, transfer: u64, offset: u64, len: u64) -> Result<ChunkHeader, String> {
+/// Reads the next header of copy `transfer`: a chunk of it (raw or compressed) or the end of
+/// this connection's share.
+fn next_header(reader: &mut Connection, transfer: u64) -> Result<ChunkHeader, String> {
     let mut bytes = [0u8; CHUNK_HEADER_LEN];
     reader.read_exact(&mut bytes).map_err(|error| format!("reading a chunk header: {error}"))?;
     match ChunkHeader::decode(&bytes) {
-        Some(header) if (header.transfer, header.offset, header.len) == (transfer, offset, len) => Ok(header),
-        Some(header) => Err(format!("chunk {header:?} where chunk {offset} of copy {transfer} ({len} bytes) was due")),
+        Some(header) if header.transfer == transfer => Ok(header),
+        Some(header) => Err(format!("chunk {header:?} where one of copy {transfer} was due")),
         None => Err("no chunk header where one was due".into()),
     }
 }
 
 /// A link thread's buffers: its scratch bytes, its compressor, and the blocks its second thread
-/// is done with (compressed chunks are read or coded into them).
+/// is done with (compressed chunks are read or coded into them); and the last copy whose share
+/// on this connection ended (its later jobs are answered at once).
 struct Buffers {
     scratch: Vec<u8>,
     compressor: Compressor,
     spare_blocks: Receiver<Vec<u8>>,
     return_block: Sender<Vec<u8>>,
+    ended: Option<u64>,
 }
 
 fn run_job<D: Device>(device: &D, reader: &mut Connection, job: Job<D>, buffers: &mut Buffers, closing: &AtomicBool) -> Answer<D> {
     let lost = |reason: String| Answer::Now(Done::Failed(CudaError::DEVICES_UNAVAILABLE, reason));
     match job {
-        Job::Receive { transfer, offset, len, mut staging } => {
-            let header = match expect_header(reader, transfer, offset, len) {
+        Job::Receive { transfer, .. } | Job::Discard { transfer } if buffers.ended == Some(transfer) => Answer::Now(Done::Ended),
+        Job::Receive { transfer, staging } => {
+            let header = match next_header(reader, transfer) {
+                Ok(header) if header.ends_share() => {
+                    buffers.ended = Some(transfer);
+                    return Answer::Now(Done::Ended);
+                }
                 Ok(header) => header,
                 Err(reason) => return lost(reason),
             };
+            let Some(mut staging) = staging else { return lost(format!("a chunk past the end of copy {transfer}")) };
             if header.compressed() {
                 // Read now, decoded by the connection's second thread (a block it is done with).
                 let Ok(mut block) = buffers.spare_blocks.recv() else { return lost("the second thread ended".into()) };
@@ -677,16 +800,24 @@ fn run_job<D: Device>(device: &D, reader: &mut Connection, job: Job<D>, buffers:
                 return Answer::Decode { header, block, staging };
             }
             let bytes = D::staging_bytes(&mut staging);
-            let Some(target) = usize::try_from(len).ok().and_then(|len| bytes.get_mut(..len)) else {
+            let Some(target) = usize::try_from(header.len).ok().and_then(|len| bytes.get_mut(..len)) else {
                 return lost("a chunk larger than its staging".into());
             };
+            let len = target.len();
             match reader.read_exact(target) {
-                Ok(()) => Answer::Now(Done::Received { offset, len, staging }),
+                Ok(()) => {
+                    D::shorten_staging(&mut staging, len);
+                    Answer::Now(Done::Received { offset: header.offset, len: header.len, staging })
+                }
                 Err(error) => lost(format!("reading a chunk: {error}")),
             }
         }
-        Job::Discard { transfer, offset, len } => {
-            let header = match expect_header(reader, transfer, offset, len) {
+        Job::Discard { transfer } => {
+            let header = match next_header(reader, transfer) {
+                Ok(header) if header.ends_share() => {
+                    buffers.ended = Some(transfer);
+                    return Answer::Now(Done::Ended);
+                }
                 Ok(header) => header,
                 Err(reason) => return lost(reason),
             };
@@ -700,7 +831,7 @@ fn run_job<D: Device>(device: &D, reader: &mut Connection, job: Job<D>, buffers:
                 }
                 left -= step as u64;
             }
-            Answer::Now(Done::Handled)
+            Answer::Now(Done::Dropped { offset: header.offset, len: header.len })
         }
         Job::Send { transfer, offset, len, copy, compress } => {
             // The device copy waits for the stream's earlier work, however long it takes: polled

@@ -1,7 +1,8 @@
 //! Striped bulk copies on the wire (`flyt_protocol::stripes`), against an emulated server: data
 //! connections join a session only with its secret, carry striped copies of odd sizes both ways
-//! with the bytes intact, stay in step when a copy is refused, and a hostile or broken data
-//! connection fails its copy (the copy's reply says so) without harming the session.
+//! with the bytes intact whichever connection carries which chunk, stay in step when a copy is
+//! refused, and a hostile or broken data connection (a stray, repeated or missing chunk) fails
+//! its copy (the copy's reply says so) without harming the session.
 
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate: every function in it is a test")]
 #![allow(clippy::cast_possible_truncation, reason = "test copies of a few MiB: offsets fit in usize, bytes wrap on purpose")]
@@ -10,7 +11,7 @@ mod raw;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flyt_protocol::CudaError;
 use flyt_protocol::frame::{FrameLimits, read_message, read_value, write_value};
@@ -35,24 +36,80 @@ fn pattern(len: u64, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed).wrapping_add((i >> 16) as u8)).collect()
 }
 
-/// Writes a copy's chunks round-robin over `links`, as a client does.
+/// Writes a copy's chunks over `links` unevenly (most on the last, every third on the first: a
+/// client deals each to the first connection free), then every link's end of share.
 fn send_chunks(links: &mut [UnixStream], transfer: u64, bytes: &[u8]) {
     for (number, (offset, len)) in chunks(bytes.len() as u64, CHUNK, links.len()).into_iter().enumerate() {
-        let link = &mut links[number % links.len()];
-        link.write_all(&ChunkHeader::raw(transfer, offset, len).encode()).unwrap();
-        link.write_all(&bytes[offset as usize..(offset + len) as usize]).unwrap();
+        let link = if number % 3 == 0 { 0 } else { links.len() - 1 };
+        links[link].write_all(&ChunkHeader::raw(transfer, offset, len).encode()).unwrap();
+        links[link].write_all(&bytes[offset as usize..(offset + len) as usize]).unwrap();
+    }
+    end_shares(links, transfer);
+}
+
+/// Every link's end of its share of copy `transfer`.
+fn end_shares(links: &mut [UnixStream], transfer: u64) {
+    for link in links {
+        link.write_all(&ChunkHeader::end(transfer).encode()).unwrap();
     }
 }
 
-/// Reads a device-to-host copy's chunks off `links` in their round-robin order.
+/// Reads a device-to-host copy's chunks off whichever of `links` they come on until its `len`
+/// bytes are in: each chunk's header and the bytes that followed it, in the order they came.
+/// Checks they are the copy's plan, each chunk once.
+fn receive_any(links: &mut [UnixStream], transfer: u64, len: u64) -> Vec<(ChunkHeader, Vec<u8>)> {
+    for link in links.iter() {
+        link.set_nonblocking(true).unwrap();
+    }
+    // Per link: the bytes of the header or chunk being read, and the header once whole.
+    let mut partial: Vec<(Vec<u8>, Option<ChunkHeader>)> = vec![(Vec::new(), None); links.len()];
+    let (mut came, mut got, mut buffer) = (Vec::new(), 0, vec![0u8; 1 << 16]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got < len {
+        assert!(Instant::now() < deadline, "copy {transfer}: chunks stopped at {got} of {len} bytes");
+        let mut progressed = false;
+        for (link, (pending, header)) in links.iter_mut().zip(&mut partial) {
+            let want = header.map_or(CHUNK_HEADER_LEN, |header| header.wire_len as usize) - pending.len();
+            match link.read(&mut buffer[..want.min(1 << 16)]) {
+                Ok(0) => panic!("a data connection closed"),
+                Ok(read) => {
+                    pending.extend_from_slice(&buffer[..read]);
+                    progressed = true;
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(error) => panic!("reading a chunk: {error}"),
+            }
+            if header.is_none() && pending.len() == CHUNK_HEADER_LEN {
+                let decoded = ChunkHeader::decode(pending[..].try_into().unwrap()).expect("a chunk header");
+                assert_eq!(decoded.transfer, transfer);
+                *header = Some(decoded);
+                pending.clear();
+            }
+            if let Some(whole) = header.filter(|header| pending.len() as u64 == header.wire_len) {
+                got += whole.len;
+                came.push((whole, std::mem::take(pending)));
+                *header = None;
+            }
+        }
+        if !progressed {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    for link in links.iter() {
+        link.set_nonblocking(false).unwrap();
+    }
+    let mut places: Vec<(u64, u64)> = came.iter().map(|(header, _)| (header.offset, header.len)).collect();
+    places.sort_unstable();
+    assert_eq!(places, chunks(len, CHUNK, links.len()), "copy {transfer}: each chunk of the plan once");
+    came
+}
+
+/// Reads a device-to-host copy's chunks (all raw) off whichever of `links` they come on.
 fn receive_chunks(links: &mut [UnixStream], transfer: u64, len: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; len as usize];
-    for (number, (offset, piece)) in chunks(len, CHUNK, links.len()).into_iter().enumerate() {
-        let link = &mut links[number % links.len()];
-        let mut header = [0u8; CHUNK_HEADER_LEN];
-        link.read_exact(&mut header).unwrap();
-        assert_eq!(ChunkHeader::decode(&header), Some(ChunkHeader::raw(transfer, offset, piece)));
-        link.read_exact(&mut bytes[offset as usize..(offset + piece) as usize]).unwrap();
+    for (header, payload) in receive_any(links, transfer, len) {
+        assert!(!header.compressed());
+        bytes[header.offset as usize..(header.offset + header.len) as usize].copy_from_slice(&payload);
     }
     bytes
 }
@@ -100,10 +157,13 @@ fn data_connections_join_with_the_secret_only_and_carry_odd_sized_copies_both_wa
     // Host to device: 7 chunks and a short one, at an odd device offset.
     let len = 7 * CHUNK + 4093;
     let bytes = pattern(len, 3);
+    session.send(&req::MemcpyHtoD { dst: ptr + 5 + len, stream: 0 }.into(), &pattern(CHUNK, 77));
     let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr + 5, len, stream: 0, transfer: 11, chunk: CHUNK }.into(), &[]);
     send_chunks(&mut links, 11, &bytes);
     assert_eq!(htod_reply(&mut session, seq), Ok(false));
     assert!(read_back(&mut session, ptr + 5, len) == bytes, "striped host-to-device bytes");
+    // Each chunk wrote its own bytes only, the last one nothing past the copy's end.
+    assert!(read_back(&mut session, ptr + 5 + len, CHUNK) == pattern(CHUNK, 77), "bytes after the copy");
 
     // Device to host: the same bytes come back in chunks, then the reply.
     let seq = session.send(
@@ -176,6 +236,23 @@ fn a_data_connection_that_breaks_mid_copy_fails_the_copy_not_the_session() {
     fresh[0].write_all(&ChunkHeader::raw(2, 0, u64::MAX).encode()).unwrap();
     assert_eq!(htod_reply(&mut session, seq), Err(CudaError::DEVICES_UNAVAILABLE));
     session.round_trip(0x44);
+    // A chunk sent twice (on two links) fails the copy, and so do shares that end with chunks
+    // never sent.
+    for (transfer, twice) in [(3, true), (4, false)] {
+        let mut links: Vec<UnixStream> = (0..2).map(|index| join(&socket, id, secret, index).0).collect();
+        let seq = session.send(&req::MemcpyHtoDStriped { dst: ptr, len: 2 * CHUNK, stream: 0, transfer, chunk: CHUNK }.into(), &[]);
+        let (offset, len) = chunks(2 * CHUNK, CHUNK, links.len())[0];
+        let sends = if twice { 2 } else { 0 };
+        for link in &mut links[..sends] {
+            link.write_all(&ChunkHeader::raw(transfer, offset, len).encode()).unwrap();
+            let _ = link.write_all(&bytes[offset as usize..(offset + len) as usize]);
+        }
+        if !twice {
+            end_shares(&mut links, transfer);
+        }
+        assert_eq!(htod_reply(&mut session, seq), Err(CudaError::DEVICES_UNAVAILABLE), "copy {transfer}");
+        session.round_trip(0x55);
+    }
 }
 
 /// A striped copy's chunks as LZ4 blocks: compressed host-to-device chunks land as their bytes,
@@ -205,6 +282,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
         link.write_all(&ChunkHeader { transfer: 1, offset, len: piece, wire_len: block.len() as u64, flags: 0 }.encode()).unwrap();
         link.write_all(&block).unwrap();
     }
+    end_shares(&mut links, 1);
     assert_eq!(htod_reply(&mut session, seq), Ok(false));
     assert!(read_back(&mut session, ptr, len) == weights, "compressed chunks landed as their bytes");
 
@@ -212,17 +290,10 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
     let mut back = vec![0u8; len as usize];
     let seq = session
         .send(&req::MemcpyDtoHStriped { src: ptr, len, stream: 0, transfer: 2, chunk: CHUNK, blocking: true, compress: true }.into(), &[]);
-    for (number, (offset, piece)) in chunks(len, CHUNK, 2).into_iter().enumerate() {
-        let link = &mut links[number % 2];
-        let mut header = [0u8; CHUNK_HEADER_LEN];
-        link.read_exact(&mut header).unwrap();
-        let header = ChunkHeader::decode(&header).expect("a chunk header");
-        assert_eq!((header.transfer, header.offset, header.len), (2, offset, piece));
-        assert!(header.compressed(), "chunk {number} of weights came raw");
+    for (header, block) in receive_any(&mut links, 2, len) {
+        assert!(header.compressed(), "the chunk at {} of weights came raw", header.offset);
         saved += header.len - header.wire_len;
-        let mut block = vec![0u8; header.wire_len as usize];
-        link.read_exact(&mut block).unwrap();
-        let target = &mut back[offset as usize..(offset + piece) as usize];
+        let target = &mut back[header.offset as usize..(header.offset + header.len) as usize];
         flyt_protocol::stripes::Decompressor::default().decompress(&header, &block, target).unwrap();
     }
     let mut message = Vec::new();
@@ -270,6 +341,7 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
             .unwrap();
         links[number % 2].write_all(block).unwrap();
     }
+    end_shares(&mut links, 5);
     assert_eq!(htod_reply(&mut session, seq), Ok(false));
     assert!(read_back(&mut session, ptr, bf16_len) == bf16, "float-planes chunks landed as their bytes");
     let seq = session.send(
@@ -277,17 +349,11 @@ fn compressed_chunks_travel_both_ways_and_a_bad_block_fails_only_its_copy() {
         &[],
     );
     let mut back = vec![0u8; bf16.len()];
-    for (number, (offset, piece)) in chunks(bf16_len, CHUNK, 2).into_iter().enumerate() {
-        let link = &mut links[number % 2];
-        let mut header = [0u8; CHUNK_HEADER_LEN];
-        link.read_exact(&mut header).unwrap();
-        let header = ChunkHeader::decode(&header).expect("a chunk header");
-        assert_eq!((header.offset, header.len, header.flags), (offset, piece, flyt_protocol::stripes::FLOAT_PLANES));
+    for (header, block) in receive_any(&mut links, 6, bf16_len) {
+        assert_eq!(header.flags, flyt_protocol::stripes::FLOAT_PLANES);
         saved += header.len - header.wire_len;
-        let mut block = vec![0u8; header.wire_len as usize];
-        link.read_exact(&mut block).unwrap();
         flyt_protocol::stripes::Decompressor::default()
-            .decompress(&header, &block, &mut back[offset as usize..(offset + piece) as usize])
+            .decompress(&header, &block, &mut back[header.offset as usize..(header.offset + header.len) as usize])
             .unwrap();
     }
     assert_eq!(read_message(&mut session.stream, &FrameLimits::default(), &mut message).unwrap().seq, seq);

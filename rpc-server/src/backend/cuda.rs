@@ -1024,6 +1024,10 @@ impl Device for CudaDevice {
         staging.bytes()
     }
 
+    fn shorten_staging(staging: &mut Staging, len: usize) {
+        staging.len = staging.len.min(len);
+    }
+
     fn copy_htod(&self, dst: u64, src: Staging, stream: Self::Stream) -> CudaResult<()> {
         let slot = src.slot();
         // SAFETY: `dst..dst+len` was validated against the session's allocations; the source is

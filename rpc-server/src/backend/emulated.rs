@@ -899,6 +899,10 @@ impl Device for EmulatedDevice {
         staging
     }
 
+    fn shorten_staging(staging: &mut Vec<u8>, len: usize) {
+        staging.truncate(len);
+    }
+
     fn copy_htod(&self, dst: u64, src: Vec<u8>, _stream: u64) -> CudaResult<()> {
         block_slice(&mut self.state().blocks, dst, src.len() as u64)?.copy_from_slice(&src);
         Ok(())

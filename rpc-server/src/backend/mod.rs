@@ -369,6 +369,9 @@ pub trait Device: Send + Sync + 'static {
     /// A staging buffer of `len` bytes (at most the copy chunk); may wait for one to free up.
     fn staging(&self, len: usize) -> CudaResult<Self::Staging>;
     fn staging_bytes(staging: &mut Self::Staging) -> &mut [u8];
+    /// Keeps only the first `len` bytes of a staging buffer (a chunk shorter than the buffer
+    /// taken for it), so a copy from it moves only those.
+    fn shorten_staging(staging: &mut Self::Staging, len: usize);
     /// Queues a copy from a filled staging buffer; the buffer is reused once the copy is done.
     fn copy_htod(&self, dst: u64, src: Self::Staging, stream: Self::Stream) -> CudaResult<()>;
     /// Queues a copy into a staging buffer.
