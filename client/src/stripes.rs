@@ -4,8 +4,8 @@
 //! first, so one TCP stream (one core's worth of kernel copying on each side) no longer caps the
 //! copy, nor does the slowest of the connections.
 //!
-//! - The data connections open at the first such copy (`FLYT_STRIPES` of them: default 4 over
-//!   TCP, 2 over a Unix socket; 0 turns striping off; never over the shared-memory channel), each
+//! - The data connections open at the first such copy (`FLYT_STRIPES` of them: default 4, over TCP
+//!   and over a Unix socket alike; 0 turns striping off; never over the shared-memory channel), each
 //!   connected and authenticated as the session's own connection (TLS, token) and presenting the
 //!   session's secret from the handshake.
 //! - Host to device: one sender thread per data connection takes the copy's next chunk when it
@@ -172,7 +172,9 @@ impl Stripes {
     /// have another way (the shared-memory channel) or data connections cannot be had (a VM's
     /// serial port): then nothing is striped.
     pub fn new(info: &SessionInfo, tcp: bool, not_here: bool) -> Self {
-        let default_count = if tcp { 4 } else { 2 };
+        // Over a Unix socket too: 4 connections moved 13.0-17.2 GB/s there, 2 moved 7.4-9.6 (64
+        // MiB and 1 GiB copies, H200 host, 2026-11-29, `benchmarks/remote_copy.sh`).
+        let default_count = 4;
         let count =
             std::env::var("FLYT_STRIPES").ok().and_then(|value| value.trim().parse::<usize>().ok()).unwrap_or(default_count).min(16);
         let plan = info.stripe_secret.filter(|_| count > 0 && !not_here).map(|_| Plan {

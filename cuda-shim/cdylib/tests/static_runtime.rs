@@ -971,8 +971,7 @@ fn large_copies_striped_over_data_connections_keep_every_byte_and_their_order() 
         assert!(!outcome.2.contains("bulk copies use one connection"), "{what}: striping fell back\n{}", outcome.2);
         let expected = match env.iter().find(|(name, _)| *name == "FLYT_STRIPES") {
             Some((_, count)) => count.parse::<usize>().unwrap(),
-            None if transport == "tcp" => 4,
-            None => 2,
+            None => 4,
         };
         // The worker logs a join just after answering it.
         let joined = || server.log_text().matches("data connection joined").count() - joined_before;
