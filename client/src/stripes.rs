@@ -561,7 +561,9 @@ fn code_loop(set: &std::sync::Weak<Set>, queue: &Receiver<Arc<Outgoing>>, to_wri
                 }
             }
             if to_write.send(Ready::Chunk { copy: copy.clone(), header, ptr, block: coded }).is_err() {
+                // The sender is gone: this chunk, the rest and the end are answered here.
                 copy.done.answer(Err("striping ended".to_string()));
+                break;
             }
         }
         if to_write.send(Ready::End(copy.clone())).is_err() {

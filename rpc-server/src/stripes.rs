@@ -752,13 +752,17 @@ impl<D: Device> Finisher<'_, D> {
     }
 }
 
-/// Reads the next header of copy `transfer`: a chunk of it (raw or compressed) or the end of
-/// this connection's share.
-fn next_header(reader: &mut Connection, transfer: u64) -> Result<ChunkHeader, String> {
+/// Reads the next header of copy `transfer`: a chunk of it (raw or compressed), or `None` at the
+/// end of this connection's share (then noted in `ended`).
+fn next_chunk_header(reader: &mut Connection, transfer: u64, ended: &mut Option<u64>) -> Result<Option<ChunkHeader>, String> {
     let mut bytes = [0u8; CHUNK_HEADER_LEN];
     reader.read_exact(&mut bytes).map_err(|error| format!("reading a chunk header: {error}"))?;
     match ChunkHeader::decode(&bytes) {
-        Some(header) if header.transfer == transfer => Ok(header),
+        Some(header) if header.transfer == transfer && header.ends_share() => {
+            *ended = Some(transfer);
+            Ok(None)
+        }
+        Some(header) if header.transfer == transfer => Ok(Some(header)),
         Some(header) => Err(format!("chunk {header:?} where one of copy {transfer} was due")),
         None => Err("no chunk header where one was due".into()),
     }
@@ -780,12 +784,9 @@ fn run_job<D: Device>(device: &D, reader: &mut Connection, job: Job<D>, buffers:
     match job {
         Job::Receive { transfer, .. } | Job::Discard { transfer } if buffers.ended == Some(transfer) => Answer::Now(Done::Ended),
         Job::Receive { transfer, staging } => {
-            let header = match next_header(reader, transfer) {
-                Ok(header) if header.ends_share() => {
-                    buffers.ended = Some(transfer);
-                    return Answer::Now(Done::Ended);
-                }
-                Ok(header) => header,
+            let header = match next_chunk_header(reader, transfer, &mut buffers.ended) {
+                Ok(Some(header)) => header,
+                Ok(None) => return Answer::Now(Done::Ended),
                 Err(reason) => return lost(reason),
             };
             let Some(mut staging) = staging else { return lost(format!("a chunk past the end of copy {transfer}")) };
@@ -813,12 +814,9 @@ fn run_job<D: Device>(device: &D, reader: &mut Connection, job: Job<D>, buffers:
             }
         }
         Job::Discard { transfer } => {
-            let header = match next_header(reader, transfer) {
-                Ok(header) if header.ends_share() => {
-                    buffers.ended = Some(transfer);
-                    return Answer::Now(Done::Ended);
-                }
-                Ok(header) => header,
+            let header = match next_chunk_header(reader, transfer, &mut buffers.ended) {
+                Ok(Some(header)) => header,
+                Ok(None) => return Answer::Now(Done::Ended),
                 Err(reason) => return lost(reason),
             };
             let mut left = header.wire_len;
