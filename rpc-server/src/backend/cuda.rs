@@ -237,6 +237,9 @@ struct StagingPool {
     memory: memmap2::MmapMut,
     slots: Vec<Slot>,
     state: Mutex<Vec<bool>>,
+    /// How many of `state`'s flags are set (changed under its lock): waiting takers spin on
+    /// this rather than on the lock the links take and give slots back under.
+    in_use: AtomicUsize,
     freed: Condvar,
     /// The first pinning's outcome: its failure (logged once, as it happens) is every take's.
     pinned: CudaResult<()>,
@@ -309,6 +312,7 @@ impl Drop for Staging {
     fn drop(&mut self) {
         let mut held = self.pool.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         held[self.index] = false;
+        self.pool.in_use.fetch_sub(1, Ordering::Release);
         self.pool.freed.notify_one();
     }
 }
@@ -342,7 +346,14 @@ impl StagingPool {
                 last: AtomicUsize::new(0),
             })
             .collect();
-        Ok(Self { memory, state: Mutex::new(vec![false; slots]), slots: made, freed: Condvar::new(), pinned: Ok(()) })
+        Ok(Self {
+            memory,
+            state: Mutex::new(vec![false; slots]),
+            in_use: AtomicUsize::new(0),
+            slots: made,
+            freed: Condvar::new(),
+            pinned: Ok(()),
+        })
     }
 
     /// Pins the memory and gives every slot new events, one in each of `contexts` (at start,
@@ -395,25 +406,34 @@ impl StagingPool {
         self.ready()?;
         let mut held = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         loop {
-            let free: Vec<usize> = (0..held.len()).filter(|index| !held[*index]).collect();
-            // Prefer a slot whose copy already finished; otherwise wait on one.
-            let ready = free.iter().copied().find(|index| {
+            // Prefer a slot whose copy already finished; otherwise wait on the first free one.
+            // Lowest index first: the slots used last stay warm in the CPU's cache.
+            let mut first_free = None;
+            let mut ready = None;
+            for index in (0..held.len()).filter(|index| !held[*index]) {
+                first_free.get_or_insert(index);
                 // SAFETY: the event was created in `new` and is never destroyed.
-                unsafe { result::event::query(self.slots[*index].event()) }.is_ok()
-            });
-            if let Some(index) = ready.or(free.first().copied()) {
+                if unsafe { result::event::query(self.slots[index].event()) }.is_ok() {
+                    ready = Some(index);
+                    break;
+                }
+            }
+            if let Some(index) = ready.or(first_free) {
                 held[index] = true;
+                self.in_use.fetch_add(1, Ordering::Release);
                 drop(held);
+                // Made first, so that a failed wait below gives the slot back as it drops.
+                let staging = Staging { pool: self.clone(), index, len };
                 // SAFETY: as above; waiting for the slot's last copy before its bytes are reused.
                 check(unsafe { result::event::synchronize(self.slots[index].event()) })?;
-                return Ok(Staging { pool: self.clone(), index, len });
+                return Ok(staging);
             }
             // Every slot is on its way to the client: poll briefly (a slot frees up every few
             // hundred microseconds during a large copy) before sleeping.
             drop(held);
             let spin_until = std::time::Instant::now() + flyt_ring::spin_budget();
             while std::time::Instant::now() < spin_until {
-                if self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().any(|taken| !taken) {
+                if self.in_use.load(Ordering::Acquire) < self.slots.len() {
                     break;
                 }
                 std::hint::spin_loop();
