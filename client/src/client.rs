@@ -18,6 +18,7 @@ use flyt_protocol::locate::{LocateReply, LocateRequest};
 use flyt_protocol::ops::{Op, OpClass, decode_reply, req};
 
 use crate::conn::{Conn, HostDestination, Wire};
+use crate::IdMap;
 use crate::ranges::DeviceRanges;
 
 use crate::shm;
@@ -87,13 +88,13 @@ pub struct Client {
     nodes: Vec<Node>,
     /// In a spread session, the session device each stream and event was made on (its server
     /// holds it): calls naming one go there.
-    handle_devices: Mutex<HashMap<u64, u32>>,
+    handle_devices: Mutex<IdMap<u64, u32>>,
     pub(crate) info: SessionInfo,
     /// Device ranges the app may copy to or from: allocations and module variables.
     pub(crate) ranges: DeviceRanges,
     pub(crate) host_allocations: Mutex<BTreeMap<usize, HostAllocation>>,
-    pub(crate) streams: Mutex<HashMap<u64, StreamInfo>>,
-    pub(crate) events: Mutex<HashMap<u64, u32>>,
+    pub(crate) streams: Mutex<IdMap<u64, StreamInfo>>,
+    pub(crate) events: Mutex<IdMap<u64, u32>>,
     next_stream: AtomicU64,
     next_event: AtomicU64,
     /// Bumped by `cudaDeviceReset`, which destroys every per-thread default stream.
@@ -125,7 +126,7 @@ pub struct Client {
     limits: Mutex<HashMap<(u32, u32), u64>>,
     /// Streams known to have finished their work, with the connection's frame count then
     /// (`stream_finished`).
-    finished_streams: Mutex<HashMap<u64, u64>>,
+    finished_streams: Mutex<IdMap<u64, u64>>,
 }
 
 /// `CU_LIMIT_STACK_SIZE`: the driver raises it by itself when a launch needs a larger stack.
@@ -673,12 +674,12 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         conn,
         address,
         nodes,
-        handle_devices: Mutex::new(HashMap::new()),
+        handle_devices: Mutex::default(),
         info,
         ranges: DeviceRanges::default(),
         host_allocations: Mutex::new(BTreeMap::new()),
-        streams: Mutex::new(HashMap::new()),
-        events: Mutex::new(HashMap::new()),
+        streams: Mutex::default(),
+        events: Mutex::default(),
         next_stream: AtomicU64::new(STREAM_ID_BASE),
         next_event: AtomicU64::new(EVENT_ID_BASE),
         reset_generation: AtomicU64::new(0),
@@ -693,7 +694,7 @@ fn open_session() -> Result<Client, (CudaError, String)> {
         greens: crate::green::Greens::default(),
         stripes,
         limits: Mutex::new(HashMap::new()),
-        finished_streams: Mutex::new(HashMap::new()),
+        finished_streams: Mutex::default(),
     })
 }
 

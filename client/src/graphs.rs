@@ -12,6 +12,7 @@ use std::sync::{Condvar, Mutex, OnceLock};
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::ops::{CaptureInfo, HostBox, capture_status, req};
 
+use crate::IdMap;
 use crate::client::Client;
 
 /// An app function a stream or graph runs.
@@ -46,17 +47,17 @@ pub struct Graphs {
     /// Captures begun by this process and not yet ended.
     active_captures: AtomicUsize,
     /// Origin stream of each active capture.
-    captures: Mutex<HashMap<u64, u64>>,
+    captures: Mutex<IdMap<u64, u64>>,
     /// Each active capture's beginning thread (`thread_token`) and capture mode: which calls of
     /// which app thread the driver would prohibit (see `Client::capture_mode_for_thread`).
-    capture_owners: Mutex<HashMap<u64, (u64, u32)>>,
+    capture_owners: Mutex<IdMap<u64, (u64, u32)>>,
     /// Host-function nodes each executable graph runs per launch.
-    exec_host_nodes: Mutex<HashMap<u64, u32>>,
+    exec_host_nodes: Mutex<IdMap<u64, u32>>,
     /// Node types, as added or as the server listed them.
-    node_kinds: Mutex<HashMap<u64, u32>>,
+    node_kinds: Mutex<IdMap<u64, u32>>,
     /// `(clone, original node)` to the clone's node.
     clones: Mutex<HashMap<(u64, u64), u64>>,
-    host_functions: Mutex<HashMap<u64, Registered>>,
+    host_functions: Mutex<IdMap<u64, Registered>>,
     /// Addresses of graph memory (allocation nodes, allocations made in a capture): the app may
     /// free them outside their graph after each launch, any number of times.
     memory: Mutex<HashSet<u64>>,

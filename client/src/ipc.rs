@@ -24,7 +24,7 @@ struct Opened {
 pub struct Ipc {
     /// By handle, the mapping's address; by address, the mapping.
     by_handle: Mutex<HashMap<[u8; 64], u64>>,
-    opened: Mutex<HashMap<u64, Opened>>,
+    opened: Mutex<crate::IdMap<u64, Opened>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -11,6 +11,10 @@
 )]
 
 pub mod arrays;
+
+/// The client's handle maps (streams, events, allocations' chunks...), looked up on every call
+/// that names one: keys are ids, hashed quickly (SipHash was a tenth of an async call's cost).
+pub(crate) type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub mod client;
 pub use flyt_front_kit::diagnostics;
 pub mod conn;

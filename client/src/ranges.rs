@@ -65,7 +65,7 @@ const CHUNK: u64 = 2 << 20;
 #[derive(Default)]
 struct Reservations {
     /// Chunk index to the number of live ranges in it.
-    chunks: std::collections::HashMap<u64, u32>,
+    chunks: crate::IdMap<u64, u32>,
     /// This kernel treats `MAP_FIXED_NOREPLACE` as a hint (before Linux 4.17): nothing is reserved.
     unsupported: bool,
 }
