@@ -311,10 +311,11 @@ if [ -n "$PYTHON" ]; then
     done
 fi
 
-# JAX takes 75% of the GPU's memory as it starts (XLA's preallocation): its transports run one
-# after another, as its native run runs alone (three at once cannot each have 75%; the ones
-# refused fail their allocations, 2026-11-29 on an H200).
-takes_most_of_the_gpu() { case "$1" in fw_jax_*) return 0 ;; esac; return 1; }
+# JAX takes 75% of the GPU's memory as it starts (XLA's preallocation), paging's tenants 75% and
+# paging_addresses' 60% between them: their transports run one after another, as their native
+# runs run alone (three at once cannot each have that much; the ones refused fail their
+# allocations, 2026-11-29 on an H200).
+takes_most_of_the_gpu() { case "$1" in fw_jax_* | paging | paging_addresses) return 0 ;; esac; return 1; }
 
 selected() { # is program $1 selected by --only?
     [ ${#ONLY[@]} -eq 0 ] && return 0
