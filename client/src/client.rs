@@ -17,8 +17,8 @@ use flyt_protocol::handshake::{ClientIdentity, Hello, HelloReply, SessionInfo, S
 use flyt_protocol::locate::{LocateReply, LocateRequest};
 use flyt_protocol::ops::{Op, OpClass, decode_reply, req};
 
-use crate::conn::{Conn, HostDestination, Wire};
 use crate::IdMap;
+use crate::conn::{Conn, HostDestination, Wire};
 use crate::ranges::DeviceRanges;
 
 use crate::shm;
