@@ -11,26 +11,28 @@
 # and random bytes, FLYT_STRIPE_LZ4 off, auto and on (rows shaped-DATA-lz4MODE). With
 # --relay-rate BYTES_PER_S (no tc needed: benchmarks/delay_relay.c as a link of that rate each
 # way, shared by the session's connections) the same through the relay (rows relayed-DATA-MODE,
-# MODE from --relay-modes, default "off auto on"); --only-relayed skips the unshaped rows.
+# MODE from --relay-modes, default "off auto on"); --only-relayed skips the unshaped rows;
+# --only-striped keeps of them the N-connection rows and their raw (diagnostics/copy_sweep.sh).
 # Each program's output goes to OUT/NAME.txt; a table is printed last.
 #   benchmarks/remote_copy.sh --dist DIR --out DIR [--cuda DIR] [--device cuda|emulated]
 #                             [--sizes 64M,1G] [--reps N] [--stripes N] [--shape RATE]
 #                             [--relay-rate BYTES_PER_S] [--relay-modes 'off auto on'] [--only-relayed]
+#                             [--only-striped]
 # DIST holds bin/flyt-rpc-server and lib/libcuda.so.1 (Flyt's); CUDA (default /usr/local/cuda) gives
 # cuda.h. With --device emulated (no GPU: copies move host memory) there is no native row.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 DIST=$root/dist OUT=/tmp/flyt-remote-copy CUDA=/usr/local/cuda DEVICE=cuda SIZES=64M,1G REPS=5 STRIPES=4 SHAPE=
-RELAY_RATE= RELAY_MODES="off auto on" ONLY_RELAYED=
+RELAY_RATE= RELAY_MODES="off auto on" ONLY_RELAYED= ONLY_STRIPED=
 usage() {
-    sed -n '12,16p' "${BASH_SOURCE[0]}" >&2
+    sed -n '17,20p' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
 # shellcheck source=../gpu-tests/lib/options.sh
 . "$here/../gpu-tests/lib/options.sh"
 parse_options usage --dist=DIST --out=OUT --cuda=CUDA --device=DEVICE --sizes=SIZES --reps=REPS --stripes=STRIPES \
-    --shape=SHAPE --relay-rate=RELAY_RATE --relay-modes=RELAY_MODES --only-relayed=ONLY_RELAYED=1 -- "$@"
+    --shape=SHAPE --relay-rate=RELAY_RATE --relay-modes=RELAY_MODES --only-relayed=ONLY_RELAYED=1 --only-striped=ONLY_STRIPED=1 -- "$@"
 absolute_dist_out
 rm -f "$OUT"/*.txt "$OUT"/*.err
 TMP=$(mktemp -d /tmp/flyt-remote-copy.XXXXXX)
@@ -68,18 +70,20 @@ if [ -n "$RELAY_RATE" ]; then
     wait $relay 2>/dev/null
 fi
 [ -n "$ONLY_RELAYED" ] || {
-[ "$DEVICE" = cuda ] && { timeout 900 "$TMP/remote_copy" native "$REPS" "$SIZES" >"$OUT/native.txt" 2>"$OUT/native.err" || echo "native: exit $?" >&2; }
-flyt shm "unix:$TMP/s.sock" on 0
+conn_counts=(1 "$STRIPES") stripe_counts=(0 1 "$STRIPES")
+[ -n "$ONLY_STRIPED" ] && conn_counts=("$STRIPES") stripe_counts=("$STRIPES")
+[ -z "$ONLY_STRIPED" ] && [ "$DEVICE" = cuda ] && { timeout 900 "$TMP/remote_copy" native "$REPS" "$SIZES" >"$OUT/native.txt" 2>"$OUT/native.err" || echo "native: exit $?" >&2; }
+[ -n "$ONLY_STRIPED" ] || flyt shm "unix:$TMP/s.sock" on 0
 for transport in tcp unix; do
     address=$tcp
     [ "$transport" = unix ] && address=unix:$TMP/s.sock
     # Raw before and after Flyt's rows: the host's throughput drifts within a run, and the better
     # of the two is the figure Flyt is held to.
     for turn in a b; do
-        for conns in 1 "$STRIPES"; do
+        for conns in "${conn_counts[@]}"; do
             timeout 900 "$TMP/raw_stream" pair "$transport" "$SIZES" "$REPS" "$conns" >"$OUT/raw-$transport-c$conns-$turn.txt" 2>"$OUT/raw-$transport-c$conns-$turn.err"
         done
-        [ "$turn" = b ] || for stripes in 0 1 "$STRIPES"; do flyt "$transport-s$stripes" "$address" off "$stripes"; done
+        [ "$turn" = b ] || for stripes in "${stripe_counts[@]}"; do flyt "$transport-s$stripes" "$address" off "$stripes"; done
     done
 done
 
