@@ -307,7 +307,7 @@ impl<D: Device> Stripes<D> {
         let plan = chunks(len, chunk, count);
         let biggest = plan.iter().map(|&(_, piece)| piece).max().unwrap_or(0);
         // The chunks still due, by offset: each lands once, as the plan cut it.
-        let mut due: std::collections::HashMap<u64, u64> = plan.into_iter().collect();
+        let mut due: crate::session::IdMap<u64, u64> = plan.into_iter().collect();
         let mut ended = vec![false; count];
         let window = self.window(count);
         let mut dealer = Dealer::new(&links, count, "host to device", len, refused.map_or(Ok(()), Err));
