@@ -12,9 +12,13 @@
  * With CONNS > 1 (default 1, at most 64) each transfer is split in CONNS equal parts moved at once over
  * CONNS connections, one thread each on both sides: the ceiling for copies striped over as many
  * connections (Flyt's FLYT_STRIPES). The server serves each connection on a thread of its own.
- * BYTES accepts K/M/G suffixes (powers of 1024). Results: one JSON object per line on stdout. */
+ * BYTES accepts K/M/G suffixes (powers of 1024). Results: one JSON object per line on stdout.
+ * RAW_STREAM_DEVICE=1 (server side): the server's buffer is pinned and every chunk it reads goes on to GPU 0
+ * (cuMemcpyHtoDAsync), every chunk it writes comes from there first (cuMemcpyDtoHAsync, queued a buffer ahead):
+ * what a server that lands the bytes on a device, as Flyt's does, could reach. The driver is loaded at run time. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -133,6 +137,81 @@ static int connect_to(int is_tcp, const char *addr) {
     return fd;
 }
 
+/* The driver calls RAW_STREAM_DEVICE needs, loaded at run time (raw_stream builds without CUDA). */
+static struct {
+    int (*init)(unsigned);
+    int (*device_get)(int *, int);
+    int (*primary_retain)(void **, int);
+    int (*set_current)(void *);
+    int (*mem_alloc)(unsigned long long *, size_t);
+    int (*host_register)(void *, size_t, unsigned);
+    int (*stream_create)(void **, unsigned);
+    int (*event_create)(void **, unsigned);
+    int (*event_record)(void *, void *);
+    int (*event_synchronize)(void *);
+    int (*stream_synchronize)(void *);
+    int (*htod)(unsigned long long, const void *, size_t, void *);
+    int (*dtoh)(void *, unsigned long long, size_t, void *);
+    void *context;
+} cu;
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+
+static void cu_check(int result, const char *what) {
+    if (result) {
+        fprintf(stderr, "raw_stream: %s: CUDA error %d\n", what, result);
+        exit(1);
+    }
+}
+
+static void cu_load(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib) {
+        fprintf(stderr, "raw_stream: RAW_STREAM_DEVICE: %s\n", dlerror());
+        exit(1);
+    }
+#define CU_SYM(field, name) \
+    if (!(*(void **)&cu.field = dlsym(lib, name))) { fprintf(stderr, "raw_stream: no %s\n", name); exit(1); }
+    CU_SYM(init, "cuInit")
+    CU_SYM(device_get, "cuDeviceGet")
+    CU_SYM(primary_retain, "cuDevicePrimaryCtxRetain")
+    CU_SYM(set_current, "cuCtxSetCurrent")
+    CU_SYM(mem_alloc, "cuMemAlloc_v2")
+    CU_SYM(host_register, "cuMemHostRegister_v2")
+    CU_SYM(stream_create, "cuStreamCreate")
+    CU_SYM(event_create, "cuEventCreate")
+    CU_SYM(event_record, "cuEventRecord")
+    CU_SYM(event_synchronize, "cuEventSynchronize")
+    CU_SYM(stream_synchronize, "cuStreamSynchronize")
+    CU_SYM(htod, "cuMemcpyHtoDAsync_v2")
+    CU_SYM(dtoh, "cuMemcpyDtoHAsync_v2")
+#undef CU_SYM
+    int device;
+    cu_check(cu.init(0), "cuInit");
+    cu_check(cu.device_get(&device, 0), "cuDeviceGet");
+    cu_check(cu.primary_retain(&cu.context, device), "cuDevicePrimaryCtxRetain");
+}
+
+/* A connection's way to GPU 0: its buffer pinned, as much device memory, a stream, an event per chunk. */
+struct device_side {
+    unsigned long long dptr;
+    void *stream;
+    void **events;
+};
+
+static int device_side_open(struct device_side *d, char *buf, size_t len) {
+    const char *wanted = getenv("RAW_STREAM_DEVICE");
+    if (!wanted || strcmp(wanted, "1")) return 0;
+    pthread_once(&cu_once, cu_load);
+    cu_check(cu.set_current(cu.context), "cuCtxSetCurrent");
+    cu_check(cu.host_register(buf, len, 0), "cuMemHostRegister");
+    cu_check(cu.mem_alloc(&d->dptr, len), "cuMemAlloc");
+    cu_check(cu.stream_create(&d->stream, 1), "cuStreamCreate");
+    d->events = calloc(len / CHUNK, sizeof *d->events);
+    if (!d->events) die("calloc");
+    for (size_t i = 0; i < len / CHUNK; i++) cu_check(cu.event_create(&d->events[i], 2), "cuEventCreate");
+    return 1;
+}
+
 struct served {
     int fd;
     int is_tcp;
@@ -154,6 +233,8 @@ static void *serve_connection(void *arg) {
     char *buf = malloc(len);
     if (!buf) die("malloc");
     memset(buf, 0x5a, len);
+    struct device_side dev;
+    int device = device_side_open(&dev, buf, len);
     nodelay(fd, c->is_tcp);
     struct req q;
     while (read_all(fd, &q, sizeof q) && q.op != 0) {
@@ -161,6 +242,8 @@ static void *serve_connection(void *arg) {
         if (q.op == 1) {
             size_t filled = 0;
             while (left) {
+                /* A chunk's bytes wait for its last device copy to have read them. */
+                if (device && filled == 0) cu_check(cu.event_synchronize(dev.events[at / CHUNK]), "cuEventSynchronize");
                 size_t n = CHUNK - filled;
                 if (n > left) n = (size_t)left;
                 ssize_t r = read(fd, buf + at + filled, n);
@@ -168,13 +251,31 @@ static void *serve_connection(void *arg) {
                 if (r <= 0) die("read");
                 left -= (uint64_t)r;
                 filled += (size_t)r;
-                if (filled == CHUNK) filled = 0, at = (at + CHUNK) % len;
+                if (filled == CHUNK || left == 0) {
+                    if (device) {
+                        cu_check(cu.htod(dev.dptr + at, buf + at, filled, dev.stream), "cuMemcpyHtoDAsync");
+                        cu_check(cu.event_record(dev.events[at / CHUNK], dev.stream), "cuEventRecord");
+                    }
+                    filled = 0, at = (at + CHUNK) % len;
+                }
             }
+            if (device) cu_check(cu.stream_synchronize(dev.stream), "cuStreamSynchronize");
             char ack = 1;
             write_all(fd, &ack, 1);
         } else {
+            /* With a device: its copies queued up to a buffer ahead of the writes. */
+            uint64_t queued = 0, total = left;
+            size_t queue_at = at;
             while (left) {
+                while (device && queued < total && queued - (total - left) < len) {
+                    size_t n = total - queued < CHUNK ? (size_t)(total - queued) : CHUNK;
+                    cu_check(cu.dtoh(buf + queue_at, dev.dptr + queue_at, n, dev.stream), "cuMemcpyDtoHAsync");
+                    cu_check(cu.event_record(dev.events[queue_at / CHUNK], dev.stream), "cuEventRecord");
+                    queue_at = (queue_at + CHUNK) % len;
+                    queued += n;
+                }
                 size_t n = left < CHUNK ? (size_t)left : CHUNK;
+                if (device) cu_check(cu.event_synchronize(dev.events[at / CHUNK]), "cuEventSynchronize");
                 write_all(fd, buf + at, n);
                 at = (at + CHUNK) % len;
                 left -= n;
@@ -304,6 +405,9 @@ static void client(int is_tcp, const char *addr, const char *sizes, int runs, in
     memset(buf, 0x33, (size_t)max);
     int fds[64];
     for (int i = 0; i < conns; i++) fds[i] = connect_to(is_tcp, addr);
+    /* The server's setting as this process sees it: exact for `pair`, which forks the server. */
+    const char *device_env = getenv("RAW_STREAM_DEVICE");
+    int device = device_env && !strcmp(device_env, "1");
     for (int s = 0; s < nsizes; s++) {
         for (int op = 1; op <= 2; op++) {
             double t[64];
@@ -313,8 +417,8 @@ static void client(int is_tcp, const char *addr, const char *sizes, int runs, in
             double med = runs % 2 ? t[runs / 2] : 0.5 * (t[runs / 2 - 1] + t[runs / 2]);
             printf(
                 "{\"bench\":\"raw_stream\",\"socket\":\"%s\",\"dir\":\"%s\",\"bytes\":%llu,\"runs\":%d,"
-                "\"chunk\":%u,\"conns\":%d,\"gbps\":%.4f,\"best_gbps\":%.4f,\"worst_gbps\":%.4f}\n",
-                is_tcp ? "tcp" : "unix", op == 1 ? "c2s" : "s2c", (unsigned long long)list[s], runs, CHUNK, conns,
+                "\"chunk\":%u,\"conns\":%d,\"device\":%d,\"gbps\":%.4f,\"best_gbps\":%.4f,\"worst_gbps\":%.4f}\n",
+                is_tcp ? "tcp" : "unix", op == 1 ? "c2s" : "s2c", (unsigned long long)list[s], runs, CHUNK, conns, device,
                 (double)list[s] / med / 1e9, (double)list[s] / t[0] / 1e9, (double)list[s] / t[runs - 1] / 1e9);
             fflush(stdout);
             fprintf(stderr, "raw %s %s %llu bytes over %d connection(s): %.2f GB/s (median of %d)\n", is_tcp ? "tcp" : "unix",

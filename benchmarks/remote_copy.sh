@@ -83,6 +83,12 @@ for transport in tcp unix; do
         for conns in "${conn_counts[@]}"; do
             timeout 900 "$TMP/raw_stream" pair "$transport" "$SIZES" "$REPS" "$conns" >"$OUT/raw-$transport-c$conns-$turn.txt" 2>"$OUT/raw-$transport-c$conns-$turn.err"
         done
+        # The same with the server landing the bytes on the GPU (a ring of 2 or 16 MiB per connection,
+        # the better printed): what a server doing a copy's whole work can reach.
+        [ "$DEVICE" = cuda ] && [ "$STRIPES" -gt 1 ] && for ring in 2 16; do
+            RAW_STREAM_DEVICE=1 RAW_STREAM_SERVER_BUFFER=$((ring << 20)) timeout 900 "$TMP/raw_stream" pair "$transport" "$SIZES" "$REPS" "$STRIPES" \
+                >"$OUT/raw-$transport-device$ring-c$STRIPES-$turn.txt" 2>"$OUT/raw-$transport-device$ring-c$STRIPES-$turn.err"
+        done
         [ "$turn" = b ] || for stripes in "${stripe_counts[@]}"; do flyt "$transport-s$stripes" "$address" off "$stripes"; done
     done
 done
@@ -106,7 +112,8 @@ fi
 echo "# remote copies, $(date -u '+%Y-%m-%d %H:%M UTC'), device $DEVICE ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)), $(nproc) CPUs"
 echo "# GB/s (1e9 B/s), median of $REPS synchronous copies; sN = FLYT_STRIPES=N (s0: the session's one connection);"
 echo "# raw = raw_stream over the same socket with as many connections (s0, s1: one), client->server | server->client,"
-echo "# the better of two runs (before and after the Flyt rows of that socket)"
+echo "# the better of two runs (before and after the Flyt rows of that socket); raw landing on the GPU = the same with"
+echo "# raw_stream's server copying each 1 MiB it reads to GPU 0 and each it writes from there (RAW_STREAM_DEVICE=1)"
 cat "$OUT"/raw-tcp-*.txt "$OUT"/raw-unix-*.txt 2>/dev/null | grep '^{' >"$TMP/raw.jsonl"
 [ -n "$RELAY_RATE" ] && echo "# relayed-DATA-MODE: TCP through delay_relay as a link of $RELAY_RATE B/s each way, $STRIPES connections, FLYT_STRIPE_LZ4=MODE"
 cat "$OUT"/*.txt | grep '^bw ' | awk -v raw="$TMP/raw.jsonl" -v stripes="$STRIPES" '
@@ -117,18 +124,23 @@ cat "$OUT"/*.txt | grep '^bw ' | awk -v raw="$TMP/raw.jsonl" -v stripes="$STRIPE
             bytes = line; sub(/.*"bytes":/, "", bytes); sub(/,.*/, "", bytes)
             conns = line; sub(/.*"conns":/, "", conns); sub(/,.*/, "", conns)
             gbps = line; sub(/.*"gbps":/, "", gbps); sub(/,.*/, "", gbps)
+            if (line ~ /"device":1/) {
+                if (!((sock, dir, bytes, conns) in rd) || gbps + 0 > rd[sock, dir, bytes, conns] + 0) rd[sock, dir, bytes, conns] = gbps
+                continue
+            }
             if (!((sock, dir, bytes, conns) in r) || gbps + 0 > r[sock, dir, bytes, conns] + 0) r[sock, dir, bytes, conns] = gbps
         }
     }
     { v[$2, $3, $4, $5] = $6; if (!($5 in seen)) { seen[$5] = 1; sizes[++ns] = $5 } if (!($2 in have)) { have[$2] = 1; labels[++nl] = $2 } }
     END {
-        printf "%-10s %-10s %11s %11s %13s %13s   %s\n", "size", "case", "pinned H2D", "pinned D2H", "pageable H2D", "pageable D2H", "raw c2s | s2c"
+        printf "%-10s %-10s %11s %11s %13s %13s   %s\n", "size", "case", "pinned H2D", "pinned D2H", "pageable H2D", "pageable D2H", "raw c2s | s2c   raw landing on the GPU c2s | s2c"
         for (s = 1; s <= ns; s++) for (l = 1; l <= nl; l++) {
             label = labels[l]; size = sizes[s]
             line = sprintf("%-10s %-10s %11s %11s %13s %13s", size / 1048576 "MiB", label, v[label, "pinned", "H2D", size], v[label, "pinned", "D2H", size], v[label, "pageable", "H2D", size], v[label, "pageable", "D2H", size])
             if (label ~ /^(tcp|unix)-s/) {
                 sock = label; sub(/-s.*/, "", sock); n = label; sub(/.*-s/, "", n); if (n < 1) n = 1
                 line = line sprintf("   %.3f | %.3f (%d conn)", r[sock, "c2s", size, n], r[sock, "s2c", size, n], n)
+                if ((sock, "c2s", size, n) in rd) line = line sprintf("   %.3f | %.3f", rd[sock, "c2s", size, n], rd[sock, "s2c", size, n])
                 if (n == stripes && n > 1) {
                     split("pinned H2D c2s,pinned D2H s2c,pageable H2D c2s,pageable D2H s2c", cols, ",")
                     for (c = 1; c <= 4; c++) {
@@ -138,6 +150,8 @@ cat "$OUT"/*.txt | grep '^bw ' | awk -v raw="$TMP/raw.jsonl" -v stripes="$STRIPE
                             share = v[label, k[1], k[2], size] / raw_gbps
                             cells++; if (share < 0.9) under++
                             if (worst == "" || share < worst) worst = share
+                            landed = rd[sock, k[3], size, n]
+                            if (landed > 0) { device_cells++; if (v[label, k[1], k[2], size] >= landed) above_device++ }
                         }
                     }
                 }
@@ -145,6 +159,7 @@ cat "$OUT"/*.txt | grep '^bw ' | awk -v raw="$TMP/raw.jsonl" -v stripes="$STRIPE
             print line
         }
         if (cells) printf "# %d-connection cells under 90%% of raw: %d of %d (worst %.0f%%)\n", stripes, under, cells, 100 * worst
+        if (device_cells) printf "# %d-connection cells at or above raw landing on the GPU: %d of %d\n", stripes, above_device, device_cells
     }'
 [ -f "$OUT/raw-shaped.txt" ] && echo "# shaped loopback ($SHAPE): raw_stream over $STRIPES connections: $(grep -o '"dir":"[a-z2]*"\|"bytes":[0-9]*\|"gbps":[0-9.]*' "$OUT/raw-shaped.txt" | paste -sd' ')"
 # A copy whose bytes came back wrong fails the run.

@@ -54,12 +54,13 @@ struct Chunk {
 
 impl Chunk {
     fn ptr(&mut self) -> *mut u8 {
-        self.memory.addr as *mut u8
+        self.memory.as_ptr()
     }
 }
 
-/// Anonymous memory of this process (unmapped when dropped), every page in place.
-struct HostMemory {
+/// Anonymous memory of this process (unmapped when dropped), every page in place: the paging
+/// pool's chunks and the CUDA backend's staging slots.
+pub(crate) struct HostMemory {
     addr: usize,
     len: usize,
 }
@@ -67,14 +68,14 @@ struct HostMemory {
 impl HostMemory {
     /// `len` bytes at a 2 MiB boundary, advised for huge pages where the kernel gives them
     /// (fewer pages to fault, pin and map), every page in place before it is pinned.
-    fn populated(len: usize) -> Result<Self, String> {
-        let span = len.checked_add(HUGE_PAGE).ok_or("paging chunk too large")?;
+    pub(crate) fn populated(len: usize) -> Result<Self, String> {
+        let span = len.checked_add(HUGE_PAGE).ok_or("host memory too large")?;
         // SAFETY: a new private anonymous mapping where the kernel picks; nothing else refers to it.
         let raw = unsafe {
             libc::mmap(std::ptr::null_mut(), span, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
         };
         if raw == libc::MAP_FAILED {
-            return Err(format!("host memory for the paging pool: {}", std::io::Error::last_os_error()));
+            return Err(format!("host memory: {}", std::io::Error::last_os_error()));
         }
         let start = raw as usize;
         let addr = start.next_multiple_of(HUGE_PAGE);
@@ -98,7 +99,7 @@ impl HostMemory {
             let error = std::io::Error::last_os_error();
             if error.raw_os_error() != Some(libc::EINVAL) {
                 // No memory for it (writing the pages anyway would wake the OOM killer).
-                return Err(format!("host memory for the paging pool: {error}"));
+                return Err(format!("host memory: {error}"));
             }
             // Before Linux 5.14 (no MADV_POPULATE_WRITE): a write to each page puts it in place.
             for page in (addr..addr + len).step_by(4096) {
@@ -107,6 +108,16 @@ impl HostMemory {
             }
         }
         Ok(memory)
+    }
+}
+
+impl HostMemory {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 }
 

@@ -233,8 +233,9 @@ fn jit_arrays(options: &[JitOption]) -> (Vec<c_int>, Vec<usize>) {
 /// `cuMemHostRegister`, so a context reset unpins it without freeing it: the pool pins it again
 /// and makes new events (`remake`).
 struct StagingPool {
-    /// Every slot's bytes, one after another; never unmapped while the process runs.
-    memory: memmap2::MmapMut,
+    /// Every slot's bytes, one after another, in huge pages where the kernel gives them; never
+    /// unmapped while the process runs.
+    memory: crate::page_pool::HostMemory,
     slots: Vec<Slot>,
     state: Mutex<Vec<bool>>,
     /// How many of `state`'s flags are set (changed under its lock): waiting takers spin on
@@ -336,8 +337,11 @@ impl StagingPool {
     /// The slots, not yet pinned, with room for an event in each of `gpus` contexts.
     fn new(slots: usize, capacity: usize, gpus: usize) -> CudaResult<Self> {
         let total = slots.checked_mul(capacity).ok_or(CudaError::INVALID_VALUE)?;
-        let mut memory = memmap2::MmapMut::map_anon(total.max(1)).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
-        let base = memory.as_mut_ptr();
+        let memory = crate::page_pool::HostMemory::populated(total.max(1)).map_err(|error| {
+            tracing::warn!(%error, "no memory for the staging slots");
+            CudaError::MEMORY_ALLOCATION
+        })?;
+        let base = memory.as_ptr();
         let made = (0..slots)
             .map(|index| Slot {
                 ptr: base.wrapping_add(index * capacity),
@@ -369,7 +373,7 @@ impl StagingPool {
         // SAFETY: a context is current on this thread; the mapping stays for the process's
         // life. CU_MEMHOSTREGISTER_PORTABLE, as `host_register` pins: every context of the
         // process sees it pinned. Still pinned (another GPU's context kept it) is fine.
-        let pinned = check(unsafe { sys::cuMemHostRegister_v2(self.memory.as_ptr() as *mut c_void, self.memory.len(), 0x01).result() });
+        let pinned = check(unsafe { sys::cuMemHostRegister_v2(self.memory.as_ptr().cast(), self.memory.len(), 0x01).result() });
         if pinned.is_err() && pinned != Err(CudaError::HOST_MEMORY_ALREADY_REGISTERED) {
             return pinned;
         }
