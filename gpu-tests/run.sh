@@ -647,6 +647,15 @@ server_alive() { [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; }
 server_log_plain() { sed 's/\x1b\[[0-9;]*m//g' "$SERVER_LOG" 2>/dev/null; }
 
 # Did the server log a session for this client pid? TRIES > 1 waits up to TRIES * 0.2 s.
+# The pids of run $1 that must each have opened a session: the children it reports on stderr as
+# "forked pid N" where its CUDA runs in children (take_turns.h: the parent never calls CUDA), else
+# the program's own.
+session_pids() {
+    local forked
+    forked=$(sed -n 's/^forked pid \([0-9][0-9]*\)$/\1/p' "$1.err" 2>/dev/null)
+    if [ -n "$forked" ]; then echo "$forked"; else cat "$1.pid"; fi
+}
+
 session_opened() {
     local pid=$1 tries=${2:-1} i
     [ -n "$pid" ] || return 1
@@ -849,10 +858,13 @@ compare() {
     if [ "$nrc" != 0 ]; then result=FAIL; notes+=("native run failed"); fi
     case $frc in 124 | 137) notes+=("$tr run timed out") ;; 125) notes+=("hide_gpu: $(grep -m 1 '^hide_gpu:' "$fb.err")") ;; esac
     if [ "$is_flyt" = 1 ]; then
-        if ! session_opened "$(cat "$fb.pid")" 10; then
-            result=FAIL
-            notes+=("no session in the server log for pid $(cat "$fb.pid"): did it use the system libcudart?")
-        fi
+        local pid
+        for pid in $(session_pids "$fb"); do
+            if ! session_opened "$pid" 10; then
+                result=FAIL
+                notes+=("no session in the server log for pid $pid: did it use the system libcudart?")
+            fi
+        done
         m=$(maps_problem "$fb")
         [ -n "$m" ] && { result=FAIL; notes+=("$m"); }
         if ! server_alive; then
@@ -894,10 +906,13 @@ compare_unsupported() {
     else
         notes+=("fails as expected; stderr names $named")
     fi
-    if ! session_opened "$(cat "$fb.pid")" 10; then
-        result=FAIL
-        notes+=("no session in the server log for pid $(cat "$fb.pid")")
-    fi
+    local pid
+    for pid in $(session_pids "$fb"); do
+        if ! session_opened "$pid" 10; then
+            result=FAIL
+            notes+=("no session in the server log for pid $pid")
+        fi
+    done
     m=$(maps_problem "$fb")
     [ -n "$m" ] && { result=FAIL; notes+=("$m"); }
     server_alive || { result=FAIL; notes+=("server not running after this run"); }

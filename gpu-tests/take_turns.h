@@ -69,6 +69,8 @@ static int take_turns(int argc, char **argv, const char *name, const char *turns
         }
         close(turn[i][0]);
         close(done[i][1]);
+        // For gpu-tests/run.sh, which looks for each child's session (the parent opens none).
+        fprintf(stderr, "forked pid %d\n", (int)pids[i]);
     }
     // One at a time: allocations first, then the turns, round-robin.
     signal(SIGPIPE, SIG_IGN);
