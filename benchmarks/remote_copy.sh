@@ -150,8 +150,8 @@ cat "$OUT"/*.txt | grep '^bw ' | awk -v raw="$TMP/raw.jsonl" -v stripes="$STRIPE
                             share = v[label, k[1], k[2], size] / raw_gbps
                             cells++; if (share < 0.9) under++
                             if (worst == "" || share < worst) worst = share
-                            landed = rd[sock, k[3], size, n]
-                            if (landed > 0) { device_cells++; if (v[label, k[1], k[2], size] >= landed) above_device++ }
+                            landed = rd[sock, k[3], size, n] + 0
+                            if (landed > 0) { device_cells++; if (v[label, k[1], k[2], size] + 0 >= landed) above_device++ }
                         }
                     }
                 }
