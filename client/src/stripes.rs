@@ -147,10 +147,76 @@ enum Opened {
 const REOPENINGS: u32 = 1000;
 
 struct Plan {
-    count: usize,
+    count: Count,
     min: u64,
     chunk: u64,
     lz4: Lz4,
+}
+
+/// How many data connections a session opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Count {
+    /// As asked (`FLYT_STRIPES`).
+    Fixed(usize),
+    /// From the speed of the link the first one leaves by, at most this many (`FLYT_STRIPES_MAX`).
+    FromLink(usize),
+}
+
+/// Data connections where the link's speed is unknown (loopback, a virtual interface, a Unix
+/// socket): over loopback and a Unix socket 4 moved 13.0-17.2 GB/s, 2 moved 7.4-9.6 (64 MiB and
+/// 1 GiB copies, H200 host, 2026-11-29, `benchmarks/remote_copy.sh`).
+const DEFAULT_COUNT: usize = 4;
+/// The most a known link's speed opens (`FLYT_STRIPES_MAX`): 8 connections carried 21-32 GB/s
+/// over loopback (H200 host, 2026-11-29), a 200 Gb/s NIC's 25 GB/s.
+const DEFAULT_COUNT_CAP: usize = 8;
+/// What one data connection carries (a core at each end copying through the kernel): 3.6-4.5 GB/s
+/// over TCP loopback on an H200 host (2026-11-29); a link faster than this gets more of them.
+const PER_CONNECTION: u64 = 3_000_000_000;
+
+impl Count {
+    /// From `FLYT_STRIPES` (a count) and `FLYT_STRIPES_MAX` (a cap on the link's choice).
+    fn from_env() -> Self {
+        let number = |name: &str| std::env::var(name).ok().and_then(|value| value.trim().parse::<usize>().ok());
+        match number("FLYT_STRIPES") {
+            Some(count) => Self::Fixed(count.min(flyt_protocol::stripes::MAX_LINKS)),
+            None => Self::FromLink(number("FLYT_STRIPES_MAX").unwrap_or(DEFAULT_COUNT_CAP).clamp(1, flyt_protocol::stripes::MAX_LINKS)),
+        }
+    }
+
+    /// The count for a link of `speed` bytes per second (`None`: unknown).
+    fn for_link(self, speed: Option<u64>) -> usize {
+        match self {
+            Self::Fixed(count) => count,
+            Self::FromLink(cap) => match speed {
+                Some(speed) => usize::try_from(speed.div_ceil(PER_CONNECTION)).unwrap_or(cap).clamp(1, cap),
+                None => DEFAULT_COUNT.min(cap),
+            },
+        }
+    }
+}
+
+/// The speed in bytes per second of the network interface holding `socket`'s local address, as
+/// the kernel reports it (`/sys/class/net/NAME/speed`, Mb/s); `None` where it knows none (a Unix
+/// socket, loopback, most virtual interfaces).
+fn interface_speed(socket: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
+    let name = interface_of(socket)?;
+    let megabits: i64 = std::fs::read_to_string(format!("/sys/class/net/{name}/speed")).ok()?.trim().parse().ok()?;
+    u64::try_from(megabits).ok().filter(|&megabits| megabits > 0).map(|megabits| megabits * 125_000)
+}
+
+fn ip_of(address: &nix::sys::socket::SockaddrStorage) -> Option<std::net::IpAddr> {
+    address
+        .as_sockaddr_in()
+        .map(|v4| std::net::IpAddr::V4(v4.ip()))
+        .or_else(|| address.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+}
+
+/// The name of the interface holding `socket`'s local address (not loopback's).
+fn interface_of(socket: std::os::fd::BorrowedFd<'_>) -> Option<String> {
+    let local: nix::sys::socket::SockaddrStorage = nix::sys::socket::getsockname(std::os::fd::AsRawFd::as_raw_fd(&socket)).ok()?;
+    let ip = ip_of(&local).filter(|ip| !ip.is_loopback())?;
+    let interface = nix::ifaddrs::getifaddrs().ok()?.find(|entry| entry.address.as_ref().and_then(ip_of) == Some(ip))?;
+    Some(interface.interface_name)
 }
 
 impl Plan {
@@ -172,12 +238,8 @@ impl Stripes {
     /// have another way (the shared-memory channel) or data connections cannot be had (a VM's
     /// serial port): then nothing is striped.
     pub fn new(info: &SessionInfo, tcp: bool, not_here: bool) -> Self {
-        // Over a Unix socket too: 4 connections moved 13.0-17.2 GB/s there, 2 moved 7.4-9.6 (64
-        // MiB and 1 GiB copies, H200 host, 2026-11-29, `benchmarks/remote_copy.sh`).
-        let default_count = 4;
-        let count =
-            std::env::var("FLYT_STRIPES").ok().and_then(|value| value.trim().parse::<usize>().ok()).unwrap_or(default_count).min(16);
-        let plan = info.stripe_secret.filter(|_| count > 0 && !not_here).map(|_| Plan {
+        let count = Count::from_env();
+        let plan = info.stripe_secret.filter(|_| count != Count::Fixed(0) && !not_here).map(|_| Plan {
             count,
             min: env_bytes("FLYT_STRIPE_MIN").unwrap_or(if tcp { DEFAULT_MIN } else { DEFAULT_MIN_UNIX }).max(64 << 10),
             chunk: env_bytes("FLYT_STRIPE_CHUNK").unwrap_or(DEFAULT_CHUNK).clamp(64 << 10, info.copy_chunk.max(64 << 10)),
@@ -375,7 +437,10 @@ fn join(joining: &Joining, index: usize) -> Result<Wire, String> {
 
 impl Set {
     fn open(plan: &Plan, joining: &Joining, generation: u64, quiet: bool) -> Result<Arc<Self>, String> {
-        let wires = (0..plan.count).map(|index| join(joining, index)).collect::<Result<Vec<_>, _>>()?;
+        // The first connection's link decides how many more.
+        let first = join(joining, 0)?;
+        let count = plan.count.for_link(interface_speed(std::os::fd::AsFd::as_fd(&first))).max(1);
+        let wires = std::iter::once(Ok(first)).chain((1..count).map(|index| join(joining, index))).collect::<Result<Vec<_>, _>>()?;
         let mut senders = Vec::new();
         let mut receivers = Vec::new();
         let mut sockets = Vec::new();
@@ -442,7 +507,7 @@ impl Set {
             Lz4::Auto => {
                 let [raw, compressed] = [0, 1].map(|way| self.goodput[way].load(Ordering::Relaxed));
                 let probe = self.copies.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == PROBE_EVERY - 1;
-                let ceiling = COMPRESSION_CEILING_PER_CONNECTION.saturating_mul(plan.count as u64);
+                let ceiling = COMPRESSION_CEILING_PER_CONNECTION.saturating_mul(self.senders.len() as u64);
                 choose_compressed(raw, compressed, ceiling, probe)
             }
         }
@@ -966,6 +1031,43 @@ mod tests {
         }
         // Slower again (congestion): compression is tried.
         assert!(choose_compressed(90, 0, 100, false));
+    }
+
+    #[test]
+    fn the_count_follows_the_link_within_the_cap_unless_asked() {
+        let link = Count::FromLink(DEFAULT_COUNT_CAP);
+        // 10, 25, 100, 200 and 400 Gb/s.
+        let counts = [10_000u64, 25_000, 100_000, 200_000, 400_000].map(|megabits| link.for_link(Some(megabits * 125_000)));
+        assert_eq!(counts, [1, 2, 5, 8, 8]);
+        assert_eq!(link.for_link(Some(1)), 1);
+        assert_eq!(link.for_link(None), DEFAULT_COUNT);
+        assert_eq!(Count::FromLink(2).for_link(None), 2);
+        assert_eq!(Count::Fixed(3).for_link(Some(400_000 * 125_000)), 3);
+        assert_eq!(Count::Fixed(0).for_link(None), 0);
+    }
+
+    #[test]
+    fn sockets_without_a_known_speed_have_none() {
+        let (unix, _peer) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
+        assert_eq!(interface_speed(std::os::fd::AsFd::as_fd(&unix)), None);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let tcp = std::net::TcpStream::connect(listener.local_addr().expect("its address")).expect("connected");
+        assert_eq!(interface_speed(std::os::fd::AsFd::as_fd(&tcp)), None);
+    }
+
+    #[test]
+    fn a_connection_over_an_interface_finds_it() {
+        // Any IPv4 address of this host's other than loopback's (a machine with none skips).
+        let Some((name, ip)) = nix::ifaddrs::getifaddrs()
+            .expect("the interfaces")
+            .filter_map(|entry| Some((entry.interface_name.clone(), ip_of(entry.address.as_ref()?)?)))
+            .find(|(_, ip)| ip.is_ipv4() && !ip.is_loopback())
+        else {
+            return;
+        };
+        let listener = std::net::TcpListener::bind((ip, 0)).expect("a port on that address");
+        let tcp = std::net::TcpStream::connect(listener.local_addr().expect("its address")).expect("connected");
+        assert_eq!(interface_of(std::os::fd::AsFd::as_fd(&tcp)), Some(name));
     }
 
     #[test]

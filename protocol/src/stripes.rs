@@ -18,6 +18,9 @@ use serde::{Deserialize, Serialize};
 /// Bytes in a session's stripe secret.
 pub const SECRET_LEN: usize = 32;
 
+/// Most data connections a session may open (the server refuses more).
+pub const MAX_LINKS: usize = 16;
+
 /// A data connection's claim, sent in its `Hello` (`Hello::stripe`) instead of opening a session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StripeJoin {

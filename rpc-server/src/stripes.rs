@@ -26,8 +26,8 @@ use flyt_protocol::CudaError;
 use flyt_protocol::error::CudaResult;
 use flyt_protocol::frame::write_value;
 use flyt_protocol::stripes::{
-    BLOCKS_AHEAD, CHUNK_HEADER_LEN, ChunkHeader, Compressor, Decompressor, SECRET_LEN, StripeJoin, StripeReply, block_pool, chunks,
-    secrets_equal,
+    BLOCKS_AHEAD, CHUNK_HEADER_LEN, ChunkHeader, Compressor, Decompressor, MAX_LINKS, SECRET_LEN, StripeJoin, StripeReply, block_pool,
+    chunks, secrets_equal,
 };
 
 use crate::backend::Device;
@@ -36,8 +36,6 @@ use crate::transport::Connection;
 /// How long a data connection may keep the session waiting for a chunk's next bytes, or for room
 /// to write them, before the copy fails.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
-/// Most data connections a session may open.
-pub const MAX_LINKS: usize = 16;
 /// Smallest chunk a client may ask for (smaller ones would only cost headers).
 const MIN_CHUNK: u64 = 64 << 10;
 /// How long a data connection's thread polls a chunk's device-to-host copy before it naps: a
