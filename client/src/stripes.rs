@@ -197,9 +197,14 @@ impl Count {
 
 /// The speed in bytes per second of the network interface holding `socket`'s local address, as
 /// the kernel reports it (`/sys/class/net/NAME/speed`, Mb/s); `None` where it knows none (a Unix
-/// socket, loopback, most virtual interfaces).
+/// socket, loopback, a virtual interface: a veth pair, as a Kubernetes pod has, says 10 Gb/s
+/// whatever carries it).
 fn interface_speed(socket: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
     let name = interface_of(socket)?;
+    let device = std::fs::canonicalize(format!("/sys/class/net/{name}")).ok()?;
+    if device.starts_with("/sys/devices/virtual") {
+        return None;
+    }
     let megabits: i64 = std::fs::read_to_string(format!("/sys/class/net/{name}/speed")).ok()?.trim().parse().ok()?;
     u64::try_from(megabits).ok().filter(|&megabits| megabits > 0).map(|megabits| megabits * 125_000)
 }
