@@ -656,6 +656,18 @@ session_pids() {
     if [ -n "$forked" ]; then echo "$forked"; else cat "$1.pid"; fi
 }
 
+# Fails the caller's row (its `result` and `notes`) for each pid of run $1 (session_pids) that
+# opened no session; $2 ends the note.
+require_sessions() {
+    local pid
+    for pid in $(session_pids "$1"); do
+        if ! session_opened "$pid" 10; then
+            result=FAIL
+            notes+=("no session in the server log for pid $pid$2")
+        fi
+    done
+}
+
 session_opened() {
     local pid=$1 tries=${2:-1} i
     [ -n "$pid" ] || return 1
@@ -858,13 +870,7 @@ compare() {
     if [ "$nrc" != 0 ]; then result=FAIL; notes+=("native run failed"); fi
     case $frc in 124 | 137) notes+=("$tr run timed out") ;; 125) notes+=("hide_gpu: $(grep -m 1 '^hide_gpu:' "$fb.err")") ;; esac
     if [ "$is_flyt" = 1 ]; then
-        local pid
-        for pid in $(session_pids "$fb"); do
-            if ! session_opened "$pid" 10; then
-                result=FAIL
-                notes+=("no session in the server log for pid $pid: did it use the system libcudart?")
-            fi
-        done
+        require_sessions "$fb" ": did it use the system libcudart?"
         m=$(maps_problem "$fb")
         [ -n "$m" ] && { result=FAIL; notes+=("$m"); }
         if ! server_alive; then
@@ -906,13 +912,7 @@ compare_unsupported() {
     else
         notes+=("fails as expected; stderr names $named")
     fi
-    local pid
-    for pid in $(session_pids "$fb"); do
-        if ! session_opened "$pid" 10; then
-            result=FAIL
-            notes+=("no session in the server log for pid $pid")
-        fi
-    done
+    require_sessions "$fb" ""
     m=$(maps_problem "$fb")
     [ -n "$m" ] && { result=FAIL; notes+=("$m"); }
     server_alive || { result=FAIL; notes+=("server not running after this run"); }
