@@ -192,9 +192,24 @@ impl Server {
     /// As `start`, with `env` (name, value) set for the server only (test knobs such as the
     /// emulated device's, which a test must not set for the whole test process).
     pub fn start_with_env(args: &[&str], scratch: &Path, env: &[(&str, &str)]) -> Self {
+        Self::start_through(&[], args, scratch, env)
+    }
+
+    /// As `start_with_env`, the server run by `through` (a command and its arguments that run
+    /// the one after them, as `ip netns exec NAME` does: the server in a network namespace).
+    pub fn start_through(through: &[&str], args: &[&str], scratch: &Path, env: &[(&str, &str)]) -> Self {
         let log = scratch.join("server.log");
         let log_file = std::fs::File::create(&log).expect("server log");
-        let mut child = Command::new(artifact("flyt-rpc-server"))
+        let server = artifact("flyt-rpc-server");
+        let mut command = match through.split_first() {
+            Some((first, rest)) => {
+                let mut command = Command::new(first);
+                command.args(rest).arg(&server);
+                command
+            }
+            None => Command::new(&server),
+        };
+        let mut child = command
             .args(args)
             .envs(env.iter().copied())
             .env("FLYT_LOG", "info")
