@@ -30,7 +30,7 @@ impl Hosts {
     fn make(tag: &str) -> Result<Self, String> {
         let name = |side: &str| format!("flyt-{tag}-{}-{side}", std::process::id());
         let hosts = Self { server: name("s"), app: name("a") };
-        let steps: [&[&str]; 9] = [
+        let steps: [&[&str]; 11] = [
             &["netns", "add", &hosts.server],
             &["netns", "add", &hosts.app],
             &["link", "add", "flyt-s", "netns", &hosts.server, "type", "veth", "peer", "name", "flyt-a", "netns", &hosts.app],
@@ -40,6 +40,9 @@ impl Hosts {
             &["-n", &hosts.app, "link", "set", "flyt-a", "up"],
             &["-n", &hosts.server, "link", "set", "lo", "up"],
             &["-n", &hosts.app, "link", "set", "lo", "up"],
+            // Running a program inside takes more than making them (a mount namespace, /sys again).
+            &["netns", "exec", &hosts.server, "true"],
+            &["netns", "exec", &hosts.app, "true"],
         ];
         for step in steps {
             let output = Command::new("ip").args(step).stdin(Stdio::null()).output().map_err(|error| format!("ip: {error}"))?;
