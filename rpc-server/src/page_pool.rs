@@ -66,6 +66,14 @@ pub(crate) struct HostMemory {
 }
 
 impl HostMemory {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// `len` bytes at a 2 MiB boundary, advised for huge pages where the kernel gives them
     /// (fewer pages to fault, pin and map), every page in place before it is pinned.
     pub(crate) fn populated(len: usize) -> Result<Self, String> {
@@ -108,16 +116,6 @@ impl HostMemory {
             }
         }
         Ok(memory)
-    }
-}
-
-impl HostMemory {
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.addr as *mut u8
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
     }
 }
 
