@@ -13,7 +13,8 @@
 # way, shared by the session's connections) the same through the relay (rows relayed-DATA-MODE,
 # MODE from --relay-modes, default "off auto on"); --only-relayed skips the unshaped rows;
 # --only-striped keeps of them the N-connection rows and their raw (diagnostics/copy_sweep.sh).
-# Each program's output goes to OUT/NAME.txt; a table is printed last.
+# Each program's output goes to OUT/NAME.txt; a table is printed last. SERVER_ENV='NAME=VALUE ...'
+# sets variables for the server only (diagnostics/copy_turns.sh's server: settings).
 #   benchmarks/remote_copy.sh --dist DIR --out DIR [--cuda DIR] [--device cuda|emulated]
 #                             [--sizes 64M,1G] [--reps N] [--stripes N] [--shape RATE]
 #                             [--relay-rate BYTES_PER_S] [--relay-modes 'off auto on'] [--only-relayed]
@@ -45,7 +46,8 @@ cc -O2 -Wall -Werror -pthread "$here/raw_stream.c" -o "$TMP/raw_stream" || exit 
 
 memory=()
 [ "$DEVICE" = emulated ] && memory=(--emulated-memory 8GiB)
-"$DIST/bin/flyt-rpc-server" --device "$DEVICE" "${memory[@]}" --listen "unix:$TMP/s.sock" --listen 127.0.0.1:0 \
+read -ra server_env <<<"${SERVER_ENV:-}"
+env "${server_env[@]}" "$DIST/bin/flyt-rpc-server" --device "$DEVICE" "${memory[@]}" --listen "unix:$TMP/s.sock" --listen 127.0.0.1:0 \
     >"$TMP/server.out" 2>"$OUT/server.log" &
 server=$!
 for _ in $(seq 100); do [ -S "$TMP/s.sock" ] && grep -q '127.0.0.1' "$TMP/server.out" && break; sleep 0.1; done

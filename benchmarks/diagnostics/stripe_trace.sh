@@ -6,20 +6,23 @@
 # dealing thread waiting for the links (network-bound), queueing the landed chunks' device copies
 # and making jobs (taking staging, which waits for the slot's last device copy), and the busiest
 # and idlest link. The server's log and the programs' outputs stay in OUT.
-#   [CONNS='4 8'] [REPS=3] [SIZES=64M,1G] benchmarks/diagnostics/stripe_trace.sh DIST OUT
+# SOCKET=unix: over a Unix socket instead of TCP loopback.
+#   [CONNS='4 8'] [REPS=3] [SIZES=64M,1G] [SOCKET=tcp|unix] benchmarks/diagnostics/stripe_trace.sh DIST OUT
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 cc -std=gnu11 -O2 -I"$cuda/include" "$here/../remote_copy.c" -o "$tmp/remote_copy" -L"$dist/lib" -l:libcuda.so.1 || exit 1
 cc -O2 -pthread "$here/../raw_stream.c" -o "$tmp/raw_stream" || exit 1
-FLYT_RPC_STRIPE_TRACE=1 start_server traced --device cuda --listen 127.0.0.1:0 || exit 1
-tcp=$(grep -o '127\.0\.0\.1:[0-9]*' "$tmp/traced.out" | head -n 1)
+socket=${SOCKET:-tcp}
+FLYT_RPC_STRIPE_TRACE=1 start_server traced --device cuda --listen 127.0.0.1:0 --listen "unix:$tmp/s.sock" || exit 1
+address=$(grep -o '127\.0\.0\.1:[0-9]*' "$tmp/traced.out" | head -n 1)
+[ "$socket" = unix ] && address=unix:$tmp/s.sock
 for conns in ${CONNS:-4 8}; do
     for turn in before flyt after; do
         if [ "$turn" = flyt ]; then
-            LD_LIBRARY_PATH=$dist/lib FLYT_SERVER=$tcp FLYT_SHM=off FLYT_STRIPES=$conns FLYT_STRIPE_LZ4=off \
-                timeout 300 "$tmp/remote_copy" "tcp-s$conns" "${REPS:-3}" "${SIZES:-64M,1G}" >"$out/flyt-s$conns.txt" 2>&1
+            LD_LIBRARY_PATH=$dist/lib FLYT_SERVER=$address FLYT_SHM=off FLYT_STRIPES=$conns FLYT_STRIPE_LZ4=off \
+                timeout 300 "$tmp/remote_copy" "$socket-s$conns" "${REPS:-3}" "${SIZES:-64M,1G}" >"$out/flyt-s$conns.txt" 2>&1
         else
-            "$tmp/raw_stream" pair tcp "${SIZES:-64M,1G}" "${REPS:-3}" "$conns" 2>/dev/null | grep '^{' >>"$out/raw.jsonl"
+            "$tmp/raw_stream" pair "$socket" "${SIZES:-64M,1G}" "${REPS:-3}" "$conns" 2>/dev/null | grep '^{' >>"$out/raw.jsonl"
         fi
     done
 done
