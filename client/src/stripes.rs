@@ -343,6 +343,7 @@ struct Outgoing {
     /// Sent as LZ4 when that shrinks it.
     compress: bool,
     done: Progress,
+    trace: Option<Arc<CopyTrace>>,
 }
 
 // SAFETY: `src` is the app's source buffer, readable for the copy's length until its calling
@@ -376,11 +377,68 @@ struct Landing {
     /// returns, even when it fails.
     writing: usize,
     failed: bool,
+    trace: Option<Arc<CopyTrace>>,
 }
 
 // SAFETY: the pointer is the app's destination buffer, writable for `len` bytes while the
 // landing is registered; the copy's calling thread removes it only once no chunk is being written.
 unsafe impl Send for Landing {}
+
+/// `FLYT_STRIPE_TRACE=1`: each striped copy prints a line on stderr saying when each data
+/// connection moved its first and last bytes, the app's side of the server's
+/// `FLYT_RPC_STRIPE_TRACE` (how long a copy takes to get going on every connection, and to end).
+fn tracing_copies() -> bool {
+    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var("FLYT_STRIPE_TRACE").is_ok_and(|value| value == "1"))
+}
+
+/// A traced copy's chunks on each data connection, in microseconds since the copy began.
+struct CopyTrace {
+    started: Instant,
+    /// When the first chunk began moving, plus one (0: none yet).
+    first: Vec<AtomicU64>,
+    /// When the last chunk was done.
+    last: Vec<AtomicU64>,
+    /// Time spent moving chunks (writing them, or reading them once their header came).
+    busy: Vec<AtomicU64>,
+}
+
+impl CopyTrace {
+    /// A trace when copies are traced.
+    fn new(started: Instant, links: usize) -> Option<Arc<Self>> {
+        let counters = || (0..links).map(|_| AtomicU64::new(0)).collect();
+        tracing_copies().then(|| Arc::new(Self { started, first: counters(), last: counters(), busy: counters() }))
+    }
+
+    fn since(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.started).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// A chunk on connection `link` that began moving at `began` and is done now.
+    fn chunk(&self, link: usize, began: Instant) {
+        let (from, to) = (self.since(began), self.since(Instant::now()));
+        let (Some(first), Some(last), Some(busy)) = (self.first.get(link), self.last.get(link), self.busy.get(link)) else { return };
+        let _ = first.compare_exchange(0, from + 1, Ordering::Relaxed, Ordering::Relaxed);
+        last.fetch_max(to, Ordering::Relaxed);
+        busy.fetch_add(to - from, Ordering::Relaxed);
+    }
+
+    /// The line: the copy's way and length, each connection's first and last chunk and busy
+    /// time, and `marks`, the calling thread's steps.
+    fn report(&self, way: &str, len: u64, marks: &[(&str, Instant)]) {
+        let per_link = |counters: &[AtomicU64], less: u64| {
+            counters.iter().map(|counter| counter.load(Ordering::Relaxed).saturating_sub(less).to_string()).collect::<Vec<_>>().join(",")
+        };
+        let steps: String = marks.iter().map(|(name, at)| format!(" {name}_us={}", self.since(*at))).collect();
+        eprintln!(
+            "flyt: striped copy traced way={way} len={len} connections={} first_chunk_us={} last_chunk_done_us={} busy_us={}{steps}",
+            self.first.len(),
+            per_link(&self.first, 1),
+            per_link(&self.last, 0),
+            per_link(&self.busy, 0),
+        );
+    }
+}
 
 /// Chunks answered of one copy, for its calling thread to wait on: how many, and the first
 /// failure.
@@ -484,7 +542,7 @@ impl Set {
             let sending = Arc::downgrade(&set);
             std::thread::Builder::new()
                 .name(format!("flyt-stripe-out-{index}"))
-                .spawn(move || send_loop(&sending, writer, &writing, &return_coded))
+                .spawn(move || send_loop(&sending, index, writer, &writing, &return_coded))
                 .map_err(|error| error.to_string())?;
             let (to_decode, decoding) = sync_channel::<Compressed>(BLOCKS_AHEAD);
             let (return_block, spare_blocks) = block_pool();
@@ -497,7 +555,7 @@ impl Set {
             let decoder = Decoder { to_decode, spare_blocks };
             std::thread::Builder::new()
                 .name(format!("flyt-stripe-in-{index}"))
-                .spawn(move || receive_loop(&receiving, reader, &decoder))
+                .spawn(move || receive_loop(&receiving, index, reader, &decoder))
                 .map_err(|error| error.to_string())?;
         }
         Ok(set)
@@ -644,13 +702,20 @@ fn code_loop(set: &std::sync::Weak<Set>, queue: &Receiver<Arc<Outgoing>>, to_wri
 
 /// A data connection's sender: writes each chunk, header first, from its block or straight from
 /// the app's buffer, and the end of its share of each copy.
-fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Ready>, return_coded: &Sender<Vec<u8>>) {
+fn send_loop(set: &std::sync::Weak<Set>, link: usize, mut writer: Wire, queue: &Receiver<Ready>, return_coded: &Sender<Vec<u8>>) {
     while let Ok(ready) = queue.recv() {
+        let trace = match &ready {
+            Ready::Chunk { copy, .. } | Ready::Raw(copy) | Ready::End(copy) => copy.trace.clone(),
+        };
         let mut write = |header: ChunkHeader, payload: &[u8]| match set.upgrade() {
             Some(live) if !live.dead.load(Ordering::Acquire) => {
                 let encoded = header.encode();
+                let began = Instant::now();
                 let outcome = write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)], &live.dead)
                     .map_err(|error| format!("writing a chunk: {error}"));
+                if let (Some(trace), false) = (&trace, payload.is_empty()) {
+                    trace.chunk(link, began);
+                }
                 if let Err(reason) = &outcome {
                     live.fail(reason);
                 }
@@ -733,7 +798,7 @@ struct Decoder {
 /// is decoded by the connection's decoding thread while this one reads the next: a reader that
 /// stopped to decode would stop its connection (flow control), and connections moving in step
 /// would leave the link idle while they all decode.
-fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire, decoder: &Decoder) {
+fn receive_loop(set: &std::sync::Weak<Set>, link: usize, mut reader: Wire, decoder: &Decoder) {
     let mut scratch = vec![0u8; 1 << 20];
     loop {
         let mut header = [0u8; CHUNK_HEADER_LEN];
@@ -743,7 +808,7 @@ fn receive_loop(set: &std::sync::Weak<Set>, mut reader: Wire, decoder: &Decoder)
             Ok(false) => continue,
             Ok(true) => match ChunkHeader::decode(&header) {
                 Some(header) if header.ends_share() => Some("an end of share where a chunk was due".to_string()),
-                Some(header) => receive_chunk(&set, &mut reader, header, &mut scratch, decoder).err(),
+                Some(header) => receive_chunk(&set, link, &mut reader, header, &mut scratch, decoder).err(),
                 None => Some("no chunk header where one was due".to_string()),
             },
             Err(error) => Some(format!("reading a chunk header: {error}")),
@@ -788,12 +853,22 @@ fn count_landed(set: &Set, header: &ChunkHeader, landed: bool) {
     set.landed.notify_all();
 }
 
-fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mut [u8], decoder: &Decoder) -> Result<(), String> {
+fn receive_chunk(
+    set: &Set,
+    link: usize,
+    reader: &mut Wire,
+    header: ChunkHeader,
+    scratch: &mut [u8],
+    decoder: &Decoder,
+) -> Result<(), String> {
+    let began = Instant::now();
+    let mut trace = None;
     let target = {
         let mut landings = lock(&set.landings);
         match landings.get_mut(&header.transfer) {
             Some(landing) if header.offset.checked_add(header.len).is_some_and(|end| end <= landing.len) && !landing.failed => {
                 landing.writing += 1;
+                trace.clone_from(&landing.trace);
                 // SAFETY: inside the registered buffer (checked just above).
                 Some(unsafe { landing.ptr.add(header.offset as usize) })
             }
@@ -814,10 +889,15 @@ fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mu
                 });
             match block {
                 // The decoding thread counts it.
-                Ok(block) => match decoder.to_decode.send(Compressed { header, block, target }) {
-                    Ok(()) => return Ok(()),
-                    Err(_) => Err(std::io::Error::other("the decoding thread ended")),
-                },
+                Ok(block) => {
+                    if let Some(trace) = &trace {
+                        trace.chunk(link, began);
+                    }
+                    match decoder.to_decode.send(Compressed { header, block, target }) {
+                        Ok(()) => return Ok(()),
+                        Err(_) => Err(std::io::Error::other("the decoding thread ended")),
+                    }
+                }
                 Err(error) => Err(error),
             }
         }
@@ -839,6 +919,9 @@ fn receive_chunk(set: &Set, reader: &mut Wire, header: ChunkHeader, scratch: &mu
         }
     };
     if target.is_some() {
+        if let (Some(trace), true) = (&trace, outcome.is_ok()) {
+            trace.chunk(link, began);
+        }
         count_landed(set, &header, outcome.is_ok());
     }
     outcome.map_err(|error| format!("reading a chunk: {error}"))
@@ -872,7 +955,8 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
             Ok(_) => return None,
             Err(error) => return Some(Err(error)),
         };
-        let copy = Arc::new(Outgoing { transfer, src, pieces, next: AtomicUsize::new(0), compress, done: Progress::default() });
+        let trace = CopyTrace::new(started, set.senders.len());
+        let copy = Arc::new(Outgoing { transfer, src, pieces, next: AtomicUsize::new(0), compress, done: Progress::default(), trace });
         for sender in &set.senders {
             if sender.send(copy.clone()).is_err() {
                 set.fail("a sender thread ended");
@@ -882,6 +966,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
         }
         (slot, copy)
     };
+    let handed_at = Instant::now();
     // Every chunk is answered (written, or failed within the write timeout) before the app's
     // buffer is let go: by the connections it was handed to, which take them all.
     let answers = if handed == 0 { 0 } else { copy.pieces.len() + handed };
@@ -891,9 +976,13 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     }
     let failed = state.1.is_some() || handed < set.senders.len();
     drop(state);
+    let written_at = Instant::now();
     // Written is not landed: a cut can lose what sat in a socket's buffers, so the server's
     // reply (sent once every chunk landed, or the copy failed) decides.
     let reply = slot.wait().and_then(|message| decode_reply::<rep::MemcpyHtoDStriped>(&message).map_err(|_| CudaError::UNKNOWN));
+    if let Some(trace) = &copy.trace {
+        trace.report("htod", len, &[("handed", handed_at), ("written", written_at), ("reply", Instant::now())]);
+    }
     let again = match reply {
         Ok(reply) => match reply.result {
             Ok(answer) => answer.again,
@@ -932,8 +1021,9 @@ pub unsafe fn dtoh(
     }
     let (plan, set) = client.stripes.for_copy(client, len)?;
     let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
-    lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, writing: 0, failed: false });
     let started = Instant::now();
+    let trace = CopyTrace::new(started, set.senders.len());
+    lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, writing: 0, failed: false, trace: trace.clone() });
     let compress = set.compress(plan);
     let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk_for(compress), blocking, compress };
     // As in `htod`: after a move the copy goes over the main connection.
@@ -948,7 +1038,9 @@ pub unsafe fn dtoh(
             return Some(Err(error));
         }
     };
+    let sent_at = Instant::now();
     let reply = slot.wait().and_then(|message| decode_reply::<rep::MemcpyDtoHStriped>(&message).map_err(|_| CudaError::UNKNOWN));
+    let reply_at = Instant::now();
     let mut landings = lock(&set.landings);
     let earlier = reply.as_ref().ok().and_then(|reply| reply.deferred);
     let mut outcome = match reply {
@@ -982,6 +1074,9 @@ pub unsafe fn dtoh(
         set.timed(plan, len, compress, started.elapsed());
     }
     drop(landings);
+    if let Some(trace) = &trace {
+        trace.report("dtoh", len, &[("sent", sent_at), ("reply", reply_at), ("landed", Instant::now())]);
+    }
     // A data connection broke under the copy in a resumable session: the caller copies it whole
     // over the main connection (which carries the app's later calls anyway), keeping the error an
     // earlier asynchronous call left for this reply.

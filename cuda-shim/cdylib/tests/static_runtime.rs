@@ -945,11 +945,12 @@ fn memory_pools_of_each_device_through_the_driver_api() {
 /// a Unix socket, with the default count, one, three with small chunks (many chunks, the last
 /// one short), striping off, and every chunk compressed (LZ4): odd sizes pinned and pageable, synchronous and asynchronous, 2D,
 /// two threads at once, stream order; every byte checked by the program. Data connections must
-/// join and no copy may fall back to the main connection.
+/// join and no copy may fall back to the main connection. Traced (`FLYT_STRIPE_TRACE=1`), every
+/// copy prints its line, its steps in order.
 #[test]
 fn large_copies_striped_over_data_connections_keep_every_byte_and_their_order() {
     let Some((driver, server)) = DriverProgram::serving("driver_striped_copies", &["--listen", "127.0.0.1:0"]) else { return };
-    let runs: [(&str, &[(&str, &str)]); 8] = [
+    let runs: [(&str, &[(&str, &str)]); 9] = [
         ("tcp", &[]),
         ("tcp", &[("FLYT_STRIPES", "1")]),
         ("tcp", &[("FLYT_STRIPES", "3"), ("FLYT_STRIPE_CHUNK", "64K")]),
@@ -959,6 +960,7 @@ fn large_copies_striped_over_data_connections_keep_every_byte_and_their_order() 
         ("unix", &[]),
         ("unix", &[("FLYT_STRIPES", "3"), ("FLYT_STRIPE_CHUNK", "192K")]),
         ("unix", &[("FLYT_STRIPE_LZ4", "on"), ("FLYT_STRIPE_CHUNK", "64K")]),
+        ("unix", &[("FLYT_STRIPE_TRACE", "1")]),
     ];
     for (transport, env) in runs {
         let address = if transport == "tcp" { &server.addresses[0] } else { &server.addresses[1] };
@@ -969,6 +971,9 @@ fn large_copies_striped_over_data_connections_keep_every_byte_and_their_order() 
         let outcome = run(command, 120);
         assert_passed(&what, &outcome, &["PASSED: 0 failure(s)"]);
         assert!(!outcome.2.contains("bulk copies use one connection"), "{what}: striping fell back\n{}", outcome.2);
+        if env.contains(&("FLYT_STRIPE_TRACE", "1")) {
+            assert_copies_traced(&what, &outcome.2);
+        }
         let expected = match env.iter().find(|(name, _)| *name == "FLYT_STRIPES") {
             Some((_, count)) => count.parse::<usize>().unwrap(),
             None => 4,
@@ -978,6 +983,29 @@ fn large_copies_striped_over_data_connections_keep_every_byte_and_their_order() 
         wait_until(Duration::from_secs(5), || joined() >= expected);
         assert_eq!(joined(), expected, "{what}: data connections joined\n{}", server.log_text());
     }
+}
+
+/// Every line of the app's copy trace has a chunk moved on some connection and its calling
+/// thread's steps in order (host to device: handed, written, reply; device to host: sent, reply,
+/// landed), and both ways were traced.
+fn assert_copies_traced(what: &str, stderr: &str) {
+    let mut ways = std::collections::BTreeSet::new();
+    for line in stderr.lines().filter(|line| line.starts_with("flyt: striped copy traced ")) {
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("{what}: no {name} in {line}"))
+        };
+        let number = |name: &str| field(name).parse::<u64>().unwrap_or_else(|_| panic!("{what}: {name} in {line}"));
+        let way = field("way");
+        let steps = if way == "htod" { ["handed_us", "written_us", "reply_us"] } else { ["sent_us", "reply_us", "landed_us"] };
+        let steps = steps.map(number);
+        assert!(steps[0] <= steps[1] && steps[1] <= steps[2], "{what}: steps out of order in {line}");
+        assert!(field("first_chunk_us").split(',').any(|us| us != "0"), "{what}: no chunk moved in {line}");
+        assert_eq!(field("connections"), "4", "{what}: {line}");
+        ways.insert(way.to_string());
+    }
+    assert_eq!(ways.into_iter().collect::<Vec<_>>(), ["dtoh", "htod"], "{what}: both ways traced\n{stderr}");
 }
 
 /// A synchronize right after a device-to-host copy into pageable memory (which waited for the
