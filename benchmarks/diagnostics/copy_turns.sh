@@ -5,7 +5,8 @@
 # the lowest share: whether a cell under 90% in one run is under it in most, or is the host's drift.
 # VARIANTS (default: one, 'default') A/B-tests settings in the same turns: each turn runs every
 # variant in order, a variant being 'default' or NAME=VALUE[,NAME=VALUE...] set in the environment
-# of both the server and the app (server:NAME=VALUE: the server's only); a table per variant. Each run's table and outputs stay in
+# of both the server and the app (server:NAME=VALUE: the server's only; dist=DIR: another build,
+# to A/B two builds in the same turns); a table per variant. Each run's table and outputs stay in
 # OUT/turnN-VARIANT/.
 #   [TURNS=5] [DEVICE=cuda|emulated] [VARIANTS='default FLYT_SPIN_US=0'] [CONNS=4] [SIZES=64M,1G] [REPS=5] \
 #       benchmarks/diagnostics/copy_turns.sh DIST OUT
@@ -14,18 +15,23 @@ source "$(dirname "$0")/common.sh"
 variants=${VARIANTS:-default}
 for turn in $(seq "${TURNS:-5}"); do
     for variant in $variants; do
-        settings=() both=() server=()
+        settings=() both=() server=() build=$dist
         [ "$variant" = default ] || IFS=, read -ra settings <<<"$variant"
         for setting in "${settings[@]}"; do
-            case "$setting" in server:*) server+=("${setting#server:}") ;; *) both+=("$setting") ;; esac
+            case "$setting" in
+                server:*) server+=("${setting#server:}") ;;
+                dist=*) build=${setting#dist=} ;;
+                *) both+=("$setting") ;;
+            esac
         done
-        env "${both[@]}" SERVER_ENV="${server[*]}" "$here/../remote_copy.sh" --only-striped --dist "$dist" --out "$out/turn$turn-$variant" \
+        name=${variant//\//_}
+        env "${both[@]}" SERVER_ENV="${server[*]}" "$here/../remote_copy.sh" --only-striped --dist "$build" --out "$out/turn$turn-$name" \
             --cuda "$cuda" --device "${DEVICE:-cuda}" --sizes "${SIZES:-64M,1G}" --reps "${REPS:-5}" --stripes "${CONNS:-4}" \
-            >"$out/turn$turn-$variant.txt" 2>&1
-        echo "turn $turn $variant: $(grep 'cells under' "$out/turn$turn-$variant.txt" || echo "no table (see $out/turn$turn-$variant.txt)")"
+            >"$out/turn$turn-$name.txt" 2>&1
+        echo "turn $turn $variant: $(grep 'cells under' "$out/turn$turn-$name.txt" || echo "no table (see $out/turn$turn-$name.txt)")"
     done
 done
-for variant in $variants; do python3 - "$out" "${TURNS:-5}" "$variant" <<'PY'
+for variant in $variants; do python3 - "$out" "${TURNS:-5}" "${variant//\//_}" <<'PY'
 import re, statistics, sys
 out, turns, variant = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cells = {}  # (size, socket, kind, way) -> [(flyt, raw, landing)]
