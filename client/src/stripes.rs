@@ -10,8 +10,9 @@
 //!   session's secret from the handshake.
 //! - Host to device: one sender thread per data connection takes the copy's next chunk when it
 //!   is free and writes it straight from the app's buffer (compressed ones from the block its
-//!   coding thread made while it wrote the one before, taken as the coder is free), then the end
-//!   of its share; the call returns at the server's reply, sent once every chunk landed: bytes
+//!   coding thread made while it wrote the one before, taken as the coder is free: a compressed
+//!   copy goes to both, an uncompressed one to the sender alone, one hand-over fewer before its
+//!   first byte moves), then the end of its share; the call returns at the server's reply, sent once every chunk landed: bytes
 //!   written into a socket may still be lost with it, and the app may reuse its buffer as soon
 //!   as the call returns. The request and the copy's handing to every connection happen under
 //!   one lock, so every data connection carries copies in the order the server meets the requests.
@@ -459,10 +460,17 @@ impl Progress {
     }
 }
 
+/// A data connection's two queues of host-to-device copies, fed in the same order: every copy
+/// for its sender, and the compressed ones also for its coder, which codes their chunks ahead.
+struct Outlet {
+    sender: Sender<Arc<Outgoing>>,
+    coder: Sender<Arc<Outgoing>>,
+}
+
 struct Set {
     /// The `Stripes::generation` it was opened in (its server's).
     generation: u64,
-    senders: Vec<Sender<Arc<Outgoing>>>,
+    outlets: Vec<Outlet>,
     sockets: Vec<Wire>,
     /// Held from a host-to-device request to its last chunk's queueing.
     order: Mutex<()>,
@@ -504,22 +512,23 @@ impl Set {
         let first = join(joining, 0)?;
         let count = plan.count.for_link(interface_speed(std::os::fd::AsFd::as_fd(&first))).max(1);
         let wires = std::iter::once(Ok(first)).chain((1..count).map(|index| join(joining, index))).collect::<Result<Vec<_>, _>>()?;
-        let mut senders = Vec::new();
+        let mut outlets = Vec::new();
         let mut receivers = Vec::new();
         let mut sockets = Vec::new();
         for wire in wires {
             let (sender, queue) = channel();
-            senders.push(sender);
+            let (coder, coding_queue) = channel();
+            outlets.push(Outlet { sender, coder });
             let reader = wire.try_clone().map_err(|error| error.to_string())?;
             let writer = wire.try_clone().map_err(|error| error.to_string())?;
             // Short: a stalled write looks at the set's health each time (see `write_all`).
             set_write_timeout(&writer, Duration::from_secs(1));
-            receivers.push((queue, reader, writer));
+            receivers.push((queue, coding_queue, reader, writer));
             sockets.push(wire);
         }
         let set = Arc::new(Self {
             generation,
-            senders,
+            outlets,
             sockets,
             order: Mutex::new(()),
             next_transfer: AtomicU64::new(1),
@@ -531,18 +540,19 @@ impl Set {
             copies: AtomicU64::new(0),
             quiet,
         });
-        for (index, (queue, reader, writer)) in receivers.into_iter().enumerate() {
-            let (to_write, writing) = sync_channel::<Ready>(BLOCKS_AHEAD);
+        for (index, (queue, coding_queue, reader, writer)) in receivers.into_iter().enumerate() {
+            let (to_write, coded) = sync_channel::<Coded>(BLOCKS_AHEAD);
             let (return_coded, spare_coded) = block_pool();
             let coding = Arc::downgrade(&set);
             std::thread::Builder::new()
                 .name(format!("flyt-stripe-code-{index}"))
-                .spawn(move || code_loop(&coding, &queue, &to_write, &spare_coded))
+                .spawn(move || code_loop(&coding, &coding_queue, &to_write, &spare_coded))
                 .map_err(|error| error.to_string())?;
             let sending = Arc::downgrade(&set);
+            let sender = SenderEnds { link: index, coded, return_coded };
             std::thread::Builder::new()
                 .name(format!("flyt-stripe-out-{index}"))
-                .spawn(move || send_loop(&sending, index, writer, &writing, &return_coded))
+                .spawn(move || send_loop(&sending, writer, &queue, &sender))
                 .map_err(|error| error.to_string())?;
             let (to_decode, decoding) = sync_channel::<Compressed>(BLOCKS_AHEAD);
             let (return_block, spare_blocks) = block_pool();
@@ -570,7 +580,7 @@ impl Set {
             Lz4::Auto => {
                 let [raw, compressed] = [0, 1].map(|way| self.goodput[way].load(Ordering::Relaxed));
                 let probe = self.copies.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == PROBE_EVERY - 1;
-                let ceiling = COMPRESSION_CEILING_PER_CONNECTION.saturating_mul(self.senders.len() as u64);
+                let ceiling = COMPRESSION_CEILING_PER_CONNECTION.saturating_mul(self.outlets.len() as u64);
                 choose_compressed(raw, compressed, ceiling, probe)
             }
         }
@@ -639,38 +649,31 @@ fn write_all(wire: &mut Wire, mut slices: &mut [IoSlice<'_>], dead: &AtomicBool)
     Ok(())
 }
 
-/// What a data connection's coder hands its sender.
-enum Ready {
+/// What a data connection's coder hands its sender, for the compressed copy it is writing.
+enum Coded {
     /// A chunk taken and coded: compressed into `block` (its header says so), else the app's bytes.
     Chunk { copy: Arc<Outgoing>, header: ChunkHeader, ptr: *const u8, block: Option<Vec<u8>> },
-    /// A raw copy: the sender takes its chunks itself, one each time it is free, then ends its share.
-    Raw(Arc<Outgoing>),
-    /// The end of this connection's share of a compressed copy.
+    /// No chunk of the copy is left: the sender ends its share.
     End(Arc<Outgoing>),
 }
 
 // SAFETY: `ptr` is inside the copy's source buffer, readable until its chunk is answered (see
 // `Outgoing`, which the chunk holds).
-unsafe impl Send for Ready {}
+unsafe impl Send for Coded {}
+
+/// Answers the rest of a copy's chunks and this connection's end of share with a failure.
+fn end_share_failed(copy: &Outgoing) {
+    copy.refuse_rest("striping ended");
+    copy.done.answer(Err("striping ended".to_string()));
+}
 
 /// A data connection's coder: takes chunks of a compressed copy and codes each into a block while
 /// its sender writes the one before (a sender that stopped writing to compress would leave its
-/// connection idle); a raw copy goes to the sender whole.
-fn code_loop(set: &std::sync::Weak<Set>, queue: &Receiver<Arc<Outgoing>>, to_write: &SyncSender<Ready>, spare: &Receiver<Vec<u8>>) {
+/// connection idle). Gets only compressed copies, in the order its sender gets them.
+fn code_loop(set: &std::sync::Weak<Set>, queue: &Receiver<Arc<Outgoing>>, to_write: &SyncSender<Coded>, spare: &Receiver<Vec<u8>>) {
     let mut compressor = Compressor::default();
     let mut block: Option<Vec<u8>> = None;
-    let ended = |copy: &Outgoing| {
-        copy.refuse_rest("striping ended");
-        copy.done.answer(Err("striping ended".to_string()));
-    };
     while let Ok(copy) = queue.recv() {
-        if !copy.compress {
-            if let Err(unsent) = to_write.send(Ready::Raw(copy)) {
-                let Ready::Raw(copy) = unsent.0 else { continue };
-                ended(&copy);
-            }
-            continue;
-        }
         while let Some((mut header, ptr)) = copy.take() {
             let mut coded = None;
             if set.upgrade().is_some_and(|set| !set.dead.load(Ordering::Acquire)) {
@@ -688,33 +691,40 @@ fn code_loop(set: &std::sync::Weak<Set>, queue: &Receiver<Arc<Outgoing>>, to_wri
                     None => block = Some(into),
                 }
             }
-            if to_write.send(Ready::Chunk { copy: copy.clone(), header, ptr, block: coded }).is_err() {
+            if to_write.send(Coded::Chunk { copy: copy.clone(), header, ptr, block: coded }).is_err() {
                 // The sender is gone: this chunk, the rest and the end are answered here.
                 copy.done.answer(Err("striping ended".to_string()));
                 break;
             }
         }
-        if to_write.send(Ready::End(copy.clone())).is_err() {
-            ended(&copy);
+        if to_write.send(Coded::End(copy.clone())).is_err() {
+            end_share_failed(&copy);
         }
     }
 }
 
-/// A data connection's sender: writes each chunk, header first, from its block or straight from
-/// the app's buffer, and the end of its share of each copy.
-fn send_loop(set: &std::sync::Weak<Set>, link: usize, mut writer: Wire, queue: &Receiver<Ready>, return_coded: &Sender<Vec<u8>>) {
-    while let Ok(ready) = queue.recv() {
-        let trace = match &ready {
-            Ready::Chunk { copy, .. } | Ready::Raw(copy) | Ready::End(copy) => copy.trace.clone(),
-        };
+/// A data connection's sender's ends: its index, and its coder's output and the way back for
+/// the coder's blocks.
+struct SenderEnds {
+    link: usize,
+    coded: Receiver<Coded>,
+    return_coded: Sender<Vec<u8>>,
+}
+
+/// A data connection's sender: writes each copy's chunks, header first, straight from the app's
+/// buffer (an uncompressed copy: it takes them itself, the next each time it is free) or as its
+/// coder hands them over (a compressed copy: from the block, or the app's buffer where LZ4 did not
+/// shrink the chunk), then the end of its share of the copy.
+fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Arc<Outgoing>>, ends: &SenderEnds) {
+    while let Ok(copy) = queue.recv() {
         let mut write = |header: ChunkHeader, payload: &[u8]| match set.upgrade() {
             Some(live) if !live.dead.load(Ordering::Acquire) => {
                 let encoded = header.encode();
                 let began = Instant::now();
                 let outcome = write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)], &live.dead)
                     .map_err(|error| format!("writing a chunk: {error}"));
-                if let (Some(trace), false) = (&trace, payload.is_empty()) {
-                    trace.chunk(link, began);
+                if let (Some(trace), false) = (&copy.trace, payload.is_empty()) {
+                    trace.chunk(ends.link, began);
                 }
                 if let Err(reason) = &outcome {
                     live.fail(reason);
@@ -723,28 +733,42 @@ fn send_loop(set: &std::sync::Weak<Set>, link: usize, mut writer: Wire, queue: &
             }
             _ => Err("striping ended".to_string()),
         };
-        match ready {
-            Ready::Chunk { copy, header, ptr, block } => {
-                let payload = match &block {
-                    Some(block) => &block[..],
-                    // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
-                    None => unsafe { std::slice::from_raw_parts(ptr, header.len as usize) },
-                };
-                let outcome = write(header, payload);
-                if let Some(block) = block {
-                    let _ = return_coded.send(block);
-                }
-                copy.done.answer(outcome);
+        if !copy.compress {
+            while let Some((header, ptr)) = copy.take() {
+                // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
+                let payload = unsafe { std::slice::from_raw_parts(ptr, header.len as usize) };
+                copy.done.answer(write(header, payload));
             }
-            Ready::Raw(copy) => {
-                while let Some((header, ptr)) = copy.take() {
-                    // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
-                    let payload = unsafe { std::slice::from_raw_parts(ptr, header.len as usize) };
-                    copy.done.answer(write(header, payload));
+            copy.done.answer(write(ChunkHeader::end(copy.transfer), &[]));
+            continue;
+        }
+        // The coder got this copy just before this queue did, and codes copies in that order.
+        loop {
+            match ends.coded.recv() {
+                Ok(Coded::Chunk { copy: coded_copy, header, ptr, block }) => {
+                    debug_assert_eq!(coded_copy.transfer, copy.transfer);
+                    let payload = match &block {
+                        Some(block) => &block[..],
+                        // SAFETY: see `Outgoing`: readable for `len` bytes until this chunk is answered.
+                        None => unsafe { std::slice::from_raw_parts(ptr, header.len as usize) },
+                    };
+                    let outcome = write(header, payload);
+                    if let Some(block) = block {
+                        let _ = ends.return_coded.send(block);
+                    }
+                    coded_copy.done.answer(outcome);
                 }
-                copy.done.answer(write(ChunkHeader::end(copy.transfer), &[]));
+                Ok(Coded::End(coded_copy)) => {
+                    debug_assert_eq!(coded_copy.transfer, copy.transfer);
+                    copy.done.answer(write(ChunkHeader::end(copy.transfer), &[]));
+                    break;
+                }
+                // The coder is gone (it could not be handed the copy): nothing codes the rest.
+                Err(_) => {
+                    end_share_failed(&copy);
+                    break;
+                }
             }
-            Ready::End(copy) => copy.done.answer(write(ChunkHeader::end(copy.transfer), &[])),
         }
     }
 }
@@ -942,7 +966,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     let mut handed = 0;
     let compress = set.compress(plan);
     let chunk = plan.chunk_for(compress);
-    let pieces = chunks(len, chunk, set.senders.len());
+    let pieces = chunks(len, chunk, set.outlets.len());
     let started = Instant::now();
     let (slot, copy) = {
         let _order = lock(&set.order);
@@ -955,14 +979,20 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
             Ok(_) => return None,
             Err(error) => return Some(Err(error)),
         };
-        let trace = CopyTrace::new(started, set.senders.len());
+        let trace = CopyTrace::new(started, set.outlets.len());
         let copy = Arc::new(Outgoing { transfer, src, pieces, next: AtomicUsize::new(0), compress, done: Progress::default(), trace });
-        for sender in &set.senders {
-            if sender.send(copy.clone()).is_err() {
+        for outlet in &set.outlets {
+            // The sender first: a connection whose sender has the copy answers its share, even
+            // when its coder could not take the copy (the sender then finds the coder gone).
+            if outlet.sender.send(copy.clone()).is_err() {
                 set.fail("a sender thread ended");
                 break;
             }
             handed += 1;
+            if compress && outlet.coder.send(copy.clone()).is_err() {
+                set.fail("a coding thread ended");
+                break;
+            }
         }
         (slot, copy)
     };
@@ -974,7 +1004,7 @@ pub unsafe fn htod(client: &Client, dst: u64, src: *const u8, len: u64, stream: 
     while state.0 < answers {
         state = copy.done.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
-    let failed = state.1.is_some() || handed < set.senders.len();
+    let failed = state.1.is_some() || handed < set.outlets.len();
     drop(state);
     let written_at = Instant::now();
     // Written is not landed: a cut can lose what sat in a socket's buffers, so the server's
@@ -1022,7 +1052,7 @@ pub unsafe fn dtoh(
     let (plan, set) = client.stripes.for_copy(client, len)?;
     let transfer = set.next_transfer.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
-    let trace = CopyTrace::new(started, set.senders.len());
+    let trace = CopyTrace::new(started, set.outlets.len());
     lock(&set.landings).insert(transfer, Landing { ptr: dst, len, landed: 0, writing: 0, failed: false, trace: trace.clone() });
     let compress = set.compress(plan);
     let request = req::MemcpyDtoHStriped { src, len, stream, transfer, chunk: plan.chunk_for(compress), blocking, compress };
