@@ -12,9 +12,9 @@
 //!   is free and writes it straight from the app's buffer (compressed ones from the block its
 //!   coding thread made while it wrote the one before, taken as the coder is free: a compressed
 //!   copy goes to both, an uncompressed one to the sender alone, one hand-over fewer before its
-//!   first byte moves), then the end of its share; the call returns at the server's reply, sent once every chunk landed: bytes
-//!   written into a socket may still be lost with it, and the app may reuse its buffer as soon
-//!   as the call returns. The request and the copy's handing to every connection happen under
+//!   first byte moves), then the end of its share; the call returns at the server's reply, sent
+//!   once every chunk landed: bytes written into a socket may still be lost with it, and the app
+//!   may reuse its buffer as soon as the call returns. The request and the copy's handing to every connection happen under
 //!   one lock, so every data connection carries copies in the order the server meets the requests.
 //! - Device to host: one reader thread per data connection reads chunks straight into the app's
 //!   buffer by the copy they name (a compressed chunk is decoded there by the connection's
