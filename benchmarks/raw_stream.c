@@ -15,7 +15,8 @@
  * BYTES accepts K/M/G suffixes (powers of 1024). Results: one JSON object per line on stdout.
  * RAW_STREAM_DEVICE=1 (server side): the server's buffer is pinned and every chunk it reads goes on to GPU 0
  * (cuMemcpyHtoDAsync), every chunk it writes comes from there first (cuMemcpyDtoHAsync, queued a buffer ahead):
- * what a server that lands the bytes on a device, as Flyt's does, could reach. The driver is loaded at run time. */
+ * what a server that lands the bytes on a device, as Flyt's does, could reach. The driver is loaded at run time.
+ * Each result's "device" says so: 1 or 0 for `pair` (the server is its child), -1 (unknown) for `client`. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -387,7 +388,8 @@ static uint64_t parse_bytes(const char *s) {
     return (uint64_t)v;
 }
 
-static void client(int is_tcp, const char *addr, const char *sizes, int runs, int conns) {
+/* forked_server: the server is this process's child (`pair`), so its RAW_STREAM_DEVICE is ours. */
+static void client(int is_tcp, const char *addr, const char *sizes, int runs, int conns, int forked_server) {
     uint64_t list[32];
     int nsizes = 0;
     uint64_t max = 0;
@@ -405,9 +407,9 @@ static void client(int is_tcp, const char *addr, const char *sizes, int runs, in
     memset(buf, 0x33, (size_t)max);
     int fds[64];
     for (int i = 0; i < conns; i++) fds[i] = connect_to(is_tcp, addr);
-    /* The server's setting as this process sees it: exact for `pair`, which forks the server. */
+    /* The server's setting: known for `pair`, -1 (unknown) for a server started apart. */
     const char *device_env = getenv("RAW_STREAM_DEVICE");
-    int device = device_env && !strcmp(device_env, "1");
+    int device = forked_server ? device_env && !strcmp(device_env, "1") : -1;
     for (int s = 0; s < nsizes; s++) {
         for (int op = 1; op <= 2; op++) {
             double t[64];
@@ -462,7 +464,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if ((argc == 6 || argc == 7) && !strcmp(argv[1], "client")) {
-        client(is_tcp_arg(argv[2]), argv[3], argv[4], atoi(argv[5]), conns_arg(argc == 7 ? argv[6] : "1"));
+        client(is_tcp_arg(argv[2]), argv[3], argv[4], atoi(argv[5]), conns_arg(argc == 7 ? argv[6] : "1"), 0);
         return 0;
     }
     if ((argc == 5 || argc == 6) && !strcmp(argv[1], "pair")) {
@@ -481,7 +483,7 @@ int main(int argc, char **argv) {
             _exit(0);
         }
         close(lfd);
-        client(tcp, bound, argv[3], atoi(argv[4]), conns);
+        client(tcp, bound, argv[3], atoi(argv[4]), conns, 1);
         int st = 0;
         waitpid(pid, &st, 0);
         if (!tcp) {
