@@ -716,7 +716,8 @@ struct SenderEnds {
 /// coder hands them over (a compressed copy: from the block, or the app's buffer where LZ4 did not
 /// shrink the chunk), then the end of its share of the copy.
 fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Arc<Outgoing>>, ends: &SenderEnds) {
-    while let Ok(copy) = queue.recv() {
+    let spin = flyt_ring::data_thread_spin();
+    while let Ok(copy) = flyt_ring::recv_spinning(queue, spin) {
         let mut write = |header: ChunkHeader, payload: &[u8]| match set.upgrade() {
             Some(live) if !live.dead.load(Ordering::Acquire) => {
                 let encoded = header.encode();

@@ -60,6 +60,30 @@ pub fn spin_budget() -> Duration {
     })
 }
 
+/// How long a bulk copy's data-connection thread polls its queue for the next copy before it
+/// sleeps: back-to-back copies (a model's tensors, a copy loop) come within a millisecond, and
+/// every connection's thread woken from sleep delays that copy's first bytes by a wake-up; a
+/// millisecond of polling per copy is little beside a copy's milliseconds, where the full budget
+/// would hold a core per connection. Not at all where the budget is under a millisecond (hosts
+/// of few cores, or `FLYT_SPIN_US`): there several such threads would take the app's cores.
+pub fn data_thread_spin() -> Duration {
+    let millisecond = Duration::from_millis(1);
+    if spin_budget() >= millisecond { millisecond } else { Duration::ZERO }
+}
+
+/// Receives from `queue`, polling it for `spin` before sleeping on it.
+pub fn recv_spinning<T>(queue: &std::sync::mpsc::Receiver<T>, spin: Duration) -> Result<T, std::sync::mpsc::RecvError> {
+    let mut spinning = SpinDeadline::after(spin);
+    loop {
+        match queue.try_recv() {
+            Ok(value) => return Ok(value),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return Err(std::sync::mpsc::RecvError),
+            Err(std::sync::mpsc::TryRecvError::Empty) if spinning.keep_spinning() => std::hint::spin_loop(),
+            Err(std::sync::mpsc::TryRecvError::Empty) => return queue.recv(),
+        }
+    }
+}
+
 /// Looks between two clock reads of a [`SpinDeadline`].
 const LOOKS_PER_CLOCK_READ: u32 = 16;
 
@@ -632,6 +656,23 @@ mod tests {
         let (client, _server) = pair_over(&mut map, socket.as_raw_fd());
         let to_client = base.wrapping_add(AREA_HEADER + CAPACITY);
         (map, [socket, peer], client, base, to_client)
+    }
+
+    #[test]
+    fn a_spinning_receive_takes_what_comes_while_it_polls_or_after_and_ends_with_its_senders() {
+        let (send, queue) = std::sync::mpsc::channel();
+        let sender = std::thread::spawn(move || {
+            send.send(1).unwrap();
+            // Long after the spin: the receive has gone to sleep on the queue by then.
+            std::thread::sleep(Duration::from_millis(50));
+            send.send(2).unwrap();
+        });
+        assert_eq!(recv_spinning(&queue, Duration::from_millis(10)), Ok(1));
+        assert_eq!(recv_spinning(&queue, Duration::from_millis(1)), Ok(2));
+        sender.join().unwrap();
+        assert_eq!(recv_spinning(&queue, Duration::from_millis(1)), Err(std::sync::mpsc::RecvError), "no sender left");
+        let spin = data_thread_spin();
+        assert!(spin <= spin_budget() && (spin == Duration::ZERO || spin == Duration::from_millis(1)), "{spin:?}");
     }
 
     #[test]

@@ -622,9 +622,11 @@ fn serve_link<D: Device>(device: &D, mut reader: Connection, writer: Connection,
         }
         let mut failed: Option<String> = None;
         let mut buffers = Buffers { scratch: Vec::new(), compressor: Compressor::default(), spare_blocks, return_block, ended: None };
+        // A copy's first job comes while the link polls, not after a wake-up.
+        let spin = flyt_ring::data_thread_spin();
         loop {
             let asked = trace.then(Instant::now);
-            let Ok(job) = jobs.recv() else { break };
+            let Ok(job) = flyt_ring::recv_spinning(jobs, spin) else { break };
             if let Some(asked) = asked {
                 count_since(&timing.idle, asked);
             }
