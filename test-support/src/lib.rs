@@ -133,6 +133,13 @@ impl Interactive {
     }
 }
 
+impl Drop for Interactive {
+    /// A test that fails midway leaves no program behind.
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Server arguments of the paging tests' oversubscribed emulated device: 8 MiB of device memory,
 /// a quota of twice that.
 pub const OVERSUBSCRIBED: [&str; 6] = ["--emulated-memory", "8MiB", "--memory-quota", "16MiB", "--oversubscribe", "2.0"];

@@ -11,12 +11,11 @@
 
 #![allow(clippy::tests_outside_test_module, reason = "an integration test file is its own test crate")]
 
-use std::io::BufRead;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use flyt_test_support::{Server, driver_program, run_with_timeout, scratch_dir, toolkit_from, wait_until};
+use flyt_test_support::{Interactive, Server, driver_program, run_with_timeout, scratch_dir, toolkit_from, wait_until};
 
 /// The two namespaces and the pair between them; deleted (and the pair with them) when dropped.
 struct Hosts {
@@ -70,54 +69,72 @@ impl Drop for Hosts {
     }
 }
 
-#[test]
-fn copies_stripe_across_a_veth_pair_as_many_ways_as_the_link_says() {
-    let Some(cuda) = toolkit_from("FLYT_CUDA_HOME") else { return };
-    let hosts = match Hosts::make("veth") {
-        Ok(hosts) => hosts,
-        Err(reason) => {
-            eprintln!("skipped: no network namespaces here ({reason})");
-            return;
-        }
-    };
-    let scratch = scratch_dir("two-hosts");
-    let source = format!("{}/tests/c/driver_striped_copies.c", env!("CARGO_MANIFEST_DIR"));
-    let (program, lib) = driver_program(Path::new(&source), &cuda, &scratch);
-    let through: Vec<&str> = [&["ip"][..], &Hosts::inside(&hosts.server)].concat();
-    let server = Server::start_through(&through, &["--device", "emulated", "--listen", &format!("{SERVER_ADDRESS}:0")], &scratch, &[]);
-    let address = server.addresses[0].clone();
-    assert!(address.starts_with(SERVER_ADDRESS), "the server listens across the pair: {address}");
+/// The two hosts with the emulated server started in its namespace and
+/// `c/driver_striped_copies.c` built for the app's.
+struct TestBed {
+    server: Server,
+    program: PathBuf,
+    lib: PathBuf,
+    scratch: PathBuf,
+    // Last: the namespaces go once nothing runs in them.
+    hosts: Hosts,
+}
 
-    let joins = || server.log_text().matches("data connection joined").count();
-    for (env, expected) in [(None, 4), (Some(("FLYT_STRIPES_MAX", "2")), 2), (Some(("FLYT_STRIPES", "3")), 3)] {
-        let before = joins();
+impl TestBed {
+    /// `None` (with a line saying why) where the test cannot run here.
+    fn up(tag: &str) -> Option<Self> {
+        let cuda = toolkit_from("FLYT_CUDA_HOME")?;
+        let hosts = match Hosts::make(tag) {
+            Ok(hosts) => hosts,
+            Err(reason) => {
+                eprintln!("skipped: no network namespaces here ({reason})");
+                return None;
+            }
+        };
+        let scratch = scratch_dir(&format!("two-hosts-{tag}"));
+        let source = format!("{}/tests/c/driver_striped_copies.c", env!("CARGO_MANIFEST_DIR"));
+        let (program, lib) = driver_program(Path::new(&source), &cuda, &scratch);
+        let through: Vec<&str> = [&["ip"][..], &Hosts::inside(&hosts.server)].concat();
+        let server = Server::start_through(&through, &["--device", "emulated", "--listen", &format!("{SERVER_ADDRESS}:0")], &scratch, &[]);
+        assert!(server.addresses[0].starts_with(SERVER_ADDRESS), "the server listens across the pair: {}", server.addresses[0]);
+        Some(Self { server, program, lib, scratch, hosts })
+    }
+
+    fn joins(&self) -> usize {
+        self.server.log_text().matches("data connection joined").count()
+    }
+
+    /// Runs the app on its host against `address` with `env`: it passes, striping on, and
+    /// `expected` data connections join. Returns its stderr.
+    fn copies_pass(&self, address: &str, env: &[(&str, &str)], expected: usize) -> String {
+        let before = self.joins();
         let mut app = Command::new("ip");
-        app.args(Hosts::inside(&hosts.app)).arg(&program);
-        app.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", &address).env("FLYT_SHM", "off").envs(env);
-        let (code, stdout, stderr) = run_with_timeout(&mut app, Duration::from_secs(120));
+        app.args(Hosts::inside(&self.hosts.app)).arg(&self.program);
+        app.env("LD_LIBRARY_PATH", &self.lib).env("FLYT_SERVER", address).env("FLYT_SHM", "off").envs(env.iter().copied());
+        let (code, stdout, stderr) = run_with_timeout(&mut app, Duration::from_secs(300));
         let what = format!("{env:?}");
-        assert_eq!(code, 0, "{what}\n{stdout}\n{stderr}\n{}", server.log_text());
+        assert_eq!(code, 0, "{what}\n{stdout}\n{stderr}\n{}", self.server.log_text());
         assert!(stdout.contains("PASSED: 0 failure(s)"), "{what}\n{stdout}\n{stderr}");
         assert!(!stderr.contains("bulk copies use one connection"), "{what}: striping fell back\n{stderr}");
         // The worker logs a join just after answering it.
-        wait_until(Duration::from_secs(5), || joins() - before >= expected);
-        assert_eq!(joins() - before, expected, "{what}: data connections joined\n{}", server.log_text());
+        wait_until(Duration::from_secs(5), || self.joins() - before >= expected);
+        assert_eq!(self.joins() - before, expected, "{what}: data connections joined\n{}", self.server.log_text());
+        stderr
+    }
+}
+
+#[test]
+fn copies_stripe_across_a_veth_pair_as_many_ways_as_the_link_says() {
+    let Some(bed) = TestBed::up("veth") else { return };
+    let address = bed.server.addresses[0].clone();
+    for (env, expected) in [(&[][..], 4), (&[("FLYT_STRIPES_MAX", "2")][..], 2), (&[("FLYT_STRIPES", "3")][..], 3)] {
+        bed.copies_pass(&address, env, expected);
     }
     // Every session came from the app's side of the pair.
-    let log = server.log_text();
+    let log = bed.server.log_text();
     let opened: Vec<&str> = log.lines().filter(|line| line.contains("opened:")).collect();
     assert_eq!(opened.len(), 3, "{log}");
     assert!(opened.iter().all(|line| line.contains(&format!("peer={APP_ADDRESS}:"))), "{log}");
-}
-
-/// A process killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Each way's delay in the relay, microseconds.
@@ -125,43 +142,25 @@ const RELAY_DELAY_US: u64 = 1000;
 
 #[test]
 fn striped_copies_keep_every_byte_through_a_relay_that_delays_each_way() {
-    let Some(cuda) = toolkit_from("FLYT_CUDA_HOME") else { return };
-    let hosts = match Hosts::make("relay") {
-        Ok(hosts) => hosts,
-        Err(reason) => {
-            eprintln!("skipped: no network namespaces here ({reason})");
-            return;
-        }
-    };
-    let scratch = scratch_dir("two-hosts-relay");
-    let source = format!("{}/tests/c/driver_striped_copies.c", env!("CARGO_MANIFEST_DIR"));
-    let (program, lib) = driver_program(Path::new(&source), &cuda, &scratch);
+    let Some(bed) = TestBed::up("relay") else { return };
     let relay_source = format!("{}/../../benchmarks/delay_relay.c", env!("CARGO_MANIFEST_DIR"));
-    let relay_program = scratch.join("delay_relay");
+    let relay_program = bed.scratch.join("delay_relay");
     let built = Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&relay_program).arg(&relay_source).status().expect("cc");
     assert!(built.success(), "delay_relay does not build");
-    let through: Vec<&str> = [&["ip"][..], &Hosts::inside(&hosts.server)].concat();
-    let server = Server::start_through(&through, &["--device", "emulated", "--listen", &format!("{SERVER_ADDRESS}:0")], &scratch, &[]);
-
     // The relay on the app's host: a port of the namespace's own loopback, free as nothing else
-    // runs there.
+    // runs there. It prints its ready line or exits (a refused port: "" here).
     let relay_address = "127.0.0.1:7046";
     let mut relay = Command::new("ip");
-    relay.args(Hosts::inside(&hosts.app)).arg(&relay_program).args([relay_address, &server.addresses[0], &RELAY_DELAY_US.to_string()]);
-    let mut relay = Killed(relay.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("start delay_relay"));
-    let mut ready = String::new();
-    std::io::BufReader::new(relay.0.stdout.take().expect("relay stdout")).read_line(&mut ready).expect("relay's ready line");
+    relay.args(Hosts::inside(&bed.hosts.app)).arg(&relay_program).args([
+        relay_address,
+        &bed.server.addresses[0],
+        &RELAY_DELAY_US.to_string(),
+    ]);
+    let mut relay = Interactive::spawn(&mut relay);
+    let ready = relay.read_line();
     assert!(ready.starts_with("delay_relay listening"), "delay_relay: {ready}");
 
-    let mut app = Command::new("ip");
-    app.args(Hosts::inside(&hosts.app)).arg(&program);
-    app.env("LD_LIBRARY_PATH", &lib).env("FLYT_SERVER", relay_address).env("FLYT_SHM", "off").env("FLYT_STRIPE_TRACE", "1");
-    let (code, stdout, stderr) = run_with_timeout(&mut app, Duration::from_secs(300));
-    assert_eq!(code, 0, "{stdout}\n{stderr}\n{}", server.log_text());
-    assert!(stdout.contains("PASSED: 0 failure(s)"), "{stdout}\n{stderr}");
-    assert!(!stderr.contains("bulk copies use one connection"), "striping fell back\n{stderr}");
-    wait_until(Duration::from_secs(5), || server.log_text().matches("data connection joined").count() >= 4);
-    assert_eq!(server.log_text().matches("data connection joined").count(), 4, "{}", server.log_text());
+    let stderr = bed.copies_pass(relay_address, &[("FLYT_STRIPE_TRACE", "1")], 4);
     // The delay is on the path: no striped copy answered sooner than a round trip through it.
     let replies: Vec<u64> = stderr
         .lines()
@@ -171,4 +170,5 @@ fn striped_copies_keep_every_byte_through_a_relay_that_delays_each_way() {
     assert!(!replies.is_empty(), "no copy traced\n{stderr}");
     let fastest = replies.iter().min().copied().unwrap_or(0);
     assert!(fastest >= 2 * RELAY_DELAY_US, "a copy answered in {fastest} us, under the relay's round trip\n{stderr}");
+    relay.kill();
 }
