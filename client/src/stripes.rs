@@ -14,8 +14,9 @@
 //!   copy goes to both, an uncompressed one to the sender alone, one hand-over fewer before its
 //!   first byte moves), then the end of its share; the call returns at the server's reply, sent
 //!   once every chunk landed: bytes written into a socket may still be lost with it, and the app
-//!   may reuse its buffer as soon as the call returns. The request and the copy's handing to every connection happen under
-//!   one lock, so every data connection carries copies in the order the server meets the requests.
+//!   may reuse its buffer as soon as the call returns. The request and the copy's handing to
+//!   every connection happen under one lock, so every data connection carries copies in the
+//!   order the server meets the requests.
 //! - Device to host: one reader thread per data connection reads chunks straight into the app's
 //!   buffer by the copy they name (a compressed chunk is decoded there by the connection's
 //!   decoding thread while the reader reads on); the call returns once the reply and every byte
@@ -721,10 +722,10 @@ fn send_loop(set: &std::sync::Weak<Set>, mut writer: Wire, queue: &Receiver<Arc<
         let mut write = |header: ChunkHeader, payload: &[u8]| match set.upgrade() {
             Some(live) if !live.dead.load(Ordering::Acquire) => {
                 let encoded = header.encode();
-                let began = Instant::now();
+                let began = copy.trace.as_ref().map(|_| Instant::now());
                 let outcome = write_all(&mut writer, &mut [IoSlice::new(&encoded), IoSlice::new(payload)], &live.dead)
                     .map_err(|error| format!("writing a chunk: {error}"));
-                if let (Some(trace), false) = (&copy.trace, payload.is_empty()) {
+                if let (Some(trace), Some(began), false) = (&copy.trace, began, payload.is_empty()) {
                     trace.chunk(ends.link, began);
                 }
                 if let Err(reason) = &outcome {
@@ -886,7 +887,7 @@ fn receive_chunk(
     scratch: &mut [u8],
     decoder: &Decoder,
 ) -> Result<(), String> {
-    let began = Instant::now();
+    let began = tracing_copies().then(Instant::now);
     let mut trace = None;
     let target = {
         let mut landings = lock(&set.landings);
@@ -915,7 +916,7 @@ fn receive_chunk(
             match block {
                 // The decoding thread counts it.
                 Ok(block) => {
-                    if let Some(trace) = &trace {
+                    if let (Some(trace), Some(began)) = (&trace, began) {
                         trace.chunk(link, began);
                     }
                     match decoder.to_decode.send(Compressed { header, block, target }) {
@@ -944,7 +945,7 @@ fn receive_chunk(
         }
     };
     if target.is_some() {
-        if let (Some(trace), true) = (&trace, outcome.is_ok()) {
+        if let (Some(trace), Some(began), true) = (&trace, began, outcome.is_ok()) {
             trace.chunk(link, began);
         }
         count_landed(set, &header, outcome.is_ok());
