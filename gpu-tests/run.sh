@@ -646,7 +646,6 @@ server_alive() { [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; }
 # The server log without ANSI colours.
 server_log_plain() { sed 's/\x1b\[[0-9;]*m//g' "$SERVER_LOG" 2>/dev/null; }
 
-# Did the server log a session for this client pid? TRIES > 1 waits up to TRIES * 0.2 s.
 # The pids of run $1 that must each have opened a session: the children it reports on stderr as
 # "forked pid N" where its CUDA runs in children (take_turns.h: the parent never calls CUDA), else
 # the program's own.
@@ -668,6 +667,7 @@ require_sessions() {
     done
 }
 
+# Did the server log a session for this client pid? TRIES > 1 waits up to TRIES * 0.2 s.
 session_opened() {
     local pid=$1 tries=${2:-1} i
     [ -n "$pid" ] || return 1
